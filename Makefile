@@ -1,0 +1,59 @@
+# One entry point for people and CI. `make demo` and `make test` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
+BENCH_STAMP := $(VENV)/.installed-bench
+
+.PHONY: demo test lint typecheck pytest bench browser-deps postgres-up clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@ $(DEMO_STAMP)
+
+$(BENCH_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@ $(TEST_STAMP) $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(VENV)/bin/thoughtgate demo
+
+## Debian chromium for the browser tests (Playwright drives it via its executable path).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for the browser tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "WARNING: could not install chromium; browser tests will fail and say why"; }
+
+postgres-up:
+	@pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null || { \
+	  echo "starting PostgreSQL"; \
+	  pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start || true; \
+	  for i in 1 2 3 4 5 6 7 8 9 10; do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; }
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: $(TEST_STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(TEST_STAMP) browser-deps postgres-up
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: $(BENCH_STAMP) postgres-up
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Roles, the one output filter, live-channel tickets and API keys."""

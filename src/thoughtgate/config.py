@@ -1,0 +1,312 @@
+"""Project configuration (``thoughtgate.toml`` + ``THOUGHTGATE_*``) and the ``resolve_*`` precedence.
+
+Where the file comes from: ``--config PATH``, else ``THOUGHTGATE_CONFIG``, else ``./thoughtgate.toml``
+if it exists, else built-in defaults. Environment variables override the file:
+``THOUGHTGATE_<SECTION>__<KEY>`` (for example ``THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT=surface``)
+and the shortcut ``THOUGHTGATE_DB`` for ``store.url``. Every problem is one :class:`ConfigError`
+naming the key, the bad value and what is allowed, raised at start, never half-way through a run.
+
+Precedence for a run's settings is one rule, applied by :func:`resolve_chain_of_thought` and its
+siblings: explicit argument > the run's own setting > project config > built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeAlias, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from thoughtgate.access.roles import ROLE_NAMES
+from thoughtgate.errors import ConfigError, UnknownModeError, UsageError
+
+__all__ = [
+    "CHAIN_OF_THOUGHT_MODES",
+    "WORKER_BACKENDS",
+    "AccessConfig",
+    "ChainOfThought",
+    "Config",
+    "McpConfig",
+    "OrchestrationConfig",
+    "ProviderEndpoint",
+    "ProvidersConfig",
+    "ServerConfig",
+    "StoreConfig",
+    "TelemetryConfig",
+    "VisibleReasoningConfig",
+    "WorkerBackend",
+    "load_config",
+    "parse_chain_of_thought",
+    "resolve_chain_of_thought",
+    "resolve_store",
+    "resolve_worker_backend",
+]
+
+ChainOfThought: TypeAlias = Literal["hidden", "surface", "telemetry_only"]
+WorkerBackend: TypeAlias = Literal["inline", "provider"]
+CHAIN_OF_THOUGHT_MODES: tuple[str, ...] = get_args(ChainOfThought)
+WORKER_BACKENDS: tuple[str, ...] = get_args(WorkerBackend)
+DEFAULT_CHAIN_OF_THOUGHT: ChainOfThought = "hidden"
+DEFAULT_WORKER_BACKEND: WorkerBackend = "provider"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OrchestrationConfig(_Section):
+    chain_of_thought: ChainOfThought | None = None
+    """Disclosure mode when neither the caller nor the run says; ``None`` means ``hidden``."""
+    worker_backend: WorkerBackend | None = None
+    max_turns: int = Field(default=14, ge=1, le=1000)
+    """Model turns per task before the loop stops and says so."""
+    approval_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a tool call that needs approval waits before ``tool.approval_timeout``."""
+    default_model: str | None = None
+
+
+class StoreConfig(_Section):
+    url: str | None = None
+    """``sqlite:///PATH`` (default: a file under the user data directory), ``memory://``, or
+    ``postgresql://...``."""
+
+
+class VisibleReasoningConfig(_Section):
+    enabled: bool = True
+    summarizers: tuple[Literal["provider_summaries", "model", "phases"], ...] = (
+        "provider_summaries",
+        "phases",
+    )
+    summarizer_model: str | None = None
+    """``PROVIDER:MODEL`` for the ``model`` summarizer."""
+
+
+class AccessConfig(_Section):
+    local_role: str = "owner"
+    """The role of whoever runs the CLI on this machine."""
+
+    @field_validator("local_role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in ROLE_NAMES:
+            raise ValueError(f"allowed: {', '.join(ROLE_NAMES)}")
+        return value
+
+
+class ProviderEndpoint(_Section):
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+
+
+class ProvidersConfig(_Section):
+    anthropic: ProviderEndpoint = ProviderEndpoint()
+    openai: ProviderEndpoint = ProviderEndpoint()
+    openrouter: ProviderEndpoint = ProviderEndpoint()
+    openai_compatible: ProviderEndpoint = ProviderEndpoint()
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    ticket_ttl_s: float = Field(default=60.0, gt=0)
+    keepalive_s: float = Field(default=15.0, gt=0)
+    secret: str | None = None
+    """HMAC key for live-channel tickets; generated and kept in the store when unset."""
+
+
+class TelemetryConfig(_Section):
+    exporter: Literal["none", "console", "otlp_http", "otlp_grpc"] = "none"
+    endpoint: str | None = None
+    capture_content: bool = False
+
+
+class McpConfig(_Section):
+    role: str = "member"
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in ROLE_NAMES:
+            raise ValueError(f"allowed: {', '.join(ROLE_NAMES)}")
+        return value
+
+
+class Config(_Section):
+    """The whole validated configuration."""
+
+    orchestration: OrchestrationConfig = OrchestrationConfig()
+    store: StoreConfig = StoreConfig()
+    visible_reasoning: VisibleReasoningConfig = VisibleReasoningConfig()
+    access: AccessConfig = AccessConfig()
+    providers: ProvidersConfig = ProvidersConfig()
+    server: ServerConfig = ServerConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    mcp: McpConfig = McpConfig()
+    source: str = Field(default="", exclude=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "") -> Config:
+        """Validate ``data``; the first problem becomes one :class:`ConfigError`."""
+        try:
+            return cls.model_validate({**data, "source": source})
+        except ValidationError as exc:
+            raise _config_error(exc, data, source) from None
+
+
+def _allowed_text(err: Mapping[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    if "expected" in ctx:
+        return str(ctx["expected"])
+    if err["type"] == "extra_forbidden":
+        return "no such key (check the spelling and the section)"
+    msg = str(err.get("msg", ""))
+    return msg.removeprefix("Value error, ")
+
+
+def _config_error(exc: ValidationError, data: Mapping[str, Any], source: str) -> ConfigError:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    return ConfigError(key, err.get("input"), _allowed_text(err), source=source)
+
+
+def _set_dotted(target: dict[str, Any], dotted: list[str], value: Any) -> None:
+    node = target
+    for part in dotted[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[dotted[-1]] = value
+
+
+def _env_value(raw: str) -> Any:
+    """Env values are strings; lists are comma-separated (``summarizers=phases,model``)."""
+    return raw
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("THOUGHTGATE_") or "__" not in name:
+            continue
+        path = name.removeprefix("THOUGHTGATE_").lower().split("__")
+        value: Any = raw
+        if path[-1] == "summarizers":
+            value = [s.strip() for s in raw.split(",") if s.strip()]
+        _set_dotted(out, path, value)
+    if environ.get("THOUGHTGATE_DB"):
+        _set_dotted(out, ["store", "url"], environ["THOUGHTGATE_DB"])
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Config:
+    """Find, read, overlay and validate the configuration (see the module docstring for order)."""
+    env = os.environ if environ is None else environ
+    explicit = path if path is not None else env.get("THOUGHTGATE_CONFIG") or None
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if explicit is not None:
+        file = Path(explicit)
+        if not file.is_file():
+            raise ConfigError("--config", str(file), "an existing TOML file", source=str(file))
+    else:
+        candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
+        file = candidate if candidate.is_file() else None  # type: ignore[assignment]
+    if file is not None:
+        source = str(file)
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("(file)", str(file), f"valid TOML ({exc})", source=source) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("(file)", str(file), f"a readable file ({exc})", source=source) from None
+    overrides = _env_overrides(env)
+    if overrides:
+        source = f"{source} + THOUGHTGATE_* environment"
+    return Config.from_mapping(_merge(data, overrides), source=source)
+
+
+# --------------------------------------------------------------------------- precedence
+
+_T = TypeVar("_T")
+
+
+def _first(*layers: _T | None, default: _T) -> _T:
+    for layer in layers:
+        if layer is not None:
+            return layer
+    return default
+
+
+def parse_chain_of_thought(value: str | None) -> ChainOfThought | None:
+    """Validate a mode name (``None`` passes through as "not set at this layer")."""
+    if value is None:
+        return None
+    if value not in CHAIN_OF_THOUGHT_MODES:
+        raise UnknownModeError(
+            f"unknown chain_of_thought mode {value!r}; allowed: {', '.join(CHAIN_OF_THOUGHT_MODES)}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def resolve_chain_of_thought(
+    explicit: str | None, run: str | None, config: str | None
+) -> ChainOfThought:
+    """explicit > the run's own setting > project config > ``hidden``. Unknown names raise."""
+    return _first(
+        parse_chain_of_thought(explicit),
+        parse_chain_of_thought(run),
+        parse_chain_of_thought(config),
+        default=DEFAULT_CHAIN_OF_THOUGHT,
+    )
+
+
+def _parse_backend(value: str | None) -> WorkerBackend | None:
+    if value is None:
+        return None
+    if value not in WORKER_BACKENDS:
+        raise UsageError(
+            f"unknown worker_backend {value!r}; allowed: {', '.join(WORKER_BACKENDS)}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def resolve_worker_backend(
+    explicit: str | None, run: str | None, config: str | None
+) -> WorkerBackend:
+    """explicit > run > config > ``provider``."""
+    return _first(
+        _parse_backend(explicit),
+        _parse_backend(run),
+        _parse_backend(config),
+        default=DEFAULT_WORKER_BACKEND,
+    )
+
+
+def resolve_store(explicit: str | None, run: str | None, config: str | None) -> str:
+    """explicit (``--db``) > run > config (``store.url`` / ``THOUGHTGATE_DB``) > the default file."""
+    from thoughtgate.store.urls import default_store_url
+
+    return _first(explicit or None, run or None, config or None, default=default_store_url())

@@ -1,0 +1,1 @@
+"""Model turns and the agent tool loop."""

@@ -1,0 +1,41 @@
+"""``stream_llm_turn``: run one model turn through an adapter and the shared accumulator.
+
+Whatever happens mid-stream, the caller gets either the finished turn or a ``ProviderError`` whose
+``partial`` holds everything that arrived: nothing the provider already sent is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from thoughtgate.errors import ProviderError, ProviderStreamError
+from thoughtgate.providers.base import Provider, TurnRequest
+from thoughtgate.types import Chunk, Turn, TurnAccumulator
+
+__all__ = ["ChunkCallback", "stream_llm_turn"]
+
+ChunkCallback = Callable[[Chunk], Awaitable[None]]
+
+
+async def stream_llm_turn(
+    provider: Provider, request: TurnRequest, on_chunk: ChunkCallback | None = None
+) -> Turn:
+    """Stream one turn, calling ``on_chunk`` for each normalized chunk as it arrives."""
+    acc = TurnAccumulator(provider=provider.name, model=provider.model)
+    try:
+        async for chunk in provider.stream(request):
+            acc.feed(chunk)
+            if on_chunk is not None:
+                await on_chunk(chunk)
+    except ProviderError as exc:
+        if exc.partial is None:
+            exc.partial = acc.partial()
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # An adapter bug or an unmapped transport error must still not lose the partial turn.
+        raise ProviderStreamError(
+            f"stream failed: {type(exc).__name__}: {exc}",
+            provider=provider.name,
+            partial=acc.partial(),
+        ) from exc
+    return acc.finish()

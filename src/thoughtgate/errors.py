@@ -1,0 +1,169 @@
+"""The exception tree: caller mistakes versus runtime failures, translated once at each edge.
+
+::
+
+    ThoughtgateError
+    ├── UsageError                 the caller asked for something invalid; fix the input
+    │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value (names key, value, allowed)
+    │   ├── UnknownModeError       not hidden | surface | telemetry_only
+    │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
+    │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
+    │   ├── RunNotFoundError       no run with that id
+    │   └── AccessDeniedError      the reader's role may not read this
+    └── RuntimeFailure             something outside the caller's control failed
+        ├── ProviderError          provider status, error type, message, request id, partial turn
+        │   ├── ProviderHTTPError        a non-2xx answer (400/401/403/404/408/429/5xx/529)
+        │   ├── ProviderStreamError      an in-stream ``error`` event, or a stream cut mid-turn
+        │   ├── ProviderTimeoutError     connect or read timeout
+        │   ├── ProviderConnectionError  could not connect, or the connection dropped
+        │   └── MalformedResponseError   bad JSON, missing fields, wrong content type
+        └── StoreError             the event log failed (the message says which database and why)
+            ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
+            ├── StoreReadOnlyError     the database cannot be written
+            └── StoreUnavailableError  cannot reach / open the database
+
+Every adapter and store backend maps its vendor and driver exceptions into this tree in one place
+and chains them with ``raise ... from exc`` so the original stays visible in tracebacks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thoughtgate.types import Turn
+
+__all__ = [
+    "AccessDeniedError",
+    "ConfigError",
+    "MalformedResponseError",
+    "NotOurDatabaseError",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderHTTPError",
+    "ProviderStreamError",
+    "ProviderTimeoutError",
+    "RunNotFoundError",
+    "RuntimeFailure",
+    "StoreError",
+    "StoreReadOnlyError",
+    "StoreUnavailableError",
+    "ThoughtgateError",
+    "UnknownModeError",
+    "UnknownProviderError",
+    "UnknownRoleError",
+    "UsageError",
+]
+
+
+class ThoughtgateError(Exception):
+    """Base of every error thoughtgate raises on purpose."""
+
+
+class UsageError(ThoughtgateError):
+    """The caller asked for something invalid; the message says what and what is allowed."""
+
+
+class ConfigError(UsageError):
+    """A configuration key holds a bad value."""
+
+    def __init__(self, key: str, value: object, allowed: str, *, source: str = "") -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        self.source = source
+        where = f" in {source}" if source else ""
+        super().__init__(f"invalid config{where}: {key} = {value!r}; allowed: {allowed}")
+
+
+class UnknownModeError(UsageError):
+    """A chain-of-thought mode outside the three known ones."""
+
+
+class UnknownRoleError(UsageError):
+    """A role name outside the five known ones (never silently defaulted)."""
+
+
+class UnknownProviderError(UsageError):
+    """A model string whose provider part names no adapter."""
+
+
+class RunNotFoundError(UsageError):
+    """No run with that id exists in the store."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} not found")
+
+
+class AccessDeniedError(UsageError):
+    """The reader's role does not allow this read; carries no data about the resource."""
+
+
+class RuntimeFailure(ThoughtgateError):
+    """Something outside the caller's control failed."""
+
+
+class ProviderError(RuntimeFailure):
+    """A provider call failed. ``partial`` holds what arrived before the failure, if anything."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        error_type: str | None = None,
+        request_id: str | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        partial: Turn | None = None,
+    ) -> None:
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.error_type = error_type
+        self.request_id = request_id
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.partial = partial
+        bits = [b for b in (provider, str(status) if status else "", error_type) if b]
+        prefix = f"[{' '.join(bits)}] " if bits else ""
+        rid = f" (request id {request_id})" if request_id else ""
+        super().__init__(f"{prefix}{message}{rid}")
+
+
+class ProviderHTTPError(ProviderError):
+    """The provider answered with a non-2xx status."""
+
+
+class ProviderStreamError(ProviderError):
+    """The provider sent an error inside the stream, or the stream ended mid-turn."""
+
+
+class ProviderTimeoutError(ProviderError):
+    """Connect or read timeout."""
+
+
+class ProviderConnectionError(ProviderError):
+    """The connection could not be made or was dropped."""
+
+
+class MalformedResponseError(ProviderError):
+    """The provider sent something that is not its documented format."""
+
+
+class StoreError(RuntimeFailure):
+    """The event log failed."""
+
+
+class NotOurDatabaseError(StoreError):
+    """The database exists but was not created by thoughtgate (it is left untouched)."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The database cannot be written."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached or opened."""

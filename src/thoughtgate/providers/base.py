@@ -1,0 +1,164 @@
+"""The small provider surface: what a turn request holds, what an adapter declares, and the registry.
+
+An adapter turns one :class:`TurnRequest` into a stream of normalized chunks (``stream``) or a
+finished turn (``request``); it never builds turns itself beyond feeding the shared
+:class:`~thoughtgate.types.TurnAccumulator`. Adapters are found lazily from ``"provider:model"``
+strings so importing thoughtgate never imports every vendor module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from thoughtgate.errors import UnknownProviderError
+from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
+
+__all__ = [
+    "PROVIDER_MODULES",
+    "Capabilities",
+    "Effort",
+    "Provider",
+    "ProviderSettings",
+    "ReasoningRequest",
+    "ToolSpec",
+    "TurnRequest",
+    "collect_turn",
+    "create_provider",
+    "split_model",
+]
+
+Effort: TypeAlias = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningRequest:
+    """Whether to ask the provider for reasoning, derived from the disclosure mode.
+
+    ``enabled`` is false in ``hidden`` mode: adapters then ask for no reasoning at all (no
+    Anthropic ``thinking``, OpenRouter ``exclude``, no OpenAI summary).
+    """
+
+    enabled: bool = False
+    _: KW_ONLY
+    effort: Effort | None = None
+    budget_tokens: int | None = None
+
+    @classmethod
+    def for_mode(cls, mode: str, **kw: Any) -> ReasoningRequest:
+        return cls(mode in ("surface", "telemetry_only"), **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool the model may call: name, description and a JSON schema for its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """Everything one model turn needs. Assistant messages may carry continuity blocks."""
+
+    messages: Sequence[Message]
+    _: KW_ONLY
+    system: str | None = None
+    tools: Sequence[ToolSpec] = ()
+    reasoning: ReasoningRequest = ReasoningRequest()
+    max_tokens: int = 4096
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an adapter has been *proven* to do (a conformance test backs each true flag)."""
+
+    reasoning_text: bool = False
+    reasoning_summary: bool = False
+    continuity: bool = False
+    tools: bool = False
+    streaming: bool = True
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSettings:
+    """Where and how to reach a provider; filled from CLI flags, environment and config."""
+
+    _: KW_ONLY
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_retries: int = 2
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One wire format bound to one model."""
+
+    name: str
+    model: str
+    capabilities: Capabilities
+
+    def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        """Normalized chunks for one streamed turn; raises ``ProviderError`` on failure."""
+        ...
+
+    async def request(self, request: TurnRequest) -> Turn:
+        """One non-streamed turn, built by the same accumulator as ``stream``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release HTTP connections."""
+        ...
+
+
+async def collect_turn(provider: Provider, request: TurnRequest) -> Turn:
+    """Consume ``provider.stream`` into a turn (a default ``request`` for simple adapters)."""
+    acc = TurnAccumulator(provider=provider.name, model=provider.model)
+    async for chunk in provider.stream(request):
+        acc.feed(chunk)
+    return acc.finish()
+
+
+#: provider prefix -> "module:factory"; factories take ``(model, settings)``.
+PROVIDER_MODULES: dict[str, str] = {
+    "anthropic": "thoughtgate.providers.anthropic:AnthropicProvider",
+    "openrouter": "thoughtgate.providers.openrouter:OpenRouterProvider",
+    "openai": "thoughtgate.providers.openai_responses:OpenAIResponsesProvider",
+    "openai-compatible": "thoughtgate.providers.openai_compatible:OpenAICompatibleProvider",
+    "fake": "thoughtgate.testing.fake:FakeProvider.from_model_name",
+}
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """``"anthropic:claude-sonnet-4-5"`` -> ``("anthropic", "claude-sonnet-4-5")``."""
+    provider, sep, name = model.partition(":")
+    if not sep or not provider or not name:
+        raise UnknownProviderError(
+            f"model {model!r} must look like PROVIDER:MODEL; providers: "
+            + ", ".join(sorted(PROVIDER_MODULES))
+        )
+    if provider not in PROVIDER_MODULES:
+        raise UnknownProviderError(
+            f"unknown provider {provider!r} in {model!r}; allowed: "
+            + ", ".join(sorted(PROVIDER_MODULES))
+        )
+    return provider, name
+
+
+def create_provider(model: str, settings: ProviderSettings | None = None) -> Provider:
+    """Build the adapter for ``"provider:model"``, importing its module only now."""
+    prefix, name = split_model(model)
+    module_name, _, attr = PROVIDER_MODULES[prefix].partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    provider: Provider = target(name, settings or ProviderSettings())
+    return provider

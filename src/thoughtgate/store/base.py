@@ -1,0 +1,142 @@
+"""The ``EventStore`` interface every backend implements, and the shared live-tail logic.
+
+Backends: memory (tests), SQLite (the embedded default), PostgreSQL (scale-out). One conformance
+suite (``tests/store_conformance.py``) checks them all. Appends are atomic per call; a run's
+sequence numbers start at 1 and increase by exactly one, also under concurrent writers.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+
+__all__ = ["EventStore", "RunWakeups"]
+
+
+class RunWakeups:
+    """In-process wake-ups for live tails: appenders bump a run, tailers wait on it.
+
+    This only covers readers in the same process; backends add their own cross-process signal
+    (SQLite polls with a short interval, PostgreSQL uses LISTEN/NOTIFY).
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    def _event(self, run_id: str) -> asyncio.Event:
+        ev = self._events.get(run_id)
+        if ev is None:
+            ev = self._events[run_id] = asyncio.Event()
+        return ev
+
+    def notify(self, run_id: str) -> None:
+        ev = self._events.pop(run_id, None)
+        if ev is not None:
+            ev.set()
+
+    async def wait(self, run_id: str, timeout: float | None) -> None:
+        ev = self._event(run_id)
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+class EventStore(abc.ABC):
+    """Append-only per-run event log plus run, task and API-key records."""
+
+    #: How often a tail re-reads when no in-process wake-up arrives (cross-process writers).
+    poll_interval: float = 0.25
+
+    def __init__(self) -> None:
+        self.wakeups = RunWakeups()
+
+    # -- runs and tasks ------------------------------------------------------------------
+    @abc.abstractmethod
+    async def create_run(self, run: RunRecord) -> None:
+        """Insert a new run together with its tasks."""
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunRecord:
+        """The run with its tasks in index order; raises ``RunNotFoundError``."""
+
+    @abc.abstractmethod
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        """Most recent first."""
+
+    @abc.abstractmethod
+    async def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        """Change the given fields only; raises ``RunNotFoundError``."""
+
+    @abc.abstractmethod
+    async def save_task(self, task: TaskRecord) -> None:
+        """Insert or replace a task of an existing run."""
+
+    # -- events --------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        """Append all or nothing; returns them with their sequence numbers."""
+
+    @abc.abstractmethod
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with ``seq > after`` in order, at most ``limit``; raises ``RunNotFoundError``."""
+
+    async def append_one(self, run_id: str, event: NewEvent) -> Event:
+        return (await self.append(run_id, [event]))[0]
+
+    async def wait_for_new(self, run_id: str, after: int) -> None:
+        """Block until something may have been appended after ``after`` (or a poll interval)."""
+        await self.wakeups.wait(run_id, self.poll_interval)
+
+    async def tail(
+        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500
+    ) -> AsyncIterator[Event]:
+        """Yield stored events after ``after``, then new ones as they are appended.
+
+        Stops after a run-terminal event when ``until_terminal`` (the default); a finished run
+        therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run.
+        """
+        cursor = after
+        while True:
+            events = await self.read(run_id, after=cursor, limit=batch)
+            for event in events:
+                cursor = event.seq
+                yield event
+                if until_terminal and is_run_terminal(event.type):
+                    return
+            if not events:
+                await self.wait_for_new(run_id, cursor)
+
+    # -- API keys ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def save_api_key(self, key: ApiKeyRecord) -> None: ...
+
+    @abc.abstractmethod
+    async def list_api_keys(self) -> list[ApiKeyRecord]: ...
+
+    @abc.abstractmethod
+    async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        """The active (not revoked) key with this hash, if any."""
+
+    @abc.abstractmethod
+    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+        """Revoke by id or name; ``False`` when nothing matched."""
+
+    @abc.abstractmethod
+    async def get_or_create_secret(self, name: str, candidate: str) -> str:
+        """A named server secret; the first caller's ``candidate`` wins (e.g. the ticket HMAC key)."""
+
+    async def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""

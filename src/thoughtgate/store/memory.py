@@ -1,0 +1,124 @@
+"""In-memory event store: for tests and throwaway runs; everything is gone when the process ends."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Sequence
+
+from thoughtgate.errors import RunNotFoundError
+from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(EventStore):
+    """Dict-backed store. Returns copies so callers cannot mutate what is stored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._runs: dict[str, RunRecord] = {}
+        self._events: dict[str, list[Event]] = {}
+        self._keys: dict[str, ApiKeyRecord] = {}
+        self._secrets: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    def _run(self, run_id: str) -> RunRecord:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise RunNotFoundError(run_id) from None
+
+    async def create_run(self, run: RunRecord) -> None:
+        async with self._lock:
+            self._runs[run.run_id] = copy.deepcopy(run)
+            self._events[run.run_id] = []
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        run = copy.deepcopy(self._run(run_id))
+        run.tasks.sort(key=lambda t: t.index)
+        return run
+
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        runs = sorted(self._runs.values(), key=lambda r: r.created_at, reverse=True)
+        return [copy.deepcopy(r) for r in runs[offset : offset + limit]]
+
+    async def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        async with self._lock:
+            run = self._run(run_id)
+            if status is not None:
+                run.status = status
+            if usage is not None:
+                run.usage = dict(usage)
+            if error is not None:
+                run.error = error
+            if metadata is not None:
+                run.metadata = {**run.metadata, **metadata}
+            run.updated_at = time.time()
+
+    async def save_task(self, task: TaskRecord) -> None:
+        async with self._lock:
+            run = self._run(task.run_id)
+            run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
+            run.tasks.append(copy.deepcopy(task))
+
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        async with self._lock:
+            self._run(run_id)
+            log = self._events[run_id]
+            start = len(log)
+            out = [
+                Event(
+                    start + i + 1,
+                    run_id,
+                    e.type,
+                    copy.deepcopy(dict(e.payload)),
+                    task_id=e.task_id,
+                    ts=e.ts,
+                )
+                for i, e in enumerate(events)
+            ]
+            log.extend(out)
+        if out:
+            self.wakeups.notify(run_id)
+        return out
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        self._run(run_id)
+        log = self._events[run_id]
+        end = len(log) if limit is None else min(len(log), max(after, 0) + limit)
+        return log[max(after, 0) : end]
+
+    async def save_api_key(self, key: ApiKeyRecord) -> None:
+        self._keys[key.key_id] = copy.deepcopy(key)
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        return sorted((copy.deepcopy(k) for k in self._keys.values()), key=lambda k: k.created_at)
+
+    async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        for key in self._keys.values():
+            if key.key_hash == key_hash and key.revoked_at is None:
+                return copy.deepcopy(key)
+        return None
+
+    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+        hit = False
+        for key in self._keys.values():
+            if key.revoked_at is None and key_id_or_name in (key.key_id, key.name):
+                key.revoked_at = time.time()
+                hit = True
+        return hit
+
+    async def get_or_create_secret(self, name: str, candidate: str) -> str:
+        return self._secrets.setdefault(name, candidate)

@@ -1,0 +1,80 @@
+"""Run, task and API-key records as the event log keeps them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal, TypeAlias
+
+__all__ = [
+    "ApiKeyRecord",
+    "RunRecord",
+    "RunStatus",
+    "TaskRecord",
+    "TaskStatus",
+    "new_id",
+]
+
+RunStatus: TypeAlias = Literal[
+    "pending", "running", "completed", "partial", "failed", "error", "interrupted"
+]
+TaskStatus: TypeAlias = Literal["pending", "running", "completed", "partial", "failed"]
+TERMINAL_RUN_STATUSES: frozenset[str] = frozenset(
+    {"completed", "partial", "failed", "error", "interrupted"}
+)
+
+
+def new_id(prefix: str) -> str:
+    """Sortable-enough, unguessable ids such as ``run_5f0c...``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """One unit of work inside a run. ``reasoning`` is set only in ``surface`` mode."""
+
+    task_id: str
+    run_id: str
+    index: int
+    prompt: str
+    _: KW_ONLY
+    status: TaskStatus = "pending"
+    output: str | None = None
+    reasoning: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    model: str | None = None
+    backend: str | None = None
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """A run: its request, its resolved modes, its status and its tasks."""
+
+    run_id: str
+    prompt: str
+    _: KW_ONLY
+    model: str | None = None
+    chain_of_thought: str = "hidden"
+    worker_backend: str = "provider"
+    status: RunStatus = "pending"
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tasks: list[TaskRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ApiKeyRecord:
+    """An API key as stored: only its hash, never the key itself."""
+
+    key_id: str
+    name: str
+    role: str
+    key_hash: str
+    _: KW_ONLY
+    created_at: float = field(default_factory=time.time)
+    revoked_at: float | None = None

@@ -1,0 +1,47 @@
+"""Store URLs: where the embedded default lives and which backend a URL selects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from platformdirs import user_data_dir
+
+from thoughtgate.errors import UsageError
+from thoughtgate.store.base import EventStore
+
+__all__ = ["default_store_url", "open_store", "sqlite_path"]
+
+
+def default_store_url() -> str:
+    """``sqlite:///<user data dir>/thoughtgate/thoughtgate.db``."""
+    return f"sqlite:///{Path(user_data_dir('thoughtgate')) / 'thoughtgate.db'}"
+
+
+def sqlite_path(url: str) -> Path:
+    """SQLAlchemy's convention: ``sqlite:///rel.db`` is relative to the cwd, ``sqlite:////abs.db``
+    (or ``sqlite:///`` + an absolute path) is absolute."""
+    if not url.startswith("sqlite:///"):
+        raise UsageError(f"bad sqlite url {url!r}; expected sqlite:///PATH")
+    return Path(url.removeprefix("sqlite:///"))
+
+
+async def open_store(url: str) -> EventStore:
+    """Open the store a URL names: ``memory://``, ``sqlite:///PATH``, ``postgresql://...``."""
+    store: EventStore
+    if url.startswith("memory:"):
+        from thoughtgate.store.memory import MemoryStore
+
+        store = MemoryStore()
+    elif url.startswith("sqlite:"):
+        from thoughtgate.store.sqlite import SQLiteStore
+
+        store = await SQLiteStore.open(sqlite_path(url))
+    elif url.startswith(("postgresql:", "postgres:")):
+        from thoughtgate.store.postgres import PostgresStore  # type: ignore[import-not-found]
+
+        store = await PostgresStore.open(url)
+    else:
+        raise UsageError(
+            f"unsupported store url {url!r}; allowed: sqlite:///PATH, memory://, postgresql://..."
+        )
+    return store

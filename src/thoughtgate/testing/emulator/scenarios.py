@@ -1,0 +1,104 @@
+"""Built-in scenarios, used by ``thoughtgate demo``, ``thoughtgate emulate`` and the tests.
+
+Select one with the ``x-emulator-scenario`` header or by naming it as the model.
+"""
+
+from __future__ import annotations
+
+from thoughtgate.testing.emulator.scenario import (
+    Call,
+    Cut,
+    Fail,
+    Redacted,
+    Say,
+    Scenario,
+    ScriptedTurn,
+    Sleep,
+    StreamError,
+    Summary,
+    Think,
+)
+
+__all__ = ["builtin_scenarios"]
+
+
+def builtin_scenarios() -> dict[str, Scenario]:
+    scenarios = [
+        Scenario(
+            "think-and-answer",
+            (
+                ScriptedTurn(
+                    (
+                        Think("The user asks why the sky is blue. Rayleigh scattering: shorter "
+                              "wavelengths scatter more strongly off air molecules."),
+                        Say("The sky looks blue because air scatters short (blue) wavelengths "
+                            "of sunlight much more than long (red) ones."),
+                    )
+                ),
+            ),
+        ),
+        Scenario(
+            "tool-loop",
+            (
+                ScriptedTurn(
+                    (
+                        Think("I need the user's country before I can name its largest city. "
+                              "I will call get_country."),
+                        Say("Let me look up your country."),
+                        Call("get_country", {}),
+                    )
+                ),
+                ScriptedTurn(
+                    (
+                        Think("The tool said the country. Now I need the largest city there; "
+                              "I will call largest_city."),
+                        Call("largest_city", {"country": "Mexico"}),
+                    )
+                ),
+                ScriptedTurn(
+                    (
+                        Think("I have both facts. Answer briefly."),
+                        Say("The largest city in your country is Mexico City."),
+                    )
+                ),
+            ),
+        ),
+        Scenario(
+            "summary-and-answer",
+            (
+                ScriptedTurn(
+                    (
+                        Summary("**Considering scattering**\n\nComparing wavelengths."),
+                        Say("Blue light scatters most."),
+                    )
+                ),
+            ),
+        ),
+        Scenario(
+            "redacted",
+            (ScriptedTurn((Redacted("safety"), Think("Visible part."), Say("Done."))),),
+        ),
+        Scenario("overloaded", (ScriptedTurn((Fail(529, "overloaded_error", "Overloaded"),)),)),
+        Scenario(
+            "flaky",
+            (
+                ScriptedTurn(
+                    (
+                        Fail(529, "overloaded_error", "Overloaded", retry_after=0.01, times=1),
+                        Think("Retried fine."),
+                        Say("Recovered after one retry."),
+                    )
+                ),
+            ),
+        ),
+        Scenario(
+            "stream-error",
+            (ScriptedTurn((Think("Halfway"), StreamError("overloaded_error", "Overloaded"))),),
+        ),
+        Scenario("cut", (ScriptedTurn((Think("Partial reasoning"), Say("Partial ans"), Cut())),)),
+        Scenario(
+            "slow",
+            (ScriptedTurn((Think("Slow thought."), Sleep(0.5), Say("Slow answer."))),),
+        ),
+    ]
+    return {s.name: s for s in scenarios}

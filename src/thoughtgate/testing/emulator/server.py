@@ -1,0 +1,160 @@
+"""The emulator's HTTP server: routes per wire format, scenario selection, request log.
+
+Routes (base URLs as the official SDKs expect them):
+
+* ``POST /v1/messages``          Anthropic Messages (base URL = host root)
+* ``POST /v1/chat/completions``  OpenRouter and OpenAI-compatible chat (base URL ends in ``/v1``)
+* ``POST /v1/responses``         OpenAI Responses
+
+The scenario is chosen by the ``x-emulator-scenario`` header, else by the request's model name when
+a scenario has that name, else the default scenario.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from thoughtgate.testing.emulator.scenario import Scenario
+
+__all__ = ["Emulator", "EmulatorServer", "RecordedRequest", "serve_emulator"]
+
+
+@dataclass(slots=True)
+class RecordedRequest:
+    """A request the emulator received, kept for tests to assert on the exact body sent."""
+
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int = 0
+
+
+@dataclass
+class Emulator:
+    """Scenarios plus the log of received requests; ``app`` is the Starlette application."""
+
+    scenarios: dict[str, Scenario] = field(default_factory=dict)
+    default: str | None = None
+    requests: list[RecordedRequest] = field(default_factory=list)
+    attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def add(self, scenario: Scenario, *, default: bool = False) -> Emulator:
+        self.scenarios[scenario.name] = scenario
+        if default or self.default is None:
+            self.default = scenario.name
+        return self
+
+    def pick(self, headers: Mapping[str, str], model: str | None) -> Scenario:
+        name = headers.get("x-emulator-scenario") or (
+            model if model in self.scenarios else self.default
+        )
+        if name is None or name not in self.scenarios:
+            from thoughtgate.testing.emulator.scenarios import builtin_scenarios
+
+            builtins = builtin_scenarios()
+            return builtins.get(name or "", builtins["think-and-answer"])
+        return self.scenarios[name]
+
+    def attempt(self, scenario: str, turn: int) -> int:
+        """Count attempts at one turn of one scenario (for ``Fail(times=...)``)."""
+        key = (scenario, turn)
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        return self.attempts[key]
+
+    def bodies(self, path_suffix: str = "") -> list[Any]:
+        return [r.body for r in self.requests if r.path.endswith(path_suffix)]
+
+    @property
+    def app(self) -> Starlette:
+        return _build_app(self)
+
+
+def _build_app(emulator: Emulator) -> Starlette:
+    async def dispatch(request: Request) -> Response:
+        path = request.url.path
+        if path.endswith("/messages"):
+            from thoughtgate.testing.emulator import anthropic_format as fmt
+        elif path.endswith("/chat/completions"):
+            from thoughtgate.testing.emulator import chat_format as fmt  # type: ignore[no-redef]
+        elif path.endswith("/responses"):
+            from thoughtgate.testing.emulator import responses_format as fmt  # type: ignore[no-redef]
+        else:
+            return JSONResponse({"error": {"message": f"no route {path}"}}, status_code=404)
+        return await fmt.handle(request, emulator)
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"ok": True, "scenarios": sorted(emulator.scenarios)})
+
+    return Starlette(
+        routes=[
+            Route("/healthz", health),
+            Route("/{path:path}", dispatch, methods=["POST"]),
+        ]
+    )
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmulatorServer:
+    """Runs an emulator with uvicorn in a background thread on loopback."""
+
+    def __init__(self, emulator: Emulator, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.emulator = emulator
+        self.host = host
+        self.port = port or _free_port(host)
+        config = uvicorn.Config(
+            emulator.app, host=host, port=self.port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The host root (Anthropic's base URL convention)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        """The ``/v1`` base URL (OpenAI / OpenRouter / compatible convention)."""
+        return f"{self.url}/v1"
+
+    def start(self) -> EmulatorServer:
+        self._thread.start()
+        for _ in range(500):
+            if self._server.started:
+                return self
+            threading.Event().wait(0.01)
+        raise RuntimeError("emulator did not start within 5 s")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def serve_emulator(
+    emulator: Emulator | None = None, *, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[EmulatorServer]:
+    """``with serve_emulator(emu) as server: ...`` -- started on entry, stopped on exit."""
+    server = EmulatorServer(emulator or Emulator(), host=host, port=port).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+

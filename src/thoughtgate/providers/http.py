@@ -1,0 +1,248 @@
+"""Shared HTTP plumbing for adapters: one client, timeouts, retries, and error mapping in one place.
+
+Retries: 408, 429, 500-599 and 529 answers and connection failures are retried with exponential
+backoff and jitter, honouring ``retry-after``, up to ``max_retries`` times. A retry can only happen
+before the response body is read, so it never repeats output a caller has already seen.
+
+Every httpx exception and every non-2xx answer becomes a :class:`~thoughtgate.errors.ProviderError`
+subclass here, carrying the status, the provider's error type and message, and the request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderHTTPError,
+    ProviderStreamError,
+    ProviderTimeoutError,
+)
+from thoughtgate.providers.base import ProviderSettings
+from thoughtgate.providers.sse import SSEMessage, aiter_sse
+
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "HTTPTransport",
+    "error_from_body",
+    "parse_json_event",
+    "parse_retry_after",
+]
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+REQUEST_ID_HEADERS = ("request-id", "x-request-id", "openai-request-id", "x-amzn-requestid")
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date), if present."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(ms) / 1000)
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(raw) if raw else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+def _request_id(headers: Mapping[str, str], body: Any = None) -> str | None:
+    for name in REQUEST_ID_HEADERS:
+        if headers.get(name):
+            return headers[name]
+    if isinstance(body, Mapping) and isinstance(body.get("request_id"), str):
+        return str(body["request_id"])
+    return None
+
+
+def error_from_body(body: Any) -> tuple[str | None, str]:
+    """``(error_type, message)`` from Anthropic-style or OpenAI-style error bodies."""
+    if isinstance(body, Mapping):
+        err = body.get("error")
+        if isinstance(err, Mapping):
+            etype = err.get("type") or err.get("code")
+            message = err.get("message") or json.dumps(err)[:500]
+            return (str(etype) if etype is not None else None), str(message)
+        if isinstance(err, str):
+            return None, err
+        if isinstance(body.get("message"), str):
+            return (str(body["type"]) if body.get("type") else None), str(body["message"])
+    text = body if isinstance(body, str) else json.dumps(body)[:500]
+    return None, text or "(empty error body)"
+
+
+def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
+    """Decode one SSE ``data:`` payload, or raise :class:`MalformedResponseError`."""
+    try:
+        value = json.loads(message.data)
+    except json.JSONDecodeError as exc:
+        raise MalformedResponseError(
+            f"malformed JSON in {message.event!r} stream event: {exc}: {message.data[:200]!r}",
+            provider=provider,
+        ) from exc
+    if not isinstance(value, dict):
+        raise MalformedResponseError(
+            f"stream event {message.event!r} is not a JSON object: {message.data[:200]!r}",
+            provider=provider,
+        )
+    return value
+
+
+class HTTPTransport:
+    """An httpx client bound to one provider's base URL, headers and retry policy."""
+
+    def __init__(
+        self,
+        provider: str,
+        base_url: str,
+        headers: Mapping[str, str],
+        settings: ProviderSettings,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        self.settings = settings
+        timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
+        self._client = client or httpx.AsyncClient(timeout=timeout, headers=dict(headers))
+        self._headers = dict(headers)
+        self.sleep = asyncio.sleep
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, 60.0)
+        base: float = min(8.0, 0.5 * 2**attempt)
+        return base * (0.5 + random.random() / 2)
+
+    async def _error(self, response: httpx.Response) -> ProviderHTTPError:
+        raw = await response.aread()
+        try:
+            body: Any = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            body = raw.decode("utf-8", errors="replace")[:500]
+        etype, message = error_from_body(body)
+        status = response.status_code
+        return ProviderHTTPError(
+            message,
+            provider=self.provider,
+            status=status,
+            error_type=etype,
+            request_id=_request_id(response.headers, body),
+            retryable=status in RETRYABLE_STATUSES,
+            retry_after=parse_retry_after(response.headers),
+        )
+
+    def _transport_error(self, exc: httpx.HTTPError, *, streaming: bool) -> ProviderError:
+        name = type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            return ProviderTimeoutError(
+                f"{name}: the provider did not answer in time", provider=self.provider
+            )
+        if isinstance(exc, httpx.ConnectError):
+            return ProviderConnectionError(
+                f"could not connect to {self.base_url}: {exc}", provider=self.provider,
+                retryable=True,
+            )
+        if streaming:
+            return ProviderStreamError(
+                f"the stream was cut: {name}: {exc}", provider=self.provider
+            )
+        return ProviderConnectionError(f"{name}: {exc}", provider=self.provider, retryable=True)
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, path: str, body: Mapping[str, Any], *, stream: bool
+    ) -> AsyncIterator[httpx.Response]:
+        """POST ``body``; yields a 2xx response whose body has not been read yet.
+
+        Non-2xx answers raise :class:`ProviderHTTPError` (after retries where allowed).
+        """
+        attempt = 0
+        while True:
+            try:
+                request = self._client.build_request(
+                    "POST", self.url(path), json=body, headers=self._headers
+                )
+                response = await self._client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                error = self._transport_error(exc, streaming=False)
+                if error.retryable and attempt < self.settings.max_retries:
+                    await self.sleep(self._backoff(attempt, None))
+                    attempt += 1
+                    continue
+                raise error from exc
+            if response.status_code >= 400:
+                http_error = await self._error(response)
+                await response.aclose()
+                if http_error.retryable and attempt < self.settings.max_retries:
+                    await self.sleep(self._backoff(attempt, http_error.retry_after))
+                    attempt += 1
+                    continue
+                raise http_error
+            try:
+                self._check_content_type(response, stream=stream)
+                yield response
+            finally:
+                await response.aclose()
+            return
+
+    def _check_content_type(self, response: httpx.Response, *, stream: bool) -> None:
+        ctype = response.headers.get("content-type", "")
+        wanted = "text/event-stream" if stream else "application/json"
+        if wanted not in ctype:
+            raise MalformedResponseError(
+                f"expected content-type {wanted}, got {ctype or 'none'!r}",
+                provider=self.provider,
+                status=response.status_code,
+                request_id=_request_id(response.headers),
+            )
+
+    async def events(self, response: httpx.Response) -> AsyncIterator[SSEMessage]:
+        """SSE messages from a streaming response; transport failures become typed errors."""
+        try:
+            async for message in aiter_sse(response.aiter_bytes()):
+                yield message
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, streaming=True) from exc
+
+    async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A non-streamed call; returns the decoded JSON object."""
+        async with self.open(path, body, stream=False) as response:
+            try:
+                raw = await response.aread()
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc, streaming=True) from exc
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise MalformedResponseError(
+                f"malformed JSON body: {exc}: {raw[:200]!r}", provider=self.provider
+            ) from exc
+        if not isinstance(value, dict):
+            raise MalformedResponseError("response body is not a JSON object", provider=self.provider)
+        return value
+
+    def request_id(self, response: httpx.Response) -> str | None:
+        return _request_id(response.headers)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -55,8 +55,8 @@ def demo_provider(_: str) -> Provider:
 
 
 async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
-    from thoughtgate.cli.runs import execute_and_follow, run_view_json
     from thoughtgate.cli.render import render_run
+    from thoughtgate.cli.runs import execute_and_follow, run_view_json
 
     ctx = Context(config_path=config_path, db=db, view_as=None)
 
@@ -82,8 +82,6 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             print_json(run_view_json(view))
         else:
             render_run(console, view, role=ctx.role.label)
-            console.print(
-                f"\nTry: [bold]thoughtgate events {view['run_id']} --view-as viewer[/]"
-            )
+            console.print(f"\nTry: [bold]thoughtgate events {view['run_id']} --view-as viewer[/]")
 
     await ctx.using(go)

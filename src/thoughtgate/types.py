@@ -200,8 +200,13 @@ class Usage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
-        names = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens",
-                 "cache_write_tokens")
+        names = (
+            "input_tokens",
+            "output_tokens",
+            "reasoning_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+        )
         return cls(**{k: int(data.get(k) or 0) for k in names})
 
 

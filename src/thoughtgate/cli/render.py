@@ -48,8 +48,9 @@ class LivePrinter:
                 detail = f" → {str(p['output'])[:200]}"
             if t == EventType.TOOL_FAILED and "error" in p:
                 detail = f" ✗ {p['error']}"
-            self.console.print(f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}",
-                               highlight=False)
+            self.console.print(
+                f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}", highlight=False
+            )
         elif t.startswith("cot.") and t != EventType.COT_COMPLETED:
             self._switch("cot")
             summary = p.get("summary")
@@ -90,15 +91,29 @@ def render_run(console: Console, view: dict[str, Any], *, role: str) -> None:
     console.print(Panel(head, title="thoughtgate run", expand=False))
     for task in view["tasks"]:
         if task.get("reasoning"):
-            console.print(Panel(Text(task["reasoning"], style="dim"),
-                                title=f"reasoning · task {task['index']}", border_style="dim"))
-        console.print(Panel(Text(task.get("output") or ""),
-                            title=f"answer · task {task['index']} · {task['status']}"))
+            console.print(
+                Panel(
+                    Text(task["reasoning"], style="dim"),
+                    title=f"reasoning · task {task['index']}",
+                    border_style="dim",
+                )
+            )
+        console.print(
+            Panel(
+                Text(task.get("output") or ""),
+                title=f"answer · task {task['index']} · {task['status']}",
+            )
+        )
 
 
 def render_runs_table(console: Console, views: list[dict[str, Any]]) -> None:
     table = Table("run_id", "status", "mode", "model", "prompt")
     for v in views:
-        table.add_row(v["run_id"], v["status"], v["chain_of_thought"], str(v.get("model")),
-                      (v.get("prompt") or "")[:60])
+        table.add_row(
+            v["run_id"],
+            v["status"],
+            v["chain_of_thought"],
+            str(v.get("model")),
+            (v.get("prompt") or "")[:60],
+        )
     console.print(table)

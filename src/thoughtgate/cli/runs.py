@@ -25,11 +25,11 @@ from thoughtgate.store.base import EventStore
 
 __all__ = ["register", "run_view_json"]
 
-DbOpt = Annotated[str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")]
-ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
-ViewAsOpt = Annotated[
-    str | None, typer.Option("--view-as", help="Preview what a lower role sees.")
+DbOpt = Annotated[
+    str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
 ]
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
+ViewAsOpt = Annotated[str | None, typer.Option("--view-as", help="Preview what a lower role sees.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
     def run(
         prompt: Annotated[str, typer.Argument(help="What to ask.")],
         model: Annotated[
-            str | None, typer.Option("--model", help="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5")
+            str | None,
+            typer.Option("--model", help="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5"),
         ] = None,
         base_url: Annotated[str | None, typer.Option("--base-url")] = None,
         api_key: Annotated[str | None, typer.Option("--api-key")] = None,
@@ -221,8 +222,9 @@ def register(app: typer.Typer) -> None:
                     return
                 for e in shown:
                     task = f" [dim]{e.task_id}[/]" if e.task_id else ""
-                    console.print(f"[bold]{e.seq:>5}[/] {e.type}{task} {dict(e.payload)}",
-                                  highlight=False)
+                    console.print(
+                        f"[bold]{e.seq:>5}[/] {e.type}{task} {dict(e.payload)}", highlight=False
+                    )
 
             await ctx.using(go)
 

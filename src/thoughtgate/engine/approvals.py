@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-__all__ = ["ApprovalBroker", "ApprovalOutcome", "Decision", "Decider"]
+__all__ = ["ApprovalBroker", "ApprovalOutcome", "Decider", "Decision"]
 
 Decision: TypeAlias = Literal["approve", "reject"]
 Decider: TypeAlias = Callable[[str, str, Mapping[str, Any]], Awaitable[Decision | None]]

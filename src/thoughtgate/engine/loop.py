@@ -166,7 +166,9 @@ class _Loop:
                 )
             )
             return ToolResultPart(
-                call.call_id, f"Error: there is no tool named {call.name!r}.", is_error=True,
+                call.call_id,
+                f"Error: there is no tool named {call.name!r}.",
+                is_error=True,
                 name=call.name,
             )
         base["label"] = tool.label
@@ -223,7 +225,7 @@ class _Loop:
             output = await tool.call(call.arguments, progress)
             await self.recorder.emit(self.ev(EventType.TOOL_COMPLETED, {**base, "output": output}))
             result = ToolResultPart(call.call_id, output, name=call.name)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is reported, never fatal
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             result, status = await self.fail(tool, call, base, error, exc)
         if self.observer is not None:
@@ -237,7 +239,7 @@ class _Loop:
         if tool.fallback is not None and not isinstance(exc, ToolArgumentsError):
             try:
                 output = await tool.call_fallback(call.arguments)
-            except Exception as fexc:  # noqa: BLE001
+            except Exception as fexc:
                 error = f"{error}; fallback failed: {type(fexc).__name__}: {fexc}"
             else:
                 await self.recorder.emit(
@@ -305,14 +307,25 @@ async def run_agent_loop(
             await recorder.emit(
                 NewEvent(
                     EventType.MESSAGE_PARTIALLY_COMPLETED,
-                    {"text": answer, "reason": "provider_error", "error": str(exc),
-                     "status": exc.status, "error_type": exc.error_type},
+                    {
+                        "text": answer,
+                        "reason": "provider_error",
+                        "error": str(exc),
+                        "status": exc.status,
+                        "error_type": exc.error_type,
+                    },
                     task_id=task_id,
                 )
             )
             return LoopResult(
-                "partial", answer, turn_no + 1, usage, _join(reasoning),
-                partial.finish_reason if partial else None, str(exc), turns,
+                "partial",
+                answer,
+                turn_no + 1,
+                usage,
+                _join(reasoning),
+                partial.finish_reason if partial else None,
+                str(exc),
+                turns,
             )
         await recorder.flush()
         usage = usage + turn.usage
@@ -328,8 +341,14 @@ async def run_agent_loop(
                 )
             )
             return LoopResult(
-                "completed", turn.text, turn_no + 1, usage, _join(reasoning),
-                turn.finish_reason, None, turns,
+                "completed",
+                turn.text,
+                turn_no + 1,
+                usage,
+                _join(reasoning),
+                turn.finish_reason,
+                None,
+                turns,
             )
         results = [await loop.run_tool(call) for call in turn.tool_calls]
         history.append(Message("assistant", strip_reasoning(turn.parts)))
@@ -343,9 +362,7 @@ async def run_agent_loop(
             task_id=task_id,
         )
     )
-    return LoopResult(
-        "partial", last, max_turns, usage, _join(reasoning), "max_turns", note, turns
-    )
+    return LoopResult("partial", last, max_turns, usage, _join(reasoning), "max_turns", note, turns)
 
 
 def _join(parts: list[str]) -> str:

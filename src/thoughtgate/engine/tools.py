@@ -95,9 +95,7 @@ def _build(
         annotation = hints.get(pname, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (annotation, default)
-    model = create_model(  # type: ignore[call-overload]
-        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
     schema = model.model_json_schema()
     schema.pop("title", None)
     doc = inspect.getdoc(fn) or ""

@@ -29,7 +29,7 @@ from thoughtgate.orchestration.disclosure import Disclosure
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import RunRecord, TaskRecord, new_id
+from thoughtgate.store.records import RunRecord, RunStatus, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
 __all__ = [
@@ -145,7 +145,9 @@ class Runtime:
         mode = resolve_chain_of_thought(
             chain_of_thought, request.chain_of_thought, orch.chain_of_thought
         )
-        backend = resolve_worker_backend(worker_backend, request.worker_backend, orch.worker_backend)
+        backend = resolve_worker_backend(
+            worker_backend, request.worker_backend, orch.worker_backend
+        )
         model = request.model or orch.default_model
         specs = list(request.tasks) or [TaskSpec(request.prompt)]
         self._validate(backend, model, specs)
@@ -222,11 +224,12 @@ class Runtime:
         await self.store.update_run(run_id, status="running")
         total = Usage()
         statuses: list[str] = []
+        status: RunStatus
         try:
             for task, spec in zip(run.tasks, specs, strict=True):
-                usage, status = await self._execute_task(run, task, spec, disclosure)
+                usage, task_status = await self._execute_task(run, task, spec, disclosure)
                 total = total + usage
-                statuses.append(status)
+                statuses.append(task_status)
         except ThoughtgateError as exc:
             await self._finish(run_id, EventType.RUN_FAILED, "failed", total, str(exc))
             raise
@@ -252,14 +255,17 @@ class Runtime:
         return await self.execute(run.run_id)
 
     async def _finish(
-        self, run_id: str, event_type: str, status: str, usage: Usage, error: str | None
+        self, run_id: str, event_type: str, status: RunStatus, usage: Usage, error: str | None
     ) -> None:
         payload: dict[str, Any] = {"status": status, "usage": usage.to_dict()}
         if error:
             payload["error"] = error
         await self._append(run_id, [NewEvent(event_type, payload)])
         await self.store.update_run(
-            run_id, status=status, usage=usage.to_dict(), error=error  # type: ignore[arg-type]
+            run_id,
+            status=status,
+            usage=usage.to_dict(),
+            error=error,
         )
 
     async def _execute_task(
@@ -272,8 +278,12 @@ class Runtime:
         await recorder.emit(
             NewEvent(
                 EventType.TASK_STARTED,
-                {"index": task.index, "prompt": task.prompt, "backend": task.backend,
-                 "model": task.model},
+                {
+                    "index": task.index,
+                    "prompt": task.prompt,
+                    "backend": task.backend,
+                    "model": task.model,
+                },
                 task_id=task.task_id,
             )
         )
@@ -342,7 +352,7 @@ class Runtime:
         try:
             value = worker(task.prompt)
             output = await value if inspect.isawaitable(value) else value
-        except Exception as exc:  # noqa: BLE001 - recorded as the task's failure
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             await recorder.emit(
                 NewEvent(
@@ -396,4 +406,3 @@ def _source(explicit: str | None, run: str | None, config: str | None) -> str:
     if config is not None:
         return "config"
     return "default"
-

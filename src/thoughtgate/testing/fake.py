@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from thoughtgate.providers.base import (
     Capabilities,
@@ -104,10 +104,10 @@ class FakeProvider:
             ) from None
 
     async def _raw(self, request: TurnRequest, turn: int) -> AsyncIterator[Chunk]:
-        produced = self.script(request, turn)
+        produced: Any = self.script(request, turn)
         if inspect.isasyncgen(produced):
             async for item in produced:
-                for chunk in _flatten(item):
+                for chunk in _flatten(cast(Any, item)):
                     yield chunk
         else:
             for item in produced:

@@ -213,3 +213,39 @@ async def test_assistant_text_between_tool_calls_is_kept_in_history() -> None:
     assert assistant.role == "assistant"
     assert any(isinstance(p, TextPart) and p.text == "Checking." for p in assistant.parts)
     assert json.dumps(repr(assistant)).count("add") >= 1
+
+
+async def test_continued_conversation_carries_no_reasoning() -> None:
+    store = MemoryStore()
+    providers: list[FakeProvider] = []
+
+    def factory(model: str) -> FakeProvider:
+        providers.append(FakeProvider(calls_then_answer([])))
+        return providers[-1]
+
+    runtime = Runtime(store, provider_factory=factory)
+    first = await runtime.run(RunRequest("first question", model="fake:x"),
+                              chain_of_thought="surface")
+    assert "SECRET-THOUGHT-0" in (first.tasks[0].reasoning or "")
+    second = await runtime.continue_run(first.run_id, "follow-up", chain_of_thought="surface")
+    sent = providers[1].requests[0].messages
+    assert [m.role for m in sent] == ["user", "assistant", "user"]
+    assert [m.text for m in sent] == ["first question", "final answer", "follow-up"]
+    assert "SECRET-THOUGHT" not in repr(sent)
+    assert second.metadata["continues"] == first.run_id
+
+
+async def test_carriers_from_another_model_are_dropped_and_recorded() -> None:
+    from thoughtgate.types import ContinuityBlock, Message, TextPart
+
+    foreign = ContinuityBlock("anthropic.thinking", {"thinking": "t", "signature": "s"},
+                              provider="anthropic", model="claude-a")
+    history = [Message.user("q"), Message("assistant", (foreign, TextPart("a")))]
+    store = MemoryStore()
+    provider = FakeProvider(calls_then_answer([]), model="other")
+    runtime = Runtime(store, provider_factory=lambda m: provider)
+    run = await runtime.run(RunRequest("next", model="fake:other", history=history))
+    sent = provider.requests[0].messages
+    assert not any(isinstance(p, ContinuityBlock) for m in sent for p in m.parts)
+    dropped = [e for e in await store.read(run.run_id) if e.type == "continuity.dropped"]
+    assert dropped and "claude-a" in dropped[0].payload["reason"]

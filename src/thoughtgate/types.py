@@ -466,7 +466,8 @@ class TurnAccumulator:
                     ToolCallPart(key[1], slot.name, arguments_json="".join(slot.buf) or "{}")
                 )
             elif slot.value is not None:
-                parts.append(slot.value)
+                # Stamp the producing adapter's identity: carriers only go back to it.
+                parts.append(replace(slot.value, provider=self.provider, model=self.model))
         return tuple(parts)
 
     @property

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.history import keep_own_carriers
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ProviderError
@@ -286,6 +287,17 @@ async def run_agent_loop(
     turns: list[Turn] = []
     for turn_no in range(max_turns):
         loop.turn_no = turn_no
+        outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
+        for gone in dropped:
+            await recorder.emit(
+                NewEvent(
+                    EventType.CONTINUITY_DROPPED,
+                    {"carrier": gone.carrier, "from_provider": gone.provider,
+                     "from_model": gone.model, "reason": gone.reason, "turn": turn_no},
+                    task_id=task_id,
+                )
+            )
+        history = outgoing
         request = TurnRequest(
             history,
             system=system,

@@ -21,6 +21,7 @@ from thoughtgate.config import (
     resolve_worker_backend,
 )
 from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.history import conversation_from_events
 from thoughtgate.engine.loop import LoopObserver, LoopResult, run_agent_loop
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import ThoughtgateError, UsageError
@@ -64,6 +65,8 @@ class TaskSpec:
     worker: str | None = None
     """Name of a registered inline worker (inline backend)."""
     system: str | None = None
+    history: Sequence[Message] = ()
+    """Earlier conversation (no reasoning: see ``conversation_from_events``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class RunRequest:
     tasks: Sequence[TaskSpec] = ()
     system: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    history: Sequence[Message] = ()
 
 
 def provider_settings_from_config(
@@ -149,7 +153,9 @@ class Runtime:
             worker_backend, request.worker_backend, orch.worker_backend
         )
         model = request.model or orch.default_model
-        specs = list(request.tasks) or [TaskSpec(request.prompt)]
+        specs = list(request.tasks) or [
+            TaskSpec(request.prompt, system=request.system, history=request.history)
+        ]
         self._validate(backend, model, specs)
         run = RunRecord(
             new_id("run"),
@@ -241,6 +247,25 @@ class Runtime:
         status = "completed" if all(s == "completed" for s in statuses) else "partial"
         await self._finish(run_id, EventType.RUN_SETTLEMENT_COMPLETED, status, total, None)
         return await self.store.get_run(run_id)
+
+    async def continue_run(
+        self,
+        previous_run_id: str,
+        prompt: str,
+        *,
+        model: str | None = None,
+        chain_of_thought: str | None = None,
+    ) -> RunRecord:
+        """A new run that continues an earlier one's conversation, carrying no reasoning."""
+        previous = await self.store.get_run(previous_run_id)
+        history = conversation_from_events(await self.store.read(previous_run_id))
+        request = RunRequest(
+            prompt,
+            model=model or previous.model,
+            history=history,
+            metadata={"continues": previous_run_id},
+        )
+        return await self.run(request, chain_of_thought=chain_of_thought)
 
     async def run(
         self,
@@ -383,7 +408,7 @@ class Runtime:
         try:
             return await run_agent_loop(
                 provider,
-                [Message.user(task.prompt)],
+                [*spec.history, Message.user(task.prompt)],
                 recorder=recorder,
                 task_id=task.task_id,
                 disclosure=disclosure,

@@ -14,12 +14,17 @@ import pytest
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def tg(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-       check: bool = True) -> subprocess.CompletedProcess[str]:
+def tg(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "thoughtgate", *args],
-        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=120,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
@@ -73,12 +78,16 @@ def test_events_status_runs_and_trace_read_through_the_filter(db: str) -> None:
 
 def test_local_role_from_config_and_view_as_cannot_raise_it(db: str, tmp_path: Path) -> None:
     cfg = tmp_path / "thoughtgate.toml"
-    cfg.write_text('[access]\nlocal_role = "member"\n[orchestration]\nchain_of_thought = "surface"\n')
-    out = json.loads(tg("run", "hi", "--model", "fake:echo", "--db", db, "--json", "--config",
-                        str(cfg)).stdout)
+    cfg.write_text(
+        '[access]\nlocal_role = "member"\n[orchestration]\nchain_of_thought = "surface"\n'
+    )
+    out = json.loads(
+        tg("run", "hi", "--model", "fake:echo", "--db", db, "--json", "--config", str(cfg)).stdout
+    )
     assert out["chain_of_thought"] == "surface" and out["tasks"][0]["reasoning"] is None
-    up = tg("status", out["run_id"], "--db", db, "--config", str(cfg), "--view-as", "owner",
-            check=False)
+    up = tg(
+        "status", out["run_id"], "--db", db, "--config", str(cfg), "--view-as", "owner", check=False
+    )
     assert up.returncode == 2 and "above your local role" in up.stderr
 
 
@@ -108,9 +117,16 @@ def test_bad_config_fails_at_start(db: str, tmp_path: Path) -> None:
 
 def test_env_db_and_config_overrides(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'env.db'}"
-    out = json.loads(tg("run", "x", "--model", "fake:echo", "--json",
-                        env={"THOUGHTGATE_DB": url,
-                             "THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT": "surface"}).stdout)
+    out = json.loads(
+        tg(
+            "run",
+            "x",
+            "--model",
+            "fake:echo",
+            "--json",
+            env={"THOUGHTGATE_DB": url, "THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT": "surface"},
+        ).stdout
+    )
     assert out["chain_of_thought"] == "surface"
     assert (tmp_path / "env.db").exists()
 

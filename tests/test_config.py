@@ -59,12 +59,30 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "key", "bad", "allowed"),
     [
-        ('[orchestration]\nchain_of_thought = "loud"\n', "orchestration.chain_of_thought",
-         "loud", "'hidden', 'surface' or 'telemetry_only'"),
-        ('[orchestration]\nworker_backend = "gpu"\n', "orchestration.worker_backend", "gpu",
-         "'inline' or 'provider'"),
-        ("[orchestration]\nmax_turns = 0\n", "orchestration.max_turns", "0", "greater than or equal to 1"),
-        ('[access]\nlocal_role = "boss"\n', "access.local_role", "boss", "viewer, member, developer"),
+        (
+            '[orchestration]\nchain_of_thought = "loud"\n',
+            "orchestration.chain_of_thought",
+            "loud",
+            "'hidden', 'surface' or 'telemetry_only'",
+        ),
+        (
+            '[orchestration]\nworker_backend = "gpu"\n',
+            "orchestration.worker_backend",
+            "gpu",
+            "'inline' or 'provider'",
+        ),
+        (
+            "[orchestration]\nmax_turns = 0\n",
+            "orchestration.max_turns",
+            "0",
+            "greater than or equal to 1",
+        ),
+        (
+            '[access]\nlocal_role = "boss"\n',
+            "access.local_role",
+            "boss",
+            "viewer, member, developer",
+        ),
         ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "3", "no such key"),
     ],
 )
@@ -95,5 +113,5 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
 
 def test_config_is_immutable() -> None:
     config = Config()
-    with pytest.raises(Exception):  # noqa: B017,PT011 - pydantic frozen instance
+    with pytest.raises(Exception):  # noqa: B017 - pydantic frozen instance
         config.orchestration.max_turns = 2  # type: ignore[misc]

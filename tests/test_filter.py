@@ -39,7 +39,9 @@ SAMPLE = [
             "reasoning_chars": 11,
             "reasoning_bytes": 11,
             "reasoning_parts": [{"kind": "reasoning", "text": MARK, "signature": SIG}],
-            "continuity": [{"carrier": "anthropic.thinking", "data": {"thinking": MARK, "signature": SIG}}],
+            "continuity": [
+                {"carrier": "anthropic.thinking", "data": {"thinking": MARK, "signature": SIG}}
+            ],
             "tool_calls": [{"callId": "c1", "name": "f", "input": {"q": TOOL_IN}}],
         },
     ),
@@ -102,13 +104,37 @@ def test_run_view(role: str, mode: str) -> None:
     assert view["tasks"][0]["output"] == "out"
 
 
-TYPES = ["reasoning.delta", "message.delta", "agent.response", "tool.started", "tool.completed",
-         "worker.completed", "cot.step", "run.started"]
+TYPES = [
+    "reasoning.delta",
+    "message.delta",
+    "agent.response",
+    "tool.started",
+    "tool.completed",
+    "worker.completed",
+    "cot.step",
+    "run.started",
+]
 payload_values = st.recursive(
     st.text(max_size=8) | st.integers() | st.booleans() | st.none(),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.sampled_from(["reasoning", "text", "input", "signature", "continuity",
-                                       "trace", "reasoning_parts", "x"]), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "reasoning",
+                    "text",
+                    "input",
+                    "signature",
+                    "continuity",
+                    "trace",
+                    "reasoning_parts",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=10,
 )
 
@@ -118,10 +144,25 @@ def event_lists(draw: st.DrawFn) -> list[Event]:
     n = draw(st.integers(0, 20))
     out = []
     for i in range(n):
-        payload = draw(st.dictionaries(
-            st.sampled_from(["reasoning", "text", "reasoning_parts", "trace", "continuity",
-                             "signature", "input", "output", "answer"]),
-            payload_values, max_size=5))
+        payload = draw(
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "reasoning",
+                        "text",
+                        "reasoning_parts",
+                        "trace",
+                        "continuity",
+                        "signature",
+                        "input",
+                        "output",
+                        "answer",
+                    ]
+                ),
+                payload_values,
+                max_size=5,
+            )
+        )
         if "reasoning" in payload or draw(st.booleans()):
             payload["reasoning"] = MARK
         out.append(ev(i + 1, draw(st.sampled_from(TYPES)), payload))

@@ -113,8 +113,12 @@ async def test_failed_tool_is_not_terminal() -> None:
     assert run.status == "completed" and run.tasks[0].output == "final answer"
     failed = next(e for e in await store.read(run.run_id) if e.type == "tool.failed")
     assert "disk on fire" in failed.payload["error"]
-    result = next(p for m in providers[0].requests[1].messages for p in m.parts
-                  if isinstance(p, ToolResultPart))
+    result = next(
+        p
+        for m in providers[0].requests[1].messages
+        for p in m.parts
+        if isinstance(p, ToolResultPart)
+    )
     assert result.is_error and "disk on fire" in result.content
 
 
@@ -125,7 +129,7 @@ async def test_fallback_gives_a_degraded_result() -> None:
 
 
 async def test_unknown_tool_and_bad_arguments_are_reported_to_the_model() -> None:
-    run, store, providers = await run_with(
+    run, store, _providers = await run_with(
         [("nope", {}), ("add", {"a": "not a number"})], tools=ToolRegistry([add])
     )
     assert run.status == "completed"
@@ -134,8 +138,9 @@ async def test_unknown_tool_and_bad_arguments_are_reported_to_the_model() -> Non
     assert "unknown tool" in failures[0].payload["error"]
 
 
-@pytest.mark.parametrize(("decision", "expected"), [("approve", "deleted /tmp/x"),
-                                                     ("reject", "rejected")])
+@pytest.mark.parametrize(
+    ("decision", "expected"), [("approve", "deleted /tmp/x"), ("reject", "rejected")]
+)
 async def test_approval_approve_and_reject(decision: str, expected: str) -> None:
     async def decider(call_id: str, name: str, args: Any) -> Any:
         return decision
@@ -148,8 +153,12 @@ async def test_approval_approve_and_reject(decision: str, expected: str) -> None
     events = await store.read(run.run_id)
     kinds = [e.type for e in events]
     assert "tool.approval_required" in kinds and "tool.approval_response" in kinds
-    result = next(p for m in providers[0].requests[1].messages for p in m.parts
-                  if isinstance(p, ToolResultPart))
+    result = next(
+        p
+        for m in providers[0].requests[1].messages
+        for p in m.parts
+        if isinstance(p, ToolResultPart)
+    )
     assert expected in result.content
     assert run.tasks[0].output == "final answer", "the loop continues after a rejection"
     assert ("tool.started" in kinds) == (decision == "approve")
@@ -157,7 +166,7 @@ async def test_approval_approve_and_reject(decision: str, expected: str) -> None
 
 async def test_approval_times_out_and_the_loop_goes_on() -> None:
     config = Config.from_mapping({"orchestration": {"approval_timeout_s": 0.05}})
-    run, store, providers = await run_with(
+    run, store, _providers = await run_with(
         [("delete_file", {"path": "/x"})], tools=ToolRegistry([delete_file]), config=config
     )
     kinds = [e.type for e in await store.read(run.run_id)]
@@ -170,7 +179,9 @@ async def test_approval_answered_through_the_broker_api() -> None:
     store = MemoryStore()
     runtime = Runtime(
         store,
-        provider_factory=lambda m: FakeProvider(calls_then_answer([("delete_file", {"path": "/y"})])),
+        provider_factory=lambda m: FakeProvider(
+            calls_then_answer([("delete_file", {"path": "/y"})])
+        ),
         tools=ToolRegistry([delete_file]),
         approvals=broker,
     )
@@ -190,7 +201,9 @@ async def test_approval_answered_through_the_broker_api() -> None:
 
 async def test_turn_limit_ends_the_task_clearly() -> None:
     config = Config.from_mapping({"orchestration": {"max_turns": 2}})
-    run, store, _ = await run_with([("add", {"a": 1})] * 5, tools=ToolRegistry([add]), config=config)
+    run, store, _ = await run_with(
+        [("add", {"a": 1})] * 5, tools=ToolRegistry([add]), config=config
+    )
     assert run.tasks[0].status == "partial"
     assert "turn limit of 2" in (run.tasks[0].error or "")
     last = [e for e in await store.read(run.run_id) if e.type == "message.partially_completed"]
@@ -224,8 +237,9 @@ async def test_continued_conversation_carries_no_reasoning() -> None:
         return providers[-1]
 
     runtime = Runtime(store, provider_factory=factory)
-    first = await runtime.run(RunRequest("first question", model="fake:x"),
-                              chain_of_thought="surface")
+    first = await runtime.run(
+        RunRequest("first question", model="fake:x"), chain_of_thought="surface"
+    )
     assert "SECRET-THOUGHT-0" in (first.tasks[0].reasoning or "")
     second = await runtime.continue_run(first.run_id, "follow-up", chain_of_thought="surface")
     sent = providers[1].requests[0].messages
@@ -238,8 +252,12 @@ async def test_continued_conversation_carries_no_reasoning() -> None:
 async def test_carriers_from_another_model_are_dropped_and_recorded() -> None:
     from thoughtgate.types import ContinuityBlock, Message, TextPart
 
-    foreign = ContinuityBlock("anthropic.thinking", {"thinking": "t", "signature": "s"},
-                              provider="anthropic", model="claude-a")
+    foreign = ContinuityBlock(
+        "anthropic.thinking",
+        {"thinking": "t", "signature": "s"},
+        provider="anthropic",
+        model="claude-a",
+    )
     history = [Message.user("q"), Message("assistant", (foreign, TextPart("a")))]
     store = MemoryStore()
     provider = FakeProvider(calls_then_answer([]), model="other")

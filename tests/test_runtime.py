@@ -24,7 +24,9 @@ ANSWER = "It is blue."
 def script(request: TurnRequest, turn: int) -> Iterator[Chunk]:
     yield reasoning(THOUGHT[:10])
     yield reasoning(THOUGHT[10:])
-    yield ContinuityChunk(ContinuityBlock("anthropic.thinking", {"thinking": THOUGHT, "signature": "S"}))
+    yield ContinuityChunk(
+        ContinuityBlock("anthropic.thinking", {"thinking": THOUGHT, "signature": "S"})
+    )
     yield text("It is ")
     yield text("blue.")
 
@@ -84,7 +86,9 @@ async def test_telemetry_only_puts_reasoning_only_in_the_trace() -> None:
     assert worker.payload["trace"]["reasoning"] == THOUGHT
     others = [e for e in events if e.type != "worker.completed"]
     assert THOUGHT not in json.dumps([e.to_dict() for e in others])
-    owner_view = json.dumps([e.to_dict() for e in filter_events(events, "owner", mode="telemetry_only")])
+    owner_view = json.dumps(
+        [e.to_dict() for e in filter_events(events, "owner", mode="telemetry_only")]
+    )
     assert THOUGHT not in owner_view and "Ünïcode" not in owner_view
     assert filter_run(await store.get_run(run.run_id), "owner")["tasks"][0]["reasoning"] is None
 
@@ -122,8 +126,10 @@ async def test_mode_recorded_on_run_and_in_capability_resolved() -> None:
     resolved = next(e for e in await store.read(run.run_id) if e.type == "capability.resolved")
     assert resolved.payload["chain_of_thought"] == "telemetry_only"
     assert resolved.payload["sources"]["chain_of_thought"] == "run"
-    run2 = await runtime.run(RunRequest("q", model="fake:x", chain_of_thought="telemetry_only"),
-                             chain_of_thought="hidden")
+    run2 = await runtime.run(
+        RunRequest("q", model="fake:x", chain_of_thought="telemetry_only"),
+        chain_of_thought="hidden",
+    )
     assert run2.chain_of_thought == "hidden"
     run3 = await runtime.run(RunRequest("q", model="fake:x"))
     assert run3.chain_of_thought == "surface"
@@ -135,8 +141,12 @@ async def test_event_order_and_single_terminal_event() -> None:
     seen = types(await store.read(run.run_id))
     assert seen[:3] == ["run.started", "capability.resolved", "task.started"]
     assert seen[-1] == "run.settlement.completed"
-    assert seen.index("agent.response") < seen.index("message.completed") < seen.index(
-        "worker.completed") < seen.index("task.completed")
+    assert (
+        seen.index("agent.response")
+        < seen.index("message.completed")
+        < seen.index("worker.completed")
+        < seen.index("task.completed")
+    )
     terminals = [t for t in seen if t in ("run.settlement.completed", "run.failed", "run.error")]
     assert terminals == ["run.settlement.completed"]
 
@@ -156,14 +166,17 @@ async def test_inline_backend_never_calls_a_model() -> None:
     events = await store.read(run.run_id)
     assert "agent.response" not in types(events) and "reasoning.delta" not in types(events)
     with pytest.raises(UsageError, match="no inline worker named 'nope'"):
-        await runtime.create_run(RunRequest("x", worker_backend="inline",
-                                            tasks=[TaskSpec("x", worker="nope")]))
+        await runtime.create_run(
+            RunRequest("x", worker_backend="inline", tasks=[TaskSpec("x", worker="nope")])
+        )
 
 
 async def test_several_tasks_run_in_order_with_their_own_models() -> None:
-    runtime, store, factory = make()
+    runtime, _store, factory = make()
     run = await runtime.run(
-        RunRequest("both", model="fake:a", tasks=[TaskSpec("one"), TaskSpec("two", model="fake:b")]),
+        RunRequest(
+            "both", model="fake:a", tasks=[TaskSpec("one"), TaskSpec("two", model="fake:b")]
+        ),
         chain_of_thought="surface",
     )
     assert [t.prompt for t in run.tasks] == ["one", "two"]

@@ -9,9 +9,9 @@ from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 STREAM = (
     b": OPENROUTER PROCESSING\n\n"
-    b"event: message_start\r\ndata: {\"a\": 1}\r\n\r\n"
+    b'event: message_start\r\ndata: {"a": 1}\r\n\r\n'
     b"data: line one\ndata: line two\n\n"
-    b"event: ping\rdata: {\"type\": \"ping\"}\r\r"
+    b'event: ping\rdata: {"type": "ping"}\r\r'
     b"id: 7\ndata: caf\xc3\xa9\n\n"
     b"data: [DONE]"
 )

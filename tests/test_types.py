@@ -79,7 +79,9 @@ def test_summary_and_raw_reasoning_with_same_index_stay_apart() -> None:
 
 
 def test_continuity_blocks_are_kept_verbatim_and_in_order() -> None:
-    a = ContinuityBlock("anthropic.thinking", {"type": "thinking", "thinking": "t", "signature": "s"})
+    a = ContinuityBlock(
+        "anthropic.thinking", {"type": "thinking", "thinking": "t", "signature": "s"}
+    )
     b = ContinuityBlock("anthropic.redacted_thinking", {"type": "redacted_thinking", "data": "x"})
     acc = TurnAccumulator().feed_all([ContinuityChunk(a), ContinuityChunk(b)])
     assert acc.finish().continuity == (a, b)
@@ -111,8 +113,15 @@ def test_accumulated_text_is_the_concatenation_of_deltas(
 def test_parts_round_trip_through_json_dicts() -> None:
     parts = [
         TextPart("hi"),
-        ReasoningPart("why", reasoning_kind="summary", provider="p", model="m", signature="s",
-                      redacted=False, index=2),
+        ReasoningPart(
+            "why",
+            reasoning_kind="summary",
+            provider="p",
+            model="m",
+            signature="s",
+            redacted=False,
+            index=2,
+        ),
         ContinuityBlock("openai.reasoning_item", {"id": "rs_1", "encrypted_content": "e"}),
         ToolCallPart("c", "f", arguments_json='{"a": 1}'),
         ToolResultPart("c", "out", is_error=True, name="f"),

@@ -99,7 +99,7 @@ def test_bad_values_name_key_value_and_allowed(
 
 
 def test_bad_environment_value_is_reported_too(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="orchestration.max_turns"):
+    with pytest.raises(ConfigError, match=r"orchestration\.max_turns"):
         load_config(environ={"THOUGHTGATE_ORCHESTRATION__MAX_TURNS": "many"}, cwd=tmp_path)
 
 

@@ -292,8 +292,13 @@ async def run_agent_loop(
             await recorder.emit(
                 NewEvent(
                     EventType.CONTINUITY_DROPPED,
-                    {"carrier": gone.carrier, "from_provider": gone.provider,
-                     "from_model": gone.model, "reason": gone.reason, "turn": turn_no},
+                    {
+                        "carrier": gone.carrier,
+                        "from_provider": gone.provider,
+                        "from_model": gone.model,
+                        "reason": gone.reason,
+                        "turn": turn_no,
+                    },
                     task_id=task_id,
                 )
             )

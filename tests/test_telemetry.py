@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from thoughtgate.config import Config, TelemetryConfig
+from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.events.schema import Event
@@ -340,6 +341,41 @@ async def test_failed_tool_span_is_an_error_without_leaking_the_message() -> Non
     assert tool_span.start_time == tool_span.end_time
 
 
+async def test_approved_tool_that_degrades_to_its_fallback() -> None:
+    def cached(q: str) -> str:
+        return f"cached {q}"
+
+    @tool(requires_approval=True, fallback=cached)
+    def lookup(q: str) -> str:
+        """Look something up."""
+        raise ConnectionError("backend down")
+
+    async def approve(call_id: str, name: str, arguments: Any) -> Decision:
+        return "approve"
+
+    provider, exporter = _tracing()
+    config = Config()
+    runtime = Runtime(
+        MemoryStore(),
+        config,
+        provider_factory=lambda m: FakeProvider(_script),
+        tools=ToolRegistry([lookup]),
+        approvals=ApprovalBroker(decider=approve),
+        sinks=telemetry_sinks(config, tracer_provider=provider),
+    )
+    await runtime.run(RunRequest("hi", model="fake:x"), chain_of_thought="surface")
+    spans = list(exporter.get_finished_spans())
+    (tool_span,) = _by_op(spans, "execute_tool")
+    assert tool_span.attributes is not None
+    assert tool_span.attributes["thoughtgate.tool.status"] == "degraded"
+    assert tool_span.status.status_code == StatusCode.UNSET
+    (task,) = _by_op(spans, "invoke_agent")
+    assert [e.name for e in task.events] == ["tool.approval_required", "tool.approval_response"]
+    assert task.events[1].attributes is not None
+    assert task.events[1].attributes["thoughtgate.approval.decision"] == "approve"
+    assert task.events[1].attributes["gen_ai.tool.name"] == "lookup"
+
+
 async def test_run_that_dies_mid_task_still_ends_every_span_as_error() -> None:
     def broken(model: str) -> Provider:
         raise UnknownProviderError("no such provider here")
@@ -428,6 +464,24 @@ def test_configured_exporters(exporter: str, endpoint: str | None, expected: str
         assert len(sinks) == 1 and isinstance(sinks[0], TelemetrySink)
     finally:
         provider.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"), [(None, "thoughtgate"), ("billing-agent", "billing-agent")]
+)
+def test_service_name_defaults_to_thoughtgate_unless_the_environment_names_one(
+    monkeypatch: pytest.MonkeyPatch, env: str | None, expected: str
+) -> None:
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    if env is None:
+        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_SERVICE_NAME", env)
+    provider: Any = build_tracer_provider(TelemetryConfig(exporter="console"))
+    try:
+        assert provider.resource.attributes["service.name"] == expected
+    finally:
+        provider.shutdown()
 
 
 async def test_console_exporter_writes_spans_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -46,6 +46,9 @@ from thoughtgate.access.roles import Role
 from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.recorder import EventSink
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
 
 __all__ = [
     "TelemetrySink",
@@ -524,6 +527,18 @@ def _http_endpoint(endpoint: str) -> str:
     return endpoint.rstrip("/") + "/v1/traces" if urlsplit(endpoint).path in ("", "/") else endpoint
 
 
+def _resource() -> Resource:
+    """The SDK's resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, …), with
+    ``service.name = thoughtgate`` only where the environment names no service."""
+    from opentelemetry.sdk.resources import SERVICE_NAME
+    from opentelemetry.sdk.resources import Resource as SdkResource
+
+    resource = SdkResource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(SdkResource({SERVICE_NAME: "thoughtgate"}))
+    return resource
+
+
 def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
     """An SDK tracer provider exporting as configured, or ``None`` for ``exporter = "none"``.
 
@@ -534,7 +549,6 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
     """
     if config.exporter == "none":
         return None
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -558,7 +572,7 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
         )
 
         exporter = GrpcExporter(endpoint=config.endpoint)
-    provider = SdkTracerProvider(resource=Resource.create({"service.name": "thoughtgate"}))
+    provider = SdkTracerProvider(resource=_resource())
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 

@@ -9,6 +9,7 @@
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
     │   ├── RunNotFoundError       no run with that id
+    │   ├── AuthenticationError    no credentials, or ones we do not accept (bad key, bad ticket)
     │   └── AccessDeniedError      the reader's role may not read this
     └── RuntimeFailure             something outside the caller's control failed
         ├── ProviderError          provider status, error type, message, request id, partial turn
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AccessDeniedError",
+    "AuthenticationError",
     "ConfigError",
     "MalformedResponseError",
     "NotOurDatabaseError",
@@ -94,6 +96,10 @@ class RunNotFoundError(UsageError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"run {run_id!r} not found")
+
+
+class AuthenticationError(UsageError):
+    """Missing, unknown or revoked API key; forged, expired or malformed live-channel ticket."""
 
 
 class AccessDeniedError(UsageError):

@@ -1,0 +1,140 @@
+"""API keys: who is calling the daemon, and with which role.
+
+A key is ``tg_`` followed by 43 URL-safe characters from :func:`secrets.token_urlsafe` (256 random
+bits). It is shown once, when created; the store keeps only its SHA-256 hex digest. A plain,
+unsalted SHA-256 is enough here because the input is a high-entropy random string, not a password:
+there is nothing to guess from a dictionary, and a lookup by digest never compares secrets
+character by character. Keys are revoked, never deleted, so ``keys list`` shows their history.
+
+Every caller (CLI ``keys`` commands and the daemon's ``/v1/keys`` routes) goes through these
+functions; the rules live here: names are unique among active keys, and nobody may mint or revoke a
+key with a role above their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.errors import AccessDeniedError, AuthenticationError, UsageError
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord, new_id
+
+__all__ = [
+    "KEY_PREFIX",
+    "CreatedKey",
+    "Principal",
+    "authenticate",
+    "bearer_token",
+    "create_key",
+    "generate_key",
+    "hash_key",
+    "key_view",
+    "revoke_key",
+]
+
+KEY_PREFIX = "tg_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller behind a request: which key, which name, which role."""
+
+    key_id: str
+    name: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    """A freshly created key: the only moment its secret is known."""
+
+    record: ApiKeyRecord
+    key: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key_id": self.record.key_id,
+            "name": self.record.name,
+            "role": self.record.role,
+            "key": self.key,
+        }
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """The stored form of a key: SHA-256, hex."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_view(record: ApiKeyRecord) -> dict[str, Any]:
+    """A key as listed: never its hash."""
+    return {
+        "key_id": record.key_id,
+        "name": record.name,
+        "role": record.role,
+        "created_at": record.created_at,
+        "revoked_at": record.revoked_at,
+    }
+
+
+async def create_key(
+    store: EventStore, *, name: str, role: Role | str, by: Role | None = None
+) -> CreatedKey:
+    """Create and store a key; ``by`` is the creator's role (``None``: the local operator)."""
+    parsed = parse_role(role)
+    if by is not None and parsed > by:
+        raise AccessDeniedError("a key cannot be given a role above its creator's")
+    if not _NAME.match(name):
+        raise UsageError(
+            f"bad key name {name!r}: 1-64 characters, letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if any(k.name == name and k.revoked_at is None for k in await store.list_api_keys()):
+        raise UsageError(f"an active key named {name!r} already exists; revoke it or pick another")
+    key = generate_key()
+    record = ApiKeyRecord(new_id("key"), name, parsed.label, hash_key(key))
+    await store.save_api_key(record)
+    return CreatedKey(record, key)
+
+
+async def revoke_key(store: EventStore, key_id_or_name: str, *, by: Role | None = None) -> bool:
+    """Revoke active keys with that id or name; ``False`` when none matched."""
+    targets = [
+        k
+        for k in await store.list_api_keys()
+        if k.revoked_at is None and key_id_or_name in (k.key_id, k.name)
+    ]
+    if not targets:
+        return False
+    if by is not None and any(parse_role(k.role) > by for k in targets):
+        raise AccessDeniedError("cannot revoke a key whose role is above yours")
+    return await store.revoke_api_key(key_id_or_name)
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer ...`` header; anything else is an auth error."""
+    if not authorization:
+        raise AuthenticationError("missing API key: send 'Authorization: Bearer KEY'")
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthenticationError("malformed Authorization header: expected 'Bearer KEY'")
+    return token
+
+
+async def authenticate(store: EventStore, authorization: str | None) -> Principal:
+    """The principal for an ``Authorization`` header; unknown or revoked keys are refused."""
+    token = bearer_token(authorization)
+    record = await store.find_api_key(hash_key(token))
+    if record is None:
+        raise AuthenticationError("invalid or revoked API key")
+    return Principal(record.key_id, record.name, parse_role(record.role))

@@ -1,0 +1,128 @@
+"""``thoughtgate keys create | list | revoke``: API keys for the daemon, straight in the store.
+
+Managing keys needs local role ``admin`` or above (``access.local_role``, default ``owner``), and
+a key is never given a role above the local one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from thoughtgate.access.filter import require_role
+from thoughtgate.access.keys import create_key, key_view, revoke_key
+from thoughtgate.access.roles import ROLE_NAMES, Role
+from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
+from thoughtgate.errors import UsageError
+from thoughtgate.store.base import EventStore
+
+__all__ = ["register"]
+
+DbOpt = Annotated[
+    str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
+]
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _context(config: str | None, db: str | None) -> Context:
+    ctx = Context(config_path=config, db=db, view_as=None)
+    require_role(ctx.role, Role.ADMIN, "managing API keys")
+    return ctx
+
+
+def register(app: typer.Typer) -> None:
+    keys = typer.Typer(
+        name="keys", help="API keys for the daemon (stored hashed).", no_args_is_help=True
+    )
+    app.add_typer(keys, name="keys")
+
+    @keys.command("create")
+    def create(
+        role: Annotated[str, typer.Option("--role", help=" | ".join(ROLE_NAMES))],
+        name: Annotated[str, typer.Option("--name", help="Unique among active keys.")],
+        db: DbOpt = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Create a key and print it once (only its SHA-256 is stored)."""
+
+        async def body() -> None:
+            ctx = _context(config, db)
+
+            async def go(store: EventStore) -> None:
+                created = await create_key(store, name=name, role=role, by=ctx.role)
+                if json_out:
+                    record = created.record
+                    print_json({"name": record.name, "role": record.role, "key": created.key})
+                    return
+                console.print(
+                    f"created {created.record.role} key [bold]{created.record.name}[/] "
+                    f"({created.record.key_id}); it is shown only now:",
+                    highlight=False,
+                )
+                console.print(created.key, highlight=False, soft_wrap=True)
+
+            await ctx.using(go)
+
+        run_async(body())
+
+    @keys.command("list")
+    def list_(
+        db: DbOpt = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """List keys (never their secrets), revoked ones too."""
+
+        async def body() -> None:
+            ctx = _context(config, db)
+
+            async def go(store: EventStore) -> None:
+                records = await store.list_api_keys()
+                if json_out:
+                    print_json([key_view(k) for k in records])
+                    return
+                table = Table("name", "role", "id", "created", "revoked")
+                for k in records:
+                    table.add_row(
+                        k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at)
+                    )
+                console.print(table)
+
+            await ctx.using(go)
+
+        run_async(body())
+
+    @keys.command("revoke")
+    def revoke(
+        key: Annotated[str, typer.Argument(help="The key's name or id.")],
+        db: DbOpt = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Revoke a key by name or id; requests with it get 401 from then on."""
+
+        async def body() -> None:
+            ctx = _context(config, db)
+
+            async def go(store: EventStore) -> None:
+                if not await revoke_key(store, key, by=ctx.role):
+                    raise UsageError(f"no active key with name or id {key!r}")
+                if json_out:
+                    print_json({"revoked": key})
+                else:
+                    err_console.print(f"revoked {key}", highlight=False)
+
+            await ctx.using(go)
+
+        run_async(body())

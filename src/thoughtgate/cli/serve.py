@@ -1,0 +1,102 @@
+"""``thoughtgate serve``: the HTTP daemon."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from thoughtgate.access.keys import create_key
+from thoughtgate.cli.common import Context, err_console, run_async
+from thoughtgate.engine.tools import ToolRegistry, load_tools
+from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.server.app import create_app
+from thoughtgate.server.serve import serve_app
+from thoughtgate.store.base import EventStore
+
+__all__ = ["register"]
+
+BOOTSTRAP_KEY_NAME = "bootstrap-owner"
+
+
+async def _bootstrap_key(store: EventStore) -> str | None:
+    """An owner key when the store has never held one (a fresh database or ``memory://``)."""
+    if await store.list_api_keys():
+        return None
+    return (await create_key(store, name=BOOTSTRAP_KEY_NAME, role="owner")).key
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        host: Annotated[str | None, typer.Option("--host", help="Default: server.host")] = None,
+        port: Annotated[
+            int | None, typer.Option("--port", help="Default: server.port; 0 picks a free one")
+        ] = None,
+        db: Annotated[
+            str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
+        ] = None,
+        config: Annotated[str | None, typer.Option("--config", help="thoughtgate.toml")] = None,
+        tools: Annotated[
+            list[str] | None,
+            typer.Option("--tools", help="module:attr of tools runs may use (repeatable)"),
+        ] = None,
+        shutdown_grace: Annotated[
+            float,
+            typer.Option("--shutdown-grace", help="Seconds in-flight runs get on SIGTERM"),
+        ] = 3.0,
+        bootstrap_key: Annotated[
+            bool,
+            typer.Option(
+                "--bootstrap-key/--no-bootstrap-key",
+                help="Print a one-time owner key when the store has no keys at all",
+            ),
+        ] = True,
+        log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    ) -> None:
+        """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
+
+        async def body() -> None:
+            ctx = Context(config_path=config, db=db, view_as=None)
+            logging.basicConfig(
+                level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s"
+            )
+            registry = load_tools(tools) if tools else ToolRegistry()
+            try:
+                store = await ctx.store()
+                first_key = await _bootstrap_key(store) if bootstrap_key else None
+                application = create_app(
+                    Runtime(store, ctx.config, tools=registry),
+                    ctx.config,
+                    shutdown_grace_s=shutdown_grace,
+                )
+
+                def ready(bound_host: str, bound_port: int) -> None:
+                    err_console.print(
+                        f"thoughtgate listening on http://{bound_host}:{bound_port} "
+                        f"(store {ctx.db_url})",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    if first_key:
+                        err_console.print(
+                            f"no API keys in this store yet; created owner key "
+                            f"'{BOOTSTRAP_KEY_NAME}' (shown once, keep it):\n{first_key}",
+                            highlight=False,
+                            soft_wrap=True,
+                        )
+                    sys.stderr.flush()
+
+                await serve_app(
+                    application,
+                    host=host or ctx.config.server.host,
+                    port=ctx.config.server.port if port is None else port,
+                    log_level=log_level.lower(),
+                    on_ready=ready,
+                )
+            finally:
+                await ctx.close()
+
+        run_async(body())

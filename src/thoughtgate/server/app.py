@@ -1,0 +1,132 @@
+"""The daemon's ASGI application: ``create_app(runtime_or_store, config)``.
+
+>>> app = create_app(MemoryStore(), Config())          # or create_app(Runtime(store, config))
+>>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
+
+Startup (lifespan) prepares the ticket secret and closes runs a crashed daemon left running;
+shutdown gives in-flight runs ``shutdown_grace_s`` to finish and interrupts the rest. The app does
+not own the store: whoever opened it closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from thoughtgate.config import Config
+from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.tools import ToolRegistry
+from thoughtgate.orchestration.recorder import EventSink
+from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
+from thoughtgate.server.api import starlette_route
+from thoughtgate.server.errors import exception_handlers
+from thoughtgate.server.manager import RunManager
+from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMiddleware
+from thoughtgate.server.openapi import build_openapi
+from thoughtgate.server.routes import all_endpoints
+from thoughtgate.server.routes.meta import package_version
+from thoughtgate.server.state import ServerState
+from thoughtgate.store.base import EventStore
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("thoughtgate.server")
+
+STATIC_DIR = Path(__file__).with_name("static")
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def _index(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
+
+
+def _page_routes() -> list[BaseRoute]:
+    """The web page (``/``, ``/static``); it reads everything through the API like any client."""
+    if not (STATIC_DIR / "index.html").is_file():
+        return []
+    return [
+        Route("/", _index, methods=["GET"], include_in_schema=False),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+
+
+def create_app(
+    runtime_or_store: Runtime | EventStore,
+    config: Config | None = None,
+    *,
+    provider_factory: ProviderFactory | None = None,
+    tools: ToolRegistry | None = None,
+    approvals: ApprovalBroker | None = None,
+    sinks: Sequence[EventSink] = (),
+    shutdown_grace_s: float = 3.0,
+    recover_on_start: bool = True,
+    sse_queue_size: int = 256,
+    sse_lag_timeout_s: float = 10.0,
+    sse_send_timeout_s: float = 30.0,
+) -> Starlette:
+    """Build the HTTP API over a runtime (or over a store, with a runtime built from ``config``).
+
+    ``provider_factory``, ``tools``, ``approvals`` and ``sinks`` only apply when a store is given;
+    a given runtime brings its own. ``config`` defaults to the runtime's (or the built-in one).
+    """
+    if isinstance(runtime_or_store, Runtime):
+        runtime = runtime_or_store
+        config = config or runtime.config
+    else:
+        config = config or Config()
+        runtime = Runtime(
+            runtime_or_store,
+            config,
+            provider_factory=provider_factory,
+            tools=tools,
+            approvals=approvals,
+            sinks=sinks,
+        )
+    manager = RunManager(runtime, grace_s=shutdown_grace_s)
+    state = ServerState(
+        runtime,
+        manager,
+        config.server,
+        sse_queue_size=sse_queue_size,
+        sse_lag_timeout_s=sse_lag_timeout_s,
+        sse_send_timeout_s=sse_send_timeout_s,
+    )
+    endpoints = all_endpoints()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.signer()
+        if recover_on_start:
+            recovered = await manager.recover()
+            if recovered:
+                log.warning("marked %d run(s) left running as interrupted", len(recovered))
+        try:
+            yield
+        finally:
+            await manager.shutdown()
+
+    app = Starlette(
+        routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],
+        middleware=[
+            Middleware(OverheadHeaderMiddleware),
+            Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes),
+        ],
+        exception_handlers=exception_handlers(),
+        lifespan=lifespan,
+    )
+    app.state.thoughtgate = state
+    app.state.openapi = build_openapi(endpoints, version=package_version())
+    return app

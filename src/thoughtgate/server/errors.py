@@ -1,0 +1,147 @@
+"""Errors at the HTTP edge: every failure becomes one JSON body ``{"error": {code, message}}``.
+
+The exception tree (``thoughtgate.errors``) is translated here and nowhere else:
+
+==========================  ======  ==========================================================
+exception                   status  body
+==========================  ======  ==========================================================
+``AuthenticationError``     401     generic ("authentication required"), ``WWW-Authenticate``
+``AccessDeniedError``       403     generic ("forbidden"): names no run, no data
+``RunNotFoundError``        404     the id the caller sent
+other ``UsageError``        400     the message (what was wrong and what is allowed)
+``ApiError``                given   raised by routes for 404/409/413/422 and friends
+``StoreError``              503     "the event store is unavailable"
+anything else               500     "internal error" (the traceback goes to the log only)
+==========================  ======  ==========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from thoughtgate.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    RunNotFoundError,
+    StoreError,
+    ThoughtgateError,
+    UsageError,
+)
+
+__all__ = ["ApiError", "error_response", "exception_handlers"]
+
+log = logging.getLogger("thoughtgate.server")
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """A deliberate HTTP error with a clear message."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code or _HTTP_CODES.get(status, "error")
+        self.message = message
+        self.details = details
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    details: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    error: dict[str, Any] = {"code": code or _HTTP_CODES.get(status, "error"), "message": message}
+    if details:
+        error["details"] = details
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+def _unauthorized() -> JSONResponse:
+    return error_response(
+        401,
+        "authentication required: a valid API key (Authorization: Bearer KEY) or live ticket",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _forbidden() -> JSONResponse:
+    return error_response(403, "forbidden: your role does not allow this")
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, code=exc.code, details=exc.details)
+
+
+async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, AuthenticationError):
+        log.info("401 %s %s: %s", request.method, request.url.path, exc)
+        return _unauthorized()
+    if isinstance(exc, AccessDeniedError):
+        return _forbidden()
+    if isinstance(exc, RunNotFoundError):
+        return error_response(404, str(exc))
+    if isinstance(exc, UsageError):
+        return error_response(400, str(exc))
+    if isinstance(exc, StoreError):
+        log.error("store failure on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "the event store is unavailable; try again later")
+    log.error("unexpected failure on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(500, "internal error")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 401:
+        return _unauthorized()
+    if exc.status_code == 403:
+        return _forbidden()
+    message = exc.detail if isinstance(exc.detail, str) else "error"
+    if exc.status_code == 404:
+        message = f"no such route: {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(exc.status_code, message, headers=headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal error")
+
+
+def exception_handlers() -> dict[Any, Any]:
+    return {
+        ApiError: _api_error,
+        ThoughtgateError: _thoughtgate_error,
+        HTTPException: _http_exception,
+        Exception: _unexpected,
+    }

@@ -1,0 +1,238 @@
+"""Request and response bodies of the HTTP API; the OpenAPI document is generated from these.
+
+Request bodies forbid unknown fields: a caller cannot smuggle ``base_url`` or ``api_key`` into a
+run (provider endpoints and keys come only from the daemon's config and environment).
+Responses are built as plain dicts by the routes (through the output filter) and documented here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from thoughtgate.config import ChainOfThought
+
+__all__ = [
+    "REQUEST_MODELS",
+    "RESPONSE_MODELS",
+    "ApprovalBody",
+    "ApprovalResult",
+    "CreateKeyBody",
+    "CreateRunBody",
+    "CreatedKeyView",
+    "ErrorBody",
+    "ErrorDetail",
+    "EventPage",
+    "EventView",
+    "Health",
+    "KeyList",
+    "KeyView",
+    "Me",
+    "Permissions",
+    "RevokeResult",
+    "RunCreated",
+    "RunList",
+    "RunView",
+    "TaskBody",
+    "TaskView",
+    "TicketBody",
+    "TicketView",
+]
+
+RoleName = Literal["viewer", "member", "developer", "admin", "owner"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskBody(_Body):
+    """One task of a multi-task run; ``model`` falls back to the run's."""
+
+    prompt: str = Field(min_length=1, max_length=200_000)
+    model: str | None = Field(default=None, min_length=3, max_length=200)
+    system: str | None = Field(default=None, max_length=200_000)
+
+
+class CreateRunBody(_Body):
+    """``POST /v1/runs``. ``tools`` names tools registered on the daemon (none when omitted)."""
+
+    prompt: str = Field(min_length=1, max_length=200_000)
+    model: str | None = Field(
+        default=None,
+        min_length=3,
+        max_length=200,
+        description="PROVIDER:MODEL; defaults to orchestration.default_model of the daemon",
+    )
+    chain_of_thought: ChainOfThought | None = None
+    tools: list[str] = Field(default_factory=list, max_length=64)
+    tasks: list[TaskBody] = Field(default_factory=list, max_length=100)
+    system: str | None = Field(default=None, max_length=200_000)
+
+
+class TicketBody(_Body):
+    run_id: str = Field(min_length=1, max_length=200)
+
+
+class ApprovalBody(_Body):
+    decision: Literal["approve", "reject"]
+
+
+class CreateKeyBody(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    role: RoleName
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="machine-readable, e.g. not_found, forbidden, invalid_request")
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer. 401/403 bodies are generic and name no resource."""
+
+    error: ErrorDetail
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    status: str
+    chain_of_thought: ChainOfThought
+
+
+class TaskView(BaseModel):
+    task_id: str
+    index: int
+    prompt: str
+    status: str
+    output: str | None
+    reasoning: str | None = Field(
+        description="raw reasoning: only on surface runs for developer and above, else null"
+    )
+    usage: dict[str, int]
+    error: str | None
+    model: str | None
+    backend: str | None
+
+
+class RunView(BaseModel):
+    run_id: str
+    status: str
+    prompt: str
+    model: str | None
+    chain_of_thought: str
+    worker_backend: str
+    created_at: float
+    updated_at: float
+    usage: dict[str, int]
+    error: str | None
+    metadata: dict[str, Any]
+    tasks: list[TaskView]
+
+
+class RunList(BaseModel):
+    runs: list[RunView]
+
+
+class EventView(BaseModel):
+    seq: int
+    run_id: str
+    task_id: str | None
+    type: str
+    ts: float
+    payload: dict[str, Any]
+
+
+class EventPage(BaseModel):
+    events: list[EventView]
+    next_after: int = Field(
+        description="pass as ?after= to continue (counts events you may not see, too)"
+    )
+
+
+class TicketView(BaseModel):
+    ticket: str
+    expires_at: float
+    run_id: str
+    role: RoleName
+    stream_url: str
+
+
+class ApprovalResult(BaseModel):
+    run_id: str
+    call_id: str
+    decision: Literal["approve", "reject"]
+
+
+class Permissions(BaseModel):
+    read_runs: bool
+    start_runs: bool
+    answer_approvals: bool
+    read_reasoning: bool
+    read_trace: bool
+    manage_keys: bool
+
+
+class Me(BaseModel):
+    key_id: str
+    name: str
+    role: RoleName
+    permissions: Permissions
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    active_runs: int
+
+
+class KeyView(BaseModel):
+    key_id: str
+    name: str
+    role: RoleName
+    created_at: float
+    revoked_at: float | None
+
+
+class KeyList(BaseModel):
+    keys: list[KeyView]
+
+
+class CreatedKeyView(BaseModel):
+    """The only response that ever holds a key; store it now."""
+
+    key_id: str
+    name: str
+    role: RoleName
+    key: str
+
+
+class RevokeResult(BaseModel):
+    revoked: bool
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    CreateRunBody,
+    TicketBody,
+    ApprovalBody,
+    CreateKeyBody,
+)
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    RunCreated,
+    RunView,
+    RunList,
+    EventPage,
+    TicketView,
+    ApprovalResult,
+    Me,
+    Health,
+    KeyList,
+    CreatedKeyView,
+    RevokeResult,
+)

@@ -1,0 +1,12 @@
+"""Route modules; each declares ``ENDPOINTS`` (see :class:`thoughtgate.server.api.Endpoint`)."""
+
+from __future__ import annotations
+
+from thoughtgate.server.api import Endpoint
+from thoughtgate.server.routes import keys, live, meta, runs
+
+__all__ = ["all_endpoints"]
+
+
+def all_endpoints() -> tuple[Endpoint, ...]:
+    return (*runs.ENDPOINTS, *live.ENDPOINTS, *keys.ENDPOINTS, *meta.ENDPOINTS)

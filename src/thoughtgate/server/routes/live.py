@@ -1,0 +1,102 @@
+"""The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from thoughtgate.access.keys import Principal
+from thoughtgate.access.roles import Role
+from thoughtgate.events.schema import is_run_terminal
+from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
+from thoughtgate.server.models import TicketBody, TicketView
+from thoughtgate.server.sse import live_frames
+from thoughtgate.server.state import state_of
+
+__all__ = ["ENDPOINTS"]
+
+
+async def create_ticket(request: Request, principal: Principal | None) -> Response:
+    assert principal is not None
+    body = await parse_body(request, TicketBody)
+    state = state_of(request)
+    await state.store.get_run(body.run_id)  # 404 for an unknown run
+    signer = await state.signer()
+    ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
+    return JSONResponse(
+        {
+            "ticket": ticket,
+            "expires_at": expires_at,
+            "run_id": body.run_id,
+            "role": principal.role.label,
+            "stream_url": f"/v1/runs/{quote(body.run_id)}/stream?ticket={ticket}",
+        }
+    )
+
+
+async def stream_run(request: Request, principal: Principal | None) -> Response:
+    state = state_of(request)
+    run_id = request.path_params["run_id"]
+    grant = (await state.signer()).verify(request.query_params.get("ticket"), run_id)
+    # The header is what a reconnecting EventSource sends; the query is for first connections
+    # (and clients that cannot set headers). A reconnect keeps its old URL, so take the later.
+    after = max(
+        query_int(request, "last_event_id", 0, minimum=0),
+        query_int(request, "Last-Event-ID", 0, minimum=0, header="last-event-id", query=False),
+    )
+    run = await state.store.get_run(run_id)
+    if after > 0:
+        previous = await state.store.read(run_id, after=after - 1, limit=1)
+        if previous and is_run_terminal(previous[0].type):
+            # Resuming after the end: 204 tells an EventSource to stop reconnecting.
+            return Response(status_code=204)
+    frames = live_frames(
+        state.store,
+        run_id,
+        role=grant.role,
+        mode=run.chain_of_thought,
+        after=after,
+        queue_size=state.sse_queue_size,
+        lag_timeout_s=state.sse_lag_timeout_s,
+    )
+    return EventSourceResponse(
+        frames,
+        ping=state.server.keepalive_s,
+        send_timeout=state.sse_send_timeout_s,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/tickets",
+        create_ticket,
+        "get a live-channel ticket for a run",
+        role=Role.VIEWER,
+        body=TicketBody,
+        response=TicketView,
+        errors=(400, 404, 413, 422),
+        description="A short-lived signed ticket bound to the run and to your key's role.",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs/{run_id}/stream",
+        stream_run,
+        "follow a run live (SSE)",
+        auth="ticket",
+        media_type="text/event-stream",
+        params=(
+            QueryParam("ticket", "from POST /v1/tickets", type="string", required=True),
+            QueryParam("last_event_id", "resume after this event id", minimum=0),
+            QueryParam("Last-Event-ID", "resume after this id", minimum=0, location="header"),
+        ),
+        errors=(204, 404, 422),
+        description="Server-sent events; `id:` is the event sequence. Replays after "
+        "Last-Event-ID, then follows live, and ends after the run's terminal event. Keep-alive "
+        "comments every server.keepalive_s seconds. 204 when resuming after the end.",
+    ),
+)

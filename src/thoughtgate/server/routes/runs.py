@@ -1,0 +1,183 @@
+"""Runs: start one, list them, read one, page through its events, read its trace, answer an
+approval. Every read goes through the one output filter with the caller's role."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from thoughtgate.access.filter import filter_events, filter_run, require_role
+from thoughtgate.access.keys import Principal
+from thoughtgate.access.roles import Role
+from thoughtgate.events.schema import EventType, is_run_terminal
+from thoughtgate.orchestration.runtime import RunRequest, TaskSpec
+from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
+from thoughtgate.server.errors import ApiError
+from thoughtgate.server.models import (
+    ApprovalBody,
+    ApprovalResult,
+    CreateRunBody,
+    EventPage,
+    RunCreated,
+    RunList,
+    RunView,
+)
+from thoughtgate.server.state import state_of
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES
+
+__all__ = ["ENDPOINTS"]
+
+_EVENT_PAGE_MAX = 5000
+
+
+def _principal(principal: Principal | None) -> Principal:
+    assert principal is not None
+    return principal
+
+
+async def create_run(request: Request, principal: Principal | None) -> Response:
+    body = await parse_body(request, CreateRunBody)
+    run_request = RunRequest(
+        body.prompt,
+        model=body.model,
+        tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
+        system=body.system,
+    )
+    run = await state_of(request).manager.start(
+        run_request, chain_of_thought=body.chain_of_thought, tools=body.tools
+    )
+    return JSONResponse(
+        {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
+        status_code=202,
+        headers={"Location": f"/v1/runs/{run.run_id}"},
+    )
+
+
+async def list_runs(request: Request, principal: Principal | None) -> Response:
+    role = _principal(principal).role
+    limit = query_int(request, "limit", 50, minimum=1, maximum=500)
+    offset = query_int(request, "offset", 0, minimum=0)
+    runs = await state_of(request).store.list_runs(limit=limit, offset=offset)
+    return JSONResponse({"runs": [filter_run(r, role) for r in runs]})
+
+
+async def get_run(request: Request, principal: Principal | None) -> Response:
+    run = await state_of(request).store.get_run(request.path_params["run_id"])
+    return JSONResponse(filter_run(run, _principal(principal).role))
+
+
+async def list_events(request: Request, principal: Principal | None) -> Response:
+    role = _principal(principal).role
+    run_id = request.path_params["run_id"]
+    after = query_int(request, "after", 0, minimum=0)
+    limit = query_int(request, "limit", 500, minimum=1, maximum=_EVENT_PAGE_MAX)
+    store = state_of(request).store
+    run = await store.get_run(run_id)
+    raw = await store.read(run_id, after=after, limit=limit)
+    shown = filter_events(raw, role, mode=run.chain_of_thought)
+    return JSONResponse(
+        {"events": [e.to_dict() for e in shown], "next_after": raw[-1].seq if raw else after}
+    )
+
+
+async def get_trace(request: Request, principal: Principal | None) -> Response:
+    role = require_role(_principal(principal).role, Role.DEVELOPER, "the trace")
+    run_id = request.path_params["run_id"]
+    store = state_of(request).store
+    run = await store.get_run(run_id)
+    raw = [e for e in await store.read(run_id) if e.type == EventType.WORKER_COMPLETED]
+    shown = filter_events(raw, role, mode=run.chain_of_thought, surface="trace")
+    return JSONResponse({"events": [e.to_dict() for e in shown], "next_after": 0})
+
+
+async def answer_approval(request: Request, principal: Principal | None) -> Response:
+    who = _principal(principal)
+    run_id = request.path_params["run_id"]
+    call_id = request.path_params["call_id"]
+    body = await parse_body(request, ApprovalBody)
+    state = state_of(request)
+    run = await state.store.get_run(run_id)
+    if state.runtime.approvals.respond(run_id, call_id, body.decision, by=who.name):
+        return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
+    if run.status in TERMINAL_RUN_STATUSES:
+        raise ApiError(409, f"run {run_id!r} has already ended ({run.status})")
+    answered = {EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT}
+    for event in await state.store.read(run_id):
+        if event.type in answered and event.payload.get("callId") == call_id:
+            raise ApiError(409, f"the approval for call {call_id!r} was already settled")
+        if is_run_terminal(event.type):
+            break
+    raise ApiError(404, f"no approval is pending for call {call_id!r} in run {run_id!r}")
+
+
+_PAGE = (
+    QueryParam("limit", "at most this many runs (1-500)", minimum=1, maximum=500),
+    QueryParam("offset", "skip this many (newest first)", minimum=0),
+)
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/runs",
+        create_run,
+        "start a run",
+        role=Role.MEMBER,
+        body=CreateRunBody,
+        response=RunCreated,
+        status=202,
+        errors=(400, 413, 422),
+        description="Records the run and executes it in the background. Provider endpoints and "
+        "keys come from the daemon's config; unknown fields (base_url, api_key, ...) are 422.",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs",
+        list_runs,
+        "list runs",
+        role=Role.VIEWER,
+        response=RunList,
+        params=_PAGE,
+        errors=(422,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs/{run_id}",
+        get_run,
+        "read a run with its tasks",
+        role=Role.VIEWER,
+        response=RunView,
+        errors=(404,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs/{run_id}/events",
+        list_events,
+        "page through a run's events",
+        role=Role.VIEWER,
+        response=EventPage,
+        params=(
+            QueryParam("after", "only events with seq > after", minimum=0),
+            QueryParam("limit", "at most this many raw events", minimum=1, maximum=5000),
+        ),
+        errors=(404, 422),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs/{run_id}/trace",
+        get_trace,
+        "read a run's trace metadata",
+        role=Role.DEVELOPER,
+        response=EventPage,
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runs/{run_id}/approvals/{call_id}",
+        answer_approval,
+        "answer a tool approval",
+        role=Role.MEMBER,
+        body=ApprovalBody,
+        response=ApprovalResult,
+        errors=(400, 404, 409, 413, 422),
+    ),
+)

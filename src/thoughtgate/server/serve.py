@@ -1,0 +1,103 @@
+"""Run the app on uvicorn with an orderly SIGTERM/SIGINT.
+
+On the first signal the daemon stops taking runs, gives in-flight runs the grace period, closes the
+rest with ``run.interrupted`` (so live readers see the end of every run), and only then lets
+uvicorn stop listening and close the remaining connections. It then exits with status 0. A second
+signal falls through to uvicorn's own handling (a second Ctrl+C forces the exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+from starlette.applications import Starlette
+
+from thoughtgate.server.manager import RunManager
+from thoughtgate.server.state import ServerState
+
+__all__ = ["DaemonServer", "serve_app"]
+
+log = logging.getLogger("thoughtgate.server")
+
+
+class DaemonServer(uvicorn.Server):
+    """``uvicorn.Server`` that drains the daemon's runs before it stops listening."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        manager: RunManager,
+        *,
+        on_ready: Callable[[str, int], None] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.manager = manager
+        self.on_ready = on_ready
+        self._draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.on_ready is not None and self.servers and not self.should_exit:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            self.on_ready(str(host), int(port))
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self.should_exit or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        self._loop.call_soon_threadsafe(self._begin_drain, sig, frame)
+
+    def _begin_drain(self, sig: int, frame: FrameType | None) -> None:
+        assert self._loop is not None
+        self._drain_task = self._loop.create_task(self._drain(sig, frame))
+
+    async def _drain(self, sig: int, frame: FrameType | None) -> None:
+        try:
+            interrupted = await self.manager.shutdown()
+            if interrupted:
+                log.warning("interrupted %d in-flight run(s) on shutdown", len(interrupted))
+            await asyncio.sleep(0.2)  # let live readers receive the terminal events
+        except Exception:  # never block the exit
+            log.exception("draining runs failed")
+        finally:
+            super().handle_exit(sig, frame)
+            # A drained shutdown is a clean exit: do not re-raise the signal afterwards.
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+
+async def serve_app(
+    app: Starlette,
+    *,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    on_ready: Callable[[str, int], None] | None = None,
+) -> None:
+    """Serve until a signal, on the running loop. ``on_ready(host, port)`` runs once listening."""
+    state = app.state.thoughtgate
+    assert isinstance(state, ServerState)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=int(max(5.0, state.manager.grace_s + 5.0)),
+        proxy_headers=False,
+        server_header=False,
+    )
+    await DaemonServer(config, state.manager, on_ready=on_ready).serve()

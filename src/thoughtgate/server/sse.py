@@ -1,0 +1,113 @@
+"""The live channel: one encoder for an event, and the per-connection frame stream.
+
+Frames: ``id: <seq>`` and ``data: <the event envelope as JSON>`` (the same shape as
+``GET /v1/runs/{id}/events``); no ``event:`` name, so a browser's ``onmessage`` gets them all.
+Keep-alive comment lines and disconnect handling are sse-starlette's ``EventSourceResponse``.
+
+Each connection reads the run's event log (``EventStore.tail``) in a small pump task that passes
+every event through the one output filter into a bounded queue; the response drains the queue,
+coalescing what is ready into one write. So a slow reader holds at most ``queue_size`` events in
+memory, never slows the run (the run writes to the store, not to readers) and never slows other
+readers. A reader that takes no frame for ``lag_timeout_s`` while its queue is full is closed after
+an ``event: lagging`` frame whose data names the last ``id`` it was sent; it resumes from there
+with ``Last-Event-ID`` and loses nothing, because nothing is ever dropped from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from sse_starlette.event import ServerSentEvent
+
+from thoughtgate.access.filter import filter_event
+from thoughtgate.access.roles import Role
+from thoughtgate.events.schema import Event
+from thoughtgate.store.base import EventStore
+
+__all__ = ["encode_event", "frame_bytes", "live_frames"]
+
+log = logging.getLogger("thoughtgate.server")
+
+_END: Final = "end"
+_LAGGING: Final = "lagging"
+_FAILED: Final = "failed"
+_MAX_COALESCE = 64
+
+
+def encode_event(event: Event) -> dict[str, Any]:
+    """An (already filtered) event as SSE fields: ``id`` is its sequence number."""
+    return {
+        "id": str(event.seq),
+        "data": json.dumps(event.to_dict(), ensure_ascii=False, separators=(",", ":")),
+    }
+
+
+def frame_bytes(fields: dict[str, Any]) -> bytes:
+    return ServerSentEvent(**fields).encode()
+
+
+async def live_frames(
+    store: EventStore,
+    run_id: str,
+    *,
+    role: Role,
+    mode: str | None,
+    after: int,
+    queue_size: int = 256,
+    lag_timeout_s: float = 10.0,
+) -> AsyncIterator[bytes]:
+    """Frames for one connection: replay after ``after``, then live, until the terminal event."""
+    queue: asyncio.Queue[Event | str] = asyncio.Queue(maxsize=queue_size)
+    last_sent = after
+
+    async def pump() -> None:
+        outcome = _END
+        try:
+            async for event in store.tail(run_id, after=after):
+                shown = filter_event(event, role, mode=mode)
+                if shown is None:
+                    continue
+                try:
+                    await asyncio.wait_for(queue.put(shown), lag_timeout_s)
+                except TimeoutError:
+                    outcome = _LAGGING
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # reported to the reader, who may resume
+            log.exception("live stream of run %s failed", run_id)
+            outcome = _FAILED
+        await queue.put(outcome)
+
+    task = asyncio.create_task(pump(), name=f"sse pump {run_id}")
+    try:
+        while True:
+            item = await queue.get()
+            batch: list[bytes] = []
+            while True:
+                if isinstance(item, str):
+                    if batch:
+                        yield b"".join(batch)
+                    if item != _END:
+                        yield frame_bytes(
+                            {
+                                "event": item,
+                                "data": json.dumps({"reason": item, "resume_after": last_sent}),
+                            }
+                        )
+                    return
+                batch.append(frame_bytes(encode_event(item)))
+                last_sent = item.seq
+                if len(batch) >= _MAX_COALESCE or queue.empty():
+                    break
+                item = queue.get_nowait()
+            yield b"".join(batch)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,340 @@
+"""Shared helpers for the daemon tests: fake scripts, daemon tools, a loopback server, SSE reading.
+
+Importing this module registers the fake scripts in ``FAKE_SCRIPTS`` (``fake:canary`` and friends),
+also inside a ``thoughtgate serve`` subprocess started with ``--tools daemon_support:SERVER_TOOLS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from thoughtgate.access.keys import create_key
+from thoughtgate.access.roles import ROLE_NAMES
+from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
+from thoughtgate.store.base import EventStore
+from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.types import ContinuityBlock, ContinuityChunk
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+TESTS = REPO / "tests"
+ROLES = ROLE_NAMES
+MODES = ("hidden", "surface", "telemetry_only")
+
+
+# ----------------------------------------------------------------------------- fake scripts
+
+
+def _token(request: TurnRequest) -> str:
+    """The word after the script name in the prompt: ``"canary abc123"`` -> ``"abc123"``."""
+    first = request.messages[0].text if request.messages else ""
+    parts = first.split()
+    return parts[1] if len(parts) > 1 else "x"
+
+
+def markers(token: str) -> dict[str, str]:
+    return {
+        "reasoning": f"REASONING-{token}",
+        "carrier": f"CARRIER-{token}",
+        "tool": f"TOOLARG-{token}",
+    }
+
+
+def _canary(request: TurnRequest, turn: int) -> Iterator[Any]:
+    mark = markers(_token(request))
+    if turn == 0:
+        yield reasoning("I should look this up: ")
+        yield reasoning(mark["reasoning"])
+        yield ContinuityChunk(
+            ContinuityBlock(
+                "anthropic.thinking",
+                {
+                    "type": "thinking",
+                    "thinking": mark["carrier"],
+                    "signature": "SIG-" + mark["carrier"],
+                },
+                provider="anthropic",
+                model="fake",
+            )
+        )
+        yield tool_call("lookup", {"query": mark["tool"]}, call_id="call_lookup")
+    else:
+        yield reasoning(f"Now I know. {mark['reasoning']} again.")
+        yield text("The answer is 42.")
+
+
+def _approval(request: TurnRequest, turn: int) -> Iterator[Any]:
+    if turn == 0:
+        yield reasoning("This needs a human.")
+        yield tool_call("dangerous", {"target": "prod"}, call_id="call_danger")
+    else:
+        yield text("done after the approval step")
+
+
+def _chatty(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    count = int(_token(request)) if _token(request).isdigit() else 200
+
+    async def gen() -> AsyncIterator[Any]:
+        for i in range(count):
+            yield reasoning(f"r{i} ")
+            yield text(f"t{i} ")
+            if i % 10 == 0:
+                await asyncio.sleep(0.002)
+
+    return gen()
+
+
+def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    async def gen() -> AsyncIterator[Any]:
+        yield reasoning("thinking slowly")
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+        yield text("finally")
+
+    return gen()
+
+
+FAKE_SCRIPTS.update({"canary": _canary, "approval": _approval, "chatty": _chatty, "slow": _slow})
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look something up."""
+    return f"result for {query}"
+
+
+@tool(requires_approval=True)
+def dangerous(target: str) -> str:
+    """Change something that matters."""
+    return f"changed {target}"
+
+
+SERVER_TOOLS = [lookup, dangerous]
+
+
+def server_tools() -> ToolRegistry:
+    return ToolRegistry(SERVER_TOOLS)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def seed_keys(store: EventStore) -> dict[str, str]:
+    """One key per role, created before the server starts (on a throwaway loop)."""
+
+    async def make() -> dict[str, str]:
+        return {
+            role: (await create_key(store, name=f"{role}-key", role=role)).key for role in ROLES
+        }
+
+    return asyncio.run(make())
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+class ThreadServer:
+    """uvicorn on 127.0.0.1 with a free port, in a thread (real sockets, real HTTP)."""
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.base_url = ""
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@dataclass
+class Daemon:
+    base_url: str
+    keys: dict[str, str]
+    store: EventStore
+    app: Any
+
+    def client(self, role: str | None = None, **kw: Any) -> httpx.Client:
+        headers = auth(self.keys[role]) if role else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=10, **kw)
+
+    def start_run(self, body: dict[str, Any], role: str = "member") -> str:
+        with self.client(role) as c:
+            r = c.post("/v1/runs", json=body)
+            assert r.status_code == 202, r.text
+            return str(r.json()["run_id"])
+
+    def wait_done(self, run_id: str, timeout: float = 10) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.client("owner") as c:
+            while True:
+                run: dict[str, Any] = c.get(f"/v1/runs/{run_id}").json()
+                if run["status"] not in ("pending", "running"):
+                    return run
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"run {run_id} still {run['status']}")
+                time.sleep(0.02)
+
+    def ticket(self, run_id: str, role: str) -> str:
+        with self.client(role) as c:
+            r = c.post("/v1/tickets", json={"run_id": run_id})
+            assert r.status_code == 200, r.text
+            return str(r.json()["ticket"])
+
+
+# ----------------------------------------------------------------------------- SSE
+
+
+def read_sse(response: httpx.Response) -> tuple[list[SSEMessage], int]:
+    """All messages of a (finite) SSE response, and how many comment lines came with them."""
+    decoder = SSEDecoder()
+    out: list[SSEMessage] = []
+    for chunk in response.iter_bytes():
+        out.extend(decoder.feed(chunk))
+    out.extend(decoder.flush())
+    return out, decoder.comments
+
+
+def stream_all(daemon: Daemon, run_id: str, role: str) -> tuple[httpx.Response, str]:
+    """The whole SSE body of a finished run for ``role`` (status and raw text)."""
+    ticket = daemon.ticket(run_id, role)
+    with (
+        daemon.client() as c,
+        c.stream("GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}) as r,
+    ):
+        body = r.read().decode("utf-8")
+    return r, body
+
+
+def sse_events(body: str) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    messages = [*decoder.feed(body.encode("utf-8")), *decoder.flush()]
+    return [json.loads(m.data) for m in messages if m.data and m.event in ("", "message")]
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THOUGHTGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(TESTS)])
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        env=cli_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class ServeProcess:
+    """``python -m thoughtgate serve`` in a subprocess; reads its URL (and bootstrap key)."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+        self.bootstrap_key: str | None = None
+        self.stderr_lines: list[str] = []
+
+    def start(self, *, expect_key: bool = False, timeout: float = 20) -> ServeProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
+            env=cli_env(),
+            cwd=str(REPO),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        key_next = False
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.stderr_lines.append(line)
+            if key_next:
+                self.bootstrap_key = line.strip()
+            elif "thoughtgate listening on " in line:
+                self.base_url = line.split("listening on ")[1].split()[0]
+            key_next = "created owner key" in line
+            if self.base_url and (self.bootstrap_key or not expect_key):
+                break
+        if not self.base_url:
+            self.stop()
+            raise RuntimeError("serve did not start:\n" + "".join(self.stderr_lines))
+        threading.Thread(target=self._drain, daemon=True).start()
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_daemon(**app_options: Any) -> Iterator[Daemon]:
+    """A daemon over a fresh MemoryStore with one key per role, served on loopback."""
+    from thoughtgate.config import Config
+    from thoughtgate.server.app import create_app
+    from thoughtgate.store.memory import MemoryStore
+
+    config = app_options.pop("config", None) or Config.from_mapping(
+        {"orchestration": {"approval_timeout_s": 5}}
+    )
+    store = MemoryStore()
+    keys = seed_keys(store)
+    app = create_app(store, config, tools=server_tools(), **app_options)
+    with ThreadServer(app) as server:
+        yield Daemon(server.base_url, keys, store, app)

@@ -76,7 +76,13 @@ class Endpoint:
 
 
 def starlette_route(endpoint: Endpoint) -> Route:
+    known = frozenset(p.name for p in endpoint.params if p.location == "query")
+
     async def call(request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")
         principal: Principal | None = None
         if endpoint.auth == "bearer":
             principal = await authenticate(
@@ -128,7 +134,7 @@ def query_int(
     raw = request.query_params.get(name) if query else None
     if raw is None and header is not None:
         raw = request.headers.get(header)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)

@@ -1,0 +1,242 @@
+"""``thoughtgate serve`` and ``thoughtgate keys`` as real processes: keys via the CLI, SIGTERM
+interrupts in-flight runs (live readers see ``run.interrupted``), and runs left running by a
+``kill -9`` are marked interrupted when the daemon starts again."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from daemon_support import ServeProcess, ThreadServer, auth, cli
+
+from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.server.app import create_app
+from thoughtgate.server.manager import DAEMON_METADATA_KEY, RunManager
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+
+HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
+needs_sqlite = pytest.mark.skipif(
+    not HAVE_SQLITE, reason="needs the SQLite store (thoughtgate.store.sqlite, branch store)"
+)
+TOOLS = ("--tools", "daemon_support:SERVER_TOOLS")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'daemon.db'}" if HAVE_SQLITE else "memory://"
+
+
+@pytest.fixture
+def serve_processes() -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+def _wait_status(client: httpx.Client, run_id: str, want: set[str], timeout: float = 10) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        run = client.get(f"/v1/runs/{run_id}").json()
+        if run["status"] in want or time.monotonic() > deadline:
+            return dict(run)
+        time.sleep(0.05)
+
+
+def test_keys_create_json_prints_the_key_once() -> None:
+    done = cli(
+        "keys", "create", "--role", "developer", "--name", "ci", "--json", "--db", "memory://"
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert set(data) == {"name", "role", "key"} and data["role"] == "developer"
+    assert data["key"].startswith("tg_")
+    bad = cli("keys", "create", "--role", "root", "--name", "x", "--db", "memory://")
+    assert bad.returncode == 2 and "unknown role" in bad.stderr
+
+
+def test_serve_subprocess_with_cli_keys(db_url: str, serve_processes: list[ServeProcess]) -> None:
+    if HAVE_SQLITE:
+        viewer = json.loads(
+            cli(
+                "keys", "create", "--role", "viewer", "--name", "v", "--json", "--db", db_url
+            ).stdout
+        )["key"]
+        owner = json.loads(
+            cli("keys", "create", "--role", "owner", "--name", "o", "--json", "--db", db_url).stdout
+        )["key"]
+        server = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+    else:  # memory:// is per process: the daemon prints a one-time owner key instead
+        server = ServeProcess("--db", db_url).start(expect_key=True)
+        assert server.bootstrap_key
+        owner = server.bootstrap_key
+        with httpx.Client(base_url=server.base_url, headers=auth(owner)) as c:
+            viewer = c.post("/v1/keys", json={"name": "v", "role": "viewer"}).json()["key"]
+    serve_processes.append(server)
+    with httpx.Client(base_url=server.base_url, timeout=10) as c:
+        assert c.get("/healthz").json()["status"] == "ok"
+        assert c.get("/v1/me", headers=auth(viewer)).json()["role"] == "viewer"
+        run = c.post(
+            "/v1/runs",
+            headers=auth(owner),
+            json={"prompt": "hi", "model": "fake:echo", "chain_of_thought": "surface"},
+        )
+        assert run.status_code == 202
+        run_id = run.json()["run_id"]
+        done = _wait_status(
+            c.__class__(base_url=server.base_url, headers=auth(owner)), run_id, {"completed"}
+        )
+        assert done["tasks"][0]["reasoning"]  # owner, surface
+        seen = c.get(f"/v1/runs/{run_id}", headers=auth(viewer)).json()
+        assert seen["tasks"][0]["reasoning"] is None  # viewer
+    if HAVE_SQLITE:
+        listed = json.loads(cli("keys", "list", "--json", "--db", db_url).stdout)
+        assert {k["name"] for k in listed} == {"v", "o"}
+        assert cli("keys", "revoke", "v", "--db", db_url).returncode == 0
+        with httpx.Client(base_url=server.base_url) as c:
+            assert c.get("/v1/me", headers=auth(viewer)).status_code == 401
+
+
+def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
+    db_url: str, serve_processes: list[ServeProcess]
+) -> None:
+    server = ServeProcess("--db", db_url, *TOOLS, "--shutdown-grace", "0.3").start(expect_key=True)
+    serve_processes.append(server)
+    key = server.bootstrap_key
+    assert key
+    client = httpx.Client(base_url=server.base_url, headers=auth(key), timeout=10)
+    slow = client.post(
+        "/v1/runs", json={"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
+    ).json()["run_id"]
+    waiting = client.post(
+        "/v1/runs", json={"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
+    ).json()["run_id"]
+    quick = client.post("/v1/runs", json={"prompt": "hi", "model": "fake:echo"}).json()["run_id"]
+    assert _wait_status(client, quick, {"completed"})["status"] == "completed"
+    _wait_status(client, waiting, {"running"})
+    ticket = client.post("/v1/tickets", json={"run_id": slow}).json()["ticket"]
+    lines: list[str] = []
+
+    def follow() -> None:
+        with httpx.stream(
+            "GET", f"{server.base_url}/v1/runs/{slow}/stream", params={"ticket": ticket}, timeout=20
+        ) as r:
+            lines.extend(r.iter_lines())
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while not any(line.startswith("data:") for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=15) == 0
+    reader.join(timeout=5)
+    frames = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
+    assert frames[-1]["type"] == EventType.RUN_INTERRUPTED  # the live reader saw the end
+    assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+    assert "interrupted 2 in-flight run(s)" in "".join(server.stderr_lines)
+    if HAVE_SQLITE:  # after a restart the log says the same
+        again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+        serve_processes.append(again)
+        with httpx.Client(base_url=again.base_url, headers=auth(key)) as c:
+            for run_id in (slow, waiting):
+                assert c.get(f"/v1/runs/{run_id}").json()["status"] == "interrupted"
+                types = [e["type"] for e in c.get(f"/v1/runs/{run_id}/events").json()["events"]]
+                assert types[-1] == "run.interrupted" and types.count("run.interrupted") == 1
+            assert c.get(f"/v1/runs/{quick}").json()["status"] == "completed"
+
+
+@needs_sqlite
+def test_kill_9_leaves_runs_that_the_next_start_marks_interrupted(
+    db_url: str, serve_processes: list[ServeProcess]
+) -> None:
+    server = ServeProcess("--db", db_url, *TOOLS).start(expect_key=True)
+    serve_processes.append(server)
+    key = server.bootstrap_key
+    assert key
+    with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=10) as c:
+        run_id = c.post("/v1/runs", json={"prompt": "slow", "model": "fake:slow"}).json()["run_id"]
+        assert _wait_status(c, run_id, {"running"})["status"] == "running"
+    assert server.proc is not None
+    server.proc.kill()
+    server.proc.wait(timeout=10)
+    again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+    serve_processes.append(again)
+    with httpx.Client(base_url=again.base_url, headers=auth(key), timeout=10) as c:
+        run = c.get(f"/v1/runs/{run_id}").json()
+        assert run["status"] == "interrupted"
+        events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
+        assert events[-1]["type"] == "run.interrupted"
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+async def test_recover_marks_only_runs_of_dead_daemons_on_this_host() -> None:
+    store = MemoryStore()
+    manager = RunManager(Runtime(store))
+    me = {"host": manager.host, "pid": os.getpid(), "instance": manager.instance}
+
+    async def make(status: str, owner: dict | None) -> str:
+        run = RunRecord(f"run_{len(await store.list_runs(limit=100))}", "p", status=status)  # type: ignore[arg-type]
+        if owner is not None:
+            run.metadata[DAEMON_METADATA_KEY] = owner
+        await store.create_run(run)
+        await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, {})])
+        return run.run_id
+
+    crashed = await make("running", {**me, "pid": _dead_pid(), "instance": "gone"})
+    pending = await make("pending", {**me, "pid": _dead_pid(), "instance": "gone"})
+    restarted = await make("running", {**me, "instance": "an earlier incarnation"})
+    alive_here = await make("running", me)  # a live daemon in this process
+    other_process = await make("running", {**me, "pid": os.getppid(), "instance": "x"})
+    other_host = await make("running", {**me, "host": "elsewhere", "pid": _dead_pid()})
+    cli_run = await make("running", None)  # a `thoughtgate run` in a terminal
+    finished = await make("completed", {**me, "pid": _dead_pid()})
+
+    recovered = await manager.recover(page=3)
+    assert set(recovered) == {crashed, pending, restarted}
+    for run_id in recovered:
+        assert (await store.get_run(run_id)).status == "interrupted"
+        assert (await store.read(run_id))[-1].type == EventType.RUN_INTERRUPTED
+    for run_id in (alive_here, other_process, other_host, cli_run):
+        assert (await store.get_run(run_id)).status == "running"
+    assert (await store.get_run(finished)).status == "completed"
+    assert await manager.recover() == []  # idempotent
+    await manager.shutdown()
+
+
+def test_the_app_recovers_on_startup() -> None:
+    store = MemoryStore()
+    run = RunRecord("run_left", "p", status="running")
+    run.metadata[DAEMON_METADATA_KEY] = {
+        "host": RunManager(Runtime(store)).host,
+        "pid": _dead_pid(),
+        "instance": "gone",
+    }
+    asyncio.run(store.create_run(run))
+    with ThreadServer(create_app(store)) as server:
+        status = httpx.get(f"{server.base_url}/healthz").status_code
+    assert status == 200
+    assert asyncio.run(store.get_run("run_left")).status == "interrupted"

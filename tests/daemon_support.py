@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import socket
@@ -323,18 +324,30 @@ class ServeProcess:
                 self.proc.wait(timeout=10)
 
 
+HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
+
+
 @contextlib.contextmanager
-def running_daemon(**app_options: Any) -> Iterator[Daemon]:
-    """A daemon over a fresh MemoryStore with one key per role, served on loopback."""
+def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Iterator[Daemon]:
+    """A daemon over a fresh store (memory, or SQLite in ``sqlite_dir``) with one key per role,
+    served on loopback."""
     from thoughtgate.config import Config
     from thoughtgate.server.app import create_app
     from thoughtgate.store.memory import MemoryStore
+    from thoughtgate.store.urls import open_store
 
     config = app_options.pop("config", None) or Config.from_mapping(
         {"orchestration": {"approval_timeout_s": 5}}
     )
-    store = MemoryStore()
+    store: EventStore
+    if sqlite_dir is None:
+        store = MemoryStore()
+    else:
+        store = asyncio.run(open_store(f"sqlite:///{sqlite_dir / 'daemon.db'}"))
     keys = seed_keys(store)
     app = create_app(store, config, tools=server_tools(), **app_options)
-    with ThreadServer(app) as server:
-        yield Daemon(server.base_url, keys, store, app)
+    try:
+        with ThreadServer(app) as server:
+            yield Daemon(server.base_url, keys, store, app)
+    finally:
+        asyncio.run(store.close())

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import Daemon, read_sse, running_daemon, stream_all
+from daemon_support import HAVE_SQLITE, Daemon, read_sse, running_daemon, stream_all
 
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import TicketSigner
@@ -156,10 +156,24 @@ async def _resume_until_end(
                 return seen, connections
 
 
-@pytest.mark.parametrize("role", ["owner", "viewer"])
+@pytest.fixture(scope="module")
+def sqlite_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    if not HAVE_SQLITE:
+        pytest.skip("needs the SQLite store (thoughtgate.store.sqlite, branch store)")
+    config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
+    with running_daemon(
+        config=config, shutdown_grace_s=0.1, sqlite_dir=tmp_path_factory.mktemp("sqlite")
+    ) as d:
+        yield d
+
+
+@pytest.mark.parametrize(
+    ("store", "role"), [("memory", "owner"), ("memory", "viewer"), ("sqlite", "owner")]
+)
 async def test_resume_after_random_disconnects_has_no_gaps_or_duplicates(
-    daemon: Daemon, role: str
+    request: pytest.FixtureRequest, store: str, role: str
 ) -> None:
+    daemon: Daemon = request.getfixturevalue("daemon" if store == "memory" else "sqlite_daemon")
     rng = random.Random(f"resume-{role}")
     runs = [
         daemon.start_run(

@@ -167,13 +167,22 @@ def sqlite_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
+@pytest.fixture
+def resume_daemon(request: pytest.FixtureRequest) -> Daemon:
+    name = "daemon" if request.param == "memory" else "sqlite_daemon"
+    found: Daemon = request.getfixturevalue(name)
+    return found
+
+
 @pytest.mark.parametrize(
-    ("store", "role"), [("memory", "owner"), ("memory", "viewer"), ("sqlite", "owner")]
+    ("resume_daemon", "role"),
+    [("memory", "owner"), ("memory", "viewer"), ("sqlite", "owner")],
+    indirect=["resume_daemon"],
 )
 async def test_resume_after_random_disconnects_has_no_gaps_or_duplicates(
-    request: pytest.FixtureRequest, store: str, role: str
+    resume_daemon: Daemon, role: str
 ) -> None:
-    daemon: Daemon = request.getfixturevalue("daemon" if store == "memory" else "sqlite_daemon")
+    daemon = resume_daemon
     rng = random.Random(f"resume-{role}")
     runs = [
         daemon.start_run(

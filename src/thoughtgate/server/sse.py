@@ -72,6 +72,9 @@ async def live_frames(
                 shown = filter_event(event, role, mode=mode)
                 if shown is None:
                     continue
+                if not queue.full():
+                    queue.put_nowait(shown)  # no suspension: a whole batch becomes one write
+                    continue
                 try:
                     await asyncio.wait_for(queue.put(shown), lag_timeout_s)
                 except TimeoutError:

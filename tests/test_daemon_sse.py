@@ -132,7 +132,7 @@ async def _resume_until_end(
                 headers["Last-Event-ID"] = str(last)
             else:
                 params["last_event_id"] = str(last)
-            budget = rng.randint(1, 60)
+            budget = rng.randint(1, 40)
             decoder = SSEDecoder()
             async with client.stream(
                 "GET", f"/v1/runs/{run_id}/stream", params=params, headers=headers
@@ -150,6 +150,8 @@ async def _resume_until_end(
                         seen.append(event["seq"])
                         budget -= 1
                         done = is_run_terminal(event["type"])
+                        if done or budget <= 0:
+                            break  # the rest of this chunk is dropped unread, as in a crash
                     if done or budget <= 0:
                         break
             if done:

@@ -309,7 +309,8 @@ class ServeProcess:
         if not self.base_url:
             self.stop()
             raise RuntimeError("serve did not start:\n" + "".join(self.stderr_lines))
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         return self
 
     def _drain(self) -> None:
@@ -318,10 +319,17 @@ class ServeProcess:
             self.stderr_lines.append(line)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
             self.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
+        drainer = getattr(self, "_drainer", None)
+        if drainer is not None:
+            drainer.join(timeout=5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None

@@ -65,7 +65,8 @@ def test_every_documented_command_runs_and_says_what_the_page_says(tmp_path: Pat
     assert re.fullmatch(r"run_[0-9a-f]{32}\n", started)
     assert "id: 1\n" in live and "run.settlement.completed" in live
     assert "reasoning.delta" not in live  # a viewer's ticket
-    assert re.search(r"^id: 4$", resumed, flags=re.M) and not re.search(r"^id: 3$", resumed, re.M)
+    resumed_ids = [int(i) for i in re.findall(r"^id: (\d+)$", resumed, flags=re.M)]
+    assert resumed_ids and min(resumed_ids) > 3  # (a viewer's next visible event may be later)
     lines = compare.strip().splitlines()
     assert lines[0] == "null"  # viewer: task.reasoning
     assert lines[1].startswith('"The user said')  # developer: task.reasoning

@@ -18,7 +18,12 @@ from openai_replay import (
     turn_request,
 )
 
-from thoughtgate.errors import ConfigError, ProviderHTTPError, ProviderStreamError
+from thoughtgate.errors import (
+    ConfigError,
+    MalformedResponseError,
+    ProviderHTTPError,
+    ProviderStreamError,
+)
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.openai_responses import CARRIER, OpenAIResponsesProvider
 from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
@@ -405,3 +410,24 @@ async def test_emulator_failures(server: EmulatorServer, emulated: Any) -> None:
     assert err.value.request_id is not None
     turn = await streamed(emulated("flaky", retries=1), turn_request())
     assert turn.text == "Recovered after one retry."
+
+
+async def test_malformed_event_and_wrong_content_type() -> None:
+    frames = fixture("openai_responses/summary_then_message.sse").split(b"\n\n")
+    data = b"\n\n".join(
+        [*frames[:8], b"event: response.output_text.delta\ndata: {oops", *frames[8:]]
+    )
+    replay = Replay(data, chunking="random")
+    with pytest.raises(MalformedResponseError, match="malformed JSON") as info:
+        await streamed(make(OpenAIResponsesProvider, "o3", replay), turn_request())
+    assert info.value.partial is not None
+    assert info.value.partial.reasoning_text.startswith("**Providing street-crossing")
+
+    replay = Replay(
+        fixture("openai_responses/reasoning_function_call.json"), content_type="application/json"
+    )
+    with pytest.raises(MalformedResponseError, match="text/event-stream"):
+        await streamed(make(OpenAIResponsesProvider, "o3", replay), turn_request())
+    replay = Replay(b"data: not an sse answer", content_type="text/event-stream")
+    with pytest.raises(MalformedResponseError, match="expected content-type application/json"):
+        await make(OpenAIResponsesProvider, "o3", replay).request(turn_request())

@@ -199,6 +199,8 @@ class ChatChunkParser:
             if isinstance(frag.get("id"), str) and frag["id"] and not call.call_id:
                 call.call_id = frag["id"]
             function = frag.get("function") or {}
+            if not isinstance(function, Mapping):
+                raise self._malformed("tool call function is not an object", function)
             if isinstance(function.get("name"), str) and function["name"] and not call.name:
                 call.name = function["name"]
             args = function.get("arguments")

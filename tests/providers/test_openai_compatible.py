@@ -166,10 +166,10 @@ async def test_starts_in_think_for_templates_that_inject_the_tag() -> None:
 
 
 def body_for(
-    request: Any, base_url: str = "http://localhost:8000/v1", **extra: Any
+    request: Any, base_url: str = "http://localhost:8000/v1", model: str = "qwen3", **extra: Any
 ) -> dict[str, Any]:
     settings = ProviderSettings(base_url=base_url, extra=extra)
-    return COMPAT("deepseek-chat", settings).build_body(request, stream=True)
+    return COMPAT(model, settings).build_body(request, stream=True)
 
 
 def test_default_requests_send_nothing_reasoning_specific() -> None:
@@ -188,6 +188,10 @@ def test_dialects_turn_thinking_off_in_hidden_mode() -> None:
         "type": "disabled"
     }
     assert "thinking" not in body_for(turn_request("surface"), "https://api.deepseek.com/v1")
+    # ... and so does a DeepSeek model behind any other host
+    hidden = body_for(turn_request("hidden"), model="deepseek-chat")
+    assert hidden["thinking"] == {"type": "disabled"}
+    assert "thinking" not in body_for(turn_request("hidden"), model="qwen3")
     qwen = body_for(turn_request("hidden"), thoughtgate={"dialect": "qwen3"})
     assert qwen["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ConfigError, match="dialect"):
@@ -201,7 +205,7 @@ def test_effort_and_extra_body_fields() -> None:
     assert "reasoning_effort" not in body_for(turn_request("hidden", effort="high"))
 
 
-def _history(model: str = "deepseek-chat", reasoning: str = "") -> list[Message]:
+def _history(model: str = "qwen3", reasoning: str = "") -> list[Message]:
     block = ContinuityBlock(
         CARRIER, {"reasoning_content": reasoning}, provider="openai-compatible", model=model
     )
@@ -222,7 +226,7 @@ def test_reasoning_content_goes_back_on_tool_call_turns_even_when_empty() -> Non
     assert "reasoning_content" not in messages[3]  # a plain answer turn
     messages = body_for(turn_request(messages=_history(reasoning="I need the date.")))["messages"]
     assert messages[1]["reasoning_content"] == "I need the date."
-    other = body_for(turn_request(messages=_history(model="qwen3")))["messages"]
+    other = body_for(turn_request(messages=_history(model="deepseek-chat")))["messages"]
     assert "reasoning_content" not in other[1]
 
 

@@ -17,7 +17,7 @@ and Ollama decide per server or model). ``settings.extra`` fields go into the bo
 e.g. ``{"thinking": {"type": "enabled"}}`` or ``{"reasoning_effort": "high"}``; a request effort
 is sent as ``reasoning_effort``. Adapter options live under ``settings.extra["thoughtgate"]``:
 
-* ``dialect``: ``"deepseek"`` (default when the base URL is api.deepseek.com) sends
+* ``dialect``: ``"deepseek"`` (default for api.deepseek.com and ``deepseek*`` models) sends
   ``thinking: {"type": "disabled"}`` in ``hidden`` mode; ``"qwen3"`` sends
   ``chat_template_kwargs: {"enable_thinking": false}`` (vLLM/SGLang serving Qwen3); ``"generic"``
   (default otherwise) sends nothing, because unknown fields are rejected by some servers. In every
@@ -153,9 +153,13 @@ class CompatParser(ChatChunkParser):
         return [ContinuityChunk(block)]
 
 
-def _default_dialect(base_url: str) -> Dialect:
+def _default_dialect(base_url: str, model: str) -> Dialect:
+    """DeepSeek's API, or a DeepSeek model behind another host. Servers that do not know the
+    ``thinking`` field (vLLM, Ollama, llama.cpp) ignore it, so guessing DeepSeek is harmless there,
+    while guessing wrong the other way breaks hidden-mode tool loops on DeepSeek."""
     host = urlparse(base_url).hostname or ""
-    return "deepseek" if host.endswith("deepseek.com") else "generic"
+    deepseek = host.endswith("deepseek.com") or model.lower().startswith("deepseek")
+    return "deepseek" if deepseek else "generic"
 
 
 class OpenAICompatibleProvider:
@@ -174,7 +178,7 @@ class OpenAICompatibleProvider:
         self.settings = settings or ProviderSettings()
         base_url = resolve_base_url(self.settings, "OPENAI_BASE_URL", None, provider=self.name)
         options = adapter_options(self.settings)
-        dialect = options.get("dialect", _default_dialect(base_url))
+        dialect = options.get("dialect", _default_dialect(base_url, model))
         if dialect not in _DIALECTS:
             raise ConfigError("extra.thoughtgate.dialect", dialect, ", ".join(_DIALECTS))
         self.dialect: Dialect = dialect

@@ -555,9 +555,12 @@ async def test_observer_serves_the_loop_hooks_and_closes_before_the_answer() -> 
         EventType.COT_COMPLETED,
     ]
     assert all(e.task_id == "t1" for e in first + started + finished + last)
+    assert await observer.task_finished(task_id="t1") == [], "one receipt per task"
+    fresh = factory(object(), Surface())
+    assert fresh is not None
     cut = turn(TextPart("Ra"), call)
     cut = Turn(cut.parts, complete=False)
-    assert (await observer.turn_finished(cut, task_id="t1"))[-1].type == EventType.COT_COMPLETED
+    assert (await fresh.turn_finished(cut, task_id="t2"))[-1].type == EventType.COT_COMPLETED
 
     class Hidden:
         mode = "hidden"

@@ -357,6 +357,7 @@ class VisibleReasoningObserver:
         self.pipeline = pipeline
         self._task: str | None = None
         self._started = False
+        self._completed = False
 
     async def _begin(self, task_id: str) -> list[NewEvent]:
         if self._started and self._task == task_id:
@@ -368,9 +369,21 @@ class VisibleReasoningObserver:
         events = await self._begin(task_id)
         events += await self.pipeline.turn_finished(turn)
         if not turn.tool_calls or not turn.complete:
-            events += await self.pipeline.task_completed()
-            events.append(self.pipeline.completed())
+            events += await self._complete()
         return events
+
+    async def _complete(self) -> list[NewEvent]:
+        if self._completed:
+            return []
+        self._completed = True
+        events = await self.pipeline.task_completed()
+        events.append(self.pipeline.completed())
+        return events
+
+    async def task_finished(self, *, task_id: str) -> list[NewEvent]:
+        """The loop ended without a final turn (the turn limit): still close with a receipt."""
+        events = await self._begin(task_id)
+        return events + await self._complete()
 
     async def tool_started(self, call: ToolCallPart, *, task_id: str) -> list[NewEvent]:
         events = await self._begin(task_id)

@@ -14,6 +14,7 @@ from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import Provider, TurnRequest
 from thoughtgate.store.base import EventStore
+from thoughtgate.telemetry import telemetry_sinks
 from thoughtgate.testing.fake import FakeProvider, reasoning, text, tool_call
 from thoughtgate.types import Chunk
 
@@ -67,6 +68,7 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             provider_factory=demo_provider,
             tools=demo_tools(),
             approvals=ApprovalBroker(),
+            sinks=telemetry_sinks(ctx.config),
         )
         if not json_out:
             console.print(f"[bold]thoughtgate demo[/] · store {ctx.db_url} · role {ctx.role}")

@@ -22,6 +22,7 @@ from thoughtgate.orchestration.runtime import (
 )
 from thoughtgate.providers.base import Provider, create_provider
 from thoughtgate.store.base import EventStore
+from thoughtgate.telemetry import telemetry_sinks
 
 __all__ = ["register", "run_view_json"]
 
@@ -133,6 +134,7 @@ def register(app: typer.Typer) -> None:
                     provider_factory=factory,
                     tools=load_tools(tools) if tools else ToolRegistry(),
                     approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
+                    sinks=telemetry_sinks(ctx.config),
                 )
                 view = await execute_and_follow(
                     runtime,

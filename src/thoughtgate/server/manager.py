@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 import logging
 import os
@@ -77,16 +78,12 @@ class RunManager:
                 raise UsageError(f"unknown tool {name!r}; tools on this daemon: {known}")
             if chosen.get(name) is None:
                 chosen.add(found)
-        return Runtime(
-            base.store,
-            base.config,
-            provider_factory=base.provider_factory,
-            inline_workers=base.inline_workers,
-            tools=chosen,
-            approvals=base.approvals,
-            observer_factory=base.observer_factory,
-            sinks=[*base.sinks, self._note_appended],
-        )
+        # A shallow copy keeps everything else the daemon's runtime was built with (provider
+        # factory, approvals broker, observers, sinks, whatever it grows later).
+        runtime = copy.copy(base)
+        runtime.tools = chosen
+        runtime.sinks = [*base.sinks, self._note_appended]
+        return runtime
 
     async def _note_appended(self, events: Sequence[Event]) -> None:
         if events:

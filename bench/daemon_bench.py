@@ -242,6 +242,46 @@ def _result(
     return {"name": name, "value": round(value, 3), "unit": unit, "target": target, "ok": ok}
 
 
+def _series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plot rows for ``bench.run``: ours against LiteLLM's reference figures, by concurrency."""
+    by_name = {r["name"]: r["value"] for r in rows}
+    levels = sorted(LITELLM_TTFB_MS)
+    common = {"xlabel": "concurrent runs", "logx": True}
+    return [
+        {
+            "series": "daemon-ttfb",
+            "label": "thoughtgate added TTFB p50",
+            "points": [[c, by_name[f"ttfb_added_p50_c{c}"]] for c in levels],
+            "ylabel": "ms",
+            "title": "Added time to first reasoning byte",
+            "logy": True,
+            **common,
+        },
+        {
+            "series": "daemon-ttfb",
+            "label": "LiteLLM added TTFB p50 (reference)",
+            "points": [[c, LITELLM_TTFB_MS[c]] for c in levels],
+            "ylabel": "ms",
+            **common,
+        },
+        {
+            "series": "daemon-throughput",
+            "label": "thoughtgate runs/s",
+            "points": [[c, by_name[f"runs_per_s_c{c}"]] for c in levels],
+            "ylabel": "streamed runs per second",
+            "title": "Throughput",
+            **common,
+        },
+        {
+            "series": "daemon-throughput",
+            "label": "LiteLLM requests/s (reference)",
+            "points": [[c, LITELLM_RPS] for c in levels],
+            "ylabel": "per second",
+            **common,
+        },
+    ]
+
+
 def _litellm_note() -> str:
     if importlib.util.find_spec("litellm") is None:
         return "litellm: not installed (bench extra); using the issue's reference figures"
@@ -258,7 +298,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="what-if: the recorder's delta batching window in seconds (default: the shipped one)",
     )
     parser.add_argument("--serve", nargs=2, metavar=("PORT_FILE", "DB_URL"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser.parse_args([] if argv is None else argv)
     if args.serve:
         _serve(Path(args.serve[0]), args.serve[1], args.flush_interval)
         return []
@@ -340,8 +380,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=15)
-    width = max(len(r["name"]) for r in results)
-    for r in results:
+    results += _series(results)
+    rows = [r for r in results if "series" not in r]
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"
         print(f"{r['name']:<{width}}  {r['value']:>10.3f} {r['unit']:<11} {target:<16} {verdict}")
@@ -353,4 +395,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -240,3 +240,20 @@ def test_the_app_recovers_on_startup() -> None:
         status = httpx.get(f"{server.base_url}/healthz").status_code
     assert status == 200
     assert asyncio.run(store.get_run("run_left")).status == "interrupted"
+
+
+async def test_no_new_runs_once_shutdown_began() -> None:
+    from daemon_support import seed_keys  # noqa: F401 - registers the fake scripts
+
+    from thoughtgate.access.keys import create_key
+
+    store = MemoryStore()
+    key = (await create_key(store, name="m", role="member")).key
+    app = create_app(store)
+    await app.state.thoughtgate.manager.shutdown()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://daemon") as client:
+        r = await client.post(
+            "/v1/runs", json={"prompt": "hi", "model": "fake:echo"}, headers=auth(key)
+        )
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]

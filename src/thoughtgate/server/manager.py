@@ -63,6 +63,11 @@ class RunManager:
         return len(self._tasks)
 
     @property
+    def closing(self) -> bool:
+        """True once shutdown began: no new runs are started."""
+        return self._closing
+
+    @property
     def tools(self) -> ToolRegistry:
         return self.runtime.tools
 

@@ -28,7 +28,7 @@ _STATUS_TEXT = {
     413: "Request body larger than server.max_body_bytes",
     422: "The request does not match the schema",
     500: "Internal error",
-    503: "The event store is unavailable",
+    503: "Shutting down, or the event store is unavailable",
 }
 
 

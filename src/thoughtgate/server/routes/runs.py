@@ -37,15 +37,16 @@ def _principal(principal: Principal | None) -> Principal:
 
 async def create_run(request: Request, principal: Principal | None) -> Response:
     body = await parse_body(request, CreateRunBody)
+    manager = state_of(request).manager
+    if manager.closing:
+        raise ApiError(503, "the daemon is shutting down; start the run again in a moment")
     run_request = RunRequest(
         body.prompt,
         model=body.model,
         tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
         system=body.system,
     )
-    run = await state_of(request).manager.start(
-        run_request, chain_of_thought=body.chain_of_thought, tools=body.tools
-    )
+    run = await manager.start(run_request, chain_of_thought=body.chain_of_thought, tools=body.tools)
     return JSONResponse(
         {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
         status_code=202,
@@ -85,9 +86,12 @@ async def get_trace(request: Request, principal: Principal | None) -> Response:
     run_id = request.path_params["run_id"]
     store = state_of(request).store
     run = await store.get_run(run_id)
-    raw = [e for e in await store.read(run_id) if e.type == EventType.WORKER_COMPLETED]
+    log = await store.read(run_id)
+    raw = [e for e in log if e.type == EventType.WORKER_COMPLETED]
     shown = filter_events(raw, role, mode=run.chain_of_thought, surface="trace")
-    return JSONResponse({"events": [e.to_dict() for e in shown], "next_after": 0})
+    return JSONResponse(
+        {"events": [e.to_dict() for e in shown], "next_after": log[-1].seq if log else 0}
+    )
 
 
 async def answer_approval(request: Request, principal: Principal | None) -> Response:
@@ -125,7 +129,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body=CreateRunBody,
         response=RunCreated,
         status=202,
-        errors=(400, 413, 422),
+        errors=(400, 413, 422, 503),
         description="Records the run and executes it in the background. Provider endpoints and "
         "keys come from the daemon's config; unknown fields (base_url, api_key, ...) are 422.",
     ),

@@ -172,6 +172,8 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         assert "sk-x" not in c.post("/v1/runs", json={"prompt": "x", "api_key": "sk-x"}).text
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422
+        assert "unknown query parameter" in c.get("/v1/runs", params={"x": 1}).text
+        assert daemon.client().get("/v1/runs", params={"x": 1}).status_code == 401  # auth first
         assert c.get("/v1/nope").json()["error"]["code"] == "not_found"
         assert c.put("/v1/runs").json()["error"]["code"] == "method_not_allowed"
 

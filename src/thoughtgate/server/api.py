@@ -79,19 +79,32 @@ def starlette_route(endpoint: Endpoint) -> Route:
     known = frozenset(p.name for p in endpoint.params if p.location == "query")
 
     async def call(request: Request) -> Response:
+        principal = await _authorize(request, endpoint)
         unknown = sorted(set(request.query_params) - known)
         if unknown:
             allowed = ", ".join(sorted(known)) or "none"
             raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")
-        principal: Principal | None = None
-        if endpoint.auth == "bearer":
-            principal = await authenticate(
-                state_of(request).store, request.headers.get("authorization")
-            )
-            require_role(principal.role, endpoint.role or Role.VIEWER, endpoint.summary)
         return await endpoint.handler(request, principal)
 
     return Route(endpoint.path, call, methods=[endpoint.method], name=endpoint.operation_id)
+
+
+async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
+    """Who is calling, before anything else is looked at (401, then 403).
+
+    ``bearer``: an API key with at least the endpoint's role. ``ticket``: a live-channel ticket
+    for the run in the path; the principal then carries the role the ticket was issued for.
+    """
+    state = state_of(request)
+    if endpoint.auth == "bearer":
+        principal = await authenticate(state.store, request.headers.get("authorization"))
+        require_role(principal.role, endpoint.role or Role.VIEWER, endpoint.summary)
+        return principal
+    if endpoint.auth == "ticket":
+        signer = await state.signer()
+        grant = signer.verify(request.query_params.get("ticket"), request.path_params["run_id"])
+        return Principal(grant.key_id, "ticket", grant.role)
+    return None
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -281,13 +282,19 @@ class ServeProcess:
         self.base_url = ""
         self.bootstrap_key: str | None = None
         self.stderr_lines: list[str] = []
+        self._stdout = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+
+    def stdout_text(self) -> str:
+        """What the server wrote to stdout so far (uvicorn's access log goes there)."""
+        self._stdout.seek(0)
+        return self._stdout.read().decode("utf-8", errors="replace")
 
     def start(self, *, expect_key: bool = False, timeout: float = 20) -> ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
             env=cli_env(),
             cwd=str(REPO),
-            stdout=subprocess.DEVNULL,
+            stdout=self._stdout,
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -330,6 +337,7 @@ class ServeProcess:
             drainer.join(timeout=5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        self._stdout.close()
 
 
 HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None

@@ -49,6 +49,9 @@ def _bodies(daemon: Daemon, run_id: str, role: str) -> dict[str, tuple[int, str]
             ("events", f"/v1/runs/{run_id}/events"),
             ("trace", f"/v1/runs/{run_id}/trace"),
             ("me", "/v1/me"),
+            ("keys", "/v1/keys"),
+            ("healthz", "/healthz"),
+            ("openapi", "/openapi.json"),
         ):
             r = c.get(path)
             out[name] = (r.status_code, r.text)
@@ -76,7 +79,10 @@ def test_markers_appear_only_where_allowed(
             assert status == (200 if level >= Role.DEVELOPER else 403), where
             assert (mark["reasoning"] in body) == trace_reasoning, where
             continue
-        assert status == 200, where
+        if route == "keys":
+            assert status == (200 if level >= Role.ADMIN else 403), where
+        else:
+            assert status == 200, where
         if route in ("runs", "run", "events", "stream"):
             assert (mark["reasoning"] in body) == display_reasoning, where
         else:

@@ -111,13 +111,14 @@ def test_serve_subprocess_with_cli_keys(db_url: str, serve_processes: list[Serve
 
 
 def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
-    db_url: str, serve_processes: list[ServeProcess]
+    db_url: str, serve_processes: list[ServeProcess], request: pytest.FixtureRequest
 ) -> None:
     server = ServeProcess("--db", db_url, *TOOLS, "--shutdown-grace", "0.3").start(expect_key=True)
     serve_processes.append(server)
     key = server.bootstrap_key
     assert key
     client = httpx.Client(base_url=server.base_url, headers=auth(key), timeout=10)
+    request.addfinalizer(client.close)
     slow = client.post(
         "/v1/runs", json={"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
     ).json()["run_id"]
@@ -148,7 +149,11 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
     frames = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
     assert frames[-1]["type"] == EventType.RUN_INTERRUPTED  # the live reader saw the end
     assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
-    assert "interrupted 2 in-flight run(s)" in "".join(server.stderr_lines)
+    log = "".join(server.stderr_lines)
+    assert "interrupted 2 in-flight run(s)" in log
+    access = server.stdout_text()
+    assert "/stream?ticket=…" in access  # the access log redacts tickets
+    assert ticket not in access and ticket not in log
     if HAVE_SQLITE:  # after a restart the log says the same
         again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
         serve_processes.append(again)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 from collections.abc import Callable
 from types import FrameType
@@ -20,9 +21,21 @@ from starlette.applications import Starlette
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.state import ServerState
 
-__all__ = ["DaemonServer", "serve_app"]
+__all__ = ["DaemonServer", "RedactTickets", "serve_app"]
 
 log = logging.getLogger("thoughtgate.server")
+_TICKET = re.compile(r"(ticket=)[^&\s\"]+")
+
+
+class RedactTickets(logging.Filter):
+    """Access-log lines show ``ticket=…`` instead of a live-channel ticket that still works."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TICKET.sub(r"\1…", a) if isinstance(a, str) else a for a in record.args
+            )
+        return True
 
 
 class DaemonServer(uvicorn.Server):
@@ -100,4 +113,11 @@ async def serve_app(
         proxy_headers=False,
         server_header=False,
     )
-    await DaemonServer(config, state.manager, on_ready=on_ready).serve()
+    server = DaemonServer(config, state.manager, on_ready=on_ready)  # configures logging
+    redact = RedactTickets()
+    access = logging.getLogger("uvicorn.access")
+    access.addFilter(redact)
+    try:
+        await server.serve()
+    finally:
+        access.removeFilter(redact)

@@ -192,6 +192,11 @@ class Daemon:
         headers = auth(self.keys[role]) if role else {}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=10, **kw)
 
+    def get(self, path: str, role: str | None = None, **kw: Any) -> httpx.Response:
+        """One GET with a client that is closed right after."""
+        with self.client(role) as c:
+            return c.get(path, **kw)
+
     def start_run(self, body: dict[str, Any], role: str = "member") -> str:
         with self.client(role) as c:
             r = c.post("/v1/runs", json=body)

@@ -173,7 +173,7 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422
         assert "unknown query parameter" in c.get("/v1/runs", params={"x": 1}).text
-        assert daemon.client().get("/v1/runs", params={"x": 1}).status_code == 401  # auth first
+        assert daemon.get("/v1/runs", params={"x": 1}).status_code == 401  # auth first
         assert c.get("/v1/nope").json()["error"]["code"] == "not_found"
         assert c.put("/v1/runs").json()["error"]["code"] == "method_not_allowed"
 
@@ -201,7 +201,7 @@ def test_overhead_header_on_every_response(daemon: Daemon, finished_run: str) ->
             c.get("/v1/runs"),
             c.post("/v1/runs", json={}),
             c.get("/v1/nope"),
-            daemon.client().get("/v1/me"),
+            daemon.get("/v1/me"),
         ):
             assert float(r.headers[OVERHEAD_HEADER]) >= 0, r.request.url
         ticket = daemon.ticket(finished_run, "viewer")
@@ -290,7 +290,7 @@ def test_keys_api(daemon: Daemon) -> None:
 
 
 def test_openapi_covers_every_route_and_schema(daemon: Daemon) -> None:
-    spec = daemon.client().get("/openapi.json").json()
+    spec = daemon.get("/openapi.json").json()
     routes = [r for r in daemon.app.routes if isinstance(r, Route) and r.include_in_schema]
     assert len(routes) >= 14
     for route in routes:

@@ -46,7 +46,7 @@ schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
 
 
 def test_the_fuzzed_document_is_the_served_one(daemon: Daemon) -> None:
-    assert daemon.client().get("/openapi.json").json() == DOCUMENT
+    assert daemon.get("/openapi.json").json() == DOCUMENT
 
 
 def _clear_json_error(response: Any) -> None:

@@ -96,9 +96,8 @@ def test_serve_subprocess_with_cli_keys(db_url: str, serve_processes: list[Serve
         )
         assert run.status_code == 202
         run_id = run.json()["run_id"]
-        done = _wait_status(
-            c.__class__(base_url=server.base_url, headers=auth(owner)), run_id, {"completed"}
-        )
+        with httpx.Client(base_url=server.base_url, headers=auth(owner)) as as_owner:
+            done = _wait_status(as_owner, run_id, {"completed"})
         assert done["tasks"][0]["reasoning"]  # owner, surface
         seen = c.get(f"/v1/runs/{run_id}", headers=auth(viewer)).json()
         assert seen["tasks"][0]["reasoning"] is None  # viewer

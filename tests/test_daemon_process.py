@@ -261,3 +261,23 @@ async def test_no_new_runs_once_shutdown_began() -> None:
             "/v1/runs", json={"prompt": "hi", "model": "fake:echo"}, headers=auth(key)
         )
     assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+
+
+def test_daemon_tools_come_from_flags_and_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    import daemon_support
+
+    from thoughtgate.cli import serve as serve_cli
+
+    class Entry:
+        def __init__(self, name: str, target: object) -> None:
+            self.name, self.target = name, target
+
+        def load(self) -> object:
+            if isinstance(self.target, Exception):
+                raise self.target
+            return self.target
+
+    entries = [Entry("ours", [daemon_support.dangerous]), Entry("broken", ImportError("nope"))]
+    monkeypatch.setattr(serve_cli, "entry_points", lambda group: entries)
+    registry = serve_cli.daemon_tools(["daemon_support:lookup"])
+    assert [t.name for t in registry] == ["lookup", "dangerous"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib.metadata import entry_points
 from typing import Annotated
 
 import typer
@@ -19,6 +20,23 @@ from thoughtgate.store.base import EventStore
 __all__ = ["register"]
 
 BOOTSTRAP_KEY_NAME = "bootstrap-owner"
+TOOLS_ENTRY_POINT_GROUP = "thoughtgate.tools"
+
+
+def daemon_tools(references: list[str] | None) -> ToolRegistry:
+    """The tools runs may name: ``--tools module:attr`` plus installed ``thoughtgate.tools``
+    entry points (each a tool, a function, or a list of them). Callers pick by name; they can
+    never send code."""
+    registry = load_tools(references or [])
+    for entry in entry_points(group=TOOLS_ENTRY_POINT_GROUP):
+        try:
+            target = entry.load()
+        except Exception as exc:  # a broken plug-in is named, not fatal
+            err_console.print(f"warning: cannot load tools from entry point {entry.name}: {exc}")
+            continue
+        for item in target if isinstance(target, list | tuple | ToolRegistry) else [target]:
+            registry.add(item)
+    return registry
 
 
 async def _bootstrap_key(store: EventStore) -> str | None:
@@ -63,7 +81,7 @@ def register(app: typer.Typer) -> None:
             logging.basicConfig(
                 level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s"
             )
-            registry = load_tools(tools) if tools else ToolRegistry()
+            registry = daemon_tools(tools)
             try:
                 store = await ctx.store()
                 first_key = await _bootstrap_key(store) if bootstrap_key else None

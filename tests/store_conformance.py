@@ -243,6 +243,7 @@ class StoreConformance:
                 },
                 "numbers": {"big": 2**62, "neg": -(2**53), "small": 1e-300, "pi": math.pi},
                 "empty": "",
+                "lone_surrogates": "a\ud800b\udfffc",  # e.g. text cut inside an emoji
             },
             {"reasoning": reasoning, "reasoning_size": len(reasoning.encode("utf-8"))},
             {},

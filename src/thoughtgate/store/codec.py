@@ -84,12 +84,26 @@ def _make_fast_encoder() -> Callable[[object], str]:
 _fast_encode = _make_fast_encoder()
 
 
+_ascii_encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: object, *, what: str = "value") -> str:
-    """Compact JSON; a value JSON cannot carry (a set, NaN, an object) is the caller's mistake."""
+    """Compact JSON; a value JSON cannot carry (a set, NaN, an object) is the caller's mistake.
+
+    Non-ASCII text is kept as is (compact and readable in the database), except that a string
+    holding a lone surrogate, which no database text column can take, is written with ``\\u``
+    escapes instead: still valid JSON, and it decodes back to exactly the same string.
+    """
     try:
-        return _fast_encode(value)
+        text = _fast_encode(value)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                text = _ascii_encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{what} is not JSON-serializable: {exc}") from exc
+    return text
 
 
 def decode_object(text: str) -> dict[str, Any]:
@@ -107,7 +121,12 @@ def encode_events(
     events: Sequence[NewEvent],
 ) -> tuple[list[str], list[str | None], list[str], list[float]]:
     """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once."""
-    payloads = [dumps(e.payload, what=f"payload of {e.type!r} event") for e in events]
+    try:
+        payloads = [dumps(e.payload) for e in events]
+    except UsageError:  # say which event (building that text for every event would cost)
+        for e in events:
+            dumps(e.payload, what=f"payload of {e.type!r} event")
+        raise
     return payloads, [e.task_id for e in events], [e.type for e in events], [e.ts for e in events]
 
 

@@ -49,16 +49,18 @@ class PgListener:
         self._on_notify = on_notify
         self._on_connected = on_connected
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.healthy = False
         self.connections = 0
         """How many times LISTEN has been established (1 + reconnects); useful to operators."""
 
     def start(self) -> None:
-        if self._task is None:
+        if self._task is None and not self._stopped:
             self._task = asyncio.create_task(self._run(), name=f"listen {self._channel}")
 
     async def stop(self) -> None:
+        self._stopped = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

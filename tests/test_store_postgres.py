@@ -175,10 +175,13 @@ async def test_schema_from_the_url_and_open_store(pg_admin: Admin, pg_schema: st
         await store.close()
     rows = await fetch(pg_admin, sql.SQL("SELECT run_id FROM {}").format(ident(pg_schema, "runs")))
     assert rows == [(run.run_id,)]
-    assert split_schema_param("postgresql://h/db?sslmode=disable&schema=s") == (
-        "postgresql://h/db?sslmode=disable",
-        "s",
+    assert split_schema_param(
+        "postgresql://h/db?sslmode=disable&schema=s%20x&options=-c+a%3Db"
+    ) == (
+        "postgresql://h/db?sslmode=disable&options=-c+a%3Db",
+        "s x",
     )
+    assert split_schema_param("postgresql://h/db") == ("postgresql://h/db", None)
 
 
 async def test_without_a_schema_the_search_path_decides(pg_admin: Admin, pg_schema: str) -> None:
@@ -214,6 +217,18 @@ async def test_writes_to_a_read_only_database_say_read_only(pg_schema: str) -> N
         assert_same_events(await store.read(run.run_id), appended)
     finally:
         await store.close()
+
+
+async def test_a_batch_the_server_rejects_stores_nothing(pg_schema: str) -> None:
+    async with opened(pg_schema) as store:
+        run = make_run()
+        await store.create_run(run)
+        bad = [*deltas(3), NewEvent("nul\x00in a type", {})]  # PostgreSQL text cannot hold NUL
+        with pytest.raises(StoreError, match=r"append 4 events") as info:
+            await store.append(run.run_id, bad)
+        assert pg_schema in str(info.value)
+        assert await store.read(run.run_id) == []
+        assert [e.seq for e in await store.append(run.run_id, deltas(2))] == [1, 2]
 
 
 def test_driver_errors_map_into_the_store_tree() -> None:

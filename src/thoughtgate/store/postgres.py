@@ -116,14 +116,23 @@ _UPSERT_KEY = (
 
 
 def split_schema_param(url: str) -> tuple[str, str | None]:
-    """Take our own ``?schema=NAME`` out of a URL (libpq would reject it); the rest is libpq's."""
+    """Take our own ``?schema=NAME`` out of a URL (libpq would reject it); the rest is libpq's.
+
+    The other parameters are passed through byte for byte: re-encoding them could change what
+    libpq reads (it does not treat ``+`` as a space, for one).
+    """
     parts = urllib.parse.urlsplit(url)
     if not parts.query:
         return url, None
-    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((v for k, v in pairs if k == "schema"), None)
-    rest = urllib.parse.urlencode([(k, v) for k, v in pairs if k != "schema"])
-    return urllib.parse.urlunsplit(parts._replace(query=rest)), schema
+    schema: str | None = None
+    kept: list[str] = []
+    for item in parts.query.split("&"):
+        key, _, value = item.partition("=")
+        if key == "schema":
+            schema = urllib.parse.unquote(value)
+        else:
+            kept.append(item)
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), schema
 
 
 def channel_name(schema: str) -> str:

@@ -1,0 +1,743 @@
+"""The Anthropic Messages adapter: request shaping per model family, and capture of its wire format.
+
+Request shaping (``build_body``)
+    The ``thinking`` form depends on the model family (:data:`MODEL_FAMILIES`): budget models get
+    ``{"type": "enabled", "budget_tokens": N}`` with ``max_tokens`` raised by ``N``; adaptive models
+    get ``{"type": "adaptive", "display": "summarized"}`` plus ``output_config.effort``; ``hidden``
+    mode (``ReasoningRequest.enabled`` false) sends no ``thinking`` at all. Assistant history is
+    sent back with its continuity blocks (the exact ``thinking`` / ``redacted_thinking`` dicts the
+    API returned) first, then text and ``tool_use``; reasoning *text* is never sent back.
+
+Capture (:class:`AnthropicCapture`)
+    Stream events and non-streamed message JSON both go through one capture object that emits
+    normalized chunks, which the shared :class:`~thoughtgate.types.TurnAccumulator` builds into a
+    turn, so streamed and non-streamed records are identical. Blocks are keyed by the ``index`` the
+    event carries (block 0 is not assumed to be thinking); ``thinking_delta`` appends,
+    ``signature_delta`` replaces, and at ``content_block_stop`` of a thinking block the exact block
+    dict is emitted as a continuity chunk. Unknown event, delta and block types are skipped, as the
+    official SDK does; malformed JSON and missing fields raise :class:`MalformedResponseError`.
+
+Errors: HTTP failures come from :class:`~thoughtgate.providers.http.HTTPTransport`; an in-stream
+``error`` event or a stream that ends before ``message_stop`` raises :class:`ProviderStreamError`.
+``stream_llm_turn`` attaches the partial turn to either.
+
+Sources: ``docs/providers/anthropic.md`` and ``PROVIDER_WIRE_FORMATS.md`` §1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias
+
+import httpx
+
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderError,
+    ProviderStreamError,
+    UsageError,
+)
+from thoughtgate.providers.base import (
+    Capabilities,
+    Effort,
+    ProviderSettings,
+    ReasoningRequest,
+    ToolSpec,
+    TurnRequest,
+)
+from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.types import (
+    Chunk,
+    ContinuityBlock,
+    ContinuityChunk,
+    FinishChunk,
+    FinishReason,
+    Message,
+    ReasoningDelta,
+    ReasoningKind,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallPart,
+    ToolCallStart,
+    ToolResultPart,
+    Turn,
+    TurnAccumulator,
+    UsageChunk,
+)
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "API_KEY_ENV",
+    "BASE_URL_ENV",
+    "DEFAULT_BASE_URL",
+    "MODEL_FAMILIES",
+    "STOP_REASONS",
+    "THINKING_CARRIER",
+    "AnthropicCapture",
+    "AnthropicProvider",
+    "ModelFamily",
+    "ThinkingForm",
+    "budget_for",
+    "model_family",
+    "normalize_model",
+    "to_anthropic_messages",
+]
+
+PROVIDER: Final = "anthropic"
+ANTHROPIC_VERSION: Final = "2023-06-01"
+DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
+API_KEY_ENV: Final = "ANTHROPIC_API_KEY"
+BASE_URL_ENV: Final = "ANTHROPIC_BASE_URL"
+
+THINKING_CARRIER: Final = "anthropic.thinking"
+REDACTED_CARRIER: Final = "anthropic.redacted_thinking"
+_CARRIERS: Final = frozenset({THINKING_CARRIER, REDACTED_CARRIER})
+
+ThinkingForm: TypeAlias = Literal["none", "budget", "adaptive"]
+
+
+# --------------------------------------------------------------------------- model families
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFamily:
+    """How one family of Claude models takes the ``thinking`` parameter.
+
+    ``pattern`` is matched (``fullmatch``) against :func:`normalize_model` of the model id.
+    ``thinking``: ``none`` (the family has no extended thinking: never send it), ``budget``
+    (``enabled`` + ``budget_tokens`` is the only form), ``adaptive`` (``adaptive`` is required or
+    recommended). ``reasoning_kind`` is what the returned thinking text is: ``raw`` for Sonnet 3.7,
+    which returned its full thinking, ``summary`` for Claude 4 and later, which return summarized
+    thinking (``display: "summarized"``) while billing the full thinking tokens.
+    """
+
+    label: str
+    pattern: re.Pattern[str]
+    thinking: ThinkingForm
+    reasoning_kind: ReasoningKind
+    source: str
+
+
+def _family(
+    label: str, pattern: str, thinking: ThinkingForm, kind: ReasoningKind, source: str
+) -> ModelFamily:
+    return ModelFamily(label, re.compile(pattern), thinking, kind, source)
+
+
+#: First match wins; anything unmatched (new models) is :data:`NEWER_MODELS`.
+MODEL_FAMILIES: Final[tuple[ModelFamily, ...]] = (
+    _family(
+        "Claude Sonnet 3.7",
+        r"claude-3-7-sonnet|claude-sonnet-3-7",
+        "budget",
+        "raw",
+        "budget only; returns full thinking (mintlify extended-thinking page; PAI cassettes)",
+    ),
+    _family(
+        "Claude 2 / 3 / 3.5",
+        r"claude-(?:instant|2|3)(?:-.*)?",
+        "none",
+        "raw",
+        "no extended thinking: a `thinking` parameter is rejected",
+    ),
+    _family(
+        "Claude Opus/Sonnet/Haiku 4, 4.1, 4.5",
+        r"claude-(?:opus|sonnet|haiku)-4(?:-[015])?",
+        "budget",
+        "summary",
+        "budget only (A-SDK thinking_config_enabled_param.py; PAI cassette "
+        "test_anthropic_tool_with_thinking.yaml); Claude 4 returns summarized thinking",
+    ),
+    _family(
+        "Claude Opus/Sonnet 4.6",
+        r"claude-(?:opus|sonnet|haiku)-4-6",
+        "adaptive",
+        "summary",
+        "adaptive recommended, budget_tokens deprecated (platform.claude.com adaptive-thinking; "
+        "AAswordman/Operit#568)",
+    ),
+    _family(
+        "Claude Opus 4.7 / 4.8",
+        r"claude-(?:opus|sonnet|haiku)-4-[789]",
+        "adaptive",
+        "summary",
+        'budget form is a 400 "thinking.type.enabled is not supported for this model" '
+        "(anomalyco/opencode#22863, openclaw/openclaw#87801); display defaults to omitted, so "
+        "summarized is sent explicitly (BerriAI/litellm#25965)",
+    ),
+    _family(
+        "Claude Fable / Mythos",
+        r"claude-(?:fable|mythos)(?:-.*)?",
+        "adaptive",
+        "summary",
+        "adaptive only, display defaults to omitted (PROVIDER_WIRE_FORMATS.md §1.1; "
+        "docker/docker-agent#2451)",
+    ),
+)
+
+NEWER_MODELS: Final = _family(
+    "newer or unknown Claude models",
+    r".*",
+    "adaptive",
+    "summary",
+    "every model since 4.6 recommends or requires adaptive thinking (Opus 4.8, Sonnet 5, Opus 5)",
+)
+
+_DATE_SUFFIX = re.compile(r"(?:[-@]\d{8}|-v\d+(?::\d+)?|:\d+|-latest)+$")
+_DOTTED_VERSION = re.compile(r"(?<=\d)\.(?=\d)")
+
+
+def normalize_model(model: str) -> str:
+    """``"us.anthropic.claude-sonnet-4-5-20250929-v1:0"`` -> ``"claude-sonnet-4-5"``.
+
+    Drops router and cloud prefixes (Bedrock, Vertex, OpenRouter-style ``anthropic/``), dated and
+    ``-latest`` suffixes, and writes ``4.7`` as ``4-7``.
+    """
+    name = model.strip().lower()
+    start = name.find("claude")
+    if start > 0:
+        name = name[start:]
+    name = _DOTTED_VERSION.sub("-", name)
+    return _DATE_SUFFIX.sub("", name)
+
+
+def model_family(model: str) -> ModelFamily:
+    name = normalize_model(model)
+    for family in MODEL_FAMILIES:
+        if family.pattern.fullmatch(name):
+            return family
+    return NEWER_MODELS
+
+
+# --------------------------------------------------------------------------- request shaping
+
+#: Budget form: tokens of thinking per requested effort (``None`` means medium).
+_BUDGET_FOR_EFFORT: Final[Mapping[str, int]] = {
+    "minimal": 1024,
+    "low": 2048,
+    "medium": 4096,
+    "high": 8192,
+    "xhigh": 16384,
+    "max": 32000,
+}
+MIN_BUDGET: Final = 1024
+
+#: Adaptive form: ``output_config.effort`` is low|medium|high|xhigh|max (A-SDK output_config_param).
+_ADAPTIVE_EFFORT: Final[Mapping[Effort, str]] = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+    "max": "max",
+}
+
+
+def budget_for(reasoning: ReasoningRequest) -> int:
+    """The ``budget_tokens`` for the budget form: explicit, else by effort; never below 1024."""
+    if reasoning.budget_tokens is not None:
+        return max(MIN_BUDGET, reasoning.budget_tokens)
+    return _BUDGET_FOR_EFFORT[reasoning.effort or "medium"]
+
+
+def _block_type(part: ContinuityBlock) -> str:
+    return str(part.data.get("type", ""))
+
+
+def _assistant_content(parts: Sequence[Any], model: str) -> list[dict[str, Any]]:
+    """Continuity blocks of this model first, in order and unchanged; then text and tool_use."""
+    head: list[dict[str, Any]] = []
+    tail: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, ContinuityBlock):
+            if part.carrier in _CARRIERS and part.provider == PROVIDER and part.model == model:
+                head.append(dict(part.data))
+        elif isinstance(part, TextPart):
+            # The API rejects empty and whitespace-only text blocks (such as the "\n\n" block an
+            # adaptive model may put before its thinking), so they are not sent back.
+            if part.text.strip():
+                tail.append({"type": "text", "text": part.text})
+        elif isinstance(part, ToolCallPart):
+            tail.append(
+                {"type": "tool_use", "id": part.call_id, "name": part.name, "input": part.arguments}
+            )
+        # ReasoningPart: reasoning text never goes back to a model.
+    return head + tail
+
+
+def _user_content(parts: Sequence[Any]) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, ToolResultPart):
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": part.call_id,
+                "content": part.content,
+            }
+            if part.is_error:
+                block["is_error"] = True
+            content.append(block)
+        elif isinstance(part, TextPart) and part.text:
+            content.append({"type": "text", "text": part.text})
+    return content
+
+
+def to_anthropic_messages(
+    messages: Iterable[Message], *, model: str, system: str | None = None
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """``(system, messages)`` in the Messages API shape.
+
+    System messages join the top-level ``system``; ``tool`` messages become user ``tool_result``
+    blocks; adjacent user-side messages are merged into one (tool results must all sit in the user
+    message right after the ``tool_use``). Continuity blocks are sent only to the model that made
+    them: a signature is bound to its model, and another model's blocks give a 400.
+    """
+    systems = [system] if system else []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            systems.extend(p.text for p in message.parts if isinstance(p, TextPart) and p.text)
+            continue
+        if message.role == "assistant":
+            content = _assistant_content(message.parts, model)
+            if content:
+                out.append({"role": "assistant", "content": content})
+            continue
+        content = _user_content(message.parts)
+        if not content:
+            continue
+        if out and out[-1]["role"] == "user":
+            out[-1]["content"].extend(content)
+        else:
+            out.append({"role": "user", "content": content})
+    return ("\n\n".join(systems) or None), out
+
+
+def _tool_loop_lacks_thinking(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the API would demand a thinking block this history cannot supply.
+
+    With thinking on, the assistant message before the last set of tool results must start with a
+    thinking block. If it does not (the turn was cut before its signature, came from another model,
+    or the model skipped thinking), asking for thinking would get a 400 "Expected `thinking` or
+    `redacted_thinking`", so that one request goes without thinking instead, as the error advises.
+    """
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return False
+    if not any(b.get("type") == "tool_result" for b in messages[-1]["content"]):
+        return False
+    previous = messages[-2]
+    if previous["role"] != "assistant" or not previous["content"]:
+        return False
+    return previous["content"][0].get("type") not in ("thinking", "redacted_thinking")
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "input_schema": dict(spec.parameters),
+    }
+
+
+# --------------------------------------------------------------------------- capture
+
+STOP_REASONS: Final[Mapping[str, FinishReason]] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "pause_turn": "pause",
+    "refusal": "refusal",
+}
+
+_NO_CHUNKS: Final[tuple[Chunk, ...]] = ()
+
+
+class _Block:
+    """One open content block: its type and what its stop needs to emit."""
+
+    __slots__ = ("call_id", "input", "json", "signature", "thinking", "type")
+
+    def __init__(self, btype: str) -> None:
+        self.type = btype
+        self.thinking: list[str] = []
+        self.signature = ""
+        self.call_id = ""
+        self.json: list[str] = []
+        self.input: Any = None
+
+
+def _str(mapping: Mapping[str, Any], key: str) -> str:
+    value = mapping[key]
+    if type(value) is not str:
+        raise TypeError(f"field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _int(mapping: Mapping[str, Any], key: str) -> int:
+    value = mapping[key]
+    if type(value) is not int:
+        raise TypeError(f"field {key!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _usage(usage: Mapping[str, Any], *, output_required: bool) -> UsageChunk:
+    if output_required:
+        _int(usage, "output_tokens")
+    details = usage.get("output_tokens_details")
+    thinking = details.get("thinking_tokens") if isinstance(details, Mapping) else None
+    return UsageChunk(
+        input_tokens=usage.get("input_tokens"),
+        output_tokens=usage.get("output_tokens"),
+        reasoning_tokens=thinking,
+        cache_read_tokens=usage.get("cache_read_input_tokens"),
+        cache_write_tokens=usage.get("cache_creation_input_tokens"),
+    )
+
+
+class AnthropicCapture:
+    """Turns one response's events (or its message JSON) into normalized chunks.
+
+    ``emit_reasoning`` is false in ``hidden`` mode: no reasoning chunks are emitted even if a model
+    thinks unasked; its continuity blocks are still kept because the API demands them back.
+    """
+
+    __slots__ = ("_blocks", "emit_reasoning", "finished", "kind", "model", "started")
+
+    def __init__(self, model: str, *, kind: ReasoningKind, emit_reasoning: bool = True) -> None:
+        self.model = model
+        self.kind: ReasoningKind = kind
+        self.emit_reasoning = emit_reasoning
+        self._blocks: dict[int, _Block] = {}
+        self.started = False
+        self.finished = False
+
+    # -- streaming
+
+    def event(self, etype: str, data: dict[str, Any]) -> tuple[Chunk, ...]:
+        """Chunks for one decoded stream event; raises ``MalformedResponseError`` on bad shapes."""
+        try:
+            if etype == "content_block_delta":
+                return self._delta(data)
+            if etype == "content_block_start":
+                self._need_start(etype)
+                return self._start(_int(data, "index"), data["content_block"])
+            if etype == "content_block_stop":
+                self._need_start(etype)
+                return self._stop(_int(data, "index"))
+            if etype == "message_start":
+                return self._message_start(data["message"])
+            if etype == "message_delta":
+                self._need_start(etype)
+                return self._message_delta(data["delta"], data["usage"])
+            if etype == "message_stop":
+                self._need_start(etype)
+                self.finished = True
+            # ping and unknown event types: nothing (as the SDK does)
+            return _NO_CHUNKS
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise MalformedResponseError(
+                f"{etype} event is missing a field or has a wrong type ({exc}): "
+                f"{json.dumps(data)[:200]}",
+                provider=PROVIDER,
+            ) from exc
+
+    def _need_start(self, etype: str) -> None:
+        if not self.started:
+            raise MalformedResponseError(f"{etype} event before message_start", provider=PROVIDER)
+
+    def _message_start(self, message: Mapping[str, Any]) -> tuple[Chunk, ...]:
+        self.started = True
+        usage = message.get("usage")
+        return (_usage(usage, output_required=False),) if isinstance(usage, Mapping) else _NO_CHUNKS
+
+    def _message_delta(
+        self, delta: Mapping[str, Any], usage: Mapping[str, Any]
+    ) -> tuple[Chunk, ...]:
+        chunk = _usage(usage, output_required=True)
+        reason = delta.get("stop_reason")
+        if reason is None:
+            return (chunk,)
+        if type(reason) is not str:
+            raise TypeError("stop_reason must be a string")
+        return chunk, FinishChunk(STOP_REASONS.get(reason, "other"), raw_reason=reason)
+
+    def _start(self, index: int, block: Mapping[str, Any]) -> tuple[Chunk, ...]:
+        btype = _str(block, "type")
+        slot = self._blocks[index] = _Block(btype)
+        if btype == "text":
+            return (TextDelta(_str(block, "text"), index=index),)
+        if btype == "thinking":
+            text = _str(block, "thinking")
+            # the stream's start block says "signature": ""; a signature_delta brings the value
+            slot.signature = str(block.get("signature") or "")
+            if text:
+                slot.thinking.append(text)
+            if not self.emit_reasoning:
+                return _NO_CHUNKS
+            opening = ReasoningDelta(text, reasoning_kind=self.kind, index=index)
+            if not slot.signature:
+                return (opening,)
+            signed = ReasoningDelta(
+                "", reasoning_kind=self.kind, index=index, signature=slot.signature
+            )
+            return opening, signed
+        if btype == "redacted_thinking":
+            slot.input = {"type": "redacted_thinking", "data": _str(block, "data")}
+            if not self.emit_reasoning:
+                return _NO_CHUNKS
+            return (ReasoningDelta("", reasoning_kind="encrypted", index=index, redacted=True),)
+        if btype == "tool_use":
+            slot.call_id = _str(block, "id")
+            given = block.get("input")
+            slot.input = given if given else None
+            return (ToolCallStart(slot.call_id, _str(block, "name"), index=index),)
+        return _NO_CHUNKS  # server tool blocks and future types are not ours to capture
+
+    def _delta(self, data: Mapping[str, Any]) -> tuple[Chunk, ...]:
+        index = _int(data, "index")
+        delta = data["delta"]
+        dtype = delta["type"]
+        slot = self._blocks.get(index)
+        if slot is None:
+            raise MalformedResponseError(
+                f"content_block_delta for block {index}, which never started", provider=PROVIDER
+            )
+        if dtype == "text_delta":
+            if slot.type != "text":
+                return _NO_CHUNKS
+            return (TextDelta(_str(delta, "text"), index=index),)
+        if dtype == "thinking_delta":
+            if slot.type != "thinking":
+                return _NO_CHUNKS
+            text = _str(delta, "thinking")
+            if not text:
+                return _NO_CHUNKS
+            slot.thinking.append(text)
+            if not self.emit_reasoning:
+                return _NO_CHUNKS
+            return (ReasoningDelta(text, reasoning_kind=self.kind, index=index),)
+        if dtype == "signature_delta":
+            if slot.type != "thinking":
+                return _NO_CHUNKS
+            slot.signature = _str(delta, "signature")  # replaces, as the SDK does
+            if not self.emit_reasoning:
+                return _NO_CHUNKS
+            return (
+                ReasoningDelta("", reasoning_kind=self.kind, index=index, signature=slot.signature),
+            )
+        if dtype == "input_json_delta":
+            if slot.type == "tool_use":
+                slot.json.append(_str(delta, "partial_json"))
+            return _NO_CHUNKS
+        return _NO_CHUNKS  # citations_delta and future delta types
+
+    def _stop(self, index: int) -> tuple[Chunk, ...]:
+        slot = self._blocks.get(index)
+        if slot is None:
+            raise MalformedResponseError(
+                f"content_block_stop for block {index}, which never started", provider=PROVIDER
+            )
+        if slot.type == "thinking":
+            # A block without a signature cannot be replayed (the API rejects it), so it stays
+            # reasoning only.
+            if not slot.signature:
+                return _NO_CHUNKS
+            data = {
+                "type": "thinking",
+                "thinking": "".join(slot.thinking),
+                "signature": slot.signature,
+            }
+            return (self._continuity(THINKING_CARRIER, data, index),)
+        if slot.type == "redacted_thinking":
+            return (self._continuity(REDACTED_CARRIER, slot.input, index),)
+        if slot.type == "tool_use":
+            return ToolCallDelta(slot.call_id, _arguments(slot)), ToolCallEnd(slot.call_id)
+        return _NO_CHUNKS
+
+    def _continuity(self, carrier: str, data: dict[str, Any], index: int) -> ContinuityChunk:
+        block = ContinuityBlock(carrier, data, provider=PROVIDER, model=self.model)
+        return ContinuityChunk(block, index=index)
+
+    # -- non-streaming
+
+    def message(self, body: Mapping[str, Any]) -> list[Chunk]:
+        """Chunks for a whole non-streamed message, in the order a stream would give them."""
+        content = body.get("content")
+        if not isinstance(content, list):
+            raise MalformedResponseError(
+                f"message has no content list: {json.dumps(body)[:200]}", provider=PROVIDER
+            )
+        self.started = True
+        chunks: list[Chunk] = []
+        for index, block in enumerate(content):
+            chunks += self.event("content_block_start", {"index": index, "content_block": block})
+            chunks += self.event("content_block_stop", {"index": index})
+        chunks += self.event(
+            "message_delta",
+            {"delta": {"stop_reason": body.get("stop_reason")}, "usage": body.get("usage")},
+        )
+        self.finished = True
+        return chunks
+
+
+def _arguments(slot: _Block) -> str:
+    """Tool arguments as compact JSON, the same whether streamed in pieces or sent whole."""
+    if slot.json:
+        raw = "".join(slot.json)
+        try:
+            value = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            return raw  # the model's own broken JSON; ToolCallPart.arguments reports it as {}
+    else:
+        value = slot.input if slot.input is not None else {}
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------- the provider
+
+
+class AnthropicProvider:
+    """``anthropic:MODEL`` -- the Messages API over httpx, streaming and not."""
+
+    name = PROVIDER
+
+    def __init__(
+        self,
+        model: str,
+        settings: ProviderSettings | None = None,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        settings = settings or ProviderSettings()
+        api_key = settings.api_key or os.environ.get(API_KEY_ENV)
+        if not api_key:
+            raise UsageError(
+                f"no Anthropic API key: set {API_KEY_ENV} or pass an api key in the provider "
+                "settings (the emulator accepts any key)"
+            )
+        base_url = (settings.base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
+        self.model = model
+        self.family = model_family(model)
+        self.capabilities = Capabilities(
+            reasoning_text=True,
+            reasoning_summary=self.family.reasoning_kind == "summary",
+            continuity=True,
+            tools=True,
+            streaming=True,
+            notes={"thinking": f"{self.family.thinking} ({self.family.label})"},
+        )
+        # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
+        self._path = "/messages" if base_url.endswith("/v1") else "/v1/messages"
+        headers = {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
+        self.transport = HTTPTransport(PROVIDER, base_url, headers, settings, client=client)
+
+    # -- request shaping
+
+    def _thinking(
+        self, reasoning: ReasoningRequest
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
+        """``(thinking, output_config, extra max_tokens)`` for this family and request."""
+        form = self.family.thinking if reasoning.enabled else "none"
+        if form == "budget":
+            budget = budget_for(reasoning)
+            return {"type": "enabled", "budget_tokens": budget}, None, budget
+        if form == "adaptive":
+            config = {"effort": _ADAPTIVE_EFFORT[reasoning.effort]} if reasoning.effort else None
+            return {"type": "adaptive", "display": "summarized"}, config, 0
+        return None, None, 0
+
+    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
+        """The exact JSON body sent for ``request``."""
+        system, messages = to_anthropic_messages(
+            request.messages, model=self.model, system=request.system
+        )
+        thinking, output_config, extra = self._thinking(request.reasoning)
+        if thinking is not None and _tool_loop_lacks_thinking(messages):
+            thinking, extra = None, 0
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens + extra,
+            "messages": messages,
+        }
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [_tool(t) for t in request.tools]
+        if thinking is not None:
+            body["thinking"] = thinking
+        if output_config is not None:
+            body["output_config"] = output_config
+        # Thinking allows no temperature other than 1 ("`temperature` may only be set to 1 when
+        # thinking is enabled"), so it is only sent without thinking.
+        if request.temperature is not None and thinking is None:
+            body["temperature"] = request.temperature
+        if stream:
+            body["stream"] = True
+        return body
+
+    def _capture(self, request: TurnRequest) -> AnthropicCapture:
+        return AnthropicCapture(
+            self.model, kind=self.family.reasoning_kind, emit_reasoning=request.reasoning.enabled
+        )
+
+    # -- the Provider protocol
+
+    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        body = self.build_body(request, stream=True)
+        capture = self._capture(request)
+        async with self.transport.open(self._path, body, stream=True) as response:
+            request_id = self.transport.request_id(response)
+            async for message in self.transport.events(response):
+                event = message.event
+                if event == "ping":
+                    continue
+                data = parse_json_event(PROVIDER, message)
+                etype = data.get("type") or event
+                if etype == "error" or event == "error":
+                    raise _stream_error(data, request_id)
+                if capture.finished:
+                    continue
+                for chunk in capture.event(etype, data):
+                    yield chunk
+        if not capture.finished:
+            raise ProviderStreamError(
+                "stream ended before message_stop", provider=PROVIDER, request_id=request_id
+            )
+
+    async def request(self, request: TurnRequest) -> Turn:
+        body = self.build_body(request, stream=False)
+        acc = TurnAccumulator(provider=PROVIDER, model=self.model)
+        data = await self.transport.post_json(self._path, body)
+        try:
+            acc.feed_all(self._capture(request).message(data))
+        except ProviderError as exc:
+            exc.partial = acc.partial()
+            raise
+        return acc.finish()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+def _stream_error(data: Mapping[str, Any], request_id: str | None) -> ProviderStreamError:
+    error = data.get("error")
+    error = error if isinstance(error, Mapping) else {}
+    etype = error.get("type")
+    message = error.get("message") or json.dumps(data)[:500]
+    rid = data.get("request_id")
+    return ProviderStreamError(
+        str(message),
+        provider=PROVIDER,
+        error_type=str(etype) if etype else None,
+        request_id=str(rid) if isinstance(rid, str) else request_id,
+    )

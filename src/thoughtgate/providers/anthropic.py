@@ -638,7 +638,10 @@ class AnthropicProvider:
         )
         # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
         self._path = "/messages" if base_url.endswith("/v1") else "/v1/messages"
-        headers = {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
+        # settings.extra["headers"] adds request headers (e.g. anthropic-beta, or the emulator's
+        # x-emulator-scenario); the key and version headers always win.
+        headers = {str(k): str(v) for k, v in dict(settings.extra.get("headers") or {}).items()}
+        headers |= {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
         self.transport = HTTPTransport(PROVIDER, base_url, headers, settings, client=client)
 
     # -- request shaping
@@ -697,18 +700,22 @@ class AnthropicProvider:
         capture = self._capture(request)
         async with self.transport.open(self._path, body, stream=True) as response:
             request_id = self.transport.request_id(response)
-            async for message in self.transport.events(response):
-                event = message.event
-                if event == "ping":
-                    continue
-                data = parse_json_event(PROVIDER, message)
-                etype = data.get("type") or event
-                if etype == "error" or event == "error":
-                    raise _stream_error(data, request_id)
-                if capture.finished:
-                    continue
-                for chunk in capture.event(etype, data):
-                    yield chunk
+            try:
+                async for message in self.transport.events(response):
+                    event = message.event
+                    if event == "ping":
+                        continue
+                    data = parse_json_event(PROVIDER, message)
+                    etype = data.get("type") or event
+                    if etype == "error" or event == "error":
+                        raise _stream_error(data, request_id)
+                    if capture.finished:
+                        continue  # nothing after message_stop belongs to the turn
+                    for chunk in capture.event(etype, data):
+                        yield chunk
+            except ProviderError:
+                if not capture.finished:
+                    raise  # a connection dropped after message_stop lost nothing
         if not capture.finished:
             raise ProviderStreamError(
                 "stream ended before message_stop", provider=PROVIDER, request_id=request_id

@@ -241,7 +241,9 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("(file)", str(file), f"valid TOML ({exc})", source=source) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("(file)", str(file), f"a readable file ({exc})", source=source) from None
+            raise ConfigError(
+                "(file)", str(file), f"a readable file ({exc})", source=source
+            ) from None
     overrides = _env_overrides(env)
     if overrides:
         source = f"{source} + THOUGHTGATE_* environment"
@@ -287,9 +289,7 @@ def _parse_backend(value: str | None) -> WorkerBackend | None:
     if value is None:
         return None
     if value not in WORKER_BACKENDS:
-        raise UsageError(
-            f"unknown worker_backend {value!r}; allowed: {', '.join(WORKER_BACKENDS)}"
-        )
+        raise UsageError(f"unknown worker_backend {value!r}; allowed: {', '.join(WORKER_BACKENDS)}")
     return value  # type: ignore[return-value]
 
 

@@ -200,8 +200,13 @@ class Usage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
-        names = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens",
-                 "cache_write_tokens")
+        names = (
+            "input_tokens",
+            "output_tokens",
+            "reasoning_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+        )
         return cls(**{k: int(data.get(k) or 0) for k in names})
 
 
@@ -461,7 +466,8 @@ class TurnAccumulator:
                     ToolCallPart(key[1], slot.name, arguments_json="".join(slot.buf) or "{}")
                 )
             elif slot.value is not None:
-                parts.append(slot.value)
+                # Stamp the producing adapter's identity: carriers only go back to it.
+                parts.append(replace(slot.value, provider=self.provider, model=self.model))
         return tuple(parts)
 
     @property

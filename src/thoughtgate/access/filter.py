@@ -46,8 +46,19 @@ CARRIER_KEYS = frozenset({"signature", "encrypted_content", "encrypted", "redact
 """Keys that hold continuity bytes wherever they appear; always removed."""
 
 TOOL_DETAIL_KEYS = frozenset(
-    {"input", "args", "arguments", "arguments_json", "output", "data", "result", "content",
-     "error_detail", "detail", "tool_calls"}
+    {
+        "input",
+        "args",
+        "arguments",
+        "arguments_json",
+        "output",
+        "data",
+        "result",
+        "content",
+        "error_detail",
+        "detail",
+        "tool_calls",
+    }
 )
 """Tool arguments and results; removed for viewers."""
 

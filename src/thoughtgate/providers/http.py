@@ -159,13 +159,12 @@ class HTTPTransport:
             )
         if isinstance(exc, httpx.ConnectError):
             return ProviderConnectionError(
-                f"could not connect to {self.base_url}: {exc}", provider=self.provider,
+                f"could not connect to {self.base_url}: {exc}",
+                provider=self.provider,
                 retryable=True,
             )
         if streaming:
-            return ProviderStreamError(
-                f"the stream was cut: {name}: {exc}", provider=self.provider
-            )
+            return ProviderStreamError(f"the stream was cut: {name}: {exc}", provider=self.provider)
         return ProviderConnectionError(f"{name}: {exc}", provider=self.provider, retryable=True)
 
     @contextlib.asynccontextmanager
@@ -238,7 +237,9 @@ class HTTPTransport:
                 f"malformed JSON body: {exc}: {raw[:200]!r}", provider=self.provider
             ) from exc
         if not isinstance(value, dict):
-            raise MalformedResponseError("response body is not a JSON object", provider=self.provider)
+            raise MalformedResponseError(
+                "response body is not a JSON object", provider=self.provider
+            )
         return value
 
     def request_id(self, response: httpx.Response) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
@@ -40,10 +41,8 @@ class RunWakeups:
 
     async def wait(self, run_id: str, timeout: float | None) -> None:
         ev = self._event(run_id)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ev.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 class EventStore(abc.ABC):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from thoughtgate.providers.base import (
     Capabilities,
@@ -37,7 +37,15 @@ from thoughtgate.types import (
     UsageChunk,
 )
 
-__all__ = ["FAKE_SCRIPTS", "FakeProvider", "ScriptFn", "reasoning", "text", "tool_call"]
+__all__ = [
+    "FAKE_SCRIPTS",
+    "REASONER_MARKER",
+    "FakeProvider",
+    "ScriptFn",
+    "reasoning",
+    "text",
+    "tool_call",
+]
 
 ScriptFn = Callable[[TurnRequest, int], Any]
 """``(request, turn_number) -> (async) iterable of Chunk | str``."""
@@ -74,7 +82,21 @@ def _echo_script(request: TurnRequest, turn: int) -> Iterator[Chunk]:
         yield text(word)
 
 
-FAKE_SCRIPTS: dict[str, ScriptFn] = {"echo": _echo_script}
+REASONER_MARKER = "TG-REASONING-MARKER-7F3A"
+"""Appears in the ``reasoner`` script's reasoning and nowhere else, so a test can look for it."""
+
+
+def _reasoner_script(request: TurnRequest, turn: int) -> Iterator[Chunk]:
+    """One turn: reasoning carrying :data:`REASONER_MARKER`, a short answer, usage with reasoning
+    tokens (only when reasoning was asked for, as a real provider would report them)."""
+    yield reasoning(f"The user wants the answer; I recall it ({REASONER_MARKER}).")
+    yield text("The answer is 42.")
+    thought = 8 if request.reasoning.enabled else 0
+    yield UsageChunk(input_tokens=12, output_tokens=20, reasoning_tokens=thought)
+    yield FinishChunk("stop", raw_reason="end_turn")
+
+
+FAKE_SCRIPTS: dict[str, ScriptFn] = {"echo": _echo_script, "reasoner": _reasoner_script}
 """Scripts reachable as ``--model fake:NAME`` (tests register more)."""
 
 
@@ -104,10 +126,10 @@ class FakeProvider:
             ) from None
 
     async def _raw(self, request: TurnRequest, turn: int) -> AsyncIterator[Chunk]:
-        produced = self.script(request, turn)
+        produced: Any = self.script(request, turn)
         if inspect.isasyncgen(produced):
             async for item in produced:
-                for chunk in _flatten(item):
+                for chunk in _flatten(cast(Any, item)):
                     yield chunk
         else:
             for item in produced:

@@ -29,10 +29,14 @@ def builtin_scenarios() -> dict[str, Scenario]:
             (
                 ScriptedTurn(
                     (
-                        Think("The user asks why the sky is blue. Rayleigh scattering: shorter "
-                              "wavelengths scatter more strongly off air molecules."),
-                        Say("The sky looks blue because air scatters short (blue) wavelengths "
-                            "of sunlight much more than long (red) ones."),
+                        Think(
+                            "The user asks why the sky is blue. Rayleigh scattering: shorter "
+                            "wavelengths scatter more strongly off air molecules."
+                        ),
+                        Say(
+                            "The sky looks blue because air scatters short (blue) wavelengths "
+                            "of sunlight much more than long (red) ones."
+                        ),
                     )
                 ),
             ),
@@ -42,16 +46,20 @@ def builtin_scenarios() -> dict[str, Scenario]:
             (
                 ScriptedTurn(
                     (
-                        Think("I need the user's country before I can name its largest city. "
-                              "I will call get_country."),
+                        Think(
+                            "I need the user's country before I can name its largest city. "
+                            "I will call get_country."
+                        ),
                         Say("Let me look up your country."),
                         Call("get_country", {}),
                     )
                 ),
                 ScriptedTurn(
                     (
-                        Think("The tool said the country. Now I need the largest city there; "
-                              "I will call largest_city."),
+                        Think(
+                            "The tool said the country. Now I need the largest city there; "
+                            "I will call largest_city."
+                        ),
                         Call("largest_city", {"country": "Mexico"}),
                     )
                 ),

@@ -157,4 +157,3 @@ def serve_emulator(
         yield server
     finally:
         server.stop()
-

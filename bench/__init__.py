@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``); speed is measured here, never asserted in tests."""

@@ -1,0 +1,5 @@
+"""``python -m thoughtgate`` is the CLI."""
+
+from thoughtgate.cli import main
+
+main()

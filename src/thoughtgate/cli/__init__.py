@@ -1,0 +1,27 @@
+"""The command line: thin commands over the core API (``thoughtgate --help``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="thoughtgate",
+    help="Run LLM agent work and govern who may see what the model thought.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+#: Each module has ``register(app)``; listed here so ``--help`` shows every command.
+COMMAND_MODULES = ("thoughtgate.cli.runs", "thoughtgate.cli.mcp")
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()

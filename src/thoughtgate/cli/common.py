@@ -1,0 +1,80 @@
+"""What every command shares: loading config and store, the reader's role, errors, output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.config import Config, load_config, resolve_store
+from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.urls import open_store
+
+__all__ = [
+    "Context",
+    "console",
+    "err_console",
+    "print_json",
+    "run_async",
+]
+
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+
+def print_json(value: Any) -> None:
+    """Machine output: one JSON document on stdout, nothing else."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command body; a ThoughtgateError becomes one clear line and a non-zero exit."""
+    try:
+        return asyncio.run(coro)
+    except ThoughtgateError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        raise typer.Exit(2 if isinstance(exc, UsageError) else 1) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+class Context:
+    """Config, store and effective role for one command invocation."""
+
+    def __init__(self, *, config_path: str | None, db: str | None, view_as: str | None) -> None:
+        self.config: Config = load_config(config_path)
+        self.db_url = resolve_store(db, None, self.config.store.url)
+        local = parse_role(self.config.access.local_role)
+        role = parse_role(view_as) if view_as else local
+        if role > local:
+            raise AccessDeniedError(
+                f"--view-as {role.label} is above your local role {local.label}; "
+                "it can only preview a lower role"
+            )
+        self.role: Role = role
+        self._store: EventStore | None = None
+
+    async def store(self) -> EventStore:
+        if self._store is None:
+            self._store = await open_store(self.db_url)
+        return self._store
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+    async def using(self, body: Callable[[EventStore], Awaitable[T]]) -> T:
+        try:
+            return await body(await self.store())
+        finally:
+            await self.close()

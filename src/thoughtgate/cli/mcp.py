@@ -1,0 +1,38 @@
+"""``thoughtgate mcp``: serve the MCP tools over stdio for an MCP host."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from thoughtgate.cli.common import run_async
+from thoughtgate.config import load_config, resolve_store
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("mcp")
+    def mcp(
+        db: Annotated[
+            str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
+        ] = None,
+        config: Annotated[
+            str | None, typer.Option("--config", help="Path to thoughtgate.toml.")
+        ] = None,
+        role: Annotated[
+            str | None,
+            typer.Option("--role", help="Role the MCP host reads as (default: mcp.role, member)."),
+        ] = None,
+    ) -> None:
+        """Serve orchestration_run and orchestration_status over stdio (MCP)."""
+        # Imported here so `thoughtgate --help` does not pay for the MCP SDK.
+        from thoughtgate.mcp_server import resolve_mcp_role, serve_stdio
+
+        async def body() -> None:
+            cfg = load_config(config)
+            url = resolve_store(db, None, cfg.store.url)
+            await serve_stdio(cfg, db_url=url, role=resolve_mcp_role(cfg, role))
+
+        run_async(body())

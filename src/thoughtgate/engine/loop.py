@@ -1,0 +1,386 @@
+"""The agent tool loop: model turn, tools, model turn ... until an answer or the turn limit.
+
+Continuity: each assistant turn goes back to the model as its parts *minus* reasoning text; only
+the provider's opaque continuity blocks (signed thinking, encrypted items, ``reasoning_details``,
+DeepSeek ``reasoning_content``) ride along, and only inside this loop with this provider and model.
+Reasoning text is never rehydrated into a request.
+
+Recording: every turn ends with ``agent.response`` (reasoning per the disclosure mode, full, with
+its size); a cut or failed stream keeps the partial turn and ends the task with
+``message.partially_completed``; nothing the provider sent is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.history import keep_own_carriers
+from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
+from thoughtgate.engine.turn import stream_llm_turn
+from thoughtgate.errors import ProviderError
+from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.orchestration.disclosure import Disclosure
+from thoughtgate.orchestration.recorder import EventRecorder
+from thoughtgate.providers.base import Provider, TurnRequest
+from thoughtgate.types import (
+    Chunk,
+    Message,
+    ReasoningDelta,
+    ReasoningPart,
+    TextDelta,
+    ToolCallPart,
+    ToolResultPart,
+    Turn,
+    Usage,
+    part_to_dict,
+)
+
+__all__ = ["LoopObserver", "LoopResult", "run_agent_loop", "strip_reasoning"]
+
+
+class LoopObserver(Protocol):
+    """Lifecycle hooks (the visible-reasoning pipeline); each returns events to record."""
+
+    async def turn_finished(self, turn: Turn, *, task_id: str) -> Sequence[NewEvent]: ...
+
+    async def tool_started(self, call: ToolCallPart, *, task_id: str) -> Sequence[NewEvent]: ...
+
+    async def tool_finished(
+        self, call: ToolCallPart, status: str, *, task_id: str
+    ) -> Sequence[NewEvent]: ...
+
+
+@dataclass(slots=True)
+class LoopResult:
+    """How a task's loop ended."""
+
+    status: Literal["completed", "partial", "failed"]
+    answer: str
+    turns: int
+    usage: Usage
+    reasoning: str
+    finish_reason: str | None
+    error: str | None = None
+    turn_records: list[Turn] = field(default_factory=list)
+
+
+def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
+    """The parts that may go back to a model: everything but reasoning text."""
+    return tuple(p for p in parts if not isinstance(p, ReasoningPart))
+
+
+def _sizes(text: str) -> dict[str, int]:
+    return {"reasoning_chars": len(text), "reasoning_bytes": len(text.encode("utf-8"))}
+
+
+class _Loop:
+    def __init__(
+        self,
+        *,
+        provider: Provider,
+        recorder: EventRecorder,
+        task_id: str,
+        disclosure: Disclosure,
+        tools: ToolRegistry,
+        approvals: ApprovalBroker,
+        approval_timeout: float,
+        observer: LoopObserver | None,
+        max_tokens: int,
+    ) -> None:
+        self.provider = provider
+        self.recorder = recorder
+        self.task_id = task_id
+        self.disclosure = disclosure
+        self.tools = tools
+        self.approvals = approvals
+        self.approval_timeout = approval_timeout
+        self.observer = observer
+        self.max_tokens = max_tokens
+        self.turn_no = 0
+
+    def ev(self, type_: str, payload: dict[str, Any]) -> NewEvent:
+        return NewEvent(type_, payload, task_id=self.task_id)
+
+    async def on_chunk(self, chunk: Chunk) -> None:
+        if isinstance(chunk, TextDelta) and chunk.text:
+            await self.recorder.emit_delta(
+                self.ev(EventType.MESSAGE_DELTA, {"text": chunk.text, "turn": self.turn_no})
+            )
+        elif isinstance(chunk, ReasoningDelta) and chunk.text and self.disclosure.on_display:
+            await self.recorder.emit_delta(
+                self.ev(
+                    EventType.REASONING_DELTA,
+                    {
+                        "text": chunk.text,
+                        "reasoning_kind": chunk.reasoning_kind,
+                        "index": chunk.index,
+                        "turn": self.turn_no,
+                    },
+                )
+            )
+
+    def captured(self, turn: Turn) -> Turn:
+        """``hidden`` keeps no reasoning even if a provider sent some anyway."""
+        if self.disclosure.captures:
+            return turn
+        from dataclasses import replace
+
+        return replace(turn, parts=strip_reasoning(turn.parts))
+
+    async def record_response(self, turn: Turn, *, error: str | None = None) -> None:
+        payload: dict[str, Any] = {
+            "turn": self.turn_no,
+            "answer": turn.text,
+            "complete": turn.complete,
+            "finish_reason": turn.finish_reason,
+            "raw_finish_reason": turn.raw_finish_reason,
+            "provider": turn.provider,
+            "model": turn.model,
+            "usage": turn.usage.to_dict(),
+            "tool_calls": [
+                {"callId": c.call_id, "name": c.name, "input": c.arguments} for c in turn.tool_calls
+            ],
+        }
+        if error:
+            payload["error"] = error
+        if self.disclosure.on_display:
+            payload["reasoning"] = turn.reasoning_text
+            payload.update(_sizes(turn.reasoning_text))
+            payload["reasoning_parts"] = [part_to_dict(p) for p in turn.reasoning_parts]
+            payload["continuity"] = [part_to_dict(b) for b in turn.continuity]
+        await self.recorder.emit(self.ev(EventType.AGENT_RESPONSE, payload))
+        if self.observer is not None:
+            for event in await self.observer.turn_finished(turn, task_id=self.task_id):
+                await self.recorder.emit(event)
+
+    async def run_tool(self, call: ToolCallPart) -> ToolResultPart:
+        tool = self.tools.get(call.name)
+        base = {"callId": call.call_id, "toolKey": call.name, "turn": self.turn_no}
+        if tool is None:
+            await self.recorder.emit(
+                self.ev(
+                    EventType.TOOL_FAILED,
+                    {**base, "label": call.name, "error": f"unknown tool {call.name!r}"},
+                )
+            )
+            return ToolResultPart(
+                call.call_id,
+                f"Error: there is no tool named {call.name!r}.",
+                is_error=True,
+                name=call.name,
+            )
+        base["label"] = tool.label
+        if tool.requires_approval:
+            verdict = await self.approve(tool, call, base)
+            if verdict is not None:
+                return verdict
+        return await self.execute(tool, call, base)
+
+    async def approve(
+        self, tool: Tool, call: ToolCallPart, base: dict[str, Any]
+    ) -> ToolResultPart | None:
+        await self.recorder.emit(
+            self.ev(EventType.TOOL_APPROVAL_REQUIRED, {**base, "input": call.arguments})
+        )
+        outcome = await self.approvals.wait(
+            self.recorder.run_id,
+            call.call_id,
+            tool.name,
+            call.arguments,
+            timeout=self.approval_timeout,
+        )
+        if outcome.decision == "timeout":
+            await self.recorder.emit(
+                self.ev(
+                    EventType.TOOL_APPROVAL_TIMEOUT,
+                    {**base, "timeout_s": self.approval_timeout},
+                )
+            )
+            text = "The tool call was not approved in time and was not executed."
+        else:
+            await self.recorder.emit(
+                self.ev(
+                    EventType.TOOL_APPROVAL_RESPONSE,
+                    {**base, "decision": outcome.decision, "by": outcome.by},
+                )
+            )
+            if outcome.decision == "approve":
+                return None
+            text = "The user rejected this tool call; it was not executed."
+        return ToolResultPart(call.call_id, text, is_error=True, name=call.name)
+
+    async def execute(self, tool: Tool, call: ToolCallPart, base: dict[str, Any]) -> ToolResultPart:
+        await self.recorder.emit(self.ev(EventType.TOOL_STARTED, {**base, "input": call.arguments}))
+        if self.observer is not None:
+            for event in await self.observer.tool_started(call, task_id=self.task_id):
+                await self.recorder.emit(event)
+
+        async def progress(message: str) -> None:
+            await self.recorder.emit(self.ev(EventType.TOOL_PROGRESS, {**base, "message": message}))
+
+        status = "completed"
+        try:
+            output = await tool.call(call.arguments, progress)
+            await self.recorder.emit(self.ev(EventType.TOOL_COMPLETED, {**base, "output": output}))
+            result = ToolResultPart(call.call_id, output, name=call.name)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            result, status = await self.fail(tool, call, base, error, exc)
+        if self.observer is not None:
+            for event in await self.observer.tool_finished(call, status, task_id=self.task_id):
+                await self.recorder.emit(event)
+        return result
+
+    async def fail(
+        self, tool: Tool, call: ToolCallPart, base: dict[str, Any], error: str, exc: Exception
+    ) -> tuple[ToolResultPart, str]:
+        if tool.fallback is not None and not isinstance(exc, ToolArgumentsError):
+            try:
+                output = await tool.call_fallback(call.arguments)
+            except Exception as fexc:
+                error = f"{error}; fallback failed: {type(fexc).__name__}: {fexc}"
+            else:
+                await self.recorder.emit(
+                    self.ev(EventType.TOOL_DEGRADED, {**base, "output": output, "error": error})
+                )
+                return ToolResultPart(call.call_id, output, name=call.name), "degraded"
+        await self.recorder.emit(self.ev(EventType.TOOL_FAILED, {**base, "error": error}))
+        return (
+            ToolResultPart(call.call_id, f"Error: {error}", is_error=True, name=call.name),
+            "failed",
+        )
+
+
+async def run_agent_loop(
+    provider: Provider,
+    messages: Sequence[Message],
+    *,
+    recorder: EventRecorder,
+    task_id: str,
+    disclosure: Disclosure,
+    tools: ToolRegistry | None = None,
+    approvals: ApprovalBroker | None = None,
+    max_turns: int = 14,
+    approval_timeout: float = 300.0,
+    system: str | None = None,
+    observer: LoopObserver | None = None,
+    max_tokens: int = 4096,
+) -> LoopResult:
+    """Run model turns and tools until the model answers without calling a tool."""
+    loop = _Loop(
+        provider=provider,
+        recorder=recorder,
+        task_id=task_id,
+        disclosure=disclosure,
+        tools=tools or ToolRegistry(),
+        approvals=approvals or ApprovalBroker(),
+        approval_timeout=approval_timeout,
+        observer=observer,
+        max_tokens=max_tokens,
+    )
+    history = list(messages)
+    usage = Usage()
+    reasoning: list[str] = []
+    turns: list[Turn] = []
+    for turn_no in range(max_turns):
+        loop.turn_no = turn_no
+        outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
+        for gone in dropped:
+            await recorder.emit(
+                NewEvent(
+                    EventType.CONTINUITY_DROPPED,
+                    {
+                        "carrier": gone.carrier,
+                        "from_provider": gone.provider,
+                        "from_model": gone.model,
+                        "reason": gone.reason,
+                        "turn": turn_no,
+                    },
+                    task_id=task_id,
+                )
+            )
+        history = outgoing
+        request = TurnRequest(
+            history,
+            system=system,
+            tools=loop.tools.specs,
+            reasoning=disclosure.reasoning_request(),
+            max_tokens=max_tokens,
+        )
+        try:
+            turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
+        except ProviderError as exc:
+            partial = loop.captured(exc.partial) if exc.partial is not None else None
+            await recorder.flush()
+            if partial is not None:
+                usage = usage + partial.usage
+                reasoning.append(partial.reasoning_text)
+                turns.append(partial)
+                await loop.record_response(partial, error=str(exc))
+            answer = partial.text if partial is not None else ""
+            await recorder.emit(
+                NewEvent(
+                    EventType.MESSAGE_PARTIALLY_COMPLETED,
+                    {
+                        "text": answer,
+                        "reason": "provider_error",
+                        "error": str(exc),
+                        "status": exc.status,
+                        "error_type": exc.error_type,
+                    },
+                    task_id=task_id,
+                )
+            )
+            return LoopResult(
+                "partial",
+                answer,
+                turn_no + 1,
+                usage,
+                _join(reasoning),
+                partial.finish_reason if partial else None,
+                str(exc),
+                turns,
+            )
+        await recorder.flush()
+        usage = usage + turn.usage
+        reasoning.append(turn.reasoning_text)
+        turns.append(turn)
+        await loop.record_response(turn)
+        if not turn.tool_calls:
+            await recorder.emit(
+                NewEvent(
+                    EventType.MESSAGE_COMPLETED,
+                    {"text": turn.text, "finish_reason": turn.finish_reason},
+                    task_id=task_id,
+                )
+            )
+            return LoopResult(
+                "completed",
+                turn.text,
+                turn_no + 1,
+                usage,
+                _join(reasoning),
+                turn.finish_reason,
+                None,
+                turns,
+            )
+        results = [await loop.run_tool(call) for call in turn.tool_calls]
+        history.append(Message("assistant", strip_reasoning(turn.parts)))
+        history.append(Message("tool", tuple(results)))
+    note = f"stopped after reaching the turn limit of {max_turns} model turns"
+    last = turns[-1].text if turns else ""
+    await recorder.emit(
+        NewEvent(
+            EventType.MESSAGE_PARTIALLY_COMPLETED,
+            {"text": last, "reason": "max_turns", "error": note},
+            task_id=task_id,
+        )
+    )
+    return LoopResult("partial", last, max_turns, usage, _join(reasoning), "max_turns", note, turns)
+
+
+def _join(parts: list[str]) -> str:
+    return "\n\n".join(p for p in parts if p)

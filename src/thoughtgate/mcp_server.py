@@ -1,0 +1,145 @@
+"""MCP tools over stdio: ``orchestration_run`` and ``orchestration_status``, through the one filter.
+
+An MCP host (a desktop assistant, an IDE agent) starts ``thoughtgate mcp`` as a subprocess and talks
+to it over stdin/stdout with the official ``mcp`` SDK. The tools only convert inputs and outputs:
+runs go through :class:`~thoughtgate.orchestration.runtime.Runtime`, answers through
+:func:`~thoughtgate.access.filter.filter_run` for the role configured for MCP (``mcp.role``, default
+``member``; ``--role`` overrides it, never above ``access.local_role``). So a task's ``reasoning``
+comes back only on a ``surface`` run read by ``developer`` or above; a ``telemetry_only`` run never
+returns reasoning, whatever the role.
+
+Failures come back as MCP tool errors (``isError: true``) whose text says what went wrong, never as
+a crashed server. Nothing but the protocol is written to stdout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from thoughtgate.access.filter import filter_run
+from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.config import Config
+from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.urls import open_store
+from thoughtgate.telemetry import telemetry_sinks
+
+__all__ = ["McpTools", "build_mcp_server", "resolve_mcp_role", "serve_stdio"]
+
+INSTRUCTIONS = (
+    "thoughtgate runs LLM agent work and governs who may see the model's reasoning. "
+    "Call orchestration_run to run a prompt (optionally split into tasks) and get each task's "
+    "output; orchestration_status reads a run again by its id. Reasoning is returned only for "
+    "chain_of_thought='surface' runs when this server's role is developer or above."
+)
+
+
+def resolve_mcp_role(config: Config, explicit: str | None = None) -> Role:
+    """``--role`` > ``mcp.role``; refused above ``access.local_role`` (who starts the server)."""
+    role = parse_role(explicit or config.mcp.role)
+    local = parse_role(config.access.local_role)
+    if role > local:
+        raise AccessDeniedError(
+            f"MCP role {role.label} is above your local role {local.label}; "
+            "the MCP server can only act as that role or a lower one"
+        )
+    return role
+
+
+class McpTools:
+    """What the MCP tools do, free of MCP: call the runtime, filter the result for ``role``.
+
+    Every error is a :class:`ThoughtgateError` whose message is fit to show the caller.
+    """
+
+    def __init__(self, runtime: Runtime, role: Role) -> None:
+        self.runtime = runtime
+        self.role = role
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        model: str | None = None,
+        chain_of_thought: str | None = None,
+        tasks: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        specs = [TaskSpec(t) for t in tasks or () if t.strip()]
+        if not prompt.strip() and not specs:
+            raise UsageError("prompt must not be empty (or give at least one task)")
+        run = await self.runtime.create_run(
+            RunRequest(prompt, model=model, tasks=specs), chain_of_thought=chain_of_thought
+        )
+        try:
+            finished = await self.runtime.execute(run.run_id)
+        except ThoughtgateError as exc:
+            raise ThoughtgateError(f"run {run.run_id} failed: {exc}") from exc
+        except Exception as exc:
+            raise ThoughtgateError(
+                f"run {run.run_id} ended with an internal error ({type(exc).__name__}); "
+                f"orchestration_status shows what was recorded"
+            ) from exc
+        return filter_run(finished, self.role)
+
+    async def status(self, run_id: str) -> dict[str, Any]:
+        if not run_id.strip():
+            raise UsageError("run_id must not be empty")
+        return filter_run(await self.runtime.store.get_run(run_id.strip()), self.role)
+
+
+def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
+    """The MCP server with its two tools; any :class:`ThoughtgateError` becomes a tool error."""
+    server: MCPServer[Any] = MCPServer("thoughtgate", instructions=INSTRUCTIONS)
+
+    async def orchestration_run(
+        prompt: Annotated[str, Field(description="What to ask the model.")],
+        model: Annotated[
+            str | None,
+            Field(description="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5 (default: config)"),
+        ] = None,
+        chain_of_thought: Annotated[
+            str | None,
+            Field(description="hidden | surface | telemetry_only (default: config, else hidden)"),
+        ] = None,
+        tasks: Annotated[
+            list[str] | None,
+            Field(description="Split the work into these task prompts, run in order."),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Run a prompt through a model and return the run with each task's output (and, only for
+        a surface run read by developer or above, its reasoning)."""
+        try:
+            return await tools.run(
+                prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks
+            )
+        except ThoughtgateError as exc:
+            raise ToolError(str(exc)) from exc
+
+    async def orchestration_status(
+        run_id: Annotated[str, Field(description="The run id orchestration_run returned.")],
+    ) -> dict[str, Any]:
+        """Read a run by id: its status, tasks, outputs and usage, as this server's role may see."""
+        try:
+            return await tools.status(run_id)
+        except ThoughtgateError as exc:
+            raise ToolError(str(exc)) from exc
+
+    server.add_tool(orchestration_run, name="orchestration_run")
+    server.add_tool(orchestration_status, name="orchestration_status")
+    return server
+
+
+async def serve_stdio(config: Config, *, db_url: str, role: Role) -> None:
+    """Open the store, serve the tools over stdin/stdout until the host closes them."""
+    store: EventStore = await open_store(db_url)
+    try:
+        runtime = Runtime(store, config, sinks=telemetry_sinks(config))
+        await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
+    finally:
+        await store.close()

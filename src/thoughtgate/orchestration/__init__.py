@@ -1,0 +1,1 @@
+"""Runs, tasks, worker backends and the recorder that writes their events."""

@@ -1,0 +1,86 @@
+"""Writes one run's events in order, batching the high-volume deltas.
+
+``message.delta`` and ``reasoning.delta`` arrive once per provider chunk; committing each alone
+would make a durable store fsync thousands of times per turn. They are buffered and flushed as one
+atomic append every ``flush_interval`` seconds (or every ``max_batch`` events), and any other event
+first flushes the buffer, so recorded order is always emission order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.store.base import EventStore
+
+__all__ = ["EventRecorder", "EventSink"]
+
+EventSink = Callable[[Sequence[Event]], Awaitable[None]]
+"""Called with every batch right after it is durably appended (telemetry, live observers)."""
+
+
+class EventRecorder:
+    """Ordered, batched appends for one run."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        run_id: str,
+        *,
+        flush_interval: float = 0.02,
+        max_batch: int = 256,
+        sinks: Sequence[EventSink] = (),
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.flush_interval = flush_interval
+        self.max_batch = max_batch
+        self._buffer: list[NewEvent] = []
+        self._lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self.appended = 0
+        self.sinks = tuple(sinks)
+
+    async def emit(self, event: NewEvent) -> list[Event]:
+        """Append ``event`` after everything buffered before it."""
+        async with self._lock:
+            batch = [*self._buffer, event]
+            self._buffer.clear()
+            return await self._append(batch)
+
+    async def emit_delta(self, event: NewEvent) -> None:
+        """Buffer a delta; it is appended within ``flush_interval`` seconds."""
+        self._buffer.append(event)
+        if len(self._buffer) >= self.max_batch:
+            await self.flush()
+        elif self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.flush_interval)
+        await self.flush()
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self._buffer:
+                batch = list(self._buffer)
+                self._buffer.clear()
+                await self._append(batch)
+
+    async def _append(self, batch: list[NewEvent]) -> list[Event]:
+        if not batch:
+            return []
+        out = await self.store.append(self.run_id, batch)
+        self.appended += len(out)
+        for sink in self.sinks:
+            await sink(out)
+        return out
+
+    async def close(self) -> None:
+        await self.flush()
+        if self._flusher is not None and not self._flusher.done():
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher

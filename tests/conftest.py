@@ -1,0 +1,72 @@
+"""Shared test setup: no real network, isolated data directory, a fresh memory store."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from thoughtgate.store.memory import MemoryStore
+
+_LOOPBACK = ("127.", "::1", "localhost")
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _guard(address: Any) -> None:
+    host = address[0] if isinstance(address, tuple) else address
+    if isinstance(host, str) and host.startswith(_LOOPBACK):
+        return
+    if isinstance(address, str | bytes):  # unix sockets
+        return
+    raise RuntimeError(f"tests must not touch the network: connect to {address!r} refused")
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    _guard(address)
+    _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    _guard(address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real providers are never called from tests; only loopback is reachable."""
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No user config, keys or data directory leak into tests."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("HOME", str(home))
+    for name in (
+        "THOUGHTGATE_CONFIG",
+        "THOUGHTGATE_DB",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "OPENROUTER_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "OPENAI_BASE_URL",
+        "OPENROUTER_BASE_URL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("THOUGHTGATE_"):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def memory_store() -> Iterator[MemoryStore]:
+    yield MemoryStore()

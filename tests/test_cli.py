@@ -1,0 +1,153 @@
+"""The CLI as a user runs it: real subprocesses, a real SQLite file, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def tg(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tg.db'}"
+
+
+def run_json(db: str, *extra: str) -> dict[str, Any]:
+    out = tg("run", "hello world", "--model", "fake:echo", "--db", db, "--json", *extra)
+    value: dict[str, Any] = json.loads(out.stdout)
+    return value
+
+
+def test_run_json_shape_and_reasoning_rules(db: str) -> None:
+    surface = run_json(db, "--cot", "surface")
+    assert set(surface) == {"run_id", "status", "chain_of_thought", "tasks", "usage"}
+    assert surface["status"] == "completed" and surface["chain_of_thought"] == "surface"
+    task = surface["tasks"][0]
+    assert set(task) == {"task_id", "output", "reasoning"}
+    assert task["output"] == "Echo: hello world"
+    assert "echo them back" in task["reasoning"]
+    assert run_json(db, "--cot", "surface", "--view-as", "member")["tasks"][0]["reasoning"] is None
+    assert run_json(db, "--cot", "telemetry_only")["tasks"][0]["reasoning"] is None
+    assert run_json(db)["tasks"][0]["reasoning"] is None
+
+
+def test_events_status_runs_and_trace_read_through_the_filter(db: str) -> None:
+    run_id = run_json(db, "--cot", "surface")["run_id"]
+    owner = json.loads(tg("events", run_id, "--db", db, "--json").stdout)
+    assert [e["seq"] for e in owner] == list(range(1, len(owner) + 1))
+    assert set(owner[0]) == {"seq", "run_id", "task_id", "type", "ts", "payload"}
+    assert any(e["type"] == "reasoning.delta" for e in owner)
+    viewer = json.loads(tg("events", run_id, "--db", db, "--json", "--view-as", "viewer").stdout)
+    assert not any(e["type"] == "reasoning.delta" for e in viewer)
+    assert "echo them back" not in json.dumps(viewer)
+    after = json.loads(tg("events", run_id, "--db", db, "--json", "--after", "5").stdout)
+    assert after[0]["seq"] == 6
+    status = json.loads(tg("status", run_id, "--db", db, "--json").stdout)
+    assert status["tasks"][0]["reasoning"]
+    runs = json.loads(tg("runs", "--db", db, "--json").stdout)
+    assert runs[0]["run_id"] == run_id
+    trace = json.loads(tg("trace", run_id, "--db", db, "--json").stdout)
+    assert trace[0]["payload"]["trace"]["reasoning"]
+    denied = tg("trace", run_id, "--db", db, "--view-as", "member", check=False)
+    assert denied.returncode == 2 and "developer" in denied.stderr
+
+
+def test_local_role_from_config_and_view_as_cannot_raise_it(db: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "thoughtgate.toml"
+    cfg.write_text(
+        '[access]\nlocal_role = "member"\n[orchestration]\nchain_of_thought = "surface"\n'
+    )
+    out = json.loads(
+        tg("run", "hi", "--model", "fake:echo", "--db", db, "--json", "--config", str(cfg)).stdout
+    )
+    assert out["chain_of_thought"] == "surface" and out["tasks"][0]["reasoning"] is None
+    up = tg(
+        "status", out["run_id"], "--db", db, "--config", str(cfg), "--view-as", "owner", check=False
+    )
+    assert up.returncode == 2 and "above your local role" in up.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "x", "--model", "fake:echo", "--cot", "loud"], "unknown chain_of_thought mode"),
+        (["run", "x", "--model", "fake:echo", "--view-as", "boss"], "unknown role 'boss'"),
+        (["run", "x", "--model", "nope:x"], "unknown provider 'nope'"),
+        (["status", "run_missing"], "run 'run_missing' not found"),
+        (["events", "run_missing"], "not found"),
+    ],
+)
+def test_bad_input_gets_one_clear_message(db: str, args: list[str], message: str) -> None:
+    proc = tg(*args, "--db", db, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_config_fails_at_start(db: str, tmp_path: Path) -> None:
+    (tmp_path / "thoughtgate.toml").write_text('[orchestration]\nchain_of_thought = "loud"\n')
+    proc = tg("runs", "--db", db, check=False, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "orchestration.chain_of_thought" in proc.stderr and "'loud'" in proc.stderr
+
+
+def test_env_db_and_config_overrides(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    out = json.loads(
+        tg(
+            "run",
+            "x",
+            "--model",
+            "fake:echo",
+            "--json",
+            env={"THOUGHTGATE_DB": url, "THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT": "surface"},
+        ).stdout
+    )
+    assert out["chain_of_thought"] == "surface"
+    assert (tmp_path / "env.db").exists()
+
+
+def test_not_our_database_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    before = path.read_bytes()
+    proc = tg("runs", "--db", f"sqlite:///{path}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert path.read_bytes() == before
+
+
+def test_demo_json_runs_offline(tmp_path: Path) -> None:
+    out = json.loads(tg("demo", "--json", "--db", f"sqlite:///{tmp_path / 'd.db'}").stdout)
+    assert out["status"] == "completed" and out["chain_of_thought"] == "surface"
+    assert out["tasks"][0]["output"]
+    assert out["tasks"][0]["reasoning"], "the local owner sees the demo's reasoning"
+
+
+def test_demo_human_output_uses_default_store(tmp_path: Path) -> None:
+    proc = tg("demo", env={"XDG_DATA_HOME": str(tmp_path / "data")})
+    assert "answer" in proc.stdout
+    assert list((tmp_path / "data").rglob("thoughtgate.db")), "demo records in the default store"

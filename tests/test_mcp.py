@@ -1,0 +1,156 @@
+"""MCP tools: role × mode rules on what comes back, tool errors, and the real stdio transport."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.client import Client
+from mcp_types import CallToolResult, TextContent
+
+from thoughtgate.access.roles import Role
+from thoughtgate.config import Config
+from thoughtgate.errors import AccessDeniedError
+from thoughtgate.mcp_server import McpTools, build_mcp_server, resolve_mcp_role
+from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.testing.fake import REASONER_MARKER
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MODES = ("hidden", "surface", "telemetry_only")
+
+
+def _shows_marker(value: Any) -> bool:
+    return REASONER_MARKER in json.dumps(value, default=str)
+
+
+def _text(result: CallToolResult) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+# --------------------------------------------------------------------------- the core, per role
+
+
+@pytest.mark.parametrize("role", list(Role))
+@pytest.mark.parametrize("mode", MODES)
+async def test_reasoning_only_for_surface_and_developer_or_above(role: Role, mode: str) -> None:
+    tools = McpTools(Runtime(MemoryStore()), role)
+    view = await tools.run("What is it?", model="fake:reasoner", chain_of_thought=mode)
+    (task,) = view["tasks"]
+    assert task["output"] == "The answer is 42."
+    assert view["chain_of_thought"] == mode
+    readable = mode == "surface" and role >= Role.DEVELOPER
+    assert _shows_marker(view) is readable
+    assert (task["reasoning"] is not None) is readable
+    assert _shows_marker(await tools.status(view["run_id"])) is readable
+
+
+async def test_tasks_run_in_order_and_status_reads_them_back() -> None:
+    tools = McpTools(Runtime(MemoryStore()), Role.MEMBER)
+    view = await tools.run("", model="fake:echo", tasks=["one", "two"])
+    assert [t["output"] for t in view["tasks"]] == ["Echo: one", "Echo: two"]
+    assert (await tools.status(view["run_id"]))["tasks"] == view["tasks"]
+
+
+def test_role_comes_from_flag_then_config_and_never_exceeds_the_local_role() -> None:
+    assert resolve_mcp_role(Config()) == Role.MEMBER
+    cfg = Config.from_mapping({"mcp": {"role": "developer"}})
+    assert resolve_mcp_role(cfg) == Role.DEVELOPER
+    assert resolve_mcp_role(cfg, "viewer") == Role.VIEWER
+    capped = Config.from_mapping({"access": {"local_role": "member"}})
+    with pytest.raises(AccessDeniedError, match="above your local role member"):
+        resolve_mcp_role(capped, "admin")
+
+
+# --------------------------------------------------------------------------- over MCP, in process
+
+
+async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
+    server = build_mcp_server(McpTools(Runtime(MemoryStore()), Role.DEVELOPER))
+    async with Client(server) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"orchestration_run", "orchestration_status"}
+
+        bad_mode = await client.call_tool(
+            "orchestration_run", {"prompt": "x", "model": "fake:reasoner", "chain_of_thought": "x"}
+        )
+        assert bad_mode.is_error and "unknown chain_of_thought mode 'x'" in _text(bad_mode)
+
+        bad_model = await client.call_tool("orchestration_run", {"prompt": "x", "model": "nope"})
+        assert bad_model.is_error and "PROVIDER:MODEL" in _text(bad_model)
+
+        no_model = await client.call_tool("orchestration_run", {"prompt": "x"})
+        assert no_model.is_error and "needs --model" in _text(no_model)
+
+        missing = await client.call_tool("orchestration_status", {"run_id": "run_missing"})
+        assert missing.is_error and "run 'run_missing' not found" in _text(missing)
+
+        empty = await client.call_tool("orchestration_run", {"prompt": " ", "model": "fake:echo"})
+        assert empty.is_error and "prompt must not be empty" in _text(empty)
+
+
+async def test_a_failed_run_is_an_error_that_names_the_run() -> None:
+    store = MemoryStore()
+    server = build_mcp_server(McpTools(Runtime(store), Role.MEMBER))
+    async with Client(server) as client:
+        result = await client.call_tool(
+            "orchestration_run", {"prompt": "x", "model": "fake:no_such_script"}
+        )
+    assert result.is_error
+    (run,) = await store.list_runs()
+    assert f"run {run.run_id} failed: no fake script 'no_such_script'" in _text(result)
+    assert run.status == "failed"
+
+
+# --------------------------------------------------------------------------- end to end over stdio
+
+
+def _server(role: str) -> StdioServerParameters:
+    env = {"PYTHONPATH": str(SRC)}
+    env.update({k: v for k, v in os.environ.items() if k in ("HOME", "PATH", "TMPDIR")})
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "thoughtgate", "mcp", "--db", "memory://", "--role", role],
+        env=env,
+        cwd=str(SRC.parent),
+    )
+
+
+async def _call(session: ClientSession, name: str, args: dict[str, Any]) -> CallToolResult:
+    result = await session.call_tool(name, args)
+    assert isinstance(result, CallToolResult)
+    return result
+
+
+@pytest.mark.parametrize("role", ["member", "developer"])
+async def test_stdio_end_to_end_role_by_mode(role: str) -> None:
+    async with stdio_client(_server(role)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        tools = await session.list_tools()
+        assert {t.name for t in tools.tools} == {"orchestration_run", "orchestration_status"}
+        for mode in MODES:
+            result = await _call(
+                session,
+                "orchestration_run",
+                {"prompt": "What is it?", "model": "fake:reasoner", "chain_of_thought": mode},
+            )
+            assert not result.is_error, _text(result)
+            view = result.structured_content
+            assert view is not None and view["tasks"][0]["output"] == "The answer is 42."
+            assert view["tasks"][0]["usage"]["reasoning_tokens"] == (0 if mode == "hidden" else 8)
+            expected = role == "developer" and mode == "surface"
+            assert (REASONER_MARKER in _text(result)) is expected, (role, mode)
+            assert _shows_marker(view) is expected, (role, mode)
+
+            status = await _call(session, "orchestration_status", {"run_id": view["run_id"]})
+            assert not status.is_error and status.structured_content is not None
+            assert status.structured_content["status"] == "completed"
+            assert (REASONER_MARKER in _text(status)) is expected
+
+        missing = await _call(session, "orchestration_status", {"run_id": "run_nope"})
+        assert missing.is_error and "not found" in _text(missing)

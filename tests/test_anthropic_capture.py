@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
-from thoughtgate.providers.anthropic import STOP_REASONS, THINKING_CARRIER
+from thoughtgate.providers.anthropic import STOP_REASONS, THINKING_CARRIER, _fast_delta
 from thoughtgate.providers.base import ReasoningRequest, TurnRequest
 from thoughtgate.types import (
     ContinuityBlock,
@@ -397,3 +397,26 @@ async def replay_pieces(pieces: list[bytes]) -> Turn:
         return await stream_llm_turn(provider, SURFACE)
     finally:
         await provider.aclose()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(),
+    thinking=st.booleans(),
+    index=st.integers(min_value=0, max_value=10_000),
+    pad=st.text(alphabet=" \t", max_size=16),
+    ascii_only=st.booleans(),
+)
+def test_fast_delta_path_agrees_with_json_loads(
+    text: str, thinking: bool, index: int, pad: str, ascii_only: bool
+) -> None:
+    kind, field = ("thinking_delta", "thinking") if thinking else ("text_delta", "text")
+    delta = {"type": kind, field: text}
+    data = json.dumps(
+        {"type": "content_block_delta", "index": index, "delta": delta},
+        separators=(",", ":"),
+        ensure_ascii=ascii_only,
+    )
+    data = data[:-1] + pad + "}"
+    assert _fast_delta(data) == (index, thinking, text)
+    assert _fast_delta(data.replace('"index"', '"Index"')) is None

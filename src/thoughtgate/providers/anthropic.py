@@ -27,9 +27,10 @@ Sources: ``docs/providers/anthropic.md`` and ``PROVIDER_WIRE_FORMATS.md`` §1.
 from __future__ import annotations
 
 import json
+import json.decoder
 import os
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
@@ -50,6 +51,7 @@ from thoughtgate.providers.base import (
     TurnRequest,
 )
 from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -357,8 +359,6 @@ STOP_REASONS: Final[Mapping[str, FinishReason]] = {
     "refusal": "refusal",
 }
 
-_NO_CHUNKS: Final[tuple[Chunk, ...]] = ()
-
 
 class _Block:
     """One open content block: its type and what its stop needs to emit."""
@@ -402,14 +402,64 @@ def _usage(usage: Mapping[str, Any], *, output_required: bool) -> UsageChunk:
     )
 
 
+# The hot path: thinking and text deltas make up nearly every event of a stream, and their data
+# lines have one exact shape, so one compiled pattern reads them instead of a full json.loads.
+# Anything else (other key order, extra fields, control characters) takes the general path, so
+# the fast path never accepts what json.loads would reject.
+_FAST_DELTA: Final = re.compile(
+    r'\{"type":"content_block_delta","index":([0-9]+),"delta":\{"type":"'
+    r'(?:(thinking)_delta","thinking|text_delta","text)":"((?:[^"\\\x00-\x1f]++|\\.)*+)"'
+    r"\}[ \t\r\n]*\}"
+).fullmatch
+#: json's own string scanner (C-accelerated), which typeshed does not list.
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+def _unescape(raw: str) -> str | None:
+    """The value of a JSON string body with escapes, or ``None`` if an escape is invalid."""
+    try:
+        return _scanstring(raw + '"', 0)[0]
+    except ValueError:
+        return None
+
+
+def _fast_delta(data: str) -> tuple[int, bool, str] | None:
+    """``(index, is_thinking, text)`` for a plain thinking/text delta, else ``None``.
+
+    (``AnthropicCapture.batch`` inlines this on its hot path; tests hold both to json.loads.)
+    """
+    match = _FAST_DELTA(data)
+    if match is None:
+        return None
+    index, kind, text = match.groups()
+    if "\\" in text and (text := _unescape(text)) is None:
+        return None
+    return int(index), kind is not None, text
+
+
 class AnthropicCapture:
     """Turns one response's events (or its message JSON) into normalized chunks.
+
+    Consecutive text or thinking deltas of one block that arrive together (one network read, or a
+    whole non-streamed block) are merged into one chunk: they arrived at the same moment, and the
+    turn is the same, with far fewer objects on the hot path.
 
     ``emit_reasoning`` is false in ``hidden`` mode: no reasoning chunks are emitted even if a model
     thinks unasked; its continuity blocks are still kept because the API demands them back.
     """
 
-    __slots__ = ("_blocks", "emit_reasoning", "finished", "kind", "model", "started")
+    __slots__ = (
+        "_blocks",
+        "_out",
+        "_run",
+        "_run_index",
+        "_run_thinking",
+        "emit_reasoning",
+        "finished",
+        "kind",
+        "model",
+        "started",
+    )
 
     def __init__(self, model: str, *, kind: ReasoningKind, emit_reasoning: bool = True) -> None:
         self.model = model
@@ -418,30 +468,105 @@ class AnthropicCapture:
         self._blocks: dict[int, _Block] = {}
         self.started = False
         self.finished = False
+        self._out: list[Chunk] = []
+        self._run: list[str] = []  # pieces of the open text or thinking run
+        self._run_index = -1
+        self._run_thinking = False
+
+    # -- output: runs of text pieces are merged into one chunk
+
+    def _piece(self, index: int, thinking: bool, text: str) -> None:
+        if index != self._run_index or thinking is not self._run_thinking:
+            self._close_run()
+            self._run_index, self._run_thinking = index, thinking
+        self._run.append(text)
+
+    def _close_run(self) -> None:
+        if self._run_index < 0:
+            return
+        text = "".join(self._run)
+        index = self._run_index
+        if self._run_thinking:
+            self._out.append(ReasoningDelta(text, reasoning_kind=self.kind, index=index))
+        else:
+            self._out.append(TextDelta(text, index=index))
+        self._run = []
+        self._run_index = -1
+
+    def _emit(self, chunk: Chunk) -> None:
+        self._close_run()
+        self._out.append(chunk)
+
+    def take(self) -> list[Chunk]:
+        """The chunks produced since the last call."""
+        self._close_run()
+        out, self._out = self._out, []
+        return out
 
     # -- streaming
 
-    def event(self, etype: str, data: dict[str, Any]) -> tuple[Chunk, ...]:
-        """Chunks for one decoded stream event; raises ``MalformedResponseError`` on bad shapes."""
+    def batch(self, messages: Iterable[SSEMessage]) -> tuple[list[Chunk], ProviderError | None]:
+        """Chunks for the events of one network read, and the error that ended it, if any.
+
+        The error is returned rather than raised so the chunks before it still reach the caller
+        and the partial turn.
+        """
+        blocks = self._blocks
+        for event, data, _ in messages:
+            if event == "ping" or self.finished:
+                continue  # nothing after message_stop belongs to the turn
+            if event == "content_block_delta" and (match := _FAST_DELTA(data)) is not None:
+                # The hot path, inlined: _fast_delta, then what _thinking_piece and _piece do.
+                digits, kind, text = match.groups()
+                index = int(digits)
+                slot = blocks.get(index)
+                if slot is not None and ("\\" not in text or (text := _unescape(text)) is not None):
+                    thinking = kind is not None
+                    if thinking:
+                        if slot.type != "thinking" or (not text and slot.thinking):
+                            continue
+                        if text:
+                            slot.thinking.append(text)
+                        if not self.emit_reasoning:
+                            continue
+                    elif slot.type != "text":
+                        continue
+                    if index == self._run_index and thinking is self._run_thinking:
+                        self._run.append(text)
+                    else:
+                        self._piece(index, thinking, text)
+                    continue
+            try:
+                decoded = parse_json_event(PROVIDER, SSEMessage(event, data))
+                etype = decoded.get("type") or event
+                if etype == "error" or event == "error":
+                    return self.take(), _stream_error(decoded)
+                self.event(etype, decoded)
+            except ProviderError as exc:
+                return self.take(), exc
+        return self.take(), None
+
+    def event(self, etype: str, data: dict[str, Any]) -> None:
+        """Handle one decoded stream event; raises ``MalformedResponseError`` on bad shapes."""
         try:
             if etype == "content_block_delta":
-                return self._delta(data)
-            if etype == "content_block_start":
                 self._need_start(etype)
-                return self._start(_int(data, "index"), data["content_block"])
-            if etype == "content_block_stop":
+                self._delta(_int(data, "index"), data["delta"])
+            elif etype == "content_block_start":
                 self._need_start(etype)
-                return self._stop(_int(data, "index"))
-            if etype == "message_start":
-                return self._message_start(data["message"])
-            if etype == "message_delta":
+                self._start(_int(data, "index"), data["content_block"])
+            elif etype == "content_block_stop":
                 self._need_start(etype)
-                return self._message_delta(data["delta"], data["usage"])
-            if etype == "message_stop":
+                self._stop(_int(data, "index"))
+            elif etype == "message_start":
+                self._message_start(data["message"])
+            elif etype == "message_delta":
+                self._need_start(etype)
+                self._message_delta(data["delta"], data["usage"])
+            elif etype == "message_stop":
                 self._need_start(etype)
                 self.finished = True
             # ping and unknown event types: nothing (as the SDK does)
-            return _NO_CHUNKS
         except (KeyError, TypeError, AttributeError) as exc:
             raise MalformedResponseError(
                 f"{etype} event is missing a field or has a wrong type ({exc}): "
@@ -453,114 +578,98 @@ class AnthropicCapture:
         if not self.started:
             raise MalformedResponseError(f"{etype} event before message_start", provider=PROVIDER)
 
-    def _message_start(self, message: Mapping[str, Any]) -> tuple[Chunk, ...]:
+    def _message_start(self, message: Mapping[str, Any]) -> None:
         self.started = True
         usage = message.get("usage")
-        return (_usage(usage, output_required=False),) if isinstance(usage, Mapping) else _NO_CHUNKS
+        if isinstance(usage, Mapping):
+            self._emit(_usage(usage, output_required=False))
 
-    def _message_delta(
-        self, delta: Mapping[str, Any], usage: Mapping[str, Any]
-    ) -> tuple[Chunk, ...]:
-        chunk = _usage(usage, output_required=True)
+    def _message_delta(self, delta: Mapping[str, Any], usage: Mapping[str, Any]) -> None:
+        self._emit(_usage(usage, output_required=True))
         reason = delta.get("stop_reason")
         if reason is None:
-            return (chunk,)
+            return
         if type(reason) is not str:
             raise TypeError("stop_reason must be a string")
-        return chunk, FinishChunk(STOP_REASONS.get(reason, "other"), raw_reason=reason)
+        self._emit(FinishChunk(STOP_REASONS.get(reason, "other"), raw_reason=reason))
 
-    def _start(self, index: int, block: Mapping[str, Any]) -> tuple[Chunk, ...]:
+    def _start(self, index: int, block: Mapping[str, Any]) -> None:
         btype = _str(block, "type")
         slot = self._blocks[index] = _Block(btype)
         if btype == "text":
-            return (TextDelta(_str(block, "text"), index=index),)
-        if btype == "thinking":
+            self._piece(index, False, _str(block, "text"))
+        elif btype == "thinking":
             text = _str(block, "thinking")
             # the stream's start block says "signature": ""; a signature_delta brings the value
-            slot.signature = str(block.get("signature") or "")
-            if text:
-                slot.thinking.append(text)
-            if not self.emit_reasoning:
-                return _NO_CHUNKS
-            opening = ReasoningDelta(text, reasoning_kind=self.kind, index=index)
-            if not slot.signature:
-                return (opening,)
-            signed = ReasoningDelta(
-                "", reasoning_kind=self.kind, index=index, signature=slot.signature
-            )
-            return opening, signed
-        if btype == "redacted_thinking":
+            signature = str(block.get("signature") or "")
+            self._thinking_piece(slot, index, text)
+            if signature:
+                self._signature(slot, index, signature)
+        elif btype == "redacted_thinking":
             slot.input = {"type": "redacted_thinking", "data": _str(block, "data")}
-            if not self.emit_reasoning:
-                return _NO_CHUNKS
-            return (ReasoningDelta("", reasoning_kind="encrypted", index=index, redacted=True),)
-        if btype == "tool_use":
+            if self.emit_reasoning:
+                opaque = ReasoningDelta("", reasoning_kind="encrypted", index=index, redacted=True)
+                self._emit(opaque)
+        elif btype == "tool_use":
             slot.call_id = _str(block, "id")
-            given = block.get("input")
-            slot.input = given if given else None
-            return (ToolCallStart(slot.call_id, _str(block, "name"), index=index),)
-        return _NO_CHUNKS  # server tool blocks and future types are not ours to capture
+            slot.input = block.get("input") or None
+            self._emit(ToolCallStart(slot.call_id, _str(block, "name"), index=index))
+        # server tool blocks and future block types are not ours to capture
 
-    def _delta(self, data: Mapping[str, Any]) -> tuple[Chunk, ...]:
-        index = _int(data, "index")
-        delta = data["delta"]
+    def _thinking_piece(self, slot: _Block, index: int, text: str) -> None:
+        if slot.type != "thinking":
+            return
+        if text:
+            slot.thinking.append(text)
+        elif slot.thinking:
+            return  # the empty delta before the signature
+        if self.emit_reasoning:
+            self._piece(index, True, text)
+
+    def _signature(self, slot: _Block, index: int, signature: str) -> None:
+        slot.signature = signature  # replaces, as the SDK does
+        if self.emit_reasoning:
+            self._emit(
+                ReasoningDelta("", reasoning_kind=self.kind, index=index, signature=signature)
+            )
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
         dtype = delta["type"]
         slot = self._blocks.get(index)
         if slot is None:
-            raise MalformedResponseError(
-                f"content_block_delta for block {index}, which never started", provider=PROVIDER
-            )
+            raise _never_started("content_block_delta", index)
         if dtype == "text_delta":
-            if slot.type != "text":
-                return _NO_CHUNKS
-            return (TextDelta(_str(delta, "text"), index=index),)
-        if dtype == "thinking_delta":
-            if slot.type != "thinking":
-                return _NO_CHUNKS
-            text = _str(delta, "thinking")
-            if not text:
-                return _NO_CHUNKS
-            slot.thinking.append(text)
-            if not self.emit_reasoning:
-                return _NO_CHUNKS
-            return (ReasoningDelta(text, reasoning_kind=self.kind, index=index),)
-        if dtype == "signature_delta":
-            if slot.type != "thinking":
-                return _NO_CHUNKS
-            slot.signature = _str(delta, "signature")  # replaces, as the SDK does
-            if not self.emit_reasoning:
-                return _NO_CHUNKS
-            return (
-                ReasoningDelta("", reasoning_kind=self.kind, index=index, signature=slot.signature),
-            )
-        if dtype == "input_json_delta":
+            text = _str(delta, "text")
+            if slot.type == "text":
+                self._piece(index, False, text)
+        elif dtype == "thinking_delta":
+            self._thinking_piece(slot, index, _str(delta, "thinking"))
+        elif dtype == "signature_delta":
+            signature = _str(delta, "signature")
+            if slot.type == "thinking":
+                self._signature(slot, index, signature)
+        elif dtype == "input_json_delta":
+            partial = _str(delta, "partial_json")
             if slot.type == "tool_use":
-                slot.json.append(_str(delta, "partial_json"))
-            return _NO_CHUNKS
-        return _NO_CHUNKS  # citations_delta and future delta types
+                slot.json.append(partial)
+        # citations_delta and future delta types are skipped
 
-    def _stop(self, index: int) -> tuple[Chunk, ...]:
+    def _stop(self, index: int) -> None:
         slot = self._blocks.get(index)
         if slot is None:
-            raise MalformedResponseError(
-                f"content_block_stop for block {index}, which never started", provider=PROVIDER
-            )
+            raise _never_started("content_block_stop", index)
         if slot.type == "thinking":
             # A block without a signature cannot be replayed (the API rejects it), so it stays
             # reasoning only.
-            if not slot.signature:
-                return _NO_CHUNKS
-            data = {
-                "type": "thinking",
-                "thinking": "".join(slot.thinking),
-                "signature": slot.signature,
-            }
-            return (self._continuity(THINKING_CARRIER, data, index),)
-        if slot.type == "redacted_thinking":
-            return (self._continuity(REDACTED_CARRIER, slot.input, index),)
-        if slot.type == "tool_use":
-            return ToolCallDelta(slot.call_id, _arguments(slot)), ToolCallEnd(slot.call_id)
-        return _NO_CHUNKS
+            if slot.signature:
+                text = "".join(slot.thinking)
+                data = {"type": "thinking", "thinking": text, "signature": slot.signature}
+                self._emit(self._continuity(THINKING_CARRIER, data, index))
+        elif slot.type == "redacted_thinking":
+            self._emit(self._continuity(REDACTED_CARRIER, slot.input, index))
+        elif slot.type == "tool_use":
+            self._emit(ToolCallDelta(slot.call_id, _arguments(slot)))
+            self._emit(ToolCallEnd(slot.call_id))
 
     def _continuity(self, carrier: str, data: dict[str, Any], index: int) -> ContinuityChunk:
         block = ContinuityBlock(carrier, data, provider=PROVIDER, model=self.model)
@@ -576,16 +685,19 @@ class AnthropicCapture:
                 f"message has no content list: {json.dumps(body)[:200]}", provider=PROVIDER
             )
         self.started = True
-        chunks: list[Chunk] = []
         for index, block in enumerate(content):
-            chunks += self.event("content_block_start", {"index": index, "content_block": block})
-            chunks += self.event("content_block_stop", {"index": index})
-        chunks += self.event(
-            "message_delta",
-            {"delta": {"stop_reason": body.get("stop_reason")}, "usage": body.get("usage")},
-        )
+            self.event("content_block_start", {"index": index, "content_block": block})
+            self.event("content_block_stop", {"index": index})
+        delta = {"stop_reason": body.get("stop_reason")}
+        self.event("message_delta", {"delta": delta, "usage": body.get("usage")})
         self.finished = True
-        return chunks
+        return self.take()
+
+
+def _never_started(etype: str, index: int) -> MalformedResponseError:
+    return MalformedResponseError(
+        f"{etype} for block {index}, which never started", provider=PROVIDER
+    )
 
 
 def _arguments(slot: _Block) -> str:
@@ -701,18 +813,14 @@ class AnthropicProvider:
         async with self.transport.open(self._path, body, stream=True) as response:
             request_id = self.transport.request_id(response)
             try:
-                async for message in self.transport.events(response):
-                    event = message.event
-                    if event == "ping":
-                        continue
-                    data = parse_json_event(PROVIDER, message)
-                    etype = data.get("type") or event
-                    if etype == "error" or event == "error":
-                        raise _stream_error(data, request_id)
-                    if capture.finished:
-                        continue  # nothing after message_stop belongs to the turn
-                    for chunk in capture.event(etype, data):
+                async for batch in self.transport.event_batches(response):
+                    chunks, error = capture.batch(batch)
+                    for chunk in chunks:
                         yield chunk
+                    if error is not None:
+                        if error.request_id is None:
+                            error.request_id = request_id
+                        raise error
             except ProviderError:
                 if not capture.finished:
                     raise  # a connection dropped after message_stop lost nothing
@@ -736,7 +844,7 @@ class AnthropicProvider:
         await self.transport.aclose()
 
 
-def _stream_error(data: Mapping[str, Any], request_id: str | None) -> ProviderStreamError:
+def _stream_error(data: Mapping[str, Any]) -> ProviderStreamError:
     error = data.get("error")
     error = error if isinstance(error, Mapping) else {}
     etype = error.get("type")
@@ -746,5 +854,5 @@ def _stream_error(data: Mapping[str, Any], request_id: str | None) -> ProviderSt
         str(message),
         provider=PROVIDER,
         error_type=str(etype) if etype else None,
-        request_id=str(rid) if isinstance(rid, str) else request_id,
+        request_id=str(rid) if isinstance(rid, str) else None,
     )

@@ -35,6 +35,7 @@ from thoughtgate.providers.anthropic import STOP_REASONS, THINKING_CARRIER, _fas
 from thoughtgate.providers.base import ReasoningRequest, TurnRequest
 from thoughtgate.types import (
     ContinuityBlock,
+    ReasoningDelta,
     ReasoningPart,
     TextPart,
     ToolCallPart,
@@ -420,3 +421,23 @@ def test_fast_delta_path_agrees_with_json_loads(
     data = data[:-1] + pad + "}"
     assert _fast_delta(data) == (index, thinking, text)
     assert _fast_delta(data.replace('"index"', '"Index"')) is None
+
+
+async def test_deltas_of_one_read_are_merged_and_no_read_waits_for_the_next() -> None:
+    async def thinking_chunks(pieces: list[bytes]) -> list[str]:
+        seen: list[str] = []
+
+        async def record(chunk: object) -> None:
+            if isinstance(chunk, ReasoningDelta) and chunk.text:
+                seen.append(chunk.text)
+
+        provider = provider_with(mock_transport(pieces))
+        await stream_llm_turn(provider, SURFACE, record)
+        await provider.aclose()
+        return seen
+
+    events = _events("thinking_text.sse")
+    per_event = await thinking_chunks(events)
+    assert len(per_event) == 6  # one chunk per thinking_delta when each arrives on its own
+    whole = await thinking_chunks([b"".join(events)])
+    assert whole == ["".join(per_event)]  # one read, one merged chunk, the same text

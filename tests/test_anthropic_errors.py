@@ -44,7 +44,7 @@ from thoughtgate.testing.emulator import (
     Think,
     serve_emulator,
 )
-from thoughtgate.types import Message
+from thoughtgate.types import Message, ReasoningDelta
 
 REQUEST = TurnRequest([Message.user("Go.")], reasoning=ReasoningRequest(True))
 STATUSES = [
@@ -299,13 +299,18 @@ async def test_connection_refused_is_a_connection_error() -> None:
 
 async def test_stall_after_partial_transcript_times_out_with_the_partial() -> None:
     events = split_events(transcript("thinking_text.sse"))
+    live: list[str] = []
+
+    async def record(chunk: object) -> None:
+        if isinstance(chunk, ReasoningDelta):
+            live.append(chunk.text)
+
     async with ReplayServer([Reply(events[:6], stall=True)]) as server:
         provider, _ = loopback_provider(server, timeout=0.3)
         with pytest.raises(ProviderTimeoutError) as info:
-            await stream_llm_turn(provider, REQUEST)
+            await stream_llm_turn(provider, REQUEST, record)
         await provider.aclose()
+    expected = "The user wants to know why bread dough rises. Yeast ferments sugars"
     assert info.value.partial is not None
-    assert (
-        info.value.partial.reasoning_text
-        == "The user wants to know why bread dough rises. Yeast ferments sugars"
-    )
+    assert info.value.partial.reasoning_text == expected
+    assert "".join(live) == expected  # delivered as it arrived, not held back until the end

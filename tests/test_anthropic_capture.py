@@ -441,3 +441,12 @@ async def test_deltas_of_one_read_are_merged_and_no_read_waits_for_the_next() ->
     assert len(per_event) == 6  # one chunk per thinking_delta when each arrives on its own
     whole = await thinking_chunks([b"".join(events)])
     assert whole == ["".join(per_event)]  # one read, one merged chunk, the same text
+
+
+async def test_a_later_signature_delta_replaces_the_earlier_one() -> None:
+    events = _events("thinking_text.sse")
+    at = next(i for i, e in enumerate(events) if b"signature_delta" in e)
+    stale = events[at].replace(SIG1.encode(), b"EqStaleSignature==")
+    turn = await replay_pieces([*events[:at], stale, *events[at:]])
+    (block,) = turn.continuity
+    assert block.data["signature"] == SIG1 == turn.reasoning_parts[0].signature

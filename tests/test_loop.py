@@ -206,8 +206,12 @@ async def test_turn_limit_ends_the_task_clearly() -> None:
     )
     assert run.tasks[0].status == "partial"
     assert "turn limit of 2" in (run.tasks[0].error or "")
-    last = [e for e in await store.read(run.run_id) if e.type == "message.partially_completed"]
+    events = await store.read(run.run_id)
+    last = [e for e in events if e.type == "message.partially_completed"]
     assert last and last[0].payload["reason"] == "max_turns"
+    kinds = [e.type for e in events]
+    assert "cot.completed" in kinds, "the reader still gets a disclosure receipt"
+    assert kinds.index("cot.completed") < kinds.index("message.partially_completed")
 
 
 async def test_assistant_text_between_tool_calls_is_kept_in_history() -> None:

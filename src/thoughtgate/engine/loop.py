@@ -49,8 +49,12 @@ class LoopObserver(Protocol):
     async def tool_started(self, call: ToolCallPart, *, task_id: str) -> Sequence[NewEvent]: ...
 
     async def tool_finished(
-        self, call: ToolCallPart, status: str, *, task_id: str
+        self, call: ToolCallPart, status: str, *, task_id: str, result: ToolResultPart | None = None
     ) -> Sequence[NewEvent]: ...
+
+    async def task_finished(self, *, task_id: str) -> Sequence[NewEvent]:
+        """The loop ended without a final answer turn (turn limit)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -100,6 +104,7 @@ class _Loop:
         self.observer = observer
         self.max_tokens = max_tokens
         self.turn_no = 0
+        self.cards_seen: set[str] = set()
 
     def ev(self, type_: str, payload: dict[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
@@ -185,6 +190,7 @@ class _Loop:
         await self.recorder.emit(
             self.ev(EventType.TOOL_APPROVAL_REQUIRED, {**base, "input": call.arguments})
         )
+        await self.observe_tool_started(call)
         outcome = await self.approvals.wait(
             self.recorder.run_id,
             call.call_id,
@@ -210,13 +216,14 @@ class _Loop:
             if outcome.decision == "approve":
                 return None
             text = "The user rejected this tool call; it was not executed."
-        return ToolResultPart(call.call_id, text, is_error=True, name=call.name)
+        result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
+        status = "skipped" if outcome.decision == "timeout" else "rejected"
+        await self.observe_tool_finished(call, status, result)
+        return result
 
     async def execute(self, tool: Tool, call: ToolCallPart, base: dict[str, Any]) -> ToolResultPart:
         await self.recorder.emit(self.ev(EventType.TOOL_STARTED, {**base, "input": call.arguments}))
-        if self.observer is not None:
-            for event in await self.observer.tool_started(call, task_id=self.task_id):
-                await self.recorder.emit(event)
+        await self.observe_tool_started(call)
 
         async def progress(message: str) -> None:
             await self.recorder.emit(self.ev(EventType.TOOL_PROGRESS, {**base, "message": message}))
@@ -229,10 +236,25 @@ class _Loop:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             result, status = await self.fail(tool, call, base, error, exc)
-        if self.observer is not None:
-            for event in await self.observer.tool_finished(call, status, task_id=self.task_id):
-                await self.recorder.emit(event)
+        await self.observe_tool_finished(call, status, result)
         return result
+
+    async def observe_tool_started(self, call: ToolCallPart) -> None:
+        """Once per card, after its first event (approval request or start)."""
+        if self.observer is None or call.call_id in self.cards_seen:
+            return
+        self.cards_seen.add(call.call_id)
+        for event in await self.observer.tool_started(call, task_id=self.task_id):
+            await self.recorder.emit(event)
+
+    async def observe_tool_finished(
+        self, call: ToolCallPart, status: str, result: ToolResultPart
+    ) -> None:
+        if self.observer is not None:
+            for event in await self.observer.tool_finished(
+                call, status, task_id=self.task_id, result=result
+            ):
+                await self.recorder.emit(event)
 
     async def fail(
         self, tool: Tool, call: ToolCallPart, base: dict[str, Any], error: str, exc: Exception
@@ -372,6 +394,9 @@ async def run_agent_loop(
         history.append(Message("tool", tuple(results)))
     note = f"stopped after reaching the turn limit of {max_turns} model turns"
     last = turns[-1].text if turns else ""
+    if observer is not None:
+        for event in await observer.task_finished(task_id=task_id):
+            await recorder.emit(event)
     await recorder.emit(
         NewEvent(
             EventType.MESSAGE_PARTIALLY_COMPLETED,

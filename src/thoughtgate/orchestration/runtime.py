@@ -393,6 +393,21 @@ class Runtime:
         )
         return LoopResult("completed", text, 0, Usage(), "", "stop")
 
+    def _visible_reasoning(
+        self, run: RunRecord, spec: TaskSpec, disclosure: Disclosure
+    ) -> LoopObserver | None:
+        """The default observer: policy-checked ``cot.*`` steps for eligible runs."""
+        from thoughtgate.events.pipeline import observer_factory
+
+        summarizer = None
+        vr = self.config.visible_reasoning
+        if "model" in vr.summarizers and vr.summarizer_model:
+            summarizer = self.provider_factory(vr.summarizer_model)
+        make = observer_factory(
+            self.config, summarizer_provider=summarizer, hidden_texts=lambda _: _hidden_texts(spec)
+        )
+        return make(run, disclosure)
+
     async def _provider(
         self,
         run: RunRecord,
@@ -404,7 +419,10 @@ class Runtime:
         model = task.model or run.model
         assert model is not None
         provider = self.provider_factory(model)
-        observer = self.observer_factory(run, disclosure) if self.observer_factory else None
+        if self.observer_factory is not None:
+            observer = self.observer_factory(run, disclosure)
+        else:
+            observer = self._visible_reasoning(run, spec, disclosure)
         try:
             return await run_agent_loop(
                 provider,
@@ -421,6 +439,11 @@ class Runtime:
             )
         finally:
             await provider.aclose()
+
+
+def _hidden_texts(spec: TaskSpec) -> list[str]:
+    """What no visible step may quote: the system prompt and earlier turns' instructions."""
+    return [spec.system] if spec.system else []
 
 
 def _source(explicit: str | None, run: str | None, config: str | None) -> str:

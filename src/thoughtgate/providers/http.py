@@ -77,8 +77,12 @@ def error_from_body(body: Any) -> tuple[str | None, str]:
         err = body.get("error")
         if isinstance(err, Mapping):
             etype = err.get("type") or err.get("code")
-            message = err.get("message") or json.dumps(err)[:500]
-            return (str(etype) if etype is not None else None), str(message)
+            message = str(err.get("message") or json.dumps(err)[:500])
+            metadata = err.get("metadata")
+            if isinstance(metadata, Mapping) and isinstance(metadata.get("raw"), str):
+                # OpenRouter wraps the upstream provider's error body here
+                message = f"{message}: {metadata['raw'][:1000]}"
+            return (str(etype) if etype is not None else None), message
         if isinstance(err, str):
             return None, err
         if isinstance(body.get("message"), str):

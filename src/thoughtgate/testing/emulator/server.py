@@ -13,9 +13,10 @@ a scenario has that name, else the default scenario.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,18 +81,23 @@ class Emulator:
         return _build_app(self)
 
 
+_FORMATS = {
+    "/messages": "anthropic_format",
+    "/chat/completions": "chat_format",
+    "/responses": "responses_format",
+}
+"""Path suffix -> the format module whose ``async handle(request, emulator)`` answers it."""
+
+
 def _build_app(emulator: Emulator) -> Starlette:
     async def dispatch(request: Request) -> Response:
         path = request.url.path
-        if path.endswith("/messages"):
-            from thoughtgate.testing.emulator import anthropic_format as fmt
-        elif path.endswith("/chat/completions"):
-            from thoughtgate.testing.emulator import chat_format as fmt  # type: ignore[no-redef]
-        elif path.endswith("/responses"):
-            from thoughtgate.testing.emulator import responses_format as fmt  # type: ignore[no-redef]
-        else:
+        name = next((m for suffix, m in _FORMATS.items() if path.endswith(suffix)), None)
+        if name is None:
             return JSONResponse({"error": {"message": f"no route {path}"}}, status_code=404)
-        return await fmt.handle(request, emulator)
+        module = importlib.import_module(f"thoughtgate.testing.emulator.{name}")
+        handle: Callable[[Request, Emulator], Awaitable[Response]] = module.handle
+        return await handle(request, emulator)
 
     async def health(_: Request) -> Response:
         return JSONResponse({"ok": True, "scenarios": sorted(emulator.scenarios)})

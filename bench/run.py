@@ -1,0 +1,130 @@
+"""``make bench``: run every benchmark module, write ``docs/benchmarks.md`` and PNG plots.
+
+Each module in ``MODULES`` has ``main() -> list[dict]``. A row is
+``{"name", "value", "unit", "target", "ok"}`` (``target``/``ok`` may be ``None`` when a figure has
+no target); a row with a ``"series"`` key instead feeds a plot:
+``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
+Ratios are always measured against a baseline taken in the same run, because this machine is
+shared and noisy; absolute times are printed for context only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+MODULES = ("bench.capture_bench", "bench.store_bench", "bench.daemon_bench", "bench.fanout_bench")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+BUDGET_S = 15 * 60
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _plot(series: list[dict[str, Any]]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install -e '.[bench]')")
+        return []
+    by_plot: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in series:
+        by_plot[s["series"]].append(s)
+    written = []
+    for plot_id, lines in by_plot.items():
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for line in lines:
+            xs = [p[0] for p in line["points"]]
+            ys = [p[1] for p in line["points"]]
+            ax.plot(xs, ys, marker="o", label=line["label"])
+        ax.set_xlabel(lines[0].get("xlabel", ""))
+        ax.set_ylabel(lines[0].get("ylabel", ""))
+        ax.set_title(lines[0].get("title", plot_id))
+        if lines[0].get("logx"):
+            ax.set_xscale("log")
+        if lines[0].get("logy"):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        name = f"bench-{plot_id}.png"
+        fig.tight_layout()
+        fig.savefig(DOCS / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def main() -> int:
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    series: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for name in MODULES:
+        if time.monotonic() - started > BUDGET_S:
+            failures.append(f"{name}: skipped, the 15-minute budget is used up")
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.monotonic()
+        try:
+            module = importlib.import_module(name)
+            results = module.main()
+        except ModuleNotFoundError as exc:
+            failures.append(f"{name}: not available ({exc})")
+            continue
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others
+            failures.append(f"{name}: failed\n{traceback.format_exc()}")
+            continue
+        for r in results:
+            (series if "series" in r else rows).append({**r, "module": name})
+        print(f"   {name} took {time.monotonic() - t0:.1f} s", flush=True)
+    plots = _plot(series)
+    missed = [r for r in rows if r.get("ok") is False]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `make bench` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"took {time.monotonic() - started:.0f} s. Ratios are against baselines measured in the "
+        "same run.",
+        "",
+        "| benchmark | figure | value | unit | target | meets target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = {True: "yes", False: "**no**", None: "–"}[r.get("ok")]
+        lines.append(
+            f"| {r['module'].removeprefix('bench.')} | {r['name']} | {_fmt(r['value'])} | "
+            f"{r.get('unit', '')} | {r.get('target') or '–'} | {ok} |"
+        )
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    if missed:
+        lines += ["", "## Figures that miss their targets", ""]
+        lines += [f"- {r['name']}: {_fmt(r['value'])} {r.get('unit', '')} (target {r['target']})"
+                  for r in missed]
+    if failures:
+        lines += ["", "## Benchmarks that did not run", ""] + [
+            f"- {f.splitlines()[0]}" for f in failures
+        ]
+    (DOCS / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    for f in failures:
+        print(f, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,271 @@
+"""Where visible steps come from: the summarizer interface and its three built-ins.
+
+Steps are never cut out of raw model output. A summarizer sees a lifecycle *moment* of the run
+and proposes :class:`StepDraft` s; the pipeline (``events/pipeline.py``) then checks each draft
+against the policy, gives it an id and a timestamp, and turns it into a ``cot.*`` event.
+
+``provider_summaries``  only reasoning parts of kind ``summary`` that a provider returned (OpenAI
+                        reasoning summaries, OpenRouter ``reasoning.summary``, Anthropic summarized
+                        thinking); parts of kind ``raw`` or ``encrypted`` are never read.
+``model``               an operator-configured summarizer model writes one new, concise sentence
+                        (asked with reasoning switched off); its output passes the same policy,
+                        including the verbatim-raw-reasoning check.
+``phases``              structural steps from the run's own lifecycle (planning, calling a tool by
+                        its *name*, writing the answer); no model text at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
+
+from thoughtgate.events.visible import MAX_SUMMARY_CHARS, DisplayPhase, StepSource
+from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
+from thoughtgate.types import Message, Turn
+
+__all__ = [
+    "CONDENSED_CHARS",
+    "AnswerStarted",
+    "DraftKind",
+    "ModelSummarizer",
+    "Moment",
+    "PhasesSummarizer",
+    "ProviderSummariesSummarizer",
+    "StepDraft",
+    "Summarizer",
+    "TaskCompleted",
+    "TaskStarted",
+    "ToolFinished",
+    "ToolOutcome",
+    "ToolStarted",
+    "TurnFinished",
+    "condense",
+    "safe_tool_name",
+    "shorten",
+]
+
+CONDENSED_CHARS: Final = 200
+"""Steps are cut to this many characters (at a word boundary) after the policy passed them."""
+
+ToolOutcome: TypeAlias = Literal["completed", "failed", "degraded", "rejected", "skipped"]
+DraftKind: TypeAlias = Literal["step", "phase", "tool_reasoning"]
+
+
+# --------------------------------------------------------------------------- lifecycle moments
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStarted:
+    task_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerStarted:
+    """The first answer text of a turn arrived (optional; see ``VisibleReasoningPipeline``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    """A tool card exists (``tool.started`` or ``tool.approval_required`` was appended)."""
+
+    call_id: str
+    tool_name: str
+    _: KW_ONLY
+    turn: Turn | None = None
+    """The turn that asked for the call, when known."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    call_id: str
+    tool_name: str
+    outcome: ToolOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCompleted:
+    pass
+
+
+Moment: TypeAlias = (
+    TaskStarted | AnswerStarted | TurnFinished | ToolStarted | ToolFinished | TaskCompleted
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepDraft:
+    """A proposed step before policy: ``tool_reasoning`` drafts must name their card."""
+
+    kind: DraftKind
+    summary: str
+    phase: DisplayPhase
+    source: StepSource
+    _: KW_ONLY
+    tool_call_id: str | None = None
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Proposes steps for a moment; must never read raw reasoning as step text."""
+
+    name: str
+
+    async def summarize(self, moment: Moment) -> Sequence[StepDraft]: ...
+
+
+# --------------------------------------------------------------------------- helpers
+
+_EMPHASIS = re.compile(r"\*\*|__|`")
+_SPACE = re.compile(r"\s+")
+_TITLE = re.compile(r"^\s*\*\*(?P<title>[^*\n]{3,120})\*\*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
+_CONDENSE_MAX_INPUT: Final = 4000
+
+
+def condense(text: str) -> str:
+    """The display candidate of a longer text: a bold title if the text starts with one (the
+    OpenAI summary style), else its first sentence; emphasis marks and backticks removed and
+    whitespace collapsed. Nothing is cut here: the policy checks the whole candidate, and only
+    then does :func:`shorten` cut it for display (so a cut can never hide part of a secret)."""
+    head = text[:_CONDENSE_MAX_INPUT]
+    title = _TITLE.match(head)
+    chosen = title.group("title") if title else _SENTENCE_END.split(head.strip(), maxsplit=1)[0]
+    return _SPACE.sub(" ", _EMPHASIS.sub("", chosen)).strip()
+
+
+def shorten(line: str, limit: int = CONDENSED_CHARS) -> str:
+    """``line`` cut at a word boundary to at most ``limit`` characters, with an ellipsis."""
+    limit = min(limit, MAX_SUMMARY_CHARS)
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + "…"
+
+
+def safe_tool_name(name: str) -> str:
+    """The tool's name when it looks like an identifier, else a neutral word."""
+    return name if _TOOL_NAME.match(name) else "a tool"
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+class ProviderSummariesSummarizer:
+    """Steps from provider-written summaries only (``reasoning_kind == "summary"``)."""
+
+    name = "provider_summaries"
+
+    async def summarize(self, moment: Moment) -> Sequence[StepDraft]:
+        if not isinstance(moment, TurnFinished):
+            return []
+        drafts = []
+        for part in moment.turn.reasoning_parts:
+            if part.reasoning_kind != "summary" or part.redacted or not part.text.strip():
+                continue
+            line = condense(part.text)
+            if line:
+                drafts.append(StepDraft("step", line, "thinking", "provider_summary"))
+        return drafts
+
+
+class PhasesSummarizer:
+    """Structural steps from the lifecycle; the only run data they use is a tool's name."""
+
+    name = "phases"
+
+    async def summarize(self, moment: Moment) -> Sequence[StepDraft]:
+        match moment:
+            case TaskStarted():
+                return [StepDraft("phase", "Planning", "planning", "phases")]
+            case AnswerStarted():
+                return [StepDraft("phase", "Writing the answer", "writing", "phases")]
+            case TurnFinished(turn=turn) if turn.text.strip() and not turn.tool_calls:
+                return [StepDraft("phase", "Writing the answer", "writing", "phases")]
+            case ToolStarted(call_id=call_id, tool_name=name):
+                label = f"Calling {safe_tool_name(name)}"
+                return [StepDraft("phase", label, "acting", "phases", tool_call_id=call_id)]
+            case ToolFinished(tool_name=name, outcome=outcome):
+                return [StepDraft("phase", _after_tool(name, outcome), "thinking", "phases")]
+            case TaskCompleted():
+                return [StepDraft("phase", "Done", "done", "phases")]
+        return []
+
+
+def _after_tool(name: str, outcome: ToolOutcome) -> str:
+    tool = safe_tool_name(name)
+    if outcome == "completed":
+        return f"Reviewing the result of {tool}"
+    if outcome in ("rejected", "skipped"):
+        return f"Continuing without {tool}"
+    return f"Handling a problem with {tool}"
+
+
+_SUMMARIZER_SYSTEM: Final = (
+    "You write progress notes for a person watching an AI agent work. Reply with ONE new "
+    "sentence of at most 20 words, in plain language, saying what the agent is doing and why. "
+    "Use your own words: do not quote the notes. Never include credentials, URLs, file paths, "
+    "host names, code, JSON, tool arguments or tool results. Reply with the sentence only."
+)
+
+
+class ModelSummarizer:
+    """An operator-configured model writes one new sentence per turn, and one per tool call
+    explaining why the tool is used; reasoning is switched off for these requests.
+
+    The material it reads is the turn's readable reasoning (most recent ``max_input_chars``) and
+    the names of the tools called, never tool arguments or results. Whatever it answers is only a
+    draft: the pipeline drops it when it repeats raw reasoning verbatim or breaks any other rule.
+    """
+
+    name = "model"
+
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        max_input_chars: int = 6000,
+        timeout_s: float = 30.0,
+        max_tokens: int = 96,
+    ) -> None:
+        self.provider = provider
+        self.max_input_chars = max_input_chars
+        self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
+
+    async def summarize(self, moment: Moment) -> Sequence[StepDraft]:
+        match moment:
+            case TurnFinished(turn=turn) if not turn.tool_calls and turn.reasoning_text:
+                line = await self._ask(turn, "Describe what the agent just worked out.")
+                return [StepDraft("step", line, "thinking", "model")] if line else []
+            case ToolStarted(call_id=call_id, tool_name=name, turn=turn) if turn is not None:
+                tool = safe_tool_name(name)
+                line = await self._ask(turn, f"Explain why the agent is now using {tool}.")
+                if not line:
+                    return []
+                return [StepDraft("tool_reasoning", line, "acting", "model", tool_call_id=call_id)]
+        return []
+
+    def _material(self, turn: Turn, task: str) -> str:
+        notes = turn.reasoning_text[-self.max_input_chars :]
+        tools = ", ".join(safe_tool_name(c.name) for c in turn.tool_calls) or "none"
+        return f"{task}\n\nAgent notes:\n{notes}\n\nTools requested: {tools}"
+
+    async def _ask(self, turn: Turn, task: str) -> str:
+        request = TurnRequest(
+            [Message.user(self._material(turn, task))],
+            system=_SUMMARIZER_SYSTEM,
+            reasoning=ReasoningRequest(enabled=False),
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        answer = await asyncio.wait_for(self.provider.request(request), self.timeout_s)
+        return condense(answer.text)

@@ -1,0 +1,589 @@
+"""Tool cards and the thread view, rebuilt from (already filtered) events alone.
+
+One :class:`ThreadBuilder` serves both live delivery and reload: feed it events one by one as they
+arrive, or all persisted events at once (:func:`rebuild`); either way the same events give the
+same :class:`ThreadView`. Events at or below the last applied ``seq`` are ignored, so a client
+that resumes with an overlap (SSE ``Last-Event-ID``) does not double anything.
+
+What the view holds, in the order each thing first appeared (think → tool → think stays so):
+
+* visible steps and phases from ``cot.step`` / ``cot.phase`` (a repeated ``step_id`` updates the
+  step in place); ``cot.tool.reasoning`` attaches to the card it names, if that card is present;
+* tool cards from ``tool.*`` (see :func:`normalize_tool_payload` and :data:`TOOL_EVENT_STATUS`);
+* ``capability.resolved`` and ``plan.step_added`` notices; ``artifact.*`` / ``preview.*`` as
+  artifact state, never as reasoning;
+* the answer text (``message.delta``; the final text of ``message.completed`` /
+  ``message.partially_completed`` replaces it) and the terminal state. ``tool.failed`` is not
+  terminal.
+
+Client rules kept here: an unmarked or malformed ``cot.*`` payload is discarded (counted in
+``discarded``); reasoning is never taken from tool input or output, ``agent.response`` or any other
+provider field; ``reasoning.delta`` never becomes a step. Its text is collected only into
+``raw_reasoning``, which exists only when the reader's (filtered) stream contained such events: a
+developer's view has it, a viewer's does not. A missing or rejected step never blocks a card or
+the message: nothing here waits for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import Any, Final, Literal, TypeAlias, get_args
+
+from thoughtgate.events.schema import DISPLAY_TERMINAL_TYPES, Event, EventType
+from thoughtgate.events.visible import (
+    DisclosureReceipt,
+    VisibleStep,
+    parse_receipt,
+    parse_visible_payload,
+)
+
+__all__ = [
+    "TOOL_EVENT_STATUS",
+    "TOOL_STATUSES",
+    "ArtifactItem",
+    "MessageView",
+    "NormalizedToolPayload",
+    "NoticeItem",
+    "PhaseItem",
+    "StepItem",
+    "ThreadBuilder",
+    "ThreadItem",
+    "ThreadStatus",
+    "ThreadView",
+    "ToolActivity",
+    "ToolCallRecord",
+    "ToolCard",
+    "ToolStatus",
+    "normalize_tool_payload",
+    "rebuild",
+]
+
+ToolStatus: TypeAlias = Literal[
+    "pending", "executing", "completed", "failed", "degraded", "rejected", "skipped"
+]
+TOOL_STATUSES: tuple[str, ...] = get_args(ToolStatus)
+_STATUS_BY_NAME: Final[Mapping[str, ToolStatus]] = {s: s for s in get_args(ToolStatus)}
+_FINAL_TOOL_STATUSES: Final = frozenset({"completed", "failed", "degraded", "rejected", "skipped"})
+
+TOOL_EVENT_STATUS: Final[Mapping[str, ToolStatus]] = {
+    EventType.TOOL_APPROVAL_REQUIRED: "pending",
+    EventType.TOOL_STARTED: "executing",
+    EventType.TOOL_PROGRESS: "executing",
+    EventType.TOOL_COMPLETED: "completed",
+    EventType.TOOL_FAILED: "failed",
+    EventType.TOOL_DEGRADED: "degraded",
+    # Nobody answered, so the tool was never run: "skipped". "rejected" is kept for an explicit no.
+    EventType.TOOL_APPROVAL_TIMEOUT: "skipped",
+}
+"""The card status each ``tool.*`` event sets. ``tool.approval_response`` sets ``rejected`` when
+the answer is no and leaves the card ``pending`` (until ``tool.started``) when it is yes;
+``tool.progress`` never reopens a finished card. ``payload.activity.status``, when it is one of
+:data:`TOOL_STATUSES`, wins over the event's own status."""
+
+ThreadStatus: TypeAlias = Literal["running", "completed", "partial", "failed", "interrupted"]
+
+_TERMINAL_STATUS: Final[Mapping[str, ThreadStatus]] = {
+    EventType.MESSAGE_COMPLETED: "completed",
+    EventType.MESSAGE_PARTIALLY_COMPLETED: "partial",
+    EventType.RUN_FAILED: "failed",
+    EventType.RUN_ERROR: "failed",
+    EventType.RUN_INTERRUPTED: "interrupted",
+}
+
+
+# --------------------------------------------------------------------------- tool payloads
+
+
+def _opt_str(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _coalesce(*values: Any) -> Any:
+    """JavaScript ``??``: the first value that is not ``None`` (empty strings count)."""
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolActivity:
+    """``payload.activity``: how the producer wants the card rendered."""
+
+    _: KW_ONLY
+    activity_type: str | None = None
+    origin: str | None = None
+    label: str | None = None
+    detail: Any = None
+    render_hint: str | None = None
+    status: str | None = None
+    subject_type: str | None = None
+    subject_id: str | None = None
+
+    @classmethod
+    def from_payload(cls, value: Any) -> ToolActivity | None:
+        if not isinstance(value, Mapping):
+            return None
+        return cls(
+            activity_type=_opt_str(value.get("activityType")),
+            origin=_opt_str(value.get("origin")),
+            label=_opt_str(value.get("label")),
+            detail=value.get("detail"),
+            render_hint=_opt_str(value.get("renderHint")),
+            status=_opt_str(value.get("status")),
+            subject_type=_opt_str(value.get("subjectType")),
+            subject_id=_opt_str(value.get("subjectId")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "activityType": self.activity_type,
+            "origin": self.origin,
+            "label": self.label,
+            "detail": self.detail,
+            "renderHint": self.render_hint,
+            "status": self.status,
+            "subjectType": self.subject_type,
+            "subjectId": self.subject_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedToolPayload:
+    tool_key: str | None
+    call_id: str | None
+    input: Any
+    output: Any
+    activity: ToolActivity | None
+
+
+def normalize_tool_payload(
+    payload: Mapping[str, Any], envelope: Mapping[str, Any] | None = None
+) -> NormalizedToolPayload:
+    """``toolKey = payload.toolKey ?? payload.key``,
+    ``callId = payload.callId ?? payload.toolCallId ?? envelope.stepId`` (``step_id`` in our
+    snake_case envelope), ``input = payload.input ?? payload.args``,
+    ``output = payload.data ?? payload.output``, and ``payload.activity`` when present."""
+    env = envelope or {}
+    step_id = _coalesce(env.get("stepId"), env.get("step_id"))
+    return NormalizedToolPayload(
+        tool_key=_opt_str(_coalesce(payload.get("toolKey"), payload.get("key"))),
+        call_id=_opt_str(_coalesce(payload.get("callId"), payload.get("toolCallId"), step_id)),
+        input=_coalesce(payload.get("input"), payload.get("args")),
+        output=_coalesce(payload.get("data"), payload.get("output")),
+        activity=ToolActivity.from_payload(payload.get("activity")),
+    )
+
+
+# --------------------------------------------------------------------------- view model
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCard:
+    """One tool call as a reader sees it (a viewer's filtered events carry no input/output)."""
+
+    call_id: str
+    tool_key: str | None
+    status: ToolStatus
+    label: str
+    _: KW_ONLY
+    input: Any = None
+    output: Any = None
+    activity: ToolActivity | None = None
+    error: str | None = None
+    reasoning: tuple[VisibleStep, ...] = ()
+    kind: Literal["tool"] = "tool"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "call_id": self.call_id,
+            "tool_key": self.tool_key,
+            "status": self.status,
+            "label": self.label,
+            "input": self.input,
+            "output": self.output,
+            "activity": self.activity.to_dict() if self.activity else None,
+            "error": self.error,
+            "reasoning": [s.to_payload() for s in self.reasoning],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepItem:
+    step: VisibleStep
+    _: KW_ONLY
+    kind: Literal["step"] = "step"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.step.to_payload()}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseItem:
+    step: VisibleStep
+    _: KW_ONLY
+    kind: Literal["phase"] = "phase"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.step.to_payload()}
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeItem:
+    """``capability.resolved`` or ``plan.step_added``."""
+
+    kind: Literal["capability", "plan"]
+    key: str
+    label: str
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "key": self.key, "label": self.label, "attrs": dict(self.attrs)}
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactItem:
+    """``artifact.*`` / ``preview.*``: ``state`` is the event name after the family."""
+
+    family: Literal["artifact", "preview"]
+    key: str
+    state: str
+    label: str
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    _: KW_ONLY
+    kind: Literal["artifact"] = "artifact"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "family": self.family,
+            "key": self.key,
+            "state": self.state,
+            "label": self.label,
+            "attrs": dict(self.attrs),
+        }
+
+
+ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ArtifactItem
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    """An entry of ``message.toolCalls`` (the card's id, tool and status)."""
+
+    call_id: str
+    tool_key: str | None
+    status: ToolStatus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"callId": self.call_id, "toolKey": self.tool_key, "status": self.status}
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    text: str = ""
+    final: bool = False
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "final": self.final,
+            "toolCalls": [c.to_dict() for c in self.tool_calls],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadView:
+    items: tuple[ThreadItem, ...] = ()
+    message: MessageView = MessageView()
+    status: ThreadStatus = "running"
+    terminal: str | None = None
+    """The type of the last display-terminal event seen."""
+    receipt: DisclosureReceipt | None = None
+    raw_reasoning: str | None = None
+    discarded: int = 0
+    """``cot.*`` events discarded: unmarked, malformed, or naming a card that is not here."""
+    last_seq: int = 0
+
+    @property
+    def steps(self) -> tuple[VisibleStep, ...]:
+        return tuple(i.step for i in self.items if isinstance(i, StepItem))
+
+    @property
+    def cards(self) -> tuple[ToolCard, ...]:
+        return tuple(i for i in self.items if isinstance(i, ToolCard))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "items": [i.to_dict() for i in self.items],
+            "message": self.message.to_dict(),
+            "status": self.status,
+            "terminal": self.terminal,
+            "receipt": self.receipt.to_payload() if self.receipt else None,
+            "raw_reasoning": self.raw_reasoning,
+            "discarded": self.discarded,
+            "last_seq": self.last_seq,
+        }
+
+
+# --------------------------------------------------------------------------- the builder
+
+_Key: TypeAlias = tuple[str, str]
+
+
+def _first_str(payload: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _text_of(payload: Mapping[str, Any]) -> str | None:
+    value = _coalesce(payload.get("text"), payload.get("delta"))
+    return value if isinstance(value, str) else None
+
+
+def _approval_rejected(payload: Mapping[str, Any]) -> bool | None:
+    approved = payload.get("approved")
+    if isinstance(approved, bool):
+        return not approved
+    decision = _opt_str(payload.get("decision"))
+    if decision is None:
+        return None
+    return decision.lower() in ("reject", "rejected", "deny", "denied", "no")
+
+
+class ThreadBuilder:
+    """Builds a :class:`ThreadView` event by event; ``view()`` is a snapshot (items are frozen)."""
+
+    def __init__(self) -> None:
+        self._order: list[_Key] = []
+        self._items: dict[_Key, ThreadItem] = {}
+        self._text: list[str] = []
+        self._final = False
+        self._status: ThreadStatus = "running"
+        self._terminal: str | None = None
+        self._receipt: DisclosureReceipt | None = None
+        self._raw: list[str] | None = None
+        self._discarded = 0
+        self._last_seq = 0
+        self._anonymous = 0
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def feed_all(self, events: Iterable[Event | Mapping[str, Any]]) -> ThreadBuilder:
+        for event in events:
+            self.feed(event)
+        return self
+
+    def feed(self, event: Event | Mapping[str, Any]) -> bool:
+        """Apply one event (an :class:`Event` or its ``to_dict()`` / SSE JSON form).
+
+        Returns ``False`` when it was ignored as already applied (``seq`` not above the last).
+        """
+        etype: Any
+        payload: Any
+        seq: int | None
+        envelope: Mapping[str, Any] | None
+        if isinstance(event, Event):
+            etype, payload, seq, envelope = event.type, event.payload, event.seq, None
+        else:
+            etype, payload, seq, envelope = event.get("type"), event.get("payload"), None, event
+            raw_seq = event.get("seq")
+            if isinstance(raw_seq, int) and not isinstance(raw_seq, bool):
+                seq = raw_seq
+        if seq is not None:
+            if seq <= self._last_seq:
+                return False
+            self._last_seq = seq
+        if isinstance(etype, str):
+            self._apply(etype, payload if isinstance(payload, Mapping) else {}, envelope)
+        return True
+
+    def _apply(
+        self, etype: str, payload: Mapping[str, Any], envelope: Mapping[str, Any] | None
+    ) -> None:
+        family = etype.split(".", 1)[0]
+        if family == "cot":
+            self._apply_cot(etype, payload)
+        elif family == "tool":
+            self._apply_tool(etype, payload, envelope)
+        elif etype == EventType.MESSAGE_DELTA:
+            self._text.append(_text_of(payload) or "")
+        elif etype == EventType.REASONING_DELTA:
+            if self._raw is None:
+                self._raw = []
+            self._raw.append(_text_of(payload) or "")
+        elif etype in (EventType.CAPABILITY_RESOLVED, EventType.PLAN_STEP_ADDED):
+            self._apply_notice(etype, payload)
+        elif family in ("artifact", "preview"):
+            self._apply_artifact(etype, payload)
+        if etype in DISPLAY_TERMINAL_TYPES:
+            self._apply_terminal(etype, payload)
+
+    def _upsert(self, key: _Key, item: ThreadItem) -> None:
+        if key not in self._items:
+            self._order.append(key)
+        self._items[key] = item
+
+    def _apply_cot(self, etype: str, payload: Mapping[str, Any]) -> None:
+        if etype == EventType.COT_COMPLETED:
+            receipt = parse_receipt(payload)
+            if receipt is None:
+                self._discarded += 1
+            else:
+                self._receipt = receipt
+            return
+        step = parse_visible_payload(payload, event_type=etype)
+        if step is None or etype not in (
+            EventType.COT_STEP,
+            EventType.COT_PHASE,
+            EventType.COT_TOOL_REASONING,
+        ):
+            self._discarded += 1
+            return
+        if etype == EventType.COT_STEP:
+            self._upsert(("step", step.step_id), StepItem(step))
+        elif etype == EventType.COT_PHASE:
+            self._upsert(("phase", step.step_id), PhaseItem(step))
+        else:
+            self._attach_tool_reasoning(step)
+
+    def _attach_tool_reasoning(self, step: VisibleStep) -> None:
+        card = self._items.get(("tool", step.tool_call_id or ""))
+        if not isinstance(card, ToolCard):
+            self._discarded += 1  # a step grants nothing: no card, nothing to attach to
+            return
+        others = tuple(s for s in card.reasoning if s.step_id != step.step_id)
+        if len(others) == len(card.reasoning):
+            reasoning = (*card.reasoning, step)
+        else:
+            reasoning = tuple(step if s.step_id == step.step_id else s for s in card.reasoning)
+        self._items[("tool", card.call_id)] = replace(card, reasoning=reasoning)
+
+    def _apply_tool(
+        self, etype: str, payload: Mapping[str, Any], envelope: Mapping[str, Any] | None
+    ) -> None:
+        norm = normalize_tool_payload(payload, envelope)
+        call_id = norm.call_id
+        if call_id is None:
+            self._anonymous += 1
+            call_id = f"anonymous-{self._anonymous}"
+        key: _Key = ("tool", call_id)
+        old = self._items.get(key)
+        card = old if isinstance(old, ToolCard) else None
+        if card is None:
+            card = ToolCard(call_id, None, "pending", "")
+        tool_key = _coalesce(norm.tool_key, card.tool_key)
+        label = (
+            (norm.activity.label if norm.activity else None)
+            or _first_str(payload, "label")
+            or card.label
+            or tool_key
+            or "tool"
+        )
+        self._upsert(
+            key,
+            replace(
+                card,
+                tool_key=tool_key,
+                status=self._tool_status(etype, payload, norm, card.status),
+                label=label,
+                input=_coalesce(norm.input, card.input),
+                output=_coalesce(norm.output, card.output),
+                activity=norm.activity or card.activity,
+                error=_first_str(payload, "error") or card.error,
+            ),
+        )
+
+    @staticmethod
+    def _tool_status(
+        etype: str, payload: Mapping[str, Any], norm: NormalizedToolPayload, current: ToolStatus
+    ) -> ToolStatus:
+        hinted = _STATUS_BY_NAME.get(norm.activity.status or "") if norm.activity else None
+        if hinted is not None:
+            return hinted
+        if etype == EventType.TOOL_APPROVAL_RESPONSE and _approval_rejected(payload):
+            return "rejected"
+        if etype == EventType.TOOL_PROGRESS and current in _FINAL_TOOL_STATUSES:
+            return current
+        return TOOL_EVENT_STATUS.get(etype, current)
+
+    def _apply_notice(self, etype: str, payload: Mapping[str, Any]) -> None:
+        kind: Literal["capability", "plan"] = (
+            "capability" if etype == EventType.CAPABILITY_RESOLVED else "plan"
+        )
+        ids = ("capability", "name", "id") if kind == "capability" else ("stepId", "step_id", "id")
+        key = next((s for s in map(_opt_str, (payload.get(k) for k in ids)) if s), None)
+        # One run-level capability notice (updated in place); plan steps without an id each count.
+        key = key or ("run" if kind == "capability" else f"plan-{len(self._order)}")
+        mode = _first_str(payload, "chain_of_thought")
+        label = (
+            _first_str(payload, "label", "title", "summary", "name", "capability", "text")
+            or (f"Mode: {mode}" if mode else None)
+            or key
+        )
+        self._upsert((kind, key), NoticeItem(kind, key, label, dict(payload)))
+
+    def _apply_artifact(self, etype: str, payload: Mapping[str, Any]) -> None:
+        family: Literal["artifact", "preview"] = (
+            "artifact" if etype.startswith("artifact.") else "preview"
+        )
+        state = etype.split(".", 1)[1] if "." in etype else etype
+        ids = ("artifactId", "previewId", "artifact_id", "preview_id", "id")
+        key = next((s for s in map(_opt_str, (payload.get(k) for k in ids)) if s), None)
+        key = key or f"{family}-{len(self._order)}"
+        old = self._items.get((family, key))
+        prior = old if isinstance(old, ArtifactItem) else None
+        attrs = {**(prior.attrs if prior else {}), **payload}
+        label = (
+            _first_str(payload, "title", "name", "label", "filename")
+            or (prior.label if prior else None)
+            or key
+        )
+        self._upsert((family, key), ArtifactItem(family, key, state, label, attrs))
+
+    def _apply_terminal(self, etype: str, payload: Mapping[str, Any]) -> None:
+        self._terminal = etype
+        if etype in (EventType.MESSAGE_COMPLETED, EventType.MESSAGE_PARTIALLY_COMPLETED):
+            final = _text_of(payload)
+            if final is not None:
+                self._text = [final]
+            self._final = True
+        if etype in _TERMINAL_STATUS:
+            self._status = _TERMINAL_STATUS[etype]
+        elif self._status == "running":
+            self._status = "completed"  # run.settlement.completed with no message outcome
+
+    def view(self) -> ThreadView:
+        items = tuple(self._items[k] for k in self._order)
+        calls = tuple(
+            ToolCallRecord(i.call_id, i.tool_key, i.status)
+            for i in items
+            if isinstance(i, ToolCard)
+        )
+        return ThreadView(
+            items=items,
+            message=MessageView("".join(self._text), self._final, calls),
+            status=self._status,
+            terminal=self._terminal,
+            receipt=self._receipt,
+            raw_reasoning="".join(self._raw) if self._raw is not None else None,
+            discarded=self._discarded,
+            last_seq=self._last_seq,
+        )
+
+
+def rebuild(events: Iterable[Event | Mapping[str, Any]]) -> ThreadView:
+    """The thread from persisted events (what a reload shows)."""
+    return ThreadBuilder().feed_all(events).view()

@@ -1,0 +1,373 @@
+"""The Chat Completions wire format shared by OpenRouter and OpenAI-compatible servers.
+
+:class:`ChatChunkParser` turns ``chat.completion.chunk`` objects into normalized chunks. Adapters
+subclass it to capture their reasoning fields (``reasoning_details``, ``reasoning``,
+``reasoning_content``, inline ``<think>``) and to emit their continuity block at the end of a turn.
+A non-streamed ``chat.completion`` is parsed by feeding its ``message`` as one delta, so streamed
+and non-streamed turns go through the same code and give identical records.
+
+Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
+
+* ``tool_calls`` deltas are keyed by ``index``; the first fragment carries ``id`` and
+  ``function.name``, later ones only ``function.arguments`` pieces;
+* usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM, an empty delta on
+  OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where the server counts them;
+* a payload with a top-level ``error`` is an in-stream error (the HTTP status already said 200);
+* ``data: [DONE]`` ends the stream; bytes after it are read and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.providers.http import HTTPTransport, error_from_body, parse_json_event
+from thoughtgate.providers.openai_common import chat_tools, tool_results
+from thoughtgate.types import (
+    Chunk,
+    FinishChunk,
+    FinishReason,
+    Message,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallPart,
+    ToolCallStart,
+    UsageChunk,
+)
+
+__all__ = [
+    "CHAT_PATH",
+    "AssistantExtra",
+    "ChatChunkParser",
+    "build_chat_messages",
+    "chat_body",
+    "chat_finish_reason",
+    "chat_usage",
+    "parse_chat_completion",
+    "stream_chat_completion",
+]
+
+CHAT_PATH = "chat/completions"
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+    "error": "error",
+}
+
+
+def chat_finish_reason(raw: str | None, *, has_tool_calls: bool) -> FinishReason:
+    """Normalize ``finish_reason``. Some servers (older Ollama, some vLLM parsers) say ``stop`` on
+    a turn that made tool calls; the normalized reason is then ``tool_calls`` (the raw word is
+    kept beside it)."""
+    if raw is None:
+        return "tool_calls" if has_tool_calls else "stop"
+    reason = _FINISH.get(raw, "other")
+    if reason == "stop" and has_tool_calls:
+        return "tool_calls"
+    return reason
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def chat_usage(usage: Mapping[str, Any]) -> UsageChunk:
+    """``usage`` of a chat completion (OpenAI, OpenRouter, DeepSeek, vLLM, Ollama shapes)."""
+    details = usage.get("completion_tokens_details")
+    prompt_details = usage.get("prompt_tokens_details")
+    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
+    cached = (
+        _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else None
+    )
+    if cached is None:
+        cached = _int(usage.get("prompt_cache_hit_tokens"))  # DeepSeek's own field
+    return UsageChunk(
+        input_tokens=_int(usage.get("prompt_tokens")),
+        output_tokens=_int(usage.get("completion_tokens")),
+        reasoning_tokens=reasoning,
+        cache_read_tokens=cached,
+    )
+
+
+@dataclass(slots=True)
+class _ToolCall:
+    """One tool call being assembled from ``tool_calls[index]`` fragments."""
+
+    index: int
+    call_id: str = ""
+    name: str = ""
+    pending_args: list[str] = field(default_factory=list)
+    started: bool = False
+
+
+class ChatChunkParser:
+    """Chat completion chunks in, normalized chunks out. One instance per turn.
+
+    Subclasses override the hooks :meth:`reasoning_chunks`, :meth:`content_chunks`,
+    :meth:`flush_content` and :meth:`continuity_chunks`. ``capture`` is false in ``hidden`` mode:
+    then hooks must drop every piece of reasoning (nothing is captured, nothing goes back).
+    """
+
+    def __init__(
+        self, *, provider: str, model: str, capture: bool, lenient_end: bool = False
+    ) -> None:
+        self.provider = provider
+        self.model = model
+        self.capture = capture
+        self.lenient_end = lenient_end
+        self.done = False
+        self.finish_raw: str | None = None
+        self._calls: dict[int, _ToolCall] = {}
+
+    # ------------------------------------------------------------------ hooks
+
+    def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
+        return []
+
+    def content_chunks(self, content: str) -> list[Chunk]:
+        return [TextDelta(content)] if content else []
+
+    def flush_content(self) -> list[Chunk]:
+        return []
+
+    def continuity_chunks(self) -> list[Chunk]:
+        return []
+
+    # ------------------------------------------------------------------ parsing
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self._calls)
+
+    def _malformed(self, what: str, value: Any) -> MalformedResponseError:
+        return MalformedResponseError(f"{what}: {json.dumps(value)[:200]}", provider=self.provider)
+
+    def feed(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """One ``chat.completion.chunk`` object."""
+        if data.get("error"):
+            etype, message = error_from_body(data)
+            raise ProviderStreamError(message, provider=self.provider, error_type=etype)
+        out: list[Chunk] = []
+        choices = data.get("choices") or []
+        if not isinstance(choices, list):
+            raise self._malformed("choices is not a list", choices)
+        for choice in choices:
+            if not isinstance(choice, Mapping):
+                raise self._malformed("choice is not an object", choice)
+            if (_int(choice.get("index")) or 0) != 0:
+                continue  # we always ask for one choice
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, Mapping):
+                raise self._malformed("delta is not an object", delta)
+            out += self.reasoning_chunks(delta)
+            content = delta.get("content")
+            if isinstance(content, str):
+                out += self.content_chunks(content)
+            elif content is not None:
+                raise self._malformed("delta.content is not a string", content)
+            out += self._tool_call_chunks(delta.get("tool_calls"))
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_raw = choice["finish_reason"]
+        usage = data.get("usage")
+        if isinstance(usage, Mapping):
+            out.append(chat_usage(usage))
+        return out
+
+    def _tool_call_chunks(self, fragments: Any) -> list[Chunk]:
+        if fragments is None:
+            return []
+        if not isinstance(fragments, list):
+            raise self._malformed("tool_calls is not a list", fragments)
+        out: list[Chunk] = []
+        for frag in fragments:
+            if not isinstance(frag, Mapping):
+                raise self._malformed("tool call fragment is not an object", frag)
+            index = _int(frag.get("index"))
+            if index is None:
+                index = len(self._calls)
+            call = self._calls.setdefault(index, _ToolCall(index))
+            if isinstance(frag.get("id"), str) and frag["id"] and not call.call_id:
+                call.call_id = frag["id"]
+            function = frag.get("function") or {}
+            if not isinstance(function, Mapping):
+                raise self._malformed("tool call function is not an object", function)
+            if isinstance(function.get("name"), str) and function["name"] and not call.name:
+                call.name = function["name"]
+            args = function.get("arguments")
+            if isinstance(args, str) and args:
+                call.pending_args.append(args)
+            elif isinstance(args, Mapping):  # a few servers send parsed objects
+                call.pending_args.append(json.dumps(args))
+            if call.name:
+                out += self._release(call)
+        return out
+
+    def _release(self, call: _ToolCall) -> list[Chunk]:
+        out: list[Chunk] = []
+        if not call.started:
+            call.started = True
+            call.call_id = call.call_id or f"call_{call.index}"
+            out.append(ToolCallStart(call.call_id, call.name, index=call.index + 1))
+        if call.pending_args:
+            out.append(ToolCallDelta(call.call_id, "".join(call.pending_args)))
+            call.pending_args.clear()
+        return out
+
+    def end(self) -> list[Chunk]:
+        """The turn is over (``[DONE]``, or the end of a non-streamed body)."""
+        self.done = True
+        out = self.flush_content()
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            out += self._release(call)
+            out.append(ToolCallEnd(call.call_id))
+        out += self.continuity_chunks()
+        out.append(
+            FinishChunk(
+                chat_finish_reason(self.finish_raw, has_tool_calls=self.has_tool_calls),
+                raw_reason=self.finish_raw or "",
+            )
+        )
+        return out
+
+    def end_of_stream(self) -> list[Chunk]:
+        """The body ended. Without ``[DONE]`` that is a cut stream, unless the server is known
+        to omit it (``lenient_end``) and already said why the turn finished."""
+        if self.done:
+            return []
+        if self.lenient_end and self.finish_raw is not None:
+            return self.end()
+        raise ProviderStreamError(
+            "the stream ended before `data: [DONE]`"
+            + ("" if self.finish_raw else " and before any finish_reason"),
+            provider=self.provider,
+        )
+
+
+async def stream_chat_completion(
+    http: HTTPTransport, body: Mapping[str, Any], parser: ChatChunkParser
+) -> AsyncIterator[Chunk]:
+    """POST a streamed chat completion and yield normalized chunks; reads the body to its end."""
+    async with http.open(CHAT_PATH, body, stream=True) as response:
+        request_id = http.request_id(response)
+        try:
+            async for message in http.events(response):
+                data = message.data.strip()
+                if parser.done or not data:
+                    continue  # drain what follows [DONE] so the connection ends cleanly
+                if data == "[DONE]":
+                    for chunk in parser.end():
+                        yield chunk
+                    continue
+                for chunk in parser.feed(parse_json_event(http.provider, message)):
+                    yield chunk
+            for chunk in parser.end_of_stream():
+                yield chunk
+        except ProviderError as exc:
+            exc.request_id = exc.request_id or request_id
+            raise
+
+
+def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> list[Chunk]:
+    """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one delta)."""
+    if data.get("error"):
+        etype, text = error_from_body(data)
+        raise ProviderStreamError(text, provider=parser.provider, error_type=etype)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise MalformedResponseError(
+            f"chat completion without choices: {json.dumps(data)[:200]}", provider=parser.provider
+        )
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        raise MalformedResponseError(
+            "choices[0].message is not an object", provider=parser.provider
+        )
+    delta = dict(message)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {"index": i, **c} if isinstance(c, Mapping) else c for i, c in enumerate(calls)
+        ]
+    chunks = parser.feed(
+        {
+            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+            "usage": data.get("usage"),
+        }
+    )
+    return chunks + parser.end()
+
+
+# --------------------------------------------------------------------------- request side
+
+
+def _assistant_message(message: Message) -> dict[str, Any]:
+    calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
+    out: dict[str, Any] = {"role": "assistant", "content": message.text}
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments_json},
+            }
+            for c in calls
+        ]
+    return out
+
+
+AssistantExtra = Callable[[int, Message], Mapping[str, Any]]
+"""``(index in request.messages, message) -> fields`` added to an assistant message."""
+
+
+def build_chat_messages(
+    request: TurnRequest, assistant_extra: AssistantExtra | None = None
+) -> list[dict[str, Any]]:
+    """``messages`` for a chat completion.
+
+    ``assistant_extra(index, message) -> dict`` adds adapter fields to an assistant message (its
+    continuity block's fields); reasoning parts themselves are never sent, and reasoning text never
+    goes into ``content``. Tool results become ``role: tool`` messages right after the call.
+    """
+    out: list[dict[str, Any]] = []
+    if request.system:
+        out.append({"role": "system", "content": request.system})
+    for i, msg in enumerate(request.messages):
+        if msg.role == "assistant":
+            entry = _assistant_message(msg)
+            if assistant_extra is not None:
+                entry.update(assistant_extra(i, msg))
+            out.append(entry)
+            continue
+        for result in tool_results(msg):
+            out.append({"role": "tool", "tool_call_id": result.call_id, "content": result.content})
+        if any(isinstance(p, TextPart) for p in msg.parts):
+            role = "system" if msg.role == "system" else "user"
+            out.append({"role": role, "content": msg.text})
+    return out
+
+
+def chat_body(
+    model: str, request: TurnRequest, messages: Sequence[Mapping[str, Any]], *, stream: bool
+) -> dict[str, Any]:
+    """The fields every chat adapter sends; adapters add their reasoning fields."""
+    body: dict[str, Any] = {"model": model, "messages": list(messages), "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.tools:
+        body["tools"] = chat_tools(request.tools)
+    return body

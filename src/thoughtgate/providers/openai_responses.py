@@ -1,0 +1,563 @@
+"""OpenAI Responses API adapter (``POST {base}/responses``): summaries, raw text, encrypted items.
+
+Request shaping (``docs/providers/openai.md``; O-SDK ``types/shared/reasoning.py``):
+
+* reasoning wanted: ``reasoning: {"summary": "auto", "effort"?: E}`` and
+  ``include: ["reasoning.encrypted_content"]``;
+* ``hidden``: no ``summary`` and no ``include`` (``reasoning: {"effort": E}`` only when an effort
+  was set); whatever reasoning still arrives is dropped;
+* always ``store: false`` (the encrypted item carries the state, nothing is kept at OpenAI) and
+  function tools with ``strict: false`` (the API defaults to strict schemas).
+
+Capture (PROVIDER_WIRE_FORMATS §3.1):
+
+* ``response.reasoning_summary_text.delta`` → reasoning of kind ``summary``, index =
+  ``summary_index`` (offset past the parts of earlier reasoning items of the same response);
+* ``response.reasoning_text.delta`` → kind ``raw`` (index = ``content_index``, offset likewise);
+* ``response.output_text.delta`` → answer text; ``function_call`` items with
+  ``response.function_call_arguments.delta`` → tool calls;
+* ``response.output_item.done`` of a reasoning item with ``encrypted_content`` → an ``encrypted``
+  reasoning part and a :class:`ContinuityChunk` ``openai.reasoning_item`` whose data is
+  ``{"item": <the exact item from output_item.done>, "next_item": {type, id, call_id?} | None}``.
+  The block is emitted when the next output item starts (or at the end), because the API pairs a
+  reasoning item with the item that followed it, by that item's id;
+* ``response.completed`` → usage (``output_tokens_details.reasoning_tokens``) and the finish;
+  ``response.incomplete`` → finish ``length`` (``max_output_tokens``) or ``content_filter``;
+  ``response.failed`` and ``error`` events → :class:`ProviderStreamError`; a stream that ends
+  before either → :class:`ProviderStreamError` (the caller keeps the partial turn);
+* each ``.done`` event carries the full text: when no delta was seen for a part, the ``.done`` text
+  is emitted instead, which is also how a non-streamed response is parsed (as ``added`` + ``done``
+  per output item), so both paths build identical turns. Unknown event types are skipped.
+
+Multi-turn input: messages become ``input`` items; tool results become ``function_call_output``.
+Inside the running tool loop each reasoning block goes back as its exact item immediately before
+the item that followed it, and that item is sent with its original ``id``; anywhere else items are
+sent without ids, so no pairing is demanded. Reasoning text is never rehydrated from parts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from thoughtgate.errors import (
+    ConfigError,
+    MalformedResponseError,
+    ProviderError,
+    ProviderStreamError,
+)
+from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
+from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.providers.openai_common import (
+    apply_extra,
+    current_loop_start,
+    resolve_api_key,
+    resolve_base_url,
+    responses_tools,
+    tool_results,
+)
+from thoughtgate.types import (
+    Chunk,
+    ContinuityBlock,
+    ContinuityChunk,
+    FinishChunk,
+    FinishReason,
+    Message,
+    ReasoningDelta,
+    ReasoningKind,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallPart,
+    ToolCallStart,
+    Turn,
+    TurnAccumulator,
+    UsageChunk,
+)
+
+__all__ = [
+    "CARRIER",
+    "DEFAULT_BASE_URL",
+    "RESPONSES_PATH",
+    "OpenAIResponsesProvider",
+    "ResponsesEventParser",
+    "build_input",
+]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+RESPONSES_PATH = "responses"
+CARRIER = "openai.reasoning_item"
+
+_INCOMPLETE: dict[str, FinishReason] = {
+    "max_output_tokens": "length",
+    "content_filter": "content_filter",
+}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def responses_usage(usage: Mapping[str, Any]) -> UsageChunk:
+    out_details = usage.get("output_tokens_details")
+    in_details = usage.get("input_tokens_details")
+    return UsageChunk(
+        input_tokens=_int(usage.get("input_tokens")),
+        output_tokens=_int(usage.get("output_tokens")),
+        reasoning_tokens=(
+            _int(out_details.get("reasoning_tokens")) if isinstance(out_details, Mapping) else None
+        ),
+        cache_read_tokens=(
+            _int(in_details.get("cached_tokens")) if isinstance(in_details, Mapping) else None
+        ),
+    )
+
+
+@dataclass(slots=True)
+class _Item:
+    """An output item while its events arrive."""
+
+    type: str
+    id: str
+    call_id: str = ""
+    name: str = ""
+    ordinal: int = 0
+    seen: set[tuple[str, int]] = field(default_factory=set)
+    """(channel, part index) pairs that received at least one delta."""
+
+
+class ResponsesEventParser:
+    """Responses stream events in, normalized chunks out. One instance per turn."""
+
+    def __init__(self, *, provider: str, model: str, capture: bool) -> None:
+        self.provider = provider
+        self.model = model
+        self.capture = capture
+        self.done = False
+        self.response_id: str | None = None
+        self._items: dict[int, _Item] = {}
+        self._reasoning_count = 0
+        self._summary_base = 0
+        self._raw_base = 0
+        self._pending: dict[str, Any] | None = None
+        self._has_calls = False
+        self._refusal = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _malformed(self, what: str) -> MalformedResponseError:
+        return MalformedResponseError(what, provider=self.provider)
+
+    def _item(self, event: Mapping[str, Any]) -> _Item | None:
+        index = _int(event.get("output_index"))
+        return None if index is None else self._items.get(index)
+
+    def _flush_pending(self, follower: Mapping[str, Any] | None) -> list[Chunk]:
+        if self._pending is None:
+            return []
+        next_item: dict[str, Any] | None = None
+        if follower is not None and isinstance(follower.get("id"), str):
+            next_item = {"type": follower.get("type"), "id": follower["id"]}
+            if isinstance(follower.get("call_id"), str):
+                next_item["call_id"] = follower["call_id"]
+        block = ContinuityBlock(
+            CARRIER,
+            {"item": self._pending, "next_item": next_item},
+            provider=self.provider,
+            model=self.model,
+        )
+        self._pending = None
+        return [ContinuityChunk(block)]
+
+    def _reasoning(self, text: str, kind: str, index: int) -> list[Chunk]:
+        if not self.capture or not text:
+            return []
+        rkind: ReasoningKind = "summary" if kind == "summary" else "raw"
+        return [ReasoningDelta(text, reasoning_kind=rkind, index=index)]
+
+    # ------------------------------------------------------------------ events
+
+    def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        etype = event.get("type")
+        if not isinstance(etype, str):
+            raise self._malformed(f"stream event without a type: {json.dumps(event)[:200]}")
+        handler = _HANDLERS.get(etype)
+        return handler(self, event) if handler is not None else []  # unknown events: skipped
+
+    def _lifecycle(self, event: Mapping[str, Any]) -> list[Chunk]:
+        response = event.get("response")
+        if isinstance(response, Mapping) and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        return []
+
+    def _item_added(self, event: Mapping[str, Any]) -> list[Chunk]:
+        item = event.get("item")
+        index = _int(event.get("output_index"))
+        if not isinstance(item, Mapping) or index is None:
+            raise self._malformed("response.output_item.added without item or output_index")
+        out = self._flush_pending(item)
+        kind = str(item.get("type"))
+        entry = _Item(kind, str(item.get("id") or ""))
+        self._items[index] = entry
+        if kind == "function_call":
+            entry.call_id = str(item.get("call_id") or entry.id or f"call_{index}")
+            entry.name = str(item.get("name") or "")
+            self._has_calls = True
+            out.append(ToolCallStart(entry.call_id, entry.name, index=index))
+        elif kind == "reasoning":
+            entry.ordinal = self._reasoning_count
+            self._reasoning_count += 1
+        return out
+
+    def _summary_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        item = self._item(event)
+        k = _int(event.get("summary_index")) or 0
+        if item is not None:
+            item.seen.add(("summary", k))
+        return self._reasoning(str(event.get("delta") or ""), "summary", self._summary_base + k)
+
+    def _raw_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        item = self._item(event)
+        k = _int(event.get("content_index")) or 0
+        if item is not None:
+            item.seen.add(("raw", k))
+        return self._reasoning(str(event.get("delta") or ""), "raw", self._raw_base + k)
+
+    def _text_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        index = _int(event.get("output_index")) or 0
+        item = self._items.get(index)
+        if item is not None:
+            item.seen.add(("text", _int(event.get("content_index")) or 0))
+        delta = str(event.get("delta") or "")
+        return [TextDelta(delta, index=index)] if delta else []
+
+    def _refusal_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        self._refusal = True
+        return self._text_delta(event)
+
+    def _args_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        item = self._item(event)
+        if item is None or item.type != "function_call":
+            raise self._malformed("function_call_arguments.delta for an unknown output item")
+        item.seen.add(("args", 0))
+        delta = str(event.get("delta") or "")
+        return [ToolCallDelta(item.call_id, delta)] if delta else []
+
+    def _item_done(self, event: Mapping[str, Any]) -> list[Chunk]:
+        item = event.get("item")
+        index = _int(event.get("output_index"))
+        if not isinstance(item, Mapping) or index is None:
+            raise self._malformed("response.output_item.done without item or output_index")
+        entry = self._items.get(index)
+        if entry is None:  # no .added seen: treat .done as both
+            out = self._item_added(event)
+            entry = self._items[index]
+        else:
+            out = []
+        kind = entry.type
+        if kind == "reasoning":
+            out += self._reasoning_done(item, entry)
+        elif kind == "function_call":
+            args = item.get("arguments")
+            if ("args", 0) not in entry.seen and isinstance(args, str) and args:
+                out.append(ToolCallDelta(entry.call_id, args))
+            out.append(ToolCallEnd(entry.call_id))
+        elif kind == "message":
+            for k, part in enumerate(item.get("content") or []):
+                if not isinstance(part, Mapping) or ("text", k) in entry.seen:
+                    continue
+                text = (
+                    part.get("text") if part.get("type") == "output_text" else part.get("refusal")
+                )
+                if part.get("type") == "refusal":
+                    self._refusal = True
+                if isinstance(text, str) and text:
+                    out.append(TextDelta(text, index=index))
+        return out
+
+    def _reasoning_done(self, item: Mapping[str, Any], entry: _Item) -> list[Chunk]:
+        out: list[Chunk] = []
+        summary = item.get("summary") or []
+        content = item.get("content") or []
+        for k, part in enumerate(summary):
+            if ("summary", k) not in entry.seen and isinstance(part, Mapping):
+                out += self._reasoning(
+                    str(part.get("text") or ""), "summary", self._summary_base + k
+                )
+        for k, part in enumerate(content):
+            if ("raw", k) not in entry.seen and isinstance(part, Mapping):
+                out += self._reasoning(str(part.get("text") or ""), "raw", self._raw_base + k)
+        seen_summary = [k for channel, k in entry.seen if channel == "summary"]
+        seen_raw = [k for channel, k in entry.seen if channel == "raw"]
+        self._summary_base += max([len(summary), *(k + 1 for k in seen_summary)])
+        self._raw_base += max([len(content), *(k + 1 for k in seen_raw)])
+        encrypted = item.get("encrypted_content")
+        if self.capture and isinstance(encrypted, str) and encrypted:
+            out.append(ReasoningDelta("", reasoning_kind="encrypted", index=entry.ordinal))
+            self._pending = dict(item)
+        return out
+
+    def _finish(self, event: Mapping[str, Any], reason: FinishReason, raw: str) -> list[Chunk]:
+        out = self._flush_pending(None)
+        response = event.get("response")
+        if isinstance(response, Mapping) and isinstance(response.get("usage"), Mapping):
+            out.append(responses_usage(response["usage"]))
+        out.append(FinishChunk(reason, raw_reason=raw))
+        self.done = True
+        return out
+
+    def _completed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        self._lifecycle(event)
+        reason: FinishReason = "tool_calls" if self._has_calls else "stop"
+        if self._refusal and not self._has_calls:
+            reason = "refusal"
+        response = event.get("response")
+        status = response.get("status") if isinstance(response, Mapping) else None
+        return self._finish(event, reason, str(status or "completed"))
+
+    def _incomplete(self, event: Mapping[str, Any]) -> list[Chunk]:
+        response = event.get("response")
+        details = response.get("incomplete_details") if isinstance(response, Mapping) else None
+        why = details.get("reason") if isinstance(details, Mapping) else None
+        why = str(why or "incomplete")
+        return self._finish(event, _INCOMPLETE.get(why, "other"), why)
+
+    def _failed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        response = event.get("response")
+        error = response.get("error") if isinstance(response, Mapping) else None
+        error = error if isinstance(error, Mapping) else {}
+        raise ProviderStreamError(
+            str(error.get("message") or "the response failed"),
+            provider=self.provider,
+            error_type=str(error.get("code") or "response.failed"),
+        )
+
+    def _error(self, event: Mapping[str, Any]) -> list[Chunk]:
+        code = event.get("code") or event.get("type")
+        raise ProviderStreamError(
+            str(event.get("message") or "error event"),
+            provider=self.provider,
+            error_type=str(code),
+        )
+
+    def end_of_stream(self) -> list[Chunk]:
+        if self.done:
+            return []
+        raise ProviderStreamError(
+            "the stream ended before response.completed", provider=self.provider
+        )
+
+
+_HANDLERS: dict[str, Any] = {
+    "response.created": ResponsesEventParser._lifecycle,
+    "response.in_progress": ResponsesEventParser._lifecycle,
+    "response.queued": ResponsesEventParser._lifecycle,
+    "response.output_item.added": ResponsesEventParser._item_added,
+    "response.output_item.done": ResponsesEventParser._item_done,
+    "response.reasoning_summary_text.delta": ResponsesEventParser._summary_delta,
+    "response.reasoning_text.delta": ResponsesEventParser._raw_delta,
+    "response.output_text.delta": ResponsesEventParser._text_delta,
+    "response.refusal.delta": ResponsesEventParser._refusal_delta,
+    "response.function_call_arguments.delta": ResponsesEventParser._args_delta,
+    "response.completed": ResponsesEventParser._completed,
+    "response.incomplete": ResponsesEventParser._incomplete,
+    "response.failed": ResponsesEventParser._failed,
+    "error": ResponsesEventParser._error,
+}
+
+
+def parse_response(data: Mapping[str, Any], parser: ResponsesEventParser) -> list[Chunk]:
+    """Chunks of a non-streamed Response: each output item as ``added`` then ``done``."""
+    status = data.get("status")
+    if status == "failed" or data.get("error"):
+        return parser.feed({"type": "response.failed", "response": data})
+    output = data.get("output")
+    if not isinstance(output, list):
+        raise MalformedResponseError("response without an output list", provider=parser.provider)
+    chunks = parser.feed({"type": "response.created", "response": data})
+    for index, item in enumerate(output):
+        event = {"output_index": index, "item": item}
+        chunks += parser.feed({"type": "response.output_item.added", **event})
+        chunks += parser.feed({"type": "response.output_item.done", **event})
+    terminal = "response.incomplete" if status == "incomplete" else "response.completed"
+    return chunks + parser.feed({"type": terminal, "response": data})
+
+
+# --------------------------------------------------------------------------- request side
+
+
+def _assistant_items(message: Message, *, replay: bool, provider: str, model: str) -> list[Any]:
+    """Input items for one assistant message, in the order its parts were produced."""
+    items: list[dict[str, Any]] = []
+    follower: Mapping[str, Any] | None = None
+    for part in message.parts:
+        if isinstance(part, ContinuityBlock):
+            ours = (part.carrier, part.provider, part.model) == (CARRIER, provider, model)
+            if replay and ours and isinstance(part.data.get("item"), Mapping):
+                items.append(dict(part.data["item"]))
+                next_item = part.data.get("next_item")
+                follower = next_item if isinstance(next_item, Mapping) else None
+            continue
+        if isinstance(part, TextPart) and part.text:
+            if follower is not None and follower.get("type") == "message":
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "id": follower["id"],
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": part.text, "annotations": []}],
+                    }
+                )
+            else:
+                items.append({"role": "assistant", "content": part.text})
+            follower = None
+        elif isinstance(part, ToolCallPart):
+            call: dict[str, Any] = {
+                "type": "function_call",
+                "call_id": part.call_id,
+                "name": part.name,
+                "arguments": part.arguments_json,
+            }
+            if (
+                follower is not None
+                and follower.get("type") == "function_call"
+                and follower.get("call_id") == part.call_id
+            ):
+                call["id"] = follower["id"]
+            items.append(call)
+            follower = None
+    return _paired(items)
+
+
+def _paired(items: list[dict[str, Any]]) -> list[Any]:
+    """Drop any reasoning item whose recorded follower is not right after it (the API would
+    reject it: "provided without its required following item")."""
+    out: list[Any] = []
+    for i, item in enumerate(items):
+        if item.get("type") == "reasoning":
+            nxt = items[i + 1] if i + 1 < len(items) else None
+            if nxt is None or "id" not in nxt or nxt.get("type") == "reasoning":
+                continue
+        out.append(item)
+    return out
+
+
+def build_input(request: TurnRequest, *, provider: str, model: str) -> list[Any]:
+    """``input`` items for a Responses request."""
+    items: list[Any] = []
+    loop_start = current_loop_start(request.messages)
+    for i, msg in enumerate(request.messages):
+        if msg.role == "assistant":
+            items += _assistant_items(msg, replay=i >= loop_start, provider=provider, model=model)
+            continue
+        for result in tool_results(msg):
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": result.call_id,
+                    "output": result.content,
+                }
+            )
+        if any(isinstance(p, TextPart) for p in msg.parts):
+            role = "system" if msg.role == "system" else "user"
+            items.append({"role": role, "content": msg.text})
+    return items
+
+
+class OpenAIResponsesProvider:
+    """``openai:MODEL`` over ``POST {base}/responses``."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        settings: ProviderSettings | None = None,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings or ProviderSettings()
+        base_url = resolve_base_url(
+            self.settings, "OPENAI_BASE_URL", DEFAULT_BASE_URL, provider=self.name
+        )
+        api_key = resolve_api_key(self.settings, "OPENAI_API_KEY")
+        if not api_key:
+            raise ConfigError(
+                "providers.openai.api_key", None, "an OpenAI key (or set OPENAI_API_KEY)"
+            )
+        headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
+        self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
+        self.capabilities = Capabilities(
+            reasoning_text=True,
+            reasoning_summary=True,
+            continuity=True,
+            tools=True,
+            notes={
+                "reasoning_summary": "response.reasoning_summary_text.delta",
+                "reasoning_text": "response.reasoning_text.delta (models exposing raw CoT)",
+                "continuity": f"{CARRIER}: encrypted reasoning item + its follower id",
+            },
+        )
+
+    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": build_input(request, provider=self.name, model=self.model),
+            "stream": stream,
+            "store": False,
+            "max_output_tokens": request.max_tokens,
+        }
+        if request.system:
+            body["instructions"] = request.system
+        if request.tools:
+            body["tools"] = responses_tools(request.tools)
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        reasoning = request.reasoning
+        if reasoning.enabled:
+            param: dict[str, Any] = {"summary": "auto"}
+            if reasoning.effort is not None:
+                param["effort"] = reasoning.effort
+            body["reasoning"] = param
+            body["include"] = ["reasoning.encrypted_content"]
+        elif reasoning.effort is not None:
+            body["reasoning"] = {"effort": reasoning.effort}
+        return apply_extra(body, self.settings)
+
+    def _parser(self, request: TurnRequest) -> ResponsesEventParser:
+        return ResponsesEventParser(
+            provider=self.name, model=self.model, capture=request.reasoning.enabled
+        )
+
+    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        parser = self._parser(request)
+        body = self.build_body(request, stream=True)
+        async with self._http.open(RESPONSES_PATH, body, stream=True) as response:
+            request_id = self._http.request_id(response)
+            try:
+                async for message in self._http.events(response):
+                    data = message.data.strip()
+                    if parser.done or not data or data == "[DONE]":
+                        continue  # read to the end; Responses sends no [DONE], tolerate one
+                    for chunk in parser.feed(parse_json_event(self.name, message)):
+                        yield chunk
+                for chunk in parser.end_of_stream():
+                    yield chunk
+            except ProviderError as exc:
+                exc.request_id = exc.request_id or request_id
+                raise
+
+    async def request(self, request: TurnRequest) -> Turn:
+        data = await self._http.post_json(RESPONSES_PATH, self.build_body(request, stream=False))
+        chunks = parse_response(data, self._parser(request))
+        return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,249 @@
+"""OpenRouter adapter: Chat Completions plus OpenRouter's ``reasoning`` and ``reasoning_details``.
+
+Request shaping (``docs/providers/openrouter.md``; openrouter.ai/docs/use-cases/reasoning-tokens):
+
+* reasoning wanted (``surface``, ``telemetry_only``): ``reasoning: {"max_tokens": N}`` when a
+  budget is set, else ``{"effort": E}`` when an effort is set (``max`` becomes ``xhigh``), else
+  ``{"enabled": true}``. An empty ``reasoning: {}`` is a no-op on OpenRouter and is never sent;
+* ``hidden``: ``reasoning: {"exclude": true}``, and anything that still arrives is dropped.
+
+Capture (PROVIDER_WIRE_FORMATS §2.2-2.3):
+
+* ``reasoning_details`` parts are keyed by ``(type, index)`` (Gemini can send a text and an
+  encrypted detail under one index): ``reasoning.text`` → reasoning of kind ``raw``,
+  ``reasoning.summary`` → ``summary``, ``reasoning.encrypted`` → an ``encrypted`` part without
+  text. A detail that carries only a ``signature`` replaces that part's signature.
+* ``delta.reasoning`` mirrors the text of the details. It is used only while the turn has not
+  carried a textual detail, so the same text is never counted twice; details win when present.
+* At the end of a turn that had details, one :class:`ContinuityChunk` with carrier
+  ``openrouter.reasoning_details`` holds ``{"reasoning_details": [...]}``, the details merged by
+  ``(type, index)`` in arrival order (for a non-streamed answer: the list exactly as sent).
+
+Multi-turn: an assistant message with tool calls in the running tool loop goes back with that
+block's ``reasoning_details`` unmodified, when the block came from this provider and model.
+Reasoning text is never put into ``content``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from thoughtgate.errors import ConfigError
+from thoughtgate.providers.base import Capabilities, ProviderSettings, ReasoningRequest, TurnRequest
+from thoughtgate.providers.chat_completions import (
+    CHAT_PATH,
+    AssistantExtra,
+    ChatChunkParser,
+    build_chat_messages,
+    chat_body,
+    parse_chat_completion,
+    stream_chat_completion,
+)
+from thoughtgate.providers.http import HTTPTransport
+from thoughtgate.providers.openai_common import (
+    apply_extra,
+    current_loop_start,
+    matching_block,
+    resolve_api_key,
+    resolve_base_url,
+)
+from thoughtgate.types import (
+    Chunk,
+    ContinuityBlock,
+    ContinuityChunk,
+    Message,
+    ReasoningDelta,
+    ReasoningKind,
+    ToolCallPart,
+    Turn,
+    TurnAccumulator,
+)
+
+__all__ = ["CARRIER", "DEFAULT_BASE_URL", "OpenRouterParser", "OpenRouterProvider"]
+
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+CARRIER = "openrouter.reasoning_details"
+
+_TEXT_FIELD = {
+    "reasoning.text": "text",
+    "reasoning.summary": "summary",
+    "reasoning.encrypted": "data",
+}
+
+
+def reasoning_param(reasoning: ReasoningRequest) -> dict[str, Any]:
+    """OpenRouter's ``reasoning`` object for a disclosure mode (never ``{}``)."""
+    if not reasoning.enabled:
+        return {"exclude": True}
+    if reasoning.budget_tokens is not None:
+        return {"max_tokens": reasoning.budget_tokens}
+    if reasoning.effort is not None:
+        return {"effort": "xhigh" if reasoning.effort == "max" else reasoning.effort}
+    return {"enabled": True}
+
+
+def _index(detail: Mapping[str, Any]) -> int:
+    value = detail.get("index", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def merge_detail(merged: dict[tuple[str, int], dict[str, Any]], detail: Mapping[str, Any]) -> None:
+    """Fold one streamed detail into the merged list: texts append, a non-empty signature
+    replaces, other fields keep their latest non-null value."""
+    key = (str(detail.get("type")), _index(detail))
+    current = merged.get(key)
+    if current is None:
+        merged[key] = dict(detail)
+        return
+    for name, value in detail.items():
+        if name in ("type", "index"):
+            continue
+        old = current.get(name)
+        if name in ("text", "summary", "data") and isinstance(value, str) and isinstance(old, str):
+            current[name] = old + value
+        elif name == "signature":
+            if value or name not in current:
+                current[name] = value
+        elif value is not None or name not in current:
+            current[name] = value
+
+
+class OpenRouterParser(ChatChunkParser):
+    """Captures ``reasoning_details`` / ``reasoning`` and emits the continuity block."""
+
+    def __init__(self, *, provider: str, model: str, capture: bool) -> None:
+        super().__init__(provider=provider, model=model, capture=capture)
+        self.details: dict[tuple[str, int], dict[str, Any]] = {}
+        self._textual_details = False
+        self._encrypted_seen: set[tuple[str, int]] = set()
+
+    def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
+        if not self.capture:
+            return []  # hidden: nothing is captured, nothing is kept to send back
+        details = delta.get("reasoning_details")
+        out: list[Chunk] = []
+        if isinstance(details, list):
+            for detail in details:
+                if isinstance(detail, Mapping):
+                    merge_detail(self.details, detail)
+                    out += self._detail_chunks(detail)
+        mirror = delta.get("reasoning")
+        if isinstance(mirror, str) and mirror and not self._textual_details:
+            out.append(ReasoningDelta(mirror, reasoning_kind="raw", index=0))
+        return out
+
+    def _detail_chunks(self, detail: Mapping[str, Any]) -> list[Chunk]:
+        kind = detail.get("type")
+        index = _index(detail)
+        if kind == "reasoning.encrypted":
+            key = (kind, index)
+            if key in self._encrypted_seen:
+                return []
+            self._encrypted_seen.add(key)
+            redacted = detail.get("format") == "anthropic-claude-v1"
+            return [ReasoningDelta("", reasoning_kind="encrypted", index=index, redacted=redacted)]
+        if kind not in ("reasoning.text", "reasoning.summary"):
+            return []  # e.g. server tool-call details: kept in the continuity list only
+        text = detail.get(_TEXT_FIELD[kind])
+        text = text if isinstance(text, str) else ""
+        signature = detail.get("signature")
+        signature = signature if isinstance(signature, str) and signature else None
+        if text:
+            self._textual_details = True
+        if not text and signature is None:
+            return []
+        rkind: ReasoningKind = "raw" if kind == "reasoning.text" else "summary"
+        return [ReasoningDelta(text, reasoning_kind=rkind, index=index, signature=signature)]
+
+    def continuity_chunks(self) -> list[Chunk]:
+        if not self.details:
+            return []
+        block = ContinuityBlock(
+            CARRIER,
+            {"reasoning_details": list(self.details.values())},
+            provider=self.provider,
+            model=self.model,
+        )
+        return [ContinuityChunk(block)]
+
+
+class OpenRouterProvider:
+    """``openrouter:VENDOR/MODEL`` over ``POST {base}/chat/completions``."""
+
+    name = "openrouter"
+
+    def __init__(
+        self,
+        model: str,
+        settings: ProviderSettings | None = None,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings or ProviderSettings()
+        base_url = resolve_base_url(
+            self.settings, "OPENROUTER_BASE_URL", DEFAULT_BASE_URL, provider=self.name
+        )
+        api_key = resolve_api_key(self.settings, "OPENROUTER_API_KEY")
+        if not api_key:
+            raise ConfigError(
+                "providers.openrouter.api_key",
+                None,
+                "an OpenRouter key (or set OPENROUTER_API_KEY)",
+            )
+        headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
+        self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
+        self.capabilities = Capabilities(
+            reasoning_text=True,
+            reasoning_summary=True,
+            continuity=True,
+            tools=True,
+            notes={
+                "reasoning_text": "reasoning.text details (and delta.reasoning)",
+                "reasoning_summary": "reasoning.summary details (OpenAI models)",
+                "continuity": f"{CARRIER}: details merged by (type, index)",
+            },
+        )
+
+    @property
+    def path(self) -> str:
+        return CHAT_PATH
+
+    def _assistant_extra(self, loop_start: int) -> AssistantExtra:
+        def extra(index: int, message: Message) -> dict[str, Any]:
+            if index < loop_start or not any(isinstance(p, ToolCallPart) for p in message.parts):
+                return {}
+            block = matching_block(message, CARRIER, provider=self.name, model=self.model)
+            if block is None:
+                return {}
+            return {"reasoning_details": block.data["reasoning_details"]}
+
+        return extra
+
+    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
+        extra = self._assistant_extra(current_loop_start(request.messages))
+        messages = build_chat_messages(request, extra)
+        body = chat_body(self.model, request, messages, stream=stream)
+        body["reasoning"] = reasoning_param(request.reasoning)
+        return apply_extra(body, self.settings)
+
+    def _parser(self, request: TurnRequest) -> OpenRouterParser:
+        return OpenRouterParser(
+            provider=self.name, model=self.model, capture=request.reasoning.enabled
+        )
+
+    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        body = self.build_body(request, stream=True)
+        async for chunk in stream_chat_completion(self._http, body, self._parser(request)):
+            yield chunk
+
+    async def request(self, request: TurnRequest) -> Turn:
+        data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
+        chunks = parse_chat_completion(data, self._parser(request))
+        return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

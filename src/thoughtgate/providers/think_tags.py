@@ -1,0 +1,150 @@
+"""Split inline ``<think>…</think>`` reasoning out of answer text, streamed or whole.
+
+Some OpenAI-compatible servers (Groq ``reasoning_format: raw``, Fireworks, MiniMax, NIM, llama.cpp
+without a reasoning parser, vLLM without ``--reasoning-parser``) put the model's chain of thought
+inline in ``content``. Deltas are cut wherever the server likes, so a tag can straddle chunks at
+any character: ``'e.'``, ``'\\n</think'``, ``'>{'`` was seen on the wire
+(tenstorrent/tt-inference-server#4386).
+
+:class:`ThinkTagSplitter` is the streaming state machine (PROVIDER_WIRE_FORMATS §4.5, the Vercel AI
+SDK ``getPotentialStartIndex`` idea): it searches only for the *next expected* tag, emits the text
+before it to the current channel, and holds back a buffer suffix that could still become that tag.
+At the end of the stream whatever is held goes to the current channel, so an unclosed ``<think>``
+counts as reasoning (never as answer text). :func:`split_think_tags` is an independent whole-text
+implementation; a property test checks that every chunking of a text agrees with it.
+
+Rules shared by both:
+
+* tags may appear anywhere and may repeat; each ``<think>`` opens reasoning, each ``</think>``
+  closes it; a ``</think>`` outside reasoning (or ``<think>`` inside) is ordinary text;
+* ``starts_in_think`` starts in reasoning, for chat templates that inject ``<think>`` into the
+  prompt so the model's output begins mid-thought (Qwen3, DeepSeek-R1 templates; vLLM handles the
+  same case in ``BaseThinkingReasoningParser``);
+* with ``strip`` (default) the newlines templates put around reasoning are dropped: whitespace
+  right after a tag and whitespace right before ``</think>``; ``"<think>\\nhm\\n</think>\\n\\nOK"``
+  gives reasoning ``"hm"`` and answer ``"OK"``. Text before a ``<think>`` keeps its whitespace,
+  and so does reasoning left unclosed at the end of the stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+__all__ = ["CLOSE_TAG", "OPEN_TAG", "Channel", "Piece", "ThinkTagSplitter", "split_think_tags"]
+
+OPEN_TAG = "<think>"
+CLOSE_TAG = "</think>"
+
+Channel: TypeAlias = Literal["reasoning", "text"]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A run of characters for one channel."""
+
+    channel: Channel
+    text: str
+
+
+def _held_suffix(buf: str, tag: str) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``."""
+    for size in range(min(len(buf), len(tag) - 1), 0, -1):
+        if tag.startswith(buf[-size:]):
+            return size
+    return 0
+
+
+class ThinkTagSplitter:
+    """Feed content deltas, get :class:`Piece` runs; call :meth:`flush` once at end of stream."""
+
+    def __init__(
+        self,
+        *,
+        starts_in_think: bool = False,
+        strip: bool = True,
+        open_tag: str = OPEN_TAG,
+        close_tag: str = CLOSE_TAG,
+    ) -> None:
+        self.in_think = starts_in_think
+        self.strip = strip
+        self.open_tag = open_tag
+        self.close_tag = close_tag
+        self._pending = ""
+        self._skip_ws = strip and starts_in_think
+
+    @property
+    def channel(self) -> Channel:
+        return "reasoning" if self.in_think else "text"
+
+    def _emit(self, out: list[Piece], text: str) -> None:
+        if self._skip_ws:
+            text = text.lstrip()
+            if not text:
+                return
+            self._skip_ws = False
+        if not text:
+            return
+        if out and out[-1].channel == self.channel:
+            out[-1] = Piece(self.channel, out[-1].text + text)
+        else:
+            out.append(Piece(self.channel, text))
+
+    def feed(self, delta: str) -> list[Piece]:
+        out: list[Piece] = []
+        buf = self._pending + delta
+        while True:
+            tag = self.close_tag if self.in_think else self.open_tag
+            at = buf.find(tag)
+            if at == -1:
+                keep = len(buf) - _held_suffix(buf, tag)
+                if self.strip and self.in_think:
+                    # trailing whitespace may turn out to precede </think>: hold it until we know
+                    keep = len(buf[:keep].rstrip())
+                self._emit(out, buf[:keep])
+                self._pending = buf[keep:]
+                return out
+            segment = buf[:at]
+            if self.strip and self.in_think:
+                segment = segment.rstrip()
+            self._emit(out, segment)
+            buf = buf[at + len(tag) :]
+            self.in_think = not self.in_think
+            self._skip_ws = self.strip
+
+    def flush(self) -> list[Piece]:
+        """End of stream: held characters belong to the current channel (unclosed think too)."""
+        out: list[Piece] = []
+        self._emit(out, self._pending)
+        self._pending = ""
+        return out
+
+
+def split_think_tags(
+    text: str,
+    *,
+    starts_in_think: bool = False,
+    strip: bool = True,
+    open_tag: str = OPEN_TAG,
+    close_tag: str = CLOSE_TAG,
+) -> tuple[str, str]:
+    """``(reasoning, answer)`` of a whole content string, by the same rules as the splitter."""
+    reasoning: list[str] = []
+    answer: list[str] = []
+    in_think = starts_in_think
+    after_tag = starts_in_think
+    pos = 0
+    while True:
+        tag = close_tag if in_think else open_tag
+        at = text.find(tag, pos)
+        segment = text[pos:] if at == -1 else text[pos:at]
+        if strip and after_tag:
+            segment = segment.lstrip()
+        if strip and in_think and at != -1:
+            segment = segment.rstrip()
+        (reasoning if in_think else answer).append(segment)
+        if at == -1:
+            return "".join(reasoning), "".join(answer)
+        pos = at + len(tag)
+        in_think = not in_think
+        after_tag = True

@@ -1,0 +1,111 @@
+"""Inline <think> splitting: any chunking of a stream gives the same reasoning and answer."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thoughtgate.providers.chat_completions import parse_chat_completion
+from thoughtgate.providers.openai_compatible import CompatParser
+from thoughtgate.providers.think_tags import ThinkTagSplitter, split_think_tags
+from thoughtgate.types import TurnAccumulator
+
+# texts built from tag fragments, whitespace and words, so tags, half tags and near-tags are common
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "<",
+    "</",
+    "<th",
+    "think>",
+    "</thi",
+    "nk>",
+    "\n",
+    " ",
+    "a",
+    "b c",
+]
+texts = st.lists(
+    st.sampled_from(FRAGMENTS) | st.text("ab<>/\n tkhin", max_size=4), max_size=24
+).map("".join)
+
+
+def stream_split(text: str, cuts: list[int], **kw: bool) -> tuple[str, str]:
+    splitter = ThinkTagSplitter(**kw)
+    reasoning: list[str] = []
+    answer: list[str] = []
+    bounds = [*sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
+    start = 0
+    for end in bounds:
+        for piece in splitter.feed(text[start:end]):
+            (reasoning if piece.channel == "reasoning" else answer).append(piece.text)
+        start = end
+    for piece in splitter.flush():
+        (reasoning if piece.channel == "reasoning" else answer).append(piece.text)
+    return "".join(reasoning), "".join(answer)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=30), starts=st.booleans())
+def test_any_chunking_matches_the_whole_text_split(
+    text: str, cuts: list[int], starts: bool
+) -> None:
+    expected = split_think_tags(text, starts_in_think=starts)
+    assert stream_split(text, cuts, starts_in_think=starts) == expected
+    assert stream_split(text, list(range(len(text) + 1)), starts_in_think=starts) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=20))
+def test_unstripped_mode_loses_no_character(text: str, cuts: list[int]) -> None:
+    reasoning, answer = stream_split(text, cuts, strip=False)
+    assert (reasoning, answer) == split_think_tags(text, strip=False)
+    # without stripping, only the tags themselves are removed
+    assert len(reasoning) + len(answer) <= len(text)
+
+
+def _parse(content_chunks: list[str], *, capture: bool = True) -> tuple[str, str]:
+    parser = CompatParser(provider="openai-compatible", model="m", capture=capture)
+    acc = TurnAccumulator()
+    for piece in content_chunks:
+        acc.feed_all(parser.feed({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+    acc.feed_all(parser.end())
+    turn = acc.finish()
+    return turn.reasoning_text, turn.text
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=20))
+def test_adapter_streaming_and_non_streaming_agree(text: str, cuts: list[int]) -> None:
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
+    streamed = _parse([text[a:b] for a, b in itertools.pairwise(bounds)])
+    parser = CompatParser(provider="openai-compatible", model="m", capture=True)
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+    whole = TurnAccumulator().feed_all(parse_chat_completion(body, parser)).finish()
+    assert streamed == (whole.reasoning_text, whole.text)
+    # hidden mode drops the reasoning but never lets it into the answer
+    assert _parse([text], capture=False) == ("", whole.text)
+
+
+def test_examples() -> None:
+    assert split_think_tags("<think>\nhm\n</think>\n\nOK") == ("hm", "OK")
+    assert split_think_tags("A <think>r</think> B") == ("r", "A B")
+    assert split_think_tags("<think>unclosed <") == ("unclosed <", "")
+    assert split_think_tags("plain </think> text") == ("", "plain </think> text")
+    assert split_think_tags("mid</think>answer", starts_in_think=True) == ("mid", "answer")
+    assert stream_split("<think>\nhm\n</think>\n\nOK", [3, 9, 15, 16]) == ("hm", "OK")
+
+
+def test_partial_tag_is_held_back_until_decided() -> None:
+    splitter = ThinkTagSplitter()
+    out = splitter.feed("Hello <thi")
+    assert [(p.channel, p.text) for p in out] == [("text", "Hello ")]
+    out = splitter.feed("nk>deep")
+    assert [(p.channel, p.text) for p in out] == [("reasoning", "deep")]
+    out = splitter.feed("</thin")
+    assert out == []
+    out = splitter.feed("king")  # not a tag after all: the held text was reasoning
+    assert [(p.channel, p.text) for p in out] == [("reasoning", "</thinking")]
+    assert [(p.channel, p.text) for p in splitter.flush()] == []

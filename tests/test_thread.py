@@ -1,0 +1,480 @@
+"""The thread: tool payload normalization, card statuses, and reload == live."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thoughtgate.access.filter import filter_events
+from thoughtgate.config import Config
+from thoughtgate.events.pipeline import VisibleReasoningPipeline
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.events.thread import (
+    ArtifactItem,
+    NoticeItem,
+    PhaseItem,
+    StepItem,
+    ThreadBuilder,
+    ToolCard,
+    normalize_tool_payload,
+    rebuild,
+)
+from thoughtgate.events.visible import (
+    VISIBLE_MARKER,
+    VisibleStep,
+    build_receipt,
+    cot_completed_event,
+    cot_phase_event,
+    cot_step_event,
+    cot_tool_reasoning_event,
+)
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+from thoughtgate.types import ReasoningPart, TextPart, ToolCallPart, Turn
+
+
+def sequenced(news: list[NewEvent], run_id: str = "run_1") -> list[Event]:
+    return [
+        Event(i, run_id, n.type, n.payload, task_id=n.task_id, ts=n.ts)
+        for i, n in enumerate(news, start=1)
+    ]
+
+
+def step(step_id: str, summary: str = "Comparing fares", **kw: Any) -> VisibleStep:
+    return VisibleStep(step_id, summary, kw.pop("phase", "thinking"), 1.0, **kw)
+
+
+def tool(etype: str, call_id: str = "c1", **payload: Any) -> NewEvent:
+    return NewEvent(etype, {"callId": call_id, "toolKey": "search_fares", **payload})
+
+
+# --------------------------------------------------------------------------- normalization
+
+
+def test_tool_payload_normalization_follows_the_spec() -> None:
+    n = normalize_tool_payload({"toolKey": "a", "key": "b", "callId": "c", "toolCallId": "d"})
+    assert (n.tool_key, n.call_id) == ("a", "c")
+    n = normalize_tool_payload({"key": "b", "toolCallId": "d", "args": {"x": 1}, "output": 2})
+    assert (n.tool_key, n.call_id, n.input, n.output) == ("b", "d", {"x": 1}, 2)
+    n = normalize_tool_payload({"input": {"y": 2}, "args": {"x": 1}, "data": 3, "output": 4})
+    assert (n.input, n.output) == ({"y": 2}, 3)
+    n = normalize_tool_payload({}, {"stepId": "step-7"})
+    assert n.call_id == "step-7"
+    n = normalize_tool_payload({"callId": None, "toolCallId": "d"}, {"stepId": "s"})
+    assert n.call_id == "d"  # ?? skips null only
+    n = normalize_tool_payload({"callId": "", "toolCallId": "d"})
+    assert n.call_id == ""  # ... and keeps an empty string, as ?? does
+    assert normalize_tool_payload({}).activity is None
+
+
+def test_activity_drives_rendering() -> None:
+    activity = {
+        "activityType": "web.fetch",
+        "origin": "mcp",
+        "label": "Fetching timetable",
+        "detail": {"url": "https://example.com"},
+        "renderHint": "link",
+        "status": "degraded",
+        "subjectType": "document",
+        "subjectId": 42,
+    }
+    view = rebuild(sequenced([tool(EventType.TOOL_STARTED, activity=activity)]))
+    [card] = view.cards
+    assert card.label == "Fetching timetable"
+    assert card.status == "degraded"  # activity.status wins
+    assert card.activity is not None
+    assert card.activity.to_dict() == {**activity, "subjectId": "42"}
+
+
+# --------------------------------------------------------------------------- statuses
+
+
+@pytest.mark.parametrize(
+    ("events", "status"),
+    [
+        ([EventType.TOOL_APPROVAL_REQUIRED], "pending"),
+        ([EventType.TOOL_STARTED], "executing"),
+        ([EventType.TOOL_STARTED, EventType.TOOL_PROGRESS], "executing"),
+        ([EventType.TOOL_STARTED, EventType.TOOL_COMPLETED], "completed"),
+        ([EventType.TOOL_STARTED, EventType.TOOL_FAILED], "failed"),
+        ([EventType.TOOL_STARTED, EventType.TOOL_DEGRADED], "degraded"),
+        ([EventType.TOOL_APPROVAL_REQUIRED, EventType.TOOL_APPROVAL_TIMEOUT], "skipped"),
+        ([EventType.TOOL_STARTED, EventType.TOOL_COMPLETED, EventType.TOOL_PROGRESS], "completed"),
+    ],
+)
+def test_card_status_follows_tool_events(events: list[str], status: str) -> None:
+    view = rebuild(sequenced([tool(t) for t in events]))
+    assert [c.status for c in view.cards] == [status]
+    assert [c.to_dict()["status"] for c in view.message.tool_calls] == [status]
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"),
+    [
+        ({"approved": False}, "rejected"),
+        ({"decision": "deny"}, "rejected"),
+        ({"approved": True}, "pending"),
+        ({"decision": "approve"}, "pending"),
+    ],
+)
+def test_approval_answers(answer: dict[str, Any], status: str) -> None:
+    news = [
+        tool(EventType.TOOL_APPROVAL_REQUIRED),
+        tool(EventType.TOOL_APPROVAL_RESPONSE, **answer),
+    ]
+    assert rebuild(sequenced(news)).cards[0].status == status
+    news.append(tool(EventType.TOOL_STARTED))
+    if status == "pending":
+        assert rebuild(sequenced(news)).cards[0].status == "executing"
+
+
+def test_tool_failed_is_not_terminal_but_message_completed_is() -> None:
+    news = [
+        tool(EventType.TOOL_STARTED),
+        tool(EventType.TOOL_FAILED, error="timeout"),
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "Sorry, "}),
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "no fares."}),
+    ]
+    view = rebuild(sequenced(news))
+    assert view.status == "running"
+    assert view.terminal is None
+    assert view.cards[0].error == "timeout"
+    assert view.message.text == "Sorry, no fares."
+    assert not view.message.final
+    news.append(NewEvent(EventType.MESSAGE_COMPLETED, {"text": "Sorry, no fares today."}))
+    news.append(NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {}))
+    view = rebuild(sequenced(news))
+    assert (view.status, view.terminal) == ("completed", EventType.RUN_SETTLEMENT_COMPLETED)
+    assert view.message.text == "Sorry, no fares today."
+    assert view.message.final
+
+
+@pytest.mark.parametrize(
+    ("etype", "status"),
+    [
+        (EventType.MESSAGE_PARTIALLY_COMPLETED, "partial"),
+        (EventType.RUN_FAILED, "failed"),
+        (EventType.RUN_ERROR, "failed"),
+        (EventType.RUN_SETTLEMENT_COMPLETED, "completed"),
+    ],
+)
+def test_terminal_events(etype: str, status: str) -> None:
+    view = rebuild(sequenced([NewEvent(EventType.MESSAGE_DELTA, {"text": "Hi"}), NewEvent(etype)]))
+    assert (view.status, view.terminal, view.message.text) == (status, etype, "Hi")
+
+
+# --------------------------------------------------------------------------- visible steps
+
+
+def test_steps_update_in_place_and_keep_think_tool_think_order() -> None:
+    news = [
+        cot_step_event(step("s1", "Comparing fares")),
+        tool(EventType.TOOL_STARTED, "c1"),
+        cot_tool_reasoning_event(step("t1", "Fares are needed to compare", tool_call_id="c1")),
+        cot_step_event(step("s2", "Weighing arrival times")),
+        cot_step_event(step("s1", "Comparing fares and comfort")),
+        cot_phase_event(step("p1", "Writing the answer", phase="writing")),
+    ]
+    view = rebuild(sequenced(news))
+    kinds = [type(i).__name__ for i in view.items]
+    assert kinds == ["StepItem", "ToolCard", "StepItem", "PhaseItem"]
+    assert [s.summary for s in view.steps] == [
+        "Comparing fares and comfort",
+        "Weighing arrival times",
+    ]
+    assert [s.summary for s in view.cards[0].reasoning] == ["Fares are needed to compare"]
+    assert view.discarded == 0
+
+
+def test_unmarked_malformed_and_orphan_cot_payloads_are_discarded() -> None:
+    good = step("s1").to_payload()
+    news = [
+        NewEvent(EventType.COT_STEP, {**good, "marker": "something_else"}),
+        NewEvent(EventType.COT_STEP, {k: v for k, v in good.items() if k != "marker"}),
+        NewEvent(EventType.COT_PHASE, {**good, "phase": "daydreaming"}),
+        NewEvent(EventType.COT_TOOL_REASONING, {**good, "tool_call_id": "nobody"}),
+        NewEvent(EventType.COT_COMPLETED, {"marker": VISIBLE_MARKER, "receipt": {"x": 1}}),
+        NewEvent("cot.unknown", good),
+        NewEvent(EventType.COT_STEP, "not a mapping"),  # type: ignore[arg-type]
+        NewEvent(EventType.MESSAGE_COMPLETED, {"text": "The answer."}),
+    ]
+    view = rebuild(sequenced(news))
+    assert view.items == ()
+    assert view.discarded == 7
+    assert view.message.text == "The answer."  # nothing blocks the message
+
+
+def test_reasoning_is_never_taken_from_tools_or_provider_fields() -> None:
+    leak = "I secretly think the cheap fare is a trap"
+    news = [
+        tool(
+            EventType.TOOL_STARTED,
+            input={"reasoning": leak, "summary": leak, "marker": VISIBLE_MARKER},
+            reasoning=leak,
+        ),
+        tool(EventType.TOOL_COMPLETED, data={"thinking": leak}, summary=leak),
+        NewEvent(EventType.AGENT_RESPONSE, {"reasoning": leak, "reasoning_parts": [leak]}),
+        NewEvent(EventType.WORKER_COMPLETED, {"trace": {"reasoning": leak}}),
+    ]
+    view = rebuild(sequenced(news))
+    assert view.steps == ()
+    assert view.raw_reasoning is None
+    assert all(not isinstance(i, StepItem | PhaseItem) for i in view.items)
+
+
+def test_raw_reasoning_comes_only_from_reasoning_delta() -> None:
+    news = [
+        NewEvent(EventType.REASONING_DELTA, {"text": "Rail or "}),
+        NewEvent(EventType.REASONING_DELTA, {"text": "air?"}),
+    ]
+    assert rebuild(sequenced(news)).raw_reasoning == "Rail or air?"
+
+
+def test_capabilities_plans_and_artifacts_render_as_their_own_items() -> None:
+    news = [
+        NewEvent(EventType.CAPABILITY_RESOLVED, {"capability": "web", "label": "Web access"}),
+        NewEvent(EventType.PLAN_STEP_ADDED, {"stepId": "p1", "title": "Find fares"}),
+        NewEvent("artifact.created", {"artifactId": "a1", "name": "fares.csv"}),
+        NewEvent("preview.ready", {"previewId": "v1", "title": "Route map"}),
+        NewEvent("artifact.updated", {"artifactId": "a1", "size": 120}),
+    ]
+    view = rebuild(sequenced(news))
+    assert view.steps == ()
+    [cap, plan, art, prev] = view.items
+    assert isinstance(cap, NoticeItem) and (cap.kind, cap.label) == ("capability", "Web access")
+    assert isinstance(plan, NoticeItem) and (plan.kind, plan.label) == ("plan", "Find fares")
+    assert isinstance(art, ArtifactItem)
+    assert (art.state, art.label, art.attrs["size"]) == ("updated", "fares.csv", 120)
+    assert isinstance(prev, ArtifactItem) and (prev.family, prev.state) == ("preview", "ready")
+
+
+def test_to_dict_is_json_and_carries_message_tool_calls() -> None:
+    news = [
+        cot_step_event(step("s1")),
+        tool(EventType.TOOL_STARTED, input={"q": "x"}),
+        cot_completed_event(build_receipt("surface", raw_reasoning_exists=True, steps_shown=1)),
+        NewEvent(EventType.MESSAGE_COMPLETED, {"text": "Done"}),
+    ]
+    data = json.loads(json.dumps(rebuild(sequenced(news)).to_dict()))
+    assert data["message"]["toolCalls"] == [
+        {"callId": "c1", "toolKey": "search_fares", "status": "executing"}
+    ]
+    assert data["receipt"]["raw_reasoning_visible_to"] == "developer"
+    assert [i["kind"] for i in data["items"]] == ["step", "tool"]
+
+
+def test_wire_dicts_and_events_build_the_same_view() -> None:
+    events = sequenced([cot_step_event(step("s1")), tool(EventType.TOOL_STARTED)])
+    assert rebuild([e.to_dict() for e in events]) == rebuild(events)
+
+
+# --------------------------------------------------------------------------- reload == live
+
+CALLS = ["c1", "c2", "c3"]
+STEP_IDS = ["s1", "s2", "s3"]
+
+
+def _cot(kind: str, step_id: str, summary: str, call: str) -> NewEvent:
+    if kind == "step":
+        return cot_step_event(step(step_id, summary))
+    if kind == "phase":
+        return cot_phase_event(step(step_id, summary, phase="acting"))
+    if kind == "tool_reasoning":
+        return cot_tool_reasoning_event(step(step_id, summary, tool_call_id=call))
+    if kind == "completed":
+        return cot_completed_event(
+            build_receipt("surface", raw_reasoning_exists=True, steps_shown=1)
+        )
+    return NewEvent(EventType.COT_STEP, {"summary": summary})  # unmarked
+
+
+def _tool(etype: str, call: str, key_style: int, value: str, activity: bool) -> NewEvent:
+    payload: dict[str, Any] = {"callId": call} if key_style == 0 else {"toolCallId": call}
+    payload["toolKey" if key_style == 0 else "key"] = "search_fares"
+    payload["input" if key_style == 0 else "args"] = {"q": value}
+    if etype in (EventType.TOOL_COMPLETED, EventType.TOOL_DEGRADED):
+        payload["data" if key_style == 0 else "output"] = {"n": value}
+    if etype == EventType.TOOL_APPROVAL_RESPONSE:
+        payload["approved"] = value != "no"
+    if activity:
+        payload["activity"] = {"label": f"Searching {value}", "status": "executing"}
+    return NewEvent(etype, payload)
+
+
+TOOL_TYPES = [
+    EventType.TOOL_STARTED,
+    EventType.TOOL_PROGRESS,
+    EventType.TOOL_APPROVAL_REQUIRED,
+    EventType.TOOL_APPROVAL_RESPONSE,
+    EventType.TOOL_APPROVAL_TIMEOUT,
+    EventType.TOOL_COMPLETED,
+    EventType.TOOL_FAILED,
+    EventType.TOOL_DEGRADED,
+]
+WORDS = st.sampled_from(["fares", "rail", "no", "Milan", "comfort"])
+
+cot_events = st.builds(
+    _cot,
+    st.sampled_from(["step", "phase", "tool_reasoning", "completed", "bad"]),
+    st.sampled_from(STEP_IDS),
+    WORDS,
+    st.sampled_from(CALLS),
+)
+tool_events = st.builds(
+    _tool,
+    st.sampled_from(TOOL_TYPES),
+    st.sampled_from(CALLS),
+    st.integers(0, 1),
+    WORDS,
+    st.booleans(),
+)
+other_events = st.one_of(
+    st.builds(lambda w: NewEvent(EventType.MESSAGE_DELTA, {"text": w + " "}), WORDS),
+    st.builds(lambda w: NewEvent(EventType.REASONING_DELTA, {"text": w}), WORDS),
+    st.builds(lambda w: NewEvent(EventType.MESSAGE_COMPLETED, {"text": w}), WORDS),
+    st.just(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, {})),
+    st.just(NewEvent(EventType.RUN_FAILED, {"error": "x"})),
+    st.builds(lambda w: NewEvent(EventType.PLAN_STEP_ADDED, {"stepId": w, "title": w}), WORDS),
+    st.builds(lambda w: NewEvent(EventType.CAPABILITY_RESOLVED, {"capability": w}), WORDS),
+    st.builds(lambda w: NewEvent("artifact.updated", {"artifactId": "a", "name": w}), WORDS),
+    st.builds(lambda w: NewEvent(EventType.AGENT_RESPONSE, {"reasoning": w}), WORDS),
+)
+event_lists = st.lists(st.one_of(cot_events, tool_events, other_events), max_size=30).map(sequenced)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=event_lists)
+def test_live_build_equals_reload_at_every_point(events: list[Event]) -> None:
+    live = ThreadBuilder()  # live: the SSE JSON frames, one at a time
+    for i, event in enumerate(events):
+        live.feed(json.loads(json.dumps(event.to_dict())))
+        assert live.view() == rebuild(events[: i + 1])  # reload: persisted Event objects
+    assert live.view() == rebuild(events)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=event_lists, data=st.data())
+def test_resuming_at_any_point_with_overlap_equals_reload(events: list[Event], data: Any) -> None:
+    cut = data.draw(st.integers(0, len(events)))
+    overlap = data.draw(st.integers(0, cut))
+    resumed = ThreadBuilder().feed_all(events[:cut])  # reload of what was persisted so far ...
+    resumed.feed_all(events[overlap:])  # ... then live from an earlier Last-Event-ID
+    assert resumed.view() == rebuild(events)
+    assert resumed.last_seq == (events[-1].seq if events else 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    noise=st.lists(st.one_of(tool_events, other_events), max_size=12),
+    where=st.lists(st.integers(0, 12), min_size=3, max_size=3).map(sorted),
+)
+def test_think_tool_think_order_survives_any_interleaving(
+    noise: list[NewEvent], where: list[int]
+) -> None:
+    skeleton = [
+        cot_step_event(step("think-1", "Comparing fares")),
+        NewEvent(EventType.TOOL_STARTED, {"callId": "X", "toolKey": "search_fares"}),
+        cot_step_event(step("think-2", "Weighing the results")),
+    ]
+    news = list(noise)
+    for offset, (at, event) in enumerate(zip(where, skeleton, strict=True)):
+        news.insert(min(at + offset, len(news)), event)
+    view = rebuild(sequenced(news))
+    keys = [
+        i.step.step_id if isinstance(i, StepItem) else i.call_id
+        for i in view.items
+        if isinstance(i, StepItem | ToolCard)
+    ]
+    assert [k for k in keys if k in ("think-1", "X", "think-2")] == ["think-1", "X", "think-2"]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+async def _scripted_run(mode: str) -> list[Event]:
+    """What the runtime and tool loop will do: append tool events and the pipeline's output."""
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "Lyon to Milan?", chain_of_thought=mode))
+    p = VisibleReasoningPipeline.for_run(Config(), mode)
+    assert p is not None
+    args = '{"origin": "Lyon Part-Dieu", "destination": "Milano Centrale"}'
+    first = Turn(
+        (
+            ReasoningPart("The user wants comfort; compare rail and air."),
+            ReasoningPart("**Comparing rail and air**", reasoning_kind="summary"),
+            ToolCallPart("call_1", "search_fares", args),
+        )
+    )
+    final = Turn((ReasoningPart("Rail wins."), TextPart("Take the 13:25 train.")))
+
+    async def put(*events: NewEvent) -> None:
+        await store.append("run_1", list(events))
+
+    await put(NewEvent(EventType.TASK_STARTED, {}, task_id="t1"))
+    await put(*await p.task_started("t1"))
+    await put(NewEvent(EventType.REASONING_DELTA, {"text": first.reasoning_text}))
+    await put(*await p.turn_finished(first))
+    await put(NewEvent(EventType.TOOL_STARTED, {"callId": "call_1", "toolKey": "search_fares",
+                                                 "input": json.loads(args)}))  # fmt: skip
+    await put(*await p.tool_started("call_1", "search_fares", arguments_json=args))
+    await put(NewEvent(EventType.TOOL_COMPLETED, {"callId": "call_1", "data": {"offers": 3}}))
+    await put(*await p.tool_finished("call_1", "search_fares", "completed", result_text="3"))
+    await put(*await p.answer_started())
+    await put(NewEvent(EventType.MESSAGE_DELTA, {"text": "Take the 13:25 train."}))
+    await put(NewEvent(EventType.REASONING_DELTA, {"text": final.reasoning_text}))
+    await put(*await p.turn_finished(final))
+    await put(*await p.task_completed())
+    await put(p.completed())
+    await put(NewEvent(EventType.MESSAGE_COMPLETED, {"text": "Take the 13:25 train."}))
+    return await store.read("run_1")
+
+
+async def test_each_reader_sees_the_same_steps_and_only_what_their_role_allows() -> None:
+    events = await _scripted_run("surface")
+    developer = rebuild(filter_events(events, "developer", mode="surface"))
+    viewer = rebuild(filter_events(events, "viewer", mode="surface"))
+    assert developer.steps == viewer.steps
+    assert [s.summary for s in viewer.steps] == ["Comparing rail and air"]
+    assert [type(i).__name__ for i in viewer.items] == [
+        "PhaseItem",  # Planning
+        "StepItem",  # think
+        "ToolCard",  # tool
+        "PhaseItem",  # Calling search_fares
+        "PhaseItem",  # Reviewing the result
+        "PhaseItem",  # Writing the answer
+        "PhaseItem",  # Done
+    ]
+    assert developer.raw_reasoning is not None and "compare rail and air" in developer.raw_reasoning
+    assert viewer.raw_reasoning is None
+    assert developer.cards[0].input == {
+        "origin": "Lyon Part-Dieu",
+        "destination": "Milano Centrale",
+    }
+    assert (viewer.cards[0].input, viewer.cards[0].output) == (None, None)
+    assert viewer.cards[0].status == "completed"
+    assert viewer.message.text == "Take the 13:25 train." and viewer.status == "completed"
+    assert viewer.receipt is not None and viewer.receipt.raw_reasoning_visible_to == "developer"
+    assert viewer.discarded == 0
+
+
+async def test_telemetry_only_shows_phases_and_no_reasoning_even_to_owners() -> None:
+    events = await _scripted_run("telemetry_only")
+    owner = rebuild(filter_events(events, "owner", mode="telemetry_only"))
+    assert owner.raw_reasoning is None
+    assert owner.steps == ()
+    assert any(isinstance(i, PhaseItem) for i in owner.items)
+    assert owner.receipt is not None and owner.receipt.raw_reasoning_surface == "trace"
+
+
+def test_views_are_snapshots() -> None:
+    builder = ThreadBuilder()
+    builder.feed(sequenced([cot_step_event(step("s1"))])[0])
+    before = builder.view()
+    builder.feed(Event(2, "run_1", EventType.COT_STEP, step("s2").to_payload()))
+    assert len(before.items) == 1
+    assert len(builder.view().items) == 2
+    assert builder.feed(Event(2, "run_1", EventType.COT_STEP, step("s3").to_payload())) is False

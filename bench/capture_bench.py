@@ -304,8 +304,9 @@ def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]
 # --------------------------------------------------------------------------- the run
 
 
-def _row(name: str, value: float, unit: str, target: str, ok: bool | None) -> Row:
-    return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok}
+def _row(name: str, value: float | str, unit: str, target: str | None, ok: bool | None) -> Row:
+    shown = round(value, 4) if isinstance(value, float) else value
+    return {"name": name, "value": shown, "unit": unit, "target": target, "ok": ok}
 
 
 async def measure(url: str) -> list[Row]:
@@ -324,11 +325,11 @@ async def measure(url: str) -> list[Row]:
             seconds = await cpu_seconds(runs)
             for name in made:
                 if name not in seconds:
-                    rows.append(
-                        _row(f"{name} [{chunking}]", float("nan"), "not installed", "", None)
-                    )
+                    rows.append(_row(f"{name} [{chunking}]", "not installed", "", None, None))
                     continue
-                rows.append(_row(f"{name} cpu [{chunking}]", seconds[name] * 1000, "ms", "", None))
+                rows.append(
+                    _row(f"{name} cpu [{chunking}]", seconds[name] * 1000, "ms", None, None)
+                )
             for name in consumers:
                 if name == "raw":
                     continue
@@ -357,7 +358,8 @@ def main() -> list[Row]:
     )
     for row in rows:
         ok = {True: "ok", False: "MISSED", None: ""}[row["ok"]]
-        print(f"{row['name']:<40} {row['value']:>10} {row['unit']:<14} {row['target']:<16} {ok}")
+        target = row["target"] or ""
+        print(f"{row['name']:<40} {row['value']:>13} {row['unit']:<3} {target:<16} {ok}")
     return rows
 
 

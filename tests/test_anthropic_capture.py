@@ -31,12 +31,14 @@ from hypothesis import strategies as st
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
-from thoughtgate.providers.anthropic import STOP_REASONS, THINKING_CARRIER, _fast_delta
+from thoughtgate.providers.anthropic import STOP_REASONS, THINKING_CARRIER, AnthropicCapture
 from thoughtgate.providers.base import ReasoningRequest, TurnRequest
+from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import (
     ContinuityBlock,
     ReasoningDelta,
     ReasoningPart,
+    TextDelta,
     TextPart,
     ToolCallPart,
     Turn,
@@ -408,19 +410,33 @@ async def replay_pieces(pieces: list[bytes]) -> Turn:
     pad=st.text(alphabet=" \t", max_size=16),
     ascii_only=st.booleans(),
 )
-def test_fast_delta_path_agrees_with_json_loads(
+def test_delta_lines_read_as_json_loads_reads_them(
     text: str, thinking: bool, index: int, pad: str, ascii_only: bool
 ) -> None:
+    """Whatever path a delta line takes (the compiled fast path or json.loads), same result."""
     kind, field = ("thinking_delta", "thinking") if thinking else ("text_delta", "text")
-    delta = {"type": kind, field: text}
-    data = json.dumps(
-        {"type": "content_block_delta", "index": index, "delta": delta},
-        separators=(",", ":"),
-        ensure_ascii=ascii_only,
+    block = (
+        {"type": "thinking", "thinking": "", "signature": ""}
+        if thinking
+        else {"type": "text", "text": ""}
     )
-    data = data[:-1] + pad + "}"
-    assert _fast_delta(data) == (index, thinking, text)
-    assert _fast_delta(data.replace('"index"', '"Index"')) is None
+    start = {"type": "content_block_start", "index": index, "content_block": block}
+    delta = {"type": "content_block_delta", "index": index, "delta": {"type": kind, field: text}}
+    data = json.dumps(delta, separators=(",", ":"), ensure_ascii=ascii_only)[:-1] + pad + "}"
+    capture = AnthropicCapture("m", kind="summary")
+    messages = [
+        SSEMessage("message_start", '{"type":"message_start","message":{}}'),
+        SSEMessage("content_block_start", json.dumps(start)),
+        SSEMessage("content_block_delta", data),
+    ]
+    chunks, error = capture.batch(messages)
+    assert error is None
+    assert "".join(getattr(c, "text", "") for c in chunks) == text
+    assert all(getattr(c, "index", index) == index for c in chunks)
+    assert all(isinstance(c, ReasoningDelta if thinking else TextDelta) for c in chunks)
+    broken = SSEMessage("content_block_delta", data.replace('"index"', '"Index"'))
+    _, error = AnthropicCapture("m", kind="summary").batch([*messages[:2], broken])
+    assert isinstance(error, MalformedResponseError)  # not accepted by the fast path either
 
 
 async def test_deltas_of_one_read_are_merged_and_no_read_waits_for_the_next() -> None:

@@ -423,20 +423,6 @@ def _unescape(raw: str) -> str | None:
         return None
 
 
-def _fast_delta(data: str) -> tuple[int, bool, str] | None:
-    """``(index, is_thinking, text)`` for a plain thinking/text delta, else ``None``.
-
-    (``AnthropicCapture.batch`` inlines this on its hot path; tests hold both to json.loads.)
-    """
-    match = _FAST_DELTA(data)
-    if match is None:
-        return None
-    index, kind, text = match.groups()
-    if "\\" in text and (text := _unescape(text)) is None:
-        return None
-    return int(index), kind is not None, text
-
-
 class AnthropicCapture:
     """Turns one response's events (or its message JSON) into normalized chunks.
 
@@ -516,7 +502,7 @@ class AnthropicCapture:
             if event == "ping" or self.finished:
                 continue  # nothing after message_stop belongs to the turn
             if event == "content_block_delta" and (match := _FAST_DELTA(data)) is not None:
-                # The hot path, inlined: _fast_delta, then what _thinking_piece and _piece do.
+                # The hot path, inlined: what _delta, _thinking_piece and _piece do for one delta.
                 digits, kind, text = match.groups()
                 index = int(digits)
                 slot = blocks.get(index)

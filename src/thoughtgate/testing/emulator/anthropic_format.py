@@ -104,11 +104,13 @@ async def handle(request: Request, emulator: Emulator) -> Response:
     emulator.requests.append(record)
     request_id = "req_011Emu" + secrets.token_hex(10)
     raw = await request.body()
+    problem: str | None = None
     try:
-        body = json.loads(raw)
+        body: Any = json.loads(raw)
+        record.body = body
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return _error(record, request_id, 400, "invalid_request_error", _json_message(exc))
-    record.body = body
+        body, problem = None, _json_message(exc)
+    # credentials and version are checked before the body, as the API does
     if not (headers.get("x-api-key") or headers.get("authorization")):
         return _error(
             record, request_id, 401, "authentication_error", "x-api-key header is required"
@@ -121,7 +123,7 @@ async def handle(request: Request, emulator: Emulator) -> Response:
             "invalid_request_error",
             "anthropic-version: header is required",
         )
-    problem = validate(body)
+    problem = problem or validate(body)
     if problem is not None:
         return _error(record, request_id, 400, "invalid_request_error", problem)
 

@@ -498,7 +498,8 @@ class AnthropicCapture:
         and the partial turn.
         """
         blocks = self._blocks
-        for event, data, _ in messages:
+        for message in messages:
+            event, data, _ = message
             if event == "ping" or self.finished:
                 continue  # nothing after message_stop belongs to the turn
             if event == "content_block_delta" and (match := _FAST_DELTA(data)) is not None:
@@ -523,7 +524,7 @@ class AnthropicCapture:
                         self._piece(index, thinking, text)
                     continue
             try:
-                decoded = parse_json_event(PROVIDER, SSEMessage(event, data))
+                decoded = parse_json_event(PROVIDER, message)
                 etype = decoded.get("type") or event
                 if etype == "error" or event == "error":
                     return self.take(), _stream_error(decoded)

@@ -243,7 +243,9 @@ def thoughtgate_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[Non
     def provider(payload: str) -> AnthropicProvider:
         if payload not in providers:
             settings = ProviderSettings(
-                base_url=url, api_key="bench", extra={"headers": {"x-bench-payload": payload}}
+                base_url=url,
+                api_key="bench",
+                extra={"thoughtgate": {"headers": {"x-bench-payload": payload}}},
             )
             providers[payload] = AnthropicProvider("claude-sonnet-4-5", settings)
         return providers[payload]
@@ -322,6 +324,7 @@ async def measure(url: str) -> list[Row]:
         for chunking in CHUNKINGS:
             runs = {name: (c[0], f"{chunking}-1") for name, c in consumers.items()}
             runs["thoughtgate 10x"] = (consumers["thoughtgate"][0], f"{chunking}-10")
+            runs["raw 10x"] = (consumers["raw"][0], f"{chunking}-10")
             seconds = await cpu_seconds(runs)
             for name in made:
                 if name not in seconds:
@@ -338,6 +341,8 @@ async def measure(url: str) -> list[Row]:
                 target = f"<= {RATIO_TARGET:g}x raw" if ours else "(comparison)"
                 ok = ratio <= RATIO_TARGET if ours else None
                 rows.append(_row(f"{name} / raw [{chunking}]", ratio, "x", target, ok))
+            raw_growth = seconds["raw 10x"] / seconds["raw"]
+            rows.append(_row(f"raw 10x events / 1x [{chunking}]", raw_growth, "x", None, None))
             growth = seconds["thoughtgate 10x"] / seconds["thoughtgate"]
             target = f"<= {LINEARITY_TARGET:g}x"
             ok = growth <= LINEARITY_TARGET

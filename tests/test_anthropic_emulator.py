@@ -78,7 +78,9 @@ def adapter(
     server: EmulatorServer, name: str, model: str = "claude-sonnet-4-5"
 ) -> AnthropicProvider:
     settings = ProviderSettings(
-        base_url=server.url, api_key="k", extra={"headers": {"x-emulator-scenario": name}}
+        base_url=server.url,
+        api_key="k",
+        extra={"thoughtgate": {"headers": {"x-emulator-scenario": name}}},
     )
     return AnthropicProvider(model, settings)
 

@@ -136,7 +136,7 @@ def adapter(
         max_retries=retries,
         timeout_s=timeout,
         connect_timeout_s=timeout,
-        extra={"headers": {"x-emulator-scenario": scenario}},
+        extra={"thoughtgate": {"headers": {"x-emulator-scenario": scenario}}},
     )
     provider = AnthropicProvider("claude-sonnet-4-5", settings)
     sleeps = Sleeps()

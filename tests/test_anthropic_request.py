@@ -331,7 +331,7 @@ async def test_three_turn_tool_loop_replays_continuity_the_emulator_verifies(
         ProviderSettings(
             base_url=server.url,
             api_key="k",
-            extra={"headers": {"x-emulator-scenario": "tool-loop"}},
+            extra={"thoughtgate": {"headers": {"x-emulator-scenario": "tool-loop"}}},
         ),
     )
     history: list[Message] = [Message.user("What is the largest city in my country?")]
@@ -354,3 +354,20 @@ async def test_three_turn_tool_loop_replays_continuity_the_emulator_verifies(
     second = records[1].body["messages"][1]["content"]
     assert second[0]["type"] == "thinking" and second[0]["signature"]
     assert second[0]["thinking"].startswith("I need the user's country")
+
+
+def test_settings_extra_adds_body_fields_and_none_removes_them() -> None:
+    settings = ProviderSettings(
+        api_key="k",
+        extra={
+            "metadata": {"user_id": "u1"},
+            "output_config": None,
+            "thoughtgate": {"headers": {"anthropic-beta": "b1"}},
+        },
+    )
+    adapter = AnthropicProvider("claude-opus-4-7", settings)
+    body = adapter.build_body(ask("surface", effort="high"), stream=False)
+    assert body["metadata"] == {"user_id": "u1"}
+    assert "output_config" not in body and "thoughtgate" not in body
+    assert body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    assert adapter.transport._headers["anthropic-beta"] == "b1"

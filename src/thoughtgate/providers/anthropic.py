@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import json.decoder
-import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,10 +36,10 @@ from typing import Any, Final, Literal, TypeAlias
 import httpx
 
 from thoughtgate.errors import (
+    ConfigError,
     MalformedResponseError,
     ProviderError,
     ProviderStreamError,
-    UsageError,
 )
 from thoughtgate.providers.base import (
     Capabilities,
@@ -51,6 +50,12 @@ from thoughtgate.providers.base import (
     TurnRequest,
 )
 from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.providers.openai_common import (
+    adapter_options,
+    apply_extra,
+    resolve_api_key,
+    resolve_base_url,
+)
 from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import (
     Chunk,
@@ -715,16 +720,15 @@ class AnthropicProvider:
         *,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        settings = settings or ProviderSettings()
-        api_key = settings.api_key or os.environ.get(API_KEY_ENV)
+        self.settings = settings = settings or ProviderSettings()
+        api_key = resolve_api_key(settings, API_KEY_ENV)
         if not api_key:
-            raise UsageError(
-                f"no Anthropic API key: set {API_KEY_ENV} or pass an api key in the provider "
-                "settings (the emulator accepts any key)"
+            raise ConfigError(
+                "providers.anthropic.api_key",
+                None,
+                f"an Anthropic API key (or set {API_KEY_ENV}; the emulator accepts any key)",
             )
-        base_url = (settings.base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip(
-            "/"
-        )
+        base_url = resolve_base_url(settings, BASE_URL_ENV, DEFAULT_BASE_URL, provider=PROVIDER)
         self.model = model
         self.family = model_family(model)
         self.capabilities = Capabilities(
@@ -737,9 +741,10 @@ class AnthropicProvider:
         )
         # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
         self._path = "/messages" if base_url.endswith("/v1") else "/v1/messages"
-        # settings.extra["headers"] adds request headers (e.g. anthropic-beta, or the emulator's
+        # Adapter option "headers" adds request headers (anthropic-beta, or the emulator's
         # x-emulator-scenario); the key and version headers always win.
-        headers = {str(k): str(v) for k, v in dict(settings.extra.get("headers") or {}).items()}
+        extra_headers = adapter_options(settings).get("headers") or {}
+        headers = {str(k): str(v) for k, v in dict(extra_headers).items()}
         headers |= {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
         self.transport = HTTPTransport(PROVIDER, base_url, headers, settings, client=client)
 
@@ -785,7 +790,7 @@ class AnthropicProvider:
             body["temperature"] = request.temperature
         if stream:
             body["stream"] = True
-        return body
+        return apply_extra(body, self.settings)  # settings.extra: body fields the user adds
 
     def _capture(self, request: TurnRequest) -> AnthropicCapture:
         return AnthropicCapture(

@@ -107,3 +107,13 @@ async def test_failing_calls_become_reasons_not_exceptions(server: EmulatorServe
 async def test_a_bad_model_string_still_raises() -> None:
     with pytest.raises(UnknownProviderError):
         await smoke("nonsense")
+
+
+@pytest.mark.parametrize("provider", ["openai", "openai-compatible"])
+async def test_the_same_check_runs_on_the_openai_family_adapters(
+    server: EmulatorServer, provider: str
+) -> None:
+    settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=0)
+    results = {r.name: r for r in await smoke(f"{provider}:claude-smoke", settings)}
+    assert results["streaming"].proven and results["reasoning_text"].proven
+    assert results["tools"].proven and results["continuity"].proven, results

@@ -17,7 +17,7 @@ app = typer.Typer(
 )
 
 #: Each module has ``register(app)``; listed here so ``--help`` shows every command.
-COMMAND_MODULES = ("thoughtgate.cli.runs", "thoughtgate.cli.mcp")
+COMMAND_MODULES = ("thoughtgate.cli.runs", "thoughtgate.cli.mcp", "thoughtgate.cli.providers")
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)

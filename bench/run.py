@@ -113,8 +113,10 @@ def main() -> int:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     if missed:
         lines += ["", "## Figures that miss their targets", ""]
-        lines += [f"- {r['name']}: {_fmt(r['value'])} {r.get('unit', '')} (target {r['target']})"
-                  for r in missed]
+        lines += [
+            f"- {r['name']}: {_fmt(r['value'])} {r.get('unit', '')} (target {r['target']})"
+            for r in missed
+        ]
     if failures:
         lines += ["", "## Benchmarks that did not run", ""] + [
             f"- {f.splitlines()[0]}" for f in failures

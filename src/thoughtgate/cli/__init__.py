@@ -20,6 +20,7 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "thoughtgate.cli.runs",
     "thoughtgate.cli.mcp",
+    "thoughtgate.cli.providers",
     "thoughtgate.cli.serve",
     "thoughtgate.cli.keys",
 )

@@ -30,7 +30,7 @@ from thoughtgate.errors import (
     ProviderTimeoutError,
 )
 from thoughtgate.providers.base import ProviderSettings
-from thoughtgate.providers.sse import SSEMessage, aiter_sse
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -221,11 +221,27 @@ class HTTPTransport:
 
     async def events(self, response: httpx.Response) -> AsyncIterator[SSEMessage]:
         """SSE messages from a streaming response; transport failures become typed errors."""
-        try:
-            async for message in aiter_sse(response.aiter_bytes()):
+        async for batch in self.event_batches(response):
+            for message in batch:
                 yield message
+
+    async def event_batches(self, response: httpx.Response) -> AsyncIterator[list[SSEMessage]]:
+        """The SSE messages completed by each network read, one list per read.
+
+        Adapters on a hot path consume these to pay the async-iteration cost per read rather than
+        per event, and may merge the deltas of one read (they arrived at the same moment).
+        """
+        decoder = SSEDecoder()
+        try:
+            async for chunk in response.aiter_bytes():
+                batch = decoder.feed(chunk)
+                if batch:
+                    yield batch
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, streaming=True) from exc
+        tail = decoder.flush()
+        if tail:
+            yield tail
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A non-streamed call; returns the decoded JSON object."""

@@ -39,8 +39,25 @@ class RunWakeups:
         if ev is not None:
             ev.set()
 
-    async def wait(self, run_id: str, timeout: float | None) -> None:
-        ev = self._event(run_id)
+    def notify_all(self) -> None:
+        """Wake every waiting tail (e.g. after a lost cross-process signal may have hidden news)."""
+        events, self._events = self._events, {}
+        for ev in events.values():
+            ev.set()
+
+    def arm(self, run_id: str) -> asyncio.Event:
+        """The event the next ``notify(run_id)`` sets. Take it *before* re-checking the store and
+        pass it to ``wait``: a notify landing between the check and the wait is then not lost."""
+        return self._event(run_id)
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float | None,  # noqa: ASYNC109 (a poll interval, not a call deadline)
+        *,
+        armed: asyncio.Event | None = None,
+    ) -> None:
+        ev = armed if armed is not None else self._event(run_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ev.wait(), timeout)
 
@@ -96,8 +113,15 @@ class EventStore(abc.ABC):
         return (await self.append(run_id, [event]))[0]
 
     async def wait_for_new(self, run_id: str, after: int) -> None:
-        """Block until something may have been appended after ``after`` (or a poll interval)."""
-        await self.wakeups.wait(run_id, self.poll_interval)
+        """Block until something may have been appended after ``after`` (or a poll interval).
+
+        Arms the wake-up first and then re-checks the store, so an append that commits while the
+        tail's last read was in flight wakes it at once instead of after a poll interval.
+        """
+        armed = self.wakeups.arm(run_id)
+        if await self.read(run_id, after=after, limit=1):
+            return
+        await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
 
     async def tail(
         self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500
@@ -135,7 +159,7 @@ class EventStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
-        """A named server secret; the first caller's ``candidate`` wins (e.g. the ticket HMAC key)."""
+        """A named server secret; the first caller's ``candidate`` wins (e.g. the ticket key)."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook; the memory store has nothing to do)
         """Release connections; the store is unusable afterwards."""

@@ -37,7 +37,7 @@ async def open_store(url: str) -> EventStore:
 
         store = await SQLiteStore.open(sqlite_path(url))
     elif url.startswith(("postgresql:", "postgres:")):
-        from thoughtgate.store.postgres import PostgresStore  # type: ignore[import-not-found]
+        from thoughtgate.store.postgres import PostgresStore
 
         store = await PostgresStore.open(url)
     else:

@@ -72,6 +72,19 @@ def builtin_scenarios() -> dict[str, Scenario]:
             ),
         ),
         Scenario(
+            "smoke",
+            (
+                ScriptedTurn(
+                    (
+                        Think("A short answer, and I was offered a tool: call it."),
+                        Say("Rayleigh scattering."),
+                        Call("get_secret_number", {}),
+                    )
+                ),
+                ScriptedTurn((Think("The tool said 4817."), Say("Your secret number is 4817."))),
+            ),
+        ),
+        Scenario(
             "summary-and-answer",
             (
                 ScriptedTurn(

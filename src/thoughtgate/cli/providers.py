@@ -1,0 +1,76 @@
+"""``emulate`` (serve the provider emulator) and ``smoke`` (live capability check)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.orchestration.runtime import provider_settings_from_config
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def emulate(
+        host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port")] = 8766,
+        scenario: Annotated[
+            str, typer.Option("--scenario", help="Default built-in scenario.")
+        ] = "think-and-answer",
+    ) -> None:
+        """Serve the four provider wire formats from scripted scenarios, offline."""
+        from thoughtgate.testing.emulator import Emulator, serve_emulator
+        from thoughtgate.testing.emulator.scenarios import builtin_scenarios
+
+        scenarios = builtin_scenarios()
+        if scenario not in scenarios:
+            console.print(
+                f"[red]error:[/] unknown scenario {scenario!r}; known: "
+                + ", ".join(sorted(scenarios))
+            )
+            raise typer.Exit(2)
+        emulator = Emulator()
+        for item in scenarios.values():
+            emulator.add(item)
+        emulator.default = scenario
+        with serve_emulator(emulator, host=host, port=port) as server:
+            console.print(
+                f"emulator on {server.url} (Anthropic base URL) and {server.v1} "
+                f"(OpenAI / OpenRouter / compatible); default scenario {scenario!r}; "
+                "pick another with the x-emulator-scenario header. Ctrl-C stops."
+            )
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                console.print("stopped")
+
+    @app.command()
+    def smoke(
+        model: Annotated[str, typer.Option("--model", help="PROVIDER:MODEL")],
+        base_url: Annotated[str | None, typer.Option("--base-url")] = None,
+        api_key: Annotated[str | None, typer.Option("--api-key")] = None,
+        config: Annotated[str | None, typer.Option("--config")] = None,
+        json_out: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Live check with your key: which capabilities are proven, and why (costs a few tokens)."""
+        from thoughtgate.providers.smoke import smoke as run_smoke
+
+        async def body() -> None:
+            ctx = Context(config_path=config, db="memory://", view_as=None)
+            settings = provider_settings_from_config(
+                ctx.config, model, base_url=base_url, api_key=api_key
+            )
+            results = await run_smoke(model, settings)
+            if json_out:
+                print_json([r.to_dict() for r in results])
+                return
+            for r in results:
+                mark = "[green]proven[/]" if r.proven else "[red]not proven[/]"
+                console.print(f"{r.name:<20} {mark}  {r.detail}", highlight=False)
+
+        run_async(body())

@@ -1,0 +1,388 @@
+"""The scale-out store: PostgreSQL shared by any number of ``thoughtgate serve`` replicas.
+
+Ordering (why a resuming reader can never miss an event): see ``_APPEND``. Live fan-out across
+processes: appends ``NOTIFY`` a per-schema channel in the same statement, and one shared
+``LISTEN`` connection per store (``pg_listener``) wakes that store's tails; a slow safety poll
+covers anything a dropped listener may have missed. Errors are mapped in ``pg_errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.string import TextLoader
+
+from thoughtgate.errors import RunNotFoundError, StoreError
+from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.store import codec
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_listener import PgListener
+from thoughtgate.store.pg_pool import PgPool, connect
+from thoughtgate.store.pg_schema import migrate, resolve_schema
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+
+__all__ = ["PostgresStore", "split_schema_param"]
+
+# Sequence order equals commit order.
+#
+# The UPDATE takes the run row's lock and holds it until this statement's transaction commits, so
+# appends to one run are serialized: the next appender blocks on the row, and when it proceeds
+# (READ COMMITTED re-reads the updated row) it numbers its events after ours -- only once ours are
+# committed and visible. Numbers are therefore handed out in commit order, without gaps. A reader
+# that has seen seq N and asks for "seq > N" can never later find a smaller number appearing: no
+# transaction holding a number <= N can still be in flight once N is visible. (A plain sequence or
+# "max(seq)+1" without the lock lets a later-numbered append commit first; a client resuming from
+# its SSE id would then skip the earlier one for good.)
+#
+# It is one statement (one round trip, its own transaction in autocommit mode): bump the counter,
+# insert every event of the batch, and queue the NOTIFY, which PostgreSQL delivers at commit.
+#
+# The batch travels as four plain strings that the server splits (see ``_batch_params``): adapting
+# Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
+# times more than everything else an append does.
+_APPEND = """
+WITH bumped AS (
+    UPDATE runs SET last_seq = last_seq + %(n)s
+    WHERE run_id = %(run_id)s
+    RETURNING last_seq - %(n)s AS base
+), inserted AS (
+    INSERT INTO events (run_id, seq, task_id, type, ts, payload)
+    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts, e.payload::json
+    FROM bumped, unnest(
+        ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),
+        ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),
+        string_to_array(%(ts)s, ',')::float8[],
+        string_to_array(%(payloads)s, E'\\x1e')
+    ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
+    RETURNING 1
+)
+SELECT base, pg_notify(%(channel)s, %(run_id)s) FROM bumped
+"""
+
+_RECORD_SEPARATOR = "\x1e"
+"""Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
+
+
+def _batch_params(
+    payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
+) -> dict[str, Any]:
+    """The batch columns as strings: JSON arrays for the texts, ``repr`` (exact) for floats."""
+    return {
+        "task_ids": codec.dumps(task_ids),
+        "types": codec.dumps(types),
+        "ts": ",".join(map(float.__repr__, map(float, ts))),
+        "payloads": _RECORD_SEPARATOR.join(payloads),
+    }
+
+
+# A page is a closed range of sequence numbers rather than "seq > N ... LIMIT k": sequences have
+# no gaps, so both mean the same rows, but the range stays a short index scan whatever the
+# planner believes about the table (with stale statistics after a burst of appends it would
+# otherwise sort every later event of the run to return the first k).
+_READ = (
+    "SELECT seq, task_id, type, ts, payload FROM events "
+    "WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+)
+_NO_LIMIT = 2**63 - 1
+_RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
+_TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
+_UPSERT_TASK = (
+    f"INSERT INTO tasks ({codec.TASK_COLUMNS}) VALUES ({', '.join(['%s'] * 11)}) "
+    "ON CONFLICT (run_id, task_id) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = EXCLUDED.{c}"
+        for c in ("idx", "prompt", "status", "output", "reasoning", "usage", "error", "model")
+    )
+    + ", backend = EXCLUDED.backend"
+)
+_UPSERT_KEY = (
+    f"INSERT INTO api_keys ({codec.KEY_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (key_id) DO UPDATE SET name = EXCLUDED.name, role = EXCLUDED.role, "
+    "key_hash = EXCLUDED.key_hash, created_at = EXCLUDED.created_at, "
+    "revoked_at = EXCLUDED.revoked_at"
+)
+
+
+def split_schema_param(url: str) -> tuple[str, str | None]:
+    """Take our own ``?schema=NAME`` out of a URL (libpq would reject it); the rest is libpq's.
+
+    The other parameters are passed through byte for byte: re-encoding them could change what
+    libpq reads (it does not treat ``+`` as a space, for one).
+    """
+    parts = urllib.parse.urlsplit(url)
+    if not parts.query:
+        return url, None
+    schema: str | None = None
+    kept: list[str] = []
+    for item in parts.query.split("&"):
+        key, _, value = item.partition("=")
+        if key == "schema":
+            schema = urllib.parse.unquote(value)
+        else:
+            kept.append(item)
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), schema
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of one schema; channel names are identifiers (at most 63 bytes)."""
+    name = f"thoughtgate_events:{schema}"
+    if len(name.encode()) <= 63:
+        return name
+    return f"thoughtgate_events:{hashlib.sha256(schema.encode()).hexdigest()[:40]}"
+
+
+class PostgresStore(EventStore):
+    """An :class:`EventStore` in one PostgreSQL schema. Create with ``await PostgresStore.open``."""
+
+    #: With a healthy listener, an idle tail still re-reads this often, in case a notification
+    #: was lost in a way the listener could not notice (a silently dead TCP connection).
+    safety_poll: float = 3.0
+
+    def __init__(self, conninfo: str, schema: str, *, pool_size: int) -> None:
+        super().__init__()
+        self.schema = schema
+        self.channel = channel_name(schema)
+        self._where = describe_target(conninfo, schema)
+        self._pool = PgPool(
+            conninfo,
+            size=pool_size,
+            setup=self._setup_connection,
+            application_name=f"thoughtgate:{schema}"[:63],
+        )
+        self._listener = PgListener(
+            conninfo,
+            self.channel,
+            application_name=f"thoughtgate-listen:{schema}"[:63],
+            on_notify=self.wakeups.notify,
+            on_connected=self.wakeups.notify_all,
+        )
+
+    @classmethod
+    async def open(
+        cls, url: str, *, schema: str | None = None, pool_size: int = 10
+    ) -> PostgresStore:
+        """Connect, create the schema if needed, and apply missing migrations.
+
+        ``schema`` (or ``?schema=NAME`` in the URL) names the schema holding thoughtgate's tables;
+        without one, the connection's current schema (normally ``public``) is used.
+        """
+        conninfo, url_schema = split_schema_param(url)
+        where = describe_target(conninfo, schema or url_schema)
+        try:
+            conn = await connect(conninfo, application_name="thoughtgate:migrate")
+        except psycopg.Error as exc:
+            raise translate_error(exc, "open the store", where) from exc
+        try:
+            chosen = await resolve_schema(conn, schema or url_schema, where)
+            where = describe_target(conninfo, chosen)
+            await migrate(conn, chosen, load_migrations("postgres"), where)
+        except psycopg.Error as exc:
+            raise translate_error(exc, "open the store", where) from exc
+        finally:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+        return cls(conninfo, chosen, pool_size=pool_size)
+
+    async def _setup_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # JSON columns come back as their text: the codec decodes a whole batch in one call.
+        conn.adapters.register_loader("json", TextLoader)
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+
+    @contextlib.asynccontextmanager
+    async def _conn(self, action: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._pool.closed:
+            raise StoreError(f"cannot {action}: the store is closed ({self._where})")
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_error(exc, action, self._where) from exc
+
+    async def close(self) -> None:
+        await self._listener.stop()
+        await self._pool.close()
+
+    # -- runs and tasks ------------------------------------------------------------------
+    async def create_run(self, run: RunRecord) -> None:
+        row = codec.run_row(run)
+        tasks = [codec.task_row(t) for t in run.tasks]
+        async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
+            await conn.execute(
+                f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({', '.join(['%s'] * 11)})", row
+            )
+            if tasks:
+                async with conn.cursor() as cur:
+                    await cur.executemany(_UPSERT_TASK, tasks)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        async with self._conn(f"read run {run_id!r}") as conn:
+            row = await (
+                await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s", (run_id,))
+            ).fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            tasks = await cur.fetchall()
+        return codec.run_from_row(row, map(codec.task_from_row, tasks))
+
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        async with self._conn("list runs") as conn:
+            cur = await conn.execute(
+                f"{_RUN_SELECT} ORDER BY created_at DESC, insert_order DESC LIMIT %s OFFSET %s",
+                (limit, offset),
+            )
+            runs = await cur.fetchall()
+            cur = await conn.execute(
+                f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in runs],)
+            )
+            tasks = await cur.fetchall()
+        by_run: dict[str, list[TaskRecord]] = {}
+        for t in tasks:
+            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
+        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in runs]
+
+    async def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        sets: dict[str, Any] = {"updated_at": time.time()}
+        if status is not None:
+            sets["status"] = status
+        if usage is not None:
+            sets["usage"] = codec.dumps(usage, what="run usage")
+        if error is not None:
+            sets["error"] = error
+        async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT metadata FROM runs WHERE run_id = %s FOR UPDATE", (run_id,)
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            if metadata is not None:
+                merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
+                sets["metadata"] = codec.dumps(merged, what="run metadata")
+            assignments = sql.SQL(", ").join(
+                sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
+            )
+            await conn.execute(
+                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(assignments),
+                (*sets.values(), run_id),
+            )
+
+    async def save_task(self, task: TaskRecord) -> None:
+        row = codec.task_row(task)
+        async with self._conn(f"save task {task.task_id!r}") as conn, conn.transaction():
+            found = await conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
+            )
+            if await found.fetchone() is None:
+                raise RunNotFoundError(task.run_id)
+            await conn.execute(_UPSERT_TASK, row)
+
+    # -- events --------------------------------------------------------------------------
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        batch = list(events)
+        payloads, task_ids, types, ts = codec.encode_events(batch)
+        n = len(batch)
+        async with self._conn(f"append {n} events to run {run_id!r}") as conn:
+            if n == 0:
+                await self._require_run(conn, run_id)
+                return []
+            params = _batch_params(payloads, task_ids, types, ts)
+            params.update(n=n, run_id=run_id, channel=self.channel)
+            cur = await conn.execute(_APPEND, params)
+            row = await cur.fetchone()
+        if row is None:
+            raise RunNotFoundError(run_id)
+        self.wakeups.notify(run_id)
+        first = int(row[0]) + 1
+        decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
+        return [
+            codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
+            for i in range(n)
+        ]
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        async with self._conn(f"read events of run {run_id!r}") as conn:
+            last = _NO_LIMIT if limit is None else max(after, 0) + max(limit, 0)
+            cur = await conn.execute(_READ, (run_id, after, last))
+            rows = await cur.fetchall()
+            if not rows:  # runs are never deleted, so checking afterwards is race-free
+                await self._require_run(conn, run_id)
+        return codec.events_from_rows(run_id, rows)
+
+    async def wait_for_new(self, run_id: str, after: int) -> None:
+        """Wake on NOTIFY from any process; poll slowly while the listener is healthy."""
+        armed = self.wakeups.arm(run_id)
+        if await self.read(run_id, after=after, limit=1):  # also raises once the store is closed
+            return
+        self._listener.start()
+        timeout = self.safety_poll if self._listener.healthy else self.poll_interval
+        await self.wakeups.wait(run_id, timeout, armed=armed)
+
+    @staticmethod
+    async def _require_run(conn: psycopg.AsyncConnection[Any], run_id: str) -> None:
+        found = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
+        if await found.fetchone() is None:
+            raise RunNotFoundError(run_id)
+
+    # -- API keys and secrets ------------------------------------------------------------
+    async def save_api_key(self, key: ApiKeyRecord) -> None:
+        async with self._conn(f"save API key {key.name!r}") as conn:
+            await conn.execute(_UPSERT_KEY, codec.key_row(key))
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        async with self._conn("list API keys") as conn:
+            cur = await conn.execute(f"{_KEY_SELECT} ORDER BY created_at, insert_order")
+            return [codec.key_from_row(r) for r in await cur.fetchall()]
+
+    async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        async with self._conn("look up an API key") as conn:
+            cur = await conn.execute(
+                f"{_KEY_SELECT} WHERE key_hash = %s AND revoked_at IS NULL LIMIT 1", (key_hash,)
+            )
+            row = await cur.fetchone()
+        return None if row is None else codec.key_from_row(row)
+
+    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+        async with self._conn(f"revoke API key {key_id_or_name!r}") as conn:
+            cur = await conn.execute(
+                "UPDATE api_keys SET revoked_at = %s "
+                "WHERE revoked_at IS NULL AND (key_id = %s OR name = %s)",
+                (time.time(), key_id_or_name, key_id_or_name),
+            )
+            return cur.rowcount > 0
+
+    async def get_or_create_secret(self, name: str, candidate: str) -> str:
+        action = f"store secret {name!r}"
+        async with self._conn(action) as conn:
+            # Two statements on purpose: the SELECT must take a snapshot after a concurrent
+            # creator's commit (which ON CONFLICT waited for), or it would see no row at all.
+            await conn.execute(
+                "INSERT INTO secrets (name, value, created_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (name) DO NOTHING",
+                (name, candidate, time.time()),
+            )
+            cur = await conn.execute("SELECT value FROM secrets WHERE name = %s", (name,))
+            row = await cur.fetchone()
+        if row is None:  # impossible unless someone deletes secrets behind our back
+            raise StoreError(f"cannot {action}: secret {name!r} vanished ({self._where})")
+        return str(row[0])

@@ -1,0 +1,317 @@
+"""The embedded default store: one SQLite file in WAL mode, safe for several processes at once.
+
+Durability and ordering:
+
+* WAL with ``synchronous=FULL``: an append that returned survives a power cut.
+* Every write runs in ``BEGIN IMMEDIATE`` (see ``sqlite_thread.in_write_transaction``), which holds
+  the database's single write lock from the first statement. An append bumps ``runs.last_seq``
+  and inserts its events in that transaction, so sequence numbers are gap-free and in commit order
+  even with writers in several processes, and a batch is stored all or nothing.
+* Live tails in this process are woken by ``wakeups``; tails in other processes poll every
+  ``poll_interval`` (an indexed range read that returns nothing when nothing is new).
+
+Threads: one dedicated thread and connection for writes, one for reads (see ``sqlite_thread``).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from thoughtgate.errors import RunNotFoundError, StoreReadOnlyError, StoreUnavailableError
+from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.store import codec
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.sqlite_schema import connect, open_checked
+from thoughtgate.store.sqlite_thread import SQLiteThread, in_write_transaction
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
+_TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
+_INSERT_EVENT = "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?,?,?,?,?,?)"
+_INSERT_TASK = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) VALUES ({','.join('?' * 11)})"
+
+
+def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
+    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        raise RunNotFoundError(run_id)
+
+
+class SQLiteStore(EventStore):
+    """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
+
+    def __init__(self, path: Path, writer: SQLiteThread, reader: SQLiteThread) -> None:
+        super().__init__()
+        self.path = path
+        self._writer = writer
+        self._reader = reader
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        max_bytes: int | None = None,
+    ) -> SQLiteStore:
+        """Open (creating it and its parent directories if needed) and migrate the database.
+
+        ``busy_timeout`` bounds how long a write waits for another process's write lock.
+        ``max_bytes`` caps the file size like a disk quota: a write that would grow the database
+        past it fails with "database or disk is full" and is rolled back.
+        """
+        target = Path(path)
+        in_memory = str(path) == ":memory:"
+        if not in_memory:
+            _make_parent(target)
+        writer = SQLiteThread("thoughtgate-sqlite-writer", target, busy_timeout=busy_timeout)
+        immutable = False
+
+        def open_writer() -> sqlite3.Connection:
+            nonlocal immutable
+            conn, immutable = open_checked(target, busy_timeout=busy_timeout, max_bytes=max_bytes)
+            return conn
+
+        await writer.start(open_writer, "open the store")
+        if in_memory:  # a second connection would see a different, empty database
+            return cls(target, writer, writer)
+        reader = SQLiteThread("thoughtgate-sqlite-reader", target, busy_timeout=busy_timeout)
+
+        def open_reader() -> sqlite3.Connection:
+            conn = connect(target, busy_timeout=busy_timeout, immutable=immutable)
+            conn.execute("PRAGMA query_only = ON")
+            return conn
+
+        try:
+            await reader.start(open_reader, "open the store for reading")
+        except BaseException:
+            await writer.close()
+            raise
+        return cls(target, writer, reader)
+
+    async def close(self) -> None:
+        await self._reader.close()
+        await self._writer.close()
+
+    # -- runs and tasks ------------------------------------------------------------------
+    async def create_run(self, run: RunRecord) -> None:
+        row = codec.run_row(run)
+        tasks = [codec.task_row(t) for t in run.tasks]
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({','.join('?' * 11)})", row
+            )
+            conn.executemany(_INSERT_TASK, tasks)
+
+        await self._write(f"create run {run.run_id!r}", body)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        def work(conn: sqlite3.Connection) -> RunRecord:
+            conn.execute("BEGIN")  # one snapshot for the run and its tasks
+            try:
+                row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+                if row is None:
+                    raise RunNotFoundError(run_id)
+                tasks = conn.execute(
+                    f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return codec.run_from_row(row, map(codec.task_from_row, tasks))
+
+        return await self._reader.call(f"read run {run_id!r}", work)
+
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        def work(conn: sqlite3.Connection) -> list[RunRecord]:
+            page = "ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?"
+            conn.execute("BEGIN")
+            try:
+                runs = conn.execute(f"{_RUN_SELECT} {page}", (limit, offset)).fetchall()
+                tasks = conn.execute(
+                    f"{_TASK_SELECT} WHERE run_id IN (SELECT run_id FROM runs {page}) ORDER BY idx",
+                    (limit, offset),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            by_run: dict[str, list[TaskRecord]] = {}
+            for t in tasks:
+                by_run.setdefault(t[0], []).append(codec.task_from_row(t))
+            return [codec.run_from_row(r, by_run.get(r[0], ())) for r in runs]
+
+        return await self._reader.call("list runs", work)
+
+    async def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        sets: dict[str, Any] = {"updated_at": time.time()}
+        if status is not None:
+            sets["status"] = status
+        if usage is not None:
+            sets["usage"] = codec.dumps(usage, what="run usage")
+        if error is not None:
+            sets["error"] = error
+
+        def body(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT metadata FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            if metadata is not None:
+                merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
+                sets["metadata"] = codec.dumps(merged, what="run metadata")
+            assignments = ", ".join(f"{column} = ?" for column in sets)
+            conn.execute(
+                f"UPDATE runs SET {assignments} WHERE run_id = ?", (*sets.values(), run_id)
+            )
+
+        await self._write(f"update run {run_id!r}", body)
+
+    async def save_task(self, task: TaskRecord) -> None:
+        row = codec.task_row(task)
+
+        def body(conn: sqlite3.Connection) -> None:
+            _require_run(conn, task.run_id)
+            conn.execute(_INSERT_TASK, row)
+
+        await self._write(f"save task {task.task_id!r}", body)
+
+    # -- events --------------------------------------------------------------------------
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        batch = list(events)
+
+        def work(conn: sqlite3.Connection) -> list[Event]:
+            # Encode before taking the write lock: other processes should not wait on our JSON.
+            payloads, task_ids, types, ts = codec.encode_events(batch)
+            n = len(batch)
+
+            def body(c: sqlite3.Connection) -> int:
+                row = c.execute(
+                    "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? RETURNING last_seq",
+                    (n, run_id),
+                ).fetchall()
+                if not row:
+                    raise RunNotFoundError(run_id)
+                first = int(row[0][0]) - n + 1
+                c.executemany(
+                    _INSERT_EVENT,
+                    zip(
+                        [run_id] * n,
+                        range(first, first + n),
+                        task_ids,
+                        types,
+                        ts,
+                        payloads,
+                        strict=True,
+                    ),
+                )
+                return first
+
+            if n == 0:
+                _require_run(conn, run_id)
+                return []
+            first = in_write_transaction(conn, body)
+            decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
+            return [
+                codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
+                for i in range(n)
+            ]
+
+        out = await self._writer.call(f"append {len(batch)} events to run {run_id!r}", work)
+        if out:
+            self.wakeups.notify(run_id)
+        return out
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        def work(conn: sqlite3.Connection) -> list[Event]:
+            rows = conn.execute(
+                "SELECT seq, task_id, type, ts, payload FROM events "
+                "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (run_id, after, -1 if limit is None else limit),
+            ).fetchall()
+            if not rows:  # runs are never deleted, so checking afterwards is race-free
+                _require_run(conn, run_id)
+            return codec.events_from_rows(run_id, rows)
+
+        return await self._reader.call(f"read events of run {run_id!r}", work)
+
+    # -- API keys and secrets ------------------------------------------------------------
+    async def save_api_key(self, key: ApiKeyRecord) -> None:
+        row = codec.key_row(key)
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT OR REPLACE INTO api_keys ({codec.KEY_COLUMNS}) VALUES (?,?,?,?,?,?)", row
+            )
+
+        await self._write(f"save API key {key.name!r}", body)
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        def work(conn: sqlite3.Connection) -> list[ApiKeyRecord]:
+            rows = conn.execute(f"{_KEY_SELECT} ORDER BY created_at, rowid").fetchall()
+            return [codec.key_from_row(r) for r in rows]
+
+        return await self._reader.call("list API keys", work)
+
+    async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
+            row = conn.execute(
+                f"{_KEY_SELECT} WHERE key_hash = ? AND revoked_at IS NULL LIMIT 1", (key_hash,)
+            ).fetchone()
+            return None if row is None else codec.key_from_row(row)
+
+        return await self._reader.call("look up an API key", work)
+
+    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE api_keys SET revoked_at = ? "
+                "WHERE revoked_at IS NULL AND (key_id = ? OR name = ?)",
+                (time.time(), key_id_or_name, key_id_or_name),
+            )
+            return cur.rowcount > 0
+
+        return await self._write(f"revoke API key {key_id_or_name!r}", body)
+
+    async def get_or_create_secret(self, name: str, candidate: str) -> str:
+        def body(conn: sqlite3.Connection) -> str:
+            conn.execute(
+                "INSERT OR IGNORE INTO secrets (name, value, created_at) VALUES (?, ?, ?)",
+                (name, candidate, time.time()),
+            )
+            row = conn.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()
+            return str(row[0])
+
+        return await self._write(f"store secret {name!r}", body)
+
+    # -- plumbing ------------------------------------------------------------------------
+    async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._writer.call(action, lambda conn: in_write_transaction(conn, body))
+
+
+def _make_parent(path: Path) -> None:
+    """Create the default location's directories on first use; say clearly when we cannot."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError as exc:
+        raise StoreReadOnlyError(
+            f"cannot create the directory {path.parent} for SQLite database {path}: {exc}"
+        ) from exc
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"cannot create the directory {path.parent} for SQLite database {path}: {exc}"
+        ) from exc

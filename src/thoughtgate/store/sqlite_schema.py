@@ -1,0 +1,195 @@
+"""Opening a SQLite file safely: recognise our own database, fall back to read-only, migrate.
+
+Everything here is synchronous and runs on the store's writer thread. The order matters: we only
+read until we know the file is ours, so a foreign file is never modified (not even its journal
+mode), and every migration runs inside ``BEGIN IMMEDIATE`` so that several processes opening a new
+file at the same time apply each version exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+
+from thoughtgate.errors import NotOurDatabaseError, StoreReadOnlyError
+from thoughtgate.store.migrations import (
+    MIGRATIONS_TABLE,
+    Migration,
+    load_migrations,
+    pending_migrations,
+)
+from thoughtgate.store.sqlite_thread import in_write_transaction
+
+__all__ = ["SQLITE_HEADER", "apply_migrations", "connect", "open_checked", "split_statements"]
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+_CANTOPEN = 14
+
+
+def connect(path: Path, *, busy_timeout: float, immutable: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode (we issue BEGIN/COMMIT ourselves).
+
+    ``immutable`` opens a read-only snapshot without the WAL index: the only way to read a
+    database whose directory is not writable (SQLite cannot create the ``-shm`` file there).
+    """
+    target = f"file:{urllib.parse.quote(str(path))}?immutable=1" if immutable else str(path)
+    return sqlite3.connect(
+        target,
+        timeout=busy_timeout,
+        isolation_level=None,
+        check_same_thread=False,
+        uri=immutable,
+        cached_statements=64,
+    )
+
+
+def check_header(path: Path) -> None:
+    """Refuse a non-empty file that does not start with the SQLite magic string."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    if head and head != SQLITE_HEADER:
+        raise NotOurDatabaseError(
+            f"{path} is not a SQLite database, so it is not a thoughtgate store; it was left "
+            "untouched. Point the store at another path (store.url / --db / THOUGHTGATE_DB)."
+        )
+
+
+def user_tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+        "ESCAPE '\\'"
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def check_ours(path: Path, tables: set[str]) -> None:
+    """An empty database is fine (we will create our tables); one with other tables is not ours."""
+    if tables and MIGRATIONS_TABLE not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise NotOurDatabaseError(
+            f"{path} is a SQLite database that thoughtgate did not create (it has tables {shown} "
+            f"but no {MIGRATIONS_TABLE} table); it was left untouched. Point the store at another "
+            "path (store.url / --db / THOUGHTGATE_DB)."
+        )
+
+
+def applied_versions(conn: sqlite3.Connection) -> set[int]:
+    return {int(r[0]) for r in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a migration into statements (``executescript`` would commit our transaction)."""
+    statements: list[str] = []
+    current = ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    if current.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in current.splitlines()
+    ):
+        statements.append(current.strip())
+    return statements
+
+
+def apply_migrations(
+    conn: sqlite3.Connection, path: Path, known: Sequence[Migration]
+) -> list[Migration]:
+    """Apply what is missing in one ``BEGIN IMMEDIATE`` transaction; returns what was applied.
+
+    Checks are repeated inside the transaction because another process may have created or
+    migrated the file between our first look and taking the write lock.
+    """
+
+    def body(c: sqlite3.Connection) -> list[Migration]:
+        tables = user_tables(c)
+        check_ours(path, tables)
+        if MIGRATIONS_TABLE not in tables:
+            c.execute(
+                f"CREATE TABLE {MIGRATIONS_TABLE} (version INTEGER PRIMARY KEY, "
+                "name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+        todo = pending_migrations(applied_versions(c), known, where=f"SQLite database {path}")
+        for migration in todo:
+            for statement in split_statements(migration.sql):
+                c.execute(statement)
+            c.execute(
+                f"INSERT INTO {MIGRATIONS_TABLE} (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, time.time()),
+            )
+        return todo
+
+    return in_write_transaction(conn, body)
+
+
+def _ensure_wal(conn: sqlite3.Connection) -> None:
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    if str(mode).lower() != "wal":
+        conn.execute("PRAGMA journal_mode = WAL")
+
+
+def open_checked(
+    path: Path, *, busy_timeout: float, max_bytes: int | None = None
+) -> tuple[sqlite3.Connection, bool]:
+    """Open, verify and migrate the database; returns the connection and whether it had to be
+    opened as an immutable snapshot (then the other connections must be too).
+
+    Raises ``NotOurDatabaseError`` (foreign file, untouched), ``StoreError`` (newer schema) or
+    ``StoreReadOnlyError`` (needs creating or upgrading but cannot be written). sqlite3 errors are
+    left to the caller's one translation point.
+    """
+    check_header(path)
+    known = load_migrations("sqlite")
+    conn = connect(path, busy_timeout=busy_timeout)
+    immutable = False
+    try:
+        try:
+            tables = user_tables(conn)
+        except sqlite3.OperationalError as exc:
+            # A WAL database in a read-only directory cannot be opened normally (SQLite needs to
+            # create "-shm" beside it). Without a "-wal" file the main file holds every committed
+            # transaction and nobody can write there either, so an immutable snapshot is exact.
+            wal = Path(f"{path}-wal")
+            if exc.sqlite_errorcode & 0xFF != _CANTOPEN or not path.exists() or wal.exists():
+                raise
+            conn.close()
+            conn = connect(path, busy_timeout=busy_timeout, immutable=True)
+            tables = user_tables(conn)
+            immutable = True
+        check_ours(path, tables)
+        applied = applied_versions(conn) if MIGRATIONS_TABLE in tables else set()
+        todo = pending_migrations(applied, known, where=f"SQLite database {path}")
+        writable = not immutable and _writable(path)
+        if todo:
+            if not writable:
+                raise StoreReadOnlyError(
+                    f"SQLite database {path} needs {'upgrading' if applied else 'creating'} "
+                    f"to schema version {known[-1].version}, but it is read-only; nothing was "
+                    "changed. Make the file and its directory writable, or use another path."
+                )
+            _ensure_wal(conn)
+            apply_migrations(conn, path, known)
+        elif writable:
+            _ensure_wal(conn)
+        conn.execute("PRAGMA synchronous = FULL")
+        if max_bytes is not None:
+            page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, immutable
+
+
+def _writable(path: Path) -> bool:
+    """Best effort (root ignores permission bits); a failed write still maps to read-only."""
+    file_ok = os.access(path, os.W_OK) if path.exists() else True
+    return file_ok and os.access(path.parent, os.W_OK)

@@ -1,0 +1,449 @@
+"""The one conformance suite every ``EventStore`` backend must pass, unchanged.
+
+A backend's test module subclasses :class:`StoreConformance` and overrides the ``store`` fixture
+(an open, empty store, closed afterwards). Nothing here knows which backend it is talking to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from thoughtgate.errors import RunNotFoundError
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
+
+__all__ = ["StoreConformance", "assert_same_events", "collect", "deltas", "make_run"]
+
+
+def make_run(*, created_at: float = 1_700_000_000.0, tasks: int = 0, **kw: Any) -> RunRecord:
+    run_id = new_id("run")
+    return RunRecord(
+        run_id,
+        f"prompt of {run_id}",
+        created_at=created_at,
+        updated_at=created_at,
+        tasks=[TaskRecord(new_id("task"), run_id, i, f"task {i}") for i in range(tasks)],
+        **kw,
+    )
+
+
+def deltas(n: int, *, start: int = 0, task_id: str | None = None) -> list[NewEvent]:
+    return [
+        NewEvent(
+            EventType.MESSAGE_DELTA, {"i": start + i, "text": f"chunk {start + i}"}, task_id=task_id
+        )
+        for i in range(n)
+    ]
+
+
+async def collect(it: AsyncIterator[Event], *, within: float = 10.0) -> list[Event]:
+    """Drain a tail, failing (rather than hanging) if it does not end."""
+    out: list[Event] = []
+
+    async def drain() -> None:
+        async for event in it:
+            out.append(event)
+
+    await asyncio.wait_for(drain(), within)
+    return out
+
+
+def assert_same_events(got: list[Event], expected: list[Event]) -> None:
+    assert [e.to_dict() for e in got] == [e.to_dict() for e in expected]
+
+
+class StoreConformance:
+    """Behaviour every backend shares. Subclasses override the ``store`` fixture only."""
+
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        raise NotImplementedError("a backend's test class must override the `store` fixture")
+        yield  # pragma: no cover
+
+    # -- runs ----------------------------------------------------------------------------
+    async def test_create_and_get_run_round_trips_every_field(self, store: EventStore) -> None:
+        run = make_run(
+            tasks=0,
+            model="anthropic:claude-x",
+            chain_of_thought="surface",
+            worker_backend="inline",
+            status="running",
+            usage={"input_tokens": 12, "output_tokens": 34},
+            error=None,
+            metadata={"labels": ["a", "ü"], "nested": {"k": [1, 2.5, None, True]}},
+        )
+        run.tasks = [
+            TaskRecord(
+                new_id("task"),
+                run.run_id,
+                i,
+                f"task {i}",
+                status="completed",
+                output=f"out {i}",
+                reasoning=f"thought {i} 🤔",
+                usage={"output_tokens": i},
+                model="m",
+                backend="provider",
+            )
+            for i in (2, 0, 1)  # stored out of order on purpose
+        ]
+        await store.create_run(run)
+        got = await store.get_run(run.run_id)
+        expected = copy.deepcopy(run)
+        expected.tasks.sort(key=lambda t: t.index)
+        assert got == expected
+
+    async def test_list_runs_newest_first_with_limit_and_offset(self, store: EventStore) -> None:
+        runs = [make_run(created_at=1_700_000_000.0 + i) for i in range(7)]
+        for run in (runs[3], runs[0], runs[6], runs[1], runs[5], runs[2], runs[4]):
+            await store.create_run(run)
+        newest_first = [r.run_id for r in reversed(runs)]
+        assert [r.run_id for r in await store.list_runs()] == newest_first
+        assert [r.run_id for r in await store.list_runs(limit=3)] == newest_first[:3]
+        assert [r.run_id for r in await store.list_runs(limit=3, offset=3)] == newest_first[3:6]
+        assert [r.run_id for r in await store.list_runs(limit=3, offset=6)] == newest_first[6:]
+        assert await store.list_runs(offset=7) == []
+
+    async def test_list_runs_of_an_empty_store(self, store: EventStore) -> None:
+        assert await store.list_runs() == []
+
+    async def test_update_run_changes_only_the_given_fields(self, store: EventStore) -> None:
+        run = make_run(usage={"input_tokens": 1}, metadata={"a": 1, "b": {"x": 1}})
+        await store.create_run(run)
+
+        await store.update_run(run.run_id, status="running")
+        got = await store.get_run(run.run_id)
+        assert (got.status, got.usage, got.error, got.metadata) == (
+            "running",
+            {"input_tokens": 1},
+            None,
+            {"a": 1, "b": {"x": 1}},
+        )
+        assert got.updated_at >= run.updated_at
+        assert got.created_at == run.created_at
+
+        await store.update_run(run.run_id, usage={"output_tokens": 9}, error="boom")
+        got = await store.get_run(run.run_id)
+        assert (got.status, got.usage, got.error) == ("running", {"output_tokens": 9}, "boom")
+
+        await store.update_run(run.run_id, metadata={"b": {"y": 2}, "c": "new"})
+        got = await store.get_run(run.run_id)
+        assert got.metadata == {"a": 1, "b": {"y": 2}, "c": "new"}  # top-level merge
+        assert (got.prompt, got.model, got.chain_of_thought) == (
+            run.prompt,
+            run.model,
+            run.chain_of_thought,
+        )
+
+    async def test_save_task_inserts_and_replaces_and_orders_by_index(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        second = TaskRecord("task_b", run.run_id, 1, "second")
+        first = TaskRecord("task_a", run.run_id, 0, "first")
+        await store.save_task(second)
+        await store.save_task(first)
+        assert [t.task_id for t in (await store.get_run(run.run_id)).tasks] == ["task_a", "task_b"]
+
+        done = TaskRecord(
+            "task_b", run.run_id, 1, "second", status="completed", output="ok", usage={"n": 1}
+        )
+        await store.save_task(done)
+        tasks = (await store.get_run(run.run_id)).tasks
+        assert tasks == [first, done]
+
+    async def test_records_are_copies(self, store: EventStore) -> None:
+        run = make_run(tasks=1, metadata={"k": [1]})
+        await store.create_run(run)
+        run.metadata["k"].append(2)
+        run.tasks[0].prompt = "changed after create"
+        got = await store.get_run(run.run_id)
+        assert got.metadata == {"k": [1]}
+        assert got.tasks[0].prompt == "task 0"
+        got.metadata["k"].append(3)
+        assert (await store.get_run(run.run_id)).metadata == {"k": [1]}
+
+    async def test_unknown_run_raises_run_not_found_everywhere(self, store: EventStore) -> None:
+        await store.create_run(make_run())  # a store with something in it
+        missing = "run_does_not_exist"
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.get_run(missing),
+            lambda: store.update_run(missing, status="failed"),
+            lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")),
+            lambda: store.append(missing, deltas(2)),
+            lambda: store.append(missing, []),
+            lambda: store.append_one(missing, NewEvent("x")),
+            lambda: store.read(missing),
+            lambda: store.read(missing, after=5, limit=1),
+            lambda: collect(store.tail(missing)),
+        ]
+        for call in calls:
+            with pytest.raises(RunNotFoundError) as info:
+                await call()
+            assert info.value.run_id == missing
+
+    # -- events --------------------------------------------------------------------------
+    async def test_append_assigns_seq_from_one_without_gaps(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        one = await store.append_one(run.run_id, NewEvent(EventType.RUN_STARTED, {"p": 1}))
+        many = await store.append(run.run_id, deltas(4))
+        assert one.seq == 1
+        assert [e.seq for e in many] == [2, 3, 4, 5]
+        assert all(e.run_id == run.run_id for e in [one, *many])
+        assert await store.append(run.run_id, []) == []
+        assert_same_events(await store.read(run.run_id), [one, *many])
+
+    async def test_each_run_has_its_own_sequence(self, store: EventStore) -> None:
+        a, b = make_run(), make_run()
+        await store.create_run(a)
+        await store.create_run(b)
+        await store.append(a.run_id, deltas(3))
+        got = await store.append(b.run_id, deltas(2))
+        assert [e.seq for e in got] == [1, 2]
+        assert [e.seq for e in await store.read(a.run_id)] == [1, 2, 3]
+
+    async def test_read_after_and_limit(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        assert await store.read(run.run_id) == []
+        await store.append(run.run_id, deltas(10))
+        assert [e.seq for e in await store.read(run.run_id, after=7)] == [8, 9, 10]
+        assert [e.seq for e in await store.read(run.run_id, limit=3)] == [1, 2, 3]
+        assert [e.seq for e in await store.read(run.run_id, after=4, limit=2)] == [5, 6]
+        assert [e.seq for e in await store.read(run.run_id, after=8, limit=5)] == [9, 10]
+        assert await store.read(run.run_id, after=10) == []
+        assert await store.read(run.run_id, after=99) == []
+        assert await store.read(run.run_id, after=2, limit=0) == []
+
+    async def test_payload_json_round_trip_is_exact(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        reasoning = ("Let me think about this carefully — ünïcödé, 中文, עברית, 🧠. " * 20_000)[
+            :1_048_576
+        ]
+        payloads: list[dict[str, Any]] = [
+            {
+                "text": "plain",
+                "unicode": "é ß 中文 עברית 😀 \u200b zero-width",
+                "controls": 'tab\tnewline\nnul\x00bell\x07quote"backslash\\',
+                "nested": {
+                    "list": [1, -2, 3.25, None, True, False, [], {}],
+                    "deep": {"a": {"b": "c"}},
+                },
+                "numbers": {"big": 2**62, "neg": -(2**53), "small": 1e-300, "pi": math.pi},
+                "empty": "",
+                "lone_surrogates": "a\ud800b\udfffc",  # e.g. text cut inside an emoji
+            },
+            {"reasoning": reasoning, "reasoning_size": len(reasoning.encode("utf-8"))},
+            {},
+        ]
+        new = [
+            NewEvent(EventType.AGENT_RESPONSE, p, task_id="task_1", ts=1_700_000_000.123456789 + i)
+            for i, p in enumerate(payloads)
+        ]
+        appended = await store.append(run.run_id, new)
+        for got in (appended, await store.read(run.run_id)):
+            assert [dict(e.payload) for e in got] == payloads
+            assert [e.ts for e in got] == [n.ts for n in new]
+            assert [e.task_id for e in got] == ["task_1"] * 3
+            assert [e.type for e in got] == [EventType.AGENT_RESPONSE] * 3
+            stored = got[1].payload["reasoning"]
+            assert stored == reasoning
+            assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
+
+    async def test_appended_payload_is_decoupled_from_the_caller(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        payload: dict[str, Any] = {"items": [1, 2]}
+        await store.append_one(run.run_id, NewEvent("x", payload))
+        payload["items"].append(3)
+        assert (await store.read(run.run_id))[0].payload == {"items": [1, 2]}
+
+    async def test_concurrent_appends_have_no_gaps_and_no_duplicates(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        writers, rounds = 16, 10
+
+        async def writer(w: int) -> list[Event]:
+            out: list[Event] = []
+            for r in range(rounds):
+                out += await store.append(
+                    run.run_id, [NewEvent("w", {"w": w, "r": r, "k": k}) for k in range(r % 3 + 1)]
+                )
+            return out
+
+        results = await asyncio.gather(*(writer(w) for w in range(writers)))
+        total = sum(len(r) for r in results)
+        stored = await store.read(run.run_id)
+        assert [e.seq for e in stored] == list(range(1, total + 1))
+        assert sorted(e.seq for r in results for e in r) == list(range(1, total + 1))
+        for w, mine in enumerate(results):  # each writer's own events keep its order
+            keys = [(e.payload["r"], e.payload["k"]) for e in stored if e.payload["w"] == w]
+            assert keys == sorted(keys)
+            assert [e.seq for e in mine] == sorted(e.seq for e in mine)
+
+    # -- live tail -----------------------------------------------------------------------
+    async def test_tail_yields_stored_then_live_events_and_stops_at_terminal(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(3))
+        got: list[Event] = []
+        three_seen = asyncio.Event()
+
+        async def reader() -> None:
+            async for event in store.tail(run.run_id):
+                got.append(event)
+                if event.seq == 3:
+                    three_seen.set()
+
+        task = asyncio.create_task(reader())
+        await asyncio.wait_for(three_seen.wait(), 5)
+        await store.append(run.run_id, deltas(2, start=3))
+        await store.append_one(
+            run.run_id, NewEvent(EventType.TOOL_FAILED, {"x": 1})
+        )  # not terminal
+        await store.append_one(run.run_id, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
+        await asyncio.wait_for(task, 5)  # ended by the terminal event, not cancelled
+        await store.append(run.run_id, deltas(1))  # after terminal: not delivered
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6, 7]
+        assert got[-1].type == EventType.RUN_SETTLEMENT_COMPLETED
+
+    async def test_tail_of_a_finished_run_replays_and_ends(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, [*deltas(4), NewEvent(EventType.RUN_FAILED, {"why": "x"})])
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got = await collect(store.tail(run.run_id))
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+        assert loop.time() - started < 1.0  # at once: no waiting for a poll
+        resumed = await collect(store.tail(run.run_id, after=3))
+        assert [e.seq for e in resumed] == [4, 5]
+
+    async def test_tail_resumes_after_a_given_seq_in_small_batches(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, [*deltas(9), NewEvent(EventType.RUN_ERROR)])
+        got = await collect(store.tail(run.run_id, after=2, batch=3))
+        assert [e.seq for e in got] == list(range(3, 11))
+
+    async def test_tail_wakes_several_readers(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        readers = [asyncio.create_task(collect(store.tail(run.run_id))) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        for i in range(5):
+            await store.append(run.run_id, deltas(1, start=i))
+        await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
+        for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
+            assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+
+    # -- API keys and secrets ------------------------------------------------------------
+    async def test_api_keys(self, store: EventStore) -> None:
+        k1 = ApiKeyRecord("key_1", "ci", "member", "hash-1", created_at=1.0)
+        k2 = ApiKeyRecord("key_2", "ops", "admin", "hash-2", created_at=2.0)
+        k3 = ApiKeyRecord("key_3", "bot", "viewer", "hash-3", created_at=3.0)
+        for key in (k2, k3, k1):
+            await store.save_api_key(key)
+        assert await store.list_api_keys() == [k1, k2, k3]
+        assert await store.find_api_key("hash-2") == k2
+        assert await store.find_api_key("no-such-hash") is None
+        assert await store.find_api_key("key_2") is None  # found by hash only
+
+        assert await store.revoke_api_key("key_2") is True  # by id
+        assert await store.find_api_key("hash-2") is None
+        assert await store.revoke_api_key("key_2") is False  # already revoked
+        assert await store.revoke_api_key("bot") is True  # by name
+        assert await store.find_api_key("hash-3") is None
+        assert await store.revoke_api_key("nobody") is False
+        assert await store.find_api_key("hash-1") == k1
+
+        listed = {k.key_id: k for k in await store.list_api_keys()}
+        assert listed["key_1"].revoked_at is None
+        assert listed["key_2"].revoked_at is not None
+        assert listed["key_3"].revoked_at is not None
+
+    async def test_secret_first_caller_wins(self, store: EventStore) -> None:
+        assert await store.get_or_create_secret("ticket_key", "first") == "first"
+        assert await store.get_or_create_secret("ticket_key", "second") == "first"
+        assert await store.get_or_create_secret("other", "x") == "x"
+        racing = await asyncio.gather(
+            *(store.get_or_create_secret("raced", f"candidate-{i}") for i in range(8))
+        )
+        assert len(set(racing)) == 1
+        assert racing[0].startswith("candidate-")
+
+    # -- property ------------------------------------------------------------------------
+    @settings(
+        max_examples=25,
+        deadline=None,
+        # The fixture store is reused across examples on purpose (each example uses a fresh run),
+        # and this one property is deliberately run by every backend's subclass: an example that
+        # breaks one backend is a valid example for all of them.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+    @given(
+        schedule=st.lists(
+            st.tuples(
+                st.integers(min_value=0, max_value=3),  # writer
+                st.lists(  # one batch: payload texts
+                    st.text(max_size=20), min_size=0, max_size=6
+                ),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    async def test_property_interleaved_batches_read_back_exactly(
+        self, store: EventStore, schedule: list[tuple[int, list[str]]]
+    ) -> None:
+        """Any mix of concurrent batch appends reads back as exactly those events, seq 1..N,
+        with every batch contiguous and every writer's batches in its own order."""
+        run = make_run()
+        await store.create_run(run)
+        queues: dict[int, list[list[NewEvent]]] = {}
+        for b, (w, texts) in enumerate(schedule):
+            queues.setdefault(w, []).append(
+                [NewEvent("p", {"w": w, "b": b, "i": i, "t": t}) for i, t in enumerate(texts)]
+            )
+
+        async def writer(batches: list[list[NewEvent]]) -> list[list[Event]]:
+            out = []
+            for batch in batches:
+                out.append(await store.append(run.run_id, batch))
+                await asyncio.sleep(0)
+            return out
+
+        results = await asyncio.gather(*(writer(q) for q in queues.values()))
+        stored = await store.read(run.run_id)
+        total = sum(len(texts) for _, texts in schedule)
+        assert [e.seq for e in stored] == list(range(1, total + 1))
+        by_seq = {e.seq: e for e in stored}
+        for batches, returned in zip(queues.values(), results, strict=True):
+            last = 0
+            for batch, got in zip(batches, returned, strict=True):
+                assert [dict(e.payload) for e in got] == [dict(n.payload) for n in batch]
+                assert_same_events([by_seq[e.seq] for e in got], got)
+                if got:  # contiguous, and after this writer's previous batch
+                    assert [e.seq for e in got] == list(range(got[0].seq, got[-1].seq + 1))
+                    assert got[0].seq > last
+                    last = got[-1].seq

@@ -1,0 +1,107 @@
+"""``thoughtgate emulate`` and ``thoughtgate smoke`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from thoughtgate.testing.emulator import Emulator, serve_emulator
+from thoughtgate.testing.emulator.scenarios import builtin_scenarios
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_emulate_serves_until_interrupted() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", "emulate", "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "emulator did not come up"
+                time.sleep(0.1)
+        assert "tool-loop" in health.json()["scenarios"]
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/messages",
+            headers={"x-api-key": "any", "anthropic-version": "2023-06-01"},
+            json={
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 100,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            timeout=5,
+        )
+        assert reply.status_code == 200 and reply.json()["type"] == "message"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+
+
+def test_smoke_reports_each_capability_against_the_emulator() -> None:
+    emulator = Emulator()
+    for scenario in builtin_scenarios().values():
+        emulator.add(scenario)
+    emulator.default = "smoke"
+    with serve_emulator(emulator) as server:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "thoughtgate",
+                "smoke",
+                "--model",
+                "anthropic:claude-sonnet-4-5",
+                "--base-url",
+                server.url,
+                "--api-key",
+                "x",
+                "--json",
+            ],
+            env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 0, proc.stderr
+    results = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert results["reasoning_summary"]["proven"] or results["reasoning_text"]["proven"]
+    assert results["tools"]["proven"] and results["continuity"]["proven"]
+    assert all(r["detail"] for r in results.values())
+
+
+def test_smoke_without_a_key_says_which_variable() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", "smoke", "--model", "anthropic:claude-sonnet-4-5"],
+        env={
+            **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
+            "PYTHONPATH": SRC,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr

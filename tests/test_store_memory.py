@@ -1,0 +1,19 @@
+"""The memory backend against the shared conformance suite."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from store_conformance import StoreConformance
+
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.memory import MemoryStore
+
+
+class TestMemoryStore(StoreConformance):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        store = MemoryStore()
+        yield store
+        await store.close()

@@ -1,0 +1,411 @@
+"""The PostgreSQL backend: the shared conformance suite, plus ordering, fan-out and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pg import PG_URL, pg_admin, pg_schema
+from psycopg import errors as pgerr
+from psycopg import sql
+from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
+
+import thoughtgate.store
+from thoughtgate.errors import (
+    NotOurDatabaseError,
+    StoreError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.pg_errors import translate_error
+from thoughtgate.store.pg_schema import applied_versions, migrate
+from thoughtgate.store.postgres import PostgresStore, channel_name, split_schema_param
+from thoughtgate.store.urls import open_store
+
+__all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
+
+pytestmark = pytest.mark.postgres
+
+Admin = psycopg.AsyncConnection[Any]
+SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
+
+
+class TestPostgresStore(StoreConformance):
+    @pytest.fixture
+    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
+        store = await PostgresStore.open(PG_URL, schema=pg_schema)
+        yield store
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def opened(schema: str, **kw: Any) -> AsyncIterator[PostgresStore]:
+    store = await PostgresStore.open(PG_URL, schema=schema, **kw)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def fetch(admin: Admin, query: sql.Composable | str, *params: Any) -> list[tuple[Any, ...]]:
+    cur = await admin.execute(query, params or None)  # type: ignore[arg-type]
+    return await cur.fetchall()
+
+
+def ident(schema: str, table: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+
+
+# -- opening and migrations ----------------------------------------------------------------
+async def test_migrations_are_recorded_once(pg_admin: Admin, pg_schema: str) -> None:
+    async with opened(pg_schema):
+        pass
+    query = sql.SQL("SELECT version, name, applied_at FROM {} ORDER BY version").format(
+        ident(pg_schema, "thoughtgate_migrations")
+    )
+    rows = await fetch(pg_admin, query)
+    assert [(v, n) for v, n, _ in rows] == [
+        (m.version, m.name) for m in load_migrations("postgres")
+    ]
+    async with opened(pg_schema):  # reopening applies nothing again
+        pass
+    assert await fetch(pg_admin, query) == rows
+
+
+async def test_replicas_starting_together_migrate_once(pg_admin: Admin, pg_schema: str) -> None:
+    stores = await asyncio.gather(*(PostgresStore.open(PG_URL, schema=pg_schema) for _ in range(4)))
+    for store in stores:
+        await store.close()
+    rows = await fetch(
+        pg_admin,
+        sql.SQL("SELECT version FROM {}").format(ident(pg_schema, "thoughtgate_migrations")),
+    )
+    assert sorted(r[0] for r in rows) == [m.version for m in load_migrations("postgres")]
+
+
+async def test_upgrade_from_version_one_keeps_data(pg_admin: Admin, pg_schema: str) -> None:
+    first = load_migrations("postgres")[:1]
+    await migrate(pg_admin, pg_schema, first, "test")
+    assert await applied_versions(pg_admin, pg_schema) == {1}
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, created_at, "
+            "updated_at, usage, error, metadata, last_seq) VALUES ('run_old', 'old prompt', "
+            "'surface', 'provider', 'completed', 1.5, 2.5, '{{\"input_tokens\":3}}', NULL, "
+            '\'{{"k":"v"}}\', 2)'
+        ).format(ident(pg_schema, "runs"))
+    )
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, seq, task_id, type, ts, payload) VALUES "
+            "('run_old', 1, NULL, 'run.started', 1.5, '{{\"a\":1}}'), "
+            "('run_old', 2, NULL, 'message.delta', 1.75, '{{\"text\":\"hé\"}}')"
+        ).format(ident(pg_schema, "events"))
+    )
+    async with opened(pg_schema) as store:
+        run = await store.get_run("run_old")
+        assert (run.prompt, run.usage, run.metadata) == (
+            "old prompt",
+            {"input_tokens": 3},
+            {"k": "v"},
+        )
+        assert [(e.seq, e.type, dict(e.payload), e.ts) for e in await store.read("run_old")] == [
+            (1, "run.started", {"a": 1}, 1.5),
+            (2, "message.delta", {"text": "hé"}, 1.75),
+        ]
+        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+    assert await applied_versions(pg_admin, pg_schema) == {
+        m.version for m in load_migrations("postgres")
+    }
+    indexes = await fetch(
+        pg_admin, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", pg_schema
+    )
+    assert {"runs_by_created_at", "active_api_keys_by_hash"} <= {r[0] for r in indexes}
+
+
+async def test_schema_from_a_newer_version_is_refused(pg_admin: Admin, pg_schema: str) -> None:
+    async with opened(pg_schema):
+        pass
+    await pg_admin.execute(
+        sql.SQL("INSERT INTO {} (version, name) VALUES (99, 'future')").format(
+            ident(pg_schema, "thoughtgate_migrations")
+        )
+    )
+    with pytest.raises(StoreError, match=r"schema version 99.*newer thoughtgate") as info:
+        await PostgresStore.open(PG_URL, schema=pg_schema)
+    assert pg_schema in str(info.value)
+
+
+async def test_a_schema_with_foreign_tables_is_refused_untouched(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    await pg_admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
+    await pg_admin.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(ident(pg_schema, "customers"))
+    )
+    with pytest.raises(NotOurDatabaseError, match="customers") as info:
+        await PostgresStore.open(PG_URL, schema=pg_schema)
+    assert "left untouched" in str(info.value)
+    tables = await fetch(
+        pg_admin, "SELECT tablename FROM pg_tables WHERE schemaname = %s", pg_schema
+    )
+    assert tables == [("customers",)]
+
+
+async def test_schema_from_the_url_and_open_store(pg_admin: Admin, pg_schema: str) -> None:
+    sep = "&" if "?" in PG_URL else "?"
+    store = await open_store(f"{PG_URL}{sep}schema={pg_schema}&connect_timeout=5")
+    try:
+        assert isinstance(store, PostgresStore)
+        assert store.schema == pg_schema
+        run = make_run()
+        await store.create_run(run)
+    finally:
+        await store.close()
+    rows = await fetch(pg_admin, sql.SQL("SELECT run_id FROM {}").format(ident(pg_schema, "runs")))
+    assert rows == [(run.run_id,)]
+    assert split_schema_param(
+        "postgresql://h/db?sslmode=disable&schema=s%20x&options=-c+a%3Db"
+    ) == (
+        "postgresql://h/db?sslmode=disable&options=-c+a%3Db",
+        "s x",
+    )
+    assert split_schema_param("postgresql://h/db") == ("postgresql://h/db", None)
+
+
+async def test_without_a_schema_the_search_path_decides(pg_admin: Admin, pg_schema: str) -> None:
+    await pg_admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
+    sep = "&" if "?" in PG_URL else "?"
+    store = await PostgresStore.open(f"{PG_URL}{sep}options=-csearch_path%3D{pg_schema}")
+    try:
+        assert store.schema == pg_schema
+    finally:
+        await store.close()
+
+
+async def test_unreachable_server_is_reported_with_the_reason() -> None:
+    with pytest.raises(StoreUnavailableError, match=r"127\.0\.0\.1:1.*unreachable") as info:
+        await PostgresStore.open("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
+    assert "password" not in str(info.value)
+
+
+async def test_writes_to_a_read_only_database_say_read_only(pg_schema: str) -> None:
+    async with opened(pg_schema) as store:
+        run = make_run()
+        await store.create_run(run)
+        appended = await store.append(run.run_id, deltas(3))
+    sep = "&" if "?" in PG_URL else "?"
+    ro_url = f"{PG_URL}{sep}options=-cdefault_transaction_read_only%3Don"
+    store = await PostgresStore.open(ro_url, schema=pg_schema)
+    try:
+        assert_same_events(await store.read(run.run_id), appended)
+        with pytest.raises(StoreReadOnlyError, match="read-only"):
+            await store.append(run.run_id, deltas(1))
+        with pytest.raises(StoreReadOnlyError, match="read-only"):
+            await store.update_run(run.run_id, status="failed")
+        assert_same_events(await store.read(run.run_id), appended)
+    finally:
+        await store.close()
+
+
+async def test_a_batch_the_server_rejects_stores_nothing(pg_schema: str) -> None:
+    async with opened(pg_schema) as store:
+        run = make_run()
+        await store.create_run(run)
+        bad = [*deltas(3), NewEvent("nul\x00in a type", {})]  # PostgreSQL text cannot hold NUL
+        with pytest.raises(StoreError, match=r"append 4 events") as info:
+            await store.append(run.run_id, bad)
+        assert pg_schema in str(info.value)
+        assert await store.read(run.run_id) == []
+        assert [e.seq for e in await store.append(run.run_id, deltas(2))] == [1, 2]
+
+
+def test_driver_errors_map_into_the_store_tree() -> None:
+    where = "PostgreSQL database test at h:5432, schema s"
+    full = translate_error(pgerr.DiskFull("could not extend file"), "append 3 events", where)
+    assert type(full) is StoreError
+    assert "database or disk is full" in str(full)
+    assert isinstance(
+        translate_error(pgerr.ReadOnlySqlTransaction("ro"), "append", where), StoreReadOnlyError
+    )
+    assert isinstance(
+        translate_error(pgerr.AdminShutdown("terminating"), "read", where), StoreUnavailableError
+    )
+    assert where in str(translate_error(pgerr.UniqueViolation("dup"), "create run", where))
+
+
+def test_channel_names_fit_postgres_identifiers() -> None:
+    assert channel_name("s") == "thoughtgate_events:s"
+    assert len(channel_name("x" * 200).encode()) <= 63
+    assert channel_name("x" * 200) != channel_name("y" * 200)
+
+
+async def test_a_killed_pool_connection_costs_at_most_one_call(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    async with opened(pg_schema, pool_size=1) as store:
+        run = make_run()
+        await store.create_run(run)
+        await pg_admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"thoughtgate:{pg_schema}",),
+        )
+        with contextlib.suppress(StoreUnavailableError):
+            await store.read(run.run_id)
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == 1
+
+
+# -- ordering ------------------------------------------------------------------------------
+async def test_sequence_order_is_commit_order(pg_admin: Admin, pg_schema: str) -> None:
+    """Writers on several connections; a reader resuming from its last seq never skips one.
+
+    A trigger makes every append linger (randomly) after its rows are numbered and before it
+    commits, which is exactly the window in which a badly numbered append would let a later
+    number become visible first."""
+    async with contextlib.AsyncExitStack() as stack:
+        writers = [
+            await stack.enter_async_context(opened(pg_schema, pool_size=3)) for _ in range(3)
+        ]
+        reader = await stack.enter_async_context(opened(pg_schema))
+        run = make_run()
+        await writers[0].create_run(run)
+        await pg_admin.execute(
+            sql.SQL(
+                "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$"
+            ).format(ident(pg_schema, "linger"))
+        )
+        await pg_admin.execute(
+            sql.SQL(
+                "CREATE TRIGGER linger AFTER INSERT ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
+            ).format(ident(pg_schema, "events"), ident(pg_schema, "linger"))
+        )
+        rng = random.Random(7)
+        plan = [[rng.randint(1, 4) for _ in range(12)] for _ in range(9)]  # 9 tasks x 12 batches
+        total = sum(map(sum, plan))
+
+        async def write(store: PostgresStore, sizes: list[int]) -> None:
+            for size in sizes:
+                await store.append(run.run_id, deltas(size))
+
+        reads: list[list[int]] = []
+
+        async def poll() -> None:
+            cursor = 0
+            while cursor < total:
+                seqs = [e.seq for e in await reader.read(run.run_id, after=cursor)]
+                reads.append(seqs)
+                assert seqs == list(range(cursor + 1, cursor + 1 + len(seqs))), (cursor, seqs)
+                cursor = seqs[-1] if seqs else cursor
+
+        tail = asyncio.create_task(collect(reader.tail(run.run_id), within=60))
+        await asyncio.wait_for(
+            asyncio.gather(poll(), *(write(writers[i % 3], sizes) for i, sizes in enumerate(plan))),
+            60,
+        )
+        await writers[0].append_one(run.run_id, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
+        tailed = await tail
+    assert [e.seq for e in tailed] == list(range(1, total + 2))
+    assert sum(1 for r in reads if r) > 5, "the reader never overlapped the writers"
+
+
+# -- live fan-out --------------------------------------------------------------------------
+async def listener_pid(admin: Admin, schema: str) -> int:
+    for _ in range(100):
+        rows = await fetch(
+            admin,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            f"thoughtgate-listen:{schema}",
+        )
+        if rows:
+            assert len(rows) == 1
+            return int(rows[0][0])
+        await asyncio.sleep(0.05)
+    raise AssertionError("no LISTEN connection appeared")
+
+
+async def wait_until(condition: Any, what: str, within: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        # No polling can deliver within this test: only NOTIFY, or a listener reconnect.
+        reader.safety_poll = reader.poll_interval = 60.0
+        run = make_run()
+        await writer.create_run(run)
+        got: list[Event] = []
+
+        async def follow() -> None:
+            async for event in reader.tail(run.run_id):
+                got.append(event)
+
+        tail = asyncio.create_task(follow())
+        first_pid = await listener_pid(pg_admin, pg_schema)
+        await writer.append(run.run_id, deltas(3))
+        await wait_until(lambda: len(got) == 3, "events delivered by NOTIFY")
+
+        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
+        await writer.append(run.run_id, deltas(3, start=3))  # likely while nobody listens
+        await wait_until(lambda: len(got) == 6, "events re-read after the listener reconnected")
+        second_pid = await listener_pid(pg_admin, pg_schema)
+        assert second_pid != first_pid
+
+        await writer.append_one(run.run_id, NewEvent(EventType.RUN_ERROR))
+        await asyncio.wait_for(tail, 5)
+    assert [e.seq for e in got] == list(range(1, 8))
+
+
+async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from thoughtgate.events.schema import NewEvent\n"
+        "from thoughtgate.store.postgres import PostgresStore\n"
+        "async def main(url, schema, run_id):\n"
+        "    store = await PostgresStore.open(url, schema=schema)\n"
+        "    for i in range(5):\n"
+        "        await store.append_one(run_id, NewEvent('w', {'i': i}))\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    await store.append_one(run_id, NewEvent('run.failed'))\n"
+        "    await store.close()\n"
+        "asyncio.run(main(*sys.argv[1:]))\n"
+    )
+    async with opened(pg_schema) as store:
+        store.safety_poll = store.poll_interval = 60.0  # NOTIFY or nothing
+        run = make_run()
+        await store.create_run(run)
+        tail = asyncio.create_task(collect(store.tail(run.run_id), within=30))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            PG_URL,
+            pg_schema,
+            run.run_id,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err.decode()
+        got = await tail
+    assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+    assert [e.payload.get("i") for e in got[:5]] == [0, 1, 2, 3, 4]
+    assert got[5].type == EventType.RUN_FAILED

@@ -1,0 +1,472 @@
+"""The SQLite backend: the shared conformance suite, plus what only a file on disk can get wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
+
+import thoughtgate.store
+from thoughtgate.errors import (
+    NotOurDatabaseError,
+    StoreError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+    UsageError,
+)
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
+from thoughtgate.store.urls import open_store
+
+
+class TestSQLiteStore(StoreConformance):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
+        store = await SQLiteStore.open(tmp_path / "store.db")
+        yield store
+        await store.close()
+
+
+# -- helpers -------------------------------------------------------------------------------
+SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
+
+
+def names_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make a file or directory unwritable, for root too (root ignores permission bits, so it
+    also gets the immutable attribute, which binds root)."""
+    mode = path.stat().st_mode
+    path.chmod(mode & ~0o222)
+    pinned = False
+    try:
+        if os.geteuid() == 0:
+            done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.fail(f"cannot make {path} read-only for root (chattr +i): {done.stderr}")
+            pinned = True
+        probe = path / "probe" if path.is_dir() else path
+        with pytest.raises(PermissionError):  # the test below is only honest if this holds
+            probe.open("ab").close()
+        yield
+    finally:
+        if pinned:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+async def run_python(code: str, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def filled_store(path: Path, *, events: int = 5) -> tuple[RunRecord, list[Event]]:
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run(tasks=2)
+        await store.create_run(run)
+        appended = await store.append(run.run_id, deltas(events))
+        await store.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+    finally:
+        await store.close()
+    return run, appended
+
+
+WRITES: list[tuple[str, Callable[[EventStore, str], Awaitable[object]]]] = [
+    ("append", lambda s, r: s.append(r, deltas(1))),
+    ("create_run", lambda s, r: s.create_run(make_run())),
+    ("update_run", lambda s, r: s.update_run(r, status="failed")),
+    ("save_task", lambda s, r: s.save_task(TaskRecord("task_new", r, 9, "p"))),
+    ("save_api_key", lambda s, r: s.save_api_key(ApiKeyRecord("k", "n", "viewer", "h"))),
+    ("revoke_api_key", lambda s, r: s.revoke_api_key("ci")),
+    ("get_or_create_secret", lambda s, r: s.get_or_create_secret("new", "v")),
+]
+
+
+# -- opening, migrations -------------------------------------------------------------------
+async def test_open_creates_parent_directories_and_records_migrations(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "thoughtgate.db"
+    store = await SQLiteStore.open(path)
+    await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT version, name, applied_at FROM thoughtgate_migrations ORDER BY version"
+        ).fetchall()
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    known = load_migrations("sqlite")
+    assert [(v, n) for v, n, _ in rows] == [(m.version, m.name) for m in known]
+    assert all(isinstance(at, float) and at > 1.6e9 for _, _, at in rows)
+
+    store = await SQLiteStore.open(path)  # reopening applies nothing twice
+    await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        again = conn.execute(
+            "SELECT version, name, applied_at FROM thoughtgate_migrations"
+        ).fetchall()
+    assert sorted(again) == sorted(rows)
+
+
+async def test_open_store_url_selects_sqlite(tmp_path: Path) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'via-url.db'}")
+    try:
+        assert isinstance(store, SQLiteStore)
+        run = make_run()
+        await store.create_run(run)
+        assert (await store.get_run(run.run_id)).run_id == run.run_id
+    finally:
+        await store.close()
+
+
+async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    first = load_migrations("sqlite")[:1]
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, first)
+        conn.execute(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq) VALUES "
+            "('run_old', 'old prompt', NULL, 'surface', 'provider', 'completed', 1.5, 2.5, "
+            '\'{"input_tokens":3}\', NULL, \'{"k":"v"}\', 2)'
+        )
+        conn.execute(
+            "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES "
+            "('run_old', 1, NULL, 'run.started', 1.5, '{\"a\":1}'), "
+            "('run_old', 2, NULL, 'message.delta', 1.75, '{\"text\":\"hé\"}')"
+        )
+        conn.execute(
+            "INSERT INTO api_keys VALUES ('key_old', 'old', 'admin', 'hash-old', 1.0, NULL)"
+        )
+        assert applied_versions(conn) == {1}
+
+    store = await SQLiteStore.open(path)
+    try:
+        run = await store.get_run("run_old")
+        assert (run.prompt, run.chain_of_thought, run.usage, run.metadata) == (
+            "old prompt",
+            "surface",
+            {"input_tokens": 3},
+            {"k": "v"},
+        )
+        assert [(e.seq, e.type, dict(e.payload), e.ts) for e in await store.read("run_old")] == [
+            (1, "run.started", {"a": 1}, 1.5),
+            (2, "message.delta", {"text": "hé"}, 1.75),
+        ]
+        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+        assert (await store.find_api_key("hash-old")) is not None
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"runs_by_created_at", "active_api_keys_by_hash"} <= indexes
+
+
+async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    await filled_store(path)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("INSERT INTO thoughtgate_migrations VALUES (99, 'future', 1.0)")
+        conn.commit()
+    before = file_digest(path)
+    with pytest.raises(StoreError, match=r"schema version 99.*newer thoughtgate") as info:
+        await SQLiteStore.open(path)
+    assert str(path) in str(info.value)
+    assert file_digest(path) == before
+
+
+async def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 100)
+    before = file_digest(path)
+    with pytest.raises(NotOurDatabaseError, match="not a SQLite database") as info:
+        await SQLiteStore.open(path)
+    assert str(path) in str(info.value)
+    assert file_digest(path) == before
+    assert names_in(tmp_path) == ["notes.db"]
+
+
+async def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO customers (name) VALUES ('ada')")
+        conn.commit()
+    before = file_digest(path)
+    with pytest.raises(NotOurDatabaseError, match=r"did not create.*customers") as info:
+        await SQLiteStore.open(path)
+    assert "left untouched" in str(info.value)
+    assert file_digest(path) == before  # not even switched to WAL
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert conn.execute("SELECT name FROM customers").fetchall() == [("ada",)]
+
+
+async def test_an_empty_file_becomes_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == 1
+    finally:
+        await store.close()
+
+
+async def test_several_processes_opening_a_new_file_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "raced.db"
+    code = (
+        "import asyncio, sys\n"
+        "from thoughtgate.store.sqlite import SQLiteStore\n"
+        "async def main():\n"
+        "    store = await SQLiteStore.open(sys.argv[1])\n"
+        "    await store.close()\n"
+        "asyncio.run(main())\n"
+    )
+    await asyncio.gather(*(run_python(code, str(path)) for _ in range(4)))
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM thoughtgate_migrations")]
+    assert sorted(versions) == [m.version for m in load_migrations("sqlite")]
+
+
+# -- read-only -----------------------------------------------------------------------------
+async def test_read_only_file_reads_work_and_writes_say_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "ro.db"
+    run, appended = await filled_store(path)
+    before = file_digest(path)
+    with read_only(path):
+        store = await SQLiteStore.open(path)
+        try:
+            assert_same_events(await store.read(run.run_id), appended)
+            assert (await store.get_run(run.run_id)).run_id == run.run_id
+            assert await store.find_api_key("hash-1") is not None
+            for name, write in WRITES:
+                with pytest.raises(StoreReadOnlyError, match="read-only") as info:
+                    await write(store, run.run_id)
+                assert str(path) in str(info.value), name
+            assert_same_events(await store.read(run.run_id), appended)
+        finally:
+            await store.close()
+        assert file_digest(path) == before
+    store = await SQLiteStore.open(path)  # writable again: nothing lost, appends continue
+    try:
+        assert_same_events(await store.read(run.run_id), appended)
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == len(appended) + 1
+    finally:
+        await store.close()
+
+
+async def test_read_only_directory_reads_work_and_writes_say_read_only(tmp_path: Path) -> None:
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    path = folder / "store.db"
+    run, appended = await filled_store(path)
+    assert "store.db-wal" not in names_in(folder)  # closed cleanly: all is in the main file
+    before = file_digest(path)
+    with read_only(folder):
+        store = await SQLiteStore.open(path)
+        try:
+            assert_same_events(await store.read(run.run_id), appended)
+            assert [r.run_id for r in await store.list_runs()] == [run.run_id]
+            for _, write in WRITES:
+                with pytest.raises(StoreReadOnlyError, match="read-only"):
+                    await write(store, run.run_id)
+        finally:
+            await store.close()
+        with pytest.raises(StoreError, match=r"new\.db"):  # nor can a new store be made there
+            await SQLiteStore.open(folder / "new.db")
+    assert file_digest(path) == before
+
+
+# -- failures ------------------------------------------------------------------------------
+async def test_disk_full_fails_the_whole_write_and_keeps_what_was_stored(tmp_path: Path) -> None:
+    path = tmp_path / "small.db"
+    store = await SQLiteStore.open(path, max_bytes=256 * 1024)
+    run = make_run()
+    await store.create_run(run)
+    stored: list[Event] = []
+    blob = "x" * 2000
+    with pytest.raises(StoreError, match="database or disk is full") as info:
+        for i in range(1000):
+            stored += await store.append(run.run_id, [NewEvent("big", {"i": i, "b": blob})] * 10)
+    assert str(path) in str(info.value)
+    assert len(stored) >= 10  # some writes fitted before the limit
+    assert_same_events(await store.read(run.run_id), stored)  # the failed batch left nothing
+    await store.close()
+
+    store = await SQLiteStore.open(path)  # more room: the sequence continues without a gap
+    try:
+        assert_same_events(await store.read(run.run_id), stored)
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == len(stored) + 1
+    finally:
+        await store.close()
+
+
+async def test_a_write_lock_held_too_long_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    run, _ = await filled_store(path)
+    store = await SQLiteStore.open(path, busy_timeout=0.2)
+    try:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreUnavailableError, match="locked") as info:
+                await store.append(run.run_id, deltas(1))
+            assert str(path) in str(info.value)
+            other.execute("ROLLBACK")
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == 6  # no gap
+    finally:
+        await store.close()
+
+
+async def test_a_payload_json_cannot_carry_stores_nothing(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        run = make_run()
+        await store.create_run(run)
+        bad = [NewEvent("ok", {"a": 1}), NewEvent("bad", {"s": {1, 2}})]
+        with pytest.raises(UsageError, match="not JSON-serializable"):
+            await store.append(run.run_id, bad)
+        with pytest.raises(UsageError, match="not JSON-serializable"):
+            await store.append_one(run.run_id, NewEvent("nan", {"x": float("nan")}))
+        assert await store.read(run.run_id) == []
+        assert (await store.append_one(run.run_id, NewEvent("ok"))).seq == 1
+    finally:
+        await store.close()
+
+
+async def test_a_closed_store_says_so(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        await store.list_runs()
+
+
+async def test_in_memory_database(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(":memory:")
+    try:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(3))
+        assert [e.seq for e in await store.read(run.run_id)] == [1, 2, 3]
+    finally:
+        await store.close()
+    assert not (Path.cwd() / ":memory:").exists()
+
+
+# -- several processes ---------------------------------------------------------------------
+APPENDER = """
+import asyncio, sys
+from thoughtgate.events.schema import NewEvent
+from thoughtgate.store.sqlite import SQLiteStore
+
+async def main(path, run_id, writer, count, final):
+    store = await SQLiteStore.open(path)
+    print("ready", flush=True)
+    sys.stdin.readline()  # wait for "go" so that all writers really overlap
+    for i in range(count):
+        await store.append_one(run_id, NewEvent("w", {"w": writer, "i": i}))
+    if final:
+        await store.append_one(run_id, NewEvent(final))
+    await store.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]))
+"""
+
+
+async def spawn_appenders(
+    path: Path, run_id: str, writers: int, count: int, *, final: str = ""
+) -> None:
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            APPENDER,
+            str(path),
+            run_id,
+            str(w),
+            str(count),
+            final,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+        )
+        for w in range(writers)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"ready\n"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    for proc in procs:
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+
+
+async def test_writers_in_several_processes_get_gap_free_sequences(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        await spawn_appenders(path, run.run_id, writers=4, count=200)
+        events = await store.read(run.run_id)
+    finally:
+        await store.close()
+    assert [e.seq for e in events] == list(range(1, 801))
+    for w in range(4):
+        assert [e.payload["i"] for e in events if e.payload["w"] == w] == list(range(200))
+    owners = [e.payload["w"] for e in events]
+    switches = sum(a != b for a, b in itertools.pairwise(owners))
+    assert switches > 3, "the writers never overlapped; the test proved nothing"
+
+
+async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> None:
+    path = tmp_path / "tail.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(2))
+        tail = asyncio.create_task(collect(store.tail(run.run_id), within=60))
+        await spawn_appenders(path, run.run_id, writers=1, count=5, final=EventType.RUN_ERROR)
+        got = await tail
+    finally:
+        await store.close()
+    assert [e.seq for e in got] == list(range(1, 9))
+    assert got[-1].type == EventType.RUN_ERROR

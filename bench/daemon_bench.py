@@ -1,7 +1,9 @@
 """Daemon overhead between a zero-latency fake provider and HTTP clients. Not a test.
 
-Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass). ``main()``
-returns ``{name, value, unit, target, ok}`` dicts for a bench runner.
+Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
+memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
+batching window). ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner
+(plus plot series for ``bench.run``).
 
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker) with durable recording (a
 SQLite file when ``thoughtgate.store.sqlite`` exists, else the memory store; the choice is
@@ -297,18 +299,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=None,
         help="what-if: the recorder's delta batching window in seconds (default: the shipped one)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("auto", "memory", "sqlite"),
+        default="auto",
+        help="auto: a SQLite file when thoughtgate.store.sqlite exists, else memory",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("PORT_FILE", "DB_URL"), help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
     if args.serve:
         _serve(Path(args.serve[0]), args.serve[1], args.flush_interval)
         return []
 
-    durable = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
+    have_sqlite = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
+    durable = args.store == "sqlite" or (args.store == "auto" and have_sqlite)
     levels = {1: 20, 10: 100, 100: 300} if not args.quick else {1: 10, 10: 40, 100: 100}
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         db_url = f"sqlite:///{Path(tmp) / 'bench.db'}" if durable else "memory://"
-        print(f"store: {'SQLite file (durable)' if durable else 'memory (no SQLite store here)'}")
+        why = "asked for" if args.store != "auto" else "no SQLite store here"
+        print(f"store: {'SQLite file (durable)' if durable else f'memory ({why})'}")
         print(_litellm_note())
         port_file = Path(tmp) / "port.json"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}

@@ -48,6 +48,7 @@ def _bodies(daemon: Daemon, run_id: str, role: str) -> dict[str, tuple[int, str]
             ("run", f"/v1/runs/{run_id}"),
             ("events", f"/v1/runs/{run_id}/events"),
             ("trace", f"/v1/runs/{run_id}/trace"),
+            ("host-metadata", f"/v1/runs/{run_id}/host-metadata"),
             ("me", "/v1/me"),
             ("keys", "/v1/keys"),
             ("healthz", "/healthz"),
@@ -83,7 +84,7 @@ def test_markers_appear_only_where_allowed(
             assert status == (200 if level >= Role.ADMIN else 403), where
         else:
             assert status == 200, where
-        if route in ("runs", "run", "events", "stream"):
+        if route in ("runs", "run", "events", "stream", "host-metadata"):
             assert (mark["reasoning"] in body) == display_reasoning, where
         else:
             assert mark["reasoning"] not in body, where

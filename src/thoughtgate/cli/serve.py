@@ -16,6 +16,7 @@ from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.server.app import create_app
 from thoughtgate.server.serve import serve_app
 from thoughtgate.store.base import EventStore
+from thoughtgate.telemetry import telemetry_sinks
 
 __all__ = ["register"]
 
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
                 store = await ctx.store()
                 first_key = await _bootstrap_key(store) if bootstrap_key else None
                 application = create_app(
-                    Runtime(store, ctx.config, tools=registry),
+                    Runtime(store, ctx.config, tools=registry, sinks=telemetry_sinks(ctx.config)),
                     ctx.config,
                     shutdown_grace_s=shutdown_grace,
                 )

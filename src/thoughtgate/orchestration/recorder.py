@@ -40,6 +40,7 @@ class EventRecorder:
         self._buffer: list[NewEvent] = []
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
+        self._window_end = 0.0
         self.appended = 0
         self.sinks = tuple(sinks)
 
@@ -51,16 +52,21 @@ class EventRecorder:
             return await self._append(batch)
 
     async def emit_delta(self, event: NewEvent) -> None:
-        """Buffer a delta; it is appended within ``flush_interval`` seconds."""
+        """Append the first delta of a burst at once (a live reader gets the first byte without
+        waiting for a window); later deltas wait until the window closes and go as one batch."""
         self._buffer.append(event)
-        if len(self._buffer) >= self.max_batch:
+        loop = asyncio.get_running_loop()
+        pending = self._flusher is not None and not self._flusher.done()
+        if len(self._buffer) >= self.max_batch or (not pending and loop.time() >= self._window_end):
             await self.flush()
-        elif self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_later())
+            self._window_end = loop.time() + self.flush_interval
+        elif not pending:
+            self._flusher = asyncio.create_task(self._flush_at(self._window_end))
 
-    async def _flush_later(self) -> None:
-        await asyncio.sleep(self.flush_interval)
+    async def _flush_at(self, when: float) -> None:
+        await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
         await self.flush()
+        self._window_end = asyncio.get_running_loop().time() + self.flush_interval
 
     async def flush(self) -> None:
         async with self._lock:

@@ -26,6 +26,8 @@ __all__ = [
     "EventPage",
     "EventView",
     "Health",
+    "HostMetadata",
+    "HostTask",
     "KeyList",
     "KeyView",
     "Me",
@@ -139,6 +141,36 @@ class RunList(BaseModel):
     runs: list[RunView]
 
 
+class HostTask(BaseModel):
+    task_id: str
+    index: int
+    status: str
+    model: str | None
+    output: str | None
+    usage: dict[str, int]
+    error: str | None
+    reasoning: str | None = Field(
+        default=None, description="present only when this reader may read raw reasoning"
+    )
+
+
+class HostMetadata(BaseModel):
+    """What a host integration shows for a run (``thoughtgate.host_metadata``)."""
+
+    version: int
+    run_id: str
+    status: str
+    chain_of_thought: str
+    reasoning_visible: bool
+    model: str | None
+    created_at: float
+    updated_at: float
+    usage: dict[str, int]
+    error: str | None
+    role: str
+    tasks: list[HostTask]
+
+
 class EventView(BaseModel):
     seq: int
     run_id: str
@@ -227,6 +259,7 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     RunCreated,
     RunView,
     RunList,
+    HostMetadata,
     EventPage,
     TicketView,
     ApprovalResult,

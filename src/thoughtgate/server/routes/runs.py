@@ -10,6 +10,7 @@ from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import EventType, is_run_terminal
+from thoughtgate.host_metadata import host_metadata
 from thoughtgate.orchestration.runtime import RunRequest, TaskSpec
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
@@ -18,6 +19,7 @@ from thoughtgate.server.models import (
     ApprovalResult,
     CreateRunBody,
     EventPage,
+    HostMetadata,
     RunCreated,
     RunList,
     RunView,
@@ -65,6 +67,11 @@ async def list_runs(request: Request, principal: Principal | None) -> Response:
 async def get_run(request: Request, principal: Principal | None) -> Response:
     run = await state_of(request).store.get_run(request.path_params["run_id"])
     return JSONResponse(filter_run(run, _principal(principal).role))
+
+
+async def get_host_metadata(request: Request, principal: Principal | None) -> Response:
+    run = await state_of(request).store.get_run(request.path_params["run_id"])
+    return JSONResponse(host_metadata(run, _principal(principal).role))
 
 
 async def list_events(request: Request, principal: Principal | None) -> Response:
@@ -151,6 +158,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         role=Role.VIEWER,
         response=RunView,
         errors=(404,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/runs/{run_id}/host-metadata",
+        get_host_metadata,
+        "what a host integration shows for a run",
+        role=Role.VIEWER,
+        response=HostMetadata,
+        errors=(404,),
+        description="Mode, tasks, statuses and usage; reasoning only on surface runs for "
+        "developer and above, through the one output filter.",
     ),
     Endpoint(
         "GET",

@@ -142,7 +142,7 @@ function render(thread, live) {
 // ---- runs, reload and live --------------------------------------------------------------------
 async function loadRuns() {
   const body = await api("/v1/runs");
-  const runs = Array.isArray(body) ? body : (body.runs || []);
+  const runs = body.runs || [];
   const nav = $("#runs");
   nav.replaceChildren();
   for (const run of runs) {
@@ -156,12 +156,15 @@ async function openRun(runId) {
   if (source) { source.close(); source = null; }
   document.querySelectorAll("#runs a").forEach((a) => a.classList.toggle("active", a.dataset.run === runId));
   const thread = newThread();
+  let after = 0;
   for (;;) {  // reload: the persisted events alone rebuild the thread
-    const body = await api(`/v1/runs/${runId}/events?after=${thread.lastSeq}&limit=1000`);
-    const events = Array.isArray(body) ? body : (body.events || []);
-    events.forEach((e) => apply(thread, e));
-    if (events.length < 1000) break;
+    const body = await api(`/v1/runs/${runId}/events?after=${after}&limit=1000`);
+    (body.events || []).forEach((e) => apply(thread, e));
+    const next = body.next_after ?? after;
+    if (next <= after) break;  // no raw event left after `after`
+    after = next;
   }
+  thread.lastSeq = Math.max(thread.lastSeq, after);
   render(thread, false);
   if (thread.terminal) return;
   const { ticket } = await api("/v1/tickets", { method: "POST", body: JSON.stringify({ run_id: runId }) });

@@ -1,0 +1,51 @@
+"""The recorder batches deltas without reordering anything and without delaying the first byte."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thoughtgate.events.schema import NewEvent
+from thoughtgate.orchestration.recorder import EventRecorder
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+
+
+async def fresh() -> tuple[MemoryStore, EventRecorder]:
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    return store, EventRecorder(store, "run_1", flush_interval=0.05)
+
+
+async def test_first_delta_is_appended_immediately_then_batched() -> None:
+    store, rec = await fresh()
+    await rec.emit_delta(NewEvent("message.delta", {"text": "a"}))
+    assert len(await store.read("run_1")) == 1, "the first byte is not held back"
+    await rec.emit_delta(NewEvent("message.delta", {"text": "b"}))
+    await rec.emit_delta(NewEvent("message.delta", {"text": "c"}))
+    assert len(await store.read("run_1")) == 1
+    await asyncio.sleep(0.12)
+    assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "b", "c"]
+    await rec.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([0.0, 0.0, 0.001])), max_size=40))
+def test_recorded_order_is_emission_order(plan: list[tuple[bool, float]]) -> None:
+    async def go() -> list[int]:
+        store, rec = await fresh()
+        rec.flush_interval = 0.002
+        for i, (is_delta, pause) in enumerate(plan):
+            event = NewEvent("message.delta" if is_delta else "tool.started", {"i": i})
+            if is_delta:
+                await rec.emit_delta(event)
+            else:
+                await rec.emit(event)
+            if pause:
+                await asyncio.sleep(pause)
+        await rec.close()
+        return [e.payload["i"] for e in await store.read("run_1")]
+
+    assert asyncio.run(go()) == list(range(len(plan)))

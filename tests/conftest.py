@@ -7,6 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# The machine is shared and noisy: Hypothesis examples are bounded by count, never by wall time.
+settings.register_profile(
+    "thoughtgate", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("thoughtgate")
 
 from thoughtgate.store.memory import MemoryStore
 

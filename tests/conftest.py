@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from thoughtgate.store.memory import MemoryStore
+
 # The machine is shared and noisy: Hypothesis examples are bounded by count, never by wall time.
 settings.register_profile(
     "thoughtgate", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("thoughtgate")
-
-from thoughtgate.store.memory import MemoryStore
 
 _LOOPBACK = ("127.", "::1", "localhost")
 _real_connect = socket.socket.connect

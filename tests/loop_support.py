@@ -166,9 +166,7 @@ CONTINUE_MARK = mark("C0")
 
 def answer_scenario(name: str, *, summaries: bool = False) -> Scenario:
     step = Summary if summaries else Think
-    return Scenario(
-        name, (ScriptedTurn((step(CONTINUE_MARK), Say("Still Mexico City."))),) * 3
-    )
+    return Scenario(name, (ScriptedTurn((step(CONTINUE_MARK), Say("Still Mexico City."))),) * 3)
 
 
 def empty_reasoning_scenario(name: str) -> Scenario:
@@ -400,9 +398,7 @@ def emitted_anthropic(raw: bytes) -> list[dict[str, Any]]:
             elif delta["type"] == "signature_delta":
                 block["signature"] = delta["signature"]
     return [
-        blocks[i]
-        for i in sorted(blocks)
-        if blocks[i]["type"] in ("thinking", "redacted_thinking")
+        blocks[i] for i in sorted(blocks) if blocks[i]["type"] in ("thinking", "redacted_thinking")
     ]
 
 

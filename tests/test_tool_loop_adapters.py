@@ -18,6 +18,7 @@ the emulator answered), :class:`~loop_support.TeeTransport` for the exact bytes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -31,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from loop_support import (
     ANSWER,
     CASE_BY_ID,
@@ -59,6 +59,7 @@ from loop_support import (
     make_provider,
     marker_paths,
 )
+
 from thoughtgate.engine.loop import strip_reasoning
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ProviderHTTPError
@@ -307,6 +308,16 @@ def drop_thinking(body: dict[str, Any]) -> None:
     ]
 
 
+def redacted_first(body: dict[str, Any]) -> None:
+    content = assistant_content(body)
+    content[0], content[1] = content[1], content[0]
+
+
+def to_other_model(body: dict[str, Any]) -> None:
+    """The same history, sent to another budget-form model (a switch that kept the blocks)."""
+    body["model"] = "claude-sonnet-4-0"
+
+
 def text_first(body: dict[str, Any]) -> None:
     content = assistant_content(body)
     text = next(b for b in content if b["type"] == "text")
@@ -394,6 +405,20 @@ def _breakages() -> list[Breakage]:
                 message="messages.1.content.0: If an assistant message contains any thinking "
                 "blocks, the first block must be thinking or redacted_thinking. Found text.",
                 exact=True,
+            ),
+            Breakage(
+                "reorder-thinking-blocks",
+                case,
+                body=redacted_first,
+                message="messages.1.content.1: `thinking` or `redacted_thinking` blocks in the "
+                "latest assistant message cannot be modified.",
+            ),
+            Breakage(
+                "replay-to-another-model",
+                case,
+                body=to_other_model,
+                message="messages.1.content.0: `thinking` or `redacted_thinking` blocks in the "
+                "latest assistant message cannot be modified.",
             ),
             # Through the adapter a missing block makes that request go without thinking, as the
             # API's error advises; the emulator then accepts it.
@@ -491,9 +516,7 @@ BREAKAGES = _breakages()
 
 
 async def first_turn(provider: Provider, specs: Any) -> tuple[TurnRequest, Turn, Message]:
-    request = TurnRequest(
-        [Message.user(PROMPT)], tools=specs, reasoning=ReasoningRequest(True)
-    )
+    request = TurnRequest([Message.user(PROMPT)], tools=specs, reasoning=ReasoningRequest(True))
     turn = await stream_llm_turn(provider, request)
     results = Message(
         "tool", tuple(ToolResultPart(c.call_id, "Mexico", name=c.name) for c in turn.tool_calls)
@@ -517,9 +540,7 @@ async def test_broken_carriers_get_the_providers_real_error(
     server: EmulatorServer, breakage: Breakage
 ) -> None:
     case = CASE_BY_ID[breakage.case]
-    provider = make_provider(
-        case.model, url=server.url, scenario=scenario_name("loop", case)
-    )
+    provider = make_provider(case.model, url=server.url, scenario=scenario_name("loop", case))
     try:
         request, turn, results = await first_turn(provider, ToolLog().registry().specs)
         assert turn.continuity, "the first turn produced a carrier to break"
@@ -557,3 +578,253 @@ async def test_broken_carriers_get_the_providers_real_error(
     if case.prefix != "openrouter":
         assert err.error_type == "invalid_request_error"
     assert err.request_id, "the provider's request id is kept for support"
+
+
+# --------------------------------------------------------------------------- 3: no rehydration
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+async def test_continued_conversation_sends_no_carrier_and_no_reasoning(
+    server: EmulatorServer, case: Case
+) -> None:
+    rig = Rig(server, scenario_name("loop", case))
+    first, _ = await rig.run(case.model, "surface")
+    assert first.status == "completed"
+    assert has_carrier(case.carrier, rig.bodies()[-1]), "the first run's loop did use carriers"
+    server.emulator.requests.clear()
+
+    rig.scenario = scenario_name("answer", case)
+    second = await rig.runtime.continue_run(first.run_id, "And the second largest?")
+    assert second.status == "completed" and second.metadata["continues"] == first.run_id
+    assert second.chain_of_thought == "surface", "the conversation keeps its disclosure mode"
+    (body,) = rig.bodies()
+    assert rig.requests[0].status == 200
+    assert not has_carrier(case.carrier, body), "stored history carries no carrier"
+    assert marker_paths(body) == [], "nor any reasoning text"
+    dumped = as_json(body)
+    assert PROMPT in dumped and ANSWER in dumped and "And the second largest?" in dumped
+    for marker in LOOP_MARKS:
+        assert marker not in dumped and marker.encode("unicode_escape").decode() not in dumped
+    events = await rig.runtime.store.read(second.run_id)
+    (response,) = of_type(events, EventType.AGENT_RESPONSE)
+    assert response.payload["reasoning"] == CONTINUE_MARK, "the new turn's own reasoning is kept"
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+async def test_switching_model_drops_the_other_models_carriers(
+    server: EmulatorServer, case: Case
+) -> None:
+    """Carriers made by ``case.switch_to`` ride in the history of a run on ``case.model``."""
+    scenario = scenario_name("loop", CASE_BY_ID.get(_case_of(case.switch_to), case))
+    other = make_provider(case.switch_to, url=server.url, scenario=scenario)
+    try:
+        _, turn, _ = await first_turn(other, ToolLog().registry().specs)
+    finally:
+        await other.aclose()
+    foreign = [p for p in turn.continuity]
+    assert foreign and all(b.model != case.bare for b in foreign)
+    kept = tuple(p for p in strip_reasoning(turn.parts) if not isinstance(p, ToolCallPart))
+    history = [Message.user(PROMPT), Message("assistant", kept)]
+    server.emulator.requests.clear()
+
+    rig = Rig(server, scenario_name("answer", case))
+    run, events = await rig.run(case.model, "surface", history=history, prompt="Go on.")
+    assert run.status == "completed"
+    (body,) = rig.bodies()
+    assert rig.requests[0].status == 200
+    assert not has_carrier(case.carrier, body) and marker_paths(body) == []
+    assert "Let me look up your country." in as_json(body), "the visible text stays"
+    dropped = of_type(events, EventType.CONTINUITY_DROPPED)
+    assert [e.payload["carrier"] for e in dropped] == [b.carrier for b in foreign]
+    for e in dropped:
+        assert e.payload["from_model"] == turn.model and e.payload["turn"] == 0
+        assert f"not {case.prefix}:{case.bare}" in e.payload["reason"]
+        assert MARK not in as_json(e.payload), "the record says why, not what"
+
+
+def _case_of(model: str) -> str:
+    return next((c.id for c in CASES if c.model == model), "")
+
+
+# --------------------------------------------------------------------------- 4: cut streams
+
+
+@pytest.mark.parametrize("point", CUT_POINTS, ids=[p.id for p in CUT_POINTS])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+async def test_cut_stream_keeps_the_partial_turn(
+    server: EmulatorServer, case: Case, point: CutPoint
+) -> None:
+    rig = Rig(server, scenario_name(f"cut-{point.id}", case))
+    run, events = await rig.run(case.model, "surface")  # returns: no unhandled exception
+
+    assert run.status == "partial" and run.tasks[0].status == "partial"
+    assert all(r.status == 200 for r in rig.requests), "the break came inside a 200 stream"
+    assert [name for name, _ in rig.tools.calls] == list(point.tools_run)
+    responses_ev = of_type(events, EventType.AGENT_RESPONSE)
+    assert len(responses_ev) == 1 + len(point.tools_run)
+    last = responses_ev[-1].payload
+    assert last["complete"] is False and last["error"]
+    assert last["reasoning"] == point.reasoning, "the partial reasoning is recorded"
+    assert last["reasoning_bytes"] == len(point.reasoning.encode())
+    assert last["answer"] == point.text, "and the partial text"
+    (partial,) = of_type(events, EventType.MESSAGE_PARTIALLY_COMPLETED)
+    assert partial.payload["text"] == point.text and partial.payload["reason"] == "provider_error"
+    assert partial.payload["error_type"] == point.error_type
+    assert MARK not in as_json(partial.payload)
+    assert not of_type(events, EventType.MESSAGE_COMPLETED)
+    expected = "\n\n".join([LOOP_MARKS[0]] * len(point.tools_run) + [point.reasoning])
+    assert run.tasks[0].reasoning == expected and run.tasks[0].output == point.text
+    (worker,) = of_type(events, EventType.WORKER_COMPLETED)
+    assert worker.payload["status"] == "partial"
+    assert worker.payload["turns"] == len(responses_ev)
+    kinds = [e.type for e in events]
+    assert EventType.RUN_FAILED not in kinds and EventType.RUN_ERROR not in kinds
+    assert kinds[-1] == EventType.RUN_SETTLEMENT_COMPLETED
+    assert events[-1].payload["status"] == "partial"
+
+
+# --------------------------------------------------------------------------- 6: the CLI
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
+    return {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", **extra}
+
+
+def cli_args(server: EmulatorServer, db: str, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "thoughtgate",
+        "run",
+        "Book me a table in Paris.",
+        "--model",
+        "anthropic:claude-sonnet-4-5",
+        "--base-url",
+        server.url,
+        "--api-key",
+        "x",
+        "--tools",
+        "loop_support:CLI_TOOLS",
+        "--cot",
+        "surface",
+        "--json",
+        "--db",
+        db,
+        *extra,
+    ]
+
+
+async def stored_events(db: str, run_id: str) -> list[Event]:
+    from thoughtgate.store.urls import open_store
+
+    store = await open_store(db)
+    try:
+        return await store.read(run_id)
+    finally:
+        await store.close()
+
+
+def tool_result_sent(server: EmulatorServer) -> str:
+    """The ``tool_result`` the CLI's loop sent back to the model."""
+    bodies = server.emulator.bodies("/messages")
+    assert len(bodies) == 2 and [r.status for r in server.emulator.requests] == [200, 200]
+    (block,) = bodies[1]["messages"][-1]["content"]
+    assert block["type"] == "tool_result"
+    content: str = block["content"]
+    return content
+
+
+def test_cli_loads_tools_and_approves_all(server: EmulatorServer, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    proc = subprocess.run(
+        cli_args(server, db, "--approve-all"),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "completed" and out["tasks"][0]["output"] == CLI_ANSWER
+    assert tool_result_sent(server) == "BOOKED-Paris"
+    kinds = [e.type for e in asyncio.run(stored_events(db, out["run_id"]))]
+    for kind in ("tool.approval_required", "tool.approval_response", "tool.completed"):
+        assert kind in kinds
+    assert kinds[-1] == "run.settlement.completed"
+    assert CLI_MARK in (out["tasks"][0]["reasoning"] or ""), "surface, local owner"
+
+
+def test_cli_without_a_tty_lets_the_approval_time_out(
+    server: EmulatorServer, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    started = time.monotonic()
+    proc = subprocess.run(
+        cli_args(server, db),
+        capture_output=True,
+        text=True,
+        env=cli_env(THOUGHTGATE_ORCHESTRATION__APPROVAL_TIMEOUT_S="0.3"),
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Allow tool" not in proc.stdout
+    out = json.loads(proc.stdout)
+    assert out["status"] == "completed", "a timed-out approval is not an error"
+    assert tool_result_sent(server) == (
+        "The tool call was not approved in time and was not executed."
+    )
+    events = asyncio.run(stored_events(db, out["run_id"]))
+    (timeout,) = [e for e in events if e.type == "tool.approval_timeout"]
+    assert timeout.payload["timeout_s"] == 0.3
+    assert "tool.started" not in [e.type for e in events]
+    assert time.monotonic() - started < 30
+
+
+def test_cli_asks_on_a_terminal_and_runs_the_tool_on_yes(
+    server: EmulatorServer, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        cli_args(server, db),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=cli_env(THOUGHTGATE_ORCHESTRATION__APPROVAL_TIMEOUT_S="30", TERM="dumb"),
+        close_fds=True,
+    )
+    os.close(slave)
+    output = bytearray()
+    answered = False
+    deadline = time.monotonic() + 60
+    try:
+        # Read until the child's side of the terminal is gone (EIO), so no output is left behind.
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            output += data
+            if not answered and b"Allow tool book_table" in output:
+                os.write(master, b"y\n")
+                answered = True
+        assert proc.wait(timeout=30) == 0, output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert answered, text
+    assert "{'city': 'Paris'}" in text
+    line = next(x for x in text.splitlines() if x.startswith('{"run_id"'))
+    out = json.loads(line)
+    assert out["status"] == "completed" and out["tasks"][0]["output"] == CLI_ANSWER
+    assert tool_result_sent(server) == "BOOKED-Paris", "the approved tool ran"

@@ -256,12 +256,18 @@ class Runtime:
         model: str | None = None,
         chain_of_thought: str | None = None,
     ) -> RunRecord:
-        """A new run that continues an earlier one's conversation, carrying no reasoning."""
+        """A new run that continues an earlier one's conversation, carrying no reasoning.
+
+        The model and the disclosure mode carry over from the earlier run (its mode becomes the
+        new run's own setting, so an explicit ``chain_of_thought`` still wins): continuing a
+        conversation does not silently change who may see its reasoning.
+        """
         previous = await self.store.get_run(previous_run_id)
         history = conversation_from_events(await self.store.read(previous_run_id))
         request = RunRequest(
             prompt,
             model=model or previous.model,
+            chain_of_thought=previous.chain_of_thought,
             history=history,
             metadata={"continues": previous_run_id},
         )

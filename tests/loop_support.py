@@ -194,6 +194,8 @@ class CutPoint:
     text: str
     tools_run: tuple[str, ...] = ()
     error_type: str | None = None
+    cut_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """Tool calls that arrived in the cut turn: recorded, never run."""
 
     def scenario(self, name: str, *, summaries: bool = False) -> Scenario:
         if not summaries:
@@ -218,9 +220,20 @@ CUT_POINTS = (
     ),
     CutPoint(
         "mid-tool-call",
-        (ScriptedTurn((Think(CUT_MARK), Say(PARTIAL_TEXT), Call("get_country", {}), Cut())),),
+        (
+            ScriptedTurn(
+                (
+                    Think(CUT_MARK),
+                    Say(PARTIAL_TEXT),
+                    Call("largest_city", {"country": "Mexico"}),
+                    Cut(),
+                ),
+                chunk_chars=4,
+            ),
+        ),
         CUT_MARK,
         PARTIAL_TEXT,
+        cut_calls=(("largest_city", {"country": "Mexico"}),),
     ),
     CutPoint(
         "stream-error",

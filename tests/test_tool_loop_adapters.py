@@ -667,6 +667,8 @@ async def test_cut_stream_keeps_the_partial_turn(
     assert last["reasoning"] == point.reasoning, "the partial reasoning is recorded"
     assert last["reasoning_bytes"] == len(point.reasoning.encode())
     assert last["answer"] == point.text, "and the partial text"
+    calls = [(c["name"], c["input"]) for c in last["tool_calls"]]
+    assert calls == list(point.cut_calls), "and the tool call that had arrived (not run)"
     (partial,) = of_type(events, EventType.MESSAGE_PARTIALLY_COMPLETED)
     assert partial.payload["text"] == point.text and partial.payload["reason"] == "provider_error"
     assert partial.payload["error_type"] == point.error_type
@@ -783,48 +785,55 @@ def test_cli_without_a_tty_lets_the_approval_time_out(
     assert time.monotonic() - started < 30
 
 
-def test_cli_asks_on_a_terminal_and_runs_the_tool_on_yes(
-    server: EmulatorServer, tmp_path: Path
+@pytest.mark.parametrize(
+    ("answer", "result"),
+    [
+        (b"y", "BOOKED-Paris"),
+        (b"n", "The user rejected this tool call; it was not executed."),
+    ],
+)
+def test_cli_asks_on_a_terminal(
+    server: EmulatorServer, tmp_path: Path, answer: bytes, result: str
 ) -> None:
+    """stdin is a pseudo-terminal, so the CLI asks (on stderr) and reads the answer from it;
+    stdout, a pipe, carries nothing but the JSON document."""
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         cli_args(server, db),
         stdin=slave,
-        stdout=slave,
-        stderr=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=cli_env(THOUGHTGATE_ORCHESTRATION__APPROVAL_TIMEOUT_S="30", TERM="dumb"),
         close_fds=True,
     )
     os.close(slave)
-    output = bytearray()
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    streams = {out_fd: bytearray(), err_fd: bytearray()}
+    open_fds = set(streams)
     answered = False
     deadline = time.monotonic() + 60
     try:
-        # Read until the child's side of the terminal is gone (EIO), so no output is left behind.
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if not ready:
-                continue
-            try:
-                data = os.read(master, 4096)
-            except OSError:
-                break
-            if not data:
-                break
-            output += data
-            if not answered and b"Allow tool book_table" in output:
-                os.write(master, b"y\n")
+        while open_fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(open_fds), [], [], 0.2)
+            for fd in ready:
+                data = os.read(fd, 4096)
+                if not data:
+                    open_fds.discard(fd)  # the child closed it: everything it wrote is in
+                streams[fd] += data
+            if not answered and b"Allow tool book_table" in streams[err_fd]:
+                os.write(master, answer + b"\n")
                 answered = True
-        assert proc.wait(timeout=30) == 0, output.decode(errors="replace")
+        assert proc.wait(timeout=30) == 0, streams[err_fd].decode()
     finally:
         if proc.poll() is None:
             proc.kill()
         os.close(master)
-    text = output.decode(errors="replace")
-    assert answered, text
-    assert "{'city': 'Paris'}" in text
-    line = next(x for x in text.splitlines() if x.startswith('{"run_id"'))
-    out = json.loads(line)
+        proc.stdout.close()
+        proc.stderr.close()
+    stdout, stderr = streams[out_fd].decode(), streams[err_fd].decode()
+    assert answered and "Allow tool book_table with {'city': 'Paris'}? [y/N]:" in stderr
+    out = json.loads(stdout)  # one clean document: the prompt did not leak into it
     assert out["status"] == "completed" and out["tasks"][0]["output"] == CLI_ANSWER
-    assert tool_result_sent(server) == "BOOKED-Paris", "the approved tool ran"
+    assert tool_result_sent(server) == result, "the tool ran only on yes"

@@ -30,6 +30,7 @@ from thoughtgate.providers.openrouter import OpenRouterProvider
 from thoughtgate.testing.emulator import (
     Call,
     Cut,
+    Fail,
     Redacted,
     Say,
     Scenario,
@@ -196,6 +197,8 @@ class CutPoint:
     error_type: str | None = None
     cut_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     """Tool calls that arrived in the cut turn: recorded, never run."""
+    status: int | None = None
+    """The HTTP status when the provider refused the turn outright (nothing streamed)."""
 
     def scenario(self, name: str, *, summaries: bool = False) -> Scenario:
         if not summaries:
@@ -245,6 +248,18 @@ CUT_POINTS = (
         CUT_MARK,
         PARTIAL_TEXT,
         error_type="overloaded_error",
+    ),
+    CutPoint(
+        "http-error-second-turn",
+        (
+            ScriptedTurn((Think(LOOP_MARKS[0]), Call("get_country", {}))),
+            ScriptedTurn((Fail(529, "overloaded_error", "Overloaded", times=9),)),
+        ),
+        "",
+        "",
+        tools_run=("get_country",),
+        error_type="overloaded_error",
+        status=529,
     ),
     CutPoint(
         "second-turn",

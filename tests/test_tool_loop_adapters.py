@@ -649,14 +649,17 @@ async def test_switching_model_drops_the_other_models_carriers(
 
 @pytest.mark.parametrize("point", CUT_POINTS, ids=[p.id for p in CUT_POINTS])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-async def test_cut_stream_keeps_the_partial_turn(
+async def test_cut_or_failed_turn_keeps_the_partial(
     server: EmulatorServer, case: Case, point: CutPoint
 ) -> None:
+    """A stream cut or failed mid-turn (or a turn refused after a tool ran) is recorded as far as
+    it got; the task ends ``message.partially_completed`` and the run settles as partial."""
     rig = Rig(server, scenario_name(f"cut-{point.id}", case))
     run, events = await rig.run(case.model, "surface")  # returns: no unhandled exception
 
     assert run.status == "partial" and run.tasks[0].status == "partial"
-    assert all(r.status == 200 for r in rig.requests), "the break came inside a 200 stream"
+    statuses = [r.status for r in rig.requests]
+    assert statuses == [200] * len(point.tools_run) + [point.status or 200]
     assert [name for name, _ in rig.tools.calls] == list(point.tools_run)
     responses_ev = of_type(events, EventType.AGENT_RESPONSE)
     assert len(responses_ev) == 1 + len(point.tools_run)
@@ -669,10 +672,15 @@ async def test_cut_stream_keeps_the_partial_turn(
     assert calls == list(point.cut_calls), "and the tool call that had arrived (not run)"
     (partial,) = of_type(events, EventType.MESSAGE_PARTIALLY_COMPLETED)
     assert partial.payload["text"] == point.text and partial.payload["reason"] == "provider_error"
-    assert partial.payload["error_type"] == point.error_type
+    error_type = point.error_type
+    if point.status and case.prefix == "openrouter":
+        error_type = str(point.status)  # OpenRouter's error body has a numeric code, no type
+    assert partial.payload["error_type"] == error_type
+    assert partial.payload["status"] == point.status
     assert MARK not in as_json(partial.payload)
     assert not of_type(events, EventType.MESSAGE_COMPLETED)
-    expected = "\n\n".join([LOOP_MARKS[0]] * len(point.tools_run) + [point.reasoning])
+    earlier = [LOOP_MARKS[0]] * len(point.tools_run)
+    expected = "\n\n".join(r for r in [*earlier, point.reasoning] if r)
     assert run.tasks[0].reasoning == expected and run.tasks[0].output == point.text
     (worker,) = of_type(events, EventType.WORKER_COMPLETED)
     assert worker.payload["status"] == "partial"
@@ -681,6 +689,61 @@ async def test_cut_stream_keeps_the_partial_turn(
     assert EventType.RUN_FAILED not in kinds and EventType.RUN_ERROR not in kinds
     assert kinds[-1] == EventType.RUN_SETTLEMENT_COMPLETED
     assert events[-1].payload["status"] == "partial"
+
+
+async def test_a_run_that_cannot_start_its_provider_ends_run_failed(server: EmulatorServer) -> None:
+    from thoughtgate.errors import ConfigError
+    from thoughtgate.providers.base import ProviderSettings, create_provider
+
+    runtime = Runtime(
+        MemoryStore(),
+        provider_factory=lambda m: create_provider(m, ProviderSettings(base_url=server.url)),
+    )
+    created = await runtime.create_run(RunRequest(PROMPT, model=CASES[0].model))
+    with pytest.raises(ConfigError, match="API key"):
+        await runtime.execute(created.run_id)
+    events = await runtime.store.read(created.run_id)
+    assert [e.type for e in events][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_FAILED]
+    assert "API key" in events[-1].payload["error"]
+    assert events[-2].payload["status"] == "failed" and "API key" in events[-2].payload["error"]
+    run = await runtime.store.get_run(created.run_id)
+    assert run.status == "failed" and run.tasks[0].status == "failed", "no task left running"
+
+
+async def test_an_adapter_bug_mid_loop_ends_run_error(server: EmulatorServer) -> None:
+    """An exception nobody mapped is not swallowed: the run records ``run.error`` and it raises."""
+
+    class Broken:
+        def __init__(self, inner: Provider) -> None:
+            self.inner = inner
+            self.name, self.model, self.capabilities = inner.name, inner.model, inner.capabilities
+
+        async def stream(self, request: TurnRequest) -> Any:
+            if len(request.messages) > 1:
+                raise RuntimeError("adapter bug")
+            async for chunk in self.inner.stream(request):
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    rig = Rig(server, "loop")
+    rig.runtime.provider_factory = lambda m: Broken(rig.provider(m))  # type: ignore[assignment,return-value]
+    created = await rig.runtime.create_run(RunRequest(PROMPT, model=CASES[0].model))
+    with pytest.raises(RuntimeError, match="adapter bug"):
+        await rig.runtime.execute(created.run_id)
+    events = await rig.runtime.store.read(created.run_id)
+    assert [e.type for e in events][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_ERROR]
+    assert events[-1].payload["error"] == "RuntimeError: adapter bug"
+    assert events[-2].payload == {
+        "status": "failed",
+        "output": None,
+        "error": "RuntimeError: adapter bug",
+    }
+    assert of_type(events, EventType.AGENT_RESPONSE), "the turn before the bug is recorded"
+    run = await rig.runtime.store.get_run(created.run_id)
+    assert run.status == "error" and run.tasks[0].status == "failed"
+    assert rig.tools.calls == [("get_country", {})], "the first turn's tool did run"
 
 
 # --------------------------------------------------------------------------- 6: the CLI

@@ -284,6 +284,24 @@ async def _fail(pieces: list[bytes], **kw: object) -> ProviderError:
     return info.value
 
 
+@pytest.mark.parametrize(
+    ("upto", "arguments"),
+    [
+        (17, '{"format": "iso", "inclu'),  # cut inside the JSON: kept as it came
+        (18, '{"format":"iso","include_region":true}'),  # every piece arrived, no block stop
+    ],
+)
+async def test_cut_inside_a_tool_call_keeps_the_argument_fragments(
+    upto: int, arguments: str
+) -> None:
+    events = _events("tool_use.sse")[:upto]
+    error = await _fail(events, error=httpx.RemoteProtocolError("peer closed connection"))
+    assert isinstance(error, ProviderStreamError)
+    assert error.partial is not None and not error.partial.complete
+    (call,) = error.partial.tool_calls
+    assert (call.name, call.arguments_json) == ("get_user_country", arguments)
+
+
 async def test_malformed_json_chunk_is_a_typed_error_with_the_partial() -> None:
     events = _events("thinking_text.sse")
     events[5] = events[5].replace(b'"thinking":"', b'"thinking":', 1)

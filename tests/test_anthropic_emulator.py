@@ -29,7 +29,7 @@ from thoughtgate.testing.emulator import (
     Think,
     serve_emulator,
 )
-from thoughtgate.testing.emulator.scenario import sign
+from thoughtgate.testing.emulator.anthropic_format import thinking_signature
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 from thoughtgate.types import Message
 
@@ -184,7 +184,7 @@ async def test_display_setting_is_honoured(
     assert block.type == "thinking"
     text = block.thinking
     assert bool(text) == shown
-    assert block.signature == sign(text)
+    assert block.signature == thinking_signature(model, text)
     assert message.usage.output_tokens_details is not None  # thinking is billed either way
 
 
@@ -261,7 +261,8 @@ async def test_cut_breaks_the_connection_mid_body(server: EmulatorServer, stream
 
 
 def _thinking_history(**changes: Any) -> list[dict[str, Any]]:
-    block = {"type": "thinking", "thinking": "Plan.", "signature": sign("Plan.")}
+    signature = thinking_signature("claude-sonnet-4-5", "Plan.")
+    block = {"type": "thinking", "thinking": "Plan.", "signature": signature}
     block |= changes
     return [
         {"role": "user", "content": "Go."},

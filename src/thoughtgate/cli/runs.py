@@ -54,8 +54,13 @@ def _cli_decider(approve_all: bool) -> Any:
             return "approve"
         if not sys.stdin.isatty():
             return None
+        # The question goes to stderr: stdout holds only the run's output (``--json`` must stay
+        # one clean document even when the terminal answers the prompt).
         answer = await asyncio.to_thread(
-            typer.confirm, f"Allow tool {tool_name} with {dict(arguments)}?", default=False
+            typer.confirm,
+            f"Allow tool {tool_name} with {dict(arguments)}?",
+            default=False,
+            err=True,
         )
         return "approve" if answer else "reject"
 

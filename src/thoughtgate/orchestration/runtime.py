@@ -237,12 +237,10 @@ class Runtime:
                 total = total + usage
                 statuses.append(task_status)
         except ThoughtgateError as exc:
-            await self._finish(run_id, EventType.RUN_FAILED, "failed", total, str(exc))
+            await self._finish(run_id, EventType.RUN_FAILED, "failed", total, _describe(exc))
             raise
         except Exception as exc:
-            await self._finish(
-                run_id, EventType.RUN_ERROR, "error", total, f"{type(exc).__name__}: {exc}"
-            )
+            await self._finish(run_id, EventType.RUN_ERROR, "error", total, _describe(exc))
             raise
         status = "completed" if all(s == "completed" for s in statuses) else "partial"
         await self._finish(run_id, EventType.RUN_SETTLEMENT_COMPLETED, status, total, None)
@@ -256,12 +254,18 @@ class Runtime:
         model: str | None = None,
         chain_of_thought: str | None = None,
     ) -> RunRecord:
-        """A new run that continues an earlier one's conversation, carrying no reasoning."""
+        """A new run that continues an earlier one's conversation, carrying no reasoning.
+
+        The model and the disclosure mode carry over from the earlier run (its mode becomes the
+        new run's own setting, so an explicit ``chain_of_thought`` still wins): continuing a
+        conversation does not silently change who may see its reasoning.
+        """
         previous = await self.store.get_run(previous_run_id)
         history = conversation_from_events(await self.store.read(previous_run_id))
         request = RunRequest(
             prompt,
             model=model or previous.model,
+            chain_of_thought=previous.chain_of_thought,
             history=history,
             metadata={"continues": previous_run_id},
         )
@@ -313,12 +317,16 @@ class Runtime:
             )
         )
         try:
-            if run.worker_backend == "inline":
-                result = await self._inline(spec, task, recorder)
-            else:
-                result = await self._provider(run, spec, task, recorder, disclosure)
-        finally:
-            await recorder.close()
+            try:
+                if run.worker_backend == "inline":
+                    result = await self._inline(spec, task, recorder)
+                else:
+                    result = await self._provider(run, spec, task, recorder, disclosure)
+            finally:
+                await recorder.close()
+        except Exception as exc:
+            await self._task_aborted(run, task, _describe(exc))
+            raise
         task.status = result.status
         task.output = result.answer
         task.usage = result.usage.to_dict()
@@ -327,6 +335,17 @@ class Runtime:
         await self.store.save_task(task)
         await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
         return result.usage, result.status
+
+    async def _task_aborted(self, run: RunRecord, task: TaskRecord, error: str) -> None:
+        """A task whose worker raised still ends (failed, with the error) before the run's
+        terminal event, so no reader waits on a task that will never finish."""
+        task.status = "failed"
+        task.error = error
+        await self.store.save_task(task)
+        payload = {"status": "failed", "output": None, "error": error}
+        await self._append(
+            run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
+        )
 
     async def _worker_completed(
         self,
@@ -439,6 +458,11 @@ class Runtime:
             )
         finally:
             await provider.aclose()
+
+
+def _describe(exc: Exception) -> str:
+    """Our own errors speak for themselves; anything else is named by its type."""
+    return str(exc) if isinstance(exc, ThoughtgateError) else f"{type(exc).__name__}: {exc}"
 
 
 def _hidden_texts(spec: TaskSpec) -> list[str]:

@@ -368,10 +368,11 @@ STOP_REASONS: Final[Mapping[str, FinishReason]] = {
 class _Block:
     """One open content block: its type and what its stop needs to emit."""
 
-    __slots__ = ("call_id", "input", "json", "signature", "thinking", "type")
+    __slots__ = ("call_id", "input", "json", "open", "signature", "thinking", "type")
 
     def __init__(self, btype: str) -> None:
         self.type = btype
+        self.open = True
         self.thinking: list[str] = []
         self.signature = ""
         self.call_id = ""
@@ -487,6 +488,17 @@ class AnthropicCapture:
     def _emit(self, chunk: Chunk) -> None:
         self._close_run()
         self._out.append(chunk)
+
+    def interrupted(self) -> list[Chunk]:
+        """The stream broke: what open blocks still hold. A ``tool_use`` block's arguments are only
+        emitted at its ``content_block_stop``, so the fragments that arrived before the break are
+        released here (compact JSON when they parse, else as they came) and the partial turn keeps
+        them. Reasoning and text were emitted as they arrived already."""
+        for slot in self._blocks.values():
+            if slot.open and slot.type == "tool_use" and (slot.json or slot.input is not None):
+                slot.open = False
+                self._emit(ToolCallDelta(slot.call_id, _arguments(slot)))
+        return self.take()
 
     def take(self) -> list[Chunk]:
         """The chunks produced since the last call."""
@@ -650,6 +662,7 @@ class AnthropicCapture:
         slot = self._blocks.get(index)
         if slot is None:
             raise _never_started("content_block_stop", index)
+        slot.open = False
         if slot.type == "thinking":
             # A block without a signature cannot be replayed (the API rejects it), so it stays
             # reasoning only.
@@ -815,8 +828,13 @@ class AnthropicProvider:
                         raise error
             except ProviderError:
                 if not capture.finished:
-                    raise  # a connection dropped after message_stop lost nothing
+                    for chunk in capture.interrupted():
+                        yield chunk
+                    raise
+                # a connection dropped after message_stop lost nothing
         if not capture.finished:
+            for chunk in capture.interrupted():
+                yield chunk
             raise ProviderStreamError(
                 "stream ended before message_stop", provider=PROVIDER, request_id=request_id
             )

@@ -8,9 +8,9 @@ block's stop) or as a message JSON when ``stream`` is absent or false.
 
 The request is honoured as the API would: without ``thinking`` no thinking blocks come back;
 ``display: "omitted"`` (the default on Opus 4.7+, Fable and Mythos) gives empty thinking text with a
-signature. Signatures come from :func:`~thoughtgate.testing.emulator.scenario.sign` over the
-returned text, so a replayed block that was edited, re-signed or dropped is caught like the real
-API catches it.
+signature. Signatures (:func:`thinking_signature`) cover the model, the block's place among the
+message's thinking blocks and the returned text, so a replayed block that was edited, re-signed,
+moved, dropped or replayed to another model is caught like the real API catches it.
 
 Control steps: ``Fail`` answers with an HTTP error for its first ``times`` attempts; ``StreamError``
 sends an in-stream ``error`` event and ends the stream; ``Cut`` aborts the connection mid-body;
@@ -52,7 +52,7 @@ from thoughtgate.testing.emulator.scenario import (
 )
 from thoughtgate.testing.emulator.server import Emulator, RecordedRequest
 
-__all__ = ["ADAPTIVE_ONLY", "ERROR_STATUS", "handle", "validate"]
+__all__ = ["ADAPTIVE_ONLY", "ERROR_STATUS", "handle", "thinking_signature", "validate"]
 
 DOCS: Final = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 
@@ -212,7 +212,7 @@ def validate(body: Any) -> str | None:
     if problem is None:
         problem = _validate_tool_pairs(messages)
     if problem is None:
-        problem = _validate_thinking_history(messages, thinking_on)
+        problem = _validate_thinking_history(messages, thinking_on, str(body["model"]))
     return problem
 
 
@@ -354,7 +354,9 @@ def _validate_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _validate_thinking_history(messages: Sequence[Mapping[str, Any]], on: bool) -> str | None:
+def _validate_thinking_history(
+    messages: Sequence[Mapping[str, Any]], on: bool, model: str
+) -> str | None:
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistants:
         return None
@@ -385,8 +387,11 @@ def _validate_thinking_history(messages: Sequence[Mapping[str, Any]], on: bool) 
             f"documentation at {DOCS}"
         )
     for i in assistants:
+        ordinal = 0  # the block's place among the message's thinking blocks
         for j, block in enumerate(_blocks(messages[i])):
-            if not _intact(block):
+            intact = _intact(block, model, ordinal)
+            ordinal += block.get("type") in _THINKING_TYPES
+            if not intact:
                 if i == final and _well_formed(block):
                     return (
                         f"messages.{i}.content.{j}: `thinking` or `redacted_thinking` blocks in "
@@ -397,12 +402,25 @@ def _validate_thinking_history(messages: Sequence[Mapping[str, Any]], on: bool) 
     return None
 
 
-def _intact(block: Mapping[str, Any]) -> bool:
-    """A thinking block whose signature matches its text, or an untouched redacted blob."""
+def thinking_signature(model: str, text: str, ordinal: int = 0) -> str:
+    """The emulator's signature for a thinking block: bound to the model that wrote it, to the
+    block's place among the message's thinking blocks, and to its exact text. So a block replayed
+    edited, moved, merged or to another model fails the check, as on the real API (the maintainer
+    in anthropics/anthropic-sdk-python#1598 lists those causes)."""
+    return sign(model, str(ordinal), text)
+
+
+def _intact(block: Mapping[str, Any], model: str, ordinal: int) -> bool:
+    """A thinking block whose signature matches its model, place and text, or an untouched
+    redacted blob."""
     btype = block.get("type")
     if btype == "thinking":
         text, signature = block.get("thinking"), block.get("signature")
-        return isinstance(text, str) and isinstance(signature, str) and verify(signature, text)
+        return (
+            isinstance(text, str)
+            and isinstance(signature, str)
+            and verify(signature, model, str(ordinal), text)
+        )
     if btype == "redacted_thinking":
         raw = _b64(str(block.get("data", "")).removeprefix("gAAAAA"))
         return raw is not None and len(raw) == 128 and raw == raw[:32] * 4
@@ -494,7 +512,9 @@ def _plan(turn: ScriptedTurn, body: Mapping[str, Any], turn_index: int) -> _Plan
             if display is not None:
                 shown = step.text if display == "summarized" else ""
                 plan.thinking_text[len(plan.blocks)] = step.text
-                plan.items.append({"type": "thinking", "thinking": shown, "signature": sign(shown)})
+                ordinal = sum(1 for b in plan.blocks if b["type"] in _THINKING_TYPES)
+                signature = thinking_signature(plan.model, shown, ordinal)
+                plan.items.append({"type": "thinking", "thinking": shown, "signature": signature})
         elif isinstance(step, Redacted):
             if display is not None:
                 plan.items.append({"type": "redacted_thinking", "data": opaque_blob(step.label)})

@@ -38,7 +38,9 @@ Validation, with the real error bodies:
   ``reasoning_content`` (an empty string is fine) → ``400 The `reasoning_content` in the thinking
   mode must be passed back to the API.``;
 * openrouter: replayed ``reasoning_details`` must verify (signature / encrypted data edited, or made
-  for another model → 400); for ``anthropic/*`` with reasoning on, the last assistant message, when
+  for another model → 400, with the upstream's own error inside OpenRouter's wrapper: Anthropic's
+  "Invalid `signature`", or OpenAI's "could not be verified" for ``openai-responses-v1``
+  encrypted details); for ``anthropic/*`` with reasoning on, the last assistant message, when
   it has ``tool_calls`` answered by the trailing tool messages, must carry its details → 400 with
   Anthropic's "Expected `thinking` or `redacted_thinking`" text wrapped the way OpenRouter
   wraps provider errors.
@@ -65,6 +67,7 @@ from thoughtgate.testing.emulator.openai_wire import (
     cut_json_response,
     decode_blob,
     encode_blob,
+    error_body,
     error_response,
     estimate_tokens,
     fail_headers,
@@ -105,6 +108,7 @@ ANTHROPIC_MISSING = (
     "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 )
 ANTHROPIC_BAD_SIGNATURE = "messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+OPENAI_UNVERIFIED = "The encrypted content for item {id} could not be verified."
 
 
 def pick_flavor(headers: Mapping[str, str], model: str) -> str | None:
@@ -148,17 +152,32 @@ def reasoning_wanted(flavor: str, body: Mapping[str, Any]) -> bool:
 # --------------------------------------------------------------------------- validation
 
 
-def _openrouter_error(message: str, status: int = 400) -> dict[str, Any]:
-    """How OpenRouter wraps an upstream provider's 4xx (see e.g. endolith/open-interpreter#215)."""
-    raw = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+def _openrouter_error(raw: Mapping[str, Any], provider: str, status: int = 400) -> dict[str, Any]:
+    """How OpenRouter wraps an upstream provider's 4xx (see e.g. endolith/open-interpreter#215):
+    the upstream body, serialized, under ``metadata.raw``."""
     return {
         "error": {
             "message": "Provider returned error",
             "code": status,
-            "metadata": {"raw": json.dumps(raw), "provider_name": "Anthropic"},
+            "metadata": {"raw": json.dumps(raw), "provider_name": provider},
         },
         "user_id": "user_emulator",
     }
+
+
+def _anthropic_rejects(message: str) -> Response:
+    raw = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    return error_response(400, message, "", body=_openrouter_error(raw, "Anthropic"))
+
+
+def _detail_rejected(i: int, j: int, detail: Any) -> Response:
+    """The upstream's own error for a detail that fails verification: OpenAI's for its encrypted
+    reasoning items (format ``openai-responses-v1``), Anthropic's signature error otherwise."""
+    if isinstance(detail, Mapping) and detail.get("format") == "openai-responses-v1":
+        message = OPENAI_UNVERIFIED.format(id=detail.get("id"))
+        raw = error_body(message, "invalid_request_error", code="invalid_encrypted_content")
+        return error_response(400, message, "", body=_openrouter_error(raw, "OpenAI"))
+    return _anthropic_rejects(ANTHROPIC_BAD_SIGNATURE.format(i=i, j=j))
 
 
 def _validate(flavor: str, body: Mapping[str, Any]) -> Response | None:
@@ -208,8 +227,7 @@ def _validate_details(model: str, messages: list[Any], thinking: bool) -> Respon
         details = m.get("reasoning_details") if m.get("role") == "assistant" else None
         for j, detail in enumerate(details or []):
             if not _detail_ok(model, detail):
-                message = ANTHROPIC_BAD_SIGNATURE.format(i=i, j=j)
-                return error_response(400, message, "", body=_openrouter_error(message))
+                return _detail_rejected(i, j, detail)
     if not (thinking and model.startswith("anthropic/")):
         return None
     # Anthropic: the assistant turn that opened the trailing tool results must start with thinking
@@ -224,8 +242,7 @@ def _validate_details(model: str, messages: list[Any], thinking: bool) -> Respon
         and last.get("tool_calls")
         and not last.get("reasoning_details")
     ):
-        message = ANTHROPIC_MISSING.format(i=tail - 1)
-        return error_response(400, message, "", body=_openrouter_error(message))
+        return _anthropic_rejects(ANTHROPIC_MISSING.format(i=tail - 1))
     return None
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "check_fail",
     "decode_blob",
     "encode_blob",
+    "error_body",
     "error_response",
     "hex_id",
     "read_json",

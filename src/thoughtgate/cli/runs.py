@@ -11,7 +11,7 @@ import typer
 
 from thoughtgate.access.filter import filter_event, filter_events, filter_run, require_role
 from thoughtgate.access.roles import Role
-from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.cli.common import Context, console, print_json, run_async, with_store
 from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, load_tools
@@ -167,19 +167,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
-        async def body() -> None:
-            ctx = Context(config_path=config, db=db, view_as=view_as)
+        async def body(ctx: Context, store: EventStore) -> None:
+            view = filter_run(await store.get_run(run_id), ctx.role)
+            if json_out:
+                print_json(view)
+            else:
+                render_run(console, view, role=ctx.role.label)
 
-            async def go(store: EventStore) -> None:
-                view = filter_run(await store.get_run(run_id), ctx.role)
-                if json_out:
-                    print_json(view)
-                else:
-                    render_run(console, view, role=ctx.role.label)
-
-            await ctx.using(go)
-
-        run_async(body())
+        with_store(config=config, db=db, view_as=view_as, body=body)
 
     @app.command()
     def runs(
@@ -191,19 +186,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List recent runs, newest first."""
 
-        async def body() -> None:
-            ctx = Context(config_path=config, db=db, view_as=view_as)
+        async def body(ctx: Context, store: EventStore) -> None:
+            views = [filter_run(r, ctx.role) for r in await store.list_runs(limit=limit)]
+            if json_out:
+                print_json(views)
+            else:
+                render_runs_table(console, views)
 
-            async def go(store: EventStore) -> None:
-                views = [filter_run(r, ctx.role) for r in await store.list_runs(limit=limit)]
-                if json_out:
-                    print_json(views)
-                else:
-                    render_runs_table(console, views)
-
-            await ctx.using(go)
-
-        run_async(body())
+        with_store(config=config, db=db, view_as=view_as, body=body)
 
     @app.command()
     def events(
@@ -217,25 +207,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
 
-        async def body() -> None:
-            ctx = Context(config_path=config, db=db, view_as=view_as)
+        async def body(ctx: Context, store: EventStore) -> None:
+            run = await store.get_run(run_id)
+            raw = await store.read(run_id, after=after, limit=limit)
+            shown = filter_events(raw, ctx.role, mode=run.chain_of_thought)
+            if json_out:
+                print_json([e.to_dict() for e in shown])
+                return
+            for e in shown:
+                task = f" [dim]{e.task_id}[/]" if e.task_id else ""
+                console.print(
+                    f"[bold]{e.seq:>5}[/] {e.type}{task} {dict(e.payload)}", highlight=False
+                )
 
-            async def go(store: EventStore) -> None:
-                run = await store.get_run(run_id)
-                raw = await store.read(run_id, after=after, limit=limit)
-                shown = filter_events(raw, ctx.role, mode=run.chain_of_thought)
-                if json_out:
-                    print_json([e.to_dict() for e in shown])
-                    return
-                for e in shown:
-                    task = f" [dim]{e.task_id}[/]" if e.task_id else ""
-                    console.print(
-                        f"[bold]{e.seq:>5}[/] {e.type}{task} {dict(e.payload)}", highlight=False
-                    )
-
-            await ctx.using(go)
-
-        run_async(body())
+        with_store(config=config, db=db, view_as=view_as, body=body)
 
     @app.command()
     def trace(
@@ -247,23 +232,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Trace metadata of a run (worker.completed with reasoning): developer and above."""
 
-        async def body() -> None:
-            ctx = Context(config_path=config, db=db, view_as=view_as)
+        async def body(ctx: Context, store: EventStore) -> None:
             require_role(ctx.role, Role.DEVELOPER, "the trace")
+            run = await store.get_run(run_id)
+            raw = [e for e in await store.read(run_id) if e.type == "worker.completed"]
+            shown = filter_events(raw, ctx.role, mode=run.chain_of_thought, surface="trace")
+            if json_out:
+                print_json([e.to_dict() for e in shown])
+                return
+            for e in shown:
+                console.print_json(data=e.to_dict())
 
-            async def go(store: EventStore) -> None:
-                run = await store.get_run(run_id)
-                raw = [e for e in await store.read(run_id) if e.type == "worker.completed"]
-                shown = filter_events(raw, ctx.role, mode=run.chain_of_thought, surface="trace")
-                if json_out:
-                    print_json([e.to_dict() for e in shown])
-                    return
-                for e in shown:
-                    console.print_json(data=e.to_dict())
-
-            await ctx.using(go)
-
-        run_async(body())
+        with_store(config=config, db=db, view_as=view_as, body=body)
 
     @app.command()
     def demo(

@@ -20,7 +20,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-MODULES = ("bench.capture_bench", "bench.store_bench", "bench.daemon_bench", "bench.fanout_bench")
+MODULES = (
+    "bench.capture_bench",
+    "bench.run_bench",
+    "bench.store_bench",
+    "bench.daemon_bench",
+    "bench.fanout_bench",
+)
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUDGET_S = 15 * 60
 

@@ -15,7 +15,16 @@ from typing import Any
 import httpx
 import pytest
 from daemon_support import Daemon, free_port
-from web_support import STORY_ANSWER, raw_marker, seed_run, web_daemon
+from web_support import (
+    SEEDED_EVENTS,
+    SEEDED_SECRET,
+    STEP_TITLES,
+    STORY_ANSWER,
+    raw_marker,
+    seed_run,
+    story_run,
+    web_daemon,
+)
 
 from thoughtgate.client import (
     DaemonError,
@@ -24,11 +33,8 @@ from thoughtgate.client import (
     ThoughtgateClient,
 )
 from thoughtgate.errors import AccessDeniedError, AuthenticationError, RunNotFoundError
-from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.events.thread import StepItem, ToolCard
-from thoughtgate.events.visible import VISIBLE_MARKER
-
-STEP_TITLES = ["Checking the forecast", "Finding a morning train", "Putting the plan together"]
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +48,7 @@ def _client(daemon: Daemon, role: str, **options: Any) -> ThoughtgateClient:
 
 
 def _story(daemon: Daemon, token: str, delay: float = 0.0) -> str:
-    return daemon.start_run(
-        {
-            "prompt": f"story {token} {delay}",
-            "model": "fake:story",
-            "chain_of_thought": "surface",
-            "tools": ["check_weather", "find_trains"],
-        }
-    )
+    return daemon.start_run(story_run(token, delay))
 
 
 def _dump(events: list[Event]) -> str:
@@ -267,59 +266,6 @@ async def test_a_channel_that_never_progresses_gives_up_with_a_clear_error() -> 
 # --------------------------------------------------------------------------- client rules
 
 
-def _step(etype: str, step_id: str, summary: Any, **extra: Any) -> NewEvent:
-    payload = {
-        "marker": VISIBLE_MARKER,
-        "step_id": step_id,
-        "summary": summary,
-        "phase": "thinking",
-        "ts": 1.0,
-        "tool_call_id": None,
-        "source": "provider_summary",
-        **extra,
-    }
-    return NewEvent(etype, payload)
-
-
-SEEDED_SECRET = "SEEDED-SECRET-REASONING"
-
-SEEDED_EVENTS = [
-    NewEvent("run.started", {"prompt": "seeded"}),
-    _step("cot.step", "s1", "Reading the request"),
-    NewEvent("cot.step", {"step_id": "s2", "summary": "unmarked step", "phase": "thinking"}),
-    _step("cot.step", "s3", 42),  # malformed summary
-    _step("cot.phase", "s4", "Bad phase", phase="pondering"),
-    _step("cot.step", "s5", "   "),  # blank
-    _step("cot.tool.reasoning", "s6", "Why the tool", tool_call_id="call_missing"),
-    NewEvent(
-        "agent.response",
-        {"turn": 0, "answer": "", "reasoning": f"{SEEDED_SECRET} in a provider field"},
-    ),
-    NewEvent(
-        "tool.started",
-        {
-            "callId": "c1",
-            "toolKey": "lookup",
-            "label": "Look it up",
-            "input": {"q": f"{SEEDED_SECRET} as tool input"},
-        },
-    ),
-    _step("cot.tool.reasoning", "s7", "Looking it up", tool_call_id="c1"),
-    NewEvent(
-        "tool.completed",
-        {
-            "callId": "c1",
-            "toolKey": "lookup",
-            "output": f"reasoning: {SEEDED_SECRET} as tool output",
-        },
-    ),
-    NewEvent("cot.completed", {"marker": "wrong", "receipt": {}}),
-    NewEvent("message.delta", {"text": "Done."}),
-    NewEvent("message.completed", {"text": "Done.", "reasoning": SEEDED_SECRET}),
-    NewEvent("run.settlement.completed", {"status": "completed"}),
-]
-
-
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[Daemon]:
     with web_daemon(seeds=[seed_run("run_seeded", SEEDED_EVENTS)]) as d:
@@ -390,8 +336,9 @@ async def test_errors_are_typed(daemon: Daemon) -> None:
 
 def test_the_blocking_client_follows_and_builds_the_same_thread(daemon: Daemon) -> None:
     with SyncThoughtgateClient(daemon.base_url, daemon.keys["member"]) as tg:
+        body = story_run("sync", 0.01)
         run_id = tg.start_run(
-            "story sync 0.01", "fake:story", "surface", ["check_weather", "find_trains"]
+            body["prompt"], body["model"], "surface", body["tools"], system=body["system"]
         )
         followed = list(tg.follow(run_id))
         views = list(tg.watch(run_id))

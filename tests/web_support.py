@@ -1,44 +1,73 @@
 """Shared by the client and web-page tests: a multi-step fake script, two tools, a daemon on
 loopback (optionally with runs seeded straight into its store) and raw-marker helpers.
 
-``fake:story`` takes ``"story TOKEN [DELAY]"``: three turns, each with a provider summary (so
-visible steps exist), raw reasoning carrying ``RAWTHOUGHT-TOKEN`` (which only developer+ may ever
-receive), two tool calls and an answer in several deltas, pausing ``DELAY`` seconds between chunks
-so a reader can watch it live.
+``fake:story`` reads ``token=T delay=D`` from the run's system prompt (which no reader is ever
+sent): three turns, each with a provider summary (so visible steps exist), raw reasoning carrying
+``RAWTHOUGHT-T`` (which only developer+ may ever receive), two tool calls and an answer in several
+deltas, pausing ``D`` seconds between chunks so a reader can watch it live.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from daemon_support import Daemon, ThreadServer, seed_keys
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.events.schema import NewEvent
+from thoughtgate.events.visible import VISIBLE_MARKER
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
 
-__all__ = ["STORY_ANSWER", "raw_marker", "seed_run", "web_daemon"]
+T = TypeVar("T")
+
+__all__ = [
+    "SEEDED_EVENTS",
+    "SEEDED_SECRET",
+    "STEP_TITLES",
+    "STORY_ANSWER",
+    "STORY_PROMPT",
+    "WEB_TOOLS",
+    "raw_marker",
+    "seed_run",
+    "story_run",
+    "web_daemon",
+]
 
 
 def raw_marker(token: str) -> str:
     return f"RAWTHOUGHT-{token}"
 
 
-def _args(request: TurnRequest) -> tuple[str, float]:
-    first = request.messages[0].text if request.messages else ""
-    parts = first.split()
-    token = parts[1] if len(parts) > 1 else "x"
-    delay = float(parts[2]) if len(parts) > 2 else 0.0
-    return token, delay
+STORY_PROMPT = "Plan a day trip from Lisbon to Porto tomorrow"
 
+
+def story_run(token: str, delay: float = 0.0, prompt: str = STORY_PROMPT) -> dict[str, Any]:
+    """The ``POST /v1/runs`` body of a ``fake:story`` run."""
+    return {
+        "prompt": prompt,
+        "model": "fake:story",
+        "chain_of_thought": "surface",
+        "tools": ["check_weather", "find_trains"],
+        "system": f"token={token} delay={delay}",
+    }
+
+
+def _args(request: TurnRequest) -> tuple[str, float]:
+    fields = dict(part.split("=", 1) for part in (request.system or "").split() if "=" in part)
+    return fields.get("token", "x"), float(fields.get("delay", "0"))
+
+
+STEP_TITLES = ["Checking the forecast", "Finding a morning train", "Putting the plan together"]
+"""The visible steps of a ``fake:story`` run (its provider summaries' titles), in order."""
 
 STORY_ANSWER = (
     "Take the 09:12 train from Lisbon to Porto: it arrives at 12:05, and Porto will be sunny "
@@ -69,9 +98,9 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
 
     async def gen() -> AsyncIterator[Any]:
         summary, raw, call = _TURNS[min(turn, len(_TURNS) - 1)]
-        yield reasoning(summary, kind="summary")
+        yield reasoning(summary + "\n\n", kind="summary")
         await asyncio.sleep(delay)
-        yield reasoning(f"{raw}{raw_marker(token)} ")
+        yield reasoning(f"{raw}{raw_marker(token)}\n\n")
         await asyncio.sleep(delay)
         if call is not None:
             name, arguments = call
@@ -103,6 +132,62 @@ def find_trains(origin: str, destination: str) -> str:
 WEB_TOOLS = [check_weather, find_trains]
 
 
+# --------------------------------------------------------------------------- seeded runs
+
+
+def _step(etype: str, step_id: str, summary: Any, **extra: Any) -> NewEvent:
+    payload = {
+        "marker": VISIBLE_MARKER,
+        "step_id": step_id,
+        "summary": summary,
+        "phase": "thinking",
+        "ts": 1.0,
+        "tool_call_id": None,
+        "source": "provider_summary",
+        **extra,
+    }
+    return NewEvent(etype, payload)
+
+
+SEEDED_SECRET = "SEEDED-SECRET-REASONING"
+
+SEEDED_EVENTS = [
+    NewEvent("run.started", {"prompt": "seeded"}),
+    _step("cot.step", "s1", "Reading the request"),
+    NewEvent("cot.step", {"step_id": "s2", "summary": "unmarked step", "phase": "thinking"}),
+    _step("cot.step", "s3", 42),  # malformed summary
+    _step("cot.phase", "s4", "Bad phase", phase="pondering"),
+    _step("cot.step", "s5", "   "),  # blank
+    _step("cot.tool.reasoning", "s6", "Why the tool", tool_call_id="call_missing"),
+    NewEvent(
+        "agent.response",
+        {"turn": 0, "answer": "", "reasoning": f"{SEEDED_SECRET} in a provider field"},
+    ),
+    NewEvent(
+        "tool.started",
+        {
+            "callId": "c1",
+            "toolKey": "lookup",
+            "label": "Look it up",
+            "input": {"q": f"{SEEDED_SECRET} as tool input"},
+        },
+    ),
+    _step("cot.tool.reasoning", "s7", "Looking it up", tool_call_id="c1"),
+    NewEvent(
+        "tool.completed",
+        {
+            "callId": "c1",
+            "toolKey": "lookup",
+            "output": f"reasoning: {SEEDED_SECRET} as tool output",
+        },
+    ),
+    NewEvent("cot.completed", {"marker": "wrong", "receipt": {}}),
+    NewEvent("message.delta", {"text": "Done."}),
+    NewEvent("message.completed", {"text": "Done.", "reasoning": SEEDED_SECRET}),
+    NewEvent("run.settlement.completed", {"status": "completed"}),
+]
+
+
 def seed_run(
     run_id: str, events: Sequence[NewEvent], *, mode: str = "surface", prompt: str = "seeded"
 ) -> Callable[[EventStore], Awaitable[None]]:
@@ -131,17 +216,24 @@ def web_daemon(
     from thoughtgate.server.app import create_app
 
     store = MemoryStore()
-    keys = seed_keys(store)
 
     async def apply_seeds() -> None:
         for seed in seeds:
             await seed(store)
 
-    asyncio.run(apply_seeds())
+    keys = _off_loop(lambda: seed_keys(store))
+    _off_loop(lambda: asyncio.run(apply_seeds()))
     settings = Config.from_mapping(config or {})
     app = create_app(store, settings, tools=ToolRegistry(WEB_TOOLS), **app_options)
     try:
         with ThreadServer(app) as server:
             yield Daemon(server.base_url, keys, store, app)
     finally:
-        asyncio.run(store.close())
+        _off_loop(lambda: asyncio.run(store.close()))
+
+
+def _off_loop(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (which may call ``asyncio.run``) in a thread of its own: the caller's thread
+    may already run an event loop (Playwright's sync API keeps one running)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()

@@ -157,6 +157,28 @@ def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon
         )
 
 
+def test_a_member_answers_an_approval_and_a_viewer_only_watches(
+    browser: Browser, daemon: Daemon
+) -> None:
+    run_id = daemon.start_run(
+        {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
+    )
+    with page_for(browser) as (member, _), page_for(browser) as (viewer, _):
+        for page, role in ((member, "member"), (viewer, "viewer")):
+            sign_in(page, daemon.base_url, daemon.keys[role])
+            page.wait_for_selector(f"[data-testid=role]:text-is('{role}')")
+            open_run(page, run_id)
+            page.wait_for_selector("[data-testid=tool-card][data-status=pending]")
+        assert viewer.locator("button.approve").count() == 0  # a viewer cannot answer
+        member.click("[data-testid=tool-card] button.approve")
+        for page in (member, viewer):  # approved: pending until it starts, then it runs
+            page.wait_for_selector("[data-testid=tool-card][data-status=completed]")
+            page.wait_for_selector(
+                "[data-testid=answer-text]:text-is('done after the approval step')"
+            )
+        assert member.locator("button.approve").count() == 0
+
+
 def test_a_bad_key_shows_the_sign_in_error(browser: Browser, daemon: Daemon) -> None:
     with page_for(browser) as (page, _):
         sign_in(page, daemon.base_url, "tg_this-is-not-a-key")

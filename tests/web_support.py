@@ -3,7 +3,7 @@ loopback (optionally with runs seeded straight into its store) and raw-marker he
 
 ``fake:story`` reads ``token=T delay=D`` from the run's system prompt (which no reader is ever
 sent): three turns, each with a provider summary (so visible steps exist), raw reasoning carrying
-``RAWTHOUGHT-T`` (which only developer+ may ever receive), two tool calls and an answer in several
+``RAWTHOUGHT-T`` unless ``T`` is empty (only developer+ may ever receive it), two tool calls and an answer in several
 deltas, pausing ``D`` seconds between chunks so a reader can watch it live.
 """
 
@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from daemon_support import Daemon, ThreadServer, seed_keys
+from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
@@ -63,7 +63,7 @@ def story_run(token: str, delay: float = 0.0, prompt: str = STORY_PROMPT) -> dic
 
 def _args(request: TurnRequest) -> tuple[str, float]:
     fields = dict(part.split("=", 1) for part in (request.system or "").split() if "=" in part)
-    return fields.get("token", "x"), float(fields.get("delay", "0"))
+    return fields.get("token", ""), float(fields.get("delay", "0"))
 
 
 STEP_TITLES = ["Checking the forecast", "Finding a morning train", "Putting the plan together"]
@@ -100,7 +100,7 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
         summary, raw, call = _TURNS[min(turn, len(_TURNS) - 1)]
         yield reasoning(summary + "\n\n", kind="summary")
         await asyncio.sleep(delay)
-        yield reasoning(f"{raw}{raw_marker(token)}\n\n")
+        yield reasoning(f"{raw}{raw_marker(token) if token else ''}".rstrip() + "\n\n")
         await asyncio.sleep(delay)
         if call is not None:
             name, arguments = call
@@ -129,7 +129,7 @@ def find_trains(origin: str, destination: str) -> str:
     return f"{origin} -> {destination}: 07:05 (arr 10:02), 09:12 (arr 12:05)"
 
 
-WEB_TOOLS = [check_weather, find_trains]
+WEB_TOOLS = [check_weather, find_trains, *SERVER_TOOLS]  # + lookup, dangerous (approval)
 
 
 # --------------------------------------------------------------------------- seeded runs

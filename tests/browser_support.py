@@ -113,6 +113,8 @@ class Capture:
         cannot be read fails the test: absence is only proven over everything received."""
         pending, self.responses = self.responses, []
         for response in pending:
+            if 300 <= response.status < 400:
+                continue  # 304 Not Modified (a cached copy, read when it came) or a redirect
             try:
                 body = response.body()
             except PlaywrightError:

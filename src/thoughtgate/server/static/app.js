@@ -349,9 +349,12 @@ async function start() {
   $("#signin").hidden = true;
   $("#app").hidden = false;
   $("#signout").hidden = false;
-  $("#role-note").textContent = state.me.permissions.read_reasoning
-    ? "Your role can read raw reasoning on surface runs."
-    : "You see the agent's visible steps, tool cards and answers; raw reasoning is not sent to your role.";
+  const can = state.me.permissions;
+  $("#role-note").textContent = can.read_reasoning
+    ? "Your role also reads tool inputs and outputs and, on surface runs, the raw reasoning."
+    : can.answer_approvals
+      ? "You see visible steps, tool cards with their inputs and outputs, and answers; raw reasoning is not sent to your role."
+      : "You see visible steps, tool cards (label and status) and answers; raw reasoning is not sent to your role.";
   await loadRuns();
   if (location.hash.length > 1) await openRun(decodeURIComponent(location.hash.slice(1)));
 }

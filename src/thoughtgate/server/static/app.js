@@ -1,205 +1,379 @@
-// thoughtgate web page: sign in with a key, list runs, watch one run's thread live and after reload.
-// Every byte shown here came through the server's one output filter; this page never sees more
-// than the key's role allows (a viewer's browser never receives raw reasoning).
+// thoughtgate web page: sign in with a key, list runs, open one, watch its thread live and after
+// a reload. The page only renders what the server sent: every byte came through the server's one
+// output filter for the key's role (a viewer's browser never receives raw reasoning). The thread
+// model is thread.js, which keeps the rules of thoughtgate.events.thread.
 "use strict";
 
-const MARKER = "visible_reasoning_v1";
-const TERMINAL = new Set(["message.completed", "message.partially_completed", "run.failed",
-  "run.error", "run.settlement.completed", "run.interrupted"]);
-const RUN_TERMINAL = new Set(["run.failed", "run.error", "run.settlement.completed", "run.interrupted"]);
+const { Thread } = TG_THREAD;
 
-let key = sessionStorage.getItem("tg_key") || "";
-let source = null;
-
-const $ = (sel) => document.querySelector(sel);
-const el = (tag, attrs = {}, ...children) => {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v; else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return node;
+const STATUS_TEXT = {
+  pending: "waiting", executing: "running", completed: "done", failed: "failed",
+  degraded: "degraded", rejected: "rejected", skipped: "skipped",
+};
+const RUN_STATUS_TEXT = {
+  pending: "pending", running: "running", completed: "completed", partial: "partial",
+  failed: "failed", error: "failed", interrupted: "interrupted",
 };
 
+const state = {
+  key: sessionStorage.getItem("tg_key") || "",
+  me: null,
+  view: null, // { runId, thread, source, generation, run, retries, timer }
+  generation: 0,
+  open: new Set(), // <details> the reader opened, kept across re-renders
+  frame: 0,
+};
+
+const $ = (sel) => document.querySelector(sel);
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v; else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
 async function api(path, options = {}) {
-  const res = await fetch(path, { ...options, headers: { ...(options.headers || {}),
-    "authorization": `Bearer ${key}`, "content-type": "application/json" } });
+  const res = await fetch(path, {
+    ...options,
+    cache: "no-store",
+    headers: { ...(options.headers || {}), authorization: `Bearer ${state.key}`, "content-type": "application/json" },
+  });
   const body = await res.json().catch(() => ({}));
-  if (!res.ok) throw Object.assign(new Error(body.error?.message || body.detail || res.statusText), { status: res.status });
+  if (!res.ok) throw new ApiError(res.status, body.error?.message || res.statusText);
   return body;
 }
 
-// ---- thread reconstruction (same rules as thoughtgate.events.thread) -----------------------
-function newThread() {
-  return { items: [], cards: new Map(), steps: new Map(), text: "", final: null, raw: "",
-    receipt: null, terminal: null, lastSeq: 0 };
+const runPath = (runId, tail = "") => `/v1/runs/${encodeURIComponent(runId)}${tail}`;
+
+function ago(ts) {
+  const s = Math.max(0, Date.now() / 1000 - ts);
+  if (s < 60) return "just now";
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return new Date(ts * 1000).toLocaleDateString();
 }
 
-function toolCard(thread, env) {
-  const p = env.payload || {};
-  const callId = p.callId ?? p.toolCallId ?? env.stepId ?? `seq-${env.seq}`;
-  let card = thread.cards.get(callId);
-  if (!card) {
-    card = { kind: "tool", callId, toolKey: p.toolKey ?? p.key ?? "tool", label: "", status: "pending",
-      input: undefined, output: undefined, error: undefined, explanation: undefined };
-    thread.cards.set(callId, card);
-    thread.items.push(card);
+function pill(status, text, testid) {
+  return el("span", { class: `pill s-${status}`, "data-testid": testid }, text);
+}
+
+// ---- rendering the thread ------------------------------------------------------------------
+
+function pretty(value) {
+  return typeof value === "string" ? value : JSON.stringify(value, null, 2);
+}
+
+function disclosure(id, summary, body) {
+  const d = el("details", { "data-key": id, open: state.open.has(id) }, el("summary", {}, summary), body);
+  d.addEventListener("toggle", () => { if (d.open) state.open.add(id); else state.open.delete(id); });
+  return d;
+}
+
+function renderActivity(card) {
+  const a = card.activity;
+  if (!a) return null;
+  const meta = [a.activityType, a.origin].filter(Boolean).join(" · ");
+  const subject = a.subjectType || a.subjectId ? `${a.subjectType || "subject"}: ${a.subjectId || ""}` : null;
+  let detail = null;
+  if (a.detail !== null && a.detail !== undefined) {
+    const asBlock = typeof a.detail !== "string" || ["code", "json", "pre"].includes(a.renderHint);
+    detail = asBlock
+      ? el("pre", { class: `detail hint-${a.renderHint || "data"}`, "data-testid": "activity-detail" }, pretty(a.detail))
+      : el("p", { class: `detail hint-${a.renderHint || "text"}`, "data-testid": "activity-detail" }, a.detail);
   }
-  const a = p.activity;
-  card.label = (a && a.label) || p.label || card.label || card.toolKey;
-  if (p.input !== undefined || p.args !== undefined) card.input = p.input ?? p.args;
-  if (p.data !== undefined || p.output !== undefined) card.output = p.data ?? p.output;
-  if (p.error !== undefined) card.error = p.error;
-  return card;
+  return el("div", { class: "activity", "data-testid": "activity", "data-activity-type": a.activityType,
+    "data-render-hint": a.renderHint },
+  meta ? el("div", { class: "activity-meta" }, meta) : null,
+  subject ? el("div", { class: "activity-subject" }, subject) : null,
+  detail);
 }
 
-const TOOL_STATUS = { "tool.started": "executing", "tool.progress": "executing",
-  "tool.approval_required": "pending", "tool.approval_timeout": "skipped",
-  "tool.completed": "completed", "tool.failed": "failed", "tool.degraded": "degraded" };
-
-function validStep(p) {
-  return p && p.marker === MARKER && typeof p.summary === "string" && p.summary.length > 0
-    && typeof (p.step_id ?? p.stepId) === "string";
-}
-
-function apply(thread, env) {
-  if (env.seq <= thread.lastSeq) return;  // replay overlap: never show an event twice
-  thread.lastSeq = env.seq;
-  const t = env.type, p = env.payload || {};
-  if (t === "reasoning.delta") { thread.raw += p.text || ""; return; }
-  if (t === "message.delta") { thread.text += p.text || ""; return; }
-  if (t === "message.completed" || t === "message.partially_completed") {
-    thread.final = { text: p.text ?? thread.text, partial: t !== "message.completed", error: p.error };
+function renderCard(card, captions, canAnswer, runEnded) {
+  const node = el("li", { class: `item tool t-${card.status}`, "data-testid": "tool-card", "data-status": card.status,
+    "data-call": card.callId },
+  el("div", { class: "tool-head" },
+    el("span", { class: "tool-icon", "aria-hidden": "true" }, "⚙"),
+    el("span", { class: "tool-label" }, card.label),
+    card.toolKey && card.toolKey !== card.label ? el("code", { class: "tool-key" }, card.toolKey) : null,
+    pill(card.status, STATUS_TEXT[card.status] || card.status, "tool-status")));
+  for (const c of captions) node.append(el("div", { class: "caption" }, c));
+  for (const why of card.reasoning) node.append(el("div", { class: "why", "data-testid": "tool-why" }, why.summary));
+  node.append(renderActivity(card) || "");
+  if (card.input !== null) node.append(disclosure(`in:${card.callId}`, "Input", el("pre", { "data-testid": "tool-input" }, pretty(card.input))));
+  if (card.output !== null) node.append(disclosure(`out:${card.callId}`, "Output", el("pre", { "data-testid": "tool-output" }, pretty(card.output))));
+  if (card.error) node.append(el("div", { class: "error", "data-testid": "tool-error" }, card.error));
+  if (card.status === "pending" && canAnswer && !runEnded) {
+    const answer = (decision) => api(runPath(state.view.runId, `/approvals/${encodeURIComponent(card.callId)}`),
+      { method: "POST", body: JSON.stringify({ decision }) }).catch((err) => alert(err.message));
+    node.append(el("div", { class: "approval" },
+      button("Approve", () => answer("approve"), "approve"), button("Reject", () => answer("reject"), "reject")));
   }
-  if (t.startsWith("tool.")) {
-    const card = toolCard(thread, env);
-    if (t === "tool.approval_response") card.status = p.decision === "reject" ? "rejected" : "executing";
-    else if (TOOL_STATUS[t]) card.status = TOOL_STATUS[t];
-  } else if (t === "cot.step" || t === "cot.phase") {
-    if (!validStep(p)) return;  // unmarked or malformed: discarded, never blocks anything
-    const id = p.step_id ?? p.stepId;
-    const existing = thread.steps.get(id);
-    if (existing) { existing.summary = p.summary; existing.phase = p.phase; }
-    else {
-      const step = { kind: t === "cot.step" ? "step" : "phase", id, summary: p.summary, phase: p.phase };
-      thread.steps.set(id, step); thread.items.push(step);
-    }
-  } else if (t === "cot.tool.reasoning") {
-    if (!validStep(p)) return;
-    const callId = p.tool_call_id ?? p.toolCallId;
-    const card = callId && thread.cards.get(callId);
-    if (card) card.explanation = p.summary;
-  } else if (t === "cot.completed") {
-    if (p.marker === MARKER) thread.receipt = p.receipt || p;
-  } else if (t === "capability.resolved") {
-    thread.items.push({ kind: "phase", id: `cap-${env.seq}`, summary: `Mode: ${p.chain_of_thought}` });
-  } else if (t === "plan.step_added") {
-    thread.items.push({ kind: "step", id: `plan-${env.seq}`, summary: p.summary || p.title || "Plan step" });
-  } else if (t.startsWith("artifact.") || t.startsWith("preview.")) {
-    thread.items.push({ kind: "artifact", id: `art-${env.seq}`, summary: p.label || p.name || t });
-  }
-  if (RUN_TERMINAL.has(t)) thread.terminal = t;
+  return node;
 }
 
-// ---- rendering --------------------------------------------------------------------------------
-function render(thread, live) {
+function button(label, onClick, cls) {
+  const b = el("button", { type: "button", class: cls }, label);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function receiptText(r, thread) {
+  const parts = [];
+  const shown = r.steps_shown === 1 ? "1 summary" : `${r.steps_shown} summaries`;
+  parts.push(`You see ${shown} of the model's reasoning and ${r.phases_shown} progress notes, checked by policy.`);
+  if (r.raw_reasoning_exists) {
+    parts.push(thread.raw !== null
+      ? "The raw reasoning is below (developer view)."
+      : r.raw_reasoning_surface === "trace"
+        ? "The raw reasoning exists; only developers can read it, in the trace."
+        : `The raw reasoning exists; only ${r.raw_reasoning_visible_to || "developer"}s and above can read it.`);
+  } else if (r.opaque_reasoning_exists) {
+    parts.push("The provider returned encrypted reasoning that nobody can read.");
+  }
+  if (r.steps_dropped_by_policy) {
+    const why = Object.entries(r.dropped_by_reason).map(([k, v]) => `${k.replace(/_/g, " ")} ×${v}`).join(", ");
+    parts.push(`${r.steps_dropped_by_policy} step(s) were withheld by policy (${why}).`);
+  }
+  return parts.join(" ");
+}
+
+function renderThread() {
+  state.frame = 0;
+  const view = state.view;
+  if (!view) return;
+  const { thread, run } = view;
   const root = $("#thread");
-  root.replaceChildren();
-  if (live) root.append(el("p", { class: "live", "data-testid": "live" }, "● live"));
-  for (const item of thread.items) {
-    if (item.kind === "tool") {
-      const card = el("div", { class: `item tool ${item.status}`, "data-testid": "tool-card",
-        "data-status": item.status }, el("span", { class: "status" }, item.status),
-        el("strong", {}, `⚙ ${item.label}`));
-      if (item.explanation) card.append(el("div", { class: "why" }, item.explanation));
-      if (item.input !== undefined) card.append(el("pre", { "data-testid": "tool-input" }, JSON.stringify(item.input, null, 1)));
-      if (item.output !== undefined) card.append(el("pre", { "data-testid": "tool-output" }, String(item.output)));
-      if (item.error !== undefined) card.append(el("pre", { class: "error" }, String(item.error)));
-      root.append(card);
-    } else {
-      root.append(el("div", { class: `item ${item.kind}`, "data-testid": `vr-${item.kind}` }, item.summary));
+  const live = !thread.runEnded && !!view.source;
+  const items = thread.list();
+  const cards = new Set(items.filter((i) => i.kind === "tool").map((i) => i.callId));
+  const captions = new Map(); // phases that name a card are shown on the card
+  for (const i of items) {
+    if (i.kind === "phase" && i.step.tool_call_id && cards.has(i.step.tool_call_id)) {
+      captions.set(i.step.tool_call_id, [...(captions.get(i.step.tool_call_id) || []), i.step.summary]);
     }
   }
-  const answer = thread.final ? thread.final.text : thread.text;
-  if (answer) {
-    root.append(el("div", { class: "item answer", "data-testid": "answer" },
-      el("h3", {}, thread.final?.partial ? "Answer (partial)" : "Answer"), answer));
+  const canAnswer = !!state.me?.permissions?.answer_approvals;
+  const list = el("ol", { class: "timeline", "data-testid": "thread-items" });
+  for (const i of items) {
+    if (i.kind === "tool") list.append(renderCard(i, captions.get(i.callId) || [], canAnswer, thread.runEnded));
+    else if (i.kind === "step") {
+      list.append(el("li", { class: `item step p-${i.step.phase}`, "data-testid": "vr-step", "data-phase": i.step.phase },
+        el("span", { class: "step-text" }, i.step.summary)));
+    } else if (i.kind === "phase") {
+      if (i.step.tool_call_id && cards.has(i.step.tool_call_id)) continue;
+      list.append(el("li", { class: `item phase p-${i.step.phase}`, "data-testid": "vr-phase", "data-phase": i.step.phase },
+        i.step.summary));
+    } else if (i.kind === "artifact") {
+      list.append(el("li", { class: "item artifact", "data-testid": "artifact", "data-state": i.state },
+        el("span", { class: "artifact-label" }, i.label), pill(i.state, i.state, "artifact-state")));
+    } else {
+      list.append(el("li", { class: `item notice n-${i.kind}`, "data-testid": "notice" }, i.label));
+    }
   }
-  if (thread.receipt) {
-    const r = thread.receipt;
-    const bits = [];
-    if (r.raw_reasoning_exists) bits.push(`Raw reasoning exists and is visible to ${r.raw_reasoning_visible_to || "developers"} and above.`);
-    if (r.steps_dropped_by_policy) bits.push(`${r.steps_dropped_by_policy} step(s) withheld by policy.`);
-    root.append(el("div", { class: "item receipt", "data-testid": "receipt" }, el("h3", {}, "What was withheld"),
-      bits.join(" ") || "Nothing was withheld from you."));
-  }
-  if (thread.raw) {
-    root.append(el("div", { class: "item raw", "data-testid": "raw-reasoning" },
-      el("h3", {}, "Raw reasoning (developer)"), el("pre", {}, thread.raw)));
-  }
+  if (!items.length && !thread.message) list.append(el("li", { class: "item phase" }, live ? "Waiting for the agent…" : "Nothing to show yet."));
+
+  const answerText = thread.message;
+  const answer = answerText || thread.final
+    ? el("section", { class: `answer${thread.final ? "" : " streaming"}`, "data-testid": "answer" },
+      el("h3", {}, thread.status === "partial" ? "Answer (partial)" : thread.final ? "Answer" : "Answer (writing…)"),
+      el("p", { "data-testid": "answer-text" }, answerText))
+    : null;
+  const failed = ["failed", "interrupted"].includes(thread.status)
+    ? el("section", { class: "failure", "data-testid": "failure" }, thread.status === "interrupted"
+      ? "The run was interrupted before it finished." : `The run failed${run?.error ? `: ${run.error}` : "."}`)
+    : null;
+  const receipt = thread.receipt
+    ? el("section", { class: "receipt", "data-testid": "receipt" }, el("h3", {}, "About the reasoning"),
+      el("p", {}, receiptText(thread.receipt, thread)))
+    : null;
+  const raw = thread.raw !== null
+    ? el("section", { class: "raw", "data-testid": "raw-reasoning" },
+      el("h3", {}, "Raw reasoning ", el("span", { class: "badge" }, "developer only")),
+      el("p", { class: "hint" }, "The model's own chain-of-thought, as captured. Viewers and members never receive it."),
+      el("pre", { "data-testid": "raw-text" }, thread.raw.join("")))
+    : null;
+
+  const runStatus = thread.runEnded ? thread.status : live ? "running" : (run?.status || thread.status);
+  const header = el("header", { class: "run-head" },
+    el("h2", { "data-testid": "run-title" }, run?.prompt || view.runId),
+    el("div", { class: "run-meta" },
+      pill(runStatus, RUN_STATUS_TEXT[runStatus] || runStatus, "run-status"),
+      live ? el("span", { class: "live", "data-testid": "live" }, "live") : null,
+      run ? el("span", {}, run.model || "") : null,
+      run ? el("span", {}, `reasoning: ${run.chain_of_thought}`) : null,
+      view.notice ? el("span", { class: "notice-text", "data-testid": "stream-notice" }, view.notice) : null));
+  const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, failed, receipt, raw);
+  root.replaceChildren(header, body);
 }
 
-// ---- runs, reload and live --------------------------------------------------------------------
+function scheduleRender() {
+  if (!state.frame) state.frame = requestAnimationFrame(renderThread);
+}
+
+// ---- runs ------------------------------------------------------------------------------------
+
 async function loadRuns() {
-  const body = await api("/v1/runs");
-  const runs = body.runs || [];
-  const nav = $("#runs");
-  nav.replaceChildren();
-  for (const run of runs) {
-    const link = el("a", { href: `#${run.run_id}`, "data-run": run.run_id },
-      (run.prompt || "").slice(0, 60), el("div", { class: "meta" }, `${run.status} · ${run.chain_of_thought} · ${run.model || ""}`));
-    nav.append(link);
-  }
+  const { runs = [] } = await api("/v1/runs?limit=100");
+  const nav = $("#runs-list");
+  nav.replaceChildren(...runs.map((run) => el("li", {},
+    el("a", { href: `#${encodeURIComponent(run.run_id)}`, "data-run": run.run_id,
+      class: state.view?.runId === run.run_id ? "active" : null },
+    el("span", { class: "run-prompt" }, run.prompt || run.run_id),
+    el("span", { class: "run-line" },
+      pill(run.status, RUN_STATUS_TEXT[run.status] || run.status, "run-list-status"),
+      el("span", { class: "muted" }, `${run.chain_of_thought} · ${ago(run.created_at)}`))))));
+  if (!runs.length) nav.append(el("li", { class: "muted empty" }, "No runs yet."));
+}
+
+function closeStream(view) {
+  if (view?.source) { view.source.close(); view.source = null; }
+  if (view?.timer) { clearTimeout(view.timer); view.timer = null; }
 }
 
 async function openRun(runId) {
-  if (source) { source.close(); source = null; }
-  document.querySelectorAll("#runs a").forEach((a) => a.classList.toggle("active", a.dataset.run === runId));
-  const thread = newThread();
-  let after = 0;
-  for (;;) {  // reload: the persisted events alone rebuild the thread
-    const body = await api(`/v1/runs/${runId}/events?after=${after}&limit=1000`);
-    (body.events || []).forEach((e) => apply(thread, e));
-    const next = body.next_after ?? after;
-    if (next <= after) break;  // no raw event left after `after`
-    after = next;
+  closeStream(state.view);
+  const generation = ++state.generation;
+  const view = { runId, thread: new Thread(), source: null, run: null, retries: 0, timer: null, notice: "" };
+  state.view = view;
+  document.querySelectorAll("#runs-list a").forEach((a) => a.classList.toggle("active", a.dataset.run === runId));
+  const current = () => state.generation === generation;
+  try {
+    view.run = await api(runPath(runId));
+    let after = 0;
+    for (;;) { // reload: the persisted events alone rebuild the thread
+      const page = await api(runPath(runId, `/events?after=${after}&limit=1000`));
+      if (!current()) return;
+      for (const e of page.events || []) view.thread.feed(e);
+      const next = page.next_after ?? after;
+      if (next <= after) break;
+      after = next;
+    }
+    // resume after the last event read, including ones the filter kept from this reader
+    view.thread.lastSeq = Math.max(view.thread.lastSeq, after);
+  } catch (err) {
+    if (!current()) return;
+    $("#thread").replaceChildren(el("p", { class: "error", "data-testid": "run-error" },
+      err.status === 404 ? "No such run." : err.message));
+    return;
   }
-  thread.lastSeq = Math.max(thread.lastSeq, after);
-  render(thread, false);
-  if (thread.terminal) return;
-  const { ticket } = await api("/v1/tickets", { method: "POST", body: JSON.stringify({ run_id: runId }) });
-  source = new EventSource(`/v1/runs/${runId}/stream?ticket=${encodeURIComponent(ticket)}&last_event_id=${thread.lastSeq}`);
-  const onEvent = (msg) => {
-    const env = JSON.parse(msg.data);
-    apply(thread, env);
-    render(thread, !thread.terminal);
-    if (thread.terminal) { source.close(); source = null; loadRuns(); }
+  renderThread();
+  if (!view.thread.runEnded) connect(view, current);
+}
+
+async function connect(view, current) {
+  let ticket;
+  try {
+    ({ ticket } = await api("/v1/tickets", { method: "POST", body: JSON.stringify({ run_id: view.runId }) }));
+  } catch (err) {
+    if (current()) retry(view, current, err.status === 401 || err.status === 403 ? null : err.message);
+    return;
+  }
+  if (!current()) return;
+  const url = `${runPath(view.runId, "/stream")}?ticket=${encodeURIComponent(ticket)}&last_event_id=${view.thread.lastSeq}`;
+  const source = new EventSource(url);
+  view.source = source;
+  source.onmessage = (msg) => {
+    if (!current()) return;
+    view.retries = 0;
+    view.notice = "";
+    view.thread.feed(JSON.parse(msg.data));
+    if (view.thread.runEnded) {
+      // The server ends the stream right after this event; close it ourselves only if it lingers.
+      view.timer = setTimeout(() => closeStream(view), 2000);
+      renderThread();
+      api(runPath(view.runId)).then((run) => { if (current()) { view.run = run; renderThread(); } }).catch(() => {});
+      loadRuns().catch(() => {});
+      return;
+    }
+    scheduleRender();
   };
-  source.onmessage = onEvent;
-  source.addEventListener("event", onEvent);
-  source.onerror = () => { if (source && source.readyState === EventSource.CLOSED) { source = null; setTimeout(() => openRun(runId), 500); } };
-  render(thread, true);
+  // A lagging reader is closed by the server: resume at once from the last id we applied.
+  source.addEventListener("lagging", () => { closeStream(view); if (current()) connect(view, current); });
+  source.addEventListener("failed", () => { closeStream(view); if (current()) retry(view, current, "reconnecting…"); });
+  // Any other drop: our own reconnect with a fresh ticket (the old one may have expired).
+  source.onerror = () => {
+    closeStream(view); // also the normal end: the server closed the stream after the run ended
+    if (current() && !view.thread.runEnded) retry(view, current, "reconnecting…");
+  };
+  scheduleRender();
+}
+
+function retry(view, current, notice) {
+  if (notice === null || view.retries >= 8) {
+    view.notice = notice === null ? "Your key can no longer follow this run." : "Lost the live connection; reload to try again.";
+    renderThread();
+    return;
+  }
+  view.retries += 1;
+  view.notice = notice;
+  scheduleRender();
+  view.timer = setTimeout(() => { view.timer = null; if (current()) connect(view, current); }, 250 * view.retries);
+}
+
+// ---- sign in -----------------------------------------------------------------------------------
+
+function showSignIn(message) {
+  closeStream(state.view);
+  state.view = null;
+  state.me = null;
+  $("#signin").hidden = false;
+  $("#app").hidden = true;
+  $("#signout").hidden = true;
+  $("#who").replaceChildren();
+  $("#signin-error").textContent = message || "";
+  $("#key").focus();
 }
 
 async function start() {
+  if (!state.key) { showSignIn(""); return; }
   try {
-    const me = await api("/v1/me");
-    $("#who").textContent = `${me.name} · ${me.role}`;
-    $("#signin").hidden = true; $("#app").hidden = false; $("#signout").hidden = false;
-    await loadRuns();
-    if (location.hash.length > 1) await openRun(location.hash.slice(1));
+    state.me = await api("/v1/me");
   } catch (err) {
-    $("#signin").hidden = false; $("#app").hidden = true;
-    if (key) $("#signin-error").textContent = err.status === 401 ? "That key was not accepted." : err.message;
+    sessionStorage.removeItem("tg_key");
+    state.key = "";
+    showSignIn(err.status === 401 ? "That key was not accepted. Check it and try again." : `Could not sign in: ${err.message}`);
+    return;
   }
+  $("#who").replaceChildren(el("span", { class: "who-name" }, state.me.name),
+    el("span", { class: `role r-${state.me.role}`, "data-testid": "role" }, state.me.role));
+  $("#signin").hidden = true;
+  $("#app").hidden = false;
+  $("#signout").hidden = false;
+  const can = state.me.permissions;
+  $("#role-note").textContent = can.read_reasoning
+    ? "Your role also reads tool inputs and outputs and, on surface runs, the raw reasoning."
+    : can.answer_approvals
+      ? "You see visible steps, tool cards with their inputs and outputs, and answers; raw reasoning is not sent to your role."
+      : "You see visible steps, tool cards (label and status) and answers; raw reasoning is not sent to your role.";
+  await loadRuns();
+  if (location.hash.length > 1) await openRun(decodeURIComponent(location.hash.slice(1)));
 }
 
 $("#signin-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  key = $("#key").value.trim();
-  sessionStorage.setItem("tg_key", key);
+  state.key = $("#key").value.trim();
+  $("#key").value = "";
+  sessionStorage.setItem("tg_key", state.key);
   start();
 });
-$("#signout").addEventListener("click", () => { sessionStorage.removeItem("tg_key"); key = ""; location.hash = ""; location.reload(); });
-window.addEventListener("hashchange", () => { if (location.hash.length > 1) openRun(location.hash.slice(1)); });
+$("#signout").addEventListener("click", () => {
+  sessionStorage.removeItem("tg_key");
+  state.key = "";
+  history.replaceState(null, "", location.pathname);
+  showSignIn("");
+});
+$("#refresh").addEventListener("click", () => loadRuns().catch((err) => alert(err.message)));
+window.addEventListener("hashchange", () => {
+  if (state.me && location.hash.length > 1) openRun(decodeURIComponent(location.hash.slice(1)));
+});
 start();

@@ -1,0 +1,296 @@
+// The thread model: the same rules as thoughtgate.events.thread (ThreadBuilder), in JavaScript.
+// Feed it events (the JSON envelopes of GET /v1/runs/{id}/events and of the SSE stream) one by
+// one; live and reload give the same thread. Events at or below the last applied seq are ignored.
+// Unmarked or malformed cot.* payloads are discarded; reasoning is never taken from tool input or
+// output or any provider field; reasoning.delta text only ever goes into `raw`, which stays null
+// unless the server sent such events (it sends them to developer+ only). Nothing waits for a step.
+"use strict";
+
+const TG_THREAD = (() => {
+  const MARKER = "visible_reasoning_v1";
+  const MAX_SUMMARY = 280;
+  const MAX_STEP_ID = 128;
+  const PHASES = ["planning", "thinking", "acting", "writing", "done"];
+  const SOURCES = ["provider_summary", "model", "phases"];
+  const TOOL_STATUSES = ["pending", "executing", "completed", "failed", "degraded", "rejected", "skipped"];
+  const FINAL_TOOL = new Set(["completed", "failed", "degraded", "rejected", "skipped"]);
+  const TOOL_EVENT_STATUS = {
+    "tool.approval_required": "pending",
+    "tool.started": "executing",
+    "tool.progress": "executing",
+    "tool.completed": "completed",
+    "tool.failed": "failed",
+    "tool.degraded": "degraded",
+    "tool.approval_timeout": "skipped", // nobody answered: never ran ("rejected" is an explicit no)
+  };
+  const RUN_TERMINAL = new Set(["run.failed", "run.error", "run.settlement.completed", "run.interrupted"]);
+  const DISPLAY_TERMINAL = new Set([...RUN_TERMINAL, "message.completed", "message.partially_completed"]);
+  const TERMINAL_STATUS = {
+    "message.completed": "completed",
+    "message.partially_completed": "partial",
+    "run.failed": "failed",
+    "run.error": "failed",
+    "run.interrupted": "interrupted",
+  };
+
+  const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  const isInt = (v) => typeof v === "number" && Number.isInteger(v);
+  const chars = (s) => [...s].length; // code points, as Python's len()
+  const coalesce = (...values) => values.find((v) => v !== null && v !== undefined) ?? null;
+  const optStr = (v) => (typeof v === "string" ? v : typeof v === "number" && Number.isFinite(v) ? String(v) : null);
+  const firstStr = (p, ...keys) => {
+    for (const k of keys) if (typeof p[k] === "string" && p[k]) return p[k];
+    return null;
+  };
+  const textOf = (p) => {
+    const v = coalesce(p.text, p.delta);
+    return typeof v === "string" ? v : null;
+  };
+  const text = (v, limit) => (typeof v === "string" && v.trim() && chars(v) <= limit ? v : null);
+
+  // parse_visible_payload
+  function parseStep(p, type) {
+    if (!isMapping(p) || p.marker !== MARKER) return null;
+    const stepId = text(p.step_id, MAX_STEP_ID);
+    const summary = text(p.summary, MAX_SUMMARY);
+    const ts = typeof p.ts === "number" && Number.isFinite(p.ts) ? p.ts : null;
+    const source = p.source === undefined || p.source === null ? "phases" : p.source;
+    const callId = p.tool_call_id ?? null;
+    if (stepId === null || summary === null || ts === null) return null;
+    if (!PHASES.includes(p.phase) || !SOURCES.includes(source)) return null;
+    if (callId !== null && text(callId, MAX_STEP_ID) === null) return null;
+    if (type === "cot.tool.reasoning" && callId === null) return null;
+    return { step_id: stepId, summary, phase: p.phase, ts, tool_call_id: callId, source };
+  }
+
+  const count = (v) => (isInt(v) && v >= 0 ? v : null);
+
+  function sameJSON(a, b) {
+    if (isMapping(a) && isMapping(b)) {
+      const ka = Object.keys(a), kb = Object.keys(b);
+      return ka.length === kb.length && ka.every((k) => k in b && sameJSON(a[k], b[k]));
+    }
+    if (Array.isArray(a) && Array.isArray(b)) return a.length === b.length && a.every((v, i) => sameJSON(v, b[i]));
+    return a === b;
+  }
+
+  // parse_receipt: only a receipt exactly as the server writes it
+  function parseReceipt(p) {
+    if (!isMapping(p) || p.marker !== MARKER || !isMapping(p.receipt)) return null;
+    const b = p.receipt;
+    const counts = ["steps_shown", "phases_shown", "summarizer_failures"].map((k) => count(b[k]));
+    const flags = [b.raw_reasoning_exists, b.opaque_reasoning_exists];
+    if (counts.some((c) => c === null) || !flags.every((f) => typeof f === "boolean")) return null;
+    if (typeof b.mode !== "string" || !isMapping(b.dropped_by_reason)) return null;
+    if (!Array.isArray(b.summarizers) || !b.summarizers.every((s) => typeof s === "string")) return null;
+    const dropped = {};
+    for (const [k, v] of Object.entries(b.dropped_by_reason)) {
+      if (count(v) === null) return null;
+      if (v) dropped[k] = v;
+    }
+    const raw = flags[0];
+    const receipt = {
+      mode: b.mode,
+      raw_reasoning_exists: raw,
+      opaque_reasoning_exists: flags[1],
+      raw_reasoning_visible_to: raw ? "developer" : null,
+      raw_reasoning_surface: raw ? (b.mode === "telemetry_only" ? "trace" : "display") : null,
+      steps_shown: counts[0],
+      phases_shown: counts[1],
+      steps_dropped_by_policy: Object.values(dropped).reduce((a, v) => a + v, 0),
+      dropped_by_reason: dropped,
+      summarizers: [...b.summarizers],
+      summarizer_failures: counts[2],
+    };
+    for (const k of Object.keys(receipt)) if (!sameJSON(receipt[k], b[k] ?? null)) return null;
+    return receipt;
+  }
+
+  // normalize_tool_payload
+  function activityOf(v) {
+    if (!isMapping(v)) return null;
+    return {
+      activityType: optStr(v.activityType), origin: optStr(v.origin), label: optStr(v.label),
+      detail: v.detail ?? null, renderHint: optStr(v.renderHint), status: optStr(v.status),
+      subjectType: optStr(v.subjectType), subjectId: optStr(v.subjectId),
+    };
+  }
+
+  function normalizeTool(p, env) {
+    const stepId = coalesce(env.stepId, env.step_id);
+    return {
+      toolKey: optStr(coalesce(p.toolKey, p.key)),
+      callId: optStr(coalesce(p.callId, p.toolCallId, stepId)),
+      input: coalesce(p.input, p.args),
+      output: coalesce(p.data, p.output),
+      activity: activityOf(p.activity),
+    };
+  }
+
+  function approvalRejected(p) {
+    if (typeof p.approved === "boolean") return !p.approved;
+    const d = optStr(p.decision);
+    if (d === null) return null;
+    return ["reject", "rejected", "deny", "denied", "no"].includes(d.toLowerCase());
+  }
+
+  class Thread {
+    constructor() {
+      this.order = [];          // item keys in first-seen order
+      this.items = new Map();   // key -> item
+      this.text = [];
+      this.final = false;
+      this.status = "running";
+      this.terminal = null;     // last display-terminal event type
+      this.runEnded = false;    // a run-terminal event arrived: the stream is over
+      this.receipt = null;
+      this.raw = null;          // stays null unless reasoning.delta events arrive (developer+)
+      this.discarded = 0;
+      this.lastSeq = 0;
+      this.anonymous = 0;
+    }
+
+    get message() { return this.text.join(""); }
+    list() { return this.order.map((k) => this.items.get(k)); }
+
+    feed(env) {
+      if (!isMapping(env)) return false;
+      if (isInt(env.seq)) {
+        if (env.seq <= this.lastSeq) return false; // replay overlap: never twice
+        this.lastSeq = env.seq;
+      }
+      if (typeof env.type === "string") this.apply(env.type, isMapping(env.payload) ? env.payload : {}, env);
+      return true;
+    }
+
+    upsert(key, item) {
+      if (!this.items.has(key)) this.order.push(key);
+      this.items.set(key, item);
+    }
+
+    apply(type, p, env) {
+      const family = type.split(".", 1)[0];
+      if (family === "cot") this.applyCot(type, p);
+      else if (family === "tool") this.applyTool(type, p, env);
+      else if (type === "message.delta") this.text.push(textOf(p) || "");
+      else if (type === "reasoning.delta") (this.raw ??= []).push(textOf(p) || "");
+      else if (type === "capability.resolved" || type === "plan.step_added") this.applyNotice(type, p);
+      else if (family === "artifact" || family === "preview") this.applyArtifact(type, p);
+      if (DISPLAY_TERMINAL.has(type)) this.applyTerminal(type, p);
+      if (RUN_TERMINAL.has(type)) this.runEnded = true;
+    }
+
+    applyCot(type, p) {
+      if (type === "cot.completed") {
+        const receipt = parseReceipt(p);
+        if (receipt === null) this.discarded += 1; else this.receipt = receipt;
+        return;
+      }
+      const step = parseStep(p, type);
+      if (step === null || !["cot.step", "cot.phase", "cot.tool.reasoning"].includes(type)) {
+        this.discarded += 1; // unmarked or malformed: dropped, and it blocks nothing
+        return;
+      }
+      if (type === "cot.step") this.upsert(`step:${step.step_id}`, { kind: "step", step });
+      else if (type === "cot.phase") this.upsert(`phase:${step.step_id}`, { kind: "phase", step });
+      else this.attachToolReasoning(step);
+    }
+
+    attachToolReasoning(step) {
+      const key = `tool:${step.tool_call_id}`;
+      const card = this.items.get(key);
+      if (!card || card.kind !== "tool") { this.discarded += 1; return; } // grants nothing
+      const i = card.reasoning.findIndex((s) => s.step_id === step.step_id);
+      const reasoning = [...card.reasoning];
+      if (i < 0) reasoning.push(step); else reasoning[i] = step;
+      this.items.set(key, { ...card, reasoning });
+    }
+
+    applyTool(type, p, env) {
+      const n = normalizeTool(p, env);
+      const callId = n.callId ?? `anonymous-${++this.anonymous}`;
+      const key = `tool:${callId}`;
+      const old = this.items.get(key);
+      const card = old && old.kind === "tool" ? old
+        : { kind: "tool", callId, toolKey: null, status: "pending", label: "", input: null,
+            output: null, activity: null, error: null, reasoning: [] };
+      const toolKey = coalesce(n.toolKey, card.toolKey);
+      const label = (n.activity && n.activity.label) || firstStr(p, "label") || card.label || toolKey || "tool";
+      this.upsert(key, {
+        ...card,
+        toolKey,
+        status: this.toolStatus(type, p, n, card.status),
+        label,
+        input: coalesce(n.input, card.input),
+        output: coalesce(n.output, card.output),
+        activity: n.activity || card.activity,
+        error: firstStr(p, "error") || card.error,
+      });
+    }
+
+    toolStatus(type, p, n, current) {
+      const hinted = n.activity && TOOL_STATUSES.includes(n.activity.status) ? n.activity.status : null;
+      if (hinted) return hinted;
+      if (type === "tool.approval_response" && approvalRejected(p)) return "rejected";
+      if (type === "tool.progress" && FINAL_TOOL.has(current)) return current;
+      return TOOL_EVENT_STATUS[type] ?? current; // approve: stays pending until tool.started
+    }
+
+    applyNotice(type, p) {
+      const kind = type === "capability.resolved" ? "capability" : "plan";
+      const ids = kind === "capability" ? ["capability", "name", "id"] : ["stepId", "step_id", "id"];
+      let key = ids.map((k) => optStr(p[k])).find((s) => s) || null;
+      key = key || (kind === "capability" ? "run" : `plan-${this.order.length}`);
+      const mode = firstStr(p, "chain_of_thought");
+      const label = firstStr(p, "label", "title", "summary", "name", "capability", "text")
+        || (mode ? `Mode: ${mode}` : null) || key;
+      this.upsert(`${kind}:${key}`, { kind, key, label, attrs: { ...p } });
+    }
+
+    applyArtifact(type, p) {
+      const family = type.startsWith("artifact.") ? "artifact" : "preview";
+      const state = type.includes(".") ? type.slice(type.indexOf(".") + 1) : type;
+      const ids = ["artifactId", "previewId", "artifact_id", "preview_id", "id"];
+      let key = ids.map((k) => optStr(p[k])).find((s) => s) || null;
+      key = key || `${family}-${this.order.length}`;
+      const old = this.items.get(`${family}:${key}`);
+      const prior = old && old.kind === "artifact" ? old : null;
+      const label = firstStr(p, "title", "name", "label", "filename") || (prior ? prior.label : null) || key;
+      this.upsert(`${family}:${key}`, { kind: "artifact", family, key, state, label,
+        attrs: { ...(prior ? prior.attrs : {}), ...p } });
+    }
+
+    // The JSON shape of ThreadView.to_dict() (tests compare the two builders with it).
+    toDict() {
+      const step = (kind, st) => ({ kind, marker: MARKER, ...st });
+      const items = this.list().map((i) => {
+        if (i.kind === "step" || i.kind === "phase") return step(i.kind, i.step);
+        if (i.kind === "tool") {
+          return { kind: "tool", call_id: i.callId, tool_key: i.toolKey, status: i.status, label: i.label,
+            input: i.input, output: i.output, activity: i.activity, error: i.error,
+            reasoning: i.reasoning.map((s) => ({ marker: MARKER, ...s })) };
+        }
+        if (i.kind === "artifact") return { kind: i.kind, family: i.family, key: i.key, state: i.state, label: i.label, attrs: i.attrs };
+        return { kind: i.kind, key: i.key, label: i.label, attrs: i.attrs };
+      });
+      const toolCalls = this.list().filter((i) => i.kind === "tool")
+        .map((c) => ({ callId: c.callId, toolKey: c.toolKey, status: c.status }));
+      return { items, message: { text: this.message, final: this.final, toolCalls }, status: this.status,
+        terminal: this.terminal, receipt: this.receipt, raw_reasoning: this.raw === null ? null : this.raw.join(""),
+        discarded: this.discarded, last_seq: this.lastSeq };
+    }
+
+    applyTerminal(type, p) {
+      this.terminal = type;
+      if (type === "message.completed" || type === "message.partially_completed") {
+        const final = textOf(p);
+        if (final !== null) this.text = [final];
+        this.final = true;
+      }
+      if (type in TERMINAL_STATUS) this.status = TERMINAL_STATUS[type];
+      else if (this.status === "running") this.status = "completed";
+    }
+  }
+
+  return { Thread, parseStep, parseReceipt, normalizeTool, MARKER };
+})();

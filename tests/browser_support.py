@@ -1,0 +1,210 @@
+"""Driving the web page in Debian chromium through Playwright (never a downloaded browser).
+
+``make browser-deps`` installs chromium; Playwright launches it by its executable path. Also a
+script that writes the README screenshots::
+
+    PYTHONPATH=src:tests python tests/browser_support.py docs/
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    Response,
+    sync_playwright,
+)
+from playwright.sync_api import Error as PlaywrightError
+
+__all__ = [
+    "CHROMIUM_ARGS",
+    "Capture",
+    "chromium_path",
+    "launch",
+    "open_run",
+    "page_for",
+    "sign_in",
+    "snapshot",
+]
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium_path() -> str | None:
+    """Debian's chromium, or ``None`` when it is not installed."""
+    for candidate in (shutil.which("chromium"), "/usr/bin/chromium"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+MISSING = (
+    "Debian chromium is not installed (looked for `chromium` on PATH and /usr/bin/chromium). "
+    "The browser tests drive it through Playwright by its executable path; install it with "
+    "`make browser-deps` (apt-get install chromium). Never `playwright install`."
+)
+
+
+@contextmanager
+def launch() -> Iterator[Browser]:
+    """Chromium launched by its executable path; raises ``RuntimeError`` saying why it cannot."""
+    path = chromium_path()
+    if path is None:
+        raise RuntimeError(MISSING)
+    with sync_playwright() as playwright:
+        browser = _launch(playwright, path)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def _launch(playwright: Playwright, path: str) -> Browser:
+    try:
+        return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+    except Exception as exc:
+        raise RuntimeError(f"chromium at {path} did not start: {exc}") from exc
+
+
+@dataclass
+class Capture:
+    """Every response body and every server-sent event message a page's browser received.
+
+    Response bodies come from Playwright (``response.body()``, the SSE stream's included, once
+    it ended); SSE messages also come straight from chromium's network domain
+    (``Network.eventSourceMessageReceived``), as they arrived."""
+
+    responses: list[Response] = field(default_factory=list)
+    bodies: dict[str, list[bytes]] = field(default_factory=dict)
+    sse_messages: list[str] = field(default_factory=list)
+    streams_unreadable: int = 0
+
+    def attach(self, context: BrowserContext, page: Page) -> None:
+        page.on("response", lambda response: self.responses.append(response))
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.eventSourceMessageReceived", lambda e: self.sse_messages.append(e["data"]))
+
+    def drain(self) -> None:
+        """Read the bodies of the responses seen so far (before a reload makes them unreadable).
+
+        Only an SSE stream's body may be unreadable (chromium drops it when the page closes the
+        stream itself); its messages are in ``sse_messages`` either way. Any other body that
+        cannot be read fails the test: absence is only proven over everything received."""
+        pending, self.responses = self.responses, []
+        for response in pending:
+            if 300 <= response.status < 400:
+                continue  # 304 Not Modified (a cached copy, read when it came) or a redirect
+            try:
+                body = response.body()
+            except PlaywrightError:
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    raise
+                self.streams_unreadable += 1
+                continue
+            self.bodies.setdefault(response.url, []).append(body)
+
+    def everything(self, *, url_part: str = "") -> str:
+        """All bodies (of URLs containing ``url_part``) and all SSE messages, as one text."""
+        self.drain()
+        chunks = [
+            b.decode("utf-8", errors="replace")
+            for url, bs in self.bodies.items()
+            if url_part in url
+            for b in bs
+        ]
+        return "\n".join([*chunks, *self.sse_messages])
+
+    def urls(self) -> list[str]:
+        return list(self.bodies)
+
+
+@contextmanager
+def page_for(
+    browser: Browser, *, width: int = 1280, height: int = 900
+) -> Iterator[tuple[Page, Capture]]:
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    capture = Capture()
+    capture.attach(context, page)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page, capture
+        assert not errors, f"errors on the page: {errors}"
+    finally:
+        context.close()
+
+
+def sign_in(page: Page, base_url: str, key: str) -> None:
+    page.goto(base_url + "/")
+    page.fill("#key", key)
+    page.click("#signin-form button[type=submit]")
+
+
+def open_run(page: Page, run_id: str) -> None:
+    """Refresh the run list and open the run from it, as a person would."""
+    page.click("#refresh")
+    page.click(f"#runs-list a[data-run='{run_id}']")
+
+
+SNAPSHOT_JS = """(root) => {
+  const text = (n) => (n ? n.innerText.trim() : null);
+  const items = [...root.querySelectorAll('[data-testid=thread-items] > li')].map((li) =>
+    [li.dataset.testid || '', li.dataset.status || '', text(li)]);
+  const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
+  return { items, answer: pick('answer-text'), receipt: pick('receipt'), raw: pick('raw-text'),
+           failure: pick('failure') };
+}"""
+
+
+def snapshot(page: Page) -> dict[str, Any]:
+    """The rendered thread: each item's kind, status and text, the answer, receipt and raw panel."""
+    result: dict[str, Any] = page.eval_on_selector("[data-testid=thread-body]", SNAPSHOT_JS)
+    return result
+
+
+def write_screenshots(out_dir: Path) -> list[Path]:
+    """The viewer's and the developer's page for a finished multi-step run."""
+    from web_support import story_run, web_daemon
+
+    written = []
+    with web_daemon() as daemon, launch() as browser:
+        for prompt in ("Summarize yesterday's incident report", "Which city is warmer today?"):
+            daemon.wait_done(daemon.start_run({"prompt": prompt, "model": "fake:echo"}))
+        run_id = daemon.start_run(story_run(""))  # no test marker in the raw reasoning
+        daemon.wait_done(run_id)
+        for role, name in (("viewer", "web-page.png"), ("developer", "web-page-developer.png")):
+            with page_for(browser, height=800) as (page, _):
+                sign_in(page, daemon.base_url, daemon.keys[role])
+                open_run(page, run_id)
+                page.wait_for_selector("[data-testid=receipt]")
+                path = out_dir / name
+                page.screenshot(path=str(path), full_page=True)
+                written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written in write_screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
+        print(written)

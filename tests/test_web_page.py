@@ -1,0 +1,398 @@
+"""The web page in headless Debian chromium (Playwright, by executable path) against a real daemon
+on loopback: sign in, list runs, open one, watch its thread live and after a reload; a viewer's
+browser never receives raw reasoning, a developer sees the raw panel; a bad key is refused; and
+the page's thread model (thread.js) builds exactly what ``thoughtgate.events.thread`` builds.
+
+Without chromium these tests FAIL and say how to install it; they never skip."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_support import launch, open_run, page_for, sign_in, snapshot
+from daemon_support import Daemon
+from hypothesis import given, settings
+from playwright.sync_api import Browser, Page
+from test_thread import event_lists
+from web_support import (
+    SEEDED_EVENTS,
+    STEP_TITLES,
+    STORY_ANSWER,
+    STORY_PROMPT,
+    raw_marker,
+    story_run,
+    web_daemon,
+)
+
+from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.events.thread import rebuild
+from thoughtgate.events.visible import VISIBLE_MARKER
+
+pytestmark = pytest.mark.browser
+
+STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    try:
+        with launch() as b:
+            yield b
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import browser_support
+
+    monkeypatch.setattr(browser_support, "chromium_path", lambda: None)
+    with pytest.raises(RuntimeError, match=r"make browser-deps"), browser_support.launch():
+        pass
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with web_daemon(shutdown_grace_s=0.1) as d:
+        yield d
+
+
+def _run_status(daemon: Daemon, run_id: str) -> str:
+    return str(daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"])
+
+
+def _wait_finished(page: Page) -> None:
+    page.wait_for_selector("[data-testid=run-status]:text-is('completed')", timeout=20_000)
+    page.wait_for_selector("[data-testid=receipt]")
+    assert page.locator("[data-testid=live]").count() == 0
+
+
+def _kinds(snap: dict[str, Any]) -> list[str]:
+    return [kind for kind, _, _ in snap["items"] if kind in ("vr-step", "tool-card")]
+
+
+def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reasoning(
+    browser: Browser, daemon: Daemon
+) -> None:
+    token = "viewerlive"
+    marker = raw_marker(token)
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        run_id = daemon.start_run(story_run(token, delay=0.4))
+        open_run(page, run_id)
+
+        # live: the first visible step is on screen while the run is still streaming
+        page.wait_for_selector("[data-testid=live]")
+        page.wait_for_selector("[data-testid=vr-step]")
+        assert _run_status(daemon, run_id) == "running"
+        early = snapshot(page)
+        assert early["answer"] is None and early["receipt"] is None
+
+        _wait_finished(page)
+        live = snapshot(page)
+        assert len(live["items"]) > len(early["items"])  # it grew without a reload
+        assert [text for kind, _, text in live["items"] if kind == "vr-step"] == STEP_TITLES
+        # visible steps interleaved with tool cards, then the answer
+        assert _kinds(live) == ["vr-step", "tool-card", "vr-step", "tool-card", "vr-step"]
+        cards = [(status, text) for kind, status, text in live["items"] if kind == "tool-card"]
+        assert [s for s, _ in cards] == ["completed", "completed"]
+        assert "check weather" in cards[0][1] and "find trains" in cards[1][1]
+        assert live["answer"] == STORY_ANSWER
+        assert "only developers and above can read it" in live["receipt"]
+        assert live["raw"] is None
+        assert page.locator("[data-testid=tool-input]").count() == 0  # a viewer: label + status
+        assert page.inner_text("[data-testid=run-title]") == STORY_PROMPT
+        assert marker not in page.content()
+
+        page.wait_for_load_state("networkidle")  # the refreshes that follow the end
+        capture.drain()
+        page.reload()
+        _wait_finished(page)
+        assert snapshot(page) == live  # reload shows exactly what live showed
+
+        page.wait_for_load_state("networkidle")
+        html = page.content()
+        received = capture.everything()  # the page's own files too
+        from_api = capture.everything(url_part="/v1/")
+    # the browser did receive the run, live and on reload ...
+    assert any("/stream?" in url for url in capture.urls())
+    assert sum(url.endswith("/events?after=0&limit=1000") for url in capture.urls()) >= 1
+    assert len(capture.sse_messages) > 10 and STORY_ANSWER.split()[0] in received
+    # ... and never the raw reasoning: not rendered, not in any body, not in any SSE message
+    assert marker not in html and marker not in received
+    assert '"reasoning.delta"' not in from_api
+    assert not re.search(r'"reasoning(_parts|_chars|_kind)?":(?!null)', from_api)
+
+
+def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon) -> None:
+    token = "devlive"
+    marker = raw_marker(token)
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, daemon.keys["developer"])
+        page.wait_for_selector("[data-testid=role]:text-is('developer')")
+        run_id = daemon.start_run(story_run(token, delay=0.1))
+        open_run(page, run_id)
+        _wait_finished(page)
+        live = snapshot(page)
+        assert page.is_visible("[data-testid=raw-reasoning]")
+        assert live["raw"] is not None and marker in live["raw"]
+        assert _kinds(live) == ["vr-step", "tool-card", "vr-step", "tool-card", "vr-step"]
+        assert page.locator("[data-testid=tool-input]").count() == 2  # developer: tool details
+        page.wait_for_load_state("networkidle")  # the refreshes that follow the end
+        capture.drain()
+        page.reload()
+        _wait_finished(page)
+        assert snapshot(page) == live
+        # the capture that found nothing for the viewer does see it for a developer
+        page.wait_for_load_state("networkidle")
+        assert marker in capture.everything()
+        assert any(marker in m for m in capture.sse_messages) or marker in "".join(
+            b.decode() for url, bs in capture.bodies.items() if "/events" in url for b in bs
+        )
+
+
+def test_a_member_answers_an_approval_and_a_viewer_only_watches(
+    browser: Browser, daemon: Daemon
+) -> None:
+    run_id = daemon.start_run(
+        {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
+    )
+    with page_for(browser) as (member, _), page_for(browser) as (viewer, _):
+        for page, role in ((member, "member"), (viewer, "viewer")):
+            sign_in(page, daemon.base_url, daemon.keys[role])
+            page.wait_for_selector(f"[data-testid=role]:text-is('{role}')")
+            open_run(page, run_id)
+            page.wait_for_selector("[data-testid=tool-card][data-status=pending]")
+        assert viewer.locator("button.approve").count() == 0  # a viewer cannot answer
+        member.click("[data-testid=tool-card] button.approve")
+        for page in (member, viewer):  # approved: pending until it starts, then it runs
+            page.wait_for_selector("[data-testid=tool-card][data-status=completed]")
+            page.wait_for_selector(
+                "[data-testid=answer-text]:text-is('done after the approval step')"
+            )
+        assert member.locator("button.approve").count() == 0
+
+
+def test_a_bad_key_shows_the_sign_in_error(browser: Browser, daemon: Daemon) -> None:
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, "tg_this-is-not-a-key")
+        error = page.locator("[data-testid=signin-error]")
+        error.wait_for()
+        assert "not accepted" in error.inner_text()
+        assert page.is_visible("[data-testid=signin]") and not page.is_visible("#app")
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])  # and a good one gets in
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        assert page.inner_text("[data-testid=signin-error]") == ""
+
+
+def test_a_run_that_names_no_run_says_so(browser: Browser, daemon: Daemon) -> None:
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])
+        page.wait_for_selector("[data-testid=role]")
+        page.goto(f"{daemon.base_url}/#run_does_not_exist")
+        assert page.locator("[data-testid=run-error]").inner_text() == "No such run."
+
+
+# --------------------------------------------------------------------------- thread.js == thread.py
+
+
+@pytest.fixture(scope="module")
+def model_page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_content("<!doctype html><title>thread.js</title>")
+    page.add_script_tag(content=(STATIC / "thread.js").read_text())
+    page.add_script_tag(
+        content="window.build = (events) => { const t = new TG_THREAD.Thread();"
+        " for (const e of events) t.feed(e); return t.toDict(); };"
+    )
+    yield page
+    context.close()
+
+
+def _wire(events: list[Event]) -> list[dict[str, Any]]:
+    return [json.loads(json.dumps(e.to_dict())) for e in events]
+
+
+def _assert_same(page: Page, events: list[Event] | list[dict[str, Any]]) -> None:
+    wire = [e if isinstance(e, dict) else e.to_dict() for e in events]
+    wire = json.loads(json.dumps(wire))
+    python = json.loads(json.dumps(rebuild(wire).to_dict()))
+    assert page.evaluate("(events) => build(events)", wire) == python
+
+
+def _seq(news: list[NewEvent]) -> list[Event]:
+    return [
+        Event(i, "run_x", n.type, n.payload, task_id=n.task_id, ts=1.0)
+        for i, n in enumerate(news, start=1)
+    ]
+
+
+def _vr(etype: str, **payload: Any) -> NewEvent:
+    base = {"marker": VISIBLE_MARKER, "step_id": "s", "summary": "ok", "phase": "thinking", "ts": 1}
+    return NewEvent(etype, {**base, **payload})
+
+
+def _receipt(**over: Any) -> NewEvent:
+    body = {
+        "mode": "surface",
+        "raw_reasoning_exists": True,
+        "opaque_reasoning_exists": False,
+        "raw_reasoning_visible_to": "developer",
+        "raw_reasoning_surface": "display",
+        "steps_shown": 2,
+        "phases_shown": 1,
+        "steps_dropped_by_policy": 1,
+        "dropped_by_reason": {"credential": 1},
+        "summarizers": ["phases"],
+        "summarizer_failures": 0,
+        **over,
+    }
+    return NewEvent("cot.completed", {"marker": VISIBLE_MARKER, "ts": 1, "receipt": body})
+
+
+EDGE_CASES: dict[str, list[NewEvent]] = {
+    "seeded client rules": SEEDED_EVENTS,
+    "approvals": [
+        NewEvent("tool.approval_required", {"callId": "a", "toolKey": "t"}),
+        NewEvent("tool.approval_response", {"callId": "a", "decision": "approve"}),
+        NewEvent("tool.approval_required", {"callId": "b", "toolKey": "t"}),
+        NewEvent("tool.approval_response", {"callId": "b", "decision": "reject"}),
+        NewEvent("tool.approval_required", {"callId": "c", "toolKey": "t"}),
+        NewEvent("tool.approval_response", {"callId": "c", "approved": False}),
+        NewEvent("tool.approval_required", {"callId": "d", "toolKey": "t"}),
+        NewEvent("tool.approval_timeout", {"callId": "d", "timeout_s": 5}),
+        NewEvent("tool.approval_required", {"callId": "e", "key": "k"}),
+        NewEvent("tool.approval_response", {"callId": "e", "decision": "Denied"}),
+        NewEvent("tool.started", {"callId": "a", "toolKey": "t"}),
+    ],
+    "activity and normalization": [
+        NewEvent(
+            "tool.started",
+            {
+                "toolCallId": 7,
+                "key": "k",
+                "args": {"q": 1},
+                "activity": {
+                    "activityType": "search",
+                    "origin": "web",
+                    "label": "Searching the web",
+                    "detail": {"hits": 3},
+                    "renderHint": "json",
+                    "status": "executing",
+                    "subjectType": "query",
+                    "subjectId": "q-1",
+                },
+            },
+        ),
+        NewEvent("tool.progress", {"toolCallId": 7, "activity": {"status": "bogus", "label": ""}}),
+        NewEvent("tool.completed", {"toolCallId": 7, "data": "x", "output": "y"}),
+        NewEvent("tool.progress", {"toolCallId": 7}),
+        NewEvent("tool.started", {"toolKey": "anon"}),
+        NewEvent("tool.started", {"toolKey": "anon"}),
+        NewEvent(
+            "tool.degraded", {"callId": "z", "error": "slow", "activity": {"status": "failed"}}
+        ),
+        NewEvent("tool.failed", {"callId": "z", "error": ""}),
+    ],
+    "steps": [
+        _vr("cot.step", step_id="a", summary="First"),
+        _vr("cot.phase", step_id="a", summary="Phase with the same id", phase="planning"),
+        _vr("cot.step", step_id="a", summary="First, updated"),
+        _vr("cot.step", step_id="b", summary="x" * 280, source="model"),
+        _vr("cot.step", step_id="c", summary="x" * 281),
+        _vr("cot.step", step_id="d", summary="é" * 280),
+        _vr("cot.step", step_id="e", summary="ok", ts=True),
+        _vr("cot.step", step_id="f", summary="ok", source="raw"),
+        _vr("cot.step", step_id="g", summary="ok", tool_call_id=""),
+        _vr("cot.step", step_id="i" * 129),
+        _vr("cot.step", step_id=5),
+        _vr("cot.step", step_id="h", marker="visible_reasoning_v2"),
+        _vr("cot.other", step_id="j"),
+        NewEvent("tool.started", {"callId": "c1", "toolKey": "t"}),
+        _vr("cot.tool.reasoning", step_id="k", summary="Why", tool_call_id="c1"),
+        _vr("cot.tool.reasoning", step_id="k", summary="Why, updated", tool_call_id="c1"),
+        _vr("cot.tool.reasoning", step_id="l", summary="No call"),
+        _vr("cot.tool.reasoning", step_id="m", summary="Elsewhere", tool_call_id="c9"),
+    ],
+    "receipts": [
+        _receipt(),
+        _receipt(steps_dropped_by_policy=3),
+        _receipt(dropped_by_reason={"credential": 1, "path": 0}),
+        _receipt(raw_reasoning_visible_to=None),
+        _receipt(steps_shown=-1),
+        _receipt(summarizers=[1]),
+        NewEvent("cot.completed", {"marker": VISIBLE_MARKER, "receipt": []}),
+        _receipt(
+            mode="telemetry_only",
+            raw_reasoning_surface="trace",
+            steps_dropped_by_policy=0,
+            dropped_by_reason={},
+        ),
+    ],
+    "notices, artifacts, message, terminal": [
+        NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),
+        NewEvent("capability.resolved", {"capability": "search", "label": "Web search"}),
+        NewEvent("plan.step_added", {"title": "Look"}),
+        NewEvent("plan.step_added", {"stepId": "p1", "summary": "Compare"}),
+        NewEvent("plan.step_added", {"stepId": "p1", "summary": "Compare, again"}),
+        NewEvent("artifact.created", {"artifactId": "a1", "filename": "plan.md"}),
+        NewEvent("artifact.ready", {"artifactId": "a1", "size": 3}),
+        NewEvent("preview.updated", {"title": "Preview"}),
+        NewEvent("reasoning.delta", {"text": "raw "}),
+        NewEvent("reasoning.delta", {"delta": "more"}),
+        NewEvent("message.delta", {"text": "Hel"}),
+        NewEvent("message.delta", {"delta": "lo"}),
+        NewEvent("message.delta", {}),
+        NewEvent("message.partially_completed", {}),
+        NewEvent("run.settlement.completed", {}),
+    ],
+    "final text replaces deltas, failure": [
+        NewEvent("message.delta", {"text": "draft"}),
+        NewEvent("message.completed", {"text": "final"}),
+        NewEvent("run.failed", {"error": "x"}),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_thread_js_builds_what_thread_py_builds(model_page: Page, name: str) -> None:
+    events = _seq(EDGE_CASES[name])
+    _assert_same(model_page, events)
+    # replayed overlap (a resume from an earlier id) changes nothing
+    _assert_same(model_page, events[:3] + events[1:])
+
+
+def test_thread_js_on_real_runs_for_every_role(model_page: Page, daemon: Daemon) -> None:
+    run_id = daemon.start_run(story_run("parity"))
+    daemon.wait_done(run_id)
+    for role in ("viewer", "member", "developer", "owner"):
+        events = daemon.get(f"/v1/runs/{run_id}/events", role).json()["events"]
+        assert events
+        _assert_same(model_page, events)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=event_lists)
+def test_thread_js_matches_thread_py_on_random_interleavings(
+    model_page: Page, events: list[Event]
+) -> None:
+    _assert_same(model_page, events)
+
+
+def test_the_page_loads_without_errors_or_outside_requests(
+    browser: Browser, daemon: Daemon
+) -> None:
+    with page_for(browser) as (page, capture):
+        started = time.monotonic()
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])
+        page.wait_for_selector("[data-testid=role]")
+        capture.drain()
+        assert time.monotonic() - started < 10
+    assert all(url.startswith(daemon.base_url) for url in capture.urls())

@@ -1,0 +1,239 @@
+"""Shared by the client and web-page tests: a multi-step fake script, two tools, a daemon on
+loopback (optionally with runs seeded straight into its store) and raw-marker helpers.
+
+``fake:story`` reads ``token=T delay=D`` from the run's system prompt (which no reader is ever
+sent): three turns, each with a provider summary (so visible steps exist), raw reasoning carrying
+``RAWTHOUGHT-T`` unless ``T`` is empty (only developer+ may ever receive it), two tool calls and an answer in several
+deltas, pausing ``D`` seconds between chunks so a reader can watch it live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
+
+from thoughtgate.config import Config
+from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.events.schema import NewEvent
+from thoughtgate.events.visible import VISIBLE_MARKER
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+
+T = TypeVar("T")
+
+__all__ = [
+    "SEEDED_EVENTS",
+    "SEEDED_SECRET",
+    "STEP_TITLES",
+    "STORY_ANSWER",
+    "STORY_PROMPT",
+    "WEB_TOOLS",
+    "raw_marker",
+    "seed_run",
+    "story_run",
+    "web_daemon",
+]
+
+
+def raw_marker(token: str) -> str:
+    return f"RAWTHOUGHT-{token}"
+
+
+STORY_PROMPT = "Plan a day trip from Lisbon to Porto tomorrow"
+
+
+def story_run(token: str, delay: float = 0.0, prompt: str = STORY_PROMPT) -> dict[str, Any]:
+    """The ``POST /v1/runs`` body of a ``fake:story`` run."""
+    return {
+        "prompt": prompt,
+        "model": "fake:story",
+        "chain_of_thought": "surface",
+        "tools": ["check_weather", "find_trains"],
+        "system": f"token={token} delay={delay}",
+    }
+
+
+def _args(request: TurnRequest) -> tuple[str, float]:
+    fields = dict(part.split("=", 1) for part in (request.system or "").split() if "=" in part)
+    return fields.get("token", ""), float(fields.get("delay", "0"))
+
+
+STEP_TITLES = ["Checking the forecast", "Finding a morning train", "Putting the plan together"]
+"""The visible steps of a ``fake:story`` run (its provider summaries' titles), in order."""
+
+STORY_ANSWER = (
+    "Take the 09:12 train from Lisbon to Porto: it arrives at 12:05, and Porto will be sunny "
+    "and 24 °C all afternoon."
+)
+
+_TURNS: list[tuple[str, str, tuple[str, dict[str, Any]] | None]] = [
+    (
+        "**Checking the forecast**\n\nThe trip depends on the weather in Porto.",
+        "user wants a day trip; weather first, then trains. ",
+        ("check_weather", {"city": "Porto"}),
+    ),
+    (
+        "**Finding a morning train**\n\nA morning departure leaves the most time there.",
+        "sunny, good. trains next; prefer arrival before noon-ish. ",
+        ("find_trains", {"origin": "Lisbon", "destination": "Porto"}),
+    ),
+    (
+        "**Putting the plan together**\n\nOne train and the forecast answer the question.",
+        "09:12 arrives 12:05, fine. write it short. ",
+        None,
+    ),
+]
+
+
+def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    token, delay = _args(request)
+
+    async def gen() -> AsyncIterator[Any]:
+        summary, raw, call = _TURNS[min(turn, len(_TURNS) - 1)]
+        yield reasoning(summary + "\n\n", kind="summary")
+        await asyncio.sleep(delay)
+        yield reasoning(f"{raw}{raw_marker(token) if token else ''}".rstrip() + "\n\n")
+        await asyncio.sleep(delay)
+        if call is not None:
+            name, arguments = call
+            yield tool_call(name, arguments, call_id=f"call_{name}_{turn}")
+            return
+        words = STORY_ANSWER.split(" ")
+        for i, word in enumerate(words):
+            yield text(word if i == 0 else " " + word)
+            await asyncio.sleep(delay / 4)
+
+    return gen()
+
+
+FAKE_SCRIPTS["story"] = _story
+
+
+@tool
+def check_weather(city: str) -> str:
+    """The weather forecast for a city today."""
+    return f"{city}: sunny, 24 °C, light wind"
+
+
+@tool
+def find_trains(origin: str, destination: str) -> str:
+    """Morning trains between two cities."""
+    return f"{origin} -> {destination}: 07:05 (arr 10:02), 09:12 (arr 12:05)"
+
+
+WEB_TOOLS = [check_weather, find_trains, *SERVER_TOOLS]  # + lookup, dangerous (approval)
+
+
+# --------------------------------------------------------------------------- seeded runs
+
+
+def _step(etype: str, step_id: str, summary: Any, **extra: Any) -> NewEvent:
+    payload = {
+        "marker": VISIBLE_MARKER,
+        "step_id": step_id,
+        "summary": summary,
+        "phase": "thinking",
+        "ts": 1.0,
+        "tool_call_id": None,
+        "source": "provider_summary",
+        **extra,
+    }
+    return NewEvent(etype, payload)
+
+
+SEEDED_SECRET = "SEEDED-SECRET-REASONING"
+
+SEEDED_EVENTS = [
+    NewEvent("run.started", {"prompt": "seeded"}),
+    _step("cot.step", "s1", "Reading the request"),
+    NewEvent("cot.step", {"step_id": "s2", "summary": "unmarked step", "phase": "thinking"}),
+    _step("cot.step", "s3", 42),  # malformed summary
+    _step("cot.phase", "s4", "Bad phase", phase="pondering"),
+    _step("cot.step", "s5", "   "),  # blank
+    _step("cot.tool.reasoning", "s6", "Why the tool", tool_call_id="call_missing"),
+    NewEvent(
+        "agent.response",
+        {"turn": 0, "answer": "", "reasoning": f"{SEEDED_SECRET} in a provider field"},
+    ),
+    NewEvent(
+        "tool.started",
+        {
+            "callId": "c1",
+            "toolKey": "lookup",
+            "label": "Look it up",
+            "input": {"q": f"{SEEDED_SECRET} as tool input"},
+        },
+    ),
+    _step("cot.tool.reasoning", "s7", "Looking it up", tool_call_id="c1"),
+    NewEvent(
+        "tool.completed",
+        {
+            "callId": "c1",
+            "toolKey": "lookup",
+            "output": f"reasoning: {SEEDED_SECRET} as tool output",
+        },
+    ),
+    NewEvent("cot.completed", {"marker": "wrong", "receipt": {}}),
+    NewEvent("message.delta", {"text": "Done."}),
+    NewEvent("message.completed", {"text": "Done.", "reasoning": SEEDED_SECRET}),
+    NewEvent("run.settlement.completed", {"status": "completed"}),
+]
+
+
+def seed_run(
+    run_id: str, events: Sequence[NewEvent], *, mode: str = "surface", prompt: str = "seeded"
+) -> Callable[[EventStore], Awaitable[None]]:
+    """A seeder for :func:`web_daemon`: a run recorded straight into the store, as given."""
+
+    async def seed(store: EventStore) -> None:
+        await store.create_run(
+            RunRecord(
+                run_id, prompt, model="fake:seeded", chain_of_thought=mode, status="completed"
+            )
+        )
+        await store.append(run_id, list(events))
+
+    return seed
+
+
+@contextlib.contextmanager
+def web_daemon(
+    *,
+    config: dict[str, Any] | None = None,
+    seeds: Sequence[Callable[[EventStore], Awaitable[None]]] = (),
+    **app_options: Any,
+) -> Iterator[Daemon]:
+    """A daemon over a memory store with one key per role, the web tools, ``seeds`` applied to
+    the store before it starts, served on loopback."""
+    from thoughtgate.server.app import create_app
+
+    store = MemoryStore()
+
+    async def apply_seeds() -> None:
+        for seed in seeds:
+            await seed(store)
+
+    keys = _off_loop(lambda: seed_keys(store))
+    _off_loop(lambda: asyncio.run(apply_seeds()))
+    settings = Config.from_mapping(config or {})
+    app = create_app(store, settings, tools=ToolRegistry(WEB_TOOLS), **app_options)
+    try:
+        with ThreadServer(app) as server:
+            yield Daemon(server.base_url, keys, store, app)
+    finally:
+        _off_loop(lambda: asyncio.run(store.close()))
+
+
+def _off_loop(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (which may call ``asyncio.run``) in a thread of its own: the caller's thread
+    may already run an event loop (Playwright's sync API keeps one running)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()

@@ -41,6 +41,8 @@ __all__ = [
     "follow",
     "pg_schema_sync",
     "replicas",
+    "start_run",
+    "stored_run",
     "ticker_prompt",
 ]
 
@@ -212,6 +214,31 @@ def ends_run(frame: Frame) -> bool:
     return is_run_terminal(str(frame.json()["type"]))
 
 
+# ----------------------------------------------------------------------------- HTTP helpers
+
+
+def start_run(base_url: str, key: str, prompt: str, *, mode: str = "surface") -> tuple[str, str]:
+    """Start a ``fake:ticker`` run; its id and a live-channel ticket for the key's role."""
+    with httpx.Client(base_url=base_url, headers=auth(key), timeout=30) as c:
+        made = c.post(
+            "/v1/runs", json={"prompt": prompt, "model": "fake:ticker", "chain_of_thought": mode}
+        )
+        assert made.status_code == 202, made.text
+        run_id = str(made.json()["run_id"])
+        ticket = c.post("/v1/tickets", json={"run_id": run_id}).json()["ticket"]
+    return run_id, str(ticket)
+
+
+def stored_run(base_url: str, key: str, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run and its whole event log, as the HTTP API returns them."""
+    with httpx.Client(base_url=base_url, headers=auth(key), timeout=30) as c:
+        run: dict[str, Any] = c.get(f"/v1/runs/{run_id}").json()
+        events: list[dict[str, Any]] = c.get(
+            f"/v1/runs/{run_id}/events", params={"limit": 5000}
+        ).json()["events"]
+    return run, events
+
+
 # ----------------------------------------------------------------------------- PostgreSQL replicas
 
 
@@ -337,7 +364,11 @@ class FailingStore(EventStore):
                 f"cannot append {len(batch)} events to run {run_id!r}: database or disk is full "
                 "(injected); the write was rolled back and nothing of it was stored"
             )
-        out = await self.inner.append(run_id, batch)
+        try:
+            out = await self.inner.append(run_id, batch)
+        except StoreError:
+            self.attempts.append((batch, None))
+            raise
         self.attempts.append((batch, out))
         return out
 

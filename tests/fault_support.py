@@ -52,12 +52,13 @@ TOOLS_FLAG = ("--tools", "fault_support:SERVER_TOOLS")
 # ----------------------------------------------------------------------------- fake script
 
 
-def ticker_prompt(steps: int, gap_ms: int) -> str:
-    return f"ticker {steps} {gap_ms}"
+def ticker_prompt(steps: int, gap_ms: int, pause_ms: int = 0) -> str:
+    return f"ticker {steps} {gap_ms} {pause_ms}"
 
 
 def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    """``"ticker STEPS GAP_MS"``: one reasoning and one text delta per step, ``GAP_MS`` apart.
+    """``"ticker STEPS GAP_MS [PAUSE_MS]"``: after ``PAUSE_MS``, one reasoning and one text delta
+    per step, ``GAP_MS`` apart.
 
     Every delta names its step (``r17 ``, ``t17 ``), so a test can tell a duplicate or a hole in
     the recorded text, not only in the sequence numbers.
@@ -65,8 +66,10 @@ def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     words = (request.messages[0].text if request.messages else "").split()
     steps = int(words[1]) if len(words) > 1 else 50
     gap = int(words[2]) / 1000 if len(words) > 2 else 0.02
+    pause = int(words[3]) / 1000 if len(words) > 3 else 0.0
 
     async def gen() -> AsyncIterator[Any]:
+        await asyncio.sleep(pause)
         for i in range(steps):
             yield reasoning(f"r{i} ")
             yield text(f"t{i} ")

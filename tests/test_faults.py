@@ -10,7 +10,6 @@ at all, and a run that cannot go on ends with a terminal event that says why.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -578,7 +577,8 @@ async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> N
     try:
         key = server.bootstrap_key
         assert key
-        run_id, ticket = start_run(server.base_url, key, ticker_prompt(40, 50))
+        # The model starts talking after 3 s, time for the readers to connect; then 2 s of deltas.
+        run_id, ticket = start_run(server.base_url, key, ticker_prompt(40, 50, 3000))
         started = time.monotonic()
         results = await asyncio.gather(
             *(follow(server.base_url, run_id, ticket) for _ in range(1000))
@@ -589,7 +589,10 @@ async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> N
         assert expected == list(range(1, len(stored) + 1)) and len(stored) > 80
         for frames in results:
             assert [f.id for f in event_frames(frames)] == expected
-        assert json.loads(results[0][-1].data) == stored[-1]
+            assert [f.json() for f in frames] == stored
+        first_delta = next(float(e["ts"]) for e in stored if e["type"] == "message.delta")
+        live = sum(frames[0].at < first_delta for frames in results)
+        assert live >= 500, f"only {live} readers were connected before the run spoke"
         assert elapsed < 60
     finally:
         server.stop()

@@ -24,7 +24,7 @@ from daemon_support import SERVER_TOOLS, ServeProcess, auth, cli
 from pg import PG_URL
 from psycopg import sql
 
-from thoughtgate.errors import StoreError
+from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
@@ -34,6 +34,7 @@ from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
 
 __all__ = [
     "SERVER_TOOLS",
+    "Attempt",
     "FailingStore",
     "Frame",
     "RawSSE",
@@ -348,8 +349,10 @@ def replicas() -> Iterator[Replicas]:
 class FailingStore(EventStore):
     """Wraps a real store; ``fail_appends`` makes appends raise a ``StoreError`` like a full disk.
 
-    Every attempted batch and its outcome is kept in ``attempts`` so a test can check that the
-    log holds exactly the batches that were reported stored, each one whole.
+    Every attempted batch is kept in ``attempts`` with what came of it: the stored events, or
+    ``None`` when the append raised, and whether that failure leaves the outcome unknown (a
+    connection lost mid-call: the statement may have committed). A test then checks that the log
+    holds exactly the batches that were stored, each one whole.
     """
 
     def __init__(self, inner: EventStore) -> None:
@@ -357,22 +360,24 @@ class FailingStore(EventStore):
         self.inner = inner
         self.wakeups = inner.wakeups
         self.fail_appends = False
-        self.attempts: list[tuple[list[NewEvent], list[Event] | None]] = []
+        self.attempts: list[Attempt] = []
 
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
         if self.fail_appends:
-            self.attempts.append((batch, None))
+            self.attempts.append(Attempt(batch, None))
             raise StoreError(
                 f"cannot append {len(batch)} events to run {run_id!r}: database or disk is full "
                 "(injected); the write was rolled back and nothing of it was stored"
             )
         try:
             out = await self.inner.append(run_id, batch)
-        except StoreError:
-            self.attempts.append((batch, None))
+        except StoreError as exc:
+            self.attempts.append(
+                Attempt(batch, None, unknown=isinstance(exc, StoreUnavailableError))
+            )
             raise
-        self.attempts.append((batch, out))
+        self.attempts.append(Attempt(batch, out))
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -419,15 +424,28 @@ class FailingStore(EventStore):
         return await self.inner.get_or_create_secret(name, candidate)
 
 
-def stored_batches_are_whole(
-    attempts: Sequence[tuple[list[NewEvent], list[Event] | None]], log: Sequence[Event]
-) -> None:
+@dataclass
+class Attempt:
+    """One append: the batch, the events stored (``None``: it raised), and whether a failure
+    leaves it unknown if the batch committed."""
+
+    batch: list[NewEvent]
+    stored: list[Event] | None
+    unknown: bool = False
+
+
+def stored_batches_are_whole(attempts: Sequence[Attempt], log: Sequence[Event]) -> None:
     """The log is exactly the batches reported stored, in order, each whole; failed ones left
-    nothing behind."""
-    expected: list[tuple[str, Any]] = []
-    for batch, out in attempts:
-        if out is not None:
-            assert [e.type for e in out] == [e.type for e in batch]
-            expected += [(e.type, e.payload) for e in out]
-    assert [(e.type, e.payload) for e in log] == expected
+    nothing behind (one whose outcome is unknown is there whole, or not at all)."""
     assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    position = 0
+    for attempt in attempts:
+        wanted = [(e.type, e.payload) for e in attempt.batch]
+        here = [(e.type, e.payload) for e in log[position : position + len(wanted)]]
+        if attempt.stored is not None:
+            assert [(e.type, e.payload) for e in attempt.stored] == wanted
+            assert here == wanted, f"batch at seq {position + 1} is not stored whole"
+            position += len(wanted)
+        elif attempt.unknown and here == wanted:
+            position += len(wanted)  # it committed before the connection was lost
+    assert position == len(log), f"events {position + 1}.. come from no stored batch"

@@ -12,7 +12,10 @@ the same bytes from the same server:
 
 Two chunkings: one SSE event per HTTP chunk, and the byte stream cut into 4 KB chunks. Each
 measurement is the minimum over several runs. Linearity: a stream with 10x the events must cost at
-most 11x the CPU. Run ``python -m bench.capture_bench``; ``main()`` returns the result rows.
+most 11x the CPU. A plot series (``capture-cost``) gives each consumer's CPU time against stream
+length (250 to 10,000 events, one event per chunk). ``litellm`` is the library (the ``bench``
+extra); its proxy cannot be installed beside thoughtgate (``litellm[proxy]`` 1.79 pins
+uvicorn<0.30). Run ``python -m bench.capture_bench``; ``main()`` returns the result rows.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ from thoughtgate.types import Message
 
 THINKING_DELTAS = 2000
 TEXT_DELTAS = 500
+SERIES_SCALES = (0.1, 0.4, 1, 4)  # 250, 1,000, 2,500 and 10,000 deltas
+SERIES_REPEATS = {"litellm": 1}  # its CPU time is ~100x raw: noise is small next to it
+NOTES = [
+    "litellm is the `litellm==1.79.*` library (`acompletion`, streaming); `litellm[proxy]` "
+    "cannot be installed beside thoughtgate (it pins uvicorn<0.30, thoughtgate needs >=0.30)."
+]
 RATIO_TARGET = 4.0
 LINEARITY_TARGET = 11.0
 REPEATS = 7
@@ -49,7 +58,7 @@ Row = dict[str, Any]
 # --------------------------------------------------------------------------- the stream
 
 
-def stream_bytes(scale: int = 1) -> bytes:
+def stream_bytes(scale: float = 1) -> bytes:
     """An Anthropic stream in the real byte shape with ``scale`` times the usual deltas."""
     pad_cycle = [15, 13, 0, 9, 11, 4, 2, 10, 3, 7, 1, 12, 6, 14, 5, 8]
     count = 0
@@ -93,7 +102,7 @@ def stream_bytes(scale: int = 1) -> bytes:
         ),
         'event: ping\ndata: {"type": "ping"}\n\n',
     ]
-    for i in range(THINKING_DELTAS * scale):
+    for i in range(int(THINKING_DELTAS * scale)):
         out.append(delta(0, {"type": "thinking_delta", "thinking": words[i % 9] + f" {i}"}))
     out.append(delta(0, {"type": "thinking_delta", "thinking": ""}))
     out.append(delta(0, {"type": "signature_delta", "signature": "EqQBCkYIBxgCKkB" + "x" * 300}))
@@ -108,7 +117,7 @@ def stream_bytes(scale: int = 1) -> bytes:
             },
         )
     )
-    for i in range(TEXT_DELTAS * scale):
+    for i in range(int(TEXT_DELTAS * scale)):
         out.append(delta(1, {"type": "text_delta", "text": words[i % 9] + " ok"}))
     out.append(event("content_block_stop", {"type": "content_block_stop", "index": 1}))
     out.append(
@@ -117,7 +126,7 @@ def stream_bytes(scale: int = 1) -> bytes:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": 9000 * scale},
+                "usage": {"output_tokens": int(9000 * scale)},
             },
         )
     )
@@ -144,9 +153,9 @@ def http_body(pieces: list[bytes]) -> bytes:
 def serve(port: int) -> None:
     """Run the bench server (in its own process: see :func:`server_process`)."""
     payloads = {
-        f"{chunking}-{scale}": http_body(chunked(stream_bytes(scale), chunking))
+        f"{chunking}-{scale:g}": http_body(chunked(stream_bytes(scale), chunking))
         for chunking in CHUNKINGS
-        for scale in (1, 10)
+        for scale in sorted({1, 10, *SERIES_SCALES})
     }
     head = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -280,6 +289,7 @@ def sdk_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]:
 
 
 def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]] | None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from GitHub
     try:
         import litellm  # type: ignore[import-not-found]  # optional: measured only if installed
     except ImportError:
@@ -298,7 +308,7 @@ def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]
             pass
 
     async def close() -> None:
-        return None
+        await litellm.close_litellm_async_clients()
 
     return consume, close
 
@@ -347,10 +357,44 @@ async def measure(url: str) -> list[Row]:
             target = f"<= {LINEARITY_TARGET:g}x"
             ok = growth <= LINEARITY_TARGET
             rows.append(_row(f"thoughtgate 10x events / 1x [{chunking}]", growth, "x", target, ok))
+            if "litellm" in seconds:
+                ratio = seconds["litellm"] / seconds["thoughtgate"]
+                rows.append(_row(f"litellm / thoughtgate [{chunking}]", ratio, "x", None, None))
+        rows += await series(consumers)
     finally:
         for consumer in consumers.values():
             await consumer[1]()
     return rows
+
+
+async def series(consumers: dict[str, tuple[Consumer, Any]]) -> list[Row]:
+    """Each consumer's CPU time against stream length (one SSE event per HTTP chunk)."""
+    out: list[Row] = []
+    for name, (consume, _) in consumers.items():
+        points = []
+        for scale in SERIES_SCALES:
+            payload = f"event-{scale:g}"
+            best = float("inf")
+            for _ in range(SERIES_REPEATS.get(name, 3)):
+                start = time.process_time()
+                await consume(payload)
+                best = min(best, time.process_time() - start)
+            events = int(THINKING_DELTAS * scale) + int(TEXT_DELTAS * scale)
+            points.append([events, round(best * 1000, 3)])
+        out.append(
+            {
+                "series": "capture-cost",
+                "label": name,
+                "points": points,
+                "xlabel": "deltas in the stream",
+                "ylabel": "consumer CPU time (ms)",
+                "title": "Capture cost against stream length (one SSE event per HTTP chunk)",
+                "logx": True,
+                "logy": True,
+            }
+        )
+        print(f"series {name}: {points}", flush=True)
+    return out
 
 
 def main() -> list[Row]:
@@ -362,6 +406,8 @@ def main() -> list[Row]:
         f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, min of {REPEATS} runs"
     )
     for row in rows:
+        if "series" in row:
+            continue
         ok = {True: "ok", False: "MISSED", None: ""}[row["ok"]]
         target = row["target"] or ""
         print(f"{row['name']:<40} {row['value']:>13} {row['unit']:<3} {target:<16} {ok}")

@@ -51,6 +51,11 @@ __all__ = ["main"]
 REPO = Path(__file__).resolve().parents[1]
 LITELLM_TTFB_MS = {1: 10.0, 10: 66.0, 100: 960.0}
 LITELLM_RPS = 40.0
+NOTES = [
+    "LiteLLM figures are the issue's published reference (TTFB added ~10/66/960 ms at 1/10/100 "
+    "streams, ~40 requests/s): its proxy (`litellm[proxy]==1.79.*`) cannot be installed beside "
+    "thoughtgate, so no live side-by-side run. Server and client share the machine's 2 cores."
+]
 DELTAS = 20
 PROVIDER_TTFB_S = 0.010
 GAP_S = 0.0005
@@ -285,9 +290,11 @@ def _series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _litellm_note() -> str:
-    if importlib.util.find_spec("litellm") is None:
-        return "litellm: not installed (bench extra); using the issue's reference figures"
-    return "litellm: installed, but a live side-by-side run is not implemented; reference figures"
+    return (
+        "litellm: its proxy (litellm[proxy]==1.79.*) cannot be installed beside thoughtgate "
+        "(it pins uvicorn<0.30; thoughtgate needs >=0.30), so there is no live side-by-side run; "
+        "the targets use LiteLLM's published figures"
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

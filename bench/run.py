@@ -5,7 +5,8 @@ Each module in ``MODULES`` has ``main() -> list[dict]``. A row is
 no target); a row with a ``"series"`` key instead feeds a plot:
 ``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
 Ratios are always measured against a baseline taken in the same run, because this machine is
-shared and noisy; absolute times are printed for context only.
+shared and noisy; absolute times are printed for context only. A module may also define
+``NOTES`` (a list of sentences) for the page's notes section.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> int:
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
+    notes: list[str] = []
     failures: list[str] = []
     for name in MODULES:
         if time.monotonic() - started > BUDGET_S:
@@ -95,6 +97,7 @@ def main() -> int:
             continue
         for r in results:
             (series if "series" in r else rows).append({**r, "module": name})
+        notes += [f"{name.removeprefix('bench.')}: {n}" for n in getattr(module, "NOTES", [])]
         print(f"   {name} took {time.monotonic() - t0:.1f} s", flush=True)
     plots = _plot(series)
     missed = [r for r in rows if r.get("ok") is False]
@@ -104,7 +107,9 @@ def main() -> int:
         f"Written by `make bench` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"took {time.monotonic() - started:.0f} s. Ratios are against baselines measured in the "
-        "same run.",
+        "same run. Each value is what its module reports: capture = least CPU time of 7 runs, "
+        "store = best of 3 rounds, daemon and fan-out = p50 (the median) and p99 over every "
+        "request or delivery.",
         "",
         "| benchmark | figure | value | unit | target | meets target |",
         "|---|---|---|---|---|---|",
@@ -117,6 +122,8 @@ def main() -> int:
         )
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     if missed:
         lines += ["", "## Figures that miss their targets", ""]
         lines += [

@@ -4,6 +4,11 @@
 would make a durable store fsync thousands of times per turn. They are buffered and flushed as one
 atomic append every ``flush_interval`` seconds (or every ``max_batch`` events), and any other event
 first flushes the buffer, so recorded order is always emission order.
+
+A failed append is never skipped over: when the background flush of a window fails (the store is
+full or unreachable), that batch is not stored, and the next ``emit``, ``emit_delta``, ``flush``
+or ``close`` raises the same error, so the run ends failed instead of recording later events
+after a hole in its log.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ class EventRecorder:
         self._window_end = 0.0
         self.appended = 0
         self.sinks = tuple(sinks)
+        self._failure: Exception | None = None
 
     async def emit(self, event: NewEvent) -> list[Event]:
         """Append ``event`` after everything buffered before it."""
         async with self._lock:
+            self._raise_failure()
             batch = [*self._buffer, event]
             self._buffer.clear()
             return await self._append(batch)
@@ -65,11 +72,21 @@ class EventRecorder:
 
     async def _flush_at(self, when: float) -> None:
         await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
-        await self.flush()
+        try:
+            await self.flush()
+        except Exception as exc:  # nobody awaits this task: hand the error to the next caller
+            if self._failure is None:
+                self._failure = exc
+            return
         self._window_end = asyncio.get_running_loop().time() + self.flush_interval
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     async def flush(self) -> None:
         async with self._lock:
+            self._raise_failure()
             if self._buffer:
                 batch = list(self._buffer)
                 self._buffer.clear()
@@ -85,8 +102,10 @@ class EventRecorder:
         return out
 
     async def close(self) -> None:
-        await self.flush()
-        if self._flusher is not None and not self._flusher.done():
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        try:
+            await self.flush()
+        finally:
+            if self._flusher is not None and not self._flusher.done():
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher

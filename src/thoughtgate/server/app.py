@@ -29,6 +29,7 @@ from thoughtgate.orchestration.recorder import EventSink
 from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
 from thoughtgate.server.api import starlette_route
 from thoughtgate.server.errors import exception_handlers
+from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMiddleware
 from thoughtgate.server.openapi import build_openapi
@@ -103,6 +104,7 @@ def create_app(
         sse_queue_size=sse_queue_size,
         sse_lag_timeout_s=sse_lag_timeout_s,
         sse_send_timeout_s=sse_send_timeout_s,
+        feeds=RunFeeds(runtime.store),
     )
     endpoints = all_endpoints()
 
@@ -117,6 +119,8 @@ def create_app(
             yield
         finally:
             await manager.shutdown()
+            if state.feeds is not None:
+                await state.feeds.close()
 
     app = Starlette(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],

@@ -4,10 +4,12 @@ Frames: ``id: <seq>`` and ``data: <the event envelope as JSON>`` (the same shape
 ``GET /v1/runs/{id}/events``); no ``event:`` name, so a browser's ``onmessage`` gets them all.
 Keep-alive comment lines and disconnect handling are sse-starlette's ``EventSourceResponse``.
 
-Each connection reads the run's event log (``EventStore.tail``) in a small pump task that passes
-every event through the one output filter into a bounded queue; the response drains the queue,
-coalescing what is ready into one write. So a slow reader holds at most ``queue_size`` events in
-memory, never slows the run (the run writes to the store, not to readers) and never slows other
+Each connection reads the run's event log in a small pump task that passes every event through
+the one output filter into a bounded queue; the response drains the queue, coalescing what is
+ready into one write. In the daemon the log comes from the run's shared feed (``fanout``: one
+store read per event however many readers follow the run, each frame filtered and encoded once
+per role), else straight from ``EventStore.tail``. So a slow reader holds at most ``queue_size``
+events in memory, never slows the run (the run writes to the store, not to readers) and never slows other
 readers. A reader that takes no frame for ``lag_timeout_s`` while its queue is full is closed after
 an ``event: lagging`` frame whose data names the last ``id`` it was sent; it resumes from there
 with ``Last-Event-ID`` and loses nothing, because nothing is ever dropped from the log.
@@ -27,6 +29,7 @@ from sse_starlette.event import ServerSentEvent
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event
+from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.store.base import EventStore
 
 __all__ = ["encode_event", "frame_bytes", "live_frames"]
@@ -51,6 +54,10 @@ def frame_bytes(fields: dict[str, Any]) -> bytes:
     return ServerSentEvent(**fields).encode()
 
 
+def _encode(event: Event) -> bytes:
+    return frame_bytes(encode_event(event))
+
+
 async def live_frames(
     store: EventStore,
     run_id: str,
@@ -60,23 +67,34 @@ async def live_frames(
     after: int,
     queue_size: int = 256,
     lag_timeout_s: float = 10.0,
+    feeds: RunFeeds | None = None,
 ) -> AsyncIterator[bytes]:
     """Frames for one connection: replay after ``after``, then live, until the terminal event."""
-    queue: asyncio.Queue[Event | str] = asyncio.Queue(maxsize=queue_size)
+    queue: asyncio.Queue[tuple[int, bytes] | str] = asyncio.Queue(maxsize=queue_size)
     last_sent = after
+
+    def frame(event: Event) -> bytes | None:
+        if feeds is not None:
+            return feeds.frame(event, role, mode, _encode)
+        shown = filter_event(event, role, mode=mode)
+        return None if shown is None else _encode(shown)
 
     async def pump() -> None:
         outcome = _END
+        source = (
+            store.tail(run_id, after=after) if feeds is None else feeds.tail(run_id, after=after)
+        )
         try:
-            async for event in store.tail(run_id, after=after):
-                shown = filter_event(event, role, mode=mode)
-                if shown is None:
+            async for event in source:
+                data = frame(event)
+                if data is None:
                     continue
+                item = (event.seq, data)
                 if not queue.full():
-                    queue.put_nowait(shown)  # no suspension: a whole batch becomes one write
+                    queue.put_nowait(item)  # no suspension: a whole batch becomes one write
                     continue
                 try:
-                    await asyncio.wait_for(queue.put(shown), lag_timeout_s)
+                    await asyncio.wait_for(queue.put(item), lag_timeout_s)
                 except TimeoutError:
                     outcome = _LAGGING
                     break
@@ -85,6 +103,10 @@ async def live_frames(
         except Exception:  # reported to the reader, who may resume
             log.exception("live stream of run %s failed", run_id)
             outcome = _FAILED
+        finally:  # a lagging reader leaves the run's feed now, not when collected
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
         await queue.put(outcome)
 
     task = asyncio.create_task(pump(), name=f"sse pump {run_id}")
@@ -104,8 +126,8 @@ async def live_frames(
                             }
                         )
                     return
-                batch.append(frame_bytes(encode_event(item)))
-                last_sent = item.seq
+                last_sent, data = item
+                batch.append(data)
                 if len(batch) >= _MAX_COALESCE or queue.empty():
                     break
                 item = queue.get_nowait()

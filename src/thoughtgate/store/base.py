@@ -10,12 +10,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 
+from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
 
 __all__ = ["EventStore", "RunWakeups"]
+
+log = logging.getLogger(__name__)
 
 
 class RunWakeups:
@@ -67,6 +71,9 @@ class EventStore(abc.ABC):
 
     #: How often a tail re-reads when no in-process wake-up arrives (cross-process writers).
     poll_interval: float = 0.25
+    #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
+    #: doubling from the first figure up to the second.
+    tail_retry: tuple[float, float] = (0.05, 2.0)
 
     def __init__(self) -> None:
         self.wakeups = RunWakeups()
@@ -129,18 +136,30 @@ class EventStore(abc.ABC):
         """Yield stored events after ``after``, then new ones as they are appended.
 
         Stops after a run-terminal event when ``until_terminal`` (the default); a finished run
-        therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run.
+        therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run. While
+        the store is unavailable (``StoreUnavailableError``) it keeps retrying with backoff.
         """
         cursor = after
+        delay = self.tail_retry[0]
         while True:
-            events = await self.read(run_id, after=cursor, limit=batch)
+            try:
+                events = await self.read(run_id, after=cursor, limit=batch)
+                if not events:
+                    await self.wait_for_new(run_id, cursor)
+            except StoreUnavailableError as exc:
+                # Reads are safe to repeat: wait out a dropped connection or a restarting
+                # server instead of ending every live stream at once (clients would all
+                # reconnect together). Other store errors, and a closed store, end the tail.
+                log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.tail_retry[1])
+                continue
+            delay = self.tail_retry[0]
             for event in events:
                 cursor = event.seq
                 yield event
                 if until_terminal and is_run_terminal(event.type):
                     return
-            if not events:
-                await self.wait_for_new(run_id, cursor)
 
     # -- API keys ------------------------------------------------------------------------
     @abc.abstractmethod

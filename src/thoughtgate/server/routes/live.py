@@ -61,6 +61,7 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         after=after,
         queue_size=state.sse_queue_size,
         lag_timeout_s=state.sse_lag_timeout_s,
+        feeds=state.feeds,
     )
     return EventSourceResponse(
         frames,

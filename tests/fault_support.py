@@ -1,0 +1,451 @@
+"""Helpers for the fault-injection and replica tests: a paced fake script, a raw SSE client,
+``thoughtgate serve`` replicas sharing one PostgreSQL schema, and a store that fails on purpose.
+
+Importing this module registers ``fake:ticker`` (and, through ``daemon_support``, the daemon
+tests' scripts) in ``FAKE_SCRIPTS``, also inside a ``thoughtgate serve`` subprocess started with
+``--tools fault_support:SERVER_TOOLS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from daemon_support import SERVER_TOOLS, ServeProcess, auth, cli
+from pg import PG_URL
+from psycopg import sql
+
+from thoughtgate.errors import StoreError, StoreUnavailableError
+from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.pg_errors import describe_target
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
+
+__all__ = [
+    "SERVER_TOOLS",
+    "Attempt",
+    "FailingStore",
+    "Frame",
+    "RawSSE",
+    "Replicas",
+    "follow",
+    "pg_schema_sync",
+    "replicas",
+    "start_run",
+    "stored_run",
+    "ticker_prompt",
+]
+
+TOOLS_FLAG = ("--tools", "fault_support:SERVER_TOOLS")
+
+
+# ----------------------------------------------------------------------------- fake script
+
+
+def ticker_prompt(steps: int, gap_ms: int, pause_ms: int = 0) -> str:
+    return f"ticker {steps} {gap_ms} {pause_ms}"
+
+
+def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """``"ticker STEPS GAP_MS [PAUSE_MS]"``: after ``PAUSE_MS``, one reasoning and one text delta
+    per step, ``GAP_MS`` apart.
+
+    Every delta names its step (``r17 ``, ``t17 ``), so a test can tell a duplicate or a hole in
+    the recorded text, not only in the sequence numbers.
+    """
+    words = (request.messages[0].text if request.messages else "").split()
+    steps = int(words[1]) if len(words) > 1 else 50
+    gap = int(words[2]) / 1000 if len(words) > 2 else 0.02
+    pause = int(words[3]) / 1000 if len(words) > 3 else 0.0
+
+    async def gen() -> AsyncIterator[Any]:
+        await asyncio.sleep(pause)
+        for i in range(steps):
+            yield reasoning(f"r{i} ")
+            yield text(f"t{i} ")
+            await asyncio.sleep(gap)
+
+    return gen()
+
+
+FAKE_SCRIPTS["ticker"] = _ticker
+
+
+# ----------------------------------------------------------------------------- raw SSE client
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One SSE message: ``id`` (the event's sequence number), ``event`` name, ``data`` text."""
+
+    id: int | None
+    event: str
+    data: str
+    at: float = 0.0
+    """``time.time()`` when the frame's bytes arrived (comparable with an event's ``ts``)."""
+
+    def json(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.data)
+        return loaded
+
+
+def _parse(block: bytes, at: float) -> Frame | None:
+    frame_id: int | None = None
+    event = ""
+    data: list[str] = []
+    for line in block.split(b"\r\n"):
+        if line.startswith(b"id: "):
+            frame_id = int(line[4:])
+        elif line.startswith(b"data: "):
+            data.append(line[6:].decode("utf-8"))
+        elif line.startswith(b"event: "):
+            event = line[7:].decode("utf-8")
+    if frame_id is None and not data and not event:
+        return None  # a keep-alive comment
+    return Frame(frame_id, event, "\n".join(data), at)
+
+
+class RawSSE:
+    """One live-channel connection on a bare asyncio socket (HTTP/1.1, chunked body).
+
+    Light enough for a thousand concurrent readers in one process on two cores, where httpx would
+    measure itself. ``abort()`` drops the connection without a goodbye, like a crashed client.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._buffer = b""
+        self._eof = False
+
+    @classmethod
+    async def open(
+        cls,
+        base_url: str,
+        run_id: str,
+        ticket: str,
+        *,
+        last_event_id: int | None = None,
+        via: str = "header",
+    ) -> RawSSE:
+        host, port = base_url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+        path = f"/v1/runs/{run_id}/stream?ticket={ticket}"
+        extra = ""
+        if last_event_id is not None:
+            if via == "header":
+                extra = f"Last-Event-ID: {last_event_id}\r\n"
+            else:
+                path += f"&last_event_id={last_event_id}"
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode())
+        conn = cls(reader, writer)
+        status_line = await reader.readline()
+        conn.status = int(status_line.split()[1])
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            conn.headers[name.strip().lower()] = value.strip()
+        if conn.status != 200 or "chunked" not in conn.headers.get("transfer-encoding", ""):
+            conn._eof = True
+        return conn
+
+    async def _chunk(self) -> bytes:
+        size_line = await self.reader.readline()
+        if not size_line:
+            return b""
+        size = int(size_line.strip(), 16)
+        if size == 0:
+            return b""
+        data = await self.reader.readexactly(size + 2)
+        return data[:-2]
+
+    async def frames(self) -> AsyncIterator[Frame]:
+        """Frames as they arrive, until the server ends the response (or the socket breaks)."""
+        while not self._eof:
+            try:
+                piece = await self._chunk()
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                piece = b""
+            if not piece:
+                self._eof = True
+                return
+            at = time.time()
+            self._buffer += piece
+            while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
+                block, self._buffer = self._buffer[:end], self._buffer[end + 4 :]
+                frame = _parse(block, at)
+                if frame is not None:
+                    yield frame
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+async def follow(
+    base_url: str, run_id: str, ticket: str, *, last_event_id: int | None = None
+) -> list[Frame]:
+    """Every frame from ``last_event_id`` to the end of the run."""
+    conn = await RawSSE.open(base_url, run_id, ticket, last_event_id=last_event_id)
+    try:
+        return [f async for f in conn.frames()]
+    finally:
+        await conn.close()
+
+
+def event_frames(frames: Sequence[Frame]) -> list[Frame]:
+    """The frames that carry an event (not ``lagging``/``failed`` notes)."""
+    return [f for f in frames if f.event in ("", "message") and f.id is not None]
+
+
+def ends_run(frame: Frame) -> bool:
+    return is_run_terminal(str(frame.json()["type"]))
+
+
+# ----------------------------------------------------------------------------- HTTP helpers
+
+
+def start_run(base_url: str, key: str, prompt: str, *, mode: str = "surface") -> tuple[str, str]:
+    """Start a ``fake:ticker`` run; its id and a live-channel ticket for the key's role."""
+    with httpx.Client(base_url=base_url, headers=auth(key), timeout=30) as c:
+        made = c.post(
+            "/v1/runs", json={"prompt": prompt, "model": "fake:ticker", "chain_of_thought": mode}
+        )
+        assert made.status_code == 202, made.text
+        run_id = str(made.json()["run_id"])
+        ticket = c.post("/v1/tickets", json={"run_id": run_id}).json()["ticket"]
+    return run_id, str(ticket)
+
+
+def stored_run(base_url: str, key: str, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run and its whole event log, as the HTTP API returns them."""
+    with httpx.Client(base_url=base_url, headers=auth(key), timeout=30) as c:
+        run: dict[str, Any] = c.get(f"/v1/runs/{run_id}").json()
+        events: list[dict[str, Any]] = c.get(
+            f"/v1/runs/{run_id}/events", params={"limit": 5000}
+        ).json()["events"]
+    return run, events
+
+
+# ----------------------------------------------------------------------------- PostgreSQL replicas
+
+
+@contextlib.contextmanager
+def pg_schema_sync() -> Iterator[str]:
+    """A fresh schema name (created by the first store that opens it), dropped afterwards.
+
+    Fails the test, never skips, when the server is unreachable (see ``tests/pg.py``).
+    """
+    try:
+        admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        pytest.fail(
+            f"{describe_target(PG_URL)} is unreachable: {exc}\n"
+            "Start it (`make postgres-up`) or point THOUGHTGATE_TEST_PG_URL at a server; "
+            "the PostgreSQL tests do not skip.",
+            pytrace=False,
+        )
+    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        with admin:
+            admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@dataclass
+class Replicas:
+    """Two ``thoughtgate serve`` processes on one PostgreSQL schema, and an owner key."""
+
+    db_url: str
+    a: ServeProcess
+    b: ServeProcess
+    owner: str
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def urls(self) -> tuple[str, str]:
+        return self.a.base_url, self.b.base_url
+
+    def client(self, base_url: str, key: str | None = None) -> httpx.Client:
+        made = httpx.Client(base_url=base_url, headers=auth(key or self.owner), timeout=10)
+        self.clients.append(made)
+        return made
+
+    def start_run(self, base_url: str, prompt: str, *, mode: str = "surface") -> str:
+        r = self.client(base_url).post(
+            "/v1/runs", json={"prompt": prompt, "model": "fake:ticker", "chain_of_thought": mode}
+        )
+        assert r.status_code == 202, r.text
+        return str(r.json()["run_id"])
+
+    def ticket(self, base_url: str, run_id: str, key: str | None = None) -> str:
+        r = self.client(base_url, key).post("/v1/tickets", json={"run_id": run_id})
+        assert r.status_code == 200, r.text
+        return str(r.json()["ticket"])
+
+    def events(self, base_url: str, run_id: str) -> list[dict[str, Any]]:
+        r = self.client(base_url).get(f"/v1/runs/{run_id}/events", params={"limit": 5000})
+        assert r.status_code == 200, r.text
+        found: list[dict[str, Any]] = r.json()["events"]
+        return found
+
+    def status(self, base_url: str, run_id: str) -> str:
+        return str(self.client(base_url).get(f"/v1/runs/{run_id}").json()["status"])
+
+    def wait_done(self, base_url: str, run_id: str, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while (status := self.status(base_url, run_id)) in ("pending", "running"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {status}")
+            time.sleep(0.05)
+        return status
+
+
+@contextlib.contextmanager
+def replicas() -> Iterator[Replicas]:
+    """A fresh schema, an owner key made once with ``thoughtgate keys create`` (which also
+    migrates the schema), then two daemons on it, started at the same time."""
+    with pg_schema_sync() as schema:
+        db_url = f"{PG_URL}?schema={schema}"
+        made = cli("keys", "create", "--role", "owner", "--name", "ops", "--json", "--db", db_url)
+        assert made.returncode == 0, made.stderr
+        owner = str(json.loads(made.stdout)["key"])
+        args = ("--db", db_url, *TOOLS_FLAG, "--no-bootstrap-key", "--shutdown-grace", "0.2")
+        a, b = ServeProcess(*args), ServeProcess(*args)
+        try:
+            a.start()
+            b.start()
+            pair = Replicas(db_url, a, b, owner)
+            try:
+                yield pair
+            finally:
+                for c in pair.clients:
+                    c.close()
+        finally:
+            a.stop()
+            b.stop()
+
+
+# ----------------------------------------------------------------------------- failing store
+
+
+class FailingStore(EventStore):
+    """Wraps a real store; ``fail_appends`` makes appends raise a ``StoreError`` like a full disk.
+
+    Every attempted batch is kept in ``attempts`` with what came of it: the stored events, or
+    ``None`` when the append raised, and whether that failure leaves the outcome unknown (a
+    connection lost mid-call: the statement may have committed). A test then checks that the log
+    holds exactly the batches that were stored, each one whole.
+    """
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__()
+        self.inner = inner
+        self.wakeups = inner.wakeups
+        self.fail_appends = False
+        self.attempts: list[Attempt] = []
+
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        batch = list(events)
+        if self.fail_appends:
+            self.attempts.append(Attempt(batch, None))
+            raise StoreError(
+                f"cannot append {len(batch)} events to run {run_id!r}: database or disk is full "
+                "(injected); the write was rolled back and nothing of it was stored"
+            )
+        try:
+            out = await self.inner.append(run_id, batch)
+        except StoreError as exc:
+            self.attempts.append(
+                Attempt(batch, None, unknown=isinstance(exc, StoreUnavailableError))
+            )
+            raise
+        self.attempts.append(Attempt(batch, out))
+        return out
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        return await self.inner.read(run_id, after=after, limit=limit)
+
+    async def create_run(self, run: RunRecord) -> None:
+        await self.inner.create_run(run)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        return await self.inner.get_run(run_id)
+
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        return await self.inner.list_runs(limit=limit, offset=offset)
+
+    async def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        await self.inner.update_run(
+            run_id, status=status, usage=usage, error=error, metadata=metadata
+        )
+
+    async def save_task(self, task: TaskRecord) -> None:
+        await self.inner.save_task(task)
+
+    async def save_api_key(self, key: ApiKeyRecord) -> None:
+        await self.inner.save_api_key(key)
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        return await self.inner.list_api_keys()
+
+    async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        return await self.inner.find_api_key(key_hash)
+
+    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+        return await self.inner.revoke_api_key(key_id_or_name)
+
+    async def get_or_create_secret(self, name: str, candidate: str) -> str:
+        return await self.inner.get_or_create_secret(name, candidate)
+
+
+@dataclass
+class Attempt:
+    """One append: the batch, the events stored (``None``: it raised), and whether a failure
+    leaves it unknown if the batch committed."""
+
+    batch: list[NewEvent]
+    stored: list[Event] | None
+    unknown: bool = False
+
+
+def stored_batches_are_whole(attempts: Sequence[Attempt], log: Sequence[Event]) -> None:
+    """The log is exactly the batches reported stored, in order, each whole; failed ones left
+    nothing behind (one whose outcome is unknown is there whole, or not at all)."""
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    position = 0
+    for attempt in attempts:
+        wanted = [(e.type, e.payload) for e in attempt.batch]
+        here = [(e.type, e.payload) for e in log[position : position + len(wanted)]]
+        if attempt.stored is not None:
+            assert [(e.type, e.payload) for e in attempt.stored] == wanted
+            assert here == wanted, f"batch at seq {position + 1} is not stored whole"
+            position += len(wanted)
+        elif attempt.unknown and here == wanted:
+            position += len(wanted)  # it committed before the connection was lost
+    assert position == len(log), f"events {position + 1}.. come from no stored batch"

@@ -1,0 +1,132 @@
+"""The shared per-run feed: however readers join, lag or outlive it, each one gets exactly the
+events after its own cursor, in order, once; and the store is read once per event, not per reader."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thoughtgate.access.roles import Role
+from thoughtgate.errors import StoreError
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.fail_reads = False
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        self.reads += 1
+        if self.fail_reads:
+            raise StoreError("cannot read: injected")
+        return await super().read(run_id, after=after, limit=limit)
+
+
+async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
+    seen = []
+    async for event in feeds.tail("run_1", after=after):
+        seen.append(event.seq)
+        if pause_every and event.seq % pause_every == 0:
+            await asyncio.sleep(0.003)  # a slow reader: the feed runs ahead of it
+    return seen
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    readers=st.lists(
+        st.tuples(st.integers(0, 60), st.integers(0, 30), st.sampled_from([0, 0, 7])),
+        min_size=1,
+        max_size=6,
+    ),
+    backlog=st.sampled_from([2, 8, 4096]),
+)
+def test_every_reader_gets_exactly_the_events_after_its_cursor(
+    readers: Sequence[tuple[int, int, int]], backlog: int
+) -> None:
+    async def go() -> None:
+        store = MemoryStore()
+        await store.create_run(RunRecord("run_1", "p"))
+        feeds = RunFeeds(store, backlog=backlog)
+        total = 80
+        tasks: dict[int, asyncio.Task[list[int]]] = {}
+        for i in range(total):
+            for n, (join_at, after, pause) in enumerate(readers):
+                if join_at == i:  # join mid-run, with a cursor behind or ahead of the feed
+                    tasks[n] = asyncio.create_task(_collect(feeds, min(after, i), pause))
+            kind = EventType.RUN_SETTLEMENT_COMPLETED if i == total - 1 else "message.delta"
+            await store.append("run_1", [NewEvent(kind, {"i": i})])
+            if i % 5 == 0:
+                await asyncio.sleep(0)
+        for n, (join_at, after, pause) in enumerate(readers):
+            if n not in tasks:  # joined after the end: pure replay
+                tasks[n] = asyncio.create_task(_collect(feeds, min(after, join_at), pause))
+        for n, task in tasks.items():
+            join_at, after, _ = readers[n]
+            start = min(after, join_at)
+            assert await asyncio.wait_for(task, 10) == list(range(start + 1, total + 1))
+        assert feeds.active == 0  # every feed ended with its run
+
+    asyncio.run(go())
+
+
+async def test_a_thousand_readers_cost_one_store_read_per_wakeup_not_per_reader() -> None:
+    store = CountingStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store)
+    readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(1000)]
+    await asyncio.sleep(0.05)  # all joined (one replay read each), all waiting
+    before = store.reads
+    for i in range(20):
+        await store.append("run_1", [NewEvent("message.delta", {"i": i})])
+        await asyncio.sleep(0.002)
+    await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+    results = await asyncio.gather(*readers)
+    assert all(r == list(range(1, 22)) for r in results)
+    assert store.reads - before < 100  # ~2 per append for the one feed, not 1,000
+
+
+async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -> None:
+    store = CountingStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store)
+    await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    seen: list[int] = []
+
+    async def read_all() -> None:
+        async for event in feeds.tail("run_1"):
+            seen.append(event.seq)
+
+    reader = asyncio.create_task(read_all())
+    await asyncio.sleep(0.02)
+    store.fail_reads = True
+    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])
+    try:
+        await asyncio.wait_for(reader, 5)
+    except StoreError as exc:
+        assert "injected" in str(exc)
+    else:
+        raise AssertionError("the store error did not reach the reader")
+    assert seen == [1] and feeds.active == 0
+
+
+def test_frames_are_filtered_and_encoded_once_per_role() -> None:
+    feeds = RunFeeds(MemoryStore())
+    calls: list[int] = []
+
+    def encode(event: Event) -> bytes:
+        calls.append(event.seq)
+        return f"{event.seq}:{event.payload.get('text')}".encode()
+
+    delta = Event(1, "run_1", EventType.REASONING_DELTA, {"text": "secret"})
+    for _ in range(3):
+        assert feeds.frame(delta, Role.DEVELOPER, "surface", encode) == b"1:secret"
+        assert feeds.frame(delta, Role.VIEWER, "surface", encode) is None  # withheld
+    assert calls == [1]

@@ -1,0 +1,102 @@
+"""Two ``thoughtgate serve`` replicas on one PostgreSQL database behave as one service: keys and
+tickets from either work on both, a reader on one replica follows a run executing on the other
+live and in order, and ``Last-Event-ID`` resumes against either replica."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+
+import pytest
+from fault_support import (
+    Frame,
+    RawSSE,
+    Replicas,
+    ends_run,
+    event_frames,
+    follow,
+    replicas,
+    ticker_prompt,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
+
+STEPS, GAP_MS = 40, 40  # a run that stays live for about 1.6 s
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Replicas]:
+    with replicas() as started:
+        yield started
+
+
+def _same_as_stored(frames: list[Frame], stored: list[dict[str, object]]) -> None:
+    got = [f.json() for f in frames]
+    assert [e["seq"] for e in got] == list(range(1, len(got) + 1)), "gap, duplicate or reorder"
+    assert got == stored
+    assert [f.id for f in frames] == [e["seq"] for e in got]
+
+
+def test_keys_made_once_or_on_either_replica_work_on_both(pair: Replicas) -> None:
+    a, b = pair.urls
+    for url in (a, b):
+        me = pair.client(url).get("/v1/me")
+        assert me.status_code == 200 and me.json()["role"] == "owner"
+    made = pair.client(b).post("/v1/keys", json={"name": "vic", "role": "viewer"})
+    assert made.status_code in (200, 201), made.text
+    viewer = made.json()["key"]
+    assert pair.client(a, viewer).get("/v1/me").json()["role"] == "viewer"
+    assert pair.client(b).delete("/v1/keys/vic").status_code in (200, 204)
+    assert pair.client(a, viewer).get("/v1/me").status_code == 401  # revoked on B, gone on A
+
+
+async def test_a_reader_on_b_follows_a_run_on_a_live_and_in_order(pair: Replicas) -> None:
+    a, b = pair.urls
+    run_id = pair.start_run(a, ticker_prompt(STEPS, GAP_MS))
+    ticket = pair.ticket(a, run_id)  # issued by A, accepted by B (shared secret in the store)
+    frames = event_frames(await follow(b, run_id, ticket))
+    assert pair.status(a, run_id) == "completed"
+    assert ends_run(frames[-1])
+    _same_as_stored(frames, pair.events(a, run_id))
+    _same_as_stored(frames, pair.events(b, run_id))
+    deltas = [f for f in frames if f.json()["type"] == "message.delta"]
+    assert len(deltas) == STEPS  # one per step, none lost on the way between replicas
+    # Live, not replayed at the end: the deltas reached B spread over the run's lifetime, each
+    # soon after A emitted it (NOTIFY, not the 3 s safety poll).
+    assert frames[-1].at - deltas[0].at > STEPS * GAP_MS / 1000 * 0.6
+    lags = [f.at - float(f.json()["ts"]) for f in deltas]
+    assert statistics.median(lags) < 0.25, lags
+
+
+async def test_resume_with_last_event_id_against_either_replica(pair: Replicas) -> None:
+    a, b = pair.urls
+    run_id = pair.start_run(a, ticker_prompt(STEPS, GAP_MS))
+    ticket = pair.ticket(b, run_id)
+    seen: list[Frame] = []
+    # B dropped after 12 frames -> A (Last-Event-ID header) dropped at 27 -> B (query) to the end.
+    plan: list[tuple[str, str, int | None]] = [
+        (b, "header", 12),
+        (a, "header", 27),
+        (b, "query", None),
+    ]
+    for url, via, drop_at in plan:
+        conn = await RawSSE.open(
+            url, run_id, ticket, last_event_id=seen[-1].id if seen else None, via=via
+        )
+        assert conn.status == 200
+        async for frame in conn.frames():
+            if frame.id is not None:
+                seen.append(frame)
+            if drop_at is not None and len(seen) >= drop_at:
+                break
+        conn.abort()
+        if drop_at is not None:
+            assert pair.status(a, run_id) == "running"  # dropped mid-run, not after the end
+    assert pair.status(b, run_id) == "completed"
+    assert ends_run(seen[-1])
+    _same_as_stored(seen, pair.events(b, run_id))
+    # resuming after the end answers 204 on either replica
+    for url in (a, b):
+        done = await RawSSE.open(url, run_id, ticket, last_event_id=seen[-1].id)
+        assert done.status == 204
+        await done.close()

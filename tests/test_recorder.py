@@ -49,3 +49,31 @@ def test_recorded_order_is_emission_order(plan: list[tuple[bool, float]]) -> Non
         return [e.payload["i"] for e in await store.read("run_1")]
 
     assert asyncio.run(go()) == list(range(len(plan)))
+
+
+async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
+    from thoughtgate.errors import StoreError
+
+    store, rec = await fresh()
+    real = store.append
+    calls = {"n": 0}
+
+    async def flaky(run_id: str, events: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise StoreError("database or disk is full")
+        return await real(run_id, events)  # type: ignore[arg-type]
+
+    store.append = flaky  # type: ignore[method-assign]
+    await rec.emit(NewEvent("tool.started", {"i": 0}))
+    try:
+        await rec.emit(NewEvent("tool.started", {"i": 1}))
+    except StoreError:
+        pass
+    for attempt in (rec.emit(NewEvent("tool.started", {"i": 3})), rec.close()):
+        try:
+            await attempt
+        except StoreError:
+            continue
+        raise AssertionError("a recorder that lost a batch must refuse later events")
+    assert [e.payload["i"] for e in await store.read("run_1")] == [0]

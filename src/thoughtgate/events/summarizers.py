@@ -92,7 +92,7 @@ class ToolFinished:
 
 @dataclass(frozen=True, slots=True)
 class TaskCompleted:
-    pass
+    """The task's answer is written; no more steps follow."""
 
 
 Moment: TypeAlias = (

@@ -95,7 +95,14 @@ class EventRecorder:
     async def _append(self, batch: list[NewEvent]) -> list[Event]:
         if not batch:
             return []
-        out = await self.store.append(self.run_id, batch)
+        try:
+            out = await self.store.append(self.run_id, batch)
+        except Exception as exc:
+            # Once a batch is lost, nothing after it may be recorded: a later event would sit
+            # behind a hole in the log. Every later emit, flush or close raises this error.
+            if self._failure is None:
+                self._failure = exc
+            raise
         self.appended += len(out)
         for sink in self.sinks:
             await sink(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,10 +67,8 @@ async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
 
     store.append = flaky  # type: ignore[method-assign]
     await rec.emit(NewEvent("tool.started", {"i": 0}))
-    try:
+    with pytest.raises(StoreError):
         await rec.emit(NewEvent("tool.started", {"i": 1}))
-    except StoreError:
-        pass
     for attempt in (rec.emit(NewEvent("tool.started", {"i": 3})), rec.close()):
         try:
             await attempt

@@ -1,1 +1,3 @@
 """Roles, the one output filter, live-channel tickets and API keys."""
+
+__all__: list[str] = []

@@ -1,1 +1,3 @@
 """Model turns and the agent tool loop."""
+
+__all__: list[str] = []

@@ -32,6 +32,7 @@ __all__ = [
     "merged_metadata",
     "run_from_row",
     "run_row",
+    "run_update_columns",
     "task_from_row",
     "task_row",
 ]
@@ -168,6 +169,25 @@ def events_from_rows(
         make_event(seq, run_id, type_, payload, task_id, ts)
         for (seq, task_id, type_, ts, _), payload in zip(rows, payloads, strict=True)
     ]
+
+
+def run_update_columns(
+    *,
+    status: RunStatus | None,
+    usage: dict[str, int] | None,
+    error: str | None,
+    updated_at: float,
+) -> dict[str, Any]:
+    """Column -> value for ``update_run`` (both SQL backends); metadata is merged by the caller
+    inside its transaction because it needs the stored value."""
+    sets: dict[str, Any] = {"updated_at": updated_at}
+    if status is not None:
+        sets["status"] = status
+    if usage is not None:
+        sets["usage"] = dumps(usage, what="run usage")
+    if error is not None:
+        sets["error"] = error
+    return sets
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

@@ -262,13 +262,9 @@ class PostgresStore(EventStore):
         error: str | None = None,
         metadata: dict[str, object] | None = None,
     ) -> None:
-        sets: dict[str, Any] = {"updated_at": time.time()}
-        if status is not None:
-            sets["status"] = status
-        if usage is not None:
-            sets["usage"] = codec.dumps(usage, what="run usage")
-        if error is not None:
-            sets["error"] = error
+        sets = codec.run_update_columns(
+            status=status, usage=usage, error=error, updated_at=time.time()
+        )
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
                 "SELECT metadata FROM runs WHERE run_id = %s FOR UPDATE", (run_id,)

@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from thoughtgate.errors import RunNotFoundError, StoreReadOnlyError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent
@@ -159,13 +159,9 @@ class SQLiteStore(EventStore):
         error: str | None = None,
         metadata: dict[str, object] | None = None,
     ) -> None:
-        sets: dict[str, Any] = {"updated_at": time.time()}
-        if status is not None:
-            sets["status"] = status
-        if usage is not None:
-            sets["usage"] = codec.dumps(usage, what="run usage")
-        if error is not None:
-            sets["error"] = error
+        sets = codec.run_update_columns(
+            status=status, usage=usage, error=error, updated_at=time.time()
+        )
 
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT metadata FROM runs WHERE run_id = ?", (run_id,)).fetchone()

@@ -11,6 +11,9 @@ and again to execute it) and a new TCP (and TLS) connection per turn. Here:
   (:class:`~thoughtgate.providers.http.HTTPTransport`), so one client serves every run, model and
   key that talks to that endpoint, and its keep-alive connections are reused across turns and runs.
 * All clients share one TLS context, built once per process.
+* A client spreads its connections over small connection pools of ``SHARD_SIZE`` (see
+  :class:`ShardedTransport`): httpcore's pool walks all its connections on every request and every
+  response close, so one pool of a hundred streams cost more CPU than the streams' parsing.
 * A client belongs to the event loop that made it (its connections do). A process runs one loop
   (the daemon's, the CLI command's, the MCP server's), so this is one client per endpoint per
   process; another loop (a second ``asyncio.run``) gets its own.
@@ -32,11 +35,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-__all__ = ["CONNECTION_LIMITS", "ProviderClients", "endpoint_of", "shared_clients"]
+__all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
 
-CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-"""As the official SDKs set them: every concurrent stream holds a connection for minutes, so the
-pool must not queue runs behind each other (httpx's default caps an endpoint at 100)."""
+SHARD_SIZE = 16
+"""Requests in flight per connection pool before the next pool takes new ones (see
+:class:`ShardedTransport`); a pool keeps as many idle keep-alive connections."""
+KEEPALIVE_EXPIRY_S = 5.0
 
 
 def endpoint_of(base_url: str) -> str:
@@ -52,6 +56,90 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+class _Shard:
+    __slots__ = ("active", "transport")
+
+    def __init__(self, transport: httpx.AsyncHTTPTransport) -> None:
+        self.transport = transport
+        self.active = 0
+
+
+class _ReleasingStream(httpx.AsyncByteStream):
+    """A response body that gives its shard's slot back when the response is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, shard: _Shard) -> None:
+        self._inner = inner
+        self._shard: _Shard | None = shard
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._inner.__aiter__()  # no generator layer of our own on the per-read path
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            if self._shard is not None:
+                self._shard.active -= 1
+                self._shard = None
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """httpx's own transport, several times over: a new request goes to the first pool with fewer
+    than ``shard_size`` requests in flight, and a new pool is made when all are that busy.
+
+    Why: httpcore 1.0's pool re-examines every connection it holds on each request and each
+    response close (idle ones with a socket poll), and part of it compares every idle connection
+    with all others, so its cost per request grows with the connections held. A provider endpoint
+    holds one connection per concurrent stream: at 100 streams that walk was a fifth of the
+    daemon's CPU. Pools of a few connections keep it small; the first pools stay the busiest, so
+    sequential runs keep reusing the same warm connections. Requests are never queued here: a pool
+    has no connection limit, and a stream holds its connection as long as it needs.
+    """
+
+    def __init__(self, *, verify: ssl.SSLContext, shard_size: int = SHARD_SIZE) -> None:
+        self._verify = verify
+        self._size = shard_size
+        self._shards: list[_Shard] = []
+
+    @property
+    def pools(self) -> int:
+        return len(self._shards)
+
+    def _shard(self) -> _Shard:
+        for shard in self._shards:
+            if shard.active < self._size:
+                return shard
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=self._size,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
+        shard = _Shard(httpx.AsyncHTTPTransport(verify=self._verify, limits=limits))
+        self._shards.append(shard)
+        return shard
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        shard = self._shard()
+        shard.active += 1
+        try:
+            response = await shard.transport.handle_async_request(request)
+        except BaseException:
+            shard.active -= 1
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_ReleasingStream(response.stream, shard),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        shards, self._shards = self._shards, []
+        for shard in shards:
+            await shard.transport.aclose()
+
+
 @dataclass(slots=True)
 class _LoopClients:
     clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
@@ -61,8 +149,8 @@ class _LoopClients:
 class ProviderClients:
     """The clients of one process, by event loop and endpoint; see the module docstring."""
 
-    def __init__(self, *, limits: httpx.Limits = CONNECTION_LIMITS) -> None:
-        self.limits = limits
+    def __init__(self, *, shard_size: int = SHARD_SIZE) -> None:
+        self.shard_size = shard_size
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = (
             weakref.WeakKeyDictionary()
         )
@@ -83,7 +171,8 @@ class ProviderClients:
         client = here.clients.get(key)
         if client is None or client.is_closed:
             # No timeout, headers or base URL here: those are the run's, sent per request.
-            client = httpx.AsyncClient(verify=_tls_context(), limits=self.limits)
+            transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
+            client = httpx.AsyncClient(verify=_tls_context(), transport=transport)
             here.clients[key] = client
             self.created += 1
         return client

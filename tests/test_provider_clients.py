@@ -25,7 +25,8 @@ from thoughtgate.config import Config
 from thoughtgate.demo import demo_tools
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import ProviderSettings, create_provider
-from thoughtgate.providers.clients import endpoint_of, shared_clients
+from thoughtgate.providers.clients import ProviderClients, endpoint_of, shared_clients
+from thoughtgate.providers.http import HTTPTransport
 from thoughtgate.server.manager import RunManager
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.testing.emulator import (
@@ -251,3 +252,41 @@ async def test_mcp_server_runs_share_one_connection(server: EmulatorServer) -> N
         assert server.connections.accepted == 1
     await wait_all_closed_async(server)
     assert len(server.emulator.requests) == 3
+
+
+async def test_busy_endpoints_spread_over_small_pools_and_give_slots_back(
+    server: EmulatorServer,
+) -> None:
+    """Streams past ``shard_size`` open another pool; a closed response frees its slot, so the
+    next requests reuse the first pools' warm connections instead of opening new ones."""
+    slow = Scenario("paused", (ScriptedTurn((Think("a"), Sleep(0.3), Say("b"))),))
+    server.emulator.add(slow, default=True)
+    clients = ProviderClients(shard_size=2)
+    settings = ProviderSettings(base_url=server.url, api_key="k")
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    transport = HTTPTransport("anthropic", server.url, headers, settings, clients=clients)
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+
+    async def stream() -> int:
+        async with transport.open("/v1/messages", body, stream=True) as response:
+            return sum([len(batch) async for batch in transport.event_batches(response)])
+
+    async with clients.lease():
+        assert all(await asyncio.gather(*(stream() for _ in range(5))))
+        assert clients.pools(server.url) == 3  # 2 + 2 + 1 streams
+        assert server.connections.accepted == 5
+        for _ in range(4):
+            assert await stream()
+        assert clients.pools(server.url) == 3
+        assert server.connections.accepted == 5  # every slot came back: warm connections reused
+        async with transport.open("/v1/messages", body, stream=True):
+            pass  # closed unread: httpcore drops that connection, the slot still comes back
+        assert await stream()
+        assert clients.pools(server.url) == 3
+    await wait_all_closed_async(server)
+    assert clients.endpoints() == []

@@ -143,6 +143,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 @dataclass(slots=True)
 class _LoopClients:
     clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
+    transports: dict[str, ShardedTransport] = field(default_factory=dict)
     leases: int = 0
 
 
@@ -174,8 +175,14 @@ class ProviderClients:
             transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
             client = httpx.AsyncClient(verify=_tls_context(), transport=transport)
             here.clients[key] = client
+            here.transports[key] = transport
             self.created += 1
         return client
+
+    def pools(self, base_url: str) -> int:
+        """Connection pools of ``base_url``'s client on the running loop (0 without a client)."""
+        transport = self._here().transports.get(endpoint_of(base_url))
+        return 0 if transport is None else transport.pools
 
     def endpoints(self) -> list[str]:
         """Endpoints with an open client on the running loop."""
@@ -201,6 +208,7 @@ class ProviderClients:
     async def _close(here: _LoopClients) -> None:
         clients = list(here.clients.values())
         here.clients.clear()  # a request from now on gets a new client, never a closing one
+        here.transports.clear()
         for client in clients:
             with contextlib.suppress(Exception):  # closing must not mask what ended the owner
                 await client.aclose()

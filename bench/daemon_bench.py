@@ -626,7 +626,8 @@ def _variants_note(formats: list[str]) -> str:
         f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, {GAP_S * 1000:g} ms apart. "
         "cpu_per_delta = server CPU / (runs × provider deltas); in_process_cpu_per_delta = the same "
         "runs through a Runtime in the bench process (same store kind, config and mode, 10 at a "
-        "time, measured just before); the _vs_ rows are ratios of these."
+        "time; the lesser of a round before and one after the server's phases); the _vs_ rows are "
+        "ratios of these. The emulator paces its stream like fake:bench, for LiteLLM's proxy too."
     )
 
 

@@ -200,10 +200,6 @@ class ProviderClients:
             if here.leases == 0:
                 await self._close(here)
 
-    async def aclose(self) -> None:
-        """Close the running loop's clients now (the next request makes a new one)."""
-        await self._close(self._here())
-
     @staticmethod
     async def _close(here: _LoopClients) -> None:
         clients = list(here.clients.values())

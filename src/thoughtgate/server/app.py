@@ -5,8 +5,7 @@
 
 Startup (lifespan) prepares the ticket secret and closes runs a crashed daemon left running;
 shutdown gives in-flight runs ``shutdown_grace_s`` to finish, interrupts the rest, and closes the
-provider connections the runs shared. The app does
-not own the store: whoever opened it closes it.
+provider connections the runs shared. The app does not own the store: whoever opened it closes it.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -63,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,8 +260,10 @@ async def _one_run(conn: _Connection, model: str) -> tuple[float, float, int]:
 
 
 async def _phase(
-    base_url: str, key: str, concurrency: int, total: int, model: str
+    base_url: str, key: str, concurrency: int, total: int, model: str, cpu: Callable[[], float]
 ) -> dict[str, Any]:
+    """``total`` runs, ``concurrency`` at a time, after a warm-up; ``cpu()`` (the server's CPU
+    seconds) is read around the timed runs only, so warm-ups and one-time costs stay out."""
     host, port = base_url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), key).open() for _ in range(concurrency)]
     try:
@@ -274,14 +277,17 @@ async def _phase(
                 remaining[0] -= 1
                 results.append(await _one_run(conn, model))
 
+        cpu_before = cpu()
         started = time.monotonic()
         await asyncio.gather(*(worker(c) for c in conns))
         elapsed = time.monotonic() - started
+        cpu_used = cpu() - cpu_before
     finally:
         for conn in conns:
             await conn.close()
     return {
         "elapsed": elapsed,
+        "cpu": cpu_used,
         "client": sorted(r[0] for r in results),
         "added": sorted(r[1] for r in results),
         "events": sum(r[2] for r in results),
@@ -665,16 +671,23 @@ def _measure(
     own cost then shows in the figures: profile and measure in separate runs).
     """
     stop = record(proc.pid, profile) if profile is not None else None
-    cpu_before = _cpu_seconds(proc.pid)
     try:
-        stats = asyncio.run(_phase(info["url"], info["key"], concurrency, total, model))
+        stats = asyncio.run(
+            _phase(
+                info["url"],
+                info["key"],
+                concurrency,
+                total,
+                model,
+                functools.partial(_cpu_seconds, proc.pid),
+            )
+        )
     finally:
-        cpu = _cpu_seconds(proc.pid) - cpu_before
         if stop is not None:
             stop()
     if profile is not None and profile.exists():
         print(f"profile {profile.name}:\n{summary(profile)}")
-    return stats, cpu
+    return stats, float(stats["cpu"])
 
 
 def _phase_rows(

@@ -4,6 +4,7 @@ read is tightened with a warning, or refused when it cannot be tightened."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -22,13 +23,39 @@ from store_conformance import deltas, make_run
 from thoughtgate.errors import StoreError
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.sqlite import SQLiteStore
-from thoughtgate.store.sqlite_schema import apply_migrations, applied_versions, connect, user_tables
+from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect, user_tables
 
 SIDE_FILES = ("", "-wal", "-shm")
 
 
 def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
+    """The permission bits (0 for a file that does not exist)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0
+
+
+def store_files(path: Path) -> list[Path]:
+    """The database, its WAL and shared-memory files, and the ticket secret beside it."""
+    return [Path(f"{path}{suffix}") for suffix in SIDE_FILES] + [secret_file(path)]
+
+
+def secret_file(path: Path) -> Path:
+    return path.with_name(path.name + ".ticket_hmac.secret")
+
+
+def contents(paths: list[Path]) -> list[bytes]:
+    return [p.read_bytes() for p in paths if p.exists()]
+
+
+def set_modes(paths: list[Path], value: int) -> None:
+    for target in paths:
+        target.chmod(value)
+
+
+def read_as_nobody(target: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["cat", str(target)], user="nobody", capture_output=True, timeout=10)
 
 
 @contextlib.contextmanager
@@ -61,12 +88,7 @@ async def test_a_new_store_and_its_folders_are_private_whatever_the_umask(
     with umask(mask):
         store = await used_store(path)
         try:
-            for suffix in SIDE_FILES:
-                side = Path(f"{path}{suffix}")
-                assert side.exists(), suffix
-                assert mode(side) == 0o600, (suffix, oct(mode(side)))
-            secret = path.with_name(path.name + ".ticket_hmac.secret")
-            assert mode(secret) == 0o600
+            assert [oct(mode(f)) for f in store_files(path)] == ["0o600"] * 4
             for folder in (existing / "made", existing / "made" / "by", path.parent):
                 assert mode(folder) == 0o700, folder
         finally:
@@ -90,17 +112,13 @@ async def test_another_local_user_cannot_read_the_store_or_its_secret() -> None:
     or the ticket secret (to forge an owner ticket). The store sits in a shared 0755 folder."""
     shared = Path(tempfile.mkdtemp(prefix="tg-shared-"))
     try:
-        shared.chmod(0o755)
+        os.chmod(shared, 0o755)
         path = shared / "thoughtgate.db"
         with umask(0o022):
             store = await used_store(path)
         try:
-            targets = [Path(f"{path}{s}") for s in SIDE_FILES]
-            targets.append(path.with_name(path.name + ".ticket_hmac.secret"))
-            for target in targets:
-                peek = subprocess.run(
-                    ["cat", str(target)], user="nobody", capture_output=True, timeout=10
-                )
+            for target in store_files(path):
+                peek = await asyncio.to_thread(read_as_nobody, target)
                 assert peek.returncode != 0 and b"Permission denied" in peek.stderr, target
         finally:
             await store.close()
@@ -118,16 +136,14 @@ async def test_an_existing_store_open_to_others_is_tightened_with_a_warning(
         conn.execute("PRAGMA wal_autocheckpoint = 0")
         conn.execute("INSERT INTO api_keys VALUES ('key_x', 'x', 'viewer', 'h', 1.0, NULL)")
         conn.commit()
-        for suffix in SIDE_FILES:
-            Path(f"{path}{suffix}").chmod(0o644)
-        path.with_name(path.name + ".ticket_hmac.secret").chmod(0o640)
+        files = store_files(path)
+        set_modes(files[:3], 0o644)
+        set_modes(files[3:], 0o640)
         with caplog.at_level(logging.WARNING, logger="thoughtgate.store"):
             reopened = await SQLiteStore.open(path)
             try:
                 await reopened.get_or_create_secret("ticket_hmac", "other")
-                for suffix in SIDE_FILES:
-                    assert mode(Path(f"{path}{suffix}")) == 0o600, suffix
-                assert mode(path.with_name(path.name + ".ticket_hmac.secret")) == 0o600
+                assert [oct(mode(f)) for f in files] == ["0o600"] * 4
             finally:
                 await reopened.close()
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -141,7 +157,7 @@ async def test_a_store_open_to_others_that_cannot_be_tightened_is_refused(
     path = tmp_path / "shared.db"
     store = await used_store(path)
     await store.close()
-    path.chmod(0o644)
+    set_modes([path], 0o644)
 
     def not_the_owner(target: object, *args: object, **kw: object) -> None:
         raise PermissionError(1, "Operation not permitted", str(target))
@@ -167,7 +183,7 @@ async def test_a_store_that_kept_the_ticket_secret_inside_upgrades_and_rotates_i
         conn.execute("INSERT INTO secrets VALUES ('ticket_hmac', ?, 1.0)", (old_secret,))
         conn.execute("INSERT INTO api_keys VALUES ('key_a', 'a', 'owner', 'h', 1.0, NULL)")
         assert applied_versions(conn) == {1, 2}
-    path.chmod(0o644)  # as schema 2 left it
+    set_modes([path], 0o644)  # as schema 2 left it
     store = await SQLiteStore.open(path)
     try:
         secret = await store.get_or_create_secret("ticket_hmac", "a-fresh-secret")
@@ -178,9 +194,5 @@ async def test_a_store_that_kept_the_ticket_secret_inside_upgrades_and_rotates_i
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         assert "secrets" not in user_tables(conn)
-    for suffix in SIDE_FILES:
-        side = Path(f"{path}{suffix}")
-        if side.exists():
-            assert old_secret.encode() not in side.read_bytes(), suffix
-    assert mode(path) == 0o600
-    assert mode(path.with_name(path.name + ".ticket_hmac.secret")) == 0o600
+    assert not any(old_secret.encode() in raw for raw in contents(store_files(path)))
+    assert mode(path) == mode(secret_file(path)) == 0o600

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.access.roles import Role
+from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.state import state_of
 
@@ -93,7 +94,8 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     """Who is calling, before anything else is looked at (401, then 403).
 
     ``bearer``: an API key with at least the endpoint's role. ``ticket``: a live-channel ticket
-    for the run in the path; the principal then carries the role the ticket was issued for.
+    for the run in the path, whose key is still active and still holds the ticket's role; the
+    principal then carries the ticket's key id and role.
     """
     state = state_of(request)
     if endpoint.auth == "bearer":
@@ -103,6 +105,7 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     if endpoint.auth == "ticket":
         signer = await state.signer()
         grant = signer.verify(request.query_params.get("ticket"), request.path_params["run_id"])
+        await require_ticket_key(state.store, grant)
         return Principal(grant.key_id, "ticket", grant.role)
     return None
 

@@ -282,16 +282,15 @@ class SQLiteStore(EventStore):
 
         return await self._reader.call("look up an API key", work)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+    async def revoke_api_key(self, key_id: str) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                "UPDATE api_keys SET revoked_at = ? "
-                "WHERE revoked_at IS NULL AND (key_id = ? OR name = ?)",
-                (time.time(), key_id_or_name, key_id_or_name),
+                "UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL AND key_id = ?",
+                (time.time(), key_id),
             )
             return cur.rowcount > 0
 
-        return await self._write(f"revoke API key {key_id_or_name!r}", body)
+        return await self._write(f"revoke API key {key_id!r}", body)
 
     def secret_path(self, name: str) -> Path:
         """Where the secret ``name`` is kept: a 0600 file beside the database, never inside it

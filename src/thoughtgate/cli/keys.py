@@ -65,8 +65,7 @@ def register(app: typer.Typer) -> None:
             async def go(store: EventStore) -> None:
                 created = await create_key(store, name=name, role=role, by=ctx.role)
                 if json_out:
-                    record = created.record
-                    print_json({"name": record.name, "role": record.role, "key": created.key})
+                    print_json(created.to_dict())
                     return
                 console.print(
                     f"created {created.record.role} key [bold]{created.record.name}[/] "

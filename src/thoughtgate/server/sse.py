@@ -34,9 +34,9 @@ from sse_starlette.event import ServerSentEvent
 
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import Event, is_run_terminal
+from thoughtgate.events.schema import Event
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.fanout import RunFeeds, replay
 from thoughtgate.store.base import EventStore
 
 __all__ = ["encode_event", "frame_bytes", "live_frames"]
@@ -94,7 +94,7 @@ async def live_frames(
     async def pump() -> None:
         outcome = _END
         if not follow:
-            source = _stored(store, run_id, after)
+            source = replay(store, run_id, after)
         elif feeds is None:
             source = store.tail(run_id, after=after)
         else:
@@ -172,19 +172,3 @@ async def live_frames(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def _stored(
-    store: EventStore, run_id: str, after: int, page: int = 500
-) -> AsyncIterator[Event]:
-    """The run's stored events after ``after``, up to its terminal event or its last one."""
-    cursor = after
-    while True:
-        events = await store.read(run_id, after=cursor, limit=page)
-        for event in events:
-            cursor = event.seq
-            yield event
-            if is_run_terminal(event.type):
-                return
-        if len(events) < page:
-            return

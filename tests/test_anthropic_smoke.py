@@ -113,7 +113,17 @@ async def test_a_bad_model_string_still_raises() -> None:
 async def test_the_same_check_runs_on_the_openai_family_adapters(
     server: EmulatorServer, provider: str
 ) -> None:
-    settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=0)
+    extra: dict[str, object] = {}
+    if provider == "openai":
+        # "claude-smoke" is no OpenAI model: the conservative row asks for no reasoning, so the
+        # check names the row a new reasoning model would get from thoughtgate.toml
+        rules = {
+            "surface": {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]},
+            "fields": ["summary_text"],
+            "send_back": "reasoning items (encrypted_content)",
+        }
+        extra["thoughtgate"] = {"rules": rules}
+    settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=0, extra=extra)
     results = {r.name: r for r in await smoke(f"{provider}:claude-smoke", settings)}
     assert results["streaming"].proven and results["reasoning_text"].proven
     assert results["tools"].proven and results["continuity"].proven, results

@@ -111,7 +111,13 @@ class RuntimeFailure(ThoughtgateError):
 
 
 class ProviderError(RuntimeFailure):
-    """A provider call failed. ``partial`` holds what arrived before the failure, if anything."""
+    """A provider call failed. ``partial`` holds what arrived before the failure, if anything.
+
+    ``message`` is the provider's own text; ``error_type`` its error type (``rate_limit_error``,
+    ``insufficient_quota``, ...) and ``code`` its machine code where it sends one apart from the
+    type (OpenAI's ``code``, OpenRouter's numeric ``code``), so a caller can tell a quota or rate
+    limit from an outage without parsing text.
+    """
 
     def __init__(
         self,
@@ -120,6 +126,7 @@ class ProviderError(RuntimeFailure):
         provider: str = "",
         status: int | None = None,
         error_type: str | None = None,
+        code: str | None = None,
         request_id: str | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
@@ -129,11 +136,13 @@ class ProviderError(RuntimeFailure):
         self.provider = provider
         self.status = status
         self.error_type = error_type
+        self.code = code
         self.request_id = request_id
         self.retryable = retryable
         self.retry_after = retry_after
         self.partial = partial
-        bits = [b for b in (provider, str(status) if status else "", error_type) if b]
+        shown_code = code if code and code != error_type else ""
+        bits = [b for b in (provider, str(status) if status else "", error_type, shown_code) if b]
         prefix = f"[{' '.join(bits)}] " if bits else ""
         rid = f" (request id {request_id})" if request_id else ""
         super().__init__(f"{prefix}{message}{rid}")

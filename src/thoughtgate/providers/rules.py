@@ -49,7 +49,9 @@ __all__ = [
     "apply_overrides",
     "detect_server",
     "endpoint_table",
+    "known_servers",
     "normalize_anthropic_model",
+    "overrides_problem",
     "resolve_rule",
     "rule_columns",
 ]
@@ -651,6 +653,25 @@ def apply_overrides(rule: EndpointRule, overrides: Mapping[str, Any]) -> Endpoin
         else:
             changes[key] = value
     return replace(rule, **changes, overridden=tuple(sorted(changes)))
+
+
+def known_servers() -> tuple[str, ...]:
+    """Every server name a row or the host table knows, plus ``generic``."""
+    names = {name for _, name in SERVERS} | {"generic"}
+    names |= {r.server for rules in _TABLES.values() for r in rules if r.server != "*"}
+    return tuple(sorted(names))
+
+
+def overrides_problem(overrides: Mapping[str, Any]) -> str | None:
+    """Why ``overrides`` cannot apply to a rule, or ``None`` (for config validation)."""
+    try:
+        apply_overrides(COMPAT_RULES[-1], overrides)
+    except ConfigError as exc:
+        name = exc.key.removeprefix("rules.")
+        if name not in OVERRIDABLE:
+            return f"no column {name!r}; columns: {', '.join(sorted(OVERRIDABLE))}"
+        return f"{name} takes {exc.allowed}"
+    return None
 
 
 def _type_text(allowed: type | tuple[type, ...]) -> str:

@@ -139,6 +139,8 @@ async def test_hidden_mode_sends_no_switch_where_the_family_has_none(
     body = await sent_body(server, model, ask("hidden", max_tokens=700, temperature=0.2))
     assert "thinking" not in body and "output_config" not in body
     assert body["max_tokens"] == 700
+    # a model that may think unasked refuses a temperature other than 1, as with thinking on
+    assert ("temperature" in body) == (model == "claude-3-5-sonnet-20241022")
 
 
 async def test_models_without_extended_thinking_are_never_sent_thinking(

@@ -810,7 +810,9 @@ class AnthropicProvider:
             body["output_config"] = output_config
         # Thinking allows no temperature other than 1 ("`temperature` may only be set to 1 when
         # thinking is enabled"), so it is only sent without thinking.
-        if request.temperature is not None and not thinking_on:
+        # A model that thinks unasked thinks without the parameter too.
+        unasked = thinking is None and self.rule.thinks_unasked
+        if request.temperature is not None and not (thinking_on or unasked):
             body["temperature"] = request.temperature
         if stream:
             body["stream"] = True

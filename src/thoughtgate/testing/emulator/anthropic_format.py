@@ -138,7 +138,10 @@ async def handle(request: Request, emulator: Emulator) -> Response:
     messages = body["messages"]
     turn_index = sum(1 for m in messages if m.get("role") == "assistant")
     continued: list[Any] | None = None
-    if messages[-1].get("role") == "assistant" and len(scenario.turn(turn_index - 1).segments()) > 1:
+    if (
+        messages[-1].get("role") == "assistant"
+        and len(scenario.turn(turn_index - 1).segments()) > 1
+    ):
         turn_index -= 1  # the final assistant message is the paused turn, sent back to continue
         continued = _blocks(messages[-1])
     scripted = scenario.turn(turn_index)
@@ -552,9 +555,7 @@ def _plan(
             if display is not None:
                 shown = step.text if display == "summarized" else ""
                 plan.thinking_text[len(plan.blocks)] = step.text
-                ordinal = ordinal_base + sum(
-                    1 for b in plan.blocks if b["type"] in _THINKING_TYPES
-                )
+                ordinal = ordinal_base + sum(1 for b in plan.blocks if b["type"] in _THINKING_TYPES)
                 signature = thinking_signature(plan.model, shown, ordinal)
                 plan.items.append({"type": "thinking", "thinking": shown, "signature": signature})
         elif isinstance(step, Redacted):

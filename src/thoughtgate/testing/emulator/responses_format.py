@@ -159,15 +159,12 @@ def _model_refuses(body: Mapping[str, Any]) -> Response | None:
         for name in ("effort", "summary", "generate_summary"):
             if param.get(name) is not None:
                 return _invalid(
-                    f"Unsupported parameter: 'reasoning.{name}' is not supported with this "
-                    "model.",
+                    f"Unsupported parameter: 'reasoning.{name}' is not supported with this model.",
                     param=f"reasoning.{name}",
                     code="unsupported_parameter",
                 )
         if isinstance(include, list) and "reasoning.encrypted_content" in include:
-            return _invalid(
-                "Encrypted content is not supported with this model.", param="include"
-            )
+            return _invalid("Encrypted content is not supported with this model.", param="include")
     if param.get("effort") == "none" and NO_EFFORT_NONE.fullmatch(model):
         return _invalid(
             f"Unsupported value: 'none' is not supported with the '{model}' model. Supported "

@@ -141,11 +141,17 @@ class ProviderError(RuntimeFailure):
         self.retryable = retryable
         self.retry_after = retry_after
         self.partial = partial
-        shown_code = code if code and code != error_type else ""
-        bits = [b for b in (provider, str(status) if status else "", error_type, shown_code) if b]
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        """``[provider status type code] message (request id X)``, from the current fields: an
+        adapter may learn the request id (from the response headers) after the error was made."""
+        shown_code = self.code if self.code and self.code != self.error_type else ""
+        status = str(self.status) if self.status else ""
+        bits = [b for b in (self.provider, status, self.error_type, shown_code) if b]
         prefix = f"[{' '.join(bits)}] " if bits else ""
-        rid = f" (request id {request_id})" if request_id else ""
-        super().__init__(f"{prefix}{message}{rid}")
+        rid = f" (request id {self.request_id})" if self.request_id else ""
+        return f"{prefix}{self.message}{rid}"
 
 
 class ProviderHTTPError(ProviderError):

@@ -726,12 +726,12 @@ def _rows(rules: Iterable[EndpointRule]) -> list[str]:
                 (
                     f"`{r.server}`",
                     r.family,
-                    _cell(r.surface) if r.format != "anthropic" else _anthropic_form(r),
-                    _cell(r.effort),
-                    _cell(r.hidden),
-                    "yes" if r.thinks_unasked else "no",
+                    _surface_cell(r),
+                    _AS_FAMILY if _derived(r) else _cell(r.effort),
+                    _DERIVED_SWITCH if _derived(r) else _cell(r.hidden),
+                    _AS_FAMILY if _derived(r) else ("yes" if r.thinks_unasked else "no"),
                     _cell(r.fields),
-                    f"`{r.reasoning_kind}`" if r.reasons else "–",
+                    _AS_FAMILY if _derived(r) else (f"`{r.reasoning_kind}`" if r.reasons else "–"),
                     _send_back(r),
                 )
             )
@@ -740,9 +740,28 @@ def _rows(rules: Iterable[EndpointRule]) -> list[str]:
     return out
 
 
-def _anthropic_form(rule: EndpointRule) -> str:
+_AS_FAMILY: Final = "as the Claude family"
+_DERIVED_SWITCH: Final = (
+    '`{"reasoning": {"effort": "none"}}` where the Claude family takes `disabled`, else nothing'
+)
+_OPENROUTER_SURFACE: Final = (
+    '`{"reasoning": {"max_tokens": N}}` with N on top of `max_tokens` when a budget is set (and '
+    'for budget-only Claude families), else `{"reasoning": {"effort": E}}`, else '
+    '`{"reasoning": {"enabled": true}}`'
+)
+
+
+def _derived(rule: EndpointRule) -> bool:
+    return rule.format == "openrouter" and rule.pattern.startswith("anthropic/")
+
+
+def _surface_cell(rule: EndpointRule) -> str:
+    if rule.format == "openrouter":
+        return _OPENROUTER_SURFACE if rule.reasons else "–"
+    if rule.format != "anthropic":
+        return _cell(rule.surface)
     if rule.thinking == "budget":
-        return '`{"thinking": {"type": "enabled", "budget_tokens": N}}`'
+        return '`{"thinking": {"type": "enabled", "budget_tokens": N}}`, N on top of `max_tokens`'
     if rule.thinking == "adaptive":
         return '`{"thinking": {"type": "adaptive", "display": "summarized"}}`'
     return "–"

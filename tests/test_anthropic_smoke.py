@@ -144,7 +144,10 @@ async def test_the_same_check_runs_on_the_openai_family_adapters(
         # "claude-smoke" is no OpenAI model: the conservative row asks for no reasoning, so the
         # check names the row a new reasoning model would get from thoughtgate.toml
         rules = {
-            "surface": {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]},
+            "surface": {
+                "reasoning": {"summary": "auto"},
+                "include": ["reasoning.encrypted_content"],
+            },
             "fields": ["summary_text"],
             "send_back": "reasoning items (encrypted_content)",
         }

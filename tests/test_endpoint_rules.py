@@ -119,7 +119,7 @@ def test_overrides_apply_and_are_checked() -> None:
     forced = apply_overrides(base, {"send_back": "reasoning_content", "fields": ["reasoning"]})
     assert forced.send_back == "reasoning_content" and forced.fields == ("reasoning",)
     assert forced.overridden == ("fields", "send_back")
-    with pytest.raises(ConfigError, match="rules.send_bak"):
+    with pytest.raises(ConfigError, match=r"rules\.send_bak"):
         apply_overrides(base, {"send_bak": "x"})
     with pytest.raises(ConfigError, match="true or false"):
         apply_overrides(base, {"send_back_required": "yes"})
@@ -147,7 +147,7 @@ def test_thoughtgate_toml_reaches_the_adapter() -> None:
         TurnRequest([Message.user("hi")], reasoning=ReasoningRequest(False)), stream=True
     )
     assert body["thinking"] == {"type": "disabled"} and body["x"] == 1
-    with pytest.raises(ConfigError, match="providers.openai_compatible.server"):
+    with pytest.raises(ConfigError, match=r"providers\.openai_compatible\.server"):
         Config.from_mapping({"providers": {"openai_compatible": {"server": "grok"}}})
     with pytest.raises(ConfigError, match="no column 'sendback'"):
         Config.from_mapping({"providers": {"openai_compatible": {"rules": {"sendback": "x"}}}})

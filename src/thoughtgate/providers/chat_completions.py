@@ -304,7 +304,9 @@ async def stream_chat_completion(
                 for chunk in parser.feed(parse_json_event(http.provider, message)):
                     yield chunk
                 if parser.error is not None:
-                    raise parser.error
+                    parser.done = True  # read what follows; the error is raised at the end
+            if parser.error is not None:
+                raise parser.error
             for chunk in parser.end_of_stream():
                 yield chunk
         except ProviderError as exc:

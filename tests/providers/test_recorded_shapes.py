@@ -101,19 +101,24 @@ async def test_refused_reasoning_parameter_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_openrouter_error_chunk_keeps_its_usage(chunking: str) -> None:
+    """The recorded shape: reasoning, ``finish_reason: "length"``, then a chunk with the error
+    *and* the usage (OpenRouter bills the failed request), then ``[DONE]``."""
     rp = replay("openrouter/error_with_usage.sse", chunking=chunking)
-    provider = make(OpenRouterProvider, "deepseek/deepseek-r1", rp)
+    provider = make(OpenRouterProvider, "minimax/minimax-m2", rp)
     with pytest.raises(ProviderStreamError) as info:
         await streamed(provider, turn_request())
     rp.assert_fully_read()
     err = info.value
-    assert err.message.startswith("Provider returned error: upstream connect error")
-    assert (err.code, err.request_id) == ("502", "req_replay_0001")
+    assert (err.message, err.code, err.request_id) == (
+        "Token limit reached",
+        "400",
+        "req_replay_0001",
+    )
     partial = err.partial
-    assert partial is not None and partial.text == "The shorter"
-    assert partial.reasoning_text == "Weighing the two routes"
+    assert partial is not None and partial.text == ""
+    assert partial.reasoning_text == "Weighing the two routes first"
     usage = partial.usage
-    assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (31, 57, 44)
+    assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (31, 12, 12)
 
 
 async def test_openrouter_hidden_switch_refused_on_o3_as_recorded() -> None:

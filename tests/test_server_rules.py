@@ -417,13 +417,7 @@ async def test_openrouter_o3_refuses_effort_none_as_recorded(server: EmulatorSer
 
 
 async def test_openrouter_error_chunk_keeps_its_usage(server: EmulatorServer) -> None:
-    provider = make(server, "openrouter:anthropic/claude-sonnet-4.5", scenario="halfway")
-    try:
-        with pytest.raises(ProviderStreamError) as info:
-            await stream_llm_turn(provider, _surface())
-    finally:
-        await provider.aclose()
-    err = info.value
+    err = await failed_turn(server, "openrouter:anthropic/claude-sonnet-4.5", "halfway")
     assert (err.message, err.code) == ("Provider disconnected", "502")
     assert err.partial is not None and err.partial.text == "Partial"
     usage = err.partial.usage
@@ -474,13 +468,7 @@ async def test_gpt4o_refuses_reasoning_parameters_as_production_does(
 async def test_responses_error_event_keeps_message_code_and_request_id(
     server: EmulatorServer,
 ) -> None:
-    provider = make(server, "openai:gpt-5", scenario="quota")
-    try:
-        with pytest.raises(ProviderStreamError) as info:
-            await stream_llm_turn(provider, _surface())
-    finally:
-        await provider.aclose()
-    err = info.value
+    err = await failed_turn(server, "openai:gpt-5", "quota")
     assert err.message.startswith("You exceeded your current quota")
     assert (err.error_type, err.code) == ("insufficient_quota", "insufficient_quota")
     assert err.request_id and err.request_id.startswith("req_")
@@ -530,17 +518,24 @@ async def test_a_paused_turn_with_a_tool_call_loops_on(server: EmulatorServer) -
 
 
 async def test_a_turn_paused_for_ever_fails_honestly(server: EmulatorServer) -> None:
-    provider = make(server, "anthropic:claude-sonnet-4-5", scenario="forever")
-    try:
-        with pytest.raises(ProviderStreamError, match="still paused") as info:
-            await stream_llm_turn(provider, _surface())
-    finally:
-        await provider.aclose()
-    assert info.value.partial is not None and "Still going." in info.value.partial.text
+    err = await failed_turn(server, "anthropic:claude-sonnet-4-5", "forever")
+    assert "still paused" in err.message and err.error_type == "pause_turn"
+    assert err.partial is not None and "Still going." in err.partial.text
     assert len(server.emulator.requests) == MAX_PAUSE_CONTINUATIONS + 1
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+async def failed_turn(server: EmulatorServer, model: str, scenario: str) -> ProviderStreamError:
+    """The error one streamed turn of ``scenario`` ends with (the test fails if it succeeds)."""
+    provider = make(server, model, scenario=scenario)
+    try:
+        with pytest.raises(ProviderStreamError) as info:
+            await stream_llm_turn(provider, _surface())
+    finally:
+        await provider.aclose()
+    return info.value
 
 
 def _surface() -> TurnRequest:

@@ -116,6 +116,19 @@ OVERRIDABLE: Final[Mapping[str, type | tuple[type, ...]]] = {
 
 _DISABLED: Final = {"thinking": {"type": "disabled"}}
 _THINKING_BLOCKS: Final = "thinking blocks"
+#: What every thinking Claude family shares: thinking blocks back, required in a tool loop.
+_CLAUDE: Final[dict[str, Any]] = {
+    "fields": ("thinking",),
+    "send_back": _THINKING_BLOCKS,
+    "send_back_required": True,
+}
+#: Adaptive Claude families: the effort parameter too.
+_ADAPTIVE: Final[dict[str, Any]] = {
+    **_CLAUDE,
+    "thinking": "adaptive",
+    "effort": "output_config.effort",
+    "reasoning_kind": "summary",
+}
 
 # --------------------------------------------------------------------------- Anthropic Messages
 
@@ -127,10 +140,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-3-7-sonnet|claude-sonnet-3-7",
         thinking="budget",
         hidden=_DISABLED,
-        fields=("thinking",),
         reasoning_kind="raw",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_CLAUDE,
         source="budget only; returns full thinking (extended-thinking docs; PAI cassettes)",
     ),
     EndpointRule(
@@ -147,10 +158,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-(?:opus|sonnet|haiku)-4(?:-[015])?",
         thinking="budget",
         hidden=_DISABLED,
-        fields=("thinking",),
         reasoning_kind="summary",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_CLAUDE,
         source="budget only (A-SDK thinking_config_enabled_param.py; PAI cassette "
         "test_anthropic_tool_with_thinking.yaml); Claude 4 returns summarized thinking",
     ),
@@ -159,13 +168,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "Claude Opus/Sonnet 4.6",
         r"claude-(?:opus|sonnet|haiku)-4-6",
-        thinking="adaptive",
-        effort="output_config.effort",
         hidden=_DISABLED,
-        fields=("thinking",),
-        reasoning_kind="summary",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_ADAPTIVE,
         source="adaptive recommended, budget_tokens deprecated (platform.claude.com "
         "adaptive-thinking; AAswordman/Operit#568)",
     ),
@@ -174,13 +178,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "Claude Opus 4.7 / 4.8",
         r"claude-(?:opus|sonnet|haiku)-4-[789]",
-        thinking="adaptive",
-        effort="output_config.effort",
         hidden=_DISABLED,
-        fields=("thinking",),
-        reasoning_kind="summary",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_ADAPTIVE,
         source='budget form is a 400 "thinking.type.enabled is not supported for this model" '
         "(anomalyco/opencode#22863, openclaw/openclaw#87801); display defaults to omitted, so "
         "summarized is sent explicitly (BerriAI/litellm#25965)",
@@ -190,13 +189,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "Claude Fable / Mythos",
         r"claude-(?:fable|mythos)(?:-.*)?",
-        thinking="adaptive",
-        effort="output_config.effort",
         thinks_unasked=True,
-        fields=("thinking",),
-        reasoning_kind="summary",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_ADAPTIVE,
         source="adaptive only and the default when `thinking` is unset; `disabled` is a 400 "
         "on Fable 5 / Mythos 5, so there is no switch (PROVIDER_WIRE_FORMATS §1.1; "
         "docker/docker-agent#2451)",
@@ -206,13 +200,8 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "newer or unknown Claude models",
         r".*",
-        thinking="adaptive",
-        effort="output_config.effort",
         thinks_unasked=True,
-        fields=("thinking",),
-        reasoning_kind="summary",
-        send_back=_THINKING_BLOCKS,
-        send_back_required=True,
+        **_ADAPTIVE,
         source="every model since 4.6 takes adaptive thinking; whether `disabled` is accepted is "
         "not known, so hidden mode sends no switch and keeps the blocks the loop needs",
     ),
@@ -247,6 +236,12 @@ def anthropic_rule(model: str) -> EndpointRule:
 _NOT_REASONING = "gpt-4.*|gpt-3\\.5.*|chatgpt-.*|gpt-5(?:\\.\\d+)?-chat.*"
 _SUMMARY = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]}
 _ITEMS = "reasoning items (encrypted_content)"
+#: What every OpenAI reasoning family shares.
+_REASONING: Final[dict[str, Any]] = {
+    "surface": _SUMMARY,
+    "effort": "reasoning.effort",
+    "send_back": _ITEMS,
+}
 
 RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
     EndpointRule(
@@ -264,12 +259,10 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "gpt-oss",
         r"gpt-oss.*",
-        surface=_SUMMARY,
-        effort="reasoning.effort",
         thinks_unasked=True,
         fields=("reasoning_text", "summary_text"),
         reasoning_kind="raw",
-        send_back=_ITEMS,
+        **_REASONING,
         source="raw chain of thought as reasoning_text content (O-SDK "
         "response_reasoning_text_delta_event.py)",
     ),
@@ -278,12 +271,10 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "gpt-5.1 and later",
         r"gpt-5\.\d+.*",
-        surface=_SUMMARY,
         hidden={"reasoning": {"effort": "none"}},
-        effort="reasoning.effort",
         fields=("summary_text",),
         reasoning_kind="summary",
-        send_back=_ITEMS,
+        **_REASONING,
         source="effort none switches reasoning off from gpt-5.1 (PAI cassette "
         "test_openai_responses_gpt_5_6_reasoning_off_keeps_sampling_params.yaml)",
     ),
@@ -292,12 +283,10 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "gpt-5, o-series, codex",
         r"gpt-5(?:-.*)?|o\d.*|codex-.*",
-        surface=_SUMMARY,
-        effort="reasoning.effort",
         thinks_unasked=True,
         fields=("summary_text",),
         reasoning_kind="summary",
-        send_back=_ITEMS,
+        **_REASONING,
         source="always reason; o3 refuses effort none (\"Unsupported value: 'none' is not "
         "supported with the 'o3-2025-04-16' model\", PAI cassette "
         "test_openrouter_thinking_false_on_always_on_route.yaml)",

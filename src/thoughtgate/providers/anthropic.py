@@ -679,14 +679,13 @@ class _PausedTurn:
         self.offset = 0
 
     def watcher(self) -> _SegmentBlocks:
-        return _SegmentBlocks(self.offset)
+        return _SegmentBlocks()
 
 
 class _SegmentBlocks:
     """The blocks of one response, collected from the chunks the capture emits."""
 
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
+    def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
         self.tool_index: dict[str, int] = {}
         self.usage: dict[str, int] = {}

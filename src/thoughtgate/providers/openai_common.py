@@ -29,6 +29,7 @@ __all__ = [
     "chat_tools",
     "current_loop_start",
     "matching_block",
+    "merge_body",
     "resolve_api_key",
     "resolve_base_url",
     "resolve_endpoint_rule",
@@ -101,6 +102,17 @@ def apply_extra(body: dict[str, Any], settings: ProviderSettings) -> dict[str, A
             body.pop(key, None)
         else:
             body[key] = value
+    return body
+
+
+def merge_body(body: dict[str, Any], fragment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge a rule's body fragment: nested tables merge, other values replace."""
+    for key, value in (fragment or {}).items():
+        old = body.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            body[key] = merge_body(dict(old), value)
+        else:
+            body[key] = dict(value) if isinstance(value, Mapping) else value
     return body
 
 

@@ -54,6 +54,7 @@ from thoughtgate.providers.openai_common import (
     adapter_options,
     apply_extra,
     matching_block,
+    merge_body,
     resolve_api_key,
     resolve_base_url,
     resolve_endpoint_rule,
@@ -72,22 +73,11 @@ from thoughtgate.types import (
     TurnAccumulator,
 )
 
-__all__ = ["CARRIER", "REASONING_FIELDS", "CompatParser", "OpenAICompatibleProvider", "merge_body"]
+__all__ = ["CARRIER", "REASONING_FIELDS", "CompatParser", "OpenAICompatibleProvider"]
 
 CARRIER = "compat.reasoning_content"
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 """Discovery order of the reasoning field on ``delta`` / ``message`` (when the row names none)."""
-
-
-def merge_body(body: dict[str, Any], fragment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Merge a rule's body fragment: nested tables merge, other values replace."""
-    for key, value in (fragment or {}).items():
-        old = body.get(key)
-        if isinstance(value, Mapping) and isinstance(old, Mapping):
-            body[key] = merge_body(dict(old), value)
-        else:
-            body[key] = dict(value) if isinstance(value, Mapping) else value
-    return body
 
 
 class CompatParser(ChatChunkParser):

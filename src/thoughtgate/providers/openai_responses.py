@@ -62,13 +62,13 @@ from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_e
 from thoughtgate.providers.openai_common import (
     apply_extra,
     current_loop_start,
+    merge_body,
     resolve_api_key,
     resolve_base_url,
     resolve_endpoint_rule,
     responses_tools,
     tool_results,
 )
-from thoughtgate.providers.openai_compatible import merge_body
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import (
     Chunk,

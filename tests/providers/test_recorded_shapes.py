@@ -134,8 +134,10 @@ async def test_openrouter_hidden_switch_refused_on_o3_as_recorded() -> None:
         "Unsupported value: 'none' is not supported with the 'o3-2025-04-16' model." in err.message
     )
     # the row itself never sends it: o3 cannot switch reasoning off, so hidden mode excludes it
-    plain = make(OpenRouterProvider, "openai/o3", replay("openrouter/sonnet_effort_none.json"))
+    accepted = replay("openrouter/sonnet_effort_none.json")
+    plain = make(OpenRouterProvider, "openai/o3", accepted)
     await plain.request(turn_request("hidden"))
+    assert accepted.requests[0]["reasoning"] == {"exclude": True}
 
 
 async def test_openrouter_hidden_switch_accepted_on_claude() -> None:

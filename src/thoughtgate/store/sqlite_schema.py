@@ -153,9 +153,13 @@ def open_checked(
     """Open, verify and migrate the database; returns the connection and whether it had to be
     opened as an immutable snapshot (then the other connections must be too).
 
-    Raises ``NotOurDatabaseError`` (foreign file, untouched), ``StoreError`` (newer schema) or
-    ``StoreReadOnlyError`` (needs creating or upgrading but cannot be written). sqlite3 errors are
-    left to the caller's one translation point.
+    Once the file is known to be ours, it and its side files are made private to their owner
+    (``private_files.require_private``: tightened with a warning, or refused).
+
+    Raises ``NotOurDatabaseError`` (foreign file, untouched), ``StoreError`` (newer schema, or
+    open to other users and cannot be made private) or ``StoreReadOnlyError`` (needs creating or
+    upgrading but cannot be written). sqlite3 errors are left to the caller's one translation
+    point.
     """
     check_header(path)
     known = load_migrations("sqlite")

@@ -281,8 +281,10 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 class ServeProcess:
     """``python -m thoughtgate serve`` in a subprocess; reads its URL (and bootstrap key)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, open_files: int | None = None) -> None:
         self.args = args
+        self.open_files = open_files
+        """``ulimit -n`` for the server process (soft and hard), when given."""
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.bootstrap_key: str | None = None
@@ -302,6 +304,7 @@ class ServeProcess:
             stdout=self._stdout,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=None if self.open_files is None else self._limit_files,
         )
         assert self.proc.stderr is not None
         deadline = time.monotonic() + timeout
@@ -324,6 +327,12 @@ class ServeProcess:
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         return self
+
+    def _limit_files(self) -> None:
+        import resource
+
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -417,8 +417,8 @@ class FailingStore(EventStore):
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         return await self.inner.find_api_key(key_hash)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        return await self.inner.revoke_api_key(key_id_or_name)
+    async def revoke_api_key(self, key_id: str) -> bool:
+        return await self.inner.revoke_api_key(key_id)
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
         return await self.inner.get_or_create_secret(name, candidate)

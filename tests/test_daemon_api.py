@@ -276,13 +276,19 @@ def test_keys_api(daemon: Daemon) -> None:
         assert admin.post("/v1/keys", json={"name": "ci-dev", "role": "viewer"}).status_code == 400
         assert admin.post("/v1/keys", json={"name": "boss", "role": "owner"}).status_code == 403
         assert admin.post("/v1/keys", json={"name": "x", "role": "god"}).status_code == 422
+        taken = admin.post("/v1/keys", json={"name": made.json()["key_id"], "role": "viewer"})
+        assert (
+            taken.status_code == 400 and "reserved for key ids" in taken.json()["error"]["message"]
+        )
         listed = admin.get("/v1/keys").json()["keys"]
         assert "ci-dev" in [k["name"] for k in listed]
         assert key not in json.dumps(listed) and "hash" not in json.dumps(listed)
         with daemon.client() as anon:
             assert anon.get("/v1/me", headers=auth(key)).json()["role"] == "developer"
             assert admin.delete("/v1/keys/owner-key").status_code == 403
-            assert admin.delete("/v1/keys/ci-dev").json() == {"revoked": True}
+            gone = admin.delete("/v1/keys/ci-dev").json()
+            assert gone["revoked"] is True and gone["name"] == "ci-dev"
+            assert gone["key_id"] == made.json()["key_id"]
             assert anon.get("/v1/me", headers=auth(key)).status_code == 401
             assert admin.delete("/v1/keys/ci-dev").status_code == 404
     with daemon.client("owner") as owner:

@@ -62,7 +62,8 @@ def test_keys_create_json_prints_the_key_once() -> None:
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert set(data) == {"name", "role", "key"} and data["role"] == "developer"
+    assert set(data) == {"key_id", "name", "role", "key"} and data["role"] == "developer"
+    assert data["key_id"].startswith("key_")
     assert data["key"].startswith("tg_")
     bad = cli("keys", "create", "--role", "root", "--name", "x", "--db", "memory://")
     assert bad.returncode == 2 and "unknown role" in bad.stderr

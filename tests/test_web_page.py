@@ -7,12 +7,15 @@ Without chromium these tests FAIL and say how to install it; they never skip."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from browser_support import launch, open_run, page_for, sign_in, snapshot
@@ -30,11 +33,22 @@ from web_support import (
     web_daemon,
 )
 
+from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import VISIBLE_MARKER
+from thoughtgate.store.records import ApiKeyRecord
 
 pytestmark = pytest.mark.browser
+
+T = TypeVar("T")
+
+
+def _in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (which calls ``asyncio.run``) off Playwright's running loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
 
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
 
@@ -155,6 +169,39 @@ def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon
         assert any(marker in m for m in capture.sse_messages) or marker in "".join(
             b.decode() for url, bs in capture.bodies.items() if "/events" in url for b in bs
         )
+
+
+def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_within_5_s(
+    browser: Browser, daemon: Daemon
+) -> None:
+    """A developer watches a run live; their key is demoted to viewer mid-run. The live stream
+    ends (``access_revoked``) and the page rebuilds the run as the key may now see it."""
+    token = "demoted"
+    marker = raw_marker(token)
+
+    async def make_and_demote() -> tuple[str, ApiKeyRecord]:
+        created = await create_key(daemon.store, name="dev-to-demote", role="developer")
+        return created.key, created.record
+
+    key, record = _in_thread(lambda: asyncio.run(make_and_demote()))
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, key)
+        page.wait_for_selector("[data-testid=role]:text-is('developer')")
+        run_id = daemon.start_run(story_run(token, delay=0.6))
+        open_run(page, run_id)
+        page.wait_for_selector(f"[data-testid=raw-text]:has-text('{marker}')", timeout=10_000)
+        assert _run_status(daemon, run_id) == "running"
+        demoted = dataclasses.replace(record, role="viewer")
+        _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+        started = time.monotonic()
+        page.wait_for_selector("[data-testid=raw-reasoning]", state="detached", timeout=5_000)
+        assert time.monotonic() - started < 5
+        assert _run_status(daemon, run_id) == "running"  # the run goes on; only the view changed
+        rebuilt_at = len(capture.sse_messages)
+        _wait_finished(page)
+        assert snapshot(page)["raw"] is None and marker not in page.content()
+        later = capture.sse_messages[rebuilt_at:]
+        assert later and not any(marker in m for m in later)  # the viewer stream carries none
 
 
 def test_a_member_answers_an_approval_and_a_viewer_only_watches(

@@ -150,8 +150,17 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     ticket_ttl_s: float = Field(default=60.0, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
+    """Seconds between SSE keep-alive comments on a quiet live stream."""
     secret: str | None = None
-    """HMAC key for live-channel tickets; generated and kept in the store when unset."""
+    """HMAC key for live-channel tickets; when unset, generated once and kept beside a SQLite
+    store (a 0600 file) or in a PostgreSQL store's ``secrets`` table."""
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
+    """Open client connections at most (also kept below the open-file limit). Beyond it the
+    oldest connection not in a request is closed to make room, else the newcomer gets 503."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A connection must send a complete request head within this many seconds."""
+    idle_timeout_s: int = Field(default=5, ge=1, le=3600)
+    """An idle keep-alive connection is closed after this many (whole) seconds."""
 
 
 class TelemetryConfig(_Section):

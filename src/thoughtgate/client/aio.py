@@ -25,6 +25,7 @@ from thoughtgate.providers.sse import SSEDecoder
 __all__ = ["EventPage", "ThoughtgateClient", "Ticket", "event_from_dict"]
 
 _RESUME_EVENTS = frozenset({"lagging", "failed"})
+_ACCESS_REVOKED = "access_revoked"
 """Frames after which the daemon closes the stream and the reader resumes from its last id."""
 
 
@@ -79,7 +80,9 @@ class ThoughtgateClient:
 
     ``follow`` resumes the live channel after a dropped connection or a ``lagging`` frame from the
     last id it yielded, asking for a fresh ticket when the old one expired, so a reader sees every
-    event once, in order. It gives up with :class:`DaemonError` after ``max_reconnects``
+    event once, in order. After ``access_revoked`` (the key was revoked or lost a role) it asks
+    for a fresh ticket: a revoked key then raises ``AuthenticationError``; a demoted key goes on
+    with what its new role may see. It gives up with :class:`DaemonError` after ``max_reconnects``
     consecutive attempts that brought nothing new. ``clock`` is for tests (a skewed clock).
     """
 
@@ -245,6 +248,11 @@ class ThoughtgateClient:
                         for message in decoder.feed(chunk):
                             if message.event in _RESUME_EVENTS:
                                 resume = True  # the daemon closes now; resume from `last`
+                                break
+                            if message.event == _ACCESS_REVOKED:
+                                # The key was revoked or lost a role: a fresh ticket carries what
+                                # it may see now, or is refused (AuthenticationError).
+                                ticket, resume = None, True
                                 break
                             if message.event != "message" or not message.data:
                                 continue

@@ -82,7 +82,9 @@ class ApprovalBody(_Body):
 
 
 class CreateKeyBody(_Body):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(
+        min_length=1, max_length=64, description="unique among active keys; not starting key_"
+    )
     role: RoleName
 
 
@@ -246,6 +248,8 @@ class CreatedKeyView(BaseModel):
 
 class RevokeResult(BaseModel):
     revoked: bool
+    key_id: str
+    name: str
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from thoughtgate.server.api import Endpoint
+from thoughtgate.server.api import MAX_INT, Endpoint
 from thoughtgate.server.models import REQUEST_MODELS, RESPONSE_MODELS
 
 __all__ = ["build_openapi"]
@@ -52,6 +52,8 @@ def _parameters(endpoint: Endpoint) -> list[dict[str, Any]]:
             schema["minimum"] = p.minimum
         if p.maximum is not None:
             schema["maximum"] = p.maximum
+        elif p.type == "integer":
+            schema["maximum"] = MAX_INT
         params.append(
             {
                 "name": p.name,

@@ -112,13 +112,12 @@ class MemoryStore(EventStore):
                 return copy.deepcopy(key)
         return None
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        hit = False
-        for key in self._keys.values():
-            if key.revoked_at is None and key_id_or_name in (key.key_id, key.name):
-                key.revoked_at = time.time()
-                hit = True
-        return hit
+    async def revoke_api_key(self, key_id: str) -> bool:
+        key = self._keys.get(key_id)
+        if key is None or key.revoked_at is not None:
+            return False
+        key.revoked_at = time.time()
+        return True
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
         return self._secrets.setdefault(name, candidate)

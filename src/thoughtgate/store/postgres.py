@@ -358,12 +358,11 @@ class PostgresStore(EventStore):
             row = await cur.fetchone()
         return None if row is None else codec.key_from_row(row)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        async with self._conn(f"revoke API key {key_id_or_name!r}") as conn:
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self._conn(f"revoke API key {key_id!r}") as conn:
             cur = await conn.execute(
-                "UPDATE api_keys SET revoked_at = %s "
-                "WHERE revoked_at IS NULL AND (key_id = %s OR name = %s)",
-                (time.time(), key_id_or_name, key_id_or_name),
+                "UPDATE api_keys SET revoked_at = %s WHERE revoked_at IS NULL AND key_id = %s",
+                (time.time(), key_id),
             )
             return cur.rowcount > 0
 

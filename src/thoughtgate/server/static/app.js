@@ -300,6 +300,9 @@ async function connect(view, current) {
   // A lagging reader is closed by the server: resume at once from the last id we applied.
   source.addEventListener("lagging", () => { closeStream(view); if (current()) connect(view, current); });
   source.addEventListener("failed", () => { closeStream(view); if (current()) retry(view, current, "reconnecting…"); });
+  // The key was revoked or lost the role this stream was opened with: what is on screen may be
+  // more than the key may now see, so rebuild the run from scratch with the key as it is now.
+  source.addEventListener("access_revoked", () => { closeStream(view); if (current()) openRun(view.runId); });
   // Any other drop: our own reconnect with a fresh ticket (the old one may have expired).
   source.onerror = () => {
     closeStream(view); // also the normal end: the server closed the stream after the run ended

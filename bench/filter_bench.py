@@ -60,9 +60,7 @@ async def _recorded() -> list[Event]:
     FAKE_SCRIPTS["filterbench"] = _script
     store = MemoryStore()
     runtime = Runtime(store, tools=ToolRegistry([lookup]))
-    run = await runtime.run(
-        RunRequest("go", model="fake:filterbench"), chain_of_thought="surface"
-    )
+    run = await runtime.run(RunRequest("go", model="fake:filterbench"), chain_of_thought="surface")
     return list(await store.read(run.run_id))
 
 

@@ -41,7 +41,9 @@ def test_an_unknown_mode_shows_no_reasoning(role: str) -> None:
 @pytest.mark.parametrize("role", ROLE_NAMES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("field", ["thinking", "reasoning_summary", "thoughts"])
-def test_a_field_no_declaration_names_is_withheld_on_display(role: str, mode: str, field: str) -> None:
+def test_a_field_no_declaration_names_is_withheld_on_display(
+    role: str, mode: str, field: str
+) -> None:
     """A new producer writing a reasoning-like field under a new name leaks to nobody."""
     for type_ in ("agent.response", "message.completed", "tool.completed", "run.started"):
         assert SECRET not in shown(ev(type_, {"text": "ok", field: SECRET}), role, mode), type_
@@ -60,7 +62,9 @@ def test_an_unknown_event_type_is_withheld_on_display(role: str, mode: str) -> N
 def test_the_answer_reaches_every_reader_in_task_completed_and_the_run_view(
     role: str, mode: str
 ) -> None:
-    done = ev("task.completed", {"status": "completed", "output": "The answer is 42.", "error": None})
+    done = ev(
+        "task.completed", {"status": "completed", "output": "The answer is 42.", "error": None}
+    )
     assert "The answer is 42." in shown(done, role, mode)
     run = RunRecord("run_a", "p", chain_of_thought=mode)
     run.tasks = [TaskRecord("task_a", "run_a", 0, "p", output="The answer is 42.")]
@@ -97,8 +101,14 @@ def test_approver_names_and_daemon_process_only_for_admins(role: str) -> None:
     admin = parse_role(role) >= Role.ADMIN
     answer = ev(
         "tool.approval_response",
-        {"call_id": "c1", "tool_key": "t", "turn": 0, "label": "t", "decision": "approve",
-         "by": "alice-laptop-key"},
+        {
+            "call_id": "c1",
+            "tool_key": "t",
+            "turn": 0,
+            "label": "t",
+            "decision": "approve",
+            "by": "alice-laptop-key",
+        },
     )
     text = shown(answer, role, "surface")
     assert ("alice-laptop-key" in text) == admin
@@ -120,10 +130,17 @@ VALIDATION_ERROR = (
 def test_tool_data_in_error_and_progress_texts_is_tool_detail(role: str, mode: str) -> None:
     member = parse_role(role) >= Role.MEMBER
     base = {"call_id": "c1", "tool_key": "lookup", "turn": 0, "label": "Lookup"}
-    failed = ev("tool.failed", {**base, "error": VALIDATION_ERROR, "error_kind": "invalid_arguments"})
+    failed = ev(
+        "tool.failed", {**base, "error": VALIDATION_ERROR, "error_kind": "invalid_arguments"}
+    )
     degraded = ev(
         "tool.degraded",
-        {**base, "output": "cached", "error": f"ValueError: bad {SECRET}", "error_kind": "tool_error"},
+        {
+            **base,
+            "output": "cached",
+            "error": f"ValueError: bad {SECRET}",
+            "error_kind": "tool_error",
+        },
     )
     progress = ev("tool.progress", {**base, "message": f"fetching {SECRET}"})
     for event in (failed, degraded, progress):

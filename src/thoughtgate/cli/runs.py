@@ -15,6 +15,7 @@ from thoughtgate.cli.common import Context, console, print_json, run_async, with
 from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, load_tools
+from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.runtime import (
     RunRequest,
     Runtime,
@@ -34,14 +35,14 @@ ViewAsOpt = Annotated[str | None, typer.Option("--view-as", help="Preview what a
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def run_view_json(view: Mapping[str, Any]) -> dict[str, Any]:
+def run_view_json(view: RunView) -> dict[str, Any]:
     """The ``run --json`` shape: reasoning is null unless surface mode and developer+."""
     return {
         "run_id": view["run_id"],
         "status": view["status"],
         "chain_of_thought": view["chain_of_thought"],
         "tasks": [
-            {"task_id": t["task_id"], "output": t["output"], "reasoning": t["reasoning"]}
+            {"task_id": t["task_id"], "output": t["output"], "reasoning": t.get("reasoning")}
             for t in view["tasks"]
         ],
         "usage": view["usage"],
@@ -74,7 +75,7 @@ async def execute_and_follow(
     role: Role,
     chain_of_thought: str | None,
     live: bool,
-) -> dict[str, Any]:
+) -> RunView:
     """Create and execute a run; when ``live``, print its filtered events as they are recorded."""
     run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
     printer = LivePrinter(console) if live else None

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from thoughtgate.config import ChainOfThought
+from thoughtgate.disclosure import ChainOfThought
 
 __all__ = [
     "REQUEST_MODELS",

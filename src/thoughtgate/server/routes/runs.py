@@ -114,7 +114,7 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
         raise ApiError(409, f"run {run_id!r} has already ended ({run.status})")
     answered = {EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT}
     for event in await state.store.read(run_id):
-        if event.type in answered and event.payload.get("callId") == call_id:
+        if event.type in answered and event.payload.get("call_id") == call_id:
             raise ApiError(409, f"the approval for call {call_id!r} was already settled")
         if is_run_terminal(event.type):
             break

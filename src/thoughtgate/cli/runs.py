@@ -1,4 +1,4 @@
-"""``run``, ``status``, ``runs``, ``events``, ``trace`` and ``demo``."""
+"""``run``, ``status``, ``runs``, ``events`` and ``trace``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ from thoughtgate.providers.base import Provider, create_provider
 from thoughtgate.store.base import EventStore
 from thoughtgate.telemetry import telemetry_sinks
 
-__all__ = ["register", "run_view_json"]
+__all__ = [
+    "ConfigOpt",
+    "DbOpt",
+    "JsonOpt",
+    "ViewAsOpt",
+    "execute_and_follow",
+    "register",
+    "run_view_json",
+]
 
 DbOpt = Annotated[
     str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
@@ -245,14 +253,3 @@ def register(app: typer.Typer) -> None:
                 console.print_json(data=e.to_dict())
 
         with_store(config=config, db=db, view_as=view_as, body=body)
-
-    @app.command()
-    def demo(
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """The main job on the embedded default: no API key, no network."""
-        from thoughtgate.demo import run_demo
-
-        run_async(run_demo(db=db, config_path=config, json_out=json_out))

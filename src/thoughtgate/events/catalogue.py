@@ -23,7 +23,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Final, Literal, Union
 
 from pydantic import ConfigDict, Field, TypeAdapter, with_config
 from pydantic.config import JsonDict
@@ -35,13 +35,16 @@ from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.events.visibility import VisClass, declared_fields
 
 __all__ = [
+    "READER_NOTE",
     "catalogue_schema",
     "check_new_events",
     "envelope_name",
     "main",
+    "reader_schema",
     "render_markdown",
     "strict",
     "validate_event",
+    "view_schema",
 ]
 
 _REF = "#/$defs/{model}"
@@ -76,19 +79,79 @@ def _adapter() -> TypeAdapter[Any]:
     return TypeAdapter(union)
 
 
+READER_NOTE = (
+    "Each field's x-visibility names its class. A reader receives a field only when its class "
+    "allows that reader, so `required` lists only public fields; a carrier arrives as "
+    '{"carrier": NAME, "present": true}.'
+)
+
+_PRESENCE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"carrier": {"type": "string"}, "present": {"const": True}},
+    "required": ["carrier", "present"],
+    "additionalProperties": False,
+}
+
+
+def _presence_schema(prop: Mapping[str, Any]) -> dict[str, Any]:
+    kinds = [prop, *prop.get("anyOf", [])]
+    shapes: list[dict[str, Any]] = []
+    if any(k.get("type") == "array" for k in kinds):
+        shapes.append({"type": "array", "items": _PRESENCE})
+    if any(k.get("type") not in ("array", "null") for k in kinds if "type" in k or "$ref" in k):
+        shapes.append(_PRESENCE)
+    if any(k.get("type") == "null" for k in kinds):
+        shapes.append({"type": "null"})
+    out: dict[str, Any] = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    return {**out, **{k: v for k, v in prop.items() if k.startswith("x-") or k == "description"}}
+
+
+def _as_read(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_as_read(item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    out = {key: _as_read(value) for key, value in node.items()}
+    props = out.get("properties")
+    if isinstance(props, dict) and any("x-visibility" in p for p in props.values()):
+        for name, prop in props.items():
+            if prop.get("x-visibility") == VisClass.CARRIER.value:
+                props[name] = _presence_schema(prop)
+        public = {n for n, p in props.items() if p.get("x-visibility") == VisClass.PUBLIC.value}
+        required = [n for n in out.get("required", []) if n in public]
+        if required:
+            out["required"] = required
+        else:
+            out.pop("required", None)
+    return out
+
+
+def reader_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A declared (stored) shape's schema as readers receive it: only public fields required,
+    carriers as presence markers. Schemas without ``x-visibility`` are left as they are."""
+    out: dict[str, Any] = _as_read(schema)
+    return out
+
+
 def catalogue_schema(ref_template: str = _REF) -> dict[str, Any]:
-    """The JSON Schema of every event envelope (a ``oneOf`` discriminated by ``type``), its
-    payloads and nested shapes under ``$defs``, each field with ``x-visibility``."""
-    schema = _adapter().json_schema(ref_template=ref_template)
+    """The JSON Schema of every event envelope as readers receive it (a ``oneOf`` discriminated
+    by ``type``), its payloads and nested shapes under ``$defs``, each field with
+    ``x-visibility``."""
+    schema = reader_schema(_adapter().json_schema(ref_template=ref_template))
     schema.update(
         {
             "title": "thoughtgate event",
             "description": "An event of the thoughtgate event log, as HTTP reads and SSE frames "
-            "carry it. Fields a reader's role may not see are absent from its copy.",
+            f"carry it. {READER_NOTE}",
             "x-event-version": EVENT_VERSION,
         }
     )
     return schema
+
+
+def view_schema(shape: type, ref_template: str = _REF) -> dict[str, Any]:
+    """A declared view (``RunView``, ...) as readers receive it."""
+    return reader_schema(TypeAdapter(shape).json_schema(ref_template=ref_template))
 
 
 def validate_event(event: Event | Mapping[str, Any]) -> None:
@@ -161,7 +224,7 @@ def _rows(shape: type, defs: Mapping[str, Any], prefix: str = "") -> list[str]:
     return rows
 
 
-_HEADER = "| field | type | class | always there | about |\n|---|---|---|---|---|"
+_HEADER = "| field | type | class | always written | about |\n|---|---|---|---|---|"
 
 _INTRO = f"""# Event catalogue
 
@@ -199,9 +262,9 @@ def render_markdown() -> str:
         "HostMetadataView": HostMetadataView,
     }
     for name, shape in views.items():
-        view_schema = TypeAdapter(shape).json_schema(ref_template=_REF)
-        defs.update(view_schema.pop("$defs", {}))
-        defs[name] = view_schema
+        published = view_schema(shape)
+        defs.update(published.pop("$defs", {}))
+        defs[name] = published
     parts = [_INTRO, "## Event types\n"]
     for spec in EVENT_SPECS.values():
         whole = (

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from browser_support import launch, open_run, page_for, sign_in, snapshot
-from daemon_support import Daemon
+from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
 from test_thread import event_lists
@@ -155,6 +155,50 @@ def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon
         assert any(marker in m for m in capture.sse_messages) or marker in "".join(
             b.decode() for url, bs in capture.bodies.items() if "/events" in url for b in bs
         )
+
+
+@pytest.mark.parametrize("role", ["viewer", "member"])
+def test_tool_detail_texts_reach_a_members_browser_and_never_a_viewers(
+    browser: Browser, daemon: Daemon, role: str
+) -> None:
+    """Tool inputs quoted by a validation error, a tool's exception and a progress message: the
+    viewer's browser receives none of them, live or on reload; its failed cards say what kind of
+    failure it was. A member's browser receives them and shows the error text."""
+    token = f"webtool{role}"
+    marks = tool_markers(token)
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, daemon.keys[role])
+        page.wait_for_selector(f"[data-testid=role]:text-is('{role}')")
+        run_id = daemon.start_run(
+            {
+                "prompt": f"toolcanary {token}",
+                "model": "fake:toolcanary",
+                "chain_of_thought": "surface",
+                "tools": TOOL_CANARY_TOOLS,
+            }
+        )
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=answer-text]:text-is('The tools have spoken.')")
+        page.wait_for_load_state("networkidle")
+        capture.drain()
+        page.reload()
+        page.wait_for_selector("[data-testid=answer-text]:text-is('The tools have spoken.')")
+        page.wait_for_load_state("networkidle")
+        html = page.content()
+        errors = page.locator("[data-testid=tool-error]").all_inner_texts()
+        received = capture.everything()
+    assert any("/stream?" in url for url in capture.urls()), "followed live"
+    assert len(errors) == 2
+    for mark in marks.values():
+        assert (mark in received) == (role == "member"), mark
+    if role == "viewer":
+        assert not any(mark in html for mark in marks.values())
+        assert errors == [
+            "The tool was called with arguments it does not accept.",
+            "The tool failed.",
+        ]
+    else:
+        assert marks["invalid"] in errors[0] and marks["raised"] in errors[1]
 
 
 def test_a_member_answers_an_approval_and_a_viewer_only_watches(

@@ -1,7 +1,7 @@
 """The visibility matrix, as a property over payloads generated from the published schema.
 
 This test does not trust the declaration it checks. It holds its own hand-written table of
-(event type or view, field path) -> class, taken from ARCHITECTURE.md "Who sees what, where", and
+(event type or view, field path) -> class (the rules of "who sees what, where"), and
 its own rules for who may read each class. It then
 
 1. compares the table with the vocabulary's declaration (a field whose class changes, appears or
@@ -251,7 +251,7 @@ UNKNOWN_TYPES = ("model.thinking", "tool.thought", "reasoning.summary")
 
 
 def may_read(cls: str, role: Role, mode: str, surface: str) -> bool:
-    """The rules of ARCHITECTURE.md, written here independently of the filter."""
+    """Who may read each class (docs/events.md), written here independently of the filter."""
     known = mode in ("hidden", "surface", "telemetry_only")
     return {
         P: True,

@@ -1,7 +1,7 @@
 """The disclosure modes (``chain_of_thought``) and what each means for capture and recording.
 
 Every component asks :class:`Disclosure` instead of comparing mode strings, so the routing in
-ARCHITECTURE.md ("Disclosure modes") lives in one place. This module is part of the core: it
+the README ("Disclosure modes") lives in one place. This module is part of the core: it
 imports nothing but the error tree, so providers, the store, the engine and the one output filter
 can all depend on it.
 """

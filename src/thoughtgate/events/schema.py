@@ -35,7 +35,7 @@ meaning, type or name, or goes away (adding an optional field does not), and tea
 
 
 class EventType:
-    """Names of the event types (see ARCHITECTURE.md "Event vocabulary")."""
+    """Names of the event types (their payloads: ``thoughtgate.events.payloads``)."""
 
     RUN_STARTED: Final = "run.started"
     CAPABILITY_RESOLVED: Final = "capability.resolved"

@@ -9,7 +9,7 @@ field and nowhere else::
 
 The one output filter (``thoughtgate.access.filter``) reads these declarations as an allowlist;
 the event catalogue publishes them as ``x-visibility`` in the JSON Schema. Who may read each class
-(ARCHITECTURE.md, "Who sees what, where"):
+(the table is also in ``docs/events.md``):
 
 ==============  =================================================================================
 ``public``      every reader

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -47,7 +47,6 @@ from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
 from thoughtgate.types import (
     Chunk,
-    ContinuityBlock,
     Message,
     ReasoningDelta,
     ReasoningPart,
@@ -56,6 +55,7 @@ from thoughtgate.types import (
     ToolResultPart,
     Turn,
     Usage,
+    part_to_dict,
 )
 
 __all__ = ["LoopObserver", "LoopRecorder", "LoopResult", "run_agent_loop", "strip_reasoning"]
@@ -107,29 +107,6 @@ class LoopResult:
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
     """The parts that may go back to a model: everything but reasoning text."""
     return tuple(p for p in parts if not isinstance(p, ReasoningPart))
-
-
-def _reasoning_part(part: ReasoningPart) -> ReasoningPartPayload:
-    return {
-        "kind": "reasoning",
-        "text": part.text,
-        "reasoning_kind": part.reasoning_kind,
-        "provider": part.provider,
-        "model": part.model,
-        "signature": part.signature,
-        "redacted": part.redacted,
-        "index": part.index,
-    }
-
-
-def _continuity_block(block: ContinuityBlock) -> ContinuityBlockPayload:
-    return {
-        "kind": "continuity",
-        "carrier": block.carrier,
-        "data": dict(block.data),
-        "provider": block.provider,
-        "model": block.model,
-    }
 
 
 def _error_kind(exc: Exception, *, fallback_failed: bool = False) -> ToolErrorKind:
@@ -215,8 +192,13 @@ class _Loop:
             payload["reasoning"] = text
             payload["reasoning_chars"] = len(text)
             payload["reasoning_bytes"] = len(text.encode("utf-8"))
-            payload["reasoning_parts"] = [_reasoning_part(p) for p in turn.reasoning_parts]
-            payload["continuity"] = [_continuity_block(b) for b in turn.continuity]
+            # part_to_dict writes exactly these payload shapes (checked against the catalogue)
+            payload["reasoning_parts"] = [
+                cast(ReasoningPartPayload, part_to_dict(p)) for p in turn.reasoning_parts
+            ]
+            payload["continuity"] = [
+                cast(ContinuityBlockPayload, part_to_dict(b)) for b in turn.continuity
+            ]
         await self.recorder.emit(self.ev(EventType.AGENT_RESPONSE, payload))
         if self.observer is not None:
             for event in await self.observer.turn_finished(turn, task_id=self.task_id):

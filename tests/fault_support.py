@@ -25,11 +25,12 @@ from pg import PG_URL
 from psycopg import sql
 
 from thoughtgate.errors import StoreError, StoreUnavailableError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.pg_errors import describe_target
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
 
 __all__ = [

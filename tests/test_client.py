@@ -368,3 +368,13 @@ def test_the_blocking_client_follows_and_builds_the_same_thread(daemon: Daemon) 
         assert tg.get_run(run_id)["status"] == "completed"
         assert any(r["run_id"] == run_id for r in tg.list_runs())
     assert views[-1] == reloaded and reloaded.message.text == STORY_ANSWER
+
+
+def test_an_event_in_a_newer_vocabulary_is_refused_with_what_to_do() -> None:
+    from thoughtgate.client import event_from_dict
+    from thoughtgate.events.schema import EVENT_VERSION
+
+    wire = {"seq": 3, "run_id": "r", "type": "message.delta", "ts": 1.0, "payload": {"text": "a"}}
+    assert event_from_dict({**wire, "v": EVENT_VERSION}).v == EVENT_VERSION
+    with pytest.raises(DaemonError, match="upgrade thoughtgate"):
+        event_from_dict({**wire, "v": EVENT_VERSION + 1})

@@ -21,13 +21,12 @@ from typing import Any, Literal, TypeAlias, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from thoughtgate.access.roles import ROLE_NAMES
-from thoughtgate.errors import ConfigError, UnknownModeError, UsageError
+from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
+from thoughtgate.errors import ConfigError, UsageError
 
 __all__ = [
-    "CHAIN_OF_THOUGHT_MODES",
     "WORKER_BACKENDS",
     "AccessConfig",
-    "ChainOfThought",
     "Config",
     "McpConfig",
     "OrchestrationConfig",
@@ -39,15 +38,12 @@ __all__ = [
     "VisibleReasoningConfig",
     "WorkerBackend",
     "load_config",
-    "parse_chain_of_thought",
     "resolve_chain_of_thought",
     "resolve_store",
     "resolve_worker_backend",
 ]
 
-ChainOfThought: TypeAlias = Literal["hidden", "surface", "telemetry_only"]
 WorkerBackend: TypeAlias = Literal["inline", "provider"]
-CHAIN_OF_THOUGHT_MODES: tuple[str, ...] = get_args(ChainOfThought)
 WORKER_BACKENDS: tuple[str, ...] = get_args(WorkerBackend)
 DEFAULT_CHAIN_OF_THOUGHT: ChainOfThought = "hidden"
 DEFAULT_WORKER_BACKEND: WorkerBackend = "provider"
@@ -302,17 +298,6 @@ def _first(*layers: _T | None, default: _T) -> _T:
         if layer is not None:
             return layer
     return default
-
-
-def parse_chain_of_thought(value: str | None) -> ChainOfThought | None:
-    """Validate a mode name (``None`` passes through as "not set at this layer")."""
-    if value is None:
-        return None
-    if value not in CHAIN_OF_THOUGHT_MODES:
-        raise UnknownModeError(
-            f"unknown chain_of_thought mode {value!r}; allowed: {', '.join(CHAIN_OF_THOUGHT_MODES)}"
-        )
-    return value  # type: ignore[return-value]
 
 
 def resolve_chain_of_thought(

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
-from thoughtgate.events.schema import Event, is_run_terminal
+from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
 from thoughtgate.providers.sse import SSEDecoder
 
@@ -59,6 +59,12 @@ def event_from_dict(data: Any) -> Event:
     payload = data.get("payload")
     task_id = data.get("task_id")
     ts = data.get("ts")
+    version = data.get("v", EVENT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version > EVENT_VERSION:
+        raise DaemonError(
+            f"event {seq} is in event vocabulary version {version!r}; this client reads up to "
+            f"version {EVENT_VERSION}: upgrade thoughtgate"
+        )
     return Event(
         seq,
         run_id,
@@ -66,6 +72,7 @@ def event_from_dict(data: Any) -> Event:
         payload if isinstance(payload, Mapping) else {},
         task_id=task_id if isinstance(task_id, str) else None,
         ts=float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0,
+        v=version,
     )
 
 

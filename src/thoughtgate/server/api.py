@@ -74,7 +74,8 @@ class Endpoint:
     """Minimum role with ``auth="bearer"``."""
     auth: Auth = "bearer"
     body: type[BaseModel] | None = None
-    response: type[BaseModel] | None = None
+    response: type | None = None
+    """A pydantic model or a declared ``TypedDict`` view."""
     status: int = 200
     params: tuple[QueryParam, ...] = ()
     errors: tuple[int, ...] = ()

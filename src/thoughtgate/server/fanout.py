@@ -103,7 +103,7 @@ class RunFeeds:
         self.store = store
         self.backlog = backlog
         self._feeds: dict[str, _Feed] = {}
-        self._frames: dict[tuple[str, int, Role, str | None], bytes | None] = {}
+        self._frames: dict[tuple[str, int, Role, str], bytes | None] = {}
 
     @property
     def active(self) -> int:
@@ -166,7 +166,7 @@ class RunFeeds:
                 del self._feeds[run_id]
 
     def frame(
-        self, event: Event, role: Role, mode: str | None, encode: Callable[[Event], bytes]
+        self, event: Event, role: Role, mode: str, encode: Callable[[Event], bytes]
     ) -> bytes | None:
         """``encode(filter_event(event, role, mode))``, computed once per event, role and mode
         (``None`` when the role may not see the event)."""

@@ -71,7 +71,7 @@ async def live_frames(
     run_id: str,
     *,
     role: Role,
-    mode: str | None,
+    mode: str,
     after: int,
     queue_size: int = 256,
     lag_timeout_s: float = 10.0,

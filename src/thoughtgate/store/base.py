@@ -14,8 +14,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["EventStore", "RunWakeups"]
 

@@ -8,9 +8,10 @@ import time
 from collections.abc import Sequence
 
 from thoughtgate.errors import RunNotFoundError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["MemoryStore"]
 

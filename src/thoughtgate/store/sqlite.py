@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from thoughtgate.errors import RunNotFoundError, StoreReadOnlyError, StoreUnavailableError
-from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.events.payloads import RunStatus
+from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.private_files import (
@@ -34,7 +35,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import SQLiteThread, in_write_transaction
 
@@ -45,7 +46,10 @@ T = TypeVar("T")
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
-_INSERT_EVENT = "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?,?,?,?,?,?)"
+_INSERT_EVENT = (
+    f"INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
+    f"VALUES (?,?,?,?,?,?,{EVENT_VERSION})"
+)
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) VALUES ({','.join('?' * 11)})"
 
@@ -245,8 +249,7 @@ class SQLiteStore(EventStore):
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         def work(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(
-                "SELECT seq, task_id, type, ts, payload FROM events "
-                "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (run_id, after, -1 if limit is None else limit),
             ).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free

@@ -10,6 +10,7 @@
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
     │   ├── RunNotFoundError       no run with that id
     │   ├── AuthenticationError    no credentials, or ones we do not accept (bad key, bad ticket)
+    │   │   └── TicketError        a live-channel ticket that cannot open this stream (says why)
     │   └── AccessDeniedError      the reader's role may not read this
     └── RuntimeFailure             something outside the caller's control failed
         ├── ProviderError          provider status, error type, message, request id, partial turn
@@ -51,6 +52,7 @@ __all__ = [
     "StoreReadOnlyError",
     "StoreUnavailableError",
     "ThoughtgateError",
+    "TicketError",
     "UnknownModeError",
     "UnknownProviderError",
     "UnknownRoleError",
@@ -102,6 +104,21 @@ class AuthenticationError(UsageError):
     """Missing, unknown or revoked API key; forged, expired or malformed live-channel ticket."""
 
 
+class TicketError(AuthenticationError):
+    """A live-channel ticket that cannot open this stream: missing, malformed, forged, expired,
+    for another run, or minted by a key that was revoked or lost the role.
+
+    Unlike a bad API key (a generic 401 that tells a guesser nothing), the message is shown to the
+    caller: the holder of a ticket got it from us, and needs to know whether to ask for a new one
+    or for another run. ``status`` is 401, or 403 for another run; ``code`` is machine-readable.
+    """
+
+    def __init__(self, message: str, *, code: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
 class AccessDeniedError(UsageError):
     """The reader's role does not allow this read; carries no data about the resource."""
 
@@ -111,7 +128,13 @@ class RuntimeFailure(ThoughtgateError):
 
 
 class ProviderError(RuntimeFailure):
-    """A provider call failed. ``partial`` holds what arrived before the failure, if anything."""
+    """A provider call failed. ``partial`` holds what arrived before the failure, if anything.
+
+    ``message`` is the provider's own text; ``error_type`` its error type (``rate_limit_error``,
+    ``insufficient_quota``, ...) and ``code`` its machine code where it sends one apart from the
+    type (OpenAI's ``code``, OpenRouter's numeric ``code``), so a caller can tell a quota or rate
+    limit from an outage without parsing text.
+    """
 
     def __init__(
         self,
@@ -120,6 +143,7 @@ class ProviderError(RuntimeFailure):
         provider: str = "",
         status: int | None = None,
         error_type: str | None = None,
+        code: str | None = None,
         request_id: str | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
@@ -129,14 +153,22 @@ class ProviderError(RuntimeFailure):
         self.provider = provider
         self.status = status
         self.error_type = error_type
+        self.code = code
         self.request_id = request_id
         self.retryable = retryable
         self.retry_after = retry_after
         self.partial = partial
-        bits = [b for b in (provider, str(status) if status else "", error_type) if b]
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        """``[provider status type code] message (request id X)``, from the current fields: an
+        adapter may learn the request id (from the response headers) after the error was made."""
+        shown_code = self.code if self.code and self.code != self.error_type else ""
+        status = str(self.status) if self.status else ""
+        bits = [b for b in (self.provider, status, self.error_type, shown_code) if b]
         prefix = f"[{' '.join(bits)}] " if bits else ""
-        rid = f" (request id {request_id})" if request_id else ""
-        super().__init__(f"{prefix}{message}{rid}")
+        rid = f" (request id {self.request_id})" if self.request_id else ""
+        return f"{prefix}{self.message}{rid}"
 
 
 class ProviderHTTPError(ProviderError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from thoughtgate.events.schema import Event, EventType
+from thoughtgate.events.views import RunView
 
 __all__ = ["LivePrinter", "render_run", "render_runs_table"]
 
@@ -40,14 +42,15 @@ class LivePrinter:
             self.console.print(Text(str(p.get("text", ""))), end="")
         elif t.startswith("tool."):
             self._switch("tool")
-            label = p.get("label") or p.get("toolKey") or "tool"
+            label = p.get("label") or p.get("tool_key") or "tool"
             detail = ""
             if "input" in p:
                 detail = f" {p['input']}"
             if t == EventType.TOOL_COMPLETED and "output" in p:
                 detail = f" → {str(p['output'])[:200]}"
-            if t == EventType.TOOL_FAILED and "error" in p:
-                detail = f" ✗ {p['error']}"
+            if t == EventType.TOOL_FAILED:
+                # a viewer's copy has no error text (it can quote tool data), only its kind
+                detail = f" ✗ {p.get('error') or p.get('error_kind') or 'failed'}"
             self.console.print(
                 f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}", highlight=False
             )
@@ -68,16 +71,16 @@ class LivePrinter:
             self.console.print()
 
 
-def _usage_text(usage: dict[str, Any]) -> str:
+def _usage_text(usage: Mapping[str, Any]) -> str:
     if not usage:
         return "-"
-    return (
-        f"in {usage.get('input_tokens', 0)} · out {usage.get('output_tokens', 0)}"
-        f" · reasoning {usage.get('reasoning_tokens', 0)}"
-    )
+    text = f"in {usage.get('input_tokens', 0)} · out {usage.get('output_tokens', 0)}"
+    if "reasoning_tokens" in usage:  # withheld where reasoning itself is
+        text += f" · reasoning {usage['reasoning_tokens']}"
+    return text
 
 
-def render_run(console: Console, view: dict[str, Any], *, role: str) -> None:
+def render_run(console: Console, view: RunView, *, role: str) -> None:
     """A run view (already filtered) as panels: header, then each task."""
     head = Table.grid(padding=(0, 2))
     head.add_row("run", view["run_id"])
@@ -90,10 +93,11 @@ def render_run(console: Console, view: dict[str, Any], *, role: str) -> None:
         head.add_row("error", str(view["error"]))
     console.print(Panel(head, title="thoughtgate run", expand=False))
     for task in view["tasks"]:
-        if task.get("reasoning"):
+        reasoning = task.get("reasoning")
+        if reasoning:
             console.print(
                 Panel(
-                    Text(task["reasoning"], style="dim"),
+                    Text(reasoning, style="dim"),
                     title=f"reasoning · task {task['index']}",
                     border_style="dim",
                 )
@@ -106,7 +110,7 @@ def render_run(console: Console, view: dict[str, Any], *, role: str) -> None:
         )
 
 
-def render_runs_table(console: Console, views: list[dict[str, Any]]) -> None:
+def render_runs_table(console: Console, views: list[RunView]) -> None:
     table = Table("run_id", "status", "mode", "model", "prompt")
     for v in views:
         table.add_row(

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
-from thoughtgate.events.visible import MAX_SUMMARY_CHARS, DisplayPhase, StepSource
+from thoughtgate.events.payloads import DisplayPhase, StepSource
+from thoughtgate.events.visible import MAX_SUMMARY_CHARS
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
 from thoughtgate.types import Message, Turn
 

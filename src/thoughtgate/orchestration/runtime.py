@@ -8,10 +8,12 @@ run and announced in ``capability.resolved``; every later decision reads it from
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from types import TracebackType
 from typing import Any
 
 from thoughtgate.config import (
@@ -43,6 +45,7 @@ from thoughtgate.events.payloads import (
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
+from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
@@ -119,7 +122,13 @@ def provider_settings_from_config(
 
 
 class Runtime:
-    """Creates and executes runs against one store."""
+    """Creates and executes runs against one store.
+
+    Provider connections are the process's (:mod:`thoughtgate.providers.clients`): each execution
+    keeps them open while it runs, so the turns of a run share keep-alive connections. Use
+    ``async with Runtime(...) as runtime:`` to keep them open across runs too; they are closed when
+    the block ends.
+    """
 
     def __init__(
         self,
@@ -142,6 +151,21 @@ class Runtime:
         self.observer_factory = observer_factory
         self._specs: dict[str, list[TaskSpec]] = {}
         self.sinks: list[EventSink] = list(sinks)
+        self._leases: list[contextlib.AbstractAsyncContextManager[None]] = []
+
+    async def __aenter__(self) -> Runtime:
+        lease = shared_clients().lease()
+        await lease.__aenter__()
+        self._leases.append(lease)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._leases.pop().__aexit__(exc_type, exc, tb)
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
         """Every append outside a task recorder goes through here so sinks see it."""
@@ -236,6 +260,10 @@ class Runtime:
     # ------------------------------------------------------------------ execute
     async def execute(self, run_id: str) -> RunRecord:
         """Run every task in order; the run always ends with exactly one terminal event."""
+        async with shared_clients().lease():  # one set of provider connections for all turns
+            return await self._execute(run_id)
+
+    async def _execute(self, run_id: str) -> RunRecord:
         run = await self.store.get_run(run_id)
         specs = self._specs.pop(run_id, None) or [
             TaskSpec(t.prompt, model=t.model) for t in run.tasks

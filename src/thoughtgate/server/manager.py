@@ -97,8 +97,9 @@ class RunManager:
             self._last_seq[events[-1].run_id] = events[-1].seq
 
     async def check_models(self, models: Iterable[str | None]) -> None:
-        """Build (and close) each model's provider once, so an unknown model is a 400 now
-        instead of a failed run later. Only caller mistakes are reported here."""
+        """Build each model's provider once, so an unknown model is a 400 now instead of a
+        failed run later. Only caller mistakes are reported here. Building an adapter opens no
+        connection and no client (clients are the process's, made on the first request)."""
         for model in {m for m in models if m}:
             try:
                 provider = self.runtime.provider_factory(model)

@@ -3,8 +3,9 @@
 Durability and ordering:
 
 * WAL with ``synchronous=FULL``: an append that returned survives a power cut.
-* Every write runs in ``BEGIN IMMEDIATE`` (see ``sqlite_thread.in_write_transaction``), which holds
-  the database's single write lock from the first statement. An append bumps ``runs.last_seq``
+* Every write runs in ``BEGIN IMMEDIATE``, which holds the database's single write lock from the
+  first statement; writes queued together share one transaction (group commit, see
+  ``sqlite_thread``), each in its own savepoint. An append bumps ``runs.last_seq``
   and inserts its events in that transaction, so sequence numbers are gap-free and in commit order
   even with writers in several processes, and a batch is stored all or nothing.
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
@@ -37,7 +38,7 @@ from thoughtgate.store.private_files import (
 )
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
-from thoughtgate.store.sqlite_thread import SQLiteThread, in_write_transaction
+from thoughtgate.store.sqlite_thread import SQLiteThread
 
 __all__ = ["SQLiteStore"]
 
@@ -203,47 +204,42 @@ class SQLiteStore(EventStore):
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
+        # Encode before queueing: the shared write transaction should not wait on our JSON.
+        payloads, task_ids, types, ts = codec.encode_events(batch)
+        n = len(batch)
+        if n == 0:
+            await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
+            return []
 
-        def work(conn: sqlite3.Connection) -> list[Event]:
-            # Encode before taking the write lock: other processes should not wait on our JSON.
-            payloads, task_ids, types, ts = codec.encode_events(batch)
-            n = len(batch)
+        def body(c: sqlite3.Connection) -> int:
+            row = c.execute(
+                "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? RETURNING last_seq",
+                (n, run_id),
+            ).fetchall()
+            if not row:
+                raise RunNotFoundError(run_id)
+            first = int(row[0][0]) - n + 1
+            c.executemany(
+                _INSERT_EVENT,
+                zip(
+                    [run_id] * n,
+                    range(first, first + n),
+                    task_ids,
+                    types,
+                    ts,
+                    payloads,
+                    strict=True,
+                ),
+            )
+            return first
 
-            def body(c: sqlite3.Connection) -> int:
-                row = c.execute(
-                    "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? RETURNING last_seq",
-                    (n, run_id),
-                ).fetchall()
-                if not row:
-                    raise RunNotFoundError(run_id)
-                first = int(row[0][0]) - n + 1
-                c.executemany(
-                    _INSERT_EVENT,
-                    zip(
-                        [run_id] * n,
-                        range(first, first + n),
-                        task_ids,
-                        types,
-                        ts,
-                        payloads,
-                        strict=True,
-                    ),
-                )
-                return first
-
-            if n == 0:
-                _require_run(conn, run_id)
-                return []
-            first = in_write_transaction(conn, body)
-            decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
-            return [
-                codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
-                for i in range(n)
-            ]
-
-        out = await self._writer.call(f"append {len(batch)} events to run {run_id!r}", work)
-        if out:
-            self.wakeups.notify(run_id)
+        first = await self._writer.write(f"append {n} events to run {run_id!r}", body)
+        decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
+        out = [
+            codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
+            for i in range(n)
+        ]
+        self.wakeups.notify(run_id)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -330,7 +326,7 @@ class SQLiteStore(EventStore):
 
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._writer.call(action, lambda conn: in_write_transaction(conn, body))
+        return await self._writer.write(action, body)
 
 
 def _prepare_private_file(path: Path) -> None:

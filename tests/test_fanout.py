@@ -77,7 +77,7 @@ def test_every_reader_gets_exactly_the_events_after_its_cursor(
     asyncio.run(go())
 
 
-async def test_a_thousand_readers_cost_one_store_read_per_wakeup_not_per_reader() -> None:
+async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -> None:
     store = CountingStore()
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
@@ -90,7 +90,8 @@ async def test_a_thousand_readers_cost_one_store_read_per_wakeup_not_per_reader(
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
     results = await asyncio.gather(*readers)
     assert all(r == list(range(1, 22)) for r in results)
-    assert store.reads - before < 100  # ~2 per append for the one feed, not 1,000
+    # the feed takes what this process appends as it is committed: no read per append at all
+    assert store.reads - before == 0
 
 
 async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -> None:
@@ -107,7 +108,8 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
     reader = asyncio.create_task(read_all())
     await asyncio.sleep(0.02)
     store.fail_reads = True
-    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])
+    # news the feed must read (as from another process, or after a lost signal): the read fails
+    store.wakeups.notify_all()
     try:
         await asyncio.wait_for(reader, 5)
     except StoreError as exc:
@@ -130,3 +132,56 @@ def test_frames_are_filtered_and_encoded_once_per_role() -> None:
         assert feeds.frame(delta, Role.DEVELOPER, "surface", encode) == b"1:secret"
         assert feeds.frame(delta, Role.VIEWER, "surface", encode) is None  # withheld
     assert calls == [1]
+
+
+class ElsewhereStore(CountingStore):
+    """Appends as if from another process: nothing is published here; ``signal`` says whether a
+    notification (PostgreSQL's NOTIFY, with the last seq) arrives, else readers must poll."""
+
+    poll_interval = 0.02
+
+    def __init__(self, *, signal: bool) -> None:
+        super().__init__()
+        self.signal = signal
+
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        published, self.wakeups.publish = self.wakeups.publish, lambda *_: None  # type: ignore[method-assign]
+        try:
+            out = await super().append(run_id, events)
+        finally:
+            self.wakeups.publish = published  # type: ignore[method-assign]
+        if self.signal and out:
+            self.wakeups.notify(run_id, out[-1].seq)
+        return out
+
+
+async def test_events_appended_by_another_process_reach_every_reader_once() -> None:
+    for signal in (True, False):
+        store = ElsewhereStore(signal=signal)
+        await store.create_run(RunRecord("run_1", "p"))
+        feeds = RunFeeds(store)
+        readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        for i in range(30):
+            await store.append("run_1", [NewEvent("message.delta", {"i": i})])
+            if i % 7 == 0:
+                await asyncio.sleep(0.005)
+        await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+        results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert all(r == list(range(1, 32)) for r in results), signal
+        assert feeds.active == 0
+
+
+async def test_a_notification_for_events_already_published_costs_no_read() -> None:
+    store = CountingStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store)
+    reader = asyncio.create_task(_collect(feeds, 0, 0))
+    await asyncio.sleep(0.01)
+    before = store.reads
+    out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL
+    await asyncio.sleep(0.01)
+    assert store.reads == before
+    await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+    assert await asyncio.wait_for(reader, 5) == [1, 2]

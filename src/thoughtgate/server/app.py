@@ -127,6 +127,7 @@ def create_app(
                 yield
             finally:
                 await manager.shutdown()
+                state.streams.stop_all()
                 if state.feeds is not None:
                     await state.feeds.close()
                 if state.access is not None:

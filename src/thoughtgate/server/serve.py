@@ -25,6 +25,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.manager import RunManager
+from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
 
 __all__ = ["DaemonServer", "RedactTickets", "serve_app"]
@@ -53,9 +54,11 @@ class DaemonServer(uvicorn.Server):
         manager: RunManager,
         *,
         on_ready: Callable[[str, int], None] | None = None,
+        streams: LiveStreams | None = None,
     ) -> None:
         super().__init__(config)
         self.manager = manager
+        self.streams = streams
         self.on_ready = on_ready
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,6 +94,8 @@ class DaemonServer(uvicorn.Server):
         except Exception:  # never block the exit
             log.exception("draining runs failed")
         finally:
+            if self.streams is not None:  # live readers of runs not executed here end too
+                self.streams.stop_all()
             super().handle_exit(sig, frame)
             # A drained shutdown is a clean exit: do not re-raise the signal afterwards.
             captured = getattr(self, "_captured_signals", None)
@@ -131,7 +136,9 @@ async def serve_app(
         proxy_headers=False,
         server_header=False,
     )
-    server = DaemonServer(config, state.manager, on_ready=on_ready)  # configures logging
+    server = DaemonServer(
+        config, state.manager, on_ready=on_ready, streams=state.streams
+    )  # configures logging
     redact = RedactTickets()
     access = logging.getLogger("uvicorn.access")
     access.addFilter(redact)

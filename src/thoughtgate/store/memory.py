@@ -92,7 +92,7 @@ class MemoryStore(EventStore):
             ]
             log.extend(out)
         if out:
-            self.wakeups.notify(run_id)
+            self.wakeups.publish(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

@@ -68,7 +68,7 @@ WITH bumped AS (
     ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
     RETURNING 1
 )
-SELECT base, pg_notify(%(channel)s, %(run_id)s) FROM bumped
+SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text) FROM bumped
 """
 
 _RECORD_SEPARATOR = "\x1e"
@@ -163,7 +163,7 @@ class PostgresStore(EventStore):
             conninfo,
             self.channel,
             application_name=f"thoughtgate-listen:{schema}"[:63],
-            on_notify=self.wakeups.notify,
+            on_notify=self._notified,
             on_connected=self.wakeups.notify_all,
         )
 
@@ -306,13 +306,14 @@ class PostgresStore(EventStore):
             row = await cur.fetchone()
         if row is None:
             raise RunNotFoundError(run_id)
-        self.wakeups.notify(run_id)
         first = int(row[0]) + 1
         decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
-        return [
+        out = [
             codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
             for i in range(n)
         ]
+        self.wakeups.publish(run_id, out)
+        return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         async with self._conn(f"read events of run {run_id!r}") as conn:
@@ -322,6 +323,20 @@ class PostgresStore(EventStore):
             if not rows:  # runs are never deleted, so checking afterwards is race-free
                 await self._require_run(conn, run_id)
         return codec.events_from_rows(run_id, rows)
+
+    def _notified(self, payload: str) -> None:
+        """``NOTIFY`` payload ``"<run_id> <last seq>"`` (the seq lets a live reader that already
+        has those events, published by this process, skip a read)."""
+        run_id, _, last = payload.rpartition(" ")
+        if run_id and last.isdigit():
+            self.wakeups.notify(run_id, int(last))
+        else:  # a payload without a seq (an older thoughtgate): the whole payload is the run id
+            self.wakeups.notify(payload)
+
+    def live_poll_interval(self) -> float:
+        """Re-read slowly while the listener is healthy (NOTIFY wakes live readers), else poll."""
+        self._listener.start()
+        return self.safety_poll if self._listener.healthy else self.poll_interval
 
     async def wait_for_new(self, run_id: str, after: int) -> None:
         """Wake on NOTIFY from any process; poll slowly while the listener is healthy."""

@@ -239,7 +239,7 @@ class SQLiteStore(EventStore):
             codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
             for i in range(n)
         ]
-        self.wakeups.notify(run_id)
+        self.wakeups.publish(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

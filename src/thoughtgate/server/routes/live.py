@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from urllib.parse import quote
 
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -15,7 +14,7 @@ from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import TicketBody, TicketView
-from thoughtgate.server.sse import live_frames
+from thoughtgate.server.sse import LiveResponse, live_frames
 from thoughtgate.server.state import state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES
@@ -70,12 +69,13 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         watch_access=None
         if access is None
         else functools.partial(access.watch, principal.key_id, principal.role),
+        ping_s=state.server.keepalive_s,
     )
-    return EventSourceResponse(
+    return LiveResponse(
         frames,
-        ping=state.server.keepalive_s,
-        send_timeout=state.sse_send_timeout_s,
+        send_timeout_s=state.sse_send_timeout_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        streams=state.streams,
     )
 
 

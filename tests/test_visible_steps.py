@@ -38,6 +38,7 @@ from thoughtgate.events.summarizers import (
 )
 from thoughtgate.events.visible import (
     MAX_SUMMARY_CHARS,
+    SOURCE_NOTES,
     VISIBLE_MARKER,
     VisibleStep,
     build_receipt,
@@ -204,14 +205,12 @@ def test_eligibility() -> None:
     assert not is_eligible(False, "surface")
 
 
-def test_telemetry_only_keeps_only_structural_summarizers() -> None:
-    config = VisibleReasoningConfig(summarizers=("provider_summaries", "model", "phases"))
-    assert effective_summarizers(config, "surface") == ("provider_summaries", "model", "phases")
-    assert effective_summarizers(config, "telemetry_only") == ("phases",)
-    assert effective_summarizers(VisibleReasoningConfig(), "surface") == (
-        "provider_summaries",
-        "phases",
-    )
+def test_phases_alone_by_default_and_telemetry_only_never_shows_provider_summaries() -> None:
+    every = ("provider_summaries", "model", "narration", "phases")
+    config = VisibleReasoningConfig(summarizers=every)
+    assert effective_summarizers(config, "surface") == every
+    assert effective_summarizers(config, "telemetry_only") == ("model", "narration", "phases")
+    assert effective_summarizers(VisibleReasoningConfig(), "surface") == ("phases",)
 
 
 def test_for_run_returns_none_when_not_eligible() -> None:
@@ -220,7 +219,8 @@ def test_for_run_returns_none_when_not_eligible() -> None:
     assert VisibleReasoningPipeline.for_run(off, "surface") is None
     pipeline = VisibleReasoningPipeline.for_run(Config(), "surface")
     assert pipeline is not None
-    assert [s.name for s in pipeline.summarizers] == ["provider_summaries", "phases"]
+    assert [s.name for s in pipeline.summarizers] == ["phases"]
+    assert not pipeline.narrates
     with pytest.raises(ValueError, match="surface or telemetry_only"):
         VisibleReasoningPipeline("hidden", [])
 
@@ -286,23 +286,33 @@ def scripted(reply: str, seen: list[TurnRequest]) -> FakeProvider:
     return FakeProvider(script)
 
 
-async def test_model_summarizer_asks_without_reasoning_and_returns_new_text() -> None:
+async def test_model_summarizer_reads_what_the_reader_sees_and_never_reasoning() -> None:
     seen: list[TurnRequest] = []
-    summarizer = ModelSummarizer(scripted("The agent is comparing two train fares.", seen))
-    t = turn(ReasoningPart("I think rail is better because of the transfers."), TextPart("Rail."))
+    summarizer = ModelSummarizer(scripted("The agent is recommending the train.", seen))
+    t = turn(
+        ReasoningPart("I think rail is better because of the transfers."),
+        ReasoningPart("**Weighing rail against air**", reasoning_kind="summary"),
+        TextPart("Take the train: it avoids two transfers."),
+    )
     [draft] = await summarizer.summarize(TurnFinished(t))
-    assert draft.summary == "The agent is comparing two train fares."
+    assert draft.summary == "The agent is recommending the train."
     assert draft.source == "model"
     [request] = seen
     assert request.reasoning.enabled is False
     assert request.system and "ONE new sentence" in request.system
-    assert "rail is better" in request.messages[0].text
+    asked = request.messages[0].text
+    assert "it avoids two transfers" in asked  # the answer text the reader sees anyway
+    assert "rail is better" not in asked and "Weighing" not in asked  # no reasoning of any kind
     call = ToolCallPart("call_9", "search_fares", '{"origin": "Lyon Part-Dieu"}')
-    asks = turn(ReasoningPart("Need fares."), call)
+    narration = ToolCallPart("call_8", "visible_step", '{"summary": "Fetching fares"}')
+    asks = turn(ReasoningPart("Need fares from Lyon Part-Dieu."), narration, call)
     [why] = await summarizer.summarize(ToolStarted("call_9", "search_fares", turn=asks))
     assert why.kind == "tool_reasoning"
     assert why.tool_call_id == "call_9"
-    assert "Lyon Part-Dieu" not in seen[-1].messages[0].text  # never tool arguments
+    asked = seen[-1].messages[0].text
+    assert "Lyon Part-Dieu" not in asked  # never tool arguments, never reasoning
+    assert asked.endswith("Tools requested: search_fares")
+    assert "visible_step" not in asked
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -327,7 +337,7 @@ def payloads(events: list[NewEvent]) -> list[tuple[str, str]]:
 
 
 async def test_a_whole_task_produces_ordered_marked_events_and_a_receipt() -> None:
-    p = pipeline()
+    p = pipeline(summarizers=("provider_summaries", "phases"))
     out: list[NewEvent] = []
     out += await p.task_started("task_1")
     first = turn(
@@ -366,10 +376,15 @@ async def test_a_whole_task_produces_ordered_marked_events_and_a_receipt() -> No
     assert receipt.steps_shown == 2
     assert receipt.phases_shown == 5
     assert receipt.steps_dropped_by_policy == 0
+    assert dict(receipt.step_sources) == {"phases": 5, "provider_summary": 2}
+    assert receipt.notes == (SOURCE_NOTES["provider_summaries"],)
 
 
 async def test_steps_that_break_the_policy_are_dropped_alone() -> None:
-    p = pipeline(hidden=("Never mention the partner commission rates or the escalation roster.",))
+    p = pipeline(
+        hidden=("Never mention the partner commission rates or the escalation roster.",),
+        summarizers=("provider_summaries", "phases"),
+    )
     leaky = turn(
         ReasoningPart(RAW),
         ReasoningPart("Using key sk-ant-api03-" + "x" * 40, reasoning_kind="summary"),
@@ -468,7 +483,7 @@ async def test_a_failing_summarizer_never_blocks_the_others() -> None:
 
 
 async def test_telemetry_only_runs_show_phases_but_no_summaries() -> None:
-    p = pipeline(mode="telemetry_only")
+    p = pipeline(mode="telemetry_only", summarizers=("provider_summaries", "phases"))
     events = await p.turn_finished(
         turn(ReasoningPart("Secret plan summary", reasoning_kind="summary"), TextPart("Hi"))
     )
@@ -531,7 +546,10 @@ def test_any_long_verbatim_span_of_raw_reasoning_is_dropped(
 
 
 async def test_observer_serves_the_loop_hooks_and_closes_before_the_answer() -> None:
-    factory = observer_factory(Config(), hidden_texts=lambda run: ["Never reveal the roster."])
+    config = Config.from_mapping(
+        {"visible_reasoning": {"summarizers": ["provider_summaries", "phases"]}}
+    )
+    factory = observer_factory(config, hidden_texts=lambda run: ["Never reveal the roster."])
 
     class Surface:
         mode = "surface"

@@ -287,7 +287,13 @@ def _cot(kind: str, step_id: str, summary: str, call: str) -> NewEvent:
         return cot_tool_reasoning_event(step(step_id, summary, tool_call_id=call))
     if kind == "completed":
         return cot_completed_event(
-            build_receipt("surface", raw_reasoning_exists=True, steps_shown=1)
+            build_receipt(
+                "surface",
+                raw_reasoning_exists=True,
+                steps_shown=1,
+                summarizers=("provider_summaries", "narration", "phases"),
+                step_sources={"narration": 1, summary: 0},
+            )
         )
     return NewEvent(EventType.COT_STEP, {"summary": summary})  # unmarked
 
@@ -335,6 +341,18 @@ tool_events = st.builds(
 other_events = st.one_of(
     st.builds(lambda w: NewEvent(EventType.MESSAGE_DELTA, {"text": w + " "}), WORDS),
     st.builds(lambda w: NewEvent(EventType.REASONING_DELTA, {"text": w}), WORDS),
+    st.builds(
+        lambda w, turn, kind, index, task: NewEvent(
+            EventType.REASONING_DELTA,
+            {"text": w, "turn": turn, "reasoning_kind": kind, "index": index},
+            task_id=task,
+        ),
+        WORDS,
+        st.sampled_from([0, 1, None, "1"]),
+        st.sampled_from(["raw", "summary", None, "encrypted"]),
+        st.sampled_from([0, 1, None]),
+        st.sampled_from(["t1", "t2", None]),
+    ),
     st.builds(lambda w: NewEvent(EventType.MESSAGE_COMPLETED, {"text": w}), WORDS),
     st.just(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, {})),
     st.just(NewEvent(EventType.RUN_FAILED, {"error": "x"})),

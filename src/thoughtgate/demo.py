@@ -3,11 +3,16 @@
 A multi-turn tool run in ``surface`` mode through the real ``anthropic`` adapter, talking HTTP over
 loopback to the in-process provider emulator, recorded in the default SQLite store, shown live as
 the local role may see it, then summarized.
+
+The demo turns ``narration`` on (unless ``visible_reasoning.summarizers`` is set in the config), so
+the emulated model writes steps for the reader through ``visible_step`` beside its tool calls:
+what a viewer sees is written for them, never taken from the model's thinking.
 """
 
 from __future__ import annotations
 
 from thoughtgate.cli.common import Context, console, print_json
+from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
@@ -17,10 +22,21 @@ from thoughtgate.telemetry import telemetry_sinks
 from thoughtgate.testing.emulator import Emulator, serve_emulator
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 
-__all__ = ["DEMO_MODEL", "DEMO_PROMPT", "demo_tools", "run_demo"]
+__all__ = ["DEMO_MODEL", "DEMO_PROMPT", "DEMO_SCENARIO", "demo_config", "demo_tools", "run_demo"]
 
 DEMO_PROMPT = "What is the largest city in my country?"
 DEMO_MODEL = "anthropic:claude-sonnet-4-5"
+DEMO_SCENARIO = "narrated-tool-loop"
+
+
+def demo_config(config: Config) -> Config:
+    """``config`` with ``narration`` and ``phases`` as the visible-step sources, unless the
+    operator chose the sources themselves."""
+    vr = config.visible_reasoning
+    if "summarizers" in vr.model_fields_set:
+        return config
+    narrated = vr.model_copy(update={"summarizers": ("narration", "phases")})
+    return config.model_copy(update={"visible_reasoning": narrated})
 
 
 def demo_tools() -> ToolRegistry:
@@ -42,7 +58,8 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
     from thoughtgate.cli.runs import execute_and_follow, run_view_json
 
     ctx = Context(config_path=config_path, db=db, view_as=None)
-    emulator = Emulator().add(builtin_scenarios()["tool-loop"], default=True)
+    emulator = Emulator().add(builtin_scenarios()[DEMO_SCENARIO], default=True)
+    config = demo_config(ctx.config)
 
     with serve_emulator(emulator) as server:
 
@@ -54,7 +71,7 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
         async def go(store: EventStore) -> None:
             runtime = Runtime(
                 store,
-                ctx.config,
+                config,
                 provider_factory=provider,
                 tools=demo_tools(),
                 approvals=ApprovalBroker(),
@@ -65,6 +82,8 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                     f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {server.url}"
                     f" · store {ctx.db_url} · role {ctx.role}"
                 )
+                sources = ", ".join(config.visible_reasoning.summarizers)
+                console.print(f"[bold]visible steps from:[/] {sources}")
                 console.print(f"[bold]prompt:[/] {DEMO_PROMPT}\n")
             view = await execute_and_follow(
                 runtime,

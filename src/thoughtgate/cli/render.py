@@ -28,10 +28,18 @@ from thoughtgate.events.visible import describe_receipt, parse_receipt
 __all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread"]
 
 
-def _turn_title(label: str, turn: Any, task_id: str | None) -> str:
+def _turn_title(label: str, turn: Any) -> str:
     where = f"model turn {turn + 1}" if isinstance(turn, int) else "model turn"
-    task = f" · {task_id}" if task_id else ""
-    return f"{label} · {where}{task} · developer only"
+    return f"{label} · {where} · developer only"
+
+
+def _step_line(event_type: str, summary: str) -> str:
+    """A visible step as one line: phases dim, steps bold, a tool's reason under its card."""
+    if event_type == EventType.COT_PHASE:
+        return f"[dim]· {summary}[/]"
+    if event_type == EventType.COT_TOOL_REASONING:
+        return f"    [magenta]↳ {summary}[/]"
+    return f"[magenta]• {summary}[/]"
 
 
 class LivePrinter:
@@ -60,8 +68,7 @@ class LivePrinter:
             label = reasoning_label(kind if isinstance(kind, str) else None)
             turn = p.get("turn")
             self._switch(
-                f"reasoning:{event.task_id}:{turn}:{label}",
-                f"── {_turn_title(label, turn, event.task_id)} ──",
+                f"reasoning:{event.task_id}:{turn}:{label}", f"── {_turn_title(label, turn)} ──"
             )
             self.console.print(Text(str(p.get("text", "")), style="dim"), end="")
         elif t == EventType.MESSAGE_DELTA:
@@ -91,8 +98,8 @@ class LivePrinter:
         elif t.startswith("cot."):
             self._switch("cot")
             summary = p.get("summary")
-            if summary:
-                self.console.print(f"[magenta]• {summary}[/]", highlight=False)
+            if isinstance(summary, str) and summary:
+                self.console.print(_step_line(t, summary), highlight=False)
         elif t == EventType.MESSAGE_PARTIALLY_COMPLETED:
             self._switch("note")
             self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
@@ -117,21 +124,33 @@ def _usage_text(usage: dict[str, Any]) -> str:
 def render_thread(console: Console, thread: ThreadView) -> None:
     """The thread rebuilt from the reader's filtered events: visible steps, tool cards, each
     model turn's reasoning under its honest label (only in a developer's view), the receipt."""
+    cards = {card.call_id for card in thread.cards}
+    captions: dict[str, list[str]] = {}  # a phase that names a card is shown on the card
+    for item in thread.items:
+        if isinstance(item, PhaseItem) and item.step.tool_call_id in cards:
+            captions.setdefault(item.step.tool_call_id, []).append(item.step.summary)
     for item in thread.items:
         if isinstance(item, StepItem):
-            console.print(f"[magenta]• {item.step.summary}[/]", highlight=False)
+            console.print(_step_line(EventType.COT_STEP, item.step.summary), highlight=False)
         elif isinstance(item, PhaseItem):
-            console.print(f"[dim]· {item.step.summary}[/]", highlight=False)
+            if item.step.tool_call_id not in cards:
+                console.print(_step_line(EventType.COT_PHASE, item.step.summary), highlight=False)
         elif isinstance(item, ToolCard):
-            console.print(f"[cyan]⚙ {item.label}[/] [dim]{item.status}[/]", highlight=False)
+            caption = " · ".join(captions.get(item.call_id, ()))
+            console.print(
+                f"[cyan]⚙ {item.label}[/] [dim]{item.status}[/]"
+                + (f" [dim]({caption})[/]" if caption else ""),
+                highlight=False,
+            )
             for why in item.reasoning:
-                console.print(f"    [magenta]↳ {why.summary}[/]", highlight=False)
+                line = _step_line(EventType.COT_TOOL_REASONING, why.summary)
+                console.print(line, highlight=False)
         elif isinstance(item, ReasoningItem):
             for segment in item.segments:
                 console.print(
                     Panel(
                         Text(segment.text, style="dim"),
-                        title=_turn_title(segment.label, item.turn, item.task_id),
+                        title=_turn_title(segment.label, item.turn),
                         border_style="dim",
                     )
                 )

@@ -1,6 +1,9 @@
 """Built-in scenarios, used by ``thoughtgate demo``, ``thoughtgate emulate`` and the tests.
 
 Select one with the ``x-emulator-scenario`` header or by naming it as the model.
+``narrated-tool-loop`` is ``tool-loop`` with the model writing steps for the reader through the
+``visible_step`` tool (offered when ``visible_reasoning.summarizers`` includes ``narration``),
+beside its real tool calls in the same turn.
 """
 
 from __future__ import annotations
@@ -60,6 +63,38 @@ def builtin_scenarios() -> dict[str, Scenario]:
                             "The tool said the country. Now I need the largest city there; "
                             "I will call largest_city."
                         ),
+                        Call("largest_city", {"country": "Mexico"}),
+                    )
+                ),
+                ScriptedTurn(
+                    (
+                        Think("I have both facts. Answer briefly."),
+                        Say("The largest city in your country is Mexico City."),
+                    )
+                ),
+            ),
+        ),
+        Scenario(
+            "narrated-tool-loop",
+            (
+                ScriptedTurn(
+                    (
+                        Think(
+                            "I need the user's country before I can name its largest city. "
+                            "I will call get_country."
+                        ),
+                        Call("visible_step", {"summary": "Checking your profile for your country"}),
+                        Call("get_country", {}),
+                    )
+                ),
+                ScriptedTurn(
+                    (
+                        Think(
+                            "The tool said the country. Now I need the largest city there; "
+                            "I will call largest_city."
+                        ),
+                        Call("visible_step", {"summary": "Found your country in your profile."}),
+                        Call("visible_step", {"summary": "Looking up its largest city"}),
                         Call("largest_city", {"country": "Mexico"}),
                     )
                 ),

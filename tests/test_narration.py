@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from loop_support import CASES, Case, make_provider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from thoughtgate.access.filter import filter_events
 from thoughtgate.config import Config
+from thoughtgate.demo import demo_tools
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import UsageError
 from thoughtgate.events.narration import NARRATION_ACK, NARRATION_DESCRIPTION, NARRATION_TOOL
@@ -29,6 +31,8 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.telemetry import TelemetrySink
+from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 from thoughtgate.testing.fake import FakeProvider, reasoning, text, tool_call
 from thoughtgate.types import ToolResultPart
 
@@ -277,7 +281,7 @@ async def test_narration_that_repeats_a_provider_summary_is_reasoning_and_droppe
 
 async def test_narration_never_reaches_telemetry_even_with_content_capture() -> None:
     exporter = InMemorySpanExporter()
-    _, _, events = await run(story, exporter=exporter)
+    await run(story, exporter=exporter)
     spans = exporter.get_finished_spans()
     assert spans
     attributes = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
@@ -298,3 +302,47 @@ async def test_a_tool_named_visible_step_is_refused_while_narrating() -> None:
     assert "built-in narration tool" in failed.payload["error"]
     _, fine, _ = await run(story, config=None, tools=ToolRegistry([impostor]))
     assert fine is not None, "without narration the name is the user's"
+
+
+# --------------------------------------------------------------------------- the four formats
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[EmulatorServer]:
+    emulated = Emulator().add(builtin_scenarios()["narrated-tool-loop"], default=True)
+    with serve_emulator(emulated) as server:
+        yield server
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+async def test_each_wire_format_takes_narration_beside_its_tool_calls(
+    emulator: EmulatorServer, case: Case
+) -> None:
+    """The real adapters send the acknowledgement in the same tool message as the real result
+    (the emulator validates tool-result pairing as each API does), in three model turns."""
+    emulator.emulator.requests.clear()
+    store = MemoryStore()
+    runtime = Runtime(
+        store,
+        Config.from_mapping(NARRATING),
+        provider_factory=lambda model: make_provider(
+            model, url=emulator.url, scenario="narrated-tool-loop"
+        ),
+        tools=demo_tools(),
+    )
+    record = await runtime.run(
+        RunRequest("Largest city?", model=case.model), chain_of_thought="surface"
+    )
+    assert record.status == "completed", record.error
+    assert [r.status for r in emulator.emulator.requests] == [200, 200, 200]
+    events = await store.read(record.run_id)
+    viewer = rebuild(filter_events(events, "viewer", mode="surface"))
+    assert [c.tool_key for c in viewer.cards] == ["get_country", "largest_city"]
+    assert [s.summary for s in viewer.steps] == ["Found your country in your profile."]
+    assert [[s.summary for s in c.reasoning] for c in viewer.cards] == [
+        ["Checking your profile for your country"],
+        ["Looking up its largest city"],
+    ]
+    assert "visible_step" not in outside_cot(events)
+    offered_names = json.dumps(emulator.emulator.requests[0].body.get("tools"))
+    assert "visible_step" in offered_names and NARRATION_DESCRIPTION in offered_names

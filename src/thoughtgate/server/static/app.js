@@ -133,7 +133,7 @@ function renderReasoning(item) {
       node.append(el("div", { class: "raw-label", "data-testid": "reasoning-label", "data-kind": seg.kind ?? "" }, seg.label));
       label = seg.label;
     }
-    node.append(el("pre", { "data-testid": "raw-text", "data-kind": seg.kind ?? "" }, seg.text));
+    node.append(el("pre", { "data-testid": "raw-text", "data-kind": seg.kind ?? "" }, seg.text.trimEnd()));
   }
   return node;
 }
@@ -378,8 +378,8 @@ async function start() {
   $("#role-note").textContent = can.read_reasoning
     ? "Your role also reads tool inputs and outputs and, on surface runs, the model's reasoning next to each turn."
     : can.answer_approvals
-      ? "You see visible steps, tool cards with their inputs and outputs, and answers; raw reasoning is not sent to your role."
-      : "You see visible steps, tool cards (label and status) and answers; raw reasoning is not sent to your role.";
+      ? "You see visible steps, tool cards with their inputs and outputs, and answers; the model's reasoning is not sent to your role."
+      : "You see visible steps, tool cards (label and status) and answers; the model's reasoning is not sent to your role.";
   await loadRuns();
   if (location.hash.length > 1) await openRun(decodeURIComponent(location.hash.slice(1)));
 }

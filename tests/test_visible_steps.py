@@ -46,6 +46,7 @@ from thoughtgate.events.visible import (
     cot_phase_event,
     cot_step_event,
     cot_tool_reasoning_event,
+    describe_receipt,
     parse_receipt,
     parse_visible_payload,
 )
@@ -176,6 +177,45 @@ def test_tampered_or_unmarked_receipts_are_discarded() -> None:
     ):
         assert parse_receipt({**good, "receipt": {**body, **change}}) is None, change
     assert parse_receipt({**good, "receipt": {**body, "future_field": 1}}) == receipt
+
+
+def test_receipt_names_the_sources_and_the_operators_opt_ins() -> None:
+    receipt = build_receipt(
+        "surface",
+        raw_reasoning_exists=True,
+        steps_shown=3,
+        phases_shown=4,
+        summarizers=("provider_summaries", "narration", "model", "phases"),
+        step_sources={"narration": 2, "provider_summary": 1, "phases": 4, "model": 0},
+        dropped_by_reason={"credential": 1},
+    )
+    payload = receipt.to_payload()
+    assert payload["step_sources"] == {"narration": 2, "phases": 4, "provider_summary": 1}
+    assert payload["notes"] == [SOURCE_NOTES["provider_summaries"], SOURCE_NOTES["model"]]
+    assert "The operator chose to show you summaries" in payload["notes"][0]
+    assert "never the model's reasoning" in payload["notes"][1]
+    good = cot_completed_event(receipt, ts=1.0).payload
+    assert parse_receipt(good) == receipt
+    body = dict(good["receipt"])
+    for change in (
+        {"notes": []},  # an opt-in nobody is told about
+        {"notes": [*body["notes"], "made up"]},
+        {"step_sources": {"narration": -1}},
+        {"step_sources": None},
+    ):
+        assert parse_receipt({**good, "receipt": {**body, **change}}) is None, change
+    legacy = {k: v for k, v in body.items() if k not in ("step_sources", "notes")}
+    assert parse_receipt({**good, "receipt": legacy}) is not None  # recorded before the keys
+    assert describe_receipt(receipt) == [
+        "Steps shown came from notes the agent wrote for you (2), the run's progress (4), the "
+        "provider's summaries of the model's reasoning (1), checked by policy.",
+        SOURCE_NOTES["provider_summaries"],
+        SOURCE_NOTES["model"],
+        "The model's reasoning exists; only developers and above can read it.",
+        "1 step(s) were withheld by policy (credential ×1).",
+    ]
+    phases_only = build_receipt("surface", raw_reasoning_exists=False, steps_shown=0)
+    assert phases_only.notes == () and describe_receipt(phases_only) == ["No steps were shown."]
 
 
 @pytest.mark.parametrize("role", ["viewer", "member", "developer", "owner"])

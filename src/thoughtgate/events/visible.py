@@ -284,7 +284,8 @@ def describe_receipt(receipt: DisclosureReceipt, *, raw_visible: bool = False) -
     """
     lines = []
     if receipt.step_sources:
-        parts = [f"{SOURCE_LABELS.get(k, k)} ({v})" for k, v in receipt.step_sources.items()]
+        shown = sorted(receipt.step_sources.items())  # the payload's order, as the page shows it
+        parts = [f"{SOURCE_LABELS.get(k, k)} ({v})" for k, v in shown]
         lines.append(f"Steps shown came from {', '.join(parts)}, checked by policy.")
     else:
         lines.append("No steps were shown.")

@@ -6,7 +6,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck pytest bench browser-deps postgres-up clean
+.PHONY: demo test lint typecheck pytest bench browser-deps postgres-up clean events-doc
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ postgres-up:
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/lint-imports
+
+## docs/events.md from the event vocabulary (a test fails when it is stale)
+events-doc: $(DEMO_STAMP)
+	$(PY) -m thoughtgate.events.catalogue docs/events.md
 
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy

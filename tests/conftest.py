@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from thoughtgate.events.catalogue import strict
 from thoughtgate.store.memory import MemoryStore
+
+# Every event a producer appends in these tests is validated against the catalogue first.
+strict(True)
 
 # The machine is shared and noisy: Hypothesis examples are bounded by count, never by wall time.
 settings.register_profile(

@@ -82,6 +82,38 @@ def _canary(request: TurnRequest, turn: int) -> Iterator[Any]:
         yield text("The answer is 42.")
 
 
+def tool_markers(token: str) -> dict[str, str]:
+    """Tool inputs that come back in tool detail texts, not in tool inputs or outputs: a
+    validation error (``input_value=...``), an exception quoting its input, a progress message."""
+    return {
+        "invalid": f"TOOLVALIDATION-{token}",
+        "raised": f"TOOLEXCEPTION-{token}",
+        "progress": f"TOOLPROGRESS-{token}",
+    }
+
+
+def _toolcanary(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """``toolcanary TOKEN``: one tool call per turn, each carrying a marker into a tool detail
+    text, a short pause before each turn (so a reader can follow it live), then an answer."""
+    mark = tool_markers(_token(request))
+    calls = [
+        ("lookup", {"query": {"nested": mark["invalid"]}}),
+        ("explode", {"query": mark["raised"]}),
+        ("progressive", {"query": mark["progress"]}),
+    ]
+
+    async def gen() -> AsyncIterator[Any]:
+        await asyncio.sleep(0.15)
+        yield reasoning(f"turn {turn}: using the tools")
+        if turn < len(calls):
+            name, arguments = calls[turn]
+            yield tool_call(name, arguments, call_id=f"call_{name}")
+        else:
+            yield text("The tools have spoken.")
+
+    return gen()
+
+
 def _approval(request: TurnRequest, turn: int) -> Iterator[Any]:
     if turn == 0:
         yield reasoning("This needs a human.")
@@ -113,7 +145,15 @@ def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS.update({"canary": _canary, "approval": _approval, "chatty": _chatty, "slow": _slow})
+FAKE_SCRIPTS.update(
+    {
+        "canary": _canary,
+        "toolcanary": _toolcanary,
+        "approval": _approval,
+        "chatty": _chatty,
+        "slow": _slow,
+    }
+)
 
 
 @tool
@@ -128,7 +168,22 @@ def dangerous(target: str) -> str:
     return f"changed {target}"
 
 
-SERVER_TOOLS = [lookup, dangerous]
+@tool
+def explode(query: str) -> str:
+    """Always fails, quoting its input (as real tools' exceptions do)."""
+    raise ValueError(f"nothing found for {query}")
+
+
+@tool
+async def progressive(query: str, progress: Any = None) -> str:
+    """Reports progress that quotes its input."""
+    if progress is not None:
+        await progress(f"scanning the archive for {query}")
+    return "archived"
+
+
+SERVER_TOOLS = [lookup, dangerous, explode, progressive]
+TOOL_CANARY_TOOLS = ["lookup", "explode", "progressive"]
 
 
 def server_tools() -> ToolRegistry:
@@ -281,8 +336,10 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 class ServeProcess:
     """``python -m thoughtgate serve`` in a subprocess; reads its URL (and bootstrap key)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, open_files: int | None = None) -> None:
         self.args = args
+        self.open_files = open_files
+        """``ulimit -n`` for the server process (soft and hard), when given."""
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.bootstrap_key: str | None = None
@@ -302,6 +359,7 @@ class ServeProcess:
             stdout=self._stdout,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=None if self.open_files is None else self._limit_files,
         )
         assert self.proc.stderr is not None
         deadline = time.monotonic() + timeout
@@ -324,6 +382,12 @@ class ServeProcess:
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         return self
+
+    def _limit_files(self) -> None:
+        import resource
+
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -25,11 +25,12 @@ from pg import PG_URL
 from psycopg import sql
 
 from thoughtgate.errors import StoreError, StoreUnavailableError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.pg_errors import describe_target
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
 
 __all__ = [
@@ -417,8 +418,8 @@ class FailingStore(EventStore):
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         return await self.inner.find_api_key(key_hash)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        return await self.inner.revoke_api_key(key_id_or_name)
+    async def revoke_api_key(self, key_id: str) -> bool:
+        return await self.inner.revoke_api_key(key_id)
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
         return await self.inner.get_or_create_secret(name, candidate)

@@ -358,18 +358,22 @@ class StoreConformance:
         k1 = ApiKeyRecord("key_1", "ci", "member", "hash-1", created_at=1.0)
         k2 = ApiKeyRecord("key_2", "ops", "admin", "hash-2", created_at=2.0)
         k3 = ApiKeyRecord("key_3", "bot", "viewer", "hash-3", created_at=3.0)
-        for key in (k2, k3, k1):
+        # named like another key's id, as a store from before the reserved prefix may hold
+        k4 = ApiKeyRecord("key_4", "key_3", "viewer", "hash-4", created_at=4.0)
+        for key in (k2, k4, k3, k1):
             await store.save_api_key(key)
-        assert await store.list_api_keys() == [k1, k2, k3]
+        assert await store.list_api_keys() == [k1, k2, k3, k4]
         assert await store.find_api_key("hash-2") == k2
         assert await store.find_api_key("no-such-hash") is None
         assert await store.find_api_key("key_2") is None  # found by hash only
 
-        assert await store.revoke_api_key("key_2") is True  # by id
+        assert await store.revoke_api_key("key_2") is True
         assert await store.find_api_key("hash-2") is None
         assert await store.revoke_api_key("key_2") is False  # already revoked
-        assert await store.revoke_api_key("bot") is True  # by name
+        assert await store.revoke_api_key("bot") is False  # by exact id only, never by name
+        assert await store.revoke_api_key("key_3") is True  # k3 only, not k4 named "key_3"
         assert await store.find_api_key("hash-3") is None
+        assert await store.find_api_key("hash-4") == k4
         assert await store.revoke_api_key("nobody") is False
         assert await store.find_api_key("hash-1") == k1
 
@@ -377,6 +381,7 @@ class StoreConformance:
         assert listed["key_1"].revoked_at is None
         assert listed["key_2"].revoked_at is not None
         assert listed["key_3"].revoked_at is not None
+        assert listed["key_4"].revoked_at is None
 
     async def test_secret_first_caller_wins(self, store: EventStore) -> None:
         assert await store.get_or_create_secret("ticket_key", "first") == "first"

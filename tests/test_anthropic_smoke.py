@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from thoughtgate.engine.smoke import CAPABILITIES, RULES, CapabilityResult, smoke
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.providers.base import ProviderSettings
-from thoughtgate.providers.smoke import CAPABILITIES, RULES, CapabilityResult, smoke
 from thoughtgate.testing.emulator import (
     Call,
     Emulator,

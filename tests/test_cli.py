@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from thoughtgate.events.schema import EVENT_VERSION
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
@@ -59,7 +61,8 @@ def test_events_status_runs_and_trace_read_through_the_filter(db: str) -> None:
     run_id = run_json(db, "--cot", "surface")["run_id"]
     owner = json.loads(tg("events", run_id, "--db", db, "--json").stdout)
     assert [e["seq"] for e in owner] == list(range(1, len(owner) + 1))
-    assert set(owner[0]) == {"seq", "run_id", "task_id", "type", "ts", "payload"}
+    assert set(owner[0]) == {"seq", "run_id", "task_id", "type", "ts", "v", "payload"}
+    assert {e["v"] for e in owner} == {EVENT_VERSION}
     assert any(e["type"] == "reasoning.delta" for e in owner)
     viewer = json.loads(tg("events", run_id, "--db", db, "--json", "--view-as", "viewer").stdout)
     assert not any(e["type"] == "reasoning.delta" for e in viewer)

@@ -102,6 +102,27 @@ async def test_follow_live_equals_reload_and_only_developers_get_reasoning(
         assert cards[0].input == {"city": "Porto"}
 
 
+async def test_follow_stops_with_an_authentication_error_when_its_key_is_revoked(
+    daemon: Daemon,
+) -> None:
+    with daemon.client("owner") as owner:
+        created = owner.post("/v1/keys", json={"name": "client-dev", "role": "developer"}).json()
+
+    def revoke() -> int:
+        with daemon.client("owner") as owner:
+            return owner.delete(f"/v1/keys/{created['key_id']}").status_code
+
+    run_id = _story(daemon, "revoked", delay=0.5)
+    seen: list[Event] = []
+    async with ThoughtgateClient(daemon.base_url, created["key"]) as tg:
+        with pytest.raises(AuthenticationError, match="authentication required"):
+            async for event in tg.follow(run_id):
+                seen.append(event)
+                if len(seen) == 1:
+                    assert await asyncio.to_thread(revoke) == 200
+    assert seen and not is_run_terminal(seen[-1].type)  # it stopped mid-run, not at the end
+
+
 # --------------------------------------------------------------------------- resume
 
 
@@ -347,3 +368,13 @@ def test_the_blocking_client_follows_and_builds_the_same_thread(daemon: Daemon) 
         assert tg.get_run(run_id)["status"] == "completed"
         assert any(r["run_id"] == run_id for r in tg.list_runs())
     assert views[-1] == reloaded and reloaded.message.text == STORY_ANSWER
+
+
+def test_an_event_in_a_newer_vocabulary_is_refused_with_what_to_do() -> None:
+    from thoughtgate.client import event_from_dict
+    from thoughtgate.events.schema import EVENT_VERSION
+
+    wire = {"seq": 3, "run_id": "r", "type": "message.delta", "ts": 1.0, "payload": {"text": "a"}}
+    assert event_from_dict({**wire, "v": EVENT_VERSION}).v == EVENT_VERSION
+    with pytest.raises(DaemonError, match="upgrade thoughtgate"):
+        event_from_dict({**wire, "v": EVENT_VERSION + 1})

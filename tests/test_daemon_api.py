@@ -229,7 +229,7 @@ def test_approvals(daemon: Daemon) -> None:
     )
     with daemon.client("member") as c:
         required = _wait_for_event(c, run_id, "tool.approval_required")
-        call_id = required["payload"]["callId"]
+        call_id = required["payload"]["call_id"]
         url = f"/v1/runs/{run_id}/approvals/{call_id}"
         with daemon.client("viewer") as v:
             assert v.post(url, json={"decision": "approve"}).status_code == 403
@@ -253,12 +253,16 @@ def test_approvals(daemon: Daemon) -> None:
             c.post("/v1/runs/run_nope/approvals/x", json={"decision": "approve"}).status_code == 404
         )
         response = [e for e in _events(c, run_id) if e["type"] == "tool.approval_response"]
-        assert response[0]["payload"]["by"] == "member-key"
+        assert response[0]["payload"]["decision"] == "approve"
+        assert "by" not in response[0]["payload"], "who answered is operator detail"
+        with daemon.client("admin") as a:
+            answered = [e for e in _events(a, run_id) if e["type"] == "tool.approval_response"]
+        assert answered[0]["payload"]["by"] == "member-key"
         # a settled call on a live run is 409 too
         second = daemon.start_run(
             {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
         )
-        call = _wait_for_event(c, second, "tool.approval_required")["payload"]["callId"]
+        call = _wait_for_event(c, second, "tool.approval_required")["payload"]["call_id"]
         assert (
             c.post(f"/v1/runs/{second}/approvals/{call}", json={"decision": "reject"}).status_code
             == 200
@@ -276,13 +280,19 @@ def test_keys_api(daemon: Daemon) -> None:
         assert admin.post("/v1/keys", json={"name": "ci-dev", "role": "viewer"}).status_code == 400
         assert admin.post("/v1/keys", json={"name": "boss", "role": "owner"}).status_code == 403
         assert admin.post("/v1/keys", json={"name": "x", "role": "god"}).status_code == 422
+        taken = admin.post("/v1/keys", json={"name": made.json()["key_id"], "role": "viewer"})
+        assert (
+            taken.status_code == 400 and "reserved for key ids" in taken.json()["error"]["message"]
+        )
         listed = admin.get("/v1/keys").json()["keys"]
         assert "ci-dev" in [k["name"] for k in listed]
         assert key not in json.dumps(listed) and "hash" not in json.dumps(listed)
         with daemon.client() as anon:
             assert anon.get("/v1/me", headers=auth(key)).json()["role"] == "developer"
             assert admin.delete("/v1/keys/owner-key").status_code == 403
-            assert admin.delete("/v1/keys/ci-dev").json() == {"revoked": True}
+            gone = admin.delete("/v1/keys/ci-dev").json()
+            assert gone["revoked"] is True and gone["name"] == "ci-dev"
+            assert gone["key_id"] == made.json()["key_id"]
             assert anon.get("/v1/me", headers=auth(key)).status_code == 401
             assert admin.delete("/v1/keys/ci-dev").status_code == 404
     with daemon.client("owner") as owner:

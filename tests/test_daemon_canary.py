@@ -1,16 +1,35 @@
-"""The canary: unique markers planted in the reasoning, in a continuity carrier and in a tool's
-arguments appear only where "Who sees what, where" allows, on every route and every SSE frame,
-for every role and every disclosure mode."""
+"""The canary: unique markers planted in the reasoning, in a continuity carrier, in a tool's
+arguments, and in tool detail texts (a validation error quoting the model's arguments, a tool's
+exception quoting its input, a progress message) appear only where "Who sees what, where" allows:
+on every HTTP route and every SSE frame, in the CLI and over MCP, for every role and every mode.
+The web page gets the same check in chromium (test_web_page.py)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from daemon_support import MODES, ROLES, Daemon, markers, running_daemon, sse_events, stream_all
+from daemon_support import (
+    MODES,
+    ROLES,
+    TOOL_CANARY_TOOLS,
+    Daemon,
+    cli,
+    markers,
+    running_daemon,
+    server_tools,
+    sse_events,
+    stream_all,
+    tool_markers,
+)
 
 from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.mcp_server import McpTools
+from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.store.memory import MemoryStore
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +136,85 @@ def test_stream_and_events_agree_and_carriers_only_announce_themselves(
         ("input" in e["payload"] or "output" in e["payload"]) == (parse_role(role) >= Role.MEMBER)
         for e in cards
     )
+
+
+# --------------------------------------------------------------------------- tool detail texts
+
+
+@pytest.fixture(scope="module")
+def tool_run(daemon: Daemon) -> tuple[str, dict[str, str]]:
+    """A surface run whose tool inputs come back in a validation error (``input_value=...``), in a
+    tool's exception and in a progress message: texts that are tool detail, not tool input."""
+    token = uuid.uuid4().hex[:12]
+    run_id = daemon.start_run(
+        {
+            "prompt": f"toolcanary {token}",
+            "model": "fake:toolcanary",
+            "chain_of_thought": "surface",
+            "tools": TOOL_CANARY_TOOLS,
+        }
+    )
+    assert daemon.wait_done(run_id)["status"] == "completed"
+    return run_id, tool_markers(token)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_tool_data_in_errors_and_progress_reaches_members_only(
+    daemon: Daemon, tool_run: tuple[str, dict[str, str]], role: str
+) -> None:
+    run_id, marks = tool_run
+    member = parse_role(role) >= Role.MEMBER
+    bodies = _bodies(daemon, run_id, role)
+    for route, (_, body) in bodies.items():
+        for name, mark in marks.items():
+            where = f"{name} marker on {route} as {role}"
+            if route in ("events", "stream"):
+                assert (mark in body) == member, where
+            else:  # run views, host metadata, the trace: no tool detail at all
+                assert mark not in body, where
+    events = sse_events(bodies["stream"][1])
+    with daemon.client(role) as c:
+        assert events == c.get(f"/v1/runs/{run_id}/events").json()["events"]
+    failed = [e["payload"] for e in events if e["type"] == "tool.failed"]
+    assert [p["error_kind"] for p in failed] == ["invalid_arguments", "tool_error"]
+    assert all(("error" in p) == member for p in failed)
+    assert "input_value=" in failed[0].get("error", "input_value=")  # pydantic quotes the input
+    progress = [e["payload"] for e in events if e["type"] == "tool.progress"]
+    assert progress and all(("message" in p) == member for p in progress)
+    assert all(p["label"] == "progressive" for p in progress)
+
+
+@pytest.mark.parametrize("role", ["viewer", "member"])
+def test_cli_reads_show_tool_detail_texts_to_members_only(tmp_path: Path, role: str) -> None:
+    token = uuid.uuid4().hex[:12]
+    marks = tool_markers(token)
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    tools = ("--tools", "daemon_support:SERVER_TOOLS")
+    ran = cli("run", f"toolcanary {token}", "--model", "fake:toolcanary", "--cot", "surface",
+              *tools, "--db", db, "--json")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    run_id = json.loads(ran.stdout)["run_id"]
+    outputs = {
+        " ".join(args): cli(*args, run_id, "--db", db, "--view-as", role)
+        for args in (["events"], ["events", "--json"], ["status"], ["status", "--json"])
+    }
+    for command, done in outputs.items():
+        assert done.returncode == 0, (command, done.stderr)
+        for mark in marks.values():
+            expected = role == "member" and command.startswith("events")
+            assert (mark in done.stdout) == expected, (command, role, mark)
+    viewer_events = json.loads(outputs["events --json"].stdout)
+    kinds = [e["payload"]["error_kind"] for e in viewer_events if e["type"] == "tool.failed"]
+    assert kinds == ["invalid_arguments", "tool_error"]
+
+
+@pytest.mark.parametrize("role", list(Role))
+async def test_mcp_answers_carry_no_tool_detail(role: Role) -> None:
+    token = uuid.uuid4().hex[:12]
+    tools = McpTools(Runtime(MemoryStore(), tools=server_tools()), role)
+    view = await tools.run(
+        f"toolcanary {token}", model="fake:toolcanary", chain_of_thought="surface"
+    )
+    text = json.dumps(view)
+    assert view["tasks"][0]["output"] == "The tools have spoken."
+    assert not any(mark in text for mark in tool_markers(token).values())

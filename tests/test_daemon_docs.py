@@ -78,3 +78,6 @@ def test_every_documented_command_runs_and_says_what_the_page_says(tmp_path: Pat
     assert "reasoning.delta" not in viewer_types and "reasoning.delta" in dev_types
     counts = [int(x) for x in dev_live.split()]
     assert counts[0] > 0 and counts[1] == 0  # live: developer ticket, viewer ticket
+    past_end, revoked = out[6].splitlines()
+    assert past_end == "204"
+    assert revoked == "the key that asked for this ticket has been revoked"

@@ -48,8 +48,8 @@ def test_ticket_is_required_signed_current_and_for_this_run(daemon: Daemon) -> N
     url = f"/v1/runs/{run_id}/stream"
     good = daemon.ticket(run_id, "viewer")
     past = TicketSigner(SECRET, ttl_s=30, clock=lambda: time.time() - 60)
-    expired, _ = past.issue(run_id, Role.OWNER)
-    forged, _ = TicketSigner("guessed", ttl_s=30).issue(run_id, Role.OWNER)
+    expired, _ = past.issue(run_id, Role.OWNER, key_id="key_any")
+    forged, _ = TicketSigner("guessed", ttl_s=30).issue(run_id, Role.OWNER, key_id="key_any")
     with daemon.client() as c:
         _sse_error(c.get(url), 401)
         _sse_error(c.get(url, params={"ticket": "garbage"}), 401)

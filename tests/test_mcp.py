@@ -46,7 +46,8 @@ async def test_reasoning_only_for_surface_and_developer_or_above(role: Role, mod
     assert view["chain_of_thought"] == mode
     readable = mode == "surface" and role >= Role.DEVELOPER
     assert _shows_marker(view) is readable
-    assert (task["reasoning"] is not None) is readable
+    assert ("reasoning" in task) is readable
+    assert ("reasoning_tokens" in task["usage"]) is readable
     assert _shows_marker(await tools.status(view["run_id"])) is readable
 
 
@@ -142,8 +143,9 @@ async def test_stdio_end_to_end_role_by_mode(role: str) -> None:
             assert not result.is_error, _text(result)
             view = result.structured_content
             assert view is not None and view["tasks"][0]["output"] == "The answer is 42."
-            assert view["tasks"][0]["usage"]["reasoning_tokens"] == (0 if mode == "hidden" else 8)
             expected = role == "developer" and mode == "surface"
+            # reasoning token counts are reasoning: shown only where the reasoning is
+            assert view["tasks"][0]["usage"].get("reasoning_tokens") == (8 if expected else None)
             assert (REASONER_MARKER in _text(result)) is expected, (role, mode)
             assert _shows_marker(view) is expected, (role, mode)
 

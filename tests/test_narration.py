@@ -175,7 +175,7 @@ async def test_narration_beside_tool_calls_adds_no_turn_and_never_becomes_a_card
         [("n2", NARRATION_ACK), ("n3", NARRATION_ACK), ("c2", "Lisbon: 07:05, 09:12")],
     ]
     # no card, no tool detail, no tool call record: the narration lives only in cot.* events
-    assert not [e for e in events if e.type.startswith("tool.") and "n" in e.payload["callId"]]
+    assert not [e for e in events if e.type.startswith("tool.") and "n" in e.payload["call_id"]]
     for e in events:
         if e.type == EventType.AGENT_RESPONSE:
             assert NARRATION_TOOL not in {c["name"] for c in e.payload["tool_calls"]}

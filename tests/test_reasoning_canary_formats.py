@@ -274,7 +274,9 @@ def summaries_shown(emulator_url: str, tmp_path_factory: pytest.TempPathFactory)
                     for part in e.payload.get("reasoning_parts", [])
                     if part.get("text")
                 }
-                viewer = json.dumps([e.to_dict() for e in filter_events(events, "viewer")])
+                viewer = json.dumps(
+                    [e.to_dict() for e in filter_events(events, "viewer", mode="surface")]
+                )
                 out.append((r, kinds, viewer))
             return out
         finally:

@@ -14,6 +14,16 @@ from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 
 
+def delta(text: str, turn: int = 0) -> NewEvent:
+    return NewEvent("message.delta", {"text": text, "turn": turn})
+
+
+def progress(i: int) -> NewEvent:
+    """A non-delta event carrying ``i`` (in ``turn``)."""
+    card = {"call_id": "c", "tool_key": "t", "turn": i, "label": "t"}
+    return NewEvent("tool.progress", {**card, "message": "working"})
+
+
 async def fresh() -> tuple[MemoryStore, EventRecorder]:
     store = MemoryStore()
     await store.create_run(RunRecord("run_1", "p"))
@@ -22,10 +32,10 @@ async def fresh() -> tuple[MemoryStore, EventRecorder]:
 
 async def test_first_delta_is_appended_immediately_then_batched() -> None:
     store, rec = await fresh()
-    await rec.emit_delta(NewEvent("message.delta", {"text": "a"}))
+    await rec.emit_delta(delta("a"))
     assert len(await store.read("run_1")) == 1, "the first byte is not held back"
-    await rec.emit_delta(NewEvent("message.delta", {"text": "b"}))
-    await rec.emit_delta(NewEvent("message.delta", {"text": "c"}))
+    await rec.emit_delta(delta("b"))
+    await rec.emit_delta(delta("c"))
     assert len(await store.read("run_1")) == 1
     await asyncio.sleep(0.12)
     assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "b", "c"]
@@ -39,7 +49,7 @@ def test_recorded_order_is_emission_order(plan: list[tuple[bool, float]]) -> Non
         store, rec = await fresh()
         rec.flush_interval = 0.002
         for i, (is_delta, pause) in enumerate(plan):
-            event = NewEvent("message.delta" if is_delta else "tool.started", {"i": i})
+            event = delta(str(i), i) if is_delta else progress(i)
             if is_delta:
                 await rec.emit_delta(event)
             else:
@@ -47,7 +57,7 @@ def test_recorded_order_is_emission_order(plan: list[tuple[bool, float]]) -> Non
             if pause:
                 await asyncio.sleep(pause)
         await rec.close()
-        return [e.payload["i"] for e in await store.read("run_1")]
+        return [e.payload["turn"] for e in await store.read("run_1")]
 
     assert asyncio.run(go()) == list(range(len(plan)))
 
@@ -66,13 +76,13 @@ async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
         return await real(run_id, events)  # type: ignore[arg-type]
 
     store.append = flaky  # type: ignore[method-assign]
-    await rec.emit(NewEvent("tool.started", {"i": 0}))
+    await rec.emit(progress(0))
     with pytest.raises(StoreError):
-        await rec.emit(NewEvent("tool.started", {"i": 1}))
-    for attempt in (rec.emit(NewEvent("tool.started", {"i": 3})), rec.close()):
+        await rec.emit(progress(1))
+    for attempt in (rec.emit(progress(3)), rec.close()):
         try:
             await attempt
         except StoreError:
             continue
         raise AssertionError("a recorder that lost a batch must refuse later events")
-    assert [e.payload["i"] for e in await store.read("run_1")] == [0]
+    assert [e.payload["turn"] for e in await store.read("run_1")] == [0]

@@ -4,7 +4,9 @@ live and in order, and ``Last-Event-ID`` resumes against either replica."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -100,3 +102,41 @@ async def test_resume_with_last_event_id_against_either_replica(pair: Replicas) 
         done = await RawSSE.open(url, run_id, ticket, last_event_id=seen[-1].id)
         assert done.status == 204
         await done.close()
+
+
+async def test_revoking_a_key_on_b_ends_its_stream_on_a_within_5_s(pair: Replicas) -> None:
+    """The attack across replicas: a stream keeps delivering reasoning on A after its key was
+    revoked through B (or a demoted key keeps its old role on A)."""
+    a, b = pair.urls
+    made = pair.client(b).post("/v1/keys", json={"name": "leaky-dev", "role": "developer"})
+    assert made.status_code == 201, made.text
+    key_id, key = made.json()["key_id"], made.json()["key"]
+    run_id = pair.start_run(a, ticker_prompt(400, 50))  # about 20 s of reasoning and text
+    ticket = pair.ticket(a, run_id, key)
+    conn = await RawSSE.open(a, run_id, ticket)
+    assert conn.status == 200
+    frames: list[Frame] = []
+    revoked_at = 0.0
+    try:
+        async for frame in conn.frames():
+            frames.append(frame)
+            if not revoked_at and any(
+                f.event == "" and "reasoning.delta" in f.data for f in frames
+            ):
+                gone = await asyncio.to_thread(pair.client(b).delete, f"/v1/keys/{key_id}")
+                assert gone.status_code == 200, gone.text
+                revoked_at = time.time()
+    finally:
+        await conn.close()
+    assert revoked_at, "no reasoning arrived before the revocation"
+    ended_at = frames[-1].at
+    assert frames[-1].event == "access_revoked", frames[-1]
+    assert ended_at - revoked_at < 5.0, ended_at - revoked_at
+    assert pair.status(a, run_id) == "running"  # the stream ended, not the run
+    for url in (a, b):  # and the ticket opens nothing on either replica
+        again = await RawSSE.open(url, run_id, ticket)
+        assert again.status == 401
+        await again.close()
+    owners = await RawSSE.open(b, run_id, pair.ticket(b, run_id))
+    assert owners.status == 200  # other keys' streams are unaffected
+    owners.abort()

@@ -7,12 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from thoughtgate.config import (
-    CHAIN_OF_THOUGHT_MODES,
     WORKER_BACKENDS,
     resolve_chain_of_thought,
     resolve_store,
     resolve_worker_backend,
 )
+from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import UnknownModeError, UsageError
 
 layer = st.none() | st.sampled_from(CHAIN_OF_THOUGHT_MODES)

@@ -109,7 +109,7 @@ WRITES: list[tuple[str, Callable[[EventStore, str], Awaitable[object]]]] = [
     ("update_run", lambda s, r: s.update_run(r, status="failed")),
     ("save_task", lambda s, r: s.save_task(TaskRecord("task_new", r, 9, "p"))),
     ("save_api_key", lambda s, r: s.save_api_key(ApiKeyRecord("k", "n", "viewer", "h"))),
-    ("revoke_api_key", lambda s, r: s.revoke_api_key("ci")),
+    ("revoke_api_key", lambda s, r: s.revoke_api_key("key_1")),
     ("get_or_create_secret", lambda s, r: s.get_or_create_secret("new", "v")),
 ]
 

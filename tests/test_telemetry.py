@@ -337,7 +337,7 @@ async def test_failed_tool_span_is_an_error_without_leaking_the_message() -> Non
     assert tool_span.status.status_code == StatusCode.ERROR
     assert tool_span.status.description is None
     assert tool_span.attributes is not None
-    assert tool_span.attributes["error.type"] == "tool_error"
+    assert tool_span.attributes["error.type"] == "unknown_tool"  # the public error_kind
     assert tool_span.start_time == tool_span.end_time
 
 

@@ -1,4 +1,4 @@
-"""The thread: tool payload normalization, card statuses, and reload == live."""
+"""The thread: tool cards, statuses, and reload == live."""
 
 from __future__ import annotations
 
@@ -14,13 +14,11 @@ from thoughtgate.config import Config
 from thoughtgate.events.pipeline import VisibleReasoningPipeline
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.events.thread import (
-    ArtifactItem,
     NoticeItem,
     PhaseItem,
     StepItem,
     ThreadBuilder,
     ToolCard,
-    normalize_tool_payload,
     rebuild,
 )
 from thoughtgate.events.visible import (
@@ -49,45 +47,38 @@ def step(step_id: str, summary: str = "Comparing fares", **kw: Any) -> VisibleSt
 
 
 def tool(etype: str, call_id: str = "c1", **payload: Any) -> NewEvent:
-    return NewEvent(etype, {"callId": call_id, "toolKey": "search_fares", **payload})
+    card = {"call_id": call_id, "tool_key": "search_fares", "turn": 0, "label": "Search fares"}
+    return NewEvent(etype, {**card, **payload})
 
 
-# --------------------------------------------------------------------------- normalization
+# --------------------------------------------------------------------------- tool cards
 
 
-def test_tool_payload_normalization_follows_the_spec() -> None:
-    n = normalize_tool_payload({"toolKey": "a", "key": "b", "callId": "c", "toolCallId": "d"})
-    assert (n.tool_key, n.call_id) == ("a", "c")
-    n = normalize_tool_payload({"key": "b", "toolCallId": "d", "args": {"x": 1}, "output": 2})
-    assert (n.tool_key, n.call_id, n.input, n.output) == ("b", "d", {"x": 1}, 2)
-    n = normalize_tool_payload({"input": {"y": 2}, "args": {"x": 1}, "data": 3, "output": 4})
-    assert (n.input, n.output) == ({"y": 2}, 3)
-    n = normalize_tool_payload({}, {"stepId": "step-7"})
-    assert n.call_id == "step-7"
-    n = normalize_tool_payload({"callId": None, "toolCallId": "d"}, {"stepId": "s"})
-    assert n.call_id == "d"  # ?? skips null only
-    n = normalize_tool_payload({"callId": "", "toolCallId": "d"})
-    assert n.call_id == ""  # ... and keeps an empty string, as ?? does
-    assert normalize_tool_payload({}).activity is None
+def test_cards_read_the_declared_keys_and_no_aliases() -> None:
+    """No producer writes ``callId``, ``toolKey``, ``args`` or ``data``: they mean nothing."""
+    news = [
+        NewEvent(EventType.TOOL_STARTED, {"callId": "x", "toolKey": "k", "args": {"q": 1}}),
+        tool(EventType.TOOL_STARTED, "c2", input={"q": 2}),
+        tool(EventType.TOOL_COMPLETED, "c2", output="two", data="ignored"),
+    ]
+    anonymous, card = rebuild(sequenced(news)).cards
+    assert (anonymous.call_id, anonymous.tool_key, anonymous.input) == ("anonymous-1", None, None)
+    assert (card.call_id, card.tool_key, card.label) == ("c2", "search_fares", "Search fares")
+    assert (card.input, card.output, card.status) == ({"q": 2}, "two", "completed")
 
 
-def test_activity_drives_rendering() -> None:
-    activity = {
-        "activityType": "web.fetch",
-        "origin": "mcp",
-        "label": "Fetching timetable",
-        "detail": {"url": "https://example.com"},
-        "renderHint": "link",
-        "status": "degraded",
-        "subjectType": "document",
-        "subjectId": 42,
-    }
-    view = rebuild(sequenced([tool(EventType.TOOL_STARTED, activity=activity)]))
-    [card] = view.cards
-    assert card.label == "Fetching timetable"
-    assert card.status == "degraded"  # activity.status wins
-    assert card.activity is not None
-    assert card.activity.to_dict() == {**activity, "subjectId": "42"}
+@pytest.mark.parametrize("role", ["viewer", "member"])
+def test_a_failed_card_shows_a_viewer_its_error_kind_only(role: str) -> None:
+    leak = "ToolArgumentsError: input_value='SECRET-ARG'"
+    news = [
+        tool(EventType.TOOL_STARTED, input={"q": "SECRET-ARG"}),
+        tool(EventType.TOOL_FAILED, error=leak, error_kind="invalid_arguments"),
+    ]
+    shown = filter_events(sequenced(news), role, mode="surface")
+    (card,) = rebuild(shown).cards
+    assert (card.status, card.error_kind) == ("failed", "invalid_arguments")
+    assert card.error == (leak if role == "member" else None)
+    assert ("SECRET-ARG" in json.dumps(rebuild(shown).to_dict())) == (role == "member")
 
 
 # --------------------------------------------------------------------------- statuses
@@ -115,9 +106,7 @@ def test_card_status_follows_tool_events(events: list[str], status: str) -> None
 @pytest.mark.parametrize(
     ("answer", "status"),
     [
-        ({"approved": False}, "rejected"),
-        ({"decision": "deny"}, "rejected"),
-        ({"approved": True}, "pending"),
+        ({"decision": "reject"}, "rejected"),
         ({"decision": "approve"}, "pending"),
     ],
 )
@@ -135,14 +124,14 @@ def test_approval_answers(answer: dict[str, Any], status: str) -> None:
 def test_tool_failed_is_not_terminal_but_message_completed_is() -> None:
     news = [
         tool(EventType.TOOL_STARTED),
-        tool(EventType.TOOL_FAILED, error="timeout"),
+        tool(EventType.TOOL_FAILED, error="timeout", error_kind="tool_error"),
         NewEvent(EventType.MESSAGE_DELTA, {"text": "Sorry, "}),
         NewEvent(EventType.MESSAGE_DELTA, {"text": "no fares."}),
     ]
     view = rebuild(sequenced(news))
     assert view.status == "running"
     assert view.terminal is None
-    assert view.cards[0].error == "timeout"
+    assert (view.cards[0].error, view.cards[0].error_kind) == ("timeout", "tool_error")
     assert view.message.text == "Sorry, no fares."
     assert not view.message.final
     news.append(NewEvent(EventType.MESSAGE_COMPLETED, {"text": "Sorry, no fares today."}))
@@ -234,22 +223,19 @@ def test_raw_reasoning_comes_only_from_reasoning_delta() -> None:
     assert rebuild(sequenced(news)).raw_reasoning == "Rail or air?"
 
 
-def test_capabilities_plans_and_artifacts_render_as_their_own_items() -> None:
+def test_the_capability_notice_is_one_item_updated_in_place() -> None:
     news = [
-        NewEvent(EventType.CAPABILITY_RESOLVED, {"capability": "web", "label": "Web access"}),
-        NewEvent(EventType.PLAN_STEP_ADDED, {"stepId": "p1", "title": "Find fares"}),
-        NewEvent("artifact.created", {"artifactId": "a1", "name": "fares.csv"}),
-        NewEvent("preview.ready", {"previewId": "v1", "title": "Route map"}),
-        NewEvent("artifact.updated", {"artifactId": "a1", "size": 120}),
+        NewEvent(EventType.CAPABILITY_RESOLVED, {"chain_of_thought": "hidden"}),
+        NewEvent(EventType.CAPABILITY_RESOLVED, {"chain_of_thought": "surface"}),
+        NewEvent("plan.step_added", {"title": "an event type nobody writes"}),
+        NewEvent("artifact.created", {"name": "fares.csv"}),
     ]
     view = rebuild(sequenced(news))
-    assert view.steps == ()
-    [cap, plan, art, prev] = view.items
-    assert isinstance(cap, NoticeItem) and (cap.kind, cap.label) == ("capability", "Web access")
-    assert isinstance(plan, NoticeItem) and (plan.kind, plan.label) == ("plan", "Find fares")
-    assert isinstance(art, ArtifactItem)
-    assert (art.state, art.label, art.attrs["size"]) == ("updated", "fares.csv", 120)
-    assert isinstance(prev, ArtifactItem) and (prev.family, prev.state) == ("preview", "ready")
+    [notice] = view.items
+    assert isinstance(notice, NoticeItem) and (notice.kind, notice.label) == (
+        "capability",
+        "Mode: surface",
+    )
 
 
 def test_to_dict_is_json_and_carries_message_tool_calls() -> None:
@@ -260,8 +246,8 @@ def test_to_dict_is_json_and_carries_message_tool_calls() -> None:
         NewEvent(EventType.MESSAGE_COMPLETED, {"text": "Done"}),
     ]
     data = json.loads(json.dumps(rebuild(sequenced(news)).to_dict()))
-    assert data["message"]["toolCalls"] == [
-        {"callId": "c1", "toolKey": "search_fares", "status": "executing"}
+    assert data["message"]["tool_calls"] == [
+        {"call_id": "c1", "tool_key": "search_fares", "status": "executing"}
     ]
     assert data["receipt"]["raw_reasoning_visible_to"] == "developer"
     assert [i["kind"] for i in data["items"]] == ["step", "tool"]
@@ -298,16 +284,19 @@ def _cot(kind: str, step_id: str, summary: str, call: str) -> NewEvent:
     return NewEvent(EventType.COT_STEP, {"summary": summary})  # unmarked
 
 
-def _tool(etype: str, call: str, key_style: int, value: str, activity: bool) -> NewEvent:
-    payload: dict[str, Any] = {"callId": call} if key_style == 0 else {"toolCallId": call}
-    payload["toolKey" if key_style == 0 else "key"] = "search_fares"
-    payload["input" if key_style == 0 else "args"] = {"q": value}
+def _tool(etype: str, call: str, value: str) -> NewEvent:
+    payload: dict[str, Any] = {"call_id": call, "tool_key": "search_fares", "turn": 0}
+    payload["label"] = f"Searching {value}"
+    if etype in (EventType.TOOL_STARTED, EventType.TOOL_APPROVAL_REQUIRED):
+        payload["input"] = {"q": value}
     if etype in (EventType.TOOL_COMPLETED, EventType.TOOL_DEGRADED):
-        payload["data" if key_style == 0 else "output"] = {"n": value}
+        payload["output"] = value
+    if etype in (EventType.TOOL_FAILED, EventType.TOOL_DEGRADED):
+        payload.update(error=f"ValueError: {value}", error_kind="tool_error")
     if etype == EventType.TOOL_APPROVAL_RESPONSE:
-        payload["approved"] = value != "no"
-    if activity:
-        payload["activity"] = {"label": f"Searching {value}", "status": "executing"}
+        payload.update(decision="reject" if value == "no" else "approve", by="alice")
+    if etype == EventType.TOOL_PROGRESS:
+        payload["message"] = value
     return NewEvent(etype, payload)
 
 
@@ -330,14 +319,7 @@ cot_events = st.builds(
     WORDS,
     st.sampled_from(CALLS),
 )
-tool_events = st.builds(
-    _tool,
-    st.sampled_from(TOOL_TYPES),
-    st.sampled_from(CALLS),
-    st.integers(0, 1),
-    WORDS,
-    st.booleans(),
-)
+tool_events = st.builds(_tool, st.sampled_from(TOOL_TYPES), st.sampled_from(CALLS), WORDS)
 other_events = st.one_of(
     st.builds(lambda w: NewEvent(EventType.MESSAGE_DELTA, {"text": w + " "}), WORDS),
     st.builds(lambda w: NewEvent(EventType.REASONING_DELTA, {"text": w}), WORDS),
@@ -356,9 +338,8 @@ other_events = st.one_of(
     st.builds(lambda w: NewEvent(EventType.MESSAGE_COMPLETED, {"text": w}), WORDS),
     st.just(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, {})),
     st.just(NewEvent(EventType.RUN_FAILED, {"error": "x"})),
-    st.builds(lambda w: NewEvent(EventType.PLAN_STEP_ADDED, {"stepId": w, "title": w}), WORDS),
-    st.builds(lambda w: NewEvent(EventType.CAPABILITY_RESOLVED, {"capability": w}), WORDS),
-    st.builds(lambda w: NewEvent("artifact.updated", {"artifactId": "a", "name": w}), WORDS),
+    st.builds(lambda w: NewEvent(EventType.CAPABILITY_RESOLVED, {"chain_of_thought": w}), WORDS),
+    st.builds(lambda w: NewEvent("artifact.updated", {"name": w}), WORDS),
     st.builds(lambda w: NewEvent(EventType.AGENT_RESPONSE, {"reasoning": w}), WORDS),
 )
 event_lists = st.lists(st.one_of(cot_events, tool_events, other_events), max_size=30).map(sequenced)
@@ -395,7 +376,7 @@ def test_think_tool_think_order_survives_any_interleaving(
 ) -> None:
     skeleton = [
         cot_step_event(step("think-1", "Comparing fares")),
-        NewEvent(EventType.TOOL_STARTED, {"callId": "X", "toolKey": "search_fares"}),
+        NewEvent(EventType.TOOL_STARTED, {"call_id": "X", "tool_key": "search_fares"}),
         cot_step_event(step("think-2", "Weighing the results")),
     ]
     news = list(noise)
@@ -440,17 +421,16 @@ async def _scripted_run(mode: str) -> list[Event]:
         delta = {"text": part.text, "reasoning_kind": part.reasoning_kind, "index": part.index}
         await put(NewEvent(EventType.REASONING_DELTA, {**delta, "turn": 0}, task_id="t1"))
     await put(*await p.turn_finished(first), *await p.narrated("Comparing rail and air"))
-    await put(NewEvent(EventType.TOOL_STARTED, {"callId": "call_1", "toolKey": "search_fares",
-                                                 "input": json.loads(args)}))  # fmt: skip
+    await put(tool(EventType.TOOL_STARTED, "call_1", input=json.loads(args)))
     await put(*await p.tool_started("call_1", "search_fares", arguments_json=args))
-    await put(NewEvent(EventType.TOOL_COMPLETED, {"callId": "call_1", "data": {"offers": 3}}))
+    await put(tool(EventType.TOOL_COMPLETED, "call_1", output='{"offers": 3}'))
     await put(*await p.tool_finished("call_1", "search_fares", "completed", result_text="3"))
     await put(*await p.answer_started())
     await put(NewEvent(EventType.MESSAGE_DELTA, {"text": "Take the 13:25 train."}))
     await put(
         NewEvent(
             EventType.REASONING_DELTA,
-            {"text": final.reasoning_text, "reasoning_kind": "raw", "turn": 1},
+            {"text": final.reasoning_text, "reasoning_kind": "raw", "index": 0, "turn": 1},
             task_id="t1",
         )
     )

@@ -114,6 +114,6 @@ async def test_hidden_or_disabled_runs_get_no_cot_events() -> None:
 
 def test_the_observer_matches_the_loop_hooks() -> None:
     factory = observer_factory(Config())
-    disclosure = pytest.importorskip("thoughtgate.orchestration.disclosure").Disclosure
+    disclosure = pytest.importorskip("thoughtgate.disclosure").Disclosure
     assert isinstance(factory(None, disclosure.of("surface")), VisibleReasoningObserver)
     assert factory(None, disclosure.of("hidden")) is None

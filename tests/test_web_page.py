@@ -7,16 +7,19 @@ Without chromium these tests FAIL and say how to install it; they never skip."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from browser_support import launch, open_run, page_for, sign_in, snapshot
-from daemon_support import Daemon
+from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
 from test_thread import event_lists
@@ -31,11 +34,22 @@ from web_support import (
     web_daemon,
 )
 
+from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
+from thoughtgate.store.records import ApiKeyRecord
 
 pytestmark = pytest.mark.browser
+
+T = TypeVar("T")
+
+
+def _in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (which calls ``asyncio.run``) off Playwright's running loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
 
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
 
@@ -188,6 +202,83 @@ def test_developer_sees_each_turns_reasoning_under_an_honest_label(
         )
 
 
+def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_within_5_s(
+    browser: Browser, daemon: Daemon
+) -> None:
+    """A developer watches a run live; their key is demoted to viewer mid-run. The live stream
+    ends (``access_revoked``) and the page rebuilds the run as the key may now see it."""
+    token = "demoted"
+    marker = raw_marker(token)
+
+    async def make_and_demote() -> tuple[str, ApiKeyRecord]:
+        created = await create_key(daemon.store, name="dev-to-demote", role="developer")
+        return created.key, created.record
+
+    key, record = _in_thread(lambda: asyncio.run(make_and_demote()))
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, key)
+        page.wait_for_selector("[data-testid=role]:text-is('developer')")
+        run_id = daemon.start_run(story_run(token, delay=0.6))
+        open_run(page, run_id)
+        page.wait_for_selector(f"[data-testid=raw-text]:has-text('{marker}')", timeout=10_000)
+        assert _run_status(daemon, run_id) == "running"
+        demoted = dataclasses.replace(record, role="viewer")
+        _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+        started = time.monotonic()
+        page.wait_for_selector("[data-testid=reasoning-turn]", state="detached", timeout=5_000)
+        assert time.monotonic() - started < 5
+        assert _run_status(daemon, run_id) == "running"  # the run goes on; only the view changed
+        rebuilt_at = len(capture.sse_messages)
+        _wait_finished(page)
+        assert snapshot(page)["raw"] is None and marker not in page.content()
+        later = capture.sse_messages[rebuilt_at:]
+        assert later and not any(marker in m for m in later)  # the viewer stream carries none
+
+
+@pytest.mark.parametrize("role", ["viewer", "member"])
+def test_tool_detail_texts_reach_a_members_browser_and_never_a_viewers(
+    browser: Browser, daemon: Daemon, role: str
+) -> None:
+    """Tool inputs quoted by a validation error, a tool's exception and a progress message: the
+    viewer's browser receives none of them, live or on reload; its failed cards say what kind of
+    failure it was. A member's browser receives them and shows the error text."""
+    token = f"webtool{role}"
+    marks = tool_markers(token)
+    with page_for(browser) as (page, capture):
+        sign_in(page, daemon.base_url, daemon.keys[role])
+        page.wait_for_selector(f"[data-testid=role]:text-is('{role}')")
+        run_id = daemon.start_run(
+            {
+                "prompt": f"toolcanary {token}",
+                "model": "fake:toolcanary",
+                "chain_of_thought": "surface",
+                "tools": TOOL_CANARY_TOOLS,
+            }
+        )
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=answer-text]:text-is('The tools have spoken.')")
+        page.wait_for_load_state("networkidle")
+        capture.drain()
+        page.reload()
+        page.wait_for_selector("[data-testid=answer-text]:text-is('The tools have spoken.')")
+        page.wait_for_load_state("networkidle")
+        html = page.content()
+        errors = page.locator("[data-testid=tool-error]").all_inner_texts()
+        received = capture.everything()
+    assert any("/stream?" in url for url in capture.urls()), "followed live"
+    assert len(errors) == 2
+    for mark in marks.values():
+        assert (mark in received) == (role == "member"), mark
+    if role == "viewer":
+        assert not any(mark in html for mark in marks.values())
+        assert errors == [
+            "The tool was called with arguments it does not accept.",
+            "The tool failed.",
+        ]
+    else:
+        assert marks["invalid"] in errors[0] and marks["raised"] in errors[1]
+
+
 def test_a_member_answers_an_approval_and_a_viewer_only_watches(
     browser: Browser, daemon: Daemon
 ) -> None:
@@ -291,46 +382,28 @@ def _receipt(**over: Any) -> NewEvent:
 EDGE_CASES: dict[str, list[NewEvent]] = {
     "seeded client rules": SEEDED_EVENTS,
     "approvals": [
-        NewEvent("tool.approval_required", {"callId": "a", "toolKey": "t"}),
-        NewEvent("tool.approval_response", {"callId": "a", "decision": "approve"}),
-        NewEvent("tool.approval_required", {"callId": "b", "toolKey": "t"}),
-        NewEvent("tool.approval_response", {"callId": "b", "decision": "reject"}),
-        NewEvent("tool.approval_required", {"callId": "c", "toolKey": "t"}),
-        NewEvent("tool.approval_response", {"callId": "c", "approved": False}),
-        NewEvent("tool.approval_required", {"callId": "d", "toolKey": "t"}),
-        NewEvent("tool.approval_timeout", {"callId": "d", "timeout_s": 5}),
-        NewEvent("tool.approval_required", {"callId": "e", "key": "k"}),
-        NewEvent("tool.approval_response", {"callId": "e", "decision": "Denied"}),
-        NewEvent("tool.started", {"callId": "a", "toolKey": "t"}),
+        NewEvent("tool.approval_required", {"call_id": "a", "tool_key": "t"}),
+        NewEvent("tool.approval_response", {"call_id": "a", "decision": "approve"}),
+        NewEvent("tool.approval_required", {"call_id": "b", "tool_key": "t"}),
+        NewEvent("tool.approval_response", {"call_id": "b", "decision": "reject"}),
+        NewEvent("tool.approval_required", {"call_id": "c", "tool_key": "t"}),
+        NewEvent("tool.approval_response", {"call_id": "c", "approved": False}),
+        NewEvent("tool.approval_required", {"call_id": "d", "tool_key": "t"}),
+        NewEvent("tool.approval_timeout", {"call_id": "d", "timeout_s": 5}),
+        NewEvent("tool.approval_required", {"call_id": "e", "key": "k"}),
+        NewEvent("tool.approval_response", {"call_id": "e", "decision": "Denied"}),
+        NewEvent("tool.started", {"call_id": "a", "tool_key": "t"}),
     ],
-    "activity and normalization": [
-        NewEvent(
-            "tool.started",
-            {
-                "toolCallId": 7,
-                "key": "k",
-                "args": {"q": 1},
-                "activity": {
-                    "activityType": "search",
-                    "origin": "web",
-                    "label": "Searching the web",
-                    "detail": {"hits": 3},
-                    "renderHint": "json",
-                    "status": "executing",
-                    "subjectType": "query",
-                    "subjectId": "q-1",
-                },
-            },
-        ),
-        NewEvent("tool.progress", {"toolCallId": 7, "activity": {"status": "bogus", "label": ""}}),
-        NewEvent("tool.completed", {"toolCallId": 7, "data": "x", "output": "y"}),
-        NewEvent("tool.progress", {"toolCallId": 7}),
-        NewEvent("tool.started", {"toolKey": "anon"}),
-        NewEvent("tool.started", {"toolKey": "anon"}),
-        NewEvent(
-            "tool.degraded", {"callId": "z", "error": "slow", "activity": {"status": "failed"}}
-        ),
-        NewEvent("tool.failed", {"callId": "z", "error": ""}),
+    "undeclared keys and malformed tool payloads": [
+        NewEvent("tool.started", {"toolCallId": 7, "key": "k", "args": {"q": 1}}),
+        NewEvent("tool.progress", {"call_id": 7, "activity": {"status": "bogus"}}),
+        NewEvent("tool.completed", {"call_id": "7", "data": "x", "output": "y"}),
+        NewEvent("tool.progress", {"call_id": "7", "message": "late"}),
+        NewEvent("tool.started", {"tool_key": "anon"}),
+        NewEvent("tool.started", {"tool_key": "anon", "label": ""}),
+        NewEvent("tool.degraded", {"call_id": "z", "error": "slow", "error_kind": "tool_error"}),
+        NewEvent("tool.failed", {"call_id": "z", "error": "", "error_kind": "fallback_failed"}),
+        NewEvent("tool.failed", {"call_id": "v", "error_kind": "invalid_arguments"}),
     ],
     "steps": [
         _vr("cot.step", step_id="a", summary="First"),
@@ -346,7 +419,7 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         _vr("cot.step", step_id=5),
         _vr("cot.step", step_id="h", marker="visible_reasoning_v2"),
         _vr("cot.other", step_id="j"),
-        NewEvent("tool.started", {"callId": "c1", "toolKey": "t"}),
+        NewEvent("tool.started", {"call_id": "c1", "tool_key": "t"}),
         _vr("cot.tool.reasoning", step_id="k", summary="Why", tool_call_id="c1"),
         _vr("cot.tool.reasoning", step_id="k", summary="Why, updated", tool_call_id="c1"),
         _vr("cot.tool.reasoning", step_id="l", summary="No call"),
@@ -394,7 +467,7 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
             {"text": "**S**", "turn": 0, "reasoning_kind": "summary", "index": 1},
             task_id="t1",
         ),
-        NewEvent("tool.started", {"callId": "c1", "toolKey": "t"}, task_id="t1"),
+        NewEvent("tool.started", {"call_id": "c1", "tool_key": "t"}, task_id="t1"),
         NewEvent(
             "reasoning.delta", {"delta": "c", "turn": 1, "reasoning_kind": "raw"}, task_id="t1"
         ),
@@ -405,7 +478,7 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         NewEvent("reasoning.delta", {"text": "f", "turn": "2", "reasoning_kind": "encrypted"}),
         NewEvent("reasoning.delta", {"text": "g", "turn": True, "index": False}),
     ],
-    "notices, artifacts, message, terminal": [
+    "notices, undeclared types, message, terminal": [
         NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),
         NewEvent("capability.resolved", {"capability": "search", "label": "Web search"}),
         NewEvent("plan.step_added", {"title": "Look"}),

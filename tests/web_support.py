@@ -187,8 +187,8 @@ SEEDED_EVENTS = [
     NewEvent(
         "tool.started",
         {
-            "callId": "c1",
-            "toolKey": "lookup",
+            "call_id": "c1",
+            "tool_key": "lookup",
             "label": "Look it up",
             "input": {"q": f"{SEEDED_SECRET} as tool input"},
         },
@@ -197,8 +197,8 @@ SEEDED_EVENTS = [
     NewEvent(
         "tool.completed",
         {
-            "callId": "c1",
-            "toolKey": "lookup",
+            "call_id": "c1",
+            "tool_key": "lookup",
             "output": f"reasoning: {SEEDED_SECRET} as tool output",
         },
     ),

@@ -21,13 +21,12 @@ from typing import Any, Literal, TypeAlias, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from thoughtgate.access.roles import ROLE_NAMES
-from thoughtgate.errors import ConfigError, UnknownModeError, UsageError
+from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
+from thoughtgate.errors import ConfigError, UsageError
 
 __all__ = [
-    "CHAIN_OF_THOUGHT_MODES",
     "WORKER_BACKENDS",
     "AccessConfig",
-    "ChainOfThought",
     "Config",
     "McpConfig",
     "OrchestrationConfig",
@@ -40,15 +39,12 @@ __all__ = [
     "VisibleReasoningConfig",
     "WorkerBackend",
     "load_config",
-    "parse_chain_of_thought",
     "resolve_chain_of_thought",
     "resolve_store",
     "resolve_worker_backend",
 ]
 
-ChainOfThought: TypeAlias = Literal["hidden", "surface", "telemetry_only"]
 WorkerBackend: TypeAlias = Literal["inline", "provider"]
-CHAIN_OF_THOUGHT_MODES: tuple[str, ...] = get_args(ChainOfThought)
 WORKER_BACKENDS: tuple[str, ...] = get_args(WorkerBackend)
 DEFAULT_CHAIN_OF_THOUGHT: ChainOfThought = "hidden"
 DEFAULT_WORKER_BACKEND: WorkerBackend = "provider"
@@ -160,8 +156,17 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     ticket_ttl_s: float = Field(default=60.0, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
+    """Seconds between SSE keep-alive comments on a quiet live stream."""
     secret: str | None = None
-    """HMAC key for live-channel tickets; generated and kept in the store when unset."""
+    """HMAC key for live-channel tickets; when unset, generated once and kept beside a SQLite
+    store (a 0600 file) or in a PostgreSQL store's ``secrets`` table."""
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
+    """Open client connections at most (also kept below the open-file limit). Beyond it the
+    oldest connection not in a request is closed to make room, else the newcomer gets 503."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A connection must send a complete request head within this many seconds."""
+    idle_timeout_s: int = Field(default=5, ge=1, le=3600)
+    """An idle keep-alive connection is closed after this many (whole) seconds."""
 
 
 class TelemetryConfig(_Section):
@@ -303,17 +308,6 @@ def _first(*layers: _T | None, default: _T) -> _T:
         if layer is not None:
             return layer
     return default
-
-
-def parse_chain_of_thought(value: str | None) -> ChainOfThought | None:
-    """Validate a mode name (``None`` passes through as "not set at this layer")."""
-    if value is None:
-        return None
-    if value not in CHAIN_OF_THOUGHT_MODES:
-        raise UnknownModeError(
-            f"unknown chain_of_thought mode {value!r}; allowed: {', '.join(CHAIN_OF_THOUGHT_MODES)}"
-        )
-    return value  # type: ignore[return-value]
 
 
 def resolve_chain_of_thought(

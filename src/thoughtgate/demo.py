@@ -1,28 +1,39 @@
-"""``thoughtgate demo``: the main job on the embedded default, with no API key and no network.
-
-A multi-turn tool run in ``surface`` mode through the real ``anthropic`` adapter, talking HTTP over
-loopback to the in-process provider emulator, recorded in the default SQLite store, shown live as
-the local role may see it, then summarized.
+"""The demo's scenario: a multi-turn tool run through the real ``anthropic`` adapter, against the
+in-process provider emulator over loopback HTTP. No API key, no network.
 
 The demo turns ``narration`` on (unless ``visible_reasoning.summarizers`` is set in the config), so
 the emulated model writes steps for the reader through ``visible_step`` beside its tool calls:
 what a viewer sees is written for them, never taken from the model's thinking.
+
+This module builds the run and nothing else; ``thoughtgate demo`` (``thoughtgate.cli.demo``)
+shows it. Keeping the two apart keeps the import graph a DAG: the command line depends on the
+demo, never the other way round.
 """
 
 from __future__ import annotations
 
-from thoughtgate.cli.common import Context, console, print_json
+import contextlib
+from collections.abc import Iterator
+
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider
 from thoughtgate.store.base import EventStore
 from thoughtgate.telemetry import telemetry_sinks
 from thoughtgate.testing.emulator import Emulator, serve_emulator
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 
-__all__ = ["DEMO_MODEL", "DEMO_PROMPT", "DEMO_SCENARIO", "demo_config", "demo_tools", "run_demo"]
+__all__ = [
+    "DEMO_MODEL",
+    "DEMO_PROMPT",
+    "DEMO_SCENARIO",
+    "demo_config",
+    "demo_provider",
+    "demo_runtime",
+    "demo_tools",
+]
 
 DEMO_PROMPT = "What is the largest city in my country?"
 DEMO_MODEL = "anthropic:claude-sonnet-4-5"
@@ -53,14 +64,11 @@ def demo_tools() -> ToolRegistry:
     return ToolRegistry([get_country, largest_city])
 
 
-async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
-    from thoughtgate.cli.render import render_run
-    from thoughtgate.cli.runs import execute_and_follow, run_view_json
-
-    ctx = Context(config_path=config_path, db=db, view_as=None)
+@contextlib.contextmanager
+def demo_provider() -> Iterator[tuple[str, ProviderFactory]]:
+    """The emulator serving the ``narrated-tool-loop`` scenario on loopback, and a provider
+    factory that talks to it: ``(emulator url, factory)``."""
     emulator = Emulator().add(builtin_scenarios()[DEMO_SCENARIO], default=True)
-    config = demo_config(ctx.config)
-
     with serve_emulator(emulator) as server:
 
         def provider(model: str) -> Provider:
@@ -68,37 +76,17 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                 model, ProviderSettings(base_url=server.url, api_key="emulator-no-key-needed")
             )
 
-        async def go(store: EventStore) -> None:
-            runtime = Runtime(
-                store,
-                config,
-                provider_factory=provider,
-                tools=demo_tools(),
-                approvals=ApprovalBroker(),
-                sinks=telemetry_sinks(ctx.config),
-            )
-            if not json_out:
-                console.print(
-                    f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {server.url}"
-                    f" · store {ctx.db_url} · role {ctx.role}"
-                )
-                sources = ", ".join(config.visible_reasoning.summarizers)
-                console.print(f"[bold]visible steps from:[/] {sources}")
-                console.print(f"[bold]prompt:[/] {DEMO_PROMPT}\n")
-            view = await execute_and_follow(
-                runtime,
-                RunRequest(DEMO_PROMPT, model=DEMO_MODEL),
-                role=ctx.role,
-                chain_of_thought="surface",
-                live=not json_out,
-            )
-            if json_out:
-                print_json(run_view_json(view))
-            else:
-                render_run(console, view, role=ctx.role.label)
-                console.print(
-                    f"\nSee what a viewer gets: [bold]thoughtgate events {view['run_id']}"
-                    " --view-as viewer[/]"
-                )
+        yield server.url, provider
 
-        await ctx.using(go)
+
+def demo_runtime(store: EventStore, config: Config, provider_factory: ProviderFactory) -> Runtime:
+    """The runtime the demo runs on: its two tools, the config's telemetry, and ``narration`` on
+    unless the config names the visible-step sources itself (:func:`demo_config`)."""
+    return Runtime(
+        store,
+        demo_config(config),
+        provider_factory=provider_factory,
+        tools=demo_tools(),
+        approvals=ApprovalBroker(),
+        sinks=telemetry_sinks(config),
+    )

@@ -10,6 +10,7 @@
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
     │   ├── RunNotFoundError       no run with that id
     │   ├── AuthenticationError    no credentials, or ones we do not accept (bad key, bad ticket)
+    │   │   └── TicketError        a live-channel ticket that cannot open this stream (says why)
     │   └── AccessDeniedError      the reader's role may not read this
     └── RuntimeFailure             something outside the caller's control failed
         ├── ProviderError          provider status, error type, message, request id, partial turn
@@ -51,6 +52,7 @@ __all__ = [
     "StoreReadOnlyError",
     "StoreUnavailableError",
     "ThoughtgateError",
+    "TicketError",
     "UnknownModeError",
     "UnknownProviderError",
     "UnknownRoleError",
@@ -100,6 +102,21 @@ class RunNotFoundError(UsageError):
 
 class AuthenticationError(UsageError):
     """Missing, unknown or revoked API key; forged, expired or malformed live-channel ticket."""
+
+
+class TicketError(AuthenticationError):
+    """A live-channel ticket that cannot open this stream: missing, malformed, forged, expired,
+    for another run, or minted by a key that was revoked or lost the role.
+
+    Unlike a bad API key (a generic 401 that tells a guesser nothing), the message is shown to the
+    caller: the holder of a ticket got it from us, and needs to know whether to ask for a new one
+    or for another run. ``status`` is 401, or 403 for another run; ``code`` is machine-readable.
+    """
+
+    def __init__(self, message: str, *, code: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
 
 
 class AccessDeniedError(UsageError):

@@ -9,29 +9,32 @@ run shows no reasoning to anyone, and continuity carriers never appear.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final, Literal
 
 from thoughtgate.access.filter import can_read_reasoning, filter_run
 from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.events.views import HostMetadataView, HostTaskView
 from thoughtgate.store.records import RunRecord
 
 __all__ = ["HOST_METADATA_VERSION", "host_metadata"]
 
-HOST_METADATA_VERSION = 1
+HOST_METADATA_VERSION: Final[Literal[1]] = 1
 """Bumped when a field changes meaning or goes away (adding one does not bump it)."""
 
 
-def host_metadata(run: RunRecord, role: Role | str) -> dict[str, Any]:
+def host_metadata(run: RunRecord, role: Role | str) -> HostMetadataView:
     """The host view of ``run`` for a reader with ``role``.
 
     ``reasoning`` appears on a task only when this reader may read it (``reasoning_visible``);
     otherwise the key is absent rather than null, so a host cannot mistake it for "no reasoning".
+    Every field comes from the filtered run view, so the declarations of
+    ``thoughtgate.events.views`` decide them, as for every other read path.
     """
     reader = parse_role(role)
     view = filter_run(run, reader)
-    tasks = []
+    tasks: list[HostTaskView] = []
     for task in view["tasks"]:
-        item = {
+        item: HostTaskView = {
             "task_id": task["task_id"],
             "index": task["index"],
             "status": task["status"],
@@ -40,8 +43,9 @@ def host_metadata(run: RunRecord, role: Role | str) -> dict[str, Any]:
             "usage": task["usage"],
             "error": task["error"],
         }
-        if task["reasoning"] is not None:
-            item["reasoning"] = task["reasoning"]
+        reasoning = task.get("reasoning")
+        if reasoning is not None:
+            item["reasoning"] = reasoning
         tasks.append(item)
     return {
         "version": HOST_METADATA_VERSION,

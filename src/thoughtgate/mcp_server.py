@@ -25,6 +25,7 @@ from thoughtgate.access.filter import filter_run
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
 from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
@@ -69,7 +70,7 @@ class McpTools:
         model: str | None = None,
         chain_of_thought: str | None = None,
         tasks: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunView:
         specs = [TaskSpec(t) for t in tasks or () if t.strip()]
         if not prompt.strip() and not specs:
             raise UsageError("prompt must not be empty (or give at least one task)")
@@ -87,7 +88,7 @@ class McpTools:
             ) from exc
         return filter_run(finished, self.role)
 
-    async def status(self, run_id: str) -> dict[str, Any]:
+    async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
             raise UsageError("run_id must not be empty")
         return filter_run(await self.runtime.store.get_run(run_id.strip()), self.role)
@@ -115,8 +116,8 @@ def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
         """Run a prompt through a model and return the run with each task's output (and, only for
         a surface run read by developer or above, its reasoning)."""
         try:
-            return await tools.run(
-                prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks
+            return dict(
+                await tools.run(prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks)
             )
         except ThoughtgateError as exc:
             raise ToolError(str(exc)) from exc
@@ -126,7 +127,7 @@ def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
     ) -> dict[str, Any]:
         """Read a run by id: its status, tasks, outputs and usage, as this server's role may see."""
         try:
-            return await tools.status(run_id)
+            return dict(await tools.status(run_id))
         except ThoughtgateError as exc:
             raise ToolError(str(exc)) from exc
 

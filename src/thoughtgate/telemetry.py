@@ -228,7 +228,10 @@ class TelemetrySink:
         (signatures, encrypted items) are gone even from tool arguments and results."""
         if not self._content(run):
             return event.payload
-        return filter_payload(event.payload, Role.OWNER, mode=run.mode, surface="trace")
+        shown = filter_payload(
+            event.type, event.payload, Role.OWNER, mode=run.mode, surface="trace"
+        )
+        return shown if shown is not None else {}
 
     def _fail(self, run: _Run, span: Span, error_type: str, message: Any = None) -> None:
         """Mark a span failed; the message is content (it may quote arguments or a prompt)."""
@@ -427,19 +430,19 @@ class TelemetrySink:
         if task is None:
             return
         span = self._start(
-            f"execute_tool {event.payload.get('toolKey') or 'tool'}",
+            f"execute_tool {event.payload.get('tool_key') or 'tool'}",
             event.ts,
             self._tool_attributes(run, event),
             parent=task.span,
         )
-        task.tools[str(event.payload.get("callId"))] = span
+        task.tools[str(event.payload.get("call_id"))] = span
 
     def _tool_attributes(self, run: _Run, event: Event) -> dict[str, AttributeValue]:
         payload = self._payload(run, event)
         attrs: dict[str, AttributeValue] = {
             OPERATION: "execute_tool",
-            TOOL_NAME: str(payload.get("toolKey") or ""),
-            TOOL_CALL_ID: str(payload.get("callId") or ""),
+            TOOL_NAME: str(payload.get("tool_key") or ""),
+            TOOL_CALL_ID: str(payload.get("call_id") or ""),
             TOOL_TYPE: "function",
         }
         if self._content(run) and "input" in payload:
@@ -451,10 +454,10 @@ class TelemetrySink:
         if task is None:
             return
         payload = self._payload(run, event)
-        span = task.tools.pop(str(payload.get("callId")), None)
+        span = task.tools.pop(str(payload.get("call_id")), None)
         if span is None:  # failed before it started (unknown tool)
             span = self._start(
-                f"execute_tool {payload.get('toolKey') or 'tool'}",
+                f"execute_tool {payload.get('tool_key') or 'tool'}",
                 event.ts,
                 self._tool_attributes(run, event),
                 parent=task.span,
@@ -464,7 +467,10 @@ class TelemetrySink:
         if self._content(run) and isinstance(payload.get("output"), str):
             span.set_attribute(TOOL_RESULT, payload["output"])
         if event.type == EventType.TOOL_FAILED:
-            self._fail(run, span, "tool_error", payload.get("error"))
+            kind = payload.get("error_kind")
+            self._fail(
+                run, span, kind if isinstance(kind, str) else "tool_error", payload.get("error")
+            )
         span.end(end_time=_ns(event.ts))
 
     def _tool_approval(self, run: _Run, event: Event) -> None:
@@ -472,8 +478,8 @@ class TelemetrySink:
         if task is None:
             return
         attrs: dict[str, AttributeValue] = {
-            TOOL_NAME: str(event.payload.get("toolKey") or ""),
-            TOOL_CALL_ID: str(event.payload.get("callId") or ""),
+            TOOL_NAME: str(event.payload.get("tool_key") or ""),
+            TOOL_CALL_ID: str(event.payload.get("call_id") or ""),
         }
         if isinstance(event.payload.get("decision"), str):
             attrs["thoughtgate.approval.decision"] = event.payload["decision"]
@@ -511,7 +517,7 @@ def _turn_message(payload: Mapping[str, Any], reason: str | None) -> dict[str, A
             parts.append(
                 {
                     "type": "tool_call",
-                    "id": call.get("callId"),
+                    "id": call.get("call_id"),
                     "name": call.get("name"),
                     "arguments": call.get("input"),
                 }

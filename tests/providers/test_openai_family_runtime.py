@@ -87,4 +87,11 @@ async def test_tool_loop_run_per_mode(
     # the provider's opaque blocks never leave through the output filter, even for an owner
     shown = filter_events(events, "owner", mode=mode)
     log = json.dumps([e.payload for e in shown], default=str)
-    assert "gAAAA" not in log and "encrypted_content" not in log and "signature" not in log
+    assert "gAAAA" not in log and "encrypted_content" not in log
+    signatures = [
+        part.get("signature")
+        for e in shown
+        for part in e.payload.get("reasoning_parts", [])
+        if part.get("signature") is not None
+    ]
+    assert all(s == {"carrier": "signature", "present": True} for s in signatures), signatures

@@ -1,68 +1,79 @@
 """The ONE output filter: every read path (CLI, HTTP, SSE, MCP, web page, host metadata) calls it.
 
-Nothing else decides what a reader may see. The rules (ARCHITECTURE.md, "Who sees what, where"):
+Nothing else decides what a reader may see, and the filter itself guesses nothing from key names:
+it walks the declared vocabulary (``thoughtgate.events.payloads``, ``thoughtgate.events.views``)
+as an allowlist. A field is shown when its visibility class — and the class of every field above
+it — allows this reader (``thoughtgate.events.visibility``):
 
-* Raw reasoning — ``reasoning.delta`` events, ``payload.reasoning`` (and its parts and sizes),
-  ``task.reasoning`` — only for ``developer`` and above, and only on a ``surface``-mode run.
-  In ``telemetry_only`` mode no display read shows reasoning, not even to an owner.
-* Trace metadata (``worker.completed`` ``payload.trace``) only on the ``trace`` surface, which is
-  refused below ``developer``.
-* Continuity carriers (signatures, encrypted items, redacted-thinking bytes) never leave, for any
-  role: they are replaced by ``{"carrier": ..., "present": true}``.
-* Tool arguments and results for ``member`` and above; a ``viewer`` sees a card's label and status.
+==============  ===========================================  ==================================
+class           display surfaces                             the trace surface (developer+)
+==============  ===========================================  ==================================
+public          everyone                                     shown
+tool_detail     member and above                             shown
+reasoning       developer and above, ``surface`` runs only   ``surface`` and ``telemetry_only``
+trace           never                                        shown
+operator        admin and above                              admin and above
+carrier         ``{"carrier": name, "present": true}``       the same: never the bytes
+==============  ===========================================  ==================================
 
-Filtering never reorders: for any input sequence the output is a subsequence in the same order.
+It fails closed: an event type or a field that no declaration names is withheld from every role on
+display surfaces (it stays in the log, and on the trace surface, with carrier-looking keys
+removed, so nothing is lost); a mode other than ``hidden``, ``surface`` or ``telemetry_only`` is
+treated as one that shows no reasoning anywhere, and the trace shows only declared fields for it.
+``mode`` is a required argument: a reader's view depends on the run's mode, so no caller may
+forget it.
+
+Speed: for each (event type, role, mode, surface) the declaration is compiled once into a
+projection plan (cached), then applied to the stored dict without validation. A payload the reader
+may see whole comes back as the same object, and the event too: the hot ``message.delta`` costs a
+dict lookup and a key-set comparison. Filtering never reorders: for any input sequence the output is
+a subsequence in the same order. Values are never copied deeply; treat the result as read-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, TypeAlias
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Final, Literal, Protocol, TypeAlias, cast
 
 from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import AccessDeniedError
-from thoughtgate.events.schema import Event, EventType
-from thoughtgate.store.records import RunRecord, TaskRecord
+from thoughtgate.events.payloads import EVENT_SPECS
+from thoughtgate.events.schema import Event
+from thoughtgate.events.views import RunView
+from thoughtgate.events.visibility import VisClass, declared_fields
 
 __all__ = [
+    "RunSource",
     "Surface",
     "can_read_reasoning",
     "filter_event",
     "filter_events",
     "filter_payload",
     "filter_run",
-    "filter_task",
     "require_role",
+    "shows",
 ]
 
 Surface: TypeAlias = Literal["display", "trace"]
+_SURFACES: Final = ("display", "trace")
 
-REASONING_KEYS = frozenset(
-    {"reasoning", "reasoning_parts", "reasoning_chars", "reasoning_bytes", "reasoning_kind"}
+_PROVIDER_CARRIER_KEYS: Final = frozenset(
+    {"signature", "encrypted_content", "encrypted", "redacted_data", "data", "continuity"}
 )
-"""Payload keys that hold raw reasoning or describe it."""
+"""Keys removed from *undeclared* content shown on the trace surface (defense in depth: declared
+fields never need it, their classes say what a carrier is)."""
 
-CARRIER_KEYS = frozenset({"signature", "encrypted_content", "encrypted", "redacted_data"})
-"""Keys that hold continuity bytes wherever they appear; always removed."""
 
-TOOL_DETAIL_KEYS = frozenset(
-    {
-        "input",
-        "args",
-        "arguments",
-        "arguments_json",
-        "output",
-        "data",
-        "result",
-        "content",
-        "error_detail",
-        "detail",
-        "tool_calls",
-    }
-)
-"""Tool arguments and results; removed for viewers."""
+class RunSource(Protocol):
+    """What :func:`filter_run` reads (``thoughtgate.store.records.RunRecord``)."""
 
-TRACE_KEYS = frozenset({"trace"})
+    @property
+    def chain_of_thought(self) -> str: ...
+
+    def to_view(self) -> RunView: ...
 
 
 def require_role(role: Role | str, minimum: Role, what: str) -> Role:
@@ -73,133 +84,232 @@ def require_role(role: Role | str, minimum: Role, what: str) -> Role:
     return parsed
 
 
-def can_read_reasoning(role: Role | str, mode: str | None) -> bool:
-    """Raw reasoning on display surfaces: developer+ on a ``surface`` run (mode ``None`` = unknown,
-    treated as surface so the role check alone still applies)."""
-    return parse_role(role) >= Role.DEVELOPER and mode in (None, "surface")
+def can_read_reasoning(role: Role | str, mode: str) -> bool:
+    """Raw reasoning on display surfaces: developer and above, on a ``surface`` run only."""
+    return shows(VisClass.REASONING, parse_role(role), mode)
 
 
-def _scrub(value: Any, *, drop: frozenset[str]) -> Any:
-    """Recursively remove ``drop`` keys and carrier keys; replace continuity lists."""
+def _known(mode: str | None) -> str | None:
+    return mode if mode in CHAIN_OF_THOUGHT_MODES else None
+
+
+def shows(cls: VisClass, role: Role, mode: str | None, surface: Surface = "display") -> bool:
+    """Whether a field of class ``cls`` reaches this reader (carriers never do)."""
+    known = _known(mode)
+    if cls is VisClass.PUBLIC:
+        return True
+    if cls is VisClass.TOOL_DETAIL:
+        return role >= Role.MEMBER
+    if cls is VisClass.REASONING:
+        if role < Role.DEVELOPER:
+            return False
+        return known == "surface" or (surface == "trace" and known == "telemetry_only")
+    if cls is VisClass.TRACE:
+        return surface == "trace" and role >= Role.DEVELOPER and known is not None
+    if cls is VisClass.OPERATOR:
+        return role >= Role.ADMIN
+    return False
+
+
+# --------------------------------------------------------------------------- plans
+
+_MODEL: Final = 0
+_MODELS: Final = 1
+_DROP: Final = object()
+
+
+@dataclass(slots=True)
+class _Node:
+    """How to project one declared mapping for one reader."""
+
+    keep: frozenset[str] = frozenset()
+    """Shown whole (scalars and opaque JSON)."""
+    walk: dict[str, tuple[int, _Node]] = field(default_factory=dict)
+    """Nested declared shapes to project in turn."""
+    carriers: frozenset[str] = frozenset()
+    declared: frozenset[str] = frozenset()
+    unknown_shown: bool = False
+    """Undeclared keys: shown (scrubbed) on the trace surface, else withheld."""
+    whole: bool = False
+    """Nothing to project: a value whose keys are all in ``keep`` is returned as it is."""
+
+
+@cache
+def _compile(shape: type, role: Role, mode: str | None, surface: Surface) -> _Node:
+    keep: set[str] = set()
+    carriers: set[str] = set()
+    walk: dict[str, tuple[int, _Node]] = {}
+    fields = declared_fields(shape)
+    for name, spec in fields.items():
+        if spec.cls is VisClass.CARRIER:
+            carriers.add(name)
+        elif not shows(spec.cls, role, mode, surface):
+            continue
+        elif spec.model is not None:
+            kind = _MODEL if spec.shape == "model" else _MODELS
+            walk[name] = (kind, _compile(spec.model, role, mode, surface))
+        else:
+            keep.add(name)
+    node = _Node(
+        keep=frozenset(keep),
+        walk=walk,
+        carriers=frozenset(carriers),
+        declared=frozenset(fields),
+        unknown_shown=surface == "trace" and _known(mode) is not None,
+    )
+    node.whole = not walk and not carriers
+    return node
+
+
+_UNDECLARED_TRACE: Final = _Node(unknown_shown=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _EventPlan:
+    shown: bool
+    node: _Node
+
+
+_HIDDEN: Final = _EventPlan(False, _Node())
+
+
+@cache
+def _plans(role: Role, mode: str | None, surface: Surface) -> dict[str, _EventPlan]:
+    plans = {}
+    for spec in EVENT_SPECS.values():
+        shown = shows(spec.visibility, role, mode, surface)
+        plans[spec.name] = _EventPlan(shown, _compile(spec.payload, role, mode, surface))
+    return plans
+
+
+@cache
+def _undeclared(role: Role, mode: str | None, surface: Surface) -> _EventPlan:
+    """An event type no declaration names: withheld, except on the trace for a known mode."""
+    if surface == "trace" and _known(mode) is not None:
+        return _EventPlan(True, _UNDECLARED_TRACE)
+    return _HIDDEN
+
+
+def _presence(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_presence(name, item) for item in value]
+    label = value.get("carrier") if isinstance(value, Mapping) else None
+    return {"carrier": label if isinstance(label, str) else name, "present": True}
+
+
+def _scrub(value: Any) -> Any:
+    """Undeclared content on the trace surface, without anything that looks like a carrier."""
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
+        out = {}
         for key, item in value.items():
-            if key in drop or key in CARRIER_KEYS:
-                continue
-            if key == "continuity":
-                out[key] = _carrier_presence(item)
-                continue
-            out[key] = _scrub(item, drop=drop)
+            if key in _PROVIDER_CARRIER_KEYS:
+                out[key] = _presence(key, item)
+            else:
+                out[key] = _scrub(item)
         return out
     if isinstance(value, list | tuple):
-        return [_scrub(v, drop=drop) for v in value]
+        return [_scrub(item) for item in value]
     return value
 
 
-def _carrier_presence(item: Any) -> list[dict[str, Any]]:
-    blocks = item if isinstance(item, list | tuple) else [item]
-    out = []
-    for block in blocks:
-        carrier = block.get("carrier", "unknown") if isinstance(block, Mapping) else "unknown"
-        out.append({"carrier": carrier, "present": True})
+def _project(node: _Node, value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return _DROP  # not the declared shape: withheld
+    if node.whole and value.keys() <= node.keep:
+        return value
+    out: dict[str, Any] = {}
+    keep = node.keep
+    for key, item in value.items():
+        if key in keep:
+            out[key] = item
+        elif key in node.walk:
+            kind, sub = node.walk[key]
+            if kind == _MODEL:
+                projected = _project(sub, item)
+                if projected is not _DROP:
+                    out[key] = projected
+            elif isinstance(item, list):
+                out[key] = [p for p in (_project(sub, i) for i in item) if p is not _DROP]
+        elif key in node.carriers:
+            out[key] = _presence(key, item)
+        elif node.unknown_shown and key not in node.declared:
+            out[key] = _scrub(item)
     return out
 
 
-def _drop_keys(role: Role, mode: str | None, surface: Surface) -> frozenset[str]:
-    drop: set[str] = set()
-    if surface == "display":
-        drop |= TRACE_KEYS
-        if not can_read_reasoning(role, mode):
-            drop |= REASONING_KEYS
-    if role < Role.MEMBER:
-        drop |= TOOL_DETAIL_KEYS
-    return frozenset(drop)
-
-
-def filter_payload(
-    payload: Mapping[str, Any],
-    role: Role | str,
-    *,
-    mode: str | None = None,
-    surface: Surface = "display",
-) -> dict[str, Any]:
-    """A payload as this reader may see it (a fresh dict; the input is not modified)."""
-    parsed = parse_role(role)
-    result: dict[str, Any] = _scrub(payload, drop=_drop_keys(parsed, mode, surface))
-    return result
-
-
-def filter_event(
-    event: Event,
-    role: Role | str,
-    *,
-    mode: str | None = None,
-    surface: Surface = "display",
-) -> Event | None:
-    """The event as this reader may see it, or ``None`` when the whole event is withheld."""
-    parsed = parse_role(role)
+def _reader(role: Role | str, surface: Surface) -> Role:
+    if surface not in _SURFACES:
+        raise ValueError(f"unknown surface {surface!r}; allowed: display, trace")
+    reader = parse_role(role)
     if surface == "trace":
-        require_role(parsed, Role.DEVELOPER, "the trace")
-    elif event.type == EventType.REASONING_DELTA and not can_read_reasoning(parsed, mode):
+        require_role(reader, Role.DEVELOPER, "the trace")
+    return reader
+
+
+def _apply(plans: dict[str, _EventPlan], undeclared: _EventPlan, event: Event) -> Event | None:
+    plan = plans.get(event.type, undeclared)
+    if not plan.shown:
         return None
+    payload = _project(plan.node, event.payload)
+    if payload is event.payload:
+        return event
     return Event(
         event.seq,
         event.run_id,
         event.type,
-        filter_payload(event.payload, parsed, mode=mode, surface=surface),
+        {} if payload is _DROP else payload,
         task_id=event.task_id,
         ts=event.ts,
+        v=event.v,
     )
 
 
+# --------------------------------------------------------------------------- the API
+
+
+def filter_event(
+    event: Event, role: Role | str, *, mode: str, surface: Surface = "display"
+) -> Event | None:
+    """The event as this reader may see it, or ``None`` when the whole event is withheld."""
+    reader = _reader(role, surface)
+    known = _known(mode)
+    return _apply(_plans(reader, known, surface), _undeclared(reader, known, surface), event)
+
+
 def filter_events(
-    events: Iterable[Event],
-    role: Role | str,
-    *,
-    mode: str | None = None,
-    surface: Surface = "display",
+    events: Iterable[Event], role: Role | str, *, mode: str, surface: Surface = "display"
 ) -> list[Event]:
-    parsed = parse_role(role)
+    reader = _reader(role, surface)
+    known = _known(mode)
+    plans, undeclared = _plans(reader, known, surface), _undeclared(reader, known, surface)
     out = []
     for event in events:
-        kept = filter_event(event, parsed, mode=mode, surface=surface)
+        kept = _apply(plans, undeclared, event)
         if kept is not None:
             out.append(kept)
     return out
 
 
-def filter_task(task: TaskRecord, role: Role | str, *, mode: str | None) -> dict[str, Any]:
-    """A task view; ``reasoning`` is ``None`` unless the mode is ``surface`` and role developer+."""
-    parsed = parse_role(role)
-    return {
-        "task_id": task.task_id,
-        "index": task.index,
-        "prompt": task.prompt,
-        "status": task.status,
-        "output": task.output,
-        "reasoning": task.reasoning if can_read_reasoning(parsed, mode) else None,
-        "usage": dict(task.usage),
-        "error": task.error,
-        "model": task.model,
-        "backend": task.backend,
-    }
+def filter_payload(
+    event_type: str,
+    payload: Mapping[str, Any],
+    role: Role | str,
+    *,
+    mode: str,
+    surface: Surface = "display",
+) -> dict[str, Any] | None:
+    """An event's payload as this reader may see it (a fresh dict), or ``None`` when the event is
+    withheld."""
+    shown = filter_event(Event(0, "", event_type, payload), role, mode=mode, surface=surface)
+    return None if shown is None else dict(shown.payload)
 
 
-def filter_run(run: RunRecord, role: Role | str) -> dict[str, Any]:
-    """A run view with its tasks, through the same rules as events."""
-    parsed = parse_role(role)
-    mode = run.chain_of_thought
-    return {
-        "run_id": run.run_id,
-        "status": run.status,
-        "prompt": run.prompt,
-        "model": run.model,
-        "chain_of_thought": mode,
-        "worker_backend": run.worker_backend,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "usage": dict(run.usage),
-        "error": run.error,
-        "metadata": filter_payload(run.metadata, parsed, mode=mode),
-        "tasks": [filter_task(t, parsed, mode=mode) for t in run.tasks],
-    }
+def filter_run(run: RunSource, role: Role | str) -> RunView:
+    """A run view with its tasks, through the same declarations as the events (display surface,
+    the run's own mode)."""
+    reader = parse_role(role)
+    node = _compile(RunView, reader, _known(run.chain_of_thought), "display")
+    view = _project(node, run.to_view())
+    return cast(RunView, {} if view is _DROP else view)

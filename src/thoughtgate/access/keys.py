@@ -9,6 +9,11 @@ character by character. Keys are revoked, never deleted, so ``keys list`` shows 
 Every caller (CLI ``keys`` commands and the daemon's ``/v1/keys`` routes) goes through these
 functions; the rules live here: names are unique among active keys, and nobody may mint or revoke a
 key with a role above their own.
+
+Ids and names never overlap: a key id is ``key_`` plus 32 hex digits, and a name may not start
+with ``key_`` (in any case). Revocation takes an exact id, or a name that exactly one active key
+holds; two active keys with one name (two replicas creating it at the same moment, or data from
+before names were checked) are refused with both ids listed, so the wrong key is never revoked.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import ApiKeyRecord, new_id
 
 __all__ = [
+    "KEY_ID_PREFIX",
     "KEY_PREFIX",
     "CreatedKey",
     "Principal",
@@ -38,6 +44,9 @@ __all__ = [
 ]
 
 KEY_PREFIX = "tg_"
+"""How every key (the secret) starts."""
+KEY_ID_PREFIX = "key_"
+"""How every key id starts (``new_id("key")``); reserved: no key name may start with it."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -98,6 +107,11 @@ async def create_key(
             f"bad key name {name!r}: 1-64 characters, letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    if name.lower().startswith(KEY_ID_PREFIX):
+        raise UsageError(
+            f"bad key name {name!r}: names starting with {KEY_ID_PREFIX!r} are reserved for key "
+            "ids (so that a name is never mistaken for another key's id); pick another name"
+        )
     if any(k.name == name and k.revoked_at is None for k in await store.list_api_keys()):
         raise UsageError(f"an active key named {name!r} already exists; revoke it or pick another")
     key = generate_key()
@@ -106,18 +120,32 @@ async def create_key(
     return CreatedKey(record, key)
 
 
-async def revoke_key(store: EventStore, key_id_or_name: str, *, by: Role | None = None) -> bool:
-    """Revoke active keys with that id or name; ``False`` when none matched."""
-    targets = [
-        k
-        for k in await store.list_api_keys()
-        if k.revoked_at is None and key_id_or_name in (k.key_id, k.name)
-    ]
-    if not targets:
-        return False
-    if by is not None and any(parse_role(k.role) > by for k in targets):
+async def revoke_key(
+    store: EventStore, key_id_or_name: str, *, by: Role | None = None
+) -> ApiKeyRecord | None:
+    """Revoke the active key with this exact id, else the one active key with this name.
+
+    Returns the revoked key, ``None`` when no active key matched. Raises ``UsageError`` when the
+    name is held by several active keys (naming their ids) and ``AccessDeniedError`` when the
+    key's role is above ``by`` (the revoker's role; ``None``: the local operator).
+    """
+    active = [k for k in await store.list_api_keys() if k.revoked_at is None]
+    matches = [k for k in active if k.key_id == key_id_or_name]
+    if not matches:  # an id always wins over a (legacy) name that looks like it
+        matches = [k for k in active if k.name == key_id_or_name]
+    if not matches:
+        return None
+    if len(matches) > 1:
+        ids = ", ".join(k.key_id for k in matches)
+        raise UsageError(
+            f"{len(matches)} active keys are named {key_id_or_name!r} ({ids}); revoke one by its id"
+        )
+    target = matches[0]
+    if by is not None and parse_role(target.role) > by:
         raise AccessDeniedError("cannot revoke a key whose role is above yours")
-    return await store.revoke_api_key(key_id_or_name)
+    if not await store.revoke_api_key(target.key_id):
+        return None  # revoked by someone else in the meantime
+    return target
 
 
 def bearer_token(authorization: str | None) -> str:

@@ -7,13 +7,18 @@ with a ticket in the query string instead of an API key. A caller with a key ask
     v1.<base64url(JSON claims)>.<base64url(HMAC-SHA256(secret, "v1." + claims))>
 
 with claims ``{"run": run_id, "role": "viewer", "kid": key_id, "exp": unix_seconds}``. The
-server verifies the MAC in constant time, then the expiry, then the run. The ticket never grants
-more than the key that asked for it (its role is copied, not chosen) and may be reused until it
-expires so that a client can reconnect with ``Last-Event-ID``; it only opens connections, it does
-not bound how long an open stream lasts.
+server verifies the MAC in constant time, then the expiry, then the run, then (``require_ticket_key``)
+that the key named by ``kid`` is still active and still holds the ticket's role. The ticket never
+grants more than the key that asked for it (its role is copied, not chosen) and may be reused until
+it expires so that a client can reconnect with ``Last-Event-ID``. A stream it opened lasts until
+the run ends, or until its key is revoked or loses the role (``server.access_watch``).
 
-Errors: a malformed, forged or expired ticket is :class:`AuthenticationError` (401); a valid
-ticket for another run is :class:`AccessDeniedError` (403).
+The secret comes from ``server.secret``, else from the store's ``get_or_create_secret``: a 0600
+file beside a SQLite database, never inside it, or the ``secrets`` table of a PostgreSQL schema,
+guarded by PostgreSQL's own credentials (docs/adr/0006-ticket-secret.md).
+
+Errors are :class:`TicketError` with a message in the reader's words: 401 for a missing,
+malformed, forged or expired ticket or a revoked key, 403 for a ticket for another run.
 """
 
 from __future__ import annotations
@@ -29,15 +34,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from thoughtgate.access.roles import Role, parse_role
-from thoughtgate.errors import AccessDeniedError, AuthenticationError, UnknownRoleError
+from thoughtgate.errors import TicketError, UnknownRoleError
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord
 
-__all__ = ["SECRET_NAME", "Ticket", "TicketSigner", "ticket_secret"]
+__all__ = [
+    "SECRET_NAME",
+    "Ticket",
+    "TicketSigner",
+    "key_access_problem",
+    "require_ticket_key",
+    "ticket_secret",
+]
 
 SECRET_NAME = "ticket_hmac"
 """Name of the generated HMAC key in ``EventStore.get_or_create_secret``."""
 
 _VERSION = "v1"
+_NEW_TICKET = "get a new one from POST /v1/tickets"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +95,10 @@ class TicketSigner:
     def _mac(self, signed: str) -> str:
         return _b64(hmac.new(self._key, signed.encode("ascii"), hashlib.sha256).digest())
 
-    def issue(self, run_id: str, role: Role, *, key_id: str = "") -> tuple[str, float]:
-        """``(ticket, expires_at)`` for reading ``run_id`` with ``role``."""
+    def issue(self, run_id: str, role: Role, *, key_id: str) -> tuple[str, float]:
+        """``(ticket, expires_at)`` for reading ``run_id`` with ``role``, minted by ``key_id``."""
+        if not key_id:
+            raise ValueError("a ticket must name the key that asked for it")
         expires_at = round(self._clock() + self.ttl_s, 3)
         claims = {"run": run_id, "role": role.label, "kid": key_id, "exp": expires_at}
         body = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
@@ -90,27 +106,69 @@ class TicketSigner:
         return f"{signed}.{self._mac(signed)}", expires_at
 
     def verify(self, ticket: str | None, run_id: str) -> Ticket:
-        """The ticket's grant for ``run_id``; raises on anything but a valid, current ticket."""
+        """The ticket's grant for ``run_id``; raises :class:`TicketError` on anything but a valid,
+        current ticket for this run. (Whether its key still holds is ``require_ticket_key``.)"""
         if not ticket:
-            raise AuthenticationError("missing ticket: get one from POST /v1/tickets")
+            raise TicketError(f"missing ticket: {_NEW_TICKET}", code="ticket_missing")
         parts = ticket.split(".")
         if len(parts) != 3 or parts[0] != _VERSION:
-            raise AuthenticationError("malformed ticket")
+            raise _not_a_ticket()
         signed = f"{parts[0]}.{parts[1]}"
         if not hmac.compare_digest(self._mac(signed), parts[2]):
-            raise AuthenticationError("invalid ticket signature")
+            raise TicketError(
+                "this ticket is not valid: its signature does not match (it was changed, cut "
+                f"short, or signed by another installation); {_NEW_TICKET}",
+                code="ticket_invalid",
+            )
         try:
             claims = json.loads(_unb64(parts[1]))
             grant = Ticket(
                 str(claims["run"]),
                 parse_role(str(claims["role"])),
-                str(claims.get("kid", "")),
+                str(claims.get("kid") or ""),
                 float(claims["exp"]),
             )
         except (ValueError, KeyError, TypeError, binascii.Error, UnknownRoleError):
-            raise AuthenticationError("malformed ticket") from None
+            raise _not_a_ticket() from None
+        if not grant.key_id:
+            raise TicketError(f"this ticket names no key; {_NEW_TICKET}", code="ticket_invalid")
         if grant.expires_at <= self._clock():
-            raise AuthenticationError("ticket expired: get a new one from POST /v1/tickets")
+            raise TicketError(f"this ticket has expired; {_NEW_TICKET}", code="ticket_expired")
         if grant.run_id != run_id:
-            raise AccessDeniedError("this ticket is for another run")
+            raise TicketError(
+                "this ticket is for another run; get one for this run from POST /v1/tickets",
+                code="ticket_wrong_run",
+                status=403,
+            )
         return grant
+
+
+def _not_a_ticket() -> TicketError:
+    return TicketError(f"this is not a ticket (malformed); {_NEW_TICKET}", code="ticket_invalid")
+
+
+def key_access_problem(key: ApiKeyRecord | None, role: Role) -> TicketError | None:
+    """Why ``key`` no longer backs a grant of ``role`` (revoked, gone, or now below it), if so."""
+    if key is None or key.revoked_at is not None:
+        return TicketError(
+            "the key that asked for this ticket has been revoked", code="ticket_key_revoked"
+        )
+    try:
+        current = parse_role(key.role)
+    except UnknownRoleError:
+        current = None
+    if current is None or current < role:
+        return TicketError(
+            f"the key that asked for this ticket no longer has the {role.label} role; "
+            f"{_NEW_TICKET}",
+            code="ticket_role_lost",
+        )
+    return None
+
+
+async def require_ticket_key(store: EventStore, grant: Ticket) -> None:
+    """Refuse a ticket whose key was revoked or no longer holds the ticket's role."""
+    key = next((k for k in await store.list_api_keys() if k.key_id == grant.key_id), None)
+    problem = key_access_problem(key, grant.role)
+    if problem is not None:
+        raise problem

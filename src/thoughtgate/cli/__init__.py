@@ -19,6 +19,7 @@ app = typer.Typer(
 #: Each module has ``register(app)``; listed here so ``--help`` shows every command.
 COMMAND_MODULES = (
     "thoughtgate.cli.runs",
+    "thoughtgate.cli.demo",
     "thoughtgate.cli.mcp",
     "thoughtgate.cli.providers",
     "thoughtgate.cli.serve",

@@ -49,7 +49,10 @@ def register(app: typer.Typer) -> None:
     @keys.command("create")
     def create(
         role: Annotated[str, typer.Option("--role", help=" | ".join(ROLE_NAMES))],
-        name: Annotated[str, typer.Option("--name", help="Unique among active keys.")],
+        name: Annotated[
+            str,
+            typer.Option("--name", help="Unique among active keys; may not start with key_."),
+        ],
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
@@ -62,8 +65,7 @@ def register(app: typer.Typer) -> None:
             async def go(store: EventStore) -> None:
                 created = await create_key(store, name=name, role=role, by=ctx.role)
                 if json_out:
-                    record = created.record
-                    print_json({"name": record.name, "role": record.role, "key": created.key})
+                    print_json(created.to_dict())
                     return
                 console.print(
                     f"created {created.record.role} key [bold]{created.record.name}[/] "
@@ -105,23 +107,30 @@ def register(app: typer.Typer) -> None:
 
     @keys.command("revoke")
     def revoke(
-        key: Annotated[str, typer.Argument(help="The key's name or id.")],
+        key: Annotated[
+            str, typer.Argument(help="The key's exact id (key_…), or a name one active key has.")
+        ],
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Revoke a key by name or id; requests with it get 401 from then on."""
+        """Revoke a key by id, or by a name that one active key has; requests with it get 401
+        from then on, and its open live streams end within a few seconds."""
 
         async def body() -> None:
             ctx = _context(config, db)
 
             async def go(store: EventStore) -> None:
-                if not await revoke_key(store, key, by=ctx.role):
-                    raise UsageError(f"no active key with name or id {key!r}")
+                revoked = await revoke_key(store, key, by=ctx.role)
+                if revoked is None:
+                    raise UsageError(f"no active key with id or name {key!r}")
                 if json_out:
-                    print_json({"revoked": key})
+                    print_json({"revoked": key, "key_id": revoked.key_id, "name": revoked.name})
                 else:
-                    err_console.print(f"revoked {key}", highlight=False)
+                    err_console.print(
+                        f"revoked {revoked.role} key {revoked.name} ({revoked.key_id})",
+                        highlight=False,
+                    )
 
             await ctx.using(go)
 

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Live check with your key: which capabilities are proven, and why (costs a few tokens)."""
-        from thoughtgate.providers.smoke import smoke as run_smoke
+        from thoughtgate.engine.smoke import smoke as run_smoke
 
         async def body() -> None:
             ctx = Context(config_path=config, db="memory://", view_as=None)

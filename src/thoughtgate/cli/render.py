@@ -7,6 +7,7 @@ it returned a summary (the labels of ``thoughtgate.events.thread``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from thoughtgate.events.thread import (
     ToolCard,
     reasoning_label,
 )
+from thoughtgate.events.views import RunView
 from thoughtgate.events.visible import describe_receipt, parse_receipt
 
 __all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread"]
@@ -76,14 +78,15 @@ class LivePrinter:
             self.console.print(Text(str(p.get("text", ""))), end="")
         elif t.startswith("tool."):
             self._switch("tool")
-            label = p.get("label") or p.get("toolKey") or "tool"
+            label = p.get("label") or p.get("tool_key") or "tool"
             detail = ""
             if "input" in p:
                 detail = f" {p['input']}"
             if t == EventType.TOOL_COMPLETED and "output" in p:
                 detail = f" → {str(p['output'])[:200]}"
-            if t == EventType.TOOL_FAILED and "error" in p:
-                detail = f" ✗ {p['error']}"
+            if t == EventType.TOOL_FAILED:
+                # a viewer's copy has no error text (it can quote tool data), only its kind
+                detail = f" ✗ {p.get('error') or p.get('error_kind') or 'failed'}"
             self.console.print(
                 f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}", highlight=False
             )
@@ -112,13 +115,13 @@ class LivePrinter:
             self.console.print()
 
 
-def _usage_text(usage: dict[str, Any]) -> str:
+def _usage_text(usage: Mapping[str, Any]) -> str:
     if not usage:
         return "-"
-    return (
-        f"in {usage.get('input_tokens', 0)} · out {usage.get('output_tokens', 0)}"
-        f" · reasoning {usage.get('reasoning_tokens', 0)}"
-    )
+    text = f"in {usage.get('input_tokens', 0)} · out {usage.get('output_tokens', 0)}"
+    if "reasoning_tokens" in usage:  # withheld where reasoning itself is
+        text += f" · reasoning {usage['reasoning_tokens']}"
+    return text
 
 
 def render_thread(console: Console, thread: ThreadView) -> None:
@@ -160,7 +163,7 @@ def render_thread(console: Console, thread: ThreadView) -> None:
 
 
 def render_run(
-    console: Console, view: dict[str, Any], *, role: str, thread: ThreadView | None = None
+    console: Console, view: RunView, *, role: str, thread: ThreadView | None = None
 ) -> None:
     """A run view (already filtered) as panels: header, the thread (when given), each answer.
 
@@ -188,7 +191,7 @@ def render_run(
         )
 
 
-def render_runs_table(console: Console, views: list[dict[str, Any]]) -> None:
+def render_runs_table(console: Console, views: list[RunView]) -> None:
     table = Table("run_id", "status", "mode", "model", "prompt")
     for v in views:
         table.add_row(

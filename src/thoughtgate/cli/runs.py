@@ -1,4 +1,4 @@
-"""``run``, ``status``, ``runs``, ``events``, ``trace`` and ``demo``."""
+"""``run``, ``status``, ``runs``, ``events`` and ``trace``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, load_tools
 from thoughtgate.events.thread import rebuild
+from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.runtime import (
     RunRequest,
     Runtime,
@@ -25,7 +26,15 @@ from thoughtgate.providers.base import Provider, create_provider
 from thoughtgate.store.base import EventStore
 from thoughtgate.telemetry import telemetry_sinks
 
-__all__ = ["register", "run_view_json"]
+__all__ = [
+    "ConfigOpt",
+    "DbOpt",
+    "JsonOpt",
+    "ViewAsOpt",
+    "execute_and_follow",
+    "register",
+    "run_view_json",
+]
 
 DbOpt = Annotated[
     str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
@@ -35,14 +44,14 @@ ViewAsOpt = Annotated[str | None, typer.Option("--view-as", help="Preview what a
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def run_view_json(view: Mapping[str, Any]) -> dict[str, Any]:
+def run_view_json(view: RunView) -> dict[str, Any]:
     """The ``run --json`` shape: reasoning is null unless surface mode and developer+."""
     return {
         "run_id": view["run_id"],
         "status": view["status"],
         "chain_of_thought": view["chain_of_thought"],
         "tasks": [
-            {"task_id": t["task_id"], "output": t["output"], "reasoning": t["reasoning"]}
+            {"task_id": t["task_id"], "output": t["output"], "reasoning": t.get("reasoning")}
             for t in view["tasks"]
         ],
         "usage": view["usage"],
@@ -75,7 +84,7 @@ async def execute_and_follow(
     role: Role,
     chain_of_thought: str | None,
     live: bool,
-) -> dict[str, Any]:
+) -> RunView:
     """Create and execute a run; when ``live``, print its filtered events as they are recorded."""
     run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
     printer = LivePrinter(console) if live else None
@@ -247,14 +256,3 @@ def register(app: typer.Typer) -> None:
                 console.print_json(data=e.to_dict())
 
         with_store(config=config, db=db, view_as=view_as, body=body)
-
-    @app.command()
-    def demo(
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """The main job on the embedded default: no API key, no network."""
-        from thoughtgate.demo import run_demo
-
-        run_async(run_demo(db=db, config_path=config, json_out=json_out))

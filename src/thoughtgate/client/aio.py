@@ -18,13 +18,14 @@ from urllib.parse import quote
 import httpx
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
-from thoughtgate.events.schema import Event, is_run_terminal
+from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
 from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["EventPage", "ThoughtgateClient", "Ticket", "event_from_dict"]
 
 _RESUME_EVENTS = frozenset({"lagging", "failed"})
+_ACCESS_REVOKED = "access_revoked"
 """Frames after which the daemon closes the stream and the reader resumes from its last id."""
 
 
@@ -58,6 +59,12 @@ def event_from_dict(data: Any) -> Event:
     payload = data.get("payload")
     task_id = data.get("task_id")
     ts = data.get("ts")
+    version = data.get("v", EVENT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version > EVENT_VERSION:
+        raise DaemonError(
+            f"event {seq} is in event vocabulary version {version!r}; this client reads up to "
+            f"version {EVENT_VERSION}: upgrade thoughtgate"
+        )
     return Event(
         seq,
         run_id,
@@ -65,6 +72,7 @@ def event_from_dict(data: Any) -> Event:
         payload if isinstance(payload, Mapping) else {},
         task_id=task_id if isinstance(task_id, str) else None,
         ts=float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0,
+        v=version,
     )
 
 
@@ -79,7 +87,9 @@ class ThoughtgateClient:
 
     ``follow`` resumes the live channel after a dropped connection or a ``lagging`` frame from the
     last id it yielded, asking for a fresh ticket when the old one expired, so a reader sees every
-    event once, in order. It gives up with :class:`DaemonError` after ``max_reconnects``
+    event once, in order. After ``access_revoked`` (the key was revoked or lost a role) it asks
+    for a fresh ticket: a revoked key then raises ``AuthenticationError``; a demoted key goes on
+    with what its new role may see. It gives up with :class:`DaemonError` after ``max_reconnects``
     consecutive attempts that brought nothing new. ``clock`` is for tests (a skewed clock).
     """
 
@@ -245,6 +255,11 @@ class ThoughtgateClient:
                         for message in decoder.feed(chunk):
                             if message.event in _RESUME_EVENTS:
                                 resume = True  # the daemon closes now; resume from `last`
+                                break
+                            if message.event == _ACCESS_REVOKED:
+                                # The key was revoked or lost a role: a fresh ticket carries what
+                                # it may see now, or is refused (AuthenticationError).
+                                ticket, resume = None, True
                                 break
                             if message.event != "message" or not message.data:
                                 continue

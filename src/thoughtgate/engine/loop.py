@@ -20,10 +20,11 @@ for a result), which is one more turn.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
+from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import keep_own_carriers
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
@@ -38,10 +39,29 @@ from thoughtgate.events.narration import (
     narrations_of,
     without_narration,
 )
-from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.orchestration.disclosure import Disclosure
-from thoughtgate.orchestration.recorder import EventRecorder
-from thoughtgate.providers.base import Provider, ToolSpec, TurnRequest
+from thoughtgate.events.payloads import (
+    AgentResponsePayload,
+    ContinuityBlockPayload,
+    ContinuityDroppedPayload,
+    MessageCompletedPayload,
+    MessageDeltaPayload,
+    MessagePartiallyCompletedPayload,
+    ReasoningDeltaPayload,
+    ReasoningPartPayload,
+    ToolApprovalRequiredPayload,
+    ToolApprovalResponsePayload,
+    ToolApprovalTimeoutPayload,
+    ToolCardFields,
+    ToolCompletedPayload,
+    ToolDegradedPayload,
+    ToolErrorKind,
+    ToolFailedPayload,
+    ToolProgressPayload,
+    ToolStartedPayload,
+    token_usage,
+)
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.providers.base import Provider, ReasoningRequest, ToolSpec, TurnRequest
 from thoughtgate.types import (
     Chunk,
     Message,
@@ -55,7 +75,20 @@ from thoughtgate.types import (
     part_to_dict,
 )
 
-__all__ = ["LoopObserver", "LoopResult", "run_agent_loop", "strip_reasoning"]
+__all__ = ["LoopObserver", "LoopRecorder", "LoopResult", "run_agent_loop", "strip_reasoning"]
+
+
+class LoopRecorder(Protocol):
+    """Where the loop writes its events, in order (``orchestration.recorder.EventRecorder``)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    async def emit(self, event: NewEvent) -> list[Event]: ...
+
+    async def emit_delta(self, event: NewEvent) -> None: ...
+
+    async def flush(self) -> None: ...
 
 
 class LoopObserver(Protocol):
@@ -100,8 +133,10 @@ def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(p for p in parts if not isinstance(p, ReasoningPart))
 
 
-def _sizes(text: str) -> dict[str, int]:
-    return {"reasoning_chars": len(text), "reasoning_bytes": len(text.encode("utf-8"))}
+def _error_kind(exc: Exception, *, fallback_failed: bool = False) -> ToolErrorKind:
+    if isinstance(exc, ToolArgumentsError):
+        return "invalid_arguments"
+    return "fallback_failed" if fallback_failed else "tool_error"
 
 
 class _Loop:
@@ -109,7 +144,7 @@ class _Loop:
         self,
         *,
         provider: Provider,
-        recorder: EventRecorder,
+        recorder: LoopRecorder,
         task_id: str,
         disclosure: Disclosure,
         tools: ToolRegistry,
@@ -156,26 +191,21 @@ class _Loop:
             return narration_ack(call)
         return await self.run_tool(call)
 
-    def ev(self, type_: str, payload: dict[str, Any]) -> NewEvent:
+    def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
 
     async def on_chunk(self, chunk: Chunk) -> None:
         if isinstance(chunk, TextDelta) and chunk.text:
-            await self.recorder.emit_delta(
-                self.ev(EventType.MESSAGE_DELTA, {"text": chunk.text, "turn": self.turn_no})
-            )
+            delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
+            await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
         elif isinstance(chunk, ReasoningDelta) and chunk.text and self.disclosure.on_display:
-            await self.recorder.emit_delta(
-                self.ev(
-                    EventType.REASONING_DELTA,
-                    {
-                        "text": chunk.text,
-                        "reasoning_kind": chunk.reasoning_kind,
-                        "index": chunk.index,
-                        "turn": self.turn_no,
-                    },
-                )
-            )
+            thought: ReasoningDeltaPayload = {
+                "text": chunk.text,
+                "reasoning_kind": chunk.reasoning_kind,
+                "index": chunk.index,
+                "turn": self.turn_no,
+            }
+            await self.recorder.emit_delta(self.ev(EventType.REASONING_DELTA, thought))
 
     def captured(self, turn: Turn) -> Turn:
         """``hidden`` keeps no reasoning even if a provider sent some anyway.
@@ -191,7 +221,7 @@ class _Loop:
         return replace(turn, parts=strip_reasoning(turn.parts))
 
     async def record_response(self, turn: Turn, *, error: str | None = None) -> None:
-        payload: dict[str, Any] = {
+        payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
             "complete": turn.complete,
@@ -199,19 +229,26 @@ class _Loop:
             "raw_finish_reason": turn.raw_finish_reason,
             "provider": turn.provider,
             "model": turn.model,
-            "usage": turn.usage.to_dict(),
+            "usage": token_usage(turn.usage),
             "tool_calls": [
-                {"callId": c.call_id, "name": c.name, "input": c.arguments}
+                {"call_id": c.call_id, "name": c.name, "input": c.arguments}
                 for c in self.real_calls(turn)
             ],
         }
         if error:
             payload["error"] = error
         if self.disclosure.on_display:
-            payload["reasoning"] = turn.reasoning_text
-            payload.update(_sizes(turn.reasoning_text))
-            payload["reasoning_parts"] = [part_to_dict(p) for p in turn.reasoning_parts]
-            payload["continuity"] = [part_to_dict(b) for b in turn.continuity]
+            text = turn.reasoning_text
+            payload["reasoning"] = text
+            payload["reasoning_chars"] = len(text)
+            payload["reasoning_bytes"] = len(text.encode("utf-8"))
+            # part_to_dict writes exactly these payload shapes (checked against the catalogue)
+            payload["reasoning_parts"] = [
+                cast(ReasoningPartPayload, part_to_dict(p)) for p in turn.reasoning_parts
+            ]
+            payload["continuity"] = [
+                cast(ContinuityBlockPayload, part_to_dict(b)) for b in turn.continuity
+            ]
         await self.recorder.emit(self.ev(EventType.AGENT_RESPONSE, payload))
         if self.observer is not None:
             narrations = self.narrations(turn)
@@ -222,21 +259,25 @@ class _Loop:
 
     async def run_tool(self, call: ToolCallPart) -> ToolResultPart:
         tool = self.tools.get(call.name)
-        base = {"callId": call.call_id, "toolKey": call.name, "turn": self.turn_no}
+        base: ToolCardFields = {
+            "call_id": call.call_id,
+            "tool_key": call.name,
+            "turn": self.turn_no,
+            "label": tool.label if tool is not None else call.name,
+        }
         if tool is None:
-            await self.recorder.emit(
-                self.ev(
-                    EventType.TOOL_FAILED,
-                    {**base, "label": call.name, "error": f"unknown tool {call.name!r}"},
-                )
-            )
+            failed: ToolFailedPayload = {
+                **base,
+                "error": f"unknown tool {call.name!r}",
+                "error_kind": "unknown_tool",
+            }
+            await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
             return ToolResultPart(
                 call.call_id,
                 f"Error: there is no tool named {call.name!r}.",
                 is_error=True,
                 name=call.name,
             )
-        base["label"] = tool.label
         if tool.requires_approval:
             verdict = await self.approve(tool, call, base)
             if verdict is not None:
@@ -244,11 +285,10 @@ class _Loop:
         return await self.execute(tool, call, base)
 
     async def approve(
-        self, tool: Tool, call: ToolCallPart, base: dict[str, Any]
+        self, tool: Tool, call: ToolCallPart, base: ToolCardFields
     ) -> ToolResultPart | None:
-        await self.recorder.emit(
-            self.ev(EventType.TOOL_APPROVAL_REQUIRED, {**base, "input": call.arguments})
-        )
+        asked: ToolApprovalRequiredPayload = {**base, "input": call.arguments}
+        await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_REQUIRED, asked))
         await self.observe_tool_started(call)
         outcome = await self.approvals.wait(
             self.recorder.run_id,
@@ -258,20 +298,16 @@ class _Loop:
             timeout=self.approval_timeout,
         )
         if outcome.decision == "timeout":
-            await self.recorder.emit(
-                self.ev(
-                    EventType.TOOL_APPROVAL_TIMEOUT,
-                    {**base, "timeout_s": self.approval_timeout},
-                )
-            )
+            expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
+            await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
             text = "The tool call was not approved in time and was not executed."
         else:
-            await self.recorder.emit(
-                self.ev(
-                    EventType.TOOL_APPROVAL_RESPONSE,
-                    {**base, "decision": outcome.decision, "by": outcome.by},
-                )
-            )
+            answered: ToolApprovalResponsePayload = {
+                **base,
+                "decision": outcome.decision,
+                "by": outcome.by,
+            }
+            await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
             if outcome.decision == "approve":
                 return None
             text = "The user rejected this tool call; it was not executed."
@@ -280,17 +316,20 @@ class _Loop:
         await self.observe_tool_finished(call, status, result)
         return result
 
-    async def execute(self, tool: Tool, call: ToolCallPart, base: dict[str, Any]) -> ToolResultPart:
-        await self.recorder.emit(self.ev(EventType.TOOL_STARTED, {**base, "input": call.arguments}))
+    async def execute(self, tool: Tool, call: ToolCallPart, base: ToolCardFields) -> ToolResultPart:
+        started: ToolStartedPayload = {**base, "input": call.arguments}
+        await self.recorder.emit(self.ev(EventType.TOOL_STARTED, started))
         await self.observe_tool_started(call)
 
         async def progress(message: str) -> None:
-            await self.recorder.emit(self.ev(EventType.TOOL_PROGRESS, {**base, "message": message}))
+            note: ToolProgressPayload = {**base, "message": message}
+            await self.recorder.emit(self.ev(EventType.TOOL_PROGRESS, note))
 
         status = "completed"
         try:
             output = await tool.call(call.arguments, progress)
-            await self.recorder.emit(self.ev(EventType.TOOL_COMPLETED, {**base, "output": output}))
+            done: ToolCompletedPayload = {**base, "output": output}
+            await self.recorder.emit(self.ev(EventType.TOOL_COMPLETED, done))
             result = ToolResultPart(call.call_id, output, name=call.name)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -316,19 +355,26 @@ class _Loop:
                 await self.recorder.emit(event)
 
     async def fail(
-        self, tool: Tool, call: ToolCallPart, base: dict[str, Any], error: str, exc: Exception
+        self, tool: Tool, call: ToolCallPart, base: ToolCardFields, error: str, exc: Exception
     ) -> tuple[ToolResultPart, str]:
+        kind = _error_kind(exc)
         if tool.fallback is not None and not isinstance(exc, ToolArgumentsError):
             try:
                 output = await tool.call_fallback(call.arguments)
             except Exception as fexc:
                 error = f"{error}; fallback failed: {type(fexc).__name__}: {fexc}"
+                kind = _error_kind(exc, fallback_failed=True)
             else:
-                await self.recorder.emit(
-                    self.ev(EventType.TOOL_DEGRADED, {**base, "output": output, "error": error})
-                )
+                degraded: ToolDegradedPayload = {
+                    **base,
+                    "output": output,
+                    "error": error,
+                    "error_kind": kind,
+                }
+                await self.recorder.emit(self.ev(EventType.TOOL_DEGRADED, degraded))
                 return ToolResultPart(call.call_id, output, name=call.name), "degraded"
-        await self.recorder.emit(self.ev(EventType.TOOL_FAILED, {**base, "error": error}))
+        failed: ToolFailedPayload = {**base, "error": error, "error_kind": kind}
+        await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
         return (
             ToolResultPart(call.call_id, f"Error: {error}", is_error=True, name=call.name),
             "failed",
@@ -339,7 +385,7 @@ async def run_agent_loop(
     provider: Provider,
     messages: Sequence[Message],
     *,
-    recorder: EventRecorder,
+    recorder: LoopRecorder,
     task_id: str,
     disclosure: Disclosure,
     tools: ToolRegistry | None = None,
@@ -370,25 +416,20 @@ async def run_agent_loop(
         loop.turn_no = turn_no
         outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
         for gone in dropped:
-            await recorder.emit(
-                NewEvent(
-                    EventType.CONTINUITY_DROPPED,
-                    {
-                        "carrier": gone.carrier,
-                        "from_provider": gone.provider,
-                        "from_model": gone.model,
-                        "reason": gone.reason,
-                        "turn": turn_no,
-                    },
-                    task_id=task_id,
-                )
-            )
+            note: ContinuityDroppedPayload = {
+                "carrier": gone.carrier,
+                "from_provider": gone.provider,
+                "from_model": gone.model,
+                "reason": gone.reason,
+                "turn": turn_no,
+            }
+            await recorder.emit(NewEvent(EventType.CONTINUITY_DROPPED, note, task_id=task_id))
         history = outgoing
         request = TurnRequest(
             history,
             system=system,
             tools=loop.specs,
-            reasoning=disclosure.reasoning_request(),
+            reasoning=ReasoningRequest(disclosure.requests_reasoning),
             max_tokens=max_tokens,
         )
         try:
@@ -402,18 +443,15 @@ async def run_agent_loop(
                 turns.append(partial)
                 await loop.record_response(partial, error=str(exc))
             answer = partial.text if partial is not None else ""
+            cut: MessagePartiallyCompletedPayload = {
+                "text": answer,
+                "reason": "provider_error",
+                "error": str(exc),
+                "status": exc.status,
+                "error_type": exc.error_type,
+            }
             await recorder.emit(
-                NewEvent(
-                    EventType.MESSAGE_PARTIALLY_COMPLETED,
-                    {
-                        "text": answer,
-                        "reason": "provider_error",
-                        "error": str(exc),
-                        "status": exc.status,
-                        "error_type": exc.error_type,
-                    },
-                    task_id=task_id,
-                )
+                NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id)
             )
             return LoopResult(
                 "partial",
@@ -431,13 +469,11 @@ async def run_agent_loop(
         turns.append(turn)
         await loop.record_response(turn)
         if not turn.tool_calls:
-            await recorder.emit(
-                NewEvent(
-                    EventType.MESSAGE_COMPLETED,
-                    {"text": turn.text, "finish_reason": turn.finish_reason},
-                    task_id=task_id,
-                )
-            )
+            final: MessageCompletedPayload = {
+                "text": turn.text,
+                "finish_reason": turn.finish_reason,
+            }
+            await recorder.emit(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task_id))
             return LoopResult(
                 "completed",
                 turn.text,
@@ -451,19 +487,20 @@ async def run_agent_loop(
         results = [await loop.answer(call) for call in turn.tool_calls]
         history.append(Message("assistant", strip_reasoning(turn.parts)))
         history.append(Message("tool", tuple(results)))
-    note = f"stopped after reaching the turn limit of {max_turns} model turns"
+    limit = f"stopped after reaching the turn limit of {max_turns} model turns"
     last = turns[-1].text if turns else ""
     if observer is not None:
         for event in await observer.task_finished(task_id=task_id):
             await recorder.emit(event)
-    await recorder.emit(
-        NewEvent(
-            EventType.MESSAGE_PARTIALLY_COMPLETED,
-            {"text": last, "reason": "max_turns", "error": note},
-            task_id=task_id,
-        )
+    stopped: MessagePartiallyCompletedPayload = {
+        "text": last,
+        "reason": "max_turns",
+        "error": limit,
+    }
+    await recorder.emit(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, stopped, task_id=task_id))
+    return LoopResult(
+        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns
     )
-    return LoopResult("partial", last, max_turns, usage, _join(reasoning), "max_turns", note, turns)
 
 
 def _join(parts: list[str]) -> str:

@@ -1,8 +1,12 @@
-"""The event envelope and the event vocabulary every writer and reader shares.
+"""The event envelope and the names of the event types every writer and reader shares.
 
-An event is ``{seq, run_id, task_id?, type, ts, payload}``. ``seq`` is assigned by the store:
+An event is ``{seq, run_id, task_id?, type, ts, v, payload}``. ``seq`` is assigned by the store:
 strictly increasing per run, starting at 1, no gaps, so it can be the SSE ``id:`` and a resume
-point. Writers build :class:`NewEvent` (no ``seq``); the store returns :class:`Event`.
+point. ``v`` is the version of the vocabulary the payload was written in (the store stamps the
+current one, ``thoughtgate.events.payloads.EVENT_VERSION``, on every append; the payload itself
+carries no version, so the hot deltas stay small). Writers build :class:`NewEvent` (no ``seq``);
+the store returns :class:`Event`. Each type's payload is declared in
+``thoughtgate.events.payloads``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Final
 
 __all__ = [
     "DISPLAY_TERMINAL_TYPES",
+    "EVENT_VERSION",
     "RUN_TERMINAL_TYPES",
     "Event",
     "EventType",
@@ -23,12 +28,17 @@ __all__ = [
 ]
 
 
+EVENT_VERSION: Final = 1
+"""Version of the event vocabulary (``thoughtgate.events.payloads``). Bump it when a field changes
+meaning, type or name, or goes away (adding an optional field does not), and teach
+``thoughtgate.events.payloads.upgrade_payload`` to read the old version."""
+
+
 class EventType:
-    """Names of the event types (see ARCHITECTURE.md "Event vocabulary")."""
+    """Names of the event types (their payloads: ``thoughtgate.events.payloads``)."""
 
     RUN_STARTED: Final = "run.started"
     CAPABILITY_RESOLVED: Final = "capability.resolved"
-    PLAN_STEP_ADDED: Final = "plan.step_added"
     RUN_FAILED: Final = "run.failed"
     RUN_ERROR: Final = "run.error"
     RUN_SETTLEMENT_COMPLETED: Final = "run.settlement.completed"
@@ -108,6 +118,8 @@ class Event:
     _: KW_ONLY
     task_id: str | None = None
     ts: float = 0.0
+    v: int = EVENT_VERSION
+    """The vocabulary version the payload was written in."""
 
     def to_dict(self) -> dict[str, Any]:
         """The wire shape shared by ``events --json``, HTTP reads and SSE frames."""
@@ -117,5 +129,6 @@ class Event:
             "task_id": self.task_id,
             "type": self.type,
             "ts": self.ts,
+            "v": self.v,
             "payload": dict(self.payload),
         }

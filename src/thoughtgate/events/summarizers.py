@@ -11,7 +11,7 @@ Made for display (``phases`` is the default, ``narration`` the recommended opt-i
 ``narration``           what the model wrote for the reader through the ``visible_step`` tool
                         (``events/narration.py``); never its reasoning channel.
 
-Opt-in only, each named in every receipt with a plain note (ADR 0006):
+Opt-in only, each named in every receipt with a plain note (ADR 0008):
 
 ``provider_summaries``  reasoning parts of kind ``summary`` that a provider returned (OpenAI
                         reasoning summaries, OpenRouter ``reasoning.summary``, Anthropic summarized
@@ -32,7 +32,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from thoughtgate.events.narration import without_narration
-from thoughtgate.events.visible import MAX_SUMMARY_CHARS, DisplayPhase, StepSource
+from thoughtgate.events.payloads import DisplayPhase, StepSource
+from thoughtgate.events.visible import MAX_SUMMARY_CHARS
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
 from thoughtgate.types import Message, Turn
 
@@ -273,7 +274,7 @@ class ModelSummarizer:
     """An operator-configured model writes one new sentence per answering turn, and one per tool
     call saying what the tool is for; reasoning is switched off for these requests.
 
-    It reads only what the reader can already see (ADR 0006): the turn's answer text (most recent
+    It reads only what the reader can already see (ADR 0008): the turn's answer text (most recent
     ``max_input_chars``) and the names of the tools called -- never the model's reasoning of any
     kind, never tool arguments or results. Whatever it answers is only a draft: the pipeline drops
     it when it repeats raw reasoning verbatim or breaks any other rule.

@@ -9,12 +9,15 @@ What the view holds, in the order each thing first appeared (think → tool → 
 
 * visible steps and phases from ``cot.step`` / ``cot.phase`` (a repeated ``step_id`` updates the
   step in place); ``cot.tool.reasoning`` attaches to the card it names, if that card is present;
-* tool cards from ``tool.*`` (see :func:`normalize_tool_payload` and :data:`TOOL_EVENT_STATUS`);
-* ``capability.resolved`` and ``plan.step_added`` notices; ``artifact.*`` / ``preview.*`` as
-  artifact state, never as reasoning;
+* tool cards from ``tool.*`` (keyed by ``call_id``; see :data:`TOOL_EVENT_STATUS`);
+* the run's ``capability.resolved`` notice;
 * the answer text (``message.delta``; the final text of ``message.completed`` /
   ``message.partially_completed`` replaces it) and the terminal state. ``tool.failed`` is not
   terminal.
+
+Payloads are read as the vocabulary declares them (``thoughtgate.events.payloads``), with no
+aliases. A reader's copy lacks what its role may not see (a viewer's cards have no ``input``,
+``output`` or ``error`` text, only the public ``error_kind``), and the builder never needs it.
 
 Client rules kept here: an unmarked or malformed ``cot.*`` payload is discarded (counted in
 ``discarded``); reasoning is never taken from tool input or output, ``agent.response`` or any other
@@ -45,9 +48,7 @@ __all__ = [
     "REASONING_LABELS",
     "TOOL_EVENT_STATUS",
     "TOOL_STATUSES",
-    "ArtifactItem",
     "MessageView",
-    "NormalizedToolPayload",
     "NoticeItem",
     "PhaseItem",
     "ReasoningItem",
@@ -57,11 +58,9 @@ __all__ = [
     "ThreadItem",
     "ThreadStatus",
     "ThreadView",
-    "ToolActivity",
     "ToolCallRecord",
     "ToolCard",
     "ToolStatus",
-    "normalize_tool_payload",
     "reasoning_label",
     "rebuild",
 ]
@@ -70,7 +69,6 @@ ToolStatus: TypeAlias = Literal[
     "pending", "executing", "completed", "failed", "degraded", "rejected", "skipped"
 ]
 TOOL_STATUSES: tuple[str, ...] = get_args(ToolStatus)
-_STATUS_BY_NAME: Final[Mapping[str, ToolStatus]] = {s: s for s in get_args(ToolStatus)}
 _FINAL_TOOL_STATUSES: Final = frozenset({"completed", "failed", "degraded", "rejected", "skipped"})
 
 TOOL_EVENT_STATUS: Final[Mapping[str, ToolStatus]] = {
@@ -84,9 +82,8 @@ TOOL_EVENT_STATUS: Final[Mapping[str, ToolStatus]] = {
     EventType.TOOL_APPROVAL_TIMEOUT: "skipped",
 }
 """The card status each ``tool.*`` event sets. ``tool.approval_response`` sets ``rejected`` when
-the answer is no and leaves the card ``pending`` (until ``tool.started``) when it is yes;
-``tool.progress`` never reopens a finished card. ``payload.activity.status``, when it is one of
-:data:`TOOL_STATUSES`, wins over the event's own status."""
+the decision is ``reject`` and leaves the card ``pending`` (until ``tool.started``) when it is
+``approve``; ``tool.progress`` never reopens a finished card."""
 
 ThreadStatus: TypeAlias = Literal["running", "completed", "partial", "failed", "interrupted"]
 
@@ -99,15 +96,8 @@ _TERMINAL_STATUS: Final[Mapping[str, ThreadStatus]] = {
 }
 
 
-# --------------------------------------------------------------------------- tool payloads
-
-
 def _opt_str(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return None
+    return value if isinstance(value, str) else None
 
 
 def _coalesce(*values: Any) -> Any:
@@ -118,81 +108,13 @@ def _coalesce(*values: Any) -> Any:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolActivity:
-    """``payload.activity``: how the producer wants the card rendered."""
-
-    _: KW_ONLY
-    activity_type: str | None = None
-    origin: str | None = None
-    label: str | None = None
-    detail: Any = None
-    render_hint: str | None = None
-    status: str | None = None
-    subject_type: str | None = None
-    subject_id: str | None = None
-
-    @classmethod
-    def from_payload(cls, value: Any) -> ToolActivity | None:
-        if not isinstance(value, Mapping):
-            return None
-        return cls(
-            activity_type=_opt_str(value.get("activityType")),
-            origin=_opt_str(value.get("origin")),
-            label=_opt_str(value.get("label")),
-            detail=value.get("detail"),
-            render_hint=_opt_str(value.get("renderHint")),
-            status=_opt_str(value.get("status")),
-            subject_type=_opt_str(value.get("subjectType")),
-            subject_id=_opt_str(value.get("subjectId")),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "activityType": self.activity_type,
-            "origin": self.origin,
-            "label": self.label,
-            "detail": self.detail,
-            "renderHint": self.render_hint,
-            "status": self.status,
-            "subjectType": self.subject_type,
-            "subjectId": self.subject_id,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class NormalizedToolPayload:
-    tool_key: str | None
-    call_id: str | None
-    input: Any
-    output: Any
-    activity: ToolActivity | None
-
-
-def normalize_tool_payload(
-    payload: Mapping[str, Any], envelope: Mapping[str, Any] | None = None
-) -> NormalizedToolPayload:
-    """``toolKey = payload.toolKey ?? payload.key``,
-    ``callId = payload.callId ?? payload.toolCallId ?? envelope.stepId`` (``step_id`` in our
-    snake_case envelope), ``input = payload.input ?? payload.args``,
-    ``output = payload.data ?? payload.output``, and ``payload.activity`` when present."""
-    env = envelope or {}
-    step_id = _coalesce(env.get("stepId"), env.get("step_id"))
-    return NormalizedToolPayload(
-        tool_key=_opt_str(_coalesce(payload.get("toolKey"), payload.get("key"))),
-        call_id=_opt_str(_coalesce(payload.get("callId"), payload.get("toolCallId"), step_id)),
-        input=_coalesce(payload.get("input"), payload.get("args")),
-        output=_coalesce(payload.get("data"), payload.get("output")),
-        activity=ToolActivity.from_payload(payload.get("activity")),
-    )
-
-
 # --------------------------------------------------------------------------- view model
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCard:
-    """One tool call as a reader sees it (a viewer's filtered events carry no input/output)."""
+    """One tool call as a reader sees it (a viewer's filtered events carry no input, output or
+    error text: the card then shows label, status and ``error_kind``)."""
 
     call_id: str
     tool_key: str | None
@@ -201,8 +123,8 @@ class ToolCard:
     _: KW_ONLY
     input: Any = None
     output: Any = None
-    activity: ToolActivity | None = None
     error: str | None = None
+    error_kind: str | None = None
     reasoning: tuple[VisibleStep, ...] = ()
     kind: Literal["tool"] = "tool"
 
@@ -215,8 +137,8 @@ class ToolCard:
             "label": self.label,
             "input": self.input,
             "output": self.output,
-            "activity": self.activity.to_dict() if self.activity else None,
             "error": self.error,
+            "error_kind": self.error_kind,
             "reasoning": [s.to_payload() for s in self.reasoning],
         }
 
@@ -243,38 +165,16 @@ class PhaseItem:
 
 @dataclass(frozen=True, slots=True)
 class NoticeItem:
-    """``capability.resolved`` or ``plan.step_added``."""
+    """The run's ``capability.resolved`` notice ("Mode: surface"), updated in place."""
 
-    kind: Literal["capability", "plan"]
     key: str
-    label: str
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "key": self.key, "label": self.label, "attrs": dict(self.attrs)}
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactItem:
-    """``artifact.*`` / ``preview.*``: ``state`` is the event name after the family."""
-
-    family: Literal["artifact", "preview"]
-    key: str
-    state: str
     label: str
     attrs: Mapping[str, Any] = field(default_factory=dict)
     _: KW_ONLY
-    kind: Literal["artifact"] = "artifact"
+    kind: Literal["capability"] = "capability"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "family": self.family,
-            "key": self.key,
-            "state": self.state,
-            "label": self.label,
-            "attrs": dict(self.attrs),
-        }
+        return {"kind": self.kind, "key": self.key, "label": self.label, "attrs": dict(self.attrs)}
 
 
 REASONING_LABELS: Final[Mapping[str, str]] = {
@@ -331,19 +231,19 @@ class ReasoningItem:
         }
 
 
-ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ArtifactItem | ReasoningItem
+ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ReasoningItem
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallRecord:
-    """An entry of ``message.toolCalls`` (the card's id, tool and status)."""
+    """An entry of ``message.tool_calls`` (the card's id, tool and status)."""
 
     call_id: str
     tool_key: str | None
     status: ToolStatus
 
     def to_dict(self) -> dict[str, Any]:
-        return {"callId": self.call_id, "toolKey": self.tool_key, "status": self.status}
+        return {"call_id": self.call_id, "tool_key": self.tool_key, "status": self.status}
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +256,7 @@ class MessageView:
         return {
             "text": self.text,
             "final": self.final,
-            "toolCalls": [c.to_dict() for c in self.tool_calls],
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
         }
 
 
@@ -403,31 +303,12 @@ class ThreadView:
 _Key: TypeAlias = tuple[str, str]
 
 
-def _first_str(payload: Mapping[str, Any], *keys: str) -> str | None:
-    for key in keys:
-        value = payload.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
 def _text_of(payload: Mapping[str, Any]) -> str | None:
-    value = _coalesce(payload.get("text"), payload.get("delta"))
-    return value if isinstance(value, str) else None
+    return _opt_str(payload.get("text"))
 
 
 def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _approval_rejected(payload: Mapping[str, Any]) -> bool | None:
-    approved = payload.get("approved")
-    if isinstance(approved, bool):
-        return not approved
-    decision = _opt_str(payload.get("decision"))
-    if decision is None:
-        return None
-    return decision.lower() in ("reject", "rejected", "deny", "denied", "no")
 
 
 class ThreadBuilder:
@@ -464,12 +345,11 @@ class ThreadBuilder:
         etype: Any
         payload: Any
         seq: int | None
-        envelope: Mapping[str, Any] | None
         if isinstance(event, Event):
-            etype, payload, seq, envelope = event.type, event.payload, event.seq, None
+            etype, payload, seq = event.type, event.payload, event.seq
             self._task_id = event.task_id
         else:
-            etype, payload, seq, envelope = event.get("type"), event.get("payload"), None, event
+            etype, payload, seq = event.get("type"), event.get("payload"), None
             raw_seq = event.get("seq")
             if isinstance(raw_seq, int) and not isinstance(raw_seq, bool):
                 seq = raw_seq
@@ -479,17 +359,15 @@ class ThreadBuilder:
                 return False
             self._last_seq = seq
         if isinstance(etype, str):
-            self._apply(etype, payload if isinstance(payload, Mapping) else {}, envelope)
+            self._apply(etype, payload if isinstance(payload, Mapping) else {})
         return True
 
-    def _apply(
-        self, etype: str, payload: Mapping[str, Any], envelope: Mapping[str, Any] | None
-    ) -> None:
+    def _apply(self, etype: str, payload: Mapping[str, Any]) -> None:
         family = etype.split(".", 1)[0]
         if family == "cot":
             self._apply_cot(etype, payload)
-        elif family == "tool":
-            self._apply_tool(etype, payload, envelope)
+        elif etype in TOOL_EVENT_STATUS or etype == EventType.TOOL_APPROVAL_RESPONSE:
+            self._apply_tool(etype, payload)
         elif etype == EventType.MESSAGE_DELTA:
             self._text.append(_text_of(payload) or "")
         elif etype == EventType.REASONING_DELTA:
@@ -497,10 +375,8 @@ class ThreadBuilder:
                 self._raw = []
             self._raw.append(_text_of(payload) or "")
             self._apply_reasoning(payload)
-        elif etype in (EventType.CAPABILITY_RESOLVED, EventType.PLAN_STEP_ADDED):
-            self._apply_notice(etype, payload)
-        elif family in ("artifact", "preview"):
-            self._apply_artifact(etype, payload)
+        elif etype == EventType.CAPABILITY_RESOLVED:
+            self._apply_notice(payload)
         if etype in DISPLAY_TERMINAL_TYPES:
             self._apply_terminal(etype, payload)
 
@@ -561,87 +437,42 @@ class ThreadBuilder:
             reasoning = tuple(step if s.step_id == step.step_id else s for s in card.reasoning)
         self._items[("tool", card.call_id)] = replace(card, reasoning=reasoning)
 
-    def _apply_tool(
-        self, etype: str, payload: Mapping[str, Any], envelope: Mapping[str, Any] | None
-    ) -> None:
-        norm = normalize_tool_payload(payload, envelope)
-        call_id = norm.call_id
+    def _apply_tool(self, etype: str, payload: Mapping[str, Any]) -> None:
+        call_id = _opt_str(payload.get("call_id"))
         if call_id is None:
             self._anonymous += 1
             call_id = f"anonymous-{self._anonymous}"
         key: _Key = ("tool", call_id)
         old = self._items.get(key)
-        card = old if isinstance(old, ToolCard) else None
-        if card is None:
-            card = ToolCard(call_id, None, "pending", "")
-        tool_key = _coalesce(norm.tool_key, card.tool_key)
-        label = (
-            (norm.activity.label if norm.activity else None)
-            or _first_str(payload, "label")
-            or card.label
-            or tool_key
-            or "tool"
-        )
+        card = old if isinstance(old, ToolCard) else ToolCard(call_id, None, "pending", "")
+        tool_key = _coalesce(_opt_str(payload.get("tool_key")), card.tool_key)
         self._upsert(
             key,
             replace(
                 card,
                 tool_key=tool_key,
-                status=self._tool_status(etype, payload, norm, card.status),
-                label=label,
-                input=_coalesce(norm.input, card.input),
-                output=_coalesce(norm.output, card.output),
-                activity=norm.activity or card.activity,
-                error=_first_str(payload, "error") or card.error,
+                status=self._tool_status(etype, payload, card.status),
+                label=_opt_str(payload.get("label")) or card.label or tool_key or "tool",
+                input=_coalesce(payload.get("input"), card.input),
+                output=_coalesce(payload.get("output"), card.output),
+                error=_opt_str(payload.get("error")) or card.error,
+                error_kind=_opt_str(payload.get("error_kind")) or card.error_kind,
             ),
         )
 
     @staticmethod
-    def _tool_status(
-        etype: str, payload: Mapping[str, Any], norm: NormalizedToolPayload, current: ToolStatus
-    ) -> ToolStatus:
-        hinted = _STATUS_BY_NAME.get(norm.activity.status or "") if norm.activity else None
-        if hinted is not None:
-            return hinted
-        if etype == EventType.TOOL_APPROVAL_RESPONSE and _approval_rejected(payload):
-            return "rejected"
+    def _tool_status(etype: str, payload: Mapping[str, Any], current: ToolStatus) -> ToolStatus:
+        if etype == EventType.TOOL_APPROVAL_RESPONSE:
+            return "rejected" if payload.get("decision") == "reject" else current
         if etype == EventType.TOOL_PROGRESS and current in _FINAL_TOOL_STATUSES:
             return current
         return TOOL_EVENT_STATUS.get(etype, current)
 
-    def _apply_notice(self, etype: str, payload: Mapping[str, Any]) -> None:
-        kind: Literal["capability", "plan"] = (
-            "capability" if etype == EventType.CAPABILITY_RESOLVED else "plan"
-        )
-        ids = ("capability", "name", "id") if kind == "capability" else ("stepId", "step_id", "id")
-        key = next((s for s in map(_opt_str, (payload.get(k) for k in ids)) if s), None)
-        # One run-level capability notice (updated in place); plan steps without an id each count.
-        key = key or ("run" if kind == "capability" else f"plan-{len(self._order)}")
-        mode = _first_str(payload, "chain_of_thought")
-        label = (
-            _first_str(payload, "label", "title", "summary", "name", "capability", "text")
-            or (f"Mode: {mode}" if mode else None)
-            or key
-        )
-        self._upsert((kind, key), NoticeItem(kind, key, label, dict(payload)))
-
-    def _apply_artifact(self, etype: str, payload: Mapping[str, Any]) -> None:
-        family: Literal["artifact", "preview"] = (
-            "artifact" if etype.startswith("artifact.") else "preview"
-        )
-        state = etype.split(".", 1)[1] if "." in etype else etype
-        ids = ("artifactId", "previewId", "artifact_id", "preview_id", "id")
-        key = next((s for s in map(_opt_str, (payload.get(k) for k in ids)) if s), None)
-        key = key or f"{family}-{len(self._order)}"
-        old = self._items.get((family, key))
-        prior = old if isinstance(old, ArtifactItem) else None
-        attrs = {**(prior.attrs if prior else {}), **payload}
-        label = (
-            _first_str(payload, "title", "name", "label", "filename")
-            or (prior.label if prior else None)
-            or key
-        )
-        self._upsert((family, key), ArtifactItem(family, key, state, label, attrs))
+    def _apply_notice(self, payload: Mapping[str, Any]) -> None:
+        """One run-level notice, updated in place."""
+        mode = _opt_str(payload.get("chain_of_thought"))
+        label = f"Mode: {mode}" if mode else "run"
+        self._upsert(("capability", "run"), NoticeItem("run", label, dict(payload)))
 
     def _apply_terminal(self, etype: str, payload: Mapping[str, Any]) -> None:
         self._terminal = etype

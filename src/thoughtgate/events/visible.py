@@ -13,8 +13,9 @@ made for display (provider summaries, a summarizer model). None of these payload
 grants access to anything: a ``tool_call_id`` only correlates with a card the reader was already
 allowed to see, and no payload holds a URL, a token or tool data.
 
-The payload keys are chosen so the one output filter (``access/filter.py``) passes them unchanged
-for every role: none of them is a reasoning, carrier or tool-detail key.
+Their payload types (``VisibleStepPayload``, ``CotCompletedPayload`` in
+``thoughtgate.events.payloads``) declare every field ``public``: the one output filter passes them
+unchanged to every role, which is why nothing that is not public may ever enter one.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Final, Literal, TypeAlias, get_args
+from typing import Any, Final, Literal, get_args
 
+from thoughtgate.events.payloads import (
+    CotCompletedPayload,
+    DisplayPhase,
+    ReceiptPayload,
+    StepSource,
+    VisibleStepPayload,
+)
 from thoughtgate.events.schema import EventType, NewEvent, now_ts
 
 __all__ = [
@@ -38,8 +46,6 @@ __all__ = [
     "SUMMARIZER_SOURCES",
     "VISIBLE_MARKER",
     "DisclosureReceipt",
-    "DisplayPhase",
-    "StepSource",
     "VisibleStep",
     "build_receipt",
     "cot_completed_event",
@@ -56,12 +62,6 @@ VISIBLE_MARKER: Final = "visible_reasoning_v1"
 
 MAX_SUMMARY_CHARS: Final = 280
 MAX_STEP_ID_CHARS: Final = 128
-
-DisplayPhase: TypeAlias = Literal["planning", "thinking", "acting", "writing", "done"]
-"""The coarse phase a display shows (``acting`` = a tool is being used)."""
-
-StepSource: TypeAlias = Literal["phases", "narration", "provider_summary", "model"]
-"""Which summarizer produced the step (never raw model output)."""
 
 DISPLAY_PHASES: tuple[str, ...] = get_args(DisplayPhase)
 STEP_SOURCES: tuple[str, ...] = get_args(StepSource)
@@ -93,7 +93,7 @@ SOURCE_NOTES: Final[Mapping[str, str]] = {
     ),
 }
 """The plain statement a receipt carries for each summarizer the operator opted into that is
-not made for display (ADR 0006). ``phases`` and ``narration`` need none."""
+not made for display (ADR 0008). ``phases`` and ``narration`` need none."""
 
 COT_STEP_TYPES: Final = frozenset(
     {EventType.COT_STEP, EventType.COT_PHASE, EventType.COT_TOOL_REASONING}
@@ -116,7 +116,7 @@ class VisibleStep:
     source: StepSource = "phases"
     marker: Literal["visible_reasoning_v1"] = VISIBLE_MARKER
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> VisibleStepPayload:
         return {
             "marker": self.marker,
             "step_id": self.step_id,
@@ -222,7 +222,7 @@ class DisclosureReceipt:
     """One plain statement per summarizer the operator opted into that is not made for display
     (:data:`SOURCE_NOTES`), derived from ``summarizers``."""
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> ReceiptPayload:
         return {
             "mode": self.mode,
             "raw_reasoning_exists": self.raw_reasoning_exists,
@@ -310,7 +310,11 @@ def cot_completed_event(
 ) -> NewEvent:
     """``cot.completed``: the marker, a timestamp and the receipt."""
     stamp = now_ts() if ts is None else ts
-    payload = {"marker": VISIBLE_MARKER, "ts": stamp, "receipt": receipt.to_payload()}
+    payload: CotCompletedPayload = {
+        "marker": VISIBLE_MARKER,
+        "ts": stamp,
+        "receipt": receipt.to_payload(),
+    }
     return NewEvent(EventType.COT_COMPLETED, payload, task_id=task_id, ts=stamp)
 
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
+from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store.base import EventStore
 
@@ -95,6 +96,7 @@ class EventRecorder:
     async def _append(self, batch: list[NewEvent]) -> list[Event]:
         if not batch:
             return []
+        check_new_events(batch)
         try:
             out = await self.store.append(self.run_id, batch)
         except Exception as exc:

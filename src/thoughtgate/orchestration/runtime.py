@@ -20,17 +20,31 @@ from thoughtgate.config import (
     resolve_chain_of_thought,
     resolve_worker_backend,
 )
+from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import conversation_from_events
 from thoughtgate.engine.loop import LoopObserver, LoopResult, run_agent_loop
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import ThoughtgateError, UsageError
+from thoughtgate.events.catalogue import check_new_events
+from thoughtgate.events.payloads import (
+    CapabilityResolvedPayload,
+    MessageCompletedPayload,
+    MessagePartiallyCompletedPayload,
+    RunEndedPayload,
+    RunStartedPayload,
+    RunStatus,
+    SettingSource,
+    TaskCompletedPayload,
+    TaskStartedPayload,
+    WorkerCompletedPayload,
+    token_usage,
+)
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.orchestration.disclosure import Disclosure
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import RunRecord, RunStatus, TaskRecord, new_id
+from thoughtgate.store.records import RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
 __all__ = [
@@ -131,6 +145,7 @@ class Runtime:
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
         """Every append outside a task recorder goes through here so sinks see it."""
+        check_new_events(events)
         out = await self.store.append(run_id, events)
         for sink in self.sinks:
             await sink(out)
@@ -179,29 +194,26 @@ class Runtime:
             for i, spec in enumerate(specs)
         ]
         await self.store.create_run(run)
-        sources = {
-            "chain_of_thought": _source(
-                chain_of_thought, request.chain_of_thought, orch.chain_of_thought
-            ),
-            "worker_backend": _source(worker_backend, request.worker_backend, orch.worker_backend),
+        started: RunStartedPayload = {"prompt": request.prompt, "model": model, "tasks": len(specs)}
+        resolved: CapabilityResolvedPayload = {
+            "chain_of_thought": mode,
+            "worker_backend": backend,
+            "reasoning_requested": Disclosure.of(mode).requests_reasoning,
+            "sources": {
+                "chain_of_thought": _source(
+                    chain_of_thought, request.chain_of_thought, orch.chain_of_thought
+                ),
+                "worker_backend": _source(
+                    worker_backend, request.worker_backend, orch.worker_backend
+                ),
+            },
+            "model": model,
         }
         await self._append(
             run.run_id,
             [
-                NewEvent(
-                    EventType.RUN_STARTED,
-                    {"prompt": request.prompt, "model": model, "tasks": len(specs)},
-                ),
-                NewEvent(
-                    EventType.CAPABILITY_RESOLVED,
-                    {
-                        "chain_of_thought": mode,
-                        "worker_backend": backend,
-                        "reasoning_requested": Disclosure.of(mode).requests_reasoning,
-                        "sources": sources,
-                        "model": model,
-                    },
-                ),
+                NewEvent(EventType.RUN_STARTED, started),
+                NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
             ],
         )
         self._specs[run.run_id] = specs
@@ -288,7 +300,7 @@ class Runtime:
     async def _finish(
         self, run_id: str, event_type: str, status: RunStatus, usage: Usage, error: str | None
     ) -> None:
-        payload: dict[str, Any] = {"status": status, "usage": usage.to_dict()}
+        payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         if error:
             payload["error"] = error
         await self._append(run_id, [NewEvent(event_type, payload)])
@@ -306,18 +318,13 @@ class Runtime:
         started = time.monotonic()
         task.status = "running"
         await self.store.save_task(task)
-        await recorder.emit(
-            NewEvent(
-                EventType.TASK_STARTED,
-                {
-                    "index": task.index,
-                    "prompt": task.prompt,
-                    "backend": task.backend,
-                    "model": task.model,
-                },
-                task_id=task.task_id,
-            )
-        )
+        opened: TaskStartedPayload = {
+            "index": task.index,
+            "prompt": task.prompt,
+            "backend": task.backend,
+            "model": task.model,
+        }
+        await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
         try:
             try:
                 if run.worker_backend == "inline":
@@ -344,7 +351,7 @@ class Runtime:
         task.status = "failed"
         task.error = error
         await self.store.save_task(task)
-        payload = {"status": "failed", "output": None, "error": error}
+        payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
         await self._append(
             run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
         )
@@ -357,12 +364,12 @@ class Runtime:
         disclosure: Disclosure,
         duration: float,
     ) -> None:
-        payload: dict[str, Any] = {
+        payload: WorkerCompletedPayload = {
             "mode": disclosure.mode,
             "backend": run.worker_backend,
             "model": task.model,
             "status": result.status,
-            "usage": result.usage.to_dict(),
+            "usage": token_usage(result.usage),
             "turns": result.turns,
             "duration_s": round(duration, 6),
             "finish_reason": result.finish_reason,
@@ -379,15 +386,16 @@ class Runtime:
                     for b in t.continuity
                 ],
             }
+        done: TaskCompletedPayload = {
+            "status": result.status,
+            "output": result.answer,
+            "error": result.error,
+        }
         await self._append(
             run.run_id,
             [
                 NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
-                NewEvent(
-                    EventType.TASK_COMPLETED,
-                    {"status": result.status, "output": result.answer, "error": result.error},
-                    task_id=task.task_id,
-                ),
+                NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
             ],
         )
 
@@ -400,18 +408,18 @@ class Runtime:
             output = await value if inspect.isawaitable(value) else value
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+            cut: MessagePartiallyCompletedPayload = {
+                "text": "",
+                "reason": "worker_error",
+                "error": error,
+            }
             await recorder.emit(
-                NewEvent(
-                    EventType.MESSAGE_PARTIALLY_COMPLETED,
-                    {"text": "", "reason": "worker_error", "error": error},
-                    task_id=task.task_id,
-                )
+                NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
             return LoopResult("failed", "", 0, Usage(), "", "error", error)
         text = str(output)
-        await recorder.emit(
-            NewEvent(EventType.MESSAGE_COMPLETED, {"text": text}, task_id=task.task_id)
-        )
+        final: MessageCompletedPayload = {"text": text}
+        await recorder.emit(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task.task_id))
         return LoopResult("completed", text, 0, Usage(), "", "stop")
 
     def _visible_reasoning(
@@ -472,7 +480,7 @@ def _hidden_texts(spec: TaskSpec) -> list[str]:
     return [spec.system] if spec.system else []
 
 
-def _source(explicit: str | None, run: str | None, config: str | None) -> str:
+def _source(explicit: str | None, run: str | None, config: str | None) -> SettingSource:
     if explicit is not None:
         return "explicit"
     if run is not None:

@@ -9,7 +9,8 @@ declarations, so the two cannot drift apart.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal, TypeVar
 
@@ -21,10 +22,13 @@ from starlette.routing import Route
 from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.access.roles import Role
+from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.state import state_of
 
 __all__ = [
+    "MAX_INT",
+    "MAX_JSON_DEPTH",
     "Auth",
     "Endpoint",
     "Handler",
@@ -35,6 +39,12 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_INT = 2**63 - 1
+"""The largest integer any parameter takes: what SQLite and PostgreSQL (BIGINT) can hold."""
+MAX_JSON_DEPTH = 64
+"""Objects and arrays nested deeper than this are refused (no request body needs more)."""
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "１２", "1_000" and " 7 "
 Auth = Literal["bearer", "ticket", "none"]
 Handler = Callable[[Request, Principal | None], Awaitable[Response]]
 
@@ -46,6 +56,7 @@ class QueryParam:
     type: Literal["integer", "string"] = "integer"
     minimum: int | None = None
     maximum: int | None = None
+    """``None``: ``MAX_INT`` for integers."""
     required: bool = False
     location: Literal["query", "header"] = "query"
 
@@ -63,7 +74,8 @@ class Endpoint:
     """Minimum role with ``auth="bearer"``."""
     auth: Auth = "bearer"
     body: type[BaseModel] | None = None
-    response: type[BaseModel] | None = None
+    response: type | None = None
+    """A pydantic model or a declared ``TypedDict`` view."""
     status: int = 200
     params: tuple[QueryParam, ...] = ()
     errors: tuple[int, ...] = ()
@@ -93,7 +105,8 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     """Who is calling, before anything else is looked at (401, then 403).
 
     ``bearer``: an API key with at least the endpoint's role. ``ticket``: a live-channel ticket
-    for the run in the path; the principal then carries the role the ticket was issued for.
+    for the run in the path, whose key is still active and still holds the ticket's role; the
+    principal then carries the ticket's key id and role.
     """
     state = state_of(request)
     if endpoint.auth == "bearer":
@@ -103,21 +116,27 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     if endpoint.auth == "ticket":
         signer = await state.signer()
         grant = signer.verify(request.query_params.get("ticket"), request.path_params["run_id"])
+        await require_ticket_key(state.store, grant)
         return Principal(grant.key_id, "ticket", grant.role)
     return None
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body validated against ``model``: 400 for bad JSON, 422 for a bad shape."""
+    """The JSON body validated against ``model``: 400 for bad or over-deep JSON, 422 for a bad
+    shape."""
     raw = await request.body()
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
         data = json.loads(raw)
+    except RecursionError:  # the parser recurses once per level: a deep body exhausts the stack
+        raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(
             400, f"the request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
+    if _depth_over(data, MAX_JSON_DEPTH):
+        raise _too_deep()
     if not isinstance(data, dict):
         raise ApiError(422, "the request body must be a JSON object")
     try:
@@ -133,6 +152,31 @@ async def parse_body(request: Request, model: type[M]) -> M:
         ) from None
 
 
+def _too_deep() -> ApiError:
+    return ApiError(
+        400,
+        f"the request body is JSON nested deeper than {MAX_JSON_DEPTH} levels",
+        code="invalid_json",
+    )
+
+
+def _depth_over(value: object, limit: int) -> bool:
+    """Whether objects and arrays in ``value`` nest more than ``limit`` deep (no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def query_int(
     request: Request,
     name: str,
@@ -143,17 +187,21 @@ def query_int(
     header: str | None = None,
     query: bool = True,
 ) -> int:
-    """An integer query parameter (or header) within bounds, else 422 naming it."""
+    """An integer query parameter (or header) within bounds, else 422 naming it.
+
+    Bounded above by ``maximum`` or ``MAX_INT``: a larger value would overflow the database's
+    64-bit integers (a 500), so it is refused here with the range instead.
+    """
     raw = request.query_params.get(name) if query else None
     if raw is None and header is not None:
         raw = request.headers.get(header)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(422, f"{name} must be an integer, got {raw[:40]!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise ApiError(422, f"{name} must be {bound}, got {value}")
+    upper = MAX_INT if maximum is None else maximum
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(422, f"{name} must be an integer, got {shown!r}")
+    value = int(raw) if len(raw) <= 40 else None  # no 4,300-digit conversions
+    if value is None or value < minimum or value > upper:
+        raise ApiError(422, f"{name} must be between {minimum} and {upper}, got {shown}")
     return value

@@ -27,6 +27,7 @@ from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.orchestration.recorder import EventSink
 from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
+from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.api import starlette_route
 from thoughtgate.server.errors import exception_handlers
 from thoughtgate.server.fanout import RunFeeds
@@ -77,11 +78,14 @@ def create_app(
     sse_queue_size: int = 256,
     sse_lag_timeout_s: float = 10.0,
     sse_send_timeout_s: float = 30.0,
+    access_check_s: float = 1.0,
 ) -> Starlette:
     """Build the HTTP API over a runtime (or over a store, with a runtime built from ``config``).
 
     ``provider_factory``, ``tools``, ``approvals`` and ``sinks`` only apply when a store is given;
     a given runtime brings its own. ``config`` defaults to the runtime's (or the built-in one).
+    ``access_check_s``: how often open live streams re-check their key (revoked or demoted keys
+    end their streams within about that long).
     """
     if isinstance(runtime_or_store, Runtime):
         runtime = runtime_or_store
@@ -105,6 +109,7 @@ def create_app(
         sse_lag_timeout_s=sse_lag_timeout_s,
         sse_send_timeout_s=sse_send_timeout_s,
         feeds=RunFeeds(runtime.store),
+        access=AccessWatch(runtime.store, interval_s=access_check_s),
     )
     endpoints = all_endpoints()
 
@@ -121,6 +126,8 @@ def create_app(
             await manager.shutdown()
             if state.feeds is not None:
                 await state.feeds.close()
+            if state.access is not None:
+                await state.access.close()
 
     app = Starlette(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],

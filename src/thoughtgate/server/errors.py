@@ -5,6 +5,7 @@ The exception tree (``thoughtgate.errors``) is translated here and nowhere else:
 ==========================  ======  ==========================================================
 exception                   status  body
 ==========================  ======  ==========================================================
+``TicketError``             401/403 what is wrong with the live-channel ticket, in plain words
 ``AuthenticationError``     401     generic ("authentication required"), ``WWW-Authenticate``
 ``AccessDeniedError``       403     generic ("forbidden"): names no run, no data
 ``RunNotFoundError``        404     the id the caller sent
@@ -30,6 +31,7 @@ from thoughtgate.errors import (
     RunNotFoundError,
     StoreError,
     ThoughtgateError,
+    TicketError,
     UsageError,
 )
 
@@ -102,6 +104,9 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 
 async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, TicketError):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return error_response(exc.status, str(exc), code=exc.code, headers=headers)
     if isinstance(exc, AuthenticationError):
         log.info("401 %s %s: %s", request.method, request.url.path, exc)
         return _unauthorized()

@@ -26,7 +26,7 @@ from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.store.base import EventStore
 
-__all__ = ["RunFeeds"]
+__all__ = ["RunFeeds", "replay"]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -34,6 +34,21 @@ _PAGE = 500
 _CACHE_ENTRIES = 4096
 _CACHE_MAX_FRAME = 64 * 1024
 """Frames above this size (a long ``agent.response``) are encoded per reader, not kept."""
+
+
+async def replay(store: EventStore, run_id: str, after: int) -> AsyncIterator[Event]:
+    """The run's stored events after ``after``, up to its terminal event or the last one stored
+    now (no waiting for more)."""
+    cursor = after
+    while True:
+        page = await store.read(run_id, after=cursor, limit=_PAGE)
+        for event in page:
+            cursor = event.seq
+            yield event
+            if is_run_terminal(event.type):
+                return
+        if len(page) < _PAGE:
+            return
 
 
 class _Subscriber:
@@ -88,7 +103,7 @@ class RunFeeds:
         self.store = store
         self.backlog = backlog
         self._feeds: dict[str, _Feed] = {}
-        self._frames: dict[tuple[str, int, Role, str | None], bytes | None] = {}
+        self._frames: dict[tuple[str, int, Role, str], bytes | None] = {}
 
     @property
     def active(self) -> int:
@@ -98,15 +113,11 @@ class RunFeeds:
     async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
         """Stored events after ``after``, then live ones, until the run's terminal event."""
         cursor = after
-        while True:  # replay alone until caught up: a feed only serves the live end
-            page = await self.store.read(run_id, after=cursor, limit=_PAGE)
-            for event in page:
-                cursor = event.seq
-                yield event
-                if is_run_terminal(event.type):
-                    return
-            if len(page) < _PAGE:
-                break
+        async for event in replay(self.store, run_id, after):  # a feed serves the live end only
+            cursor = event.seq
+            yield event
+            if is_run_terminal(event.type):
+                return
         sub = _Subscriber(self.backlog)
         feed = self._join(run_id, cursor, sub)
         try:
@@ -155,7 +166,7 @@ class RunFeeds:
                 del self._feeds[run_id]
 
     def frame(
-        self, event: Event, role: Role, mode: str | None, encode: Callable[[Event], bytes]
+        self, event: Event, role: Role, mode: str, encode: Callable[[Event], bytes]
     ) -> bytes | None:
         """``encode(filter_event(event, role, mode))``, computed once per event, role and mode
         (``None`` when the role may not see the event)."""

@@ -27,6 +27,8 @@ from typing import Any
 
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError
+from thoughtgate.events.catalogue import check_new_events
+from thoughtgate.events.payloads import RunInterruptedPayload
 from thoughtgate.events.schema import Event, EventType, NewEvent, is_run_terminal
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.store.records import RunRecord
@@ -186,10 +188,10 @@ class RunManager:
         run = await store.get_run(run_id)
         if run.status not in _OPEN_STATUSES:
             return False
-        await store.append(
-            run_id,
-            [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": reason})],
-        )
+        closing: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
+        events = [NewEvent(EventType.RUN_INTERRUPTED, closing)]
+        check_new_events(events)
+        await store.append(run_id, events)
         await store.update_run(run_id, status="interrupted", error=f"interrupted: {reason}")
         log.warning("run %s interrupted: %s", run_id, reason)
         return True

@@ -2,18 +2,22 @@
 
 Request bodies forbid unknown fields: a caller cannot smuggle ``base_url`` or ``api_key`` into a
 run (provider endpoints and keys come only from the daemon's config and environment).
-Responses are built as plain dicts by the routes (through the output filter) and documented here.
+Responses are built as plain dicts by the routes (through the output filter) and documented here;
+run views and events are the declared vocabulary itself (``thoughtgate.events.views``, the event
+catalogue), so the document and the filter read the same declaration.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from thoughtgate.config import ChainOfThought
+from thoughtgate.disclosure import ChainOfThought
+from thoughtgate.events.views import HostMetadataView, RunView
 
 __all__ = [
+    "EVENT_SCHEMA_REF",
     "REQUEST_MODELS",
     "RESPONSE_MODELS",
     "ApprovalBody",
@@ -23,11 +27,9 @@ __all__ = [
     "CreatedKeyView",
     "ErrorBody",
     "ErrorDetail",
+    "EventJson",
     "EventPage",
-    "EventView",
     "Health",
-    "HostMetadata",
-    "HostTask",
     "KeyList",
     "KeyView",
     "Me",
@@ -35,14 +37,14 @@ __all__ = [
     "RevokeResult",
     "RunCreated",
     "RunList",
-    "RunView",
     "TaskBody",
-    "TaskView",
     "TicketBody",
     "TicketView",
 ]
 
 RoleName = Literal["viewer", "member", "developer", "admin", "owner"]
+
+EVENT_SCHEMA_REF: Final = "#/components/schemas/Event"
 
 
 class _Body(BaseModel):
@@ -82,7 +84,9 @@ class ApprovalBody(_Body):
 
 
 class CreateKeyBody(_Body):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(
+        min_length=1, max_length=64, description="unique among active keys; not starting key_"
+    )
     role: RoleName
 
 
@@ -107,81 +111,16 @@ class RunCreated(BaseModel):
     chain_of_thought: ChainOfThought
 
 
-class TaskView(BaseModel):
-    task_id: str
-    index: int
-    prompt: str
-    status: str
-    output: str | None
-    reasoning: str | None = Field(
-        description="raw reasoning: only on surface runs for developer and above, else null"
-    )
-    usage: dict[str, int]
-    error: str | None
-    model: str | None
-    backend: str | None
-
-
-class RunView(BaseModel):
-    run_id: str
-    status: str
-    prompt: str
-    model: str | None
-    chain_of_thought: str
-    worker_backend: str
-    created_at: float
-    updated_at: float
-    usage: dict[str, int]
-    error: str | None
-    metadata: dict[str, Any]
-    tasks: list[TaskView]
-
-
 class RunList(BaseModel):
     runs: list[RunView]
 
 
-class HostTask(BaseModel):
-    task_id: str
-    index: int
-    status: str
-    model: str | None
-    output: str | None
-    usage: dict[str, int]
-    error: str | None
-    reasoning: str | None = Field(
-        default=None, description="present only when this reader may read raw reasoning"
-    )
-
-
-class HostMetadata(BaseModel):
-    """What a host integration shows for a run (``thoughtgate.host_metadata``)."""
-
-    version: int
-    run_id: str
-    status: str
-    chain_of_thought: str
-    reasoning_visible: bool
-    model: str | None
-    created_at: float
-    updated_at: float
-    usage: dict[str, int]
-    error: str | None
-    role: str
-    tasks: list[HostTask]
-
-
-class EventView(BaseModel):
-    seq: int
-    run_id: str
-    task_id: str | None
-    type: str
-    ts: float
-    payload: dict[str, Any]
+EventJson = Annotated[dict[str, Any], WithJsonSchema({"$ref": EVENT_SCHEMA_REF})]
+"""An event as readers receive it: one of the catalogue's envelopes (``Event`` in the document)."""
 
 
 class EventPage(BaseModel):
-    events: list[EventView]
+    events: list[EventJson]
     next_after: int = Field(
         description="pass as ?after= to continue (counts events you may not see, too)"
     )
@@ -246,6 +185,8 @@ class CreatedKeyView(BaseModel):
 
 class RevokeResult(BaseModel):
     revoked: bool
+    key_id: str
+    name: str
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
@@ -254,12 +195,12 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ApprovalBody,
     CreateKeyBody,
 )
-RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+RESPONSE_MODELS: tuple[type, ...] = (
     ErrorBody,
     RunCreated,
     RunView,
     RunList,
-    HostMetadata,
+    HostMetadataView,
     EventPage,
     TicketView,
     ApprovalResult,

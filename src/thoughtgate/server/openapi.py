@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic import TypeAdapter
 
-from thoughtgate.server.api import Endpoint
+from thoughtgate.events.catalogue import READER_NOTE, catalogue_schema, reader_schema
+from thoughtgate.server.api import MAX_INT, Endpoint
 from thoughtgate.server.models import REQUEST_MODELS, RESPONSE_MODELS
 
 __all__ = ["build_openapi"]
@@ -32,11 +32,11 @@ _STATUS_TEXT = {
 }
 
 
-def _ref(model: type[BaseModel]) -> dict[str, str]:
+def _ref(model: type) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _json_content(model: type[BaseModel] | None) -> dict[str, Any]:
+def _json_content(model: type | None) -> dict[str, Any]:
     schema: dict[str, Any] = _ref(model) if model is not None else {"type": "object"}
     return {"application/json": {"schema": schema}}
 
@@ -52,6 +52,8 @@ def _parameters(endpoint: Endpoint) -> list[dict[str, Any]]:
             schema["minimum"] = p.minimum
         if p.maximum is not None:
             schema["maximum"] = p.maximum
+        elif p.type == "integer":
+            schema["maximum"] = MAX_INT
         params.append(
             {
                 "name": p.name,
@@ -108,11 +110,19 @@ def _operation(endpoint: Endpoint, error: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(endpoints: tuple[Endpoint, ...], *, version: str) -> dict[str, Any]:
-    """Every endpoint, every request and response model, the bearer scheme."""
-    models = [(m, "validation") for m in REQUEST_MODELS] + [
-        (m, "serialization") for m in RESPONSE_MODELS
-    ]
-    _, defs = models_json_schema(models, ref_template=_REF)  # type: ignore[arg-type]
+    """Every endpoint, every request and response model, the event catalogue, the bearer scheme.
+
+    Responses are described as readers receive them (``reader_schema``): a field whose class a
+    reader may not see is not required, a carrier is a presence marker.
+    """
+    inputs: list[tuple[type, Any, TypeAdapter[Any]]] = [
+        (m, "validation", TypeAdapter(m)) for m in REQUEST_MODELS
+    ] + [(m, "serialization", TypeAdapter(m)) for m in RESPONSE_MODELS]
+    _, defs = TypeAdapter.json_schemas(inputs, ref_template=_REF)
+    schemas: dict[str, Any] = dict(defs.get("$defs", {}))
+    events = catalogue_schema(ref_template=_REF)
+    schemas.update(events.pop("$defs"))
+    schemas["Event"] = events
     error = {"content": _json_content(RESPONSE_MODELS[0])}
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in endpoints:
@@ -123,11 +133,11 @@ def build_openapi(endpoints: tuple[Endpoint, ...], *, version: str) -> dict[str,
             "title": "thoughtgate daemon",
             "version": version,
             "description": "Runs LLM agent work and governs who may see the model's reasoning. "
-            "Roles: viewer < member < developer < admin < owner.",
+            f"Roles: viewer < member < developer < admin < owner. {READER_NOTE}",
         },
         "paths": paths,
         "components": {
-            "schemas": defs.get("$defs", {}),
+            "schemas": reader_schema(schemas),
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "an API key"}
             },

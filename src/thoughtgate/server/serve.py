@@ -1,4 +1,8 @@
-"""Run the app on uvicorn with an orderly SIGTERM/SIGINT.
+"""Run the app on uvicorn with an orderly SIGTERM/SIGINT and connection limits.
+
+Connections are guarded (``connections``): a request head within ``server.header_timeout_s``,
+idle keep-alive connections closed after ``server.idle_timeout_s``, at most
+``server.max_connections`` open (below the open-file limit), idle ones making room for new ones.
 
 On the first signal the daemon stops taking runs, gives in-flight runs the grace period, closes the
 rest with ``run.interrupted`` (so live readers see the end of every run), and only then lets
@@ -17,7 +21,9 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.state import ServerState
 
@@ -103,12 +109,24 @@ async def serve_app(
     """Serve until a signal, on the running loop. ``on_ready(host, port)`` runs once listening."""
     state = app.state.thoughtgate
     assert isinstance(state, ServerState)
+    max_connections, open_files = connection_budget(state.server.max_connections)
+    if max_connections < state.server.max_connections:
+        log.warning(
+            "serving at most %d connections (server.max_connections is %d, but the open-file "
+            "limit is %s)",
+            max_connections,
+            state.server.max_connections,
+            open_files,
+        )
+    limits = ConnectionLimits(max_connections, state.server.header_timeout_s)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
         lifespan="on",
+        http=guarded_protocol(AutoHTTPProtocol, limits),
+        timeout_keep_alive=state.server.idle_timeout_s,
         timeout_graceful_shutdown=int(max(5.0, state.manager.grace_s + 5.0)),
         proxy_headers=False,
         server_header=False,

@@ -13,6 +13,12 @@ events in memory, never slows the run (the run writes to the store, not to reade
 readers. A reader that takes no frame for ``lag_timeout_s`` while its queue is full is closed after
 an ``event: lagging`` frame whose data names the last ``id`` it was sent; it resumes from there
 with ``Last-Event-ID`` and loses nothing, because nothing is ever dropped from the log.
+
+A stream is also ended when its reader's access goes: ``watch_access`` registers a callback (the
+daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, stops the pump,
+drops whatever is queued and not yet sent, and closes the response after an
+``event: access_revoked`` frame whose data says why. A finished run (``follow=False``) is
+replayed up to its last stored event and the response ends there, terminal event or not.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from sse_starlette.event import ServerSentEvent
@@ -29,7 +35,8 @@ from sse_starlette.event import ServerSentEvent
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event
-from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.access_watch import OnAccessLost
+from thoughtgate.server.fanout import RunFeeds, replay
 from thoughtgate.store.base import EventStore
 
 __all__ = ["encode_event", "frame_bytes", "live_frames"]
@@ -39,6 +46,7 @@ log = logging.getLogger("thoughtgate.server")
 _END: Final = "end"
 _LAGGING: Final = "lagging"
 _FAILED: Final = "failed"
+_REVOKED: Final = "access_revoked"
 _MAX_COALESCE = 64
 
 
@@ -63,15 +71,19 @@ async def live_frames(
     run_id: str,
     *,
     role: Role,
-    mode: str | None,
+    mode: str,
     after: int,
     queue_size: int = 256,
     lag_timeout_s: float = 10.0,
     feeds: RunFeeds | None = None,
+    follow: bool = True,
+    watch_access: Callable[[OnAccessLost], Callable[[], None]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """Frames for one connection: replay after ``after``, then live, until the terminal event."""
+    """Frames for one connection: replay after ``after``, then live, until the terminal event
+    (``follow=False``: only what is stored now), or until ``watch_access`` reports lost access."""
     queue: asyncio.Queue[tuple[int, bytes] | str] = asyncio.Queue(maxsize=queue_size)
     last_sent = after
+    lost: list[str] = []
 
     def frame(event: Event) -> bytes | None:
         if feeds is not None:
@@ -81,9 +93,12 @@ async def live_frames(
 
     async def pump() -> None:
         outcome = _END
-        source = (
-            store.tail(run_id, after=after) if feeds is None else feeds.tail(run_id, after=after)
-        )
+        if not follow:
+            source = replay(store, run_id, after)
+        elif feeds is None:
+            source = store.tail(run_id, after=after)
+        else:
+            source = feeds.tail(run_id, after=after)
         try:
             async for event in source:
                 data = frame(event)
@@ -110,6 +125,18 @@ async def live_frames(
         await queue.put(outcome)
 
     task = asyncio.create_task(pump(), name=f"sse pump {run_id}")
+
+    def access_lost(message: str) -> None:
+        """Stop at once: nothing queued after this moment reaches the reader."""
+        if lost:
+            return
+        lost.append(message)
+        task.cancel()
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(_REVOKED)  # room: the pump is cancelled and the queue was emptied
+
+    unwatch = watch_access(access_lost) if watch_access is not None else None
     try:
         while True:
             item = await queue.get()
@@ -118,7 +145,14 @@ async def live_frames(
                 if isinstance(item, str):
                     if batch:
                         yield b"".join(batch)
-                    if item != _END:
+                    if item == _REVOKED:
+                        yield frame_bytes(
+                            {
+                                "event": item,
+                                "data": json.dumps({"reason": item, "message": lost[0]}),
+                            }
+                        )
+                    elif item != _END:
                         yield frame_bytes(
                             {
                                 "event": item,
@@ -133,6 +167,8 @@ async def live_frames(
                 item = queue.get_nowait()
             yield b"".join(batch)
     finally:
+        if unwatch is not None:
+            unwatch()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from thoughtgate.access.tickets import TicketSigner, ticket_secret
 from thoughtgate.config import ServerConfig
 from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
 from thoughtgate.store.base import EventStore
@@ -27,6 +28,8 @@ class ServerState:
     sse_send_timeout_s: float = 30.0
     feeds: RunFeeds | None = None
     """Shared per-run live feeds for the SSE channel (``None``: each reader tails the store)."""
+    access: AccessWatch | None = None
+    """Ends live streams whose key is revoked or loses the role (``None``: nobody watches)."""
     _signer: TicketSigner | None = None
     _signer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

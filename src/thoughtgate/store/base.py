@@ -14,8 +14,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["EventStore", "RunWakeups"]
 
@@ -173,8 +174,9 @@ class EventStore(abc.ABC):
         """The active (not revoked) key with this hash, if any."""
 
     @abc.abstractmethod
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        """Revoke by id or name; ``False`` when nothing matched."""
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke the active key with exactly this id (never by name: names are resolved to one
+        id by ``access.keys.revoke_key``); ``False`` when no active key has it."""
 
     @abc.abstractmethod
     async def get_or_create_secret(self, name: str, candidate: str) -> str:

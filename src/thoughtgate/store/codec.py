@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from thoughtgate.errors import UsageError
-from thoughtgate.events.schema import Event, NewEvent
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord, TaskStatus
+from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
+from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = [
+    "EVENT_SELECT",
     "KEY_COLUMNS",
     "RUN_COLUMNS",
     "TASK_COLUMNS",
@@ -131,18 +133,24 @@ def encode_events(
     return payloads, [e.task_id for e in events], [e.type for e in events], [e.ts for e in events]
 
 
-_EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts")
+_EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
 if tuple(f.name for f in dataclasses.fields(Event)) != _EVENT_FIELDS or hasattr(
     Event, "__post_init__"
 ):  # pragma: no cover - guards make_event below against a changed envelope
     raise RuntimeError("Event changed shape; update thoughtgate.store.codec.make_event")
 _new_object = object.__new__
 _SETTERS = tuple(getattr(Event, name).__set__ for name in _EVENT_FIELDS)
-_set_seq, _set_run_id, _set_type, _set_payload, _set_task_id, _set_ts = _SETTERS
+_set_seq, _set_run_id, _set_type, _set_payload, _set_task_id, _set_ts, _set_v = _SETTERS
 
 
 def make_event(
-    seq: int, run_id: str, type_: str, payload: Mapping[str, Any], task_id: str | None, ts: float
+    seq: int,
+    run_id: str,
+    type_: str,
+    payload: Mapping[str, Any],
+    task_id: str | None,
+    ts: float,
+    v: int = EVENT_VERSION,
 ) -> Event:
     """``Event(...)`` for the replay hot path, about four times faster.
 
@@ -157,18 +165,28 @@ def make_event(
     _set_payload(event, payload)
     _set_task_id(event, task_id)
     _set_ts(event, ts)
+    _set_v(event, v)
     return event
 
 
+EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
+"""The columns :func:`events_from_rows` reads, in its order."""
+
+
 def events_from_rows(
-    run_id: str, rows: Sequence[tuple[int, str | None, str, float, str]]
+    run_id: str, rows: Sequence[tuple[int, str | None, str, float, str, int]]
 ) -> list[Event]:
-    """Rows of ``(seq, task_id, type, ts, payload_json)`` in order."""
+    """Rows of ``(seq, task_id, type, ts, payload_json, v)`` in order. A payload written in an
+    older vocabulary version comes back upgraded to the current one (and says so in ``v``)."""
     payloads = decode_payloads([r[4] for r in rows])
-    return [
-        make_event(seq, run_id, type_, payload, task_id, ts)
-        for (seq, task_id, type_, ts, _), payload in zip(rows, payloads, strict=True)
-    ]
+    out = []
+    for (seq, task_id, type_, ts, _, v), payload in zip(rows, payloads, strict=True):
+        if v == EVENT_VERSION:
+            out.append(make_event(seq, run_id, type_, payload, task_id, ts, v))
+        else:
+            current = upgrade_payload(type_, v, payload)
+            out.append(make_event(seq, run_id, type_, current, task_id, ts, EVENT_VERSION))
+    return out
 
 
 def run_update_columns(

@@ -8,9 +8,10 @@ import time
 from collections.abc import Sequence
 
 from thoughtgate.errors import RunNotFoundError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["MemoryStore"]
 
@@ -112,13 +113,12 @@ class MemoryStore(EventStore):
                 return copy.deepcopy(key)
         return None
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        hit = False
-        for key in self._keys.values():
-            if key.revoked_at is None and key_id_or_name in (key.key_id, key.name):
-                key.revoked_at = time.time()
-                hit = True
-        return hit
+    async def revoke_api_key(self, key_id: str) -> bool:
+        key = self._keys.get(key_id)
+        if key is None or key.revoked_at is not None:
+            return False
+        key.revoked_at = time.time()
+        return True
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
         return self._secrets.setdefault(name, candidate)

@@ -20,7 +20,8 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from thoughtgate.errors import RunNotFoundError, StoreError
-from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.events.payloads import RunStatus
+from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.migrations import load_migrations
@@ -28,7 +29,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import PgPool, connect
 from thoughtgate.store.pg_schema import migrate, resolve_schema
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["PostgresStore", "split_schema_param"]
 
@@ -55,8 +56,8 @@ WITH bumped AS (
     WHERE run_id = %(run_id)s
     RETURNING last_seq - %(n)s AS base
 ), inserted AS (
-    INSERT INTO events (run_id, seq, task_id, type, ts, payload)
-    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts, e.payload::json
+    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
+    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts, e.payload::json, %(v)s
     FROM bumped, unnest(
         ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),
@@ -90,10 +91,7 @@ def _batch_params(
 # no gaps, so both mean the same rows, but the range stays a short index scan whatever the
 # planner believes about the table (with stale statistics after a burst of appends it would
 # otherwise sort every later event of the run to return the first k).
-_READ = (
-    "SELECT seq, task_id, type, ts, payload FROM events "
-    "WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
-)
+_READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
 _NO_LIMIT = 2**63 - 1
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
@@ -303,7 +301,7 @@ class PostgresStore(EventStore):
                 await self._require_run(conn, run_id)
                 return []
             params = _batch_params(payloads, task_ids, types, ts)
-            params.update(n=n, run_id=run_id, channel=self.channel)
+            params.update(n=n, run_id=run_id, channel=self.channel, v=EVENT_VERSION)
             cur = await conn.execute(_APPEND, params)
             row = await cur.fetchone()
         if row is None:
@@ -358,12 +356,11 @@ class PostgresStore(EventStore):
             row = await cur.fetchone()
         return None if row is None else codec.key_from_row(row)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
-        async with self._conn(f"revoke API key {key_id_or_name!r}") as conn:
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self._conn(f"revoke API key {key_id!r}") as conn:
             cur = await conn.execute(
-                "UPDATE api_keys SET revoked_at = %s "
-                "WHERE revoked_at IS NULL AND (key_id = %s OR name = %s)",
-                (time.time(), key_id_or_name, key_id_or_name),
+                "UPDATE api_keys SET revoked_at = %s WHERE revoked_at IS NULL AND key_id = %s",
+                (time.time(), key_id),
             )
             return cur.rowcount > 0
 

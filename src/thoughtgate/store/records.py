@@ -5,21 +5,18 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, cast
+
+from thoughtgate.events.payloads import RunStatus, TaskStatus, TokenUsage
+from thoughtgate.events.views import RunMetadata, RunView, TaskView
 
 __all__ = [
     "ApiKeyRecord",
     "RunRecord",
-    "RunStatus",
     "TaskRecord",
-    "TaskStatus",
     "new_id",
 ]
 
-RunStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "partial", "failed", "error", "interrupted"
-]
-TaskStatus: TypeAlias = Literal["pending", "running", "completed", "partial", "failed"]
 TERMINAL_RUN_STATUSES: frozenset[str] = frozenset(
     {"completed", "partial", "failed", "error", "interrupted"}
 )
@@ -47,6 +44,21 @@ class TaskRecord:
     model: str | None = None
     backend: str | None = None
 
+    def to_view(self) -> TaskView:
+        """Every field, unfiltered: pass it through the one output filter before showing it."""
+        return {
+            "task_id": self.task_id,
+            "index": self.index,
+            "prompt": self.prompt,
+            "status": self.status,
+            "output": self.output,
+            "reasoning": self.reasoning,
+            "usage": cast(TokenUsage, self.usage),
+            "error": self.error,
+            "model": self.model,
+            "backend": self.backend,
+        }
+
 
 @dataclass(slots=True)
 class RunRecord:
@@ -65,6 +77,23 @@ class RunRecord:
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     tasks: list[TaskRecord] = field(default_factory=list)
+
+    def to_view(self) -> RunView:
+        """Every field, unfiltered (``thoughtgate.access.filter.filter_run`` makes it a view)."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "prompt": self.prompt,
+            "model": self.model,
+            "chain_of_thought": cast(Any, self.chain_of_thought),
+            "worker_backend": self.worker_backend,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "usage": cast(TokenUsage, self.usage),
+            "error": self.error,
+            "metadata": cast(RunMetadata, self.metadata),
+            "tasks": [t.to_view() for t in self.tasks],
+        }
 
 
 @dataclass(slots=True)

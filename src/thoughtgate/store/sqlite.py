@@ -15,7 +15,9 @@ Threads: one dedicated thread and connection for writes, one for reads (see ``sq
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -23,11 +25,18 @@ from pathlib import Path
 from typing import TypeVar
 
 from thoughtgate.errors import RunNotFoundError, StoreReadOnlyError, StoreUnavailableError
-from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.events.payloads import RunStatus
+from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, RunStatus, TaskRecord
-from thoughtgate.store.sqlite_schema import connect, open_checked
+from thoughtgate.store.private_files import (
+    create_private_file,
+    make_private_parents,
+    read_secret_file,
+    write_secret_file,
+)
+from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import SQLiteThread, in_write_transaction
 
 __all__ = ["SQLiteStore"]
@@ -37,7 +46,11 @@ T = TypeVar("T")
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
-_INSERT_EVENT = "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?,?,?,?,?,?)"
+_INSERT_EVENT = (
+    f"INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
+    f"VALUES (?,?,?,?,?,?,{EVENT_VERSION})"
+)
+_SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) VALUES ({','.join('?' * 11)})"
 
 
@@ -54,6 +67,7 @@ class SQLiteStore(EventStore):
         self.path = path
         self._writer = writer
         self._reader = reader
+        self._memory_secrets: dict[str, str] = {}
 
     @classmethod
     async def open(
@@ -72,7 +86,7 @@ class SQLiteStore(EventStore):
         target = Path(path)
         in_memory = str(path) == ":memory:"
         if not in_memory:
-            _make_parent(target)
+            _prepare_private_file(target)
         writer = SQLiteThread("thoughtgate-sqlite-writer", target, busy_timeout=busy_timeout)
         immutable = False
 
@@ -235,8 +249,7 @@ class SQLiteStore(EventStore):
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         def work(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(
-                "SELECT seq, task_id, type, ts, payload FROM events "
-                "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (run_id, after, -1 if limit is None else limit),
             ).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free
@@ -272,37 +285,62 @@ class SQLiteStore(EventStore):
 
         return await self._reader.call("look up an API key", work)
 
-    async def revoke_api_key(self, key_id_or_name: str) -> bool:
+    async def revoke_api_key(self, key_id: str) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                "UPDATE api_keys SET revoked_at = ? "
-                "WHERE revoked_at IS NULL AND (key_id = ? OR name = ?)",
-                (time.time(), key_id_or_name, key_id_or_name),
+                "UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL AND key_id = ?",
+                (time.time(), key_id),
             )
             return cur.rowcount > 0
 
-        return await self._write(f"revoke API key {key_id_or_name!r}", body)
+        return await self._write(f"revoke API key {key_id!r}", body)
+
+    def secret_path(self, name: str) -> Path:
+        """Where the secret ``name`` is kept: a 0600 file beside the database, never inside it
+        (see docs/adr/0006-ticket-secret.md): whoever can read the data cannot forge tickets."""
+        if not _SECRET_NAME.fullmatch(name):
+            raise ValueError(f"bad secret name {name!r}: lower-case letters, digits and '_'")
+        return self.path.with_name(f"{self.path.name}.{name}.secret")
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
-        def body(conn: sqlite3.Connection) -> str:
-            conn.execute(
-                "INSERT OR IGNORE INTO secrets (name, value, created_at) VALUES (?, ?, ?)",
-                (name, candidate, time.time()),
-            )
-            row = conn.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()
-            return str(row[0])
+        if str(self.path) == ":memory:":
+            return self._memory_secrets.setdefault(name, candidate)
+        path = self.secret_path(name)
+        action = f"store secret {name!r} in {path}"
 
-        return await self._write(f"store secret {name!r}", body)
+        def work(conn: sqlite3.Connection) -> str:
+            try:
+                found = read_secret_file(path)
+                if found is not None:
+                    return found
+                if not writable(self.path):
+                    raise StoreReadOnlyError(
+                        f"cannot {action}: SQLite database {self.path} is read-only (the file "
+                        "or its directory is not writable), so no new secret is kept beside it"
+                    )
+                return write_secret_file(path, candidate)
+            except PermissionError as exc:
+                raise StoreReadOnlyError(
+                    f"cannot {action}: {path.parent} is read-only ({exc.strerror})"
+                ) from exc
+            except OSError as exc:
+                raise StoreUnavailableError(f"cannot {action}: {exc.strerror or exc}") from exc
+
+        return await self._writer.call(action, work)
 
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
         return await self._writer.call(action, lambda conn: in_write_transaction(conn, body))
 
 
-def _make_parent(path: Path) -> None:
-    """Create the default location's directories on first use; say clearly when we cannot."""
+def _prepare_private_file(path: Path) -> None:
+    """Create missing folders (0700) and a missing database file (empty, 0600) before SQLite
+    does, so that the file and the ``-wal``/``-shm`` SQLite derives from it are private.
+
+    A file we cannot create here is left to SQLite, whose error says read-only or unavailable.
+    """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_parents(path)
     except PermissionError as exc:
         raise StoreReadOnlyError(
             f"cannot create the directory {path.parent} for SQLite database {path}: {exc}"
@@ -311,3 +349,5 @@ def _make_parent(path: Path) -> None:
         raise StoreUnavailableError(
             f"cannot create the directory {path.parent} for SQLite database {path}: {exc}"
         ) from exc
+    with contextlib.suppress(OSError):
+        create_private_file(path)

@@ -22,11 +22,22 @@ from thoughtgate.store.migrations import (
     load_migrations,
     pending_migrations,
 )
+from thoughtgate.store.private_files import require_private
 from thoughtgate.store.sqlite_thread import in_write_transaction
 
-__all__ = ["SQLITE_HEADER", "apply_migrations", "connect", "open_checked", "split_statements"]
+__all__ = [
+    "SIDE_FILES",
+    "SQLITE_HEADER",
+    "apply_migrations",
+    "connect",
+    "open_checked",
+    "split_statements",
+    "writable",
+]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+SIDE_FILES = ("", "-wal", "-shm", "-journal")
+"""The database file and the files SQLite keeps beside it: all hold data."""
 _CANTOPEN = 14
 
 
@@ -142,9 +153,13 @@ def open_checked(
     """Open, verify and migrate the database; returns the connection and whether it had to be
     opened as an immutable snapshot (then the other connections must be too).
 
-    Raises ``NotOurDatabaseError`` (foreign file, untouched), ``StoreError`` (newer schema) or
-    ``StoreReadOnlyError`` (needs creating or upgrading but cannot be written). sqlite3 errors are
-    left to the caller's one translation point.
+    Once the file is known to be ours, it and its side files are made private to their owner
+    (``private_files.require_private``: tightened with a warning, or refused).
+
+    Raises ``NotOurDatabaseError`` (foreign file, untouched), ``StoreError`` (newer schema, or
+    open to other users and cannot be made private) or ``StoreReadOnlyError`` (needs creating or
+    upgrading but cannot be written). sqlite3 errors are left to the caller's one translation
+    point.
     """
     check_header(path)
     known = load_migrations("sqlite")
@@ -165,11 +180,13 @@ def open_checked(
             tables = user_tables(conn)
             immutable = True
         check_ours(path, tables)
+        for suffix in SIDE_FILES:
+            require_private(Path(f"{path}{suffix}"), "SQLite database")
         applied = applied_versions(conn) if MIGRATIONS_TABLE in tables else set()
         todo = pending_migrations(applied, known, where=f"SQLite database {path}")
-        writable = not immutable and _writable(path)
+        can_write = not immutable and writable(path)
         if todo:
-            if not writable:
+            if not can_write:
                 raise StoreReadOnlyError(
                     f"SQLite database {path} needs {'upgrading' if applied else 'creating'} "
                     f"to schema version {known[-1].version}, but it is read-only; nothing was "
@@ -177,7 +194,7 @@ def open_checked(
                 )
             _ensure_wal(conn)
             apply_migrations(conn, path, known)
-        elif writable:
+        elif can_write:
             _ensure_wal(conn)
         conn.execute("PRAGMA synchronous = FULL")
         if max_bytes is not None:
@@ -189,7 +206,7 @@ def open_checked(
     return conn, immutable
 
 
-def _writable(path: Path) -> bool:
+def writable(path: Path) -> bool:
     """Best effort (root ignores permission bits); a failed write still maps to read-only."""
     file_ok = os.access(path, os.W_OK) if path.exists() else True
     return file_ok and os.access(path.parent, os.W_OK)

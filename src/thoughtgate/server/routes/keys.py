@@ -32,9 +32,10 @@ async def list_api_keys(request: Request, principal: Principal | None) -> Respon
 async def revoke_api_key(request: Request, principal: Principal | None) -> Response:
     assert principal is not None
     target = request.path_params["key"]
-    if not await revoke_key(state_of(request).store, target, by=principal.role):
+    revoked = await revoke_key(state_of(request).store, target, by=principal.role)
+    if revoked is None:
         raise ApiError(404, f"no active key with id or name {target!r}")
-    return JSONResponse({"revoked": True})
+    return JSONResponse({"revoked": True, "key_id": revoked.key_id, "name": revoked.name})
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -57,6 +58,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "revoke an API key by id or name",
         role=Role.ADMIN,
         response=RevokeResult,
-        errors=(404,),
+        errors=(400, 404),
+        description="By exact id (key_...), or by a name exactly one active key holds; a name "
+        "held by several active keys is 400 with their ids. Live streams opened with tickets of "
+        "the key end within a few seconds.",
     ),
 )

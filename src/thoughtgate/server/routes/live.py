@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import quote
 
 from sse_starlette.sse import EventSourceResponse
@@ -12,9 +13,12 @@ from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
+from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import TicketBody, TicketView
 from thoughtgate.server.sse import live_frames
 from thoughtgate.server.state import state_of
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES
 
 __all__ = ["ENDPOINTS"]
 
@@ -48,11 +52,11 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         query_int(request, "Last-Event-ID", 0, minimum=0, header="last-event-id", query=False),
     )
     run = await state.store.get_run(run_id)
-    if after > 0:
-        previous = await state.store.read(run_id, after=after - 1, limit=1)
-        if previous and is_run_terminal(previous[0].type):
-            # Resuming after the end: 204 tells an EventSource to stop reconnecting.
-            return Response(status_code=204)
+    finished = run.status in TERMINAL_RUN_STATUSES
+    if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
+        # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
+        return Response(status_code=204)
+    access = state.access
     frames = live_frames(
         state.store,
         run_id,
@@ -62,12 +66,37 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         queue_size=state.sse_queue_size,
         lag_timeout_s=state.sse_lag_timeout_s,
         feeds=state.feeds,
+        follow=not finished,  # a finished run ends after its last stored event, whatever it is
+        watch_access=None
+        if access is None
+        else functools.partial(access.watch, principal.key_id, principal.role),
     )
     return EventSourceResponse(
         frames,
         ping=state.server.keepalive_s,
         send_timeout=state.sse_send_timeout_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _nothing_after(store: EventStore, run_id: str, after: int, *, finished: bool) -> bool:
+    """Whether a resume after ``after`` has nothing to wait for: ``after`` is at or past the end
+    of a run that has ended. Past the last event of a run still going is the caller's mistake
+    (422): waiting there would hold the stream open after the run ends, since no event id it
+    will ever append is above ``after``."""
+    around = await store.read(run_id, after=after - 1, limit=2)  # event ``after`` and the next
+    if len(around) == 2:
+        return False
+    if finished or (around and is_run_terminal(around[0].type)):
+        return True
+    if around:
+        return False  # at the live end of a running run: follow it
+    if (await store.get_run(run_id)).status in TERMINAL_RUN_STATUSES:
+        return True  # it ended while we looked
+    raise ApiError(
+        422,
+        f"last_event_id {after} is past the last event of run {run_id!r}; resume from an id "
+        "this stream sent you",
     )
 
 
@@ -95,9 +124,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             QueryParam("last_event_id", "resume after this event id", minimum=0),
             QueryParam("Last-Event-ID", "resume after this id", minimum=0, location="header"),
         ),
-        errors=(204, 404, 422),
+        errors=(204, 401, 403, 404, 422),
         description="Server-sent events; `id:` is the event sequence. Replays after "
-        "Last-Event-ID, then follows live, and ends after the run's terminal event. Keep-alive "
-        "comments every server.keepalive_s seconds. 204 when resuming after the end.",
+        "Last-Event-ID, then follows live, and ends after the run's terminal event (a finished "
+        "run: after its last event). Keep-alive comments every server.keepalive_s seconds. 204 "
+        "when resuming at or past the end of a finished run; 422 past the last event of a run "
+        "still going. Ends with `event: access_revoked` within seconds of the ticket's key being "
+        "revoked or losing the ticket's role.",
     ),
 )

@@ -10,6 +10,7 @@ from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import EventType, is_run_terminal
+from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.host_metadata import host_metadata
 from thoughtgate.orchestration.runtime import RunRequest, TaskSpec
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
@@ -19,10 +20,8 @@ from thoughtgate.server.models import (
     ApprovalResult,
     CreateRunBody,
     EventPage,
-    HostMetadata,
     RunCreated,
     RunList,
-    RunView,
 )
 from thoughtgate.server.state import state_of
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES
@@ -114,7 +113,7 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
         raise ApiError(409, f"run {run_id!r} has already ended ({run.status})")
     answered = {EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT}
     for event in await state.store.read(run_id):
-        if event.type in answered and event.payload.get("callId") == call_id:
+        if event.type in answered and event.payload.get("call_id") == call_id:
             raise ApiError(409, f"the approval for call {call_id!r} was already settled")
         if is_run_terminal(event.type):
             break
@@ -165,7 +164,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         get_host_metadata,
         "what a host integration shows for a run",
         role=Role.VIEWER,
-        response=HostMetadata,
+        response=HostMetadataView,
         errors=(404,),
         description="Mode, tasks, statuses and usage; reasoning only on surface runs for "
         "developer and above, through the one output filter.",

@@ -10,6 +10,12 @@ const STATUS_TEXT = {
   pending: "waiting", executing: "running", completed: "done", failed: "failed",
   degraded: "degraded", rejected: "rejected", skipped: "skipped",
 };
+const ERROR_KIND_TEXT = {
+  invalid_arguments: "The tool was called with arguments it does not accept.",
+  tool_error: "The tool failed.",
+  unknown_tool: "The model asked for a tool that does not exist.",
+  fallback_failed: "The tool and its fallback both failed.",
+};
 const RUN_STATUS_TEXT = {
   pending: "pending", running: "running", completed: "completed", partial: "partial",
   failed: "failed", error: "failed", interrupted: "interrupted",
@@ -79,41 +85,23 @@ function disclosure(id, summary, body) {
   return d;
 }
 
-function renderActivity(card) {
-  const a = card.activity;
-  if (!a) return null;
-  const meta = [a.activityType, a.origin].filter(Boolean).join(" · ");
-  const subject = a.subjectType || a.subjectId ? `${a.subjectType || "subject"}: ${a.subjectId || ""}` : null;
-  let detail = null;
-  if (a.detail !== null && a.detail !== undefined) {
-    const asBlock = typeof a.detail !== "string" || ["code", "json", "pre"].includes(a.renderHint);
-    detail = asBlock
-      ? el("pre", { class: `detail hint-${a.renderHint || "data"}`, "data-testid": "activity-detail" }, pretty(a.detail))
-      : el("p", { class: `detail hint-${a.renderHint || "text"}`, "data-testid": "activity-detail" }, a.detail);
-  }
-  return el("div", { class: "activity", "data-testid": "activity", "data-activity-type": a.activityType,
-    "data-render-hint": a.renderHint },
-  meta ? el("div", { class: "activity-meta" }, meta) : null,
-  subject ? el("div", { class: "activity-subject" }, subject) : null,
-  detail);
-}
-
 function renderCard(card, captions, canAnswer, runEnded) {
   const node = el("li", { class: `item tool t-${card.status}`, "data-testid": "tool-card", "data-status": card.status,
-    "data-call": card.callId },
+    "data-call": card.call_id },
   el("div", { class: "tool-head" },
     el("span", { class: "tool-icon", "aria-hidden": "true" }, "⚙"),
     el("span", { class: "tool-label" }, card.label),
-    card.toolKey && card.toolKey !== card.label ? el("code", { class: "tool-key" }, card.toolKey) : null,
+    card.tool_key && card.tool_key !== card.label ? el("code", { class: "tool-key" }, card.tool_key) : null,
     pill(card.status, STATUS_TEXT[card.status] || card.status, "tool-status")));
   for (const c of captions) node.append(el("div", { class: "caption" }, c));
   for (const why of card.reasoning) node.append(el("div", { class: "why", "data-testid": "tool-why" }, why.summary));
-  node.append(renderActivity(card) || "");
-  if (card.input !== null) node.append(disclosure(`in:${card.callId}`, "Input", el("pre", { "data-testid": "tool-input" }, pretty(card.input))));
-  if (card.output !== null) node.append(disclosure(`out:${card.callId}`, "Output", el("pre", { "data-testid": "tool-output" }, pretty(card.output))));
-  if (card.error) node.append(el("div", { class: "error", "data-testid": "tool-error" }, card.error));
+  if (card.input !== null) node.append(disclosure(`in:${card.call_id}`, "Input", el("pre", { "data-testid": "tool-input" }, pretty(card.input))));
+  if (card.output !== null) node.append(disclosure(`out:${card.call_id}`, "Output", el("pre", { "data-testid": "tool-output" }, pretty(card.output))));
+  // A viewer gets no error text (it can quote the tool's input), only its kind.
+  const error = card.error || (card.error_kind ? ERROR_KIND_TEXT[card.error_kind] || card.error_kind : null);
+  if (error) node.append(el("div", { class: "error", "data-testid": "tool-error" }, error));
   if (card.status === "pending" && canAnswer && !runEnded) {
-    const answer = (decision) => api(runPath(state.view.runId, `/approvals/${encodeURIComponent(card.callId)}`),
+    const answer = (decision) => api(runPath(state.view.runId, `/approvals/${encodeURIComponent(card.call_id)}`),
       { method: "POST", body: JSON.stringify({ decision }) }).catch((err) => alert(err.message));
     node.append(el("div", { class: "approval" },
       button("Approve", () => answer("approve"), "approve"), button("Reject", () => answer("reject"), "reject")));
@@ -184,7 +172,7 @@ function renderThread() {
   const root = $("#thread");
   const live = !thread.runEnded && !!view.source;
   const items = thread.list();
-  const cards = new Set(items.filter((i) => i.kind === "tool").map((i) => i.callId));
+  const cards = new Set(items.filter((i) => i.kind === "tool").map((i) => i.call_id));
   const captions = new Map(); // phases that name a card are shown on the card
   for (const i of items) {
     if (i.kind === "phase" && i.step.tool_call_id && cards.has(i.step.tool_call_id)) {
@@ -194,7 +182,7 @@ function renderThread() {
   const canAnswer = !!state.me?.permissions?.answer_approvals;
   const list = el("ol", { class: "timeline", "data-testid": "thread-items" });
   for (const i of items) {
-    if (i.kind === "tool") list.append(renderCard(i, captions.get(i.callId) || [], canAnswer, thread.runEnded));
+    if (i.kind === "tool") list.append(renderCard(i, captions.get(i.call_id) || [], canAnswer, thread.runEnded));
     else if (i.kind === "step") {
       list.append(el("li", { class: `item step p-${i.step.phase}`, "data-testid": "vr-step", "data-phase": i.step.phase },
         el("span", { class: "step-text" }, i.step.summary)));
@@ -204,9 +192,6 @@ function renderThread() {
         i.step.summary));
     } else if (i.kind === "reasoning") {
       list.append(renderReasoning(i));
-    } else if (i.kind === "artifact") {
-      list.append(el("li", { class: "item artifact", "data-testid": "artifact", "data-state": i.state },
-        el("span", { class: "artifact-label" }, i.label), pill(i.state, i.state, "artifact-state")));
     } else {
       list.append(el("li", { class: `item notice n-${i.kind}`, "data-testid": "notice" }, i.label));
     }
@@ -325,6 +310,9 @@ async function connect(view, current) {
   // A lagging reader is closed by the server: resume at once from the last id we applied.
   source.addEventListener("lagging", () => { closeStream(view); if (current()) connect(view, current); });
   source.addEventListener("failed", () => { closeStream(view); if (current()) retry(view, current, "reconnecting…"); });
+  // The key was revoked or lost the role this stream was opened with: what is on screen may be
+  // more than the key may now see, so rebuild the run from scratch with the key as it is now.
+  source.addEventListener("access_revoked", () => { closeStream(view); if (current()) openRun(view.runId); });
   // Any other drop: our own reconnect with a fresh ticket (the old one may have expired).
   source.onerror = () => {
     closeStream(view); // also the normal end: the server closed the stream after the run ended

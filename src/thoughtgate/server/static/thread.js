@@ -5,6 +5,8 @@
 // output or any provider field; reasoning.delta text only ever goes into one "reasoning" item per
 // model turn (labelled by its kind: "Raw reasoning" only when raw) and into `raw`; both stay absent
 // unless the server sent such events (it sends them to developer+ only). Nothing waits for a step.
+// Payloads are read as the event catalogue declares them (docs/events.md): snake_case, no aliases;
+// a field the reader's role may not see is simply absent.
 "use strict";
 
 const TG_THREAD = (() => {
@@ -23,7 +25,6 @@ const TG_THREAD = (() => {
       + "agent's answer text and tool names), never the model's reasoning.",
   };
   const LATER_RECEIPT_KEYS = new Set(["step_sources", "notes"]);
-  const TOOL_STATUSES = ["pending", "executing", "completed", "failed", "degraded", "rejected", "skipped"];
   const FINAL_TOOL = new Set(["completed", "failed", "degraded", "rejected", "skipped"]);
   const TOOL_EVENT_STATUS = {
     "tool.approval_required": "pending",
@@ -49,15 +50,8 @@ const TG_THREAD = (() => {
   const optInt = (v) => (isInt(v) ? v : null);
   const chars = (s) => [...s].length; // code points, as Python's len()
   const coalesce = (...values) => values.find((v) => v !== null && v !== undefined) ?? null;
-  const optStr = (v) => (typeof v === "string" ? v : typeof v === "number" && Number.isFinite(v) ? String(v) : null);
-  const firstStr = (p, ...keys) => {
-    for (const k of keys) if (typeof p[k] === "string" && p[k]) return p[k];
-    return null;
-  };
-  const textOf = (p) => {
-    const v = coalesce(p.text, p.delta);
-    return typeof v === "string" ? v : null;
-  };
+  const optStr = (v) => (typeof v === "string" ? v : null);
+  const textOf = (p) => optStr(p.text);
   const text = (v, limit) => (typeof v === "string" && v.trim() && chars(v) <= limit ? v : null);
 
   // parse_visible_payload
@@ -130,34 +124,6 @@ const TG_THREAD = (() => {
     return receipt;
   }
 
-  // normalize_tool_payload
-  function activityOf(v) {
-    if (!isMapping(v)) return null;
-    return {
-      activityType: optStr(v.activityType), origin: optStr(v.origin), label: optStr(v.label),
-      detail: v.detail ?? null, renderHint: optStr(v.renderHint), status: optStr(v.status),
-      subjectType: optStr(v.subjectType), subjectId: optStr(v.subjectId),
-    };
-  }
-
-  function normalizeTool(p, env) {
-    const stepId = coalesce(env.stepId, env.step_id);
-    return {
-      toolKey: optStr(coalesce(p.toolKey, p.key)),
-      callId: optStr(coalesce(p.callId, p.toolCallId, stepId)),
-      input: coalesce(p.input, p.args),
-      output: coalesce(p.data, p.output),
-      activity: activityOf(p.activity),
-    };
-  }
-
-  function approvalRejected(p) {
-    if (typeof p.approved === "boolean") return !p.approved;
-    const d = optStr(p.decision);
-    if (d === null) return null;
-    return ["reject", "rejected", "deny", "denied", "no"].includes(d.toLowerCase());
-  }
-
   class Thread {
     constructor() {
       this.order = [];          // item keys in first-seen order
@@ -185,7 +151,7 @@ const TG_THREAD = (() => {
         this.lastSeq = env.seq;
       }
       this.taskId = optStr(env.task_id);
-      if (typeof env.type === "string") this.apply(env.type, isMapping(env.payload) ? env.payload : {}, env);
+      if (typeof env.type === "string") this.apply(env.type, isMapping(env.payload) ? env.payload : {});
       return true;
     }
 
@@ -194,17 +160,16 @@ const TG_THREAD = (() => {
       this.items.set(key, item);
     }
 
-    apply(type, p, env) {
+    apply(type, p) {
       const family = type.split(".", 1)[0];
       if (family === "cot") this.applyCot(type, p);
-      else if (family === "tool") this.applyTool(type, p, env);
+      else if (type in TOOL_EVENT_STATUS || type === "tool.approval_response") this.applyTool(type, p);
       else if (type === "message.delta") this.text.push(textOf(p) || "");
       else if (type === "reasoning.delta") {
         (this.raw ??= []).push(textOf(p) || "");
         this.applyReasoning(p);
       }
-      else if (type === "capability.resolved" || type === "plan.step_added") this.applyNotice(type, p);
-      else if (family === "artifact" || family === "preview") this.applyArtifact(type, p);
+      else if (type === "capability.resolved") this.applyNotice(p);
       if (DISPLAY_TERMINAL.has(type)) this.applyTerminal(type, p);
       if (RUN_TERMINAL.has(type)) this.runEnded = true;
     }
@@ -251,58 +216,35 @@ const TG_THREAD = (() => {
       this.items.set(key, { ...card, reasoning });
     }
 
-    applyTool(type, p, env) {
-      const n = normalizeTool(p, env);
-      const callId = n.callId ?? `anonymous-${++this.anonymous}`;
+    applyTool(type, p) {
+      const callId = optStr(p.call_id) ?? `anonymous-${++this.anonymous}`;
       const key = `tool:${callId}`;
       const old = this.items.get(key);
       const card = old && old.kind === "tool" ? old
-        : { kind: "tool", callId, toolKey: null, status: "pending", label: "", input: null,
-            output: null, activity: null, error: null, reasoning: [] };
-      const toolKey = coalesce(n.toolKey, card.toolKey);
-      const label = (n.activity && n.activity.label) || firstStr(p, "label") || card.label || toolKey || "tool";
+        : { kind: "tool", call_id: callId, tool_key: null, status: "pending", label: "", input: null,
+            output: null, error: null, error_kind: null, reasoning: [] };
+      const toolKey = coalesce(optStr(p.tool_key), card.tool_key);
       this.upsert(key, {
         ...card,
-        toolKey,
-        status: this.toolStatus(type, p, n, card.status),
-        label,
-        input: coalesce(n.input, card.input),
-        output: coalesce(n.output, card.output),
-        activity: n.activity || card.activity,
-        error: firstStr(p, "error") || card.error,
+        tool_key: toolKey,
+        status: this.toolStatus(type, p, card.status),
+        label: optStr(p.label) || card.label || toolKey || "tool",
+        input: coalesce(p.input, card.input),
+        output: coalesce(p.output, card.output),
+        error: optStr(p.error) || card.error,
+        error_kind: optStr(p.error_kind) || card.error_kind,
       });
     }
 
-    toolStatus(type, p, n, current) {
-      const hinted = n.activity && TOOL_STATUSES.includes(n.activity.status) ? n.activity.status : null;
-      if (hinted) return hinted;
-      if (type === "tool.approval_response" && approvalRejected(p)) return "rejected";
+    toolStatus(type, p, current) {
+      if (type === "tool.approval_response") return p.decision === "reject" ? "rejected" : current;
       if (type === "tool.progress" && FINAL_TOOL.has(current)) return current;
       return TOOL_EVENT_STATUS[type] ?? current; // approve: stays pending until tool.started
     }
 
-    applyNotice(type, p) {
-      const kind = type === "capability.resolved" ? "capability" : "plan";
-      const ids = kind === "capability" ? ["capability", "name", "id"] : ["stepId", "step_id", "id"];
-      let key = ids.map((k) => optStr(p[k])).find((s) => s) || null;
-      key = key || (kind === "capability" ? "run" : `plan-${this.order.length}`);
-      const mode = firstStr(p, "chain_of_thought");
-      const label = firstStr(p, "label", "title", "summary", "name", "capability", "text")
-        || (mode ? `Mode: ${mode}` : null) || key;
-      this.upsert(`${kind}:${key}`, { kind, key, label, attrs: { ...p } });
-    }
-
-    applyArtifact(type, p) {
-      const family = type.startsWith("artifact.") ? "artifact" : "preview";
-      const state = type.includes(".") ? type.slice(type.indexOf(".") + 1) : type;
-      const ids = ["artifactId", "previewId", "artifact_id", "preview_id", "id"];
-      let key = ids.map((k) => optStr(p[k])).find((s) => s) || null;
-      key = key || `${family}-${this.order.length}`;
-      const old = this.items.get(`${family}:${key}`);
-      const prior = old && old.kind === "artifact" ? old : null;
-      const label = firstStr(p, "title", "name", "label", "filename") || (prior ? prior.label : null) || key;
-      this.upsert(`${family}:${key}`, { kind: "artifact", family, key, state, label,
-        attrs: { ...(prior ? prior.attrs : {}), ...p } });
+    applyNotice(p) { // one run-level notice, updated in place
+      const mode = optStr(p.chain_of_thought);
+      this.upsert("capability:run", { kind: "capability", key: "run", label: mode ? `Mode: ${mode}` : "run", attrs: { ...p } });
     }
 
     // The JSON shape of ThreadView.to_dict() (tests compare the two builders with it).
@@ -311,11 +253,10 @@ const TG_THREAD = (() => {
       const items = this.list().map((i) => {
         if (i.kind === "step" || i.kind === "phase") return step(i.kind, i.step);
         if (i.kind === "tool") {
-          return { kind: "tool", call_id: i.callId, tool_key: i.toolKey, status: i.status, label: i.label,
-            input: i.input, output: i.output, activity: i.activity, error: i.error,
+          return { kind: "tool", call_id: i.call_id, tool_key: i.tool_key, status: i.status, label: i.label,
+            input: i.input, output: i.output, error: i.error, error_kind: i.error_kind,
             reasoning: i.reasoning.map((s) => ({ marker: MARKER, ...s })) };
         }
-        if (i.kind === "artifact") return { kind: i.kind, family: i.family, key: i.key, state: i.state, label: i.label, attrs: i.attrs };
         if (i.kind === "reasoning") {
           return { kind: i.kind, key: i.key, task_id: i.taskId, turn: i.turn,
             segments: i.segments.map((g) => ({ kind: g.kind, index: g.index, label: g.label, text: g.text })) };
@@ -323,8 +264,8 @@ const TG_THREAD = (() => {
         return { kind: i.kind, key: i.key, label: i.label, attrs: i.attrs };
       });
       const toolCalls = this.list().filter((i) => i.kind === "tool")
-        .map((c) => ({ callId: c.callId, toolKey: c.toolKey, status: c.status }));
-      return { items, message: { text: this.message, final: this.final, toolCalls }, status: this.status,
+        .map((c) => ({ call_id: c.call_id, tool_key: c.tool_key, status: c.status }));
+      return { items, message: { text: this.message, final: this.final, tool_calls: toolCalls }, status: this.status,
         terminal: this.terminal, receipt: this.receipt, raw_reasoning: this.raw === null ? null : this.raw.join(""),
         discarded: this.discarded, last_seq: this.lastSeq };
     }
@@ -341,5 +282,5 @@ const TG_THREAD = (() => {
     }
   }
 
-  return { Thread, parseStep, parseReceipt, normalizeTool, reasoningLabel, MARKER };
+  return { Thread, parseStep, parseReceipt, reasoningLabel, MARKER };
 })();

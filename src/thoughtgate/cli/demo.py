@@ -1,0 +1,63 @@
+"""``thoughtgate demo``: the main job on the embedded default, with no API key and no network.
+
+The run itself (emulator, adapter, tools) is ``thoughtgate.demo``; this command records it in the
+default store, shows it live as the local role may see it, then summarizes it.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.cli.render import render_run
+from thoughtgate.cli.runs import ConfigOpt, DbOpt, JsonOpt, execute_and_follow, run_view_json
+from thoughtgate.orchestration.runtime import RunRequest
+from thoughtgate.store.base import EventStore
+
+__all__ = ["register", "run_demo"]
+
+
+async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
+    from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_config, demo_provider, demo_runtime
+
+    ctx = Context(config_path=config_path, db=db, view_as=None)
+    with demo_provider() as (url, provider):
+
+        async def go(store: EventStore) -> None:
+            runtime = demo_runtime(store, ctx.config, provider)
+            if not json_out:
+                console.print(
+                    f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {url}"
+                    f" · store {ctx.db_url} · role {ctx.role}"
+                )
+                sources = ", ".join(demo_config(ctx.config).visible_reasoning.summarizers)
+                console.print(f"[bold]visible steps from:[/] {sources}")
+                console.print(f"[bold]prompt:[/] {DEMO_PROMPT}\n")
+            view = await execute_and_follow(
+                runtime,
+                RunRequest(DEMO_PROMPT, model=DEMO_MODEL),
+                role=ctx.role,
+                chain_of_thought="surface",
+                live=not json_out,
+            )
+            if json_out:
+                print_json(run_view_json(view))
+            else:
+                render_run(console, view, role=ctx.role.label)
+                console.print(
+                    f"\nSee what a viewer gets: [bold]thoughtgate events {view['run_id']}"
+                    " --view-as viewer[/]"
+                )
+
+        await ctx.using(go)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        db: DbOpt = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """The main job on the embedded default: no API key, no network."""
+        run_async(run_demo(db=db, config_path=config, json_out=json_out))

@@ -1,0 +1,164 @@
+"""Connection limits for ``thoughtgate serve``: no client can hold the daemon's sockets hostage.
+
+uvicorn alone never closes a connection that sends nothing (its keep-alive timer starts only after
+a first response) and accepts until the process runs out of file descriptors; from then on every
+``accept`` fails and the daemon is unreachable, also for honest clients. So each connection made by
+``thoughtgate serve`` is wrapped (:func:`guarded_protocol`, around uvicorn's own HTTP protocol):
+
+* ``header_timeout_s``: a request head must be complete this long after the connection opened (or
+  after the previous response); a silent or trickling ("slowloris") connection is closed.
+* ``idle_timeout_s``: an idle keep-alive connection closes after this long (uvicorn's
+  ``timeout_keep_alive``).
+* ``max_connections``: at most this many open connections, kept below the open-file limit
+  (:func:`connection_budget`). A new connection beyond it closes the oldest connection that is not
+  in the middle of a request (one that never sent a request, or an idle keep-alive one) so the
+  newcomer is served; when every connection is busy (live streams, say) the newcomer is answered
+  ``503`` and closed. A flood of unused connections therefore never locks honest clients out.
+
+This is the connection-level equivalent of uvicorn's ``limit_concurrency``, which would answer
+``503`` to everyone as soon as idle connections fill the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConnectionLimits", "connection_budget", "guarded_protocol"]
+
+log = logging.getLogger("thoughtgate.server")
+
+_MIN_SPARE_FILES = 16
+_SPARE_FILES = 128
+"""Descriptors kept for everything but client connections: the store, provider calls, logs."""
+
+_BODY = json.dumps(
+    {
+        "error": {
+            "code": "unavailable",
+            "message": "too many connections (server.max_connections); try again shortly",
+        }
+    }
+).encode()
+_TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\nretry-after: 1\r\ncontent-length: "
+    + str(len(_BODY)).encode()
+    + b"\r\n\r\n"
+    + _BODY
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+
+
+def connection_budget(configured: int) -> tuple[int, int | None]:
+    """``(max_connections, open_file_limit)``: ``configured``, lowered to fit the process's
+    open-file limit with room to spare. Raises the soft limit towards the hard one first when it
+    is too low (as servers commonly do), so a default ``ulimit -n 1024`` does not cap a daemon
+    that the system would let hold more."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to read or raise
+        return configured, None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = configured + _SPARE_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):  # keep the limit we have
+                pass
+    if soft == resource.RLIM_INFINITY:
+        return configured, None
+    spare = max(_MIN_SPARE_FILES, min(_SPARE_FILES, soft // 4))
+    return max(1, min(configured, soft - spare)), int(soft)
+
+
+def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> type[Any]:
+    """uvicorn's HTTP protocol class ``base`` with the header timeout and the connection limit.
+
+    Relies on what uvicorn's h11 and httptools protocols share: ``connections`` (the server's
+    open connections), ``cycle`` (the current request, ``response_complete`` once answered),
+    ``transport``, ``loop`` and ``on_response_complete``.
+    """
+
+    class Guarded(base):  # type: ignore[valid-type, misc]
+        _tg_waiting_since: float = 0.0
+        _tg_waiting_for: object = None
+        _tg_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            if _over_limit(self.connections, limits.max_connections) and not _make_room(self):
+                log.warning(
+                    "refused a connection: server.max_connections (%d) are open and all busy",
+                    limits.max_connections,
+                )
+                transport.write(_TOO_MANY)
+                transport.close()
+                return
+            self._tg_wait_for_request()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._tg_wait_for_request()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._tg_timer is not None:
+                self._tg_timer.cancel()
+                self._tg_timer = None
+            super().connection_lost(exc)
+
+        def _tg_wait_for_request(self) -> None:
+            if self._tg_timer is not None:
+                self._tg_timer.cancel()
+            self._tg_waiting_since = time.monotonic()
+            self._tg_waiting_for = self.cycle  # a new request head replaces the cycle
+            self._tg_timer = self.loop.call_later(limits.header_timeout_s, self._tg_no_request)
+
+        def _tg_no_request(self) -> None:
+            self._tg_timer = None
+            if _waiting(self) and not self.transport.is_closing():
+                self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
+def _waiting(conn: Any) -> bool:
+    """No request head has arrived since the connection began waiting for one."""
+    cycle = conn.cycle
+    return bool(cycle is conn._tg_waiting_for and (cycle is None or cycle.response_complete))
+
+
+def _over_limit(connections: set[Any], limit: int) -> bool:
+    """More than ``limit`` open, not counting those already closing (they leave the set on the
+    next turn of the loop)."""
+    if len(connections) <= limit:
+        return False
+    return sum(not c.transport.is_closing() for c in connections) > limit
+
+
+def _make_room(newcomer: Any) -> bool:
+    """Close the connection that has waited longest for a request; ``False`` if none waits."""
+    oldest: Any = None
+    for conn in newcomer.connections:
+        if conn is newcomer or conn.transport.is_closing() or not _waiting(conn):
+            continue
+        if oldest is None or conn._tg_waiting_since < oldest._tg_waiting_since:
+            oldest = conn
+    if oldest is None:
+        return False
+    oldest.transport.close()
+    return True

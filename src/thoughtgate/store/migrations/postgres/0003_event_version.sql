@@ -1,0 +1,5 @@
+-- The vocabulary version each event's payload was written in. Rows from before this migration
+-- were written in version 0 (camelCase tool keys); readers upgrade them as they read them.
+-- A constant default adds the column without rewriting the table.
+
+ALTER TABLE events ADD COLUMN v smallint NOT NULL DEFAULT 0;

@@ -1,0 +1,170 @@
+"""The live channel follows its key: a ticket names the key that asked for it and opens nothing
+once that key is revoked or below the ticket's role; an open stream ends within 5 s of either;
+and a ticket error says what is wrong in the reader's words."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from daemon_support import Daemon, auth, running_daemon
+
+from thoughtgate.access.roles import Role
+from thoughtgate.access.tickets import TicketSigner
+from thoughtgate.config import Config
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
+
+SECRET = "live-access-secret"
+PROMISE_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    config = Config.from_mapping(
+        {"server": {"keepalive_s": 0.5, "secret": SECRET, "ticket_ttl_s": 30}}
+    )
+    with running_daemon(config=config, shutdown_grace_s=0.1) as d:
+        yield d
+
+
+def fresh_key(daemon: Daemon, name: str, role: str) -> dict[str, Any]:
+    with daemon.client("owner") as owner:
+        made = owner.post("/v1/keys", json={"name": name, "role": role})
+        assert made.status_code == 201, made.text
+        found: dict[str, Any] = made.json()
+        return found
+
+
+def ticket_for(daemon: Daemon, run_id: str, key: str) -> str:
+    with daemon.client() as c:
+        got = c.post("/v1/tickets", json={"run_id": run_id}, headers=auth(key))
+        assert got.status_code == 200, got.text
+        return str(got.json()["ticket"])
+
+
+def error_of(response: httpx.Response) -> tuple[int, str, str]:
+    body = response.json()["error"]
+    return response.status_code, body["code"], body["message"]
+
+
+def test_ticket_errors_say_what_is_wrong(daemon: Daemon) -> None:
+    run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+    other = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+    good = daemon.ticket(run_id, "owner")
+    key_id = json.loads(base64.urlsafe_b64decode(good.split(".")[1] + "=="))["kid"]
+    expired, _ = TicketSigner(SECRET, ttl_s=30, clock=lambda: time.time() - 60).issue(
+        run_id, Role.OWNER, key_id=key_id
+    )
+    forged, _ = TicketSigner("guessed", ttl_s=30).issue(run_id, Role.OWNER, key_id=key_id)
+    url = f"/v1/runs/{run_id}/stream"
+    with daemon.client() as c:
+        wrong = error_of(c.get(f"/v1/runs/{other}/stream", params={"ticket": good}))
+        assert wrong == (
+            403,
+            "ticket_wrong_run",
+            "this ticket is for another run; get one for this run from POST /v1/tickets",
+        )
+        status, code, message = error_of(c.get(url, params={"ticket": expired}))
+        assert (status, code) == (401, "ticket_expired") and "expired" in message
+        status, code, message = error_of(c.get(url, params={"ticket": forged}))
+        assert (status, code) == (401, "ticket_invalid") and "not valid" in message
+        status, code, message = error_of(c.get(url))
+        assert (status, code) == (401, "ticket_missing") and "POST /v1/tickets" in message
+        for text in (wrong[2], message):
+            assert "role" not in text  # a ticket problem is not reported as a role problem
+
+
+def test_a_ticket_opens_nothing_once_its_key_is_revoked(daemon: Daemon) -> None:
+    """The attack: a key leaks, is revoked, but its tickets still open streams."""
+    made = fresh_key(daemon, "leaked", "developer")
+    run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+    ticket = ticket_for(daemon, run_id, made["key"])
+    with daemon.client() as c:
+        assert c.get(f"/v1/runs/{run_id}/stream", params={"ticket": ticket}).status_code == 200
+    with daemon.client("owner") as owner:
+        assert owner.delete(f"/v1/keys/{made['key_id']}").status_code == 200
+    with daemon.client() as c:
+        refused = c.get(f"/v1/runs/{run_id}/stream", params={"ticket": ticket})
+    assert error_of(refused) == (
+        401,
+        "ticket_key_revoked",
+        "the key that asked for this ticket has been revoked",
+    )
+
+
+class LiveStream:
+    """An SSE stream read in the background, so a test can act while it runs."""
+
+    def __init__(self, base_url: str, run_id: str, ticket: str) -> None:
+        self.messages: list[tuple[float, SSEMessage]] = []
+        self.ended_at: float | None = None
+        self.status = 0
+        self.first = asyncio.Event()
+        self.task = asyncio.create_task(self._read(base_url, run_id, ticket))
+
+    async def _read(self, base_url: str, run_id: str, ticket: str) -> None:
+        decoder = SSEDecoder()
+        async with (
+            httpx.AsyncClient(base_url=base_url, timeout=30) as client,
+            client.stream(
+                "GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}
+            ) as response,
+        ):
+            self.status = response.status_code
+            async for chunk in response.aiter_raw():
+                for message in decoder.feed(chunk):
+                    self.messages.append((time.monotonic(), message))
+                    self.first.set()
+        self.ended_at = time.monotonic()
+        self.first.set()
+
+    def events(self) -> list[tuple[float, dict[str, Any]]]:
+        return [(at, json.loads(m.data)) for at, m in self.messages if m.event in ("", "message")]
+
+
+async def _follow_then_lose_access(daemon: Daemon, take_away: Any) -> None:
+    made = fresh_key(daemon, f"dev-{time.monotonic_ns()}", "developer")
+    run_id = daemon.start_run(
+        {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
+    )
+    stream = LiveStream(daemon.base_url, run_id, ticket_for(daemon, run_id, made["key"]))
+    await asyncio.wait_for(stream.first.wait(), 10)
+    assert stream.status == 200 and stream.ended_at is None
+    assert any(e["type"] == "reasoning.delta" for _, e in stream.events())
+    await asyncio.to_thread(take_away, made)
+    lost_at = time.monotonic()
+    await asyncio.wait_for(stream.task, 15)
+    assert stream.ended_at is not None
+    assert stream.ended_at - lost_at < PROMISE_S, stream.ended_at - lost_at
+    last = stream.messages[-1][1]
+    assert last.event == "access_revoked", last
+    assert "the key that asked for this ticket" in json.loads(last.data)["message"]
+    assert all(at < lost_at + PROMISE_S for at, _ in stream.events())
+    with daemon.client("owner") as owner:  # the run itself goes on, unaffected
+        assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "running"
+
+
+async def test_an_open_stream_ends_within_5s_of_its_key_being_revoked(daemon: Daemon) -> None:
+    def revoke(made: dict[str, Any]) -> None:
+        with daemon.client("owner") as owner:
+            assert owner.delete(f"/v1/keys/{made['key_id']}").status_code == 200
+
+    await _follow_then_lose_access(daemon, revoke)
+
+
+async def test_an_open_stream_ends_within_5s_of_its_key_losing_the_role(daemon: Daemon) -> None:
+    def demote(made: dict[str, Any]) -> None:
+        async def go() -> None:
+            [record] = [k for k in await daemon.store.list_api_keys() if k.key_id == made["key_id"]]
+            await daemon.store.save_api_key(dataclasses.replace(record, role="viewer"))
+
+        asyncio.run(go())  # the memory store keeps no loop of its own
+
+    await _follow_then_lose_access(daemon, demote)

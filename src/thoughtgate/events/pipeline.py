@@ -294,8 +294,8 @@ class VisibleReasoningPipeline:
     def _learn_turn(self, turn: Turn) -> None:
         """Everything the provider returned in its reasoning channel is reasoning no step may
         repeat; provider summaries are exempt only when the operator chose to show them (else
-        their own steps would quote themselves). ``visible_step`` arguments are not tool data:
-        they are the steps themselves."""
+        their own steps would quote themselves). While narrating, ``visible_step`` arguments are
+        not tool data: they are the steps themselves."""
         for part in turn.reasoning_parts:
             if part.text:
                 self._raw_exists = True
@@ -308,7 +308,7 @@ class VisibleReasoningPipeline:
         for block in turn.continuity:
             self._learn_continuity(block)
         for call in turn.tool_calls:
-            if not is_narration(call):
+            if not (self.narrates and is_narration(call)):
                 self.policy.add_tool_text(call.arguments_json)
 
     def _learn_continuity(self, block: ContinuityBlock) -> None:

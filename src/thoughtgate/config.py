@@ -34,6 +34,7 @@ __all__ = [
     "ProvidersConfig",
     "ServerConfig",
     "StoreConfig",
+    "SummarizerName",
     "TelemetryConfig",
     "VisibleReasoningConfig",
     "WorkerBackend",
@@ -70,12 +71,21 @@ class StoreConfig(_Section):
     ``postgresql://...``."""
 
 
+SummarizerName: TypeAlias = Literal["phases", "narration", "provider_summaries", "model"]
+
+
 class VisibleReasoningConfig(_Section):
+    """Where end users' visible steps come from (docs/visible-reasoning.md).
+
+    ``phases`` (the default) uses the run's own lifecycle and no model text; ``narration`` offers
+    the model a ``visible_step`` tool to write steps for the reader. ``provider_summaries`` (the
+    provider's summaries of the model's reasoning) and ``model`` (the operator's summarizer
+    model) are never on unless named here: naming them is the operator's decision, and every
+    receipt says so.
+    """
+
     enabled: bool = True
-    summarizers: tuple[Literal["provider_summaries", "model", "phases"], ...] = (
-        "provider_summaries",
-        "phases",
-    )
+    summarizers: tuple[SummarizerName, ...] = ("phases",)
     summarizer_model: str | None = None
     """``PROVIDER:MODEL`` for the ``model`` summarizer."""
 

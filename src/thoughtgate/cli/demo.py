@@ -18,7 +18,7 @@ __all__ = ["register", "run_demo"]
 
 
 async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
-    from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_provider, demo_runtime
+    from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_config, demo_provider, demo_runtime
 
     ctx = Context(config_path=config_path, db=db, view_as=None)
     with demo_provider() as (url, provider):
@@ -30,6 +30,8 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                     f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {url}"
                     f" · store {ctx.db_url} · role {ctx.role}"
                 )
+                sources = ", ".join(demo_config(ctx.config).visible_reasoning.summarizers)
+                console.print(f"[bold]visible steps from:[/] {sources}")
                 console.print(f"[bold]prompt:[/] {DEMO_PROMPT}\n")
             view = await execute_and_follow(
                 runtime,

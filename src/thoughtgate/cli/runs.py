@@ -15,6 +15,7 @@ from thoughtgate.cli.common import Context, console, print_json, run_async, with
 from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, load_tools
+from thoughtgate.events.thread import rebuild
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.runtime import (
     RunRequest,
@@ -177,11 +178,13 @@ def register(app: typer.Typer) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
         async def body(ctx: Context, store: EventStore) -> None:
-            view = filter_run(await store.get_run(run_id), ctx.role)
+            run = await store.get_run(run_id)
+            view = filter_run(run, ctx.role)
             if json_out:
                 print_json(view)
-            else:
-                render_run(console, view, role=ctx.role.label)
+                return
+            events = filter_events(await store.read(run_id), ctx.role, mode=run.chain_of_thought)
+            render_run(console, view, role=ctx.role.label, thread=rebuild(events))
 
         with_store(config=config, db=db, view_as=view_as, body=body)
 

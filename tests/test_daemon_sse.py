@@ -309,8 +309,9 @@ def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: 
     )
     ticket = daemon.ticket(run_id, "owner")
     host, port = daemon.base_url.removeprefix("http://").split(":")
-    stalled = socket.create_connection((host, int(port)))
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    stalled.connect((host, int(port)))
     stalled.sendall(
         f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
     )
@@ -323,3 +324,63 @@ def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: 
         assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > 3000
     finally:
         stalled.close()
+
+
+def _stalled_reader(daemon: Daemon, run_id: str, ticket: str) -> Any:
+    """A connection that asks for the stream and then never reads a byte."""
+    import socket
+
+    host, port = daemon.base_url.removeprefix("http://").split(":")
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    stalled.connect((host, int(port)))
+    stalled.sendall(
+        f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    )
+    return stalled
+
+
+def _wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
+
+
+def test_a_reader_that_stops_reading_is_closed_after_the_send_timeout() -> None:
+    config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
+    with running_daemon(config=config, shutdown_grace_s=0.1, sse_send_timeout_s=0.5) as daemon:
+        streams = daemon.app.state.thoughtgate.streams
+        run_id = daemon.start_run(  # ~10 MB of frames: more than every buffer on the way holds
+            {"prompt": "chatty 20000", "model": "fake:chatty", "chain_of_thought": "surface"}
+        )
+        stalled = _stalled_reader(daemon, run_id, daemon.ticket(run_id, "owner"))
+        try:
+            assert _wait_until(lambda: len(streams) > 0, 5)
+            assert daemon.wait_done(run_id, timeout=60)["status"] == "completed"
+            # its stream stays stuck writing until a write has been blocked for the send
+            # timeout; then the server lets it go (the client never read a byte nor left)
+            assert _wait_until(lambda: len(streams) == 0, 10)
+        finally:
+            stalled.close()
+
+
+def test_every_open_stream_ends_when_the_server_stops() -> None:
+    config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
+    with running_daemon(config=config, shutdown_grace_s=0.1) as daemon:
+        state = daemon.app.state.thoughtgate
+        run_id = daemon.start_run({"prompt": "slow", "model": "fake:slow"})
+        ticket = daemon.ticket(run_id, "viewer")
+        with (
+            httpx.Client(base_url=daemon.base_url, timeout=5) as c,
+            c.stream("GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}) as r,
+        ):
+            assert _wait_until(lambda: len(state.streams) > 0, 5)
+            # what the daemon's server does on SIGTERM once its runs are drained
+            assert state.streams.loop is not None
+            state.streams.loop.call_soon_threadsafe(state.streams.stop_all)
+            started = time.monotonic()
+            list(r.iter_raw())  # the response ends
+            assert time.monotonic() - started < 3

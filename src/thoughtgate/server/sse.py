@@ -122,15 +122,18 @@ async def live_frames(
     follow: bool = True,
     watch_access: Callable[[OnAccessLost], Callable[[], None]] | None = None,
     ping_s: float | None = None,
+    streams: LiveStreams | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks of frames for one connection: replay after ``after``, then live, until the terminal
     event (``follow=False``: only what is stored now), or until ``watch_access`` reports lost
-    access. With ``ping_s``, a keep-alive comment after that long without a frame."""
+    access. With ``ping_s``, a keep-alive comment after that long without a frame (timed by
+    ``streams``' ticker when given, else by a timer per wait)."""
     feeds = feeds if feeds is not None else RunFeeds(store)
     reader = feeds.reader(run_id, after=after, follow=follow)
     loop = asyncio.get_running_loop()
     last_sent = after
     lost: list[str] = []
+    quiet_since = loop.time()
 
     def access_lost(message: str) -> None:
         """Stop at once: nothing read after this moment reaches the reader."""
@@ -138,12 +141,17 @@ async def live_frames(
             lost.append(message)
             reader.wake()
 
+    def tick(now: float) -> None:
+        if ping_s is not None and now - quiet_since >= ping_s:
+            reader.wake()
+
     unwatch = watch_access(access_lost) if watch_access is not None else None
-    quiet_since = loop.time()
+    untick = streams.add(tick, reader.wake) if streams is not None and ping_s else None
+    wait = None if untick is not None else ping_s
     try:
         while True:
             try:
-                batch = await reader.next(ping_s)
+                batch = await reader.next(wait)
             except asyncio.CancelledError:
                 raise
             except Exception:  # reported to the reader, who may resume
@@ -177,28 +185,62 @@ async def live_frames(
     finally:
         if unwatch is not None:
             unwatch()
+        if untick is not None:
+            untick()
         reader.close()
 
 
 class LiveStreams:
-    """The open live responses of one app, so that a shutting-down server can end them all."""
+    """The open live streams of one app: ticked by one task for all of them, and ended all at
+    once when the server shuts down.
 
-    def __init__(self) -> None:
-        self._stops: set[Callable[[], None]] = set()
+    Keep-alives and send timeouts need a clock per stream; one ticker that looks at every open
+    stream each ``tick_s`` costs far less than a timer per write or per wait (a thousand readers
+    of one run would arm a thousand timers per event).
+    """
+
+    def __init__(self, tick_s: float = 1.0) -> None:
+        self.tick_s = tick_s
+        self._streams: dict[object, tuple[Callable[[float], None], Callable[[], None]]] = {}
+        self._ticker: asyncio.Task[None] | None = None
         self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the streams run on (known once one was added)."""
 
-    def add(self, stop: Callable[[], None]) -> Callable[[], None]:
-        self._stops.add(stop)
-        return lambda: self._stops.discard(stop)
+    def add(self, tick: Callable[[float], None], stop: Callable[[], None]) -> Callable[[], None]:
+        """Call ``tick(loop time)`` every ``tick_s`` and ``stop()`` on shutdown, until the
+        returned function is called."""
+        token = object()
+        self._streams[token] = (tick, stop)
+        if self._ticker is None or self._ticker.done():
+            self.loop = asyncio.get_running_loop()
+            self._ticker = self.loop.create_task(self._tick_forever())
+        if self.stopping:
+            stop()
+
+        def forget() -> None:
+            self._streams.pop(token, None)
+
+        return forget
+
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._streams:
+            await asyncio.sleep(self.tick_s)
+            now = loop.time()
+            for tick, _ in list(self._streams.values()):
+                tick(now)
 
     def stop_all(self) -> None:
         """End every open stream now, and every stream opened from now on."""
         self.stopping = True
-        for stop in list(self._stops):
+        for _, stop in list(self._streams.values()):
             stop()
+        if self._ticker is not None:
+            self._ticker.cancel()
 
     def __len__(self) -> int:
-        return len(self._stops)
+        return len(self._streams)
 
 
 class LiveResponse(Response):
@@ -234,33 +276,42 @@ class LiveResponse(Response):
         loop = asyncio.get_running_loop()
         ended: list[str] = []
         active = True
+        sending_since: float | None = None
 
         def end(why: str) -> None:
             if active and not ended:
                 ended.append(why)
                 task.cancel()
 
+        def tick(now: float) -> None:
+            if sending_since is not None and now - sending_since >= self.send_timeout_s:
+                end("send timed out")  # the client stopped reading
+
         async def watch() -> None:  # the client going away ends the stream
             while (await receive())["type"] != "http.disconnect":
                 pass
             end("disconnected")
 
-        forget = self.streams.add(lambda: end("server stopping")) if self.streams else None
+        forget = (
+            self.streams.add(tick, lambda: end("server stopping"))
+            if self.streams is not None
+            else None
+        )
         watcher = loop.create_task(watch())
         try:
-            if self.streams is not None and self.streams.stopping:
-                end("server stopping")
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.chunks:
-                timer = loop.call_later(self.send_timeout_s, end, "send timed out")
-                try:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                finally:
-                    timer.cancel()
+                sending_since = loop.time()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sending_since = None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
+            if ended[0] == "server stopping":  # end the response properly
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # disconnected: nobody to tell; send timed out: a write would block again, so the
+            # server closes the connection (and says the response was cut)
         finally:
             active = False
             if forget is not None:

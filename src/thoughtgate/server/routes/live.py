@@ -70,6 +70,7 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         if access is None
         else functools.partial(access.watch, principal.key_id, principal.role),
         ping_s=state.server.keepalive_s,
+        streams=state.streams,
     )
     return LiveResponse(
         frames,

@@ -86,6 +86,8 @@ class LoopRecorder(Protocol):
 
     async def emit(self, event: NewEvent) -> list[Event]: ...
 
+    async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]: ...
+
     async def emit_delta(self, event: NewEvent) -> None: ...
 
     async def flush(self) -> None: ...
@@ -212,7 +214,7 @@ class _Loop:
 
         Continuity blocks stay: an adapter only emits them in ``hidden`` mode when the API demands
         them back inside this loop (its endpoint rule says so), and then they live in this loop's
-        history only -- ``record_response`` and the trace leave them out in ``hidden`` mode.
+        history only -- ``response_events`` and the trace leave them out in ``hidden`` mode.
         """
         if self.disclosure.captures:
             return turn
@@ -220,7 +222,8 @@ class _Loop:
 
         return replace(turn, parts=strip_reasoning(turn.parts))
 
-    async def record_response(self, turn: Turn, *, error: str | None = None) -> None:
+    async def response_events(self, turn: Turn, *, error: str | None = None) -> list[NewEvent]:
+        """``agent.response`` and the observer's visible steps for the turn, to record together."""
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
@@ -249,13 +252,13 @@ class _Loop:
             payload["continuity"] = [
                 cast(ContinuityBlockPayload, part_to_dict(b)) for b in turn.continuity
             ]
-        await self.recorder.emit(self.ev(EventType.AGENT_RESPONSE, payload))
+        events = [self.ev(EventType.AGENT_RESPONSE, payload)]
         if self.observer is not None:
             narrations = self.narrations(turn)
-            for event in await self.observer.turn_finished(
+            events += await self.observer.turn_finished(
                 turn, task_id=self.task_id, narrations=narrations
-            ):
-                await self.recorder.emit(event)
+            )
+        return events
 
     async def run_tool(self, call: ToolCallPart) -> ToolResultPart:
         tool = self.tools.get(call.name)
@@ -436,12 +439,12 @@ async def run_agent_loop(
             turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
         except ProviderError as exc:
             partial = loop.captured(exc.partial) if exc.partial is not None else None
-            await recorder.flush()
+            closing: list[NewEvent] = []
             if partial is not None:
                 usage = usage + partial.usage
                 reasoning.append(partial.reasoning_text)
                 turns.append(partial)
-                await loop.record_response(partial, error=str(exc))
+                closing += await loop.response_events(partial, error=str(exc))
             answer = partial.text if partial is not None else ""
             cut: MessagePartiallyCompletedPayload = {
                 "text": answer,
@@ -450,9 +453,8 @@ async def run_agent_loop(
                 "status": exc.status,
                 "error_type": exc.error_type,
             }
-            await recorder.emit(
-                NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id)
-            )
+            closing.append(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id))
+            await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
             return LoopResult(
                 "partial",
                 answer,
@@ -463,17 +465,19 @@ async def run_agent_loop(
                 str(exc),
                 turns,
             )
-        await recorder.flush()
         usage = usage + turn.usage
         reasoning.append(turn.reasoning_text)
         turns.append(turn)
-        await loop.record_response(turn)
-        if not turn.tool_calls:
+        closing = await loop.response_events(turn)
+        if turn.tool_calls:
+            await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
+        else:
             final: MessageCompletedPayload = {
                 "text": turn.text,
                 "finish_reason": turn.finish_reason,
             }
-            await recorder.emit(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task_id))
+            closing.append(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task_id))
+            await recorder.emit_all(closing)
             return LoopResult(
                 "completed",
                 turn.text,

@@ -12,7 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import HAVE_SQLITE, Daemon, read_sse, running_daemon, stream_all
+from daemon_support import (
+    HAVE_SQLITE,
+    Daemon,
+    read_sse,
+    running_daemon,
+    sse_events,
+    stream_all,
+)
 
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import TicketSigner
@@ -384,3 +391,43 @@ def test_every_open_stream_ends_when_the_server_stops() -> None:
             started = time.monotonic()
             list(r.iter_raw())  # the response ends
             assert time.monotonic() - started < 3
+
+
+# --------------------------------------------------------------------------- one request per run
+
+
+def _start_and_follow(daemon: Daemon, role: str, body: dict[str, Any]) -> tuple[int, Any, str]:
+    with (
+        daemon.client(role) as c,
+        c.stream("POST", "/v1/runs/stream", json=body) as r,
+    ):
+        return r.status_code, r.headers, r.read().decode("utf-8")
+
+
+def test_one_request_starts_the_run_and_streams_it_to_the_callers_role(daemon: Daemon) -> None:
+    body = {"prompt": "chatty 20", "model": "fake:chatty", "chain_of_thought": "surface"}
+    status, headers, text = _start_and_follow(daemon, "developer", body)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = sse_events(text)
+    run_id = events[0]["run_id"]
+    assert headers["location"] == f"/v1/runs/{run_id}"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # all of it, in order
+    assert events[0]["type"] == "run.started" and is_run_terminal(events[-1]["type"])
+    assert any(e["type"] == "reasoning.delta" for e in events)  # a developer, on surface
+    # what the ticket route gives the same role, byte for byte
+    _, replayed = stream_all(daemon, run_id, "developer")
+    assert sse_events(replayed) == events
+
+    _, _, member_text = _start_and_follow(daemon, "member", body)
+    member_events = sse_events(member_text)
+    assert is_run_terminal(member_events[-1]["type"])
+    assert not any(e["type"] == "reasoning.delta" for e in member_events)  # the one filter
+    assert '"r0 "' in text and '"r0 "' not in member_text  # the model's thought itself
+
+
+def test_one_request_needs_a_role_that_may_start_runs_and_a_valid_body(daemon: Daemon) -> None:
+    body = {"prompt": "hello", "model": "fake:echo"}
+    assert _start_and_follow(daemon, "viewer", body)[0] == 403
+    with daemon.client() as c:
+        assert c.post("/v1/runs/stream", json=body).status_code == 401
+    assert _start_and_follow(daemon, "member", {**body, "base_url": "http://x"})[0] == 422

@@ -1,4 +1,5 @@
-"""The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``."""
+"""The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``;
+or, in one request, ``POST /v1/runs/stream`` with a key."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
-from thoughtgate.server.models import TicketBody, TicketView
+from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
+from thoughtgate.server.routes.runs import start_run
 from thoughtgate.server.sse import LiveResponse, live_frames
-from thoughtgate.server.state import state_of
+from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 
 __all__ = ["ENDPOINTS"]
 
@@ -55,28 +57,50 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
+    # a finished run ends after its last stored event, whatever it is
+    return _live(state, run, principal, after=after, follow=not finished)
+
+
+async def start_and_follow(request: Request, principal: Principal | None) -> Response:
+    """One request per run: start it, and follow it on the same response."""
+    assert principal is not None
+    run = await start_run(request)
+    location = f"/v1/runs/{quote(run.run_id)}"
+    return _live(state_of(request), run, principal, after=0, follow=True, location=location)
+
+
+def _live(
+    state: ServerState,
+    run: RunRecord,
+    principal: Principal,
+    *,
+    after: int,
+    follow: bool,
+    location: str | None = None,
+) -> Response:
+    """The live response for ``principal``'s role; it ends if that key loses the role."""
     access = state.access
     frames = live_frames(
         state.store,
-        run_id,
+        run.run_id,
         role=principal.role,
         mode=run.chain_of_thought,
         after=after,
         queue_size=state.sse_queue_size,
         lag_timeout_s=state.sse_lag_timeout_s,
         feeds=state.feeds,
-        follow=not finished,  # a finished run ends after its last stored event, whatever it is
+        follow=follow,
         watch_access=None
         if access is None
         else functools.partial(access.watch, principal.key_id, principal.role),
         ping_s=state.server.keepalive_s,
         streams=state.streams,
     )
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if location is not None:
+        headers["Location"] = location
     return LiveResponse(
-        frames,
-        send_timeout_s=state.sse_send_timeout_s,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        streams=state.streams,
+        frames, send_timeout_s=state.sse_send_timeout_s, headers=headers, streams=state.streams
     )
 
 
@@ -102,6 +126,22 @@ async def _nothing_after(store: EventStore, run_id: str, after: int, *, finished
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/runs/stream",
+        start_and_follow,
+        "start a run and follow it (SSE)",
+        role=Role.MEMBER,
+        body=CreateRunBody,
+        media_type="text/event-stream",
+        errors=(400, 413, 422, 503),
+        description="One request per run: what `POST /v1/runs` records and starts, answered with "
+        "the run's events on the same response, as `GET /v1/runs/{run_id}/stream` sends them "
+        "to the calling key's role (`Location` names the run). Ends after the run's terminal "
+        "event, or with `event: access_revoked` if the key is revoked or loses the role. To "
+        "resume after a dropped connection, get a ticket and use the stream route with "
+        "`Last-Event-ID`.",
+    ),
     Endpoint(
         "POST",
         "/v1/tickets",

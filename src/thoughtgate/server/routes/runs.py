@@ -24,9 +24,9 @@ from thoughtgate.server.models import (
     RunList,
 )
 from thoughtgate.server.state import state_of
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 
-__all__ = ["ENDPOINTS"]
+__all__ = ["ENDPOINTS", "start_run"]
 
 _EVENT_PAGE_MAX = 5000
 
@@ -36,7 +36,9 @@ def _principal(principal: Principal | None) -> Principal:
     return principal
 
 
-async def create_run(request: Request, principal: Principal | None) -> Response:
+async def start_run(request: Request) -> RunRecord:
+    """Record the run the body describes and start executing it (``POST /v1/runs`` and
+    ``POST /v1/runs/stream``)."""
     body = await parse_body(request, CreateRunBody)
     manager = state_of(request).manager
     if manager.closing:
@@ -47,7 +49,13 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
         tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
         system=body.system,
     )
-    run = await manager.start(run_request, chain_of_thought=body.chain_of_thought, tools=body.tools)
+    return await manager.start(
+        run_request, chain_of_thought=body.chain_of_thought, tools=body.tools
+    )
+
+
+async def create_run(request: Request, principal: Principal | None) -> Response:
+    run = await start_run(request)
     return JSONResponse(
         {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
         status_code=202,

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.errors import UnknownProviderError
+from thoughtgate.errors import ProviderConnectionError
 from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.providers.base import Provider, TurnRequest
@@ -378,10 +378,10 @@ async def test_approved_tool_that_degrades_to_its_fallback() -> None:
 
 async def test_run_that_dies_mid_task_still_ends_every_span_as_error() -> None:
     def broken(model: str) -> Provider:
-        raise UnknownProviderError("no such provider here")
+        raise ProviderConnectionError("the provider cannot be reached")
 
     spans, _, outcome = await _run("surface", capture=False, factory=broken)
-    assert isinstance(outcome, UnknownProviderError)
+    assert isinstance(outcome, ProviderConnectionError)
     (run,) = _by_op(spans, "invoke_workflow")
     (task,) = _by_op(spans, "invoke_agent")
     assert run.status.status_code == StatusCode.ERROR

@@ -65,6 +65,9 @@ class OrchestrationConfig(_Section):
     """Model turns per task before the loop stops and says so."""
     approval_timeout_s: float = Field(default=300.0, gt=0)
     """How long a tool call that needs approval waits before ``tool.approval_timeout``."""
+    lease_ttl_s: float = Field(default=15.0, ge=1, le=3600)
+    """A process executing a run renews its lease every third of this; a run whose lease has
+    expired is closed as interrupted by the next thoughtgate process that looks (ADR 0006)."""
     default_model: str | None = None
 
 

@@ -8,6 +8,9 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 __all__ = [
+    "OPEN_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "TERMINAL_TASK_STATUSES",
     "ApiKeyRecord",
     "RunRecord",
     "RunStatus",
@@ -19,9 +22,16 @@ __all__ = [
 RunStatus: TypeAlias = Literal[
     "pending", "running", "completed", "partial", "failed", "error", "interrupted"
 ]
-TaskStatus: TypeAlias = Literal["pending", "running", "completed", "partial", "failed"]
+TaskStatus: TypeAlias = Literal[
+    "pending", "running", "completed", "partial", "failed", "interrupted"
+]
 TERMINAL_RUN_STATUSES: frozenset[str] = frozenset(
     {"completed", "partial", "failed", "error", "interrupted"}
+)
+OPEN_RUN_STATUSES: frozenset[str] = frozenset({"pending", "running"})
+"""A run in one of these is still owned by the process executing it (see ``store.leases``)."""
+TERMINAL_TASK_STATUSES: frozenset[str] = frozenset(
+    {"completed", "partial", "failed", "interrupted"}
 )
 
 
@@ -65,6 +75,10 @@ class RunRecord:
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     tasks: list[TaskRecord] = field(default_factory=list)
+    owner: str | None = None
+    """The process executing the run (``store.leases.Owner``); ``None`` for a run nobody executes."""
+    lease_expires_at: float | None = None
+    """Until when ``owner`` is known to be alive; it renews the lease while the run is open."""
 
 
 @dataclass(slots=True)

@@ -723,7 +723,9 @@ async def test_a_run_that_cannot_start_its_provider_ends_run_failed(server: Emul
     events = await runtime.store.read(created.run_id)
     assert [e.type for e in events][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_FAILED]
     assert "cannot reach" in events[-1].payload["error"]
-    assert events[-2].payload["status"] == "failed" and "cannot reach" in events[-2].payload["error"]
+    assert (
+        events[-2].payload["status"] == "failed" and "cannot reach" in events[-2].payload["error"]
+    )
     run = await runtime.store.get_run(created.run_id)
     assert run.status == "failed" and run.tasks[0].status == "failed", "no task left running"
 

@@ -128,6 +128,9 @@ class TelemetryConfig(_Section):
     exporter: Literal["none", "console", "otlp_http", "otlp_grpc"] = "none"
     endpoint: str | None = None
     capture_content: bool = False
+    export_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    """One attempt per batch, bounded by this, on the exporter's own thread; a collector that is
+    down costs a run nothing and its spans are dropped (with one warning per outage)."""
 
 
 class McpConfig(_Section):

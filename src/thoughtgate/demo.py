@@ -37,7 +37,8 @@ def demo_tools() -> ToolRegistry:
     return ToolRegistry([get_country, largest_city])
 
 
-async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
+async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> str:
+    """Run the demo; returns the run's status (the command's exit code follows it)."""
     from thoughtgate.cli.render import render_run
     from thoughtgate.cli.runs import execute_and_follow, run_view_json
 
@@ -51,7 +52,7 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                 model, ProviderSettings(base_url=server.url, api_key="emulator-no-key-needed")
             )
 
-        async def go(store: EventStore) -> None:
+        async def go(store: EventStore) -> str:
             runtime = Runtime(
                 store,
                 ctx.config,
@@ -81,5 +82,6 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                     f"\nSee what a viewer gets: [bold]thoughtgate events {view['run_id']}"
                     " --view-as viewer[/]"
                 )
+            return str(view["status"])
 
-        await ctx.using(go)
+        return await ctx.using(go)

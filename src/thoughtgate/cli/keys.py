@@ -16,16 +16,11 @@ from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
 from thoughtgate.access.roles import ROLE_NAMES, Role
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.errors import UsageError
 from thoughtgate.store.base import EventStore
 
 __all__ = ["register"]
-
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
-]
-ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
 def _when(ts: float | None) -> str:
@@ -48,8 +43,15 @@ def register(app: typer.Typer) -> None:
 
     @keys.command("create")
     def create(
-        role: Annotated[str, typer.Option("--role", help=" | ".join(ROLE_NAMES))],
-        name: Annotated[str, typer.Option("--name", help="Unique among active keys.")],
+        role: Annotated[
+            str,
+            typer.Option(
+                "--role", metavar="ROLE", help="The key's role: " + " | ".join(ROLE_NAMES)
+            ),
+        ],
+        name: Annotated[
+            str, typer.Option("--name", metavar="NAME", help="Unique among active keys.")
+        ],
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
@@ -63,7 +65,14 @@ def register(app: typer.Typer) -> None:
                 created = await create_key(store, name=name, role=role, by=ctx.role)
                 if json_out:
                     record = created.record
-                    print_json({"name": record.name, "role": record.role, "key": created.key})
+                    print_json(
+                        {
+                            "key_id": record.key_id,
+                            "name": record.name,
+                            "role": record.role,
+                            "key": created.key,
+                        }
+                    )
                     return
                 console.print(
                     f"created {created.record.role} key [bold]{created.record.name}[/] "
@@ -105,7 +114,7 @@ def register(app: typer.Typer) -> None:
 
     @keys.command("revoke")
     def revoke(
-        key: Annotated[str, typer.Argument(help="The key's name or id.")],
+        key: Annotated[str, typer.Argument(metavar="NAME_OR_ID", help="The key's name or id.")],
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,

@@ -160,7 +160,8 @@ class EventStore(abc.ABC):
 
     @abc.abstractmethod
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
-        """Runs still ``pending`` or ``running`` and not closed, with their owners and leases."""
+        """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
+        oldest lease first (runs without a lease last)."""
 
     # -- events --------------------------------------------------------------------------
     @abc.abstractmethod

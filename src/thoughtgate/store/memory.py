@@ -154,6 +154,7 @@ class MemoryStore(EventStore):
 
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         runs = [OpenRun(r.run_id, r.owner, r.lease_expires_at) for r in self._open()]
+        runs.sort(key=lambda r: (r.lease_expires_at is None, r.lease_expires_at or 0.0))
         return OpenRuns(runs[:limit], time.time())
 
     def _open(self) -> list[RunRecord]:

@@ -399,7 +399,7 @@ class PostgresStore(EventStore):
         async with self._conn("list open runs") as conn:
             cur = await conn.execute(
                 f"SELECT run_id, owner, lease_expires_at, {_NOW} FROM runs WHERE {_OPEN} "
-                "ORDER BY lease_expires_at LIMIT %s",
+                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT %s",
                 (limit,),
             )
             rows = await cur.fetchall()

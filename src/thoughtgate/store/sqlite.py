@@ -327,7 +327,7 @@ class SQLiteStore(EventStore):
         def work(conn: sqlite3.Connection) -> OpenRuns:
             rows = conn.execute(
                 f"SELECT run_id, owner, lease_expires_at FROM runs WHERE {_OPEN} "
-                "ORDER BY lease_expires_at LIMIT ?",
+                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
                 (limit,),
             ).fetchall()
             return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], time.time())

@@ -157,9 +157,12 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
         serve_processes.append(again)
         with httpx.Client(base_url=again.base_url, headers=auth(key)) as c:
             for run_id in (slow, waiting):
-                assert c.get(f"/v1/runs/{run_id}").json()["status"] == "interrupted"
+                run = c.get(f"/v1/runs/{run_id}").json()
+                assert run["status"] == "interrupted"
+                assert [t["status"] for t in run["tasks"]] == ["interrupted"], "tasks end too"
                 types = [e["type"] for e in c.get(f"/v1/runs/{run_id}/events").json()["events"]]
-                assert types[-1] == "run.interrupted" and types.count("run.interrupted") == 1
+                assert types[-2:] == ["task.completed", "run.interrupted"]
+                assert types.count("run.interrupted") == 1
             assert c.get(f"/v1/runs/{quick}").json()["status"] == "completed"
 
 
@@ -182,8 +185,9 @@ def test_kill_9_leaves_runs_that_the_next_start_marks_interrupted(
     with httpx.Client(base_url=again.base_url, headers=auth(key), timeout=10) as c:
         run = c.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "interrupted"
+        assert [t["status"] for t in run["tasks"]] == ["interrupted"], "its task ends too"
         events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
-        assert events[-1]["type"] == "run.interrupted"
+        assert [e["type"] for e in events][-2:] == ["task.completed", "run.interrupted"]
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 

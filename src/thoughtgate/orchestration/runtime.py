@@ -119,7 +119,11 @@ class RunRequest:
 def provider_settings_from_config(
     config: Config, model: str, *, base_url: str | None = None, api_key: str | None = None
 ) -> ProviderSettings:
-    """CLI flag > config section > (the adapter's own env/default lookup)."""
+    """CLI flag > environment variable > ``thoughtgate.toml`` > the adapter's default.
+
+    ``config`` already holds the environment over the file (``load_config``); an explicit
+    ``base_url`` or ``api_key`` (a command-line flag) wins over both.
+    """
     prefix, _ = split_model(model)
     section = _CONFIG_SECTION.get(prefix)
     endpoint: ProviderEndpoint = (

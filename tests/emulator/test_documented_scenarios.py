@@ -23,7 +23,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "emulator.md"
 def documented() -> set[str]:
     """The names in docs/emulator.md's "Built-in scenarios" paragraph."""
     text = DOCS.read_text(encoding="utf-8").split("Built-in scenarios", 1)[1].split("\n\n", 1)[0]
-    return set(re.findall(r"(?:: |, )`([a-z-]+)`", text))
+    return set(re.findall(r"(?:: |,\s+)`([a-z-]+)`", text))
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -444,3 +445,20 @@ def test_keys_create_json_includes_the_id(db: str) -> None:
     listed = json.loads(tg("keys", "list", "--db", db, "--json").stdout)
     assert doc["key_id"] == listed[0]["key_id"]
     assert tg("keys", "revoke", doc["key_id"], "--db", db).returncode == 0
+
+
+def test_a_down_collector_prints_one_warning_and_the_run_still_succeeds(
+    db: str, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {
+        "THOUGHTGATE_TELEMETRY__EXPORTER": "otlp_http",
+        "THOUGHTGATE_TELEMETRY__ENDPOINT": endpoint,
+    }
+    proc = tg("run", "x", "--model", "fake:echo", "--db", db, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "completed"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot export spans" in lines[0], proc.stderr

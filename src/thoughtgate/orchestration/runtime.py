@@ -300,40 +300,53 @@ class Runtime:
         """
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
+            await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         specs = self._specs.pop(run_id, None) or [
             TaskSpec(t.prompt, model=t.model) for t in run.tasks
         ]
-        disclosure = Disclosure.of(run.chain_of_thought)
-        current = asyncio.current_task()
-        self.leases.hold(run_id, current)
-        total = Usage()
-        results: list[tuple[str, str | None]] = []
+        self.leases.hold(run_id, asyncio.current_task())
+        spent = _Spent()
         try:
-            await self.store.update_run(run_id, status="running")
-            for task, spec in zip(run.tasks, specs, strict=True):
-                usage, task_status, task_error = await self._execute_task(
-                    run, task, spec, disclosure
-                )
-                total = total + usage
-                results.append((task_status, task_error))
+            await self._execute_tasks(run, specs, spent)
         except asyncio.CancelledError as exc:
-            await self._interrupted(run_id, total, _cancel_reason(exc))
-            raise
-        except ThoughtgateError as exc:
-            await self._finish(run_id, EventType.RUN_FAILED, "failed", total, _describe(exc))
-            raise
-        except Exception as exc:
-            await self._finish(run_id, EventType.RUN_ERROR, "error", total, _describe(exc))
+            # Also when the cancel lands while the end was being recorded: closing a run that
+            # has ended is a no-op, so the run ends exactly once either way.
+            await self._interrupted(run_id, spent.usage, _cancel_reason(exc))
             raise
         finally:
             self.leases.release(run_id)
             await _close_all(self._prepared.pop(run_id, {}).values())
+        return await self.store.get_run(run_id)
+
+    async def _execute_tasks(
+        self, run: RunRecord, specs: Sequence[TaskSpec], spent: _Spent
+    ) -> None:
+        """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
+        disclosure = Disclosure.of(run.chain_of_thought)
+        results: list[tuple[str, str | None]] = []
+        try:
+            await self.store.update_run(run.run_id, status="running")
+            for task, spec in zip(run.tasks, specs, strict=True):
+                usage, task_status, task_error = await self._execute_task(
+                    run, task, spec, disclosure
+                )
+                spent.usage = spent.usage + usage
+                results.append((task_status, task_error))
+        except ThoughtgateError as exc:
+            await self._finish(
+                run.run_id, EventType.RUN_FAILED, "failed", spent.usage, _describe(exc)
+            )
+            raise
+        except Exception as exc:
+            await self._finish(
+                run.run_id, EventType.RUN_ERROR, "error", spent.usage, _describe(exc)
+            )
+            raise
         status = _run_status([s for s, _ in results])
         error = next((e for s, e in results if s != "completed" and e), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
-        await self._finish(run_id, event, status, total, error)
-        return await self.store.get_run(run_id)
+        await self._finish(run.run_id, event, status, spent.usage, error)
 
     async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself."""
@@ -568,6 +581,13 @@ class Runtime:
             )
         finally:
             await provider.aclose()
+
+
+@dataclass(slots=True)
+class _Spent:
+    """What a run's finished tasks used so far (an interrupted run still records it)."""
+
+    usage: Usage = field(default_factory=Usage)
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,16 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
+from script_support import cut, outage, slow
 
 from thoughtgate.access.roles import Role
 from thoughtgate.config import Config
-from thoughtgate.errors import AccessDeniedError, ProviderHTTPError, ProviderStreamError
+from thoughtgate.errors import AccessDeniedError
 from thoughtgate.events.schema import Event
 from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server, resolve_mcp_role
 from thoughtgate.orchestration.runtime import Runtime
-from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider, text
+from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MODES = ("hidden", "surface", "telemetry_only")
@@ -105,18 +104,8 @@ def _runtime_with(script: Any) -> tuple[Runtime, MemoryStore]:
     return Runtime(store, provider_factory=lambda m: FakeProvider(script, model=m)), store
 
 
-def _outage(request: TurnRequest, turn: int) -> Iterator[Any]:
-    raise ProviderHTTPError("Overloaded", provider="fake", status=529, error_type="overloaded")
-    yield  # pragma: no cover - makes this a generator
-
-
-def _cut(request: TurnRequest, turn: int) -> Iterator[Any]:
-    yield text("Half an ans")
-    raise ProviderStreamError("the stream was cut", provider="fake")
-
-
 @pytest.mark.parametrize(
-    ("script", "status"), [(_outage, "failed"), (_cut, "partial")], ids=["outage", "cut"]
+    ("script", "status"), [(outage, "failed"), (cut, "partial")], ids=["outage", "cut"]
 )
 async def test_a_run_that_did_not_complete_is_an_error_that_keeps_the_run(
     script: Any, status: str
@@ -133,17 +122,8 @@ async def test_a_run_that_did_not_complete_is_an_error_that_keeps_the_run(
     assert view["tasks"][0]["output"] == ("Half an ans" if status == "partial" else "")
 
 
-def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    async def gen() -> AsyncIterator[Any]:
-        yield text("Starting to ")
-        await asyncio.sleep(60)
-        yield text("never said")
-
-    return gen()
-
-
 async def test_a_cancelled_call_closes_the_run_and_its_tasks_interrupted() -> None:
-    runtime, store = _runtime_with(_slow)
+    runtime, store = _runtime_with(slow)
     answering, ended = anyio.Event(), anyio.Event()
 
     async def watch(events: Sequence[Event]) -> None:

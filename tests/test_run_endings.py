@@ -75,11 +75,12 @@ def emulated(server: EmulatorServer) -> dict[str, str]:
     }
 
 
-def read_store(db: str) -> tuple[Any, list[Any]]:
-    """The one run in the store and its events (opening the store sweeps it, as any process)."""
+def read_store(db: str, *, sweep: bool = True) -> tuple[Any, list[Any]]:
+    """The one run in the store and its events (opening the store sweeps it, as any process
+    does, unless ``sweep`` is false)."""
 
     async def go() -> tuple[Any, list[Any]]:
-        store = await open_store(db)
+        store = await open_store(db, sweep=sweep)
         try:
             (run,) = await store.list_runs()
             return run, await store.read(run.run_id)
@@ -276,7 +277,7 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     if executor == "run":
         victim = Watched("run", "slow", *SLOW, "--db", db)
         victim.wait_for("thinking slowly")
-        stored, _ = read_store_without_sweep(db)
+        stored, _ = read_store(db, sweep=False)
         run_id = stored.run_id
         kill = victim.proc.kill
     else:
@@ -302,18 +303,6 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
         run = c.get(f"/v1/runs/{run_id}").json()
     assert run["status"] == "interrupted" and [t["status"] for t in run["tasks"]] == ["interrupted"]
     assert [f["type"] for f in frames][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]
-
-
-def read_store_without_sweep(db: str) -> tuple[Any, list[Any]]:
-    async def go() -> tuple[Any, list[Any]]:
-        store = await open_store(db, sweep=False)
-        try:
-            (run,) = await store.list_runs()
-            return run, await store.read(run.run_id)
-        finally:
-            await store.close()
-
-    return asyncio.run(go())
 
 
 # --------------------------------------------------------------------------- daily use

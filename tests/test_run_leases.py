@@ -4,28 +4,18 @@ another process has closed it (ADR 0006). The store side is in ``store_conforman
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
+from script_support import slow
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
-from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import LOST_LEASE, Owner, close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.fake import FakeProvider, text
-
-
-def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    async def gen() -> AsyncIterator[Any]:
-        yield text("Working on ")
-        await asyncio.sleep(60)
-        yield text("it.")
-
-    return gen()
+from thoughtgate.testing.fake import FakeProvider
 
 
 class Watch:
@@ -49,7 +39,7 @@ def _runtime(lease_ttl_s: float = 15.0) -> tuple[Runtime, MemoryStore, Watch]:
     runtime = Runtime(
         store,
         config,
-        provider_factory=lambda m: FakeProvider(_slow, model=m),
+        provider_factory=lambda m: FakeProvider(slow, model=m),
         sinks=[watch],
     )
     return runtime, store, watch

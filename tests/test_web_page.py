@@ -19,6 +19,7 @@ from browser_support import launch, open_run, page_for, sign_in, snapshot
 from daemon_support import Daemon
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
+from script_support import cut, outage
 from test_thread import event_lists
 from web_support import (
     SEEDED_EVENTS,
@@ -30,12 +31,10 @@ from web_support import (
     web_daemon,
 )
 
-from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import VISIBLE_MARKER
-from thoughtgate.providers.base import TurnRequest
-from thoughtgate.testing.fake import FAKE_SCRIPTS, text
+from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 
@@ -133,17 +132,7 @@ def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reaso
     assert not re.search(r'"reasoning(_parts|_chars|_kind)?":(?!null)', from_api)
 
 
-def _outage(request: TurnRequest, turn: int) -> Iterator[Any]:
-    raise ProviderHTTPError("Overloaded", provider="fake", status=529, error_type="overloaded")
-    yield  # pragma: no cover - makes this a generator
-
-
-def _cut(request: TurnRequest, turn: int) -> Iterator[Any]:
-    yield text("Half an ans")
-    raise ProviderStreamError("the stream was cut", provider="fake")
-
-
-FAKE_SCRIPTS.update({"web-outage": _outage, "web-cut": _cut})
+FAKE_SCRIPTS.update({"web-outage": outage, "web-cut": cut})
 
 
 @pytest.mark.parametrize(

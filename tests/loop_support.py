@@ -70,6 +70,9 @@ class Case:
     """The model returns summaries rather than raw reasoning (OpenAI via OpenRouter)."""
     switch_to: str = ""
     """Another model of the same provider, for the model-switch test."""
+    sends_carrier: bool = True
+    """The server's endpoint rule sends the carrier back (vLLM's ``reasoning`` field and inline
+    ``<think>`` tags are not DeepSeek's ``reasoning_content``: nothing goes back there)."""
 
     @property
     def prefix(self) -> str:
@@ -121,6 +124,7 @@ CASES = (
         demands_carrier=False,
         reasoning_tokens=False,
         switch_to="openai-compatible:vllm/qwen3-8b",
+        sends_carrier=False,
     ),
     Case(
         "think-tags",
@@ -129,6 +133,7 @@ CASES = (
         demands_carrier=False,
         reasoning_tokens=False,
         switch_to="openai-compatible:think/qwq-7b",
+        sends_carrier=False,
     ),
 )
 CASE_BY_ID = {c.id: c for c in CASES}
@@ -388,7 +393,11 @@ def make_provider(
     headers = {"x-emulator-scenario": scenario}
     prefix, bare = split_model(model)
     base = url if prefix == "anthropic" else f"{url}/v1"
-    settings = ProviderSettings(base_url=base, api_key="test-key", max_retries=0)
+    extra: dict[str, Any] = {}
+    if prefix == "openai-compatible" and bare.startswith("deepseek"):
+        # the emulator's host is 127.0.0.1, so the server it plays is named, as for a proxy
+        extra["thoughtgate"] = {"server": "deepseek"}
+    settings = ProviderSettings(base_url=base, api_key="test-key", max_retries=0, extra=extra)
     client = httpx.AsyncClient(headers=headers, transport=tee or httpx.AsyncHTTPTransport())
     provider: Provider = ADAPTERS[prefix](bare, settings, client=client)
     return provider

@@ -36,6 +36,7 @@ from thoughtgate.providers.base import ReasoningRequest, TurnRequest
 from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import (
     ContinuityBlock,
+    FinishChunk,
     ReasoningDelta,
     ReasoningPart,
     TextDelta,
@@ -399,11 +400,29 @@ async def test_cut_anywhere_never_escapes_and_keeps_a_prefix(
         assert block in full.continuity  # a continuity block is never half a block
 
 
-@pytest.mark.parametrize(("raw", "normalized"), sorted(STOP_REASONS.items()))
+@pytest.mark.parametrize(
+    ("raw", "normalized"), sorted(i for i in STOP_REASONS.items() if i[0] != "pause_turn")
+)
 async def test_every_stop_reason_is_mapped_and_kept(raw: str, normalized: str) -> None:
     events = [e.replace(b'"end_turn"', f'"{raw}"'.encode()) for e in _events("thinking_text.sse")]
     turn = await replay_pieces(events)
     assert (turn.finish_reason, turn.raw_finish_reason) == (normalized, raw)
+
+
+def test_the_capture_maps_pause_turn_to_pause() -> None:
+    """The capture says ``pause``; the adapter then continues the turn (test_anthropic_pause)."""
+    capture = AnthropicCapture("claude-sonnet-4-5", kind="summary")
+    chunks = capture.message(
+        {
+            "content": [{"type": "text", "text": "Searching"}],
+            "stop_reason": "pause_turn",
+            "usage": {"output_tokens": 3},
+        }
+    )
+    assert capture.stop_reason == "pause_turn"
+    finish = chunks[-1]
+    assert isinstance(finish, FinishChunk)
+    assert (finish.reason, finish.raw_reason) == ("pause", "pause_turn")
 
 
 async def test_an_unknown_stop_reason_is_other_and_kept() -> None:

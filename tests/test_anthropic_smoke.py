@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.providers.base import ProviderSettings
-from thoughtgate.providers.smoke import CAPABILITIES, CapabilityResult, smoke
+from thoughtgate.providers.smoke import CAPABILITIES, RULES, CapabilityResult, smoke
 from thoughtgate.testing.emulator import (
     Call,
     Emulator,
@@ -54,10 +55,13 @@ def server() -> Iterator[EmulatorServer]:
         yield running
 
 
-async def run(server: EmulatorServer, model: str) -> dict[str, CapabilityResult]:
-    settings = ProviderSettings(base_url=server.url, api_key="k", max_retries=0)
+async def run(
+    server: EmulatorServer, model: str, scenario: str | None = None
+) -> dict[str, CapabilityResult]:
+    extra = {"thoughtgate": {"headers": {"x-emulator-scenario": scenario}}} if scenario else {}
+    settings = ProviderSettings(base_url=server.url, api_key="k", max_retries=0, extra=extra)
     results = await smoke(f"anthropic:{model}", settings)
-    assert [r.name for r in results] == list(CAPABILITIES)
+    assert [r.name for r in results] == [*CAPABILITIES, *RULES]
     return {r.name: r for r in results}
 
 
@@ -65,14 +69,36 @@ async def test_everything_is_proven_on_a_thinking_tool_calling_model(
     server: EmulatorServer,
 ) -> None:
     results = await run(server, "claude-smoke")
-    assert all(r.proven for r in results.values()), results
-    assert all(r.claimed for r in results.values())
+    assert all(results[name].proven for name in CAPABILITIES), results
+    assert all(results[name].claimed for name in CAPABILITIES)
     assert "summary reasoning" in results["reasoning_summary"].detail
     assert results["continuity"].detail.startswith("1 continuity block(s) sent back")
     assert "used the tool result" in results["continuity"].detail
     # the second tool turn really carried the signed block back, first in the assistant message
-    second = [r.body for r in server.emulator.requests if r.body["model"] == "claude-smoke"][-1]
+    bodies = [r.body for r in server.emulator.requests if r.body["model"] == "claude-smoke"]
+    second = [b for b in bodies if len(b["messages"]) == 3][-1]
     assert second["messages"][1]["content"][0]["type"] == "thinking"
+
+
+async def test_the_rules_proven_live_for_a_known_family(server: EmulatorServer) -> None:
+    """Claude Sonnet 4.5's row: budget thinking accepted, the ``disabled`` switch accepted with no
+    thinking billed, the signed blocks accepted back, the thinking labelled a summary."""
+    results = await run(server, "claude-sonnet-4-5", scenario="claude-smoke")
+    assert all(results[name].proven for name in RULES), results
+    assert "thinking (budget)" in results["rule.reasoning_params"].detail
+    assert results["rule.hidden_switch"].detail.startswith('{"thinking": {"type": "disabled"}}')
+    assert "thinking blocks sent back" in results["rule.send_back"].detail
+    assert results["rule.reasoning_kind"].detail.startswith("summary")
+    hidden = [r.body for r in server.emulator.requests if "disabled" in json.dumps(r.body)]
+    assert hidden, "the hidden-mode request really carried the switch"
+
+
+async def test_a_row_without_a_switch_says_so(server: EmulatorServer) -> None:
+    """An unknown Claude model gets the conservative row: no switch, so hidden mode is not
+    proven to stop thinking, and the check says why."""
+    results = await run(server, "claude-smoke")
+    hidden = results["rule.hidden_switch"]
+    assert not hidden.proven and "no switch" in hidden.detail and "thinks unasked" in hidden.detail
 
 
 async def test_a_model_that_does_not_reason_or_call_tools_says_so(server: EmulatorServer) -> None:
@@ -113,7 +139,20 @@ async def test_a_bad_model_string_still_raises() -> None:
 async def test_the_same_check_runs_on_the_openai_family_adapters(
     server: EmulatorServer, provider: str
 ) -> None:
-    settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=0)
+    extra: dict[str, object] = {}
+    if provider == "openai":
+        # "claude-smoke" is no OpenAI model: the conservative row asks for no reasoning, so the
+        # check names the row a new reasoning model would get from thoughtgate.toml
+        rules = {
+            "surface": {
+                "reasoning": {"summary": "auto"},
+                "include": ["reasoning.encrypted_content"],
+            },
+            "fields": ["summary_text"],
+            "send_back": "reasoning items (encrypted_content)",
+        }
+        extra["thoughtgate"] = {"rules": rules}
+    settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=0, extra=extra)
     results = {r.name: r for r in await smoke(f"{provider}:claude-smoke", settings)}
     assert results["streaming"].proven and results["reasoning_text"].proven
     assert results["tools"].proven and results["continuity"].proven, results

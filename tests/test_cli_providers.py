@@ -91,6 +91,9 @@ def test_smoke_reports_each_capability_against_the_emulator() -> None:
     assert results["reasoning_summary"]["proven"] or results["reasoning_text"]["proven"]
     assert results["tools"]["proven"] and results["continuity"]["proven"]
     assert all(r["detail"] for r in results.values())
+    # which rules of the model's endpoint row were proven live
+    assert results["rule.hidden_switch"]["proven"], results["rule.hidden_switch"]
+    assert results["rule.send_back"]["proven"] and results["rule.reasoning_params"]["proven"]
 
 
 def test_smoke_without_a_key_says_which_variable() -> None:

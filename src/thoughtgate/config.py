@@ -110,6 +110,39 @@ class ProviderEndpoint(_Section):
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
+    server: str | None = None
+    """The server behind ``base_url`` when its host does not say (a proxy, a gateway, a local
+    port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""
+    rules: dict[str, Any] | None = None
+    """Columns of this endpoint's rule to override (``send_back``, ``hidden``, ``surface``, ...)."""
+
+    @field_validator("server")
+    @classmethod
+    def _known_server(cls, value: str | None) -> str | None:
+        from thoughtgate.providers.rules import known_servers
+
+        if value is not None and value not in known_servers():
+            raise ValueError(", ".join(known_servers()))
+        return value
+
+    @field_validator("rules")
+    @classmethod
+    def _known_columns(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from thoughtgate.providers.rules import overrides_problem
+
+        problem = overrides_problem(value or {})
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    def adapter_options(self) -> dict[str, Any]:
+        """The ``ProviderSettings.extra["thoughtgate"]`` options this section sets."""
+        options: dict[str, Any] = {}
+        if self.server is not None:
+            options["server"] = self.server
+        if self.rules:
+            options["rules"] = dict(self.rules)
+        return options
 
 
 class ProvidersConfig(_Section):

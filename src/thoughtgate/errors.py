@@ -116,7 +116,13 @@ class RuntimeFailure(ThoughtgateError):
 
 
 class ProviderError(RuntimeFailure):
-    """A provider call failed. ``partial`` holds what arrived before the failure, if anything."""
+    """A provider call failed. ``partial`` holds what arrived before the failure, if anything.
+
+    ``message`` is the provider's own text; ``error_type`` its error type (``rate_limit_error``,
+    ``insufficient_quota``, ...) and ``code`` its machine code where it sends one apart from the
+    type (OpenAI's ``code``, OpenRouter's numeric ``code``), so a caller can tell a quota or rate
+    limit from an outage without parsing text.
+    """
 
     def __init__(
         self,
@@ -125,6 +131,7 @@ class ProviderError(RuntimeFailure):
         provider: str = "",
         status: int | None = None,
         error_type: str | None = None,
+        code: str | None = None,
         request_id: str | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
@@ -134,14 +141,22 @@ class ProviderError(RuntimeFailure):
         self.provider = provider
         self.status = status
         self.error_type = error_type
+        self.code = code
         self.request_id = request_id
         self.retryable = retryable
         self.retry_after = retry_after
         self.partial = partial
-        bits = [b for b in (provider, str(status) if status else "", error_type) if b]
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        """``[provider status type code] message (request id X)``, from the current fields: an
+        adapter may learn the request id (from the response headers) after the error was made."""
+        shown_code = self.code if self.code and self.code != self.error_type else ""
+        status = str(self.status) if self.status else ""
+        bits = [b for b in (self.provider, status, self.error_type, shown_code) if b]
         prefix = f"[{' '.join(bits)}] " if bits else ""
-        rid = f" (request id {request_id})" if request_id else ""
-        super().__init__(f"{prefix}{message}{rid}")
+        rid = f" (request id {self.request_id})" if self.request_id else ""
+        return f"{prefix}{self.message}{rid}"
 
 
 class ProviderHTTPError(ProviderError):

@@ -106,7 +106,8 @@ async def test_ollama_whole_tool_call(chunking: str) -> None:
     assert turn.reasoning_text == "Okay, weather in Paris needs a tool."
     (call,) = turn.tool_calls
     assert (call.call_id, call.arguments) == ("call_k2j3h4g5", {"city": "Paris"})
-    assert turn.continuity[0].data == {"reasoning_content": "Okay, weather in Paris needs a tool."}
+    # the reasoning came in `reasoning`, not DeepSeek's `reasoning_content`: nothing goes back
+    assert turn.continuity == ()
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
@@ -132,8 +133,27 @@ async def test_hidden_mode_drops_fields_and_tags() -> None:
         provider, replay = replay_provider(name, chunking="random")
         turn = await streamed(provider, turn_request("hidden", tools=True))
         replay.assert_fully_read()
-        assert turn.reasoning_parts == () and turn.continuity == ()
+        assert turn.reasoning_parts == ()
         assert "think" not in turn.text and "date" not in turn.text
+        if name == "think_tags_split.sse":
+            assert turn.continuity == ()
+
+
+async def test_hidden_mode_keeps_a_demanded_carrier_only_for_the_loop() -> None:
+    """A DeepSeek-style tool turn that thought although hidden mode asked for nothing: its
+    reasoning is no reasoning part (nothing records or shows it) but stays in memory as the
+    carrier the server demands back on the next request of the loop."""
+    provider, replay = replay_provider("deepseek_tool_call.sse", chunking="random")
+    turn = await streamed(provider, turn_request("hidden", tools=True))
+    replay.assert_fully_read()
+    assert turn.reasoning_parts == () and turn.reasoning_text == ""
+    (block,) = turn.continuity
+    assert block.data == {"reasoning_content": "I need the date first."}
+    history = [Message.user("What day is it?"), turn.as_message()]
+    history.append(Message("tool", (ToolResultPart(turn.tool_calls[0].call_id, "Monday"),)))
+    body = provider.build_body(turn_request("hidden", history, tools=True), stream=True)
+    (sent,) = [m for m in body["messages"] if m["role"] == "assistant"]
+    assert sent["reasoning_content"] == "I need the date first."
 
 
 async def test_end_without_done() -> None:
@@ -179,21 +199,26 @@ def test_default_requests_send_nothing_reasoning_specific() -> None:
         assert body["stream_options"] == {"include_usage": True}
 
 
-def test_dialects_turn_thinking_off_in_hidden_mode() -> None:
-    assert body_for(turn_request("hidden"), thoughtgate={"dialect": "deepseek"})["thinking"] == {
+def test_hidden_switch_only_on_servers_that_take_it() -> None:
+    hidden = turn_request("hidden")
+    # DeepSeek's own API (by host, or named) takes its thinking switch ...
+    assert body_for(hidden, "https://api.deepseek.com/v1")["thinking"] == {"type": "disabled"}
+    assert body_for(hidden, thoughtgate={"server": "deepseek"})["thinking"] == {"type": "disabled"}
+    assert body_for(hidden, thoughtgate={"dialect": "deepseek"})["thinking"] == {
         "type": "disabled"
-    }
-    # api.deepseek.com implies the DeepSeek dialect
-    assert body_for(turn_request("hidden"), "https://api.deepseek.com/v1")["thinking"] == {
-        "type": "disabled"
-    }
+    }, "the old dialect option still names the server"
     assert "thinking" not in body_for(turn_request("surface"), "https://api.deepseek.com/v1")
-    # ... and so does a DeepSeek model behind any other host
-    hidden = body_for(turn_request("hidden"), model="deepseek-chat")
-    assert hidden["thinking"] == {"type": "disabled"}
-    assert "thinking" not in body_for(turn_request("hidden"), model="qwen3")
-    qwen = body_for(turn_request("hidden"), thoughtgate={"dialect": "qwen3"})
+    # ... a DeepSeek-named model on Groq, Together or an unknown host does not get it
+    for url in ("https://api.groq.com/openai/v1", "https://api.together.xyz/v1", "http://h/v1"):
+        body = body_for(hidden, url, model="deepseek-r1-distill-llama-70b")
+        assert "thinking" not in body, url
+    # Qwen3 on vLLM / SGLang, and on Groq, have their own switches
+    qwen = body_for(hidden, thoughtgate={"dialect": "qwen3"}, model="Qwen/Qwen3-8B")
     assert qwen["chat_template_kwargs"] == {"enable_thinking": False}
+    groq = body_for(hidden, "https://api.groq.com/openai/v1", model="qwen/qwen3-32b")
+    assert groq["reasoning_effort"] == "none"
+    surface = body_for(turn_request("surface"), "https://api.groq.com/openai/v1", "qwen/qwen3-32b")
+    assert surface["reasoning_format"] == "parsed"
     with pytest.raises(ConfigError, match="dialect"):
         body_for(turn_request(), thoughtgate={"dialect": "nope"})
 
@@ -279,7 +304,9 @@ async def test_tool_loop_per_flavor(emulated: Any, flavor: str) -> None:
         "I need the user's country before I can name its largest city. I will call get_country."
     )
     assert turns[-1].text == "The largest city in your country is Mexico City."
-    assert [bool(t.continuity) for t in turns] == [True, True, False]
+    # only DeepSeek's `reasoning_content` goes back; `reasoning` and <think> never do
+    carried = flavor == "deepseek"
+    assert [bool(t.continuity) for t in turns] == [carried, carried, False]
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -58,7 +58,8 @@ async def test_anthropic_thinking_transcript(chunking: str) -> None:
     replay.assert_fully_read()
     (reasoning,) = turn.reasoning_parts
     assert reasoning.text == "This is simple arithmetic: 2 + 2."
-    assert (reasoning.reasoning_kind, reasoning.index, reasoning.signature) == ("raw", 0, SIG)
+    # Claude 4.5's thinking is a summary, via OpenRouter as directly (the Anthropic family row)
+    assert (reasoning.reasoning_kind, reasoning.index, reasoning.signature) == ("summary", 0, SIG)
     assert turn.text == "2 + 2 = 4"
     assert turn.finish_reason == "stop" and turn.raw_finish_reason == "stop"
     assert (turn.usage.input_tokens, turn.usage.output_tokens, turn.usage.reasoning_tokens) == (
@@ -136,11 +137,21 @@ async def test_plain_reasoning_string_is_captured_when_no_details_come() -> None
 
 
 async def test_hidden_mode_captures_nothing_even_if_reasoning_arrives() -> None:
+    """Hidden mode switches Claude's thinking off (``effort: none``); thinking that arrives anyway
+    is no reasoning part, while its details stay in memory: Anthropic demands them back in a
+    tool loop whenever thinking happened."""
     provider, replay = replay_provider("anthropic_thinking.sse", chunking="random")
     turn = await streamed(provider, turn_request("hidden"))
     replay.assert_fully_read()
-    assert turn.reasoning_parts == () and turn.continuity == ()
+    assert turn.reasoning_parts == () and turn.reasoning_text == ""
+    assert [b.carrier for b in turn.continuity] == ["openrouter.reasoning_details"]
     assert turn.text == "2 + 2 = 4"
+    assert replay.requests[0]["reasoning"] == {"effort": "none"}
+    # a model without that requirement keeps nothing at all
+    provider, replay = replay_provider("gemini_shared_index.sse", model="google/gemini-3-pro")
+    turn = await streamed(provider, turn_request("hidden"))
+    replay.assert_fully_read()
+    assert turn.reasoning_parts == () and turn.continuity == ()
     assert replay.requests[0]["reasoning"] == {"exclude": True}
 
 
@@ -237,23 +248,42 @@ def body_for(request: Any, *, model: str = ANTHROPIC, **extra: Any) -> dict[str,
 
 
 @pytest.mark.parametrize(
-    ("mode", "kw", "expected"),
+    ("model", "mode", "kw", "expected", "on_top"),
     [
-        ("hidden", {}, {"exclude": True}),
-        ("hidden", {"effort": "high"}, {"exclude": True}),
-        ("surface", {}, {"enabled": True}),
-        ("telemetry_only", {}, {"enabled": True}),
-        ("surface", {"effort": "low"}, {"effort": "low"}),
-        ("surface", {"effort": "max"}, {"effort": "xhigh"}),
-        ("telemetry_only", {"budget_tokens": 2000, "effort": "high"}, {"max_tokens": 2000}),
+        # Claude families that take a budget: the Anthropic adapter's budget, on top
+        (ANTHROPIC, "hidden", {}, {"effort": "none"}, 0),
+        (ANTHROPIC, "hidden", {"effort": "high"}, {"effort": "none"}, 0),
+        (ANTHROPIC, "surface", {}, {"max_tokens": 4096}, 4096),
+        (ANTHROPIC, "surface", {"effort": "low"}, {"max_tokens": 2048}, 2048),
+        (ANTHROPIC, "telemetry_only", {"budget_tokens": 2000, "effort": "high"}, None, 2000),
+        # adaptive Claude: an effort, nothing on top
+        ("anthropic/claude-opus-4.7", "surface", {"effort": "max"}, {"effort": "xhigh"}, 0),
+        ("anthropic/claude-opus-4.7", "hidden", {}, {"effort": "none"}, 0),
+        # Claude that thinks unasked and refuses `disabled`: no parameter at all in hidden mode
+        ("anthropic/claude-fable-5", "hidden", {}, "absent", 0),
+        # others
+        ("deepseek/deepseek-r1", "hidden", {}, {"exclude": True}, 0),
+        ("deepseek/deepseek-r1", "surface", {}, {"enabled": True}, 0),
+        ("deepseek/deepseek-r1", "telemetry_only", {"effort": "low"}, {"effort": "low"}, 0),
+        ("deepseek/deepseek-r1", "surface", {"budget_tokens": 2000}, {"max_tokens": 2000}, 2000),
+        ("openai/o3", "hidden", {}, {"exclude": True}, 0),
+        ("z-ai/glm-4.6", "hidden", {}, {"enabled": False}, 0),
     ],
 )
-def test_reasoning_parameter_per_mode(mode: str, kw: dict[str, Any], expected: Any) -> None:
-    body = body_for(turn_request(mode, **kw))
-    assert body["reasoning"] == expected
-    assert body["reasoning"] != {}  # an empty object is a no-op on OpenRouter
+def test_reasoning_parameter_per_mode(
+    model: str, mode: str, kw: dict[str, Any], expected: Any, on_top: int
+) -> None:
+    body = body_for(turn_request(mode, **kw), model=model)
+    if expected == "absent":
+        assert "reasoning" not in body
+    else:
+        assert body["reasoning"] == (expected or {"max_tokens": kw.get("budget_tokens")})
+        assert body["reasoning"] != {}  # an empty object is a no-op on OpenRouter
+    # OpenRouter counts reasoning inside max_tokens: a budget comes on top of the turn's room,
+    # as the Anthropic adapter adds it, so the answer keeps the same room on both routes
+    assert body["max_tokens"] == 4096 + on_top
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["model"] == ANTHROPIC and body["messages"][-1]["role"] == "user"
+    assert body["model"] == model and body["messages"][-1]["role"] == "user"
 
 
 def test_settings_extra_is_merged_and_none_removes() -> None:

@@ -130,7 +130,12 @@ class _Loop:
             )
 
     def captured(self, turn: Turn) -> Turn:
-        """``hidden`` keeps no reasoning even if a provider sent some anyway."""
+        """``hidden`` keeps no reasoning even if a provider sent some anyway.
+
+        Continuity blocks stay: an adapter only emits them in ``hidden`` mode when the API demands
+        them back inside this loop (its endpoint rule says so), and then they live in this loop's
+        history only -- ``record_response`` and the trace leave them out in ``hidden`` mode.
+        """
         if self.disclosure.captures:
             return turn
         from dataclasses import replace

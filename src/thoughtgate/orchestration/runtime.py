@@ -129,12 +129,14 @@ def provider_settings_from_config(
     endpoint: ProviderEndpoint = (
         getattr(config.providers, section) if section else ProviderEndpoint()
     )
+    options = endpoint.adapter_options()
     return ProviderSettings(
         base_url=base_url or endpoint.base_url,
         api_key=api_key or endpoint.api_key,
         timeout_s=endpoint.timeout_s,
         connect_timeout_s=endpoint.connect_timeout_s,
         max_retries=endpoint.max_retries,
+        extra={"thoughtgate": options} if options else {},
     )
 
 

@@ -1,12 +1,21 @@
 """The Anthropic Messages adapter: request shaping per model family, and capture of its wire format.
 
 Request shaping (``build_body``)
-    The ``thinking`` form depends on the model family (:data:`MODEL_FAMILIES`): budget models get
-    ``{"type": "enabled", "budget_tokens": N}`` with ``max_tokens`` raised by ``N``; adaptive models
-    get ``{"type": "adaptive", "display": "summarized"}`` plus ``output_config.effort``; ``hidden``
-    mode (``ReasoningRequest.enabled`` false) sends no ``thinking`` at all. Assistant history is
-    sent back with its continuity blocks (the exact ``thinking`` / ``redacted_thinking`` dicts the
-    API returned) first, then text and ``tool_use``; reasoning *text* is never sent back.
+    The ``thinking`` form depends on the model family (the Anthropic rows of
+    :mod:`thoughtgate.providers.rules`): budget models get ``{"type": "enabled", "budget_tokens":
+    N}`` with ``max_tokens`` raised by ``N`` (the budget comes on top of the answer's room);
+    adaptive models get ``{"type": "adaptive", "display": "summarized"}`` plus
+    ``output_config.effort``; ``hidden`` mode (``ReasoningRequest.enabled`` false) sends the
+    family's switch ``{"type": "disabled"}`` where the family accepts it, and nothing where it
+    does not (Fable / Mythos think unasked and refuse ``disabled``: their blocks are then kept in
+    memory for the loop, never recorded). Assistant history is sent back with its continuity
+    blocks (the exact ``thinking`` / ``redacted_thinking`` dicts the API returned) first, then text
+    and ``tool_use``; reasoning *text* is never sent back.
+
+``pause_turn``
+    A response that stops with ``pause_turn`` is not the end of the turn: the adapter sends the
+    same request again with everything the turn produced so far as the final assistant message,
+    as Anthropic documents, and the continuation's blocks join the same turn (usage summed).
 
 Capture (:class:`AnthropicCapture`)
     Stream events and non-streamed message JSON both go through one capture object that emits
@@ -26,12 +35,13 @@ Sources: ``docs/providers/anthropic.md`` and ``PROVIDER_WIRE_FORMATS.md`` §1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import json.decoder
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from dataclasses import replace
+from typing import Any, Final, TypeAlias
 
 import httpx
 
@@ -55,6 +65,14 @@ from thoughtgate.providers.openai_common import (
     apply_extra,
     resolve_api_key,
     resolve_base_url,
+    resolve_endpoint_rule,
+)
+from thoughtgate.providers.rules import (
+    ANTHROPIC_RULES,
+    EndpointRule,
+    ThinkingForm,
+    anthropic_rule,
+    normalize_anthropic_model,
 )
 from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import (
@@ -83,6 +101,7 @@ __all__ = [
     "API_KEY_ENV",
     "BASE_URL_ENV",
     "DEFAULT_BASE_URL",
+    "MAX_PAUSE_CONTINUATIONS",
     "MODEL_FAMILIES",
     "STOP_REASONS",
     "THINKING_CARRIER",
@@ -106,120 +125,14 @@ THINKING_CARRIER: Final = "anthropic.thinking"
 REDACTED_CARRIER: Final = "anthropic.redacted_thinking"
 _CARRIERS: Final = frozenset({THINKING_CARRIER, REDACTED_CARRIER})
 
-ThinkingForm: TypeAlias = Literal["none", "budget", "adaptive"]
-
 
 # --------------------------------------------------------------------------- model families
 
-
-@dataclass(frozen=True, slots=True)
-class ModelFamily:
-    """How one family of Claude models takes the ``thinking`` parameter.
-
-    ``pattern`` is matched (``fullmatch``) against :func:`normalize_model` of the model id.
-    ``thinking``: ``none`` (the family has no extended thinking: never send it), ``budget``
-    (``enabled`` + ``budget_tokens`` is the only form), ``adaptive`` (``adaptive`` is required or
-    recommended). ``reasoning_kind`` is what the returned thinking text is: ``raw`` for Sonnet 3.7,
-    which returned its full thinking, ``summary`` for Claude 4 and later, which return summarized
-    thinking (``display: "summarized"``) while billing the full thinking tokens.
-    """
-
-    label: str
-    pattern: re.Pattern[str]
-    thinking: ThinkingForm
-    reasoning_kind: ReasoningKind
-    source: str
-
-
-def _family(
-    label: str, pattern: str, thinking: ThinkingForm, kind: ReasoningKind, source: str
-) -> ModelFamily:
-    return ModelFamily(label, re.compile(pattern), thinking, kind, source)
-
-
-#: First match wins; anything unmatched (new models) is :data:`NEWER_MODELS`.
-MODEL_FAMILIES: Final[tuple[ModelFamily, ...]] = (
-    _family(
-        "Claude Sonnet 3.7",
-        r"claude-3-7-sonnet|claude-sonnet-3-7",
-        "budget",
-        "raw",
-        "budget only; returns full thinking (mintlify extended-thinking page; PAI cassettes)",
-    ),
-    _family(
-        "Claude 2 / 3 / 3.5",
-        r"claude-(?:instant|2|3)(?:-.*)?",
-        "none",
-        "raw",
-        "no extended thinking: a `thinking` parameter is rejected",
-    ),
-    _family(
-        "Claude Opus/Sonnet/Haiku 4, 4.1, 4.5",
-        r"claude-(?:opus|sonnet|haiku)-4(?:-[015])?",
-        "budget",
-        "summary",
-        "budget only (A-SDK thinking_config_enabled_param.py; PAI cassette "
-        "test_anthropic_tool_with_thinking.yaml); Claude 4 returns summarized thinking",
-    ),
-    _family(
-        "Claude Opus/Sonnet 4.6",
-        r"claude-(?:opus|sonnet|haiku)-4-6",
-        "adaptive",
-        "summary",
-        "adaptive recommended, budget_tokens deprecated (platform.claude.com adaptive-thinking; "
-        "AAswordman/Operit#568)",
-    ),
-    _family(
-        "Claude Opus 4.7 / 4.8",
-        r"claude-(?:opus|sonnet|haiku)-4-[789]",
-        "adaptive",
-        "summary",
-        'budget form is a 400 "thinking.type.enabled is not supported for this model" '
-        "(anomalyco/opencode#22863, openclaw/openclaw#87801); display defaults to omitted, so "
-        "summarized is sent explicitly (BerriAI/litellm#25965)",
-    ),
-    _family(
-        "Claude Fable / Mythos",
-        r"claude-(?:fable|mythos)(?:-.*)?",
-        "adaptive",
-        "summary",
-        "adaptive only, display defaults to omitted (PROVIDER_WIRE_FORMATS.md §1.1; "
-        "docker/docker-agent#2451)",
-    ),
-)
-
-NEWER_MODELS: Final = _family(
-    "newer or unknown Claude models",
-    r".*",
-    "adaptive",
-    "summary",
-    "every model since 4.6 recommends or requires adaptive thinking (Opus 4.8, Sonnet 5, Opus 5)",
-)
-
-_DATE_SUFFIX = re.compile(r"(?:[-@]\d{8}|-v\d+(?::\d+)?|:\d+|-latest)+$")
-_DOTTED_VERSION = re.compile(r"(?<=\d)\.(?=\d)")
-
-
-def normalize_model(model: str) -> str:
-    """``"us.anthropic.claude-sonnet-4-5-20250929-v1:0"`` -> ``"claude-sonnet-4-5"``.
-
-    Drops router and cloud prefixes (Bedrock, Vertex, OpenRouter-style ``anthropic/``), dated and
-    ``-latest`` suffixes, and writes ``4.7`` as ``4-7``.
-    """
-    name = model.strip().lower()
-    start = name.find("claude")
-    if start > 0:
-        name = name[start:]
-    name = _DOTTED_VERSION.sub("-", name)
-    return _DATE_SUFFIX.sub("", name)
-
-
-def model_family(model: str) -> ModelFamily:
-    name = normalize_model(model)
-    for family in MODEL_FAMILIES:
-        if family.pattern.fullmatch(name):
-            return family
-    return NEWER_MODELS
+#: One row per Claude family; the table itself lives in :mod:`thoughtgate.providers.rules`.
+ModelFamily: TypeAlias = EndpointRule
+MODEL_FAMILIES: Final[tuple[EndpointRule, ...]] = ANTHROPIC_RULES
+normalize_model = normalize_anthropic_model
+model_family = anthropic_rule
 
 
 # --------------------------------------------------------------------------- request shaping
@@ -450,14 +363,28 @@ class AnthropicCapture:
         "finished",
         "kind",
         "model",
+        "next_index",
+        "offset",
+        "other_blocks",
         "started",
+        "stop_reason",
     )
 
-    def __init__(self, model: str, *, kind: ReasoningKind, emit_reasoning: bool = True) -> None:
+    def __init__(
+        self, model: str, *, kind: ReasoningKind, emit_reasoning: bool = True, offset: int = 0
+    ) -> None:
         self.model = model
+        self.offset = offset
+        """Added to every block index this capture emits: a ``pause_turn`` continuation's
+        blocks follow the paused response's blocks in the same turn."""
+        self.next_index = offset
+        self.stop_reason: str | None = None
         self.kind: ReasoningKind = kind
         self.emit_reasoning = emit_reasoning
         self._blocks: dict[int, _Block] = {}
+        self.other_blocks: dict[int, dict[str, Any]] = {}
+        """Blocks of types this capture does not read (server tools, future types), exactly as
+        they came, by index: a ``pause_turn`` continuation must send them back unchanged."""
         self.started = False
         self.finished = False
         self._out: list[Chunk] = []
@@ -504,6 +431,8 @@ class AnthropicCapture:
         """The chunks produced since the last call."""
         self._close_run()
         out, self._out = self._out, []
+        if self.offset:
+            out = [_shifted(chunk, self.offset) for chunk in out]
         return out
 
     # -- streaming
@@ -595,11 +524,13 @@ class AnthropicCapture:
             return
         if type(reason) is not str:
             raise TypeError("stop_reason must be a string")
+        self.stop_reason = reason
         self._emit(FinishChunk(STOP_REASONS.get(reason, "other"), raw_reason=reason))
 
     def _start(self, index: int, block: Mapping[str, Any]) -> None:
         btype = _str(block, "type")
         slot = self._blocks[index] = _Block(btype)
+        self.next_index = max(self.next_index, index + self.offset + 1)
         if btype == "text":
             self._piece(index, False, _str(block, "text"))
         elif btype == "thinking":
@@ -618,7 +549,10 @@ class AnthropicCapture:
             slot.call_id = _str(block, "id")
             slot.input = block.get("input") or None
             self._emit(ToolCallStart(slot.call_id, _str(block, "name"), index=index))
-        # server tool blocks and future block types are not ours to capture
+        else:
+            # server tool blocks and future block types are not ours to read, but a paused turn
+            # must send them back as they came
+            slot.input = dict(block)
 
     def _thinking_piece(self, slot: _Block, index: int, text: str) -> None:
         if slot.type != "thinking":
@@ -654,7 +588,7 @@ class AnthropicCapture:
                 self._signature(slot, index, signature)
         elif dtype == "input_json_delta":
             partial = _str(delta, "partial_json")
-            if slot.type == "tool_use":
+            if slot.type not in ("text", "thinking", "redacted_thinking"):
                 slot.json.append(partial)
         # citations_delta and future delta types are skipped
 
@@ -675,6 +609,13 @@ class AnthropicCapture:
         elif slot.type == "tool_use":
             self._emit(ToolCallDelta(slot.call_id, _arguments(slot)))
             self._emit(ToolCallEnd(slot.call_id))
+        elif isinstance(slot.input, dict):
+            block = dict(slot.input)
+            if slot.json:
+                # broken JSON keeps the block as it started; the API will say what it makes of it
+                with contextlib.suppress(json.JSONDecodeError):
+                    block["input"] = json.loads("".join(slot.json) or "{}")
+            self.other_blocks[index + self.offset] = block
 
     def _continuity(self, carrier: str, data: dict[str, Any], index: int) -> ContinuityChunk:
         block = ContinuityBlock(carrier, data, provider=PROVIDER, model=self.model)
@@ -699,6 +640,13 @@ class AnthropicCapture:
         return self.take()
 
 
+def _shifted(chunk: Chunk, offset: int) -> Chunk:
+    """``chunk`` with its block index moved by ``offset`` (chunks without an index unchanged)."""
+    if isinstance(chunk, ReasoningDelta | TextDelta | ToolCallStart | ContinuityChunk):
+        return replace(chunk, index=chunk.index + offset)
+    return chunk
+
+
 def _never_started(etype: str, index: int) -> MalformedResponseError:
     return MalformedResponseError(
         f"{etype} for block {index}, which never started", provider=PROVIDER
@@ -719,6 +667,58 @@ def _arguments(slot: _Block) -> str:
 
 
 # --------------------------------------------------------------------------- the provider
+
+
+class _PausedTurn:
+    """What a ``pause_turn`` continuation must send back: every block of the paused response(s),
+    rebuilt from the chunks and captures, in index order, plus the usage so far."""
+
+    def __init__(self) -> None:
+        self.content: list[dict[str, Any]] = []
+        self.usage: dict[str, int] = {}
+        self.offset = 0
+
+    def watcher(self) -> _SegmentBlocks:
+        return _SegmentBlocks()
+
+
+class _SegmentBlocks:
+    """The blocks of one response, collected from the chunks the capture emits."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.tool_index: dict[str, int] = {}
+        self.usage: dict[str, int] = {}
+
+    def see(self, chunk: Chunk) -> None:
+        if isinstance(chunk, TextDelta):
+            block = self.blocks.setdefault(chunk.index, {"type": "text", "text": ""})
+            block["text"] += chunk.text
+        elif isinstance(chunk, ContinuityChunk):
+            self.blocks[chunk.index] = dict(chunk.block.data)
+        elif isinstance(chunk, ToolCallStart):
+            self.tool_index[chunk.call_id] = chunk.index
+            self.blocks[chunk.index] = {"type": "tool_use", "id": chunk.call_id, "name": chunk.name}
+        elif isinstance(chunk, ToolCallDelta) and chunk.call_id in self.tool_index:
+            block = self.blocks[self.tool_index[chunk.call_id]]
+            try:
+                block["input"] = json.loads(chunk.arguments_delta or "{}")
+            except json.JSONDecodeError:
+                block["input"] = {}
+        elif isinstance(chunk, UsageChunk):
+            for name in ("input_tokens", "output_tokens", "reasoning_tokens"):
+                value = getattr(chunk, name)
+                if value is not None:
+                    self.usage[name] = value
+
+    def content(self, other: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+        merged = {**self.blocks, **other}
+        out = [merged[i] for i in sorted(merged)]
+        return [b for b in out if b.get("type") != "text" or str(b.get("text", "")).strip()]
+
+
+#: How many times one turn is continued after ``pause_turn`` before it counts as failed.
+MAX_PAUSE_CONTINUATIONS: Final = 8
 
 
 class AnthropicProvider:
@@ -743,14 +743,15 @@ class AnthropicProvider:
             )
         base_url = resolve_base_url(settings, BASE_URL_ENV, DEFAULT_BASE_URL, provider=PROVIDER)
         self.model = model
-        self.family = model_family(model)
+        self.rule = resolve_endpoint_rule(settings, "anthropic", model, base_url)
+        self.family = self.rule
         self.capabilities = Capabilities(
             reasoning_text=True,
-            reasoning_summary=self.family.reasoning_kind == "summary",
+            reasoning_summary=self.rule.reasoning_kind == "summary",
             continuity=True,
             tools=True,
             streaming=True,
-            notes={"thinking": f"{self.family.thinking} ({self.family.label})"},
+            notes={"thinking": f"{self.rule.thinking} ({self.rule.family})"},
         )
         # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
         self._path = "/messages" if base_url.endswith("/v1") else "/v1/messages"
@@ -766,8 +767,16 @@ class AnthropicProvider:
     def _thinking(
         self, reasoning: ReasoningRequest
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
-        """``(thinking, output_config, extra max_tokens)`` for this family and request."""
-        form = self.family.thinking if reasoning.enabled else "none"
+        """``(thinking, output_config, extra max_tokens)`` for this family and request.
+
+        In ``hidden`` mode the family's switch (``{"type": "disabled"}``) is sent where the rules
+        say the model accepts it, so nobody pays for thinking that would not be recorded.
+        """
+        if not reasoning.enabled:
+            hidden = self.rule.hidden or {}
+            switch = hidden.get("thinking")
+            return (dict(switch) if isinstance(switch, Mapping) else None), None, 0
+        form = self.rule.thinking
         if form == "budget":
             budget = budget_for(reasoning)
             return {"type": "enabled", "budget_tokens": budget}, None, budget
@@ -782,8 +791,9 @@ class AnthropicProvider:
             request.messages, model=self.model, system=request.system
         )
         thinking, output_config, extra = self._thinking(request.reasoning)
-        if thinking is not None and _tool_loop_lacks_thinking(messages):
-            thinking, extra = None, 0
+        thinking_on = thinking is not None and thinking.get("type") != "disabled"
+        if thinking_on and _tool_loop_lacks_thinking(messages):
+            thinking, extra, thinking_on = None, 0, False
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_tokens + extra,
@@ -799,22 +809,54 @@ class AnthropicProvider:
             body["output_config"] = output_config
         # Thinking allows no temperature other than 1 ("`temperature` may only be set to 1 when
         # thinking is enabled"), so it is only sent without thinking.
-        if request.temperature is not None and thinking is None:
+        # A model that thinks unasked thinks without the parameter too.
+        unasked = thinking is None and self.rule.thinks_unasked
+        if request.temperature is not None and not (thinking_on or unasked):
             body["temperature"] = request.temperature
         if stream:
             body["stream"] = True
         return apply_extra(body, self.settings)  # settings.extra: body fields the user adds
 
-    def _capture(self, request: TurnRequest) -> AnthropicCapture:
+    def _capture(self, request: TurnRequest, offset: int = 0) -> AnthropicCapture:
         return AnthropicCapture(
-            self.model, kind=self.family.reasoning_kind, emit_reasoning=request.reasoning.enabled
+            self.model,
+            kind=self.rule.reasoning_kind,
+            emit_reasoning=request.reasoning.enabled,
+            offset=offset,
         )
 
     # -- the Provider protocol
 
     async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        """One turn; a ``pause_turn`` answer is continued, as Anthropic documents, by sending the
+        paused content back as the final assistant message until the turn really ends."""
         body = self.build_body(request, stream=True)
-        capture = self._capture(request)
+        paused = _PausedTurn()
+        for continuation in range(MAX_PAUSE_CONTINUATIONS + 1):
+            segment = paused.watcher()
+            capture = self._capture(request, paused.offset)
+            async for chunk in self._stream_once(body, capture):
+                segment.see(chunk)
+                if isinstance(chunk, UsageChunk) and paused.usage:
+                    chunk = _add_usage(chunk, paused.usage)
+                if isinstance(chunk, FinishChunk) and chunk.raw_reason == "pause_turn":
+                    continue  # not the end of the turn
+                yield chunk
+            if capture.stop_reason != "pause_turn":
+                return
+            body = _continue_paused(body, paused, segment, capture, self.model)
+            if continuation == MAX_PAUSE_CONTINUATIONS:
+                break
+        raise ProviderStreamError(
+            f"the turn was still paused (stop_reason pause_turn) after "
+            f"{MAX_PAUSE_CONTINUATIONS} continuations",
+            provider=PROVIDER,
+            error_type="pause_turn",
+        )
+
+    async def _stream_once(
+        self, body: Mapping[str, Any], capture: AnthropicCapture
+    ) -> AsyncIterator[Chunk]:
         async with self.transport.open(self._path, body, stream=True) as response:
             request_id = self.transport.request_id(response)
             try:
@@ -842,16 +884,70 @@ class AnthropicProvider:
     async def request(self, request: TurnRequest) -> Turn:
         body = self.build_body(request, stream=False)
         acc = TurnAccumulator(provider=PROVIDER, model=self.model)
-        data = await self.transport.post_json(self._path, body)
-        try:
-            acc.feed_all(self._capture(request).message(data))
-        except ProviderError as exc:
-            exc.partial = acc.partial()
-            raise
-        return acc.finish()
+        paused = _PausedTurn()
+        for _ in range(MAX_PAUSE_CONTINUATIONS + 1):
+            data = await self.transport.post_json(self._path, body)
+            capture = self._capture(request, paused.offset)
+            segment = paused.watcher()
+            try:
+                for chunk in capture.message(data):
+                    segment.see(chunk)
+                    if isinstance(chunk, UsageChunk) and paused.usage:
+                        chunk = _add_usage(chunk, paused.usage)
+                    acc.feed(chunk)
+            except ProviderError as exc:
+                exc.partial = acc.partial()
+                raise
+            if capture.stop_reason != "pause_turn":
+                return acc.finish()
+            body = _continue_paused(body, paused, segment, capture, self.model)
+        still_paused = ProviderStreamError(
+            f"the turn was still paused (stop_reason pause_turn) after "
+            f"{MAX_PAUSE_CONTINUATIONS} continuations",
+            provider=PROVIDER,
+            error_type="pause_turn",
+        )
+        still_paused.partial = acc.partial()
+        raise still_paused
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+def _add_usage(chunk: UsageChunk, before: Mapping[str, int]) -> UsageChunk:
+    """Usage of a continued turn: the paused responses' tokens plus this response's."""
+
+    def plus(name: str) -> int | None:
+        value = getattr(chunk, name)
+        return None if value is None else value + before.get(name, 0)
+
+    return UsageChunk(
+        input_tokens=plus("input_tokens"),
+        output_tokens=plus("output_tokens"),
+        reasoning_tokens=plus("reasoning_tokens"),
+        cache_read_tokens=chunk.cache_read_tokens,
+        cache_write_tokens=chunk.cache_write_tokens,
+    )
+
+
+def _continue_paused(
+    body: Mapping[str, Any],
+    paused: _PausedTurn,
+    segment: _SegmentBlocks,
+    capture: AnthropicCapture,
+    model: str,
+) -> dict[str, Any]:
+    """The next request of a paused turn: the same body, with everything the turn produced so
+    far as the final assistant message (Anthropic: "pass the paused response back as-is")."""
+    paused.content += segment.content(capture.other_blocks)
+    for name, value in segment.usage.items():
+        paused.usage[name] = paused.usage.get(name, 0) + value
+    paused.offset = capture.next_index
+    messages = list(body["messages"])
+    if messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]
+    messages.append({"role": "assistant", "content": list(paused.content)})
+    return {**body, "messages": messages}
 
 
 def _stream_error(data: Mapping[str, Any]) -> ProviderStreamError:

@@ -12,7 +12,10 @@ Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
   ``function.name``, later ones only ``function.arguments`` pieces;
 * usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM, an empty delta on
   OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where the server counts them;
-* a payload with a top-level ``error`` is an in-stream error (the HTTP status already said 200);
+* a payload with a top-level ``error`` (or an ``error`` on its choice, or ``finish_reason:
+  "error"``) is an in-stream error (the HTTP status already said 200). Whatever else that payload
+  carries -- usage above all, which OpenRouter sends in the same chunk -- is read first, so the
+  partial turn keeps the tokens the failed request cost;
 * ``data: [DONE]`` ends the stream; bytes after it are read and ignored.
 """
 
@@ -25,7 +28,7 @@ from typing import Any
 
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.providers.http import HTTPTransport, error_from_body, parse_json_event
+from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_error
 from thoughtgate.providers.openai_common import chat_tools, tool_results
 from thoughtgate.types import (
     Chunk,
@@ -38,6 +41,7 @@ from thoughtgate.types import (
     ToolCallEnd,
     ToolCallPart,
     ToolCallStart,
+    TurnAccumulator,
     UsageChunk,
 )
 
@@ -81,8 +85,12 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def chat_usage(usage: Mapping[str, Any]) -> UsageChunk:
-    """``usage`` of a chat completion (OpenAI, OpenRouter, DeepSeek, vLLM, Ollama shapes)."""
+def chat_usage(usage: Mapping[str, Any], *, reasoning_in_output: bool = True) -> UsageChunk:
+    """``usage`` of a chat completion (OpenAI, OpenRouter, DeepSeek, vLLM, Ollama shapes).
+
+    ``reasoning_in_output`` false (xAI) means ``completion_tokens`` does not count the reasoning
+    tokens, so the output total is their sum, as it is billed.
+    """
     details = usage.get("completion_tokens_details")
     prompt_details = usage.get("prompt_tokens_details")
     reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
@@ -91,9 +99,12 @@ def chat_usage(usage: Mapping[str, Any]) -> UsageChunk:
     )
     if cached is None:
         cached = _int(usage.get("prompt_cache_hit_tokens"))  # DeepSeek's own field
+    output = _int(usage.get("completion_tokens"))
+    if not reasoning_in_output and output is not None and reasoning:
+        output += reasoning
     return UsageChunk(
         input_tokens=_int(usage.get("prompt_tokens")),
-        output_tokens=_int(usage.get("completion_tokens")),
+        output_tokens=output,
         reasoning_tokens=reasoning,
         cache_read_tokens=cached,
     )
@@ -119,14 +130,24 @@ class ChatChunkParser:
     """
 
     def __init__(
-        self, *, provider: str, model: str, capture: bool, lenient_end: bool = False
+        self,
+        *,
+        provider: str,
+        model: str,
+        capture: bool,
+        lenient_end: bool = False,
+        reasoning_in_output: bool = True,
     ) -> None:
         self.provider = provider
         self.model = model
         self.capture = capture
         self.lenient_end = lenient_end
+        self.reasoning_in_output = reasoning_in_output
         self.done = False
         self.finish_raw: str | None = None
+        self.native_finish: str | None = None
+        self.error: ProviderStreamError | None = None
+        """An in-stream error: raised by the caller once the chunks of its payload are out."""
         self._calls: dict[int, _ToolCall] = {}
 
     # ------------------------------------------------------------------ hooks
@@ -153,10 +174,10 @@ class ChatChunkParser:
         return MalformedResponseError(f"{what}: {json.dumps(value)[:200]}", provider=self.provider)
 
     def feed(self, data: Mapping[str, Any]) -> list[Chunk]:
-        """One ``chat.completion.chunk`` object."""
+        """One ``chat.completion.chunk`` object. An error it reports is left in :attr:`error`
+        after its other contents (usage) have been read."""
         if data.get("error"):
-            etype, message = error_from_body(data)
-            raise ProviderStreamError(message, provider=self.provider, error_type=etype)
+            self.error = stream_error(self.provider, data)
         out: list[Chunk] = []
         choices = data.get("choices") or []
         if not isinstance(choices, list):
@@ -178,9 +199,20 @@ class ChatChunkParser:
             out += self._tool_call_chunks(delta.get("tool_calls"))
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_raw = choice["finish_reason"]
+            if isinstance(choice.get("native_finish_reason"), str):
+                self.native_finish = choice["native_finish_reason"]
+            if self.error is None and choice.get("error"):
+                self.error = stream_error(self.provider, {"error": choice["error"]})
         usage = data.get("usage")
         if isinstance(usage, Mapping):
-            out.append(chat_usage(usage))
+            out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
+        if self.error is None and self.finish_raw == "error":
+            native = f" (native_finish_reason {self.native_finish})" if self.native_finish else ""
+            self.error = ProviderStreamError(
+                f"the provider ended the response with finish_reason error{native}",
+                provider=self.provider,
+                error_type=self.native_finish or "error",
+            )
         return out
 
     def _tool_call_chunks(self, fragments: Any) -> list[Chunk]:
@@ -271,6 +303,10 @@ async def stream_chat_completion(
                     continue
                 for chunk in parser.feed(parse_json_event(http.provider, message)):
                     yield chunk
+                if parser.error is not None:
+                    parser.done = True  # read what follows; the error is raised at the end
+            if parser.error is not None:
+                raise parser.error
             for chunk in parser.end_of_stream():
                 yield chunk
         except ProviderError as exc:
@@ -279,10 +315,13 @@ async def stream_chat_completion(
 
 
 def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> list[Chunk]:
-    """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one delta)."""
-    if data.get("error"):
-        etype, text = error_from_body(data)
-        raise ProviderStreamError(text, provider=parser.provider, error_type=etype)
+    """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one delta).
+
+    A body that reports an error raises it, with the usage it carried in the partial turn.
+    """
+    if data.get("error") and not isinstance(data.get("choices"), list):
+        partial = parser.feed({"usage": data.get("usage"), "error": data["error"]})
+        _raise_with(parser, partial)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise MalformedResponseError(
@@ -300,13 +339,23 @@ def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> l
         delta["tool_calls"] = [
             {"index": i, **c} if isinstance(c, Mapping) else c for i, c in enumerate(calls)
         ]
-    chunks = parser.feed(
-        {
-            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
-            "usage": data.get("usage"),
-        }
-    )
+    fed: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
+    for key in ("native_finish_reason", "error"):
+        if key in choice:
+            fed[key] = choice[key]
+    chunks = parser.feed({"choices": [fed], "usage": data.get("usage"), "error": data.get("error")})
+    if parser.error is not None:
+        _raise_with(parser, chunks)
     return chunks + parser.end()
+
+
+def _raise_with(parser: ChatChunkParser, chunks: list[Chunk]) -> None:
+    """Raise the parser's error with the turn those chunks make as its partial."""
+    error = parser.error or ProviderStreamError("error", provider=parser.provider)
+    error.partial = (
+        TurnAccumulator(provider=parser.provider, model=parser.model).feed_all(chunks).partial()
+    )
+    raise error
 
 
 # --------------------------------------------------------------------------- request side

@@ -17,6 +17,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -34,10 +35,13 @@ from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 __all__ = [
     "RETRYABLE_STATUSES",
+    "ErrorInfo",
     "HTTPTransport",
     "error_from_body",
+    "error_info",
     "parse_json_event",
     "parse_retry_after",
+    "stream_error",
 ]
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -71,24 +75,74 @@ def _request_id(headers: Mapping[str, str], body: Any = None) -> str | None:
     return None
 
 
-def error_from_body(body: Any) -> tuple[str | None, str]:
-    """``(error_type, message)`` from Anthropic-style or OpenAI-style error bodies."""
-    if isinstance(body, Mapping):
-        err = body.get("error")
-        if isinstance(err, Mapping):
-            etype = err.get("type") or err.get("code")
-            message = str(err.get("message") or json.dumps(err)[:500])
-            metadata = err.get("metadata")
-            if isinstance(metadata, Mapping) and isinstance(metadata.get("raw"), str):
-                # OpenRouter wraps the upstream provider's error body here
-                message = f"{message}: {metadata['raw'][:1000]}"
-            return (str(etype) if etype is not None else None), message
-        if isinstance(err, str):
-            return None, err
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What a provider's error body says, whatever its shape."""
+
+    message: str
+    error_type: str | None = None
+    code: str | None = None
+    request_id: str | None = None
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, bool) or value == "":
+        return None
+    return str(value) if isinstance(value, str | int) else None
+
+
+def error_info(body: Any) -> ErrorInfo:
+    """The message, type, code and request id of an error body, read from every shape seen live:
+
+    * Anthropic ``{"type": "error", "error": {"type", "message"}, "request_id"}``;
+    * OpenAI ``{"error": {"message", "type", "param", "code"}}``, and the Responses stream's
+      ``event: error`` both nested (``{"type": "error", "error": {"type", "code", "message"}}``,
+      as the live API sends it) and flat (``{"type": "error", "code", "message"}``, as documented);
+    * OpenRouter ``{"error": {"code": 429, "message", "metadata": {"raw", "error_type"}}}``, the
+      upstream's own body appended from ``metadata.raw``;
+    * flat bodies (``{"message", "type", "code"}``) and a bare ``{"error": "text"}``.
+    """
+    if not isinstance(body, Mapping):
+        text = body if isinstance(body, str) else json.dumps(body)[:500]
+        return ErrorInfo(text or "(empty error body)")
+    rid = _text(body.get("request_id"))
+    err = body.get("error")
+    if isinstance(err, str):
+        return ErrorInfo(err, request_id=rid)
+    if not isinstance(err, Mapping):
         if isinstance(body.get("message"), str):
-            return (str(body["type"]) if body.get("type") else None), str(body["message"])
-    text = body if isinstance(body, str) else json.dumps(body)[:500]
-    return None, text or "(empty error body)"
+            etype = _text(body.get("type"))
+            if etype == "error":  # a flat Responses error event: the code says what happened
+                etype = _text(body.get("code"))
+            return ErrorInfo(str(body["message"]), etype, _text(body.get("code")), rid)
+        return ErrorInfo(json.dumps(body)[:500], request_id=rid)
+    message = str(err.get("message") or json.dumps(err)[:500])
+    metadata = err.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    if isinstance(metadata.get("raw"), str):
+        # OpenRouter wraps the upstream provider's error body here
+        message = f"{message}: {metadata['raw'][:1000]}"
+    code = _text(err.get("code"))
+    etype = _text(err.get("type")) or _text(metadata.get("error_type")) or code
+    return ErrorInfo(message, etype, code, rid or _text(err.get("request_id")))
+
+
+def stream_error(provider: str, body: Any, *, request_id: str | None = None) -> ProviderStreamError:
+    """The error an in-stream error payload (or a 200 body carrying an error) reports."""
+    info = error_info(body)
+    return ProviderStreamError(
+        info.message,
+        provider=provider,
+        error_type=info.error_type,
+        code=info.code,
+        request_id=info.request_id or request_id,
+    )
+
+
+def error_from_body(body: Any) -> tuple[str | None, str]:
+    """``(error_type, message)`` from any error body (see :func:`error_info`)."""
+    info = error_info(body)
+    return info.error_type, info.message
 
 
 def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
@@ -143,13 +197,14 @@ class HTTPTransport:
             body: Any = json.loads(raw) if raw else {}
         except json.JSONDecodeError:
             body = raw.decode("utf-8", errors="replace")[:500]
-        etype, message = error_from_body(body)
+        info = error_info(body)
         status = response.status_code
         return ProviderHTTPError(
-            message,
+            info.message,
             provider=self.provider,
             status=status,
-            error_type=etype,
+            error_type=info.error_type,
+            code=info.code,
             request_id=_request_id(response.headers, body),
             retryable=status in RETRYABLE_STATUSES,
             retry_after=parse_retry_after(response.headers),

@@ -19,6 +19,7 @@ from typing import Any
 
 from thoughtgate.errors import ConfigError
 from thoughtgate.providers.base import ProviderSettings, ToolSpec
+from thoughtgate.providers.rules import EndpointRule, WireFormat, detect_server, resolve_rule
 from thoughtgate.types import ContinuityBlock, Message, TextPart, ToolResultPart
 
 __all__ = [
@@ -28,8 +29,10 @@ __all__ = [
     "chat_tools",
     "current_loop_start",
     "matching_block",
+    "merge_body",
     "resolve_api_key",
     "resolve_base_url",
+    "resolve_endpoint_rule",
     "responses_tools",
     "tool_results",
 ]
@@ -63,6 +66,33 @@ def adapter_options(settings: ProviderSettings) -> Mapping[str, Any]:
     return options
 
 
+#: The old ``dialect`` option of the compatible adapter, as the server it meant.
+_DIALECT_SERVERS = {"deepseek": "deepseek", "qwen3": "vllm", "generic": "generic"}
+
+
+def resolve_endpoint_rule(
+    settings: ProviderSettings, fmt: WireFormat, model: str, base_url: str
+) -> EndpointRule:
+    """The endpoint rule for this adapter: the server from the ``server`` option (or the old
+    ``dialect``), else from the base URL's host; columns overridden by the ``rules`` option
+    (``[providers.<name>.rules]`` in ``thoughtgate.toml``)."""
+    options = adapter_options(settings)
+    server = options.get("server")
+    if server is None and "dialect" in options:
+        dialect = options["dialect"]
+        if dialect not in _DIALECT_SERVERS:
+            raise ConfigError("extra.thoughtgate.dialect", dialect, ", ".join(_DIALECT_SERVERS))
+        server = _DIALECT_SERVERS[dialect]
+    if server is None:
+        server = detect_server(base_url)
+    if not isinstance(server, str) or not server:
+        raise ConfigError("server", server, "a server name such as deepseek, groq or generic")
+    overrides = options.get("rules") or {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError("rules", overrides, "a table of rule columns")
+    return resolve_rule(fmt, model, server=server, overrides=overrides)
+
+
 def apply_extra(body: dict[str, Any], settings: ProviderSettings) -> dict[str, Any]:
     """Merge ``settings.extra`` into ``body`` (top level; ``None`` deletes; options skipped)."""
     for key, value in settings.extra.items():
@@ -72,6 +102,17 @@ def apply_extra(body: dict[str, Any], settings: ProviderSettings) -> dict[str, A
             body.pop(key, None)
         else:
             body[key] = value
+    return body
+
+
+def merge_body(body: dict[str, Any], fragment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge a rule's body fragment: nested tables merge, other values replace."""
+    for key, value in (fragment or {}).items():
+        old = body.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            body[key] = merge_body(dict(old), value)
+        else:
+            body[key] = dict(value) if isinstance(value, Mapping) else value
     return body
 
 

@@ -1,51 +1,45 @@
-"""OpenAI-compatible Chat Completions servers that return raw reasoning (DeepSeek, vLLM, Ollama, …).
+"""OpenAI-compatible Chat Completions servers that return raw reasoning (DeepSeek, Groq, vLLM, …).
+
+What a server takes and gives is not guessed here: it is the server's row in
+:data:`thoughtgate.providers.rules.COMPAT_RULES`, found from the base URL's host
+(``api.deepseek.com``, ``api.groq.com``, ``api.cerebras.ai``, …) or named with the adapter option
+``server``, with columns overridable from ``thoughtgate.toml``. Unknown servers get the
+conservative row. See ``docs/providers/openai-compatible.md`` and ``docs/providers/endpoints.md``.
 
 Capture (PROVIDER_WIRE_FORMATS §4):
 
-* field discovery: ``reasoning_content`` (DeepSeek, vLLM before the rename) is checked first, then
-  ``reasoning`` (vLLM after PR #27752, Ollama's ``/v1`` endpoint, OpenRouter-style servers). The
+* field discovery in the row's order (``reasoning_content`` before ``reasoning`` by default); the
   first field that carries text in a turn is the one read for the rest of that turn, so a server
   that sends both names with the same text (vLLM during its deprecation window) is never counted
   twice;
 * inline ``<think>…</think>`` in ``content`` is split out by
   :mod:`thoughtgate.providers.think_tags`, whatever the chunking; an unclosed ``<think>`` at the
   end is reasoning, never answer text;
-* ``usage.completion_tokens_details.reasoning_tokens`` where the server reports it.
+* ``usage.completion_tokens_details.reasoning_tokens`` where the server reports it (added to the
+  output where the server leaves it out of ``completion_tokens``, as xAI does).
 
-Request shaping: nothing reasoning-specific is sent by default (DeepSeek thinks by default; vLLM
-and Ollama decide per server or model). ``settings.extra`` fields go into the body as they are,
-e.g. ``{"thinking": {"type": "enabled"}}`` or ``{"reasoning_effort": "high"}``; a request effort
-is sent as ``reasoning_effort``. Adapter options live under ``settings.extra["thoughtgate"]``:
+Request shaping from the row: its ``surface`` fields when reasoning is wanted, its effort parameter
+when the request has an effort, and in ``hidden`` mode its switch (DeepSeek's
+``thinking: {"type": "disabled"}`` only on DeepSeek's API, Qwen3's ``chat_template_kwargs`` on
+vLLM, ...). ``settings.extra`` fields go into the body last. In every mode ``hidden`` captures no
+reasoning: fields and think-tag text are dropped before any consumer sees them.
 
-* ``dialect``: ``"deepseek"`` (default for api.deepseek.com and ``deepseek*`` models) sends
-  ``thinking: {"type": "disabled"}`` in ``hidden`` mode; ``"qwen3"`` sends
-  ``chat_template_kwargs: {"enable_thinking": false}`` (vLLM/SGLang serving Qwen3); ``"generic"``
-  (default otherwise) sends nothing, because unknown fields are rejected by some servers. In every
-  dialect ``hidden`` mode captures nothing: reasoning fields and think-tag text are dropped;
-* ``think_tags`` (default true), ``starts_in_think`` (default false) for templates that inject
-  ``<think>`` into the prompt;
-* ``send_back`` (default true): see below; ``lenient_end`` (default true): accept a stream that
-  ends after a ``finish_reason`` without ``data: [DONE]``.
-
-Multi-turn: DeepSeek's thinking mode rejects a history whose tool-call turns lack
-``reasoning_content`` (``400 The `reasoning_content` in the thinking mode must be passed back to the
-API.``, also when it was empty; api-docs.deepseek.com/guides/thinking_mode: between two user
-messages with a tool call, the reasoning "must be passed back ... in all subsequent requests").
-So at the end of a tool-call turn (reasoning wanted) the adapter emits a :class:`ContinuityChunk`
-``compat.reasoning_content`` holding ``{"reasoning_content": "<the turn's reasoning, maybe
-empty>"}`` and sends it back on that assistant message, only to the same provider and model.
-This is the one place reasoning text goes back to a model, because the API demands it.
+Multi-turn: what goes back on an assistant tool-call message is the row's ``send_back``:
+``reasoning_content`` for DeepSeek and Kimi, whose thinking mode rejects a tool loop without it
+(``400 The `reasoning_content` in the thinking mode must be passed back to the API.``), nothing
+for Groq and Cerebras, which reject it (``property 'reasoning_content' is unsupported``). Where the
+API requires it, the turn's reasoning is kept in memory as a :class:`ContinuityChunk`
+``compat.reasoning_content`` in every mode, ``hidden`` included, and goes back only to the same
+provider and model, inside the running loop; it is never recorded or displayed.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
-from urllib.parse import urlparse
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import httpx
 
-from thoughtgate.errors import ConfigError
 from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
 from thoughtgate.providers.chat_completions import (
     CHAT_PATH,
@@ -60,9 +54,12 @@ from thoughtgate.providers.openai_common import (
     adapter_options,
     apply_extra,
     matching_block,
+    merge_body,
     resolve_api_key,
     resolve_base_url,
+    resolve_endpoint_rule,
 )
+from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.think_tags import ThinkTagSplitter
 from thoughtgate.types import (
     Chunk,
@@ -80,14 +77,17 @@ __all__ = ["CARRIER", "REASONING_FIELDS", "CompatParser", "OpenAICompatibleProvi
 
 CARRIER = "compat.reasoning_content"
 REASONING_FIELDS = ("reasoning_content", "reasoning")
-"""Discovery order of the reasoning field on ``delta`` / ``message``."""
-
-Dialect = Literal["deepseek", "qwen3", "generic"]
-_DIALECTS = ("deepseek", "qwen3", "generic")
+"""Discovery order of the reasoning field on ``delta`` / ``message`` (when the row names none)."""
 
 
 class CompatParser(ChatChunkParser):
-    """Reads one reasoning field, splits think tags, emits ``compat.reasoning_content``."""
+    """Reads one reasoning field, splits think tags, emits ``compat.reasoning_content``.
+
+    ``capture`` (surface / telemetry_only) emits reasoning chunks. ``carrier`` names the field the
+    turn's reasoning goes back under (``None``: nothing goes back); ``carrier_required`` keeps it
+    even when nothing is captured (``hidden``: in memory, for the loop); ``echo_only`` keeps it
+    only when the server sent that same field.
+    """
 
     def __init__(
         self,
@@ -97,24 +97,43 @@ class CompatParser(ChatChunkParser):
         capture: bool,
         think_tags: bool = True,
         starts_in_think: bool = False,
-        send_back: bool = True,
+        carrier: str | None = "reasoning_content",
+        carrier_required: bool = False,
+        echo_only: bool = False,
+        fields: Sequence[str] = REASONING_FIELDS,
         lenient_end: bool = True,
+        reasoning_in_output: bool = True,
     ) -> None:
-        super().__init__(provider=provider, model=model, capture=capture, lenient_end=lenient_end)
+        super().__init__(
+            provider=provider,
+            model=model,
+            capture=capture,
+            lenient_end=lenient_end,
+            reasoning_in_output=reasoning_in_output,
+        )
         self.field: str | None = None
+        self.fields = tuple(f for f in fields if f in REASONING_FIELDS) or REASONING_FIELDS
         self.splitter = ThinkTagSplitter(starts_in_think=starts_in_think) if think_tags else None
-        self.send_back = send_back
+        self.carrier = carrier if (capture or carrier_required) else None
+        self.echo_only = echo_only
+        self.seen_fields: set[str] = set()
         self._reasoning: list[str] = []
 
     def _reason(self, text: str) -> list[Chunk]:
-        if not text or not self.capture:
+        if not text:
+            return []
+        if self.carrier is not None:
+            self._reasoning.append(text)  # kept in memory for the loop, hidden mode included
+        if not self.capture:
             return []  # hidden: dropped before anyone sees it
-        self._reasoning.append(text)
         return [ReasoningDelta(text, reasoning_kind="raw", index=0)]
 
     def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
+        for name in self.fields:
+            if isinstance(delta.get(name), str):
+                self.seen_fields.add(name)
         if self.field is None:
-            for name in REASONING_FIELDS:
+            for name in self.fields:
                 value = delta.get(name)
                 if isinstance(value, str) and value:
                     self.field = name
@@ -142,8 +161,12 @@ class CompatParser(ChatChunkParser):
         return out
 
     def continuity_chunks(self) -> list[Chunk]:
-        if not (self.capture and self.send_back and self.has_tool_calls):
+        if self.carrier is None or not self.has_tool_calls:
             return []
+        if self.echo_only and self.carrier not in self.seen_fields:
+            return []  # the server never sent that field: it may well refuse it back
+        if not self.capture and not self.seen_fields and not self._reasoning:
+            return []  # hidden, and the switch worked: no thinking, nothing to carry
         block = ContinuityBlock(
             CARRIER,
             {"reasoning_content": "".join(self._reasoning)},
@@ -151,15 +174,6 @@ class CompatParser(ChatChunkParser):
             model=self.model,
         )
         return [ContinuityChunk(block)]
-
-
-def _default_dialect(base_url: str, model: str) -> Dialect:
-    """DeepSeek's API, or a DeepSeek model behind another host. Servers that do not know the
-    ``thinking`` field (vLLM, Ollama, llama.cpp) ignore it, so guessing DeepSeek is harmless there,
-    while guessing wrong the other way breaks hidden-mode tool loops on DeepSeek."""
-    host = urlparse(base_url).hostname or ""
-    deepseek = host.endswith("deepseek.com") or model.lower().startswith("deepseek")
-    return "deepseek" if deepseek else "generic"
 
 
 class OpenAICompatibleProvider:
@@ -178,13 +192,13 @@ class OpenAICompatibleProvider:
         self.settings = settings or ProviderSettings()
         base_url = resolve_base_url(self.settings, "OPENAI_BASE_URL", None, provider=self.name)
         options = adapter_options(self.settings)
-        dialect = options.get("dialect", _default_dialect(base_url, model))
-        if dialect not in _DIALECTS:
-            raise ConfigError("extra.thoughtgate.dialect", dialect, ", ".join(_DIALECTS))
-        self.dialect: Dialect = dialect
+        self.rule: EndpointRule = resolve_endpoint_rule(
+            self.settings, "openai-compatible", model, base_url
+        )
         self.think_tags = bool(options.get("think_tags", True))
         self.starts_in_think = bool(options.get("starts_in_think", False))
-        self.send_back = bool(options.get("send_back", True))
+        # the old switch: send_back = false sends nothing back whatever the row says
+        self.send_back = bool(options.get("send_back", True)) and self.rule.send_back is not None
         self.lenient_end = bool(options.get("lenient_end", True))
         headers = {"accept": "application/json"}
         api_key = resolve_api_key(self.settings, "OPENAI_API_KEY")
@@ -198,7 +212,8 @@ class OpenAICompatibleProvider:
             tools=True,
             notes={
                 "reasoning_text": "reasoning_content | reasoning field, or inline <think> tags",
-                "continuity": f"{CARRIER} on tool-call turns (DeepSeek thinking mode)",
+                "continuity": f"{CARRIER} on tool-call turns ({self.rule.family})",
+                "server": self.rule.server,
             },
         )
 
@@ -206,32 +221,36 @@ class OpenAICompatibleProvider:
         if not any(isinstance(p, ToolCallPart) for p in message.parts):
             return {}
         block = matching_block(message, CARRIER, provider=self.name, model=self.model)
-        if block is None:
+        if block is None or self.rule.send_back is None:
             return {}
-        return {"reasoning_content": block.data.get("reasoning_content", "")}
+        return {self.rule.send_back: block.data.get("reasoning_content", "")}
 
     def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
         extra = self._assistant_extra if self.send_back else None
         body = chat_body(self.model, request, build_chat_messages(request, extra), stream=stream)
         reasoning = request.reasoning
-        if reasoning.enabled and reasoning.effort is not None:
-            body["reasoning_effort"] = reasoning.effort
-        if not reasoning.enabled:
-            if self.dialect == "deepseek":
-                body["thinking"] = {"type": "disabled"}
-            elif self.dialect == "qwen3":
-                body["chat_template_kwargs"] = {"enable_thinking": False}
+        if reasoning.enabled:
+            merge_body(body, self.rule.surface)
+            if reasoning.effort is not None and self.rule.effort == "reasoning_effort":
+                body["reasoning_effort"] = reasoning.effort
+        else:
+            merge_body(body, self.rule.hidden)
         return apply_extra(body, self.settings)
 
     def _parser(self, request: TurnRequest) -> CompatParser:
+        rule = self.rule
         return CompatParser(
             provider=self.name,
             model=self.model,
             capture=request.reasoning.enabled,
             think_tags=self.think_tags,
             starts_in_think=self.starts_in_think,
-            send_back=self.send_back,
+            carrier=rule.send_back if self.send_back else None,
+            carrier_required=rule.keeps_carriers,
+            echo_only=rule.echo_only,
+            fields=rule.fields,
             lenient_end=self.lenient_end,
+            reasoning_in_output=rule.reasoning_in_output,
         )
 
     async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:

@@ -1,11 +1,14 @@
 """OpenAI Responses API adapter (``POST {base}/responses``): summaries, raw text, encrypted items.
 
-Request shaping (``docs/providers/openai.md``; O-SDK ``types/shared/reasoning.py``):
+Request shaping (``docs/providers/openai.md``; O-SDK ``types/shared/reasoning.py``), from the
+model's row in :data:`thoughtgate.providers.rules.RESPONSES_RULES`:
 
-* reasoning wanted: ``reasoning: {"summary": "auto", "effort"?: E}`` and
-  ``include: ["reasoning.encrypted_content"]``;
-* ``hidden``: no ``summary`` and no ``include`` (``reasoning: {"effort": E}`` only when an effort
-  was set); whatever reasoning still arrives is dropped;
+* reasoning wanted, on a reasoning model: ``reasoning: {"summary": "auto", "effort"?: E}`` and
+  ``include: ["reasoning.encrypted_content"]``. Models that do not reason (gpt-4o, gpt-4.1, …)
+  and unknown models get no reasoning parameter at all: the live API rejects them there;
+* ``hidden``: no ``summary`` and no ``include``; the row's switch (``reasoning: {"effort":
+  "none"}`` from gpt-5.1) where the model has one, else ``reasoning: {"effort": E}`` only when an
+  effort was set; whatever reasoning still arrives is dropped;
 * always ``store: false`` (the encrypted item carries the state, nothing is kept at OpenAI) and
   function tools with ``strict: false`` (the API defaults to strict schemas).
 
@@ -23,8 +26,12 @@ Capture (PROVIDER_WIRE_FORMATS §3.1):
   reasoning item with the item that followed it, by that item's id;
 * ``response.completed`` → usage (``output_tokens_details.reasoning_tokens``) and the finish;
   ``response.incomplete`` → finish ``length`` (``max_output_tokens``) or ``content_filter``;
-  ``response.failed`` and ``error`` events → :class:`ProviderStreamError`; a stream that ends
-  before either → :class:`ProviderStreamError` (the caller keeps the partial turn);
+  ``error`` events (nested ``{"error": {"type", "code", "message"}}`` as the live API sends them,
+  or flat as documented) and ``response.failed`` → :class:`ProviderStreamError` with the
+  provider's message, type and code, raised once the stream has been read to its end (the
+  ``response.failed`` that follows an ``error`` adds its usage, never a vaguer message); a
+  stream that ends before any of them → :class:`ProviderStreamError` (the caller keeps the
+  partial turn);
 * each ``.done`` event carries the full text: when no delta was seen for a part, the ``.done`` text
   is emitted instead, which is also how a non-streamed response is parsed (as ``added`` + ``done``
   per output item), so both paths build identical turns. Unknown event types are skipped.
@@ -51,15 +58,18 @@ from thoughtgate.errors import (
     ProviderStreamError,
 )
 from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
-from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_error
 from thoughtgate.providers.openai_common import (
     apply_extra,
     current_loop_start,
+    merge_body,
     resolve_api_key,
     resolve_base_url,
+    resolve_endpoint_rule,
     responses_tools,
     tool_results,
 )
+from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -147,6 +157,8 @@ class ResponsesEventParser:
         self._pending: dict[str, Any] | None = None
         self._has_calls = False
         self._refusal = False
+        self.error: ProviderStreamError | None = None
+        """The stream's error, raised at its end (nothing after it is lost)."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -329,23 +341,33 @@ class ResponsesEventParser:
 
     def _failed(self, event: Mapping[str, Any]) -> list[Chunk]:
         response = event.get("response")
-        error = response.get("error") if isinstance(response, Mapping) else None
-        error = error if isinstance(error, Mapping) else {}
-        raise ProviderStreamError(
-            str(error.get("message") or "the response failed"),
-            provider=self.provider,
-            error_type=str(error.get("code") or "response.failed"),
-        )
+        response = response if isinstance(response, Mapping) else {}
+        error = response.get("error")
+        if self.error is None:
+            if isinstance(error, Mapping) and error.get("message"):
+                code = error.get("code")
+                self.error = ProviderStreamError(
+                    str(error["message"]),
+                    provider=self.provider,
+                    error_type=str(error.get("type") or code or "response.failed"),
+                    code=str(code) if code else None,
+                )
+            else:
+                self.error = ProviderStreamError(
+                    "the response failed", provider=self.provider, error_type="response.failed"
+                )
+        self.done = True
+        usage = response.get("usage")
+        return [responses_usage(usage)] if isinstance(usage, Mapping) else []
 
     def _error(self, event: Mapping[str, Any]) -> list[Chunk]:
-        code = event.get("code") or event.get("type")
-        raise ProviderStreamError(
-            str(event.get("message") or "error event"),
-            provider=self.provider,
-            error_type=str(code),
-        )
+        if self.error is None:
+            self.error = stream_error(self.provider, event)
+        return []
 
     def end_of_stream(self) -> list[Chunk]:
+        if self.error is not None:
+            raise self.error
         if self.done:
             return []
         raise ProviderStreamError(
@@ -375,7 +397,12 @@ def parse_response(data: Mapping[str, Any], parser: ResponsesEventParser) -> lis
     """Chunks of a non-streamed Response: each output item as ``added`` then ``done``."""
     status = data.get("status")
     if status == "failed" or data.get("error"):
-        return parser.feed({"type": "response.failed", "response": data})
+        chunks = parser.feed({"type": "response.failed", "response": data})
+        error = parser.error or ProviderStreamError("the response failed", provider=parser.provider)
+        error.partial = (
+            TurnAccumulator(provider=parser.provider, model=parser.model).feed_all(chunks).partial()
+        )
+        raise error
     output = data.get("output")
     if not isinstance(output, list):
         raise MalformedResponseError("response without an output list", provider=parser.provider)
@@ -494,10 +521,13 @@ class OpenAIResponsesProvider:
             )
         headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
         self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
+        self.rule: EndpointRule = resolve_endpoint_rule(
+            self.settings, "openai-responses", model, base_url
+        )
         self.capabilities = Capabilities(
-            reasoning_text=True,
-            reasoning_summary=True,
-            continuity=True,
+            reasoning_text=self.rule.reasons,
+            reasoning_summary=self.rule.reasons,
+            continuity=self.rule.reasons,
             tools=True,
             notes={
                 "reasoning_summary": "response.reasoning_summary_text.delta",
@@ -521,14 +551,15 @@ class OpenAIResponsesProvider:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         reasoning = request.reasoning
+        effort = reasoning.effort if self.rule.effort == "reasoning.effort" else None
         if reasoning.enabled:
-            param: dict[str, Any] = {"summary": "auto"}
-            if reasoning.effort is not None:
-                param["effort"] = reasoning.effort
-            body["reasoning"] = param
-            body["include"] = ["reasoning.encrypted_content"]
-        elif reasoning.effort is not None:
-            body["reasoning"] = {"effort": reasoning.effort}
+            merge_body(body, self.rule.surface)
+            if effort is not None:
+                merge_body(body, {"reasoning": {"effort": effort}})
+        elif self.rule.hidden is not None:
+            merge_body(body, self.rule.hidden)
+        elif effort is not None:
+            body["reasoning"] = {"effort": effort}
         return apply_extra(body, self.settings)
 
     def _parser(self, request: TurnRequest) -> ResponsesEventParser:

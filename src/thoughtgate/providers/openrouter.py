@@ -1,11 +1,20 @@
 """OpenRouter adapter: Chat Completions plus OpenRouter's ``reasoning`` and ``reasoning_details``.
 
-Request shaping (``docs/providers/openrouter.md``; openrouter.ai/docs/use-cases/reasoning-tokens):
+Request shaping (``docs/providers/openrouter.md``; openrouter.ai/docs/use-cases/reasoning-tokens),
+from the model's row in :data:`thoughtgate.providers.rules.OPENROUTER_RULES` (Claude models take
+their Anthropic family's row, so they are labelled and switched as they are directly):
 
 * reasoning wanted (``surface``, ``telemetry_only``): ``reasoning: {"max_tokens": N}`` when a
-  budget is set, else ``{"effort": E}`` when an effort is set (``max`` becomes ``xhigh``), else
-  ``{"enabled": true}``. An empty ``reasoning: {}`` is a no-op on OpenRouter and is never sent;
-* ``hidden``: ``reasoning: {"exclude": true}``, and anything that still arrives is dropped.
+  budget is set -- and for Claude families that only take a budget, N from the effort as the
+  Anthropic adapter computes it --, else ``{"effort": E}`` when an effort is set (``max`` becomes
+  ``xhigh``), else ``{"enabled": true}``. OpenRouter counts reasoning inside ``max_tokens``, so a
+  budget is added on top of the turn's ``max_tokens``, exactly as the Anthropic adapter does: the
+  answer keeps its own room on both routes. An empty ``reasoning: {}`` is a no-op and never sent;
+* ``hidden``: the row's switch -- ``{"effort": "none"}`` for Claude families that accept
+  ``disabled``, ``{"enabled": false}`` for GLM, ``{"exclude": true}`` where thinking cannot be
+  switched off (o-series refuse ``none``) --, or nothing for models that think unasked and need
+  their details back in a tool loop (those are then kept in memory, never recorded). Reasoning
+  that still arrives is dropped.
 
 Capture (PROVIDER_WIRE_FORMATS §2.2-2.3):
 
@@ -21,7 +30,7 @@ Capture (PROVIDER_WIRE_FORMATS §2.2-2.3):
 
 Multi-turn: an assistant message with tool calls in the running tool loop goes back with that
 block's ``reasoning_details`` unmodified, when the block came from this provider and model.
-Reasoning text is never put into ``content``.
+Reasoning text is never put into ``content``. An error chunk's usage is kept in the partial turn.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 import httpx
 
 from thoughtgate.errors import ConfigError
+from thoughtgate.providers.anthropic import budget_for
 from thoughtgate.providers.base import Capabilities, ProviderSettings, ReasoningRequest, TurnRequest
 from thoughtgate.providers.chat_completions import (
     CHAT_PATH,
@@ -49,7 +59,9 @@ from thoughtgate.providers.openai_common import (
     matching_block,
     resolve_api_key,
     resolve_base_url,
+    resolve_endpoint_rule,
 )
+from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -62,7 +74,13 @@ from thoughtgate.types import (
     TurnAccumulator,
 )
 
-__all__ = ["CARRIER", "DEFAULT_BASE_URL", "OpenRouterParser", "OpenRouterProvider"]
+__all__ = [
+    "CARRIER",
+    "DEFAULT_BASE_URL",
+    "OpenRouterParser",
+    "OpenRouterProvider",
+    "reasoning_param",
+]
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 CARRIER = "openrouter.reasoning_details"
@@ -74,15 +92,29 @@ _TEXT_FIELD = {
 }
 
 
-def reasoning_param(reasoning: ReasoningRequest) -> dict[str, Any]:
-    """OpenRouter's ``reasoning`` object for a disclosure mode (never ``{}``)."""
+def reasoning_param(
+    reasoning: ReasoningRequest, rule: EndpointRule | None = None
+) -> tuple[dict[str, Any] | None, int]:
+    """``(reasoning object or None, tokens added on top of max_tokens)`` for one request.
+
+    Never ``{}``. ``None`` means send no ``reasoning`` at all (hidden mode on a model that thinks
+    unasked and has no switch, or a model without reasoning).
+    """
+    if rule is not None and not rule.reasons:
+        return None, 0
     if not reasoning.enabled:
-        return {"exclude": True}
-    if reasoning.budget_tokens is not None:
-        return {"max_tokens": reasoning.budget_tokens}
+        if rule is None:
+            return {"exclude": True}, 0
+        hidden = (rule.hidden or {}).get("reasoning")
+        return (dict(hidden) if isinstance(hidden, Mapping) else None), 0
+    budget = reasoning.budget_tokens
+    if budget is None and rule is not None and rule.thinking == "budget":
+        budget = budget_for(reasoning)  # the Anthropic adapter's budget for this effort
+    if budget is not None:
+        return {"max_tokens": budget}, budget
     if reasoning.effort is not None:
-        return {"effort": "xhigh" if reasoning.effort == "max" else reasoning.effort}
-    return {"enabled": True}
+        return {"effort": "xhigh" if reasoning.effort == "max" else reasoning.effort}, 0
+    return {"enabled": True}, 0
 
 
 def _index(detail: Mapping[str, Any]) -> int:
@@ -114,14 +146,28 @@ def merge_detail(merged: dict[tuple[str, int], dict[str, Any]], detail: Mapping[
 class OpenRouterParser(ChatChunkParser):
     """Captures ``reasoning_details`` / ``reasoning`` and emits the continuity block."""
 
-    def __init__(self, *, provider: str, model: str, capture: bool) -> None:
+    def __init__(
+        self,
+        *,
+        provider: str,
+        model: str,
+        capture: bool,
+        keep_carriers: bool = False,
+        text_kind: ReasoningKind = "raw",
+    ) -> None:
         super().__init__(provider=provider, model=model, capture=capture)
+        self.keep_carriers = capture or keep_carriers
+        """Merge details for the continuity block (in ``hidden`` mode only when the API
+        requires them back in a tool loop: then they stay in memory, never shown)."""
+        self.text_kind: ReasoningKind = text_kind
+        """What ``reasoning.text`` is: a Claude 4+ model's summarized thinking is ``summary``
+        here as it is on the Anthropic route."""
         self.details: dict[tuple[str, int], dict[str, Any]] = {}
         self._textual_details = False
         self._encrypted_seen: set[tuple[str, int]] = set()
 
     def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
-        if not self.capture:
+        if not self.keep_carriers:
             return []  # hidden: nothing is captured, nothing is kept to send back
         details = delta.get("reasoning_details")
         out: list[Chunk] = []
@@ -130,9 +176,11 @@ class OpenRouterParser(ChatChunkParser):
                 if isinstance(detail, Mapping):
                     merge_detail(self.details, detail)
                     out += self._detail_chunks(detail)
+        if not self.capture:
+            return []  # hidden: the details are kept for the loop, nothing is shown
         mirror = delta.get("reasoning")
         if isinstance(mirror, str) and mirror and not self._textual_details:
-            out.append(ReasoningDelta(mirror, reasoning_kind="raw", index=0))
+            out.append(ReasoningDelta(mirror, reasoning_kind=self.text_kind, index=0))
         return out
 
     def _detail_chunks(self, detail: Mapping[str, Any]) -> list[Chunk]:
@@ -155,7 +203,7 @@ class OpenRouterParser(ChatChunkParser):
             self._textual_details = True
         if not text and signature is None:
             return []
-        rkind: ReasoningKind = "raw" if kind == "reasoning.text" else "summary"
+        rkind: ReasoningKind = self.text_kind if kind == "reasoning.text" else "summary"
         return [ReasoningDelta(text, reasoning_kind=rkind, index=index, signature=signature)]
 
     def continuity_chunks(self) -> list[Chunk]:
@@ -196,6 +244,9 @@ class OpenRouterProvider:
             )
         headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
         self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
+        self.rule: EndpointRule = resolve_endpoint_rule(
+            self.settings, "openrouter", model, base_url
+        )
         self.capabilities = Capabilities(
             reasoning_text=True,
             reasoning_summary=True,
@@ -227,12 +278,20 @@ class OpenRouterProvider:
         extra = self._assistant_extra(current_loop_start(request.messages))
         messages = build_chat_messages(request, extra)
         body = chat_body(self.model, request, messages, stream=stream)
-        body["reasoning"] = reasoning_param(request.reasoning)
+        param, on_top = reasoning_param(request.reasoning, self.rule)
+        if param is not None:
+            body["reasoning"] = param
+        body["max_tokens"] = request.max_tokens + on_top
         return apply_extra(body, self.settings)
 
     def _parser(self, request: TurnRequest) -> OpenRouterParser:
+        anthropic = self.model.lower().startswith("anthropic/")
         return OpenRouterParser(
-            provider=self.name, model=self.model, capture=request.reasoning.enabled
+            provider=self.name,
+            model=self.model,
+            capture=request.reasoning.enabled,
+            keep_carriers=self.rule.keeps_carriers,
+            text_kind=self.rule.reasoning_kind if anthropic else "raw",
         )
 
     async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:

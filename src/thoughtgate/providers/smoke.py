@@ -9,14 +9,22 @@
    ``continuity`` (the provider's continuity blocks went back with the tool result and the provider
    accepted them).
 
-It only uses the :class:`~thoughtgate.providers.base.Provider` protocol, so it works for every
-adapter and against the emulator. A failing call does not raise: it becomes the reason the
+3. the endpoint rule the adapter applies to this model (:mod:`thoughtgate.providers.rules`), rule
+   by rule: ``rule.reasoning_params`` (the reasoning parameters the row sends were accepted),
+   ``rule.hidden_switch`` (one more short request in ``hidden`` mode: accepted, and no reasoning
+   billed or returned), ``rule.send_back`` (what the row sends back in a tool loop, under its
+   name, was accepted), ``rule.reasoning_kind`` (the reasoning came back as the kind the row
+   says).
+
+It only uses the :class:`~thoughtgate.providers.base.Provider` protocol (and the adapter's
+``rule`` attribute where it has one), so it works for every adapter and against the emulator. A failing call does not raise: it becomes the reason the
 affected capabilities are not proven. A bad ``PROVIDER:MODEL`` or a missing key still raises the
 ``UsageError`` that names what to fix.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 
@@ -30,11 +38,13 @@ from thoughtgate.providers.base import (
     TurnRequest,
     create_provider,
 )
+from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import Message, ToolResultPart, Turn
 
-__all__ = ["CAPABILITIES", "SECRET_NUMBER", "SMOKE_TOOL", "CapabilityResult", "smoke"]
+__all__ = ["CAPABILITIES", "RULES", "SECRET_NUMBER", "SMOKE_TOOL", "CapabilityResult", "smoke"]
 
 CAPABILITIES = ("streaming", "reasoning_text", "reasoning_summary", "tools", "continuity")
+RULES = ("rule.reasoning_params", "rule.hidden_switch", "rule.send_back", "rule.reasoning_kind")
 QUESTION = "In one short sentence: why is the sky blue?"
 TOOL_PROMPT = "Call the get_secret_number tool, then tell me the number it returns."
 SECRET_NUMBER = "4817"
@@ -64,14 +74,28 @@ class CapabilityResult:
         }
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What the checks saw, for the rule checks that follow them."""
+
+    answer: Turn | None = None
+    answer_error: str | None = None
+    first: Turn | None = None
+    second_error: str | None = None
+    looped: bool = False
+
+
 async def smoke(
     model: str, settings: ProviderSettings | None = None, *, max_tokens: int = 1024
 ) -> list[CapabilityResult]:
-    """Run the live check against ``model`` (``"PROVIDER:MODEL"``); one result per capability."""
+    """Run the live check against ``model`` (``"PROVIDER:MODEL"``); one result per capability,
+    then one per rule of the model's endpoint row (:data:`RULES`)."""
     provider = create_provider(model, settings)
+    seen = _Seen()
     try:
-        results = await _answer_checks(provider, max_tokens)
-        results += await _tool_checks(provider, max_tokens)
+        results = await _answer_checks(provider, max_tokens, seen)
+        results += await _tool_checks(provider, max_tokens, seen)
+        rules = await _rule_checks(provider, max_tokens, seen)
     finally:
         await provider.aclose()
     claims = {
@@ -83,7 +107,7 @@ async def smoke(
     }
     return [
         CapabilityResult(r.name, r.proven, r.detail, claimed=claims.get(r.name)) for r in results
-    ]
+    ] + rules
 
 
 def _request(messages: Sequence[Message], max_tokens: int, *, tools: bool) -> TurnRequest:
@@ -99,14 +123,18 @@ def _failed(names: Sequence[str], why: str) -> list[CapabilityResult]:
     return [CapabilityResult(name, False, why) for name in names]
 
 
-async def _answer_checks(provider: Provider, max_tokens: int) -> list[CapabilityResult]:
+async def _answer_checks(
+    provider: Provider, max_tokens: int, seen: _Seen
+) -> list[CapabilityResult]:
     names = ("streaming", "reasoning_text", "reasoning_summary")
     try:
         turn = await stream_llm_turn(
             provider, _request([Message.user(QUESTION)], max_tokens, tools=False)
         )
     except ProviderError as exc:
+        seen.answer_error = str(exc)
         return _failed(names, f"the request failed: {exc}")
+    seen.answer = turn
     return [_streaming(turn), _reasoning(turn, summary=False), _reasoning(turn, summary=True)]
 
 
@@ -139,7 +167,7 @@ def _reasoning(turn: Turn, *, summary: bool) -> CapabilityResult:
     return CapabilityResult(name, False, why)
 
 
-async def _tool_checks(provider: Provider, max_tokens: int) -> list[CapabilityResult]:
+async def _tool_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list[CapabilityResult]:
     history = [Message.user(TOOL_PROMPT)]
     try:
         first = await stream_llm_turn(provider, _request(history, max_tokens, tools=True))
@@ -153,13 +181,16 @@ async def _tool_checks(provider: Provider, max_tokens: int) -> list[CapabilityRe
             CapabilityResult("continuity", False, "not tried: it needs a tool call first"),
         ]
     tools = CapabilityResult("tools", True, f"the model called {SMOKE_TOOL.name}")
+    seen.first = first
     history.append(first.as_message())
     results = tuple(ToolResultPart(c.call_id, SECRET_NUMBER, name=c.name) for c in calls)
     history.append(Message("tool", results))
     try:
         second = await stream_llm_turn(provider, _request(history, max_tokens, tools=True))
     except ProviderError as exc:
+        seen.second_error = str(exc)
         return [tools, CapabilityResult("continuity", False, f"the second turn failed: {exc}")]
+    seen.looped = True
     blocks = len(first.continuity)
     if not blocks:
         why = "the tool loop worked, but the provider returned no continuity blocks to carry"
@@ -171,3 +202,90 @@ async def _tool_checks(provider: Provider, max_tokens: int) -> list[CapabilityRe
     )
     detail = f"{blocks} continuity block(s) sent back with the tool result and accepted, {answered}"
     return [tools, CapabilityResult("continuity", True, detail)]
+
+
+# --------------------------------------------------------------------------- the endpoint rule
+
+
+async def _rule_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list[CapabilityResult]:
+    rule: EndpointRule | None = getattr(provider, "rule", None)
+    if rule is None:
+        return _failed(RULES, "this adapter has no endpoint rule")
+    where = f"row {rule.family!r} on server {rule.server!r}"
+    return [
+        _params_rule(rule, seen, where),
+        await _hidden_rule(provider, rule, max_tokens, where),
+        _send_back_rule(rule, seen, where),
+        _kind_rule(rule, seen, where),
+    ]
+
+
+def _sent_params(rule: EndpointRule) -> str:
+    names = list((rule.surface or {}).keys())
+    if rule.format == "anthropic" and rule.thinking != "none":
+        names.append(f"thinking ({rule.thinking})")
+    return ", ".join(names) or "no reasoning parameter"
+
+
+def _params_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResult:
+    name = RULES[0]
+    sent = _sent_params(rule)
+    if seen.answer is None:
+        return CapabilityResult(name, False, f"{sent} ({where}): the request failed")
+    return CapabilityResult(name, True, f"{sent} ({where}) accepted")
+
+
+async def _hidden_rule(
+    provider: Provider, rule: EndpointRule, max_tokens: int, where: str
+) -> CapabilityResult:
+    name = RULES[1]
+    request = TurnRequest(
+        [Message.user(QUESTION)],
+        reasoning=ReasoningRequest.for_mode("hidden"),
+        max_tokens=max_tokens,
+    )
+    switch = json.dumps(rule.hidden) if rule.hidden is not None else None
+    try:
+        turn = await stream_llm_turn(provider, request)
+    except ProviderError as exc:
+        return CapabilityResult(name, False, f"hidden request with {switch} refused: {exc}")
+    tokens = turn.usage.reasoning_tokens
+    if switch is None:
+        why = "the model thinks unasked" if rule.thinks_unasked else "none is needed"
+        detail = f"no switch in the {where} ({why}); {tokens} reasoning tokens billed"
+        return CapabilityResult(name, not rule.thinks_unasked and not tokens, detail)
+    if tokens:
+        return CapabilityResult(
+            name, False, f"{switch} accepted, but {tokens} reasoning tokens were billed"
+        )
+    return CapabilityResult(name, True, f"{switch} accepted; no reasoning tokens billed")
+
+
+def _send_back_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResult:
+    name = RULES[2]
+    if seen.first is None:
+        return CapabilityResult(name, False, "not tried: it needs a tool call first")
+    if not seen.looped:
+        return CapabilityResult(name, False, f"the second turn failed: {seen.second_error}")
+    if rule.send_back is None:
+        return CapabilityResult(
+            name, True, f"nothing sent back ({where}), and the tool loop went on"
+        )
+    if not seen.first.continuity:
+        return CapabilityResult(
+            name, False, f"{rule.send_back} would go back, but the model returned none"
+        )
+    return CapabilityResult(name, True, f"{rule.send_back} sent back in the tool loop and accepted")
+
+
+def _kind_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResult:
+    name = RULES[3]
+    readable = [p for p in (seen.answer.reasoning_parts if seen.answer else ()) if p.text]
+    if not readable:
+        return CapabilityResult(name, False, "no readable reasoning came back to label")
+    kinds = sorted({p.reasoning_kind for p in readable})
+    if kinds == [rule.reasoning_kind]:
+        return CapabilityResult(name, True, f"{kinds[0]}, as the {where} says")
+    return CapabilityResult(
+        name, False, f"came back as {', '.join(kinds)}; the {where} says {rule.reasoning_kind}"
+    )

@@ -6,9 +6,12 @@ then renders the scripted turn either as an SSE stream in the real byte shape (`
 padded JSON, ``ping``, an empty ``thinking_delta`` then ``signature_delta`` before a thinking
 block's stop) or as a message JSON when ``stream`` is absent or false.
 
-The request is honoured as the API would: without ``thinking`` no thinking blocks come back;
-``display: "omitted"`` (the default on Opus 4.7+, Fable and Mythos) gives empty thinking text with a
-signature. Signatures (:func:`thinking_signature`) cover the model, the block's place among the
+The request is honoured as the API would: without ``thinking`` no thinking blocks come back,
+except on Fable and Mythos, which think unasked (and refuse ``{"type": "disabled"}`` on Fable 5 /
+Mythos 5); ``display: "omitted"`` (the default on Opus 4.7+, Fable and Mythos) gives empty thinking
+text with a signature. A :class:`~thoughtgate.testing.emulator.scenario.Pause` step ends a response
+with ``stop_reason: "pause_turn"``; the request that sends that response back as the final
+assistant message gets the steps after it, as the API continues a paused turn. Signatures (:func:`thinking_signature`) cover the model, the block's place among the
 message's thinking blocks and the returned text, so a replayed block that was edited, re-signed,
 moved, dropped or replayed to another model is caught like the real API catches it.
 
@@ -60,6 +63,10 @@ DOCS: Final = "https://docs.claude.com/en/docs/build-with-claude/extended-thinki
 ADAPTIVE_ONLY: Final = re.compile(r"claude-(?:opus-4-[78]|fable-5|mythos-5)")
 #: Models whose thinking display defaults to "omitted" (litellm#25965, claude-code#49268).
 OMITTED_BY_DEFAULT: Final = re.compile(r"claude-(?:opus-4-[789]|fable|mythos)")
+#: Models that think (adaptively) when the request has no ``thinking`` at all (§1.1 table).
+THINKS_UNASKED: Final = re.compile(r"claude-(?:fable|mythos)")
+#: Models that answer ``thinking: {"type": "disabled"}`` with a 400 (§1.1: Fable 5, Mythos 5).
+NO_DISABLE: Final = re.compile(r"claude-(?:fable|mythos)-5")
 
 #: HTTP status the API uses for each error type (A-SDK types/shared/*_error.py).
 ERROR_STATUS: Final[Mapping[str, int]] = {
@@ -128,7 +135,15 @@ async def handle(request: Request, emulator: Emulator) -> Response:
         return _error(record, request_id, 400, "invalid_request_error", problem)
 
     scenario = emulator.pick(headers, body["model"])
-    turn_index = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+    messages = body["messages"]
+    turn_index = sum(1 for m in messages if m.get("role") == "assistant")
+    continued: list[Any] | None = None
+    if (
+        messages[-1].get("role") == "assistant"
+        and len(scenario.turn(turn_index - 1).segments()) > 1
+    ):
+        turn_index -= 1  # the final assistant message is the paused turn, sent back to continue
+        continued = _blocks(messages[-1])
     scripted = scenario.turn(turn_index)
     failure = _failure(emulator.attempt(scenario.name, turn_index), scripted)
     if failure is not None:
@@ -140,7 +155,15 @@ async def handle(request: Request, emulator: Emulator) -> Response:
             failure.message,
             retry_after=failure.retry_after,
         )
-    plan = _plan(scripted, body, turn_index)
+    plan = _pick_plan(scripted, body, turn_index, continued)
+    if plan is None:
+        return _error(
+            record,
+            request_id,
+            400,
+            "invalid_request_error",
+            "emulator: the final assistant message is not the paused response of this turn",
+        )
     if body.get("stream"):
         record.status = 200
         return StreamingResponse(
@@ -218,7 +241,8 @@ def validate(body: Any) -> str | None:
 
 def _validate_thinking(body: Mapping[str, Any]) -> tuple[bool, str | None]:
     thinking = body.get("thinking")
-    on = False
+    model = str(body["model"]).lower()
+    on = thinking is None and THINKS_UNASKED.search(model) is not None
     if thinking is not None:
         if not isinstance(thinking, dict):
             return False, "thinking: Input should be a valid dictionary or object"
@@ -232,6 +256,11 @@ def _validate_thinking(body: Mapping[str, Any]) -> tuple[bool, str | None]:
         if display not in (None, "summarized", "omitted"):
             return False, f"thinking.{ttype}.display: Input should be 'summarized' or 'omitted'"
         on = ttype != "disabled"
+        if ttype == "disabled" and NO_DISABLE.search(model):
+            return False, (
+                '"thinking.type.disabled" is not supported for this model. This model always '
+                'uses adaptive thinking; use "output_config.effort" to control thinking behavior.'
+            )
         if ttype == "enabled":
             problem = _validate_budget(thinking, body)
             if problem is not None:
@@ -488,6 +517,9 @@ class _Plan:
 def _display(body: Mapping[str, Any]) -> str | None:
     """``summarized`` / ``omitted`` when thinking is on, ``None`` when it is off."""
     thinking = body.get("thinking")
+    model = str(body["model"]).lower()
+    if thinking is None and THINKS_UNASKED.search(model):
+        return "omitted" if OMITTED_BY_DEFAULT.search(model) else "summarized"
     if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
         return None
     display = thinking.get("display")
@@ -496,23 +528,34 @@ def _display(body: Mapping[str, Any]) -> str | None:
     return "omitted" if OMITTED_BY_DEFAULT.search(str(body["model"]).lower()) else "summarized"
 
 
-def _plan(turn: ScriptedTurn, body: Mapping[str, Any], turn_index: int) -> _Plan:
+def _plan(
+    turn: ScriptedTurn,
+    steps: Sequence[Any],
+    body: Mapping[str, Any],
+    turn_index: int,
+    *,
+    ordinal_base: int = 0,
+    call_base: int = 0,
+    paused: bool = False,
+) -> _Plan:
+    """One response: ``steps`` (a segment of the turn) resolved against the request."""
     display = _display(body)
+    calls_here = any(isinstance(s, Call) for s in steps)
     plan = _Plan(
         [],
         str(body["model"]),
         turn.chunk_chars,
         turn.input_tokens,
-        "tool_use" if turn.calls else "end_turn",
+        "pause_turn" if paused else ("tool_use" if calls_here else "end_turn"),
         "msg_01Emu" + secrets.token_hex(10),
     )
-    calls = 0
-    for step in turn.steps:
+    calls = call_base
+    for step in steps:
         if isinstance(step, Think | Summary):
             if display is not None:
                 shown = step.text if display == "summarized" else ""
                 plan.thinking_text[len(plan.blocks)] = step.text
-                ordinal = sum(1 for b in plan.blocks if b["type"] in _THINKING_TYPES)
+                ordinal = ordinal_base + sum(1 for b in plan.blocks if b["type"] in _THINKING_TYPES)
                 signature = thinking_signature(plan.model, shown, ordinal)
                 plan.items.append({"type": "thinking", "thinking": shown, "signature": signature})
         elif isinstance(step, Redacted):
@@ -529,6 +572,45 @@ def _plan(turn: ScriptedTurn, body: Mapping[str, Any], turn_index: int) -> _Plan
         elif isinstance(step, StreamError | Cut | Sleep):
             plan.items.append(step)
     return plan
+
+
+def _plans(turn: ScriptedTurn, body: Mapping[str, Any], turn_index: int) -> list[_Plan]:
+    """One plan per segment of the turn (split at ``Pause``); a continued response's thinking
+    signatures count the paused responses' thinking blocks before it, since they all end up in
+    one assistant message."""
+    segments = turn.segments()
+    plans: list[_Plan] = []
+    ordinals = calls = 0
+    for k, steps in enumerate(segments):
+        plan = _plan(
+            turn,
+            steps,
+            body,
+            turn_index,
+            ordinal_base=ordinals,
+            call_base=calls,
+            paused=k < len(segments) - 1,
+        )
+        ordinals += sum(1 for b in plan.blocks if b["type"] in _THINKING_TYPES)
+        calls += sum(1 for b in plan.blocks if b["type"] == "tool_use")
+        plans.append(plan)
+    return plans
+
+
+def _pick_plan(
+    turn: ScriptedTurn, body: Mapping[str, Any], turn_index: int, continued: list[Any] | None
+) -> _Plan | None:
+    """The plan this request gets: the first segment, or -- for a continuation, whose final
+    assistant message holds the paused responses' blocks -- the segment after them."""
+    plans = _plans(turn, body, turn_index)
+    if continued is None:
+        return plans[0]
+    seen = 0
+    for k, plan in enumerate(plans[:-1]):
+        seen += len(plan.blocks)
+        if seen == len(continued):
+            return plans[k + 1]
+    return None
 
 
 def _message(plan: _Plan, content: list[dict[str, Any]], stop_reason: str | None) -> dict[str, Any]:

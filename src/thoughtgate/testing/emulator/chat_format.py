@@ -1,9 +1,11 @@
-"""Chat Completions in five flavours: OpenRouter and the OpenAI-compatible reasoning servers.
+"""Chat Completions in eight flavours: OpenRouter and the OpenAI-compatible reasoning servers.
 
 The flavour is chosen by the ``x-emulator-flavor`` header (``openrouter``, ``deepseek``, ``vllm``,
-``think-tags``, ``ollama``); without it, by the model name: ``deepseek*`` → deepseek, a name with
-``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm, ``think/*`` → think-tags, any other name with a
-``/`` (``anthropic/claude-sonnet-4.5``) → openrouter, else deepseek.
+``think-tags``, ``ollama``, ``groq``, ``cerebras``, ``moonshot``); else by a path segment naming
+one (base URL ``{emulator}/groq/v1``); else by the model name: ``deepseek*`` → deepseek, ``kimi*``
+→ moonshot, a name with ``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm, ``think/*`` →
+think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) → openrouter, else
+deepseek.
 
 How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
 
@@ -25,6 +27,14 @@ How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
   ``reasoning_effort: "none"``.
 * ``think-tags``: reasoning inline in ``content`` as ``<think>\\n…\\n</think>\\n\\n``, the whole
   content cut into deltas regardless of tags, so tags straddle chunks.
+* ``groq``: ``reasoning`` (gpt-oss always, unless ``include_reasoning: false``; Qwen3 with
+  ``reasoning_format: "parsed"``), else inline ``<think>`` as Qwen3's default ``raw`` format;
+  Qwen3 off with ``reasoning_effort: "none"``; ``x_groq`` on the first chunk, usage in the finish
+  chunk (top level and ``x_groq.usage``), as recorded (PAI cassette
+  ``test_groq_model_thinking_part_iter.yaml``).
+* ``cerebras``: ``reasoning``.
+* ``moonshot``: ``reasoning_content`` as DeepSeek's; ``kimi-k2-thinking`` / ``kimi-k2.6`` always
+  think, other Kimi models never do.
 
 Every flavour: ``chat.completion.chunk`` objects, ``tool_calls`` fragments with ``index`` (the
 first with ``id``, ``type`` and ``function.name``), a usage chunk (with ``choices: []`` except on
@@ -34,6 +44,21 @@ Non-streamed requests get the ``chat.completion`` with the same content.
 Validation, with the real error bodies:
 
 * a ``tool`` message must answer a ``tool_calls`` id of an earlier assistant message;
+* groq: ``reasoning_content`` on an assistant message → ``400 'messages.N' : for 'role:assistant'
+  the following must be satisfied[('messages.N' : property 'reasoning_content' is unsupported)]``
+  (janhq/jan#8136, NousResearch/hermes-agent#11089), and any top-level field Groq does not know
+  (DeepSeek's ``thinking``) → ``400 property 'thinking' is unsupported`` (the same validator's
+  wording, inferred);
+* cerebras: ``reasoning_content`` on an assistant message → ``400 messages.N.assistant.
+  reasoning_content: property 'messages.N.assistant.reasoning_content' is unsupported``
+  (NousResearch/hermes-agent#34716), in Cerebras's flat error body;
+* moonshot, thinking model: an assistant message with ``tool_calls`` and no
+  ``reasoning_content`` → ``400 thinking is enabled but reasoning_content is missing in assistant
+  tool call message at index N``;
+* openrouter: ``reasoning: {"effort": "none"}`` on ``openai/o*`` → OpenAI's 400 wrapped by
+  OpenRouter (PAI cassette ``test_openrouter_thinking_false_on_always_on_route.yaml``), and on
+  Claude Fable / Mythos 5 → Anthropic's refusal of ``disabled``; Claude Fable / Mythos think
+  unasked when no ``reasoning`` is sent;
 * deepseek, thinking on: every assistant message with ``tool_calls`` must carry
   ``reasoning_content`` (an empty string is fine) → ``400 The `reasoning_content` in the thinking
   mode must be passed back to the API.``;
@@ -46,7 +71,8 @@ Validation, with the real error bodies:
   wraps provider errors.
 
 ``Fail`` → that HTTP error (``retry-after`` when set; only the first ``times`` attempts);
-``StreamError`` → an in-stream ``{"error": {...}}`` payload, then the stream ends; ``Cut`` → the
+``StreamError`` → an in-stream ``{"error": {...}}`` payload, then the stream ends (on OpenRouter
+the payload carries ``finish_reason: "error"`` and the usage so far, in the same chunk); ``Cut`` → the
 connection is aborted; ``Sleep`` → a pause. The turn index is the number of assistant messages.
 """
 
@@ -96,7 +122,7 @@ from thoughtgate.testing.emulator.server import Emulator, RecordedRequest
 
 __all__ = ["FLAVORS", "handle", "pick_flavor"]
 
-FLAVORS = ("openrouter", "deepseek", "vllm", "think-tags", "ollama")
+FLAVORS = ("openrouter", "deepseek", "vllm", "think-tags", "ollama", "groq", "cerebras", "moonshot")
 CREATED = 1765226419
 DEEPSEEK_MISSING = "The `reasoning_content` in the thinking mode must be passed back to the API."
 ANTHROPIC_MISSING = (
@@ -109,16 +135,53 @@ ANTHROPIC_MISSING = (
 )
 ANTHROPIC_BAD_SIGNATURE = "messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
 OPENAI_UNVERIFIED = "The encrypted content for item {id} could not be verified."
+GROQ_UNSUPPORTED = (
+    "'messages.{i}' : for 'role:assistant' the following must be satisfied"
+    "[('messages.{i}' : property 'reasoning_content' is unsupported)]"
+)
+CEREBRAS_UNSUPPORTED = (
+    "messages.{i}.assistant.reasoning_content: property "
+    "'messages.{i}.assistant.reasoning_content' is unsupported"
+)
+MOONSHOT_MISSING = (
+    "thinking is enabled but reasoning_content is missing in assistant tool call message at "
+    "index {i}"
+)
+OPENAI_NO_NONE = (
+    "Unsupported value: 'none' is not supported with the '{model}' model. Supported values are: "
+    "'low', 'medium', and 'high'."
+)
+ANTHROPIC_NO_DISABLE = (
+    '"thinking.type.disabled" is not supported for this model. This model always uses adaptive '
+    'thinking; use "output_config.effort" to control thinking behavior.'
+)
+#: Top-level request fields Groq knows (console.groq.com/docs/api-reference); others are a 400.
+GROQ_FIELDS = frozenset(
+    {
+        "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort",
+        "reasoning_format", "include_reasoning", "n", "stop", "seed", "response_format", "user",
+        "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs", "service_tier",
+        "metadata", "search_settings", "citation_options", "documents", "logit_bias",
+    }
+)  # fmt: skip
+_CLAUDE_THINKS_UNASKED = ("anthropic/claude-fable", "anthropic/claude-mythos")
+_KIMI_THINKING = ("kimi-k2-thinking", "kimi-k2.6", "kimi-k2.7")
 
 
-def pick_flavor(headers: Mapping[str, str], model: str) -> str | None:
+def pick_flavor(headers: Mapping[str, str], model: str, path: str = "") -> str | None:
     """The flavour for a request; ``None`` when the header names an unknown one."""
     wanted = headers.get("x-emulator-flavor")
     if wanted is not None:
         return wanted if wanted in FLAVORS else None
+    named = [part for part in path.split("/") if part in FLAVORS]
+    if named:
+        return named[0]
     name = model.lower()
     if name.startswith("deepseek"):
         return "deepseek"
+    if name.startswith("kimi"):
+        return "moonshot"
     if ":" in name:
         return "ollama"
     if name.startswith("vllm/"):
@@ -134,6 +197,8 @@ def reasoning_wanted(flavor: str, body: Mapping[str, Any]) -> bool:
     if flavor == "openrouter":
         param = body.get("reasoning")
         if not isinstance(param, Mapping) or not param:
+            if model.startswith(_CLAUDE_THINKS_UNASKED):
+                return True  # adaptive thinking is their default
             return not model.startswith("anthropic/")  # {} is a no-op: the model's default
         if param.get("exclude") is True or param.get("enabled") is False:
             return False
@@ -146,6 +211,13 @@ def reasoning_wanted(flavor: str, body: Mapping[str, Any]) -> bool:
         return not (isinstance(kwargs, Mapping) and kwargs.get("enable_thinking") is False)
     if flavor == "ollama":
         return body.get("reasoning_effort") != "none"
+    if flavor == "groq":
+        if "gpt-oss" in model:
+            return body.get("include_reasoning") is not False
+        if "qwen3" in model:
+            return body.get("reasoning_effort") != "none"
+    if flavor == "moonshot":
+        return model.startswith(_KIMI_THINKING)
     return True
 
 
@@ -206,6 +278,9 @@ def _validate(flavor: str, body: Mapping[str, Any]) -> Response | None:
                 param="messages.[].role",
             )
     thinking = reasoning_wanted(flavor, body)
+    refused = _server_refuses(flavor, body, messages, thinking)
+    if refused is not None:
+        return refused
     if flavor == "deepseek" and thinking:
         for m in messages:
             if (
@@ -218,6 +293,63 @@ def _validate(flavor: str, body: Mapping[str, Any]) -> Response | None:
                 )
     if flavor == "openrouter":
         return _validate_details(str(body["model"]), messages, thinking)
+    return None
+
+
+def _server_refuses(
+    flavor: str, body: Mapping[str, Any], messages: list[Any], thinking: bool
+) -> Response | None:
+    """The per-server rejections: what one server demands, another refuses."""
+    if flavor == "groq":
+        for key in body:
+            if key not in GROQ_FIELDS:
+                return error_response(
+                    400, f"property '{key}' is unsupported", "invalid_request_error"
+                )
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        if flavor == "groq" and "reasoning_content" in m:
+            message = GROQ_UNSUPPORTED.format(i=i)
+            return error_response(400, message, "invalid_request_error", body=_groq_error(message))
+        if flavor == "cerebras" and "reasoning_content" in m:
+            message = CEREBRAS_UNSUPPORTED.format(i=i)
+            flat = {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "body",
+                "code": "wrong_api_format",
+            }
+            return error_response(400, message, "invalid_request_error", body=flat)
+        if (
+            flavor == "moonshot"
+            and thinking
+            and m.get("tool_calls")
+            and not isinstance(m.get("reasoning_content"), str)
+        ):
+            return error_response(400, MOONSHOT_MISSING.format(i=i), "invalid_request_error")
+    if flavor == "openrouter":
+        return _openrouter_refuses(body)
+    return None
+
+
+def _groq_error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+def _openrouter_refuses(body: Mapping[str, Any]) -> Response | None:
+    param = body.get("reasoning")
+    if not isinstance(param, Mapping) or param.get("effort") != "none":
+        return None
+    model = str(body.get("model", ""))
+    bare = model.partition("/")[2]
+    if model.startswith("openai/o"):
+        message = OPENAI_NO_NONE.format(model=bare)
+        raw = error_body(message, "invalid_request_error", param="reasoning.effort")
+        raw["error"]["code"] = "unsupported_value"
+        return error_response(400, message, "", body=_openrouter_error(raw, "OpenAI"))
+    if model.startswith(tuple(f"{p}-5" for p in _CLAUDE_THINKS_UNASKED)):
+        return _anthropic_rejects(ANTHROPIC_NO_DISABLE)
     return None
 
 
@@ -280,6 +412,7 @@ class _Render:
     tag_buffer: list[str] = field(default_factory=list)
     error: StreamError | None = None
     cut: bool = False
+    request: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def cid(self) -> str:
@@ -298,7 +431,7 @@ class _Render:
             choice["native_finish_reason"] = finish
             choice["logprobs"] = None
             delta.setdefault("role", "assistant")
-        elif self.flavor == "deepseek":
+        elif self.flavor in ("deepseek", "groq", "moonshot"):
             data["system_fingerprint"] = "fp_emulator"
             choice["logprobs"] = None
         data.update(
@@ -325,8 +458,12 @@ class _Render:
             if self.reasoning_on:
                 first["reasoning_content"] = ""
             self._emit(first)
+        elif self.flavor == "moonshot":
+            self._emit({"role": "assistant", "content": None})
         elif self.flavor != "openrouter":
             self._emit({"role": "assistant", "content": ""})
+            if self.flavor == "groq":  # Groq names its request on the first chunk
+                self.frames[-1][1]["x_groq"] = {"id": "req_" + hex_id("groq", self.seed)[:26]}
         for step in self.turn.steps:
             if isinstance(step, Think | Summary | Redacted):
                 if self.reasoning_on:
@@ -355,6 +492,11 @@ class _Render:
         if self.flavor == "openrouter":
             last = {"role": "assistant", "content": "", "reasoning": None, "reasoning_details": []}
         self._emit(last, finish)
+        if self.flavor == "groq":
+            # Groq puts usage into the finish chunk, also under x_groq, whatever stream_options say
+            usage = self.usage(self.turn.input_tokens)
+            self.frames[-1][1].update(usage=usage, x_groq={"id": "req_emulator", "usage": usage})
+            return self
         self.frames.append(("usage", None))
         return self
 
@@ -366,10 +508,16 @@ class _Render:
                 self.tag_buffer.append(f"<think>\n{step.text}\n</think>\n\n")
                 self.reasoning.append(step.text)
                 return
-            name = {"deepseek": "reasoning_content"}.get(self.flavor, "reasoning")
+            if self.groq_raw:
+                self.tag_buffer.append(f"<think>\n{step.text}\n</think>\n\n")
+                self.reasoning.append(step.text)
+                return
+            name = {"deepseek": "reasoning_content", "moonshot": "reasoning_content"}.get(
+                self.flavor, "reasoning"
+            )
             for piece in self._pieces(step.text):
                 delta: dict[str, Any] = {name: piece}
-                if self.flavor == "deepseek":
+                if self.flavor in ("deepseek", "moonshot"):
                     delta = {"content": None, "reasoning_content": piece}
                 elif self.flavor == "ollama":
                     delta = {"role": "assistant", "content": "", "reasoning": piece}
@@ -409,8 +557,17 @@ class _Render:
         self.details.append(merged)
         self.reasoning.append(step.text)
 
+    @property
+    def groq_raw(self) -> bool:
+        """Groq's default ``raw`` reasoning format for Qwen3: ``<think>`` inside ``content``."""
+        return (
+            self.flavor == "groq"
+            and "qwen3" in self.model
+            and self.request.get("reasoning_format") != "parsed"
+        )
+
     def _say(self, text: str) -> None:
-        if self.flavor == "think-tags":
+        if self.flavor == "think-tags" or (self.groq_raw and self.reasoning):
             self.tag_buffer.append(text)
             self.content.append(text)
             return
@@ -420,7 +577,7 @@ class _Render:
             delta: dict[str, Any] = {"content": piece}
             if self.flavor == "openrouter":
                 delta = {"content": piece, "reasoning": None, "reasoning_details": []}
-            elif self.flavor == "deepseek":
+            elif self.flavor in ("deepseek", "moonshot"):
                 delta = {"content": piece, "reasoning_content": None}
             self._emit(delta)
         self.content.append(text)
@@ -452,8 +609,10 @@ class _Render:
 
     def _error_payload(self, step: StreamError) -> dict[str, Any]:
         if self.flavor == "openrouter":
+            # as live: the error, finish_reason "error" and the usage so far in one chunk
             data = self._chunk({"content": ""}, "error")
             data["error"] = {"code": step.error_type, "message": step.message}
+            data["usage"] = self.usage(self.turn.input_tokens)
             return data
         return {
             "error": {"message": step.message, "type": step.error_type, "param": None, "code": None}
@@ -470,7 +629,7 @@ class _Render:
             "completion_tokens": output,
             "total_tokens": input_tokens + output,
         }
-        if self.flavor in ("openrouter", "deepseek"):
+        if self.flavor in ("openrouter", "deepseek", "groq", "moonshot"):
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
             usage["prompt_tokens_details"] = {"cached_tokens": 0}
         return usage
@@ -486,7 +645,7 @@ class _Render:
         content = "".join(self.content)
         reasoning = "".join(self.reasoning) if self.reasoning else None
         msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if self.flavor == "think-tags":
+        if self.flavor == "think-tags" or (self.groq_raw and self.reasoning):
             msg["content"] = (
                 "".join(f"<think>\n{r}\n</think>\n\n" for r in self.reasoning) + content
             )
@@ -494,7 +653,7 @@ class _Render:
             msg.update(refusal=None, reasoning=reasoning)
             if self.details:
                 msg["reasoning_details"] = self.details
-        elif self.flavor == "deepseek":
+        elif self.flavor in ("deepseek", "moonshot"):
             msg["reasoning_content"] = reasoning if self.reasoning_on else None
         elif reasoning is not None:
             msg["reasoning"] = reasoning
@@ -556,7 +715,7 @@ async def handle(request: Request, emulator: Emulator) -> Response:
         return bad
     if not isinstance(body, Mapping):
         return error_response(400, "the body must be a JSON object", "invalid_request_error")
-    flavor = pick_flavor(request.headers, str(body.get("model", "")))
+    flavor = pick_flavor(request.headers, str(body.get("model", "")), request.url.path)
     if flavor is None:
         return error_response(
             400,
@@ -605,7 +764,9 @@ async def _answer(
             fail.status, fail.message, fail.error_type, headers=headers, entry=entry
         )
     seed = f"{scenario.name}:{index}:{flavor}"
-    render = _Render(flavor, str(body["model"]), reasoning_wanted(flavor, body), turn, seed)
+    render = _Render(
+        flavor, str(body["model"]), reasoning_wanted(flavor, body), turn, seed, request=body
+    )
     render.render()
     rid = "req_" + hex_id("rid", seed, len(emulator.requests), length=24)
     if body.get("stream"):

@@ -27,18 +27,33 @@ ends in a MAC of its start, so the emulator recognises both sides without keepin
 * ``Missing required parameter: 'input[i].summary'.``; ``No tool call found for function call
   output with call_id …``.
 
+Per model, as the live API answers (the live wording is quoted in each error):
+
+* models that do not reason (``gpt-4*``, ``gpt-3.5*``, ``chatgpt-*``, ``gpt-5*-chat*``) produce
+  no reasoning item and refuse reasoning parameters: ``reasoning.effort`` → ``Unsupported
+  parameter: 'reasoning.effort' is not supported with this model.`` (RageAgainstThePixel/
+  OpenAI-DotNet#500), ``reasoning.summary`` → the same sentence for ``'reasoning.summary'`` (the
+  emulator's wording, UNCONFIRMED), ``include: ["reasoning.encrypted_content"]`` → ``Encrypted
+  content is not supported with this model.`` (microsoft/agent-framework#7483);
+* o-series and gpt-5 (before 5.1) refuse ``reasoning.effort: "none"`` (``Unsupported value:
+  'none' is not supported with the 'o3' model. ...``, PAI cassette
+  ``test_openrouter_thinking_false_on_always_on_route.yaml``).
+
 The turn index is the number of runs of consecutive model-output items (reasoning, function_call,
 assistant message) in ``input``: ``user, rs, fc, fco, rs, fc, fco`` is turn 2. ``Fail`` → HTTP
-error; ``StreamError`` → an ``error`` event, then the stream ends; ``Cut`` aborts; ``Sleep`` pauses.
+error; ``StreamError`` → an ``error`` event with its fields nested under ``error`` (as the live API
+sends it: SwiftedMind/SwiftAgent's recorded ``insufficient_quota`` stream), then
+``response.failed``, then the stream ends; ``Cut`` aborts; ``Sleep`` pauses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -80,6 +95,10 @@ CREATED = 1765226420
 BLOB_KIND = "responses.reasoning"
 _FOLLOW = "f1"
 _OUTPUT_TYPES = ("reasoning", "function_call")
+#: Models that do not reason: reasoning parameters are a 400 there.
+NOT_REASONING: Final = re.compile(r"gpt-4.*|gpt-3\.5.*|chatgpt-.*|gpt-5(?:\.\d+)?-chat.*")
+#: Reasoning models that always reason: ``effort: "none"`` is a 400 there.
+NO_EFFORT_NONE: Final = re.compile(r"o\d.*|gpt-5(?:-(?!chat).*)?")
 
 
 def _rs_hex(seed: str, ordinal: int) -> str:
@@ -130,11 +149,40 @@ def _invalid(message: str, *, param: str | None = "input", code: str | None = No
     return error_response(400, message, "invalid_request_error", param=param, code=code)
 
 
+def _model_refuses(body: Mapping[str, Any]) -> Response | None:
+    """What a model refuses among the reasoning parameters, with the live API's 400."""
+    model = str(body["model"]).lower()
+    param = body.get("reasoning")
+    param = param if isinstance(param, Mapping) else {}
+    include = body.get("include")
+    if NOT_REASONING.fullmatch(model):
+        for name in ("effort", "summary", "generate_summary"):
+            if param.get(name) is not None:
+                return _invalid(
+                    f"Unsupported parameter: 'reasoning.{name}' is not supported with this model.",
+                    param=f"reasoning.{name}",
+                    code="unsupported_parameter",
+                )
+        if isinstance(include, list) and "reasoning.encrypted_content" in include:
+            return _invalid("Encrypted content is not supported with this model.", param="include")
+    if param.get("effort") == "none" and NO_EFFORT_NONE.fullmatch(model):
+        return _invalid(
+            f"Unsupported value: 'none' is not supported with the '{model}' model. Supported "
+            "values are: 'low', 'medium', and 'high'.",
+            param="reasoning.effort",
+            code="unsupported_value",
+        )
+    return None
+
+
 def _validate(body: Mapping[str, Any]) -> Response | None:
     if not isinstance(body.get("model"), str):
         return _invalid(
             "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
         )
+    refused = _model_refuses(body)
+    if refused is not None:
+        return refused
     items = body.get("input")
     if isinstance(items, str) or items is None:
         return None
@@ -279,7 +327,8 @@ class _Render:
                 while i < len(steps) and isinstance(steps[i], Think | Summary | Redacted):
                     group.append(steps[i])
                     i += 1
-                self._reasoning_item(group)
+                if not NOT_REASONING.fullmatch(self.model.lower()):
+                    self._reasoning_item(group)
                 continue
             if isinstance(step, Say):
                 group = []
@@ -295,7 +344,16 @@ class _Render:
                 self.frames.append(("sleep", step.seconds))
             elif isinstance(step, StreamError):
                 self.error = step
-                self._event("error", code=step.error_type, message=step.message, param=None)
+                error = {
+                    "type": step.error_type,
+                    "code": step.error_type,
+                    "message": step.message,
+                    "param": None,
+                }
+                self._event("error", error=error)
+                failed = self.response("failed")
+                failed["error"] = {"code": step.error_type, "message": step.message}
+                self._event("response.failed", response=failed)
                 return self
             elif isinstance(step, Cut):
                 self.cut = True
@@ -444,7 +502,7 @@ class _Render:
 
     def response(self, status: str) -> dict[str, Any]:
         body = self.body
-        done = status != "in_progress"
+        done = status not in ("in_progress", "failed")  # failed: no output, usage null (recorded)
         param = body.get("reasoning")
         reasoning: Mapping[str, Any] = param if isinstance(param, Mapping) else {}
         return {

@@ -17,6 +17,7 @@ __all__ = [
     "Call",
     "Cut",
     "Fail",
+    "Pause",
     "Redacted",
     "Say",
     "Scenario",
@@ -115,13 +116,20 @@ class Cut:
 
 
 @dataclass(frozen=True, slots=True)
+class Pause:
+    """Anthropic: end this response with ``stop_reason: "pause_turn"``; the request that sends
+    the paused content back as the final assistant message gets the steps after it. Other formats
+    ignore it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Pause the stream (slow streams, keep-alives, timeouts)."""
 
     seconds: float
 
 
-Step: TypeAlias = Think | Summary | Redacted | Say | Call | Fail | StreamError | Cut | Sleep
+Step: TypeAlias = Think | Summary | Redacted | Say | Call | Fail | StreamError | Cut | Sleep | Pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +144,19 @@ class ScriptedTurn:
     @property
     def calls(self) -> tuple[Call, ...]:
         return tuple(s for s in self.steps if isinstance(s, Call))
+
+    def segments(self) -> tuple[tuple[Step, ...], ...]:
+        """The steps split at each :class:`Pause` (one segment when there is none)."""
+        out: list[tuple[Step, ...]] = []
+        current: list[Step] = []
+        for step in self.steps:
+            if isinstance(step, Pause):
+                out.append(tuple(current))
+                current = []
+            else:
+                current.append(step)
+        out.append(tuple(current))
+        return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,7 +174,7 @@ SNAPSHOT_JS = """(root) => {
     [li.dataset.testid || '', li.dataset.status || '', text(li)]);
   const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
   return { items, answer: pick('answer-text'), receipt: pick('receipt'), raw: pick('raw-text'),
-           failure: pick('failure') };
+           error: pick('answer-error') };
 }"""
 
 

@@ -7,7 +7,9 @@ Reasoning text is never rehydrated into a request.
 
 Recording: every turn ends with ``agent.response`` (reasoning per the disclosure mode, full, with
 its size); a cut or failed stream keeps the partial turn and ends the task with
-``message.partially_completed``; nothing the provider sent is lost.
+``message.partially_completed``; nothing the provider sent is lost. The task is ``partial`` when
+some answer text had arrived before the failure, ``failed`` when none had: an outage is never
+reported as an answer.
 """
 
 from __future__ import annotations
@@ -401,7 +403,7 @@ async def run_agent_loop(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id)
             )
             return LoopResult(
-                "partial",
+                "partial" if answer else "failed",
                 answer,
                 turn_no + 1,
                 usage,

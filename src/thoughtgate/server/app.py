@@ -3,8 +3,8 @@
 >>> app = create_app(MemoryStore(), Config())          # or create_app(Runtime(store, config))
 >>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
 
-Startup (lifespan) prepares the ticket secret and closes runs a crashed daemon left running;
-shutdown gives in-flight runs ``shutdown_grace_s`` to finish and interrupts the rest. The app does
+Startup (lifespan) prepares the ticket secret and closes runs a crashed process left running, then
+keeps closing such runs periodically (ADR 0008); shutdown gives in-flight runs ``shutdown_grace_s`` to finish and interrupts the rest. The app does
 not own the store: whoever opened it closes it.
 """
 
@@ -120,6 +120,7 @@ def create_app(
             recovered = await manager.recover()
             if recovered:
                 log.warning("marked %d run(s) left running as interrupted", len(recovered))
+            manager.start_sweeping()
         try:
             yield
         finally:

@@ -19,7 +19,10 @@ from thoughtgate.testing.emulator.scenario import (
     Think,
 )
 
-__all__ = ["builtin_scenarios"]
+__all__ = ["ALWAYS", "builtin_scenarios"]
+
+ALWAYS = 2**62
+"""``Fail(times=ALWAYS)``: every attempt fails, however many a client makes."""
 
 
 def builtin_scenarios() -> dict[str, Scenario]:
@@ -99,7 +102,10 @@ def builtin_scenarios() -> dict[str, Scenario]:
             "redacted",
             (ScriptedTurn((Redacted("safety"), Think("Visible part."), Say("Done."))),),
         ),
-        Scenario("overloaded", (ScriptedTurn((Fail(529, "overloaded_error", "Overloaded"),)),)),
+        Scenario(
+            "overloaded",
+            (ScriptedTurn((Fail(529, "overloaded_error", "Overloaded", times=ALWAYS),)),),
+        ),
         Scenario(
             "flaky",
             (

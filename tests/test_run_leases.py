@@ -9,8 +9,11 @@ from collections.abc import Sequence
 import pytest
 from script_support import slow
 
+from thoughtgate.access.filter import filter_run
+from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.config import Config
 from thoughtgate.events.schema import Event, EventType
+from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.store.leases import LOST_LEASE, Owner, close_run_interrupted
@@ -64,6 +67,21 @@ async def test_a_run_carries_its_owner_and_a_lease_that_is_renewed_until_it_ends
     closed = await store.get_run(run.run_id)
     assert closed.status == "interrupted" and closed.lease_expires_at is None
     assert runtime.leases.held == frozenset()
+
+
+async def test_no_reader_sees_which_process_executes_a_run() -> None:
+    """The owner id (host digest, pid, nonce) and the lease stay in the run row: the run view
+    declares neither, so no role gets them, not even the owner role."""
+    runtime, store, _ = _runtime()
+    run = await runtime.create_run(RunRequest("x", model="fake:x"))
+    stored = await store.get_run(run.run_id)
+    assert stored.owner and stored.lease_expires_at
+    assert set(stored.to_view()) == set(RunView.__annotations__)
+    for role in ROLE_NAMES:
+        view = filter_run(stored, role)
+        assert not {"owner", "lease_expires_at"} & set(view), role
+        assert stored.owner not in repr(view), role
+        assert str(Owner.current().pid) not in repr(view.get("metadata")), role
 
 
 async def test_a_run_closed_by_another_process_is_given_up_here() -> None:

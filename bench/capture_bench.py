@@ -37,6 +37,7 @@ import httpx
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
+from thoughtgate.providers.clients import shared_clients
 from thoughtgate.types import Message
 
 THINKING_DELTAS = 2000
@@ -397,9 +398,15 @@ async def series(consumers: dict[str, tuple[Consumer, Any]]) -> list[Row]:
     return out
 
 
+async def _sharing_connections(url: str) -> list[Row]:
+    """Measure with the provider connections held open, as the raw client keeps its own."""
+    async with shared_clients().lease():
+        return await measure(url)
+
+
 def main() -> list[Row]:
     with server_process() as url:
-        rows = asyncio.run(measure(url))
+        rows = asyncio.run(_sharing_connections(url))
     size = len(stream_bytes())
     print(
         f"stream: {THINKING_DELTAS} thinking + {TEXT_DELTAS} text deltas, {size} bytes; "

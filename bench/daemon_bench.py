@@ -1,34 +1,48 @@
-"""Daemon overhead between a zero-latency fake provider and HTTP clients. Not a test.
+"""Daemon overhead: a fake provider and the real adapters over HTTP, to HTTP clients. Not a test.
 
 Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
-batching window). ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner
-(plus plot series for ``bench.run``).
+batching window, ``--variant fake|adapters`` and ``--formats anthropic,chat`` to run part of it,
+``--profile DIR`` to sample the server with py-spy in every phase and print where its CPU went).
+``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
+for ``bench.run``).
 
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker) with durable recording (a
 SQLite file when ``thoughtgate.store.sqlite`` exists, else the memory store; the choice is
 printed) and the output filter on (clients read as ``developer`` on ``surface`` runs, so every
-reasoning delta goes through the filter and out). The fake provider ``fake:bench`` answers at
-once: 20 reasoning deltas then 20 text deltas per turn, with no sleeps, so whatever time passes is
-the daemon's. The first reasoning delta carries the provider's ``time.monotonic()`` (a
-system-wide clock, CLOCK_MONOTONIC, so client and server processes compare it directly).
+reasoning delta goes through the filter and out). Its runs use one of two providers, in turn:
+
+* ``fake:bench`` (rows without a prefix), in the server process: after 10 ms, 20 reasoning deltas
+  then 20 text deltas, 0.5 ms apart, no parsing, no network. The first reasoning delta carries the
+  provider's clock (``time.monotonic()``, system-wide, so client and server compare it directly).
+* the real adapters (rows prefixed ``anthropic_``, ``chat_`` (OpenAI-compatible Chat
+  Completions), ``openrouter_``, ``responses_``), talking HTTP to the provider emulator in its own
+  process (:mod:`bench.emulator_process`): the same stream in each wire format, paced the same
+  way, its first reasoning delta stamped with the emulator's send time. The daemon's provider
+  clients are the process's (one per endpoint), as in production. Anthropic and Chat Completions
+  run at every concurrency, the other two at 10.
 
 Each run is what a client does: ``POST /v1/runs``, ``POST /v1/tickets``, then
 ``GET /v1/runs/{id}/stream`` until the terminal event. At 1, 10 and 100 concurrent runs:
 
 * ``ttfb_added``: first reasoning delta received by the client minus its emission by the provider
-  (record, batch, tail, filter, encode, send): the daemon's added time to first reasoning byte.
+  (for the adapters: the provider's HTTP hop, parse, record, batch, tail, filter, encode, send):
+  the daemon's added time to first reasoning byte.
 * ``ttfb_client``: from the client's ``POST /v1/runs`` to that first reasoning byte (three HTTP
   round trips on loopback plus the above).
 * ``runs_per_s``: completed runs per second (a run is one created-and-fully-streamed request,
   what LiteLLM's ~40 requests/s counts); ``http_per_s`` counts every HTTP request.
 * ``cpu_per_event``: server CPU time (user+sys from /proc) per event delivered to clients.
+* ``cpu_per_delta``: server CPU time per streamed provider delta (runs × 40); ``in_process_cpu_
+  per_delta``: the same runs through a Runtime in the bench process (same store kind, config,
+  model and mode, 10 at a time; the lesser of a round before and one after the server's phases);
+  ``_vs_in_process`` is their ratio, and ``<format>_cpu_per_delta_vs_fake`` the adapters' figure
+  over the fake provider's at the same concurrency (target ≤ 2).
 
 LiteLLM, live (issues 5 and 9): its proxy (``litellm[proxy]==1.79.*``) pins uvicorn<0.30 and
 cannot share thoughtgate's venv, so the bench creates ``bench/.litellm-venv`` on first use and
 runs ``litellm --config`` there (one worker, loopback, no DB, telemetry or callbacks) in front of
-thoughtgate's provider emulator (``--emulate``: a Chat Completions stream of 20 reasoning + 20
-text deltas after a 10 ms first byte). At each concurrency, streamed completions go straight to
+the same emulator (Chat Completions). At each concurrency, streamed completions go straight to
 the emulator, then through the proxy: ``litellm_ttfb_added_p50/p99`` is the first content byte
 through the proxy minus the first byte direct (percentile minus percentile), and
 ``litellm_requests_per_s`` counts completed streamed requests through the proxy. Targets: ≤ 1/20
@@ -42,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -49,10 +64,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.emulator_process import (
+    DELTAS,
+    GAP_S,
+    PROVIDER_TTFB_S,
+    added_s,
+    emulator_process,
+    stamp,
+)
+from bench.profile_summary import record, summary
 from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["main"]
@@ -61,9 +85,17 @@ REPO = Path(__file__).resolve().parents[1]
 LITELLM_TTFB_MS = {1: 10.0, 10: 66.0, 100: 960.0}
 LITELLM_RPS = 40.0
 NOTES: list[str] = []  # filled by main(): measured or reference LiteLLM figures
-DELTAS = 20
-PROVIDER_TTFB_S = 0.010
-GAP_S = 0.0005
+PROVIDER_DELTAS = 2 * DELTAS  # reasoning + text deltas the provider streams per run
+FAKE_MODEL = "fake:bench"
+#: wire format -> (model, config section, base URL path): the real adapters against the emulator
+FORMATS = {
+    "anthropic": ("anthropic:claude-sonnet-4-5", "anthropic", ""),
+    "chat": ("openai-compatible:deepseek-reasoner", "openai_compatible", "/v1"),
+    "openrouter": ("openrouter:qwen/qwen3-235b-a22b-thinking-2507", "openrouter", "/v1"),
+    "responses": ("openai:gpt-5", "openai", "/v1"),
+}
+ALL_LEVELS = ("anthropic", "chat")
+"""Formats measured at 1, 10 and 100 concurrent runs; the others at 10 only."""
 
 
 # ----------------------------------------------------------------------------- server side
@@ -75,7 +107,7 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
 
     async def gen() -> AsyncIterator[Any]:
         await asyncio.sleep(PROVIDER_TTFB_S)
-        yield reasoning(f"T{time.monotonic():.6f} ")
+        yield reasoning(stamp())
         for i in range(1, DELTAS):
             await asyncio.sleep(GAP_S)
             yield reasoning(f"step {i} ")
@@ -86,12 +118,26 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-def _serve(port_file: Path, db_url: str, flush_interval: float | None) -> None:
+def _config(emulator_url: str | None) -> Any:
+    """The daemon's (and the in-process run's) config: every provider at the emulator."""
+    from thoughtgate.config import Config
+
+    if emulator_url is None:
+        return Config()
+    providers = {
+        section: {"base_url": emulator_url + path, "api_key": "bench"}
+        for _, section, path in FORMATS.values()
+    }
+    return Config.from_mapping({"providers": providers})
+
+
+def _serve(
+    port_file: Path, db_url: str, flush_interval: float | None, emulator_url: str | None
+) -> None:
     """The server process: register ``fake:bench``, open the store, serve on a free port."""
     import logging
 
     from thoughtgate.access.keys import create_key
-    from thoughtgate.config import Config
     from thoughtgate.orchestration.runtime import Runtime
     from thoughtgate.server.app import create_app
     from thoughtgate.server.serve import serve_app
@@ -110,7 +156,8 @@ def _serve(port_file: Path, db_url: str, flush_interval: float | None) -> None:
     async def run() -> None:
         store = await open_store(db_url)
         key = (await create_key(store, name="bench", role="developer")).key
-        app = create_app(Runtime(store, Config()), Config())
+        config = _config(emulator_url)
+        app = create_app(Runtime(store, config), config)
 
         def ready(host: str, port: int) -> None:
             port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
@@ -183,13 +230,11 @@ class _Connection:
         return status, b"".join(parts)
 
 
-async def _one_run(conn: _Connection) -> tuple[float, float, int]:
+async def _one_run(conn: _Connection, model: str) -> tuple[float, float, int]:
     """(client TTFB s, added TTFB s, events received) for one run, streamed to the end."""
     started = time.monotonic()
     _, created = await conn.request(
-        "POST",
-        "/v1/runs",
-        {"prompt": "bench", "model": "fake:bench", "chain_of_thought": "surface"},
+        "POST", "/v1/runs", {"prompt": "bench", "model": model, "chain_of_thought": "surface"}
     )
     run_id = json.loads(created)["run_id"]
     _, ticket = await conn.request("POST", "/v1/tickets", {"run_id": run_id})
@@ -203,42 +248,94 @@ async def _one_run(conn: _Connection) -> tuple[float, float, int]:
         for message in decoder.feed(chunk):
             count += 1
             if first["client"] < 0 and '"reasoning.delta"' in message.data:
-                emitted = float(json.loads(message.data)["payload"]["text"].split()[0][1:])
-                first["client"], first["added"] = now - started, now - emitted
+                added = added_s(json.loads(message.data)["payload"]["text"], now)
+                assert added is not None, f"no send-time stamp in {message.data[:200]}"
+                first["client"], first["added"] = now - started, added
 
     path = f"/v1/runs/{run_id}/stream?ticket={json.loads(ticket)['ticket']}"
     status, _ = await conn.request("GET", path, on_chunk=on_chunk)
     assert status == 200, status
+    assert first["added"] >= 0, f"run {run_id} ({model}) streamed no reasoning"
     return first["client"], first["added"], count
 
 
-async def _phase(base_url: str, key: str, concurrency: int, total: int) -> dict[str, Any]:
+async def _phase(
+    base_url: str, key: str, concurrency: int, total: int, model: str, cpu: Callable[[], float]
+) -> dict[str, Any]:
+    """``total`` runs, ``concurrency`` at a time, after a warm-up; ``cpu()`` (the server's CPU
+    seconds) is read around the timed runs only, so warm-ups and one-time costs stay out."""
     host, port = base_url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), key).open() for _ in range(concurrency)]
     try:
         for conn in conns[:3]:  # warm-up
-            await _one_run(conn)
+            await _one_run(conn, model)
         remaining = [total]
         results: list[tuple[float, float, int]] = []
 
         async def worker(conn: _Connection) -> None:
             while remaining[0] > 0:
                 remaining[0] -= 1
-                results.append(await _one_run(conn))
+                results.append(await _one_run(conn, model))
 
+        cpu_before = cpu()
         started = time.monotonic()
         await asyncio.gather(*(worker(c) for c in conns))
         elapsed = time.monotonic() - started
+        cpu_used = cpu() - cpu_before
     finally:
         for conn in conns:
             await conn.close()
     return {
         "elapsed": elapsed,
+        "cpu": cpu_used,
         "client": sorted(r[0] for r in results),
         "added": sorted(r[1] for r in results),
         "events": sum(r[2] for r in results),
         "runs": len(results),
     }
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+async def _in_process(
+    model: str, db_url: str, emulator_url: str | None, runs: int, concurrency: int
+) -> float:
+    """Bench-process CPU µs per provider delta of the same runs without the daemon.
+
+    A :class:`~thoughtgate.orchestration.runtime.Runtime` on the same kind of store, with the
+    same config, model and mode (``surface``), ``concurrency`` runs at a time: what the work costs
+    before HTTP, tickets, SSE and the per-reader filter are added.
+    """
+    from thoughtgate.orchestration.runtime import RunRequest, Runtime
+    from thoughtgate.store.urls import open_store
+    from thoughtgate.testing.fake import FAKE_SCRIPTS
+
+    FAKE_SCRIPTS["bench"] = _bench_script
+    store = await open_store(db_url)
+    try:
+        async with Runtime(store, _config(emulator_url)) as runtime:
+
+            async def one() -> None:
+                request = RunRequest("bench", model=model)
+                run = await runtime.run(request, chain_of_thought="surface")
+                assert run.status == "completed", run.error
+
+            for _ in range(3):  # warm-up: imports, connections, caches
+                await one()
+            remaining = [runs]
+
+            async def worker() -> None:
+                while remaining[0] > 0:
+                    remaining[0] -= 1
+                    await one()
+
+            started = time.process_time()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            cpu = time.process_time() - started
+    finally:
+        await store.close()
+    return cpu / (runs * PROVIDER_DELTAS) * 1e6
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -257,46 +354,66 @@ def _result(
 def _series(
     rows: list[dict[str, Any]], litellm: dict[int, dict[str, float]] | None
 ) -> list[dict[str, Any]]:
-    """Plot rows for ``bench.run``: ours against LiteLLM's (measured, else reference) figures."""
+    """Plot rows for ``bench.run``: ours (each variant measured at every level) against
+    LiteLLM's (measured, else reference) figures."""
     by_name = {r["name"]: r["value"] for r in rows}
     levels = sorted(LITELLM_TTFB_MS)
     how = "measured" if litellm else "reference"
     ll_ttfb = {c: litellm[c]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[c] for c in levels}
     ll_rps = {c: litellm[c]["rps"] if litellm else LITELLM_RPS for c in levels}
     common = {"xlabel": "concurrent runs", "logx": True}
-    return [
-        {
-            "series": "daemon-ttfb",
-            "label": "thoughtgate added TTFB p50",
-            "points": [[c, by_name[f"ttfb_added_p50_c{c}"]] for c in levels],
-            "ylabel": "ms",
-            "title": "Added time to first reasoning byte",
-            "logy": True,
-            **common,
-        },
+    variants = {"": "fake provider", **{f"{f}_": f"{f} adapter" for f in ALL_LEVELS}}
+    measured = {
+        prefix: label
+        for prefix, label in variants.items()
+        if all(f"{prefix}runs_per_s_c{c}" in by_name for c in levels)
+    }
+    out: list[dict[str, Any]] = []
+    for prefix, label in measured.items():
+        out.append(
+            {
+                "series": "daemon-ttfb",
+                "label": f"thoughtgate added TTFB p50 ({label})",
+                "points": [[c, by_name[f"{prefix}ttfb_added_p50_c{c}"]] for c in levels],
+                "ylabel": "ms",
+                "title": "Added time to first reasoning byte",
+                "logy": True,
+                **common,
+            }
+        )
+    out.append(
         {
             "series": "daemon-ttfb",
             "label": f"LiteLLM added TTFB p50 ({how})",
             "points": [[c, ll_ttfb[c]] for c in levels],
             "ylabel": "ms",
+            "title": "Added time to first reasoning byte",
+            "logy": True,
             **common,
-        },
-        {
-            "series": "daemon-throughput",
-            "label": "thoughtgate runs/s",
-            "points": [[c, by_name[f"runs_per_s_c{c}"]] for c in levels],
-            "ylabel": "streamed runs per second",
-            "title": "Throughput",
-            **common,
-        },
+        }
+    )
+    for prefix, label in measured.items():
+        out.append(
+            {
+                "series": "daemon-throughput",
+                "label": f"thoughtgate runs/s ({label})",
+                "points": [[c, by_name[f"{prefix}runs_per_s_c{c}"]] for c in levels],
+                "ylabel": "streamed runs per second",
+                "title": "Throughput",
+                **common,
+            }
+        )
+    out.append(
         {
             "series": "daemon-throughput",
             "label": f"LiteLLM requests/s ({how})",
             "points": [[c, ll_rps[c]] for c in levels],
             "ylabel": "per second",
+            "title": "Throughput",
             **common,
-        },
-    ]
+        }
+    )
+    return out
 
 
 # ----------------------------------------------------------------------------- LiteLLM, live
@@ -341,29 +458,6 @@ def _litellm_venv() -> Path | None:
     stamp.write_text(LITELLM_SPEC + "\n")
     print(f"litellm: installed in {time.monotonic() - started:.0f} s")
     return LITELLM_VENV
-
-
-def _emulate(port_file: Path) -> None:
-    """The emulator process: one scenario like ``fake:bench`` (20 reasoning + 20 text deltas)."""
-    import threading
-
-    from thoughtgate.testing.emulator import (
-        Emulator,
-        EmulatorServer,
-        Say,
-        Scenario,
-        ScriptedTurn,
-        Sleep,
-        Think,
-    )
-
-    chunk = 8
-    thought = "".join(f"step {i:02d} " for i in range(DELTAS))  # 8 characters a delta
-    answer = "".join(f"word{i:03d} " for i in range(DELTAS))
-    turn = ScriptedTurn((Sleep(PROVIDER_TTFB_S), Think(thought), Say(answer)), chunk_chars=chunk)
-    server = EmulatorServer(Emulator().add(Scenario("bench", (turn,)), default=True)).start()
-    port_file.write_text(json.dumps({"url": server.url}))
-    threading.Event().wait()  # until the bench terminates this process
 
 
 def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -481,7 +575,9 @@ async def _chat_phase(url: str, concurrency: int, total: int) -> dict[str, Any]:
     return {"elapsed": elapsed, "ttfb": sorted(r[0] for r in results), "runs": len(results)}
 
 
-def _measure_litellm(levels: dict[int, int], tmp: Path) -> dict[int, dict[str, float]] | None:
+def _measure_litellm(
+    levels: dict[int, int], tmp: Path, emulator_url: str
+) -> dict[int, dict[str, float]] | None:
     """LiteLLM's proxy against the emulator, per concurrency: added TTFB p50/p99 and requests/s.
 
     Added TTFB is the first content byte through the proxy minus the first byte straight from
@@ -490,19 +586,8 @@ def _measure_litellm(levels: dict[int, int], tmp: Path) -> dict[int, dict[str, f
     venv = _litellm_venv()
     if venv is None:
         return None
-    port_file = tmp / "emulator.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    emulator = subprocess.Popen(
-        [sys.executable, "-m", "bench.daemon_bench", "--emulate", str(port_file)],
-        env=env,
-        cwd=str(REPO),
-    )
     proxy = None
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        emulator_url = json.loads(port_file.read_text())["url"]
         print("litellm: starting the proxy against the emulator …")
         proxy, proxy_url = _start_litellm(venv, emulator_url, tmp)
         version = subprocess.run(
@@ -532,11 +617,24 @@ def _measure_litellm(levels: dict[int, int], tmp: Path) -> dict[int, dict[str, f
         print(f"litellm: live measurement failed ({exc}); falling back to the reference figures")
         return None
     finally:
-        for proc in (proxy, emulator):
-            if proc is not None:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=15)
+        if proxy is not None:
+            proxy.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proxy.wait(timeout=15)
+
+
+def _variants_note(formats: list[str]) -> str:
+    adapters = ", ".join(f"{name} = {FORMATS[name][0]}" for name in formats) or "not run"
+    return (
+        f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
+        f"rows without a prefix) and the real adapters talking HTTP to the emulator ({adapters}; "
+        f"rows prefixed by the format). Both stream {DELTAS} reasoning + {DELTAS} text deltas "
+        f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, {GAP_S * 1000:g} ms apart. "
+        "cpu_per_delta = server CPU / (runs × provider deltas); in_process_cpu_per_delta = the same "
+        "runs through a Runtime in the bench process (same store kind, config and mode, 10 at a "
+        "time; the lesser of a round before and one after the server's phases); the _vs_ rows are "
+        "ratios of these. The emulator paces its stream like fake:bench, for LiteLLM's proxy too."
+    )
 
 
 def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str) -> str:
@@ -559,6 +657,86 @@ def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str) -> str
     )
 
 
+def _measure(
+    proc: subprocess.Popen[bytes],
+    info: dict[str, str],
+    concurrency: int,
+    total: int,
+    model: str,
+    profile: Path | None = None,
+) -> tuple[dict[str, Any], float]:
+    """One phase against the server; returns its stats and the server's CPU seconds in it.
+
+    With ``profile``, py-spy samples the server during the phase into that file (the sampler's
+    own cost then shows in the figures: profile and measure in separate runs).
+    """
+    stop = record(proc.pid, profile) if profile is not None else None
+    try:
+        stats = asyncio.run(
+            _phase(
+                info["url"],
+                info["key"],
+                concurrency,
+                total,
+                model,
+                functools.partial(_cpu_seconds, proc.pid),
+            )
+        )
+    finally:
+        if stop is not None:
+            stop()
+    if profile is not None and profile.exists():
+        print(f"profile {profile.name}:\n{summary(profile)}")
+    return stats, float(stats["cpu"])
+
+
+def _phase_rows(
+    prefix: str,
+    concurrency: int,
+    stats: dict[str, Any],
+    cpu: float,
+    litellm: dict[int, dict[str, float]] | None,
+    *,
+    full: bool,
+) -> list[dict[str, Any]]:
+    """Rows of one phase; ``full`` adds the client-side TTFB, HTTP rate and per-event CPU."""
+    tag = f"c{concurrency}"
+    rps = stats["runs"] / stats["elapsed"]
+    ll_ttfb = litellm[concurrency]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[concurrency]
+    ll_rps = litellm[concurrency]["rps"] if litellm else LITELLM_RPS
+    added, client = stats["added"], stats["client"]
+    rows = [
+        _result(f"{prefix}ttfb_added_p50_{tag}", _pct(added, 0.5) * 1000, "ms", None, False),
+        _result(f"{prefix}ttfb_added_p99_{tag}", _pct(added, 0.99) * 1000, "ms", None, False),
+    ]
+    rows[0]["target"] = round(ll_ttfb / 20, 3)
+    rows[0]["ok"] = rows[0]["value"] <= rows[0]["target"]
+    if full:
+        rows += [
+            _result(f"{prefix}ttfb_client_p50_{tag}", _pct(client, 0.5) * 1000, "ms", None, False),
+            _result(f"{prefix}ttfb_client_p99_{tag}", _pct(client, 0.99) * 1000, "ms", None, False),
+        ]
+    rows.append(_result(f"{prefix}runs_per_s_{tag}", rps, "runs/s", round(ll_rps * 10, 1), True))
+    if full:
+        rows += [
+            _result(f"{prefix}http_per_s_{tag}", rps * 3, "requests/s", None, True),
+            _result(
+                f"{prefix}cpu_per_event_{tag}",
+                cpu / max(1, stats["events"]) * 1e6,
+                "µs/event",
+                None,
+                False,
+            ),
+        ]
+    per_delta = cpu / max(1, stats["runs"] * PROVIDER_DELTAS) * 1e6
+    rows.append(_result(f"{prefix}cpu_per_delta_{tag}", per_delta, "µs/delta", None, False))
+    return rows
+
+
+def _ratio(name: str, value: float, target: float | None = None) -> dict[str, Any]:
+    return _result(name, value, "x", target, higher=False)
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs per level")
@@ -579,27 +757,59 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         action="store_true",
         help="skip the live LiteLLM proxy run; compare with its published reference figures",
     )
-    parser.add_argument("--serve", nargs=2, metavar=("PORT_FILE", "DB_URL"), help=argparse.SUPPRESS)
-    parser.add_argument("--emulate", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--variant",
+        choices=("all", "fake", "adapters"),
+        default="all",
+        help="fake: the zero-cost fake provider; adapters: the real adapters over HTTP",
+    )
+    parser.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help=f"wire formats of the adapters variant, comma-separated ({', '.join(FORMATS)})",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="sample the server with py-spy in every phase into DIR/<variant>_c<N>.txt "
+        "(raw stacks) and print a summary of each; figures of a profiled run are not clean",
+    )
+    parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
-    if args.serve:
-        _serve(Path(args.serve[0]), args.serve[1], args.flush_interval)
+    if args.serve:  # PORT_FILE DB_URL [EMULATOR_URL]
+        emulator = args.serve[2] if len(args.serve) > 2 else None
+        _serve(Path(args.serve[0]), args.serve[1], args.flush_interval, emulator)
         return []
-    if args.emulate:
-        _emulate(Path(args.emulate))
-        return []
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        parser.error(f"unknown formats {unknown}; known: {', '.join(FORMATS)}")
+    fake = args.variant in ("all", "fake")
+    if args.variant == "fake":
+        formats = []
 
     have_sqlite = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
     durable = args.store == "sqlite" or (args.store == "auto" and have_sqlite)
     levels = {1: 20, 10: 100, 100: 300} if not args.quick else {1: 10, 10: 40, 100: 100}
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        db_url = f"sqlite:///{Path(tmp) / 'bench.db'}" if durable else "memory://"
+    with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as emulator_url:
+
+        def db(name: str) -> str:
+            return f"sqlite:///{Path(tmp) / name}.db" if durable else "memory://"
+
+        def where(variant: str, concurrency: int) -> Path | None:
+            if args.profile is None:
+                return None
+            args.profile.mkdir(parents=True, exist_ok=True)
+            return Path(args.profile) / f"{variant}_c{concurrency}.txt"
+
         why = "asked for" if args.store != "auto" else "no SQLite store here"
         print(f"store: {'SQLite file (durable)' if durable else f'memory ({why})'}")
-        litellm = None if args.no_litellm else _measure_litellm(levels, Path(tmp))
+        litellm = None if args.no_litellm else _measure_litellm(levels, Path(tmp), emulator_url)
         why = "--no-litellm" if args.no_litellm else "the proxy could not be installed or run"
-        NOTES[:] = [_litellm_note(litellm, why)]
+        NOTES[:] = [_litellm_note(litellm, why), _variants_note(formats)]
         print(NOTES[0])
         if litellm:
             for concurrency, m in sorted(litellm.items()):
@@ -612,78 +822,78 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         f"emulator_requests_per_s_{tag}", m["direct_rps"], "requests/s", None, True
                     ),
                 ]
+        # The same runs in this process, while the server is idle: before its phases, and again
+        # after them (the lesser counts: the machine is shared, noise only ever adds CPU time).
+        models = ([FAKE_MODEL] if fake else []) + [FORMATS[f][0] for f in formats]
+
+        def measure_in_process(round_: int) -> dict[str, float]:
+            return {
+                model: asyncio.run(
+                    _in_process(model, db(f"in-process-{round_}-{i}"), emulator_url, 100, 10)
+                )
+                for i, model in enumerate(models)
+            }
+
+        in_process = measure_in_process(0)
         port_file = Path(tmp) / "port.json"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "bench.daemon_bench",
-                "--serve",
-                str(port_file),
-                db_url,
+                *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
+                *(db("bench"), emulator_url),
                 *(["--flush-interval", str(args.flush_interval)] if args.flush_interval else []),
             ],
             env=env,
             cwd=str(REPO),
         )
+        # (row prefix, model) -> concurrency -> the phase's rows (cpu_per_delta last)
+        phases: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+        variants = ([("", FAKE_MODEL)] if fake else []) + [
+            (f"{f}_", FORMATS[f][0]) for f in formats
+        ]
         try:
             deadline = time.monotonic() + 30
             while not port_file.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             info = json.loads(port_file.read_text())
-            for concurrency, total in levels.items():
-                cpu_before = _cpu_seconds(proc.pid)
-                stats = asyncio.run(_phase(info["url"], info["key"], concurrency, total))
-                cpu = _cpu_seconds(proc.pid) - cpu_before
-                rps = stats["runs"] / stats["elapsed"]
-                ll_ttfb = litellm[concurrency]["ttfb_p50"] if litellm else None
-                ll_rps = litellm[concurrency]["rps"] if litellm else LITELLM_RPS
-                ttfb_target = round((ll_ttfb or LITELLM_TTFB_MS[concurrency]) / 20, 3)
-                tag = f"c{concurrency}"
-                results += [
-                    _result(
-                        f"ttfb_added_p50_{tag}",
-                        _pct(stats["added"], 0.5) * 1000,
-                        "ms",
-                        ttfb_target,
-                        higher=False,
-                    ),
-                    _result(
-                        f"ttfb_added_p99_{tag}",
-                        _pct(stats["added"], 0.99) * 1000,
-                        "ms",
-                        None,
-                        higher=False,
-                    ),
-                    _result(
-                        f"ttfb_client_p50_{tag}",
-                        _pct(stats["client"], 0.5) * 1000,
-                        "ms",
-                        None,
-                        higher=False,
-                    ),
-                    _result(
-                        f"ttfb_client_p99_{tag}",
-                        _pct(stats["client"], 0.99) * 1000,
-                        "ms",
-                        None,
-                        higher=False,
-                    ),
-                    _result(f"runs_per_s_{tag}", rps, "runs/s", round(ll_rps * 10, 1), higher=True),
-                    _result(f"http_per_s_{tag}", rps * 3, "requests/s", None, higher=True),
-                    _result(
-                        f"cpu_per_event_{tag}",
-                        cpu / max(1, stats["events"]) * 1e6,
-                        "µs/event",
-                        None,
-                        higher=False,
-                    ),
-                ]
+            for prefix, model in variants:
+                name = prefix.rstrip("_") or "fake"
+                for concurrency, total in levels.items():
+                    if prefix and concurrency != 10 and name not in ALL_LEVELS:
+                        continue
+                    stats, cpu = _measure(
+                        proc, info, concurrency, total, model, where(name, concurrency)
+                    )
+                    rows = _phase_rows(prefix, concurrency, stats, cpu, litellm, full=not prefix)
+                    phases.setdefault((prefix, model), {})[concurrency] = rows
         finally:
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=15)
+        again = measure_in_process(1)
+        in_process = {model: min(in_process[model], again[model]) for model in models}
+    for model, value in in_process.items():
+        print(f"in process: {model}: {value:.1f} µs per provider delta (the lesser of two rounds)")
+    fake_per_delta = {c: rows[-1]["value"] for c, rows in phases.get(("", FAKE_MODEL), {}).items()}
+    for (prefix, model), by_level in phases.items():
+        results.append(
+            _result(f"{prefix}in_process_cpu_per_delta", in_process[model], "µs/delta", None, False)
+        )
+        for concurrency, rows in by_level.items():
+            per_delta = rows[-1]["value"]
+            tag = f"c{concurrency}"
+            results += rows
+            results.append(
+                _ratio(f"{prefix}cpu_per_delta_vs_in_process_{tag}", per_delta / in_process[model])
+            )
+            if prefix and concurrency in fake_per_delta:
+                results.append(
+                    _ratio(
+                        f"{prefix}cpu_per_delta_vs_fake_{tag}",
+                        per_delta / fake_per_delta[concurrency],
+                        target=2.0,
+                    )
+                )
     results += _series(results, litellm)
     rows = [r for r in results if "series" not in r]
     width = max(len(r["name"]) for r in rows)
@@ -694,7 +904,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     source = "measured LiteLLM proxy figures above" if litellm else "LiteLLM's reference"
     print(
         f"targets: ≤ 1/20 of LiteLLM's added TTFB and ≥ 10× its requests/s ({source}; reference: "
-        "~10/66/960 ms at 1/10/100 streams, ~40 requests/s)"
+        "~10/66/960 ms at 1/10/100 streams, ~40 requests/s); the real adapters' CPU per provider "
+        "delta ≤ 2× the fake provider's at the same concurrency"
     )
     return results
 

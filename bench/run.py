@@ -6,7 +6,8 @@ no target); a row with a ``"series"`` key instead feeds a plot:
 ``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
 Ratios are always measured against a baseline taken in the same run, because this machine is
 shared and noisy; absolute times are printed for context only. A module may also define
-``NOTES`` (a list of sentences) for the page's notes section.
+``NOTES`` (a list of sentences) for the page's notes section. Everything from the :data:`KEPT`
+marker on in the existing page (profile summaries and the like) is kept below the new figures.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ MODULES = (
 )
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUDGET_S = 15 * 60
+KEPT = "<!-- Written by hand: make bench keeps everything from this line on. -->"
+"""Where ``docs/benchmarks.md`` stops being generated (profile summaries, notes on a change)."""
+
+
+def _kept(page: Path) -> list[str]:
+    """The page's hand-written tail, from :data:`KEPT` on, to put back after the figures."""
+    text = page.read_text() if page.exists() else ""
+    start = text.find(KEPT)
+    return [] if start < 0 else ["", text[start:].rstrip("\n")]
 
 
 def _fmt(value: Any) -> str:
@@ -135,6 +145,7 @@ def main() -> int:
         lines += ["", "## Benchmarks that did not run", ""] + [
             f"- {f.splitlines()[0]}" for f in failures
         ]
+    lines += _kept(DOCS / "benchmarks.md")
     (DOCS / "benchmarks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     for f in failures:

@@ -26,6 +26,7 @@ from bench.capture_bench import (
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import Provider, ProviderSettings
+from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.sqlite import SQLiteStore
 
 Row = dict[str, Any]
@@ -96,9 +97,15 @@ async def measure(url: str, db: Path) -> list[Row]:
     return rows
 
 
+async def _sharing_connections(url: str, db: Path) -> list[Row]:
+    """Runs keep the provider connections between them, as the raw client keeps its own."""
+    async with shared_clients().lease():
+        return await measure(url, db)
+
+
 def main() -> list[Row]:
     with server_process() as url, tempfile.TemporaryDirectory() as tmp:
-        rows = asyncio.run(measure(url, Path(tmp) / "bench.db"))
+        rows = asyncio.run(_sharing_connections(url, Path(tmp) / "bench.db"))
     for row in rows:
         print(f"{row['name']:<40} {row['value']:>10} {row['unit']}")
     return rows

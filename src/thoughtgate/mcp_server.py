@@ -178,7 +178,8 @@ async def serve_stdio(config: Config, *, db_url: str, role: Role) -> None:
     """Open the store, serve the tools over stdin/stdout until the host closes them."""
     store: EventStore = await open_store(db_url)
     try:
-        runtime = Runtime(store, config, sinks=telemetry_sinks(config))
-        await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
+        # ``async with``: the server's runs share provider connections, closed when it stops.
+        async with Runtime(store, config, sinks=telemetry_sinks(config)) as runtime:
+            await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
     finally:
         await store.close()

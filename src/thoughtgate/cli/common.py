@@ -39,10 +39,18 @@ def print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+async def _sharing_clients(coro: Coroutine[Any, Any, T]) -> T:
+    """The command's provider connections are shared by all its runs and closed at its end."""
+    from thoughtgate.providers.clients import shared_clients  # httpx only when a command runs
+
+    async with shared_clients().lease():
+        return await coro
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command body; a ThoughtgateError becomes one clear line and a non-zero exit."""
     try:
-        return asyncio.run(coro)
+        return asyncio.run(_sharing_clients(coro))
     except ThoughtgateError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from types import TracebackType
 from typing import Any
 
 from thoughtgate.config import (
@@ -66,6 +67,7 @@ from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
+from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import close_run_interrupted, end_run
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
@@ -149,7 +151,13 @@ def provider_settings_from_config(
 
 
 class Runtime:
-    """Creates and executes runs against one store."""
+    """Creates and executes runs against one store.
+
+    Provider connections are the process's (:mod:`thoughtgate.providers.clients`): each execution
+    keeps them open while it runs, so the turns of a run share keep-alive connections. Use
+    ``async with Runtime(...) as runtime:`` to keep them open across runs too; they are closed when
+    the block ends.
+    """
 
     def __init__(
         self,
@@ -175,6 +183,23 @@ class Runtime:
         """Providers built while creating a run (to check its models), used by its first tasks."""
         self.sinks: list[EventSink] = list(sinks)
         self.leases = LeaseKeeper(store, ttl_s=self.config.orchestration.lease_ttl_s)
+        """This process's leases on the runs it executes (ADR 0008)."""
+        self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
+        """Leases on the process's provider clients, one per ``async with`` (not run leases)."""
+
+    async def __aenter__(self) -> Runtime:
+        lease = shared_clients().lease()
+        await lease.__aenter__()
+        self._client_leases.append(lease)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client_leases.pop().__aexit__(exc_type, exc, tb)
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
         """Every append outside a task recorder goes through here so sinks see it."""
@@ -286,7 +311,9 @@ class Runtime:
     async def _prepare(self, models: Iterable[str | None]) -> dict[str, Provider]:
         """Build each model's provider once, so a missing key or an unknown model is a
         ``UsageError`` now instead of a failed run later. Only caller mistakes raise here; a
-        provider that cannot be built for another reason is left for the run to report."""
+        provider that cannot be built for another reason is left for the run to report.
+        Building an adapter opens no connection and no client (clients are the process's, made on
+        the first request: ``providers.clients``)."""
         built: dict[str, Provider] = {}
         for model in dict.fromkeys(m for m in models if m):
             try:
@@ -306,6 +333,10 @@ class Runtime:
         run ``interrupted``, its unfinished tasks first; the cancel message, if any, is the
         recorded reason. The ``CancelledError`` is then re-raised.
         """
+        async with shared_clients().lease():  # one set of provider connections for all turns
+            return await self._execute(run_id)
+
+    async def _execute(self, run_id: str) -> RunRecord:
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())

@@ -1,4 +1,9 @@
-"""Shared HTTP plumbing for adapters: one client, timeouts, retries, and error mapping in one place.
+"""Shared HTTP plumbing for adapters: requests, timeouts, retries, and error mapping in one place.
+
+Clients: a transport holds no client of its own. Each request borrows the process's shared client
+for its endpoint (:mod:`thoughtgate.providers.clients`) and sends the run's timeouts and headers
+(the key among them) with the request, so runs share connection pools and keep-alive connections
+while their settings stay their own.
 
 Retries: 408, 429, 500-599 and 529 answers and connection failures are retried with exponential
 backoff and jitter, honouring ``retry-after``, up to ``max_retries`` times. A retry can only happen
@@ -31,6 +36,7 @@ from thoughtgate.errors import (
     ProviderTimeoutError,
 )
 from thoughtgate.providers.base import ProviderSettings
+from thoughtgate.providers.clients import ProviderClients, shared_clients
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 __all__ = [
@@ -163,7 +169,12 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
 
 
 class HTTPTransport:
-    """An httpx client bound to one provider's base URL, headers and retry policy."""
+    """One provider's base URL, request headers, timeouts and retry policy; no connection state.
+
+    ``client``: an explicit client this transport uses instead of the shared one, and closes in
+    :meth:`aclose` (tests hand one in with a mock transport). ``clients``: the pool to borrow from
+    (the process's by default).
+    """
 
     def __init__(
         self,
@@ -173,14 +184,19 @@ class HTTPTransport:
         settings: ProviderSettings,
         *,
         client: httpx.AsyncClient | None = None,
+        clients: ProviderClients | None = None,
     ) -> None:
         self.provider = provider
         self.base_url = base_url.rstrip("/")
         self.settings = settings
-        timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
-        self._client = client or httpx.AsyncClient(timeout=timeout, headers=dict(headers))
+        self._timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
+        self._own_client = client
+        self._clients = clients or shared_clients()
         self._headers = dict(headers)
         self.sleep = asyncio.sleep
+
+    def _client(self) -> httpx.AsyncClient:
+        return self._own_client or self._clients.client(self.base_url)
 
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
@@ -234,13 +250,26 @@ class HTTPTransport:
 
         Non-2xx answers raise :class:`ProviderHTTPError` (after retries where allowed).
         """
+        # The lease keeps the shared client open while this request runs.
+        async with self._clients.lease(), self._open(path, body, stream=stream) as response:
+            yield response
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self, path: str, body: Mapping[str, Any], *, stream: bool
+    ) -> AsyncIterator[httpx.Response]:
         attempt = 0
         while True:
+            client = self._client()
             try:
-                request = self._client.build_request(
-                    "POST", self.url(path), json=body, headers=self._headers
+                request = client.build_request(
+                    "POST",
+                    self.url(path),
+                    json=body,
+                    headers=self._headers,
+                    timeout=self._timeout,
                 )
-                response = await self._client.send(request, stream=True)
+                response = await client.send(request, stream=True)
             except httpx.HTTPError as exc:
                 error = self._transport_error(exc, streaming=False)
                 if error.retryable and attempt < self.settings.max_retries:
@@ -321,4 +350,6 @@ class HTTPTransport:
         return _request_id(response.headers)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Close an explicit client; the shared ones belong to the process (see clients)."""
+        if self._own_client is not None:
+            await self._own_client.aclose()

@@ -4,7 +4,8 @@
 >>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
 
 Startup (lifespan) prepares the ticket secret and closes runs a crashed process left running, then
-keeps closing such runs periodically (ADR 0008); shutdown gives in-flight runs ``shutdown_grace_s`` to finish and interrupts the rest. The app does
+keeps closing such runs periodically (ADR 0008); shutdown gives in-flight runs ``shutdown_grace_s``
+to finish, interrupts the rest, and closes the provider connections the runs shared. The app does
 not own the store: whoever opened it closes it.
 """
 
@@ -27,6 +28,7 @@ from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.orchestration.recorder import EventSink
 from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
+from thoughtgate.providers.clients import shared_clients
 from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.api import starlette_route
 from thoughtgate.server.errors import exception_handlers
@@ -121,14 +123,16 @@ def create_app(
             if recovered:
                 log.warning("marked %d run(s) left running as interrupted", len(recovered))
             manager.start_sweeping()
-        try:
-            yield
-        finally:
-            await manager.shutdown()
-            if state.feeds is not None:
-                await state.feeds.close()
-            if state.access is not None:
-                await state.access.close()
+        # Provider clients are shared by every run of this process and closed after the last one.
+        async with shared_clients().lease():
+            try:
+                yield
+            finally:
+                await manager.shutdown()
+                if state.feeds is not None:
+                    await state.feeds.close()
+                if state.access is not None:
+                    await state.access.close()
 
     app = Starlette(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],

@@ -9,10 +9,13 @@ Routes (base URLs as the official SDKs expect them):
 The scenario is chosen by the ``x-emulator-scenario`` header, else by the request's model name when
 a scenario has that name, else the default scenario. A header naming no known scenario is a 400
 that lists the known ones (in the format's own error shape), never a silent fallback.
+``EmulatorServer.connections`` counts the TCP connections accepted and open (keep-alive reuse is
+visible there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import socket
@@ -26,10 +29,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.testing.emulator.scenario import Scenario
 
-__all__ = ["Emulator", "EmulatorServer", "RecordedRequest", "serve_emulator"]
+__all__ = ["ConnectionCount", "Emulator", "EmulatorServer", "RecordedRequest", "serve_emulator"]
 
 
 @dataclass(slots=True)
@@ -149,6 +153,33 @@ def _free_port(host: str) -> int:
         return port
 
 
+@dataclass(slots=True)
+class ConnectionCount:
+    """TCP connections the emulator's server accepted, and how many are open now.
+
+    Tests read it to prove that clients reuse keep-alive connections and close them at the end.
+    """
+
+    accepted: int = 0
+    open: int = 0
+
+
+def _counting(base: type[asyncio.Protocol], count: ConnectionCount) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class, counting the connections it is made for."""
+
+    def connection_made(self: asyncio.Protocol, transport: asyncio.BaseTransport) -> None:
+        count.accepted += 1
+        count.open += 1
+        base.connection_made(self, transport)
+
+    def connection_lost(self: asyncio.Protocol, exc: Exception | None) -> None:
+        count.open -= 1
+        base.connection_lost(self, exc)
+
+    namespace = {"connection_made": connection_made, "connection_lost": connection_lost}
+    return type("CountingHTTPProtocol", (base,), namespace)
+
+
 class EmulatorServer:
     """Runs an emulator with uvicorn in a background thread on loopback."""
 
@@ -156,8 +187,14 @@ class EmulatorServer:
         self.emulator = emulator
         self.host = host
         self.port = port or _free_port(host)
+        self.connections = ConnectionCount()
         config = uvicorn.Config(
-            emulator.app, host=host, port=self.port, log_level="warning", lifespan="off"
+            emulator.app,
+            host=host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            http=_counting(AutoHTTPProtocol, self.connections),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)

@@ -1,0 +1,133 @@
+"""The provider emulator the daemon bench talks to over HTTP, in a process of its own.
+
+One scenario, ``bench``, like ``fake:bench``: after ``PROVIDER_TTFB_S`` the model thinks in
+``DELTAS`` reasoning deltas of 8 characters, then answers in ``DELTAS`` text deltas, in whichever
+of the four wire formats the request asks for. Like a real provider (and like ``fake:bench``), it
+paces its stream: every body write is followed by ``GAP_S`` of silence, so each delta reaches the
+client in its own read instead of all of them in one buffer.
+
+The first reasoning delta carries the time it was sent: the scenario's thought starts with the
+placeholder ``STAMP``, which the pacing layer replaces in the first body write that holds it with
+:func:`stamp` (``T`` and ``time.monotonic()`` modulo 100 s, 8 characters like the placeholder;
+CLOCK_MONOTONIC is system-wide, so the bench client reads it directly). :func:`added_s` turns a
+stamp and a receive time back into seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DELTAS", "GAP_S", "PROVIDER_TTFB_S", "STAMP", "added_s", "emulator_process", "stamp"]
+
+REPO = Path(__file__).resolve().parents[1]
+DELTAS = 20
+PROVIDER_TTFB_S = 0.010
+GAP_S = 0.0005
+STAMP = "T00.0000"
+_STAMP_RE = re.compile(r"T(\d\d\.\d{4})")
+
+
+def stamp() -> str:
+    """``T`` and the monotonic clock modulo 100 s, as 8 characters (one delta's worth)."""
+    return f"T{time.monotonic() % 100:07.4f}"
+
+
+def added_s(text: str, received: float) -> float | None:
+    """Seconds from the stamp found in ``text`` to ``received`` (a ``time.monotonic()``)."""
+    found = _STAMP_RE.search(text)
+    if found is None:
+        return None
+    return (received % 100 - float(found.group(1))) % 100
+
+
+def _paced(app: Any) -> Any:
+    """ASGI wrapper: ``GAP_S`` after each body write; the first ``STAMP`` becomes the send time."""
+    placeholder = STAMP.encode()
+
+    async def paced(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        stamped = False
+
+        async def send_paced(message: Any) -> None:
+            nonlocal stamped
+            body = message.get("body") if message["type"] == "http.response.body" else None
+            if not body:
+                await send(message)
+                return
+            if not stamped and placeholder in body:
+                stamped = True
+                # every copy in this write (OpenRouter mirrors reasoning in two fields)
+                message = {**message, "body": body.replace(placeholder, stamp().encode())}
+            await send(message)
+            await asyncio.sleep(GAP_S)
+
+        await app(scope, receive, send_paced)
+
+    return paced
+
+
+def serve(port_file: Path) -> None:
+    """The emulator process: the ``bench`` scenario, paced, on a free loopback port."""
+    import uvicorn
+
+    from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Sleep, Think
+
+    thought = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))  # 8 characters a delta
+    answer = "".join(f"word{i:03d} " for i in range(DELTAS))
+    turn = ScriptedTurn((Sleep(PROVIDER_TTFB_S), Think(thought), Say(answer)), chunk_chars=8)
+    emulator = Emulator().add(Scenario("bench", (turn,)), default=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        _paced(emulator.app),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        loop="asyncio",  # the server's loop too: the same timer resolution as fake:bench's sleeps
+    )
+    server = uvicorn.Server(config)
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    port_file.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    threading.Event().wait()  # until the bench terminates this process
+
+
+@contextlib.contextmanager
+def emulator_process(tmp: Path) -> Iterator[str]:
+    """The emulator in a child process (its CPU is not the bench's); yields its base URL."""
+    port_file = tmp / "emulator.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.emulator_process", str(port_file)], env=env, cwd=str(REPO)
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield str(json.loads(port_file.read_text())["url"])
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

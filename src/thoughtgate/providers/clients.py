@@ -1,0 +1,218 @@
+"""One HTTP client per provider endpoint and process, shared by every adapter and every run.
+
+Why: an ``httpx.AsyncClient`` owns a connection pool and a TLS context. Building one costs about
+50 ms of CPU (``load_verify_locations``) and starts with no connection, so a client per adapter
+meant ~100 ms per daemon run (an adapter is built to check the model when the run is requested,
+and again to execute it) and a new TCP (and TLS) connection per turn. Here:
+
+* A client is made lazily, on the first request to its endpoint (scheme, host and port of the base
+  URL); building an adapter, or checking a model and its key, opens nothing.
+* A client carries nothing of a run: timeouts, headers and keys go on each request
+  (:class:`~thoughtgate.providers.http.HTTPTransport`), so one client serves every run, model and
+  key that talks to that endpoint, and its keep-alive connections are reused across turns and runs.
+* All clients share one TLS context, built once per process.
+* A client spreads its connections over small connection pools of ``SHARD_SIZE`` (see
+  :class:`ShardedTransport`): httpcore's pool walks all its connections on every request and every
+  response close, so one pool of a hundred streams cost more CPU than the streams' parsing.
+* A client belongs to the event loop that made it (its connections do). A process runs one loop
+  (the daemon's, the CLI command's, the MCP server's), so this is one client per endpoint per
+  process; another loop (a second ``asyncio.run``) gets its own.
+* Clients are closed when the last *lease* on their loop ends. Long-lived owners hold one for their
+  lifetime (the daemon's lifespan, a CLI command, the MCP server, ``async with Runtime(...)``);
+  each request and each run execution holds one while it lasts, so a client is never closed under
+  a request, and clients used without a long-lived owner never outlive the work that used them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ssl
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+__all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
+
+SHARD_SIZE = 16
+"""Requests in flight per connection pool before the next pool takes new ones (see
+:class:`ShardedTransport`); a pool keeps as many idle keep-alive connections."""
+KEEPALIVE_EXPIRY_S = 5.0
+
+
+def endpoint_of(base_url: str) -> str:
+    """``scheme://host:port`` of a base URL: what one client (and its connection pool) serves."""
+    url = httpx.URL(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return f"{url.scheme}://{url.host}:{port}"
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The process's one TLS context (httpx's defaults: certifi, or ``SSL_CERT_FILE``/``_DIR``)."""
+    return httpx.create_ssl_context()
+
+
+class _Shard:
+    __slots__ = ("active", "transport")
+
+    def __init__(self, transport: httpx.AsyncHTTPTransport) -> None:
+        self.transport = transport
+        self.active = 0
+
+
+class _ReleasingStream(httpx.AsyncByteStream):
+    """A response body that gives its shard's slot back when the response is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, shard: _Shard) -> None:
+        self._inner = inner
+        self._shard: _Shard | None = shard
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._inner.__aiter__()  # no generator layer of our own on the per-read path
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            if self._shard is not None:
+                self._shard.active -= 1
+                self._shard = None
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """httpx's own transport, several times over: a new request goes to the first pool with fewer
+    than ``shard_size`` requests in flight, and a new pool is made when all are that busy.
+
+    Why: httpcore 1.0's pool re-examines every connection it holds on each request and each
+    response close (idle ones with a socket poll), and part of it compares every idle connection
+    with all others, so its cost per request grows with the connections held. A provider endpoint
+    holds one connection per concurrent stream: at 100 streams that walk was a fifth of the
+    daemon's CPU. Pools of a few connections keep it small; the first pools stay the busiest, so
+    sequential runs keep reusing the same warm connections. Requests are never queued here: a pool
+    has no connection limit, and a stream holds its connection as long as it needs.
+    """
+
+    def __init__(self, *, verify: ssl.SSLContext, shard_size: int = SHARD_SIZE) -> None:
+        self._verify = verify
+        self._size = shard_size
+        self._shards: list[_Shard] = []
+
+    @property
+    def pools(self) -> int:
+        return len(self._shards)
+
+    def _shard(self) -> _Shard:
+        for shard in self._shards:
+            if shard.active < self._size:
+                return shard
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=self._size,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
+        shard = _Shard(httpx.AsyncHTTPTransport(verify=self._verify, limits=limits))
+        self._shards.append(shard)
+        return shard
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        shard = self._shard()
+        shard.active += 1
+        try:
+            response = await shard.transport.handle_async_request(request)
+        except BaseException:
+            shard.active -= 1
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_ReleasingStream(response.stream, shard),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        shards, self._shards = self._shards, []
+        for shard in shards:
+            await shard.transport.aclose()
+
+
+@dataclass(slots=True)
+class _LoopClients:
+    clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
+    transports: dict[str, ShardedTransport] = field(default_factory=dict)
+    leases: int = 0
+
+
+class ProviderClients:
+    """The clients of one process, by event loop and endpoint; see the module docstring."""
+
+    def __init__(self, *, shard_size: int = SHARD_SIZE) -> None:
+        self.shard_size = shard_size
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.created = 0
+        """Clients made so far (all loops): tests and benchmarks read it."""
+
+    def _here(self) -> _LoopClients:
+        loop = asyncio.get_running_loop()
+        here = self._loops.get(loop)
+        if here is None:
+            here = self._loops[loop] = _LoopClients()
+        return here
+
+    def client(self, base_url: str) -> httpx.AsyncClient:
+        """The shared client for ``base_url``'s endpoint on the running loop, made on first use."""
+        here = self._here()
+        key = endpoint_of(base_url)
+        client = here.clients.get(key)
+        if client is None or client.is_closed:
+            # No timeout, headers or base URL here: those are the run's, sent per request.
+            transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
+            client = httpx.AsyncClient(verify=_tls_context(), transport=transport)
+            here.clients[key] = client
+            here.transports[key] = transport
+            self.created += 1
+        return client
+
+    def pools(self, base_url: str) -> int:
+        """Connection pools of ``base_url``'s client on the running loop (0 without a client)."""
+        transport = self._here().transports.get(endpoint_of(base_url))
+        return 0 if transport is None else transport.pools
+
+    def endpoints(self) -> list[str]:
+        """Endpoints with an open client on the running loop."""
+        return sorted(k for k, c in self._here().clients.items() if not c.is_closed)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[None]:
+        """Keep this loop's clients open while the block runs; the last lease out closes them."""
+        here = self._here()
+        here.leases += 1
+        try:
+            yield
+        finally:
+            here.leases -= 1
+            if here.leases == 0:
+                await self._close(here)
+
+    @staticmethod
+    async def _close(here: _LoopClients) -> None:
+        clients = list(here.clients.values())
+        here.clients.clear()  # a request from now on gets a new client, never a closing one
+        here.transports.clear()
+        for client in clients:
+            with contextlib.suppress(Exception):  # closing must not mask what ended the owner
+                await client.aclose()
+
+
+_SHARED = ProviderClients()
+
+
+def shared_clients() -> ProviderClients:
+    """The process's clients, used by every adapter that is not handed a client of its own."""
+    return _SHARED

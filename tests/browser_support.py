@@ -173,8 +173,9 @@ SNAPSHOT_JS = """(root) => {
   const items = [...root.querySelectorAll('[data-testid=thread-items] > li')].map((li) =>
     [li.dataset.testid || '', li.dataset.status || '', text(li)]);
   const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
-  return { items, answer: pick('answer-text'), receipt: pick('receipt'), raw: pick('raw-text'),
-           error: pick('answer-error') };
+  const raws = [...root.querySelectorAll('[data-testid=raw-text]')].map((n) => n.innerText);
+  return { items, answer: pick('answer-text'), receipt: pick('receipt'),
+           raw: raws.length ? raws.join('') : null, error: pick('answer-error') };
 }"""
 
 

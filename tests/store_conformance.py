@@ -363,7 +363,7 @@ class StoreConformance:
         for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
             assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
 
-    # -- ending runs and leases (ADR 0008) ----------------------------------------------
+    # -- ending runs and leases (ADR 0009) ----------------------------------------------
     async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
         self, store: EventStore
     ) -> None:

@@ -81,6 +81,28 @@ def test_events_status_runs_and_trace_read_through_the_filter(db: str) -> None:
     assert denied.returncode == 2 and "developer" in denied.stderr
 
 
+def test_status_names_each_turns_reasoning_for_what_it_is(db: str) -> None:
+    """Raw reasoning (fake:echo) is "Raw reasoning"; Claude 4+ summarized thinking (the demo) is
+    "Reasoning (provider summary)"; a viewer's status shows neither, only the visible steps."""
+    wide = {"COLUMNS": "200"}
+    raw_run = run_json(db, "--cot", "surface")["run_id"]
+    developer = tg("status", raw_run, "--db", db, "--view-as", "developer", env=wide).stdout
+    assert "Raw reasoning · model turn 1 · developer only" in developer
+    assert "echo them back" in developer and "provider summary" not in developer
+    demo = json.loads(tg("demo", "--json", "--db", db).stdout)["run_id"]
+    developer = tg("status", demo, "--db", db, "--view-as", "developer", env=wide).stdout
+    for turn in (1, 2, 3):
+        assert f"Reasoning (provider summary) · model turn {turn} · developer only" in developer
+    assert "Raw reasoning" not in developer
+    viewer = tg("status", demo, "--db", db, "--view-as", "viewer", env=wide).stdout
+    assert "Reasoning" not in viewer.replace("About the reasoning", "")
+    assert "I need the user's country" not in viewer  # the thinking, never shown to a viewer
+    assert "• Found your country in your profile." in viewer  # narrated for the reader
+    assert "↳ Checking your profile for your country" in viewer  # why, under its tool's card
+    assert "notes the agent wrote for you (3)" in viewer
+    assert "only developers and above can read it" in viewer
+
+
 def test_local_role_from_config_and_view_as_cannot_raise_it(db: str, tmp_path: Path) -> None:
     cfg = tmp_path / "thoughtgate.toml"
     cfg.write_text(
@@ -153,6 +175,11 @@ def test_demo_json_runs_offline(tmp_path: Path) -> None:
 
 
 def test_demo_human_output_uses_default_store(tmp_path: Path) -> None:
-    proc = tg("demo", env={"XDG_DATA_HOME": str(tmp_path / "data")})
+    proc = tg("demo", env={"XDG_DATA_HOME": str(tmp_path / "data"), "COLUMNS": "200"})
     assert "answer" in proc.stdout
+    assert "visible steps from: narration, phases" in proc.stdout
+    assert "Reasoning (provider summary) · model turn 1" in proc.stdout  # Claude 4+ summarizes
+    assert "Raw reasoning" not in proc.stdout
+    assert "↳ Looking up its largest city" in proc.stdout
+    assert "Steps shown came from notes the agent wrote for you (3)" in proc.stdout
     assert list((tmp_path / "data").rglob("thoughtgate.db")), "demo records in the default store"

@@ -23,7 +23,7 @@ def test_defaults_without_a_file(tmp_path: Path) -> None:
     assert config.orchestration.chain_of_thought is None
     assert config.orchestration.max_turns == 14
     assert config.access.local_role == "owner"
-    assert config.visible_reasoning.summarizers == ("provider_summaries", "phases")
+    assert config.visible_reasoning.summarizers == ("phases",)
     assert config.source == "defaults"
 
 

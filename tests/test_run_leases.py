@@ -1,5 +1,5 @@
 """Run leases in a live process: the runtime holds them, renews them, and gives a run up when
-another process has closed it (ADR 0008). The store side is in ``store_conformance``."""
+another process has closed it (ADR 0009). The store side is in ``store_conformance``."""
 
 from __future__ import annotations
 

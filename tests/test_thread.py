@@ -312,7 +312,13 @@ def _cot(kind: str, step_id: str, summary: str, call: str) -> NewEvent:
         return cot_tool_reasoning_event(step(step_id, summary, tool_call_id=call))
     if kind == "completed":
         return cot_completed_event(
-            build_receipt("surface", raw_reasoning_exists=True, steps_shown=1)
+            build_receipt(
+                "surface",
+                raw_reasoning_exists=True,
+                steps_shown=1,
+                summarizers=("provider_summaries", "narration", "phases"),
+                step_sources={"narration": 1, summary: 0},
+            )
         )
     return NewEvent(EventType.COT_STEP, {"summary": summary})  # unmarked
 
@@ -356,6 +362,18 @@ tool_events = st.builds(_tool, st.sampled_from(TOOL_TYPES), st.sampled_from(CALL
 other_events = st.one_of(
     st.builds(lambda w: NewEvent(EventType.MESSAGE_DELTA, {"text": w + " "}), WORDS),
     st.builds(lambda w: NewEvent(EventType.REASONING_DELTA, {"text": w}), WORDS),
+    st.builds(
+        lambda w, turn, kind, index, task: NewEvent(
+            EventType.REASONING_DELTA,
+            {"text": w, "turn": turn, "reasoning_kind": kind, "index": index},
+            task_id=task,
+        ),
+        WORDS,
+        st.sampled_from([0, 1, None, "1"]),
+        st.sampled_from(["raw", "summary", None, "encrypted"]),
+        st.sampled_from([0, 1, None]),
+        st.sampled_from(["t1", "t2", None]),
+    ),
     st.builds(lambda w: NewEvent(EventType.MESSAGE_COMPLETED, {"text": w}), WORDS),
     st.just(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, {})),
     st.just(NewEvent(EventType.RUN_FAILED, {"error": "x"})),
@@ -419,13 +437,15 @@ async def _scripted_run(mode: str) -> list[Event]:
     """What the runtime and tool loop will do: append tool events and the pipeline's output."""
     store = MemoryStore()
     await store.create_run(RunRecord("run_1", "Lyon to Milan?", chain_of_thought=mode))
-    p = VisibleReasoningPipeline.for_run(Config(), mode)
+    narrating = Config.from_mapping({"visible_reasoning": {"summarizers": ["narration", "phases"]}})
+    p = VisibleReasoningPipeline.for_run(narrating, mode)
     assert p is not None
     args = '{"origin": "Lyon Part-Dieu", "destination": "Milano Centrale"}'
     first = Turn(
         (
             ReasoningPart("The user wants comfort; compare rail and air."),
-            ReasoningPart("**Comparing rail and air**", reasoning_kind="summary"),
+            ReasoningPart("**Comparing rail and air**", reasoning_kind="summary", index=1),
+            ToolCallPart("call_0", "visible_step", '{"summary": "Comparing rail and air"}'),
             ToolCallPart("call_1", "search_fares", args),
         )
     )
@@ -436,15 +456,23 @@ async def _scripted_run(mode: str) -> list[Event]:
 
     await put(NewEvent(EventType.TASK_STARTED, {}, task_id="t1"))
     await put(*await p.task_started("t1"))
-    await put(NewEvent(EventType.REASONING_DELTA, {"text": first.reasoning_text}))
-    await put(*await p.turn_finished(first))
+    for part in first.reasoning_parts:
+        delta = {"text": part.text, "reasoning_kind": part.reasoning_kind, "index": part.index}
+        await put(NewEvent(EventType.REASONING_DELTA, {**delta, "turn": 0}, task_id="t1"))
+    await put(*await p.turn_finished(first), *await p.narrated("Comparing rail and air"))
     await put(tool(EventType.TOOL_STARTED, "call_1", input=json.loads(args)))
     await put(*await p.tool_started("call_1", "search_fares", arguments_json=args))
     await put(tool(EventType.TOOL_COMPLETED, "call_1", output='{"offers": 3}'))
     await put(*await p.tool_finished("call_1", "search_fares", "completed", result_text="3"))
     await put(*await p.answer_started())
     await put(NewEvent(EventType.MESSAGE_DELTA, {"text": "Take the 13:25 train."}))
-    await put(NewEvent(EventType.REASONING_DELTA, {"text": final.reasoning_text}))
+    await put(
+        NewEvent(
+            EventType.REASONING_DELTA,
+            {"text": final.reasoning_text, "reasoning_kind": "raw", "index": 0, "turn": 1},
+            task_id="t1",
+        )
+    )
     await put(*await p.turn_finished(final))
     await put(*await p.task_completed())
     await put(p.completed())
@@ -468,7 +496,17 @@ async def test_each_reader_sees_the_same_steps_and_only_what_their_role_allows()
         "PhaseItem",  # Done
     ]
     assert developer.raw_reasoning is not None and "compare rail and air" in developer.raw_reasoning
-    assert viewer.raw_reasoning is None
+    assert viewer.raw_reasoning is None and viewer.reasoning_turns == ()
+    # one section per model turn, next to that turn's tool call, each part named for what it is
+    kinds = [type(i).__name__ for i in developer.items]
+    assert kinds.index("ReasoningItem") < kinds.index("ToolCard")
+    first, final = developer.reasoning_turns
+    assert [(s.label, s.text) for s in first.segments] == [
+        ("Raw reasoning", "The user wants comfort; compare rail and air."),
+        ("Reasoning (provider summary)", "**Comparing rail and air**"),
+    ]
+    assert (first.key, first.turn, final.turn) == ("t1:0", 0, 1)
+    assert [s.label for s in final.segments] == ["Raw reasoning"]
     assert developer.cards[0].input == {
         "origin": "Lyon Part-Dieu",
         "destination": "Milano Centrale",
@@ -483,8 +521,9 @@ async def test_each_reader_sees_the_same_steps_and_only_what_their_role_allows()
 async def test_telemetry_only_shows_phases_and_no_reasoning_even_to_owners() -> None:
     events = await _scripted_run("telemetry_only")
     owner = rebuild(filter_events(events, "owner", mode="telemetry_only"))
-    assert owner.raw_reasoning is None
-    assert owner.steps == ()
+    assert owner.raw_reasoning is None and owner.reasoning_turns == ()
+    # narration is written for the reader, not reasoning: it stays; nothing else is a step
+    assert [(s.source, s.summary) for s in owner.steps] == [("narration", "Comparing rail and air")]
     assert any(isinstance(i, PhaseItem) for i in owner.items)
     assert owner.receipt is not None and owner.receipt.raw_reasoning_surface == "trace"
 

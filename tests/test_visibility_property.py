@@ -170,6 +170,8 @@ TABLE: Final[dict[str, dict[str, str]]] = {
                 "dropped_by_reason": P,
                 "summarizers": P,
                 "summarizer_failures": P,
+                "step_sources": P,  # where the steps a reader saw came from
+                "notes": P,  # the plain statement of each opted-in source
             },
         ),
     },

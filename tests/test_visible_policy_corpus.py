@@ -6,6 +6,10 @@ payloads, verbatim raw reasoning, tool arguments and results. The benign corpus 
 sentences of the kind a summarizer writes, including file *names*, public URLs, numbers, tool names
 and paraphrases of the same run's prompts, reasoning and tool data.
 
+The same corpora then go through a real run (runtime, agent loop, pipeline, policy) written by a
+scripted model in the two ways model text can become a step: narrated through ``visible_step``,
+and as provider reasoning summaries under the operator's ``provider_summaries`` opt-in.
+
 Run with ``-s`` to see the figures recorded in ``docs/visible-reasoning.md``.
 """
 
@@ -14,10 +18,27 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import string
 from collections import Counter
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
+
+from thoughtgate.access.filter import filter_events
+from thoughtgate.config import Config
+from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.events.policy import PolicyContext, StepPolicy
+from thoughtgate.events.schema import EventType
+from thoughtgate.events.summarizers import condense, shorten
+from thoughtgate.events.visible import parse_receipt
+from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.testing.fake import FakeProvider, reasoning, tool_call
+from thoughtgate.testing.fake import text as answer
+from thoughtgate.types import ContinuityBlock, ContinuityChunk
 
 SEED = 20260601
 
@@ -99,6 +120,19 @@ class Gen:
     def embed(self, secret: str) -> str:
         return self.pick(TEMPLATES).format(s=secret)
 
+    def typed_password(self) -> str:
+        """A bare password as people generate them: 10-16 characters mixing upper and lower case,
+        digits and a symbol, with no "password" anywhere near it."""
+        symbols = "!@#$%^&*+=?~"
+        classes = [string.ascii_uppercase, string.ascii_lowercase, string.digits, symbols]
+        n = self.r.randint(10, 16)
+        chars = [self.r.choice(c) for c in classes]
+        chars += [
+            self.r.choice(string.ascii_letters + string.digits + symbols) for _ in range(n - 4)
+        ]
+        self.r.shuffle(chars)
+        return "".join(chars)
+
     def password(self) -> str:
         word = self.pick(["falcon", "Summer", "orchid", "Winter", "tiger", "Marble", "nebula"])
         return f"{word}{self.r.randint(10, 9999)}{self.pick(['!', '#', '$', '', '?', '&'])}"
@@ -158,6 +192,8 @@ def credentials(g: Gen) -> list[str]:
         lambda: f"redis://:{g.chars(20)}@cache.example.com:6379/0",
         lambda: f"the key {g.chars(40, alnum)}",
         lambda: f"Basic {base64.b64encode(f'admin:{g.password()}'.encode()).decode()}",
+        g.typed_password,
+        lambda: f"{g.pick(['Summer', 'Winter', 'Marble'])}{g.r.randint(1000, 9999)}!",
     ]
     return [g.embed(make()) for make in makers for _ in range(2)]
 
@@ -578,3 +614,120 @@ def test_corpus_is_deterministic() -> None:
     assert planted_corpus() == planted_corpus()
     assert benign_corpus() == benign_corpus()
     assert len(set(benign_corpus())) == len(benign_corpus())
+
+
+# --------------------------------------------------------------------------- through the runtime
+
+BATCH = 40
+SYSTEM = "\n\n".join(HIDDEN_PROMPTS)
+
+
+@tool
+def search_fares(origin: str, destination: str, date: str, passengers: int, note: str) -> str:
+    """Fares between two stations."""
+    return TOOL_TEXTS[1]
+
+
+@tool
+def fare_rules() -> str:
+    """The fare rules."""
+    return TOOL_TEXTS[2]
+
+
+def scripted_model(items: list[str], *, source: str) -> FakeProvider:
+    """A model that first thinks (the raw reasoning), returns a signed block and calls both tools
+    (the tool data), then writes ``items`` for the reader, ``BATCH`` per turn: as ``visible_step``
+    calls (``narration``) or as reasoning summaries (``provider_summaries``, each turn also calling
+    a tool so the loop goes on), then answers."""
+    batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
+
+    def script(request: TurnRequest, turn: int) -> Iterator[Any]:
+        if turn == 0:
+            for i, thought in enumerate(RAW_REASONING):
+                yield reasoning(thought, index=i)
+            block = {"type": "thinking", "signature": SIGNATURE}
+            yield ContinuityChunk(ContinuityBlock("anthropic.thinking", block, provider="fake"))
+            yield tool_call("search_fares", json.loads(TOOL_TEXTS[0]), call_id="c0")
+            yield tool_call("fare_rules", {}, call_id="r0")
+        elif turn <= len(batches):
+            for i, item in enumerate(batches[turn - 1]):
+                if source == "narration":
+                    yield tool_call("visible_step", {"summary": item}, call_id=f"n{turn}-{i}")
+                else:
+                    yield reasoning(item, kind="summary", index=10 + i)
+            if source != "narration":
+                yield tool_call("fare_rules", {}, call_id=f"r{turn}")
+        else:
+            yield answer("Here is the comparison.")
+
+    return FakeProvider(script, model="scripted")
+
+
+async def shown_steps(items: list[str], source: str) -> tuple[list[str], dict[str, int]]:
+    """The ``cot.step`` texts a reader gets and the receipt's drop counts, for ``items`` written
+    through ``source`` in a real run (runtime, agent loop, pipeline, policy)."""
+    config = Config.from_mapping(
+        {
+            "visible_reasoning": {"summarizers": [source, "phases"]},
+            "orchestration": {"max_turns": 100},
+        }
+    )
+    store = MemoryStore()
+    runtime = Runtime(
+        store,
+        config,
+        provider_factory=lambda model: scripted_model(items, source=source),
+        tools=ToolRegistry([search_fares, fare_rules]),
+    )
+    record = await runtime.run(
+        RunRequest("Lyon to Milan on Friday?", model="fake:scripted", system=SYSTEM),
+        chain_of_thought="surface",
+    )
+    assert record.status == "completed"
+    events = filter_events(await store.read(record.run_id), "viewer", mode="surface")
+    steps = [e.payload["summary"] for e in events if e.type == EventType.COT_STEP]
+    [receipt] = [parse_receipt(e.payload) for e in events if e.type == EventType.COT_COMPLETED]
+    assert receipt is not None
+    return steps, dict(receipt.dropped_by_reason)
+
+
+_SENTENCE_BREAK = re.compile(r"(?<=[A-Za-z])\.(?=\s+\S)")
+
+
+def one_sentence(item: str) -> str:
+    """A planted item as one sentence: ``provider_summaries`` shows only a summary's first
+    sentence (or bold title), so a secret after a sentence break would never be shown anyway --
+    joined, the whole item is what the policy must catch."""
+    return _SENTENCE_BREAK.sub(";", item)
+
+
+def displayed(item: str, source: str) -> str:
+    """What the reader would see of ``item`` if the policy let it through."""
+    line = " ".join(item.split()) if source == "narration" else condense(item)
+    return shorten(line)
+
+
+@pytest.mark.parametrize("source", ["narration", "provider_summaries"])
+async def test_written_through_a_source_every_secret_is_dropped_and_benign_steps_kept(
+    source: str,
+) -> None:
+    corpus = planted_corpus()
+    print(f"\n{source}: planted {len(corpus)}")
+    for kind in PLANTED_KINDS:
+        items = [t for k, t in corpus if k == kind]
+        if source == "provider_summaries":
+            items = [one_sentence(t) for t in items]
+        steps, dropped = await shown_steps(items, source)
+        print(
+            f"  {kind:17} {len(items):4} planted  {len(items) - len(steps):4} dropped  "
+            f"{dropped.get(kind, 0):4} with that reason"
+        )
+        assert steps == [], f"{kind} reached a reader through {source}: {steps}"
+        assert sum(dropped.values()) == len(items)
+    benign = benign_corpus()
+    steps, _ = await shown_steps(benign, source)
+    expected = [displayed(item, source) for item in benign]
+    assert set(steps) <= set(expected)
+    kept = len(steps)
+    print(f"  benign: {len(benign)} steps, kept {kept} ({kept / len(benign):.1%})")
+    assert kept / len(benign) >= 0.95

@@ -38,8 +38,14 @@ def weather_script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chu
         yield text("Sunny in Paris.")
 
 
+SUMMARIES = Config.from_mapping(
+    {"visible_reasoning": {"summarizers": ["provider_summaries", "phases"]}}
+)
+"""The operator's explicit opt-in: end users may read the provider's summaries."""
+
+
 async def run(mode: str, config: Config | None = None) -> tuple[Any, list[Any]]:
-    config = config or Config()
+    config = config or SUMMARIES
 
     @tools_mod.tool
     def get_weather(city: str) -> str:

@@ -38,6 +38,7 @@ from thoughtgate.events.summarizers import (
 )
 from thoughtgate.events.visible import (
     MAX_SUMMARY_CHARS,
+    SOURCE_NOTES,
     VISIBLE_MARKER,
     VisibleStep,
     build_receipt,
@@ -45,6 +46,7 @@ from thoughtgate.events.visible import (
     cot_phase_event,
     cot_step_event,
     cot_tool_reasoning_event,
+    describe_receipt,
     parse_receipt,
     parse_visible_payload,
 )
@@ -177,6 +179,45 @@ def test_tampered_or_unmarked_receipts_are_discarded() -> None:
     assert parse_receipt({**good, "receipt": {**body, "future_field": 1}}) == receipt
 
 
+def test_receipt_names_the_sources_and_the_operators_opt_ins() -> None:
+    receipt = build_receipt(
+        "surface",
+        raw_reasoning_exists=True,
+        steps_shown=3,
+        phases_shown=4,
+        summarizers=("provider_summaries", "narration", "model", "phases"),
+        step_sources={"narration": 2, "provider_summary": 1, "phases": 4, "model": 0},
+        dropped_by_reason={"credential": 1},
+    )
+    payload = receipt.to_payload()
+    assert payload["step_sources"] == {"narration": 2, "phases": 4, "provider_summary": 1}
+    assert payload["notes"] == [SOURCE_NOTES["provider_summaries"], SOURCE_NOTES["model"]]
+    assert "The operator chose to show you summaries" in payload["notes"][0]
+    assert "never the model's reasoning" in payload["notes"][1]
+    good = cot_completed_event(receipt, ts=1.0).payload
+    assert parse_receipt(good) == receipt
+    body = dict(good["receipt"])
+    for change in (
+        {"notes": []},  # an opt-in nobody is told about
+        {"notes": [*body["notes"], "made up"]},
+        {"step_sources": {"narration": -1}},
+        {"step_sources": None},
+    ):
+        assert parse_receipt({**good, "receipt": {**body, **change}}) is None, change
+    legacy = {k: v for k, v in body.items() if k not in ("step_sources", "notes")}
+    assert parse_receipt({**good, "receipt": legacy}) is not None  # recorded before the keys
+    assert describe_receipt(receipt) == [
+        "Steps shown came from notes the agent wrote for you (2), the run's progress (4), the "
+        "provider's summaries of the model's reasoning (1), checked by policy.",
+        SOURCE_NOTES["provider_summaries"],
+        SOURCE_NOTES["model"],
+        "The model's reasoning exists; only developers and above can read it.",
+        "1 step(s) were withheld by policy (credential ×1).",
+    ]
+    phases_only = build_receipt("surface", raw_reasoning_exists=False, steps_shown=0)
+    assert phases_only.notes == () and describe_receipt(phases_only) == ["No steps were shown."]
+
+
 @pytest.mark.parametrize("role", ["viewer", "member", "developer", "owner"])
 @pytest.mark.parametrize("mode", ["surface", "telemetry_only"])
 def test_the_one_output_filter_passes_cot_payloads_unchanged(role: str, mode: str) -> None:
@@ -204,14 +245,12 @@ def test_eligibility() -> None:
     assert not is_eligible(False, "surface")
 
 
-def test_telemetry_only_keeps_only_structural_summarizers() -> None:
-    config = VisibleReasoningConfig(summarizers=("provider_summaries", "model", "phases"))
-    assert effective_summarizers(config, "surface") == ("provider_summaries", "model", "phases")
-    assert effective_summarizers(config, "telemetry_only") == ("phases",)
-    assert effective_summarizers(VisibleReasoningConfig(), "surface") == (
-        "provider_summaries",
-        "phases",
-    )
+def test_phases_alone_by_default_and_telemetry_only_never_shows_provider_summaries() -> None:
+    every = ("provider_summaries", "model", "narration", "phases")
+    config = VisibleReasoningConfig(summarizers=every)
+    assert effective_summarizers(config, "surface") == every
+    assert effective_summarizers(config, "telemetry_only") == ("model", "narration", "phases")
+    assert effective_summarizers(VisibleReasoningConfig(), "surface") == ("phases",)
 
 
 def test_for_run_returns_none_when_not_eligible() -> None:
@@ -220,7 +259,8 @@ def test_for_run_returns_none_when_not_eligible() -> None:
     assert VisibleReasoningPipeline.for_run(off, "surface") is None
     pipeline = VisibleReasoningPipeline.for_run(Config(), "surface")
     assert pipeline is not None
-    assert [s.name for s in pipeline.summarizers] == ["provider_summaries", "phases"]
+    assert [s.name for s in pipeline.summarizers] == ["phases"]
+    assert not pipeline.narrates
     with pytest.raises(ValueError, match="surface or telemetry_only"):
         VisibleReasoningPipeline("hidden", [])
 
@@ -286,23 +326,33 @@ def scripted(reply: str, seen: list[TurnRequest]) -> FakeProvider:
     return FakeProvider(script)
 
 
-async def test_model_summarizer_asks_without_reasoning_and_returns_new_text() -> None:
+async def test_model_summarizer_reads_what_the_reader_sees_and_never_reasoning() -> None:
     seen: list[TurnRequest] = []
-    summarizer = ModelSummarizer(scripted("The agent is comparing two train fares.", seen))
-    t = turn(ReasoningPart("I think rail is better because of the transfers."), TextPart("Rail."))
+    summarizer = ModelSummarizer(scripted("The agent is recommending the train.", seen))
+    t = turn(
+        ReasoningPart("I think rail is better because of the transfers."),
+        ReasoningPart("**Weighing rail against air**", reasoning_kind="summary"),
+        TextPart("Take the train: it avoids two transfers."),
+    )
     [draft] = await summarizer.summarize(TurnFinished(t))
-    assert draft.summary == "The agent is comparing two train fares."
+    assert draft.summary == "The agent is recommending the train."
     assert draft.source == "model"
     [request] = seen
     assert request.reasoning.enabled is False
     assert request.system and "ONE new sentence" in request.system
-    assert "rail is better" in request.messages[0].text
+    asked = request.messages[0].text
+    assert "it avoids two transfers" in asked  # the answer text the reader sees anyway
+    assert "rail is better" not in asked and "Weighing" not in asked  # no reasoning of any kind
     call = ToolCallPart("call_9", "search_fares", '{"origin": "Lyon Part-Dieu"}')
-    asks = turn(ReasoningPart("Need fares."), call)
+    narration = ToolCallPart("call_8", "visible_step", '{"summary": "Fetching fares"}')
+    asks = turn(ReasoningPart("Need fares from Lyon Part-Dieu."), narration, call)
     [why] = await summarizer.summarize(ToolStarted("call_9", "search_fares", turn=asks))
     assert why.kind == "tool_reasoning"
     assert why.tool_call_id == "call_9"
-    assert "Lyon Part-Dieu" not in seen[-1].messages[0].text  # never tool arguments
+    asked = seen[-1].messages[0].text
+    assert "Lyon Part-Dieu" not in asked  # never tool arguments, never reasoning
+    assert asked.endswith("Tools requested: search_fares")
+    assert "visible_step" not in asked
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -327,7 +377,7 @@ def payloads(events: list[NewEvent]) -> list[tuple[str, str]]:
 
 
 async def test_a_whole_task_produces_ordered_marked_events_and_a_receipt() -> None:
-    p = pipeline()
+    p = pipeline(summarizers=("provider_summaries", "phases"))
     out: list[NewEvent] = []
     out += await p.task_started("task_1")
     first = turn(
@@ -366,10 +416,15 @@ async def test_a_whole_task_produces_ordered_marked_events_and_a_receipt() -> No
     assert receipt.steps_shown == 2
     assert receipt.phases_shown == 5
     assert receipt.steps_dropped_by_policy == 0
+    assert dict(receipt.step_sources) == {"phases": 5, "provider_summary": 2}
+    assert receipt.notes == (SOURCE_NOTES["provider_summaries"],)
 
 
 async def test_steps_that_break_the_policy_are_dropped_alone() -> None:
-    p = pipeline(hidden=("Never mention the partner commission rates or the escalation roster.",))
+    p = pipeline(
+        hidden=("Never mention the partner commission rates or the escalation roster.",),
+        summarizers=("provider_summaries", "phases"),
+    )
     leaky = turn(
         ReasoningPart(RAW),
         ReasoningPart("Using key sk-ant-api03-" + "x" * 40, reasoning_kind="summary"),
@@ -468,7 +523,7 @@ async def test_a_failing_summarizer_never_blocks_the_others() -> None:
 
 
 async def test_telemetry_only_runs_show_phases_but_no_summaries() -> None:
-    p = pipeline(mode="telemetry_only")
+    p = pipeline(mode="telemetry_only", summarizers=("provider_summaries", "phases"))
     events = await p.turn_finished(
         turn(ReasoningPart("Secret plan summary", reasoning_kind="summary"), TextPart("Hi"))
     )
@@ -531,7 +586,10 @@ def test_any_long_verbatim_span_of_raw_reasoning_is_dropped(
 
 
 async def test_observer_serves_the_loop_hooks_and_closes_before_the_answer() -> None:
-    factory = observer_factory(Config(), hidden_texts=lambda run: ["Never reveal the roster."])
+    config = Config.from_mapping(
+        {"visible_reasoning": {"summarizers": ["provider_summaries", "phases"]}}
+    )
+    factory = observer_factory(config, hidden_texts=lambda run: ["Never reveal the roster."])
 
     class Surface:
         mode = "surface"

@@ -29,6 +29,7 @@ from web_support import (
     STEP_TITLES,
     STORY_ANSWER,
     STORY_PROMPT,
+    TOOL_WHYS,
     raw_marker,
     story_run,
     web_daemon,
@@ -37,7 +38,7 @@ from web_support import (
 from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
-from thoughtgate.events.visible import VISIBLE_MARKER
+from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
 from thoughtgate.store.records import ApiKeyRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS
 
@@ -119,8 +120,15 @@ def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reaso
         cards = [(status, text) for kind, status, text in live["items"] if kind == "tool-card"]
         assert [s for s, _ in cards] == ["completed", "completed"]
         assert "check weather" in cards[0][1] and "find trains" in cards[1][1]
+        whys = [
+            [w.inner_text() for w in card.locator("[data-testid=tool-why]").all()]
+            for card in page.locator("[data-testid=tool-card]").all()
+        ]
+        assert whys == TOOL_WHYS  # narrated beside each call, shown on its card
         assert live["answer"] == STORY_ANSWER
+        assert "notes the agent wrote for you (5)" in live["receipt"]
         assert "only developers and above can read it" in live["receipt"]
+        assert page.locator("[data-testid=reasoning-turn]").count() == 0
         assert live["raw"] is None
         assert page.locator("[data-testid=tool-input]").count() == 0  # a viewer: label + status
         assert page.inner_text("[data-testid=run-title]") == STORY_PROMPT
@@ -179,7 +187,9 @@ def test_a_run_that_did_not_complete_says_why_on_the_answer_and_in_the_list(
         assert snapshot(page) == live, "reload says the same"
 
 
-def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon) -> None:
+def test_developer_sees_each_turns_reasoning_under_an_honest_label(
+    browser: Browser, daemon: Daemon
+) -> None:
     token = "devlive"
     marker = raw_marker(token)
     with page_for(browser) as (page, capture):
@@ -189,9 +199,30 @@ def test_developer_sees_the_raw_reasoning_panel(browser: Browser, daemon: Daemon
         open_run(page, run_id)
         _wait_finished(page)
         live = snapshot(page)
-        assert page.is_visible("[data-testid=raw-reasoning]")
         assert live["raw"] is not None and marker in live["raw"]
         assert _kinds(live) == ["vr-step", "tool-card", "vr-step", "tool-card", "vr-step"]
+        # one section per model turn, next to that turn's tool call, each part named for what
+        # it is: the provider's summary is not called raw
+        turns = [k for k, _, _ in live["items"] if k in ("reasoning-turn", "tool-card")]
+        assert turns == [
+            "reasoning-turn",
+            "tool-card",
+            "reasoning-turn",
+            "tool-card",
+            "reasoning-turn",
+        ]
+        sections = page.locator("[data-testid=reasoning-turn]").all()
+        for section in sections:
+            labels = [
+                x.inner_text() for x in section.locator("[data-testid=reasoning-label]").all()
+            ]
+            assert labels == ["Reasoning (provider summary)", "Raw reasoning"]
+            kinds = [
+                x.get_attribute("data-kind")
+                for x in section.locator("[data-testid=raw-text]").all()
+            ]
+            assert kinds == ["summary", "raw"]
+        assert sections[0].inner_text().lower().startswith("model turn 1")
         assert page.locator("[data-testid=tool-input]").count() == 2  # developer: tool details
         page.wait_for_load_state("networkidle")  # the refreshes that follow the end
         capture.drain()
@@ -229,7 +260,7 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
         demoted = dataclasses.replace(record, role="viewer")
         _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
         started = time.monotonic()
-        page.wait_for_selector("[data-testid=raw-reasoning]", state="detached", timeout=5_000)
+        page.wait_for_selector("[data-testid=reasoning-turn]", state="detached", timeout=5_000)
         assert time.monotonic() - started < 5
         assert _run_status(daemon, run_id) == "running"  # the run goes on; only the view changed
         rebuilt_at = len(capture.sse_messages)
@@ -443,6 +474,44 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
             steps_dropped_by_policy=0,
             dropped_by_reason={},
         ),
+    ],
+    "receipts with sources and notes": [
+        _receipt(step_sources={"narration": 2, "phases": 1}, notes=[]),
+        _receipt(step_sources={"phases": 1, "model": 0}, notes=[]),
+        _receipt(
+            summarizers=["provider_summaries", "model", "phases"],
+            step_sources={"provider_summary": 2},
+            notes=[SOURCE_NOTES["provider_summaries"], SOURCE_NOTES["model"]],
+        ),
+        _receipt(summarizers=["provider_summaries"], notes=[]),  # a note left out
+        _receipt(summarizers=["provider_summaries"]),  # recorded before notes existed
+        _receipt(notes=["made up"]),
+        _receipt(step_sources={"phases": -1}),
+        _receipt(step_sources=None),
+        _receipt(step_sources=[]),
+    ],
+    "reasoning per model turn": [
+        NewEvent(
+            "reasoning.delta", {"text": "a", "turn": 0, "reasoning_kind": "raw"}, task_id="t1"
+        ),
+        NewEvent(
+            "reasoning.delta", {"text": "b", "turn": 0, "reasoning_kind": "raw"}, task_id="t1"
+        ),
+        NewEvent(
+            "reasoning.delta",
+            {"text": "**S**", "turn": 0, "reasoning_kind": "summary", "index": 1},
+            task_id="t1",
+        ),
+        NewEvent("tool.started", {"call_id": "c1", "tool_key": "t"}, task_id="t1"),
+        NewEvent(
+            "reasoning.delta", {"delta": "c", "turn": 1, "reasoning_kind": "raw"}, task_id="t1"
+        ),
+        NewEvent(
+            "reasoning.delta", {"text": "d", "turn": 0, "reasoning_kind": "raw"}, task_id="t2"
+        ),
+        NewEvent("reasoning.delta", {"text": "e", "turn": 1.5, "reasoning_kind": 3}),
+        NewEvent("reasoning.delta", {"text": "f", "turn": "2", "reasoning_kind": "encrypted"}),
+        NewEvent("reasoning.delta", {"text": "g", "turn": True, "index": False}),
     ],
     "notices, undeclared types, message, terminal": [
         NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),

@@ -2,9 +2,12 @@
 loopback (optionally with runs seeded straight into its store) and raw-marker helpers.
 
 ``fake:story`` reads ``token=T delay=D`` from the run's system prompt (which no reader is ever
-sent): three turns, each with a provider summary (so visible steps exist), raw reasoning carrying
-``RAWTHOUGHT-T`` unless ``T`` is empty (only developer+ may ever receive it), two tool calls and an answer in several
-deltas, pausing ``D`` seconds between chunks so a reader can watch it live.
+sent): four turns. Each of the first three has a provider summary and raw reasoning carrying
+``RAWTHOUGHT-T`` unless ``T`` is empty (only developer+ may ever receive either), and narrates
+for the reader through ``visible_step``: a step of its own, then -- beside each of the two tool
+calls -- why it calls the tool; the third turn only narrates; the fourth answers in several
+deltas. It pauses ``D`` seconds between chunks so a reader can watch it live. The web daemon
+turns ``narration`` on (:data:`NARRATING`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
 T = TypeVar("T")
 
 __all__ = [
+    "NARRATING",
     "SEEDED_EVENTS",
     "SEEDED_SECRET",
     "STEP_TITLES",
     "STORY_ANSWER",
     "STORY_PROMPT",
+    "TOOL_WHYS",
     "WEB_TOOLS",
     "raw_marker",
     "seed_run",
@@ -66,28 +71,41 @@ def _args(request: TurnRequest) -> tuple[str, float]:
     return fields.get("token", ""), float(fields.get("delay", "0"))
 
 
-STEP_TITLES = ["Checking the forecast", "Finding a morning train", "Putting the plan together"]
-"""The visible steps of a ``fake:story`` run (its provider summaries' titles), in order."""
+NARRATING: dict[str, Any] = {"visible_reasoning": {"summarizers": ["narration", "phases"]}}
+"""The operator's choice in the web daemon: visible steps from narration and phases."""
+
+STEP_TITLES = [
+    "The trip depends on the weather in Porto.",
+    "Sunny all day, so the trip is on.",
+    "Putting the plan together",
+]
+"""The visible steps of a ``fake:story`` run (what it narrated outside a tool call), in order."""
+
+TOOL_WHYS = [["Checking the forecast"], ["Finding a morning train"]]
+"""What it narrated beside each tool call: shown on that tool's card."""
 
 STORY_ANSWER = (
     "Take the 09:12 train from Lisbon to Porto: it arrives at 12:05, and Porto will be sunny "
     "and 24 °C all afternoon."
 )
 
-_TURNS: list[tuple[str, str, tuple[str, dict[str, Any]] | None]] = [
+_TURNS: list[tuple[str, str, list[str], tuple[str, dict[str, Any]] | None]] = [
     (
-        "**Checking the forecast**\n\nThe trip depends on the weather in Porto.",
+        "**Weighing the forecast**\n\nRain would spoil a walking day, so weather decides.",
         "user wants a day trip; weather first, then trains. ",
+        [STEP_TITLES[0], *TOOL_WHYS[0]],
         ("check_weather", {"city": "Porto"}),
     ),
     (
-        "**Finding a morning train**\n\nA morning departure leaves the most time there.",
+        "**Choosing a morning train**\n\nA morning departure leaves the most time there.",
         "sunny, good. trains next; prefer arrival before noon-ish. ",
+        [STEP_TITLES[1], *TOOL_WHYS[1]],
         ("find_trains", {"origin": "Lisbon", "destination": "Porto"}),
     ),
     (
-        "**Putting the plan together**\n\nOne train and the forecast answer the question.",
+        "**Drafting the plan**\n\nOne train and the forecast answer the question.",
         "09:12 arrives 12:05, fine. write it short. ",
+        [STEP_TITLES[2]],
         None,
     ),
 ]
@@ -97,14 +115,17 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     token, delay = _args(request)
 
     async def gen() -> AsyncIterator[Any]:
-        summary, raw, call = _TURNS[min(turn, len(_TURNS) - 1)]
-        yield reasoning(summary + "\n\n", kind="summary")
-        await asyncio.sleep(delay)
-        yield reasoning(f"{raw}{raw_marker(token) if token else ''}".rstrip() + "\n\n")
-        await asyncio.sleep(delay)
-        if call is not None:
-            name, arguments = call
-            yield tool_call(name, arguments, call_id=f"call_{name}_{turn}")
+        if turn < len(_TURNS):
+            summary, raw, notes, call = _TURNS[turn]
+            yield reasoning(summary + "\n\n", kind="summary", index=1)
+            await asyncio.sleep(delay)
+            yield reasoning(f"{raw}{raw_marker(token) if token else ''}".rstrip() + "\n\n")
+            await asyncio.sleep(delay)
+            for i, note in enumerate(notes):
+                yield tool_call("visible_step", {"summary": note}, call_id=f"call_note_{turn}_{i}")
+            if call is not None:
+                name, arguments = call
+                yield tool_call(name, arguments, call_id=f"call_{name}_{turn}")
             return
         words = STORY_ANSWER.split(" ")
         for i, word in enumerate(words):
@@ -223,7 +244,7 @@ def web_daemon(
 
     keys = _off_loop(lambda: seed_keys(store))
     _off_loop(lambda: asyncio.run(apply_seeds()))
-    settings = Config.from_mapping(config or {})
+    settings = Config.from_mapping({**NARRATING, **(config or {})})
     app = create_app(store, settings, tools=ToolRegistry(WEB_TOOLS), **app_options)
     try:
         with ThreadServer(app) as server:

@@ -39,6 +39,7 @@ __all__ = [
     "ProvidersConfig",
     "ServerConfig",
     "StoreConfig",
+    "SummarizerName",
     "TelemetryConfig",
     "VisibleReasoningConfig",
     "WorkerBackend",
@@ -68,7 +69,7 @@ class OrchestrationConfig(_Section):
     """How long a tool call that needs approval waits before ``tool.approval_timeout``."""
     lease_ttl_s: float = Field(default=15.0, ge=1, le=3600)
     """A process executing a run renews its lease every third of this; a run whose lease has
-    expired is closed as interrupted by the next thoughtgate process that looks (ADR 0008)."""
+    expired is closed as interrupted by the next thoughtgate process that looks (ADR 0009)."""
     default_model: str | None = None
 
 
@@ -78,12 +79,21 @@ class StoreConfig(_Section):
     ``postgresql://...``."""
 
 
+SummarizerName: TypeAlias = Literal["phases", "narration", "provider_summaries", "model"]
+
+
 class VisibleReasoningConfig(_Section):
+    """Where end users' visible steps come from (docs/visible-reasoning.md).
+
+    ``phases`` (the default) uses the run's own lifecycle and no model text; ``narration`` offers
+    the model a ``visible_step`` tool to write steps for the reader. ``provider_summaries`` (the
+    provider's summaries of the model's reasoning) and ``model`` (the operator's summarizer
+    model) are never on unless named here: naming them is the operator's decision, and every
+    receipt says so.
+    """
+
     enabled: bool = True
-    summarizers: tuple[Literal["provider_summaries", "model", "phases"], ...] = (
-        "provider_summaries",
-        "phases",
-    )
+    summarizers: tuple[SummarizerName, ...] = ("phases",)
     summarizer_model: str | None = None
     """``PROVIDER:MODEL`` for the ``model`` summarizer."""
 

@@ -98,28 +98,44 @@ def test_smoke_answers_calls_a_tool_then_reports_its_number(server: EmulatorServ
     )
 
 
-def test_tool_loop_is_three_turns_two_tool_calls_then_the_answer(server: EmulatorServer) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "narrated"),
+    [
+        ("tool-loop", [[], []]),
+        (
+            "narrated-tool-loop",
+            [
+                ["Checking your profile for your country"],
+                ["Found your country in your profile.", "Looking up its largest city"],
+            ],
+        ),
+    ],
+)
+def test_tool_loop_is_three_turns_two_tool_calls_then_the_answer(
+    server: EmulatorServer, scenario: str, narrated: list[list[str]]
+) -> None:
+    """``narrated-tool-loop`` is the same loop with ``visible_step`` calls beside the real ones."""
     history: list[dict[str, Any]] = [{"role": "user", "content": "Largest city?"}]
     tools = [
         {"name": n, "description": n, "input_schema": {"type": "object"}}
-        for n in ("get_country", "largest_city")
+        for n in ("get_country", "largest_city", "visible_step")
     ]
-    called = []
+    called, steps = [], []
     for _ in range(2):
-        response = messages(server, "tool-loop", history=history, tools=tools)
+        response = messages(server, scenario, history=history, tools=tools)
         assert response.json()["stop_reason"] == "tool_use"
         content = response.json()["content"]
-        use = next(b for b in content if b["type"] == "tool_use")
-        called.append(use["name"])
+        uses = [b for b in content if b["type"] == "tool_use"]
+        called += [u["name"] for u in uses if u["name"] != "visible_step"]
+        steps.append([u["input"]["summary"] for u in uses if u["name"] == "visible_step"])
+        results = [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]
         history += [
             {"role": "assistant", "content": content},
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}],
-            },
+            {"role": "user", "content": results},
         ]
-    final = messages(server, "tool-loop", history=history, tools=tools)
+    final = messages(server, scenario, history=history, tools=tools)
     assert called == ["get_country", "largest_city"]
+    assert steps == narrated
     assert final.json()["stop_reason"] == "end_turn"
     assert "Mexico City" in final.json()["content"][-1]["text"]
 

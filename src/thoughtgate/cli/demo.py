@@ -26,7 +26,7 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
     """Run the demo; returns the run's status (the command's exit code follows it)."""
     from thoughtgate.cli.render import render_run
     from thoughtgate.cli.runs import execute_and_follow, run_view_json
-    from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_provider, demo_runtime
+    from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_config, demo_provider, demo_runtime
     from thoughtgate.orchestration.runtime import RunRequest
 
     ctx = Context(config_path=config_path, db=db, view_as=None)
@@ -39,6 +39,8 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                     f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {url}"
                     f" · store {ctx.db_url} · role {ctx.role}"
                 )
+                sources = ", ".join(demo_config(ctx.config).visible_reasoning.summarizers)
+                console.print(f"[bold]visible steps from:[/] {sources}")
                 console.print(f"[bold]prompt:[/] {DEMO_PROMPT}\n")
             view = await execute_and_follow(
                 runtime,

@@ -1,4 +1,9 @@
-"""Rich output for people: a run's live thread and its summary (always from filtered data)."""
+"""Rich output for people: a run's live thread and its summary (always from filtered data).
+
+Reasoning is named for what it is, one section per model turn next to that turn's tool calls:
+"Raw reasoning" only when the provider returned raw reasoning, "Reasoning (provider summary)" when
+it returned a summary (the labels of ``thoughtgate.events.thread``).
+"""
 
 from __future__ import annotations
 
@@ -12,31 +17,62 @@ from rich.table import Table
 from rich.text import Text
 
 from thoughtgate.events.schema import Event, EventType
+from thoughtgate.events.thread import (
+    PhaseItem,
+    ReasoningItem,
+    StepItem,
+    ThreadView,
+    ToolCard,
+    reasoning_label,
+)
 from thoughtgate.events.views import RunView
+from thoughtgate.events.visible import describe_receipt, parse_receipt
 
-__all__ = ["LivePrinter", "render_run", "render_runs_table"]
+__all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread"]
+
+
+def _turn_title(label: str, turn: Any) -> str:
+    where = f"model turn {turn + 1}" if isinstance(turn, int) else "model turn"
+    return f"{label} · {where} · developer only"
+
+
+def _step_line(event_type: str, summary: str) -> str:
+    """A visible step as one line: phases dim, steps bold, a tool's reason under its card."""
+    if event_type == EventType.COT_PHASE:
+        return f"[dim]· {summary}[/]"
+    if event_type == EventType.COT_TOOL_REASONING:
+        return f"    [magenta]↳ {summary}[/]"
+    return f"[magenta]• {summary}[/]"
 
 
 class LivePrinter:
-    """Prints filtered events as they arrive: reasoning dimmed, answer plain, tools as cards."""
+    """Prints filtered events as they arrive: reasoning dimmed under an honest heading per turn
+    and kind, answer plain, tools as cards, visible steps as bullets."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self._mode: str | None = None
+        self._saw_reasoning = False
 
-    def _switch(self, mode: str) -> None:
+    def _switch(self, mode: str, heading: str | None = None) -> None:
         if self._mode != mode:
             if self._mode is not None:
                 self.console.print()
-            if mode == "reasoning":
-                self.console.print("[dim italic]thinking…[/]")
+            if heading is not None:
+                self.console.print(Text(heading, style="dim italic"))
             self._mode = mode
 
     def show(self, event: Event) -> None:
         p = event.payload
         t = event.type
         if t == EventType.REASONING_DELTA:
-            self._switch("reasoning")
+            self._saw_reasoning = True
+            kind = p.get("reasoning_kind")
+            label = reasoning_label(kind if isinstance(kind, str) else None)
+            turn = p.get("turn")
+            self._switch(
+                f"reasoning:{event.task_id}:{turn}:{label}", f"── {_turn_title(label, turn)} ──"
+            )
             self.console.print(Text(str(p.get("text", "")), style="dim"), end="")
         elif t == EventType.MESSAGE_DELTA:
             self._switch("answer")
@@ -55,11 +91,19 @@ class LivePrinter:
             self.console.print(
                 f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}", highlight=False
             )
-        elif t.startswith("cot.") and t != EventType.COT_COMPLETED:
+        elif t == EventType.COT_COMPLETED:
+            receipt = parse_receipt(p)
+            if receipt is not None:
+                self._switch("receipt")
+                raw = self._saw_reasoning
+                self.console.print(
+                    Text(" ".join(describe_receipt(receipt, raw_visible=raw)), "dim")
+                )
+        elif t.startswith("cot."):
             self._switch("cot")
             summary = p.get("summary")
-            if summary:
-                self.console.print(f"[magenta]• {summary}[/]", highlight=False)
+            if isinstance(summary, str) and summary:
+                self.console.print(_step_line(t, summary), highlight=False)
         elif t == EventType.MESSAGE_PARTIALLY_COMPLETED:
             self._switch("note")
             self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
@@ -91,11 +135,53 @@ def _status_text(status: str) -> Text:
     return Text(status, style=_STATUS_STYLE.get(status, "bold red"))
 
 
-def render_run(console: Console, view: RunView, *, role: str) -> None:
-    """A run view (already filtered) as panels: header, then each task.
+def render_thread(console: Console, thread: ThreadView) -> None:
+    """The thread rebuilt from the reader's filtered events: visible steps, tool cards, each
+    model turn's reasoning under its honest label (only in a developer's view), the receipt."""
+    cards = {card.call_id for card in thread.cards}
+    captions: dict[str, list[str]] = {}  # a phase that names a card is shown on the card
+    for item in thread.items:
+        if isinstance(item, PhaseItem) and item.step.tool_call_id in cards:
+            captions.setdefault(item.step.tool_call_id, []).append(item.step.summary)
+    for item in thread.items:
+        if isinstance(item, StepItem):
+            console.print(_step_line(EventType.COT_STEP, item.step.summary), highlight=False)
+        elif isinstance(item, PhaseItem):
+            if item.step.tool_call_id not in cards:
+                console.print(_step_line(EventType.COT_PHASE, item.step.summary), highlight=False)
+        elif isinstance(item, ToolCard):
+            caption = " · ".join(captions.get(item.call_id, ()))
+            console.print(
+                f"[cyan]⚙ {item.label}[/] [dim]{item.status}[/]"
+                + (f" [dim]({caption})[/]" if caption else ""),
+                highlight=False,
+            )
+            for why in item.reasoning:
+                line = _step_line(EventType.COT_TOOL_REASONING, why.summary)
+                console.print(line, highlight=False)
+        elif isinstance(item, ReasoningItem):
+            for segment in item.segments:
+                console.print(
+                    Panel(
+                        Text(segment.text, style="dim"),
+                        title=_turn_title(segment.label, item.turn),
+                        border_style="dim",
+                    )
+                )
+    if thread.receipt is not None:
+        lines = describe_receipt(thread.receipt, raw_visible=thread.raw_reasoning is not None)
+        console.print(Text(" ".join(lines), style="dim"))
 
-    A run that did not complete says so in its header, with its error, and so does each task
-    panel: an empty answer box is never all a reader gets.
+
+def render_run(
+    console: Console, view: RunView, *, role: str, thread: ThreadView | None = None
+) -> None:
+    """A run view (already filtered) as panels: header, the thread (when given), each answer.
+
+    ``task.reasoning`` (all turns joined, kinds unknown) is never printed under a label: the
+    reasoning a reader may see is shown per turn and kind from the ``thread``. A run that did not
+    complete says so in its header, with its error, and so does each task panel: an empty answer
+    box is never all a reader gets.
     """
     head = Table.grid(padding=(0, 2))
     head.add_row("run", view["run_id"])
@@ -108,16 +194,9 @@ def render_run(console: Console, view: RunView, *, role: str) -> None:
         head.add_row("error", Text(str(view["error"]), style="red"))
     border = "green" if view["status"] == "completed" else "red"
     console.print(Panel(head, title="thoughtgate run", expand=False, border_style=border))
+    if thread is not None:
+        render_thread(console, thread)
     for task in view["tasks"]:
-        reasoning = task.get("reasoning")
-        if reasoning:
-            console.print(
-                Panel(
-                    Text(reasoning, style="dim"),
-                    title=f"reasoning · task {task['index']}",
-                    border_style="dim",
-                )
-            )
         body = Text(task.get("output") or "")
         if task["status"] != "completed" and task.get("error"):
             if body:

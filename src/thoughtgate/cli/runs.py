@@ -280,14 +280,18 @@ def register(app: typer.Typer) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
         async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_run
+            from thoughtgate.access.filter import filter_events, filter_run
             from thoughtgate.cli.render import render_run
+            from thoughtgate.events.thread import rebuild
 
-            view = filter_run(await store.get_run(await resolve_run_id(store, run_id)), ctx.role)
+            full_id = await resolve_run_id(store, run_id)
+            run = await store.get_run(full_id)
+            view = filter_run(run, ctx.role)
             if json_out:
                 print_json(view)
-            else:
-                render_run(console, view, role=ctx.role.label)
+                return
+            events = filter_events(await store.read(full_id), ctx.role, mode=run.chain_of_thought)
+            render_run(console, view, role=ctx.role.label, thread=rebuild(events))
 
         with_store(config=config, db=db, view_as=view_as, body=body)
 

@@ -7,9 +7,17 @@ Reasoning text is never rehydrated into a request.
 
 Recording: every turn ends with ``agent.response`` (reasoning per the disclosure mode, full, with
 its size); a cut or failed stream keeps the partial turn and ends the task with
-``message.partially_completed``; nothing the provider sent is lost. The task is ``partial`` when
-some answer text had arrived before the failure, ``failed`` when none had: an outage is never
-reported as an answer.
+``message.partially_completed``; nothing the provider sent is lost -- except ``visible_step``
+calls, whose one argument is a step for the reader and is stored only as the policy-checked
+``cot.*`` event the observer makes of it (never as a tool call or tool card). The task is
+``partial`` when some answer text had arrived before the failure, ``failed`` when none had: an
+outage is never reported as an answer.
+
+Narration: when the observer ``narrates``, the model is also offered ``visible_step``
+(``events/narration.py``). Its calls never reach the tool registry; each is answered with a plain
+acknowledgement in the same tool message as the turn's real calls, so narrating beside a tool
+call costs no extra model turn. A turn that only narrates still goes back to the model (it asked
+for a result), which is one more turn.
 """
 
 from __future__ import annotations
@@ -23,7 +31,16 @@ from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import keep_own_carriers
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import ProviderError
+from thoughtgate.errors import ProviderError, UsageError
+from thoughtgate.events.narration import (
+    NARRATION_SPEC,
+    NARRATION_TOOL,
+    Narration,
+    is_narration,
+    narration_ack,
+    narrations_of,
+    without_narration,
+)
 from thoughtgate.events.payloads import (
     AgentResponsePayload,
     ContinuityBlockPayload,
@@ -46,7 +63,7 @@ from thoughtgate.events.payloads import (
     token_usage,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
+from thoughtgate.providers.base import Provider, ReasoningRequest, ToolSpec, TurnRequest
 from thoughtgate.types import (
     Chunk,
     Message,
@@ -79,7 +96,14 @@ class LoopRecorder(Protocol):
 class LoopObserver(Protocol):
     """Lifecycle hooks (the visible-reasoning pipeline); each returns events to record."""
 
-    async def turn_finished(self, turn: Turn, *, task_id: str) -> Sequence[NewEvent]: ...
+    @property
+    def narrates(self) -> bool:
+        """Offer the model the ``visible_step`` tool and pass its calls to ``turn_finished``."""
+        ...
+
+    async def turn_finished(
+        self, turn: Turn, *, task_id: str, narrations: Sequence[Narration] = ()
+    ) -> Sequence[NewEvent]: ...
 
     async def tool_started(self, call: ToolCallPart, *, task_id: str) -> Sequence[NewEvent]: ...
 
@@ -142,6 +166,32 @@ class _Loop:
         self.max_tokens = max_tokens
         self.turn_no = 0
         self.cards_seen: set[str] = set()
+        self.narrating = observer is not None and observer.narrates
+        if self.narrating and tools.get(NARRATION_TOOL) is not None:
+            raise UsageError(
+                f"a tool may not be named {NARRATION_TOOL!r} while visible_reasoning.summarizers "
+                "includes narration: that name is the built-in narration tool"
+            )
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools offered to the model: the registry's, plus ``visible_step`` when narrating."""
+        return (*self.tools.specs, NARRATION_SPEC) if self.narrating else self.tools.specs
+
+    def narrations(self, turn: Turn) -> list[Narration]:
+        if not self.narrating:
+            return []
+        return narrations_of(turn, registered=lambda name: self.tools.get(name) is not None)
+
+    def real_calls(self, turn: Turn) -> tuple[ToolCallPart, ...]:
+        """The turn's calls that become tool cards (all of them unless narrating)."""
+        return without_narration(turn.tool_calls) if self.narrating else turn.tool_calls
+
+    async def answer(self, call: ToolCallPart) -> ToolResultPart:
+        """A narration gets its acknowledgement; any other call runs as a tool."""
+        if self.narrating and is_narration(call):
+            return narration_ack(call)
+        return await self.run_tool(call)
 
     def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
@@ -184,7 +234,7 @@ class _Loop:
             "usage": token_usage(turn.usage),
             "tool_calls": [
                 {"call_id": c.call_id, "name": c.name, "input": c.arguments}
-                for c in turn.tool_calls
+                for c in self.real_calls(turn)
             ],
         }
         if error:
@@ -203,7 +253,10 @@ class _Loop:
             ]
         await self.recorder.emit(self.ev(EventType.AGENT_RESPONSE, payload))
         if self.observer is not None:
-            for event in await self.observer.turn_finished(turn, task_id=self.task_id):
+            narrations = self.narrations(turn)
+            for event in await self.observer.turn_finished(
+                turn, task_id=self.task_id, narrations=narrations
+            ):
                 await self.recorder.emit(event)
 
     async def run_tool(self, call: ToolCallPart) -> ToolResultPart:
@@ -377,7 +430,7 @@ async def run_agent_loop(
         request = TurnRequest(
             history,
             system=system,
-            tools=loop.tools.specs,
+            tools=loop.specs,
             reasoning=ReasoningRequest(disclosure.requests_reasoning),
             max_tokens=max_tokens,
         )
@@ -433,7 +486,7 @@ async def run_agent_loop(
                 None,
                 turns,
             )
-        results = [await loop.run_tool(call) for call in turn.tool_calls]
+        results = [await loop.answer(call) for call in turn.tool_calls]
         history.append(Message("assistant", strip_reasoning(turn.parts)))
         history.append(Message("tool", tuple(results)))
     limit = f"stopped after reaching the turn limit of {max_turns} model turns"

@@ -89,8 +89,10 @@ TaskStatus: TypeAlias = Literal[
 ]
 DisplayPhase: TypeAlias = Literal["planning", "thinking", "acting", "writing", "done"]
 """The coarse phase a display shows (``acting`` = a tool is being used)."""
-StepSource: TypeAlias = Literal["provider_summary", "model", "phases"]
-"""Which summarizer produced a visible step (never raw model output)."""
+StepSource: TypeAlias = Literal["phases", "narration", "provider_summary", "model"]
+"""Which summarizer produced a visible step (never raw model output): the run's ``phases``, the
+model's ``narration`` through ``visible_step``, or -- only when the operator named them -- a
+``provider_summary`` or the operator's summarizer ``model``."""
 ToolErrorKind: TypeAlias = Literal[
     "invalid_arguments", "tool_error", "unknown_tool", "fallback_failed"
 ]
@@ -206,6 +208,12 @@ class ReceiptPayload(TypedDict):
     dropped_by_reason: Annotated[dict[str, int], Vis.PUBLIC]
     summarizers: Annotated[list[str], Vis.PUBLIC]
     summarizer_failures: Annotated[int, Vis.PUBLIC]
+    step_sources: NotRequired[Annotated[dict[str, int], Vis.PUBLIC]]
+    """Steps and phases shown, per source that produced any (absent in receipts recorded before
+    it existed)."""
+    notes: NotRequired[Annotated[list[str], Vis.PUBLIC]]
+    """A plain statement for each summarizer the operator named that is not made for display
+    (``provider_summaries``, ``model``); derived from ``summarizers``."""
 
 
 # --------------------------------------------------------------------------- run and task

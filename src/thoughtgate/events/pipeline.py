@@ -16,14 +16,18 @@ Call order for one run (``P`` is the pipeline, ``append`` the store)::
     append(await P.tool_started(call_id, name, arguments_json=...))  # after the card's first
                                            # event (tool.approval_required or tool.started)
     append(await P.tool_finished(call_id, name, "completed", result_text=...))  # after tool.*
+    append(await P.narrated(summary))      # a visible_step call that explains no card
+    append(await P.narrated(summary, tool_call_id=call_id))  # ... or one that explains a card
+                                           # (after the card's first event)
     append(await P.task_completed())       # after the task's answer, before task.completed
     append([P.completed()])                # cot.completed, before the run's terminal event
                                            # (message.completed / run.failed / ...)
 
-The agent loop's ``LoopObserver`` hooks (``turn_finished(turn, *, task_id)``,
+The agent loop's ``LoopObserver`` hooks (``turn_finished(turn, *, task_id, narrations)``,
 ``tool_started(call, *, task_id)``, ``tool_finished(call, status, *, task_id)``) are served by
 :class:`VisibleReasoningObserver`, and :func:`observer_factory` builds the runtime's
-``observer_factory(run, disclosure)`` from the project config.
+``observer_factory(run, disclosure)`` from the project config. The observer's ``narrates`` tells
+the loop whether to offer the model the ``visible_step`` tool (``events/narration.py``).
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from typing import Any, Protocol
 
 from thoughtgate.config import Config, VisibleReasoningConfig
 from thoughtgate.errors import ConfigError
+from thoughtgate.events.narration import Narration, is_narration
 from thoughtgate.events.policy import PolicyContext, StepPolicy
 from thoughtgate.events.schema import NewEvent, now_ts
 from thoughtgate.events.summarizers import (
     AnswerStarted,
     ModelSummarizer,
     Moment,
+    Narrated,
+    NarrationSummarizer,
     PhasesSummarizer,
     ProviderSummariesSummarizer,
     StepDraft,
@@ -80,7 +87,8 @@ log = logging.getLogger(__name__)
 ELIGIBLE_MODES = frozenset({"surface", "telemetry_only"})
 """Modes that capture reasoning; only their runs get ``cot.*`` events."""
 
-_CONTENT_SUMMARIZERS = frozenset({"provider_summaries", "model"})
+_REASONING_SUMMARIZERS = frozenset({"provider_summaries"})
+"""Summarizers whose text is reasoning (the provider's summaries of it)."""
 
 
 def is_eligible(enabled: bool, mode: str) -> bool:
@@ -91,13 +99,13 @@ def is_eligible(enabled: bool, mode: str) -> bool:
 def effective_summarizers(config: VisibleReasoningConfig, mode: str) -> tuple[str, ...]:
     """The configured summarizers this run may use.
 
-    In ``telemetry_only`` mode reasoning may reach no display surface at all, so the summarizers
-    that turn reasoning into text (``provider_summaries``, ``model``) are left out and only
-    ``phases`` remains.
+    In ``telemetry_only`` mode reasoning may reach no display surface at all, so
+    ``provider_summaries`` (whose text is reasoning) is left out even when the operator named it;
+    ``phases``, ``narration`` and ``model`` read no reasoning and stay.
     """
     names = tuple(dict.fromkeys(config.summarizers))
     if mode == "telemetry_only":
-        return tuple(n for n in names if n not in _CONTENT_SUMMARIZERS)
+        return tuple(n for n in names if n not in _REASONING_SUMMARIZERS)
     return names
 
 
@@ -114,6 +122,8 @@ def build_summarizers(
             built.append(ProviderSummariesSummarizer())
         elif name == "phases":
             built.append(PhasesSummarizer())
+        elif name == "narration":
+            built.append(NarrationSummarizer())
         elif name == "model":
             provider = summarizer_provider
             if provider is None:
@@ -127,7 +137,9 @@ def build_summarizers(
             built.append(ModelSummarizer(provider))
         else:
             raise ConfigError(
-                "visible_reasoning.summarizers", name, "provider_summaries, model, phases"
+                "visible_reasoning.summarizers",
+                name,
+                "phases, narration, provider_summaries, model",
             )
     return built
 
@@ -166,6 +178,7 @@ class VisibleReasoningPipeline:
         self._id_prefix = id_prefix
         self._next_id = 0
         self._dropped: Counter[str] = Counter()
+        self._sources: Counter[str] = Counter()
         self._failures = 0
         self._steps_shown = 0
         self._phases_shown = 0
@@ -200,6 +213,15 @@ class VisibleReasoningPipeline:
         )
         policy = StepPolicy(PolicyContext(hidden_texts=tuple(hidden_texts)))
         return cls(mode, summarizers, policy=policy, clock=clock)
+
+    @property
+    def narrates(self) -> bool:
+        """Whether the model is offered ``visible_step`` (``narration`` is a summarizer here)."""
+        return any(s.name == "narration" for s in self.summarizers)
+
+    @property
+    def shows_provider_summaries(self) -> bool:
+        return any(s.name == "provider_summaries" for s in self.summarizers)
 
     # -- lifecycle hooks -----------------------------------------------------------------
 
@@ -241,6 +263,11 @@ class VisibleReasoningPipeline:
             self.policy.add_tool_text(result_text)
         return await self._moment(ToolFinished(call_id, tool_name, outcome))
 
+    async def narrated(self, summary: str, *, tool_call_id: str | None = None) -> list[NewEvent]:
+        """A ``visible_step`` call: a ``cot.step``, or ``cot.tool.reasoning`` on the card
+        ``tool_call_id`` (call this after that card's first event)."""
+        return await self._moment(Narrated(summary, tool_call_id=tool_call_id))
+
     async def task_completed(self) -> list[NewEvent]:
         return await self._moment(TaskCompleted())
 
@@ -259,15 +286,20 @@ class VisibleReasoningPipeline:
             dropped_by_reason=self._dropped,
             summarizers=tuple(s.name for s in self.summarizers),
             summarizer_failures=self._failures,
+            step_sources=self._sources,
         )
 
     # -- internals -----------------------------------------------------------------------
 
     def _learn_turn(self, turn: Turn) -> None:
+        """Everything the provider returned in its reasoning channel is reasoning no step may
+        repeat; provider summaries are exempt only when the operator chose to show them (else
+        their own steps would quote themselves). While narrating, ``visible_step`` arguments are
+        not tool data: they are the steps themselves."""
         for part in turn.reasoning_parts:
             if part.text:
                 self._raw_exists = True
-                if part.reasoning_kind == "raw":
+                if part.reasoning_kind != "summary" or not self.shows_provider_summaries:
                     self.policy.add_raw_reasoning(part.text)
             if part.redacted or part.reasoning_kind == "encrypted":
                 self._opaque_exists = True
@@ -276,7 +308,8 @@ class VisibleReasoningPipeline:
         for block in turn.continuity:
             self._learn_continuity(block)
         for call in turn.tool_calls:
-            self.policy.add_tool_text(call.arguments_json)
+            if not (self.narrates and is_narration(call)):
+                self.policy.add_tool_text(call.arguments_json)
 
     def _learn_continuity(self, block: ContinuityBlock) -> None:
         if block.carrier.endswith(("redacted_thinking", "reasoning_item")):
@@ -324,6 +357,7 @@ class VisibleReasoningPipeline:
             tool_call_id=draft.tool_call_id,
             source=draft.source,
         )
+        self._sources[draft.source] += 1
         if draft.kind == "phase":
             self._last_phase = (draft.phase, text, draft.tool_call_id)
             self._phases_shown += 1
@@ -358,6 +392,13 @@ class VisibleReasoningObserver:
         self._task: str | None = None
         self._started = False
         self._completed = False
+        self._explaining: dict[str, list[str]] = {}
+        """Narrations waiting for the card they explain (emitted after its first event)."""
+
+    @property
+    def narrates(self) -> bool:
+        """Tells the loop to offer ``visible_step``."""
+        return self.pipeline.narrates
 
     async def _begin(self, task_id: str) -> list[NewEvent]:
         if self._started and self._task == task_id:
@@ -365,9 +406,20 @@ class VisibleReasoningObserver:
         self._started, self._task = True, task_id
         return await self.pipeline.task_started(task_id)
 
-    async def turn_finished(self, turn: Turn, *, task_id: str) -> list[NewEvent]:
+    async def turn_finished(
+        self, turn: Turn, *, task_id: str, narrations: Sequence[Narration] = ()
+    ) -> list[NewEvent]:
+        """``narrations``: the turn's ``visible_step`` calls; those that explain no card become
+        steps right here (after the turn's phases), the others wait for their card."""
         events = await self._begin(task_id)
         events += await self.pipeline.turn_finished(turn)
+        for narration in narrations:
+            if narration.summary is None:
+                continue
+            if narration.explains is None:
+                events += await self.pipeline.narrated(narration.summary)
+            else:
+                self._explaining.setdefault(narration.explains, []).append(narration.summary)
         if not turn.tool_calls or not turn.complete:
             events += await self._complete()
         return events
@@ -387,9 +439,12 @@ class VisibleReasoningObserver:
 
     async def tool_started(self, call: ToolCallPart, *, task_id: str) -> list[NewEvent]:
         events = await self._begin(task_id)
-        return events + await self.pipeline.tool_started(
+        events += await self.pipeline.tool_started(
             call.call_id, call.name, arguments_json=call.arguments_json
         )
+        for summary in self._explaining.pop(call.call_id, ()):
+            events += await self.pipeline.narrated(summary, tool_call_id=call.call_id)
+        return events
 
     async def tool_finished(
         self,

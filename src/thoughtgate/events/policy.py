@@ -10,7 +10,9 @@ A step is dropped (only that step; the rest of the experience stays) when it con
 ``credential``        API keys and tokens (``sk-``, ``sk-ant-``, ``sk-or-``, ``ghp_``,
                       ``github_pat_``, ``xox?-``, ``AKIA``, ``AIza``, ``glpat-``, ...), Bearer
                       tokens, JWTs, PEM private keys, ``password=`` / ``api_key:`` assignments,
-                      credentials inside URLs, high-entropy values
+                      credentials inside URLs, high-entropy values, and a bare password-shaped
+                      word (10+ characters mixing upper and lower case, digits and a symbol)
+                      even with no "password" next to it
 ``internal_path``     filesystem paths (``/home/...``, ``/etc/...``, ``C:\\Users``, ``~/.ssh``),
                       ``.env`` and other secret files, internal host names and private addresses
 ``hidden_prompt``     a fragment of the run's hidden prompts
@@ -193,6 +195,41 @@ def _looks_typed(value: str) -> bool:
     )
 
 
+_STRONG_SYMBOLS: Final = frozenset("!@#$%^&*+=?~|<>`")
+"""Symbols that mark a typed secret; ``-``, ``_`` and ``.`` also join names and versions."""
+_WEAK_SYMBOLS: Final = frozenset("-_.")
+_TOKEN_LEAD: Final = "\"'([{<«“‘"
+_TOKEN_TAIL: Final = ".,;:)]}>\"'»”’"
+_EMAIL: Final = re.compile(r"[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+")
+_HANDLE: Final = re.compile(r"[#@][A-Za-z][A-Za-z0-9_]*")
+
+
+def _password_shaped(token: str) -> bool:
+    """A bare word that looks typed as a password: 10+ characters with upper and lower case,
+    a digit and a symbol. ``-``, ``_`` and ``.`` count as the symbol only in a word made of
+    letters, digits and those alone that switches between letters and digits four times or more
+    (``GPT-4o-mini`` or ``Python3.11`` are names, ``a1B2-c3D4`` is not). Links, e-mail addresses, hashtags and paths are left to
+    their own rules."""
+    bare = token.lstrip(_TOKEN_LEAD).rstrip(_TOKEN_TAIL)
+    if len(bare) < 10 or "://" in bare or "/" in bare or "\\" in bare:
+        return False
+    if bare.lower().startswith("www.") or _EMAIL.fullmatch(bare) or _HANDLE.fullmatch(bare):
+        return False
+    if not (
+        any(c.islower() for c in bare)
+        and any(c.isupper() for c in bare)
+        and any(c.isdigit() for c in bare)
+    ):
+        return False
+    body = bare.rstrip("!?")
+    if any(c in _STRONG_SYMBOLS for c in body):
+        return True
+    if body != bare and body.isalnum():
+        return True  # Summer2024! -- but a sentence's "?" after Python3.11 is punctuation
+    weak_only = all(c.isalnum() or c in _WEAK_SYMBOLS for c in body)
+    return weak_only and any(c in _WEAK_SYMBOLS for c in body) and _transitions(body) >= 4
+
+
 # --------------------------------------------------------------------------- pattern rules
 
 
@@ -328,6 +365,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule("internal_path", "localhost_port", r"(?i)\blocalhost:\d{2,5}\b"),
     _rule("internal_path", "private_ip", rf"(?<![\d.]){_PRIVATE_IPV4}(?!\.?\d)"),
     _rule("internal_path", "private_ipv6", r"(?i)(?<![\w:])(?:fe80|fd[0-9a-f]{2}):[0-9a-f]{0,4}:"),
+    # after the paths, so a path is reported as one; one bounded scan per whitespace-free word
+    _rule("credential", "password_shaped_word", r"(?<!\S)\S{10,200}", _password_shaped),
     # structured data belongs on a tool card, never in a one-sentence step
     _rule("tool_data", "embedded_json", r"[\{\[]\s*\"[^\"\n]{1,80}\"\s*:"),
     _rule("tool_data", "embedded_dict", r"\{\s*'[^'\n]{1,80}'\s*:"),

@@ -1,17 +1,26 @@
-"""Where visible steps come from: the summarizer interface and its three built-ins.
+"""Where visible steps come from: the summarizer interface and its four built-ins.
 
 Steps are never cut out of raw model output. A summarizer sees a lifecycle *moment* of the run
 and proposes :class:`StepDraft` s; the pipeline (``events/pipeline.py``) then checks each draft
 against the policy, gives it an id and a timestamp, and turns it into a ``cot.*`` event.
 
-``provider_summaries``  only reasoning parts of kind ``summary`` that a provider returned (OpenAI
-                        reasoning summaries, OpenRouter ``reasoning.summary``, Anthropic summarized
-                        thinking); parts of kind ``raw`` or ``encrypted`` are never read.
-``model``               an operator-configured summarizer model writes one new, concise sentence
-                        (asked with reasoning switched off); its output passes the same policy,
-                        including the verbatim-raw-reasoning check.
+Made for display (``phases`` is the default, ``narration`` the recommended opt-in):
+
 ``phases``              structural steps from the run's own lifecycle (planning, calling a tool by
                         its *name*, writing the answer); no model text at all.
+``narration``           what the model wrote for the reader through the ``visible_step`` tool
+                        (``events/narration.py``); never its reasoning channel.
+
+Opt-in only, each named in every receipt with a plain note (ADR 0008):
+
+``provider_summaries``  reasoning parts of kind ``summary`` that a provider returned (OpenAI
+                        reasoning summaries, OpenRouter ``reasoning.summary``, Anthropic summarized
+                        thinking): reasoning, which end users see only because the operator said
+                        so. Parts of kind ``raw`` or ``encrypted`` are never read.
+``model``               an operator-configured summarizer model writes one new, concise sentence
+                        from what the reader can already see (the turn's answer text and tool
+                        names), never from reasoning; asked with reasoning switched off, its output
+                        passes the same policy, including the verbatim-raw-reasoning check.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
+from thoughtgate.events.narration import without_narration
 from thoughtgate.events.payloads import DisplayPhase, StepSource
 from thoughtgate.events.visible import MAX_SUMMARY_CHARS
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
@@ -33,6 +43,8 @@ __all__ = [
     "DraftKind",
     "ModelSummarizer",
     "Moment",
+    "Narrated",
+    "NarrationSummarizer",
     "PhasesSummarizer",
     "ProviderSummariesSummarizer",
     "StepDraft",
@@ -96,8 +108,24 @@ class TaskCompleted:
     """The task's answer is written; no more steps follow."""
 
 
+@dataclass(frozen=True, slots=True)
+class Narrated:
+    """The model called ``visible_step``; ``tool_call_id`` names the card it explains (already in
+    the thread) or is ``None`` for a step of its own."""
+
+    summary: str
+    _: KW_ONLY
+    tool_call_id: str | None = None
+
+
 Moment: TypeAlias = (
-    TaskStarted | AnswerStarted | TurnFinished | ToolStarted | ToolFinished | TaskCompleted
+    TaskStarted
+    | AnswerStarted
+    | TurnFinished
+    | ToolStarted
+    | ToolFinished
+    | TaskCompleted
+    | Narrated
 )
 
 
@@ -178,6 +206,30 @@ class ProviderSummariesSummarizer:
         return drafts
 
 
+class NarrationSummarizer:
+    """Steps the model wrote for the reader through ``visible_step``, whitespace collapsed.
+
+    The whole sentence is the draft (not only its first sentence: it was written to be shown);
+    the pipeline checks it whole and then cuts it for display.
+    """
+
+    name = "narration"
+
+    async def summarize(self, moment: Moment) -> Sequence[StepDraft]:
+        if not isinstance(moment, Narrated):
+            return []
+        line = _SPACE.sub(" ", moment.summary).strip()
+        if not line:
+            return []
+        if moment.tool_call_id is not None:
+            return [
+                StepDraft(
+                    "tool_reasoning", line, "acting", "narration", tool_call_id=moment.tool_call_id
+                )
+            ]
+        return [StepDraft("step", line, "thinking", "narration")]
+
+
 class PhasesSummarizer:
     """Structural steps from the lifecycle; the only run data they use is a tool's name."""
 
@@ -212,19 +264,20 @@ def _after_tool(name: str, outcome: ToolOutcome) -> str:
 
 _SUMMARIZER_SYSTEM: Final = (
     "You write progress notes for a person watching an AI agent work. Reply with ONE new "
-    "sentence of at most 20 words, in plain language, saying what the agent is doing and why. "
-    "Use your own words: do not quote the notes. Never include credentials, URLs, file paths, "
+    "sentence of at most 20 words, in plain language, saying what the agent is doing. "
+    "Use your own words: do not quote the agent. Never include credentials, URLs, file paths, "
     "host names, code, JSON, tool arguments or tool results. Reply with the sentence only."
 )
 
 
 class ModelSummarizer:
-    """An operator-configured model writes one new sentence per turn, and one per tool call
-    explaining why the tool is used; reasoning is switched off for these requests.
+    """An operator-configured model writes one new sentence per answering turn, and one per tool
+    call saying what the tool is for; reasoning is switched off for these requests.
 
-    The material it reads is the turn's readable reasoning (most recent ``max_input_chars``) and
-    the names of the tools called, never tool arguments or results. Whatever it answers is only a
-    draft: the pipeline drops it when it repeats raw reasoning verbatim or breaks any other rule.
+    It reads only what the reader can already see (ADR 0008): the turn's answer text (most recent
+    ``max_input_chars``) and the names of the tools called -- never the model's reasoning of any
+    kind, never tool arguments or results. Whatever it answers is only a draft: the pipeline drops
+    it when it repeats raw reasoning verbatim or breaks any other rule.
     """
 
     name = "model"
@@ -244,21 +297,23 @@ class ModelSummarizer:
 
     async def summarize(self, moment: Moment) -> Sequence[StepDraft]:
         match moment:
-            case TurnFinished(turn=turn) if not turn.tool_calls and turn.reasoning_text:
-                line = await self._ask(turn, "Describe what the agent just worked out.")
+            case TurnFinished(turn=turn) if not turn.tool_calls and turn.text.strip():
+                line = await self._ask(turn, "Describe what the agent is telling the user.")
                 return [StepDraft("step", line, "thinking", "model")] if line else []
             case ToolStarted(call_id=call_id, tool_name=name, turn=turn) if turn is not None:
                 tool = safe_tool_name(name)
-                line = await self._ask(turn, f"Explain why the agent is now using {tool}.")
+                line = await self._ask(turn, f"Say what the agent is using {tool} for.")
                 if not line:
                     return []
                 return [StepDraft("tool_reasoning", line, "acting", "model", tool_call_id=call_id)]
         return []
 
     def _material(self, turn: Turn, task: str) -> str:
-        notes = turn.reasoning_text[-self.max_input_chars :]
-        tools = ", ".join(safe_tool_name(c.name) for c in turn.tool_calls) or "none"
-        return f"{task}\n\nAgent notes:\n{notes}\n\nTools requested: {tools}"
+        """What the reader could already see of this turn; ``turn.reasoning_parts`` are never read."""
+        said = turn.text[-self.max_input_chars :] or "(nothing yet)"
+        names = [safe_tool_name(c.name) for c in without_narration(turn.tool_calls)]
+        tools = ", ".join(names) or "none"
+        return f"{task}\n\nThe agent said:\n{said}\n\nTools requested: {tools}"
 
     async def _ask(self, turn: Turn, task: str) -> str:
         request = TurnRequest(

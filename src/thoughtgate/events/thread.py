@@ -21,10 +21,13 @@ aliases. A reader's copy lacks what its role may not see (a viewer's cards have 
 
 Client rules kept here: an unmarked or malformed ``cot.*`` payload is discarded (counted in
 ``discarded``); reasoning is never taken from tool input or output, ``agent.response`` or any other
-provider field; ``reasoning.delta`` never becomes a step. Its text is collected only into
-``raw_reasoning``, which exists only when the reader's (filtered) stream contained such events: a
-developer's view has it, a viewer's does not. A missing or rejected step never blocks a card or
-the message: nothing here waits for one.
+provider field; ``reasoning.delta`` never becomes a step. Its text goes only into a
+:class:`ReasoningItem` per model turn (placed where that turn's reasoning first arrived, so next
+to the turn's tool calls, and labelled by its kind: "Raw reasoning" only for raw reasoning,
+"Reasoning (provider summary)" for a provider's summary) and into ``raw_reasoning``, all turns
+joined. Both exist only when the reader's (filtered) stream contained such events: a developer's
+view has them, a viewer's does not. A missing or rejected step never blocks a card or the
+message: nothing here waits for one.
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ from thoughtgate.events.visible import (
 )
 
 __all__ = [
+    "REASONING_LABELS",
     "TOOL_EVENT_STATUS",
     "TOOL_STATUSES",
     "MessageView",
     "NoticeItem",
     "PhaseItem",
+    "ReasoningItem",
+    "ReasoningSegment",
     "StepItem",
     "ThreadBuilder",
     "ThreadItem",
@@ -55,6 +61,7 @@ __all__ = [
     "ToolCallRecord",
     "ToolCard",
     "ToolStatus",
+    "reasoning_label",
     "rebuild",
 ]
 
@@ -179,7 +186,61 @@ class NoticeItem:
         return {"kind": self.kind, "key": self.key, "label": self.label, "attrs": dict(self.attrs)}
 
 
-ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem
+REASONING_LABELS: Final[Mapping[str, str]] = {
+    "raw": "Raw reasoning",
+    "summary": "Reasoning (provider summary)",
+}
+"""What a reader is told a reasoning segment is, by its ``reasoning_kind``; any other or missing
+kind is plain "Reasoning" (never called raw unless it is)."""
+
+
+def reasoning_label(kind: str | None) -> str:
+    return REASONING_LABELS.get(kind or "", "Reasoning")
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningSegment:
+    """Consecutive ``reasoning.delta`` text of one kind and index within a turn."""
+
+    kind: str | None
+    index: int | None
+    text: str
+
+    @property
+    def label(self) -> str:
+        return reasoning_label(self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "index": self.index, "label": self.label, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningItem:
+    """One model turn's reasoning as the provider returned it (developer+ on surface runs only:
+    nobody else's stream carries ``reasoning.delta``). ``key`` is ``"{task_id}:{turn}"``."""
+
+    key: str
+    task_id: str | None
+    turn: int | None
+    segments: tuple[ReasoningSegment, ...] = ()
+    _: KW_ONLY
+    kind: Literal["reasoning"] = "reasoning"
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "task_id": self.task_id,
+            "turn": self.turn,
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+
+ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ReasoningItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +290,10 @@ class ThreadView:
     def cards(self) -> tuple[ToolCard, ...]:
         return tuple(i for i in self.items if isinstance(i, ToolCard))
 
+    @property
+    def reasoning_turns(self) -> tuple[ReasoningItem, ...]:
+        return tuple(i for i in self.items if isinstance(i, ReasoningItem))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "items": [i.to_dict() for i in self.items],
@@ -251,6 +316,10 @@ def _text_of(payload: Mapping[str, Any]) -> str | None:
     return _opt_str(payload.get("text"))
 
 
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class ThreadBuilder:
     """Builds a :class:`ThreadView` event by event; ``view()`` is a snapshot (items are frozen)."""
 
@@ -266,6 +335,7 @@ class ThreadBuilder:
         self._discarded = 0
         self._last_seq = 0
         self._anonymous = 0
+        self._task_id: str | None = None
 
     @property
     def last_seq(self) -> int:
@@ -286,11 +356,13 @@ class ThreadBuilder:
         seq: int | None
         if isinstance(event, Event):
             etype, payload, seq = event.type, event.payload, event.seq
+            self._task_id = event.task_id
         else:
             etype, payload, seq = event.get("type"), event.get("payload"), None
             raw_seq = event.get("seq")
             if isinstance(raw_seq, int) and not isinstance(raw_seq, bool):
                 seq = raw_seq
+            self._task_id = _opt_str(event.get("task_id"))
         if seq is not None:
             if seq <= self._last_seq:
                 return False
@@ -311,6 +383,7 @@ class ThreadBuilder:
             if self._raw is None:
                 self._raw = []
             self._raw.append(_text_of(payload) or "")
+            self._apply_reasoning(payload)
         elif etype == EventType.CAPABILITY_RESOLVED:
             self._apply_notice(payload)
         if etype in DISPLAY_TERMINAL_TYPES:
@@ -320,6 +393,23 @@ class ThreadBuilder:
         if key not in self._items:
             self._order.append(key)
         self._items[key] = item
+
+    def _apply_reasoning(self, payload: Mapping[str, Any]) -> None:
+        """Into the section of its turn; a change of kind or index starts a new segment."""
+        turn = _opt_int(payload.get("turn"))
+        key = f"{self._task_id or ''}:{'' if turn is None else turn}"
+        old = self._items.get(("reasoning", key))
+        item = old if isinstance(old, ReasoningItem) else ReasoningItem(key, self._task_id, turn)
+        kind = _opt_str(payload.get("reasoning_kind"))
+        index = _opt_int(payload.get("index"))
+        text = _text_of(payload) or ""
+        segments = item.segments
+        last = segments[-1] if segments else None
+        if last is not None and (last.kind, last.index) == (kind, index):
+            segments = (*segments[:-1], replace(last, text=last.text + text))
+        else:
+            segments = (*segments, ReasoningSegment(kind, index, text))
+        self._upsert(("reasoning", key), replace(item, segments=segments))
 
     def _apply_cot(self, etype: str, payload: Mapping[str, Any]) -> None:
         if etype == EventType.COT_COMPLETED:

@@ -3,11 +3,13 @@
 A visible step is a small, policy-checked display record, never reasoning itself::
 
     {"marker": "visible_reasoning_v1", "step_id": "vr-3", "summary": "Comparing three options",
-     "phase": "thinking", "ts": 1767000000.0, "tool_call_id": null, "source": "provider_summary"}
+     "phase": "thinking", "ts": 1767000000.0, "tool_call_id": null, "source": "narration"}
 
 ``cot.step``, ``cot.phase`` and ``cot.tool.reasoning`` all carry that shape (a tool reasoning step
 must name the ``tool_call_id`` of a card that is already in the thread). ``cot.completed`` carries
-the :class:`DisclosureReceipt`: what was withheld from the reader and why. None of these payloads
+the :class:`DisclosureReceipt`: which sources produced the steps the reader saw, what was withheld
+from the reader and why, and a plain note for each source the operator opted into that is not
+made for display (provider summaries, a summarizer model). None of these payloads
 grants access to anything: a ``tool_call_id`` only correlates with a card the reader was already
 allowed to see, and no payload holds a URL, a token or tool data.
 
@@ -38,7 +40,10 @@ __all__ = [
     "DISPLAY_PHASES",
     "MAX_STEP_ID_CHARS",
     "MAX_SUMMARY_CHARS",
+    "SOURCE_LABELS",
+    "SOURCE_NOTES",
     "STEP_SOURCES",
+    "SUMMARIZER_SOURCES",
     "VISIBLE_MARKER",
     "DisclosureReceipt",
     "VisibleStep",
@@ -47,6 +52,7 @@ __all__ = [
     "cot_phase_event",
     "cot_step_event",
     "cot_tool_reasoning_event",
+    "describe_receipt",
     "parse_receipt",
     "parse_visible_payload",
 ]
@@ -59,6 +65,35 @@ MAX_STEP_ID_CHARS: Final = 128
 
 DISPLAY_PHASES: tuple[str, ...] = get_args(DisplayPhase)
 STEP_SOURCES: tuple[str, ...] = get_args(StepSource)
+
+SUMMARIZER_SOURCES: Final[Mapping[str, StepSource]] = {
+    "phases": "phases",
+    "narration": "narration",
+    "provider_summaries": "provider_summary",
+    "model": "model",
+}
+"""The ``source`` each built-in summarizer (``visible_reasoning.summarizers``) writes."""
+
+SOURCE_LABELS: Final[Mapping[str, str]] = {
+    "phases": "the run's progress",
+    "narration": "notes the agent wrote for you",
+    "provider_summary": "the provider's summaries of the model's reasoning",
+    "model": "the operator's summarizer model",
+}
+"""How a reader is told where steps came from (the web page keeps the same words)."""
+
+SOURCE_NOTES: Final[Mapping[str, str]] = {
+    "provider_summaries": (
+        "The operator chose to show you summaries that the model provider wrote of the model's "
+        "reasoning; each passed the same policy checks."
+    ),
+    "model": (
+        "The operator's summarizer model may write steps; it reads only what you can see (the "
+        "agent's answer text and tool names), never the model's reasoning."
+    ),
+}
+"""The plain statement a receipt carries for each summarizer the operator opted into that is
+not made for display (ADR 0008). ``phases`` and ``narration`` need none."""
 
 COT_STEP_TYPES: Final = frozenset(
     {EventType.COT_STEP, EventType.COT_PHASE, EventType.COT_TOOL_REASONING}
@@ -180,6 +215,12 @@ class DisclosureReceipt:
     dropped_by_reason: Mapping[str, int] = field(default_factory=dict)
     summarizers: tuple[str, ...] = ()
     summarizer_failures: int = 0
+    step_sources: Mapping[str, int] = field(default_factory=dict)
+    """How many of the steps and phases shown came from each source (``phases``,
+    ``narration``, ``provider_summary``, ``model``); sources that produced none are left out."""
+    notes: tuple[str, ...] = ()
+    """One plain statement per summarizer the operator opted into that is not made for display
+    (:data:`SOURCE_NOTES`), derived from ``summarizers``."""
 
     def to_payload(self) -> ReceiptPayload:
         return {
@@ -194,6 +235,8 @@ class DisclosureReceipt:
             "dropped_by_reason": dict(sorted(self.dropped_by_reason.items())),
             "summarizers": list(self.summarizers),
             "summarizer_failures": self.summarizer_failures,
+            "step_sources": dict(sorted(self.step_sources.items())),
+            "notes": list(self.notes),
         }
 
 
@@ -207,9 +250,13 @@ def build_receipt(
     dropped_by_reason: Mapping[str, int] | None = None,
     summarizers: tuple[str, ...] = (),
     summarizer_failures: int = 0,
+    step_sources: Mapping[str, int] | None = None,
 ) -> DisclosureReceipt:
-    """A receipt for a run in ``mode`` (who may read the full reasoning follows from the mode)."""
+    """A receipt for a run in ``mode`` (who may read the full reasoning follows from the mode;
+    the notes follow from the summarizers)."""
     dropped = {k: v for k, v in (dropped_by_reason or {}).items() if v}
+    sources = {k: v for k, v in (step_sources or {}).items() if v}
+    notes = tuple(SOURCE_NOTES[name] for name in summarizers if name in SOURCE_NOTES)
     surface: Literal["display", "trace"] | None = None
     if raw_reasoning_exists:
         surface = "trace" if mode == "telemetry_only" else "display"
@@ -225,7 +272,37 @@ def build_receipt(
         dropped_by_reason=dropped,
         summarizers=summarizers,
         summarizer_failures=summarizer_failures,
+        step_sources=sources,
+        notes=notes,
     )
+
+
+def describe_receipt(receipt: DisclosureReceipt, *, raw_visible: bool = False) -> list[str]:
+    """The receipt as sentences for a person (the CLI; the web page says the same).
+
+    ``raw_visible``: the reader's own view holds the raw reasoning (a developer on a surface run).
+    """
+    lines = []
+    if receipt.step_sources:
+        shown = sorted(receipt.step_sources.items())  # the payload's order, as the page shows it
+        parts = [f"{SOURCE_LABELS.get(k, k)} ({v})" for k, v in shown]
+        lines.append(f"Steps shown came from {', '.join(parts)}, checked by policy.")
+    else:
+        lines.append("No steps were shown.")
+    lines.extend(receipt.notes)
+    if receipt.raw_reasoning_exists:
+        if raw_visible:
+            lines.append("The model's reasoning is shown next to each turn (developer view).")
+        elif receipt.raw_reasoning_surface == "trace":
+            lines.append("The model's reasoning exists; only developers can read it, in the trace.")
+        else:
+            lines.append("The model's reasoning exists; only developers and above can read it.")
+    elif receipt.opaque_reasoning_exists:
+        lines.append("The provider returned encrypted reasoning that nobody can read.")
+    if receipt.steps_dropped_by_policy:
+        why = ", ".join(f"{k.replace('_', ' ')} ×{v}" for k, v in receipt.dropped_by_reason.items())
+        lines.append(f"{receipt.steps_dropped_by_policy} step(s) were withheld by policy ({why}).")
+    return lines
 
 
 def cot_completed_event(
@@ -239,6 +316,9 @@ def cot_completed_event(
         "receipt": receipt.to_payload(),
     }
     return NewEvent(EventType.COT_COMPLETED, payload, task_id=task_id, ts=stamp)
+
+
+_LATER_RECEIPT_KEYS: Final = frozenset({"step_sources", "notes"})
 
 
 def _count(value: Any) -> int | None:
@@ -257,6 +337,7 @@ def parse_receipt(payload: Any) -> DisclosureReceipt | None:
     counts = [_count(body.get(k)) for k in ("steps_shown", "phases_shown", "summarizer_failures")]
     reasons = body.get("dropped_by_reason")
     summarizers = body.get("summarizers")
+    sources = body.get("step_sources", {})
     flags = [body.get(k) for k in ("raw_reasoning_exists", "opaque_reasoning_exists")]
     if any(c is None for c in counts) or not all(isinstance(f, bool) for f in flags):
         return None
@@ -264,8 +345,11 @@ def parse_receipt(payload: Any) -> DisclosureReceipt | None:
         return None
     if not isinstance(summarizers, list) or not all(isinstance(s, str) for s in summarizers):
         return None
+    if not isinstance(sources, Mapping):
+        return None
     parsed_reasons = {str(k): _count(v) for k, v in reasons.items()}
-    if any(v is None for v in parsed_reasons.values()):
+    parsed_sources = {str(k): _count(v) for k, v in sources.items()}
+    if any(v is None for v in [*parsed_reasons.values(), *parsed_sources.values()]):
         return None
     receipt = build_receipt(
         body["mode"],
@@ -276,8 +360,12 @@ def parse_receipt(payload: Any) -> DisclosureReceipt | None:
         dropped_by_reason={k: v or 0 for k, v in parsed_reasons.items()},
         summarizers=tuple(summarizers),
         summarizer_failures=counts[2] or 0,
+        step_sources={k: v or 0 for k, v in parsed_sources.items()},
     )
     written = receipt.to_payload()
-    if written != {key: body.get(key) for key in written}:
+    # Receipts recorded before step_sources and notes existed lack those two keys; the rest must
+    # match what we write.
+    checked = {k: v for k, v in written.items() if k in body or k not in _LATER_RECEIPT_KEYS}
+    if checked != {key: body.get(key) for key in checked}:
         return None  # inconsistent totals or visibility fields: not a receipt we wrote
     return receipt

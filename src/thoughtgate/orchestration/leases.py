@@ -1,7 +1,7 @@
 """The lease keeper: proves to other processes that the runs this process executes are alive.
 
 Every open run this process executes is *held*. While it holds any, one background task renews
-all their leases in one store statement every third of the lease's length (ADR 0008), so a
+all their leases in one store statement every third of the lease's length (ADR 0009), so a
 crash, ``kill -9`` or power cut lets another process close them after at most one lease length.
 
 If a renewal finds a held run that is no longer ours -- this process stalled past its lease

@@ -22,7 +22,7 @@ cancelled (Ctrl-C, MCP cancel, shutdown, lease      interrupted  ``run.interrupt
 
 A provider is built when the run is created, so a missing key or an unknown model is a
 ``UsageError`` before any run exists. While it executes, the run's lease is renewed
-(``orchestration.leases``); a process that dies leaves a run that others close (ADR 0008).
+(``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class Runtime:
         """Providers built while creating a run (to check its models), used by its first tasks."""
         self.sinks: list[EventSink] = list(sinks)
         self.leases = LeaseKeeper(store, ttl_s=self.config.orchestration.lease_ttl_s)
-        """This process's leases on the runs it executes (ADR 0008)."""
+        """This process's leases on the runs it executes (ADR 0009)."""
         self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
         """Leases on the process's provider clients, one per ``async with`` (not run leases)."""
 

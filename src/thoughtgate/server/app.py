@@ -4,7 +4,7 @@
 >>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
 
 Startup (lifespan) prepares the ticket secret and closes runs a crashed process left running, then
-keeps closing such runs periodically (ADR 0008); shutdown gives in-flight runs ``shutdown_grace_s``
+keeps closing such runs periodically (ADR 0009); shutdown gives in-flight runs ``shutdown_grace_s``
 to finish, interrupts the rest, and closes the provider connections the runs shared. The app does
 not own the store: whoever opened it closes it.
 """

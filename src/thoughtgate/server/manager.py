@@ -8,7 +8,7 @@
   in every store, so no event is ever half-written.
 * ``recover`` (startup) and a periodic sweep close runs whose executing process is gone -- a
   daemon or a ``thoughtgate run`` that died with ``kill -9``, a crash or a power cut, on this host
-  or (once its lease expired) on any other (``store.leases``, ADR 0008). Runs of live processes,
+  or (once its lease expired) on any other (``store.leases``, ADR 0009). Runs of live processes,
   whose leases are renewed, are never touched.
 """
 

@@ -132,7 +132,7 @@ class EventStore(abc.ABC):
         """Ids of runs starting with ``prefix`` (sorted, at most ``limit``): ``git``-style short
         ids for the command line."""
 
-    # -- ending runs, and leases (ADR 0008) ----------------------------------------------
+    # -- ending runs, and leases (ADR 0009) ----------------------------------------------
     @abc.abstractmethod
     async def finish_run(
         self,

@@ -1,6 +1,6 @@
 """Run leases: which process executes each open run, and closing runs whose process is gone.
 
-The decision and its trade-offs are in ADR 0008. In short:
+The decision and its trade-offs are in ADR 0009. In short:
 
 * A process that executes runs is an **owner**, named ``<host>.<pid>.<nonce>``: ``host`` is a
   digest of the host name, boot id and pid namespace (so two containers, or one machine before

@@ -120,22 +120,51 @@ function renderCard(card, captions, canAnswer, runEnded) {
   return node;
 }
 
+// One model turn's reasoning, as the provider returned it, next to that turn's tool calls. Only a
+// developer's stream (on a surface run) carries it; each segment is named for what it is.
+function renderReasoning(item) {
+  const node = el("li", { class: "item raw", "data-testid": "reasoning-turn", "data-turn": item.turn ?? "" },
+    el("h3", {}, item.turn === null ? "Model turn" : `Model turn ${item.turn + 1}`, " ",
+      el("span", { class: "badge" }, "developer only")));
+  let label = null;
+  for (const seg of item.segments) {
+    if (seg.label !== label) {
+      node.append(el("div", { class: "raw-label", "data-testid": "reasoning-label", "data-kind": seg.kind ?? "" }, seg.label));
+      label = seg.label;
+    }
+    node.append(el("pre", { "data-testid": "raw-text", "data-kind": seg.kind ?? "" }, seg.text.trimEnd()));
+  }
+  return node;
+}
+
 function button(label, onClick, cls) {
   const b = el("button", { type: "button", class: cls }, label);
   b.addEventListener("click", onClick);
   return b;
 }
 
+// where the steps came from, in the words of thoughtgate.events.visible.SOURCE_LABELS
+const SOURCE_LABELS = {
+  phases: "the run's progress",
+  narration: "notes the agent wrote for you",
+  provider_summary: "the provider's summaries of the model's reasoning",
+  model: "the operator's summarizer model",
+};
+
+// the same sentences as thoughtgate.events.visible.describe_receipt
 function receiptText(r, thread) {
   const parts = [];
-  const shown = r.steps_shown === 1 ? "1 summary" : `${r.steps_shown} summaries`;
-  parts.push(`You see ${shown} of the model's reasoning and ${r.phases_shown} progress notes, checked by policy.`);
+  const sources = Object.entries(r.step_sources || {});
+  parts.push(sources.length
+    ? `Steps shown came from ${sources.map(([k, v]) => `${SOURCE_LABELS[k] || k} (${v})`).join(", ")}, checked by policy.`
+    : "No steps were shown.");
+  parts.push(...(r.notes || []));
   if (r.raw_reasoning_exists) {
     parts.push(thread.raw !== null
-      ? "The raw reasoning is below (developer view)."
+      ? "The model's reasoning is shown next to each turn (developer view)."
       : r.raw_reasoning_surface === "trace"
-        ? "The raw reasoning exists; only developers can read it, in the trace."
-        : `The raw reasoning exists; only ${r.raw_reasoning_visible_to || "developer"}s and above can read it.`);
+        ? "The model's reasoning exists; only developers can read it, in the trace."
+        : "The model's reasoning exists; only developers and above can read it.");
   } else if (r.opaque_reasoning_exists) {
     parts.push("The provider returned encrypted reasoning that nobody can read.");
   }
@@ -172,6 +201,8 @@ function renderThread() {
       if (i.step.tool_call_id && cards.has(i.step.tool_call_id)) continue;
       list.append(el("li", { class: `item phase p-${i.step.phase}`, "data-testid": "vr-phase", "data-phase": i.step.phase },
         i.step.summary));
+    } else if (i.kind === "reasoning") {
+      list.append(renderReasoning(i));
     } else {
       list.append(el("li", { class: `item notice n-${i.kind}`, "data-testid": "notice" }, i.label));
     }
@@ -195,12 +226,6 @@ function renderThread() {
     ? el("section", { class: "receipt", "data-testid": "receipt" }, el("h3", {}, "About the reasoning"),
       el("p", {}, receiptText(thread.receipt, thread)))
     : null;
-  const raw = thread.raw !== null
-    ? el("section", { class: "raw", "data-testid": "raw-reasoning" },
-      el("h3", {}, "Raw reasoning ", el("span", { class: "badge" }, "developer only")),
-      el("p", { class: "hint" }, "The model's own chain-of-thought, as captured. Viewers and members never receive it."),
-      el("pre", { "data-testid": "raw-text" }, thread.raw.join("")))
-    : null;
 
   const runStatus = thread.runEnded ? thread.status : live ? "running" : (run?.status || thread.status);
   const header = el("header", { class: "run-head" },
@@ -211,7 +236,7 @@ function renderThread() {
       run ? el("span", {}, run.model || "") : null,
       run ? el("span", {}, `reasoning: ${run.chain_of_thought}`) : null,
       view.notice ? el("span", { class: "notice-text", "data-testid": "stream-notice" }, view.notice) : null));
-  const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt, raw);
+  const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt);
   root.replaceChildren(header, body);
 }
 
@@ -356,10 +381,10 @@ async function start() {
   $("#signout").hidden = false;
   const can = state.me.permissions;
   $("#role-note").textContent = can.read_reasoning
-    ? "Your role also reads tool inputs and outputs and, on surface runs, the raw reasoning."
+    ? "Your role also reads tool inputs and outputs and, on surface runs, the model's reasoning next to each turn."
     : can.answer_approvals
-      ? "You see visible steps, tool cards with their inputs and outputs, and answers; raw reasoning is not sent to your role."
-      : "You see visible steps, tool cards (label and status) and answers; raw reasoning is not sent to your role.";
+      ? "You see visible steps, tool cards with their inputs and outputs, and answers; the model's reasoning is not sent to your role."
+      : "You see visible steps, tool cards (label and status) and answers; the model's reasoning is not sent to your role.";
   await loadRuns();
   if (location.hash.length > 1) await openRun(decodeURIComponent(location.hash.slice(1)));
 }

@@ -2,7 +2,8 @@
 // Feed it events (the JSON envelopes of GET /v1/runs/{id}/events and of the SSE stream) one by
 // one; live and reload give the same thread. Events at or below the last applied seq are ignored.
 // Unmarked or malformed cot.* payloads are discarded; reasoning is never taken from tool input or
-// output or any provider field; reasoning.delta text only ever goes into `raw`, which stays null
+// output or any provider field; reasoning.delta text only ever goes into one "reasoning" item per
+// model turn (labelled by its kind: "Raw reasoning" only when raw) and into `raw`; both stay absent
 // unless the server sent such events (it sends them to developer+ only). Nothing waits for a step.
 // Payloads are read as the event catalogue declares them (docs/events.md): snake_case, no aliases;
 // a field the reader's role may not see is simply absent.
@@ -13,7 +14,17 @@ const TG_THREAD = (() => {
   const MAX_SUMMARY = 280;
   const MAX_STEP_ID = 128;
   const PHASES = ["planning", "thinking", "acting", "writing", "done"];
-  const SOURCES = ["provider_summary", "model", "phases"];
+  const SOURCES = ["phases", "narration", "provider_summary", "model"];
+  const REASONING_LABELS = { raw: "Raw reasoning", summary: "Reasoning (provider summary)" };
+  const reasoningLabel = (kind) => (kind && Object.hasOwn(REASONING_LABELS, kind) ? REASONING_LABELS[kind] : "Reasoning");
+  // the receipt's plain statement for each summarizer the operator opted into (visible.SOURCE_NOTES)
+  const SOURCE_NOTES = {
+    provider_summaries: "The operator chose to show you summaries that the model provider wrote of the model's "
+      + "reasoning; each passed the same policy checks.",
+    model: "The operator's summarizer model may write steps; it reads only what you can see (the "
+      + "agent's answer text and tool names), never the model's reasoning.",
+  };
+  const LATER_RECEIPT_KEYS = new Set(["step_sources", "notes"]);
   const FINAL_TOOL = new Set(["completed", "failed", "degraded", "rejected", "skipped"]);
   const TOOL_EVENT_STATUS = {
     "tool.approval_required": "pending",
@@ -40,6 +51,7 @@ const TG_THREAD = (() => {
 
   const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
   const isInt = (v) => typeof v === "number" && Number.isInteger(v);
+  const optInt = (v) => (isInt(v) ? v : null);
   const chars = (s) => [...s].length; // code points, as Python's len()
   const coalesce = (...values) => values.find((v) => v !== null && v !== undefined) ?? null;
   const optStr = (v) => (typeof v === "string" ? v : null);
@@ -81,10 +93,17 @@ const TG_THREAD = (() => {
     if (counts.some((c) => c === null) || !flags.every((f) => typeof f === "boolean")) return null;
     if (typeof b.mode !== "string" || !isMapping(b.dropped_by_reason)) return null;
     if (!Array.isArray(b.summarizers) || !b.summarizers.every((s) => typeof s === "string")) return null;
+    const sources = b.step_sources === undefined ? {} : b.step_sources;
+    if (!isMapping(sources)) return null;
     const dropped = {};
     for (const [k, v] of Object.entries(b.dropped_by_reason)) {
       if (count(v) === null) return null;
       if (v) dropped[k] = v;
+    }
+    const shown = {};
+    for (const [k, v] of Object.entries(sources)) {
+      if (count(v) === null) return null;
+      if (v) shown[k] = v;
     }
     const raw = flags[0];
     const receipt = {
@@ -99,8 +118,13 @@ const TG_THREAD = (() => {
       dropped_by_reason: dropped,
       summarizers: [...b.summarizers],
       summarizer_failures: counts[2],
+      step_sources: Object.fromEntries(Object.keys(shown).sort().map((k) => [k, shown[k]])),
+      notes: b.summarizers.filter((s) => Object.hasOwn(SOURCE_NOTES, s)).map((s) => SOURCE_NOTES[s]),
     };
-    for (const k of Object.keys(receipt)) if (!sameJSON(receipt[k], b[k] ?? null)) return null;
+    for (const k of Object.keys(receipt)) {
+      if (LATER_RECEIPT_KEYS.has(k) && !(k in b)) continue; // recorded before these keys existed
+      if (!sameJSON(receipt[k], b[k] ?? null)) return null;
+    }
     return receipt;
   }
 
@@ -118,6 +142,7 @@ const TG_THREAD = (() => {
       this.discarded = 0;
       this.lastSeq = 0;
       this.anonymous = 0;
+      this.taskId = null;
     }
 
     get message() { return this.text.join(""); }
@@ -129,6 +154,7 @@ const TG_THREAD = (() => {
         if (env.seq <= this.lastSeq) return false; // replay overlap: never twice
         this.lastSeq = env.seq;
       }
+      this.taskId = optStr(env.task_id);
       if (typeof env.type === "string") this.apply(env.type, isMapping(env.payload) ? env.payload : {});
       return true;
     }
@@ -143,10 +169,29 @@ const TG_THREAD = (() => {
       if (family === "cot") this.applyCot(type, p);
       else if (type in TOOL_EVENT_STATUS || type === "tool.approval_response") this.applyTool(type, p);
       else if (type === "message.delta") this.text.push(textOf(p) || "");
-      else if (type === "reasoning.delta") (this.raw ??= []).push(textOf(p) || "");
+      else if (type === "reasoning.delta") {
+        (this.raw ??= []).push(textOf(p) || "");
+        this.applyReasoning(p);
+      }
       else if (type === "capability.resolved") this.applyNotice(p);
       if (DISPLAY_TERMINAL.has(type)) this.applyTerminal(type, p);
       if (RUN_TERMINAL.has(type)) this.runEnded = true;
+    }
+
+    // one item per model turn; a change of kind or index starts a new segment
+    applyReasoning(p) {
+      const turn = optInt(p.turn);
+      const key = `${this.taskId || ""}:${turn === null ? "" : turn}`;
+      const old = this.items.get(`reasoning:${key}`);
+      const item = old && old.kind === "reasoning" ? old : { kind: "reasoning", key, taskId: this.taskId, turn, segments: [] };
+      const kind = optStr(p.reasoning_kind);
+      const index = optInt(p.index);
+      const text = textOf(p) || "";
+      const segments = [...item.segments];
+      const last = segments[segments.length - 1];
+      if (last && last.kind === kind && last.index === index) segments[segments.length - 1] = { ...last, text: last.text + text };
+      else segments.push({ kind, index, label: reasoningLabel(kind), text });
+      this.upsert(`reasoning:${key}`, { ...item, segments });
     }
 
     applyCot(type, p) {
@@ -216,6 +261,10 @@ const TG_THREAD = (() => {
             input: i.input, output: i.output, error: i.error, error_kind: i.error_kind,
             reasoning: i.reasoning.map((s) => ({ marker: MARKER, ...s })) };
         }
+        if (i.kind === "reasoning") {
+          return { kind: i.kind, key: i.key, task_id: i.taskId, turn: i.turn,
+            segments: i.segments.map((g) => ({ kind: g.kind, index: g.index, label: g.label, text: g.text })) };
+        }
         return { kind: i.kind, key: i.key, label: i.label, attrs: i.attrs };
       });
       const toolCalls = this.list().filter((i) => i.kind === "tool")
@@ -239,5 +288,5 @@ const TG_THREAD = (() => {
     }
   }
 
-  return { Thread, parseStep, parseReceipt, MARKER };
+  return { Thread, parseStep, parseReceipt, reasoningLabel, MARKER };
 })();

@@ -1,6 +1,9 @@
 """Built-in scenarios, used by ``thoughtgate demo``, ``thoughtgate emulate`` and the tests.
 
 Select one with the ``x-emulator-scenario`` header or by naming it as the model.
+``narrated-tool-loop`` is ``tool-loop`` with the model writing steps for the reader through the
+``visible_step`` tool (offered when ``visible_reasoning.summarizers`` includes ``narration``),
+beside its real tool calls in the same turn.
 """
 
 from __future__ import annotations
@@ -23,6 +26,26 @@ __all__ = ["ALWAYS", "builtin_scenarios"]
 
 ALWAYS = 2**62
 """``Fail(times=ALWAYS)``: every attempt fails, however many a client makes."""
+
+_COUNTRY_THOUGHT = Think(
+    "I need the user's country before I can name its largest city. I will call get_country."
+)
+_CITY_THOUGHT = Think(
+    "The tool said the country. Now I need the largest city there; I will call largest_city."
+)
+_GET_COUNTRY = Call("get_country", {})
+_LARGEST_CITY = Call("largest_city", {"country": "Mexico"})
+_COUNTRY_ANSWER = ScriptedTurn(
+    (
+        Think("I have both facts. Answer briefly."),
+        Say("The largest city in your country is Mexico City."),
+    )
+)
+
+
+def _narrate(summary: str) -> Call:
+    """A call of the built-in narration tool (``visible_step``)."""
+    return Call("visible_step", {"summary": summary})
 
 
 def builtin_scenarios() -> dict[str, Scenario]:
@@ -47,31 +70,30 @@ def builtin_scenarios() -> dict[str, Scenario]:
         Scenario(
             "tool-loop",
             (
+                ScriptedTurn((_COUNTRY_THOUGHT, Say("Let me look up your country."), _GET_COUNTRY)),
+                ScriptedTurn((_CITY_THOUGHT, _LARGEST_CITY)),
+                _COUNTRY_ANSWER,
+            ),
+        ),
+        Scenario(
+            "narrated-tool-loop",
+            (
                 ScriptedTurn(
                     (
-                        Think(
-                            "I need the user's country before I can name its largest city. "
-                            "I will call get_country."
-                        ),
-                        Say("Let me look up your country."),
-                        Call("get_country", {}),
+                        _COUNTRY_THOUGHT,
+                        _narrate("Checking your profile for your country"),
+                        _GET_COUNTRY,
                     )
                 ),
                 ScriptedTurn(
                     (
-                        Think(
-                            "The tool said the country. Now I need the largest city there; "
-                            "I will call largest_city."
-                        ),
-                        Call("largest_city", {"country": "Mexico"}),
+                        _CITY_THOUGHT,
+                        _narrate("Found your country in your profile."),
+                        _narrate("Looking up its largest city"),
+                        _LARGEST_CITY,
                     )
                 ),
-                ScriptedTurn(
-                    (
-                        Think("I have both facts. Answer briefly."),
-                        Say("The largest city in your country is Mexico City."),
-                    )
-                ),
+                _COUNTRY_ANSWER,
             ),
         ),
         Scenario(

@@ -1,4 +1,4 @@
--- Run leases (ADR 0008): who executes an open run, until when it is known to be alive, and when
+-- Run leases (ADR 0009): who executes an open run, until when it is known to be alive, and when
 -- the run was closed (after which the store refuses further appends to it).
 
 ALTER TABLE runs

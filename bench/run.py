@@ -28,6 +28,7 @@ MODULES = (
     "bench.store_bench",
     "bench.daemon_bench",
     "bench.fanout_bench",
+    "bench.telemetry_bench",
 )
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUDGET_S = 15 * 60

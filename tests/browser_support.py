@@ -175,7 +175,7 @@ SNAPSHOT_JS = """(root) => {
   const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
   const raws = [...root.querySelectorAll('[data-testid=raw-text]')].map((n) => n.innerText);
   return { items, answer: pick('answer-text'), receipt: pick('receipt'),
-           raw: raws.length ? raws.join('') : null, failure: pick('failure') };
+           raw: raws.length ? raws.join('') : null, error: pick('answer-error') };
 }"""
 
 

@@ -28,7 +28,7 @@ from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, OpenRuns
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
@@ -408,6 +408,46 @@ class FailingStore(EventStore):
 
     async def save_task(self, task: TaskRecord) -> None:
         await self.inner.save_task(task)
+
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        return await self.inner.find_run_ids(prefix, limit=limit)
+
+    async def finish_run(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        status: RunStatus,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        tasks: Sequence[TaskRecord] = (),
+        lease_expired_by: float | None = None,
+    ) -> list[Event]:
+        """Ending a run appends its last events: a full disk fails it like any append."""
+        batch = list(events)
+        if self.fail_appends:
+            self.attempts.append(Attempt(batch, None))
+            raise StoreError(
+                f"cannot finish run {run_id!r}: database or disk is full (injected); nothing of "
+                "it was stored"
+            )
+        out = await self.inner.finish_run(
+            run_id,
+            batch,
+            status=status,
+            usage=usage,
+            error=error,
+            tasks=tasks,
+            lease_expired_by=lease_expired_by,
+        )
+        self.attempts.append(Attempt(batch, out))
+        return out
+
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        return await self.inner.renew_leases(owner, ttl_s)
+
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        return await self.inner.open_runs(limit=limit)
 
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         await self.inner.save_api_key(key)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,12 +18,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.errors import RunNotFoundError
+from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
 
-__all__ = ["StoreConformance", "assert_same_events", "collect", "deltas", "make_run"]
+__all__ = ["StoreConformance", "assert_same_events", "collect", "dead_pid", "deltas", "make_run"]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def make_run(*, created_at: float = 1_700_000_000.0, tasks: int = 0, **kw: Any) -> RunRecord:
@@ -352,6 +362,129 @@ class StoreConformance:
         await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
         for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
             assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+
+    # -- ending runs and leases (ADR 0009) ----------------------------------------------
+    async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
+        self, store: EventStore
+    ) -> None:
+        run = make_run(tasks=2, status="running", owner="o", lease_expires_at=2e9)
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(2))
+        done = TaskRecord(run.tasks[0].task_id, run.run_id, 0, "task 0", status="interrupted")
+        closing = [
+            NewEvent(EventType.TASK_COMPLETED, {"status": "interrupted"}, task_id=done.task_id),
+            NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "r"}),
+        ]
+        out = await store.finish_run(
+            run.run_id, closing, status="interrupted", error="interrupted: r", tasks=[done]
+        )
+        assert [(e.seq, e.type) for e in out] == [
+            (3, EventType.TASK_COMPLETED),
+            (4, EventType.RUN_INTERRUPTED),
+        ]
+        got = await store.get_run(run.run_id)
+        assert (got.status, got.error, got.lease_expires_at) == (
+            "interrupted",
+            "interrupted: r",
+            None,
+        )
+        assert [t.status for t in got.tasks] == ["interrupted", "pending"]
+        again = [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})]
+        assert await store.finish_run(run.run_id, again, status="completed") == []
+        assert (await store.get_run(run.run_id)).status == "interrupted", "never reopened"
+        with pytest.raises(RunClosedError):
+            await store.append(run.run_id, deltas(1))
+        assert [e.seq for e in await store.read(run.run_id)] == [1, 2, 3, 4]
+        with pytest.raises(RunNotFoundError):
+            await store.finish_run("run_missing", again, status="completed")
+
+    async def test_finish_run_leaves_a_run_whose_lease_was_renewed(self, store: EventStore) -> None:
+        run = make_run(status="running", owner="o", lease_expires_at=1.0)
+        await store.create_run(run)
+        now = (await store.open_runs()).now
+        assert (await store.renew_leases("o", 60.0)) == [run.run_id]
+        end = [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted"})]
+        assert (
+            await store.finish_run(run.run_id, end, status="interrupted", lease_expired_by=now)
+            == []
+        ), "its owner proved alive after the sweeper looked"
+        assert (await store.get_run(run.run_id)).status == "running"
+        assert await store.read(run.run_id) == []
+
+    async def test_renew_leases_and_open_runs(self, store: EventStore) -> None:
+        mine = make_run(status="running", owner="o", lease_expires_at=1.0)
+        pending = make_run(status="pending", owner="o", lease_expires_at=1.0)
+        ended = make_run(status="running", owner="o", lease_expires_at=1.0)
+        other = make_run(status="running", owner="p", lease_expires_at=5.0)
+        nobody = make_run(status="running")
+        finished = make_run(status="completed", owner="o", lease_expires_at=1.0)
+        for run in (mine, pending, ended, other, nobody, finished):
+            await store.create_run(run)
+        await store.finish_run(ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], status="error")
+        renewed = await store.renew_leases("o", 100.0)
+        assert sorted(renewed) == sorted([mine.run_id, pending.run_id])
+        found = await store.open_runs()
+        leases = {r.run_id: (r.owner, r.lease_expires_at) for r in found.runs}
+        assert set(leases) == {mine.run_id, pending.run_id, other.run_id, nobody.run_id}
+        assert leases[other.run_id] == ("p", 5.0) and leases[nobody.run_id] == (None, None)
+        lease = leases[mine.run_id][1]
+        assert lease is not None and found.now + 90 < lease <= found.now + 101
+        assert next(r.run_id for r in found.runs) == other.run_id, "oldest lease first"
+
+    async def test_find_run_ids_by_prefix(self, store: EventStore) -> None:
+        for run_id in ("run_aa1", "run_aa2", "run_ab1", "run_a_1", "run_a%1", "run_b"):
+            await store.create_run(RunRecord(run_id, "p"))
+        assert await store.find_run_ids("run_aa") == ["run_aa1", "run_aa2"]
+        assert await store.find_run_ids("run_ab1") == ["run_ab1"]
+        assert await store.find_run_ids("run_a_") == ["run_a_1"], "'_' is not a wildcard"
+        assert await store.find_run_ids("run_a%") == ["run_a%1"], "'%' is not a wildcard"
+        assert await store.find_run_ids("run_a", limit=2) == ["run_a%1", "run_a_1"]
+        assert await store.find_run_ids("run_c") == []
+
+    async def test_the_sweep_closes_each_orphan_once_tasks_first(self, store: EventStore) -> None:
+        me = Owner.current()
+        far = Owner("another-host", 4242, "n")
+        expired = make_run(tasks=2, status="running", owner=far.owner_id, lease_expires_at=1.0)
+        expired.tasks[0].status = "completed"
+        expired.tasks[1].status = "running"
+        alive_elsewhere = make_run(status="running", owner=far.owner_id, lease_expires_at=4e9)
+        dead_here = make_run(
+            status="pending", owner=Owner(me.host, dead_pid(), "x").owner_id, lease_expires_at=4e9
+        )
+        restarted = make_run(
+            status="running", owner=Owner(me.host, me.pid, "earlier").owner_id, lease_expires_at=4e9
+        )
+        ours = make_run(status="running", owner=me.owner_id, lease_expires_at=1.0)
+        nobody = make_run(status="running")
+        runs = (expired, alive_elsewhere, dead_here, restarted, ours, nobody)
+        for run in runs:
+            await store.create_run(run)
+            await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, {})])
+        first, second = await asyncio.gather(
+            close_orphaned_runs(store, me=me), close_orphaned_runs(store, me=me)
+        )
+        closed = {expired.run_id, dead_here.run_id, restarted.run_id}
+        assert set(first) | set(second) == closed and not set(first) & set(second)
+        for run in runs:
+            got = await store.get_run(run.run_id)
+            types = [e.type for e in await store.read(run.run_id)]
+            if run.run_id in closed:
+                assert got.status == "interrupted" and got.error
+                assert types.count(EventType.RUN_INTERRUPTED) == 1 and types[-1] == (
+                    EventType.RUN_INTERRUPTED
+                )
+                assert all(t.status in ("completed", "interrupted") for t in got.tasks)
+            else:
+                assert got.status == "running" and types == [EventType.RUN_STARTED]
+        got = await store.get_run(expired.run_id)
+        assert [t.status for t in got.tasks] == ["completed", "interrupted"]
+        events = await store.read(expired.run_id)
+        assert [e.type for e in events][-2:] == [
+            EventType.TASK_COMPLETED,
+            EventType.RUN_INTERRUPTED,
+        ]
+        assert events[-2].task_id == expired.tasks[1].task_id
+        assert await close_orphaned_runs(store, me=me) == []
 
     # -- API keys and secrets ------------------------------------------------------------
     async def test_api_keys(self, store: EventStore) -> None:

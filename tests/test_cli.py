@@ -46,10 +46,12 @@ def run_json(db: str, *extra: str) -> dict[str, Any]:
 
 def test_run_json_shape_and_reasoning_rules(db: str) -> None:
     surface = run_json(db, "--cot", "surface")
-    assert set(surface) == {"run_id", "status", "chain_of_thought", "tasks", "usage"}
+    assert set(surface) == {"run_id", "status", "error", "chain_of_thought", "tasks", "usage"}
     assert surface["status"] == "completed" and surface["chain_of_thought"] == "surface"
+    assert surface["error"] is None
     task = surface["tasks"][0]
-    assert set(task) == {"task_id", "output", "reasoning"}
+    assert set(task) == {"task_id", "status", "output", "reasoning", "error"}
+    assert (task["status"], task["error"]) == ("completed", None)
     assert task["output"] == "Echo: hello world"
     assert "echo them back" in task["reasoning"]
     assert run_json(db, "--cot", "surface", "--view-as", "member")["tasks"][0]["reasoning"] is None

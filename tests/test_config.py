@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 
-from thoughtgate.config import Config, load_config
+from thoughtgate.config import PROVIDER_ENV, Config, load_config
 from thoughtgate.errors import ConfigError
+from thoughtgate.orchestration.runtime import provider_settings_from_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -115,3 +117,52 @@ def test_config_is_immutable() -> None:
     config = Config()
     with pytest.raises(Exception):  # noqa: B017 - pydantic frozen instance
         config.orchestration.max_turns = 2  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- provider endpoints
+
+LAYERS = ("flag", "env", "file")
+
+
+@pytest.mark.parametrize("key", ["base_url", "api_key"])
+@pytest.mark.parametrize(
+    "present",
+    [frozenset(c) for n in range(len(LAYERS) + 1) for c in itertools.combinations(LAYERS, n)],
+    ids=lambda p: "+".join(sorted(p)) or "none",
+)
+@pytest.mark.parametrize(
+    ("prefix", "section"),
+    [
+        ("anthropic", "anthropic"),
+        ("openai", "openai"),
+        ("openrouter", "openrouter"),
+        ("openai-compatible", "openai_compatible"),
+    ],
+)
+def test_flag_beats_environment_beats_file_beats_default(
+    tmp_path: Path, prefix: str, section: str, key: str, present: frozenset[str]
+) -> None:
+    """For every provider's base URL and key: --flag > ANTHROPIC_BASE_URL etc. > the file."""
+    if "file" in present:
+        write(tmp_path, f'[providers.{section}]\n{key} = "from-file"\n')
+    env = {PROVIDER_ENV[(section, key)]: "from-env"} if "env" in present else {}
+    config = load_config(environ=env, cwd=tmp_path)
+    flag = {key: "from-flag"} if "flag" in present else {}
+    settings = provider_settings_from_config(config, f"{prefix}:m", **flag)
+    winner = next((f"from-{layer}" for layer in LAYERS if layer in present), None)
+    assert getattr(settings, key) == winner
+
+
+def test_thoughtgate_variables_beat_the_providers_own(tmp_path: Path) -> None:
+    env = {
+        "ANTHROPIC_BASE_URL": "http://vendor-variable",
+        "THOUGHTGATE_PROVIDERS__ANTHROPIC__BASE_URL": "http://thoughtgate-variable",
+    }
+    config = load_config(environ=env, cwd=tmp_path)
+    assert config.providers.anthropic.base_url == "http://thoughtgate-variable"
+
+
+def test_a_missing_value_names_what_to_set_not_none() -> None:
+    message = str(ConfigError("providers.anthropic.api_key", None, "an Anthropic API key"))
+    assert "= None" not in message and "None" not in message
+    assert message == "providers.anthropic.api_key is not set; it needs an Anthropic API key"

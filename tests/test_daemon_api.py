@@ -160,6 +160,8 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         ({"prompt": "x", "model": "fake:echo", "tools": ["rm_rf"]}, 400, "unknown tool"),
         ({"prompt": "", "model": "fake:echo"}, 422, "prompt"),
         ({"model": "fake:echo"}, 422, "prompt"),
+        ({"prompt": "x"}, 400, "needs a model"),
+        ({"prompt": "x", "model": "anthropic:claude-x"}, 400, "providers.anthropic.api_key"),
     ]
     with daemon.client("member") as c:
         for body, status, needle in cases:
@@ -168,7 +170,9 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
             else:
                 r = c.post("/v1/runs", json=body)
             assert r.status_code == status, (body, r.text)
-            assert needle in r.json()["error"]["message"], (body, r.text)
+            message = r.json()["error"]["message"]
+            assert needle in message, (body, r.text)
+            assert " --" not in message and "= None" not in message, "the fix in HTTP's words"
         assert "sk-x" not in c.post("/v1/runs", json={"prompt": "x", "api_key": "sk-x"}).text
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,12 +19,11 @@ import httpx
 import pytest
 from daemon_support import ServeProcess, ThreadServer, auth, cli
 
-from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.events.schema import EventType
 from thoughtgate.server.app import create_app
-from thoughtgate.server.manager import DAEMON_METADATA_KEY, RunManager
+from thoughtgate.store.leases import Owner
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.store.records import RunRecord
+from thoughtgate.store.records import RunRecord, TaskRecord
 
 HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
 needs_sqlite = pytest.mark.skipif(
@@ -63,7 +61,7 @@ def test_keys_create_json_prints_the_key_once() -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert set(data) == {"key_id", "name", "role", "key"} and data["role"] == "developer"
-    assert data["key_id"].startswith("key_")
+    assert data["key_id"].startswith("key_"), "the id `keys revoke` takes is printed too"
     assert data["key"].startswith("tg_")
     bad = cli("keys", "create", "--role", "root", "--name", "x", "--db", "memory://")
     assert bad.returncode == 2 and "unknown role" in bad.stderr
@@ -159,9 +157,12 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
         serve_processes.append(again)
         with httpx.Client(base_url=again.base_url, headers=auth(key)) as c:
             for run_id in (slow, waiting):
-                assert c.get(f"/v1/runs/{run_id}").json()["status"] == "interrupted"
+                run = c.get(f"/v1/runs/{run_id}").json()
+                assert run["status"] == "interrupted"
+                assert [t["status"] for t in run["tasks"]] == ["interrupted"], "tasks end too"
                 types = [e["type"] for e in c.get(f"/v1/runs/{run_id}/events").json()["events"]]
-                assert types[-1] == "run.interrupted" and types.count("run.interrupted") == 1
+                assert types[-2:] == ["task.completed", "run.interrupted"]
+                assert types.count("run.interrupted") == 1
             assert c.get(f"/v1/runs/{quick}").json()["status"] == "completed"
 
 
@@ -184,8 +185,9 @@ def test_kill_9_leaves_runs_that_the_next_start_marks_interrupted(
     with httpx.Client(base_url=again.base_url, headers=auth(key), timeout=10) as c:
         run = c.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "interrupted"
+        assert [t["status"] for t in run["tasks"]] == ["interrupted"], "its task ends too"
         events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
-        assert events[-1]["type"] == "run.interrupted"
+        assert [e["type"] for e in events][-2:] == ["task.completed", "run.interrupted"]
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 
@@ -198,53 +200,18 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-async def test_recover_marks_only_runs_of_dead_daemons_on_this_host() -> None:
+def test_the_app_closes_runs_of_dead_processes_on_startup() -> None:
     store = MemoryStore()
-    manager = RunManager(Runtime(store))
-    me = {"host": manager.host, "pid": os.getpid(), "instance": manager.instance}
-
-    async def make(status: str, owner: dict | None) -> str:
-        run = RunRecord(f"run_{len(await store.list_runs(limit=100))}", "p", status=status)  # type: ignore[arg-type]
-        if owner is not None:
-            run.metadata[DAEMON_METADATA_KEY] = owner
-        await store.create_run(run)
-        await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, {})])
-        return run.run_id
-
-    crashed = await make("running", {**me, "pid": _dead_pid(), "instance": "gone"})
-    pending = await make("pending", {**me, "pid": _dead_pid(), "instance": "gone"})
-    restarted = await make("running", {**me, "instance": "an earlier incarnation"})
-    alive_here = await make("running", me)  # a live daemon in this process
-    other_process = await make("running", {**me, "pid": os.getppid(), "instance": "x"})
-    other_host = await make("running", {**me, "host": "elsewhere", "pid": _dead_pid()})
-    cli_run = await make("running", None)  # a `thoughtgate run` in a terminal
-    finished = await make("completed", {**me, "pid": _dead_pid()})
-
-    recovered = await manager.recover(page=3)
-    assert set(recovered) == {crashed, pending, restarted}
-    for run_id in recovered:
-        assert (await store.get_run(run_id)).status == "interrupted"
-        assert (await store.read(run_id))[-1].type == EventType.RUN_INTERRUPTED
-    for run_id in (alive_here, other_process, other_host, cli_run):
-        assert (await store.get_run(run_id)).status == "running"
-    assert (await store.get_run(finished)).status == "completed"
-    assert await manager.recover() == []  # idempotent
-    await manager.shutdown()
-
-
-def test_the_app_recovers_on_startup() -> None:
-    store = MemoryStore()
-    run = RunRecord("run_left", "p", status="running")
-    run.metadata[DAEMON_METADATA_KEY] = {
-        "host": RunManager(Runtime(store)).host,
-        "pid": _dead_pid(),
-        "instance": "gone",
-    }
+    me = Owner.current()
+    dead = Owner(me.host, _dead_pid(), "gone")
+    run = RunRecord("run_left", "p", status="running", owner=dead.owner_id)
+    run.tasks = [TaskRecord("task_left", "run_left", 0, "p", status="running")]
     asyncio.run(store.create_run(run))
     with ThreadServer(create_app(store)) as server:
         status = httpx.get(f"{server.base_url}/healthz").status_code
     assert status == 200
-    assert asyncio.run(store.get_run("run_left")).status == "interrupted"
+    closed = asyncio.run(store.get_run("run_left"))
+    assert closed.status == "interrupted" and closed.tasks[0].status == "interrupted"
 
 
 async def test_no_new_runs_once_shutdown_began() -> None:

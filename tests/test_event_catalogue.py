@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from script_support import outage
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.errors import UsageError
 from thoughtgate.events.catalogue import catalogue_schema, render_markdown, validate_event
 from thoughtgate.events.payloads import EVENT_SPECS
 from thoughtgate.events.schema import EventType
@@ -143,8 +143,8 @@ async def _produced() -> set[str]:
     )
 
     def factory(model: str) -> Provider:
-        if model == "fake:boom-usage":
-            raise UsageError("no such model here")
+        if model == "fake:down":
+            return FakeProvider(outage)
         if model == "fake:boom":
             raise RuntimeError("internal")
         if model == "fake:other":
@@ -179,11 +179,13 @@ async def _produced() -> set[str]:
         RunRequest("next", model="fake:other", history=history)
     )
     seen += await store.read(other.run_id)
-    for model in ("fake:boom-usage", "fake:boom"):
-        run = await runtime(ApprovalBroker()).create_run(RunRequest("x", model=model))
-        with pytest.raises((UsageError, RuntimeError)):
-            await runtime(ApprovalBroker()).execute(run.run_id)
-        seen += await store.read(run.run_id)
+    down = await runtime(ApprovalBroker()).run(RunRequest("x", model="fake:down"))
+    assert down.status == "failed"  # no answer: run.failed
+    seen += await store.read(down.run_id)
+    boom = await runtime(ApprovalBroker()).create_run(RunRequest("x", model="fake:boom"))
+    with pytest.raises(RuntimeError):  # not ours: run.error
+        await runtime(ApprovalBroker()).execute(boom.run_id)
+    seen += await store.read(boom.run_id)
 
     async def slow(request: TurnRequest, turn: int) -> Any:
         await asyncio.sleep(30)
@@ -193,7 +195,13 @@ async def _produced() -> set[str]:
     run = await manager.start(RunRequest("wait", model="fake:slow"))
     await asyncio.sleep(0.05)
     await manager.shutdown()
-    seen += await store.read(run.run_id)
+    ended = await store.read(run.run_id)
+    assert [(e.type, e.payload["status"]) for e in ended[-2:]] == [
+        ("task.completed", "interrupted"),  # tasks close first ...
+        ("run.interrupted", "interrupted"),  # ... then the run, with what it used
+    ]
+    assert "usage" in ended[-1].payload
+    seen += ended
     for event in seen:
         validate_event(event)
     return {e.type for e in seen}

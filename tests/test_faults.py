@@ -208,11 +208,17 @@ def _check_cut(status: str, events: list[Event], full: dict[str, Any], offset: i
         t: "".join(str(e.payload["text"]) for e in events if e.type == t)
         for t in (EventType.MESSAGE_DELTA,)
     }
-    assert events[-1].type == EventType.RUN_SETTLEMENT_COMPLETED, offset
     if status == "completed":  # only a cut after the stream's last event can complete
+        assert events[-1].type == EventType.RUN_SETTLEMENT_COMPLETED, offset
         assert response == full, offset
         return
-    assert status == "partial", offset
+    # some answer text arrived: partial; none did: failed (an outage is never an answer)
+    outcome, terminal = (
+        ("partial", EventType.RUN_SETTLEMENT_COMPLETED)
+        if response["answer"]
+        else ("failed", EventType.RUN_FAILED)
+    )
+    assert status == outcome and events[-1].type == terminal, offset
     ended = _one(events, EventType.MESSAGE_PARTIALLY_COMPLETED).payload
     assert ended["reason"] == "provider_error" and ended["error"], offset
     assert response["complete"] is False, offset

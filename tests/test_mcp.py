@@ -5,21 +5,25 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
+from script_support import cut, outage, slow
 
 from thoughtgate.access.roles import Role
 from thoughtgate.config import Config
 from thoughtgate.errors import AccessDeniedError
-from thoughtgate.mcp_server import McpTools, build_mcp_server, resolve_mcp_role
+from thoughtgate.events.schema import Event
+from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server, resolve_mcp_role
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.fake import REASONER_MARKER
+from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MODES = ("hidden", "surface", "telemetry_only")
@@ -86,7 +90,8 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
         assert bad_model.is_error and "PROVIDER:MODEL" in _text(bad_model)
 
         no_model = await client.call_tool("orchestration_run", {"prompt": "x"})
-        assert no_model.is_error and "needs --model" in _text(no_model)
+        assert no_model.is_error and "needs a model" in _text(no_model)
+        assert "--" not in _text(no_model), "no command-line flags in an MCP error"
 
         missing = await client.call_tool("orchestration_status", {"run_id": "run_missing"})
         assert missing.is_error and "run 'run_missing' not found" in _text(missing)
@@ -95,17 +100,59 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
         assert empty.is_error and "prompt must not be empty" in _text(empty)
 
 
-async def test_a_failed_run_is_an_error_that_names_the_run() -> None:
+def _runtime_with(script: Any) -> tuple[Runtime, MemoryStore]:
     store = MemoryStore()
-    server = build_mcp_server(McpTools(Runtime(store), Role.MEMBER))
-    async with Client(server) as client:
-        result = await client.call_tool(
-            "orchestration_run", {"prompt": "x", "model": "fake:no_such_script"}
-        )
-    assert result.is_error
+    return Runtime(store, provider_factory=lambda m: FakeProvider(script, model=m)), store
+
+
+@pytest.mark.parametrize(
+    ("script", "status"), [(outage, "failed"), (cut, "partial")], ids=["outage", "cut"]
+)
+async def test_a_run_that_did_not_complete_is_an_error_that_keeps_the_run(
+    script: Any, status: str
+) -> None:
+    runtime, store = _runtime_with(script)
+    async with Client(build_mcp_server(McpTools(runtime, Role.MEMBER))) as client:
+        result = await client.call_tool("orchestration_run", {"prompt": "x", "model": "fake:x"})
+    assert result.is_error, "a script or host must tell an outage from an answer"
     (run,) = await store.list_runs()
-    assert f"run {run.run_id} failed: no fake script 'no_such_script'" in _text(result)
-    assert run.status == "failed"
+    view = result.structured_content
+    assert view is not None and view["run_id"] == run.run_id and view["status"] == status
+    assert run.status == status and run.error and view["error"] == run.error
+    assert _text(result).startswith(f"run {run.run_id} {status}: ")
+    assert view["tasks"][0]["output"] == ("Half an ans" if status == "partial" else "")
+
+
+async def test_a_cancelled_call_closes_the_run_and_its_tasks_interrupted() -> None:
+    runtime, store = _runtime_with(slow)
+    answering, ended = anyio.Event(), anyio.Event()
+
+    async def watch(events: Sequence[Event]) -> None:
+        if any(e.type == "message.delta" for e in events):
+            answering.set()
+        if any(e.type == "run.interrupted" for e in events):
+            ended.set()
+
+    runtime.sinks.append(watch)
+    server = build_mcp_server(McpTools(runtime, Role.MEMBER))
+    async with Client(server) as client:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(
+                    client.call_tool,
+                    "orchestration_run",
+                    {"prompt": "x", "model": "fake:x", "tasks": ["one", "two"]},
+                )
+                await answering.wait()
+                group.cancel_scope.cancel()  # the client abandons the call: notifications/cancelled
+            await ended.wait()
+    (closed,) = await store.list_runs()
+    assert closed.status == "interrupted"
+    assert [t.status for t in closed.tasks] == ["interrupted", "interrupted"]
+    assert closed.error == f"interrupted: {CANCELLED_BY_HOST}"
+    types = [e.type for e in await store.read(closed.run_id)]
+    assert types[-3:] == ["task.completed", "task.completed", "run.interrupted"]
+    assert types.count("run.interrupted") == 1
 
 
 # --------------------------------------------------------------------------- end to end over stdio

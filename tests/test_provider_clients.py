@@ -23,11 +23,10 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from thoughtgate.config import Config
 from thoughtgate.demo import demo_tools
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.clients import ProviderClients, endpoint_of, shared_clients
 from thoughtgate.providers.http import HTTPTransport
-from thoughtgate.server.manager import RunManager
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.testing.emulator import (
     Emulator,
@@ -98,7 +97,8 @@ async def test_building_adapters_and_checking_models_open_nothing(
     for model in (ANTHROPIC, CHAT, "openai:gpt-5", "openrouter:deepseek/deepseek-r1"):
         create_provider(model, settings)
     runtime = Runtime(MemoryStore(), config_for(server))
-    await RunManager(runtime).check_models([ANTHROPIC, CHAT, ANTHROPIC])
+    tasks = [TaskSpec("a", model=ANTHROPIC), TaskSpec("b", model=CHAT), TaskSpec("c")]
+    await runtime.create_run(RunRequest("x", model=ANTHROPIC, tasks=tasks))
     assert made == []
     assert server.connections.accepted == 0
 

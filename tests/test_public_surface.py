@@ -31,3 +31,16 @@ def test_all_is_sorted_and_resolves(name: str) -> None:
     assert list(exported) == sorted(exported, key=isort_key), f"{name}.__all__ is not sorted"
     for item in exported:
         assert hasattr(module, item), f"{name}.__all__ names {item!r}, which does not exist"
+
+
+def test_the_license_file_is_the_one_pyproject_names() -> None:
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == {"text": "Apache-2.0"}
+    text = (root / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text, "the full text, not a pointer to it"

@@ -83,6 +83,36 @@ async def test_migrations_are_recorded_once(pg_admin: Admin, pg_schema: str) -> 
     assert await fetch(pg_admin, query) == rows
 
 
+async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    before_leases = load_migrations("postgres")[:3]  # the schema a pre-lease thoughtgate wrote
+    assert load_migrations("postgres")[3].name == "run_leases"
+    await migrate(pg_admin, pg_schema, before_leases, "test")
+    for run_id, status in (("run_open", "running"), ("run_done", "completed")):
+        await pg_admin.execute(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata) VALUES "
+                "(%s, 'p', 'hidden', 'provider', %s, 1.0, 1.0, '{{}}', NULL, '{{}}')"
+            ).format(ident(pg_schema, "runs")),
+            (run_id, status),
+        )
+    async with opened(pg_schema) as store:
+        now = (await store.open_runs()).now
+        opened_run = await store.get_run("run_open")
+        assert opened_run.status == "running" and opened_run.owner == "legacy"
+        assert opened_run.lease_expires_at is not None
+        assert now + 50 < opened_run.lease_expires_at < now + 61
+        done = await store.get_run("run_done")
+        assert (done.status, done.owner, done.lease_expires_at) == ("completed", None, None)
+        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_open"]
+    indexes = await fetch(
+        pg_admin, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", pg_schema
+    )
+    assert "open_runs_by_owner" in {r[0] for r in indexes}
+
+
 async def test_replicas_starting_together_migrate_once(pg_admin: Admin, pg_schema: str) -> None:
     stores = await asyncio.gather(*(PostgresStore.open(PG_URL, schema=pg_schema) for _ in range(4)))
     for store in stores:

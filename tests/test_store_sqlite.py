@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
@@ -191,6 +193,49 @@ async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"runs_by_created_at", "active_api_keys_by_hash"} <= indexes
+
+
+async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
+    tmp_path: Path,
+) -> None:
+    """Runs a pre-lease thoughtgate left open get the owner ``legacy`` and a minute's lease, so
+    the first sweep after that closes them; finished runs are untouched and still readable."""
+    path = tmp_path / "v4.db"
+    before_leases = load_migrations("sqlite")[:4]  # the schema a pre-lease thoughtgate wrote
+    assert load_migrations("sqlite")[4].name == "run_leases"
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, before_leases)
+        for run_id, status in (("run_open", "running"), ("run_done", "completed")):
+            conn.execute(
+                "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
+                "status, created_at, updated_at, usage, error, metadata, last_seq) VALUES "
+                f"('{run_id}', 'p', NULL, 'hidden', 'provider', '{status}', 1.0, 1.0, '{{}}', "
+                "NULL, '{}', 0)"
+            )
+        conn.execute(
+            "INSERT INTO tasks VALUES ('run_open', 'task_open', 0, 'p', 'running', NULL, NULL, "
+            "'{}', NULL, NULL, 'provider')"
+        )
+    before = time.time()
+    store = await open_store(f"sqlite:///{path}")  # migrates, then sweeps: nothing expired yet
+    try:
+        opened = await store.get_run("run_open")
+        assert opened.status == "running" and opened.owner == "legacy"
+        assert opened.lease_expires_at is not None
+        assert before + 50 < opened.lease_expires_at < time.time() + 70
+        done = await store.get_run("run_done")
+        assert (done.status, done.owner, done.lease_expires_at) == ("completed", None, None)
+        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_open"]
+        later = (await store.open_runs()).now + 61
+        reason = orphan_reason((await store.open_runs()).runs[0], later, Owner.current())
+        assert reason is not None, "a minute later nobody has renewed it: it is an orphan"
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "open_runs_by_owner" in indexes
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

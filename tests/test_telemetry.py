@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.errors import UnknownProviderError
+from thoughtgate.errors import ProviderConnectionError
 from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.providers.base import Provider, TurnRequest
@@ -378,10 +380,10 @@ async def test_approved_tool_that_degrades_to_its_fallback() -> None:
 
 async def test_run_that_dies_mid_task_still_ends_every_span_as_error() -> None:
     def broken(model: str) -> Provider:
-        raise UnknownProviderError("no such provider here")
+        raise ProviderConnectionError("the provider cannot be reached")
 
     spans, _, outcome = await _run("surface", capture=False, factory=broken)
-    assert isinstance(outcome, UnknownProviderError)
+    assert isinstance(outcome, ProviderConnectionError)
     (run,) = _by_op(spans, "invoke_workflow")
     (task,) = _by_op(spans, "invoke_agent")
     assert run.status.status_code == StatusCode.ERROR
@@ -440,8 +442,10 @@ _EXPORTER_MODULES = {
 
 
 def _exporter_of(provider: Any) -> Any:
+    """The configured exporter (unwrapped from the outage guard around OTLP exporters)."""
     (processor,) = provider._active_span_processor._span_processors
-    return processor.span_exporter
+    exporter = processor.span_exporter
+    return getattr(exporter, "inner", exporter)
 
 
 @pytest.mark.parametrize(
@@ -503,3 +507,75 @@ async def test_console_exporter_writes_spans_to_stderr(capsys: pytest.CaptureFix
     assert captured.out == ""
     assert '"name": "invoke_workflow thoughtgate"' in captured.err
     sink.tracer_provider.shutdown()  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- a collector that is down
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_a_down_collector_is_one_warning_and_never_a_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = Config.from_mapping(
+        {"telemetry": {"exporter": "otlp_http", "endpoint": _closed_port_url()}}
+    )
+    sinks = telemetry_sinks(config)
+    (sink,) = sinks
+    assert isinstance(sink, TelemetrySink)
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        run = await Runtime(MemoryStore(), config, sinks=sinks).run(
+            RunRequest("x", model="fake:echo")
+        )
+        assert run.status == "completed"
+        sink.force_flush()  # export now, as the batch thread would
+    sink.tracer_provider.shutdown()  # type: ignore[attr-defined]  # what process exit does
+    shown = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in shown] == ["thoughtgate.telemetry"], [r.getMessage() for r in shown]
+    assert "cannot export spans" in shown[0].getMessage()
+    assert not any("retry" in r.getMessage().lower() for r in caplog.records)
+
+
+class _Flaky:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.up = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        logging.getLogger("opentelemetry.exporter.otlp.common.http").error("retrying in 1s")
+        return SpanExportResult.SUCCESS if self.up else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def test_during_an_outage_batches_are_dropped_without_trying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from thoughtgate.telemetry import _OutageAwareExporter
+
+    inner = _Flaky()
+    guard = _OutageAwareExporter(inner, "http://collector", cooldown_s=3600)  # type: ignore[arg-type]
+    caplog.set_level(logging.DEBUG)
+    assert guard.export([]) is SpanExportResult.FAILURE
+    assert guard.export([]) is SpanExportResult.FAILURE
+    assert inner.calls == 1, "the second batch did not wait on a collector known to be down"
+    guard.cooldown_s = 0.0
+    guard._down_until = 0.0
+    inner.up = True
+    assert guard.export([]) is SpanExportResult.SUCCESS
+    messages = [r.getMessage() for r in caplog.records]
+    assert "retrying in 1s" not in messages, "the exporter's own lines are not printed"
+    assert [m.split(";")[0] for m in messages] == [
+        "telemetry: cannot export spans to http://collector",
+        "telemetry: the collector at http://collector is reachable again",
+    ]

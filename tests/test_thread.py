@@ -156,6 +156,45 @@ def test_terminal_events(etype: str, status: str) -> None:
     assert (view.status, view.terminal, view.message.text) == (status, etype, "Hi")
 
 
+@pytest.mark.parametrize(
+    ("events", "status"),
+    [
+        (
+            [
+                (EventType.MESSAGE_COMPLETED, {}),
+                (EventType.RUN_SETTLEMENT_COMPLETED, {"status": "partial"}),
+            ],
+            "partial",
+        ),
+        (
+            [(EventType.MESSAGE_COMPLETED, {}), (EventType.RUN_FAILED, {"status": "failed"})],
+            "failed",
+        ),
+        (
+            [
+                (EventType.MESSAGE_PARTIALLY_COMPLETED, {}),
+                (EventType.RUN_ERROR, {"status": "error"}),
+            ],
+            "failed",
+        ),
+        (
+            [
+                (EventType.MESSAGE_COMPLETED, {}),
+                (EventType.RUN_SETTLEMENT_COMPLETED, {"status": "bogus"}),
+            ],
+            "completed",
+        ),
+        ([(EventType.MESSAGE_PARTIALLY_COMPLETED, {"status": "completed"})], "partial"),
+    ],
+)
+def test_the_runs_own_verdict_wins_over_its_last_tasks(
+    events: list[tuple[str, dict[str, str]]], status: str
+) -> None:
+    """Task 1 cut, task 2 answered: the run is partial, and so is the thread that shows it."""
+    view = rebuild(sequenced([NewEvent(t, p) for t, p in events]))
+    assert view.status == status
+
+
 # --------------------------------------------------------------------------- visible steps
 
 

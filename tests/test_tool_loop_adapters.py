@@ -659,11 +659,14 @@ async def test_cut_or_failed_turn_keeps_the_partial(
     server: EmulatorServer, case: Case, point: CutPoint
 ) -> None:
     """A stream cut or failed mid-turn (or a turn refused after a tool ran) is recorded as far as
-    it got; the task ends ``message.partially_completed`` and the run settles as partial."""
+    it got; the task ends ``message.partially_completed``. The run is partial when some answer
+    text had arrived, and failed (``run.failed``) when none had: an outage is never an answer."""
     rig = Rig(server, scenario_name(f"cut-{point.id}", case))
     run, events = await rig.run(case.model, "surface")  # returns: no unhandled exception
 
-    assert run.status == "partial" and run.tasks[0].status == "partial"
+    outcome = "partial" if point.text else "failed"
+    assert run.status == outcome and run.tasks[0].status == outcome
+    assert run.error and run.tasks[0].error == run.error, "the error is on the run for every view"
     statuses = [r.status for r in rig.requests]
     assert statuses == [200] * len(point.tools_run) + [point.status or 200]
     assert [name for name, _ in rig.tools.calls] == list(point.tools_run)
@@ -687,29 +690,46 @@ async def test_cut_or_failed_turn_keeps_the_partial(
     expected = "\n\n".join(r for r in [*earlier, point.reasoning] if r)
     assert run.tasks[0].reasoning == expected and run.tasks[0].output == point.text
     (worker,) = of_type(events, EventType.WORKER_COMPLETED)
-    assert worker.payload["status"] == "partial"
+    assert worker.payload["status"] == outcome
     assert worker.payload["turns"] == len(responses_ev)
     kinds = [e.type for e in events]
-    assert EventType.RUN_FAILED not in kinds and EventType.RUN_ERROR not in kinds
-    assert kinds[-1] == EventType.RUN_SETTLEMENT_COMPLETED
-    assert events[-1].payload["status"] == "partial"
+    assert EventType.RUN_ERROR not in kinds
+    terminal = EventType.RUN_SETTLEMENT_COMPLETED if point.text else EventType.RUN_FAILED
+    assert kinds[-1] == terminal and kinds.count(terminal) == 1
+    assert events[-1].payload["status"] == outcome
+    assert events[-1].payload["error"] == run.error
 
 
-async def test_a_run_that_cannot_start_its_provider_ends_run_failed(server: EmulatorServer) -> None:
+async def test_a_missing_key_is_a_usage_error_before_any_run_exists(server: EmulatorServer) -> None:
     from thoughtgate.errors import ConfigError
     from thoughtgate.providers.base import ProviderSettings, create_provider
 
+    store = MemoryStore()
     runtime = Runtime(
-        MemoryStore(),
-        provider_factory=lambda m: create_provider(m, ProviderSettings(base_url=server.url)),
+        store, provider_factory=lambda m: create_provider(m, ProviderSettings(base_url=server.url))
     )
+    with pytest.raises(ConfigError, match="API key") as info:
+        await runtime.create_run(RunRequest(PROMPT, model=CASES[0].model))
+    assert "= None" not in str(info.value) and "ANTHROPIC_API_KEY" in str(info.value)
+    assert await store.list_runs() == [], "nothing was recorded for a run that could not start"
+
+
+async def test_a_run_that_cannot_start_its_provider_ends_run_failed(server: EmulatorServer) -> None:
+    from thoughtgate.errors import ProviderConnectionError
+
+    def unreachable(model: str) -> Provider:
+        raise ProviderConnectionError("cannot reach the provider", provider="anthropic")
+
+    runtime = Runtime(MemoryStore(), provider_factory=unreachable)
     created = await runtime.create_run(RunRequest(PROMPT, model=CASES[0].model))
-    with pytest.raises(ConfigError, match="API key"):
+    with pytest.raises(ProviderConnectionError, match="cannot reach"):
         await runtime.execute(created.run_id)
     events = await runtime.store.read(created.run_id)
     assert [e.type for e in events][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_FAILED]
-    assert "API key" in events[-1].payload["error"]
-    assert events[-2].payload["status"] == "failed" and "API key" in events[-2].payload["error"]
+    assert "cannot reach" in events[-1].payload["error"]
+    assert (
+        events[-2].payload["status"] == "failed" and "cannot reach" in events[-2].payload["error"]
+    )
     run = await runtime.store.get_run(created.run_id)
     assert run.status == "failed" and run.tasks[0].status == "failed", "no task left running"
 

@@ -186,7 +186,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
     "run.settlement.completed": _RUN_ENDED,
     "run.failed": _RUN_ENDED,
     "run.error": _RUN_ENDED,
-    "run.interrupted": {"status": P, "reason": P},
+    "run.interrupted": {"status": P, "reason": P, "usage": P, **_nest("usage.", _USAGE)},
 }
 """(event type, field path) -> class; ``""`` is the event as a whole (public when absent)."""
 

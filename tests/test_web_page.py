@@ -22,6 +22,7 @@ from browser_support import launch, open_run, page_for, sign_in, snapshot
 from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
+from script_support import cut, outage
 from test_thread import event_lists
 from web_support import (
     SEEDED_EVENTS,
@@ -39,6 +40,7 @@ from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
 from thoughtgate.store.records import ApiKeyRecord
+from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 
@@ -150,6 +152,39 @@ def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reaso
     assert marker not in html and marker not in received
     assert '"reasoning.delta"' not in from_api
     assert not re.search(r'"reasoning(_parts|_chars|_kind)?":(?!null)', from_api)
+
+
+FAKE_SCRIPTS.update({"web-outage": outage, "web-cut": cut})
+
+
+@pytest.mark.parametrize(
+    ("model", "status", "answer"),
+    [("fake:web-outage", "failed", None), ("fake:web-cut", "partial", "Half an ans")],
+)
+def test_a_run_that_did_not_complete_says_why_on_the_answer_and_in_the_list(
+    browser: Browser, daemon: Daemon, model: str, status: str, answer: str | None
+) -> None:
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        run_id = daemon.start_run({"prompt": f"honest {status}", "model": model})
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=answer-error]")
+        error = daemon.wait_done(run_id)["error"]
+        assert error and ("Overloaded" in error or "cut" in error)
+        page.wait_for_selector(f"[data-testid=run-status]:text-is('{status}')")
+        live = snapshot(page)
+        assert live["error"] is not None and error in live["error"]
+        assert live["answer"] == answer
+        title = page.text_content("[data-testid=answer] h3")
+        assert title == ("No answer" if answer is None else "Answer (partial)")
+        listed = page.locator(f"#runs-list a[data-run='{run_id}']")
+        listed.locator("[data-testid=run-list-error]").wait_for()
+        assert error in listed.inner_text()
+        assert listed.locator("[data-testid=run-list-status]").inner_text() == status
+        page.reload()
+        page.wait_for_selector("[data-testid=answer-error]")
+        assert snapshot(page) == live, "reload says the same"
 
 
 def test_developer_sees_each_turns_reasoning_under_an_honest_label(
@@ -494,6 +529,18 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         NewEvent("message.delta", {}),
         NewEvent("message.partially_completed", {}),
         NewEvent("run.settlement.completed", {}),
+    ],
+    "the run's verdict wins over its last task's": [
+        NewEvent("message.completed", {"text": "task two"}),
+        NewEvent("run.settlement.completed", {"status": "partial"}),
+    ],
+    "an unknown verdict changes nothing": [
+        NewEvent("message.partially_completed", {"text": "cut", "status": "completed"}),
+        NewEvent("run.settlement.completed", {"status": "bogus"}),
+    ],
+    "a failed run with an error status": [
+        NewEvent("message.completed", {"text": "x"}),
+        NewEvent("run.error", {"status": "error"}),
     ],
     "final text replaces deltas, failure": [
         NewEvent("message.delta", {"text": "draft"}),

@@ -2,8 +2,12 @@
 
 Where the file comes from: ``--config PATH``, else ``THOUGHTGATE_CONFIG``, else ``./thoughtgate.toml``
 if it exists, else built-in defaults. Environment variables override the file:
-``THOUGHTGATE_<SECTION>__<KEY>`` (for example ``THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT=surface``)
-and the shortcut ``THOUGHTGATE_DB`` for ``store.url``. Every problem is one :class:`ConfigError`
+``THOUGHTGATE_<SECTION>__<KEY>`` (for example ``THOUGHTGATE_ORCHESTRATION__CHAIN_OF_THOUGHT=surface``),
+the shortcut ``THOUGHTGATE_DB`` for ``store.url``, and the providers' own variables
+(``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``, ... see :data:`PROVIDER_ENV`) for their
+``providers.*`` keys. So the order users expect holds everywhere: command-line flag > environment
+variable > ``thoughtgate.toml`` > default (``THOUGHTGATE_PROVIDERS__*`` beats a vendor variable,
+being the more specific of the two). Every problem is one :class:`ConfigError`
 naming the key, the bad value and what is allowed, raised at start, never half-way through a run.
 
 Precedence for a run's settings is one rule, applied by :func:`resolve_chain_of_thought` and its
@@ -25,6 +29,7 @@ from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
 
 __all__ = [
+    "PROVIDER_ENV",
     "WORKER_BACKENDS",
     "AccessConfig",
     "Config",
@@ -62,6 +67,9 @@ class OrchestrationConfig(_Section):
     """Model turns per task before the loop stops and says so."""
     approval_timeout_s: float = Field(default=300.0, gt=0)
     """How long a tool call that needs approval waits before ``tool.approval_timeout``."""
+    lease_ttl_s: float = Field(default=15.0, ge=1, le=3600)
+    """A process executing a run renews its lease every third of this; a run whose lease has
+    expired is closed as interrupted by the next thoughtgate process that looks (ADR 0009)."""
     default_model: str | None = None
 
 
@@ -173,6 +181,9 @@ class TelemetryConfig(_Section):
     exporter: Literal["none", "console", "otlp_http", "otlp_grpc"] = "none"
     endpoint: str | None = None
     capture_content: bool = False
+    export_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    """One attempt per batch, bounded by this, on the exporter's own thread; a collector that is
+    down costs a run nothing and its spans are dropped (with one warning per outage)."""
 
 
 class McpConfig(_Section):
@@ -254,6 +265,27 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+PROVIDER_ENV: dict[tuple[str, str], str] = {
+    ("anthropic", "base_url"): "ANTHROPIC_BASE_URL",
+    ("anthropic", "api_key"): "ANTHROPIC_API_KEY",
+    ("openai", "base_url"): "OPENAI_BASE_URL",
+    ("openai", "api_key"): "OPENAI_API_KEY",
+    ("openrouter", "base_url"): "OPENROUTER_BASE_URL",
+    ("openrouter", "api_key"): "OPENROUTER_API_KEY",
+    ("openai_compatible", "base_url"): "OPENAI_BASE_URL",
+    ("openai_compatible", "api_key"): "OPENAI_API_KEY",
+}
+"""``providers.<section>.<key>`` -> the provider's own environment variable (as its SDK reads it)."""
+
+
+def _provider_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (section, key), name in PROVIDER_ENV.items():
+        if environ.get(name):
+            _set_dotted(out, ["providers", section, key], environ[name])
+    return out
+
+
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
@@ -292,9 +324,9 @@ def load_config(
             raise ConfigError(
                 "(file)", str(file), f"a readable file ({exc})", source=source
             ) from None
-    overrides = _env_overrides(env)
+    overrides = _merge(_provider_env_overrides(env), _env_overrides(env))
     if overrides:
-        source = f"{source} + THOUGHTGATE_* environment"
+        source = f"{source} + environment"
     return Config.from_mapping(_merge(data, overrides), source=source)
 
 

@@ -19,10 +19,11 @@
         │   ├── ProviderTimeoutError     connect or read timeout
         │   ├── ProviderConnectionError  could not connect, or the connection dropped
         │   └── MalformedResponseError   bad JSON, missing fields, wrong content type
-        └── StoreError             the event log failed (the message says which database and why)
-            ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
-            ├── StoreReadOnlyError     the database cannot be written
-            └── StoreUnavailableError  cannot reach / open the database
+        ├── StoreError             the event log failed (the message says which database and why)
+        │   ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
+        │   ├── StoreReadOnlyError     the database cannot be written
+        │   └── StoreUnavailableError  cannot reach / open the database
+        └── RunClosedError         the run already ended (another process closed it): no more events
 
 Every adapter and store backend maps its vendor and driver exceptions into this tree in one place
 and chains them with ``raise ... from exc`` so the original stays visible in tracebacks.
@@ -46,6 +47,7 @@ __all__ = [
     "ProviderHTTPError",
     "ProviderStreamError",
     "ProviderTimeoutError",
+    "RunClosedError",
     "RunNotFoundError",
     "RuntimeFailure",
     "StoreError",
@@ -76,8 +78,11 @@ class ConfigError(UsageError):
         self.value = value
         self.allowed = allowed
         self.source = source
-        where = f" in {source}" if source else ""
-        super().__init__(f"invalid config{where}: {key} = {value!r}; allowed: {allowed}")
+        where = f" (in {source})" if source else ""
+        if value is None:  # nothing was given: say what to set, not "= None"
+            super().__init__(f"{key} is not set{where}; it needs {allowed}")
+        else:
+            super().__init__(f"invalid {key} = {value!r}{where}; allowed: {allowed}")
 
 
 class UnknownModeError(UsageError):
@@ -205,3 +210,18 @@ class StoreReadOnlyError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """The database cannot be reached or opened."""
+
+
+class RunClosedError(RuntimeFailure):
+    """An append to a run that has already ended.
+
+    Raised when a process that lost its run (its lease expired and another process closed the
+    run as interrupted) tries to record more: nothing is ever appended after a run's end.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} has already ended (another thoughtgate process closed it); "
+            "nothing more is recorded for it"
+        )

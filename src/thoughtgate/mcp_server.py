@@ -9,16 +9,24 @@ comes back only on a ``surface`` run read by ``developer`` or above; a ``telemet
 returns reasoning, whatever the role.
 
 Failures come back as MCP tool errors (``isError: true``) whose text says what went wrong, never as
-a crashed server. Nothing but the protocol is written to stdout.
+a crashed server. A run that did not complete (failed, partial, interrupted) is an error too, with
+the run's view kept as the structured content, so the host still gets whatever was answered. When
+the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted`` (its tasks
+first) before the call ends. Nothing but the protocol is written to stdout.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from thoughtgate.access.filter import filter_run
@@ -31,7 +39,16 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import telemetry_sinks
 
-__all__ = ["McpTools", "build_mcp_server", "resolve_mcp_role", "serve_stdio"]
+__all__ = [
+    "CANCELLED_BY_HOST",
+    "McpTools",
+    "build_mcp_server",
+    "resolve_mcp_role",
+    "run_result",
+    "serve_stdio",
+]
+
+CANCELLED_BY_HOST = "the MCP client cancelled the call"
 
 INSTRUCTIONS = (
     "thoughtgate runs LLM agent work and governs who may see the model's reasoning. "
@@ -77,21 +94,40 @@ class McpTools:
         run = await self.runtime.create_run(
             RunRequest(prompt, model=model, tasks=specs), chain_of_thought=chain_of_thought
         )
+        # The run executes in its own asyncio task: a cancelled call (the host's
+        # notifications/cancelled cancels this handler's anyio scope, again at every await)
+        # cancels that task once, and then waits, shielded, until the run is closed.
+        job = asyncio.get_running_loop().create_task(self.runtime.execute(run.run_id))
         try:
-            finished = await self.runtime.execute(run.run_id)
-        except ThoughtgateError as exc:
-            raise ThoughtgateError(f"run {run.run_id} failed: {exc}") from exc
-        except Exception as exc:
-            raise ThoughtgateError(
-                f"run {run.run_id} ended with an internal error ({type(exc).__name__}); "
-                f"orchestration_status shows what was recorded"
-            ) from exc
-        return filter_run(finished, self.role)
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.cancel(CANCELLED_BY_HOST)
+            with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
+                await job
+            raise
+        except Exception:  # recorded as run.failed / run.error; the view below says so
+            pass
+        return filter_run(await self.runtime.store.get_run(run.run_id), self.role)
 
     async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
             raise UsageError("run_id must not be empty")
         return filter_run(await self.runtime.store.get_run(run_id.strip()), self.role)
+
+
+def run_result(view: RunView) -> CallToolResult:
+    """A run view (already filtered) as a tool result: ``isError`` unless the run completed, the
+    view kept as the structured content either way, and the text leading with what went wrong."""
+    text = json.dumps(view, ensure_ascii=False, indent=2, default=str)
+    failed = view.get("status") != "completed"
+    if failed:
+        why = f": {view['error']}" if view.get("error") else ""
+        text = f"run {view.get('run_id')} {view.get('status')}{why}\n{text}"
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)],
+        structured_content=dict(view),
+        is_error=failed,
+    )
 
 
 def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
@@ -112,15 +148,17 @@ def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
             list[str] | None,
             Field(description="Split the work into these task prompts, run in order."),
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> Annotated[CallToolResult, dict[str, Any]]:
         """Run a prompt through a model and return the run with each task's output (and, only for
-        a surface run read by developer or above, its reasoning)."""
+        a surface run read by developer or above, its reasoning). A run that did not complete is
+        an error result that still carries the run."""
         try:
-            return dict(
-                await tools.run(prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks)
+            view = await tools.run(
+                prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks
             )
         except ThoughtgateError as exc:
             raise ToolError(str(exc)) from exc
+        return run_result(view)
 
     async def orchestration_status(
         run_id: Annotated[str, Field(description="The run id orchestration_run returned.")],
@@ -131,7 +169,7 @@ def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
         except ThoughtgateError as exc:
             raise ToolError(str(exc)) from exc
 
-    server.add_tool(orchestration_run, name="orchestration_run")
+    server.add_tool(orchestration_run, name="orchestration_run", structured_output=True)
     server.add_tool(orchestration_status, name="orchestration_status")
     return server
 

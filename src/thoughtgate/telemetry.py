@@ -25,6 +25,14 @@ durations and token counts (``gen_ai.usage.*``, including ``reasoning.output_tok
 Signatures, encrypted reasoning and other continuity carriers never reach telemetry: content is
 rebuilt from named fields (answer text, tool calls, ``trace.reasoning``), never copied wholesale.
 A failure inside telemetry is logged and swallowed; it never fails a run.
+
+Telemetry never slows a run. Spans are exported in batches on the SDK's own thread, each batch in
+one attempt bounded by ``telemetry.export_timeout_s`` (0.5 s by default, below the OTLP
+exporters' first retry backoff, so they never sleep and retry). While the collector is down,
+batches are dropped at once for ``OUTAGE_COOLDOWN_S`` instead of being tried again, and the outage
+is reported with one warning (the exporters' own retry and failure lines are not printed), so a
+process that exits with a dead collector waits for nothing. ``bench/telemetry_bench.py`` measures
+what a down collector costs a run.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -49,8 +59,11 @@ from thoughtgate.orchestration.recorder import EventSink
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 __all__ = [
+    "OUTAGE_COOLDOWN_S",
     "TelemetrySink",
     "build_tracer_provider",
     "telemetry_sinks",
@@ -545,6 +558,86 @@ def _resource() -> Resource:
     return resource
 
 
+OUTAGE_COOLDOWN_S = 30.0
+"""After a failed export, batches are dropped without trying for this long."""
+
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
+"""Where the OTLP exporters log each retry and failure (silenced inside our export calls)."""
+
+_quiet = threading.local()
+
+
+class _QuietInOurExports(logging.Filter):
+    """Drops exporter log records emitted on a thread that is inside ``_OutageAwareExporter``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_quiet, "active", False)
+
+
+_QUIET_FILTER = _QuietInOurExports()
+
+
+class _OutageAwareExporter:
+    """Wraps an OTLP exporter: one bounded attempt per batch, one warning per outage.
+
+    A ``SpanExporter`` in the SDK's sense (duck-typed so importing this module never imports the
+    SDK). While the collector is known to be down, batches are dropped without a network call.
+    """
+
+    def __init__(self, inner: SpanExporter, endpoint: str, *, cooldown_s: float) -> None:
+        self.inner = inner
+        self.endpoint = endpoint
+        self.cooldown_s = cooldown_s
+        self._down_until = 0.0
+        self._down = False
+        for name in _EXPORTER_LOGGERS:
+            logger_ = logging.getLogger(name)
+            if _QUIET_FILTER not in logger_.filters:
+                logger_.addFilter(_QUIET_FILTER)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self._down and time.monotonic() < self._down_until:
+            return SpanExportResult.FAILURE
+        _quiet.active = True
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        finally:
+            _quiet.active = False
+        if result is SpanExportResult.SUCCESS:
+            if self._down:
+                logger.warning("telemetry: the collector at %s is reachable again", self.endpoint)
+            self._down = False
+        else:
+            if not self._down:
+                logger.warning(
+                    "telemetry: cannot export spans to %s; dropping them (runs are not slowed; "
+                    "trying again every %.0f s)",
+                    self.endpoint,
+                    self.cooldown_s,
+                )
+            self._down = True
+            self._down_until = time.monotonic() + self.cooldown_s
+        return result
+
+    def shutdown(self) -> None:
+        _quiet.active = True
+        try:
+            self.inner.shutdown()
+        finally:
+            _quiet.active = False
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
 def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
     """An SDK tracer provider exporting as configured, or ``None`` for ``exporter = "none"``.
 
@@ -556,9 +649,10 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
     if config.exporter == "none":
         return None
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporter: SpanExporter
+    timeout = config.export_timeout_s
     if config.exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -569,18 +663,25 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
             OTLPSpanExporter as HttpExporter,
         )
 
-        exporter = HttpExporter(
-            endpoint=_http_endpoint(config.endpoint) if config.endpoint else None
+        http = HttpExporter(
+            endpoint=_http_endpoint(config.endpoint) if config.endpoint else None, timeout=timeout
         )
+        exporter = _wrap(http, str(getattr(http, "_endpoint", config.endpoint)))
     else:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
 
-        exporter = GrpcExporter(endpoint=config.endpoint)
+        grpc = GrpcExporter(endpoint=config.endpoint, timeout=timeout)
+        exporter = _wrap(grpc, str(config.endpoint or "the default OTLP gRPC endpoint"))
     provider = SdkTracerProvider(resource=_resource())
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=timeout * 1000))
     return provider
+
+
+def _wrap(inner: SpanExporter, endpoint: str) -> SpanExporter:
+    wrapped = _OutageAwareExporter(inner, endpoint, cooldown_s=OUTAGE_COOLDOWN_S)
+    return cast("SpanExporter", wrapped)
 
 
 def telemetry_sinks(

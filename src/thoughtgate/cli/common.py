@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 
 from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.config import Config, load_config, resolve_store
-from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.errors import AccessDeniedError, RunNotFoundError, ThoughtgateError, UsageError
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
 
@@ -22,6 +23,7 @@ __all__ = [
     "console",
     "err_console",
     "print_json",
+    "resolve_run_id",
     "run_async",
     "with_store",
 ]
@@ -51,10 +53,25 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(_sharing_clients(coro))
     except ThoughtgateError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
-        raise typer.Exit(2 if isinstance(exc, UsageError) else 1) from None
+        code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
+        raise typer.Exit(code) from None
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+async def resolve_run_id(store: EventStore, given: str) -> str:
+    """A full run id from what was typed: the id itself, or any unique start of it, with or
+    without the ``run_`` prefix (``git``-style short ids)."""
+    given = given.strip()
+    prefix = given if given.startswith("run_") else f"run_{given}"
+    found = await store.find_run_ids(prefix, limit=6)
+    if given in found or len(found) == 1:
+        return given if given in found else found[0]
+    if not found:
+        raise RunNotFoundError(given)
+    shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
+    raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
 
 
 class Context:

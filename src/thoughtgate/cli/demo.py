@@ -1,29 +1,38 @@
 """``thoughtgate demo``: the main job on the embedded default, with no API key and no network.
 
 The run itself (emulator, adapter, tools) is ``thoughtgate.demo``; this command records it in the
-default store, shows it live as the local role may see it, then summarizes it.
+default store, shows it live as the local role may see it, then summarizes it. Its exit code is
+the run's outcome, as for ``run`` (``cli.exit_codes``). The runtime and the emulator are imported
+inside the command, so ``thoughtgate --help`` stays quick.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from thoughtgate.cli.common import Context, console, print_json, run_async
-from thoughtgate.cli.render import render_run
-from thoughtgate.cli.runs import ConfigOpt, DbOpt, JsonOpt, execute_and_follow, run_view_json
-from thoughtgate.orchestration.runtime import RunRequest
-from thoughtgate.store.base import EventStore
+from thoughtgate.cli.exit_codes import for_run_status
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+
+if TYPE_CHECKING:
+    from thoughtgate.store.base import EventStore
 
 __all__ = ["register", "run_demo"]
 
 
-async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> None:
+async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> str:
+    """Run the demo; returns the run's status (the command's exit code follows it)."""
+    from thoughtgate.cli.render import render_run
+    from thoughtgate.cli.runs import execute_and_follow, run_view_json
     from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_config, demo_provider, demo_runtime
+    from thoughtgate.orchestration.runtime import RunRequest
 
     ctx = Context(config_path=config_path, db=db, view_as=None)
     with demo_provider() as (url, provider):
 
-        async def go(store: EventStore) -> None:
+        async def go(store: EventStore) -> str:
             runtime = demo_runtime(store, ctx.config, provider)
             if not json_out:
                 console.print(
@@ -48,8 +57,9 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                     f"\nSee what a viewer gets: [bold]thoughtgate events {view['run_id']}"
                     " --view-as viewer[/]"
                 )
+            return str(view["status"])
 
-        await ctx.using(go)
+        return await ctx.using(go)
 
 
 def register(app: typer.Typer) -> None:
@@ -60,4 +70,6 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """The main job on the embedded default: no API key, no network."""
-        run_async(run_demo(db=db, config_path=config, json_out=json_out))
+        raise typer.Exit(
+            for_run_status(run_async(run_demo(db=db, config_path=config, json_out=json_out)))
+        )

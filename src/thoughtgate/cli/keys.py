@@ -16,16 +16,11 @@ from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
 from thoughtgate.access.roles import ROLE_NAMES, Role
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.errors import UsageError
 from thoughtgate.store.base import EventStore
 
 __all__ = ["register"]
-
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
-]
-ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
 def _when(ts: float | None) -> str:
@@ -48,10 +43,19 @@ def register(app: typer.Typer) -> None:
 
     @keys.command("create")
     def create(
-        role: Annotated[str, typer.Option("--role", help=" | ".join(ROLE_NAMES))],
+        role: Annotated[
+            str,
+            typer.Option(
+                "--role", metavar="ROLE", help="The key's role: " + " | ".join(ROLE_NAMES)
+            ),
+        ],
         name: Annotated[
             str,
-            typer.Option("--name", help="Unique among active keys; may not start with key_."),
+            typer.Option(
+                "--name",
+                metavar="NAME",
+                help="Unique among active keys; may not start with key_.",
+            ),
         ],
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -108,7 +112,11 @@ def register(app: typer.Typer) -> None:
     @keys.command("revoke")
     def revoke(
         key: Annotated[
-            str, typer.Argument(help="The key's exact id (key_…), or a name one active key has.")
+            str,
+            typer.Argument(
+                metavar="ID_OR_NAME",
+                help="The key's exact id (key_…), or a name one active key has.",
+            ),
         ],
         db: DbOpt = None,
         config: ConfigOpt = None,

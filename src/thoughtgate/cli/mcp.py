@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from thoughtgate.cli.common import run_async
+from thoughtgate.cli.options import ConfigOpt, DbOpt
 from thoughtgate.config import load_config, resolve_store
 
 __all__ = ["register"]
@@ -15,15 +16,15 @@ __all__ = ["register"]
 def register(app: typer.Typer) -> None:
     @app.command("mcp")
     def mcp(
-        db: Annotated[
-            str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
-        ] = None,
-        config: Annotated[
-            str | None, typer.Option("--config", help="Path to thoughtgate.toml.")
-        ] = None,
+        db: DbOpt = None,
+        config: ConfigOpt = None,
         role: Annotated[
             str | None,
-            typer.Option("--role", help="Role the MCP host reads as (default: mcp.role, member)."),
+            typer.Option(
+                "--role",
+                metavar="ROLE",
+                help="Role the MCP host reads as (default: mcp.role, member).",
+            ),
         ] = None,
     ) -> None:
         """Serve orchestration_run and orchestration_status over stdio (MCP)."""

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from thoughtgate.cli.common import Context, console, print_json, run_async
-from thoughtgate.orchestration.runtime import provider_settings_from_config
+from thoughtgate.cli.options import ConfigOpt, JsonOpt
 
 __all__ = ["register"]
 
@@ -16,10 +16,19 @@ __all__ = ["register"]
 def register(app: typer.Typer) -> None:
     @app.command()
     def emulate(
-        host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-        port: Annotated[int, typer.Option("--port")] = 8766,
+        host: Annotated[
+            str, typer.Option("--host", metavar="HOST", help="Address to listen on.")
+        ] = "127.0.0.1",
+        port: Annotated[
+            int, typer.Option("--port", metavar="PORT", help="Port to listen on.")
+        ] = 8766,
         scenario: Annotated[
-            str, typer.Option("--scenario", help="Default built-in scenario.")
+            str,
+            typer.Option(
+                "--scenario",
+                metavar="NAME",
+                help="The scenario for requests that name none (x-emulator-scenario picks one).",
+            ),
         ] = "think-and-answer",
     ) -> None:
         """Serve the four provider wire formats from scripted scenarios, offline."""
@@ -51,14 +60,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def smoke(
-        model: Annotated[str, typer.Option("--model", help="PROVIDER:MODEL")],
-        base_url: Annotated[str | None, typer.Option("--base-url")] = None,
-        api_key: Annotated[str | None, typer.Option("--api-key")] = None,
-        config: Annotated[str | None, typer.Option("--config")] = None,
-        json_out: Annotated[bool, typer.Option("--json")] = False,
+        model: Annotated[
+            str,
+            typer.Option("--model", metavar="PROVIDER:MODEL", help="The model to check."),
+        ],
+        base_url: Annotated[
+            str | None, typer.Option("--base-url", metavar="URL", help="The provider's base URL.")
+        ] = None,
+        api_key: Annotated[
+            str | None, typer.Option("--api-key", metavar="KEY", help="The provider's API key.")
+        ] = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
     ) -> None:
         """Live check with your key: which capabilities are proven, and why (costs a few tokens)."""
         from thoughtgate.engine.smoke import smoke as run_smoke
+        from thoughtgate.orchestration.runtime import provider_settings_from_config
 
         async def body() -> None:
             ctx = Context(config_path=config, db="memory://", view_as=None)

@@ -7,6 +7,7 @@ it returned a summary (the labels of ``thoughtgate.events.thread``).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,7 +109,10 @@ class LivePrinter:
             self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
         elif t in (EventType.RUN_FAILED, EventType.RUN_ERROR):
             self._switch("note")
-            self.console.print(f"[red]{t}: {p.get('error')}[/]")
+            self.console.print(f"[red]{t}: {p.get('error')}[/]", highlight=False)
+        elif t == EventType.RUN_INTERRUPTED:
+            self._switch("note")
+            self.console.print(f"[yellow]interrupted: {p.get('reason')}[/]", highlight=False)
 
     def end(self) -> None:
         if self._mode is not None:
@@ -122,6 +126,13 @@ def _usage_text(usage: Mapping[str, Any]) -> str:
     if "reasoning_tokens" in usage:  # withheld where reasoning itself is
         text += f" · reasoning {usage['reasoning_tokens']}"
     return text
+
+
+_STATUS_STYLE = {"completed": "green", "partial": "yellow", "interrupted": "yellow"}
+
+
+def _status_text(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, "bold red"))
 
 
 def render_thread(console: Console, thread: ThreadView) -> None:
@@ -168,35 +179,55 @@ def render_run(
     """A run view (already filtered) as panels: header, the thread (when given), each answer.
 
     ``task.reasoning`` (all turns joined, kinds unknown) is never printed under a label: the
-    reasoning a reader may see is shown per turn and kind from the ``thread``.
+    reasoning a reader may see is shown per turn and kind from the ``thread``. A run that did not
+    complete says so in its header, with its error, and so does each task panel: an empty answer
+    box is never all a reader gets.
     """
     head = Table.grid(padding=(0, 2))
     head.add_row("run", view["run_id"])
-    head.add_row("status", view["status"])
+    head.add_row("status", _status_text(view["status"]))
     head.add_row("model", str(view.get("model")))
     head.add_row("chain_of_thought", view["chain_of_thought"])
     head.add_row("viewing as", role)
     head.add_row("usage", _usage_text(view.get("usage") or {}))
     if view.get("error"):
-        head.add_row("error", str(view["error"]))
-    console.print(Panel(head, title="thoughtgate run", expand=False))
+        head.add_row("error", Text(str(view["error"]), style="red"))
+    border = "green" if view["status"] == "completed" else "red"
+    console.print(Panel(head, title="thoughtgate run", expand=False, border_style=border))
     if thread is not None:
         render_thread(console, thread)
     for task in view["tasks"]:
+        body = Text(task.get("output") or "")
+        if task["status"] != "completed" and task.get("error"):
+            if body:
+                body.append("\n\n")
+            body.append(f"{task['status']}: {task['error']}", style="red")
         console.print(
             Panel(
-                Text(task.get("output") or ""),
+                body,
                 title=f"answer · task {task['index']} · {task['status']}",
+                border_style="none" if task["status"] == "completed" else "red",
             )
         )
 
 
+def _started(ts: float | None) -> str:
+    if not ts:
+        return ""
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def render_runs_table(console: Console, views: list[RunView]) -> None:
-    table = Table("run_id", "status", "mode", "model", "prompt")
+    """Full run ids (never cut, whatever the terminal's width) and when each run started."""
+    table = Table("run_id", "started", "status", "mode", "model", "prompt")
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = max((len(v["run_id"]) for v in views), default=6)
+    table.columns[1].no_wrap = True
     for v in views:
         table.add_row(
             v["run_id"],
-            v["status"],
+            _started(v.get("created_at")),
+            _status_text(v["status"]),
             v["chain_of_thought"],
             str(v.get("model")),
             (v.get("prompt") or "")[:60],

@@ -1,47 +1,47 @@
-"""``run``, ``status``, ``runs``, ``events`` and ``trace``."""
+"""``run``, ``status``, ``runs``, ``events`` and ``trace`` (``demo`` is in ``cli.demo``).
+
+``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C or
+SIGTERM while it runs closes the run ``interrupted`` -- its unfinished tasks first -- before the
+command exits (130); ``--json`` still prints the run's document.
+
+Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
+``thoughtgate --help`` stays quick.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from thoughtgate.access.filter import filter_event, filter_events, filter_run, require_role
-from thoughtgate.access.roles import Role
-from thoughtgate.cli.common import Context, console, print_json, run_async, with_store
-from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table
-from thoughtgate.engine.approvals import ApprovalBroker, Decision
-from thoughtgate.engine.tools import ToolRegistry, load_tools
-from thoughtgate.events.thread import rebuild
-from thoughtgate.events.views import RunView
-from thoughtgate.orchestration.runtime import (
-    RunRequest,
-    Runtime,
-    provider_settings_from_config,
+from thoughtgate.cli.common import (
+    Context,
+    console,
+    print_json,
+    resolve_run_id,
+    run_async,
+    with_store,
 )
-from thoughtgate.providers.base import Provider, create_provider
-from thoughtgate.store.base import EventStore
-from thoughtgate.telemetry import telemetry_sinks
+from thoughtgate.cli.exit_codes import for_run_status
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt, RunIdArg, ViewAsOpt
+from thoughtgate.errors import UsageError
 
-__all__ = [
-    "ConfigOpt",
-    "DbOpt",
-    "JsonOpt",
-    "ViewAsOpt",
-    "execute_and_follow",
-    "register",
-    "run_view_json",
-]
+if TYPE_CHECKING:
+    from thoughtgate.access.roles import Role
+    from thoughtgate.engine.approvals import Decision
+    from thoughtgate.events.views import RunView
+    from thoughtgate.orchestration.runtime import RunRequest, Runtime
+    from thoughtgate.store.base import EventStore
 
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
-]
-ConfigOpt = Annotated[str | None, typer.Option("--config", help="Path to thoughtgate.toml.")]
-ViewAsOpt = Annotated[str | None, typer.Option("--view-as", help="Preview what a lower role sees.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+__all__ = ["execute_and_follow", "read_prompt", "register", "run_view_json"]
+
+INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
+STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
 
 
 def run_view_json(view: RunView) -> dict[str, Any]:
@@ -49,13 +49,30 @@ def run_view_json(view: RunView) -> dict[str, Any]:
     return {
         "run_id": view["run_id"],
         "status": view["status"],
+        "error": view.get("error"),
         "chain_of_thought": view["chain_of_thought"],
         "tasks": [
-            {"task_id": t["task_id"], "output": t["output"], "reasoning": t.get("reasoning")}
+            {
+                "task_id": t["task_id"],
+                "status": t["status"],
+                "output": t["output"],
+                "reasoning": t.get("reasoning"),
+                "error": t.get("error"),
+            }
             for t in view["tasks"]
         ],
         "usage": view["usage"],
     }
+
+
+def read_prompt(prompt: str) -> str:
+    """``-`` means: read the prompt from standard input (``echo hi | thoughtgate run -``)."""
+    if prompt != "-":
+        return prompt
+    text = sys.stdin.read()
+    if not text.strip():
+        raise UsageError("the prompt read from standard input is empty")
+    return text.rstrip("\n")
 
 
 def _cli_decider(approve_all: bool) -> Any:
@@ -85,7 +102,15 @@ async def execute_and_follow(
     chain_of_thought: str | None,
     live: bool,
 ) -> RunView:
-    """Create and execute a run; when ``live``, print its filtered events as they are recorded."""
+    """Create and execute a run, returning its filtered view however it ended.
+
+    When ``live``, its filtered events are printed as they are recorded. A cancellation of the
+    calling task (Ctrl-C; SIGTERM is turned into one here) interrupts the run, waits until it is
+    recorded as interrupted, and returns its view instead of propagating.
+    """
+    from thoughtgate.access.filter import filter_event, filter_run
+    from thoughtgate.cli.render import LivePrinter
+
     run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
     printer = LivePrinter(console) if live else None
 
@@ -98,42 +123,118 @@ async def execute_and_follow(
         printer.end()
 
     follower = asyncio.create_task(follow()) if live else None
+    job = asyncio.create_task(runtime.execute(run.run_id))
+    reason = INTERRUPTED_BY_USER
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def stop(why: str) -> None:
+        nonlocal reason
+        reason = why
+        if main is not None:
+            main.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, stop, STOPPED_BY_SIGNAL)
     try:
-        finished = await runtime.execute(run.run_id)
+        # Shielded: a Ctrl-C cancels this task, and the run is then cancelled once, with the
+        # reason, and given the time to record its end.
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        job.cancel(reason)
+        with contextlib.suppress(BaseException):
+            await job
+        if main is not None:
+            main.uncancel()
+    except Exception:  # recorded on the run (run.failed / run.error); its view says what
+        pass
     finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
         if follower is not None:
             try:
                 await asyncio.wait_for(follower, timeout=5)
             except TimeoutError:
                 follower.cancel()
-    return filter_run(finished, role)
+    return filter_run(await runtime.store.get_run(run.run_id), role)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
-        prompt: Annotated[str, typer.Argument(help="What to ask.")],
+        prompt: Annotated[
+            str,
+            typer.Argument(metavar="PROMPT", help="What to ask; '-' reads it from standard input."),
+        ],
         model: Annotated[
             str | None,
-            typer.Option("--model", help="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5"),
+            typer.Option(
+                "--model",
+                metavar="PROVIDER:MODEL",
+                help="e.g. anthropic:claude-sonnet-4-5 (default: orchestration.default_model).",
+            ),
         ] = None,
-        base_url: Annotated[str | None, typer.Option("--base-url")] = None,
-        api_key: Annotated[str | None, typer.Option("--api-key")] = None,
+        system: Annotated[
+            str | None,
+            typer.Option("--system", metavar="TEXT", help="A system prompt for the model."),
+        ] = None,
+        base_url: Annotated[
+            str | None,
+            typer.Option(
+                "--base-url",
+                metavar="URL",
+                help="The provider's base URL (beats ANTHROPIC_BASE_URL etc. and the config).",
+            ),
+        ] = None,
+        api_key: Annotated[
+            str | None,
+            typer.Option(
+                "--api-key",
+                metavar="KEY",
+                help="The provider's API key (beats ANTHROPIC_API_KEY etc. and the config).",
+            ),
+        ] = None,
         cot: Annotated[
-            str | None, typer.Option("--cot", help="hidden | surface | telemetry_only")
+            str | None,
+            typer.Option(
+                "--cot",
+                metavar="MODE",
+                help="Disclosure mode: hidden | surface | telemetry_only (default: config, "
+                "else hidden).",
+            ),
         ] = None,
         tools: Annotated[
-            list[str] | None, typer.Option("--tools", help="module:attr of tools (repeatable)")
+            list[str] | None,
+            typer.Option(
+                "--tools",
+                metavar="MODULE:ATTR",
+                help="Python tools the model may call (repeatable).",
+            ),
         ] = None,
-        approve_all: Annotated[bool, typer.Option("--approve-all")] = False,
+        approve_all: Annotated[
+            bool,
+            typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
+        ] = False,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Run a prompt through a model and record everything."""
+        """Run a prompt through a model and record everything; the exit code is the outcome."""
 
-        async def body() -> None:
+        async def body() -> str:
+            from thoughtgate.cli.render import render_run
+            from thoughtgate.engine.approvals import ApprovalBroker
+            from thoughtgate.engine.tools import ToolRegistry, load_tools
+            from thoughtgate.orchestration.runtime import (
+                RunRequest,
+                Runtime,
+                provider_settings_from_config,
+            )
+            from thoughtgate.providers.base import Provider, create_provider
+            from thoughtgate.telemetry import telemetry_sinks
+
+            text = read_prompt(prompt)
             ctx = Context(config_path=config, db=db, view_as=view_as)
 
             def factory(name: str) -> Provider:
@@ -142,7 +243,7 @@ def register(app: typer.Typer) -> None:
                 )
                 return create_provider(name, settings)
 
-            async def go(store: EventStore) -> None:
+            async def go(store: EventStore) -> str:
                 runtime = Runtime(
                     store,
                     ctx.config,
@@ -153,7 +254,7 @@ def register(app: typer.Typer) -> None:
                 )
                 view = await execute_and_follow(
                     runtime,
-                    RunRequest(prompt, model=model),
+                    RunRequest(text, model=model, system=system),
                     role=ctx.role,
                     chain_of_thought=cot,
                     live=not json_out,
@@ -162,14 +263,15 @@ def register(app: typer.Typer) -> None:
                     print_json(run_view_json(view))
                 else:
                     render_run(console, view, role=ctx.role.label)
+                return str(view["status"])
 
-            await ctx.using(go)
+            return await ctx.using(go)
 
-        run_async(body())
+        raise typer.Exit(for_run_status(run_async(body())))
 
     @app.command()
     def status(
-        run_id: str,
+        run_id: RunIdArg,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -178,27 +280,37 @@ def register(app: typer.Typer) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
         async def body(ctx: Context, store: EventStore) -> None:
-            run = await store.get_run(run_id)
+            from thoughtgate.access.filter import filter_events, filter_run
+            from thoughtgate.cli.render import render_run
+            from thoughtgate.events.thread import rebuild
+
+            full_id = await resolve_run_id(store, run_id)
+            run = await store.get_run(full_id)
             view = filter_run(run, ctx.role)
             if json_out:
                 print_json(view)
                 return
-            events = filter_events(await store.read(run_id), ctx.role, mode=run.chain_of_thought)
+            events = filter_events(await store.read(full_id), ctx.role, mode=run.chain_of_thought)
             render_run(console, view, role=ctx.role.label, thread=rebuild(events))
 
         with_store(config=config, db=db, view_as=view_as, body=body)
 
     @app.command()
     def runs(
-        limit: Annotated[int, typer.Option("--limit")] = 20,
+        limit: Annotated[
+            int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
+        ] = 20,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """List recent runs, newest first."""
+        """List recent runs, newest first, with their full ids and when they started."""
 
         async def body(ctx: Context, store: EventStore) -> None:
+            from thoughtgate.access.filter import filter_run
+            from thoughtgate.cli.render import render_runs_table
+
             views = [filter_run(r, ctx.role) for r in await store.list_runs(limit=limit)]
             if json_out:
                 print_json(views)
@@ -209,9 +321,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def events(
-        run_id: str,
-        after: Annotated[int, typer.Option("--after")] = 0,
-        limit: Annotated[int | None, typer.Option("--limit")] = None,
+        run_id: RunIdArg,
+        after: Annotated[
+            int,
+            typer.Option("--after", metavar="SEQ", help="Only events after this sequence number."),
+        ] = 0,
+        limit: Annotated[
+            int | None,
+            typer.Option("--limit", metavar="N", help="At most N events.", min=1),
+        ] = None,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -220,8 +338,11 @@ def register(app: typer.Typer) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
 
         async def body(ctx: Context, store: EventStore) -> None:
-            run = await store.get_run(run_id)
-            raw = await store.read(run_id, after=after, limit=limit)
+            from thoughtgate.access.filter import filter_events
+
+            full_id = await resolve_run_id(store, run_id)
+            run = await store.get_run(full_id)
+            raw = await store.read(full_id, after=after, limit=limit)
             shown = filter_events(raw, ctx.role, mode=run.chain_of_thought)
             if json_out:
                 print_json([e.to_dict() for e in shown])
@@ -236,23 +357,28 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def trace(
-        run_id: str,
+        run_id: RunIdArg,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Trace metadata of a run (worker.completed with reasoning): developer and above."""
+        """A run's trace metadata (worker.completed with reasoning) as one JSON document:
+        developer and above."""
 
         async def body(ctx: Context, store: EventStore) -> None:
+            from thoughtgate.access.filter import filter_events, require_role
+            from thoughtgate.access.roles import Role
+
             require_role(ctx.role, Role.DEVELOPER, "the trace")
-            run = await store.get_run(run_id)
-            raw = [e for e in await store.read(run_id) if e.type == "worker.completed"]
+            full_id = await resolve_run_id(store, run_id)
+            run = await store.get_run(full_id)
+            raw = [e for e in await store.read(full_id) if e.type == "worker.completed"]
             shown = filter_events(raw, ctx.role, mode=run.chain_of_thought, surface="trace")
+            document = [e.to_dict() for e in shown]
             if json_out:
-                print_json([e.to_dict() for e in shown])
-                return
-            for e in shown:
-                console.print_json(data=e.to_dict())
+                print_json(document)
+            else:
+                console.print_json(data=document)
 
         with_store(config=config, db=db, view_as=view_as, body=body)

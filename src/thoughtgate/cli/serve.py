@@ -1,22 +1,20 @@
-"""``thoughtgate serve``: the HTTP daemon."""
+"""``thoughtgate serve``: the HTTP daemon (its stack is imported only when it starts)."""
 
 from __future__ import annotations
 
 import logging
 import sys
 from importlib.metadata import entry_points
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from thoughtgate.access.keys import create_key
 from thoughtgate.cli.common import Context, err_console, run_async
-from thoughtgate.engine.tools import ToolRegistry, load_tools
-from thoughtgate.orchestration.runtime import Runtime
-from thoughtgate.server.app import create_app
-from thoughtgate.server.serve import serve_app
-from thoughtgate.store.base import EventStore
-from thoughtgate.telemetry import telemetry_sinks
+from thoughtgate.cli.options import ConfigOpt, DbOpt
+
+if TYPE_CHECKING:
+    from thoughtgate.engine.tools import ToolRegistry
+    from thoughtgate.store.base import EventStore
 
 __all__ = ["register"]
 
@@ -28,6 +26,8 @@ def daemon_tools(references: list[str] | None) -> ToolRegistry:
     """The tools runs may name: ``--tools module:attr`` plus installed ``thoughtgate.tools``
     entry points (each a tool, a function, or a list of them). Callers pick by name; they can
     never send code."""
+    from thoughtgate.engine.tools import ToolRegistry, load_tools
+
     registry = load_tools(references or [])
     for entry in entry_points(group=TOOLS_ENTRY_POINT_GROUP):
         try:
@@ -42,6 +42,8 @@ def daemon_tools(references: list[str] | None) -> ToolRegistry:
 
 async def _bootstrap_key(store: EventStore) -> str | None:
     """An owner key when the store has never held one (a fresh database or ``memory://``)."""
+    from thoughtgate.access.keys import create_key
+
     if await store.list_api_keys():
         return None
     return (await create_key(store, name=BOOTSTRAP_KEY_NAME, role="owner")).key
@@ -50,21 +52,27 @@ async def _bootstrap_key(store: EventStore) -> str | None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
-        host: Annotated[str | None, typer.Option("--host", help="Default: server.host")] = None,
+        host: Annotated[
+            str | None,
+            typer.Option("--host", metavar="HOST", help="Address to listen on (server.host)."),
+        ] = None,
         port: Annotated[
-            int | None, typer.Option("--port", help="Default: server.port; 0 picks a free one")
+            int | None,
+            typer.Option("--port", metavar="PORT", help="Port (server.port); 0 picks a free one."),
         ] = None,
-        db: Annotated[
-            str | None, typer.Option("--db", help="sqlite:///PATH, postgresql://…, memory://")
-        ] = None,
-        config: Annotated[str | None, typer.Option("--config", help="thoughtgate.toml")] = None,
+        db: DbOpt = None,
+        config: ConfigOpt = None,
         tools: Annotated[
             list[str] | None,
-            typer.Option("--tools", help="module:attr of tools runs may use (repeatable)"),
+            typer.Option("--tools", metavar="MODULE:ATTR", help="Tools runs may use (repeatable)."),
         ] = None,
         shutdown_grace: Annotated[
             float,
-            typer.Option("--shutdown-grace", help="Seconds in-flight runs get on SIGTERM"),
+            typer.Option(
+                "--shutdown-grace",
+                metavar="SECONDS",
+                help="How long in-flight runs may finish on SIGTERM before they are interrupted.",
+            ),
         ] = 3.0,
         bootstrap_key: Annotated[
             bool,
@@ -73,11 +81,19 @@ def register(app: typer.Typer) -> None:
                 help="Print a one-time owner key when the store has no keys at all",
             ),
         ] = True,
-        log_level: Annotated[str, typer.Option("--log-level")] = "info",
+        log_level: Annotated[
+            str,
+            typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error"),
+        ] = "info",
     ) -> None:
         """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
 
         async def body() -> None:
+            from thoughtgate.orchestration.runtime import Runtime
+            from thoughtgate.server.app import create_app
+            from thoughtgate.server.serve import serve_app
+            from thoughtgate.telemetry import telemetry_sinks
+
             ctx = Context(config_path=config, db=db, view_as=None)
             logging.basicConfig(
                 level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s"

@@ -9,7 +9,9 @@ Recording: every turn ends with ``agent.response`` (reasoning per the disclosure
 its size); a cut or failed stream keeps the partial turn and ends the task with
 ``message.partially_completed``; nothing the provider sent is lost -- except ``visible_step``
 calls, whose one argument is a step for the reader and is stored only as the policy-checked
-``cot.*`` event the observer makes of it (never as a tool call or tool card).
+``cot.*`` event the observer makes of it (never as a tool call or tool card). The task is
+``partial`` when some answer text had arrived before the failure, ``failed`` when none had: an
+outage is never reported as an answer.
 
 Narration: when the observer ``narrates``, the model is also offered ``visible_step``
 (``events/narration.py``). Its calls never reach the tool registry; each is answered with a plain
@@ -456,7 +458,7 @@ async def run_agent_loop(
             closing.append(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id))
             await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
             return LoopResult(
-                "partial",
+                "partial" if answer else "failed",
                 answer,
                 turn_no + 1,
                 usage,

@@ -84,7 +84,9 @@ _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 RunStatus: TypeAlias = Literal[
     "pending", "running", "completed", "partial", "failed", "error", "interrupted"
 ]
-TaskStatus: TypeAlias = Literal["pending", "running", "completed", "partial", "failed"]
+TaskStatus: TypeAlias = Literal[
+    "pending", "running", "completed", "partial", "failed", "interrupted"
+]
 DisplayPhase: TypeAlias = Literal["planning", "thinking", "acting", "writing", "done"]
 """The coarse phase a display shows (``acting`` = a tool is being used)."""
 StepSource: TypeAlias = Literal["phases", "narration", "provider_summary", "model"]
@@ -249,6 +251,10 @@ class RunEndedPayload(TypedDict):
 class RunInterruptedPayload(TypedDict):
     status: Annotated[Literal["interrupted"], Vis.PUBLIC]
     reason: Annotated[str, Vis.PUBLIC]
+    """Why it ended early: Ctrl-C, a cancelled call, a shutdown, or its process is gone."""
+    usage: NotRequired[Annotated[TokenUsage, Vis.PUBLIC]]
+    """What its finished tasks used before it was interrupted (absent when another process
+    closed it: that process cannot know)."""
 
 
 @with_config(_STRICT)
@@ -533,7 +539,7 @@ _SPECS = (
     EventSpec(
         EventType.RUN_INTERRUPTED,
         RunInterruptedPayload,
-        "The process executing the run stopped before it ended (terminal).",
+        "The run ended before it finished: cancelled, shut down, or its process gone (terminal).",
     ),
 )
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, get_args
 
-from thoughtgate.events.schema import DISPLAY_TERMINAL_TYPES, Event, EventType
+from thoughtgate.events.schema import DISPLAY_TERMINAL_TYPES, RUN_TERMINAL_TYPES, Event, EventType
 from thoughtgate.events.visible import (
     DisclosureReceipt,
     VisibleStep,
@@ -94,6 +94,15 @@ _TERMINAL_STATUS: Final[Mapping[str, ThreadStatus]] = {
     EventType.RUN_ERROR: "failed",
     EventType.RUN_INTERRUPTED: "interrupted",
 }
+
+_RUN_OUTCOME: Final[Mapping[str, ThreadStatus]] = {
+    "completed": "completed",
+    "partial": "partial",
+    "failed": "failed",
+    "error": "failed",
+    "interrupted": "interrupted",
+}
+"""A run-terminal event's ``payload.status`` -> the thread's status (it wins over a task's)."""
 
 
 def _opt_str(value: Any) -> str | None:
@@ -481,7 +490,10 @@ class ThreadBuilder:
             if final is not None:
                 self._text = [final]
             self._final = True
-        if etype in _TERMINAL_STATUS:
+        outcome = payload.get("status") if etype in RUN_TERMINAL_TYPES else None
+        if isinstance(outcome, str) and outcome in _RUN_OUTCOME:
+            self._status = _RUN_OUTCOME[outcome]  # the run's own verdict covers all its tasks
+        elif etype in _TERMINAL_STATUS:
             self._status = _TERMINAL_STATUS[etype]
         elif self._status == "running":
             self._status = "completed"  # run.settlement.completed with no message outcome

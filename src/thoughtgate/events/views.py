@@ -34,7 +34,9 @@ _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 @with_config(_STRICT)
 class DaemonInfo(TypedDict):
-    """Which daemon process executes the run."""
+    """Which daemon process executed the run, as thoughtgate recorded it before run leases (ADR
+    0009). Runs recorded since name their process only in the run row's ``owner``, which no view
+    shows; this declaration keeps older runs' metadata operator-only."""
 
     host: Annotated[str, Vis.OPERATOR]
     """A digest of the host name."""

@@ -4,14 +4,35 @@ One run holds one or more tasks. Each task runs on a worker backend: ``inline`` 
 Python callable; never calls a model, so never has reasoning) or ``provider`` (the agent loop).
 The disclosure mode is resolved once per run (explicit > run > config > ``hidden``), stored on the
 run and announced in ``capability.resolved``; every later decision reads it from there.
+
+How a run ends (every run ends with exactly one terminal event, after every task has ended):
+
+==================================================  ===========  =============================
+what happened                                       run status   terminal event
+==================================================  ===========  =============================
+every task answered                                 completed    ``run.settlement.completed``
+an answer was cut after some of it arrived          partial      ``run.settlement.completed``
+  (or the turn limit stopped a task)
+a task got no answer (provider outage, error)       failed       ``run.failed``
+a ``ThoughtgateError`` escaped (store, bad setup)   failed       ``run.failed``
+any other exception                                 error        ``run.error``
+cancelled (Ctrl-C, MCP cancel, shutdown, lease      interrupted  ``run.interrupted``
+  lost); tasks get ``task.completed`` interrupted
+==================================================  ===========  =============================
+
+A provider is built when the run is created, so a missing key or an unknown model is a
+``UsageError`` before any run exists. While it executes, the run's lease is renewed
+(``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any
@@ -42,12 +63,14 @@ from thoughtgate.events.payloads import (
     WorkerCompletedPayload,
     token_usage,
 )
-from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import RunRecord, TaskRecord, new_id
+from thoughtgate.store.leases import close_run_interrupted, end_run
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
 __all__ = [
@@ -59,6 +82,8 @@ __all__ = [
     "TaskSpec",
     "provider_settings_from_config",
 ]
+
+log = logging.getLogger("thoughtgate.runtime")
 
 InlineWorker = Callable[[str], str | Awaitable[str]]
 ProviderFactory = Callable[[str], Provider]
@@ -104,7 +129,11 @@ class RunRequest:
 def provider_settings_from_config(
     config: Config, model: str, *, base_url: str | None = None, api_key: str | None = None
 ) -> ProviderSettings:
-    """CLI flag > config section > (the adapter's own env/default lookup)."""
+    """CLI flag > environment variable > ``thoughtgate.toml`` > the adapter's default.
+
+    ``config`` already holds the environment over the file (``load_config``); an explicit
+    ``base_url`` or ``api_key`` (a command-line flag) wins over both.
+    """
     prefix, _ = split_model(model)
     section = _CONFIG_SECTION.get(prefix)
     endpoint: ProviderEndpoint = (
@@ -150,13 +179,18 @@ class Runtime:
         self.approvals = approvals or ApprovalBroker()
         self.observer_factory = observer_factory
         self._specs: dict[str, list[TaskSpec]] = {}
+        self._prepared: dict[str, dict[str, Provider]] = {}
+        """Providers built while creating a run (to check its models), used by its first tasks."""
         self.sinks: list[EventSink] = list(sinks)
-        self._leases: list[contextlib.AbstractAsyncContextManager[None]] = []
+        self.leases = LeaseKeeper(store, ttl_s=self.config.orchestration.lease_ttl_s)
+        """This process's leases on the runs it executes (ADR 0009)."""
+        self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
+        """Leases on the process's provider clients, one per ``async with`` (not run leases)."""
 
     async def __aenter__(self) -> Runtime:
         lease = shared_clients().lease()
         await lease.__aenter__()
-        self._leases.append(lease)
+        self._client_leases.append(lease)
         return self
 
     async def __aexit__(
@@ -165,14 +199,17 @@ class Runtime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._leases.pop().__aexit__(exc_type, exc, tb)
+        await self._client_leases.pop().__aexit__(exc_type, exc, tb)
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
         """Every append outside a task recorder goes through here so sinks see it."""
         check_new_events(events)
-        out = await self.store.append(run_id, events)
-        for sink in self.sinks:
-            await sink(out)
+        await self._observe(await self.store.append(run_id, events))
+
+    async def _observe(self, events: Sequence[Event]) -> None:
+        if events:
+            for sink in self.sinks:
+                await sink(events)
 
     def _default_provider(self, model: str) -> Provider:
         return create_provider(model, provider_settings_from_config(self.config, model))
@@ -198,6 +235,9 @@ class Runtime:
             TaskSpec(request.prompt, system=request.system, history=request.history)
         ]
         self._validate(backend, model, specs)
+        prepared: dict[str, Provider] = {}
+        if backend == "provider":
+            prepared = await self._prepare([spec.model or model for spec in specs])
         run = RunRecord(
             new_id("run"),
             request.prompt,
@@ -205,6 +245,8 @@ class Runtime:
             chain_of_thought=mode,
             worker_backend=backend,
             metadata=dict(request.metadata),
+            owner=self.leases.owner.owner_id,
+            lease_expires_at=self.leases.lease_until(),
         )
         run.tasks = [
             TaskRecord(
@@ -217,7 +259,12 @@ class Runtime:
             )
             for i, spec in enumerate(specs)
         ]
-        await self.store.create_run(run)
+        try:
+            await self.store.create_run(run)
+        except BaseException:
+            await _close_all(prepared.values())
+            raise
+        self._prepared[run.run_id] = prepared
         started: RunStartedPayload = {"prompt": request.prompt, "model": model, "tasks": len(specs)}
         resolved: CapabilityResolvedPayload = {
             "chain_of_thought": mode,
@@ -248,7 +295,11 @@ class Runtime:
             for spec in specs:
                 chosen = spec.model or model
                 if not chosen:
-                    raise UsageError("a provider run needs --model PROVIDER:MODEL")
+                    raise UsageError(
+                        "this run needs a model: name one as PROVIDER:MODEL (for example "
+                        "anthropic:claude-sonnet-4-5), or set orchestration.default_model in "
+                        "thoughtgate.toml"
+                    )
                 split_model(chosen)
         else:
             for spec in specs:
@@ -257,36 +308,94 @@ class Runtime:
                     known = ", ".join(sorted(self.inline_workers)) or "none registered"
                     raise UsageError(f"no inline worker named {name!r}; known: {known}")
 
+    async def _prepare(self, models: Iterable[str | None]) -> dict[str, Provider]:
+        """Build each model's provider once, so a missing key or an unknown model is a
+        ``UsageError`` now instead of a failed run later. Only caller mistakes raise here; a
+        provider that cannot be built for another reason is left for the run to report.
+        Building an adapter opens no connection and no client (clients are the process's, made on
+        the first request: ``providers.clients``)."""
+        built: dict[str, Provider] = {}
+        for model in dict.fromkeys(m for m in models if m):
+            try:
+                built[model] = self.provider_factory(model)
+            except UsageError:
+                await _close_all(built.values())
+                raise
+            except Exception as exc:  # not the caller's fault; the run will say
+                log.warning("cannot build a provider for %s yet: %s", model, exc)
+        return built
+
     # ------------------------------------------------------------------ execute
     async def execute(self, run_id: str) -> RunRecord:
-        """Run every task in order; the run always ends with exactly one terminal event."""
+        """Run every task in order; the run always ends with exactly one terminal event.
+
+        Cancelling the task that runs this (Ctrl-C, an MCP cancel, a daemon shutdown) ends the
+        run ``interrupted``, its unfinished tasks first; the cancel message, if any, is the
+        recorded reason. The ``CancelledError`` is then re-raised.
+        """
         async with shared_clients().lease():  # one set of provider connections for all turns
             return await self._execute(run_id)
 
     async def _execute(self, run_id: str) -> RunRecord:
         run = await self.store.get_run(run_id)
+        if run.status not in OPEN_RUN_STATUSES:
+            await _close_all(self._prepared.pop(run_id, {}).values())
+            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         specs = self._specs.pop(run_id, None) or [
             TaskSpec(t.prompt, model=t.model) for t in run.tasks
         ]
-        disclosure = Disclosure.of(run.chain_of_thought)
-        await self.store.update_run(run_id, status="running")
-        total = Usage()
-        statuses: list[str] = []
-        status: RunStatus
+        self.leases.hold(run_id, asyncio.current_task())
+        spent = _Spent()
         try:
+            await self._execute_tasks(run, specs, spent)
+        except asyncio.CancelledError as exc:
+            # Also when the cancel lands while the end was being recorded: closing a run that
+            # has ended is a no-op, so the run ends exactly once either way.
+            await self._interrupted(run_id, spent.usage, _cancel_reason(exc))
+            raise
+        finally:
+            self.leases.release(run_id)
+            await _close_all(self._prepared.pop(run_id, {}).values())
+        return await self.store.get_run(run_id)
+
+    async def _execute_tasks(
+        self, run: RunRecord, specs: Sequence[TaskSpec], spent: _Spent
+    ) -> None:
+        """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
+        disclosure = Disclosure.of(run.chain_of_thought)
+        results: list[tuple[str, str | None]] = []
+        try:
+            await self.store.update_run(run.run_id, status="running")
             for task, spec in zip(run.tasks, specs, strict=True):
-                usage, task_status = await self._execute_task(run, task, spec, disclosure)
-                total = total + usage
-                statuses.append(task_status)
+                usage, task_status, task_error = await self._execute_task(
+                    run, task, spec, disclosure
+                )
+                spent.usage = spent.usage + usage
+                results.append((task_status, task_error))
         except ThoughtgateError as exc:
-            await self._finish(run_id, EventType.RUN_FAILED, "failed", total, _describe(exc))
+            await self._finish(
+                run.run_id, EventType.RUN_FAILED, "failed", spent.usage, _describe(exc)
+            )
             raise
         except Exception as exc:
-            await self._finish(run_id, EventType.RUN_ERROR, "error", total, _describe(exc))
+            await self._finish(
+                run.run_id, EventType.RUN_ERROR, "error", spent.usage, _describe(exc)
+            )
             raise
-        status = "completed" if all(s == "completed" for s in statuses) else "partial"
-        await self._finish(run_id, EventType.RUN_SETTLEMENT_COMPLETED, status, total, None)
-        return await self.store.get_run(run_id)
+        status = _run_status([s for s, _ in results])
+        error = next((e for s, e in results if s != "completed" and e), None)
+        event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
+        await self._finish(run.run_id, event, status, spent.usage, error)
+
+    async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
+        """Close a cancelled run; never let a failing store hide the cancellation itself."""
+        self.leases.release(run_id)
+        try:
+            await self._observe(
+                await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
+            )
+        except Exception as exc:
+            log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
     async def continue_run(
         self,
@@ -328,20 +437,29 @@ class Runtime:
     async def _finish(
         self, run_id: str, event_type: str, status: RunStatus, usage: Usage, error: str | None
     ) -> None:
+        """The run's terminal event and status in one store transaction; tasks that never got
+        to run end too. Nothing happens if another process already closed the run."""
+        self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         if error:
             payload["error"] = error
-        await self._append(run_id, [NewEvent(event_type, payload)])
-        await self.store.update_run(
-            run_id,
-            status=status,
-            usage=usage.to_dict(),
-            error=error,
+        not_run = "not run: the run failed before this task started"
+        await self._observe(
+            await end_run(
+                self.store,
+                run_id,
+                NewEvent(event_type, payload),
+                status=status,
+                usage=usage.to_dict(),
+                error=error,
+                task_status="failed",
+                task_error=not_run,
+            )
         )
 
     async def _execute_task(
         self, run: RunRecord, task: TaskRecord, spec: TaskSpec, disclosure: Disclosure
-    ) -> tuple[Usage, str]:
+    ) -> tuple[Usage, str, str | None]:
         recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
         started = time.monotonic()
         task.status = "running"
@@ -371,7 +489,7 @@ class Runtime:
         task.reasoning = result.reasoning if disclosure.on_display and result.reasoning else None
         await self.store.save_task(task)
         await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
-        return result.usage, result.status
+        return result.usage, result.status, result.error
 
     async def _task_aborted(self, run: RunRecord, task: TaskRecord, error: str) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
@@ -475,7 +593,9 @@ class Runtime:
     ) -> LoopResult:
         model = task.model or run.model
         assert model is not None
-        provider = self.provider_factory(model)
+        provider = self._prepared.get(run.run_id, {}).pop(model, None) or self.provider_factory(
+            model
+        )
         if self.observer_factory is not None:
             observer = self.observer_factory(run, disclosure)
         else:
@@ -496,6 +616,35 @@ class Runtime:
             )
         finally:
             await provider.aclose()
+
+
+@dataclass(slots=True)
+class _Spent:
+    """What a run's finished tasks used so far (an interrupted run still records it)."""
+
+    usage: Usage = field(default_factory=Usage)
+
+
+async def _close_all(providers: Iterable[Provider]) -> None:
+    for provider in providers:
+        with contextlib.suppress(Exception):
+            await provider.aclose()
+
+
+def _run_status(task_statuses: Sequence[str]) -> RunStatus:
+    """All tasks answered: completed; any task without an answer: failed; else partial."""
+    if all(s == "completed" for s in task_statuses):
+        return "completed"
+    if any(s == "failed" for s in task_statuses):
+        return "failed"
+    return "partial"
+
+
+def _cancel_reason(exc: asyncio.CancelledError) -> str:
+    """The message the canceller gave (``task.cancel(msg)``), else a plain description."""
+    if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
+        return exc.args[0]
+    return "it was cancelled before it finished"
 
 
 def _describe(exc: Exception) -> str:

@@ -3,9 +3,10 @@
 >>> app = create_app(MemoryStore(), Config())          # or create_app(Runtime(store, config))
 >>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
 
-Startup (lifespan) prepares the ticket secret and closes runs a crashed daemon left running;
-shutdown gives in-flight runs ``shutdown_grace_s`` to finish, interrupts the rest, and closes the
-provider connections the runs shared. The app does not own the store: whoever opened it closes it.
+Startup (lifespan) prepares the ticket secret and closes runs a crashed process left running, then
+keeps closing such runs periodically (ADR 0009); shutdown gives in-flight runs ``shutdown_grace_s``
+to finish, interrupts the rest, and closes the provider connections the runs shared. The app does
+not own the store: whoever opened it closes it.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def create_app(
             recovered = await manager.recover()
             if recovered:
                 log.warning("marked %d run(s) left running as interrupted", len(recovered))
+            manager.start_sweeping()
         # Provider clients are shared by every run of this process and closed after the last one.
         async with shared_clients().lease():
             try:

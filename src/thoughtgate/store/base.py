@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from thoughtgate.errors import StoreUnavailableError
@@ -19,7 +20,7 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
-__all__ = ["EventStore", "RunListener", "RunWakeups"]
+__all__ = ["EventStore", "OpenRun", "OpenRuns", "RunListener", "RunWakeups"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,24 @@ class RunWakeups:
             await asyncio.wait_for(ev.wait(), timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenRun:
+    """A run that has not ended yet, with the lease of the process executing it."""
+
+    run_id: str
+    owner: str | None
+    lease_expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRuns:
+    """``open_runs`` answer: the runs, and the store's clock when it read them (PostgreSQL uses
+    the server's clock, so replicas on hosts whose clocks disagree still agree on expiry)."""
+
+    runs: list[OpenRun]
+    now: float
+
+
 class EventStore(abc.ABC):
     """Append-only per-run event log plus run, task and API-key records."""
 
@@ -152,6 +171,43 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     async def save_task(self, task: TaskRecord) -> None:
         """Insert or replace a task of an existing run."""
+
+    @abc.abstractmethod
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        """Ids of runs starting with ``prefix`` (sorted, at most ``limit``): ``git``-style short
+        ids for the command line."""
+
+    # -- ending runs, and leases (ADR 0009) ----------------------------------------------
+    @abc.abstractmethod
+    async def finish_run(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        status: RunStatus,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        tasks: Sequence[TaskRecord] = (),
+        lease_expired_by: float | None = None,
+    ) -> list[Event]:
+        """End an open run in one transaction: save ``tasks``, append ``events`` (the last is the
+        run's terminal event), set its status and close it, so that every later ``append``
+        raises ``RunClosedError``.
+
+        Does nothing and returns ``[]`` when the run has already ended (another process closed
+        it first), or, with ``lease_expired_by``, when its lease was renewed past that time (its
+        owner is alive after all). Raises ``RunNotFoundError``.
+        """
+
+    @abc.abstractmethod
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        """Extend the lease of every open run ``owner`` holds to ``ttl_s`` from now (the store's
+        clock); returns those runs' ids, so the owner learns which runs it no longer holds."""
+
+    @abc.abstractmethod
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
+        oldest lease first (runs without a lease last)."""
 
     # -- events --------------------------------------------------------------------------
     @abc.abstractmethod

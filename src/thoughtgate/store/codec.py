@@ -22,7 +22,11 @@ __all__ = [
     "EVENT_SELECT",
     "KEY_COLUMNS",
     "RUN_COLUMNS",
+    "RUN_COLUMN_COUNT",
     "TASK_COLUMNS",
+    "TASK_COLUMN_COUNT",
+    "EncodedEvents",
+    "appended_events",
     "decode_object",
     "decode_payloads",
     "dumps",
@@ -41,11 +45,13 @@ __all__ = [
 
 RUN_COLUMNS = (
     "run_id, prompt, model, chain_of_thought, worker_backend, status, created_at, updated_at, "
-    "usage, error, metadata"
+    "usage, error, metadata, owner, lease_expires_at"
 )
+RUN_COLUMN_COUNT = RUN_COLUMNS.count(",") + 1
 TASK_COLUMNS = (
     "run_id, task_id, idx, prompt, status, output, reasoning, usage, error, model, backend"
 )
+TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
 KEY_COLUMNS = "key_id, name, role, key_hash, created_at, revoked_at"
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -120,9 +126,7 @@ def decode_payloads(texts: Sequence[str]) -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], json.loads(f"[{','.join(texts)}]"))
 
 
-def encode_events(
-    events: Sequence[NewEvent],
-) -> tuple[list[str], list[str | None], list[str], list[float]]:
+def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
     """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once."""
     try:
         payloads = [dumps(e.payload) for e in events]
@@ -173,6 +177,20 @@ EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
 """The columns :func:`events_from_rows` reads, in its order."""
 
 
+EncodedEvents = tuple[list[str], list[str | None], list[str], list[float]]
+"""``encode_events`` output: ``(payloads, task_ids, types, ts)``."""
+
+
+def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Event]:
+    """Events just appended from ``columns``, numbered from ``first``, as a reader will see them."""
+    payloads, task_ids, types, ts = columns
+    decoded = decode_payloads(payloads)
+    return [
+        make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
+        for i in range(len(payloads))
+    ]
+
+
 def events_from_rows(
     run_id: str, rows: Sequence[tuple[int, str | None, str, float, str, int]]
 ) -> list[Event]:
@@ -221,6 +239,8 @@ def run_row(run: RunRecord) -> tuple[Any, ...]:
         dumps(run.usage, what="run usage"),
         run.error,
         dumps(run.metadata, what="run metadata"),
+        run.owner,
+        run.lease_expires_at,
     )
 
 
@@ -238,6 +258,8 @@ def run_from_row(row: Sequence[Any], tasks: Iterable[TaskRecord] = ()) -> RunRec
         error=row[9],
         metadata=decode_object(row[10]),
         tasks=list(tasks),
+        owner=row[11],
+        lease_expires_at=row[12],
     )
 
 

@@ -7,11 +7,16 @@ import copy
 import time
 from collections.abc import Sequence
 
-from thoughtgate.errors import RunNotFoundError
+from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
-from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.records import (
+    OPEN_RUN_STATUSES,
+    ApiKeyRecord,
+    RunRecord,
+    TaskRecord,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -25,6 +30,7 @@ class MemoryStore(EventStore):
         self._events: dict[str, list[Event]] = {}
         self._keys: dict[str, ApiKeyRecord] = {}
         self._secrets: dict[str, str] = {}
+        self._closed: set[str] = set()
         self._lock = asyncio.Lock()
 
     def _run(self, run_id: str) -> RunRecord:
@@ -74,26 +80,89 @@ class MemoryStore(EventStore):
             run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
             run.tasks.append(copy.deepcopy(task))
 
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        return sorted(r for r in self._runs if r.startswith(prefix))[:limit]
+
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         async with self._lock:
-            self._run(run_id)
-            log = self._events[run_id]
-            start = len(log)
-            out = [
-                Event(
-                    start + i + 1,
-                    run_id,
-                    e.type,
-                    copy.deepcopy(dict(e.payload)),
-                    task_id=e.task_id,
-                    ts=e.ts,
-                )
-                for i, e in enumerate(events)
-            ]
-            log.extend(out)
+            out = self._append(run_id, events)
         if out:
             self.wakeups.publish(run_id, out)
         return out
+
+    def _append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        self._run(run_id)
+        if run_id in self._closed and events:
+            raise RunClosedError(run_id)
+        log = self._events[run_id]
+        start = len(log)
+        out = [
+            Event(
+                start + i + 1,
+                run_id,
+                e.type,
+                copy.deepcopy(dict(e.payload)),
+                task_id=e.task_id,
+                ts=e.ts,
+            )
+            for i, e in enumerate(events)
+        ]
+        log.extend(out)
+        return out
+
+    async def finish_run(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        status: RunStatus,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        tasks: Sequence[TaskRecord] = (),
+        lease_expired_by: float | None = None,
+    ) -> list[Event]:
+        async with self._lock:
+            run = self._run(run_id)
+            if run_id in self._closed or run.status not in OPEN_RUN_STATUSES:
+                return []
+            lease = run.lease_expires_at
+            if lease_expired_by is not None and lease is not None and lease > lease_expired_by:
+                return []
+            for task in tasks:
+                run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
+                run.tasks.append(copy.deepcopy(task))
+            out = self._append(run_id, events)
+            run.status = status
+            if usage is not None:
+                run.usage = dict(usage)
+            if error is not None:
+                run.error = error
+            run.lease_expires_at = None
+            run.updated_at = time.time()
+            self._closed.add(run_id)
+        if out:
+            self.wakeups.publish(run_id, out)
+        return out
+
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        async with self._lock:
+            held = [r for r in self._open() if r.owner == owner]
+            until = time.time() + ttl_s
+            for run in held:
+                run.lease_expires_at = until
+            return [r.run_id for r in held]
+
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        runs = [OpenRun(r.run_id, r.owner, r.lease_expires_at) for r in self._open()]
+        runs.sort(key=lambda r: (r.lease_expires_at is None, r.lease_expires_at or 0.0))
+        return OpenRuns(runs[:limit], time.time())
+
+    def _open(self) -> list[RunRecord]:
+        return [
+            r
+            for r in self._runs.values()
+            if r.status in OPEN_RUN_STATUSES and r.run_id not in self._closed
+        ]
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         self._run(run_id)

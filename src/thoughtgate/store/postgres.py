@@ -19,11 +19,11 @@ import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
-from thoughtgate.errors import RunNotFoundError, StoreError
+from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
@@ -53,7 +53,7 @@ __all__ = ["PostgresStore", "split_schema_param"]
 _APPEND = """
 WITH bumped AS (
     UPDATE runs SET last_seq = last_seq + %(n)s
-    WHERE run_id = %(run_id)s
+    WHERE run_id = %(run_id)s AND closed_at IS NULL
     RETURNING last_seq - %(n)s AS base
 ), inserted AS (
     INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
@@ -93,11 +93,19 @@ def _batch_params(
 # otherwise sort every later event of the run to return the first k).
 _READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
 _NO_LIMIT = 2**63 - 1
+_OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
+"""An open run; spelled as in the ``open_runs_by_owner`` partial index."""
+_NOW = "extract(epoch FROM clock_timestamp())"
+"""Lease times use the server's clock: replicas on hosts whose clocks disagree still agree."""
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
+_INSERT_RUN = (
+    f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({', '.join(['%s'] * codec.RUN_COLUMN_COUNT)})"
+)
 _UPSERT_TASK = (
-    f"INSERT INTO tasks ({codec.TASK_COLUMNS}) VALUES ({', '.join(['%s'] * 11)}) "
+    f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
+    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
     "ON CONFLICT (run_id, task_id) DO UPDATE SET "
     + ", ".join(
         f"{c} = EXCLUDED.{c}"
@@ -217,9 +225,7 @@ class PostgresStore(EventStore):
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
-            await conn.execute(
-                f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({', '.join(['%s'] * 11)})", row
-            )
+            await conn.execute(_INSERT_RUN, row)
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
@@ -291,29 +297,116 @@ class PostgresStore(EventStore):
                 raise RunNotFoundError(task.run_id)
             await conn.execute(_UPSERT_TASK, row)
 
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        # LIKE with the prefix escaped; a command-line lookup, so a scan is acceptable here.
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        async with self._conn(f"find runs starting with {prefix!r}") as conn:
+            cur = await conn.execute(
+                "SELECT run_id FROM runs WHERE run_id LIKE %s ORDER BY run_id LIMIT %s",
+                (pattern, limit),
+            )
+            return [str(r[0]) for r in await cur.fetchall()]
+
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
-        payloads, task_ids, types, ts = codec.encode_events(batch)
-        n = len(batch)
-        async with self._conn(f"append {n} events to run {run_id!r}") as conn:
-            if n == 0:
+        columns = codec.encode_events(batch)
+        async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
+            if not batch:
                 await self._require_run(conn, run_id)
                 return []
-            params = _batch_params(payloads, task_ids, types, ts)
-            params.update(n=n, run_id=run_id, channel=self.channel, v=EVENT_VERSION)
-            cur = await conn.execute(_APPEND, params)
-            row = await cur.fetchone()
-        if row is None:
-            raise RunNotFoundError(run_id)
-        first = int(row[0]) + 1
-        decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
-        out = [
-            codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
-            for i in range(n)
-        ]
+            first = await self._append_rows(conn, run_id, columns)
+        out = codec.appended_events(run_id, first, columns)
         self.wakeups.publish(run_id, out)
         return out
+
+    async def _append_rows(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        run_id: str,
+        columns: codec.EncodedEvents,
+    ) -> int:
+        """Number and insert encoded events (one statement, see ``_APPEND``); the first seq."""
+        params = _batch_params(*columns)
+        params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
+        row = await (await conn.execute(_APPEND, params)).fetchone()
+        if row is None:  # no such run, or it has ended
+            await self._require_run(conn, run_id)
+            raise RunClosedError(run_id)
+        return int(row[0]) + 1
+
+    # -- ending runs, and leases ---------------------------------------------------------
+    async def finish_run(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        status: RunStatus,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        tasks: Sequence[TaskRecord] = (),
+        lease_expired_by: float | None = None,
+    ) -> list[Event]:
+        columns = codec.encode_events(list(events))
+        task_rows = [codec.task_row(t) for t in tasks]
+        sets = codec.run_update_columns(
+            status=status, usage=usage, error=error, updated_at=time.time()
+        )
+        assignments = sql.SQL(", ").join(
+            sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
+        )
+        update = sql.SQL(
+            "UPDATE runs SET {}, closed_at = {}, lease_expires_at = NULL WHERE run_id = %s"
+        ).format(assignments, sql.SQL(_NOW))
+        first = 0
+        async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
+            # The row lock serializes this with appends and with other processes finishing the
+            # same run: exactly one of them closes it.
+            cur = await conn.execute(
+                f"SELECT {_OPEN}, lease_expires_at FROM runs WHERE run_id = %s FOR UPDATE",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            is_open, lease = bool(row[0]), row[1]
+            if not is_open or (
+                lease_expired_by is not None and lease is not None and lease > lease_expired_by
+            ):
+                return []
+            if task_rows:
+                async with conn.cursor() as tcur:
+                    await tcur.executemany(_UPSERT_TASK, task_rows)
+            if columns[0]:
+                first = await self._append_rows(conn, run_id, columns)
+            await conn.execute(update, (*sets.values(), run_id))
+        if not columns[0]:
+            return []
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
+        return out
+
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        async with self._conn("renew run leases") as conn:
+            cur = await conn.execute(
+                f"UPDATE runs SET lease_expires_at = {_NOW} + %s "
+                f"WHERE owner = %s AND {_OPEN} RETURNING run_id",
+                (ttl_s, owner),
+            )
+            return [str(r[0]) for r in await cur.fetchall()]
+
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        async with self._conn("list open runs") as conn:
+            cur = await conn.execute(
+                f"SELECT run_id, owner, lease_expires_at, {_NOW} FROM runs WHERE {_OPEN} "
+                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT %s",
+                (limit,),
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
+                return OpenRuns([], float(now_row[0]) if now_row else time.time())
+        return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], float(rows[0][3]))
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         async with self._conn(f"read events of run {run_id!r}") as conn:

@@ -11,6 +11,9 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, TokenUsage
 from thoughtgate.events.views import RunMetadata, RunView, TaskView
 
 __all__ = [
+    "OPEN_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "TERMINAL_TASK_STATUSES",
     "ApiKeyRecord",
     "RunRecord",
     "TaskRecord",
@@ -19,6 +22,11 @@ __all__ = [
 
 TERMINAL_RUN_STATUSES: frozenset[str] = frozenset(
     {"completed", "partial", "failed", "error", "interrupted"}
+)
+OPEN_RUN_STATUSES: frozenset[str] = frozenset({"pending", "running"})
+"""A run in one of these is still owned by the process executing it (see ``store.leases``)."""
+TERMINAL_TASK_STATUSES: frozenset[str] = frozenset(
+    {"completed", "partial", "failed", "interrupted"}
 )
 
 
@@ -77,6 +85,10 @@ class RunRecord:
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     tasks: list[TaskRecord] = field(default_factory=list)
+    owner: str | None = None
+    """The process executing the run (``store.leases.Owner``); ``None`` for a run nobody executes."""
+    lease_expires_at: float | None = None
+    """Until when ``owner`` is known to be alive; it renews the lease while the run is open."""
 
     def to_view(self) -> RunView:
         """Every field, unfiltered (``thoughtgate.access.filter.filter_run`` makes it a view)."""

@@ -25,11 +25,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from thoughtgate.errors import RunNotFoundError, StoreReadOnlyError, StoreUnavailableError
+from thoughtgate.errors import (
+    RunClosedError,
+    RunNotFoundError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -52,12 +57,51 @@ _INSERT_EVENT = (
     f"VALUES (?,?,?,?,?,?,{EVENT_VERSION})"
 )
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
-_INSERT_TASK = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) VALUES ({','.join('?' * 11)})"
+_INSERT_TASK = (
+    f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) "
+    f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)})"
+)
+_INSERT_RUN = (
+    f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({','.join('?' * codec.RUN_COLUMN_COUNT)})"
+)
+
+
+_OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
+"""An open run; spelled as in the ``open_runs_by_owner`` partial index so SQLite uses it."""
 
 
 def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
     if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
         raise RunNotFoundError(run_id)
+
+
+def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
+    """Why an append found no open row: no such run, or the run has ended."""
+    row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return RunNotFoundError(run_id) if row is None else RunClosedError(run_id)
+
+
+def _append_rows(
+    conn: sqlite3.Connection,
+    run_id: str,
+    columns: codec.EncodedEvents,
+) -> int:
+    """Inside a write transaction: number and insert encoded events; returns the first seq."""
+    payloads, task_ids, types, ts = columns
+    n = len(payloads)
+    row = conn.execute(
+        "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
+        "RETURNING last_seq",
+        (n, run_id),
+    ).fetchall()
+    if not row:
+        raise _not_appendable(conn, run_id)
+    first = int(row[0][0]) - n + 1
+    conn.executemany(
+        _INSERT_EVENT,
+        zip([run_id] * n, range(first, first + n), task_ids, types, ts, payloads, strict=True),
+    )
+    return first
 
 
 class SQLiteStore(EventStore):
@@ -123,9 +167,7 @@ class SQLiteStore(EventStore):
         tasks = [codec.task_row(t) for t in run.tasks]
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({','.join('?' * 11)})", row
-            )
+            conn.execute(_INSERT_RUN, row)
             conn.executemany(_INSERT_TASK, tasks)
 
         await self._write(f"create run {run.run_id!r}", body)
@@ -203,42 +245,16 @@ class SQLiteStore(EventStore):
 
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
-        batch = list(events)
         # Encode before queueing: the shared write transaction should not wait on our JSON.
-        payloads, task_ids, types, ts = codec.encode_events(batch)
-        n = len(batch)
+        columns = codec.encode_events(list(events))
+        n = len(columns[0])
         if n == 0:
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
-
-        def body(c: sqlite3.Connection) -> int:
-            row = c.execute(
-                "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? RETURNING last_seq",
-                (n, run_id),
-            ).fetchall()
-            if not row:
-                raise RunNotFoundError(run_id)
-            first = int(row[0][0]) - n + 1
-            c.executemany(
-                _INSERT_EVENT,
-                zip(
-                    [run_id] * n,
-                    range(first, first + n),
-                    task_ids,
-                    types,
-                    ts,
-                    payloads,
-                    strict=True,
-                ),
-            )
-            return first
-
-        first = await self._writer.write(f"append {n} events to run {run_id!r}", body)
-        decoded = codec.decode_payloads(payloads)  # hand back what a reader will see
-        out = [
-            codec.make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
-            for i in range(n)
-        ]
+        first = await self._writer.write(
+            f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
+        )
+        out = codec.appended_events(run_id, first, columns)
         self.wakeups.publish(run_id, out)
         return out
 
@@ -253,6 +269,82 @@ class SQLiteStore(EventStore):
             return codec.events_from_rows(run_id, rows)
 
         return await self._reader.call(f"read events of run {run_id!r}", work)
+
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            # A range on the primary key (binary collation): an index seek, not a scan.
+            rows = conn.execute(
+                "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ? ORDER BY run_id LIMIT ?",
+                (prefix, prefix + "\U0010ffff", limit),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._reader.call(f"find runs starting with {prefix!r}", work)
+
+    # -- ending runs, and leases ---------------------------------------------------------
+    async def finish_run(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        status: RunStatus,
+        usage: dict[str, int] | None = None,
+        error: str | None = None,
+        tasks: Sequence[TaskRecord] = (),
+        lease_expired_by: float | None = None,
+    ) -> list[Event]:
+        columns = codec.encode_events(list(events))
+        task_rows = [codec.task_row(t) for t in tasks]
+        now = time.time()
+        sets = codec.run_update_columns(status=status, usage=usage, error=error, updated_at=now)
+        sets.update(closed_at=now, lease_expires_at=None)
+        assignments = ", ".join(f"{column} = ?" for column in sets)
+
+        def body(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                f"SELECT {_OPEN}, lease_expires_at FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            is_open, lease = bool(row[0]), row[1]
+            if not is_open or (
+                lease_expired_by is not None and lease is not None and lease > lease_expired_by
+            ):
+                return None
+            conn.executemany(_INSERT_TASK, task_rows)
+            first = _append_rows(conn, run_id, columns) if columns[0] else 0
+            conn.execute(
+                f"UPDATE runs SET {assignments} WHERE run_id = ?", (*sets.values(), run_id)
+            )
+            return first
+
+        first = await self._write(f"finish run {run_id!r}", body)
+        if first is None or not columns[0]:
+            return []
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
+        return out
+
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                f"UPDATE runs SET lease_expires_at = ? WHERE owner = ? AND {_OPEN} RETURNING run_id",
+                (time.time() + ttl_s, owner),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._write("renew run leases", body)
+
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        def work(conn: sqlite3.Connection) -> OpenRuns:
+            rows = conn.execute(
+                f"SELECT run_id, owner, lease_expires_at FROM runs WHERE {_OPEN} "
+                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], time.time())
+
+        return await self._reader.call("list open runs", work)
 
     # -- API keys and secrets ------------------------------------------------------------
     async def save_api_key(self, key: ApiKeyRecord) -> None:

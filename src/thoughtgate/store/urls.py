@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from platformdirs import user_data_dir
 
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import StoreError, StoreReadOnlyError, UsageError
 from thoughtgate.store.base import EventStore
+
+log = logging.getLogger("thoughtgate.store")
 
 __all__ = ["default_store_url", "open_store", "sqlite_path"]
 
@@ -25,8 +28,12 @@ def sqlite_path(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///"))
 
 
-async def open_store(url: str) -> EventStore:
-    """Open the store a URL names: ``memory://``, ``sqlite:///PATH``, ``postgresql://...``."""
+async def open_store(url: str, *, sweep: bool = True) -> EventStore:
+    """Open the store a URL names: ``memory://``, ``sqlite:///PATH``, ``postgresql://...``.
+
+    With ``sweep`` (the default) runs left open by a process that is gone are closed as
+    interrupted right away (``store.leases``), so no reader finds a run "running" forever.
+    """
     store: EventStore
     if url.startswith("memory:"):
         from thoughtgate.store.memory import MemoryStore
@@ -44,4 +51,18 @@ async def open_store(url: str) -> EventStore:
         raise UsageError(
             f"unsupported store url {url!r}; allowed: sqlite:///PATH, memory://, postgresql://..."
         )
+    if sweep:
+        await _sweep(store)
     return store
+
+
+async def _sweep(store: EventStore) -> None:
+    """Close orphaned runs; a store we cannot write (a read-only file) is read as it is."""
+    from thoughtgate.store.leases import close_orphaned_runs
+
+    try:
+        await close_orphaned_runs(store)
+    except StoreReadOnlyError:
+        pass
+    except StoreError as exc:  # opening worked; reads may still be useful
+        log.warning("could not close runs left open by a stopped process: %s", exc)

@@ -21,6 +21,17 @@ const RUN_STATUS_TEXT = {
   failed: "failed", error: "failed", interrupted: "interrupted",
 };
 
+const OUTCOME_TEXT = {
+  partial: "the answer was cut off", failed: "no answer", interrupted: "the run was interrupted",
+};
+
+function answerTitle(status, outcome, text) {
+  if (outcome === null) return status === "partial" ? "Answer (partial)" : status === "running" ? "Answer (writing…)" : "Answer";
+  if (outcome === "completed") return "Answer";
+  if (!text) return "No answer";
+  return `Answer (${outcome === "failed" ? "partial" : outcome})`;
+}
+
 const state = {
   key: sessionStorage.getItem("tg_key") || "",
   me: null,
@@ -198,15 +209,18 @@ function renderThread() {
   }
   if (!items.length && !thread.message) list.append(el("li", { class: "item phase" }, live ? "Waiting for the agent…" : "Nothing to show yet."));
 
+  // A run that ended without completing always says why, on the answer itself: an empty
+  // "Answer" box is never all a reader gets for an outage.
   const answerText = thread.message;
-  const answer = answerText || thread.final
-    ? el("section", { class: `answer${thread.final ? "" : " streaming"}`, "data-testid": "answer" },
-      el("h3", {}, thread.status === "partial" ? "Answer (partial)" : thread.final ? "Answer" : "Answer (writing…)"),
-      el("p", { "data-testid": "answer-text" }, answerText))
-    : null;
-  const failed = ["failed", "interrupted"].includes(thread.status)
-    ? el("section", { class: "failure", "data-testid": "failure" }, thread.status === "interrupted"
-      ? "The run was interrupted before it finished." : `The run failed${run?.error ? `: ${run.error}` : "."}`)
+  const outcome = thread.runEnded ? thread.status : null;
+  const unfinished = outcome !== null && outcome !== "completed";
+  const why = unfinished ? (run?.error || OUTCOME_TEXT[outcome] || outcome) : null;
+  const answer = answerText || thread.final || unfinished
+    ? el("section", { class: `answer${thread.final || outcome ? "" : " streaming"}${unfinished ? " unfinished" : ""}`,
+      "data-testid": "answer", "data-outcome": outcome },
+      el("h3", {}, answerTitle(thread.status, outcome, answerText)),
+      answerText ? el("p", { "data-testid": "answer-text" }, answerText) : null,
+      why ? el("p", { class: "error", "data-testid": "answer-error" }, `${RUN_STATUS_TEXT[outcome] || outcome}: ${why}`) : null)
     : null;
   const receipt = thread.receipt
     ? el("section", { class: "receipt", "data-testid": "receipt" }, el("h3", {}, "About the reasoning"),
@@ -222,7 +236,7 @@ function renderThread() {
       run ? el("span", {}, run.model || "") : null,
       run ? el("span", {}, `reasoning: ${run.chain_of_thought}`) : null,
       view.notice ? el("span", { class: "notice-text", "data-testid": "stream-notice" }, view.notice) : null));
-  const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, failed, receipt);
+  const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt);
   root.replaceChildren(header, body);
 }
 
@@ -241,7 +255,10 @@ async function loadRuns() {
     el("span", { class: "run-prompt" }, run.prompt || run.run_id),
     el("span", { class: "run-line" },
       pill(run.status, RUN_STATUS_TEXT[run.status] || run.status, "run-list-status"),
-      el("span", { class: "muted" }, `${run.chain_of_thought} · ${ago(run.created_at)}`))))));
+      el("span", { class: "muted" }, `${run.chain_of_thought} · ${ago(run.created_at)}`)),
+    run.error && run.status !== "completed"
+      ? el("span", { class: "run-error error", "data-testid": "run-list-error", title: run.error }, run.error)
+      : null))));
   if (!runs.length) nav.append(el("li", { class: "muted empty" }, "No runs yet."));
 }
 

@@ -44,6 +44,10 @@ const TG_THREAD = (() => {
     "run.error": "failed",
     "run.interrupted": "interrupted",
   };
+  // A run-terminal event's payload.status (the run's own verdict, over all its tasks).
+  const RUN_OUTCOME = {
+    completed: "completed", partial: "partial", failed: "failed", error: "failed", interrupted: "interrupted",
+  };
 
   const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
   const isInt = (v) => typeof v === "number" && Number.isInteger(v);
@@ -277,7 +281,9 @@ const TG_THREAD = (() => {
         if (final !== null) this.text = [final];
         this.final = true;
       }
-      if (type in TERMINAL_STATUS) this.status = TERMINAL_STATUS[type];
+      const outcome = RUN_TERMINAL.has(type) && typeof p.status === "string" ? p.status : null;
+      if (outcome !== null && Object.hasOwn(RUN_OUTCOME, outcome)) this.status = RUN_OUTCOME[outcome];
+      else if (type in TERMINAL_STATUS) this.status = TERMINAL_STATUS[type];
       else if (this.status === "running") this.status = "completed";
     }
   }

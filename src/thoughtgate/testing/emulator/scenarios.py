@@ -22,7 +22,10 @@ from thoughtgate.testing.emulator.scenario import (
     Think,
 )
 
-__all__ = ["builtin_scenarios"]
+__all__ = ["ALWAYS", "builtin_scenarios"]
+
+ALWAYS = 2**62
+"""``Fail(times=ALWAYS)``: every attempt fails, however many a client makes."""
 
 _COUNTRY_THOUGHT = Think(
     "I need the user's country before I can name its largest city. I will call get_country."
@@ -121,7 +124,10 @@ def builtin_scenarios() -> dict[str, Scenario]:
             "redacted",
             (ScriptedTurn((Redacted("safety"), Think("Visible part."), Say("Done."))),),
         ),
-        Scenario("overloaded", (ScriptedTurn((Fail(529, "overloaded_error", "Overloaded"),)),)),
+        Scenario(
+            "overloaded",
+            (ScriptedTurn((Fail(529, "overloaded_error", "Overloaded", times=ALWAYS),)),),
+        ),
         Scenario(
             "flaky",
             (

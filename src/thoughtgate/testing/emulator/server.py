@@ -7,8 +7,10 @@ Routes (base URLs as the official SDKs expect them):
 * ``POST /v1/responses``         OpenAI Responses
 
 The scenario is chosen by the ``x-emulator-scenario`` header, else by the request's model name when
-a scenario has that name, else the default scenario. ``EmulatorServer.connections`` counts the TCP
-connections accepted and open (keep-alive reuse is visible there).
+a scenario has that name, else the default scenario. A header naming no known scenario is a 400
+that lists the known ones (in the format's own error shape), never a silent fallback.
+``EmulatorServer.connections`` counts the TCP connections accepted and open (keep-alive reuse is
+visible there).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class Emulator:
             self.default = scenario.name
         return self
 
+    def known(self) -> list[str]:
+        """Every scenario name a request may ask for: this emulator's and the built-in ones."""
+        from thoughtgate.testing.emulator.scenarios import builtin_scenarios
+
+        return sorted({*self.scenarios, *builtin_scenarios()})
+
     def pick(self, headers: Mapping[str, str], model: str | None) -> Scenario:
         name = headers.get("x-emulator-scenario") or (
             model if model in self.scenarios else self.default
@@ -98,6 +106,12 @@ def _build_app(emulator: Emulator) -> Starlette:
         name = next((m for suffix, m in _FORMATS.items() if path.endswith(suffix)), None)
         if name is None:
             return JSONResponse({"error": {"message": f"no route {path}"}}, status_code=404)
+        asked = request.headers.get("x-emulator-scenario")
+        if asked is not None and asked not in emulator.known():
+            message = f"unknown x-emulator-scenario {asked!r}; known scenarios: " + ", ".join(
+                emulator.known()
+            )
+            return _bad_request(name, message)
         module = importlib.import_module(f"thoughtgate.testing.emulator.{name}")
         handle: Callable[[Request, Emulator], Awaitable[Response]] = module.handle
         return await handle(request, emulator)
@@ -111,6 +125,25 @@ def _build_app(emulator: Emulator) -> Starlette:
             Route("/{path:path}", dispatch, methods=["POST"]),
         ]
     )
+
+
+def _bad_request(format_module: str, message: str) -> JSONResponse:
+    """A 400 in the wire format's own error shape."""
+    if format_module == "anthropic_format":
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": message},
+        }
+    else:
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    return JSONResponse(body, status_code=400)
 
 
 def _free_port(host: str) -> int:

@@ -1,0 +1,46 @@
+"""Options several commands share, each with its help text and a metavar that says what to type."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["ConfigOpt", "DbOpt", "JsonOpt", "RunIdArg", "ViewAsOpt"]
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        metavar="URL",
+        help="The store: sqlite:///PATH, postgresql://…, memory:// (default: THOUGHTGATE_DB, "
+        "store.url, else a file in your user data directory).",
+    ),
+]
+ConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        metavar="PATH",
+        help="thoughtgate.toml to use (default: THOUGHTGATE_CONFIG, else ./thoughtgate.toml).",
+    ),
+]
+ViewAsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--view-as",
+        metavar="ROLE",
+        help="Preview what a lower role sees: viewer | member | developer | admin.",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")
+]
+RunIdArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN_ID",
+        help="The run's id, or any unique start of it (with or without 'run_').",
+        show_default=False,
+    ),
+]

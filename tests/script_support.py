@@ -1,0 +1,36 @@
+"""Fake-provider scripts for runs that do not complete: an outage, a cut answer, a slow stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.testing.fake import text
+
+__all__ = ["cut", "outage", "slow"]
+
+
+def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """The provider refuses the turn before any output (a 529)."""
+    raise ProviderHTTPError("Overloaded", provider="fake", status=529, error_type="overloaded")
+    yield  # pragma: no cover - makes this a generator
+
+
+def cut(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """Some answer text, then the stream breaks."""
+    yield text("Half an ans")
+    raise ProviderStreamError("the stream was cut", provider="fake")
+
+
+def slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """Starts answering, then waits a minute (long enough to be cancelled)."""
+
+    async def gen() -> AsyncIterator[Any]:
+        yield text("Working on ")
+        await asyncio.sleep(60)
+        yield text("it.")
+
+    return gen()

@@ -1,0 +1,453 @@
+"""Runs end honestly, as a user and a shell script see them: the exit code is the outcome, every
+outcome is on every surface, and nothing reads ``running`` forever -- whether the run was cut
+by a provider outage, Ctrl-C, SIGTERM, or a ``kill -9`` of the process executing it.
+
+Real subprocesses (``python -m thoughtgate``), the provider emulator on loopback, a real SQLite
+file (and PostgreSQL for the live-daemon sweep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from daemon_support import ServeProcess, auth, cli_env, sse_events
+from pg import PG_URL
+from psycopg import sql
+
+from thoughtgate.events.schema import EventType
+from thoughtgate.store.urls import open_store
+from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator.scenarios import builtin_scenarios
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW = ("--model", "fake:slow", "--tools", "daemon_support:SERVER_TOOLS", "--cot", "surface")
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[EmulatorServer]:
+    emu = Emulator()
+    for scenario in builtin_scenarios().values():
+        emu.add(scenario)
+    emu.default = "think-and-answer"
+    with serve_emulator(emu) as server:
+        yield server
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tg.db'}"
+
+
+def tg(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        env={**cli_env(), **(env or {})},
+        cwd=str(REPO),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def emulated(server: EmulatorServer) -> dict[str, str]:
+    """The emulator walkthrough's environment; no retries, so an outage is reported at once."""
+    return {
+        "ANTHROPIC_BASE_URL": server.url,
+        "ANTHROPIC_API_KEY": "any",
+        "THOUGHTGATE_PROVIDERS__ANTHROPIC__MAX_RETRIES": "0",
+    }
+
+
+def read_store(db: str, *, sweep: bool = True) -> tuple[Any, list[Any]]:
+    """The one run in the store and its events (opening the store sweeps it, as any process
+    does, unless ``sweep`` is false)."""
+
+    async def go() -> tuple[Any, list[Any]]:
+        store = await open_store(db, sweep=sweep)
+        try:
+            (run,) = await store.list_runs()
+            return run, await store.read(run.run_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+@pytest.mark.parametrize(
+    ("scenario", "code", "status", "output"),
+    [
+        ("think-and-answer", 0, "completed", "The sky looks blue"),
+        ("overloaded", 1, "failed", ""),
+        ("stream-error", 1, "failed", ""),
+        ("cut", 3, "partial", "Partial ans"),
+    ],
+)
+def test_the_exit_code_is_the_outcome_and_json_still_prints_the_run(
+    emulator: EmulatorServer, db: str, scenario: str, code: int, status: str, output: str
+) -> None:
+    proc = tg(
+        "run", "Why?", "--model", f"anthropic:{scenario}", "--db", db, "--json",
+        env=emulated(emulator),
+    )  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == status and doc["tasks"][0]["status"] == status
+    assert doc["tasks"][0]["output"].startswith(output)
+    if status == "completed":
+        assert doc["error"] is None
+    else:
+        assert doc["error"] and doc["tasks"][0]["error"] == doc["error"]
+    run, events = read_store(db)
+    assert run.status == status
+    terminal = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
+    assert events[-1].type == terminal and events[-1].payload["status"] == status
+
+
+def test_an_outage_is_shown_as_a_failure_in_the_final_panel_and_in_status(
+    emulator: EmulatorServer, db: str
+) -> None:
+    proc = tg("run", "Why?", "--model", "anthropic:overloaded", "--db", db, env=emulated(emulator))
+    assert proc.returncode == 1
+    assert "failed" in proc.stdout and "Overloaded" in proc.stdout and "529" in proc.stdout
+    run, _ = read_store(db)
+    shown = tg("status", run.run_id[4:12], "--db", db)  # any unique start of the id
+    assert shown.returncode == 0, shown.stderr
+    assert "failed" in shown.stdout and "Overloaded" in shown.stdout
+
+
+def test_a_missing_key_is_a_usage_error_and_no_run_is_created(
+    emulator: EmulatorServer, db: str
+) -> None:
+    env = {"ANTHROPIC_BASE_URL": emulator.url, "ANTHROPIC_API_KEY": ""}
+    proc = tg("run", "Why?", "--model", "anthropic:claude-sonnet-4-5", "--db", db, env=env)
+    assert proc.returncode == 2
+    assert "ANTHROPIC_API_KEY" in proc.stderr and "= None" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(tg("runs", "--db", db, "--json").stdout) == []
+
+
+# --------------------------------------------------------------------------- signals and kill -9
+
+
+class Watched:
+    """A ``thoughtgate`` subprocess whose stdout is read on a thread; ``wait_for`` blocks until a
+    text appears (a signal from the process, not a clock)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "thoughtgate", *args],
+            env={**cli_env(PYTHONUNBUFFERED="1"), **(env or {})},
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for chunk in iter(lambda: self.proc.stdout.read(1), ""):  # type: ignore[union-attr]
+            with self._changed:
+                self.out.append(chunk)
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 30) -> None:
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: text in "".join(self.out) or self.proc.poll() is not None, timeout
+            )
+        assert ok and text in "".join(self.out), f"never printed {text!r}: {''.join(self.out)}"
+
+    def finish(self, timeout: float = 30) -> tuple[int, str, str]:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        assert self.proc.stderr is not None
+        return code, "".join(self.out), self.proc.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("sig", "reason"),
+    [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
+    db: str, sig: int, reason: str
+) -> None:
+    run = Watched("run", "slow", *SLOW, "--db", db)
+    run.wait_for("thinking slowly")
+    run.proc.send_signal(sig)
+    code, out, err = run.finish()
+    assert code == 130, err
+    assert "interrupted" in out and reason in out
+    stored, events = read_store(db)
+    assert stored.status == "interrupted" and reason in (stored.error or "")
+    assert [t.status for t in stored.tasks] == ["interrupted"]
+    types = [e.type for e in events]
+    assert types[-2:] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]
+    assert types.count(EventType.RUN_INTERRUPTED) == 1
+
+
+def test_ctrl_c_with_json_still_prints_the_runs_document(db: str, tmp_path: Path) -> None:
+    run = Watched("run", "slow", *SLOW, "--db", db, "--json")
+
+    async def started() -> bool:
+        store = await open_store(db, sweep=False)
+        try:
+            runs = await store.list_runs()
+            return bool(runs) and bool(await store.read(runs[0].run_id, after=3))
+        finally:
+            await store.close()
+
+    deadline = time.monotonic() + 30
+    while not asyncio.run(started()):  # --json prints nothing until the end: watch the store
+        assert time.monotonic() < deadline and run.proc.poll() is None
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGINT)
+    code, out, _ = run.finish()
+    assert code == 130
+    doc = json.loads(out)
+    assert doc["status"] == "interrupted" and doc["tasks"][0]["status"] == "interrupted"
+    assert "Ctrl-C" in doc["error"]
+
+
+def test_kill_9_of_a_cli_run_is_closed_by_the_next_thoughtgate_process(db: str) -> None:
+    run = Watched("run", "slow", *SLOW, "--db", db)
+    run.wait_for("thinking slowly")
+    run.proc.kill()
+    run.finish()
+    listed = json.loads(tg("runs", "--db", db, "--json").stdout)  # any process that opens it
+    assert [r["status"] for r in listed] == ["interrupted"]
+    shown = json.loads(tg("status", listed[0]["run_id"], "--db", db, "--json").stdout)
+    assert [t["status"] for t in shown["tasks"]] == ["interrupted"]
+    assert "stopped" in shown["error"]
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("executor", ["run", "serve"])
+def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str, executor: str
+) -> None:
+    """kill -9 of the process executing a run (a ``thoughtgate run`` or another daemon): a
+    second, live daemon on the same store closes the run -- tasks first -- and its live readers
+    see the end. The lease here is 3 s (default 15 s: closed within 25 s)."""
+    db = (
+        f"sqlite:///{tmp_path / 'shared.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    config = tmp_path / "thoughtgate.toml"
+    config.write_text("[orchestration]\nlease_ttl_s = 3\n")
+    watcher = ServeProcess("--db", db, "--config", str(config)).start(expect_key=True)
+    request.addfinalizer(watcher.stop)
+    key = watcher.bootstrap_key
+    assert key
+    if executor == "run":
+        victim = Watched("run", "slow", *SLOW, "--db", db)
+        victim.wait_for("thinking slowly")
+        stored, _ = read_store(db, sweep=False)
+        run_id = stored.run_id
+        kill = victim.proc.kill
+    else:
+        other = ServeProcess("--db", db, "--tools", "daemon_support:SERVER_TOOLS").start()
+        request.addfinalizer(other.stop)
+        with httpx.Client(base_url=other.base_url, headers=auth(key), timeout=10) as c:
+            body = {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
+            run_id = c.post("/v1/runs", json=body).json()["run_id"]
+        assert other.proc is not None
+        kill = other.proc.kill
+    with httpx.Client(base_url=watcher.base_url, headers=auth(key), timeout=40) as c:
+        ticket = c.post("/v1/tickets", json={"run_id": run_id}).json()["ticket"]
+        with c.stream("GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}) as live:
+            lines = live.iter_lines()
+            next(line for line in lines if line.startswith("data:"))  # it is running
+            killed = time.monotonic()
+            kill()
+            rest = "\n".join(lines)  # the stream ends after the run's terminal event
+        took = time.monotonic() - killed
+        frames = sse_events(rest + "\n\n")
+        assert frames[-1]["type"] == EventType.RUN_INTERRUPTED
+        assert took < 30
+        run = c.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "interrupted" and [t["status"] for t in run["tasks"]] == ["interrupted"]
+    assert [f["type"] for f in frames][-2:] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]
+
+
+# --------------------------------------------------------------------------- daily use
+
+
+def test_run_reads_the_prompt_from_stdin_and_sends_the_system_prompt(
+    emulator: EmulatorServer, db: str
+) -> None:
+    before = len(emulator.emulator.requests)
+    proc = tg(
+        "run", "-", "--system", "Answer in one line.", "--model", "anthropic:claude-sonnet-4-5",
+        "--db", db, "--json", env=emulated(emulator), stdin="Why is the sky blue?\n",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body = emulator.emulator.requests[before].body
+    assert body["system"] in (
+        "Answer in one line.",
+        [{"type": "text", "text": "Answer in one line."}],
+    )
+    assert body["messages"][0]["content"] in (
+        "Why is the sky blue?",
+        [{"type": "text", "text": "Why is the sky blue?"}],
+    )
+    empty = tg("run", "-", "--model", "fake:echo", "--db", db, stdin="  \n")
+    assert empty.returncode == 2 and "empty" in empty.stderr
+
+
+def test_runs_shows_full_ids_and_when_and_any_unique_prefix_works(db: str) -> None:
+    ids = [
+        json.loads(tg("run", f"q{i}", "--model", "fake:echo", "--db", db, "--json").stdout)[
+            "run_id"
+        ]
+        for i in range(2)
+    ]
+    table = tg("runs", "--db", db, env={"COLUMNS": "70"}).stdout
+    for run_id in ids:
+        assert run_id in table, "a full id even in a narrow terminal"
+    assert "started" in table and time.strftime("%Y-%m-%d") in table
+    prefix = ids[0][: len("run_") + 8]
+    for command in ("status", "events", "trace"):
+        proc = tg(command, prefix, "--db", db, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert ids[0] in proc.stdout
+    assert tg("status", ids[0][4:14], "--db", db, "--json").returncode == 0, "without 'run_'"
+    ambiguous = tg("status", "run_", "--db", db)
+    assert ambiguous.returncode == 2 and "matches several runs" in ambiguous.stderr
+
+
+def test_trace_prints_one_json_document(db: str) -> None:
+    run_id = json.loads(
+        tg("run", "x", "--model", "fake:reasoner", "--cot", "surface", "--db", db, "--json").stdout
+    )["run_id"]
+    for extra in ((), ("--json",)):
+        doc = json.loads(tg("trace", run_id, "--db", db, *extra).stdout)
+        assert isinstance(doc, list) and doc[0]["type"] == "worker.completed"
+
+
+def test_help_does_not_import_the_daemon_stack() -> None:
+    code = (
+        "import sys\n"
+        "from thoughtgate.cli import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('uvicorn', 'starlette', 'thoughtgate.server', 'opentelemetry', 'mcp', "
+        "'psycopg', 'httpx')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or "
+        "m.startswith('thoughtgate.server')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_option_says_what_it_is_and_what_to_type() -> None:
+    import click
+    import typer
+
+    from thoughtgate.cli import app
+
+    def walk(command: click.Command, path: str) -> Iterator[tuple[str, click.Parameter]]:
+        for param in command.params:
+            yield path, param
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                yield from walk(sub, f"{path} {name}")
+
+    root = typer.main.get_command(app)
+    missing: list[str] = []
+    for path, param in walk(root, "thoughtgate"):
+        if param.name == "help":
+            continue
+        where = f"{path} {param.opts[0] if param.opts else param.name}"
+        if not getattr(param, "help", None):
+            missing.append(f"{where}: no help text")
+        flag = isinstance(param, click.Option) and param.is_flag
+        if not flag and param.metavar in (None, "TEXT", "INTEGER", "FLOAT"):
+            missing.append(f"{where}: metavar {param.metavar!r}")
+    assert missing == []
+
+
+def test_environment_beats_the_readme_config_in_the_emulator_walkthrough(
+    emulator: EmulatorServer, tmp_path: Path
+) -> None:
+    """The README's own thoughtgate.toml (base_url = the real API) in the folder must not break
+    ``ANTHROPIC_BASE_URL=<emulator> thoughtgate run ...`` (docs/emulator.md)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Configuration (`thoughtgate.toml`)", 1)[1]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert 'base_url = "https://api.anthropic.com"' in toml, "the README still shows the case"
+    (tmp_path / "thoughtgate.toml").write_text(toml, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", "run", "Why is the sky blue?", "--model",
+         "anthropic:claude-sonnet-4-5", "--json"],
+        env={**cli_env(), "ANTHROPIC_BASE_URL": emulator.url, "ANTHROPIC_API_KEY": "any"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "completed" and doc["chain_of_thought"] == "surface"
+    assert doc["tasks"][0]["output"].startswith("The sky looks blue")
+    assert (tmp_path / "thoughtgate.db").exists(), "the README's store.url was used"
+
+
+def test_keys_create_json_includes_the_id(db: str) -> None:
+    doc = json.loads(
+        tg("keys", "create", "--role", "viewer", "--name", "v", "--db", db, "--json").stdout
+    )
+    listed = json.loads(tg("keys", "list", "--db", db, "--json").stdout)
+    assert doc["key_id"] == listed[0]["key_id"]
+    assert tg("keys", "revoke", doc["key_id"], "--db", db).returncode == 0
+
+
+def test_a_down_collector_prints_one_warning_and_the_run_still_succeeds(
+    db: str, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {
+        "THOUGHTGATE_TELEMETRY__EXPORTER": "otlp_http",
+        "THOUGHTGATE_TELEMETRY__ENDPOINT": endpoint,
+    }
+    proc = tg("run", "x", "--model", "fake:echo", "--db", db, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "completed"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot export spans" in lines[0], proc.stderr

@@ -174,6 +174,11 @@ class LiveReader:
             return 0
         return max(0, self._feed.cursor - self.cursor)
 
+    @property
+    def shared(self) -> bool:
+        """Whether other readers follow the same feed now (then a frame is worth caching)."""
+        return self._feed is not None and len(self._feed.subscribers) > 1
+
     def wake(self) -> None:
         """Make a waiting ``next`` return at once (with an empty batch if nothing is new)."""
         self._woken = True
@@ -328,16 +333,23 @@ class RunFeeds:
                 del self._feeds[run_id]
 
     def frame(
-        self, event: Event, role: Role, mode: str, encode: Callable[[Event], bytes]
+        self,
+        event: Event,
+        role: Role,
+        mode: str,
+        encode: Callable[[Event], bytes],
+        *,
+        cache: bool = True,
     ) -> bytes | None:
         """``encode(filter_event(event, role, mode))``, computed once per event, role and mode
-        (``None`` when the role may not see the event)."""
+        (``None`` when the role may not see the event). ``cache=False`` for a reader alone on
+        its run: nobody else would use the frame."""
         key = (event.run_id, event.seq, role, mode)
         if key in self._frames:
             return self._frames[key]
         shown = filter_event(event, role, mode=mode)
         data = None if shown is None else encode(shown)
-        if data is None or len(data) <= _CACHE_MAX_FRAME:
+        if cache and (data is None or len(data) <= _CACHE_MAX_FRAME):
             if len(self._frames) >= _CACHE_ENTRIES:
                 del self._frames[next(iter(self._frames))]  # the oldest
             self._frames[key] = data

@@ -163,8 +163,9 @@ async def live_frames(
             if batch is None:
                 return
             chunk = []
+            shared = reader.shared
             for event in batch:
-                data = feeds.frame(event, role, mode, event_frame)
+                data = feeds.frame(event, role, mode, event_frame, cache=shared)
                 if data is not None:
                     chunk.append(data)
                     last_sent = event.seq

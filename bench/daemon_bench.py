@@ -7,13 +7,15 @@ batching window, ``--variant fake|adapters`` and ``--formats anthropic,chat`` to
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 
-Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker) with durable recording (a
+Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker, on the daemon's event loop:
+uvloop where installed, as ``thoughtgate serve`` runs) with durable recording (a
 SQLite file when ``thoughtgate.store.sqlite`` exists, else the memory store; the choice is
 printed) and the output filter on (clients read as ``developer`` on ``surface`` runs, so every
 reasoning delta goes through the filter and out). Its runs use one of two providers, in turn:
 
 * ``fake:bench`` (rows without a prefix), in the server process: after 10 ms, 20 reasoning deltas
-  then 20 text deltas, 0.5 ms apart, no parsing, no network. The first reasoning delta carries the
+  then 20 text deltas, 1 ms apart (the emulator's 0.5 ms sleeps last that long on asyncio), no
+  parsing, no network. The first reasoning delta carries the
   provider's clock (``time.monotonic()``, system-wide, so client and server compare it directly).
 * the real adapters (rows prefixed ``anthropic_``, ``chat_`` (OpenAI-compatible Chat
   Completions), ``openrouter_``, ``responses_``), talking HTTP to the provider emulator in its own
@@ -108,18 +110,25 @@ RATIO_LEVELS = (10, 100)
 # ----------------------------------------------------------------------------- server side
 
 
+FAKE_GAP_S = max(GAP_S, 0.001)
+"""The fake's pause between deltas: what the emulator's ``GAP_S`` sleeps really last on asyncio
+(its selector rounds a timeout up to the millisecond), asked for explicitly, so that the fake
+paces the same on the daemon's uvloop (whose timers round 0.5 ms down to nothing)."""
+
+
 def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
-    """Emulator-like: the first byte after ``PROVIDER_TTFB_S``, then a delta every ``GAP_S``."""
+    """Emulator-like: the first byte after ``PROVIDER_TTFB_S``, then a delta every
+    ``FAKE_GAP_S``."""
     from thoughtgate.testing.fake import reasoning, text
 
     async def gen() -> AsyncIterator[Any]:
         await asyncio.sleep(PROVIDER_TTFB_S)
         yield reasoning(stamp())
         for i in range(1, DELTAS):
-            await asyncio.sleep(GAP_S)
+            await asyncio.sleep(FAKE_GAP_S)
             yield reasoning(f"step {i} ")
         for i in range(DELTAS):
-            await asyncio.sleep(GAP_S)
+            await asyncio.sleep(FAKE_GAP_S)
             yield text(f"word{i} ")
 
     return gen()
@@ -147,7 +156,7 @@ def _serve(
     from thoughtgate.access.keys import create_key
     from thoughtgate.orchestration.runtime import Runtime
     from thoughtgate.server.app import create_app
-    from thoughtgate.server.serve import serve_app
+    from thoughtgate.server.serve import daemon_runner, serve_app
     from thoughtgate.store.urls import open_store
     from thoughtgate.testing.fake import FAKE_SCRIPTS
 
@@ -174,7 +183,7 @@ def _serve(
         finally:
             await store.close()
 
-    asyncio.run(run())
+    daemon_runner()(run())  # the daemon's own event loop (uvloop where installed)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -652,11 +661,14 @@ def _variants_note(formats: list[str]) -> str:
         "request, POST /v1/runs/stream, instead of three) and the real adapters talking HTTP to "
         f"the emulator ({adapters}; rows prefixed by the format). Both stream {DELTAS} reasoning "
         f"+ {DELTAS} text deltas "
-        f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, {GAP_S * 1000:g} ms apart. "
-        "cpu_per_delta = server CPU / (runs × provider deltas); in_process_cpu_per_delta = the same "
-        "runs through a Runtime in the bench process (same store kind, config and mode, 10 at a "
-        "time; the lesser of a round before and one after the server's phases); the _vs_ rows are "
-        "ratios of these. The emulator paces its stream like fake:bench, for LiteLLM's proxy too."
+        f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, then one every "
+        f"{GAP_S * 1000:g} ms (emulator, asyncio: ~1 ms in effect) or {FAKE_GAP_S * 1000:g} ms "
+        "(fake:bench, asked for explicitly: the daemon runs on uvloop, whose timers would round "
+        "0.5 ms down to nothing). cpu_per_delta = server CPU / (runs × provider deltas); "
+        "in_process_cpu_per_delta = the same runs through a Runtime in the bench process (asyncio, "
+        "as `thoughtgate run`; same store kind, config and mode, 10 at a time; the lesser of a "
+        "round before and one after the server's phases); the _vs_ rows are ratios of these. The "
+        "emulator paces its stream like fake:bench, for LiteLLM's proxy too."
     )
 
 

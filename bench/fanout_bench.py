@@ -85,7 +85,7 @@ def _serve(port_file: Path, db_url: str) -> None:
     from thoughtgate.config import Config
     from thoughtgate.orchestration.runtime import Runtime
     from thoughtgate.server.app import create_app
-    from thoughtgate.server.serve import serve_app
+    from thoughtgate.server.serve import daemon_runner, serve_app
     from thoughtgate.store.urls import open_store
     from thoughtgate.testing.fake import FAKE_SCRIPTS
 
@@ -105,7 +105,7 @@ def _serve(port_file: Path, db_url: str) -> None:
         finally:
             await store.close()
 
-    asyncio.run(run())
+    daemon_runner()(run())  # the daemon's own event loop (uvloop where installed)
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ import gc
 import logging
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -29,7 +30,21 @@ from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
 
-__all__ = ["DaemonServer", "RedactTickets", "serve_app"]
+__all__ = ["DaemonServer", "RedactTickets", "daemon_runner", "serve_app"]
+
+T = TypeVar("T")
+
+
+def daemon_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
+    """How the daemon runs its event loop: ``uvloop.run`` where uvloop is installed (ADR 0004:
+    its transports, timers and thread hand-offs cost a fraction of asyncio's pure-Python ones,
+    and a daemon spends its time in them), else ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:  # not on this platform (Windows): the standard loop
+        return asyncio.run
+    return uvloop.run
+
 
 log = logging.getLogger("thoughtgate.server")
 _TICKET = re.compile(r"(ticket=)[^&\s\"]+")

@@ -21,12 +21,12 @@ stream send nothing more but an ``event: access_revoked`` frame whose data says 
 run (``follow=False``) is replayed up to its last stored event and the response ends there,
 terminal event or not.
 
-Why not sse-starlette's ``EventSourceResponse`` here (it still serves nothing else): it runs four
-tasks per connection and an anyio cancel scope per write, which made the stream route the
-daemon's largest cost after SQLite (docs/benchmarks.md). :class:`LiveResponse` keeps what it gave
-us: keep-alive comments (``ping_s``), the end of the stream when the client disconnects, a write
-blocked for ``send_timeout_s`` closing the connection, and every stream ending when the server
-shuts down (``LiveStreams.stop_all``).
+Why not sse-starlette's ``EventSourceResponse`` (ADR 0010): it runs four tasks per connection
+and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
+SQLite (docs/benchmarks.md). :class:`LiveResponse` keeps what it gave us: keep-alive comments
+(``ping_s``), the end of the stream when the client disconnects, a write blocked for
+``send_timeout_s`` closing the connection, and every stream ending when the server shuts down
+(``LiveStreams.stop_all``), with one ticker per app instead of timers per stream.
 """
 
 from __future__ import annotations

@@ -497,8 +497,8 @@ COMPAT_RULES: Final[tuple[EndpointRule, ...]] = (
         r"qwq.*|qvq.*|.*thinking.*",
         thinks_unasked=True,
         fields=(_RC,),
-        source="always think and answer only streamed requests (400 \"This model only support "
-        "stream mode, please enable the stream parameter to access the model.\", Model Studio "
+        source='always think and answer only streamed requests (400 "This model only support '
+        'stream mode, please enable the stream parameter to access the model.", Model Studio '
         "error codes); reasoning is not needed back",
     ),
     EndpointRule(
@@ -512,8 +512,8 @@ COMPAT_RULES: Final[tuple[EndpointRule, ...]] = (
         thinking_streams_only=True,
         fields=(_RC,),
         source="enable_thinking switches thinking, on by default for open-weight Qwen3 and "
-        "Qwen3.5+; a request that is not streamed must send it false (400 \"parameter."
-        "enable_thinking must be set to false for non-streaming calls\", infiniflow/ragflow#8972, "
+        'Qwen3.5+; a request that is not streamed must send it false (400 "parameter.'
+        'enable_thinking must be set to false for non-streaming calls", infiniflow/ragflow#8972, '
         "OpenBMB/UltraRAG#287); reasoning_content, usage with reasoning_tokens in a `choices: "
         "[]` chunk (AI SDK fixture alibaba-reasoning.chunks.txt); reasoning is not needed back",
     ),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -28,7 +28,7 @@ from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
-from thoughtgate.types import Message, ToolResultPart, Usage
+from thoughtgate.types import Message, ToolResultPart, Turn, Usage
 
 AZURE = "https://thoughtgate-fixture.openai.azure.com/openai/v1"
 TOGETHER = "https://api.together.xyz/v1"
@@ -47,6 +47,30 @@ def at(cls: Any, model: str, base_url: str, rp: Replay, **extra: Any) -> Any:
     return cls(model, settings, client=rp.client())
 
 
+class Replayed(NamedTuple):
+    turn: Turn
+    sent: dict[str, Any]
+    """The request body the adapter sent."""
+    provider: Any
+
+
+async def replayed(
+    name: str,
+    model: str,
+    base_url: str,
+    request: Any,
+    *,
+    chunking: str,
+    cls: Any = OpenAICompatibleProvider,
+) -> Replayed:
+    """One streamed replay, read to the last byte."""
+    rp = replay(name, chunking=chunking)
+    provider = at(cls, model, base_url, rp)
+    turn = await streamed(provider, request)
+    rp.assert_fully_read()
+    return Replayed(turn, rp.requests[0], provider)
+
+
 def frames(name: str) -> list[dict[str, Any]]:
     """The JSON payloads of a transcript's ``data:`` lines."""
     text = fixture(name).decode()
@@ -59,29 +83,34 @@ def frames(name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_azure_chat_filter_chunk_and_content_filter_results(chunking: str) -> None:
-    rp = replay("compat/azure_chat_content_filters.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "gpt-5-mini", AZURE, rp)
+    turn, sent, provider = await replayed(
+        "compat/azure_chat_content_filters.sse",
+        "gpt-5-mini",
+        AZURE,
+        turn_request(),
+        chunking=chunking,
+    )
     assert provider.rule.server == "azure"
-    turn = await streamed(provider, turn_request())
-    rp.assert_fully_read()
     assert turn.text == "The Danube flows through ten countries."
     assert turn.reasoning_parts == () and turn.continuity == ()
     assert (turn.finish_reason, turn.raw_finish_reason) == ("stop", "stop")
     usage = turn.usage
     # an OpenAI reasoning model on chat completions: counted and billed, never shown
     assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (15, 78, 64)
-    sent = rp.requests[0]
     assert sent["stream_options"] == {"include_usage": True}
     assert not {"reasoning_content", "thinking", "enable_thinking"} & set(sent)
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_azure_deepseek_reasoning_content(chunking: str) -> None:
-    rp = replay("compat/azure_deepseek_reasoning.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "deepseek-v4-pro", AZURE, rp)
-    turn = await streamed(provider, turn_request(effort="high"))
-    rp.assert_fully_read()
-    assert rp.requests[0]["reasoning_effort"] == "high"
+    turn, sent, _ = await replayed(
+        "compat/azure_deepseek_reasoning.sse",
+        "deepseek-v4-pro",
+        AZURE,
+        turn_request(effort="high"),
+        chunking=chunking,
+    )
+    assert sent["reasoning_effort"] == "high"
     assert turn.reasoning_text == "We need the boiling point of water at sea level. It is 100 °C."
     assert turn.text == "Water boils at 100 °C at sea level."
     assert (turn.usage.input_tokens, turn.usage.output_tokens) == (12, 57)
@@ -90,11 +119,9 @@ async def test_azure_deepseek_reasoning_content(chunking: str) -> None:
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_azure_responses_summary_with_content_filters(chunking: str) -> None:
     name = "openai_responses/azure_reasoning_summary.sse"
-    rp = replay(name, chunking=chunking)
-    provider = at(OpenAIResponsesProvider, "gpt-5.1", AZURE, rp)
-    turn = await streamed(provider, turn_request())
-    rp.assert_fully_read()
-    sent = rp.requests[0]
+    turn, sent, _ = await replayed(
+        name, "gpt-5.1", AZURE, turn_request(), chunking=chunking, cls=OpenAIResponsesProvider
+    )
     assert sent["reasoning"]["summary"] == "auto"
     assert sent["include"] == ["reasoning.encrypted_content"]
     summary, encrypted = turn.reasoning_parts
@@ -116,12 +143,15 @@ async def test_azure_responses_summary_with_content_filters(chunking: str) -> No
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_dashscope_reasoning_content_and_usage_chunk(chunking: str) -> None:
-    rp = replay("compat/dashscope_qwen_reasoning.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "qwen3-max", DASHSCOPE, rp)
+    turn, sent, provider = await replayed(
+        "compat/dashscope_qwen_reasoning.sse",
+        "qwen3-max",
+        DASHSCOPE,
+        turn_request(),
+        chunking=chunking,
+    )
     assert provider.rule.server == "dashscope"
-    turn = await streamed(provider, turn_request())
-    rp.assert_fully_read()
-    assert rp.requests[0]["enable_thinking"] is True
+    assert sent["enable_thinking"] is True
     assert turn.reasoning_text == "The user asks how many moons Mars has.\nPhobos and Deimos: two."
     assert turn.text == "Mars has two moons: **Phobos** and **Deimos**."
     assert turn.reasoning_parts[0].reasoning_kind == "raw"
@@ -132,11 +162,14 @@ async def test_dashscope_reasoning_content_and_usage_chunk(chunking: str) -> Non
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_dashscope_tool_call_fragments_with_empty_ids(chunking: str) -> None:
-    rp = replay("compat/dashscope_tool_call.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "qwen3-max", DASHSCOPE, rp)
-    turn = await streamed(provider, turn_request("hidden", tools=True))
-    rp.assert_fully_read()
-    assert rp.requests[0]["enable_thinking"] is False
+    turn, sent, provider = await replayed(
+        "compat/dashscope_tool_call.sse",
+        "qwen3-max",
+        DASHSCOPE,
+        turn_request("hidden", tools=True),
+        chunking=chunking,
+    )
+    assert sent["enable_thinking"] is False
     (call,) = turn.tool_calls
     assert (call.call_id, call.name, call.arguments_json) == (
         "call_7c1e4a2f9b3d4e6a8c0b1d2e",
@@ -255,12 +288,15 @@ async def test_dashscope_on_the_emulator_streamed_and_not(
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 @pytest.mark.parametrize("mode", ["surface", "hidden"])
 async def test_together_stray_think_then_reasoning_field(chunking: str, mode: str) -> None:
-    rp = replay("compat/together_deepseek_stray_think.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "deepseek-ai/DeepSeek-V3.1", TOGETHER, rp)
+    turn, sent, provider = await replayed(
+        "compat/together_deepseek_stray_think.sse",
+        "deepseek-ai/DeepSeek-V3.1",
+        TOGETHER,
+        turn_request(mode),
+        chunking=chunking,
+    )
     assert provider.rule.server == "together"
-    turn = await streamed(provider, turn_request(mode))
-    rp.assert_fully_read()
-    assert "thinking" not in rp.requests[0], "Together does not take DeepSeek's switch"
+    assert "thinking" not in sent, "Together does not take DeepSeek's switch"
     # the bare <think> opened nothing: the answer is not swallowed as unclosed reasoning
     assert turn.text == "The Moon is about 384,400 km away on average."
     expected = "The user asks how far the Moon is. About 384,400 km on average."
@@ -276,10 +312,13 @@ async def test_together_stray_think_then_reasoning_field(chunking: str, mode: st
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_lmstudio_think_tags_as_own_deltas_and_nameless_fragments(chunking: str) -> None:
-    rp = replay("compat/lmstudio_qwen3_think_tool_call.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "qwen/qwen3-4b", LM_STUDIO, rp)
-    turn = await streamed(provider, turn_request(tools=True))
-    rp.assert_fully_read()
+    turn, *_ = await replayed(
+        "compat/lmstudio_qwen3_think_tool_call.sse",
+        "qwen/qwen3-4b",
+        LM_STUDIO,
+        turn_request(tools=True),
+        chunking=chunking,
+    )
     assert turn.reasoning_text == "The user asks which country they are in; a tool says."
     assert turn.text == ""
     (call,) = turn.tool_calls
@@ -293,25 +332,32 @@ async def test_lmstudio_think_tags_as_own_deltas_and_nameless_fragments(chunking
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 @pytest.mark.parametrize("mode", ["surface", "hidden"])
 async def test_lmstudio_reasoning_content(chunking: str, mode: str) -> None:
-    rp = replay("compat/lmstudio_reasoning_content.sse", chunking=chunking)
-    provider = at(OpenAICompatibleProvider, "deepseek-r1-distill-qwen-7b", LM_STUDIO, rp)
-    turn = await streamed(provider, turn_request(mode))
-    rp.assert_fully_read()
+    turn, sent, _ = await replayed(
+        "compat/lmstudio_reasoning_content.sse",
+        "deepseek-r1-distill-qwen-7b",
+        LM_STUDIO,
+        turn_request(mode),
+        chunking=chunking,
+    )
     assert turn.text == "I wanted to learn cartography, but I lost the plot."
     expected = "A short joke about maps is fine." if mode == "surface" else ""
     assert turn.reasoning_text == expected
-    assert not {"thinking", "enable_thinking", "chat_template_kwargs"} & set(rp.requests[0])
+    assert not {"thinking", "enable_thinking", "chat_template_kwargs"} & set(sent)
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_lmstudio_responses_reasoning_text_and_arguments_only_in_done(
     chunking: str,
 ) -> None:
-    rp = replay("openai_responses/lmstudio_reasoning_text_tool_call.sse", chunking=chunking)
-    provider = at(OpenAIResponsesProvider, "zai-org/glm-4.7-flash", LM_STUDIO, rp)
-    turn = await streamed(provider, turn_request(tools=True))
-    rp.assert_fully_read()
-    assert "reasoning" not in rp.requests[0], "an unknown model gets no reasoning parameter"
+    turn, sent, _ = await replayed(
+        "openai_responses/lmstudio_reasoning_text_tool_call.sse",
+        "zai-org/glm-4.7-flash",
+        LM_STUDIO,
+        turn_request(tools=True),
+        chunking=chunking,
+        cls=OpenAIResponsesProvider,
+    )
+    assert "reasoning" not in sent, "an unknown model gets no reasoning parameter"
     (part,) = turn.reasoning_parts
     assert (part.reasoning_kind, part.text) == (
         "raw",

@@ -2,11 +2,10 @@
 
 The flavour is chosen by the ``x-emulator-flavor`` header (``openrouter``, ``deepseek``, ``vllm``,
 ``think-tags``, ``ollama``, ``groq``, ``cerebras``, ``moonshot``, ``dashscope``); else by a path
-segment naming
-one (base URL ``{emulator}/groq/v1``); else by the model name: ``deepseek*`` → deepseek, ``kimi*``
-→ moonshot, a name with ``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm, ``think/*`` →
-think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) → openrouter, else
-deepseek.
+segment naming one (base URL ``{emulator}/groq/v1``); else by the model name: ``deepseek*`` →
+deepseek, ``kimi*`` → moonshot, a name with ``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm,
+``think/*`` → think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) →
+openrouter, else deepseek.
 
 How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
 

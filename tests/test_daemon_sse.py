@@ -308,31 +308,6 @@ def test_read_sse_helper_counts_comments() -> None:
     assert comments == 1 and messages[0].id == "1"
 
 
-def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: Daemon) -> None:
-    import socket
-
-    run_id = daemon.start_run(
-        {"prompt": "chatty 1500", "model": "fake:chatty", "chain_of_thought": "surface"}
-    )
-    ticket = daemon.ticket(run_id, "owner")
-    host, port = daemon.base_url.removeprefix("http://").split(":")
-    stalled = socket.socket()
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
-    stalled.connect((host, int(port)))
-    stalled.sendall(
-        f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-    )
-    try:  # it never reads a byte; meanwhile the run finishes and another reader gets it all
-        started = time.monotonic()
-        done = daemon.wait_done(run_id, timeout=20)
-        assert done["status"] == "completed" and time.monotonic() - started < 10
-        _, body = stream_all(daemon, run_id, "owner")
-        ids = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
-        assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > 3000
-    finally:
-        stalled.close()
-
-
 def _stalled_reader(daemon: Daemon, run_id: str, ticket: str) -> Any:
     """A connection that asks for the stream and then never reads a byte."""
     import socket
@@ -345,6 +320,22 @@ def _stalled_reader(daemon: Daemon, run_id: str, ticket: str) -> Any:
         f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
     )
     return stalled
+
+
+def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: Daemon) -> None:
+    run_id = daemon.start_run(
+        {"prompt": "chatty 1500", "model": "fake:chatty", "chain_of_thought": "surface"}
+    )
+    stalled = _stalled_reader(daemon, run_id, daemon.ticket(run_id, "owner"))
+    try:  # it never reads a byte; meanwhile the run finishes and another reader gets it all
+        started = time.monotonic()
+        done = daemon.wait_done(run_id, timeout=20)
+        assert done["status"] == "completed" and time.monotonic() - started < 10
+        _, body = stream_all(daemon, run_id, "owner")
+        ids = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
+        assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > 3000
+    finally:
+        stalled.close()
 
 
 def _wait_until(check: Any, timeout: float) -> bool:

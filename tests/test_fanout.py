@@ -82,7 +82,9 @@ async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
     readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(1000)]
-    await asyncio.sleep(0.05)  # all joined (one replay read each), all waiting
+    # all joined (one replay read each), and the feed has made its one start-up read
+    while feeds.readers("run_1") < 1000 or store.reads < 1001:
+        await asyncio.sleep(0)
     before = store.reads
     for i in range(20):
         await store.append("run_1", [NewEvent("message.delta", {"i": i})])
@@ -106,7 +108,8 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
             seen.append(event.seq)
 
     reader = asyncio.create_task(read_all())
-    await asyncio.sleep(0.02)
+    while feeds.readers("run_1") < 1 or store.reads < 2:  # replayed, joined, feed started
+        await asyncio.sleep(0)
     store.fail_reads = True
     # news the feed must read (as from another process, or after a lost signal): the read fails
     store.wakeups.notify_all()
@@ -177,7 +180,8 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
     reader = asyncio.create_task(_collect(feeds, 0, 0))
-    await asyncio.sleep(0.01)
+    while feeds.readers("run_1") < 1 or store.reads < 2:  # replayed, joined, feed started
+        await asyncio.sleep(0)
     before = store.reads
     out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL

@@ -298,6 +298,11 @@ class RunFeeds:
         """Runs with a live feed in this process."""
         return len(self._feeds)
 
+    def readers(self, run_id: str) -> int:
+        """Readers following the live feed of ``run_id`` now."""
+        feed = self._feeds.get(run_id)
+        return 0 if feed is None else len(feed.subscribers)
+
     def reader(self, run_id: str, *, after: int = 0, follow: bool = True) -> LiveReader:
         """One reader's view of the run after ``after``, in batches (see :class:`LiveReader`);
         ``follow=False`` ends at the last event stored now."""

@@ -4,7 +4,7 @@ events after its own cursor, in order, once; and the store is read once per even
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +28,15 @@ class CountingStore(MemoryStore):
         if self.fail_reads:
             raise StoreError("cannot read: injected")
         return await super().read(run_id, after=after, limit=limit)
+
+
+async def _settled(check: Callable[[], bool]) -> None:
+    """Let the loop run until ``check()`` holds: wait on readiness, not on a clock."""
+    for _ in range(1_000_000):
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the readers never settled")
 
 
 async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
@@ -83,8 +92,7 @@ async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -
     feeds = RunFeeds(store)
     readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(1000)]
     # all joined (one replay read each), and the feed has made its one start-up read
-    while feeds.readers("run_1") < 1000 or store.reads < 1001:
-        await asyncio.sleep(0)
+    await _settled(lambda: feeds.readers("run_1") == 1000 and store.reads >= 1001)
     before = store.reads
     for i in range(20):
         await store.append("run_1", [NewEvent("message.delta", {"i": i})])
@@ -108,8 +116,8 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
             seen.append(event.seq)
 
     reader = asyncio.create_task(read_all())
-    while feeds.readers("run_1") < 1 or store.reads < 2:  # replayed, joined, feed started
-        await asyncio.sleep(0)
+    # replayed, joined, and the feed has made its start-up read
+    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     store.fail_reads = True
     # news the feed must read (as from another process, or after a lost signal): the read fails
     store.wakeups.notify_all()
@@ -180,8 +188,8 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
     reader = asyncio.create_task(_collect(feeds, 0, 0))
-    while feeds.readers("run_1") < 1 or store.reads < 2:  # replayed, joined, feed started
-        await asyncio.sleep(0)
+    # replayed, joined, and the feed has made its start-up read
+    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     before = store.reads
     out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL

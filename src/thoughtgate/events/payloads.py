@@ -46,6 +46,7 @@ __all__ = [
     "MessageCompletedPayload",
     "MessageDeltaPayload",
     "MessagePartiallyCompletedPayload",
+    "ModelCallPayload",
     "ReasoningDeltaPayload",
     "ReasoningPartPayload",
     "ReceiptPayload",
@@ -66,6 +67,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolCardFields",
     "ToolCompletedPayload",
+    "ToolDefinitionPayload",
     "ToolDegradedPayload",
     "ToolErrorKind",
     "ToolFailedPayload",
@@ -216,6 +218,41 @@ class ReceiptPayload(TypedDict):
     (``provider_summaries``, ``model``); derived from ``summarizers``."""
 
 
+@with_config(_STRICT)
+class ToolDefinitionPayload(TypedDict):
+    """A tool as it was offered to the model (name, description, JSON schema of its arguments)."""
+
+    type: Annotated[Literal["function"], Vis.PUBLIC]
+    name: Annotated[str, Vis.PUBLIC]
+    description: Annotated[str, Vis.PUBLIC]
+    parameters: Annotated[dict[str, Any], Vis.PUBLIC]
+
+
+@with_config(_STRICT)
+class ModelCallPayload(TypedDict):
+    """How one model turn was requested and answered, seen from thoughtgate's side of the wire
+    (what OpenTelemetry's ``gen_ai.request.*``, ``gen_ai.response.*`` and ``server.*`` report)."""
+
+    stream: Annotated[bool, Vis.PUBLIC]
+    """Whether the turn was streamed (the agent loop always streams)."""
+    max_tokens: Annotated[int, Vis.PUBLIC]
+    started_at: Annotated[float, Vis.PUBLIC]
+    """When the request was sent (seconds since the epoch)."""
+    first_chunk_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage)."""
+    temperature: NotRequired[Annotated[float, Vis.PUBLIC]]
+    response_id: NotRequired[Annotated[str, Vis.OPERATOR]]
+    """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
+    response in the provider's own logs and storage."""
+    response_model: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The model the provider says answered (often a dated snapshot of the one asked for)."""
+    server: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The server the endpoint rules recognise (``anthropic``, ``deepseek``, ``ollama``, …;
+    ``generic`` when unknown)."""
+    server_address: NotRequired[Annotated[str, Vis.OPERATOR]]
+    server_port: NotRequired[Annotated[int, Vis.OPERATOR]]
+
+
 # --------------------------------------------------------------------------- run and task
 
 
@@ -263,6 +300,14 @@ class TaskStartedPayload(TypedDict):
     prompt: Annotated[str, Vis.PUBLIC]
     backend: Annotated[str | None, Vis.PUBLIC]
     model: Annotated[str | None, Vis.PUBLIC]
+    system: NotRequired[Annotated[str, Vis.TRACE]]
+    """The system prompt the model was given: the trace surface only (no visible step may quote
+    it either)."""
+    tools: NotRequired[Annotated[list[ToolDefinitionPayload], Vis.TRACE]]
+    """The tools the model was offered, ``visible_step`` included when narrating."""
+    history: NotRequired[Annotated[list[dict[str, Any]], Vis.TRACE]]
+    """Earlier conversation the task was given before its prompt (no reasoning ever), as
+    ``{"role", "parts": [{"type": "text" | "tool_call" | "tool_call_response", ...}]}``."""
 
 
 @with_config(_STRICT)
@@ -313,7 +358,7 @@ class MessagePartiallyCompletedPayload(TypedDict):
     status: NotRequired[Annotated[int | None, Vis.PUBLIC]]
     """The provider's HTTP status, when it answered with one."""
     error_type: NotRequired[Annotated[str | None, Vis.PUBLIC]]
-    """The provider's error type (``overloaded_error``, ...)."""
+    """The provider's error code (``overloaded_error``, ...), else the error's class."""
 
 
 @with_config(_STRICT)
@@ -339,6 +384,12 @@ class AgentResponsePayload(TypedDict):
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider error that cut this turn."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    call: NotRequired[Annotated[ModelCallPayload, Vis.PUBLIC]]
+    """How the turn was requested and when it answered (absent in events recorded before)."""
+    trace: NotRequired[Annotated[TraceMetadata, Vis.TRACE]]
+    """``telemetry_only`` runs: this turn's reasoning, for the trace surface and telemetry."""
     reasoning: NotRequired[Annotated[str, Vis.REASONING]]
     reasoning_chars: NotRequired[Annotated[int, Vis.REASONING]]
     reasoning_bytes: NotRequired[Annotated[int, Vis.REASONING]]

@@ -12,6 +12,7 @@ import importlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from urllib.parse import urlsplit
 
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
@@ -23,10 +24,12 @@ __all__ = [
     "Provider",
     "ProviderSettings",
     "ReasoningRequest",
+    "ServerInfo",
     "ToolSpec",
     "TurnRequest",
     "collect_turn",
     "create_provider",
+    "server_info",
     "split_model",
 ]
 
@@ -96,6 +99,31 @@ class ProviderSettings:
     connect_timeout_s: float = 10.0
     max_retries: int = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Where an HTTP adapter sends its requests (telemetry's ``server.*`` and provider name).
+
+    Adapters that reach a server over HTTP expose one as ``server``; the loop records it with each
+    model turn. ``name`` is the server the endpoint rules recognise at that address
+    (``anthropic``, ``deepseek``, ``ollama``, ...; ``generic`` when they know none)."""
+
+    address: str
+    port: int | None
+    name: str = "generic"
+
+
+def server_info(base_url: str, name: str = "generic") -> ServerInfo:
+    """The host and port of ``base_url`` (the scheme's default port when it names none)."""
+    parts = urlsplit(base_url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"https": 443, "http": 80}.get(parts.scheme.lower())
+    return ServerInfo(parts.hostname or "", port, name if name and name != "*" else "generic")
 
 
 @runtime_checkable

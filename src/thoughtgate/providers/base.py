@@ -18,6 +18,7 @@ from thoughtgate.errors import UnknownProviderError
 from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
 
 __all__ = [
+    "CACHE_OUTSIDE_INPUT",
     "PROVIDER_MODULES",
     "Capabilities",
     "Effort",
@@ -31,6 +32,7 @@ __all__ = [
     "create_provider",
     "server_info",
     "split_model",
+    "total_input_tokens",
 ]
 
 Effort: TypeAlias = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
@@ -99,6 +101,25 @@ class ProviderSettings:
     connect_timeout_s: float = 10.0
     max_retries: int = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+CACHE_OUTSIDE_INPUT: frozenset[str] = frozenset({"anthropic"})
+"""Adapters whose ``input_tokens`` leave out cache reads and writes (Anthropic reports them beside
+it); everywhere else the prompt count already includes cached tokens. Readers that want the
+whole input (OpenTelemetry, AG-UI) add them back for these."""
+
+
+def total_input_tokens(usage: Mapping[str, Any], adapter: str | None) -> int:
+    """All input tokens of a recorded usage, cached ones included, whatever the adapter."""
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    total = count("input_tokens")
+    if adapter in CACHE_OUTSIDE_INPUT:
+        total += count("cache_read_tokens") + count("cache_write_tokens")
+    return total
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ from thoughtgate.engine.loop import (
     unknown_tool_text,
 )
 from thoughtgate.events.schema import Event, EventType
+from thoughtgate.providers.base import total_input_tokens
 from thoughtgate.telemetry import conventions as gc
 
 if TYPE_CHECKING:
@@ -79,9 +80,6 @@ _RUN_ENDS = frozenset(
         EventType.RUN_INTERRUPTED,
     }
 )
-_CACHE_IN_INPUT = frozenset({"openai", "openrouter", "openai-compatible", "fake"})
-"""Adapters whose reported input tokens already include cached ones (Anthropic's do not: its
-``input_tokens`` leaves out cache reads and writes, which the conventions count as input)."""
 
 
 def _ns(ts: float) -> int:
@@ -126,16 +124,13 @@ class _Tokens:
     def of(cls, usage: Any, adapter: str | None) -> _Tokens | None:
         if not isinstance(usage, Mapping):
             return None
-        tokens = cls(
-            _int(usage.get("input_tokens")),
+        return cls(
+            total_input_tokens(usage, adapter),  # the conventions count cached input as input
             _int(usage.get("output_tokens")),
             _int(usage.get("reasoning_tokens")),
             _int(usage.get("cache_read_tokens")),
             _int(usage.get("cache_write_tokens")),
         )
-        if adapter not in _CACHE_IN_INPUT:
-            tokens.input += tokens.cache_read + tokens.cache_write
-        return tokens
 
     def attributes(self, *, reasoning_applies: bool) -> dict[str, AttributeValue]:
         attrs: dict[str, AttributeValue] = {

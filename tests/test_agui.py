@@ -204,7 +204,7 @@ def test_reasoning_a_client_sends_back_never_reaches_the_model() -> None:
             {"id": "u1", "role": "user", "content": "second question"},
         ]
         body["context"] = [{"description": "user timezone", "value": "Europe/Paris"}]
-        r, events, _ = _agui(d, "member", body)
+        _, events, _ = _agui(d, "member", body)
     assert _types(events)[-1] == "RUN_FINISHED"
     (request,) = seen
     sent = json.dumps([[getattr(p, "text", "") for p in m.parts] for m in request.messages])

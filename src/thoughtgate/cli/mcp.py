@@ -43,9 +43,22 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Serve orchestration_run and orchestration_status over stdio (MCP)."""
-        # Imported here so `thoughtgate --help` does not pay for the MCP SDK.
+        # Imported here so `thoughtgate --help` does not pay for the MCP SDK (an extra).
         from thoughtgate.engine.tools import load_tools
-        from thoughtgate.mcp_server import resolve_mcp_role, serve_stdio
+
+        try:
+            from thoughtgate.mcp_server import resolve_mcp_role, serve_stdio
+        except ImportError as exc:
+            from thoughtgate.cli.common import err_console
+            from thoughtgate.cli.exit_codes import ExitCode
+
+            err_console.print(
+                "error: thoughtgate mcp needs the MCP SDK: pip install 'thoughtgate[mcp]' "
+                f"({exc})",
+                highlight=False,
+                markup=False,
+            )
+            raise typer.Exit(ExitCode.USAGE) from None
 
         async def body() -> None:
             cfg = load_config(config)

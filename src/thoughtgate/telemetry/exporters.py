@@ -10,7 +10,7 @@ collector waits for nothing. ``bench/telemetry_bench.py`` measures what a down c
 
 The OTLP/HTTP exporter is part of the core install; OTLP/gRPC needs the ``grpc`` extra
 (``pip install 'thoughtgate[grpc]'``): asking for it without the extra is a clear
-:class:`~thoughtgate.errors.ConfigError` at start.
+:class:`~thoughtgate.errors.UsageError` at start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from thoughtgate.config import TelemetryConfig
-from thoughtgate.errors import ConfigError
+from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -301,7 +301,7 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
                 OTLPSpanExporter as GrpcExporter,
             )
         except ImportError as exc:
-            raise ConfigError("telemetry.exporter", config.exporter, _GRPC_MISSING) from exc
+            raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcExporter(endpoint=config.endpoint, timeout=timeout)
         exporter = _wrap(grpc, str(config.endpoint or "the default OTLP gRPC endpoint"))
@@ -338,7 +338,7 @@ def build_meter_provider(config: TelemetryConfig) -> MeterProvider | None:
                 OTLPMetricExporter as GrpcMetricExporter,
             )
         except ImportError as exc:
-            raise ConfigError("telemetry.exporter", config.exporter, _GRPC_MISSING) from exc
+            raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcMetricExporter(endpoint=config.endpoint, timeout=timeout)
         exporter = _outage_aware_metrics(grpc, str(config.endpoint or "the default endpoint"))

@@ -395,9 +395,8 @@ class AguiTranslator:
     def _approval(self, event: Event, card: _Card) -> dict[str, Any]:
         """The approval custom event's value: what the filter left of the payload, and where a
         member answers it."""
-        value = {k: v for k, v in event.payload.items()}
+        value = dict(event.payload)
         value["run_id"] = self.tg_run_id
-        value.setdefault("tool", card.tool)
         if event.type == EventType.TOOL_APPROVAL_REQUIRED:
             value["answer"] = {
                 "method": "POST",

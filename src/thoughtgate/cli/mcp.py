@@ -53,8 +53,7 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.cli.exit_codes import ExitCode
 
             err_console.print(
-                "error: thoughtgate mcp needs the MCP SDK: pip install 'thoughtgate[mcp]' "
-                f"({exc})",
+                f"error: thoughtgate mcp needs the MCP SDK: pip install 'thoughtgate[mcp]' ({exc})",
                 highlight=False,
                 markup=False,
             )

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from thoughtgate.cli.common import console, err_console, print_json
+from thoughtgate.cli.common import console, err_console, print_json, run_async
 from thoughtgate.errors import RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
@@ -32,12 +32,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Remote",
+    "on_daemon",
     "remote_events",
     "remote_run",
     "remote_runs",
     "remote_status",
     "remote_trace",
     "resolve_remote",
+    "show_event",
+    "wants_daemon",
 ]
 
 FOLLOW_ONLY = "stopped following; the run goes on on the daemon"
@@ -74,6 +77,38 @@ def resolve_remote(url: str | None, key: str | None, **local_only: Any) -> Remot
             name = "--" + flag.replace("_", "-")
             raise UsageError(f"{name} cannot be used with --url: {_WHY[flag]}")
     return Remote(url.rstrip("/"), key)
+
+
+def wants_daemon(url: str | None, key: str | None) -> bool:
+    """Whether the command talks to a daemon (a ``--key`` without ``--url`` is a usage error)."""
+    if not url and key:
+        run_async(_refuse("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)"))
+    return bool(url)
+
+
+async def _refuse(message: str) -> None:
+    raise UsageError(message)
+
+
+def on_daemon(
+    url: str | None,
+    key: str | None,
+    body: Callable[[Remote], Coroutine[Any, Any, None]],
+    db: str | None = None,
+    view_as: str | None = None,
+) -> bool:
+    """Run a read command's ``body`` against the daemon when ``--url`` names one (``True``);
+    ``False`` leaves the command to the local store."""
+    if not wants_daemon(url, key):
+        return False
+
+    async def main() -> None:
+        remote = resolve_remote(url, key, db=db, view_as=view_as)
+        assert remote is not None
+        await body(remote)
+
+    run_async(main())
+    return True
 
 
 _WHY = {

@@ -38,6 +38,7 @@ from thoughtgate.cli.options import (
     ViewAsOpt,
 )
 from thoughtgate.cli.remote import (
+    on_daemon,
     remote_events,
     remote_run,
     remote_runs,
@@ -45,6 +46,7 @@ from thoughtgate.cli.remote import (
     remote_trace,
     resolve_remote,
     show_event,
+    wants_daemon,
 )
 from thoughtgate.cli.render import run_view_json
 from thoughtgate.errors import UsageError
@@ -156,21 +158,6 @@ async def execute_and_follow(
     return filter_run(await runtime.store.get_run(run.run_id), role)
 
 
-def resolve_remote_or_exit(url: str | None, key: str | None) -> bool:
-    """Whether the command talks to a daemon; a ``--key`` without ``--url`` is a usage error."""
-    if url:
-        return True
-    if key:
-        run_async(
-            _refuse(UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)"))
-        )
-    return False
-
-
-async def _refuse(error: UsageError) -> None:
-    raise error
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -238,7 +225,7 @@ def register(app: typer.Typer) -> None:
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
 
-        async def on_daemon() -> str:
+        async def run_on_daemon() -> str:
             remote = resolve_remote(
                 url,
                 key,
@@ -305,8 +292,9 @@ def register(app: typer.Typer) -> None:
 
             return await ctx.using(go)
 
-        remotely = resolve_remote_or_exit(url, key)
-        raise typer.Exit(for_run_status(run_async(on_daemon() if remotely else body())))
+        raise typer.Exit(
+            for_run_status(run_async(run_on_daemon() if wants_daemon(url, key) else body()))
+        )
 
     @app.command()
     def status(
@@ -319,14 +307,7 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
-        if resolve_remote_or_exit(url, key):
-
-            async def on_daemon() -> None:
-                remote = resolve_remote(url, key, db=db, view_as=view_as)
-                assert remote is not None
-                await remote_status(remote, run_id, json_out=json_out)
-
-            run_async(on_daemon())
+        if on_daemon(url, key, lambda r: remote_status(r, run_id, json_out=json_out), db, view_as):
             return
 
         async def body(ctx: Context, store: EventStore) -> None:
@@ -358,14 +339,9 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started."""
-        if resolve_remote_or_exit(url, key):
-
-            async def on_daemon() -> None:
-                remote = resolve_remote(url, key, db=db, view_as=view_as)
-                assert remote is not None
-                await remote_runs(remote, limit=limit, json_out=json_out)
-
-            run_async(on_daemon())
+        if on_daemon(
+            url, key, lambda r: remote_runs(r, limit=limit, json_out=json_out), db, view_as
+        ):
             return
 
         async def body(ctx: Context, store: EventStore) -> None:
@@ -408,16 +384,15 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
-        if resolve_remote_or_exit(url, key):
-
-            async def on_daemon() -> None:
-                remote = resolve_remote(url, key, db=db, view_as=view_as)
-                assert remote is not None
-                await remote_events(
-                    remote, run_id, after=after, limit=limit, follow=follow, json_out=json_out
-                )
-
-            run_async(on_daemon())
+        if on_daemon(
+            url,
+            key,
+            lambda r: remote_events(
+                r, run_id, after=after, limit=limit, follow=follow, json_out=json_out
+            ),
+            db,
+            view_as,
+        ):
             return
 
         async def body(ctx: Context, store: EventStore) -> None:
@@ -461,14 +436,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A run's trace metadata (worker.completed with reasoning) as one JSON document:
         developer and above."""
-        if resolve_remote_or_exit(url, key):
-
-            async def on_daemon() -> None:
-                remote = resolve_remote(url, key, db=db, view_as=view_as)
-                assert remote is not None
-                await remote_trace(remote, run_id, json_out=json_out)
-
-            run_async(on_daemon())
+        if on_daemon(url, key, lambda r: remote_trace(r, run_id, json_out=json_out), db, view_as):
             return
 
         async def body(ctx: Context, store: EventStore) -> None:

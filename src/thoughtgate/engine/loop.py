@@ -62,6 +62,7 @@ from thoughtgate.events.payloads import (
     ToolProgressPayload,
     ToolStartedPayload,
     token_usage,
+    trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent, now_ts
 from thoughtgate.providers.base import (
@@ -325,16 +326,7 @@ class _Loop:
             payload["call"] = call
         if self.disclosure.in_trace and not self.disclosure.on_display:
             # telemetry_only: this turn's reasoning for the trace surface (and telemetry) only
-            text = turn.reasoning_text
-            payload["trace"] = {
-                "reasoning": text,
-                "reasoning_chars": len(text),
-                "reasoning_bytes": len(text.encode("utf-8")),
-                "continuity": [
-                    {"carrier": b.carrier, "provider": b.provider, "model": b.model}
-                    for b in turn.continuity
-                ],
-            }
+            payload["trace"] = trace_metadata(turn.reasoning_text, turn.continuity)
         if self.disclosure.on_display:
             text = turn.reasoning_text
             payload["reasoning"] = text

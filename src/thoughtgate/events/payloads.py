@@ -22,7 +22,7 @@ an older payload into the current shape when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, TypeAlias
 
@@ -32,7 +32,7 @@ from typing_extensions import TypedDict
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.visibility import Vis, VisClass
-from thoughtgate.types import Usage
+from thoughtgate.types import ContinuityBlock, Usage
 
 __all__ = [
     "EVENT_SPECS",
@@ -78,6 +78,7 @@ __all__ = [
     "VisibleStepPayload",
     "WorkerCompletedPayload",
     "token_usage",
+    "trace_metadata",
     "upgrade_payload",
 ]
 
@@ -185,6 +186,19 @@ class TraceMetadata(TypedDict):
     reasoning_chars: Annotated[int, Vis.REASONING]
     reasoning_bytes: Annotated[int, Vis.REASONING]
     continuity: Annotated[list[TraceCarrier], Vis.PUBLIC]
+
+
+def trace_metadata(reasoning: str, continuity: Iterable[ContinuityBlock]) -> TraceMetadata:
+    """The trace form of some reasoning: its text and sizes, and which carriers existed (never
+    their bytes)."""
+    return {
+        "reasoning": reasoning,
+        "reasoning_chars": len(reasoning),
+        "reasoning_bytes": len(reasoning.encode("utf-8")),
+        "continuity": [
+            {"carrier": b.carrier, "provider": b.provider, "model": b.model} for b in continuity
+        ],
+    }
 
 
 @with_config(_STRICT)

@@ -63,6 +63,7 @@ from thoughtgate.events.payloads import (
     ToolDefinitionPayload,
     WorkerCompletedPayload,
     token_usage,
+    trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -539,17 +540,8 @@ class Runtime:
             "finish_reason": result.finish_reason,
         }
         if disclosure.in_trace:
-            text = result.reasoning
-            payload["trace"] = {
-                "reasoning": text,
-                "reasoning_chars": len(text),
-                "reasoning_bytes": len(text.encode("utf-8")),
-                "continuity": [
-                    {"carrier": b.carrier, "provider": b.provider, "model": b.model}
-                    for t in result.turn_records
-                    for b in t.continuity
-                ],
-            }
+            blocks = (b for t in result.turn_records for b in t.continuity)
+            payload["trace"] = trace_metadata(result.reasoning, blocks)
         done: TaskCompletedPayload = {
             "status": result.status,
             "output": result.answer,

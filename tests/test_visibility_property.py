@@ -59,6 +59,16 @@ _STEP = {
     "tool_call_id": P,
     "source": P,
 }
+_TRACE = {
+    "trace": TR,
+    "trace.reasoning": R,
+    "trace.reasoning_chars": R,
+    "trace.reasoning_bytes": R,
+    "trace.continuity": P,
+    "trace.continuity[].carrier": P,
+    "trace.continuity[].provider": P,
+    "trace.continuity[].model": P,
+}
 _RUN_ENDED = {"status": P, "usage": P, **{f"usage.{k}": v for k, v in _USAGE.items()}, "error": P}
 
 
@@ -128,14 +138,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "call.server": P,
         "call.server_address": OP,
         "call.server_port": OP,
-        "trace": TR,
-        "trace.reasoning": R,
-        "trace.reasoning_chars": R,
-        "trace.reasoning_bytes": R,
-        "trace.continuity": P,
-        "trace.continuity[].carrier": P,
-        "trace.continuity[].provider": P,
-        "trace.continuity[].model": P,
+        **_TRACE,
         "reasoning": R,
         "reasoning_chars": R,
         "reasoning_bytes": R,
@@ -165,14 +168,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "turns": P,
         "duration_s": P,
         "finish_reason": P,
-        "trace": TR,
-        "trace.reasoning": R,
-        "trace.reasoning_chars": R,
-        "trace.reasoning_bytes": R,
-        "trace.continuity": P,
-        "trace.continuity[].carrier": P,
-        "trace.continuity[].provider": P,
-        "trace.continuity[].model": P,
+        **_TRACE,
     },
     "continuity.dropped": {
         "carrier": P,

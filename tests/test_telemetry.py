@@ -750,3 +750,19 @@ def test_during_an_outage_batches_are_dropped_without_trying(
         "telemetry: cannot export to http://collector",
         "telemetry: the collector at http://collector is reachable again",
     ]
+
+
+def test_the_provider_behind_openai_compatible_is_named_from_the_endpoint_rules() -> None:
+    from thoughtgate.providers.rules import known_servers
+    from thoughtgate.telemetry.conventions import provider_name
+
+    assert provider_name("openai-compatible", "deepseek") == "deepseek"
+    assert provider_name("openai-compatible", "xai") == "x_ai"
+    assert provider_name("openai-compatible", "azure") == "azure.ai.openai"
+    assert provider_name("openai-compatible", "generic") == "openai"
+    assert provider_name("openai-compatible", None) == "openai"
+    assert provider_name("anthropic") == "anthropic"
+    assert provider_name(None) is None
+    for server in known_servers():
+        name = provider_name("openai-compatible", server)
+        assert name and " " not in name, server

@@ -167,9 +167,12 @@ are custom values, as the conventions allow)."""
 def provider_name(adapter: str | None, server: str | None = None) -> str | None:
     """``gen_ai.provider.name`` for a model turn: the real provider behind an
     ``openai-compatible`` endpoint when the endpoint rules know its server (``deepseek``,
-    ``groq``, ...), ``openai`` (the wire format's flavour) when they do not."""
+    ``groq``, ``vllm``, ...: the conventions' well-known name where there is one, else the server's
+    own), ``openai`` (the wire format's flavour) when they do not."""
     if adapter == "openai-compatible":
-        return _SERVER_PROVIDERS.get(server or "", "openai")
+        if not server or server in ("generic", "*"):
+            return "openai"
+        return _SERVER_PROVIDERS.get(server, server)
     if adapter is None:
         return None  # no model (an inline worker): no GenAI provider to name
     return _ADAPTER_PROVIDERS.get(adapter, adapter)

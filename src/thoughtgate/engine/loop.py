@@ -541,7 +541,7 @@ async def run_agent_loop(
                 "reason": "provider_error",
                 "error": str(exc),
                 "status": exc.status,
-                "error_type": error_type_of(exc),
+                "error_type": exc.error_type,
             }
             await recorder.emit(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id)

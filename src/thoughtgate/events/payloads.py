@@ -372,7 +372,7 @@ class MessagePartiallyCompletedPayload(TypedDict):
     status: NotRequired[Annotated[int | None, Vis.PUBLIC]]
     """The provider's HTTP status, when it answered with one."""
     error_type: NotRequired[Annotated[str | None, Vis.PUBLIC]]
-    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    """The provider's error type (``overloaded_error``, ...)."""
 
 
 @with_config(_STRICT)

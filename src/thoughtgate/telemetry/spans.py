@@ -508,8 +508,10 @@ class TelemetrySink:
             return
         payload = event.payload
         reason = payload.get("reason")
-        if reason == "provider_error":
-            task.error_type = _text(payload.get("error_type")) or "provider_error"
+        if reason == "provider_error":  # the cut turn's own error type, when it was recorded
+            task.error_type = (
+                task.error_type or _text(payload.get("error_type")) or "provider_error"
+            )
         else:
             task.error_type = reason if isinstance(reason, str) else "partial"
         task.error = payload.get("error")
@@ -578,6 +580,7 @@ class TelemetrySink:
         error_type = None
         if payload.get("error"):
             error_type = _text(payload.get("error_type")) or "provider_error"
+            task.error_type = error_type
             self._fail(run, span, error_type, payload["error"])
         span.end(end_time=_ns(end))
         task.first_chunk = None

@@ -55,6 +55,8 @@ async def test_a_postgresql_url_without_the_extra_says_how_to_get_it(
 ) -> None:
     for name in [m for m in sys.modules if m.startswith("thoughtgate.store.p")]:
         monkeypatch.delitem(sys.modules, name)
+    for name in [m for m in sys.modules if m.split(".")[0] == "psycopg"]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "psycopg", None)
     with pytest.raises(UsageError, match=r"pip install 'thoughtgate\[postgres\]'"):
         await open_store("postgresql://user@127.0.0.1/test")
@@ -74,6 +76,8 @@ def test_thoughtgate_mcp_without_the_extra_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delitem(sys.modules, "thoughtgate.mcp_server", raising=False)
+    for name in [m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types")]:
+        monkeypatch.delitem(sys.modules, name)  # an imported submodule would still import
     monkeypatch.setitem(sys.modules, "mcp", None)
     result = CliRunner().invoke(app, ["mcp", "--db", "memory://"])
     assert result.exit_code == 2

@@ -48,6 +48,7 @@ from thoughtgate.events.payloads import (
     MessageCompletedPayload,
     MessageDeltaPayload,
     MessagePartiallyCompletedPayload,
+    ModelCallPayload,
     ReasoningDeltaPayload,
     ReasoningPartPayload,
     ToolApprovalRequiredPayload,
@@ -61,9 +62,16 @@ from thoughtgate.events.payloads import (
     ToolProgressPayload,
     ToolStartedPayload,
     token_usage,
+    trace_metadata,
 )
-from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.providers.base import Provider, ReasoningRequest, ToolSpec, TurnRequest
+from thoughtgate.events.schema import Event, EventType, NewEvent, now_ts
+from thoughtgate.providers.base import (
+    Provider,
+    ReasoningRequest,
+    ServerInfo,
+    ToolSpec,
+    TurnRequest,
+)
 from thoughtgate.types import (
     Chunk,
     Message,
@@ -77,7 +85,19 @@ from thoughtgate.types import (
     part_to_dict,
 )
 
-__all__ = ["LoopObserver", "LoopRecorder", "LoopResult", "run_agent_loop", "strip_reasoning"]
+__all__ = [
+    "NOT_APPROVED_IN_TIME",
+    "REJECTED_BY_USER",
+    "LoopObserver",
+    "LoopRecorder",
+    "LoopResult",
+    "error_type_of",
+    "failed_tool_text",
+    "offered_tools",
+    "run_agent_loop",
+    "strip_reasoning",
+    "unknown_tool_text",
+]
 
 
 class LoopRecorder(Protocol):
@@ -137,6 +157,35 @@ def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(p for p in parts if not isinstance(p, ReasoningPart))
 
 
+NOT_APPROVED_IN_TIME = "The tool call was not approved in time and was not executed."
+"""What the model is told when nobody answered an approval in time."""
+REJECTED_BY_USER = "The user rejected this tool call; it was not executed."
+"""What the model is told when a person rejected a tool call."""
+
+
+def unknown_tool_text(name: str) -> str:
+    """What the model is told when it called a tool that does not exist."""
+    return f"Error: there is no tool named {name!r}."
+
+
+def failed_tool_text(error: str) -> str:
+    """What the model is told when a tool (and its fallback) failed."""
+    return f"Error: {error}"
+
+
+def error_type_of(exc: ProviderError) -> str:
+    """A low-cardinality name for a provider failure: the provider's own error code
+    (``overloaded_error``, ``rate_limit_error``, ...), else the error's class."""
+    return exc.error_type or type(exc).__name__
+
+
+def offered_tools(tools: ToolRegistry, observer: LoopObserver | None) -> tuple[ToolSpec, ...]:
+    """The tools a model is offered: the registry's, plus ``visible_step`` when narrating."""
+    if observer is not None and observer.narrates:
+        return (*tools.specs, NARRATION_SPEC)
+    return tools.specs
+
+
 def _error_kind(exc: Exception, *, fallback_failed: bool = False) -> ToolErrorKind:
     if isinstance(exc, ToolArgumentsError):
         return "invalid_arguments"
@@ -167,6 +216,7 @@ class _Loop:
         self.observer = observer
         self.max_tokens = max_tokens
         self.turn_no = 0
+        self.first_chunk_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -178,7 +228,7 @@ class _Loop:
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the model: the registry's, plus ``visible_step`` when narrating."""
-        return (*self.tools.specs, NARRATION_SPEC) if self.narrating else self.tools.specs
+        return offered_tools(self.tools, self.observer)
 
     def narrations(self, turn: Turn) -> list[Narration]:
         if not self.narrating:
@@ -199,6 +249,8 @@ class _Loop:
         return NewEvent(type_, payload, task_id=self.task_id)
 
     async def on_chunk(self, chunk: Chunk) -> None:
+        if self.first_chunk_at is None:
+            self.first_chunk_at = now_ts()
         if isinstance(chunk, TextDelta) and chunk.text:
             delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
             await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
@@ -224,7 +276,37 @@ class _Loop:
 
         return replace(turn, parts=strip_reasoning(turn.parts))
 
-    async def response_events(self, turn: Turn, *, error: str | None = None) -> list[NewEvent]:
+    def call_info(self, request: TurnRequest, turn: Turn, started_at: float) -> ModelCallPayload:
+        """How this turn was requested and answered (telemetry reads it from the log)."""
+        call: ModelCallPayload = {
+            "stream": True,
+            "max_tokens": request.max_tokens,
+            "started_at": started_at,
+        }
+        if self.first_chunk_at is not None:
+            call["first_chunk_at"] = self.first_chunk_at
+        if request.temperature is not None:
+            call["temperature"] = request.temperature
+        if turn.response_id:
+            call["response_id"] = turn.response_id
+        if turn.response_model:
+            call["response_model"] = turn.response_model
+        server = getattr(self.provider, "server", None)
+        if isinstance(server, ServerInfo):
+            call["server"] = server.name
+            if server.address:
+                call["server_address"] = server.address
+            if server.port is not None:
+                call["server_port"] = server.port
+        return call
+
+    async def response_events(
+        self,
+        turn: Turn,
+        *,
+        call: ModelCallPayload | None = None,
+        error: ProviderError | None = None,
+    ) -> list[NewEvent]:
         """``agent.response`` and the observer's visible steps for the turn, to record together."""
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
@@ -240,8 +322,14 @@ class _Loop:
                 for c in self.real_calls(turn)
             ],
         }
-        if error:
-            payload["error"] = error
+        if error is not None:
+            payload["error"] = str(error)
+            payload["error_type"] = error_type_of(error)
+        if call is not None:
+            payload["call"] = call
+        if self.disclosure.in_trace and not self.disclosure.on_display:
+            # telemetry_only: this turn's reasoning for the trace surface (and telemetry) only
+            payload["trace"] = trace_metadata(turn.reasoning_text, turn.continuity)
         if self.disclosure.on_display:
             text = turn.reasoning_text
             payload["reasoning"] = text
@@ -279,7 +367,7 @@ class _Loop:
             await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
             return ToolResultPart(
                 call.call_id,
-                f"Error: there is no tool named {call.name!r}.",
+                unknown_tool_text(call.name),
                 is_error=True,
                 name=call.name,
             )
@@ -305,7 +393,7 @@ class _Loop:
         if outcome.decision == "timeout":
             expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
             await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
-            text = "The tool call was not approved in time and was not executed."
+            text = NOT_APPROVED_IN_TIME
         else:
             answered: ToolApprovalResponsePayload = {
                 **base,
@@ -315,7 +403,7 @@ class _Loop:
             await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
             if outcome.decision == "approve":
                 return None
-            text = "The user rejected this tool call; it was not executed."
+            text = REJECTED_BY_USER
         result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
         status = "skipped" if outcome.decision == "timeout" else "rejected"
         await self.observe_tool_finished(call, status, result)
@@ -381,7 +469,7 @@ class _Loop:
         failed: ToolFailedPayload = {**base, "error": error, "error_kind": kind}
         await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
         return (
-            ToolResultPart(call.call_id, f"Error: {error}", is_error=True, name=call.name),
+            ToolResultPart(call.call_id, failed_tool_text(error), is_error=True, name=call.name),
             "failed",
         )
 
@@ -437,6 +525,8 @@ async def run_agent_loop(
             reasoning=ReasoningRequest(disclosure.requests_reasoning),
             max_tokens=max_tokens,
         )
+        started_at = now_ts()
+        loop.first_chunk_at = None
         try:
             turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
         except ProviderError as exc:
@@ -446,7 +536,8 @@ async def run_agent_loop(
                 usage = usage + partial.usage
                 reasoning.append(partial.reasoning_text)
                 turns.append(partial)
-                closing += await loop.response_events(partial, error=str(exc))
+                call = loop.call_info(request, partial, started_at)
+                closing += await loop.response_events(partial, call=call, error=exc)
             answer = partial.text if partial is not None else ""
             cut: MessagePartiallyCompletedPayload = {
                 "text": answer,
@@ -470,7 +561,7 @@ async def run_agent_loop(
         usage = usage + turn.usage
         reasoning.append(turn.reasoning_text)
         turns.append(turn)
-        closing = await loop.response_events(turn)
+        closing = await loop.response_events(turn, call=loop.call_info(request, turn, started_at))
         if turn.tool_calls:
             await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
         else:

@@ -59,7 +59,13 @@ _STEP = {
     "tool_call_id": P,
     "source": P,
 }
-_RUN_ENDED = {"status": P, "usage": P, **{f"usage.{k}": v for k, v in _USAGE.items()}, "error": P}
+_RUN_ENDED = {
+    "status": P,
+    "usage": P,
+    **{f"usage.{k}": v for k, v in _USAGE.items()},
+    "error": P,
+    "error_class": P,
+}
 
 
 def _nest(prefix: str, fields: Mapping[str, str]) -> dict[str, str]:
@@ -104,6 +110,10 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "tool_calls[].name": P,
         "tool_calls[].input": T,
         "error": P,
+        "error_class": P,
+        "started_at": P,
+        "ttft_s": P,
+        "duration_s": P,
         "reasoning": R,
         "reasoning_chars": R,
         "reasoning_bytes": R,
@@ -224,6 +234,7 @@ VIEW_TABLE: Final[dict[str, dict[str, str]]] = {
         "metadata.continues": P,
         "tasks": P,
         **_nest("tasks[].", _TASK),
+        "started_by": OP,
     },
     "HostMetadataView": {
         "version": P,

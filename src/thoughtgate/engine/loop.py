@@ -22,6 +22,7 @@ for a result), which is one more turn.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
@@ -71,6 +72,7 @@ from thoughtgate.types import (
     ReasoningPart,
     TextDelta,
     ToolCallPart,
+    ToolCallStart,
     ToolResultPart,
     Turn,
     Usage,
@@ -128,6 +130,8 @@ class LoopResult:
     finish_reason: str | None
     error: str | None = None
     turn_records: list[Turn] = field(default_factory=list)
+    error_class: str | None = None
+    """What kind of failure ``error`` is: the provider error's class, or ``max_turns``."""
 
 
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
@@ -165,6 +169,10 @@ class _Loop:
         self.observer = observer
         self.max_tokens = max_tokens
         self.turn_no = 0
+        self.turn_started_at = 0.0
+        self.turn_clock = 0.0
+        self.first_token_at: float | None = None
+        self.turn_ended_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -196,7 +204,24 @@ class _Loop:
     def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
 
+    def begin_turn(self, turn_no: int) -> None:
+        """Start the clock of a model turn (its timings go into ``agent.response``)."""
+        self.turn_no = turn_no
+        self.turn_started_at = time.time()
+        self.turn_clock = time.monotonic()
+        self.first_token_at = None
+        self.turn_ended_at = None
+
+    def end_turn(self) -> None:
+        """The turn's stream ended (finished or cut): stop its clock."""
+        self.turn_ended_at = time.monotonic()
+
     async def on_chunk(self, chunk: Chunk) -> None:
+        if self.first_token_at is None and (
+            isinstance(chunk, ToolCallStart)
+            or (isinstance(chunk, TextDelta | ReasoningDelta) and chunk.text)
+        ):
+            self.first_token_at = time.monotonic()
         if isinstance(chunk, TextDelta) and chunk.text:
             delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
             await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
@@ -222,7 +247,11 @@ class _Loop:
 
         return replace(turn, parts=strip_reasoning(turn.parts))
 
-    async def record_response(self, turn: Turn, *, error: str | None = None) -> None:
+    async def record_response(
+        self, turn: Turn, *, error: str | None = None, error_class: str | None = None
+    ) -> None:
+        ended = self.turn_ended_at or time.monotonic()
+        first = self.first_token_at
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
@@ -236,9 +265,14 @@ class _Loop:
                 {"call_id": c.call_id, "name": c.name, "input": c.arguments}
                 for c in self.real_calls(turn)
             ],
+            "started_at": self.turn_started_at,
+            "ttft_s": None if first is None else round(first - self.turn_clock, 6),
+            "duration_s": round(ended - self.turn_clock, 6),
         }
         if error:
             payload["error"] = error
+            if error_class:
+                payload["error_class"] = error_class
         if self.disclosure.on_display:
             text = turn.reasoning_text
             payload["reasoning"] = text
@@ -415,7 +449,6 @@ async def run_agent_loop(
     reasoning: list[str] = []
     turns: list[Turn] = []
     for turn_no in range(max_turns):
-        loop.turn_no = turn_no
         outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
         for gone in dropped:
             note: ContinuityDroppedPayload = {
@@ -434,16 +467,18 @@ async def run_agent_loop(
             reasoning=ReasoningRequest(disclosure.requests_reasoning),
             max_tokens=max_tokens,
         )
+        loop.begin_turn(turn_no)
         try:
             turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
         except ProviderError as exc:
+            loop.end_turn()
             partial = loop.captured(exc.partial) if exc.partial is not None else None
             await recorder.flush()
             if partial is not None:
                 usage = usage + partial.usage
                 reasoning.append(partial.reasoning_text)
                 turns.append(partial)
-                await loop.record_response(partial, error=str(exc))
+                await loop.record_response(partial, error=str(exc), error_class=type(exc).__name__)
             answer = partial.text if partial is not None else ""
             cut: MessagePartiallyCompletedPayload = {
                 "text": answer,
@@ -464,7 +499,9 @@ async def run_agent_loop(
                 partial.finish_reason if partial else None,
                 str(exc),
                 turns,
+                type(exc).__name__,
             )
+        loop.end_turn()
         await recorder.flush()
         usage = usage + turn.usage
         reasoning.append(turn.reasoning_text)
@@ -501,7 +538,7 @@ async def run_agent_loop(
     }
     await recorder.emit(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, stopped, task_id=task_id))
     return LoopResult(
-        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns
+        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns, "max_turns"
     )
 
 

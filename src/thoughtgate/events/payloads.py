@@ -245,6 +245,9 @@ class RunEndedPayload(TypedDict):
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """thoughtgate's description of the failure (provider, store, runtime); tool failures never
     end a run, so no tool data reaches it."""
+    error_class: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The kind of failure, with ``error``: the error's class (``ProviderHTTPError``,
+    ``StoreUnavailableError``, ...), ``max_turns`` for a task stopped at the turn limit."""
 
 
 @with_config(_STRICT)
@@ -339,6 +342,17 @@ class AgentResponsePayload(TypedDict):
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider error that cut this turn."""
+    error_class: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The kind of that error: ``ProviderHTTPError``, ``ProviderStreamError``,
+    ``ProviderTimeoutError``, ``ProviderConnectionError`` or ``MalformedResponseError``."""
+    started_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When thoughtgate sent this turn's request (Unix seconds). Absent in turns recorded before
+    per-turn timings existed, as are ``ttft_s`` and ``duration_s``."""
+    ttft_s: NotRequired[Annotated[float | None, Vis.PUBLIC]]
+    """Seconds from the request to the first streamed token of any kind (reasoning, answer text or
+    a tool call); ``null`` when none arrived."""
+    duration_s: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """Seconds from the request to the end of the turn's stream."""
     reasoning: NotRequired[Annotated[str, Vis.REASONING]]
     reasoning_chars: NotRequired[Annotated[int, Vis.REASONING]]
     reasoning_bytes: NotRequired[Annotated[int, Vis.REASONING]]

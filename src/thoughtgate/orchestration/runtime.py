@@ -124,6 +124,8 @@ class RunRequest:
     system: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     history: Sequence[Message] = ()
+    started_by: str | None = None
+    """The id of the API key that asked for the run (the daemon sets it; operator detail)."""
 
 
 def provider_settings_from_config(
@@ -247,6 +249,7 @@ class Runtime:
             metadata=dict(request.metadata),
             owner=self.leases.owner.owner_id,
             lease_expires_at=self.leases.lease_until(),
+            started_by=request.started_by,
         )
         run.tasks = [
             TaskRecord(
@@ -363,28 +366,35 @@ class Runtime:
     ) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
-        results: list[tuple[str, str | None]] = []
+        results: list[LoopResult] = []
         try:
             await self.store.update_run(run.run_id, status="running")
             for task, spec in zip(run.tasks, specs, strict=True):
-                usage, task_status, task_error = await self._execute_task(
-                    run, task, spec, disclosure
-                )
-                spent.usage = spent.usage + usage
-                results.append((task_status, task_error))
+                result = await self._execute_task(run, task, spec, disclosure)
+                spent.usage = spent.usage + result.usage
+                results.append(result)
         except ThoughtgateError as exc:
             await self._finish(
-                run.run_id, EventType.RUN_FAILED, "failed", spent.usage, _describe(exc)
+                run.run_id,
+                EventType.RUN_FAILED,
+                "failed",
+                spent.usage,
+                (_describe(exc), type(exc).__name__),
             )
             raise
         except Exception as exc:
             await self._finish(
-                run.run_id, EventType.RUN_ERROR, "error", spent.usage, _describe(exc)
+                run.run_id,
+                EventType.RUN_ERROR,
+                "error",
+                spent.usage,
+                (_describe(exc), type(exc).__name__),
             )
             raise
-        status = _run_status([s for s, _ in results])
-        error = next((e for s, e in results if s != "completed" and e), None)
+        status = _run_status([r.status for r in results])
+        failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
+        error = None if failed is None else (failed.error or "", failed.error_class)
         await self._finish(run.run_id, event, status, spent.usage, error)
 
     async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
@@ -435,14 +445,23 @@ class Runtime:
         return await self.execute(run.run_id)
 
     async def _finish(
-        self, run_id: str, event_type: str, status: RunStatus, usage: Usage, error: str | None
+        self,
+        run_id: str,
+        event_type: str,
+        status: RunStatus,
+        usage: Usage,
+        failure: tuple[str, str | None] | None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too. Nothing happens if another process already closed the run."""
+        to run end too. Nothing happens if another process already closed the run. ``failure``
+        is the error and its class, if any."""
         self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
+        error = failure[0] if failure else None
         if error:
             payload["error"] = error
+            if failure and failure[1]:
+                payload["error_class"] = failure[1]
         not_run = "not run: the run failed before this task started"
         await self._observe(
             await end_run(
@@ -459,7 +478,7 @@ class Runtime:
 
     async def _execute_task(
         self, run: RunRecord, task: TaskRecord, spec: TaskSpec, disclosure: Disclosure
-    ) -> tuple[Usage, str, str | None]:
+    ) -> LoopResult:
         recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
         started = time.monotonic()
         task.status = "running"
@@ -489,7 +508,7 @@ class Runtime:
         task.reasoning = result.reasoning if disclosure.on_display and result.reasoning else None
         await self.store.save_task(task)
         await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
-        return result.usage, result.status, result.error
+        return result
 
     async def _task_aborted(self, run: RunRecord, task: TaskRecord, error: str) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
@@ -562,7 +581,9 @@ class Runtime:
             await recorder.emit(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
-            return LoopResult("failed", "", 0, Usage(), "", "error", error)
+            return LoopResult(
+                "failed", "", 0, Usage(), "", "error", error, error_class=type(exc).__name__
+            )
         text = str(output)
         final: MessageCompletedPayload = {"text": text}
         await recorder.emit(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task.task_id))

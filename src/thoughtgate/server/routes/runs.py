@@ -46,6 +46,7 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
         model=body.model,
         tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
         system=body.system,
+        started_by=_principal(principal).key_id,
     )
     run = await manager.start(run_request, chain_of_thought=body.chain_of_thought, tools=body.tools)
     return JSONResponse(

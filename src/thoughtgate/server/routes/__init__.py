@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from thoughtgate.server.api import Endpoint
-from thoughtgate.server.routes import keys, live, meta, runs
+from thoughtgate.server.routes import keys, live, meta, run_list, runs
 
 __all__ = ["all_endpoints"]
 
 
 def all_endpoints() -> tuple[Endpoint, ...]:
-    return (*runs.ENDPOINTS, *live.ENDPOINTS, *keys.ENDPOINTS, *meta.ENDPOINTS)
+    # The run list first: its /v1/runs/stream must win over /v1/runs/{run_id}.
+    return (
+        *run_list.ENDPOINTS,
+        *runs.ENDPOINTS,
+        *live.ENDPOINTS,
+        *keys.ENDPOINTS,
+        *meta.ENDPOINTS,
+    )

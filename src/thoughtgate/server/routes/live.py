@@ -27,16 +27,19 @@ async def create_ticket(request: Request, principal: Principal | None) -> Respon
     assert principal is not None
     body = await parse_body(request, TicketBody)
     state = state_of(request)
-    await state.store.get_run(body.run_id)  # 404 for an unknown run
+    if body.run_id is not None:
+        await state.store.get_run(body.run_id)  # 404 for an unknown run
     signer = await state.signer()
     ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
+    where = "/v1/runs" if body.run_id is None else f"/v1/runs/{quote(body.run_id)}"
     return JSONResponse(
         {
             "ticket": ticket,
             "expires_at": expires_at,
             "run_id": body.run_id,
+            "scope": body.scope,
             "role": principal.role.label,
-            "stream_url": f"/v1/runs/{quote(body.run_id)}/stream?ticket={ticket}",
+            "stream_url": f"{where}/stream?ticket={ticket}",
         }
     )
 
@@ -105,12 +108,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/tickets",
         create_ticket,
-        "get a live-channel ticket for a run",
+        "get a live-channel ticket for a run or the run list",
         role=Role.VIEWER,
         body=TicketBody,
         response=TicketView,
         errors=(400, 404, 413, 422),
-        description="A short-lived signed ticket bound to the run and to your key's role.",
+        description="A short-lived signed ticket bound to the run (or, with "
+        '`{"scope": "runs"}`, to the run list) and to your key\'s role.',
     ),
     Endpoint(
         "GET",

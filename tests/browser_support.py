@@ -25,7 +25,6 @@ from playwright.sync_api import (
     Response,
     sync_playwright,
 )
-from playwright.sync_api import Error as PlaywrightError
 
 __all__ = [
     "CHROMIUM_ARGS",
@@ -90,39 +89,42 @@ def _launch(playwright: Playwright, path: str) -> Browser:
 class Capture:
     """Every response body and every server-sent event message a page's browser received.
 
-    Response bodies come from Playwright (``response.body()``, the SSE stream's included, once
-    it ended); SSE messages also come straight from chromium's network domain
-    (``Network.eventSourceMessageReceived``), as they arrived."""
+    Response bodies come from Playwright (``response.body()``); SSE messages come straight from
+    chromium's network domain (``Network.eventSourceMessageReceived``), each as it arrived, with
+    its event name (a stream's body is never read: the run list's stream never ends)."""
 
     responses: list[Response] = field(default_factory=list)
     bodies: dict[str, list[bytes]] = field(default_factory=dict)
     sse_messages: list[str] = field(default_factory=list)
-    streams_unreadable: int = 0
+    sse_events: list[str] = field(default_factory=list)
+    """The event name of each SSE message (``message`` unless the frame named one)."""
+    streams: list[str] = field(default_factory=list)
+    """URLs of the SSE responses received (their messages are in ``sse_messages``)."""
 
     def attach(self, context: BrowserContext, page: Page) -> None:
         page.on("response", lambda response: self.responses.append(response))
         cdp = context.new_cdp_session(page)
         cdp.send("Network.enable")
-        cdp.on("Network.eventSourceMessageReceived", lambda e: self.sse_messages.append(e["data"]))
+        cdp.on("Network.eventSourceMessageReceived", self._sse)
+
+    def _sse(self, event: dict[str, Any]) -> None:
+        self.sse_messages.append(event["data"])
+        self.sse_events.append(event.get("eventName") or "message")
 
     def drain(self) -> None:
         """Read the bodies of the responses seen so far (before a reload makes them unreadable).
 
-        Only an SSE stream's body may be unreadable (chromium drops it when the page closes the
-        stream itself); its messages are in ``sse_messages`` either way. Any other body that
-        cannot be read fails the test: absence is only proven over everything received."""
+        An SSE stream's messages are in ``sse_messages`` (its body is not read: it may never
+        end). Any other body that cannot be read fails the test: absence is only proven over
+        everything received."""
         pending, self.responses = self.responses, []
         for response in pending:
             if 300 <= response.status < 400:
                 continue  # 304 Not Modified (a cached copy, read when it came) or a redirect
-            try:
-                body = response.body()
-            except PlaywrightError:
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    raise
-                self.streams_unreadable += 1
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                self.streams.append(response.url)
                 continue
-            self.bodies.setdefault(response.url, []).append(body)
+            self.bodies.setdefault(response.url, []).append(response.body())
 
     def everything(self, *, url_part: str = "") -> str:
         """All bodies (of URLs containing ``url_part``) and all SSE messages, as one text."""
@@ -136,14 +138,16 @@ class Capture:
         return "\n".join([*chunks, *self.sse_messages])
 
     def urls(self) -> list[str]:
-        return list(self.bodies)
+        return [*self.bodies, *self.streams]
 
 
 @contextmanager
 def page_for(
-    browser: Browser, *, width: int = 1280, height: int = 900
+    browser: Browser, *, width: int = 1280, height: int = 900, timezone_id: str | None = None
 ) -> Iterator[tuple[Page, Capture]]:
-    context = browser.new_context(viewport={"width": width, "height": height})
+    context = browser.new_context(
+        viewport={"width": width, "height": height}, timezone_id=timezone_id, locale="en-US"
+    )
     page = context.new_page()
     capture = Capture()
     capture.attach(context, page)
@@ -170,7 +174,7 @@ def open_run(page: Page, run_id: str) -> None:
 
 SNAPSHOT_JS = """(root) => {
   const text = (n) => (n ? n.innerText.trim() : null);
-  const items = [...root.querySelectorAll('[data-testid=thread-items] > li')].map((li) =>
+  const items = [...root.querySelectorAll('[data-testid=thread-items] [data-item]')].map((li) =>
     [li.dataset.testid || '', li.dataset.status || '', text(li)]);
   const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
   const raws = [...root.querySelectorAll('[data-testid=raw-text]')].map((n) => n.innerText);

@@ -190,20 +190,36 @@ def snapshot(page: Page) -> dict[str, Any]:
 
 
 def write_screenshots(out_dir: Path) -> list[Path]:
-    """The viewer's and the developer's page for a finished multi-step run."""
+    """The viewer's and the developer's page for a finished tool-loop run, and the developer's
+    page for a run that failed in its second model turn."""
     from web_support import story_run, web_daemon
 
     written = []
     with web_daemon() as daemon, launch() as browser:
         for prompt in ("Summarize yesterday's incident report", "Which city is warmer today?"):
             daemon.wait_done(daemon.start_run({"prompt": prompt, "model": "fake:echo"}))
-        run_id = daemon.start_run(story_run(""))  # no test marker in the raw reasoning
+        failed = daemon.start_run(
+            {
+                **story_run("", delay=0.05),
+                "prompt": "Plan a day trip to Braga",
+                "model": "fake:story-outage",
+            }
+        )
+        daemon.wait_done(failed)
+        run_id = daemon.start_run(story_run("", delay=0.05))  # no marker in the raw reasoning
         daemon.wait_done(run_id)
-        for role, name in (("viewer", "web-page.png"), ("developer", "web-page-developer.png")):
-            with page_for(browser, height=800) as (page, _):
+        shots = (
+            ("viewer", run_id, "web-page.png"),
+            ("developer", run_id, "web-page-developer.png"),
+            ("developer", failed, "web-page-failed.png"),
+        )
+        for role, shown, name in shots:
+            with page_for(browser, height=800, timezone_id="Europe/Lisbon") as (page, _):
                 sign_in(page, daemon.base_url, daemon.keys[role])
-                open_run(page, run_id)
-                page.wait_for_selector("[data-testid=receipt]")
+                page.wait_for_selector("[data-testid=list-live]:visible")
+                page.click(f"#runs-list a[data-run='{shown}']")
+                page.wait_for_selector("[data-testid=answer]")
+                page.wait_for_selector("[data-testid=live]", state="detached")
                 path = out_dir / name
                 page.screenshot(path=str(path), full_page=True)
                 written.append(path)

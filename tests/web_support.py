@@ -22,6 +22,7 @@ from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.errors import ProviderHTTPError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import NewEvent
 from thoughtgate.events.visible import VISIBLE_MARKER
@@ -169,6 +170,27 @@ def _saytool(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
 
 
 FAKE_SCRIPTS["saytool"] = _saytool
+
+
+def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """``fake:story-outage``: the story's first turn (it checks the weather), then the provider
+    is overloaded: a failed run whose error belongs to its second model turn."""
+    if turn == 0:
+        return _story(request, turn)
+
+    async def gen() -> AsyncIterator[Any]:
+        raise ProviderHTTPError(
+            "Overloaded",
+            provider="anthropic",
+            status=529,
+            error_type="overloaded_error",
+        )
+        yield  # pragma: no cover - makes this a generator
+
+    return gen()
+
+
+FAKE_SCRIPTS["story-outage"] = _story_outage
 
 
 @tool

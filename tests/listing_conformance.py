@@ -205,6 +205,19 @@ class RunListingConformance:
         every = (await store.run_changes(after=0, limit=2)).changes
         assert [run.run_id for _, run in every] == [c.run_id, b.run_id]
 
+    async def test_concurrent_changes_each_get_their_own_number(self, store: EventStore) -> None:
+        runs = [make_run(created_at=T0 + i) for i in range(8)]
+        await asyncio.gather(*(store.create_run(r) for r in runs))
+        await asyncio.gather(
+            *(store.update_run(r.run_id, status="running") for r in runs),
+            *(store.update_run(r.run_id, usage={"input_tokens": 1}) for r in runs),
+        )
+        changes = (await store.run_changes(after=0)).changes
+        numbers = [n for n, _ in changes]
+        assert sorted({r.run_id for _, r in changes}) == sorted(r.run_id for r in runs)
+        assert numbers == sorted(set(numbers)) and numbers[-1] == await store.latest_run_change()
+        assert await store.latest_run_change() == 3 * len(runs)
+
     async def test_a_finish_that_does_nothing_is_no_change(self, store: EventStore) -> None:
         run = make_run()
         await store.create_run(run)

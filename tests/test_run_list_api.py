@@ -303,3 +303,30 @@ def test_a_revoked_key_ends_its_list_stream(daemon: Daemon, streams: list[ListSt
     asyncio.run(daemon.store.save_api_key(revoked))
     got = stream.until(lambda got: any(m.event == "access_revoked" for m in got), within=10)
     assert "revoked" in json.loads(got[-1].data)["message"]
+
+
+def test_a_run_another_process_records_reaches_the_list_stream(tmp_path: Any) -> None:
+    """A ``thoughtgate run`` in a terminal writes the daemon's SQLite file too: its run reaches
+    the daemon's live list within the list's poll interval, without any in-process wake-up."""
+    from store_conformance import make_run
+
+    from thoughtgate.store.sqlite import SQLiteStore
+
+    with running_daemon(sqlite_dir=tmp_path) as daemon:
+        start = _list(daemon, "viewer", limit=1).json()["changes"]
+        stream = ListStream(daemon, "viewer", after=start)
+        try:
+            run = make_run(created_at=time.time())
+
+            async def elsewhere() -> None:
+                other = await SQLiteStore.open(tmp_path / "daemon.db")
+                try:
+                    await other.create_run(run)
+                finally:
+                    await other.close()
+
+            asyncio.run(elsewhere())
+            got = stream.until(_status_of(run.run_id, "pending"), within=10)
+            assert [v["run_id"] for v in _views(got)] == [run.run_id]
+        finally:
+            stream.close()

@@ -435,6 +435,35 @@ async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
     assert [e.seq for e in got] == list(range(1, 8))
 
 
+async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
+    pg_schema: str,
+) -> None:
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
+        await writer.create_run(make_run())
+        after = await reader.latest_run_change()
+        await reader.wait_for_run_changes(after - 1)  # starts the listener ...
+        await wait_until(lambda: reader._listener.healthy, "the listener listens")
+        await asyncio.sleep(0.05)  # ... and has woken everyone once (it just connected)
+        for change in ("create", "update", "finish"):
+            waiting = asyncio.create_task(reader.wait_for_run_changes(after))
+            await asyncio.sleep(0.05)
+            assert not waiting.done(), "nothing changed yet"
+            if change == "create":
+                run = make_run()
+                await writer.create_run(run)
+            elif change == "update":
+                await writer.update_run(run.run_id, status="running")
+            else:
+                end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
+                await writer.finish_run(run.run_id, end, status="failed")
+            await asyncio.wait_for(waiting, 5)  # NOTIFY, not the 60 s poll
+            after = await reader.latest_run_change()
+        assert [r.status for _, r in (await reader.run_changes(after=after - 1)).changes] == [
+            "failed"
+        ]
+
+
 async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) -> None:
     code = (
         "import asyncio, sys\n"

@@ -93,6 +93,9 @@ class EventStore(RunListing):
 
     #: How often a tail re-reads when no in-process wake-up arrives (cross-process writers).
     poll_interval: float = 0.25
+    #: The same for a reader of the run list's changes (``wait_for_run_changes``): a list may lag
+    #: another process's change by this much, and each idle list reader costs one read per poll.
+    list_poll_interval: float = 1.0
     #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
     #: doubling from the first figure up to the second.
     tail_retry: tuple[float, float] = (0.05, 2.0)
@@ -191,13 +194,13 @@ class EventStore(RunListing):
 
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
         """Block until a run may have changed after change number ``after`` (or a poll interval:
-        ``poll_s``, else ``poll_interval``). In-process changes wake it at once; other processes'
-        changes are seen at the next poll."""
+        ``poll_s``, else ``list_poll_interval``). In-process changes wake it at once; other
+        processes' changes are seen at the next poll."""
         armed = self.wakeups.arm(RUN_LIST_WAKEUP)
         if await self.latest_run_change() > after:
             return
         await self.wakeups.wait(
-            RUN_LIST_WAKEUP, self.poll_interval if poll_s is None else poll_s, armed=armed
+            RUN_LIST_WAKEUP, self.list_poll_interval if poll_s is None else poll_s, armed=armed
         )
 
     async def tail(

@@ -504,7 +504,7 @@ class PostgresStore(EventStore):
         healthy."""
         self._listener.start()
         if poll_s is None:
-            poll_s = self.safety_poll if self._listener.healthy else self.poll_interval
+            poll_s = self.safety_poll if self._listener.healthy else self.list_poll_interval
         await super().wait_for_run_changes(after, poll_s=poll_s)
 
     @staticmethod

@@ -292,20 +292,13 @@ async def sqlite_filled(rows: list[tuple[Any, ...]]) -> AsyncIterator[EventStore
 
 @contextlib.asynccontextmanager
 async def postgres_filled(rows: list[tuple[Any, ...]]) -> AsyncIterator[EventStore]:
-    import psycopg
-    from psycopg import sql
-
+    from bench.store_bench import postgres_store
     from thoughtgate.store.postgres import PostgresStore
 
-    schema = f"tg_bench_{uuid.uuid4().hex[:12]}"
-    store = await PostgresStore.open(PG_URL, schema=schema)
-    try:
-        await _fill_postgres(schema, rows)
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresStore)
+        await _fill_postgres(store.schema, rows)
         yield store
-    finally:
-        await store.close()
-        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as admin:
-            await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 async def run_all() -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -29,6 +30,7 @@ from playwright.sync_api import (
 __all__ = [
     "CHROMIUM_ARGS",
     "Capture",
+    "browser",
     "chromium_path",
     "launch",
     "open_run",
@@ -76,6 +78,17 @@ def launch() -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One chromium per test module (import this fixture into the module to use it); without
+    chromium the tests that use it FAIL and say how to install it."""
+    try:
+        with launch() as b:
+            yield b
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def _launch(playwright: Playwright, path: str) -> Browser:

@@ -16,7 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from browser_support import Capture, launch, page_for, sign_in
+from browser_support import Capture, browser, page_for, sign_in
 from daemon_support import Daemon
 from playwright.sync_api import Browser, Page
 from script_support import outage
@@ -33,6 +33,7 @@ from thoughtgate.events.schema import NewEvent
 from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
+__all__ = ["browser"]  # the fixture this module uses (one chromium per module)
 
 FAKE_SCRIPTS["builder-outage"] = outage
 PAGED = 60
@@ -60,15 +61,6 @@ def _seeds() -> list[Any]:
         )
     )
     return seeds
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    try:
-        with launch() as b:
-            yield b
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")

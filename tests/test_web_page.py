@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from browser_support import launch, open_run, page_for, sign_in, snapshot
+from browser_support import browser, open_run, page_for, sign_in, snapshot
 from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
@@ -43,6 +43,7 @@ from thoughtgate.store.records import ApiKeyRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
+__all__ = ["browser"]  # the fixture this module uses (one chromium per module)
 
 T = TypeVar("T")
 
@@ -54,15 +55,6 @@ def _in_thread(fn: Callable[[], T]) -> T:
 
 
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    try:
-        with launch() as b:
-            yield b
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

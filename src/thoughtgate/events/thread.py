@@ -177,6 +177,12 @@ class ToolCard:
         }
 
 
+def _step_dict(
+    kind: str, step: VisibleStep, task_id: str | None, turn: int | None
+) -> dict[str, Any]:
+    return {"kind": kind, **step.to_payload(), "task_id": task_id, "turn": turn}
+
+
 @dataclass(frozen=True, slots=True)
 class StepItem:
     step: VisibleStep
@@ -186,12 +192,7 @@ class StepItem:
     kind: Literal["step"] = "step"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            **self.step.to_payload(),
-            "task_id": self.task_id,
-            "turn": self.turn,
-        }
+        return _step_dict(self.kind, self.step, self.task_id, self.turn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,12 +204,7 @@ class PhaseItem:
     kind: Literal["phase"] = "phase"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            **self.step.to_payload(),
-            "task_id": self.task_id,
-            "turn": self.turn,
-        }
+        return _step_dict(self.kind, self.step, self.task_id, self.turn)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, get_args
 
 from sse_starlette.event import ServerSentEvent
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -36,6 +34,7 @@ from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import RunList
+from thoughtgate.server.routes.live import access_watcher, stream_response
 from thoughtgate.server.state import state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.listing import MAX_SEARCH_CHARS, RunCursor, RunQuery
@@ -190,21 +189,13 @@ async def stream_runs(request: Request, principal: Principal | None) -> Response
             f"last_event_id {after} is past the run list's last change ({latest}); resume from "
             "an id this stream sent you, or from the changes of GET /v1/runs",
         )
-    access = state.access
     frames = run_list_frames(
         state.store,
         role=principal.role,
         after=after,
-        watch_access=None
-        if access is None
-        else functools.partial(access.watch, principal.key_id, principal.role),
+        watch_access=access_watcher(state, principal),
     )
-    return EventSourceResponse(
-        frames,
-        ping=state.server.keepalive_s,
-        send_timeout=state.sse_send_timeout_s,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return stream_response(state, frames)
 
 
 _LIST_PARAMS = (

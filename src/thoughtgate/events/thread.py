@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 from thoughtgate.events.schema import DISPLAY_TERMINAL_TYPES, RUN_TERMINAL_TYPES, Event, EventType
@@ -311,7 +311,7 @@ class TurnInfo:
     _: KW_ONLY
     model: str | None = None
     provider: str | None = None
-    usage: Mapping[str, int] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
     started_at: float | None = None
     ttft_s: float | None = None
@@ -323,21 +323,7 @@ class TurnInfo:
     """When the turn was recorded (its event's ``ts``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "turn": self.turn,
-            "model": self.model,
-            "provider": self.provider,
-            "usage": dict(self.usage),
-            "finish_reason": self.finish_reason,
-            "started_at": self.started_at,
-            "ttft_s": self.ttft_s,
-            "duration_s": self.duration_s,
-            "error": self.error,
-            "error_class": self.error_class,
-            "tool_calls": self.tool_calls,
-            "ts": self.ts,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,13 +338,7 @@ class RunEnding:
     """Why an interrupted run stopped."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "status": self.status,
-            "error": self.error,
-            "error_class": self.error_class,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,14 +355,7 @@ class Totals:
     duration_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "turns": self.turns,
-            "tool_calls": self.tool_calls,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "duration_s": self.duration_s,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,11 @@ Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
 
 * ``tool_calls`` deltas are keyed by ``index``; the first fragment carries ``id`` and
   ``function.name``, later ones only ``function.arguments`` pieces;
-* usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM, an empty delta on
-  OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where the server counts them;
+* usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM/DashScope/Together/
+  Azure, an empty delta on OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where
+  the server counts them, or ``usage.reasoning_tokens`` on SGLang-served APIs (Together);
+* Azure OpenAI opens a stream with a chunk that has ``choices: []``, an empty ``id`` and
+  ``prompt_filter_results``, and adds ``content_filter_results`` to every choice: read past;
 * a payload with a top-level ``error`` (or an ``error`` on its choice, or ``finish_reason:
   "error"``) is an in-stream error (the HTTP status already said 200). Whatever else that payload
   carries -- usage above all, which OpenRouter sends in the same chunk -- is read first, so the
@@ -94,6 +97,8 @@ def chat_usage(usage: Mapping[str, Any], *, reasoning_in_output: bool = True) ->
     details = usage.get("completion_tokens_details")
     prompt_details = usage.get("prompt_tokens_details")
     reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
+    if reasoning is None:  # SGLang-served APIs (Together) count it at the top of ``usage``
+        reasoning = _int(usage.get("reasoning_tokens"))
     cached = (
         _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else None
     )

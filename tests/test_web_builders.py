@@ -438,6 +438,11 @@ def test_the_keyboard_reaches_everything(browser: Browser, daemon: Daemon) -> No
     daemon.wait_done(run_id)
     with page_for(browser) as (page, _):
         _signed_in(page, daemon, "developer")
+        first_stop = "() => document.querySelector('a[href], button, input, select, textarea').id"
+        assert page.evaluate(first_stop) == "skip"  # the first Tab stop skips header and list
+        page.focus("#skip")
+        page.keyboard.press("Enter")
+        assert page.evaluate("() => document.activeElement.id") == "thread"
         page.keyboard.press("/")
         assert page.evaluate("() => document.activeElement.id") == "search"
         page.keyboard.press("Escape")

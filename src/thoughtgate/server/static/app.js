@@ -77,6 +77,7 @@ $("#signout").addEventListener("click", () => {
   showSignIn("");
 });
 $("#new-run").addEventListener("click", () => { location.hash = "new"; });
+$("#skip").addEventListener("click", () => $("#thread").focus());
 window.addEventListener("hashchange", () => { if (state.me && location.hash.length > 1) route(); });
 
 // Keyboard: "/" search, "n" new run, "j" / "k" next / previous model turn, "r" reload the list.

@@ -344,10 +344,15 @@ def _tool(etype: str, call: str, value: str, turn: Any = 0, task: str | None = N
 def _response(turn: Any, task: str | None, usage: Any, timing: Any, error: Any) -> NewEvent:
     """An ``agent.response`` with well- and ill-typed fields (a reader keeps only the typed)."""
     payload: dict[str, Any] = {"turn": turn, "model": "m", "provider": "p", "usage": usage}
-    payload.update(started_at=timing, ttft_s=timing, duration_s=timing, finish_reason="stop")
+    payload["call"] = (
+        {"started_at": 10.5, "first_chunk_at": timing, "ended_at": 12}
+        if turn != 2
+        else "not a call"
+    )
+    payload["finish_reason"] = "stop"
     payload["tool_calls"] = [{"call_id": "c1", "name": "t", "input": {}}] if turn == 1 else "x"
     if error is not None:
-        payload.update(error=error, error_class=error.split(":")[0])
+        payload.update(error=error, error_type=error.split(":")[0])
     return NewEvent(EventType.AGENT_RESPONSE, payload, task_id=task)
 
 
@@ -397,14 +402,14 @@ turn_events = st.one_of(
                 None,
             ]
         ),
-        st.sampled_from([0.25, 3, None, "1.5", False]),
+        st.sampled_from([10.75, 11, None, "1.5", False]),
         st.sampled_from([None, "ProviderHTTPError: Overloaded", "x"]),
     ),
     st.builds(lambda w: NewEvent(EventType.RUN_STARTED, {"prompt": w}), WORDS),
     st.builds(
         lambda etype, status, error: NewEvent(
             etype,
-            {"status": status, "error": error, "error_class": "ProviderHTTPError", "reason": 7},
+            {"status": status, "error": error, "error_type": "overloaded_error", "reason": 7},
         ),
         st.sampled_from(
             [EventType.RUN_FAILED, EventType.RUN_INTERRUPTED, "run.settlement.completed"]
@@ -639,31 +644,30 @@ def test_turns_ending_and_totals_come_from_the_log_as_the_reader_sees_it() -> No
         response(
             0,
             {"input_tokens": 10, "output_tokens": 20, "reasoning_tokens": 15},
-            started_at=999.6,
-            ttft_s=0.25,
-            duration_s=0.4,
+            call={"started_at": 999.5, "first_chunk_at": 999.75, "ended_at": 1000.0},
             finish_reason="tool_use",
             tool_calls=[{"call_id": "c1", "name": "t", "input": {}}],
         ),
         tool(EventType.TOOL_STARTED, task_id="t1"),
-        response(1, {"input_tokens": 40, "output_tokens": 2}, error="cut", error_class="X"),
+        response(1, {"input_tokens": 40, "output_tokens": 2}, error="cut", error_type="X"),
         NewEvent(
             EventType.RUN_FAILED,
-            {"status": "failed", "error": "cut", "error_class": "X"},
+            {"status": "failed", "error": "cut", "error_type": "X"},
             ts=1002.0,
         ),
     ]
     events = sequenced(news)
     developer = rebuild(events)
     first, second = developer.turns
-    assert (first.turn, first.ttft_s, first.duration_s, first.tool_calls) == (0, 0.25, 0.4, 1)
-    assert (first.finish_reason, first.ts, second.error, second.error_class) == (
+    assert (first.turn, first.ttft_s, first.duration_s, first.tool_calls) == (0, 0.25, 0.5, 1)
+    assert (first.finish_reason, first.ts, second.error, second.error_type) == (
         "tool_use",
         1000.0,
         "cut",
         "X",
     )
-    assert developer.ending is not None and developer.ending.error_class == "X"
+    assert (second.started_at, second.ttft_s, second.duration_s) == (None, None, None)
+    assert developer.ending is not None and developer.ending.error_type == "X"
     assert developer.totals.to_dict() == {
         "turns": 2,
         "tool_calls": 1,

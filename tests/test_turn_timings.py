@@ -1,6 +1,7 @@
-"""Each model turn records when it started, its time to first token and its duration; a failure
-records its class on the turn that failed and on the run's end. A reader debugging a run reads
-these from ``agent.response`` and the terminal event, live and after a reload."""
+"""Each model turn records when its request was sent, when its first chunk came and when its
+stream ended (``agent.response.call``: time to first token and duration); a failure records its
+type on the turn that failed and on the run's end. A reader debugging a run reads these from
+``agent.response`` and the terminal event, live and after a reload."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from script_support import cut, outage
 
 from thoughtgate.config import Config
+from thoughtgate.errors import ProviderStreamError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
@@ -38,10 +40,6 @@ def _slow_start(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-def _silent(request: TurnRequest, turn: int) -> list[Any]:
-    return []  # no token at all: the turn ends empty
-
-
 def _loops(request: TurnRequest, turn: int) -> list[Any]:
     return [tool_call("missing_tool", {}, call_id=f"c{turn}")]
 
@@ -49,7 +47,6 @@ def _loops(request: TurnRequest, turn: int) -> list[Any]:
 FAKE_SCRIPTS.update(
     {
         "timing-slow": _slow_start,
-        "timing-silent": _silent,
         "timing-outage": outage,
         "timing-cut": cut,
         "timing-loops": _loops,
@@ -69,43 +66,48 @@ def _responses(events: list[Event]) -> list[dict[str, Any]]:
     return [dict(e.payload) for e in events if e.type == EventType.AGENT_RESPONSE]
 
 
-async def test_each_turn_records_its_start_time_to_first_token_and_duration() -> None:
+async def test_each_turn_records_when_it_was_sent_first_answered_and_ended() -> None:
     before = time.time()
     events, _ = await _run("fake:timing-slow")
     after = time.time()
-    first, second = _responses(events)
-    for turn in (first, second):
-        assert before <= turn["started_at"] <= after
-        assert WAIT * 0.9 <= turn["ttft_s"] <= turn["duration_s"]
-    assert second["duration_s"] >= 2 * WAIT * 0.9  # the pause after the first token counts
-    assert first["started_at"] + first["duration_s"] <= second["started_at"]
+    first, second = (r["call"] for r in _responses(events))
+    for call in (first, second):
+        assert before <= call["started_at"] < call["first_chunk_at"] <= call["ended_at"] <= after
+        assert call["first_chunk_at"] - call["started_at"] >= WAIT * 0.9  # time to first token
+    assert second["ended_at"] - second["started_at"] >= 2 * WAIT * 0.9  # the pause counts too
+    assert first["ended_at"] <= second["started_at"]
     # the turn's own event is recorded after its stream ended
     by_turn = {e.payload["turn"]: e.ts for e in events if e.type == EventType.AGENT_RESPONSE}
-    assert by_turn[0] >= first["started_at"] + first["duration_s"] - 0.01
+    assert by_turn[0] >= first["ended_at"]
 
 
-async def test_a_turn_with_no_token_has_no_time_to_first_token() -> None:
-    events, _ = await _run("fake:timing-silent")
+async def test_a_turn_with_no_chunk_has_no_first_chunk_time() -> None:
+    def silent(request: TurnRequest, turn: int) -> list[Any]:
+        raise ProviderStreamError("nothing came", provider="fake")
+
+    FAKE_SCRIPTS["timing-nothing"] = silent
+    events, _ = await _run("fake:timing-nothing")
     (turn,) = _responses(events)
-    assert turn["ttft_s"] is None and turn["duration_s"] >= 0
+    assert "first_chunk_at" not in turn["call"]
+    assert turn["call"]["ended_at"] >= turn["call"]["started_at"]
 
 
 @pytest.mark.parametrize(
-    ("model", "status", "error_class"),
+    ("model", "status", "error_type"),
     [
-        ("fake:timing-outage", "failed", "ProviderHTTPError"),
-        ("fake:timing-cut", "partial", "ProviderStreamError"),
+        ("fake:timing-outage", "failed", "overloaded"),  # the provider's own error code
+        ("fake:timing-cut", "partial", "ProviderStreamError"),  # else the error's class
     ],
 )
-async def test_a_provider_failure_names_its_class_on_the_turn_and_the_runs_end(
-    model: str, status: str, error_class: str
+async def test_a_provider_failure_names_its_type_on_the_turn_and_the_runs_end(
+    model: str, status: str, error_type: str
 ) -> None:
     events, _ = await _run(model)
     (turn,) = _responses(events)
-    assert turn["error_class"] == error_class and turn["error"]
+    assert turn["error_type"] == error_type and turn["error"]
     end = events[-1]
     assert end.payload["status"] == status
-    assert end.payload["error_class"] == error_class
+    assert end.payload["error_type"] == error_type
     assert end.payload["error"] == turn["error"]
 
 
@@ -113,10 +115,10 @@ async def test_the_turn_limit_is_named_as_the_kind_of_failure() -> None:
     events, _ = await _run("fake:timing-loops", max_turns=2)
     end = events[-1]
     assert (end.type, end.payload["status"]) == (EventType.RUN_SETTLEMENT_COMPLETED, "partial")
-    assert end.payload["error_class"] == "max_turns"
-    assert all("error_class" not in t for t in _responses(events))  # no turn failed
+    assert end.payload["error_type"] == "max_turns"
+    assert all("error_type" not in t for t in _responses(events))  # no turn failed
 
 
-async def test_a_completed_run_names_no_error_class() -> None:
+async def test_a_completed_run_names_no_error_type() -> None:
     events, _ = await _run("fake:timing-slow")
-    assert "error_class" not in events[-1].payload and "error" not in events[-1].payload
+    assert "error_type" not in events[-1].payload and "error" not in events[-1].payload

@@ -22,7 +22,6 @@ for a result), which is one more turn.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
@@ -49,6 +48,7 @@ from thoughtgate.events.payloads import (
     MessageCompletedPayload,
     MessageDeltaPayload,
     MessagePartiallyCompletedPayload,
+    ModelCallPayload,
     ReasoningDeltaPayload,
     ReasoningPartPayload,
     ToolApprovalRequiredPayload,
@@ -62,9 +62,16 @@ from thoughtgate.events.payloads import (
     ToolProgressPayload,
     ToolStartedPayload,
     token_usage,
+    trace_metadata,
 )
-from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.providers.base import Provider, ReasoningRequest, ToolSpec, TurnRequest
+from thoughtgate.events.schema import Event, EventType, NewEvent, now_ts
+from thoughtgate.providers.base import (
+    Provider,
+    ReasoningRequest,
+    ServerInfo,
+    ToolSpec,
+    TurnRequest,
+)
 from thoughtgate.types import (
     Chunk,
     Message,
@@ -72,14 +79,25 @@ from thoughtgate.types import (
     ReasoningPart,
     TextDelta,
     ToolCallPart,
-    ToolCallStart,
     ToolResultPart,
     Turn,
     Usage,
     part_to_dict,
 )
 
-__all__ = ["LoopObserver", "LoopRecorder", "LoopResult", "run_agent_loop", "strip_reasoning"]
+__all__ = [
+    "NOT_APPROVED_IN_TIME",
+    "REJECTED_BY_USER",
+    "LoopObserver",
+    "LoopRecorder",
+    "LoopResult",
+    "error_type_of",
+    "failed_tool_text",
+    "offered_tools",
+    "run_agent_loop",
+    "strip_reasoning",
+    "unknown_tool_text",
+]
 
 
 class LoopRecorder(Protocol):
@@ -130,13 +148,42 @@ class LoopResult:
     finish_reason: str | None
     error: str | None = None
     turn_records: list[Turn] = field(default_factory=list)
-    error_class: str | None = None
-    """What kind of failure ``error`` is: the provider error's class, or ``max_turns``."""
+    error_type: str | None = None
+    """What kind of failure ``error`` is (:func:`error_type_of`, or ``max_turns``)."""
 
 
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
     """The parts that may go back to a model: everything but reasoning text."""
     return tuple(p for p in parts if not isinstance(p, ReasoningPart))
+
+
+NOT_APPROVED_IN_TIME = "The tool call was not approved in time and was not executed."
+"""What the model is told when nobody answered an approval in time."""
+REJECTED_BY_USER = "The user rejected this tool call; it was not executed."
+"""What the model is told when a person rejected a tool call."""
+
+
+def unknown_tool_text(name: str) -> str:
+    """What the model is told when it called a tool that does not exist."""
+    return f"Error: there is no tool named {name!r}."
+
+
+def failed_tool_text(error: str) -> str:
+    """What the model is told when a tool (and its fallback) failed."""
+    return f"Error: {error}"
+
+
+def error_type_of(exc: ProviderError) -> str:
+    """A low-cardinality name for a provider failure: the provider's own error code
+    (``overloaded_error``, ``rate_limit_error``, ...), else the error's class."""
+    return exc.error_type or type(exc).__name__
+
+
+def offered_tools(tools: ToolRegistry, observer: LoopObserver | None) -> tuple[ToolSpec, ...]:
+    """The tools a model is offered: the registry's, plus ``visible_step`` when narrating."""
+    if observer is not None and observer.narrates:
+        return (*tools.specs, NARRATION_SPEC)
+    return tools.specs
 
 
 def _error_kind(exc: Exception, *, fallback_failed: bool = False) -> ToolErrorKind:
@@ -169,10 +216,8 @@ class _Loop:
         self.observer = observer
         self.max_tokens = max_tokens
         self.turn_no = 0
-        self.turn_started_at = 0.0
-        self.turn_clock = 0.0
-        self.first_token_at: float | None = None
-        self.turn_ended_at: float | None = None
+        self.first_chunk_at: float | None = None
+        self.stream_ended_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -184,7 +229,7 @@ class _Loop:
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the model: the registry's, plus ``visible_step`` when narrating."""
-        return (*self.tools.specs, NARRATION_SPEC) if self.narrating else self.tools.specs
+        return offered_tools(self.tools, self.observer)
 
     def narrations(self, turn: Turn) -> list[Narration]:
         if not self.narrating:
@@ -204,24 +249,9 @@ class _Loop:
     def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
 
-    def begin_turn(self, turn_no: int) -> None:
-        """Start the clock of a model turn (its timings go into ``agent.response``)."""
-        self.turn_no = turn_no
-        self.turn_started_at = time.time()
-        self.turn_clock = time.monotonic()
-        self.first_token_at = None
-        self.turn_ended_at = None
-
-    def end_turn(self) -> None:
-        """The turn's stream ended (finished or cut): stop its clock."""
-        self.turn_ended_at = time.monotonic()
-
     async def on_chunk(self, chunk: Chunk) -> None:
-        if self.first_token_at is None and (
-            isinstance(chunk, ToolCallStart)
-            or (isinstance(chunk, TextDelta | ReasoningDelta) and chunk.text)
-        ):
-            self.first_token_at = time.monotonic()
+        if self.first_chunk_at is None:
+            self.first_chunk_at = now_ts()
         if isinstance(chunk, TextDelta) and chunk.text:
             delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
             await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
@@ -247,11 +277,39 @@ class _Loop:
 
         return replace(turn, parts=strip_reasoning(turn.parts))
 
+    def call_info(self, request: TurnRequest, turn: Turn, started_at: float) -> ModelCallPayload:
+        """How this turn was requested and answered (telemetry reads it from the log)."""
+        call: ModelCallPayload = {
+            "stream": True,
+            "max_tokens": request.max_tokens,
+            "started_at": started_at,
+        }
+        if self.first_chunk_at is not None:
+            call["first_chunk_at"] = self.first_chunk_at
+        if self.stream_ended_at is not None:
+            call["ended_at"] = self.stream_ended_at
+        if request.temperature is not None:
+            call["temperature"] = request.temperature
+        if turn.response_id:
+            call["response_id"] = turn.response_id
+        if turn.response_model:
+            call["response_model"] = turn.response_model
+        server = getattr(self.provider, "server", None)
+        if isinstance(server, ServerInfo):
+            call["server"] = server.name
+            if server.address:
+                call["server_address"] = server.address
+            if server.port is not None:
+                call["server_port"] = server.port
+        return call
+
     async def record_response(
-        self, turn: Turn, *, error: str | None = None, error_class: str | None = None
+        self,
+        turn: Turn,
+        *,
+        call: ModelCallPayload | None = None,
+        error: ProviderError | None = None,
     ) -> None:
-        ended = self.turn_ended_at or time.monotonic()
-        first = self.first_token_at
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
@@ -265,14 +323,15 @@ class _Loop:
                 {"call_id": c.call_id, "name": c.name, "input": c.arguments}
                 for c in self.real_calls(turn)
             ],
-            "started_at": self.turn_started_at,
-            "ttft_s": None if first is None else round(first - self.turn_clock, 6),
-            "duration_s": round(ended - self.turn_clock, 6),
         }
-        if error:
-            payload["error"] = error
-            if error_class:
-                payload["error_class"] = error_class
+        if error is not None:
+            payload["error"] = str(error)
+            payload["error_type"] = error_type_of(error)
+        if call is not None:
+            payload["call"] = call
+        if self.disclosure.in_trace and not self.disclosure.on_display:
+            # telemetry_only: this turn's reasoning for the trace surface (and telemetry) only
+            payload["trace"] = trace_metadata(turn.reasoning_text, turn.continuity)
         if self.disclosure.on_display:
             text = turn.reasoning_text
             payload["reasoning"] = text
@@ -310,7 +369,7 @@ class _Loop:
             await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
             return ToolResultPart(
                 call.call_id,
-                f"Error: there is no tool named {call.name!r}.",
+                unknown_tool_text(call.name),
                 is_error=True,
                 name=call.name,
             )
@@ -336,7 +395,7 @@ class _Loop:
         if outcome.decision == "timeout":
             expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
             await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
-            text = "The tool call was not approved in time and was not executed."
+            text = NOT_APPROVED_IN_TIME
         else:
             answered: ToolApprovalResponsePayload = {
                 **base,
@@ -346,7 +405,7 @@ class _Loop:
             await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
             if outcome.decision == "approve":
                 return None
-            text = "The user rejected this tool call; it was not executed."
+            text = REJECTED_BY_USER
         result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
         status = "skipped" if outcome.decision == "timeout" else "rejected"
         await self.observe_tool_finished(call, status, result)
@@ -412,7 +471,7 @@ class _Loop:
         failed: ToolFailedPayload = {**base, "error": error, "error_kind": kind}
         await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
         return (
-            ToolResultPart(call.call_id, f"Error: {error}", is_error=True, name=call.name),
+            ToolResultPart(call.call_id, failed_tool_text(error), is_error=True, name=call.name),
             "failed",
         )
 
@@ -449,6 +508,7 @@ async def run_agent_loop(
     reasoning: list[str] = []
     turns: list[Turn] = []
     for turn_no in range(max_turns):
+        loop.turn_no = turn_no
         outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
         for gone in dropped:
             note: ContinuityDroppedPayload = {
@@ -467,18 +527,20 @@ async def run_agent_loop(
             reasoning=ReasoningRequest(disclosure.requests_reasoning),
             max_tokens=max_tokens,
         )
-        loop.begin_turn(turn_no)
+        started_at = now_ts()
+        loop.first_chunk_at = loop.stream_ended_at = None
         try:
             turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
         except ProviderError as exc:
-            loop.end_turn()
+            loop.stream_ended_at = now_ts()
             partial = loop.captured(exc.partial) if exc.partial is not None else None
             await recorder.flush()
             if partial is not None:
                 usage = usage + partial.usage
                 reasoning.append(partial.reasoning_text)
                 turns.append(partial)
-                await loop.record_response(partial, error=str(exc), error_class=type(exc).__name__)
+                call = loop.call_info(request, partial, started_at)
+                await loop.record_response(partial, call=call, error=exc)
             answer = partial.text if partial is not None else ""
             cut: MessagePartiallyCompletedPayload = {
                 "text": answer,
@@ -499,14 +561,14 @@ async def run_agent_loop(
                 partial.finish_reason if partial else None,
                 str(exc),
                 turns,
-                type(exc).__name__,
+                error_type_of(exc),
             )
-        loop.end_turn()
+        loop.stream_ended_at = now_ts()
         await recorder.flush()
         usage = usage + turn.usage
         reasoning.append(turn.reasoning_text)
         turns.append(turn)
-        await loop.record_response(turn)
+        await loop.record_response(turn, call=loop.call_info(request, turn, started_at))
         if not turn.tool_calls:
             final: MessageCompletedPayload = {
                 "text": turn.text,

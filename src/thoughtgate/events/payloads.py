@@ -22,7 +22,7 @@ an older payload into the current shape when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, TypeAlias
 
@@ -32,7 +32,7 @@ from typing_extensions import TypedDict
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.visibility import Vis, VisClass
-from thoughtgate.types import Usage
+from thoughtgate.types import ContinuityBlock, Usage
 
 __all__ = [
     "EVENT_SPECS",
@@ -46,6 +46,7 @@ __all__ = [
     "MessageCompletedPayload",
     "MessageDeltaPayload",
     "MessagePartiallyCompletedPayload",
+    "ModelCallPayload",
     "ReasoningDeltaPayload",
     "ReasoningPartPayload",
     "ReceiptPayload",
@@ -66,6 +67,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolCardFields",
     "ToolCompletedPayload",
+    "ToolDefinitionPayload",
     "ToolDegradedPayload",
     "ToolErrorKind",
     "ToolFailedPayload",
@@ -76,6 +78,7 @@ __all__ = [
     "VisibleStepPayload",
     "WorkerCompletedPayload",
     "token_usage",
+    "trace_metadata",
     "upgrade_payload",
 ]
 
@@ -185,6 +188,19 @@ class TraceMetadata(TypedDict):
     continuity: Annotated[list[TraceCarrier], Vis.PUBLIC]
 
 
+def trace_metadata(reasoning: str, continuity: Iterable[ContinuityBlock]) -> TraceMetadata:
+    """The trace form of some reasoning: its text and sizes, and which carriers existed (never
+    their bytes)."""
+    return {
+        "reasoning": reasoning,
+        "reasoning_chars": len(reasoning),
+        "reasoning_bytes": len(reasoning.encode("utf-8")),
+        "continuity": [
+            {"carrier": b.carrier, "provider": b.provider, "model": b.model} for b in continuity
+        ],
+    }
+
+
 @with_config(_STRICT)
 class ResolutionSources(TypedDict):
     """Which layer decided each setting (explicit > run > config > default)."""
@@ -216,6 +232,45 @@ class ReceiptPayload(TypedDict):
     (``provider_summaries``, ``model``); derived from ``summarizers``."""
 
 
+@with_config(_STRICT)
+class ToolDefinitionPayload(TypedDict):
+    """A tool as it was offered to the model (name, description, JSON schema of its arguments)."""
+
+    type: Annotated[Literal["function"], Vis.PUBLIC]
+    name: Annotated[str, Vis.PUBLIC]
+    description: Annotated[str, Vis.PUBLIC]
+    parameters: Annotated[dict[str, Any], Vis.PUBLIC]
+
+
+@with_config(_STRICT)
+class ModelCallPayload(TypedDict):
+    """How one model turn was requested and answered, seen from thoughtgate's side of the wire
+    (what OpenTelemetry's ``gen_ai.request.*``, ``gen_ai.response.*`` and ``server.*`` report)."""
+
+    stream: Annotated[bool, Vis.PUBLIC]
+    """Whether the turn was streamed (the agent loop always streams)."""
+    max_tokens: Annotated[int, Vis.PUBLIC]
+    started_at: Annotated[float, Vis.PUBLIC]
+    """When the request was sent (seconds since the epoch)."""
+    first_chunk_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage): the time to
+    first token is ``first_chunk_at - started_at``."""
+    ended_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the turn's stream ended, finished or cut: its duration is ``ended_at - started_at``
+    (absent in turns recorded before it existed)."""
+    temperature: NotRequired[Annotated[float, Vis.PUBLIC]]
+    response_id: NotRequired[Annotated[str, Vis.OPERATOR]]
+    """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
+    response in the provider's own logs and storage."""
+    response_model: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The model the provider says answered (often a dated snapshot of the one asked for)."""
+    server: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The server the endpoint rules recognise (``anthropic``, ``deepseek``, ``ollama``, …;
+    ``generic`` when unknown)."""
+    server_address: NotRequired[Annotated[str, Vis.OPERATOR]]
+    server_port: NotRequired[Annotated[int, Vis.OPERATOR]]
+
+
 # --------------------------------------------------------------------------- run and task
 
 
@@ -245,9 +300,10 @@ class RunEndedPayload(TypedDict):
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """thoughtgate's description of the failure (provider, store, runtime); tool failures never
     end a run, so no tool data reaches it."""
-    error_class: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The kind of failure, with ``error``: the error's class (``ProviderHTTPError``,
-    ``StoreUnavailableError``, ...), ``max_turns`` for a task stopped at the turn limit."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The kind of failure, with ``error``: a provider's error code (``overloaded_error``, ...),
+    else the error's class (``ProviderStreamError``, ``StoreUnavailableError``, ...), or
+    ``max_turns`` for a task stopped at the turn limit (as in ``agent.response``)."""
 
 
 @with_config(_STRICT)
@@ -266,6 +322,14 @@ class TaskStartedPayload(TypedDict):
     prompt: Annotated[str, Vis.PUBLIC]
     backend: Annotated[str | None, Vis.PUBLIC]
     model: Annotated[str | None, Vis.PUBLIC]
+    system: NotRequired[Annotated[str, Vis.TRACE]]
+    """The system prompt the model was given: the trace surface only (no visible step may quote
+    it either)."""
+    tools: NotRequired[Annotated[list[ToolDefinitionPayload], Vis.TRACE]]
+    """The tools the model was offered, ``visible_step`` included when narrating."""
+    history: NotRequired[Annotated[list[dict[str, Any]], Vis.TRACE]]
+    """Earlier conversation the task was given before its prompt (no reasoning ever), as
+    ``{"role", "parts": [{"type": "text" | "tool_call" | "tool_call_response", ...}]}``."""
 
 
 @with_config(_STRICT)
@@ -342,17 +406,12 @@ class AgentResponsePayload(TypedDict):
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider error that cut this turn."""
-    error_class: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The kind of that error: ``ProviderHTTPError``, ``ProviderStreamError``,
-    ``ProviderTimeoutError``, ``ProviderConnectionError`` or ``MalformedResponseError``."""
-    started_at: NotRequired[Annotated[float, Vis.PUBLIC]]
-    """When thoughtgate sent this turn's request (Unix seconds). Absent in turns recorded before
-    per-turn timings existed, as are ``ttft_s`` and ``duration_s``."""
-    ttft_s: NotRequired[Annotated[float | None, Vis.PUBLIC]]
-    """Seconds from the request to the first streamed token of any kind (reasoning, answer text or
-    a tool call); ``null`` when none arrived."""
-    duration_s: NotRequired[Annotated[float, Vis.PUBLIC]]
-    """Seconds from the request to the end of the turn's stream."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    call: NotRequired[Annotated[ModelCallPayload, Vis.PUBLIC]]
+    """How the turn was requested and when it answered (absent in events recorded before)."""
+    trace: NotRequired[Annotated[TraceMetadata, Vis.TRACE]]
+    """``telemetry_only`` runs: this turn's reasoning, for the trace surface and telemetry."""
     reasoning: NotRequired[Annotated[str, Vis.REASONING]]
     reasoning_chars: NotRequired[Annotated[int, Vis.REASONING]]
     reasoning_bytes: NotRequired[Annotated[int, Vis.REASONING]]

@@ -18,7 +18,7 @@ What the view holds, in the order each thing first appeared (think → tool → 
   terminal.
 
 Beside the items: one :class:`TurnInfo` per model turn (``agent.response``: model, tokens, time
-to first token, duration, finish reason, error and its class), the run's start and end times and
+to first token, duration, finish reason, error and its type), the run's start and end times and
 how it ended (:class:`RunEnding`), and :class:`Totals` over all of it. Every item records the task
 and model turn it belongs to: its own ``turn`` when its event carries one, else the turn of the
 last event of its task that did (a step narrated after a turn belongs to that turn).
@@ -314,10 +314,13 @@ class TurnInfo:
     usage: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
     started_at: float | None = None
+    """When the turn's request was sent (``call.started_at``)."""
     ttft_s: float | None = None
+    """``call.first_chunk_at - call.started_at``."""
     duration_s: float | None = None
+    """``call.ended_at - call.started_at``."""
     error: str | None = None
-    error_class: str | None = None
+    error_type: str | None = None
     tool_calls: int = 0
     ts: float | None = None
     """When the turn was recorded (its event's ``ts``)."""
@@ -328,12 +331,12 @@ class TurnInfo:
 
 @dataclass(frozen=True, slots=True)
 class RunEnding:
-    """How the run ended, from its terminal event (the error in words, and its class)."""
+    """How the run ended, from its terminal event (the error in words, and its type)."""
 
     type: str
     status: str | None = None
     error: str | None = None
-    error_class: str | None = None
+    error_type: str | None = None
     reason: str | None = None
     """Why an interrupted run stopped."""
 
@@ -559,7 +562,7 @@ class ThreadBuilder:
                 etype,
                 _opt_str(payload.get("status")),
                 _opt_str(payload.get("error")),
-                _opt_str(payload.get("error_class")),
+                _opt_str(payload.get("error_type")),
                 _opt_str(payload.get("reason")),
             )
 
@@ -581,6 +584,11 @@ class ThreadBuilder:
             else {}
         )
         calls = payload.get("tool_calls")
+        call = payload.get("call")
+        times = call if isinstance(call, Mapping) else {}
+        started = _opt_num(times.get("started_at"))
+        first = _opt_num(times.get("first_chunk_at"))
+        ended = _opt_num(times.get("ended_at"))
         self._turns[(self._task_id, turn)] = TurnInfo(
             self._task_id,
             turn,
@@ -588,11 +596,11 @@ class ThreadBuilder:
             provider=_opt_str(payload.get("provider")),
             usage=usage,
             finish_reason=_opt_str(payload.get("finish_reason")),
-            started_at=_opt_num(payload.get("started_at")),
-            ttft_s=_opt_num(payload.get("ttft_s")),
-            duration_s=_opt_num(payload.get("duration_s")),
+            started_at=started,
+            ttft_s=None if first is None or started is None else first - started,
+            duration_s=None if ended is None or started is None else ended - started,
             error=_opt_str(payload.get("error")),
-            error_class=_opt_str(payload.get("error_class")),
+            error_type=_opt_str(payload.get("error_type")),
             tool_calls=len(calls) if isinstance(calls, list) else 0,
             ts=self._ts,
         )

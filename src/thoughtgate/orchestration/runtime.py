@@ -45,10 +45,16 @@ from thoughtgate.config import (
 )
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
-from thoughtgate.engine.history import conversation_from_events
-from thoughtgate.engine.loop import LoopObserver, LoopResult, run_agent_loop
+from thoughtgate.engine.history import conversation_from_events, history_payload
+from thoughtgate.engine.loop import (
+    LoopObserver,
+    LoopResult,
+    error_type_of,
+    offered_tools,
+    run_agent_loop,
+)
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import ThoughtgateError, UsageError
+from thoughtgate.errors import ProviderError, ThoughtgateError, UsageError
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     CapabilityResolvedPayload,
@@ -60,13 +66,21 @@ from thoughtgate.events.payloads import (
     SettingSource,
     TaskCompletedPayload,
     TaskStartedPayload,
+    ToolDefinitionPayload,
     WorkerCompletedPayload,
     token_usage,
+    trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
-from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
+from thoughtgate.providers.base import (
+    Provider,
+    ProviderSettings,
+    ToolSpec,
+    create_provider,
+    split_model,
+)
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import close_run_interrupted, end_run
@@ -379,7 +393,7 @@ class Runtime:
                 EventType.RUN_FAILED,
                 "failed",
                 spent.usage,
-                (_describe(exc), type(exc).__name__),
+                (_describe(exc), _error_type(exc)),
             )
             raise
         except Exception as exc:
@@ -388,13 +402,13 @@ class Runtime:
                 EventType.RUN_ERROR,
                 "error",
                 spent.usage,
-                (_describe(exc), type(exc).__name__),
+                (_describe(exc), _error_type(exc)),
             )
             raise
         status = _run_status([r.status for r in results])
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
-        error = None if failed is None else (failed.error or "", failed.error_class)
+        error = None if failed is None else (failed.error or "", failed.error_type)
         await self._finish(run.run_id, event, status, spent.usage, error)
 
     async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
@@ -454,14 +468,14 @@ class Runtime:
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too. Nothing happens if another process already closed the run. ``failure``
-        is the error and its class, if any."""
+        is the error and its type (``RunEndedPayload.error_type``), if any."""
         self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
         if error:
             payload["error"] = error
             if failure and failure[1]:
-                payload["error_class"] = failure[1]
+                payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
         await self._observe(
             await end_run(
@@ -483,19 +497,30 @@ class Runtime:
         started = time.monotonic()
         task.status = "running"
         await self.store.save_task(task)
+        observer: LoopObserver | None = None
+        setup_failed: Exception | None = None
+        if run.worker_backend != "inline":
+            try:
+                observer = self._observer(run, spec, disclosure)
+            except Exception as exc:  # reported below, after task.started, as the task's failure
+                setup_failed = exc
         opened: TaskStartedPayload = {
             "index": task.index,
             "prompt": task.prompt,
             "backend": task.backend,
             "model": task.model,
         }
+        if run.worker_backend != "inline":
+            _describe_task(opened, spec, offered_tools(self.tools, observer))
         await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
         try:
             try:
+                if setup_failed is not None:
+                    raise setup_failed
                 if run.worker_backend == "inline":
                     result = await self._inline(spec, task, recorder)
                 else:
-                    result = await self._provider(run, spec, task, recorder, disclosure)
+                    result = await self._provider(run, spec, task, recorder, disclosure, observer)
             finally:
                 await recorder.close()
         except Exception as exc:
@@ -540,17 +565,8 @@ class Runtime:
             "finish_reason": result.finish_reason,
         }
         if disclosure.in_trace:
-            text = result.reasoning
-            payload["trace"] = {
-                "reasoning": text,
-                "reasoning_chars": len(text),
-                "reasoning_bytes": len(text.encode("utf-8")),
-                "continuity": [
-                    {"carrier": b.carrier, "provider": b.provider, "model": b.model}
-                    for t in result.turn_records
-                    for b in t.continuity
-                ],
-            }
+            blocks = (b for t in result.turn_records for b in t.continuity)
+            payload["trace"] = trace_metadata(result.reasoning, blocks)
         done: TaskCompletedPayload = {
             "status": result.status,
             "output": result.answer,
@@ -582,7 +598,7 @@ class Runtime:
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
             return LoopResult(
-                "failed", "", 0, Usage(), "", "error", error, error_class=type(exc).__name__
+                "failed", "", 0, Usage(), "", "error", error, error_type=type(exc).__name__
             )
         text = str(output)
         final: MessageCompletedPayload = {"text": text}
@@ -604,6 +620,13 @@ class Runtime:
         )
         return make(run, disclosure)
 
+    def _observer(
+        self, run: RunRecord, spec: TaskSpec, disclosure: Disclosure
+    ) -> LoopObserver | None:
+        if self.observer_factory is not None:
+            return self.observer_factory(run, disclosure)
+        return self._visible_reasoning(run, spec, disclosure)
+
     async def _provider(
         self,
         run: RunRecord,
@@ -611,16 +634,13 @@ class Runtime:
         task: TaskRecord,
         recorder: EventRecorder,
         disclosure: Disclosure,
+        observer: LoopObserver | None,
     ) -> LoopResult:
         model = task.model or run.model
         assert model is not None
         provider = self._prepared.get(run.run_id, {}).pop(model, None) or self.provider_factory(
             model
         )
-        if self.observer_factory is not None:
-            observer = self.observer_factory(run, disclosure)
-        else:
-            observer = self._visible_reasoning(run, spec, disclosure)
         try:
             return await run_agent_loop(
                 provider,
@@ -668,9 +688,34 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     return "it was cancelled before it finished"
 
 
+def _error_type(exc: Exception) -> str:
+    """A provider's error code, else the error's class (``engine.loop.error_type_of``)."""
+    return error_type_of(exc) if isinstance(exc, ProviderError) else type(exc).__name__
+
+
 def _describe(exc: Exception) -> str:
     """Our own errors speak for themselves; anything else is named by its type."""
     return str(exc) if isinstance(exc, ThoughtgateError) else f"{type(exc).__name__}: {exc}"
+
+
+def _describe_task(opened: TaskStartedPayload, spec: TaskSpec, tools: Sequence[ToolSpec]) -> None:
+    """What the model of a provider task is given besides its prompt, for the trace surface and
+    telemetry (``system``, ``tools``, ``history``; never a display surface)."""
+    if spec.system:
+        opened["system"] = spec.system
+    if tools:
+        definitions: list[ToolDefinitionPayload] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            }
+            for t in tools
+        ]
+        opened["tools"] = definitions
+    if spec.history:
+        opened["history"] = history_payload(spec.history)
 
 
 def _hidden_texts(spec: TaskSpec) -> list[str]:

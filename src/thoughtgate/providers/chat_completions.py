@@ -38,6 +38,7 @@ from thoughtgate.types import (
     FinishChunk,
     FinishReason,
     Message,
+    ResponseInfoChunk,
     TextDelta,
     TextPart,
     ToolCallDelta,
@@ -154,6 +155,7 @@ class ChatChunkParser:
         self.error: ProviderStreamError | None = None
         """An in-stream error: raised by the caller once the chunks of its payload are out."""
         self._calls: dict[int, _ToolCall] = {}
+        self._info_seen = False
 
     # ------------------------------------------------------------------ hooks
 
@@ -171,6 +173,19 @@ class ChatChunkParser:
 
     # ------------------------------------------------------------------ parsing
 
+    def _response_info(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """The completion's ``id`` and answering ``model``, from the first chunk that has them
+        (every chunk of a stream repeats them)."""
+        if self._info_seen:
+            return []
+        rid, model = data.get("id"), data.get("model")
+        rid = rid if isinstance(rid, str) and rid else None
+        model = model if isinstance(model, str) and model else None
+        if rid is None and model is None:
+            return []
+        self._info_seen = True
+        return [ResponseInfoChunk(response_id=rid, model=model)]
+
     @property
     def has_tool_calls(self) -> bool:
         return bool(self._calls)
@@ -183,7 +198,7 @@ class ChatChunkParser:
         after its other contents (usage) have been read."""
         if data.get("error"):
             self.error = stream_error(self.provider, data)
-        out: list[Chunk] = []
+        out: list[Chunk] = self._response_info(data)
         choices = data.get("choices") or []
         if not isinstance(choices, list):
             raise self._malformed("choices is not a list", choices)
@@ -348,7 +363,15 @@ def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> l
     for key in ("native_finish_reason", "error"):
         if key in choice:
             fed[key] = choice[key]
-    chunks = parser.feed({"choices": [fed], "usage": data.get("usage"), "error": data.get("error")})
+    chunks = parser.feed(
+        {
+            "id": data.get("id"),
+            "model": data.get("model"),
+            "choices": [fed],
+            "usage": data.get("usage"),
+            "error": data.get("error"),
+        }
+    )
     if parser.error is not None:
         _raise_with(parser, chunks)
     return chunks + parser.end()

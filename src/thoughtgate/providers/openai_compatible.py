@@ -44,7 +44,13 @@ from typing import Any
 
 import httpx
 
-from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
+from thoughtgate.providers.base import (
+    Capabilities,
+    ProviderSettings,
+    ServerInfo,
+    TurnRequest,
+    server_info,
+)
 from thoughtgate.providers.chat_completions import (
     CHAT_PATH,
     ChatChunkParser,
@@ -270,6 +276,11 @@ class OpenAICompatibleProvider:
         data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
         chunks = parse_chat_completion(data, self._parser(request))
         return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return server_info(self._http.base_url, self.rule.server)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from thoughtgate.server.api import Endpoint
-from thoughtgate.server.routes import keys, live, meta, run_list, runs
+from thoughtgate.server.routes import agui, keys, live, meta, run_list, runs
 
 __all__ = ["all_endpoints"]
 
@@ -14,6 +14,7 @@ def all_endpoints() -> tuple[Endpoint, ...]:
         *run_list.ENDPOINTS,
         *runs.ENDPOINTS,
         *live.ENDPOINTS,
+        *agui.ENDPOINTS,
         *keys.ENDPOINTS,
         *meta.ENDPOINTS,
     )

@@ -195,7 +195,7 @@ const TG_THREAD = (() => {
       if (RUN_TERMINAL.has(type)) {
         this.runEnded = true;
         this.endedAt = this.ts;
-        this.ending = { type, status: optStr(p.status), error: optStr(p.error), error_class: optStr(p.error_class),
+        this.ending = { type, status: optStr(p.status), error: optStr(p.error), error_type: optStr(p.error_type),
           reason: optStr(p.reason) };
       }
     }
@@ -213,10 +213,14 @@ const TG_THREAD = (() => {
     applyResponse(p) {
       const turn = optInt(p.turn);
       const usage = isMapping(p.usage) ? Object.fromEntries(Object.entries(p.usage).filter(([, v]) => isInt(v))) : {};
+      const times = isMapping(p.call) ? p.call : {};
+      const started = optNum(times.started_at), first = optNum(times.first_chunk_at), ended = optNum(times.ended_at);
       this.turns.set(JSON.stringify([this.taskId, turn]), {
         task_id: this.taskId, turn, model: optStr(p.model), provider: optStr(p.provider), usage,
-        finish_reason: optStr(p.finish_reason), started_at: optNum(p.started_at), ttft_s: optNum(p.ttft_s),
-        duration_s: optNum(p.duration_s), error: optStr(p.error), error_class: optStr(p.error_class),
+        finish_reason: optStr(p.finish_reason), started_at: started,
+        ttft_s: first === null || started === null ? null : first - started,
+        duration_s: ended === null || started === null ? null : ended - started,
+        error: optStr(p.error), error_type: optStr(p.error_type),
         tool_calls: Array.isArray(p.tool_calls) ? p.tool_calls.length : 0, ts: this.ts,
       });
     }

@@ -185,8 +185,8 @@ function turnSection(key, first, thread, multiTask) {
     "aria-label": title },
     el("div", { class: "turn-head" }, el("h3", {}, title), turnMetrics(info)),
     info?.error ? el("div", { class: "error turn-error", "data-testid": "turn-error" },
-      info.error_class ? el("code", { class: "err-class", "data-testid": "turn-error-class" }, info.error_class) : null,
-      info.error_class ? " " : null, info.error) : null,
+      info.error_type ? el("code", { class: "err-class", "data-testid": "turn-error-type" }, info.error_type) : null,
+      info.error_type ? " " : null, info.error) : null,
     el("ol", { class: "turn-items" }));
 }
 
@@ -310,7 +310,7 @@ export function renderThread() {
       el("h3", {}, answerTitle(thread.status, outcome, answerText)),
       answerText ? el("p", { "data-testid": "answer-text" }, answerText) : null,
       why ? el("p", { class: "error", "data-testid": "answer-error" }, `${RUN_STATUS_TEXT[outcome] || outcome}: ${why}`,
-        ending?.error_class ? el("code", { class: "err-class", "data-testid": "run-error-class" }, ending.error_class) : null) : null)
+        ending?.error_type ? el("code", { class: "err-class", "data-testid": "run-error-type" }, ending.error_type) : null) : null)
     : null;
   const traceable = can("read_trace") && run && run.chain_of_thought !== "hidden";
   const receipt = thread.receipt

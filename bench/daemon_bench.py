@@ -26,7 +26,7 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
 
 Each run is what a client does: ``POST /v1/runs``, ``POST /v1/tickets``, then
 ``GET /v1/runs/{id}/stream`` until the terminal event; the ``one_request_`` rows (fake provider)
-do it in one request, ``POST /v1/runs/stream``. At 1, 10 and 100 concurrent runs:
+do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs:
 
 * ``ttfb_added``: first reasoning delta received by the client minus its emission by the provider
   (for the adapters: the provider's HTTP hop, parse, record, batch, tail, filter, encode, send):
@@ -248,7 +248,7 @@ class _Connection:
 
 async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, float, int]:
     """(client TTFB s, added TTFB s, events received) for one run, streamed to the end: three
-    requests (create, ticket, stream), or with ``single`` one (``POST /v1/runs/stream``)."""
+    requests (create, ticket, stream), or with ``single`` one (``POST /v1/runs/follow``)."""
     started = time.monotonic()
     body = {"prompt": "bench", "model": model, "chain_of_thought": "surface"}
     first = {"client": -1.0, "added": -1.0}
@@ -266,7 +266,7 @@ async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, 
                 first["client"], first["added"] = now - started, added
 
     if single:
-        status, _ = await conn.request("POST", "/v1/runs/stream", body, on_chunk=on_chunk)
+        status, _ = await conn.request("POST", "/v1/runs/follow", body, on_chunk=on_chunk)
         run_id = "(one request)"
     else:
         _, created = await conn.request("POST", "/v1/runs", body)
@@ -658,7 +658,7 @@ def _variants_note(formats: list[str]) -> str:
     return (
         f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
         f"rows without a prefix; rows prefixed {ONE_REQUEST} start and follow each run with one "
-        "request, POST /v1/runs/stream, instead of three) and the real adapters talking HTTP to "
+        "request, POST /v1/runs/follow, instead of three) and the real adapters talking HTTP to "
         f"the emulator ({adapters}; rows prefixed by the format). Both stream {DELTAS} reasoning "
         f"+ {DELTAS} text deltas "
         f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, then one every "

@@ -390,7 +390,7 @@ def test_every_open_stream_ends_when_the_server_stops() -> None:
 def _start_and_follow(daemon: Daemon, role: str, body: dict[str, Any]) -> tuple[int, Any, str]:
     with (
         daemon.client(role) as c,
-        c.stream("POST", "/v1/runs/stream", json=body) as r,
+        c.stream("POST", "/v1/runs/follow", json=body) as r,
     ):
         return r.status_code, r.headers, r.read().decode("utf-8")
 
@@ -420,5 +420,5 @@ def test_one_request_needs_a_role_that_may_start_runs_and_a_valid_body(daemon: D
     body = {"prompt": "hello", "model": "fake:echo"}
     assert _start_and_follow(daemon, "viewer", body)[0] == 403
     with daemon.client() as c:
-        assert c.post("/v1/runs/stream", json=body).status_code == 401
+        assert c.post("/v1/runs/follow", json=body).status_code == 401
     assert _start_and_follow(daemon, "member", {**body, "base_url": "http://x"})[0] == 422

@@ -182,7 +182,7 @@ async def test_a_one_request_stream_ends_within_5s_of_its_key_being_revoked(
         body = {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
         async with (
             httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client,
-            client.stream("POST", "/v1/runs/stream", json=body, headers=auth(made["key"])) as r,
+            client.stream("POST", "/v1/runs/follow", json=body, headers=auth(made["key"])) as r,
         ):
             assert r.status_code == 200
             async for chunk in r.aiter_raw():

@@ -150,6 +150,8 @@ class LoopResult:
     finish_reason: str | None
     error: str | None = None
     turn_records: list[Turn] = field(default_factory=list)
+    error_type: str | None = None
+    """What kind of failure ``error`` is (:func:`error_type_of`, or ``max_turns``)."""
 
 
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
@@ -217,6 +219,7 @@ class _Loop:
         self.max_tokens = max_tokens
         self.turn_no = 0
         self.first_chunk_at: float | None = None
+        self.stream_ended_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -285,6 +288,8 @@ class _Loop:
         }
         if self.first_chunk_at is not None:
             call["first_chunk_at"] = self.first_chunk_at
+        if self.stream_ended_at is not None:
+            call["ended_at"] = self.stream_ended_at
         if request.temperature is not None:
             call["temperature"] = request.temperature
         if turn.response_id:
@@ -526,10 +531,11 @@ async def run_agent_loop(
             max_tokens=max_tokens,
         )
         started_at = now_ts()
-        loop.first_chunk_at = None
+        loop.first_chunk_at = loop.stream_ended_at = None
         try:
             turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
         except ProviderError as exc:
+            loop.stream_ended_at = now_ts()
             partial = loop.captured(exc.partial) if exc.partial is not None else None
             closing: list[NewEvent] = []
             if partial is not None:
@@ -557,7 +563,9 @@ async def run_agent_loop(
                 partial.finish_reason if partial else None,
                 str(exc),
                 turns,
+                error_type_of(exc),
             )
+        loop.stream_ended_at = now_ts()
         usage = usage + turn.usage
         reasoning.append(turn.reasoning_text)
         turns.append(turn)
@@ -596,7 +604,7 @@ async def run_agent_loop(
     }
     await recorder.emit(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, stopped, task_id=task_id))
     return LoopResult(
-        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns
+        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns, "max_turns"
     )
 
 

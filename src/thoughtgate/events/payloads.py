@@ -253,7 +253,11 @@ class ModelCallPayload(TypedDict):
     started_at: Annotated[float, Vis.PUBLIC]
     """When the request was sent (seconds since the epoch)."""
     first_chunk_at: NotRequired[Annotated[float, Vis.PUBLIC]]
-    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage)."""
+    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage): the time to
+    first token is ``first_chunk_at - started_at``."""
+    ended_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the turn's stream ended, finished or cut: its duration is ``ended_at - started_at``
+    (absent in turns recorded before it existed)."""
     temperature: NotRequired[Annotated[float, Vis.PUBLIC]]
     response_id: NotRequired[Annotated[str, Vis.OPERATOR]]
     """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
@@ -296,6 +300,10 @@ class RunEndedPayload(TypedDict):
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """thoughtgate's description of the failure (provider, store, runtime); tool failures never
     end a run, so no tool data reaches it."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The kind of failure, with ``error``: a provider's error code (``overloaded_error``, ...),
+    else the error's class (``ProviderStreamError``, ``StoreUnavailableError``, ...), or
+    ``max_turns`` for a task stopped at the turn limit (as in ``agent.response``)."""
 
 
 @with_config(_STRICT)

@@ -84,6 +84,10 @@ class RunView(TypedDict):
     error: Annotated[str | None, Vis.PUBLIC]
     metadata: Annotated[RunMetadata, Vis.PUBLIC]
     tasks: Annotated[list[TaskView], Vis.PUBLIC]
+    started_by: NotRequired[Annotated[str | None, Vis.OPERATOR]]
+    """The id of the API key that started the run through the daemon (``null``: started by the
+    command line or the Python API). Who started what is operator detail: admin and above; any
+    reader can still list their own runs (``GET /v1/runs?key=me``)."""
 
 
 @with_config(_STRICT)

@@ -11,6 +11,14 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.listing import (
+    RUN_LIST_WAKEUP,
+    RunChanges,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    matches,
+)
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -32,6 +40,15 @@ class MemoryStore(EventStore):
         self._secrets: dict[str, str] = {}
         self._closed: set[str] = set()
         self._lock = asyncio.Lock()
+        self._order: dict[str, int] = {}
+        """Each run's place in creation order (the list's tie-break among equal times)."""
+        self._change: dict[str, int] = {}
+        """Each run's latest change number (``store.listing``)."""
+        self._last_change = 0
+
+    def _changed(self, run_id: str) -> None:
+        self._last_change += 1
+        self._change[run_id] = self._last_change
 
     def _run(self, run_id: str) -> RunRecord:
         try:
@@ -43,6 +60,9 @@ class MemoryStore(EventStore):
         async with self._lock:
             self._runs[run.run_id] = copy.deepcopy(run)
             self._events[run.run_id] = []
+            self._order[run.run_id] = len(self._order) + 1
+            self._changed(run.run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         run = copy.deepcopy(self._run(run_id))
@@ -52,6 +72,30 @@ class MemoryStore(EventStore):
     async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         runs = sorted(self._runs.values(), key=lambda r: r.created_at, reverse=True)
         return [copy.deepcopy(r) for r in runs[offset : offset + limit]]
+
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        found = sorted(
+            (r for r in self._runs.values() if matches(r, query, self._order[r.run_id])),
+            key=lambda r: (r.created_at, self._order[r.run_id]),
+            reverse=True,
+        )
+        page = [self._copy(r) for r in found[: query.limit]]
+        last = found[query.limit - 1] if len(found) > query.limit else None
+        cursor = None if last is None else RunCursor(last.created_at, self._order[last.run_id])
+        return RunPage(page, cursor)
+
+    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+        changed = sorted((n, rid) for rid, n in self._change.items() if n > after)[:limit]
+        return RunChanges([(n, self._copy(self._runs[rid])) for n, rid in changed])
+
+    async def latest_run_change(self) -> int:
+        return self._last_change
+
+    @staticmethod
+    def _copy(run: RunRecord) -> RunRecord:
+        out = copy.deepcopy(run)
+        out.tasks.sort(key=lambda t: t.index)
+        return out
 
     async def update_run(
         self,
@@ -73,6 +117,8 @@ class MemoryStore(EventStore):
             if metadata is not None:
                 run.metadata = {**run.metadata, **metadata}
             run.updated_at = time.time()
+            self._changed(run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         async with self._lock:
@@ -140,6 +186,8 @@ class MemoryStore(EventStore):
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
+            self._changed(run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
         if out:
             self.wakeups.publish(run_id, out)
         return out

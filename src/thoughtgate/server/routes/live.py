@@ -1,17 +1,20 @@
 """The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``;
-or, in one request, ``POST /v1/runs/stream`` with a key."""
+or, in one request, ``POST /v1/runs/follow`` with a key."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
+from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
+from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
@@ -21,23 +24,26 @@ from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 
-__all__ = ["ENDPOINTS"]
+__all__ = ["ENDPOINTS", "access_watcher", "stream_response"]
 
 
 async def create_ticket(request: Request, principal: Principal | None) -> Response:
     assert principal is not None
     body = await parse_body(request, TicketBody)
     state = state_of(request)
-    await state.store.get_run(body.run_id)  # 404 for an unknown run
+    if body.run_id is not None:
+        await state.store.get_run(body.run_id)  # 404 for an unknown run
     signer = await state.signer()
     ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
+    where = "/v1/runs" if body.run_id is None else f"/v1/runs/{quote(body.run_id)}"
     return JSONResponse(
         {
             "ticket": ticket,
             "expires_at": expires_at,
             "run_id": body.run_id,
+            "scope": body.scope,
             "role": principal.role.label,
-            "stream_url": f"/v1/runs/{quote(body.run_id)}/stream?ticket={ticket}",
+            "stream_url": f"{where}/stream?ticket={ticket}",
         }
     )
 
@@ -64,7 +70,7 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:
     """One request per run: start it, and follow it on the same response."""
     assert principal is not None
-    run = await start_run(request)
+    run = await start_run(request, principal)
     location = f"/v1/runs/{quote(run.run_id)}"
     return _live(state_of(request), run, principal, after=0, follow=True, location=location)
 
@@ -79,7 +85,6 @@ def _live(
     location: str | None = None,
 ) -> Response:
     """The live response for ``principal``'s role; it ends if that key loses the role."""
-    access = state.access
     frames = live_frames(
         state.store,
         run.run_id,
@@ -90,9 +95,7 @@ def _live(
         lag_timeout_s=state.sse_lag_timeout_s,
         feeds=state.feeds,
         follow=follow,
-        watch_access=None
-        if access is None
-        else functools.partial(access.watch, principal.key_id, principal.role),
+        watch_access=access_watcher(state, principal),
         ping_s=state.server.keepalive_s,
         streams=state.streams,
     )
@@ -101,6 +104,26 @@ def _live(
         headers["Location"] = location
     return LiveResponse(
         frames, send_timeout_s=state.sse_send_timeout_s, headers=headers, streams=state.streams
+    )
+
+
+def access_watcher(
+    state: ServerState, principal: Principal
+) -> Callable[[OnAccessLost], Callable[[], None]] | None:
+    """What a live stream registers to end when its ticket's key is revoked or loses the role."""
+    if state.access is None:
+        return None
+    return functools.partial(state.access.watch, principal.key_id, principal.role)
+
+
+def stream_response(state: ServerState, frames: AsyncIterator[bytes]) -> Response:
+    """An SSE response with the daemon's keep-alive and send timeout, never cached (the run
+    list's change feed; a run's own stream is a :class:`LiveResponse`, see ``_live``)."""
+    return EventSourceResponse(
+        frames,
+        ping=state.server.keepalive_s,
+        send_timeout=state.sse_send_timeout_s,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
@@ -128,7 +151,7 @@ async def _nothing_after(store: EventStore, run_id: str, after: int, *, finished
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "POST",
-        "/v1/runs/stream",
+        "/v1/runs/follow",
         start_and_follow,
         "start a run and follow it (SSE)",
         role=Role.MEMBER,
@@ -146,12 +169,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/tickets",
         create_ticket,
-        "get a live-channel ticket for a run",
+        "get a live-channel ticket for a run or the run list",
         role=Role.VIEWER,
         body=TicketBody,
         response=TicketView,
         errors=(400, 404, 413, 422),
-        description="A short-lived signed ticket bound to the run and to your key's role.",
+        description="A short-lived signed ticket bound to the run (or, with "
+        '`{"scope": "runs"}`, to the run list) and to your key\'s role.',
     ),
     Endpoint(
         "GET",

@@ -21,7 +21,7 @@ from thoughtgate.server.models import (
     CreateRunBody,
     EventPage,
     RunCreated,
-    RunList,
+    ToolList,
 )
 from thoughtgate.server.state import state_of
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
@@ -36,9 +36,9 @@ def _principal(principal: Principal | None) -> Principal:
     return principal
 
 
-async def start_run(request: Request) -> RunRecord:
-    """Record the run the body describes and start executing it (``POST /v1/runs`` and
-    ``POST /v1/runs/stream``)."""
+async def start_run(request: Request, principal: Principal | None) -> RunRecord:
+    """Record the run the body describes, as started by ``principal``'s key, and start executing
+    it (``POST /v1/runs`` and ``POST /v1/runs/follow``)."""
     body = await parse_body(request, CreateRunBody)
     manager = state_of(request).manager
     if manager.closing:
@@ -48,6 +48,7 @@ async def start_run(request: Request) -> RunRecord:
         model=body.model,
         tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
         system=body.system,
+        started_by=_principal(principal).key_id,
     )
     return await manager.start(
         run_request, chain_of_thought=body.chain_of_thought, tools=body.tools
@@ -55,7 +56,7 @@ async def start_run(request: Request) -> RunRecord:
 
 
 async def create_run(request: Request, principal: Principal | None) -> Response:
-    run = await start_run(request)
+    run = await start_run(request, principal)
     return JSONResponse(
         {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
         status_code=202,
@@ -63,12 +64,21 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
     )
 
 
-async def list_runs(request: Request, principal: Principal | None) -> Response:
-    role = _principal(principal).role
-    limit = query_int(request, "limit", 50, minimum=1, maximum=500)
-    offset = query_int(request, "offset", 0, minimum=0)
-    runs = await state_of(request).store.list_runs(limit=limit, offset=offset)
-    return JSONResponse({"runs": [filter_run(r, role) for r in runs]})
+async def list_tools(request: Request, principal: Principal | None) -> Response:
+    tools = state_of(request).manager.tools
+    return JSONResponse(
+        {
+            "tools": [
+                {
+                    "name": t.name,
+                    "label": t.label or t.name,
+                    "description": t.description,
+                    "requires_approval": t.requires_approval,
+                }
+                for t in tools
+            ]
+        }
+    )
 
 
 async def get_run(request: Request, principal: Principal | None) -> Response:
@@ -128,11 +138,6 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     raise ApiError(404, f"no approval is pending for call {call_id!r} in run {run_id!r}")
 
 
-_PAGE = (
-    QueryParam("limit", "at most this many runs (1-500)", minimum=1, maximum=500),
-    QueryParam("offset", "skip this many (newest first)", minimum=0),
-)
-
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "POST",
@@ -149,13 +154,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "GET",
-        "/v1/runs",
-        list_runs,
-        "list runs",
-        role=Role.VIEWER,
-        response=RunList,
-        params=_PAGE,
-        errors=(422,),
+        "/v1/tools",
+        list_tools,
+        "the tools a run may use",
+        role=Role.MEMBER,
+        response=ToolList,
+        description="The tools registered on this daemon; name them in `tools` of POST /v1/runs.",
     ),
     Endpoint(
         "GET",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from durable_store_conformance import DurableStoreConformance
 from store_conformance import StoreConformance
 
 from thoughtgate.store.base import EventStore
@@ -12,6 +13,14 @@ from thoughtgate.store.memory import MemoryStore
 
 
 class TestMemoryStore(StoreConformance):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        store = MemoryStore()
+        yield store
+        await store.close()
+
+
+class TestMemoryDurableRuns(DurableStoreConformance):
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
         store = MemoryStore()

@@ -76,6 +76,9 @@ class Admission:
     admitted: bool
     retry_after: float = 0.0
     reason: str = ""
+    rank: int = 1
+    """An admitted run's place among its key's open runs (1 = its only one): its queue
+    priority, so a key's backlog waits behind other keys' first runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,7 @@ def quota_verdict(
             f"this key started {len(recent_starts)} runs in the last minute (at most "
             f"{quota.max_per_minute})",
         )
-    return Admission(True)
+    return Admission(True, rank=open_runs + 1)
 
 
 class DurableRunStore(abc.ABC):

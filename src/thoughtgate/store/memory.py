@@ -181,6 +181,7 @@ class MemoryStore(EventStore, DurableRunStore):
     ) -> Admission:
         async with self._lock:
             now = time.time()
+            verdict = Admission(True)
             if quota is not None:
                 mine = [s for s in self._specs.values() if s.key_id == quota.key_id]
                 open_runs = sum(1 for s in mine if self._is_open(s.run_id))
@@ -193,7 +194,7 @@ class MemoryStore(EventStore, DurableRunStore):
             stored = copy.deepcopy(spec)
             stored.created_at = now
             self._specs[run.run_id] = stored
-            return Admission(True)
+            return verdict
 
     def _is_open(self, run_id: str) -> bool:
         run = self._runs.get(run_id)

@@ -168,6 +168,9 @@ class PostgresStore(EventStore, DurableRunStore):
 
     def __init__(self, conninfo: str, schema: str, *, pool_size: int) -> None:
         super().__init__()
+        self.conninfo = conninfo
+        """Where the database is (without our ``schema`` parameter): the durable engine keeps its
+        workflows in the same database, in a schema beside ours."""
         self.schema = schema
         self.channel = channel_name(schema)
         self._where = describe_target(conninfo, schema)
@@ -450,6 +453,7 @@ class PostgresStore(EventStore, DurableRunStore):
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
+            verdict = Admission(True)
             if quota is not None:
                 # One key's admissions queue up on this lock (held until commit), on every
                 # replica, so counting and inserting are one step and the quota holds exactly.
@@ -478,7 +482,7 @@ class PostgresStore(EventStore, DurableRunStore):
                     now,
                 ),
             )
-        return Admission(True)
+        return verdict
 
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
         async with self._conn(f"read the spec of run {run_id!r}") as conn:

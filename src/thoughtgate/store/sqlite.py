@@ -369,6 +369,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             # BEGIN IMMEDIATE holds the database's write lock: counting and inserting are one
             # step for every process, so a key never gets past its quota by racing itself.
             now = time.time()
+            verdict = Admission(True)
             if quota is not None:
                 verdict = quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
                 if not verdict.admitted:
@@ -389,7 +390,7 @@ class SQLiteStore(EventStore, DurableRunStore):
                     now,
                 ),
             )
-            return Admission(True)
+            return verdict
 
         return await self._write(f"create run {run.run_id!r}", body)
 

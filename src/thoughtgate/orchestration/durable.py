@@ -184,7 +184,7 @@ class DurableEngine:
             "application_version": APP_VERSION,
             "serializer": _Json(),
             "log_level": "ERROR",
-            "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 1.0),
+            "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 0.2),
             "scheduler_polling_interval_sec": 3600.0,
         }
         if self.location.schema is not None:

@@ -214,14 +214,15 @@ class DurableEngine:
             await asyncio.to_thread(DBOS.destroy)
 
     # ------------------------------------------------------------------ runs
-    async def start(self, run_id: str) -> asyncio.Task[Any]:
-        """Execute ``run_id`` here, now (a run this process created); the workflow's task."""
+    async def start(self, run_id: str) -> asyncio.Future[Any]:
+        """Execute ``run_id`` here, now (a run this process created); a future of its end (to
+        cancel the run, cancel its task: ``Runtime.cancel``)."""
         with SetWorkflowID(run_id):
             handle = await DBOS.start_workflow_async(_run_workflow, run_id)
-        task = getattr(handle, "task", None)
-        if not isinstance(task, asyncio.Task):
+        done = getattr(handle, "task", None)
+        if not isinstance(done, asyncio.Future):
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
-        return task
+        return done
 
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
         """Put a new run on ``queue``: a replica listening to it takes it when it has room."""

@@ -206,6 +206,8 @@ class Runtime:
         """The durable engine executing this runtime's runs (``orchestration.durable``)."""
         self._workflows: dict[str, asyncio.Task[Any]] = {}
         """Durable runs executing in this process: their workflow tasks (for cancelling)."""
+        self._cancelled_early: dict[str, str] = {}
+        """Runs cancelled between starting their workflow and its first step: the reason."""
 
     def attach_durable(self, engine: DurableEngine) -> None:
         """Execute runs as durable workflows from now on; approvals go through the engine, so a
@@ -449,14 +451,17 @@ class Runtime:
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        workflow = await self.durable.start(run_id)
+        done = await self.durable.start(run_id)
         try:
-            await asyncio.shield(workflow)
+            await asyncio.shield(done)
         except asyncio.CancelledError as exc:
-            if not workflow.done():
-                workflow.cancel(_cancel_reason(exc))
-                with contextlib.suppress(BaseException):
-                    await workflow
+            reason = _cancel_reason(exc)
+            if not done.done() and not self.cancel(run_id, reason):
+                self._cancelled_early[run_id] = reason  # its workflow has not begun yet
+            with contextlib.suppress(BaseException):
+                await done
+            if reason not in _KEEP_OPEN:
+                await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
             raise
         return await self.store.get_run(run_id)
 
@@ -503,6 +508,9 @@ class Runtime:
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
+        early = self._cancelled_early.pop(run_id, None)
+        if early is not None:
+            raise asyncio.CancelledError(early)
         self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
         try:
             begun = await begin_execution(self, run_id)

@@ -105,12 +105,13 @@ class DurableStoreConformance:
         ds = durable(store)
         quota = Quota("k1", max_open=3, max_per_minute=100)
         ids = []
-        for _ in range(3):
+        for rank in (1, 2, 3):
             run = make_run()
             answer = await ds.admit_run(
                 run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota
             )
             assert answer.admitted
+            assert answer.rank == rank, "a key's Nth open run queues with priority N"
             ids.append(run.run_id)
         refused = make_run()
         answer = await ds.admit_run(

@@ -79,7 +79,20 @@ def _durable(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
+def _waiting(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """Waits while the hold file exists, then answers: a run that stays open on demand."""
+
+    async def gen() -> AsyncIterator[Any]:
+        hold = os.environ.get(HOLD)
+        while hold and os.path.exists(hold):  # noqa: ASYNC110, ASYNC240
+            await asyncio.sleep(0.05)
+        yield text("released")
+
+    return gen()
+
+
 FAKE_SCRIPTS["durable"] = _durable
+FAKE_SCRIPTS["waiting"] = _waiting
 
 
 def side_effects(path: Path) -> list[str]:

@@ -41,23 +41,26 @@ def _start(client: httpx.Client) -> httpx.Response:
 def test_the_301st_open_run_of_one_key_is_429_while_another_key_still_starts_runs(
     hold: Path,
 ) -> None:
-    with running_daemon(config=Config()) as daemon:
-        with daemon.client("member") as busy, daemon.client("developer") as other:
-            for i in range(300):
-                r = _start(busy)
-                assert r.status_code == 202, f"run {i + 1}: {r.text}"
-            refused = _start(busy)
-            assert refused.status_code == 429, refused.text
-            assert refused.json()["error"]["code"] == "too_many_requests"
-            assert "300" in refused.json()["error"]["message"]
-            assert int(refused.headers["Retry-After"]) >= 1
-            assert len(busy.get("/v1/runs", params={"limit": 500}).json()["runs"]) == 300, (
-                "a refused run is not recorded"
-            )
-            assert _start(other).status_code == 202, "another key is not starved"
-            hold.unlink()  # let them all finish; a key whose runs ended starts again
-            first = busy.get("/v1/runs", params={"limit": 500}).json()["runs"][-1]["run_id"]
-            daemon.wait_done(first, timeout=60)
+    with (
+        running_daemon(config=Config()) as daemon,
+        daemon.client("member") as busy,
+        daemon.client("developer") as other,
+    ):
+        for i in range(300):
+            r = _start(busy)
+            assert r.status_code == 202, f"run {i + 1}: {r.text}"
+        refused = _start(busy)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "too_many_requests"
+        assert "300" in refused.json()["error"]["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert len(busy.get("/v1/runs", params={"limit": 500}).json()["runs"]) == 300, (
+            "a refused run is not recorded"
+        )
+        assert _start(other).status_code == 202, "another key is not starved"
+        hold.unlink()  # let them all finish
+        first = busy.get("/v1/runs", params={"limit": 500}).json()["runs"][-1]["run_id"]
+        daemon.wait_done(first, timeout=60)
 
 
 def test_starts_per_minute_are_limited_with_a_retry_after(hold: Path) -> None:

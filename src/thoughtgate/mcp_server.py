@@ -1,4 +1,5 @@
-"""MCP tools over stdio: ``orchestration_run`` and ``orchestration_status``, through the one filter.
+"""MCP tools over stdio: ``orchestration_run``, ``orchestration_status`` and
+``orchestration_approve``, through the one filter.
 
 An MCP host (a desktop assistant, an IDE agent) starts ``thoughtgate mcp`` as a subprocess and talks
 to it over stdin/stdout with the official ``mcp`` SDK. The tools only convert inputs and outputs:
@@ -13,6 +14,10 @@ a crashed server. A run that did not complete (failed, partial, interrupted) is 
 the run's view kept as the structured content, so the host still gets whatever was answered. When
 the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted`` (its tasks
 first) before the call ends. Nothing but the protocol is written to stdout.
+
+On a SQLite or PostgreSQL store the server's runs are durable (ADR 0010), and
+``orchestration_approve`` answers a pending approval of any run on the store -- executing here, on a
+daemon replica, or between processes.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
-from thoughtgate.access.filter import filter_run
+from thoughtgate.access.filter import filter_run, require_role
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
+from thoughtgate.engine.approvals import Decision
 from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
 from thoughtgate.events.views import RunView
+from thoughtgate.orchestration.durability import make_durable
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
@@ -53,7 +60,8 @@ CANCELLED_BY_HOST = "the MCP client cancelled the call"
 INSTRUCTIONS = (
     "thoughtgate runs LLM agent work and governs who may see the model's reasoning. "
     "Call orchestration_run to run a prompt (optionally split into tasks) and get each task's "
-    "output; orchestration_status reads a run again by its id. Reasoning is returned only for "
+    "output; orchestration_status reads a run again by its id; orchestration_approve answers a "
+    "tool call that waits for a person's approval. Reasoning is returned only for "
     "chain_of_thought='surface' runs when this server's role is developer or above."
 )
 
@@ -108,6 +116,18 @@ class McpTools:
         except Exception:  # recorded as run.failed / run.error; the view below says so
             pass
         return filter_run(await self.runtime.store.get_run(run.run_id), self.role)
+
+    async def approve(self, run_id: str, call_id: str, decision: str) -> dict[str, str]:
+        """Answer a pending tool approval (member and above), wherever the run executes."""
+        require_role(self.role, Role.MEMBER, "answering tool approvals")
+        if decision not in ("approve", "reject"):
+            raise UsageError("decision must be approve or reject")
+        verdict: Decision = "approve" if decision == "approve" else "reject"
+        run_id, call_id = run_id.strip(), call_id.strip()
+        if not await self.runtime.approvals.answer(run_id, call_id, verdict, by="mcp"):
+            await self.runtime.store.get_run(run_id)  # an unknown run says so
+            raise UsageError(f"no approval is pending for call {call_id!r} in run {run_id!r}")
+        return {"run_id": run_id, "call_id": call_id, "decision": verdict}
 
     async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
@@ -169,8 +189,21 @@ def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
         except ThoughtgateError as exc:
             raise ToolError(str(exc)) from exc
 
+    async def orchestration_approve(
+        run_id: Annotated[str, Field(description="The run that waits for the approval.")],
+        call_id: Annotated[str, Field(description="The tool call's id (tool.approval_required).")],
+        decision: Annotated[str, Field(description="approve | reject")],
+    ) -> dict[str, Any]:
+        """Answer a tool call that waits for a person's approval, in any run this service
+        executes (on any replica, even while the run is between processes)."""
+        try:
+            return dict(await tools.approve(run_id, call_id, decision))
+        except ThoughtgateError as exc:
+            raise ToolError(str(exc)) from exc
+
     server.add_tool(orchestration_run, name="orchestration_run", structured_output=True)
     server.add_tool(orchestration_status, name="orchestration_status")
+    server.add_tool(orchestration_approve, name="orchestration_approve")
     return server
 
 
@@ -180,6 +213,13 @@ async def serve_stdio(config: Config, *, db_url: str, role: Role) -> None:
     try:
         # ``async with``: the server's runs share provider connections, closed when it stops.
         async with Runtime(store, config, sinks=telemetry_sinks(config)) as runtime:
-            await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
+            engine = make_durable(runtime)
+            try:
+                if engine is not None:
+                    await engine.launch()
+                await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
+            finally:
+                if engine is not None:
+                    await engine.close()
     finally:
         await store.close()

@@ -313,10 +313,10 @@ def register(app: typer.Typer) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome."""
 
         async def body() -> str:
-            from thoughtgate.cli.durable import make_durable
             from thoughtgate.cli.render import render_run
             from thoughtgate.engine.approvals import ApprovalBroker
             from thoughtgate.engine.tools import ToolRegistry, load_tools
+            from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import RunRequest, Runtime
             from thoughtgate.telemetry import telemetry_sinks
 
@@ -389,10 +389,10 @@ def register(app: typer.Typer) -> None:
         tool call is never run again); the exit code is its outcome."""
 
         async def body() -> str:
-            from thoughtgate.cli.durable import make_durable
             from thoughtgate.cli.render import render_run
             from thoughtgate.engine.approvals import ApprovalBroker
             from thoughtgate.engine.tools import ToolRegistry, load_tools
+            from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.telemetry import telemetry_sinks
 

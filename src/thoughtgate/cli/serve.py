@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
 
         async def body() -> None:
-            from thoughtgate.cli.durable import make_durable
+            from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
             from thoughtgate.server.serve import serve_app

@@ -1,4 +1,7 @@
-"""Whether a command's runs are durable: ``durability.enabled`` and a store that keeps them."""
+"""Whether a process's runs are durable: ``durability.enabled`` and a store that keeps them.
+
+Kept apart from ``orchestration.durable`` so that deciding costs no import of the engine.
+"""
 
 from __future__ import annotations
 

@@ -374,25 +374,19 @@ def test_an_approval_timeout_runs_from_the_request_across_a_restart(tmp_path: Pa
 # --------------------------------------------------------------------------- the CLI
 
 
-def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["cli", "http"])
+def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(
+    tmp_path: Path, how: str
+) -> None:
+    """``thoughtgate resume`` continues it in the terminal; the web page's Resume asks a daemon
+    (``POST /v1/runs/{id}/resume``, what its button calls)."""
     db = f"sqlite:///{tmp_path / 'tg.db'}"
     effects, hold = tmp_path / "effects", tmp_path / "hold"
     hold.touch()
     env = cli_env(**{SIDE_EFFECTS: str(effects), HOLD: str(hold)})
+    command = ["run", "go", "--model", "fake:durable", *TOOLS, "--db", db, "--json"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "thoughtgate",
-            "run",
-            "go",
-            "--model",
-            "fake:durable",
-            *TOOLS,
-            "--db",
-            db,
-            "--json",
-        ],
+        [sys.executable, "-m", "thoughtgate", *command],
         env=env,
         cwd=str(REPO),
         stdout=subprocess.DEVNULL,
@@ -416,25 +410,35 @@ def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(tmp_path: 
     (run,) = json.loads(listed.stdout)
     assert run["status"] == "running"
     assert run["metadata"]["suspended"]["resume"] == "manual"
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thoughtgate",
-            "resume",
-            run["run_id"][4:12],
-            *TOOLS,
-            "--db",
-            db,
-            "--json",
-        ],
-        env=env,
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    view = json.loads(resumed.stdout)
+    if how == "cli":
+        short = run["run_id"][4:12]
+        resumed = subprocess.run(
+            [sys.executable, "-m", "thoughtgate", "resume", short, *TOOLS, "--db", db, "--json"],
+            env=env,
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        view = json.loads(resumed.stdout)
+    else:
+        service = Service(db, tmp_path)
+        try:
+            daemon = service.start()
+            viewer = httpx.post(
+                f"{daemon.base_url}/v1/runs/{run['run_id']}/resume",
+                headers=auth(service.keys["viewer"]),
+            )
+            assert viewer.status_code == 403, "resuming is for members and above"
+            service.request(daemon, "POST", f"/v1/runs/{run['run_id']}/resume", "member")
+            view = service.done(daemon, run["run_id"])
+            again = httpx.post(
+                f"{daemon.base_url}/v1/runs/{run['run_id']}/resume",
+                headers=auth(service.keys["member"]),
+            )
+            assert again.status_code == 409, "an ended run does not resume"
+        finally:
+            service.close()
     assert view["status"] == "completed" and view["tasks"][0]["output"] == "all done"
     assert len(side_effects(effects)) == 1, "the tool ran exactly once"

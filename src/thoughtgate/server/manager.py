@@ -177,7 +177,12 @@ class RunManager:
             raise UsageError(
                 f"run {run_id!r} is not waiting to resume (it is executing or already queued)"
             )
-        await engine.resume(run_id, self.queue)
+        try:
+            await engine.resume(run_id, self.queue)
+        except Exception as exc:  # no workflow to resume: its checkpoints are gone
+            reason = f"it could not resume: {exc}"
+            await close_run_interrupted(store, run_id, reason)
+            raise UsageError(f"run {run_id!r} {reason}; it was closed") from exc
         return await store.get_run(run_id)
 
     # ------------------------------------------------------------------ stop

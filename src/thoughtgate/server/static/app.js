@@ -235,9 +235,24 @@ function renderThread() {
       live ? el("span", { class: "live", "data-testid": "live" }, "live") : null,
       run ? el("span", {}, run.model || "") : null,
       run ? el("span", {}, `reasoning: ${run.chain_of_thought}`) : null,
-      view.notice ? el("span", { class: "notice-text", "data-testid": "stream-notice" }, view.notice) : null));
+      view.notice ? el("span", { class: "notice-text", "data-testid": "stream-notice" }, view.notice) : null),
+    suspendedNote(run, thread));
   const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt);
   root.replaceChildren(header, body);
+}
+
+// A durable run whose process stopped (ADR 0010): why, and -- for a run that waits for someone
+// to continue it -- a Resume button for members and above.
+function suspendedNote(run, thread) {
+  const waiting = run?.metadata?.suspended;
+  if (!waiting || thread.runEnded) return null;
+  const note = el("div", { class: "notice-text", "data-testid": "suspended" },
+    `Paused: ${waiting.reason}. `, waiting.resume === "manual" ? "It continues from its last completed step when resumed." : "Another replica takes it up shortly.");
+  if (waiting.resume === "manual" && state.me?.permissions?.start_runs) {
+    note.append(button("Resume", () => api(runPath(run.run_id, "/resume"), { method: "POST" })
+      .then(() => openRun(run.run_id)).catch((err) => alert(err.message)), "approve"));
+  }
+  return note;
 }
 
 function scheduleRender() {

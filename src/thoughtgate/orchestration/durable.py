@@ -34,7 +34,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 from dbos._serialization import Serializer
@@ -42,13 +42,23 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.leases import Owner
 
-if TYPE_CHECKING:
-    from thoughtgate.orchestration.runtime import Runtime
 
-__all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "queue_name"]
+class DurableRuntime(Protocol):
+    """What the engine needs of the runtime it executes runs for
+    (``orchestration.runtime.Runtime``)."""
+
+    store: EventStore
+    leases: LeaseKeeper
+
+    def attach_durable(self, engine: DurableEngine) -> None: ...
+
+    async def execute_workflow(self, run_id: str) -> str: ...
+
+
+__all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
 
 log = logging.getLogger("thoughtgate.durable")
 T = TypeVar("T")
@@ -148,18 +158,20 @@ class DurableEngine:
 
     current: ClassVar[DurableEngine | None] = None
 
-    def __init__(self, runtime: Runtime, location: _Location, config: DurabilityConfig) -> None:
+    def __init__(
+        self, runtime: DurableRuntime, location: _Location, config: DurabilityConfig
+    ) -> None:
         self.runtime = runtime
         self.location = location
         self.config = config
-        self.owner: Owner = runtime.leases.owner
+        self.owner = runtime.leases.owner
         self.queue: str | None = None
         """The queue this process takes runs from (``listen``), if any."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def attach(cls, runtime: Runtime, config: DurabilityConfig) -> DurableEngine:
+    def attach(cls, runtime: DurableRuntime, config: DurabilityConfig) -> DurableEngine:
         """Make ``runtime`` durable (its store must be SQLite or PostgreSQL); call ``launch`` on
         the event loop that will run the workflows before the first run."""
         if cls.current is not None:

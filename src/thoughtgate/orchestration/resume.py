@@ -20,27 +20,45 @@ the sweep, ``store.leases.close_orphaned_runs``, as before.)
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
+from thoughtgate.config import Config
 from thoughtgate.engine.steps import ResumeLog
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
-from thoughtgate.orchestration.specs import RunSpec
+from thoughtgate.events.schema import Event
+from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.orchestration.specs import RunSpec, TaskSpec
+from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
-if TYPE_CHECKING:
-    from thoughtgate.orchestration.runtime import Runtime, TaskSpec
-
-__all__ = ["begin_execution"]
+__all__ = ["Executor", "begin_execution"]
 
 log = logging.getLogger("thoughtgate.durable")
 
+R = TypeVar("R", bound="Executor")
+
+
+class Executor(Protocol):
+    """What starting an execution needs of the runtime (``orchestration.runtime.Runtime``)."""
+
+    store: EventStore
+    config: Config
+    leases: LeaseKeeper
+
+    def with_tools(self: R, tool_names: Sequence[str]) -> R: ...
+
+    async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
+
+    async def _observe(self, events: Sequence[Event]) -> None: ...
+
 
 async def begin_execution(
-    runtime: Runtime, run_id: str
-) -> tuple[Runtime, RunRecord, list[TaskSpec], ResumeLog | None] | None:
+    runtime: R, run_id: str
+) -> tuple[R, RunRecord, list[TaskSpec], ResumeLog | None] | None:
     """Claim ``run_id`` for this process. Returns the runtime to execute it with (holding the
     run's tools), the run, its task specs and, when it resumes, the log as it stood; ``None``
     when there is nothing to execute here (it ended, another process holds it, or it was just

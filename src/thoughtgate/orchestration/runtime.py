@@ -71,7 +71,7 @@ from thoughtgate.events.payloads import (
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
-from thoughtgate.orchestration.specs import RunSpec
+from thoughtgate.orchestration.specs import RunSpec, TaskSpec
 from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
@@ -111,20 +111,6 @@ _CONFIG_SECTION = {
     "openrouter": "openrouter",
     "openai-compatible": "openai_compatible",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSpec:
-    """One task of a run; unset fields fall back to the run's."""
-
-    prompt: str
-    _: KW_ONLY
-    model: str | None = None
-    worker: str | None = None
-    """Name of a registered inline worker (inline backend)."""
-    system: str | None = None
-    history: Sequence[Message] = ()
-    """Earlier conversation (no reasoning: see ``conversation_from_events``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +503,10 @@ class Runtime:
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             runtime, run, specs, resumed = begun
-            await runtime._run_held(run, specs, _DurableSteps.of(resumed), running=False)
+            try:
+                await runtime._run_held(run, specs, _DurableSteps.of(resumed), running=False)
+            except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
+                log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
         finally:
             self._workflows.pop(run_id, None)

@@ -9,18 +9,29 @@ continuity carriers (ADR 0005), and neither does its spec: both are stripped her
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 from thoughtgate.errors import UsageError
 from thoughtgate.types import ContinuityBlock, Message, ReasoningPart, part_from_dict, part_to_dict
 
-if TYPE_CHECKING:
-    from thoughtgate.orchestration.runtime import TaskSpec
-
-__all__ = ["SPEC_VERSION", "RunSpec"]
+__all__ = ["SPEC_VERSION", "RunSpec", "TaskSpec"]
 
 SPEC_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task of a run; unset fields fall back to the run's."""
+
+    prompt: str
+    _: KW_ONLY
+    model: str | None = None
+    worker: str | None = None
+    """Name of a registered inline worker (inline backend)."""
+    system: str | None = None
+    history: Sequence[Message] = ()
+    """Earlier conversation (no reasoning: see ``conversation_from_events``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +48,6 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunSpec:
-        from thoughtgate.orchestration.runtime import TaskSpec
-
         if data.get("version") != SPEC_VERSION:
             raise UsageError(
                 f"this run was recorded by another thoughtgate version (spec version "

@@ -42,6 +42,8 @@ def guarded(label: str) -> str:
 
 
 TOOLS = [side_effect, guarded]
+NO_TOOLS: list[Any] = []
+"""``--tools durable_support:NO_TOOLS``: the fake scripts, and no tools at all."""
 
 
 def _assistant_turns(request: TurnRequest) -> int:

@@ -371,6 +371,42 @@ def test_an_approval_timeout_runs_from_the_request_across_a_restart(tmp_path: Pa
         service.close()
 
 
+def test_a_replica_without_a_runs_tools_never_takes_it(tmp_path: Path) -> None:
+    """A run started on a replica that lacks its tools goes to the queue of one that has them."""
+    with pg_database() as db:
+        service = Service(db, tmp_path)
+        try:
+            tooled = service.start()
+            bare = ServeProcess(
+                "--db",
+                db,
+                "--tools",
+                "durable_support:NO_TOOLS",
+                "--no-bootstrap-key",
+                "--shutdown-grace",
+                "0.2",
+                env=service.env,
+            ).start()
+            service.daemons.append(bare)
+            body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+            runs = [
+                service.request(bare, "POST", "/v1/runs", "member", json=body)["run_id"]
+                for _ in range(3)
+            ]
+            for run_id in runs:
+                assert service.done(bare, run_id)["status"] == "completed"
+            pids = {line.split()[1] for line in side_effects(service.effects)}
+            assert tooled.proc is not None and pids == {str(tooled.proc.pid)}
+            unknown = httpx.post(
+                f"{bare.base_url}/v1/runs",
+                json={**body, "tools": ["no_such_tool"]},
+                headers=auth(service.keys["member"]),
+            )
+            assert unknown.status_code == 400 and "no replica" in unknown.text
+        finally:
+            service.close()
+
+
 # --------------------------------------------------------------------------- the CLI
 
 

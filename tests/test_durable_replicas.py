@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +173,33 @@ def test_sqlite_daemon_killed_and_restarted_completes_the_run_and_never_repeats_
         assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
         assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
         assert_resumed_cleanly(service, second, run_id, before)
+    finally:
+        service.close()
+
+
+def test_sigterm_leaves_a_durable_run_open_and_the_restarted_daemon_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """A shutdown is not a cancel: after the grace period a durable run stops here, open, and
+    resumes when a daemon is back (never ``run.interrupted``)."""
+    service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
+    service.hold.touch()
+    try:
+        first = service.start()
+        body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+        tool_ran(service)
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=20) == 0
+        assert "left 1 durable run(s) to resume elsewhere" in "".join(first.stderr_lines)
+        service.hold.unlink()
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "completed"
+        types = [e["type"] for e in service.events(second, run_id)]
+        assert "run.interrupted" not in types and types.count("run.resumed") == 1
+        assert len(side_effects(service.effects)) == 1
     finally:
         service.close()
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from thoughtgate.errors import UsageError
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
-from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord
+from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
@@ -244,15 +244,29 @@ class RunManager:
         """Resume or close runs whose executing process is gone (startup, then every
         ``sweep_every_s``); returns the ids of the runs closed."""
         engine = self.runtime.durable
-        requeue = engine.resume if engine is not None else None
         closed = await close_orphaned_runs(
-            self.runtime.store, me=self.runtime.leases.owner, requeue=requeue
+            self.runtime.store,
+            me=self.runtime.leases.owner,
+            requeue=self._requeue if engine is not None else None,
         )
         if engine is not None:
             await self._heartbeat()
             with contextlib.suppress(Exception):
                 await self._forget_ended()
         return closed
+
+    async def _requeue(self, run_id: str, spec: RunSpecRecord) -> None:
+        """Back on a queue whose replicas have the run's tools (this daemon's when it has them);
+        on its old queue when no live replica has them (it waits for one)."""
+        engine = self.runtime.durable
+        assert engine is not None
+        try:
+            queue = await self._queue_for(list(spec.spec.get("tools", ())))
+        except UsageError:
+            queue = spec.queue or ""
+        if not queue:
+            raise UsageError("no work queue can take it")
+        await engine.resume(run_id, queue)
 
     async def _heartbeat(self) -> None:
         """Tell the other replicas which queue this daemon takes runs from, with its tools."""

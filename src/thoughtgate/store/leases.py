@@ -212,8 +212,9 @@ async def close_run_interrupted(
     )
 
 
-Requeue = Callable[[str, str], Awaitable[None]]
-"""``(run_id, queue)``: put a released durable run back on its work queue (the engine's)."""
+Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
+"""``(run_id, spec)``: put a released durable run back on a work queue (the engine's), one whose
+replicas have the run's tools."""
 
 
 async def close_orphaned_runs(
@@ -258,9 +259,9 @@ async def _release_durable(
         return  # its owner renewed, or another process released it first
     await suspend(store, run.run_id, reason, queued=queued, previous=run.owner)
     if queued:
-        assert requeue is not None and spec.queue is not None
+        assert requeue is not None
         try:
-            await requeue(run.run_id, spec.queue)
+            await requeue(run.run_id, spec)
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
             await close_run_interrupted(store, run.run_id, f"{reason}; it could not resume: {exc}")

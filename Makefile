@@ -6,7 +6,9 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck pytest bench browser-deps postgres-up clean events-doc
+NODE_STAMP := tests/node/node_modules/.installed
+
+.PHONY: demo test lint typecheck pytest bench browser-deps node-deps postgres-up clean events-doc
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,15 @@ browser-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "WARNING: could not install chromium; browser tests will fail and say why"; }
 
+## The real JavaScript clients the tests drive (AG-UI's @ag-ui/client, the MCP TypeScript SDK),
+## pinned by tests/node/package-lock.json.
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing: install Node.js 18+ (Debian: apt-get install nodejs npm)"; exit 1; }
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 postgres-up:
 	@pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null || { \
 	  echo "starting PostgreSQL"; \
@@ -52,7 +63,7 @@ events-doc: $(DEMO_STAMP)
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(TEST_STAMP) browser-deps postgres-up
+pytest: $(TEST_STAMP) browser-deps node-deps postgres-up
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
@@ -61,4 +72,4 @@ bench: $(BENCH_STAMP) postgres-up
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/node/node_modules

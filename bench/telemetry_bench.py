@@ -107,9 +107,7 @@ async def one_run(store: SQLiteStore, config: Config) -> float:
     assert run.status == "completed", run.error
     for sink in sinks:
         if isinstance(sink, TelemetrySink):
-            shutdown = getattr(sink.tracer_provider, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            sink.shutdown()  # spans and metrics, as at process exit
     return time.perf_counter() - started
 
 

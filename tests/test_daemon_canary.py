@@ -79,7 +79,23 @@ def _bodies(daemon: Daemon, run_id: str, role: str) -> dict[str, tuple[int, str]
         out["ticket"] = (r.status_code, r.text)
     response, body = stream_all(daemon, run_id, role)
     out["stream"] = (response.status_code, body)
+    out["agui"] = _agui_body(daemon, run_id, role)
     return out
+
+
+def _agui_body(daemon: Daemon, run_id: str, role: str) -> tuple[int, str]:
+    """The whole AG-UI answer (``POST /v1/agui`` following the run) for this reader."""
+    body = {
+        "threadId": "canary",
+        "runId": "canary",
+        "messages": [],
+        "forwardedProps": {"thoughtgate": {"run": run_id}},
+    }
+    with daemon.client(role) as c, c.stream("POST", "/v1/agui", json=body) as r:
+        text = r.read().decode("utf-8")
+    assert r.status_code != 200 or text.rstrip().endswith("}"), text[-200:]
+    assert "REASONING_ENCRYPTED_VALUE" not in text
+    return r.status_code, text
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -103,11 +119,13 @@ def test_markers_appear_only_where_allowed(
             assert status == (200 if level >= Role.ADMIN else 403), where
         else:
             assert status == 200, where
-        if route in ("runs", "run", "events", "stream", "host-metadata"):
+        if route in ("runs", "run", "events", "stream", "host-metadata", "agui"):
             assert (mark["reasoning"] in body) == display_reasoning, where
         else:
             assert mark["reasoning"] not in body, where
-        if route in ("events", "stream"):
+        if route == "agui":  # reasoning events only where the filter shows reasoning
+            assert ('"type":"REASONING_' in body) == display_reasoning, where
+        if route in ("events", "stream", "agui"):
             assert (mark["tool"] in body) == (level >= Role.MEMBER), where
         elif level < Role.MEMBER:
             assert mark["tool"] not in body, where
@@ -168,7 +186,7 @@ def test_tool_data_in_errors_and_progress_reaches_members_only(
     for route, (_, body) in bodies.items():
         for name, mark in marks.items():
             where = f"{name} marker on {route} as {role}"
-            if route in ("events", "stream"):
+            if route in ("events", "stream", "agui"):
                 assert (mark in body) == member, where
             else:  # run views, host metadata, the trace: no tool detail at all
                 assert mark not in body, where

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,11 +13,14 @@ from typing import Any
 
 import anyio
 import pytest
+from daemon_support import markers, server_tools
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
+from node_support import node_json
 from script_support import cut, outage, slow
 
+from thoughtgate import __version__
 from thoughtgate.access.roles import Role
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -25,6 +29,7 @@ from thoughtgate.events.schema import Event
 from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server, resolve_mcp_role
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.urls import open_store
 from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -119,7 +124,20 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
         bad_mode = await client.call_tool(
             "orchestration_run", {"prompt": "x", "model": "fake:reasoner", "chain_of_thought": "x"}
         )
-        assert bad_mode.is_error and "unknown chain_of_thought mode 'x'" in _text(bad_mode)
+        assert bad_mode.is_error
+        assert _text(bad_mode) == (
+            "invalid arguments for orchestration_run: chain_of_thought: Input should be "
+            "'hidden', 'surface' or 'telemetry_only'"
+        )
+        wrong_types = await client.call_tool(
+            "orchestration_run", {"prompt": 5, "model": ["x"], "colour": "red"}
+        )
+        assert wrong_types.is_error
+        text = _text(wrong_types)
+        assert "prompt: Input should be a valid string" in text
+        assert "model: Input should be a valid string" in text
+        assert "colour: is not an argument of this tool" in text
+        assert "http" not in text, "no library links in an argument error"
 
         bad_model = await client.call_tool("orchestration_run", {"prompt": "x", "model": "nope"})
         assert bad_model.is_error and "PROVIDER:MODEL" in _text(bad_model)
@@ -190,15 +208,72 @@ async def test_a_cancelled_call_closes_the_run_and_its_tasks_interrupted() -> No
     assert types.count("run.interrupted") == 1
 
 
+# --------------------------------------------------------------------------- as hosts expect
+
+
+async def test_server_info_capabilities_and_typed_schemas() -> None:
+    server = build_mcp_server(McpTools(Runtime(MemoryStore()), Role.MEMBER))
+    async with Client(server) as client:
+        info = client.server_info
+        assert info is not None and (info.name, info.version) == ("thoughtgate", __version__)
+        caps = client.server_capabilities
+        assert caps is not None and caps.tools is not None
+        dumped = caps.model_dump(exclude_none=True)
+        assert set(dumped) == {"tools"}, "no empty prompts or resources capabilities"
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    run = tools["orchestration_run"]
+    modes = run.input_schema["properties"]["chain_of_thought"]["anyOf"][0]
+    assert modes["enum"] == ["hidden", "surface", "telemetry_only"]
+    assert run.input_schema["required"] == ["prompt"]
+    assert run.input_schema["additionalProperties"] is False
+    for tool in tools.values():
+        schema = tool.output_schema
+        assert schema is not None and schema["type"] == "object"
+        assert {"run_id", "status", "tasks", "usage"} <= set(schema["properties"])
+        assert "reasoning" not in schema.get("required", []), "withheld fields are optional"
+    assert tools["orchestration_status"].annotations.read_only_hint is True  # type: ignore[union-attr]
+
+
+async def test_progress_notifications_come_from_public_fields_while_the_run_works() -> None:
+    runtime = Runtime(MemoryStore(), tools=server_tools())
+    server = build_mcp_server(McpTools(runtime, Role.VIEWER))
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    token = "progress01"
+    async with Client(server) as client:
+        result = await client.call_tool(
+            "orchestration_run",
+            {"prompt": f"canary {token}", "model": "fake:canary", "chain_of_thought": "surface"},
+            progress_callback=on_progress,
+        )
+        assert not result.is_error
+        quiet = await client.call_tool(
+            "orchestration_run", {"prompt": "x", "model": "fake:echo"}
+        )  # no progress token: no notifications, and no trouble
+        assert not quiet.is_error
+    messages = [m for _, _, m in seen]
+    assert messages[0] == "task 1 of 1 started" and messages[-1] == "task completed"
+    assert "lookup: running" in messages and "lookup: completed" in messages
+    assert [p for p, _, _ in seen] == list(range(1, len(seen) + 1)), "progress only grows"
+    for secret in markers(token).values():
+        assert secret not in json.dumps(seen), "progress never carries reasoning or tool data"
+
+
 # --------------------------------------------------------------------------- end to end over stdio
 
 
-def _server(role: str) -> StdioServerParameters:
-    env = {"PYTHONPATH": str(SRC)}
+def _server(
+    role: str, *extra: str, db: str = "memory://", **env_extra: str
+) -> StdioServerParameters:
+    env = {"PYTHONPATH": os.pathsep.join([str(SRC), str(SRC.parent / "tests")])}
     env.update({k: v for k, v in os.environ.items() if k in ("HOME", "PATH", "TMPDIR")})
+    env.update(env_extra)
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "thoughtgate", "mcp", "--db", "memory://", "--role", role],
+        args=["-m", "thoughtgate", "mcp", "--db", db, "--role", role, *extra],
         env=env,
         cwd=str(SRC.parent),
     )
@@ -242,3 +317,89 @@ async def test_stdio_end_to_end_role_by_mode(role: str) -> None:
 
         missing = await _call(session, "orchestration_status", {"run_id": "run_nope"})
         assert missing.is_error and "not found" in _text(missing)
+
+
+async def test_stdio_with_tools_and_plain_log_lines_on_stderr(tmp_path: Path) -> None:
+    """``--tools`` as for run and serve; a log line (here: the telemetry collector is down) is
+    one plain line on stderr, and stdout carries only the protocol."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    params = _server(
+        "member",
+        "--tools",
+        "daemon_support:SERVER_TOOLS",
+        db=f"sqlite:///{tmp_path / 'mcp.db'}",
+        THOUGHTGATE_TELEMETRY__EXPORTER="otlp_http",
+        THOUGHTGATE_TELEMETRY__ENDPOINT=down,
+    )
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            init = await session.initialize()
+            assert init.server_info.version == __version__
+            result = await _call(
+                session,
+                "orchestration_run",
+                {"prompt": "canary stdio1", "model": "fake:canary", "chain_of_thought": "hidden"},
+            )
+            assert not result.is_error, _text(result)
+            assert "result for TOOLARG-stdio1" not in _text(result)  # run views hold no tool data
+            assert result.structured_content is not None
+            assert result.structured_content["tasks"][0]["output"] == "The answer is 42."
+    store = await open_store(f"sqlite:///{tmp_path / 'mcp.db'}")
+    try:
+        (run,) = await store.list_runs()
+        kinds = [e.type for e in await store.read(run.run_id)]
+    finally:
+        await store.close()
+    assert "tool.completed" in kinds and "tool.failed" not in kinds, "--tools loaded lookup"
+    lines = [line for line in errors.read_text().splitlines() if line.strip()]
+    assert lines, "the collector outage is reported"
+    for line in lines:
+        assert line.startswith("thoughtgate mcp: "), line
+        assert "\x1b[" not in line and "│" not in line, "plain text, no colours or boxes"
+    assert any("cannot export to" in line for line in lines)
+
+
+# --------------------------------------------------------------------------- a second host's SDK
+
+
+@pytest.mark.parametrize("role", ["viewer", "developer"])
+def test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may(role: str) -> None:
+    """The official TypeScript SDK (``@modelcontextprotocol/sdk`` under node): it validates each
+    structured result against the tool's output schema, and gets progress while the run works."""
+    args = {"prompt": "canary ts-host", "model": "fake:canary", "chain_of_thought": "surface"}
+    out = node_json(
+        "mcp_client.mjs",
+        sys.executable,
+        "memory://",
+        role,
+        json.dumps(args),
+        json.dumps(["--tools", "daemon_support:SERVER_TOOLS"]),
+        env={"PYTHONPATH": os.pathsep.join([str(SRC), str(SRC.parent / "tests")])},
+    )
+    assert out.get("error") is None, out
+    assert out["serverVersion"]["version"] == __version__
+    assert out["capabilities"] == {"tools": {"listChanged": False}}
+    assert [t["name"] for t in out["tools"]] == ["orchestration_run", "orchestration_status"]
+    result = out["result"]
+    assert result.get("isError") is not True, result
+    assert result["structuredContent"]["tasks"][0]["output"] == "The answer is 42."
+    assert out["status"]["structuredContent"]["status"] == "completed"
+    bad = out["badArguments"]
+    assert bad["isError"] and "chain_of_thought: Input should be" in bad["content"][0]["text"]
+    # Progress: the TypeScript SDK 1.x may drop a notification that arrives together with the
+    # response (modelcontextprotocol/typescript-sdk#2580), so the last ones are not asserted.
+    progress = out["progress"]
+    assert progress and progress[0]["message"] == "task 1 of 1 started"
+    assert [p["progress"] for p in progress] == list(range(1, len(progress) + 1))
+    mark = markers("ts-host")
+    readable = role == "developer"
+    assert (mark["reasoning"] in json.dumps(result)) is readable
+    for secret in (mark["carrier"], mark["tool"]):
+        assert secret not in json.dumps(out)
+    assert mark["reasoning"] not in json.dumps(progress)

@@ -121,7 +121,16 @@ def dumps(events: list[Event]) -> str:
 
 
 def outside_cot(events: list[Event]) -> str:
-    return dumps([e for e in events if not e.type.startswith("cot.")])
+    """Every event but the visible steps, without the tool definitions the model was offered
+    (``task.started`` ``tools``, the trace surface only: ``visible_step`` is listed there)."""
+    kept = []
+    for e in events:
+        if e.type.startswith("cot."):
+            continue
+        if e.type == EventType.TASK_STARTED:
+            e = Event(e.seq, e.run_id, e.type, {k: v for k, v in e.payload.items() if k != "tools"})
+        kept.append(e)
+    return dumps(kept)
 
 
 # --------------------------------------------------------------------------- offered or not
@@ -286,8 +295,20 @@ async def test_narration_never_reaches_telemetry_even_with_content_capture() -> 
     assert spans
     attributes = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
     assert "Porto: sunny" in attributes  # content capture is on: tool results are there
-    assert NARRATION_TOOL not in attributes
     assert "Checking the forecast" not in attributes
+    # the model was offered visible_step (the tool definitions say so), but its calls are steps
+    # for the reader, never tool calls or messages in the trace
+    offered = [
+        json.loads(str(s.attributes["gen_ai.tool.definitions"]))
+        for s in spans
+        if s.attributes and "gen_ai.tool.definitions" in s.attributes
+    ]
+    assert offered and all({"type": "function", "name": NARRATION_TOOL} in d for d in offered)
+    without = [
+        {k: v for k, v in (s.attributes or {}).items() if k != "gen_ai.tool.definitions"}
+        for s in spans
+    ]
+    assert NARRATION_TOOL not in json.dumps(without, default=str)
 
 
 async def test_a_tool_named_visible_step_is_refused_while_narrating() -> None:

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from script_support import cut, outage
 
 from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
@@ -89,6 +90,7 @@ async def _run(
     script: Any = _script,
     tasks: Sequence[TaskSpec] = (),
     factory: Any = None,
+    system: str | None = None,
 ) -> tuple[list[ReadableSpan], list[Event], Any]:
     provider, exporter = _tracing()
     config = Config.from_mapping({"telemetry": {"capture_content": capture}})
@@ -104,7 +106,7 @@ async def _run(
         tools=_tools(),
         sinks=telemetry_sinks(config, tracer_provider=provider),
     )
-    request = RunRequest(PROMPT, model="fake:scripted", tasks=tasks)
+    request = RunRequest(PROMPT, model="fake:scripted", tasks=tasks, system=system)
     run = await runtime.create_run(request, chain_of_thought=mode)
     try:
         await runtime.execute(run.run_id)
@@ -141,36 +143,41 @@ def _ns(ts: float) -> int:
 # --------------------------------------------------------------------------- structure
 
 
-async def test_span_tree_links_run_task_turns_and_tools() -> None:
-    spans, _, _ = await _run("surface", capture=False)
-    (run,) = _by_op(spans, "invoke_workflow")
-    (task,) = _by_op(spans, "invoke_agent")
+async def test_one_task_run_is_rooted_at_its_agent_span_with_turns_and_tools() -> None:
+    spans, events, _ = await _run("surface", capture=False)
+    assert not _by_op(spans, "invoke_workflow"), "one task is not a workflow"
+    (agent,) = _by_op(spans, "invoke_agent")
     turns = _by_op(spans, "chat")
     (tool_span,) = _by_op(spans, "execute_tool")
-    assert len(turns) == 2 and len(spans) == 5
+    assert len(turns) == 2 and len(spans) == 4
 
-    assert run.parent is None
-    assert task.parent is not None and task.parent.span_id == run.context.span_id
+    assert agent.parent is None
     for child in [*turns, tool_span]:
-        assert child.parent is not None and child.parent.span_id == task.context.span_id
-    assert {s.context.trace_id for s in spans} == {run.context.trace_id}
+        assert child.parent is not None and child.parent.span_id == agent.context.span_id
+    assert {s.context.trace_id for s in spans} == {agent.context.trace_id}
 
-    assert run.name == "invoke_workflow thoughtgate"
-    assert task.name == "invoke_agent thoughtgate"
+    assert agent.name == "invoke_agent thoughtgate"
     assert [t.name for t in turns] == ["chat scripted", "chat scripted"]
     assert tool_span.name == "execute_tool lookup"
     assert [t.kind for t in turns] == [SpanKind.CLIENT, SpanKind.CLIENT]
     assert tool_span.kind == SpanKind.INTERNAL
+    # the root carries the run: it spans the whole run and says how it ended
+    ts = {e.type: e.ts for e in events}
+    assert agent.start_time == _ns(ts["run.started"])
+    assert agent.end_time == _ns(ts["run.settlement.completed"])
+    assert agent.attributes is not None
+    assert agent.attributes["thoughtgate.run.status"] == "completed"
+    assert agent.attributes["thoughtgate.run.id"] == events[0].run_id
 
 
 async def test_attributes_follow_genai_conventions_with_reasoning_tokens() -> None:
     spans, events, _ = await _run("surface", capture=False)
-    (run,) = _by_op(spans, "invoke_workflow")
     (task,) = _by_op(spans, "invoke_agent")
     first, second = _by_op(spans, "chat")
     (tool_span,) = _by_op(spans, "execute_tool")
-    assert run.attributes is not None and task.attributes is not None
+    assert task.attributes is not None
     assert first.attributes is not None and second.attributes is not None
+    run_id = events[0].run_id
 
     assert first.attributes["gen_ai.provider.name"] == "fake"
     assert first.attributes["gen_ai.request.model"] == "scripted"
@@ -182,24 +189,26 @@ async def test_attributes_follow_genai_conventions_with_reasoning_tokens() -> No
     assert first.attributes["gen_ai.usage.reasoning.output_tokens"] == 25
     assert second.attributes["gen_ai.usage.reasoning.output_tokens"] == 10
     assert second.attributes["gen_ai.usage.cache_read.input_tokens"] == 64
+    assert first.attributes["gen_ai.conversation.id"] == run_id
+    assert first.attributes["gen_ai.request.stream"] is True
+    assert first.attributes["gen_ai.request.max_tokens"] == 4096
     assert first.attributes["thoughtgate.turn"] == 0
-    assert float(first.attributes["gen_ai.response.time_to_first_chunk"]) >= 0  # type: ignore[arg-type]
+    for turn in (first, second):
+        assert turn.attributes is not None
+        assert float(turn.attributes["gen_ai.response.time_to_first_chunk"]) >= 0  # type: ignore[arg-type]
 
-    # task and run carry the totals
-    for span in (task, run):
-        assert span.attributes is not None
-        assert span.attributes["gen_ai.usage.input_tokens"] == 250
-        assert span.attributes["gen_ai.usage.output_tokens"] == 70
-        assert span.attributes["gen_ai.usage.reasoning.output_tokens"] == 35
+    # the agent carries the task's totals and names itself
+    assert task.attributes["gen_ai.usage.input_tokens"] == 250
+    assert task.attributes["gen_ai.usage.output_tokens"] == 70
+    assert task.attributes["gen_ai.usage.reasoning.output_tokens"] == 35
     assert task.attributes["gen_ai.request.model"] == "scripted"
     assert task.attributes["gen_ai.provider.name"] == "fake"
     assert task.attributes["gen_ai.agent.name"] == "thoughtgate"
+    assert task.attributes["gen_ai.agent.id"] == events[2].task_id
+    assert task.attributes["gen_ai.conversation.id"] == run_id
     assert task.attributes["thoughtgate.task.status"] == "completed"
     assert task.attributes["thoughtgate.turns"] == 2
-    run_id = events[0].run_id
-    assert run.attributes["gen_ai.conversation.id"] == run_id
-    assert run.attributes["thoughtgate.chain_of_thought"] == "surface"
-    assert run.attributes["thoughtgate.run.status"] == "completed"
+    assert task.attributes["thoughtgate.chain_of_thought"] == "surface"
 
     assert tool_span.attributes is not None
     assert tool_span.attributes["gen_ai.tool.name"] == "lookup"
@@ -212,22 +221,65 @@ async def test_attributes_follow_genai_conventions_with_reasoning_tokens() -> No
 async def test_span_times_come_from_event_timestamps() -> None:
     spans, events, _ = await _run("hidden", capture=False)
     ts = {e.type: e.ts for e in events}
-    responses = [e.ts for e in events if e.type == "agent.response"]
-    (run,) = _by_op(spans, "invoke_workflow")
-    (task,) = _by_op(spans, "invoke_agent")
+    responses = [e for e in events if e.type == "agent.response"]
     first, second = _by_op(spans, "chat")
     (tool_span,) = _by_op(spans, "execute_tool")
 
-    assert run.start_time == _ns(ts["run.started"])
-    assert run.end_time == _ns(ts["run.settlement.completed"])
-    assert task.start_time == _ns(ts["task.started"])
-    assert task.end_time == _ns(ts["task.completed"])
-    assert first.start_time == _ns(ts["task.started"])
-    assert [first.end_time, second.end_time] == [_ns(t) for t in responses]
+    # a turn starts when its request was sent and ends when its response was recorded
+    assert [first.start_time, second.start_time] == [
+        _ns(e.payload["call"]["started_at"]) for e in responses
+    ]
+    assert [first.end_time, second.end_time] == [_ns(e.ts) for e in responses]
+    assert first.start_time is not None and first.start_time >= _ns(ts["task.started"])
     assert tool_span.start_time == _ns(ts["tool.started"])
     assert tool_span.end_time == _ns(ts["tool.completed"])
     # the second turn begins once the tool result is recorded, not before
     assert second.start_time is not None and second.start_time >= _ns(ts["tool.completed"])
+
+
+def _tool_only_script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chunk]]:
+    """Turn 0 calls a tool and says nothing (no text, no reasoning delta)."""
+    if turn == 0:
+        yield tool_call("lookup", {"q": "x"}, call_id="call_7")
+    else:
+        yield text("done")
+
+
+async def test_time_to_first_chunk_on_every_turn_even_a_tool_only_one() -> None:
+    spans, events, _ = await _run("hidden", capture=False, script=_tool_only_script)
+    first, second = _by_op(spans, "chat")
+    (response, _) = [e for e in events if e.type == "agent.response"]
+    assert response.payload["answer"] == "" and not any(
+        e.type in ("message.delta", "reasoning.delta") and e.payload.get("turn") == 0
+        for e in events
+    )
+    call = response.payload["call"]
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(
+        call["first_chunk_at"] - call["started_at"]
+    )
+    assert "gen_ai.response.time_to_first_chunk" in second.attributes
+
+
+async def test_several_tasks_are_grouped_under_one_workflow() -> None:
+    spans, events, _ = await _run(
+        "hidden", capture=False, tasks=[TaskSpec("first"), TaskSpec("second")]
+    )
+    (workflow,) = _by_op(spans, "invoke_workflow")
+    tasks = _by_op(spans, "invoke_agent")
+    assert workflow.parent is None
+    assert workflow.name == "invoke_workflow thoughtgate"
+    assert workflow.attributes is not None
+    assert workflow.attributes["gen_ai.workflow.name"] == "thoughtgate"
+    assert "gen_ai.agent.name" not in workflow.attributes
+    assert workflow.attributes["thoughtgate.run.status"] == "completed"
+    assert len(tasks) == 2
+    assert [t.attributes["thoughtgate.task.index"] for t in tasks if t.attributes] == [0, 1]
+    assert [t.attributes["gen_ai.agent.id"] for t in tasks if t.attributes] == [
+        e.task_id for e in events if e.type == "task.started"
+    ]
+    assert all(t.parent is not None and t.parent.span_id == workflow.context.span_id for t in tasks)
+    assert len(_by_op(spans, "chat")) == 4
 
 
 # --------------------------------------------------------------------------- content rules
@@ -246,6 +298,8 @@ async def test_no_content_without_capture(mode: str) -> None:
             "gen_ai.output.messages",
             "gen_ai.tool.call.arguments",
             "gen_ai.tool.call.result",
+            "gen_ai.system_instructions",
+            "gen_ai.tool.definitions",
         }
         # token counts are always there on turns
         if span.attributes and span.attributes.get("gen_ai.operation.name") == "chat":
@@ -262,56 +316,93 @@ async def test_hidden_mode_is_token_counts_only_even_with_capture() -> None:
     assert first.attributes["gen_ai.usage.reasoning.output_tokens"] == 25
 
 
-async def test_surface_with_capture_records_messages_but_never_reasoning() -> None:
-    spans, _, _ = await _run("surface", capture=True)
-    dump = _all_text(spans)
-    assert MARKER not in dump and SIGNATURE not in dump and ENCRYPTED not in dump
-    (task,) = _by_op(spans, "invoke_agent")
+def _messages(span: ReadableSpan, name: str) -> Any:
+    assert span.attributes is not None
+    return json.loads(str(span.attributes[name]))
+
+
+@pytest.mark.parametrize("mode", ["surface", "telemetry_only"])
+async def test_with_capture_each_turn_carries_its_input_its_output_and_its_own_reasoning(
+    mode: str,
+) -> None:
+    spans, events, _ = await _run(mode, capture=True)
+    (agent,) = _by_op(spans, "invoke_agent")
     first, second = _by_op(spans, "chat")
     (tool_span,) = _by_op(spans, "execute_tool")
-    assert task.attributes is not None and tool_span.attributes is not None
+    user = {"role": "user", "parts": [{"type": "text", "content": PROMPT}]}
+    call = {"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": {"q": TOOL_ARG}}
 
-    inputs = json.loads(str(task.attributes["gen_ai.input.messages"]))
-    assert inputs == [{"role": "user", "parts": [{"type": "text", "content": PROMPT}]}]
-    outputs = json.loads(str(task.attributes["gen_ai.output.messages"]))
-    assert outputs == [
+    # turn 0: the prompt in; its own reasoning, text and tool call out
+    assert _messages(first, "gen_ai.input.messages") == [user]
+    (out0,) = _messages(first, "gen_ai.output.messages")
+    assert out0["finish_reason"] == "tool_call"
+    assert [p["type"] for p in out0["parts"]] == ["reasoning", "text", "tool_call"]
+    assert out0["parts"][0]["content"] == f"First I look it up {MARKER}. "
+    assert out0["parts"][1:] == [{"type": "text", "content": "Let me check."}, call]
+
+    # turn 1: the whole history in (no reasoning in it), the tool result included
+    inputs = _messages(second, "gen_ai.input.messages")
+    assert inputs[0] == user
+    assert inputs[1] == {
+        "role": "assistant",
+        "parts": [{"type": "text", "content": "Let me check."}, call],
+    }
+    assert inputs[2]["role"] == "tool"
+    (result,) = inputs[2]["parts"]
+    assert result["type"] == "tool_call_response" and result["id"] == "call_1"
+    assert result["result"].startswith(TOOL_OUT)
+    (out1,) = _messages(second, "gen_ai.output.messages")
+    assert out1["parts"] == [
+        {"type": "reasoning", "content": f"Now I answer {MARKER}."},
+        {"type": "text", "content": ANSWER},
+    ]
+    assert MARKER not in json.dumps(inputs), "reasoning never goes back in, not even in telemetry"
+
+    # the agent: the task's input and final answer; reasoning lives on the turns only
+    assert _messages(agent, "gen_ai.input.messages") == [user]
+    assert _messages(agent, "gen_ai.output.messages") == [
         {
             "role": "assistant",
             "parts": [{"type": "text", "content": ANSWER}],
             "finish_reason": "stop",
         }
     ]
-    assert first.attributes is not None and second.attributes is not None
-    turn0 = json.loads(str(first.attributes["gen_ai.output.messages"]))
-    assert turn0[0]["parts"] == [
-        {"type": "text", "content": "Let me check."},
-        {"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": {"q": TOOL_ARG}},
-    ]
-    assert turn0[0]["finish_reason"] == "tool_call"
-    assert all(p["type"] != "reasoning" for p in turn0[0]["parts"])
-    assert json.loads(str(tool_span.attributes["gen_ai.tool.call.arguments"])) == {"q": TOOL_ARG}
-    assert str(tool_span.attributes["gen_ai.tool.call.result"]).startswith(TOOL_OUT)
+    holders = sorted(s.name for s in spans if MARKER in _all_text([s]))
+    assert holders == ["chat scripted", "chat scripted"]
+    assert json.loads(str(tool_span.attributes["gen_ai.tool.call.arguments"])) == {"q": TOOL_ARG}  # type: ignore[index]
+    assert str(tool_span.attributes["gen_ai.tool.call.result"]).startswith(TOOL_OUT)  # type: ignore[index]
 
-
-async def test_telemetry_only_with_capture_puts_reasoning_part_on_the_task_span() -> None:
-    spans, events, _ = await _run("telemetry_only", capture=True)
-    (task,) = _by_op(spans, "invoke_agent")
-    assert task.attributes is not None
-    outputs = json.loads(str(task.attributes["gen_ai.output.messages"]))
-    assert len(outputs) == 1 and outputs[0]["role"] == "assistant"
-    parts = outputs[0]["parts"]
-    assert [p["type"] for p in parts] == ["reasoning", "text"]
-    assert MARKER in parts[0]["content"] and parts[0]["content"].count(MARKER) == 2
-    assert parts[1] == {"type": "text", "content": ANSWER}
-
-    # the reasoning is on that one attribute only, and carriers are nowhere
-    holders = [s.name for s in spans if MARKER in _all_text([s])]
-    assert holders == ["invoke_agent thoughtgate"]
+    # carriers are nowhere
     dump = _all_text(spans)
     assert SIGNATURE not in dump and ENCRYPTED not in dump
-    # ... and still never on a display surface: the events carry it only in the trace metadata
-    shown = [e for e in events if MARKER in json.dumps(dict(e.payload))]
-    assert [e.type for e in shown] == ["worker.completed"]
+    if mode == "telemetry_only":  # ... and still never on a display surface
+        shown = [e for e in events if MARKER in json.dumps(dict(e.payload))]
+        assert {e.type for e in shown} == {"agent.response", "worker.completed"}
+        for e in shown:
+            assert MARKER not in json.dumps({k: v for k, v in e.payload.items() if k != "trace"}), (
+                "telemetry_only keeps reasoning in trace metadata only"
+            )
+
+
+async def test_system_instructions_and_tool_definitions_are_opt_in_content() -> None:
+    system = "You are terse. SYSTEM-TEXT-81D2"
+    for capture in (False, True):
+        spans, _, _ = await _run("surface", capture=capture, system=system)
+        (agent,) = _by_op(spans, "invoke_agent")
+        first, _ = _by_op(spans, "chat")
+        for span in (agent, first):
+            assert span.attributes is not None
+            if not capture:
+                assert "gen_ai.system_instructions" not in span.attributes
+                assert "gen_ai.tool.definitions" not in span.attributes
+                continue
+            assert _messages(span, "gen_ai.system_instructions") == [
+                {"type": "text", "content": system}
+            ]
+            assert _messages(span, "gen_ai.tool.definitions") == [
+                {"type": "function", "name": "lookup"}
+            ]
+        assert ("SYSTEM-TEXT" in _all_text(spans)) is capture
 
 
 async def test_telemetry_only_without_capture_keeps_counts_only() -> None:
@@ -378,30 +469,108 @@ async def test_approved_tool_that_degrades_to_its_fallback() -> None:
     assert task.events[1].attributes["gen_ai.tool.name"] == "lookup"
 
 
-async def test_run_that_dies_mid_task_still_ends_every_span_as_error() -> None:
+async def test_run_that_dies_before_its_task_runs_still_has_a_failed_root() -> None:
     def broken(model: str) -> Provider:
         raise ProviderConnectionError("the provider cannot be reached")
 
     spans, _, outcome = await _run("surface", capture=False, factory=broken)
     assert isinstance(outcome, ProviderConnectionError)
-    (run,) = _by_op(spans, "invoke_workflow")
-    (task,) = _by_op(spans, "invoke_agent")
-    assert run.status.status_code == StatusCode.ERROR
-    assert run.attributes is not None and run.attributes["error.type"] == "failed"
-    assert task.status.status_code == StatusCode.ERROR
-    # the aborted task records its own failed task.completed just before run.failed
-    assert task.end_time is not None and run.end_time is not None
-    assert task.end_time <= run.end_time
+    (agent,) = _by_op(spans, "invoke_agent")
+    assert agent.parent is None
+    assert agent.status.status_code == StatusCode.ERROR
+    assert agent.attributes is not None
+    assert agent.attributes["error.type"] == "failed"
+    assert agent.attributes["thoughtgate.run.status"] == "failed"
 
 
-async def test_two_tasks_get_two_task_spans_under_one_run() -> None:
-    spans, _, _ = await _run("hidden", capture=False, tasks=[TaskSpec("first"), TaskSpec("second")])
-    (run,) = _by_op(spans, "invoke_workflow")
-    tasks = _by_op(spans, "invoke_agent")
-    assert len(tasks) == 2
-    assert [t.attributes["thoughtgate.task.index"] for t in tasks if t.attributes] == [0, 1]
-    assert all(t.parent is not None and t.parent.span_id == run.context.span_id for t in tasks)
-    assert len(_by_op(spans, "chat")) == 4
+@pytest.mark.parametrize(
+    ("script", "status", "error_type"),
+    [(outage, "failed", "overloaded"), (cut, "partial", "ProviderStreamError")],
+    ids=["outage", "cut"],
+)
+async def test_a_run_that_did_not_complete_has_error_spans_with_the_provider_error_type(
+    script: Any, status: str, error_type: str
+) -> None:
+    spans, events, _ = await _run("surface", capture=False, script=script)
+    (agent,) = _by_op(spans, "invoke_agent")
+    (turn,) = _by_op(spans, "chat")
+    assert agent.attributes is not None and turn.attributes is not None
+    assert agent.attributes["thoughtgate.run.status"] == status
+    for span in (agent, turn):
+        assert span.status.status_code == StatusCode.ERROR
+        assert span.attributes is not None and span.attributes["error.type"] == error_type
+    assert turn.status.description is None, "error messages are content"
+    (response,) = [e for e in events if e.type == "agent.response"]
+    assert response.payload["error_type"] == error_type
+
+
+async def test_a_partial_run_of_several_tasks_makes_the_workflow_an_error() -> None:
+    def script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chunk]]:
+        prompt = str(request.messages[-1].parts[0].text)  # type: ignore[union-attr]
+        if prompt == "second":
+            yield from cut(request, turn)
+        else:
+            yield text("fine")
+
+    spans, _, _ = await _run(
+        "hidden", capture=False, script=script, tasks=[TaskSpec("first"), TaskSpec("second")]
+    )
+    (workflow,) = _by_op(spans, "invoke_workflow")
+    first, second = _by_op(spans, "invoke_agent")
+    assert first.status.status_code == StatusCode.UNSET
+    assert second.status.status_code == StatusCode.ERROR
+    assert workflow.status.status_code == StatusCode.ERROR
+    assert workflow.attributes is not None
+    assert workflow.attributes["error.type"] == "ProviderStreamError"
+    assert workflow.attributes["thoughtgate.run.status"] == "partial"
+
+
+def _usage_script(usage: UsageChunk) -> Any:
+    def script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chunk]]:
+        yield text("ok")
+        yield usage
+        yield FinishChunk("stop")
+
+    return script
+
+
+class _AnthropicShaped(FakeProvider):
+    """Reports usage the way the Anthropic adapter does (under its name)."""
+
+    name = "anthropic"
+
+
+@pytest.mark.parametrize(
+    ("model", "expected_input"), [("anthropic:claude-sonnet-4-5", 10 + 200 + 30), ("fake:x", 10)]
+)
+async def test_input_tokens_include_cache_reads_and_writes_where_the_provider_leaves_them_out(
+    model: str, expected_input: int
+) -> None:
+    """Anthropic's input_tokens leave out cache reads and writes; the conventions count them."""
+    usage = UsageChunk(
+        input_tokens=10, output_tokens=5, cache_read_tokens=200, cache_write_tokens=30
+    )
+    provider, exporter = _tracing()
+    config = Config()
+    runtime = Runtime(
+        MemoryStore(),
+        config,
+        provider_factory=lambda m: (
+            _AnthropicShaped if m.startswith("anthropic:") else FakeProvider
+        )(_usage_script(usage), model=m.split(":")[1]),
+        sinks=telemetry_sinks(config, tracer_provider=provider),
+    )
+    await runtime.run(RunRequest("hi", model=model))
+    spans = list(exporter.get_finished_spans())
+    (turn,) = _by_op(spans, "chat")
+    (agent,) = _by_op(spans, "invoke_agent")
+    for span in (turn, agent):
+        assert span.attributes is not None
+        assert span.attributes["gen_ai.usage.input_tokens"] == expected_input
+        assert span.attributes["gen_ai.usage.cache_read.input_tokens"] == 200
+        assert span.attributes["gen_ai.usage.cache_creation.input_tokens"] == 30
+        # hidden mode, no reasoning tokens reported: the attribute does not apply
+        assert "gen_ai.usage.reasoning.output_tokens" not in span.attributes
 
 
 async def test_a_broken_sink_never_fails_the_run(caplog: pytest.LogCaptureFixture) -> None:
@@ -505,8 +674,9 @@ async def test_console_exporter_writes_spans_to_stderr(capsys: pytest.CaptureFix
     sink.force_flush()
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert '"name": "invoke_workflow thoughtgate"' in captured.err
-    sink.tracer_provider.shutdown()  # type: ignore[attr-defined]
+    assert '"name": "invoke_agent thoughtgate"' in captured.err
+    sink.shutdown()
+    assert "gen_ai.client.operation.duration" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- a collector that is down
@@ -534,10 +704,11 @@ async def test_a_down_collector_is_one_warning_and_never_a_retry(
         )
         assert run.status == "completed"
         sink.force_flush()  # export now, as the batch thread would
-    sink.tracer_provider.shutdown()  # type: ignore[attr-defined]  # what process exit does
+    sink.shutdown()  # what process exit does
     shown = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.name for r in shown] == ["thoughtgate.telemetry"], [r.getMessage() for r in shown]
-    assert "cannot export spans" in shown[0].getMessage()
+    assert "cannot export to http://127.0.0.1:" in shown[0].getMessage()
+    assert "dropping spans and metrics" in shown[0].getMessage(), "one warning for both signals"
     assert not any("retry" in r.getMessage().lower() for r in caplog.records)
 
 
@@ -576,6 +747,22 @@ def test_during_an_outage_batches_are_dropped_without_trying(
     messages = [r.getMessage() for r in caplog.records]
     assert "retrying in 1s" not in messages, "the exporter's own lines are not printed"
     assert [m.split(";")[0] for m in messages] == [
-        "telemetry: cannot export spans to http://collector",
+        "telemetry: cannot export to http://collector",
         "telemetry: the collector at http://collector is reachable again",
     ]
+
+
+def test_the_provider_behind_openai_compatible_is_named_from_the_endpoint_rules() -> None:
+    from thoughtgate.providers.rules import known_servers
+    from thoughtgate.telemetry.conventions import provider_name
+
+    assert provider_name("openai-compatible", "deepseek") == "deepseek"
+    assert provider_name("openai-compatible", "xai") == "x_ai"
+    assert provider_name("openai-compatible", "azure") == "azure.ai.openai"
+    assert provider_name("openai-compatible", "generic") == "openai"
+    assert provider_name("openai-compatible", None) == "openai"
+    assert provider_name("anthropic") == "anthropic"
+    assert provider_name(None) is None
+    for server in known_servers():
+        name = provider_name("openai-compatible", server)
+        assert name and " " not in name, server

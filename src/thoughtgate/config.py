@@ -76,7 +76,7 @@ class OrchestrationConfig(_Section):
 
 
 class DurabilityConfig(_Section):
-    """Durable runs (ADR 0010, docs/durability.md): each model turn and tool call is checkpointed,
+    """Durable runs (ADR 0012, docs/durability.md): each model turn and tool call is checkpointed,
     so a run whose process dies continues in another (or a restarted) process."""
 
     enabled: bool = True
@@ -211,6 +211,13 @@ class TelemetryConfig(_Section):
     export_timeout_s: float = Field(default=0.5, gt=0, le=30)
     """One attempt per batch, bounded by this, on the exporter's own thread; a collector that is
     down costs a run nothing and its spans are dropped (with one warning per outage)."""
+    metrics: bool = True
+    """Export the GenAI client metrics (``gen_ai.client.token.usage``,
+    ``gen_ai.client.operation.duration``) beside the spans."""
+    metrics_endpoint: str | None = None
+    """OTLP/HTTP metrics URL; default: derived from ``endpoint`` (``/v1/metrics``)."""
+    metrics_interval_s: float = Field(default=60.0, gt=0, le=3600)
+    """How often metrics are exported (and once more when the process exits)."""
 
 
 class McpConfig(_Section):

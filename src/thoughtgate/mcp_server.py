@@ -2,20 +2,31 @@
 ``orchestration_approve``, through the one filter.
 
 An MCP host (a desktop assistant, an IDE agent) starts ``thoughtgate mcp`` as a subprocess and talks
-to it over stdin/stdout with the official ``mcp`` SDK. The tools only convert inputs and outputs:
-runs go through :class:`~thoughtgate.orchestration.runtime.Runtime`, answers through
+to it over stdin/stdout with the official ``mcp`` SDK (its low-level ``Server``: thoughtgate declares
+exactly what it serves). The tools only convert inputs and outputs: runs go through
+:class:`~thoughtgate.orchestration.runtime.Runtime`, answers through
 :func:`~thoughtgate.access.filter.filter_run` for the role configured for MCP (``mcp.role``, default
 ``member``; ``--role`` overrides it, never above ``access.local_role``). So a task's ``reasoning``
 comes back only on a ``surface`` run read by ``developer`` or above; a ``telemetry_only`` run never
 returns reasoning, whatever the role.
 
-Failures come back as MCP tool errors (``isError: true``) whose text says what went wrong, never as
-a crashed server. A run that did not complete (failed, partial, interrupted) is an error too, with
-the run's view kept as the structured content, so the host still gets whatever was answered. When
-the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted`` (its tasks
-first) before the call ends. Nothing but the protocol is written to stdout.
+What a host can rely on:
 
-On a SQLite or PostgreSQL store the server's runs are durable (ADR 0010), and
+* ``serverInfo`` names thoughtgate and its version; the only capability advertised is ``tools``
+  (no empty prompts or resources);
+* every tool has a typed input schema (``chain_of_thought`` is an enum) and an output schema (the
+  run view as a reader receives it: only public fields required);
+* a call whose request carries a progress token gets ``notifications/progress`` while the run works:
+  one per task, visible step and tool card, each message built from public fields of the filtered
+  events (a step's summary, a tool's label and status), never from tool data or reasoning;
+* bad arguments come back as a tool error (``isError: true``) naming each field and what it takes,
+  with no library links; a run that did not complete (failed, partial, interrupted) is an error too,
+  with the run's view kept as the structured content;
+* when the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted``
+  (its tasks first) before the call ends;
+* nothing but the protocol is written to stdout; log lines on stderr are plain text.
+
+On a SQLite or PostgreSQL store the server's runs are durable (ADR 0012), and
 ``orchestration_approve`` answers a pending approval of any run on the store -- executing here, on a
 daemon replica, or between processes.
 """
@@ -25,20 +36,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
-from typing import Annotated, Any
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
 
 import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, TextContent
-from pydantic import Field
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.stdio import stdio_server
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from thoughtgate.access.filter import filter_run, require_role
+from thoughtgate import __version__
+from thoughtgate.access.filter import filter_event, filter_run, require_role
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
-from thoughtgate.engine.approvals import Decision
+from thoughtgate.disclosure import ChainOfThought
+from thoughtgate.engine.approvals import ApprovalBroker, Decision
+from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.events.catalogue import view_schema
+from thoughtgate.events.schema import Event, EventType, is_run_terminal
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.durability import make_durable
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
@@ -49,11 +76,17 @@ from thoughtgate.telemetry import telemetry_sinks
 __all__ = [
     "CANCELLED_BY_HOST",
     "McpTools",
+    "Progress",
+    "RunArguments",
+    "StatusArguments",
     "build_mcp_server",
+    "progress_message",
     "resolve_mcp_role",
     "run_result",
     "serve_stdio",
 ]
+
+log = logging.getLogger("thoughtgate.mcp")
 
 CANCELLED_BY_HOST = "the MCP client cancelled the call"
 
@@ -64,6 +97,56 @@ INSTRUCTIONS = (
     "tool call that waits for a person's approval. Reasoning is returned only for "
     "chain_of_thought='surface' runs when this server's role is developer or above."
 )
+
+Progress = Callable[[float, str], Awaitable[None]]
+"""``(progress, message)``: reports that a run moved on (the count only ever grows)."""
+
+
+class RunArguments(BaseModel):
+    """``orchestration_run``'s arguments."""
+
+    model_config = ConfigDict(extra="forbid", title="orchestration_run arguments")
+
+    prompt: str = Field(description="What to ask the model (may be empty when tasks are given).")
+    model: str | None = Field(
+        default=None,
+        description="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5 (default: the server's "
+        "orchestration.default_model).",
+    )
+    chain_of_thought: ChainOfThought | None = Field(
+        default=None,
+        description="Disclosure mode: hidden asks for no reasoning; surface shows it to developer "
+        "and above; telemetry_only keeps it for traces (default: the server's config, else hidden).",
+    )
+    tasks: list[str] | None = Field(
+        default=None, description="Split the work into these task prompts, run in order."
+    )
+
+
+class StatusArguments(BaseModel):
+    """``orchestration_status``'s arguments."""
+
+    model_config = ConfigDict(extra="forbid", title="orchestration_status arguments")
+
+    run_id: str = Field(description="The run id orchestration_run returned.")
+
+
+class ApproveArguments(BaseModel):
+    """``orchestration_approve``'s arguments."""
+
+    model_config = ConfigDict(extra="forbid", title="orchestration_approve arguments")
+
+    run_id: str = Field(description="The run whose tool call waits for approval.")
+    call_id: str = Field(description="The tool call's id (from tool.approval_required).")
+    decision: Decision = Field(description="approve or reject.")
+
+
+class ApprovalAnswer(BaseModel):
+    """``orchestration_approve``'s result."""
+
+    run_id: str
+    call_id: str
+    decision: Decision
 
 
 def resolve_mcp_role(config: Config, explicit: str | None = None) -> Role:
@@ -76,6 +159,31 @@ def resolve_mcp_role(config: Config, explicit: str | None = None) -> Role:
             "the MCP server can only act as that role or a lower one"
         )
     return role
+
+
+def progress_message(event: Event, tasks: int) -> str | None:
+    """A progress line for one *filtered* event, from public fields only (``None``: no news)."""
+    payload = event.payload
+    kind = event.type
+    if kind == EventType.TASK_STARTED and isinstance(payload.get("index"), int):
+        return f"task {payload['index'] + 1} of {tasks} started"
+    if kind == EventType.TASK_COMPLETED:
+        return f"task {payload.get('status') or 'ended'}"
+    if kind in (EventType.COT_STEP, EventType.COT_PHASE, EventType.COT_TOOL_REASONING):
+        summary = payload.get("summary")
+        return summary if isinstance(summary, str) and summary else None
+    label = payload.get("label") or payload.get("tool_key")
+    if not isinstance(label, str):
+        return None
+    if kind == EventType.TOOL_APPROVAL_REQUIRED:
+        return f"{label}: waiting for approval"
+    if kind == EventType.TOOL_STARTED:
+        return f"{label}: running"
+    if kind in (EventType.TOOL_COMPLETED, EventType.TOOL_DEGRADED):
+        return f"{label}: {kind.removeprefix('tool.')}"
+    if kind == EventType.TOOL_FAILED:
+        return f"{label}: failed ({payload.get('error_kind') or 'error'})"
+    return None
 
 
 class McpTools:
@@ -95,6 +203,7 @@ class McpTools:
         model: str | None = None,
         chain_of_thought: str | None = None,
         tasks: Sequence[str] | None = None,
+        progress: Progress | None = None,
     ) -> RunView:
         specs = [TaskSpec(t) for t in tasks or () if t.strip()]
         if not prompt.strip() and not specs:
@@ -102,6 +211,11 @@ class McpTools:
         run = await self.runtime.create_run(
             RunRequest(prompt, model=model, tasks=specs), chain_of_thought=chain_of_thought
         )
+        reporter = None
+        if progress is not None:
+            reporter = asyncio.get_running_loop().create_task(
+                self._report(run.run_id, run.chain_of_thought, len(run.tasks), progress)
+            )
         # The run executes in its own asyncio task: a cancelled call (the host's
         # notifications/cancelled cancels this handler's anyio scope, again at every await)
         # cancels that task once, and then waits, shielded, until the run is closed.
@@ -115,24 +229,52 @@ class McpTools:
             raise
         except Exception:  # recorded as run.failed / run.error; the view below says so
             pass
+        finally:
+            if reporter is not None:
+                await _finish(reporter)
         return filter_run(await self.runtime.store.get_run(run.run_id), self.role)
 
-    async def approve(self, run_id: str, call_id: str, decision: str) -> dict[str, str]:
+    async def _report(self, run_id: str, mode: str, tasks: int, progress: Progress) -> None:
+        """Progress from the run's events, as this server's role may see them, until its end."""
+        count = 0
+        async for event in self.runtime.store.tail(run_id):
+            if is_run_terminal(event.type):
+                return
+            shown = filter_event(event, self.role, mode=mode)
+            message = progress_message(shown, tasks) if shown is not None else None
+            if message is None:
+                continue
+            count += 1
+            try:
+                await progress(count, message)
+            except Exception as exc:  # a host that cannot take progress still gets its answer
+                log.warning("could not send progress: %s", exc)
+                return
+
+    async def approve(self, run_id: str, call_id: str, decision: Decision) -> ApprovalAnswer:
         """Answer a pending tool approval (member and above), wherever the run executes."""
         require_role(self.role, Role.MEMBER, "answering tool approvals")
-        if decision not in ("approve", "reject"):
-            raise UsageError("decision must be approve or reject")
-        verdict: Decision = "approve" if decision == "approve" else "reject"
         run_id, call_id = run_id.strip(), call_id.strip()
-        if not await self.runtime.approvals.answer(run_id, call_id, verdict, by="mcp"):
+        if not await self.runtime.approvals.answer(run_id, call_id, decision, by="mcp"):
             await self.runtime.store.get_run(run_id)  # an unknown run says so
             raise UsageError(f"no approval is pending for call {call_id!r} in run {run_id!r}")
-        return {"run_id": run_id, "call_id": call_id, "decision": verdict}
+        return ApprovalAnswer(run_id=run_id, call_id=call_id, decision=decision)
 
     async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
             raise UsageError("run_id must not be empty")
         return filter_run(await self.runtime.store.get_run(run_id.strip()), self.role)
+
+
+async def _finish(reporter: asyncio.Task[None]) -> None:
+    """Let the reporter send what the run recorded (it stops at the terminal event), but never
+    after the call's result: a stuck reporter is cancelled."""
+    with contextlib.suppress(BaseException):
+        with anyio.CancelScope(shield=True):
+            done, _ = await asyncio.wait({reporter}, timeout=2.0)
+        if not done:
+            reporter.cancel()
+            await reporter
 
 
 def run_result(view: RunView) -> CallToolResult:
@@ -150,74 +292,169 @@ def run_result(view: RunView) -> CallToolResult:
     )
 
 
-def build_mcp_server(tools: McpTools) -> MCPServer[Any]:
-    """The MCP server with its two tools; any :class:`ThoughtgateError` becomes a tool error."""
-    server: MCPServer[Any] = MCPServer("thoughtgate", instructions=INSTRUCTIONS)
+def _error(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
-    async def orchestration_run(
-        prompt: Annotated[str, Field(description="What to ask the model.")],
-        model: Annotated[
-            str | None,
-            Field(description="PROVIDER:MODEL, e.g. anthropic:claude-sonnet-4-5 (default: config)"),
-        ] = None,
-        chain_of_thought: Annotated[
-            str | None,
-            Field(description="hidden | surface | telemetry_only (default: config, else hidden)"),
-        ] = None,
-        tasks: Annotated[
-            list[str] | None,
-            Field(description="Split the work into these task prompts, run in order."),
-        ] = None,
-    ) -> Annotated[CallToolResult, dict[str, Any]]:
-        """Run a prompt through a model and return the run with each task's output (and, only for
-        a surface run read by developer or above, its reasoning). A run that did not complete is
-        an error result that still carries the run."""
+
+def _arguments_error(tool: str, exc: ValidationError) -> CallToolResult:
+    """Each wrong argument and what it takes, in plain words (no library links)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "arguments"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "is not an argument of this tool"
+        problems.append(f"{where}: {message}")
+    return _error(f"invalid arguments for {tool}: " + "; ".join(problems))
+
+
+_OUTPUT: Final = view_schema(RunView, ref_template="#/$defs/{model}")
+"""The run view as this server's readers receive it (``x-visibility`` per field)."""
+
+
+def _input_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    return schema
+
+
+TOOLS: Final = (
+    Tool(
+        name="orchestration_run",
+        title="Run a prompt",
+        description="Run a prompt through a model and return the run with each task's output "
+        "(and, only for a surface run read by developer or above, its reasoning). A run that "
+        "did not complete is an error result that still carries the run. Sends progress "
+        "notifications while the run works when the request asks for them.",
+        input_schema=_input_schema(RunArguments),
+        output_schema=_OUTPUT,
+        annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True),
+    ),
+    Tool(
+        name="orchestration_status",
+        title="Read a run",
+        description="Read a run by id: its status, tasks, outputs and usage, as this server's "
+        "role may see them.",
+        input_schema=_input_schema(StatusArguments),
+        output_schema=_OUTPUT,
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+    Tool(
+        name="orchestration_approve",
+        title="Answer a tool approval",
+        description="Approve or reject a tool call that waits for a person, in any run this "
+        "service executes (on any replica, even while the run is between processes).",
+        input_schema=_input_schema(ApproveArguments),
+        output_schema=ApprovalAnswer.model_json_schema(),
+        annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False),
+    ),
+)
+
+
+def build_mcp_server(tools: McpTools) -> Server[Any]:
+    """The MCP server with its tools; any :class:`ThoughtgateError` becomes a tool error."""
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        return ListToolsResult(tools=list(TOOLS))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        arguments: Mapping[str, Any] = params.arguments or {}
         try:
-            view = await tools.run(
-                prompt, model=model, chain_of_thought=chain_of_thought, tasks=tasks
-            )
+            if params.name == "orchestration_run":
+                args = RunArguments.model_validate(arguments)
+
+                async def progress(count: float, message: str) -> None:
+                    await ctx.session.report_progress(count, None, message)
+
+                view = await tools.run(
+                    args.prompt,
+                    model=args.model,
+                    chain_of_thought=args.chain_of_thought,
+                    tasks=args.tasks,
+                    progress=progress,
+                )
+                return run_result(view)
+            if params.name == "orchestration_approve":
+                answer = ApproveArguments.model_validate(arguments)
+                done = await tools.approve(answer.run_id, answer.call_id, answer.decision)
+                return CallToolResult(
+                    content=[TextContent(type="text", text=done.model_dump_json())],
+                    structured_content=done.model_dump(),
+                )
+            if params.name == "orchestration_status":
+                status = StatusArguments.model_validate(arguments)
+                view = await tools.status(status.run_id)
+                return CallToolResult(
+                    content=[TextContent(type="text", text=json.dumps(view, indent=2))],
+                    structured_content=dict(view),
+                )
+        except ValidationError as exc:
+            return _arguments_error(params.name, exc)
         except ThoughtgateError as exc:
-            raise ToolError(str(exc)) from exc
-        return run_result(view)
+            return _error(str(exc))
+        known = ", ".join(t.name for t in TOOLS)
+        return _error(f"unknown tool {params.name!r}; tools: {known}")
 
-    async def orchestration_status(
-        run_id: Annotated[str, Field(description="The run id orchestration_run returned.")],
-    ) -> dict[str, Any]:
-        """Read a run by id: its status, tasks, outputs and usage, as this server's role may see."""
-        try:
-            return dict(await tools.status(run_id))
-        except ThoughtgateError as exc:
-            raise ToolError(str(exc)) from exc
-
-    async def orchestration_approve(
-        run_id: Annotated[str, Field(description="The run that waits for the approval.")],
-        call_id: Annotated[str, Field(description="The tool call's id (tool.approval_required).")],
-        decision: Annotated[str, Field(description="approve | reject")],
-    ) -> dict[str, Any]:
-        """Answer a tool call that waits for a person's approval, in any run this service
-        executes (on any replica, even while the run is between processes)."""
-        try:
-            return dict(await tools.approve(run_id, call_id, decision))
-        except ThoughtgateError as exc:
-            raise ToolError(str(exc)) from exc
-
-    server.add_tool(orchestration_run, name="orchestration_run", structured_output=True)
-    server.add_tool(orchestration_status, name="orchestration_status")
-    server.add_tool(orchestration_approve, name="orchestration_approve")
-    return server
+    return Server(
+        "thoughtgate",
+        version=__version__,
+        title="thoughtgate",
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
 
 
-async def serve_stdio(config: Config, *, db_url: str, role: Role) -> None:
-    """Open the store, serve the tools over stdin/stdout until the host closes them."""
+def _plain_stderr_logging() -> None:
+    """One plain line per record on stderr (no colours, no boxes): hosts show it as is."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("thoughtgate mcp: %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
+async def serve_stdio(
+    config: Config,
+    *,
+    db_url: str,
+    role: Role,
+    tools: ToolRegistry | None = None,
+    approve_all: bool = False,
+) -> None:
+    """Open the store, serve the tools over stdin/stdout until the host closes them.
+
+    ``tools`` are the Python tools runs may call (``--tools``); a tool that asks for approval is
+    approved when ``approve_all`` (else it times out after ``orchestration.approval_timeout_s``:
+    the model is told it did not run).
+    """
+    _plain_stderr_logging()
     store: EventStore = await open_store(db_url)
     try:
+
+        async def approve(call_id: str, tool: str, arguments: Mapping[str, Any]) -> Any:
+            return "approve" if approve_all else None
+
+        runtime = Runtime(
+            store,
+            config,
+            tools=tools,
+            approvals=ApprovalBroker(decider=approve),
+            sinks=telemetry_sinks(config),
+        )
         # ``async with``: the server's runs share provider connections, closed when it stops.
-        async with Runtime(store, config, sinks=telemetry_sinks(config)) as runtime:
+        async with runtime:
             engine = make_durable(runtime)
             try:
                 if engine is not None:
                     await engine.launch()
-                await build_mcp_server(McpTools(runtime, role)).run_stdio_async()
+                server = build_mcp_server(McpTools(runtime, role))
+                async with stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
             finally:
                 if engine is not None:
                     await engine.close()

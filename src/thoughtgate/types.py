@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "ReasoningDelta",
     "ReasoningKind",
     "ReasoningPart",
+    "ResponseInfoChunk",
     "Role",
     "TextDelta",
     "TextPart",
@@ -294,6 +295,18 @@ class UsageChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseInfoChunk:
+    """What the provider said about the response itself: its id (Anthropic ``msg_…``, Chat
+    Completions ``chatcmpl-…``, Responses ``resp_…``) and the model that actually answered
+    (a dated snapshot of the one asked for). Fields that are not ``None`` replace earlier ones."""
+
+    _: KW_ONLY
+    kind: Literal["response_info"] = "response_info"
+    response_id: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FinishChunk:
     """The turn is over; ``raw_reason`` is the provider's own stop reason."""
 
@@ -311,6 +324,7 @@ Chunk: TypeAlias = (
     | ToolCallEnd
     | ContinuityChunk
     | UsageChunk
+    | ResponseInfoChunk
     | FinishChunk
 )
 
@@ -329,7 +343,13 @@ class Turn:
     raw_finish_reason: str = ""
     provider: str = ""
     model: str = ""
+    """The adapter's model (what carriers are stamped with and go back to)."""
     complete: bool = True
+    response_id: str | None = field(default=None, compare=False)
+    """The provider's id for this response, when it sent one (not compared: two requests for the
+    same turn get two ids)."""
+    response_model: str | None = field(default=None, compare=False)
+    """The model the provider says answered (often a dated snapshot of ``model``)."""
 
     @property
     def text(self) -> str:
@@ -389,6 +409,8 @@ class TurnAccumulator:
         self._finish: FinishReason | None = None
         self._raw_finish = ""
         self._continuity_seq = 0
+        self._response_id: str | None = None
+        self._response_model: str | None = None
 
     def _slot(self, key: tuple[str, Any], make: _Slot) -> _Slot:
         slot = self._slots.get(key)
@@ -434,6 +456,9 @@ class TurnAccumulator:
                     value = getattr(chunk, name)
                     if value is not None:
                         self._usage[name] = value
+            case ResponseInfoChunk():
+                self._response_id = chunk.response_id or self._response_id
+                self._response_model = chunk.model or self._response_model
             case FinishChunk():
                 self._finish = chunk.reason
                 self._raw_finish = chunk.raw_reason
@@ -484,6 +509,8 @@ class TurnAccumulator:
             provider=self.provider,
             model=self.model,
             complete=False,
+            response_id=self._response_id,
+            response_model=self._response_model,
         )
 
     def finish(self) -> Turn:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.cli.exit_codes import ExitCode
@@ -52,7 +53,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(_sharing_clients(coro))
     except ThoughtgateError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        # the message is plain text: brackets in it ("thoughtgate[mcp]") are not markup
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["ConfigOpt", "DbOpt", "JsonOpt", "RunIdArg", "ViewAsOpt"]
+__all__ = ["ConfigOpt", "DbOpt", "JsonOpt", "KeyOpt", "RunIdArg", "UrlOpt", "ViewAsOpt"]
 
 DbOpt = Annotated[
     str | None,
@@ -42,5 +42,27 @@ RunIdArg = Annotated[
         metavar="RUN_ID",
         help="The run's id, or any unique start of it (with or without 'run_').",
         show_default=False,
+    ),
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        metavar="URL",
+        envvar="THOUGHTGATE_URL",
+        show_envvar=True,
+        help="Talk to this daemon (thoughtgate serve) instead of the local store; "
+        "what you see is what --key's role may see.",
+    ),
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key",
+        metavar="KEY",
+        envvar="THOUGHTGATE_KEY",
+        show_envvar=True,
+        help="The daemon API key for --url (prefer the environment variable: a flag shows in "
+        "the process list).",
     ),
 ]

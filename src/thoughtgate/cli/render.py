@@ -28,7 +28,7 @@ from thoughtgate.events.thread import (
 from thoughtgate.events.views import RunView
 from thoughtgate.events.visible import describe_receipt, parse_receipt
 
-__all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread"]
+__all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread", "run_view_json"]
 
 
 def _turn_title(label: str, turn: Any) -> str:
@@ -241,3 +241,24 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
             (v.get("prompt") or "")[:60],
         )
     console.print(table)
+
+
+def run_view_json(view: RunView) -> dict[str, Any]:
+    """The ``run --json`` shape: reasoning is null unless surface mode and developer+."""
+    return {
+        "run_id": view["run_id"],
+        "status": view["status"],
+        "error": view.get("error"),
+        "chain_of_thought": view["chain_of_thought"],
+        "tasks": [
+            {
+                "task_id": t["task_id"],
+                "status": t["status"],
+                "output": t["output"],
+                "reasoning": t.get("reasoning"),
+                "error": t.get("error"),
+            }
+            for t in view["tasks"]
+        ],
+        "usage": view["usage"],
+    }

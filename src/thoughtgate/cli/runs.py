@@ -3,7 +3,7 @@
 ``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C or
 SIGTERM while it runs closes the run ``interrupted`` -- its unfinished tasks first -- before the
 command exits (130); ``--json`` still prints the run's document. On a SQLite or PostgreSQL store
-the run is durable (ADR 0010): if the process is killed instead (``kill -9``, a crash, a closed
+the run is durable (ADR 0012): if the process is killed instead (``kill -9``, a crash, a closed
 laptop lid that never reopens), the run stays open, suspended, and ``resume RUN_ID`` continues it
 from its last completed step.
 
@@ -31,7 +31,27 @@ from thoughtgate.cli.common import (
     with_store,
 )
 from thoughtgate.cli.exit_codes import for_run_status
-from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt, RunIdArg, ViewAsOpt
+from thoughtgate.cli.options import (
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    KeyOpt,
+    RunIdArg,
+    UrlOpt,
+    ViewAsOpt,
+)
+from thoughtgate.cli.remote import (
+    on_daemon,
+    remote_events,
+    remote_run,
+    remote_runs,
+    remote_status,
+    remote_trace,
+    resolve_remote,
+    show_event,
+    wants_daemon,
+)
+from thoughtgate.cli.render import run_view_json
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,27 +65,6 @@ __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow",
 
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
-
-
-def run_view_json(view: RunView) -> dict[str, Any]:
-    """The ``run --json`` shape: reasoning is null unless surface mode and developer+."""
-    return {
-        "run_id": view["run_id"],
-        "status": view["status"],
-        "error": view.get("error"),
-        "chain_of_thought": view["chain_of_thought"],
-        "tasks": [
-            {
-                "task_id": t["task_id"],
-                "status": t["status"],
-                "output": t["output"],
-                "reasoning": t.get("reasoning"),
-                "error": t.get("error"),
-            }
-            for t in view["tasks"]
-        ],
-        "usage": view["usage"],
-    }
 
 
 def read_prompt(prompt: str) -> str:
@@ -309,8 +308,34 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
-        """Run a prompt through a model and record everything; the exit code is the outcome."""
+        """Run a prompt through a model and record everything; the exit code is the outcome.
+
+        With --url the daemon runs it (--tools then names tools registered on the daemon)."""
+
+        async def run_on_daemon() -> str:
+            remote = resolve_remote(
+                url,
+                key,
+                db=db,
+                view_as=view_as,
+                base_url=base_url,
+                api_key=api_key,
+                tools=any(":" in t for t in tools or ()),
+            )
+            assert remote is not None
+            return await remote_run(
+                remote,
+                read_prompt(prompt),
+                model=model,
+                system=system,
+                chain_of_thought=cot,
+                tools=list(tools or ()),
+                approve_all=approve_all,
+                json_out=json_out,
+            )
 
         async def body() -> str:
             from thoughtgate.cli.render import render_run
@@ -355,7 +380,9 @@ def register(app: typer.Typer) -> None:
 
             return await ctx.using(go)
 
-        raise typer.Exit(for_run_status(run_async(body())))
+        raise typer.Exit(
+            for_run_status(run_async(run_on_daemon() if wants_daemon(url, key) else body()))
+        )
 
     @app.command()
     def resume(
@@ -435,8 +462,12 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
+        if on_daemon(url, key, lambda r: remote_status(r, run_id, json_out=json_out), db, view_as):
+            return
 
         async def body(ctx: Context, store: EventStore) -> None:
             from thoughtgate.access.filter import filter_events, filter_run
@@ -463,8 +494,14 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started."""
+        if on_daemon(
+            url, key, lambda r: remote_runs(r, limit=limit, json_out=json_out), db, view_as
+        ):
+            return
 
         async def body(ctx: Context, store: EventStore) -> None:
             from thoughtgate.access.filter import filter_run
@@ -489,18 +526,50 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option("--limit", metavar="N", help="At most N events.", min=1),
         ] = None,
+        follow: Annotated[
+            bool,
+            typer.Option(
+                "--follow",
+                "-f",
+                help="Keep printing new events as they are recorded, until the run ends "
+                "(with --json: one JSON object per line).",
+            ),
+        ] = False,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
+        if on_daemon(
+            url,
+            key,
+            lambda r: remote_events(
+                r, run_id, after=after, limit=limit, follow=follow, json_out=json_out
+            ),
+            db,
+            view_as,
+        ):
+            return
 
         async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_events
+            from thoughtgate.access.filter import filter_event, filter_events
 
             full_id = await resolve_run_id(store, run_id)
             run = await store.get_run(full_id)
+            if follow:
+                shown_count = 0
+                async for event in store.tail(full_id, after=after):
+                    seen = filter_event(event, ctx.role, mode=run.chain_of_thought)
+                    if seen is None:
+                        continue
+                    show_event(seen, json_lines=json_out)
+                    shown_count += 1
+                    if limit is not None and shown_count >= limit:
+                        return
+                return
             raw = await store.read(full_id, after=after, limit=limit)
             shown = filter_events(raw, ctx.role, mode=run.chain_of_thought)
             if json_out:
@@ -521,9 +590,13 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
         """A run's trace metadata (worker.completed with reasoning) as one JSON document:
         developer and above."""
+        if on_daemon(url, key, lambda r: remote_trace(r, run_id, json_out=json_out), db, view_as):
+            return
 
         async def body(ctx: Context, store: EventStore) -> None:
             from thoughtgate.access.filter import filter_events, require_role

@@ -160,15 +160,18 @@ class ThoughtgateClient:
     async def start_run(
         self,
         prompt: str,
-        model: str,
+        model: str | None,
         chain_of_thought: str | None = None,
         tools: Sequence[str] | None = None,
         *,
         system: str | None = None,
         tasks: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """Start a run (member and above); returns its id. The run executes in the background."""
-        body: dict[str, Any] = {"prompt": prompt, "model": model}
+        """Start a run (member and above); returns its id. The run executes in the background.
+        ``model=None`` takes the daemon's ``orchestration.default_model``."""
+        body: dict[str, Any] = {"prompt": prompt}
+        if model is not None:
+            body["model"] = model
         if chain_of_thought is not None:
             body["chain_of_thought"] = chain_of_thought
         if tools is not None:
@@ -211,6 +214,12 @@ class ThoughtgateClient:
             if page.next_after <= after:
                 return out
             after = page.next_after
+
+    async def trace(self, run_id: str) -> list[Event]:
+        """The run's trace metadata (``worker.completed`` events on the trace surface; developer
+        and above)."""
+        body = await self._request("GET", _run_path(run_id, "/trace"), run_id=run_id)
+        return [event_from_dict(e) for e in body["events"]]
 
     async def answer_approval(self, run_id: str, call_id: str, decision: str) -> dict[str, Any]:
         """``approve`` or ``reject`` a tool call that waits for a person (member and above)."""

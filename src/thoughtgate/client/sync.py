@@ -68,7 +68,7 @@ class SyncThoughtgateClient:
     def start_run(
         self,
         prompt: str,
-        model: str,
+        model: str | None,
         chain_of_thought: str | None = None,
         tools: Sequence[str] | None = None,
         *,
@@ -90,6 +90,9 @@ class SyncThoughtgateClient:
 
     def events(self, run_id: str, *, after: int = 0) -> list[Event]:
         return self._run(self.aio.events(run_id, after=after))
+
+    def trace(self, run_id: str) -> list[Event]:
+        return self._run(self.aio.trace(run_id))
 
     def answer_approval(self, run_id: str, call_id: str, decision: str) -> dict[str, Any]:
         return self._run(self.aio.answer_approval(run_id, call_id, decision))

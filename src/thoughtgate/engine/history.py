@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from thoughtgate.events.schema import Event, EventType
-from thoughtgate.types import ContinuityBlock, Message, ReasoningPart, TextPart
+from thoughtgate.types import (
+    ContinuityBlock,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 
-__all__ = ["DroppedCarrier", "conversation_from_events", "keep_own_carriers"]
+__all__ = ["DroppedCarrier", "conversation_from_events", "history_payload", "keep_own_carriers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +80,31 @@ def conversation_from_events(events: Iterable[Event]) -> list[Message]:
             if isinstance(text, str) and text:
                 messages.append(Message("assistant", (TextPart(text),)))
     return messages
+
+
+def history_payload(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """Messages as the trace records them (``task.started`` ``history``), in the shape the
+    OpenTelemetry GenAI conventions give ``gen_ai.input.messages``: text, tool calls and tool
+    results only -- reasoning parts and continuity carriers are left out, whatever they hold."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        parts: list[dict[str, Any]] = []
+        for part in message.parts:
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "content": part.text})
+            elif isinstance(part, ToolCallPart):
+                parts.append(
+                    {
+                        "type": "tool_call",
+                        "id": part.call_id,
+                        "name": part.name,
+                        "arguments": part.arguments,
+                    }
+                )
+            elif isinstance(part, ToolResultPart):
+                parts.append(
+                    {"type": "tool_call_response", "id": part.call_id, "result": part.content}
+                )
+        if parts:
+            out.append({"role": message.role, "parts": parts})
+    return out

@@ -49,6 +49,7 @@ from thoughtgate.events.payloads import (
     MessageCompletedPayload,
     MessageDeltaPayload,
     MessagePartiallyCompletedPayload,
+    ModelCallPayload,
     ReasoningDeltaPayload,
     ReasoningPartPayload,
     ToolApprovalRequiredPayload,
@@ -62,9 +63,16 @@ from thoughtgate.events.payloads import (
     ToolProgressPayload,
     ToolStartedPayload,
     token_usage,
+    trace_metadata,
 )
-from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.providers.base import Provider, ReasoningRequest, ToolSpec, TurnRequest
+from thoughtgate.events.schema import Event, EventType, NewEvent, now_ts
+from thoughtgate.providers.base import (
+    Provider,
+    ReasoningRequest,
+    ServerInfo,
+    ToolSpec,
+    TurnRequest,
+)
 from thoughtgate.types import (
     Chunk,
     Message,
@@ -80,18 +88,24 @@ from thoughtgate.types import (
 )
 
 __all__ = [
+    "NOT_APPROVED_IN_TIME",
+    "REJECTED_BY_USER",
     "TURN_CUT",
     "LoopObserver",
     "LoopRecorder",
     "LoopResult",
+    "error_type_of",
+    "failed_tool_text",
+    "offered_tools",
     "run_agent_loop",
     "strip_reasoning",
     "turn_from_json",
     "turn_to_json",
+    "unknown_tool_text",
 ]
 
 TURN_CUT = "cut: the process executing the run stopped during this turn; the turn is asked again"
-"""The error of a turn a stopped process left unfinished (ADR 0010)."""
+"""The error of a turn a stopped process left unfinished (ADR 0012)."""
 TOOL_INTERRUPTED = (
     "the process executing the run stopped while this tool ran; it was not run again, since it "
     "may already have had its effect"
@@ -157,6 +171,35 @@ def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(p for p in parts if not isinstance(p, ReasoningPart))
 
 
+NOT_APPROVED_IN_TIME = "The tool call was not approved in time and was not executed."
+"""What the model is told when nobody answered an approval in time."""
+REJECTED_BY_USER = "The user rejected this tool call; it was not executed."
+"""What the model is told when a person rejected a tool call."""
+
+
+def unknown_tool_text(name: str) -> str:
+    """What the model is told when it called a tool that does not exist."""
+    return f"Error: there is no tool named {name!r}."
+
+
+def failed_tool_text(error: str) -> str:
+    """What the model is told when a tool (and its fallback) failed."""
+    return f"Error: {error}"
+
+
+def error_type_of(exc: ProviderError) -> str:
+    """A low-cardinality name for a provider failure: the provider's own error code
+    (``overloaded_error``, ``rate_limit_error``, ...), else the error's class."""
+    return exc.error_type or type(exc).__name__
+
+
+def offered_tools(tools: ToolRegistry, observer: LoopObserver | None) -> tuple[ToolSpec, ...]:
+    """The tools a model is offered: the registry's, plus ``visible_step`` when narrating."""
+    if observer is not None and observer.narrates:
+        return (*tools.specs, NARRATION_SPEC)
+    return tools.specs
+
+
 def _error_kind(exc: Exception, *, fallback_failed: bool = False) -> ToolErrorKind:
     if isinstance(exc, ToolArgumentsError):
         return "invalid_arguments"
@@ -189,6 +232,7 @@ class _Loop:
         self.max_tokens = max_tokens
         self.steps = steps
         self.turn_no = 0
+        self.first_chunk_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -200,7 +244,7 @@ class _Loop:
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the model: the registry's, plus ``visible_step`` when narrating."""
-        return (*self.tools.specs, NARRATION_SPEC) if self.narrating else self.tools.specs
+        return offered_tools(self.tools, self.observer)
 
     def narrations(self, turn: Turn) -> list[Narration]:
         if not self.narrating:
@@ -221,6 +265,8 @@ class _Loop:
         return NewEvent(type_, payload, task_id=self.task_id)
 
     async def on_chunk(self, chunk: Chunk) -> None:
+        if self.first_chunk_at is None:
+            self.first_chunk_at = now_ts()
         if isinstance(chunk, TextDelta) and chunk.text:
             delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
             await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
@@ -246,6 +292,30 @@ class _Loop:
 
         return replace(turn, parts=strip_reasoning(turn.parts))
 
+    def call_info(self, request: TurnRequest, turn: Turn, started_at: float) -> ModelCallPayload:
+        """How this turn was requested and answered (telemetry reads it from the log)."""
+        call: ModelCallPayload = {
+            "stream": True,
+            "max_tokens": request.max_tokens,
+            "started_at": started_at,
+        }
+        if self.first_chunk_at is not None:
+            call["first_chunk_at"] = self.first_chunk_at
+        if request.temperature is not None:
+            call["temperature"] = request.temperature
+        if turn.response_id:
+            call["response_id"] = turn.response_id
+        if turn.response_model:
+            call["response_model"] = turn.response_model
+        server = getattr(self.provider, "server", None)
+        if isinstance(server, ServerInfo):
+            call["server"] = server.name
+            if server.address:
+                call["server_address"] = server.address
+            if server.port is not None:
+                call["server_port"] = server.port
+        return call
+
     # -- one model turn: a step that streams it, then a step that records it --------------
     async def model_turn(
         self, history: list[Message], system: str | None, dropped: Sequence[DroppedCarrier]
@@ -270,14 +340,17 @@ class _Loop:
             reasoning=ReasoningRequest(self.disclosure.requests_reasoning),
             max_tokens=self.max_tokens,
         )
+        started_at = now_ts()
+        self.first_chunk_at = None
         try:
             turn = self.captured(await stream_llm_turn(self.provider, request, self.on_chunk))
         except ProviderError as exc:
             await self.recorder.flush()
             partial = self.captured(exc.partial) if exc.partial is not None else None
-            return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc))
+            call = self.call_info(request, partial, started_at) if partial is not None else None
+            return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
         await self.recorder.flush()
-        return _TurnOutcome(self.turn_no, turn, None)
+        return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
 
     async def record_cut(self, turn_no: int, text: str) -> None:
         cut: AgentResponsePayload = {
@@ -303,7 +376,7 @@ class _Loop:
         turn, failure = outcome.turn, outcome.failure
         events: list[NewEvent] = []
         if turn is not None:
-            events += await self.response_events(turn, error=failure.message if failure else None)
+            events += await self.response_events(turn, call=outcome.call, failure=failure)
         if failure is not None:
             answer = turn.text if turn is not None else ""
             cut: MessagePartiallyCompletedPayload = {
@@ -322,7 +395,13 @@ class _Loop:
             events.append(self.ev(EventType.MESSAGE_COMPLETED, final))
         await self.recorder.emit_all(events)
 
-    async def response_events(self, turn: Turn, *, error: str | None = None) -> list[NewEvent]:
+    async def response_events(
+        self,
+        turn: Turn,
+        *,
+        call: ModelCallPayload | None = None,
+        failure: _ProviderFailure | None = None,
+    ) -> list[NewEvent]:
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
@@ -337,8 +416,14 @@ class _Loop:
                 for c in self.real_calls(turn)
             ],
         }
-        if error:
-            payload["error"] = error
+        if failure is not None:
+            payload["error"] = failure.message
+            payload["error_type"] = failure.kind
+        if call is not None:
+            payload["call"] = call
+        if self.disclosure.in_trace and not self.disclosure.on_display:
+            # telemetry_only: this turn's reasoning for the trace surface (and telemetry) only
+            payload["trace"] = trace_metadata(turn.reasoning_text, turn.continuity)
         if self.disclosure.on_display:
             text = turn.reasoning_text
             payload["reasoning"] = text
@@ -390,10 +475,7 @@ class _Loop:
             }
             await self.recorder.emit_all([self.ev(EventType.TOOL_FAILED, failed)])
         return ToolResultPart(
-            call.call_id,
-            f"Error: there is no tool named {call.name!r}.",
-            is_error=True,
-            name=call.name,
+            call.call_id, unknown_tool_text(call.name), is_error=True, name=call.name
         )
 
     async def approve(
@@ -426,7 +508,7 @@ class _Loop:
             if outcome.decision == "timeout":
                 expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
                 events.append(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
-                text = "The tool call was not approved in time and was not executed."
+                text = NOT_APPROVED_IN_TIME
             else:
                 answered: ToolApprovalResponsePayload = {
                     **base,
@@ -434,7 +516,7 @@ class _Loop:
                     "by": outcome.by,
                 }
                 events.append(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
-                text = "The user rejected this tool call; it was not executed."
+                text = REJECTED_BY_USER
             result = None
             if outcome.decision != "approve":
                 result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
@@ -542,7 +624,7 @@ class _Loop:
                 )
         failed: ToolFailedPayload = {**base, "error": error, "error_kind": kind}
         return (
-            ToolResultPart(call.call_id, f"Error: {error}", is_error=True, name=call.name),
+            ToolResultPart(call.call_id, failed_tool_text(error), is_error=True, name=call.name),
             "failed",
             [self.ev(EventType.TOOL_FAILED, failed)],
         )
@@ -555,10 +637,13 @@ class _ProviderFailure:
     message: str
     status: int | None
     error_type: str | None
+    """The provider's own error code, when it sent one."""
+    kind: str
+    """``error_type_of``: that code, else the error's class."""
 
     @classmethod
     def of(cls, exc: ProviderError) -> _ProviderFailure:
-        return cls(str(exc), exc.status, exc.error_type)
+        return cls(str(exc), exc.status, exc.error_type, error_type_of(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,6 +654,8 @@ class _TurnOutcome:
     turn_no: int
     turn: Turn | None
     failure: _ProviderFailure | None
+    call: ModelCallPayload | None = None
+    """How the turn was requested and answered (``agent.response.call``)."""
 
     def to_json(self) -> dict[str, Any]:
         failure = self.failure
@@ -577,17 +664,31 @@ class _TurnOutcome:
             "turn": None if self.turn is None else turn_to_json(self.turn),
             "failure": None
             if failure is None
-            else {"message": failure.message, "status": failure.status, "type": failure.error_type},
+            else {
+                "message": failure.message,
+                "status": failure.status,
+                "type": failure.error_type,
+                "kind": failure.kind,
+            },
+            "call": None if self.call is None else dict(self.call),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> _TurnOutcome:
         raw = data.get("failure")
         failure = (
-            None if raw is None else _ProviderFailure(raw["message"], raw["status"], raw["type"])
+            None
+            if raw is None
+            else _ProviderFailure(raw["message"], raw["status"], raw["type"], raw["kind"])
         )
         turn = data.get("turn")
-        return cls(int(data["turn_no"]), None if turn is None else turn_from_json(turn), failure)
+        call = data.get("call")
+        return cls(
+            int(data["turn_no"]),
+            None if turn is None else turn_from_json(turn),
+            failure,
+            None if call is None else cast(ModelCallPayload, dict(call)),
+        )
 
 
 def turn_to_json(turn: Turn) -> dict[str, Any]:
@@ -600,6 +701,8 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
         "provider": turn.provider,
         "model": turn.model,
         "complete": turn.complete,
+        "response_id": turn.response_id,
+        "response_model": turn.response_model,
     }
 
 
@@ -612,6 +715,8 @@ def turn_from_json(data: Mapping[str, Any]) -> Turn:
         provider=str(data.get("provider", "")),
         model=str(data.get("model", "")),
         complete=bool(data.get("complete", True)),
+        response_id=data.get("response_id"),
+        response_model=data.get("response_model"),
     )
 
 

@@ -22,7 +22,7 @@ an older payload into the current shape when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, TypeAlias
 
@@ -32,7 +32,7 @@ from typing_extensions import TypedDict
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.visibility import Vis, VisClass
-from thoughtgate.types import Usage
+from thoughtgate.types import ContinuityBlock, Usage
 
 __all__ = [
     "EVENT_SPECS",
@@ -46,6 +46,7 @@ __all__ = [
     "MessageCompletedPayload",
     "MessageDeltaPayload",
     "MessagePartiallyCompletedPayload",
+    "ModelCallPayload",
     "ReasoningDeltaPayload",
     "ReasoningPartPayload",
     "ReceiptPayload",
@@ -67,6 +68,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolCardFields",
     "ToolCompletedPayload",
+    "ToolDefinitionPayload",
     "ToolDegradedPayload",
     "ToolErrorKind",
     "ToolFailedPayload",
@@ -77,6 +79,7 @@ __all__ = [
     "VisibleStepPayload",
     "WorkerCompletedPayload",
     "token_usage",
+    "trace_metadata",
     "upgrade_payload",
 ]
 
@@ -99,7 +102,7 @@ ToolErrorKind: TypeAlias = Literal[
 ]
 """Why a tool call failed, in a form every reader may see (the error text is tool detail).
 ``interrupted``: the process executing the run stopped while the tool ran; a resumed run never
-runs it again, since it may have had its effect (ADR 0010)."""
+runs it again, since it may have had its effect (ADR 0012)."""
 SettingSource: TypeAlias = Literal["explicit", "run", "config", "default"]
 
 
@@ -188,6 +191,19 @@ class TraceMetadata(TypedDict):
     continuity: Annotated[list[TraceCarrier], Vis.PUBLIC]
 
 
+def trace_metadata(reasoning: str, continuity: Iterable[ContinuityBlock]) -> TraceMetadata:
+    """The trace form of some reasoning: its text and sizes, and which carriers existed (never
+    their bytes)."""
+    return {
+        "reasoning": reasoning,
+        "reasoning_chars": len(reasoning),
+        "reasoning_bytes": len(reasoning.encode("utf-8")),
+        "continuity": [
+            {"carrier": b.carrier, "provider": b.provider, "model": b.model} for b in continuity
+        ],
+    }
+
+
 @with_config(_STRICT)
 class ResolutionSources(TypedDict):
     """Which layer decided each setting (explicit > run > config > default)."""
@@ -217,6 +233,41 @@ class ReceiptPayload(TypedDict):
     notes: NotRequired[Annotated[list[str], Vis.PUBLIC]]
     """A plain statement for each summarizer the operator named that is not made for display
     (``provider_summaries``, ``model``); derived from ``summarizers``."""
+
+
+@with_config(_STRICT)
+class ToolDefinitionPayload(TypedDict):
+    """A tool as it was offered to the model (name, description, JSON schema of its arguments)."""
+
+    type: Annotated[Literal["function"], Vis.PUBLIC]
+    name: Annotated[str, Vis.PUBLIC]
+    description: Annotated[str, Vis.PUBLIC]
+    parameters: Annotated[dict[str, Any], Vis.PUBLIC]
+
+
+@with_config(_STRICT)
+class ModelCallPayload(TypedDict):
+    """How one model turn was requested and answered, seen from thoughtgate's side of the wire
+    (what OpenTelemetry's ``gen_ai.request.*``, ``gen_ai.response.*`` and ``server.*`` report)."""
+
+    stream: Annotated[bool, Vis.PUBLIC]
+    """Whether the turn was streamed (the agent loop always streams)."""
+    max_tokens: Annotated[int, Vis.PUBLIC]
+    started_at: Annotated[float, Vis.PUBLIC]
+    """When the request was sent (seconds since the epoch)."""
+    first_chunk_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage)."""
+    temperature: NotRequired[Annotated[float, Vis.PUBLIC]]
+    response_id: NotRequired[Annotated[str, Vis.OPERATOR]]
+    """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
+    response in the provider's own logs and storage."""
+    response_model: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The model the provider says answered (often a dated snapshot of the one asked for)."""
+    server: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The server the endpoint rules recognise (``anthropic``, ``deepseek``, ``ollama``, …;
+    ``generic`` when unknown)."""
+    server_address: NotRequired[Annotated[str, Vis.OPERATOR]]
+    server_port: NotRequired[Annotated[int, Vis.OPERATOR]]
 
 
 # --------------------------------------------------------------------------- run and task
@@ -262,7 +313,7 @@ class RunInterruptedPayload(TypedDict):
 
 @with_config(_STRICT)
 class RunResumedPayload(TypedDict):
-    """A run whose process stopped continues in another (or a restarted) process (ADR 0010)."""
+    """A run whose process stopped continues in another (or a restarted) process (ADR 0012)."""
 
     reason: Annotated[str, Vis.PUBLIC]
     """Why it had stopped: its process crashed, was killed, shut down or restarted."""
@@ -284,6 +335,14 @@ class TaskStartedPayload(TypedDict):
     prompt: Annotated[str, Vis.PUBLIC]
     backend: Annotated[str | None, Vis.PUBLIC]
     model: Annotated[str | None, Vis.PUBLIC]
+    system: NotRequired[Annotated[str, Vis.TRACE]]
+    """The system prompt the model was given: the trace surface only (no visible step may quote
+    it either)."""
+    tools: NotRequired[Annotated[list[ToolDefinitionPayload], Vis.TRACE]]
+    """The tools the model was offered, ``visible_step`` included when narrating."""
+    history: NotRequired[Annotated[list[dict[str, Any]], Vis.TRACE]]
+    """Earlier conversation the task was given before its prompt (no reasoning ever), as
+    ``{"role", "parts": [{"type": "text" | "tool_call" | "tool_call_response", ...}]}``."""
 
 
 @with_config(_STRICT)
@@ -360,6 +419,12 @@ class AgentResponsePayload(TypedDict):
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider error that cut this turn."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    call: NotRequired[Annotated[ModelCallPayload, Vis.PUBLIC]]
+    """How the turn was requested and when it answered (absent in events recorded before)."""
+    trace: NotRequired[Annotated[TraceMetadata, Vis.TRACE]]
+    """``telemetry_only`` runs: this turn's reasoning, for the trace surface and telemetry."""
     reasoning: NotRequired[Annotated[str, Vis.REASONING]]
     reasoning_chars: NotRequired[Annotated[int, Vis.REASONING]]
     reasoning_bytes: NotRequired[Annotated[int, Vis.REASONING]]

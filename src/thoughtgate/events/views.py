@@ -47,7 +47,7 @@ class DaemonInfo(TypedDict):
 
 @with_config(_STRICT)
 class SuspendedInfo(TypedDict):
-    """A durable run that nobody executes right now (ADR 0010)."""
+    """A durable run that nobody executes right now (ADR 0012)."""
 
     reason: Annotated[str, Vis.PUBLIC]
     """Why its process stopped."""

@@ -23,7 +23,7 @@ cancelled (Ctrl-C, MCP cancel, shutdown, lease      interrupted  ``run.interrupt
 A provider is built when the run is created, so a missing key or an unknown model is a
 ``UsageError`` before any run exists. While it executes, the run's lease is renewed
 (``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
-when the runtime is durable (``orchestration.durable``, ADR 0010), resume from its last completed
+when the runtime is durable (``orchestration.durable``, ADR 0012), resume from its last completed
 step. The run's spec (tasks and tool names) is stored with it, so any process can execute it.
 """
 
@@ -48,8 +48,8 @@ from thoughtgate.config import (
 )
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
-from thoughtgate.engine.history import conversation_from_events
-from thoughtgate.engine.loop import LoopObserver, LoopResult, run_agent_loop
+from thoughtgate.engine.history import conversation_from_events, history_payload
+from thoughtgate.engine.loop import LoopObserver, LoopResult, offered_tools, run_agent_loop
 from thoughtgate.engine.steps import DirectSteps, ResumeLog, StepCodec, Steps
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import QuotaExceededError, ThoughtgateError, UsageError
@@ -65,14 +65,22 @@ from thoughtgate.events.payloads import (
     SettingSource,
     TaskCompletedPayload,
     TaskStartedPayload,
+    ToolDefinitionPayload,
     WorkerCompletedPayload,
     token_usage,
+    trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.orchestration.specs import RunSpec, TaskSpec
-from thoughtgate.providers.base import Provider, ProviderSettings, create_provider, split_model
+from thoughtgate.providers.base import (
+    Provider,
+    ProviderSettings,
+    ToolSpec,
+    create_provider,
+    split_model,
+)
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
@@ -654,6 +662,13 @@ class Runtime:
         recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
         started = time.monotonic()
         resumed = steps.resumed
+        observer: LoopObserver | None = None
+        setup_failed: Exception | None = None
+        if run.worker_backend != "inline":
+            try:
+                observer = self._observer(run, spec, disclosure)
+            except Exception as exc:  # reported below, after task.started, as the task's failure
+                setup_failed = exc
 
         async def begin() -> None:
             task.status = "running"
@@ -666,11 +681,15 @@ class Runtime:
                 "backend": task.backend,
                 "model": task.model,
             }
+            if run.worker_backend != "inline":
+                _describe_task(opened, spec, offered_tools(self.tools, observer))
             await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
 
         try:
             try:
                 await steps.run(f"{task.task_id}: start", begin, _NOTHING)
+                if setup_failed is not None:
+                    raise setup_failed
                 if run.worker_backend == "inline":
                     result = await steps.run(
                         f"{task.task_id}: inline worker",
@@ -678,7 +697,9 @@ class Runtime:
                         _LOOP_RESULT,
                     )
                 else:
-                    result = await self._provider(run, spec, task, recorder, disclosure, steps)
+                    result = await self._provider(
+                        run, spec, task, recorder, disclosure, observer, steps
+                    )
             finally:
                 await recorder.close()
         except Exception as exc:
@@ -740,17 +761,8 @@ class Runtime:
             "finish_reason": result.finish_reason,
         }
         if disclosure.in_trace:
-            text = result.reasoning
-            payload["trace"] = {
-                "reasoning": text,
-                "reasoning_chars": len(text),
-                "reasoning_bytes": len(text.encode("utf-8")),
-                "continuity": [
-                    {"carrier": b.carrier, "provider": b.provider, "model": b.model}
-                    for t in result.turn_records
-                    for b in t.continuity
-                ],
-            }
+            blocks = (b for t in result.turn_records for b in t.continuity)
+            payload["trace"] = trace_metadata(result.reasoning, blocks)
         done: TaskCompletedPayload = {
             "status": result.status,
             "output": result.answer,
@@ -802,6 +814,13 @@ class Runtime:
         )
         return make(run, disclosure)
 
+    def _observer(
+        self, run: RunRecord, spec: TaskSpec, disclosure: Disclosure
+    ) -> LoopObserver | None:
+        if self.observer_factory is not None:
+            return self.observer_factory(run, disclosure)
+        return self._visible_reasoning(run, spec, disclosure)
+
     async def _provider(
         self,
         run: RunRecord,
@@ -809,6 +828,7 @@ class Runtime:
         task: TaskRecord,
         recorder: EventRecorder,
         disclosure: Disclosure,
+        observer: LoopObserver | None,
         steps: Steps,
     ) -> LoopResult:
         model = task.model or run.model
@@ -816,10 +836,6 @@ class Runtime:
         provider = self._prepared.get(run.run_id, {}).pop(model, None) or self.provider_factory(
             model
         )
-        if self.observer_factory is not None:
-            observer = self.observer_factory(run, disclosure)
-        else:
-            observer = self._visible_reasoning(run, spec, disclosure)
         try:
             return await run_agent_loop(
                 provider,
@@ -910,6 +926,26 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
 def _describe(exc: Exception) -> str:
     """Our own errors speak for themselves; anything else is named by its type."""
     return str(exc) if isinstance(exc, ThoughtgateError) else f"{type(exc).__name__}: {exc}"
+
+
+def _describe_task(opened: TaskStartedPayload, spec: TaskSpec, tools: Sequence[ToolSpec]) -> None:
+    """What the model of a provider task is given besides its prompt, for the trace surface and
+    telemetry (``system``, ``tools``, ``history``; never a display surface)."""
+    if spec.system:
+        opened["system"] = spec.system
+    if tools:
+        definitions: list[ToolDefinitionPayload] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            }
+            for t in tools
+        ]
+        opened["tools"] = definitions
+    if spec.history:
+        opened["history"] = history_payload(spec.history)
 
 
 def _hidden_texts(spec: TaskSpec) -> list[str]:

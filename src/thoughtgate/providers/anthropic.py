@@ -56,8 +56,10 @@ from thoughtgate.providers.base import (
     Effort,
     ProviderSettings,
     ReasoningRequest,
+    ServerInfo,
     ToolSpec,
     TurnRequest,
+    server_info,
 )
 from thoughtgate.providers.http import HTTPTransport, parse_json_event
 from thoughtgate.providers.openai_common import (
@@ -84,6 +86,7 @@ from thoughtgate.types import (
     Message,
     ReasoningDelta,
     ReasoningKind,
+    ResponseInfoChunk,
     TextDelta,
     TextPart,
     ToolCallDelta,
@@ -513,9 +516,21 @@ class AnthropicCapture:
 
     def _message_start(self, message: Mapping[str, Any]) -> None:
         self.started = True
+        self._response_info(message)
         usage = message.get("usage")
         if isinstance(usage, Mapping):
             self._emit(_usage(usage, output_required=False))
+
+    def _response_info(self, message: Mapping[str, Any]) -> None:
+        """The message's ``id`` and the ``model`` that answered, when the API sent them."""
+        rid, model = message.get("id"), message.get("model")
+        if isinstance(rid, str) or isinstance(model, str):
+            self._emit(
+                ResponseInfoChunk(
+                    response_id=rid if isinstance(rid, str) and rid else None,
+                    model=model if isinstance(model, str) and model else None,
+                )
+            )
 
     def _message_delta(self, delta: Mapping[str, Any], usage: Mapping[str, Any]) -> None:
         self._emit(_usage(usage, output_required=True))
@@ -631,6 +646,7 @@ class AnthropicCapture:
                 f"message has no content list: {json.dumps(body)[:200]}", provider=PROVIDER
             )
         self.started = True
+        self._response_info(body)
         for index, block in enumerate(content):
             self.event("content_block_start", {"index": index, "content_block": block})
             self.event("content_block_stop", {"index": index})
@@ -909,6 +925,11 @@ class AnthropicProvider:
         )
         still_paused.partial = acc.partial()
         raise still_paused
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return server_info(self.transport.base_url, self.rule.server)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -12,22 +12,27 @@ import importlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from urllib.parse import urlsplit
 
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
 
 __all__ = [
+    "CACHE_OUTSIDE_INPUT",
     "PROVIDER_MODULES",
     "Capabilities",
     "Effort",
     "Provider",
     "ProviderSettings",
     "ReasoningRequest",
+    "ServerInfo",
     "ToolSpec",
     "TurnRequest",
     "collect_turn",
     "create_provider",
+    "server_info",
     "split_model",
+    "total_input_tokens",
 ]
 
 Effort: TypeAlias = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
@@ -96,6 +101,50 @@ class ProviderSettings:
     connect_timeout_s: float = 10.0
     max_retries: int = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+CACHE_OUTSIDE_INPUT: frozenset[str] = frozenset({"anthropic"})
+"""Adapters whose ``input_tokens`` leave out cache reads and writes (Anthropic reports them beside
+it); everywhere else the prompt count already includes cached tokens. Readers that want the
+whole input (OpenTelemetry, AG-UI) add them back for these."""
+
+
+def total_input_tokens(usage: Mapping[str, Any], adapter: str | None) -> int:
+    """All input tokens of a recorded usage, cached ones included, whatever the adapter."""
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    total = count("input_tokens")
+    if adapter in CACHE_OUTSIDE_INPUT:
+        total += count("cache_read_tokens") + count("cache_write_tokens")
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Where an HTTP adapter sends its requests (telemetry's ``server.*`` and provider name).
+
+    Adapters that reach a server over HTTP expose one as ``server``; the loop records it with each
+    model turn. ``name`` is the server the endpoint rules recognise at that address
+    (``anthropic``, ``deepseek``, ``ollama``, ...; ``generic`` when they know none)."""
+
+    address: str
+    port: int | None
+    name: str = "generic"
+
+
+def server_info(base_url: str, name: str = "generic") -> ServerInfo:
+    """The host and port of ``base_url`` (the scheme's default port when it names none)."""
+    parts = urlsplit(base_url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"https": 443, "http": 80}.get(parts.scheme.lower())
+    return ServerInfo(parts.hostname or "", port, name if name and name != "*" else "generic")
 
 
 @runtime_checkable

@@ -10,8 +10,11 @@ Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
 
 * ``tool_calls`` deltas are keyed by ``index``; the first fragment carries ``id`` and
   ``function.name``, later ones only ``function.arguments`` pieces;
-* usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM, an empty delta on
-  OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where the server counts them;
+* usage arrives in a late chunk (``choices: []`` on OpenAI/DeepSeek/vLLM/DashScope/Together/
+  Azure, an empty delta on OpenRouter) with ``completion_tokens_details.reasoning_tokens`` where
+  the server counts them, or ``usage.reasoning_tokens`` on SGLang-served APIs (Together);
+* Azure OpenAI opens a stream with a chunk that has ``choices: []``, an empty ``id`` and
+  ``prompt_filter_results``, and adds ``content_filter_results`` to every choice: read past;
 * a payload with a top-level ``error`` (or an ``error`` on its choice, or ``finish_reason:
   "error"``) is an in-stream error (the HTTP status already said 200). Whatever else that payload
   carries -- usage above all, which OpenRouter sends in the same chunk -- is read first, so the
@@ -35,6 +38,7 @@ from thoughtgate.types import (
     FinishChunk,
     FinishReason,
     Message,
+    ResponseInfoChunk,
     TextDelta,
     TextPart,
     ToolCallDelta,
@@ -94,6 +98,8 @@ def chat_usage(usage: Mapping[str, Any], *, reasoning_in_output: bool = True) ->
     details = usage.get("completion_tokens_details")
     prompt_details = usage.get("prompt_tokens_details")
     reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
+    if reasoning is None:  # SGLang-served APIs (Together) count it at the top of ``usage``
+        reasoning = _int(usage.get("reasoning_tokens"))
     cached = (
         _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else None
     )
@@ -149,6 +155,7 @@ class ChatChunkParser:
         self.error: ProviderStreamError | None = None
         """An in-stream error: raised by the caller once the chunks of its payload are out."""
         self._calls: dict[int, _ToolCall] = {}
+        self._info_seen = False
 
     # ------------------------------------------------------------------ hooks
 
@@ -166,6 +173,19 @@ class ChatChunkParser:
 
     # ------------------------------------------------------------------ parsing
 
+    def _response_info(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """The completion's ``id`` and answering ``model``, from the first chunk that has them
+        (every chunk of a stream repeats them)."""
+        if self._info_seen:
+            return []
+        rid, model = data.get("id"), data.get("model")
+        rid = rid if isinstance(rid, str) and rid else None
+        model = model if isinstance(model, str) and model else None
+        if rid is None and model is None:
+            return []
+        self._info_seen = True
+        return [ResponseInfoChunk(response_id=rid, model=model)]
+
     @property
     def has_tool_calls(self) -> bool:
         return bool(self._calls)
@@ -178,7 +198,7 @@ class ChatChunkParser:
         after its other contents (usage) have been read."""
         if data.get("error"):
             self.error = stream_error(self.provider, data)
-        out: list[Chunk] = []
+        out: list[Chunk] = self._response_info(data)
         choices = data.get("choices") or []
         if not isinstance(choices, list):
             raise self._malformed("choices is not a list", choices)
@@ -343,7 +363,15 @@ def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> l
     for key in ("native_finish_reason", "error"):
         if key in choice:
             fed[key] = choice[key]
-    chunks = parser.feed({"choices": [fed], "usage": data.get("usage"), "error": data.get("error")})
+    chunks = parser.feed(
+        {
+            "id": data.get("id"),
+            "model": data.get("model"),
+            "choices": [fed],
+            "usage": data.get("usage"),
+            "error": data.get("error"),
+        }
+    )
     if parser.error is not None:
         _raise_with(parser, chunks)
     return chunks + parser.end()

@@ -14,14 +14,18 @@ Capture (PROVIDER_WIRE_FORMATS §4):
   twice;
 * inline ``<think>…</think>`` in ``content`` is split out by
   :mod:`thoughtgate.providers.think_tags`, whatever the chunking; an unclosed ``<think>`` at the
-  end is reasoning, never answer text;
+  end is reasoning, never answer text -- unless the reasoning then came in a field while that
+  block was still empty (Together sends a bare ``<think>`` before its ``reasoning`` deltas), when
+  the tag was a stray and what follows is the answer;
 * ``usage.completion_tokens_details.reasoning_tokens`` where the server reports it (added to the
   output where the server leaves it out of ``completion_tokens``, as xAI does).
 
 Request shaping from the row: its ``surface`` fields when reasoning is wanted, its effort parameter
 when the request has an effort, and in ``hidden`` mode its switch (DeepSeek's
 ``thinking: {"type": "disabled"}`` only on DeepSeek's API, Qwen3's ``chat_template_kwargs`` on
-vLLM, ...). ``settings.extra`` fields go into the body last. In every mode ``hidden`` captures no
+vLLM, ...). Where the row says thinking only streams (DashScope's Qwen refuses
+``enable_thinking`` on a request that is not streamed), a non-streamed request carries the switch
+in every mode. ``settings.extra`` fields go into the body last. In every mode ``hidden`` captures no
 reasoning: fields and think-tag text are dropped before any consumer sees them.
 
 Multi-turn: what goes back on an assistant tool-call message is the row's ``send_back``:
@@ -40,7 +44,13 @@ from typing import Any
 
 import httpx
 
-from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
+from thoughtgate.providers.base import (
+    Capabilities,
+    ProviderSettings,
+    ServerInfo,
+    TurnRequest,
+    server_info,
+)
 from thoughtgate.providers.chat_completions import (
     CHAT_PATH,
     ChatChunkParser,
@@ -138,6 +148,9 @@ class CompatParser(ChatChunkParser):
                 if isinstance(value, str) and value:
                     self.field = name
                     break
+            if self.field is not None and self.splitter is not None:
+                # the reasoning has a field of its own: a bare <think> sent before it is a stray
+                self.splitter.leave_empty_block()
         if self.field is None:
             return []
         value = delta.get(self.field)
@@ -229,7 +242,8 @@ class OpenAICompatibleProvider:
         extra = self._assistant_extra if self.send_back else None
         body = chat_body(self.model, request, build_chat_messages(request, extra), stream=stream)
         reasoning = request.reasoning
-        if reasoning.enabled:
+        # a server that thinks only on streamed requests (DashScope) gets the switch off otherwise
+        if reasoning.enabled and (stream or not self.rule.thinking_streams_only):
             merge_body(body, self.rule.surface)
             if reasoning.effort is not None and self.rule.effort == "reasoning_effort":
                 body["reasoning_effort"] = reasoning.effort
@@ -262,6 +276,11 @@ class OpenAICompatibleProvider:
         data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
         chunks = parse_chat_completion(data, self._parser(request))
         return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return server_info(self._http.base_url, self.rule.server)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -57,7 +57,13 @@ from thoughtgate.errors import (
     ProviderError,
     ProviderStreamError,
 )
-from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
+from thoughtgate.providers.base import (
+    Capabilities,
+    ProviderSettings,
+    ServerInfo,
+    TurnRequest,
+    server_info,
+)
 from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_error
 from thoughtgate.providers.openai_common import (
     apply_extra,
@@ -79,6 +85,7 @@ from thoughtgate.types import (
     Message,
     ReasoningDelta,
     ReasoningKind,
+    ResponseInfoChunk,
     TextDelta,
     TextPart,
     ToolCallDelta,
@@ -150,6 +157,7 @@ class ResponsesEventParser:
         self.capture = capture
         self.done = False
         self.response_id: str | None = None
+        self._model_seen = False
         self._items: dict[int, _Item] = {}
         self._reasoning_count = 0
         self._summary_base = 0
@@ -202,10 +210,19 @@ class ResponsesEventParser:
         return handler(self, event) if handler is not None else []  # unknown events: skipped
 
     def _lifecycle(self, event: Mapping[str, Any]) -> list[Chunk]:
+        """``response.created`` / ``in_progress`` / ``queued``: the response's id and model (the
+        first time they are seen, as a :class:`ResponseInfoChunk`)."""
         response = event.get("response")
-        if isinstance(response, Mapping) and isinstance(response.get("id"), str):
-            self.response_id = response["id"]
-        return []
+        if not isinstance(response, Mapping):
+            return []
+        rid, model = response.get("id"), response.get("model")
+        rid = rid if isinstance(rid, str) and rid else None
+        model = model if isinstance(model, str) and model else None
+        if (rid is None and model is None) or (rid == self.response_id and self._model_seen):
+            return []
+        self.response_id = rid or self.response_id
+        self._model_seen = self._model_seen or model is not None
+        return [ResponseInfoChunk(response_id=rid, model=model)]
 
     def _item_added(self, event: Mapping[str, Any]) -> list[Chunk]:
         item = event.get("item")
@@ -589,6 +606,11 @@ class OpenAIResponsesProvider:
         data = await self._http.post_json(RESPONSES_PATH, self.build_body(request, stream=False))
         chunks = parse_response(data, self._parser(request))
         return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return server_info(self._http.base_url, self.rule.server)
 
     async def aclose(self) -> None:
         await self._http.aclose()

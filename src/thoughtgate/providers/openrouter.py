@@ -42,7 +42,14 @@ import httpx
 
 from thoughtgate.errors import ConfigError
 from thoughtgate.providers.anthropic import budget_for
-from thoughtgate.providers.base import Capabilities, ProviderSettings, ReasoningRequest, TurnRequest
+from thoughtgate.providers.base import (
+    Capabilities,
+    ProviderSettings,
+    ReasoningRequest,
+    ServerInfo,
+    TurnRequest,
+    server_info,
+)
 from thoughtgate.providers.chat_completions import (
     CHAT_PATH,
     AssistantExtra,
@@ -303,6 +310,11 @@ class OpenRouterProvider:
         data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
         chunks = parse_chat_completion(data, self._parser(request))
         return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return server_info(self._http.base_url, self.rule.server)
 
     async def aclose(self) -> None:
         await self._http.aclose()

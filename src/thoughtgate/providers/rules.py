@@ -13,7 +13,9 @@ One table per wire format says, for a server (found from the base URL's host, or
   mode, ``hidden`` included, and never recorded), and, for unknown servers, ``echo_only`` (send it
   back -- kept like a required one -- only to a server that sent it under that same name: such a
   server speaks DeepSeek's convention, whose tool loops fail without it);
-* whether ``completion_tokens`` already counts the reasoning (``reasoning_in_output``).
+* whether ``completion_tokens`` already counts the reasoning (``reasoning_in_output``);
+* whether the server takes thinking only on a streamed request (``thinking_streams_only``: a
+  request that is not streamed then carries the ``hidden`` switch, whatever the mode).
 
 The first row whose server and pattern match wins; every table ends with a conservative row for
 unknown servers and models: send nothing reasoning-specific that could be refused, send back
@@ -80,6 +82,9 @@ class EndpointRule:
     echo_only: bool = False
     thinks_unasked: bool = False
     reasoning_in_output: bool = True
+    thinking_streams_only: bool = False
+    """Thinking is refused on a request that is not streamed (DashScope's Qwen): such a request
+    sends the ``hidden`` switch instead, in every mode."""
     thinking: ThinkingForm = "none"
     """Anthropic only: the ``thinking`` form the family takes (``budget`` or ``adaptive``)."""
     source: str = ""
@@ -112,6 +117,7 @@ OVERRIDABLE: Final[Mapping[str, type | tuple[type, ...]]] = {
     "echo_only": bool,
     "thinks_unasked": bool,
     "reasoning_in_output": bool,
+    "thinking_streams_only": bool,
 }
 
 _DISABLED: Final = {"thinking": {"type": "disabled"}}
@@ -456,8 +462,12 @@ COMPAT_RULES: Final[tuple[EndpointRule, ...]] = (
         "Together",
         r".*",
         fields=(_R, "<think>"),
-        source="does not take DeepSeek's thinking switch; reasoning is not wanted back "
-        "(UNCONFIRMED whether it is rejected), so nothing is sent",
+        source="the `reasoning` field (docs.together.ai hybrid thinking); usage in a `choices: []` "
+        "chunk even without stream_options, `reasoning_tokens` at the top of `usage` (Mirascope "
+        "cassette together_meta_llama_Llama_4_Maverick_17B_128E_Instruct_FP8/stream.yaml); a "
+        "stray `<think>` as the first content delta before the `reasoning` deltas "
+        "(ryanto/deepseek-v31-extra-think-tag); does not take DeepSeek's thinking switch; "
+        "whether reasoning sent back is rejected is UNCONFIRMED, so nothing is sent",
     ),
     EndpointRule(
         "openai-compatible",
@@ -483,22 +493,51 @@ COMPAT_RULES: Final[tuple[EndpointRule, ...]] = (
     EndpointRule(
         "openai-compatible",
         "dashscope",
-        "Qwen hybrid thinking (qwen3, qwen-plus)",
-        r"qwen3-(?!.*thinking).*|qwen-plus.*|qwen-flash.*|qwen-turbo.*",
-        surface={"enable_thinking": True},
-        hidden={"enable_thinking": False},
+        "Qwen thinking-only models (qwq, qvq, *-thinking)",
+        r"qwq.*|qvq.*|.*thinking.*",
+        thinks_unasked=True,
         fields=(_RC,),
-        source="enable_thinking switches thinking (Alibaba Cloud Model Studio deep-thinking "
-        "docs); reasoning is not needed back",
+        source='always think and answer only streamed requests (400 "This model only support '
+        'stream mode, please enable the stream parameter to access the model.", Model Studio '
+        "error codes); reasoning is not needed back",
     ),
     EndpointRule(
         "openai-compatible",
         "dashscope",
-        "Qwen thinking-only models (qwq, *-thinking)",
-        r".*",
+        "Qwen3 open-weight, Qwen3.5 and later (hybrid, thinking on by default)",
+        r"(?!.*(?:instruct|coder))(?:qwen3-\d+(?:\.\d+)?b.*|qwen3\.\d+.*)",
+        surface={"enable_thinking": True},
+        hidden={"enable_thinking": False},
         thinks_unasked=True,
+        thinking_streams_only=True,
         fields=(_RC,),
-        source="always think; reasoning is not needed back",
+        source="enable_thinking switches thinking, on by default for open-weight Qwen3 and "
+        'Qwen3.5+; a request that is not streamed must send it false (400 "parameter.'
+        'enable_thinking must be set to false for non-streaming calls", infiniflow/ragflow#8972, '
+        "OpenBMB/UltraRAG#287); reasoning_content, usage with reasoning_tokens in a `choices: "
+        "[]` chunk (AI SDK fixture alibaba-reasoning.chunks.txt); reasoning is not needed back",
+    ),
+    EndpointRule(
+        "openai-compatible",
+        "dashscope",
+        "Qwen hybrid thinking, off by default (qwen3-max, qwen-plus, qwen-flash, qwen-turbo)",
+        r"qwen3-max.*|qwen-plus.*|qwen-flash.*|qwen-turbo.*",
+        surface={"enable_thinking": True},
+        hidden={"enable_thinking": False},
+        thinking_streams_only=True,
+        fields=(_RC,),
+        source="enable_thinking switches thinking (Model Studio deep-thinking docs; AI SDK "
+        "fixture alibaba-reasoning.chunks.txt, qwen3-max); thinking only on streamed requests, "
+        "as above; reasoning is not needed back",
+    ),
+    EndpointRule(
+        "openai-compatible",
+        "dashscope",
+        "other Qwen models (instruct, coder, qwen-max)",
+        r".*",
+        fields=(_RC,),
+        source="no thinking switch is sent (not every model takes enable_thinking); "
+        "reasoning_content is read if it comes",
     ),
     EndpointRule(
         "openai-compatible",
@@ -717,7 +756,7 @@ def _rows(rules: Iterable[EndpointRule]) -> list[str]:
                     r.family,
                     _surface_cell(r),
                     _AS_FAMILY if _derived(r) else _cell(r.effort),
-                    _DERIVED_SWITCH if _derived(r) else _cell(r.hidden),
+                    _DERIVED_SWITCH if _derived(r) else _hidden_cell(r),
                     _AS_FAMILY if _derived(r) else ("yes" if r.thinks_unasked else "no"),
                     _cell(r.fields),
                     _AS_FAMILY if _derived(r) else (f"`{r.reasoning_kind}`" if r.reasons else "–"),
@@ -738,6 +777,13 @@ _OPENROUTER_SURFACE: Final = (
     'for budget-only Claude families), else `{"reasoning": {"effort": E}}`, else '
     '`{"reasoning": {"enabled": true}}`'
 )
+
+
+def _hidden_cell(rule: EndpointRule) -> str:
+    cell = _cell(rule.hidden)
+    if rule.thinking_streams_only:
+        cell += ", also on every request that is not streamed (thinking only streams)"
+    return cell
 
 
 def _derived(rule: EndpointRule) -> bool:

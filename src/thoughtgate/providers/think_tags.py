@@ -72,6 +72,8 @@ class ThinkTagSplitter:
         self.close_tag = close_tag
         self._pending = ""
         self._skip_ws = strip and starts_in_think
+        self._block_empty = starts_in_think
+        """Inside a reasoning block that has produced no text yet."""
 
     @property
     def channel(self) -> Channel:
@@ -85,6 +87,8 @@ class ThinkTagSplitter:
             self._skip_ws = False
         if not text:
             return
+        if self.in_think:
+            self._block_empty = False
         if out and out[-1].channel == self.channel:
             out[-1] = Piece(self.channel, out[-1].text + text)
         else:
@@ -110,7 +114,23 @@ class ThinkTagSplitter:
             self._emit(out, segment)
             buf = buf[at + len(tag) :]
             self.in_think = not self.in_think
+            self._block_empty = self.in_think
             self._skip_ws = self.strip
+
+    def leave_empty_block(self) -> bool:
+        """Leave a reasoning block that has produced no text yet (at most whitespace is held).
+
+        For a server whose reasoning arrives in a field of its own but that also put a bare
+        ``<think>`` into ``content`` first (Together's DeepSeek-V3.1): the tag opened nothing, and
+        without this the answer that follows would be read as unclosed reasoning. Text after it
+        is answer text, whitespace included. Returns whether the block was left.
+        """
+        if not (self.in_think and self._block_empty) or self._pending.strip():
+            return False
+        self.in_think = False
+        self._pending = ""
+        self._skip_ws = False
+        return True
 
     def flush(self) -> list[Piece]:
         """End of stream: held characters belong to the current channel (unclosed think too)."""

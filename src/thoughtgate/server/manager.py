@@ -2,7 +2,7 @@
 
 * ``start`` validates and records a run (the caller gets its id at once; a key over its quota
   gets ``QuotaExceededError``, a 429). Each run gets exactly the tools it named.
-  - With durable runs (``orchestration.durable``, ADR 0010) the run goes on a work queue: the one
+  - With durable runs (``orchestration.durable``, ADR 0012) the run goes on a work queue: the one
     this daemon listens to when it has the run's tools, else one whose replicas have them; any
     replica on that queue executes it, at most ``durability.concurrency`` at a time each.
   - Without, this daemon executes it in an asyncio task.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
+from ag_ui.core import RunAgentInput
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from thoughtgate.disclosure import ChainOfThought
@@ -194,6 +195,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     TicketBody,
     ApprovalBody,
     CreateKeyBody,
+    RunAgentInput,
 )
 RESPONSE_MODELS: tuple[type, ...] = (
     ErrorBody,

@@ -44,8 +44,13 @@ async def open_store(url: str, *, sweep: bool = True) -> EventStore:
 
         store = await SQLiteStore.open(sqlite_path(url))
     elif url.startswith(("postgresql:", "postgres:")):
-        from thoughtgate.store.postgres import PostgresStore
-
+        try:
+            from thoughtgate.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise UsageError(
+                "a PostgreSQL store needs the postgres extra: pip install 'thoughtgate[postgres]' "
+                f"({exc})"
+            ) from None
         store = await PostgresStore.open(url)
     else:
         raise UsageError(

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from thoughtgate.server.api import Endpoint
-from thoughtgate.server.routes import keys, live, meta, runs
+from thoughtgate.server.routes import agui, keys, live, meta, runs
 
 __all__ = ["all_endpoints"]
 
 
 def all_endpoints() -> tuple[Endpoint, ...]:
-    return (*runs.ENDPOINTS, *live.ENDPOINTS, *keys.ENDPOINTS, *meta.ENDPOINTS)
+    return (
+        *runs.ENDPOINTS,
+        *live.ENDPOINTS,
+        *agui.ENDPOINTS,
+        *keys.ENDPOINTS,
+        *meta.ENDPOINTS,
+    )

@@ -241,7 +241,7 @@ function renderThread() {
   root.replaceChildren(header, body);
 }
 
-// A durable run whose process stopped (ADR 0010): why, and -- for a run that waits for someone
+// A durable run whose process stopped (ADR 0012): why, and -- for a run that waits for someone
 // to continue it -- a Resume button for members and above.
 function suspendedNote(run, thread) {
   const waiting = run?.metadata?.suspended;

@@ -1,11 +1,11 @@
-"""Chat Completions in eight flavours: OpenRouter and the OpenAI-compatible reasoning servers.
+"""Chat Completions in nine flavours: OpenRouter and the OpenAI-compatible reasoning servers.
 
 The flavour is chosen by the ``x-emulator-flavor`` header (``openrouter``, ``deepseek``, ``vllm``,
-``think-tags``, ``ollama``, ``groq``, ``cerebras``, ``moonshot``); else by a path segment naming
-one (base URL ``{emulator}/groq/v1``); else by the model name: ``deepseek*`` → deepseek, ``kimi*``
-→ moonshot, a name with ``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm, ``think/*`` →
-think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) → openrouter, else
-deepseek.
+``think-tags``, ``ollama``, ``groq``, ``cerebras``, ``moonshot``, ``dashscope``); else by a path
+segment naming one (base URL ``{emulator}/groq/v1``); else by the model name: ``deepseek*`` →
+deepseek, ``kimi*`` → moonshot, a name with ``:`` (``qwen3:8b``) → ollama, ``vllm/*`` → vllm,
+``think/*`` → think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) →
+openrouter, else deepseek.
 
 How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
 
@@ -35,6 +35,10 @@ How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
 * ``cerebras``: ``reasoning``.
 * ``moonshot``: ``reasoning_content`` as DeepSeek's; ``kimi-k2-thinking`` / ``kimi-k2.6`` always
   think, other Kimi models never do.
+* ``dashscope``: Qwen on Model Studio's compatible mode: ``reasoning_content`` as DeepSeek's,
+  ``system_fingerprint: null``; ``enable_thinking`` decides, on by default for open-weight Qwen3
+  (``qwen3-32b``) and Qwen3.5 and later, off for the rest; ``qwq*`` / ``*thinking*`` always think
+  (AI SDK fixture ``alibaba-reasoning.chunks.txt``; Model Studio deep-thinking docs).
 
 Every flavour: ``chat.completion.chunk`` objects, ``tool_calls`` fragments with ``index`` (the
 first with ``id``, ``type`` and ``function.name``), a usage chunk (with ``choices: []`` except on
@@ -52,6 +56,11 @@ Validation, with the real error bodies:
 * cerebras: ``reasoning_content`` on an assistant message → ``400 messages.N.assistant.
   reasoning_content: property 'messages.N.assistant.reasoning_content' is unsupported``
   (NousResearch/hermes-agent#34716), in Cerebras's flat error body;
+* dashscope: a request that is not streamed may not think → ``400 parameter.enable_thinking must
+  be set to false for non-streaming calls`` (``enable_thinking`` true or left on by default),
+  and a thinking-only model answers only streams → ``400 This model only support stream mode,
+  please enable the stream parameter to access the model.``, in DashScope's body with
+  ``code: invalid_parameter_error``, ``id`` and ``request_id`` (infiniflow/ragflow#8972);
 * moonshot, thinking model: an assistant message with ``tool_calls`` and no
   ``reasoning_content`` → ``400 thinking is enabled but reasoning_content is missing in assistant
   tool call message at index N``;
@@ -80,6 +89,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +132,17 @@ from thoughtgate.testing.emulator.server import Emulator, RecordedRequest
 
 __all__ = ["FLAVORS", "handle", "pick_flavor"]
 
-FLAVORS = ("openrouter", "deepseek", "vllm", "think-tags", "ollama", "groq", "cerebras", "moonshot")
+FLAVORS = (
+    "openrouter",
+    "deepseek",
+    "vllm",
+    "think-tags",
+    "ollama",
+    "groq",
+    "cerebras",
+    "moonshot",
+    "dashscope",
+)
 CREATED = 1765226419
 DEEPSEEK_MISSING = "The `reasoning_content` in the thinking mode must be passed back to the API."
 ANTHROPIC_MISSING = (
@@ -151,6 +171,12 @@ OPENAI_NO_NONE = (
     "Unsupported value: 'none' is not supported with the '{model}' model. Supported values are: "
     "'low', 'medium', and 'high'."
 )
+DASHSCOPE_NO_THINKING = "parameter.enable_thinking must be set to false for non-streaming calls"
+DASHSCOPE_STREAM_ONLY = (
+    "This model only support stream mode, please enable the stream parameter to access the model."
+)
+#: Qwen models that think unless ``enable_thinking`` is false: open-weight Qwen3, Qwen3.5 and later.
+_QWEN_THINKS_BY_DEFAULT = re.compile(r"qwen3-\d+(?:\.\d+)?b|qwen3\.\d+")
 ANTHROPIC_NO_DISABLE = (
     '"thinking.type.disabled" is not supported for this model. This model always uses adaptive '
     'thinking; use "output_config.effort" to control thinking behavior.'
@@ -165,6 +191,8 @@ GROQ_FIELDS = frozenset(
         "metadata", "search_settings", "citation_options", "documents", "logit_bias",
     }
 )  # fmt: skip
+#: Flavours whose reasoning arrives as DeepSeek's ``reasoning_content``.
+_RC_FLAVORS = ("deepseek", "moonshot", "dashscope")
 _CLAUDE_THINKS_UNASKED = ("anthropic/claude-fable", "anthropic/claude-mythos")
 _KIMI_THINKING = ("kimi-k2-thinking", "kimi-k2.6", "kimi-k2.7")
 
@@ -218,7 +246,20 @@ def reasoning_wanted(flavor: str, body: Mapping[str, Any]) -> bool:
             return body.get("reasoning_effort") != "none"
     if flavor == "moonshot":
         return model.startswith(_KIMI_THINKING)
+    if flavor == "dashscope":
+        if _qwen_thinking_only(model):
+            return True
+        switch = body.get("enable_thinking")
+        if isinstance(switch, bool):
+            return switch
+        name = model.lower()
+        return _QWEN_THINKS_BY_DEFAULT.match(name) is not None and "instruct" not in name
     return True
+
+
+def _qwen_thinking_only(model: str) -> bool:
+    name = model.lower()
+    return name.startswith(("qwq", "qvq")) or "thinking" in name
 
 
 # --------------------------------------------------------------------------- validation
@@ -330,7 +371,28 @@ def _server_refuses(
             return error_response(400, MOONSHOT_MISSING.format(i=i), "invalid_request_error")
     if flavor == "openrouter":
         return _openrouter_refuses(body)
+    if flavor == "dashscope" and not body.get("stream"):
+        if _qwen_thinking_only(str(body.get("model", ""))):
+            return _dashscope_error(DASHSCOPE_STREAM_ONLY)
+        if thinking:
+            return _dashscope_error(DASHSCOPE_NO_THINKING)
     return None
+
+
+def _dashscope_error(message: str) -> Response:
+    rid = hex_id("dashscope", message, length=32)
+    rid = f"{rid[:8]}-{rid[8:12]}-{rid[12:16]}-{rid[16:20]}-{rid[20:]}"
+    body = {
+        "error": {
+            "code": "invalid_parameter_error",
+            "param": None,
+            "message": message,
+            "type": "invalid_request_error",
+        },
+        "id": f"chatcmpl-{rid}",
+        "request_id": rid,
+    }
+    return error_response(400, message, "invalid_request_error", body=body)
 
 
 def _groq_error(message: str) -> dict[str, Any]:
@@ -434,6 +496,9 @@ class _Render:
         elif self.flavor in ("deepseek", "groq", "moonshot"):
             data["system_fingerprint"] = "fp_emulator"
             choice["logprobs"] = None
+        elif self.flavor == "dashscope":
+            data["system_fingerprint"] = None
+            choice["logprobs"] = None
         data.update(
             {
                 "object": "chat.completion.chunk",
@@ -453,7 +518,7 @@ class _Render:
     # ---------------------------------------------------------------- steps
 
     def render(self) -> _Render:
-        if self.flavor == "deepseek":
+        if self.flavor in ("deepseek", "dashscope"):
             first: dict[str, Any] = {"role": "assistant", "content": None}
             if self.reasoning_on:
                 first["reasoning_content"] = ""
@@ -512,12 +577,10 @@ class _Render:
                 self.tag_buffer.append(f"<think>\n{step.text}\n</think>\n\n")
                 self.reasoning.append(step.text)
                 return
-            name = {"deepseek": "reasoning_content", "moonshot": "reasoning_content"}.get(
-                self.flavor, "reasoning"
-            )
+            name = "reasoning_content" if self.flavor in _RC_FLAVORS else "reasoning"
             for piece in self._pieces(step.text):
                 delta: dict[str, Any] = {name: piece}
-                if self.flavor in ("deepseek", "moonshot"):
+                if self.flavor in _RC_FLAVORS:
                     delta = {"content": None, "reasoning_content": piece}
                 elif self.flavor == "ollama":
                     delta = {"role": "assistant", "content": "", "reasoning": piece}
@@ -577,7 +640,7 @@ class _Render:
             delta: dict[str, Any] = {"content": piece}
             if self.flavor == "openrouter":
                 delta = {"content": piece, "reasoning": None, "reasoning_details": []}
-            elif self.flavor in ("deepseek", "moonshot"):
+            elif self.flavor in _RC_FLAVORS:
                 delta = {"content": piece, "reasoning_content": None}
             self._emit(delta)
         self.content.append(text)
@@ -629,7 +692,7 @@ class _Render:
             "completion_tokens": output,
             "total_tokens": input_tokens + output,
         }
-        if self.flavor in ("openrouter", "deepseek", "groq", "moonshot"):
+        if self.flavor in ("openrouter", "deepseek", "groq", "moonshot", "dashscope"):
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
             usage["prompt_tokens_details"] = {"cached_tokens": 0}
         return usage
@@ -653,7 +716,7 @@ class _Render:
             msg.update(refusal=None, reasoning=reasoning)
             if self.details:
                 msg["reasoning_details"] = self.details
-        elif self.flavor in ("deepseek", "moonshot"):
+        elif self.flavor in _RC_FLAVORS:
             msg["reasoning_content"] = reasoning if self.reasoning_on else None
         elif reasoning is not None:
             msg["reasoning"] = reasoning

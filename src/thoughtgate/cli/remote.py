@@ -1,0 +1,303 @@
+"""The read and run commands against a daemon (``--url`` / ``--key``, or ``THOUGHTGATE_URL`` /
+``THOUGHTGATE_KEY``) instead of a local store.
+
+Everything goes through the daemon's HTTP API with :class:`thoughtgate.client.ThoughtgateClient`,
+so the key's role decides what is shown: the daemon's one output filter already applied it, and
+nothing here filters again or asks for more. Output has the same shapes as the local commands
+(``run --json``, ``status --json``, ``events --json`` ...), so a script works against either.
+
+What the local commands take and a daemon decides itself is refused with a clear usage error
+(exit 2): ``--db`` (the daemon's store), ``--view-as`` (the key's role), ``--base-url`` /
+``--api-key`` (the daemon's provider settings), and ``--tools module:attr`` (name the tools the
+daemon registered instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from thoughtgate.cli.common import console, err_console, print_json, run_async
+from thoughtgate.errors import RunNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from thoughtgate.client import ThoughtgateClient
+    from thoughtgate.events.schema import Event
+
+__all__ = [
+    "Remote",
+    "on_daemon",
+    "remote_events",
+    "remote_run",
+    "remote_runs",
+    "remote_status",
+    "remote_trace",
+    "resolve_remote",
+    "show_event",
+    "wants_daemon",
+]
+
+FOLLOW_ONLY = "stopped following; the run goes on on the daemon"
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """Where a command's daemon is, and the key it reads with."""
+
+    url: str
+    key: str
+
+    def client(self) -> ThoughtgateClient:
+        from thoughtgate.client import ThoughtgateClient
+
+        return ThoughtgateClient(self.url, self.key)
+
+
+def resolve_remote(url: str | None, key: str | None, **local_only: Any) -> Remote | None:
+    """The daemon to talk to (``None``: the local store), after refusing what a daemon decides.
+
+    ``local_only`` maps each flag that makes sense only locally to its value (set = refused)."""
+    if not url:
+        if key:
+            raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
+        return None
+    if not key:
+        raise UsageError(
+            f"--url {url} needs an API key: pass --key or set THOUGHTGATE_KEY "
+            "(create one with `thoughtgate keys create` on the daemon's host)"
+        )
+    for flag, value in local_only.items():
+        if value:
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} cannot be used with --url: {_WHY[flag]}")
+    return Remote(url.rstrip("/"), key)
+
+
+def wants_daemon(url: str | None, key: str | None) -> bool:
+    """Whether the command talks to a daemon (a ``--key`` without ``--url`` is a usage error)."""
+    if not url and key:
+        run_async(_refuse("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)"))
+    return bool(url)
+
+
+async def _refuse(message: str) -> None:
+    raise UsageError(message)
+
+
+def on_daemon(
+    url: str | None,
+    key: str | None,
+    body: Callable[[Remote], Coroutine[Any, Any, None]],
+    db: str | None = None,
+    view_as: str | None = None,
+) -> bool:
+    """Run a read command's ``body`` against the daemon when ``--url`` names one (``True``);
+    ``False`` leaves the command to the local store."""
+    if not wants_daemon(url, key):
+        return False
+
+    async def main() -> None:
+        remote = resolve_remote(url, key, db=db, view_as=view_as)
+        assert remote is not None
+        await body(remote)
+
+    run_async(main())
+    return True
+
+
+_WHY = {
+    "db": "the daemon reads its own store",
+    "view_as": "your key's role decides what the daemon shows",
+    "base_url": "the daemon's provider settings apply",
+    "api_key": "the daemon's provider keys apply",
+    "tools": "name tools registered on the daemon (--tools NAME), not module:attr",
+}
+
+
+async def _resolve_run_id(tg: ThoughtgateClient, given: str) -> str:
+    """A full run id from an id or a unique start of it (as the local commands take)."""
+    given = given.strip()
+    prefix = given if given.startswith("run_") else f"run_{given}"
+    try:
+        return str((await tg.get_run(prefix))["run_id"])
+    except RunNotFoundError:
+        pass
+    found: list[str] = []
+    for page in range(20):  # the newest 10,000 runs
+        runs = await tg.list_runs(limit=500, offset=page * 500)
+        found += [r["run_id"] for r in runs if str(r["run_id"]).startswith(prefix)]
+        if len(runs) < 500 or len(found) > 5:
+            break
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise RunNotFoundError(given)
+    shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
+    raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
+
+
+@contextlib.asynccontextmanager
+async def _closing(stream: AsyncIterator[Event]) -> AsyncIterator[AsyncIterator[Event]]:
+    """Close the live channel when the command stops reading it (an early ``--limit``, Ctrl-C)."""
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _event_line(event: Event) -> None:
+    task = f" [dim]{event.task_id}[/]" if event.task_id else ""
+    console.print(
+        f"[bold]{event.seq:>5}[/] {event.type}{task} {dict(event.payload)}", highlight=False
+    )
+
+
+def show_event(event: Event, *, json_lines: bool) -> None:
+    """One event of ``events``: a JSON line (``--json --follow``) or a readable line."""
+    if json_lines:
+        print_json(event.to_dict())
+    else:
+        _event_line(event)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+async def remote_run(
+    remote: Remote,
+    prompt: str,
+    *,
+    model: str | None,
+    system: str | None,
+    chain_of_thought: str | None,
+    tools: list[str],
+    approve_all: bool,
+    json_out: bool,
+) -> str:
+    """Start a run on the daemon, follow it live, print how it ended; returns its status."""
+    from thoughtgate.cli.render import LivePrinter, render_run, run_view_json
+
+    async with remote.client() as tg:
+        role = str((await tg.me())["role"])
+        run_id = await tg.start_run(prompt, model, chain_of_thought, tools or None, system=system)
+        if not json_out:
+            err_console.print(f"run {run_id} on {remote.url} (as {role})", highlight=False)
+        printer = None if json_out else LivePrinter(console)
+        answering: set[asyncio.Task[None]] = set()
+        try:
+            async with _closing(tg.follow(run_id)) as events:
+                async for event in events:
+                    if printer is not None:
+                        printer.show(event)
+                    if event.type == "tool.approval_required":
+                        task = asyncio.create_task(_approve(tg, event, approve_all))
+                        answering.add(task)
+                        task.add_done_callback(answering.discard)
+        except asyncio.CancelledError:
+            err_console.print(f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {remote.url}")
+            raise
+        finally:
+            for task in answering:
+                task.cancel()
+        if printer is not None:
+            printer.end()
+        view: Any = await tg.get_run(run_id)
+    if json_out:
+        print_json(run_view_json(view))
+    else:
+        render_run(console, view, role=role)
+    return str(view["status"])
+
+
+async def _approve(tg: ThoughtgateClient, event: Event, approve_all: bool) -> None:
+    """Answer an approval the run waits for: ``--approve-all``, else ask on the terminal (when
+    there is one; without one the daemon's timeout decides)."""
+    payload: Mapping[str, Any] = event.payload
+    call_id = str(payload.get("call_id"))
+    decision: str | None = "approve" if approve_all else None
+    if decision is None and sys.stdin.isatty():
+        shown = payload.get("input", "(arguments hidden from your role)")
+        answer = await asyncio.to_thread(
+            typer.confirm,
+            f"Allow tool {payload.get('tool_key')} with {shown}?",
+            default=False,
+            err=True,
+        )
+        decision = "approve" if answer else "reject"
+    if decision is not None:
+        await tg.answer_approval(event.run_id, call_id, decision)
+
+
+async def remote_status(remote: Remote, run_id: str, *, json_out: bool) -> None:
+    from thoughtgate.cli.render import render_run
+    from thoughtgate.events.thread import rebuild
+
+    async with remote.client() as tg:
+        full = await _resolve_run_id(tg, run_id)
+        view: Any = await tg.get_run(full)
+        if json_out:
+            print_json(view)
+            return
+        role = str((await tg.me())["role"])
+        thread = rebuild(await tg.events(full))
+    render_run(console, view, role=role, thread=thread)
+
+
+async def remote_runs(remote: Remote, *, limit: int, json_out: bool) -> None:
+    from thoughtgate.cli.render import render_runs_table
+
+    async with remote.client() as tg:
+        views: Any = await tg.list_runs(limit=limit)
+    if json_out:
+        print_json(views)
+    else:
+        render_runs_table(console, views)
+
+
+async def remote_events(
+    remote: Remote,
+    run_id: str,
+    *,
+    after: int,
+    limit: int | None,
+    follow: bool,
+    json_out: bool,
+) -> None:
+    async with remote.client() as tg:
+        full = await _resolve_run_id(tg, run_id)
+        if follow:
+            shown = 0
+            async with _closing(tg.follow(full, after=after)) as live:
+                async for event in live:
+                    show_event(event, json_lines=json_out)
+                    shown += 1
+                    if limit is not None and shown >= limit:
+                        return
+            return
+        if limit is None:
+            events = await tg.events(full, after=after)
+        else:  # as locally: at most ``limit`` recorded events, before the filter
+            events = list((await tg.events_page(full, after=after, limit=limit)).events)
+    if json_out:
+        print_json([e.to_dict() for e in events])
+        return
+    for event in events:
+        _event_line(event)
+
+
+async def remote_trace(remote: Remote, run_id: str, *, json_out: bool) -> None:
+    async with remote.client() as tg:
+        full = await _resolve_run_id(tg, run_id)
+        document = [e.to_dict() for e in await tg.trace(full)]
+    if json_out:
+        print_json(document)
+    else:
+        console.print_json(data=document)

@@ -1,0 +1,258 @@
+"""``POST /v1/agui``: the real AG-UI client (npm ``@ag-ui/client``, under node) against a daemon,
+as developer and as viewer, and the endpoint's own rules (roles, input, endings, approvals)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from daemon_support import Daemon, markers, running_daemon
+from node_support import node_json
+from script_support import cut, outage
+
+from thoughtgate.providers.base import Provider, TurnRequest
+from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, text
+
+FAKE_SCRIPTS.update({"agui-outage": outage, "agui-cut": cut})
+
+TOOLS = ["lookup"]
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon() as d:
+        yield d
+
+
+def _input(prompt: str = "hi", **thoughtgate: Any) -> dict[str, Any]:
+    return {
+        "threadId": "t-1",
+        "runId": "r-1",
+        "messages": [{"id": "u-1", "role": "user", "content": prompt}],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {"thoughtgate": thoughtgate},
+    }
+
+
+def _agui(
+    daemon: Daemon, role: str, body: dict[str, Any]
+) -> tuple[httpx.Response, list[dict[str, Any]], str]:
+    """One AG-UI request: the response, its decoded events and its raw body."""
+    with daemon.client(role) as c, c.stream("POST", "/v1/agui", json=body) as r:
+        raw = r.read().decode("utf-8")
+    events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+    return r, events, raw
+
+
+def _types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def _client(daemon: Daemon, role: str, prompt: str = "", **thoughtgate: Any) -> dict[str, Any]:
+    spec = {"prompt": prompt, "forwardedProps": {"thoughtgate": thoughtgate}}
+    out: dict[str, Any] = node_json(
+        "agui_client.mjs", f"{daemon.base_url}/v1/agui", daemon.keys[role], json.dumps(spec)
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- the real client
+
+
+def test_the_ag_ui_client_runs_as_developer_and_follows_as_viewer_without_reasoning(
+    daemon: Daemon,
+) -> None:
+    token = uuid.uuid4().hex[:10]
+    mark = markers(token)
+    dev = _client(
+        daemon, "developer", f"canary {token}",
+        model="fake:canary", chain_of_thought="surface", tools=TOOLS,
+    )  # fmt: skip
+    assert dev["error"] is None and dev["runError"] is None, dev
+    kinds = _types(dev["events"])
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    assert {"REASONING_START", "REASONING_MESSAGE_CONTENT", "REASONING_END"} <= set(kinds)
+    assert "REASONING_ENCRYPTED_VALUE" not in kinds
+    assert {"TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"} <= set(kinds)
+    roles = [m["role"] for m in dev["messages"]]
+    assert "reasoning" in roles and "tool" in roles and roles.count("assistant") == 2
+    answer = [m for m in dev["messages"] if m["role"] == "assistant" and m.get("content")]
+    assert [m["content"] for m in answer] == ["The answer is 42."]
+    dumped = json.dumps(dev)
+    assert mark["reasoning"] in dumped and mark["tool"] in dumped
+    assert mark["carrier"] not in dumped, "carriers never leave, not even for developers"
+
+    run_id = dev["events"][0]["metadata"]["thoughtgate"]["run_id"]
+    viewer = _client(daemon, "viewer", run=run_id)
+    assert viewer["error"] is None and viewer["runError"] is None, viewer
+    kinds = _types(viewer["events"])
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    assert not any(k.startswith("REASONING") for k in kinds)
+    assert not any(k.startswith("TOOL_CALL") for k in kinds), "a viewer reads no tool data"
+    assert [m["content"] for m in viewer["messages"] if m["role"] == "assistant"] == [
+        "The answer is 42."
+    ]
+    cards = [m for m in viewer["messages"] if m.get("activityType") == "thoughtgate.tool"]
+    assert [c["content"] for c in cards] == [
+        {"call_id": "call_lookup", "tool": "lookup", "label": "lookup", "status": "completed"}
+    ]
+    dumped = json.dumps(viewer)
+    for secret in mark.values():
+        assert secret not in dumped
+    # ... and not a byte of it on the wire either
+    _, _, raw = _agui(daemon, "viewer", _input(run=run_id))
+    assert "REASONING" not in raw and mark["reasoning"] not in raw
+
+
+@pytest.mark.parametrize("mode", ["hidden", "telemetry_only"])
+def test_no_reasoning_events_outside_surface_runs_even_for_owners(
+    daemon: Daemon, mode: str
+) -> None:
+    token = uuid.uuid4().hex[:10]
+    out = _client(
+        daemon, "owner", f"canary {token}",
+        model="fake:canary", chain_of_thought=mode, tools=TOOLS,
+    )  # fmt: skip
+    assert out["runError"] is None
+    assert not any(k.startswith("REASONING") for k in _types(out["events"]))
+    assert markers(token)["reasoning"] not in json.dumps(out)
+
+
+# --------------------------------------------------------------------------- roles and input
+
+
+def test_starting_a_run_needs_member_following_one_needs_viewer(daemon: Daemon) -> None:
+    r, _, raw = _agui(daemon, "viewer", _input("x", model="fake:echo"))
+    assert r.status_code == 403 and "forbidden" in raw
+    r, events, _ = _agui(daemon, "member", _input("x", model="fake:echo"))
+    assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED"
+    run_id = r.headers["x-thoughtgate-run-id"]
+    assert events[0]["metadata"]["thoughtgate"]["run_id"] == run_id
+    assert (events[0]["threadId"], events[0]["runId"]) == ("t-1", "r-1")
+    r, events, _ = _agui(daemon, "viewer", _input("ignored", run=run_id))
+    assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED"
+    with daemon.client() as c:
+        assert c.post("/v1/agui", json=_input("x", model="fake:echo")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "message"),
+    [
+        ({"tools": [{"name": "f", "description": "d", "parameters": {}}]}, 422, "frontend tools"),
+        ({"resume": [{"interruptId": "i", "status": "resolved"}]}, 422, "resume is not supported"),
+        (
+            {"messages": [{"id": "a", "role": "assistant", "content": "hi"}]},
+            422,
+            "must end with a user message",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "id": "u",
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "url", "value": "https://x"}}
+                        ],
+                    }
+                ]
+            },
+            422,
+            "only text content",
+        ),
+        ({"forwardedProps": {"thoughtgate": {"base_url": "http://evil"}}}, 422, "base_url"),
+        ({"forwardedProps": {"thoughtgate": {"run": "run_nope"}}}, 404, "run_nope"),
+        ({"threadId": None}, 422, "threadId"),
+    ],
+)
+def test_bad_input_is_a_clear_error_before_anything_streams(
+    daemon: Daemon, change: dict[str, Any], status: int, message: str
+) -> None:
+    body = {**_input("x", model="fake:echo"), **change}
+    with daemon.client("member") as c:
+        r = c.post("/v1/agui", json=body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert message in r.json()["error"]["message"]
+    assert "pydantic.dev" not in r.text
+
+
+def test_reasoning_a_client_sends_back_never_reaches_the_model() -> None:
+    seen: list[TurnRequest] = []
+
+    def script(request: TurnRequest, turn: int) -> Iterator[Any]:
+        seen.append(request)
+        yield text("ok")
+
+    def factory(model: str) -> Provider:
+        return FakeProvider(script)
+
+    with running_daemon(provider_factory=factory) as d:
+        body = _input("second question", model="fake:x")
+        body["messages"] = [
+            {"id": "u0", "role": "user", "content": "first question"},
+            {"id": "r0", "role": "reasoning", "content": "SECRET-REASONING-4411"},
+            {"id": "a0", "role": "assistant", "content": "first answer"},
+            {"id": "s0", "role": "system", "content": "Be brief."},
+            {"id": "u1", "role": "user", "content": "second question"},
+        ]
+        body["context"] = [{"description": "user timezone", "value": "Europe/Paris"}]
+        _, events, _ = _agui(d, "member", body)
+    assert _types(events)[-1] == "RUN_FINISHED"
+    (request,) = seen
+    sent = json.dumps([[getattr(p, "text", "") for p in m.parts] for m in request.messages])
+    assert "SECRET-REASONING" not in sent
+    assert [m.role for m in request.messages] == ["user", "assistant", "user"]
+    assert request.system == "Be brief.\n\nuser timezone: Europe/Paris"
+
+
+# --------------------------------------------------------------------------- how runs end
+
+
+@pytest.mark.parametrize(
+    ("model", "code"), [("fake:agui-outage", "failed"), ("fake:agui-cut", "partial")]
+)
+def test_a_run_that_did_not_complete_ends_with_run_error(
+    daemon: Daemon, model: str, code: str
+) -> None:
+    out = _client(daemon, "member", "x", model=model)
+    assert out["error"] is None
+    kinds = _types(out["events"])
+    assert kinds[-1] == "RUN_ERROR" and "RUN_FINISHED" not in kinds
+    assert out["runError"]["code"] == code
+    assert out["runError"]["message"].startswith(f"the run is {code}")
+
+
+def test_approvals_are_custom_events_answered_through_the_api(daemon: Daemon) -> None:
+    body = _input("go", model="fake:approval", tools=["dangerous"])
+    events: list[dict[str, Any]] = []
+
+    def answer(run_id: str, call_id: str) -> None:
+        with daemon.client("member") as c:
+            r = c.post(f"/v1/runs/{run_id}/approvals/{call_id}", json={"decision": "approve"})
+            assert r.status_code == 200, r.text
+
+    with daemon.client("developer") as c, c.stream("POST", "/v1/agui", json=body) as r:
+        run_id = r.headers["x-thoughtgate-run-id"]
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            events.append(event)
+            if event["type"] == "CUSTOM" and event["name"] == "thoughtgate.approval_required":
+                value = event["value"]
+                assert value["answer"]["path"] == f"/v1/runs/{run_id}/approvals/call_danger"
+                assert value["input"] == {"target": "prod"}  # member+ reads the arguments
+                threading.Thread(target=answer, args=(run_id, value["call_id"])).start()
+    names = [e["name"] for e in events if e["type"] == "CUSTOM"]
+    assert names[:2] == ["thoughtgate.approval_required", "thoughtgate.approval_response"]
+    assert _types(events)[-1] == "RUN_FINISHED"
+    results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert [e["content"] for e in results] == ["changed prod"]

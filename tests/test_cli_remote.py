@@ -1,0 +1,294 @@
+"""The CLI against a daemon (``--url`` / ``--key``, ``THOUGHTGATE_URL`` / ``THOUGHTGATE_KEY``), and
+``events --follow`` live in both modes. Real subprocesses, a real daemon on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_support import REPO, TOOL_CANARY_TOOLS, Daemon, cli, cli_env, markers, running_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon() as d:
+        yield d
+
+
+def tg(
+    daemon: Daemon, role: str, *args: str, env_auth: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``thoughtgate ARGS`` talking to the daemon as ``role`` (by environment, or by flags)."""
+    auth = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys[role]}
+    if not env_auth:
+        args = (*args, "--url", daemon.base_url, "--key", daemon.keys[role])
+        auth = {}
+    return subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        env=cli_env(**auth),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode in (0, 3), done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def canary(daemon: Daemon) -> tuple[str, dict[str, str]]:
+    """A surface run started through the CLI on the daemon, by a developer."""
+    token = uuid.uuid4().hex[:10]
+    done = tg(
+        daemon, "developer",
+        "run", f"canary {token}", "--model", "fake:canary", "--cot", "surface",
+        "--tools", "lookup", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert view["status"] == "completed"
+    assert markers(token)["reasoning"] in (view["tasks"][0]["reasoning"] or "")
+    return view["run_id"], markers(token)
+
+
+# --------------------------------------------------------------------------- run, status, runs
+
+
+def test_a_member_runs_on_the_daemon_with_its_tools_and_sees_no_reasoning(daemon: Daemon) -> None:
+    token = uuid.uuid4().hex[:10]
+    done = tg(
+        daemon, "member",
+        "run", f"canary {token}", "--model", "fake:canary", "--cot", "surface",
+        "--tools", "lookup", "--json", env_auth=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert set(view) == {"run_id", "status", "error", "chain_of_thought", "tasks", "usage"}
+    assert view["tasks"][0]["output"] == "The answer is 42."
+    assert view["tasks"][0]["reasoning"] is None
+    assert markers(token)["reasoning"] not in done.stdout + done.stderr
+    events = daemon.get(f"/v1/runs/{view['run_id']}/events", "owner").json()["events"]
+    assert [e["payload"]["output"] for e in events if e["type"] == "tool.completed"] == [
+        f"result for TOOLARG-{token}"
+    ], "the daemon's own lookup tool ran"
+
+
+def test_run_prints_the_run_live_and_exits_with_its_outcome(daemon: Daemon) -> None:
+    done = tg(daemon, "member", "run", "hello there", "--model", "fake:echo", "--cot", "surface")
+    assert done.returncode == 0, done.stderr
+    assert "Echo: hello there" in done.stdout
+    assert f"on {daemon.base_url} (as member)" in done.stderr
+
+
+def test_approvals_are_answered_from_the_terminal_side(daemon: Daemon) -> None:
+    done = tg(
+        daemon, "member",
+        "run", "go", "--model", "fake:approval", "--tools", "dangerous", "--approve-all", "--json",
+    )  # fmt: skip
+    view = _json(done)
+    assert view["status"] == "completed"
+    events = daemon.get(f"/v1/runs/{view['run_id']}/events", "owner").json()["events"]
+    responses = [e["payload"] for e in events if e["type"] == "tool.approval_response"]
+    assert [(r["decision"], r["by"]) for r in responses] == [("approve", "member-key")]
+
+
+def test_status_runs_and_short_ids_read_through_the_daemon_filter(
+    daemon: Daemon, canary: tuple[str, dict[str, str]]
+) -> None:
+    run_id, mark = canary
+    short = run_id.removeprefix("run_")[:10]
+    for role, readable in (("viewer", False), ("developer", True)):
+        status = tg(daemon, role, "status", short, "--json")
+        view = _json(status)
+        assert view == daemon.get(f"/v1/runs/{run_id}", role).json()
+        assert (mark["reasoning"] in status.stdout) is readable
+        text = tg(daemon, role, "status", run_id)
+        assert text.returncode == 0 and "The answer is 42." in text.stdout
+        assert (mark["reasoning"] in text.stdout) is readable
+    listed = _json(tg(daemon, "viewer", "runs", "--json", "--limit", "500"))
+    assert run_id in [v["run_id"] for v in listed]
+    missing = tg(daemon, "viewer", "status", "nope-not-a-run")
+    assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_events_and_trace_as_the_key_may_read_them(
+    daemon: Daemon, canary: tuple[str, dict[str, str]]
+) -> None:
+    run_id, mark = canary
+    viewer = _json(tg(daemon, "viewer", "events", run_id, "--json"))
+    developer = _json(tg(daemon, "developer", "events", run_id, "--json"))
+    assert viewer == daemon.get(f"/v1/runs/{run_id}/events", "viewer").json()["events"]
+    assert "reasoning.delta" not in {e["type"] for e in viewer}
+    assert "reasoning.delta" in {e["type"] for e in developer}
+    assert mark["tool"] not in json.dumps(viewer) and mark["carrier"] not in json.dumps(developer)
+    page = _json(tg(daemon, "viewer", "events", run_id, "--json", "--after", "2", "--limit", "3"))
+    assert all(e["seq"] > 2 for e in page) and len(page) <= 3
+
+    refused = tg(daemon, "viewer", "trace", run_id, "--json")
+    assert refused.returncode == 2 and "forbidden" in refused.stderr
+    trace = _json(tg(daemon, "developer", "trace", run_id, "--json"))
+    assert [e["type"] for e in trace] == ["worker.completed"]
+    assert mark["reasoning"] in json.dumps(trace)
+
+
+# --------------------------------------------------------------------------- events --follow
+
+
+def _follow(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_events_follow_streams_a_run_live_from_the_daemon_and_resumes_after(
+    daemon: Daemon,
+) -> None:
+    token = uuid.uuid4().hex[:10]
+    run_id = daemon.start_run(
+        {
+            "prompt": f"toolcanary {token}",
+            "model": "fake:toolcanary",
+            "chain_of_thought": "surface",
+            "tools": TOOL_CANARY_TOOLS,
+        },
+        role="member",
+    )
+    auth = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["viewer"]}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", "events", run_id, "--follow", "--json"],
+        env=cli_env(**auth),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = _follow(follower)
+    assert daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "completed"
+    assert lines == daemon.get(f"/v1/runs/{run_id}/events", "viewer").json()["events"]
+    assert lines[-1]["type"] == "run.settlement.completed"
+    assert "reasoning.delta" not in {e["type"] for e in lines}
+    middle = lines[len(lines) // 2]["seq"]
+    resumed = tg(daemon, "viewer", "events", run_id, "--follow", "--json", "--after", str(middle))
+    assert resumed.returncode == 0, resumed.stderr
+    rest = [json.loads(line) for line in resumed.stdout.splitlines()]
+    assert rest == [e for e in lines if e["seq"] > middle]
+
+
+def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'live.db'}"
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "thoughtgate",
+            "run",
+            "toolcanary local1",
+            "--model",
+            "fake:toolcanary",
+            "--cot",
+            "surface",
+            "--db",
+            db,
+            "--json",
+            "--tools",
+            "daemon_support:SERVER_TOOLS",
+        ],
+        env=cli_env(),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run_id = _first_run(db)
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "thoughtgate",
+                "events",
+                run_id,
+                "--follow",
+                "--json",
+                "--db",
+                db,
+                "--view-as",
+                "viewer",
+            ],
+            env=cli_env(),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines = _follow(follower)
+    finally:
+        _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert lines[-1]["type"] == "run.settlement.completed"
+    recorded = json.loads(cli("events", run_id, "--db", db, "--view-as", "viewer", "--json").stdout)
+    assert lines == recorded
+    assert "reasoning.delta" not in {e["type"] for e in lines}
+
+
+def _first_run(db: str) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = cli("runs", "--db", db, "--json")
+        if done.returncode == 0 and json.loads(done.stdout):
+            return str(json.loads(done.stdout)[0]["run_id"])
+        time.sleep(0.05)
+    raise AssertionError("the run was never recorded")
+
+
+# --------------------------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("runs", "--url", "http://127.0.0.1:9"), {}, "needs an API key"),
+        (("runs", "--key", "tg_x"), {}, "--key (or THOUGHTGATE_KEY) needs --url"),
+        (("runs", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--db cannot be used with --url"),
+        (("status", "r", "--view-as", "viewer"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--view-as cannot be used"),
+        (("run", "x", "--tools", "mod:attr"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "name tools registered on the daemon"),
+        (("run", "x", "--base-url", "http://y"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "provider settings"),
+    ],
+)  # fmt: skip
+def test_what_a_daemon_decides_is_refused_with_a_usage_error(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        env=cli_env(**env),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in " ".join(done.stderr.split())
+
+
+def test_a_daemon_that_cannot_be_reached_is_one_clear_error() -> None:
+    env = {"THOUGHTGATE_URL": "http://127.0.0.1:9", "THOUGHTGATE_KEY": "tg_x"}
+    done = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", "runs"],
+        env={**cli_env(**env), "PATH": os.environ.get("PATH", "")},
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "cannot reach the daemon" in done.stderr

@@ -226,11 +226,15 @@ async def test_server_info_capabilities_and_typed_schemas() -> None:
     assert modes["enum"] == ["hidden", "surface", "telemetry_only"]
     assert run.input_schema["required"] == ["prompt"]
     assert run.input_schema["additionalProperties"] is False
-    for tool in tools.values():
-        schema = tool.output_schema
+    for name in ("orchestration_run", "orchestration_status"):
+        schema = tools[name].output_schema
         assert schema is not None and schema["type"] == "object"
         assert {"run_id", "status", "tasks", "usage"} <= set(schema["properties"])
         assert "reasoning" not in schema.get("required", []), "withheld fields are optional"
+    approve = tools["orchestration_approve"]
+    assert approve.input_schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    assert approve.input_schema["additionalProperties"] is False
+    assert set((approve.output_schema or {})["properties"]) == {"run_id", "call_id", "decision"}
     assert tools["orchestration_status"].annotations.read_only_hint is True  # type: ignore[union-attr]
 
 
@@ -385,7 +389,11 @@ def test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may(role: str) -
     assert out.get("error") is None, out
     assert out["serverVersion"]["version"] == __version__
     assert out["capabilities"] == {"tools": {"listChanged": False}}
-    assert [t["name"] for t in out["tools"]] == ["orchestration_run", "orchestration_status"]
+    assert [t["name"] for t in out["tools"]] == [
+        "orchestration_run",
+        "orchestration_status",
+        "orchestration_approve",
+    ]
     result = out["result"]
     assert result.get("isError") is not True, result
     assert result["structuredContent"]["tasks"][0]["output"] == "The answer is 42."

@@ -32,11 +32,15 @@ from thoughtgate.cli.common import (
 )
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import (
+    ApiKeyOpt,
+    ApproveAllOpt,
+    BaseUrlOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
     KeyOpt,
     RunIdArg,
+    ToolsOpt,
     UrlOpt,
     ViewAsOpt,
 )
@@ -167,6 +171,7 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
     like ``run`` does."""
     from thoughtgate.access.filter import filter_event, filter_run
     from thoughtgate.cli.render import LivePrinter
+    from thoughtgate.orchestration.resume import check_resumable
     from thoughtgate.store.durable import DurableRunStore
     from thoughtgate.store.records import OPEN_RUN_STATUSES
 
@@ -176,16 +181,7 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
             "resume needs durable runs: a SQLite or PostgreSQL store with durability.enabled"
         )
     run = await store.get_run(run_id)
-    spec = await store.get_run_spec(run_id)
-    if run.status not in OPEN_RUN_STATUSES:
-        raise UsageError(f"run {run_id} has already ended ({run.status})")
-    if spec is None or not spec.durable:
-        raise UsageError(f"run {run_id} was not executed durably, so it cannot resume")
-    missing = sorted(set(spec.spec.get("tools", ())) - {t.name for t in runtime.tools})
-    if missing:
-        raise UsageError(
-            f"run {run_id} uses tools not loaded here: {', '.join(missing)} (add --tools)"
-        )
+    await check_resumable(store, run, [t.name for t in runtime.tools], hint="add --tools")
     if not await store.release_run(run_id, owner=None, queue=True):
         raise UsageError(
             f"run {run_id} is not waiting to resume: another process is executing it (a killed "
@@ -267,22 +263,8 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--system", metavar="TEXT", help="A system prompt for the model."),
         ] = None,
-        base_url: Annotated[
-            str | None,
-            typer.Option(
-                "--base-url",
-                metavar="URL",
-                help="The provider's base URL (beats ANTHROPIC_BASE_URL etc. and the config).",
-            ),
-        ] = None,
-        api_key: Annotated[
-            str | None,
-            typer.Option(
-                "--api-key",
-                metavar="KEY",
-                help="The provider's API key (beats ANTHROPIC_API_KEY etc. and the config).",
-            ),
-        ] = None,
+        base_url: BaseUrlOpt = None,
+        api_key: ApiKeyOpt = None,
         cot: Annotated[
             str | None,
             typer.Option(
@@ -292,18 +274,8 @@ def register(app: typer.Typer) -> None:
                 "else hidden).",
             ),
         ] = None,
-        tools: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--tools",
-                metavar="MODULE:ATTR",
-                help="Python tools the model may call (repeatable).",
-            ),
-        ] = None,
-        approve_all: Annotated[
-            bool,
-            typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
-        ] = False,
+        tools: ToolsOpt = None,
+        approve_all: ApproveAllOpt = False,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -387,26 +359,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def resume(
         run_id: RunIdArg,
-        base_url: Annotated[
-            str | None,
-            typer.Option("--base-url", metavar="URL", help="The provider's base URL."),
-        ] = None,
-        api_key: Annotated[
-            str | None,
-            typer.Option("--api-key", metavar="KEY", help="The provider's API key."),
-        ] = None,
-        tools: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--tools",
-                metavar="MODULE:ATTR",
-                help="The tools the run uses, as given to `run` (repeatable).",
-            ),
-        ] = None,
-        approve_all: Annotated[
-            bool,
-            typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
-        ] = False,
+        base_url: BaseUrlOpt = None,
+        api_key: ApiKeyOpt = None,
+        tools: ToolsOpt = None,
+        approve_all: ApproveAllOpt = False,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,

@@ -35,7 +35,7 @@ from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
-__all__ = ["Executor", "begin_execution"]
+__all__ = ["Executor", "begin_execution", "check_resumable"]
 
 log = logging.getLogger("thoughtgate.durable")
 
@@ -103,3 +103,18 @@ async def begin_execution(
         await store.update_run(run_id, metadata={"suspended": None})
     run = await store.get_run(run_id)
     return target, run, list(spec.tasks), resumed
+
+
+async def check_resumable(
+    store: DurableRunStore, run: RunRecord, tool_names: Sequence[str], *, hint: str
+) -> None:
+    """``UsageError`` unless ``run`` is open, was executed durably, and uses only tools among
+    ``tool_names`` (``hint`` says where to resume it otherwise)."""
+    if run.status not in OPEN_RUN_STATUSES:
+        raise UsageError(f"run {run.run_id} has already ended ({run.status})")
+    spec = await store.get_run_spec(run.run_id)
+    if spec is None or not spec.durable:
+        raise UsageError(f"run {run.run_id} was not executed durably, so it cannot resume")
+    missing = sorted(set(spec.spec.get("tools", ())) - set(tool_names))
+    if missing:
+        raise UsageError(f"run {run.run_id} uses tools missing here ({', '.join(missing)}); {hint}")

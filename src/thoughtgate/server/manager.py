@@ -25,10 +25,11 @@ import logging
 from collections.abc import Sequence
 
 from thoughtgate.errors import UsageError
+from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import close_orphaned_runs, close_run_interrupted
-from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import RunRecord
 
 __all__ = ["SHUTDOWN_REASON", "RunManager"]
 
@@ -161,18 +162,12 @@ class RunManager:
         store = self.runtime.store
         if engine is None or not isinstance(store, DurableRunStore) or self.queue is None:
             raise UsageError("this daemon does not run durable runs, so it resumes none")
-        run = await store.get_run(run_id)
-        spec = await store.get_run_spec(run_id)
-        if run.status not in OPEN_RUN_STATUSES:
-            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        if spec is None or not spec.durable:
-            raise UsageError(f"run {run_id!r} was not executed durably, so it cannot resume")
-        missing = sorted(set(spec.spec.get("tools", ())) - set(self.tools))
-        if missing:
-            raise UsageError(
-                f"run {run_id!r} uses tools this daemon lacks ({', '.join(missing)}); resume it "
-                "where they are (thoughtgate resume RUN_ID --tools ...)"
-            )
+        await check_resumable(
+            store,
+            await store.get_run(run_id),
+            self.tools,
+            hint="resume it where they are: thoughtgate resume RUN_ID --tools ...",
+        )
         if not await store.release_run(run_id, owner=None, queue=True):
             raise UsageError(
                 f"run {run_id!r} is not waiting to resume (it is executing or already queued)"

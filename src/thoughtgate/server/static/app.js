@@ -15,6 +15,7 @@ const ERROR_KIND_TEXT = {
   tool_error: "The tool failed.",
   unknown_tool: "The model asked for a tool that does not exist.",
   fallback_failed: "The tool and its fallback both failed.",
+  interrupted: "Interrupted when its process stopped; not run again (it may have had its effect).",
 };
 const RUN_STATUS_TEXT = {
   pending: "pending", running: "running", completed: "completed", partial: "partial",

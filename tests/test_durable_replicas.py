@@ -204,6 +204,36 @@ def test_sigterm_leaves_a_durable_run_open_and_the_restarted_daemon_finishes_it(
         service.close()
 
 
+def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path: Path) -> None:
+    service = Service(
+        f"sqlite:///{tmp_path / 'tg.db'}",
+        tmp_path,
+        env={"THOUGHTGATE_DURABILITY__CONCURRENCY": "2"},
+    )
+    service.hold.touch()
+    try:
+        daemon = service.start()
+        body = {"prompt": "wait", "model": "fake:waiting"}
+        runs = [
+            service.request(daemon, "POST", "/v1/runs", "member", json=body)["run_id"]
+            for _ in range(5)
+        ]
+
+        def statuses() -> list[str]:
+            return [
+                service.request(daemon, "GET", f"/v1/runs/{r}", "owner")["status"] for r in runs
+            ]
+
+        wait_for(lambda: statuses().count("running") == 2, timeout=20, what="two runs to start")
+        time.sleep(1.5)  # several queue polls later, still two
+        assert sorted(statuses()) == ["pending", "pending", "pending", "running", "running"]
+        service.hold.unlink()
+        for run_id in runs:
+            assert service.done(daemon, run_id)["status"] == "completed"
+    finally:
+        service.close()
+
+
 # --------------------------------------------------------------------------- PostgreSQL, two replicas
 
 

@@ -26,6 +26,7 @@ MODULES = (
     "bench.capture_bench",
     "bench.run_bench",
     "bench.store_bench",
+    "bench.list_bench",
     "bench.daemon_bench",
     "bench.fanout_bench",
     "bench.telemetry_bench",
@@ -120,7 +121,7 @@ def main() -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"took {time.monotonic() - started:.0f} s. Ratios are against baselines measured in the "
         "same run. Each value is what its module reports: capture = least CPU time of 7 runs, "
-        "store = best of 3 rounds, daemon and fan-out = p50 (the median) and p99 over every "
+        "store = best of 3 rounds, list = median of 15 calls, daemon and fan-out = p50 (the median) and p99 over every "
         "request or delivery.",
         "",
         "| benchmark | figure | value | unit | target | meets target |",

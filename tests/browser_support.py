@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -25,11 +26,11 @@ from playwright.sync_api import (
     Response,
     sync_playwright,
 )
-from playwright.sync_api import Error as PlaywrightError
 
 __all__ = [
     "CHROMIUM_ARGS",
     "Capture",
+    "browser",
     "chromium_path",
     "launch",
     "open_run",
@@ -79,6 +80,17 @@ def launch() -> Iterator[Browser]:
             browser.close()
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One chromium per test module (import this fixture into the module to use it); without
+    chromium the tests that use it FAIL and say how to install it."""
+    try:
+        with launch() as b:
+            yield b
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
 def _launch(playwright: Playwright, path: str) -> Browser:
     try:
         return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
@@ -90,39 +102,42 @@ def _launch(playwright: Playwright, path: str) -> Browser:
 class Capture:
     """Every response body and every server-sent event message a page's browser received.
 
-    Response bodies come from Playwright (``response.body()``, the SSE stream's included, once
-    it ended); SSE messages also come straight from chromium's network domain
-    (``Network.eventSourceMessageReceived``), as they arrived."""
+    Response bodies come from Playwright (``response.body()``); SSE messages come straight from
+    chromium's network domain (``Network.eventSourceMessageReceived``), each as it arrived, with
+    its event name (a stream's body is never read: the run list's stream never ends)."""
 
     responses: list[Response] = field(default_factory=list)
     bodies: dict[str, list[bytes]] = field(default_factory=dict)
     sse_messages: list[str] = field(default_factory=list)
-    streams_unreadable: int = 0
+    sse_events: list[str] = field(default_factory=list)
+    """The event name of each SSE message (``message`` unless the frame named one)."""
+    streams: list[str] = field(default_factory=list)
+    """URLs of the SSE responses received (their messages are in ``sse_messages``)."""
 
     def attach(self, context: BrowserContext, page: Page) -> None:
         page.on("response", lambda response: self.responses.append(response))
         cdp = context.new_cdp_session(page)
         cdp.send("Network.enable")
-        cdp.on("Network.eventSourceMessageReceived", lambda e: self.sse_messages.append(e["data"]))
+        cdp.on("Network.eventSourceMessageReceived", self._sse)
+
+    def _sse(self, event: dict[str, Any]) -> None:
+        self.sse_messages.append(event["data"])
+        self.sse_events.append(event.get("eventName") or "message")
 
     def drain(self) -> None:
         """Read the bodies of the responses seen so far (before a reload makes them unreadable).
 
-        Only an SSE stream's body may be unreadable (chromium drops it when the page closes the
-        stream itself); its messages are in ``sse_messages`` either way. Any other body that
-        cannot be read fails the test: absence is only proven over everything received."""
+        An SSE stream's messages are in ``sse_messages`` (its body is not read: it may never
+        end). Any other body that cannot be read fails the test: absence is only proven over
+        everything received."""
         pending, self.responses = self.responses, []
         for response in pending:
             if 300 <= response.status < 400:
                 continue  # 304 Not Modified (a cached copy, read when it came) or a redirect
-            try:
-                body = response.body()
-            except PlaywrightError:
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    raise
-                self.streams_unreadable += 1
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                self.streams.append(response.url)
                 continue
-            self.bodies.setdefault(response.url, []).append(body)
+            self.bodies.setdefault(response.url, []).append(response.body())
 
     def everything(self, *, url_part: str = "") -> str:
         """All bodies (of URLs containing ``url_part``) and all SSE messages, as one text."""
@@ -136,14 +151,16 @@ class Capture:
         return "\n".join([*chunks, *self.sse_messages])
 
     def urls(self) -> list[str]:
-        return list(self.bodies)
+        return [*self.bodies, *self.streams]
 
 
 @contextmanager
 def page_for(
-    browser: Browser, *, width: int = 1280, height: int = 900
+    browser: Browser, *, width: int = 1280, height: int = 900, timezone_id: str | None = None
 ) -> Iterator[tuple[Page, Capture]]:
-    context = browser.new_context(viewport={"width": width, "height": height})
+    context = browser.new_context(
+        viewport={"width": width, "height": height}, timezone_id=timezone_id, locale="en-US"
+    )
     page = context.new_page()
     capture = Capture()
     capture.attach(context, page)
@@ -170,7 +187,7 @@ def open_run(page: Page, run_id: str) -> None:
 
 SNAPSHOT_JS = """(root) => {
   const text = (n) => (n ? n.innerText.trim() : null);
-  const items = [...root.querySelectorAll('[data-testid=thread-items] > li')].map((li) =>
+  const items = [...root.querySelectorAll('[data-testid=thread-items] [data-item]')].map((li) =>
     [li.dataset.testid || '', li.dataset.status || '', text(li)]);
   const pick = (id) => text(root.querySelector(`[data-testid=${id}]`));
   const raws = [...root.querySelectorAll('[data-testid=raw-text]')].map((n) => n.innerText);
@@ -186,20 +203,36 @@ def snapshot(page: Page) -> dict[str, Any]:
 
 
 def write_screenshots(out_dir: Path) -> list[Path]:
-    """The viewer's and the developer's page for a finished multi-step run."""
+    """The viewer's and the developer's page for a finished tool-loop run, and the developer's
+    page for a run that failed in its second model turn."""
     from web_support import story_run, web_daemon
 
     written = []
     with web_daemon() as daemon, launch() as browser:
         for prompt in ("Summarize yesterday's incident report", "Which city is warmer today?"):
             daemon.wait_done(daemon.start_run({"prompt": prompt, "model": "fake:echo"}))
-        run_id = daemon.start_run(story_run(""))  # no test marker in the raw reasoning
+        failed = daemon.start_run(
+            {
+                **story_run("", delay=0.05),
+                "prompt": "Plan a day trip to Braga",
+                "model": "fake:story-outage",
+            }
+        )
+        daemon.wait_done(failed)
+        run_id = daemon.start_run(story_run("", delay=0.05))  # no marker in the raw reasoning
         daemon.wait_done(run_id)
-        for role, name in (("viewer", "web-page.png"), ("developer", "web-page-developer.png")):
-            with page_for(browser, height=800) as (page, _):
+        shots = (
+            ("viewer", run_id, "web-page.png"),
+            ("developer", run_id, "web-page-developer.png"),
+            ("developer", failed, "web-page-failed.png"),
+        )
+        for role, shown, name in shots:
+            with page_for(browser, height=800, timezone_id="Europe/Lisbon") as (page, _):
                 sign_in(page, daemon.base_url, daemon.keys[role])
-                open_run(page, run_id)
-                page.wait_for_selector("[data-testid=receipt]")
+                page.wait_for_selector("[data-testid=list-live]:visible")
+                page.click(f"#runs-list a[data-run='{shown}']")
+                page.wait_for_selector("[data-testid=answer]")
+                page.wait_for_selector("[data-testid=live]", state="detached")
                 path = out_dir / name
                 page.screenshot(path=str(path), full_page=True)
                 written.append(path)

@@ -29,6 +29,7 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore, OpenRuns
+from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
@@ -392,6 +393,18 @@ class FailingStore(EventStore):
 
     async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         return await self.inner.list_runs(limit=limit, offset=offset)
+
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        return await self.inner.query_runs(query)
+
+    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+        return await self.inner.run_changes(after=after, limit=limit)
+
+    async def latest_run_change(self) -> int:
+        return await self.inner.latest_run_change()
+
+    async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
+        await self.inner.wait_for_run_changes(after, poll_s=poll_s)
 
     async def update_run(
         self,

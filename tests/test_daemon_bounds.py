@@ -164,6 +164,8 @@ def test_resuming_past_the_last_event_of_a_running_run_is_422(daemon: Daemon) ->
         ("/v1/runs", "offset", str(BIG)),
         ("/v1/runs", "offset", "-5"),
         ("/v1/runs", "limit", str(-BIG)),
+        ("/v1/runs", "since", str(BIG)),
+        ("/v1/runs", "until", "-1"),
         ("/v1/runs/{run}/stream", "last_event_id", str(BIG)),
         ("/v1/runs/{run}/stream", "last_event_id", "-1"),
         ("/v1/runs/{run}/stream", "Last-Event-ID", str(BIG)),
@@ -194,7 +196,9 @@ def test_the_largest_allowed_integer_is_fine(daemon: Daemon) -> None:
     with daemon.client("viewer") as c:
         r = c.get(f"/v1/runs/{run_id}/events", params={"after": str(BIG - 1)})
         assert r.status_code == 200 and r.json()["events"] == []
-        assert c.get("/v1/runs", params={"offset": str(BIG - 1)}).json() == {"runs": []}
+        assert c.get("/v1/runs", params={"offset": str(BIG - 1)}).json()["runs"] == []
+        far = {"since": str(BIG - 1), "until": str(BIG - 1)}
+        assert c.get("/v1/runs", params=far).json()["runs"] == []
 
 
 # --------------------------------------------------------------------------- deep JSON

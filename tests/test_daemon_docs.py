@@ -81,3 +81,6 @@ def test_every_documented_command_runs_and_says_what_the_page_says(tmp_path: Pat
     past_end, revoked = out[6].splitlines()
     assert past_end == "204"
     assert revoked == "the key that asked for this ticket has been revoked"
+    found, mine, streamed = out[7].splitlines()
+    assert found == '["Say hello to the team",null,3]'
+    assert (mine, streamed) == ("1", "1")

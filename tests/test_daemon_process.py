@@ -31,7 +31,7 @@ needs_sqlite = pytest.mark.skipif(
 )
 TOOLS = ("--tools", "daemon_support:SERVER_TOOLS")
 NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
-"""Runs that cannot resume (ADR 0009's path); durable daemons resume instead (ADR 0012,
+"""Runs that cannot resume (ADR 0009's path); durable daemons resume instead (ADR 0013,
 test_durable_replicas)."""
 
 

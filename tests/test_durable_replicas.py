@@ -1,4 +1,4 @@
-"""Killing the process that executes a run loses nothing (ADR 0012), with real processes.
+"""Killing the process that executes a run loses nothing (ADR 0013), with real processes.
 
 * One daemon on SQLite: ``kill -9`` it after the run's tool ran, start it again, the run completes.
 * Two replicas on PostgreSQL, the Anthropic wire on the emulator with signed thinking: kill the

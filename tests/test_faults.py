@@ -81,7 +81,7 @@ def _delta_steps(events: list[dict[str, Any]] | list[Event], kind: str) -> list[
 async def test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw(
     tmp_path: Path, durable: bool
 ) -> None:
-    """Without durable runs the restarted daemon closes the run; with them (ADR 0012) it resumes
+    """Without durable runs the restarted daemon closes the run; with them (ADR 0013) it resumes
     it, the cut turn recorded as cut and asked again. Either way a reader lost nothing it saw."""
     db_url = f"sqlite:///{tmp_path / 'daemon.db'}"
     env = {} if durable else {"THOUGHTGATE_DURABILITY__ENABLED": "false"}

@@ -6,13 +6,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 from durable_store_conformance import DurableStoreConformance
+from listing_conformance import RunListingConformance
 from store_conformance import StoreConformance
 
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
 
 
-class TestMemoryStore(StoreConformance):
+class TestMemoryStore(StoreConformance, RunListingConformance):
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
         store = MemoryStore()

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from durable_store_conformance import DurableStoreConformance
+from listing_conformance import RunListingConformance
 from pg import PG_URL, pg_admin, pg_schema
 from psycopg import errors as pgerr
 from psycopg import sql
@@ -28,6 +29,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
 from thoughtgate.store.pg_schema import applied_versions, migrate
@@ -42,7 +44,7 @@ Admin = psycopg.AsyncConnection[Any]
 SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
-class TestPostgresStore(StoreConformance):
+class TestPostgresStore(StoreConformance, RunListingConformance):
     @pytest.fixture
     async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
         store = await PostgresStore.open(PG_URL, schema=pg_schema)
@@ -112,6 +114,35 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
         pg_admin, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", pg_schema
     )
     assert "open_runs_by_owner" in {r[0] for r in indexes}
+
+
+async def test_upgrade_to_the_run_list_numbers_old_runs_and_pages_them(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    before_list = load_migrations("postgres")[:4]
+    assert load_migrations("postgres")[4].name == "run_list"
+    await migrate(pg_admin, pg_schema, before_list, "test")
+    for run_id, status, at in (("run_b", "failed", 2.0), ("run_a", "completed", 1.0)):
+        await pg_admin.execute(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata) VALUES "
+                "(%s, %s, 'hidden', 'provider', %s, %s, %s, '{{}}', NULL, '{{}}')"
+            ).format(ident(pg_schema, "runs")),
+            (run_id, f"old {run_id}", status, at, at),
+        )
+    async with opened(pg_schema) as store:
+        changes = (await store.run_changes(after=0)).changes
+        assert [r.run_id for _, r in changes] == ["run_b", "run_a"]
+        assert [n for n, _ in changes][-1] == await store.latest_run_change()
+        page = await store.query_runs(RunQuery(statuses=("failed",)))
+        assert [r.run_id for r in page.runs] == ["run_b"]
+        assert [r.run_id for r in (await store.query_runs(RunQuery(text="OLD RUN_A"))).runs] == [
+            "run_a"
+        ]
+        latest = await store.latest_run_change()
+        await store.update_run("run_a", status="failed")
+        assert [n for n, _ in (await store.run_changes(after=latest)).changes] == [latest + 1]
 
 
 async def test_replicas_starting_together_migrate_once(pg_admin: Admin, pg_schema: str) -> None:
@@ -403,6 +434,35 @@ async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
         await writer.append_one(run.run_id, NewEvent(EventType.RUN_ERROR))
         await asyncio.wait_for(tail, 5)
     assert [e.seq for e in got] == list(range(1, 8))
+
+
+async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
+    pg_schema: str,
+) -> None:
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
+        await writer.create_run(make_run())
+        after = await reader.latest_run_change()
+        await reader.wait_for_run_changes(after - 1)  # starts the listener ...
+        await wait_until(lambda: reader._listener.healthy, "the listener listens")
+        await asyncio.sleep(0.05)  # ... and has woken everyone once (it just connected)
+        for change in ("create", "update", "finish"):
+            waiting = asyncio.create_task(reader.wait_for_run_changes(after))
+            await asyncio.sleep(0.05)
+            assert not waiting.done(), "nothing changed yet"
+            if change == "create":
+                run = make_run()
+                await writer.create_run(run)
+            elif change == "update":
+                await writer.update_run(run.run_id, status="running")
+            else:
+                end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
+                await writer.finish_run(run.run_id, end, status="failed")
+            await asyncio.wait_for(waiting, 5)  # NOTIFY, not the 60 s poll
+            after = await reader.latest_run_change()
+        assert [r.status for _, r in (await reader.run_changes(after=after - 1)).changes] == [
+            "failed"
+        ]
 
 
 async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from durable_store_conformance import DurableStoreConformance
+from listing_conformance import RunListingConformance
 from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
 
 import thoughtgate.store
@@ -29,6 +30,7 @@ from thoughtgate.errors import (
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, orphan_reason
+from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
@@ -36,7 +38,7 @@ from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, 
 from thoughtgate.store.urls import open_store
 
 
-class TestSQLiteStore(StoreConformance):
+class TestSQLiteStore(StoreConformance, RunListingConformance):
     @pytest.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
         store = await SQLiteStore.open(tmp_path / "store.db")
@@ -194,6 +196,41 @@ async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"runs_by_created_at", "active_api_keys_by_hash"} <= indexes
+
+
+async def test_upgrade_to_the_run_list_numbers_old_runs_and_pages_them(tmp_path: Path) -> None:
+    """Runs stored before the run list existed get one change each, in stored order; the first
+    change after the upgrade comes after them; pages and filters cover them."""
+    path = tmp_path / "v5.db"
+    before_list = load_migrations("sqlite")[:5]
+    assert load_migrations("sqlite")[5].name == "run_list"
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, before_list)
+        for run_id, status, at in (("run_b", "failed", 2.0), ("run_a", "completed", 1.0)):
+            conn.execute(
+                "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
+                "status, created_at, updated_at, usage, error, metadata, last_seq) VALUES "
+                f"('{run_id}', 'old {run_id}', NULL, 'hidden', 'provider', '{status}', {at}, "
+                f"{at}, '{{}}', NULL, '{{}}', 0)"
+            )
+    store = await SQLiteStore.open(path)
+    try:
+        assert await store.latest_run_change() == 2
+        changes = (await store.run_changes(after=0)).changes
+        assert [(n, r.run_id, r.started_by) for n, r in changes] == [
+            (1, "run_b", None),
+            (2, "run_a", None),
+        ]
+        page = await store.query_runs(RunQuery(statuses=("failed",)))
+        assert [r.run_id for r in page.runs] == ["run_b"]
+        assert [r.run_id for r in (await store.query_runs(RunQuery(text="OLD RUN_A"))).runs] == [
+            "run_a"
+        ]
+        await store.update_run("run_a", status="failed")
+        assert [n for n, _ in (await store.run_changes(after=2)).changes] == [3]
+    finally:
+        await store.close()
 
 
 async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(

@@ -46,9 +46,11 @@ def step(step_id: str, summary: str = "Comparing fares", **kw: Any) -> VisibleSt
     return VisibleStep(step_id, summary, kw.pop("phase", "thinking"), 1.0, **kw)
 
 
-def tool(etype: str, call_id: str = "c1", **payload: Any) -> NewEvent:
+def tool(
+    etype: str, call_id: str = "c1", *, task_id: str | None = None, **payload: Any
+) -> NewEvent:
     card = {"call_id": call_id, "tool_key": "search_fares", "turn": 0, "label": "Search fares"}
-    return NewEvent(etype, {**card, **payload})
+    return NewEvent(etype, {**card, **payload}, task_id=task_id)
 
 
 # --------------------------------------------------------------------------- tool cards
@@ -323,8 +325,8 @@ def _cot(kind: str, step_id: str, summary: str, call: str) -> NewEvent:
     return NewEvent(EventType.COT_STEP, {"summary": summary})  # unmarked
 
 
-def _tool(etype: str, call: str, value: str) -> NewEvent:
-    payload: dict[str, Any] = {"call_id": call, "tool_key": "search_fares", "turn": 0}
+def _tool(etype: str, call: str, value: str, turn: Any = 0, task: str | None = None) -> NewEvent:
+    payload: dict[str, Any] = {"call_id": call, "tool_key": "search_fares", "turn": turn}
     payload["label"] = f"Searching {value}"
     if etype in (EventType.TOOL_STARTED, EventType.TOOL_APPROVAL_REQUIRED):
         payload["input"] = {"q": value}
@@ -336,7 +338,22 @@ def _tool(etype: str, call: str, value: str) -> NewEvent:
         payload.update(decision="reject" if value == "no" else "approve", by="alice")
     if etype == EventType.TOOL_PROGRESS:
         payload["message"] = value
-    return NewEvent(etype, payload)
+    return NewEvent(etype, payload, task_id=task)
+
+
+def _response(turn: Any, task: str | None, usage: Any, timing: Any, error: Any) -> NewEvent:
+    """An ``agent.response`` with well- and ill-typed fields (a reader keeps only the typed)."""
+    payload: dict[str, Any] = {"turn": turn, "model": "m", "provider": "p", "usage": usage}
+    payload["call"] = (
+        {"started_at": 10.5, "first_chunk_at": timing, "ended_at": 12}
+        if turn != 2
+        else "not a call"
+    )
+    payload["finish_reason"] = "stop"
+    payload["tool_calls"] = [{"call_id": "c1", "name": "t", "input": {}}] if turn == 1 else "x"
+    if error is not None:
+        payload.update(error=error, error_type=error.split(":")[0])
+    return NewEvent(EventType.AGENT_RESPONSE, payload, task_id=task)
 
 
 TOOL_TYPES = [
@@ -358,7 +375,49 @@ cot_events = st.builds(
     WORDS,
     st.sampled_from(CALLS),
 )
-tool_events = st.builds(_tool, st.sampled_from(TOOL_TYPES), st.sampled_from(CALLS), WORDS)
+TURNS = st.sampled_from([0, 1, 2, None, "1", True])
+TASKS = st.sampled_from(["t1", "t2", None])
+tool_events = st.builds(
+    _tool, st.sampled_from(TOOL_TYPES), st.sampled_from(CALLS), WORDS, TURNS, TASKS
+)
+turn_events = st.one_of(
+    st.builds(
+        lambda w, turn, task: NewEvent(
+            EventType.MESSAGE_DELTA, {"text": w + " ", "turn": turn}, task_id=task
+        ),
+        WORDS,
+        TURNS,
+        TASKS,
+    ),
+    st.builds(
+        _response,
+        TURNS,
+        TASKS,
+        st.sampled_from(
+            [
+                {"input_tokens": 3, "output_tokens": 5},
+                {"input_tokens": 2, "output_tokens": 7, "reasoning_tokens": 4},
+                {"input_tokens": True, "output_tokens": "9", "reasoning_tokens": 1.5},
+                "not usage",
+                None,
+            ]
+        ),
+        st.sampled_from([10.75, 11, None, "1.5", False]),
+        st.sampled_from([None, "ProviderHTTPError: Overloaded", "x"]),
+    ),
+    st.builds(lambda w: NewEvent(EventType.RUN_STARTED, {"prompt": w}), WORDS),
+    st.builds(
+        lambda etype, status, error: NewEvent(
+            etype,
+            {"status": status, "error": error, "error_type": "overloaded_error", "reason": 7},
+        ),
+        st.sampled_from(
+            [EventType.RUN_FAILED, EventType.RUN_INTERRUPTED, "run.settlement.completed"]
+        ),
+        st.sampled_from(["failed", "interrupted", "partial", None]),
+        st.sampled_from(["Overloaded", None, 3]),
+    ),
+)
 other_events = st.one_of(
     st.builds(lambda w: NewEvent(EventType.MESSAGE_DELTA, {"text": w + " "}), WORDS),
     st.builds(lambda w: NewEvent(EventType.REASONING_DELTA, {"text": w}), WORDS),
@@ -381,7 +440,9 @@ other_events = st.one_of(
     st.builds(lambda w: NewEvent("artifact.updated", {"name": w}), WORDS),
     st.builds(lambda w: NewEvent(EventType.AGENT_RESPONSE, {"reasoning": w}), WORDS),
 )
-event_lists = st.lists(st.one_of(cot_events, tool_events, other_events), max_size=30).map(sequenced)
+event_lists = st.lists(
+    st.one_of(cot_events, tool_events, turn_events, other_events), max_size=30
+).map(sequenced)
 
 
 @settings(max_examples=150, deadline=None)
@@ -493,6 +554,7 @@ async def test_each_reader_sees_the_same_steps_and_only_what_their_role_allows()
         "PhaseItem",  # Calling search_fares
         "PhaseItem",  # Reviewing the result
         "PhaseItem",  # Writing the answer
+        "TextItem",  # what the model said
         "PhaseItem",  # Done
     ]
     assert developer.raw_reasoning is not None and "compare rail and air" in developer.raw_reasoning
@@ -526,6 +588,97 @@ async def test_telemetry_only_shows_phases_and_no_reasoning_even_to_owners() -> 
     assert [(s.source, s.summary) for s in owner.steps] == [("narration", "Comparing rail and air")]
     assert any(isinstance(i, PhaseItem) for i in owner.items)
     assert owner.receipt is not None and owner.receipt.raw_reasoning_surface == "trace"
+
+
+def test_text_before_a_tool_call_stays_where_it_was_said() -> None:
+    """A turn that says something and then calls a tool keeps its words before the card; the
+    answer of the last turn is the message (it no longer swallows the earlier text)."""
+    news = [
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "Let me ", "turn": 0}, task_id="t1"),
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "check.", "turn": 0}, task_id="t1"),
+        tool(EventType.TOOL_STARTED, task_id="t1"),
+        tool(EventType.TOOL_COMPLETED, output="sunny", task_id="t1"),
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "It is sunny.", "turn": 1}, task_id="t1"),
+        NewEvent(EventType.MESSAGE_COMPLETED, {"text": "It is sunny."}, task_id="t1"),
+    ]
+    view = rebuild(sequenced(news))
+    assert [(type(i).__name__, getattr(i, "text", None)) for i in view.items] == [
+        ("TextItem", "Let me check."),
+        ("ToolCard", None),
+        ("TextItem", "It is sunny."),
+    ]
+    assert [(t.key, t.turn) for t in view.said] == [("t1:0", 0), ("t1:1", 1)]
+    assert view.message.text == "It is sunny." and view.message.final
+
+
+def test_items_belong_to_the_turn_they_happened_in() -> None:
+    """A step narrated after a turn's response belongs to that turn; a card to the turn that
+    called it; nothing before the first turn belongs to one."""
+    news = [
+        cot_phase_event(step("p0", "Planning", phase="planning"), task_id="t1"),
+        NewEvent(EventType.REASONING_DELTA, {"text": "hm", "turn": 0}, task_id="t1"),
+        NewEvent(EventType.AGENT_RESPONSE, {"turn": 0}, task_id="t1"),
+        cot_step_event(step("s1", "Checking the weather"), task_id="t1"),
+        tool(EventType.TOOL_STARTED, task_id="t1"),
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "Done.", "turn": 1}, task_id="t1"),
+        cot_step_event(step("s1", "Checked the weather"), task_id="t1"),  # updated in place
+    ]
+    view = rebuild(sequenced(news))
+    assert [(type(i).__name__, getattr(i, "turn", "-")) for i in view.items] == [
+        ("PhaseItem", None),
+        ("ReasoningItem", 0),
+        ("StepItem", 0),
+        ("ToolCard", 0),
+        ("TextItem", 1),
+    ]
+    assert view.steps[0].summary == "Checked the weather"
+
+
+def test_turns_ending_and_totals_come_from_the_log_as_the_reader_sees_it() -> None:
+    def response(turn: int, usage: dict[str, int], **extra: Any) -> NewEvent:
+        payload = {"turn": turn, "model": "anthropic:claude-x", "usage": usage, **extra}
+        return NewEvent(EventType.AGENT_RESPONSE, payload, task_id="t1", ts=1000.0 + turn)
+
+    news = [
+        NewEvent(EventType.RUN_STARTED, {"prompt": "p"}, ts=999.5),
+        response(
+            0,
+            {"input_tokens": 10, "output_tokens": 20, "reasoning_tokens": 15},
+            call={"started_at": 999.5, "first_chunk_at": 999.75, "ended_at": 1000.0},
+            finish_reason="tool_use",
+            tool_calls=[{"call_id": "c1", "name": "t", "input": {}}],
+        ),
+        tool(EventType.TOOL_STARTED, task_id="t1"),
+        response(1, {"input_tokens": 40, "output_tokens": 2}, error="cut", error_type="X"),
+        NewEvent(
+            EventType.RUN_FAILED,
+            {"status": "failed", "error": "cut", "error_type": "X"},
+            ts=1002.0,
+        ),
+    ]
+    events = sequenced(news)
+    developer = rebuild(events)
+    first, second = developer.turns
+    assert (first.turn, first.ttft_s, first.duration_s, first.tool_calls) == (0, 0.25, 0.5, 1)
+    assert (first.finish_reason, first.ts, second.error, second.error_type) == (
+        "tool_use",
+        1000.0,
+        "cut",
+        "X",
+    )
+    assert (second.started_at, second.ttft_s, second.duration_s) == (None, None, None)
+    assert developer.ending is not None and developer.ending.error_type == "X"
+    assert developer.totals.to_dict() == {
+        "turns": 2,
+        "tool_calls": 1,
+        "input_tokens": 50,
+        "output_tokens": 22,
+        "reasoning_tokens": 15,
+        "duration_s": 2.5,
+    }
+    viewer = rebuild(filter_events(events, "viewer", mode="surface"))
+    assert viewer.totals.reasoning_tokens is None  # reasoning-class: withheld below developer
+    assert viewer.totals.input_tokens == 50
 
 
 def test_views_are_snapshots() -> None:

@@ -69,7 +69,13 @@ _TRACE = {
     "trace.continuity[].provider": P,
     "trace.continuity[].model": P,
 }
-_RUN_ENDED = {"status": P, "usage": P, **{f"usage.{k}": v for k, v in _USAGE.items()}, "error": P}
+_RUN_ENDED = {
+    "status": P,
+    "usage": P,
+    **{f"usage.{k}": v for k, v in _USAGE.items()},
+    "error": P,
+    "error_type": P,
+}
 
 
 def _nest(prefix: str, fields: Mapping[str, str]) -> dict[str, str]:
@@ -132,6 +138,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "call.max_tokens": P,
         "call.started_at": P,
         "call.first_chunk_at": P,
+        "call.ended_at": P,
         "call.temperature": P,
         "call.response_id": OP,
         "call.response_model": P,
@@ -262,6 +269,7 @@ VIEW_TABLE: Final[dict[str, dict[str, str]]] = {
         "metadata.previous_executor": OP,
         "tasks": P,
         **_nest("tasks[].", _TASK),
+        "started_by": OP,
     },
     "HostMetadataView": {
         "version": P,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from browser_support import launch, open_run, page_for, sign_in, snapshot
+from browser_support import browser, open_run, page_for, sign_in, snapshot
 from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
@@ -43,6 +43,7 @@ from thoughtgate.store.records import ApiKeyRecord
 from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
+__all__ = ["browser"]  # the fixture this module uses (one chromium per module)
 
 T = TypeVar("T")
 
@@ -54,15 +55,6 @@ def _in_thread(fn: Callable[[], T]) -> T:
 
 
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    try:
-        with launch() as b:
-            yield b
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,14 +85,18 @@ def _kinds(snap: dict[str, Any]) -> list[str]:
     return [kind for kind, _, _ in snap["items"] if kind in ("vr-step", "tool-card")]
 
 
-def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reasoning(
-    browser: Browser, daemon: Daemon
+@pytest.mark.parametrize("role", ["viewer", "member"])
+def test_a_run_live_and_after_reload_and_no_reasoning_for_viewers_and_members(
+    browser: Browser, daemon: Daemon, role: str
 ) -> None:
-    token = "viewerlive"
+    """Below developer, the thread as before (no model turns, tokens or totals), and the browser
+    never receives reasoning -- nor, for a viewer, any tool detail -- in any response or SSE frame
+    (the run's own stream and the run list's)."""
+    token = f"{role}live"
     marker = raw_marker(token)
     with page_for(browser) as (page, capture):
-        sign_in(page, daemon.base_url, daemon.keys["viewer"])
-        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        sign_in(page, daemon.base_url, daemon.keys[role])
+        page.wait_for_selector(f"[data-testid=role]:text-is('{role}')")
         run_id = daemon.start_run(story_run(token, delay=0.4))
         open_run(page, run_id)
 
@@ -130,9 +126,14 @@ def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reaso
         assert "only developers and above can read it" in live["receipt"]
         assert page.locator("[data-testid=reasoning-turn]").count() == 0
         assert live["raw"] is None
-        assert page.locator("[data-testid=tool-input]").count() == 0  # a viewer: label + status
+        tool_inputs = page.locator("[data-testid=tool-input]").count()
+        assert tool_inputs == (0 if role == "viewer" else 2)  # a viewer: label + status
         assert page.inner_text("[data-testid=run-title]") == STORY_PROMPT
         assert marker not in page.content()
+        # today's view: no model turns, tokens, totals or trace, nothing that names raw reasoning
+        for testid in ("turn", "totals", "turn-metrics", "open-trace", "trace"):
+            assert page.locator(f"[data-testid={testid}]").count() == 0, testid
+        assert "raw reasoning" not in page.inner_text("body").lower()
 
         page.wait_for_load_state("networkidle")  # the refreshes that follow the end
         capture.drain()
@@ -148,10 +149,15 @@ def test_viewer_watches_a_run_live_and_after_reload_and_never_receives_raw_reaso
     assert any("/stream?" in url for url in capture.urls())
     assert sum(url.endswith("/events?after=0&limit=1000") for url in capture.urls()) >= 1
     assert len(capture.sse_messages) > 10 and STORY_ANSWER.split()[0] in received
+    assert any("/v1/runs/stream?" in url for url in capture.urls())  # the live run list too
     # ... and never the raw reasoning: not rendered, not in any body, not in any SSE message
     assert marker not in html and marker not in received
     assert '"reasoning.delta"' not in from_api
-    assert not re.search(r'"reasoning(_parts|_chars|_kind)?":(?!null)', from_api)
+    assert not re.search(r'"reasoning(_parts|_chars|_kind|_tokens)?":(?!null)', from_api)
+    # tool arguments and results reach members, never viewers
+    tool_detail = ["light wind", "07:05 (arr 10:02)", '"city":"Porto"', '"input":']
+    for detail in tool_detail:
+        assert (detail in received) == (role == "member"), detail
 
 
 FAKE_SCRIPTS.update({"web-outage": outage, "web-cut": cut})
@@ -222,7 +228,9 @@ def test_developer_sees_each_turns_reasoning_under_an_honest_label(
                 for x in section.locator("[data-testid=raw-text]").all()
             ]
             assert kinds == ["summary", "raw"]
-        assert sections[0].inner_text().lower().startswith("model turn 1")
+        turn_one = page.locator("[data-testid=turn][data-turn='0']")
+        assert turn_one.locator("h3").first.inner_text().lower() == "model turn 1"
+        assert turn_one.locator("[data-testid=reasoning-turn]").count() == 1
         assert page.locator("[data-testid=tool-input]").count() == 2  # developer: tool details
         page.wait_for_load_state("networkidle")  # the refreshes that follow the end
         capture.drain()
@@ -512,6 +520,37 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         NewEvent("reasoning.delta", {"text": "e", "turn": 1.5, "reasoning_kind": 3}),
         NewEvent("reasoning.delta", {"text": "f", "turn": "2", "reasoning_kind": "encrypted"}),
         NewEvent("reasoning.delta", {"text": "g", "turn": True, "index": False}),
+    ],
+    "turns, what they said, timings, the ending": [
+        NewEvent("run.started", {"prompt": "p"}),
+        NewEvent("message.delta", {"text": "Let me ", "turn": 0}, task_id="t1"),
+        NewEvent(
+            "reasoning.delta", {"text": "hm", "turn": 0, "reasoning_kind": "raw"}, task_id="t1"
+        ),
+        NewEvent("message.delta", {"text": "look.", "turn": 0}, task_id="t1"),
+        NewEvent(
+            "agent.response",
+            {
+                "turn": 0,
+                "model": "m",
+                "usage": {"input_tokens": 3, "output_tokens": 4, "reasoning_tokens": 2},
+                "call": {"started_at": 0.5, "first_chunk_at": 0.625, "ended_at": 1.25},
+                "finish_reason": "tool_use",
+                "tool_calls": [{"call_id": "c1", "name": "t", "input": {}}],
+            },
+            task_id="t1",
+        ),
+        _vr("cot.step", step_id="n1", summary="Looking it up"),
+        NewEvent("tool.started", {"call_id": "c1", "tool_key": "t", "turn": 0}, task_id="t1"),
+        _vr("cot.step", step_id="n1", summary="Looked it up"),
+        NewEvent("message.delta", {"text": "Done", "turn": 1}, task_id="t1"),
+        NewEvent(
+            "agent.response",
+            {"turn": 1, "usage": {"input_tokens": 9}, "error": "cut", "error_type": "E"},
+            task_id="t1",
+        ),
+        NewEvent("message.delta", {"text": "x", "turn": 2}, task_id="t2"),
+        NewEvent("run.failed", {"status": "failed", "error": "cut", "error_type": "E"}),
     ],
     "notices, undeclared types, message, terminal": [
         NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),

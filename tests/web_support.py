@@ -22,6 +22,8 @@ from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.errors import ProviderHTTPError
+from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import NewEvent
 from thoughtgate.events.visible import VISIBLE_MARKER
 from thoughtgate.providers.base import TurnRequest
@@ -34,6 +36,8 @@ T = TypeVar("T")
 
 __all__ = [
     "NARRATING",
+    "SAID_ANSWER",
+    "SAID_FIRST",
     "SEEDED_EVENTS",
     "SEEDED_SECRET",
     "STEP_TITLES",
@@ -138,6 +142,57 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
 FAKE_SCRIPTS["story"] = _story
 
 
+SAID_FIRST = "Let me check the weather in Porto first."
+"""What a ``fake:saytool`` run says before its tool call (it stays there, before the card)."""
+SAID_ANSWER = "Porto will be sunny: go."
+
+
+def _saytool(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """``fake:saytool``: turn 1 thinks, says :data:`SAID_FIRST` word by word, then calls
+    ``check_weather``; turn 2 answers :data:`SAID_ANSWER`. ``delay=D`` paces it."""
+    token, delay = _args(request)
+
+    async def gen() -> AsyncIterator[Any]:
+        if turn == 0:
+            yield reasoning(f"weather decides it. {raw_marker(token) if token else ''}")
+            for i, word in enumerate(SAID_FIRST.split(" ")):
+                yield text(word if i == 0 else " " + word)
+                await asyncio.sleep(delay / 4)
+            await asyncio.sleep(delay)
+            yield tool_call("check_weather", {"city": "Porto"}, call_id="call_weather")
+            return
+        await asyncio.sleep(delay)
+        for i, word in enumerate(SAID_ANSWER.split(" ")):
+            yield text(word if i == 0 else " " + word)
+            await asyncio.sleep(delay / 4)
+
+    return gen()
+
+
+FAKE_SCRIPTS["saytool"] = _saytool
+
+
+def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """``fake:story-outage``: the story's first turn (it checks the weather), then the provider
+    is overloaded: a failed run whose error belongs to its second model turn."""
+    if turn == 0:
+        return _story(request, turn)
+
+    async def gen() -> AsyncIterator[Any]:
+        raise ProviderHTTPError(
+            "Overloaded",
+            provider="anthropic",
+            status=529,
+            error_type="overloaded_error",
+        )
+        yield  # pragma: no cover - makes this a generator
+
+    return gen()
+
+
+FAKE_SCRIPTS["story-outage"] = _story_outage
+
+
 @tool
 def check_weather(city: str) -> str:
     """The weather forecast for a city today."""
@@ -210,14 +265,25 @@ SEEDED_EVENTS = [
 
 
 def seed_run(
-    run_id: str, events: Sequence[NewEvent], *, mode: str = "surface", prompt: str = "seeded"
+    run_id: str,
+    events: Sequence[NewEvent],
+    *,
+    mode: str = "surface",
+    prompt: str = "seeded",
+    status: RunStatus = "completed",
+    error: str | None = None,
 ) -> Callable[[EventStore], Awaitable[None]]:
     """A seeder for :func:`web_daemon`: a run recorded straight into the store, as given."""
 
     async def seed(store: EventStore) -> None:
         await store.create_run(
             RunRecord(
-                run_id, prompt, model="fake:seeded", chain_of_thought=mode, status="completed"
+                run_id,
+                prompt,
+                model="fake:seeded",
+                chain_of_thought=mode,
+                status=status,
+                error=error,
             )
         )
         await store.append(run_id, list(events))

@@ -76,7 +76,7 @@ class OrchestrationConfig(_Section):
 
 
 class DurabilityConfig(_Section):
-    """Durable runs (ADR 0012, docs/durability.md): each model turn and tool call is checkpointed,
+    """Durable runs (ADR 0013, docs/durability.md): each model turn and tool call is checkpointed,
     so a run whose process dies continues in another (or a restarted) process."""
 
     enabled: bool = True

@@ -26,7 +26,7 @@ What a host can rely on:
   (its tasks first) before the call ends;
 * nothing but the protocol is written to stdout; log lines on stderr are plain text.
 
-On a SQLite or PostgreSQL store the server's runs are durable (ADR 0012), and
+On a SQLite or PostgreSQL store the server's runs are durable (ADR 0013), and
 ``orchestration_approve`` answers a pending approval of any run on the store -- executing here, on a
 daemon replica, or between processes.
 """

@@ -1,12 +1,15 @@
-"""Live-channel tickets: short-lived, signed, bound to one run and to the asker's role.
+"""Live-channel tickets: short-lived, signed, bound to one run (or to the run list) and to the
+asker's role.
 
 A browser ``EventSource`` cannot send an ``Authorization`` header, so the SSE channel is opened
 with a ticket in the query string instead of an API key. A caller with a key asks
-``POST /v1/tickets {run_id}`` and gets::
+``POST /v1/tickets {run_id}`` (or ``{"scope": "runs"}`` for the live run list) and gets::
 
     v1.<base64url(JSON claims)>.<base64url(HMAC-SHA256(secret, "v1." + claims))>
 
-with claims ``{"run": run_id, "role": "viewer", "kid": key_id, "exp": unix_seconds}``. The
+with claims ``{"run": run_id, "role": "viewer", "kid": key_id, "exp": unix_seconds}`` (a run-list
+ticket has ``"scope": "runs"`` and no ``run``: it opens no run's stream, and a run's ticket does
+not open the list). The
 server verifies the MAC in constant time, then the expiry, then the run, then (``require_ticket_key``)
 that the key named by ``kid`` is still active and still holds the ticket's role. The ticket never
 grants more than the key that asked for it (its role is copied, not chosen) and may be reused until
@@ -39,6 +42,7 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import ApiKeyRecord
 
 __all__ = [
+    "RUN_LIST_SCOPE",
     "SECRET_NAME",
     "Ticket",
     "TicketSigner",
@@ -54,11 +58,16 @@ _VERSION = "v1"
 _NEW_TICKET = "get a new one from POST /v1/tickets"
 
 
+RUN_LIST_SCOPE = "runs"
+"""The ``scope`` claim of a ticket for the live run list (``GET /v1/runs/stream``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ticket:
-    """What a verified ticket allows: reading ``run_id`` as ``role`` until ``expires_at``."""
+    """What a verified ticket allows: reading ``run_id`` (``None``: the run list) as ``role``
+    until ``expires_at``."""
 
-    run_id: str
+    run_id: str | None
     role: Role
     key_id: str
     expires_at: float
@@ -95,19 +104,25 @@ class TicketSigner:
     def _mac(self, signed: str) -> str:
         return _b64(hmac.new(self._key, signed.encode("ascii"), hashlib.sha256).digest())
 
-    def issue(self, run_id: str, role: Role, *, key_id: str) -> tuple[str, float]:
-        """``(ticket, expires_at)`` for reading ``run_id`` with ``role``, minted by ``key_id``."""
+    def issue(self, run_id: str | None, role: Role, *, key_id: str) -> tuple[str, float]:
+        """``(ticket, expires_at)`` for reading ``run_id`` (``None``: the run list) with
+        ``role``, minted by ``key_id``."""
         if not key_id:
             raise ValueError("a ticket must name the key that asked for it")
         expires_at = round(self._clock() + self.ttl_s, 3)
-        claims = {"run": run_id, "role": role.label, "kid": key_id, "exp": expires_at}
+        claims: dict[str, object] = {"role": role.label, "kid": key_id, "exp": expires_at}
+        if run_id is None:
+            claims["scope"] = RUN_LIST_SCOPE
+        else:
+            claims["run"] = run_id
         body = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
         signed = f"{_VERSION}.{body}"
         return f"{signed}.{self._mac(signed)}", expires_at
 
-    def verify(self, ticket: str | None, run_id: str) -> Ticket:
-        """The ticket's grant for ``run_id``; raises :class:`TicketError` on anything but a valid,
-        current ticket for this run. (Whether its key still holds is ``require_ticket_key``.)"""
+    def verify(self, ticket: str | None, run_id: str | None) -> Ticket:
+        """The ticket's grant for ``run_id`` (``None``: the run list); raises
+        :class:`TicketError` on anything but a valid, current ticket for exactly that. (Whether
+        its key still holds is ``require_ticket_key``.)"""
         if not ticket:
             raise TicketError(f"missing ticket: {_NEW_TICKET}", code="ticket_missing")
         parts = ticket.split(".")
@@ -122,24 +137,29 @@ class TicketSigner:
             )
         try:
             claims = json.loads(_unb64(parts[1]))
+            listing = claims.get("scope") == RUN_LIST_SCOPE and "run" not in claims
             grant = Ticket(
-                str(claims["run"]),
+                None if listing else str(claims["run"]),
                 parse_role(str(claims["role"])),
                 str(claims.get("kid") or ""),
                 float(claims["exp"]),
             )
-        except (ValueError, KeyError, TypeError, binascii.Error, UnknownRoleError):
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, UnknownRoleError):
             raise _not_a_ticket() from None
         if not grant.key_id:
             raise TicketError(f"this ticket names no key; {_NEW_TICKET}", code="ticket_invalid")
         if grant.expires_at <= self._clock():
             raise TicketError(f"this ticket has expired; {_NEW_TICKET}", code="ticket_expired")
         if grant.run_id != run_id:
-            raise TicketError(
-                "this ticket is for another run; get one for this run from POST /v1/tickets",
-                code="ticket_wrong_run",
-                status=403,
-            )
+            if run_id is None:
+                wrong = (
+                    'this ticket is for one run, not the run list; get one with {"scope": "runs"}'
+                )
+            elif grant.run_id is None:
+                wrong = "this ticket is for the run list; get one for this run"
+            else:
+                wrong = "this ticket is for another run; get one for this run"
+            raise TicketError(f"{wrong} from POST /v1/tickets", code="ticket_wrong_run", status=403)
         return grant
 
 

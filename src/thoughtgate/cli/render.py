@@ -21,6 +21,7 @@ from thoughtgate.events.thread import (
     PhaseItem,
     ReasoningItem,
     StepItem,
+    TextItem,
     ThreadView,
     ToolCard,
     reasoning_label,
@@ -139,6 +140,9 @@ def render_thread(console: Console, thread: ThreadView) -> None:
     """The thread rebuilt from the reader's filtered events: visible steps, tool cards, each
     model turn's reasoning under its honest label (only in a developer's view), the receipt."""
     cards = {card.call_id for card in thread.cards}
+    # What a turn said before calling a tool stays in the thread; each task's last words are its
+    # answer, printed with the task.
+    answers = {t.task_id: t.key for t in thread.said}
     captions: dict[str, list[str]] = {}  # a phase that names a card is shown on the card
     for item in thread.items:
         if isinstance(item, PhaseItem) and item.step.tool_call_id in cards:
@@ -159,6 +163,9 @@ def render_thread(console: Console, thread: ThreadView) -> None:
             for why in item.reasoning:
                 line = _step_line(EventType.COT_TOOL_REASONING, why.summary)
                 console.print(line, highlight=False)
+        elif isinstance(item, TextItem):
+            if item.text.strip() and answers.get(item.task_id) != item.key:
+                console.print(Text(f"  “{item.text.strip()}”", style="italic"), highlight=False)
         elif isinstance(item, ReasoningItem):
             for segment in item.segments:
                 console.print(

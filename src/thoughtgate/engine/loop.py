@@ -105,7 +105,7 @@ __all__ = [
 ]
 
 TURN_CUT = "cut: the process executing the run stopped during this turn; the turn is asked again"
-"""The error of a turn a stopped process left unfinished (ADR 0012)."""
+"""The error of a turn a stopped process left unfinished (ADR 0013)."""
 TOOL_INTERRUPTED = (
     "the process executing the run stopped while this tool ran; it was not run again, since it "
     "may already have had its effect"
@@ -164,6 +164,8 @@ class LoopResult:
     finish_reason: str | None
     error: str | None = None
     turn_records: list[Turn] = field(default_factory=list)
+    error_type: str | None = None
+    """What kind of failure ``error`` is (:func:`error_type_of`, or ``max_turns``)."""
 
 
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
@@ -233,6 +235,7 @@ class _Loop:
         self.steps = steps
         self.turn_no = 0
         self.first_chunk_at: float | None = None
+        self.stream_ended_at: float | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -301,6 +304,8 @@ class _Loop:
         }
         if self.first_chunk_at is not None:
             call["first_chunk_at"] = self.first_chunk_at
+        if self.stream_ended_at is not None:
+            call["ended_at"] = self.stream_ended_at
         if request.temperature is not None:
             call["temperature"] = request.temperature
         if turn.response_id:
@@ -341,14 +346,16 @@ class _Loop:
             max_tokens=self.max_tokens,
         )
         started_at = now_ts()
-        self.first_chunk_at = None
+        self.first_chunk_at = self.stream_ended_at = None
         try:
             turn = self.captured(await stream_llm_turn(self.provider, request, self.on_chunk))
         except ProviderError as exc:
+            self.stream_ended_at = now_ts()
             await self.recorder.flush()
             partial = self.captured(exc.partial) if exc.partial is not None else None
             call = self.call_info(request, partial, started_at) if partial is not None else None
             return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
+        self.stream_ended_at = now_ts()
         await self.recorder.flush()
         return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
 
@@ -812,6 +819,7 @@ async def run_agent_loop(
                 turn.finish_reason if turn is not None else None,
                 outcome.failure.message,
                 turns,
+                outcome.failure.kind,
             )
         assert turn is not None
         if not turn.tool_calls:
@@ -848,7 +856,7 @@ async def run_agent_loop(
 
     await loop.steps.run(f"{task_id}: turn limit", stop, NO_RESULT)
     return LoopResult(
-        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns
+        "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns, "max_turns"
     )
 
 

@@ -3,7 +3,7 @@
 The agent loop and the runtime do their work in *steps* -- a model turn, recording a turn, a tool
 call, asking for an approval, starting or ending a task -- each through :class:`Steps`. Without a
 durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
-ADR 0012) each step's JSON result is checkpointed when it returns; when the process dies and the
+ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
 run resumes elsewhere, the run's code runs again from the top and every checkpointed step
 returns its recorded result instead of running again, so the loop rebuilds its exact state --
 conversation, continuity carriers, usage -- from those results.

@@ -102,7 +102,7 @@ ToolErrorKind: TypeAlias = Literal[
 ]
 """Why a tool call failed, in a form every reader may see (the error text is tool detail).
 ``interrupted``: the process executing the run stopped while the tool ran; a resumed run never
-runs it again, since it may have had its effect (ADR 0012)."""
+runs it again, since it may have had its effect (ADR 0013)."""
 SettingSource: TypeAlias = Literal["explicit", "run", "config", "default"]
 
 
@@ -256,7 +256,11 @@ class ModelCallPayload(TypedDict):
     started_at: Annotated[float, Vis.PUBLIC]
     """When the request was sent (seconds since the epoch)."""
     first_chunk_at: NotRequired[Annotated[float, Vis.PUBLIC]]
-    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage)."""
+    """When the first chunk of any kind arrived (text, reasoning, a tool call, usage): the time to
+    first token is ``first_chunk_at - started_at``."""
+    ended_at: NotRequired[Annotated[float, Vis.PUBLIC]]
+    """When the turn's stream ended, finished or cut: its duration is ``ended_at - started_at``
+    (absent in turns recorded before it existed)."""
     temperature: NotRequired[Annotated[float, Vis.PUBLIC]]
     response_id: NotRequired[Annotated[str, Vis.OPERATOR]]
     """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
@@ -299,6 +303,10 @@ class RunEndedPayload(TypedDict):
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """thoughtgate's description of the failure (provider, store, runtime); tool failures never
     end a run, so no tool data reaches it."""
+    error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
+    """The kind of failure, with ``error``: a provider's error code (``overloaded_error``, ...),
+    else the error's class (``ProviderStreamError``, ``StoreUnavailableError``, ...), or
+    ``max_turns`` for a task stopped at the turn limit (as in ``agent.response``)."""
 
 
 @with_config(_STRICT)
@@ -313,7 +321,7 @@ class RunInterruptedPayload(TypedDict):
 
 @with_config(_STRICT)
 class RunResumedPayload(TypedDict):
-    """A run whose process stopped continues in another (or a restarted) process (ADR 0012)."""
+    """A run whose process stopped continues in another (or a restarted) process (ADR 0013)."""
 
     reason: Annotated[str, Vis.PUBLIC]
     """Why it had stopped: its process crashed, was killed, shut down or restarted."""

@@ -11,9 +11,17 @@ What the view holds, in the order each thing first appeared (think → tool → 
   step in place); ``cot.tool.reasoning`` attaches to the card it names, if that card is present;
 * tool cards from ``tool.*`` (keyed by ``call_id``; see :data:`TOOL_EVENT_STATUS`);
 * the run's ``capability.resolved`` notice;
+* what the model said in each turn (:class:`TextItem`, from that turn's ``message.delta``),
+  placed where it was said: text before a tool call stays before it;
 * the answer text (``message.delta``; the final text of ``message.completed`` /
   ``message.partially_completed`` replaces it) and the terminal state. ``tool.failed`` is not
   terminal.
+
+Beside the items: one :class:`TurnInfo` per model turn (``agent.response``: model, tokens, time
+to first token, duration, finish reason, error and its type), the run's start and end times and
+how it ended (:class:`RunEnding`), and :class:`Totals` over all of it. Every item records the task
+and model turn it belongs to: its own ``turn`` when its event carries one, else the turn of the
+last event of its task that did (a step narrated after a turn belongs to that turn).
 
 Payloads are read as the vocabulary declares them (``thoughtgate.events.payloads``), with no
 aliases. A reader's copy lacks what its role may not see (a viewer's cards have no ``input``,
@@ -32,8 +40,9 @@ message: nothing here waits for one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 from thoughtgate.events.schema import DISPLAY_TERMINAL_TYPES, RUN_TERMINAL_TYPES, Event, EventType
@@ -53,7 +62,9 @@ __all__ = [
     "PhaseItem",
     "ReasoningItem",
     "ReasoningSegment",
+    "RunEnding",
     "StepItem",
+    "TextItem",
     "ThreadBuilder",
     "ThreadItem",
     "ThreadStatus",
@@ -61,6 +72,8 @@ __all__ = [
     "ToolCallRecord",
     "ToolCard",
     "ToolStatus",
+    "Totals",
+    "TurnInfo",
     "reasoning_label",
     "rebuild",
 ]
@@ -109,6 +122,13 @@ def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _opt_num(value: Any) -> float | None:
+    """A finite JSON number (not a boolean), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _coalesce(*values: Any) -> Any:
     """JavaScript ``??``: the first value that is not ``None`` (empty strings count)."""
     for value in values:
@@ -135,6 +155,9 @@ class ToolCard:
     error: str | None = None
     error_kind: str | None = None
     reasoning: tuple[VisibleStep, ...] = ()
+    task_id: str | None = None
+    turn: int | None = None
+    """The model turn that called the tool."""
     kind: Literal["tool"] = "tool"
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,27 +172,61 @@ class ToolCard:
             "error": self.error,
             "error_kind": self.error_kind,
             "reasoning": [s.to_payload() for s in self.reasoning],
+            "task_id": self.task_id,
+            "turn": self.turn,
         }
+
+
+def _step_dict(
+    kind: str, step: VisibleStep, task_id: str | None, turn: int | None
+) -> dict[str, Any]:
+    return {"kind": kind, **step.to_payload(), "task_id": task_id, "turn": turn}
 
 
 @dataclass(frozen=True, slots=True)
 class StepItem:
     step: VisibleStep
     _: KW_ONLY
+    task_id: str | None = None
+    turn: int | None = None
     kind: Literal["step"] = "step"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.step.to_payload()}
+        return _step_dict(self.kind, self.step, self.task_id, self.turn)
 
 
 @dataclass(frozen=True, slots=True)
 class PhaseItem:
     step: VisibleStep
     _: KW_ONLY
+    task_id: str | None = None
+    turn: int | None = None
     kind: Literal["phase"] = "phase"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.step.to_payload()}
+        return _step_dict(self.kind, self.step, self.task_id, self.turn)
+
+
+@dataclass(frozen=True, slots=True)
+class TextItem:
+    """What the model said in one turn (its ``message.delta`` text), where it said it: text
+    before a tool call stays before that call. ``key`` is ``"{task_id}:{turn}"``."""
+
+    key: str
+    task_id: str | None
+    turn: int | None
+    text: str = ""
+    _: KW_ONLY
+    kind: Literal["text"] = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "task_id": self.task_id,
+            "turn": self.turn,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +297,68 @@ class ReasoningItem:
         }
 
 
-ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ReasoningItem
+ThreadItem: TypeAlias = StepItem | PhaseItem | ToolCard | NoticeItem | ReasoningItem | TextItem
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInfo:
+    """One model turn as ``agent.response`` recorded it, for a reader debugging the run. A field
+    the reader's role may not see (``usage.reasoning_tokens`` below developer) is absent from
+    ``usage``; fields of another type than declared read as ``None``."""
+
+    task_id: str | None
+    turn: int | None
+    _: KW_ONLY
+    model: str | None = None
+    provider: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    finish_reason: str | None = None
+    started_at: float | None = None
+    """When the turn's request was sent (``call.started_at``)."""
+    ttft_s: float | None = None
+    """``call.first_chunk_at - call.started_at``."""
+    duration_s: float | None = None
+    """``call.ended_at - call.started_at``."""
+    error: str | None = None
+    error_type: str | None = None
+    tool_calls: int = 0
+    ts: float | None = None
+    """When the turn was recorded (its event's ``ts``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnding:
+    """How the run ended, from its terminal event (the error in words, and its type)."""
+
+    type: str
+    status: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    reason: str | None = None
+    """Why an interrupted run stopped."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """A run's totals as the reader may see them: model turns, tool calls, tokens summed over its
+    turns (``reasoning_tokens`` is ``None`` when no turn showed any: withheld or never counted),
+    and its duration from ``run.started`` to its terminal event (``None`` while it runs)."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int | None = None
+    duration_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +399,13 @@ class ThreadView:
     discarded: int = 0
     """``cot.*`` events discarded: unmarked, malformed, or naming a card that is not here."""
     last_seq: int = 0
+    turns: tuple[TurnInfo, ...] = ()
+    """One per model turn, in the order they were recorded."""
+    started_at: float | None = None
+    """When the run started (``run.started``'s ``ts``)."""
+    ended_at: float | None = None
+    """When it ended (its terminal event's ``ts``)."""
+    ending: RunEnding | None = None
 
     @property
     def steps(self) -> tuple[VisibleStep, ...]:
@@ -294,6 +419,24 @@ class ThreadView:
     def reasoning_turns(self) -> tuple[ReasoningItem, ...]:
         return tuple(i for i in self.items if isinstance(i, ReasoningItem))
 
+    @property
+    def said(self) -> tuple[TextItem, ...]:
+        return tuple(i for i in self.items if isinstance(i, TextItem))
+
+    @property
+    def totals(self) -> Totals:
+        usage = [t.usage for t in self.turns]
+        reasoning = [u["reasoning_tokens"] for u in usage if "reasoning_tokens" in u]
+        ended = self.ended_at is not None and self.started_at is not None
+        return Totals(
+            turns=len(self.turns),
+            tool_calls=len(self.cards),
+            input_tokens=sum(u.get("input_tokens", 0) for u in usage),
+            output_tokens=sum(u.get("output_tokens", 0) for u in usage),
+            reasoning_tokens=sum(reasoning) if reasoning else None,
+            duration_s=(self.ended_at or 0.0) - (self.started_at or 0.0) if ended else None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "items": [i.to_dict() for i in self.items],
@@ -304,6 +447,11 @@ class ThreadView:
             "raw_reasoning": self.raw_reasoning,
             "discarded": self.discarded,
             "last_seq": self.last_seq,
+            "turns": [t.to_dict() for t in self.turns],
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "ending": self.ending.to_dict() if self.ending else None,
+            "totals": self.totals.to_dict(),
         }
 
 
@@ -336,6 +484,13 @@ class ThreadBuilder:
         self._last_seq = 0
         self._anonymous = 0
         self._task_id: str | None = None
+        self._turn_of: dict[str | None, int] = {}
+        """Each task's current model turn (of the last event that named one)."""
+        self._turns: dict[tuple[str | None, int | None], TurnInfo] = {}
+        self._started_at: float | None = None
+        self._ended_at: float | None = None
+        self._ending: RunEnding | None = None
+        self._ts: float | None = None
 
     @property
     def last_seq(self) -> int:
@@ -357,12 +512,14 @@ class ThreadBuilder:
         if isinstance(event, Event):
             etype, payload, seq = event.type, event.payload, event.seq
             self._task_id = event.task_id
+            self._ts = _opt_num(event.ts)
         else:
             etype, payload, seq = event.get("type"), event.get("payload"), None
             raw_seq = event.get("seq")
             if isinstance(raw_seq, int) and not isinstance(raw_seq, bool):
                 seq = raw_seq
             self._task_id = _opt_str(event.get("task_id"))
+            self._ts = _opt_num(event.get("ts"))
         if seq is not None:
             if seq <= self._last_seq:
                 return False
@@ -371,7 +528,13 @@ class ThreadBuilder:
             self._apply(etype, payload if isinstance(payload, Mapping) else {})
         return True
 
+    def _turn(self) -> int | None:
+        return self._turn_of.get(self._task_id)
+
     def _apply(self, etype: str, payload: Mapping[str, Any]) -> None:
+        turn = _opt_int(payload.get("turn"))
+        if turn is not None:
+            self._turn_of[self._task_id] = turn
         family = etype.split(".", 1)[0]
         if family == "cot":
             self._apply_cot(etype, payload)
@@ -379,6 +542,11 @@ class ThreadBuilder:
             self._apply_tool(etype, payload)
         elif etype == EventType.MESSAGE_DELTA:
             self._text.append(_text_of(payload) or "")
+            self._apply_said(_text_of(payload) or "")
+        elif etype == EventType.AGENT_RESPONSE:
+            self._apply_response(payload)
+        elif etype == EventType.RUN_STARTED:
+            self._started_at = self._ts
         elif etype == EventType.REASONING_DELTA:
             if self._raw is None:
                 self._raw = []
@@ -388,6 +556,54 @@ class ThreadBuilder:
             self._apply_notice(payload)
         if etype in DISPLAY_TERMINAL_TYPES:
             self._apply_terminal(etype, payload)
+        if etype in RUN_TERMINAL_TYPES:
+            self._ended_at = self._ts
+            self._ending = RunEnding(
+                etype,
+                _opt_str(payload.get("status")),
+                _opt_str(payload.get("error")),
+                _opt_str(payload.get("error_type")),
+                _opt_str(payload.get("reason")),
+            )
+
+    def _apply_said(self, text: str) -> None:
+        """Into the text of the current turn (placed where that turn first said something)."""
+        turn = self._turn()
+        key = f"{self._task_id or ''}:{'' if turn is None else turn}"
+        old = self._items.get(("text", key))
+        said = old if isinstance(old, TextItem) else TextItem(key, self._task_id, turn)
+        self._upsert(("text", key), replace(said, text=said.text + text))
+
+    def _apply_response(self, payload: Mapping[str, Any]) -> None:
+        """One :class:`TurnInfo` per (task, turn); a repeated one replaces it in place."""
+        turn = _opt_int(payload.get("turn"))
+        raw_usage = payload.get("usage")
+        usage = (
+            {k: v for k, v in raw_usage.items() if _opt_int(v) is not None}
+            if isinstance(raw_usage, Mapping)
+            else {}
+        )
+        calls = payload.get("tool_calls")
+        call = payload.get("call")
+        times = call if isinstance(call, Mapping) else {}
+        started = _opt_num(times.get("started_at"))
+        first = _opt_num(times.get("first_chunk_at"))
+        ended = _opt_num(times.get("ended_at"))
+        self._turns[(self._task_id, turn)] = TurnInfo(
+            self._task_id,
+            turn,
+            model=_opt_str(payload.get("model")),
+            provider=_opt_str(payload.get("provider")),
+            usage=usage,
+            finish_reason=_opt_str(payload.get("finish_reason")),
+            started_at=started,
+            ttft_s=None if first is None or started is None else first - started,
+            duration_s=None if ended is None or started is None else ended - started,
+            error=_opt_str(payload.get("error")),
+            error_type=_opt_str(payload.get("error_type")),
+            tool_calls=len(calls) if isinstance(calls, list) else 0,
+            ts=self._ts,
+        )
 
     def _upsert(self, key: _Key, item: ThreadItem) -> None:
         if key not in self._items:
@@ -428,9 +644,19 @@ class ThreadBuilder:
             self._discarded += 1
             return
         if etype == EventType.COT_STEP:
-            self._upsert(("step", step.step_id), StepItem(step))
+            old = self._items.get(("step", step.step_id))
+            if isinstance(old, StepItem):  # updated in place: it stays where it was said
+                self._upsert(("step", step.step_id), replace(old, step=step))
+            else:
+                item = StepItem(step, task_id=self._task_id, turn=self._turn())
+                self._upsert(("step", step.step_id), item)
         elif etype == EventType.COT_PHASE:
-            self._upsert(("phase", step.step_id), PhaseItem(step))
+            was = self._items.get(("phase", step.step_id))
+            if isinstance(was, PhaseItem):
+                self._upsert(("phase", step.step_id), replace(was, step=step))
+            else:
+                phase = PhaseItem(step, task_id=self._task_id, turn=self._turn())
+                self._upsert(("phase", step.step_id), phase)
         else:
             self._attach_tool_reasoning(step)
 
@@ -453,7 +679,11 @@ class ThreadBuilder:
             call_id = f"anonymous-{self._anonymous}"
         key: _Key = ("tool", call_id)
         old = self._items.get(key)
-        card = old if isinstance(old, ToolCard) else ToolCard(call_id, None, "pending", "")
+        card = (
+            old
+            if isinstance(old, ToolCard)
+            else ToolCard(call_id, None, "pending", "", task_id=self._task_id, turn=self._turn())
+        )
         tool_key = _coalesce(_opt_str(payload.get("tool_key")), card.tool_key)
         self._upsert(
             key,
@@ -514,6 +744,10 @@ class ThreadBuilder:
             raw_reasoning="".join(self._raw) if self._raw is not None else None,
             discarded=self._discarded,
             last_seq=self._last_seq,
+            turns=tuple(self._turns.values()),
+            started_at=self._started_at,
+            ended_at=self._ended_at,
+            ending=self._ending,
         )
 
 

@@ -47,7 +47,7 @@ class DaemonInfo(TypedDict):
 
 @with_config(_STRICT)
 class SuspendedInfo(TypedDict):
-    """A durable run that nobody executes right now (ADR 0012)."""
+    """A durable run that nobody executes right now (ADR 0013)."""
 
     reason: Annotated[str, Vis.PUBLIC]
     """Why its process stopped."""
@@ -101,6 +101,10 @@ class RunView(TypedDict):
     error: Annotated[str | None, Vis.PUBLIC]
     metadata: Annotated[RunMetadata, Vis.PUBLIC]
     tasks: Annotated[list[TaskView], Vis.PUBLIC]
+    started_by: NotRequired[Annotated[str | None, Vis.OPERATOR]]
+    """The id of the API key that started the run through the daemon (``null``: started by the
+    command line or the Python API). Who started what is operator detail: admin and above; any
+    reader can still list their own runs (``GET /v1/runs?key=me``)."""
 
 
 @with_config(_STRICT)

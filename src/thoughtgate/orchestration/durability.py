@@ -15,7 +15,7 @@ __all__ = ["make_durable"]
 
 
 def make_durable(runtime: Runtime) -> DurableEngine | None:
-    """Attach the durable engine (ADR 0012) when the config enables it and the store is SQLite or
+    """Attach the durable engine (ADR 0013) when the config enables it and the store is SQLite or
     PostgreSQL; ``None`` otherwise (``memory://`` keeps nothing another process could resume)."""
     from thoughtgate.store.memory import MemoryStore
 

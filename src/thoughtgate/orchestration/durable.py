@@ -1,4 +1,4 @@
-"""Durable execution on DBOS Transact (ADR 0012): a run is a workflow, its steps are checkpoints.
+"""Durable execution on DBOS Transact (ADR 0013): a run is a workflow, its steps are checkpoints.
 
 DBOS runs inside this process and keeps its checkpoints in a *system database* beside the store:
 a file ``<store>.workflows`` next to a SQLite store, a schema ``<schema>_workflows`` in the

@@ -23,7 +23,7 @@ cancelled (Ctrl-C, MCP cancel, shutdown, lease      interrupted  ``run.interrupt
 A provider is built when the run is created, so a missing key or an unknown model is a
 ``UsageError`` before any run exists. While it executes, the run's lease is renewed
 (``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
-when the runtime is durable (``orchestration.durable``, ADR 0012), resume from its last completed
+when the runtime is durable (``orchestration.durable``, ADR 0013), resume from its last completed
 step. The run's spec (tasks and tool names) is stored with it, so any process can execute it.
 """
 
@@ -49,10 +49,16 @@ from thoughtgate.config import (
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import conversation_from_events, history_payload
-from thoughtgate.engine.loop import LoopObserver, LoopResult, offered_tools, run_agent_loop
+from thoughtgate.engine.loop import (
+    LoopObserver,
+    LoopResult,
+    error_type_of,
+    offered_tools,
+    run_agent_loop,
+)
 from thoughtgate.engine.steps import DirectSteps, ResumeLog, StepCodec, Steps
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import QuotaExceededError, ThoughtgateError, UsageError
+from thoughtgate.errors import ProviderError, QuotaExceededError, ThoughtgateError, UsageError
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     CapabilityResolvedPayload,
@@ -134,6 +140,8 @@ class RunRequest:
     system: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     history: Sequence[Message] = ()
+    started_by: str | None = None
+    """The id of the API key that asked for the run (the daemon sets it; operator detail)."""
 
 
 def provider_settings_from_config(
@@ -311,6 +319,7 @@ class Runtime:
             metadata=dict(request.metadata),
             owner=None if queue else self.leases.owner.owner_id,
             lease_expires_at=None if queue else self.leases.lease_until(),
+            started_by=request.started_by,
         )
         run.tasks = [
             TaskRecord(
@@ -552,29 +561,36 @@ class Runtime:
     ) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
-        results: list[tuple[str, str | None]] = []
+        results: list[LoopResult] = []
         try:
             if running:
                 await self.store.update_run(run.run_id, status="running")
             for task, spec in zip(run.tasks, specs, strict=True):
-                usage, task_status, task_error = await self._execute_task(
-                    run, task, spec, disclosure, steps
-                )
-                spent.usage = spent.usage + usage
-                results.append((task_status, task_error))
+                result = await self._execute_task(run, task, spec, disclosure, steps)
+                spent.usage = spent.usage + result.usage
+                results.append(result)
         except ThoughtgateError as exc:
             await self._finish(
-                run.run_id, EventType.RUN_FAILED, "failed", spent.usage, _describe(exc)
+                run.run_id,
+                EventType.RUN_FAILED,
+                "failed",
+                spent.usage,
+                (_describe(exc), _error_type(exc)),
             )
             raise
         except Exception as exc:
             await self._finish(
-                run.run_id, EventType.RUN_ERROR, "error", spent.usage, _describe(exc)
+                run.run_id,
+                EventType.RUN_ERROR,
+                "error",
+                spent.usage,
+                (_describe(exc), _error_type(exc)),
             )
             raise
-        status = _run_status([s for s, _ in results])
-        error = next((e for s, e in results if s != "completed" and e), None)
+        status = _run_status([r.status for r in results])
+        failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
+        error = None if failed is None else (failed.error or "", failed.error_type)
         await self._finish(run.run_id, event, status, spent.usage, error)
 
     async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
@@ -629,14 +645,23 @@ class Runtime:
         return await self.execute(run.run_id)
 
     async def _finish(
-        self, run_id: str, event_type: str, status: RunStatus, usage: Usage, error: str | None
+        self,
+        run_id: str,
+        event_type: str,
+        status: RunStatus,
+        usage: Usage,
+        failure: tuple[str, str | None] | None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too. Nothing happens if another process already closed the run."""
+        to run end too. Nothing happens if another process already closed the run. ``failure``
+        is the error and its type (``RunEndedPayload.error_type``), if any."""
         self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
+        error = failure[0] if failure else None
         if error:
             payload["error"] = error
+            if failure and failure[1]:
+                payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
         await self._observe(
             await end_run(
@@ -658,7 +683,7 @@ class Runtime:
         spec: TaskSpec,
         disclosure: Disclosure,
         steps: Steps,
-    ) -> tuple[Usage, str, str | None]:
+    ) -> LoopResult:
         recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
         started = time.monotonic()
         resumed = steps.resumed
@@ -725,7 +750,7 @@ class Runtime:
             await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
 
         await steps.run(f"{task.task_id}: end", end, _NOTHING)
-        return result.usage, result.status, result.error
+        return result
 
     async def _task_aborted(
         self, run: RunRecord, task: TaskRecord, error: str, resumed: ResumeLog | None
@@ -793,7 +818,9 @@ class Runtime:
             await recorder.emit(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
-            return LoopResult("failed", "", 0, Usage(), "", "error", error)
+            return LoopResult(
+                "failed", "", 0, Usage(), "", "error", error, error_type=type(exc).__name__
+            )
         text = str(output)
         final: MessageCompletedPayload = {"text": text}
         await recorder.emit(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task.task_id))
@@ -865,6 +892,7 @@ def _loop_result_json(result: LoopResult) -> dict[str, Any]:
         "reasoning": result.reasoning,
         "finish_reason": result.finish_reason,
         "error": result.error,
+        "error_type": result.error_type,
     }
 
 
@@ -877,6 +905,7 @@ def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
         str(data.get("reasoning", "")),
         data.get("finish_reason"),
         data.get("error"),
+        error_type=data.get("error_type"),
     )
 
 
@@ -921,6 +950,11 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
         return exc.args[0]
     return "it was cancelled before it finished"
+
+
+def _error_type(exc: Exception) -> str:
+    """A provider's error code, else the error's class (``engine.loop.error_type_of``)."""
+    return error_type_of(exc) if isinstance(exc, ProviderError) else type(exc).__name__
 
 
 def _describe(exc: Exception) -> str:

@@ -105,7 +105,7 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     """Who is calling, before anything else is looked at (401, then 403).
 
     ``bearer``: an API key with at least the endpoint's role. ``ticket``: a live-channel ticket
-    for the run in the path, whose key is still active and still holds the ticket's role; the
+    for the run in the path (for the run list when the path names no run), whose key is still active and still holds the ticket's role; the
     principal then carries the ticket's key id and role.
     """
     state = state_of(request)
@@ -115,7 +115,8 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
         return principal
     if endpoint.auth == "ticket":
         signer = await state.signer()
-        grant = signer.verify(request.query_params.get("ticket"), request.path_params["run_id"])
+        # A route without a run in its path is the run list's (``GET /v1/runs/stream``).
+        grant = signer.verify(request.query_params.get("ticket"), request.path_params.get("run_id"))
         await require_ticket_key(state.store, grant)
         return Principal(grant.key_id, "ticket", grant.role)
     return None

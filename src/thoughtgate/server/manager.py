@@ -2,7 +2,7 @@
 
 * ``start`` validates and records a run (the caller gets its id at once; a key over its quota
   gets ``QuotaExceededError``, a 429). Each run gets exactly the tools it named.
-  - With durable runs (``orchestration.durable``, ADR 0012) the run goes on a work queue: the one
+  - With durable runs (``orchestration.durable``, ADR 0013) the run goes on a work queue: the one
     this daemon listens to when it has the run's tools, else one whose replicas have them; any
     replica on that queue executes it, at most ``durability.concurrency`` at a time each.
   - Without, this daemon executes it in an asyncio task.
@@ -24,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
@@ -63,7 +64,11 @@ class RunManager:
         return self._closing
 
     @property
-    def tools(self) -> list[str]:
+    def tools(self) -> ToolRegistry:
+        return self.runtime.tools
+
+    @property
+    def tool_names(self) -> list[str]:
         return [t.name for t in self.runtime.tools]
 
     @property
@@ -124,7 +129,7 @@ class RunManager:
         """This daemon's queue when it has every tool, else a live queue whose replicas do."""
         own = self.queue
         assert own is not None
-        mine = set(self.tools)
+        mine = set(self.tool_names)
         if set(names) <= mine:
             return own
         store = self.runtime.store
@@ -165,7 +170,7 @@ class RunManager:
         await check_resumable(
             store,
             await store.get_run(run_id),
-            self.tools,
+            self.tool_names,
             hint="resume it where they are: thoughtgate resume RUN_ID --tools ...",
         )
         if not await store.release_run(run_id, owner=None, queue=True):
@@ -268,7 +273,9 @@ class RunManager:
         store = self.runtime.store
         if self.queue is not None and isinstance(store, DurableRunStore):
             concurrency = self.runtime.config.durability.concurrency
-            await store.save_run_queue(RunQueueRecord(self.queue, tuple(self.tools), concurrency))
+            await store.save_run_queue(
+                RunQueueRecord(self.queue, tuple(self.tool_names), concurrency)
+            )
 
     async def _forget_ended(self) -> None:
         """Delete the workflows of runs that ended: their checkpoints may hold carriers and tool

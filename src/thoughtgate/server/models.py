@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final, Literal
 
 from ag_ui.core import RunAgentInput
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.events.views import HostMetadataView, RunView
@@ -41,6 +41,8 @@ __all__ = [
     "TaskBody",
     "TicketBody",
     "TicketView",
+    "ToolList",
+    "ToolView",
 ]
 
 RoleName = Literal["viewer", "member", "developer", "admin", "owner"]
@@ -77,7 +79,19 @@ class CreateRunBody(_Body):
 
 
 class TicketBody(_Body):
-    run_id: str = Field(min_length=1, max_length=200)
+    """A ticket for one run's live stream (``run_id``), or for the live run list
+    (``{"scope": "runs"}``, no ``run_id``)."""
+
+    run_id: str | None = Field(default=None, min_length=1, max_length=200)
+    scope: Literal["run", "runs"] = "run"
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TicketBody:
+        if self.scope == "run" and self.run_id is None:
+            raise ValueError('name the run (run_id), or ask for the run list with "scope": "runs"')
+        if self.scope == "runs" and self.run_id is not None:
+            raise ValueError('a run-list ticket ("scope": "runs") names no run_id')
+        return self
 
 
 class ApprovalBody(_Body):
@@ -114,6 +128,15 @@ class RunCreated(BaseModel):
 
 class RunList(BaseModel):
     runs: list[RunView]
+    next: str | None = Field(
+        default=None,
+        description="pass as ?before= for the next page (null: this is the last page)",
+    )
+    changes: int = Field(
+        default=0,
+        description="the run list's change number when this page was read: follow "
+        "GET /v1/runs/stream from it (last_event_id) to keep the list live",
+    )
 
 
 EventJson = Annotated[dict[str, Any], WithJsonSchema({"$ref": EVENT_SCHEMA_REF})]
@@ -130,9 +153,23 @@ class EventPage(BaseModel):
 class TicketView(BaseModel):
     ticket: str
     expires_at: float
-    run_id: str
+    run_id: str | None = Field(description="null for a run-list ticket")
+    scope: Literal["run", "runs"] = "run"
     role: RoleName
     stream_url: str
+
+
+class ToolView(BaseModel):
+    name: str
+    label: str
+    description: str
+    requires_approval: bool
+
+
+class ToolList(BaseModel):
+    """The tools a run started on this daemon may name (``tools`` of ``POST /v1/runs``)."""
+
+    tools: list[ToolView]
 
 
 class ApprovalResult(BaseModel):
@@ -211,4 +248,5 @@ RESPONSE_MODELS: tuple[type, ...] = (
     KeyList,
     CreatedKeyView,
     RevokeResult,
+    ToolList,
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.store.listing import RUN_LIST_WAKEUP, RunListing
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = ["EventStore", "OpenRun", "OpenRuns", "RunWakeups"]
@@ -86,11 +87,15 @@ class OpenRuns:
     now: float
 
 
-class EventStore(abc.ABC):
-    """Append-only per-run event log plus run, task and API-key records."""
+class EventStore(RunListing):
+    """Append-only per-run event log plus run, task and API-key records, and the run list
+    (:class:`~thoughtgate.store.listing.RunListing`)."""
 
     #: How often a tail re-reads when no in-process wake-up arrives (cross-process writers).
     poll_interval: float = 0.25
+    #: The same for a reader of the run list's changes (``wait_for_run_changes``): a list may lag
+    #: another process's change by this much, and each idle list reader costs one read per poll.
+    list_poll_interval: float = 1.0
     #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
     #: doubling from the first figure up to the second.
     tail_retry: tuple[float, float] = (0.05, 2.0)
@@ -186,6 +191,17 @@ class EventStore(abc.ABC):
         if await self.read(run_id, after=after, limit=1):
             return
         await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
+
+    async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
+        """Block until a run may have changed after change number ``after`` (or a poll interval:
+        ``poll_s``, else ``list_poll_interval``). In-process changes wake it at once; other
+        processes' changes are seen at the next poll."""
+        armed = self.wakeups.arm(RUN_LIST_WAKEUP)
+        if await self.latest_run_change() > after:
+            return
+        await self.wakeups.wait(
+            RUN_LIST_WAKEUP, self.list_poll_interval if poll_s is None else poll_s, armed=armed
+        )
 
     async def tail(
         self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500

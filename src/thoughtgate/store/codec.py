@@ -45,7 +45,7 @@ __all__ = [
 
 RUN_COLUMNS = (
     "run_id, prompt, model, chain_of_thought, worker_backend, status, created_at, updated_at, "
-    "usage, error, metadata, owner, lease_expires_at"
+    "usage, error, metadata, owner, lease_expires_at, started_by"
 )
 RUN_COLUMN_COUNT = RUN_COLUMNS.count(",") + 1
 TASK_COLUMNS = (
@@ -241,6 +241,7 @@ def run_row(run: RunRecord) -> tuple[Any, ...]:
         dumps(run.metadata, what="run metadata"),
         run.owner,
         run.lease_expires_at,
+        run.started_by,
     )
 
 
@@ -260,6 +261,7 @@ def run_from_row(row: Sequence[Any], tasks: Iterable[TaskRecord] = ()) -> RunRec
         tasks=list(tasks),
         owner=row[11],
         lease_expires_at=row[12],
+        started_by=row[13],
     )
 
 

@@ -1,4 +1,4 @@
-"""The store's part in durable runs (ADR 0012): run specs, claims, requeues, queues and quotas.
+"""The store's part in durable runs (ADR 0013): run specs, claims, requeues, queues and quotas.
 
 A durable run is executed by a workflow engine (``orchestration.durable``) that checkpoints each
 step; this interface keeps what the engine does not: the run's spec (so any process can execute
@@ -134,7 +134,7 @@ class DurableRunStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
-        """The run's spec, or ``None`` for a run recorded without one (before ADR 0012)."""
+        """The run's spec, or ``None`` for a run recorded without one (before ADR 0013)."""
 
     @abc.abstractmethod
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:

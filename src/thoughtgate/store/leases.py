@@ -18,7 +18,7 @@ The decision and its trade-offs are in ADR 0009. In short:
   alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
 
-Durable runs (ADR 0012) are not closed: an orphan whose spec says it ran as a durable workflow
+Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
 is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and
 marked suspended in its metadata. A run any replica may resume (``resume = 'queue'``) goes back
 on its work queue through ``requeue`` -- which only a process running the durable engine can

@@ -20,6 +20,14 @@ from thoughtgate.store.durable import (
     RunSpecRecord,
     quota_verdict,
 )
+from thoughtgate.store.listing import (
+    RUN_LIST_WAKEUP,
+    RunChanges,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    matches,
+)
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -43,6 +51,15 @@ class MemoryStore(EventStore, DurableRunStore):
         self._specs: dict[str, RunSpecRecord] = {}
         self._queues: dict[str, RunQueueRecord] = {}
         self._lock = asyncio.Lock()
+        self._order: dict[str, int] = {}
+        """Each run's place in creation order (the list's tie-break among equal times)."""
+        self._change: dict[str, int] = {}
+        """Each run's latest change number (``store.listing``)."""
+        self._last_change = 0
+
+    def _changed(self, run_id: str) -> None:
+        self._last_change += 1
+        self._change[run_id] = self._last_change
 
     def _run(self, run_id: str) -> RunRecord:
         try:
@@ -54,6 +71,9 @@ class MemoryStore(EventStore, DurableRunStore):
         async with self._lock:
             self._runs[run.run_id] = copy.deepcopy(run)
             self._events[run.run_id] = []
+            self._order[run.run_id] = len(self._order) + 1
+            self._changed(run.run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         run = copy.deepcopy(self._run(run_id))
@@ -63,6 +83,30 @@ class MemoryStore(EventStore, DurableRunStore):
     async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         runs = sorted(self._runs.values(), key=lambda r: r.created_at, reverse=True)
         return [copy.deepcopy(r) for r in runs[offset : offset + limit]]
+
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        found = sorted(
+            (r for r in self._runs.values() if matches(r, query, self._order[r.run_id])),
+            key=lambda r: (r.created_at, self._order[r.run_id]),
+            reverse=True,
+        )
+        page = [self._copy(r) for r in found[: query.limit]]
+        last = found[query.limit - 1] if len(found) > query.limit else None
+        cursor = None if last is None else RunCursor(last.created_at, self._order[last.run_id])
+        return RunPage(page, cursor)
+
+    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+        changed = sorted((n, rid) for rid, n in self._change.items() if n > after)[:limit]
+        return RunChanges([(n, self._copy(self._runs[rid])) for n, rid in changed])
+
+    async def latest_run_change(self) -> int:
+        return self._last_change
+
+    @staticmethod
+    def _copy(run: RunRecord) -> RunRecord:
+        out = copy.deepcopy(run)
+        out.tasks.sort(key=lambda t: t.index)
+        return out
 
     async def update_run(
         self,
@@ -84,6 +128,8 @@ class MemoryStore(EventStore, DurableRunStore):
             if metadata is not None:
                 run.metadata = {**run.metadata, **metadata}
             run.updated_at = time.time()
+            self._changed(run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         async with self._lock:
@@ -151,6 +197,8 @@ class MemoryStore(EventStore, DurableRunStore):
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
+            self._changed(run_id)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
         if out:
             self.wakeups.notify(run_id)
         return out
@@ -191,10 +239,13 @@ class MemoryStore(EventStore, DurableRunStore):
                     return verdict
             self._runs[run.run_id] = copy.deepcopy(run)
             self._events[run.run_id] = []
+            self._order[run.run_id] = len(self._order) + 1
+            self._changed(run.run_id)
             stored = copy.deepcopy(spec)
             stored.created_at = now
             self._specs[run.run_id] = stored
-            return verdict
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return verdict
 
     def _is_open(self, run_id: str) -> bool:
         run = self._runs.get(run_id)
@@ -213,9 +264,12 @@ class MemoryStore(EventStore, DurableRunStore):
             run.owner = owner
             run.lease_expires_at = time.time() + ttl_s
             run.status = "running"
+            self._changed(run_id)
             spec.attempts += 1
             spec.queued_at = None
-            return spec.attempts
+            attempt = spec.attempts
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return attempt
 
     async def release_run(
         self,

@@ -34,6 +34,14 @@ from thoughtgate.store.durable import (
     RunSpecRecord,
     quota_verdict,
 )
+from thoughtgate.store.listing import (
+    RUN_LIST_WAKEUP,
+    RunChanges,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    where_clauses,
+)
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
@@ -111,7 +119,16 @@ _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _INSERT_RUN = (
-    f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({', '.join(['%s'] * codec.RUN_COLUMN_COUNT)})"
+    f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
+    f"VALUES ({', '.join(['%s'] * (codec.RUN_COLUMN_COUNT + 1))})"
+)
+# The run list's change number (store/listing.py). The UPDATE locks the one row of run_changes
+# until the transaction commits, so numbers are handed out in commit order, like event sequences
+# (see _APPEND). Every transaction takes it after the run rows it changes (create_run takes it
+# before inserting its new, still invisible row), so two of them never wait on each other in a
+# cycle. The NOTIFY wakes run-list readers in other processes at commit.
+_NEXT_CHANGE = (
+    "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change, pg_notify(%s, %s)"
 )
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
@@ -238,10 +255,18 @@ class PostgresStore(EventStore, DurableRunStore):
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
-            await conn.execute(_INSERT_RUN, row)
+            await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+
+    async def _next_change(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Inside a transaction: the number of the change being made to a run (``_NEXT_CHANGE``)."""
+        cur = await conn.execute(_NEXT_CHANGE, (self.channel, RUN_LIST_WAKEUP))
+        row = await cur.fetchone()
+        assert row is not None  # the migration inserted the row; nothing deletes it
+        return int(row[0])
 
     async def get_run(self, run_id: str) -> RunRecord:
         async with self._conn(f"read run {run_id!r}") as conn:
@@ -270,6 +295,51 @@ class PostgresStore(EventStore, DurableRunStore):
             by_run.setdefault(t[0], []).append(codec.task_from_row(t))
         return [codec.run_from_row(r, by_run.get(r[0], ())) for r in runs]
 
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        where, params = where_clauses(
+            query, placeholder="%s", order_column="insert_order", like="ILIKE"
+        )
+        statement = (
+            f"SELECT {codec.RUN_COLUMNS}, insert_order FROM runs WHERE {where} "
+            "ORDER BY created_at DESC, insert_order DESC LIMIT %s"
+        )
+        async with self._conn("query runs") as conn, conn.transaction():
+            cur = await conn.execute(statement, (*params, query.limit + 1))
+            rows = await cur.fetchall()
+            runs = await self._with_tasks(conn, rows[: query.limit])
+        last = rows[query.limit - 1] if len(rows) > query.limit else None
+        return RunPage(runs, None if last is None else RunCursor(float(last[6]), int(last[-1])))
+
+    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+        statement = (
+            f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
+            "ORDER BY change_seq LIMIT %s"
+        )
+        async with self._conn("read run changes") as conn, conn.transaction():
+            rows = await (await conn.execute(statement, (after, limit))).fetchall()
+            runs = await self._with_tasks(conn, rows)
+        return RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
+
+    async def latest_run_change(self) -> int:
+        async with self._conn("read the latest run change") as conn:
+            row = await (await conn.execute("SELECT last_change FROM run_changes")).fetchone()
+        return 0 if row is None else int(row[0])
+
+    @staticmethod
+    async def _with_tasks(
+        conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]
+    ) -> list[RunRecord]:
+        """Run records for ``rows`` (run columns first), with their tasks in index order."""
+        if not rows:
+            return []
+        cur = await conn.execute(
+            f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in rows],)
+        )
+        by_run: dict[str, list[TaskRecord]] = {}
+        for t in await cur.fetchall():
+            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
+        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in rows]
+
     async def update_run(
         self,
         run_id: str,
@@ -292,6 +362,7 @@ class PostgresStore(EventStore, DurableRunStore):
             if metadata is not None:
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
+            sets["change_seq"] = await self._next_change(conn)  # after the run row's lock
             assignments = sql.SQL(", ").join(
                 sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
             )
@@ -299,6 +370,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(assignments),
                 (*sets.values(), run_id),
             )
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         row = codec.task_row(task)
@@ -368,7 +440,8 @@ class PostgresStore(EventStore, DurableRunStore):
             sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
         )
         update = sql.SQL(
-            "UPDATE runs SET {}, closed_at = {}, lease_expires_at = NULL WHERE run_id = %s"
+            "UPDATE runs SET {}, closed_at = {}, lease_expires_at = NULL, change_seq = %s "
+            "WHERE run_id = %s"
         ).format(assignments, sql.SQL(_NOW))
         first = 0
         async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
@@ -391,7 +464,9 @@ class PostgresStore(EventStore, DurableRunStore):
                     await tcur.executemany(_UPSERT_TASK, task_rows)
             if columns[0]:
                 first = await self._append_rows(conn, run_id, columns)
-            await conn.execute(update, (*sets.values(), run_id))
+            change = await self._next_change(conn)  # last: after the run row's lock
+            await conn.execute(update, (*sets.values(), change, run_id))
+        self.wakeups.notify(RUN_LIST_WAKEUP)
         if not columns[0]:
             return []
         self.wakeups.notify(run_id)
@@ -437,6 +512,14 @@ class PostgresStore(EventStore, DurableRunStore):
         timeout = self.safety_poll if self._listener.healthy else self.poll_interval
         await self.wakeups.wait(run_id, timeout, armed=armed)
 
+    async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
+        """Wake on NOTIFY from any process (``_NEXT_CHANGE``); poll slowly while the listener is
+        healthy."""
+        self._listener.start()
+        if poll_s is None:
+            poll_s = self.safety_poll if self._listener.healthy else self.list_poll_interval
+        await super().wait_for_run_changes(after, poll_s=poll_s)
+
     @staticmethod
     async def _require_run(conn: psycopg.AsyncConnection[Any], run_id: str) -> None:
         found = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
@@ -464,7 +547,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 verdict = quota_verdict(quota, *await _key_usage(conn, quota.key_id, now), now)
                 if not verdict.admitted:
                     return verdict
-            await conn.execute(_INSERT_RUN, row)
+            await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
@@ -482,6 +565,7 @@ class PostgresStore(EventStore, DurableRunStore):
                     now,
                 ),
             )
+        self.wakeups.notify(RUN_LIST_WAKEUP)
         return verdict
 
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
@@ -503,12 +587,17 @@ class PostgresStore(EventStore, DurableRunStore):
             )
             if await cur.fetchone() is None:
                 return None
+            await conn.execute(  # its status may have changed: a change for the run list
+                "UPDATE runs SET change_seq = %s WHERE run_id = %s",
+                (await self._next_change(conn), run_id),
+            )
             cur = await conn.execute(
                 "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL WHERE run_id = %s "
                 "RETURNING attempts",
                 (run_id,),
             )
             row = await cur.fetchone()
+        self.wakeups.notify(RUN_LIST_WAKEUP)
         return None if row is None else int(row[0])
 
     async def release_run(

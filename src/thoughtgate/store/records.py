@@ -89,6 +89,9 @@ class RunRecord:
     """The process executing the run (``store.leases.Owner``); ``None`` for a run nobody executes."""
     lease_expires_at: float | None = None
     """Until when ``owner`` is known to be alive; it renews the lease while the run is open."""
+    started_by: str | None = None
+    """The id of the API key that started the run through the daemon (``None``: started in
+    this process, by the command line or the Python API). Operator detail in the run view."""
 
     def to_view(self) -> RunView:
         """Every field, unfiltered (``thoughtgate.access.filter.filter_run`` makes it a view)."""
@@ -105,6 +108,7 @@ class RunRecord:
             "error": self.error,
             "metadata": cast(RunMetadata, self.metadata),
             "tasks": [t.to_view() for t in self.tasks],
+            "started_by": self.started_by,
         }
 
 

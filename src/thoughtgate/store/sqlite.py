@@ -44,6 +44,14 @@ from thoughtgate.store.durable import (
     RunSpecRecord,
     quota_verdict,
 )
+from thoughtgate.store.listing import (
+    RUN_LIST_WAKEUP,
+    RunChanges,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    where_clauses,
+)
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -71,8 +79,10 @@ _INSERT_TASK = (
     f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)})"
 )
 _INSERT_RUN = (
-    f"INSERT INTO runs ({codec.RUN_COLUMNS}) VALUES ({','.join('?' * codec.RUN_COLUMN_COUNT)})"
+    f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
+    f"VALUES ({','.join('?' * (codec.RUN_COLUMN_COUNT + 1))})"
 )
+_BUMP_CHANGE = "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change"
 
 
 _OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
@@ -88,6 +98,11 @@ def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
     """Why an append found no open row: no such run, or the run has ended."""
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     return RunNotFoundError(run_id) if row is None else RunClosedError(run_id)
+
+
+def _next_change(conn: sqlite3.Connection) -> int:
+    """Inside a write transaction: the number of the change being made to a run (listing.py)."""
+    return int(conn.execute(_BUMP_CHANGE).fetchone()[0])
 
 
 def _append_rows(
@@ -176,10 +191,11 @@ class SQLiteStore(EventStore, DurableRunStore):
         tasks = [codec.task_row(t) for t in run.tasks]
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.execute(_INSERT_RUN, row)
+            conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
             conn.executemany(_INSERT_TASK, tasks)
 
         await self._write(f"create run {run.run_id!r}", body)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         def work(conn: sqlite3.Connection) -> RunRecord:
@@ -216,6 +232,63 @@ class SQLiteStore(EventStore, DurableRunStore):
 
         return await self._reader.call("list runs", work)
 
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        where, params = where_clauses(query, placeholder="?", order_column="rowid", like="LIKE")
+        sql = (
+            f"SELECT {codec.RUN_COLUMNS}, rowid FROM runs WHERE {where} "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        )
+
+        def work(conn: sqlite3.Connection) -> RunPage:
+            conn.execute("BEGIN")  # one snapshot for the runs and their tasks
+            try:
+                rows = conn.execute(sql, (*params, query.limit + 1)).fetchall()
+                runs = self._with_tasks(conn, rows[: query.limit])
+            finally:
+                conn.execute("COMMIT")
+            last = rows[query.limit - 1] if len(rows) > query.limit else None
+            cursor = None if last is None else RunCursor(float(last[6]), int(last[-1]))
+            return RunPage(runs, cursor)
+
+        return await self._reader.call("query runs", work)
+
+    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+        sql = (
+            f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > ? "
+            "ORDER BY change_seq LIMIT ?"
+        )
+
+        def work(conn: sqlite3.Connection) -> RunChanges:
+            conn.execute("BEGIN")
+            try:
+                rows = conn.execute(sql, (after, limit)).fetchall()
+                runs = self._with_tasks(conn, rows)
+            finally:
+                conn.execute("COMMIT")
+            return RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
+
+        return await self._reader.call("read run changes", work)
+
+    async def latest_run_change(self) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            return int(conn.execute("SELECT last_change FROM run_changes").fetchone()[0])
+
+        return await self._reader.call("read the latest run change", work)
+
+    @staticmethod
+    def _with_tasks(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> list[RunRecord]:
+        """Run records for ``rows`` (run columns first), with their tasks in index order."""
+        if not rows:
+            return []
+        ids = [r[0] for r in rows]
+        tasks = conn.execute(
+            f"{_TASK_SELECT} WHERE run_id IN ({','.join('?' * len(ids))}) ORDER BY idx", ids
+        ).fetchall()
+        by_run: dict[str, list[TaskRecord]] = {}
+        for t in tasks:
+            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
+        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in rows]
+
     async def update_run(
         self,
         run_id: str,
@@ -236,12 +309,14 @@ class SQLiteStore(EventStore, DurableRunStore):
             if metadata is not None:
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
+            sets["change_seq"] = _next_change(conn)
             assignments = ", ".join(f"{column} = ?" for column in sets)
             conn.execute(
                 f"UPDATE runs SET {assignments} WHERE run_id = ?", (*sets.values(), run_id)
             )
 
         await self._write(f"update run {run_id!r}", body)
+        self.wakeups.notify(RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         row = codec.task_row(task)
@@ -326,12 +401,16 @@ class SQLiteStore(EventStore, DurableRunStore):
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
             conn.execute(
-                f"UPDATE runs SET {assignments} WHERE run_id = ?", (*sets.values(), run_id)
+                f"UPDATE runs SET {assignments}, change_seq = ? WHERE run_id = ?",
+                (*sets.values(), _next_change(conn), run_id),
             )
             return first
 
         first = await self._write(f"finish run {run_id!r}", body)
-        if first is None or not columns[0]:
+        if first is None:
+            return []
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        if not columns[0]:
             return []
         self.wakeups.notify(run_id)
         return codec.appended_events(run_id, first, columns)
@@ -374,7 +453,7 @@ class SQLiteStore(EventStore, DurableRunStore):
                 verdict = quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
                 if not verdict.admitted:
                     return verdict
-            conn.execute(_INSERT_RUN, row)
+            conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
             conn.executemany(_INSERT_TASK, tasks)
             conn.execute(
                 f"INSERT INTO run_specs ({_SPEC_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -392,7 +471,10 @@ class SQLiteStore(EventStore, DurableRunStore):
             )
             return verdict
 
-        return await self._write(f"create run {run.run_id!r}", body)
+        verdict = await self._write(f"create run {run.run_id!r}", body)
+        if verdict.admitted:
+            self.wakeups.notify(RUN_LIST_WAKEUP)
+        return verdict
 
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
         def work(conn: sqlite3.Connection) -> RunSpecRecord | None:
@@ -415,6 +497,9 @@ class SQLiteStore(EventStore, DurableRunStore):
             ).fetchall()
             if not claimed:
                 return None
+            conn.execute(  # its status may have changed: a change for the run list
+                "UPDATE runs SET change_seq = ? WHERE run_id = ?", (_next_change(conn), run_id)
+            )
             row = conn.execute(
                 "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL WHERE run_id = ? "
                 "RETURNING attempts",
@@ -422,7 +507,10 @@ class SQLiteStore(EventStore, DurableRunStore):
             ).fetchone()
             return int(row[0])
 
-        return await self._write(f"claim run {run_id!r}", body)
+        attempt = await self._write(f"claim run {run_id!r}", body)
+        if attempt is not None:
+            self.wakeups.notify(RUN_LIST_WAKEUP)
+        return attempt
 
     async def release_run(
         self,

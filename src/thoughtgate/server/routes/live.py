@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
 from sse_starlette.sse import EventSourceResponse
@@ -12,31 +13,35 @@ from starlette.responses import JSONResponse, Response
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
+from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import TicketBody, TicketView
 from thoughtgate.server.sse import live_frames
-from thoughtgate.server.state import state_of
+from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES
 
-__all__ = ["ENDPOINTS"]
+__all__ = ["ENDPOINTS", "access_watcher", "stream_response"]
 
 
 async def create_ticket(request: Request, principal: Principal | None) -> Response:
     assert principal is not None
     body = await parse_body(request, TicketBody)
     state = state_of(request)
-    await state.store.get_run(body.run_id)  # 404 for an unknown run
+    if body.run_id is not None:
+        await state.store.get_run(body.run_id)  # 404 for an unknown run
     signer = await state.signer()
     ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
+    where = "/v1/runs" if body.run_id is None else f"/v1/runs/{quote(body.run_id)}"
     return JSONResponse(
         {
             "ticket": ticket,
             "expires_at": expires_at,
             "run_id": body.run_id,
+            "scope": body.scope,
             "role": principal.role.label,
-            "stream_url": f"/v1/runs/{quote(body.run_id)}/stream?ticket={ticket}",
+            "stream_url": f"{where}/stream?ticket={ticket}",
         }
     )
 
@@ -56,7 +61,6 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
-    access = state.access
     frames = live_frames(
         state.store,
         run_id,
@@ -67,10 +71,22 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         lag_timeout_s=state.sse_lag_timeout_s,
         feeds=state.feeds,
         follow=not finished,  # a finished run ends after its last stored event, whatever it is
-        watch_access=None
-        if access is None
-        else functools.partial(access.watch, principal.key_id, principal.role),
+        watch_access=access_watcher(state, principal),
     )
+    return stream_response(state, frames)
+
+
+def access_watcher(
+    state: ServerState, principal: Principal
+) -> Callable[[OnAccessLost], Callable[[], None]] | None:
+    """What a live stream registers to end when its ticket's key is revoked or loses the role."""
+    if state.access is None:
+        return None
+    return functools.partial(state.access.watch, principal.key_id, principal.role)
+
+
+def stream_response(state: ServerState, frames: AsyncIterator[bytes]) -> Response:
+    """An SSE response with the daemon's keep-alive and send timeout, never cached."""
     return EventSourceResponse(
         frames,
         ping=state.server.keepalive_s,
@@ -105,12 +121,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/tickets",
         create_ticket,
-        "get a live-channel ticket for a run",
+        "get a live-channel ticket for a run or the run list",
         role=Role.VIEWER,
         body=TicketBody,
         response=TicketView,
         errors=(400, 404, 413, 422),
-        description="A short-lived signed ticket bound to the run and to your key's role.",
+        description="A short-lived signed ticket bound to the run (or, with "
+        '`{"scope": "runs"}`, to the run list) and to your key\'s role.',
     ),
     Endpoint(
         "GET",

@@ -23,7 +23,7 @@ from thoughtgate.server.models import (
     CreateRunBody,
     EventPage,
     RunCreated,
-    RunList,
+    ToolList,
 )
 from thoughtgate.server.state import state_of
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES
@@ -48,6 +48,7 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
         model=body.model,
         tasks=[TaskSpec(t.prompt, model=t.model, system=t.system) for t in body.tasks],
         system=body.system,
+        started_by=_principal(principal).key_id,
     )
     run = await manager.start(
         run_request,
@@ -62,12 +63,21 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
     )
 
 
-async def list_runs(request: Request, principal: Principal | None) -> Response:
-    role = _principal(principal).role
-    limit = query_int(request, "limit", 50, minimum=1, maximum=500)
-    offset = query_int(request, "offset", 0, minimum=0)
-    runs = await state_of(request).store.list_runs(limit=limit, offset=offset)
-    return JSONResponse({"runs": [filter_run(r, role) for r in runs]})
+async def list_tools(request: Request, principal: Principal | None) -> Response:
+    tools = state_of(request).manager.tools
+    return JSONResponse(
+        {
+            "tools": [
+                {
+                    "name": t.name,
+                    "label": t.label or t.name,
+                    "description": t.description,
+                    "requires_approval": t.requires_approval,
+                }
+                for t in tools
+            ]
+        }
+    )
 
 
 async def get_run(request: Request, principal: Principal | None) -> Response:
@@ -145,11 +155,6 @@ async def resume_run(request: Request, principal: Principal | None) -> Response:
     )
 
 
-_PAGE = (
-    QueryParam("limit", "at most this many runs (1-500)", minimum=1, maximum=500),
-    QueryParam("offset", "skip this many (newest first)", minimum=0),
-)
-
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "POST",
@@ -168,13 +173,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "GET",
-        "/v1/runs",
-        list_runs,
-        "list runs",
-        role=Role.VIEWER,
-        response=RunList,
-        params=_PAGE,
-        errors=(422,),
+        "/v1/tools",
+        list_tools,
+        "the tools a run may use",
+        role=Role.MEMBER,
+        response=ToolList,
+        description="The tools registered on this daemon; name them in `tools` of POST /v1/runs.",
     ),
     Endpoint(
         "GET",

@@ -52,6 +52,7 @@ const TG_THREAD = (() => {
   const isMapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
   const isInt = (v) => typeof v === "number" && Number.isInteger(v);
   const optInt = (v) => (isInt(v) ? v : null);
+  const optNum = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
   const chars = (s) => [...s].length; // code points, as Python's len()
   const coalesce = (...values) => values.find((v) => v !== null && v !== undefined) ?? null;
   const optStr = (v) => (typeof v === "string" ? v : null);
@@ -143,6 +144,12 @@ const TG_THREAD = (() => {
       this.lastSeq = 0;
       this.anonymous = 0;
       this.taskId = null;
+      this.turnOf = new Map();  // task id -> its current model turn
+      this.turns = new Map();   // "task:turn" -> what agent.response recorded of that turn
+      this.startedAt = null;
+      this.endedAt = null;
+      this.ending = null;
+      this.ts = null;
     }
 
     get message() { return this.text.join(""); }
@@ -155,6 +162,7 @@ const TG_THREAD = (() => {
         this.lastSeq = env.seq;
       }
       this.taskId = optStr(env.task_id);
+      this.ts = optNum(env.ts);
       if (typeof env.type === "string") this.apply(env.type, isMapping(env.payload) ? env.payload : {});
       return true;
     }
@@ -164,18 +172,74 @@ const TG_THREAD = (() => {
       this.items.set(key, item);
     }
 
+    currentTurn() { return this.turnOf.has(this.taskId) ? this.turnOf.get(this.taskId) : null; }
+
     apply(type, p) {
+      const turn = optInt(p.turn);
+      if (turn !== null) this.turnOf.set(this.taskId, turn);
       const family = type.split(".", 1)[0];
       if (family === "cot") this.applyCot(type, p);
       else if (type in TOOL_EVENT_STATUS || type === "tool.approval_response") this.applyTool(type, p);
-      else if (type === "message.delta") this.text.push(textOf(p) || "");
+      else if (type === "message.delta") {
+        this.text.push(textOf(p) || "");
+        this.applySaid(textOf(p) || "");
+      }
+      else if (type === "agent.response") this.applyResponse(p);
+      else if (type === "run.started") this.startedAt = this.ts;
       else if (type === "reasoning.delta") {
         (this.raw ??= []).push(textOf(p) || "");
         this.applyReasoning(p);
       }
       else if (type === "capability.resolved") this.applyNotice(p);
       if (DISPLAY_TERMINAL.has(type)) this.applyTerminal(type, p);
-      if (RUN_TERMINAL.has(type)) this.runEnded = true;
+      if (RUN_TERMINAL.has(type)) {
+        this.runEnded = true;
+        this.endedAt = this.ts;
+        this.ending = { type, status: optStr(p.status), error: optStr(p.error), error_type: optStr(p.error_type),
+          reason: optStr(p.reason) };
+      }
+    }
+
+    // what the model said in the current turn, placed where that turn first said something
+    applySaid(text) {
+      const turn = this.currentTurn();
+      const key = `${this.taskId || ""}:${turn === null ? "" : turn}`;
+      const old = this.items.get(`text:${key}`);
+      const said = old && old.kind === "text" ? old : { kind: "text", key, taskId: this.taskId, turn, text: "" };
+      this.upsert(`text:${key}`, { ...said, text: said.text + text });
+    }
+
+    // one record per (task, turn); a repeated one replaces it in place
+    applyResponse(p) {
+      const turn = optInt(p.turn);
+      const usage = isMapping(p.usage) ? Object.fromEntries(Object.entries(p.usage).filter(([, v]) => isInt(v))) : {};
+      const times = isMapping(p.call) ? p.call : {};
+      const started = optNum(times.started_at), first = optNum(times.first_chunk_at), ended = optNum(times.ended_at);
+      this.turns.set(JSON.stringify([this.taskId, turn]), {
+        task_id: this.taskId, turn, model: optStr(p.model), provider: optStr(p.provider), usage,
+        finish_reason: optStr(p.finish_reason), started_at: started,
+        ttft_s: first === null || started === null ? null : first - started,
+        duration_s: ended === null || started === null ? null : ended - started,
+        error: optStr(p.error), error_type: optStr(p.error_type),
+        tool_calls: Array.isArray(p.tool_calls) ? p.tool_calls.length : 0, ts: this.ts,
+      });
+    }
+
+    turnList() { return [...this.turns.values()]; }
+
+    // the run's totals as this reader may see them (ThreadView.totals)
+    totals() {
+      const usage = this.turnList().map((t) => t.usage);
+      const reasoning = usage.filter((u) => Object.hasOwn(u, "reasoning_tokens")).map((u) => u.reasoning_tokens);
+      const sum = (xs) => xs.reduce((a, v) => a + v, 0);
+      return {
+        turns: this.turns.size,
+        tool_calls: this.list().filter((i) => i.kind === "tool").length,
+        input_tokens: sum(usage.map((u) => u.input_tokens ?? 0)),
+        output_tokens: sum(usage.map((u) => u.output_tokens ?? 0)),
+        reasoning_tokens: reasoning.length ? sum(reasoning) : null,
+        duration_s: this.endedAt !== null && this.startedAt !== null ? this.endedAt - this.startedAt : null,
+      };
     }
 
     // one item per model turn; a change of kind or index starts a new segment
@@ -205,8 +269,12 @@ const TG_THREAD = (() => {
         this.discarded += 1; // unmarked or malformed: dropped, and it blocks nothing
         return;
       }
-      if (type === "cot.step") this.upsert(`step:${step.step_id}`, { kind: "step", step });
-      else if (type === "cot.phase") this.upsert(`phase:${step.step_id}`, { kind: "phase", step });
+      const at = (kind) => { // an updated step stays where (and in the turn) it was first said
+        const old = this.items.get(`${kind}:${step.step_id}`);
+        return old && old.kind === kind ? { taskId: old.taskId, turn: old.turn } : { taskId: this.taskId, turn: this.currentTurn() };
+      };
+      if (type === "cot.step") this.upsert(`step:${step.step_id}`, { kind: "step", step, ...at("step") });
+      else if (type === "cot.phase") this.upsert(`phase:${step.step_id}`, { kind: "phase", step, ...at("phase") });
       else this.attachToolReasoning(step);
     }
 
@@ -226,7 +294,7 @@ const TG_THREAD = (() => {
       const old = this.items.get(key);
       const card = old && old.kind === "tool" ? old
         : { kind: "tool", call_id: callId, tool_key: null, status: "pending", label: "", input: null,
-            output: null, error: null, error_kind: null, reasoning: [] };
+            output: null, error: null, error_kind: null, reasoning: [], taskId: this.taskId, turn: this.currentTurn() };
       const toolKey = coalesce(optStr(p.tool_key), card.tool_key);
       this.upsert(key, {
         ...card,
@@ -253,14 +321,15 @@ const TG_THREAD = (() => {
 
     // The JSON shape of ThreadView.to_dict() (tests compare the two builders with it).
     toDict() {
-      const step = (kind, st) => ({ kind, marker: MARKER, ...st });
+      const step = (i) => ({ kind: i.kind, marker: MARKER, ...i.step, task_id: i.taskId, turn: i.turn });
       const items = this.list().map((i) => {
-        if (i.kind === "step" || i.kind === "phase") return step(i.kind, i.step);
+        if (i.kind === "step" || i.kind === "phase") return step(i);
         if (i.kind === "tool") {
           return { kind: "tool", call_id: i.call_id, tool_key: i.tool_key, status: i.status, label: i.label,
             input: i.input, output: i.output, error: i.error, error_kind: i.error_kind,
-            reasoning: i.reasoning.map((s) => ({ marker: MARKER, ...s })) };
+            reasoning: i.reasoning.map((s) => ({ marker: MARKER, ...s })), task_id: i.taskId, turn: i.turn };
         }
+        if (i.kind === "text") return { kind: i.kind, key: i.key, task_id: i.taskId, turn: i.turn, text: i.text };
         if (i.kind === "reasoning") {
           return { kind: i.kind, key: i.key, task_id: i.taskId, turn: i.turn,
             segments: i.segments.map((g) => ({ kind: g.kind, index: g.index, label: g.label, text: g.text })) };
@@ -271,7 +340,8 @@ const TG_THREAD = (() => {
         .map((c) => ({ call_id: c.call_id, tool_key: c.tool_key, status: c.status }));
       return { items, message: { text: this.message, final: this.final, tool_calls: toolCalls }, status: this.status,
         terminal: this.terminal, receipt: this.receipt, raw_reasoning: this.raw === null ? null : this.raw.join(""),
-        discarded: this.discarded, last_seq: this.lastSeq };
+        discarded: this.discarded, last_seq: this.lastSeq, turns: this.turnList(), started_at: this.startedAt,
+        ended_at: this.endedAt, ending: this.ending, totals: this.totals() };
     }
 
     applyTerminal(type, p) {

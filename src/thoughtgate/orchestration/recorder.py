@@ -59,6 +59,17 @@ class EventRecorder:
             self._buffer.clear()
             return await self._append(batch)
 
+    async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Append ``events`` after everything buffered before them, in one atomic batch (a run
+        resumed after a crash finds a step's events whole or not at all)."""
+        if not events:
+            return []
+        async with self._lock:
+            self._raise_failure()
+            batch = [*self._buffer, *events]
+            self._buffer.clear()
+            return await self._append(batch)
+
     async def emit_delta(self, event: NewEvent) -> None:
         """Append the first delta of a burst at once (a live reader gets the first byte without
         waiting for a window); later deltas wait until the window closes and go as one batch."""

@@ -30,6 +30,7 @@ MODULES = (
     "bench.daemon_bench",
     "bench.fanout_bench",
     "bench.telemetry_bench",
+    "bench.durable_bench",
 )
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUDGET_S = 15 * 60

@@ -336,9 +336,13 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 class ServeProcess:
     """``python -m thoughtgate serve`` in a subprocess; reads its URL (and bootstrap key)."""
 
-    def __init__(self, *args: str, open_files: int | None = None) -> None:
+    def __init__(
+        self, *args: str, open_files: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.args = args
         self.open_files = open_files
+        self.env = env or {}
+        """Extra environment variables for the server process."""
         """``ulimit -n`` for the server process (soft and hard), when given."""
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
@@ -354,7 +358,7 @@ class ServeProcess:
     def start(self, *, expect_key: bool = False, timeout: float = 20) -> ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
-            env=cli_env(),
+            env=cli_env(**self.env),
             cwd=str(REPO),
             stdout=self._stdout,
             stderr=subprocess.PIPE,
@@ -393,6 +397,12 @@ class ServeProcess:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr_lines.append(line)
+
+    def kill(self) -> None:
+        """``kill -9``: the process dies at once, writing nothing more."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
 
     def stop(self) -> None:
         if self.proc is None:

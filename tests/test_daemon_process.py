@@ -30,6 +30,9 @@ needs_sqlite = pytest.mark.skipif(
     not HAVE_SQLITE, reason="needs the SQLite store (thoughtgate.store.sqlite, branch store)"
 )
 TOOLS = ("--tools", "daemon_support:SERVER_TOOLS")
+NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+"""Runs that cannot resume (ADR 0009's path); durable daemons resume instead (ADR 0013,
+test_durable_replicas)."""
 
 
 @pytest.fixture
@@ -111,7 +114,9 @@ def test_serve_subprocess_with_cli_keys(db_url: str, serve_processes: list[Serve
 def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
     db_url: str, serve_processes: list[ServeProcess], request: pytest.FixtureRequest
 ) -> None:
-    server = ServeProcess("--db", db_url, *TOOLS, "--shutdown-grace", "0.3").start(expect_key=True)
+    server = ServeProcess("--db", db_url, *TOOLS, "--shutdown-grace", "0.3", env=NOT_DURABLE).start(
+        expect_key=True
+    )
     serve_processes.append(server)
     key = server.bootstrap_key
     assert key
@@ -153,7 +158,7 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
     assert "/stream?ticket=…" in access  # the access log redacts tickets
     assert ticket not in access and ticket not in log
     if HAVE_SQLITE:  # after a restart the log says the same
-        again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+        again = ServeProcess("--db", db_url, "--no-bootstrap-key", env=NOT_DURABLE).start()
         serve_processes.append(again)
         with httpx.Client(base_url=again.base_url, headers=auth(key)) as c:
             for run_id in (slow, waiting):
@@ -170,7 +175,7 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
 def test_kill_9_leaves_runs_that_the_next_start_marks_interrupted(
     db_url: str, serve_processes: list[ServeProcess]
 ) -> None:
-    server = ServeProcess("--db", db_url, *TOOLS).start(expect_key=True)
+    server = ServeProcess("--db", db_url, *TOOLS, env=NOT_DURABLE).start(expect_key=True)
     serve_processes.append(server)
     key = server.bootstrap_key
     assert key
@@ -180,7 +185,7 @@ def test_kill_9_leaves_runs_that_the_next_start_marks_interrupted(
     assert server.proc is not None
     server.proc.kill()
     server.proc.wait(timeout=10)
-    again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+    again = ServeProcess("--db", db_url, "--no-bootstrap-key", env=NOT_DURABLE).start()
     serve_processes.append(again)
     with httpx.Client(base_url=again.base_url, headers=auth(key), timeout=10) as c:
         run = c.get(f"/v1/runs/{run_id}").json()

@@ -187,6 +187,22 @@ async def _produced() -> set[str]:
         await runtime(ApprovalBroker()).execute(boom.run_id)
     seen += await store.read(boom.run_id)
 
+    # a run whose process stopped, resumed by another: run.resumed (orchestration.resume)
+    from thoughtgate.engine.steps import DirectSteps
+    from thoughtgate.orchestration.resume import begin_execution
+
+    first = runtime(ApprovalBroker())
+    resumable = await first.create_run(RunRequest("x", model="fake:other"))
+    owner = first.leases.owner.owner_id
+    assert await store.claim_run(resumable.run_id, owner, 30) == 1
+    assert await store.release_run(resumable.run_id, owner=owner, queue=True)
+    begun = await begin_execution(runtime(ApprovalBroker()), resumable.run_id)
+    assert begun is not None and begun[3] is not None
+    steps = DirectSteps()
+    steps.resumed = begun[3]
+    await begun[0]._run_held(begun[1], begun[2], steps, running=False)
+    seen += await store.read(resumable.run_id)
+
     async def slow(request: TurnRequest, turn: int) -> Any:
         await asyncio.sleep(30)
         yield text("never")

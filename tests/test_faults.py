@@ -77,9 +77,15 @@ def _delta_steps(events: list[dict[str, Any]] | list[Event], kind: str) -> list[
 
 
 @pytest.mark.timeout(60)
-async def test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durable", [False, True], ids=["closed", "resumed"])
+async def test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw(
+    tmp_path: Path, durable: bool
+) -> None:
+    """Without durable runs the restarted daemon closes the run; with them (ADR 0013) it resumes
+    it, the cut turn recorded as cut and asked again. Either way a reader lost nothing it saw."""
     db_url = f"sqlite:///{tmp_path / 'daemon.db'}"
-    server = ServeProcess("--db", db_url, *TOOLS_FLAG).start(expect_key=True)
+    env = {} if durable else {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+    server = ServeProcess("--db", db_url, *TOOLS_FLAG, env=env).start(expect_key=True)
     again: ServeProcess | None = None
     try:
         key = server.bootstrap_key
@@ -96,20 +102,32 @@ async def test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw(tmp_path
         assert server.proc is not None and server.proc.wait(timeout=10) == -9
         assert len(received) >= 60 and not ends_run(received[-1])  # it died mid-run
 
-        again = ServeProcess("--db", db_url, "--no-bootstrap-key").start()
+        flags = TOOLS_FLAG if durable else ()  # a replica that can run it (its fake script)
+        again = ServeProcess("--db", db_url, *flags, "--no-bootstrap-key", env=env).start()
+        if durable:
+            resumed = await follow(again.base_url, run_id, ticket, last_event_id=received[-1].id)
+            assert ends_run(event_frames(resumed)[-1])
         run, stored = stored_run(again.base_url, key, run_id)
         # every event the live reader got before the kill is stored, byte for byte, in place
         assert [f.json() for f in received] == stored[: len(received)]
         assert [e["seq"] for e in stored] == list(range(1, len(stored) + 1))
-        for kind in "rt":  # no delta twice, none missing before the cut
-            steps = _delta_steps(stored, kind)
-            assert steps == list(range(len(steps)))
         types = [e["type"] for e in stored]
-        assert (
-            types[-1] == EventType.RUN_INTERRUPTED and types.count(EventType.RUN_INTERRUPTED) == 1
-        )
+        cut = types.index(EventType.RUN_RESUMED) if durable else len(stored)
+        for kind in "rt":  # no delta twice, none missing before the cut
+            steps = _delta_steps(stored[:cut], kind)
+            assert steps == list(range(len(steps)))
         assert not {EventType.RUN_FAILED, EventType.RUN_ERROR} & set(types)
-        assert run["status"] == "interrupted"
+        if durable:  # the cut turn is recorded as cut, the run asks again and completes
+            assert (
+                types.count(EventType.RUN_RESUMED) == 1 and EventType.RUN_INTERRUPTED not in types
+            )
+            turns = [e["payload"] for e in stored if e["type"] == EventType.AGENT_RESPONSE]
+            assert [t["complete"] for t in turns] == [False, True] and "cut" in turns[0]["error"]
+            assert run["status"] == "completed"
+        else:
+            assert types[-1] == EventType.RUN_INTERRUPTED
+            assert types.count(EventType.RUN_INTERRUPTED) == 1
+            assert run["status"] == "interrupted"
         # a reader resuming on the restarted daemon gets the rest and the end, nothing twice
         rest = await follow(again.base_url, run_id, ticket, last_event_id=received[-1].id)
         assert [f.json() for f in received + event_frames(rest)] == stored

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -22,6 +23,7 @@ from script_support import cut, outage, slow
 from thoughtgate import __version__
 from thoughtgate.access.roles import Role
 from thoughtgate.config import Config
+from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.errors import AccessDeniedError
 from thoughtgate.events.schema import Event
 from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server, resolve_mcp_role
@@ -67,6 +69,39 @@ async def test_tasks_run_in_order_and_status_reads_them_back() -> None:
     assert (await tools.status(view["run_id"]))["tasks"] == view["tasks"]
 
 
+async def test_orchestration_approve_answers_a_pending_approval_for_members_only() -> None:
+    from daemon_support import server_tools
+
+    store = MemoryStore()
+    waiting = asyncio.Event()
+
+    async def noticed(call_id: str, tool: str, arguments: Any) -> None:
+        waiting.set()  # a call now waits; the answer is left to the MCP tool
+        return None
+
+    runtime = Runtime(store, tools=server_tools(), approvals=ApprovalBroker(decider=noticed))
+    server = build_mcp_server(McpTools(runtime, Role.MEMBER))
+    viewer = build_mcp_server(McpTools(runtime, Role.VIEWER))
+    async with Client(server) as client, Client(viewer) as reader:
+        job = asyncio.create_task(
+            client.call_tool("orchestration_run", {"prompt": "go", "model": "fake:approval"})
+        )
+        await asyncio.wait_for(waiting.wait(), 10)
+        run_id = (await store.list_runs())[0].run_id
+        args = {"run_id": run_id, "call_id": "call_danger", "decision": "approve"}
+        denied = await reader.call_tool("orchestration_approve", args)
+        assert denied.is_error and "answering tool approvals" in _text(denied)
+        wrong = await client.call_tool("orchestration_approve", {**args, "call_id": "call_nope"})
+        assert wrong.is_error and "no approval is pending" in _text(wrong)
+        answered = await client.call_tool("orchestration_approve", args)
+        assert not answered.is_error, _text(answered)
+        result = await job
+        assert not result.is_error, _text(result)
+        log = await store.read(run_id)
+        decided = [e.payload for e in log if e.type == "tool.approval_response"]
+        assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
+
+
 def test_role_comes_from_flag_then_config_and_never_exceeds_the_local_role() -> None:
     assert resolve_mcp_role(Config()) == Role.MEMBER
     cfg = Config.from_mapping({"mcp": {"role": "developer"}})
@@ -84,7 +119,7 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
     server = build_mcp_server(McpTools(Runtime(MemoryStore()), Role.DEVELOPER))
     async with Client(server) as client:
         names = {t.name for t in (await client.list_tools()).tools}
-        assert names == {"orchestration_run", "orchestration_status"}
+        assert names == {"orchestration_run", "orchestration_status", "orchestration_approve"}
 
         bad_mode = await client.call_tool(
             "orchestration_run", {"prompt": "x", "model": "fake:reasoner", "chain_of_thought": "x"}
@@ -191,11 +226,15 @@ async def test_server_info_capabilities_and_typed_schemas() -> None:
     assert modes["enum"] == ["hidden", "surface", "telemetry_only"]
     assert run.input_schema["required"] == ["prompt"]
     assert run.input_schema["additionalProperties"] is False
-    for tool in tools.values():
-        schema = tool.output_schema
+    for name in ("orchestration_run", "orchestration_status"):
+        schema = tools[name].output_schema
         assert schema is not None and schema["type"] == "object"
         assert {"run_id", "status", "tasks", "usage"} <= set(schema["properties"])
         assert "reasoning" not in schema.get("required", []), "withheld fields are optional"
+    approve = tools["orchestration_approve"]
+    assert approve.input_schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    assert approve.input_schema["additionalProperties"] is False
+    assert set((approve.output_schema or {})["properties"]) == {"run_id", "call_id", "decision"}
     assert tools["orchestration_status"].annotations.read_only_hint is True  # type: ignore[union-attr]
 
 
@@ -255,7 +294,11 @@ async def test_stdio_end_to_end_role_by_mode(role: str) -> None:
     async with stdio_client(_server(role)) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = await session.list_tools()
-        assert {t.name for t in tools.tools} == {"orchestration_run", "orchestration_status"}
+        assert {t.name for t in tools.tools} == {
+            "orchestration_run",
+            "orchestration_status",
+            "orchestration_approve",
+        }
         for mode in MODES:
             result = await _call(
                 session,
@@ -346,7 +389,11 @@ def test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may(role: str) -
     assert out.get("error") is None, out
     assert out["serverVersion"]["version"] == __version__
     assert out["capabilities"] == {"tools": {"listChanged": False}}
-    assert [t["name"] for t in out["tools"]] == ["orchestration_run", "orchestration_status"]
+    assert [t["name"] for t in out["tools"]] == [
+        "orchestration_run",
+        "orchestration_status",
+        "orchestration_approve",
+    ]
     result = out["result"]
     assert result.get("isError") is not True, result
     assert result["structuredContent"]["tasks"][0]["output"] == "The answer is 42."

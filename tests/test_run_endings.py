@@ -235,8 +235,12 @@ def test_ctrl_c_with_json_still_prints_the_runs_document(db: str, tmp_path: Path
     assert "Ctrl-C" in doc["error"]
 
 
-def test_kill_9_of_a_cli_run_is_closed_by_the_next_thoughtgate_process(db: str) -> None:
-    run = Watched("run", "slow", *SLOW, "--db", db)
+NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+"""A process without durable runs (ADR 0009's path): its orphaned runs are closed, not resumed."""
+
+
+def test_kill_9_of_a_cli_run_without_durability_is_closed_by_the_next_process(db: str) -> None:
+    run = Watched("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
     run.wait_for("thinking slowly")
     run.proc.kill()
     run.finish()
@@ -245,6 +249,22 @@ def test_kill_9_of_a_cli_run_is_closed_by_the_next_thoughtgate_process(db: str) 
     shown = json.loads(tg("status", listed[0]["run_id"], "--db", db, "--json").stdout)
     assert [t["status"] for t in shown["tasks"]] == ["interrupted"]
     assert "stopped" in shown["error"]
+
+
+def test_kill_9_of_a_durable_cli_run_leaves_it_suspended_for_resume(db: str) -> None:
+    """Durable (the default on SQLite): the next process marks it suspended, never running
+    forever and never closed (``thoughtgate resume`` continues it: test_durable_replicas)."""
+    run = Watched("run", "slow", *SLOW, "--db", db)
+    run.wait_for("thinking slowly")
+    run.proc.kill()
+    run.finish()
+    (listed,) = json.loads(tg("runs", "--db", db, "--json", "--view-as", "member").stdout)
+    assert listed["status"] == "running"
+    assert listed["metadata"]["suspended"]["resume"] == "manual"
+    assert "stopped" in listed["metadata"]["suspended"]["reason"]
+    assert "previous_executor" not in listed["metadata"], "the process is operator detail"
+    (owner_view,) = json.loads(tg("runs", "--db", db, "--json").stdout)
+    assert owner_view["metadata"]["previous_executor"], "an operator learns which process it was"
 
 
 @pytest.fixture
@@ -260,9 +280,10 @@ def pg_url() -> Iterator[str]:
 def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     tmp_path: Path, request: pytest.FixtureRequest, backend: str, executor: str
 ) -> None:
-    """kill -9 of the process executing a run (a ``thoughtgate run`` or another daemon): a
-    second, live daemon on the same store closes the run -- tasks first -- and its live readers
-    see the end. The lease here is 3 s (default 15 s: closed within 25 s)."""
+    """kill -9 of the process executing a run (a ``thoughtgate run`` or another daemon) without
+    durable runs: a second, live daemon on the same store closes the run -- tasks first -- and its
+    live readers see the end. The lease here is 3 s (default 15 s: closed within 25 s). (With
+    durable runs the live daemon resumes it instead: test_durable_replicas.)"""
     db = (
         f"sqlite:///{tmp_path / 'shared.db'}"
         if backend == "sqlite"
@@ -270,18 +291,22 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     )
     config = tmp_path / "thoughtgate.toml"
     config.write_text("[orchestration]\nlease_ttl_s = 3\n")
-    watcher = ServeProcess("--db", db, "--config", str(config)).start(expect_key=True)
+    watcher = ServeProcess("--db", db, "--config", str(config), env=NOT_DURABLE).start(
+        expect_key=True
+    )
     request.addfinalizer(watcher.stop)
     key = watcher.bootstrap_key
     assert key
     if executor == "run":
-        victim = Watched("run", "slow", *SLOW, "--db", db)
+        victim = Watched("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
         victim.wait_for("thinking slowly")
         stored, _ = read_store(db, sweep=False)
         run_id = stored.run_id
         kill = victim.proc.kill
     else:
-        other = ServeProcess("--db", db, "--tools", "daemon_support:SERVER_TOOLS").start()
+        other = ServeProcess(
+            "--db", db, "--tools", "daemon_support:SERVER_TOOLS", env=NOT_DURABLE
+        ).start()
         request.addfinalizer(other.stop)
         with httpx.Client(base_url=other.base_url, headers=auth(key), timeout=10) as c:
             body = {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from durable_store_conformance import DurableStoreConformance
 from listing_conformance import RunListingConformance
 from store_conformance import StoreConformance
 
@@ -13,6 +14,14 @@ from thoughtgate.store.memory import MemoryStore
 
 
 class TestMemoryStore(StoreConformance, RunListingConformance):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        store = MemoryStore()
+        yield store
+        await store.close()
+
+
+class TestMemoryDurableRuns(DurableStoreConformance):
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
         store = MemoryStore()

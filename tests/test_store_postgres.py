@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from durable_store_conformance import DurableStoreConformance
 from listing_conformance import RunListingConformance
 from pg import PG_URL, pg_admin, pg_schema
 from psycopg import errors as pgerr
@@ -499,3 +500,11 @@ async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) ->
     assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
     assert [e.payload.get("i") for e in got[:5]] == [0, 1, 2, 3, 4]
     assert got[5].type == EventType.RUN_FAILED
+
+
+class TestPostgresDurableRuns(DurableStoreConformance):
+    @pytest.fixture
+    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
+        store = await PostgresStore.open(PG_URL, schema=pg_schema)
+        yield store
+        await store.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from durable_store_conformance import DurableStoreConformance
 from listing_conformance import RunListingConformance
 from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
 
@@ -556,6 +557,14 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
         await store.close()
     assert [e.seq for e in got] == list(range(1, 9))
     assert got[-1].type == EventType.RUN_ERROR
+
+
+class TestSQLiteDurableRuns(DurableStoreConformance):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
+        store = await SQLiteStore.open(tmp_path / "store.db")
+        yield store
+        await store.close()
 
 
 # -- group commit --------------------------------------------------------------------------

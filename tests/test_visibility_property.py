@@ -222,6 +222,14 @@ TABLE: Final[dict[str, dict[str, str]]] = {
     "run.failed": _RUN_ENDED,
     "run.error": _RUN_ENDED,
     "run.interrupted": {"status": P, "reason": P, "usage": P, **_nest("usage.", _USAGE)},
+    # where and why a run continues are public; which process took it over is operator detail
+    "run.resumed": {
+        "reason": P,
+        "attempt": P,
+        "after_seq": P,
+        "executor": OP,
+        "previous_executor": OP,
+    },
 }
 """(event type, field path) -> class; ``""`` is the event as a whole (public when absent)."""
 
@@ -257,6 +265,8 @@ VIEW_TABLE: Final[dict[str, dict[str, str]]] = {
         "metadata.daemon.pid": OP,
         "metadata.daemon.instance": OP,
         "metadata.continues": P,
+        "metadata.suspended": P,  # shown whole (or null once resumed): every part is public
+        "metadata.previous_executor": OP,
         "tasks": P,
         **_nest("tasks[].", _TASK),
         "started_by": OP,

@@ -33,10 +33,12 @@ __all__ = [
     "WORKER_BACKENDS",
     "AccessConfig",
     "Config",
+    "DurabilityConfig",
     "McpConfig",
     "OrchestrationConfig",
     "ProviderEndpoint",
     "ProvidersConfig",
+    "QuotasConfig",
     "ServerConfig",
     "StoreConfig",
     "SummarizerName",
@@ -71,6 +73,31 @@ class OrchestrationConfig(_Section):
     """A process executing a run renews its lease every third of this; a run whose lease has
     expired is closed as interrupted by the next thoughtgate process that looks (ADR 0009)."""
     default_model: str | None = None
+
+
+class DurabilityConfig(_Section):
+    """Durable runs (ADR 0013, docs/durability.md): each model turn and tool call is checkpointed,
+    so a run whose process dies continues in another (or a restarted) process."""
+
+    enabled: bool = True
+    """Run as durable workflows when the store is SQLite or PostgreSQL (never on ``memory://``)."""
+    concurrency: int = Field(default=32, ge=1, le=10_000)
+    """Queued runs this daemon executes at once; more wait in the queue for any replica."""
+    poll_interval_s: float = Field(default=0.5, gt=0, le=60)
+    """How often a daemon looks for queued runs it can take."""
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    """A run whose process stopped this many times is closed as interrupted instead of being
+    resumed again (a run that crashes every process it lands on)."""
+
+
+class QuotasConfig(_Section):
+    """Per-API-key limits on the daemon's ``POST /v1/runs``; beyond them it answers 429 with
+    ``Retry-After``. Local runs (CLI, MCP over stdio) are not counted."""
+
+    max_open_runs_per_key: int = Field(default=300, ge=1, le=1_000_000)
+    """Runs of one key that have not ended (queued, executing or suspended)."""
+    max_starts_per_minute_per_key: int = Field(default=600, ge=1, le=1_000_000)
+    """Runs one key may start within any 60 seconds."""
 
 
 class StoreConfig(_Section):
@@ -208,6 +235,8 @@ class Config(_Section):
     """The whole validated configuration."""
 
     orchestration: OrchestrationConfig = OrchestrationConfig()
+    durability: DurabilityConfig = DurabilityConfig()
+    quotas: QuotasConfig = QuotasConfig()
     store: StoreConfig = StoreConfig()
     visible_reasoning: VisibleReasoningConfig = VisibleReasoningConfig()
     access: AccessConfig = AccessConfig()

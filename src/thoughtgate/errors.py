@@ -9,6 +9,7 @@
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
     │   ├── RunNotFoundError       no run with that id
+    │   ├── QuotaExceededError     this key started too many runs (retry after ``retry_after`` s)
     │   ├── AuthenticationError    no credentials, or ones we do not accept (bad key, bad ticket)
     │   │   └── TicketError        a live-channel ticket that cannot open this stream (says why)
     │   └── AccessDeniedError      the reader's role may not read this
@@ -47,6 +48,7 @@ __all__ = [
     "ProviderHTTPError",
     "ProviderStreamError",
     "ProviderTimeoutError",
+    "QuotaExceededError",
     "RunClosedError",
     "RunNotFoundError",
     "RuntimeFailure",
@@ -68,6 +70,14 @@ class ThoughtgateError(Exception):
 
 class UsageError(ThoughtgateError):
     """The caller asked for something invalid; the message says what and what is allowed."""
+
+
+class QuotaExceededError(UsageError):
+    """A per-key quota refused a new run (``quotas`` config); nothing was recorded."""
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ConfigError(UsageError):

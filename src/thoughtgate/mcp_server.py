@@ -1,4 +1,5 @@
-"""MCP tools over stdio: ``orchestration_run`` and ``orchestration_status``, through the one filter.
+"""MCP tools over stdio: ``orchestration_run``, ``orchestration_status`` and
+``orchestration_approve``, through the one filter.
 
 An MCP host (a desktop assistant, an IDE agent) starts ``thoughtgate mcp`` as a subprocess and talks
 to it over stdin/stdout with the official ``mcp`` SDK (its low-level ``Server``: thoughtgate declares
@@ -24,6 +25,10 @@ What a host can rely on:
 * when the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted``
   (its tasks first) before the call ends;
 * nothing but the protocol is written to stdout; log lines on stderr are plain text.
+
+On a SQLite or PostgreSQL store the server's runs are durable (ADR 0013), and
+``orchestration_approve`` answers a pending approval of any run on the store -- executing here, on a
+daemon replica, or between processes.
 """
 
 from __future__ import annotations
@@ -52,16 +57,17 @@ from mcp_types import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from thoughtgate import __version__
-from thoughtgate.access.filter import filter_event, filter_run
+from thoughtgate.access.filter import filter_event, filter_run, require_role
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
 from thoughtgate.disclosure import ChainOfThought
-from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
 from thoughtgate.events.catalogue import view_schema
 from thoughtgate.events.schema import Event, EventType, is_run_terminal
 from thoughtgate.events.views import RunView
+from thoughtgate.orchestration.durability import make_durable
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
@@ -87,7 +93,8 @@ CANCELLED_BY_HOST = "the MCP client cancelled the call"
 INSTRUCTIONS = (
     "thoughtgate runs LLM agent work and governs who may see the model's reasoning. "
     "Call orchestration_run to run a prompt (optionally split into tasks) and get each task's "
-    "output; orchestration_status reads a run again by its id. Reasoning is returned only for "
+    "output; orchestration_status reads a run again by its id; orchestration_approve answers a "
+    "tool call that waits for a person's approval. Reasoning is returned only for "
     "chain_of_thought='surface' runs when this server's role is developer or above."
 )
 
@@ -122,6 +129,24 @@ class StatusArguments(BaseModel):
     model_config = ConfigDict(extra="forbid", title="orchestration_status arguments")
 
     run_id: str = Field(description="The run id orchestration_run returned.")
+
+
+class ApproveArguments(BaseModel):
+    """``orchestration_approve``'s arguments."""
+
+    model_config = ConfigDict(extra="forbid", title="orchestration_approve arguments")
+
+    run_id: str = Field(description="The run whose tool call waits for approval.")
+    call_id: str = Field(description="The tool call's id (from tool.approval_required).")
+    decision: Decision = Field(description="approve or reject.")
+
+
+class ApprovalAnswer(BaseModel):
+    """``orchestration_approve``'s result."""
+
+    run_id: str
+    call_id: str
+    decision: Decision
 
 
 def resolve_mcp_role(config: Config, explicit: str | None = None) -> Role:
@@ -226,6 +251,15 @@ class McpTools:
                 log.warning("could not send progress: %s", exc)
                 return
 
+    async def approve(self, run_id: str, call_id: str, decision: Decision) -> ApprovalAnswer:
+        """Answer a pending tool approval (member and above), wherever the run executes."""
+        require_role(self.role, Role.MEMBER, "answering tool approvals")
+        run_id, call_id = run_id.strip(), call_id.strip()
+        if not await self.runtime.approvals.answer(run_id, call_id, decision, by="mcp"):
+            await self.runtime.store.get_run(run_id)  # an unknown run says so
+            raise UsageError(f"no approval is pending for call {call_id!r} in run {run_id!r}")
+        return ApprovalAnswer(run_id=run_id, call_id=call_id, decision=decision)
+
     async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
             raise UsageError("run_id must not be empty")
@@ -305,11 +339,20 @@ TOOLS: Final = (
         output_schema=_OUTPUT,
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
     ),
+    Tool(
+        name="orchestration_approve",
+        title="Answer a tool approval",
+        description="Approve or reject a tool call that waits for a person, in any run this "
+        "service executes (on any replica, even while the run is between processes).",
+        input_schema=_input_schema(ApproveArguments),
+        output_schema=ApprovalAnswer.model_json_schema(),
+        annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False),
+    ),
 )
 
 
 def build_mcp_server(tools: McpTools) -> Server[Any]:
-    """The MCP server with its two tools; any :class:`ThoughtgateError` becomes a tool error."""
+    """The MCP server with its tools; any :class:`ThoughtgateError` becomes a tool error."""
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
@@ -335,6 +378,13 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
                     progress=progress,
                 )
                 return run_result(view)
+            if params.name == "orchestration_approve":
+                answer = ApproveArguments.model_validate(arguments)
+                done = await tools.approve(answer.run_id, answer.call_id, answer.decision)
+                return CallToolResult(
+                    content=[TextContent(type="text", text=done.model_dump_json())],
+                    structured_content=done.model_dump(),
+                )
             if params.name == "orchestration_status":
                 status = StatusArguments.model_validate(arguments)
                 view = await tools.status(status.run_id)
@@ -398,8 +448,15 @@ async def serve_stdio(
         )
         # ``async with``: the server's runs share provider connections, closed when it stops.
         async with runtime:
-            server = build_mcp_server(McpTools(runtime, role))
-            async with stdio_server() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+            engine = make_durable(runtime)
+            try:
+                if engine is not None:
+                    await engine.launch()
+                server = build_mcp_server(McpTools(runtime, role))
+                async with stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
+            finally:
+                if engine is not None:
+                    await engine.close()
     finally:
         await store.close()

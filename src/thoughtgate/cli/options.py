@@ -6,7 +6,19 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["ConfigOpt", "DbOpt", "JsonOpt", "KeyOpt", "RunIdArg", "UrlOpt", "ViewAsOpt"]
+__all__ = [
+    "ApiKeyOpt",
+    "ApproveAllOpt",
+    "BaseUrlOpt",
+    "ConfigOpt",
+    "DbOpt",
+    "JsonOpt",
+    "KeyOpt",
+    "RunIdArg",
+    "ToolsOpt",
+    "UrlOpt",
+    "ViewAsOpt",
+]
 
 DbOpt = Annotated[
     str | None,
@@ -65,4 +77,30 @@ KeyOpt = Annotated[
         help="The daemon API key for --url (prefer the environment variable: a flag shows in "
         "the process list).",
     ),
+]
+BaseUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-url",
+        metavar="URL",
+        help="The provider's base URL (beats ANTHROPIC_BASE_URL etc. and the config).",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        metavar="KEY",
+        help="The provider's API key (beats ANTHROPIC_API_KEY etc. and the config).",
+    ),
+]
+ToolsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tools", metavar="MODULE:ATTR", help="Python tools the model may call (repeatable)."
+    ),
+]
+ApproveAllOpt = Annotated[
+    bool,
+    typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
 ]

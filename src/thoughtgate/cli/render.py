@@ -199,6 +199,14 @@ def render_run(
     head.add_row("usage", _usage_text(view.get("usage") or {}))
     if view.get("error"):
         head.add_row("error", Text(str(view["error"]), style="red"))
+    suspended = (view.get("metadata") or {}).get("suspended")
+    if suspended and view["status"] in ("pending", "running"):
+        how = (
+            f"continue it: thoughtgate resume {view['run_id']}"
+            if suspended.get("resume") == "manual"
+            else "another replica takes it up shortly"
+        )
+        head.add_row("paused", Text(f"{suspended.get('reason')}; {how}", style="yellow"))
     border = "green" if view["status"] == "completed" else "red"
     console.print(Panel(head, title="thoughtgate run", expand=False, border_style=border))
     if thread is not None:

@@ -1,8 +1,11 @@
-"""``run``, ``status``, ``runs``, ``events`` and ``trace`` (``demo`` is in ``cli.demo``).
+"""``run``, ``resume``, ``status``, ``runs``, ``events`` and ``trace`` (``demo`` is in ``cli.demo``).
 
 ``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C or
 SIGTERM while it runs closes the run ``interrupted`` -- its unfinished tasks first -- before the
-command exits (130); ``--json`` still prints the run's document.
+command exits (130); ``--json`` still prints the run's document. On a SQLite or PostgreSQL store
+the run is durable (ADR 0013): if the process is killed instead (``kill -9``, a crash, a closed
+laptop lid that never reopens), the run stays open, suspended, and ``resume RUN_ID`` continues it
+from its last completed step.
 
 Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
 ``thoughtgate --help`` stays quick.
@@ -29,11 +32,15 @@ from thoughtgate.cli.common import (
 )
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import (
+    ApiKeyOpt,
+    ApproveAllOpt,
+    BaseUrlOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
     KeyOpt,
     RunIdArg,
+    ToolsOpt,
     UrlOpt,
     ViewAsOpt,
 )
@@ -58,7 +65,7 @@ if TYPE_CHECKING:
     from thoughtgate.orchestration.runtime import RunRequest, Runtime
     from thoughtgate.store.base import EventStore
 
-__all__ = ["execute_and_follow", "read_prompt", "register", "run_view_json"]
+__all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow", "run_view_json"]
 
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
@@ -158,6 +165,85 @@ async def execute_and_follow(
     return filter_run(await runtime.store.get_run(run.run_id), role)
 
 
+async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: bool) -> RunView:
+    """Put a suspended durable run on this process's queue, execute it here (or wherever a
+    replica with the same tools takes it first), and follow it to its end. Ctrl-C interrupts it
+    like ``run`` does."""
+    from thoughtgate.access.filter import filter_event, filter_run
+    from thoughtgate.cli.render import LivePrinter
+    from thoughtgate.orchestration.resume import check_resumable
+    from thoughtgate.store.durable import DurableRunStore
+    from thoughtgate.store.records import OPEN_RUN_STATUSES
+
+    engine, store = runtime.durable, runtime.store
+    if engine is None or engine.queue is None or not isinstance(store, DurableRunStore):
+        raise UsageError(
+            "resume needs durable runs: a SQLite or PostgreSQL store with durability.enabled"
+        )
+    run = await store.get_run(run_id)
+    await check_resumable(store, run, [t.name for t in runtime.tools], hint="add --tools")
+    if not await store.release_run(run_id, owner=None, queue=True):
+        raise UsageError(
+            f"run {run_id} is not waiting to resume: another process is executing it (a killed "
+            "process's run is suspended once its lease expires, within "
+            f"{runtime.leases.ttl_s:.0f} s)"
+        )
+    after = (await store.read(run_id))[-1].seq
+    await engine.resume(run_id, engine.queue)
+    printer = LivePrinter(console) if live else None
+    reason = INTERRUPTED_BY_USER
+
+    async def follow() -> None:
+        async for event in store.tail(run_id, after=after):
+            shown = filter_event(event, role, mode=run.chain_of_thought) if printer else None
+            if printer is not None and shown is not None:
+                printer.show(shown)
+        if printer is not None:
+            printer.end()
+
+    follower = asyncio.create_task(follow())
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def stop(why: str) -> None:
+        nonlocal reason
+        reason = why
+        if main is not None:
+            main.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, stop, STOPPED_BY_SIGNAL)
+    try:
+        await asyncio.shield(follower)
+    except asyncio.CancelledError:
+        # The run executes here (or on a replica with the same tools): stop it with the reason.
+        while not runtime.cancel(run_id, reason):
+            if (await store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
+                break
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(follower, timeout=10)
+        if main is not None:
+            main.uncancel()
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+    return filter_run(await store.get_run(run_id), role)
+
+
+def _provider_factory(ctx: Context, base_url: str | None, api_key: str | None) -> Any:
+    from thoughtgate.orchestration.runtime import provider_settings_from_config
+    from thoughtgate.providers.base import Provider, create_provider
+
+    def factory(name: str) -> Provider:
+        settings = provider_settings_from_config(
+            ctx.config, name, base_url=base_url, api_key=api_key
+        )
+        return create_provider(name, settings)
+
+    return factory
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -177,22 +263,8 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--system", metavar="TEXT", help="A system prompt for the model."),
         ] = None,
-        base_url: Annotated[
-            str | None,
-            typer.Option(
-                "--base-url",
-                metavar="URL",
-                help="The provider's base URL (beats ANTHROPIC_BASE_URL etc. and the config).",
-            ),
-        ] = None,
-        api_key: Annotated[
-            str | None,
-            typer.Option(
-                "--api-key",
-                metavar="KEY",
-                help="The provider's API key (beats ANTHROPIC_API_KEY etc. and the config).",
-            ),
-        ] = None,
+        base_url: BaseUrlOpt = None,
+        api_key: ApiKeyOpt = None,
         cot: Annotated[
             str | None,
             typer.Option(
@@ -202,18 +274,8 @@ def register(app: typer.Typer) -> None:
                 "else hidden).",
             ),
         ] = None,
-        tools: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--tools",
-                metavar="MODULE:ATTR",
-                help="Python tools the model may call (repeatable).",
-            ),
-        ] = None,
-        approve_all: Annotated[
-            bool,
-            typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
-        ] = False,
+        tools: ToolsOpt = None,
+        approve_all: ApproveAllOpt = False,
         view_as: ViewAsOpt = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -251,22 +313,13 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.cli.render import render_run
             from thoughtgate.engine.approvals import ApprovalBroker
             from thoughtgate.engine.tools import ToolRegistry, load_tools
-            from thoughtgate.orchestration.runtime import (
-                RunRequest,
-                Runtime,
-                provider_settings_from_config,
-            )
-            from thoughtgate.providers.base import Provider, create_provider
+            from thoughtgate.orchestration.durability import make_durable
+            from thoughtgate.orchestration.runtime import RunRequest, Runtime
             from thoughtgate.telemetry import telemetry_sinks
 
             text = read_prompt(prompt)
             ctx = Context(config_path=config, db=db, view_as=view_as)
-
-            def factory(name: str) -> Provider:
-                settings = provider_settings_from_config(
-                    ctx.config, name, base_url=base_url, api_key=api_key
-                )
-                return create_provider(name, settings)
+            factory = _provider_factory(ctx, base_url, api_key)
 
             async def go(store: EventStore) -> str:
                 runtime = Runtime(
@@ -277,13 +330,20 @@ def register(app: typer.Typer) -> None:
                     approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
                     sinks=telemetry_sinks(ctx.config),
                 )
-                view = await execute_and_follow(
-                    runtime,
-                    RunRequest(text, model=model, system=system),
-                    role=ctx.role,
-                    chain_of_thought=cot,
-                    live=not json_out,
-                )
+                engine = make_durable(runtime)
+                try:
+                    if engine is not None:
+                        await engine.launch()
+                    view = await execute_and_follow(
+                        runtime,
+                        RunRequest(text, model=model, system=system),
+                        role=ctx.role,
+                        chain_of_thought=cot,
+                        live=not json_out,
+                    )
+                finally:
+                    if engine is not None:
+                        await engine.close()
                 if json_out:
                     print_json(run_view_json(view))
                 else:
@@ -295,6 +355,61 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(
             for_run_status(run_async(run_on_daemon() if wants_daemon(url, key) else body()))
         )
+
+    @app.command()
+    def resume(
+        run_id: RunIdArg,
+        base_url: BaseUrlOpt = None,
+        api_key: ApiKeyOpt = None,
+        tools: ToolsOpt = None,
+        approve_all: ApproveAllOpt = False,
+        view_as: ViewAsOpt = None,
+        db: DbOpt = None,
+        config: ConfigOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Continue a run whose process was killed, from its last completed step (a completed
+        tool call is never run again); the exit code is its outcome."""
+
+        async def body() -> str:
+            from thoughtgate.cli.render import render_run
+            from thoughtgate.engine.approvals import ApprovalBroker
+            from thoughtgate.engine.tools import ToolRegistry, load_tools
+            from thoughtgate.orchestration.durability import make_durable
+            from thoughtgate.orchestration.runtime import Runtime
+            from thoughtgate.telemetry import telemetry_sinks
+
+            ctx = Context(config_path=config, db=db, view_as=view_as)
+
+            async def go(store: EventStore) -> str:
+                full_id = await resolve_run_id(store, run_id)
+                runtime = Runtime(
+                    store,
+                    ctx.config,
+                    provider_factory=_provider_factory(ctx, base_url, api_key),
+                    tools=load_tools(tools) if tools else ToolRegistry(),
+                    approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
+                    sinks=telemetry_sinks(ctx.config),
+                )
+                engine = make_durable(runtime)
+                try:
+                    if engine is not None:
+                        await engine.launch(listen=[t.name for t in runtime.tools])
+                    view = await resume_and_follow(
+                        runtime, full_id, role=ctx.role, live=not json_out
+                    )
+                finally:
+                    if engine is not None:
+                        await engine.close()
+                if json_out:
+                    print_json(run_view_json(view))
+                else:
+                    render_run(console, view, role=ctx.role.label)
+                return str(view["status"])
+
+            return await ctx.using(go)
+
+        raise typer.Exit(for_run_status(run_async(body())))
 
     @app.command()
     def status(

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
 
         async def body() -> None:
+            from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
             from thoughtgate.server.serve import serve_app
@@ -102,11 +103,11 @@ def register(app: typer.Typer) -> None:
             try:
                 store = await ctx.store()
                 first_key = await _bootstrap_key(store) if bootstrap_key else None
-                application = create_app(
-                    Runtime(store, ctx.config, tools=registry, sinks=telemetry_sinks(ctx.config)),
-                    ctx.config,
-                    shutdown_grace_s=shutdown_grace,
+                runtime = Runtime(
+                    store, ctx.config, tools=registry, sinks=telemetry_sinks(ctx.config)
                 )
+                make_durable(runtime)
+                application = create_app(runtime, ctx.config, shutdown_grace_s=shutdown_grace)
 
                 def ready(bound_host: str, bound_port: int) -> None:
                     err_console.print(

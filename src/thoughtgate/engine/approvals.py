@@ -43,6 +43,11 @@ class ApprovalBroker:
         future.set_result(ApprovalOutcome(decision, by))
         return True
 
+    async def answer(self, run_id: str, call_id: str, decision: Decision, *, by: str = "") -> bool:
+        """Answer a pending call (a durable broker also answers calls waiting in other
+        processes); ``False`` when nothing is waiting for that call."""
+        return self.respond(run_id, call_id, decision, by=by)
+
     async def wait(
         self,
         run_id: str,

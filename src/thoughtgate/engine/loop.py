@@ -22,13 +22,14 @@ for a result), which is one more turn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
-from thoughtgate.engine.history import keep_own_carriers
+from thoughtgate.engine.history import DroppedCarrier, keep_own_carriers
+from thoughtgate.engine.steps import NO_RESULT, DirectSteps, StepCodec, Steps
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ProviderError, UsageError
@@ -82,12 +83,14 @@ from thoughtgate.types import (
     ToolResultPart,
     Turn,
     Usage,
+    part_from_dict,
     part_to_dict,
 )
 
 __all__ = [
     "NOT_APPROVED_IN_TIME",
     "REJECTED_BY_USER",
+    "TURN_CUT",
     "LoopObserver",
     "LoopRecorder",
     "LoopResult",
@@ -96,8 +99,17 @@ __all__ = [
     "offered_tools",
     "run_agent_loop",
     "strip_reasoning",
+    "turn_from_json",
+    "turn_to_json",
     "unknown_tool_text",
 ]
+
+TURN_CUT = "cut: the process executing the run stopped during this turn; the turn is asked again"
+"""The error of a turn a stopped process left unfinished (ADR 0013)."""
+TOOL_INTERRUPTED = (
+    "the process executing the run stopped while this tool ran; it was not run again, since it "
+    "may already have had its effect"
+)
 
 
 class LoopRecorder(Protocol):
@@ -108,7 +120,9 @@ class LoopRecorder(Protocol):
 
     async def emit(self, event: NewEvent) -> list[Event]: ...
 
-    async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]: ...
+    async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Append ``events`` in one atomic batch (a resumed run finds all of them or none)."""
+        ...
 
     async def emit_delta(self, event: NewEvent) -> None: ...
 
@@ -207,6 +221,7 @@ class _Loop:
         approval_timeout: float,
         observer: LoopObserver | None,
         max_tokens: int,
+        steps: Steps,
     ) -> None:
         self.provider = provider
         self.recorder = recorder
@@ -217,6 +232,7 @@ class _Loop:
         self.approval_timeout = approval_timeout
         self.observer = observer
         self.max_tokens = max_tokens
+        self.steps = steps
         self.turn_no = 0
         self.first_chunk_at: float | None = None
         self.stream_ended_at: float | None = None
@@ -271,7 +287,7 @@ class _Loop:
 
         Continuity blocks stay: an adapter only emits them in ``hidden`` mode when the API demands
         them back inside this loop (its endpoint rule says so), and then they live in this loop's
-        history only -- ``response_events`` and the trace leave them out in ``hidden`` mode.
+        history only -- ``record_response`` and the trace leave them out in ``hidden`` mode.
         """
         if self.disclosure.captures:
             return turn
@@ -305,14 +321,94 @@ class _Loop:
                 call["server_port"] = server.port
         return call
 
+    # -- one model turn: a step that streams it, then a step that records it --------------
+    async def model_turn(
+        self, history: list[Message], system: str | None, dropped: Sequence[DroppedCarrier]
+    ) -> _TurnOutcome:
+        """Stream one turn (its deltas go to the log as they arrive) and return it, or what
+        arrived before the provider failed. A turn a stopped process left unfinished is first
+        recorded as cut, and this one gets the next turn number."""
+        resumed = self.steps.resumed
+        if resumed is not None:
+            seen = resumed.last_turn(self.task_id, self.turn_no)
+            if seen is not None:
+                if not resumed.turn_recorded(self.task_id, seen):
+                    await self.record_cut(seen, resumed.turn_text(self.task_id, seen))
+                self.turn_no = seen + 1
+        notes = [self.ev(EventType.CONTINUITY_DROPPED, _dropped(d, self.turn_no)) for d in dropped]
+        if notes:
+            await self.recorder.emit_all(notes)
+        request = TurnRequest(
+            history,
+            system=system,
+            tools=self.specs,
+            reasoning=ReasoningRequest(self.disclosure.requests_reasoning),
+            max_tokens=self.max_tokens,
+        )
+        started_at = now_ts()
+        self.first_chunk_at = self.stream_ended_at = None
+        try:
+            turn = self.captured(await stream_llm_turn(self.provider, request, self.on_chunk))
+        except ProviderError as exc:
+            self.stream_ended_at = now_ts()
+            await self.recorder.flush()
+            partial = self.captured(exc.partial) if exc.partial is not None else None
+            call = self.call_info(request, partial, started_at) if partial is not None else None
+            return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
+        self.stream_ended_at = now_ts()
+        await self.recorder.flush()
+        return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
+
+    async def record_cut(self, turn_no: int, text: str) -> None:
+        cut: AgentResponsePayload = {
+            "turn": turn_no,
+            "answer": text,
+            "complete": False,
+            "finish_reason": None,
+            "raw_finish_reason": "",
+            "provider": self.provider.name,
+            "model": self.provider.model,
+            "usage": token_usage(Usage()),
+            "tool_calls": [],
+            "error": TURN_CUT,
+        }
+        await self.recorder.emit_all([self.ev(EventType.AGENT_RESPONSE, cut)])
+
+    async def record_turn(self, outcome: _TurnOutcome) -> None:
+        """``agent.response``, the observer's steps and, when the task ends here, its last
+        message: one atomic append."""
+        resumed = self.steps.resumed
+        if resumed is not None and resumed.turn_recorded(self.task_id, outcome.turn_no):
+            return
+        turn, failure = outcome.turn, outcome.failure
+        events: list[NewEvent] = []
+        if turn is not None:
+            events += await self.response_events(turn, call=outcome.call, failure=failure)
+        if failure is not None:
+            answer = turn.text if turn is not None else ""
+            cut: MessagePartiallyCompletedPayload = {
+                "text": answer,
+                "reason": "provider_error",
+                "error": failure.message,
+                "status": failure.status,
+                "error_type": failure.error_type,
+            }
+            events.append(self.ev(EventType.MESSAGE_PARTIALLY_COMPLETED, cut))
+        elif turn is not None and not turn.tool_calls:
+            final: MessageCompletedPayload = {
+                "text": turn.text,
+                "finish_reason": turn.finish_reason,
+            }
+            events.append(self.ev(EventType.MESSAGE_COMPLETED, final))
+        await self.recorder.emit_all(events)
+
     async def response_events(
         self,
         turn: Turn,
         *,
         call: ModelCallPayload | None = None,
-        error: ProviderError | None = None,
+        failure: _ProviderFailure | None = None,
     ) -> list[NewEvent]:
-        """``agent.response`` and the observer's visible steps for the turn, to record together."""
         payload: AgentResponsePayload = {
             "turn": self.turn_no,
             "answer": turn.text,
@@ -327,9 +423,9 @@ class _Loop:
                 for c in self.real_calls(turn)
             ],
         }
-        if error is not None:
-            payload["error"] = str(error)
-            payload["error_type"] = error_type_of(error)
+        if failure is not None:
+            payload["error"] = failure.message
+            payload["error_type"] = failure.kind
         if call is not None:
             payload["call"] = call
         if self.disclosure.in_trace and not self.disclosure.on_display:
@@ -355,6 +451,7 @@ class _Loop:
             )
         return events
 
+    # -- tools: each call is a step; an approval is two steps around a durable wait -------
     async def run_tool(self, call: ToolCallPart) -> ToolResultPart:
         tool = self.tools.get(call.name)
         base: ToolCardFields = {
@@ -364,30 +461,45 @@ class _Loop:
             "label": tool.label if tool is not None else call.name,
         }
         if tool is None:
+            return await self.step(f"unknown tool {call.call_id}", lambda: self.unknown(call, base))
+        if tool.requires_approval:
+            verdict = await self.approve(tool, call, base)
+            if verdict is not None:
+                return verdict
+        return await self.step(f"tool {call.call_id}", lambda: self.execute(tool, call, base))
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[ToolResultPart]]) -> ToolResultPart:
+        result: ToolResultPart = await self.steps.run(f"{self.task_id}: {name}", fn, _RESULT)
+        return result
+
+    async def unknown(self, call: ToolCallPart, base: ToolCardFields) -> ToolResultPart:
+        resumed = self.steps.resumed
+        if resumed is None or resumed.tool_end(self.task_id, call.call_id) is None:
             failed: ToolFailedPayload = {
                 **base,
                 "error": f"unknown tool {call.name!r}",
                 "error_kind": "unknown_tool",
             }
-            await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
-            return ToolResultPart(
-                call.call_id,
-                unknown_tool_text(call.name),
-                is_error=True,
-                name=call.name,
-            )
-        if tool.requires_approval:
-            verdict = await self.approve(tool, call, base)
-            if verdict is not None:
-                return verdict
-        return await self.execute(tool, call, base)
+            await self.recorder.emit_all([self.ev(EventType.TOOL_FAILED, failed)])
+        return ToolResultPart(
+            call.call_id, unknown_tool_text(call.name), is_error=True, name=call.name
+        )
 
     async def approve(
         self, tool: Tool, call: ToolCallPart, base: ToolCardFields
     ) -> ToolResultPart | None:
-        asked: ToolApprovalRequiredPayload = {**base, "input": call.arguments}
-        await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_REQUIRED, asked))
-        await self.observe_tool_started(call)
+        async def ask() -> None:
+            resumed = self.steps.resumed
+            if resumed is not None and resumed.approval_asked(self.task_id, call.call_id):
+                self.cards_seen.add(call.call_id)
+                return
+            asked: ToolApprovalRequiredPayload = {**base, "input": call.arguments}
+            events = [self.ev(EventType.TOOL_APPROVAL_REQUIRED, asked)]
+            events += await self.tool_started_events(call)
+            await self.recorder.emit_all(events)
+
+        await self.steps.run(f"{self.task_id}: ask approval {call.call_id}", ask, NO_RESULT)
+        self.cards_seen.add(call.call_id)
         outcome = await self.approvals.wait(
             self.recorder.run_id,
             call.call_id,
@@ -395,29 +507,53 @@ class _Loop:
             call.arguments,
             timeout=self.approval_timeout,
         )
-        if outcome.decision == "timeout":
-            expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
-            await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
-            text = NOT_APPROVED_IN_TIME
-        else:
-            answered: ToolApprovalResponsePayload = {
-                **base,
-                "decision": outcome.decision,
-                "by": outcome.by,
-            }
-            await self.recorder.emit(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
-            if outcome.decision == "approve":
-                return None
-            text = REJECTED_BY_USER
-        result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
-        status = "skipped" if outcome.decision == "timeout" else "rejected"
-        await self.observe_tool_finished(call, status, result)
-        return result
+
+        async def settle() -> ToolResultPart | None:
+            resumed = self.steps.resumed
+            done = resumed is not None and resumed.approval_settled(self.task_id, call.call_id)
+            events: list[NewEvent] = []
+            if outcome.decision == "timeout":
+                expired: ToolApprovalTimeoutPayload = {**base, "timeout_s": self.approval_timeout}
+                events.append(self.ev(EventType.TOOL_APPROVAL_TIMEOUT, expired))
+                text = NOT_APPROVED_IN_TIME
+            else:
+                answered: ToolApprovalResponsePayload = {
+                    **base,
+                    "decision": outcome.decision,
+                    "by": outcome.by,
+                }
+                events.append(self.ev(EventType.TOOL_APPROVAL_RESPONSE, answered))
+                text = REJECTED_BY_USER
+            result = None
+            if outcome.decision != "approve":
+                result = ToolResultPart(call.call_id, text, is_error=True, name=call.name)
+                status = "skipped" if outcome.decision == "timeout" else "rejected"
+                events += await self.tool_finished_events(call, status, result)
+            if not done:
+                await self.recorder.emit_all(events)
+            return result
+
+        codec = StepCodec(
+            lambda r: None if r is None else part_to_dict(r),
+            lambda d: None if d is None else part_from_dict(d),
+        )
+        verdict: ToolResultPart | None = await self.steps.run(
+            f"{self.task_id}: approval answer {call.call_id}", settle, codec
+        )
+        return verdict
 
     async def execute(self, tool: Tool, call: ToolCallPart, base: ToolCardFields) -> ToolResultPart:
+        resumed = self.steps.resumed
+        if resumed is not None:
+            recorded = resumed.tool_end(self.task_id, call.call_id)
+            if recorded is not None:  # it ran before the stop: its result stands
+                return _recorded_result(call, recorded)
+            if resumed.tool_started(self.task_id, call.call_id):
+                return await self.interrupted(call, base)
         started: ToolStartedPayload = {**base, "input": call.arguments}
-        await self.recorder.emit(self.ev(EventType.TOOL_STARTED, started))
-        await self.observe_tool_started(call)
+        await self.recorder.emit_all(
+            [self.ev(EventType.TOOL_STARTED, started), *await self.tool_started_events(call)]
+        )
 
         async def progress(message: str) -> None:
             note: ToolProgressPayload = {**base, "message": message}
@@ -427,34 +563,53 @@ class _Loop:
         try:
             output = await tool.call(call.arguments, progress)
             done: ToolCompletedPayload = {**base, "output": output}
-            await self.recorder.emit(self.ev(EventType.TOOL_COMPLETED, done))
+            ended = [self.ev(EventType.TOOL_COMPLETED, done)]
             result = ToolResultPart(call.call_id, output, name=call.name)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            result, status = await self.fail(tool, call, base, error, exc)
-        await self.observe_tool_finished(call, status, result)
+            result, status, ended = await self.fail(tool, call, base, error, exc)
+        await self.recorder.emit_all(
+            [*ended, *await self.tool_finished_events(call, status, result)]
+        )
         return result
 
-    async def observe_tool_started(self, call: ToolCallPart) -> None:
+    async def interrupted(self, call: ToolCallPart, base: ToolCardFields) -> ToolResultPart:
+        """A tool the stopped process had started and not finished: never run twice."""
+        failed: ToolFailedPayload = {
+            **base,
+            "error": TOOL_INTERRUPTED,
+            "error_kind": "interrupted",
+        }
+        result = ToolResultPart(
+            call.call_id,
+            f"Error: {TOOL_INTERRUPTED}. Check its effect before you call it again.",
+            is_error=True,
+            name=call.name,
+        )
+        events = [self.ev(EventType.TOOL_FAILED, failed)]
+        events += await self.tool_finished_events(call, "failed", result)
+        await self.recorder.emit_all(events)
+        return result
+
+    async def tool_started_events(self, call: ToolCallPart) -> list[NewEvent]:
         """Once per card, after its first event (approval request or start)."""
         if self.observer is None or call.call_id in self.cards_seen:
-            return
+            return []
         self.cards_seen.add(call.call_id)
-        for event in await self.observer.tool_started(call, task_id=self.task_id):
-            await self.recorder.emit(event)
+        return list(await self.observer.tool_started(call, task_id=self.task_id))
 
-    async def observe_tool_finished(
+    async def tool_finished_events(
         self, call: ToolCallPart, status: str, result: ToolResultPart
-    ) -> None:
-        if self.observer is not None:
-            for event in await self.observer.tool_finished(
-                call, status, task_id=self.task_id, result=result
-            ):
-                await self.recorder.emit(event)
+    ) -> list[NewEvent]:
+        if self.observer is None:
+            return []
+        return list(
+            await self.observer.tool_finished(call, status, task_id=self.task_id, result=result)
+        )
 
     async def fail(
         self, tool: Tool, call: ToolCallPart, base: ToolCardFields, error: str, exc: Exception
-    ) -> tuple[ToolResultPart, str]:
+    ) -> tuple[ToolResultPart, str, list[NewEvent]]:
         kind = _error_kind(exc)
         if tool.fallback is not None and not isinstance(exc, ToolArgumentsError):
             try:
@@ -469,14 +624,130 @@ class _Loop:
                     "error": error,
                     "error_kind": kind,
                 }
-                await self.recorder.emit(self.ev(EventType.TOOL_DEGRADED, degraded))
-                return ToolResultPart(call.call_id, output, name=call.name), "degraded"
+                return (
+                    ToolResultPart(call.call_id, output, name=call.name),
+                    "degraded",
+                    [self.ev(EventType.TOOL_DEGRADED, degraded)],
+                )
         failed: ToolFailedPayload = {**base, "error": error, "error_kind": kind}
-        await self.recorder.emit(self.ev(EventType.TOOL_FAILED, failed))
         return (
             ToolResultPart(call.call_id, failed_tool_text(error), is_error=True, name=call.name),
             "failed",
+            [self.ev(EventType.TOOL_FAILED, failed)],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _ProviderFailure:
+    """What a ``ProviderError`` said, in the form a checkpoint keeps."""
+
+    message: str
+    status: int | None
+    error_type: str | None
+    """The provider's own error code, when it sent one."""
+    kind: str
+    """``error_type_of``: that code, else the error's class."""
+
+    @classmethod
+    def of(cls, exc: ProviderError) -> _ProviderFailure:
+        return cls(str(exc), exc.status, exc.error_type, error_type_of(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnOutcome:
+    """A model turn step's result: the turn number it used, the (possibly partial) turn, and the
+    provider's failure when there was one."""
+
+    turn_no: int
+    turn: Turn | None
+    failure: _ProviderFailure | None
+    call: ModelCallPayload | None = None
+    """How the turn was requested and answered (``agent.response.call``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        failure = self.failure
+        return {
+            "turn_no": self.turn_no,
+            "turn": None if self.turn is None else turn_to_json(self.turn),
+            "failure": None
+            if failure is None
+            else {
+                "message": failure.message,
+                "status": failure.status,
+                "type": failure.error_type,
+                "kind": failure.kind,
+            },
+            "call": None if self.call is None else dict(self.call),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _TurnOutcome:
+        raw = data.get("failure")
+        failure = (
+            None
+            if raw is None
+            else _ProviderFailure(raw["message"], raw["status"], raw["type"], raw["kind"])
+        )
+        turn = data.get("turn")
+        call = data.get("call")
+        return cls(
+            int(data["turn_no"]),
+            None if turn is None else turn_from_json(turn),
+            failure,
+            None if call is None else cast(ModelCallPayload, dict(call)),
+        )
+
+
+def turn_to_json(turn: Turn) -> dict[str, Any]:
+    """A turn for a checkpoint: every part (continuity carriers byte-identical), usage, finish."""
+    return {
+        "parts": [part_to_dict(p) for p in turn.parts],
+        "usage": turn.usage.to_dict(),
+        "finish_reason": turn.finish_reason,
+        "raw_finish_reason": turn.raw_finish_reason,
+        "provider": turn.provider,
+        "model": turn.model,
+        "complete": turn.complete,
+        "response_id": turn.response_id,
+        "response_model": turn.response_model,
+    }
+
+
+def turn_from_json(data: Mapping[str, Any]) -> Turn:
+    return Turn(
+        tuple(part_from_dict(p) for p in data["parts"]),
+        usage=Usage.from_dict(data.get("usage") or {}),
+        finish_reason=data.get("finish_reason"),
+        raw_finish_reason=str(data.get("raw_finish_reason", "")),
+        provider=str(data.get("provider", "")),
+        model=str(data.get("model", "")),
+        complete=bool(data.get("complete", True)),
+        response_id=data.get("response_id"),
+        response_model=data.get("response_model"),
+    )
+
+
+_OUTCOME = StepCodec(lambda o: o.to_json(), _TurnOutcome.from_json)
+_RESULT = StepCodec(part_to_dict, part_from_dict)
+
+
+def _dropped(gone: DroppedCarrier, turn_no: int) -> ContinuityDroppedPayload:
+    return {
+        "carrier": gone.carrier,
+        "from_provider": gone.provider,
+        "from_model": gone.model,
+        "reason": gone.reason,
+        "turn": turn_no,
+    }
+
+
+def _recorded_result(call: ToolCallPart, event: Event) -> ToolResultPart:
+    """The result a tool call got before the stop, from its recorded end event."""
+    if event.type in (EventType.TOOL_COMPLETED, EventType.TOOL_DEGRADED):
+        return ToolResultPart(call.call_id, str(event.payload.get("output", "")), name=call.name)
+    return ToolResultPart(
+        call.call_id, f"Error: {event.payload.get('error', '')}", is_error=True, name=call.name
+    )
 
 
 async def run_agent_loop(
@@ -493,8 +764,14 @@ async def run_agent_loop(
     system: str | None = None,
     observer: LoopObserver | None = None,
     max_tokens: int = 4096,
+    steps: Steps | None = None,
 ) -> LoopResult:
-    """Run model turns and tools until the model answers without calling a tool."""
+    """Run model turns and tools until the model answers without calling a tool.
+
+    Each model turn, its recording and each tool call is a step of ``steps``
+    (:mod:`thoughtgate.engine.steps`): a durable engine checkpoints them, so a run resumed in
+    another process continues from its last completed step with the same conversation.
+    """
     loop = _Loop(
         provider=provider,
         recorder=recorder,
@@ -505,84 +782,51 @@ async def run_agent_loop(
         approval_timeout=approval_timeout,
         observer=observer,
         max_tokens=max_tokens,
+        steps=steps or DirectSteps(),
     )
     history = list(messages)
     usage = Usage()
     reasoning: list[str] = []
     turns: list[Turn] = []
-    for turn_no in range(max_turns):
-        loop.turn_no = turn_no
-        outgoing, dropped = keep_own_carriers(history, provider.name, provider.model)
-        for gone in dropped:
-            note: ContinuityDroppedPayload = {
-                "carrier": gone.carrier,
-                "from_provider": gone.provider,
-                "from_model": gone.model,
-                "reason": gone.reason,
-                "turn": turn_no,
-            }
-            await recorder.emit(NewEvent(EventType.CONTINUITY_DROPPED, note, task_id=task_id))
-        history = outgoing
-        request = TurnRequest(
-            history,
-            system=system,
-            tools=loop.specs,
-            reasoning=ReasoningRequest(disclosure.requests_reasoning),
-            max_tokens=max_tokens,
+    planned = 0
+    while planned < max_turns:
+        loop.turn_no = planned
+        history, dropped = keep_own_carriers(history, provider.name, provider.model)
+        outcome: _TurnOutcome = await loop.steps.run(
+            f"{task_id}: model turn {planned}",
+            lambda h=history, d=dropped: loop.model_turn(h, system, d),  # type: ignore[misc]
+            _OUTCOME,
         )
-        started_at = now_ts()
-        loop.first_chunk_at = loop.stream_ended_at = None
-        try:
-            turn = loop.captured(await stream_llm_turn(provider, request, loop.on_chunk))
-        except ProviderError as exc:
-            loop.stream_ended_at = now_ts()
-            partial = loop.captured(exc.partial) if exc.partial is not None else None
-            closing: list[NewEvent] = []
-            if partial is not None:
-                usage = usage + partial.usage
-                reasoning.append(partial.reasoning_text)
-                turns.append(partial)
-                call = loop.call_info(request, partial, started_at)
-                closing += await loop.response_events(partial, call=call, error=exc)
-            answer = partial.text if partial is not None else ""
-            cut: MessagePartiallyCompletedPayload = {
-                "text": answer,
-                "reason": "provider_error",
-                "error": str(exc),
-                "status": exc.status,
-                "error_type": exc.error_type,
-            }
-            closing.append(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task_id))
-            await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
+        loop.turn_no = outcome.turn_no
+        turn = outcome.turn
+        await loop.steps.run(
+            f"{task_id}: record turn {outcome.turn_no}",
+            lambda o=outcome: loop.record_turn(o),  # type: ignore[misc]
+            NO_RESULT,
+        )
+        if turn is not None:
+            usage = usage + turn.usage
+            reasoning.append(turn.reasoning_text)
+            turns.append(turn)
+        if outcome.failure is not None:
+            answer = turn.text if turn is not None else ""
             return LoopResult(
                 "partial" if answer else "failed",
                 answer,
-                turn_no + 1,
+                outcome.turn_no + 1,
                 usage,
                 _join(reasoning),
-                partial.finish_reason if partial else None,
-                str(exc),
+                turn.finish_reason if turn is not None else None,
+                outcome.failure.message,
                 turns,
-                error_type_of(exc),
+                outcome.failure.kind,
             )
-        loop.stream_ended_at = now_ts()
-        usage = usage + turn.usage
-        reasoning.append(turn.reasoning_text)
-        turns.append(turn)
-        closing = await loop.response_events(turn, call=loop.call_info(request, turn, started_at))
-        if turn.tool_calls:
-            await recorder.emit_all(closing)  # after the deltas still buffered, in one batch
-        else:
-            final: MessageCompletedPayload = {
-                "text": turn.text,
-                "finish_reason": turn.finish_reason,
-            }
-            closing.append(NewEvent(EventType.MESSAGE_COMPLETED, final, task_id=task_id))
-            await recorder.emit_all(closing)
+        assert turn is not None
+        if not turn.tool_calls:
             return LoopResult(
                 "completed",
                 turn.text,
-                turn_no + 1,
+                outcome.turn_no + 1,
                 usage,
                 _join(reasoning),
                 turn.finish_reason,
@@ -592,17 +836,25 @@ async def run_agent_loop(
         results = [await loop.answer(call) for call in turn.tool_calls]
         history.append(Message("assistant", strip_reasoning(turn.parts)))
         history.append(Message("tool", tuple(results)))
+        planned = outcome.turn_no + 1
     limit = f"stopped after reaching the turn limit of {max_turns} model turns"
     last = turns[-1].text if turns else ""
-    if observer is not None:
-        for event in await observer.task_finished(task_id=task_id):
-            await recorder.emit(event)
-    stopped: MessagePartiallyCompletedPayload = {
-        "text": last,
-        "reason": "max_turns",
-        "error": limit,
-    }
-    await recorder.emit(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, stopped, task_id=task_id))
+
+    async def stop() -> None:
+        events: list[NewEvent] = []
+        if observer is not None:
+            events += await observer.task_finished(task_id=task_id)
+        stopped: MessagePartiallyCompletedPayload = {
+            "text": last,
+            "reason": "max_turns",
+            "error": limit,
+        }
+        events.append(NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, stopped, task_id=task_id))
+        resumed = loop.steps.resumed
+        if resumed is None or not resumed.task_has(task_id, EventType.MESSAGE_PARTIALLY_COMPLETED):
+            await recorder.emit_all(events)
+
+    await loop.steps.run(f"{task_id}: turn limit", stop, NO_RESULT)
     return LoopResult(
         "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns, "max_turns"
     )

@@ -53,6 +53,7 @@ __all__ = [
     "ResolutionSources",
     "RunEndedPayload",
     "RunInterruptedPayload",
+    "RunResumedPayload",
     "RunStartedPayload",
     "RunStatus",
     "SettingSource",
@@ -97,9 +98,11 @@ StepSource: TypeAlias = Literal["phases", "narration", "provider_summary", "mode
 model's ``narration`` through ``visible_step``, or -- only when the operator named them -- a
 ``provider_summary`` or the operator's summarizer ``model``."""
 ToolErrorKind: TypeAlias = Literal[
-    "invalid_arguments", "tool_error", "unknown_tool", "fallback_failed"
+    "invalid_arguments", "tool_error", "unknown_tool", "fallback_failed", "interrupted"
 ]
-"""Why a tool call failed, in a form every reader may see (the error text is tool detail)."""
+"""Why a tool call failed, in a form every reader may see (the error text is tool detail).
+``interrupted``: the process executing the run stopped while the tool ran; a resumed run never
+runs it again, since it may have had its effect (ADR 0013)."""
 SettingSource: TypeAlias = Literal["explicit", "run", "config", "default"]
 
 
@@ -314,6 +317,24 @@ class RunInterruptedPayload(TypedDict):
     usage: NotRequired[Annotated[TokenUsage, Vis.PUBLIC]]
     """What its finished tasks used before it was interrupted (absent when another process
     closed it: that process cannot know)."""
+
+
+@with_config(_STRICT)
+class RunResumedPayload(TypedDict):
+    """A run whose process stopped continues in another (or a restarted) process (ADR 0013)."""
+
+    reason: Annotated[str, Vis.PUBLIC]
+    """Why it had stopped: its process crashed, was killed, shut down or restarted."""
+    attempt: Annotated[int, Vis.PUBLIC]
+    """Which execution of the run this is (2 = its first resume)."""
+    after_seq: Annotated[int, Vis.PUBLIC]
+    """Where it continues: after the last event recorded before it stopped. Completed steps are
+    not done again (a finished tool call keeps its recorded result); a model turn cut by the stop
+    is recorded as cut and asked again."""
+    executor: Annotated[str, Vis.OPERATOR]
+    """The process that continues it (host digest, process id, start nonce)."""
+    previous_executor: NotRequired[Annotated[str, Vis.OPERATOR]]
+    """The process that had it before, when one was recorded."""
 
 
 @with_config(_STRICT)
@@ -612,7 +633,13 @@ _SPECS = (
     EventSpec(
         EventType.RUN_INTERRUPTED,
         RunInterruptedPayload,
-        "The run ended before it finished: cancelled, shut down, or its process gone (terminal).",
+        "The run ended before it could finish: cancelled, or its process gone and it could not "
+        "resume (terminal).",
+    ),
+    EventSpec(
+        EventType.RUN_RESUMED,
+        RunResumedPayload,
+        "The run continues after its process stopped, from its last completed step.",
     ),
 )
 

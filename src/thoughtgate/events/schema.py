@@ -43,6 +43,7 @@ class EventType:
     RUN_ERROR: Final = "run.error"
     RUN_SETTLEMENT_COMPLETED: Final = "run.settlement.completed"
     RUN_INTERRUPTED: Final = "run.interrupted"
+    RUN_RESUMED: Final = "run.resumed"
 
     TASK_STARTED: Final = "task.started"
     TASK_COMPLETED: Final = "task.completed"

@@ -26,6 +26,7 @@ __all__ = [
     "HostTaskView",
     "RunMetadata",
     "RunView",
+    "SuspendedInfo",
     "TaskView",
 ]
 
@@ -45,6 +46,18 @@ class DaemonInfo(TypedDict):
 
 
 @with_config(_STRICT)
+class SuspendedInfo(TypedDict):
+    """A durable run that nobody executes right now (ADR 0013)."""
+
+    reason: Annotated[str, Vis.PUBLIC]
+    """Why its process stopped."""
+    since: Annotated[float, Vis.PUBLIC]
+    resume: Annotated[Literal["queue", "manual"], Vis.PUBLIC]
+    """``queue``: a replica takes it up by itself; ``manual``: ``thoughtgate resume RUN_ID`` or
+    the web page's Resume continues it."""
+
+
+@with_config(_STRICT)
 class RunMetadata(TypedDict, total=False):
     """What thoughtgate records about a run beyond its request. A key declared nowhere here (set
     through the Python API) is kept in the log but shown to no reader."""
@@ -52,6 +65,10 @@ class RunMetadata(TypedDict, total=False):
     daemon: Annotated[DaemonInfo, Vis.OPERATOR]
     continues: Annotated[str, Vis.PUBLIC]
     """The run whose conversation this one continues."""
+    suspended: Annotated[SuspendedInfo | None, Vis.PUBLIC]
+    """Set while the run waits to resume after its process stopped; ``None`` once it resumed."""
+    previous_executor: Annotated[str | None, Vis.OPERATOR]
+    """The process that executed the run before it stopped (host digest, pid, start nonce)."""
 
 
 @with_config(_STRICT)

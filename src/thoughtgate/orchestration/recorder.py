@@ -58,9 +58,11 @@ class EventRecorder:
         return await self.emit_all([event])
 
     async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]:
-        """Append ``events`` after everything buffered before them, all in one batch: lifecycle
-        events that happen together (a turn's end) cost one commit and reach live readers in
-        one write."""
+        """Append ``events`` after everything buffered before them, in one atomic batch (a run
+        resumed after a crash finds a step's events whole or not at all; events that happen
+        together, such as a turn's end, cost one commit and reach live readers in one write)."""
+        if not events:
+            return []
         async with self._lock:
             self._raise_failure()
             batch = [*self._buffer, *events]

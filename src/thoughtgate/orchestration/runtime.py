@@ -22,20 +22,23 @@ cancelled (Ctrl-C, MCP cancel, shutdown, lease      interrupted  ``run.interrupt
 
 A provider is built when the run is created, so a missing key or an unknown model is a
 ``UsageError`` before any run exists. While it executes, the run's lease is renewed
-(``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009).
+(``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
+when the runtime is durable (``orchestration.durable``, ADR 0013), resume from its last completed
+step. The run's spec (tasks and tool names) is stored with it, so any process can execute it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thoughtgate.config import (
     Config,
@@ -53,14 +56,16 @@ from thoughtgate.engine.loop import (
     offered_tools,
     run_agent_loop,
 )
+from thoughtgate.engine.steps import DirectSteps, ResumeLog, StepCodec, Steps
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import ProviderError, ThoughtgateError, UsageError
+from thoughtgate.errors import ProviderError, QuotaExceededError, ThoughtgateError, UsageError
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     CapabilityResolvedPayload,
     MessageCompletedPayload,
     MessagePartiallyCompletedPayload,
     RunEndedPayload,
+    RunResumedPayload,
     RunStartedPayload,
     RunStatus,
     SettingSource,
@@ -74,6 +79,7 @@ from thoughtgate.events.payloads import (
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
+from thoughtgate.orchestration.specs import RunSpec, TaskSpec
 from thoughtgate.providers.base import (
     Provider,
     ProviderSettings,
@@ -83,11 +89,16 @@ from thoughtgate.providers.base import (
 )
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.leases import close_run_interrupted, end_run
+from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
+from thoughtgate.store.leases import LOST_LEASE, close_run_interrupted, end_run
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
+if TYPE_CHECKING:
+    from thoughtgate.orchestration.durable import DurableEngine
+
 __all__ = [
+    "SUSPENDED",
     "InlineWorker",
     "ObserverFactory",
     "ProviderFactory",
@@ -103,26 +114,17 @@ InlineWorker = Callable[[str], str | Awaitable[str]]
 ProviderFactory = Callable[[str], Provider]
 ObserverFactory = Callable[[RunRecord, Disclosure], LoopObserver | None]
 
+SUSPENDED = "its process is shutting down; it resumes in another process"
+"""Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
+_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE})
+"""Cancel reasons after which the run stays open: another process continues (or closed) it."""
+
 _CONFIG_SECTION = {
     "anthropic": "anthropic",
     "openai": "openai",
     "openrouter": "openrouter",
     "openai-compatible": "openai_compatible",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSpec:
-    """One task of a run; unset fields fall back to the run's."""
-
-    prompt: str
-    _: KW_ONLY
-    model: str | None = None
-    worker: str | None = None
-    """Name of a registered inline worker (inline backend)."""
-    system: str | None = None
-    history: Sequence[Message] = ()
-    """Earlier conversation (no reasoning: see ``conversation_from_events``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +204,37 @@ class Runtime:
         """This process's leases on the runs it executes (ADR 0009)."""
         self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
         """Leases on the process's provider clients, one per ``async with`` (not run leases)."""
+        self.durable: DurableEngine | None = None
+        """The durable engine executing this runtime's runs (``orchestration.durable``)."""
+        self._workflows: dict[str, asyncio.Task[Any]] = {}
+        """Durable runs executing in this process: their workflow tasks (for cancelling)."""
+        self._cancelled_early: dict[str, str] = {}
+        """Runs cancelled between starting their workflow and its first step: the reason."""
+
+    def attach_durable(self, engine: DurableEngine) -> None:
+        """Execute runs as durable workflows from now on; approvals go through the engine, so a
+        pending one can be answered from any process and survives restarts."""
+        from thoughtgate.orchestration.approvals import DurableApprovals
+
+        self.durable = engine
+        self.approvals = DurableApprovals(engine, self.store, decider=self.approvals.decider)
+
+    def with_tools(self, tool_names: Sequence[str]) -> Runtime:
+        """A runtime sharing everything with this one but holding only the named tools (a run
+        may call exactly the tools it named); ``UsageError`` names any this process lacks."""
+        chosen = ToolRegistry()
+        for name in tool_names:
+            found = self.tools.get(name)
+            if found is None:
+                known = ", ".join(t.name for t in self.tools) or "none registered"
+                raise UsageError(f"unknown tool {name!r}; tools in this process: {known}")
+            if chosen.get(name) is None:
+                chosen.add(found)
+        # A shallow copy keeps everything else this runtime was built with (provider factory,
+        # approvals broker, observers, sinks, durable engine, whatever it grows later).
+        runtime = copy.copy(self)
+        runtime.tools = chosen
+        return runtime
 
     async def __aenter__(self) -> Runtime:
         lease = shared_clients().lease()
@@ -237,8 +270,31 @@ class Runtime:
         *,
         chain_of_thought: str | None = None,
         worker_backend: str | None = None,
+        tools: Sequence[str] | None = None,
     ) -> RunRecord:
-        """Validate, resolve modes, store the run with its tasks, record the opening events."""
+        """Validate, resolve modes, store the run with its tasks and spec, record the opening
+        events. ``tools``: the names of the tools the run may call (default: all of this
+        runtime's, for a run this process executes itself)."""
+        run, _ = await self.admit(
+            request, chain_of_thought=chain_of_thought, worker_backend=worker_backend, tools=tools
+        )
+        return run
+
+    async def admit(
+        self,
+        request: RunRequest,
+        *,
+        chain_of_thought: str | None = None,
+        worker_backend: str | None = None,
+        tools: Sequence[str] | None = None,
+        key_id: str | None = None,
+        quota: Quota | None = None,
+        queue: str | None = None,
+    ) -> tuple[RunRecord, int]:
+        """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
+        (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it waits
+        there for a replica instead of being executed by this process. Also returns the run's
+        rank among its key's open runs (1 for a key's only run), its priority in the queue."""
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
             chain_of_thought, request.chain_of_thought, orch.chain_of_thought
@@ -261,8 +317,8 @@ class Runtime:
             chain_of_thought=mode,
             worker_backend=backend,
             metadata=dict(request.metadata),
-            owner=self.leases.owner.owner_id,
-            lease_expires_at=self.leases.lease_until(),
+            owner=None if queue else self.leases.owner.owner_id,
+            lease_expires_at=None if queue else self.leases.lease_until(),
             started_by=request.started_by,
         )
         run.tasks = [
@@ -276,12 +332,17 @@ class Runtime:
             )
             for i, spec in enumerate(specs)
         ]
+        names = tuple(t.name for t in self.tools) if tools is None else tuple(tools)
+        spec = RunSpec(tuple(specs), names)
         try:
-            await self.store.create_run(run)
+            rank = await self._store_run(run, spec, key_id=key_id, quota=quota, queue=queue)
         except BaseException:
             await _close_all(prepared.values())
             raise
-        self._prepared[run.run_id] = prepared
+        if queue:  # another process may execute it: nothing prepared here is of use
+            await _close_all(prepared.values())
+        else:
+            self._prepared[run.run_id] = prepared
         started: RunStartedPayload = {"prompt": request.prompt, "model": model, "tasks": len(specs)}
         resolved: CapabilityResolvedPayload = {
             "chain_of_thought": mode,
@@ -304,8 +365,39 @@ class Runtime:
                 NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
             ],
         )
-        self._specs[run.run_id] = specs
-        return run
+        if not queue:
+            self._specs[run.run_id] = specs
+        return run, rank
+
+    async def _store_run(
+        self,
+        run: RunRecord,
+        spec: RunSpec,
+        *,
+        key_id: str | None,
+        quota: Quota | None,
+        queue: str | None,
+    ) -> int:
+        """Store the run with its tasks and its spec (the spec only where the store keeps
+        specs); returns its rank among its key's open runs."""
+        if not isinstance(self.store, DurableRunStore):
+            if queue or quota:
+                raise UsageError("queued runs and quotas need a store that keeps run specs")
+            await self.store.create_run(run)
+            return 1
+        record = RunSpecRecord(
+            run.run_id,
+            spec.to_json(),
+            key_id=key_id,
+            durable=self.durable is not None,
+            resume="queue" if queue else "manual",
+            queue=queue,
+            queued_at=time.time() if queue else None,
+        )
+        admission = await self.store.admit_run(run, record, quota=quota)
+        if not admission.admitted:
+            raise QuotaExceededError(admission.reason, retry_after=admission.retry_after)
+        return admission.rank
 
     def _validate(self, backend: str, model: str | None, specs: Sequence[TaskSpec]) -> None:
         if backend == "provider":
@@ -348,43 +440,133 @@ class Runtime:
 
         Cancelling the task that runs this (Ctrl-C, an MCP cancel, a daemon shutdown) ends the
         run ``interrupted``, its unfinished tasks first; the cancel message, if any, is the
-        recorded reason. The ``CancelledError`` is then re-raised.
+        recorded reason. The ``CancelledError`` is then re-raised. With a durable engine the run
+        executes as a workflow in this process, and a cancel reaches the workflow the same way.
         """
         async with shared_clients().lease():  # one set of provider connections for all turns
-            return await self._execute(run_id)
+            if self.durable is None:
+                return await self._execute(run_id)
+            return await self._execute_here(run_id)
+
+    async def _execute_here(self, run_id: str) -> RunRecord:
+        assert self.durable is not None
+        run = await self.store.get_run(run_id)
+        if run.status not in OPEN_RUN_STATUSES:
+            await _close_all(self._prepared.pop(run_id, {}).values())
+            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+        done = await self.durable.start(run_id)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError as exc:
+            reason = _cancel_reason(exc)
+            if not done.done() and not self.cancel(run_id, reason):
+                self._cancelled_early[run_id] = reason  # its workflow has not begun yet
+            with contextlib.suppress(BaseException):
+                await done
+            if reason not in _KEEP_OPEN:
+                await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
+            raise
+        return await self.store.get_run(run_id)
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Cancel a durable run executing in this process (``reason`` becomes the recorded one,
+        or with ``SUSPENDED`` the run stays open to resume elsewhere)."""
+        task = self._workflows.get(run_id)
+        if task is None or task.done():
+            return False
+        task.cancel(reason)
+        return True
+
+    @property
+    def executing(self) -> frozenset[str]:
+        """Durable runs this process is executing now."""
+        return frozenset(self.workflow_tasks())
+
+    def workflow_tasks(self) -> dict[str, asyncio.Task[Any]]:
+        """The tasks of the durable runs executing in this process, by run id."""
+        return {r: t for r, t in self._workflows.items() if not t.done()}
 
     async def _execute(self, run_id: str) -> RunRecord:
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        specs = self._specs.pop(run_id, None) or [
-            TaskSpec(t.prompt, model=t.model) for t in run.tasks
-        ]
+        specs = self._specs.pop(run_id, None) or await self._stored_specs(run)
+        await self._run_held(run, specs, DirectSteps(), running=True)
+        return await self.store.get_run(run_id)
+
+    async def _stored_specs(self, run: RunRecord) -> list[TaskSpec]:
+        """The run's task specs from the store (another process created it), else from its
+        task rows (a run recorded without a spec: no system prompt or history to go on)."""
+        if isinstance(self.store, DurableRunStore):
+            record = await self.store.get_run_spec(run.run_id)
+            if record is not None:
+                return list(RunSpec.from_json(record.spec).tasks)
+        return [TaskSpec(t.prompt, model=t.model) for t in run.tasks]
+
+    async def execute_workflow(self, run_id: str) -> str:
+        """The body of a run's durable workflow (``orchestration.durable``), in whichever process
+        took it: claim the run, say it resumed when it did, then run its tasks through
+        checkpointed steps. Returns the run's status."""
+        from thoughtgate.orchestration.resume import begin_execution
+
+        assert isinstance(self.store, DurableRunStore)
+        early = self._cancelled_early.pop(run_id, None)
+        if early is not None:
+            raise asyncio.CancelledError(early)
+        self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
+        try:
+            begun = await begin_execution(self, run_id)
+            if begun is None:
+                return (await self.store.get_run(run_id)).status
+            runtime, run, specs, resumed = begun
+            try:
+                await runtime._run_held(run, specs, _DurableSteps.of(resumed), running=False)
+            except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
+                log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
+            return (await self.store.get_run(run_id)).status
+        finally:
+            self._workflows.pop(run_id, None)
+
+    async def _run_held(
+        self, run: RunRecord, specs: Sequence[TaskSpec], steps: Steps, *, running: bool
+    ) -> None:
+        """Execute a run this process holds, renewing its lease, until it ends or is cancelled."""
+        run_id = run.run_id
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
         try:
-            await self._execute_tasks(run, specs, spent)
+            await self._execute_tasks(run, specs, spent, steps, running=running)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
-            await self._interrupted(run_id, spent.usage, _cancel_reason(exc))
+            reason = _cancel_reason(exc)
+            if reason in _KEEP_OPEN:
+                self.leases.release(run_id)
+            else:
+                await self._interrupted(run_id, spent.usage, reason)
             raise
         finally:
             self.leases.release(run_id)
             await _close_all(self._prepared.pop(run_id, {}).values())
-        return await self.store.get_run(run_id)
 
     async def _execute_tasks(
-        self, run: RunRecord, specs: Sequence[TaskSpec], spent: _Spent
+        self,
+        run: RunRecord,
+        specs: Sequence[TaskSpec],
+        spent: _Spent,
+        steps: Steps,
+        *,
+        running: bool,
     ) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
         results: list[LoopResult] = []
         try:
-            await self.store.update_run(run.run_id, status="running")
+            if running:
+                await self.store.update_run(run.run_id, status="running")
             for task, spec in zip(run.tasks, specs, strict=True):
-                result = await self._execute_task(run, task, spec, disclosure)
+                result = await self._execute_task(run, task, spec, disclosure, steps)
                 spent.usage = spent.usage + result.usage
                 results.append(result)
         except ThoughtgateError as exc:
@@ -420,6 +602,10 @@ class Runtime:
             )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
+
+    async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None:
+        """Append ``run.resumed`` (through the sinks like every other event)."""
+        await self._append(run_id, [NewEvent(EventType.RUN_RESUMED, payload)])
 
     async def continue_run(
         self,
@@ -491,12 +677,16 @@ class Runtime:
         )
 
     async def _execute_task(
-        self, run: RunRecord, task: TaskRecord, spec: TaskSpec, disclosure: Disclosure
+        self,
+        run: RunRecord,
+        task: TaskRecord,
+        spec: TaskSpec,
+        disclosure: Disclosure,
+        steps: Steps,
     ) -> LoopResult:
         recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
         started = time.monotonic()
-        task.status = "running"
-        await self.store.save_task(task)
+        resumed = steps.resumed
         observer: LoopObserver | None = None
         setup_failed: Exception | None = None
         if run.worker_backend != "inline":
@@ -504,43 +694,74 @@ class Runtime:
                 observer = self._observer(run, spec, disclosure)
             except Exception as exc:  # reported below, after task.started, as the task's failure
                 setup_failed = exc
-        opened: TaskStartedPayload = {
-            "index": task.index,
-            "prompt": task.prompt,
-            "backend": task.backend,
-            "model": task.model,
-        }
-        if run.worker_backend != "inline":
-            _describe_task(opened, spec, offered_tools(self.tools, observer))
-        await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
+
+        async def begin() -> None:
+            task.status = "running"
+            await self.store.save_task(task)
+            if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_STARTED):
+                return
+            opened: TaskStartedPayload = {
+                "index": task.index,
+                "prompt": task.prompt,
+                "backend": task.backend,
+                "model": task.model,
+            }
+            if run.worker_backend != "inline":
+                _describe_task(opened, spec, offered_tools(self.tools, observer))
+            await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
+
         try:
             try:
+                await steps.run(f"{task.task_id}: start", begin, _NOTHING)
                 if setup_failed is not None:
                     raise setup_failed
                 if run.worker_backend == "inline":
-                    result = await self._inline(spec, task, recorder)
+                    result = await steps.run(
+                        f"{task.task_id}: inline worker",
+                        lambda: self._inline(spec, task, recorder),
+                        _LOOP_RESULT,
+                    )
                 else:
-                    result = await self._provider(run, spec, task, recorder, disclosure, observer)
+                    result = await self._provider(
+                        run, spec, task, recorder, disclosure, observer, steps
+                    )
             finally:
                 await recorder.close()
         except Exception as exc:
-            await self._task_aborted(run, task, _describe(exc))
+            error = _describe(exc)
+            await steps.run(
+                f"{task.task_id}: aborted",
+                lambda: self._task_aborted(run, task, error, resumed),
+                _NOTHING,
+            )
             raise
-        task.status = result.status
-        task.output = result.answer
-        task.usage = result.usage.to_dict()
-        task.error = result.error
-        task.reasoning = result.reasoning if disclosure.on_display and result.reasoning else None
-        await self.store.save_task(task)
-        await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
+
+        async def end() -> None:
+            task.status = result.status
+            task.output = result.answer
+            task.usage = result.usage.to_dict()
+            task.error = result.error
+            task.reasoning = (
+                result.reasoning if disclosure.on_display and result.reasoning else None
+            )
+            await self.store.save_task(task)
+            if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
+                return
+            await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
+
+        await steps.run(f"{task.task_id}: end", end, _NOTHING)
         return result
 
-    async def _task_aborted(self, run: RunRecord, task: TaskRecord, error: str) -> None:
+    async def _task_aborted(
+        self, run: RunRecord, task: TaskRecord, error: str, resumed: ResumeLog | None
+    ) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
         terminal event, so no reader waits on a task that will never finish."""
         task.status = "failed"
         task.error = error
         await self.store.save_task(task)
+        if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
+            return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
         await self._append(
             run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
@@ -635,6 +856,7 @@ class Runtime:
         recorder: EventRecorder,
         disclosure: Disclosure,
         observer: LoopObserver | None,
+        steps: Steps,
     ) -> LoopResult:
         model = task.model or run.model
         assert model is not None
@@ -654,9 +876,51 @@ class Runtime:
                 approval_timeout=self.config.orchestration.approval_timeout_s,
                 system=spec.system,
                 observer=observer,
+                steps=steps,
             )
         finally:
             await provider.aclose()
+
+
+def _loop_result_json(result: LoopResult) -> dict[str, Any]:
+    """An inline task's result for its checkpoint (inline workers make no model turns)."""
+    return {
+        "status": result.status,
+        "answer": result.answer,
+        "turns": result.turns,
+        "usage": result.usage.to_dict(),
+        "reasoning": result.reasoning,
+        "finish_reason": result.finish_reason,
+        "error": result.error,
+        "error_type": result.error_type,
+    }
+
+
+def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
+    return LoopResult(
+        data["status"],
+        str(data["answer"]),
+        int(data["turns"]),
+        Usage.from_dict(data.get("usage") or {}),
+        str(data.get("reasoning", "")),
+        data.get("finish_reason"),
+        data.get("error"),
+        error_type=data.get("error_type"),
+    )
+
+
+_NOTHING = StepCodec(lambda _: None, lambda _: None)
+_LOOP_RESULT = StepCodec(_loop_result_json, _loop_result_from_json)
+
+
+class _DurableSteps:
+    """Builds the engine's checkpointed steps without importing DBOS here."""
+
+    @staticmethod
+    def of(resumed: ResumeLog | None) -> Steps:
+        from thoughtgate.orchestration.durable import DbosSteps
+
+        return DbosSteps(resumed)
 
 
 @dataclass(slots=True)

@@ -3,9 +3,11 @@
 >>> app = create_app(MemoryStore(), Config())          # or create_app(Runtime(store, config))
 >>> uvicorn.run(app)                                    # ``thoughtgate serve`` does this for you
 
-Startup (lifespan) prepares the ticket secret and closes runs a crashed process left running, then
-keeps closing such runs periodically (ADR 0009); shutdown gives in-flight runs ``shutdown_grace_s``
-to finish, interrupts the rest, and closes the provider connections the runs shared. The app does
+Startup (lifespan) prepares the ticket secret, starts the durable engine when the runtime has
+one (``orchestration.durable``: this daemon then takes runs from its work queue), and resumes or
+closes runs a crashed process left running, then keeps doing so periodically (ADR 0009, 0010);
+shutdown gives in-flight runs ``shutdown_grace_s`` to finish, leaves durable ones to resume
+elsewhere, interrupts the rest, and closes the provider connections the runs shared. The app does
 not own the store: whoever opened it closes it.
 """
 
@@ -120,6 +122,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await state.signer()
+        engine = runtime.durable
+        if engine is not None:
+            await engine.launch(listen=[t.name for t in runtime.tools])
         if recover_on_start:
             recovered = await manager.recover()
             if recovered:
@@ -132,6 +137,8 @@ def create_app(
             finally:
                 await manager.shutdown()
                 state.streams.stop_all()
+                if engine is not None:
+                    await engine.close()
                 if state.feeds is not None:
                     await state.feeds.close()
                 if state.access is not None:

@@ -9,6 +9,7 @@ exception                   status  body
 ``AuthenticationError``     401     generic ("authentication required"), ``WWW-Authenticate``
 ``AccessDeniedError``       403     generic ("forbidden"): names no run, no data
 ``RunNotFoundError``        404     the id the caller sent
+``QuotaExceededError``      429     which limit, with ``Retry-After`` (whole seconds)
 other ``UsageError``        400     the message (what was wrong and what is allowed)
 ``ApiError``                given   raised by routes for 404/409/413/422 and friends
 ``StoreError``              503     "the event store is unavailable"
@@ -19,6 +20,7 @@ anything else               500     "internal error" (the traceback goes to the 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -28,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from thoughtgate.errors import (
     AccessDeniedError,
     AuthenticationError,
+    QuotaExceededError,
     RunNotFoundError,
     StoreError,
     ThoughtgateError,
@@ -49,6 +52,7 @@ _HTTP_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
+    429: "too_many_requests",
     500: "internal_error",
     503: "unavailable",
 }
@@ -114,6 +118,9 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
         return _forbidden()
     if isinstance(exc, RunNotFoundError):
         return error_response(404, str(exc))
+    if isinstance(exc, QuotaExceededError):
+        wait = str(max(1, math.ceil(exc.retry_after)))
+        return error_response(429, str(exc), headers={"Retry-After": wait})
     if isinstance(exc, UsageError):
         return error_response(400, str(exc))
     if isinstance(exc, StoreError):

@@ -1,28 +1,34 @@
-"""Runs the daemon executes in the background: start, shut down, and close runs nobody executes.
+"""Runs the daemon executes: start, resume, shut down, and pick up runs whose process is gone.
 
-* ``start`` validates and records a run (the caller gets its id at once), then executes it in an
-  asyncio task. Each run gets exactly the tools it named, from the daemon's registry.
-* ``shutdown`` (SIGTERM, lifespan end) gives in-flight runs ``grace_s`` to finish, then cancels
-  them; the runtime closes a cancelled run's unfinished tasks and then the run, with
-  ``task.completed`` (status ``interrupted``) and one ``run.interrupted`` event. Appends are atomic
-  in every store, so no event is ever half-written.
-* ``recover`` (startup) and a periodic sweep close runs whose executing process is gone -- a
+* ``start`` validates and records a run (the caller gets its id at once; a key over its quota
+  gets ``QuotaExceededError``, a 429). Each run gets exactly the tools it named.
+  - With durable runs (``orchestration.durable``, ADR 0013) the run goes on a work queue: the one
+    this daemon listens to when it has the run's tools, else one whose replicas have them; any
+    replica on that queue executes it, at most ``durability.concurrency`` at a time each.
+  - Without, this daemon executes it in an asyncio task.
+* ``shutdown`` (SIGTERM, lifespan end) gives in-flight runs ``grace_s`` to finish. Durable runs
+  still executing then stop here and stay open: their leases are given up at once, so another
+  replica (or this one, restarted) resumes them from their last completed step. Other runs are
+  cancelled and closed ``interrupted``, their unfinished tasks first.
+* ``recover`` (startup) and a periodic sweep handle runs whose executing process is gone -- a
   daemon or a ``thoughtgate run`` that died with ``kill -9``, a crash or a power cut, on this host
-  or (once its lease expired) on any other (``store.leases``, ADR 0009). Runs of live processes,
-  whose leases are renewed, are never touched.
+  or (once its lease expired) on any other (``store.leases``, ADR 0009): durable runs go back on
+  their queue (or wait for ``resume``), others are closed. The sweep also refreshes this daemon's
+  queue and deletes the checkpoints of ended runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 from collections.abc import Sequence
 
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.resume import check_resumable
+from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
+from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.records import RunRecord
 
@@ -34,7 +40,7 @@ SHUTDOWN_REASON = "the daemon shut down before it finished"
 
 
 class RunManager:
-    """Owns the background tasks of the runs this daemon process executes."""
+    """Owns the runs this daemon process executes."""
 
     def __init__(
         self, runtime: Runtime, *, grace_s: float = 3.0, sweep_every_s: float | None = None
@@ -50,7 +56,7 @@ class RunManager:
 
     @property
     def active(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + len(self.runtime.executing)
 
     @property
     def closing(self) -> bool:
@@ -61,40 +67,85 @@ class RunManager:
     def tools(self) -> ToolRegistry:
         return self.runtime.tools
 
-    # ------------------------------------------------------------------ start
-    def _runtime_for(self, tool_names: Sequence[str]) -> Runtime:
-        """A runtime sharing everything with the daemon's, but holding only the named tools."""
-        base = self.runtime
-        chosen = ToolRegistry()
-        for name in tool_names:
-            found = base.tools.get(name)
-            if found is None:
-                known = ", ".join(t.name for t in base.tools) or "none registered"
-                raise UsageError(f"unknown tool {name!r}; tools on this daemon: {known}")
-            if chosen.get(name) is None:
-                chosen.add(found)
-        # A shallow copy keeps everything else the daemon's runtime was built with (provider
-        # factory, approvals broker, observers, sinks, whatever it grows later).
-        runtime = copy.copy(base)
-        runtime.tools = chosen
-        return runtime
+    @property
+    def tool_names(self) -> list[str]:
+        return [t.name for t in self.runtime.tools]
 
+    @property
+    def queue(self) -> str | None:
+        """The work queue this daemon takes runs from (durable runs only)."""
+        engine = self.runtime.durable
+        return engine.queue if engine is not None else None
+
+    # ------------------------------------------------------------------ start
     async def start(
         self,
         request: RunRequest,
         *,
         chain_of_thought: str | None = None,
         tools: Sequence[str] = (),
+        key_id: str | None = None,
     ) -> RunRecord:
-        """Record the run and start executing it; raises ``UsageError`` for bad requests."""
+        """Record the run and queue or start it; ``UsageError`` for bad requests and
+        ``QuotaExceededError`` for a key over its limits."""
         if self._closing:
             raise UsageError("the daemon is shutting down; start the run elsewhere or later")
-        runtime = self._runtime_for(tools)
-        run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
-        task = asyncio.create_task(self._execute(runtime, run.run_id), name=f"run {run.run_id}")
-        self._tasks[run.run_id] = task
-        task.add_done_callback(self._forget)
+        names = list(dict.fromkeys(tools))
+        quotas = self.runtime.config.quotas
+        quota = (
+            Quota(key_id, quotas.max_open_runs_per_key, quotas.max_starts_per_minute_per_key)
+            if key_id is not None and isinstance(self.runtime.store, DurableRunStore)
+            else None
+        )
+        engine = self.runtime.durable
+        if engine is None:
+            runtime = self.runtime.with_tools(names)
+            run, _ = await runtime.admit(
+                request, chain_of_thought=chain_of_thought, key_id=key_id, quota=quota
+            )
+            task = asyncio.create_task(self._execute(runtime, run.run_id), name=f"run {run.run_id}")
+            self._tasks[run.run_id] = task
+            task.add_done_callback(self._forget)
+            return run
+        queue = await self._queue_for(names)
+        run, rank = await self.runtime.admit(
+            request,
+            chain_of_thought=chain_of_thought,
+            tools=names,
+            key_id=key_id,
+            quota=quota,
+            queue=queue,
+        )
+        try:
+            await engine.enqueue(run.run_id, queue, priority=rank)
+        except Exception as exc:
+            await close_run_interrupted(
+                self.runtime.store, run.run_id, f"it could not be queued: {exc}"
+            )
+            raise
         return run
+
+    async def _queue_for(self, names: Sequence[str]) -> str:
+        """This daemon's queue when it has every tool, else a live queue whose replicas do."""
+        own = self.queue
+        assert own is not None
+        mine = set(self.tool_names)
+        if set(names) <= mine:
+            return own
+        store = self.runtime.store
+        assert isinstance(store, DurableRunStore)
+        fitting = [
+            q
+            for q in await store.list_run_queues(seen_within_s=3 * self.runtime.leases.ttl_s)
+            if set(names) <= set(q.tools)
+        ]
+        if not fitting:
+            missing = sorted(set(names) - mine)
+            raise UsageError(
+                f"unknown tool {missing[0]!r}: no replica of this service has it; tools on this "
+                f"daemon: {', '.join(sorted(mine)) or 'none registered'}"
+            )
+        return min(fitting, key=lambda q: (len(q.tools), q.name)).name
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         for run_id, known in list(self._tasks.items()):
@@ -109,9 +160,35 @@ class RunManager:
         except Exception as exc:  # already recorded as run.failed / run.error
             log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
 
+    # ------------------------------------------------------------------ resume
+    async def resume(self, run_id: str) -> RunRecord:
+        """Continue a suspended durable run here (``thoughtgate resume`` / the web page)."""
+        engine = self.runtime.durable
+        store = self.runtime.store
+        if engine is None or not isinstance(store, DurableRunStore) or self.queue is None:
+            raise UsageError("this daemon does not run durable runs, so it resumes none")
+        await check_resumable(
+            store,
+            await store.get_run(run_id),
+            self.tool_names,
+            hint="resume it where they are: thoughtgate resume RUN_ID --tools ...",
+        )
+        if not await store.release_run(run_id, owner=None, queue=True):
+            raise UsageError(
+                f"run {run_id!r} is not waiting to resume (it is executing or already queued)"
+            )
+        try:
+            await engine.resume(run_id, self.queue)
+        except Exception as exc:  # no workflow to resume: its checkpoints are gone
+            reason = f"it could not resume: {exc}"
+            await close_run_interrupted(store, run_id, reason)
+            raise UsageError(f"run {run_id!r} {reason}; it was closed") from exc
+        return await store.get_run(run_id)
+
     # ------------------------------------------------------------------ stop
     async def shutdown(self, grace_s: float | None = None) -> list[str]:
-        """Let in-flight runs finish for ``grace_s``, then interrupt the rest; returns their ids."""
+        """Let in-flight runs finish for ``grace_s``; then durable runs stop here to resume
+        elsewhere and the others are interrupted. Returns the ids of the interrupted runs."""
         self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -119,6 +196,7 @@ class RunManager:
                 await self._sweeper
             self._sweeper = None
         grace = self.grace_s if grace_s is None else grace_s
+        await self._suspend_durable(grace)
         tasks = dict(self._tasks)
         if not tasks:
             return []
@@ -143,13 +221,72 @@ class RunManager:
                 interrupted.append(run_id)
         return interrupted
 
+    async def _suspend_durable(self, grace: float) -> None:
+        """Durable runs still executing after ``grace`` stop here, open; their leases end now,
+        so the next sweep of any replica (or this daemon's restart) resumes them."""
+        if self.runtime.durable is None:
+            return
+        executing = self.runtime.workflow_tasks()
+        if executing and grace > 0:
+            await asyncio.wait(executing.values(), timeout=grace)
+        stopped = [run_id for run_id, task in executing.items() if not task.done()]
+        for run_id in stopped:
+            self.runtime.cancel(run_id, SUSPENDED)
+        if stopped:
+            await asyncio.wait([executing[r] for r in stopped], timeout=5)
+        if stopped:
+            with contextlib.suppress(Exception):
+                await self.runtime.store.renew_leases(self.runtime.leases.owner.owner_id, 0.0)
+            log.warning("left %d durable run(s) to resume elsewhere", len(stopped))
+
     # ------------------------------------------------------------------ recover
     async def recover(self) -> list[str]:
-        """Close runs whose executing process is gone (startup, then every ``sweep_every_s``)."""
-        return await close_orphaned_runs(self.runtime.store, me=self.runtime.leases.owner)
+        """Resume or close runs whose executing process is gone (startup, then every
+        ``sweep_every_s``); returns the ids of the runs closed."""
+        engine = self.runtime.durable
+        closed = await close_orphaned_runs(
+            self.runtime.store,
+            me=self.runtime.leases.owner,
+            requeue=self._requeue if engine is not None else None,
+        )
+        if engine is not None:
+            await self._heartbeat()
+            with contextlib.suppress(Exception):
+                await self._forget_ended()
+        return closed
+
+    async def _requeue(self, run_id: str, spec: RunSpecRecord) -> None:
+        """Back on a queue whose replicas have the run's tools (this daemon's when it has them);
+        on its old queue when no live replica has them (it waits for one)."""
+        engine = self.runtime.durable
+        assert engine is not None
+        try:
+            queue = await self._queue_for(list(spec.spec.get("tools", ())))
+        except UsageError:
+            queue = spec.queue or ""
+        if not queue:
+            raise UsageError("no work queue can take it")
+        await engine.resume(run_id, queue)
+
+    async def _heartbeat(self) -> None:
+        """Tell the other replicas which queue this daemon takes runs from, with its tools."""
+        store = self.runtime.store
+        if self.queue is not None and isinstance(store, DurableRunStore):
+            concurrency = self.runtime.config.durability.concurrency
+            await store.save_run_queue(
+                RunQueueRecord(self.queue, tuple(self.tool_names), concurrency)
+            )
+
+    async def _forget_ended(self) -> None:
+        """Delete the workflows of runs that ended: their checkpoints may hold carriers and tool
+        results, which have no use once the run is over."""
+        engine = self.runtime.durable
+        assert engine is not None
+        done = await engine.finished_workflows()
+        await engine.forget(done)
 
     def start_sweeping(self) -> None:
-        """Sweep periodically while the daemon runs, so a dead process's runs close in time."""
+        """Sweep periodically while the daemon runs, so a dead process's runs resume in time."""
         if self._sweeper is None and not self._closing:
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep_forever(), name="thoughtgate orphaned-run sweep"
@@ -161,4 +298,4 @@ class RunManager:
             try:
                 await self.recover()
             except Exception as exc:  # the store is down: try again next time
-                log.warning("could not close runs left open by a stopped process: %s", exc)
+                log.warning("could not pick up runs left by a stopped process: %s", exc)

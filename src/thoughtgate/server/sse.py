@@ -21,7 +21,7 @@ stream send nothing more but an ``event: access_revoked`` frame whose data says 
 run (``follow=False``) is replayed up to its last stored event and the response ends there,
 terminal event or not.
 
-Why not sse-starlette's ``EventSourceResponse`` (ADR 0013): it runs four tasks per connection
+Why not sse-starlette's ``EventSourceResponse`` (ADR 0014): it runs four tasks per connection
 and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
 SQLite (docs/benchmarks.md). :class:`LiveResponse` keeps what it gave us: keep-alive comments
 (``ping_s``), the end of the stream when the client disconnects, a write blocked for

@@ -18,9 +18,12 @@ The decision and its trade-offs are in ADR 0009. In short:
   alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
 
-Durable runs (resuming a run on another replica instead of closing it) will take over an
-orphan's lease instead of closing it; the owner column and lease expiry are what such a claim
-compares and sets.
+Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
+is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and
+marked suspended in its metadata. A run any replica may resume (``resume = 'queue'``) goes back
+on its work queue through ``requeue`` -- which only a process running the durable engine can
+pass, so a process without one leaves such runs to a daemon; a run of ``thoughtgate run``
+(``manual``) waits for ``thoughtgate resume`` or the web page's Resume.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import hashlib
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -46,6 +50,7 @@ from thoughtgate.events.payloads import (
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, OpenRun
+from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
 __all__ = [
@@ -55,6 +60,7 @@ __all__ = [
     "close_run_interrupted",
     "end_run",
     "orphan_reason",
+    "suspend",
 ]
 
 log = logging.getLogger("thoughtgate.leases")
@@ -206,8 +212,16 @@ async def close_run_interrupted(
     )
 
 
-async def close_orphaned_runs(store: EventStore, *, me: Owner | None = None) -> list[str]:
-    """Close every open run whose owner is gone (see the module docstring); their ids."""
+Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
+"""``(run_id, spec)``: put a released durable run back on a work queue (the engine's), one whose
+replicas have the run's tools."""
+
+
+async def close_orphaned_runs(
+    store: EventStore, *, me: Owner | None = None, requeue: Requeue | None = None
+) -> list[str]:
+    """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
+    run, release it to resume; returns the ids of the runs closed."""
     me = me or Owner.current()
     found = await store.open_runs()
     closed: list[str] = []
@@ -217,7 +231,56 @@ async def close_orphaned_runs(store: EventStore, *, me: Owner | None = None) -> 
             continue
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
         expired_by = found.now if reason == EXPIRED else None
+        spec = await store.get_run_spec(run.run_id) if isinstance(store, DurableRunStore) else None
+        if spec is not None and spec.durable:
+            await _release_durable(store, run, spec, reason, expired_by, requeue)
+            continue
         if await close_run_interrupted(store, run.run_id, reason, lease_expired_by=expired_by):
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
     return closed
+
+
+async def _release_durable(
+    store: EventStore,
+    run: OpenRun,
+    spec: RunSpecRecord,
+    reason: str,
+    expired_by: float | None,
+    requeue: Requeue | None,
+) -> None:
+    assert isinstance(store, DurableRunStore)
+    queued = spec.resume == "queue" and spec.queue is not None
+    if queued and requeue is None:
+        return  # only a process with the durable engine can put it back on its queue
+    if not await store.release_run(
+        run.run_id, owner=run.owner, lease_expired_by=expired_by, queue=queued
+    ):
+        return  # its owner renewed, or another process released it first
+    await suspend(store, run.run_id, reason, queued=queued, previous=run.owner)
+    if queued:
+        assert requeue is not None
+        try:
+            await requeue(run.run_id, spec)
+        except Exception as exc:  # its checkpoints are gone: it cannot resume
+            log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
+            await close_run_interrupted(store, run.run_id, f"{reason}; it could not resume: {exc}")
+            return
+    log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)
+
+
+async def suspend(
+    store: EventStore, run_id: str, reason: str, *, queued: bool, previous: str | None
+) -> None:
+    """Record on the run (its metadata, shown to every reader) why it waits to resume."""
+    await store.update_run(
+        run_id,
+        metadata={
+            "suspended": {
+                "reason": reason,
+                "since": time.time(),
+                "resume": "queue" if queued else "manual",
+            },
+            "previous_executor": previous,
+        },
+    )

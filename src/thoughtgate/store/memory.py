@@ -11,6 +11,15 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.durable import (
+    WINDOW_S,
+    Admission,
+    DurableRunStore,
+    Quota,
+    RunQueueRecord,
+    RunSpecRecord,
+    quota_verdict,
+)
 from thoughtgate.store.listing import (
     RUN_LIST_WAKEUP,
     RunChanges,
@@ -29,7 +38,7 @@ from thoughtgate.store.records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(EventStore):
+class MemoryStore(EventStore, DurableRunStore):
     """Dict-backed store. Returns copies so callers cannot mutate what is stored."""
 
     def __init__(self) -> None:
@@ -39,6 +48,8 @@ class MemoryStore(EventStore):
         self._keys: dict[str, ApiKeyRecord] = {}
         self._secrets: dict[str, str] = {}
         self._closed: set[str] = set()
+        self._specs: dict[str, RunSpecRecord] = {}
+        self._queues: dict[str, RunQueueRecord] = {}
         self._lock = asyncio.Lock()
         self._order: dict[str, int] = {}
         """Each run's place in creation order (the list's tie-break among equal times)."""
@@ -211,6 +222,88 @@ class MemoryStore(EventStore):
             for r in self._runs.values()
             if r.status in OPEN_RUN_STATUSES and r.run_id not in self._closed
         ]
+
+    # -- durable runs (store.durable) -------------------------------------------------------
+    async def admit_run(
+        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
+    ) -> Admission:
+        async with self._lock:
+            now = time.time()
+            verdict = Admission(True)
+            if quota is not None:
+                mine = [s for s in self._specs.values() if s.key_id == quota.key_id]
+                open_runs = sum(1 for s in mine if self._is_open(s.run_id))
+                recent = sorted(s.created_at for s in mine if s.created_at > now - WINDOW_S)
+                verdict = quota_verdict(quota, open_runs, recent, now)
+                if not verdict.admitted:
+                    return verdict
+            self._runs[run.run_id] = copy.deepcopy(run)
+            self._events[run.run_id] = []
+            self._order[run.run_id] = len(self._order) + 1
+            self._changed(run.run_id)
+            stored = copy.deepcopy(spec)
+            stored.created_at = now
+            self._specs[run.run_id] = stored
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return verdict
+
+    def _is_open(self, run_id: str) -> bool:
+        run = self._runs.get(run_id)
+        return run is not None and run.status in OPEN_RUN_STATUSES and run_id not in self._closed
+
+    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+        found = self._specs.get(run_id)
+        return None if found is None else copy.deepcopy(found)
+
+    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+        async with self._lock:
+            run = self._run(run_id)
+            spec = self._specs.get(run_id)
+            if not self._is_open(run_id) or run.owner not in (None, owner) or spec is None:
+                return None
+            run.owner = owner
+            run.lease_expires_at = time.time() + ttl_s
+            run.status = "running"
+            self._changed(run_id)
+            spec.attempts += 1
+            spec.queued_at = None
+            attempt = spec.attempts
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return attempt
+
+    async def release_run(
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        lease_expired_by: float | None = None,
+        queue: bool,
+    ) -> bool:
+        async with self._lock:
+            run = self._run(run_id)
+            spec = self._specs.get(run_id)
+            if spec is None or not self._is_open(run_id) or run.owner != owner:
+                return False
+            if owner is None and spec.queued_at is not None:
+                return False
+            lease = run.lease_expires_at
+            if lease_expired_by is not None and lease is not None and lease > lease_expired_by:
+                return False
+            run.owner = None
+            run.lease_expires_at = None
+            spec.queued_at = time.time() if queue else None
+            return True
+
+    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+        self._queues[queue.name] = RunQueueRecord(
+            queue.name, tuple(queue.tools), queue.concurrency, time.time()
+        )
+
+    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+        cutoff = time.time() - seen_within_s
+        return sorted(
+            (q for q in self._queues.values() if q.seen_at >= cutoff), key=lambda q: q.name
+        )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         self._run(run_id)

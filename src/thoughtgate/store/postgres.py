@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
@@ -24,6 +25,15 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.durable import (
+    WINDOW_S,
+    Admission,
+    DurableRunStore,
+    Quota,
+    RunQueueRecord,
+    RunSpecRecord,
+    quota_verdict,
+)
 from thoughtgate.store.listing import (
     RUN_LIST_WAKEUP,
     RunChanges,
@@ -166,7 +176,7 @@ def channel_name(schema: str) -> str:
     return f"thoughtgate_events:{hashlib.sha256(schema.encode()).hexdigest()[:40]}"
 
 
-class PostgresStore(EventStore):
+class PostgresStore(EventStore, DurableRunStore):
     """An :class:`EventStore` in one PostgreSQL schema. Create with ``await PostgresStore.open``."""
 
     #: With a healthy listener, an idle tail still re-reads this often, in case a notification
@@ -175,6 +185,9 @@ class PostgresStore(EventStore):
 
     def __init__(self, conninfo: str, schema: str, *, pool_size: int) -> None:
         super().__init__()
+        self.conninfo = conninfo
+        """Where the database is (without our ``schema`` parameter): the durable engine keeps its
+        workflows in the same database, in a schema beside ours."""
         self.schema = schema
         self.channel = channel_name(schema)
         self._where = describe_target(conninfo, schema)
@@ -529,6 +542,140 @@ class PostgresStore(EventStore):
         if await found.fetchone() is None:
             raise RunNotFoundError(run_id)
 
+    # -- durable runs (store.durable) -------------------------------------------------------
+    async def admit_run(
+        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
+    ) -> Admission:
+        row = codec.run_row(run)
+        tasks = [codec.task_row(t) for t in run.tasks]
+        spec_json = codec.dumps(spec.spec, what="run spec")
+        async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
+            now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
+            now = float(now_row[0]) if now_row else time.time()
+            verdict = Admission(True)
+            if quota is not None:
+                # One key's admissions queue up on this lock (held until commit), on every
+                # replica, so counting and inserting are one step and the quota holds exactly.
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"thoughtgate:{self.schema}:quota:{quota.key_id}",),
+                )
+                verdict = quota_verdict(quota, *await _key_usage(conn, quota.key_id, now), now)
+                if not verdict.admitted:
+                    return verdict
+            await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
+            if tasks:
+                async with conn.cursor() as cur:
+                    await cur.executemany(_UPSERT_TASK, tasks)
+            await conn.execute(
+                f"INSERT INTO run_specs ({_SPEC_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                (
+                    run.run_id,
+                    spec_json,
+                    spec.key_id,
+                    spec.durable,
+                    spec.resume,
+                    spec.queue,
+                    spec.attempts,
+                    spec.queued_at,
+                    now,
+                ),
+            )
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return verdict
+
+    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+        async with self._conn(f"read the spec of run {run_id!r}") as conn:
+            cur = await conn.execute(
+                f"SELECT {_SPEC_COLUMNS} FROM run_specs WHERE run_id = %s", (run_id,)
+            )
+            row = await cur.fetchone()
+        return None if row is None else _spec_from_row(row)
+
+    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+        async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():
+            cur = await conn.execute(
+                f"UPDATE runs SET owner = %s, lease_expires_at = {_NOW} + %s, status = 'running', "
+                f"updated_at = %s WHERE run_id = %s AND {_OPEN} AND (owner IS NULL OR owner = %s) "
+                "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) "
+                "RETURNING run_id",
+                (owner, ttl_s, time.time(), run_id, owner),
+            )
+            if await cur.fetchone() is None:
+                return None
+            await conn.execute(  # its status may have changed: a change for the run list
+                "UPDATE runs SET change_seq = %s WHERE run_id = %s",
+                (await self._next_change(conn), run_id),
+            )
+            cur = await conn.execute(
+                "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL WHERE run_id = %s "
+                "RETURNING attempts",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+        self.wakeups.notify(RUN_LIST_WAKEUP)
+        return None if row is None else int(row[0])
+
+    async def release_run(
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        lease_expired_by: float | None = None,
+        queue: bool,
+    ) -> bool:
+        held = "r.owner = %(owner)s" if owner is not None else "r.owner IS NULL"
+        lease = (
+            " AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= %(by)s)"
+            if lease_expired_by is not None
+            else ""
+        )
+        waiting = "" if owner is not None else " AND s.queued_at IS NULL"
+        params = {"run_id": run_id, "owner": owner, "by": lease_expired_by, "queue": queue}
+        async with self._conn(f"release run {run_id!r}") as conn, conn.transaction():
+            # The row lock orders this with claims and renewals of the same run.
+            cur = await conn.execute(
+                "SELECT 1 FROM runs r JOIN run_specs s USING (run_id) WHERE r.run_id = %(run_id)s "
+                f"AND r.status IN ('pending', 'running') AND r.closed_at IS NULL AND {held}"
+                f"{lease}{waiting} FOR UPDATE OF r, s",
+                params,
+            )
+            if await cur.fetchone() is None:
+                return False
+            await conn.execute(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE run_id = %(run_id)s",
+                params,
+            )
+            await conn.execute(
+                "UPDATE run_specs SET queued_at = CASE WHEN %(queue)s THEN "
+                f"{_NOW} ELSE NULL END WHERE run_id = %(run_id)s",
+                params,
+            )
+        return True
+
+    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+        tools = codec.dumps(list(queue.tools), what="queue tools")
+        async with self._conn(f"save run queue {queue.name!r}") as conn:
+            await conn.execute(
+                "INSERT INTO run_queues (name, tools, concurrency, seen_at) "
+                f"VALUES (%s, %s, %s, {_NOW}) ON CONFLICT (name) DO UPDATE SET "
+                "tools = excluded.tools, concurrency = excluded.concurrency, "
+                "seen_at = excluded.seen_at",
+                (queue.name, tools, queue.concurrency),
+            )
+
+    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+        async with self._conn("list run queues") as conn:
+            cur = await conn.execute(
+                f"SELECT name, tools, concurrency, seen_at FROM run_queues WHERE seen_at >= "
+                f"{_NOW} - %s ORDER BY name",
+                (seen_within_s,),
+            )
+            rows = await cur.fetchall()
+        return [
+            RunQueueRecord(str(r[0]), tuple(json.loads(r[1])), int(r[2]), float(r[3])) for r in rows
+        ]
+
     # -- API keys and secrets ------------------------------------------------------------
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         async with self._conn(f"save API key {key.name!r}") as conn:
@@ -570,3 +717,39 @@ class PostgresStore(EventStore):
         if row is None:  # impossible unless someone deletes secrets behind our back
             raise StoreError(f"cannot {action}: secret {name!r} vanished ({self._where})")
         return str(row[0])
+
+
+_SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
+
+
+def _spec_from_row(row: Sequence[Any]) -> RunSpecRecord:
+    return RunSpecRecord(
+        str(row[0]),
+        codec.decode_object(row[1]),
+        key_id=row[2],
+        durable=bool(row[3]),
+        resume="queue" if row[4] == "queue" else "manual",
+        queue=row[5],
+        attempts=int(row[6]),
+        queued_at=None if row[7] is None else float(row[7]),
+        created_at=float(row[8]),
+    )
+
+
+async def _key_usage(
+    conn: psycopg.AsyncConnection[Any], key_id: str, now: float
+) -> tuple[int, list[float]]:
+    """A key's open runs and its start times within the quota window (oldest first)."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM run_specs s JOIN runs r USING (run_id) WHERE s.key_id = %s AND "
+        "r.status IN ('pending', 'running') AND r.closed_at IS NULL",
+        (key_id,),
+    )
+    open_row = await cur.fetchone()
+    cur = await conn.execute(
+        "SELECT created_at FROM run_specs WHERE key_id = %s AND created_at > %s "
+        "ORDER BY created_at",
+        (key_id, now - WINDOW_S),
+    )
+    recent = [float(r[0]) for r in await cur.fetchall()]
+    return (int(open_row[0]) if open_row else 0), recent

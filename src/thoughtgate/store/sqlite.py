@@ -17,6 +17,7 @@ Threads: one dedicated thread and connection for writes, one for reads (see ``sq
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sqlite3
@@ -35,6 +36,15 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.durable import (
+    WINDOW_S,
+    Admission,
+    DurableRunStore,
+    Quota,
+    RunQueueRecord,
+    RunSpecRecord,
+    quota_verdict,
+)
 from thoughtgate.store.listing import (
     RUN_LIST_WAKEUP,
     RunChanges,
@@ -119,7 +129,7 @@ def _append_rows(
     return first
 
 
-class SQLiteStore(EventStore):
+class SQLiteStore(EventStore, DurableRunStore):
     """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: Path, writer: SQLiteThread, reader: SQLiteThread) -> None:
@@ -425,6 +435,141 @@ class SQLiteStore(EventStore):
 
         return await self._reader.call("list open runs", work)
 
+    # -- durable runs (store.durable) -------------------------------------------------------
+    async def admit_run(
+        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
+    ) -> Admission:
+        row = codec.run_row(run)
+        tasks = [codec.task_row(t) for t in run.tasks]
+        spec_json = codec.dumps(spec.spec, what="run spec")
+
+        def body(conn: sqlite3.Connection) -> Admission:
+            # BEGIN IMMEDIATE holds the database's write lock: counting and inserting are one
+            # step for every process, so a key never gets past its quota by racing itself.
+            now = time.time()
+            verdict = Admission(True)
+            if quota is not None:
+                verdict = quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
+                if not verdict.admitted:
+                    return verdict
+            conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
+            conn.executemany(_INSERT_TASK, tasks)
+            conn.execute(
+                f"INSERT INTO run_specs ({_SPEC_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    run.run_id,
+                    spec_json,
+                    spec.key_id,
+                    int(spec.durable),
+                    spec.resume,
+                    spec.queue,
+                    spec.attempts,
+                    spec.queued_at,
+                    now,
+                ),
+            )
+            return verdict
+
+        verdict = await self._write(f"create run {run.run_id!r}", body)
+        if verdict.admitted:
+            self.wakeups.notify(RUN_LIST_WAKEUP)
+        return verdict
+
+    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+        def work(conn: sqlite3.Connection) -> RunSpecRecord | None:
+            row = conn.execute(
+                f"SELECT {_SPEC_COLUMNS} FROM run_specs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            return None if row is None else _spec_from_row(row)
+
+        return await self._reader.call(f"read the spec of run {run_id!r}", work)
+
+    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+        def body(conn: sqlite3.Connection) -> int | None:
+            now = time.time()
+            claimed = conn.execute(
+                f"UPDATE runs SET owner = ?, lease_expires_at = ?, status = 'running', "
+                f"updated_at = ? WHERE run_id = ? AND {_OPEN} AND (owner IS NULL OR owner = ?) "
+                "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) "
+                "RETURNING run_id",
+                (owner, now + ttl_s, now, run_id, owner),
+            ).fetchall()
+            if not claimed:
+                return None
+            conn.execute(  # its status may have changed: a change for the run list
+                "UPDATE runs SET change_seq = ? WHERE run_id = ?", (_next_change(conn), run_id)
+            )
+            row = conn.execute(
+                "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL WHERE run_id = ? "
+                "RETURNING attempts",
+                (run_id,),
+            ).fetchone()
+            return int(row[0])
+
+        attempt = await self._write(f"claim run {run_id!r}", body)
+        if attempt is not None:
+            self.wakeups.notify(RUN_LIST_WAKEUP)
+        return attempt
+
+    async def release_run(
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        lease_expired_by: float | None = None,
+        queue: bool,
+    ) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            held = "owner = ?" if owner is not None else "owner IS NULL"
+            args: list[object] = [run_id] if owner is None else [run_id, owner]
+            lease = ""
+            if lease_expired_by is not None:
+                lease = " AND (lease_expires_at IS NULL OR lease_expires_at <= ?)"
+                args.append(lease_expired_by)
+            waiting = "" if owner is not None else " AND s.queued_at IS NULL"
+            found = conn.execute(
+                f"SELECT 1 FROM runs JOIN run_specs s USING (run_id) WHERE run_id = ? AND "
+                f"{_OPEN} AND {held}{lease}{waiting}",
+                args,
+            ).fetchone()
+            if found is None:
+                return False
+            conn.execute(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE run_id = ?", (run_id,)
+            )
+            conn.execute(
+                "UPDATE run_specs SET queued_at = ? WHERE run_id = ?",
+                (time.time() if queue else None, run_id),
+            )
+            return True
+
+        return await self._write(f"release run {run_id!r}", body)
+
+    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+        tools = codec.dumps(list(queue.tools), what="queue tools")
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO run_queues (name, tools, concurrency, seen_at) "
+                "VALUES (?,?,?,?)",
+                (queue.name, tools, queue.concurrency, time.time()),
+            )
+
+        await self._write(f"save run queue {queue.name!r}", body)
+
+    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+        def work(conn: sqlite3.Connection) -> list[RunQueueRecord]:
+            rows = conn.execute(
+                "SELECT name, tools, concurrency, seen_at FROM run_queues WHERE seen_at >= ? "
+                "ORDER BY name",
+                (time.time() - seen_within_s,),
+            ).fetchall()
+            return [
+                RunQueueRecord(r[0], tuple(json.loads(r[1])), int(r[2]), float(r[3])) for r in rows
+            ]
+
+        return await self._reader.call("list run queues", work)
+
     # -- API keys and secrets ------------------------------------------------------------
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         row = codec.key_row(key)
@@ -498,6 +643,37 @@ class SQLiteStore(EventStore):
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
         return await self._writer.write(action, body)
+
+
+_SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
+
+
+def _spec_from_row(row: Sequence[Any]) -> RunSpecRecord:
+    return RunSpecRecord(
+        str(row[0]),
+        codec.decode_object(row[1]),
+        key_id=None if row[2] is None else str(row[2]),
+        durable=bool(row[3]),
+        resume="queue" if row[4] == "queue" else "manual",
+        queue=None if row[5] is None else str(row[5]),
+        attempts=int(str(row[6])),
+        queued_at=None if row[7] is None else float(str(row[7])),
+        created_at=float(str(row[8])),
+    )
+
+
+def _key_usage(conn: sqlite3.Connection, key_id: str, now: float) -> tuple[int, list[float]]:
+    """A key's open runs and its start times within the quota window (oldest first)."""
+    open_row = conn.execute(
+        "SELECT count(*) FROM run_specs s JOIN runs r USING (run_id) WHERE s.key_id = ? AND "
+        "r.status IN ('pending', 'running') AND r.closed_at IS NULL",
+        (key_id,),
+    ).fetchone()
+    recent = conn.execute(
+        "SELECT created_at FROM run_specs WHERE key_id = ? AND created_at > ? ORDER BY created_at",
+        (key_id, now - WINDOW_S),
+    ).fetchall()
+    return int(open_row[0]), [float(r[0]) for r in recent]
 
 
 def _prepare_private_file(path: Path) -> None:

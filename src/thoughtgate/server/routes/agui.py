@@ -173,6 +173,7 @@ async def agui_run(request: Request, principal: Principal | None) -> Response:
             ),
             chain_of_thought=options.chain_of_thought,
             tools=options.tools,
+            key_id=principal.key_id,  # the same per-key quotas as POST /v1/runs
         )
     translator = AguiTranslator(
         thread_id=body.thread_id,

@@ -1,5 +1,6 @@
 """Runs: start one, list them, read one, page through its events, read its trace, answer an
-approval. Every read goes through the one output filter with the caller's role."""
+approval, resume a suspended one. Every read goes through the one output filter with the
+caller's role."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
+from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.schema import EventType, is_run_terminal
 from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.host_metadata import host_metadata
@@ -51,7 +53,10 @@ async def start_run(request: Request, principal: Principal | None) -> RunRecord:
         started_by=_principal(principal).key_id,
     )
     return await manager.start(
-        run_request, chain_of_thought=body.chain_of_thought, tools=body.tools
+        run_request,
+        chain_of_thought=body.chain_of_thought,
+        tools=body.tools,
+        key_id=_principal(principal).key_id,
     )
 
 
@@ -125,7 +130,7 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     body = await parse_body(request, ApprovalBody)
     state = state_of(request)
     run = await state.store.get_run(run_id)
-    if state.runtime.approvals.respond(run_id, call_id, body.decision, by=who.name):
+    if await state.runtime.approvals.answer(run_id, call_id, body.decision, by=who.name):
         return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
     if run.status in TERMINAL_RUN_STATUSES:
         raise ApiError(409, f"run {run_id!r} has already ended ({run.status})")
@@ -138,6 +143,24 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     raise ApiError(404, f"no approval is pending for call {call_id!r} in run {run_id!r}")
 
 
+async def resume_run(request: Request, principal: Principal | None) -> Response:
+    run_id = request.path_params["run_id"]
+    manager = state_of(request).manager
+    if manager.closing:
+        raise ApiError(503, "the daemon is shutting down; resume the run again in a moment")
+    try:
+        run = await manager.resume(run_id)
+    except RunNotFoundError:
+        raise
+    except UsageError as exc:
+        raise ApiError(409, str(exc)) from None
+    return JSONResponse(
+        {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
+        status_code=202,
+        headers={"Location": f"/v1/runs/{run.run_id}"},
+    )
+
+
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "POST",
@@ -148,9 +171,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body=CreateRunBody,
         response=RunCreated,
         status=202,
-        errors=(400, 413, 422, 503),
-        description="Records the run and executes it in the background. Provider endpoints and "
-        "keys come from the daemon's config; unknown fields (base_url, api_key, ...) are 422.",
+        errors=(400, 413, 422, 429, 503),
+        description="Records the run and executes it in the background (with durable runs: "
+        "queues it for a replica that has its tools). Provider endpoints and keys come from the "
+        "daemon's config; unknown fields (base_url, api_key, ...) are 422. A key over its quota "
+        "(quotas in thoughtgate.toml) gets 429 with Retry-After.",
     ),
     Endpoint(
         "GET",
@@ -212,5 +237,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body=ApprovalBody,
         response=ApprovalResult,
         errors=(400, 404, 409, 413, 422),
+        description="Answers a pending approval wherever the run executes (with durable runs, "
+        "through any replica; the answer waits for a run that is between processes).",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runs/{run_id}/resume",
+        resume_run,
+        "resume a suspended run",
+        role=Role.MEMBER,
+        response=RunCreated,
+        status=202,
+        errors=(404, 409, 503),
+        description="Continues a durable run whose process stopped (a killed `thoughtgate run`) "
+        "from its last completed step, on this daemon's queue. 409 when it is not waiting to "
+        "resume, or uses tools this daemon lacks.",
     ),
 )

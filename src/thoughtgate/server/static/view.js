@@ -20,6 +20,7 @@ const ERROR_KIND_TEXT = {
   tool_error: "The tool failed.",
   unknown_tool: "The model asked for a tool that does not exist.",
   fallback_failed: "The tool and its fallback both failed.",
+  interrupted: "Interrupted when its process stopped; not run again (it may have had its effect).",
 };
 const OUTCOME_TEXT = {
   partial: "the answer was cut off", failed: "no answer", interrupted: "the run was interrupted",
@@ -331,9 +332,25 @@ export function renderThread() {
       traceable && thread.runEnded
         ? button(view.trace ? "Reload trace" : "Open trace", () => openTrace(view), { class: "small", "data-testid": "open-trace" })
         : null),
-    debug ? totalsLine(thread) : null);
+    debug ? totalsLine(thread) : null,
+    suspendedNote(run, thread));
   const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt, renderTrace(view));
   root.replaceChildren(header, body);
+}
+
+// A durable run whose process stopped (ADR 0013): why, and -- for a run that waits for someone
+// to continue it -- a Resume button for members and above (POST /v1/runs/{id}/resume).
+function suspendedNote(run, thread) {
+  const waiting = run?.metadata?.suspended;
+  if (!waiting || thread.runEnded) return null;
+  const note = el("div", { class: "notice-text", "data-testid": "suspended" },
+    `Paused: ${waiting.reason}. `,
+    waiting.resume === "manual" ? "It continues from its last completed step when resumed. " : "Another replica takes it up shortly.");
+  if (waiting.resume === "manual" && can("start_runs")) {
+    note.append(button("Resume", () => api(runPath(run.run_id, "/resume"), { method: "POST" })
+      .then(() => openRun(run.run_id)).catch((err) => alert(err.message)), { class: "small", "data-testid": "resume" }));
+  }
+  return note;
 }
 
 function scheduleRender() {

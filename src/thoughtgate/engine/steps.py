@@ -1,0 +1,148 @@
+"""Checkpointed steps: the units a durable engine records, and what a resumed run finds done.
+
+The agent loop and the runtime do their work in *steps* -- a model turn, recording a turn, a tool
+call, asking for an approval, starting or ending a task -- each through :class:`Steps`. Without a
+durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
+ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
+run resumes elsewhere, the run's code runs again from the top and every checkpointed step
+returns its recorded result instead of running again, so the loop rebuilds its exact state --
+conversation, continuity carriers, usage -- from those results.
+
+Only the one step that was under way when the process died runs again. It may have written some
+of its events already; :class:`ResumeLog` is the run's event log as it was before the resume, and
+each step consults it so that nothing is done twice:
+
+* a model turn with events but no recorded turn was cut: it is recorded as cut and asked again
+  (under the next turn number, so the log never mixes two attempts' text);
+* a tool call with a recorded end keeps that result; one that started but never ended is not run
+  again (it may have had its effect) -- the model is told it was interrupted;
+* events a step writes go in one atomic append, so a step is found either whole or absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from thoughtgate.events.schema import Event, EventType
+
+__all__ = ["DirectSteps", "ResumeLog", "StepCodec", "Steps"]
+
+T = TypeVar("T")
+
+_TOOL_ENDS = frozenset({EventType.TOOL_COMPLETED, EventType.TOOL_FAILED, EventType.TOOL_DEGRADED})
+_APPROVAL_ENDS = frozenset({EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT})
+_TURN_EVENTS = frozenset(
+    {EventType.MESSAGE_DELTA, EventType.REASONING_DELTA, EventType.AGENT_RESPONSE}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCodec:
+    """How a step's result becomes JSON for the checkpoint and back."""
+
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+
+
+NO_RESULT = StepCodec(lambda _: None, lambda _: None)
+
+
+class Steps(Protocol):
+    """Runs the steps of one run's execution (``orchestration.durable`` checkpoints them)."""
+
+    @property
+    def resumed(self) -> ResumeLog | None:
+        """The log as it was before this execution, when it resumes a run; else ``None``."""
+        ...
+
+    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+        """Run ``fn`` as the next step, or return its recorded result when it already ran."""
+        ...
+
+
+class DirectSteps:
+    """No engine: every step runs, nothing is recorded, nothing resumes."""
+
+    resumed: ResumeLog | None = None
+
+    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+        return await fn()
+
+
+@dataclass
+class ResumeLog:
+    """What a run's log held when it resumed, indexed by what steps look up."""
+
+    events: Sequence[Event]
+    last_seq: int = 0
+    _turn_events: dict[str, dict[int, list[Event]]] = field(default_factory=dict)
+    _tool_started: set[tuple[str | None, str]] = field(default_factory=set)
+    _tool_end: dict[tuple[str | None, str], Event] = field(default_factory=dict)
+    _asked: set[tuple[str | None, str]] = field(default_factory=set)
+    _answered: set[tuple[str | None, str]] = field(default_factory=set)
+    _task_events: dict[str, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index(self.events)
+
+    def _index(self, events: Iterable[Event]) -> None:
+        for e in events:
+            self.last_seq = max(self.last_seq, e.seq)
+            call = e.payload.get("call_id")
+            key = (e.task_id, str(call)) if call is not None else None
+            if e.task_id is not None:
+                self._task_events.setdefault(e.task_id, set()).add(e.type)
+            if e.type in _TURN_EVENTS and e.task_id is not None:
+                turn = e.payload.get("turn")
+                if isinstance(turn, int):
+                    self._turn_events.setdefault(e.task_id, {}).setdefault(turn, []).append(e)
+            elif key is None:
+                continue
+            elif e.type == EventType.TOOL_STARTED:
+                self._tool_started.add(key)
+            elif e.type in _TOOL_ENDS:
+                self._tool_end[key] = e
+            elif e.type == EventType.TOOL_APPROVAL_REQUIRED:
+                self._asked.add(key)
+            elif e.type in _APPROVAL_ENDS:
+                self._answered.add(key)
+
+    # -- model turns ---------------------------------------------------------------------
+    def last_turn(self, task_id: str, at_least: int) -> int | None:
+        """The highest turn number at or after ``at_least`` with any recorded event."""
+        seen = [t for t in self._turn_events.get(task_id, {}) if t >= at_least]
+        return max(seen) if seen else None
+
+    def turn_recorded(self, task_id: str, turn: int) -> bool:
+        """Whether the turn's ``agent.response`` is in the log."""
+        return any(
+            e.type == EventType.AGENT_RESPONSE
+            for e in self._turn_events.get(task_id, {}).get(turn, ())
+        )
+
+    def turn_text(self, task_id: str, turn: int) -> str:
+        """The answer text that streamed for a turn before it was cut."""
+        return "".join(
+            str(e.payload.get("text", ""))
+            for e in self._turn_events.get(task_id, {}).get(turn, ())
+            if e.type == EventType.MESSAGE_DELTA
+        )
+
+    # -- tools and approvals -------------------------------------------------------------
+    def tool_end(self, task_id: str, call_id: str) -> Event | None:
+        return self._tool_end.get((task_id, call_id))
+
+    def tool_started(self, task_id: str, call_id: str) -> bool:
+        return (task_id, call_id) in self._tool_started
+
+    def approval_asked(self, task_id: str, call_id: str) -> bool:
+        return (task_id, call_id) in self._asked
+
+    def approval_settled(self, task_id: str, call_id: str) -> bool:
+        return (task_id, call_id) in self._answered
+
+    # -- tasks ---------------------------------------------------------------------------
+    def task_has(self, task_id: str, event_type: str) -> bool:
+        return event_type in self._task_events.get(task_id, set())

@@ -1,0 +1,284 @@
+"""Durable execution on DBOS Transact (ADR 0013): a run is a workflow, its steps are checkpoints.
+
+DBOS runs inside this process and keeps its checkpoints in a *system database* beside the store:
+a file ``<store>.workflows`` next to a SQLite store, a schema ``<schema>_workflows`` in the
+PostgreSQL database of a PostgreSQL store. Each process is one DBOS *executor*, named by its
+run-lease owner id (``store.leases.Owner``), so an executor id is never reused.
+
+What DBOS does for us:
+
+* the workflow ``thoughtgate.run`` (one per run, its id is the run id) calls the runtime, whose
+  every step (``engine.steps``) goes through :class:`DbosSteps` -- its JSON result is recorded, and
+  a resumed workflow gets it back instead of running the step again;
+* queues: a daemon listens to one queue, named after its tools and its concurrency, and takes at
+  most ``durability.concurrency`` runs from it at once; a run goes to a queue whose replicas have
+  all of its tools; a key's Nth open run gets priority N, so one key's backlog never starves
+  another key's first run;
+* durable messages and timers: an approval waits with ``recv`` (its timeout is recorded when it
+  starts, so it runs from the request across restarts), and any process answers it with ``send``;
+* recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
+  rest.
+
+What stays ours: detecting that an executor died (run leases, ADR 0009), deciding which runs
+resume (``orchestration.resume``), and the event log, which steps keep exactly-once by checking it
+on resume (``engine.steps.ResumeLog``). Step results are JSON (:class:`_Json`), never pickles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from dbos._serialization import Serializer
+
+from thoughtgate.config import DurabilityConfig
+from thoughtgate.engine.steps import ResumeLog, StepCodec
+from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.store.base import EventStore
+
+
+class DurableRuntime(Protocol):
+    """What the engine needs of the runtime it executes runs for
+    (``orchestration.runtime.Runtime``)."""
+
+    store: EventStore
+    leases: LeaseKeeper
+
+    def attach_durable(self, engine: DurableEngine) -> None: ...
+
+    async def execute_workflow(self, run_id: str) -> str: ...
+
+
+__all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
+
+log = logging.getLogger("thoughtgate.durable")
+T = TypeVar("T")
+
+APP_VERSION = "thoughtgate-run-1"
+"""The workflow's version: runs resume only in processes whose workflow takes the same steps in
+the same order. Bump it when the sequence of steps changes."""
+WORKFLOW = "thoughtgate.run"
+
+
+class _Json(Serializer):
+    """Checkpoints, workflow inputs and messages as JSON: readable, and nothing is unpickled."""
+
+    def serialize(self, data: Any) -> str:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    def deserialize(self, serialized_data: str) -> Any:
+        return json.loads(serialized_data)
+
+    def name(self) -> str:
+        return "thoughtgate_json"
+
+
+def queue_name(tools: Sequence[str], concurrency: int) -> str:
+    """The queue of replicas with exactly these tools and this concurrency."""
+    digest = hashlib.sha256("\x1f".join(sorted(set(tools))).encode("utf-8")).hexdigest()[:12]
+    return f"thoughtgate-runs-{digest}-c{concurrency}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    url: str
+    schema: str | None
+
+
+def _system_database(store: EventStore) -> _Location:
+    """Where the workflows of ``store``'s runs are kept (beside it, never inside it)."""
+    from thoughtgate.store.private_files import create_private_file
+
+    path = getattr(store, "path", None)
+    if isinstance(path, Path) and str(path) != ":memory:":
+        target = path.with_name(f"{path.name}.workflows")
+        with contextlib.suppress(OSError):
+            create_private_file(target)  # 0600 before SQLite creates it
+        return _Location(f"sqlite:///{target}", None)
+    conninfo = getattr(store, "conninfo", None)
+    schema = getattr(store, "schema", None)
+    if isinstance(conninfo, str) and isinstance(schema, str):
+        return _Location(conninfo, f"{schema}_workflows")
+    raise UsageError(
+        "durable runs need a SQLite or PostgreSQL store; this one keeps nothing across processes"
+    )
+
+
+class DbosSteps:
+    """:class:`~thoughtgate.engine.steps.Steps` whose steps DBOS checkpoints.
+
+    A step's exception is recorded as a result too (``{"raised": ...}``) and raised again on
+    replay -- as the same exception object when it happened in this process, else as an equivalent
+    ``RuntimeFailure`` (a thoughtgate error) or ``RuntimeError`` carrying the same message.
+    """
+
+    def __init__(self, resumed: ResumeLog | None) -> None:
+        self.resumed = resumed
+        self._raised: dict[str, BaseException] = {}
+
+    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+        async def step() -> dict[str, Any]:
+            try:
+                value = await fn()
+            except Exception as exc:
+                self._raised[name] = exc
+                return {
+                    "raised": {
+                        "message": str(exc),
+                        "type": type(exc).__name__,
+                        "ours": isinstance(exc, ThoughtgateError),
+                    }
+                }
+            return {"ok": codec.encode(value)}
+
+        recorded: dict[str, Any] = await DBOS.run_step_async({"name": name}, step)
+        raised = recorded.get("raised")
+        if raised is not None:
+            original = self._raised.pop(name, None)
+            if original is not None:
+                raise original
+            if raised.get("ours"):
+                raise RuntimeFailure(str(raised.get("message", "")))
+            raise RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+        value: T = codec.decode(recorded.get("ok"))
+        return value
+
+
+class DurableEngine:
+    """This process's DBOS executor. One per process (DBOS is a process-wide singleton)."""
+
+    current: ClassVar[DurableEngine | None] = None
+
+    def __init__(
+        self, runtime: DurableRuntime, location: _Location, config: DurabilityConfig
+    ) -> None:
+        self.runtime = runtime
+        self.location = location
+        self.config = config
+        self.owner = runtime.leases.owner
+        self.queue: str | None = None
+        """The queue this process takes runs from (``listen``), if any."""
+        self.launched = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def attach(cls, runtime: DurableRuntime, config: DurabilityConfig) -> DurableEngine:
+        """Make ``runtime`` durable (its store must be SQLite or PostgreSQL); call ``launch`` on
+        the event loop that will run the workflows before the first run."""
+        if cls.current is not None:
+            raise UsageError("this process already executes durable runs for another runtime")
+        engine = cls(runtime, _system_database(runtime.store), config)
+        runtime.attach_durable(engine)
+        cls.current = engine
+        return engine
+
+    async def launch(self, *, listen: Sequence[str] | None = None) -> None:
+        """Start DBOS in this process. Must run in the event loop's thread (DBOS adopts the
+        running loop for the workflows it dequeues). ``listen``: the tools of this process when
+        it takes queued runs (a daemon); ``None`` for a process that only executes its own runs
+        (``thoughtgate run``) -- it then takes nothing from any queue."""
+        if self.launched:
+            return
+        asyncio.get_running_loop()  # fail early outside a loop
+        settings: dict[str, Any] = {
+            "name": "thoughtgate",
+            "system_database_url": self.location.url,
+            "executor_id": self.owner.owner_id,
+            "application_version": APP_VERSION,
+            "serializer": _Json(),
+            "log_level": "ERROR",
+            "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 0.2),
+            "scheduler_polling_interval_sec": 3600.0,
+        }
+        if self.location.schema is not None:
+            settings["dbos_system_schema"] = self.location.schema
+        DBOS(config=settings)  # type: ignore[arg-type]
+        if listen is not None:
+            self.queue = queue_name(listen, self.config.concurrency)
+            DBOS.listen_queues([self.queue])
+        else:
+            DBOS.listen_queues([])
+        DBOS.launch()
+        self.launched = True
+        if self.queue is not None:
+            await DBOS.register_queue_async(
+                self.queue,
+                worker_concurrency=self.config.concurrency,
+                polling_interval_sec=self.config.poll_interval_s,
+                on_conflict="always_update",
+            )
+
+    async def close(self) -> None:
+        """Stop DBOS (its queue threads first, so nothing new starts here)."""
+        if DurableEngine.current is self:
+            DurableEngine.current = None
+        if self.launched:
+            self.launched = False
+            await asyncio.to_thread(DBOS.destroy)
+
+    # ------------------------------------------------------------------ runs
+    async def start(self, run_id: str) -> asyncio.Future[Any]:
+        """Execute ``run_id`` here, now (a run this process created); a future of its end (to
+        cancel the run, cancel its task: ``Runtime.cancel``)."""
+        with SetWorkflowID(run_id):
+            handle = await DBOS.start_workflow_async(_run_workflow, run_id)
+        done = getattr(handle, "task", None)
+        if not isinstance(done, asyncio.Future):
+            raise RuntimeFailure(f"run {run_id!r} did not start in this process")
+        return done
+
+    async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
+        """Put a new run on ``queue``: a replica listening to it takes it when it has room."""
+        found = await DBOS.retrieve_queue_async(queue)
+        if found is None:
+            raise RuntimeFailure(f"no work queue {queue!r} is registered")
+        with SetWorkflowID(run_id), SetEnqueueOptions(priority=max(1, min(priority, 2**31 - 1))):
+            await found.enqueue_async(_run_workflow, run_id)
+
+    async def resume(self, run_id: str, queue: str) -> None:
+        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept)."""
+        await DBOS.resume_workflow_async(run_id, queue_name=queue)
+
+    async def send(self, run_id: str, topic: str, message: dict[str, Any]) -> None:
+        """A durable message to a run's workflow, from any process (approval answers)."""
+        await DBOS.send_async(run_id, message, topic)
+
+    async def receive(self, topic: str, timeout_s: float) -> dict[str, Any] | None:
+        """Inside a run's workflow: wait for a message; the deadline is recorded the first time,
+        so a resumed run waits only for what is left of it."""
+        message = await DBOS.recv_async(topic, timeout_seconds=timeout_s)
+        return message if isinstance(message, dict) else None
+
+    async def forget(self, run_ids: Sequence[str]) -> None:
+        """Delete the workflows (and checkpoints, which may hold carriers) of ended runs."""
+        if run_ids:
+            await DBOS.delete_workflows_async(list(run_ids))
+
+    async def finished_workflows(self, *, limit: int = 500) -> list[str]:
+        """Workflows DBOS has finished (their runs have ended), oldest first."""
+        found = await DBOS.list_workflows_async(
+            status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+            limit=limit,
+            sort_desc=False,
+            load_input=False,
+            load_output=False,
+        )
+        return [w.workflow_id for w in found]
+
+
+@DBOS.workflow(name=WORKFLOW, max_recovery_attempts=None)
+async def _run_workflow(run_id: str) -> str:
+    """One run, from the top. On a resume every checkpointed step returns its recorded result."""
+    engine = DurableEngine.current
+    if engine is None:  # DBOS dequeued a run before this process attached a runtime
+        raise RuntimeFailure("no durable runtime in this process")
+    return await engine.runtime.execute_workflow(run_id)

@@ -1,0 +1,120 @@
+"""The start of every execution of a durable run: claim it, and say so when it resumes.
+
+A run's workflow may start several times: once when it is first taken, and once more each time
+its process stopped and another (or a restarted one) took it over. Each start claims the run
+(``DurableRunStore.claim_run``, which counts the attempt); a second or later attempt is a
+*resume*: it records ``run.resumed`` -- why, which attempt, and after which event it continues --
+and hands the steps the log as it stood (``engine.steps.ResumeLog``).
+
+A run that cannot resume is closed ``interrupted``, with the reason:
+
+* it was started more than ``durability.max_attempts`` times (it takes every process down);
+* this process lacks one of its tools (a queue routes runs only to replicas that have them, so
+  this means the tools changed since);
+* it was recorded by a thoughtgate whose run spec this one cannot read.
+
+(A run with no checkpoints at all -- executed by a process without durable runs -- is closed by
+the sweep, ``store.leases.close_orphaned_runs``, as before.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from thoughtgate.config import Config
+from thoughtgate.engine.steps import ResumeLog
+from thoughtgate.errors import UsageError
+from thoughtgate.events.payloads import RunResumedPayload
+from thoughtgate.events.schema import Event
+from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.orchestration.specs import RunSpec, TaskSpec
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.durable import DurableRunStore
+from thoughtgate.store.leases import GONE, close_run_interrupted
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+
+__all__ = ["Executor", "begin_execution", "check_resumable"]
+
+log = logging.getLogger("thoughtgate.durable")
+
+R = TypeVar("R", bound="Executor")
+
+
+class Executor(Protocol):
+    """What starting an execution needs of the runtime (``orchestration.runtime.Runtime``)."""
+
+    store: EventStore
+    config: Config
+    leases: LeaseKeeper
+
+    def with_tools(self: R, tool_names: Sequence[str]) -> R: ...
+
+    async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
+
+    async def _observe(self, events: Sequence[Event]) -> None: ...
+
+
+async def begin_execution(
+    runtime: R, run_id: str
+) -> tuple[R, RunRecord, list[TaskSpec], ResumeLog | None] | None:
+    """Claim ``run_id`` for this process. Returns the runtime to execute it with (holding the
+    run's tools), the run, its task specs and, when it resumes, the log as it stood; ``None``
+    when there is nothing to execute here (it ended, another process holds it, or it was just
+    closed because it cannot resume)."""
+    store = runtime.store
+    assert isinstance(store, DurableRunStore)
+    record = await store.get_run_spec(run_id)
+    before = await store.get_run(run_id)
+    if record is None or before.status not in OPEN_RUN_STATUSES:
+        return None
+    attempt = await store.claim_run(run_id, runtime.leases.owner.owner_id, runtime.leases.ttl_s)
+    if attempt is None:
+        log.warning("run %s is held by another process; not executing it here", run_id)
+        return None
+    limit = runtime.config.durability.max_attempts
+    try:
+        if attempt > limit:
+            raise UsageError(f"its process stopped {attempt - 1} times; it is not resumed again")
+        spec = RunSpec.from_json(record.spec)
+        target = runtime.with_tools(spec.tools)
+    except UsageError as exc:
+        reason = f"it cannot resume: {exc}"
+        closed = await close_run_interrupted(store, run_id, reason)
+        await runtime._observe(closed)
+        return None
+    resumed: ResumeLog | None = None
+    if attempt > 1:
+        resumed = ResumeLog(await store.read(run_id))
+        suspended = before.metadata.get("suspended") or {}
+        payload: RunResumedPayload = {
+            "reason": str(suspended.get("reason") or GONE),
+            "attempt": attempt,
+            "after_seq": resumed.last_seq,
+            "executor": runtime.leases.owner.owner_id,
+        }
+        previous = before.metadata.get("previous_executor")
+        if isinstance(previous, str) and previous:
+            payload["previous_executor"] = previous
+        await runtime.resumed_event(run_id, payload)
+        log.warning("run %s resumed (attempt %d) after seq %d", run_id, attempt, resumed.last_seq)
+    if before.metadata.get("suspended") is not None:
+        await store.update_run(run_id, metadata={"suspended": None})
+    run = await store.get_run(run_id)
+    return target, run, list(spec.tasks), resumed
+
+
+async def check_resumable(
+    store: DurableRunStore, run: RunRecord, tool_names: Sequence[str], *, hint: str
+) -> None:
+    """``UsageError`` unless ``run`` is open, was executed durably, and uses only tools among
+    ``tool_names`` (``hint`` says where to resume it otherwise)."""
+    if run.status not in OPEN_RUN_STATUSES:
+        raise UsageError(f"run {run.run_id} has already ended ({run.status})")
+    spec = await store.get_run_spec(run.run_id)
+    if spec is None or not spec.durable:
+        raise UsageError(f"run {run.run_id} was not executed durably, so it cannot resume")
+    missing = sorted(set(spec.spec.get("tools", ())) - set(tool_names))
+    if missing:
+        raise UsageError(f"run {run.run_id} uses tools missing here ({', '.join(missing)}); {hint}")

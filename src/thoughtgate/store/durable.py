@@ -1,0 +1,167 @@
+"""The store's part in durable runs (ADR 0013): run specs, claims, requeues, queues and quotas.
+
+A durable run is executed by a workflow engine (``orchestration.durable``) that checkpoints each
+step; this interface keeps what the engine does not: the run's spec (so any process can execute
+it), which process holds it (the run lease of ADR 0009, taken over by :meth:`claim_run`), whether
+it waits for a replica (``queued_at``), and per-key admission.
+
+The states of an open durable run, as the ``runs`` and ``run_specs`` rows tell them:
+
+=========================  ==========  =============  ===========================================
+state                      owner       queued_at      who moves it on
+=========================  ==========  =============  ===========================================
+queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run
+executing                  a process   none           it ends, or its process dies: release_run
+suspended (manual resume)  none        none           ``thoughtgate resume`` / the web page
+=========================  ==========  =============  ===========================================
+
+Every move is one conditional statement (compare-and-set), so two processes never both take a run.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from thoughtgate.store.records import RunRecord
+
+__all__ = [
+    "Admission",
+    "DurableRunStore",
+    "Quota",
+    "ResumeMode",
+    "RunQueueRecord",
+    "RunSpecRecord",
+    "quota_verdict",
+]
+
+ResumeMode: TypeAlias = Literal["queue", "manual"]
+"""``queue``: any replica with the run's tools resumes it; ``manual``: only on request (a run of
+``thoughtgate run`` in a terminal, whose tools may exist nowhere else)."""
+
+
+@dataclass(slots=True)
+class RunSpecRecord:
+    """What a process needs to execute (or resume) a run, as the store keeps it."""
+
+    run_id: str
+    spec: dict[str, Any]
+    """``orchestration.specs.RunSpec.to_json()``: the tasks and the tool names."""
+    _: KW_ONLY
+    key_id: str | None = None
+    durable: bool = False
+    resume: ResumeMode = "manual"
+    queue: str | None = None
+    attempts: int = 0
+    queued_at: float | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Per-key limits checked when a run is admitted (``durability`` / ``quotas`` config)."""
+
+    key_id: str
+    max_open: int
+    """Runs of this key not yet ended (queued, executing or suspended)."""
+    max_per_minute: int
+    """Runs this key started in the last 60 seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """``admit_run``'s answer: refused runs were not stored, and say when to try again."""
+
+    admitted: bool
+    retry_after: float = 0.0
+    reason: str = ""
+    rank: int = 1
+    """An admitted run's place among its key's open runs (1 = its only one): its queue
+    priority, so a key's backlog waits behind other keys' first runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunQueueRecord:
+    """A work queue and the tools of the replicas that listen to it."""
+
+    name: str
+    tools: tuple[str, ...]
+    concurrency: int
+    seen_at: float = field(default=0.0)
+
+
+WINDOW_S = 60.0
+"""The window of ``Quota.max_per_minute``."""
+BUSY_RETRY_S = 5.0
+"""``Retry-After`` when a key has too many open runs: runs end at no predictable time."""
+
+
+def quota_verdict(
+    quota: Quota, open_runs: int, recent_starts: list[float], now: float
+) -> Admission:
+    """The one rule every backend applies, given a key's open runs and its start times within the
+    last ``WINDOW_S`` seconds (oldest first)."""
+    if open_runs >= quota.max_open:
+        return Admission(
+            False,
+            BUSY_RETRY_S,
+            f"this key already has {open_runs} runs that have not ended (at most "
+            f"{quota.max_open}); start more when some end",
+        )
+    if len(recent_starts) >= quota.max_per_minute:
+        oldest = recent_starts[len(recent_starts) - quota.max_per_minute]
+        wait = max(1.0, oldest + WINDOW_S - now)
+        return Admission(
+            False,
+            wait,
+            f"this key started {len(recent_starts)} runs in the last minute (at most "
+            f"{quota.max_per_minute})",
+        )
+    return Admission(True, rank=open_runs + 1)
+
+
+class DurableRunStore(abc.ABC):
+    """Run specs, claims and quotas: what a store adds so runs survive their process."""
+
+    @abc.abstractmethod
+    async def admit_run(
+        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
+    ) -> Admission:
+        """Create ``run`` with its tasks and its spec in one transaction -- unless ``quota``
+        refuses it (counted in the same transaction, so concurrent admissions of one key on any
+        number of replicas never exceed it); a refused run is not stored at all."""
+
+    @abc.abstractmethod
+    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+        """The run's spec, or ``None`` for a run recorded without one (before ADR 0013)."""
+
+    @abc.abstractmethod
+    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+        """Take an open run that nobody holds (or ``owner`` already holds) for ``owner``: set the
+        owner and a lease of ``ttl_s``, mark it ``running``, clear ``queued_at`` and count the
+        attempt. Returns the attempt number (1 for the first execution), or ``None`` when the run
+        has ended or another process holds it."""
+
+    @abc.abstractmethod
+    async def release_run(
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        lease_expired_by: float | None = None,
+        queue: bool,
+    ) -> bool:
+        """Let go of an open run so it can resume: clear its owner and lease, and set
+        ``queued_at`` when ``queue`` (the caller then hands it to the engine's queue), else leave
+        it suspended. Applies only while the run is held by ``owner`` (with ``lease_expired_by``:
+        only if its lease has not been renewed past that time); with ``owner=None`` only to a
+        suspended run (no owner, not queued). ``True`` when this call moved the run."""
+
+    @abc.abstractmethod
+    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+        """Insert or refresh a work queue (``seen_at`` = now)."""
+
+    @abc.abstractmethod
+    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+        """Queues a replica refreshed within the last ``seen_within_s`` seconds."""

@@ -1,0 +1,168 @@
+"""The conformance suite of ``DurableRunStore`` (run specs, claims, releases, queues, quotas).
+
+A backend's test module subclasses :class:`DurableStoreConformance` beside its
+``StoreConformance`` class and overrides the same ``store`` fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from store_conformance import make_run
+
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
+
+__all__ = ["DurableStoreConformance"]
+
+SPEC: dict[str, Any] = {
+    "version": 1,
+    "tasks": [{"prompt": "p", "model": "fake:echo", "system": "sys", "history": []}],
+    "tools": ["lookup"],
+}
+
+
+def durable(store: EventStore) -> DurableRunStore:
+    assert isinstance(store, DurableRunStore)
+    return store
+
+
+async def admitted(store: EventStore, **spec: Any) -> str:
+    run = make_run(tasks=1)
+    answer = await durable(store).admit_run(run, RunSpecRecord(run.run_id, dict(SPEC), **spec))
+    assert answer.admitted
+    return run.run_id
+
+
+class DurableStoreConformance:
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        raise NotImplementedError("a backend's test class must override the `store` fixture")
+        yield  # pragma: no cover
+
+    async def test_admitted_run_keeps_its_spec_and_its_tasks(self, store: EventStore) -> None:
+        run_id = await admitted(store, key_id="k1", durable=True, resume="queue", queue="q1")
+        spec = await durable(store).get_run_spec(run_id)
+        assert spec is not None
+        assert spec.spec == SPEC
+        assert (spec.key_id, spec.durable, spec.resume, spec.queue) == ("k1", True, "queue", "q1")
+        assert spec.attempts == 0 and abs(spec.created_at - time.time()) < 60
+        assert len((await store.get_run(run_id)).tasks) == 1
+        assert await durable(store).get_run_spec("run_unknown") is None
+
+    async def test_claim_counts_attempts_and_excludes_other_owners(self, store: EventStore) -> None:
+        run_id = await admitted(store, durable=True, queued_at=time.time())
+        assert (await durable(store).get_run_spec(run_id)).queued_at is not None  # type: ignore[union-attr]
+        assert await durable(store).claim_run(run_id, "a.1.x", 30) == 1
+        run = await store.get_run(run_id)
+        assert (run.owner, run.status) == ("a.1.x", "running")
+        assert run.lease_expires_at is not None and run.lease_expires_at > time.time()
+        assert await durable(store).claim_run(run_id, "b.2.y", 30) is None, "held by another"
+        assert await durable(store).claim_run(run_id, "a.1.x", 30) == 2, "its owner re-enters"
+        spec = await durable(store).get_run_spec(run_id)
+        assert spec is not None and spec.queued_at is None and spec.attempts == 2
+
+    async def test_release_is_a_compare_and_set_on_owner_and_lease(self, store: EventStore) -> None:
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert not await ds.release_run(run_id, owner="b.2.y", queue=True), "not its owner"
+        # the lease runs 30 s more: a verdict taken before it expired does not apply
+        assert not await ds.release_run(run_id, owner="a.1.x", lease_expired_by=0.0, queue=True)
+        assert await ds.release_run(run_id, owner="a.1.x", lease_expired_by=None, queue=True)
+        run = await store.get_run(run_id)
+        assert run.owner is None and run.lease_expires_at is None
+        spec = await ds.get_run_spec(run_id)
+        assert spec is not None and spec.queued_at is not None
+        assert not await ds.release_run(run_id, owner="a.1.x", queue=True), "moved once"
+        assert not await ds.release_run(run_id, owner=None, queue=True), "queued, not suspended"
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2, "another process takes it"
+
+    async def test_a_suspended_run_is_queued_again_once(self, store: EventStore) -> None:
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=False)
+        spec = await ds.get_run_spec(run_id)
+        assert spec is not None and spec.queued_at is None
+        results = await asyncio.gather(
+            *(ds.release_run(run_id, owner=None, queue=True) for _ in range(4))
+        )
+        assert sorted(results) == [False, False, False, True], "exactly one resume request wins"
+
+    async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        await store.finish_run(run_id, [], status="completed")
+        assert await ds.claim_run(run_id, "a.1.x", 30) is None
+        assert not await ds.release_run(run_id, owner=None, queue=True)
+
+    async def test_quota_counts_open_runs_of_one_key_only(self, store: EventStore) -> None:
+        ds = durable(store)
+        quota = Quota("k1", max_open=3, max_per_minute=100)
+        ids = []
+        for rank in (1, 2, 3):
+            run = make_run()
+            answer = await ds.admit_run(
+                run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota
+            )
+            assert answer.admitted
+            assert answer.rank == rank, "a key's Nth open run queues with priority N"
+            ids.append(run.run_id)
+        refused = make_run()
+        answer = await ds.admit_run(
+            refused, RunSpecRecord(refused.run_id, SPEC, key_id="k1"), quota=quota
+        )
+        assert not answer.admitted and answer.retry_after > 0 and "3" in answer.reason
+        with pytest.raises(Exception, match="run"):
+            await store.get_run(refused.run_id)  # a refused run is not stored
+        other = make_run()
+        assert (
+            await ds.admit_run(
+                other, RunSpecRecord(other.run_id, SPEC, key_id="k2"), quota=Quota("k2", 3, 100)
+            )
+        ).admitted, "another key still starts runs"
+        await store.finish_run(ids[0], [], status="completed")
+        again = make_run()
+        assert (
+            await ds.admit_run(again, RunSpecRecord(again.run_id, SPEC, key_id="k1"), quota=quota)
+        ).admitted, "an ended run frees its place"
+
+    async def test_quota_counts_starts_per_minute(self, store: EventStore) -> None:
+        ds = durable(store)
+        quota = Quota("k1", max_open=100, max_per_minute=2)
+        for _ in range(2):
+            run = make_run()
+            assert (
+                await ds.admit_run(run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota)
+            ).admitted
+            await store.finish_run(run.run_id, [], status="completed")
+        run = make_run()
+        answer = await ds.admit_run(run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota)
+        assert not answer.admitted
+        assert 1 <= answer.retry_after <= 60
+
+    async def test_concurrent_admissions_never_exceed_the_quota(self, store: EventStore) -> None:
+        ds = durable(store)
+        quota = Quota("k1", max_open=5, max_per_minute=100)
+
+        async def one() -> bool:
+            run = make_run()
+            spec = RunSpecRecord(run.run_id, SPEC, key_id="k1")
+            return (await ds.admit_run(run, spec, quota=quota)).admitted
+
+        results = await asyncio.gather(*(one() for _ in range(12)))
+        assert sum(results) == 5
+
+    async def test_run_queues_with_their_tools(self, store: EventStore) -> None:
+        ds = durable(store)
+        await ds.save_run_queue(RunQueueRecord("q-a", ("lookup", "dangerous"), 8))
+        await ds.save_run_queue(RunQueueRecord("q-b", (), 4))
+        await ds.save_run_queue(RunQueueRecord("q-b", ("lookup",), 2))
+        found = {q.name: q for q in await ds.list_run_queues(seen_within_s=60)}
+        assert found["q-a"].tools == ("lookup", "dangerous") and found["q-a"].concurrency == 8
+        assert found["q-b"].tools == ("lookup",) and found["q-b"].concurrency == 2

@@ -1,0 +1,538 @@
+"""Killing the process that executes a run loses nothing (ADR 0013), with real processes.
+
+* One daemon on SQLite: ``kill -9`` it after the run's tool ran, start it again, the run completes.
+* Two replicas on PostgreSQL, the Anthropic wire on the emulator with signed thinking: kill the
+  replica executing the run after its tool ran; the other completes it; the emulator (which checks
+  every signature it is sent back) accepted every request; the tool ran exactly once.
+* An approval asked on one replica, that replica killed, the answer given on the other: the run
+  continues and completes.
+* A ``thoughtgate run`` killed mid-run leaves a suspended run; ``thoughtgate resume`` finishes it.
+
+Every case checks the log: events written before the kill unchanged, no gaps, one ``run.resumed``,
+and no reasoning, carrier or process identity for readers below the classes that may see them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from daemon_support import REPO, ServeProcess, auth, cli, cli_env
+from durable_support import HOLD, SIDE_EFFECTS, side_effects, wait_for
+from pg import PG_URL
+from psycopg import sql
+
+from thoughtgate.testing.emulator import (
+    Call,
+    Emulator,
+    Say,
+    Scenario,
+    ScriptedTurn,
+    Sleep,
+    Think,
+    serve_emulator,
+)
+
+pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
+
+LEASE = "3"
+TOOLS = ("--tools", "durable_support:TOOLS")
+SECRET = "SECRET-REASONING"
+
+
+def _keys(db: str) -> dict[str, str]:
+    keys = {}
+    for role in ("owner", "member", "viewer"):
+        made = cli("keys", "create", "--role", role, "--name", f"{role}-k", "--json", "--db", db)
+        assert made.returncode == 0, made.stderr
+        keys[role] = str(json.loads(made.stdout)["key"])
+    return keys
+
+
+class Service:
+    """Daemons on one store, and a way to read what they recorded."""
+
+    def __init__(self, db: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.db = db
+        self.effects = tmp / "effects"
+        self.hold = tmp / "hold"
+        self.env = {
+            SIDE_EFFECTS: str(self.effects),
+            HOLD: str(self.hold),
+            "THOUGHTGATE_ORCHESTRATION__LEASE_TTL_S": LEASE,
+            "THOUGHTGATE_DURABILITY__POLL_INTERVAL_S": "0.2",
+            **(env or {}),
+        }
+        self.keys = _keys(db)
+        self.daemons: list[ServeProcess] = []
+
+    def start(self) -> ServeProcess:
+        daemon = ServeProcess(
+            "--db", self.db, *TOOLS, "--no-bootstrap-key", "--shutdown-grace", "0.2", env=self.env
+        ).start()
+        self.daemons.append(daemon)
+        return daemon
+
+    def close(self) -> None:
+        for d in self.daemons:
+            d.stop()
+
+    def request(self, daemon: ServeProcess, method: str, path: str, role: str, **kw: Any) -> Any:
+        with httpx.Client(base_url=daemon.base_url, headers=auth(self.keys[role]), timeout=20) as c:
+            r = c.request(method, path, **kw)
+        assert r.status_code < 300, r.text
+        return r.json()
+
+    def events(
+        self, daemon: ServeProcess, run_id: str, role: str = "owner"
+    ) -> list[dict[str, Any]]:
+        page = self.request(daemon, "GET", f"/v1/runs/{run_id}/events", role)
+        return list(page["events"])
+
+    def done(self, daemon: ServeProcess, run_id: str, *, timeout: float = 45) -> dict[str, Any]:
+        def ended() -> dict[str, Any] | None:
+            run: dict[str, Any] = self.request(daemon, "GET", f"/v1/runs/{run_id}", "owner")
+            return run if run["status"] not in ("pending", "running") else None
+
+        result: dict[str, Any] = wait_for(ended, timeout=timeout, what=f"run {run_id} to end")
+        return result
+
+
+def assert_resumed_cleanly(
+    service: Service,
+    daemon: ServeProcess,
+    run_id: str,
+    before: list[Any],
+    carriers: tuple[str, ...] = ("SIG-CARRIER",),
+) -> None:
+    after = service.events(daemon, run_id)
+    assert [e["seq"] for e in after] == list(range(1, len(after) + 1)), "gap-free"
+    assert after[: len(before)] == before, "every event written before the kill is unchanged"
+    resumed = [e for e in after if e["type"] == "run.resumed"]
+    assert len(resumed) == 1 and resumed[0]["payload"]["attempt"] == 2
+    assert resumed[0]["payload"]["after_seq"] >= before[-1]["seq"]
+    assert after[-1]["type"] == "run.settlement.completed"
+    for role in ("viewer", "member"):
+        shown = json.dumps(service.events(daemon, run_id, role))
+        assert SECRET not in shown, f"a {role} sees no reasoning after a resume"
+        assert "executor" not in shown, "which process took over is operator detail"
+    owner_view = json.dumps(after)
+    for carrier in carriers:
+        assert carrier not in owner_view, "carriers never leave the process, not even for owners"
+
+
+def tool_ran(service: Service) -> str:
+    lines = wait_for(lambda: side_effects(service.effects), timeout=30, what="the tool to run")
+    return str(lines[0].split()[1])
+
+
+# --------------------------------------------------------------------------- SQLite, one daemon
+
+
+def test_sqlite_daemon_killed_and_restarted_completes_the_run_and_never_repeats_the_tool(
+    tmp_path: Path,
+) -> None:
+    service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
+    service.hold.touch()
+    try:
+        first = service.start()
+        run_id = service.request(
+            first,
+            "POST",
+            "/v1/runs",
+            "member",
+            json={
+                "prompt": "go",
+                "model": "fake:durable",
+                "tools": ["side_effect"],
+                "chain_of_thought": "surface",
+            },
+        )["run_id"]
+        assert tool_ran(service) == str(first.proc.pid if first.proc else "")
+        wait_for(
+            lambda: any(e["type"] == "tool.completed" for e in service.events(first, run_id)),
+            timeout=10,
+            what="the tool's end to be recorded",
+        )
+        before = service.events(first, run_id)
+        first.kill()
+        service.hold.unlink()
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+        assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
+        assert_resumed_cleanly(service, second, run_id, before)
+    finally:
+        service.close()
+
+
+def test_sigterm_leaves_a_durable_run_open_and_the_restarted_daemon_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """A shutdown is not a cancel: after the grace period a durable run stops here, open, and
+    resumes when a daemon is back (never ``run.interrupted``)."""
+    service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
+    service.hold.touch()
+    try:
+        first = service.start()
+        body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+        tool_ran(service)
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=20) == 0
+        assert "left 1 durable run(s) to resume elsewhere" in "".join(first.stderr_lines)
+        service.hold.unlink()
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "completed"
+        types = [e["type"] for e in service.events(second, run_id)]
+        assert "run.interrupted" not in types and types.count("run.resumed") == 1
+        assert len(side_effects(service.effects)) == 1
+    finally:
+        service.close()
+
+
+def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path: Path) -> None:
+    service = Service(
+        f"sqlite:///{tmp_path / 'tg.db'}",
+        tmp_path,
+        env={"THOUGHTGATE_DURABILITY__CONCURRENCY": "2"},
+    )
+    service.hold.touch()
+    try:
+        daemon = service.start()
+        body = {"prompt": "wait", "model": "fake:waiting"}
+        runs = [
+            service.request(daemon, "POST", "/v1/runs", "member", json=body)["run_id"]
+            for _ in range(5)
+        ]
+
+        def statuses() -> list[str]:
+            return [
+                service.request(daemon, "GET", f"/v1/runs/{r}", "owner")["status"] for r in runs
+            ]
+
+        wait_for(lambda: statuses().count("running") == 2, timeout=20, what="two runs to start")
+        time.sleep(1.5)  # several queue polls later, still two
+        assert sorted(statuses()) == ["pending", "pending", "pending", "running", "running"]
+        service.hold.unlink()
+        for run_id in runs:
+            assert service.done(daemon, run_id)["status"] == "completed"
+    finally:
+        service.close()
+
+
+# --------------------------------------------------------------------------- PostgreSQL, two replicas
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{PG_URL}?schema={schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            for name in (schema, f"{schema}_workflows"):
+                admin.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+
+
+def _loop_scenario() -> Scenario:
+    return Scenario(
+        "durable-loop",
+        (
+            ScriptedTurn(
+                (
+                    Think("I must act once; I call side_effect."),
+                    Call("side_effect", {"label": "once"}),
+                )
+            ),
+            ScriptedTurn(
+                (Sleep(2.5), Think("It is done. SECRET-REASONING tail."), Say("all done"))
+            ),
+        ),
+    )
+
+
+def test_two_replicas_on_postgres_the_survivor_completes_a_run_whose_replica_was_killed(
+    tmp_path: Path,
+) -> None:
+    emulator = Emulator()
+    emulator.add(_loop_scenario(), default=True)
+    with serve_emulator(emulator) as server, pg_database() as db:
+        service = Service(
+            db, tmp_path, env={"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "any"}
+        )
+        try:
+            a, b = service.start(), service.start()
+            run_id = service.request(
+                a,
+                "POST",
+                "/v1/runs",
+                "member",
+                json={
+                    "prompt": "go",
+                    "model": "anthropic:claude-sonnet-4-5",
+                    "tools": ["side_effect"],
+                    "chain_of_thought": "surface",
+                },
+            )["run_id"]
+            executing_pid = tool_ran(service)
+            executing, survivor = (a, b) if a.proc and str(a.proc.pid) == executing_pid else (b, a)
+            assert executing.proc is not None and str(executing.proc.pid) == executing_pid
+            wait_for(
+                lambda: any(
+                    e["type"] == "tool.completed" for e in service.events(survivor, run_id)
+                ),
+                timeout=10,
+                what="the tool's end to be recorded",
+            )
+            time.sleep(0.3)  # the second turn has been asked: the kill cuts it
+            before = service.events(survivor, run_id)
+            executing.kill()
+            killed_at = time.monotonic()
+            run = service.done(survivor, run_id)
+            assert time.monotonic() - killed_at < 30, "the survivor took over within 30 s"
+            assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+            assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
+            signatures = tuple(
+                block["signature"]
+                for r in emulator.requests
+                for m in r.body.get("messages", [])
+                if isinstance(m.get("content"), list)
+                for block in m["content"]
+                if block.get("type") == "thinking"
+            )
+            assert signatures, "signed thinking went back to the provider"
+            assert_resumed_cleanly(service, survivor, run_id, before, signatures)
+            statuses = [r.status for r in emulator.requests if r.path.endswith("/messages")]
+            assert statuses and all(s == 200 for s in statuses), (
+                f"the emulator refused a continued turn: {statuses}"
+            )
+            continued = [r.body for r in emulator.requests if len(r.body.get("messages", [])) > 1]
+            assert continued, "the loop was continued"
+            for body in continued:
+                first_reply = body["messages"][1]["content"]
+                assert first_reply[0]["type"] == "thinking" and first_reply[0]["signature"]
+        finally:
+            service.close()
+
+
+def _executor_pid(db: str, run_id: str) -> int | None:
+    """The pid of the process holding a run (its lease owner; no view shows it)."""
+    schema = db.split("schema=")[1]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT owner FROM {}.runs WHERE run_id = %s").format(sql.Identifier(schema)),
+            (run_id,),
+        ).fetchone()
+    owner = row[0] if row else None
+    return int(owner.split(".")[1]) if owner else None
+
+
+def test_an_approval_asked_on_a_killed_replica_is_answered_on_the_other_and_the_run_continues(
+    tmp_path: Path,
+) -> None:
+    with pg_database() as db:
+        service = Service(db, tmp_path)
+        try:
+            a, b = service.start(), service.start()
+            run_id = service.request(
+                a,
+                "POST",
+                "/v1/runs",
+                "member",
+                json={"prompt": "guarded go", "model": "fake:durable", "tools": ["guarded"]},
+            )["run_id"]
+
+            def asked() -> bool:
+                return any(e["type"] == "tool.approval_required" for e in service.events(b, run_id))
+
+            wait_for(asked, timeout=20, what="the approval to be asked")
+            pid = _executor_pid(db, run_id)
+            asking, other = (a, b) if a.proc is not None and a.proc.pid == pid else (b, a)
+            assert other.proc is not None and other.proc.pid != pid
+            before = service.events(other, run_id)
+            asking.kill()
+            # answered on the other replica while the run has no process at all: the answer waits
+            answer = service.request(
+                other,
+                "POST",
+                f"/v1/runs/{run_id}/approvals/call_once",
+                "member",
+                json={"decision": "approve"},
+            )
+            assert answer["decision"] == "approve"
+            run = service.done(other, run_id)
+            assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+            assert len(side_effects(service.effects)) == 1
+            after = service.events(other, run_id)
+            assert after[: len(before)] == before
+            decided = [e["payload"] for e in after if e["type"] == "tool.approval_response"]
+            assert [d["decision"] for d in decided] == ["approve"]
+            assert sum(e["type"] == "tool.approval_required" for e in after) == 1, "asked once"
+            assert _executor_pid(db, run_id) == (other.proc.pid if other.proc else None)
+        finally:
+            service.close()
+
+
+def test_an_approval_timeout_runs_from_the_request_across_a_restart(tmp_path: Path) -> None:
+    timeout_s = 8.0
+    service = Service(
+        f"sqlite:///{tmp_path / 'tg.db'}",
+        tmp_path,
+        env={"THOUGHTGATE_ORCHESTRATION__APPROVAL_TIMEOUT_S": str(timeout_s)},
+    )
+    try:
+        first = service.start()
+        run_id = service.request(
+            first,
+            "POST",
+            "/v1/runs",
+            "member",
+            json={"prompt": "guarded go", "model": "fake:durable", "tools": ["guarded"]},
+        )["run_id"]
+        wait_for(
+            lambda: any(
+                e["type"] == "tool.approval_required" for e in service.events(first, run_id)
+            ),
+            timeout=20,
+            what="the approval to be asked",
+        )
+        time.sleep(2.0)
+        first.kill()
+        second = service.start()
+        run = service.done(second, run_id, timeout=40)
+        assert run["status"] == "completed"
+        log = service.events(second, run_id)
+        asked = next(e for e in log if e["type"] == "tool.approval_required")
+        expired = next(e for e in log if e["type"] == "tool.approval_timeout")
+        waited = expired["ts"] - asked["ts"]
+        assert timeout_s - 0.5 <= waited < timeout_s + 3, (
+            f"the timeout ran {waited:.1f} s from the request, not from the resume"
+        )
+        assert side_effects(service.effects) == [], "an expired approval runs nothing"
+    finally:
+        service.close()
+
+
+def test_a_replica_without_a_runs_tools_never_takes_it(tmp_path: Path) -> None:
+    """A run started on a replica that lacks its tools goes to the queue of one that has them."""
+    with pg_database() as db:
+        service = Service(db, tmp_path)
+        try:
+            tooled = service.start()
+            bare = ServeProcess(
+                "--db",
+                db,
+                "--tools",
+                "durable_support:NO_TOOLS",
+                "--no-bootstrap-key",
+                "--shutdown-grace",
+                "0.2",
+                env=service.env,
+            ).start()
+            service.daemons.append(bare)
+            body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+            runs = [
+                service.request(bare, "POST", "/v1/runs", "member", json=body)["run_id"]
+                for _ in range(3)
+            ]
+            for run_id in runs:
+                assert service.done(bare, run_id)["status"] == "completed"
+            pids = {line.split()[1] for line in side_effects(service.effects)}
+            assert tooled.proc is not None and pids == {str(tooled.proc.pid)}
+            unknown = httpx.post(
+                f"{bare.base_url}/v1/runs",
+                json={**body, "tools": ["no_such_tool"]},
+                headers=auth(service.keys["member"]),
+            )
+            assert unknown.status_code == 400 and "no replica" in unknown.text
+        finally:
+            service.close()
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@pytest.mark.parametrize("how", ["cli", "http"])
+def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(
+    tmp_path: Path, how: str
+) -> None:
+    """``thoughtgate resume`` continues it in the terminal; the web page's Resume asks a daemon
+    (``POST /v1/runs/{id}/resume``, what its button calls)."""
+    db = f"sqlite:///{tmp_path / 'tg.db'}"
+    effects, hold = tmp_path / "effects", tmp_path / "hold"
+    hold.touch()
+    env = cli_env(**{SIDE_EFFECTS: str(effects), HOLD: str(hold)})
+    command = ["run", "go", "--model", "fake:durable", *TOOLS, "--db", db, "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", *command],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: side_effects(effects), timeout=30, what="the tool to run")
+        time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    hold.unlink()
+    listed = subprocess.run(
+        [sys.executable, "-m", "thoughtgate", "runs", "--db", db, "--json"],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (run,) = json.loads(listed.stdout)
+    assert run["status"] == "running"
+    assert run["metadata"]["suspended"]["resume"] == "manual"
+    if how == "cli":
+        short = run["run_id"][4:12]
+        resumed = subprocess.run(
+            [sys.executable, "-m", "thoughtgate", "resume", short, *TOOLS, "--db", db, "--json"],
+            env=env,
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        view = json.loads(resumed.stdout)
+    else:
+        service = Service(db, tmp_path)
+        try:
+            daemon = service.start()
+            viewer = httpx.post(
+                f"{daemon.base_url}/v1/runs/{run['run_id']}/resume",
+                headers=auth(service.keys["viewer"]),
+            )
+            assert viewer.status_code == 403, "resuming is for members and above"
+            service.request(daemon, "POST", f"/v1/runs/{run['run_id']}/resume", "member")
+            view = service.done(daemon, run["run_id"])
+            again = httpx.post(
+                f"{daemon.base_url}/v1/runs/{run['run_id']}/resume",
+                headers=auth(service.keys["member"]),
+            )
+            assert again.status_code == 409, "an ended run does not resume"
+        finally:
+            service.close()
+    assert view["status"] == "completed" and view["tasks"][0]["output"] == "all done"
+    assert len(side_effects(effects)) == 1, "the tool ran exactly once"

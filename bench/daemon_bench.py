@@ -134,17 +134,23 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
+_NO_QUOTAS = {"max_open_runs_per_key": 1_000_000, "max_starts_per_minute_per_key": 1_000_000}
+"""The bench's one key starts ~1,500 runs in two minutes: far past the per-key quotas a daemon
+has by default (600 starts a minute), which are a policy, not a cost, and would answer 429."""
+
+
 def _config(emulator_url: str | None) -> Any:
-    """The daemon's (and the in-process run's) config: every provider at the emulator."""
+    """The daemon's (and the in-process run's) config: every provider at the emulator, no
+    per-key quotas."""
     from thoughtgate.config import Config
 
-    if emulator_url is None:
-        return Config()
-    providers = {
-        section: {"base_url": emulator_url + path, "api_key": "bench"}
-        for _, section, path in FORMATS.values()
-    }
-    return Config.from_mapping({"providers": providers})
+    mapping: dict[str, Any] = {"quotas": _NO_QUOTAS}
+    if emulator_url is not None:
+        mapping["providers"] = {
+            section: {"base_url": emulator_url + path, "api_key": "bench"}
+            for _, section, path in FORMATS.values()
+        }
+    return Config.from_mapping(mapping)
 
 
 def _serve(

@@ -11,7 +11,7 @@ import copy
 import math
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -351,6 +351,36 @@ class StoreConformance:
         await store.append(run.run_id, [*deltas(9), NewEvent(EventType.RUN_ERROR)])
         got = await collect(store.tail(run.run_id, after=2, batch=3))
         assert [e.seq for e in got] == list(range(3, 11))
+
+    async def test_committed_events_are_published_to_listeners_as_stored(
+        self, store: EventStore
+    ) -> None:
+        """Live readers in this process take events from the publish instead of reading them
+        back: what they get must be exactly what the log holds, in order, after the commit."""
+        run = make_run()
+        await store.create_run(run)
+        published: list[Event] = []
+
+        class Listener:
+            def published(self, events: Sequence[Event]) -> None:
+                published.extend(events)
+
+            def notified(self, last_seq: int | None) -> None:
+                pass
+
+        unlisten = store.wakeups.listen(run.run_id, Listener())
+        try:
+            await store.append(run.run_id, deltas(3))
+            await store.append(run.run_id, [NewEvent("x", {"nested": {"a": [1, 2.5, None]}})])
+            await store.finish_run(
+                run.run_id,
+                [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})],
+                status="completed",
+            )
+        finally:
+            unlisten()
+        assert published == await store.read(run.run_id)
+        assert [e.seq for e in published] == [1, 2, 3, 4, 5]
 
     async def test_tail_wakes_several_readers(self, store: EventStore) -> None:
         run = make_run()

@@ -12,7 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import HAVE_SQLITE, Daemon, read_sse, running_daemon, stream_all
+from daemon_support import (
+    HAVE_SQLITE,
+    Daemon,
+    read_sse,
+    running_daemon,
+    sse_events,
+    stream_all,
+)
 
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import TicketSigner
@@ -301,19 +308,25 @@ def test_read_sse_helper_counts_comments() -> None:
     assert comments == 1 and messages[0].id == "1"
 
 
-def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: Daemon) -> None:
+def _stalled_reader(daemon: Daemon, run_id: str, ticket: str) -> Any:
+    """A connection that asks for the stream and then never reads a byte."""
     import socket
 
-    run_id = daemon.start_run(
-        {"prompt": "chatty 1500", "model": "fake:chatty", "chain_of_thought": "surface"}
-    )
-    ticket = daemon.ticket(run_id, "owner")
     host, port = daemon.base_url.removeprefix("http://").split(":")
-    stalled = socket.create_connection((host, int(port)))
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    stalled.connect((host, int(port)))
     stalled.sendall(
         f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
     )
+    return stalled
+
+
+def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: Daemon) -> None:
+    run_id = daemon.start_run(
+        {"prompt": "chatty 1500", "model": "fake:chatty", "chain_of_thought": "surface"}
+    )
+    stalled = _stalled_reader(daemon, run_id, daemon.ticket(run_id, "owner"))
     try:  # it never reads a byte; meanwhile the run finishes and another reader gets it all
         started = time.monotonic()
         done = daemon.wait_done(run_id, timeout=20)
@@ -323,3 +336,89 @@ def test_a_reader_that_stops_reading_does_not_hold_up_the_run_or_others(daemon: 
         assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > 3000
     finally:
         stalled.close()
+
+
+def _wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
+
+
+def test_a_reader_that_stops_reading_is_closed_after_the_send_timeout() -> None:
+    config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
+    with running_daemon(config=config, shutdown_grace_s=0.1, sse_send_timeout_s=0.5) as daemon:
+        streams = daemon.app.state.thoughtgate.streams
+        run_id = daemon.start_run(  # ~10 MB of frames: more than every buffer on the way holds
+            {"prompt": "chatty 20000", "model": "fake:chatty", "chain_of_thought": "surface"}
+        )
+        stalled = _stalled_reader(daemon, run_id, daemon.ticket(run_id, "owner"))
+        try:
+            assert _wait_until(lambda: len(streams) > 0, 5)
+            assert daemon.wait_done(run_id, timeout=60)["status"] == "completed"
+            # its stream stays stuck writing until a write has been blocked for the send
+            # timeout; then the server lets it go (the client never read a byte nor left)
+            assert _wait_until(lambda: len(streams) == 0, 10)
+        finally:
+            stalled.close()
+
+
+def test_every_open_stream_ends_when_the_server_stops() -> None:
+    config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
+    with running_daemon(config=config, shutdown_grace_s=0.1) as daemon:
+        state = daemon.app.state.thoughtgate
+        run_id = daemon.start_run({"prompt": "slow", "model": "fake:slow"})
+        ticket = daemon.ticket(run_id, "viewer")
+        with (
+            httpx.Client(base_url=daemon.base_url, timeout=5) as c,
+            c.stream("GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}) as r,
+        ):
+            assert _wait_until(lambda: len(state.streams) > 0, 5)
+            # what the daemon's server does on SIGTERM once its runs are drained
+            assert state.streams.loop is not None
+            state.streams.loop.call_soon_threadsafe(state.streams.stop_all)
+            started = time.monotonic()
+            list(r.iter_raw())  # the response ends
+            assert time.monotonic() - started < 3
+
+
+# --------------------------------------------------------------------------- one request per run
+
+
+def _start_and_follow(daemon: Daemon, role: str, body: dict[str, Any]) -> tuple[int, Any, str]:
+    with (
+        daemon.client(role) as c,
+        c.stream("POST", "/v1/runs/follow", json=body) as r,
+    ):
+        return r.status_code, r.headers, r.read().decode("utf-8")
+
+
+def test_one_request_starts_the_run_and_streams_it_to_the_callers_role(daemon: Daemon) -> None:
+    body = {"prompt": "chatty 20", "model": "fake:chatty", "chain_of_thought": "surface"}
+    status, headers, text = _start_and_follow(daemon, "developer", body)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = sse_events(text)
+    run_id = events[0]["run_id"]
+    assert headers["location"] == f"/v1/runs/{run_id}"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # all of it, in order
+    assert events[0]["type"] == "run.started" and is_run_terminal(events[-1]["type"])
+    assert any(e["type"] == "reasoning.delta" for e in events)  # a developer, on surface
+    # what the ticket route gives the same role, byte for byte
+    _, replayed = stream_all(daemon, run_id, "developer")
+    assert sse_events(replayed) == events
+
+    _, _, member_text = _start_and_follow(daemon, "member", body)
+    member_events = sse_events(member_text)
+    assert is_run_terminal(member_events[-1]["type"])
+    assert not any(e["type"] == "reasoning.delta" for e in member_events)  # the one filter
+    assert '"r0 "' in text and '"r0 "' not in member_text  # the model's thought itself
+
+
+def test_one_request_needs_a_role_that_may_start_runs_and_a_valid_body(daemon: Daemon) -> None:
+    body = {"prompt": "hello", "model": "fake:echo"}
+    assert _start_and_follow(daemon, "viewer", body)[0] == 403
+    with daemon.client() as c:
+        assert c.post("/v1/runs/follow", json=body).status_code == 401
+    assert _start_and_follow(daemon, "member", {**body, "base_url": "http://x"})[0] == 422

@@ -4,7 +4,7 @@ events after its own cursor, in order, once; and the store is read once per even
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +28,15 @@ class CountingStore(MemoryStore):
         if self.fail_reads:
             raise StoreError("cannot read: injected")
         return await super().read(run_id, after=after, limit=limit)
+
+
+async def _settled(check: Callable[[], bool]) -> None:
+    """Let the loop run until ``check()`` holds: wait on readiness, not on a clock."""
+    for _ in range(1_000_000):
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the readers never settled")
 
 
 async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
@@ -77,12 +86,13 @@ def test_every_reader_gets_exactly_the_events_after_its_cursor(
     asyncio.run(go())
 
 
-async def test_a_thousand_readers_cost_one_store_read_per_wakeup_not_per_reader() -> None:
+async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -> None:
     store = CountingStore()
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
     readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(1000)]
-    await asyncio.sleep(0.05)  # all joined (one replay read each), all waiting
+    # all joined (one replay read each), and the feed has made its one start-up read
+    await _settled(lambda: feeds.readers("run_1") == 1000 and store.reads >= 1001)
     before = store.reads
     for i in range(20):
         await store.append("run_1", [NewEvent("message.delta", {"i": i})])
@@ -90,7 +100,8 @@ async def test_a_thousand_readers_cost_one_store_read_per_wakeup_not_per_reader(
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
     results = await asyncio.gather(*readers)
     assert all(r == list(range(1, 22)) for r in results)
-    assert store.reads - before < 100  # ~2 per append for the one feed, not 1,000
+    # the feed takes what this process appends as it is committed: no read per append at all
+    assert store.reads - before == 0
 
 
 async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -> None:
@@ -105,9 +116,11 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
             seen.append(event.seq)
 
     reader = asyncio.create_task(read_all())
-    await asyncio.sleep(0.02)
+    # replayed, joined, and the feed has made its start-up read
+    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     store.fail_reads = True
-    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])
+    # news the feed must read (as from another process, or after a lost signal): the read fails
+    store.wakeups.notify_all()
     try:
         await asyncio.wait_for(reader, 5)
     except StoreError as exc:
@@ -130,3 +143,57 @@ def test_frames_are_filtered_and_encoded_once_per_role() -> None:
         assert feeds.frame(delta, Role.DEVELOPER, "surface", encode) == b"1:secret"
         assert feeds.frame(delta, Role.VIEWER, "surface", encode) is None  # withheld
     assert calls == [1]
+
+
+class ElsewhereStore(CountingStore):
+    """Appends as if from another process: nothing is published here; ``signal`` says whether a
+    notification (PostgreSQL's NOTIFY, with the last seq) arrives, else readers must poll."""
+
+    poll_interval = 0.02
+
+    def __init__(self, *, signal: bool) -> None:
+        super().__init__()
+        self.signal = signal
+
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        published, self.wakeups.publish = self.wakeups.publish, lambda *_: None  # type: ignore[method-assign]
+        try:
+            out = await super().append(run_id, events)
+        finally:
+            self.wakeups.publish = published  # type: ignore[method-assign]
+        if self.signal and out:
+            self.wakeups.notify(run_id, out[-1].seq)
+        return out
+
+
+async def test_events_appended_by_another_process_reach_every_reader_once() -> None:
+    for signal in (True, False):
+        store = ElsewhereStore(signal=signal)
+        await store.create_run(RunRecord("run_1", "p"))
+        feeds = RunFeeds(store)
+        readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        for i in range(30):
+            await store.append("run_1", [NewEvent("message.delta", {"i": i})])
+            if i % 7 == 0:
+                await asyncio.sleep(0.005)
+        await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+        results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert all(r == list(range(1, 32)) for r in results), signal
+        assert feeds.active == 0
+
+
+async def test_a_notification_for_events_already_published_costs_no_read() -> None:
+    store = CountingStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store)
+    reader = asyncio.create_task(_collect(feeds, 0, 0))
+    # replayed, joined, and the feed has made its start-up read
+    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
+    before = store.reads
+    out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL
+    await asyncio.sleep(0.01)
+    assert store.reads == before
+    await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+    assert await asyncio.wait_for(reader, 5) == [1, 2]

@@ -168,3 +168,36 @@ async def test_an_open_stream_ends_within_5s_of_its_key_losing_the_role(daemon: 
         asyncio.run(go())  # the memory store keeps no loop of its own
 
     await _follow_then_lose_access(daemon, demote)
+
+
+async def test_a_one_request_stream_ends_within_5s_of_its_key_being_revoked(
+    daemon: Daemon,
+) -> None:
+    made = fresh_key(daemon, f"member-{time.monotonic_ns()}", "member")
+    messages: list[SSEMessage] = []
+    first = asyncio.Event()
+
+    async def follow() -> None:
+        decoder = SSEDecoder()
+        body = {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
+        async with (
+            httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client,
+            client.stream("POST", "/v1/runs/follow", json=body, headers=auth(made["key"])) as r,
+        ):
+            assert r.status_code == 200
+            async for chunk in r.aiter_raw():
+                messages.extend(decoder.feed(chunk))
+                first.set()
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(first.wait(), 10)
+    run_id = json.loads(messages[0].data)["run_id"]
+    with daemon.client("owner") as owner:
+        assert owner.delete(f"/v1/keys/{made['key_id']}").status_code == 200
+    revoked_at = time.monotonic()
+    await asyncio.wait_for(task, 15)
+    assert time.monotonic() - revoked_at < PROMISE_S
+    assert messages[-1].event == "access_revoked"
+    assert "revoked" in json.loads(messages[-1].data)["message"]
+    with daemon.client("owner") as owner:  # the run itself goes on, unaffected
+        assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "running"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -86,3 +87,50 @@ async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
             continue
         raise AssertionError("a recorder that lost a batch must refuse later events")
     assert [e.payload["turn"] for e in await store.read("run_1")] == [0]
+
+
+class BatchCountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    async def append(self, run_id: str, events: Any) -> Any:
+        self.batches.append([e.type for e in events])
+        return await super().append(run_id, events)
+
+
+async def test_events_emitted_together_are_one_batch_after_the_buffered_deltas() -> None:
+    store = BatchCountingStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    rec = EventRecorder(store, "run_1", flush_interval=10)
+    await rec.emit_delta(delta("a"))  # the first byte goes alone
+    await rec.emit_delta(delta("b"))
+    await rec.emit_delta(delta("c"))
+    out = await rec.emit_all([progress(1), progress(2)])
+    assert [e.seq for e in out] == [2, 3, 4, 5]
+    assert store.batches == [
+        ["message.delta"],
+        ["message.delta", "message.delta", "tool.progress", "tool.progress"],
+    ]
+    await rec.close()
+
+
+async def test_a_turn_ends_in_one_batch_whatever_its_visible_steps() -> None:
+    from thoughtgate.orchestration.runtime import RunRequest, Runtime
+    from thoughtgate.testing.fake import reasoning, text
+
+    def script(request: Any, turn: int) -> Any:
+        yield reasoning("weighing it")
+        yield text("done")
+
+    from thoughtgate.testing.fake import FakeProvider
+
+    store = BatchCountingStore()
+    runtime = Runtime(store, provider_factory=lambda model: FakeProvider(script, model=model))
+    run = await runtime.run(RunRequest("q", model="fake:x"), chain_of_thought="surface")
+    assert run.status == "completed"
+    ends = [b for b in store.batches if "agent.response" in b]
+    assert len(ends) == 1
+    closing = ends[0][ends[0].index("agent.response") :]
+    assert closing[-1] == "message.completed"
+    assert any(t.startswith("cot.") for t in closing)  # the visible steps came along

@@ -10,9 +10,11 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from durable_store_conformance import DurableStoreConformance
@@ -481,6 +483,8 @@ async def main(path, run_id, writer, count, final):
     sys.stdin.readline()  # wait for "go" so that all writers really overlap
     for i in range(count):
         await store.append_one(run_id, NewEvent("w", {"w": writer, "i": i}))
+        if i % 10 == 9:  # now and then let the others in, even on a machine too busy to overlap
+            await asyncio.sleep(0.002)
     if final:
         await store.append_one(run_id, NewEvent(final))
     await store.close()
@@ -561,3 +565,138 @@ class TestSQLiteDurableRuns(DurableStoreConformance):
         store = await SQLiteStore.open(tmp_path / "store.db")
         yield store
         await store.close()
+
+
+# -- group commit --------------------------------------------------------------------------
+async def _queued_together(store: SQLiteStore, calls: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``calls`` while the writer thread is held busy, so that they queue up together and
+    meet in one group; their results (or errors) in order."""
+    gate = threading.Event()
+    busy = asyncio.ensure_future(store._writer.call("wait", lambda c: gate.wait(5)))
+    futures = [asyncio.ensure_future(c) for c in calls]
+    await asyncio.sleep(0)  # every call has queued its write
+    gate.set()
+    await busy
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+async def test_concurrent_writes_share_transactions_and_each_is_durable_when_told(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "group.db"
+    store = await SQLiteStore.open(path)
+    try:
+        runs = [make_run() for _ in range(20)]
+        for run in runs:
+            await store.create_run(run)
+        writer = store._writer
+        before = writer.commits
+        other = sqlite3.connect(path, isolation_level=None)  # another reader of the file
+        seen_durable: list[bool] = []
+
+        async def append_and_check(run: RunRecord, i: int) -> list[Event]:
+            out = await store.append(run.run_id, deltas(3, start=3 * i))
+            # told: a separate connection must find these rows already
+            rows = other.execute(
+                "SELECT count(*) FROM events WHERE run_id = ? AND seq >= ? AND seq <= ?",
+                (run.run_id, out[0].seq, out[-1].seq),
+            ).fetchone()
+            seen_durable.append(rows[0] == 3)
+            return out
+
+        calls = [append_and_check(run, i) for i in range(5) for run in runs]
+        results = await _queued_together(store, calls)
+        assert all(seen_durable) and len(seen_durable) == 100
+        assert writer.commits - before == 1  # one shared transaction, not one per append
+        for run in runs:  # gap-free, in order, per run
+            stored = await store.read(run.run_id)
+            assert [e.seq for e in stored] == list(range(1, 16))
+            assert [e.payload["i"] for e in stored] == list(range(15))
+        assert sum(len(r) for r in results) == 300
+        other.close()
+    finally:
+        await store.close()
+
+
+async def test_a_write_that_fails_in_a_group_leaves_the_others_committed(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "group.db")
+    try:
+        good = [make_run() for _ in range(5)]
+        for run in good:
+            await store.create_run(run)
+        closed = make_run()
+        await store.create_run(closed)
+        await store.finish_run(closed.run_id, [], status="completed")
+        calls = [store.append(run.run_id, deltas(2)) for run in good]
+        calls.insert(2, store.append("run_nobody", deltas(1)))  # unknown run
+        calls.insert(4, store.append(closed.run_id, deltas(1)))  # ended run
+        results = await _queued_together(store, calls)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert sorted(type(e).__name__ for e in errors) == ["RunClosedError", "RunNotFoundError"]
+        for run in good:
+            assert [e.seq for e in await store.read(run.run_id)] == [1, 2]
+        assert await store.read(closed.run_id) == []
+    finally:
+        await store.close()
+
+
+async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Path) -> None:
+    """SQLite may give up the whole shared transaction after ``SQLITE_FULL``: the other writes of
+    the group are then run again, and only the one that does not fit fails."""
+    store = await SQLiteStore.open(tmp_path / "small.db", max_bytes=256 * 1024)
+    try:
+        small = [make_run() for _ in range(8)]
+        big = make_run()
+        for run in [*small, big]:
+            await store.create_run(run)
+        blob = "x" * 4000
+        huge = [NewEvent("big", {"i": i, "b": blob}) for i in range(200)]  # ~800 KB: never fits
+        calls = [store.append(run.run_id, deltas(2)) for run in small]
+        calls.insert(3, store.append(big.run_id, huge))
+        results = await _queued_together(store, calls)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == 1 and "database or disk is full" in str(failed[0])
+        assert await store.read(big.run_id) == []
+        for run in small:
+            assert [e.seq for e in await store.read(run.run_id)] == [1, 2]
+    finally:
+        await store.close()
+
+
+async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
+    tmp_path: Path,
+) -> None:
+    from thoughtgate.store.sqlite_thread import SQLiteThread
+
+    path = tmp_path / "raw.db"
+    thread = SQLiteThread("test-writer", path, busy_timeout=5)
+    await thread.start(lambda: connect(path, busy_timeout=5), "open")
+    try:
+        await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+
+        def insert(key: str, fail: bool = False) -> Callable[[sqlite3.Connection], None]:
+            def body(conn: sqlite3.Connection) -> None:
+                conn.execute("INSERT INTO t VALUES (?)", (key,))
+                if fail:  # after its row went in: all of it must be undone, and only it
+                    raise ValueError(f"{key} changed its mind")
+
+            return body
+
+        gate = threading.Event()  # holds the thread busy while the three writes queue up
+        busy = asyncio.ensure_future(thread.call("wait", lambda c: gate.wait(5)))
+        writes = [
+            asyncio.ensure_future(thread.write("a", insert("a"))),
+            asyncio.ensure_future(thread.write("b", insert("b", fail=True))),
+            asyncio.ensure_future(thread.write("c", insert("c"))),
+        ]
+        await asyncio.sleep(0)  # all three are queued
+        commits = thread.commits
+        gate.set()
+        await busy
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert thread.commits == commits + 1  # one shared transaction
+        assert isinstance(results[1], ValueError) and results[0] is None and results[2] is None
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert sorted(r[0] for r in rows) == ["a", "c"]
+    finally:
+        await thread.close()

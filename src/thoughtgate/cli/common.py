@@ -48,10 +48,15 @@ async def _sharing_clients(coro: Coroutine[Any, Any, T]) -> T:
         return await coro
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command body; a ThoughtgateError becomes one clear line and a non-zero exit."""
+def run_async(
+    coro: Coroutine[Any, Any, T],
+    *,
+    runner: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run,
+) -> T:
+    """Run a command body (with ``runner``: ``asyncio.run`` unless the command picks another
+    event loop); a ThoughtgateError becomes one clear line and a non-zero exit."""
     try:
-        return asyncio.run(_sharing_clients(coro))
+        return runner(_sharing_clients(coro))
     except ThoughtgateError as exc:
         # the message is plain text: brackets in it ("thoughtgate[mcp]") are not markup
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)

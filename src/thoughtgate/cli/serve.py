@@ -135,4 +135,6 @@ def register(app: typer.Typer) -> None:
             finally:
                 await ctx.close()
 
-        run_async(body())
+        from thoughtgate.server.serve import daemon_runner
+
+        run_async(body(), runner=daemon_runner())

@@ -3,7 +3,9 @@
 ``message.delta`` and ``reasoning.delta`` arrive once per provider chunk; committing each alone
 would make a durable store fsync thousands of times per turn. They are buffered and flushed as one
 atomic append every ``flush_interval`` seconds (or every ``max_batch`` events), and any other event
-first flushes the buffer, so recorded order is always emission order.
+goes out in one append with the buffer before it, so recorded order is always emission order.
+Events that happen together (a turn's response, its visible steps and the answer) are emitted
+together with ``emit_all``: one commit, one write to each live reader.
 
 A failed append is never skipped over: when the background flush of a window fails (the store is
 full or unreachable), that batch is not stored, and the next ``emit``, ``emit_delta``, ``flush``
@@ -53,15 +55,12 @@ class EventRecorder:
 
     async def emit(self, event: NewEvent) -> list[Event]:
         """Append ``event`` after everything buffered before it."""
-        async with self._lock:
-            self._raise_failure()
-            batch = [*self._buffer, event]
-            self._buffer.clear()
-            return await self._append(batch)
+        return await self.emit_all([event])
 
     async def emit_all(self, events: Sequence[NewEvent]) -> list[Event]:
         """Append ``events`` after everything buffered before them, in one atomic batch (a run
-        resumed after a crash finds a step's events whole or not at all)."""
+        resumed after a crash finds a step's events whole or not at all; events that happen
+        together, such as a turn's end, cost one commit and reach live readers in one write)."""
         if not events:
             return []
         async with self._lock:

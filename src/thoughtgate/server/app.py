@@ -40,6 +40,7 @@ from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMid
 from thoughtgate.server.openapi import build_openapi
 from thoughtgate.server.routes import all_endpoints
 from thoughtgate.server.routes.meta import package_version
+from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
 from thoughtgate.store.base import EventStore
 
@@ -114,6 +115,7 @@ def create_app(
         sse_send_timeout_s=sse_send_timeout_s,
         feeds=RunFeeds(runtime.store),
         access=AccessWatch(runtime.store, interval_s=access_check_s),
+        streams=LiveStreams(tick_s=min(1.0, config.server.keepalive_s / 2, sse_send_timeout_s / 4)),
     )
     endpoints = all_endpoints()
 
@@ -134,6 +136,7 @@ def create_app(
                 yield
             finally:
                 await manager.shutdown()
+                state.streams.stop_all()
                 if engine is not None:
                     await engine.close()
                 if state.feeds is not None:

@@ -1,10 +1,11 @@
-"""One store tail per live run in this process, shared by every live reader of that run.
+"""One feed per live run in this process, shared by every live reader of that run.
 
 Without it each SSE connection tails the store on its own: one append wakes N readers, each reads
 the same new events from the database, filters and encodes them again. With it, one *feed* per run
-reads each event once and offers it to every reader, and encoded frames are cached per (event,
-role, mode): a thousand readers of a run cost one read and a few encodes per event, not a
-thousand.
+takes each event once and offers it to every reader, and encoded frames are cached per (event,
+role, mode): a thousand readers of a run cost a few encodes per event, not a thousand. The feed
+gets the events this process appends straight from the store after their commit
+(``RunWakeups.publish``), so it reads the store only for what another process appended.
 
 Correctness never rests on the feed. Each reader keeps its own cursor (the last sequence number
 it yielded): it replays from the store until it has caught up, then takes events from the feed,
@@ -19,14 +20,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.store.base import EventStore
 
-__all__ = ["RunFeeds", "replay"]
+__all__ = ["LiveReader", "RunFeeds", "replay"]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -64,36 +65,223 @@ class _Subscriber:
             self.inbox.append(event)  # else skipped: the reader refills the gap from the store
         self.ready.set()
 
-    async def next(self) -> Event | None:
-        while not self.inbox:
-            self.ready.clear()
-            await self.ready.wait()
-        return self.inbox.popleft()
-
 
 class _Feed:
-    """Tails one run from ``start`` and offers every event to every subscriber."""
+    """Follows one run from ``start`` and offers every event to every subscriber, in order.
+
+    Events committed by this process arrive as the store publishes them (no read); the feed reads
+    the store only for what it cannot get that way: at its start, after a gap in what was
+    published, when another process may have appended (a notification, or every poll interval).
+    """
 
     def __init__(self, store: EventStore, run_id: str, start: int, on_end: Callable[[], None]):
         self.subscribers: set[_Subscriber] = set()
         self.done = False
+        self.cursor = start
         self._on_end = on_end
-        self.task = asyncio.create_task(self._run(store, run_id, start), name=f"feed {run_id}")
+        self._wake = asyncio.Event()
+        self._wake.set()  # read what may already be stored after ``start``
+        self._unlisten = store.wakeups.listen(run_id, self)
+        self.task = asyncio.create_task(self._run(store, run_id), name=f"feed {run_id}")
 
-    async def _run(self, store: EventStore, run_id: str, start: int) -> None:
+    # -- RunListener: called by the store in this process --------------------------------
+    def published(self, events: Sequence[Event]) -> None:
+        self._take(events)
+
+    def notified(self, last_seq: int | None) -> None:
+        if last_seq is None or last_seq > self.cursor:
+            self._wake.set()
+
+    def _take(self, events: Sequence[Event]) -> None:
+        """Offer the events that continue the cursor; a gap is read from the store instead."""
+        for event in events:
+            if self.done or event.seq <= self.cursor:
+                continue
+            if event.seq != self.cursor + 1:
+                self._wake.set()
+                return
+            self.cursor = event.seq
+            for sub in self.subscribers:
+                sub.offer(event)
+            if is_run_terminal(event.type):
+                self._stop()
+                if asyncio.current_task() is not self.task:
+                    self.task.cancel()  # nothing more to read: ``_run`` ends
+                return
+
+    async def _run(self, store: EventStore, run_id: str) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            async for event in store.tail(run_id, after=start):
-                for sub in self.subscribers:
-                    sub.offer(event)
+            while not self.done:
+                if not self._wake.is_set():
+                    timer = loop.call_later(store.live_poll_interval(), self._wake.set)
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        timer.cancel()
+                self._wake.clear()
+                page = await store.read(run_id, after=self.cursor, limit=_PAGE)
+                self._take(page)
+                if len(page) == _PAGE:
+                    self._wake.set()
         except asyncio.CancelledError:
-            raise
+            if not self.done:
+                raise
         except Exception as exc:  # readers go on alone and meet the error themselves
             log.warning("live feed of run %s stopped: %s", run_id, exc)
         finally:
-            self.done = True
-            for sub in self.subscribers:
-                sub.offer(None)
-            self._on_end()
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self._unlisten()
+        for sub in self.subscribers:
+            sub.offer(None)
+        self._on_end()
+
+
+class LiveReader:
+    """One reader's cursor over a run: stored events first, then the run's shared feed.
+
+    ``next`` returns the events after the cursor that are ready now, in order, as one batch (so
+    a connection writes them at once), and waits only when none are. It replays from the store
+    until it has caught up, then takes what the feed offers; whatever the feed cannot give in
+    order (it joined while the feed was behind or ahead, it fell more than the backlog behind
+    and was skipped, the feed stopped) it reads from the store itself. So a reader never skips
+    or repeats an event, whatever the timing. A batch ends with the run's terminal event, after
+    which ``next`` returns ``None``.
+    """
+
+    def __init__(self, feeds: RunFeeds, run_id: str, after: int, *, follow: bool) -> None:
+        self._feeds = feeds
+        self.store = feeds.store
+        self.run_id = run_id
+        self.cursor = after
+        self._follow = follow
+        self._replaying = True
+        self._done = False
+        self._sub: _Subscriber | None = None
+        self._feed: _Feed | None = None
+        self._alone = False  # the feed stopped: read the store directly
+        self._woken = False
+
+    @property
+    def behind(self) -> int:
+        """Events the run's feed has that this reader has not taken yet (0 while replaying)."""
+        if self._feed is None:
+            return 0
+        return max(0, self._feed.cursor - self.cursor)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other readers follow the same feed now (then a frame is worth caching)."""
+        return self._feed is not None and len(self._feed.subscribers) > 1
+
+    def wake(self) -> None:
+        """Make a waiting ``next`` return at once (with an empty batch if nothing is new)."""
+        self._woken = True
+        if self._sub is not None:
+            self._sub.ready.set()
+
+    async def next(self, timeout: float | None = None) -> list[Event] | None:  # noqa: ASYNC109
+        """The next batch; ``[]`` after ``timeout`` seconds (or a ``wake``) with nothing new;
+        ``None`` once the run's terminal event was returned, or, without ``follow``, the last
+        event stored when replaying reached it."""
+        if self._done:
+            return None
+        if self._replaying:
+            page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+            if len(page) < _PAGE:
+                self._replaying = False
+                if not self._follow:
+                    self._done = True
+                    if not page:
+                        return None
+                elif not self._cut(page):
+                    self._sub = _Subscriber(self._feeds.backlog)
+                    self._feed = self._feeds._join(self.run_id, self.cursor, self._sub)
+            return self._accept(page)
+        if self._alone:
+            return await self._from_store(timeout)
+        return await self._from_feed(timeout)
+
+    def _cut(self, events: list[Event]) -> bool:
+        """Whether ``events`` hold the terminal event (the batch is cut after it)."""
+        return any(is_run_terminal(e.type) for e in events)
+
+    def _accept(self, events: list[Event]) -> list[Event]:
+        """Advance the cursor over ``events`` (in order, after it), stopping at the terminal."""
+        for i, event in enumerate(events):
+            self.cursor = event.seq
+            if is_run_terminal(event.type):
+                self._done = True
+                self.close()
+                return events[: i + 1]
+        return events
+
+    async def _from_feed(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
+        sub = self._sub
+        assert sub is not None
+        if not sub.inbox and not self._woken:
+            sub.ready.clear()
+            if timeout is None:
+                await sub.ready.wait()
+            else:
+                timer = asyncio.get_running_loop().call_later(timeout, sub.ready.set)
+                try:
+                    await sub.ready.wait()
+                finally:
+                    timer.cancel()
+        self._woken = False
+        batch: list[Event] = []
+        while sub.inbox:
+            event = sub.inbox.popleft()
+            if event is None:  # the feed stopped: finish alone
+                self._alone = True
+                self._leave()
+                break
+            if event.seq <= self.cursor:
+                continue
+            if event.seq > self.cursor + 1:  # the feed is ahead of us: fill the gap from the store
+                gap = await self.store.read(
+                    self.run_id, after=self.cursor, limit=event.seq - 1 - self.cursor
+                )
+                batch += self._accept(gap)
+                if self._done:
+                    return batch
+                if self.cursor != event.seq - 1:  # cannot happen with gap-free sequences
+                    raise RuntimeError(
+                        f"run {self.run_id}: events {self.cursor + 1}.. not readable"
+                    )
+            batch += self._accept([event])
+            if self._done or len(batch) >= _PAGE:
+                break
+        return batch
+
+    async def _from_store(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
+        page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+        if not page:
+            wait = self.store.wait_for_new(self.run_id, self.cursor)
+            if timeout is None:
+                await wait
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wait, timeout)
+            page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+        return self._accept(page)
+
+    def _leave(self) -> None:
+        if self._feed is not None and self._sub is not None:
+            self._feeds._leave(self.run_id, self._feed, self._sub)
+        self._feed = None
+
+    def close(self) -> None:
+        """Leave the run's feed (idempotent); the reader is done."""
+        self._done = True
+        self._leave()
+        self._sub = None
 
 
 class RunFeeds:
@@ -110,41 +298,25 @@ class RunFeeds:
         """Runs with a live feed in this process."""
         return len(self._feeds)
 
+    def readers(self, run_id: str) -> int:
+        """Readers following the live feed of ``run_id`` now."""
+        feed = self._feeds.get(run_id)
+        return 0 if feed is None else len(feed.subscribers)
+
+    def reader(self, run_id: str, *, after: int = 0, follow: bool = True) -> LiveReader:
+        """One reader's view of the run after ``after``, in batches (see :class:`LiveReader`);
+        ``follow=False`` ends at the last event stored now."""
+        return LiveReader(self, run_id, after, follow=follow)
+
     async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
         """Stored events after ``after``, then live ones, until the run's terminal event."""
-        cursor = after
-        async for event in replay(self.store, run_id, after):  # a feed serves the live end only
-            cursor = event.seq
-            yield event
-            if is_run_terminal(event.type):
-                return
-        sub = _Subscriber(self.backlog)
-        feed = self._join(run_id, cursor, sub)
+        reader = self.reader(run_id, after=after)
         try:
-            while True:
-                offered = await sub.next()
-                if offered is None:  # the feed stopped: finish alone
-                    async for rest in self.store.tail(run_id, after=cursor):
-                        yield rest
-                    return
-                event = offered
-                if event.seq <= cursor:
-                    continue
-                if event.seq > cursor + 1:  # the feed is ahead of us: fill the gap from the store
-                    gap = await self.store.read(run_id, after=cursor, limit=event.seq - 1 - cursor)
-                    for missed in gap:
-                        cursor = missed.seq
-                        yield missed
-                        if is_run_terminal(missed.type):
-                            return
-                    if cursor != event.seq - 1:  # cannot happen with gap-free sequences
-                        raise RuntimeError(f"run {run_id}: events {cursor + 1}.. not readable")
-                cursor = event.seq
-                yield event
-                if is_run_terminal(event.type):
-                    return
+            while (batch := await reader.next()) is not None:
+                for event in batch:
+                    yield event
         finally:
-            self._leave(run_id, feed, sub)
+            reader.close()
 
     def _join(self, run_id: str, cursor: int, sub: _Subscriber) -> _Feed:
         feed = self._feeds.get(run_id)
@@ -166,16 +338,23 @@ class RunFeeds:
                 del self._feeds[run_id]
 
     def frame(
-        self, event: Event, role: Role, mode: str, encode: Callable[[Event], bytes]
+        self,
+        event: Event,
+        role: Role,
+        mode: str,
+        encode: Callable[[Event], bytes],
+        *,
+        cache: bool = True,
     ) -> bytes | None:
         """``encode(filter_event(event, role, mode))``, computed once per event, role and mode
-        (``None`` when the role may not see the event)."""
+        (``None`` when the role may not see the event). ``cache=False`` for a reader alone on
+        its run: nobody else would use the frame."""
         key = (event.run_id, event.seq, role, mode)
         if key in self._frames:
             return self._frames[key]
         shown = filter_event(event, role, mode=mode)
         data = None if shown is None else encode(shown)
-        if data is None or len(data) <= _CACHE_MAX_FRAME:
+        if cache and (data is None or len(data) <= _CACHE_MAX_FRAME):
             if len(self._frames) >= _CACHE_ENTRIES:
                 del self._frames[next(iter(self._frames))]  # the oldest
             self._frames[key] = data

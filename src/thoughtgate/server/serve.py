@@ -13,11 +13,13 @@ signal falls through to uvicorn's own handling (a second Ctrl+C forces the exit)
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -25,9 +27,24 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.manager import RunManager
+from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
 
-__all__ = ["DaemonServer", "RedactTickets", "serve_app"]
+__all__ = ["DaemonServer", "RedactTickets", "daemon_runner", "serve_app"]
+
+T = TypeVar("T")
+
+
+def daemon_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
+    """How the daemon runs its event loop: ``uvloop.run`` where uvloop is installed (ADR 0004:
+    its transports, timers and thread hand-offs cost a fraction of asyncio's pure-Python ones,
+    and a daemon spends its time in them), else ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:  # not on this platform (Windows): the standard loop
+        return asyncio.run
+    return uvloop.run
+
 
 log = logging.getLogger("thoughtgate.server")
 _TICKET = re.compile(r"(ticket=)[^&\s\"]+")
@@ -53,9 +70,11 @@ class DaemonServer(uvicorn.Server):
         manager: RunManager,
         *,
         on_ready: Callable[[str, int], None] | None = None,
+        streams: LiveStreams | None = None,
     ) -> None:
         super().__init__(config)
         self.manager = manager
+        self.streams = streams
         self.on_ready = on_ready
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,6 +110,8 @@ class DaemonServer(uvicorn.Server):
         except Exception:  # never block the exit
             log.exception("draining runs failed")
         finally:
+            if self.streams is not None:  # live readers of runs not executed here end too
+                self.streams.stop_all()
             super().handle_exit(sig, frame)
             # A drained shutdown is a clean exit: do not re-raise the signal afterwards.
             captured = getattr(self, "_captured_signals", None)
@@ -131,7 +152,12 @@ async def serve_app(
         proxy_headers=False,
         server_header=False,
     )
-    server = DaemonServer(config, state.manager, on_ready=on_ready)  # configures logging
+    # configures logging
+    server = DaemonServer(config, state.manager, on_ready=on_ready, streams=state.streams)
+    # What was built up to here (modules, the app, the config) lives as long as the process: the
+    # cyclic garbage collector need not walk it again in every full collection.
+    gc.collect()
+    gc.freeze()
     redact = RedactTickets()
     access = logging.getLogger("uvicorn.access")
     access.addFilter(redact)

@@ -1,24 +1,32 @@
-"""The live channel: one encoder for an event, and the per-connection frame stream.
+"""The live channel: one encoder for an event, the per-connection frame stream, and its transport.
 
 Frames: ``id: <seq>`` and ``data: <the event envelope as JSON>`` (the same shape as
 ``GET /v1/runs/{id}/events``); no ``event:`` name, so a browser's ``onmessage`` gets them all.
-Keep-alive comment lines and disconnect handling are sse-starlette's ``EventSourceResponse``.
 
-Each connection reads the run's event log in a small pump task that passes every event through
-the one output filter into a bounded queue; the response drains the queue, coalescing what is
-ready into one write. In the daemon the log comes from the run's shared feed (``fanout``: one
-store read per event however many readers follow the run, each frame filtered and encoded once
-per role), else straight from ``EventStore.tail``. So a slow reader holds at most ``queue_size``
-events in memory, never slows the run (the run writes to the store, not to readers) and never slows other
-readers. A reader that takes no frame for ``lag_timeout_s`` while its queue is full is closed after
-an ``event: lagging`` frame whose data names the last ``id`` it was sent; it resumes from there
-with ``Last-Event-ID`` and loses nothing, because nothing is ever dropped from the log.
+Each connection is one task. ``live_frames`` takes the events after the reader's cursor that are
+ready now from a :class:`~thoughtgate.server.fanout.LiveReader` (stored events first, then the
+run's shared feed: one store read per event however many readers follow the run, each frame
+filtered and encoded once per role), passes them through the one output filter and yields them
+as one chunk; :class:`LiveResponse` writes each chunk with one socket write. So a slow reader
+never slows the run (the run writes to the store, and the feed hands events to readers without
+waiting) nor other readers, and holds at most the feed's backlog in memory (past it, it reads
+the store later). A reader that takes no chunk for ``lag_timeout_s`` while ``queue_size`` or more
+events wait for it is sent an ``event: lagging`` frame whose data names the last ``id`` it was
+sent, and closed; it resumes from there with ``Last-Event-ID`` and loses nothing, because nothing
+is ever dropped from the log.
 
 A stream is also ended when its reader's access goes: ``watch_access`` registers a callback (the
-daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, stops the pump,
-drops whatever is queued and not yet sent, and closes the response after an
-``event: access_revoked`` frame whose data says why. A finished run (``follow=False``) is
-replayed up to its last stored event and the response ends there, terminal event or not.
+daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
+stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
+run (``follow=False``) is replayed up to its last stored event and the response ends there,
+terminal event or not.
+
+Why not sse-starlette's ``EventSourceResponse`` (ADR 0014): it runs four tasks per connection
+and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
+SQLite (docs/benchmarks.md). :class:`LiveResponse` keeps what it gave us: keep-alive comments
+(``ping_s``), the end of the stream when the client disconnects, a write blocked for
+``send_timeout_s`` closing the connection, and every stream ending when the server shuts down
+(``LiveStreams.stop_all``), with one ticker per app instead of timers per stream.
 """
 
 from __future__ import annotations
@@ -30,40 +38,75 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-from sse_starlette.event import ServerSentEvent
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.fanout import RunFeeds, replay
+from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 
-__all__ = ["encode_event", "frame_bytes", "live_frames"]
+__all__ = [
+    "PING",
+    "LiveResponse",
+    "LiveStreams",
+    "encode_event",
+    "event_frame",
+    "frame_bytes",
+    "live_frames",
+]
 
 log = logging.getLogger("thoughtgate.server")
 
-_END: Final = "end"
 _LAGGING: Final = "lagging"
 _FAILED: Final = "failed"
 _REVOKED: Final = "access_revoked"
-_MAX_COALESCE = 64
+PING: Final = b": ping\r\n\r\n"
+"""A keep-alive comment line (readers ignore it)."""
 
 
 def encode_event(event: Event) -> dict[str, Any]:
     """An (already filtered) event as SSE fields: ``id`` is its sequence number."""
-    return {
-        "id": str(event.seq),
-        "data": json.dumps(event.to_dict(), ensure_ascii=False, separators=(",", ":")),
-    }
+    return {"id": str(event.seq), "data": _envelope_json(event)}
+
+
+def _envelope_json(event: Event) -> str:
+    payload = event.payload if type(event.payload) is dict else dict(event.payload)
+    return codec.dumps(
+        {
+            "seq": event.seq,
+            "run_id": event.run_id,
+            "task_id": event.task_id,
+            "type": event.type,
+            "ts": event.ts,
+            "v": event.v,
+            "payload": payload,
+        },
+        what="event",
+    )
+
+
+def event_frame(event: Event) -> bytes:
+    """One SSE frame for an (already filtered) event: ``frame_bytes(encode_event(event))``.
+
+    JSON text never holds a raw line break (it escapes them), so the data is one line.
+    """
+    return b"id: %d\r\ndata: %s\r\n\r\n" % (event.seq, _envelope_json(event).encode("utf-8"))
 
 
 def frame_bytes(fields: dict[str, Any]) -> bytes:
-    return ServerSentEvent(**fields).encode()
+    """A frame from SSE fields (``id``, ``event``, ``data``, in that order); data with line
+    breaks becomes several ``data:`` lines."""
+    lines = [f"{name}: {fields[name]}\r\n" for name in ("id", "event") if name in fields]
+    if "data" in fields:
+        lines += [f"data: {line}\r\n" for line in str(fields["data"]).splitlines() or [""]]
+    return ("".join(lines) + "\r\n").encode("utf-8")
 
 
-def _encode(event: Event) -> bytes:
-    return frame_bytes(encode_event(event))
+def _note(kind: str, **data: Any) -> bytes:
+    return frame_bytes({"event": kind, "data": json.dumps({"reason": kind, **data})})
 
 
 async def live_frames(
@@ -78,97 +121,204 @@ async def live_frames(
     feeds: RunFeeds | None = None,
     follow: bool = True,
     watch_access: Callable[[OnAccessLost], Callable[[], None]] | None = None,
+    ping_s: float | None = None,
+    streams: LiveStreams | None = None,
 ) -> AsyncIterator[bytes]:
-    """Frames for one connection: replay after ``after``, then live, until the terminal event
-    (``follow=False``: only what is stored now), or until ``watch_access`` reports lost access."""
-    queue: asyncio.Queue[tuple[int, bytes] | str] = asyncio.Queue(maxsize=queue_size)
+    """Chunks of frames for one connection: replay after ``after``, then live, until the terminal
+    event (``follow=False``: only what is stored now), or until ``watch_access`` reports lost
+    access. With ``ping_s``, a keep-alive comment after that long without a frame (timed by
+    ``streams``' ticker when given, else by a timer per wait)."""
+    feeds = feeds if feeds is not None else RunFeeds(store)
+    reader = feeds.reader(run_id, after=after, follow=follow)
+    loop = asyncio.get_running_loop()
     last_sent = after
     lost: list[str] = []
-
-    def frame(event: Event) -> bytes | None:
-        if feeds is not None:
-            return feeds.frame(event, role, mode, _encode)
-        shown = filter_event(event, role, mode=mode)
-        return None if shown is None else _encode(shown)
-
-    async def pump() -> None:
-        outcome = _END
-        if not follow:
-            source = replay(store, run_id, after)
-        elif feeds is None:
-            source = store.tail(run_id, after=after)
-        else:
-            source = feeds.tail(run_id, after=after)
-        try:
-            async for event in source:
-                data = frame(event)
-                if data is None:
-                    continue
-                item = (event.seq, data)
-                if not queue.full():
-                    queue.put_nowait(item)  # no suspension: a whole batch becomes one write
-                    continue
-                try:
-                    await asyncio.wait_for(queue.put(item), lag_timeout_s)
-                except TimeoutError:
-                    outcome = _LAGGING
-                    break
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # reported to the reader, who may resume
-            log.exception("live stream of run %s failed", run_id)
-            outcome = _FAILED
-        finally:  # a lagging reader leaves the run's feed now, not when collected
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
-        await queue.put(outcome)
-
-    task = asyncio.create_task(pump(), name=f"sse pump {run_id}")
+    quiet_since = loop.time()
 
     def access_lost(message: str) -> None:
-        """Stop at once: nothing queued after this moment reaches the reader."""
-        if lost:
-            return
-        lost.append(message)
-        task.cancel()
-        while not queue.empty():
-            queue.get_nowait()
-        queue.put_nowait(_REVOKED)  # room: the pump is cancelled and the queue was emptied
+        """Stop at once: nothing read after this moment reaches the reader."""
+        if not lost:
+            lost.append(message)
+            reader.wake()
+
+    def tick(now: float) -> None:
+        if ping_s is not None and now - quiet_since >= ping_s:
+            reader.wake()
 
     unwatch = watch_access(access_lost) if watch_access is not None else None
+    untick = streams.add(tick, reader.wake) if streams is not None and ping_s else None
+    wait = None if untick is not None else ping_s
     try:
         while True:
-            item = await queue.get()
-            batch: list[bytes] = []
-            while True:
-                if isinstance(item, str):
-                    if batch:
-                        yield b"".join(batch)
-                    if item == _REVOKED:
-                        yield frame_bytes(
-                            {
-                                "event": item,
-                                "data": json.dumps({"reason": item, "message": lost[0]}),
-                            }
-                        )
-                    elif item != _END:
-                        yield frame_bytes(
-                            {
-                                "event": item,
-                                "data": json.dumps({"reason": item, "resume_after": last_sent}),
-                            }
-                        )
-                    return
-                last_sent, data = item
-                batch.append(data)
-                if len(batch) >= _MAX_COALESCE or queue.empty():
-                    break
-                item = queue.get_nowait()
-            yield b"".join(batch)
+            try:
+                batch = await reader.next(wait)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # reported to the reader, who may resume
+                log.exception("live stream of run %s failed", run_id)
+                yield _note(_FAILED, resume_after=last_sent)
+                return
+            if lost:
+                break
+            if batch is None:
+                return
+            chunk = []
+            shared = reader.shared
+            for event in batch:
+                data = feeds.frame(event, role, mode, event_frame, cache=shared)
+                if data is not None:
+                    chunk.append(data)
+                    last_sent = event.seq
+            if not chunk:  # nothing this reader may see: a keep-alive once it has been quiet
+                if ping_s is not None and loop.time() - quiet_since >= ping_s:
+                    quiet_since = loop.time()
+                    yield PING
+                continue
+            started = loop.time()
+            yield b"".join(chunk)
+            quiet_since = loop.time()
+            if lost:
+                break
+            if loop.time() - started >= lag_timeout_s and reader.behind >= queue_size:
+                yield _note(_LAGGING, resume_after=last_sent)
+                return
+        yield _note(_REVOKED, message=lost[0])
     finally:
         if unwatch is not None:
             unwatch()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if untick is not None:
+            untick()
+        reader.close()
+
+
+class LiveStreams:
+    """The open live streams of one app: ticked by one task for all of them, and ended all at
+    once when the server shuts down.
+
+    Keep-alives and send timeouts need a clock per stream; one ticker that looks at every open
+    stream each ``tick_s`` costs far less than a timer per write or per wait (a thousand readers
+    of one run would arm a thousand timers per event).
+    """
+
+    def __init__(self, tick_s: float = 1.0) -> None:
+        self.tick_s = tick_s
+        self._streams: dict[object, tuple[Callable[[float], None], Callable[[], None]]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the streams run on (known once one was added)."""
+
+    def add(self, tick: Callable[[float], None], stop: Callable[[], None]) -> Callable[[], None]:
+        """Call ``tick(loop time)`` every ``tick_s`` and ``stop()`` on shutdown, until the
+        returned function is called."""
+        token = object()
+        self._streams[token] = (tick, stop)
+        if self._ticker is None or self._ticker.done():
+            self.loop = asyncio.get_running_loop()
+            self._ticker = self.loop.create_task(self._tick_forever())
+        if self.stopping:
+            stop()
+
+        def forget() -> None:
+            self._streams.pop(token, None)
+
+        return forget
+
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._streams:
+            await asyncio.sleep(self.tick_s)
+            now = loop.time()
+            for tick, _ in list(self._streams.values()):
+                tick(now)
+
+    def stop_all(self) -> None:
+        """End every open stream now, and every stream opened from now on."""
+        self.stopping = True
+        for _, stop in list(self._streams.values()):
+            stop()
+        if self._ticker is not None:
+            self._ticker.cancel()
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+
+class LiveResponse(Response):
+    """An ASGI response for a stream of SSE chunks: one socket write per chunk.
+
+    Ends when the chunks end, when the client disconnects, when a write stays blocked for
+    ``send_timeout_s`` (a client that stopped reading), or when ``streams.stop_all()`` runs.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        send_timeout_s: float,
+        headers: dict[str, str],
+        streams: LiveStreams | None = None,
+    ) -> None:
+        # Not Response.__init__: there is no body to render.
+        self.chunks = chunks
+        self.send_timeout_s = send_timeout_s
+        self.background = None
+        self.streams = streams
+        self.status_code = 200
+        raw = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-store"}
+        raw.update({k.lower(): v for k, v in headers.items()})
+        self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in raw.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        ended: list[str] = []
+        active = True
+        sending_since: float | None = None
+
+        def end(why: str) -> None:
+            if active and not ended:
+                ended.append(why)
+                task.cancel()
+
+        def tick(now: float) -> None:
+            if sending_since is not None and now - sending_since >= self.send_timeout_s:
+                end("send timed out")  # the client stopped reading
+
+        async def watch() -> None:  # the client going away ends the stream
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            end("disconnected")
+
+        forget = (
+            self.streams.add(tick, lambda: end("server stopping"))
+            if self.streams is not None
+            else None
+        )
+        watcher = loop.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.chunks:
+                sending_since = loop.time()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sending_since = None
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not ended or task.uncancel() > 0:
+                raise  # not ours: the server is cancelling this request
+            if ended[0] == "server stopping":  # end the response properly
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # disconnected: nobody to tell; send timed out: a write would block again, so the
+            # server closes the connection (and says the response was cut)
+        finally:
+            active = False
+            if forget is not None:
+                forget()
+            watcher.cancel()
+            close = getattr(self.chunks, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()

@@ -13,6 +13,7 @@ from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
+from thoughtgate.server.sse import LiveStreams
 from thoughtgate.store.base import EventStore
 
 __all__ = ["ServerState", "state_of"]
@@ -30,6 +31,8 @@ class ServerState:
     """Shared per-run live feeds for the SSE channel (``None``: each reader tails the store)."""
     access: AccessWatch | None = None
     """Ends live streams whose key is revoked or loses the role (``None``: nobody watches)."""
+    streams: LiveStreams = field(default_factory=LiveStreams)
+    """The open live streams, ended all at once when the server shuts down."""
     _signer: TicketSigner | None = None
     _signer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -11,8 +11,9 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
@@ -20,20 +21,35 @@ from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.store.listing import RUN_LIST_WAKEUP, RunListing
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
-__all__ = ["EventStore", "OpenRun", "OpenRuns", "RunWakeups"]
+__all__ = ["EventStore", "OpenRun", "OpenRuns", "RunListener", "RunWakeups"]
 
 log = logging.getLogger(__name__)
 
 
-class RunWakeups:
-    """In-process wake-ups for live tails: appenders bump a run, tailers wait on it.
+class RunListener(Protocol):
+    """A live reader of one run in this process (the daemon's per-run feed)."""
 
-    This only covers readers in the same process; backends add their own cross-process signal
-    (SQLite polls with a short interval, PostgreSQL uses LISTEN/NOTIFY).
+    def published(self, events: Sequence[Event]) -> None:
+        """``events`` were just committed by an append in this process, in order."""
+
+    def notified(self, last_seq: int | None) -> None:
+        """The run may have new events up to ``last_seq`` (``None``: unknown) that were not
+        published here: appended by another process, or news lost while disconnected."""
+
+
+class RunWakeups:
+    """In-process wake-ups for live tails, and the hand-off of committed events to listeners.
+
+    Appenders ``publish`` what they committed: listeners get the events themselves, so a live
+    reader in this process never reads back what was just written; tails (``EventStore.tail``)
+    are woken to read. Signals from other processes (``notify``) only say that something may be
+    new. Backends add their own cross-process signal (SQLite polls with a short interval,
+    PostgreSQL uses LISTEN/NOTIFY).
     """
 
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
+        self._listeners: dict[str, list[RunListener]] = {}
 
     def _event(self, run_id: str) -> asyncio.Event:
         ev = self._events.get(run_id)
@@ -41,13 +57,42 @@ class RunWakeups:
             ev = self._events[run_id] = asyncio.Event()
         return ev
 
-    def notify(self, run_id: str) -> None:
+    def listen(self, run_id: str, listener: RunListener) -> Callable[[], None]:
+        """Hand ``listener`` this run's news until the returned function is called."""
+        self._listeners.setdefault(run_id, []).append(listener)
+
+        def unlisten() -> None:
+            mine = self._listeners.get(run_id)
+            if mine is not None and listener in mine:
+                mine.remove(listener)
+                if not mine:
+                    del self._listeners[run_id]
+
+        return unlisten
+
+    def publish(self, run_id: str, events: Sequence[Event]) -> None:
+        """After a commit in this process: the events to the run's listeners, then wake tails."""
+        for listener in tuple(self._listeners.get(run_id, ())):
+            listener.published(events)
+        self._wake(run_id)
+
+    def notify(self, run_id: str, last_seq: int | None = None) -> None:
+        """Something may be new in ``run_id`` (up to ``last_seq`` when known)."""
+        for listener in tuple(self._listeners.get(run_id, ())):
+            listener.notified(last_seq)
+        self._wake(run_id)
+
+    def _wake(self, run_id: str) -> None:
         ev = self._events.pop(run_id, None)
         if ev is not None:
             ev.set()
 
     def notify_all(self) -> None:
-        """Wake every waiting tail (e.g. after a lost cross-process signal may have hidden news)."""
+        """Wake every waiting tail and listener (e.g. after a lost cross-process signal may have
+        hidden news)."""
+        for listeners in list(self._listeners.values()):
+            for listener in tuple(listeners):
+                listener.notified(None)
         events, self._events = self._events, {}
         for ev in events.values():
             ev.set()
@@ -180,6 +225,12 @@ class EventStore(RunListing):
 
     async def append_one(self, run_id: str, event: NewEvent) -> Event:
         return (await self.append(run_id, [event]))[0]
+
+    def live_poll_interval(self) -> float:
+        """How long a live reader with nothing new may wait before it reads again anyway, for
+        writers in other processes whose signal it may miss; starts whatever delivers those
+        signals (PostgreSQL's LISTEN connection)."""
+        return self.poll_interval
 
     async def wait_for_new(self, run_id: str, after: int) -> None:
         """Block until something may have been appended after ``after`` (or a poll interval).

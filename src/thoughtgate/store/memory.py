@@ -144,7 +144,7 @@ class MemoryStore(EventStore, DurableRunStore):
         async with self._lock:
             out = self._append(run_id, events)
         if out:
-            self.wakeups.notify(run_id)
+            self.wakeups.publish(run_id, out)
         return out
 
     def _append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
@@ -200,7 +200,7 @@ class MemoryStore(EventStore, DurableRunStore):
             self._changed(run_id)
         self.wakeups.notify(RUN_LIST_WAKEUP)
         if out:
-            self.wakeups.notify(run_id)
+            self.wakeups.publish(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:

@@ -86,7 +86,7 @@ WITH bumped AS (
     ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
     RETURNING 1
 )
-SELECT base, pg_notify(%(channel)s, %(run_id)s) FROM bumped
+SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text) FROM bumped
 """
 
 _RECORD_SEPARATOR = "\x1e"
@@ -201,7 +201,7 @@ class PostgresStore(EventStore, DurableRunStore):
             conninfo,
             self.channel,
             application_name=f"thoughtgate-listen:{schema}"[:63],
-            on_notify=self.wakeups.notify,
+            on_notify=self._notified,
             on_connected=self.wakeups.notify_all,
         )
 
@@ -401,8 +401,9 @@ class PostgresStore(EventStore, DurableRunStore):
                 await self._require_run(conn, run_id)
                 return []
             first = await self._append_rows(conn, run_id, columns)
-        self.wakeups.notify(run_id)
-        return codec.appended_events(run_id, first, columns)
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
+        return out
 
     async def _append_rows(
         self,
@@ -469,8 +470,9 @@ class PostgresStore(EventStore, DurableRunStore):
         self.wakeups.notify(RUN_LIST_WAKEUP)
         if not columns[0]:
             return []
-        self.wakeups.notify(run_id)
-        return codec.appended_events(run_id, first, columns)
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
+        return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         async with self._conn("renew run leases") as conn:
@@ -502,6 +504,20 @@ class PostgresStore(EventStore, DurableRunStore):
             if not rows:  # runs are never deleted, so checking afterwards is race-free
                 await self._require_run(conn, run_id)
         return codec.events_from_rows(run_id, rows)
+
+    def _notified(self, payload: str) -> None:
+        """``NOTIFY`` payload ``"<run_id> <last seq>"`` (the seq lets a live reader that already
+        has those events, published by this process, skip a read)."""
+        run_id, _, last = payload.rpartition(" ")
+        if run_id and last.isdigit():
+            self.wakeups.notify(run_id, int(last))
+        else:  # a payload without a seq (an older thoughtgate): the whole payload is the run id
+            self.wakeups.notify(payload)
+
+    def live_poll_interval(self) -> float:
+        """Re-read slowly while the listener is healthy (NOTIFY wakes live readers), else poll."""
+        self._listener.start()
+        return self.safety_poll if self._listener.healthy else self.poll_interval
 
     async def wait_for_new(self, run_id: str, after: int) -> None:
         """Wake on NOTIFY from any process; poll slowly while the listener is healthy."""

@@ -3,8 +3,9 @@
 Durability and ordering:
 
 * WAL with ``synchronous=FULL``: an append that returned survives a power cut.
-* Every write runs in ``BEGIN IMMEDIATE`` (see ``sqlite_thread.in_write_transaction``), which holds
-  the database's single write lock from the first statement. An append bumps ``runs.last_seq``
+* Every write runs in ``BEGIN IMMEDIATE``, which holds the database's single write lock from the
+  first statement; writes queued together share one transaction (group commit, see
+  ``sqlite_thread``), each in its own savepoint. An append bumps ``runs.last_seq``
   and inserts its events in that transaction, so sequence numbers are gap-free and in commit order
   even with writers in several processes, and a batch is stored all or nothing.
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
@@ -60,7 +61,7 @@ from thoughtgate.store.private_files import (
 )
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
-from thoughtgate.store.sqlite_thread import SQLiteThread, in_write_transaction
+from thoughtgate.store.sqlite_thread import SQLiteThread
 
 __all__ = ["SQLiteStore"]
 
@@ -329,20 +330,17 @@ class SQLiteStore(EventStore, DurableRunStore):
 
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
-        batch = list(events)
-
-        def work(conn: sqlite3.Connection) -> list[Event]:
-            # Encode before taking the write lock: other processes should not wait on our JSON.
-            columns = codec.encode_events(batch)
-            if not batch:
-                _require_run(conn, run_id)
-                return []
-            first = in_write_transaction(conn, lambda c: _append_rows(c, run_id, columns))
-            return codec.appended_events(run_id, first, columns)
-
-        out = await self._writer.call(f"append {len(batch)} events to run {run_id!r}", work)
-        if out:
-            self.wakeups.notify(run_id)
+        # Encode before queueing: the shared write transaction should not wait on our JSON.
+        columns = codec.encode_events(list(events))
+        n = len(columns[0])
+        if n == 0:
+            await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
+            return []
+        first = await self._writer.write(
+            f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
+        )
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -412,8 +410,9 @@ class SQLiteStore(EventStore, DurableRunStore):
         self.wakeups.notify(RUN_LIST_WAKEUP)
         if not columns[0]:
             return []
-        self.wakeups.notify(run_id)
-        return codec.appended_events(run_id, first, columns)
+        out = codec.appended_events(run_id, first, columns)
+        self.wakeups.publish(run_id, out)
+        return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         def body(conn: sqlite3.Connection) -> list[str]:
@@ -643,7 +642,7 @@ class SQLiteStore(EventStore, DurableRunStore):
 
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._writer.call(action, lambda conn: in_write_transaction(conn, body))
+        return await self._writer.write(action, body)
 
 
 _SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"

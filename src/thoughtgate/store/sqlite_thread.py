@@ -1,4 +1,5 @@
-"""One SQLite connection on one dedicated thread; the one place sqlite3 errors become StoreErrors.
+"""One SQLite connection on one dedicated thread, group commit, and the one place sqlite3 errors
+become StoreErrors.
 
 Why a dedicated thread per connection rather than ``asyncio.to_thread``: a ``sqlite3.Connection``
 belongs to one thread at a time, and SQLite admits one writer per database anyway. Giving the
@@ -7,6 +8,22 @@ that thread instead of spinning on ``SQLITE_BUSY``, keeps the connection (and it
 statement cache) alive between calls, and cannot be starved by unrelated blocking work in the
 loop's default executor. Reads use a second connection on a second thread: in WAL mode readers
 never wait for the writer, so a replay does not queue behind appends.
+
+Group commit (``SQLiteThread.write``): with ``synchronous=FULL`` each commit is an fsync plus a
+WAL write of every page it touched, and one transaction per write made the writer thread the
+daemon's largest cost. Writes that queue while the thread is busy (the deltas of many concurrent
+runs, their lifecycle updates) now share the next transaction. Each caller is still promised what
+a transaction of its own would give it:
+
+* all or nothing: each write runs in a ``SAVEPOINT``; one that raises has only its own changes
+  rolled back and gets its error, the others commit;
+* durable before the caller is told: its future resolves after ``COMMIT`` returned;
+* order: writes run in the order they were queued, under ``BEGIN IMMEDIATE`` (the database's
+  write lock, held for the whole group), so a run's sequence numbers stay gap-free and in commit
+  order, with writers in other processes too;
+* a ``COMMIT`` that fails (disk full, I/O error) fails every write of the group: none is stored;
+  if SQLite abandons the whole transaction after one write's error (it may after ``SQLITE_FULL``
+  or an I/O error), that write fails and the others run again in a new transaction.
 
 Exception mapping (``translate_error``)::
 
@@ -23,11 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from thoughtgate.errors import (
     NotOurDatabaseError,
@@ -113,64 +132,239 @@ def in_write_transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Conne
 
 
 class SQLiteThread:
-    """Owns one connection; ``call`` runs a function with it on the owning thread."""
+    """Owns one connection on one thread; ``call`` runs a function with it there, ``write`` runs
+    one inside a write transaction that it shares with every other write queued meanwhile.
 
-    def __init__(self, name: str, path: Path | str, *, busy_timeout: float) -> None:
+    The thread takes whatever is queued when it wakes (up to ``max_group`` jobs) and runs it in
+    order; the callers' results go back to their event loop in one hand-off per wake, not one per
+    job. ``write`` is group commit: see the module docstring for what each caller is promised.
+    """
+
+    def __init__(
+        self, name: str, path: Path | str, *, busy_timeout: float, max_group: int = 256
+    ) -> None:
+        self.name = name
         self.path = path
         self.busy_timeout = busy_timeout
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.max_group = max_group
+        self.commits = 0
+        """Write transactions committed (each one fsync): a figure for tests and benchmarks."""
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
+        self._thread: threading.Thread | None = None
         self._closed = False
 
     async def start(self, connect: Callable[[], sqlite3.Connection], action: str) -> None:
-        """Open the connection on the owning thread (``connect`` may also check and migrate)."""
+        """Start the thread and open the connection on it (``connect`` may check and migrate)."""
 
-        def run() -> None:
-            try:
-                self._conn = connect()
-            except sqlite3.Error as exc:
-                raise translate_error(
-                    exc, self.path, action, busy_timeout=self.busy_timeout
-                ) from exc
+        def run(_: sqlite3.Connection | None) -> None:
+            self._conn = connect()
 
+        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        self._thread.start()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, run)
+            await self._submit(action, run, grouped=False, needs_connection=False)
         except BaseException:
-            self._executor.shutdown(wait=False)
+            self._closed = True
+            self._jobs.put(None)
             raise
 
     async def call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on the owning thread; ``action`` names it in error messages.
+        """Run ``fn(connection)`` on the owning thread, alone; ``action`` names it in errors.
 
-        If the awaiting task is cancelled the call still finishes on the thread: a write either
-        commits or rolls back as a whole, it is never cut in half.
+        If the awaiting task is cancelled once the call has started, it still finishes on the
+        thread: a write either commits or rolls back as a whole, it is never cut in half.
         """
+        return await self._submit(action, fn, grouped=False)
+
+    async def write(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
+
+        ``fn`` must only touch the database (it may run again if SQLite abandons the shared
+        transaction because of another write's error) and may raise to undo its own changes.
+        """
+        return await self._submit(action, fn, grouped=True)
+
+    async def _submit(
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        grouped: bool,
+        needs_connection: bool = True,
+    ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run, action, fn
-        )
-
-    def _run(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"cannot {action}: the store is closed ({self.path})")
-        try:
-            return fn(conn)
-        except sqlite3.Error as exc:
-            raise translate_error(exc, self.path, action, busy_timeout=self.busy_timeout) from exc
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future))
+        return await future
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
 
-        def run() -> None:
-            conn, self._conn = self._conn, None
+        def run(conn: sqlite3.Connection | None) -> None:
+            self._conn = None
             if conn is not None:
                 conn.close()
 
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._jobs.put(_Job("close the store", run, False, False, loop, future))
+        self._jobs.put(None)
+        self._thread = None
+        await future
+
+    # -- on the owning thread ----------------------------------------------------------------
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            batch = [job]
+            while len(batch) < self.max_group:
+                try:
+                    more = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    jobs.put(None)  # stop after this batch
+                    break
+                batch.append(more)
+            try:
+                outcomes = self._run_batch(batch)
+            except BaseException as exc:  # a bug here must not leave callers waiting forever
+                outcomes = [_Outcome(job, exc, None) for job in batch]
+            _settle_all(outcomes)
+
+    def _run_batch(self, batch: list[_Job]) -> list[_Outcome]:
+        """Jobs in queue order; each run of consecutive writes is one transaction."""
+        outcomes: list[_Outcome] = []
+        i = 0
+        while i < len(batch):
+            if batch[i].grouped:
+                j = i
+                while j < len(batch) and batch[j].grouped:
+                    j += 1
+                outcomes += self._commit_group(batch[i:j])
+                i = j
+            else:
+                outcomes.append(self._run_alone(batch[i]))
+                i += 1
+        return outcomes
+
+    def _translate(self, exc: BaseException, action: str) -> BaseException:
+        if isinstance(exc, sqlite3.Error):
+            translated = translate_error(exc, self.path, action, busy_timeout=self.busy_timeout)
+            translated.__cause__ = exc
+            return translated
+        return exc
+
+    def _closed_error(self, job: _Job) -> StoreError:
+        return StoreError(f"cannot {job.action}: the store is closed ({self.path})")
+
+    def _run_alone(self, job: _Job) -> _Outcome:
+        conn = self._conn
+        if conn is None and job.needs_connection:
+            return _Outcome(job, self._closed_error(job), None)
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        finally:
-            self._executor.shutdown(wait=False)
+            return _Outcome(job, None, job.fn(conn))  # type: ignore[arg-type]
+        except Exception as exc:
+            return _Outcome(job, self._translate(exc, job.action), None)
+
+    def _commit_group(self, jobs: list[_Job]) -> list[_Outcome]:
+        """Run ``jobs`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, each in its own savepoint."""
+        conn = self._conn
+        if conn is None:
+            return [_Outcome(job, self._closed_error(job), None) for job in jobs]
+        failed: list[_Outcome] = []
+        pending = [job for job in jobs if not job.future.cancelled()]
+        while pending:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:  # the lock stayed taken past the busy timeout
+                return failed + [_Outcome(j, self._translate(exc, j.action), None) for j in pending]
+            done: list[_Outcome] = []
+            retry: list[_Job] | None = None
+            alone = len(pending) == 1
+            for k, job in enumerate(pending):
+                try:
+                    if not alone:
+                        conn.execute("SAVEPOINT grouped")
+                    value = job.fn(conn)
+                    if not alone:
+                        conn.execute("RELEASE grouped")
+                except Exception as exc:
+                    failed.append(_Outcome(job, self._translate(exc, job.action), None))
+                    if not conn.in_transaction:
+                        # SQLite gave up the whole transaction (it may, after SQLITE_FULL or an
+                        # I/O error): run the others again in a new one.
+                        retry = [o.job for o in done] + pending[k + 1 :]
+                        break
+                    if not alone:
+                        with contextlib.suppress(sqlite3.Error):
+                            conn.execute("ROLLBACK TO grouped")
+                            conn.execute("RELEASE grouped")
+                    else:
+                        with contextlib.suppress(sqlite3.Error):
+                            conn.execute("ROLLBACK")
+                else:
+                    done.append(_Outcome(job, None, value))
+            if retry is not None:
+                pending = retry
+                continue
+            if not conn.in_transaction:  # a single job that failed was rolled back above
+                return failed
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:  # nothing of the group is stored
+                with contextlib.suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                return failed + [
+                    _Outcome(o.job, self._translate(exc, o.job.action), None) for o in done
+                ]
+            self.commits += 1
+            return failed + done
+        return failed
+
+
+@dataclass(slots=True)
+class _Job:
+    action: str
+    fn: Callable[[sqlite3.Connection], Any]
+    grouped: bool
+    needs_connection: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _Outcome:
+    job: _Job
+    error: BaseException | None
+    value: Any
+
+
+def _settle_all(outcomes: list[_Outcome]) -> None:
+    """Hand the results back: one ``call_soon_threadsafe`` per event loop, not one per job."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome.job.loop, []).append(outcome)
+    for loop, mine in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(_settle, mine)
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    for outcome in outcomes:
+        future = outcome.job.future
+        if future.done():  # the caller was cancelled; the work itself still happened
+            continue
+        if outcome.error is not None:
+            future.set_exception(outcome.error)
+        else:
+            future.set_result(outcome.value)

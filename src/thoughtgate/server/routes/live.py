@@ -1,4 +1,5 @@
-"""The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``."""
+"""The live channel: ``POST /v1/tickets`` with a key, then ``GET /v1/runs/{id}/stream?ticket=``;
+or, in one request, ``POST /v1/runs/follow`` with a key."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
-from thoughtgate.server.models import TicketBody, TicketView
-from thoughtgate.server.sse import live_frames
+from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
+from thoughtgate.server.routes.runs import start_run
+from thoughtgate.server.sse import LiveResponse, live_frames
 from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 
 __all__ = ["ENDPOINTS", "access_watcher", "stream_response"]
 
@@ -61,19 +63,48 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
+    # a finished run ends after its last stored event, whatever it is
+    return _live(state, run, principal, after=after, follow=not finished)
+
+
+async def start_and_follow(request: Request, principal: Principal | None) -> Response:
+    """One request per run: start it, and follow it on the same response."""
+    assert principal is not None
+    run = await start_run(request, principal)
+    location = f"/v1/runs/{quote(run.run_id)}"
+    return _live(state_of(request), run, principal, after=0, follow=True, location=location)
+
+
+def _live(
+    state: ServerState,
+    run: RunRecord,
+    principal: Principal,
+    *,
+    after: int,
+    follow: bool,
+    location: str | None = None,
+) -> Response:
+    """The live response for ``principal``'s role; it ends if that key loses the role."""
     frames = live_frames(
         state.store,
-        run_id,
+        run.run_id,
         role=principal.role,
         mode=run.chain_of_thought,
         after=after,
         queue_size=state.sse_queue_size,
         lag_timeout_s=state.sse_lag_timeout_s,
         feeds=state.feeds,
-        follow=not finished,  # a finished run ends after its last stored event, whatever it is
+        follow=follow,
         watch_access=access_watcher(state, principal),
+        ping_s=state.server.keepalive_s,
+        streams=state.streams,
     )
-    return stream_response(state, frames)
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if location is not None:
+        headers["Location"] = location
+    return LiveResponse(
+        frames, send_timeout_s=state.sse_send_timeout_s, headers=headers, streams=state.streams
+    )
 
 
 def access_watcher(
@@ -86,7 +117,8 @@ def access_watcher(
 
 
 def stream_response(state: ServerState, frames: AsyncIterator[bytes]) -> Response:
-    """An SSE response with the daemon's keep-alive and send timeout, never cached."""
+    """An SSE response with the daemon's keep-alive and send timeout, never cached (the run
+    list's change feed; a run's own stream is a :class:`LiveResponse`, see ``_live``)."""
     return EventSourceResponse(
         frames,
         ping=state.server.keepalive_s,
@@ -117,6 +149,22 @@ async def _nothing_after(store: EventStore, run_id: str, after: int, *, finished
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/runs/follow",
+        start_and_follow,
+        "start a run and follow it (SSE)",
+        role=Role.MEMBER,
+        body=CreateRunBody,
+        media_type="text/event-stream",
+        errors=(400, 413, 422, 503),
+        description="One request per run: what `POST /v1/runs` records and starts, answered with "
+        "the run's events on the same response, as `GET /v1/runs/{run_id}/stream` sends them "
+        "to the calling key's role (`Location` names the run). Ends after the run's terminal "
+        "event, or with `event: access_revoked` if the key is revoked or loses the role. To "
+        "resume after a dropped connection, get a ticket and use the stream route with "
+        "`Last-Event-ID`.",
+    ),
     Endpoint(
         "POST",
         "/v1/tickets",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from starlette.requests import Request
@@ -17,7 +18,9 @@ from thoughtgate.server.state import state_of
 __all__ = ["ENDPOINTS", "package_version"]
 
 
+@functools.cache
 def package_version() -> str:
+    """The installed version (read once: a metadata lookup costs more than the probe it serves)."""
     try:
         return version("thoughtgate")
     except PackageNotFoundError:

@@ -26,9 +26,9 @@ from thoughtgate.server.models import (
     ToolList,
 )
 from thoughtgate.server.state import state_of
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 
-__all__ = ["ENDPOINTS"]
+__all__ = ["ENDPOINTS", "start_run"]
 
 _EVENT_PAGE_MAX = 5000
 
@@ -38,7 +38,9 @@ def _principal(principal: Principal | None) -> Principal:
     return principal
 
 
-async def create_run(request: Request, principal: Principal | None) -> Response:
+async def start_run(request: Request, principal: Principal | None) -> RunRecord:
+    """Record the run the body describes, as started by ``principal``'s key, and start executing
+    it (``POST /v1/runs`` and ``POST /v1/runs/follow``)."""
     body = await parse_body(request, CreateRunBody)
     manager = state_of(request).manager
     if manager.closing:
@@ -50,12 +52,16 @@ async def create_run(request: Request, principal: Principal | None) -> Response:
         system=body.system,
         started_by=_principal(principal).key_id,
     )
-    run = await manager.start(
+    return await manager.start(
         run_request,
         chain_of_thought=body.chain_of_thought,
         tools=body.tools,
         key_id=_principal(principal).key_id,
     )
+
+
+async def create_run(request: Request, principal: Principal | None) -> Response:
+    run = await start_run(request, principal)
     return JSONResponse(
         {"run_id": run.run_id, "status": run.status, "chain_of_thought": run.chain_of_thought},
         status_code=202,

@@ -261,9 +261,9 @@ def test_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
     provider = create_provider("openai-compatible:qwen3:8b")
     assert isinstance(provider, COMPAT) and provider.model == "qwen3:8b"
-    assert "authorization" not in provider._http._headers  # local servers need no key
+    assert "authorization" not in provider.transport._headers  # local servers need no key
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
-    assert COMPAT("m")._http._headers["authorization"] == "Bearer sk-local"
+    assert COMPAT("m").transport._headers["authorization"] == "Bearer sk-local"
 
 
 # --------------------------------------------------------------------------- against the emulator

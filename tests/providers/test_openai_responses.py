@@ -289,9 +289,12 @@ def test_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     provider = create_provider("openai:o3")
     assert isinstance(provider, OpenAIResponsesProvider)
-    assert provider._http.url("responses") == "https://api.openai.com/v1/responses"
+    assert provider.transport.url("responses") == "https://api.openai.com/v1/responses"
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
-    assert OpenAIResponsesProvider("o3")._http.url("responses") == "http://127.0.0.1:1/v1/responses"
+    assert (
+        OpenAIResponsesProvider("o3").transport.url("responses")
+        == "http://127.0.0.1:1/v1/responses"
+    )
 
 
 # --------------------------------------------------------------------------- against the emulator

@@ -345,15 +345,20 @@ def test_configuration() -> None:
         OpenRouterProvider(ANTHROPIC, ProviderSettings())
     provider = create_provider(f"openrouter:{ANTHROPIC}", ProviderSettings(api_key="k"))
     assert isinstance(provider, OpenRouterProvider)
-    assert provider._http.url("chat/completions") == "https://openrouter.ai/api/v1/chat/completions"
+    assert (
+        provider.transport.url("chat/completions")
+        == "https://openrouter.ai/api/v1/chat/completions"
+    )
 
 
 def test_base_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENROUTER_BASE_URL", "http://127.0.0.1:9/api/v1/")
     monkeypatch.setenv("OPENROUTER_API_KEY", "from-env")
     provider = OpenRouterProvider(ANTHROPIC, ProviderSettings())
-    assert provider._http.url("chat/completions") == "http://127.0.0.1:9/api/v1/chat/completions"
-    assert provider._http._headers["authorization"] == "Bearer from-env"
+    assert (
+        provider.transport.url("chat/completions") == "http://127.0.0.1:9/api/v1/chat/completions"
+    )
+    assert provider.transport._headers["authorization"] == "Bearer from-env"
 
 
 # --------------------------------------------------------------------------- against the emulator

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import anthropic
 import httpx
 import pytest
-from anthropic_support import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.replay import (
     ReplayServer,
     Reply,
     loopback_provider,
@@ -26,8 +28,6 @@ from anthropic_support import (
     split_every,
     transcript,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai_replay import (
+from support.replay import (
     CHUNKINGS,
     Replay,
     fixture,
@@ -307,18 +307,6 @@ async def test_tool_loop_per_flavor(emulated: Any, flavor: str) -> None:
     # only DeepSeek's `reasoning_content` goes back; `reasoning` and <think> never do
     carried = flavor == "deepseek"
     assert [bool(t.continuity) for t in turns] == [carried, carried, False]
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("scenario", ["think-and-answer", "tool-loop"])
-async def test_streamed_and_non_streamed_turns_are_identical(
-    emulated: Any, flavor: str, scenario: str
-) -> None:
-    provider = emulated(flavor, scenario)
-    request = turn_request(tools=True)
-    turn = await streamed(provider, request)
-    assert turn == await provider.request(request)
-    assert turn.reasoning_text and turn.reasoning_parts[0].reasoning_kind == "raw"
 
 
 async def test_deepseek_400_when_reasoning_content_is_missing(emulated: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai_replay import (
+from support.replay import (
     CHUNKINGS,
     Replay,
     fixture,
@@ -435,32 +435,6 @@ async def test_emulator_rejects_tampered_details(server: EmulatorServer, emulate
     assert "Invalid `signature` in `thinking` block" in info.value.message
 
 
-@pytest.mark.parametrize(
-    ("scenario", "model"),
-    [
-        ("think-and-answer", ANTHROPIC),
-        ("tool-loop", ANTHROPIC),
-        ("summary-and-answer", "openai/gpt-5-mini"),
-        ("redacted", ANTHROPIC),
-        ("think-and-answer", "deepseek/deepseek-r1"),
-    ],
-)
-async def test_streamed_and_non_streamed_turns_are_identical(
-    emulated: Any, scenario: str, model: str
-) -> None:
-    provider = emulated(scenario, model)
-    request = turn_request(tools=True)
-    streamed_turn = await streamed(provider, request)
-    whole = await provider.request(request)
-    assert streamed_turn == whole
-    assert streamed_turn.reasoning_parts and streamed_turn.continuity
-
-
-async def test_emulator_honours_exclude(server: EmulatorServer, emulated: Any) -> None:
-    turn = await streamed(emulated("think-and-answer"), turn_request("hidden"))
-    assert turn.reasoning_parts == () and turn.text.startswith("The sky looks blue")
-
-
 async def test_cut_and_stream_error_from_the_emulator(
     server: EmulatorServer, emulated: Any
 ) -> None:
@@ -475,14 +449,3 @@ async def test_cut_and_stream_error_from_the_emulator(
         await streamed(emulated("stream-error"), turn_request())
     assert (info.value.error_type, info.value.message) == ("overloaded_error", "Overloaded")
     assert info.value.partial is not None and info.value.partial.reasoning_text == "Halfway"
-
-
-async def test_http_failures_and_retry(server: EmulatorServer, emulated: Any) -> None:
-    server.emulator.attempts.clear()
-    with pytest.raises(ProviderHTTPError) as info:
-        await streamed(emulated("overloaded"), turn_request())
-    err = info.value
-    assert (err.status, err.message, err.retryable) == (529, "Overloaded", True)
-    assert err.request_id and err.request_id.startswith("req_")
-    turn = await streamed(emulated("flaky", retries=1), turn_request())
-    assert turn.text == "Recovered after one retry."

@@ -42,15 +42,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
-from thoughtgate.providers.base import Capabilities, ProviderSettings, TurnRequest
+from thoughtgate.providers.base import Capabilities, TurnRequest
 from thoughtgate.providers.chat_completions import (
     AssistantExtra,
     ChatChunkParser,
     ChatCompletionsProvider,
 )
-from thoughtgate.providers.endpoints import adapter_options, merge_body
+from thoughtgate.providers.endpoints import merge_body
 from thoughtgate.providers.history import matching_block
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.think_tags import ThinkTagSplitter
@@ -175,19 +173,11 @@ class OpenAICompatibleProvider(ChatCompletionsProvider):
 
     endpoint = ENDPOINTS["openai-compatible"]
 
-    def __init__(
-        self,
-        model: str,
-        settings: ProviderSettings | None = None,
-        *,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        options = adapter_options(settings or ProviderSettings())
+    def read_options(self, options: Mapping[str, Any]) -> None:
         self.think_tags = bool(options.get("think_tags", True))
         self.starts_in_think = bool(options.get("starts_in_think", False))
         self.lenient_end = bool(options.get("lenient_end", True))
         self._send_back_option = bool(options.get("send_back", True))
-        super().__init__(model, settings, client=client)
 
     @property
     def send_back(self) -> bool:

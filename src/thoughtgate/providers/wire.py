@@ -34,6 +34,7 @@ from thoughtgate.errors import ProviderError
 from thoughtgate.providers.base import Capabilities, ProviderSettings, ServerInfo, TurnRequest
 from thoughtgate.providers.base import server_info as _server_info
 from thoughtgate.providers.endpoints import (
+    adapter_options,
     endpoint_headers,
     resolve_api_key,
     resolve_base_url,
@@ -107,6 +108,7 @@ class HTTPProvider:
         self.name: str = endpoint.name
         self.model = model
         self.settings = settings = settings or ProviderSettings()
+        self.read_options(adapter_options(settings))
         api_key = resolve_api_key(settings, endpoint)
         base_url = resolve_base_url(settings, endpoint)
         assert endpoint.rules is not None, "an HTTP endpoint names its rule table"
@@ -117,6 +119,10 @@ class HTTPProvider:
         self.capabilities: Capabilities = self.wire_capabilities()
 
     # -- what a wire format supplies
+
+    def read_options(self, options: Mapping[str, Any]) -> None:
+        """Take the adapter options (``extra["thoughtgate"]``) this adapter reads beyond the
+        endpoint's own (``server``, ``rules``, ``headers``)."""
 
     def wire_path(self, base_url: str) -> str:
         raise NotImplementedError

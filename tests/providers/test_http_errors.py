@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Callable
 
 import httpx
 import pytest
-from support.replay import Pieces, provider_with, split_events, streamed, transcript, turn_request
+from support.replay import (
+    Pieces,
+    fixture,
+    mock_transport,
+    provider_with,
+    settings,
+    split_events,
+    streamed,
+    transcript,
+    turn_request,
+)
 
 from thoughtgate.errors import (
     ProviderConnectionError,
@@ -18,7 +29,9 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers import http
 from thoughtgate.providers.anthropic import AnthropicProvider
+from thoughtgate.providers.base import Provider, split_model
 from thoughtgate.providers.http import RETRYABLE_STATUSES, transport_error
+from thoughtgate.providers.registry import ENDPOINTS
 
 ANSWER = transcript("thinking_text.sse")
 SSE = {"content-type": "text/event-stream; charset=utf-8"}
@@ -154,3 +167,34 @@ def test_the_most_specific_row_of_the_table_wins(
     during = transport_error(exc, "body", provider="p", base_url="http://x")
     assert (type(before), type(during)) == (request_kind, body_kind)
     assert (before.retryable, during.retryable) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("anthropic:claude-sonnet-4-5", "anthropic/thinking_text.sse"),
+        ("openrouter:anthropic/claude-sonnet-4.5", "openrouter/anthropic_thinking.sse"),
+        ("openai:o3", "openai_responses/summary_then_message.sse"),
+        ("openai-compatible:deepseek-reasoner", "compat/deepseek_reasoner.sse"),
+    ],
+)
+async def test_a_connection_lost_after_a_complete_stream_loses_nothing(
+    model: str, name: str
+) -> None:
+    """Every adapter, one rule: after the terminal event the turn is whole, so a connection that
+    drops then (as proxies do instead of closing cleanly) does not fail it."""
+    prefix, bare = split_model(model)
+    data = fixture(name)
+    whole = await streamed(adapter_on(prefix, bare, mock_transport([data])), turn_request())
+    cut = mock_transport([data], error=httpx.RemoteProtocolError("peer closed connection"))
+    assert await streamed(adapter_on(prefix, bare, cut), turn_request()) == whole
+
+
+def adapter_on(prefix: str, model: str, transport: httpx.AsyncBaseTransport) -> Provider:
+    module, _, attr = ENDPOINTS[prefix].adapter.partition(":")
+    factory = getattr(importlib.import_module(module), attr)
+    base = "http://replay.invalid" + ("" if prefix == "anthropic" else "/v1")
+    provider: Provider = factory(
+        model, settings(base_url=base), client=httpx.AsyncClient(transport=transport)
+    )
+    return provider

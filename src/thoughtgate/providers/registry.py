@@ -103,6 +103,7 @@ _ENDPOINTS: Final = (
         "fake",
         "thoughtgate.testing.fake:FakeProvider.from_model_name",
         "in_process",
+        key_required=False,
         telemetry_name="fake",
     ),
 )

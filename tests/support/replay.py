@@ -22,6 +22,7 @@ import itertools
 import json
 import random
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,6 +352,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=lambda: dict(SSE_HEADERS))
     stall: bool = False  # send headers and pieces, then never finish
+    hang_up: bool = False  # close the connection after answering, without saying so first
 
 
 @dataclass
@@ -363,14 +365,21 @@ class ReplayServer:
     replies: Sequence[Reply]
     bodies: list[Any] = field(default_factory=list)
     port: int = 0
+    connections: int = 0
+    """Connections accepted so far (keep-alive reuse shows as fewer connections than requests)."""
+    tls: ssl.SSLContext | None = None
+    """Serve HTTPS with this context (its certificate names ``127.0.0.1``)."""
+    hung_up: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set each time the server closes a connection."""
     _server: asyncio.base_events.Server | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> ReplayServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -381,6 +390,7 @@ class ReplayServer:
             await asyncio.wait_for(self._server.wait_closed(), 1)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -395,10 +405,13 @@ class ReplayServer:
                 await self._answer(writer, reply)
                 if reply.stall:
                     await asyncio.sleep(3600)
+                if reply.hang_up or reply.headers.get("connection") == "close":
+                    break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
+            self.hung_up.set()
 
     async def _answer(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
         lines = [f"HTTP/1.1 {reply.status} X"]

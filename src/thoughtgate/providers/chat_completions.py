@@ -33,9 +33,8 @@ from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderSt
 from thoughtgate.providers.base import ToolSpec, TurnRequest
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.history import tool_results
-from thoughtgate.providers.http import parse_json_event, stream_error
-from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.wire import HTTPProvider
+from thoughtgate.providers.http import stream_error
+from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
 from thoughtgate.types import (
     Chunk,
     FinishChunk,
@@ -129,7 +128,7 @@ class _ToolCall:
     started: bool = False
 
 
-class ChatChunkParser:
+class ChatChunkParser(JSONEventParser):
     """Chat completion chunks in, normalized chunks out. One instance per turn.
 
     Subclasses override the hooks :meth:`reasoning_chunks`, :meth:`content_chunks`,
@@ -202,31 +201,12 @@ class ChatChunkParser:
     def finished(self) -> bool:
         return self.done and self.error is None
 
-    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
-        """Chunks for the SSE messages of one network read; what follows ``[DONE]`` (or an
-        error) is read and ignored, so the connection ends cleanly."""
-        out: list[Chunk] = []
-        for message in events:
-            if self.done:
-                continue
-            data = message.data.strip()
-            if not data:
-                continue
-            if data == "[DONE]":
-                out += self._done()
-                continue
-            try:
-                out += self.feed_event(parse_json_event(self.provider, message))
-            except MalformedResponseError as exc:
-                self.failure = exc
-                break
-            if self.error is not None:
-                self.done = True  # read what follows; the error is raised at the end
-        return out
+    def done_marker(self) -> list[Chunk]:
+        return self._done()
 
     def feed_event(self, data: Mapping[str, Any]) -> list[Chunk]:
         """One ``chat.completion.chunk`` object. An error it reports is left in :attr:`error`
-        after its other contents (usage) have been read."""
+        after its other contents (usage) have been read; what follows it is read and ignored."""
         if data.get("error"):
             self.error = stream_error(self.provider, data)
         out: list[Chunk] = self._response_info(data)
@@ -264,6 +244,8 @@ class ChatChunkParser:
                 provider=self.provider,
                 error_type=self.native_finish or "error",
             )
+        if self.error is not None:
+            self.done = True  # read what follows; the error is raised at the end
         return out
 
     def _tool_call_chunks(self, fragments: Any) -> list[Chunk]:
@@ -337,10 +319,6 @@ class ChatChunkParser:
             + ("" if self.finish_raw else " and before any finish_reason"),
             provider=self.provider,
         )
-
-    def interrupted(self) -> list[Chunk]:
-        """Tool calls are released as their fragments arrive: nothing is held back."""
-        return []
 
     def whole(self, data: Mapping[str, Any]) -> list[Chunk]:
         """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one

@@ -93,9 +93,24 @@ def _socket_readable(sock: Any) -> bool:
     return bool(poll.poll(0))
 
 
-def _expire(future: asyncio.Future[None], error: Exception) -> None:
+def _expire(future: asyncio.Future[None], error: type[Exception]) -> None:
     if not future.done():
-        future.set_exception(error)
+        future.set_exception(error("timed out"))
+
+
+async def _wait(
+    future: asyncio.Future[None], timeout: float | None, error: type[Exception]
+) -> None:
+    """Wait for ``future``; after ``timeout`` seconds it fails with ``error`` (one timer, no
+    cancel scope)."""
+    if timeout is None:
+        await future
+        return
+    timer = asyncio.get_running_loop().call_later(timeout, _expire, future, error)
+    try:
+        await future
+    finally:
+        timer.cancel()
 
 
 class _Stream(httpcore.AsyncNetworkStream):
@@ -126,17 +141,11 @@ class _Stream(httpcore.AsyncNetworkStream):
 
     async def _wait_for_data(self, timeout: float | None) -> None:
         protocol = self._protocol
-        loop = asyncio.get_running_loop()
-        waiter = protocol.waiter = loop.create_future()
-        timer = None
-        if timeout is not None:
-            timer = loop.call_later(timeout, _expire, waiter, httpcore.ReadTimeout("timed out"))
+        protocol.waiter = asyncio.get_running_loop().create_future()
         try:
-            await waiter
+            await _wait(protocol.waiter, timeout, httpcore.ReadTimeout)
         finally:
             protocol.waiter = None
-            if timer is not None:
-                timer.cancel()
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -147,17 +156,11 @@ class _Stream(httpcore.AsyncNetworkStream):
         self._transport.write(buffer)
         if not protocol.paused:
             return
-        loop = asyncio.get_running_loop()
-        drained = protocol.drained = loop.create_future()
-        timer = None
-        if timeout is not None:
-            timer = loop.call_later(timeout, _expire, drained, httpcore.WriteTimeout("timed out"))
+        protocol.drained = asyncio.get_running_loop().create_future()
         try:
-            await drained
+            await _wait(protocol.drained, timeout, httpcore.WriteTimeout)
         finally:
             protocol.drained = None
-            if timer is not None:
-                timer.cancel()
         if protocol.error is not None:
             raise httpcore.WriteError(str(protocol.error)) from protocol.error
 

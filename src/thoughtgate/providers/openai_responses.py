@@ -57,10 +57,9 @@ from thoughtgate.errors import (
 from thoughtgate.providers.base import Capabilities, ToolSpec, TurnRequest
 from thoughtgate.providers.endpoints import apply_extra, merge_body
 from thoughtgate.providers.history import current_loop_start, tool_results
-from thoughtgate.providers.http import parse_json_event, stream_error
+from thoughtgate.providers.http import stream_error
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.wire import HTTPProvider
+from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -133,7 +132,7 @@ class _Item:
     """(channel, part index) pairs that received at least one delta."""
 
 
-class ResponsesEventParser:
+class ResponsesEventParser(JSONEventParser):
     """Responses stream events in, normalized chunks out. One instance per turn."""
 
     def __init__(self, *, provider: str, model: str, capture: bool) -> None:
@@ -192,26 +191,8 @@ class ResponsesEventParser:
 
     # ------------------------------------------------------------------ events
 
-    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
-        """Chunks for the SSE messages of one network read; the stream is read to its end
-        (Responses sends no ``[DONE]``; one is tolerated)."""
-        out: list[Chunk] = []
-        for message in events:
-            if self.done:
-                continue
-            data = message.data.strip()
-            if not data or data == "[DONE]":
-                continue
-            try:
-                out += self.feed_event(parse_json_event(self.provider, message))
-            except MalformedResponseError as exc:
-                self.failure = exc
-                break
-        return out
-
-    def interrupted(self) -> list[Chunk]:
-        """Deltas are emitted as they arrive: nothing is held back."""
-        return []
+    def done_marker(self) -> list[Chunk]:
+        return []  # Responses sends no [DONE]; one is tolerated
 
     def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         etype = event.get("type")

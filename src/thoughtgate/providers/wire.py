@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol
 
 import httpx
 
-from thoughtgate.errors import ProviderError
+from thoughtgate.errors import MalformedResponseError, ProviderError
 from thoughtgate.providers.base import Capabilities, ProviderSettings, ServerInfo, TurnRequest
 from thoughtgate.providers.base import server_info as _server_info
 from thoughtgate.providers.endpoints import (
@@ -40,13 +40,13 @@ from thoughtgate.providers.endpoints import (
     resolve_base_url,
     resolve_endpoint_rule,
 )
-from thoughtgate.providers.http import HTTPTransport
+from thoughtgate.providers.http import HTTPTransport, parse_json_event
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.types import Chunk, Turn, TurnAccumulator
 
-__all__ = ["FollowUp", "HTTPProvider", "WireParser"]
+__all__ = ["FollowUp", "HTTPProvider", "JSONEventParser", "WireParser"]
 
 
 class WireParser(Protocol):
@@ -76,6 +76,46 @@ class WireParser(Protocol):
     def interrupted(self) -> list[Chunk]:
         """The stream broke: what the open blocks still hold."""
         ...
+
+
+class JSONEventParser:
+    """The streamed half of a parser whose events each carry one JSON object (Chat Completions,
+    Responses): the stream is read to its end, what follows the turn's end is read and ignored
+    (so the connection ends cleanly), and a malformed event stops the response."""
+
+    provider: str
+    done: bool
+    failure: ProviderError | None
+
+    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for message in events:
+            if self.done:
+                continue
+            data = message.data.strip()
+            if not data:
+                continue
+            if data == "[DONE]":
+                out += self.done_marker()
+                continue
+            try:
+                out += self.feed_event(parse_json_event(self.provider, message))
+            except MalformedResponseError as exc:
+                self.failure = exc
+                break
+        return out
+
+    def done_marker(self) -> list[Chunk]:
+        """``data: [DONE]``: what it means in this format."""
+        raise NotImplementedError
+
+    def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
+        """One decoded event."""
+        raise NotImplementedError
+
+    def interrupted(self) -> list[Chunk]:
+        """Deltas are emitted as they arrive: nothing is held back."""
+        return []
 
 
 FollowUp = tuple[dict[str, Any], WireParser]

@@ -6,8 +6,8 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
+from support.provider_conformance import Emulated
 from support.replay import (
     CHUNKINGS,
     Replay,
@@ -278,22 +278,15 @@ def server() -> Iterator[EmulatorServer]:
 
 
 @pytest.fixture
-async def emulated(
-    server: EmulatorServer,
-) -> AsyncIterator[Callable[..., OpenAICompatibleProvider]]:
-    made: list[OpenAICompatibleProvider] = []
+async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., Any]]:
+    adapters = Emulated(server, "openai-compatible:deepseek-chat")
 
-    def factory(flavor: str, scenario: str, model: str = "deepseek-chat", **extra: Any) -> COMPAT:
-        client = httpx.AsyncClient(
-            headers={"x-emulator-flavor": flavor, "x-emulator-scenario": scenario}
-        )
-        settings = ProviderSettings(base_url=server.v1, max_retries=0, extra=extra)
-        made.append(COMPAT(model, settings, client=client))
-        return made[-1]
+    def factory(flavor: str, scenario: str, **kw: Any) -> Any:
+        adapters.headers = {"x-emulator-flavor": flavor}
+        return adapters(scenario, **kw)[0]
 
     yield factory
-    for provider in made:
-        await provider.aclose()
+    await adapters.aclose()
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -6,8 +6,8 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
+from support.provider_conformance import Emulated
 from support.replay import (
     CHUNKINGS,
     Replay,
@@ -303,18 +303,12 @@ def server() -> Iterator[EmulatorServer]:
 
 
 @pytest.fixture
-async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., OpenAIResponsesProvider]]:
-    made: list[OpenAIResponsesProvider] = []
-
-    def factory(scenario: str, model: str = "gpt-5", retries: int = 0) -> OpenAIResponsesProvider:
-        settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=retries)
-        client = httpx.AsyncClient(headers={"x-emulator-scenario": scenario})
-        made.append(OpenAIResponsesProvider(model, settings, client=client))
-        return made[-1]
-
-    yield factory
-    for provider in made:
-        await provider.aclose()
+async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., Any]]:
+    adapters = Emulated(server, "openai:gpt-5")
+    yield lambda scenario, model="gpt-5", retries=0: adapters(
+        scenario, model=model, retries=retries
+    )[0]
+    await adapters.aclose()
 
 
 @pytest.mark.parametrize("mode", ["surface", "hidden"])

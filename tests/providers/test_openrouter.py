@@ -6,8 +6,8 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
+from support.provider_conformance import Emulated
 from support.replay import (
     CHUNKINGS,
     Replay,
@@ -371,19 +371,12 @@ def server() -> Iterator[EmulatorServer]:
 
 
 @pytest.fixture
-async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., OpenRouterProvider]]:
+async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., Any]]:
     """Adapters pointed at the emulator (closed after the test)."""
-    made: list[OpenRouterProvider] = []
-
-    def factory(scenario: str, model: str = ANTHROPIC, retries: int = 0) -> OpenRouterProvider:
-        headers = {"x-emulator-flavor": "openrouter", "x-emulator-scenario": scenario}
-        settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=retries)
-        made.append(OpenRouterProvider(model, settings, client=httpx.AsyncClient(headers=headers)))
-        return made[-1]
-
-    yield factory
-    for provider in made:
-        await provider.aclose()
+    flavor = {"x-emulator-flavor": "openrouter"}
+    adapters = Emulated(server, f"openrouter:{ANTHROPIC}", headers=flavor)
+    yield lambda scenario, **kw: adapters(scenario, **kw)[0]
+    await adapters.aclose()
 
 
 async def test_tool_loop_round_trips_signed_details(server: EmulatorServer, emulated: Any) -> None:

@@ -39,23 +39,37 @@ __all__ = ["Emulated", "ProviderConformance"]
 class Emulated:
     """Builds adapters for one conformance class, each on a read-accounting transport."""
 
-    def __init__(self, server: EmulatorServer, model: str, extra: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        server: EmulatorServer,
+        model: str,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.server = server
         self.prefix, self.model = split_model(model)
-        self.extra = dict(extra)
+        self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
+        """Sent with every request (the emulator's ``x-emulator-flavor``)."""
         self.made: list[tuple[Provider, CountingTransport]] = []
 
-    def __call__(self, scenario: str, *, retries: int = 0) -> tuple[Provider, CountingTransport]:
+    def __call__(
+        self, scenario: str, *, retries: int = 0, model: str | None = None, **extra: Any
+    ) -> tuple[Provider, CountingTransport]:
+        """An adapter playing ``scenario`` (another ``model`` of the same provider, more
+        ``extra`` settings), and the transport that accounts for its reads."""
         endpoint = ENDPOINTS[self.prefix]
         base = self.server.url if endpoint.wire == "messages" else self.server.v1
         settings = ProviderSettings(
-            base_url=base, api_key="k", max_retries=retries, extra=self.extra
+            base_url=base, api_key="k", max_retries=retries, extra={**self.extra, **extra}
         )
         transport = CountingTransport(httpx.AsyncHTTPTransport())
-        client = httpx.AsyncClient(headers={"x-emulator-scenario": scenario}, transport=transport)
+        headers = {**self.headers, "x-emulator-scenario": scenario}
+        client = httpx.AsyncClient(headers=headers, transport=transport)
         module, _, attr = endpoint.adapter.partition(":")
         factory: Callable[..., Provider] = getattr(importlib.import_module(module), attr)
-        made = factory(self.model, settings, client=client), transport
+        made = factory(model or self.model, settings, client=client), transport
         self.made.append(made)
         return made
 

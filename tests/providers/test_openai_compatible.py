@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from support.replay import (
 from thoughtgate.errors import ConfigError, ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.openai_compatible import CARRIER, OpenAICompatibleProvider
-from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator import EmulatorServer
 from thoughtgate.types import ContinuityBlock, Message, TextPart, ToolCallPart, ToolResultPart
 
 COMPAT = OpenAICompatibleProvider
@@ -269,12 +269,6 @@ def test_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------------- against the emulator
 
 FLAVORS = ("deepseek", "vllm", "ollama", "think-tags")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with serve_emulator(Emulator()) as srv:
-        yield srv
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -27,7 +27,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.openai_responses import CARRIER, OpenAIResponsesProvider
-from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator import EmulatorServer
 from thoughtgate.types import (
     ContinuityBlock,
     Message,
@@ -294,12 +294,6 @@ def test_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --------------------------------------------------------------------------- against the emulator
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with serve_emulator(Emulator()) as srv:
-        yield srv
 
 
 @pytest.fixture

@@ -280,14 +280,15 @@ async def _finish(reporter: asyncio.Task[None]) -> None:
 def run_result(view: RunView) -> CallToolResult:
     """A run view (already filtered) as a tool result: ``isError`` unless the run completed, the
     view kept as the structured content either way, and the text leading with what went wrong."""
-    text = json.dumps(view, ensure_ascii=False, indent=2, default=str)
-    failed = view.get("status") != "completed"
+    document = view.to_json()
+    text = json.dumps(document, ensure_ascii=False, indent=2)
+    failed = view.status != "completed"
     if failed:
-        why = f": {view['error']}" if view.get("error") else ""
-        text = f"run {view.get('run_id')} {view.get('status')}{why}\n{text}"
+        why = f": {view.error}" if view.error else ""
+        text = f"run {view.run_id} {view.status}{why}\n{text}"
     return CallToolResult(
         content=[TextContent(type="text", text=text)],
-        structured_content=dict(view),
+        structured_content=document,
         is_error=failed,
     )
 
@@ -388,9 +389,10 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
             if params.name == "orchestration_status":
                 status = StatusArguments.model_validate(arguments)
                 view = await tools.status(status.run_id)
+                document = view.to_json()
                 return CallToolResult(
-                    content=[TextContent(type="text", text=json.dumps(view, indent=2))],
-                    structured_content=dict(view),
+                    content=[TextContent(type="text", text=json.dumps(document, indent=2))],
+                    structured_content=document,
                 )
         except ValidationError as exc:
             return _arguments_error(params.name, exc)

@@ -88,12 +88,12 @@ async def list_tools(request: Request, principal: Principal | None) -> Response:
 
 async def get_run(request: Request, principal: Principal | None) -> Response:
     run = await state_of(request).store.get_run(request.path_params["run_id"])
-    return JSONResponse(filter_run(run, _principal(principal).role))
+    return JSONResponse(filter_run(run, _principal(principal).role).to_json())
 
 
 async def get_host_metadata(request: Request, principal: Principal | None) -> Response:
     run = await state_of(request).store.get_run(request.path_params["run_id"])
-    return JSONResponse(host_metadata(run, _principal(principal).role))
+    return JSONResponse(host_metadata(run, _principal(principal).role).to_json())
 
 
 async def list_events(request: Request, principal: Principal | None) -> Response:

@@ -255,9 +255,7 @@ class McpTools:
         """Answer a pending tool approval (member and above), wherever the run executes."""
         require_role(self.role, Role.MEMBER, "answering tool approvals")
         run_id, call_id = run_id.strip(), call_id.strip()
-        if not await self.runtime.approvals.answer(run_id, call_id, decision, by="mcp"):
-            await self.runtime.store.get_run(run_id)  # an unknown run says so
-            raise UsageError(f"no approval is pending for call {call_id!r} in run {run_id!r}")
+        await self.runtime.answer_approval(run_id, call_id, decision, by="mcp")
         return ApprovalAnswer(run_id=run_id, call_id=call_id, decision=decision)
 
     async def status(self, run_id: str) -> RunView:

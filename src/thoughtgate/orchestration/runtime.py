@@ -47,7 +47,7 @@ from thoughtgate.config import (
     resolve_worker_backend,
 )
 from thoughtgate.disclosure import Disclosure
-from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.history import conversation_from_events, history_payload
 from thoughtgate.engine.loop import (
     LoopObserver,
@@ -58,7 +58,13 @@ from thoughtgate.engine.loop import (
 )
 from thoughtgate.engine.steps import DirectSteps, ResumeLog, StepCodec, Steps
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import ProviderError, QuotaExceededError, ThoughtgateError, UsageError
+from thoughtgate.errors import (
+    ApprovalNotPendingError,
+    ProviderError,
+    QuotaExceededError,
+    ThoughtgateError,
+    UsageError,
+)
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     CapabilityResolvedPayload,
@@ -77,6 +83,7 @@ from thoughtgate.events.payloads import (
     trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.orchestration.approvals import approval_settled
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.orchestration.specs import RunSpec, TaskSpec
@@ -602,6 +609,29 @@ class Runtime:
             )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
+
+    async def answer_approval(
+        self, run_id: str, call_id: str, decision: Decision, *, by: str = ""
+    ) -> None:
+        """Answer a tool approval the run waits for, wherever it executes (with durable runs:
+        through any process on the store). Every surface (HTTP, MCP, the web page) answers
+        through here, so each refuses the same cases with the same words:
+        :class:`ApprovalNotPendingError` when the run ended, the call was already settled, or no
+        approval is pending for it; ``RunNotFoundError`` for an unknown run."""
+        run = await self.store.get_run(run_id)
+        if await self.approvals.answer(run_id, call_id, decision, by=by):
+            return
+        if run.status not in OPEN_RUN_STATUSES:
+            raise ApprovalNotPendingError(
+                f"run {run_id!r} has already ended ({run.status})", reason="run_ended"
+            )
+        if await approval_settled(self.store, run_id, call_id):
+            raise ApprovalNotPendingError(
+                f"the approval for call {call_id!r} was already settled", reason="settled"
+            )
+        raise ApprovalNotPendingError(
+            f"no approval is pending for call {call_id!r} in run {run_id!r}", reason="not_pending"
+        )
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None:
         """Append ``run.resumed`` (through the sinks like every other event)."""

@@ -28,7 +28,7 @@ from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.store.base import EventStore, OpenRuns
+from thoughtgate.store.base import EventStore, OpenRuns, RunEnding
 from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
@@ -426,15 +426,7 @@ class FailingStore(EventStore):
         return await self.inner.find_run_ids(prefix, limit=limit)
 
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         """Ending a run appends its last events: a full disk fails it like any append."""
         batch = list(events)
@@ -444,15 +436,7 @@ class FailingStore(EventStore):
                 f"cannot finish run {run_id!r}: database or disk is full (injected); nothing of "
                 "it was stored"
             )
-        out = await self.inner.finish_run(
-            run_id,
-            batch,
-            status=status,
-            usage=usage,
-            error=error,
-            tasks=tasks,
-            lease_expired_by=lease_expired_by,
-        )
+        out = await self.inner.finish_run(run_id, batch, ending)
         self.attempts.append(Attempt(batch, out))
         return out
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
 
@@ -375,7 +375,7 @@ class StoreConformance:
             await store.finish_run(
                 run.run_id,
                 [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})],
-                status="completed",
+                RunEnding("completed"),
             )
         finally:
             unlisten()
@@ -406,7 +406,7 @@ class StoreConformance:
             NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "r"}),
         ]
         out = await store.finish_run(
-            run.run_id, closing, status="interrupted", error="interrupted: r", tasks=[done]
+            run.run_id, closing, RunEnding("interrupted", error="interrupted: r", tasks=[done])
         )
         assert [(e.seq, e.type) for e in out] == [
             (3, EventType.TASK_COMPLETED),
@@ -420,13 +420,13 @@ class StoreConformance:
         )
         assert [t.status for t in got.tasks] == ["interrupted", "pending"]
         again = [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})]
-        assert await store.finish_run(run.run_id, again, status="completed") == []
+        assert await store.finish_run(run.run_id, again, RunEnding("completed")) == []
         assert (await store.get_run(run.run_id)).status == "interrupted", "never reopened"
         with pytest.raises(RunClosedError):
             await store.append(run.run_id, deltas(1))
         assert [e.seq for e in await store.read(run.run_id)] == [1, 2, 3, 4]
         with pytest.raises(RunNotFoundError):
-            await store.finish_run("run_missing", again, status="completed")
+            await store.finish_run("run_missing", again, RunEnding("completed"))
 
     async def test_finish_run_leaves_a_run_whose_lease_was_renewed(self, store: EventStore) -> None:
         run = make_run(status="running", owner="o", lease_expires_at=1.0)
@@ -435,7 +435,7 @@ class StoreConformance:
         assert (await store.renew_leases("o", 60.0)) == [run.run_id]
         end = [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted"})]
         assert (
-            await store.finish_run(run.run_id, end, status="interrupted", lease_expired_by=now)
+            await store.finish_run(run.run_id, end, RunEnding("interrupted", lease_expired_by=now))
             == []
         ), "its owner proved alive after the sweeper looked"
         assert (await store.get_run(run.run_id)).status == "running"
@@ -450,7 +450,9 @@ class StoreConformance:
         finished = make_run(status="completed", owner="o", lease_expires_at=1.0)
         for run in (mine, pending, ended, other, nobody, finished):
             await store.create_run(run)
-        await store.finish_run(ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], status="error")
+        await store.finish_run(
+            ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], RunEnding("error")
+        )
         renewed = await store.renew_leases("o", 100.0)
         assert sorted(renewed) == sorted([mine.run_id, pending.run_id])
         found = await store.open_runs()

@@ -28,7 +28,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
@@ -457,7 +457,7 @@ async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
                 await writer.update_run(run.run_id, status="running")
             else:
                 end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
-                await writer.finish_run(run.run_id, end, status="failed")
+                await writer.finish_run(run.run_id, end, RunEnding("failed"))
             await asyncio.wait_for(waiting, 5)  # NOTIFY, not the 60 s poll
             after = await reader.latest_run_change()
         assert [r.status for _, r in (await reader.run_changes(after=after - 1)).changes] == [

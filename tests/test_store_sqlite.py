@@ -30,7 +30,7 @@ from thoughtgate.errors import (
     UsageError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
@@ -626,7 +626,7 @@ async def test_a_write_that_fails_in_a_group_leaves_the_others_committed(tmp_pat
             await store.create_run(run)
         closed = make_run()
         await store.create_run(closed)
-        await store.finish_run(closed.run_id, [], status="completed")
+        await store.finish_run(closed.run_id, [], RunEnding("completed"))
         calls = [store.append(run.run_id, deltas(2)) for run in good]
         calls.insert(2, store.append("run_nobody", deltas(1)))  # unknown run
         calls.insert(4, store.append(closed.run_id, deltas(1)))  # ended run

@@ -27,7 +27,6 @@ from thoughtgate.config import Config
 from thoughtgate.engine.steps import ResumeLog
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
-from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.specs import RunSpec, TaskSpec
 from thoughtgate.store.base import EventStore
@@ -52,8 +51,6 @@ class Executor(Protocol):
     def with_tools(self: R, tool_names: Sequence[str]) -> R: ...
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
-
-    async def _observe(self, events: Sequence[Event]) -> None: ...
 
 
 async def begin_execution(
@@ -81,8 +78,7 @@ async def begin_execution(
         target = runtime.with_tools(spec.tools)
     except UsageError as exc:
         reason = f"it cannot resume: {exc}"
-        closed = await close_run_interrupted(store, run_id, reason)
-        await runtime._observe(closed)
+        await close_run_interrupted(store, run_id, reason)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:

@@ -16,6 +16,7 @@ from typing import Any, cast
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
+from thoughtgate.store.log import RunEnding
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "decode_payloads",
     "dumps",
     "encode_events",
+    "ending_columns",
     "events_from_rows",
     "key_from_row",
     "key_row",
@@ -223,6 +225,17 @@ def run_update_columns(
         sets["usage"] = dumps(usage, what="run usage")
     if error is not None:
         sets["error"] = error
+    return sets
+
+
+def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
+    """Column -> value for ``finish_run`` (both SQL backends): the ending's fields, and no lease
+    (an ended run is held by nobody); ``closed_at`` is the backend's to add (its own clock)."""
+    usage = None if ending.usage is None else dict(ending.usage)
+    sets = run_update_columns(
+        status=ending.status, usage=usage, error=ending.error, updated_at=updated_at
+    )
+    sets["lease_expires_at"] = None
     return sets
 
 

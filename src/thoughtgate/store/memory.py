@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import (
     WINDOW_S,
     Admission,
@@ -143,8 +143,7 @@ class MemoryStore(EventStore, DurableRunStore):
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         async with self._lock:
             out = self._append(run_id, events)
-        if out:
-            self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     def _append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
@@ -168,39 +167,27 @@ class MemoryStore(EventStore, DurableRunStore):
         return out
 
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         async with self._lock:
             run = self._run(run_id)
-            if run_id in self._closed or run.status not in OPEN_RUN_STATUSES:
+            if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
                 return []
-            lease = run.lease_expires_at
-            if lease_expired_by is not None and lease is not None and lease > lease_expired_by:
-                return []
-            for task in tasks:
+            for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
                 run.tasks.append(copy.deepcopy(task))
             out = self._append(run_id, events)
-            run.status = status
-            if usage is not None:
-                run.usage = dict(usage)
-            if error is not None:
-                run.error = error
+            run.status = ending.status
+            if ending.usage is not None:
+                run.usage = dict(ending.usage)
+            if ending.error is not None:
+                run.error = ending.error
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
             self._changed(run_id)
         self.wakeups.notify(RUN_LIST_WAKEUP)
-        if out:
-            self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
@@ -217,11 +204,7 @@ class MemoryStore(EventStore, DurableRunStore):
         return OpenRuns(runs[:limit], time.time())
 
     def _open(self) -> list[RunRecord]:
-        return [
-            r
-            for r in self._runs.values()
-            if r.status in OPEN_RUN_STATUSES and r.run_id not in self._closed
-        ]
+        return [r for r in self._runs.values() if self._is_open(r.run_id)]
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(

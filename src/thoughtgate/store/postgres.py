@@ -24,7 +24,7 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import (
     WINDOW_S,
     Admission,
@@ -402,7 +402,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 return []
             first = await self._append_rows(conn, run_id, columns)
         out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def _append_rows(
@@ -422,27 +422,16 @@ class PostgresStore(EventStore, DurableRunStore):
 
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in tasks]
-        sets = codec.run_update_columns(
-            status=status, usage=usage, error=error, updated_at=time.time()
-        )
+        task_rows = [codec.task_row(t) for t in ending.tasks]
+        sets = codec.ending_columns(ending, updated_at=time.time())
         assignments = sql.SQL(", ").join(
             sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
         )
         update = sql.SQL(
-            "UPDATE runs SET {}, closed_at = {}, lease_expires_at = NULL, change_seq = %s "
-            "WHERE run_id = %s"
+            "UPDATE runs SET {}, closed_at = {}, change_seq = %s WHERE run_id = %s"
         ).format(assignments, sql.SQL(_NOW))
         first = 0
         async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
@@ -455,10 +444,7 @@ class PostgresStore(EventStore, DurableRunStore):
             row = await cur.fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            is_open, lease = bool(row[0]), row[1]
-            if not is_open or (
-                lease_expired_by is not None and lease is not None and lease > lease_expired_by
-            ):
+            if not row[0] or ending.lease_renewed(row[1]):
                 return []
             if task_rows:
                 async with conn.cursor() as tcur:
@@ -468,10 +454,8 @@ class PostgresStore(EventStore, DurableRunStore):
             change = await self._next_change(conn)  # last: after the run row's lock
             await conn.execute(update, (*sets.values(), change, run_id))
         self.wakeups.notify(RUN_LIST_WAKEUP)
-        if not columns[0]:
-            return []
-        out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        out = codec.appended_events(run_id, first, columns) if columns[0] else []
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:

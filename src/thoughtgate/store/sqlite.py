@@ -35,7 +35,7 @@ from thoughtgate.errors import (
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import (
     WINDOW_S,
     Admission,
@@ -340,7 +340,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
         )
         out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -368,21 +368,13 @@ class SQLiteStore(EventStore, DurableRunStore):
 
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in tasks]
+        task_rows = [codec.task_row(t) for t in ending.tasks]
         now = time.time()
-        sets = codec.run_update_columns(status=status, usage=usage, error=error, updated_at=now)
-        sets.update(closed_at=now, lease_expires_at=None)
+        sets = codec.ending_columns(ending, updated_at=now)
+        sets.update(closed_at=now)
         assignments = ", ".join(f"{column} = ?" for column in sets)
 
         def body(conn: sqlite3.Connection) -> int | None:
@@ -391,10 +383,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             ).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            is_open, lease = bool(row[0]), row[1]
-            if not is_open or (
-                lease_expired_by is not None and lease is not None and lease > lease_expired_by
-            ):
+            if not row[0] or ending.lease_renewed(row[1]):
                 return None
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
@@ -408,10 +397,8 @@ class SQLiteStore(EventStore, DurableRunStore):
         if first is None:
             return []
         self.wakeups.notify(RUN_LIST_WAKEUP)
-        if not columns[0]:
-            return []
-        out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        out = codec.appended_events(run_id, first, columns) if columns[0] else []
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:

@@ -18,7 +18,15 @@ from listing_conformance import RunListingConformance
 from pg import PG_URL, pg_admin, pg_schema
 from psycopg import errors as pgerr
 from psycopg import sql
-from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
+from store_conformance import (
+    EventLogConformance,
+    KeyStoreConformance,
+    RunIndexConformance,
+    assert_same_events,
+    collect,
+    deltas,
+    make_run,
+)
 
 import thoughtgate.store
 from thoughtgate.errors import (
@@ -44,12 +52,30 @@ Admin = psycopg.AsyncConnection[Any]
 SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
-class TestPostgresStore(StoreConformance, RunListingConformance):
+class Postgres:
+    """Each conformance case below on a fresh, empty Postgres store."""
+
     @pytest.fixture
     async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
         store = await PostgresStore.open(PG_URL, schema=pg_schema)
         yield store
         await store.close()
+
+
+class TestPostgresEventLog(Postgres, EventLogConformance):
+    pass
+
+
+class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance):
+    pass
+
+
+class TestPostgresKeyStore(Postgres, KeyStoreConformance):
+    pass
+
+
+class TestPostgresDurableRuns(Postgres, DurableStoreConformance):
+    pass
 
 
 @contextlib.asynccontextmanager
@@ -500,11 +526,3 @@ async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) ->
     assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
     assert [e.payload.get("i") for e in got[:5]] == [0, 1, 2, 3, 4]
     assert got[5].type == EventType.RUN_FAILED
-
-
-class TestPostgresDurableRuns(DurableStoreConformance):
-    @pytest.fixture
-    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
-        store = await PostgresStore.open(PG_URL, schema=pg_schema)
-        yield store
-        await store.close()

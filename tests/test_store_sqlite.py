@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 from durable_store_conformance import DurableStoreConformance
 from listing_conformance import RunListingConformance
-from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
+from store_conformance import (
+    EventLogConformance,
+    KeyStoreConformance,
+    RunIndexConformance,
+    assert_same_events,
+    collect,
+    deltas,
+    make_run,
+)
 
 import thoughtgate.store
 from thoughtgate.errors import (
@@ -40,12 +48,30 @@ from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, 
 from thoughtgate.store.urls import open_store
 
 
-class TestSQLiteStore(StoreConformance, RunListingConformance):
+class SQLite:
+    """Each conformance case below on a fresh, empty SQLite store."""
+
     @pytest.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
         store = await SQLiteStore.open(tmp_path / "store.db")
         yield store
         await store.close()
+
+
+class TestSQLiteEventLog(SQLite, EventLogConformance):
+    pass
+
+
+class TestSQLiteRunIndex(SQLite, RunIndexConformance, RunListingConformance):
+    pass
+
+
+class TestSQLiteKeyStore(SQLite, KeyStoreConformance):
+    pass
+
+
+class TestSQLiteDurableRuns(SQLite, DurableStoreConformance):
+    pass
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -557,14 +583,6 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
         await store.close()
     assert [e.seq for e in got] == list(range(1, 9))
     assert got[-1].type == EventType.RUN_ERROR
-
-
-class TestSQLiteDurableRuns(DurableStoreConformance):
-    @pytest.fixture
-    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
-        store = await SQLiteStore.open(tmp_path / "store.db")
-        yield store
-        await store.close()
 
 
 # -- group commit --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
+from psycopg_pool import AsyncConnectionPool
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
 from thoughtgate.events.payloads import RunStatus
@@ -45,7 +46,7 @@ from thoughtgate.store.listing import (
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
-from thoughtgate.store.pg_pool import PgPool, connect
+from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 
@@ -183,7 +184,8 @@ class PostgresStore(EventStore, DurableRunStore):
     #: was lost in a way the listener could not notice (a silently dead TCP connection).
     safety_poll: float = 3.0
 
-    def __init__(self, conninfo: str, schema: str, *, pool_size: int) -> None:
+    def __init__(self, conninfo: str, schema: str) -> None:
+        """Use :meth:`open`: it migrates the schema and opens the connection pool."""
         super().__init__()
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
@@ -191,12 +193,7 @@ class PostgresStore(EventStore, DurableRunStore):
         self.schema = schema
         self.channel = channel_name(schema)
         self._where = describe_target(conninfo, schema)
-        self._pool = PgPool(
-            conninfo,
-            size=pool_size,
-            setup=self._setup_connection,
-            application_name=f"thoughtgate:{schema}"[:63],
-        )
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._listener = PgListener(
             conninfo,
             self.channel,
@@ -229,7 +226,14 @@ class PostgresStore(EventStore, DurableRunStore):
         finally:
             with contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
-        return cls(conninfo, chosen, pool_size=pool_size)
+        store = cls(conninfo, chosen)
+        store._pool = await open_pool(
+            conninfo,
+            size=pool_size,
+            setup=store._setup_connection,
+            application_name=f"thoughtgate:{chosen}"[:63],
+        )
+        return store
 
     async def _setup_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # JSON columns come back as their text: the codec decodes a whole batch in one call.
@@ -238,17 +242,19 @@ class PostgresStore(EventStore, DurableRunStore):
 
     @contextlib.asynccontextmanager
     async def _conn(self, action: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if self._pool.closed:
+        pool = self._pool
+        if pool is None or pool.closed:
             raise StoreError(f"cannot {action}: the store is closed ({self._where})")
         try:
-            async with self._pool.connection() as conn:
+            async with pool.connection() as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_error(exc, action, self._where) from exc
 
     async def close(self) -> None:
         await self._listener.stop()
-        await self._pool.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     # -- runs and tasks ------------------------------------------------------------------
     async def create_run(self, run: RunRecord) -> None:

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.store.listing import RUN_LIST_WAKEUP, RunListing
 from thoughtgate.store.log import RunWakeups
 from thoughtgate.store.records import RunRecord, TaskRecord
 
-__all__ = ["OpenRun", "OpenRuns", "RunIndex"]
+__all__ = ["OpenRun", "OpenRuns", "RunChange", "RunIndex"]
+
+
+class RunChange(TypedDict, total=False):
+    """What ``RunIndex.update_run`` changes; a field left out (or ``None``) stays as it is."""
+
+    status: RunStatus | None
+    usage: dict[str, int] | None
+    error: str | None
+    metadata: dict[str, object] | None
+    """Merged into the run's metadata (a key set to ``None`` stays, holding ``None``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +70,7 @@ class RunIndex(RunListing):
         """Most recent first."""
 
     @abc.abstractmethod
-    async def update_run(
-        self,
-        run_id: str,
-        *,
-        status: RunStatus | None = None,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        metadata: dict[str, object] | None = None,
-    ) -> None:
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
         """Change the given fields only (``metadata`` is merged); raises ``RunNotFoundError``."""
 
     @abc.abstractmethod

@@ -91,38 +91,24 @@ async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
     await opened.close()
 
 
-async def test_a_run_interrupted_at_shutdown_before_it_began_ends_its_trace(
-    store: EventStore,
-) -> None:
+@pytest.mark.parametrize("when", ["before it began", "while it executed"])
+async def test_a_run_interrupted_at_shutdown_ends_its_trace(store: EventStore, when: str) -> None:
     traced = Traced(store)
     manager = RunManager(traced.runtime, grace_s=0)
     run = await manager.start(RunRequest("wait", model="fake:slow"))
-    # Shut down before the run's task got to execute: the manager itself closes the run.
+    if when == "while it executed":  # the runtime closes the run as its task is cancelled
+        await traced.watch.wait_for(EventType.TASK_STARTED)
+    # else: shut down before the run's task got to execute; the manager itself closes the run
     assert await manager.shutdown() == [run.run_id]
     assert traced.watch.types(run.run_id)[-2:] == [
         EventType.TASK_COMPLETED,
         EventType.RUN_INTERRUPTED,
     ]
+    assert traced.watch.events[-1].payload["reason"] == SHUTDOWN_REASON
     span = traced.root_span(run.run_id)
     assert span.attributes is not None
     assert span.attributes["thoughtgate.run.status"] == "interrupted"
     assert span.status.status_code is StatusCode.ERROR
-    assert [e.payload for e in traced.watch.events if e.type == EventType.RUN_INTERRUPTED] == [
-        {"status": "interrupted", "reason": SHUTDOWN_REASON}
-    ]
-
-
-async def test_a_run_interrupted_at_shutdown_while_executing_ends_its_trace(
-    store: EventStore,
-) -> None:
-    traced = Traced(store)
-    manager = RunManager(traced.runtime, grace_s=0)
-    run = await manager.start(RunRequest("wait", model="fake:slow"))
-    await traced.watch.wait_for(EventType.TASK_STARTED)
-    assert await manager.shutdown() == [run.run_id]
-    span = traced.root_span(run.run_id)
-    assert span.attributes is not None
-    assert span.attributes["thoughtgate.run.status"] == "interrupted"
 
 
 @pytest.mark.parametrize("lost", ["process gone", "lease expired"])

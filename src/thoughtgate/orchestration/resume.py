@@ -28,7 +28,6 @@ from thoughtgate.engine.steps import ResumeLog
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
-from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.specs import RunSpec
 from thoughtgate.store.base import EventStore
@@ -51,8 +50,6 @@ class Executor(Protocol):
     def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry: ...
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
-
-    async def _observe(self, events: Sequence[Event]) -> None: ...
 
 
 async def begin_execution(
@@ -80,8 +77,7 @@ async def begin_execution(
         tools = runtime.tools_for(spec.tools)
     except UsageError as exc:
         reason = f"it cannot resume: {exc}"
-        closed = await close_run_interrupted(store, run_id, reason)
-        await runtime._observe(closed)
+        await close_run_interrupted(store, run_id, reason)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:

@@ -203,6 +203,9 @@ class Runtime:
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
         self.sinks: list[EventSink] = list(sinks)
+        """Observers of every event appended through ``store`` in this process (telemetry): the
+        store hands them each committed batch, whichever code path appended it."""
+        store.observe(self._feed_sinks)
         self.leases = LeaseKeeper(store, ttl_s=self.config.orchestration.lease_ttl_s)
         """This process's leases on the runs it executes (ADR 0009)."""
         self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
@@ -250,14 +253,12 @@ class Runtime:
         await self._client_leases.pop().__aexit__(exc_type, exc, tb)
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
-        """Every append outside a task recorder goes through here so sinks see it."""
         check_new_events(events)
-        await self._observe(await self.store.append(run_id, events))
+        await self.store.append(run_id, events)
 
-    async def _observe(self, events: Sequence[Event]) -> None:
-        if events:
-            for sink in self.sinks:
-                await sink(events)
+    async def _feed_sinks(self, events: Sequence[Event]) -> None:
+        for sink in self.sinks:
+            await sink(events)
 
     def _default_provider(self, model: str) -> Provider:
         return create_provider(model, provider_settings_from_config(self.config, model))
@@ -605,9 +606,7 @@ class Runtime:
         """Close a cancelled run; never let a failing store hide the cancellation itself."""
         self.leases.release(run_id)
         try:
-            await self._observe(
-                await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
-            )
+            await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -635,7 +634,7 @@ class Runtime:
         )
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None:
-        """Append ``run.resumed`` (through the sinks like every other event)."""
+        """Append ``run.resumed``."""
         await self._append(run_id, [NewEvent(EventType.RUN_RESUMED, payload)])
 
     async def continue_run(
@@ -694,17 +693,15 @@ class Runtime:
             if failure and failure[1]:
                 payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
-        await self._observe(
-            await end_run(
-                self.store,
-                run_id,
-                NewEvent(event_type, payload),
-                status=status,
-                usage=usage.to_dict(),
-                error=error,
-                task_status="failed",
-                task_error=not_run,
-            )
+        await end_run(
+            self.store,
+            run_id,
+            NewEvent(event_type, payload),
+            status=status,
+            usage=usage.to_dict(),
+            error=error,
+            task_status="failed",
+            task_error=not_run,
         )
 
     async def _execute_task(
@@ -716,7 +713,7 @@ class Runtime:
         execution: _Execution,
     ) -> LoopResult:
         steps = execution.steps
-        recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
+        recorder = EventRecorder(self.store, run.run_id)
         started = time.monotonic()
         resumed = steps.resumed
         observer: LoopObserver | None = None

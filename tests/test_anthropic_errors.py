@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from anthropic_support import (
+from support.replay import (
     ReplayServer,
     Reply,
     blackhole_port,

@@ -1,0 +1,1 @@
+"""Helpers the tests share (importable as ``support.<module>``); no tests live here."""

@@ -276,19 +276,21 @@ class _Loop:
     def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
 
-    async def on_chunk(self, chunk: Chunk) -> None:
+    def on_chunk(self, chunk: Chunk) -> Awaitable[None] | None:
+        """Record a streamed delta: ``None`` when the chunk needs no wait (it was joined to the
+        delta waiting in the recorder, or is not recorded), else the recorder's append."""
         if self.first_chunk_at is None:
             self.first_chunk_at = now_ts()
         payload: MessageDeltaPayload | ReasoningDeltaPayload
         if isinstance(chunk, TextDelta) and chunk.text:
             part: tuple[object, ...] = (EventType.MESSAGE_DELTA, self.turn_no)
             if part == self.delta_part and self.recorder.extend_delta(self.last_delta, chunk.text):
-                return  # joined to the delta still waiting in the recorder's buffer
+                return None  # joined to the delta still waiting in the recorder's buffer
             type_, payload = EventType.MESSAGE_DELTA, {"text": chunk.text, "turn": self.turn_no}
         elif isinstance(chunk, ReasoningDelta) and chunk.text and self.live_reasoning:
             part = (EventType.REASONING_DELTA, chunk.reasoning_kind, chunk.index, self.turn_no)
             if part == self.delta_part and self.recorder.extend_delta(self.last_delta, chunk.text):
-                return
+                return None
             type_ = EventType.REASONING_DELTA
             payload = {
                 "text": chunk.text,
@@ -297,10 +299,10 @@ class _Loop:
                 "turn": self.turn_no,
             }
         else:
-            return
+            return None
         event = self.ev(type_, payload)
         self.delta_part, self.last_delta = part, event
-        await self.recorder.emit_delta(event)
+        return self.recorder.emit_delta(event)
 
     def captured(self, turn: Turn) -> Turn:
         """``hidden`` keeps no reasoning even if a provider sent some anyway.

@@ -24,6 +24,14 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
   clients are the process's (one per endpoint), as in production. Anthropic and Chat Completions
   run at every concurrency, the other two at 10.
 
+``thoughtgate serve`` runs durably by default (ADR 0013: each run a DBOS workflow on the same
+SQLite file, its steps checkpointed); the ``durable_`` rows (fake provider, three requests) are
+that configuration, on a second server process with the durable engine attached, measured after
+the first; the other rows leave the engine out, as ``thoughtgate serve`` does with
+``durability.enabled = false``. Their in-process baseline is durable too (the same engine in the
+bench process), so ``durable_cpu_per_delta_vs_in_process`` compares like with like, and
+``durable_cpu_per_delta_vs_fake`` is what durability adds to the daemon's CPU per delta.
+
 Each run is what a client does: ``POST /v1/runs``, ``POST /v1/tickets``, then
 ``GET /v1/runs/{id}/stream`` until the terminal event; the ``one_request_`` rows (fake provider)
 do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs:
@@ -102,6 +110,8 @@ ALL_LEVELS = ("anthropic", "chat")
 """Formats measured at 1, 10 and 100 concurrent runs; the others at 10 only."""
 ONE_REQUEST = "one_request_"
 """Row prefix of the fake provider's runs started and followed with one request each."""
+DURABLE = "durable_"
+"""Row prefix of the fake provider's runs on a durable daemon (``thoughtgate serve``'s default)."""
 IN_PROCESS_RATIO = 2.0
 RATIO_LEVELS = (10, 100)
 """Issue 16: server CPU per delta ≤ 2× the in-process run's, at 10 and 100 concurrent runs."""
@@ -154,12 +164,18 @@ def _config(emulator_url: str | None) -> Any:
 
 
 def _serve(
-    port_file: Path, db_url: str, flush_interval: float | None, emulator_url: str | None
+    port_file: Path,
+    db_url: str,
+    flush_interval: float | None,
+    emulator_url: str | None,
+    durable: bool = False,
 ) -> None:
-    """The server process: register ``fake:bench``, open the store, serve on a free port."""
+    """The server process: register ``fake:bench``, open the store, serve on a free port;
+    ``durable``: with the durable engine attached, as ``thoughtgate serve`` does by default."""
     import logging
 
     from thoughtgate.access.keys import create_key
+    from thoughtgate.orchestration.durability import make_durable
     from thoughtgate.orchestration.runtime import Runtime
     from thoughtgate.server.app import create_app
     from thoughtgate.server.serve import daemon_runner, serve_app
@@ -179,7 +195,10 @@ def _serve(
         store = await open_store(db_url)
         key = (await create_key(store, name="bench", role="developer")).key
         config = _config(emulator_url)
-        app = create_app(Runtime(store, config), config)
+        runtime = Runtime(store, config)
+        if durable and make_durable(runtime) is None:
+            raise RuntimeError(f"{db_url}: this store cannot run durably")
+        app = create_app(runtime, config)
 
         def ready(host: str, port: int) -> None:
             port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
@@ -331,14 +350,21 @@ async def _phase(
 
 
 async def _in_process(
-    model: str, db_url: str, emulator_url: str | None, runs: int, concurrency: int
+    model: str,
+    db_url: str,
+    emulator_url: str | None,
+    runs: int,
+    concurrency: int,
+    durable: bool = False,
 ) -> float:
     """Bench-process CPU µs per provider delta of the same runs without the daemon.
 
     A :class:`~thoughtgate.orchestration.runtime.Runtime` on the same kind of store, with the
     same config, model and mode (``surface``), ``concurrency`` runs at a time: what the work costs
-    before HTTP, tickets, SSE and the per-reader filter are added.
+    before HTTP, tickets, SSE and the per-reader filter are added. ``durable``: with the durable
+    engine attached and launched, as ``thoughtgate run`` runs on a SQLite store by default.
     """
+    from thoughtgate.orchestration.durability import make_durable
     from thoughtgate.orchestration.runtime import RunRequest, Runtime
     from thoughtgate.store.urls import open_store
     from thoughtgate.testing.fake import FAKE_SCRIPTS
@@ -347,6 +373,11 @@ async def _in_process(
     store = await open_store(db_url)
     try:
         async with Runtime(store, _config(emulator_url)) as runtime:
+            engine = make_durable(runtime) if durable else None
+            if durable and engine is None:
+                raise RuntimeError(f"{db_url}: this store cannot run durably")
+            if engine is not None:
+                await engine.launch()
 
             async def one() -> None:
                 request = RunRequest("bench", model=model)
@@ -363,8 +394,12 @@ async def _in_process(
                     await one()
 
             started = time.process_time()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            cpu = time.process_time() - started
+            try:
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+            finally:
+                cpu = time.process_time() - started
+                if engine is not None:
+                    await engine.close()
     finally:
         await store.close()
     return cpu / (runs * PROVIDER_DELTAS) * 1e6
@@ -397,6 +432,7 @@ def _series(
     variants = {
         "": "fake provider",
         ONE_REQUEST: "fake provider, one request",
+        DURABLE: "fake provider, durable daemon",
         **{f"{f}_": f"{f} adapter" for f in ALL_LEVELS},
     }
     measured = {
@@ -674,7 +710,11 @@ def _variants_note(formats: list[str]) -> str:
         "in_process_cpu_per_delta = the same runs through a Runtime in the bench process (asyncio, "
         "as `thoughtgate run`; same store kind, config and mode, 10 at a time; the lesser of a "
         "round before and one after the server's phases); the _vs_ rows are ratios of these. The "
-        "emulator paces its stream like fake:bench, for LiteLLM's proxy too."
+        "emulator paces its stream like fake:bench, for LiteLLM's proxy too. Rows prefixed "
+        f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS on "
+        "the same SQLite file, `thoughtgate serve`'s default), against runs in process with the "
+        "engine attached too; durable_cpu_per_delta_vs_fake is the durable daemon's CPU per delta "
+        "over the non-durable one's."
     )
 
 
@@ -820,11 +860,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="sample the server with py-spy in every phase into DIR/<variant>_c<N>.txt "
         "(raw stacks) and print a summary of each; figures of a profiled run are not clean",
     )
+    parser.add_argument(
+        "--no-durable",
+        action="store_true",
+        help="skip the durable_ rows (the daemon with the durable engine, its default)",
+    )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-durable", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
     if args.serve:  # PORT_FILE DB_URL [EMULATOR_URL]
         emulator = args.serve[2] if len(args.serve) > 2 else None
-        _serve(Path(args.serve[0]), args.serve[1], args.flush_interval, emulator)
+        _serve(
+            Path(args.serve[0]), args.serve[1], args.flush_interval, emulator, args.serve_durable
+        )
         return []
     formats = [f for f in args.formats.split(",") if f]
     unknown = sorted(set(formats) - set(FORMATS))
@@ -868,74 +916,88 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 ]
         # The same runs in this process, while the server is idle: before its phases, and again
         # after them (the lesser counts: the machine is shared, noise only ever adds CPU time).
-        models = ([FAKE_MODEL] if fake else []) + [FORMATS[f][0] for f in formats]
+        # (row prefix, model, one request per run, durable daemon)
+        variants = (
+            [("", FAKE_MODEL, False, False), (ONE_REQUEST, FAKE_MODEL, True, False)] if fake else []
+        ) + [(f"{f}_", FORMATS[f][0], False, False) for f in formats]
+        if fake and durable and not args.no_durable:
+            variants.append((DURABLE, FAKE_MODEL, False, True))
+        kinds = list(dict.fromkeys((model, on) for _, model, _, on in variants))
 
-        def measure_in_process(round_: int) -> dict[str, float]:
+        def measure_in_process(round_: int) -> dict[tuple[str, bool], float]:
             return {
-                model: asyncio.run(
-                    _in_process(model, db(f"in-process-{round_}-{i}"), emulator_url, 100, 10)
+                (model, on): asyncio.run(
+                    _in_process(
+                        model, db(f"in-process-{round_}-{i}"), emulator_url, 100, 10, durable=on
+                    )
                 )
-                for i, model in enumerate(models)
+                for i, (model, on) in enumerate(kinds)
             }
 
         in_process = measure_in_process(0)
-        port_file = Path(tmp) / "port.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
-                *(db("bench"), emulator_url),
-                *(["--flush-interval", str(args.flush_interval)] if args.flush_interval else []),
-            ],
-            env=env,
-            cwd=str(REPO),
-        )
         # (row prefix, model) -> concurrency -> the phase's rows (cpu_per_delta last)
         phases: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
-        # (row prefix, model, one request per run)
-        variants = ([("", FAKE_MODEL, False), (ONE_REQUEST, FAKE_MODEL, True)] if fake else []) + [
-            (f"{f}_", FORMATS[f][0], False) for f in formats
-        ]
-        try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            info = json.loads(port_file.read_text())
-            for prefix, model, single in variants:
-                name = prefix.rstrip("_") or "fake"
-                for concurrency, total in levels.items():
-                    if (
-                        not model.startswith("fake:")
-                        and concurrency != 10
-                        and name not in ALL_LEVELS
-                    ):
+        for on in sorted({on for *_, on in variants}):  # the durable daemon second
+            port_file = Path(tmp) / f"port-{on}.json"
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+            proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
+                    *(db("bench-durable" if on else "bench"), emulator_url),
+                    *(["--serve-durable"] if on else []),
+                    *(
+                        ["--flush-interval", str(args.flush_interval)]
+                        if args.flush_interval
+                        else []
+                    ),
+                ],
+                env=env,
+                cwd=str(REPO),
+            )
+            try:
+                deadline = time.monotonic() + 60
+                while not port_file.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                info = json.loads(port_file.read_text())
+                for prefix, model, single, durable_server in variants:
+                    if durable_server != on:
                         continue
-                    stats, cpu = _measure(
-                        proc, info, concurrency, total, model, where(name, concurrency), single
-                    )
-                    rows = _phase_rows(
-                        prefix,
-                        concurrency,
-                        stats,
-                        cpu,
-                        litellm,
-                        full=model == FAKE_MODEL,
-                        requests=1 if single else 3,
-                    )
-                    phases.setdefault((prefix, model), {})[concurrency] = rows
-        finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
+                    name = prefix.rstrip("_") or "fake"
+                    for concurrency, total in levels.items():
+                        if (
+                            not model.startswith("fake:")
+                            and concurrency != 10
+                            and name not in ALL_LEVELS
+                        ):
+                            continue
+                        stats, cpu = _measure(
+                            proc, info, concurrency, total, model, where(name, concurrency), single
+                        )
+                        rows = _phase_rows(
+                            prefix,
+                            concurrency,
+                            stats,
+                            cpu,
+                            litellm,
+                            full=model == FAKE_MODEL,
+                            requests=1 if single else 3,
+                        )
+                        phases.setdefault((prefix, model), {})[concurrency] = rows
+            finally:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=15)
         again = measure_in_process(1)
-        in_process = {model: min(in_process[model], again[model]) for model in models}
-    for model, value in in_process.items():
-        print(f"in process: {model}: {value:.1f} µs per provider delta (the lesser of two rounds)")
+        in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
+    for (model, on), value in in_process.items():
+        how = " (durable)" if on else ""
+        print(
+            f"in process: {model}{how}: {value:.1f} µs per provider delta (the lesser of two rounds)"
+        )
     fake_per_delta = {c: rows[-1]["value"] for c, rows in phases.get(("", FAKE_MODEL), {}).items()}
     for (prefix, model), by_level in phases.items():
-        results.append(
-            _result(f"{prefix}in_process_cpu_per_delta", in_process[model], "µs/delta", None, False)
-        )
+        base = in_process[(model, prefix == DURABLE)]
+        results.append(_result(f"{prefix}in_process_cpu_per_delta", base, "µs/delta", None, False))
         for concurrency, rows in by_level.items():
             per_delta = rows[-1]["value"]
             tag = f"c{concurrency}"
@@ -943,11 +1005,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             results.append(
                 _ratio(
                     f"{prefix}cpu_per_delta_vs_in_process_{tag}",
-                    per_delta / in_process[model],
+                    per_delta / base,
                     target=IN_PROCESS_RATIO if concurrency in RATIO_LEVELS else None,
                 )
             )
-            if prefix and model != FAKE_MODEL and concurrency in fake_per_delta:
+            if prefix == DURABLE and concurrency in fake_per_delta:
+                # what durability adds to the daemon's CPU per delta (measured, no target)
+                results.append(
+                    _ratio(
+                        f"{prefix}cpu_per_delta_vs_fake_{tag}",
+                        per_delta / fake_per_delta[concurrency],
+                    )
+                )
+            elif prefix and model != FAKE_MODEL and concurrency in fake_per_delta:
                 results.append(
                     _ratio(
                         f"{prefix}cpu_per_delta_vs_fake_{tag}",

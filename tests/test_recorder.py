@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -17,6 +18,11 @@ from thoughtgate.store.records import RunRecord
 
 def delta(text: str, turn: int = 0) -> NewEvent:
     return NewEvent("message.delta", {"text": text, "turn": turn})
+
+
+def thought(text: str, index: int = 0, kind: str = "raw", turn: int = 0) -> NewEvent:
+    payload = {"text": text, "reasoning_kind": kind, "index": index, "turn": turn}
+    return NewEvent("reasoning.delta", payload, task_id="task_1")
 
 
 def progress(i: int) -> NewEvent:
@@ -39,8 +45,87 @@ async def test_first_delta_is_appended_immediately_then_batched() -> None:
     await rec.emit_delta(delta("c"))
     assert len(await store.read("run_1")) == 1
     await asyncio.sleep(0.12)
-    assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "b", "c"]
+    # b and c continue the same part in the same window: one delta, the text in order
+    assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "bc"]
     await rec.close()
+
+
+_PARTS = st.sampled_from(
+    [("message.delta", 0, "raw", 0), ("message.delta", 1, "raw", 0)]
+    + [
+        ("reasoning.delta", turn, kind, index)
+        for turn in (0, 1)
+        for kind in ("raw", "summary")
+        for index in (0, 1)
+    ]
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.tuples(_PARTS, st.text(min_size=1, max_size=3)), st.just(None)),
+        max_size=60,
+    ),
+    st.sampled_from([0.0, 0.001, 10.0]),
+)
+def test_joined_deltas_keep_every_text_of_every_part_in_order(
+    plan: list[tuple[tuple[str, int, str, int], str] | None], window: float
+) -> None:
+    """Deltas are recorded joined only to the delta of the same part just before them: what a
+    reader rebuilds (each part's text, the order of parts and of other events) is what was
+    emitted, and no recorded delta could have been joined to the one before it in its batch."""
+
+    def event(part: tuple[str, int, str, int], text: str) -> NewEvent:
+        kind, turn, reasoning_kind, index = part
+        return (
+            delta(text, turn)
+            if kind == "message.delta"
+            else thought(text, index, reasoning_kind, turn)
+        )
+
+    def key(e: NewEvent) -> tuple[object, ...]:
+        return (e.type, e.task_id, *sorted((k, v) for k, v in e.payload.items() if k != "text"))
+
+    async def go() -> tuple[list[NewEvent], list[list[Any]]]:
+        store = BatchCountingStore()
+        await store.create_run(RunRecord("run_1", "p"))
+        rec = EventRecorder(store, "run_1", flush_interval=window)
+        emitted: list[NewEvent] = []
+        for i, step in enumerate(plan):
+            e = progress(i) if step is None else event(*step)
+            emitted.append(e)
+            await (rec.emit(e) if step is None else rec.emit_delta(e))
+        await rec.close()
+        return emitted, store.event_batches
+
+    emitted, batches = asyncio.run(go())
+
+    def runs(events: list[Any]) -> list[tuple[tuple[object, ...], str]]:
+        """Consecutive events of one part, their texts joined (other events stay apart)."""
+        out: list[tuple[tuple[object, ...], str]] = []
+        for e in events:
+            joinable = e.type in ("message.delta", "reasoning.delta")
+            if joinable and out and out[-1][0] == key(e):
+                out[-1] = (out[-1][0], out[-1][1] + e.payload["text"])
+            else:
+                out.append(
+                    (
+                        key(e) if joinable else ("other", e.payload["turn"]),
+                        e.payload.get("text", ""),
+                    )
+                )
+        return out
+
+    recorded = [e for batch in batches for e in batch]
+    assert runs(recorded) == runs(emitted)
+    for batch in batches:
+        for before, after in itertools.pairwise(batch):
+            if after.type in ("message.delta", "reasoning.delta"):
+                assert key(before) != key(after) or before.type not in (
+                    "message.delta",
+                    "reasoning.delta",
+                )
 
 
 @settings(max_examples=30, deadline=None)
@@ -93,9 +178,11 @@ class BatchCountingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[str]] = []
+        self.event_batches: list[list[Any]] = []
 
     async def append(self, run_id: str, events: Any) -> Any:
         self.batches.append([e.type for e in events])
+        self.event_batches.append(list(events))
         return await super().append(run_id, events)
 
 
@@ -105,7 +192,7 @@ async def test_events_emitted_together_are_one_batch_after_the_buffered_deltas()
     rec = EventRecorder(store, "run_1", flush_interval=10)
     await rec.emit_delta(delta("a"))  # the first byte goes alone
     await rec.emit_delta(delta("b"))
-    await rec.emit_delta(delta("c"))
+    await rec.emit_delta(delta("c", turn=1))
     out = await rec.emit_all([progress(1), progress(2)])
     assert [e.seq for e in out] == [2, 3, 4, 5]
     assert store.batches == [

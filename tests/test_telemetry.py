@@ -712,6 +712,34 @@ async def test_a_down_collector_is_one_warning_and_never_a_retry(
     assert not any("retry" in r.getMessage().lower() for r in caplog.records)
 
 
+async def test_each_process_with_a_down_collector_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sinks built anew (what each ``thoughtgate run`` process does) report an outage that is
+    still going on in one line of their own: not nothing because an earlier set already warned,
+    and not one per span or signal."""
+    config = Config.from_mapping(
+        {"telemetry": {"exporter": "otlp_http", "endpoint": _closed_port_url()}}
+    )
+    caplog.set_level(logging.DEBUG)
+    per_process = []
+    for _ in range(3):
+        before = len([r for r in caplog.records if r.levelno >= logging.WARNING])
+        sinks = telemetry_sinks(config)
+        (sink,) = sinks
+        assert isinstance(sink, TelemetrySink)
+        for _ in range(2):
+            run = await Runtime(MemoryStore(), config, sinks=sinks).run(
+                RunRequest("x", model="fake:echo")
+            )
+            assert run.status == "completed"
+        sink.shutdown()  # spans and metrics exported (and failing), as at process exit
+        shown = [r for r in caplog.records if r.levelno >= logging.WARNING][before:]
+        per_process.append([r.getMessage().split(";")[0] for r in shown])
+    assert all(lines == [per_process[0][0]] for lines in per_process), per_process
+    assert per_process[0][0].startswith("telemetry: cannot export to http://127.0.0.1:")
+
+
 class _Flaky:
     def __init__(self) -> None:
         self.calls = 0

@@ -582,6 +582,40 @@ def test_any_long_verbatim_span_of_raw_reasoning_is_dropped(
     assert verdict.reason == "raw_reasoning"
 
 
+_LATER_REASONING = (
+    "Rail takes about five hours door to door while flying needs transfers at both ends, so "
+    "the train looks better once the waiting at the airport is counted honestly here.",
+    "The fares I found earlier were cached, which means the prices might have changed since "
+    "then and I should say that the figures are indicative rather than guaranteed today.",
+    "Comfort matters most to this traveller, and a first class rail seat with a table beats a "
+    "cramped economy flight, even if the flight itself is shorter by a couple of hours.",
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    turns=st.integers(1, 4), which=st.data(), start=st.integers(0, 40), length=st.integers(40, 80)
+)
+def test_reasoning_learned_turn_by_turn_is_caught_after_short_steps_passed(
+    turns: int, which: st.DataObject, start: int, length: int
+) -> None:
+    """Turns add their reasoning one by one while phase labels are checked in between (the
+    policy indexes reasoning only once a step long enough to share a span comes along): a long
+    span from any turn is still caught, and steps that share none are still allowed."""
+    texts = [RAW, *_LATER_REASONING][:turns]
+    policy = StepPolicy()
+    for text in texts:
+        policy.add_raw_reasoning(text)
+        assert policy.check("Writing the answer").allowed
+        assert policy.check("Looking at how long each option takes door to door").allowed
+    source = texts[which.draw(st.integers(0, turns - 1))]
+    span = source[start : start + length].strip()
+    assume(len(span) - span.count(",") - span.count(":") >= 40)
+    verdict = policy.check(span)
+    assert not verdict.allowed
+    assert verdict.reason == "raw_reasoning"
+
+
 # --------------------------------------------------------------------------- loop observer
 
 

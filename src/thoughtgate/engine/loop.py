@@ -126,6 +126,11 @@ class LoopRecorder(Protocol):
 
     async def emit_delta(self, event: NewEvent) -> None: ...
 
+    def extend_delta(self, event: NewEvent | None, text: str) -> bool:
+        """Join ``text`` to ``event`` (a delta this caller emitted) if it still waits in the
+        buffer; ``False`` when it does not and ``text`` must go in a delta of its own."""
+        ...
+
     async def flush(self) -> None: ...
 
 
@@ -236,6 +241,10 @@ class _Loop:
         self.turn_no = 0
         self.first_chunk_at: float | None = None
         self.stream_ended_at: float | None = None
+        self.live_reasoning = disclosure.on_display
+        self.delta_part: tuple[object, ...] = ()
+        """What the last recorded delta belongs to: its type, part and turn."""
+        self.last_delta: NewEvent | None = None
         self.cards_seen: set[str] = set()
         self.narrating = observer is not None and observer.narrates
         if self.narrating and tools.get(NARRATION_TOOL) is not None:
@@ -267,20 +276,33 @@ class _Loop:
     def ev(self, type_: str, payload: Mapping[str, Any]) -> NewEvent:
         return NewEvent(type_, payload, task_id=self.task_id)
 
-    async def on_chunk(self, chunk: Chunk) -> None:
+    def on_chunk(self, chunk: Chunk) -> Awaitable[None] | None:
+        """Record a streamed delta: ``None`` when the chunk needs no wait (it was joined to the
+        delta waiting in the recorder, or is not recorded), else the recorder's append."""
         if self.first_chunk_at is None:
             self.first_chunk_at = now_ts()
+        payload: MessageDeltaPayload | ReasoningDeltaPayload
         if isinstance(chunk, TextDelta) and chunk.text:
-            delta: MessageDeltaPayload = {"text": chunk.text, "turn": self.turn_no}
-            await self.recorder.emit_delta(self.ev(EventType.MESSAGE_DELTA, delta))
-        elif isinstance(chunk, ReasoningDelta) and chunk.text and self.disclosure.on_display:
-            thought: ReasoningDeltaPayload = {
+            part: tuple[object, ...] = (EventType.MESSAGE_DELTA, self.turn_no)
+            if part == self.delta_part and self.recorder.extend_delta(self.last_delta, chunk.text):
+                return None  # joined to the delta still waiting in the recorder's buffer
+            type_, payload = EventType.MESSAGE_DELTA, {"text": chunk.text, "turn": self.turn_no}
+        elif isinstance(chunk, ReasoningDelta) and chunk.text and self.live_reasoning:
+            part = (EventType.REASONING_DELTA, chunk.reasoning_kind, chunk.index, self.turn_no)
+            if part == self.delta_part and self.recorder.extend_delta(self.last_delta, chunk.text):
+                return None
+            type_ = EventType.REASONING_DELTA
+            payload = {
                 "text": chunk.text,
                 "reasoning_kind": chunk.reasoning_kind,
                 "index": chunk.index,
                 "turn": self.turn_no,
             }
-            await self.recorder.emit_delta(self.ev(EventType.REASONING_DELTA, thought))
+        else:
+            return None
+        event = self.ev(type_, payload)
+        self.delta_part, self.last_delta = part, event
+        return self.recorder.emit_delta(event)
 
     def captured(self, turn: Turn) -> Turn:
         """``hidden`` keeps no reasoning even if a provider sent some anyway.

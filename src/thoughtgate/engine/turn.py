@@ -14,7 +14,9 @@ from thoughtgate.types import Chunk, Turn, TurnAccumulator
 
 __all__ = ["ChunkCallback", "stream_llm_turn"]
 
-ChunkCallback = Callable[[Chunk], Awaitable[None]]
+ChunkCallback = Callable[[Chunk], Awaitable[None] | None]
+"""Called with each chunk; it returns what to await, or ``None`` when it had nothing to wait for
+(most chunks of a long stream: no coroutine is built and awaited for them)."""
 
 
 async def stream_llm_turn(
@@ -26,7 +28,9 @@ async def stream_llm_turn(
         async for chunk in provider.stream(request):
             acc.feed(chunk)
             if on_chunk is not None:
-                await on_chunk(chunk)
+                pending = on_chunk(chunk)
+                if pending is not None:
+                    await pending
     except ProviderError as exc:
         if exc.partial is None:
             exc.partial = acc.partial()

@@ -381,23 +381,44 @@ _CONTENT_RULES: Final = tuple(r for r in _RULES if r not in _WIRE_RULES)
 
 
 class _OverlapIndex:
-    """Shingles of reference texts, to find a long span a step shares with any of them."""
+    """Shingles of reference texts, to find a long span a step shares with any of them.
 
-    __slots__ = ("_chars", "_words")
+    Texts are indexed when a step long enough to share a span is first checked, not when they
+    are added: a turn's reasoning is added whole (tens of thousands of words on a long stream,
+    about 2 µs of CPU per streamed delta to index), while most steps are short phase labels
+    ("Writing the answer") that cannot hold a span of ``OVERLAP_MIN_CHARS`` characters or
+    ``OVERLAP_MIN_WORDS`` words, so a run that shows only those never pays for the index.
+    """
+
+    __slots__ = ("_chars", "_pending", "_words")
 
     def __init__(self) -> None:
         self._chars: set[int] = set()
         self._words: set[int] = set()
+        self._pending: list[str] = []
 
     def add(self, text: str) -> None:
-        norm = _normalize(text)
-        for i in range(0, len(norm) - _CHAR_WINDOW + 1, _CHAR_STRIDE):
-            self._chars.add(hash(norm[i : i + _CHAR_WINDOW]))
-        words = norm.split()
-        for i in range(len(words) - OVERLAP_MIN_WORDS + 1):
-            self._words.add(hash(tuple(words[i : i + OVERLAP_MIN_WORDS])))
+        self._pending.append(text)
+
+    def _index_pending(self) -> None:
+        for text in self._pending:
+            norm = _normalize(text)
+            self._chars.update(
+                hash(norm[i : i + _CHAR_WINDOW])
+                for i in range(0, len(norm) - _CHAR_WINDOW + 1, _CHAR_STRIDE)
+            )
+            words = norm.split()
+            self._words.update(
+                hash(tuple(words[i : i + OVERLAP_MIN_WORDS]))
+                for i in range(len(words) - OVERLAP_MIN_WORDS + 1)
+            )
+        self._pending.clear()
 
     def shares_span(self, norm: str, words: Sequence[str]) -> bool:
+        if len(norm) < _CHAR_WINDOW and len(words) < OVERLAP_MIN_WORDS:
+            return False  # too short to hold any shingle of either kind
+        if self._pending:
+            self._index_pending()
         if self._chars:
             for i in range(len(norm) - _CHAR_WINDOW + 1):
                 if hash(norm[i : i + _CHAR_WINDOW]) in self._chars:

@@ -4,6 +4,13 @@
 would make a durable store fsync thousands of times per turn. They are buffered and flushed as one
 atomic append every ``flush_interval`` seconds (or every ``max_batch`` events), and any other event
 goes out in one append with the buffer before it, so recorded order is always emission order.
+
+Deltas that continue the one buffered just before them (same type, task and payload but for
+``text``: the same turn, part and reasoning kind) are recorded as that one delta with the texts
+joined (ADR 0015). They would reach every reader in the same write at the same moment anyway;
+recording them apart cost one event, one JSON payload and one row each (most of a long
+stream's recording CPU) for nothing a reader can see: the text, its order, its part and the
+moment it is delivered are the same. The first delta of a burst still goes out alone at once.
 Events that happen together (a turn's response, its visible steps and the answer) are emitted
 together with ``emit_all``: one commit, one write to each live reader.
 
@@ -20,7 +27,7 @@ import contextlib
 from collections.abc import Sequence
 
 from thoughtgate.events.catalogue import check_new_events
-from thoughtgate.events.schema import Event, NewEvent
+from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.log import EventLog, EventObserver
 
 __all__ = ["EventRecorder", "EventSink"]
@@ -46,6 +53,8 @@ class EventRecorder:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._buffer: list[NewEvent] = []
+        self._pieces: list[str] = []
+        """Texts of the buffer's last event while it is a delta that later deltas continue."""
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
         self._window_end = 0.0
@@ -64,14 +73,21 @@ class EventRecorder:
             return []
         async with self._lock:
             self._raise_failure()
-            batch = [*self._buffer, *events]
-            self._buffer.clear()
+            batch = [*self._take_buffer(), *events]
             return await self._append(batch)
 
     async def emit_delta(self, event: NewEvent) -> None:
         """Append the first delta of a burst at once (a live reader gets the first byte without
-        waiting for a window); later deltas wait until the window closes and go as one batch."""
-        self._buffer.append(event)
+        waiting for a window); later deltas wait until the window closes and go as one batch,
+        each joined to the delta before it when it continues that one."""
+        buffer = self._buffer
+        if self._pieces and _continues(buffer[-1], event):
+            self._pieces.append(event.payload["text"])
+        else:
+            self._seal_last()
+            buffer.append(event)
+            if event.type in _TEXT_DELTAS and type(event.payload.get("text")) is str:
+                self._pieces = [event.payload["text"]]
         loop = asyncio.get_running_loop()
         pending = self._flusher is not None and not self._flusher.done()
         if len(self._buffer) >= self.max_batch or (not pending and loop.time() >= self._window_end):
@@ -79,6 +95,18 @@ class EventRecorder:
             self._window_end = loop.time() + self.flush_interval
         elif not pending:
             self._flusher = asyncio.create_task(self._flush_at(self._window_end))
+
+    def extend_delta(self, event: NewEvent | None, text: str) -> bool:
+        """Join ``text`` to ``event`` if that is the delta last buffered and not yet flushed.
+
+        The caller (the agent loop) knows that ``text`` continues ``event``'s part, so this is the
+        per-chunk fast path: no event is built, and no flush is due, since one is already
+        scheduled for the buffered delta. ``False``: emit ``text`` in a delta of its own.
+        """
+        if self._pieces and self._failure is None and self._buffer[-1] is event:
+            self._pieces.append(text)
+            return True
+        return False
 
     async def _flush_at(self, when: float) -> None:
         await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
@@ -98,9 +126,22 @@ class EventRecorder:
         async with self._lock:
             self._raise_failure()
             if self._buffer:
-                batch = list(self._buffer)
-                self._buffer.clear()
-                await self._append(batch)
+                await self._append(self._take_buffer())
+
+    def _seal_last(self) -> None:
+        """Make the buffer's last delta carry the texts joined to it."""
+        pieces = self._pieces
+        if len(pieces) > 1:
+            last = self._buffer[-1]
+            payload = {**last.payload, "text": "".join(pieces)}
+            self._buffer[-1] = NewEvent(last.type, payload, task_id=last.task_id, ts=last.ts)
+        self._pieces = []
+
+    def _take_buffer(self) -> list[NewEvent]:
+        self._seal_last()
+        batch = self._buffer
+        self._buffer = []
+        return batch
 
     async def _append(self, batch: list[NewEvent]) -> list[Event]:
         if not batch:
@@ -125,3 +166,22 @@ class EventRecorder:
                 self._flusher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._flusher
+
+
+_TEXT_DELTAS = frozenset({EventType.MESSAGE_DELTA, EventType.REASONING_DELTA})
+
+
+def _continues(last: NewEvent, event: NewEvent) -> bool:
+    """``event`` adds text to ``last``: the same delta type, task, and payload but for ``text``."""
+    if last.type != event.type or last.task_id != event.task_id or event.type not in _TEXT_DELTAS:
+        return False
+    before, after = last.payload, event.payload
+    if len(before) != len(after) or type(after.get("text")) is not str:
+        return False
+    for key, value in before.items():
+        if key != "text" and after.get(key, _MISSING) != value:
+            return False
+    return True
+
+
+_MISSING = object()

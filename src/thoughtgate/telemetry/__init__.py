@@ -13,6 +13,7 @@ from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.orchestration.recorder import EventSink
 from thoughtgate.telemetry.exporters import (
     OUTAGE_COOLDOWN_S,
+    Guards,
     _OutageAwareExporter,
     build_meter_provider,
     build_tracer_provider,
@@ -52,13 +53,14 @@ def telemetry_sinks(
                 tracer_provider, meter_provider=meters, capture_content=settings.capture_content
             )
         ]
-    provider = build_tracer_provider(settings)
+    guards: Guards = {}  # one warning per collector outage for these sinks' spans and metrics
+    provider = build_tracer_provider(settings, guards)
     if provider is None:
         return []
     return [
         TelemetrySink(
             provider,
-            meter_provider=build_meter_provider(settings),
+            meter_provider=build_meter_provider(settings, guards),
             capture_content=settings.capture_content,
         )
     ]

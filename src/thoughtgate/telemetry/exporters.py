@@ -120,7 +120,7 @@ _QUIET_FILTER = _QuietInOurExports()
 
 class _OutageGuard:
     """One bounded attempt per batch, one warning per outage of a collector, shared by the span
-    and metric exporters that send to it (:func:`_guard_for`).
+    and metric exporters of one set of sinks that send to it (:func:`_guard_for`).
 
     While the collector is known to be down, :meth:`skipping` is true: batches are dropped
     without a network call.
@@ -163,19 +163,23 @@ class _OutageGuard:
         self._down_until = time.monotonic() + self.cooldown_s
 
 
-_GUARDS: dict[tuple[str, float], _OutageGuard] = {}
+Guards = dict[tuple[str, float], _OutageGuard]
+"""The outage guards of one set of sinks (``telemetry_sinks``), by collector and cooldown."""
 _GUARDS_LOCK = threading.Lock()
 
 
-def _guard_for(endpoint: str, cooldown_s: float) -> _OutageGuard:
-    """The guard of the collector at ``endpoint`` (its scheme, host and port): spans and metrics
-    sent to one collector share it, so one outage is one warning and one cooldown."""
+def _guard_for(endpoint: str, cooldown_s: float, guards: Guards) -> _OutageGuard:
+    """The guard of the collector at ``endpoint`` (its scheme, host and port) in ``guards``: the
+    spans and metrics of one set of sinks sent to one collector share it, so one outage is one
+    warning and one cooldown. Each set of sinks has its own (a process builds one; a second set
+    built later, as another ``thoughtgate run`` would, reports an outage that is still going on
+    again, rather than showing nothing)."""
     parts = urlsplit(endpoint)
     origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else endpoint
     with _GUARDS_LOCK:
-        guard = _GUARDS.get((origin, cooldown_s))
+        guard = guards.get((origin, cooldown_s))
         if guard is None:
-            guard = _GUARDS[(origin, cooldown_s)] = _OutageGuard(origin, cooldown_s=cooldown_s)
+            guard = guards[(origin, cooldown_s)] = _OutageGuard(origin, cooldown_s=cooldown_s)
         return guard
 
 
@@ -228,13 +232,13 @@ class _OutageAwareExporter:
         return bool(self.inner.force_flush(timeout_millis))
 
 
-def _outage_aware_metrics(inner: MetricExporter, endpoint: str) -> MetricExporter:
+def _outage_aware_metrics(inner: MetricExporter, endpoint: str, guards: Guards) -> MetricExporter:
     """A metric exporter with the same outage guard (a real ``MetricExporter`` subclass: the
     periodic reader reads its preferred temporality and aggregation)."""
     from opentelemetry.sdk.metrics.export import MetricExporter as SdkMetricExporter
     from opentelemetry.sdk.metrics.export import MetricExportResult as Result
 
-    guard = _guard_for(endpoint, OUTAGE_COOLDOWN_S)
+    guard = _guard_for(endpoint, OUTAGE_COOLDOWN_S, guards)
 
     class OutageAwareMetricExporter(SdkMetricExporter):
         def __init__(self) -> None:
@@ -265,16 +269,20 @@ def _outage_aware_metrics(inner: MetricExporter, endpoint: str) -> MetricExporte
     return OutageAwareMetricExporter()
 
 
-def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
+def build_tracer_provider(
+    config: TelemetryConfig, guards: Guards | None = None
+) -> TracerProvider | None:
     """An SDK tracer provider exporting as configured, or ``None`` for ``exporter = "none"``.
 
     It is private to thoughtgate (the global provider is left alone), batches spans off the event
     loop, and flushes at interpreter exit. ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES`` and
     the ``OTEL_EXPORTER_OTLP_*`` variables (headers, certificates, and the endpoint when
-    ``telemetry.endpoint`` is unset) apply as the OpenTelemetry SDK defines them.
+    ``telemetry.endpoint`` is unset) apply as the OpenTelemetry SDK defines them. ``guards``: the
+    outage guards it shares with the meter provider of the same sinks (its own when not given).
     """
     if config.exporter == "none":
         return None
+    guards = {} if guards is None else guards
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -294,7 +302,7 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
             endpoint=traces_endpoint(config.endpoint) if config.endpoint else None,
             timeout=timeout,
         )
-        exporter = _wrap(http, str(getattr(http, "_endpoint", config.endpoint)))
+        exporter = _wrap(http, str(getattr(http, "_endpoint", config.endpoint)), guards)
     else:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -304,18 +312,21 @@ def build_tracer_provider(config: TelemetryConfig) -> TracerProvider | None:
             raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcExporter(endpoint=config.endpoint, timeout=timeout)
-        exporter = _wrap(grpc, str(config.endpoint or "the default OTLP gRPC endpoint"))
+        exporter = _wrap(grpc, str(config.endpoint or "the default OTLP gRPC endpoint"), guards)
     provider = SdkTracerProvider(resource=_resource())
     provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=timeout * 1000))
     return provider
 
 
-def build_meter_provider(config: TelemetryConfig) -> MeterProvider | None:
+def build_meter_provider(
+    config: TelemetryConfig, guards: Guards | None = None
+) -> MeterProvider | None:
     """An SDK meter provider for the GenAI client metrics, or ``None`` when metrics are off
     (``exporter = "none"`` or ``metrics = false``). Exported every ``metrics_interval_s`` on the
-    reader's own thread, and at exit."""
+    reader's own thread, and at exit. ``guards``: as for :func:`build_tracer_provider`."""
     if config.exporter == "none" or not config.metrics:
         return None
+    guards = {} if guards is None else guards
     from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
@@ -331,7 +342,7 @@ def build_meter_provider(config: TelemetryConfig) -> MeterProvider | None:
         )
 
         http = HttpMetricExporter(endpoint=metrics_endpoint(config), timeout=timeout)
-        exporter = _outage_aware_metrics(http, str(getattr(http, "_endpoint", "")))
+        exporter = _outage_aware_metrics(http, str(getattr(http, "_endpoint", "")), guards)
     else:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -341,7 +352,9 @@ def build_meter_provider(config: TelemetryConfig) -> MeterProvider | None:
             raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcMetricExporter(endpoint=config.endpoint, timeout=timeout)
-        exporter = _outage_aware_metrics(grpc, str(config.endpoint or "the default endpoint"))
+        exporter = _outage_aware_metrics(
+            grpc, str(config.endpoint or "the default endpoint"), guards
+        )
     reader = PeriodicExportingMetricReader(
         exporter,
         export_interval_millis=config.metrics_interval_s * 1000,
@@ -350,7 +363,7 @@ def build_meter_provider(config: TelemetryConfig) -> MeterProvider | None:
     return SdkMeterProvider(metric_readers=[reader], resource=_resource())
 
 
-def _wrap(inner: SpanExporter, endpoint: str) -> SpanExporter:
+def _wrap(inner: SpanExporter, endpoint: str, guards: Guards) -> SpanExporter:
     wrapped = _OutageAwareExporter(inner, endpoint, cooldown_s=OUTAGE_COOLDOWN_S)
-    wrapped.guard = _guard_for(endpoint, OUTAGE_COOLDOWN_S)
+    wrapped.guard = _guard_for(endpoint, OUTAGE_COOLDOWN_S, guards)
     return cast("SpanExporter", wrapped)

@@ -7,7 +7,7 @@ goes out in one append with the buffer before it, so recorded order is always em
 
 Deltas that continue the one buffered just before them (same type, task and payload but for
 ``text``: the same turn, part and reasoning kind) are recorded as that one delta with the texts
-joined (ADR 0015). They would reach every reader in the same write at the same moment anyway;
+joined (ADR 0019). They would reach every reader in the same write at the same moment anyway;
 recording them apart cost one event, one JSON payload and one row each (most of a long
 stream's recording CPU) for nothing a reader can see: the text, its order, its part and the
 moment it is delivered are the same. The first delta of a burst still goes out alone at once.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from script_support import outage
+from support.scripts import outage
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker

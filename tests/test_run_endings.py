@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from daemon_support import ServeProcess, auth, cli_env, sse_events
-from pg import PG_URL
 from psycopg import sql
+from support.daemon import ServeProcess, auth, cli_env, sse_events
+from support.pg import PG_URL
 
 from thoughtgate.events.schema import EventType
 from thoughtgate.store.urls import open_store
@@ -34,7 +34,7 @@ from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulato
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW = ("--model", "fake:slow", "--tools", "daemon_support:SERVER_TOOLS", "--cot", "surface")
+SLOW = ("--model", "fake:slow", "--tools", "support.daemon:SERVER_TOOLS", "--cot", "surface")
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
         kill = victim.proc.kill
     else:
         other = ServeProcess(
-            "--db", db, "--tools", "daemon_support:SERVER_TOOLS", env=NOT_DURABLE
+            "--db", db, "--tools", "support.daemon:SERVER_TOOLS", env=NOT_DURABLE
         ).start()
         request.addfinalizer(other.stop)
         with httpx.Client(base_url=other.base_url, headers=auth(key), timeout=10) as c:

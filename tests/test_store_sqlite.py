@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_store_conformance import DurableStoreConformance
-from listing_conformance import RunListingConformance
-from store_conformance import StoreConformance, assert_same_events, collect, deltas, make_run
+from support.durable_store_conformance import DurableStoreConformance
+from support.listing_conformance import RunListingConformance
+from support.store_conformance import (
+    StoreConformance,
+    assert_same_events,
+    collect,
+    deltas,
+    make_run,
+)
 
 import thoughtgate.store
 from thoughtgate.errors import (

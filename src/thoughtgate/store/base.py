@@ -1,7 +1,7 @@
 """The ``EventStore`` interface every backend implements, and the shared live-tail logic.
 
 Backends: memory (tests), SQLite (the embedded default), PostgreSQL (scale-out). One conformance
-suite (``tests/store_conformance.py``) checks them all. Appends are atomic per call; a run's
+suite (``tests/support/store_conformance.py``) checks them all. Appends are atomic per call; a run's
 sequence numbers start at 1 and increase by exactly one, also under concurrent writers.
 """
 

@@ -1,9 +1,9 @@
 """Helpers for the fault-injection and replica tests: a paced fake script, a raw SSE client,
 ``thoughtgate serve`` replicas sharing one PostgreSQL schema, and a store that fails on purpose.
 
-Importing this module registers ``fake:ticker`` (and, through ``daemon_support``, the daemon
+Importing this module registers ``fake:ticker`` (and, through ``support.daemon``, the daemon
 tests' scripts) in ``FAKE_SCRIPTS``, also inside a ``thoughtgate serve`` subprocess started with
-``--tools fault_support:SERVER_TOOLS``.
+``--tools support.faults:SERVER_TOOLS``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from daemon_support import SERVER_TOOLS, ServeProcess, auth, cli
-from pg import PG_URL
 from psycopg import sql
 
+from support.daemon import SERVER_TOOLS, ServeProcess, auth, cli
+from support.pg import PG_URL
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
@@ -49,7 +49,7 @@ __all__ = [
     "ticker_prompt",
 ]
 
-TOOLS_FLAG = ("--tools", "fault_support:SERVER_TOOLS")
+TOOLS_FLAG = ("--tools", "support.faults:SERVER_TOOLS")
 
 
 # ----------------------------------------------------------------------------- fake script
@@ -252,7 +252,7 @@ def stored_run(base_url: str, key: str, run_id: str) -> tuple[dict[str, Any], li
 def pg_schema_sync() -> Iterator[str]:
     """A fresh schema name (created by the first store that opens it), dropped afterwards.
 
-    Fails the test, never skips, when the server is unreachable (see ``tests/pg.py``).
+    Fails the test, never skips, when the server is unreachable (see ``support.pg``).
     """
     try:
         admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)

@@ -1,7 +1,7 @@
 """Shared helpers for the daemon tests: fake scripts, daemon tools, a loopback server, SSE reading.
 
 Importing this module registers the fake scripts in ``FAKE_SCRIPTS`` (``fake:canary`` and friends),
-also inside a ``thoughtgate serve`` subprocess started with ``--tools daemon_support:SERVER_TOOLS``.
+also inside a ``thoughtgate serve`` subprocess started with ``--tools support.daemon:SERVER_TOOLS``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
 from thoughtgate.types import ContinuityBlock, ContinuityChunk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 TESTS = REPO / "tests"
 ROLES = ROLE_NAMES

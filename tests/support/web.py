@@ -18,8 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
-
+from support.daemon import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import ProviderHTTPError

@@ -2,7 +2,7 @@
 the conversation (so a resumed process picks up where the killed one was), waiting helpers.
 
 A ``thoughtgate serve`` / ``thoughtgate run`` subprocess gets them with
-``--tools durable_support:TOOLS`` (the import also registers the fake script ``fake:durable``).
+``--tools support.durable:TOOLS`` (the import also registers the fake script ``fake:durable``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def guarded(label: str) -> str:
 
 TOOLS = [side_effect, guarded]
 NO_TOOLS: list[Any] = []
-"""``--tools durable_support:NO_TOOLS``: the fake scripts, and no tools at all."""
+"""``--tools support.durable:NO_TOOLS``: the fake scripts, and no tools at all."""
 
 
 def _assistant_turns(request: TurnRequest) -> int:

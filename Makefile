@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: demo test lint typecheck pytest bench browser-deps node-deps postgres-up clean events-doc
+.PHONY: demo test test-fast lint typecheck pytest bench browser-deps node-deps postgres-up clean events-doc
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ pytest: $(TEST_STAMP) browser-deps node-deps postgres-up
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
+
+## The unit and inprocess tiers only (pyproject.toml, "markers"): no subprocess, no PostgreSQL, no
+## browser or node; what to run while working. `make test` runs every tier.
+test-fast: $(TEST_STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "unit or inprocess"
 
 bench: $(BENCH_STAMP) postgres-up
 	$(PY) -m bench.run

@@ -202,7 +202,7 @@ def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) ->
             db,
             "--json",
             "--tools",
-            "support.daemon:SERVER_TOOLS",
+            "support.served:SERVER_TOOLS",
         ],
         env=cli_env(),
         cwd=str(REPO),

@@ -29,7 +29,7 @@ HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
 needs_sqlite = pytest.mark.skipif(
     not HAVE_SQLITE, reason="needs the SQLite store (thoughtgate.store.sqlite, branch store)"
 )
-TOOLS = ("--tools", "support.daemon:SERVER_TOOLS")
+TOOLS = ("--tools", "support.served:SERVER_TOOLS")
 NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
 """Runs that cannot resume (ADR 0009's path); durable daemons resume instead (ADR 0013,
 test_durable_replicas)."""
@@ -220,8 +220,6 @@ def test_the_app_closes_runs_of_dead_processes_on_startup() -> None:
 
 
 async def test_no_new_runs_once_shutdown_began() -> None:
-    from support.daemon import seed_keys  # noqa: F401 - registers the fake scripts
-
     from thoughtgate.access.keys import create_key
 
     store = MemoryStore()

@@ -240,8 +240,6 @@ async def test_live_reader_follows_until_the_terminal_event(daemon: Daemon) -> N
 
 
 def _chatty_runtime(store: MemoryStore) -> Runtime:
-    import support.daemon  # noqa: F401 - registers fake:chatty
-
     return Runtime(store, Config())
 
 

@@ -47,7 +47,7 @@ from thoughtgate.testing.emulator import (
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
 LEASE = "3"
-TOOLS = ("--tools", "support.durable:TOOLS")
+TOOLS = ("--tools", "support.served:DURABLE_TOOLS")
 SECRET = "SECRET-REASONING"
 
 
@@ -439,7 +439,7 @@ def test_a_replica_without_a_runs_tools_never_takes_it(tmp_path: Path) -> None:
                 "--db",
                 db,
                 "--tools",
-                "support.durable:NO_TOOLS",
+                "support.served:NO_TOOLS",
                 "--no-bootstrap-key",
                 "--shutdown-grace",
                 "0.2",

@@ -203,13 +203,16 @@ async def _produced() -> set[str]:
     await begun[0]._run_held(begun[1], begun[2], steps, running=False)
     seen += await store.read(resumable.run_id)
 
+    asked = asyncio.Event()
+
     async def slow(request: TurnRequest, turn: int) -> Any:
+        asked.set()
         await asyncio.sleep(30)
         yield text("never")
 
     manager = RunManager(Runtime(store, provider_factory=lambda m: FakeProvider(slow)), grace_s=0)
     run = await manager.start(RunRequest("wait", model="fake:slow"))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(asked.wait(), 10)  # its task runs: the model turn was asked
     await manager.shutdown()
     ended = await store.read(run.run_id)
     assert [(e.type, e.payload["status"]) for e in ended[-2:]] == [

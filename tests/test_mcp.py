@@ -332,7 +332,7 @@ async def test_stdio_with_tools_and_plain_log_lines_on_stderr(tmp_path: Path) ->
     params = _server(
         "member",
         "--tools",
-        "support.daemon:SERVER_TOOLS",
+        "support.served:SERVER_TOOLS",
         db=f"sqlite:///{tmp_path / 'mcp.db'}",
         THOUGHTGATE_TELEMETRY__EXPORTER="otlp_http",
         THOUGHTGATE_TELEMETRY__ENDPOINT=down,
@@ -383,7 +383,7 @@ def test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may(role: str) -
         "memory://",
         role,
         json.dumps(args),
-        json.dumps(["--tools", "support.daemon:SERVER_TOOLS"]),
+        json.dumps(["--tools", "support.served:SERVER_TOOLS"]),
         env={"PYTHONPATH": os.pathsep.join([str(SRC), str(SRC.parent / "tests")])},
     )
     assert out.get("error") is None, out

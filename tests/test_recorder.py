@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.events.schema import NewEvent
+from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
@@ -33,12 +34,22 @@ async def fresh() -> tuple[MemoryStore, EventRecorder]:
 
 async def test_first_delta_is_appended_immediately_then_batched() -> None:
     store, rec = await fresh()
+    batches: list[list[str]] = []
+    window_closed = asyncio.Event()
+
+    async def sink(events: Sequence[Event]) -> None:
+        batches.append([e.payload["text"] for e in events])
+        if len(batches) == 2:
+            window_closed.set()
+
+    rec.sinks = (sink,)
     await rec.emit_delta(delta("a"))
     assert len(await store.read("run_1")) == 1, "the first byte is not held back"
     await rec.emit_delta(delta("b"))
     await rec.emit_delta(delta("c"))
     assert len(await store.read("run_1")) == 1
-    await asyncio.sleep(0.12)
+    await asyncio.wait_for(window_closed.wait(), 10)  # nobody flushes: the window closes alone
+    assert batches == [["a"], ["b", "c"]]
     assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "b", "c"]
     await rec.close()
 

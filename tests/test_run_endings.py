@@ -34,7 +34,7 @@ from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulato
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW = ("--model", "fake:slow", "--tools", "support.daemon:SERVER_TOOLS", "--cot", "surface")
+SLOW = ("--model", "fake:slow", "--tools", "support.served:SERVER_TOOLS", "--cot", "surface")
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
         kill = victim.proc.kill
     else:
         other = ServeProcess(
-            "--db", db, "--tools", "support.daemon:SERVER_TOOLS", env=NOT_DURABLE
+            "--db", db, "--tools", "support.served:SERVER_TOOLS", env=NOT_DURABLE
         ).start()
         request.addfinalizer(other.stop)
         with httpx.Client(base_url=other.base_url, headers=auth(key), timeout=10) as c:

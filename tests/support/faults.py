@@ -1,9 +1,8 @@
 """Helpers for the fault-injection and replica tests: a paced fake script, a raw SSE client,
 ``thoughtgate serve`` replicas sharing one PostgreSQL schema, and a store that fails on purpose.
 
-Importing this module registers ``fake:ticker`` (and, through ``support.daemon``, the daemon
-tests' scripts) in ``FAKE_SCRIPTS``, also inside a ``thoughtgate serve`` subprocess started with
-``--tools support.faults:SERVER_TOOLS``.
+Its fake script ``fake:ticker`` is registered by ``support.fakes`` (conftest does, for the session;
+a ``thoughtgate serve`` subprocess through ``--tools support.served:SERVER_TOOLS``).
 """
 
 from __future__ import annotations
@@ -32,9 +31,10 @@ from thoughtgate.store.base import EventStore, OpenRuns
 from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
+from thoughtgate.testing.fake import ScriptFn, reasoning, text
 
 __all__ = [
+    "SCRIPTS",
     "SERVER_TOOLS",
     "Attempt",
     "FailingStore",
@@ -49,7 +49,7 @@ __all__ = [
     "ticker_prompt",
 ]
 
-TOOLS_FLAG = ("--tools", "support.faults:SERVER_TOOLS")
+TOOLS_FLAG = ("--tools", "support.served:SERVER_TOOLS")
 
 
 # ----------------------------------------------------------------------------- fake script
@@ -81,7 +81,8 @@ def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["ticker"] = _ticker
+SCRIPTS: dict[str, ScriptFn] = {"ticker": _ticker}
+"""``fake:ticker``, for ``support.fakes``."""
 
 
 # ----------------------------------------------------------------------------- raw SSE client

@@ -29,7 +29,7 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 
 T = TypeVar("T")
 
@@ -37,6 +37,7 @@ __all__ = [
     "NARRATING",
     "SAID_ANSWER",
     "SAID_FIRST",
+    "SCRIPTS",
     "SEEDED_EVENTS",
     "SEEDED_SECRET",
     "STEP_TITLES",
@@ -138,9 +139,6 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["story"] = _story
-
-
 SAID_FIRST = "Let me check the weather in Porto first."
 """What a ``fake:saytool`` run says before its tool call (it stays there, before the card)."""
 SAID_ANSWER = "Porto will be sunny: go."
@@ -168,9 +166,6 @@ def _saytool(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["saytool"] = _saytool
-
-
 def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     """``fake:story-outage``: the story's first turn (it checks the weather), then the provider
     is overloaded: a failed run whose error belongs to its second model turn."""
@@ -189,7 +184,8 @@ def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["story-outage"] = _story_outage
+SCRIPTS: dict[str, ScriptFn] = {"story": _story, "saytool": _saytool, "story-outage": _story_outage}
+"""The web tests' fake scripts by name, for ``support.fakes``."""
 
 
 @tool

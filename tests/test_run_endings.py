@@ -184,10 +184,21 @@ class Watched:
         assert ok and text in "".join(self.out), f"never printed {text!r}: {''.join(self.out)}"
 
     def finish(self, timeout: float = 30) -> tuple[int, str, str]:
+        """Wait for the end: the exit code and the output, with the pipes closed."""
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=5)
-        assert self.proc.stderr is not None
-        return code, "".join(self.out), self.proc.stderr.read()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code, "".join(self.out), err
+
+    def close(self) -> None:
+        """Kill it if it still runs (a finalizer: nothing outlives its test)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            self.finish()
 
 
 @pytest.mark.parametrize(
@@ -299,6 +310,7 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     assert key
     if executor == "run":
         victim = Watched("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
+        request.addfinalizer(victim.close)
         victim.wait_for("thinking slowly")
         stored, _ = read_store(db, sweep=False)
         run_id = stored.run_id

@@ -71,7 +71,7 @@ async def test_follow_live_equals_reload_and_only_developers_get_reasoning(
         async for view in tg.watch(run_id):
             views.append(view)
             if status_at_first_event is None:
-                status_at_first_event = (await tg.get_run(run_id))["status"]
+                status_at_first_event = (await tg.get_run(run_id)).status
         seen = await tg.events(run_id)
         reloaded = await tg.thread(run_id, live=False)
         replayed = await tg.thread(run_id, live=True)  # a finished run replays and ends
@@ -365,8 +365,8 @@ def test_the_blocking_client_follows_and_builds_the_same_thread(daemon: Daemon) 
         views = list(tg.watch(run_id))
         reloaded = tg.thread(run_id, live=False)
         assert followed == tg.events(run_id)
-        assert tg.get_run(run_id)["status"] == "completed"
-        assert any(r["run_id"] == run_id for r in tg.list_runs())
+        assert tg.get_run(run_id).status == "completed"
+        assert any(r.run_id == run_id for r in tg.list_runs())
     assert views[-1] == reloaded and reloaded.message.text == STORY_ANSWER
 
 

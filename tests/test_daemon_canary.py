@@ -233,6 +233,6 @@ async def test_mcp_answers_carry_no_tool_detail(role: Role) -> None:
     view = await tools.run(
         f"toolcanary {token}", model="fake:toolcanary", chain_of_thought="surface"
     )
-    text = json.dumps(view)
-    assert view["tasks"][0]["output"] == "The tools have spoken."
+    text = json.dumps(view.to_json())
+    assert view.tasks[0].output == "The tools have spoken."
     assert not any(mark in text for mark in tool_markers(token).values())

@@ -196,11 +196,13 @@ async def _produced() -> set[str]:
     owner = first.leases.owner.owner_id
     assert await store.claim_run(resumable.run_id, owner, 30) == 1
     assert await store.release_run(resumable.run_id, owner=owner, queue=True)
-    begun = await begin_execution(runtime(ApprovalBroker()), resumable.run_id)
+    second = runtime(ApprovalBroker())
+    begun = await begin_execution(second, resumable.run_id)
     assert begun is not None and begun[3] is not None
+    run, spec, tools, resumed = begun
     steps = DirectSteps()
-    steps.resumed = begun[3]
-    await begun[0]._run_held(begun[1], begun[2], steps, running=False)
+    steps.resumed = resumed
+    await second._run_held(run, spec.tasks, tools, steps, running=False)
     seen += await store.read(resumable.run_id)
 
     asked = asyncio.Event()

@@ -154,7 +154,7 @@ def test_a_payload_the_reader_sees_whole_is_not_copied() -> None:
 def test_run_view(role: str, mode: str) -> None:
     run = RunRecord("run_1", "p", chain_of_thought=mode, metadata={"continues": "run_0"})
     run.tasks = [TaskRecord("t", "run_1", 0, "p", output="out", reasoning=MARK)]
-    view = filter_run(run, role)
+    view = filter_run(run, role).to_json()
     may_see = parse_role(role) >= Role.DEVELOPER and mode == "surface"
     assert (view["tasks"][0].get("reasoning") == MARK) == may_see
     assert ("reasoning" in view["tasks"][0]) == may_see, "withheld means absent, never null"

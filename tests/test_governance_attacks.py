@@ -68,7 +68,7 @@ def test_the_answer_reaches_every_reader_in_task_completed_and_the_run_view(
     assert "The answer is 42." in shown(done, role, mode)
     run = RunRecord("run_a", "p", chain_of_thought=mode)
     run.tasks = [TaskRecord("task_a", "run_a", 0, "p", output="The answer is 42.")]
-    assert filter_run(run, role)["tasks"][0]["output"] == "The answer is 42."
+    assert filter_run(run, role).to_json()["tasks"][0]["output"] == "The answer is 42."
 
 
 @pytest.mark.parametrize("role", ROLE_NAMES)
@@ -90,7 +90,7 @@ def test_reasoning_token_counts_only_where_reasoning_is_shown(role: str, mode: s
         assert out.payload["usage"]["input_tokens"] == 10
     run = RunRecord("run_a", "p", chain_of_thought=mode, usage=usage)
     run.tasks = [TaskRecord("task_a", "run_a", 0, "p", usage=usage)]
-    view = filter_run(run, role)
+    view = filter_run(run, role).to_json()
     assert ("reasoning_tokens" in view["usage"]) == may
     assert ("reasoning_tokens" in view["tasks"][0]["usage"]) == may
     assert view["usage"]["output_tokens"] == 20
@@ -115,7 +115,7 @@ def test_approver_names_and_daemon_process_only_for_admins(role: str) -> None:
     assert '"approve"' in text, "every reader learns the decision"
     daemon = {"host": "a1b2c3", "pid": 48213, "instance": "9f0e"}
     run = RunRecord("run_a", "p", chain_of_thought="surface", metadata={"daemon": daemon})
-    view = filter_run(run, role)
+    view = filter_run(run, role).to_json()
     assert ("48213" in json.dumps(view)) == admin
 
 

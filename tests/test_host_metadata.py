@@ -19,7 +19,7 @@ from thoughtgate.testing.fake import REASONER_MARKER
 async def test_host_metadata_per_role_and_mode(role: Role, mode: str) -> None:
     runtime = Runtime(MemoryStore())
     run = await runtime.run(RunRequest("Q?", model="fake:reasoner"), chain_of_thought=mode)
-    meta = host_metadata(run, role.label)
+    meta = host_metadata(run, role.label).to_json()
 
     readable = mode == "surface" and role >= Role.DEVELOPER
     assert meta["reasoning_visible"] is readable
@@ -39,7 +39,7 @@ def test_reasoning_stored_on_a_telemetry_only_run_is_still_withheld_from_owners(
     # Belt and braces: even if a record carried reasoning, the filter decides by mode.
     run = RunRecord("run_x", "p", chain_of_thought="telemetry_only", status="completed")
     run.tasks = [TaskRecord("task_x", "run_x", 0, "p", status="completed", reasoning="SECRET")]
-    meta = host_metadata(run, Role.OWNER)
+    meta = host_metadata(run, Role.OWNER).to_json()
     assert "SECRET" not in json.dumps(meta)
     assert meta["reasoning_visible"] is False
 

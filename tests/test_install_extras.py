@@ -50,14 +50,16 @@ def test_the_core_modules_import_none_of_the_extras() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+# The core install has psycopg (DBOS brings it) but not the pool: either missing asks for the extra.
+@pytest.mark.parametrize("missing", ["psycopg", "psycopg_pool"])
 async def test_a_postgresql_url_without_the_extra_says_how_to_get_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
     for name in [m for m in sys.modules if m.startswith("thoughtgate.store.p")]:
         monkeypatch.delitem(sys.modules, name)
-    for name in [m for m in sys.modules if m.split(".")[0] == "psycopg"]:
+    for name in [m for m in sys.modules if m.split(".")[0] == missing]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setitem(sys.modules, missing, None)
     with pytest.raises(UsageError, match=r"pip install 'thoughtgate\[postgres\]'"):
         await open_store("postgresql://user@127.0.0.1/test")
 

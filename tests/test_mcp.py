@@ -51,7 +51,7 @@ def _text(result: CallToolResult) -> str:
 @pytest.mark.parametrize("mode", MODES)
 async def test_reasoning_only_for_surface_and_developer_or_above(role: Role, mode: str) -> None:
     tools = McpTools(Runtime(MemoryStore()), role)
-    view = await tools.run("What is it?", model="fake:reasoner", chain_of_thought=mode)
+    view = (await tools.run("What is it?", model="fake:reasoner", chain_of_thought=mode)).to_json()
     (task,) = view["tasks"]
     assert task["output"] == "The answer is 42."
     assert view["chain_of_thought"] == mode
@@ -59,14 +59,14 @@ async def test_reasoning_only_for_surface_and_developer_or_above(role: Role, mod
     assert _shows_marker(view) is readable
     assert ("reasoning" in task) is readable
     assert ("reasoning_tokens" in task["usage"]) is readable
-    assert _shows_marker(await tools.status(view["run_id"])) is readable
+    assert _shows_marker((await tools.status(view["run_id"])).to_json()) is readable
 
 
 async def test_tasks_run_in_order_and_status_reads_them_back() -> None:
     tools = McpTools(Runtime(MemoryStore()), Role.MEMBER)
     view = await tools.run("", model="fake:echo", tasks=["one", "two"])
-    assert [t["output"] for t in view["tasks"]] == ["Echo: one", "Echo: two"]
-    assert (await tools.status(view["run_id"]))["tasks"] == view["tasks"]
+    assert [t.output for t in view.tasks] == ["Echo: one", "Echo: two"]
+    assert (await tools.status(view.run_id)).tasks == view.tasks
 
 
 async def test_orchestration_approve_answers_a_pending_approval_for_members_only() -> None:

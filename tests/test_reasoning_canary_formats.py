@@ -179,11 +179,11 @@ async def _python_reads(db: str, run_id: str, role: str) -> str:
         mcp = await McpTools(Runtime(store, Config()), Role[role.upper()]).status(run_id)
         return json.dumps(
             [
-                filter_run(record, role),
+                filter_run(record, role).to_json(),
                 [e.to_dict() for e in events],
-                host_metadata(record, role),
+                host_metadata(record, role).to_json(),
                 rebuild(events).to_dict(),
-                mcp,
+                mcp.to_json(),
             ],
             default=str,
         )

@@ -153,9 +153,9 @@ async def execute(runtime: Runtime, run_id: str, book: Checkpoints, **crash: Any
     """One execution in one "process"; ``True`` when it crashed."""
     begun = await begin_execution(runtime, run_id)
     assert begun is not None
-    target, run, specs, resumed = begun
+    run, spec, tools, resumed = begun
     try:
-        await target._run_held(run, specs, book.steps(resumed, **crash), running=False)
+        await runtime._run_held(run, spec.tasks, tools, book.steps(resumed, **crash), running=False)
     except Crash:
         await asyncio.sleep(0.1)  # let stray flushes land, as they could not after a real kill
         owner = runtime.leases.owner.owner_id

@@ -90,7 +90,10 @@ async def test_telemetry_only_puts_reasoning_only_in_the_trace() -> None:
         [e.to_dict() for e in filter_events(events, "owner", mode="telemetry_only")]
     )
     assert THOUGHT not in owner_view and "Ünïcode" not in owner_view
-    assert "reasoning" not in filter_run(await store.get_run(run.run_id), "owner")["tasks"][0]
+    assert (
+        "reasoning"
+        not in filter_run(await store.get_run(run.run_id), "owner").to_json()["tasks"][0]
+    )
 
 
 async def test_hidden_requests_and_captures_nothing() -> None:

@@ -19,7 +19,9 @@ from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_conformance import (
-    StoreConformance,
+    EventLogConformance,
+    KeyStoreConformance,
+    RunIndexConformance,
     assert_same_events,
     collect,
     deltas,
@@ -34,7 +36,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
@@ -50,12 +52,30 @@ Admin = psycopg.AsyncConnection[Any]
 SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
-class TestPostgresStore(StoreConformance, RunListingConformance):
+class Postgres:
+    """Each conformance case below on a fresh, empty Postgres store."""
+
     @pytest.fixture
     async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
         store = await PostgresStore.open(PG_URL, schema=pg_schema)
         yield store
         await store.close()
+
+
+class TestPostgresEventLog(Postgres, EventLogConformance):
+    pass
+
+
+class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance):
+    pass
+
+
+class TestPostgresKeyStore(Postgres, KeyStoreConformance):
+    pass
+
+
+class TestPostgresDurableRuns(Postgres, DurableStoreConformance):
+    pass
 
 
 @contextlib.asynccontextmanager
@@ -334,6 +354,60 @@ async def test_a_killed_pool_connection_costs_at_most_one_call(
         assert (await store.append_one(run.run_id, NewEvent("x"))).seq == 1
 
 
+async def test_the_pool_opens_connections_when_asked_and_never_more_than_its_size(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    async def held() -> int:
+        rows = await fetch(
+            pg_admin,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            f"thoughtgate:{pg_schema}",
+        )
+        return int(rows[0][0])
+
+    async with opened(pg_schema, pool_size=2) as store:
+        assert await held() == 0, "nothing is opened before a call needs it"
+        run = make_run()
+        await store.create_run(run)
+        await asyncio.gather(*(store.append(run.run_id, deltas(5)) for _ in range(40)))
+        assert 1 <= await held() <= 2
+        assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 201))
+    assert await held() == 0, "closing the store closes its connections"
+
+
+async def test_a_call_cancelled_mid_query_leaves_no_broken_connection_behind(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    async with opened(pg_schema, pool_size=1) as store:
+        run = make_run()
+        await store.create_run(run)
+        async with pg_admin.transaction():
+            await pg_admin.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                    ident(pg_schema, "secrets")
+                )
+            )
+            stuck = asyncio.create_task(store.get_or_create_secret("ticket_key", "v"))
+            for _ in range(1000):  # until the store's one connection waits on the lock
+                waiting = await fetch(
+                    pg_admin,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                    "AND wait_event_type = 'Lock'",
+                    f"thoughtgate:{pg_schema}",
+                )
+                if waiting[0][0] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the call never reached the server")
+            stuck.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StoreUnavailableError):
+                await stuck
+        # the pool's one connection was cancelled mid-query: the next call still works
+        assert (await store.append_one(run.run_id, NewEvent("x"))).seq == 1
+        assert await store.get_or_create_secret("ticket_key", "w") == "w"
+
+
 # -- ordering ------------------------------------------------------------------------------
 async def test_sequence_order_is_commit_order(pg_admin: Admin, pg_schema: str) -> None:
     """Writers on several connections; a reader resuming from its last seq never skips one.
@@ -463,7 +537,7 @@ async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
                 await writer.update_run(run.run_id, status="running")
             else:
                 end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
-                await writer.finish_run(run.run_id, end, status="failed")
+                await writer.finish_run(run.run_id, end, RunEnding("failed"))
             await asyncio.wait_for(waiting, 5)  # NOTIFY, not the 60 s poll
             after = await reader.latest_run_change()
         assert [r.status for _, r in (await reader.run_changes(after=after - 1)).changes] == [
@@ -506,11 +580,3 @@ async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) ->
     assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
     assert [e.payload.get("i") for e in got[:5]] == [0, 1, 2, 3, 4]
     assert got[5].type == EventType.RUN_FAILED
-
-
-class TestPostgresDurableRuns(DurableStoreConformance):
-    @pytest.fixture
-    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
-        store = await PostgresStore.open(PG_URL, schema=pg_schema)
-        yield store
-        await store.close()

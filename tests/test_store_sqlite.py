@@ -20,7 +20,9 @@ import pytest
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_conformance import (
-    StoreConformance,
+    EventLogConformance,
+    KeyStoreConformance,
+    RunIndexConformance,
     assert_same_events,
     collect,
     deltas,
@@ -36,7 +38,7 @@ from thoughtgate.errors import (
     UsageError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
@@ -46,12 +48,30 @@ from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, 
 from thoughtgate.store.urls import open_store
 
 
-class TestSQLiteStore(StoreConformance, RunListingConformance):
+class SQLite:
+    """Each conformance case below on a fresh, empty SQLite store."""
+
     @pytest.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
         store = await SQLiteStore.open(tmp_path / "store.db")
         yield store
         await store.close()
+
+
+class TestSQLiteEventLog(SQLite, EventLogConformance):
+    pass
+
+
+class TestSQLiteRunIndex(SQLite, RunIndexConformance, RunListingConformance):
+    pass
+
+
+class TestSQLiteKeyStore(SQLite, KeyStoreConformance):
+    pass
+
+
+class TestSQLiteDurableRuns(SQLite, DurableStoreConformance):
+    pass
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -565,14 +585,6 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
     assert got[-1].type == EventType.RUN_ERROR
 
 
-class TestSQLiteDurableRuns(DurableStoreConformance):
-    @pytest.fixture
-    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
-        store = await SQLiteStore.open(tmp_path / "store.db")
-        yield store
-        await store.close()
-
-
 # -- group commit --------------------------------------------------------------------------
 async def _queued_together(store: SQLiteStore, calls: list[Awaitable[Any]]) -> list[Any]:
     """Run ``calls`` while the writer thread is held busy, so that they queue up together and
@@ -632,7 +644,7 @@ async def test_a_write_that_fails_in_a_group_leaves_the_others_committed(tmp_pat
             await store.create_run(run)
         closed = make_run()
         await store.create_run(closed)
-        await store.finish_run(closed.run_id, [], status="completed")
+        await store.finish_run(closed.run_id, [], RunEnding("completed"))
         calls = [store.append(run.run_id, deltas(2)) for run in good]
         calls.insert(2, store.append("run_nobody", deltas(1)))  # unknown run
         calls.insert(4, store.append(closed.run_id, deltas(1)))  # ended run

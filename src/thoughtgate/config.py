@@ -7,8 +7,10 @@ the shortcut ``THOUGHTGATE_DB`` for ``store.url``, and the providers' own variab
 (``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``, ... see :data:`PROVIDER_ENV`) for their
 ``providers.*`` keys. So the order users expect holds everywhere: command-line flag > environment
 variable > ``thoughtgate.toml`` > default (``THOUGHTGATE_PROVIDERS__*`` beats a vendor variable,
-being the more specific of the two). Every problem is one :class:`ConfigError`
-naming the key, the bad value and what is allowed, raised at start, never half-way through a run.
+being the more specific of the two). The layers are pydantic-settings sources (the TOML file, the
+``THOUGHTGATE_`` prefix with ``__`` between nested keys, and the named variables), merged by it
+over one validated :class:`Config`. Every problem is one :class:`ConfigError` naming the key, the
+bad value and what is allowed, raised at start, never half-way through a run.
 
 Precedence for a run's settings is one rule, applied by :func:`resolve_chain_of_thought` and its
 siblings: explicit argument > the run's own setting > project config > built-in default.
@@ -19,6 +21,9 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
@@ -121,8 +126,16 @@ class VisibleReasoningConfig(_Section):
 
     enabled: bool = True
     summarizers: tuple[SummarizerName, ...] = ("phases",)
+    """In the environment: comma-separated (``THOUGHTGATE_VISIBLE_REASONING__SUMMARIZERS=phases,model``)."""
     summarizer_model: str | None = None
     """``PROVIDER:MODEL`` for the ``model`` summarizer."""
+
+    @field_validator("summarizers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(s.strip() for s in value.split(",") if s.strip())
+        return value
 
 
 class AccessConfig(_Section):
@@ -133,7 +146,7 @@ class AccessConfig(_Section):
     @classmethod
     def _known_role(cls, value: str) -> str:
         if value not in ROLE_NAMES:
-            raise ValueError(f"allowed: {', '.join(ROLE_NAMES)}")
+            raise ValueError(", ".join(ROLE_NAMES))
         return value
 
 
@@ -227,7 +240,7 @@ class McpConfig(_Section):
     @classmethod
     def _known_role(cls, value: str) -> str:
         if value not in ROLE_NAMES:
-            raise ValueError(f"allowed: {', '.join(ROLE_NAMES)}")
+            raise ValueError(", ".join(ROLE_NAMES))
         return value
 
 
@@ -252,7 +265,7 @@ class Config(_Section):
         try:
             return cls.model_validate({**data, "source": source})
         except ValidationError as exc:
-            raise _config_error(exc, data, source) from None
+            raise _config_error(exc, source) from None
 
 
 def _allowed_text(err: Mapping[str, Any]) -> str:
@@ -265,40 +278,10 @@ def _allowed_text(err: Mapping[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def _config_error(exc: ValidationError, data: Mapping[str, Any], source: str) -> ConfigError:
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err["loc"])
     return ConfigError(key, err.get("input"), _allowed_text(err), source=source)
-
-
-def _set_dotted(target: dict[str, Any], dotted: list[str], value: Any) -> None:
-    node = target
-    for part in dotted[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[dotted[-1]] = value
-
-
-def _env_value(raw: str) -> Any:
-    """Env values are strings; lists are comma-separated (``summarizers=phases,model``)."""
-    return raw
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, raw in environ.items():
-        if not name.startswith("THOUGHTGATE_") or "__" not in name:
-            continue
-        path = name.removeprefix("THOUGHTGATE_").lower().split("__")
-        value: Any = raw
-        if path[-1] == "summarizers":
-            value = [s.strip() for s in raw.split(",") if s.strip()]
-        _set_dotted(out, path, value)
-    if environ.get("THOUGHTGATE_DB"):
-        _set_dotted(out, ["store", "url"], environ["THOUGHTGATE_DB"])
-    return out
 
 
 PROVIDER_ENV: dict[tuple[str, str], str] = {
@@ -313,23 +296,133 @@ PROVIDER_ENV: dict[tuple[str, str], str] = {
 }
 """``providers.<section>.<key>`` -> the provider's own environment variable (as its SDK reads it)."""
 
+_SHORTCUTS: dict[tuple[str, ...], str] = {("store", "url"): "THOUGHTGATE_DB"}
+"""Variables that stand for one key and beat its ``THOUGHTGATE_<SECTION>__<KEY>`` form."""
+_ENV_PREFIX = "THOUGHTGATE_"
+_NESTED = "__"
 
-def _provider_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for (section, key), name in PROVIDER_ENV.items():
+
+@dataclass(frozen=True, slots=True)
+class _Layers:
+    environ: Mapping[str, str]
+    file: Path | None
+
+
+_LAYERS: ContextVar[_Layers] = ContextVar("thoughtgate_config_layers")
+"""The environment and file of the ``load_config`` call in progress (pydantic-settings asks the
+settings class, not the call, for its sources)."""
+
+
+def _named(environ: Mapping[str, str], names: Mapping[tuple[str, ...], str]) -> dict[str, Any]:
+    """Named variables for single keys (``ANTHROPIC_API_KEY``, ``THOUGHTGATE_DB``) as a nested
+    mapping; an empty one counts as unset."""
+    values: dict[str, Any] = {}
+    for path, name in names.items():
         if environ.get(name):
-            _set_dotted(out, ["providers", section, key], environ[name])
-    return out
+            node = values
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = environ[name]
+    return values
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+@cache
+def _layered() -> type[Config]:
+    """:class:`Config` read through pydantic-settings, highest layer first: ``THOUGHTGATE_DB`` >
+    ``THOUGHTGATE_<SECTION>__<KEY>`` > the providers' own variables > the TOML file > defaults.
+
+    Built on first use: pydantic-settings is imported when a configuration is loaded, not when
+    ``thoughtgate --help`` starts."""
+    from pydantic.fields import FieldInfo
+    from pydantic_settings import (
+        BaseSettings,
+        EnvSettingsSource,
+        PydanticBaseSettingsSource,
+        SettingsConfigDict,
+        TomlConfigSettingsSource,
+    )
+    from pydantic_settings.sources.utils import parse_env_vars
+
+    class Variables(PydanticBaseSettingsSource):
+        def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+            super().__init__(settings_cls)
+            self.values = values
+
+        def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+            return self.values.get(field_name), field_name, False
+
+        def __call__(self) -> dict[str, Any]:
+            return self.values
+
+    class Environment(EnvSettingsSource):
+        """``THOUGHTGATE_<SECTION>__<KEY>`` only (a bare ``THOUGHTGATE_SERVER`` is no setting),
+        from the mapping ``load_config`` was given."""
+
+        def _load_env_vars(self) -> Mapping[str, str | None]:
+            environ = _LAYERS.get().environ
+            nested = {
+                name: value
+                for name, value in environ.items()
+                if name.upper().startswith(_ENV_PREFIX) and _NESTED in name[len(_ENV_PREFIX) :]
+            }
+            return parse_env_vars(
+                nested, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+            )
+
+    class Layered(BaseSettings, Config):
+        model_config = SettingsConfigDict(
+            env_prefix=_ENV_PREFIX,
+            env_nested_delimiter=_NESTED,
+            case_sensitive=False,
+            enable_decoding=False,  # values are plain strings, as they always were
+            extra="forbid",
+            frozen=True,
+        )
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            layers = _LAYERS.get()
+            vendors: dict[tuple[str, ...], str] = {
+                ("providers", *key): name for key, name in PROVIDER_ENV.items()
+            }
+            file = layers.file
+            return (
+                init_settings,
+                Variables(settings_cls, _named(layers.environ, _SHORTCUTS)),
+                Environment(settings_cls),
+                Variables(settings_cls, _named(layers.environ, vendors)),
+                *((TomlConfigSettingsSource(settings_cls, toml_file=file),) if file else ()),
+            )
+
+    return Layered
+
+
+def _overridden(environ: Mapping[str, str]) -> bool:
+    """Whether any variable of the environment layers is set (the source then says so)."""
+    named = {*PROVIDER_ENV.values(), *_SHORTCUTS.values()}
+    return any(
+        (n.upper().startswith(_ENV_PREFIX) and _NESTED in n) or (n in named and v)
+        for n, v in environ.items()
+    )
+
+
+def _read_toml(file: Path) -> None:
+    """Read the file once up front, so a broken one is one clear :class:`ConfigError`."""
+    try:
+        tomllib.loads(file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("(file)", str(file), f"valid TOML ({exc})", source=str(file)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            "(file)", str(file), f"a readable file ({exc})", source=str(file)
+        ) from None
 
 
 def load_config(
@@ -341,29 +434,27 @@ def load_config(
     """Find, read, overlay and validate the configuration (see the module docstring for order)."""
     env = os.environ if environ is None else environ
     explicit = path if path is not None else env.get("THOUGHTGATE_CONFIG") or None
-    data: dict[str, Any] = {}
-    source = "defaults"
+    file: Path | None
     if explicit is not None:
         file = Path(explicit)
         if not file.is_file():
             raise ConfigError("--config", str(file), "an existing TOML file", source=str(file))
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
-        file = candidate if candidate.is_file() else None  # type: ignore[assignment]
+        file = candidate if candidate.is_file() else None
     if file is not None:
-        source = str(file)
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("(file)", str(file), f"valid TOML ({exc})", source=source) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                "(file)", str(file), f"a readable file ({exc})", source=source
-            ) from None
-    overrides = _merge(_provider_env_overrides(env), _env_overrides(env))
-    if overrides:
+        _read_toml(file)
+    source = str(file) if file is not None else "defaults"
+    if _overridden(env):
         source = f"{source} + environment"
-    return Config.from_mapping(_merge(data, overrides), source=source)
+    token = _LAYERS.set(_Layers(env, file))
+    try:
+        layered = _layered()(source=source)
+    except ValidationError as exc:
+        raise _config_error(exc, source) from None
+    finally:
+        _LAYERS.reset(token)
+    return Config.model_validate(dict(layered))
 
 
 # --------------------------------------------------------------------------- precedence

@@ -9,6 +9,8 @@
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
     │   ├── RunNotFoundError       no run with that id
+    │   ├── ApprovalNotPendingError  nothing to answer: the run ended, the call was settled, or
+    │   │                            no approval is pending for it (``reason`` says which)
     │   ├── QuotaExceededError     this key started too many runs (retry after ``retry_after`` s)
     │   ├── AuthenticationError    no credentials, or ones we do not accept (bad key, bad ticket)
     │   │   └── TicketError        a live-channel ticket that cannot open this stream (says why)
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AccessDeniedError",
+    "ApprovalNotPendingError",
     "AuthenticationError",
     "ConfigError",
     "MalformedResponseError",
@@ -113,6 +116,16 @@ class RunNotFoundError(UsageError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"run {run_id!r} not found")
+
+
+class ApprovalNotPendingError(UsageError):
+    """An answer to a tool approval that has nothing to answer. ``reason``: ``run_ended`` (the
+    run is over), ``settled`` (answered or timed out before), ``not_pending`` (never asked, or
+    asked in no run this store knows). Every surface shows the same message."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class AuthenticationError(UsageError):

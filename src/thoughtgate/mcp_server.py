@@ -255,9 +255,7 @@ class McpTools:
         """Answer a pending tool approval (member and above), wherever the run executes."""
         require_role(self.role, Role.MEMBER, "answering tool approvals")
         run_id, call_id = run_id.strip(), call_id.strip()
-        if not await self.runtime.approvals.answer(run_id, call_id, decision, by="mcp"):
-            await self.runtime.store.get_run(run_id)  # an unknown run says so
-            raise UsageError(f"no approval is pending for call {call_id!r} in run {run_id!r}")
+        await self.runtime.answer_approval(run_id, call_id, decision, by="mcp")
         return ApprovalAnswer(run_id=run_id, call_id=call_id, decision=decision)
 
     async def status(self, run_id: str) -> RunView:
@@ -280,14 +278,15 @@ async def _finish(reporter: asyncio.Task[None]) -> None:
 def run_result(view: RunView) -> CallToolResult:
     """A run view (already filtered) as a tool result: ``isError`` unless the run completed, the
     view kept as the structured content either way, and the text leading with what went wrong."""
-    text = json.dumps(view, ensure_ascii=False, indent=2, default=str)
-    failed = view.get("status") != "completed"
+    document = view.to_json()
+    text = json.dumps(document, ensure_ascii=False, indent=2)
+    failed = view.status != "completed"
     if failed:
-        why = f": {view['error']}" if view.get("error") else ""
-        text = f"run {view.get('run_id')} {view.get('status')}{why}\n{text}"
+        why = f": {view.error}" if view.error else ""
+        text = f"run {view.run_id} {view.status}{why}\n{text}"
     return CallToolResult(
         content=[TextContent(type="text", text=text)],
-        structured_content=dict(view),
+        structured_content=document,
         is_error=failed,
     )
 
@@ -388,9 +387,10 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
             if params.name == "orchestration_status":
                 status = StatusArguments.model_validate(arguments)
                 view = await tools.status(status.run_id)
+                document = view.to_json()
                 return CallToolResult(
-                    content=[TextContent(type="text", text=json.dumps(view, indent=2))],
-                    structured_content=dict(view),
+                    content=[TextContent(type="text", text=json.dumps(document, indent=2))],
+                    structured_content=document,
                 )
         except ValidationError as exc:
             return _arguments_error(params.name, exc)

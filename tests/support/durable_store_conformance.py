@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from support.store_conformance import make_run
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 
 __all__ = ["DurableStoreConformance"]
@@ -97,7 +97,7 @@ class DurableStoreConformance:
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True)
-        await store.finish_run(run_id, [], status="completed")
+        await store.finish_run(run_id, [], RunEnding("completed"))
         assert await ds.claim_run(run_id, "a.1.x", 30) is None
         assert not await ds.release_run(run_id, owner=None, queue=True)
 
@@ -126,7 +126,7 @@ class DurableStoreConformance:
                 other, RunSpecRecord(other.run_id, SPEC, key_id="k2"), quota=Quota("k2", 3, 100)
             )
         ).admitted, "another key still starts runs"
-        await store.finish_run(ids[0], [], status="completed")
+        await store.finish_run(ids[0], [], RunEnding("completed"))
         again = make_run()
         assert (
             await ds.admit_run(again, RunSpecRecord(again.run_id, SPEC, key_id="k1"), quota=quota)
@@ -140,7 +140,7 @@ class DurableStoreConformance:
             assert (
                 await ds.admit_run(run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota)
             ).admitted
-            await store.finish_run(run.run_id, [], status="completed")
+            await store.finish_run(run.run_id, [], RunEnding("completed"))
         run = make_run()
         answer = await ds.admit_run(run, RunSpecRecord(run.run_id, SPEC, key_id="k1"), quota=quota)
         assert not answer.admitted

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 import psycopg
@@ -24,13 +24,13 @@ from psycopg import sql
 from support.daemon import SERVER_TOOLS, ServeProcess, auth, cli
 from support.pg import PG_URL
 from thoughtgate.errors import StoreError, StoreUnavailableError
-from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.store.base import EventStore, OpenRuns
+from thoughtgate.store.base import EventStore, OpenRuns, RunEnding
 from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.run_index import RunChange
 from thoughtgate.testing.fake import ScriptFn, reasoning, text
 
 __all__ = [
@@ -407,18 +407,8 @@ class FailingStore(EventStore):
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
         await self.inner.wait_for_run_changes(after, poll_s=poll_s)
 
-    async def update_run(
-        self,
-        run_id: str,
-        *,
-        status: RunStatus | None = None,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        metadata: dict[str, object] | None = None,
-    ) -> None:
-        await self.inner.update_run(
-            run_id, status=status, usage=usage, error=error, metadata=metadata
-        )
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+        await self.inner.update_run(run_id, **change)
 
     async def save_task(self, task: TaskRecord) -> None:
         await self.inner.save_task(task)
@@ -427,15 +417,7 @@ class FailingStore(EventStore):
         return await self.inner.find_run_ids(prefix, limit=limit)
 
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         """Ending a run appends its last events: a full disk fails it like any append."""
         batch = list(events)
@@ -445,15 +427,7 @@ class FailingStore(EventStore):
                 f"cannot finish run {run_id!r}: database or disk is full (injected); nothing of "
                 "it was stored"
             )
-        out = await self.inner.finish_run(
-            run_id,
-            batch,
-            status=status,
-            usage=usage,
-            error=error,
-            tasks=tasks,
-            lease_expired_by=lease_expired_by,
-        )
+        out = await self.inner.finish_run(run_id, batch, ending)
         self.attempts.append(Attempt(batch, out))
         return out
 

@@ -16,7 +16,7 @@ import pytest
 from support.store_conformance import make_run
 from thoughtgate.errors import UsageError
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.listing import RunCursor, RunQuery
 from thoughtgate.store.records import RunRecord
 
@@ -187,7 +187,7 @@ class RunListingConformance:
         start = await store.latest_run_change()
         await store.update_run(a.run_id, status="running")
         await store.finish_run(
-            b.run_id, [NewEvent(EventType.RUN_FAILED, {"status": "failed"})], status="failed"
+            b.run_id, [NewEvent(EventType.RUN_FAILED, {"status": "failed"})], RunEnding("failed")
         )
         await store.update_run(a.run_id, usage={"input_tokens": 5})
         await store.append(c.run_id, [NewEvent(EventType.MESSAGE_DELTA, {"text": "x"})])
@@ -222,9 +222,9 @@ class RunListingConformance:
         run = make_run()
         await store.create_run(run)
         end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
-        await store.finish_run(run.run_id, end, status="failed")
+        await store.finish_run(run.run_id, end, RunEnding("failed"))
         before = await store.latest_run_change()
-        assert await store.finish_run(run.run_id, end, status="failed") == []
+        assert await store.finish_run(run.run_id, end, RunEnding("failed")) == []
         assert await store.latest_run_change() == before
 
     async def test_the_key_that_started_a_run_is_kept(self, store: EventStore) -> None:

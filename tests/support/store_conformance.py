@@ -20,11 +20,21 @@ from hypothesis import strategies as st
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
 
-__all__ = ["StoreConformance", "assert_same_events", "collect", "dead_pid", "deltas", "make_run"]
+__all__ = [
+    "EventLogConformance",
+    "KeyStoreConformance",
+    "RunIndexConformance",
+    "StoreConformance",
+    "assert_same_events",
+    "collect",
+    "dead_pid",
+    "deltas",
+    "make_run",
+]
 
 
 def dead_pid() -> int:
@@ -71,15 +81,372 @@ def assert_same_events(got: list[Event], expected: list[Event]) -> None:
     assert [e.to_dict() for e in got] == [e.to_dict() for e in expected]
 
 
-class StoreConformance:
-    """Behaviour every backend shares. Subclasses override the ``store`` fixture only."""
+class EventLogConformance:
+    """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
+    hand-off of committed batches to listeners and observers. Runs come from the run index."""
 
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
         raise NotImplementedError("a backend's test class must override the `store` fixture")
         yield  # pragma: no cover
 
-    # -- runs ----------------------------------------------------------------------------
+    async def test_unknown_run_raises_run_not_found_everywhere(self, store: EventStore) -> None:
+        await store.create_run(make_run())  # a store with something in it
+        missing = "run_does_not_exist"
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.get_run(missing),
+            lambda: store.update_run(missing, status="failed"),
+            lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")),
+            lambda: store.append(missing, deltas(2)),
+            lambda: store.append(missing, []),
+            lambda: store.append_one(missing, NewEvent("x")),
+            lambda: store.read(missing),
+            lambda: store.read(missing, after=5, limit=1),
+            lambda: collect(store.tail(missing)),
+        ]
+        for call in calls:
+            with pytest.raises(RunNotFoundError) as info:
+                await call()
+            assert info.value.run_id == missing
+
+    async def test_append_assigns_seq_from_one_without_gaps(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        one = await store.append_one(run.run_id, NewEvent(EventType.RUN_STARTED, {"p": 1}))
+        many = await store.append(run.run_id, deltas(4))
+        assert one.seq == 1
+        assert [e.seq for e in many] == [2, 3, 4, 5]
+        assert all(e.run_id == run.run_id for e in [one, *many])
+        assert await store.append(run.run_id, []) == []
+        assert_same_events(await store.read(run.run_id), [one, *many])
+
+    async def test_each_run_has_its_own_sequence(self, store: EventStore) -> None:
+        a, b = make_run(), make_run()
+        await store.create_run(a)
+        await store.create_run(b)
+        await store.append(a.run_id, deltas(3))
+        got = await store.append(b.run_id, deltas(2))
+        assert [e.seq for e in got] == [1, 2]
+        assert [e.seq for e in await store.read(a.run_id)] == [1, 2, 3]
+
+    async def test_read_after_and_limit(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        assert await store.read(run.run_id) == []
+        await store.append(run.run_id, deltas(10))
+        assert [e.seq for e in await store.read(run.run_id, after=7)] == [8, 9, 10]
+        assert [e.seq for e in await store.read(run.run_id, limit=3)] == [1, 2, 3]
+        assert [e.seq for e in await store.read(run.run_id, after=4, limit=2)] == [5, 6]
+        assert [e.seq for e in await store.read(run.run_id, after=8, limit=5)] == [9, 10]
+        assert await store.read(run.run_id, after=10) == []
+        assert await store.read(run.run_id, after=99) == []
+        assert await store.read(run.run_id, after=2, limit=0) == []
+
+    async def test_payload_json_round_trip_is_exact(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        reasoning = ("Let me think about this carefully — ünïcödé, 中文, עברית, 🧠. " * 20_000)[
+            :1_048_576
+        ]
+        payloads: list[dict[str, Any]] = [
+            {
+                "text": "plain",
+                "unicode": "é ß 中文 עברית 😀 \u200b zero-width",
+                "controls": 'tab\tnewline\nnul\x00bell\x07quote"backslash\\',
+                "nested": {
+                    "list": [1, -2, 3.25, None, True, False, [], {}],
+                    "deep": {"a": {"b": "c"}},
+                },
+                "numbers": {"big": 2**62, "neg": -(2**53), "small": 1e-300, "pi": math.pi},
+                "empty": "",
+                "lone_surrogates": "a\ud800b\udfffc",  # e.g. text cut inside an emoji
+            },
+            {"reasoning": reasoning, "reasoning_size": len(reasoning.encode("utf-8"))},
+            {},
+        ]
+        new = [
+            NewEvent(EventType.AGENT_RESPONSE, p, task_id="task_1", ts=1_700_000_000.123456789 + i)
+            for i, p in enumerate(payloads)
+        ]
+        appended = await store.append(run.run_id, new)
+        for got in (appended, await store.read(run.run_id)):
+            assert [dict(e.payload) for e in got] == payloads
+            assert [e.ts for e in got] == [n.ts for n in new]
+            assert [e.task_id for e in got] == ["task_1"] * 3
+            assert [e.type for e in got] == [EventType.AGENT_RESPONSE] * 3
+            stored = got[1].payload["reasoning"]
+            assert stored == reasoning
+            assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
+
+    async def test_appended_payload_is_decoupled_from_the_caller(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        payload: dict[str, Any] = {"items": [1, 2]}
+        await store.append_one(run.run_id, NewEvent("x", payload))
+        payload["items"].append(3)
+        assert (await store.read(run.run_id))[0].payload == {"items": [1, 2]}
+
+    async def test_concurrent_appends_have_no_gaps_and_no_duplicates(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        writers, rounds = 16, 10
+
+        async def writer(w: int) -> list[Event]:
+            out: list[Event] = []
+            for r in range(rounds):
+                out += await store.append(
+                    run.run_id, [NewEvent("w", {"w": w, "r": r, "k": k}) for k in range(r % 3 + 1)]
+                )
+            return out
+
+        results = await asyncio.gather(*(writer(w) for w in range(writers)))
+        total = sum(len(r) for r in results)
+        stored = await store.read(run.run_id)
+        assert [e.seq for e in stored] == list(range(1, total + 1))
+        assert sorted(e.seq for r in results for e in r) == list(range(1, total + 1))
+        for w, mine in enumerate(results):  # each writer's own events keep its order
+            keys = [(e.payload["r"], e.payload["k"]) for e in stored if e.payload["w"] == w]
+            assert keys == sorted(keys)
+            assert [e.seq for e in mine] == sorted(e.seq for e in mine)
+
+    async def test_tail_yields_stored_then_live_events_and_stops_at_terminal(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(3))
+        got: list[Event] = []
+        three_seen = asyncio.Event()
+
+        async def reader() -> None:
+            async for event in store.tail(run.run_id):
+                got.append(event)
+                if event.seq == 3:
+                    three_seen.set()
+
+        task = asyncio.create_task(reader())
+        await asyncio.wait_for(three_seen.wait(), 5)
+        await store.append(run.run_id, deltas(2, start=3))
+        await store.append_one(
+            run.run_id, NewEvent(EventType.TOOL_FAILED, {"x": 1})
+        )  # not terminal
+        await store.append_one(run.run_id, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
+        await asyncio.wait_for(task, 5)  # ended by the terminal event, not cancelled
+        await store.append(run.run_id, deltas(1))  # after terminal: not delivered
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6, 7]
+        assert got[-1].type == EventType.RUN_SETTLEMENT_COMPLETED
+
+    async def test_tail_of_a_finished_run_replays_and_ends(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, [*deltas(4), NewEvent(EventType.RUN_FAILED, {"why": "x"})])
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got = await collect(store.tail(run.run_id))
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+        assert loop.time() - started < 1.0  # at once: no waiting for a poll
+        resumed = await collect(store.tail(run.run_id, after=3))
+        assert [e.seq for e in resumed] == [4, 5]
+
+    async def test_tail_resumes_after_a_given_seq_in_small_batches(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, [*deltas(9), NewEvent(EventType.RUN_ERROR)])
+        got = await collect(store.tail(run.run_id, after=2, batch=3))
+        assert [e.seq for e in got] == list(range(3, 11))
+
+    async def test_committed_events_are_published_to_listeners_as_stored(
+        self, store: EventStore
+    ) -> None:
+        """Live readers in this process take events from the publish instead of reading them
+        back: what they get must be exactly what the log holds, in order, after the commit."""
+        run = make_run()
+        await store.create_run(run)
+        published: list[Event] = []
+
+        class Listener:
+            def published(self, events: Sequence[Event]) -> None:
+                published.extend(events)
+
+            def notified(self, last_seq: int | None) -> None:
+                pass
+
+        unlisten = store.wakeups.listen(run.run_id, Listener())
+        try:
+            await store.append(run.run_id, deltas(3))
+            await store.append(run.run_id, [NewEvent("x", {"nested": {"a": [1, 2.5, None]}})])
+            await store.finish_run(
+                run.run_id,
+                [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})],
+                RunEnding("completed"),
+            )
+        finally:
+            unlisten()
+        assert published == await store.read(run.run_id)
+        assert [e.seq for e in published] == [1, 2, 3, 4, 5]
+
+    async def test_observers_see_every_committed_batch_once_whoever_appends_it(
+        self, store: EventStore
+    ) -> None:
+        seen: list[list[Event]] = []
+        broken_calls = 0
+
+        async def observer(events: Sequence[Event]) -> None:
+            seen.append(list(events))
+
+        async def broken(events: Sequence[Event]) -> None:
+            nonlocal broken_calls
+            broken_calls += 1
+            raise RuntimeError("an observer that fails")
+
+        stop = store.observe(observer)
+        store.observe(observer)  # registering twice still hands each batch over once
+        stop_broken = store.observe(broken)
+        run = make_run(tasks=1, status="running", owner=f"{Owner.current().host}.{dead_pid()}.x")
+        await store.create_run(run)
+        appended = await store.append(run.run_id, deltas(2))  # a failing observer fails nothing
+        assert await store.append(run.run_id, []) == []
+        ended = await close_orphaned_runs(store)  # a sweep ends the run: observed too
+        assert ended == [run.run_id]
+        assert seen == [appended, (await store.read(run.run_id))[2:]]
+        assert [e.type for e in seen[1]] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]
+        assert broken_calls == 2
+
+        stop()
+        stop_broken()
+        other = make_run()
+        await store.create_run(other)
+        await store.append(other.run_id, deltas(1))
+        assert len(seen) == 2 and broken_calls == 2, "stopped observers see nothing more"
+
+    async def test_tail_wakes_several_readers(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        readers = [asyncio.create_task(collect(store.tail(run.run_id))) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        for i in range(5):
+            await store.append(run.run_id, deltas(1, start=i))
+        await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
+        for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
+            assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+
+    async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
+        self, store: EventStore
+    ) -> None:
+        run = make_run(tasks=2, status="running", owner="o", lease_expires_at=2e9)
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(2))
+        done = TaskRecord(run.tasks[0].task_id, run.run_id, 0, "task 0", status="interrupted")
+        closing = [
+            NewEvent(EventType.TASK_COMPLETED, {"status": "interrupted"}, task_id=done.task_id),
+            NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "r"}),
+        ]
+        out = await store.finish_run(
+            run.run_id, closing, RunEnding("interrupted", error="interrupted: r", tasks=[done])
+        )
+        assert [(e.seq, e.type) for e in out] == [
+            (3, EventType.TASK_COMPLETED),
+            (4, EventType.RUN_INTERRUPTED),
+        ]
+        got = await store.get_run(run.run_id)
+        assert (got.status, got.error, got.lease_expires_at) == (
+            "interrupted",
+            "interrupted: r",
+            None,
+        )
+        assert [t.status for t in got.tasks] == ["interrupted", "pending"]
+        again = [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})]
+        assert await store.finish_run(run.run_id, again, RunEnding("completed")) == []
+        assert (await store.get_run(run.run_id)).status == "interrupted", "never reopened"
+        with pytest.raises(RunClosedError):
+            await store.append(run.run_id, deltas(1))
+        assert [e.seq for e in await store.read(run.run_id)] == [1, 2, 3, 4]
+        with pytest.raises(RunNotFoundError):
+            await store.finish_run("run_missing", again, RunEnding("completed"))
+
+    async def test_finish_run_leaves_a_run_whose_lease_was_renewed(self, store: EventStore) -> None:
+        run = make_run(status="running", owner="o", lease_expires_at=1.0)
+        await store.create_run(run)
+        now = (await store.open_runs()).now
+        assert (await store.renew_leases("o", 60.0)) == [run.run_id]
+        end = [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted"})]
+        assert (
+            await store.finish_run(run.run_id, end, RunEnding("interrupted", lease_expired_by=now))
+            == []
+        ), "its owner proved alive after the sweeper looked"
+        assert (await store.get_run(run.run_id)).status == "running"
+        assert await store.read(run.run_id) == []
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        # The fixture store is reused across examples on purpose (each example uses a fresh run),
+        # and this one property is deliberately run by every backend's subclass: an example that
+        # breaks one backend is a valid example for all of them.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+    @given(
+        schedule=st.lists(
+            st.tuples(
+                st.integers(min_value=0, max_value=3),  # writer
+                st.lists(  # one batch: payload texts
+                    st.text(max_size=20), min_size=0, max_size=6
+                ),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    async def test_property_interleaved_batches_read_back_exactly(
+        self, store: EventStore, schedule: list[tuple[int, list[str]]]
+    ) -> None:
+        """Any mix of concurrent batch appends reads back as exactly those events, seq 1..N,
+        with every batch contiguous and every writer's batches in its own order."""
+        run = make_run()
+        await store.create_run(run)
+        queues: dict[int, list[list[NewEvent]]] = {}
+        for b, (w, texts) in enumerate(schedule):
+            queues.setdefault(w, []).append(
+                [NewEvent("p", {"w": w, "b": b, "i": i, "t": t}) for i, t in enumerate(texts)]
+            )
+
+        async def writer(batches: list[list[NewEvent]]) -> list[list[Event]]:
+            out = []
+            for batch in batches:
+                out.append(await store.append(run.run_id, batch))
+                await asyncio.sleep(0)
+            return out
+
+        results = await asyncio.gather(*(writer(q) for q in queues.values()))
+        stored = await store.read(run.run_id)
+        total = sum(len(texts) for _, texts in schedule)
+        assert [e.seq for e in stored] == list(range(1, total + 1))
+        by_seq = {e.seq: e for e in stored}
+        for batches, returned in zip(queues.values(), results, strict=True):
+            last = 0
+            for batch, got in zip(batches, returned, strict=True):
+                assert [dict(e.payload) for e in got] == [dict(n.payload) for n in batch]
+                assert_same_events([by_seq[e.seq] for e in got], got)
+                if got:  # contiguous, and after this writer's previous batch
+                    assert [e.seq for e in got] == list(range(got[0].seq, got[-1].seq + 1))
+                    assert got[0].seq > last
+                    last = got[-1].seq
+
+
+class RunIndexConformance:
+    """The run index (``store.run_index.RunIndex``): run and task records, leases, the sweep."""
+
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[EventStore]:
+        raise NotImplementedError("a backend's test class must override the `store` fixture")
+        yield  # pragma: no cover
+
     async def test_create_and_get_run_round_trips_every_field(self, store: EventStore) -> None:
         run = make_run(
             tasks=0,
@@ -183,264 +550,6 @@ class StoreConformance:
         got.metadata["k"].append(3)
         assert (await store.get_run(run.run_id)).metadata == {"k": [1]}
 
-    async def test_unknown_run_raises_run_not_found_everywhere(self, store: EventStore) -> None:
-        await store.create_run(make_run())  # a store with something in it
-        missing = "run_does_not_exist"
-        calls: list[Callable[[], Awaitable[object]]] = [
-            lambda: store.get_run(missing),
-            lambda: store.update_run(missing, status="failed"),
-            lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")),
-            lambda: store.append(missing, deltas(2)),
-            lambda: store.append(missing, []),
-            lambda: store.append_one(missing, NewEvent("x")),
-            lambda: store.read(missing),
-            lambda: store.read(missing, after=5, limit=1),
-            lambda: collect(store.tail(missing)),
-        ]
-        for call in calls:
-            with pytest.raises(RunNotFoundError) as info:
-                await call()
-            assert info.value.run_id == missing
-
-    # -- events --------------------------------------------------------------------------
-    async def test_append_assigns_seq_from_one_without_gaps(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        one = await store.append_one(run.run_id, NewEvent(EventType.RUN_STARTED, {"p": 1}))
-        many = await store.append(run.run_id, deltas(4))
-        assert one.seq == 1
-        assert [e.seq for e in many] == [2, 3, 4, 5]
-        assert all(e.run_id == run.run_id for e in [one, *many])
-        assert await store.append(run.run_id, []) == []
-        assert_same_events(await store.read(run.run_id), [one, *many])
-
-    async def test_each_run_has_its_own_sequence(self, store: EventStore) -> None:
-        a, b = make_run(), make_run()
-        await store.create_run(a)
-        await store.create_run(b)
-        await store.append(a.run_id, deltas(3))
-        got = await store.append(b.run_id, deltas(2))
-        assert [e.seq for e in got] == [1, 2]
-        assert [e.seq for e in await store.read(a.run_id)] == [1, 2, 3]
-
-    async def test_read_after_and_limit(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        assert await store.read(run.run_id) == []
-        await store.append(run.run_id, deltas(10))
-        assert [e.seq for e in await store.read(run.run_id, after=7)] == [8, 9, 10]
-        assert [e.seq for e in await store.read(run.run_id, limit=3)] == [1, 2, 3]
-        assert [e.seq for e in await store.read(run.run_id, after=4, limit=2)] == [5, 6]
-        assert [e.seq for e in await store.read(run.run_id, after=8, limit=5)] == [9, 10]
-        assert await store.read(run.run_id, after=10) == []
-        assert await store.read(run.run_id, after=99) == []
-        assert await store.read(run.run_id, after=2, limit=0) == []
-
-    async def test_payload_json_round_trip_is_exact(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        reasoning = ("Let me think about this carefully — ünïcödé, 中文, עברית, 🧠. " * 20_000)[
-            :1_048_576
-        ]
-        payloads: list[dict[str, Any]] = [
-            {
-                "text": "plain",
-                "unicode": "é ß 中文 עברית 😀 \u200b zero-width",
-                "controls": 'tab\tnewline\nnul\x00bell\x07quote"backslash\\',
-                "nested": {
-                    "list": [1, -2, 3.25, None, True, False, [], {}],
-                    "deep": {"a": {"b": "c"}},
-                },
-                "numbers": {"big": 2**62, "neg": -(2**53), "small": 1e-300, "pi": math.pi},
-                "empty": "",
-                "lone_surrogates": "a\ud800b\udfffc",  # e.g. text cut inside an emoji
-            },
-            {"reasoning": reasoning, "reasoning_size": len(reasoning.encode("utf-8"))},
-            {},
-        ]
-        new = [
-            NewEvent(EventType.AGENT_RESPONSE, p, task_id="task_1", ts=1_700_000_000.123456789 + i)
-            for i, p in enumerate(payloads)
-        ]
-        appended = await store.append(run.run_id, new)
-        for got in (appended, await store.read(run.run_id)):
-            assert [dict(e.payload) for e in got] == payloads
-            assert [e.ts for e in got] == [n.ts for n in new]
-            assert [e.task_id for e in got] == ["task_1"] * 3
-            assert [e.type for e in got] == [EventType.AGENT_RESPONSE] * 3
-            stored = got[1].payload["reasoning"]
-            assert stored == reasoning
-            assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
-
-    async def test_appended_payload_is_decoupled_from_the_caller(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        payload: dict[str, Any] = {"items": [1, 2]}
-        await store.append_one(run.run_id, NewEvent("x", payload))
-        payload["items"].append(3)
-        assert (await store.read(run.run_id))[0].payload == {"items": [1, 2]}
-
-    async def test_concurrent_appends_have_no_gaps_and_no_duplicates(
-        self, store: EventStore
-    ) -> None:
-        run = make_run()
-        await store.create_run(run)
-        writers, rounds = 16, 10
-
-        async def writer(w: int) -> list[Event]:
-            out: list[Event] = []
-            for r in range(rounds):
-                out += await store.append(
-                    run.run_id, [NewEvent("w", {"w": w, "r": r, "k": k}) for k in range(r % 3 + 1)]
-                )
-            return out
-
-        results = await asyncio.gather(*(writer(w) for w in range(writers)))
-        total = sum(len(r) for r in results)
-        stored = await store.read(run.run_id)
-        assert [e.seq for e in stored] == list(range(1, total + 1))
-        assert sorted(e.seq for r in results for e in r) == list(range(1, total + 1))
-        for w, mine in enumerate(results):  # each writer's own events keep its order
-            keys = [(e.payload["r"], e.payload["k"]) for e in stored if e.payload["w"] == w]
-            assert keys == sorted(keys)
-            assert [e.seq for e in mine] == sorted(e.seq for e in mine)
-
-    # -- live tail -----------------------------------------------------------------------
-    async def test_tail_yields_stored_then_live_events_and_stops_at_terminal(
-        self, store: EventStore
-    ) -> None:
-        run = make_run()
-        await store.create_run(run)
-        await store.append(run.run_id, deltas(3))
-        got: list[Event] = []
-        three_seen = asyncio.Event()
-
-        async def reader() -> None:
-            async for event in store.tail(run.run_id):
-                got.append(event)
-                if event.seq == 3:
-                    three_seen.set()
-
-        task = asyncio.create_task(reader())
-        await asyncio.wait_for(three_seen.wait(), 5)
-        await store.append(run.run_id, deltas(2, start=3))
-        await store.append_one(
-            run.run_id, NewEvent(EventType.TOOL_FAILED, {"x": 1})
-        )  # not terminal
-        await store.append_one(run.run_id, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
-        await asyncio.wait_for(task, 5)  # ended by the terminal event, not cancelled
-        await store.append(run.run_id, deltas(1))  # after terminal: not delivered
-        assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6, 7]
-        assert got[-1].type == EventType.RUN_SETTLEMENT_COMPLETED
-
-    async def test_tail_of_a_finished_run_replays_and_ends(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        await store.append(run.run_id, [*deltas(4), NewEvent(EventType.RUN_FAILED, {"why": "x"})])
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        got = await collect(store.tail(run.run_id))
-        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
-        assert loop.time() - started < 1.0  # at once: no waiting for a poll
-        resumed = await collect(store.tail(run.run_id, after=3))
-        assert [e.seq for e in resumed] == [4, 5]
-
-    async def test_tail_resumes_after_a_given_seq_in_small_batches(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        await store.append(run.run_id, [*deltas(9), NewEvent(EventType.RUN_ERROR)])
-        got = await collect(store.tail(run.run_id, after=2, batch=3))
-        assert [e.seq for e in got] == list(range(3, 11))
-
-    async def test_committed_events_are_published_to_listeners_as_stored(
-        self, store: EventStore
-    ) -> None:
-        """Live readers in this process take events from the publish instead of reading them
-        back: what they get must be exactly what the log holds, in order, after the commit."""
-        run = make_run()
-        await store.create_run(run)
-        published: list[Event] = []
-
-        class Listener:
-            def published(self, events: Sequence[Event]) -> None:
-                published.extend(events)
-
-            def notified(self, last_seq: int | None) -> None:
-                pass
-
-        unlisten = store.wakeups.listen(run.run_id, Listener())
-        try:
-            await store.append(run.run_id, deltas(3))
-            await store.append(run.run_id, [NewEvent("x", {"nested": {"a": [1, 2.5, None]}})])
-            await store.finish_run(
-                run.run_id,
-                [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})],
-                status="completed",
-            )
-        finally:
-            unlisten()
-        assert published == await store.read(run.run_id)
-        assert [e.seq for e in published] == [1, 2, 3, 4, 5]
-
-    async def test_tail_wakes_several_readers(self, store: EventStore) -> None:
-        run = make_run()
-        await store.create_run(run)
-        readers = [asyncio.create_task(collect(store.tail(run.run_id))) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        for i in range(5):
-            await store.append(run.run_id, deltas(1, start=i))
-        await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
-        for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
-            assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
-
-    # -- ending runs and leases (ADR 0009) ----------------------------------------------
-    async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
-        self, store: EventStore
-    ) -> None:
-        run = make_run(tasks=2, status="running", owner="o", lease_expires_at=2e9)
-        await store.create_run(run)
-        await store.append(run.run_id, deltas(2))
-        done = TaskRecord(run.tasks[0].task_id, run.run_id, 0, "task 0", status="interrupted")
-        closing = [
-            NewEvent(EventType.TASK_COMPLETED, {"status": "interrupted"}, task_id=done.task_id),
-            NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "r"}),
-        ]
-        out = await store.finish_run(
-            run.run_id, closing, status="interrupted", error="interrupted: r", tasks=[done]
-        )
-        assert [(e.seq, e.type) for e in out] == [
-            (3, EventType.TASK_COMPLETED),
-            (4, EventType.RUN_INTERRUPTED),
-        ]
-        got = await store.get_run(run.run_id)
-        assert (got.status, got.error, got.lease_expires_at) == (
-            "interrupted",
-            "interrupted: r",
-            None,
-        )
-        assert [t.status for t in got.tasks] == ["interrupted", "pending"]
-        again = [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})]
-        assert await store.finish_run(run.run_id, again, status="completed") == []
-        assert (await store.get_run(run.run_id)).status == "interrupted", "never reopened"
-        with pytest.raises(RunClosedError):
-            await store.append(run.run_id, deltas(1))
-        assert [e.seq for e in await store.read(run.run_id)] == [1, 2, 3, 4]
-        with pytest.raises(RunNotFoundError):
-            await store.finish_run("run_missing", again, status="completed")
-
-    async def test_finish_run_leaves_a_run_whose_lease_was_renewed(self, store: EventStore) -> None:
-        run = make_run(status="running", owner="o", lease_expires_at=1.0)
-        await store.create_run(run)
-        now = (await store.open_runs()).now
-        assert (await store.renew_leases("o", 60.0)) == [run.run_id]
-        end = [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted"})]
-        assert (
-            await store.finish_run(run.run_id, end, status="interrupted", lease_expired_by=now)
-            == []
-        ), "its owner proved alive after the sweeper looked"
-        assert (await store.get_run(run.run_id)).status == "running"
-        assert await store.read(run.run_id) == []
-
     async def test_renew_leases_and_open_runs(self, store: EventStore) -> None:
         mine = make_run(status="running", owner="o", lease_expires_at=1.0)
         pending = make_run(status="pending", owner="o", lease_expires_at=1.0)
@@ -450,7 +559,9 @@ class StoreConformance:
         finished = make_run(status="completed", owner="o", lease_expires_at=1.0)
         for run in (mine, pending, ended, other, nobody, finished):
             await store.create_run(run)
-        await store.finish_run(ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], status="error")
+        await store.finish_run(
+            ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], RunEnding("error")
+        )
         renewed = await store.renew_leases("o", 100.0)
         assert sorted(renewed) == sorted([mine.run_id, pending.run_id])
         found = await store.open_runs()
@@ -516,8 +627,16 @@ class StoreConformance:
         assert events[-2].task_id == expired.tasks[1].task_id
         assert await close_orphaned_runs(store, me=me) == []
 
-    # -- API keys and secrets ------------------------------------------------------------
-    async def test_api_keys(self, store: EventStore) -> None:
+
+class KeyStoreConformance:
+    """The key store (``store.key_store.KeyStore``): API keys and server secrets."""
+
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[KeyStore]:
+        raise NotImplementedError("a backend's test class must override the `store` fixture")
+        yield  # pragma: no cover
+
+    async def test_api_keys(self, store: KeyStore) -> None:
         k1 = ApiKeyRecord("key_1", "ci", "member", "hash-1", created_at=1.0)
         k2 = ApiKeyRecord("key_2", "ops", "admin", "hash-2", created_at=2.0)
         k3 = ApiKeyRecord("key_3", "bot", "viewer", "hash-3", created_at=3.0)
@@ -546,7 +665,7 @@ class StoreConformance:
         assert listed["key_3"].revoked_at is not None
         assert listed["key_4"].revoked_at is None
 
-    async def test_secret_first_caller_wins(self, store: EventStore) -> None:
+    async def test_secret_first_caller_wins(self, store: KeyStore) -> None:
         assert await store.get_or_create_secret("ticket_key", "first") == "first"
         assert await store.get_or_create_secret("ticket_key", "second") == "first"
         assert await store.get_or_create_secret("other", "x") == "x"
@@ -556,62 +675,6 @@ class StoreConformance:
         assert len(set(racing)) == 1
         assert racing[0].startswith("candidate-")
 
-    # -- property ------------------------------------------------------------------------
-    @settings(
-        max_examples=25,
-        deadline=None,
-        # The fixture store is reused across examples on purpose (each example uses a fresh run),
-        # and this one property is deliberately run by every backend's subclass: an example that
-        # breaks one backend is a valid example for all of them.
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-            HealthCheck.too_slow,
-        ],
-    )
-    @given(
-        schedule=st.lists(
-            st.tuples(
-                st.integers(min_value=0, max_value=3),  # writer
-                st.lists(  # one batch: payload texts
-                    st.text(max_size=20), min_size=0, max_size=6
-                ),
-            ),
-            min_size=1,
-            max_size=12,
-        )
-    )
-    async def test_property_interleaved_batches_read_back_exactly(
-        self, store: EventStore, schedule: list[tuple[int, list[str]]]
-    ) -> None:
-        """Any mix of concurrent batch appends reads back as exactly those events, seq 1..N,
-        with every batch contiguous and every writer's batches in its own order."""
-        run = make_run()
-        await store.create_run(run)
-        queues: dict[int, list[list[NewEvent]]] = {}
-        for b, (w, texts) in enumerate(schedule):
-            queues.setdefault(w, []).append(
-                [NewEvent("p", {"w": w, "b": b, "i": i, "t": t}) for i, t in enumerate(texts)]
-            )
 
-        async def writer(batches: list[list[NewEvent]]) -> list[list[Event]]:
-            out = []
-            for batch in batches:
-                out.append(await store.append(run.run_id, batch))
-                await asyncio.sleep(0)
-            return out
-
-        results = await asyncio.gather(*(writer(q) for q in queues.values()))
-        stored = await store.read(run.run_id)
-        total = sum(len(texts) for _, texts in schedule)
-        assert [e.seq for e in stored] == list(range(1, total + 1))
-        by_seq = {e.seq: e for e in stored}
-        for batches, returned in zip(queues.values(), results, strict=True):
-            last = 0
-            for batch, got in zip(batches, returned, strict=True):
-                assert [dict(e.payload) for e in got] == [dict(n.payload) for n in batch]
-                assert_same_events([by_seq[e.seq] for e in got], got)
-                if got:  # contiguous, and after this writer's previous batch
-                    assert [e.seq for e in got] == list(range(got[0].seq, got[-1].seq + 1))
-                    assert got[0].seq > last
-                    last = got[-1].seq
+class StoreConformance(EventLogConformance, RunIndexConformance, KeyStoreConformance):
+    """Every concern at once, for a store a test module checks as a whole."""

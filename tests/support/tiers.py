@@ -93,6 +93,7 @@ TIER_OF: dict[str, str] = {
     "test_anthropic_errors.py": "inprocess",
     "test_anthropic_request.py": "inprocess",
     "test_anthropic_smoke.py": "inprocess",
+    "test_approval_state.py": "inprocess",
     "test_client.py": "inprocess",
     "test_daemon_api.py": "inprocess",
     "test_daemon_bounds.py": "inprocess",
@@ -106,12 +107,19 @@ TIER_OF: dict[str, str] = {
     "test_faults.py::test_a_thousand_live_readers_each_get_every_event": "external",
     "test_live_access.py": "inprocess",
     "test_narration.py": "inprocess",
+    "test_observed_endings.py": "inprocess",
+    "test_observed_endings.py::test_a_run_closed_by_the_lease_sweep_ends_its_trace": "external",
     "test_provider_clients.py": "inprocess",
     "test_provider_clients.py::test_cli_run_turns_share_one_connection": "external",
     "test_provider_clients.py::test_mcp_server_runs_share_one_connection": "external",
     "test_quotas.py": "inprocess",
     "test_reasoning_canary_formats.py": "inprocess",
     "test_run_list_api.py": "inprocess",
+    "test_run_spec_persisted.py": "inprocess",
+    "test_run_view_surfaces.py": "inprocess",
+    "test_run_view_surfaces.py::test_the_cli_prints_that_view_locally_and_through_the_daemon": (
+        "external"
+    ),
     "test_server_rules.py": "inprocess",
     "test_store_private_files.py": "inprocess",
     "test_store_private_files.py::test_another_local_user_cannot_read_the_store_or_its_secret": (
@@ -142,9 +150,15 @@ TIER_OF: dict[str, str] = {
     "test_store_postgres.py": "external",
     "test_web_builders.py": "external",
     "test_web_page.py": "external",
-    # the store conformance suite's orphan sweep needs a dead process id: it starts one
+    # store conformance cases that need a dead process id (a lease of a process that is gone)
     "test_store_memory.py::test_the_sweep_closes_each_orphan_once_tasks_first": "external",
     "test_store_sqlite.py::test_the_sweep_closes_each_orphan_once_tasks_first": "external",
+    "test_store_memory.py::test_observers_see_every_committed_batch_once_whoever_appends_it": (
+        "external"
+    ),
+    "test_store_sqlite.py::test_observers_see_every_committed_batch_once_whoever_appends_it": (
+        "external"
+    ),
 }
 """Module path (relative to ``tests/``) -> tier, and ``path::test_name`` for a test (every case of
 a parametrized one) whose tier differs from its module's."""

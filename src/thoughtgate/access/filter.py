@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Final, Literal, Protocol, TypeAlias, cast
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
@@ -73,7 +73,9 @@ class RunSource(Protocol):
     @property
     def chain_of_thought(self) -> str: ...
 
-    def to_view(self) -> RunView: ...
+    def to_view(self) -> Mapping[str, Any]:
+        """Every field of the run, unfiltered."""
+        ...
 
 
 def require_role(role: Role | str, minimum: Role, what: str) -> Role:
@@ -227,7 +229,7 @@ def _project(node: _Node, value: Any) -> Any:
         elif key in node.walk:
             kind, sub = node.walk[key]
             if kind == _MODEL:
-                projected = _project(sub, item)
+                projected = None if item is None else _project(sub, item)
                 if projected is not _DROP:
                     out[key] = projected
             elif isinstance(item, list):
@@ -307,9 +309,10 @@ def filter_payload(
 
 
 def filter_run(run: RunSource, role: Role | str) -> RunView:
-    """A run view with its tasks, through the same declarations as the events (display surface,
-    the run's own mode)."""
+    """The run as this reader sees it, with its tasks, through the same declarations as the
+    events (display surface, the run's own mode): the one :class:`RunView` every surface returns.
+    A withheld field is left unset on the model (absent from ``to_json()``)."""
     reader = parse_role(role)
     node = _compile(RunView, reader, _known(run.chain_of_thought), "display")
     view = _project(node, run.to_view())
-    return cast(RunView, {} if view is _DROP else view)
+    return RunView.model_validate({} if view is _DROP else view)

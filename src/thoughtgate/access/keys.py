@@ -26,7 +26,7 @@ from typing import Any
 
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.errors import AccessDeniedError, AuthenticationError, UsageError
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.key_store import KeyStore
 from thoughtgate.store.records import ApiKeyRecord, new_id
 
 __all__ = [
@@ -96,7 +96,7 @@ def key_view(record: ApiKeyRecord) -> dict[str, Any]:
 
 
 async def create_key(
-    store: EventStore, *, name: str, role: Role | str, by: Role | None = None
+    store: KeyStore, *, name: str, role: Role | str, by: Role | None = None
 ) -> CreatedKey:
     """Create and store a key; ``by`` is the creator's role (``None``: the local operator)."""
     parsed = parse_role(role)
@@ -121,7 +121,7 @@ async def create_key(
 
 
 async def revoke_key(
-    store: EventStore, key_id_or_name: str, *, by: Role | None = None
+    store: KeyStore, key_id_or_name: str, *, by: Role | None = None
 ) -> ApiKeyRecord | None:
     """Revoke the active key with this exact id, else the one active key with this name.
 
@@ -159,7 +159,7 @@ def bearer_token(authorization: str | None) -> str:
     return token
 
 
-async def authenticate(store: EventStore, authorization: str | None) -> Principal:
+async def authenticate(store: KeyStore, authorization: str | None) -> Principal:
     """The principal for an ``Authorization`` header; unknown or revoked keys are refused."""
     token = bearer_token(authorization)
     record = await store.find_api_key(hash_key(token))

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.errors import TicketError, UnknownRoleError
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.key_store import KeyStore
 from thoughtgate.store.records import ApiKeyRecord
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 SECRET_NAME = "ticket_hmac"
-"""Name of the generated HMAC key in ``EventStore.get_or_create_secret``."""
+"""Name of the generated HMAC key in ``KeyStore.get_or_create_secret``."""
 
 _VERSION = "v1"
 _NEW_TICKET = "get a new one from POST /v1/tickets"
@@ -81,7 +81,7 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-async def ticket_secret(store: EventStore, configured: str | None) -> str:
+async def ticket_secret(store: KeyStore, configured: str | None) -> str:
     """``server.secret`` from config when set, else one generated once and kept in the store
     (so every daemon sharing the store verifies every other's tickets)."""
     if configured:
@@ -186,7 +186,7 @@ def key_access_problem(key: ApiKeyRecord | None, role: Role) -> TicketError | No
     return None
 
 
-async def require_ticket_key(store: EventStore, grant: Ticket) -> None:
+async def require_ticket_key(store: KeyStore, grant: Ticket) -> None:
     """Refuse a ticket whose key was revoked or no longer holds the ticket's role."""
     key = next((k for k in await store.list_api_keys() if k.key_id == grant.key_id), None)
     problem = key_access_problem(key, grant.role)

@@ -26,7 +26,6 @@ __all__ = [
     "print_json",
     "resolve_run_id",
     "run_async",
-    "with_store",
 ]
 
 console = Console()
@@ -111,19 +110,3 @@ class Context:
             return await body(await self.store())
         finally:
             await self.close()
-
-
-def with_store(
-    *,
-    config: str | None,
-    db: str | None,
-    view_as: str | None,
-    body: Callable[[Context, EventStore], Awaitable[None]],
-) -> None:
-    """Run a read command: load config, resolve the role, open the store, close it, map errors."""
-
-    async def main() -> None:
-        ctx = Context(config_path=config, db=db, view_as=view_as)
-        await ctx.using(lambda store: body(ctx, store))
-
-    run_async(main())

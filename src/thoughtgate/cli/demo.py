@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.cli.common import Context, console, run_async
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 
@@ -24,8 +24,8 @@ __all__ = ["register", "run_demo"]
 
 async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> str:
     """Run the demo; returns the run's status (the command's exit code follows it)."""
-    from thoughtgate.cli.render import render_run
-    from thoughtgate.cli.runs import execute_and_follow, run_view_json
+    from thoughtgate.cli.render import print_run
+    from thoughtgate.cli.runs import execute_and_follow
     from thoughtgate.demo import DEMO_MODEL, DEMO_PROMPT, demo_config, demo_provider, demo_runtime
     from thoughtgate.orchestration.runtime import RunRequest
 
@@ -49,15 +49,13 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
                 chain_of_thought="surface",
                 live=not json_out,
             )
-            if json_out:
-                print_json(run_view_json(view))
-            else:
-                render_run(console, view, role=ctx.role.label)
+            status = print_run(view, json_out=json_out, role=ctx.role.label)
+            if not json_out:
                 console.print(
-                    f"\nSee what a viewer gets: [bold]thoughtgate events {view['run_id']}"
+                    f"\nSee what a viewer gets: [bold]thoughtgate events {view.run_id}"
                     " --view-as viewer[/]"
                 )
-            return str(view["status"])
+            return status
 
         return await ctx.using(go)
 

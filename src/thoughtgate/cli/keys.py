@@ -7,6 +7,7 @@ a key is never given a role above the local one.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
@@ -29,10 +30,17 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _context(config: str | None, db: str | None) -> Context:
-    ctx = Context(config_path=config, db=db, view_as=None)
-    require_role(ctx.role, Role.ADMIN, "managing API keys")
-    return ctx
+def _on_store(
+    config: str | None, db: str | None, body: Callable[[Role, EventStore], Awaitable[None]]
+) -> None:
+    """Run a key command's ``body`` on the store, as the local role (admin and above only)."""
+
+    async def main() -> None:
+        ctx = Context(config_path=config, db=db, view_as=None)
+        require_role(ctx.role, Role.ADMIN, "managing API keys")
+        await ctx.using(lambda store: body(ctx.role, store))
+
+    run_async(main())
 
 
 def register(app: typer.Typer) -> None:
@@ -63,24 +71,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create a key and print it once (only its SHA-256 is stored)."""
 
-        async def body() -> None:
-            ctx = _context(config, db)
+        async def body(local: Role, store: EventStore) -> None:
+            created = await create_key(store, name=name, role=role, by=local)
+            if json_out:
+                print_json(created.to_dict())
+                return
+            console.print(
+                f"created {created.record.role} key [bold]{created.record.name}[/] "
+                f"({created.record.key_id}); it is shown only now:",
+                highlight=False,
+            )
+            console.print(created.key, highlight=False, soft_wrap=True)
 
-            async def go(store: EventStore) -> None:
-                created = await create_key(store, name=name, role=role, by=ctx.role)
-                if json_out:
-                    print_json(created.to_dict())
-                    return
-                console.print(
-                    f"created {created.record.role} key [bold]{created.record.name}[/] "
-                    f"({created.record.key_id}); it is shown only now:",
-                    highlight=False,
-                )
-                console.print(created.key, highlight=False, soft_wrap=True)
-
-            await ctx.using(go)
-
-        run_async(body())
+        _on_store(config, db, body)
 
     @keys.command("list")
     def list_(
@@ -90,24 +93,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List keys (never their secrets), revoked ones too."""
 
-        async def body() -> None:
-            ctx = _context(config, db)
+        async def body(local: Role, store: EventStore) -> None:
+            records = await store.list_api_keys()
+            if json_out:
+                print_json([key_view(k) for k in records])
+                return
+            table = Table("name", "role", "id", "created", "revoked")
+            for k in records:
+                table.add_row(k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at))
+            console.print(table)
 
-            async def go(store: EventStore) -> None:
-                records = await store.list_api_keys()
-                if json_out:
-                    print_json([key_view(k) for k in records])
-                    return
-                table = Table("name", "role", "id", "created", "revoked")
-                for k in records:
-                    table.add_row(
-                        k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at)
-                    )
-                console.print(table)
-
-            await ctx.using(go)
-
-        run_async(body())
+        _on_store(config, db, body)
 
     @keys.command("revoke")
     def revoke(
@@ -125,21 +121,16 @@ def register(app: typer.Typer) -> None:
         """Revoke a key by id, or by a name that one active key has; requests with it get 401
         from then on, and its open live streams end within a few seconds."""
 
-        async def body() -> None:
-            ctx = _context(config, db)
+        async def body(local: Role, store: EventStore) -> None:
+            revoked = await revoke_key(store, key, by=local)
+            if revoked is None:
+                raise UsageError(f"no active key with id or name {key!r}")
+            if json_out:
+                print_json({"revoked": key, "key_id": revoked.key_id, "name": revoked.name})
+            else:
+                err_console.print(
+                    f"revoked {revoked.role} key {revoked.name} ({revoked.key_id})",
+                    highlight=False,
+                )
 
-            async def go(store: EventStore) -> None:
-                revoked = await revoke_key(store, key, by=ctx.role)
-                if revoked is None:
-                    raise UsageError(f"no active key with id or name {key!r}")
-                if json_out:
-                    print_json({"revoked": key, "key_id": revoked.key_id, "name": revoked.name})
-                else:
-                    err_console.print(
-                        f"revoked {revoked.role} key {revoked.name} ({revoked.key_id})",
-                        highlight=False,
-                    )
-
-            await ctx.using(go)
-
-        run_async(body())
+        _on_store(config, db, body)

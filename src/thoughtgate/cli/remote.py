@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.errors import RunNotFoundError, UsageError
+from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
@@ -32,12 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Remote",
-    "on_daemon",
-    "remote_events",
     "remote_run",
-    "remote_runs",
-    "remote_status",
-    "remote_trace",
     "resolve_remote",
     "show_event",
     "wants_daemon",
@@ -90,27 +85,6 @@ async def _refuse(message: str) -> None:
     raise UsageError(message)
 
 
-def on_daemon(
-    url: str | None,
-    key: str | None,
-    body: Callable[[Remote], Coroutine[Any, Any, None]],
-    db: str | None = None,
-    view_as: str | None = None,
-) -> bool:
-    """Run a read command's ``body`` against the daemon when ``--url`` names one (``True``);
-    ``False`` leaves the command to the local store."""
-    if not wants_daemon(url, key):
-        return False
-
-    async def main() -> None:
-        remote = resolve_remote(url, key, db=db, view_as=view_as)
-        assert remote is not None
-        await body(remote)
-
-    run_async(main())
-    return True
-
-
 _WHY = {
     "db": "the daemon reads its own store",
     "view_as": "your key's role decides what the daemon shows",
@@ -118,28 +92,6 @@ _WHY = {
     "api_key": "the daemon's provider keys apply",
     "tools": "name tools registered on the daemon (--tools NAME), not module:attr",
 }
-
-
-async def _resolve_run_id(tg: ThoughtgateClient, given: str) -> str:
-    """A full run id from an id or a unique start of it (as the local commands take)."""
-    given = given.strip()
-    prefix = given if given.startswith("run_") else f"run_{given}"
-    try:
-        return str((await tg.get_run(prefix))["run_id"])
-    except RunNotFoundError:
-        pass
-    found: list[str] = []
-    for page in range(20):  # the newest 10,000 runs
-        runs = await tg.list_runs(limit=500, offset=page * 500)
-        found += [r["run_id"] for r in runs if str(r["run_id"]).startswith(prefix)]
-        if len(runs) < 500 or len(found) > 5:
-            break
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise RunNotFoundError(given)
-    shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
-    raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
 
 
 @contextlib.asynccontextmanager
@@ -153,19 +105,15 @@ async def _closing(stream: AsyncIterator[Event]) -> AsyncIterator[AsyncIterator[
             await close()
 
 
-def _event_line(event: Event) -> None:
-    task = f" [dim]{event.task_id}[/]" if event.task_id else ""
-    console.print(
-        f"[bold]{event.seq:>5}[/] {event.type}{task} {dict(event.payload)}", highlight=False
-    )
-
-
 def show_event(event: Event, *, json_lines: bool) -> None:
     """One event of ``events``: a JSON line (``--json --follow``) or a readable line."""
     if json_lines:
         print_json(event.to_dict())
-    else:
-        _event_line(event)
+        return
+    task = f" [dim]{event.task_id}[/]" if event.task_id else ""
+    console.print(
+        f"[bold]{event.seq:>5}[/] {event.type}{task} {dict(event.payload)}", highlight=False
+    )
 
 
 # --------------------------------------------------------------------------- commands
@@ -183,7 +131,7 @@ async def remote_run(
     json_out: bool,
 ) -> str:
     """Start a run on the daemon, follow it live, print how it ended; returns its status."""
-    from thoughtgate.cli.render import LivePrinter, render_run, run_view_json
+    from thoughtgate.cli.render import LivePrinter, print_run
 
     async with remote.client() as tg:
         role = str((await tg.me())["role"])
@@ -209,12 +157,8 @@ async def remote_run(
                 task.cancel()
         if printer is not None:
             printer.end()
-        view: Any = await tg.get_run(run_id)
-    if json_out:
-        print_json(run_view_json(view))
-    else:
-        render_run(console, view, role=role)
-    return str(view["status"])
+        view = await tg.get_run(run_id)
+    return print_run(view, json_out=json_out, role=role)
 
 
 async def _approve(tg: ThoughtgateClient, event: Event, approve_all: bool) -> None:
@@ -234,70 +178,3 @@ async def _approve(tg: ThoughtgateClient, event: Event, approve_all: bool) -> No
         decision = "approve" if answer else "reject"
     if decision is not None:
         await tg.answer_approval(event.run_id, call_id, decision)
-
-
-async def remote_status(remote: Remote, run_id: str, *, json_out: bool) -> None:
-    from thoughtgate.cli.render import render_run
-    from thoughtgate.events.thread import rebuild
-
-    async with remote.client() as tg:
-        full = await _resolve_run_id(tg, run_id)
-        view: Any = await tg.get_run(full)
-        if json_out:
-            print_json(view)
-            return
-        role = str((await tg.me())["role"])
-        thread = rebuild(await tg.events(full))
-    render_run(console, view, role=role, thread=thread)
-
-
-async def remote_runs(remote: Remote, *, limit: int, json_out: bool) -> None:
-    from thoughtgate.cli.render import render_runs_table
-
-    async with remote.client() as tg:
-        views: Any = await tg.list_runs(limit=limit)
-    if json_out:
-        print_json(views)
-    else:
-        render_runs_table(console, views)
-
-
-async def remote_events(
-    remote: Remote,
-    run_id: str,
-    *,
-    after: int,
-    limit: int | None,
-    follow: bool,
-    json_out: bool,
-) -> None:
-    async with remote.client() as tg:
-        full = await _resolve_run_id(tg, run_id)
-        if follow:
-            shown = 0
-            async with _closing(tg.follow(full, after=after)) as live:
-                async for event in live:
-                    show_event(event, json_lines=json_out)
-                    shown += 1
-                    if limit is not None and shown >= limit:
-                        return
-            return
-        if limit is None:
-            events = await tg.events(full, after=after)
-        else:  # as locally: at most ``limit`` recorded events, before the filter
-            events = list((await tg.events_page(full, after=after, limit=limit)).events)
-    if json_out:
-        print_json([e.to_dict() for e in events])
-        return
-    for event in events:
-        _event_line(event)
-
-
-async def remote_trace(remote: Remote, run_id: str, *, json_out: bool) -> None:
-    async with remote.client() as tg:
-        full = await _resolve_run_id(tg, run_id)
-        document = [e.to_dict() for e in await tg.trace(full)]
-    if json_out:
-        print_json(document)
-    else:
-        console.print_json(data=document)

@@ -16,6 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from thoughtgate.cli.common import console, print_json
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.thread import (
     PhaseItem,
@@ -29,7 +30,7 @@ from thoughtgate.events.thread import (
 from thoughtgate.events.views import RunView
 from thoughtgate.events.visible import describe_receipt, parse_receipt
 
-__all__ = ["LivePrinter", "render_run", "render_runs_table", "render_thread", "run_view_json"]
+__all__ = ["LivePrinter", "print_run", "render_run", "render_runs_table", "render_thread"]
 
 
 def _turn_title(label: str, turn: Any) -> str:
@@ -191,39 +192,49 @@ def render_run(
     box is never all a reader gets.
     """
     head = Table.grid(padding=(0, 2))
-    head.add_row("run", view["run_id"])
-    head.add_row("status", _status_text(view["status"]))
-    head.add_row("model", str(view.get("model")))
-    head.add_row("chain_of_thought", view["chain_of_thought"])
+    head.add_row("run", view.run_id)
+    head.add_row("status", _status_text(view.status))
+    head.add_row("model", str(view.model))
+    head.add_row("chain_of_thought", view.chain_of_thought)
     head.add_row("viewing as", role)
-    head.add_row("usage", _usage_text(view.get("usage") or {}))
-    if view.get("error"):
-        head.add_row("error", Text(str(view["error"]), style="red"))
-    suspended = (view.get("metadata") or {}).get("suspended")
-    if suspended and view["status"] in ("pending", "running"):
+    head.add_row("usage", _usage_text(view.usage))
+    if view.error:
+        head.add_row("error", Text(view.error, style="red"))
+    suspended = view.metadata.get("suspended")
+    if suspended and view.status in ("pending", "running"):
         how = (
-            f"continue it: thoughtgate resume {view['run_id']}"
+            f"continue it: thoughtgate resume {view.run_id}"
             if suspended.get("resume") == "manual"
             else "another replica takes it up shortly"
         )
         head.add_row("paused", Text(f"{suspended.get('reason')}; {how}", style="yellow"))
-    border = "green" if view["status"] == "completed" else "red"
+    border = "green" if view.status == "completed" else "red"
     console.print(Panel(head, title="thoughtgate run", expand=False, border_style=border))
     if thread is not None:
         render_thread(console, thread)
-    for task in view["tasks"]:
-        body = Text(task.get("output") or "")
-        if task["status"] != "completed" and task.get("error"):
+    for task in view.tasks:
+        body = Text(task.output or "")
+        if task.status != "completed" and task.error:
             if body:
                 body.append("\n\n")
-            body.append(f"{task['status']}: {task['error']}", style="red")
+            body.append(f"{task.status}: {task.error}", style="red")
         console.print(
             Panel(
                 body,
-                title=f"answer · task {task['index']} · {task['status']}",
-                border_style="none" if task["status"] == "completed" else "red",
+                title=f"answer · task {task.index} · {task.status}",
+                border_style="none" if task.status == "completed" else "red",
             )
         )
+
+
+def print_run(view: RunView, *, json_out: bool, role: str) -> str:
+    """How ``run``, ``resume`` and ``demo`` end: the view as one JSON document (``--json``, the
+    same as ``status --json``) or as panels. Returns the run's status (the exit code's source)."""
+    if json_out:
+        print_json(view.to_json())
+    else:
+        render_run(console, view, role=role)
+    return view.status
 
 
 def _started(ts: float | None) -> str:
@@ -236,36 +247,15 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
     """Full run ids (never cut, whatever the terminal's width) and when each run started."""
     table = Table("run_id", "started", "status", "mode", "model", "prompt")
     table.columns[0].no_wrap = True
-    table.columns[0].min_width = max((len(v["run_id"]) for v in views), default=6)
+    table.columns[0].min_width = max((len(v.run_id) for v in views), default=6)
     table.columns[1].no_wrap = True
     for v in views:
         table.add_row(
-            v["run_id"],
-            _started(v.get("created_at")),
-            _status_text(v["status"]),
-            v["chain_of_thought"],
-            str(v.get("model")),
-            (v.get("prompt") or "")[:60],
+            v.run_id,
+            _started(v.created_at),
+            _status_text(v.status),
+            v.chain_of_thought,
+            str(v.model),
+            v.prompt[:60],
         )
     console.print(table)
-
-
-def run_view_json(view: RunView) -> dict[str, Any]:
-    """The ``run --json`` shape: reasoning is null unless surface mode and developer+."""
-    return {
-        "run_id": view["run_id"],
-        "status": view["status"],
-        "error": view.get("error"),
-        "chain_of_thought": view["chain_of_thought"],
-        "tasks": [
-            {
-                "task_id": t["task_id"],
-                "status": t["status"],
-                "output": t["output"],
-                "reasoning": t.get("reasoning"),
-                "error": t.get("error"),
-            }
-            for t in view["tasks"]
-        ],
-        "usage": view["usage"],
-    }

@@ -17,19 +17,12 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from thoughtgate.cli.common import (
-    Context,
-    console,
-    print_json,
-    resolve_run_id,
-    run_async,
-    with_store,
-)
+from thoughtgate.cli.common import Context, console, print_json, run_async
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import (
     ApiKeyOpt,
@@ -44,28 +37,19 @@ from thoughtgate.cli.options import (
     UrlOpt,
     ViewAsOpt,
 )
-from thoughtgate.cli.remote import (
-    on_daemon,
-    remote_events,
-    remote_run,
-    remote_runs,
-    remote_status,
-    remote_trace,
-    resolve_remote,
-    show_event,
-    wants_daemon,
-)
-from thoughtgate.cli.render import run_view_json
+from thoughtgate.cli.readers import RunReader, read_command
+from thoughtgate.cli.remote import remote_run, resolve_remote, show_event, wants_daemon
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.access.roles import Role
     from thoughtgate.engine.approvals import Decision
+    from thoughtgate.events.schema import Event
     from thoughtgate.events.views import RunView
     from thoughtgate.orchestration.runtime import RunRequest, Runtime
     from thoughtgate.store.base import EventStore
 
-__all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow", "run_view_json"]
+__all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
@@ -100,6 +84,45 @@ def _cli_decider(approve_all: bool) -> Any:
     return decide
 
 
+async def _print_live(events: AsyncIterator[Event]) -> None:
+    """A run's filtered events as they are recorded, for people (``LivePrinter``)."""
+    from thoughtgate.cli.render import LivePrinter
+
+    printer = LivePrinter(console)
+    async for event in events:
+        printer.show(event)
+    printer.end()
+
+
+async def _until_done(done: Awaitable[Any], stop: Callable[[str], Awaitable[None]]) -> None:
+    """Wait for ``done`` (shielded). Ctrl-C (a cancel of the calling task) or SIGTERM instead
+    calls ``stop`` with the reason, which must see the run recorded as interrupted; the command
+    then goes on to print the run's view instead of propagating the cancel."""
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    reason = INTERRUPTED_BY_USER
+
+    def on_signal(why: str) -> None:
+        nonlocal reason
+        reason = why
+        if main is not None:
+            main.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, on_signal, STOPPED_BY_SIGNAL)
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await stop(reason)
+        if main is not None:
+            main.uncancel()
+    except Exception:  # recorded on the run (run.failed / run.error); its view says what
+        pass
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 async def execute_and_follow(
     runtime: Runtime,
     request: RunRequest,
@@ -114,49 +137,23 @@ async def execute_and_follow(
     calling task (Ctrl-C; SIGTERM is turned into one here) interrupts the run, waits until it is
     recorded as interrupted, and returns its view instead of propagating.
     """
-    from thoughtgate.access.filter import filter_event, filter_run
-    from thoughtgate.cli.render import LivePrinter
+    from thoughtgate.access.filter import filter_run
+    from thoughtgate.cli.readers import StoreReader
 
     run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
-    printer = LivePrinter(console) if live else None
-
-    async def follow() -> None:
-        assert printer is not None
-        async for event in runtime.store.tail(run.run_id):
-            shown = filter_event(event, role, mode=run.chain_of_thought)
-            if shown is not None:
-                printer.show(shown)
-        printer.end()
-
-    follower = asyncio.create_task(follow()) if live else None
+    reader = StoreReader(runtime.store, role)
+    follower = asyncio.create_task(_print_live(reader.follow(run.run_id))) if live else None
     job = asyncio.create_task(runtime.execute(run.run_id))
-    reason = INTERRUPTED_BY_USER
-    main = asyncio.current_task()
-    loop = asyncio.get_running_loop()
 
-    def stop(why: str) -> None:
-        nonlocal reason
-        reason = why
-        if main is not None:
-            main.cancel()
-
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGTERM, stop, STOPPED_BY_SIGNAL)
-    try:
-        # Shielded: a Ctrl-C cancels this task, and the run is then cancelled once, with the
-        # reason, and given the time to record its end.
-        await asyncio.shield(job)
-    except asyncio.CancelledError:
+    async def stop(reason: str) -> None:
+        # The run is cancelled once, with the reason, and given the time to record its end.
         job.cancel(reason)
         with contextlib.suppress(BaseException):
             await job
-        if main is not None:
-            main.uncancel()
-    except Exception:  # recorded on the run (run.failed / run.error); its view says what
-        pass
+
+    try:
+        await _until_done(job, stop)
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
         if follower is not None:
             try:
                 await asyncio.wait_for(follower, timeout=5)
@@ -169,8 +166,8 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
     """Put a suspended durable run on this process's queue, execute it here (or wherever a
     replica with the same tools takes it first), and follow it to its end. Ctrl-C interrupts it
     like ``run`` does."""
-    from thoughtgate.access.filter import filter_event, filter_run
-    from thoughtgate.cli.render import LivePrinter
+    from thoughtgate.access.filter import filter_run
+    from thoughtgate.cli.readers import StoreReader
     from thoughtgate.orchestration.resume import check_resumable
     from thoughtgate.store.durable import DurableRunStore
     from thoughtgate.store.records import OPEN_RUN_STATUSES
@@ -190,32 +187,13 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
         )
     after = (await store.read(run_id))[-1].seq
     await engine.resume(run_id, engine.queue)
-    printer = LivePrinter(console) if live else None
-    reason = INTERRUPTED_BY_USER
+    events = StoreReader(store, role).follow(run_id, after=after)
+    if live:
+        follower = asyncio.create_task(_print_live(events))
+    else:
+        follower = asyncio.create_task(_drain(events))
 
-    async def follow() -> None:
-        async for event in store.tail(run_id, after=after):
-            shown = filter_event(event, role, mode=run.chain_of_thought) if printer else None
-            if printer is not None and shown is not None:
-                printer.show(shown)
-        if printer is not None:
-            printer.end()
-
-    follower = asyncio.create_task(follow())
-    main = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-
-    def stop(why: str) -> None:
-        nonlocal reason
-        reason = why
-        if main is not None:
-            main.cancel()
-
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGTERM, stop, STOPPED_BY_SIGNAL)
-    try:
-        await asyncio.shield(follower)
-    except asyncio.CancelledError:
+    async def stop(reason: str) -> None:
         # The run executes here (or on a replica with the same tools): stop it with the reason.
         while not runtime.cancel(run_id, reason):
             if (await store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
@@ -223,12 +201,14 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
             await asyncio.sleep(0.05)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(follower, timeout=10)
-        if main is not None:
-            main.uncancel()
-    finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+
+    await _until_done(follower, stop)
     return filter_run(await store.get_run(run_id), role)
+
+
+async def _drain(events: AsyncIterator[Event]) -> None:
+    async for _ in events:
+        pass
 
 
 def _provider_factory(ctx: Context, base_url: str | None, api_key: str | None) -> Any:
@@ -242,6 +222,59 @@ def _provider_factory(ctx: Context, base_url: str | None, api_key: str | None) -
         return create_provider(name, settings)
 
     return factory
+
+
+def _local_command(
+    body: Callable[[Runtime, Context], Awaitable[RunView]],
+    *,
+    config: str | None,
+    db: str | None,
+    view_as: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    tools: list[str] | None,
+    approve_all: bool,
+    json_out: bool,
+    listen_for_tools: bool = False,
+) -> str:
+    """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
+    and the terminal's approvals, durable when the store is; prints the run's view as ``body``
+    left it and returns its status."""
+
+    async def go(ctx: Context, store: EventStore) -> str:
+        from thoughtgate.engine.approvals import ApprovalBroker
+        from thoughtgate.engine.tools import ToolRegistry, load_tools
+        from thoughtgate.orchestration.durability import make_durable
+        from thoughtgate.orchestration.runtime import Runtime
+        from thoughtgate.telemetry import telemetry_sinks
+
+        runtime = Runtime(
+            store,
+            ctx.config,
+            provider_factory=_provider_factory(ctx, base_url, api_key),
+            tools=load_tools(tools) if tools else ToolRegistry(),
+            approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
+            sinks=telemetry_sinks(ctx.config),
+        )
+        engine = make_durable(runtime)
+        try:
+            if engine is not None:
+                # ``resume`` listens on the queue of its tools, so the run comes back here
+                listen = [t.name for t in runtime.tools] if listen_for_tools else None
+                await engine.launch(listen=listen)
+            view = await body(runtime, ctx)
+        finally:
+            if engine is not None:
+                await engine.close()
+        from thoughtgate.cli.render import print_run
+
+        return print_run(view, json_out=json_out, role=ctx.role.label)
+
+    async def main() -> str:
+        ctx = Context(config_path=config, db=db, view_as=view_as)
+        return await ctx.using(lambda store: go(ctx, store))
+
+    return run_async(main())
 
 
 def register(app: typer.Typer) -> None:
@@ -286,75 +319,55 @@ def register(app: typer.Typer) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome.
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
+        if wants_daemon(url, key):
 
-        async def run_on_daemon() -> str:
-            remote = resolve_remote(
-                url,
-                key,
-                db=db,
-                view_as=view_as,
-                base_url=base_url,
-                api_key=api_key,
-                tools=any(":" in t for t in tools or ()),
-            )
-            assert remote is not None
-            return await remote_run(
-                remote,
-                read_prompt(prompt),
-                model=model,
-                system=system,
-                chain_of_thought=cot,
-                tools=list(tools or ()),
-                approve_all=approve_all,
-                json_out=json_out,
-            )
-
-        async def body() -> str:
-            from thoughtgate.cli.render import render_run
-            from thoughtgate.engine.approvals import ApprovalBroker
-            from thoughtgate.engine.tools import ToolRegistry, load_tools
-            from thoughtgate.orchestration.durability import make_durable
-            from thoughtgate.orchestration.runtime import RunRequest, Runtime
-            from thoughtgate.telemetry import telemetry_sinks
-
-            text = read_prompt(prompt)
-            ctx = Context(config_path=config, db=db, view_as=view_as)
-            factory = _provider_factory(ctx, base_url, api_key)
-
-            async def go(store: EventStore) -> str:
-                runtime = Runtime(
-                    store,
-                    ctx.config,
-                    provider_factory=factory,
-                    tools=load_tools(tools) if tools else ToolRegistry(),
-                    approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
-                    sinks=telemetry_sinks(ctx.config),
+            async def on_daemon() -> str:
+                remote = resolve_remote(
+                    url,
+                    key,
+                    db=db,
+                    view_as=view_as,
+                    base_url=base_url,
+                    api_key=api_key,
+                    tools=any(":" in t for t in tools or ()),
                 )
-                engine = make_durable(runtime)
-                try:
-                    if engine is not None:
-                        await engine.launch()
-                    view = await execute_and_follow(
-                        runtime,
-                        RunRequest(text, model=model, system=system),
-                        role=ctx.role,
-                        chain_of_thought=cot,
-                        live=not json_out,
-                    )
-                finally:
-                    if engine is not None:
-                        await engine.close()
-                if json_out:
-                    print_json(run_view_json(view))
-                else:
-                    render_run(console, view, role=ctx.role.label)
-                return str(view["status"])
+                assert remote is not None
+                return await remote_run(
+                    remote,
+                    read_prompt(prompt),
+                    model=model,
+                    system=system,
+                    chain_of_thought=cot,
+                    tools=list(tools or ()),
+                    approve_all=approve_all,
+                    json_out=json_out,
+                )
 
-            return await ctx.using(go)
+            raise typer.Exit(for_run_status(run_async(on_daemon())))
 
-        raise typer.Exit(
-            for_run_status(run_async(run_on_daemon() if wants_daemon(url, key) else body()))
+        async def body(runtime: Runtime, ctx: Context) -> RunView:
+            from thoughtgate.orchestration.runtime import RunRequest
+
+            return await execute_and_follow(
+                runtime,
+                RunRequest(read_prompt(prompt), model=model, system=system),
+                role=ctx.role,
+                chain_of_thought=cot,
+                live=not json_out,
+            )
+
+        status = _local_command(
+            body,
+            config=config,
+            db=db,
+            view_as=view_as,
+            base_url=base_url,
+            api_key=api_key,
+            tools=tools,
+            approve_all=approve_all,
+            json_out=json_out,
         )
+        raise typer.Exit(for_run_status(status))
 
     @app.command()
     def resume(
@@ -371,45 +384,25 @@ def register(app: typer.Typer) -> None:
         """Continue a run whose process was killed, from its last completed step (a completed
         tool call is never run again); the exit code is its outcome."""
 
-        async def body() -> str:
-            from thoughtgate.cli.render import render_run
-            from thoughtgate.engine.approvals import ApprovalBroker
-            from thoughtgate.engine.tools import ToolRegistry, load_tools
-            from thoughtgate.orchestration.durability import make_durable
-            from thoughtgate.orchestration.runtime import Runtime
-            from thoughtgate.telemetry import telemetry_sinks
+        async def body(runtime: Runtime, ctx: Context) -> RunView:
+            from thoughtgate.cli.common import resolve_run_id
 
-            ctx = Context(config_path=config, db=db, view_as=view_as)
+            full_id = await resolve_run_id(runtime.store, run_id)
+            return await resume_and_follow(runtime, full_id, role=ctx.role, live=not json_out)
 
-            async def go(store: EventStore) -> str:
-                full_id = await resolve_run_id(store, run_id)
-                runtime = Runtime(
-                    store,
-                    ctx.config,
-                    provider_factory=_provider_factory(ctx, base_url, api_key),
-                    tools=load_tools(tools) if tools else ToolRegistry(),
-                    approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
-                    sinks=telemetry_sinks(ctx.config),
-                )
-                engine = make_durable(runtime)
-                try:
-                    if engine is not None:
-                        await engine.launch(listen=[t.name for t in runtime.tools])
-                    view = await resume_and_follow(
-                        runtime, full_id, role=ctx.role, live=not json_out
-                    )
-                finally:
-                    if engine is not None:
-                        await engine.close()
-                if json_out:
-                    print_json(run_view_json(view))
-                else:
-                    render_run(console, view, role=ctx.role.label)
-                return str(view["status"])
-
-            return await ctx.using(go)
-
-        raise typer.Exit(for_run_status(run_async(body())))
+        status = _local_command(
+            body,
+            config=config,
+            db=db,
+            view_as=view_as,
+            base_url=base_url,
+            api_key=api_key,
+            tools=tools,
+            approve_all=approve_all,
+            json_out=json_out,
+            listen_for_tools=True,
+        )
+        raise typer.Exit(for_run_status(status))
 
     @app.command()
     def status(
@@ -422,24 +415,20 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
-        if on_daemon(url, key, lambda r: remote_status(r, run_id, json_out=json_out), db, view_as):
-            return
 
-        async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_events, filter_run
+        async def body(reader: RunReader) -> None:
             from thoughtgate.cli.render import render_run
             from thoughtgate.events.thread import rebuild
 
-            full_id = await resolve_run_id(store, run_id)
-            run = await store.get_run(full_id)
-            view = filter_run(run, ctx.role)
+            full_id = await reader.resolve(run_id)
+            view = await reader.view(full_id)
             if json_out:
-                print_json(view)
+                print_json(view.to_json())
                 return
-            events = filter_events(await store.read(full_id), ctx.role, mode=run.chain_of_thought)
-            render_run(console, view, role=ctx.role.label, thread=rebuild(events))
+            thread = rebuild(await reader.events(full_id))
+            render_run(console, view, role=await reader.role(), thread=thread)
 
-        with_store(config=config, db=db, view_as=view_as, body=body)
+        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
 
     @app.command()
     def runs(
@@ -454,22 +443,17 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started."""
-        if on_daemon(
-            url, key, lambda r: remote_runs(r, limit=limit, json_out=json_out), db, view_as
-        ):
-            return
 
-        async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_run
+        async def body(reader: RunReader) -> None:
             from thoughtgate.cli.render import render_runs_table
 
-            views = [filter_run(r, ctx.role) for r in await store.list_runs(limit=limit)]
+            views = await reader.runs(limit)
             if json_out:
-                print_json(views)
+                print_json([v.to_json() for v in views])
             else:
                 render_runs_table(console, views)
 
-        with_store(config=config, db=db, view_as=view_as, body=body)
+        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
 
     @app.command()
     def events(
@@ -499,45 +483,26 @@ def register(app: typer.Typer) -> None:
         key: KeyOpt = None,
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
-        if on_daemon(
-            url,
-            key,
-            lambda r: remote_events(
-                r, run_id, after=after, limit=limit, follow=follow, json_out=json_out
-            ),
-            db,
-            view_as,
-        ):
-            return
 
-        async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_event, filter_events
-
-            full_id = await resolve_run_id(store, run_id)
-            run = await store.get_run(full_id)
+        async def body(reader: RunReader) -> None:
+            full_id = await reader.resolve(run_id)
             if follow:
-                shown_count = 0
-                async for event in store.tail(full_id, after=after):
-                    seen = filter_event(event, ctx.role, mode=run.chain_of_thought)
-                    if seen is None:
-                        continue
-                    show_event(seen, json_lines=json_out)
-                    shown_count += 1
-                    if limit is not None and shown_count >= limit:
-                        return
+                shown = 0
+                async with contextlib.aclosing(reader.follow(full_id, after=after)) as live:
+                    async for event in live:
+                        show_event(event, json_lines=json_out)
+                        shown += 1
+                        if limit is not None and shown >= limit:
+                            return
                 return
-            raw = await store.read(full_id, after=after, limit=limit)
-            shown = filter_events(raw, ctx.role, mode=run.chain_of_thought)
+            listed = await reader.events(full_id, after=after, limit=limit)
             if json_out:
-                print_json([e.to_dict() for e in shown])
+                print_json([e.to_dict() for e in listed])
                 return
-            for e in shown:
-                task = f" [dim]{e.task_id}[/]" if e.task_id else ""
-                console.print(
-                    f"[bold]{e.seq:>5}[/] {e.type}{task} {dict(e.payload)}", highlight=False
-                )
+            for event in listed:
+                show_event(event, json_lines=False)
 
-        with_store(config=config, db=db, view_as=view_as, body=body)
+        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
 
     @app.command()
     def trace(
@@ -551,22 +516,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A run's trace metadata (worker.completed with reasoning) as one JSON document:
         developer and above."""
-        if on_daemon(url, key, lambda r: remote_trace(r, run_id, json_out=json_out), db, view_as):
-            return
 
-        async def body(ctx: Context, store: EventStore) -> None:
-            from thoughtgate.access.filter import filter_events, require_role
-            from thoughtgate.access.roles import Role
-
-            require_role(ctx.role, Role.DEVELOPER, "the trace")
-            full_id = await resolve_run_id(store, run_id)
-            run = await store.get_run(full_id)
-            raw = [e for e in await store.read(full_id) if e.type == "worker.completed"]
-            shown = filter_events(raw, ctx.role, mode=run.chain_of_thought, surface="trace")
-            document = [e.to_dict() for e in shown]
+        async def body(reader: RunReader) -> None:
+            document = [e.to_dict() for e in await reader.trace(await reader.resolve(run_id))]
             if json_out:
                 print_json(document)
             else:
                 console.print_json(data=document)
 
-        with_store(config=config, db=db, view_as=view_as, body=body)
+        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)

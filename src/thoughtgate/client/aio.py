@@ -16,10 +16,12 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from pydantic import ValidationError
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
 from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
+from thoughtgate.events.views import RunView
 from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["EventPage", "ThoughtgateClient", "Ticket", "event_from_dict"]
@@ -74,6 +76,13 @@ def event_from_dict(data: Any) -> Event:
         ts=float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0,
         v=version,
     )
+
+
+def _run_view(data: Any) -> RunView:
+    try:
+        return RunView.model_validate(data)
+    except ValidationError as exc:
+        raise DaemonError(f"the daemon answered a run view this client cannot read: {exc}") from exc
 
 
 class ThoughtgateClient:
@@ -183,16 +192,15 @@ class ThoughtgateClient:
         created = await self._request("POST", "/v1/runs", json_body=body)
         return str(created["run_id"])
 
-    async def get_run(self, run_id: str) -> dict[str, Any]:
-        """The run with its tasks, as the key's role may see it."""
-        run: dict[str, Any] = await self._request("GET", _run_path(run_id), run_id=run_id)
-        return run
+    async def get_run(self, run_id: str) -> RunView:
+        """The run with its tasks, as the key's role may see it: the same :class:`RunView` the
+        daemon's filter built (a withheld field is unset, absent from ``to_json()``)."""
+        return _run_view(await self._request("GET", _run_path(run_id), run_id=run_id))
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunView]:
         """Runs, newest first."""
         body = await self._request("GET", "/v1/runs", params={"limit": limit, "offset": offset})
-        runs: list[dict[str, Any]] = body["runs"]
-        return runs
+        return [_run_view(run) for run in body["runs"]]
 
     async def events_page(self, run_id: str, *, after: int = 0, limit: int = 500) -> EventPage:
         """One page of events after ``after`` (``limit`` counts events before filtering)."""

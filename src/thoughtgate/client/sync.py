@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from thoughtgate.client.aio import EventPage, ThoughtgateClient, Ticket
 from thoughtgate.events.schema import Event
 from thoughtgate.events.thread import ThreadView
+from thoughtgate.events.views import RunView
 
 __all__ = ["SyncThoughtgateClient"]
 
@@ -79,10 +80,10 @@ class SyncThoughtgateClient:
             self.aio.start_run(prompt, model, chain_of_thought, tools, system=system, tasks=tasks)
         )
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
+    def get_run(self, run_id: str) -> RunView:
         return self._run(self.aio.get_run(run_id))
 
-    def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunView]:
         return self._run(self.aio.list_runs(limit=limit, offset=offset))
 
     def events_page(self, run_id: str, *, after: int = 0, limit: int = 500) -> EventPage:

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Union
 
-from pydantic import ConfigDict, Field, TypeAdapter, with_config
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, with_config
 from pydantic.config import JsonDict
 from typing_extensions import TypedDict, is_typeddict
 
@@ -202,7 +202,7 @@ def _type_text(tp: Any) -> str:
         return f"{_type_text(typing.get_args(tp)[0])}[]"
     if origin is dict:
         return f"object of {_type_text(typing.get_args(tp)[1])}"
-    if is_typeddict(tp):
+    if is_typeddict(tp) or (isinstance(tp, type) and issubclass(tp, BaseModel)):
         return f"`{tp.__name__}`"
     names = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
     return names.get(tp, "any")

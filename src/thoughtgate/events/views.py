@@ -1,19 +1,20 @@
 """The run and task views, declared like event payloads: every field with its visibility class.
 
 A run view is what HTTP (``GET /v1/runs/{id}``), ``status --json``, MCP, host metadata and the
-Python client return. It passes through the same one output filter as the events, by these
-declarations, so a fact has the same visibility in both places: a task's answer is public here
+Python client return: one pydantic model, :class:`RunView`, that only the one output filter
+builds (``thoughtgate.access.filter.filter_run``), by these declarations, so a fact has the same visibility in both places: a task's answer is public here
 as in ``task.completed``; its reasoning and the reasoning token counts are ``reasoning`` class in
 both; the daemon that executes a run (host, process id) is ``operator`` detail.
 
-Withheld fields are absent from a reader's copy, never null.
+Withheld fields are absent from a reader's copy, never null: they are left unset on the model,
+and :meth:`RunView.to_json` leaves unset fields out.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, with_config
+from pydantic import BaseModel, ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from thoughtgate.disclosure import ChainOfThought
@@ -23,7 +24,6 @@ from thoughtgate.events.visibility import Vis
 __all__ = [
     "DaemonInfo",
     "HostMetadataView",
-    "HostTaskView",
     "RunMetadata",
     "RunView",
     "SuspendedInfo",
@@ -71,24 +71,42 @@ class RunMetadata(TypedDict, total=False):
     """The process that executed the run before it stopped (host digest, pid, start nonce)."""
 
 
-@with_config(_STRICT)
-class TaskView(TypedDict):
+class _View(BaseModel):
+    """A reader's copy: built by the one output filter, never from a record directly."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+    """Unknown keys are dropped: an older client reads a newer daemon's view (the filter itself
+    never produces a key its declaration does not name)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form every surface sends: a withheld field is absent, never null."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def to_json_text(self) -> str:
+        """:meth:`to_json` as compact JSON text (the run list's live frames)."""
+        return self.model_dump_json(exclude_unset=True)
+
+
+class TaskView(_View):
     task_id: Annotated[str, Vis.PUBLIC]
     index: Annotated[int, Vis.PUBLIC]
     prompt: Annotated[str, Vis.PUBLIC]
     status: Annotated[TaskStatus, Vis.PUBLIC]
     output: Annotated[str | None, Vis.PUBLIC]
     """The task's answer."""
-    reasoning: Annotated[str | None, Vis.REASONING]
-    """Raw reasoning: recorded only on ``surface`` runs."""
+    reasoning: Annotated[str | None, Vis.REASONING] = None
+    """Raw reasoning: recorded only on ``surface`` runs; absent from a reader's copy unless the
+    reader may read it (``reasoning_visible``)."""
     usage: Annotated[TokenUsage, Vis.PUBLIC]
     error: Annotated[str | None, Vis.PUBLIC]
     model: Annotated[str | None, Vis.PUBLIC]
     backend: Annotated[str | None, Vis.PUBLIC]
 
 
-@with_config(_STRICT)
-class RunView(TypedDict):
+class RunView(_View):
+    """A run with its tasks as one reader may see it: what ``GET /v1/runs/{id}``, ``status
+    --json``, ``run --json``, the MCP tools and the Python client return (ADR 0015)."""
+
     run_id: Annotated[str, Vis.PUBLIC]
     status: Annotated[RunStatus, Vis.PUBLIC]
     prompt: Annotated[str, Vis.PUBLIC]
@@ -101,38 +119,18 @@ class RunView(TypedDict):
     error: Annotated[str | None, Vis.PUBLIC]
     metadata: Annotated[RunMetadata, Vis.PUBLIC]
     tasks: Annotated[list[TaskView], Vis.PUBLIC]
-    started_by: NotRequired[Annotated[str | None, Vis.OPERATOR]]
+    started_by: Annotated[str | None, Vis.OPERATOR] = None
     """The id of the API key that started the run through the daemon (``null``: started by the
     command line or the Python API). Who started what is operator detail: admin and above; any
     reader can still list their own runs (``GET /v1/runs?key=me``)."""
 
 
-@with_config(_STRICT)
-class HostTaskView(TypedDict):
-    task_id: Annotated[str, Vis.PUBLIC]
-    index: Annotated[int, Vis.PUBLIC]
-    status: Annotated[TaskStatus, Vis.PUBLIC]
-    model: Annotated[str | None, Vis.PUBLIC]
-    output: Annotated[str | None, Vis.PUBLIC]
-    usage: Annotated[TokenUsage, Vis.PUBLIC]
-    error: Annotated[str | None, Vis.PUBLIC]
-    reasoning: NotRequired[Annotated[str | None, Vis.REASONING]]
-
-
-@with_config(_STRICT)
-class HostMetadataView(TypedDict):
-    """What a host integration shows for a run; built from the filtered :class:`RunView`."""
+class HostMetadataView(RunView):
+    """What a host integration shows for a run: the reader's :class:`RunView`, plus who reads it
+    and whether they may read its reasoning."""
 
     version: Annotated[Literal[1], Vis.PUBLIC]
-    run_id: Annotated[str, Vis.PUBLIC]
-    status: Annotated[RunStatus, Vis.PUBLIC]
-    chain_of_thought: Annotated[ChainOfThought, Vis.PUBLIC]
+    role: Annotated[str, Vis.PUBLIC]
+    """The reader's role."""
     reasoning_visible: Annotated[bool, Vis.PUBLIC]
     """Whether this reader may read reasoning on this run."""
-    model: Annotated[str | None, Vis.PUBLIC]
-    created_at: Annotated[float, Vis.PUBLIC]
-    updated_at: Annotated[float, Vis.PUBLIC]
-    usage: Annotated[TokenUsage, Vis.PUBLIC]
-    error: Annotated[str | None, Vis.PUBLIC]
-    role: Annotated[str, Vis.PUBLIC]
-    tasks: Annotated[list[HostTaskView], Vis.PUBLIC]

@@ -38,6 +38,7 @@ from enum import StrEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
+from pydantic import BaseModel
 from typing_extensions import is_typeddict
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ def visibility_of(metadata: Iterable[Any]) -> list[VisClass]:
 FieldShape: TypeAlias = Literal["scalar", "json", "model", "models"]
 """``scalar``: str, int, float, bool, null or a literal; ``json``: any other JSON value, shown
 whole or not at all (tool arguments, a list of names); ``model``: a declared nested shape;
-``models``: a list of one."""
+``models``: a list of one. A declared shape that may be null (``Shape | None``) is a ``model``
+too."""
 
 _SCALARS = (str, int, float, bool, type(None))
 _WRAPPERS = frozenset({typing.NotRequired, typing.Required})
@@ -118,7 +120,8 @@ class DeclaredField:
     annotation: Any
     """The field's type without its visibility metadata."""
     model: type | None = None
-    """The nested ``TypedDict`` of a ``model`` or ``models`` field."""
+    """The nested declared shape (a ``TypedDict`` or a pydantic model) of a ``model`` or
+    ``models`` field."""
 
 
 def _is_scalar(tp: Any) -> bool:
@@ -130,23 +133,54 @@ def _is_scalar(tp: Any) -> bool:
     return tp in _SCALARS
 
 
+def _declares(tp: Any) -> bool:
+    return is_typeddict(tp) or (isinstance(tp, type) and issubclass(tp, BaseModel))
+
+
 def _shape(tp: Any) -> tuple[FieldShape, type | None]:
-    if is_typeddict(tp):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        # ``Shape | None``: projected like ``Shape`` (a null stays null)
+        declared = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(declared) == 1 and _declares(declared[0]):
+            return "model", declared[0]
+    if _declares(tp):
         return "model", tp
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
-        if is_typeddict(item):
+        if _declares(item):
             return "models", item
     return ("scalar" if _is_scalar(tp) else "json"), None
 
 
+def _declared(shape: type, name: str, classes: list[VisClass]) -> VisClass:
+    if len(classes) != 1:
+        raise TypeError(
+            f"{shape.__name__}.{name} declares {len(classes)} visibility classes; "
+            "every field needs exactly one"
+        )
+    return classes[0]
+
+
+def _model_fields(shape: type[BaseModel]) -> dict[str, DeclaredField]:
+    """A pydantic view's fields (pydantic keeps ``Annotated`` metadata in ``metadata``)."""
+    fields: dict[str, DeclaredField] = {}
+    for name, info in shape.model_fields.items():
+        cls = _declared(shape, name, visibility_of(info.metadata))
+        kind, model = _shape(info.annotation)
+        fields[name] = DeclaredField(name, cls, kind, info.is_required(), info.annotation, model)
+    return fields
+
+
 @cache
 def declared_fields(shape: type) -> dict[str, DeclaredField]:
-    """The fields of a declared ``TypedDict``, each with its one visibility class.
+    """The fields of a declared ``TypedDict`` or pydantic model, each with its one visibility
+    class.
 
     Raises ``TypeError`` when a field declares no class or more than one: a field nobody
     classified cannot be shown safely, so the declaration itself is refused.
     """
+    if issubclass(shape, BaseModel):
+        return _model_fields(shape)
     hints = typing.get_type_hints(shape, include_extras=True)
     fields: dict[str, DeclaredField] = {}
     for name, hint in hints.items():
@@ -156,20 +190,8 @@ def declared_fields(shape: type) -> dict[str, DeclaredField]:
         while typing.get_origin(tp) in _WRAPPERS:
             required = typing.get_origin(tp) is typing.Required
             (tp,) = typing.get_args(tp)
-        classes = visibility_of(getattr(tp, "__metadata__", ()))
-        if len(classes) != 1:
-            raise TypeError(
-                f"{shape.__name__}.{name} declares {len(classes)} visibility classes; "
-                "every field needs exactly one"
-            )
+        cls = _declared(shape, name, visibility_of(getattr(tp, "__metadata__", ())))
         bare = typing.get_args(tp)[0]
         kind, model = _shape(bare)
-        fields[name] = DeclaredField(
-            name,
-            classes[0],
-            kind,
-            required,
-            bare,
-            model,
-        )
+        fields[name] = DeclaredField(name, cls, kind, required, bare, model)
     return fields

@@ -26,7 +26,7 @@ from thoughtgate.store.records import OPEN_RUN_STATUSES
 if TYPE_CHECKING:
     from thoughtgate.orchestration.durable import DurableEngine
 
-__all__ = ["DurableApprovals", "approval_topic"]
+__all__ = ["DurableApprovals", "approval_settled", "approval_topic"]
 
 
 def approval_topic(call_id: str) -> str:
@@ -104,6 +104,17 @@ class DurableApprovals(ApprovalBroker):
         if decision not in ("approve", "reject"):
             return ApprovalOutcome("reject", str(message.get("by", "")))
         return ApprovalOutcome(decision, str(message.get("by", "")))
+
+
+async def approval_settled(store: EventStore, run_id: str, call_id: str) -> bool:
+    """Whether the run's log records an answer (or the timeout) for this call's approval."""
+    settled = {EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT}
+    for event in await store.read(run_id):
+        if event.type in settled and event.payload.get("call_id") == call_id:
+            return True
+        if is_run_terminal(event.type):
+            break
+    return False
 
 
 async def _pending_in_log(store: EventStore, run_id: str, call_id: str) -> bool:

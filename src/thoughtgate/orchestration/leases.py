@@ -16,8 +16,8 @@ import asyncio
 import logging
 import time
 
-from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import DEFAULT_LEASE_TTL_S, LOST_LEASE, Owner
+from thoughtgate.store.run_index import RunIndex
 
 __all__ = ["LeaseKeeper"]
 
@@ -28,7 +28,7 @@ class LeaseKeeper:
     """Holds and renews the leases of the runs one process executes against one store."""
 
     def __init__(
-        self, store: EventStore, owner: Owner | None = None, *, ttl_s: float = DEFAULT_LEASE_TTL_S
+        self, store: RunIndex, owner: Owner | None = None, *, ttl_s: float = DEFAULT_LEASE_TTL_S
     ) -> None:
         self.store = store
         self.owner = owner or Owner.current()

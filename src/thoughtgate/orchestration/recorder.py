@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.schema import Event, NewEvent
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.log import EventLog, EventObserver
 
 __all__ = ["EventRecorder", "EventSink"]
 
-EventSink = Callable[[Sequence[Event]], Awaitable[None]]
-"""Called with every batch right after it is durably appended (telemetry, live observers)."""
+EventSink = EventObserver
+"""Called with every batch right after it is durably appended (telemetry, live observers): the
+log hands it over (``EventLog.observe``), whichever code path appended the batch."""
 
 
 class EventRecorder:
@@ -34,12 +35,11 @@ class EventRecorder:
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventLog,
         run_id: str,
         *,
         flush_interval: float = 0.02,
         max_batch: int = 256,
-        sinks: Sequence[EventSink] = (),
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -50,7 +50,6 @@ class EventRecorder:
         self._flusher: asyncio.Task[None] | None = None
         self._window_end = 0.0
         self.appended = 0
-        self.sinks = tuple(sinks)
         self._failure: Exception | None = None
 
     async def emit(self, event: NewEvent) -> list[Event]:
@@ -116,8 +115,6 @@ class EventRecorder:
                 self._failure = exc
             raise
         self.appended += len(out)
-        for sink in self.sinks:
-            await sink(out)
         return out
 
     async def close(self) -> None:

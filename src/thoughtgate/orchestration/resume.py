@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from thoughtgate.config import Config
 from thoughtgate.engine.steps import ResumeLog
+from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
-from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.leases import LeaseKeeper
-from thoughtgate.orchestration.specs import RunSpec, TaskSpec
+from thoughtgate.orchestration.specs import RunSpec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
@@ -39,8 +39,6 @@ __all__ = ["Executor", "begin_execution", "check_resumable"]
 
 log = logging.getLogger("thoughtgate.durable")
 
-R = TypeVar("R", bound="Executor")
-
 
 class Executor(Protocol):
     """What starting an execution needs of the runtime (``orchestration.runtime.Runtime``)."""
@@ -49,18 +47,16 @@ class Executor(Protocol):
     config: Config
     leases: LeaseKeeper
 
-    def with_tools(self: R, tool_names: Sequence[str]) -> R: ...
+    def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry: ...
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
 
-    async def _observe(self, events: Sequence[Event]) -> None: ...
-
 
 async def begin_execution(
-    runtime: R, run_id: str
-) -> tuple[R, RunRecord, list[TaskSpec], ResumeLog | None] | None:
-    """Claim ``run_id`` for this process. Returns the runtime to execute it with (holding the
-    run's tools), the run, its task specs and, when it resumes, the log as it stood; ``None``
+    runtime: Executor, run_id: str
+) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
+    """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
+    this process's) and, when it resumes, the log as it stood; ``None``
     when there is nothing to execute here (it ended, another process holds it, or it was just
     closed because it cannot resume)."""
     store = runtime.store
@@ -78,11 +74,10 @@ async def begin_execution(
         if attempt > limit:
             raise UsageError(f"its process stopped {attempt - 1} times; it is not resumed again")
         spec = RunSpec.from_json(record.spec)
-        target = runtime.with_tools(spec.tools)
+        tools = runtime.tools_for(spec.tools)
     except UsageError as exc:
         reason = f"it cannot resume: {exc}"
-        closed = await close_run_interrupted(store, run_id, reason)
-        await runtime._observe(closed)
+        await close_run_interrupted(store, run_id, reason)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:
@@ -102,7 +97,7 @@ async def begin_execution(
     if before.metadata.get("suspended") is not None:
         await store.update_run(run_id, metadata={"suspended": None})
     run = await store.get_run(run_id)
-    return target, run, list(spec.tasks), resumed
+    return run, spec, tools, resumed
 
 
 async def check_resumable(

@@ -24,14 +24,17 @@ A provider is built when the run is created, so a missing key or an unknown mode
 ``UsageError`` before any run exists. While it executes, the run's lease is renewed
 (``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
 when the runtime is durable (``orchestration.durable``, ADR 0013), resume from its last completed
-step. The run's spec (tasks and tool names) is stored with it, so any process can execute it.
+step. The run's whole spec (each task's prompt, model, system prompt, worker and earlier
+conversation, and the names of its tools) is stored with it, and every execution reads it back
+from the store -- in the process that created the run too -- so any process can execute it and no
+surface depends on the memory of the one that created it. A run's tools are a parameter of its
+execution (``tools_for`` its spec), not a copy of the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
 import logging
 import time
@@ -47,7 +50,7 @@ from thoughtgate.config import (
     resolve_worker_backend,
 )
 from thoughtgate.disclosure import Disclosure
-from thoughtgate.engine.approvals import ApprovalBroker
+from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.history import conversation_from_events, history_payload
 from thoughtgate.engine.loop import (
     LoopObserver,
@@ -58,7 +61,13 @@ from thoughtgate.engine.loop import (
 )
 from thoughtgate.engine.steps import DirectSteps, ResumeLog, StepCodec, Steps
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import ProviderError, QuotaExceededError, ThoughtgateError, UsageError
+from thoughtgate.errors import (
+    ApprovalNotPendingError,
+    ProviderError,
+    QuotaExceededError,
+    ThoughtgateError,
+    UsageError,
+)
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     CapabilityResolvedPayload,
@@ -77,6 +86,7 @@ from thoughtgate.events.payloads import (
     trace_metadata,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.orchestration.approvals import approval_settled
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.orchestration.specs import RunSpec, TaskSpec
@@ -196,10 +206,12 @@ class Runtime:
         self.tools = tools or ToolRegistry()
         self.approvals = approvals or ApprovalBroker()
         self.observer_factory = observer_factory
-        self._specs: dict[str, list[TaskSpec]] = {}
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
         self.sinks: list[EventSink] = list(sinks)
+        """Observers of every event appended through ``store`` in this process (telemetry): the
+        store hands them each committed batch, whichever code path appended it."""
+        store.observe(self._feed_sinks)
         self.leases = LeaseKeeper(store, ttl_s=self.config.orchestration.lease_ttl_s)
         """This process's leases on the runs it executes (ADR 0009)."""
         self._client_leases: list[contextlib.AbstractAsyncContextManager[None]] = []
@@ -219,9 +231,9 @@ class Runtime:
         self.durable = engine
         self.approvals = DurableApprovals(engine, self.store, decider=self.approvals.decider)
 
-    def with_tools(self, tool_names: Sequence[str]) -> Runtime:
-        """A runtime sharing everything with this one but holding only the named tools (a run
-        may call exactly the tools it named); ``UsageError`` names any this process lacks."""
+    def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry:
+        """The tools a run named, from this process's (a run may call exactly the tools it
+        named); ``UsageError`` names any this process lacks."""
         chosen = ToolRegistry()
         for name in tool_names:
             found = self.tools.get(name)
@@ -230,11 +242,7 @@ class Runtime:
                 raise UsageError(f"unknown tool {name!r}; tools in this process: {known}")
             if chosen.get(name) is None:
                 chosen.add(found)
-        # A shallow copy keeps everything else this runtime was built with (provider factory,
-        # approvals broker, observers, sinks, durable engine, whatever it grows later).
-        runtime = copy.copy(self)
-        runtime.tools = chosen
-        return runtime
+        return chosen
 
     async def __aenter__(self) -> Runtime:
         lease = shared_clients().lease()
@@ -251,14 +259,12 @@ class Runtime:
         await self._client_leases.pop().__aexit__(exc_type, exc, tb)
 
     async def _append(self, run_id: str, events: list[NewEvent]) -> None:
-        """Every append outside a task recorder goes through here so sinks see it."""
         check_new_events(events)
-        await self._observe(await self.store.append(run_id, events))
+        await self.store.append(run_id, events)
 
-    async def _observe(self, events: Sequence[Event]) -> None:
-        if events:
-            for sink in self.sinks:
-                await sink(events)
+    async def _feed_sinks(self, events: Sequence[Event]) -> None:
+        for sink in self.sinks:
+            await sink(events)
 
     def _default_provider(self, model: str) -> Provider:
         return create_provider(model, provider_settings_from_config(self.config, model))
@@ -307,6 +313,9 @@ class Runtime:
             TaskSpec(request.prompt, system=request.system, history=request.history)
         ]
         self._validate(backend, model, specs)
+        names = tuple(t.name for t in self.tools) if tools is None else tuple(dict.fromkeys(tools))
+        if not queue:  # this process executes it: it must have every tool the run names
+            self.tools_for(names)
         prepared: dict[str, Provider] = {}
         if backend == "provider":
             prepared = await self._prepare([spec.model or model for spec in specs])
@@ -332,7 +341,6 @@ class Runtime:
             )
             for i, spec in enumerate(specs)
         ]
-        names = tuple(t.name for t in self.tools) if tools is None else tuple(tools)
         spec = RunSpec(tuple(specs), names)
         try:
             rank = await self._store_run(run, spec, key_id=key_id, quota=quota, queue=queue)
@@ -365,8 +373,6 @@ class Runtime:
                 NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
             ],
         )
-        if not queue:
-            self._specs[run.run_id] = specs
         return run, rank
 
     async def _store_run(
@@ -491,18 +497,25 @@ class Runtime:
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        specs = self._specs.pop(run_id, None) or await self._stored_specs(run)
-        await self._run_held(run, specs, DirectSteps(), running=True)
+        try:
+            spec = await self.stored_spec(run)
+            tools = self.tools_for(spec.tools)
+        except UsageError:
+            await _close_all(self._prepared.pop(run_id, {}).values())
+            raise
+        await self._run_held(run, spec.tasks, tools, DirectSteps(), running=True)
         return await self.store.get_run(run_id)
 
-    async def _stored_specs(self, run: RunRecord) -> list[TaskSpec]:
-        """The run's task specs from the store (another process created it), else from its
-        task rows (a run recorded without a spec: no system prompt or history to go on)."""
+    async def stored_spec(self, run: RunRecord) -> RunSpec:
+        """The run's spec as the store keeps it, whichever process created the run: this one
+        reads it back like any other (nothing of a run lives only in its creator's memory). A
+        run recorded without a spec (by a store that keeps none) gets one from its task rows: no
+        system prompt, history or tools to go on."""
         if isinstance(self.store, DurableRunStore):
             record = await self.store.get_run_spec(run.run_id)
             if record is not None:
-                return list(RunSpec.from_json(record.spec).tasks)
-        return [TaskSpec(t.prompt, model=t.model) for t in run.tasks]
+                return RunSpec.from_json(record.spec)
+        return RunSpec(tuple(TaskSpec(t.prompt, model=t.model) for t in run.tasks))
 
     async def execute_workflow(self, run_id: str) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
@@ -519,9 +532,10 @@ class Runtime:
             begun = await begin_execution(self, run_id)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
-            runtime, run, specs, resumed = begun
+            run, spec, tools, resumed = begun
             try:
-                await runtime._run_held(run, specs, _DurableSteps.of(resumed), running=False)
+                steps = _DurableSteps.of(resumed)
+                await self._run_held(run, spec.tasks, tools, steps, running=False)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -529,14 +543,21 @@ class Runtime:
             self._workflows.pop(run_id, None)
 
     async def _run_held(
-        self, run: RunRecord, specs: Sequence[TaskSpec], steps: Steps, *, running: bool
+        self,
+        run: RunRecord,
+        specs: Sequence[TaskSpec],
+        tools: ToolRegistry,
+        steps: Steps,
+        *,
+        running: bool,
     ) -> None:
-        """Execute a run this process holds, renewing its lease, until it ends or is cancelled."""
+        """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
+        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution."""
         run_id = run.run_id
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
         try:
-            await self._execute_tasks(run, specs, spent, steps, running=running)
+            await self._execute_tasks(run, _Execution(specs, tools, steps), spent, running=running)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -551,13 +572,7 @@ class Runtime:
             await _close_all(self._prepared.pop(run_id, {}).values())
 
     async def _execute_tasks(
-        self,
-        run: RunRecord,
-        specs: Sequence[TaskSpec],
-        spent: _Spent,
-        steps: Steps,
-        *,
-        running: bool,
+        self, run: RunRecord, execution: _Execution, spent: _Spent, *, running: bool
     ) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
@@ -565,8 +580,8 @@ class Runtime:
         try:
             if running:
                 await self.store.update_run(run.run_id, status="running")
-            for task, spec in zip(run.tasks, specs, strict=True):
-                result = await self._execute_task(run, task, spec, disclosure, steps)
+            for task, spec in zip(run.tasks, execution.specs, strict=True):
+                result = await self._execute_task(run, task, spec, disclosure, execution)
                 spent.usage = spent.usage + result.usage
                 results.append(result)
         except ThoughtgateError as exc:
@@ -597,14 +612,35 @@ class Runtime:
         """Close a cancelled run; never let a failing store hide the cancellation itself."""
         self.leases.release(run_id)
         try:
-            await self._observe(
-                await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
-            )
+            await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
+    async def answer_approval(
+        self, run_id: str, call_id: str, decision: Decision, *, by: str = ""
+    ) -> None:
+        """Answer a tool approval the run waits for, wherever it executes (with durable runs:
+        through any process on the store). Every surface (HTTP, MCP, the web page) answers
+        through here, so each refuses the same cases with the same words:
+        :class:`ApprovalNotPendingError` when the run ended, the call was already settled, or no
+        approval is pending for it; ``RunNotFoundError`` for an unknown run."""
+        run = await self.store.get_run(run_id)
+        if await self.approvals.answer(run_id, call_id, decision, by=by):
+            return
+        if run.status not in OPEN_RUN_STATUSES:
+            raise ApprovalNotPendingError(
+                f"run {run_id!r} has already ended ({run.status})", reason="run_ended"
+            )
+        if await approval_settled(self.store, run_id, call_id):
+            raise ApprovalNotPendingError(
+                f"the approval for call {call_id!r} was already settled", reason="settled"
+            )
+        raise ApprovalNotPendingError(
+            f"no approval is pending for call {call_id!r} in run {run_id!r}", reason="not_pending"
+        )
+
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None:
-        """Append ``run.resumed`` (through the sinks like every other event)."""
+        """Append ``run.resumed``."""
         await self._append(run_id, [NewEvent(EventType.RUN_RESUMED, payload)])
 
     async def continue_run(
@@ -663,17 +699,15 @@ class Runtime:
             if failure and failure[1]:
                 payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
-        await self._observe(
-            await end_run(
-                self.store,
-                run_id,
-                NewEvent(event_type, payload),
-                status=status,
-                usage=usage.to_dict(),
-                error=error,
-                task_status="failed",
-                task_error=not_run,
-            )
+        await end_run(
+            self.store,
+            run_id,
+            NewEvent(event_type, payload),
+            status=status,
+            usage=usage.to_dict(),
+            error=error,
+            task_status="failed",
+            task_error=not_run,
         )
 
     async def _execute_task(
@@ -682,9 +716,10 @@ class Runtime:
         task: TaskRecord,
         spec: TaskSpec,
         disclosure: Disclosure,
-        steps: Steps,
+        execution: _Execution,
     ) -> LoopResult:
-        recorder = EventRecorder(self.store, run.run_id, sinks=self.sinks)
+        steps = execution.steps
+        recorder = EventRecorder(self.store, run.run_id)
         started = time.monotonic()
         resumed = steps.resumed
         observer: LoopObserver | None = None
@@ -707,7 +742,7 @@ class Runtime:
                 "model": task.model,
             }
             if run.worker_backend != "inline":
-                _describe_task(opened, spec, offered_tools(self.tools, observer))
+                _describe_task(opened, spec, offered_tools(execution.tools, observer))
             await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
 
         try:
@@ -723,7 +758,7 @@ class Runtime:
                     )
                 else:
                     result = await self._provider(
-                        run, spec, task, recorder, disclosure, observer, steps
+                        run, spec, task, recorder, disclosure, observer, execution
                     )
             finally:
                 await recorder.close()
@@ -856,7 +891,7 @@ class Runtime:
         recorder: EventRecorder,
         disclosure: Disclosure,
         observer: LoopObserver | None,
-        steps: Steps,
+        execution: _Execution,
     ) -> LoopResult:
         model = task.model or run.model
         assert model is not None
@@ -870,13 +905,13 @@ class Runtime:
                 recorder=recorder,
                 task_id=task.task_id,
                 disclosure=disclosure,
-                tools=self.tools,
+                tools=execution.tools,
                 approvals=self.approvals,
                 max_turns=self.config.orchestration.max_turns,
                 approval_timeout=self.config.orchestration.approval_timeout_s,
                 system=spec.system,
                 observer=observer,
-                steps=steps,
+                steps=execution.steps,
             )
         finally:
             await provider.aclose()
@@ -921,6 +956,16 @@ class _DurableSteps:
         from thoughtgate.orchestration.durable import DbosSteps
 
         return DbosSteps(resumed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Execution:
+    """What one execution of a run works from: its task specs and tools (both from its stored
+    spec) and how its steps are run (directly, or checkpointed by the durable engine)."""
+
+    specs: Sequence[TaskSpec]
+    tools: ToolRegistry
+    steps: Steps
 
 
 @dataclass(slots=True)

@@ -2,8 +2,11 @@
 
 The task prompts, models, system prompts, inline worker names and earlier conversation, and the
 names of the tools the run may call (tools are code: a process that lacks one of them cannot
-execute the run and never takes it). A conversation carried into a run holds no reasoning and no
-continuity carriers (ADR 0005), and neither does its spec: both are stripped here as well.
+execute the run and never takes it). A conversation carried into a run holds no reasoning (ADR
+0005), and neither does its spec: reasoning parts are stripped here as well. Continuity carriers a
+caller put into the history are kept, as the event log keeps carriers: every execution -- in the
+creating process or another -- hands the loop the history the caller gave, and the loop sends a
+carrier only to the model that made it, dropping the others with a ``continuity.dropped`` record.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from thoughtgate.errors import UsageError
-from thoughtgate.types import ContinuityBlock, Message, ReasoningPart, part_from_dict, part_to_dict
+from thoughtgate.types import Message, ReasoningPart, part_from_dict, part_to_dict
 
 __all__ = ["SPEC_VERSION", "RunSpec", "TaskSpec"]
 
@@ -80,7 +83,5 @@ def _task_json(task: TaskSpec) -> dict[str, Any]:
 
 
 def _message_json(message: Message) -> dict[str, Any]:
-    kept: Sequence[Any] = [
-        p for p in message.parts if not isinstance(p, ReasoningPart | ContinuityBlock)
-    ]
+    kept: Sequence[Any] = [p for p in message.parts if not isinstance(p, ReasoningPart)]
     return {"role": message.role, "parts": [part_to_dict(p) for p in kept]}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import key_access_problem
 from thoughtgate.errors import StoreError
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.key_store import KeyStore
 
 __all__ = ["AccessWatch", "OnAccessLost"]
 
@@ -44,7 +44,7 @@ class _Watcher:
 class AccessWatch:
     """One per daemon process: ``watch(key_id, role, on_lost)`` for each open live stream."""
 
-    def __init__(self, store: EventStore, *, interval_s: float = 1.0) -> None:
+    def __init__(self, store: KeyStore, *, interval_s: float = 1.0) -> None:
         self.store = store
         self.interval_s = interval_s
         self._watchers: dict[int, _Watcher] = {}

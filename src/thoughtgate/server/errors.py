@@ -9,6 +9,7 @@ exception                   status  body
 ``AuthenticationError``     401     generic ("authentication required"), ``WWW-Authenticate``
 ``AccessDeniedError``       403     generic ("forbidden"): names no run, no data
 ``RunNotFoundError``        404     the id the caller sent
+``ApprovalNotPendingError`` 409/404 409 when the run ended or the call was settled, else 404
 ``QuotaExceededError``      429     which limit, with ``Retry-After`` (whole seconds)
 other ``UsageError``        400     the message (what was wrong and what is allowed)
 ``ApiError``                given   raised by routes for 404/409/413/422 and friends
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from thoughtgate.errors import (
     AccessDeniedError,
+    ApprovalNotPendingError,
     AuthenticationError,
     QuotaExceededError,
     RunNotFoundError,
@@ -118,6 +120,8 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
         return _forbidden()
     if isinstance(exc, RunNotFoundError):
         return error_response(404, str(exc))
+    if isinstance(exc, ApprovalNotPendingError):
+        return error_response(404 if exc.reason == "not_pending" else 409, str(exc))
     if isinstance(exc, QuotaExceededError):
         wait = str(max(1, math.ceil(exc.retry_after)))
         return error_response(429, str(exc), headers={"Retry-After": wait})

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.log import EventLog
 
 __all__ = ["LiveReader", "RunFeeds", "replay"]
 
@@ -37,7 +37,7 @@ _CACHE_MAX_FRAME = 64 * 1024
 """Frames above this size (a long ``agent.response``) are encoded per reader, not kept."""
 
 
-async def replay(store: EventStore, run_id: str, after: int) -> AsyncIterator[Event]:
+async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
     """The run's stored events after ``after``, up to its terminal event or the last one stored
     now (no waiting for more)."""
     cursor = after
@@ -74,7 +74,7 @@ class _Feed:
     published, when another process may have appended (a notification, or every poll interval).
     """
 
-    def __init__(self, store: EventStore, run_id: str, start: int, on_end: Callable[[], None]):
+    def __init__(self, store: EventLog, run_id: str, start: int, on_end: Callable[[], None]):
         self.subscribers: set[_Subscriber] = set()
         self.done = False
         self.cursor = start
@@ -109,7 +109,7 @@ class _Feed:
                     self.task.cancel()  # nothing more to read: ``_run`` ends
                 return
 
-    async def _run(self, store: EventStore, run_id: str) -> None:
+    async def _run(self, store: EventLog, run_id: str) -> None:
         loop = asyncio.get_running_loop()
         try:
             while not self.done:
@@ -285,9 +285,9 @@ class LiveReader:
 
 
 class RunFeeds:
-    """The feeds of one store; ``tail`` is ``EventStore.tail`` with one read per event per run."""
+    """The feeds of one store; ``tail`` is ``EventLog.tail`` with one read per event per run."""
 
-    def __init__(self, store: EventStore, *, backlog: int = 4096) -> None:
+    def __init__(self, store: EventLog, *, backlog: int = 4096) -> None:
         self.store = store
         self.backlog = backlog
         self._feeds: dict[str, _Feed] = {}

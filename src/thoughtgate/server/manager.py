@@ -99,11 +99,10 @@ class RunManager:
         )
         engine = self.runtime.durable
         if engine is None:
-            runtime = self.runtime.with_tools(names)
-            run, _ = await runtime.admit(
-                request, chain_of_thought=chain_of_thought, key_id=key_id, quota=quota
+            run, _ = await self.runtime.admit(
+                request, chain_of_thought=chain_of_thought, tools=names, key_id=key_id, quota=quota
             )
-            task = asyncio.create_task(self._execute(runtime, run.run_id), name=f"run {run.run_id}")
+            task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
             self._tasks[run.run_id] = task
             task.add_done_callback(self._forget)
             return run
@@ -152,9 +151,9 @@ class RunManager:
             if known is task:
                 del self._tasks[run_id]
 
-    async def _execute(self, runtime: Runtime, run_id: str) -> None:
+    async def _execute(self, run_id: str) -> None:
         try:
-            await runtime.execute(run_id)
+            await self.runtime.execute(run_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # already recorded as run.failed / run.error

@@ -16,13 +16,18 @@ from typing import Any, cast
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
+from thoughtgate.store.durable import RunSpecRecord
+from thoughtgate.store.log import RunEnding
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.run_index import RunChange
 
 __all__ = [
     "EVENT_SELECT",
     "KEY_COLUMNS",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
+    "SPEC_COLUMNS",
+    "SPEC_COLUMN_COUNT",
     "TASK_COLUMNS",
     "TASK_COLUMN_COUNT",
     "EncodedEvents",
@@ -31,6 +36,7 @@ __all__ = [
     "decode_payloads",
     "dumps",
     "encode_events",
+    "ending_columns",
     "events_from_rows",
     "key_from_row",
     "key_row",
@@ -39,6 +45,9 @@ __all__ = [
     "run_from_row",
     "run_row",
     "run_update_columns",
+    "runs_from_rows",
+    "spec_from_row",
+    "spec_row",
     "task_from_row",
     "task_row",
 ]
@@ -53,6 +62,8 @@ TASK_COLUMNS = (
 )
 TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
 KEY_COLUMNS = "key_id, name, role, key_hash, created_at, revoked_at"
+SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
+SPEC_COLUMN_COUNT = SPEC_COLUMNS.count(",") + 1
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -207,22 +218,27 @@ def events_from_rows(
     return out
 
 
-def run_update_columns(
-    *,
-    status: RunStatus | None,
-    usage: dict[str, int] | None,
-    error: str | None,
-    updated_at: float,
-) -> dict[str, Any]:
+def run_update_columns(change: RunChange, *, updated_at: float) -> dict[str, Any]:
     """Column -> value for ``update_run`` (both SQL backends); metadata is merged by the caller
     inside its transaction because it needs the stored value."""
     sets: dict[str, Any] = {"updated_at": updated_at}
-    if status is not None:
-        sets["status"] = status
+    if change.get("status") is not None:
+        sets["status"] = change["status"]
+    usage = change.get("usage")
     if usage is not None:
         sets["usage"] = dumps(usage, what="run usage")
-    if error is not None:
-        sets["error"] = error
+    if change.get("error") is not None:
+        sets["error"] = change["error"]
+    return sets
+
+
+def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
+    """Column -> value for ``finish_run`` (both SQL backends): the ending's fields, and no lease
+    (an ended run is held by nobody); ``closed_at`` is the backend's to add (its own clock)."""
+    usage = None if ending.usage is None else dict(ending.usage)
+    change: RunChange = {"status": ending.status, "usage": usage, "error": ending.error}
+    sets = run_update_columns(change, updated_at=updated_at)
+    sets["lease_expires_at"] = None
     return sets
 
 
@@ -265,6 +281,17 @@ def run_from_row(row: Sequence[Any], tasks: Iterable[TaskRecord] = ()) -> RunRec
     )
 
 
+def runs_from_rows(
+    runs: Sequence[Sequence[Any]], tasks: Iterable[Sequence[Any]]
+) -> list[RunRecord]:
+    """Run records for ``runs`` (run columns first), each with its rows of ``tasks`` (task
+    columns, in index order)."""
+    by_run: dict[str, list[TaskRecord]] = {}
+    for t in tasks:
+        by_run.setdefault(t[0], []).append(task_from_row(t))
+    return [run_from_row(r, by_run.get(r[0], ())) for r in runs]
+
+
 def task_row(task: TaskRecord) -> tuple[Any, ...]:
     return (
         task.run_id,
@@ -303,6 +330,34 @@ def key_row(key: ApiKeyRecord) -> tuple[Any, ...]:
 
 def key_from_row(row: Sequence[Any]) -> ApiKeyRecord:
     return ApiKeyRecord(row[0], row[1], row[2], row[3], created_at=row[4], revoked_at=row[5])
+
+
+def spec_row(spec: RunSpecRecord, *, created_at: float) -> tuple[Any, ...]:
+    return (
+        spec.run_id,
+        dumps(spec.spec, what="run spec"),
+        spec.key_id,
+        spec.durable,
+        spec.resume,
+        spec.queue,
+        spec.attempts,
+        spec.queued_at,
+        created_at,
+    )
+
+
+def spec_from_row(row: Sequence[Any]) -> RunSpecRecord:
+    return RunSpecRecord(
+        str(row[0]),
+        decode_object(row[1]),
+        key_id=None if row[2] is None else str(row[2]),
+        durable=bool(row[3]),
+        resume="queue" if row[4] == "queue" else "manual",
+        queue=None if row[5] is None else str(row[5]),
+        attempts=int(row[6]),
+        queued_at=None if row[7] is None else float(row[7]),
+        created_at=float(row[8]),
+    )
 
 
 def merged_metadata(current: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

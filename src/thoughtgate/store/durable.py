@@ -145,12 +145,7 @@ class DurableRunStore(abc.ABC):
 
     @abc.abstractmethod
     async def release_run(
-        self,
-        run_id: str,
-        *,
-        owner: str | None,
-        lease_expired_by: float | None = None,
-        queue: bool,
+        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
     ) -> bool:
         """Let go of an open run so it can resume: clear its owner and lease, and set
         ``queued_at`` when ``queue`` (the caller then hands it to the engine's queue), else leave

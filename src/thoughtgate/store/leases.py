@@ -13,9 +13,9 @@ The decision and its trade-offs are in ADR 0009. In short:
   owner ran on this host and that process is gone (its pid is dead, or it is this process's pid
   but an earlier start). A run with no owner is executed by nobody and is left alone.
 * :func:`close_orphaned_runs` closes each orphan in one transaction: every unfinished task gets
-  ``task.completed`` with status ``interrupted``, then the run gets ``run.interrupted``. It uses
-  ``finish_run(lease_expired_by=...)``, so a run whose owner renewed in the meantime is left
-  alone and two processes sweeping at once never both close it. Every process sweeps when it
+  ``task.completed`` with status ``interrupted``, then the run gets ``run.interrupted``. It ends
+  it with ``RunEnding(lease_expired_by=...)``, so a run whose owner renewed in the meantime is
+  left alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
 
 Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
@@ -49,7 +49,7 @@ from thoughtgate.events.payloads import (
     TokenUsage,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore, OpenRun
+from thoughtgate.store.base import EventStore, OpenRun, RunEnding
 from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
@@ -176,15 +176,14 @@ async def end_run(
         events.append(NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id))
     events.append(terminal)
     check_new_events(events)
-    return await store.finish_run(
-        run_id,
-        events,
-        status=status,
-        usage=dict(usage) if usage is not None else None,
+    ending = RunEnding(
+        status,
+        usage=usage,
         error=error,
         tasks=closed,
         lease_expired_by=lease_expired_by,
     )
+    return await store.finish_run(run_id, events, ending)
 
 
 async def close_run_interrupted(

@@ -49,6 +49,7 @@ __all__ = [
     "RunQuery",
     "like_pattern",
     "matches",
+    "page_query",
     "where_clauses",
 ]
 
@@ -205,18 +206,16 @@ def where_clauses(
         one_of("status", query.statuses)
     if query.modes:
         one_of("chain_of_thought", query.modes)
-    if query.model is not None:
-        clauses.append(f"model = {p}")
-        params.append(query.model)
-    if query.started_by is not None:
-        clauses.append(f"started_by = {p}")
-        params.append(query.started_by)
-    if query.since is not None:
-        clauses.append(f"created_at >= {p}")
-        params.append(query.since)
-    if query.until is not None:
-        clauses.append(f"created_at < {p}")
-        params.append(query.until)
+    compared = (
+        ("model =", query.model),
+        ("started_by =", query.started_by),
+        ("created_at >=", query.since),
+        ("created_at <", query.until),
+    )
+    for test, value in compared:
+        if value is not None:
+            clauses.append(f"{test} {p}")
+            params.append(value)
     if query.text:
         clauses.append(f"prompt {like} {p} ESCAPE '\\'")
         params.append(like_pattern(query.text))
@@ -224,3 +223,18 @@ def where_clauses(
         clauses.append(f"(created_at, {order_column}) < ({p}, {p})")
         params.extend((query.before.created_at, query.before.order))
     return (" AND ".join(clauses) or "1 = 1"), params
+
+
+def page_query(
+    query: RunQuery, *, columns: str, placeholder: str, order_column: str, like: str
+) -> tuple[str, list[object]]:
+    """The ``SELECT`` of ``query``'s page for the SQL backends, with its parameters: ``columns``
+    and then ``order_column`` of one run more than the page holds (whether another page follows)."""
+    where, params = where_clauses(
+        query, placeholder=placeholder, order_column=order_column, like=like
+    )
+    statement = (
+        f"SELECT {columns}, {order_column} FROM runs WHERE {where} "
+        f"ORDER BY created_at DESC, {order_column} DESC LIMIT {placeholder}"
+    )
+    return statement, [*params, query.limit + 1]

@@ -6,39 +6,24 @@ import asyncio
 import copy
 import time
 from collections.abc import Sequence
+from typing import Unpack
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
-from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event, NewEvent
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
-from thoughtgate.store.durable import (
-    WINDOW_S,
-    Admission,
-    DurableRunStore,
-    Quota,
-    RunQueueRecord,
-    RunSpecRecord,
-    quota_verdict,
-)
-from thoughtgate.store.listing import (
-    RUN_LIST_WAKEUP,
-    RunChanges,
-    RunCursor,
-    RunPage,
-    RunQuery,
-    matches,
-)
+from thoughtgate.store import durable, listing
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
     RunRecord,
     TaskRecord,
 )
+from thoughtgate.store.run_index import RunChange
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(EventStore, DurableRunStore):
+class MemoryStore(EventStore, durable.DurableRunStore):
     """Dict-backed store. Returns copies so callers cannot mutate what is stored."""
 
     def __init__(self) -> None:
@@ -48,8 +33,8 @@ class MemoryStore(EventStore, DurableRunStore):
         self._keys: dict[str, ApiKeyRecord] = {}
         self._secrets: dict[str, str] = {}
         self._closed: set[str] = set()
-        self._specs: dict[str, RunSpecRecord] = {}
-        self._queues: dict[str, RunQueueRecord] = {}
+        self._specs: dict[str, durable.RunSpecRecord] = {}
+        self._queues: dict[str, durable.RunQueueRecord] = {}
         self._lock = asyncio.Lock()
         self._order: dict[str, int] = {}
         """Each run's place in creation order (the list's tie-break among equal times)."""
@@ -73,7 +58,7 @@ class MemoryStore(EventStore, DurableRunStore):
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
             self._changed(run.run_id)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         run = copy.deepcopy(self._run(run_id))
@@ -84,20 +69,22 @@ class MemoryStore(EventStore, DurableRunStore):
         runs = sorted(self._runs.values(), key=lambda r: r.created_at, reverse=True)
         return [copy.deepcopy(r) for r in runs[offset : offset + limit]]
 
-    async def query_runs(self, query: RunQuery) -> RunPage:
+    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
         found = sorted(
-            (r for r in self._runs.values() if matches(r, query, self._order[r.run_id])),
+            (r for r in self._runs.values() if listing.matches(r, query, self._order[r.run_id])),
             key=lambda r: (r.created_at, self._order[r.run_id]),
             reverse=True,
         )
         page = [self._copy(r) for r in found[: query.limit]]
         last = found[query.limit - 1] if len(found) > query.limit else None
-        cursor = None if last is None else RunCursor(last.created_at, self._order[last.run_id])
-        return RunPage(page, cursor)
+        cursor = (
+            None if last is None else listing.RunCursor(last.created_at, self._order[last.run_id])
+        )
+        return listing.RunPage(page, cursor)
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
         changed = sorted((n, rid) for rid, n in self._change.items() if n > after)[:limit]
-        return RunChanges([(n, self._copy(self._runs[rid])) for n, rid in changed])
+        return listing.RunChanges([(n, self._copy(self._runs[rid])) for n, rid in changed])
 
     async def latest_run_change(self) -> int:
         return self._last_change
@@ -108,28 +95,20 @@ class MemoryStore(EventStore, DurableRunStore):
         out.tasks.sort(key=lambda t: t.index)
         return out
 
-    async def update_run(
-        self,
-        run_id: str,
-        *,
-        status: RunStatus | None = None,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        metadata: dict[str, object] | None = None,
-    ) -> None:
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
         async with self._lock:
             run = self._run(run_id)
+            status, usage, error = change.get("status"), change.get("usage"), change.get("error")
             if status is not None:
                 run.status = status
             if usage is not None:
                 run.usage = dict(usage)
             if error is not None:
                 run.error = error
-            if metadata is not None:
-                run.metadata = {**run.metadata, **metadata}
+            run.metadata = {**run.metadata, **(change.get("metadata") or {})}
             run.updated_at = time.time()
             self._changed(run_id)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         async with self._lock:
@@ -143,8 +122,7 @@ class MemoryStore(EventStore, DurableRunStore):
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         async with self._lock:
             out = self._append(run_id, events)
-        if out:
-            self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     def _append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
@@ -168,39 +146,27 @@ class MemoryStore(EventStore, DurableRunStore):
         return out
 
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         async with self._lock:
             run = self._run(run_id)
-            if run_id in self._closed or run.status not in OPEN_RUN_STATUSES:
+            if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
                 return []
-            lease = run.lease_expires_at
-            if lease_expired_by is not None and lease is not None and lease > lease_expired_by:
-                return []
-            for task in tasks:
+            for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
                 run.tasks.append(copy.deepcopy(task))
             out = self._append(run_id, events)
-            run.status = status
-            if usage is not None:
-                run.usage = dict(usage)
-            if error is not None:
-                run.error = error
+            run.status = ending.status
+            if ending.usage is not None:
+                run.usage = dict(ending.usage)
+            if ending.error is not None:
+                run.error = ending.error
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
             self._changed(run_id)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
-        if out:
-            self.wakeups.publish(run_id, out)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
@@ -217,24 +183,20 @@ class MemoryStore(EventStore, DurableRunStore):
         return OpenRuns(runs[:limit], time.time())
 
     def _open(self) -> list[RunRecord]:
-        return [
-            r
-            for r in self._runs.values()
-            if r.status in OPEN_RUN_STATUSES and r.run_id not in self._closed
-        ]
+        return [r for r in self._runs.values() if self._is_open(r.run_id)]
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
-    ) -> Admission:
+        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+    ) -> durable.Admission:
         async with self._lock:
             now = time.time()
-            verdict = Admission(True)
+            verdict = durable.Admission(True)
             if quota is not None:
                 mine = [s for s in self._specs.values() if s.key_id == quota.key_id]
                 open_runs = sum(1 for s in mine if self._is_open(s.run_id))
-                recent = sorted(s.created_at for s in mine if s.created_at > now - WINDOW_S)
-                verdict = quota_verdict(quota, open_runs, recent, now)
+                recent = sorted(s.created_at for s in mine if s.created_at > now - durable.WINDOW_S)
+                verdict = durable.quota_verdict(quota, open_runs, recent, now)
                 if not verdict.admitted:
                     return verdict
             self._runs[run.run_id] = copy.deepcopy(run)
@@ -244,14 +206,14 @@ class MemoryStore(EventStore, DurableRunStore):
             stored = copy.deepcopy(spec)
             stored.created_at = now
             self._specs[run.run_id] = stored
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return verdict
 
     def _is_open(self, run_id: str) -> bool:
         run = self._runs.get(run_id)
         return run is not None and run.status in OPEN_RUN_STATUSES and run_id not in self._closed
 
-    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+    async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
         found = self._specs.get(run_id)
         return None if found is None else copy.deepcopy(found)
 
@@ -268,16 +230,11 @@ class MemoryStore(EventStore, DurableRunStore):
             spec.attempts += 1
             spec.queued_at = None
             attempt = spec.attempts
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return attempt
 
     async def release_run(
-        self,
-        run_id: str,
-        *,
-        owner: str | None,
-        lease_expired_by: float | None = None,
-        queue: bool,
+        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
     ) -> bool:
         async with self._lock:
             run = self._run(run_id)
@@ -294,12 +251,12 @@ class MemoryStore(EventStore, DurableRunStore):
             spec.queued_at = time.time() if queue else None
             return True
 
-    async def save_run_queue(self, queue: RunQueueRecord) -> None:
-        self._queues[queue.name] = RunQueueRecord(
+    async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
+        self._queues[queue.name] = durable.RunQueueRecord(
             queue.name, tuple(queue.tools), queue.concurrency, time.time()
         )
 
-    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+    async def list_run_queues(self, *, seen_within_s: float) -> list[durable.RunQueueRecord]:
         cutoff = time.time() - seen_within_s
         return sorted(
             (q for q in self._queues.values() if q.seen_at >= cutoff), key=lambda q: q.name

@@ -1,103 +1,76 @@
-"""A small pool of autocommit PostgreSQL connections.
+"""The PostgreSQL store's connections: a ``psycopg_pool`` pool of autocommit connections.
 
-``psycopg_pool`` is not a dependency, and the store needs little: a bounded number of
-connections, each set up once (search path, JSON loaders), handed out one task at a time, and
-dropped rather than reused when it may be in an unknown state (connection lost, cancelled
-mid-query, transaction left open).
+Each connection is set up once when the pool opens it (search path, JSON loaders: ``configure``),
+lent to one task at a time, and dropped rather than reused when it may be in an unknown state --
+the pool closes a connection returned broken, mid-query (a cancelled call) or in a failed
+transaction, and rolls back one returned inside a transaction.
 
 An idle connection the server has hung up on (a restart, a failover, ``pg_terminate_backend``, a
-proxy's idle timeout) is noticed before it is lent: an idle connection has nothing to read unless
-the server spoke first, which is nearly always its goodbye. One ``poll`` per lend finds it, and the
-caller gets a fresh connection instead of an error. (A connection lost *during* a call still fails
-that call: whether its statement committed cannot be known, so it is not retried.)
+proxy's idle timeout) is noticed before it is lent (``check``): an idle connection has nothing to
+read unless the server spoke first, which is nearly always its goodbye. One ``poll`` per lend
+finds it without a round trip, and the caller gets a fresh connection instead of an error. (A
+connection lost *during* a call still fails that call: whether its statement committed cannot be
+known, so it is not retried.)
+
+The pool opens no connection until one is asked for (``min_size=0``), and a caller waits for a
+free connection at most ``wait_s`` (then ``PoolTimeout``, a ``psycopg.OperationalError``, which
+``pg_errors`` reports as the store being unavailable).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import select
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["PgPool", "connect"]
+__all__ = ["connect", "open_pool"]
 
 Setup = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
 async def connect(conninfo: str, *, application_name: str) -> psycopg.AsyncConnection[Any]:
+    """One autocommit connection outside the pool (migrations, the LISTEN connection)."""
     return await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, application_name=application_name
     )
 
 
-class PgPool:
-    """At most ``size`` connections; ``connection()`` lends one for the duration of a block."""
-
-    def __init__(self, conninfo: str, *, size: int, setup: Setup, application_name: str) -> None:
-        self._conninfo = conninfo
-        self._setup = setup
-        self._application_name = application_name
-        self._slots = asyncio.Semaphore(size)
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self.closed = False
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        async with self._slots:
-            conn = await self._take_idle() or await self._open()
-            try:
-                yield conn
-            finally:
-                reusable = (
-                    not self.closed
-                    and not conn.closed
-                    and conn.info.transaction_status == TransactionStatus.IDLE
-                )
-                if reusable:
-                    self._idle.append(conn)
-                else:
-                    await _close_quietly(conn)
-
-    async def _take_idle(self) -> psycopg.AsyncConnection[Any] | None:
-        while self._idle:
-            conn = self._idle.pop()
-            if not _hung_up(conn):
-                return conn
-            await _close_quietly(conn)
-        return None
-
-    async def _open(self) -> psycopg.AsyncConnection[Any]:
-        conn = await connect(self._conninfo, application_name=self._application_name)
-        try:
-            await self._setup(conn)
-        except BaseException:
-            await _close_quietly(conn)
-            raise
-        return conn
-
-    async def close(self) -> None:
-        self.closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await _close_quietly(conn)
+async def open_pool(
+    conninfo: str, *, size: int, setup: Setup, application_name: str, wait_s: float = 30.0
+) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    """At most ``size`` connections, each set up with ``setup`` when it is opened."""
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+        conninfo,
+        kwargs={"autocommit": True, "application_name": application_name},
+        min_size=0,
+        max_size=size,
+        open=False,
+        configure=setup,
+        check=_check_not_hung_up,
+        timeout=wait_s,
+        name=application_name,
+    )
+    await pool.open()
+    return pool
 
 
-def _hung_up(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether an idle connection is closed, or has unread input (the server spoke unasked)."""
+async def _check_not_hung_up(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Raise for an idle connection that is closed or has unread input (the server spoke unasked),
+    closing it first: the pool drops a closed connection, opens another in its place and lends
+    that one (an open connection that fails its check would go back to the pool as it is)."""
     if conn.closed or conn.broken:
-        return True
+        raise psycopg.OperationalError("the connection is closed")
     try:
         poller = select.poll()  # not select.select: a busy daemon's descriptors exceed 1024
         poller.register(conn.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
+        hung_up = bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
-        return True
-
-
-async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
-    with contextlib.suppress(psycopg.Error, OSError):
-        await conn.close()
+        hung_up = True
+    if hung_up:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
+        raise psycopg.OperationalError("the server closed the idle connection")

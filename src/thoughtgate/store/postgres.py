@@ -14,40 +14,24 @@ import json
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
+from psycopg_pool import AsyncConnectionPool
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
-from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
-from thoughtgate.store.durable import (
-    WINDOW_S,
-    Admission,
-    DurableRunStore,
-    Quota,
-    RunQueueRecord,
-    RunSpecRecord,
-    quota_verdict,
-)
-from thoughtgate.store.listing import (
-    RUN_LIST_WAKEUP,
-    RunChanges,
-    RunCursor,
-    RunPage,
-    RunQuery,
-    where_clauses,
-)
+from thoughtgate.store import codec, durable, listing
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
-from thoughtgate.store.pg_pool import PgPool, connect
+from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.run_index import RunChange
 
 __all__ = ["PostgresStore", "split_schema_param"]
 
@@ -122,6 +106,10 @@ _INSERT_RUN = (
     f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
     f"VALUES ({', '.join(['%s'] * (codec.RUN_COLUMN_COUNT + 1))})"
 )
+_INSERT_SPEC = (
+    f"INSERT INTO run_specs ({codec.SPEC_COLUMNS}) "
+    f"VALUES ({','.join(['%s'] * codec.SPEC_COLUMN_COUNT)})"
+)
 # The run list's change number (store/listing.py). The UPDATE locks the one row of run_changes
 # until the transaction commits, so numbers are handed out in commit order, like event sequences
 # (see _APPEND). Every transaction takes it after the run rows it changes (create_run takes it
@@ -176,14 +164,15 @@ def channel_name(schema: str) -> str:
     return f"thoughtgate_events:{hashlib.sha256(schema.encode()).hexdigest()[:40]}"
 
 
-class PostgresStore(EventStore, DurableRunStore):
+class PostgresStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one PostgreSQL schema. Create with ``await PostgresStore.open``."""
 
     #: With a healthy listener, an idle tail still re-reads this often, in case a notification
     #: was lost in a way the listener could not notice (a silently dead TCP connection).
     safety_poll: float = 3.0
 
-    def __init__(self, conninfo: str, schema: str, *, pool_size: int) -> None:
+    def __init__(self, conninfo: str, schema: str) -> None:
+        """Use :meth:`open`: it migrates the schema and opens the connection pool."""
         super().__init__()
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
@@ -191,12 +180,7 @@ class PostgresStore(EventStore, DurableRunStore):
         self.schema = schema
         self.channel = channel_name(schema)
         self._where = describe_target(conninfo, schema)
-        self._pool = PgPool(
-            conninfo,
-            size=pool_size,
-            setup=self._setup_connection,
-            application_name=f"thoughtgate:{schema}"[:63],
-        )
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._listener = PgListener(
             conninfo,
             self.channel,
@@ -229,7 +213,14 @@ class PostgresStore(EventStore, DurableRunStore):
         finally:
             with contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
-        return cls(conninfo, chosen, pool_size=pool_size)
+        store = cls(conninfo, chosen)
+        store._pool = await open_pool(
+            conninfo,
+            size=pool_size,
+            setup=store._setup_connection,
+            application_name=f"thoughtgate:{chosen}"[:63],
+        )
+        return store
 
     async def _setup_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # JSON columns come back as their text: the codec decodes a whole batch in one call.
@@ -238,17 +229,19 @@ class PostgresStore(EventStore, DurableRunStore):
 
     @contextlib.asynccontextmanager
     async def _conn(self, action: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if self._pool.closed:
+        pool = self._pool
+        if pool is None or pool.closed:
             raise StoreError(f"cannot {action}: the store is closed ({self._where})")
         try:
-            async with self._pool.connection() as conn:
+            async with pool.connection() as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_error(exc, action, self._where) from exc
 
     async def close(self) -> None:
         await self._listener.stop()
-        await self._pool.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     # -- runs and tasks ------------------------------------------------------------------
     async def create_run(self, run: RunRecord) -> None:
@@ -259,11 +252,11 @@ class PostgresStore(EventStore, DurableRunStore):
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def _next_change(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Inside a transaction: the number of the change being made to a run (``_NEXT_CHANGE``)."""
-        cur = await conn.execute(_NEXT_CHANGE, (self.channel, RUN_LIST_WAKEUP))
+        cur = await conn.execute(_NEXT_CHANGE, (self.channel, listing.RUN_LIST_WAKEUP))
         row = await cur.fetchone()
         assert row is not None  # the migration inserted the row; nothing deletes it
         return int(row[0])
@@ -290,27 +283,26 @@ class PostgresStore(EventStore, DurableRunStore):
                 f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in runs],)
             )
             tasks = await cur.fetchall()
-        by_run: dict[str, list[TaskRecord]] = {}
-        for t in tasks:
-            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
-        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in runs]
+        return codec.runs_from_rows(runs, tasks)
 
-    async def query_runs(self, query: RunQuery) -> RunPage:
-        where, params = where_clauses(
-            query, placeholder="%s", order_column="insert_order", like="ILIKE"
-        )
-        statement = (
-            f"SELECT {codec.RUN_COLUMNS}, insert_order FROM runs WHERE {where} "
-            "ORDER BY created_at DESC, insert_order DESC LIMIT %s"
+    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+        statement, params = listing.page_query(
+            query,
+            columns=codec.RUN_COLUMNS,
+            placeholder="%s",
+            order_column="insert_order",
+            like="ILIKE",
         )
         async with self._conn("query runs") as conn, conn.transaction():
-            cur = await conn.execute(statement, (*params, query.limit + 1))
+            cur = await conn.execute(statement, params)
             rows = await cur.fetchall()
             runs = await self._with_tasks(conn, rows[: query.limit])
         last = rows[query.limit - 1] if len(rows) > query.limit else None
-        return RunPage(runs, None if last is None else RunCursor(float(last[6]), int(last[-1])))
+        return listing.RunPage(
+            runs, None if last is None else listing.RunCursor(float(last[6]), int(last[-1]))
+        )
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
         statement = (
             f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
             "ORDER BY change_seq LIMIT %s"
@@ -318,7 +310,7 @@ class PostgresStore(EventStore, DurableRunStore):
         async with self._conn("read run changes") as conn, conn.transaction():
             rows = await (await conn.execute(statement, (after, limit))).fetchall()
             runs = await self._with_tasks(conn, rows)
-        return RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
+        return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
         async with self._conn("read the latest run change") as conn:
@@ -335,23 +327,11 @@ class PostgresStore(EventStore, DurableRunStore):
         cur = await conn.execute(
             f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in rows],)
         )
-        by_run: dict[str, list[TaskRecord]] = {}
-        for t in await cur.fetchall():
-            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
-        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in rows]
+        return codec.runs_from_rows(rows, await cur.fetchall())
 
-    async def update_run(
-        self,
-        run_id: str,
-        *,
-        status: RunStatus | None = None,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        metadata: dict[str, object] | None = None,
-    ) -> None:
-        sets = codec.run_update_columns(
-            status=status, usage=usage, error=error, updated_at=time.time()
-        )
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+        sets = codec.run_update_columns(change, updated_at=time.time())
+        metadata = change.get("metadata")
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
                 "SELECT metadata FROM runs WHERE run_id = %s FOR UPDATE", (run_id,)
@@ -370,7 +350,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(assignments),
                 (*sets.values(), run_id),
             )
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         row = codec.task_row(task)
@@ -402,7 +382,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 return []
             first = await self._append_rows(conn, run_id, columns)
         out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def _append_rows(
@@ -422,27 +402,16 @@ class PostgresStore(EventStore, DurableRunStore):
 
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in tasks]
-        sets = codec.run_update_columns(
-            status=status, usage=usage, error=error, updated_at=time.time()
-        )
+        task_rows = [codec.task_row(t) for t in ending.tasks]
+        sets = codec.ending_columns(ending, updated_at=time.time())
         assignments = sql.SQL(", ").join(
             sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
         )
         update = sql.SQL(
-            "UPDATE runs SET {}, closed_at = {}, lease_expires_at = NULL, change_seq = %s "
-            "WHERE run_id = %s"
+            "UPDATE runs SET {}, closed_at = {}, change_seq = %s WHERE run_id = %s"
         ).format(assignments, sql.SQL(_NOW))
         first = 0
         async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
@@ -455,10 +424,7 @@ class PostgresStore(EventStore, DurableRunStore):
             row = await cur.fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            is_open, lease = bool(row[0]), row[1]
-            if not is_open or (
-                lease_expired_by is not None and lease is not None and lease > lease_expired_by
-            ):
+            if not row[0] or ending.lease_renewed(row[1]):
                 return []
             if task_rows:
                 async with conn.cursor() as tcur:
@@ -467,11 +433,9 @@ class PostgresStore(EventStore, DurableRunStore):
                 first = await self._append_rows(conn, run_id, columns)
             change = await self._next_change(conn)  # last: after the run row's lock
             await conn.execute(update, (*sets.values(), change, run_id))
-        self.wakeups.notify(RUN_LIST_WAKEUP)
-        if not columns[0]:
-            return []
-        out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        out = codec.appended_events(run_id, first, columns) if columns[0] else []
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
@@ -544,15 +508,14 @@ class PostgresStore(EventStore, DurableRunStore):
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
-    ) -> Admission:
+        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+    ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
-        spec_json = codec.dumps(spec.spec, what="run spec")
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
-            verdict = Admission(True)
+            verdict = durable.Admission(True)
             if quota is not None:
                 # One key's admissions queue up on this lock (held until commit), on every
                 # replica, so counting and inserting are one step and the quota holds exactly.
@@ -560,37 +523,26 @@ class PostgresStore(EventStore, DurableRunStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"thoughtgate:{self.schema}:quota:{quota.key_id}",),
                 )
-                verdict = quota_verdict(quota, *await _key_usage(conn, quota.key_id, now), now)
+                verdict = durable.quota_verdict(
+                    quota, *await _key_usage(conn, quota.key_id, now), now
+                )
                 if not verdict.admitted:
                     return verdict
             await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
-            await conn.execute(
-                f"INSERT INTO run_specs ({_SPEC_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                (
-                    run.run_id,
-                    spec_json,
-                    spec.key_id,
-                    spec.durable,
-                    spec.resume,
-                    spec.queue,
-                    spec.attempts,
-                    spec.queued_at,
-                    now,
-                ),
-            )
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+            await conn.execute(_INSERT_SPEC, codec.spec_row(spec, created_at=now))
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return verdict
 
-    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
+    async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
         async with self._conn(f"read the spec of run {run_id!r}") as conn:
             cur = await conn.execute(
-                f"SELECT {_SPEC_COLUMNS} FROM run_specs WHERE run_id = %s", (run_id,)
+                f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = %s", (run_id,)
             )
             row = await cur.fetchone()
-        return None if row is None else _spec_from_row(row)
+        return None if row is None else codec.spec_from_row(row)
 
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
         async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():
@@ -613,16 +565,11 @@ class PostgresStore(EventStore, DurableRunStore):
                 (run_id,),
             )
             row = await cur.fetchone()
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return None if row is None else int(row[0])
 
     async def release_run(
-        self,
-        run_id: str,
-        *,
-        owner: str | None,
-        lease_expired_by: float | None = None,
-        queue: bool,
+        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
     ) -> bool:
         held = "r.owner = %(owner)s" if owner is not None else "r.owner IS NULL"
         lease = (
@@ -653,7 +600,7 @@ class PostgresStore(EventStore, DurableRunStore):
             )
         return True
 
-    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+    async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         tools = codec.dumps(list(queue.tools), what="queue tools")
         async with self._conn(f"save run queue {queue.name!r}") as conn:
             await conn.execute(
@@ -664,7 +611,7 @@ class PostgresStore(EventStore, DurableRunStore):
                 (queue.name, tools, queue.concurrency),
             )
 
-    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
+    async def list_run_queues(self, *, seen_within_s: float) -> list[durable.RunQueueRecord]:
         async with self._conn("list run queues") as conn:
             cur = await conn.execute(
                 f"SELECT name, tools, concurrency, seen_at FROM run_queues WHERE seen_at >= "
@@ -673,7 +620,8 @@ class PostgresStore(EventStore, DurableRunStore):
             )
             rows = await cur.fetchall()
         return [
-            RunQueueRecord(str(r[0]), tuple(json.loads(r[1])), int(r[2]), float(r[3])) for r in rows
+            durable.RunQueueRecord(str(r[0]), tuple(json.loads(r[1])), int(r[2]), float(r[3]))
+            for r in rows
         ]
 
     # -- API keys and secrets ------------------------------------------------------------
@@ -719,23 +667,6 @@ class PostgresStore(EventStore, DurableRunStore):
         return str(row[0])
 
 
-_SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
-
-
-def _spec_from_row(row: Sequence[Any]) -> RunSpecRecord:
-    return RunSpecRecord(
-        str(row[0]),
-        codec.decode_object(row[1]),
-        key_id=row[2],
-        durable=bool(row[3]),
-        resume="queue" if row[4] == "queue" else "manual",
-        queue=row[5],
-        attempts=int(row[6]),
-        queued_at=None if row[7] is None else float(row[7]),
-        created_at=float(row[8]),
-    )
-
-
 async def _key_usage(
     conn: psycopg.AsyncConnection[Any], key_id: str, now: float
 ) -> tuple[int, list[float]]:
@@ -749,7 +680,7 @@ async def _key_usage(
     cur = await conn.execute(
         "SELECT created_at FROM run_specs WHERE key_id = %s AND created_at > %s "
         "ORDER BY created_at",
-        (key_id, now - WINDOW_S),
+        (key_id, now - durable.WINDOW_S),
     )
     recent = [float(r[0]) for r in await cur.fetchall()]
     return (int(open_row[0]) if open_row else 0), recent

@@ -8,7 +8,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, cast
 
 from thoughtgate.events.payloads import RunStatus, TaskStatus, TokenUsage
-from thoughtgate.events.views import RunMetadata, RunView, TaskView
+from thoughtgate.events.views import RunMetadata
 
 __all__ = [
     "OPEN_RUN_STATUSES",
@@ -52,7 +52,7 @@ class TaskRecord:
     model: str | None = None
     backend: str | None = None
 
-    def to_view(self) -> TaskView:
+    def to_view(self) -> dict[str, Any]:
         """Every field, unfiltered: pass it through the one output filter before showing it."""
         return {
             "task_id": self.task_id,
@@ -93,7 +93,7 @@ class RunRecord:
     """The id of the API key that started the run through the daemon (``None``: started in
     this process, by the command line or the Python API). Operator detail in the run view."""
 
-    def to_view(self) -> RunView:
+    def to_view(self) -> dict[str, Any]:
         """Every field, unfiltered (``thoughtgate.access.filter.filter_run`` makes it a view)."""
         return {
             "run_id": self.run_id,

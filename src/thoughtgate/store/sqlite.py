@@ -24,7 +24,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from thoughtgate.errors import (
     RunClosedError,
@@ -32,27 +32,9 @@ from thoughtgate.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
-from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns
-from thoughtgate.store.durable import (
-    WINDOW_S,
-    Admission,
-    DurableRunStore,
-    Quota,
-    RunQueueRecord,
-    RunSpecRecord,
-    quota_verdict,
-)
-from thoughtgate.store.listing import (
-    RUN_LIST_WAKEUP,
-    RunChanges,
-    RunCursor,
-    RunPage,
-    RunQuery,
-    where_clauses,
-)
+from thoughtgate.store import codec, durable, listing
+from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -60,6 +42,7 @@ from thoughtgate.store.private_files import (
     write_secret_file,
 )
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import SQLiteThread
 
@@ -82,6 +65,10 @@ _INSERT_TASK = (
 _INSERT_RUN = (
     f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
     f"VALUES ({','.join('?' * (codec.RUN_COLUMN_COUNT + 1))})"
+)
+_INSERT_SPEC = (
+    f"INSERT INTO run_specs ({codec.SPEC_COLUMNS}) "
+    f"VALUES ({','.join(['?'] * codec.SPEC_COLUMN_COUNT)})"
 )
 _BUMP_CHANGE = "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change"
 
@@ -129,7 +116,7 @@ def _append_rows(
     return first
 
 
-class SQLiteStore(EventStore, DurableRunStore):
+class SQLiteStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: Path, writer: SQLiteThread, reader: SQLiteThread) -> None:
@@ -196,7 +183,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             conn.executemany(_INSERT_TASK, tasks)
 
         await self._write(f"create run {run.run_id!r}", body)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         def work(conn: sqlite3.Connection) -> RunRecord:
@@ -226,47 +213,44 @@ class SQLiteStore(EventStore, DurableRunStore):
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
-            by_run: dict[str, list[TaskRecord]] = {}
-            for t in tasks:
-                by_run.setdefault(t[0], []).append(codec.task_from_row(t))
-            return [codec.run_from_row(r, by_run.get(r[0], ())) for r in runs]
+            return codec.runs_from_rows(runs, tasks)
 
         return await self._reader.call("list runs", work)
 
-    async def query_runs(self, query: RunQuery) -> RunPage:
-        where, params = where_clauses(query, placeholder="?", order_column="rowid", like="LIKE")
-        sql = (
-            f"SELECT {codec.RUN_COLUMNS}, rowid FROM runs WHERE {where} "
-            "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+        sql, params = listing.page_query(
+            query, columns=codec.RUN_COLUMNS, placeholder="?", order_column="rowid", like="LIKE"
         )
 
-        def work(conn: sqlite3.Connection) -> RunPage:
+        def work(conn: sqlite3.Connection) -> listing.RunPage:
             conn.execute("BEGIN")  # one snapshot for the runs and their tasks
             try:
-                rows = conn.execute(sql, (*params, query.limit + 1)).fetchall()
+                rows = conn.execute(sql, params).fetchall()
                 runs = self._with_tasks(conn, rows[: query.limit])
             finally:
                 conn.execute("COMMIT")
             last = rows[query.limit - 1] if len(rows) > query.limit else None
-            cursor = None if last is None else RunCursor(float(last[6]), int(last[-1]))
-            return RunPage(runs, cursor)
+            cursor = None if last is None else listing.RunCursor(float(last[6]), int(last[-1]))
+            return listing.RunPage(runs, cursor)
 
         return await self._reader.call("query runs", work)
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
         sql = (
             f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > ? "
             "ORDER BY change_seq LIMIT ?"
         )
 
-        def work(conn: sqlite3.Connection) -> RunChanges:
+        def work(conn: sqlite3.Connection) -> listing.RunChanges:
             conn.execute("BEGIN")
             try:
                 rows = conn.execute(sql, (after, limit)).fetchall()
                 runs = self._with_tasks(conn, rows)
             finally:
                 conn.execute("COMMIT")
-            return RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
+            return listing.RunChanges(
+                [(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)]
+            )
 
         return await self._reader.call("read run changes", work)
 
@@ -285,23 +269,11 @@ class SQLiteStore(EventStore, DurableRunStore):
         tasks = conn.execute(
             f"{_TASK_SELECT} WHERE run_id IN ({','.join('?' * len(ids))}) ORDER BY idx", ids
         ).fetchall()
-        by_run: dict[str, list[TaskRecord]] = {}
-        for t in tasks:
-            by_run.setdefault(t[0], []).append(codec.task_from_row(t))
-        return [codec.run_from_row(r, by_run.get(r[0], ())) for r in rows]
+        return codec.runs_from_rows(rows, tasks)
 
-    async def update_run(
-        self,
-        run_id: str,
-        *,
-        status: RunStatus | None = None,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        metadata: dict[str, object] | None = None,
-    ) -> None:
-        sets = codec.run_update_columns(
-            status=status, usage=usage, error=error, updated_at=time.time()
-        )
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+        sets = codec.run_update_columns(change, updated_at=time.time())
+        metadata = change.get("metadata")
 
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT metadata FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -317,7 +289,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             )
 
         await self._write(f"update run {run_id!r}", body)
-        self.wakeups.notify(RUN_LIST_WAKEUP)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord) -> None:
         row = codec.task_row(task)
@@ -340,7 +312,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
         )
         out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -368,21 +340,13 @@ class SQLiteStore(EventStore, DurableRunStore):
 
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        status: RunStatus,
-        usage: dict[str, int] | None = None,
-        error: str | None = None,
-        tasks: Sequence[TaskRecord] = (),
-        lease_expired_by: float | None = None,
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in tasks]
+        task_rows = [codec.task_row(t) for t in ending.tasks]
         now = time.time()
-        sets = codec.run_update_columns(status=status, usage=usage, error=error, updated_at=now)
-        sets.update(closed_at=now, lease_expires_at=None)
+        sets = codec.ending_columns(ending, updated_at=now)
+        sets.update(closed_at=now)
         assignments = ", ".join(f"{column} = ?" for column in sets)
 
         def body(conn: sqlite3.Connection) -> int | None:
@@ -391,10 +355,7 @@ class SQLiteStore(EventStore, DurableRunStore):
             ).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            is_open, lease = bool(row[0]), row[1]
-            if not is_open or (
-                lease_expired_by is not None and lease is not None and lease > lease_expired_by
-            ):
+            if not row[0] or ending.lease_renewed(row[1]):
                 return None
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
@@ -407,11 +368,9 @@ class SQLiteStore(EventStore, DurableRunStore):
         first = await self._write(f"finish run {run_id!r}", body)
         if first is None:
             return []
-        self.wakeups.notify(RUN_LIST_WAKEUP)
-        if not columns[0]:
-            return []
-        out = codec.appended_events(run_id, first, columns)
-        self.wakeups.publish(run_id, out)
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        out = codec.appended_events(run_id, first, columns) if columns[0] else []
+        await self.wakeups.committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
@@ -437,50 +396,36 @@ class SQLiteStore(EventStore, DurableRunStore):
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
-    ) -> Admission:
+        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+    ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
-        spec_json = codec.dumps(spec.spec, what="run spec")
 
-        def body(conn: sqlite3.Connection) -> Admission:
+        def body(conn: sqlite3.Connection) -> durable.Admission:
             # BEGIN IMMEDIATE holds the database's write lock: counting and inserting are one
             # step for every process, so a key never gets past its quota by racing itself.
             now = time.time()
-            verdict = Admission(True)
+            verdict = durable.Admission(True)
             if quota is not None:
-                verdict = quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
+                verdict = durable.quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
                 if not verdict.admitted:
                     return verdict
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
             conn.executemany(_INSERT_TASK, tasks)
-            conn.execute(
-                f"INSERT INTO run_specs ({_SPEC_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    run.run_id,
-                    spec_json,
-                    spec.key_id,
-                    int(spec.durable),
-                    spec.resume,
-                    spec.queue,
-                    spec.attempts,
-                    spec.queued_at,
-                    now,
-                ),
-            )
+            conn.execute(_INSERT_SPEC, codec.spec_row(spec, created_at=now))
             return verdict
 
         verdict = await self._write(f"create run {run.run_id!r}", body)
         if verdict.admitted:
-            self.wakeups.notify(RUN_LIST_WAKEUP)
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return verdict
 
-    async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
-        def work(conn: sqlite3.Connection) -> RunSpecRecord | None:
+    async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
+        def work(conn: sqlite3.Connection) -> durable.RunSpecRecord | None:
             row = conn.execute(
-                f"SELECT {_SPEC_COLUMNS} FROM run_specs WHERE run_id = ?", (run_id,)
+                f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = ?", (run_id,)
             ).fetchone()
-            return None if row is None else _spec_from_row(row)
+            return None if row is None else codec.spec_from_row(row)
 
         return await self._reader.call(f"read the spec of run {run_id!r}", work)
 
@@ -508,16 +453,11 @@ class SQLiteStore(EventStore, DurableRunStore):
 
         attempt = await self._write(f"claim run {run_id!r}", body)
         if attempt is not None:
-            self.wakeups.notify(RUN_LIST_WAKEUP)
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return attempt
 
     async def release_run(
-        self,
-        run_id: str,
-        *,
-        owner: str | None,
-        lease_expired_by: float | None = None,
-        queue: bool,
+        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
     ) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             held = "owner = ?" if owner is not None else "owner IS NULL"
@@ -545,7 +485,7 @@ class SQLiteStore(EventStore, DurableRunStore):
 
         return await self._write(f"release run {run_id!r}", body)
 
-    async def save_run_queue(self, queue: RunQueueRecord) -> None:
+    async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         tools = codec.dumps(list(queue.tools), what="queue tools")
 
         def body(conn: sqlite3.Connection) -> None:
@@ -557,15 +497,16 @@ class SQLiteStore(EventStore, DurableRunStore):
 
         await self._write(f"save run queue {queue.name!r}", body)
 
-    async def list_run_queues(self, *, seen_within_s: float) -> list[RunQueueRecord]:
-        def work(conn: sqlite3.Connection) -> list[RunQueueRecord]:
+    async def list_run_queues(self, *, seen_within_s: float) -> list[durable.RunQueueRecord]:
+        def work(conn: sqlite3.Connection) -> list[durable.RunQueueRecord]:
             rows = conn.execute(
                 "SELECT name, tools, concurrency, seen_at FROM run_queues WHERE seen_at >= ? "
                 "ORDER BY name",
                 (time.time() - seen_within_s,),
             ).fetchall()
             return [
-                RunQueueRecord(r[0], tuple(json.loads(r[1])), int(r[2]), float(r[3])) for r in rows
+                durable.RunQueueRecord(r[0], tuple(json.loads(r[1])), int(r[2]), float(r[3]))
+                for r in rows
             ]
 
         return await self._reader.call("list run queues", work)
@@ -645,23 +586,6 @@ class SQLiteStore(EventStore, DurableRunStore):
         return await self._writer.write(action, body)
 
 
-_SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
-
-
-def _spec_from_row(row: Sequence[Any]) -> RunSpecRecord:
-    return RunSpecRecord(
-        str(row[0]),
-        codec.decode_object(row[1]),
-        key_id=None if row[2] is None else str(row[2]),
-        durable=bool(row[3]),
-        resume="queue" if row[4] == "queue" else "manual",
-        queue=None if row[5] is None else str(row[5]),
-        attempts=int(str(row[6])),
-        queued_at=None if row[7] is None else float(str(row[7])),
-        created_at=float(str(row[8])),
-    )
-
-
 def _key_usage(conn: sqlite3.Connection, key_id: str, now: float) -> tuple[int, list[float]]:
     """A key's open runs and its start times within the quota window (oldest first)."""
     open_row = conn.execute(
@@ -671,7 +595,7 @@ def _key_usage(conn: sqlite3.Connection, key_id: str, now: float) -> tuple[int, 
     ).fetchone()
     recent = conn.execute(
         "SELECT created_at FROM run_specs WHERE key_id = ? AND created_at > ? ORDER BY created_at",
-        (key_id, now - WINDOW_S),
+        (key_id, now - durable.WINDOW_S),
     ).fetchall()
     return int(open_row[0]), [float(r[0]) for r in recent]
 

@@ -117,7 +117,7 @@ async def list_runs(request: Request, principal: Principal | None) -> Response:
         runs, cursor = page.runs, page.next
     return JSONResponse(
         {
-            "runs": [filter_run(r, principal.role) for r in runs],
+            "runs": [filter_run(r, principal.role).to_json() for r in runs],
             "next": None if cursor is None else cursor.encode(),
             "changes": changes,
         }
@@ -155,7 +155,7 @@ async def run_list_frames(
             batch = []
             for number, run in changes:
                 cursor = number
-                view = json.dumps(filter_run(run, role), ensure_ascii=False, separators=(",", ":"))
+                view = filter_run(run, role).to_json_text()
                 batch.append(ServerSentEvent(data=view, id=str(number)).encode())
             if batch:
                 yield b"".join(batch)

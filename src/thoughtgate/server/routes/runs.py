@@ -11,7 +11,7 @@ from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.errors import RunNotFoundError, UsageError
-from thoughtgate.events.schema import EventType, is_run_terminal
+from thoughtgate.events.schema import EventType
 from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.host_metadata import host_metadata
 from thoughtgate.orchestration.runtime import RunRequest, TaskSpec
@@ -26,7 +26,7 @@ from thoughtgate.server.models import (
     ToolList,
 )
 from thoughtgate.server.state import state_of
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import RunRecord
 
 __all__ = ["ENDPOINTS", "start_run"]
 
@@ -88,12 +88,12 @@ async def list_tools(request: Request, principal: Principal | None) -> Response:
 
 async def get_run(request: Request, principal: Principal | None) -> Response:
     run = await state_of(request).store.get_run(request.path_params["run_id"])
-    return JSONResponse(filter_run(run, _principal(principal).role))
+    return JSONResponse(filter_run(run, _principal(principal).role).to_json())
 
 
 async def get_host_metadata(request: Request, principal: Principal | None) -> Response:
     run = await state_of(request).store.get_run(request.path_params["run_id"])
-    return JSONResponse(host_metadata(run, _principal(principal).role))
+    return JSONResponse(host_metadata(run, _principal(principal).role).to_json())
 
 
 async def list_events(request: Request, principal: Principal | None) -> Response:
@@ -128,19 +128,8 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     run_id = request.path_params["run_id"]
     call_id = request.path_params["call_id"]
     body = await parse_body(request, ApprovalBody)
-    state = state_of(request)
-    run = await state.store.get_run(run_id)
-    if await state.runtime.approvals.answer(run_id, call_id, body.decision, by=who.name):
-        return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
-    if run.status in TERMINAL_RUN_STATUSES:
-        raise ApiError(409, f"run {run_id!r} has already ended ({run.status})")
-    answered = {EventType.TOOL_APPROVAL_RESPONSE, EventType.TOOL_APPROVAL_TIMEOUT}
-    for event in await state.store.read(run_id):
-        if event.type in answered and event.payload.get("call_id") == call_id:
-            raise ApiError(409, f"the approval for call {call_id!r} was already settled")
-        if is_run_terminal(event.type):
-            break
-    raise ApiError(404, f"no approval is pending for call {call_id!r} in run {run_id!r}")
+    await state_of(request).runtime.answer_approval(run_id, call_id, body.decision, by=who.name)
+    return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
 
 
 async def resume_run(request: Request, principal: Principal | None) -> Response:

@@ -1,0 +1,199 @@
+"""Where the read commands read from: the local store, or a daemon (``--url`` / ``--key``).
+
+``status``, ``runs``, ``events`` and ``trace`` are written once, against :class:`RunReader`;
+the two readers differ only in where the filtered data comes from:
+
+* :class:`StoreReader` reads the local store and passes everything through the one output
+  filter for the local role (``access.local_role``, or ``--view-as`` below it);
+* :class:`DaemonReader` asks the daemon with :class:`thoughtgate.client.ThoughtgateClient`: the
+  daemon's filter already applied the key's role, and nothing here filters again or asks for more.
+
+So a command prints the same shapes against either, and a script works against both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
+
+from thoughtgate.cli.common import Context, resolve_run_id, run_async
+from thoughtgate.cli.remote import resolve_remote, wants_daemon
+from thoughtgate.errors import RunNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from thoughtgate.access.roles import Role
+    from thoughtgate.client import ThoughtgateClient
+    from thoughtgate.events.schema import Event
+    from thoughtgate.events.views import RunView
+    from thoughtgate.store.base import EventStore
+
+__all__ = ["DaemonReader", "RunReader", "StoreReader", "read_command"]
+
+
+class RunReader(Protocol):
+    """What the read commands need: runs and events as one reader may see them."""
+
+    async def role(self) -> str: ...
+
+    async def resolve(self, given: str) -> str:
+        """A full run id from an id or a unique start of it (``git``-style)."""
+        ...
+
+    async def view(self, run_id: str) -> RunView: ...
+
+    async def runs(self, limit: int) -> list[RunView]: ...
+
+    async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        """Events after ``after``; ``limit`` counts recorded events, before the filter."""
+        ...
+
+    def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """Events as they are recorded, until the run ends."""
+        ...
+
+    async def trace(self, run_id: str) -> list[Event]: ...
+
+
+class StoreReader:
+    """The local store, through the one output filter for the local role."""
+
+    def __init__(self, store: EventStore, role: Role) -> None:
+        self.store = store
+        self.reader = role
+
+    async def role(self) -> str:
+        return self.reader.label
+
+    async def resolve(self, given: str) -> str:
+        return await resolve_run_id(self.store, given)
+
+    async def view(self, run_id: str) -> RunView:
+        from thoughtgate.access.filter import filter_run
+
+        return filter_run(await self.store.get_run(run_id), self.reader)
+
+    async def runs(self, limit: int) -> list[RunView]:
+        from thoughtgate.access.filter import filter_run
+
+        return [filter_run(r, self.reader) for r in await self.store.list_runs(limit=limit)]
+
+    async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        from thoughtgate.access.filter import filter_events
+
+        run = await self.store.get_run(run_id)
+        raw = await self.store.read(run_id, after=after, limit=limit)
+        return filter_events(raw, self.reader, mode=run.chain_of_thought)
+
+    async def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        from thoughtgate.access.filter import filter_event
+
+        run = await self.store.get_run(run_id)
+        async for event in self.store.tail(run_id, after=after):
+            shown = filter_event(event, self.reader, mode=run.chain_of_thought)
+            if shown is not None:
+                yield shown
+
+    async def trace(self, run_id: str) -> list[Event]:
+        from thoughtgate.access.filter import filter_events, require_role
+        from thoughtgate.access.roles import Role
+        from thoughtgate.events.schema import EventType
+
+        require_role(self.reader, Role.DEVELOPER, "the trace")
+        run = await self.store.get_run(run_id)
+        raw = [e for e in await self.store.read(run_id) if e.type == EventType.WORKER_COMPLETED]
+        return filter_events(raw, self.reader, mode=run.chain_of_thought, surface="trace")
+
+
+class DaemonReader:
+    """A daemon's HTTP API, read with one API key (the daemon filters for the key's role)."""
+
+    def __init__(self, client: ThoughtgateClient) -> None:
+        self.client = client
+        self._role: str | None = None
+
+    async def role(self) -> str:
+        if self._role is None:
+            self._role = str((await self.client.me())["role"])
+        return self._role
+
+    async def resolve(self, given: str) -> str:
+        given = given.strip()
+        prefix = given if given.startswith("run_") else f"run_{given}"
+        try:
+            return (await self.client.get_run(prefix)).run_id
+        except RunNotFoundError:
+            pass
+        found: list[str] = []
+        for page in range(20):  # the newest 10,000 runs
+            runs = await self.client.list_runs(limit=500, offset=page * 500)
+            found += [r.run_id for r in runs if r.run_id.startswith(prefix)]
+            if len(runs) < 500 or len(found) > 5:
+                break
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise RunNotFoundError(given)
+        shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
+        raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
+
+    async def view(self, run_id: str) -> RunView:
+        return await self.client.get_run(run_id)
+
+    async def runs(self, limit: int) -> list[RunView]:
+        return await self.client.list_runs(limit=limit)
+
+    async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        if limit is None:
+            return await self.client.events(run_id, after=after)
+        # as locally: at most ``limit`` recorded events, before the filter
+        return list((await self.client.events_page(run_id, after=after, limit=limit)).events)
+
+    async def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        stream = self.client.follow(run_id, after=after)
+        try:
+            async for event in stream:
+                yield event
+        finally:  # close the live channel when the command stops reading (--limit, Ctrl-C)
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+
+    async def trace(self, run_id: str) -> list[Event]:
+        return await self.client.trace(run_id)
+
+
+@contextlib.asynccontextmanager
+async def _open_reader(
+    url: str | None, key: str | None, *, db: str | None, view_as: str | None, config: str | None
+) -> AsyncIterator[RunReader]:
+    remote = resolve_remote(url, key, db=db, view_as=view_as)
+    if remote is not None:
+        async with remote.client() as client:
+            yield DaemonReader(client)
+        return
+    ctx = Context(config_path=config, db=db, view_as=view_as)
+    try:
+        yield StoreReader(await ctx.store(), ctx.role)
+    finally:
+        await ctx.close()
+
+
+def read_command(
+    body: Callable[[RunReader], Awaitable[None]],
+    *,
+    url: str | None,
+    key: str | None,
+    db: str | None,
+    view_as: str | None,
+    config: str | None,
+) -> None:
+    """Run a read command's ``body`` against the daemon ``--url`` names, else the local store;
+    errors become one clear line and an exit code (``run_async``)."""
+    wants_daemon(url, key)  # a --key without --url is a usage error
+
+    async def main() -> None:
+        async with _open_reader(url, key, db=db, view_as=view_as, config=config) as reader:
+            await body(reader)
+
+    run_async(main())

@@ -1,0 +1,260 @@
+"""The event log: per-run append-only sequences, their live tail, and the one observation point.
+
+A run's events are numbered from 1 without gaps, in commit order, also under concurrent writers
+in several processes; an append is all or nothing. :meth:`EventLog.finish_run` is the log's last
+append for a run: it closes the run's log (every later append raises ``RunClosedError``) and, in
+the same transaction, records the run's ending in the run index (``store.run_index``).
+
+Every batch a backend commits passes :meth:`RunWakeups.committed`, once: in-process live readers
+get the events themselves, tails are woken, and then every *observer* (``EventLog.observe``:
+telemetry, a test's watch) sees them. Because the hand-off sits in the log rather than in the
+callers, no write path -- a recorder, a run's end, a daemon closing runs at shutdown, a sweep
+closing another process's runs -- can append past the observers.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Protocol
+
+from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.events.payloads import RunStatus
+from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.store.records import TaskRecord
+
+__all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
+
+log = logging.getLogger(__name__)
+
+EventObserver = Callable[[Sequence[Event]], Awaitable[None]]
+"""Called with every batch right after it is durably appended (telemetry, live observers)."""
+
+
+class RunListener(Protocol):
+    """A live reader of one run in this process (the daemon's per-run feed)."""
+
+    def published(self, events: Sequence[Event]) -> None:
+        """``events`` were just committed by an append in this process, in order."""
+
+    def notified(self, last_seq: int | None) -> None:
+        """The run may have new events up to ``last_seq`` (``None``: unknown) that were not
+        published here: appended by another process, or news lost while disconnected."""
+
+
+class RunWakeups:
+    """In-process wake-ups for live tails, and the hand-off of committed events to listeners.
+
+    Appenders hand what they committed to :meth:`committed`: listeners get the events
+    themselves, so a live reader in this process never reads back what was just written; tails
+    (``EventLog.tail``) are woken to read; observers see every batch. Signals from other
+    processes (``notify``) only say that something may be new. Backends add their own
+    cross-process signal (SQLite polls with a short interval, PostgreSQL uses LISTEN/NOTIFY).
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self._listeners: dict[str, list[RunListener]] = {}
+        self._observers: list[EventObserver] = []
+
+    def _event(self, run_id: str) -> asyncio.Event:
+        ev = self._events.get(run_id)
+        if ev is None:
+            ev = self._events[run_id] = asyncio.Event()
+        return ev
+
+    def listen(self, run_id: str, listener: RunListener) -> Callable[[], None]:
+        """Hand ``listener`` this run's news until the returned function is called."""
+        self._listeners.setdefault(run_id, []).append(listener)
+
+        def unlisten() -> None:
+            mine = self._listeners.get(run_id)
+            if mine is not None and listener in mine:
+                mine.remove(listener)
+                if not mine:
+                    del self._listeners[run_id]
+
+        return unlisten
+
+    def observe(self, observer: EventObserver) -> Callable[[], None]:
+        """Hand ``observer`` every batch of every run committed in this process (once, however
+        often it is registered) until the returned function is called."""
+        if observer not in self._observers:
+            self._observers.append(observer)
+
+        def unobserve() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+        return unobserve
+
+    async def committed(self, run_id: str, events: Sequence[Event]) -> None:
+        """After a commit in this process: publish, then let every observer see the batch.
+
+        An observer that raises is logged and skipped: the events are stored, so the append
+        has succeeded whatever an observer makes of them.
+        """
+        if not events:
+            return
+        self.publish(run_id, events)
+        for observer in tuple(self._observers):
+            try:
+                await observer(events)
+            except Exception:
+                log.exception("an observer of run %s failed on %d events", run_id, len(events))
+
+    def publish(self, run_id: str, events: Sequence[Event]) -> None:
+        """The events to the run's listeners, then wake tails (observers: ``committed``)."""
+        for listener in tuple(self._listeners.get(run_id, ())):
+            listener.published(events)
+        self._wake(run_id)
+
+    def notify(self, run_id: str, last_seq: int | None = None) -> None:
+        """Something may be new in ``run_id`` (up to ``last_seq`` when known)."""
+        for listener in tuple(self._listeners.get(run_id, ())):
+            listener.notified(last_seq)
+        self._wake(run_id)
+
+    def _wake(self, run_id: str) -> None:
+        ev = self._events.pop(run_id, None)
+        if ev is not None:
+            ev.set()
+
+    def notify_all(self) -> None:
+        """Wake every waiting tail and listener (e.g. after a lost cross-process signal may have
+        hidden news)."""
+        for listeners in list(self._listeners.values()):
+            for listener in tuple(listeners):
+                listener.notified(None)
+        events, self._events = self._events, {}
+        for ev in events.values():
+            ev.set()
+
+    def arm(self, run_id: str) -> asyncio.Event:
+        """The event the next ``notify(run_id)`` sets. Take it *before* re-checking the store and
+        pass it to ``wait``: a notify landing between the check and the wait is then not lost."""
+        return self._event(run_id)
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float | None,  # noqa: ASYNC109 (a poll interval, not a call deadline)
+        *,
+        armed: asyncio.Event | None = None,
+    ) -> None:
+        ev = armed if armed is not None else self._event(run_id)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnding:
+    """How :meth:`EventLog.finish_run` ends a run: the run index's side of its last append."""
+
+    status: RunStatus
+    _: KW_ONLY
+    usage: Mapping[str, int] | None = None
+    error: str | None = None
+    tasks: Sequence[TaskRecord] = ()
+    """Tasks to save with the ending (those it ends too)."""
+    lease_expired_by: float | None = None
+    """End the run only if its lease was not renewed past this time (ADR 0009)."""
+
+    def lease_renewed(self, lease: float | None) -> bool:
+        """Whether a run whose lease expires at ``lease`` was renewed past ``lease_expired_by``
+        (its owner is alive after all: leave the run open)."""
+        by = self.lease_expired_by
+        return by is not None and lease is not None and lease > by
+
+
+class EventLog(abc.ABC):
+    """Append-only per-run event sequences, read back and followed live."""
+
+    #: How often a tail re-reads when no in-process wake-up arrives (cross-process writers).
+    poll_interval: float = 0.25
+    #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
+    #: doubling from the first figure up to the second.
+    tail_retry: tuple[float, float] = (0.05, 2.0)
+    wakeups: RunWakeups
+
+    @abc.abstractmethod
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        """Append all or nothing; returns them with their sequence numbers. Raises
+        ``RunNotFoundError``, or ``RunClosedError`` once the run has ended."""
+
+    @abc.abstractmethod
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with ``seq > after`` in order, at most ``limit``; raises ``RunNotFoundError``."""
+
+    @abc.abstractmethod
+    async def finish_run(
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
+    ) -> list[Event]:
+        """End an open run in one transaction: save ``ending.tasks``, append ``events`` (the last
+        is the run's terminal event), set its status, usage and error and close it, so that
+        every later ``append`` raises ``RunClosedError``.
+
+        Does nothing and returns ``[]`` when the run has already ended (another process closed
+        it first), or when ``ending.lease_renewed`` (its owner is alive after all). Raises
+        ``RunNotFoundError``.
+        """
+
+    def observe(self, observer: EventObserver) -> Callable[[], None]:
+        """Let ``observer`` see every batch committed through this process from now on; the
+        returned function stops it."""
+        return self.wakeups.observe(observer)
+
+    async def append_one(self, run_id: str, event: NewEvent) -> Event:
+        return (await self.append(run_id, [event]))[0]
+
+    def live_poll_interval(self) -> float:
+        """How long a live reader with nothing new may wait before it reads again anyway, for
+        writers in other processes whose signal it may miss; starts whatever delivers those
+        signals (PostgreSQL's LISTEN connection)."""
+        return self.poll_interval
+
+    async def wait_for_new(self, run_id: str, after: int) -> None:
+        """Block until something may have been appended after ``after`` (or a poll interval).
+
+        Arms the wake-up first and then re-checks the store, so an append that commits while the
+        tail's last read was in flight wakes it at once instead of after a poll interval.
+        """
+        armed = self.wakeups.arm(run_id)
+        if await self.read(run_id, after=after, limit=1):
+            return
+        await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
+
+    async def tail(
+        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500
+    ) -> AsyncIterator[Event]:
+        """Yield stored events after ``after``, then new ones as they are appended.
+
+        Stops after a run-terminal event when ``until_terminal`` (the default); a finished run
+        therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run. While
+        the store is unavailable (``StoreUnavailableError``) it keeps retrying with backoff.
+        """
+        cursor = after
+        delay = self.tail_retry[0]
+        while True:
+            try:
+                events = await self.read(run_id, after=cursor, limit=batch)
+                if not events:
+                    await self.wait_for_new(run_id, cursor)
+            except StoreUnavailableError as exc:
+                # Reads are safe to repeat: wait out a dropped connection or a restarting
+                # server instead of ending every live stream at once (clients would all
+                # reconnect together). Other store errors, and a closed store, end the tail.
+                log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.tail_retry[1])
+                continue
+            delay = self.tail_retry[0]
+            for event in events:
+                cursor = event.seq
+                yield event
+                if until_terminal and is_run_terminal(event.type):
+                    return

@@ -1,0 +1,104 @@
+"""The run index: run and task records, run leases (ADR 0009), and the run list.
+
+What the log's events say about a run, kept where it can be found without replaying them: its
+request and resolved modes, its status, usage and error, its tasks, which process executes it
+and until when (its lease), and the live run list (``store.listing``). A run's ending is written
+by the log's last append (``EventLog.finish_run``), in the same transaction, so the index never
+says a run has ended before its terminal event is stored, nor the other way round.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TypedDict, Unpack
+
+from thoughtgate.events.payloads import RunStatus
+from thoughtgate.store.listing import RUN_LIST_WAKEUP, RunListing
+from thoughtgate.store.log import RunWakeups
+from thoughtgate.store.records import RunRecord, TaskRecord
+
+__all__ = ["OpenRun", "OpenRuns", "RunChange", "RunIndex"]
+
+
+class RunChange(TypedDict, total=False):
+    """What ``RunIndex.update_run`` changes; a field left out (or ``None``) stays as it is."""
+
+    status: RunStatus | None
+    usage: dict[str, int] | None
+    error: str | None
+    metadata: dict[str, object] | None
+    """Merged into the run's metadata (a key set to ``None`` stays, holding ``None``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRun:
+    """A run that has not ended yet, with the lease of the process executing it."""
+
+    run_id: str
+    owner: str | None
+    lease_expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRuns:
+    """``open_runs`` answer: the runs, and the store's clock when it read them (PostgreSQL uses
+    the server's clock, so replicas on hosts whose clocks disagree still agree on expiry)."""
+
+    runs: list[OpenRun]
+    now: float
+
+
+class RunIndex(RunListing):
+    """Run and task records, their leases, and the run list (``RunListing``)."""
+
+    #: How often a reader of the run list's changes (``wait_for_run_changes``) re-reads: a list
+    #: may lag another process's change by this much, and each idle reader costs one read a poll.
+    list_poll_interval: float = 1.0
+    wakeups: RunWakeups
+
+    @abc.abstractmethod
+    async def create_run(self, run: RunRecord) -> None:
+        """Insert a new run together with its tasks."""
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunRecord:
+        """The run with its tasks in index order; raises ``RunNotFoundError``."""
+
+    @abc.abstractmethod
+    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+        """Most recent first."""
+
+    @abc.abstractmethod
+    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+        """Change the given fields only (``metadata`` is merged); raises ``RunNotFoundError``."""
+
+    @abc.abstractmethod
+    async def save_task(self, task: TaskRecord) -> None:
+        """Insert or replace a task of an existing run."""
+
+    @abc.abstractmethod
+    async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        """Ids of runs starting with ``prefix`` (sorted, at most ``limit``): ``git``-style short
+        ids for the command line."""
+
+    @abc.abstractmethod
+    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+        """Extend the lease of every open run ``owner`` holds to ``ttl_s`` from now (the store's
+        clock); returns those runs' ids, so the owner learns which runs it no longer holds."""
+
+    @abc.abstractmethod
+    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+        """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
+        oldest lease first (runs without a lease last)."""
+
+    async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
+        """Block until a run may have changed after change number ``after`` (or a poll interval:
+        ``poll_s``, else ``list_poll_interval``). In-process changes wake it at once; other
+        processes' changes are seen at the next poll."""
+        armed = self.wakeups.arm(RUN_LIST_WAKEUP)
+        if await self.latest_run_change() > after:
+            return
+        await self.wakeups.wait(
+            RUN_LIST_WAKEUP, self.list_poll_interval if poll_s is None else poll_s, armed=armed
+        )

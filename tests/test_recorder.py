@@ -42,7 +42,7 @@ async def test_first_delta_is_appended_immediately_then_batched() -> None:
         if len(batches) == 2:
             window_closed.set()
 
-    rec.sinks = (sink,)
+    store.observe(sink)  # every batch the log commits
     await rec.emit_delta(delta("a"))
     assert len(await store.read("run_1")) == 1, "the first byte is not held back"
     await rec.emit_delta(delta("b"))

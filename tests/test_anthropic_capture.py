@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import anthropic
 import httpx
 import pytest
-from anthropic_support import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.replay import (
     ReplayServer,
     Reply,
     loopback_provider,
@@ -26,8 +28,6 @@ from anthropic_support import (
     split_every,
     transcript,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
@@ -43,6 +43,7 @@ from thoughtgate.types import (
     TextPart,
     ToolCallPart,
     Turn,
+    TurnAccumulator,
     Usage,
 )
 
@@ -409,20 +410,20 @@ async def test_every_stop_reason_is_mapped_and_kept(raw: str, normalized: str) -
     assert (turn.finish_reason, turn.raw_finish_reason) == (normalized, raw)
 
 
-def test_the_capture_maps_pause_turn_to_pause() -> None:
-    """The capture says ``pause``; the adapter then continues the turn (test_anthropic_pause)."""
+def test_a_pause_turn_answer_leaves_the_turn_open() -> None:
+    """``pause_turn`` is not the end of the turn: the capture emits no finish and the adapter
+    continues the turn (test_anthropic_pause)."""
     capture = AnthropicCapture("claude-sonnet-4-5", kind="summary")
-    chunks = capture.message(
+    chunks = capture.whole(
         {
             "content": [{"type": "text", "text": "Searching"}],
             "stop_reason": "pause_turn",
             "usage": {"output_tokens": 3},
         }
     )
-    assert capture.stop_reason == "pause_turn"
-    finish = chunks[-1]
-    assert isinstance(finish, FinishChunk)
-    assert (finish.reason, finish.raw_reason) == ("pause", "pause_turn")
+    assert capture.stop_reason == "pause_turn" and STOP_REASONS["pause_turn"] == "pause"
+    assert not any(isinstance(c, FinishChunk) for c in chunks)
+    assert TurnAccumulator().feed_all(chunks).partial().text == "Searching"
 
 
 async def test_an_unknown_stop_reason_is_other_and_kept() -> None:
@@ -466,14 +467,15 @@ def test_delta_lines_read_as_json_loads_reads_them(
         SSEMessage("content_block_start", json.dumps(start)),
         SSEMessage("content_block_delta", data),
     ]
-    chunks, error = capture.batch(messages)
-    assert error is None
+    chunks = capture.feed(messages)
+    assert capture.failure is None
     assert "".join(getattr(c, "text", "") for c in chunks) == text
     assert all(getattr(c, "index", index) == index for c in chunks)
     assert all(isinstance(c, ReasoningDelta if thinking else TextDelta) for c in chunks)
     broken = SSEMessage("content_block_delta", data.replace('"index"', '"Index"'))
-    _, error = AnthropicCapture("m", kind="summary").batch([*messages[:2], broken])
-    assert isinstance(error, MalformedResponseError)  # not accepted by the fast path either
+    other = AnthropicCapture("m", kind="summary")
+    other.feed([*messages[:2], broken])
+    assert isinstance(other.failure, MalformedResponseError)  # not accepted by the fast path either
 
 
 async def test_deltas_of_one_read_are_merged_and_no_read_waits_for_the_next() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from support.sse import frames
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
@@ -198,7 +199,7 @@ async def test_stream_bytes_have_the_real_shape(server: EmulatorServer) -> None:
     assert response.headers["request-id"].startswith("req_")
     text = response.text
     events = [e for e in text.split("\n\n") if e]
-    names = [e.split("\n")[0].removeprefix("event: ") for e in events]
+    names = [frame.event for frame in frames(text)]
     assert names[:3] == ["message_start", "content_block_start", "ping"]
     assert names[-2:] == ["message_delta", "message_stop"]
     assert 'data: {"type": "ping"}' in text

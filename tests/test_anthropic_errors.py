@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from anthropic_support import (
+from support.replay import (
     ReplayServer,
     Reply,
     blackhole_port,

@@ -335,7 +335,7 @@ async def test_key_and_base_url_come_from_the_environment(
 def test_default_base_url_is_the_api_host_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
     adapter = AnthropicProvider(MODEL, ProviderSettings(api_key="k"))
-    assert adapter.transport.url(adapter._path) == "https://api.anthropic.com/v1/messages"
+    assert adapter.transport.url(adapter.path) == "https://api.anthropic.com/v1/messages"
 
 
 # --------------------------------------------------------------------------- the tool loop

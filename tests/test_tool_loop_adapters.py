@@ -66,8 +66,6 @@ from thoughtgate.errors import ProviderHTTPError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
-from thoughtgate.providers.chat_completions import CHAT_PATH
-from thoughtgate.providers.openai_responses import RESPONSES_PATH
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
@@ -531,11 +529,8 @@ async def first_turn(provider: Provider, specs: Any) -> tuple[TurnRequest, Turn,
 
 async def post_raw(provider: Provider, body: dict[str, Any]) -> None:
     """POST a hand-edited body through the adapter's own HTTP transport (its error mapping)."""
-    transport: Any = getattr(provider, "transport", None) or getattr(provider, "_http", None)
-    path = getattr(provider, "_path", None) or (
-        RESPONSES_PATH if provider.name == "openai" else CHAT_PATH
-    )
-    async with transport.open(path, body, stream=True) as response:
+    adapter: Any = provider  # every HTTP adapter has its transport and path
+    async with adapter.transport.open(adapter.path, body, stream=True) as response:
         async for _ in response.aiter_bytes():
             pass
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from thoughtgate.engine.turn import stream_llm_turn
+from thoughtgate.errors import ProviderStreamError
+from thoughtgate.providers.base import Capabilities, TurnRequest
 from thoughtgate.types import (
+    Chunk,
+    ChunkOrderError,
     ContinuityBlock,
     ContinuityChunk,
     FinishChunk,
@@ -58,6 +66,27 @@ def test_accumulator_builds_parts_in_first_arrival_order() -> None:
     assert turn.usage == Usage(input_tokens=10, output_tokens=20, reasoning_tokens=7)
     assert turn.finish_reason == "tool_calls" and turn.raw_finish_reason == "tool_use"
     assert turn.complete
+
+
+@pytest.mark.parametrize("chunk", [ToolCallDelta("ghost", "{}"), ToolCallEnd("ghost")])
+def test_a_chunk_for_a_tool_call_that_never_started_is_refused(chunk: Chunk) -> None:
+    acc = TurnAccumulator().feed_all([ToolCallStart("c1", "lookup"), TextDelta("so far")])
+    with pytest.raises(ChunkOrderError, match="'ghost', which never started"):
+        acc.feed(chunk)
+    assert [c.call_id for c in acc.partial().tool_calls] == ["c1"]  # no invented call
+
+
+async def test_an_adapter_that_breaks_the_chunk_order_fails_its_turn_with_the_partial() -> None:
+    class Broken:
+        name, model, capabilities = "broken", "m", Capabilities()
+
+        async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+            yield TextDelta("Partial")
+            yield ToolCallDelta("ghost", "{}")
+
+    with pytest.raises(ProviderStreamError, match="never started") as info:
+        await stream_llm_turn(Broken(), TurnRequest([]))  # type: ignore[arg-type]
+    assert info.value.partial is not None and info.value.partial.text == "Partial"
 
 
 def test_partial_turn_is_marked_incomplete_and_keeps_everything() -> None:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
+from thoughtgate.providers.registry import ENDPOINTS
 
 __all__ = [
     "PROVIDER_ENV",
@@ -285,14 +286,11 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
 
 
 PROVIDER_ENV: dict[tuple[str, str], str] = {
-    ("anthropic", "base_url"): "ANTHROPIC_BASE_URL",
-    ("anthropic", "api_key"): "ANTHROPIC_API_KEY",
-    ("openai", "base_url"): "OPENAI_BASE_URL",
-    ("openai", "api_key"): "OPENAI_API_KEY",
-    ("openrouter", "base_url"): "OPENROUTER_BASE_URL",
-    ("openrouter", "api_key"): "OPENROUTER_API_KEY",
-    ("openai_compatible", "base_url"): "OPENAI_BASE_URL",
-    ("openai_compatible", "api_key"): "OPENAI_API_KEY",
+    (e.config_section, key): env
+    for e in ENDPOINTS.values()
+    if e.config_section is not None
+    for key, env in (("base_url", e.base_url_env), ("api_key", e.api_key_env))
+    if env is not None
 }
 """``providers.<section>.<key>`` -> the provider's own environment variable (as its SDK reads it)."""
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, assert_never
 
 __all__ = [
     "Chunk",
+    "ChunkOrderError",
     "ContinuityBlock",
     "ContinuityChunk",
     "FinishChunk",
@@ -391,6 +392,12 @@ class _Slot:
         self.value: ContinuityBlock | None = None
 
 
+class ChunkOrderError(ValueError):
+    """A chunk that cannot follow the ones before it (a delta for a tool call that never
+    started): the adapter that produced it has a bug. ``stream_llm_turn`` reports it as a
+    provider stream error, with the partial turn."""
+
+
 class TurnAccumulator:
     """Builds a :class:`Turn` from normalized chunks.
 
@@ -437,10 +444,9 @@ class TurnAccumulator:
             case ToolCallStart():
                 self._slot(("tool", chunk.call_id), _Slot("tool", name=chunk.name))
             case ToolCallDelta():
-                slot = self._slot(("tool", chunk.call_id), _Slot("tool"))
-                slot.buf.append(chunk.arguments_delta)
+                self._started_call(chunk).buf.append(chunk.arguments_delta)
             case ToolCallEnd():
-                pass
+                self._started_call(chunk)
             case ContinuityChunk():
                 self._continuity_seq += 1
                 slot = self._slot(("continuity", self._continuity_seq), _Slot("continuity"))
@@ -462,6 +468,18 @@ class TurnAccumulator:
             case FinishChunk():
                 self._finish = chunk.reason
                 self._raw_finish = chunk.raw_reason
+            case _:
+                assert_never(chunk)
+
+    def _started_call(self, chunk: ToolCallDelta | ToolCallEnd) -> _Slot:
+        """The slot of a tool call that started; a chunk for any other is an adapter bug, which
+        must not invent a call the model never made."""
+        slot = self._slots.get(("tool", chunk.call_id))
+        if slot is None:
+            raise ChunkOrderError(
+                f"{chunk.kind} for tool call {chunk.call_id!r}, which never started"
+            )
+        return slot
 
     def feed_all(self, chunks: Iterable[Chunk]) -> TurnAccumulator:
         for chunk in chunks:
@@ -561,6 +579,8 @@ def part_to_dict(part: Part) -> dict[str, Any]:
                 "is_error": part.is_error,
                 "name": part.name,
             }
+        case _:
+            assert_never(part)
 
 
 def part_from_dict(data: Mapping[str, Any]) -> Part:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.providers.openrouter import OpenRouterProvider
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator import EmulatorServer
 
 CLASSES = {
     "openrouter": OpenRouterProvider,
@@ -36,12 +35,6 @@ def get_country() -> str:
 def largest_city(country: str) -> str:
     """The largest city of a country."""
     return "Mexico City"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with serve_emulator(Emulator()) as srv:
-        yield srv
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
-from openai_replay import (
+from support.provider_conformance import Emulated
+from support.replay import (
     CHUNKINGS,
     Replay,
     fixture,
@@ -17,6 +17,7 @@ from openai_replay import (
     streamed,
     turn_request,
 )
+from support.sse import json_payloads
 
 from thoughtgate.errors import (
     ConfigError,
@@ -26,7 +27,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.openai_responses import CARRIER, OpenAIResponsesProvider
-from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator import EmulatorServer
 from thoughtgate.types import (
     ContinuityBlock,
     Message,
@@ -42,13 +43,8 @@ def replay_provider(name: str, *, chunking: str = "whole", model: str = "o3", **
     return make(OpenAIResponsesProvider, model, replay), replay
 
 
-def sse_events(name: str) -> list[dict[str, Any]]:
-    raw = fixture(f"openai_responses/{name}").decode()
-    return [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
-
-
 def done_item(name: str, index: int) -> dict[str, Any]:
-    for event in sse_events(name):
+    for event in json_payloads(fixture(f"openai_responses/{name}")):
         if event["type"] == "response.output_item.done" and event["output_index"] == index:
             item: dict[str, Any] = event["item"]
             return item
@@ -289,33 +285,24 @@ def test_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     provider = create_provider("openai:o3")
     assert isinstance(provider, OpenAIResponsesProvider)
-    assert provider._http.url("responses") == "https://api.openai.com/v1/responses"
+    assert provider.transport.url("responses") == "https://api.openai.com/v1/responses"
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
-    assert OpenAIResponsesProvider("o3")._http.url("responses") == "http://127.0.0.1:1/v1/responses"
+    assert (
+        OpenAIResponsesProvider("o3").transport.url("responses")
+        == "http://127.0.0.1:1/v1/responses"
+    )
 
 
 # --------------------------------------------------------------------------- against the emulator
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with serve_emulator(Emulator()) as srv:
-        yield srv
-
-
 @pytest.fixture
-async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., OpenAIResponsesProvider]]:
-    made: list[OpenAIResponsesProvider] = []
-
-    def factory(scenario: str, model: str = "gpt-5", retries: int = 0) -> OpenAIResponsesProvider:
-        settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=retries)
-        client = httpx.AsyncClient(headers={"x-emulator-scenario": scenario})
-        made.append(OpenAIResponsesProvider(model, settings, client=client))
-        return made[-1]
-
-    yield factory
-    for provider in made:
-        await provider.aclose()
+async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., Any]]:
+    adapters = Emulated(server, "openai:gpt-5")
+    yield lambda scenario, model="gpt-5", retries=0: adapters(
+        scenario, model=model, retries=retries
+    )[0]
+    await adapters.aclose()
 
 
 @pytest.mark.parametrize("mode", ["surface", "hidden"])
@@ -372,44 +359,6 @@ async def test_emulator_rejects_tampered_encrypted_content(emulated: Any) -> Non
         await streamed(provider, turn_request(messages=history, tools=True))
     assert info.value.status == 400 and info.value.error_type == "invalid_request_error"
     assert "could not be verified" in info.value.message
-
-
-@pytest.mark.parametrize(
-    ("scenario", "model"),
-    [
-        ("think-and-answer", "gpt-5"),
-        ("tool-loop", "gpt-5"),
-        ("summary-and-answer", "o3"),
-        ("redacted", "gpt-5"),
-        ("think-and-answer", "gpt-oss-120b"),
-    ],
-)
-async def test_streamed_and_non_streamed_turns_are_identical(
-    emulated: Any, scenario: str, model: str
-) -> None:
-    provider = emulated(scenario, model)
-    request = turn_request(tools=True)
-    assert await streamed(provider, request) == await provider.request(request)
-
-
-async def test_emulator_failures(server: EmulatorServer, emulated: Any) -> None:
-    with pytest.raises(ProviderStreamError, match="cut") as info:
-        await streamed(emulated("cut"), turn_request())
-    assert info.value.partial is not None and info.value.partial.text == "Partial ans"
-    with pytest.raises(ProviderStreamError) as info:
-        await streamed(emulated("stream-error"), turn_request())
-    assert (info.value.error_type, info.value.message) == ("overloaded_error", "Overloaded")
-    server.emulator.attempts.clear()
-    with pytest.raises(ProviderHTTPError) as err:
-        await emulated("overloaded").request(turn_request())
-    assert (err.value.status, err.value.error_type, err.value.message) == (
-        529,
-        "overloaded_error",
-        "Overloaded",
-    )
-    assert err.value.request_id is not None
-    turn = await streamed(emulated("flaky", retries=1), turn_request())
-    assert turn.text == "Recovered after one retry."
 
 
 async def test_malformed_event_and_wrong_content_type() -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
-from openai_replay import (
+from support.provider_conformance import Emulated
+from support.replay import (
     CHUNKINGS,
     Replay,
     fixture,
@@ -26,7 +26,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.openrouter import CARRIER, OpenRouterProvider
-from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator import EmulatorServer
 from thoughtgate.types import (
     ContinuityBlock,
     Message,
@@ -345,40 +345,32 @@ def test_configuration() -> None:
         OpenRouterProvider(ANTHROPIC, ProviderSettings())
     provider = create_provider(f"openrouter:{ANTHROPIC}", ProviderSettings(api_key="k"))
     assert isinstance(provider, OpenRouterProvider)
-    assert provider._http.url("chat/completions") == "https://openrouter.ai/api/v1/chat/completions"
+    assert (
+        provider.transport.url("chat/completions")
+        == "https://openrouter.ai/api/v1/chat/completions"
+    )
 
 
 def test_base_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENROUTER_BASE_URL", "http://127.0.0.1:9/api/v1/")
     monkeypatch.setenv("OPENROUTER_API_KEY", "from-env")
     provider = OpenRouterProvider(ANTHROPIC, ProviderSettings())
-    assert provider._http.url("chat/completions") == "http://127.0.0.1:9/api/v1/chat/completions"
-    assert provider._http._headers["authorization"] == "Bearer from-env"
+    assert (
+        provider.transport.url("chat/completions") == "http://127.0.0.1:9/api/v1/chat/completions"
+    )
+    assert provider.transport._headers["authorization"] == "Bearer from-env"
 
 
 # --------------------------------------------------------------------------- against the emulator
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with serve_emulator(Emulator()) as srv:
-        yield srv
-
-
 @pytest.fixture
-async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., OpenRouterProvider]]:
+async def emulated(server: EmulatorServer) -> AsyncIterator[Callable[..., Any]]:
     """Adapters pointed at the emulator (closed after the test)."""
-    made: list[OpenRouterProvider] = []
-
-    def factory(scenario: str, model: str = ANTHROPIC, retries: int = 0) -> OpenRouterProvider:
-        headers = {"x-emulator-flavor": "openrouter", "x-emulator-scenario": scenario}
-        settings = ProviderSettings(base_url=server.v1, api_key="k", max_retries=retries)
-        made.append(OpenRouterProvider(model, settings, client=httpx.AsyncClient(headers=headers)))
-        return made[-1]
-
-    yield factory
-    for provider in made:
-        await provider.aclose()
+    flavor = {"x-emulator-flavor": "openrouter"}
+    adapters = Emulated(server, f"openrouter:{ANTHROPIC}", headers=flavor)
+    yield lambda scenario, **kw: adapters(scenario, **kw)[0]
+    await adapters.aclose()
 
 
 async def test_tool_loop_round_trips_signed_details(server: EmulatorServer, emulated: Any) -> None:
@@ -430,32 +422,6 @@ async def test_emulator_rejects_tampered_details(server: EmulatorServer, emulate
     assert "Invalid `signature` in `thinking` block" in info.value.message
 
 
-@pytest.mark.parametrize(
-    ("scenario", "model"),
-    [
-        ("think-and-answer", ANTHROPIC),
-        ("tool-loop", ANTHROPIC),
-        ("summary-and-answer", "openai/gpt-5-mini"),
-        ("redacted", ANTHROPIC),
-        ("think-and-answer", "deepseek/deepseek-r1"),
-    ],
-)
-async def test_streamed_and_non_streamed_turns_are_identical(
-    emulated: Any, scenario: str, model: str
-) -> None:
-    provider = emulated(scenario, model)
-    request = turn_request(tools=True)
-    streamed_turn = await streamed(provider, request)
-    whole = await provider.request(request)
-    assert streamed_turn == whole
-    assert streamed_turn.reasoning_parts and streamed_turn.continuity
-
-
-async def test_emulator_honours_exclude(server: EmulatorServer, emulated: Any) -> None:
-    turn = await streamed(emulated("think-and-answer"), turn_request("hidden"))
-    assert turn.reasoning_parts == () and turn.text.startswith("The sky looks blue")
-
-
 async def test_cut_and_stream_error_from_the_emulator(
     server: EmulatorServer, emulated: Any
 ) -> None:
@@ -470,14 +436,3 @@ async def test_cut_and_stream_error_from_the_emulator(
         await streamed(emulated("stream-error"), turn_request())
     assert (info.value.error_type, info.value.message) == ("overloaded_error", "Overloaded")
     assert info.value.partial is not None and info.value.partial.reasoning_text == "Halfway"
-
-
-async def test_http_failures_and_retry(server: EmulatorServer, emulated: Any) -> None:
-    server.emulator.attempts.clear()
-    with pytest.raises(ProviderHTTPError) as info:
-        await streamed(emulated("overloaded"), turn_request())
-    err = info.value
-    assert (err.status, err.message, err.retryable) == (529, "Overloaded", True)
-    assert err.request_id and err.request_id.startswith("req_")
-    turn = await streamed(emulated("flaky", retries=1), turn_request())
-    assert turn.text == "Recovered after one retry."

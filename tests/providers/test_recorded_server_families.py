@@ -15,13 +15,13 @@ usage chunk, its ``reasoning_content``, and its Responses endpoint with raw ``re
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from openai_replay import CHUNKINGS, Replay, fixture, streamed, turn_request
+from support.replay import CHUNKINGS, Replay, fixture, streamed, turn_request
+from support.sse import json_payloads
 
 from thoughtgate.errors import ProviderHTTPError
 from thoughtgate.providers.base import ProviderSettings
@@ -69,13 +69,6 @@ async def replayed(
     turn = await streamed(provider, request)
     rp.assert_fully_read()
     return Replayed(turn, rp.requests[0], provider)
-
-
-def frames(name: str) -> list[dict[str, Any]]:
-    """The JSON payloads of a transcript's ``data:`` lines."""
-    text = fixture(name).decode()
-    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    return [json.loads(line) for line in lines if line != "[DONE]"]
 
 
 # --------------------------------------------------------------------------- Azure OpenAI
@@ -132,7 +125,7 @@ async def test_azure_responses_summary_with_content_filters(chunking: str) -> No
     assert (encrypted.reasoning_kind, encrypted.text) == ("encrypted", "")
     assert turn.text == "A marathon is 42.195 km long."
     (block,) = turn.continuity
-    done = [f for f in frames(name) if f["type"] == "response.output_item.done"]
+    done = [f for f in json_payloads(fixture(name)) if f["type"] == "response.output_item.done"]
     assert block.data["item"] == done[0]["item"], "the whole item of .done, not the .added copy"
     usage = turn.usage
     assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (41, 203, 180)

@@ -13,15 +13,11 @@ blocks, and a Claude tool call with fields the SDK types do not know yet.
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import httpx
 import pytest
-from openai_replay import (
+from support.replay import (
     CHUNKINGS,
-    ChunkedBody,
     Replay,
-    chunk_sizes,
     fixture,
     make,
     streamed,
@@ -243,33 +239,16 @@ async def test_xai_usage_on_every_chunk_and_reasoning_apart(chunking: str) -> No
 # --------------------------------------------------------------------------- Anthropic
 
 
-class Sequence(httpx.AsyncBaseTransport):
-    """Serves one transcript per request, in order, each read-accounted."""
-
-    def __init__(self, names: list[str], chunking: str) -> None:
-        self.data = [fixture(n) for n in names]
-        self.chunking = chunking
-        self.bodies: list[ChunkedBody] = []
-        self.requests: list[Any] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(json.loads(request.content))
-        data = self.data[len(self.bodies)]
-        body = ChunkedBody(data, chunk_sizes(self.chunking, len(data)))
-        self.bodies.append(body)
-        headers = {"content-type": "text/event-stream; charset=utf-8", "request-id": "req_fx"}
-        return httpx.Response(200, headers=headers, stream=body)
-
-
 @pytest.mark.parametrize("chunking", CHUNKINGS)
 async def test_pause_turn_sends_the_paused_blocks_back_and_continues(chunking: str) -> None:
-    transport = Sequence(["anthropic/pause_turn_1.sse", "anthropic/pause_turn_2.sse"], chunking)
-    settings = ProviderSettings(base_url="http://replay.invalid", api_key="k", max_retries=0)
-    provider = AnthropicProvider(
-        "claude-sonnet-4-0", settings, client=httpx.AsyncClient(transport=transport)
+    transport = Replay(
+        [fixture("anthropic/pause_turn_1.sse"), fixture("anthropic/pause_turn_2.sse")],
+        chunking=chunking,
     )
+    settings = ProviderSettings(base_url="http://replay.invalid", api_key="k", max_retries=0)
+    provider = AnthropicProvider("claude-sonnet-4-0", settings, client=transport.client())
     turn = await streamed(provider, turn_request())
-    assert all(b.sent == len(b.data) and b.exhausted for b in transport.bodies)
+    transport.assert_fully_read()
     assert turn.text == "Checking the timetable: the next ferry leaves at 9:40."
     assert turn.reasoning_text == (
         "Ferry times change daily; search for today's schedule.\n\nThe result lists 9:40."

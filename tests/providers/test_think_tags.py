@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.providers.chat_completions import parse_chat_completion
 from thoughtgate.providers.openai_compatible import CompatParser
+from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.providers.think_tags import ThinkTagSplitter, split_think_tags
 from thoughtgate.types import TurnAccumulator
 
@@ -70,8 +70,8 @@ def _parse(content_chunks: list[str], *, capture: bool = True) -> tuple[str, str
     parser = CompatParser(provider="openai-compatible", model="m", capture=capture)
     acc = TurnAccumulator()
     for piece in content_chunks:
-        acc.feed_all(parser.feed({"choices": [{"index": 0, "delta": {"content": piece}}]}))
-    acc.feed_all(parser.end())
+        acc.feed_all(parser.feed_event({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+    acc.feed_all(parser.feed([SSEMessage("message", "[DONE]")]))
     turn = acc.finish()
     return turn.reasoning_text, turn.text
 
@@ -83,7 +83,7 @@ def test_adapter_streaming_and_non_streaming_agree(text: str, cuts: list[int]) -
     streamed = _parse([text[a:b] for a, b in itertools.pairwise(bounds)])
     parser = CompatParser(provider="openai-compatible", model="m", capture=True)
     body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
-    whole = TurnAccumulator().feed_all(parse_chat_completion(body, parser)).finish()
+    whole = TurnAccumulator().feed_all(parser.whole(body)).feed_all(parser.end()).finish()
     assert streamed == (whole.reasoning_text, whole.text)
     # hidden mode drops the reasoning but never lets it into the answer
     assert _parse([text], capture=False) == ("", whole.text)

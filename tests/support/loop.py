@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import httpx
 
+from support.sse import json_frames
 from thoughtgate.engine.tools import Tool, ToolRegistry, tool
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import Provider, ProviderSettings, split_model
@@ -406,26 +407,10 @@ def make_provider(
 # --------------------------------------------------------------------------- wire readers
 
 
-def sse_data(raw: bytes) -> Iterator[tuple[str | None, Any]]:
-    """``(event name, decoded data)`` for every SSE message with JSON data."""
-    text = raw.decode("utf-8").replace("\r\n", "\n")
-    for frame in text.split("\n\n"):
-        event: str | None = None
-        data: list[str] = []
-        for line in frame.split("\n"):
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-        payload = "\n".join(data)
-        if payload and payload != "[DONE]":
-            yield event, json.loads(payload)
-
-
 def emitted_anthropic(raw: bytes) -> list[dict[str, Any]]:
     """The thinking and redacted_thinking blocks of one response, as complete blocks."""
     blocks: dict[int, dict[str, Any]] = {}
-    for _, data in sse_data(raw):
+    for _, data in json_frames(raw):
         if data.get("type") == "content_block_start":
             blocks[data["index"]] = dict(data["content_block"])
         elif data.get("type") == "content_block_delta":
@@ -442,7 +427,7 @@ def emitted_anthropic(raw: bytes) -> list[dict[str, Any]]:
 def emitted_openrouter(raw: bytes) -> list[dict[str, Any]]:
     """``reasoning_details`` of one response, pieces joined per ``(type, index)``."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
-    for _, data in sse_data(raw):
+    for _, data in json_frames(raw):
         for choice in data.get("choices") or []:
             for detail in (choice.get("delta") or {}).get("reasoning_details") or []:
                 key = (detail["type"], detail.get("index", 0))
@@ -462,7 +447,7 @@ def emitted_responses(raw: bytes) -> list[tuple[dict[str, Any], str]]:
     """Each reasoning item exactly as ``output_item.done`` gave it, with the id of the item that
     followed it."""
     items: dict[int, dict[str, Any]] = {}
-    for _, data in sse_data(raw):
+    for _, data in json_frames(raw):
         if data.get("type") == "response.output_item.done":
             items[data["output_index"]] = data["item"]
     ordered = [items[i] for i in sorted(items)]
@@ -480,7 +465,7 @@ def emitted_compat(raw: bytes) -> str:
     """The reasoning text of one response, from whichever field (or tag) the flavour used."""
     pieces: list[str] = []
     content: list[str] = []
-    for _, data in sse_data(raw):
+    for _, data in json_frames(raw):
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
             for name in ("reasoning_content", "reasoning"):

@@ -98,6 +98,7 @@ from thoughtgate.providers.base import (
     split_model,
 )
 from thoughtgate.providers.clients import shared_clients
+from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
 from thoughtgate.store.leases import LOST_LEASE, close_run_interrupted, end_run
@@ -129,13 +130,6 @@ SUSPENDED = "its process is shutting down; it resumes in another process"
 _KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
-_CONFIG_SECTION = {
-    "anthropic": "anthropic",
-    "openai": "openai",
-    "openrouter": "openrouter",
-    "openai-compatible": "openai_compatible",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
@@ -163,7 +157,7 @@ def provider_settings_from_config(
     ``base_url`` or ``api_key`` (a command-line flag) wins over both.
     """
     prefix, _ = split_model(model)
-    section = _CONFIG_SECTION.get(prefix)
+    section = ENDPOINTS[prefix].config_section
     endpoint: ProviderEndpoint = (
         getattr(config.providers, section) if section else ProviderEndpoint()
     )

@@ -39,14 +39,11 @@ import contextlib
 import json
 import json.decoder
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final, TypeAlias
-
-import httpx
+from typing import Any, ClassVar, Final, TypeAlias
 
 from thoughtgate.errors import (
-    ConfigError,
     MalformedResponseError,
     ProviderError,
     ProviderStreamError,
@@ -54,21 +51,13 @@ from thoughtgate.errors import (
 from thoughtgate.providers.base import (
     Capabilities,
     Effort,
-    ProviderSettings,
     ReasoningRequest,
-    ServerInfo,
     ToolSpec,
     TurnRequest,
-    server_info,
 )
-from thoughtgate.providers.http import HTTPTransport, parse_json_event
-from thoughtgate.providers.openai_common import (
-    adapter_options,
-    apply_extra,
-    resolve_api_key,
-    resolve_base_url,
-    resolve_endpoint_rule,
-)
+from thoughtgate.providers.endpoints import apply_extra
+from thoughtgate.providers.http import parse_json_event
+from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.rules import (
     ANTHROPIC_RULES,
     EndpointRule,
@@ -77,6 +66,7 @@ from thoughtgate.providers.rules import (
     normalize_anthropic_model,
 )
 from thoughtgate.providers.sse import SSEMessage
+from thoughtgate.providers.wire import FollowUp, HTTPProvider, WireParser
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -94,8 +84,6 @@ from thoughtgate.types import (
     ToolCallPart,
     ToolCallStart,
     ToolResultPart,
-    Turn,
-    TurnAccumulator,
     UsageChunk,
 )
 
@@ -120,9 +108,10 @@ __all__ = [
 
 PROVIDER: Final = "anthropic"
 ANTHROPIC_VERSION: Final = "2023-06-01"
-DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
-API_KEY_ENV: Final = "ANTHROPIC_API_KEY"
-BASE_URL_ENV: Final = "ANTHROPIC_BASE_URL"
+_ENDPOINT: Final = ENDPOINTS[PROVIDER]
+DEFAULT_BASE_URL: Final = _ENDPOINT.default_base_url
+API_KEY_ENV: Final = _ENDPOINT.api_key_env
+BASE_URL_ENV: Final = _ENDPOINT.base_url_env
 
 THINKING_CARRIER: Final = "anthropic.thinking"
 REDACTED_CARRIER: Final = "anthropic.redacted_thinking"
@@ -363,24 +352,37 @@ class AnthropicCapture:
         "_run_index",
         "_run_thinking",
         "emit_reasoning",
+        "failure",
         "finished",
         "kind",
         "model",
         "next_index",
         "offset",
         "other_blocks",
+        "paused",
+        "segment",
         "started",
         "stop_reason",
     )
 
     def __init__(
-        self, model: str, *, kind: ReasoningKind, emit_reasoning: bool = True, offset: int = 0
+        self,
+        model: str,
+        *,
+        kind: ReasoningKind,
+        emit_reasoning: bool = True,
+        paused: _PausedTurn | None = None,
     ) -> None:
         self.model = model
-        self.offset = offset
+        self.paused = paused or _PausedTurn()
+        """What earlier responses of this turn produced (``pause_turn`` continuations)."""
+        self.segment = _SegmentBlocks()
+        """This response's blocks, as a continuation would send them back."""
+        self.offset = offset = self.paused.offset
         """Added to every block index this capture emits: a ``pause_turn`` continuation's
         blocks follow the paused response's blocks in the same turn."""
         self.next_index = offset
+        self.failure: ProviderError | None = None
         self.stop_reason: str | None = None
         self.kind: ReasoningKind = kind
         self.emit_reasoning = emit_reasoning
@@ -431,56 +433,59 @@ class AnthropicCapture:
         return self.take()
 
     def take(self) -> list[Chunk]:
-        """The chunks produced since the last call."""
+        """The chunks produced since the last call, as the turn records them: after a
+        ``pause_turn`` continuation, block indexes follow the earlier responses' and usage adds
+        theirs; a ``pause_turn`` finish is not the end of the turn and is left out."""
         self._close_run()
         out, self._out = self._out, []
         if self.offset:
             out = [_shifted(chunk, self.offset) for chunk in out]
+        see = self.segment.see
+        for chunk in out:
+            see(chunk)
+        before = self.paused.usage
+        if before:
+            out = [_add_usage(c, before) if isinstance(c, UsageChunk) else c for c in out]
+        if self.stop_reason == "pause_turn":
+            out = [c for c in out if not isinstance(c, FinishChunk)]
         return out
+
+    def end(self) -> list[Chunk]:
+        """The body ended: nothing more, or the error of a stream cut before ``message_stop``."""
+        if not self.finished:
+            raise ProviderStreamError("stream ended before message_stop", provider=PROVIDER)
+        return []
 
     # -- streaming
 
-    def batch(self, messages: Iterable[SSEMessage]) -> tuple[list[Chunk], ProviderError | None]:
-        """Chunks for the events of one network read, and the error that ended it, if any.
-
-        The error is returned rather than raised so the chunks before it still reach the caller
-        and the partial turn.
-        """
+    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
+        """Chunks for the events of one network read. An ``error`` event or a malformed one is
+        left in :attr:`failure`, and the chunks before it are returned."""
         blocks = self._blocks
-        for message in messages:
+        for message in events:
             event, data, _ = message
             if event == "ping" or self.finished:
                 continue  # nothing after message_stop belongs to the turn
             if event == "content_block_delta" and (match := _FAST_DELTA(data)) is not None:
-                # The hot path, inlined: what _delta, _thinking_piece and _piece do for one delta.
+                # The hot path: a text or thinking delta of the one exact shape, read without
+                # json.loads and handed to the same rules as every other delta.
                 digits, kind, text = match.groups()
                 index = int(digits)
                 slot = blocks.get(index)
                 if slot is not None and ("\\" not in text or (text := _unescape(text)) is not None):
-                    thinking = kind is not None
-                    if thinking:
-                        if slot.type != "thinking" or (not text and slot.thinking):
-                            continue
-                        if text:
-                            slot.thinking.append(text)
-                        if not self.emit_reasoning:
-                            continue
-                    elif slot.type != "text":
-                        continue
-                    if index == self._run_index and thinking is self._run_thinking:
-                        self._run.append(text)
-                    else:
-                        self._piece(index, thinking, text)
+                    self._text_piece(slot, index, kind is not None, text)
                     continue
             try:
                 decoded = parse_json_event(PROVIDER, message)
                 etype = decoded.get("type") or event
                 if etype == "error" or event == "error":
-                    return self.take(), _stream_error(decoded)
+                    self.failure = _stream_error(decoded)
+                    break
                 self.event(etype, decoded)
             except ProviderError as exc:
-                return self.take(), exc
-        return self.take(), None
+                self.failure = exc
+                break
+        return self.take()
 
     def event(self, etype: str, data: dict[str, Any]) -> None:
         """Handle one decoded stream event; raises ``MalformedResponseError`` on bad shapes."""
@@ -547,12 +552,12 @@ class AnthropicCapture:
         slot = self._blocks[index] = _Block(btype)
         self.next_index = max(self.next_index, index + self.offset + 1)
         if btype == "text":
-            self._piece(index, False, _str(block, "text"))
+            self._text_piece(slot, index, False, _str(block, "text"))
         elif btype == "thinking":
             text = _str(block, "thinking")
             # the stream's start block says "signature": ""; a signature_delta brings the value
             signature = str(block.get("signature") or "")
-            self._thinking_piece(slot, index, text)
+            self._text_piece(slot, index, True, text)
             if signature:
                 self._signature(slot, index, signature)
         elif btype == "redacted_thinking":
@@ -569,15 +574,26 @@ class AnthropicCapture:
             # must send them back as they came
             slot.input = dict(block)
 
-    def _thinking_piece(self, slot: _Block, index: int, text: str) -> None:
-        if slot.type != "thinking":
+    def _text_piece(self, slot: _Block, index: int, thinking: bool, text: str) -> None:
+        """The rules of a text or thinking delta (the one implementation, for both paths):
+        a delta of the other kind than its block is skipped; thinking text is kept for the
+        continuity block; an empty thinking delta after text (the one before the signature)
+        adds nothing; reasoning is emitted only when it is captured."""
+        if thinking:
+            if slot.type != "thinking":
+                return
+            if text:
+                slot.thinking.append(text)
+            elif slot.thinking:
+                return  # the empty delta before the signature
+            if not self.emit_reasoning:
+                return
+        elif slot.type != "text":
             return
-        if text:
-            slot.thinking.append(text)
-        elif slot.thinking:
-            return  # the empty delta before the signature
-        if self.emit_reasoning:
-            self._piece(index, True, text)
+        if index == self._run_index and thinking is self._run_thinking:
+            self._run.append(text)
+        else:
+            self._piece(index, thinking, text)
 
     def _signature(self, slot: _Block, index: int, signature: str) -> None:
         slot.signature = signature  # replaces, as the SDK does
@@ -592,11 +608,9 @@ class AnthropicCapture:
         if slot is None:
             raise _never_started("content_block_delta", index)
         if dtype == "text_delta":
-            text = _str(delta, "text")
-            if slot.type == "text":
-                self._piece(index, False, text)
+            self._text_piece(slot, index, False, _str(delta, "text"))
         elif dtype == "thinking_delta":
-            self._thinking_piece(slot, index, _str(delta, "thinking"))
+            self._text_piece(slot, index, True, _str(delta, "thinking"))
         elif dtype == "signature_delta":
             signature = _str(delta, "signature")
             if slot.type == "thinking":
@@ -638,7 +652,7 @@ class AnthropicCapture:
 
     # -- non-streaming
 
-    def message(self, body: Mapping[str, Any]) -> list[Chunk]:
+    def whole(self, body: Mapping[str, Any]) -> list[Chunk]:
         """Chunks for a whole non-streamed message, in the order a stream would give them."""
         content = body.get("content")
         if not isinstance(content, list):
@@ -693,9 +707,7 @@ class _PausedTurn:
         self.content: list[dict[str, Any]] = []
         self.usage: dict[str, int] = {}
         self.offset = 0
-
-    def watcher(self) -> _SegmentBlocks:
-        return _SegmentBlocks()
+        self.continuations = 0
 
 
 class _SegmentBlocks:
@@ -737,31 +749,22 @@ class _SegmentBlocks:
 MAX_PAUSE_CONTINUATIONS: Final = 8
 
 
-class AnthropicProvider:
+class AnthropicProvider(HTTPProvider):
     """``anthropic:MODEL`` -- the Messages API over httpx, streaming and not."""
 
-    name = PROVIDER
+    endpoint = _ENDPOINT
+    version_headers: ClassVar[Mapping[str, str]] = {"anthropic-version": ANTHROPIC_VERSION}
 
-    def __init__(
-        self,
-        model: str,
-        settings: ProviderSettings | None = None,
-        *,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.settings = settings = settings or ProviderSettings()
-        api_key = resolve_api_key(settings, API_KEY_ENV)
-        if not api_key:
-            raise ConfigError(
-                "providers.anthropic.api_key",
-                None,
-                f"an Anthropic API key (or set {API_KEY_ENV}; the emulator accepts any key)",
-            )
-        base_url = resolve_base_url(settings, BASE_URL_ENV, DEFAULT_BASE_URL, provider=PROVIDER)
-        self.model = model
-        self.rule = resolve_endpoint_rule(settings, "anthropic", model, base_url)
-        self.family = self.rule
-        self.capabilities = Capabilities(
+    @property
+    def family(self) -> EndpointRule:
+        return self.rule
+
+    def wire_path(self, base_url: str) -> str:
+        # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
+        return "/messages" if base_url.endswith("/v1") else "/v1/messages"
+
+    def wire_capabilities(self) -> Capabilities:
+        return Capabilities(
             reasoning_text=True,
             reasoning_summary=self.rule.reasoning_kind == "summary",
             continuity=True,
@@ -769,14 +772,6 @@ class AnthropicProvider:
             streaming=True,
             notes={"thinking": f"{self.rule.thinking} ({self.rule.family})"},
         )
-        # The SDKs take the host root; a base URL that already ends in /v1 is accepted too.
-        self._path = "/messages" if base_url.endswith("/v1") else "/v1/messages"
-        # Adapter option "headers" adds request headers (anthropic-beta, or the emulator's
-        # x-emulator-scenario); the key and version headers always win.
-        extra_headers = adapter_options(settings).get("headers") or {}
-        headers = {str(k): str(v) for k, v in dict(extra_headers).items()}
-        headers |= {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
-        self.transport = HTTPTransport(PROVIDER, base_url, headers, settings, client=client)
 
     # -- request shaping
 
@@ -833,106 +828,34 @@ class AnthropicProvider:
             body["stream"] = True
         return apply_extra(body, self.settings)  # settings.extra: body fields the user adds
 
-    def _capture(self, request: TurnRequest, offset: int = 0) -> AnthropicCapture:
+    def parser(self, request: TurnRequest, paused: _PausedTurn | None = None) -> AnthropicCapture:
         return AnthropicCapture(
             self.model,
             kind=self.rule.reasoning_kind,
             emit_reasoning=request.reasoning.enabled,
-            offset=offset,
+            paused=paused,
         )
 
-    # -- the Provider protocol
-
-    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
-        """One turn; a ``pause_turn`` answer is continued, as Anthropic documents, by sending the
-        paused content back as the final assistant message until the turn really ends."""
-        body = self.build_body(request, stream=True)
-        paused = _PausedTurn()
-        for continuation in range(MAX_PAUSE_CONTINUATIONS + 1):
-            segment = paused.watcher()
-            capture = self._capture(request, paused.offset)
-            async for chunk in self._stream_once(body, capture):
-                segment.see(chunk)
-                if isinstance(chunk, UsageChunk) and paused.usage:
-                    chunk = _add_usage(chunk, paused.usage)
-                if isinstance(chunk, FinishChunk) and chunk.raw_reason == "pause_turn":
-                    continue  # not the end of the turn
-                yield chunk
-            if capture.stop_reason != "pause_turn":
-                return
-            body = _continue_paused(body, paused, segment, capture, self.model)
-            if continuation == MAX_PAUSE_CONTINUATIONS:
-                break
-        raise ProviderStreamError(
-            f"the turn was still paused (stop_reason pause_turn) after "
-            f"{MAX_PAUSE_CONTINUATIONS} continuations",
-            provider=PROVIDER,
-            error_type="pause_turn",
-        )
-
-    async def _stream_once(
-        self, body: Mapping[str, Any], capture: AnthropicCapture
-    ) -> AsyncIterator[Chunk]:
-        async with self.transport.open(self._path, body, stream=True) as response:
-            request_id = self.transport.request_id(response)
-            try:
-                async for batch in self.transport.event_batches(response):
-                    chunks, error = capture.batch(batch)
-                    for chunk in chunks:
-                        yield chunk
-                    if error is not None:
-                        if error.request_id is None:
-                            error.request_id = request_id
-                        raise error
-            except ProviderError:
-                if not capture.finished:
-                    for chunk in capture.interrupted():
-                        yield chunk
-                    raise
-                # a connection dropped after message_stop lost nothing
-        if not capture.finished:
-            for chunk in capture.interrupted():
-                yield chunk
+    def follow_up(
+        self, request: TurnRequest, body: Mapping[str, Any], parser: WireParser
+    ) -> FollowUp | None:
+        """A ``pause_turn`` answer is not the end of the turn: as Anthropic documents, the same
+        request goes again with the paused content as the final assistant message, and the
+        continuation's blocks join the same turn (usage summed)."""
+        assert isinstance(parser, AnthropicCapture)
+        if parser.stop_reason != "pause_turn":
+            return None
+        paused = parser.paused
+        if paused.continuations == MAX_PAUSE_CONTINUATIONS:
             raise ProviderStreamError(
-                "stream ended before message_stop", provider=PROVIDER, request_id=request_id
+                f"the turn was still paused (stop_reason pause_turn) after "
+                f"{MAX_PAUSE_CONTINUATIONS} continuations",
+                provider=PROVIDER,
+                error_type="pause_turn",
             )
-
-    async def request(self, request: TurnRequest) -> Turn:
-        body = self.build_body(request, stream=False)
-        acc = TurnAccumulator(provider=PROVIDER, model=self.model)
-        paused = _PausedTurn()
-        for _ in range(MAX_PAUSE_CONTINUATIONS + 1):
-            data = await self.transport.post_json(self._path, body)
-            capture = self._capture(request, paused.offset)
-            segment = paused.watcher()
-            try:
-                for chunk in capture.message(data):
-                    segment.see(chunk)
-                    if isinstance(chunk, UsageChunk) and paused.usage:
-                        chunk = _add_usage(chunk, paused.usage)
-                    acc.feed(chunk)
-            except ProviderError as exc:
-                exc.partial = acc.partial()
-                raise
-            if capture.stop_reason != "pause_turn":
-                return acc.finish()
-            body = _continue_paused(body, paused, segment, capture, self.model)
-        still_paused = ProviderStreamError(
-            f"the turn was still paused (stop_reason pause_turn) after "
-            f"{MAX_PAUSE_CONTINUATIONS} continuations",
-            provider=PROVIDER,
-            error_type="pause_turn",
-        )
-        still_paused.partial = acc.partial()
-        raise still_paused
-
-    @property
-    def server(self) -> ServerInfo:
-        """The host, port and recognised server this adapter talks to (for telemetry)."""
-        return server_info(self.transport.base_url, self.rule.server)
-
-    async def aclose(self) -> None:
-        await self.transport.aclose()
+        paused.continuations += 1
+        next_body = _continue_paused(body, paused, parser.segment, parser)
+        return next_body, self.parser(request, paused)
 
 
 def _add_usage(chunk: UsageChunk, before: Mapping[str, int]) -> UsageChunk:
@@ -956,7 +879,6 @@ def _continue_paused(
     paused: _PausedTurn,
     segment: _SegmentBlocks,
     capture: AnthropicCapture,
-    model: str,
 ) -> dict[str, Any]:
     """The next request of a paused turn: the same body, with everything the turn produced so
     far as the final assistant message (Anthropic: "pass the paused response back as-is")."""

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 from urllib.parse import urlsplit
 
 from thoughtgate.errors import UnknownProviderError
+from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
 
 __all__ = [
@@ -176,14 +177,8 @@ async def collect_turn(provider: Provider, request: TurnRequest) -> Turn:
     return acc.finish()
 
 
-#: provider prefix -> "module:factory"; factories take ``(model, settings)``.
-PROVIDER_MODULES: dict[str, str] = {
-    "anthropic": "thoughtgate.providers.anthropic:AnthropicProvider",
-    "openrouter": "thoughtgate.providers.openrouter:OpenRouterProvider",
-    "openai": "thoughtgate.providers.openai_responses:OpenAIResponsesProvider",
-    "openai-compatible": "thoughtgate.providers.openai_compatible:OpenAICompatibleProvider",
-    "fake": "thoughtgate.testing.fake:FakeProvider.from_model_name",
-}
+#: provider prefix -> "module:factory"; factories take ``(model, settings)`` (from the registry).
+PROVIDER_MODULES: dict[str, str] = {name: e.adapter for name, e in ENDPOINTS.items()}
 
 
 def split_model(model: str) -> tuple[str, str]:

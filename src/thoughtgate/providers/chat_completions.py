@@ -25,14 +25,16 @@ Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
-from thoughtgate.providers.base import TurnRequest
-from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_error
-from thoughtgate.providers.openai_common import chat_tools, tool_results
+from thoughtgate.providers.base import ToolSpec, TurnRequest
+from thoughtgate.providers.endpoints import apply_extra
+from thoughtgate.providers.history import tool_results
+from thoughtgate.providers.http import stream_error
+from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
 from thoughtgate.types import (
     Chunk,
     FinishChunk,
@@ -45,7 +47,6 @@ from thoughtgate.types import (
     ToolCallEnd,
     ToolCallPart,
     ToolCallStart,
-    TurnAccumulator,
     UsageChunk,
 )
 
@@ -53,12 +54,12 @@ __all__ = [
     "CHAT_PATH",
     "AssistantExtra",
     "ChatChunkParser",
+    "ChatCompletionsProvider",
     "build_chat_messages",
     "chat_body",
     "chat_finish_reason",
+    "chat_tools",
     "chat_usage",
-    "parse_chat_completion",
-    "stream_chat_completion",
 ]
 
 CHAT_PATH = "chat/completions"
@@ -127,7 +128,7 @@ class _ToolCall:
     started: bool = False
 
 
-class ChatChunkParser:
+class ChatChunkParser(JSONEventParser):
     """Chat completion chunks in, normalized chunks out. One instance per turn.
 
     Subclasses override the hooks :meth:`reasoning_chunks`, :meth:`content_chunks`,
@@ -150,6 +151,9 @@ class ChatChunkParser:
         self.lenient_end = lenient_end
         self.reasoning_in_output = reasoning_in_output
         self.done = False
+        """``[DONE]`` (or the end of a whole body) was read, or the stream reported an error:
+        what follows is read and ignored."""
+        self.failure: ProviderError | None = None
         self.finish_raw: str | None = None
         self.native_finish: str | None = None
         self.error: ProviderStreamError | None = None
@@ -193,9 +197,16 @@ class ChatChunkParser:
     def _malformed(self, what: str, value: Any) -> MalformedResponseError:
         return MalformedResponseError(f"{what}: {json.dumps(value)[:200]}", provider=self.provider)
 
-    def feed(self, data: Mapping[str, Any]) -> list[Chunk]:
+    @property
+    def finished(self) -> bool:
+        return self.done and self.error is None
+
+    def done_marker(self) -> list[Chunk]:
+        return self._done()
+
+    def feed_event(self, data: Mapping[str, Any]) -> list[Chunk]:
         """One ``chat.completion.chunk`` object. An error it reports is left in :attr:`error`
-        after its other contents (usage) have been read."""
+        after its other contents (usage) have been read; what follows it is read and ignored."""
         if data.get("error"):
             self.error = stream_error(self.provider, data)
         out: list[Chunk] = self._response_info(data)
@@ -233,6 +244,8 @@ class ChatChunkParser:
                 provider=self.provider,
                 error_type=self.native_finish or "error",
             )
+        if self.error is not None:
+            self.done = True  # read what follows; the error is raised at the end
         return out
 
     def _tool_call_chunks(self, fragments: Any) -> list[Chunk]:
@@ -275,7 +288,7 @@ class ChatChunkParser:
             call.pending_args.clear()
         return out
 
-    def end(self) -> list[Chunk]:
+    def _done(self) -> list[Chunk]:
         """The turn is over (``[DONE]``, or the end of a non-streamed body)."""
         self.done = True
         out = self.flush_content()
@@ -292,98 +305,64 @@ class ChatChunkParser:
         )
         return out
 
-    def end_of_stream(self) -> list[Chunk]:
-        """The body ended. Without ``[DONE]`` that is a cut stream, unless the server is known
-        to omit it (``lenient_end``) and already said why the turn finished."""
+    def end(self) -> list[Chunk]:
+        """The body ended: the error it reported, if any; without ``[DONE]`` a cut stream, unless
+        the server is known to omit it (``lenient_end``) and already said why the turn finished."""
+        if self.error is not None:
+            raise self.error
         if self.done:
             return []
         if self.lenient_end and self.finish_raw is not None:
-            return self.end()
+            return self._done()
         raise ProviderStreamError(
             "the stream ended before `data: [DONE]`"
             + ("" if self.finish_raw else " and before any finish_reason"),
             provider=self.provider,
         )
 
-
-async def stream_chat_completion(
-    http: HTTPTransport, body: Mapping[str, Any], parser: ChatChunkParser
-) -> AsyncIterator[Chunk]:
-    """POST a streamed chat completion and yield normalized chunks; reads the body to its end."""
-    async with http.open(CHAT_PATH, body, stream=True) as response:
-        request_id = http.request_id(response)
-        try:
-            async for message in http.events(response):
-                data = message.data.strip()
-                if parser.done or not data:
-                    continue  # drain what follows [DONE] so the connection ends cleanly
-                if data == "[DONE]":
-                    for chunk in parser.end():
-                        yield chunk
-                    continue
-                for chunk in parser.feed(parse_json_event(http.provider, message)):
-                    yield chunk
-                if parser.error is not None:
-                    parser.done = True  # read what follows; the error is raised at the end
-            if parser.error is not None:
-                raise parser.error
-            for chunk in parser.end_of_stream():
-                yield chunk
-        except ProviderError as exc:
-            exc.request_id = exc.request_id or request_id
-            raise
-
-
-def parse_chat_completion(data: Mapping[str, Any], parser: ChatChunkParser) -> list[Chunk]:
-    """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one delta).
-
-    A body that reports an error raises it, with the usage it carried in the partial turn.
-    """
-    if data.get("error") and not isinstance(data.get("choices"), list):
-        partial = parser.feed({"usage": data.get("usage"), "error": data["error"]})
-        _raise_with(parser, partial)
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise MalformedResponseError(
-            f"chat completion without choices: {json.dumps(data)[:200]}", provider=parser.provider
-        )
-    choice = choices[0]
-    message = choice.get("message")
-    if not isinstance(message, Mapping):
-        raise MalformedResponseError(
-            "choices[0].message is not an object", provider=parser.provider
-        )
-    delta = dict(message)
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        delta["tool_calls"] = [
-            {"index": i, **c} if isinstance(c, Mapping) else c for i, c in enumerate(calls)
-        ]
-    fed: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
-    for key in ("native_finish_reason", "error"):
-        if key in choice:
-            fed[key] = choice[key]
-    chunks = parser.feed(
-        {
-            "id": data.get("id"),
-            "model": data.get("model"),
-            "choices": [fed],
-            "usage": data.get("usage"),
-            "error": data.get("error"),
+    def whole(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """Normalized chunks of a non-streamed ``chat.completion`` (its message fed as one
+        delta). An error the body reports is left for :meth:`end`, with the usage it carried."""
+        if data.get("error") and not isinstance(data.get("choices"), list):
+            return self.feed_event({"usage": data.get("usage"), "error": data["error"]})
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise MalformedResponseError(
+                f"chat completion without choices: {json.dumps(data)[:200]}",
+                provider=self.provider,
+            )
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, Mapping):
+            raise MalformedResponseError(
+                "choices[0].message is not an object", provider=self.provider
+            )
+        delta = dict(message)
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            delta["tool_calls"] = [
+                {"index": i, **c} if isinstance(c, Mapping) else c for i, c in enumerate(calls)
+            ]
+        fed: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "finish_reason": choice.get("finish_reason"),
         }
-    )
-    if parser.error is not None:
-        _raise_with(parser, chunks)
-    return chunks + parser.end()
-
-
-def _raise_with(parser: ChatChunkParser, chunks: list[Chunk]) -> None:
-    """Raise the parser's error with the turn those chunks make as its partial."""
-    error = parser.error or ProviderStreamError("error", provider=parser.provider)
-    error.partial = (
-        TurnAccumulator(provider=parser.provider, model=parser.model).feed_all(chunks).partial()
-    )
-    raise error
+        for key in ("native_finish_reason", "error"):
+            if key in choice:
+                fed[key] = choice[key]
+        chunks = self.feed_event(
+            {
+                "id": data.get("id"),
+                "model": data.get("model"),
+                "choices": [fed],
+                "usage": data.get("usage"),
+                "error": data.get("error"),
+            }
+        )
+        if self.error is not None:
+            return chunks
+        return chunks + self._done()
 
 
 # --------------------------------------------------------------------------- request side
@@ -435,6 +414,21 @@ def build_chat_messages(
     return out
 
 
+def chat_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Chat Completions ``tools`` (nested ``function`` object)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            },
+        }
+        for t in tools
+    ]
+
+
 def chat_body(
     model: str, request: TurnRequest, messages: Sequence[Mapping[str, Any]], *, stream: bool
 ) -> dict[str, Any]:
@@ -448,3 +442,24 @@ def chat_body(
     if request.tools:
         body["tools"] = chat_tools(request.tools)
     return body
+
+
+class ChatCompletionsProvider(HTTPProvider):
+    """``POST {base}/chat/completions``: the wire format of OpenRouter and OpenAI-compatible
+    servers. An endpoint's subclass adds its reasoning fields (:meth:`shape_reasoning`), what
+    goes back on assistant messages (:meth:`assistant_extra`) and its parser."""
+
+    def wire_path(self, base_url: str) -> str:
+        return CHAT_PATH
+
+    def assistant_extra(self, request: TurnRequest) -> AssistantExtra | None:
+        return None
+
+    def shape_reasoning(self, body: dict[str, Any], request: TurnRequest, *, stream: bool) -> None:
+        """Add the endpoint's reasoning fields to ``body``."""
+
+    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
+        messages = build_chat_messages(request, self.assistant_extra(request))
+        body = chat_body(self.model, request, messages, stream=stream)
+        self.shape_reasoning(body, request, stream=stream)
+        return apply_extra(body, self.settings)  # settings.extra: body fields the user adds

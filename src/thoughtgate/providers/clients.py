@@ -33,7 +33,10 @@ import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import httpcore
 import httpx
+
+from thoughtgate.providers.netio import AsyncioBackend
 
 __all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
 
@@ -114,7 +117,12 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             max_keepalive_connections=self._size,
             keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
-        shard = _Shard(httpx.AsyncHTTPTransport(verify=self._verify, limits=limits))
+        transport = httpx.AsyncHTTPTransport(verify=self._verify, limits=limits)
+        # sockets on the running loop directly, not through sniffio and anyio (see netio)
+        pool = transport._pool
+        assert isinstance(pool, httpcore.AsyncConnectionPool)
+        pool._network_backend = AsyncioBackend()
+        shard = _Shard(transport)
         self._shards.append(shard)
         return shard
 

@@ -5,12 +5,22 @@ for its endpoint (:mod:`thoughtgate.providers.clients`) and sends the run's time
 (the key among them) with the request, so runs share connection pools and keep-alive connections
 while their settings stay their own.
 
-Retries: 408, 429, 500-599 and 529 answers and connection failures are retried with exponential
-backoff and jitter, honouring ``retry-after``, up to ``max_retries`` times. A retry can only happen
-before the response body is read, so it never repeats output a caller has already seen.
+Errors are mapped once, here, from two tables (httpx's ``map_httpcore_exceptions`` is the model:
+the most specific row wins):
 
-Every httpx exception and every non-2xx answer becomes a :class:`~thoughtgate.errors.ProviderError`
-subclass here, carrying the status, the provider's error type and message, and the request id.
+* :data:`TRANSPORT_ERRORS`: each httpx exception, by the stage it struck in, becomes a
+  :class:`~thoughtgate.errors.ProviderError` subclass. Before the first byte of the response
+  (connecting, sending, waiting for the status line) nothing has reached the caller, so every
+  timeout and connection failure there is retryable; once the body streams, a timeout is a
+  :class:`ProviderTimeoutError` and any other failure a cut stream
+  (:class:`ProviderStreamError`), neither retried, so output a caller has seen is never repeated.
+* :data:`RETRYABLE_STATUSES`: answers with status 408, 409, 429 or 500-599 (529 among them) are
+  retried, as the official SDKs retry them. The provider's ``x-should-retry`` header, when it
+  sends one, overrides the table either way.
+
+Retries use exponential backoff with jitter, honouring ``retry-after-ms`` / ``retry-after``, up to
+``max_retries`` times. Every non-2xx answer becomes a :class:`ProviderHTTPError` carrying the
+status, the provider's error type and message, and the request id.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import httpx
 
@@ -41,17 +51,62 @@ from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 __all__ = [
     "RETRYABLE_STATUSES",
+    "TRANSPORT_ERRORS",
     "ErrorInfo",
+    "ErrorStage",
     "HTTPTransport",
     "error_from_body",
     "error_info",
     "parse_json_event",
     "parse_retry_after",
+    "should_retry",
     "stream_error",
+    "transport_error",
 ]
 
-RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 409, 429, *range(500, 600)})
+"""Statuses retried when the provider does not say otherwise (``x-should-retry``)."""
+
+ErrorStage: TypeAlias = Literal["request", "body"]
+"""``request``: before the first byte of the response; ``body``: while it streams."""
+
+TRANSPORT_ERRORS: Mapping[type[httpx.HTTPError], Mapping[ErrorStage, type[ProviderError]]] = {
+    httpx.TimeoutException: {"request": ProviderTimeoutError, "body": ProviderTimeoutError},
+    httpx.ConnectError: {"request": ProviderConnectionError, "body": ProviderStreamError},
+    httpx.TransportError: {"request": ProviderConnectionError, "body": ProviderStreamError},
+    httpx.HTTPError: {"request": ProviderConnectionError, "body": ProviderStreamError},
+}
+"""httpx exception -> the error it becomes, by stage; the most specific class listed wins."""
 REQUEST_ID_HEADERS = ("request-id", "x-request-id", "openai-request-id", "x-amzn-requestid")
+
+
+def should_retry(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer with ``status`` is retried: the provider's ``x-should-retry`` when it
+    sends ``true`` or ``false``, else :data:`RETRYABLE_STATUSES`."""
+    verdict = headers.get("x-should-retry")
+    if verdict == "true":
+        return True
+    if verdict == "false":
+        return False
+    return status in RETRYABLE_STATUSES
+
+
+def transport_error(
+    exc: httpx.HTTPError, stage: ErrorStage, *, provider: str, base_url: str
+) -> ProviderError:
+    """The error an httpx exception becomes (:data:`TRANSPORT_ERRORS`); only the ``request``
+    stage is retryable: nothing of the answer has reached the caller yet."""
+    kind = next(TRANSPORT_ERRORS[c][stage] for c in type(exc).__mro__ if c in TRANSPORT_ERRORS)
+    name = type(exc).__name__
+    if kind is ProviderTimeoutError:
+        message = f"{name}: the provider did not answer in time"
+    elif isinstance(exc, httpx.ConnectError):
+        message = f"could not connect to {base_url}: {exc}"
+    elif kind is ProviderStreamError:
+        message = f"the stream was cut: {name}: {exc}"
+    else:
+        message = f"{name}: {exc}"
+    return kind(message, provider=provider, retryable=stage == "request")
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -222,25 +277,12 @@ class HTTPTransport:
             error_type=info.error_type,
             code=info.code,
             request_id=_request_id(response.headers, body),
-            retryable=status in RETRYABLE_STATUSES,
+            retryable=should_retry(status, response.headers),
             retry_after=parse_retry_after(response.headers),
         )
 
-    def _transport_error(self, exc: httpx.HTTPError, *, streaming: bool) -> ProviderError:
-        name = type(exc).__name__
-        if isinstance(exc, httpx.TimeoutException):
-            return ProviderTimeoutError(
-                f"{name}: the provider did not answer in time", provider=self.provider
-            )
-        if isinstance(exc, httpx.ConnectError):
-            return ProviderConnectionError(
-                f"could not connect to {self.base_url}: {exc}",
-                provider=self.provider,
-                retryable=True,
-            )
-        if streaming:
-            return ProviderStreamError(f"the stream was cut: {name}: {exc}", provider=self.provider)
-        return ProviderConnectionError(f"{name}: {exc}", provider=self.provider, retryable=True)
+    def _transport_error(self, exc: httpx.HTTPError, stage: ErrorStage) -> ProviderError:
+        return transport_error(exc, stage, provider=self.provider, base_url=self.base_url)
 
     @contextlib.asynccontextmanager
     async def open(
@@ -271,7 +313,7 @@ class HTTPTransport:
                 )
                 response = await client.send(request, stream=True)
             except httpx.HTTPError as exc:
-                error = self._transport_error(exc, streaming=False)
+                error = self._transport_error(exc, "request")
                 if error.retryable and attempt < self.settings.max_retries:
                     await self.sleep(self._backoff(attempt, None))
                     attempt += 1
@@ -322,7 +364,7 @@ class HTTPTransport:
                 if batch:
                     yield batch
         except httpx.HTTPError as exc:
-            raise self._transport_error(exc, streaming=True) from exc
+            raise self._transport_error(exc, "body") from exc
         tail = decoder.flush()
         if tail:
             yield tail
@@ -333,7 +375,7 @@ class HTTPTransport:
             try:
                 raw = await response.aread()
             except httpx.HTTPError as exc:
-                raise self._transport_error(exc, streaming=True) from exc
+                raise self._transport_error(exc, "body") from exc
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:

@@ -39,37 +39,18 @@ provider and model, inside the running loop; it is never recorded or displayed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
-from thoughtgate.providers.base import (
-    Capabilities,
-    ProviderSettings,
-    ServerInfo,
-    TurnRequest,
-    server_info,
-)
+from thoughtgate.providers.base import Capabilities, TurnRequest
 from thoughtgate.providers.chat_completions import (
-    CHAT_PATH,
+    AssistantExtra,
     ChatChunkParser,
-    build_chat_messages,
-    chat_body,
-    parse_chat_completion,
-    stream_chat_completion,
+    ChatCompletionsProvider,
 )
-from thoughtgate.providers.http import HTTPTransport
-from thoughtgate.providers.openai_common import (
-    adapter_options,
-    apply_extra,
-    matching_block,
-    merge_body,
-    resolve_api_key,
-    resolve_base_url,
-    resolve_endpoint_rule,
-)
-from thoughtgate.providers.rules import EndpointRule
+from thoughtgate.providers.endpoints import merge_body
+from thoughtgate.providers.history import matching_block
+from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.think_tags import ThinkTagSplitter
 from thoughtgate.types import (
     Chunk,
@@ -79,8 +60,6 @@ from thoughtgate.types import (
     ReasoningDelta,
     TextDelta,
     ToolCallPart,
-    Turn,
-    TurnAccumulator,
 )
 
 __all__ = ["CARRIER", "REASONING_FIELDS", "CompatParser", "OpenAICompatibleProvider"]
@@ -189,36 +168,25 @@ class CompatParser(ChatChunkParser):
         return [ContinuityChunk(block)]
 
 
-class OpenAICompatibleProvider:
+class OpenAICompatibleProvider(ChatCompletionsProvider):
     """``openai-compatible:MODEL`` over ``POST {base}/chat/completions`` of a compatible server."""
 
-    name = "openai-compatible"
+    endpoint = ENDPOINTS["openai-compatible"]
 
-    def __init__(
-        self,
-        model: str,
-        settings: ProviderSettings | None = None,
-        *,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.model = model
-        self.settings = settings or ProviderSettings()
-        base_url = resolve_base_url(self.settings, "OPENAI_BASE_URL", None, provider=self.name)
-        options = adapter_options(self.settings)
-        self.rule: EndpointRule = resolve_endpoint_rule(
-            self.settings, "openai-compatible", model, base_url
-        )
+    def read_options(self, options: Mapping[str, Any]) -> None:
         self.think_tags = bool(options.get("think_tags", True))
         self.starts_in_think = bool(options.get("starts_in_think", False))
-        # the old switch: send_back = false sends nothing back whatever the row says
-        self.send_back = bool(options.get("send_back", True)) and self.rule.send_back is not None
         self.lenient_end = bool(options.get("lenient_end", True))
-        headers = {"accept": "application/json"}
-        api_key = resolve_api_key(self.settings, "OPENAI_API_KEY")
-        if api_key:  # local servers (vLLM, Ollama) often need none
-            headers["authorization"] = f"Bearer {api_key}"
-        self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
-        self.capabilities = Capabilities(
+        self._send_back_option = bool(options.get("send_back", True))
+
+    @property
+    def send_back(self) -> bool:
+        """Whether carriers go back at all (the old switch ``send_back = false`` sends nothing
+        back whatever the row says)."""
+        return self._send_back_option and self.rule.send_back is not None
+
+    def wire_capabilities(self) -> Capabilities:
+        return Capabilities(
             reasoning_text=True,
             reasoning_summary=False,
             continuity=self.send_back,
@@ -238,9 +206,10 @@ class OpenAICompatibleProvider:
             return {}
         return {self.rule.send_back: block.data.get("reasoning_content", "")}
 
-    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
-        extra = self._assistant_extra if self.send_back else None
-        body = chat_body(self.model, request, build_chat_messages(request, extra), stream=stream)
+    def assistant_extra(self, request: TurnRequest) -> AssistantExtra | None:
+        return self._assistant_extra if self.send_back else None
+
+    def shape_reasoning(self, body: dict[str, Any], request: TurnRequest, *, stream: bool) -> None:
         reasoning = request.reasoning
         # a server that thinks only on streamed requests (DashScope) gets the switch off otherwise
         if reasoning.enabled and (stream or not self.rule.thinking_streams_only):
@@ -249,9 +218,8 @@ class OpenAICompatibleProvider:
                 body["reasoning_effort"] = reasoning.effort
         else:
             merge_body(body, self.rule.hidden)
-        return apply_extra(body, self.settings)
 
-    def _parser(self, request: TurnRequest) -> CompatParser:
+    def parser(self, request: TurnRequest) -> CompatParser:
         rule = self.rule
         return CompatParser(
             provider=self.name,
@@ -266,21 +234,3 @@ class OpenAICompatibleProvider:
             lenient_end=self.lenient_end,
             reasoning_in_output=rule.reasoning_in_output,
         )
-
-    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
-        body = self.build_body(request, stream=True)
-        async for chunk in stream_chat_completion(self._http, body, self._parser(request)):
-            yield chunk
-
-    async def request(self, request: TurnRequest) -> Turn:
-        data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
-        chunks = parse_chat_completion(data, self._parser(request))
-        return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
-
-    @property
-    def server(self) -> ServerInfo:
-        """The host, port and recognised server this adapter talks to (for telemetry)."""
-        return server_info(self._http.base_url, self.rule.server)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()

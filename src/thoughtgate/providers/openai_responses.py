@@ -45,37 +45,21 @@ sent without ids, so no pairing is demanded. Reasoning text is never rehydrated 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import Any, Final
 
 from thoughtgate.errors import (
-    ConfigError,
     MalformedResponseError,
     ProviderError,
     ProviderStreamError,
 )
-from thoughtgate.providers.base import (
-    Capabilities,
-    ProviderSettings,
-    ServerInfo,
-    TurnRequest,
-    server_info,
-)
-from thoughtgate.providers.http import HTTPTransport, parse_json_event, stream_error
-from thoughtgate.providers.openai_common import (
-    apply_extra,
-    current_loop_start,
-    merge_body,
-    resolve_api_key,
-    resolve_base_url,
-    resolve_endpoint_rule,
-    responses_tools,
-    tool_results,
-)
-from thoughtgate.providers.rules import EndpointRule
+from thoughtgate.providers.base import Capabilities, ToolSpec, TurnRequest
+from thoughtgate.providers.endpoints import apply_extra, merge_body
+from thoughtgate.providers.history import current_loop_start, tool_results
+from thoughtgate.providers.http import stream_error
+from thoughtgate.providers.registry import ENDPOINTS
+from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -92,8 +76,6 @@ from thoughtgate.types import (
     ToolCallEnd,
     ToolCallPart,
     ToolCallStart,
-    Turn,
-    TurnAccumulator,
     UsageChunk,
 )
 
@@ -104,9 +86,11 @@ __all__ = [
     "OpenAIResponsesProvider",
     "ResponsesEventParser",
     "build_input",
+    "responses_tools",
 ]
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_ENDPOINT: Final = ENDPOINTS["openai"]
+DEFAULT_BASE_URL = _ENDPOINT.default_base_url
 RESPONSES_PATH = "responses"
 CARRIER = "openai.reasoning_item"
 
@@ -148,7 +132,7 @@ class _Item:
     """(channel, part index) pairs that received at least one delta."""
 
 
-class ResponsesEventParser:
+class ResponsesEventParser(JSONEventParser):
     """Responses stream events in, normalized chunks out. One instance per turn."""
 
     def __init__(self, *, provider: str, model: str, capture: bool) -> None:
@@ -167,6 +151,11 @@ class ResponsesEventParser:
         self._refusal = False
         self.error: ProviderStreamError | None = None
         """The stream's error, raised at its end (nothing after it is lost)."""
+        self.failure: ProviderError | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.done and self.error is None
 
     # ------------------------------------------------------------------ helpers
 
@@ -202,12 +191,35 @@ class ResponsesEventParser:
 
     # ------------------------------------------------------------------ events
 
-    def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
+    def done_marker(self) -> list[Chunk]:
+        return []  # Responses sends no [DONE]; one is tolerated
+
+    def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         etype = event.get("type")
         if not isinstance(etype, str):
             raise self._malformed(f"stream event without a type: {json.dumps(event)[:200]}")
         handler = _HANDLERS.get(etype)
         return handler(self, event) if handler is not None else []  # unknown events: skipped
+
+    def whole(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """Chunks of a non-streamed Response: each output item as ``added`` then ``done``."""
+        status = data.get("status")
+        if status == "failed" or data.get("error"):
+            chunks = self.feed_event({"type": "response.failed", "response": data})
+            self.error = self.error or ProviderStreamError(
+                "the response failed", provider=self.provider
+            )
+            return chunks
+        output = data.get("output")
+        if not isinstance(output, list):
+            raise MalformedResponseError("response without an output list", provider=self.provider)
+        chunks = self.feed_event({"type": "response.created", "response": data})
+        for index, item in enumerate(output):
+            event = {"output_index": index, "item": item}
+            chunks += self.feed_event({"type": "response.output_item.added", **event})
+            chunks += self.feed_event({"type": "response.output_item.done", **event})
+        terminal = "response.incomplete" if status == "incomplete" else "response.completed"
+        return chunks + self.feed_event({"type": terminal, "response": data})
 
     def _lifecycle(self, event: Mapping[str, Any]) -> list[Chunk]:
         """``response.created`` / ``in_progress`` / ``queued``: the response's id and model (the
@@ -382,7 +394,7 @@ class ResponsesEventParser:
             self.error = stream_error(self.provider, event)
         return []
 
-    def end_of_stream(self) -> list[Chunk]:
+    def end(self) -> list[Chunk]:
         if self.error is not None:
             raise self.error
         if self.done:
@@ -408,28 +420,6 @@ _HANDLERS: dict[str, Any] = {
     "response.failed": ResponsesEventParser._failed,
     "error": ResponsesEventParser._error,
 }
-
-
-def parse_response(data: Mapping[str, Any], parser: ResponsesEventParser) -> list[Chunk]:
-    """Chunks of a non-streamed Response: each output item as ``added`` then ``done``."""
-    status = data.get("status")
-    if status == "failed" or data.get("error"):
-        chunks = parser.feed({"type": "response.failed", "response": data})
-        error = parser.error or ProviderStreamError("the response failed", provider=parser.provider)
-        error.partial = (
-            TurnAccumulator(provider=parser.provider, model=parser.model).feed_all(chunks).partial()
-        )
-        raise error
-    output = data.get("output")
-    if not isinstance(output, list):
-        raise MalformedResponseError("response without an output list", provider=parser.provider)
-    chunks = parser.feed({"type": "response.created", "response": data})
-    for index, item in enumerate(output):
-        event = {"output_index": index, "item": item}
-        chunks += parser.feed({"type": "response.output_item.added", **event})
-        chunks += parser.feed({"type": "response.output_item.done", **event})
-    terminal = "response.incomplete" if status == "incomplete" else "response.completed"
-    return chunks + parser.feed({"type": terminal, "response": data})
 
 
 # --------------------------------------------------------------------------- request side
@@ -492,6 +482,21 @@ def _paired(items: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
+def responses_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Responses ``tools`` (flat). ``strict`` defaults to true there, which rejects ordinary JSON
+    schemas without ``additionalProperties: false``; we send ``false`` explicitly."""
+    return [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": dict(t.parameters),
+            "strict": False,
+        }
+        for t in tools
+    ]
+
+
 def build_input(request: TurnRequest, *, provider: str, model: str) -> list[Any]:
     """``input`` items for a Responses request."""
     items: list[Any] = []
@@ -514,34 +519,16 @@ def build_input(request: TurnRequest, *, provider: str, model: str) -> list[Any]
     return items
 
 
-class OpenAIResponsesProvider:
+class OpenAIResponsesProvider(HTTPProvider):
     """``openai:MODEL`` over ``POST {base}/responses``."""
 
-    name = "openai"
+    endpoint = _ENDPOINT
 
-    def __init__(
-        self,
-        model: str,
-        settings: ProviderSettings | None = None,
-        *,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.model = model
-        self.settings = settings or ProviderSettings()
-        base_url = resolve_base_url(
-            self.settings, "OPENAI_BASE_URL", DEFAULT_BASE_URL, provider=self.name
-        )
-        api_key = resolve_api_key(self.settings, "OPENAI_API_KEY")
-        if not api_key:
-            raise ConfigError(
-                "providers.openai.api_key", None, "an OpenAI key (or set OPENAI_API_KEY)"
-            )
-        headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
-        self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
-        self.rule: EndpointRule = resolve_endpoint_rule(
-            self.settings, "openai-responses", model, base_url
-        )
-        self.capabilities = Capabilities(
+    def wire_path(self, base_url: str) -> str:
+        return RESPONSES_PATH
+
+    def wire_capabilities(self) -> Capabilities:
+        return Capabilities(
             reasoning_text=self.rule.reasons,
             reasoning_summary=self.rule.reasons,
             continuity=self.rule.reasons,
@@ -579,38 +566,7 @@ class OpenAIResponsesProvider:
             body["reasoning"] = {"effort": effort}
         return apply_extra(body, self.settings)
 
-    def _parser(self, request: TurnRequest) -> ResponsesEventParser:
+    def parser(self, request: TurnRequest) -> ResponsesEventParser:
         return ResponsesEventParser(
             provider=self.name, model=self.model, capture=request.reasoning.enabled
         )
-
-    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
-        parser = self._parser(request)
-        body = self.build_body(request, stream=True)
-        async with self._http.open(RESPONSES_PATH, body, stream=True) as response:
-            request_id = self._http.request_id(response)
-            try:
-                async for message in self._http.events(response):
-                    data = message.data.strip()
-                    if parser.done or not data or data == "[DONE]":
-                        continue  # read to the end; Responses sends no [DONE], tolerate one
-                    for chunk in parser.feed(parse_json_event(self.name, message)):
-                        yield chunk
-                for chunk in parser.end_of_stream():
-                    yield chunk
-            except ProviderError as exc:
-                exc.request_id = exc.request_id or request_id
-                raise
-
-    async def request(self, request: TurnRequest) -> Turn:
-        data = await self._http.post_json(RESPONSES_PATH, self.build_body(request, stream=False))
-        chunks = parse_response(data, self._parser(request))
-        return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
-
-    @property
-    def server(self) -> ServerInfo:
-        """The host, port and recognised server this adapter talks to (for telemetry)."""
-        return server_info(self._http.base_url, self.rule.server)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()

@@ -35,39 +35,18 @@ Reasoning text is never put into ``content``. An error chunk's usage is kept in 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
-import httpx
-
-from thoughtgate.errors import ConfigError
 from thoughtgate.providers.anthropic import budget_for
-from thoughtgate.providers.base import (
-    Capabilities,
-    ProviderSettings,
-    ReasoningRequest,
-    ServerInfo,
-    TurnRequest,
-    server_info,
-)
+from thoughtgate.providers.base import Capabilities, ReasoningRequest, TurnRequest
 from thoughtgate.providers.chat_completions import (
-    CHAT_PATH,
     AssistantExtra,
     ChatChunkParser,
-    build_chat_messages,
-    chat_body,
-    parse_chat_completion,
-    stream_chat_completion,
+    ChatCompletionsProvider,
 )
-from thoughtgate.providers.http import HTTPTransport
-from thoughtgate.providers.openai_common import (
-    apply_extra,
-    current_loop_start,
-    matching_block,
-    resolve_api_key,
-    resolve_base_url,
-    resolve_endpoint_rule,
-)
+from thoughtgate.providers.history import current_loop_start, matching_block
+from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import (
     Chunk,
@@ -77,8 +56,6 @@ from thoughtgate.types import (
     ReasoningDelta,
     ReasoningKind,
     ToolCallPart,
-    Turn,
-    TurnAccumulator,
 )
 
 __all__ = [
@@ -89,7 +66,8 @@ __all__ = [
     "reasoning_param",
 ]
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+_ENDPOINT: Final = ENDPOINTS["openrouter"]
+DEFAULT_BASE_URL = _ENDPOINT.default_base_url
 CARRIER = "openrouter.reasoning_details"
 
 _TEXT_FIELD = {
@@ -225,36 +203,13 @@ class OpenRouterParser(ChatChunkParser):
         return [ContinuityChunk(block)]
 
 
-class OpenRouterProvider:
+class OpenRouterProvider(ChatCompletionsProvider):
     """``openrouter:VENDOR/MODEL`` over ``POST {base}/chat/completions``."""
 
-    name = "openrouter"
+    endpoint = _ENDPOINT
 
-    def __init__(
-        self,
-        model: str,
-        settings: ProviderSettings | None = None,
-        *,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.model = model
-        self.settings = settings or ProviderSettings()
-        base_url = resolve_base_url(
-            self.settings, "OPENROUTER_BASE_URL", DEFAULT_BASE_URL, provider=self.name
-        )
-        api_key = resolve_api_key(self.settings, "OPENROUTER_API_KEY")
-        if not api_key:
-            raise ConfigError(
-                "providers.openrouter.api_key",
-                None,
-                "an OpenRouter key (or set OPENROUTER_API_KEY)",
-            )
-        headers = {"authorization": f"Bearer {api_key}", "accept": "application/json"}
-        self._http = HTTPTransport(self.name, base_url, headers, self.settings, client=client)
-        self.rule: EndpointRule = resolve_endpoint_rule(
-            self.settings, "openrouter", model, base_url
-        )
-        self.capabilities = Capabilities(
+    def wire_capabilities(self) -> Capabilities:
+        return Capabilities(
             reasoning_text=True,
             reasoning_summary=True,
             continuity=True,
@@ -266,11 +221,9 @@ class OpenRouterProvider:
             },
         )
 
-    @property
-    def path(self) -> str:
-        return CHAT_PATH
+    def assistant_extra(self, request: TurnRequest) -> AssistantExtra:
+        loop_start = current_loop_start(request.messages)
 
-    def _assistant_extra(self, loop_start: int) -> AssistantExtra:
         def extra(index: int, message: Message) -> dict[str, Any]:
             if index < loop_start or not any(isinstance(p, ToolCallPart) for p in message.parts):
                 return {}
@@ -281,17 +234,13 @@ class OpenRouterProvider:
 
         return extra
 
-    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
-        extra = self._assistant_extra(current_loop_start(request.messages))
-        messages = build_chat_messages(request, extra)
-        body = chat_body(self.model, request, messages, stream=stream)
+    def shape_reasoning(self, body: dict[str, Any], request: TurnRequest, *, stream: bool) -> None:
         param, on_top = reasoning_param(request.reasoning, self.rule)
         if param is not None:
             body["reasoning"] = param
         body["max_tokens"] = request.max_tokens + on_top
-        return apply_extra(body, self.settings)
 
-    def _parser(self, request: TurnRequest) -> OpenRouterParser:
+    def parser(self, request: TurnRequest) -> OpenRouterParser:
         anthropic = self.model.lower().startswith("anthropic/")
         return OpenRouterParser(
             provider=self.name,
@@ -300,21 +249,3 @@ class OpenRouterProvider:
             keep_carriers=self.rule.keeps_carriers,
             text_kind=self.rule.reasoning_kind if anthropic else "raw",
         )
-
-    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
-        body = self.build_body(request, stream=True)
-        async for chunk in stream_chat_completion(self._http, body, self._parser(request)):
-            yield chunk
-
-    async def request(self, request: TurnRequest) -> Turn:
-        data = await self._http.post_json(CHAT_PATH, self.build_body(request, stream=False))
-        chunks = parse_chat_completion(data, self._parser(request))
-        return TurnAccumulator(provider=self.name, model=self.model).feed_all(chunks).finish()
-
-    @property
-    def server(self) -> ServerInfo:
-        """The host, port and recognised server this adapter talks to (for telemetry)."""
-        return server_info(self._http.base_url, self.rule.server)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()

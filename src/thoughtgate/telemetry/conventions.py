@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from thoughtgate.providers.registry import ENDPOINTS
+
 __all__ = [
     "AGENT_ID",
     "AGENT_NAME",
@@ -138,13 +140,6 @@ DURATION_BUCKETS: Final = (
 
 # --------------------------------------------------------------------------- provider names
 
-_ADAPTER_PROVIDERS: Final = {
-    "anthropic": "anthropic",
-    "openai": "openai",
-    "openrouter": "openrouter",
-    "fake": "fake",
-}
-"""Our adapters -> ``gen_ai.provider.name`` (``openai-compatible`` is decided by its server)."""
 
 _SERVER_PROVIDERS: Final = {
     "anthropic": "anthropic",
@@ -169,10 +164,13 @@ def provider_name(adapter: str | None, server: str | None = None) -> str | None:
     ``openai-compatible`` endpoint when the endpoint rules know its server (``deepseek``,
     ``groq``, ``vllm``, ...: the conventions' well-known name where there is one, else the server's
     own), ``openai`` (the wire format's flavour) when they do not."""
-    if adapter == "openai-compatible":
+    if adapter is None:
+        return None  # no model (an inline worker): no GenAI provider to name
+    endpoint = ENDPOINTS.get(adapter)
+    if endpoint is None:
+        return adapter
+    if endpoint.telemetry_name is None:  # decided by the server behind the endpoint
         if not server or server in ("generic", "*"):
             return "openai"
         return _SERVER_PROVIDERS.get(server, server)
-    if adapter is None:
-        return None  # no model (an inline worker): no GenAI provider to name
-    return _ADAPTER_PROVIDERS.get(adapter, adapter)
+    return endpoint.telemetry_name

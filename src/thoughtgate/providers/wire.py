@@ -1,0 +1,248 @@
+"""The one HTTP adapter: a wire format's parser driven over one endpoint's transport.
+
+Every HTTP adapter is an :class:`HTTPProvider`: it resolves its endpoint (base URL, key, headers,
+endpoint rule) from the :class:`~thoughtgate.providers.registry.Endpoint` profile, owns the
+:class:`~thoughtgate.providers.http.HTTPTransport`, and implements ``stream``, ``request`` and
+``aclose`` once. A wire format module (Anthropic Messages, Chat Completions, OpenAI Responses)
+only says what the request body is (``build_body``), where it goes (``path``) and how its answers
+are read (a :class:`WireParser`).
+
+A :class:`WireParser` reads one response, in one of two ways, and emits normalized chunks for the
+shared :class:`~thoughtgate.types.TurnAccumulator`:
+
+* streamed: :meth:`~WireParser.feed` with the SSE messages of each network read, then
+  :meth:`~WireParser.end` when the body ends;
+* whole: :meth:`~WireParser.whole` with the decoded JSON body, then :meth:`~WireParser.end`;
+
+so streamed and non-streamed turns go through the same rules and give identical records. Errors
+never lose chunks: ``feed`` and ``whole`` return what came before a problem and leave the problem
+in :attr:`~WireParser.failure` (raised by the adapter at once: a malformed event, an Anthropic
+``error`` event); an error the provider reported in a stream that goes on (Chat Completions,
+Responses) is raised by ``end`` once the body has been read to its end. When the stream breaks,
+:meth:`~WireParser.interrupted` releases what open blocks still hold (a tool call's argument
+fragments) into the partial turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+import httpx
+
+from thoughtgate.errors import MalformedResponseError, ProviderError
+from thoughtgate.providers.base import Capabilities, ProviderSettings, ServerInfo, TurnRequest
+from thoughtgate.providers.base import server_info as _server_info
+from thoughtgate.providers.endpoints import (
+    adapter_options,
+    endpoint_headers,
+    resolve_api_key,
+    resolve_base_url,
+    resolve_endpoint_rule,
+)
+from thoughtgate.providers.http import HTTPTransport, parse_json_event
+from thoughtgate.providers.registry import Endpoint
+from thoughtgate.providers.rules import EndpointRule
+from thoughtgate.providers.sse import SSEMessage
+from thoughtgate.types import Chunk, Turn, TurnAccumulator
+
+__all__ = ["FollowUp", "HTTPProvider", "JSONEventParser", "WireParser"]
+
+
+class WireParser(Protocol):
+    """One response of one wire format in, normalized chunks out (see the module docstring)."""
+
+    failure: ProviderError | None
+    """A problem that ends the response now; the chunks before it were returned."""
+
+    @property
+    def finished(self) -> bool:
+        """The turn arrived whole: a connection lost after this point lost nothing."""
+        ...
+
+    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
+        """Chunks for the SSE messages of one network read."""
+        ...
+
+    def whole(self, body: Mapping[str, Any]) -> list[Chunk]:
+        """Chunks for a whole non-streamed answer, in the order a stream would give them."""
+        ...
+
+    def end(self) -> list[Chunk]:
+        """The body ended: the last chunks, or the error the response reported or that its early
+        end means (a stream cut before its terminal event)."""
+        ...
+
+    def interrupted(self) -> list[Chunk]:
+        """The stream broke: what the open blocks still hold."""
+        ...
+
+
+class JSONEventParser:
+    """The streamed half of a parser whose events each carry one JSON object (Chat Completions,
+    Responses): the stream is read to its end, what follows the turn's end is read and ignored
+    (so the connection ends cleanly), and a malformed event stops the response."""
+
+    provider: str
+    done: bool
+    failure: ProviderError | None
+
+    def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for message in events:
+            if self.done:
+                continue
+            data = message.data.strip()
+            if not data:
+                continue
+            if data == "[DONE]":
+                out += self.done_marker()
+                continue
+            try:
+                out += self.feed_event(parse_json_event(self.provider, message))
+            except MalformedResponseError as exc:
+                self.failure = exc
+                break
+        return out
+
+    def done_marker(self) -> list[Chunk]:
+        """``data: [DONE]``: what it means in this format."""
+        raise NotImplementedError
+
+    def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
+        """One decoded event."""
+        raise NotImplementedError
+
+    def interrupted(self) -> list[Chunk]:
+        """Deltas are emitted as they arrive: nothing is held back."""
+        return []
+
+
+FollowUp = tuple[dict[str, Any], WireParser]
+"""The next request of the same turn and the parser of its answer (Anthropic ``pause_turn``)."""
+
+
+class HTTPProvider:
+    """A wire format bound to an endpoint and a model, over HTTP (the ``Provider`` protocol).
+
+    Subclasses name their :attr:`endpoint` and implement :meth:`build_body`, :meth:`parser`,
+    :meth:`wire_path` and :meth:`wire_capabilities`; a wire format whose turn can take several
+    requests overrides :meth:`follow_up`.
+
+    ``client``: an explicit ``httpx.AsyncClient`` the transport uses (and closes) instead of the
+    process's shared one (tests hand one in with a replay transport).
+    """
+
+    endpoint: ClassVar[Endpoint]
+    version_headers: ClassVar[Mapping[str, str]] = {}
+    """Headers the wire format always sends (Anthropic's ``anthropic-version``)."""
+
+    def __init__(
+        self,
+        model: str,
+        settings: ProviderSettings | None = None,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        endpoint = self.endpoint
+        self.name: str = endpoint.name
+        self.model = model
+        self.settings = settings = settings or ProviderSettings()
+        self.read_options(adapter_options(settings))
+        api_key = resolve_api_key(settings, endpoint)
+        base_url = resolve_base_url(settings, endpoint)
+        assert endpoint.rules is not None, "an HTTP endpoint names its rule table"
+        self.rule: EndpointRule = resolve_endpoint_rule(settings, endpoint.rules, model, base_url)
+        headers = endpoint_headers(endpoint, api_key, settings, **self.version_headers)
+        self.transport = HTTPTransport(endpoint.name, base_url, headers, settings, client=client)
+        self.path = self.wire_path(base_url)
+        self.capabilities: Capabilities = self.wire_capabilities()
+
+    # -- what a wire format supplies
+
+    def read_options(self, options: Mapping[str, Any]) -> None:
+        """Take the adapter options (``extra["thoughtgate"]``) this adapter reads beyond the
+        endpoint's own (``server``, ``rules``, ``headers``)."""
+
+    def wire_path(self, base_url: str) -> str:
+        raise NotImplementedError
+
+    def wire_capabilities(self) -> Capabilities:
+        raise NotImplementedError
+
+    def build_body(self, request: TurnRequest, *, stream: bool) -> dict[str, Any]:
+        """The exact JSON body sent for ``request``."""
+        raise NotImplementedError
+
+    def parser(self, request: TurnRequest) -> WireParser:
+        """A fresh parser for one answer to ``request``."""
+        raise NotImplementedError
+
+    def follow_up(
+        self, request: TurnRequest, body: Mapping[str, Any], parser: WireParser
+    ) -> FollowUp | None:
+        """The next request of this turn after a complete answer, or ``None`` (the usual case)."""
+        return None
+
+    # -- the Provider protocol, once for every wire format
+
+    async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
+        body = self.build_body(request, stream=True)
+        parser = self.parser(request)
+        while True:
+            async for chunk in self._stream_once(body, parser):
+                yield chunk
+            step = self.follow_up(request, body, parser)
+            if step is None:
+                return
+            body, parser = step
+
+    async def _stream_once(
+        self, body: Mapping[str, Any], parser: WireParser
+    ) -> AsyncIterator[Chunk]:
+        transport = self.transport
+        async with transport.open(self.path, body, stream=True) as response:
+            request_id = transport.request_id(response)
+            try:
+                async for batch in transport.event_batches(response):
+                    for chunk in parser.feed(batch):
+                        yield chunk
+                    if parser.failure is not None:
+                        raise parser.failure
+                for chunk in parser.end():
+                    yield chunk
+            except ProviderError as exc:
+                if exc.request_id is None:
+                    exc.request_id = request_id
+                if not parser.finished:
+                    for chunk in parser.interrupted():
+                        yield chunk
+                    raise
+                # the connection dropped after the turn was complete: nothing was lost
+
+    async def request(self, request: TurnRequest) -> Turn:
+        body = self.build_body(request, stream=False)
+        parser = self.parser(request)
+        acc = TurnAccumulator(provider=self.name, model=self.model)
+        while True:
+            data = await self.transport.post_json(self.path, body)
+            try:
+                acc.feed_all(parser.whole(data))
+                if parser.failure is not None:
+                    raise parser.failure
+                acc.feed_all(parser.end())
+                step = self.follow_up(request, body, parser)
+            except ProviderError as exc:
+                exc.partial = acc.partial()
+                raise
+            if step is None:
+                return acc.finish()
+            body, parser = step
+
+    @property
+    def server(self) -> ServerInfo:
+        """The host, port and recognised server this adapter talks to (for telemetry)."""
+        return _server_info(self.transport.base_url, self.rule.server)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

@@ -1,0 +1,156 @@
+"""The provider clients' network backend (``providers.netio``), through the shared transport.
+
+Every adapter that is not handed a client of its own reads its provider through it, so it is
+proven here on real loopback sockets: plain and TLS, keep-alive reuse, a peer that closes an idle
+connection, a stall mid-body (read timeout), a refused connection, and a body larger than the
+read buffer (flow control).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from support.replay import ReplayServer, Reply, blackhole_port
+
+from thoughtgate.providers.clients import ShardedTransport
+from thoughtgate.providers.netio import AsyncioBackend
+
+TEXT = {"content-type": "text/plain"}
+
+
+def client(verify: ssl.SSLContext | None = None, *, read: float = 5.0) -> httpx.AsyncClient:
+    transport = ShardedTransport(verify=verify or ssl.create_default_context())
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(read, connect=1.0))
+
+
+async def test_the_shared_transport_reads_through_the_asyncio_backend() -> None:
+    transport = ShardedTransport(verify=ssl.create_default_context())
+    pool = transport._shard().transport._pool
+    assert isinstance(pool._network_backend, AsyncioBackend)  # type: ignore[attr-defined]
+    await transport.aclose()
+
+
+async def test_pieces_arrive_in_order_and_a_connection_is_reused() -> None:
+    pieces = [f"piece {i}\n".encode() for i in range(50)]
+    async with ReplayServer([Reply(pieces, headers=TEXT)]) as server, client() as http:
+        for _ in range(3):
+            async with http.stream("GET", server.url) as response:
+                got = [chunk async for chunk in response.aiter_raw()]
+            assert b"".join(got) == b"".join(pieces)
+        assert (len(server.bodies), server.connections) == (3, 1)
+
+
+async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:
+    """The server hangs up after each answer without saying so: the pool must see the idle
+    connection is closed (``is_readable``) and open a new one rather than write into it."""
+    async with (
+        ReplayServer([Reply([b"ok"], headers=TEXT, hang_up=True)]) as server,
+        client() as http,
+    ):
+        for _ in range(3):
+            server.hung_up.clear()
+            response = await http.get(server.url)
+            assert response.content == b"ok"
+            await server.hung_up.wait()
+        assert server.connections == 3
+
+
+async def test_a_stall_mid_body_is_a_read_timeout() -> None:
+    reply = Reply([b"first"], headers=TEXT, stall=True)
+    async with (
+        ReplayServer([reply]) as server,
+        client(read=0.3) as http,
+        http.stream("GET", server.url) as response,
+    ):
+        stream = response.aiter_raw()
+        assert await stream.__anext__() == b"first"
+        with pytest.raises(httpx.ReadTimeout):
+            await stream.__anext__()
+
+
+async def test_connect_failures_are_mapped() -> None:
+    async with client() as http:
+        with blackhole_port() as port, pytest.raises(httpx.ConnectTimeout):
+            await http.get(f"http://127.0.0.1:{port}")
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{_closed_port()}")
+
+
+async def test_a_body_larger_than_the_read_buffer_arrives_whole() -> None:
+    big = [bytes([65 + i % 26]) * 65536 for i in range(12)]  # 768 KiB, beyond the 256 KiB buffer
+    async with (
+        ReplayServer([Reply(big, headers=TEXT)]) as server,
+        client() as http,
+        http.stream("GET", server.url) as response,
+    ):
+        got = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert got == b"".join(big)
+
+
+@pytest.fixture(scope="module")
+def tls(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ssl.SSLContext, ssl.SSLContext]]:
+    """A server context with a self-signed certificate for 127.0.0.1, and a client trusting it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "thoughtgate test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    folder: Path = tmp_path_factory.mktemp("tls")
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    trusting = ssl.create_default_context(cafile=str(folder / "cert.pem"))
+    yield server, trusting
+
+
+async def test_tls_streams_and_is_verified(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    server_ctx, trusting = tls
+    pieces = [f"secret {i}\n".encode() for i in range(20)]
+    async with ReplayServer([Reply(pieces, headers=TEXT)], tls=server_ctx) as server:
+        async with client(trusting) as http:
+            for _ in range(2):
+                async with http.stream("GET", server.url) as response:
+                    got = b"".join([chunk async for chunk in response.aiter_raw()])
+                assert got == b"".join(pieces)
+        async with client() as untrusting:  # the system's roots do not know this certificate
+            with pytest.raises(httpx.ConnectError):
+                await untrusting.get(server.url)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: demo test lint typecheck pytest bench browser-deps node-deps postgres-up clean events-doc
+.PHONY: demo test test-fast lint typecheck pytest bench browser-deps node-deps postgres-up clean events-doc
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,15 @@ pytest: $(TEST_STAMP) browser-deps node-deps postgres-up
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
+
+## The unit and inprocess tiers only (pyproject.toml, "markers"): no subprocess, no PostgreSQL, no
+## browser or node; what to run while working. `make test` runs every tier.
+## Serial on purpose, for now: pytest-xdist (-n 2) ran the fast tiers in 250 s against 360 s
+## serial on the shared 2-core machine (load 4-9), but that first run failed on a leak that only
+## its test order exposed (fixed), and a parallel full suite has not yet passed twice in a row.
+## PostgreSQL tests are isolated for it (a schema, a NOTIFY channel and application_name per test).
+test-fast: $(TEST_STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "unit or inprocess"
 
 bench: $(BENCH_STAMP) postgres-up
 	$(PY) -m bench.run

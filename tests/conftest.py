@@ -1,4 +1,8 @@
-"""Shared test setup: no real network, isolated data directory, a fresh memory store."""
+"""Shared test setup: no real network, isolated data directory, the fake scripts, test tiers.
+
+Every test has exactly one tier (``unit``, ``inprocess``, ``external``), assigned and checked by
+``support.tiers``; ``make test-fast`` runs the first two.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from thoughtgate.events.catalogue import strict
-from thoughtgate.store.memory import MemoryStore
+# The helpers' asserts explain themselves too (and support.tiers is a plugin, below).
+pytest.register_assert_rewrite("support")
+
+from support import fakes, tiers  # noqa: E402
+
+from thoughtgate.events.catalogue import strict  # noqa: E402
+from thoughtgate.store.memory import MemoryStore  # noqa: E402
+
+pytest_plugins = ("support.tiers",)
 
 # Every event a producer appends in these tests is validated against the catalogue first.
 strict(True)
@@ -37,11 +48,13 @@ def _guard(address: Any) -> None:
 
 def _guarded_connect(self: socket.socket, address: Any) -> None:
     _guard(address)
+    tiers.note_connect(self, address)
     _real_connect(self, address)
 
 
 def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
     _guard(address)
+    tiers.note_connect(self, address)
     return _real_connect_ex(self, address)
 
 
@@ -76,6 +89,14 @@ def _isolated_env(
     for name in list(os.environ):
         if name.startswith("THOUGHTGATE_"):
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fake_scripts() -> Iterator[None]:
+    """The tests' fake scripts (``fake:canary``, ``fake:story``, ...): the one place this process
+    registers them, for the whole session."""
+    with fakes.registered():
+        yield
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import Daemon, markers, running_daemon
-from node_support import node_json
-from script_support import cut, outage
+from support.daemon import Daemon, markers, running_daemon
+from support.node import node_json
+from support.scripts import cut, outage
 
 from thoughtgate.providers.base import Provider, TurnRequest
 from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, text

@@ -9,6 +9,7 @@ so no test waits).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -245,13 +246,21 @@ async def test_read_timeout_mid_stream_keeps_the_partial(server: EmulatorServer)
 async def silent_port() -> AsyncIterator[int]:
     """A server that accepts connections and reads requests but never answers."""
 
+    accepted: list[asyncio.StreamWriter] = []
+
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(65536)
-        await asyncio.sleep(3600)
+        accepted.append(writer)
+        while await reader.read(65536):  # take the request, answer nothing, until it hangs up
+            pass
 
     silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     yield silent.sockets[0].getsockname()[1]
     silent.close()
+    for writer in accepted:  # Server.close() leaves accepted connections open (Python < 3.13)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    await silent.wait_closed()
 
 
 @pytest.mark.parametrize("streaming", [True, False])

@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from daemon_support import running_daemon
+from support.daemon import running_daemon
 
 from thoughtgate.access.roles import Role
 from thoughtgate.config import Config

@@ -58,7 +58,7 @@ def test_emulate_serves_until_interrupted() -> None:
         assert reply.status_code == 200 and reply.json()["type"] == "message"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        proc.communicate(timeout=10)  # and the pipes are closed
 
 
 def test_smoke_reports_each_capability_against_the_emulator() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import REPO, TOOL_CANARY_TOOLS, Daemon, cli, cli_env, markers, running_daemon
+from support.daemon import REPO, TOOL_CANARY_TOOLS, Daemon, cli, cli_env, markers, running_daemon
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) ->
             db,
             "--json",
             "--tools",
-            "daemon_support:SERVER_TOOLS",
+            "support.served:SERVER_TOOLS",
         ],
         env=cli_env(),
         cwd=str(REPO),

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import Daemon, free_port
-from web_support import (
+from support.daemon import Daemon, free_port
+from support.web import (
     SEEDED_EVENTS,
     SEEDED_SECRET,
     STEP_TITLES,

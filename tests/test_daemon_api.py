@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import ROLES, Daemon, auth, markers, running_daemon
 from starlette.routing import Route
+from support.daemon import ROLES, Daemon, auth, markers, running_daemon
 
 from thoughtgate.server.middleware import OVERHEAD_HEADER
 

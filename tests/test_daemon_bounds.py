@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import HAVE_SQLITE, Daemon, running_daemon, sse_events
+from support.daemon import HAVE_SQLITE, Daemon, running_daemon, sse_events
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import NewEvent

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_support import (
+from support.daemon import (
     MODES,
     ROLES,
     TOOL_CANARY_TOOLS,
@@ -207,7 +207,7 @@ def test_cli_reads_show_tool_detail_texts_to_members_only(tmp_path: Path, role: 
     token = uuid.uuid4().hex[:12]
     marks = tool_markers(token)
     db = f"sqlite:///{tmp_path / 'cli.db'}"
-    tools = ("--tools", "daemon_support:SERVER_TOOLS")
+    tools = ("--tools", "support.served:SERVER_TOOLS")
     ran = cli("run", f"toolcanary {token}", "--model", "fake:toolcanary", "--cot", "surface",
               *tools, "--db", db, "--json")  # fmt: skip
     assert ran.returncode == 0, ran.stderr

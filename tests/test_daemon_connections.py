@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_support import ServeProcess, auth
+from support.daemon import ServeProcess, auth
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,7 +118,7 @@ def test_at_the_connection_limit_idle_ones_make_room_and_busy_ones_are_kept(
     tmp_path: Path,
 ) -> None:
     config = write_config(tmp_path, max_connections=8, header_timeout_s=60.0)
-    with serving("--config", str(config), "--tools", "daemon_support:SERVER_TOOLS") as server:
+    with serving("--config", str(config), "--tools", "support.served:SERVER_TOOLS") as server:
         key = str(server.bootstrap_key)
         with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=10) as c:
             made = c.post("/v1/runs", json={"prompt": "slow", "model": "fake:slow"})

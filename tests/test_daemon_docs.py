@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from daemon_support import HAVE_SQLITE, REPO, ServeProcess, cli_env
+from support.daemon import HAVE_SQLITE, REPO, ServeProcess, cli_env
 
 DOC = REPO / "docs" / "daemon.md"
 

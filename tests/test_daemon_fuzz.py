@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import schemathesis
-from daemon_support import Daemon, auth, running_daemon
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -18,6 +17,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from support.daemon import Daemon, auth, running_daemon
 
 from thoughtgate.server.openapi import build_openapi
 from thoughtgate.server.routes import all_endpoints

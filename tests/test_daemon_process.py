@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_support import ServeProcess, ThreadServer, auth, cli
+from support.daemon import ServeProcess, ThreadServer, auth, cli
 
 from thoughtgate.events.schema import EventType
 from thoughtgate.server.app import create_app
@@ -29,7 +29,7 @@ HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
 needs_sqlite = pytest.mark.skipif(
     not HAVE_SQLITE, reason="needs the SQLite store (thoughtgate.store.sqlite, branch store)"
 )
-TOOLS = ("--tools", "daemon_support:SERVER_TOOLS")
+TOOLS = ("--tools", "support.served:SERVER_TOOLS")
 NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
 """Runs that cannot resume (ADR 0009's path); durable daemons resume instead (ADR 0013,
 test_durable_replicas)."""
@@ -220,8 +220,6 @@ def test_the_app_closes_runs_of_dead_processes_on_startup() -> None:
 
 
 async def test_no_new_runs_once_shutdown_began() -> None:
-    from daemon_support import seed_keys  # noqa: F401 - registers the fake scripts
-
     from thoughtgate.access.keys import create_key
 
     store = MemoryStore()
@@ -237,7 +235,7 @@ async def test_no_new_runs_once_shutdown_began() -> None:
 
 
 def test_daemon_tools_come_from_flags_and_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    import daemon_support
+    import support.daemon
 
     from thoughtgate.cli import serve as serve_cli
 
@@ -250,7 +248,7 @@ def test_daemon_tools_come_from_flags_and_entry_points(monkeypatch: pytest.Monke
                 raise self.target
             return self.target
 
-    entries = [Entry("ours", [daemon_support.dangerous]), Entry("broken", ImportError("nope"))]
+    entries = [Entry("ours", [support.daemon.dangerous]), Entry("broken", ImportError("nope"))]
     monkeypatch.setattr(serve_cli, "entry_points", lambda group: entries)
-    registry = serve_cli.daemon_tools(["daemon_support:lookup"])
+    registry = serve_cli.daemon_tools(["support.daemon:lookup"])
     assert [t.name for t in registry] == ["lookup", "dangerous"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import (
+from support.daemon import (
     HAVE_SQLITE,
     Daemon,
     read_sse,
@@ -240,8 +240,6 @@ async def test_live_reader_follows_until_the_terminal_event(daemon: Daemon) -> N
 
 
 def _chatty_runtime(store: MemoryStore) -> Runtime:
-    import daemon_support  # noqa: F401 - registers fake:chatty
-
     return Runtime(store, Config())
 
 

@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from daemon_support import REPO, ServeProcess, auth, cli, cli_env
-from durable_support import HOLD, SIDE_EFFECTS, side_effects, wait_for
-from pg import PG_URL
 from psycopg import sql
+from support.daemon import REPO, ServeProcess, auth, cli, cli_env
+from support.durable import HOLD, SIDE_EFFECTS, side_effects, wait_for
+from support.pg import PG_URL
 
 from thoughtgate.testing.emulator import (
     Call,
@@ -47,7 +47,7 @@ from thoughtgate.testing.emulator import (
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
 LEASE = "3"
-TOOLS = ("--tools", "durable_support:TOOLS")
+TOOLS = ("--tools", "support.served:DURABLE_TOOLS")
 SECRET = "SECRET-REASONING"
 
 
@@ -439,7 +439,7 @@ def test_a_replica_without_a_runs_tools_never_takes_it(tmp_path: Path) -> None:
                 "--db",
                 db,
                 "--tools",
-                "durable_support:NO_TOOLS",
+                "support.served:NO_TOOLS",
                 "--no-bootstrap-key",
                 "--shutdown-grace",
                 "0.2",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from script_support import outage
+from support.scripts import outage
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -205,13 +205,16 @@ async def _produced() -> set[str]:
     await second._run_held(run, spec.tasks, tools, steps, running=False)
     seen += await store.read(resumable.run_id)
 
+    asked = asyncio.Event()
+
     async def slow(request: TurnRequest, turn: int) -> Any:
+        asked.set()
         await asyncio.sleep(30)
         yield text("never")
 
     manager = RunManager(Runtime(store, provider_factory=lambda m: FakeProvider(slow)), grace_s=0)
     run = await manager.start(RunRequest("wait", model="fake:slow"))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(asked.wait(), 10)  # its task runs: the model turn was asked
     await manager.shutdown()
     ended = await store.read(run.run_id)
     assert [(e.type, e.payload["status"]) for e in ended[-2:]] == [

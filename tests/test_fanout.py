@@ -175,7 +175,7 @@ async def test_events_appended_by_another_process_reach_every_reader_once() -> N
         await store.create_run(RunRecord("run_1", "p"))
         feeds = RunFeeds(store)
         readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(5)]
-        await asyncio.sleep(0.01)
+        await _settled(lambda feeds=feeds: feeds.readers("run_1") == 5)
         for i in range(30):
             await store.append("run_1", [NewEvent("message.delta", {"i": i})])
             if i % 7 == 0:
@@ -188,6 +188,7 @@ async def test_events_appended_by_another_process_reach_every_reader_once() -> N
 
 async def test_a_notification_for_events_already_published_costs_no_read() -> None:
     store = CountingStore()
+    store.poll_interval = 3600.0  # the notification is the only reason to read
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
     reader = asyncio.create_task(_collect(feeds, 0, 0))

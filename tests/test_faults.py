@@ -18,8 +18,17 @@ from typing import Any, ClassVar
 import httpx
 import psycopg
 import pytest
-from daemon_support import Daemon, ServeProcess, running_daemon
-from fault_support import (
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from support.daemon import Daemon, ServeProcess, running_daemon
+from support.faults import (
     TOOLS_FLAG,
     FailingStore,
     Frame,
@@ -35,17 +44,8 @@ from fault_support import (
     stored_run,
     ticker_prompt,
 )
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
-from pg import PG_URL
-from store_conformance import make_run
+from support.pg import PG_URL
+from support.store_conformance import make_run
 
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, EventType, NewEvent

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import Daemon, auth, running_daemon
+from support.daemon import Daemon, auth, running_daemon
 
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import TicketSigner

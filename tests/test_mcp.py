@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 import pytest
-from daemon_support import markers, server_tools
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
-from node_support import node_json
-from script_support import cut, outage, slow
+from support.daemon import markers, server_tools
+from support.node import node_json
+from support.scripts import cut, outage, slow
 
 from thoughtgate import __version__
 from thoughtgate.access.roles import Role
@@ -70,7 +70,7 @@ async def test_tasks_run_in_order_and_status_reads_them_back() -> None:
 
 
 async def test_orchestration_approve_answers_a_pending_approval_for_members_only() -> None:
-    from daemon_support import server_tools
+    from support.daemon import server_tools
 
     store = MemoryStore()
     waiting = asyncio.Event()
@@ -332,7 +332,7 @@ async def test_stdio_with_tools_and_plain_log_lines_on_stderr(tmp_path: Path) ->
     params = _server(
         "member",
         "--tools",
-        "daemon_support:SERVER_TOOLS",
+        "support.served:SERVER_TOOLS",
         db=f"sqlite:///{tmp_path / 'mcp.db'}",
         THOUGHTGATE_TELEMETRY__EXPORTER="otlp_http",
         THOUGHTGATE_TELEMETRY__ENDPOINT=down,
@@ -383,7 +383,7 @@ def test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may(role: str) -
         "memory://",
         role,
         json.dumps(args),
-        json.dumps(["--tools", "daemon_support:SERVER_TOOLS"]),
+        json.dumps(["--tools", "support.served:SERVER_TOOLS"]),
         env={"PYTHONPATH": os.pathsep.join([str(SRC), str(SRC.parent / "tests")])},
     )
     assert out.get("error") is None, out

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import running_daemon
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from support.daemon import running_daemon
 
 from thoughtgate.config import Config
 from thoughtgate.demo import demo_tools

@@ -1,4 +1,5 @@
-"""Every module states its public surface in a sorted ``__all__`` that names only real objects."""
+"""Every module states its public surface in an ``__all__`` (that it is sorted and names only real
+objects is ruff's to check in ``make lint``: RUF022, F822)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,9 @@ MODULES = sorted(
 )
 
 
-def isort_key(name: str) -> tuple[int, str]:
-    """Constants, then classes, then functions (ruff's RUF022 order)."""
-    if name.isupper() or (name.replace("_", "").isupper() and len(name) > 1):
-        return (0, name)
-    return (1, name) if name[:1].isupper() else (2, name)
-
-
 @pytest.mark.parametrize("name", MODULES)
-def test_all_is_sorted_and_resolves(name: str) -> None:
-    module = importlib.import_module(name)
-    exported = getattr(module, "__all__", None)
-    assert exported is not None, f"{name} has no __all__"
-    assert list(exported) == sorted(exported, key=isort_key), f"{name}.__all__ is not sorted"
-    for item in exported:
-        assert hasattr(module, item), f"{name}.__all__ names {item!r}, which does not exist"
+def test_every_module_has_an_all(name: str) -> None:
+    assert hasattr(importlib.import_module(name), "__all__"), f"{name} has no __all__"
 
 
 def test_the_license_file_is_the_one_pyproject_names() -> None:

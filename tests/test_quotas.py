@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_support import running_daemon
-from durable_support import HOLD
+from support.daemon import running_daemon
+from support.durable import HOLD
 
 from thoughtgate.config import Config
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import Daemon, running_daemon, stream_all
-from loop_support import CASES, Case, make_provider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.daemon import Daemon, running_daemon, stream_all
+from support.loop import CASES, Case, make_provider
 from typer.testing import CliRunner
 
 from thoughtgate.access.filter import filter_events, filter_run

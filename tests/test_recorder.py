@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.events.schema import NewEvent
+from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
@@ -39,13 +40,23 @@ async def fresh() -> tuple[MemoryStore, EventRecorder]:
 
 async def test_first_delta_is_appended_immediately_then_batched() -> None:
     store, rec = await fresh()
+    batches: list[list[str]] = []
+    window_closed = asyncio.Event()
+
+    async def sink(events: Sequence[Event]) -> None:
+        batches.append([e.payload["text"] for e in events])
+        if len(batches) == 2:
+            window_closed.set()
+
+    store.observe(sink)  # every batch the log commits
     await rec.emit_delta(delta("a"))
     assert len(await store.read("run_1")) == 1, "the first byte is not held back"
     await rec.emit_delta(delta("b"))
     await rec.emit_delta(delta("c"))
     assert len(await store.read("run_1")) == 1
-    await asyncio.sleep(0.12)
+    await asyncio.wait_for(window_closed.wait(), 10)  # nobody flushes: the window closes alone
     # b and c continue the same part in the same window: one delta, the text in order
+    assert batches == [["a"], ["bc"]]
     assert [e.payload["text"] for e in await store.read("run_1")] == ["a", "bc"]
     await rec.close()
 

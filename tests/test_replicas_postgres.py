@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fault_support import (
+from support.faults import (
     Frame,
     RawSSE,
     Replicas,

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from daemon_support import ServeProcess, auth, cli_env, sse_events
-from pg import PG_URL
 from psycopg import sql
+from support.daemon import ServeProcess, auth, cli_env, sse_events
+from support.pg import PG_URL
 
 from thoughtgate.events.schema import EventType
 from thoughtgate.store.urls import open_store
@@ -34,7 +34,7 @@ from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulato
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW = ("--model", "fake:slow", "--tools", "daemon_support:SERVER_TOOLS", "--cot", "surface")
+SLOW = ("--model", "fake:slow", "--tools", "support.served:SERVER_TOOLS", "--cot", "surface")
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +184,21 @@ class Watched:
         assert ok and text in "".join(self.out), f"never printed {text!r}: {''.join(self.out)}"
 
     def finish(self, timeout: float = 30) -> tuple[int, str, str]:
+        """Wait for the end: the exit code and the output, with the pipes closed."""
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=5)
-        assert self.proc.stderr is not None
-        return code, "".join(self.out), self.proc.stderr.read()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code, "".join(self.out), err
+
+    def close(self) -> None:
+        """Kill it if it still runs (a finalizer: nothing outlives its test)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            self.finish()
 
 
 @pytest.mark.parametrize(
@@ -299,13 +310,14 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     assert key
     if executor == "run":
         victim = Watched("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
+        request.addfinalizer(victim.close)
         victim.wait_for("thinking slowly")
         stored, _ = read_store(db, sweep=False)
         run_id = stored.run_id
         kill = victim.proc.kill
     else:
         other = ServeProcess(
-            "--db", db, "--tools", "daemon_support:SERVER_TOOLS", env=NOT_DURABLE
+            "--db", db, "--tools", "support.served:SERVER_TOOLS", env=NOT_DURABLE
         ).start()
         request.addfinalizer(other.stop)
         with httpx.Client(base_url=other.base_url, headers=auth(key), timeout=10) as c:

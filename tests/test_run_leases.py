@@ -1,5 +1,5 @@
 """Run leases in a live process: the runtime holds them, renews them, and gives a run up when
-another process has closed it (ADR 0009). The store side is in ``store_conformance``."""
+another process has closed it (ADR 0009). The store side is in ``support.store_conformance``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from script_support import slow
+from support.scripts import slow
 
 from thoughtgate.access.filter import filter_run
 from thoughtgate.access.roles import ROLE_NAMES

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_support import Daemon, markers, running_daemon
+from support.daemon import Daemon, markers, running_daemon
 
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -308,7 +308,7 @@ def test_a_revoked_key_ends_its_list_stream(daemon: Daemon, streams: list[ListSt
 def test_a_run_another_process_records_reaches_the_list_stream(tmp_path: Any) -> None:
     """A ``thoughtgate run`` in a terminal writes the daemon's SQLite file too: its run reaches
     the daemon's live list within the list's poll interval, without any in-process wake-up."""
-    from store_conformance import make_run
+    from support.store_conformance import make_run
 
     from thoughtgate.store.sqlite import SQLiteStore
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from daemon_support import REPO, Daemon, cli_env, markers, running_daemon
+from support.daemon import REPO, Daemon, cli_env, markers, running_daemon
 
 from thoughtgate.access.roles import ROLE_NAMES, Role, parse_role
 from thoughtgate.client import SyncThoughtgateClient

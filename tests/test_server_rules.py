@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from loop_support import ADAPTERS, ANSWER, LOOP_MARKS, MARK, ToolLog, mark
+from support.loop import ADAPTERS, ANSWER, LOOP_MARKS, MARK, ToolLog, mark
 
 from thoughtgate.access.filter import filter_events
 from thoughtgate.engine.turn import stream_llm_turn

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from durable_store_conformance import DurableStoreConformance
-from listing_conformance import RunListingConformance
-from store_conformance import EventLogConformance, KeyStoreConformance, RunIndexConformance
+from support.durable_store_conformance import DurableStoreConformance
+from support.listing_conformance import RunListingConformance
+from support.store_conformance import EventLogConformance, KeyStoreConformance, RunIndexConformance
 
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore

@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from durable_store_conformance import DurableStoreConformance
-from listing_conformance import RunListingConformance
-from pg import PG_URL, pg_admin, pg_schema
 from psycopg import errors as pgerr
 from psycopg import sql
-from store_conformance import (
+from support.durable_store_conformance import DurableStoreConformance
+from support.listing_conformance import RunListingConformance
+from support.pg import PG_URL, pg_admin, pg_schema
+from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,

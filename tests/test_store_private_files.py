@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_conformance import deltas, make_run
+from support.store_conformance import deltas, make_run
 
 from thoughtgate.errors import StoreError
 from thoughtgate.store.migrations import load_migrations

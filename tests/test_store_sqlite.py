@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_store_conformance import DurableStoreConformance
-from listing_conformance import RunListingConformance
-from store_conformance import (
+from support.durable_store_conformance import DurableStoreConformance
+from support.listing_conformance import RunListingConformance
+from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from script_support import cut, outage
+from support.scripts import cut, outage
 
 from thoughtgate.config import Config, TelemetryConfig
 from thoughtgate.engine.approvals import ApprovalBroker, Decision

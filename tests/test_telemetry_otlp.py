@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loop_support import LOOP_MARKS, ToolLog, loop_scenario, make_provider
-from otlp_support import Collector, DecodedSpan, serve_collector
+from support.loop import LOOP_MARKS, ToolLog, loop_scenario, make_provider
+from support.otlp import Collector, DecodedSpan, serve_collector
 
 from thoughtgate import __version__
 from thoughtgate.config import Config

@@ -2,7 +2,7 @@
 
 Every test runs the real ``Runtime`` (or the real adapter) against the in-process emulator and looks
 at what actually crossed the wire: ``emulator.requests`` for what the adapters sent (and the status
-the emulator answered), :class:`~loop_support.TeeTransport` for the exact bytes the emulator sent.
+the emulator answered), :class:`~support.loop.TeeTransport` for the exact bytes the emulator sent.
 
 1. a multi-turn tool run completes per adapter and mode, and each later request carries the
    provider's carrier, equal to what the emulator emitted, in the place the API wants it;
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loop_support import (
+from support.loop import (
     ANSWER,
     CASE_BY_ID,
     CASES,
@@ -787,7 +787,7 @@ def cli_args(server: EmulatorServer, db: str, *extra: str) -> list[str]:
         "--api-key",
         "x",
         "--tools",
-        "loop_support:CLI_TOOLS",
+        "support.loop:CLI_TOOLS",
         "--cot",
         "surface",
         "--json",

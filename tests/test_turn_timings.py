@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from script_support import cut, outage
+from support.scripts import cut, outage
 
 from thoughtgate.config import Config
 from thoughtgate.errors import ProviderStreamError

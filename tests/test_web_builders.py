@@ -16,11 +16,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from browser_support import Capture, browser, page_for, sign_in
-from daemon_support import Daemon
 from playwright.sync_api import Browser, Page
-from script_support import outage
-from web_support import (
+from support.browser import Capture, browser, page_for, sign_in
+from support.daemon import Daemon
+from support.scripts import outage
+from support.web import (
     SAID_ANSWER,
     SAID_FIRST,
     raw_marker,

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from browser_support import browser, open_run, page_for, sign_in, snapshot
-from daemon_support import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
-from script_support import cut, outage
-from test_thread import event_lists
-from web_support import (
+from support.browser import browser, open_run, page_for, sign_in, snapshot
+from support.daemon import TOOL_CANARY_TOOLS, Daemon, tool_markers
+from support.scripts import cut, outage
+from support.web import (
     SEEDED_EVENTS,
     STEP_TITLES,
     STORY_ANSWER,
@@ -34,6 +33,7 @@ from web_support import (
     story_run,
     web_daemon,
 )
+from test_thread import event_lists
 
 from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import Event, NewEvent
@@ -58,10 +58,10 @@ STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
 
 
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import browser_support
+    import support.browser
 
-    monkeypatch.setattr(browser_support, "chromium_path", lambda: None)
-    with pytest.raises(RuntimeError, match=r"make browser-deps"), browser_support.launch():
+    monkeypatch.setattr(support.browser, "chromium_path", lambda: None)
+    with pytest.raises(RuntimeError, match=r"make browser-deps"), support.browser.launch():
         pass
 
 

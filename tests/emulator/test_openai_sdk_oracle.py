@@ -97,6 +97,17 @@ def server() -> Iterator[EmulatorServer]:
         yield srv
 
 
+_OPENED: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Every SDK client a test opened is closed after it (no socket is left to the collector)."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def client(
     server: EmulatorServer, scenario: str, flavor: str | None = None, **kw: Any
 ) -> openai.OpenAI:
@@ -104,7 +115,9 @@ def client(
     if flavor:
         headers["x-emulator-flavor"] = flavor
     kw.setdefault("max_retries", 0)
-    return openai.OpenAI(base_url=server.v1, api_key="sk-test", default_headers=headers, **kw)
+    sdk = openai.OpenAI(base_url=server.v1, api_key="sk-test", default_headers=headers, **kw)
+    _OPENED.append(sdk)
+    return sdk
 
 
 async def adapter_turn(

@@ -10,7 +10,7 @@ Backends: memory (tests), SQLite (the embedded default), PostgreSQL (scale-out);
 all three on one connection set, because a run's end writes the log and the index in one
 transaction. Code depends on the concern it uses (ticket signing takes a ``KeyStore``, a recorder
 an ``EventLog``); the facade is for what opens, closes or spans them. One conformance case per
-concern (``tests/store_conformance.py``) runs on every backend.
+concern (``tests/support/store_conformance.py``) runs on every backend.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from store_conformance import make_run
 
+from support.store_conformance import make_run
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 

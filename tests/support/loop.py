@@ -1,7 +1,7 @@
 """Helpers for the tool-loop tests over the four adapters: cases, scenarios, tools, wire readers.
 
 Kept free of pytest so the CLI subprocess can import the tools from here (``--tools
-loop_support:CLI_TOOLS``).
+support.loop:CLI_TOOLS``).
 
 * :data:`CASES` names each adapter configuration the loop is proven on, with what its API demands
   back (``carrier``) and what its server reports (``reasoning_tokens``).
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
-from support.sse import json_frames
 
+from support.sse import json_frames
 from thoughtgate.engine.tools import Tool, ToolRegistry, tool
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import Provider, ProviderSettings, split_model

@@ -1,7 +1,8 @@
 """Shared helpers for the daemon tests: fake scripts, daemon tools, a loopback server, SSE reading.
 
-Importing this module registers the fake scripts in ``FAKE_SCRIPTS`` (``fake:canary`` and friends),
-also inside a ``thoughtgate serve`` subprocess started with ``--tools daemon_support:SERVER_TOOLS``.
+Its fake scripts (``fake:canary`` and friends) are in :data:`SCRIPTS`; ``support.fakes`` registers
+them (conftest does, for the session; a ``thoughtgate serve`` subprocess through ``--tools
+support.served:SERVER_TOOLS``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.store.base import EventStore
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 from thoughtgate.types import ContinuityBlock, ContinuityChunk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 TESTS = REPO / "tests"
 ROLES = ROLE_NAMES
@@ -145,15 +146,14 @@ def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS.update(
-    {
-        "canary": _canary,
-        "toolcanary": _toolcanary,
-        "approval": _approval,
-        "chatty": _chatty,
-        "slow": _slow,
-    }
-)
+SCRIPTS: dict[str, ScriptFn] = {
+    "canary": _canary,
+    "toolcanary": _toolcanary,
+    "approval": _approval,
+    "chatty": _chatty,
+    "slow": _slow,
+}
+"""The daemon tests' fake scripts by name (``--model fake:NAME``), for ``support.fakes``."""
 
 
 @tool
@@ -355,7 +355,9 @@ class ServeProcess:
         self._stdout.seek(0)
         return self._stdout.read().decode("utf-8", errors="replace")
 
-    def start(self, *, expect_key: bool = False, timeout: float = 20) -> ServeProcess:
+    def start(self, *, expect_key: bool = False, timeout: float = 60) -> ServeProcess:
+        """Start the server and wait for its URL; ``timeout`` is generous because a durable
+        daemon on PostgreSQL sets up its workflow schema first, slowly on a busy machine."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
             env=cli_env(**self.env),
@@ -381,8 +383,10 @@ class ServeProcess:
             if self.base_url and (self.bootstrap_key or not expect_key):
                 break
         if not self.base_url:
+            code = self.proc.poll()
             self.stop()
-            raise RuntimeError("serve did not start:\n" + "".join(self.stderr_lines))
+            why = f"exited with {code}" if code is not None else f"not listening after {timeout} s"
+            raise RuntimeError(f"serve did not start ({why}):\n" + "".join(self.stderr_lines))
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         return self

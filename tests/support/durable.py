@@ -1,8 +1,9 @@
 """Helpers for the durable-run tests: a side-effect counting tool, a fake script whose turns follow
 the conversation (so a resumed process picks up where the killed one was), waiting helpers.
 
-A ``thoughtgate serve`` / ``thoughtgate run`` subprocess gets them with
-``--tools durable_support:TOOLS`` (the import also registers the fake script ``fake:durable``).
+A ``thoughtgate serve`` / ``thoughtgate run`` subprocess gets the tools and the fake scripts
+(``fake:durable``, ``fake:waiting``, registered by ``support.fakes``) with ``--tools
+support.served:DURABLE_TOOLS``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from thoughtgate.engine.tools import tool
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 from thoughtgate.types import ContinuityBlock, ContinuityChunk
 
 SIDE_EFFECTS = "TG_TEST_SIDE_EFFECTS"
@@ -43,7 +44,7 @@ def guarded(label: str) -> str:
 
 TOOLS = [side_effect, guarded]
 NO_TOOLS: list[Any] = []
-"""``--tools durable_support:NO_TOOLS``: the fake scripts, and no tools at all."""
+"""``--tools support.served:NO_TOOLS``: the fake scripts, and no tools at all."""
 
 
 def _assistant_turns(request: TurnRequest) -> int:
@@ -93,8 +94,8 @@ def _waiting(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["durable"] = _durable
-FAKE_SCRIPTS["waiting"] = _waiting
+SCRIPTS: dict[str, ScriptFn] = {"durable": _durable, "waiting": _waiting}
+"""``fake:durable`` and ``fake:waiting``, for ``support.fakes``."""
 
 
 def side_effects(path: Path) -> list[str]:

@@ -3,7 +3,7 @@
 ``make browser-deps`` installs chromium; Playwright launches it by its executable path. Also a
 script that writes the README screenshots::
 
-    PYTHONPATH=src:tests python tests/browser_support.py docs/
+    PYTHONPATH=src:tests python -m support.browser docs/
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def snapshot(page: Page) -> dict[str, Any]:
 def write_screenshots(out_dir: Path) -> list[Path]:
     """The viewer's and the developer's page for a finished tool-loop run, and the developer's
     page for a run that failed in its second model turn."""
-    from web_support import story_run, web_daemon
+    from support.web import story_run, web_daemon
 
     written = []
     with web_daemon() as daemon, launch() as browser:

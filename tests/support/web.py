@@ -18,8 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from daemon_support import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
-
+from support.daemon import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import ProviderHTTPError
@@ -30,7 +29,7 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 
 T = TypeVar("T")
 
@@ -38,6 +37,7 @@ __all__ = [
     "NARRATING",
     "SAID_ANSWER",
     "SAID_FIRST",
+    "SCRIPTS",
     "SEEDED_EVENTS",
     "SEEDED_SECRET",
     "STEP_TITLES",
@@ -139,9 +139,6 @@ def _story(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["story"] = _story
-
-
 SAID_FIRST = "Let me check the weather in Porto first."
 """What a ``fake:saytool`` run says before its tool call (it stays there, before the card)."""
 SAID_ANSWER = "Porto will be sunny: go."
@@ -169,9 +166,6 @@ def _saytool(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["saytool"] = _saytool
-
-
 def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     """``fake:story-outage``: the story's first turn (it checks the weather), then the provider
     is overloaded: a failed run whose error belongs to its second model turn."""
@@ -190,7 +184,8 @@ def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["story-outage"] = _story_outage
+SCRIPTS: dict[str, ScriptFn] = {"story": _story, "saytool": _saytool, "story-outage": _story_outage}
+"""The web tests' fake scripts by name, for ``support.fakes``."""
 
 
 @tool

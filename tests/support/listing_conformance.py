@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from store_conformance import make_run
 
+from support.store_conformance import make_run
 from thoughtgate.errors import UsageError
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding

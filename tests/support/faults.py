@@ -1,9 +1,8 @@
 """Helpers for the fault-injection and replica tests: a paced fake script, a raw SSE client,
 ``thoughtgate serve`` replicas sharing one PostgreSQL schema, and a store that fails on purpose.
 
-Importing this module registers ``fake:ticker`` (and, through ``daemon_support``, the daemon
-tests' scripts) in ``FAKE_SCRIPTS``, also inside a ``thoughtgate serve`` subprocess started with
-``--tools fault_support:SERVER_TOOLS``.
+Its fake script ``fake:ticker`` is registered by ``support.fakes`` (conftest does, for the session;
+a ``thoughtgate serve`` subprocess through ``--tools support.served:SERVER_TOOLS``).
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ from typing import Any, Unpack
 import httpx
 import psycopg
 import pytest
-from daemon_support import SERVER_TOOLS, ServeProcess, auth, cli
-from pg import PG_URL
 from psycopg import sql
 
+from support.daemon import SERVER_TOOLS, ServeProcess, auth, cli
+from support.pg import PG_URL
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
 from thoughtgate.providers.base import TurnRequest
@@ -32,9 +31,10 @@ from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text
+from thoughtgate.testing.fake import ScriptFn, reasoning, text
 
 __all__ = [
+    "SCRIPTS",
     "SERVER_TOOLS",
     "Attempt",
     "FailingStore",
@@ -49,7 +49,7 @@ __all__ = [
     "ticker_prompt",
 ]
 
-TOOLS_FLAG = ("--tools", "fault_support:SERVER_TOOLS")
+TOOLS_FLAG = ("--tools", "support.served:SERVER_TOOLS")
 
 
 # ----------------------------------------------------------------------------- fake script
@@ -81,7 +81,8 @@ def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-FAKE_SCRIPTS["ticker"] = _ticker
+SCRIPTS: dict[str, ScriptFn] = {"ticker": _ticker}
+"""``fake:ticker``, for ``support.fakes``."""
 
 
 # ----------------------------------------------------------------------------- raw SSE client
@@ -252,7 +253,7 @@ def stored_run(base_url: str, key: str, run_id: str) -> tuple[dict[str, Any], li
 def pg_schema_sync() -> Iterator[str]:
     """A fresh schema name (created by the first store that opens it), dropped afterwards.
 
-    Fails the test, never skips, when the server is unreachable (see ``tests/pg.py``).
+    Fails the test, never skips, when the server is unreachable (see ``support.pg``).
     """
     try:
         admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)

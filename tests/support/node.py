@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 
 __all__ = ["NODE_DIR", "node_json", "run_node"]
 

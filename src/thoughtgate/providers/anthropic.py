@@ -30,7 +30,7 @@ Errors: HTTP failures come from :class:`~thoughtgate.providers.http.HTTPTranspor
 ``error`` event or a stream that ends before ``message_stop`` raises :class:`ProviderStreamError`.
 ``stream_llm_turn`` attaches the partial turn to either.
 
-Sources: ``docs/providers/anthropic.md`` and ``PROVIDER_WIRE_FORMATS.md`` §1.
+Sources: ``docs/providers/anthropic.md``.
 """
 
 from __future__ import annotations

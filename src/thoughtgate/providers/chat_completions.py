@@ -6,7 +6,7 @@ subclass it to capture their reasoning fields (``reasoning_details``, ``reasonin
 A non-streamed ``chat.completion`` is parsed by feeding its ``message`` as one delta, so streamed
 and non-streamed turns go through the same code and give identical records.
 
-Wire facts encoded here (PROVIDER_WIRE_FORMATS §2, §4, §6):
+Wire facts encoded here (``docs/providers/openrouter.md``, ``docs/providers/openai-compatible.md``):
 
 * ``tool_calls`` deltas are keyed by ``index``; the first fragment carries ``id`` and
   ``function.name``, later ones only ``function.arguments`` pieces;

@@ -6,7 +6,7 @@ What a server takes and gives is not guessed here: it is the server's row in
 ``server``, with columns overridable from ``thoughtgate.toml``. Unknown servers get the
 conservative row. See ``docs/providers/openai-compatible.md`` and ``docs/providers/endpoints.md``.
 
-Capture (PROVIDER_WIRE_FORMATS §4):
+Capture (``docs/providers/openai-compatible.md``):
 
 * field discovery in the row's order (``reasoning_content`` before ``reasoning`` by default); the
   first field that carries text in a turn is the one read for the rest of that turn, so a server

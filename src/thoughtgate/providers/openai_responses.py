@@ -12,7 +12,7 @@ model's row in :data:`thoughtgate.providers.rules.RESPONSES_RULES`:
 * always ``store: false`` (the encrypted item carries the state, nothing is kept at OpenAI) and
   function tools with ``strict: false`` (the API defaults to strict schemas).
 
-Capture (PROVIDER_WIRE_FORMATS §3.1):
+Capture (``docs/providers/openai.md``):
 
 * ``response.reasoning_summary_text.delta`` → reasoning of kind ``summary``, index =
   ``summary_index`` (offset past the parts of earlier reasoning items of the same response);

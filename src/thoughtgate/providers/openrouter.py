@@ -16,7 +16,7 @@ their Anthropic family's row, so they are labelled and switched as they are dire
   their details back in a tool loop (those are then kept in memory, never recorded). Reasoning
   that still arrives is dropped.
 
-Capture (PROVIDER_WIRE_FORMATS §2.2-2.3):
+Capture (``docs/providers/openrouter.md``):
 
 * ``reasoning_details`` parts are keyed by ``(type, index)`` (Gemini can send a text and an
   encrypted detail under one index): ``reasoning.text`` → reasoning of kind ``raw``,

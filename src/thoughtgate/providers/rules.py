@@ -198,7 +198,7 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         thinks_unasked=True,
         **_ADAPTIVE,
         source="adaptive only and the default when `thinking` is unset; `disabled` is a 400 "
-        "on Fable 5 / Mythos 5, so there is no switch (PROVIDER_WIRE_FORMATS §1.1; "
+        "on Fable 5 / Mythos 5, so there is no switch (platform.claude.com adaptive-thinking; "
         "docker/docker-agent#2451)",
     ),
     EndpointRule(

@@ -6,7 +6,7 @@ inline in ``content``. Deltas are cut wherever the server likes, so a tag can st
 any character: ``'e.'``, ``'\\n</think'``, ``'>{'`` was seen on the wire
 (tenstorrent/tt-inference-server#4386).
 
-:class:`ThinkTagSplitter` is the streaming state machine (PROVIDER_WIRE_FORMATS §4.5, the Vercel AI
+:class:`ThinkTagSplitter` is the streaming state machine (``docs/providers/openai-compatible.md``, the Vercel AI
 SDK ``getPotentialStartIndex`` idea): it searches only for the *next expected* tag, emits the text
 before it to the current channel, and holds back a buffer suffix that could still become that tag.
 At the end of the stream whatever is held goes to the current channel, so an unclosed ``<think>``

@@ -7,7 +7,7 @@ deepseek, ``kimi*`` → moonshot, a name with ``:`` (``qwen3:8b``) → ollama, `
 ``think/*`` → think-tags, any other name with a ``/`` (``anthropic/claude-sonnet-4.5``) →
 openrouter, else deepseek.
 
-How each flavour renders a scripted turn (PROVIDER_WIRE_FORMATS §2, §4):
+How each flavour renders a scripted turn (``docs/providers/openrouter.md``, ``docs/providers/openai-compatible.md``):
 
 * ``openrouter``: ``: OPENROUTER PROCESSING`` comments (first, and during ``Sleep``), ``provider``
   and ``native_finish_reason``, ``delta.reasoning`` mirroring ``reasoning_details``.

@@ -1,6 +1,6 @@
 """The OpenAI Responses API (``POST /v1/responses``), streamed and not, with its pairing rules.
 
-Rendering (PROVIDER_WIRE_FORMATS §3.1, O-SDK ``types/responses``): ``event: <type>`` +
+Rendering (``docs/providers/openai.md``, O-SDK ``types/responses``): ``event: <type>`` +
 ``data: {... "type", "sequence_number"}`` frames, no ``[DONE]``. ``response.created`` and
 ``response.in_progress`` first, ``response.completed`` (with ``output`` and ``usage``) last.
 

@@ -372,6 +372,7 @@ class ReplayServer:
     hung_up: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time the server closes a connection."""
     _server: asyncio.base_events.Server | None = None
+    _handlers: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -386,10 +387,27 @@ class ReplayServer:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        # A connection idle on keep-alive (or a stalled reply) still has its handler waiting;
+        # asyncio's server does not wait for handlers, so they are cancelled and awaited here
+        # instead of being destroyed pending, with their sockets unclosed, when the loop ends.
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 1)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.connections += 1
         try:
             while True:

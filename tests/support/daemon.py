@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from thoughtgate.access.keys import create_key
 from thoughtgate.access.roles import ROLE_NAMES
@@ -215,6 +214,8 @@ class ThreadServer:
     """uvicorn on 127.0.0.1 with a free port, in a thread (real sockets, real HTTP)."""
 
     def __init__(self, app: Any) -> None:
+        import uvicorn  # here, not at the top: ``thoughtgate run`` subprocesses import this module
+
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

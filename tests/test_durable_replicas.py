@@ -14,6 +14,7 @@ and no reasoning, carrier or process identity for readers below the classes that
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -29,10 +30,12 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import REPO, ServeProcess, auth, cli, cli_env
+from support.daemon import REPO, ServeProcess, auth, cli_env
 from support.durable import HOLD, SIDE_EFFECTS, side_effects, wait_for
 from support.pg import PG_URL
 
+from thoughtgate.access.keys import create_key
+from thoughtgate.store.urls import open_store
 from thoughtgate.testing.emulator import (
     Call,
     Emulator,
@@ -52,12 +55,20 @@ SECRET = "SECRET-REASONING"
 
 
 def _keys(db: str) -> dict[str, str]:
-    keys = {}
-    for role in ("owner", "member", "viewer"):
-        made = cli("keys", "create", "--role", role, "--name", f"{role}-k", "--json", "--db", db)
-        assert made.returncode == 0, made.stderr
-        keys[role] = str(json.loads(made.stdout)["key"])
-    return keys
+    """One key per role, made in this process before any daemon starts: a ``thoughtgate keys
+    create`` each would cost three process starts per test (that command has its own tests)."""
+
+    async def make() -> dict[str, str]:
+        store = await open_store(db)
+        try:
+            return {
+                role: (await create_key(store, name=f"{role}-k", role=role)).key
+                for role in ("owner", "member", "viewer")
+            }
+        finally:
+            await store.close()
+
+    return asyncio.run(make())
 
 
 class Service:

@@ -88,12 +88,21 @@ class Service:
         self.keys = _keys(db)
         self.daemons: list[ServeProcess] = []
 
-    def start(self) -> ServeProcess:
+    def _daemon(self) -> ServeProcess:
         daemon = ServeProcess(
             "--db", self.db, *TOOLS, "--no-bootstrap-key", "--shutdown-grace", "0.2", env=self.env
-        ).start()
+        )
         self.daemons.append(daemon)
         return daemon
+
+    def start(self) -> ServeProcess:
+        return self._daemon().start()
+
+    def start_two(self) -> tuple[ServeProcess, ServeProcess]:
+        """Two replicas, started at the same time."""
+        a, b = self._daemon(), self._daemon()
+        ServeProcess.start_all(a, b)
+        return a, b
 
     def close(self) -> None:
         for d in self.daemons:
@@ -288,7 +297,7 @@ def test_two_replicas_on_postgres_the_survivor_completes_a_run_whose_replica_was
             db, tmp_path, env={"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "any"}
         )
         try:
-            a, b = service.start(), service.start()
+            a, b = service.start_two()
             run_id = service.request(
                 a,
                 "POST",
@@ -360,7 +369,7 @@ def test_an_approval_asked_on_a_killed_replica_is_answered_on_the_other_and_the_
     with pg_database() as db:
         service = Service(db, tmp_path)
         try:
-            a, b = service.start(), service.start()
+            a, b = service.start_two()
             run_id = service.request(
                 a,
                 "POST",

@@ -359,6 +359,19 @@ class ServeProcess:
     def start(self, *, expect_key: bool = False, timeout: float = 60) -> ServeProcess:
         """Start the server and wait for its URL; ``timeout`` is generous because a durable
         daemon on PostgreSQL sets up its workflow schema first, slowly on a busy machine."""
+        return self.spawn().ready(expect_key=expect_key, timeout=timeout)
+
+    @staticmethod
+    def start_all(*servers: ServeProcess, timeout: float = 60) -> None:
+        """Start several at once (each one's start is mostly imports, on another core) and wait
+        until every one listens."""
+        for server in servers:
+            server.spawn()
+        for server in servers:
+            server.ready(timeout=timeout)
+
+    def spawn(self) -> ServeProcess:
+        """Start the process; :meth:`ready` waits until it listens."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
             env=cli_env(**self.env),
@@ -368,7 +381,11 @@ class ServeProcess:
             text=True,
             preexec_fn=None if self.open_files is None else self._limit_files,
         )
-        assert self.proc.stderr is not None
+        return self
+
+    def ready(self, *, expect_key: bool = False, timeout: float = 60) -> ServeProcess:
+        """Wait for the URL it listens on (and its bootstrap key when ``expect_key``)."""
+        assert self.proc is not None and self.proc.stderr is not None
         deadline = time.monotonic() + timeout
         key_next = False
         while time.monotonic() < deadline:

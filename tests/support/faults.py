@@ -308,8 +308,7 @@ def replicas() -> Iterator[Replicas]:
         args = ("--db", db_url, *TOOLS_FLAG, "--no-bootstrap-key", "--shutdown-grace", "0.2")
         a, b = ServeProcess(*args), ServeProcess(*args)
         try:
-            a.start()
-            b.start()
+            ServeProcess.start_all(a, b)
             pair = Replicas(db_url, a, b, owner)
             try:
                 yield pair

@@ -320,7 +320,11 @@ def test_two_replicas_on_postgres_the_survivor_completes_a_run_whose_replica_was
                 timeout=10,
                 what="the tool's end to be recorded",
             )
-            time.sleep(0.3)  # the second turn has been asked: the kill cuts it
+            wait_for(  # the second turn has been asked (and sleeps 2.5 s): the kill cuts it
+                lambda: sum(r.path.endswith("/messages") for r in emulator.requests) >= 2,
+                timeout=10,
+                what="the second turn to be asked",
+            )
             before = service.events(survivor, run_id)
             executing.kill()
             killed_at = time.monotonic()

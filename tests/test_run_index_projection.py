@@ -1,0 +1,272 @@
+"""The run index agrees with the projection of the event log (ADR 0020), on every backend.
+
+The index is written beside the log; ``store.projection`` rebuilds what the log alone says the
+index is. Whatever mix of tasks (answered, cut, refused by the provider, interrupted) and endings
+(finished, cancelled, closed by another process before it ran) a run has, once it has ended the
+index row and the log's projection agree field for field -- on memory, SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+from support.pg import PG_URL
+from support.scripts import cut, outage
+
+from thoughtgate.errors import ThoughtgateError
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import close_run_interrupted
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.projection import check_run_index, disagreements, project, reproject
+from thoughtgate.store.records import RunRecord, TaskRecord
+from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.testing.fake import FakeProvider, reasoning, text
+from thoughtgate.types import Chunk, UsageChunk
+
+# -- runs to make ------------------------------------------------------------------------------
+
+
+def _answer(request: TurnRequest, turn: int) -> Iterator[Chunk]:
+    yield reasoning("Thinking it over.")
+    yield text("An answer.")
+    yield UsageChunk(input_tokens=7, output_tokens=5, reasoning_tokens=2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run: its tasks' outcomes, its disclosure mode and how it ends."""
+
+    tasks: tuple[str, ...]
+    """Each ``answer``, ``cut``, ``outage`` or ``stall`` (answers nothing until cancelled)."""
+    mode: str
+    ending: str
+    """``execute`` (to its end; a ``stall`` task is cancelled) or ``abandon`` (closed by another
+    process before it executed)."""
+
+
+PLANS = st.builds(
+    Plan,
+    st.lists(st.sampled_from(["answer", "cut", "outage", "stall"]), min_size=1, max_size=4).map(
+        tuple
+    ),
+    st.sampled_from(["hidden", "surface", "telemetry_only"]),
+    st.sampled_from(["execute", "execute", "abandon"]),
+)
+
+
+class Providers:
+    """Fake providers by model name; ``stalled`` is set when a ``stall`` task is answering."""
+
+    def __init__(self) -> None:
+        self.stalled = asyncio.Event()
+
+    def __call__(self, model: str) -> FakeProvider:
+        name = model.partition(":")[2]
+        scripts: dict[str, Callable[[TurnRequest, int], Any]] = {
+            "answer": _answer,
+            "cut": cut,
+            "outage": outage,
+            "stall": self._stall,
+        }
+        return FakeProvider(scripts[name], model=model)
+
+    def _stall(self, request: TurnRequest, turn: int) -> AsyncIterator[Chunk]:
+        async def gen() -> AsyncIterator[Chunk]:
+            yield text("Starting")
+            self.stalled.set()
+            await asyncio.Event().wait()  # until cancelled
+            yield text("never")  # pragma: no cover
+
+        return gen()
+
+
+async def make_run(store: EventStore, plan: Plan) -> str:
+    """Create and end one run as ``plan`` says; returns its id."""
+    providers = Providers()
+    runtime = Runtime(store, provider_factory=providers)
+    request = RunRequest(
+        "Question?",
+        model="fake:answer",
+        tasks=[TaskSpec(f"part {i}", model=f"fake:{t}") for i, t in enumerate(plan.tasks)],
+    )
+    run = await runtime.create_run(request, chain_of_thought=plan.mode)
+    if plan.ending == "abandon":
+        await close_run_interrupted(store, run.run_id, "its process is gone")
+        return run.run_id
+    executing = asyncio.create_task(runtime.execute(run.run_id))
+    stalled = asyncio.create_task(providers.stalled.wait())
+    try:
+        await asyncio.wait({executing, stalled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stalled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stalled
+    if not executing.done():
+        executing.cancel("stopped by the test")
+    with contextlib.suppress(asyncio.CancelledError, ThoughtgateError):
+        await executing
+    return run.run_id
+
+
+async def check_plans(store: EventStore, plans: list[Plan]) -> None:
+    for plan in plans:
+        run_id = await make_run(store, plan)
+        run = await store.get_run(run_id)
+        assert run.status not in ("pending", "running"), plan
+        assert await check_run_index(store, run_id) == [], plan
+        # A projection kept up event by event (as a backend applying it per append would)
+        # ends where a rebuild from the whole log does.
+        events = await store.read(run_id)
+        kept = None
+        for event in events:
+            kept = project(kept, event)
+        assert kept == reproject(events)
+
+
+EXAMPLES = settings(max_examples=25, deadline=None)
+FEWER = settings(max_examples=8, deadline=None)
+
+
+@pytest.mark.unit
+@EXAMPLES
+@given(st.lists(PLANS, min_size=1, max_size=3))
+def test_memory_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
+    asyncio.run(check_plans(MemoryStore(), plans))
+
+
+@pytest.mark.inprocess
+@FEWER
+@given(st.lists(PLANS, min_size=1, max_size=3))
+def test_sqlite_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
+    async def go(path: Path) -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            await check_plans(store, plans)
+        finally:
+            await store.close()
+
+    with tempfile.TemporaryDirectory() as folder:
+        asyncio.run(go(Path(folder) / "store.db"))
+
+
+@pytest.mark.postgres
+@FEWER
+@given(st.lists(PLANS, min_size=1, max_size=3))
+def test_postgres_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+
+    async def go() -> None:
+        store = await PostgresStore.open(PG_URL, schema=schema)
+        try:
+            await check_plans(store, plans)
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            )
+
+
+# -- the check finds a disagreement --------------------------------------------------------------
+
+
+def _event(seq: int, kind: str, payload: dict[str, Any], task_id: str | None = None) -> Event:
+    return Event(seq, "run_1", kind, payload, task_id=task_id)
+
+
+LOG = [
+    _event(1, EventType.RUN_STARTED, {"prompt": "p", "model": "fake:x", "tasks": 1}),
+    _event(
+        2,
+        EventType.TASK_STARTED,
+        {"index": 0, "prompt": "p", "backend": "provider", "model": "fake:x"},
+        "task_1",
+    ),
+    _event(
+        3, EventType.TASK_COMPLETED, {"status": "completed", "output": "A", "error": None}, "task_1"
+    ),
+    _event(
+        4, EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed", "usage": {"input_tokens": 1}}
+    ),
+]
+
+
+def _index(**task: Any) -> RunRecord:
+    run = RunRecord("run_1", "p", model="fake:x", status="completed", usage={"input_tokens": 1})
+    fields: dict[str, Any] = {"status": "completed", "output": "A", "model": "fake:x"}
+    fields.update(task)
+    run.tasks = [TaskRecord("task_1", "run_1", 0, "p", backend="provider", **fields)]
+    return run
+
+
+@pytest.mark.unit
+def test_an_index_that_matches_its_log_has_no_disagreement() -> None:
+    assert disagreements(_index(), reproject(LOG)) == []
+
+
+@pytest.mark.unit
+def test_a_task_the_index_ended_but_the_log_did_not_is_reported() -> None:
+    """A process that stops between saving a task's end in the index and appending its
+    ``task.completed`` leaves exactly this: the check names it."""
+    log = [e for e in LOG if e.type != EventType.TASK_COMPLETED]
+    found = disagreements(_index(), reproject(log))
+    assert found == ["task task_1 status: index 'completed', log 'running'"]
+
+
+@pytest.mark.unit
+def test_a_wrong_run_status_or_answer_is_reported() -> None:
+    run = _index(output="B")
+    run.status = "failed"
+    found = disagreements(run, reproject(LOG))
+    assert "status: index 'failed', log 'completed'" in found
+    assert "task task_1 output: index 'B', log 'A'" in found
+
+
+@pytest.mark.unit
+def test_an_open_run_marked_running_before_its_first_task_agrees() -> None:
+    run = _index(status="pending", output=None)
+    run.status, run.usage = "running", {}
+    assert disagreements(run, reproject(LOG[:1])) == []
+    run.status = "completed"
+    assert disagreements(run, reproject(LOG[:1])) == ["status: index 'completed', log 'pending'"]
+
+
+@pytest.mark.unit
+def test_deltas_leave_the_projection_as_it_was() -> None:
+    """The fold costs nothing for the events that do not concern the index."""
+    before = reproject(LOG[:2])
+    delta = _event(3, EventType.MESSAGE_DELTA, {"text": "x", "turn": 0}, "task_1")
+    assert project(before, delta) is before
+
+
+@pytest.mark.unit
+def test_check_reads_the_index_and_the_log_of_a_store() -> None:
+    async def go() -> list[str]:
+        store = MemoryStore()
+        await store.create_run(_index(status="running", output=None))
+        await store.append(
+            "run_1", [NewEvent(e.type, e.payload, task_id=e.task_id) for e in LOG[:2]]
+        )
+        return await check_run_index(store, "run_1")
+
+    assert asyncio.run(go()) == ["status: index 'completed', log 'running'"]

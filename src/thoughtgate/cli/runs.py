@@ -18,6 +18,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -224,22 +225,32 @@ def _provider_factory(ctx: Context, base_url: str | None, api_key: str | None) -
     return factory
 
 
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """The options ``run`` and ``resume`` share for a run executed in this process, in the order
+    both commands declare them (and ``--help`` lists them): one value, so neither command can
+    pass the runtime something the other does not."""
+
+    base_url: str | None
+    api_key: str | None
+    tools: list[str] | None
+    approve_all: bool
+    view_as: str | None
+    db: str | None
+    config: str | None
+    json_out: bool
+
+
 def _local_command(
     body: Callable[[Runtime, Context], Awaitable[RunView]],
+    options: LocalRun,
     *,
-    config: str | None,
-    db: str | None,
-    view_as: str | None,
-    base_url: str | None,
-    api_key: str | None,
-    tools: list[str] | None,
-    approve_all: bool,
-    json_out: bool,
     listen_for_tools: bool = False,
 ) -> str:
     """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
     and the terminal's approvals, durable when the store is; prints the run's view as ``body``
     left it and returns its status."""
+    o = options
 
     async def go(ctx: Context, store: EventStore) -> str:
         from thoughtgate.engine.approvals import ApprovalBroker
@@ -251,9 +262,9 @@ def _local_command(
         runtime = Runtime(
             store,
             ctx.config,
-            provider_factory=_provider_factory(ctx, base_url, api_key),
-            tools=load_tools(tools) if tools else ToolRegistry(),
-            approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
+            provider_factory=_provider_factory(ctx, o.base_url, o.api_key),
+            tools=load_tools(o.tools) if o.tools else ToolRegistry(),
+            approvals=ApprovalBroker(decider=_cli_decider(o.approve_all)),
             sinks=telemetry_sinks(ctx.config),
         )
         engine = make_durable(runtime)
@@ -268,10 +279,10 @@ def _local_command(
                 await engine.close()
         from thoughtgate.cli.render import print_run
 
-        return print_run(view, json_out=json_out, role=ctx.role.label)
+        return print_run(view, json_out=o.json_out, role=ctx.role.label)
 
     async def main() -> str:
-        ctx = Context(config_path=config, db=db, view_as=view_as)
+        ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
         return await ctx.using(lambda store: go(ctx, store))
 
     return run_async(main())
@@ -356,17 +367,8 @@ def register(app: typer.Typer) -> None:
                 live=not json_out,
             )
 
-        status = _local_command(
-            body,
-            config=config,
-            db=db,
-            view_as=view_as,
-            base_url=base_url,
-            api_key=api_key,
-            tools=tools,
-            approve_all=approve_all,
-            json_out=json_out,
-        )
+        local = LocalRun(base_url, api_key, tools, approve_all, view_as, db, config, json_out)
+        status = _local_command(body, local)
         raise typer.Exit(for_run_status(status))
 
     @app.command()
@@ -390,18 +392,8 @@ def register(app: typer.Typer) -> None:
             full_id = await resolve_run_id(runtime.store, run_id)
             return await resume_and_follow(runtime, full_id, role=ctx.role, live=not json_out)
 
-        status = _local_command(
-            body,
-            config=config,
-            db=db,
-            view_as=view_as,
-            base_url=base_url,
-            api_key=api_key,
-            tools=tools,
-            approve_all=approve_all,
-            json_out=json_out,
-            listen_for_tools=True,
-        )
+        local = LocalRun(base_url, api_key, tools, approve_all, view_as, db, config, json_out)
+        status = _local_command(body, local, listen_for_tools=True)
         raise typer.Exit(for_run_status(status))
 
     @app.command()

@@ -578,20 +578,13 @@ class Runtime:
                 result = await self._execute_task(run, task, spec, disclosure, execution)
                 spent.usage = spent.usage + result.usage
                 results.append(result)
-        except ThoughtgateError as exc:
-            await self._finish(
-                run.run_id,
-                EventType.RUN_FAILED,
-                "failed",
-                spent.usage,
-                (_describe(exc), _error_type(exc)),
-            )
-            raise
         except Exception as exc:
+            # thoughtgate's own errors fail the run; anything else is an error in it.
+            ours = isinstance(exc, ThoughtgateError)
             await self._finish(
                 run.run_id,
-                EventType.RUN_ERROR,
-                "error",
+                EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
+                "failed" if ours else "error",
                 spent.usage,
                 (_describe(exc), _error_type(exc)),
             )

@@ -38,6 +38,7 @@ __all__ = [
     "encode_events",
     "ending_columns",
     "events_from_rows",
+    "index_columns",
     "key_from_row",
     "key_row",
     "make_event",
@@ -240,6 +241,15 @@ def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
     sets = run_update_columns(change, updated_at=updated_at)
     sets["lease_expires_at"] = None
     return sets
+
+
+def index_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Column -> value for fields of a run or task record that a projected event changes
+    (``store.projection.IndexUpdate``): ``index`` is the ``idx`` column, usage is JSON."""
+    return {
+        "idx" if name == "index" else name: dumps(value, what=name) if name == "usage" else value
+        for name, value in fields.items()
+    }
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

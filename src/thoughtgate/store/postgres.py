@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Unpack
 
 import psycopg
@@ -30,6 +30,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -75,6 +76,11 @@ SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::t
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
+
+
+def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
+    """``col = %s, ...`` for the columns of ``sets``."""
+    return sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in sets)
 
 
 def _batch_params(
@@ -376,11 +382,20 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
         columns = codec.encode_events(batch)
+        update = batch_update((e.type, e.payload, e.task_id) for e in batch)
+        changed = False
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
             if not batch:
                 await self._require_run(conn, run_id)
                 return []
-            first = await self._append_rows(conn, run_id, columns)
+            if not update:  # deltas and the like: one statement, the index is not touched
+                first = await self._append_rows(conn, run_id, columns)
+            else:
+                async with conn.transaction():
+                    first = await self._append_rows(conn, run_id, columns)
+                    changed = await self._project(conn, run_id, update)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns)
         await self.wakeups.committed(run_id, out)
         return out
@@ -400,11 +415,48 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             raise RunClosedError(run_id)
         return int(row[0]) + 1
 
+    async def _project(
+        self, conn: psycopg.AsyncConnection[Any], run_id: str, update: IndexUpdate
+    ) -> bool:
+        """Inside the append's transaction, after it took the run row's lock: apply what its
+        events change in the run index (ADR 0020); whether the run row changed."""
+        for task_id, fields in update.tasks.items():
+            sets = codec.index_columns(fields)
+            await conn.execute(
+                sql.SQL("UPDATE tasks SET {} WHERE run_id = %s AND task_id = %s").format(
+                    _assignments(sets)
+                ),
+                (*sets.values(), run_id, task_id),
+            )
+        changed = False
+        if update.starts:
+            cur = await conn.execute(
+                "UPDATE runs SET status = 'running' WHERE run_id = %s AND status = 'pending' "
+                "RETURNING 1",
+                (run_id,),
+            )
+            changed = await cur.fetchone() is not None
+        if update.run:
+            sets = codec.index_columns(update.run)
+            await conn.execute(
+                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                (*sets.values(), run_id),
+            )
+            changed = True
+        if changed:
+            change = await self._next_change(conn)  # after the run row's lock
+            await conn.execute(
+                "UPDATE runs SET updated_at = %s, change_seq = %s WHERE run_id = %s",
+                (time.time(), change, run_id),
+            )
+        return changed
+
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
+        projected = batch_update((e.type, e.payload, e.task_id) for e in events)
         task_rows = [codec.task_row(t) for t in ending.tasks]
         sets = codec.ending_columns(ending, updated_at=time.time())
         assignments = sql.SQL(", ").join(
@@ -431,6 +483,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     await tcur.executemany(_UPSERT_TASK, task_rows)
             if columns[0]:
                 first = await self._append_rows(conn, run_id, columns)
+            if projected:
+                await self._project(conn, run_id, projected)
             change = await self._next_change(conn)  # last: after the run row's lock
             await conn.execute(update, (*sets.values(), change, run_id))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)

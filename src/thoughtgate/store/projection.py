@@ -30,17 +30,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 from thoughtgate.events.payloads import RunStatus, TaskStatus
-from thoughtgate.events.schema import Event, EventType, is_run_terminal
+from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
 __all__ = [
+    "INDEX_EVENT_TYPES",
+    "IndexUpdate",
     "RunProjection",
     "TaskProjection",
+    "apply_to_record",
+    "batch_update",
     "check_run_index",
     "disagreements",
+    "index_update",
     "project",
     "reproject",
 ]
@@ -82,69 +87,178 @@ class RunProjection:
         return self.status not in OPEN_RUN_STATUSES
 
 
-def _usage(value: Any) -> Mapping[str, int] | None:
-    return None if value is None else {str(k): int(v) for k, v in dict(value).items()}
+_RUN_STATUSES: frozenset[str] = frozenset(get_args(RunStatus))
+_TASK_STATUSES: frozenset[str] = frozenset(get_args(TaskStatus))
+
+INDEX_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        EventType.TASK_STARTED,
+        EventType.TASK_COMPLETED,
+        EventType.WORKER_COMPLETED,
+        EventType.RUN_RESUMED,
+        *RUN_TERMINAL_TYPES,
+    }
+)
+"""The events that change a stored index row (``run.started`` and ``capability.resolved``
+repeat what ``create_run`` stored, so a backend need not write them again)."""
 
 
-def _project_task(task: TaskProjection, event: Event) -> TaskProjection:
-    p = event.payload
-    if event.type == EventType.TASK_STARTED:
-        return replace(
-            task,
-            index=p.get("index"),
-            prompt=p.get("prompt"),
-            backend=p.get("backend"),
-            model=p.get("model"),
-            status="running",
+@dataclass(frozen=True, slots=True)
+class IndexUpdate:
+    """What one event, or a batch, changes in its run's index: task fields by task id (names of
+    ``TaskRecord`` fields), whether a ``pending`` run becomes ``running``, and run fields
+    (``status``, ``usage``, ``error``) -- applied in that order."""
+
+    tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    starts: bool = False
+    run: Mapping[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.starts or self.run)
+
+
+def _usage(value: Any) -> dict[str, int] | None:
+    if not isinstance(value, Mapping):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        return None
+    return {str(k): int(v) for k, v in value.items()}
+
+
+def _text(payload: Mapping[str, Any], key: str, into: dict[str, Any]) -> None:
+    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing)."""
+    if key in payload and (payload[key] is None or isinstance(payload[key], str)):
+        into[key] = payload[key]
+
+
+def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if kind == EventType.TASK_STARTED:
+        if isinstance(p.get("index"), int):
+            out["index"] = p["index"]
+        if isinstance(p.get("prompt"), str):
+            out["prompt"] = p["prompt"]
+        _text(p, "backend", out)
+        _text(p, "model", out)
+        out["status"] = "running"
+    elif kind == EventType.TASK_COMPLETED:
+        if p.get("status") in _TASK_STATUSES:
+            out["status"] = p["status"]
+        _text(p, "output", out)
+        _text(p, "error", out)
+    elif kind == EventType.WORKER_COMPLETED:
+        usage = _usage(p.get("usage"))
+        if usage is not None:
+            out["usage"] = usage
+    return out
+
+
+def index_update(kind: str, payload: Mapping[str, Any], task_id: str | None) -> IndexUpdate:
+    """What one event changes in the index (empty for the events that change nothing).
+
+    Pure, and takes the event's parts rather than an ``Event``, so a backend computes it from
+    the ``NewEvent`` s of an append before its transaction. Fields whose payload value has the
+    wrong type are left out: the index never takes what the log's typing would refuse.
+    """
+    if kind not in INDEX_EVENT_TYPES:
+        return _NOTHING
+    if kind in _TASK_EVENT_TYPES:
+        if task_id is None:
+            return _NOTHING
+        fields = _task_fields(kind, payload)
+        return IndexUpdate(
+            tasks={task_id: fields} if fields else {}, starts=kind == EventType.TASK_STARTED
         )
-    if event.type == EventType.TASK_COMPLETED:
-        return replace(task, status=p["status"], output=p.get("output"), error=p.get("error"))
-    if event.type == EventType.WORKER_COMPLETED:
-        return replace(task, usage=_usage(p.get("usage")))
-    return task
+    if kind == EventType.RUN_RESUMED:
+        return IndexUpdate(starts=True)
+    run: dict[str, Any] = {}
+    if payload.get("status") in _RUN_STATUSES:
+        run["status"] = payload["status"]
+    usage = _usage(payload.get("usage"))
+    if usage is not None:
+        run["usage"] = usage
+    if kind == EventType.RUN_INTERRUPTED:
+        run["error"] = f"interrupted: {payload.get('reason', '')}"
+    elif isinstance(payload.get("error"), str):
+        run["error"] = payload["error"]
+    return IndexUpdate(run=run)
 
 
-_TASK_TYPES = frozenset(
+_NOTHING = IndexUpdate()
+_TASK_EVENT_TYPES = frozenset(
     {EventType.TASK_STARTED, EventType.TASK_COMPLETED, EventType.WORKER_COMPLETED}
 )
 
 
-def project(current: RunProjection | None, event: Event) -> RunProjection:
-    """``current`` (``None`` before the run's first event) after ``event``.
+def batch_update(events: Iterable[tuple[str, Mapping[str, Any], str | None]]) -> IndexUpdate:
+    """The updates of a batch of ``(type, payload, task_id)`` merged into one, as if applied one
+    after another; empty (and cheap: one set lookup an event) for a batch of deltas."""
+    tasks: dict[str, dict[str, Any]] = {}
+    starts = False
+    run: dict[str, Any] = {}
+    for kind, payload, task_id in events:
+        if kind not in INDEX_EVENT_TYPES:
+            continue
+        update = index_update(kind, payload, task_id)
+        for tid, fields in update.tasks.items():
+            tasks.setdefault(tid, {}).update(fields)
+        # A run that a terminal event of this batch ended is not started again by a later one.
+        starts = starts or (update.starts and "status" not in run)
+        run.update(update.run)
+    return IndexUpdate(tasks, starts, run) if tasks or starts or run else _NOTHING
 
-    Pure, and cheap for the events that do not concern the index (deltas, tool and visible
-    steps): they return ``current`` itself, so a fold over a long log allocates per lifecycle
-    event only.
+
+def apply_to_record(run: RunRecord, update: IndexUpdate) -> bool:
+    """Apply ``update`` to a run record in place (the memory store's index); whether the run row
+    itself changed (its status, usage or error: a change the run list reports)."""
+    by_id = {t.task_id: t for t in run.tasks}
+    for task_id, fields in update.tasks.items():
+        task = by_id.get(task_id)
+        if task is None:
+            continue  # a task the index does not hold: nothing to project it onto
+        for name, value in fields.items():
+            setattr(task, name, dict(value) if name == "usage" else value)
+    changed = False
+    if update.starts and run.status == "pending":
+        run.status = "running"
+        changed = True
+    for name, value in update.run.items():
+        setattr(run, name, dict(value) if name == "usage" else value)
+        changed = True
+    return changed
+
+
+def project(current: RunProjection | None, event: Event) -> RunProjection:
+    """``current`` (``None`` before the run's first event) after ``event``: the same
+    :func:`index_update` a backend applies, plus the fields ``create_run`` stores.
+
+    Cheap for the events that do not concern the index (deltas, tool and visible steps): they
+    return ``current`` itself, so a fold over a long log allocates per lifecycle event only.
     """
     run = current if current is not None else RunProjection(event.run_id)
     p = event.payload
     kind = event.type
-    if kind in _TASK_TYPES and event.task_id is not None:
-        before = run.tasks.get(event.task_id) or TaskProjection(event.task_id)
-        after = _project_task(before, event)
-        status = "running" if kind == EventType.TASK_STARTED and not run.ended else run.status
-        return replace(run, status=status, tasks={**run.tasks, event.task_id: after})
     if kind == EventType.RUN_STARTED:
-        return replace(run, prompt=p.get("prompt"), model=p.get("model"), task_count=p.get("tasks"))
+        tasks = p.get("tasks")
+        return replace(run, prompt=p.get("prompt"), model=p.get("model"), task_count=tasks)
     if kind == EventType.CAPABILITY_RESOLVED:
         return replace(
             run, chain_of_thought=p.get("chain_of_thought"), worker_backend=p.get("worker_backend")
         )
-    if kind == EventType.RUN_RESUMED and not run.ended:
-        return replace(run, status="running")
-    if is_run_terminal(kind):
-        usage = _usage(p.get("usage"))
-        if kind == EventType.RUN_INTERRUPTED:
-            error: str | None = f"interrupted: {p.get('reason', '')}"
-        else:
-            error = p.get("error")
-        return replace(
-            run,
-            status=p["status"],
-            usage=run.usage if usage is None else usage,
-            error=run.error if error is None else error,
-        )
-    return run
+    update = index_update(kind, p, event.task_id)
+    if not update:
+        return run
+    tasks = dict(run.tasks)
+    for task_id, fields in update.tasks.items():
+        tasks[task_id] = replace(tasks.get(task_id) or TaskProjection(task_id), **fields)
+    status = "running" if update.starts and run.status == "pending" else run.status
+    return replace(
+        run,
+        tasks=tasks,
+        status=update.run.get("status", status),
+        usage=update.run.get("usage", run.usage),
+        error=update.run.get("error", run.error),
+    )
 
 
 def reproject(events: Iterable[Event]) -> RunProjection | None:

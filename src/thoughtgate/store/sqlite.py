@@ -41,6 +41,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -114,6 +115,39 @@ def _append_rows(
         zip([run_id] * n, range(first, first + n), task_ids, types, ts, payloads, strict=True),
     )
     return first
+
+
+def _project(conn: sqlite3.Connection, run_id: str, update: IndexUpdate) -> bool:
+    """Inside the append's write transaction: apply what its events change in the run index
+    (ADR 0020); whether the run row changed (then it gets a change number, ``listing``)."""
+    for task_id, fields in update.tasks.items():
+        sets = codec.index_columns(fields)
+        conn.execute(
+            f"UPDATE tasks SET {', '.join(f'{c} = ?' for c in sets)} "
+            "WHERE run_id = ? AND task_id = ?",
+            (*sets.values(), run_id, task_id),
+        )
+    changed = False
+    if update.starts:
+        started = conn.execute(
+            "UPDATE runs SET status = 'running' WHERE run_id = ? AND status = 'pending' "
+            "RETURNING 1",
+            (run_id,),
+        ).fetchall()
+        changed = bool(started)
+    if update.run:
+        sets = codec.index_columns(update.run)
+        conn.execute(
+            f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+            (*sets.values(), run_id),
+        )
+        changed = True
+    if changed:
+        conn.execute(
+            "UPDATE runs SET updated_at = ?, change_seq = ? WHERE run_id = ?",
+            (time.time(), _next_change(conn), run_id),
+        )
+    return changed
 
 
 class SQLiteStore(EventStore, durable.DurableRunStore):
@@ -308,9 +342,19 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         if n == 0:
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
-        first = await self._writer.write(
-            f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
-        )
+        update = batch_update((e.type, e.payload, e.task_id) for e in events)
+        if not update:  # deltas and the like: the index is not touched
+            first = await self._writer.write(
+                f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
+            )
+        else:
+
+            def body(conn: sqlite3.Connection) -> tuple[int, bool]:
+                return _append_rows(conn, run_id, columns), _project(conn, run_id, update)
+
+            first, changed = await self._writer.write(f"append {n} events to run {run_id!r}", body)
+            if changed:
+                self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns)
         await self.wakeups.committed(run_id, out)
         return out
@@ -343,6 +387,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
+        update = batch_update((e.type, e.payload, e.task_id) for e in events)
         task_rows = [codec.task_row(t) for t in ending.tasks]
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)
@@ -359,6 +404,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 return None
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
+            if update:
+                _project(conn, run_id, update)
             conn.execute(
                 f"UPDATE runs SET {assignments}, change_seq = ? WHERE run_id = ?",
                 (*sets.values(), _next_change(conn), run_id),

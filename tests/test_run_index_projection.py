@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +25,21 @@ from psycopg import sql
 from support.pg import PG_URL
 from support.scripts import cut, outage
 
-from thoughtgate.errors import ThoughtgateError
+from thoughtgate.errors import RunClosedError, ThoughtgateError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.postgres import PostgresStore
-from thoughtgate.store.projection import check_run_index, disagreements, project, reproject
+from thoughtgate.store.projection import (
+    check_run_index,
+    disagreements,
+    project,
+    rebuilt,
+    reproject,
+)
 from thoughtgate.store.records import RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
@@ -169,20 +175,21 @@ def test_sqlite_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
 @FEWER
 @given(st.lists(PLANS, min_size=1, max_size=3))
 def test_postgres_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
+    asyncio.run(_on_postgres(lambda store: check_plans(store, plans)))
+
+
+async def _on_postgres(check: Callable[[EventStore], Awaitable[None]]) -> None:
+    """``check`` on a fresh PostgreSQL store in a schema of its own, dropped afterwards."""
     schema = f"tg_test_{uuid.uuid4().hex[:12]}"
-
-    async def go() -> None:
-        store = await PostgresStore.open(PG_URL, schema=schema)
-        try:
-            await check_plans(store, plans)
-        finally:
-            await store.close()
-
+    store = await PostgresStore.open(PG_URL, schema=schema)
     try:
-        asyncio.run(go())
+        await check(store)
     finally:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(
+            PG_URL, autocommit=True, connect_timeout=5
+        ) as admin:
+            await admin.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
             )
 
@@ -270,3 +277,164 @@ def test_check_reads_the_index_and_the_log_of_a_store() -> None:
         return await check_run_index(store, "run_1")
 
     assert asyncio.run(go()) == ["status: index 'completed', log 'running'"]
+
+
+# -- any sequence of events: the index kept by appends is the index rebuilt from the log ------
+
+TASK_IDS = ("task_0", "task_1", "task_2")
+_TEXTS = st.one_of(st.none(), st.sampled_from(["", "An answer.", "Ünïcode 🤔"]))
+_USAGE = st.fixed_dictionaries(
+    {"input_tokens": st.integers(0, 50), "output_tokens": st.integers(0, 50)}
+)
+_TERMINALS = {
+    EventType.RUN_SETTLEMENT_COMPLETED: ("completed", "partial"),
+    EventType.RUN_FAILED: ("failed",),
+    EventType.RUN_ERROR: ("error",),
+}
+
+
+@st.composite
+def _events(draw: st.DrawFn) -> NewEvent:
+    task = draw(st.sampled_from([*TASK_IDS, "task_unknown"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                EventType.TASK_STARTED,
+                EventType.TASK_COMPLETED,
+                EventType.WORKER_COMPLETED,
+                EventType.MESSAGE_DELTA,
+                EventType.MESSAGE_DELTA,
+                EventType.RUN_RESUMED,
+                EventType.RUN_INTERRUPTED,
+                *_TERMINALS,
+            ]
+        )
+    )
+    payload: dict[str, Any]
+    if kind == EventType.TASK_STARTED:
+        index = TASK_IDS.index(task) if task in TASK_IDS else 9
+        model = draw(st.sampled_from([None, "fake:x"]))
+        payload = {"index": index, "prompt": f"part {index}", "backend": "provider", "model": model}
+    elif kind == EventType.TASK_COMPLETED:
+        status = draw(st.sampled_from(["completed", "partial", "failed", "interrupted"]))
+        payload = {"status": status, "output": draw(_TEXTS), "error": draw(_TEXTS)}
+    elif kind == EventType.WORKER_COMPLETED:
+        payload = {"status": "completed", "usage": draw(_USAGE), "turns": 1}
+    elif kind == EventType.MESSAGE_DELTA:
+        payload = {"text": "x", "turn": 0}
+    elif kind == EventType.RUN_RESUMED:
+        return NewEvent(
+            kind, {"reason": "restarted", "attempt": 2, "after_seq": 1, "executor": "e"}
+        )
+    elif kind == EventType.RUN_INTERRUPTED:
+        payload = {"status": "interrupted", "reason": draw(st.sampled_from(["Ctrl-C", "gone"]))}
+        if draw(st.booleans()):
+            payload["usage"] = draw(_USAGE)
+        return NewEvent(kind, payload)
+    else:
+        payload = {"status": draw(st.sampled_from(_TERMINALS[kind])), "usage": draw(_USAGE)}
+        if draw(st.booleans()):
+            payload["error"] = "it broke"
+        return NewEvent(kind, payload)
+    return NewEvent(kind, payload, task_id=task)
+
+
+LOGS = st.tuples(
+    st.lists(_events(), min_size=1, max_size=25),
+    st.lists(st.integers(1, 6), min_size=1, max_size=25),
+    st.booleans(),
+)
+"""Events, the sizes of the batches they are appended in, and whether the last batch goes through
+``finish_run`` (which then closes the run)."""
+
+
+def _seed() -> RunRecord:
+    run = RunRecord("run_p", "Question?", model="fake:x", chain_of_thought="surface")
+    run.tasks = [
+        TaskRecord(t, "run_p", i, f"part {i}", model="fake:x", backend="provider")
+        for i, t in enumerate(TASK_IDS)
+    ]
+    return run
+
+
+def _projected(run: RunRecord) -> tuple[Any, ...]:
+    """Everything of an index row but its timestamps (which say when, not what)."""
+    tasks = tuple(tuple(sorted(t.to_view().items())) for t in run.tasks)
+    return (run.status, run.usage, run.error, run.metadata, run.owner, tasks)
+
+
+def _as_events(batch: list[NewEvent]) -> list[Event]:
+    return [Event(0, "run_p", e.type, e.payload, task_id=e.task_id) for e in batch]
+
+
+async def check_log(store: EventStore, log: tuple[list[NewEvent], list[int], bool]) -> None:
+    events, sizes, finish = log
+    closed = False
+    await store.create_run(_seed())
+    batches: list[list[NewEvent]] = []
+    rest = list(events)
+    for size in sizes:
+        batches.append(rest[:size])
+        rest = rest[size:]
+        if not rest:
+            break
+    if rest:
+        batches.append(rest)
+    if finish:  # the last batch ends the run, as ``end_run`` does: with a terminal event
+        batches[-1].append(
+            NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "x"})
+        )
+    for i, batch in enumerate(batches):
+        if finish and i == len(batches) - 1:
+            # The ending says what the terminal event says (the runtime's ``RunEnding``).
+            end = rebuilt(_seed(), [*await store.read("run_p"), *_as_events(batch)])
+            ending = RunEnding(end.status, usage=end.usage, error=end.error)
+            # A run a terminal event of an earlier append ended is ended for finish_run too.
+            closed = bool(await store.finish_run("run_p", batch, ending))
+            if closed:
+                continue
+        await store.append("run_p", batch)
+    kept = await store.get_run("run_p")
+    # What the appends kept is what the log alone gives, computed here and by the store.
+    assert _projected(kept) == _projected(rebuilt(_seed(), await store.read("run_p")))
+    assert _projected(await store.rebuild_run_index("run_p")) == _projected(kept)
+    if closed:
+        with pytest.raises(RunClosedError):
+            await store.append(
+                "run_p", [NewEvent(EventType.MESSAGE_DELTA, {"text": "x", "turn": 0})]
+            )
+
+
+@pytest.mark.unit
+@settings(max_examples=60, deadline=None)
+@given(LOGS)
+def test_memory_index_kept_by_appends_is_rebuilt_from_the_log(
+    log: tuple[list[NewEvent], list[int], bool],
+) -> None:
+    asyncio.run(check_log(MemoryStore(), log))
+
+
+@pytest.mark.inprocess
+@settings(max_examples=25, deadline=None)
+@given(LOGS)
+def test_sqlite_index_kept_by_appends_is_rebuilt_from_the_log(
+    log: tuple[list[NewEvent], list[int], bool],
+) -> None:
+    async def go(path: Path) -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            await check_log(store, log)
+        finally:
+            await store.close()
+
+    with tempfile.TemporaryDirectory() as folder:
+        asyncio.run(go(Path(folder) / "store.db"))
+
+
+@pytest.mark.postgres
+@settings(max_examples=15, deadline=None)
+@given(LOGS)
+def test_postgres_index_kept_by_appends_is_rebuilt_from_the_log(
+    log: tuple[list[NewEvent], list[int], bool],
+) -> None:
+    asyncio.run(_on_postgres(lambda store: check_log(store, log)))

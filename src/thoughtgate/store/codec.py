@@ -18,6 +18,7 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
+from thoughtgate.store.projection import INDEX_EVENT_TYPES
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -41,8 +42,10 @@ __all__ = [
     "index_columns",
     "key_from_row",
     "key_row",
+    "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "projected_run_columns",
     "run_from_row",
     "run_row",
     "run_update_columns",
@@ -250,6 +253,18 @@ def index_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
         "idx" if name == "index" else name: dumps(value, what=name) if name == "usage" else value
         for name, value in fields.items()
     }
+
+
+def projected_run_columns(run: RunRecord) -> dict[str, Any]:
+    """Column -> value for the run fields the log decides (``store.projection``)."""
+    return index_columns({"status": run.status, "usage": run.usage, "error": run.error})
+
+
+def lifecycle_types_sql(placeholder: str) -> tuple[str, tuple[str, ...]]:
+    """``type IN (...)`` over the event types that change the index, and its parameters: what a
+    rebuild reads of a log (never its deltas)."""
+    types = tuple(sorted(INDEX_EVENT_TYPES))
+    return f"type IN ({', '.join([placeholder] * len(types))})", types
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

@@ -12,7 +12,7 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store import durable, listing
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.projection import apply_to_record, batch_update
+from thoughtgate.store.projection import apply_to_record, batch_update, rebuilt
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -177,6 +177,24 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         await self.wakeups.committed(run_id, out)
         return out
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        async with self._lock:
+            run = self._run(run_id)
+            new = rebuilt(run, self._events[run_id])
+            changed = (new.status, new.usage, new.error) != (run.status, run.usage, run.error)
+            run.status, run.usage, run.error, run.tasks = (
+                new.status,
+                new.usage,
+                new.error,
+                new.tasks,
+            )
+            if changed:
+                run.updated_at = time.time()
+                self._changed(run_id)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         async with self._lock:

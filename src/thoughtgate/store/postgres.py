@@ -30,7 +30,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
-from thoughtgate.store.projection import IndexUpdate, batch_update
+from thoughtgate.store.projection import IndexUpdate, batch_update, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -491,6 +491,37 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
         await self.wakeups.committed(run_id, out)
         return out
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("%s")
+        changed = False
+        action = f"rebuild the index of run {run_id!r}"
+        async with self._conn(action) as conn, conn.transaction():
+            # The row lock holds appends to this run off until the rebuilt row is stored.
+            cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            stored = codec.run_from_row(row, map(codec.task_from_row, await cur.fetchall()))
+            cur = await conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = %s AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            )
+            new = rebuilt(stored, codec.events_from_rows(run_id, await cur.fetchall()))
+            async with conn.cursor() as tcur:
+                await tcur.executemany(_UPSERT_TASK, [codec.task_row(t) for t in new.tasks])
+            sets = codec.projected_run_columns(new)
+            if sets != codec.projected_run_columns(stored):
+                changed = True
+                sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
+                await conn.execute(
+                    sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                    (*sets.values(), run_id),
+                )
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         async with self._conn("renew run leases") as conn:

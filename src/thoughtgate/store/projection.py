@@ -28,6 +28,7 @@ still calls ``pending`` may be ``running`` in the index.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, get_args
@@ -47,6 +48,7 @@ __all__ = [
     "disagreements",
     "index_update",
     "project",
+    "rebuilt",
     "reproject",
 ]
 
@@ -226,6 +228,21 @@ def apply_to_record(run: RunRecord, update: IndexUpdate) -> bool:
         setattr(run, name, dict(value) if name == "usage" else value)
         changed = True
     return changed
+
+
+def rebuilt(stored: RunRecord, events: Iterable[Event]) -> RunRecord:
+    """``stored`` with every projected field recomputed from its run's ``events`` alone: the
+    index row a backend's ``rebuild_run_index`` writes back. Non-projected fields are kept, and
+    so is ``running`` on a run the runtime marked so before any event said it (ADR 0020)."""
+    run = copy.deepcopy(stored)
+    for task in run.tasks:
+        task.status, task.output, task.error, task.usage = "pending", None, None, {}
+    runtime_running = stored.status == "running"
+    run.status, run.usage, run.error = "pending", {}, None
+    apply_to_record(run, batch_update((e.type, e.payload, e.task_id) for e in events))
+    if runtime_running and run.status == "pending":
+        run.status = "running"
+    return run
 
 
 def project(current: RunProjection | None, event: Event) -> RunProjection:

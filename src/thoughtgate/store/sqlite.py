@@ -41,7 +41,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
-from thoughtgate.store.projection import IndexUpdate, batch_update
+from thoughtgate.store.projection import IndexUpdate, batch_update, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -419,6 +419,38 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
         await self.wakeups.committed(run_id, out)
         return out
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("?")
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            tasks = conn.execute(
+                f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)
+            ).fetchall()
+            stored = codec.run_from_row(row, map(codec.task_from_row, tasks))
+            rows = conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            ).fetchall()
+            new = rebuilt(stored, codec.events_from_rows(run_id, rows))
+            conn.executemany(_INSERT_TASK, [codec.task_row(t) for t in new.tasks])
+            sets = codec.projected_run_columns(new)
+            changed = sets != codec.projected_run_columns(stored)
+            if changed:
+                sets.update(updated_at=time.time(), change_seq=_next_change(conn))
+                conn.execute(
+                    f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+                    (*sets.values(), run_id),
+                )
+            return changed
+
+        changed = await self._write(f"rebuild the index of run {run_id!r}", body)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         def body(conn: sqlite3.Connection) -> list[str]:

@@ -1,29 +1,28 @@
-"""The run index as a projection of the event log: what a run's events alone say its index row is.
+"""The run index as a projection of the event log (ADR 0020): one pure definition of what each
+event changes in a run's index row, applied by every backend in the append that stores it.
 
-The run index (``store.run_index``) is written beside the log, not derived from it (ADR 0020).
-This module is the other half of that decision: one pure fold, :func:`project`, from a run's
-events to the index fields the log is the authority for, and :func:`disagreements`, which
-compares a stored index row with that projection. ``check_run_index`` reads both from a store and
-says where they differ, so a backend bug, a hand-edited database or a failed migration that made
-the index and the log disagree is found instead of silently shown to readers.
+:func:`index_update` says what one event changes -- task fields by task id, whether a ``pending``
+run becomes ``running``, the run's status, usage and error -- and :func:`batch_update` merges a
+batch's updates. Backends apply that in the append's own transaction, so index and log cannot
+disagree; a batch without lifecycle events (``INDEX_EVENT_TYPES``) changes nothing and costs one
+set lookup an event.
 
-Projected (the log decides them):
+Projected (the log decides them): a task's ``index``, ``prompt``, ``backend``, ``model``
+(``task.started``), ``status`` (``running`` on ``task.started``, then ``task.completed``'s),
+``output`` and ``error`` (``task.completed``), ``usage`` (``worker.completed``); the run's
+``status`` (``running`` once a task starts or it resumes, then the terminal event's), ``usage``
+and ``error`` (the terminal event; ``run.interrupted`` says ``interrupted: <reason>``). The fold
+(:func:`project`, :func:`reproject`) adds the fields ``create_run`` stores and ``run.started`` /
+``capability.resolved`` repeat: prompt, model, modes, number of tasks.
 
-* the run's ``prompt`` and ``model`` (``run.started``), ``chain_of_thought`` and
-  ``worker_backend`` (``capability.resolved``), its number of tasks (``run.started``);
-* its ``status``: ``pending`` after ``run.started``, ``running`` once a task starts or the run
-  resumes, then the terminal event's status; its ``usage`` and ``error`` from the terminal event
-  (``run.interrupted`` says ``interrupted: <reason>``; without ``usage`` the usage stays);
-* each task the log names: ``index``, ``prompt``, ``backend``, ``model`` (``task.started``),
-  ``status`` (``running`` on ``task.started``, then ``task.completed``'s), ``output`` and
-  ``error`` (``task.completed``), ``usage`` (``worker.completed``).
+Not projected (index-only columns; ADR 0020 says why): ``created_at``/``updated_at``,
+``metadata``, ``started_by``, ``owner`` and lease, the run spec, a task's ``reasoning`` (kept only
+in ``surface`` mode). One transition is the runtime's: a run is marked ``running`` when its
+execution begins, before its first task starts.
 
-Not projected (the index alone holds them; see ADR 0020 for why each stays there): the run's
-``created_at``/``updated_at``, ``metadata``, ``started_by``, ``owner`` and lease, its spec, a
-task's ``reasoning`` (kept only in ``surface`` mode), and the rows of tasks that have not started
-while the run is open. One transition is the runtime's, not the log's: a run is marked
-``running`` when its execution begins, before its first event says so, so an open run the log
-still calls ``pending`` may be ``running`` in the index.
+:func:`rebuilt` recomputes a stored row's projected fields from its log (the backends'
+``rebuild_run_index``); :func:`disagreements` and :func:`check_run_index` compare a row with the
+projection of its log.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 What the log's events say about a run, kept where it can be found without replaying them: its
 request and resolved modes, its status, usage and error, its tasks, which process executes it
-and until when (its lease), and the live run list (``store.listing``). A run's ending is written
-by the log's last append (``EventLog.finish_run``), in the same transaction, so the index never
-says a run has ended before its terminal event is stored, nor the other way round.
+and until when (its lease), and the live run list (``store.listing``). The fields the log
+decides are a projection of it (``store.projection``, ADR 0020): every backend applies what an
+append's lifecycle events change to the index in that append's transaction, so the index never
+says a task or run has ended before the event that says so is stored, nor the other way round.
 """
 
 from __future__ import annotations

@@ -160,15 +160,7 @@ def test_memory_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
 @FEWER
 @given(st.lists(PLANS, min_size=1, max_size=3))
 def test_sqlite_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
-    async def go(path: Path) -> None:
-        store = await SQLiteStore.open(path)
-        try:
-            await check_plans(store, plans)
-        finally:
-            await store.close()
-
-    with tempfile.TemporaryDirectory() as folder:
-        asyncio.run(go(Path(folder) / "store.db"))
+    asyncio.run(_on_sqlite(lambda store: check_plans(store, plans)))
 
 
 @pytest.mark.postgres
@@ -176,6 +168,16 @@ def test_sqlite_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
 @given(st.lists(PLANS, min_size=1, max_size=3))
 def test_postgres_index_is_the_projection_of_its_log(plans: list[Plan]) -> None:
     asyncio.run(_on_postgres(lambda store: check_plans(store, plans)))
+
+
+async def _on_sqlite(check: Callable[[EventStore], Awaitable[None]]) -> None:
+    """``check`` on a fresh SQLite store in a folder of its own, removed afterwards."""
+    with tempfile.TemporaryDirectory() as folder:
+        store = await SQLiteStore.open(Path(folder) / "store.db")
+        try:
+            await check(store)
+        finally:
+            await store.close()
 
 
 async def _on_postgres(check: Callable[[EventStore], Awaitable[None]]) -> None:
@@ -420,15 +422,7 @@ def test_memory_index_kept_by_appends_is_rebuilt_from_the_log(
 def test_sqlite_index_kept_by_appends_is_rebuilt_from_the_log(
     log: tuple[list[NewEvent], list[int], bool],
 ) -> None:
-    async def go(path: Path) -> None:
-        store = await SQLiteStore.open(path)
-        try:
-            await check_log(store, log)
-        finally:
-            await store.close()
-
-    with tempfile.TemporaryDirectory() as folder:
-        asyncio.run(go(Path(folder) / "store.db"))
+    asyncio.run(_on_sqlite(lambda store: check_log(store, log)))
 
 
 @pytest.mark.postgres

@@ -83,6 +83,15 @@ def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
+def _read_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    """The run with its tasks in index order (inside the caller's transaction)."""
+    row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise RunNotFoundError(run_id)
+    tasks = conn.execute(f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    return codec.run_from_row(row, map(codec.task_from_row, tasks))
+
+
 def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
     """Why an append found no open row: no such run, or the run has ended."""
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -223,15 +232,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
-                row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
-                if row is None:
-                    raise RunNotFoundError(run_id)
-                tasks = conn.execute(
-                    f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)
-                ).fetchall()
+                return _read_run(conn, run_id)
             finally:
                 conn.execute("COMMIT")
-            return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
         return await self._reader.call(f"read run {run_id!r}", work)
 
@@ -424,13 +427,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         lifecycle, types = codec.lifecycle_types_sql("?")
 
         def body(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
-            if row is None:
-                raise RunNotFoundError(run_id)
-            tasks = conn.execute(
-                f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)
-            ).fetchall()
-            stored = codec.run_from_row(row, map(codec.task_from_row, tasks))
+            stored = _read_run(conn, run_id)
             rows = conn.execute(
                 f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
                 (run_id, *types),

@@ -147,7 +147,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             for i, e in enumerate(events)
         ]
         log.extend(out)
-        update = batch_update((e.type, e.payload, e.task_id) for e in out)
+        update = batch_update(out)
         changed = bool(update) and apply_to_record(run, update)
         if changed:
             run.updated_at = time.time()

@@ -382,7 +382,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
         columns = codec.encode_events(batch)
-        update = batch_update((e.type, e.payload, e.task_id) for e in batch)
+        update = batch_update(batch)
         changed = False
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
             if not batch:
@@ -456,7 +456,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        projected = batch_update((e.type, e.payload, e.task_id) for e in events)
+        projected = batch_update(events)
         task_rows = [codec.task_row(t) for t in ending.tasks]
         sets = codec.ending_columns(ending, updated_at=time.time())
         assignments = sql.SQL(", ").join(

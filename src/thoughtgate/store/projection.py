@@ -191,16 +191,27 @@ _TASK_EVENT_TYPES = frozenset(
 )
 
 
-def batch_update(events: Iterable[tuple[str, Mapping[str, Any], str | None]]) -> IndexUpdate:
-    """The updates of a batch of ``(type, payload, task_id)`` merged into one, as if applied one
-    after another; empty (and cheap: one set lookup an event) for a batch of deltas."""
+class _EventParts(Protocol):
+    """What :func:`batch_update` reads of an event: an ``Event`` or a ``NewEvent``."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+    @property
+    def task_id(self) -> str | None: ...
+
+
+def batch_update(events: Iterable[_EventParts]) -> IndexUpdate:
+    """The updates of a batch of events merged into one, as if applied one after another; empty
+    (and cheap: one set lookup an event) for a batch of deltas."""
     tasks: dict[str, dict[str, Any]] = {}
     starts = False
     run: dict[str, Any] = {}
-    for kind, payload, task_id in events:
-        if kind not in INDEX_EVENT_TYPES:
+    for event in events:
+        if event.type not in INDEX_EVENT_TYPES:
             continue
-        update = index_update(kind, payload, task_id)
+        update = index_update(event.type, event.payload, event.task_id)
         for tid, fields in update.tasks.items():
             tasks.setdefault(tid, {}).update(fields)
         # A run that a terminal event of this batch ended is not started again by a later one.
@@ -238,7 +249,7 @@ def rebuilt(stored: RunRecord, events: Iterable[Event]) -> RunRecord:
         task.status, task.output, task.error, task.usage = "pending", None, None, {}
     runtime_running = stored.status == "running"
     run.status, run.usage, run.error = "pending", {}, None
-    apply_to_record(run, batch_update((e.type, e.payload, e.task_id) for e in events))
+    apply_to_record(run, batch_update(events))
     if runtime_running and run.status == "pending":
         run.status = "running"
     return run

@@ -345,7 +345,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         if n == 0:
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
-        update = batch_update((e.type, e.payload, e.task_id) for e in events)
+        update = batch_update(events)
         if not update:  # deltas and the like: the index is not touched
             first = await self._writer.write(
                 f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
@@ -390,7 +390,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns = codec.encode_events(list(events))
-        update = batch_update((e.type, e.payload, e.task_id) for e in events)
+        update = batch_update(events)
         task_rows = [codec.task_row(t) for t in ending.tasks]
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)

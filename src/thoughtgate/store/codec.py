@@ -18,7 +18,7 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
-from thoughtgate.store.projection import INDEX_EVENT_TYPES
+from thoughtgate.store.projection import INDEX_EVENT_TYPES, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -46,6 +46,7 @@ __all__ = [
     "make_event",
     "merged_metadata",
     "projected_run_columns",
+    "rebuilt_rows",
     "run_from_row",
     "run_row",
     "run_update_columns",
@@ -258,6 +259,17 @@ def index_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
 def projected_run_columns(run: RunRecord) -> dict[str, Any]:
     """Column -> value for the run fields the log decides (``store.projection``)."""
     return index_columns({"status": run.status, "usage": run.usage, "error": run.error})
+
+
+def rebuilt_rows(
+    stored: RunRecord, event_rows: Sequence[tuple[int, str | None, str, float, str, int]]
+) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None]:
+    """``rebuild_run_index`` in both SQL backends: from the stored row and its run's lifecycle
+    event rows, the task rows to write and the run columns to set (``None``: unchanged)."""
+    new = rebuilt(stored, events_from_rows(stored.run_id, event_rows))
+    sets = projected_run_columns(new)
+    changed = sets != projected_run_columns(stored)
+    return [task_row(t) for t in new.tasks], sets if changed else None
 
 
 def lifecycle_types_sql(placeholder: str) -> tuple[str, tuple[str, ...]]:

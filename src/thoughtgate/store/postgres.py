@@ -30,7 +30,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
-from thoughtgate.store.projection import IndexUpdate, batch_update, rebuilt
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -494,9 +494,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
         lifecycle, types = codec.lifecycle_types_sql("%s")
-        changed = False
-        action = f"rebuild the index of run {run_id!r}"
-        async with self._conn(action) as conn, conn.transaction():
+        async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
             # The row lock holds appends to this run off until the rebuilt row is stored.
             cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -508,18 +506,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 f"{codec.EVENT_SELECT} WHERE run_id = %s AND {lifecycle} ORDER BY seq",
                 (run_id, *types),
             )
-            new = rebuilt(stored, codec.events_from_rows(run_id, await cur.fetchall()))
+            task_rows, sets = codec.rebuilt_rows(stored, await cur.fetchall())
             async with conn.cursor() as tcur:
-                await tcur.executemany(_UPSERT_TASK, [codec.task_row(t) for t in new.tasks])
-            sets = codec.projected_run_columns(new)
-            if sets != codec.projected_run_columns(stored):
-                changed = True
+                await tcur.executemany(_UPSERT_TASK, task_rows)
+            if sets is not None:
                 sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
                 await conn.execute(
                     sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
                     (*sets.values(), run_id),
                 )
-        if changed:
+        if sets is not None:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return await self.get_run(run_id)
 

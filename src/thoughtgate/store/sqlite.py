@@ -41,7 +41,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
-from thoughtgate.store.projection import IndexUpdate, batch_update, rebuilt
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -432,20 +432,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
                 (run_id, *types),
             ).fetchall()
-            new = rebuilt(stored, codec.events_from_rows(run_id, rows))
-            conn.executemany(_INSERT_TASK, [codec.task_row(t) for t in new.tasks])
-            sets = codec.projected_run_columns(new)
-            changed = sets != codec.projected_run_columns(stored)
-            if changed:
-                sets.update(updated_at=time.time(), change_seq=_next_change(conn))
-                conn.execute(
-                    f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
-                    (*sets.values(), run_id),
-                )
-            return changed
+            task_rows, sets = codec.rebuilt_rows(stored, rows)
+            conn.executemany(_INSERT_TASK, task_rows)
+            if sets is None:
+                return False
+            sets.update(updated_at=time.time(), change_seq=_next_change(conn))
+            conn.execute(
+                f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+                (*sets.values(), run_id),
+            )
+            return True
 
-        changed = await self._write(f"rebuild the index of run {run_id!r}", body)
-        if changed:
+        if await self._write(f"rebuild the index of run {run_id!r}", body):
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return await self.get_run(run_id)
 

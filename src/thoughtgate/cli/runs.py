@@ -32,11 +32,11 @@ from thoughtgate.cli.options import (
     ConfigOpt,
     DbOpt,
     JsonOpt,
-    KeyOpt,
+    ReadOptions,
     RunIdArg,
     ToolsOpt,
-    UrlOpt,
     ViewAsOpt,
+    with_read_options,
 )
 from thoughtgate.cli.readers import RunReader, read_command
 from thoughtgate.cli.remote import remote_run, resolve_remote, show_event, wants_daemon
@@ -290,6 +290,7 @@ def _local_command(
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_read_options
     def run(
         prompt: Annotated[
             str,
@@ -320,24 +321,20 @@ def register(app: typer.Typer) -> None:
         ] = None,
         tools: ToolsOpt = None,
         approve_all: ApproveAllOpt = False,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome.
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
-        if wants_daemon(url, key):
+        if wants_daemon(read.url, read.key):
 
             async def on_daemon() -> str:
                 remote = resolve_remote(
-                    url,
-                    key,
-                    db=db,
-                    view_as=view_as,
+                    read.url,
+                    read.key,
+                    db=read.db,
+                    view_as=read.view_as,
                     base_url=base_url,
                     api_key=api_key,
                     tools=any(":" in t for t in tools or ()),
@@ -351,7 +348,7 @@ def register(app: typer.Typer) -> None:
                     chain_of_thought=cot,
                     tools=list(tools or ()),
                     approve_all=approve_all,
-                    json_out=json_out,
+                    json_out=read.json_out,
                 )
 
             raise typer.Exit(for_run_status(run_async(on_daemon())))
@@ -364,10 +361,13 @@ def register(app: typer.Typer) -> None:
                 RunRequest(read_prompt(prompt), model=model, system=system),
                 role=ctx.role,
                 chain_of_thought=cot,
-                live=not json_out,
+                live=not read.json_out,
             )
 
-        local = LocalRun(base_url, api_key, tools, approve_all, view_as, db, config, json_out)
+        r = read
+        local = LocalRun(
+            base_url, api_key, tools, approve_all, r.view_as, r.db, r.config, r.json_out
+        )
         status = _local_command(body, local)
         raise typer.Exit(for_run_status(status))
 
@@ -397,14 +397,11 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(for_run_status(status))
 
     @app.command()
+    @with_read_options
     def status(
         run_id: RunIdArg,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
@@ -414,25 +411,22 @@ def register(app: typer.Typer) -> None:
 
             full_id = await reader.resolve(run_id)
             view = await reader.view(full_id)
-            if json_out:
+            if read.json_out:
                 print_json(view.to_json())
                 return
             thread = rebuild(await reader.events(full_id))
             render_run(console, view, role=await reader.role(), thread=thread)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def runs(
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started."""
 
@@ -440,14 +434,15 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.cli.render import render_runs_table
 
             views = await reader.runs(limit)
-            if json_out:
+            if read.json_out:
                 print_json([v.to_json() for v in views])
             else:
                 render_runs_table(console, views)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def events(
         run_id: RunIdArg,
         after: Annotated[
@@ -467,12 +462,8 @@ def register(app: typer.Typer) -> None:
                 "(with --json: one JSON object per line).",
             ),
         ] = False,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
 
@@ -482,38 +473,35 @@ def register(app: typer.Typer) -> None:
                 shown = 0
                 async with contextlib.aclosing(reader.follow(full_id, after=after)) as live:
                     async for event in live:
-                        show_event(event, json_lines=json_out)
+                        show_event(event, json_lines=read.json_out)
                         shown += 1
                         if limit is not None and shown >= limit:
                             return
                 return
             listed = await reader.events(full_id, after=after, limit=limit)
-            if json_out:
+            if read.json_out:
                 print_json([e.to_dict() for e in listed])
                 return
             for event in listed:
                 show_event(event, json_lines=False)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def trace(
         run_id: RunIdArg,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """A run's trace metadata (worker.completed with reasoning) as one JSON document:
         developer and above."""
 
         async def body(reader: RunReader) -> None:
             document = [e.to_dict() for e in await reader.trace(await reader.resolve(run_id))]
-            if json_out:
+            if read.json_out:
                 print_json(document)
             else:
                 console.print_json(data=document)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)

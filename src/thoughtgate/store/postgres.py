@@ -378,6 +378,33 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             return [str(r[0]) for r in await cur.fetchall()]
 
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("%s")
+        async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
+            # The row lock holds appends to this run off until the rebuilt row is stored.
+            cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            stored = codec.run_from_row(row, map(codec.task_from_row, await cur.fetchall()))
+            cur = await conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = %s AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            )
+            task_rows, sets = codec.rebuilt_rows(stored, await cur.fetchall())
+            async with conn.cursor() as tcur:
+                await tcur.executemany(_UPSERT_TASK, task_rows)
+            if sets is not None:
+                sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
+                await conn.execute(
+                    sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                    (*sets.values(), run_id),
+                )
+        if sets is not None:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
+
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
@@ -491,33 +518,6 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
         await self.wakeups.committed(run_id, out)
         return out
-
-    async def rebuild_run_index(self, run_id: str) -> RunRecord:
-        lifecycle, types = codec.lifecycle_types_sql("%s")
-        async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
-            # The row lock holds appends to this run off until the rebuilt row is stored.
-            cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
-            row = await cur.fetchone()
-            if row is None:
-                raise RunNotFoundError(run_id)
-            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
-            stored = codec.run_from_row(row, map(codec.task_from_row, await cur.fetchall()))
-            cur = await conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = %s AND {lifecycle} ORDER BY seq",
-                (run_id, *types),
-            )
-            task_rows, sets = codec.rebuilt_rows(stored, await cur.fetchall())
-            async with conn.cursor() as tcur:
-                await tcur.executemany(_UPSERT_TASK, task_rows)
-            if sets is not None:
-                sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
-                await conn.execute(
-                    sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
-                    (*sets.values(), run_id),
-                )
-        if sets is not None:
-            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         async with self._conn("renew run leases") as conn:

@@ -337,6 +337,30 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         await self._write(f"save task {task.task_id!r}", body)
 
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("?")
+
+        def body(conn: sqlite3.Connection) -> bool:
+            stored = _read_run(conn, run_id)
+            rows = conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            ).fetchall()
+            task_rows, sets = codec.rebuilt_rows(stored, rows)
+            conn.executemany(_INSERT_TASK, task_rows)
+            if sets is None:
+                return False
+            sets.update(updated_at=time.time(), change_seq=_next_change(conn))
+            conn.execute(
+                f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+                (*sets.values(), run_id),
+            )
+            return True
+
+        if await self._write(f"rebuild the index of run {run_id!r}", body):
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
+
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         # Encode before queueing: the shared write transaction should not wait on our JSON.
@@ -422,30 +446,6 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
         await self.wakeups.committed(run_id, out)
         return out
-
-    async def rebuild_run_index(self, run_id: str) -> RunRecord:
-        lifecycle, types = codec.lifecycle_types_sql("?")
-
-        def body(conn: sqlite3.Connection) -> bool:
-            stored = _read_run(conn, run_id)
-            rows = conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
-                (run_id, *types),
-            ).fetchall()
-            task_rows, sets = codec.rebuilt_rows(stored, rows)
-            conn.executemany(_INSERT_TASK, task_rows)
-            if sets is None:
-                return False
-            sets.update(updated_at=time.time(), change_seq=_next_change(conn))
-            conn.execute(
-                f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
-                (*sets.values(), run_id),
-            )
-            return True
-
-        if await self._write(f"rebuild the index of run {run_id!r}", body):
-            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         def body(conn: sqlite3.Connection) -> list[str]:

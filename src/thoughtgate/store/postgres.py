@@ -443,10 +443,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return int(row[0]) + 1
 
     async def _project(
-        self, conn: psycopg.AsyncConnection[Any], run_id: str, update: IndexUpdate
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        run_id: str,
+        update: IndexUpdate,
+        *,
+        numbered: bool = True,
     ) -> bool:
         """Inside the append's transaction, after it took the run row's lock: apply what its
-        events change in the run index (ADR 0020); whether the run row changed."""
+        events change in the run index (ADR 0020); whether the run row changed. A changed row
+        gets a change number unless ``numbered`` is false (``finish_run`` gives it one)."""
         for task_id, fields in update.tasks.items():
             sets = codec.index_columns(fields)
             await conn.execute(
@@ -470,7 +476,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 (*sets.values(), run_id),
             )
             changed = True
-        if changed:
+        if changed and numbered:
             change = await self._next_change(conn)  # after the run row's lock
             await conn.execute(
                 "UPDATE runs SET updated_at = %s, change_seq = %s WHERE run_id = %s",
@@ -511,7 +517,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if columns[0]:
                 first = await self._append_rows(conn, run_id, columns)
             if projected:
-                await self._project(conn, run_id, projected)
+                await self._project(conn, run_id, projected, numbered=False)
             change = await self._next_change(conn)  # last: after the run row's lock
             await conn.execute(update, (*sets.values(), change, run_id))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)

@@ -126,9 +126,12 @@ def _append_rows(
     return first
 
 
-def _project(conn: sqlite3.Connection, run_id: str, update: IndexUpdate) -> bool:
+def _project(
+    conn: sqlite3.Connection, run_id: str, update: IndexUpdate, *, numbered: bool = True
+) -> bool:
     """Inside the append's write transaction: apply what its events change in the run index
-    (ADR 0020); whether the run row changed (then it gets a change number, ``listing``)."""
+    (ADR 0020); whether the run row changed. A changed row gets a change number (``listing``)
+    unless ``numbered`` is false (``finish_run`` gives it one itself)."""
     for task_id, fields in update.tasks.items():
         sets = codec.index_columns(fields)
         conn.execute(
@@ -151,7 +154,7 @@ def _project(conn: sqlite3.Connection, run_id: str, update: IndexUpdate) -> bool
             (*sets.values(), run_id),
         )
         changed = True
-    if changed:
+    if changed and numbered:
         conn.execute(
             "UPDATE runs SET updated_at = ?, change_seq = ? WHERE run_id = ?",
             (time.time(), _next_change(conn), run_id),
@@ -432,7 +435,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
             if update:
-                _project(conn, run_id, update)
+                _project(conn, run_id, update, numbered=False)
             conn.execute(
                 f"UPDATE runs SET {assignments}, change_seq = ? WHERE run_id = ?",
                 (*sets.values(), _next_change(conn), run_id),

@@ -432,3 +432,40 @@ def test_postgres_index_kept_by_appends_is_rebuilt_from_the_log(
     log: tuple[list[NewEvent], list[int], bool],
 ) -> None:
     asyncio.run(_on_postgres(lambda store: check_log(store, log)))
+
+
+# -- rebuild repairs what the old write order could leave ----------------------------------------
+
+
+async def check_repair(store: EventStore) -> None:
+    """The runtime used to save a task's end in the index before appending its events; a process
+    stopping in between left a row the log contradicts. The check names it; a rebuild repairs it."""
+    await store.create_run(_seed())
+    started = {"index": 0, "prompt": "part 0", "backend": "provider", "model": "fake:x"}
+    await store.append("run_p", [NewEvent(EventType.TASK_STARTED, started, task_id="task_0")])
+    early = (await store.get_run("run_p")).tasks[0]
+    early.status, early.output, early.usage = "completed", "An answer.", {"input_tokens": 3}
+    await store.save_task(early)
+    assert await check_run_index(store, "run_p") == [
+        "task task_0 status: index 'completed', log 'running'"
+    ]
+    repaired = await store.rebuild_run_index("run_p")
+    assert await check_run_index(store, "run_p") == []
+    task = repaired.tasks[0]
+    assert (task.status, task.output, task.usage) == ("running", None, {})
+    assert repaired.status == "running"
+
+
+@pytest.mark.unit
+def test_memory_rebuild_repairs_a_task_the_index_ended_early() -> None:
+    asyncio.run(check_repair(MemoryStore()))
+
+
+@pytest.mark.inprocess
+def test_sqlite_rebuild_repairs_a_task_the_index_ended_early() -> None:
+    asyncio.run(_on_sqlite(check_repair))
+
+
+@pytest.mark.postgres
+def test_postgres_rebuild_repairs_a_task_the_index_ended_early() -> None:
+    asyncio.run(_on_postgres(check_repair))

@@ -18,7 +18,7 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
-from thoughtgate.store.projection import INDEX_EVENT_TYPES, rebuilt
+from thoughtgate.store.projection import INDEX_EVENT_TYPES, IndexUpdate, batch_update, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -38,6 +38,7 @@ __all__ = [
     "dumps",
     "encode_events",
     "ending_columns",
+    "ending_rows",
     "events_from_rows",
     "index_columns",
     "key_from_row",
@@ -235,6 +236,15 @@ def run_update_columns(change: RunChange, *, updated_at: float) -> dict[str, Any
     if change.get("error") is not None:
         sets["error"] = change["error"]
     return sets
+
+
+def ending_rows(
+    events: Sequence[NewEvent], ending: RunEnding
+) -> tuple[EncodedEvents, IndexUpdate, list[tuple[Any, ...]]]:
+    """What ``finish_run`` writes besides the run row, in both SQL backends: the encoded
+    events, what they change in the index (``store.projection``) and the rows of the tasks the
+    ending ends."""
+    return encode_events(list(events)), batch_update(events), [task_row(t) for t in ending.tasks]
 
 
 def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:

@@ -349,11 +349,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
             sets["change_seq"] = await self._next_change(conn)  # after the run row's lock
-            assignments = sql.SQL(", ").join(
-                sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
-            )
             await conn.execute(
-                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(assignments),
+                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
                 (*sets.values(), run_id),
             )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -488,13 +485,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        columns = codec.encode_events(list(events))
-        projected = batch_update(events)
-        task_rows = [codec.task_row(t) for t in ending.tasks]
+        columns, projected, task_rows = codec.ending_rows(events, ending)
         sets = codec.ending_columns(ending, updated_at=time.time())
-        assignments = sql.SQL(", ").join(
-            sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
-        )
+        assignments = _assignments(sets)
         update = sql.SQL(
             "UPDATE runs SET {}, closed_at = {}, change_seq = %s WHERE run_id = %s"
         ).format(assignments, sql.SQL(_NOW))

@@ -416,9 +416,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        columns = codec.encode_events(list(events))
-        update = batch_update(events)
-        task_rows = [codec.task_row(t) for t in ending.tasks]
+        columns, update, task_rows = codec.ending_rows(events, ending)
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)
         sets.update(closed_at=now)

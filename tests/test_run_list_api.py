@@ -95,8 +95,9 @@ class ListStream:
 
     def close(self) -> None:
         """Hang up at once. Closing the response from this thread does not wake the reader
-        blocked in ``recv`` -- the socket stays open, the daemon never sees the client go, and
-        the server's shutdown waits out its timeout -- so shut the socket down first."""
+        blocked in ``recv``: the socket stays open, the daemon never sees the client go, and the
+        test server's shutdown waits for the stream to end at its next keep-alive (15 s). So
+        shut the socket down first."""
         stream = self.response.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
         if sock is not None:

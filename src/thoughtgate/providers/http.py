@@ -358,8 +358,12 @@ class HTTPTransport:
         per event, and may merge the deltas of one read (they arrived at the same moment).
         """
         decoder = SSEDecoder()
+        # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
+        # decoding layer would cost an async generator step and two calls per read for nothing.
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        reads = response.aiter_raw() if encoding == "identity" else response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in reads:
                 batch = decoder.feed(chunk)
                 if batch:
                     yield batch

@@ -715,13 +715,19 @@ class _SegmentBlocks:
 
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
+        self.texts: dict[int, list[str]] = {}
+        """A text block's pieces, joined only when the content is asked for: adding each piece
+        to one string would copy the text so far for every delta (quadratic in its length)."""
         self.tool_index: dict[str, int] = {}
         self.usage: dict[str, int] = {}
 
     def see(self, chunk: Chunk) -> None:
         if isinstance(chunk, TextDelta):
-            block = self.blocks.setdefault(chunk.index, {"type": "text", "text": ""})
-            block["text"] += chunk.text
+            pieces = self.texts.get(chunk.index)
+            if pieces is None:
+                pieces = self.texts[chunk.index] = []
+                self.blocks[chunk.index] = {"type": "text"}
+            pieces.append(chunk.text)
         elif isinstance(chunk, ContinuityChunk):
             self.blocks[chunk.index] = dict(chunk.block.data)
         elif isinstance(chunk, ToolCallStart):
@@ -740,7 +746,11 @@ class _SegmentBlocks:
                     self.usage[name] = value
 
     def content(self, other: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
-        merged = {**self.blocks, **other}
+        blocks = dict(self.blocks)
+        for index, pieces in self.texts.items():
+            if blocks[index].get("type") == "text":
+                blocks[index] = {**blocks[index], "text": "".join(pieces)}
+        merged = {**blocks, **other}
         out = [merged[i] for i in sorted(merged)]
         return [b for b in out if b.get("type") != "text" or str(b.get("text", "")).strip()]
 

@@ -360,8 +360,10 @@ class HTTPTransport:
         decoder = SSEDecoder()
         # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
         # decoding layer would cost an async generator step and two calls per read for nothing.
+        # A body a transport already read whole (a test's canned answer) is served by aiter_bytes.
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        reads = response.aiter_raw() if encoding == "identity" else response.aiter_bytes()
+        raw = encoding == "identity" and not response.is_stream_consumed
+        reads = response.aiter_raw() if raw else response.aiter_bytes()
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)

@@ -10,7 +10,8 @@ are read (a :class:`WireParser`).
 A :class:`WireParser` reads one response, in one of two ways, and emits normalized chunks for the
 shared :class:`~thoughtgate.types.TurnAccumulator`:
 
-* streamed: :meth:`~WireParser.feed` with the SSE messages of each network read, then
+* streamed: :meth:`~WireParser.feed` with the SSE messages of each network read (their text and
+  reasoning deltas come out joined, one delta per part: :func:`joined_deltas`), then
   :meth:`~WireParser.end` when the body ends;
 * whole: :meth:`~WireParser.whole` with the decoded JSON body, then :meth:`~WireParser.end`;
 

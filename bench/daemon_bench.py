@@ -764,8 +764,8 @@ def _bounds_note(litellm: dict[int, dict[str, float]] | None, commit_ms: float) 
     """What bounds the runs/s and first-byte targets on this bench, from this run's figures."""
     parts = [
         f"Bounds, from this run: one bare durable SQLite commit takes {commit_ms:.2f} ms (p50, "
-        "WAL, synchronous=FULL); a delta is committed before any reader sees it, so no "
-        "ttfb_added figure can be below it"
+        "WAL, synchronous=FULL, before the phases); a delta is committed before any reader "
+        "sees it, so every ttfb_added includes one such commit"
     ]
     if litellm:
         c1 = litellm.get(1)

@@ -19,7 +19,6 @@ import pytest
 from playwright.sync_api import Browser, Page
 from support.browser import Capture, browser, page_for, sign_in
 from support.daemon import Daemon
-from support.scripts import outage
 from support.web import (
     SAID_ANSWER,
     SAID_FIRST,
@@ -30,12 +29,10 @@ from support.web import (
 )
 
 from thoughtgate.events.schema import NewEvent
-from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture this module uses (one chromium per module)
 
-FAKE_SCRIPTS["builder-outage"] = outage
 PAGED = 60
 """Seeded runs named "paged run N": more than one page of the list (50)."""
 
@@ -238,7 +235,7 @@ def test_run_totals_match_the_event_log(browser: Browser, daemon: Daemon) -> Non
 def test_a_failed_run_shows_its_error_on_the_turn_and_the_run_with_its_type(
     browser: Browser, daemon: Daemon
 ) -> None:
-    run_id = daemon.start_run({"prompt": "builder outage", "model": "fake:builder-outage"})
+    run_id = daemon.start_run({"prompt": "builder outage", "model": "fake:outage"})
     error = daemon.wait_done(run_id)["error"]
     with page_for(browser) as (page, _):
         _signed_in(page, daemon, "developer")
@@ -347,7 +344,7 @@ def test_the_run_list_updates_live_and_search_finds_a_run(browser: Browser, daem
         page.fill("#search", "")
         page.click("#more-filters summary")
         page.select_option("#f-status", "failed,error")
-        failing = daemon.start_run({"prompt": f"{word} outage", "model": "fake:builder-outage"})
+        failing = daemon.start_run({"prompt": f"{word} outage", "model": "fake:outage"})
         page.locator(f"#runs-list a[data-run='{failing}']").wait_for()
         statuses = page.locator("#runs-list [data-testid=run-list-status]").all_inner_texts()
         assert statuses and set(statuses) == {"failed"}

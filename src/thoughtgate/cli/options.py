@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 
@@ -14,10 +18,12 @@ __all__ = [
     "DbOpt",
     "JsonOpt",
     "KeyOpt",
+    "ReadOptions",
     "RunIdArg",
     "ToolsOpt",
     "UrlOpt",
     "ViewAsOpt",
+    "with_read_options",
 ]
 
 DbOpt = Annotated[
@@ -104,3 +110,48 @@ ApproveAllOpt = Annotated[
     bool,
     typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """Where a command finds runs and how it shows them: the options every command that reads
+    runs ends with, in this order (``with_read_options``)."""
+
+    view_as: str | None
+    db: str | None
+    config: str | None
+    json_out: bool
+    url: str | None
+    key: str | None
+
+
+_READ_PARAMETERS: tuple[tuple[str, object, object], ...] = (
+    ("view_as", ViewAsOpt, None),
+    ("db", DbOpt, None),
+    ("config", ConfigOpt, None),
+    ("json_out", JsonOpt, False),
+    ("url", UrlOpt, None),
+    ("key", KeyOpt, None),
+)
+
+
+def with_read_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` the read options (``--view-as --db --config --json --url --key``) after
+    its own, as typer sees parameters, and pass them to it as one ``read: ReadOptions``: the
+    commands that read runs declare them once, here, and ``--help`` lists them last as before."""
+    own = inspect.signature(command, eval_str=True)
+    kept = [p for name, p in own.parameters.items() if name != "read"]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
+        for name, hint, default in _READ_PARAMETERS
+    ]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        read = ReadOptions(**{name: kwargs.pop(name) for name, _, _ in _READ_PARAMETERS})
+        command(*args, read=read, **kwargs)
+
+    signature = own.replace(parameters=[*kept, *added])
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    return wrapper

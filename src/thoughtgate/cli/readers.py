@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from thoughtgate.cli.common import Context, resolve_run_id, run_async
+from thoughtgate.cli.options import ReadOptions
 from thoughtgate.cli.remote import resolve_remote, wants_daemon
 from thoughtgate.errors import RunNotFoundError, UsageError
 
@@ -179,21 +180,15 @@ async def _open_reader(
         await ctx.close()
 
 
-def read_command(
-    body: Callable[[RunReader], Awaitable[None]],
-    *,
-    url: str | None,
-    key: str | None,
-    db: str | None,
-    view_as: str | None,
-    config: str | None,
-) -> None:
+def read_command(body: Callable[[RunReader], Awaitable[None]], read: ReadOptions) -> None:
     """Run a read command's ``body`` against the daemon ``--url`` names, else the local store;
     errors become one clear line and an exit code (``run_async``)."""
-    wants_daemon(url, key)  # a --key without --url is a usage error
+    wants_daemon(read.url, read.key)  # a --key without --url is a usage error
 
     async def main() -> None:
-        async with _open_reader(url, key, db=db, view_as=view_as, config=config) as reader:
+        async with _open_reader(
+            read.url, read.key, db=read.db, view_as=read.view_as, config=read.config
+        ) as reader:
             await body(reader)
 
     run_async(main())

@@ -18,6 +18,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -31,11 +32,11 @@ from thoughtgate.cli.options import (
     ConfigOpt,
     DbOpt,
     JsonOpt,
-    KeyOpt,
+    ReadOptions,
     RunIdArg,
     ToolsOpt,
-    UrlOpt,
     ViewAsOpt,
+    with_read_options,
 )
 from thoughtgate.cli.readers import RunReader, read_command
 from thoughtgate.cli.remote import remote_run, resolve_remote, show_event, wants_daemon
@@ -224,22 +225,32 @@ def _provider_factory(ctx: Context, base_url: str | None, api_key: str | None) -
     return factory
 
 
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """The options ``run`` and ``resume`` share for a run executed in this process, in the order
+    both commands declare them (and ``--help`` lists them): one value, so neither command can
+    pass the runtime something the other does not."""
+
+    base_url: str | None
+    api_key: str | None
+    tools: list[str] | None
+    approve_all: bool
+    view_as: str | None
+    db: str | None
+    config: str | None
+    json_out: bool
+
+
 def _local_command(
     body: Callable[[Runtime, Context], Awaitable[RunView]],
+    options: LocalRun,
     *,
-    config: str | None,
-    db: str | None,
-    view_as: str | None,
-    base_url: str | None,
-    api_key: str | None,
-    tools: list[str] | None,
-    approve_all: bool,
-    json_out: bool,
     listen_for_tools: bool = False,
 ) -> str:
     """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
     and the terminal's approvals, durable when the store is; prints the run's view as ``body``
     left it and returns its status."""
+    o = options
 
     async def go(ctx: Context, store: EventStore) -> str:
         from thoughtgate.engine.approvals import ApprovalBroker
@@ -251,9 +262,9 @@ def _local_command(
         runtime = Runtime(
             store,
             ctx.config,
-            provider_factory=_provider_factory(ctx, base_url, api_key),
-            tools=load_tools(tools) if tools else ToolRegistry(),
-            approvals=ApprovalBroker(decider=_cli_decider(approve_all)),
+            provider_factory=_provider_factory(ctx, o.base_url, o.api_key),
+            tools=load_tools(o.tools) if o.tools else ToolRegistry(),
+            approvals=ApprovalBroker(decider=_cli_decider(o.approve_all)),
             sinks=telemetry_sinks(ctx.config),
         )
         engine = make_durable(runtime)
@@ -268,10 +279,10 @@ def _local_command(
                 await engine.close()
         from thoughtgate.cli.render import print_run
 
-        return print_run(view, json_out=json_out, role=ctx.role.label)
+        return print_run(view, json_out=o.json_out, role=ctx.role.label)
 
     async def main() -> str:
-        ctx = Context(config_path=config, db=db, view_as=view_as)
+        ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
         return await ctx.using(lambda store: go(ctx, store))
 
     return run_async(main())
@@ -279,6 +290,7 @@ def _local_command(
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_read_options
     def run(
         prompt: Annotated[
             str,
@@ -309,24 +321,20 @@ def register(app: typer.Typer) -> None:
         ] = None,
         tools: ToolsOpt = None,
         approve_all: ApproveAllOpt = False,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome.
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
-        if wants_daemon(url, key):
+        if wants_daemon(read.url, read.key):
 
             async def on_daemon() -> str:
                 remote = resolve_remote(
-                    url,
-                    key,
-                    db=db,
-                    view_as=view_as,
+                    read.url,
+                    read.key,
+                    db=read.db,
+                    view_as=read.view_as,
                     base_url=base_url,
                     api_key=api_key,
                     tools=any(":" in t for t in tools or ()),
@@ -340,7 +348,7 @@ def register(app: typer.Typer) -> None:
                     chain_of_thought=cot,
                     tools=list(tools or ()),
                     approve_all=approve_all,
-                    json_out=json_out,
+                    json_out=read.json_out,
                 )
 
             raise typer.Exit(for_run_status(run_async(on_daemon())))
@@ -353,20 +361,14 @@ def register(app: typer.Typer) -> None:
                 RunRequest(read_prompt(prompt), model=model, system=system),
                 role=ctx.role,
                 chain_of_thought=cot,
-                live=not json_out,
+                live=not read.json_out,
             )
 
-        status = _local_command(
-            body,
-            config=config,
-            db=db,
-            view_as=view_as,
-            base_url=base_url,
-            api_key=api_key,
-            tools=tools,
-            approve_all=approve_all,
-            json_out=json_out,
+        r = read
+        local = LocalRun(
+            base_url, api_key, tools, approve_all, r.view_as, r.db, r.config, r.json_out
         )
+        status = _local_command(body, local)
         raise typer.Exit(for_run_status(status))
 
     @app.command()
@@ -390,29 +392,16 @@ def register(app: typer.Typer) -> None:
             full_id = await resolve_run_id(runtime.store, run_id)
             return await resume_and_follow(runtime, full_id, role=ctx.role, live=not json_out)
 
-        status = _local_command(
-            body,
-            config=config,
-            db=db,
-            view_as=view_as,
-            base_url=base_url,
-            api_key=api_key,
-            tools=tools,
-            approve_all=approve_all,
-            json_out=json_out,
-            listen_for_tools=True,
-        )
+        local = LocalRun(base_url, api_key, tools, approve_all, view_as, db, config, json_out)
+        status = _local_command(body, local, listen_for_tools=True)
         raise typer.Exit(for_run_status(status))
 
     @app.command()
+    @with_read_options
     def status(
         run_id: RunIdArg,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Show one run with its tasks (as your role may see it)."""
 
@@ -422,25 +411,22 @@ def register(app: typer.Typer) -> None:
 
             full_id = await reader.resolve(run_id)
             view = await reader.view(full_id)
-            if json_out:
+            if read.json_out:
                 print_json(view.to_json())
                 return
             thread = rebuild(await reader.events(full_id))
             render_run(console, view, role=await reader.role(), thread=thread)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def runs(
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started."""
 
@@ -448,14 +434,15 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.cli.render import render_runs_table
 
             views = await reader.runs(limit)
-            if json_out:
+            if read.json_out:
                 print_json([v.to_json() for v in views])
             else:
                 render_runs_table(console, views)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def events(
         run_id: RunIdArg,
         after: Annotated[
@@ -475,12 +462,8 @@ def register(app: typer.Typer) -> None:
                 "(with --json: one JSON object per line).",
             ),
         ] = False,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """Print a run's events after a sequence number (filtered for your role)."""
 
@@ -490,38 +473,35 @@ def register(app: typer.Typer) -> None:
                 shown = 0
                 async with contextlib.aclosing(reader.follow(full_id, after=after)) as live:
                     async for event in live:
-                        show_event(event, json_lines=json_out)
+                        show_event(event, json_lines=read.json_out)
                         shown += 1
                         if limit is not None and shown >= limit:
                             return
                 return
             listed = await reader.events(full_id, after=after, limit=limit)
-            if json_out:
+            if read.json_out:
                 print_json([e.to_dict() for e in listed])
                 return
             for event in listed:
                 show_event(event, json_lines=False)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)
 
     @app.command()
+    @with_read_options
     def trace(
         run_id: RunIdArg,
-        view_as: ViewAsOpt = None,
-        db: DbOpt = None,
-        config: ConfigOpt = None,
-        json_out: JsonOpt = False,
-        url: UrlOpt = None,
-        key: KeyOpt = None,
+        *,
+        read: ReadOptions,
     ) -> None:
         """A run's trace metadata (worker.completed with reasoning) as one JSON document:
         developer and above."""
 
         async def body(reader: RunReader) -> None:
             document = [e.to_dict() for e in await reader.trace(await reader.resolve(run_id))]
-            if json_out:
+            if read.json_out:
                 print_json(document)
             else:
                 console.print_json(data=document)
 
-        read_command(body, url=url, key=key, db=db, view_as=view_as, config=config)
+        read_command(body, read)

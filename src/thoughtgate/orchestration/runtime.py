@@ -578,20 +578,13 @@ class Runtime:
                 result = await self._execute_task(run, task, spec, disclosure, execution)
                 spent.usage = spent.usage + result.usage
                 results.append(result)
-        except ThoughtgateError as exc:
-            await self._finish(
-                run.run_id,
-                EventType.RUN_FAILED,
-                "failed",
-                spent.usage,
-                (_describe(exc), _error_type(exc)),
-            )
-            raise
         except Exception as exc:
+            # thoughtgate's own errors fail the run; anything else is an error in it.
+            ours = isinstance(exc, ThoughtgateError)
             await self._finish(
                 run.run_id,
-                EventType.RUN_ERROR,
-                "error",
+                EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
+                "failed" if ours else "error",
                 spent.usage,
                 (_describe(exc), _error_type(exc)),
             )
@@ -725,8 +718,7 @@ class Runtime:
                 setup_failed = exc
 
         async def begin() -> None:
-            task.status = "running"
-            await self.store.save_task(task)
+            task.status = "running"  # in the index with task.started (ADR 0020)
             if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_STARTED):
                 return
             opened: TaskStartedPayload = {
@@ -773,10 +765,17 @@ class Runtime:
             task.reasoning = (
                 result.reasoning if disclosure.on_display and result.reasoning else None
             )
-            await self.store.save_task(task)
-            if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
-                return
-            await self._worker_completed(run, task, result, disclosure, time.monotonic() - started)
+            # The index takes the task's end from worker.completed and task.completed, in their
+            # append's transaction (ADR 0020); only the reasoning, which no one event carries,
+            # is saved beside them, afterwards.
+            if not (
+                resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED)
+            ):
+                await self._worker_completed(
+                    run, task, result, disclosure, time.monotonic() - started
+                )
+            if task.reasoning is not None:
+                await self.store.save_task(task)
 
         await steps.run(f"{task.task_id}: end", end, _NOTHING)
         return result
@@ -786,9 +785,8 @@ class Runtime:
     ) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
         terminal event, so no reader waits on a task that will never finish."""
-        task.status = "failed"
+        task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
-        await self.store.save_task(task)
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}

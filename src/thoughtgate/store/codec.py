@@ -18,6 +18,7 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
+from thoughtgate.store.projection import INDEX_EVENT_TYPES, IndexUpdate, batch_update, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -37,11 +38,16 @@ __all__ = [
     "dumps",
     "encode_events",
     "ending_columns",
+    "ending_rows",
     "events_from_rows",
+    "index_columns",
     "key_from_row",
     "key_row",
+    "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "projected_run_columns",
+    "rebuilt_rows",
     "run_from_row",
     "run_row",
     "run_update_columns",
@@ -232,6 +238,15 @@ def run_update_columns(change: RunChange, *, updated_at: float) -> dict[str, Any
     return sets
 
 
+def ending_rows(
+    events: Sequence[NewEvent], ending: RunEnding
+) -> tuple[EncodedEvents, IndexUpdate, list[tuple[Any, ...]]]:
+    """What ``finish_run`` writes besides the run row, in both SQL backends: the encoded
+    events, what they change in the index (``store.projection``) and the rows of the tasks the
+    ending ends."""
+    return encode_events(list(events)), batch_update(events), [task_row(t) for t in ending.tasks]
+
+
 def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
     """Column -> value for ``finish_run`` (both SQL backends): the ending's fields, and no lease
     (an ended run is held by nobody); ``closed_at`` is the backend's to add (its own clock)."""
@@ -240,6 +255,38 @@ def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
     sets = run_update_columns(change, updated_at=updated_at)
     sets["lease_expires_at"] = None
     return sets
+
+
+def index_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Column -> value for fields of a run or task record that a projected event changes
+    (``store.projection.IndexUpdate``): ``index`` is the ``idx`` column, usage is JSON."""
+    return {
+        "idx" if name == "index" else name: dumps(value, what=name) if name == "usage" else value
+        for name, value in fields.items()
+    }
+
+
+def projected_run_columns(run: RunRecord) -> dict[str, Any]:
+    """Column -> value for the run fields the log decides (``store.projection``)."""
+    return index_columns({"status": run.status, "usage": run.usage, "error": run.error})
+
+
+def rebuilt_rows(
+    stored: RunRecord, event_rows: Sequence[tuple[int, str | None, str, float, str, int]]
+) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None]:
+    """``rebuild_run_index`` in both SQL backends: from the stored row and its run's lifecycle
+    event rows, the task rows to write and the run columns to set (``None``: unchanged)."""
+    new = rebuilt(stored, events_from_rows(stored.run_id, event_rows))
+    sets = projected_run_columns(new)
+    changed = sets != projected_run_columns(stored)
+    return [task_row(t) for t in new.tasks], sets if changed else None
+
+
+def lifecycle_types_sql(placeholder: str) -> tuple[str, tuple[str, ...]]:
+    """``type IN (...)`` over the event types that change the index, and its parameters: what a
+    rebuild reads of a log (never its deltas)."""
+    types = tuple(sorted(INDEX_EVENT_TYPES))
+    return f"type IN ({', '.join([placeholder] * len(types))})", types
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

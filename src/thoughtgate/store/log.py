@@ -3,7 +3,8 @@
 A run's events are numbered from 1 without gaps, in commit order, also under concurrent writers
 in several processes; an append is all or nothing. :meth:`EventLog.finish_run` is the log's last
 append for a run: it closes the run's log (every later append raises ``RunClosedError``) and, in
-the same transaction, records the run's ending in the run index (``store.run_index``).
+the same transaction, records the run's ending in the run index (``store.run_index``). Every
+append also projects its lifecycle events onto the run index in its transaction (ADR 0020).
 
 Every batch a backend commits passes :meth:`RunWakeups.committed`, once: in-process live readers
 get the events themselves, tails are woken, and then every *observer* (``EventLog.observe``:

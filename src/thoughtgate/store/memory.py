@@ -12,6 +12,7 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store import durable, listing
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.projection import apply_to_record, batch_update, rebuilt
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -121,12 +122,15 @@ class MemoryStore(EventStore, durable.DurableRunStore):
 
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         async with self._lock:
-            out = self._append(run_id, events)
+            out, changed = self._append(run_id, events)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         await self.wakeups.committed(run_id, out)
         return out
 
-    def _append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
-        self._run(run_id)
+    def _append(self, run_id: str, events: Sequence[NewEvent]) -> tuple[list[Event], bool]:
+        """Append and project the batch onto the index (ADR 0020); whether the run row changed."""
+        run = self._run(run_id)
         if run_id in self._closed and events:
             raise RunClosedError(run_id)
         log = self._events[run_id]
@@ -143,7 +147,12 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             for i, e in enumerate(events)
         ]
         log.extend(out)
-        return out
+        update = batch_update(out)
+        changed = bool(update) and apply_to_record(run, update)
+        if changed:
+            run.updated_at = time.time()
+            self._changed(run_id)
+        return out, changed
 
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
@@ -155,7 +164,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
                 run.tasks.append(copy.deepcopy(task))
-            out = self._append(run_id, events)
+            out, _ = self._append(run_id, events)
             run.status = ending.status
             if ending.usage is not None:
                 run.usage = dict(ending.usage)
@@ -168,6 +177,24 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         await self.wakeups.committed(run_id, out)
         return out
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        async with self._lock:
+            run = self._run(run_id)
+            new = rebuilt(run, self._events[run_id])
+            changed = (new.status, new.usage, new.error) != (run.status, run.usage, run.error)
+            run.status, run.usage, run.error, run.tasks = (
+                new.status,
+                new.usage,
+                new.error,
+                new.tasks,
+            )
+            if changed:
+                run.updated_at = time.time()
+                self._changed(run_id)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         async with self._lock:

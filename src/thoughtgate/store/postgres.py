@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Unpack
 
 import psycopg
@@ -30,6 +30,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -75,6 +76,11 @@ SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::t
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
+
+
+def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
+    """``col = %s, ...`` for the columns of ``sets``."""
+    return sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in sets)
 
 
 def _batch_params(
@@ -343,11 +349,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
             sets["change_seq"] = await self._next_change(conn)  # after the run row's lock
-            assignments = sql.SQL(", ").join(
-                sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
-            )
             await conn.execute(
-                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(assignments),
+                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
                 (*sets.values(), run_id),
             )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -372,15 +375,51 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             return [str(r[0]) for r in await cur.fetchall()]
 
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("%s")
+        async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
+            # The row lock holds appends to this run off until the rebuilt row is stored.
+            cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            stored = codec.run_from_row(row, map(codec.task_from_row, await cur.fetchall()))
+            cur = await conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = %s AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            )
+            task_rows, sets = codec.rebuilt_rows(stored, await cur.fetchall())
+            async with conn.cursor() as tcur:
+                await tcur.executemany(_UPSERT_TASK, task_rows)
+            if sets is not None:
+                sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
+                await conn.execute(
+                    sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                    (*sets.values(), run_id),
+                )
+        if sets is not None:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
+
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         batch = list(events)
         columns = codec.encode_events(batch)
+        update = batch_update(batch)
+        changed = False
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
             if not batch:
                 await self._require_run(conn, run_id)
                 return []
-            first = await self._append_rows(conn, run_id, columns)
+            if not update:  # deltas and the like: one statement, the index is not touched
+                first = await self._append_rows(conn, run_id, columns)
+            else:
+                async with conn.transaction():
+                    first = await self._append_rows(conn, run_id, columns)
+                    changed = await self._project(conn, run_id, update)
+        if changed:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns)
         await self.wakeups.committed(run_id, out)
         return out
@@ -400,16 +439,55 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             raise RunClosedError(run_id)
         return int(row[0]) + 1
 
+    async def _project(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        run_id: str,
+        update: IndexUpdate,
+        *,
+        numbered: bool = True,
+    ) -> bool:
+        """Inside the append's transaction, after it took the run row's lock: apply what its
+        events change in the run index (ADR 0020); whether the run row changed. A changed row
+        gets a change number unless ``numbered`` is false (``finish_run`` gives it one)."""
+        for task_id, fields in update.tasks.items():
+            sets = codec.index_columns(fields)
+            await conn.execute(
+                sql.SQL("UPDATE tasks SET {} WHERE run_id = %s AND task_id = %s").format(
+                    _assignments(sets)
+                ),
+                (*sets.values(), run_id, task_id),
+            )
+        changed = False
+        if update.starts:
+            cur = await conn.execute(
+                "UPDATE runs SET status = 'running' WHERE run_id = %s AND status = 'pending' "
+                "RETURNING 1",
+                (run_id,),
+            )
+            changed = await cur.fetchone() is not None
+        if update.run:
+            sets = codec.index_columns(update.run)
+            await conn.execute(
+                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                (*sets.values(), run_id),
+            )
+            changed = True
+        if changed and numbered:
+            change = await self._next_change(conn)  # after the run row's lock
+            await conn.execute(
+                "UPDATE runs SET updated_at = %s, change_seq = %s WHERE run_id = %s",
+                (time.time(), change, run_id),
+            )
+        return changed
+
     # -- ending runs, and leases ---------------------------------------------------------
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in ending.tasks]
+        columns, projected, task_rows = codec.ending_rows(events, ending)
         sets = codec.ending_columns(ending, updated_at=time.time())
-        assignments = sql.SQL(", ").join(
-            sql.SQL("{} = %s").format(sql.Identifier(column)) for column in sets
-        )
+        assignments = _assignments(sets)
         update = sql.SQL(
             "UPDATE runs SET {}, closed_at = {}, change_seq = %s WHERE run_id = %s"
         ).format(assignments, sql.SQL(_NOW))
@@ -431,6 +509,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     await tcur.executemany(_UPSERT_TASK, task_rows)
             if columns[0]:
                 first = await self._append_rows(conn, run_id, columns)
+            if projected:
+                await self._project(conn, run_id, projected, numbered=False)
             change = await self._next_change(conn)  # last: after the run row's lock
             await conn.execute(update, (*sets.values(), change, run_id))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)

@@ -2,9 +2,10 @@
 
 What the log's events say about a run, kept where it can be found without replaying them: its
 request and resolved modes, its status, usage and error, its tasks, which process executes it
-and until when (its lease), and the live run list (``store.listing``). A run's ending is written
-by the log's last append (``EventLog.finish_run``), in the same transaction, so the index never
-says a run has ended before its terminal event is stored, nor the other way round.
+and until when (its lease), and the live run list (``store.listing``). The fields the log
+decides are a projection of it (``store.projection``, ADR 0020): every backend applies what an
+append's lifecycle events change to the index in that append's transaction, so the index never
+says a task or run has ended before the event that says so is stored, nor the other way round.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class RunIndex(RunListing):
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
         oldest lease first (runs without a lease last)."""
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        """Recompute the run's projected index fields from its log alone
+        (``store.projection.rebuilt``, ADR 0020) and store them, in one transaction; returns
+        the rebuilt row. Raises ``RunNotFoundError``. For repairs: appends keep the index
+        projected as they go."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild its run index")
 
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
         """Block until a run may have changed after change number ``after`` (or a poll interval:

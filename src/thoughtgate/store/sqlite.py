@@ -41,6 +41,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
+from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -82,6 +83,15 @@ def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
+def _read_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    """The run with its tasks in index order (inside the caller's transaction)."""
+    row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise RunNotFoundError(run_id)
+    tasks = conn.execute(f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    return codec.run_from_row(row, map(codec.task_from_row, tasks))
+
+
 def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
     """Why an append found no open row: no such run, or the run has ended."""
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -114,6 +124,42 @@ def _append_rows(
         zip([run_id] * n, range(first, first + n), task_ids, types, ts, payloads, strict=True),
     )
     return first
+
+
+def _project(
+    conn: sqlite3.Connection, run_id: str, update: IndexUpdate, *, numbered: bool = True
+) -> bool:
+    """Inside the append's write transaction: apply what its events change in the run index
+    (ADR 0020); whether the run row changed. A changed row gets a change number (``listing``)
+    unless ``numbered`` is false (``finish_run`` gives it one itself)."""
+    for task_id, fields in update.tasks.items():
+        sets = codec.index_columns(fields)
+        conn.execute(
+            f"UPDATE tasks SET {', '.join(f'{c} = ?' for c in sets)} "
+            "WHERE run_id = ? AND task_id = ?",
+            (*sets.values(), run_id, task_id),
+        )
+    changed = False
+    if update.starts:
+        started = conn.execute(
+            "UPDATE runs SET status = 'running' WHERE run_id = ? AND status = 'pending' "
+            "RETURNING 1",
+            (run_id,),
+        ).fetchall()
+        changed = bool(started)
+    if update.run:
+        sets = codec.index_columns(update.run)
+        conn.execute(
+            f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+            (*sets.values(), run_id),
+        )
+        changed = True
+    if changed and numbered:
+        conn.execute(
+            "UPDATE runs SET updated_at = ?, change_seq = ? WHERE run_id = ?",
+            (time.time(), _next_change(conn), run_id),
+        )
+    return changed
 
 
 class SQLiteStore(EventStore, durable.DurableRunStore):
@@ -189,15 +235,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
-                row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
-                if row is None:
-                    raise RunNotFoundError(run_id)
-                tasks = conn.execute(
-                    f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)
-                ).fetchall()
+                return _read_run(conn, run_id)
             finally:
                 conn.execute("COMMIT")
-            return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
         return await self._reader.call(f"read run {run_id!r}", work)
 
@@ -300,6 +340,30 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         await self._write(f"save task {task.task_id!r}", body)
 
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        lifecycle, types = codec.lifecycle_types_sql("?")
+
+        def body(conn: sqlite3.Connection) -> bool:
+            stored = _read_run(conn, run_id)
+            rows = conn.execute(
+                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
+                (run_id, *types),
+            ).fetchall()
+            task_rows, sets = codec.rebuilt_rows(stored, rows)
+            conn.executemany(_INSERT_TASK, task_rows)
+            if sets is None:
+                return False
+            sets.update(updated_at=time.time(), change_seq=_next_change(conn))
+            conn.execute(
+                f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
+                (*sets.values(), run_id),
+            )
+            return True
+
+        if await self._write(f"rebuild the index of run {run_id!r}", body):
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return await self.get_run(run_id)
+
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
         # Encode before queueing: the shared write transaction should not wait on our JSON.
@@ -308,9 +372,19 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         if n == 0:
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
-        first = await self._writer.write(
-            f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
-        )
+        update = batch_update(events)
+        if not update:  # deltas and the like: the index is not touched
+            first = await self._writer.write(
+                f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
+            )
+        else:
+
+            def body(conn: sqlite3.Connection) -> tuple[int, bool]:
+                return _append_rows(conn, run_id, columns), _project(conn, run_id, update)
+
+            first, changed = await self._writer.write(f"append {n} events to run {run_id!r}", body)
+            if changed:
+                self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns)
         await self.wakeups.committed(run_id, out)
         return out
@@ -342,8 +416,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        columns = codec.encode_events(list(events))
-        task_rows = [codec.task_row(t) for t in ending.tasks]
+        columns, update, task_rows = codec.ending_rows(events, ending)
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)
         sets.update(closed_at=now)
@@ -359,6 +432,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 return None
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
+            if update:
+                _project(conn, run_id, update, numbered=False)
             conn.execute(
                 f"UPDATE runs SET {assignments}, change_seq = ? WHERE run_id = ?",
                 (*sets.values(), _next_change(conn), run_id),

@@ -1,0 +1,366 @@
+"""The run index as a projection of the event log (ADR 0020): one pure definition of what each
+event changes in a run's index row, applied by every backend in the append that stores it.
+
+:func:`index_update` says what one event changes -- task fields by task id, whether a ``pending``
+run becomes ``running``, the run's status, usage and error -- and :func:`batch_update` merges a
+batch's updates. Backends apply that in the append's own transaction, so index and log cannot
+disagree; a batch without lifecycle events (``INDEX_EVENT_TYPES``) changes nothing and costs one
+set lookup an event.
+
+Projected (the log decides them): a task's ``index``, ``prompt``, ``backend``, ``model``
+(``task.started``), ``status`` (``running`` on ``task.started``, then ``task.completed``'s),
+``output`` and ``error`` (``task.completed``), ``usage`` (``worker.completed``); the run's
+``status`` (``running`` once a task starts or it resumes, then the terminal event's), ``usage``
+and ``error`` (the terminal event; ``run.interrupted`` says ``interrupted: <reason>``). The fold
+(:func:`project`, :func:`reproject`) adds the fields ``create_run`` stores and ``run.started`` /
+``capability.resolved`` repeat: prompt, model, modes, number of tasks.
+
+Not projected (index-only columns; ADR 0020 says why): ``created_at``/``updated_at``,
+``metadata``, ``started_by``, ``owner`` and lease, the run spec, a task's ``reasoning`` (kept only
+in ``surface`` mode). One transition is the runtime's: a run is marked ``running`` when its
+execution begins, before its first task starts.
+
+:func:`rebuilt` recomputes a stored row's projected fields from its log (the backends'
+``rebuild_run_index``); :func:`disagreements` and :func:`check_run_index` compare a row with the
+projection of its log.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, get_args
+
+from thoughtgate.events.payloads import RunStatus, TaskStatus
+from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+
+__all__ = [
+    "INDEX_EVENT_TYPES",
+    "IndexUpdate",
+    "RunProjection",
+    "TaskProjection",
+    "apply_to_record",
+    "batch_update",
+    "check_run_index",
+    "disagreements",
+    "index_update",
+    "project",
+    "rebuilt",
+    "reproject",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskProjection:
+    """A task's index fields as its events give them (``None``: no event has said yet)."""
+
+    task_id: str
+    index: int | None = None
+    prompt: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    status: TaskStatus = "pending"
+    output: str | None = None
+    error: str | None = None
+    usage: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunProjection:
+    """A run's index fields as its events give them."""
+
+    run_id: str
+    prompt: str | None = None
+    model: str | None = None
+    chain_of_thought: str | None = None
+    worker_backend: str | None = None
+    task_count: int | None = None
+    status: RunStatus = "pending"
+    usage: Mapping[str, int] | None = None
+    error: str | None = None
+    tasks: Mapping[str, TaskProjection] = field(default_factory=dict)
+    """By task id, in the order the log first names them."""
+
+    @property
+    def ended(self) -> bool:
+        return self.status not in OPEN_RUN_STATUSES
+
+
+_RUN_STATUSES: frozenset[str] = frozenset(get_args(RunStatus))
+_TASK_STATUSES: frozenset[str] = frozenset(get_args(TaskStatus))
+
+INDEX_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        EventType.TASK_STARTED,
+        EventType.TASK_COMPLETED,
+        EventType.WORKER_COMPLETED,
+        EventType.RUN_RESUMED,
+        *RUN_TERMINAL_TYPES,
+    }
+)
+"""The events that change a stored index row (``run.started`` and ``capability.resolved``
+repeat what ``create_run`` stored, so a backend need not write them again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexUpdate:
+    """What one event, or a batch, changes in its run's index: task fields by task id (names of
+    ``TaskRecord`` fields), whether a ``pending`` run becomes ``running``, and run fields
+    (``status``, ``usage``, ``error``) -- applied in that order."""
+
+    tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    starts: bool = False
+    run: Mapping[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.starts or self.run)
+
+
+def _usage(value: Any) -> dict[str, int] | None:
+    if not isinstance(value, Mapping):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        return None
+    return {str(k): int(v) for k, v in value.items()}
+
+
+def _text(payload: Mapping[str, Any], key: str, into: dict[str, Any]) -> None:
+    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing)."""
+    if key in payload and (payload[key] is None or isinstance(payload[key], str)):
+        into[key] = payload[key]
+
+
+def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if kind == EventType.TASK_STARTED:
+        if isinstance(p.get("index"), int):
+            out["index"] = p["index"]
+        if isinstance(p.get("prompt"), str):
+            out["prompt"] = p["prompt"]
+        _text(p, "backend", out)
+        _text(p, "model", out)
+        out["status"] = "running"
+    elif kind == EventType.TASK_COMPLETED:
+        if p.get("status") in _TASK_STATUSES:
+            out["status"] = p["status"]
+        _text(p, "output", out)
+        _text(p, "error", out)
+    elif kind == EventType.WORKER_COMPLETED:
+        usage = _usage(p.get("usage"))
+        if usage is not None:
+            out["usage"] = usage
+    return out
+
+
+def index_update(kind: str, payload: Mapping[str, Any], task_id: str | None) -> IndexUpdate:
+    """What one event changes in the index (empty for the events that change nothing).
+
+    Pure, and takes the event's parts rather than an ``Event``, so a backend computes it from
+    the ``NewEvent`` s of an append before its transaction. Fields whose payload value has the
+    wrong type are left out: the index never takes what the log's typing would refuse.
+    """
+    if kind not in INDEX_EVENT_TYPES:
+        return _NOTHING
+    if kind in _TASK_EVENT_TYPES:
+        if task_id is None:
+            return _NOTHING
+        fields = _task_fields(kind, payload)
+        return IndexUpdate(
+            tasks={task_id: fields} if fields else {}, starts=kind == EventType.TASK_STARTED
+        )
+    if kind == EventType.RUN_RESUMED:
+        return IndexUpdate(starts=True)
+    run: dict[str, Any] = {}
+    if payload.get("status") in _RUN_STATUSES:
+        run["status"] = payload["status"]
+    usage = _usage(payload.get("usage"))
+    if usage is not None:
+        run["usage"] = usage
+    if kind == EventType.RUN_INTERRUPTED:
+        run["error"] = f"interrupted: {payload.get('reason', '')}"
+    elif isinstance(payload.get("error"), str):
+        run["error"] = payload["error"]
+    return IndexUpdate(run=run)
+
+
+_NOTHING = IndexUpdate()
+_TASK_EVENT_TYPES = frozenset(
+    {EventType.TASK_STARTED, EventType.TASK_COMPLETED, EventType.WORKER_COMPLETED}
+)
+
+
+class _EventParts(Protocol):
+    """What :func:`batch_update` reads of an event: an ``Event`` or a ``NewEvent``."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+    @property
+    def task_id(self) -> str | None: ...
+
+
+def batch_update(events: Iterable[_EventParts]) -> IndexUpdate:
+    """The updates of a batch of events merged into one, as if applied one after another; empty
+    (and cheap: one set lookup an event) for a batch of deltas."""
+    tasks: dict[str, dict[str, Any]] = {}
+    starts = False
+    run: dict[str, Any] = {}
+    for event in events:
+        if event.type not in INDEX_EVENT_TYPES:
+            continue
+        update = index_update(event.type, event.payload, event.task_id)
+        for tid, fields in update.tasks.items():
+            tasks.setdefault(tid, {}).update(fields)
+        # A run that a terminal event of this batch ended is not started again by a later one.
+        starts = starts or (update.starts and "status" not in run)
+        run.update(update.run)
+    return IndexUpdate(tasks, starts, run) if tasks or starts or run else _NOTHING
+
+
+def apply_to_record(run: RunRecord, update: IndexUpdate) -> bool:
+    """Apply ``update`` to a run record in place (the memory store's index); whether the run row
+    itself changed (its status, usage or error: a change the run list reports)."""
+    by_id = {t.task_id: t for t in run.tasks}
+    for task_id, fields in update.tasks.items():
+        task = by_id.get(task_id)
+        if task is None:
+            continue  # a task the index does not hold: nothing to project it onto
+        for name, value in fields.items():
+            setattr(task, name, dict(value) if name == "usage" else value)
+    changed = False
+    if update.starts and run.status == "pending":
+        run.status = "running"
+        changed = True
+    for name, value in update.run.items():
+        setattr(run, name, dict(value) if name == "usage" else value)
+        changed = True
+    return changed
+
+
+def rebuilt(stored: RunRecord, events: Iterable[Event]) -> RunRecord:
+    """``stored`` with every projected field recomputed from its run's ``events`` alone: the
+    index row a backend's ``rebuild_run_index`` writes back. Non-projected fields are kept, and
+    so is ``running`` on a run the runtime marked so before any event said it (ADR 0020)."""
+    run = copy.deepcopy(stored)
+    for task in run.tasks:
+        task.status, task.output, task.error, task.usage = "pending", None, None, {}
+    runtime_running = stored.status == "running"
+    run.status, run.usage, run.error = "pending", {}, None
+    apply_to_record(run, batch_update(events))
+    if runtime_running and run.status == "pending":
+        run.status = "running"
+    return run
+
+
+def project(current: RunProjection | None, event: Event) -> RunProjection:
+    """``current`` (``None`` before the run's first event) after ``event``: the same
+    :func:`index_update` a backend applies, plus the fields ``create_run`` stores.
+
+    Cheap for the events that do not concern the index (deltas, tool and visible steps): they
+    return ``current`` itself, so a fold over a long log allocates per lifecycle event only.
+    """
+    run = current if current is not None else RunProjection(event.run_id)
+    p = event.payload
+    kind = event.type
+    if kind == EventType.RUN_STARTED:
+        tasks = p.get("tasks")
+        return replace(run, prompt=p.get("prompt"), model=p.get("model"), task_count=tasks)
+    if kind == EventType.CAPABILITY_RESOLVED:
+        return replace(
+            run, chain_of_thought=p.get("chain_of_thought"), worker_backend=p.get("worker_backend")
+        )
+    update = index_update(kind, p, event.task_id)
+    if not update:
+        return run
+    tasks = dict(run.tasks)
+    for task_id, fields in update.tasks.items():
+        tasks[task_id] = replace(tasks.get(task_id) or TaskProjection(task_id), **fields)
+    status = "running" if update.starts and run.status == "pending" else run.status
+    return replace(
+        run,
+        tasks=tasks,
+        status=update.run.get("status", status),
+        usage=update.run.get("usage", run.usage),
+        error=update.run.get("error", run.error),
+    )
+
+
+def reproject(events: Iterable[Event]) -> RunProjection | None:
+    """The projection of a whole log (``None`` for a run with no events yet)."""
+    run: RunProjection | None = None
+    for event in events:
+        run = project(run, event)
+    return run
+
+
+def disagreements(record: RunRecord, projection: RunProjection | None) -> list[str]:
+    """Where the index row ``record`` differs from the projection of its run's log, one line a
+    field (empty: they agree). Fields the log has not yet spoken about are not compared."""
+    if projection is None:
+        return []
+    out: list[str] = []
+
+    def differ(what: str, stored: object, projected: object) -> None:
+        if projected is not None and stored != projected:
+            out.append(f"{what}: index {stored!r}, log {projected!r}")
+
+    differ("prompt", record.prompt, projection.prompt)
+    differ("model", record.model, projection.model)
+    differ("chain_of_thought", record.chain_of_thought, projection.chain_of_thought)
+    differ("worker_backend", record.worker_backend, projection.worker_backend)
+    differ("task count", len(record.tasks), projection.task_count)
+    # The runtime marks a run running when its execution begins, before an event says so.
+    runtime_only = record.status == "running" and projection.status == "pending"
+    if not runtime_only:
+        differ("status", record.status, projection.status)
+    differ("usage", record.usage, None if projection.usage is None else dict(projection.usage))
+    if projection.ended and record.error != projection.error:  # the terminal event decides
+        out.append(f"error: index {record.error!r}, log {projection.error!r}")
+    stored_tasks = {t.task_id: t for t in record.tasks}
+    for task_id, task in projection.tasks.items():
+        stored = stored_tasks.get(task_id)
+        if stored is None:
+            out.append(f"task {task_id}: in the log, not in the index")
+            continue
+        differ(f"task {task_id} index", stored.index, task.index)
+        differ(f"task {task_id} prompt", stored.prompt, task.prompt)
+        differ(f"task {task_id} backend", stored.backend, task.backend)
+        # task.started names the model, None included.
+        if task.index is not None and stored.model != task.model:
+            out.append(f"task {task_id} model: index {stored.model!r}, log {task.model!r}")
+        differ(f"task {task_id} status", stored.status, task.status)
+        if task.status != "running" and task.status != "pending":
+            if stored.output != task.output:
+                out.append(f"task {task_id} output: index {stored.output!r}, log {task.output!r}")
+            if stored.error != task.error:
+                out.append(f"task {task_id} error: index {stored.error!r}, log {task.error!r}")
+        usage = None if task.usage is None else dict(task.usage)
+        differ(f"task {task_id} usage", stored.usage, usage)
+    for task_id, stored in stored_tasks.items():
+        if task_id in projection.tasks:
+            continue
+        if projection.ended or stored.status != "pending":
+            out.append(f"task {task_id}: {stored.status} in the index, not in the log")
+    return out
+
+
+class _Readable(Protocol):
+    async def get_run(self, run_id: str) -> RunRecord: ...
+
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[Event]: ...
+
+
+async def check_run_index(store: _Readable, run_id: str) -> list[str]:
+    """Rebuild ``run_id``'s projection from its log and compare it with its index row: where
+    they differ (empty: the index is what the log says). Raises ``RunNotFoundError``.
+
+    The row is read first: a run that moves on between the two reads is then ahead in the log,
+    never behind, so a live run may show a transient difference but a settled one never does.
+    """
+    record = await store.get_run(run_id)
+    return disagreements(record, reproject(await store.read(run_id)))

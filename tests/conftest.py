@@ -16,6 +16,11 @@ from hypothesis import HealthCheck, settings
 # The helpers' asserts explain themselves too (and support.tiers is a plugin, below).
 pytest.register_assert_rewrite("support")
 
+from support import registries  # noqa: E402
+
+# The production registries before any helper or test module is imported (checked after collection).
+_REGISTRIES_BEFORE_IMPORTS = registries.snapshot()
+
 from support import fakes, tiers  # noqa: E402
 
 from thoughtgate.events.catalogue import strict  # noqa: E402
@@ -56,6 +61,17 @@ def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
     _guard(address)
     tiers.note_connect(self, address)
     return _real_connect_ex(self, address)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Importing the helpers and the collected test modules left the production registries as
+    they were: fakes are registered by fixtures (``fake_scripts``), never at import time."""
+    changed = registries.changes(_REGISTRIES_BEFORE_IMPORTS)
+    if changed:
+        raise pytest.UsageError(
+            "importing the tests changed a production registry (register fakes through "
+            "support.fakes or hand them to a FakeProvider instead):\n  " + "\n  ".join(changed)
+        )
 
 
 @pytest.fixture(autouse=True)

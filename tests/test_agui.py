@@ -13,12 +13,9 @@ import httpx
 import pytest
 from support.daemon import Daemon, markers, running_daemon
 from support.node import node_json
-from support.scripts import cut, outage
 
 from thoughtgate.providers.base import Provider, TurnRequest
-from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, text
-
-FAKE_SCRIPTS.update({"agui-outage": outage, "agui-cut": cut})
+from thoughtgate.testing.fake import FakeProvider, text
 
 TOOLS = ["lookup"]
 
@@ -216,9 +213,7 @@ def test_reasoning_a_client_sends_back_never_reaches_the_model() -> None:
 # --------------------------------------------------------------------------- how runs end
 
 
-@pytest.mark.parametrize(
-    ("model", "code"), [("fake:agui-outage", "failed"), ("fake:agui-cut", "partial")]
-)
+@pytest.mark.parametrize(("model", "code"), [("fake:outage", "failed"), ("fake:cut", "partial")])
 def test_a_run_that_did_not_complete_ends_with_run_error(
     daemon: Daemon, model: str, code: str
 ) -> None:

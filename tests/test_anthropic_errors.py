@@ -9,7 +9,6 @@ so no test waits).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -22,6 +21,7 @@ from support.replay import (
     split_events,
     transcript,
 )
+from support.servers import serving
 
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import (
@@ -246,21 +246,12 @@ async def test_read_timeout_mid_stream_keeps_the_partial(server: EmulatorServer)
 async def silent_port() -> AsyncIterator[int]:
     """A server that accepts connections and reads requests but never answers."""
 
-    accepted: list[asyncio.StreamWriter] = []
-
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
         while await reader.read(65536):  # take the request, answer nothing, until it hangs up
             pass
 
-    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
-    yield silent.sockets[0].getsockname()[1]
-    silent.close()
-    for writer in accepted:  # Server.close() leaves accepted connections open (Python < 3.13)
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    await silent.wait_closed()
+    async with serving(never_answer) as silent:
+        yield silent.sockets[0].getsockname()[1]
 
 
 @pytest.mark.parametrize("streaming", [True, False])

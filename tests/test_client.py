@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from support.daemon import Daemon, free_port
+from support.servers import serving
 from support.web import (
     SEEDED_EVENTS,
     SEEDED_SECRET,
@@ -136,33 +137,12 @@ class CuttingProxy:
         self.rng, self.low, self.high = rng, low, high
         self.cuts = 0
         self.url = ""
-        self._handlers: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[CuttingProxy]:
-        server = await asyncio.start_server(self._track, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        try:
+        async with serving(self._handle) as server:
+            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
             yield self
-        finally:
-            server.close()
-            # Idle keep-alive connections still have a handler waiting on a read; asyncio's
-            # server does not wait for them, so they are cancelled and awaited here rather than
-            # destroyed pending (with their sockets unclosed) when the loop ends.
-            for task in list(self._handlers):
-                task.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
-            await server.wait_closed()
-
-    async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            await self._handle(reader, writer)
-        finally:
-            writer.transport.abort()
-            self._handlers.discard(task)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self.host, self.port)

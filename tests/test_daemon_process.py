@@ -133,18 +133,20 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
     _wait_status(client, waiting, {"running"})
     ticket = client.post("/v1/tickets", json={"run_id": slow}).json()["ticket"]
     lines: list[str] = []
+    reading = threading.Event()  # the live reader has its first event
 
     def follow() -> None:
         with httpx.stream(
             "GET", f"{server.base_url}/v1/runs/{slow}/stream", params={"ticket": ticket}, timeout=20
         ) as r:
-            lines.extend(r.iter_lines())
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data:"):
+                    reading.set()
 
     reader = threading.Thread(target=follow)
     reader.start()
-    deadline = time.monotonic() + 5
-    while not any(line.startswith("data:") for line in lines) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert reading.wait(10), "the live reader got no event"
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=15) == 0

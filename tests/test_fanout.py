@@ -191,13 +191,26 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
     store.poll_interval = 3600.0  # the notification is the only reason to read
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store)
-    reader = asyncio.create_task(_collect(feeds, 0, 0))
+    marker = asyncio.Event()
+
+    async def read_all() -> list[int]:
+        seen = []
+        async for event in feeds.tail("run_1"):
+            seen.append(event.seq)
+            if event.seq == 2:
+                marker.set()
+        return seen
+
+    reader = asyncio.create_task(read_all())
     # replayed, joined, and the feed has made its start-up read
     await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     before = store.reads
     out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL
-    await asyncio.sleep(0.01)
+    # A marker the reader gets through the feed: a read the notification had asked for would
+    # have been started first (the loop runs ready tasks in order).
+    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])
+    await asyncio.wait_for(marker.wait(), 5)
     assert store.reads == before
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
-    assert await asyncio.wait_for(reader, 5) == [1, 2]
+    assert await asyncio.wait_for(reader, 5) == [1, 2, 3]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from support.scripts import slow
@@ -124,8 +125,15 @@ async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() ->
     await asyncio.wait_for(store.renewed_twice.wait(), 5)  # at once, then every ttl/3
     lease = (await store.get_run(run.run_id)).lease_expires_at
     assert lease is not None and lease <= (await store.open_runs()).now + 0.3
+    (renewer,) = _renewal_tasks()
     keeper.release(run.run_id)
     assert keeper.held == frozenset()
     count = store.renewals
-    await asyncio.sleep(0.3)  # three renewal periods with nothing held: no renewal happens
-    assert store.renewals == count
+    # holding nothing, the keeper ends its renewal task: nothing is left to renew ever again
+    with pytest.raises(asyncio.CancelledError):
+        await renewer
+    assert _renewal_tasks() == [] and store.renewals == count
+
+
+def _renewal_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "thoughtgate lease renewal"]

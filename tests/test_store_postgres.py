@@ -372,6 +372,12 @@ async def test_the_pool_opens_connections_when_asked_and_never_more_than_its_siz
         await asyncio.gather(*(store.append(run.run_id, deltas(5)) for _ in range(40)))
         assert 1 <= await held() <= 2
         assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 201))
+    # The client has said goodbye on each connection; the server ends each backend (and drops it
+    # from pg_stat_activity) a moment later, on a busy machine only after the next query here.
+    for _ in range(1000):  # 10 s at most
+        if await held() == 0:
+            break
+        await asyncio.sleep(0.01)
     assert await held() == 0, "closing the store closes its connections"
 
 
@@ -523,12 +529,21 @@ async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
         reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
         await writer.create_run(make_run())
         after = await reader.latest_run_change()
-        await reader.wait_for_run_changes(after - 1)  # starts the listener ...
+        await reader.wait_for_run_changes(after - 1)  # starts the listener, which wakes
+        # everyone once as it starts listening (in the same step as it turns healthy)
         await wait_until(lambda: reader._listener.healthy, "the listener listens")
-        await asyncio.sleep(0.05)  # ... and has woken everyone once (it just connected)
+        parked = asyncio.Event()
+        wait = reader.wakeups.wait
+
+        async def parking_wait(*args: Any, **kw: Any) -> None:
+            parked.set()
+            await wait(*args, **kw)
+
+        reader.wakeups.wait = parking_wait  # type: ignore[method-assign]
         for change in ("create", "update", "finish"):
+            parked.clear()
             waiting = asyncio.create_task(reader.wait_for_run_changes(after))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(parked.wait(), 5)  # it found nothing new and waits
             assert not waiting.done(), "nothing changed yet"
             if change == "create":
                 run = make_run()

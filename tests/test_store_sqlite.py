@@ -45,6 +45,7 @@ from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
+from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
 
 
@@ -586,13 +587,28 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
 
 
 # -- group commit --------------------------------------------------------------------------
-async def _queued_together(store: SQLiteStore, calls: list[Awaitable[Any]]) -> list[Any]:
-    """Run ``calls`` while the writer thread is held busy, so that they queue up together and
-    meet in one group; their results (or errors) in order."""
-    gate = threading.Event()
-    busy = asyncio.ensure_future(store._writer.call("wait", lambda c: gate.wait(5)))
+async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``calls`` while ``thread`` is held busy, so that they queue up together and meet in one
+    group; their results (or errors) in order.
+
+    The calls start only once the thread is inside the holding job: the thread takes whatever is
+    queued when it takes a job, so writes queued while it was picking up the hold would share its
+    batch and the rest would form a second group. The hold ends only once every write is queued.
+    """
+    holding, gate = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        holding.set()
+        gate.wait(10)
+
+    busy = asyncio.ensure_future(thread.call("wait", hold))
+    assert await asyncio.to_thread(holding.wait, 10), "the thread never took the hold"
     futures = [asyncio.ensure_future(c) for c in calls]
-    await asyncio.sleep(0)  # every call has queued its write
+    for _ in range(10_000):  # each call queues its write in its first step
+        if thread._jobs.qsize() == len(calls):
+            break
+        await asyncio.sleep(0)
+    assert thread._jobs.qsize() == len(calls), "not every write was queued"
     gate.set()
     await busy
     return await asyncio.gather(*futures, return_exceptions=True)
@@ -623,7 +639,7 @@ async def test_concurrent_writes_share_transactions_and_each_is_durable_when_tol
             return out
 
         calls = [append_and_check(run, i) for i in range(5) for run in runs]
-        results = await _queued_together(store, calls)
+        results = await _queued_together(store._writer, calls)
         assert all(seen_durable) and len(seen_durable) == 100
         assert writer.commits - before == 1  # one shared transaction, not one per append
         for run in runs:  # gap-free, in order, per run
@@ -648,7 +664,7 @@ async def test_a_write_that_fails_in_a_group_leaves_the_others_committed(tmp_pat
         calls = [store.append(run.run_id, deltas(2)) for run in good]
         calls.insert(2, store.append("run_nobody", deltas(1)))  # unknown run
         calls.insert(4, store.append(closed.run_id, deltas(1)))  # ended run
-        results = await _queued_together(store, calls)
+        results = await _queued_together(store._writer, calls)
         errors = [r for r in results if isinstance(r, BaseException)]
         assert sorted(type(e).__name__ for e in errors) == ["RunClosedError", "RunNotFoundError"]
         for run in good:
@@ -671,7 +687,7 @@ async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Pa
         huge = [NewEvent("big", {"i": i, "b": blob}) for i in range(200)]  # ~800 KB: never fits
         calls = [store.append(run.run_id, deltas(2)) for run in small]
         calls.insert(3, store.append(big.run_id, huge))
-        results = await _queued_together(store, calls)
+        results = await _queued_together(store._writer, calls)
         failed = [r for r in results if isinstance(r, BaseException)]
         assert len(failed) == 1 and "database or disk is full" in str(failed[0])
         assert await store.read(big.run_id) == []
@@ -684,8 +700,6 @@ async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Pa
 async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
     tmp_path: Path,
 ) -> None:
-    from thoughtgate.store.sqlite_thread import SQLiteThread
-
     path = tmp_path / "raw.db"
     thread = SQLiteThread("test-writer", path, busy_timeout=5)
     await thread.start(lambda: connect(path, busy_timeout=5), "open")
@@ -700,18 +714,11 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
 
             return body
 
-        gate = threading.Event()  # holds the thread busy while the three writes queue up
-        busy = asyncio.ensure_future(thread.call("wait", lambda c: gate.wait(5)))
-        writes = [
-            asyncio.ensure_future(thread.write("a", insert("a"))),
-            asyncio.ensure_future(thread.write("b", insert("b", fail=True))),
-            asyncio.ensure_future(thread.write("c", insert("c"))),
-        ]
-        await asyncio.sleep(0)  # all three are queued
         commits = thread.commits
-        gate.set()
-        await busy
-        results = await asyncio.gather(*writes, return_exceptions=True)
+        writes = [insert("a"), insert("b", fail=True), insert("c")]
+        results = await _queued_together(
+            thread, [thread.write(k, w) for k, w in zip("abc", writes, strict=True)]
+        )
         assert thread.commits == commits + 1  # one shared transaction
         assert isinstance(results[1], ValueError) and results[0] is None and results[2] is None
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())

@@ -19,7 +19,7 @@ from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import FakeProvider, ScriptFn, reasoning, text, tool_call
 
 WAIT = 0.15
 
@@ -44,20 +44,17 @@ def _loops(request: TurnRequest, turn: int) -> list[Any]:
     return [tool_call("missing_tool", {}, call_id=f"c{turn}")]
 
 
-FAKE_SCRIPTS.update(
-    {
-        "timing-slow": _slow_start,
-        "timing-outage": outage,
-        "timing-cut": cut,
-        "timing-loops": _loops,
-    }
-)
-
-
-async def _run(model: str, **config: Any) -> tuple[list[Event], str]:
+async def _run(script: ScriptFn, **config: Any) -> tuple[list[Event], str]:
+    """One run on a fake provider playing ``script`` (handed to this runtime, never registered)."""
     store = MemoryStore()
-    runtime = Runtime(store, Config.from_mapping({"orchestration": config} if config else {}))
-    run = await runtime.create_run(RunRequest("go", model=model, chain_of_thought="surface"))
+    runtime = Runtime(
+        store,
+        Config.from_mapping({"orchestration": config} if config else {}),
+        provider_factory=lambda model: FakeProvider(script, model=model),
+    )
+    run = await runtime.create_run(
+        RunRequest("go", model="fake:timing", chain_of_thought="surface")
+    )
     await runtime.execute(run.run_id)
     return await store.read(run.run_id), run.run_id
 
@@ -68,7 +65,7 @@ def _responses(events: list[Event]) -> list[dict[str, Any]]:
 
 async def test_each_turn_records_when_it_was_sent_first_answered_and_ended() -> None:
     before = time.time()
-    events, _ = await _run("fake:timing-slow")
+    events, _ = await _run(_slow_start)
     after = time.time()
     first, second = (r["call"] for r in _responses(events))
     for call in (first, second):
@@ -85,24 +82,24 @@ async def test_a_turn_with_no_chunk_has_no_first_chunk_time() -> None:
     def silent(request: TurnRequest, turn: int) -> list[Any]:
         raise ProviderStreamError("nothing came", provider="fake")
 
-    FAKE_SCRIPTS["timing-nothing"] = silent
-    events, _ = await _run("fake:timing-nothing")
+    events, _ = await _run(silent)
     (turn,) = _responses(events)
     assert "first_chunk_at" not in turn["call"]
     assert turn["call"]["ended_at"] >= turn["call"]["started_at"]
 
 
 @pytest.mark.parametrize(
-    ("model", "status", "error_type"),
+    ("script", "status", "error_type"),
     [
-        ("fake:timing-outage", "failed", "overloaded"),  # the provider's own error code
-        ("fake:timing-cut", "partial", "ProviderStreamError"),  # else the error's class
+        (outage, "failed", "overloaded"),  # the provider's own error code
+        (cut, "partial", "ProviderStreamError"),  # else the error's class
     ],
+    ids=["outage", "cut"],
 )
 async def test_a_provider_failure_names_its_type_on_the_turn_and_the_runs_end(
-    model: str, status: str, error_type: str
+    script: ScriptFn, status: str, error_type: str
 ) -> None:
-    events, _ = await _run(model)
+    events, _ = await _run(script)
     (turn,) = _responses(events)
     assert turn["error_type"] == error_type and turn["error"]
     end = events[-1]
@@ -112,7 +109,7 @@ async def test_a_provider_failure_names_its_type_on_the_turn_and_the_runs_end(
 
 
 async def test_the_turn_limit_is_named_as_the_kind_of_failure() -> None:
-    events, _ = await _run("fake:timing-loops", max_turns=2)
+    events, _ = await _run(_loops, max_turns=2)
     end = events[-1]
     assert (end.type, end.payload["status"]) == (EventType.RUN_SETTLEMENT_COMPLETED, "partial")
     assert end.payload["error_type"] == "max_turns"
@@ -120,5 +117,5 @@ async def test_the_turn_limit_is_named_as_the_kind_of_failure() -> None:
 
 
 async def test_a_completed_run_names_no_error_type() -> None:
-    events, _ = await _run("fake:timing-slow")
+    events, _ = await _run(_slow_start)
     assert "error_type" not in events[-1].payload and "error" not in events[-1].payload

@@ -19,7 +19,6 @@ import pytest
 from playwright.sync_api import Browser, Page
 from support.browser import Capture, browser, page_for, sign_in
 from support.daemon import Daemon
-from support.scripts import outage
 from support.web import (
     SAID_ANSWER,
     SAID_FIRST,
@@ -30,12 +29,10 @@ from support.web import (
 )
 
 from thoughtgate.events.schema import NewEvent
-from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture this module uses (one chromium per module)
 
-FAKE_SCRIPTS["builder-outage"] = outage
 PAGED = 60
 """Seeded runs named "paged run N": more than one page of the list (50)."""
 
@@ -238,7 +235,7 @@ def test_run_totals_match_the_event_log(browser: Browser, daemon: Daemon) -> Non
 def test_a_failed_run_shows_its_error_on_the_turn_and_the_run_with_its_type(
     browser: Browser, daemon: Daemon
 ) -> None:
-    run_id = daemon.start_run({"prompt": "builder outage", "model": "fake:builder-outage"})
+    run_id = daemon.start_run({"prompt": "builder outage", "model": "fake:outage"})
     error = daemon.wait_done(run_id)["error"]
     with page_for(browser) as (page, _):
         _signed_in(page, daemon, "developer")
@@ -347,7 +344,7 @@ def test_the_run_list_updates_live_and_search_finds_a_run(browser: Browser, daem
         page.fill("#search", "")
         page.click("#more-filters summary")
         page.select_option("#f-status", "failed,error")
-        failing = daemon.start_run({"prompt": f"{word} outage", "model": "fake:builder-outage"})
+        failing = daemon.start_run({"prompt": f"{word} outage", "model": "fake:outage"})
         page.locator(f"#runs-list a[data-run='{failing}']").wait_for()
         statuses = page.locator("#runs-list [data-testid=run-list-status]").all_inner_texts()
         assert statuses and set(statuses) == {"failed"}
@@ -477,15 +474,22 @@ def test_readable_on_a_390_px_wide_screen(browser: Browser, daemon: Daemon, role
             assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
 
 
-POSITIONS_JS = """() => Object.fromEntries([...document.querySelectorAll('#thread [data-key]')]
-  .filter((n) => n.matches('[data-item], [data-testid=turn]'))
-  .map((n) => [n.dataset.key, Math.round(n.getBoundingClientRect().top + scrollY)]))"""
+SAMPLE_JS = """() => ({
+  live: document.querySelector('[data-testid=live]') !== null,
+  ended: document.querySelector('[data-testid=answer][data-outcome]') !== null,
+  tops: Object.fromEntries([...document.querySelectorAll('#thread [data-key]')]
+    .filter((n) => n.matches('[data-item], [data-testid=turn]'))
+    .map((n) => [n.dataset.key, Math.round(n.getBoundingClientRect().top + scrollY)])),
+})"""
+"""Whether the run is live, whether it has ended, and where each shown item is: one reading of the
+page (separate round trips could straddle a render, e.g. the one that ends the run)."""
 
 
 @pytest.mark.parametrize("role", ["viewer", "developer"])
 def test_nothing_already_shown_moves_while_a_run_streams(
     browser: Browser, daemon: Daemon, role: str
 ) -> None:
+    """... nor when it ends: the page's last render of the run moves nothing either."""
     with page_for(browser) as (page, _):
         _signed_in(page, daemon, role)
         run_id = daemon.start_run(story_run("", delay=0.3))
@@ -493,11 +497,15 @@ def test_nothing_already_shown_moves_while_a_run_streams(
         page.wait_for_selector("[data-testid=live]")
         first_seen: dict[str, int] = {}
         moved: list[tuple[str, int, int]] = []
-        while page.locator("[data-testid=live]").count():
-            for key, top in page.evaluate(POSITIONS_JS).items():
+        while True:
+            sample = page.evaluate(SAMPLE_JS)
+            for key, top in sample["tops"].items():
                 if key in first_seen and abs(first_seen[key] - top) > 1:
                     moved.append((key, first_seen[key], top))
                 first_seen.setdefault(key, top)
+            if sample["ended"]:
+                assert not sample["live"]
+                break
             page.wait_for_timeout(60)
         assert len(first_seen) >= 5, first_seen
         assert moved == []

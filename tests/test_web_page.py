@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from playwright.sync_api import Browser, Page
 from support.browser import browser, open_run, page_for, sign_in, snapshot
 from support.daemon import TOOL_CANARY_TOOLS, Daemon, tool_markers
-from support.scripts import cut, outage
 from support.web import (
     SEEDED_EVENTS,
     STEP_TITLES,
@@ -40,7 +39,6 @@ from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
 from thoughtgate.store.records import ApiKeyRecord
-from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture this module uses (one chromium per module)
@@ -160,12 +158,9 @@ def test_a_run_live_and_after_reload_and_no_reasoning_for_viewers_and_members(
         assert (detail in received) == (role == "member"), detail
 
 
-FAKE_SCRIPTS.update({"web-outage": outage, "web-cut": cut})
-
-
 @pytest.mark.parametrize(
     ("model", "status", "answer"),
-    [("fake:web-outage", "failed", None), ("fake:web-cut", "partial", "Half an ans")],
+    [("fake:outage", "failed", None), ("fake:cut", "partial", "Half an ans")],
 )
 def test_a_run_that_did_not_complete_says_why_on_the_answer_and_in_the_list(
     browser: Browser, daemon: Daemon, model: str, status: str, answer: str | None

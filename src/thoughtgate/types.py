@@ -429,8 +429,11 @@ class TurnAccumulator:
     def feed(self, chunk: Chunk) -> None:
         match chunk:
             case ReasoningDelta():
-                key = ("reasoning", (chunk.reasoning_kind, chunk.index))
-                slot = self._slot(key, _Slot("reasoning", rkind=chunk.reasoning_kind))
+                key: tuple[str, Any] = ("reasoning", (chunk.reasoning_kind, chunk.index))
+                # the slot is looked up first: most deltas continue a part that has one
+                slot = self._slots.get(key) or self._slot(
+                    key, _Slot("reasoning", rkind=chunk.reasoning_kind)
+                )
                 if chunk.text:
                     slot.buf.append(chunk.text)
                 if chunk.signature is not None:
@@ -438,7 +441,8 @@ class TurnAccumulator:
                 if chunk.redacted:
                     slot.redacted = True
             case TextDelta():
-                slot = self._slot(("text", chunk.index), _Slot("text"))
+                key = ("text", chunk.index)
+                slot = self._slots.get(key) or self._slot(key, _Slot("text"))
                 if chunk.text:
                     slot.buf.append(chunk.text)
             case ToolCallStart():

@@ -3,6 +3,11 @@
 // print one JSON document on stdout. The SDK validates structured results against each tool's
 // output schema, as hosts do.
 //
+// `progress` is what the SDK handed to `onprogress`; `wireProgress` is every progress notification
+// that came over the wire, recorded before the SDK dispatches it. The SDK 1.x drops a notification
+// it reads together with the response (modelcontextprotocol/typescript-sdk#2580): on a busy machine
+// that can be any tail of them, or all.
+//
 //   node mcp_client.mjs PYTHON DB ROLE '{"prompt": ..., "model": ..., "chain_of_thought": ...}' [EXTRA_ARGS_JSON]
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -22,9 +27,14 @@ transport.stderr?.on("data", (chunk) => {
 });
 
 const client = new Client({ name: "thoughtgate-test-host", version: "1.0.0" });
-const out = { progress: [] };
+const out = { progress: [], wireProgress: [] };
 try {
   await client.connect(transport);
+  const dispatch = transport.onmessage;
+  transport.onmessage = (message, extra) => {
+    if (message.method === "notifications/progress") out.wireProgress.push(message.params);
+    dispatch?.(message, extra);
+  };
   out.serverVersion = client.getServerVersion();
   out.capabilities = client.getServerCapabilities();
   out.tools = (await client.listTools()).tools;

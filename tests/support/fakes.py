@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from support import daemon, durable, ticker, web
+from support import daemon, durable, scripts, ticker, web
 from thoughtgate.testing.fake import FAKE_SCRIPTS, ScriptFn
 
 SCRIPTS: dict[str, ScriptFn] = {
     **daemon.SCRIPTS,
     **durable.SCRIPTS,
+    **scripts.SCRIPTS,
     **ticker.SCRIPTS,
     **web.SCRIPTS,
 }

@@ -238,6 +238,7 @@ class RunListingConformance:
         await store.create_run(make_run())
         after = await store.latest_run_change()
         waiting = asyncio.create_task(store.wait_for_run_changes(after, poll_s=30))
+        # one loop step, not a pause: the waiter arms its wake-up before its first await
         await asyncio.sleep(0)
         await store.create_run(make_run())
         await asyncio.wait_for(waiting, 5)  # woken by the change, not the 30 s poll

@@ -9,6 +9,8 @@ through a transport that accounts for every byte of every response.
 What each adapter proves:
 
 * a streamed turn and a non-streamed one are the same turn (the parity test);
+* the deltas of one network read come out joined, one delta per part, with the same text, parts
+  and part order as the same bytes read one event at a time;
 * every response body is read to its end, streamed or not;
 * ``hidden`` mode asks for no reasoning and yields none, where ``surface`` asks and gets some;
 * errors are mapped: an overload (HTTP 529) is a retryable :class:`ProviderHTTPError` with the
@@ -20,20 +22,65 @@ What each adapter proves:
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import httpx
 import pytest
 
-from support.replay import CountingTransport, run_tool_loop, streamed, turn_request
+from support.replay import (
+    CountingTransport,
+    mock_transport,
+    run_tool_loop,
+    split_events,
+    streamed,
+    turn_request,
+)
 from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import Provider, ProviderSettings, split_model
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.types import Chunk, ReasoningDelta, TextDelta, TurnAccumulator
 
 __all__ = ["Emulated", "ProviderConformance"]
+
+
+class _BodyRecorder(httpx.AsyncBaseTransport):
+    """Passes requests through and keeps every response body it read, whole."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.bodies: list[bytes] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        body = await response.aread()
+        self.bodies.append(body)
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _part(chunk: Chunk) -> tuple[str, object] | None:
+    """The part a plain text or reasoning delta adds to (``None`` for any other chunk)."""
+    if isinstance(chunk, TextDelta):
+        return ("text", chunk.index)
+    if isinstance(chunk, ReasoningDelta) and chunk.signature is None and not chunk.redacted:
+        return ("reasoning", (chunk.reasoning_kind, chunk.index))
+    return None
+
+
+def _texts(chunks: list[Chunk]) -> list[tuple[tuple[str, object], str]]:
+    """Each part's text, parts in the order their first delta came."""
+    texts: dict[tuple[str, object], list[str]] = {}
+    for chunk in chunks:
+        key = _part(chunk)
+        if key is not None:
+            texts.setdefault(key, []).append(cast(TextDelta | ReasoningDelta, chunk).text)
+    return [(key, "".join(pieces)) for key, pieces in texts.items()]
 
 
 class Emulated:
@@ -55,16 +102,23 @@ class Emulated:
         self.made: list[tuple[Provider, CountingTransport]] = []
 
     def __call__(
-        self, scenario: str, *, retries: int = 0, model: str | None = None, **extra: Any
+        self,
+        scenario: str,
+        *,
+        retries: int = 0,
+        model: str | None = None,
+        inner: httpx.AsyncBaseTransport | None = None,
+        **extra: Any,
     ) -> tuple[Provider, CountingTransport]:
         """An adapter playing ``scenario`` (another ``model`` of the same provider, more
-        ``extra`` settings), and the transport that accounts for its reads."""
+        ``extra`` settings), and the transport that accounts for its reads (over ``inner``, the
+        emulator's loopback HTTP unless a test replays bodies of its own)."""
         endpoint = ENDPOINTS[self.prefix]
         base = self.server.url if endpoint.wire == "messages" else self.server.v1
         settings = ProviderSettings(
             base_url=base, api_key="k", max_retries=retries, extra={**self.extra, **extra}
         )
-        transport = CountingTransport(httpx.AsyncHTTPTransport())
+        transport = CountingTransport(inner or httpx.AsyncHTTPTransport())
         headers = {**self.headers, "x-emulator-scenario": scenario}
         client = httpx.AsyncClient(headers=headers, transport=transport)
         module, _, attr = endpoint.adapter.partition(":")
@@ -117,6 +171,28 @@ class ProviderConformance:
         turns = await run_tool_loop(provider)
         assert [t.finish_reason for t in turns] == ["tool_calls", "tool_calls", "stop"]
         assert turns[-1].text == "The largest city in your country is Mexico City."
+
+    @pytest.mark.parametrize("scenario", ["think-and-answer", "tool-loop"])
+    async def test_the_deltas_of_one_read_are_one_delta_per_part(
+        self, emulated: Emulated, scenario: str
+    ) -> None:
+        recording = _BodyRecorder(httpx.AsyncHTTPTransport())
+        provider, _ = emulated(scenario, inner=recording)
+        request = turn_request(tools=True)
+        await streamed(provider, request)
+        (body,) = recording.bodies
+        by_read = {}
+        for name, pieces in (("one read", [body]), ("one event a read", split_events(body))):
+            replayed, transport = emulated(scenario, inner=mock_transport(pieces))
+            by_read[name] = [chunk async for chunk in replayed.stream(request)]
+            transport.assert_fully_read()
+        joined, apart = by_read["one read"], by_read["one event a read"]
+        keys = [_part(c) for c in joined if _part(c) is not None]
+        assert all(a != b for a, b in itertools.pairwise(keys)), "a part's deltas not joined"
+        assert len(apart) > len(joined), "the scenario streams a part in several deltas"
+        assert _texts(joined) == _texts(apart)  # the same parts, in the same order, same text
+        turns = [TurnAccumulator().feed_all(chunks).finish() for chunks in (joined, apart)]
+        assert turns[0] == turns[1] and turns[0].reasoning_parts
 
     # ------------------------------------------------------------------ reading
 

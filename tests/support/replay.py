@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from support.servers import serving
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, ToolSpec, TurnRequest
@@ -371,8 +372,7 @@ class ReplayServer:
     """Serve HTTPS with this context (its certificate names ``127.0.0.1``)."""
     hung_up: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time the server closes a connection."""
-    _server: asyncio.base_events.Server | None = None
-    _handlers: set[asyncio.Task[None]] = field(default_factory=set)
+    _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
     @property
     def url(self) -> str:
@@ -380,30 +380,14 @@ class ReplayServer:
         return f"{scheme}://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> ReplayServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
-        self.port = self._server.sockets[0].getsockname()[1]
+        server = await self._stack.enter_async_context(
+            serving(self._serve_connection, tls=self.tls)
+        )
+        self.port = server.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        # A connection idle on keep-alive (or a stalled reply) still has its handler waiting;
-        # asyncio's server does not wait for handlers, so they are cancelled and awaited here
-        # instead of being destroyed pending, with their sockets unclosed, when the loop ends.
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 1)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            await self._serve_connection(reader, writer)
-        finally:
-            self._handlers.discard(task)
+        await self._stack.aclose()
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -1,4 +1,8 @@
-"""Fake-provider scripts for runs that do not complete: an outage, a cut answer, a slow stream."""
+"""Fake-provider scripts for runs that do not complete: an outage, a cut answer, a slow stream.
+
+Tests hand them to a ``FakeProvider`` directly, or run them by name (``fake:outage``,
+``fake:cut``) through :data:`SCRIPTS`, which ``support.fakes`` registers.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,9 @@ from typing import Any
 
 from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.testing.fake import text
+from thoughtgate.testing.fake import ScriptFn, text
 
-__all__ = ["cut", "outage", "slow"]
+__all__ = ["SCRIPTS", "cut", "outage", "slow"]
 
 
 def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
@@ -34,3 +38,7 @@ def slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
         yield text("it.")
 
     return gen()
+
+
+SCRIPTS: dict[str, ScriptFn] = {"outage": outage, "cut": cut}
+"""``fake:outage`` and ``fake:cut``, for ``support.fakes`` (``fake:slow`` is the daemon's own)."""

@@ -324,8 +324,24 @@ class EventLogConformance:
     async def test_tail_wakes_several_readers(self, store: EventStore) -> None:
         run = make_run()
         await store.create_run(run)
-        readers = [asyncio.create_task(collect(store.tail(run.run_id))) for _ in range(3)]
-        await asyncio.sleep(0.05)
+        waited: set[asyncio.Task[Any] | None] = set()
+        wait = store.wakeups.wait
+
+        async def noted_wait(run_id: str, timeout: float | None, **kw: Any) -> None:  # noqa: ASYNC109
+            waited.add(asyncio.current_task())
+            await wait(run_id, timeout, **kw)
+
+        store.wakeups.wait = noted_wait  # type: ignore[method-assign]
+        try:
+            readers = [asyncio.create_task(collect(store.tail(run.run_id))) for _ in range(3)]
+            # every reader has read the (empty) run and waits to be woken: none replays below
+            for _ in range(10_000):
+                if len(waited) == len(readers):
+                    break
+                await asyncio.sleep(0.001)
+            assert len(waited) == len(readers), "the readers never waited"
+        finally:
+            store.wakeups.wait = wait  # type: ignore[method-assign]
         for i in range(5):
             await store.append(run.run_id, deltas(1, start=i))
         await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))

@@ -62,6 +62,7 @@ TIER_OF: dict[str, str] = {
     "test_mcp.py::test_the_typescript_sdk_client_as_a_host_sees_what_its_role_may": "external",
     "test_public_surface.py": "unit",
     "test_recorder.py": "unit",
+    "test_registries.py": "unit",
     "test_resolution.py": "unit",
     "test_resume_steps.py": "unit",
     "test_run_leases.py": "unit",

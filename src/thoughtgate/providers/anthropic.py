@@ -440,9 +440,7 @@ class AnthropicCapture:
         out, self._out = self._out, []
         if self.offset:
             out = [_shifted(chunk, self.offset) for chunk in out]
-        see = self.segment.see
-        for chunk in out:
-            see(chunk)
+        self.segment.chunks.extend(out)
         before = self.paused.usage
         if before:
             out = [_add_usage(c, before) if isinstance(c, UsageChunk) else c for c in out]
@@ -711,36 +709,53 @@ class _PausedTurn:
 
 
 class _SegmentBlocks:
-    """The blocks of one response, collected from the chunks the capture emits."""
+    """The blocks of one response, rebuilt from the chunks the capture emitted.
+
+    Only a ``pause_turn`` continuation reads them, and most responses never pause: until one
+    asks, the chunks are only kept (one ``extend`` per read), and the blocks are built once.
+    """
 
     def __init__(self) -> None:
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.tool_index: dict[str, int] = {}
-        self.usage: dict[str, int] = {}
+        self.chunks: list[Chunk] = []
 
-    def see(self, chunk: Chunk) -> None:
-        if isinstance(chunk, TextDelta):
-            block = self.blocks.setdefault(chunk.index, {"type": "text", "text": ""})
-            block["text"] += chunk.text
-        elif isinstance(chunk, ContinuityChunk):
-            self.blocks[chunk.index] = dict(chunk.block.data)
-        elif isinstance(chunk, ToolCallStart):
-            self.tool_index[chunk.call_id] = chunk.index
-            self.blocks[chunk.index] = {"type": "tool_use", "id": chunk.call_id, "name": chunk.name}
-        elif isinstance(chunk, ToolCallDelta) and chunk.call_id in self.tool_index:
-            block = self.blocks[self.tool_index[chunk.call_id]]
-            try:
-                block["input"] = json.loads(chunk.arguments_delta or "{}")
-            except json.JSONDecodeError:
-                block["input"] = {}
-        elif isinstance(chunk, UsageChunk):
-            for name in ("input_tokens", "output_tokens", "reasoning_tokens"):
-                value = getattr(chunk, name)
-                if value is not None:
-                    self.usage[name] = value
+    def _read(self) -> tuple[dict[int, dict[str, Any]], dict[str, int]]:
+        blocks: dict[int, dict[str, Any]] = {}
+        texts: dict[int, list[str]] = {}
+        tool_index: dict[str, int] = {}
+        usage: dict[str, int] = {}
+        for chunk in self.chunks:
+            if isinstance(chunk, TextDelta):
+                if chunk.index not in texts:
+                    texts[chunk.index] = []
+                    blocks[chunk.index] = {"type": "text"}
+                texts[chunk.index].append(chunk.text)
+            elif isinstance(chunk, ContinuityChunk):
+                blocks[chunk.index] = dict(chunk.block.data)
+            elif isinstance(chunk, ToolCallStart):
+                tool_index[chunk.call_id] = chunk.index
+                blocks[chunk.index] = {"type": "tool_use", "id": chunk.call_id, "name": chunk.name}
+            elif isinstance(chunk, ToolCallDelta) and chunk.call_id in tool_index:
+                block = blocks[tool_index[chunk.call_id]]
+                try:
+                    block["input"] = json.loads(chunk.arguments_delta or "{}")
+                except json.JSONDecodeError:
+                    block["input"] = {}
+            elif isinstance(chunk, UsageChunk):
+                for name in ("input_tokens", "output_tokens", "reasoning_tokens"):
+                    value = getattr(chunk, name)
+                    if value is not None:
+                        usage[name] = value
+        for index, pieces in texts.items():
+            if blocks[index].get("type") == "text":
+                blocks[index]["text"] = "".join(pieces)
+        return blocks, usage
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return self._read()[1]
 
     def content(self, other: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
-        merged = {**self.blocks, **other}
+        merged = {**self._read()[0], **other}
         out = [merged[i] for i in sorted(merged)]
         return [b for b in out if b.get("type") != "text" or str(b.get("text", "")).strip()]
 

@@ -358,8 +358,14 @@ class HTTPTransport:
         per event, and may merge the deltas of one read (they arrived at the same moment).
         """
         decoder = SSEDecoder()
+        # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
+        # decoding layer would cost an async generator step and two calls per read for nothing.
+        # A body a transport already read whole (a test's canned answer) is served by aiter_bytes.
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        raw = encoding == "identity" and not response.is_stream_consumed
+        reads = response.aiter_raw() if raw else response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in reads:
                 batch = decoder.feed(chunk)
                 if batch:
                     yield batch

@@ -10,7 +10,8 @@ are read (a :class:`WireParser`).
 A :class:`WireParser` reads one response, in one of two ways, and emits normalized chunks for the
 shared :class:`~thoughtgate.types.TurnAccumulator`:
 
-* streamed: :meth:`~WireParser.feed` with the SSE messages of each network read, then
+* streamed: :meth:`~WireParser.feed` with the SSE messages of each network read (their text and
+  reasoning deltas come out joined, one delta per part: :func:`joined_deltas`), then
   :meth:`~WireParser.end` when the body ends;
 * whole: :meth:`~WireParser.whole` with the decoded JSON body, then :meth:`~WireParser.end`;
 
@@ -44,9 +45,9 @@ from thoughtgate.providers.http import HTTPTransport, parse_json_event
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.types import Chunk, Turn, TurnAccumulator
+from thoughtgate.types import Chunk, ReasoningDelta, TextDelta, Turn, TurnAccumulator
 
-__all__ = ["FollowUp", "HTTPProvider", "JSONEventParser", "WireParser"]
+__all__ = ["FollowUp", "HTTPProvider", "JSONEventParser", "WireParser", "joined_deltas"]
 
 
 class WireParser(Protocol):
@@ -78,10 +79,58 @@ class WireParser(Protocol):
         ...
 
 
+def joined_deltas(chunks: list[Chunk]) -> list[Chunk]:
+    """``chunks`` with every run of consecutive plain deltas of one part joined into one delta.
+
+    Why: the deltas of one network read arrived at the same moment, so a reader cannot tell them
+    apart, yet each chunk costs the agent loop, the accumulator and the recorder a step of their
+    own. Joined, a read costs those steps once per part (the Anthropic parser does the same while
+    it reads). Only text and reasoning deltas that carry nothing but text join: a signature, a
+    redaction, a change of part or of reasoning kind, or any other chunk in between ends the
+    run, so the text of every part, the order of parts and where each part starts are those of
+    the chunks one by one, and the turn they accumulate to is the same.
+    """
+    if len(chunks) < 2:
+        return chunks
+    out: list[Chunk] = []
+    pieces: list[str] = []
+    for chunk in chunks:
+        last = out[-1] if out else None
+        if (type(chunk) is TextDelta and type(last) is TextDelta and chunk.index == last.index) or (
+            type(chunk) is ReasoningDelta
+            and type(last) is ReasoningDelta
+            and chunk.index == last.index
+            and chunk.reasoning_kind == last.reasoning_kind
+            and chunk.signature is None
+            and last.signature is None
+            and not chunk.redacted
+            and not last.redacted
+        ):
+            if not pieces:
+                pieces.append(last.text)
+            pieces.append(chunk.text)
+            continue
+        if pieces:
+            out[-1] = _with_text(out[-1], "".join(pieces))
+            pieces = []
+        out.append(chunk)
+    if pieces:
+        out[-1] = _with_text(out[-1], "".join(pieces))
+    return out
+
+
+def _with_text(delta: Chunk, text: str) -> Chunk:
+    if isinstance(delta, TextDelta):
+        return TextDelta(text, index=delta.index)
+    assert isinstance(delta, ReasoningDelta)
+    return ReasoningDelta(text, reasoning_kind=delta.reasoning_kind, index=delta.index)
+
+
 class JSONEventParser:
     """The streamed half of a parser whose events each carry one JSON object (Chat Completions,
     Responses): the stream is read to its end, what follows the turn's end is read and ignored
-    (so the connection ends cleanly), and a malformed event stops the response."""
+    (so the connection ends cleanly), and a malformed event stops the response. The deltas of
+    one network read are joined per part (:func:`joined_deltas`)."""
 
     provider: str
     done: bool
@@ -103,7 +152,7 @@ class JSONEventParser:
             except MalformedResponseError as exc:
                 self.failure = exc
                 break
-        return out
+        return joined_deltas(out)
 
     def done_marker(self) -> list[Chunk]:
         """``data: [DONE]``: what it means in this format."""

@@ -329,9 +329,12 @@ export function renderThread() {
       run ? el("span", {}, `reasoning: ${run.chain_of_thought}`) : null,
       run ? el("span", {}, "started ", time(run.created_at, "full", "run-started")) : null,
       el("span", { class: "notice-text", "data-testid": view.notice ? "stream-notice" : null }, view.notice || ""),
-      traceable && thread.runEnded
-        ? button(view.trace ? "Reload trace" : "Open trace", () => openTrace(view), { class: "small", "data-testid": "open-trace" })
-        : null),
+      !traceable ? null
+        : thread.runEnded
+          ? button(view.trace ? "Reload trace" : "Open trace", () => openTrace(view), { class: "small", "data-testid": "open-trace" })
+          // its place, kept while the run streams: the button is taller than the line's text, so
+          // adding it at the end would move everything below down
+          : el("button", { type: "button", class: "small off", disabled: true, "aria-hidden": "true" }, "Open trace")),
     debug ? totalsLine(thread) : null,
     suspendedNote(run, thread));
   const body = el("div", { class: "thread-body", "data-testid": "thread-body" }, list, answer, receipt, renderTrace(view));

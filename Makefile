@@ -63,8 +63,9 @@ events-doc: $(DEMO_STAMP)
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
-## Two pytest-xdist workers: about half of the suite's time is waiting (for subprocesses to start,
-## PostgreSQL, chromium, a lease to expire), so a 2-core machine runs two test files at once.
+## Two pytest-xdist workers: a serial run uses about one core for two thirds of its time and waits
+## (on subprocesses, PostgreSQL, chromium, a lease to expire) the rest, so a 2-core machine runs
+## two test files at once.
 ## `--dist loadfile` keeps each file, and its module-scoped daemons and browser, on one worker;
 ## PostgreSQL tests are isolated (a schema, a NOTIFY channel and application_name per test).
 ## `make test PYTEST_WORKERS=0` runs serially, in one process.

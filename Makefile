@@ -63,19 +63,24 @@ events-doc: $(DEMO_STAMP)
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
+## Two pytest-xdist workers: a serial run uses about one core for two thirds of its time and waits
+## (on subprocesses, PostgreSQL, chromium, a lease to expire) the rest, so a 2-core machine runs
+## two test files at once.
+## `--dist loadfile` keeps each file, and its module-scoped daemons and browser, on one worker;
+## PostgreSQL tests are isolated (a schema, a NOTIFY channel and application_name per test).
+## `make test PYTEST_WORKERS=0` runs serially, in one process.
+PYTEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
+
 pytest: $(TEST_STAMP) browser-deps node-deps postgres-up
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(PYTEST)
 
 test: lint typecheck pytest
 
 ## The unit and inprocess tiers only (pyproject.toml, "markers"): no subprocess, no PostgreSQL, no
 ## browser or node; what to run while working. `make test` runs every tier.
-## Serial on purpose, for now: pytest-xdist (-n 2) ran the fast tiers in 250 s against 360 s
-## serial on the shared 2-core machine (load 4-9), but that first run failed on a leak that only
-## its test order exposed (fixed), and a parallel full suite has not yet passed twice in a row.
-## PostgreSQL tests are isolated for it (a schema, a NOTIFY channel and application_name per test).
 test-fast: $(TEST_STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "unit or inprocess"
+	$(PYTEST) -m "unit or inprocess"
 
 bench: $(BENCH_STAMP) postgres-up
 	$(PY) -m bench.run

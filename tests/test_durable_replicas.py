@@ -14,6 +14,7 @@ and no reasoning, carrier or process identity for readers below the classes that
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -29,10 +30,12 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import REPO, ServeProcess, auth, cli, cli_env
+from support.daemon import REPO, ServeProcess, auth, cli_env
 from support.durable import HOLD, SIDE_EFFECTS, side_effects, wait_for
 from support.pg import PG_URL
 
+from thoughtgate.access.keys import create_key
+from thoughtgate.store.urls import open_store
 from thoughtgate.testing.emulator import (
     Call,
     Emulator,
@@ -52,12 +55,20 @@ SECRET = "SECRET-REASONING"
 
 
 def _keys(db: str) -> dict[str, str]:
-    keys = {}
-    for role in ("owner", "member", "viewer"):
-        made = cli("keys", "create", "--role", role, "--name", f"{role}-k", "--json", "--db", db)
-        assert made.returncode == 0, made.stderr
-        keys[role] = str(json.loads(made.stdout)["key"])
-    return keys
+    """One key per role, made in this process before any daemon starts: a ``thoughtgate keys
+    create`` each would cost three process starts per test (that command has its own tests)."""
+
+    async def make() -> dict[str, str]:
+        store = await open_store(db)
+        try:
+            return {
+                role: (await create_key(store, name=f"{role}-k", role=role)).key
+                for role in ("owner", "member", "viewer")
+            }
+        finally:
+            await store.close()
+
+    return asyncio.run(make())
 
 
 class Service:
@@ -77,12 +88,21 @@ class Service:
         self.keys = _keys(db)
         self.daemons: list[ServeProcess] = []
 
-    def start(self) -> ServeProcess:
+    def _daemon(self) -> ServeProcess:
         daemon = ServeProcess(
             "--db", self.db, *TOOLS, "--no-bootstrap-key", "--shutdown-grace", "0.2", env=self.env
-        ).start()
+        )
         self.daemons.append(daemon)
         return daemon
+
+    def start(self) -> ServeProcess:
+        return self._daemon().start()
+
+    def start_two(self) -> tuple[ServeProcess, ServeProcess]:
+        """Two replicas, started at the same time."""
+        a, b = self._daemon(), self._daemon()
+        ServeProcess.start_all(a, b)
+        return a, b
 
     def close(self) -> None:
         for d in self.daemons:
@@ -277,7 +297,7 @@ def test_two_replicas_on_postgres_the_survivor_completes_a_run_whose_replica_was
             db, tmp_path, env={"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "any"}
         )
         try:
-            a, b = service.start(), service.start()
+            a, b = service.start_two()
             run_id = service.request(
                 a,
                 "POST",
@@ -300,7 +320,11 @@ def test_two_replicas_on_postgres_the_survivor_completes_a_run_whose_replica_was
                 timeout=10,
                 what="the tool's end to be recorded",
             )
-            time.sleep(0.3)  # the second turn has been asked: the kill cuts it
+            wait_for(  # the second turn has been asked (and sleeps 2.5 s): the kill cuts it
+                lambda: sum(r.path.endswith("/messages") for r in emulator.requests) >= 2,
+                timeout=10,
+                what="the second turn to be asked",
+            )
             before = service.events(survivor, run_id)
             executing.kill()
             killed_at = time.monotonic()
@@ -349,7 +373,7 @@ def test_an_approval_asked_on_a_killed_replica_is_answered_on_the_other_and_the_
     with pg_database() as db:
         service = Service(db, tmp_path)
         try:
-            a, b = service.start(), service.start()
+            a, b = service.start_two()
             run_id = service.request(
                 a,
                 "POST",

@@ -608,19 +608,35 @@ async def test_a_killed_idle_postgres_connection_costs_no_call() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> None:
+    readers = 1000
     server = ServeProcess("--db", f"sqlite:///{tmp_path / 'load.db'}", *TOOLS_FLAG).start(
         expect_key=True
     )
     try:
         key = server.bootstrap_key
         assert key
-        # The model starts talking after 8 s, time for the readers to connect on a loaded machine;
-        # then 2 s of deltas.
-        run_id, ticket = start_run(server.base_url, key, ticker_prompt(40, 50, 8000))
+        # The model says nothing until every reader is connected, then 2 s of deltas.
+        hold = tmp_path / "hold"
+        hold.touch()
+        run_id, ticket = start_run(server.base_url, key, ticker_prompt(40, 50, hold))
         started = time.monotonic()
-        results = await asyncio.gather(
-            *(follow(server.base_url, run_id, ticket) for _ in range(1000))
+        connected = asyncio.Semaphore(0)
+        following = asyncio.gather(
+            *(
+                follow(server.base_url, run_id, ticket, on_first=connected.release)
+                for _ in range(readers)
+            )
         )
+        for _ in range(readers):
+            got = asyncio.ensure_future(connected.acquire())
+            await asyncio.wait([got, following], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            if not got.done():
+                got.cancel()
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
+                raise AssertionError(f"a reader ended or none connected in 60 s: {following!r}")
+        hold.unlink()  # the run speaks
+        results = await following
         elapsed = time.monotonic() - started
         _, stored = stored_run(server.base_url, key, run_id)
         expected = [e["seq"] for e in stored]
@@ -630,8 +646,7 @@ async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> N
             assert [f.json() for f in frames] == stored
         first_delta = next(float(e["ts"]) for e in stored if e["type"] == "message.delta")
         live = sum(frames[0].at < first_delta for frames in results)
-        # Most readers must have followed the run live (not merely replayed it afterwards).
-        assert live >= 300, f"only {live} readers were connected before the run spoke"
+        assert live == readers, f"only {live} readers were connected before the run spoke"
         assert elapsed < 60
     finally:
         server.stop()

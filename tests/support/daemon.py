@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from thoughtgate.access.keys import create_key
 from thoughtgate.access.roles import ROLE_NAMES
@@ -215,6 +214,8 @@ class ThreadServer:
     """uvicorn on 127.0.0.1 with a free port, in a thread (real sockets, real HTTP)."""
 
     def __init__(self, app: Any) -> None:
+        import uvicorn  # here, not at the top: ``thoughtgate run`` subprocesses import this module
+
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -358,6 +359,19 @@ class ServeProcess:
     def start(self, *, expect_key: bool = False, timeout: float = 60) -> ServeProcess:
         """Start the server and wait for its URL; ``timeout`` is generous because a durable
         daemon on PostgreSQL sets up its workflow schema first, slowly on a busy machine."""
+        return self.spawn().ready(expect_key=expect_key, timeout=timeout)
+
+    @staticmethod
+    def start_all(*servers: ServeProcess, timeout: float = 60) -> None:
+        """Start several at once (each one's start is mostly imports, on another core) and wait
+        until every one listens."""
+        for server in servers:
+            server.spawn()
+        for server in servers:
+            server.ready(timeout=timeout)
+
+    def spawn(self) -> ServeProcess:
+        """Start the process; :meth:`ready` waits until it listens."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
             env=cli_env(**self.env),
@@ -367,7 +381,11 @@ class ServeProcess:
             text=True,
             preexec_fn=None if self.open_files is None else self._limit_files,
         )
-        assert self.proc.stderr is not None
+        return self
+
+    def ready(self, *, expect_key: bool = False, timeout: float = 60) -> ServeProcess:
+        """Wait for the URL it listens on (and its bootstrap key when ``expect_key``)."""
+        assert self.proc is not None and self.proc.stderr is not None
         deadline = time.monotonic() + timeout
         key_next = False
         while time.monotonic() < deadline:

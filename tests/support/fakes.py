@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from support import daemon, durable, faults, scripts, web
+from support import daemon, durable, scripts, ticker, web
 from thoughtgate.testing.fake import FAKE_SCRIPTS, ScriptFn
 
 SCRIPTS: dict[str, ScriptFn] = {
     **daemon.SCRIPTS,
     **durable.SCRIPTS,
-    **faults.SCRIPTS,
     **scripts.SCRIPTS,
+    **ticker.SCRIPTS,
     **web.SCRIPTS,
 }
 

@@ -1,8 +1,7 @@
 """Helpers for the fault-injection and replica tests: a paced fake script, a raw SSE client,
 ``thoughtgate serve`` replicas sharing one PostgreSQL schema, and a store that fails on purpose.
 
-Its fake script ``fake:ticker`` is registered by ``support.fakes`` (conftest does, for the session;
-a ``thoughtgate serve`` subprocess through ``--tools support.served:SERVER_TOOLS``).
+The paced fake script, ``fake:ticker``, is in :mod:`support.ticker`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -23,18 +22,16 @@ from psycopg import sql
 
 from support.daemon import SERVER_TOOLS, ServeProcess, auth, cli
 from support.pg import PG_URL
+from support.ticker import ticker_prompt
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
-from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore, OpenRuns, RunEnding
 from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
-from thoughtgate.testing.fake import ScriptFn, reasoning, text
 
 __all__ = [
-    "SCRIPTS",
     "SERVER_TOOLS",
     "Attempt",
     "FailingStore",
@@ -50,39 +47,6 @@ __all__ = [
 ]
 
 TOOLS_FLAG = ("--tools", "support.served:SERVER_TOOLS")
-
-
-# ----------------------------------------------------------------------------- fake script
-
-
-def ticker_prompt(steps: int, gap_ms: int, pause_ms: int = 0) -> str:
-    return f"ticker {steps} {gap_ms} {pause_ms}"
-
-
-def _ticker(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    """``"ticker STEPS GAP_MS [PAUSE_MS]"``: after ``PAUSE_MS``, one reasoning and one text delta
-    per step, ``GAP_MS`` apart.
-
-    Every delta names its step (``r17 ``, ``t17 ``), so a test can tell a duplicate or a hole in
-    the recorded text, not only in the sequence numbers.
-    """
-    words = (request.messages[0].text if request.messages else "").split()
-    steps = int(words[1]) if len(words) > 1 else 50
-    gap = int(words[2]) / 1000 if len(words) > 2 else 0.02
-    pause = int(words[3]) / 1000 if len(words) > 3 else 0.0
-
-    async def gen() -> AsyncIterator[Any]:
-        await asyncio.sleep(pause)
-        for i in range(steps):
-            yield reasoning(f"r{i} ")
-            yield text(f"t{i} ")
-            await asyncio.sleep(gap)
-
-    return gen()
-
-
-SCRIPTS: dict[str, ScriptFn] = {"ticker": _ticker}
-"""``fake:ticker``, for ``support.fakes``."""
 
 
 # ----------------------------------------------------------------------------- raw SSE client
@@ -202,12 +166,23 @@ class RawSSE:
 
 
 async def follow(
-    base_url: str, run_id: str, ticket: str, *, last_event_id: int | None = None
+    base_url: str,
+    run_id: str,
+    ticket: str,
+    *,
+    last_event_id: int | None = None,
+    on_first: Callable[[], object] | None = None,
 ) -> list[Frame]:
-    """Every frame from ``last_event_id`` to the end of the run."""
+    """Every frame from ``last_event_id`` to the end of the run; ``on_first()`` is called when the
+    first one arrives (the reader is connected and following)."""
     conn = await RawSSE.open(base_url, run_id, ticket, last_event_id=last_event_id)
     try:
-        return [f async for f in conn.frames()]
+        frames: list[Frame] = []
+        async for frame in conn.frames():
+            if not frames and on_first is not None:
+                on_first()
+            frames.append(frame)
+        return frames
     finally:
         await conn.close()
 
@@ -333,8 +308,7 @@ def replicas() -> Iterator[Replicas]:
         args = ("--db", db_url, *TOOLS_FLAG, "--no-bootstrap-key", "--shutdown-grace", "0.2")
         a, b = ServeProcess(*args), ServeProcess(*args)
         try:
-            a.start()
-            b.start()
+            ServeProcess.start_all(a, b)
             pair = Replicas(db_url, a, b, owner)
             try:
                 yield pair

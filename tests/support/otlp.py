@@ -166,7 +166,13 @@ def serve_collector() -> Iterator[Collector]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     collector.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="otlp collector", daemon=True)
+    # shutdown() waits for serve_forever's next poll: 0.5 s by default, at every test's end
+    thread = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.05},
+        name="otlp collector",
+        daemon=True,
+    )
     thread.start()
     try:
         yield collector

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -97,6 +97,8 @@ class World:
         self.requests: list[TurnRequest] = []
         self.cut_stream = False
         self.cut_tool = False
+        self.half_logged = asyncio.Event()
+        self.store.observe(self._watch_for_half_answer)
         effects = self.effects
         world = self
 
@@ -109,6 +111,12 @@ class World:
             return f"did {label}"
 
         self.tools = ToolRegistry([act])
+
+    async def _watch_for_half_answer(self, events: Sequence[Event]) -> None:
+        """Set ``half_logged`` once the half answer of a cut stream is in the log."""
+        for event in events:
+            if event.type == EventType.MESSAGE_DELTA and "half" in str(event.payload):
+                self.half_logged.set()
 
     def script(self, request: TurnRequest, _: int) -> AsyncIterator[Any]:
         self.requests.append(request)
@@ -125,7 +133,7 @@ class World:
             yield reasoning("REASONING-ONE")
             yield text("half ")
             if self.cut_stream:
-                await asyncio.sleep(0.05)  # the half answer reaches the log first
+                await asyncio.wait_for(self.half_logged.wait(), 10)  # half answer logged first
                 raise Crash("mid-stream")
             yield text("and whole")
 

@@ -27,8 +27,9 @@ def test_the_license_file_is_the_one_pyproject_names() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]
-    assert declared == {"text": "Apache-2.0"}
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"  # an SPDX expression
+    assert project["license-files"] == ["LICENSE"]
     text = (root / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text

@@ -339,14 +339,18 @@ class FailingStore(EventStore):
         self.fail_appends = False
         self.attempts: list[Attempt] = []
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
-        batch = list(events)
+    def _refuse_when_full(self, batch: list[NewEvent], what: str) -> None:
+        """Raise the injected full-disk error for ``batch`` when ``fail_appends`` is on."""
         if self.fail_appends:
             self.attempts.append(Attempt(batch, None))
             raise StoreError(
-                f"cannot append {len(batch)} events to run {run_id!r}: database or disk is full "
-                "(injected); the write was rolled back and nothing of it was stored"
+                f"cannot {what}: database or disk is full (injected); the write was rolled back "
+                "and nothing of it was stored"
             )
+
+    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        batch = list(events)
+        self._refuse_when_full(batch, f"append {len(batch)} events to run {run_id!r}")
         try:
             out = await self.inner.append(run_id, batch)
         except StoreError as exc:
@@ -395,15 +399,13 @@ class FailingStore(EventStore):
     ) -> list[Event]:
         """Ending a run appends its last events: a full disk fails it like any append."""
         batch = list(events)
-        if self.fail_appends:
-            self.attempts.append(Attempt(batch, None))
-            raise StoreError(
-                f"cannot finish run {run_id!r}: database or disk is full (injected); nothing of "
-                "it was stored"
-            )
+        self._refuse_when_full(batch, f"finish run {run_id!r}")
         out = await self.inner.finish_run(run_id, batch, ending)
         self.attempts.append(Attempt(batch, out))
         return out
+
+    async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        return await self.inner.rebuild_run_index(run_id)
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
         return await self.inner.renew_leases(owner, ttl_s)

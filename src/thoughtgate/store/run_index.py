@@ -93,12 +93,12 @@ class RunIndex(RunListing):
         """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
         oldest lease first (runs without a lease last)."""
 
+    @abc.abstractmethod
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
         """Recompute the run's projected index fields from its log alone
         (``store.projection.rebuilt``, ADR 0020) and store them, in one transaction; returns
         the rebuilt row. Raises ``RunNotFoundError``. For repairs: appends keep the index
         projected as they go."""
-        raise NotImplementedError(f"{type(self).__name__} cannot rebuild its run index")
 
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
         """Block until a run may have changed after change number ``after`` (or a poll interval:

@@ -101,7 +101,7 @@ from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
-from thoughtgate.store.leases import LOST_LEASE, close_run_interrupted, end_run
+from thoughtgate.store.leases import LOST_LEASE, EndedTask, close_run_interrupted, end_run
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
@@ -559,7 +559,7 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason)
+                await self._interrupted(run_id, spent.usage, reason, spent.ended)
             raise
         finally:
             self.leases.release(run_id)
@@ -574,8 +574,14 @@ class Runtime:
         try:
             if running:
                 await self.store.update_run(run.run_id, status="running")
-            for task, spec in zip(run.tasks, execution.specs, strict=True):
-                result = await self._execute_task(run, task, spec, disclosure, execution)
+            last = len(run.tasks) - 1
+            for i, (task, spec) in enumerate(zip(run.tasks, execution.specs, strict=True)):
+                # Without checkpoints the last task's end is stored with the run's (one commit);
+                # a durable run keeps it a step of its own, so a resume finds it recorded.
+                defer = i == last and isinstance(execution.steps, DirectSteps)
+                result = await self._execute_task(
+                    run, task, spec, disclosure, execution, spent if defer else None
+                )
                 spent.usage = spent.usage + result.usage
                 results.append(result)
         except Exception as exc:
@@ -587,19 +593,24 @@ class Runtime:
                 "failed" if ours else "error",
                 spent.usage,
                 (_describe(exc), _error_type(exc)),
+                spent.ended,
             )
             raise
         status = _run_status([r.status for r in results])
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
         error = None if failed is None else (failed.error or "", failed.error_type)
-        await self._finish(run.run_id, event, status, spent.usage, error)
+        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended)
 
-    async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
+    async def _interrupted(
+        self, run_id: str, usage: Usage, reason: str, ended: EndedTask | None = None
+    ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself."""
         self.leases.release(run_id)
         try:
-            await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
+            await close_run_interrupted(
+                self.store, run_id, reason, usage=usage.to_dict(), ended=ended
+            )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -674,10 +685,12 @@ class Runtime:
         status: RunStatus,
         usage: Usage,
         failure: tuple[str, str | None] | None,
+        ended: EndedTask | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too. Nothing happens if another process already closed the run. ``failure``
-        is the error and its type (``RunEndedPayload.error_type``), if any."""
+        to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
+        happens if another process already closed the run. ``failure`` is the error and its
+        type (``RunEndedPayload.error_type``), if any."""
         self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
@@ -695,6 +708,7 @@ class Runtime:
             error=error,
             task_status="failed",
             task_error=not_run,
+            ended=ended,
         )
 
     async def _execute_task(
@@ -704,7 +718,10 @@ class Runtime:
         spec: TaskSpec,
         disclosure: Disclosure,
         execution: _Execution,
+        defer_end: _Spent | None = None,
     ) -> LoopResult:
+        """One task, started and ended; with ``defer_end`` its end is not stored here but
+        handed to the run's ending (``defer_end.ended``), which stores both at once."""
         steps = execution.steps
         recorder = EventRecorder(self.store, run.run_id)
         started = time.monotonic()
@@ -768,12 +785,18 @@ class Runtime:
             # The index takes the task's end from worker.completed and task.completed, in their
             # append's transaction (ADR 0020); only the reasoning, which no one event carries,
             # is saved beside them, afterwards.
+            events: list[NewEvent] = []
             if not (
                 resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED)
             ):
-                await self._worker_completed(
+                events = self._worker_completed(
                     run, task, result, disclosure, time.monotonic() - started
                 )
+            if defer_end is not None:
+                defer_end.ended = EndedTask(task, tuple(events))
+                return
+            if events:
+                await self._append(run.run_id, events)
             if task.reasoning is not None:
                 await self.store.save_task(task)
 
@@ -794,14 +817,15 @@ class Runtime:
             run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
         )
 
-    async def _worker_completed(
+    def _worker_completed(
         self,
         run: RunRecord,
         task: TaskRecord,
         result: LoopResult,
         disclosure: Disclosure,
         duration: float,
-    ) -> None:
+    ) -> list[NewEvent]:
+        """A task's closing events: ``worker.completed`` (what it cost), ``task.completed``."""
         payload: WorkerCompletedPayload = {
             "mode": disclosure.mode,
             "backend": run.worker_backend,
@@ -820,13 +844,10 @@ class Runtime:
             "output": result.answer,
             "error": result.error,
         }
-        await self._append(
-            run.run_id,
-            [
-                NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
-                NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
-            ],
-        )
+        return [
+            NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
+            NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
+        ]
 
     async def _inline(
         self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder
@@ -965,6 +986,8 @@ class _Spent:
     """What a run's finished tasks used so far (an interrupted run still records it)."""
 
     usage: Usage = field(default_factory=Usage)
+    ended: EndedTask | None = None
+    """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

@@ -335,16 +335,6 @@ class Runtime:
             )
             for i, spec in enumerate(specs)
         ]
-        spec = RunSpec(tuple(specs), names)
-        try:
-            rank = await self._store_run(run, spec, key_id=key_id, quota=quota, queue=queue)
-        except BaseException:
-            await _close_all(prepared.values())
-            raise
-        if queue:  # another process may execute it: nothing prepared here is of use
-            await _close_all(prepared.values())
-        else:
-            self._prepared[run.run_id] = prepared
         started: RunStartedPayload = {"prompt": request.prompt, "model": model, "tasks": len(specs)}
         resolved: CapabilityResolvedPayload = {
             "chain_of_thought": mode,
@@ -360,30 +350,43 @@ class Runtime:
             },
             "model": model,
         }
-        await self._append(
-            run.run_id,
-            [
-                NewEvent(EventType.RUN_STARTED, started),
-                NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
-            ],
-        )
+        opening = [
+            NewEvent(EventType.RUN_STARTED, started),
+            NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
+        ]
+        spec = RunSpec(tuple(specs), names)
+        try:
+            rank = await self._store_run(
+                run, spec, opening, key_id=key_id, quota=quota, queue=queue
+            )
+        except BaseException:
+            await _close_all(prepared.values())
+            raise
+        if queue:  # another process may execute it: nothing prepared here is of use
+            await _close_all(prepared.values())
+        else:
+            self._prepared[run.run_id] = prepared
         return run, rank
 
     async def _store_run(
         self,
         run: RunRecord,
         spec: RunSpec,
+        opening: list[NewEvent],
         *,
         key_id: str | None,
         quota: Quota | None,
         queue: str | None,
     ) -> int:
-        """Store the run with its tasks and its spec (the spec only where the store keeps
-        specs); returns its rank among its key's open runs."""
+        """Store the run with its tasks, its spec (where the store keeps specs) and its
+        ``opening`` events -- in one transaction where the store admits runs (one commit per
+        run start, not two); returns its rank among its key's open runs."""
+        check_new_events(opening)
         if not isinstance(self.store, DurableRunStore):
             if queue or quota:
                 raise UsageError("queued runs and quotas need a store that keeps run specs")
             await self.store.create_run(run)
+            await self._append(run.run_id, opening)
             return 1
         record = RunSpecRecord(
             run.run_id,
@@ -394,7 +397,7 @@ class Runtime:
             queue=queue,
             queued_at=time.time() if queue else None,
         )
-        admission = await self.store.admit_run(run, record, quota=quota)
+        admission = await self.store.admit_run(run, record, quota=quota, events=opening)
         if not admission.admitted:
             raise QuotaExceededError(admission.reason, retry_after=admission.retry_after)
         return admission.rank
@@ -497,7 +500,7 @@ class Runtime:
         except UsageError:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise
-        await self._run_held(run, spec.tasks, tools, DirectSteps(), running=True)
+        await self._run_held(run, spec.tasks, tools, DirectSteps())
         return await self.store.get_run(run_id)
 
     async def stored_spec(self, run: RunRecord) -> RunSpec:
@@ -529,7 +532,7 @@ class Runtime:
             run, spec, tools, resumed = begun
             try:
                 steps = _DurableSteps.of(resumed)
-                await self._run_held(run, spec.tasks, tools, steps, running=False)
+                await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -542,8 +545,6 @@ class Runtime:
         specs: Sequence[TaskSpec],
         tools: ToolRegistry,
         steps: Steps,
-        *,
-        running: bool,
     ) -> None:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
         ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution."""
@@ -551,7 +552,7 @@ class Runtime:
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
         try:
-            await self._execute_tasks(run, _Execution(specs, tools, steps), spent, running=running)
+            await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -565,15 +566,14 @@ class Runtime:
             self.leases.release(run_id)
             await _close_all(self._prepared.pop(run_id, {}).values())
 
-    async def _execute_tasks(
-        self, run: RunRecord, execution: _Execution, spent: _Spent, *, running: bool
-    ) -> None:
+    async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
         results: list[LoopResult] = []
         try:
-            if running:
-                await self.store.update_run(run.run_id, status="running")
+            # No update_run(status="running") first: the first task's task.started marks the
+            # run running in its append's transaction (ADR 0020's projection; ADR 0021), and a
+            # durable run was marked by its claim.
             last = len(run.tasks) - 1
             for i, (task, spec) in enumerate(zip(run.tasks, execution.specs, strict=True)):
                 # Without checkpoints the last task's end is stored with the run's (one commit);

@@ -202,6 +202,10 @@ class Runtime:
         self.observer_factory = observer_factory
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
+        self._admitted: dict[str, RunSpec] = {}
+        """The specs of runs this process admitted to execute itself, as it stored them: their
+        execution here takes the spec from here instead of reading it back (any other process
+        reads it from the store, ``stored_spec``)."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -366,6 +370,8 @@ class Runtime:
             await _close_all(prepared.values())
         else:
             self._prepared[run.run_id] = prepared
+            if isinstance(self.store, DurableRunStore):
+                self._admitted[run.run_id] = spec
         return run, rank
 
     async def _store_run(
@@ -445,14 +451,23 @@ class Runtime:
         run ``interrupted``, its unfinished tasks first; the cancel message, if any, is the
         recorded reason. The ``CancelledError`` is then re-raised. With a durable engine the run
         executes as a workflow in this process, and a cancel reaches the workflow the same way.
+        Returns the ended run as the store has it.
         """
+        await self.run_to_end(run_id)
+        return await self.store.get_run(run_id)
+
+    async def run_to_end(self, run_id: str) -> None:
+        """:meth:`execute` without reading the ended run back: for a caller that has no use for
+        it (the daemon, whose clients read runs through its API), one store read less a run."""
         async with shared_clients().lease():  # one set of provider connections for all turns
             if self.durable is None:
-                return await self._execute(run_id)
-            return await self._execute_here(run_id)
+                await self._execute(run_id)
+            else:
+                await self._execute_here(run_id)
 
-    async def _execute_here(self, run_id: str) -> RunRecord:
+    async def _execute_here(self, run_id: str) -> None:
         assert self.durable is not None
+        self._admitted.pop(run_id, None)  # the workflow reads its spec back wherever it runs
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
@@ -469,7 +484,6 @@ class Runtime:
             if reason not in _KEEP_OPEN:
                 await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
             raise
-        return await self.store.get_run(run_id)
 
     def cancel(self, run_id: str, reason: str) -> bool:
         """Cancel a durable run executing in this process (``reason`` becomes the recorded one,
@@ -489,19 +503,19 @@ class Runtime:
         """The tasks of the durable runs executing in this process, by run id."""
         return {r: t for r, t in self._workflows.items() if not t.done()}
 
-    async def _execute(self, run_id: str) -> RunRecord:
+    async def _execute(self, run_id: str) -> None:
+        admitted = self._admitted.pop(run_id, None)
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         try:
-            spec = await self.stored_spec(run)
+            spec = admitted or await self.stored_spec(run)
             tools = self.tools_for(spec.tools)
         except UsageError:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise
         await self._run_held(run, spec.tasks, tools, DirectSteps())
-        return await self.store.get_run(run_id)
 
     async def stored_spec(self, run: RunRecord) -> RunSpec:
         """The run's spec as the store keeps it, whichever process created the run: this one

@@ -614,7 +614,10 @@ class Runtime:
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
         error = None if failed is None else (failed.error or "", failed.error_type)
-        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended)
+        # A direct run's tasks are known here as they ended (the last one is in spent.ended):
+        # no need to read the run back to find the unfinished ones.
+        known = run.tasks if spent.ended is not None else None
+        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
 
     async def _interrupted(
         self, run_id: str, usage: Usage, reason: str, ended: EndedTask | None = None
@@ -700,6 +703,7 @@ class Runtime:
         usage: Usage,
         failure: tuple[str, str | None] | None,
         ended: EndedTask | None = None,
+        tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
@@ -723,6 +727,7 @@ class Runtime:
             task_status="failed",
             task_error=not_run,
             ended=ended,
+            tasks=tasks,
         )
 
     async def _execute_task(

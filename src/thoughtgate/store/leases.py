@@ -35,7 +35,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -166,19 +166,24 @@ async def end_run(
     task_error: str,
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
+    tasks: Sequence[TaskRecord] | None = None,
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
     ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended.
-    ``ended``: a task that ended on its own, its events first in the batch."""
-    run = await store.get_run(run_id)
-    if run.status not in OPEN_RUN_STATUSES:
-        return []
+    ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
+    run's tasks as the process that executed them knows them, instead of reading the run back
+    (``finish_run`` still ends only an open run)."""
+    if tasks is None:
+        run = await store.get_run(run_id)
+        if run.status not in OPEN_RUN_STATUSES:
+            return []
+        tasks = run.tasks
     closed: list[TaskRecord] = []
     events: list[NewEvent] = []
     if ended is not None:
         closed.append(ended.task)
         events += ended.events
-    for task in run.tasks:
+    for task in tasks:
         if task.status in TERMINAL_TASK_STATUSES or (
             ended is not None and task.task_id == ended.task.task_id
         ):

@@ -284,9 +284,9 @@ class _Frames:
 
     The client shares the cores with the server, so it stays light: after the first frame it
     looks for, decoding the ~40 others of a run would be CPU taken from the server under test.
-    Counting ``data:`` fields counts the same frames the decoder yields (pings carry none); the
-    switch happens at a chunk that ends a frame, so no frame is half decoded. LiteLLM's client
-    reads the same way.
+    Counting ``data:`` fields counts the same frames the decoder yields (one data line each;
+    pings carry none); the switch happens at a chunk that ends a frame, so no frame is half
+    decoded. LiteLLM's client reads the same way.
     """
 
     def __init__(self, first: Callable[[str, float], bool]) -> None:
@@ -294,16 +294,20 @@ class _Frames:
         self.count = 0
         self._decoder: SSEDecoder | None = SSEDecoder()
         self._found = False
+        self._tail = b""
 
     def feed(self, chunk: bytes) -> None:
         if self._decoder is None:
-            self.count += chunk.count(b"data:")
+            # the last 4 bytes before: a ``data:`` split across two chunks still counts once
+            joined = self._tail + chunk
+            self.count += joined.count(b"data:")
+            self._tail = joined[-4:]
             return
         now = time.monotonic()
         for message in self._decoder.feed(chunk):
             self.count += 1
             self._found = self._found or self.first(message.data, now)
-        if self._found and chunk.endswith(b"\n\n"):
+        if self._found and chunk.endswith((b"\n\n", b"\r\n\r\n")):
             self._decoder = None
 
 

@@ -2,8 +2,9 @@
 
 Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
-batching window, ``--variant fake|adapters`` and ``--formats anthropic,chat`` to run part of it,
-``--profile DIR`` to sample the server with py-spy in every phase and print where its CPU went).
+batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
+to run part of it, ``--profile DIR`` to sample the server with py-spy in every phase and print
+where its CPU went).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 

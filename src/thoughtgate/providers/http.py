@@ -47,6 +47,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
+from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 __all__ = [
@@ -359,11 +360,18 @@ class HTTPTransport:
         """
         decoder = SSEDecoder()
         # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
-        # decoding layer would cost an async generator step and two calls per read for nothing.
-        # A body a transport already read whole (a test's canned answer) is served by aiter_bytes.
+        # decoding layer would cost an async generator step and two calls per read for nothing;
+        # from an HTTP/1.1 connection of the shared clients, straight from its h11 parser, every
+        # chunk one read brought joined (h11_body, ADR 0024). A body a transport already read
+        # whole (a test's canned answer) is served by aiter_bytes.
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         raw = encoding == "identity" and not response.is_stream_consumed
-        reads = response.aiter_raw() if raw else response.aiter_bytes()
+        body = response.extensions.get(BODY_READS) if raw else None
+        if body is not None:
+            response.is_stream_consumed = True  # httpx's own iterators must not read it again
+            reads = body()
+        else:
+            reads = response.aiter_raw() if raw else response.aiter_bytes()
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)

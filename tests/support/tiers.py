@@ -80,6 +80,7 @@ TIER_OF: dict[str, str] = {
     "emulator/test_documented_scenarios.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py::test_raw_chat_stream_matches_the_adapter": "external",
+    "providers/test_h11_body.py": "inprocess",
     "providers/test_http_errors.py": "inprocess",
     "providers/test_netio.py": "inprocess",
     "providers/test_openai_compatible.py": "inprocess",

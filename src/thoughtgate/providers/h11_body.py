@@ -33,6 +33,7 @@ from typing import Any
 import h11
 import httpcore
 import httpx
+from h11._readers import ChunkedReader, chunk_header_re
 from httpcore._async.connection_pool import PoolByteStream
 from httpcore._async.http11 import HTTP11ConnectionByteStream
 from httpx._transports.default import AsyncResponseStream
@@ -47,6 +48,9 @@ BodyReads = Callable[[], AsyncIterator[bytes]]
 
 _READ_BYTES = 64 * 1024
 """Bytes asked of the network per read, as httpcore asks."""
+
+_MAX_LINE = 16 * 1024
+"""The longest unfinished chunk line held before the body is refused (h11's own limit)."""
 
 _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
     (httpcore.ReadTimeout, httpx.ReadTimeout),
@@ -87,6 +91,30 @@ async def _reads(
 ) -> AsyncIterator[bytes]:
     state: h11.Connection = connection._h11_state
     network = connection._network_stream
+    reader = state._reader
+    if (
+        type(reader) is ChunkedReader
+        and reader._bytes_in_chunk == 0
+        and not reader._bytes_to_discard
+        and not reader._reading_trailer
+    ):
+        async for piece in _chunked(state, network, timeout):
+            yield piece
+    async for piece in _h11_reads(state, network, timeout):
+        yield piece
+
+
+async def _read(network: httpcore.AsyncNetworkStream, timeout: float | None) -> bytes:
+    try:
+        return await network.read(_READ_BYTES, timeout=timeout)
+    except (httpcore.TimeoutException, httpcore.NetworkError) as exc:
+        raise _transport_error(exc) from exc
+
+
+async def _h11_reads(
+    state: h11.Connection, network: httpcore.AsyncNetworkStream, timeout: float | None
+) -> AsyncIterator[bytes]:
+    """The body as h11 reads it, the ``Data`` events of each network read joined."""
     next_event = state.next_event
     pieces: list[bytes] = []
     while True:
@@ -102,8 +130,86 @@ async def _reads(
             pieces = []
         if event is not h11.NEED_DATA:
             return  # EndOfMessage (trailers read and checked by h11), or PAUSED after it
-        try:
-            data = await network.read(_READ_BYTES, timeout=timeout)
-        except (httpcore.TimeoutException, httpcore.NetworkError) as exc:
-            raise _transport_error(exc) from exc
-        state.receive_data(data)
+        state.receive_data(await _read(network, timeout))
+
+
+async def _chunked(
+    state: h11.Connection, network: httpcore.AsyncNetworkStream, timeout: float | None
+) -> AsyncIterator[bytes]:
+    """The data of a chunked body up to its last chunk; then h11 has the rest (the ``0`` line,
+    trailers and end), as if it had read the chunks itself.
+
+    Each chunk line is checked with h11's own grammar (``chunk_header_re``), the CRLF after each
+    chunk's data must be exactly that, a line never ends is refused past h11's own limit, and a
+    connection that ends before the last chunk is an error: the framing is as strict as h11's.
+    """
+    received = state._receive_buffer
+    buf = bytearray(received.maybe_extract_at_most(len(received)) or b"")
+    pos = 0
+    remaining = 0  # bytes of the current chunk's data still to come
+    crlf = False  # the CRLF that ends a chunk's data is still to come
+    pieces: list[bytearray] = []
+    while True:
+        error, last = _frames(buf, pos, remaining, crlf, pieces)
+        pos, remaining, crlf = last
+        if pieces:  # what arrived before a framing error is delivered before the error
+            yield b"".join(pieces)
+            pieces = []
+        if error is not None:
+            raise error
+        if remaining < 0:  # the last chunk: h11 reads it, the trailers and the end
+            state.receive_data(bytes(buf[pos:]))
+            return
+        del buf[:pos]
+        pos = 0
+        data = await _read(network, timeout)
+        if not data:
+            raise _malformed(
+                "peer closed connection without sending complete message body "
+                "(incomplete chunked read)"
+            )
+        buf += data
+
+
+def _frames(
+    buf: bytearray, pos: int, remaining: int, crlf: bool, pieces: list[bytearray]
+) -> tuple[httpx.RemoteProtocolError | None, tuple[int, int, bool]]:
+    """Reads the chunks ``buf`` holds from ``pos`` into ``pieces``; returns a framing error (or
+    ``None``) and where it stopped: ``(pos, remaining, crlf)``, ``remaining`` -1 at the last
+    chunk's line (``pos`` is where it starts)."""
+    while True:
+        if remaining:
+            end = min(len(buf), pos + remaining)
+            if end > pos:
+                pieces.append(buf[pos:end])
+                remaining -= end - pos
+                pos = end
+            if remaining:
+                return None, (pos, remaining, crlf)
+            crlf = True
+        if crlf:
+            footer = bytes(buf[pos : pos + 2])
+            if footer != b"\r\n":
+                if footer in (b"", b"\r"):
+                    return None, (pos, remaining, crlf)
+                return _malformed(f"malformed chunk footer: {footer!r}"), (pos, 0, crlf)
+            pos += 2
+            crlf = False
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            if len(buf) - pos > _MAX_LINE:
+                return _malformed("chunk line too long"), (pos, 0, crlf)
+            return None, (pos, remaining, crlf)
+        line = bytes(buf[pos : eol + 2])
+        match = chunk_header_re.fullmatch(line)
+        if match is None:
+            return _malformed(f"illegal chunk header: {line!r}"), (pos, 0, crlf)
+        size = int(match["chunk_size"], 16)
+        if size == 0:
+            return None, (pos, -1, False)
+        pos = eol + 2
+        remaining = size
+
+
+def _malformed(message: str) -> httpx.RemoteProtocolError:
+    return httpx.RemoteProtocolError(message)

@@ -27,6 +27,7 @@ is read through httpx.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -51,6 +52,9 @@ _READ_BYTES = 64 * 1024
 
 _MAX_LINE = 16 * 1024
 """The longest unfinished chunk line held before the body is refused (h11's own limit)."""
+
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,20}")
+"""A chunk line that is a size and nothing else (h11's ``chunk-size``)."""
 
 _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
     (httpcore.ReadTimeout, httpx.ReadTimeout),
@@ -177,9 +181,10 @@ def _frames(
     """Reads the chunks ``buf`` holds from ``pos`` into ``pieces``; returns a framing error (or
     ``None``) and where it stopped: ``(pos, remaining, crlf)``, ``remaining`` -1 at the last
     chunk's line (``pos`` is where it starts)."""
+    size = len(buf)
     while True:
         if remaining:
-            end = min(len(buf), pos + remaining)
+            end = min(size, pos + remaining)
             if end > pos:
                 pieces.append(buf[pos:end])
                 remaining -= end - pos
@@ -188,27 +193,36 @@ def _frames(
                 return None, (pos, remaining, crlf)
             crlf = True
         if crlf:
-            footer = bytes(buf[pos : pos + 2])
-            if footer != b"\r\n":
+            if not buf.startswith(b"\r\n", pos):
+                footer = bytes(buf[pos : pos + 2])
                 if footer in (b"", b"\r"):
-                    return None, (pos, remaining, crlf)
+                    return None, (pos, 0, crlf)
                 return _malformed(f"malformed chunk footer: {footer!r}"), (pos, 0, crlf)
             pos += 2
             crlf = False
         eol = buf.find(b"\r\n", pos)
         if eol < 0:
-            if len(buf) - pos > _MAX_LINE:
+            if size - pos > _MAX_LINE:
                 return _malformed("chunk line too long"), (pos, 0, crlf)
-            return None, (pos, remaining, crlf)
-        line = bytes(buf[pos : eol + 2])
-        match = chunk_header_re.fullmatch(line)
-        if match is None:
-            return _malformed(f"illegal chunk header: {line!r}"), (pos, 0, crlf)
-        size = int(match["chunk_size"], 16)
-        if size == 0:
+            return None, (pos, 0, crlf)
+        if _HEX.fullmatch(buf, pos, eol):  # the usual line: the size alone
+            length = int(buf[pos:eol], 16)
+        else:  # extensions, trailing blanks, or not a chunk line: h11's grammar decides
+            line = bytes(buf[pos : eol + 2])
+            match = chunk_header_re.fullmatch(line)
+            if match is None:
+                return _malformed(f"illegal chunk header: {line!r}"), (pos, 0, crlf)
+            length = int(match["chunk_size"], 16)
+        if length == 0:
             return None, (pos, -1, False)
-        pos = eol + 2
-        remaining = size
+        start = eol + 2
+        end = start + length
+        if buf.startswith(b"\r\n", end):  # the whole chunk is here: the usual case
+            pieces.append(buf[start:end])
+            pos = end + 2
+            continue
+        pos = start
+        remaining = length
 
 
 def _malformed(message: str) -> httpx.RemoteProtocolError:

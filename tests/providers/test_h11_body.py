@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from support.replay import ReplayServer, Reply
 
 from thoughtgate.errors import ProviderStreamError, ProviderTimeoutError
+from thoughtgate.providers import h11_body
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients
 from thoughtgate.providers.h11_body import BODY_READS, body_reads
@@ -252,6 +253,17 @@ async def test_a_connection_cut_mid_body_is_a_stream_error_after_what_arrived() 
         server.close()
         await server.wait_closed()
     assert got == ["first"]
+
+
+async def test_the_installed_h11_leaves_chunk_framing_to_the_reader() -> None:
+    """Else every chunked body would go the slower way, h11 event by event, without a sound."""
+    assert h11_body.CHUNK_FRAMING_HERE
+    mocked = Mocked([HEAD + b"5\r\nhello\r\n"])
+    response, _ = await mocked.response()
+    (connection,) = mocked.pool.connections
+    state = connection._connection._h11_state  # type: ignore[attr-defined]
+    assert h11_body._chunked_start(state) == b"5\r\nhello\r\n"  # what came with the head
+    await response.aclose()
 
 
 async def test_a_body_of_another_shape_has_no_reader() -> None:

@@ -1,27 +1,30 @@
-"""A streamed HTTP/1.1 response body read straight from its connection's h11 parser, one batch
-of bytes per network read.
+"""A streamed HTTP/1.1 response body read past httpx, one piece of bytes per network read.
 
 Why: providers send each SSE event as its own HTTP chunk. Read through httpx, every chunk is one
-h11 ``Data`` event carried up four async generators (httpcore's connection, its body stream and
-pool stream, httpx's response stream and ``aiter_raw``), each with its own trace and exception
-mapping; and when several chunks wait in the socket buffer (a busy daemon, or a fast provider),
-they still go up one by one, each to the SSE decoder and the adapter on a wake-up of its own.
-Here the body is read by the same h11 parser and the same network stream httpcore would use, but
-every ``Data`` event the parser can give from what one read brought is joined into one piece:
-one trip up per network read, the same bytes in the same order (ADR 0024).
+h11 ``Data`` event (a regular-expression match of its size line, an event object, a state-machine
+step) carried up four async generators (httpcore's connection, its body and pool streams, httpx's
+response stream and ``aiter_raw``), each with its own trace and exception mapping; and chunks that
+wait in the socket buffer together (a busy daemon, a fast provider) still go up one at a time, each
+to the SSE decoder and the adapter on its own. That was most of the CPU an adapter spent per
+delta (ADR 0024 has the figures).
 
-Nothing of HTTP is parsed here: h11 reads the framing (chunked, ``Content-Length`` or until
-close), trailers and the end of the message exactly as through httpx, and raises on malformed
-framing or a body cut short. Its errors and the network stream's become the httpx exceptions
-httpx itself would raise (``httpx.RemoteProtocolError``, ``ReadTimeout``, ``ReadError``), so
-:mod:`thoughtgate.providers.http` maps them as before. At the end of the message h11 is done
-with the response, so closing it returns the connection to its pool for keep-alive as usual;
-a body not read to its end closes the connection, as httpcore does.
+Here, once httpx and h11 have read the response head: a chunked body's chunks are read straight
+from the connection's network stream, with h11's own grammar for the size line, and everything
+one read brought goes up as one piece; the last chunk (``0``), the trailers and the end of the
+message are handed back to h11, which reads and checks them as if it had read the chunks itself,
+so the connection is then reusable as usual. Any other body (``Content-Length``, until close, or
+a chunk already part-read) is read by h11, its ``Data`` events of one read joined. The framing is
+as strict as h11's: a malformed size line or chunk end, an over-long line, a connection that ends
+before the last chunk are errors, after the bytes that came before them; the errors are the httpx
+exceptions httpx itself raises (``RemoteProtocolError``, ``ReadTimeout``, ``ReadError``), so
+:mod:`thoughtgate.providers.http` maps them as before. A body not read to its end closes the
+connection, as httpcore does.
 
-The reader is reached through private attributes of httpx's and httpcore's body streams (the
-versions this project installs, checked by ``tests/providers/test_h11_body.py``); a response of
-another shape (another transport, an HTTP/2 connection, a test's canned answer) has no reader and
-is read through httpx.
+The reader is reached through private attributes of httpx, httpcore and h11 (the versions this
+project installs, checked by ``tests/providers/test_h11_body.py``, which also compares it byte for
+byte and verdict for verdict with httpx's reader); a response of another shape (another transport,
+HTTP/2, a test's canned answer) has no reader and is read through httpx, and an h11 without the
+pieces used here reads every body itself.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import h11
+import h11._readers
 import httpcore
 import httpx
-from h11._readers import ChunkedReader, chunk_header_re
 from httpcore._async.connection_pool import PoolByteStream
 from httpcore._async.http11 import HTTP11ConnectionByteStream
 from httpx._transports.default import AsyncResponseStream
@@ -52,6 +55,11 @@ _READ_BYTES = 64 * 1024
 
 _MAX_LINE = 16 * 1024
 """The longest unfinished chunk line held before the body is refused (h11's own limit)."""
+
+_CHUNKED_READER: Any = getattr(h11._readers, "ChunkedReader", None)
+_CHUNK_LINE: re.Pattern[bytes] | None = getattr(h11._readers, "chunk_header_re", None)
+CHUNK_FRAMING_HERE = _CHUNKED_READER is not None and _CHUNK_LINE is not None
+"""Whether the installed h11 lets chunk framing be read here (else h11 reads all of it)."""
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,20}")
 """A chunk line that is a size and nothing else (h11's ``chunk-size``)."""
@@ -95,17 +103,32 @@ async def _reads(
 ) -> AsyncIterator[bytes]:
     state: h11.Connection = connection._h11_state
     network = connection._network_stream
-    reader = state._reader
-    if (
-        type(reader) is ChunkedReader
-        and reader._bytes_in_chunk == 0
-        and not reader._bytes_to_discard
-        and not reader._reading_trailer
-    ):
-        async for piece in _chunked(state, network, timeout):
+    buffered = _chunked_start(state)
+    if buffered is not None:
+        async for piece in _chunked(state, buffered, network, timeout):
             yield piece
     async for piece in _h11_reads(state, network, timeout):
         yield piece
+
+
+def _chunked_start(state: h11.Connection) -> bytearray | None:
+    """The bytes h11 holds past the response head, taken from it, when the body is chunked and
+    none of it was read yet; ``None`` otherwise (h11 then reads the whole body)."""
+    if not CHUNK_FRAMING_HERE:
+        return None
+    try:
+        reader: Any = state._reader
+        if (
+            type(reader) is not _CHUNKED_READER
+            or reader._bytes_in_chunk
+            or reader._bytes_to_discard
+            or reader._reading_trailer
+        ):
+            return None
+        received = state._receive_buffer
+        return bytearray(received.maybe_extract_at_most(len(received)) or b"")
+    except AttributeError:  # another h11
+        return None
 
 
 async def _read(network: httpcore.AsyncNetworkStream, timeout: float | None) -> bytes:
@@ -138,7 +161,10 @@ async def _h11_reads(
 
 
 async def _chunked(
-    state: h11.Connection, network: httpcore.AsyncNetworkStream, timeout: float | None
+    state: h11.Connection,
+    buf: bytearray,
+    network: httpcore.AsyncNetworkStream,
+    timeout: float | None,
 ) -> AsyncIterator[bytes]:
     """The data of a chunked body up to its last chunk; then h11 has the rest (the ``0`` line,
     trailers and end), as if it had read the chunks itself.
@@ -147,8 +173,6 @@ async def _chunked(
     chunk's data must be exactly that, a line never ends is refused past h11's own limit, and a
     connection that ends before the last chunk is an error: the framing is as strict as h11's.
     """
-    received = state._receive_buffer
-    buf = bytearray(received.maybe_extract_at_most(len(received)) or b"")
     pos = 0
     remaining = 0  # bytes of the current chunk's data still to come
     crlf = False  # the CRLF that ends a chunk's data is still to come
@@ -209,7 +233,8 @@ def _frames(
             length = int(buf[pos:eol], 16)
         else:  # extensions, trailing blanks, or not a chunk line: h11's grammar decides
             line = bytes(buf[pos : eol + 2])
-            match = chunk_header_re.fullmatch(line)
+            assert _CHUNK_LINE is not None  # CHUNK_FRAMING_HERE
+            match = _CHUNK_LINE.fullmatch(line)
             if match is None:
                 return _malformed(f"illegal chunk header: {line!r}"), (pos, 0, crlf)
             length = int(match["chunk_size"], 16)

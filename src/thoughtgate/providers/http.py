@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 import httpx
+import orjson
 
 from thoughtgate.errors import (
     MalformedResponseError,
@@ -78,6 +79,12 @@ TRANSPORT_ERRORS: Mapping[type[httpx.HTTPError], Mapping[ErrorStage, type[Provid
     httpx.HTTPError: {"request": ProviderConnectionError, "body": ProviderStreamError},
 }
 """httpx exception -> the error it becomes, by stage; the most specific class listed wins."""
+_DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+"""Every ASCII digit as ``0``, every other byte as a space: a run of digits is a run of zeros."""
+_LONG_NUMBER = b"0" * 19
+"""19 digits in a row: a number orjson may not read as ``json`` does (see
+:func:`parse_json_event`); a scan for it costs a fraction of a regular expression's."""
+_BY_JSON = object()
 REQUEST_ID_HEADERS = ("request-id", "x-request-id", "openai-request-id", "x-amzn-requestid")
 
 
@@ -208,14 +215,27 @@ def error_from_body(body: Any) -> tuple[str | None, str]:
 
 
 def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
-    """Decode one SSE ``data:`` payload, or raise :class:`MalformedResponseError`."""
+    """Decode one SSE ``data:`` payload, or raise :class:`MalformedResponseError`.
+
+    orjson decodes it (a quarter of ``json``'s CPU per event, ADR 0024). ``json`` decodes what
+    orjson would read otherwise: a payload with a run of 19 digits or more (orjson makes integers
+    past 64 bits floats) and what orjson refuses (``NaN``, ``Infinity``, lone surrogates). So the
+    payloads accepted, their values and the error messages are ``json``'s.
+    """
+    data = message.data
     try:
-        value = json.loads(message.data)
-    except json.JSONDecodeError as exc:
-        raise MalformedResponseError(
-            f"malformed JSON in {message.event!r} stream event: {exc}: {message.data[:200]!r}",
-            provider=provider,
-        ) from exc
+        scan = data.encode("utf-8", "surrogatepass").translate(_DIGITS)
+        value: Any = orjson.loads(data) if scan.find(_LONG_NUMBER) < 0 else _BY_JSON
+    except orjson.JSONDecodeError:
+        value = _BY_JSON
+    if value is _BY_JSON:
+        try:
+            value = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise MalformedResponseError(
+                f"malformed JSON in {message.event!r} stream event: {exc}: {data[:200]!r}",
+                provider=provider,
+            ) from exc
     if not isinstance(value, dict):
         raise MalformedResponseError(
             f"stream event {message.event!r} is not a JSON object: {message.data[:200]!r}",

@@ -98,17 +98,15 @@ def _transport_error(exc: Exception) -> httpx.TransportError:
     return httpx.TransportError(str(exc))
 
 
-async def _reads(
+def _reads(
     connection: httpcore.AsyncHTTP11Connection, timeout: float | None
 ) -> AsyncIterator[bytes]:
     state: h11.Connection = connection._h11_state
     network = connection._network_stream
     buffered = _chunked_start(state)
     if buffered is not None:
-        async for piece in _chunked(state, buffered, network, timeout):
-            yield piece
-    async for piece in _h11_reads(state, network, timeout):
-        yield piece
+        return _chunked(state, buffered, network, timeout)
+    return _h11_reads(state, network, timeout)
 
 
 def _chunked_start(state: h11.Connection) -> bytearray | None:
@@ -170,7 +168,7 @@ async def _chunked(
     trailers and end), as if it had read the chunks itself.
 
     Each chunk line is checked with h11's own grammar (``chunk_header_re``), the CRLF after each
-    chunk's data must be exactly that, a line never ends is refused past h11's own limit, and a
+    chunk's data must be exactly that, a line that does not end is refused past h11's limit, and a
     connection that ends before the last chunk is an error: the framing is as strict as h11's.
     """
     pos = 0
@@ -187,6 +185,8 @@ async def _chunked(
             raise error
         if remaining < 0:  # the last chunk: h11 reads it, the trailers and the end
             state.receive_data(bytes(buf[pos:]))
+            async for piece in _h11_reads(state, network, timeout):
+                yield piece  # none: h11 has nothing left to give but the end
             return
         del buf[:pos]
         pos = 0

@@ -213,11 +213,15 @@ async def batches(transport: HTTPTransport) -> AsyncIterator[list[str]]:
             yield [message.data for message in batch]
 
 
-async def test_the_shared_clients_read_provider_bodies_this_way() -> None:
+async def test_the_shared_clients_read_provider_bodies_this_way_and_keep_the_connection() -> None:
     pieces = [f"data: {i}\n\n".encode() for i in range(30)]
     async with ReplayServer([Reply(pieces)]) as server:
-        got = [data async for batch in batches(shared_transport(server)) for data in batch]
-    assert got == [str(i) for i in range(30)]
+        transport = shared_transport(server)
+        async with transport._clients.lease():
+            for _ in range(3):
+                got = [data async for batch in batches(transport) for data in batch]
+                assert got == [str(i) for i in range(30)]
+        assert (len(server.bodies), server.connections) == (3, 1)
 
 
 async def test_a_stall_mid_body_is_a_timeout_after_what_arrived() -> None:

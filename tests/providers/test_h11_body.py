@@ -1,10 +1,11 @@
-"""Provider bodies read straight from the connection's h11 parser (``providers.h11_body``).
+"""Provider bodies read past httpx, one piece per network read (``providers.h11_body``).
 
-The reader must give exactly the bytes httpx would give, however the network splits them, and
-fail where httpx fails: malformed chunk framing, a body cut at any byte, a stall (read timeout).
-The framing is parsed by h11 in both cases; these tests pin that the reader drives it correctly
-and that the private path it takes through httpx and httpcore is still there in the installed
-versions (else every provider body would silently fall back to the slower httpx iterators).
+The reader must give exactly the bytes httpx gives, however the network splits them, and fail
+where httpx fails: malformed chunk framing, a body cut at any byte, a stall (read timeout). It
+reads chunk framing itself and leaves the rest to h11, so it is compared with httpx's own reader
+(h11 throughout) byte for byte and verdict for verdict; and the private path it takes through
+httpx, httpcore and h11 must still be there in the installed versions (else every provider body
+would silently go the slower way).
 """
 
 from __future__ import annotations

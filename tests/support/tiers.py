@@ -43,6 +43,7 @@ EXTERNAL_MARKERS = ("postgres", "browser")
 TIER_OF: dict[str, str] = {
     # -- unit
     "providers/test_recorded_shapes.py": "unit",
+    "providers/test_json_events.py": "unit",
     "providers/test_think_tags.py": "unit",
     "test_access_keys_tickets.py": "unit",
     "test_architecture_doc.py": "unit",
@@ -81,6 +82,7 @@ TIER_OF: dict[str, str] = {
     "emulator/test_documented_scenarios.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py::test_raw_chat_stream_matches_the_adapter": "external",
+    "providers/test_h11_body.py": "inprocess",
     "providers/test_http_errors.py": "inprocess",
     "providers/test_netio.py": "inprocess",
     "providers/test_openai_compatible.py": "inprocess",

@@ -31,6 +31,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +65,12 @@ __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue
 log = logging.getLogger("thoughtgate.durable")
 T = TypeVar("T")
 
-APP_VERSION = "thoughtgate-run-1"
+APP_VERSION = "thoughtgate-run-2"
 """The workflow's version: runs resume only in processes whose workflow takes the same steps in
-the same order. Bump it when the sequence of steps changes."""
+the same order. Bump it when the sequence of steps changes. A run whose workflow another version
+recorded is closed when it would resume (:meth:`DurableEngine.resume`), never left waiting for a
+process that will not come. 2: recording a turn and starting or ending a task are effects, not
+checkpoints (``engine.steps``)."""
 WORKFLOW = "thoughtgate.run"
 
 
@@ -103,6 +108,8 @@ def _system_database(store: EventStore) -> _Location:
         target = path.with_name(f"{path.name}.workflows")
         with contextlib.suppress(OSError):
             create_private_file(target)  # 0600 before SQLite creates it
+        if os.environ.get("TG_WAL", "1") == "1":
+            _write_ahead(target)
         return _Location(f"sqlite:///{target}", None)
     conninfo = getattr(store, "conninfo", None)
     schema = getattr(store, "schema", None)
@@ -111,6 +118,11 @@ def _system_database(store: EventStore) -> _Location:
     raise UsageError(
         "durable runs need a SQLite or PostgreSQL store; this one keeps nothing across processes"
     )
+
+
+def _write_ahead(target: Path) -> None:
+    with contextlib.closing(sqlite3.connect(target)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
 
 
 class DbosSteps:
@@ -151,6 +163,10 @@ class DbosSteps:
             raise RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
         value: T = codec.decode(recorded.get("ok"))
         return value
+
+    async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """No checkpoint: ``fn`` finds its own events in the log on a resume (``Steps``)."""
+        await fn()
 
 
 class DurableEngine:

@@ -733,7 +733,7 @@ class Runtime:
 
         try:
             try:
-                await steps.run(f"{task.task_id}: start", begin, _NOTHING)
+                await steps.effect(f"{task.task_id}: start", begin)
                 if setup_failed is not None:
                     raise setup_failed
                 if run.worker_backend == "inline":
@@ -750,10 +750,8 @@ class Runtime:
                 await recorder.close()
         except Exception as exc:
             error = _describe(exc)
-            await steps.run(
-                f"{task.task_id}: aborted",
-                lambda: self._task_aborted(run, task, error, resumed),
-                _NOTHING,
+            await steps.effect(
+                f"{task.task_id}: aborted", lambda: self._task_aborted(run, task, error, resumed)
             )
             raise
 
@@ -777,7 +775,7 @@ class Runtime:
             if task.reasoning is not None:
                 await self.store.save_task(task)
 
-        await steps.run(f"{task.task_id}: end", end, _NOTHING)
+        await steps.effect(f"{task.task_id}: end", end)
         return result
 
     async def _task_aborted(
@@ -936,7 +934,6 @@ def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
     )
 
 
-_NOTHING = StepCodec(lambda _: None, lambda _: None)
 _LOOP_RESULT = StepCodec(_loop_result_json, _loop_result_from_json)
 
 

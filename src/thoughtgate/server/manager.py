@@ -116,10 +116,10 @@ class RunManager:
             queue=queue,
         )
         try:
-            await engine.enqueue(run.run_id, queue, priority=rank)
+            await engine.submit(run.run_id, queue, priority=rank)
         except Exception as exc:
             await close_run_interrupted(
-                self.runtime.store, run.run_id, f"it could not be queued: {exc}"
+                self.runtime.store, run.run_id, f"it could not be started or queued: {exc}"
             )
             raise
         return run

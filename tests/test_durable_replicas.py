@@ -325,6 +325,11 @@ def test_a_run_whose_workflow_another_version_recorded_is_closed_not_left_open(
         assert run["status"] == "interrupted"
         assert "thoughtgate-run-0" in run["error"], run["error"]
         assert len(side_effects(service.effects)) == 1, "nothing ran again"
+        with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as workflows:
+            left = workflows.execute(
+                "SELECT count(*) FROM workflow_status WHERE workflow_uuid = ?", (run_id,)
+            ).fetchone()[0]
+        assert left == 0, "its checkpoints (which may hold carriers) are deleted"
     finally:
         service.close()
 

@@ -296,9 +296,11 @@ class DurableEngine:
         """Put a run whose process stopped back on ``queue`` (its checkpoints are kept).
 
         ``RuntimeFailure`` when its workflow is of another ``APP_VERSION``: no process of this
-        version would take it from the queue, so the caller closes the run instead."""
+        version would take it from the queue, so the caller closes the run instead (its
+        checkpoints, which nothing will replay, are deleted first)."""
         found = await DBOS.get_workflow_status_async(run_id)
         if found is not None and found.app_version not in (None, APP_VERSION):
+            await self.forget([run_id])
             raise RuntimeFailure(
                 f"its steps were recorded by another thoughtgate ({found.app_version}), whose "
                 f"workflow this one ({APP_VERSION}) does not replay"

@@ -4,8 +4,8 @@ The agent loop and the runtime do their work in *steps* -- a model turn, recordi
 call, asking for an approval, starting or ending a task -- each through :class:`Steps`. A step
 with a result (a model turn, a tool call, an approval's answer) is checkpointed; a step that only
 records events (a turn's recording, a task's start and end, asking for an approval) is an
-*effect*: the events it looks up in the log are its checkpoint, so it costs the engine nothing. Without a
-durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
+*effect*: the events it looks up in the log are its checkpoint, so it costs the engine nothing.
+Without a durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
 ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
 run resumes elsewhere, the run's code runs again from the top and every checkpointed step
 returns its recorded result instead of running again, so the loop rebuilds its exact state --

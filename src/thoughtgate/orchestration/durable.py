@@ -305,9 +305,20 @@ class DurableEngine:
                 f"its steps were recorded by another thoughtgate ({found.app_version}), whose "
                 f"workflow this one ({APP_VERSION}) does not replay"
             )
-        await DBOS.resume_workflow_async(run_id, queue_name=queue)
-        if self.starts is not None and queue == self.queue:
-            self.starts.queued(run_id)
+        starts = self.starts if queue == self.queue else None
+        if starts is not None:
+            starts.queued(run_id)  # before DBOS may dequeue it
+        try:
+            await DBOS.resume_workflow_async(run_id, queue_name=queue)
+        except BaseException:
+            if starts is not None:
+                starts.began(run_id)  # it waits nowhere
+            raise
+
+    async def tidy(self) -> None:
+        """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
+        if self.starts is not None:
+            await self.starts.look_again(always=True)
 
     async def send(self, run_id: str, topic: str, message: dict[str, Any]) -> None:
         """A durable message to a run's workflow, from any process (approval answers)."""

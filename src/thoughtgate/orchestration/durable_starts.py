@@ -74,12 +74,17 @@ class Starts:
         slot: Slot = active.add(run_id, self.queue)
         return slot
 
-    async def look_again(self) -> None:
+    async def look_again(self, *, always: bool = False) -> None:
         """Forget waiting runs that are no longer on the queue (another replica took them, or
-        they ended), at most once per poll interval; only worth it when a slot is free."""
-        if not self.waiting or time.monotonic() - self._pruned_at < self.poll_interval_s:
+        they ended). Before a start: at most once per poll interval, and only when a slot is
+        free; ``always``: now (the daemon's periodic sweep, so a stale entry never keeps the
+        queue polling fast)."""
+        if not self.waiting:
             return
-        if _registry().count_for_queue(self.queue) >= self.concurrency:
+        if not always and (
+            time.monotonic() - self._pruned_at < self.poll_interval_s
+            or _registry().count_for_queue(self.queue) >= self.concurrency
+        ):
             return
         self._pruned_at = time.monotonic()
         ids = list(self.waiting)

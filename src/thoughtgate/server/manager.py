@@ -252,6 +252,8 @@ class RunManager:
             await self._heartbeat()
             with contextlib.suppress(Exception):
                 await self._forget_ended()
+            with contextlib.suppress(Exception):
+                await engine.tidy()
         return closed
 
     async def _requeue(self, run_id: str, spec: RunSpecRecord) -> None:

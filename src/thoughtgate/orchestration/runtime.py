@@ -590,9 +590,10 @@ class Runtime:
             # durable run was marked by its claim.
             last = len(run.tasks) - 1
             for i, (task, spec) in enumerate(zip(run.tasks, execution.specs, strict=True)):
-                # Without checkpoints the last task's end is stored with the run's (one commit);
-                # a durable run keeps it a step of its own, so a resume finds it recorded.
-                defer = i == last and isinstance(execution.steps, DirectSteps)
+                # The last task's end is stored with the run's (one commit). A durable run too:
+                # a task's end is an effect, not a checkpoint (ADR 0025), so a resume that finds
+                # no end in the log ends the task again, with the run.
+                defer = i == last
                 result = await self._execute_task(
                     run, task, spec, disclosure, execution, spent if defer else None
                 )

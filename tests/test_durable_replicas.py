@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +226,46 @@ def test_sigterm_leaves_a_durable_run_open_and_the_restarted_daemon_finishes_it(
         service.close()
 
 
+def test_a_run_starts_without_waiting_for_the_queue_poll_and_resumes_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """A daemon with room starts a new run at once (a queue polled every 60 s would leave it
+    waiting past this test's time-outs); killed, the run resumes like a queued one."""
+    service = Service(
+        f"sqlite:///{tmp_path / 'tg.db'}",
+        tmp_path,
+        env={"THOUGHTGATE_DURABILITY__POLL_INTERVAL_S": "60"},
+    )
+    service.hold.touch()
+    try:
+        first = service.start()
+        body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+        assert tool_ran(service) == str(first.proc.pid if first.proc else "")
+        wait_for(
+            lambda: any(e["type"] == "tool.completed" for e in service.events(first, run_id)),
+            timeout=10,
+            what="the tool's end to be recorded",
+        )
+        before = service.events(first, run_id)
+        first.kill()
+        service.hold.unlink()
+        # The restarted daemon polls often, on a queue of its own (another concurrency): the
+        # first daemon's queue keeps the 60 s its worker may read before it is registered anew.
+        service.env["THOUGHTGATE_DURABILITY__POLL_INTERVAL_S"] = "0.2"
+        service.env["THOUGHTGATE_DURABILITY__CONCURRENCY"] = "8"
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+        assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
+        assert_resumed_cleanly(service, second, run_id, before)
+    finally:
+        service.close()
+
+
 def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path: Path) -> None:
+    """Also when the runs arrive at once: two start here, the others wait in the queue, and
+    every one completes once the first ones end."""
     service = Service(
         f"sqlite:///{tmp_path / 'tg.db'}",
         tmp_path,
@@ -234,10 +275,13 @@ def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path:
     try:
         daemon = service.start()
         body = {"prompt": "wait", "model": "fake:waiting"}
-        runs = [
-            service.request(daemon, "POST", "/v1/runs", "member", json=body)["run_id"]
-            for _ in range(5)
-        ]
+
+        def post(_: int) -> str:
+            run_id: str = service.request(daemon, "POST", "/v1/runs", "member", json=body)["run_id"]
+            return run_id
+
+        with ThreadPoolExecutor(max_workers=5) as burst:
+            runs = list(burst.map(post, range(5)))
 
         def statuses() -> list[str]:
             return [
@@ -250,6 +294,42 @@ def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path:
         service.hold.unlink()
         for run_id in runs:
             assert service.done(daemon, run_id)["status"] == "completed"
+    finally:
+        service.close()
+
+
+def test_a_run_whose_workflow_another_version_recorded_is_closed_not_left_open(
+    tmp_path: Path,
+) -> None:
+    """A thoughtgate whose workflow takes other steps cannot replay an older one's run: the
+    run ends ``interrupted`` with the reason instead of waiting for a process that will never
+    take it from the queue."""
+    service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
+    service.hold.touch()
+    try:
+        first = service.start()
+        body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
+        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+        tool_ran(service)
+        first.kill()
+        with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as workflows:
+            workflows.execute(
+                "UPDATE workflow_status SET application_version = 'thoughtgate-run-0' "
+                "WHERE workflow_uuid = ?",
+                (run_id,),
+            )
+            workflows.commit()
+        service.hold.unlink()
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "interrupted"
+        assert "thoughtgate-run-0" in run["error"], run["error"]
+        assert len(side_effects(service.effects)) == 1, "nothing ran again"
+        with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as workflows:
+            left = workflows.execute(
+                "SELECT count(*) FROM workflow_status WHERE workflow_uuid = ?", (run_id,)
+            ).fetchone()[0]
+        assert left == 0, "its checkpoints (which may hold carriers) are deleted"
     finally:
         service.close()
 

@@ -87,6 +87,15 @@ class _Steps:
         out: T = codec.decode(json.loads(encoded))
         return out
 
+    async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """Not checkpointed (like the engine): it runs again on every replay."""
+        if self.crash(name, "before"):
+            raise Crash(name)
+        self.book.live.append(name)
+        await fn()
+        if self.crash(name, "after"):
+            raise Crash(name)
+
 
 class World:
     """One store, the tool's side effects, what the provider was sent."""

@@ -88,9 +88,11 @@ class DurabilityConfig(_Section):
     enabled: bool = True
     """Run as durable workflows when the store is SQLite or PostgreSQL (never on ``memory://``)."""
     concurrency: int = Field(default=32, ge=1, le=10_000)
-    """Queued runs this daemon executes at once; more wait in the queue for any replica."""
+    """Runs this daemon executes at once (it starts a new one itself while it has room); more
+    wait in the queue for any replica."""
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)
-    """How often a daemon looks for queued runs it can take."""
+    """How often an idle daemon looks for queued runs it can take (ten times as often while runs
+    it queued wait)."""
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """A run whose process stopped this many times is closed as interrupted instead of being
     resumed again (a run that crashes every process it lands on)."""

@@ -187,7 +187,14 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
             f"{runtime.leases.ttl_s:.0f} s)"
         )
     after = (await store.read(run_id))[-1].seq
-    await engine.resume(run_id, engine.queue)
+    try:
+        await engine.resume(run_id, engine.queue)
+    except Exception as exc:  # no workflow to resume, or another version's: never left open
+        from thoughtgate.store.leases import close_run_interrupted
+
+        reason = f"it could not resume: {exc}"
+        await close_run_interrupted(store, run_id, reason)
+        raise UsageError(f"run {run_id} {reason}; it was closed") from exc
     events = StoreReader(store, role).follow(run_id, after=after)
     if live:
         follower = asyncio.create_task(_print_live(events))

@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol, cast
 from thoughtgate.disclosure import Disclosure
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import DroppedCarrier, keep_own_carriers
-from thoughtgate.engine.steps import NO_RESULT, DirectSteps, StepCodec, Steps
+from thoughtgate.engine.steps import DirectSteps, StepCodec, Steps
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ProviderError, UsageError
@@ -520,7 +520,7 @@ class _Loop:
             events += await self.tool_started_events(call)
             await self.recorder.emit_all(events)
 
-        await self.steps.run(f"{self.task_id}: ask approval {call.call_id}", ask, NO_RESULT)
+        await self.steps.effect(f"{self.task_id}: ask approval {call.call_id}", ask)
         self.cards_seen.add(call.call_id)
         outcome = await self.approvals.wait(
             self.recorder.run_id,
@@ -821,10 +821,9 @@ async def run_agent_loop(
         )
         loop.turn_no = outcome.turn_no
         turn = outcome.turn
-        await loop.steps.run(
+        await loop.steps.effect(
             f"{task_id}: record turn {outcome.turn_no}",
             lambda o=outcome: loop.record_turn(o),  # type: ignore[misc]
-            NO_RESULT,
         )
         if turn is not None:
             usage = usage + turn.usage
@@ -876,7 +875,7 @@ async def run_agent_loop(
         if resumed is None or not resumed.task_has(task_id, EventType.MESSAGE_PARTIALLY_COMPLETED):
             await recorder.emit_all(events)
 
-    await loop.steps.run(f"{task_id}: turn limit", stop, NO_RESULT)
+    await loop.steps.effect(f"{task_id}: turn limit", stop)
     return LoopResult(
         "partial", last, max_turns, usage, _join(reasoning), "max_turns", limit, turns, "max_turns"
     )

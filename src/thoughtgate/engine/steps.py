@@ -1,8 +1,11 @@
 """Checkpointed steps: the units a durable engine records, and what a resumed run finds done.
 
 The agent loop and the runtime do their work in *steps* -- a model turn, recording a turn, a tool
-call, asking for an approval, starting or ending a task -- each through :class:`Steps`. Without a
-durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
+call, asking for an approval, starting or ending a task -- each through :class:`Steps`. A step
+with a result (a model turn, a tool call, an approval's answer) is checkpointed; a step that only
+records events (a turn's recording, a task's start and end, asking for an approval) is an
+*effect*: the events it looks up in the log are its checkpoint, so it costs the engine nothing.
+Without a durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
 ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
 run resumes elsewhere, the run's code runs again from the top and every checkpointed step
 returns its recorded result instead of running again, so the loop rebuilds its exact state --
@@ -61,6 +64,16 @@ class Steps(Protocol):
         """Run ``fn`` as the next step, or return its recorded result when it already ran."""
         ...
 
+    async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn``, which records events and returns nothing, without a checkpoint.
+
+        Its own record is the event log: ``fn`` looks its events up in :attr:`resumed` and
+        writes nothing that is already there, all in one atomic append. A checkpoint would say
+        no more than that log does, and costs a write (and a read) in the engine's database, so
+        a resumed run simply calls ``fn`` again. Use :meth:`run` for anything with a result.
+        """
+        ...
+
 
 class DirectSteps:
     """No engine: every step runs, nothing is recorded, nothing resumes."""
@@ -69,6 +82,9 @@ class DirectSteps:
 
     async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
         return await fn()
+
+    async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        await fn()
 
 
 @dataclass

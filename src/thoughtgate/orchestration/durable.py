@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.durable_starts import Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
 
@@ -63,9 +65,12 @@ __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue
 log = logging.getLogger("thoughtgate.durable")
 T = TypeVar("T")
 
-APP_VERSION = "thoughtgate-run-1"
+APP_VERSION = "thoughtgate-run-2"
 """The workflow's version: runs resume only in processes whose workflow takes the same steps in
-the same order. Bump it when the sequence of steps changes."""
+the same order. Bump it when the sequence of steps changes. A run whose workflow another version
+recorded is closed when it would resume (:meth:`DurableEngine.resume`), never left waiting for a
+process that will not come. 2: recording a turn and starting or ending a task are effects, not
+checkpoints (``engine.steps``)."""
 WORKFLOW = "thoughtgate.run"
 
 
@@ -103,6 +108,8 @@ def _system_database(store: EventStore) -> _Location:
         target = path.with_name(f"{path.name}.workflows")
         with contextlib.suppress(OSError):
             create_private_file(target)  # 0600 before SQLite creates it
+        with contextlib.suppress(sqlite3.Error):  # DBOS says what is wrong with the file
+            _write_ahead(target)
         return _Location(f"sqlite:///{target}", None)
     conninfo = getattr(store, "conninfo", None)
     schema = getattr(store, "schema", None)
@@ -111,6 +118,15 @@ def _system_database(store: EventStore) -> _Location:
     raise UsageError(
         "durable runs need a SQLite or PostgreSQL store; this one keeps nothing across processes"
     )
+
+
+def _write_ahead(target: Path) -> None:
+    """Put the workflows file in WAL mode (a property of the file; DBOS leaves SQLite's rollback
+    journal): a checkpoint then costs one append and one fsync of the log instead of a journal
+    file written, synced and deleted, readers do not wait for a writer, and each commit is as
+    durable as before (``synchronous`` stays ``FULL``, as for the store)."""
+    with contextlib.closing(sqlite3.connect(target)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
 
 
 class DbosSteps:
@@ -152,6 +168,10 @@ class DbosSteps:
         value: T = codec.decode(recorded.get("ok"))
         return value
 
+    async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """No checkpoint: ``fn`` finds its own events in the log on a resume (``Steps``)."""
+        await fn()
+
 
 class DurableEngine:
     """This process's DBOS executor. One per process (DBOS is a process-wide singleton)."""
@@ -167,6 +187,8 @@ class DurableEngine:
         self.owner = runtime.leases.owner
         self.queue: str | None = None
         """The queue this process takes runs from (``listen``), if any."""
+        self.starts: Starts | None = None
+        """Whether a new run of that queue starts here at once (``submit``)."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -216,11 +238,14 @@ class DurableEngine:
                 polling_interval_sec=self.config.poll_interval_s,
                 on_conflict="always_update",
             )
+            self.starts = Starts(self.queue, self.config.concurrency, self.config.poll_interval_s)
 
     async def close(self) -> None:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""
         if DurableEngine.current is self:
             DurableEngine.current = None
+        if self.starts is not None:
+            await self.starts.close()
         if self.launched:
             self.launched = False
             await asyncio.to_thread(DBOS.destroy)
@@ -236,6 +261,29 @@ class DurableEngine:
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
         return done
 
+    async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
+        """A new run for ``queue``: started here at once when it is this daemon's queue and it
+        has room (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
+        starts = self.starts if queue == self.queue else None
+        if starts is not None:
+            await starts.look_again()
+            slot = starts.reserve(run_id)
+            if slot is not None:
+                try:
+                    done = await self.start(run_id)
+                except BaseException:
+                    slot.release()
+                    raise
+                done.add_done_callback(lambda _: slot.release())
+                return
+            starts.queued(run_id)
+        try:
+            await self.enqueue(run_id, queue, priority=priority)
+        except BaseException:
+            if starts is not None:
+                starts.began(run_id)  # it waits nowhere
+            raise
+
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
         """Put a new run on ``queue``: a replica listening to it takes it when it has room."""
         found = await DBOS.retrieve_queue_async(queue)
@@ -245,8 +293,32 @@ class DurableEngine:
             await found.enqueue_async(_run_workflow, run_id)
 
     async def resume(self, run_id: str, queue: str) -> None:
-        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept)."""
-        await DBOS.resume_workflow_async(run_id, queue_name=queue)
+        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept).
+
+        ``RuntimeFailure`` when its workflow is of another ``APP_VERSION``: no process of this
+        version would take it from the queue, so the caller closes the run instead (its
+        checkpoints, which nothing will replay, are deleted first)."""
+        found = await DBOS.get_workflow_status_async(run_id)
+        if found is not None and found.app_version not in (None, APP_VERSION):
+            await self.forget([run_id])
+            raise RuntimeFailure(
+                f"its steps were recorded by another thoughtgate ({found.app_version}), whose "
+                f"workflow this one ({APP_VERSION}) does not replay"
+            )
+        starts = self.starts if queue == self.queue else None
+        if starts is not None:
+            starts.queued(run_id)  # before DBOS may dequeue it
+        try:
+            await DBOS.resume_workflow_async(run_id, queue_name=queue)
+        except BaseException:
+            if starts is not None:
+                starts.began(run_id)  # it waits nowhere
+            raise
+
+    async def tidy(self) -> None:
+        """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
+        if self.starts is not None:
+            await self.starts.look_again(always=True)
 
     async def send(self, run_id: str, topic: str, message: dict[str, Any]) -> None:
         """A durable message to a run's workflow, from any process (approval answers)."""
@@ -281,4 +353,6 @@ async def _run_workflow(run_id: str) -> str:
     engine = DurableEngine.current
     if engine is None:  # DBOS dequeued a run before this process attached a runtime
         raise RuntimeFailure("no durable runtime in this process")
+    if engine.starts is not None:
+        engine.starts.began(run_id)
     return await engine.runtime.execute_workflow(run_id)

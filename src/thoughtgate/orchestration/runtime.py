@@ -590,9 +590,10 @@ class Runtime:
             # durable run was marked by its claim.
             last = len(run.tasks) - 1
             for i, (task, spec) in enumerate(zip(run.tasks, execution.specs, strict=True)):
-                # Without checkpoints the last task's end is stored with the run's (one commit);
-                # a durable run keeps it a step of its own, so a resume finds it recorded.
-                defer = i == last and isinstance(execution.steps, DirectSteps)
+                # The last task's end is stored with the run's (one commit). A durable run too:
+                # a task's end is an effect, not a checkpoint (ADR 0025), so a resume that finds
+                # no end in the log ends the task again, with the run.
+                defer = i == last
                 result = await self._execute_task(
                     run, task, spec, disclosure, execution, spent if defer else None
                 )
@@ -769,7 +770,7 @@ class Runtime:
 
         try:
             try:
-                await steps.run(f"{task.task_id}: start", begin, _NOTHING)
+                await steps.effect(f"{task.task_id}: start", begin)
                 if setup_failed is not None:
                     raise setup_failed
                 if run.worker_backend == "inline":
@@ -786,10 +787,8 @@ class Runtime:
                 await recorder.close()
         except Exception as exc:
             error = _describe(exc)
-            await steps.run(
-                f"{task.task_id}: aborted",
-                lambda: self._task_aborted(run, task, error, resumed),
-                _NOTHING,
+            await steps.effect(
+                f"{task.task_id}: aborted", lambda: self._task_aborted(run, task, error, resumed)
             )
             raise
 
@@ -819,7 +818,7 @@ class Runtime:
             if task.reasoning is not None:
                 await self.store.save_task(task)
 
-        await steps.run(f"{task.task_id}: end", end, _NOTHING)
+        await steps.effect(f"{task.task_id}: end", end)
         return result
 
     async def _task_aborted(
@@ -976,7 +975,6 @@ def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
     )
 
 
-_NOTHING = StepCodec(lambda _: None, lambda _: None)
 _LOOP_RESULT = StepCodec(_loop_result_json, _loop_result_from_json)
 
 

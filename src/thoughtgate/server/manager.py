@@ -116,10 +116,10 @@ class RunManager:
             queue=queue,
         )
         try:
-            await engine.enqueue(run.run_id, queue, priority=rank)
+            await engine.submit(run.run_id, queue, priority=rank)
         except Exception as exc:
             await close_run_interrupted(
-                self.runtime.store, run.run_id, f"it could not be queued: {exc}"
+                self.runtime.store, run.run_id, f"it could not be started or queued: {exc}"
             )
             raise
         return run
@@ -252,6 +252,8 @@ class RunManager:
             await self._heartbeat()
             with contextlib.suppress(Exception):
                 await self._forget_ended()
+            with contextlib.suppress(Exception):
+                await engine.tidy()
         return closed
 
     async def _requeue(self, run_id: str, spec: RunSpecRecord) -> None:

@@ -1,0 +1,154 @@
+"""When a daemon starts a new durable run itself, and when it leaves it to the work queue (ADR 0025).
+
+A run that waits for DBOS's queue poll waits up to ``durability.poll_interval_s`` (0.5 s) before
+its first event, and a daemon whose runs all go through the queue starts at most
+``durability.concurrency`` of them per poll. So a daemon starts a new run for its own queue **at
+once**, as a workflow of this process, when
+
+* fewer than ``durability.concurrency`` runs of its queue execute here, and
+* no run it put on its queue still waits there (a new run never overtakes a queued one).
+
+Otherwise the run goes on the queue, as before, for this daemon or any replica on the queue.
+
+The limit counts both kinds the same way DBOS counts its own: a run started at once takes a slot in
+DBOS's registry of this process's workflows *under the queue's name* before its workflow is
+written, so DBOS's queue worker, which dequeues only while that count is under the queue's
+``worker_concurrency``, sees it, and two starts never take the same slot (the check and the
+reservation run without a suspension point between them). A run started at once is a workflow of
+this executor from its first instant, holding the run's lease from its creation: killed, it
+resumes exactly like a dequeued run (the lease sweep releases it and ``resume_workflow`` puts it on
+the queue).
+
+While runs of this daemon wait in its queue, the queue is polled every ``poll_interval_s / 10``
+(a backlog drains at the speed runs end, not one batch per poll); once none waits, at
+``poll_interval_s`` again, so an idle daemon costs what it did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from typing import Any, Protocol
+
+from dbos import DBOS
+
+__all__ = ["BACKLOG_POLL_DIVISOR", "Slot", "Starts"]
+
+log = logging.getLogger("thoughtgate.durable")
+
+BACKLOG_POLL_DIVISOR = 10
+"""A queue with runs of this daemon waiting is polled this many times as often."""
+
+
+class Slot(Protocol):
+    """A place among the queue's running workflows in DBOS's registry (released once)."""
+
+    def release(self) -> None: ...
+
+
+class Starts:
+    """The admission of one daemon's new runs to its own queue (see the module docstring)."""
+
+    def __init__(self, queue: str, concurrency: int, poll_interval_s: float) -> None:
+        self.queue = queue
+        self.concurrency = concurrency
+        self.poll_interval_s = poll_interval_s
+        self.waiting: set[str] = set()
+        """Runs this daemon put on its queue that have not begun here (nor, as far as it last
+        looked, anywhere else)."""
+        self._pruned_at = 0.0
+        self._fast = False
+        self._pace_lock = asyncio.Lock()
+        self._pacers: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ slots
+    def reserve(self, run_id: str) -> Slot | None:
+        """A slot for ``run_id`` when it may start at once; ``None`` when it must queue. No
+        suspension point between the check and the reservation: starts never share a slot."""
+        active = _registry()
+        if self.waiting or active.count_for_queue(self.queue) >= self.concurrency:
+            return None
+        slot: Slot = active.add(run_id, self.queue)
+        return slot
+
+    async def look_again(self, *, always: bool = False) -> None:
+        """Forget waiting runs that are no longer on the queue (another replica took them, or
+        they ended). Before a start: at most once per poll interval, and only when a slot is
+        free; ``always``: now (the daemon's periodic sweep, so a stale entry never keeps the
+        queue polling fast)."""
+        if not self.waiting:
+            return
+        if not always and (
+            time.monotonic() - self._pruned_at < self.poll_interval_s
+            or _registry().count_for_queue(self.queue) >= self.concurrency
+        ):
+            return
+        self._pruned_at = time.monotonic()
+        ids = list(self.waiting)
+        found = await DBOS.list_workflows_async(
+            workflow_ids=ids, status=["ENQUEUED"], load_input=False, load_output=False
+        )
+        still = {w.workflow_id for w in found}
+        self.waiting.difference_update(set(ids) - still)
+        self.pace()
+
+    # ------------------------------------------------------------------ waiting runs
+    def queued(self, run_id: str) -> None:
+        """``run_id`` was put on this daemon's queue (new, or to resume)."""
+        self.waiting.add(run_id)
+        self.pace()
+
+    def began(self, run_id: str) -> None:
+        """``run_id``'s workflow began in this process (from the queue or at once)."""
+        if run_id in self.waiting:
+            self.waiting.discard(run_id)
+            self.pace()
+
+    # ------------------------------------------------------------------ polling pace
+    def pace(self) -> None:
+        """Poll fast while runs of this daemon wait, slowly when none does (in the background:
+        the change is one write to the queue's row, which DBOS's worker reads every poll)."""
+        if bool(self.waiting) == self._fast:
+            return
+        # An empty context: this may be called inside a workflow, whose DBOS context must not
+        # follow the write.
+        task = asyncio.get_running_loop().create_task(
+            self._set_pace(), context=contextvars.Context()
+        )
+        self._pacers.add(task)
+        task.add_done_callback(self._pacers.discard)
+
+    async def _set_pace(self) -> None:
+        try:
+            await self._write_pace()
+        except Exception as exc:  # the next change tries again; runs start either way
+            log.warning("could not change the poll interval of queue %s: %s", self.queue, exc)
+
+    async def _write_pace(self) -> None:
+        async with self._pace_lock:
+            fast = bool(self.waiting)
+            if fast == self._fast:
+                return
+            found = await DBOS.retrieve_queue_async(self.queue)
+            if found is None:
+                return
+            interval = self.poll_interval_s / BACKLOG_POLL_DIVISOR if fast else self.poll_interval_s
+            await found.set_polling_interval_sec_async(interval)
+            self._fast = fast
+
+    async def close(self) -> None:
+        """Wait for a pace change under way (DBOS is about to stop)."""
+        for task in list(self._pacers):
+            with contextlib.suppress(Exception):
+                await task
+
+
+def _registry() -> Any:
+    """DBOS's registry of the workflows executing in this process, with their queues: what its
+    queue worker counts against ``worker_concurrency`` (``dbos._core.ActiveWorkflowById``)."""
+    from dbos._dbos import _get_dbos_instance
+
+    return _get_dbos_instance()._active_workflows_set

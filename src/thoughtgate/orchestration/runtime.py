@@ -574,7 +574,7 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason, spent.ended)
+                await self._interrupted(run_id, spent.usage, reason, spent.ended, spent.tail)
             raise
         finally:
             self.leases.release(run_id)
@@ -621,13 +621,19 @@ class Runtime:
         await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
 
     async def _interrupted(
-        self, run_id: str, usage: Usage, reason: str, ended: EndedTask | None = None
+        self,
+        run_id: str,
+        usage: Usage,
+        reason: str,
+        ended: EndedTask | None = None,
+        tail: Sequence[NewEvent] = (),
     ) -> None:
-        """Close a cancelled run; never let a failing store hide the cancellation itself."""
+        """Close a cancelled run; never let a failing store hide the cancellation itself.
+        ``tail``: the last task's last events, held for the run's ending and not stored yet."""
         self.leases.release(run_id)
         try:
             await close_run_interrupted(
-                self.store, run_id, reason, usage=usage.to_dict(), ended=ended
+                self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
             )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
@@ -743,7 +749,8 @@ class Runtime:
         """One task, started and ended; with ``defer_end`` its end is not stored here but
         handed to the run's ending (``defer_end.ended``), which stores both at once."""
         steps = execution.steps
-        recorder = EventRecorder(self.store, run.run_id)
+        recorder = EventRecorder(self.store, run.run_id, hold_last=defer_end is not None)
+        held: list[NewEvent] = []
         started = time.monotonic()
         resumed = steps.resumed
         observer: LoopObserver | None = None
@@ -766,7 +773,9 @@ class Runtime:
             }
             if run.worker_backend != "inline":
                 _describe_task(opened, spec, offered_tools(execution.tools, observer))
-            await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
+            # Not waited for: the provider's stream opens while it commits, and the task's
+            # next append waits for it (ADR 0021, amended).
+            await recorder.start([NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id)])
 
         try:
             try:
@@ -783,12 +792,18 @@ class Runtime:
                     result = await self._provider(
                         run, spec, task, recorder, disclosure, observer, execution
                     )
+                held = recorder.take_held()  # the task's last events, for the run's ending
+                if defer_end is not None:  # a cancel from here on still records them
+                    defer_end.tail = held
             finally:
                 await recorder.close()
         except Exception as exc:
             error = _describe(exc)
+            if defer_end is not None:  # _task_aborted stores them
+                defer_end.tail = []
             await steps.effect(
-                f"{task.task_id}: aborted", lambda: self._task_aborted(run, task, error, resumed)
+                f"{task.task_id}: aborted",
+                lambda: self._task_aborted(run, task, error, resumed, held),
             )
             raise
 
@@ -803,15 +818,16 @@ class Runtime:
             # The index takes the task's end from worker.completed and task.completed, in their
             # append's transaction (ADR 0020); only the reasoning, which no one event carries,
             # is saved beside them, afterwards.
-            events: list[NewEvent] = []
+            events = list(held)
             if not (
                 resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED)
             ):
-                events = self._worker_completed(
+                events += self._worker_completed(
                     run, task, result, disclosure, time.monotonic() - started
                 )
             if defer_end is not None:
                 defer_end.ended = EndedTask(task, tuple(events))
+                defer_end.tail = []
                 return
             if events:
                 await self._append(run.run_id, events)
@@ -822,7 +838,12 @@ class Runtime:
         return result
 
     async def _task_aborted(
-        self, run: RunRecord, task: TaskRecord, error: str, resumed: ResumeLog | None
+        self,
+        run: RunRecord,
+        task: TaskRecord,
+        error: str,
+        resumed: ResumeLog | None,
+        held: Sequence[NewEvent] = (),
     ) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
         terminal event, so no reader waits on a task that will never finish."""
@@ -831,9 +852,8 @@ class Runtime:
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
-        await self._append(
-            run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
-        )
+        done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
+        await self._append(run.run_id, [*held, done])
 
     def _worker_completed(
         self,
@@ -1005,6 +1025,9 @@ class _Spent:
     usage: Usage = field(default_factory=Usage)
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
+    tail: list[NewEvent] = field(default_factory=list)
+    """The last task's last events (its last turn's record), held for the run's ending, until
+    its end (``ended``) carries them."""
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

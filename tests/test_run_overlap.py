@@ -20,6 +20,7 @@ from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
 
+
 class HeldStartStore(MemoryStore):
     """Commits ``task.started`` only once the provider's stream has been opened (or fails it)."""
 

@@ -21,16 +21,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
-from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
 
 __all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
 
 log = logging.getLogger(__name__)
+
+_type_of = attrgetter("type")
 
 EventObserver = Callable[[Sequence[Event]], Awaitable[None]]
 """Called with every batch right after it is durably appended (telemetry, live observers)."""
@@ -254,8 +257,13 @@ class EventLog(abc.ABC):
                 delay = min(delay * 2, self.tail_retry[1])
                 continue
             delay = self.tail_retry[0]
+            if not events:
+                continue
+            # One look for a terminal event per page (in C), not one call per event: replay's
+            # cost is this loop.
+            ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(map(_type_of, events))
             for event in events:
-                cursor = event.seq
                 yield event
-                if until_terminal and is_run_terminal(event.type):
+                if ends and is_run_terminal(event.type):
                     return
+            cursor = events[-1].seq

@@ -58,7 +58,7 @@ def one_by_one(run_id: str, rows: list[Row]) -> list[Event]:
             st.dictionaries(st.sampled_from(["text", "callId", "error", "k"]), _json, max_size=4),
             st.sampled_from([0, EVENT_VERSION]),
         ),
-        max_size=12,
+        max_size=40,  # pages below and above the column-wise threshold
     ),
     st.integers(min_value=0, max_value=10**6),
 )
@@ -74,27 +74,32 @@ def test_rows_become_the_events_one_construction_per_row_gives(
     assert all(type(e) is Event for e in got)
 
 
-def test_an_older_version_inside_a_page_is_upgraded_alone() -> None:
+@pytest.mark.parametrize("size", [3, 40])
+def test_an_older_version_inside_a_page_is_upgraded_alone(size: int) -> None:
     rows: list[Row] = [
-        (1, "t", EventType.MESSAGE_DELTA, 1.5, '{"text":"a"}', EVENT_VERSION),
-        (2, "t", EventType.TOOL_FAILED, 2.5, '{"callId":"c1","error":"boom"}', 0),
-        (3, None, EventType.MESSAGE_DELTA, 3.5, '{"text":"b"}', EVENT_VERSION),
+        (i, "t", EventType.MESSAGE_DELTA, i + 0.5, f'{{"text":"{i}"}}', EVENT_VERSION)
+        for i in range(1, size + 1)
     ]
+    rows[1] = (2, "t", EventType.TOOL_FAILED, 2.5, '{"callId":"c1","error":"boom"}', 0)
     got = codec.events_from_rows("run_x", rows)
-    assert [e.v for e in got] == [EVENT_VERSION] * 3
+    assert [e.v for e in got] == [EVENT_VERSION] * size
     assert got[1].payload["call_id"] == "c1" and "callId" not in got[1].payload
-    assert [dict(e.payload) for e in (got[0], got[2])] == [{"text": "a"}, {"text": "b"}]
+    assert [dict(e.payload) for e in (got[0], got[2])] == [{"text": "1"}, {"text": "3"}]
     assert got == one_by_one("run_x", rows)
 
 
-def test_appended_events_read_like_stored_ones() -> None:
-    news = [NewEvent(EventType.MESSAGE_DELTA, {"text": "é", "i": i}, task_id="t") for i in range(3)]
+@pytest.mark.parametrize("size", [0, 1, 3, 40])
+def test_appended_events_read_like_stored_ones(size: int) -> None:
+    news = [
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "é", "i": (i,)}, task_id="t" if i % 2 else None)
+        for i in range(size)
+    ]
     columns = codec.encode_events(news)
     appended = codec.appended_events("run_x", 7, columns)
     payloads, task_ids, types, ts = columns
     rows: list[Row] = [
-        (7 + i, task_ids[i], types[i], ts[i], payloads[i], EVENT_VERSION) for i in range(3)
+        (7 + i, task_ids[i], types[i], ts[i], payloads[i], EVENT_VERSION) for i in range(size)
     ]
-    assert appended == codec.events_from_rows("run_x", rows)
-    assert [e.seq for e in appended] == [7, 8, 9]
-    assert codec.events_from_rows("run_x", []) == []
+    assert appended == codec.events_from_rows("run_x", rows) == one_by_one("run_x", rows)
+    assert [e.seq for e in appended] == list(range(7, 7 + size))
+    assert [e.payload["i"] for e in appended] == [[i] for i in range(size)]  # as JSON reads back

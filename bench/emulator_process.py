@@ -3,8 +3,15 @@
 One scenario, ``bench``, like ``fake:bench``: after ``PROVIDER_TTFB_S`` the model thinks in
 ``DELTAS`` reasoning deltas of 8 characters, then answers in ``DELTAS`` text deltas, in whichever
 of the four wire formats the request asks for. Like a real provider (and like ``fake:bench``), it
-paces its stream: every body write is followed by ``GAP_S`` of silence, so each delta reaches the
-client in its own read instead of all of them in one buffer.
+paces its stream, so each delta reaches the client in its own read instead of all of them in one
+buffer.
+
+The pace is an absolute schedule (:class:`Pace`): counted from the request's arrival, the first
+delta is due after ``PROVIDER_TTFB_S`` and the k-th after ``PROVIDER_TTFB_S + k × GAP_S``; a
+write that is late (the machine was busy) goes out as soon as it can and the next one keeps its
+own slot, none is skipped. A remote provider's clock does not slow down when the proxy in front
+of it is busy; relative sleeps would (each one overshoots under load, and the overshoots add up,
+so the provider would seem to slow down with our own load and hide our per-run cost).
 
 The first reasoning delta carries the time it was sent: the scenario's thought starts with the
 placeholder ``STAMP``, which the pacing layer replaces in the first body write that holds it with
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import socket
@@ -29,12 +37,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DELTAS", "GAP_S", "PROVIDER_TTFB_S", "STAMP", "added_s", "emulator_process", "stamp"]
+__all__ = [
+    "DELTAS",
+    "GAP_S",
+    "PROVIDER_TTFB_S",
+    "STAMP",
+    "Pace",
+    "added_s",
+    "emulator_process",
+    "stamp",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 DELTAS = 20
 PROVIDER_TTFB_S = 0.010
-GAP_S = 0.0005
+GAP_S = 0.001
+"""Between two deltas: 1 ms, the pace this bench has always had (its former 0.5 ms sleeps lasted
+1 ms on asyncio, whose selector rounds a timeout up to the millisecond)."""
 STAMP = "T00.0000"
 _STAMP_RE = re.compile(r"T(\d\d\.\d{4})")
 
@@ -52,28 +71,49 @@ def added_s(text: str, received: float) -> float | None:
     return (received % 100 - float(found.group(1))) % 100
 
 
+class Pace:
+    """An absolute schedule: the k-th :meth:`next` (from 0) returns at ``start + first + k ×
+    gap`` (``start``: when the schedule was made), or at once when that time has passed, to
+    within the event loop's millisecond timers (a slot is met early or late by less than 1 ms;
+    the slots themselves never drift)."""
+
+    def __init__(self, first: float, gap: float) -> None:
+        self.due = time.monotonic() + first
+        self.gap = gap
+
+    async def next(self) -> None:
+        left = self.due - time.monotonic()
+        self.due += self.gap
+        if left > 0:
+            # whole milliseconds: uvloop's timers truncate a delay to the millisecond
+            await asyncio.sleep(math.ceil(left * 1000) / 1000)
+
+
 def _paced(app: Any) -> Any:
-    """ASGI wrapper: ``GAP_S`` after each body write; the first ``STAMP`` becomes the send time."""
+    """ASGI wrapper: body writes from the first delta's (the one holding ``STAMP``) on go out on
+    the :class:`Pace` of the request; that ``STAMP`` becomes the send time."""
     placeholder = STAMP.encode()
 
     async def paced(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        stamped = False
+        pace = Pace(PROVIDER_TTFB_S, GAP_S)
+        started = stamped = False
 
         async def send_paced(message: Any) -> None:
-            nonlocal stamped
+            nonlocal started, stamped
             body = message.get("body") if message["type"] == "http.response.body" else None
-            if not body:
+            started = started or bool(body and placeholder in body)
+            if not body or not started:  # headers and framing before the first delta
                 await send(message)
                 return
-            if not stamped and placeholder in body:
+            await pace.next()
+            if not stamped:
                 stamped = True
                 # every copy in this write (OpenRouter mirrors reasoning in two fields)
                 message = {**message, "body": body.replace(placeholder, stamp().encode())}
             await send(message)
-            await asyncio.sleep(GAP_S)
 
         await app(scope, receive, send_paced)
 
@@ -84,11 +124,11 @@ def serve(port_file: Path) -> None:
     """The emulator process: the ``bench`` scenario, paced, on a free loopback port."""
     import uvicorn
 
-    from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Sleep, Think
+    from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Think
 
     thought = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))  # 8 characters a delta
     answer = "".join(f"word{i:03d} " for i in range(DELTAS))
-    turn = ScriptedTurn((Sleep(PROVIDER_TTFB_S), Think(thought), Say(answer)), chunk_chars=8)
+    turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by ``_paced``
     emulator = Emulator().add(Scenario("bench", (turn,)), default=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

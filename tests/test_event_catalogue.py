@@ -202,7 +202,7 @@ async def _produced() -> set[str]:
     run, spec, tools, resumed = begun
     steps = DirectSteps()
     steps.resumed = resumed
-    await second._run_held(run, spec.tasks, tools, steps, running=False)
+    await second._run_held(run, spec.tasks, tools, steps)
     seen += await store.read(resumable.run_id)
 
     asked = asyncio.Event()

@@ -163,7 +163,7 @@ async def execute(runtime: Runtime, run_id: str, book: Checkpoints, **crash: Any
     assert begun is not None
     run, spec, tools, resumed = begun
     try:
-        await runtime._run_held(run, spec.tasks, tools, book.steps(resumed, **crash), running=False)
+        await runtime._run_held(run, spec.tasks, tools, book.steps(resumed, **crash))
     except Crash:
         await asyncio.sleep(0.1)  # let stray flushes land, as they could not after a real kill
         owner = runtime.leases.owner.owner_id

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from support.store_conformance import make_run
+from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 
@@ -53,6 +54,30 @@ class DurableStoreConformance:
         assert spec.attempts == 0 and abs(spec.created_at - time.time()) < 60
         assert len((await store.get_run(run_id)).tasks) == 1
         assert await durable(store).get_run_spec("run_unknown") is None
+
+    async def test_admission_stores_the_opening_events_with_the_run(
+        self, store: EventStore
+    ) -> None:
+        ds = durable(store)
+        opening = [
+            NewEvent(EventType.RUN_STARTED, {"prompt": "p", "model": "fake:echo", "tasks": 1}),
+            NewEvent(EventType.CAPABILITY_RESOLVED, {"chain_of_thought": "surface"}),
+        ]
+        run = make_run(tasks=1)
+        assert (await ds.admit_run(run, RunSpecRecord(run.run_id, SPEC), events=opening)).admitted
+        stored = await store.read(run.run_id)
+        assert [(e.seq, e.type) for e in stored] == [
+            (1, EventType.RUN_STARTED),
+            (2, EventType.CAPABILITY_RESOLVED),
+        ]
+        after = await store.append(run.run_id, [NewEvent(EventType.MESSAGE_DELTA, {"text": "x"})])
+        assert after[0].seq == 3, "later appends number on from the opening events"
+        refused = make_run()
+        quota = Quota("k1", max_open=0, max_per_minute=100)
+        spec = RunSpecRecord(refused.run_id, SPEC, key_id="k1")
+        assert not (await ds.admit_run(refused, spec, quota=quota, events=opening)).admitted
+        with pytest.raises(Exception, match="run"):
+            await store.read(refused.run_id)  # a refused run stores no events either
 
     async def test_claim_counts_attempts_and_excludes_other_owners(self, store: EventStore) -> None:
         run_id = await admitted(store, durable=True, queued_at=time.time())

@@ -43,6 +43,7 @@ EXTERNAL_MARKERS = ("postgres", "browser")
 TIER_OF: dict[str, str] = {
     # -- unit
     "providers/test_recorded_shapes.py": "unit",
+    "providers/test_json_events.py": "unit",
     "providers/test_think_tags.py": "unit",
     "test_access_keys_tickets.py": "unit",
     "test_architecture_doc.py": "unit",
@@ -55,6 +56,7 @@ TIER_OF: dict[str, str] = {
     "test_install_extras.py": "unit",
     "test_install_extras.py::test_the_core_modules_import_none_of_the_extras": "external",
     "test_layers.py": "unit",
+    "test_live_direct.py": "unit",
     "test_loop.py": "unit",
     "test_mcp.py": "unit",
     "test_mcp.py::test_stdio_end_to_end_role_by_mode": "external",
@@ -80,6 +82,7 @@ TIER_OF: dict[str, str] = {
     "emulator/test_documented_scenarios.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py": "inprocess",
     "emulator/test_openai_sdk_oracle.py::test_raw_chat_stream_matches_the_adapter": "external",
+    "providers/test_h11_body.py": "inprocess",
     "providers/test_http_errors.py": "inprocess",
     "providers/test_netio.py": "inprocess",
     "providers/test_openai_compatible.py": "inprocess",

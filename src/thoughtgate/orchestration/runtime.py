@@ -101,7 +101,7 @@ from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
-from thoughtgate.store.leases import LOST_LEASE, close_run_interrupted, end_run
+from thoughtgate.store.leases import LOST_LEASE, EndedTask, close_run_interrupted, end_run
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
@@ -202,6 +202,10 @@ class Runtime:
         self.observer_factory = observer_factory
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
+        self._admitted: dict[str, RunSpec] = {}
+        """The specs of runs this process admitted to execute itself, as it stored them: their
+        execution here takes the spec from here instead of reading it back (any other process
+        reads it from the store, ``stored_spec``)."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -335,16 +339,6 @@ class Runtime:
             )
             for i, spec in enumerate(specs)
         ]
-        spec = RunSpec(tuple(specs), names)
-        try:
-            rank = await self._store_run(run, spec, key_id=key_id, quota=quota, queue=queue)
-        except BaseException:
-            await _close_all(prepared.values())
-            raise
-        if queue:  # another process may execute it: nothing prepared here is of use
-            await _close_all(prepared.values())
-        else:
-            self._prepared[run.run_id] = prepared
         started: RunStartedPayload = {"prompt": request.prompt, "model": model, "tasks": len(specs)}
         resolved: CapabilityResolvedPayload = {
             "chain_of_thought": mode,
@@ -360,30 +354,45 @@ class Runtime:
             },
             "model": model,
         }
-        await self._append(
-            run.run_id,
-            [
-                NewEvent(EventType.RUN_STARTED, started),
-                NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
-            ],
-        )
+        opening = [
+            NewEvent(EventType.RUN_STARTED, started),
+            NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
+        ]
+        spec = RunSpec(tuple(specs), names)
+        try:
+            rank = await self._store_run(
+                run, spec, opening, key_id=key_id, quota=quota, queue=queue
+            )
+        except BaseException:
+            await _close_all(prepared.values())
+            raise
+        if queue:  # another process may execute it: nothing prepared here is of use
+            await _close_all(prepared.values())
+        else:
+            self._prepared[run.run_id] = prepared
+            if isinstance(self.store, DurableRunStore):
+                self._admitted[run.run_id] = spec
         return run, rank
 
     async def _store_run(
         self,
         run: RunRecord,
         spec: RunSpec,
+        opening: list[NewEvent],
         *,
         key_id: str | None,
         quota: Quota | None,
         queue: str | None,
     ) -> int:
-        """Store the run with its tasks and its spec (the spec only where the store keeps
-        specs); returns its rank among its key's open runs."""
+        """Store the run with its tasks, its spec (where the store keeps specs) and its
+        ``opening`` events -- in one transaction where the store admits runs (one commit per
+        run start, not two); returns its rank among its key's open runs."""
+        check_new_events(opening)
         if not isinstance(self.store, DurableRunStore):
             if queue or quota:
                 raise UsageError("queued runs and quotas need a store that keeps run specs")
             await self.store.create_run(run)
+            await self._append(run.run_id, opening)
             return 1
         record = RunSpecRecord(
             run.run_id,
@@ -394,7 +403,7 @@ class Runtime:
             queue=queue,
             queued_at=time.time() if queue else None,
         )
-        admission = await self.store.admit_run(run, record, quota=quota)
+        admission = await self.store.admit_run(run, record, quota=quota, events=opening)
         if not admission.admitted:
             raise QuotaExceededError(admission.reason, retry_after=admission.retry_after)
         return admission.rank
@@ -442,14 +451,23 @@ class Runtime:
         run ``interrupted``, its unfinished tasks first; the cancel message, if any, is the
         recorded reason. The ``CancelledError`` is then re-raised. With a durable engine the run
         executes as a workflow in this process, and a cancel reaches the workflow the same way.
+        Returns the ended run as the store has it.
         """
+        await self.run_to_end(run_id)
+        return await self.store.get_run(run_id)
+
+    async def run_to_end(self, run_id: str) -> None:
+        """:meth:`execute` without reading the ended run back: for a caller that has no use for
+        it (the daemon, whose clients read runs through its API), one store read less a run."""
         async with shared_clients().lease():  # one set of provider connections for all turns
             if self.durable is None:
-                return await self._execute(run_id)
-            return await self._execute_here(run_id)
+                await self._execute(run_id)
+            else:
+                await self._execute_here(run_id)
 
-    async def _execute_here(self, run_id: str) -> RunRecord:
+    async def _execute_here(self, run_id: str) -> None:
         assert self.durable is not None
+        self._admitted.pop(run_id, None)  # the workflow reads its spec back wherever it runs
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
@@ -466,7 +484,6 @@ class Runtime:
             if reason not in _KEEP_OPEN:
                 await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
             raise
-        return await self.store.get_run(run_id)
 
     def cancel(self, run_id: str, reason: str) -> bool:
         """Cancel a durable run executing in this process (``reason`` becomes the recorded one,
@@ -486,19 +503,19 @@ class Runtime:
         """The tasks of the durable runs executing in this process, by run id."""
         return {r: t for r, t in self._workflows.items() if not t.done()}
 
-    async def _execute(self, run_id: str) -> RunRecord:
+    async def _execute(self, run_id: str) -> None:
+        admitted = self._admitted.pop(run_id, None)
         run = await self.store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         try:
-            spec = await self.stored_spec(run)
+            spec = admitted or await self.stored_spec(run)
             tools = self.tools_for(spec.tools)
         except UsageError:
             await _close_all(self._prepared.pop(run_id, {}).values())
             raise
-        await self._run_held(run, spec.tasks, tools, DirectSteps(), running=True)
-        return await self.store.get_run(run_id)
+        await self._run_held(run, spec.tasks, tools, DirectSteps())
 
     async def stored_spec(self, run: RunRecord) -> RunSpec:
         """The run's spec as the store keeps it, whichever process created the run: this one
@@ -529,7 +546,7 @@ class Runtime:
             run, spec, tools, resumed = begun
             try:
                 steps = _DurableSteps.of(resumed)
-                await self._run_held(run, spec.tasks, tools, steps, running=False)
+                await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -542,8 +559,6 @@ class Runtime:
         specs: Sequence[TaskSpec],
         tools: ToolRegistry,
         steps: Steps,
-        *,
-        running: bool,
     ) -> None:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
         ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution."""
@@ -551,7 +566,7 @@ class Runtime:
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
         try:
-            await self._execute_tasks(run, _Execution(specs, tools, steps), spent, running=running)
+            await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -559,23 +574,28 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason)
+                await self._interrupted(run_id, spent.usage, reason, spent.ended)
             raise
         finally:
             self.leases.release(run_id)
             await _close_all(self._prepared.pop(run_id, {}).values())
 
-    async def _execute_tasks(
-        self, run: RunRecord, execution: _Execution, spent: _Spent, *, running: bool
-    ) -> None:
+    async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> None:
         """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
         disclosure = Disclosure.of(run.chain_of_thought)
         results: list[LoopResult] = []
         try:
-            if running:
-                await self.store.update_run(run.run_id, status="running")
-            for task, spec in zip(run.tasks, execution.specs, strict=True):
-                result = await self._execute_task(run, task, spec, disclosure, execution)
+            # No update_run(status="running") first: the first task's task.started marks the
+            # run running in its append's transaction (ADR 0020's projection; ADR 0021), and a
+            # durable run was marked by its claim.
+            last = len(run.tasks) - 1
+            for i, (task, spec) in enumerate(zip(run.tasks, execution.specs, strict=True)):
+                # Without checkpoints the last task's end is stored with the run's (one commit);
+                # a durable run keeps it a step of its own, so a resume finds it recorded.
+                defer = i == last and isinstance(execution.steps, DirectSteps)
+                result = await self._execute_task(
+                    run, task, spec, disclosure, execution, spent if defer else None
+                )
                 spent.usage = spent.usage + result.usage
                 results.append(result)
         except Exception as exc:
@@ -587,19 +607,27 @@ class Runtime:
                 "failed" if ours else "error",
                 spent.usage,
                 (_describe(exc), _error_type(exc)),
+                spent.ended,
             )
             raise
         status = _run_status([r.status for r in results])
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
         error = None if failed is None else (failed.error or "", failed.error_type)
-        await self._finish(run.run_id, event, status, spent.usage, error)
+        # A direct run's tasks are known here as they ended (the last one is in spent.ended):
+        # no need to read the run back to find the unfinished ones.
+        known = run.tasks if spent.ended is not None else None
+        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
 
-    async def _interrupted(self, run_id: str, usage: Usage, reason: str) -> None:
+    async def _interrupted(
+        self, run_id: str, usage: Usage, reason: str, ended: EndedTask | None = None
+    ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself."""
         self.leases.release(run_id)
         try:
-            await close_run_interrupted(self.store, run_id, reason, usage=usage.to_dict())
+            await close_run_interrupted(
+                self.store, run_id, reason, usage=usage.to_dict(), ended=ended
+            )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -674,10 +702,13 @@ class Runtime:
         status: RunStatus,
         usage: Usage,
         failure: tuple[str, str | None] | None,
+        ended: EndedTask | None = None,
+        tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too. Nothing happens if another process already closed the run. ``failure``
-        is the error and its type (``RunEndedPayload.error_type``), if any."""
+        to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
+        happens if another process already closed the run. ``failure`` is the error and its
+        type (``RunEndedPayload.error_type``), if any."""
         self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
@@ -695,6 +726,8 @@ class Runtime:
             error=error,
             task_status="failed",
             task_error=not_run,
+            ended=ended,
+            tasks=tasks,
         )
 
     async def _execute_task(
@@ -704,7 +737,10 @@ class Runtime:
         spec: TaskSpec,
         disclosure: Disclosure,
         execution: _Execution,
+        defer_end: _Spent | None = None,
     ) -> LoopResult:
+        """One task, started and ended; with ``defer_end`` its end is not stored here but
+        handed to the run's ending (``defer_end.ended``), which stores both at once."""
         steps = execution.steps
         recorder = EventRecorder(self.store, run.run_id)
         started = time.monotonic()
@@ -768,12 +804,18 @@ class Runtime:
             # The index takes the task's end from worker.completed and task.completed, in their
             # append's transaction (ADR 0020); only the reasoning, which no one event carries,
             # is saved beside them, afterwards.
+            events: list[NewEvent] = []
             if not (
                 resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED)
             ):
-                await self._worker_completed(
+                events = self._worker_completed(
                     run, task, result, disclosure, time.monotonic() - started
                 )
+            if defer_end is not None:
+                defer_end.ended = EndedTask(task, tuple(events))
+                return
+            if events:
+                await self._append(run.run_id, events)
             if task.reasoning is not None:
                 await self.store.save_task(task)
 
@@ -794,14 +836,15 @@ class Runtime:
             run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
         )
 
-    async def _worker_completed(
+    def _worker_completed(
         self,
         run: RunRecord,
         task: TaskRecord,
         result: LoopResult,
         disclosure: Disclosure,
         duration: float,
-    ) -> None:
+    ) -> list[NewEvent]:
+        """A task's closing events: ``worker.completed`` (what it cost), ``task.completed``."""
         payload: WorkerCompletedPayload = {
             "mode": disclosure.mode,
             "backend": run.worker_backend,
@@ -820,13 +863,10 @@ class Runtime:
             "output": result.answer,
             "error": result.error,
         }
-        await self._append(
-            run.run_id,
-            [
-                NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
-                NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
-            ],
-        )
+        return [
+            NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
+            NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
+        ]
 
     async def _inline(
         self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder
@@ -965,6 +1005,8 @@ class _Spent:
     """What a run's finished tasks used so far (an interrupted run still records it)."""
 
     usage: Usage = field(default_factory=Usage)
+    ended: EndedTask | None = None
+    """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import httpcore
 import httpx
 
+from thoughtgate.providers.h11_body import BODY_READS, body_reads
 from thoughtgate.providers.netio import AsyncioBackend
 
 __all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
@@ -135,11 +136,15 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             shard.active -= 1
             raise
         assert isinstance(response.stream, httpx.AsyncByteStream)
+        extensions = response.extensions
+        reads = body_reads(response.stream, request)
+        if reads is not None:  # the body may be read per network read (h11_body, ADR 0024)
+            extensions = {**extensions, BODY_READS: reads}
         return httpx.Response(
             response.status_code,
             headers=response.headers,
             stream=_ReleasingStream(response.stream, shard),
-            extensions=response.extensions,
+            extensions=extensions,
         )
 
     async def aclose(self) -> None:

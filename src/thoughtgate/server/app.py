@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -40,7 +41,7 @@ from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMid
 from thoughtgate.server.openapi import build_openapi
 from thoughtgate.server.routes import all_endpoints
 from thoughtgate.server.routes.meta import package_version
-from thoughtgate.server.sse import LiveStreams
+from thoughtgate.server.sse import SERVER_SEND, LiveStreams
 from thoughtgate.server.state import ServerState
 from thoughtgate.store.base import EventStore
 
@@ -54,6 +55,16 @@ _PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+class _App(Starlette):
+    """Starlette that keeps the server's own ``send`` in the scope before its middlewares wrap
+    it: a live stream writes to its socket through it without awaiting (``server.sse``,
+    ADR 0022)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 async def _index(request: Request) -> Response:
@@ -144,7 +155,7 @@ def create_app(
                 if state.access is not None:
                     await state.access.close()
 
-    app = Starlette(
+    app = _App(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],
         middleware=[
             Middleware(OverheadHeaderMiddleware),

@@ -52,17 +52,36 @@ async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Even
             return
 
 
+Deliver = Callable[[Sequence[Event]], bool]
+"""Hands events straight to a waiting reader's connection; ``False``: it cannot take them now."""
+
+
 class _Subscriber:
-    """A reader's inbox: the feed appends without ever waiting; ``None`` means it stopped."""
+    """A reader's inbox: the feed appends without ever waiting; ``None`` means it stopped.
+
+    While its reader waits with nothing queued, ``deliver`` is set: the feed hands new events
+    to it directly (ADR 0022), so they reach the connection in the appender's own step, without
+    waking the reader's task. Whatever it refuses goes to the inbox, as before.
+    """
 
     def __init__(self, backlog: int) -> None:
         self.backlog = backlog
         self.inbox: deque[Event | None] = deque()
         self.ready = asyncio.Event()
+        self.deliver: Deliver | None = None
 
-    def offer(self, event: Event | None) -> None:
-        if event is None or len(self.inbox) < self.backlog:
-            self.inbox.append(event)  # else skipped: the reader refills the gap from the store
+    def offer(self, events: Sequence[Event]) -> None:
+        """``events`` continue each other, in order, after what was offered before."""
+        deliver = self.deliver
+        if deliver is not None and not self.inbox and not self.ready.is_set() and deliver(events):
+            return
+        room = self.backlog - len(self.inbox)
+        # past the backlog, events are skipped: the reader refills the gap from the store
+        self.inbox.extend(events if room >= len(events) else events[: max(0, room)])
+        self.ready.set()
+
+    def stop(self) -> None:
+        self.inbox.append(None)
         self.ready.set()
 
 
@@ -93,21 +112,34 @@ class _Feed:
             self._wake.set()
 
     def _take(self, events: Sequence[Event]) -> None:
-        """Offer the events that continue the cursor; a gap is read from the store instead."""
+        """Offer the events that continue the cursor, in one batch to each subscriber; a gap is
+        read from the store instead."""
+        if self.done:
+            return
+        fresh: list[Event] = []
+        ended = False
+        cursor = self.cursor
         for event in events:
-            if self.done or event.seq <= self.cursor:
+            if event.seq <= cursor:
                 continue
-            if event.seq != self.cursor + 1:
+            if event.seq != cursor + 1:
                 self._wake.set()
-                return
-            self.cursor = event.seq
-            for sub in self.subscribers:
-                sub.offer(event)
+                break
+            cursor = event.seq
+            fresh.append(event)
             if is_run_terminal(event.type):
-                self._stop()
-                if asyncio.current_task() is not self.task:
-                    self.task.cancel()  # nothing more to read: ``_run`` ends
-                return
+                ended = True
+                break
+        if not fresh:
+            return
+        self.cursor = cursor
+        # a copy: a reader handed the terminal event leaves the feed while we go on
+        for sub in tuple(self.subscribers):
+            sub.offer(fresh)
+        if ended:
+            self._stop()
+            if asyncio.current_task() is not self.task:
+                self.task.cancel()  # nothing more to read: ``_run`` ends
 
     async def _run(self, store: EventLog, run_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -138,7 +170,7 @@ class _Feed:
         self.done = True
         self._unlisten()
         for sub in self.subscribers:
-            sub.offer(None)
+            sub.stop()
         self._on_end()
 
 
@@ -152,6 +184,12 @@ class LiveReader:
     and was skipped, the feed stopped) it reads from the store itself. So a reader never skips
     or repeats an event, whatever the timing. A batch ends with the run's terminal event, after
     which ``next`` returns ``None``.
+
+    With a ``sink`` (``LiveReader.sink``), events the feed publishes while ``next`` waits with
+    nothing queued go to it at once, in the appender's step, instead of waking the task that
+    called ``next``: the sink writes them to the connection and returns ``True``, or refuses
+    (``False``: the socket's buffer is full, the stream is ending) and ``next`` returns them as
+    usual. The cursor moves the same way on both paths, so they never overlap or skip.
     """
 
     def __init__(self, feeds: RunFeeds, run_id: str, after: int, *, follow: bool) -> None:
@@ -166,6 +204,8 @@ class LiveReader:
         self._feed: _Feed | None = None
         self._alone = False  # the feed stopped: read the store directly
         self._woken = False
+        self.sink: Deliver | None = None
+        """Takes events published while ``next`` waits (see the class docstring)."""
 
     @property
     def behind(self) -> int:
@@ -226,13 +266,18 @@ class LiveReader:
         assert sub is not None
         if not sub.inbox and not self._woken:
             sub.ready.clear()
-            if timeout is None:
+            if self.sink is not None:
+                sub.deliver = self._deliver
+            timer = (
+                None
+                if timeout is None
+                else asyncio.get_running_loop().call_later(timeout, sub.ready.set)
+            )
+            try:
                 await sub.ready.wait()
-            else:
-                timer = asyncio.get_running_loop().call_later(timeout, sub.ready.set)
-                try:
-                    await sub.ready.wait()
-                finally:
+            finally:
+                sub.deliver = None
+                if timer is not None:
                     timer.cancel()
         self._woken = False
         batch: list[Event] = []
@@ -259,6 +304,22 @@ class LiveReader:
             if self._done or len(batch) >= _PAGE:
                 break
         return batch
+
+    def _deliver(self, events: Sequence[Event]) -> bool:
+        """The feed's events while ``next`` waits with nothing queued: to the sink, if they
+        continue the cursor and it takes them; else the feed queues them for ``next``."""
+        sub, sink = self._sub, self.sink
+        if sub is None or sink is None or self._done:
+            return False
+        fresh = [e for e in events if e.seq > self.cursor]
+        if not fresh:
+            return True  # already had them (joined while the feed was behind)
+        if fresh[0].seq != self.cursor + 1 or not sink(fresh):
+            return False  # a gap (``next`` fills it from the store), or the sink is full
+        self._accept(fresh)
+        if self._done:  # that was the terminal event: let ``next`` return ``None``
+            sub.ready.set()
+        return True
 
     async def _from_store(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
         page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)

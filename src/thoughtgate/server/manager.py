@@ -153,7 +153,7 @@ class RunManager:
 
     async def _execute(self, run_id: str) -> None:
         try:
-            await self.runtime.execute(run_id)
+            await self.runtime.run_to_end(run_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # already recorded as run.failed / run.error

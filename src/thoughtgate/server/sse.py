@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 from starlette.responses import Response
@@ -50,6 +50,8 @@ from thoughtgate.store.base import EventStore
 
 __all__ = [
     "PING",
+    "SERVER_SEND",
+    "DirectWrites",
     "LiveResponse",
     "LiveStreams",
     "encode_event",
@@ -123,11 +125,14 @@ async def live_frames(
     watch_access: Callable[[OnAccessLost], Callable[[], None]] | None = None,
     ping_s: float | None = None,
     streams: LiveStreams | None = None,
+    direct: DirectWrites | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks of frames for one connection: replay after ``after``, then live, until the terminal
     event (``follow=False``: only what is stored now), or until ``watch_access`` reports lost
     access. With ``ping_s``, a keep-alive comment after that long without a frame (timed by
-    ``streams``' ticker when given, else by a timer per wait)."""
+    ``streams``' ticker when given, else by a timer per wait). With ``direct`` (filled by the
+    :class:`LiveResponse` that sends these chunks), live events published while this stream
+    waits are written by the feed at once, through the same filter, instead of yielded."""
     feeds = feeds if feeds is not None else RunFeeds(store)
     reader = feeds.reader(run_id, after=after, follow=follow)
     loop = asyncio.get_running_loop()
@@ -145,6 +150,29 @@ async def live_frames(
         if ping_s is not None and now - quiet_since >= ping_s:
             reader.wake()
 
+    def sink(events: Sequence[Event]) -> bool:
+        """The feed's events while this stream waits: filtered, encoded, written in one write."""
+        nonlocal last_sent, quiet_since
+        write = direct.write if direct is not None else None
+        if write is None or lost:
+            return False
+        shared = reader.shared
+        chunk = []
+        seen = last_sent
+        for event in events:
+            data = feeds.frame(event, role, mode, event_frame, cache=shared)
+            if data is not None:
+                chunk.append(data)
+                seen = event.seq
+        if chunk:
+            if not write(b"".join(chunk)):
+                return False
+            last_sent = seen
+            quiet_since = loop.time()
+        return True
+
+    if direct is not None:
+        reader.sink = sink
     unwatch = watch_access(access_lost) if watch_access is not None else None
     untick = streams.add(tick, reader.wake) if streams is not None and ping_s else None
     wait = None if untick is not None else ping_s
@@ -184,6 +212,7 @@ async def live_frames(
                 return
         yield _note(_REVOKED, message=lost[0])
     finally:
+        reader.sink = None
         if unwatch is not None:
             unwatch()
         if untick is not None:
@@ -244,6 +273,55 @@ class LiveStreams:
         return len(self._streams)
 
 
+SERVER_SEND: Final = "thoughtgate.server_send"
+"""Scope key of the ASGI server's own ``send``, set by the app before any middleware wraps it
+(``server.app``): what lets a live stream find the connection's socket."""
+_DIRECT_MAX_BUFFERED = 64 * 1024
+"""Bytes waiting in a connection's write buffer past which writes go back to the awaited path
+(where a client that stopped reading meets the send timeout and the lag check)."""
+
+
+class DirectWrites:
+    """How a live stream's feed writes a chunk to its connection without awaiting.
+
+    ``write`` is set by :class:`LiveResponse` once the response has started, when the server
+    is uvicorn's httptools protocol (the daemon's): it writes the chunk to the socket's
+    transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing written)
+    when the client is gone, the response is ending, or the socket is not keeping up. Other
+    servers (and tests' in-memory transports) leave it ``None``: every chunk is then awaited.
+    """
+
+    __slots__ = ("write",)
+
+    def __init__(self) -> None:
+        self.write: Callable[[bytes], bool] | None = None
+
+
+def _socket_writer(server_send: object) -> Callable[[bytes], bool] | None:
+    """A direct chunk writer for uvicorn's httptools connection behind ``server_send``, else
+    ``None``. Only after the response has started, with chunked encoding (no length given)."""
+    cycle = getattr(server_send, "__self__", None)
+    if cycle is None or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
+        return None
+    transport = getattr(cycle, "transport", None)
+    flow = getattr(cycle, "flow", None)
+    if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
+        return None
+
+    def write(chunk: bytes) -> bool:
+        if (
+            cycle.disconnected
+            or cycle.response_complete
+            or flow.write_paused
+            or transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
+        ):
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    return write
+
+
 class LiveResponse(Response):
     """An ASGI response for a stream of SSE chunks: one socket write per chunk.
 
@@ -260,9 +338,11 @@ class LiveResponse(Response):
         send_timeout_s: float,
         headers: dict[str, str],
         streams: LiveStreams | None = None,
+        direct: DirectWrites | None = None,
     ) -> None:
         # Not Response.__init__: there is no body to render.
         self.chunks = chunks
+        self.direct = direct
         self.send_timeout_s = send_timeout_s
         self.background = None
         self.streams = streams
@@ -282,6 +362,8 @@ class LiveResponse(Response):
         def end(why: str) -> None:
             if active and not ended:
                 ended.append(why)
+                if self.direct is not None:
+                    self.direct.write = None
                 task.cancel()
 
         def tick(now: float) -> None:
@@ -301,6 +383,8 @@ class LiveResponse(Response):
         watcher = loop.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if self.direct is not None and not ended:
+                self.direct.write = _socket_writer(scope.get(SERVER_SEND))
             async for chunk in self.chunks:
                 sending_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -315,6 +399,8 @@ class LiveResponse(Response):
             # server closes the connection (and says the response was cut)
         finally:
             active = False
+            if self.direct is not None:
+                self.direct.write = None
             if forget is not None:
                 forget()
             watcher.cancel()

@@ -21,9 +21,11 @@ Every move is one conditional statement (compare-and-set), so two processes neve
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from thoughtgate.events.schema import NewEvent
 from thoughtgate.store.records import RunRecord
 
 __all__ = [
@@ -126,11 +128,17 @@ class DurableRunStore(abc.ABC):
 
     @abc.abstractmethod
     async def admit_run(
-        self, run: RunRecord, spec: RunSpecRecord, *, quota: Quota | None = None
+        self,
+        run: RunRecord,
+        spec: RunSpecRecord,
+        *,
+        quota: Quota | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Admission:
         """Create ``run`` with its tasks and its spec in one transaction -- unless ``quota``
         refuses it (counted in the same transaction, so concurrent admissions of one key on any
-        number of replicas never exceed it); a refused run is not stored at all."""
+        number of replicas never exceed it); a refused run is not stored at all. ``events``, the
+        run's opening events, are appended in the same transaction (one commit per admission)."""
 
     @abc.abstractmethod
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:

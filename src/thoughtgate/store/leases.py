@@ -35,7 +35,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -55,6 +55,7 @@ from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES,
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
+    "EndedTask",
     "Owner",
     "close_orphaned_runs",
     "close_run_interrupted",
@@ -143,6 +144,16 @@ def orphan_reason(run: OpenRun, now: float, me: Owner) -> str | None:
     return None if _pid_alive(other.pid) else GONE
 
 
+@dataclass(frozen=True, slots=True)
+class EndedTask:
+    """A task that ended just before its run: its closing events (``worker.completed``,
+    ``task.completed``) and its row as it ended, stored with the run's ending in the same
+    transaction instead of in one of their own (one commit per run end, not three)."""
+
+    task: TaskRecord
+    events: tuple[NewEvent, ...]
+
+
 async def end_run(
     store: EventStore,
     run_id: str,
@@ -154,16 +165,28 @@ async def end_run(
     task_status: TaskStatus,
     task_error: str,
     lease_expired_by: float | None = None,
+    ended: EndedTask | None = None,
+    tasks: Sequence[TaskRecord] | None = None,
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
-    ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended."""
-    run = await store.get_run(run_id)
-    if run.status not in OPEN_RUN_STATUSES:
-        return []
+    ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended.
+    ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
+    run's tasks as the process that executed them knows them, instead of reading the run back
+    (``finish_run`` still ends only an open run)."""
+    if tasks is None:
+        run = await store.get_run(run_id)
+        if run.status not in OPEN_RUN_STATUSES:
+            return []
+        tasks = run.tasks
     closed: list[TaskRecord] = []
     events: list[NewEvent] = []
-    for task in run.tasks:
-        if task.status in TERMINAL_TASK_STATUSES:
+    if ended is not None:
+        closed.append(ended.task)
+        events += ended.events
+    for task in tasks:
+        if task.status in TERMINAL_TASK_STATUSES or (
+            ended is not None and task.task_id == ended.task.task_id
+        ):
             continue
         task.status = task_status
         task.error = task_error
@@ -193,8 +216,10 @@ async def close_run_interrupted(
     *,
     usage: Mapping[str, int] | None = None,
     lease_expired_by: float | None = None,
+    ended: EndedTask | None = None,
 ) -> list[Event]:
-    """Close an open run as interrupted, its unfinished tasks first; ``[]`` if it had ended."""
+    """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
+    on its own, as :func:`end_run` takes it); ``[]`` if it had ended."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
@@ -208,6 +233,7 @@ async def close_run_interrupted(
         task_status="interrupted",
         task_error=f"interrupted: {reason}",
         lease_expired_by=lease_expired_by,
+        ended=ended,
     )
 
 

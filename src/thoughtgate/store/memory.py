@@ -214,7 +214,12 @@ class MemoryStore(EventStore, durable.DurableRunStore):
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+        self,
+        run: RunRecord,
+        spec: durable.RunSpecRecord,
+        *,
+        quota: durable.Quota | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> durable.Admission:
         async with self._lock:
             now = time.time()
@@ -233,7 +238,10 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             stored = copy.deepcopy(spec)
             stored.created_at = now
             self._specs[run.run_id] = stored
+            out, _ = self._append(run.run_id, events) if events else ([], False)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        if out:
+            await self.wakeups.committed(run.run_id, out)
         return verdict
 
     def _is_open(self, run_id: str) -> bool:

@@ -592,10 +592,18 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+        self,
+        run: RunRecord,
+        spec: durable.RunSpecRecord,
+        *,
+        quota: durable.Quota | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
+        columns = codec.encode_events(list(events))
+        update = batch_update(events)
+        first = 0
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
@@ -617,7 +625,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
             await conn.execute(_INSERT_SPEC, codec.spec_row(spec, created_at=now))
+            if columns[0]:  # the opening events, in the same transaction
+                first = await self._append_rows(conn, run.run_id, columns)
+                if update:
+                    await self._project(conn, run.run_id, update)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        if columns[0]:
+            await self.wakeups.committed(
+                run.run_id, codec.appended_events(run.run_id, first, columns)
+            )
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:

@@ -471,12 +471,19 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(
-        self, run: RunRecord, spec: durable.RunSpecRecord, *, quota: durable.Quota | None = None
+        self,
+        run: RunRecord,
+        spec: durable.RunSpecRecord,
+        *,
+        quota: durable.Quota | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
+        columns = codec.encode_events(list(events))
+        update = batch_update(events)
 
-        def body(conn: sqlite3.Connection) -> durable.Admission:
+        def body(conn: sqlite3.Connection) -> tuple[durable.Admission, int]:
             # BEGIN IMMEDIATE holds the database's write lock: counting and inserting are one
             # step for every process, so a key never gets past its quota by racing itself.
             now = time.time()
@@ -484,15 +491,23 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             if quota is not None:
                 verdict = durable.quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
                 if not verdict.admitted:
-                    return verdict
+                    return verdict, 0
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
             conn.executemany(_INSERT_TASK, tasks)
             conn.execute(_INSERT_SPEC, codec.spec_row(spec, created_at=now))
-            return verdict
+            first = 0
+            if columns[0]:  # the opening events, in the same transaction
+                first = _append_rows(conn, run.run_id, columns)
+                if update:
+                    _project(conn, run.run_id, update)
+            return verdict, first
 
-        verdict = await self._write(f"create run {run.run_id!r}", body)
+        verdict, first = await self._write(f"create run {run.run_id!r}", body)
         if verdict.admitted:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            if columns[0]:
+                out = codec.appended_events(run.run_id, first, columns)
+                await self.wakeups.committed(run.run_id, out)
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:

@@ -19,7 +19,7 @@ from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
 from thoughtgate.server.routes.runs import start_run
-from thoughtgate.server.sse import LiveResponse, live_frames
+from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
 from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
@@ -85,6 +85,7 @@ def _live(
     location: str | None = None,
 ) -> Response:
     """The live response for ``principal``'s role; it ends if that key loses the role."""
+    direct = DirectWrites()
     frames = live_frames(
         state.store,
         run.run_id,
@@ -98,12 +99,17 @@ def _live(
         watch_access=access_watcher(state, principal),
         ping_s=state.server.keepalive_s,
         streams=state.streams,
+        direct=direct,
     )
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     if location is not None:
         headers["Location"] = location
     return LiveResponse(
-        frames, send_timeout_s=state.sse_send_timeout_s, headers=headers, streams=state.streams
+        frames,
+        send_timeout_s=state.sse_send_timeout_s,
+        headers=headers,
+        streams=state.streams,
+        direct=direct,
     )
 
 

@@ -257,6 +257,52 @@ class EventLogConformance:
         got = await collect(store.tail(run.run_id, after=2, batch=3))
         assert [e.seq for e in got] == list(range(3, 11))
 
+    async def test_tail_over_full_pages_yields_each_event_once_in_order(
+        self, store: EventStore
+    ) -> None:
+        """Full pages are read ahead while the previous one is handed out: still every event
+        once, in order, ending at the terminal event whether it ends a page or sits inside one,
+        and a terminal event appended mid-log stops the tail there."""
+        for total in (9, 10, 11):  # the terminal event: ending a page, first of one, inside one
+            run = make_run()
+            await store.create_run(run)
+            await store.append(run.run_id, [*deltas(total - 1), NewEvent(EventType.RUN_ERROR)])
+            got = await collect(store.tail(run.run_id, batch=3))
+            assert [e.seq for e in got] == list(range(1, total + 1))
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, [*deltas(4), NewEvent(EventType.RUN_FAILED), *deltas(5)])
+        got = await collect(store.tail(run.run_id, batch=2))
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+
+    async def test_tail_of_full_pages_then_live_events(self, store: EventStore) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(6))
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            await store.append(run.run_id, [*deltas(2), NewEvent(EventType.RUN_FAILED)])
+
+        writer = asyncio.create_task(later())
+        got = await collect(store.tail(run.run_id, batch=3))
+        await writer
+        assert [e.seq for e in got] == list(range(1, 10))
+
+    async def test_tail_left_in_the_middle_of_a_page_leaves_no_read_behind(
+        self, store: EventStore
+    ) -> None:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(20))
+        before = asyncio.all_tasks()
+        tail = store.tail(run.run_id, batch=4)
+        seen = [(await anext(tail)).seq for _ in range(5)]  # into the second page
+        await tail.aclose()
+        assert seen == [1, 2, 3, 4, 5]
+        assert asyncio.all_tasks() == before, "the read-ahead was cancelled and awaited"
+        assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 21))
+
     async def test_committed_events_are_published_to_listeners_as_stored(
         self, store: EventStore
     ) -> None:

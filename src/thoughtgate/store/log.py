@@ -21,16 +21,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
-from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
+from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
 
 __all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
 
 log = logging.getLogger(__name__)
+
+_type_of = attrgetter("type")
 
 EventObserver = Callable[[Sequence[Event]], Awaitable[None]]
 """Called with every batch right after it is durably appended (telemetry, live observers)."""
@@ -172,6 +175,16 @@ class RunEnding:
         return by is not None and lease is not None and lease > by
 
 
+async def _abandon(task: asyncio.Task[list[Event]]) -> None:
+    """Cancel a read nobody will take and wait for it to end; its outcome is moot (and taken,
+    so that asyncio does not log an error nobody retrieved). A cancellation of the caller
+    still propagates."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()
+
+
 class EventLog(abc.ABC):
     """Append-only per-run event sequences, read back and followed live."""
 
@@ -240,22 +253,44 @@ class EventLog(abc.ABC):
         """
         cursor = after
         delay = self.tail_retry[0]
-        while True:
-            try:
-                events = await self.read(run_id, after=cursor, limit=batch)
+        ahead: asyncio.Task[list[Event]] | None = None
+        try:
+            while True:
+                try:
+                    if ahead is not None:
+                        reading, ahead = ahead, None
+                        events = await reading
+                    else:
+                        events = await self.read(run_id, after=cursor, limit=batch)
+                    if not events:
+                        await self.wait_for_new(run_id, cursor)
+                except StoreUnavailableError as exc:
+                    # Reads are safe to repeat: wait out a dropped connection or a restarting
+                    # server instead of ending every live stream at once (clients would all
+                    # reconnect together). Other store errors, and a closed store, end the tail.
+                    log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.tail_retry[1])
+                    continue
+                delay = self.tail_retry[0]
                 if not events:
-                    await self.wait_for_new(run_id, cursor)
-            except StoreUnavailableError as exc:
-                # Reads are safe to repeat: wait out a dropped connection or a restarting
-                # server instead of ending every live stream at once (clients would all
-                # reconnect together). Other store errors, and a closed store, end the tail.
-                log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.tail_retry[1])
-                continue
-            delay = self.tail_retry[0]
-            for event in events:
-                cursor = event.seq
-                yield event
-                if until_terminal and is_run_terminal(event.type):
-                    return
+                    continue
+                # One look for a terminal event per page (in C), not one call per event:
+                # replay's cost is this loop.
+                ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(map(_type_of, events))
+                if not ends and len(events) >= batch:
+                    # A full page: more is probably stored. Read it while this one is handed
+                    # out, so the database (PostgreSQL's server, SQLite's reader thread) works
+                    # while the consumer does. Pages still come in order, each read after the
+                    # last event of the one before.
+                    ahead = asyncio.ensure_future(
+                        self.read(run_id, after=events[-1].seq, limit=batch)
+                    )
+                for event in events:
+                    yield event
+                    if ends and is_run_terminal(event.type):
+                        return
+                cursor = events[-1].seq
+        finally:
+            if ahead is not None:
+                await _abandon(ahead)

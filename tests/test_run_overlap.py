@@ -119,3 +119,36 @@ async def test_a_run_ends_in_one_commit_after_its_stream(tmp_path: Path, mode: s
         )
     finally:
         await store.close()
+
+
+@pytest.mark.unit
+async def test_a_run_cancelled_after_its_last_turn_still_records_that_turn() -> None:
+    """The last turn is held for the run's ending; a cancel before that end stores it anyway,
+    before ``run.interrupted``, and nothing claims the task succeeded."""
+    closing = asyncio.Event()
+    gate = asyncio.Event()
+
+    class SlowToClose(FakeProvider):
+        async def aclose(self) -> None:  # the run is cancelled here, after its last turn
+            closing.set()
+            await gate.wait()
+
+    def script(request: Any, turn: int) -> Iterator[Any]:
+        yield reasoning("weighing it")
+        yield text("done")
+
+    store = MemoryStore()
+    runtime = Runtime(store, provider_factory=lambda model: SlowToClose(script, model=model))
+    created = await runtime.create_run(RunRequest("q", model="fake:x"), chain_of_thought="surface")
+    execution = asyncio.create_task(runtime.execute(created.run_id))
+    await asyncio.wait_for(closing.wait(), 5)
+    execution.cancel("stop")
+    with pytest.raises(asyncio.CancelledError):
+        await execution
+    run = await store.get_run(created.run_id)
+    assert run.status == "interrupted"
+    types = [e.type for e in await store.read(run.run_id)]
+    assert types.index(EventType.MESSAGE_COMPLETED) < types.index(EventType.RUN_INTERRUPTED)
+    assert types[-1] == EventType.RUN_INTERRUPTED
+    assert EventType.WORKER_COMPLETED not in types
+    assert run.tasks[0].status == "interrupted"

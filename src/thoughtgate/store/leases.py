@@ -147,8 +147,8 @@ def orphan_reason(run: OpenRun, now: float, me: Owner) -> str | None:
 @dataclass(frozen=True, slots=True)
 class EndedTask:
     """A task that ended just before its run: its closing events (its last turn's record, then
-    ``worker.completed``, ``task.completed``) and its row as it ended, stored with the run's ending in the same
-    transaction instead of in one of their own (one commit per run end, not three)."""
+    ``worker.completed``, ``task.completed``) and its row as it ended, stored with the run's
+    ending in the same transaction instead of in one of their own (one commit per run end)."""
 
     task: TaskRecord
     events: tuple[NewEvent, ...]

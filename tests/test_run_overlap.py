@@ -7,15 +7,17 @@ run's ending commit; readers still see every event in order, and only once it is
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from thoughtgate.errors import StoreError
+from thoughtgate.errors import StoreError, UsageError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
@@ -152,3 +154,44 @@ async def test_a_run_cancelled_after_its_last_turn_still_records_that_turn() -> 
     assert types[-1] == EventType.RUN_INTERRUPTED
     assert EventType.WORKER_COMPLETED not in types
     assert run.tasks[0].status == "interrupted"
+
+
+class ReadCountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_reads = 0
+
+    async def get_run(self, run_id: str) -> Any:
+        self.run_reads += 1
+        return await super().get_run(run_id)
+
+    async def get_run_spec(self, run_id: str) -> Any:
+        self.run_reads += 1
+        return await super().get_run_spec(run_id)
+
+
+@pytest.mark.unit
+async def test_the_daemons_execution_of_a_run_it_admitted_reads_nothing_back() -> None:
+    store = ReadCountingStore()
+    runtime = _runtime(store)
+    created = await runtime.create_run(RunRequest("q", model="fake:x"), chain_of_thought="surface")
+    assert created.tasks[0].status == "pending"
+    await runtime.run_to_end(created.run_id)
+    assert store.run_reads == 0
+    assert created.tasks[0].status == "pending"  # the caller's record is not the execution's
+    run = await store.get_run(created.run_id)
+    assert run.status == "completed" and run.tasks[0].output == "done"
+
+
+@pytest.mark.unit
+async def test_a_run_closed_elsewhere_after_its_admission_lease_ran_out_is_not_executed() -> None:
+    store = ReadCountingStore()
+    runtime = _runtime(store)
+    created = await runtime.create_run(RunRequest("q", model="fake:x"), chain_of_thought="surface")
+    runtime._admitted[created.run_id][0].lease_expires_at = time.time() - 1  # as if long ago
+    await close_run_interrupted(store, created.run_id, "its process looked gone")
+    with pytest.raises(UsageError, match="already ended"):
+        await runtime.run_to_end(created.run_id)
+    types = [e.type for e in await store.read(created.run_id)]
+    assert types[-1] == EventType.RUN_INTERRUPTED
+    assert EventType.TASK_STARTED not in types

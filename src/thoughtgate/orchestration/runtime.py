@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -202,10 +203,12 @@ class Runtime:
         self.observer_factory = observer_factory
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
-        self._admitted: dict[str, RunSpec] = {}
-        """The specs of runs this process admitted to execute itself, as it stored them: their
-        execution here takes the spec from here instead of reading it back (any other process
-        reads it from the store, ``stored_spec``)."""
+        self._admitted: dict[str, tuple[RunRecord, RunSpec]] = {}
+        """Runs this process admitted to execute itself, and their specs, as it stored them:
+        their execution here takes both from here instead of reading them back (any other
+        process reads them from the store, ``stored_spec``). Such a run is pending and held by
+        this process's lease until it executes, so nothing else can have changed it while that
+        lease lasts (a later execution reads the run back)."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -371,7 +374,10 @@ class Runtime:
         else:
             self._prepared[run.run_id] = prepared
             if isinstance(self.store, DurableRunStore):
-                self._admitted[run.run_id] = spec
+                # A copy: the caller's record stays as admitted while the execution changes its
+                # tasks'.
+                kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
+                self._admitted[run.run_id] = (kept, spec)
         return run, rank
 
     async def _store_run(
@@ -505,12 +511,16 @@ class Runtime:
 
     async def _execute(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
-        run = await self.store.get_run(run_id)
-        if run.status not in OPEN_RUN_STATUSES:
-            await _close_all(self._prepared.pop(run_id, {}).values())
-            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+        spec: RunSpec | None = None
+        if admitted is not None and time.time() < (admitted[0].lease_expires_at or 0.0):
+            run, spec = admitted  # as this process stored it: no read back (ADR 0021, amended)
+        else:
+            run = await self.store.get_run(run_id)
+            if run.status not in OPEN_RUN_STATUSES:
+                await _close_all(self._prepared.pop(run_id, {}).values())
+                raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         try:
-            spec = admitted or await self.stored_spec(run)
+            spec = spec or await self.stored_spec(run)
             tools = self.tools_for(spec.tools)
         except UsageError:
             await _close_all(self._prepared.pop(run_id, {}).values())

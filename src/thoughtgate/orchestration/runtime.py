@@ -25,9 +25,9 @@ A provider is built when the run is created, so a missing key or an unknown mode
 (``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
 when the runtime is durable (``orchestration.durable``, ADR 0013), resume from its last completed
 step. The run's whole spec (each task's prompt, model, system prompt, worker and earlier
-conversation, and the names of its tools) is stored with it, and every execution reads it back
-from the store -- in the process that created the run too -- so any process can execute it and no
-surface depends on the memory of the one that created it. A run's tools are a parameter of its
+conversation, and the names of its tools) is stored with it, and any process can execute it
+from the store, so no surface depends on the memory of the one that created it (that one, running
+the run itself at once, keeps what it stored instead of reading it back: ADR 0021). A run's tools are a parameter of its
 execution (``tools_for`` its spec), not a copy of the runtime.
 """
 

@@ -196,6 +196,11 @@ class BatchCountingStore(MemoryStore):
         self.event_batches.append(list(events))
         return await super().append(run_id, events)
 
+    async def finish_run(self, run_id: str, events: Any, ending: Any) -> Any:
+        self.batches.append([e.type for e in events])
+        self.event_batches.append(list(events))
+        return await super().finish_run(run_id, events, ending)
+
 
 async def test_events_emitted_together_are_one_batch_after_the_buffered_deltas() -> None:
     store = BatchCountingStore()
@@ -230,5 +235,11 @@ async def test_a_turn_ends_in_one_batch_whatever_its_visible_steps() -> None:
     ends = [b for b in store.batches if "agent.response" in b]
     assert len(ends) == 1
     closing = ends[0][ends[0].index("agent.response") :]
-    assert closing[-1] == "message.completed"
+    # The run's last turn ends in the run's ending (ADR 0021, amended), in the order readers see.
+    assert closing[-4:] == [
+        "message.completed",
+        "worker.completed",
+        "task.completed",
+        "run.settlement.completed",
+    ]
     assert any(t.startswith("cot.") for t in closing)  # the visible steps came along

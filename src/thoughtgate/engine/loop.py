@@ -126,6 +126,11 @@ class LoopRecorder(Protocol):
 
     async def emit_delta(self, event: NewEvent) -> None: ...
 
+    async def emit_last(self, events: Sequence[NewEvent]) -> None:
+        """The task's last events (its last turn's record): appended like ``emit_all``, or held
+        by the recorder for its caller to store with the run's ending (one commit)."""
+        ...
+
     def extend_delta(self, event: NewEvent | None, text: str) -> bool:
         """Join ``text`` to ``event`` (a delta this caller emitted) if it still waits in the
         buffer; ``False`` when it does not and ``text`` must go in a delta of its own."""
@@ -373,13 +378,20 @@ class _Loop:
             turn = self.captured(await stream_llm_turn(self.provider, request, self.on_chunk))
         except ProviderError as exc:
             self.stream_ended_at = now_ts()
-            await self.recorder.flush()
+            await self.flush_tail()
             partial = self.captured(exc.partial) if exc.partial is not None else None
             call = self.call_info(request, partial, started_at) if partial is not None else None
             return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
         self.stream_ended_at = now_ts()
-        await self.recorder.flush()
+        await self.flush_tail()
         return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
+
+    async def flush_tail(self) -> None:
+        """The stream's last deltas. A checkpointed turn stores them before its step ends (a
+        resume finds the turn's text in the log); a direct one leaves them to the turn's record,
+        which takes them in its own append: one commit for both (ADR 0021, amended)."""
+        if not isinstance(self.steps, DirectSteps):
+            await self.recorder.flush()
 
     async def record_cut(self, turn_no: int, text: str) -> None:
         cut: AgentResponsePayload = {
@@ -422,7 +434,10 @@ class _Loop:
                 "finish_reason": turn.finish_reason,
             }
             events.append(self.ev(EventType.MESSAGE_COMPLETED, final))
-        await self.recorder.emit_all(events)
+        if failure is not None or turn is None or not turn.tool_calls:  # the task's last turn
+            await self.recorder.emit_last(events)
+        else:
+            await self.recorder.emit_all(events)
 
     async def response_events(
         self,

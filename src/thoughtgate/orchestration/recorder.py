@@ -14,6 +14,14 @@ moment it is delivered are the same. The first delta of a burst still goes out a
 Events that happen together (a turn's response, its visible steps and the answer) are emitted
 together with ``emit_all``: one commit, one write to each live reader.
 
+Two waits a run used to spend in sequence are overlapped (ADR 0021, amended): ``start`` queues a
+task's ``task.started`` without waiting for its commit, so the provider's stream opens while it
+commits, and every later append first waits for that one (its order and its failure are kept);
+with ``hold_last`` a task's last events (``emit_last``: the tail of its deltas, the last turn's
+response, visible steps and answer) are held for the caller to store with the run's ending, one
+commit instead of three. Either way no event reaches a reader before it is durable: readers see
+only what the store committed.
+
 A failed append is never skipped over: when the background flush of a window fails (the store is
 full or unreachable), that batch is not stored, and the next ``emit``, ``emit_delta``, ``flush``
 or ``close`` raises the same error, so the run ends failed instead of recording later events
@@ -47,6 +55,7 @@ class EventRecorder:
         *,
         flush_interval: float = 0.02,
         max_batch: int = 256,
+        hold_last: bool = False,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -60,6 +69,12 @@ class EventRecorder:
         self._window_end = 0.0
         self.appended = 0
         self._failure: Exception | None = None
+        self._pending: asyncio.Future[list[Event]] | None = None
+        """The append ``start`` queued and nobody has waited for yet."""
+        self.hold_last = hold_last
+        self._held: list[NewEvent] = []
+        """``emit_last``'s events while ``hold_last``: ``take_held`` hands them over, or else
+        ``flush`` and ``close`` append them."""
 
     async def emit(self, event: NewEvent) -> list[Event]:
         """Append ``event`` after everything buffered before it."""
@@ -75,6 +90,37 @@ class EventRecorder:
             self._raise_failure()
             batch = [*self._take_buffer(), *events]
             return await self._append(batch)
+
+    async def start(self, events: Sequence[NewEvent]) -> None:
+        """Queue ``events``' append (after everything buffered) and return without waiting for
+        its commit: the caller goes on (opens the provider's stream) while it commits. The next
+        append, ``flush`` or ``close`` waits for it first and raises its error, if any."""
+        check_new_events(events)
+        async with self._lock:
+            await self._settle()
+            self._raise_failure()
+            batch = [*self._take_buffer(), *events]
+            self._pending = asyncio.ensure_future(self.store.append(self.run_id, batch))
+
+    async def emit_last(self, events: Sequence[NewEvent]) -> None:
+        """The task's last events. With ``hold_last`` they are held, with the deltas buffered
+        before them, for the caller to store in the run's ending (``take_held``); else appended
+        like ``emit_all``."""
+        if not self.hold_last:
+            await self.emit_all(events)
+            return
+        check_new_events(events)
+        async with self._lock:
+            await self._settle()
+            self._raise_failure()
+            self._held += [*self._take_buffer(), *events]
+
+    def take_held(self) -> list[NewEvent]:
+        """What ``emit_last`` held, now the caller's to store (not this recorder's any more)."""
+        self._raise_failure()
+        held = self._held
+        self._held = []
+        return held
 
     async def emit_delta(self, event: NewEvent) -> None:
         """Append the first delta of a burst at once (a live reader gets the first byte without
@@ -111,7 +157,10 @@ class EventRecorder:
     async def _flush_at(self, when: float) -> None:
         await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
         try:
-            await self.flush()
+            async with self._lock:  # the buffer only: what emit_last holds stays held
+                self._raise_failure()
+                if self._buffer:
+                    await self._append(self._take_buffer())
         except Exception as exc:  # nobody awaits this task: hand the error to the next caller
             if self._failure is None:
                 self._failure = exc
@@ -124,9 +173,12 @@ class EventRecorder:
 
     async def flush(self) -> None:
         async with self._lock:
+            await self._settle()
             self._raise_failure()
-            if self._buffer:
-                await self._append(self._take_buffer())
+            held = self._held
+            self._held = []
+            if held or self._buffer:
+                await self._append([*held, *self._take_buffer()])
 
     def _seal_last(self) -> None:
         """Make the buffer's last delta carry the texts joined to it."""
@@ -143,10 +195,28 @@ class EventRecorder:
         self._buffer = []
         return batch
 
+    async def _settle(self) -> None:
+        """Wait for the append ``start`` queued: the next one goes after it, and not at all if
+        it failed (its error is raised by every later emit, flush or close)."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            out = await pending
+        except Exception as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+        finally:
+            if pending.done():
+                self._pending = None
+        self.appended += len(out)
+
     async def _append(self, batch: list[NewEvent]) -> list[Event]:
         if not batch:
             return []
         check_new_events(batch)
+        await self._settle()
         try:
             out = await self.store.append(self.run_id, batch)
         except Exception as exc:
@@ -166,6 +236,12 @@ class EventRecorder:
                 self._flusher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._flusher
+            pending, self._pending = self._pending, None
+            if pending is not None:  # cancelled or failed before anyone waited for it
+                pending.cancel()
+                await asyncio.wait([pending])
+                if not pending.cancelled():
+                    pending.exception()  # retrieved: the error that matters was raised already
 
 
 _TEXT_DELTAS = frozenset({EventType.MESSAGE_DELTA, EventType.REASONING_DELTA})

@@ -25,9 +25,9 @@ A provider is built when the run is created, so a missing key or an unknown mode
 (``orchestration.leases``); a process that dies leaves a run that others close (ADR 0009) -- or,
 when the runtime is durable (``orchestration.durable``, ADR 0013), resume from its last completed
 step. The run's whole spec (each task's prompt, model, system prompt, worker and earlier
-conversation, and the names of its tools) is stored with it, and every execution reads it back
-from the store -- in the process that created the run too -- so any process can execute it and no
-surface depends on the memory of the one that created it. A run's tools are a parameter of its
+conversation, and the names of its tools) is stored with it, and any process can execute it
+from the store, so no surface depends on the memory of the one that created it (that one, running
+the run itself at once, keeps what it stored instead of reading it back: ADR 0021). A run's tools are a parameter of its
 execution (``tools_for`` its spec), not a copy of the runtime.
 """
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -202,10 +203,12 @@ class Runtime:
         self.observer_factory = observer_factory
         self._prepared: dict[str, dict[str, Provider]] = {}
         """Providers built while creating a run (to check its models), used by its first tasks."""
-        self._admitted: dict[str, RunSpec] = {}
-        """The specs of runs this process admitted to execute itself, as it stored them: their
-        execution here takes the spec from here instead of reading it back (any other process
-        reads it from the store, ``stored_spec``)."""
+        self._admitted: dict[str, tuple[RunRecord, RunSpec]] = {}
+        """Runs this process admitted to execute itself, and their specs, as it stored them:
+        their execution here takes both from here instead of reading them back (any other
+        process reads them from the store, ``stored_spec``). Such a run is pending and held by
+        this process's lease until it executes, so nothing else can have changed it while that
+        lease lasts (a later execution reads the run back)."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -371,7 +374,10 @@ class Runtime:
         else:
             self._prepared[run.run_id] = prepared
             if isinstance(self.store, DurableRunStore):
-                self._admitted[run.run_id] = spec
+                # A copy: the caller's record stays as admitted while the execution changes its
+                # tasks'.
+                kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
+                self._admitted[run.run_id] = (kept, spec)
         return run, rank
 
     async def _store_run(
@@ -505,12 +511,16 @@ class Runtime:
 
     async def _execute(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
-        run = await self.store.get_run(run_id)
-        if run.status not in OPEN_RUN_STATUSES:
-            await _close_all(self._prepared.pop(run_id, {}).values())
-            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+        spec: RunSpec | None = None
+        if admitted is not None and time.time() < (admitted[0].lease_expires_at or 0.0):
+            run, spec = admitted  # as this process stored it: no read back (ADR 0021, amended)
+        else:
+            run = await self.store.get_run(run_id)
+            if run.status not in OPEN_RUN_STATUSES:
+                await _close_all(self._prepared.pop(run_id, {}).values())
+                raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         try:
-            spec = admitted or await self.stored_spec(run)
+            spec = spec or await self.stored_spec(run)
             tools = self.tools_for(spec.tools)
         except UsageError:
             await _close_all(self._prepared.pop(run_id, {}).values())
@@ -574,7 +584,7 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason, spent.ended)
+                await self._interrupted(run_id, spent.usage, reason, spent.ended, spent.tail)
             raise
         finally:
             self.leases.release(run_id)
@@ -621,13 +631,19 @@ class Runtime:
         await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
 
     async def _interrupted(
-        self, run_id: str, usage: Usage, reason: str, ended: EndedTask | None = None
+        self,
+        run_id: str,
+        usage: Usage,
+        reason: str,
+        ended: EndedTask | None = None,
+        tail: Sequence[NewEvent] = (),
     ) -> None:
-        """Close a cancelled run; never let a failing store hide the cancellation itself."""
+        """Close a cancelled run; never let a failing store hide the cancellation itself.
+        ``tail``: the last task's last events, held for the run's ending and not stored yet."""
         self.leases.release(run_id)
         try:
             await close_run_interrupted(
-                self.store, run_id, reason, usage=usage.to_dict(), ended=ended
+                self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
             )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
@@ -743,7 +759,8 @@ class Runtime:
         """One task, started and ended; with ``defer_end`` its end is not stored here but
         handed to the run's ending (``defer_end.ended``), which stores both at once."""
         steps = execution.steps
-        recorder = EventRecorder(self.store, run.run_id)
+        recorder = EventRecorder(self.store, run.run_id, hold_last=defer_end is not None)
+        held: list[NewEvent] = []
         started = time.monotonic()
         resumed = steps.resumed
         observer: LoopObserver | None = None
@@ -766,7 +783,9 @@ class Runtime:
             }
             if run.worker_backend != "inline":
                 _describe_task(opened, spec, offered_tools(execution.tools, observer))
-            await recorder.emit(NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id))
+            # Not waited for: the provider's stream opens while it commits, and the task's
+            # next append waits for it (ADR 0021, amended).
+            await recorder.start([NewEvent(EventType.TASK_STARTED, opened, task_id=task.task_id)])
 
         try:
             try:
@@ -783,12 +802,18 @@ class Runtime:
                     result = await self._provider(
                         run, spec, task, recorder, disclosure, observer, execution
                     )
+                held = recorder.take_held()  # the task's last events, for the run's ending
+                if defer_end is not None:  # a cancel from here on still records them
+                    defer_end.tail = held
             finally:
                 await recorder.close()
         except Exception as exc:
             error = _describe(exc)
+            if defer_end is not None:  # _task_aborted stores them
+                defer_end.tail = []
             await steps.effect(
-                f"{task.task_id}: aborted", lambda: self._task_aborted(run, task, error, resumed)
+                f"{task.task_id}: aborted",
+                lambda: self._task_aborted(run, task, error, resumed, held),
             )
             raise
 
@@ -803,15 +828,16 @@ class Runtime:
             # The index takes the task's end from worker.completed and task.completed, in their
             # append's transaction (ADR 0020); only the reasoning, which no one event carries,
             # is saved beside them, afterwards.
-            events: list[NewEvent] = []
+            events = list(held)
             if not (
                 resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED)
             ):
-                events = self._worker_completed(
+                events += self._worker_completed(
                     run, task, result, disclosure, time.monotonic() - started
                 )
             if defer_end is not None:
                 defer_end.ended = EndedTask(task, tuple(events))
+                defer_end.tail = []
                 return
             if events:
                 await self._append(run.run_id, events)
@@ -822,7 +848,12 @@ class Runtime:
         return result
 
     async def _task_aborted(
-        self, run: RunRecord, task: TaskRecord, error: str, resumed: ResumeLog | None
+        self,
+        run: RunRecord,
+        task: TaskRecord,
+        error: str,
+        resumed: ResumeLog | None,
+        held: Sequence[NewEvent] = (),
     ) -> None:
         """A task whose worker raised still ends (failed, with the error) before the run's
         terminal event, so no reader waits on a task that will never finish."""
@@ -831,9 +862,8 @@ class Runtime:
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
-        await self._append(
-            run.run_id, [NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)]
-        )
+        done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
+        await self._append(run.run_id, [*held, done])
 
     def _worker_completed(
         self,
@@ -1005,6 +1035,9 @@ class _Spent:
     usage: Usage = field(default_factory=Usage)
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
+    tail: list[NewEvent] = field(default_factory=list)
+    """The last task's last events (its last turn's record), held for the run's ending, until
+    its end (``ended``) carries them."""
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

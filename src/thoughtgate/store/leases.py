@@ -146,9 +146,9 @@ def orphan_reason(run: OpenRun, now: float, me: Owner) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EndedTask:
-    """A task that ended just before its run: its closing events (``worker.completed``,
-    ``task.completed``) and its row as it ended, stored with the run's ending in the same
-    transaction instead of in one of their own (one commit per run end, not three)."""
+    """A task that ended just before its run: its closing events (its last turn's record, then
+    ``worker.completed``, ``task.completed``) and its row as it ended, stored with the run's
+    ending in the same transaction instead of in one of their own (one commit per run end)."""
 
     task: TaskRecord
     events: tuple[NewEvent, ...]
@@ -167,19 +167,21 @@ async def end_run(
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
     tasks: Sequence[TaskRecord] | None = None,
+    tail: Sequence[NewEvent] = (),
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
     ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended.
     ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
     run's tasks as the process that executed them knows them, instead of reading the run back
-    (``finish_run`` still ends only an open run)."""
+    (``finish_run`` still ends only an open run). ``tail``: events of the run's that were held
+    for its ending (a task's last turn), first in the batch."""
     if tasks is None:
         run = await store.get_run(run_id)
         if run.status not in OPEN_RUN_STATUSES:
             return []
         tasks = run.tasks
     closed: list[TaskRecord] = []
-    events: list[NewEvent] = []
+    events: list[NewEvent] = [*tail]
     if ended is not None:
         closed.append(ended.task)
         events += ended.events
@@ -217,6 +219,7 @@ async def close_run_interrupted(
     usage: Mapping[str, int] | None = None,
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
+    tail: Sequence[NewEvent] = (),
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
     on its own, as :func:`end_run` takes it); ``[]`` if it had ended."""
@@ -234,6 +237,7 @@ async def close_run_interrupted(
         task_error=f"interrupted: {reason}",
         lease_expired_by=lease_expired_by,
         ended=ended,
+        tail=tail,
     )
 
 

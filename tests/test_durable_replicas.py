@@ -159,6 +159,33 @@ def tool_ran(service: Service) -> str:
     return str(lines[0].split()[1])
 
 
+def killed_after_its_tool(service: Service, **fields: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Start a daemon and a run whose tool waits on ``service.hold``; once the tool's end is in
+    the log, kill the daemon and release the hold. Returns the run and its events so far."""
+    first = service.start()
+    body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"], **fields}
+    run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+    assert tool_ran(service) == str(first.proc.pid if first.proc else "")
+    wait_for(
+        lambda: any(e["type"] == "tool.completed" for e in service.events(first, run_id)),
+        timeout=10,
+        what="the tool's end to be recorded",
+    )
+    before = service.events(first, run_id)
+    first.kill()
+    service.hold.unlink()
+    return run_id, before
+
+
+def assert_completed_with_one_tool_run(
+    service: Service, daemon: ServeProcess, run_id: str, before: list[dict[str, Any]]
+) -> None:
+    run = service.done(daemon, run_id)
+    assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+    assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
+    assert_resumed_cleanly(service, daemon, run_id, before)
+
+
 # --------------------------------------------------------------------------- SQLite, one daemon
 
 
@@ -168,33 +195,9 @@ def test_sqlite_daemon_killed_and_restarted_completes_the_run_and_never_repeats_
     service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
     service.hold.touch()
     try:
-        first = service.start()
-        run_id = service.request(
-            first,
-            "POST",
-            "/v1/runs",
-            "member",
-            json={
-                "prompt": "go",
-                "model": "fake:durable",
-                "tools": ["side_effect"],
-                "chain_of_thought": "surface",
-            },
-        )["run_id"]
-        assert tool_ran(service) == str(first.proc.pid if first.proc else "")
-        wait_for(
-            lambda: any(e["type"] == "tool.completed" for e in service.events(first, run_id)),
-            timeout=10,
-            what="the tool's end to be recorded",
-        )
-        before = service.events(first, run_id)
-        first.kill()
-        service.hold.unlink()
+        run_id, before = killed_after_its_tool(service, chain_of_thought="surface")
         second = service.start()
-        run = service.done(second, run_id)
-        assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
-        assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
-        assert_resumed_cleanly(service, second, run_id, before)
+        assert_completed_with_one_tool_run(service, second, run_id, before)
     finally:
         service.close()
 
@@ -238,27 +241,13 @@ def test_a_run_starts_without_waiting_for_the_queue_poll_and_resumes_after_a_kil
     )
     service.hold.touch()
     try:
-        first = service.start()
-        body = {"prompt": "go", "model": "fake:durable", "tools": ["side_effect"]}
-        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
-        assert tool_ran(service) == str(first.proc.pid if first.proc else "")
-        wait_for(
-            lambda: any(e["type"] == "tool.completed" for e in service.events(first, run_id)),
-            timeout=10,
-            what="the tool's end to be recorded",
-        )
-        before = service.events(first, run_id)
-        first.kill()
-        service.hold.unlink()
+        run_id, before = killed_after_its_tool(service)
         # The restarted daemon polls often, on a queue of its own (another concurrency): the
         # first daemon's queue keeps the 60 s its worker may read before it is registered anew.
         service.env["THOUGHTGATE_DURABILITY__POLL_INTERVAL_S"] = "0.2"
         service.env["THOUGHTGATE_DURABILITY__CONCURRENCY"] = "8"
         second = service.start()
-        run = service.done(second, run_id)
-        assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
-        assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
-        assert_resumed_cleanly(service, second, run_id, before)
+        assert_completed_with_one_tool_run(service, second, run_id, before)
     finally:
         service.close()
 

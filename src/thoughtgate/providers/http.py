@@ -269,7 +269,8 @@ class HTTPTransport:
         self._timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._own_client = client
         self._clients = clients or shared_clients()
-        self._headers = dict(headers)
+        self._headers = httpx.Headers(headers)
+        self._urls: dict[str, httpx.URL] = {}
         self.sleep = asyncio.sleep
 
     def _client(self) -> httpx.AsyncClient:
@@ -277,6 +278,14 @@ class HTTPTransport:
 
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _url(self, path: str) -> httpx.URL:
+        """:meth:`url` parsed once per path (httpx takes a parsed URL as it is; a string it
+        parses on every request)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.url(path))
+        return url
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -328,7 +337,7 @@ class HTTPTransport:
             try:
                 request = client.build_request(
                     "POST",
-                    self.url(path),
+                    self._url(path),
                     json=body,
                     headers=self._headers,
                     timeout=self._timeout,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import json
 import random
 import time
@@ -245,6 +246,13 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
     return value
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed_url(url: str) -> httpx.URL:
+    """A request URL parsed once: httpx takes a parsed URL as it is and parses a string on every
+    request, and an adapter (so its transport) is built per run (``httpx.URL`` is immutable)."""
+    return httpx.URL(url)
+
+
 class HTTPTransport:
     """One provider's base URL, request headers, timeouts and retry policy; no connection state.
 
@@ -270,7 +278,6 @@ class HTTPTransport:
         self._own_client = client
         self._clients = clients or shared_clients()
         self._headers = httpx.Headers(headers)
-        self._urls: dict[str, httpx.URL] = {}
         self.sleep = asyncio.sleep
 
     def _client(self) -> httpx.AsyncClient:
@@ -280,12 +287,8 @@ class HTTPTransport:
         return f"{self.base_url}/{path.lstrip('/')}"
 
     def _url(self, path: str) -> httpx.URL:
-        """:meth:`url` parsed once per path (httpx takes a parsed URL as it is; a string it
-        parses on every request)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self.url(path))
-        return url
+        """:meth:`url`, parsed once per process (:func:`_parsed_url`)."""
+        return _parsed_url(self.url(path))
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:

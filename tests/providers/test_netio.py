@@ -154,3 +154,41 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None:
+    """The stream keeps one read timer across reads: pieces that each come within the timeout
+    never time out, however long the whole body takes; a read without a timeout is not failed by
+    a timer an earlier read armed; a stall after them is a ``ReadTimeout``."""
+    import asyncio
+
+    import httpcore
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(6):
+            await asyncio.sleep(0.08)
+            writer.write(b"x")
+            await writer.drain()
+        await asyncio.sleep(0.4)  # longer than the timed reads' timeout
+        writer.write(b"late")
+        await writer.drain()
+        await reader.read()  # then a stall, until the client hangs up
+        writer.close()
+
+    server = await asyncio.start_server(paced, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    try:
+        got = b""
+        while len(got) < 6:  # 0.48 s in all, past the 0.2 s timeout of each read
+            got += await stream.read(1024, timeout=0.2)
+        assert got == b"x" * 6
+        assert await stream.read(1024, timeout=None) == b"late"  # waited 0.4 s, no timeout
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(httpcore.ReadTimeout):
+            await stream.read(1024, timeout=0.2)
+        assert asyncio.get_running_loop().time() - started < 1.0
+    finally:
+        await stream.aclose()
+        server.close()
+        await server.wait_closed()

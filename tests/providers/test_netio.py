@@ -164,6 +164,8 @@ async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None
 
     import httpcore
 
+    served = asyncio.Event()
+
     async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(6):
             await asyncio.sleep(0.08)
@@ -174,6 +176,8 @@ async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None
         await writer.drain()
         await reader.read()  # then a stall, until the client hangs up
         writer.close()
+        await writer.wait_closed()
+        served.set()
 
     server = await asyncio.start_server(paced, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -190,5 +194,6 @@ async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None
         assert asyncio.get_running_loop().time() - started < 1.0
     finally:
         await stream.aclose()
+        await asyncio.wait_for(served.wait(), 5)
         server.close()
         await server.wait_closed()

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.replay import ReplayServer, Reply, blackhole_port
 
-from thoughtgate.providers.clients import ShardedTransport
+from thoughtgate.providers.clients import ShardedTransport, _FastLock
 from thoughtgate.providers.netio import AsyncioBackend
 
 TEXT = {"content-type": "text/plain"}
@@ -48,6 +48,22 @@ async def test_pieces_arrive_in_order_and_a_connection_is_reused() -> None:
                 got = [chunk async for chunk in response.aiter_raw()]
             assert b"".join(got) == b"".join(pieces)
         assert (len(server.bodies), server.connections) == (3, 1)
+
+
+async def test_a_connection_takes_its_locks_without_a_pass_of_the_event_loop() -> None:
+    """The shared transport gives each connection that answered locks that a free acquire does
+    not yield on (``clients._lean_locks``); this pins the private path it takes through the
+    installed httpx and httpcore, and the connection keeps serving requests with them."""
+    assert _FastLock is not None
+    async with ReplayServer([Reply([b"ok"], headers=TEXT)]) as server, client() as http:
+        for _ in range(3):
+            assert (await http.get(server.url)).content == b"ok"
+        transport = http._transport
+        assert isinstance(transport, ShardedTransport)
+        (connection,) = transport._shard().transport._pool.connections  # type: ignore[attr-defined]
+        assert type(connection._request_lock) is _FastLock
+        assert type(connection._connection._state_lock) is _FastLock
+        assert server.connections == 1
 
 
 async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:

@@ -50,7 +50,9 @@ def test_comments_are_counted_not_emitted() -> None:
     assert dec.comments == 1
 
 
-_VALUE = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\r\n"), max_size=12)
+_VALUE = st.text(
+    st.characters(blacklist_categories=["Cs"], blacklist_characters="\r\n"), max_size=12
+)
 _LINE = st.one_of(
     _VALUE.map(lambda v: f"data: {v}"),
     _VALUE.map(lambda v: f"data:{v}"),

@@ -101,7 +101,7 @@ def _fast_lock_class() -> Any:
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other versions
         return None
 
-    class FastLock(base):  # type: ignore[misc,valid-type]
+    class FastLock(base):  # type: ignore[misc]
         def setup(self) -> None:
             super().setup()
             if getattr(self, "_backend", None) == "asyncio":

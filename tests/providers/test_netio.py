@@ -213,3 +213,23 @@ async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None
         await asyncio.wait_for(served.wait(), 5)
         server.close()
         await server.wait_closed()
+
+
+async def test_the_shared_clients_keep_the_cookies_a_provider_sets() -> None:
+    """The shared clients' jar skips a response without cookies (``clients._LeanCookies``);
+    one that sets a cookie is stored as httpx stores it, and a later response without any
+    leaves it there."""
+    from thoughtgate.providers.clients import ProviderClients, _LeanCookies
+
+    clients = ProviderClients()
+    replies = [
+        Reply([b"ok"], headers={**TEXT, "set-cookie": "lb=a1; Path=/"}),
+        Reply([b"ok"], headers=TEXT),
+    ]
+    async with ReplayServer(replies) as server, clients.lease():
+        http = clients.client(server.url)
+        assert type(http._cookies) is _LeanCookies  # type: ignore[attr-defined]
+        assert (await http.get(server.url)).content == b"ok"
+        assert http.cookies.get("lb") == "a1"
+        assert (await http.get(server.url)).content == b"ok"
+        assert http.cookies.get("lb") == "a1"

@@ -105,6 +105,13 @@ class RunWakeups:
         if not events:
             return
         self.publish(run_id, events)
+        await self.observed(run_id, events)
+
+    async def observed(self, run_id: str, events: Sequence[Event]) -> None:
+        """The second half of :meth:`committed`, for a backend that published ``events`` in its
+        commit's hand-off already (SQLite, ADR 0028): every observer sees the batch."""
+        if not events:
+            return
         for observer in tuple(self._observers):
             try:
                 await observer(events)

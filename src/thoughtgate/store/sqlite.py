@@ -373,20 +373,35 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
         update = batch_update(events)
+        action = f"append {n} events to run {run_id!r}"
         if not update:  # deltas and the like: the index is not touched
-            first = await self._writer.write(
-                f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
-            )
+
+            def published(first: int) -> list[Event]:
+                # In the commit's hand-off: live readers get the events a loop turn sooner
+                # than the appender's task resumes (ADR 0028), in commit order.
+                out = codec.appended_events(run_id, first, columns)
+                self.wakeups.publish(run_id, out)
+                return out
+
+            def rows(conn: sqlite3.Connection) -> int:
+                return _append_rows(conn, run_id, columns)
+
+            out = await self._writer.write_then(action, rows, published)
         else:
 
             def body(conn: sqlite3.Connection) -> tuple[int, bool]:
                 return _append_rows(conn, run_id, columns), _project(conn, run_id, update)
 
-            first, changed = await self._writer.write(f"append {n} events to run {run_id!r}", body)
-            if changed:
-                self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = codec.appended_events(run_id, first, columns)
-        await self.wakeups.committed(run_id, out)
+            def published_indexed(result: tuple[int, bool]) -> list[Event]:
+                first, changed = result
+                if changed:
+                    self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+                out = codec.appended_events(run_id, first, columns)
+                self.wakeups.publish(run_id, out)
+                return out
+
+            out = await self._writer.write_then(action, body, published_indexed)
+        await self.wakeups.observed(run_id, out)
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -440,12 +455,17 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             )
             return first
 
-        first = await self._write(f"finish run {run_id!r}", body)
-        if first is None:
-            return []
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = codec.appended_events(run_id, first, columns) if columns[0] else []
-        await self.wakeups.committed(run_id, out)
+        def published(first: int | None) -> list[Event]:
+            if first is None:
+                return []
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            out = codec.appended_events(run_id, first, columns) if columns[0] else []
+            if out:
+                self.wakeups.publish(run_id, out)
+            return out
+
+        out = await self._writer.write_then(f"finish run {run_id!r}", body, published)
+        await self.wakeups.observed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:

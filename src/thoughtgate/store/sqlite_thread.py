@@ -58,6 +58,7 @@ from thoughtgate.errors import (
 __all__ = ["SQLiteThread", "in_write_transaction", "translate_error"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
 _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
@@ -137,7 +138,8 @@ class SQLiteThread:
 
     The thread takes whatever is queued when it wakes (up to ``max_group`` jobs) and runs it in
     order; the callers' results go back to their event loop in one hand-off per wake, not one per
-    job. ``write`` is group commit: see the module docstring for what each caller is promised.
+    job. ``write`` is group commit: see the module docstring for what each caller is promised;
+    ``write_then`` also runs a callback on the loop in that hand-off (ADR 0028).
     """
 
     def __init__(
@@ -185,6 +187,20 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=True)
 
+    async def write_then(
+        self, action: str, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], R]
+    ) -> R:
+        """``write``, and ``then(fn's result)`` on the event loop in the commit's hand-off,
+        before the caller resumes; returns what ``then`` returned.
+
+        Why: the caller's task resumes one turn of the event loop after the hand-off, and a
+        loaded loop's turn is long (every other run's work of that moment). What has to happen
+        right after a commit -- live readers getting the events (ADR 0028) -- happens in the
+        hand-off itself, in commit order; ``then`` also runs when the caller was cancelled
+        meanwhile (the write committed all the same). It runs only after a successful commit.
+        """
+        return await self._submit(action, fn, grouped=True, then=then)  # type: ignore[arg-type]
+
     async def _submit(
         self,
         action: str,
@@ -192,12 +208,13 @@ class SQLiteThread:
         *,
         grouped: bool,
         needs_connection: bool = True,
+        then: Callable[[Any], Any] | None = None,
     ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future))
+        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then))
         return await future
 
     async def close(self) -> None:
@@ -212,7 +229,7 @@ class SQLiteThread:
 
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._jobs.put(_Job("close the store", run, False, False, loop, future))
+        self._jobs.put(_Job("close the store", run, False, False, loop, future, None))
         self._jobs.put(None)
         self._thread = None
         await future
@@ -340,6 +357,7 @@ class _Job:
     needs_connection: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    then: Callable[[Any], Any] | None
 
 
 @dataclass(slots=True)
@@ -361,10 +379,17 @@ def _settle_all(outcomes: list[_Outcome]) -> None:
 
 def _settle(outcomes: list[_Outcome]) -> None:
     for outcome in outcomes:
-        future = outcome.job.future
+        job = outcome.job
+        future = job.future
+        error, value = outcome.error, outcome.value
+        if error is None and job.then is not None:
+            try:  # even for a cancelled caller: the write committed all the same
+                value = job.then(value)
+            except Exception as exc:
+                error = exc
         if future.done():  # the caller was cancelled; the work itself still happened
             continue
-        if outcome.error is not None:
-            future.set_exception(outcome.error)
+        if error is not None:
+            future.set_exception(error)
         else:
-            future.set_result(outcome.value)
+            future.set_result(value)

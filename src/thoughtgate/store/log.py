@@ -29,7 +29,14 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
 
-__all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
+__all__ = [
+    "EventLog",
+    "EventObserver",
+    "QueuedAppend",
+    "RunEnding",
+    "RunListener",
+    "RunWakeups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +169,23 @@ class RunWakeups:
             await asyncio.wait_for(ev.wait(), timeout)
 
 
+class QueuedAppend(abc.ABC):
+    """An append a store queued without the caller awaiting it (``EventLog.queue_append``)."""
+
+    @abc.abstractmethod
+    async def wait(self) -> list[Event]:
+        """Its events once committed (and seen by the observers); raises its error."""
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether it has committed or failed (``wait`` then returns without waiting for it)."""
+
+    @abc.abstractmethod
+    async def abandon(self) -> None:
+        """Nobody will ``wait``: not stored if it has not run yet, and its outcome is moot (not
+        reported as never retrieved)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunEnding:
     """How :meth:`EventLog.finish_run` ends a run: the run index's side of its last append."""
@@ -223,6 +247,19 @@ class EventLog(abc.ABC):
         it first), or when ``ending.lease_renewed`` (its owner is alive after all). Raises
         ``RunNotFoundError``.
         """
+
+    def queue_append(
+        self, run_id: str, events: Sequence[NewEvent], *, after: QueuedAppend | None = None
+    ) -> QueuedAppend | None:
+        """``append`` queued now, its place in the run's order taken at this call, for a caller
+        that goes on before it commits; with ``after`` (an append of the same run this store
+        queued before), it is stored only if that one was, else fails with that one's error.
+
+        ``None``: this store cannot queue appends (or not behind ``after``); the caller then
+        awaits ``after`` and appends. Only a store whose writes commit in the order they are
+        queued can (SQLite's single writer, ADR 0028).
+        """
+        return None
 
     def observe(self, observer: EventObserver) -> Callable[[], None]:
         """Let ``observer`` see every batch committed through this process from now on; the

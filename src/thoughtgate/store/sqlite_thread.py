@@ -55,7 +55,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["SQLiteThread", "in_write_transaction", "translate_error"]
+__all__ = ["QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -201,6 +201,27 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=True, then=then)  # type: ignore[arg-type]
 
+    def queue_write(
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], R],
+        *,
+        after: QueuedWrite | None = None,
+    ) -> QueuedWrite:
+        """``write_then`` queued now, without awaiting (its ``future`` resolves to what ``then``
+        returned): the write's place in the queue, and so in commit order, is taken at this call. With ``after`` (a write queued on this thread
+        before), it runs only if that one was stored, else fails with that one's error: a
+        caller may queue a write behind one it has not seen committed yet, and still never
+        store it past a hole (ADR 0028). Raises ``StoreError`` once the store is closed."""
+        if self._closed:
+            raise StoreError(f"cannot {action}: the store is closed ({self.path})")
+        body = fn if after is None else _behind(after, action, fn)
+        loop = asyncio.get_running_loop()
+        job = _Job(action, body, True, True, loop, loop.create_future(), then)
+        self._jobs.put(job)
+        return job
+
     async def _submit(
         self,
         action: str,
@@ -298,7 +319,12 @@ class SQLiteThread:
         if conn is None:
             return [_Outcome(job, self._closed_error(job), None) for job in jobs]
         failed: list[_Outcome] = []
-        pending = [job for job in jobs if not job.future.cancelled()]
+        pending = []
+        for job in jobs:
+            if not job.future.cancelled():
+                pending.append(job)
+            elif job.error is None:  # never run: a write queued after it must not run either
+                job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
         while pending:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -358,6 +384,29 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     then: Callable[[Any], Any] | None
+    error: BaseException | None = None
+    """Set on the owning thread once this write is known not stored (a write queued ``after``
+    it then fails too)."""
+
+
+QueuedWrite = _Job
+"""A write ``queue_write`` queued: its ``future``, and what a later write may follow."""
+
+
+def _behind(
+    first: _Job, action: str, fn: Callable[[sqlite3.Connection], T]
+) -> Callable[[sqlite3.Connection], T]:
+    """``fn``, run only if ``first`` (queued before it on the same thread, so settled by the
+    time it runs, or earlier in the same transaction) was not known to have failed."""
+
+    def body(conn: sqlite3.Connection) -> T:
+        if first.error is not None:
+            raise StoreError(
+                f"cannot {action}: the write queued before it was not stored ({first.error})"
+            )
+        return fn(conn)
+
+    return body
 
 
 @dataclass(slots=True)
@@ -365,6 +414,10 @@ class _Outcome:
     job: _Job
     error: BaseException | None
     value: Any
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.job.error = self.error
 
 
 def _settle_all(outcomes: list[_Outcome]) -> None:

@@ -166,15 +166,30 @@ def install(directory: str) -> None:
 
     EventRecorder._settle = traced_settle  # type: ignore[method-assign]
 
-    append = store_sqlite.SQLiteStore.append
+    # where an append's write is queued: ``_queue_append`` where it exists (ADR 0028), else
+    # ``append``
+    name = "_queue_append" if hasattr(store_sqlite.SQLiteStore, "_queue_append") else "append"
+    queue = getattr(store_sqlite.SQLiteStore, name)
 
-    async def traced_append(self: Any, run_id: str, events: Any) -> Any:
+    def track(run_id: str, events: Any) -> None:
         if _stamped(events):
             _note(run_id, "append")
             _tracked_actions[f"append {len(events)} events to run {run_id!r}"] = run_id
-        return await append(self, run_id, events)
 
-    store_sqlite.SQLiteStore.append = traced_append  # type: ignore[method-assign]
+    if name == "append":
+
+        async def traced_append(self: Any, run_id: str, events: Any) -> Any:
+            track(run_id, events)
+            return await queue(self, run_id, events)
+
+        store_sqlite.SQLiteStore.append = traced_append  # type: ignore[method-assign]
+    else:
+
+        def traced_queue(self: Any, run_id: str, events: Any, after: Any) -> Any:
+            track(run_id, events)
+            return queue(self, run_id, events, after)
+
+        setattr(store_sqlite.SQLiteStore, name, traced_queue)
 
     commit_group = sqlite_thread.SQLiteThread._commit_group
 

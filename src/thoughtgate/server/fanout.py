@@ -192,8 +192,19 @@ class LiveReader:
     usual. The cursor moves the same way on both paths, so they never overlap or skip.
     """
 
-    def __init__(self, feeds: RunFeeds, run_id: str, after: int, *, follow: bool) -> None:
+    def __init__(
+        self,
+        feeds: RunFeeds,
+        run_id: str,
+        after: int,
+        *,
+        follow: bool,
+        first_page: list[Event] | None = None,
+    ) -> None:
         self._feeds = feeds
+        self._first_page = first_page
+        """``RunFeeds.first_page(run_id, after)``, read already (its first ``next`` reads it
+        no more)."""
         self.store = feeds.store
         self.run_id = run_id
         self.cursor = after
@@ -232,7 +243,9 @@ class LiveReader:
         if self._done:
             return None
         if self._replaying:
-            page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+            page, self._first_page = self._first_page, None
+            if page is None:
+                page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
             if len(page) < _PAGE:
                 self._replaying = False
                 if not self._follow:
@@ -364,10 +377,23 @@ class RunFeeds:
         feed = self._feeds.get(run_id)
         return 0 if feed is None else len(feed.subscribers)
 
-    def reader(self, run_id: str, *, after: int = 0, follow: bool = True) -> LiveReader:
+    def reader(
+        self,
+        run_id: str,
+        *,
+        after: int = 0,
+        follow: bool = True,
+        first_page: list[Event] | None = None,
+    ) -> LiveReader:
         """One reader's view of the run after ``after``, in batches (see :class:`LiveReader`);
-        ``follow=False`` ends at the last event stored now."""
-        return LiveReader(self, run_id, after, follow=follow)
+        ``follow=False`` ends at the last event stored now. ``first_page``: what
+        ``first_page(run_id, after)`` returned, read earlier (alongside a ticket's check)."""
+        return LiveReader(self, run_id, after, follow=follow, first_page=first_page)
+
+    async def first_page(self, run_id: str, after: int) -> list[Event]:
+        """The first read a reader of ``run_id`` after ``after`` makes, for a caller that starts
+        it early (``reader(first_page=...)``)."""
+        return await self.store.read(run_id, after=after, limit=_PAGE)
 
     async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
         """Stored events after ``after``, then live ones, until the run's terminal event."""

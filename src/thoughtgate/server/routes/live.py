@@ -13,9 +13,9 @@ from starlette.responses import JSONResponse, Response
 
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import is_run_terminal
+from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
+from thoughtgate.server.api import Endpoint, QueryParam, parse_body, prefetched, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
 from thoughtgate.server.routes.runs import start_run
@@ -67,8 +67,25 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
+    page = await prefetched(request)
+    # Read before the run's status: only a stream that follows on may start from it (it takes
+    # whatever was stored after it from the feed); a finished run's replay reads for itself.
+    first_page = page if after == 0 and not finished and isinstance(page, list) else None
     # a finished run ends after its last stored event, whatever it is
-    return _live(state, run_id, mode, principal, after=after, follow=not finished)
+    return _live(
+        state, run_id, mode, principal, after=after, follow=not finished, first_page=first_page
+    )
+
+
+async def _first_page(request: Request) -> list[Event] | None:
+    """A first connection's first read (``Endpoint.prefetch``): the run's events from the
+    start, read while the ticket's key is checked. A resume reads for itself."""
+    feeds = state_of(request).feeds
+    if feeds is None or "last_event_id" in request.query_params:
+        return None
+    if "last-event-id" in request.headers:
+        return None
+    return await feeds.first_page(request.path_params["run_id"], 0)
 
 
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:
@@ -96,6 +113,7 @@ def _live(
     after: int,
     follow: bool,
     location: str | None = None,
+    first_page: list[Event] | None = None,
 ) -> Response:
     """The live response for ``principal``'s role; it ends if that key loses the role."""
     direct = DirectWrites()
@@ -113,6 +131,7 @@ def _live(
         ping_s=state.server.keepalive_s,
         streams=state.streams,
         direct=direct,
+        first_page=first_page,
     )
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     if location is not None:
@@ -202,6 +221,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         stream_run,
         "follow a run live (SSE)",
         auth="ticket",
+        prefetch=_first_page,
         media_type="text/event-stream",
         params=(
             QueryParam("ticket", "from POST /v1/tickets", type="string", required=True),

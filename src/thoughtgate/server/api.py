@@ -152,8 +152,10 @@ def _drop_prefetched(request: Request) -> None:
         return
     if not early.done():
         early.cancel()
-    elif not early.cancelled():
-        early.exception()
+    elif not early.cancelled() and early.exception() is None:
+        close = getattr(early.result(), "close", None)
+        if close is not None:  # e.g. a live stream's first page, still catching events
+            close()
 
 
 async def prefetched(request: Request) -> object | None:

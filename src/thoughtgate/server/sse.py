@@ -44,7 +44,7 @@ from starlette.types import Receive, Scope, Send
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 
@@ -126,7 +126,7 @@ async def live_frames(
     ping_s: float | None = None,
     streams: LiveStreams | None = None,
     direct: DirectWrites | None = None,
-    first_page: list[Event] | None = None,
+    first_page: FirstPage | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks of frames for one connection: replay after ``after``, then live, until the terminal
     event (``follow=False``: only what is stored now), or until ``watch_access`` reports lost

@@ -13,10 +13,11 @@ from starlette.responses import JSONResponse, Response
 
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import Event, is_run_terminal
+from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, prefetched, query_int
 from thoughtgate.server.errors import ApiError
+from thoughtgate.server.fanout import FirstPage
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
 from thoughtgate.server.routes.runs import start_run
 from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
@@ -68,16 +69,19 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
     page = await prefetched(request)
-    # Read before the run's status: only a stream that follows on may start from it (it takes
-    # whatever was stored after it from the feed); a finished run's replay reads for itself.
-    first_page = page if after == 0 and not finished and isinstance(page, list) else None
+    first_page = page if isinstance(page, FirstPage) else None
+    if first_page is not None and (after != 0 or finished):
+        # Read before the run's status: only a stream that follows on may start from it (the
+        # feed brings what was stored after it); a finished run's replay reads for itself.
+        first_page.close()
+        first_page = None
     # a finished run ends after its last stored event, whatever it is
     return _live(
         state, run_id, mode, principal, after=after, follow=not finished, first_page=first_page
     )
 
 
-async def _first_page(request: Request) -> list[Event] | None:
+async def _first_page(request: Request) -> FirstPage | None:
     """A first connection's first read (``Endpoint.prefetch``): the run's events from the
     start, read while the ticket's key is checked. A resume reads for itself."""
     feeds = state_of(request).feeds
@@ -113,7 +117,7 @@ def _live(
     after: int,
     follow: bool,
     location: str | None = None,
-    first_page: list[Event] | None = None,
+    first_page: FirstPage | None = None,
 ) -> Response:
     """The live response for ``principal``'s role; it ends if that key loses the role."""
     direct = DirectWrites()

@@ -36,6 +36,8 @@ _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
 _stamps: dict[str, dict[str, float]] = defaultdict(dict)
 _lock = threading.Lock()
+_tracked_jobs: dict[int, str] = {}
+"""Writer job id -> run id, for the queued write that holds a run's stamped first delta."""
 _tracked_actions: dict[str, str] = {}
 """Writer-job action -> run id, for the append that holds a run's stamped first delta."""
 
@@ -186,8 +188,11 @@ def install(directory: str) -> None:
     else:
 
         def traced_queue(self: Any, run_id: str, events: Any, after: Any) -> Any:
-            track(run_id, events)
-            return queue(self, run_id, events, after)
+            job = queue(self, run_id, events, after)
+            if _stamped(events):  # by the job itself: task.started's has the same action
+                _note(run_id, "append")
+                _tracked_jobs[id(job)] = run_id
+            return job
 
         setattr(store_sqlite.SQLiteStore, name, traced_queue)
 
@@ -197,7 +202,7 @@ def install(directory: str) -> None:
         out = commit_group(self, jobs)
         now = time.monotonic()
         for job in jobs:
-            run_id = _tracked_actions.get(job.action)
+            run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
             if run_id is not None:
                 _note(run_id, "committed", now)
                 _note(run_id, "group", float(len(jobs)))
@@ -209,7 +214,9 @@ def install(directory: str) -> None:
 
     def traced_settle_all(outcomes: list[Any]) -> None:
         for outcome in outcomes:
-            run_id = _tracked_actions.pop(outcome.job.action, None)
+            run_id = _tracked_jobs.pop(id(outcome.job), None) or _tracked_actions.pop(
+                outcome.job.action, None
+            )
             if run_id is not None:
                 _note(run_id, "handed")
         settle_all(outcomes)

@@ -59,6 +59,7 @@ def _stamped(events: Sequence[Any]) -> bool:
 def install(directory: str) -> None:
     """Patch the server's hops (this process only) and write the stamps at exit."""
     import uvicorn.protocols.http.httptools_impl as h
+    from starlette.applications import Starlette
 
     from thoughtgate.orchestration.recorder import EventRecorder
     from thoughtgate.server import sse
@@ -120,7 +121,10 @@ def install(directory: str) -> None:
             _note(run_id, f"{kind}_arrived", arrived)
             _note(run_id, f"{kind}_app", entered)
         try:
-            await app_call(self, scope, receive, traced_send)
+            # as ``_App`` does, with the server's own ``send`` in the scope: a live stream's
+            # direct writes (ADR 0022) need it, and the tracing ``send`` must not turn them off
+            scope[sse.SERVER_SEND] = send
+            await Starlette.__call__(self, scope, receive, traced_send)
         finally:
             if run_id is not None and started:
                 _note(run_id, f"{kind}_head", started[0])

@@ -16,7 +16,9 @@ together with ``emit_all``: one commit, one write to each live reader.
 
 Two waits a run used to spend in sequence are overlapped (ADR 0021, amended): ``start`` queues a
 task's ``task.started`` without waiting for its commit, so the provider's stream opens while it
-commits, and every later append first waits for that one (its order and its failure are kept);
+commits, and every later append first waits for that one (its order and its failure are kept;
+on a store that keeps a queue's order, SQLite, the next append is queued behind it before that
+wait, stored only if it was, and often shares its commit: ADR 0028);
 with ``hold_last`` a task's last events (``emit_last``: the tail of its deltas, the last turn's
 response, visible steps and answer) are held for the caller to store with the run's ending, one
 commit instead of three. Either way no event reaches a reader before it is durable: readers see

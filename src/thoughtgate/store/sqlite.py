@@ -380,8 +380,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     ) -> QueuedAppend | None:
         if not events or (after is not None and not isinstance(after, _QueuedAppend)):
             return None
-        if after is not None and (after.store is not self or after.run_id != run_id):
-            return None
+        if after is not None and (
+            after.store is not self or after.run_id != run_id or after.job is None
+        ):
+            return None  # (no job: ``after`` was never queued; the caller meets its error)
         loop = asyncio.get_running_loop()
         try:
             job = self._queue_append(run_id, events, None if after is None else after.job)

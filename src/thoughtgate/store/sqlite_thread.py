@@ -137,8 +137,8 @@ class SQLiteThread:
     one inside a write transaction that it shares with every other write queued meanwhile.
 
     The thread takes whatever is queued when it wakes (up to ``max_group`` jobs) and runs it in
-    order; the callers' results go back to their event loop in one hand-off per wake, not one per
-    job. ``write`` is group commit: see the module docstring for what each caller is promised;
+    order; the callers' results go back to their event loop in one hand-off per transaction (a
+    group of writes, or one call), not one per job, and not after the whole batch. ``write`` is group commit: see the module docstring for what each caller is promised;
     ``write_then`` also runs a callback on the loop in that hand-off (ADR 0028).
     """
 
@@ -272,27 +272,24 @@ class SQLiteThread:
                     jobs.put(None)  # stop after this batch
                     break
                 batch.append(more)
-            try:
-                outcomes = self._run_batch(batch)
-            except BaseException as exc:  # a bug here must not leave callers waiting forever
-                outcomes = [_Outcome(job, exc, None) for job in batch]
-            _settle_all(outcomes)
-
-    def _run_batch(self, batch: list[_Job]) -> list[_Outcome]:
-        """Jobs in queue order; each run of consecutive writes is one transaction."""
-        outcomes: list[_Outcome] = []
-        i = 0
-        while i < len(batch):
-            if batch[i].grouped:
-                j = i
-                while j < len(batch) and batch[j].grouped:
-                    j += 1
-                outcomes += self._commit_group(batch[i:j])
+            i = 0
+            while i < len(batch):
+                # Each transaction's (or lone call's) results go back as soon as it is done, in
+                # one hand-off per loop: a caller early in a long batch (a reader thread's many
+                # small reads) does not wait for the whole batch.
+                j = i + 1
+                if batch[i].grouped:
+                    while j < len(batch) and batch[j].grouped:
+                        j += 1
+                try:
+                    if batch[i].grouped:
+                        outcomes = self._commit_group(batch[i:j])
+                    else:
+                        outcomes = [self._run_alone(batch[i])]
+                except BaseException as exc:  # a bug here must not leave callers waiting
+                    outcomes = [_Outcome(job, exc, None) for job in batch[i:j]]
+                _settle_all(outcomes)
                 i = j
-            else:
-                outcomes.append(self._run_alone(batch[i]))
-                i += 1
-        return outcomes
 
     def _translate(self, exc: BaseException, action: str) -> BaseException:
         if isinstance(exc, sqlite3.Error):

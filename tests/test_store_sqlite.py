@@ -777,3 +777,36 @@ async def test_an_append_queued_behind_one_that_fails_is_not_stored(
         assert [e.seq for e in await third.wait()] == [1, 2]
     finally:
         await store.close()
+
+
+async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_path: Path) -> None:
+    """The threads hand back each call's (each transaction's) result when it is done: a small
+    read queued with others is not held until the last of them ran."""
+    path = tmp_path / "batch.db"
+    thread = SQLiteThread("test-reader", path, busy_timeout=5)
+    await thread.start(lambda: connect(path, busy_timeout=5), "open")
+    try:
+        holding, gate, answered = threading.Event(), threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection) -> None:
+            holding.set()
+            gate.wait(10)
+
+        def second(conn: sqlite3.Connection) -> bool:
+            return answered.wait(10)  # only the loop's sight of the first answer ends this
+
+        busy = asyncio.ensure_future(thread.call("wait", hold))
+        assert await asyncio.to_thread(holding.wait, 10)
+        first = asyncio.ensure_future(thread.call("first", lambda conn: 1))
+        later = asyncio.ensure_future(thread.call("second", second))
+        for _ in range(10_000):  # both queued: the thread takes them in one batch
+            if thread._jobs.qsize() == 2:
+                break
+            await asyncio.sleep(0)
+        gate.set()
+        await busy
+        assert await first == 1
+        answered.set()
+        assert await later, "the first call's answer waited for the whole batch"
+    finally:
+        await thread.close()

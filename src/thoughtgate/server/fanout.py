@@ -257,7 +257,11 @@ class LiveReader:
                         return None
                 elif not self._cut(page):
                     self._sub = _Subscriber(self._feeds.backlog)
-                    self._feed = self._feeds._join(self.run_id, self.cursor, self._sub)
+                    # A feed started here starts after the page: an event published before its
+                    # first read came back then continues it, and reaches this reader at once
+                    # instead of after that read and another (ADR 0028).
+                    end = page[-1].seq if page else self.cursor
+                    self._feed = self._feeds._join(self.run_id, end, self._sub)
             return self._accept(page)
         if self._alone:
             return await self._from_store(timeout)

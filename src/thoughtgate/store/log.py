@@ -9,9 +9,9 @@ append also projects its lifecycle events onto the run index in its transaction 
 Every batch a backend commits passes :meth:`RunWakeups.committed`, once (or its two halves,
 ``publish`` then ``observed``: SQLite publishes in the commit's hand-off, ADR 0028): in-process
 live readers get the events themselves, tails are woken, and then every *observer*
-(``EventLog.observe``: telemetry, a test's watch) sees them. Because the hand-off sits in the log rather than in the
-callers, no write path -- a recorder, a run's end, a daemon closing runs at shutdown, a sweep
-closing another process's runs -- can append past the observers.
+(``EventLog.observe``: telemetry, a test's watch) sees them. Because the hand-off sits in the
+log rather than in the callers, no write path -- a recorder, a run's end, a daemon closing runs
+at shutdown, a sweep closing another process's runs -- can append past the observers.
 """
 
 from __future__ import annotations

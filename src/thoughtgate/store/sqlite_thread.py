@@ -138,8 +138,9 @@ class SQLiteThread:
 
     The thread takes whatever is queued when it wakes (up to ``max_group`` jobs) and runs it in
     order; the callers' results go back to their event loop in one hand-off per transaction (a
-    group of writes, or one call), not one per job, and not after the whole batch. ``write`` is group commit: see the module docstring for what each caller is promised;
-    ``write_then`` also runs a callback on the loop in that hand-off (ADR 0028).
+    group of writes, or one call), not one per job, and not after the whole batch. ``write`` is
+    group commit: see the module docstring for what each caller is promised; ``write_then``
+    also runs a callback on the loop in that hand-off (ADR 0028).
     """
 
     def __init__(
@@ -210,10 +211,11 @@ class SQLiteThread:
         after: QueuedWrite | None = None,
     ) -> QueuedWrite:
         """``write_then`` queued now, without awaiting (its ``future`` resolves to what ``then``
-        returned): the write's place in the queue, and so in commit order, is taken at this call. With ``after`` (a write queued on this thread
-        before), it runs only if that one was stored, else fails with that one's error: a
-        caller may queue a write behind one it has not seen committed yet, and still never
-        store it past a hole (ADR 0028). Raises ``StoreError`` once the store is closed."""
+        returned): the write's place in the queue, and so in commit order, is taken at this
+        call. With ``after`` (a write queued on this thread before), it runs only if that one
+        was stored, else fails with that one's error: a caller may queue a write behind one it
+        has not seen committed yet, and still never store it past a hole (ADR 0028). Raises
+        ``StoreError`` once the store is closed."""
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         body = fn if after is None else _behind(after, action, fn)

@@ -8,12 +8,14 @@ read buffer (flow control).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpcore
 import httpx
 import pytest
 from cryptography import x509
@@ -22,7 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.replay import ReplayServer, Reply, blackhole_port
 
-from thoughtgate.providers.clients import ShardedTransport, _FastLock
+from thoughtgate.providers.clients import (
+    ProviderClients,
+    ShardedTransport,
+    _FastLock,
+    _LeanCookies,
+)
 from thoughtgate.providers.netio import AsyncioBackend
 
 TEXT = {"content-type": "text/plain"}
@@ -176,10 +183,6 @@ async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None
     """The stream keeps one read timer across reads: pieces that each come within the timeout
     never time out, however long the whole body takes; a read without a timeout is not failed by
     a timer an earlier read armed; a stall after them is a ``ReadTimeout``."""
-    import asyncio
-
-    import httpcore
-
     served = asyncio.Event()
 
     async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -219,8 +222,6 @@ async def test_the_shared_clients_keep_the_cookies_a_provider_sets() -> None:
     """The shared clients' jar skips a response without cookies (``clients._LeanCookies``);
     one that sets a cookie is stored as httpx stores it, and a later response without any
     leaves it there."""
-    from thoughtgate.providers.clients import ProviderClients, _LeanCookies
-
     clients = ProviderClients()
     replies = [
         Reply([b"ok"], headers={**TEXT, "set-cookie": "lb=a1; Path=/"}),

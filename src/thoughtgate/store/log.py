@@ -19,6 +19,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
@@ -175,7 +176,7 @@ class RunEnding:
         return by is not None and lease is not None and lease > by
 
 
-async def _abandon(task: asyncio.Task[list[Event]]) -> None:
+async def _abandon(task: asyncio.Future[list[Event]]) -> None:
     """Cancel a read nobody will take and wait for it to end; its outcome is moot (and taken,
     so that asyncio does not log an error nobody retrieved). A cancellation of the caller
     still propagates."""
@@ -183,6 +184,16 @@ async def _abandon(task: asyncio.Task[list[Event]]) -> None:
     await asyncio.wait([task])
     if not task.cancelled():
         task.exception()
+
+
+async def _abandon_all(ahead: deque[tuple[int, asyncio.Task[list[Event]] | asyncio.Future[list[Event]]]]) -> None:
+    while ahead:
+        await _abandon(ahead.popleft()[1])
+
+
+_READ_AHEAD = 2
+"""Pages a replaying ``tail`` has being read while it hands one out: two, so the database reads
+one while this process decodes the other."""
 
 
 class EventLog(abc.ABC):
@@ -222,6 +233,11 @@ class EventLog(abc.ABC):
         returned function stops it."""
         return self.wakeups.observe(observer)
 
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> asyncio.Future[list[Event]]:
+        """``read`` started now, to be awaited later (``tail`` reads pages ahead). A backend may
+        start the work itself at once rather than when a task first runs."""
+        return asyncio.ensure_future(self.read(run_id, after=after, limit=limit))
+
     async def append_one(self, run_id: str, event: NewEvent) -> Event:
         return (await self.append(run_id, [event]))[0]
 
@@ -253,13 +269,12 @@ class EventLog(abc.ABC):
         """
         cursor = after
         delay = self.tail_retry[0]
-        ahead: asyncio.Task[list[Event]] | None = None
+        ahead: deque[tuple[int, asyncio.Future[list[Event]]]] = deque()
         try:
             while True:
                 try:
-                    if ahead is not None:
-                        reading, ahead = ahead, None
-                        events = await reading
+                    if ahead:
+                        events = await ahead.popleft()[1]
                     else:
                         events = await self.read(run_id, after=cursor, limit=batch)
                     if not events:
@@ -268,29 +283,39 @@ class EventLog(abc.ABC):
                     # Reads are safe to repeat: wait out a dropped connection or a restarting
                     # server instead of ending every live stream at once (clients would all
                     # reconnect together). Other store errors, and a closed store, end the tail.
+                    await _abandon_all(ahead)
                     log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.tail_retry[1])
                     continue
                 delay = self.tail_retry[0]
                 if not events:
+                    await _abandon_all(ahead)
                     continue
                 # One look for a terminal event per page (in C), not one call per event:
                 # replay's cost is this loop.
                 ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(map(_type_of, events))
-                if not ends and len(events) >= batch:
-                    # A full page: more is probably stored. Read it while this one is handed
-                    # out, so the database (PostgreSQL's server, SQLite's reader thread) works
-                    # while the consumer does. Pages still come in order, each read after the
-                    # last event of the one before.
-                    ahead = asyncio.ensure_future(
-                        self.read(run_id, after=events[-1].seq, limit=batch)
-                    )
+                last = events[-1].seq
+                if ends or len(events) < batch or (ahead and ahead[0][0] != last):
+                    # The end of what is stored (or of the run): what was read ahead is moot.
+                    await _abandon_all(ahead)
+                else:
+                    # A full page: more is probably stored. Keep READ_AHEAD pages being read
+                    # while this one is handed out, so the database (PostgreSQL's server,
+                    # SQLite's reader thread) works while the consumer does. Pages still come
+                    # in order; each is read after the last event the page before it would
+                    # end with if full (sequences have no gaps), and is used only if it did.
+                    start = ahead[-1][0] + batch if ahead else last
+                    while len(ahead) < _READ_AHEAD:
+                        ahead.append((start, self.read_ahead(run_id, after=start, limit=batch)))
+                        start += batch
                 for event in events:
                     yield event
                     if ends and is_run_terminal(event.type):
                         return
-                cursor = events[-1].seq
+                cursor = last
+                # Let go of the page before the next is built: its events die young, and the
+                # collector is not run (and does not promote them) for every page.
+                del events
         finally:
-            if ahead is not None:
-                await _abandon(ahead)
+            await _abandon_all(ahead)

@@ -16,13 +16,14 @@ Threads: one dedicated thread and connection for writes, one for reads (see ``sq
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -117,29 +118,50 @@ A range of sequence numbers, not ``LIMIT``: sequences have no gaps (the codec ch
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
-def _read_page(conn: sqlite3.Connection, run_id: str, after: int, limit: int) -> list[Event]:
-    """Up to ``limit`` events after ``after``: one aggregate row, or row by row for a page the
-    aggregate cannot carry exactly (mixed vocabulary versions, a stamp finer than 2**-22)."""
-    count, v_min, v_max, exact, payloads, seqs, task_ids, types, stamps = conn.execute(
-        _READ_PAGE, (run_id, after, after + limit)
-    ).fetchone()
-    if not count:
-        return []
-    if exact and v_min == v_max:
-        events = codec.events_from_columns(
-            run_id,
-            after + 1,
-            orjson.loads(seqs),
-            orjson.loads(task_ids),
-            orjson.loads(types),
-            list(map(_UNSCALE, orjson.loads(stamps))),
-            payloads,
-            v_min,
-        )
-        if events is not None:
-            return events
-    rows = conn.execute(_READ_ROWS, (run_id, after, limit)).fetchall()
-    return codec.events_from_rows(run_id, rows)
+_Page = tuple[int, tuple[Any, ...]]
+"""``(after, row of _READ_PAGE)``: a page fetched by the reader thread, not yet decoded."""
+
+
+def _fetch_pages(
+    conn: sqlite3.Connection, run_id: str, after: int, limit: int | None
+) -> list[_Page]:
+    """In the reader thread: the pages of up to ``limit`` events after ``after``, one query
+    (one row) per :data:`_PAGE_ROWS` events; raises ``RunNotFoundError`` when there are none
+    because the run does not exist."""
+    pages: list[_Page] = []
+    left = _NO_LIMIT if limit is None else max(limit, 0)
+    cursor = max(after, 0)
+    while left > 0:
+        want = min(left, _PAGE_ROWS)
+        row = conn.execute(_READ_PAGE, (run_id, cursor, cursor + want)).fetchone()
+        if not row[0]:
+            break
+        pages.append((cursor, row))
+        if row[0] < want:
+            break
+        left -= want
+        cursor += want  # every sequence number in the range is there
+    if not pages:  # runs are never deleted, so checking afterwards is race-free
+        _require_run(conn, run_id)
+    return pages
+
+
+def _events_from_page(run_id: str, after: int, row: tuple[Any, ...]) -> list[Event] | None:
+    """The events of one aggregate row; ``None`` for a page to read row by row (mixed
+    vocabulary versions, a stamp finer than 2**-22, sequence numbers not in order)."""
+    _, v_min, v_max, exact, payloads, seqs, task_ids, types, stamps = row
+    if not exact or v_min != v_max:
+        return None
+    return codec.events_from_columns(
+        run_id,
+        after + 1,
+        orjson.loads(seqs),
+        orjson.loads(task_ids),
+        orjson.loads(types),
+        list(map(_UNSCALE, orjson.loads(stamps))),
+        payloads,
+        v_min,
+    )
 
 
 def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
@@ -440,23 +462,37 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return out
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        def work(conn: sqlite3.Connection) -> list[Event]:
-            events: list[Event] = []
-            left = _NO_LIMIT if limit is None else max(limit, 0)
-            cursor = max(after, 0)
-            while left > 0:
-                want = min(left, _PAGE_ROWS)
-                page = _read_page(conn, run_id, cursor, want)
-                events += page
-                if len(page) < want:
-                    break
-                left -= want
-                cursor = page[-1].seq
-            if not events:  # runs are never deleted, so checking afterwards is race-free
-                _require_run(conn, run_id)
-            return events
+        return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
 
-        return await self._reader.call(f"read events of run {run_id!r}", work)
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> asyncio.Future[list[Event]]:
+        """The reader thread starts on the page now, not when a task gets to it."""
+        return asyncio.ensure_future(
+            self._decoded(run_id, self._reader.queue_call(*self._fetch(run_id, after, limit)))
+        )
+
+    @staticmethod
+    def _fetch(
+        run_id: str, after: int, limit: int | None
+    ) -> tuple[str, Callable[[sqlite3.Connection], list[_Page]]]:
+        return f"read events of run {run_id!r}", lambda conn: _fetch_pages(
+            conn, run_id, after, limit
+        )
+
+    async def _decoded(self, run_id: str, fetched: Awaitable[list[_Page]]) -> list[Event]:
+        """The events of pages fetched by the reader thread, built here: the thread goes on to
+        the next page (SQLite works without the interpreter lock) while this one is decoded."""
+        events: list[Event] = []
+        for after, row in await fetched:
+            page = _events_from_page(run_id, after, row)
+            if page is None:
+                page = await self._reader.call(
+                    f"read events of run {run_id!r}",
+                    lambda conn, after=after, n=row[0]: codec.events_from_rows(
+                        run_id, conn.execute(_READ_ROWS, (run_id, after, n)).fetchall()
+                    ),
+                )
+            events += page
+        return events
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
         def work(conn: sqlite3.Connection) -> list[str]:

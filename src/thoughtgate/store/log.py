@@ -20,17 +20,33 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
 
-__all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
+__all__ = [
+    "EventLog",
+    "EventObserver",
+    "PageAhead",
+    "RunEnding",
+    "RunListener",
+    "RunWakeups",
+    "TaskAhead",
+]
 
 log = logging.getLogger(__name__)
 
@@ -176,19 +192,38 @@ class RunEnding:
         return by is not None and lease is not None and lease > by
 
 
-async def _abandon(task: asyncio.Future[list[Event]]) -> None:
-    """Cancel a read nobody will take and wait for it to end; its outcome is moot (and taken,
-    so that asyncio does not log an error nobody retrieved). A cancellation of the caller
-    still propagates."""
-    task.cancel()
-    await asyncio.wait([task])
-    if not task.cancelled():
-        task.exception()
+class PageAhead(Protocol):
+    """A page being read ahead (``EventLog.read_ahead``): awaiting it gives its events."""
+
+    def __await__(self) -> Generator[Any, None, list[Event]]: ...
+
+    async def abandon(self) -> None:
+        """Stop the read and wait until it has stopped; its outcome is moot."""
 
 
-async def _abandon_all(ahead: deque[tuple[int, asyncio.Task[list[Event]] | asyncio.Future[list[Event]]]]) -> None:
+class TaskAhead:
+    """A page read ahead by a task running ``EventLog.read``."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, read: Coroutine[Any, Any, list[Event]]) -> None:
+        self.task = asyncio.ensure_future(read)
+
+    def __await__(self) -> Generator[Any, None, list[Event]]:
+        return self.task.__await__()
+
+    async def abandon(self) -> None:
+        """Cancel the read and wait for it to end; its outcome is taken, so that asyncio does
+        not log an error nobody retrieved. A cancellation of the caller still propagates."""
+        self.task.cancel()
+        await asyncio.wait([self.task])
+        if not self.task.cancelled():
+            self.task.exception()
+
+
+async def _abandon_all(ahead: deque[tuple[int, PageAhead]]) -> None:
     while ahead:
-        await _abandon(ahead.popleft()[1])
+        await ahead.popleft()[1].abandon()
 
 
 _READ_AHEAD = 2
@@ -204,6 +239,8 @@ class EventLog(abc.ABC):
     #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
     #: doubling from the first figure up to the second.
     tail_retry: tuple[float, float] = (0.05, 2.0)
+    #: Events per page a tail reads (``tail(batch=...)`` overrides it).
+    tail_batch: int = 500
     wakeups: RunWakeups
 
     @abc.abstractmethod
@@ -233,10 +270,11 @@ class EventLog(abc.ABC):
         returned function stops it."""
         return self.wakeups.observe(observer)
 
-    def read_ahead(self, run_id: str, *, after: int, limit: int) -> asyncio.Future[list[Event]]:
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
         """``read`` started now, to be awaited later (``tail`` reads pages ahead). A backend may
-        start the work itself at once rather than when a task first runs."""
-        return asyncio.ensure_future(self.read(run_id, after=after, limit=limit))
+        start the work itself at once rather than when a task first runs, and build the events
+        only when they are awaited."""
+        return TaskAhead(self.read(run_id, after=after, limit=limit))
 
     async def append_one(self, run_id: str, event: NewEvent) -> Event:
         return (await self.append(run_id, [event]))[0]
@@ -259,7 +297,7 @@ class EventLog(abc.ABC):
         await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
 
     async def tail(
-        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500
+        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int | None = None
     ) -> AsyncIterator[Event]:
         """Yield stored events after ``after``, then new ones as they are appended.
 
@@ -267,9 +305,10 @@ class EventLog(abc.ABC):
         therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run. While
         the store is unavailable (``StoreUnavailableError``) it keeps retrying with backoff.
         """
+        batch = self.tail_batch if batch is None else batch
         cursor = after
         delay = self.tail_retry[0]
-        ahead: deque[tuple[int, asyncio.Future[list[Event]]]] = deque()
+        ahead: deque[tuple[int, PageAhead]] = deque()
         try:
             while True:
                 try:

@@ -185,9 +185,7 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=True)
 
-    def queue_call(
-        self, action: str, fn: Callable[[sqlite3.Connection], T]
-    ) -> asyncio.Future[T]:
+    def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """:meth:`call`, queued on the thread now rather than when a task first runs: a read
         ahead starts while the caller goes on with what it has (``EventLog.read_ahead``)."""
         loop = asyncio.get_running_loop()

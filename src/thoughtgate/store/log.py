@@ -46,6 +46,7 @@ __all__ = [
     "RunListener",
     "RunWakeups",
     "TaskAhead",
+    "abandon_task",
 ]
 
 log = logging.getLogger(__name__)
@@ -213,12 +214,17 @@ class TaskAhead:
         return self.task.__await__()
 
     async def abandon(self) -> None:
-        """Cancel the read and wait for it to end; its outcome is taken, so that asyncio does
-        not log an error nobody retrieved. A cancellation of the caller still propagates."""
-        self.task.cancel()
-        await asyncio.wait([self.task])
-        if not self.task.cancelled():
-            self.task.exception()
+        await abandon_task(self.task)
+
+
+async def abandon_task(task: asyncio.Future[Any]) -> None:
+    """Cancel a read nobody will take and wait for it to end; its outcome is taken, so that
+    asyncio does not log an error nobody retrieved. A cancellation of the caller still
+    propagates."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()
 
 
 async def _abandon_all(ahead: deque[tuple[int, PageAhead]]) -> None:

@@ -8,12 +8,13 @@ covers anything a dropped listener may have missed. Errors are mapped in ``pg_er
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from typing import Any, Unpack
 
 import psycopg
@@ -25,6 +26,7 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.log import PageAhead, abandon_task
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
@@ -101,6 +103,8 @@ def _batch_params(
 # otherwise sort every later event of the run to return the first k).
 _READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
 _NO_LIMIT = 2**62
+_Page = tuple[int, tuple[Any, ...]]
+"""``(after, row of _READ_PAGE)``: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
@@ -554,43 +558,53 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], float(rows[0][3]))
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        events: list[Event] = []
+        return await self._decoded(run_id, await self._fetch(run_id, after, limit))
+
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+        """The page's row is fetched by a task; its events are built when it is awaited, so a
+        replay holds one page of events at a time (its pages ahead are their rows)."""
+        return _FetchedAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
+
+    async def _fetch(self, run_id: str, after: int, limit: int | None) -> list[_Page]:
+        """The aggregate rows of up to ``limit`` events after ``after``, one query per
+        :data:`_PAGE_ROWS` events, on one connection. Binary results: integers and floats
+        arrive as machine values (a float8 exactly), arrays as lists built by psycopg's C
+        loaders."""
+        pages: list[_Page] = []
         left = _NO_LIMIT if limit is None else max(limit, 0)
         cursor = max(after, 0)
         async with self._conn(f"read events of run {run_id!r}") as conn:
             while left > 0:
                 want = min(left, _PAGE_ROWS)
-                page = await self._read_page(conn, run_id, cursor, want)
-                events += page
-                if len(page) < want:
+                cur = await conn.execute(_READ_PAGE, (run_id, cursor, cursor + want), binary=True)
+                row = await cur.fetchone()
+                if row is None or row[0] is None:
+                    break
+                pages.append((cursor, row))
+                if len(row[0]) < want:
                     break
                 left -= want
-                cursor = page[-1].seq
-            if not events:  # runs are never deleted, so checking afterwards is race-free
+                cursor += want  # every sequence number in the range is there
+            if not pages:  # runs are never deleted, so checking afterwards is race-free
                 await self._require_run(conn, run_id)
-        return events
+        return pages
 
-    @staticmethod
-    async def _read_page(
-        conn: psycopg.AsyncConnection[Any], run_id: str, after: int, limit: int
-    ) -> list[Event]:
-        """Up to ``limit`` events after ``after``: one row of columns, or row by row for a page
-        of mixed vocabulary versions (or one the columns do not carry exactly, which the codec
-        checks). Binary results: integers and floats arrive as machine values (a float8
-        exactly), arrays as lists built by psycopg's C loaders."""
-        cur = await conn.execute(_READ_PAGE, (run_id, after, after + limit), binary=True)
-        row = await cur.fetchone()
-        if row is None or row[0] is None:
-            return []
-        seqs, task_ids, types, stamps, payloads, v_min, v_max = row
-        if v_min == v_max:
-            events = codec.events_from_columns(
-                run_id, after + 1, seqs, task_ids, types, stamps, payloads, v_min
-            )
-            if events is not None:
-                return events
-        cur = await conn.execute(_READ, (run_id, after, after + limit), binary=True)
-        return codec.events_from_rows(run_id, await cur.fetchall())
+    async def _decoded(self, run_id: str, pages: list[_Page]) -> list[Event]:
+        """The events of fetched pages; a page of mixed vocabulary versions, or one whose
+        columns the codec does not take (sequence numbers out of order), is read row by row."""
+        events: list[Event] = []
+        for after, (seqs, task_ids, types, stamps, payloads, v_min, v_max) in pages:
+            page = None
+            if v_min == v_max:
+                page = codec.events_from_columns(
+                    run_id, after + 1, seqs, task_ids, types, stamps, payloads, v_min
+                )
+            if page is None:
+                async with self._conn(f"read events of run {run_id!r}") as conn:
+                    cur = await conn.execute(_READ, (run_id, after, after + len(seqs)), binary=True)
+                    page = codec.events_from_rows(run_id, await cur.fetchall())
+            events += page
+        return events
 
     def _notified(self, payload: str) -> None:
         """``NOTIFY`` payload ``"<run_id> <last seq>"`` (the seq lets a live reader that already
@@ -823,3 +837,23 @@ async def _key_usage(
     )
     recent = [float(r[0]) for r in await cur.fetchall()]
     return (int(open_row[0]) if open_row else 0), recent
+
+
+class _FetchedAhead:
+    """A page being fetched by a task (``PostgresStore.read_ahead``)."""
+
+    __slots__ = ("fetched", "run_id", "store")
+
+    def __init__(
+        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
+    ) -> None:
+        self.store, self.run_id, self.fetched = store, run_id, fetched
+
+    def __await__(self) -> Generator[Any, None, list[Event]]:
+        return self._events().__await__()
+
+    async def _events(self) -> list[Event]:
+        return await self.store._decoded(self.run_id, await self.fetched)
+
+    async def abandon(self) -> None:
+        await abandon_task(self.fetched)

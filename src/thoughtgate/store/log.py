@@ -247,6 +247,9 @@ class EventLog(abc.ABC):
     tail_retry: tuple[float, float] = (0.05, 2.0)
     #: Events per page a tail reads (``tail(batch=...)`` overrides it).
     tail_batch: int = 500
+    #: Whether ``read_ahead`` starts its read only when the loop runs it (a task), so a tail
+    #: gives the loop a turn after starting reads ahead.
+    read_ahead_needs_a_turn: bool = True
     wakeups: RunWakeups
 
     @abc.abstractmethod
@@ -354,6 +357,11 @@ class EventLog(abc.ABC):
                     while len(ahead) < _READ_AHEAD:
                         ahead.append((start, self.read_ahead(run_id, after=start, limit=batch)))
                         start += batch
+                    if self.read_ahead_needs_a_turn:
+                        # Let the reads send their queries now: a consumer that takes the
+                        # page without awaiting anything would otherwise start them only
+                        # when it has finished the page.
+                        await asyncio.sleep(0)
                 for event in events:
                     yield event
                     if ends and is_run_terminal(event.type):

@@ -269,6 +269,7 @@ def _project(
 class SQLiteStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
 
+    read_ahead_needs_a_turn = False  # the reader thread has the job at once
     tail_batch = 250
     """A replaying tail builds a page's events (and payloads) while the last page is already
     freed: 250 of them stay under the collector's 700 new objects, so no collection runs (and

@@ -596,7 +596,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         """The events of fetched pages; a page of mixed vocabulary versions, or one whose
         columns the codec does not take (sequence numbers out of order), is read row by row."""
         events: list[Event] = []
-        for after, (seqs, task_ids, types, stamps, payloads, v_min, v_max) in pages:
+        for k, (after, (seqs, task_ids, types, stamps, payloads, v_min, v_max)) in enumerate(pages):
+            if k:  # a long read: let the loop serve others between pages of _PAGE_ROWS
+                await asyncio.sleep(0)
             page = None
             if v_min == v_max:
                 page = codec.events_from_columns(

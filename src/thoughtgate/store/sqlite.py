@@ -522,7 +522,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         """The events of pages fetched by the reader thread, built here: the thread goes on to
         the next page (SQLite works without the interpreter lock) while this one is decoded."""
         events: list[Event] = []
-        for after, row in await fetched:
+        for k, (after, row) in enumerate(await fetched):
+            if k:  # a long read: let the loop serve others between pages of _PAGE_ROWS
+                await asyncio.sleep(0)
             page = _events_from_page(run_id, after, row)
             if page is None:
                 page = await self._reader.call(

@@ -757,3 +757,22 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
             assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
     finally:
         await store.close()
+
+
+async def test_a_page_too_long_for_one_sqlite_value_is_read_row_by_row(tmp_path: Path) -> None:
+    """A page whose payloads together pass SQLite's longest value (1e9 bytes by default; here
+    the reader's limit is lowered) comes back whole, from its rows."""
+    store = await SQLiteStore.open(tmp_path / "long.db")
+    try:
+        run = make_run()
+        await store.create_run(run)
+        news = [NewEvent(EventType.AGENT_RESPONSE, {"reasoning": f"{i}" * 400}) for i in range(10)]
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR)])
+        await store._reader.call(
+            "lower the limit", lambda conn: conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 2_000)
+        )
+        for got in (await store.read(run.run_id), await collect(store.tail(run.run_id))):
+            assert [e.seq for e in got] == list(range(1, 12))
+            assert [e.payload for e in got[:10]] == [n.payload for n in news]
+    finally:
+        await store.close()

@@ -103,8 +103,9 @@ def _batch_params(
 # otherwise sort every later event of the run to return the first k).
 _READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
 _NO_LIMIT = 2**62
-_Page = tuple[int, tuple[Any, ...]]
-"""``(after, row of _READ_PAGE)``: a page fetched, not yet decoded."""
+_Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
+"""``(after, row of _READ_PAGE)``, or ``(after, rows of _READ)`` for a page too long to
+aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
@@ -579,12 +580,23 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn(f"read events of run {run_id!r}") as conn:
             while left > 0:
                 want = min(left, _PAGE_ROWS)
-                cur = await conn.execute(_READ_PAGE, (run_id, cursor, cursor + want), binary=True)
-                row = await cur.fetchone()
-                if row is None or row[0] is None:
+                page: tuple[Any, ...] | list[tuple[Any, ...]] | None
+                try:
+                    cur = await conn.execute(
+                        _READ_PAGE, (run_id, cursor, cursor + want), binary=True
+                    )
+                    page = await cur.fetchone()
+                    count = 0 if page is None or page[0] is None else len(page[0])
+                except psycopg.errors.ProgramLimitExceeded:
+                    # The page's payloads are longer than PostgreSQL's longest value (1 GB):
+                    # read its rows.
+                    cur = await conn.execute(_READ, (run_id, cursor, cursor + want), binary=True)
+                    page = await cur.fetchall()
+                    count = len(page)
+                if page is None or not count:
                     break
-                pages.append((cursor, row))
-                if len(row[0]) < want:
+                pages.append((cursor, page))
+                if count < want:
                     break
                 left -= want
                 cursor += want  # every sequence number in the range is there
@@ -596,9 +608,13 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         """The events of fetched pages; a page of mixed vocabulary versions, or one whose
         columns the codec does not take (sequence numbers out of order), is read row by row."""
         events: list[Event] = []
-        for k, (after, (seqs, task_ids, types, stamps, payloads, v_min, v_max)) in enumerate(pages):
+        for k, (after, fetched) in enumerate(pages):
             if k:  # a long read: let the loop serve others between pages of _PAGE_ROWS
                 await asyncio.sleep(0)
+            if isinstance(fetched, list):
+                events += codec.events_from_rows(run_id, fetched)
+                continue
+            seqs, task_ids, types, stamps, payloads, v_min, v_max = fetched
             page = None
             if v_min == v_max:
                 page = codec.events_from_columns(

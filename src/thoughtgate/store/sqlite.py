@@ -119,8 +119,11 @@ A range of sequence numbers, not ``LIMIT``: sequences have no gaps (the codec ch
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
-_Page = tuple[int, tuple[Any, ...]]
-"""``(after, row of _READ_PAGE)``: a page fetched by the reader thread, not yet decoded."""
+_Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
+"""``(after, row of _READ_PAGE)``, or ``(after, rows of _READ_ROWS)`` for a page too long to
+aggregate: a page fetched by the reader thread, not yet decoded."""
+_TOOBIG = 18
+"""SQLITE_TOOBIG: a value longer than the connection's length limit (1e9 bytes by default)."""
 
 
 def _fetch_pages(
@@ -134,11 +137,22 @@ def _fetch_pages(
     cursor = max(after, 0)
     while left > 0:
         want = min(left, _PAGE_ROWS)
-        row = conn.execute(_READ_PAGE, (run_id, cursor, cursor + want)).fetchone()
-        if not row[0]:
+        page: tuple[Any, ...] | list[tuple[Any, ...]]
+        try:
+            row: tuple[Any, ...] = conn.execute(
+                _READ_PAGE, (run_id, cursor, cursor + want)
+            ).fetchone()
+            count, page = int(row[0]), row
+        except sqlite3.DataError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != _TOOBIG:
+                raise
+            # The page's payloads are longer than SQLite's longest value: read its rows.
+            page = conn.execute(_READ_ROWS, (run_id, cursor, want)).fetchall()
+            count = len(page)
+        if not count:
             break
-        pages.append((cursor, row))
-        if row[0] < want:
+        pages.append((cursor, page))
+        if count < want:
             break
         left -= want
         cursor += want  # every sequence number in the range is there
@@ -147,9 +161,14 @@ def _fetch_pages(
     return pages
 
 
-def _events_from_page(run_id: str, after: int, row: tuple[Any, ...]) -> list[Event] | None:
-    """The events of one aggregate row; ``None`` for a page to read row by row (mixed
-    vocabulary versions, a stamp finer than 2**-22, sequence numbers not in order)."""
+def _events_from_page(
+    run_id: str, after: int, row: tuple[Any, ...] | list[tuple[Any, ...]]
+) -> list[Event] | None:
+    """The events of one aggregate row (or of the rows read instead); ``None`` for a page to
+    read row by row (mixed vocabulary versions, a stamp finer than 2**-22, sequence numbers
+    not in order)."""
+    if isinstance(row, list):
+        return codec.events_from_rows(run_id, row)
     _, v_min, v_max, exact, payloads, seqs, task_ids, types, stamps = row
     if not exact or v_min != v_max:
         return None
@@ -527,8 +546,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 await asyncio.sleep(0)
             page = _events_from_page(run_id, after, row)
             if page is None:
+                n = len(row) if isinstance(row, list) else int(row[0])
                 page = await self._reader.call(
-                    f"read events of run {run_id!r}", _rows_reader(run_id, after, row[0])
+                    f"read events of run {run_id!r}", _rows_reader(run_id, after, n)
                 )
             events += page
         return events

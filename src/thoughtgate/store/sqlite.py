@@ -101,13 +101,14 @@ _PAGE_ROWS = 1000
 near SQLite's length limit (a page of 1 MB reasoning traces is already a large one)."""
 _NO_LIMIT = 2**62
 _STAMP_SCALE = 4194304
-"""2**22. A ``ts`` times this is an integer for every time since 2004 (a double there has no bit
-below 2**-22), so it crosses the aggregate as integer text exactly, where SQLite writes a REAL
-with 15 digits; a page with a stamp that is not (a test's 0.1) is read row by row."""
+"""2**22. A double in [2**30, 2**41) (every time since 2004) has no bit below 2**-22, so ``ts``
+times this is an exact integer below 2**63: it crosses the aggregate as integer text exactly,
+where SQLite writes a REAL into JSON with 15 digits. A page with a stamp outside that range (a
+test's 0.1) is read row by row."""
+_EXACT_STAMPS = (2.0**30, 2.0**41)
 _UNSCALE = (1.0 / _STAMP_SCALE).__mul__
 _READ_PAGE = (
-    "SELECT count(*), min(v), max(v), "
-    f"min(CAST(ts * {_STAMP_SCALE} AS INTEGER) = ts * {_STAMP_SCALE}), "
+    "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), json_group_array(seq), "
     "json_group_array(task_id), json_group_array(type), "
     f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
@@ -169,8 +170,9 @@ def _events_from_page(
     not in order)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
-    _, v_min, v_max, exact, payloads, seqs, task_ids, types, stamps = row
-    if not exact or v_min != v_max:
+    _, v_min, v_max, ts_min, ts_max, payloads, seqs, task_ids, types, stamps = row
+    low, high = _EXACT_STAMPS
+    if v_min != v_max or ts_min < low or ts_max >= high:
         return None
     return codec.events_from_columns(
         run_id,

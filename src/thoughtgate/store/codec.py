@@ -156,7 +156,7 @@ _LONG_NUMBER = b"0" * 19
 
 
 def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
-    """The payloads of a page stored as JSON text, ``joined`` by ``,`` as they are stored.
+    """The payloads of a page from their stored JSON texts ``joined`` by ``,`` (UTF-8).
 
     orjson decodes them from the bytes the database hands over (about half ``json``'s CPU, no
     text decoded first), except what orjson would read differently from ``json``, which has
@@ -282,8 +282,9 @@ def events_from_columns(
     payloads: bytes,
     version: int,
 ) -> list[Event] | None:
-    """A page read as columns, one value per field (a backend's aggregate query), written in
-    vocabulary ``version``: its payloads ``joined`` by ``,`` (:func:`decode_payload_array`).
+    """A page read as columns, one list per field (a backend's aggregate query), written in
+    vocabulary ``version``; ``payloads`` is their stored JSON joined by ``,``
+    (:func:`decode_payload_array`).
 
     ``None`` unless ``seqs`` are exactly ``first, first + 1, ...`` and every column has one
     value per event: the caller then reads the page row by row, so a page whose aggregate came

@@ -166,8 +166,8 @@ def _events_from_page(
     run_id: str, after: int, row: tuple[Any, ...] | list[tuple[Any, ...]]
 ) -> list[Event] | None:
     """The events of one aggregate row (or of the rows read instead); ``None`` for a page to
-    read row by row (mixed vocabulary versions, a stamp finer than 2**-22, sequence numbers
-    not in order)."""
+    read row by row (mixed vocabulary versions, a stamp outside :data:`_EXACT_STAMPS`,
+    sequence numbers not in order)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
     _, v_min, v_max, ts_min, ts_max, payloads, seqs, task_ids, types, stamps = row

@@ -842,11 +842,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 async def _key_usage(
     conn: psycopg.AsyncConnection[Any], quota: durable.Quota, now: float
 ) -> durable.KeyUsage:
-    """A key's usage in at most three rows, whatever its history: its open runs (walked from the
-    open runs, not from the key's every run: the correlated subquery keeps the planner from
-    joining the other way), the ``max_per_minute``-th newest start of the window (at most that
-    many index entries), and the window's count only when that start exists (the key is refused,
-    and the count is in the message)."""
+    """A key's usage in at most three rows, whatever its history: its open runs (found among the
+    open runs of every key, not among the key's every run: a correlated subquery, so that the
+    planner does not join the other way), the ``max_per_minute``-th newest start of the window
+    (at most that many index entries), and the window's count only when that start exists (the
+    key is refused; the message names it)."""
     cur = await conn.execute(
         f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
         "(SELECT s.key_id FROM run_specs s WHERE s.run_id = runs.run_id) = %s",

@@ -899,10 +899,10 @@ class _QueuedAppend(QueuedAppend):
 
 
 def _key_usage(conn: sqlite3.Connection, quota: durable.Quota, now: float) -> durable.KeyUsage:
-    """A key's usage in at most three rows, whatever its history: its open runs (walked from the
-    open-runs index, not from the key's every run), the ``max_per_minute``-th newest start of the
-    window (at most that many index entries), and the window's count only when that start exists
-    (the key is refused, and the count is in the message)."""
+    """A key's usage in at most three rows, whatever its history: its open runs (found among the
+    open runs of every key through an index on status, not among the key's every run), the
+    ``max_per_minute``-th newest start of the window (at most that many index entries), and the
+    window's count only when that start exists (the key is refused; the message names it)."""
     open_row = conn.execute(
         f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
         "(SELECT s.key_id FROM run_specs s WHERE s.run_id = runs.run_id) = ?",

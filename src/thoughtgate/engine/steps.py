@@ -60,8 +60,29 @@ class Steps(Protocol):
         """The log as it was before this execution, when it resumes a run; else ``None``."""
         ...
 
-    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
-        """Run ``fn`` as the next step, or return its recorded result when it already ran."""
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
+        """Run ``fn`` as the next step, or return its recorded result when it already ran.
+
+        ``ends(result)``: whether the result ends its task (no step of the task follows it). In
+        the run's last task (:meth:`last_task`) such a result ends the run's execution, whose
+        ending commit records it in the log; a durable engine then need not checkpoint it.
+        """
+        ...
+
+    def last_task(self) -> Steps:
+        """These steps, for the run's last task: after a result that ends it (``run``'s
+        ``ends``), no checkpointed step follows in this execution."""
+        ...
+
+    def checkpoints(self, *, ending: bool) -> bool:
+        """Whether :meth:`run` checkpoints a result (``ending``: one that ends its task)."""
         ...
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -80,8 +101,21 @@ class DirectSteps:
 
     resumed: ResumeLog | None = None
 
-    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
         return await fn()
+
+    def last_task(self) -> DirectSteps:
+        return self
+
+    def checkpoints(self, *, ending: bool) -> bool:
+        return False
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
         await fn()

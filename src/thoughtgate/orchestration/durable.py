@@ -131,6 +131,19 @@ def _write_ahead(target: Path) -> None:
         conn.execute("PRAGMA journal_mode = WAL")
 
 
+_SQLITE_ENGINE: dict[str, Any] = {
+    # One connection, which DBOS's threads take in turn: SQLite has one writer at a time, and
+    # DBOS begins each transaction with the write lock (BEGIN IMMEDIATE), so more connections
+    # only wait for it inside SQLite's busy handler, which sleeps with a back-off of up to
+    # 100 ms before trying again; the pool hands its one connection on as soon as it is free
+    # (ADR 0029). Other processes on the file still wait in the busy handler, as before.
+    "sys_db_pool_size": 1,
+    # A file's connection cannot drop as a server's can: no ``SELECT 1`` before each transaction
+    # (DBOS pings every connection it takes from the pool by default).
+    "db_engine_kwargs": {"pool_pre_ping": False},
+}
+
+
 class DbosSteps:
     """:class:`~thoughtgate.engine.steps.Steps` whose steps DBOS checkpoints.
 
@@ -288,9 +301,7 @@ class DurableEngine:
         if self.location.schema is not None:
             settings["dbos_system_schema"] = self.location.schema
         else:
-            # A SQLite file's connection cannot drop as a server's can: no ``SELECT 1`` before
-            # each of DBOS's transactions (its default pings every pooled connection it takes).
-            settings["db_engine_kwargs"] = {"pool_pre_ping": False}
+            settings.update(_SQLITE_ENGINE)
         DBOS(config=settings)  # type: ignore[arg-type]
         if listen is not None:
             self.queue = queue_name(listen, self.config.concurrency)

@@ -436,7 +436,7 @@ class _Loop:
                 "finish_reason": turn.finish_reason,
             }
             events.append(self.ev(EventType.MESSAGE_COMPLETED, final))
-        if failure is not None or turn is None or not turn.tool_calls:  # the task's last turn
+        if _ends_task(outcome):  # the task's last turn
             await self.recorder.emit_last(events)
         else:
             await self.recorder.emit_all(events)

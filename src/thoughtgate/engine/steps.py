@@ -5,6 +5,8 @@ call, asking for an approval, starting or ending a task -- each through :class:`
 with a result (a model turn, a tool call, an approval's answer) is checkpointed; a step that only
 records events (a turn's recording, a task's start and end, asking for an approval) is an
 *effect*: the events it looks up in the log are its checkpoint, so it costs the engine nothing.
+Nor is the result that ends the run's last task in a first execution (``Steps.run``'s ``ends``,
+``Steps.last_task``): the run's ending commit records it, and no checkpoint follows it (ADR 0029).
 Without a durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
 ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
 run resumes elsewhere, the run's code runs again from the top and every checkpointed step

@@ -352,6 +352,7 @@ class DurableEngine:
                     done = await self.start(run_id)
                 except BaseException:
                     slot.release()
+                    self.runtime.forget_admitted(run_id)
                     raise
                 done.add_done_callback(lambda _: slot.release())
                 return

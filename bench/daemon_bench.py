@@ -4,7 +4,9 @@ Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pas
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
 batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
 to run part of it, ``--profile DIR`` to sample the server with py-spy in every phase and print
-where its CPU went).
+where its CPU went, ``--trace DIR`` to stamp the first reasoning delta's hops and the client's
+requests, server and client side, and print each hop's median per phase:
+:mod:`bench.first_byte_trace`).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 
@@ -103,6 +105,7 @@ from bench.emulator_process import (
     emulator_process,
     stamp,
 )
+from bench.first_byte_trace import client_stamp, dump_client, report
 from bench.profile_summary import record, summary
 from thoughtgate.providers.sse import SSEDecoder
 
@@ -111,6 +114,8 @@ __all__ = ["main"]
 REPO = Path(__file__).resolve().parents[1]
 LITELLM_TTFB_MS = {1: 10.0, 10: 66.0, 100: 960.0}
 LITELLM_RPS = 40.0
+TRACE: str | None = None
+"""``--trace DIR``: where the first byte's hop stamps go (``bench.first_byte_trace``)."""
 NOTES: list[str] = []  # filled by main(): measured or reference LiteLLM figures
 PROVIDER_DELTAS = 2 * DELTAS  # reasoning + text deltas the provider streams per run
 FAKE_MODEL = "fake:bench"
@@ -197,6 +202,10 @@ def _serve(
 
     FAKE_SCRIPTS["bench"] = _bench_script
     logging.basicConfig(level=logging.WARNING)
+    if os.environ.get("BENCH_TRACE"):  # --trace: stamp the first byte's hops in this process
+        from bench.first_byte_trace import install
+
+        install(os.environ["BENCH_TRACE"])
     if flush_interval is not None:  # what-if: a shorter delta batching window in the recorder
         from thoughtgate.orchestration.recorder import EventRecorder
 
@@ -383,18 +392,24 @@ async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, 
 
     frames = _Frames(first_reasoning)
     on_chunk = frames.feed
+    stamps: dict[str, Any] = {}
 
     if single:
         status, _ = await conn.request("POST", "/v1/runs/follow", body, on_chunk=on_chunk)
         run_id = "(one request)"
     else:
+        stamps["c_create_sent"] = time.monotonic()
         _, created = await conn.request("POST", "/v1/runs", body)
+        stamps["c_create_done"] = time.monotonic()
         run_id = json.loads(created)["run_id"]
         _, ticket = await conn.request("POST", "/v1/tickets", {"run_id": run_id})
+        stamps["c_ticket_done"] = time.monotonic()
         path = f"/v1/runs/{run_id}/stream?ticket={json.loads(ticket)['ticket']}"
         status, _ = await conn.request("GET", path, on_chunk=on_chunk)
     assert status == 200, status
     assert first["added"] >= 0, f"run {run_id} ({model}) streamed no reasoning"
+    if TRACE is not None and not single:
+        client_stamp({"run_id": run_id, **stamps, "c_first": started + first["client"]})
     return first["client"], first["added"], frames.count
 
 
@@ -1023,6 +1038,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="concurrencies to run, comma-separated, each C or C=RUNS (default 1,10,100 with "
         "20/100/300 runs, 10/40/100 with --quick); e.g. 1=60 to measure first-byte latency alone",
     )
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        default=None,
+        help="stamp the first reasoning delta's hops (server and client, three-request runs) "
+        "into DIR and print the median of each per phase (figures of a traced run are not clean)",
+    )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--serve-durable", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
@@ -1032,6 +1054,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             Path(args.serve[0]), args.serve[1], args.flush_interval, emulator, args.serve_durable
         )
         return []
+    global TRACE
+    if args.trace:
+        TRACE = str(Path(args.trace).resolve())
+        Path(TRACE).mkdir(parents=True, exist_ok=True)
+        os.environ["BENCH_TRACE"] = TRACE
     formats = [f for f in args.formats.split(",") if f]
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
@@ -1107,6 +1134,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         in_process = measure_in_process(0)
         # (row prefix, model) -> concurrency -> the phase's rows (cpu_per_delta last)
         phases: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+        traced: list[str] = []
         for on in sorted({on for *_, on in variants}):  # the durable daemon second
             port_file = Path(tmp) / f"port-{on}.json"
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
@@ -1143,6 +1171,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         stats, cpu = _measure(
                             proc, info, concurrency, total, model, where(name, concurrency), single
                         )
+                        if TRACE is not None and not single:
+                            dump_client(TRACE, f"{name}_c{concurrency}")
+                            traced.append(f"{name}_c{concurrency}")
                         rows = _phase_rows(
                             prefix,
                             concurrency,
@@ -1157,6 +1188,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 proc.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=15)
+        for label in traced:  # the servers have written their stamps on exit
+            assert TRACE is not None
+            print(report(TRACE, label))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
     for (model, on), value in in_process.items():

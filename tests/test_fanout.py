@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from thoughtgate.access.roles import Role
 from thoughtgate.errors import StoreError
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 
@@ -214,3 +214,52 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
     assert store.reads == before
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
     assert await asyncio.wait_for(reader, 5) == [1, 2, 3]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.tuples(*(st.integers(0, 4) for _ in range(4))),
+    lose=st.one_of(st.none(), st.integers(0, 8)),
+)
+def test_a_reader_started_from_an_early_first_page_gets_every_event_once_in_order(
+    counts: tuple[int, int, int, int], lose: int | None
+) -> None:
+    """A live stream's first read is made while its ticket is checked (``RunFeeds.first_page``);
+    events published before, during and after that read, and after the reader joined, each
+    reach it once and in order -- also when a publish never reached the first page (it is
+    then read from the store)."""
+    before, during, between, after = counts
+
+    async def go() -> None:
+        store = CountingStore()
+        await store.create_run(RunRecord("run_1", "p"))
+        appended = 0
+
+        async def add(n: int) -> None:
+            nonlocal appended
+            for _ in range(n):
+                appended += 1
+                await store.append("run_1", [NewEvent("message.delta", {"i": appended})])
+
+        await add(before)
+        feeds = RunFeeds(store)
+        first = FirstPage(store, "run_1")  # what first_page does, with appends during its read
+        await add(during)
+        first.page = await store.read("run_1", after=0, limit=500)
+        await add(between)
+        if lose is not None and lose < len(first._caught):
+            del first._caught[lose]  # as if that publish had not reached it
+        reads = store.reads
+        reader = feeds.reader("run_1", after=0, first_page=first)
+        seen = [e.seq for e in (await reader.next() or [])]
+        assert store.reads == reads, "the first page is not read again"
+        if lose is None:  # what was published meanwhile came with it, without a read
+            assert seen == list(range(1, appended + 1))
+        await add(after)
+        await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+        while (batch := await asyncio.wait_for(reader.next(), 10)) is not None:
+            seen += [e.seq for e in batch]
+        assert seen == list(range(1, appended + 2))
+        assert not store.wakeups._listeners  # the first page stopped listening, the feed ended
+
+    asyncio.run(go())

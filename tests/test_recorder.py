@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sqlite3
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thoughtgate.errors import StoreError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.store.records import RunRecord
+from thoughtgate.store.records import RunRecord, TaskRecord
+from thoughtgate.store.sqlite import SQLiteStore
 
 
 def delta(text: str, turn: int = 0) -> NewEvent:
@@ -243,3 +248,68 @@ async def test_a_turn_ends_in_one_batch_whatever_its_visible_steps() -> None:
         "run.settlement.completed",
     ]
     assert any(t.startswith("cot.") for t in closing)  # the visible steps came along
+
+
+def _started(prompt: str = "p") -> NewEvent:
+    payload = {"index": 0, "prompt": prompt, "backend": "fake", "model": "fake:x"}
+    return NewEvent("task.started", payload, task_id="task_1")
+
+
+@pytest.mark.inprocess
+async def test_on_sqlite_the_first_delta_does_not_wait_for_task_started_to_commit(
+    tmp_path: Path,
+) -> None:
+    """With the writer busy, ``task.started`` and the task's first delta are queued together
+    and share one commit, in order (before, the delta was queued only after ``task.started``'s
+    commit came back: a second commit, and two turns of a loaded event loop, later)."""
+    store = await SQLiteStore.open(tmp_path / "r.db")
+    try:
+        await store.create_run(
+            RunRecord("run_1", "p", tasks=[TaskRecord("task_1", "run_1", 0, "p")])
+        )
+        rec = EventRecorder(store, "run_1", flush_interval=0.05)
+        holding, gate = threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection) -> None:
+            holding.set()
+            gate.wait(10)
+
+        busy = asyncio.ensure_future(store._writer.call("wait", hold))
+        assert await asyncio.to_thread(holding.wait, 10)
+        commits = store._writer.commits
+        await rec.start([_started()])
+        first = asyncio.ensure_future(rec.emit_delta(thought("first")))
+        for _ in range(1000):  # the delta's append is queued without waiting for the commit
+            if store._writer._jobs.qsize() == 2:
+                break
+            await asyncio.sleep(0)
+        assert store._writer._jobs.qsize() == 2
+        gate.set()
+        await busy
+        await first
+        assert store._writer.commits == commits + 1
+        log = await store.read("run_1")
+        assert [e.type for e in log] == ["task.started", "reasoning.delta"]
+        await rec.close()
+    finally:
+        await store.close()
+
+
+@pytest.mark.inprocess
+async def test_on_sqlite_a_delta_queued_behind_a_failed_task_started_is_not_recorded(
+    tmp_path: Path,
+) -> None:
+    store = await SQLiteStore.open(tmp_path / "small.db", max_bytes=256 * 1024)
+    try:
+        await store.create_run(
+            RunRecord("run_1", "p", tasks=[TaskRecord("task_1", "run_1", 0, "p")])
+        )
+        rec = EventRecorder(store, "run_1", flush_interval=0.05)
+        await rec.start([_started("x" * 1_000_000)])  # never fits: its commit fails
+        with pytest.raises(StoreError, match="disk is full"):
+            await rec.emit_delta(thought("first"))
+        with pytest.raises(StoreError, match="disk is full"):
+            await rec.close()
+        assert await store.read("run_1") == []
+    finally:
+        await store.close()

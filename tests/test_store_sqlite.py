@@ -725,3 +725,88 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
         assert sorted(r[0] for r in rows) == ["a", "c"]
     finally:
         await thread.close()
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one-group", "apart"])
+async def test_an_append_queued_behind_one_that_fails_is_not_stored(
+    tmp_path: Path, together: bool
+) -> None:
+    """``queue_append(after=...)`` may be called before the earlier append committed (the
+    recorder queues a task's first delta behind ``task.started``): it must never be stored past
+    a hole, whether the two share a transaction or not."""
+    store = await SQLiteStore.open(tmp_path / "small.db", max_bytes=256 * 1024)
+    try:
+        run, other = make_run(), make_run()
+        for r in (run, other):
+            await store.create_run(r)
+        blob = "x" * 4000
+        huge = [NewEvent("big", {"i": i, "b": blob}) for i in range(200)]  # never fits
+        holding, gate = threading.Event(), threading.Event()
+        busy = None
+        if together:  # hold the writer so that both are queued before either runs
+
+            def hold(conn: sqlite3.Connection) -> None:
+                holding.set()
+                gate.wait(10)
+
+            busy = asyncio.ensure_future(store._writer.call("wait", hold))
+            assert await asyncio.to_thread(holding.wait, 10)
+        first = store.queue_append(run.run_id, huge)
+        assert first is not None
+        if not together:
+            with pytest.raises(StoreError, match="disk is full"):
+                await first.wait()
+        second = store.queue_append(run.run_id, deltas(1), after=first)
+        unrelated = store.queue_append(other.run_id, deltas(1))
+        assert second is not None and unrelated is not None
+        gate.set()
+        if busy is not None:
+            await busy
+        if together:
+            with pytest.raises(StoreError, match="disk is full"):
+                await first.wait()
+        with pytest.raises(StoreError, match="not stored"):
+            await second.wait()
+        assert [e.seq for e in await unrelated.wait()] == [1]
+        assert await store.read(run.run_id) == []
+        # and behind one that was stored, it is stored after it
+        third = store.queue_append(run.run_id, deltas(2))
+        fourth = store.queue_append(run.run_id, deltas(1), after=third)
+        assert third is not None and fourth is not None
+        assert [e.seq for e in await fourth.wait()] == [3]
+        assert [e.seq for e in await third.wait()] == [1, 2]
+    finally:
+        await store.close()
+
+
+async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_path: Path) -> None:
+    """The threads hand back each call's (each transaction's) result when it is done: a small
+    read queued with others is not held until the last of them ran."""
+    path = tmp_path / "batch.db"
+    thread = SQLiteThread("test-reader", path, busy_timeout=5)
+    await thread.start(lambda: connect(path, busy_timeout=5), "open")
+    try:
+        holding, gate, answered = threading.Event(), threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection) -> None:
+            holding.set()
+            gate.wait(10)
+
+        def second(conn: sqlite3.Connection) -> bool:
+            return answered.wait(10)  # only the loop's sight of the first answer ends this
+
+        busy = asyncio.ensure_future(thread.call("wait", hold))
+        assert await asyncio.to_thread(holding.wait, 10)
+        first = asyncio.ensure_future(thread.call("first", lambda conn: 1))
+        later = asyncio.ensure_future(thread.call("second", second))
+        for _ in range(10_000):  # both queued: the thread takes them in one batch
+            if thread._jobs.qsize() == 2:
+                break
+            await asyncio.sleep(0)
+        gate.set()
+        await busy
+        assert await first == 1
+        answered.set()
+        assert await later, "the first call's answer waited for the whole batch"
+    finally:
+        await thread.close()

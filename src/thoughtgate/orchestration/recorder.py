@@ -16,7 +16,9 @@ together with ``emit_all``: one commit, one write to each live reader.
 
 Two waits a run used to spend in sequence are overlapped (ADR 0021, amended): ``start`` queues a
 task's ``task.started`` without waiting for its commit, so the provider's stream opens while it
-commits, and every later append first waits for that one (its order and its failure are kept);
+commits, and every later append first waits for that one (its order and its failure are kept;
+on a store that keeps a queue's order, SQLite, the next append is queued behind it before that
+wait, stored only if it was, and often shares its commit: ADR 0028);
 with ``hold_last`` a task's last events (``emit_last``: the tail of its deltas, the last turn's
 response, visible steps and answer) are held for the caller to store with the run's ending, one
 commit instead of three. Either way no event reaches a reader before it is durable: readers see
@@ -36,7 +38,7 @@ from collections.abc import Sequence
 
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.log import EventLog, EventObserver
+from thoughtgate.store.log import EventLog, EventObserver, QueuedAppend
 
 __all__ = ["EventRecorder", "EventSink"]
 
@@ -69,7 +71,7 @@ class EventRecorder:
         self._window_end = 0.0
         self.appended = 0
         self._failure: Exception | None = None
-        self._pending: asyncio.Future[list[Event]] | None = None
+        self._pending: QueuedAppend | None = None
         """The append ``start`` queued and nobody has waited for yet."""
         self.hold_last = hold_last
         self._held: list[NewEvent] = []
@@ -100,7 +102,10 @@ class EventRecorder:
             await self._settle()
             self._raise_failure()
             batch = [*self._take_buffer(), *events]
-            self._pending = asyncio.ensure_future(self.store.append(self.run_id, batch))
+            queued = self.store.queue_append(self.run_id, batch)
+            if queued is None:  # a store that cannot queue: the append runs as a task
+                queued = _Started(asyncio.ensure_future(self.store.append(self.run_id, batch)))
+            self._pending = queued
 
     async def emit_last(self, events: Sequence[NewEvent]) -> None:
         """The task's last events. With ``hold_last`` they are held, with the deltas buffered
@@ -173,12 +178,13 @@ class EventRecorder:
 
     async def flush(self) -> None:
         async with self._lock:
-            await self._settle()
             self._raise_failure()
             held = self._held
             self._held = []
             if held or self._buffer:
-                await self._append([*held, *self._take_buffer()])
+                await self._append([*held, *self._take_buffer()])  # after ``start``'s append
+            else:
+                await self._settle()
 
     def _seal_last(self) -> None:
         """Make the buffer's last delta carry the texts joined to it."""
@@ -202,7 +208,7 @@ class EventRecorder:
         if pending is None:
             return
         try:
-            out = await pending
+            out = await pending.wait()
         except Exception as exc:
             if self._failure is None:
                 self._failure = exc
@@ -216,9 +222,22 @@ class EventRecorder:
         if not batch:
             return []
         check_new_events(batch)
-        await self._settle()
+        pending = self._pending
+        queued = None
+        if pending is not None:
+            # Queued behind ``start``'s append without waiting for its commit (ADR 0028): the
+            # store keeps their order and stores this one only if that one was stored, so the
+            # task's first delta commits with or right after ``task.started``, not a commit
+            # and two turns of the event loop after it.
+            queued = self.store.queue_append(self.run_id, batch, after=pending)
         try:
-            out = await self.store.append(self.run_id, batch)
+            await self._settle()
+        except BaseException:
+            if queued is not None:
+                await queued.abandon()
+            raise
+        try:
+            out = await (self.store.append(self.run_id, batch) if queued is None else queued.wait())
         except Exception as exc:
             # Once a batch is lost, nothing after it may be recorded: a later event would sit
             # behind a hole in the log. Every later emit, flush or close raises this error.
@@ -238,10 +257,28 @@ class EventRecorder:
                     await self._flusher
             pending, self._pending = self._pending, None
             if pending is not None:  # cancelled or failed before anyone waited for it
-                pending.cancel()
-                await asyncio.wait([pending])
-                if not pending.cancelled():
-                    pending.exception()  # retrieved: the error that matters was raised already
+                await pending.abandon()  # the error that matters was raised already
+
+
+class _Started(QueuedAppend):
+    """``start``'s append on a store that cannot queue appends: a task of its own."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Future[list[Event]]) -> None:
+        self.task = task
+
+    async def wait(self) -> list[Event]:
+        return await self.task
+
+    def done(self) -> bool:
+        return self.task.done()
+
+    async def abandon(self) -> None:
+        self.task.cancel()
+        await asyncio.wait([self.task])
+        if not self.task.cancelled():
+            self.task.exception()
 
 
 _TEXT_DELTAS = frozenset({EventType.MESSAGE_DELTA, EventType.REASONING_DELTA})

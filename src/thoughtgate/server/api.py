@@ -8,6 +8,7 @@ declarations, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -81,6 +82,10 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     media_type: str = "application/json"
     description: str = ""
+    prefetch: Callable[[Request], Awaitable[object]] | None = None
+    """With ``auth="ticket"``: a read started as soon as the ticket's signature is verified,
+    alongside the check of its key, so that the two wait for the store together (ADR 0028);
+    the handler takes its result with ``prefetched``. Nothing is sent before both are done."""
 
     @property
     def operation_id(self) -> str:
@@ -92,11 +97,14 @@ def starlette_route(endpoint: Endpoint) -> Route:
 
     async def call(request: Request) -> Response:
         principal = await _authorize(request, endpoint)
-        unknown = sorted(set(request.query_params) - known)
-        if unknown:
-            allowed = ", ".join(sorted(known)) or "none"
-            raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")
-        return await endpoint.handler(request, principal)
+        try:
+            unknown = sorted(set(request.query_params) - known)
+            if unknown:
+                allowed = ", ".join(sorted(known)) or "none"
+                raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")
+            return await endpoint.handler(request, principal)
+        finally:
+            _drop_prefetched(request)
 
     return Route(endpoint.path, call, methods=[endpoint.method], name=endpoint.operation_id)
 
@@ -117,9 +125,50 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
         signer = await state.signer()
         # A route without a run in its path is the run list's (``GET /v1/runs/stream``).
         grant = signer.verify(request.query_params.get("ticket"), request.path_params.get("run_id"))
-        await require_ticket_key(state.store, grant)
+        early = None
+        if endpoint.prefetch is not None:  # the signature holds: read alongside the key check
+            early = asyncio.ensure_future(endpoint.prefetch(request))
+            request.scope[_PREFETCHED] = early
+        try:
+            await require_ticket_key(state.store, grant)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+                await asyncio.wait([early])
+                if not early.cancelled():
+                    early.exception()  # moot: the request is refused
+            raise
         return Principal(grant.key_id, "ticket", grant.role)
     return None
+
+
+_PREFETCHED = "thoughtgate.prefetched"
+
+
+def _drop_prefetched(request: Request) -> None:
+    """A prefetch the handler did not take: stopped, its outcome moot."""
+    early = request.scope.pop(_PREFETCHED, None)
+    if early is None:
+        return
+    if not early.done():
+        early.cancel()
+    elif not early.cancelled() and early.exception() is None:
+        close = getattr(early.result(), "close", None)
+        if close is not None:  # e.g. a live stream's first page, still catching events
+            close()
+
+
+async def prefetched(request: Request) -> object | None:
+    """What the endpoint's ``prefetch`` read, or ``None`` (none, or it failed: the handler then
+    reads for itself and meets the error there)."""
+    early = request.scope.pop(_PREFETCHED, None)
+    if early is None:
+        return None
+    try:
+        value: object = await early
+    except Exception:
+        return None
+    return value
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

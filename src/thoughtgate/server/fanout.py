@@ -27,7 +27,7 @@ from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.store.log import EventLog
 
-__all__ = ["LiveReader", "RunFeeds", "replay"]
+__all__ = ["FirstPage", "LiveReader", "RunFeeds", "replay"]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -192,8 +192,19 @@ class LiveReader:
     usual. The cursor moves the same way on both paths, so they never overlap or skip.
     """
 
-    def __init__(self, feeds: RunFeeds, run_id: str, after: int, *, follow: bool) -> None:
+    def __init__(
+        self,
+        feeds: RunFeeds,
+        run_id: str,
+        after: int,
+        *,
+        follow: bool,
+        first_page: FirstPage | None = None,
+    ) -> None:
         self._feeds = feeds
+        self._first_page = first_page
+        """``RunFeeds.first_page(run_id, after)``, read already: the first ``next`` takes it
+        instead of reading."""
         self.store = feeds.store
         self.run_id = run_id
         self.cursor = after
@@ -232,8 +243,13 @@ class LiveReader:
         if self._done:
             return None
         if self._replaying:
-            page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
-            if len(page) < _PAGE:
+            first, self._first_page = self._first_page, None
+            if first is not None:  # and what was published since, joined below in this step
+                page, caught_up = first.take(self.cursor)
+            else:
+                page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+                caught_up = len(page) < _PAGE
+            if caught_up:
                 self._replaying = False
                 if not self._follow:
                     self._done = True
@@ -241,7 +257,11 @@ class LiveReader:
                         return None
                 elif not self._cut(page):
                     self._sub = _Subscriber(self._feeds.backlog)
-                    self._feed = self._feeds._join(self.run_id, self.cursor, self._sub)
+                    # A feed started here starts after the page: an event published before its
+                    # first read came back then continues it, and reaches this reader at once
+                    # instead of after that read and another (ADR 0028).
+                    end = page[-1].seq if page else self.cursor
+                    self._feed = self._feeds._join(self.run_id, end, self._sub)
             return self._accept(page)
         if self._alone:
             return await self._from_store(timeout)
@@ -343,6 +363,67 @@ class LiveReader:
         self._done = True
         self._leave()
         self._sub = None
+        if self._first_page is not None:
+            self._first_page.close()
+            self._first_page = None
+
+
+class FirstPage:
+    """A reader's first read, made early (``RunFeeds.first_page``), and the events this process
+    published for the run from before that read until the reader takes it.
+
+    The early read is made while the request is still being served (a ticket's check); an
+    event committed after it (the run's first delta, typically) would otherwise reach the
+    reader only through one more read, by the feed it then joins. Caught here, it is handed
+    over with the page, in the same step in which the reader joins the feed: nothing
+    published in between is missed, and ``take`` keeps only what continues the page, in
+    order, without repeats (ADR 0028).
+    """
+
+    def __init__(self, store: EventLog, run_id: str) -> None:
+        self.page: list[Event] = []
+        self._caught: list[Event] = []
+        self._unlisten: Callable[[], None] | None = store.wakeups.listen(run_id, self)
+
+    # -- RunListener ---------------------------------------------------------------------------
+    def published(self, events: Sequence[Event]) -> None:
+        if self._unlisten is None:
+            return
+        if len(self._caught) + len(events) > _PAGE:  # too much: the reader reads for itself
+            self._caught.clear()
+            self.close()
+            return
+        self._caught.extend(events)
+        if any(is_run_terminal(e.type) for e in events):
+            self.close()  # nothing follows; and a first page nobody takes is let go at the end
+
+    def notified(self, last_seq: int | None) -> None:
+        """Another process appended: the feed the reader joins reads it."""
+
+    def close(self) -> None:
+        """Stop catching events (idempotent)."""
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+
+    def take(self, after: int) -> tuple[list[Event], bool]:
+        """The page and the caught events that continue it without a gap, and whether that
+        is all the store held when the page was read (a full page: more is to be read)."""
+        self.close()
+        page = self.page
+        if len(page) >= _PAGE:
+            return page, False
+        out = list(page)
+        cursor = page[-1].seq if page else after
+        for event in self._caught:
+            if event.seq <= cursor:
+                continue  # in the page already (published while it was read)
+            if event.seq != cursor + 1:
+                break  # a gap: the feed reads it
+            out.append(event)
+            cursor = event.seq
+        self._caught = []
+        return out, True
 
 
 class RunFeeds:
@@ -364,10 +445,30 @@ class RunFeeds:
         feed = self._feeds.get(run_id)
         return 0 if feed is None else len(feed.subscribers)
 
-    def reader(self, run_id: str, *, after: int = 0, follow: bool = True) -> LiveReader:
+    def reader(
+        self,
+        run_id: str,
+        *,
+        after: int = 0,
+        follow: bool = True,
+        first_page: FirstPage | None = None,
+    ) -> LiveReader:
         """One reader's view of the run after ``after``, in batches (see :class:`LiveReader`);
-        ``follow=False`` ends at the last event stored now."""
-        return LiveReader(self, run_id, after, follow=follow)
+        ``follow=False`` ends at the last event stored now. ``first_page``: what
+        ``first_page(run_id, after)`` returned, read earlier (alongside a ticket's check)."""
+        return LiveReader(self, run_id, after, follow=follow, first_page=first_page)
+
+    async def first_page(self, run_id: str, after: int) -> FirstPage:
+        """The first read a reader of ``run_id`` after ``after`` makes, for a caller that starts
+        it early (``reader(first_page=...)``), with what this process publishes meanwhile;
+        ``close`` it if no reader takes it."""
+        first = FirstPage(self.store, run_id)
+        try:
+            first.page = await self.store.read(run_id, after=after, limit=_PAGE)
+        except BaseException:
+            first.close()
+            raise
+        return first
 
     async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
         """Stored events after ``after``, then live ones, until the run's terminal event."""

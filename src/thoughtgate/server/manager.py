@@ -51,6 +51,8 @@ class RunManager:
         # lease + sweep (25 s with the default 15 s lease).
         self.sweep_every_s = sweep_every_s or runtime.leases.ttl_s * 2 / 3
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._modes: dict[str, str] = {}
+        """``chain_of_thought`` of each run in ``_tasks`` (see ``executing_mode``)."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -104,6 +106,7 @@ class RunManager:
             )
             task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
             self._tasks[run.run_id] = task
+            self._modes[run.run_id] = run.chain_of_thought
             task.add_done_callback(self._forget)
             return run
         queue = await self._queue_for(names)
@@ -146,10 +149,21 @@ class RunManager:
             )
         return min(fitting, key=lambda q: (len(q.tools), q.name)).name
 
+    def executing_mode(self, run_id: str) -> str | None:
+        """The ``chain_of_thought`` mode of a run this daemon started and is executing now,
+        else ``None``.
+
+        What a ticket or a live stream needs of such a run without reading it back (ADR 0028):
+        it exists, it has not ended (its end is the last thing its task stores, so a stream
+        opened now reaches the terminal event), and its mode, fixed at admission.
+        """
+        return self._modes.get(run_id)
+
     def _forget(self, task: asyncio.Task[None]) -> None:
         for run_id, known in list(self._tasks.items()):
             if known is task:
                 del self._tasks[run_id]
+                self._modes.pop(run_id, None)
 
     async def _execute(self, run_id: str) -> None:
         try:

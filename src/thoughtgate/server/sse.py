@@ -44,7 +44,7 @@ from starlette.types import Receive, Scope, Send
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 
@@ -126,15 +126,17 @@ async def live_frames(
     ping_s: float | None = None,
     streams: LiveStreams | None = None,
     direct: DirectWrites | None = None,
+    first_page: FirstPage | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks of frames for one connection: replay after ``after``, then live, until the terminal
     event (``follow=False``: only what is stored now), or until ``watch_access`` reports lost
     access. With ``ping_s``, a keep-alive comment after that long without a frame (timed by
     ``streams``' ticker when given, else by a timer per wait). With ``direct`` (filled by the
     :class:`LiveResponse` that sends these chunks), live events published while this stream
-    waits are written by the feed at once, through the same filter, instead of yielded."""
+    waits are written by the feed at once, through the same filter, instead of yielded.
+    ``first_page``: ``feeds.first_page(run_id, after)`` read already."""
     feeds = feeds if feeds is not None else RunFeeds(store)
-    reader = feeds.reader(run_id, after=after, follow=follow)
+    reader = feeds.reader(run_id, after=after, follow=follow, first_page=first_page)
     loop = asyncio.get_running_loop()
     last_sent = after
     lost: list[str] = []

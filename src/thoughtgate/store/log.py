@@ -6,11 +6,12 @@ append for a run: it closes the run's log (every later append raises ``RunClosed
 the same transaction, records the run's ending in the run index (``store.run_index``). Every
 append also projects its lifecycle events onto the run index in its transaction (ADR 0020).
 
-Every batch a backend commits passes :meth:`RunWakeups.committed`, once: in-process live readers
-get the events themselves, tails are woken, and then every *observer* (``EventLog.observe``:
-telemetry, a test's watch) sees them. Because the hand-off sits in the log rather than in the
-callers, no write path -- a recorder, a run's end, a daemon closing runs at shutdown, a sweep
-closing another process's runs -- can append past the observers.
+Every batch a backend commits passes :meth:`RunWakeups.committed`, once (or its two halves,
+``publish`` then ``observed``: SQLite publishes in the commit's hand-off, ADR 0028): in-process
+live readers get the events themselves, tails are woken, and then every *observer*
+(``EventLog.observe``: telemetry, a test's watch) sees them. Because the hand-off sits in the
+log rather than in the callers, no write path -- a recorder, a run's end, a daemon closing runs
+at shutdown, a sweep closing another process's runs -- can append past the observers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
 
-__all__ = ["EventLog", "EventObserver", "RunEnding", "RunListener", "RunWakeups"]
+__all__ = [
+    "EventLog",
+    "EventObserver",
+    "QueuedAppend",
+    "RunEnding",
+    "RunListener",
+    "RunWakeups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +113,13 @@ class RunWakeups:
         if not events:
             return
         self.publish(run_id, events)
+        await self.observed(run_id, events)
+
+    async def observed(self, run_id: str, events: Sequence[Event]) -> None:
+        """The second half of :meth:`committed`, for a backend that published ``events`` in its
+        commit's hand-off already (SQLite, ADR 0028): every observer sees the batch."""
+        if not events:
+            return
         for observer in tuple(self._observers):
             try:
                 await observer(events)
@@ -153,6 +168,23 @@ class RunWakeups:
         ev = armed if armed is not None else self._event(run_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ev.wait(), timeout)
+
+
+class QueuedAppend(abc.ABC):
+    """An append a store queued without the caller awaiting it (``EventLog.queue_append``)."""
+
+    @abc.abstractmethod
+    async def wait(self) -> list[Event]:
+        """Its events once committed (and seen by the observers); raises its error."""
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether it has committed or failed (``wait`` then returns without waiting for it)."""
+
+    @abc.abstractmethod
+    async def abandon(self) -> None:
+        """Nobody will ``wait``: not stored if it has not run yet, and its outcome is moot (not
+        reported as never retrieved)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +248,19 @@ class EventLog(abc.ABC):
         it first), or when ``ending.lease_renewed`` (its owner is alive after all). Raises
         ``RunNotFoundError``.
         """
+
+    def queue_append(
+        self, run_id: str, events: Sequence[NewEvent], *, after: QueuedAppend | None = None
+    ) -> QueuedAppend | None:
+        """``append`` queued now, its place in the run's order taken at this call, for a caller
+        that goes on before it commits; with ``after`` (an append of the same run this store
+        queued before), it is stored only if that one was, else fails with that one's error.
+
+        ``None``: this store cannot queue appends (or not behind ``after``); the caller then
+        awaits ``after`` and appends. Only a store whose writes commit in the order they are
+        queued can (SQLite's single writer, ADR 0028).
+        """
+        return None
 
     def observe(self, observer: EventObserver) -> Callable[[], None]:
         """Let ``observer`` see every batch committed through this process from now on; the

@@ -16,6 +16,7 @@ Threads: one dedicated thread and connection for writes, one for reads (see ``sq
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -35,6 +36,7 @@ from thoughtgate.errors import (
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.log import QueuedAppend
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -45,7 +47,7 @@ from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
-from thoughtgate.store.sqlite_thread import SQLiteThread
+from thoughtgate.store.sqlite_thread import QueuedWrite, SQLiteThread
 
 __all__ = ["SQLiteStore"]
 
@@ -366,28 +368,58 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
     # -- events --------------------------------------------------------------------------
     async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        if not events:
+            await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
+            return []
+        out: list[Event] = await self._queue_append(run_id, events, None).future
+        await self.wakeups.observed(run_id, out)
+        return out
+
+    def queue_append(
+        self, run_id: str, events: Sequence[NewEvent], *, after: QueuedAppend | None = None
+    ) -> QueuedAppend | None:
+        if not events or (after is not None and not isinstance(after, _QueuedAppend)):
+            return None
+        if after is not None and (
+            after.store is not self or after.run_id != run_id or after.job is None
+        ):
+            return None  # (no job: ``after`` was never queued; the caller meets its error)
+        loop = asyncio.get_running_loop()
+        try:
+            job = self._queue_append(run_id, events, None if after is None else after.job)
+        except Exception as exc:  # reported by ``wait``, as ``append`` would raise it
+            failed: asyncio.Future[list[Event]] = loop.create_future()
+            failed.set_exception(exc)
+            return _QueuedAppend(self, run_id, None, failed)
+        return _QueuedAppend(self, run_id, job, job.future)
+
+    def _queue_append(
+        self, run_id: str, events: Sequence[NewEvent], after: QueuedWrite | None
+    ) -> QueuedWrite:
+        """The append's write, queued now; its future resolves to the events once committed
+        and published to live readers (in the commit's hand-off, ADR 0028)."""
         # Encode before queueing: the shared write transaction should not wait on our JSON.
         columns = codec.encode_events(list(events))
         n = len(columns[0])
-        if n == 0:
-            await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
-            return []
         update = batch_update(events)
-        if not update:  # deltas and the like: the index is not touched
-            first = await self._writer.write(
-                f"append {n} events to run {run_id!r}", lambda c: _append_rows(c, run_id, columns)
-            )
-        else:
+        action = f"append {n} events to run {run_id!r}"
 
-            def body(conn: sqlite3.Connection) -> tuple[int, bool]:
-                return _append_rows(conn, run_id, columns), _project(conn, run_id, update)
+        def body(conn: sqlite3.Connection) -> tuple[int, bool]:
+            first = _append_rows(conn, run_id, columns)
+            # deltas and the like do not touch the index
+            return first, bool(update) and _project(conn, run_id, update)
 
-            first, changed = await self._writer.write(f"append {n} events to run {run_id!r}", body)
+        def published(result: tuple[int, bool]) -> list[Event]:
+            # In the commit's hand-off: live readers get the events a loop turn before the
+            # appender's task resumes, in commit order.
+            first, changed = result
             if changed:
                 self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = codec.appended_events(run_id, first, columns)
-        await self.wakeups.committed(run_id, out)
-        return out
+            out = codec.appended_events(run_id, first, columns)
+            self.wakeups.publish(run_id, out)
+            return out
+
+        return self._writer.queue_write(action, body, published, after=after)
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         def work(conn: sqlite3.Connection) -> list[Event]:
@@ -440,12 +472,17 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             )
             return first
 
-        first = await self._write(f"finish run {run_id!r}", body)
-        if first is None:
-            return []
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = codec.appended_events(run_id, first, columns) if columns[0] else []
-        await self.wakeups.committed(run_id, out)
+        def published(first: int | None) -> list[Event]:
+            if first is None:
+                return []
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            out = codec.appended_events(run_id, first, columns) if columns[0] else []
+            if out:
+                self.wakeups.publish(run_id, out)
+            return out
+
+        out = await self._writer.write_then(f"finish run {run_id!r}", body, published)
+        await self.wakeups.observed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
@@ -674,6 +711,39 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, action: str, body: Callable[[sqlite3.Connection], T]) -> T:
         return await self._writer.write(action, body)
+
+
+class _QueuedAppend(QueuedAppend):
+    __slots__ = ("_observed", "future", "job", "run_id", "store")
+
+    def __init__(
+        self,
+        store: SQLiteStore,
+        run_id: str,
+        job: QueuedWrite | None,
+        future: asyncio.Future[list[Event]],
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.job = job
+        self.future = future
+        self._observed = False
+
+    async def wait(self) -> list[Event]:
+        out = await self.future
+        if not self._observed:
+            self._observed = True
+            await self.store.wakeups.observed(self.run_id, out)
+        return out
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    async def abandon(self) -> None:
+        if not self.future.done():
+            self.future.cancel()  # the writer skips it if it has not run yet
+        elif not self.future.cancelled():
+            self.future.exception()
 
 
 def _key_usage(conn: sqlite3.Connection, key_id: str, now: float) -> tuple[int, list[float]]:

@@ -55,9 +55,10 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["SQLiteThread", "in_write_transaction", "translate_error"]
+__all__ = ["QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
 _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
@@ -136,8 +137,10 @@ class SQLiteThread:
     one inside a write transaction that it shares with every other write queued meanwhile.
 
     The thread takes whatever is queued when it wakes (up to ``max_group`` jobs) and runs it in
-    order; the callers' results go back to their event loop in one hand-off per wake, not one per
-    job. ``write`` is group commit: see the module docstring for what each caller is promised.
+    order; the callers' results go back to their event loop in one hand-off per transaction (a
+    group of writes, or one call), not one per job, and not after the whole batch. ``write`` is
+    group commit: see the module docstring for what each caller is promised; ``write_then``
+    also runs a callback on the loop in that hand-off (ADR 0028).
     """
 
     def __init__(
@@ -185,6 +188,42 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=True)
 
+    async def write_then(
+        self, action: str, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], R]
+    ) -> R:
+        """``write``, and ``then(fn's result)`` on the event loop in the commit's hand-off,
+        before the caller resumes; returns what ``then`` returned.
+
+        Why: the caller's task resumes one turn of the event loop after the hand-off, and a
+        loaded loop's turn is long (every other run's work of that moment). What has to happen
+        right after a commit -- live readers getting the events (ADR 0028) -- happens in the
+        hand-off itself, in commit order; ``then`` also runs when the caller was cancelled
+        meanwhile (the write committed all the same). It runs only after a successful commit.
+        """
+        return await self._submit(action, fn, grouped=True, then=then)  # type: ignore[arg-type]
+
+    def queue_write(
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], R],
+        *,
+        after: QueuedWrite | None = None,
+    ) -> QueuedWrite:
+        """``write_then`` queued now, without awaiting (its ``future`` resolves to what ``then``
+        returned): the write's place in the queue, and so in commit order, is taken at this
+        call. With ``after`` (a write queued on this thread before), it runs only if that one
+        was stored, else fails with that one's error: a caller may queue a write behind one it
+        has not seen committed yet, and still never store it past a hole (ADR 0028). Raises
+        ``StoreError`` once the store is closed."""
+        if self._closed:
+            raise StoreError(f"cannot {action}: the store is closed ({self.path})")
+        body = fn if after is None else _behind(after, action, fn)
+        loop = asyncio.get_running_loop()
+        job = _Job(action, body, True, True, loop, loop.create_future(), then)
+        self._jobs.put(job)
+        return job
+
     async def _submit(
         self,
         action: str,
@@ -192,12 +231,13 @@ class SQLiteThread:
         *,
         grouped: bool,
         needs_connection: bool = True,
+        then: Callable[[Any], Any] | None = None,
     ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future))
+        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then))
         return await future
 
     async def close(self) -> None:
@@ -212,7 +252,7 @@ class SQLiteThread:
 
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._jobs.put(_Job("close the store", run, False, False, loop, future))
+        self._jobs.put(_Job("close the store", run, False, False, loop, future, None))
         self._jobs.put(None)
         self._thread = None
         await future
@@ -234,27 +274,24 @@ class SQLiteThread:
                     jobs.put(None)  # stop after this batch
                     break
                 batch.append(more)
-            try:
-                outcomes = self._run_batch(batch)
-            except BaseException as exc:  # a bug here must not leave callers waiting forever
-                outcomes = [_Outcome(job, exc, None) for job in batch]
-            _settle_all(outcomes)
-
-    def _run_batch(self, batch: list[_Job]) -> list[_Outcome]:
-        """Jobs in queue order; each run of consecutive writes is one transaction."""
-        outcomes: list[_Outcome] = []
-        i = 0
-        while i < len(batch):
-            if batch[i].grouped:
-                j = i
-                while j < len(batch) and batch[j].grouped:
-                    j += 1
-                outcomes += self._commit_group(batch[i:j])
+            i = 0
+            while i < len(batch):
+                # Each transaction's (or lone call's) results go back as soon as it is done, in
+                # one hand-off per loop: a caller early in a long batch (a reader thread's many
+                # small reads) does not wait for the whole batch.
+                j = i + 1
+                if batch[i].grouped:
+                    while j < len(batch) and batch[j].grouped:
+                        j += 1
+                try:
+                    if batch[i].grouped:
+                        outcomes = self._commit_group(batch[i:j])
+                    else:
+                        outcomes = [self._run_alone(batch[i])]
+                except BaseException as exc:  # a bug here must not leave callers waiting
+                    outcomes = [_Outcome(job, exc, None) for job in batch[i:j]]
+                _settle_all(outcomes)
                 i = j
-            else:
-                outcomes.append(self._run_alone(batch[i]))
-                i += 1
-        return outcomes
 
     def _translate(self, exc: BaseException, action: str) -> BaseException:
         if isinstance(exc, sqlite3.Error):
@@ -281,7 +318,12 @@ class SQLiteThread:
         if conn is None:
             return [_Outcome(job, self._closed_error(job), None) for job in jobs]
         failed: list[_Outcome] = []
-        pending = [job for job in jobs if not job.future.cancelled()]
+        pending = []
+        for job in jobs:
+            if not job.future.cancelled():
+                pending.append(job)
+            elif job.error is None:  # never run: a write queued after it must not run either
+                job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
         while pending:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -340,6 +382,30 @@ class _Job:
     needs_connection: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    then: Callable[[Any], Any] | None
+    error: BaseException | None = None
+    """Set on the owning thread once this write is known not stored (a write queued ``after``
+    it then fails too)."""
+
+
+QueuedWrite = _Job
+"""A write ``queue_write`` queued: its ``future``, and what a later write may follow."""
+
+
+def _behind(
+    first: _Job, action: str, fn: Callable[[sqlite3.Connection], T]
+) -> Callable[[sqlite3.Connection], T]:
+    """``fn``, run only if ``first`` (queued before it on the same thread, so settled by the
+    time it runs, or earlier in the same transaction) was not known to have failed."""
+
+    def body(conn: sqlite3.Connection) -> T:
+        if first.error is not None:
+            raise StoreError(
+                f"cannot {action}: the write queued before it was not stored ({first.error})"
+            )
+        return fn(conn)
+
+    return body
 
 
 @dataclass(slots=True)
@@ -347,6 +413,10 @@ class _Outcome:
     job: _Job
     error: BaseException | None
     value: Any
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.job.error = self.error
 
 
 def _settle_all(outcomes: list[_Outcome]) -> None:
@@ -361,10 +431,17 @@ def _settle_all(outcomes: list[_Outcome]) -> None:
 
 def _settle(outcomes: list[_Outcome]) -> None:
     for outcome in outcomes:
-        future = outcome.job.future
+        job = outcome.job
+        future = job.future
+        error, value = outcome.error, outcome.value
+        if error is None and job.then is not None:
+            try:  # even for a cancelled caller: the write committed all the same
+                value = job.then(value)
+            except Exception as exc:
+                error = exc
         if future.done():  # the caller was cancelled; the work itself still happened
             continue
-        if outcome.error is not None:
-            future.set_exception(outcome.error)
+        if error is not None:
+            future.set_exception(error)
         else:
-            future.set_result(outcome.value)
+            future.set_result(value)

@@ -15,14 +15,15 @@ from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
+from thoughtgate.server.api import Endpoint, QueryParam, parse_body, prefetched, query_int
 from thoughtgate.server.errors import ApiError
+from thoughtgate.server.fanout import FirstPage
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
 from thoughtgate.server.routes.runs import start_run
 from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
 from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import TERMINAL_RUN_STATUSES
 
 __all__ = ["ENDPOINTS", "access_watcher", "stream_response"]
 
@@ -31,7 +32,7 @@ async def create_ticket(request: Request, principal: Principal | None) -> Respon
     assert principal is not None
     body = await parse_body(request, TicketBody)
     state = state_of(request)
-    if body.run_id is not None:
+    if body.run_id is not None and state.manager.executing_mode(body.run_id) is None:
         await state.store.get_run(body.run_id)  # 404 for an unknown run
     signer = await state.signer()
     ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
@@ -58,13 +59,37 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         query_int(request, "last_event_id", 0, minimum=0),
         query_int(request, "Last-Event-ID", 0, minimum=0, header="last-event-id", query=False),
     )
-    run = await state.store.get_run(run_id)
-    finished = run.status in TERMINAL_RUN_STATUSES
+    mode = state.manager.executing_mode(run_id)
+    if mode is None:  # not a run this daemon executes now: what the store says of it
+        run = await state.store.get_run(run_id)
+        finished, mode = run.status in TERMINAL_RUN_STATUSES, run.chain_of_thought
+    else:  # executing here: it exists and has not ended (ADR 0028), no read needed
+        finished = False
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
+    page = await prefetched(request)
+    first_page = page if isinstance(page, FirstPage) else None
+    if first_page is not None and (after != 0 or finished):
+        # Read before the run's status: only a stream that follows on may start from it (the
+        # feed brings what was stored after it); a finished run's replay reads for itself.
+        first_page.close()
+        first_page = None
     # a finished run ends after its last stored event, whatever it is
-    return _live(state, run, principal, after=after, follow=not finished)
+    return _live(
+        state, run_id, mode, principal, after=after, follow=not finished, first_page=first_page
+    )
+
+
+async def _first_page(request: Request) -> FirstPage | None:
+    """A first connection's first read (``Endpoint.prefetch``): the run's events from the
+    start, read while the ticket's key is checked. A resume reads for itself."""
+    feeds = state_of(request).feeds
+    if feeds is None or "last_event_id" in request.query_params:
+        return None
+    if "last-event-id" in request.headers:
+        return None
+    return await feeds.first_page(request.path_params["run_id"], 0)
 
 
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:
@@ -72,25 +97,35 @@ async def start_and_follow(request: Request, principal: Principal | None) -> Res
     assert principal is not None
     run = await start_run(request, principal)
     location = f"/v1/runs/{quote(run.run_id)}"
-    return _live(state_of(request), run, principal, after=0, follow=True, location=location)
+    return _live(
+        state_of(request),
+        run.run_id,
+        run.chain_of_thought,
+        principal,
+        after=0,
+        follow=True,
+        location=location,
+    )
 
 
 def _live(
     state: ServerState,
-    run: RunRecord,
+    run_id: str,
+    mode: str,
     principal: Principal,
     *,
     after: int,
     follow: bool,
     location: str | None = None,
+    first_page: FirstPage | None = None,
 ) -> Response:
     """The live response for ``principal``'s role; it ends if that key loses the role."""
     direct = DirectWrites()
     frames = live_frames(
         state.store,
-        run.run_id,
+        run_id,
         role=principal.role,
-        mode=run.chain_of_thought,
+        mode=mode,
         after=after,
         queue_size=state.sse_queue_size,
         lag_timeout_s=state.sse_lag_timeout_s,
@@ -100,6 +135,7 @@ def _live(
         ping_s=state.server.keepalive_s,
         streams=state.streams,
         direct=direct,
+        first_page=first_page,
     )
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     if location is not None:
@@ -189,6 +225,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         stream_run,
         "follow a run live (SSE)",
         auth="ticket",
+        prefetch=_first_page,
         media_type="text/event-stream",
         params=(
             QueryParam("ticket", "from POST /v1/tickets", type="string", required=True),

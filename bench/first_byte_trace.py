@@ -1,0 +1,303 @@
+"""Where a run's first reasoning byte waits: monotonic stamps at every hand-off. Not a test.
+
+``daemon_bench --trace DIR`` sets ``BENCH_TRACE`` for the server process, which then patches (in
+that process only, never in the shipped code) the hops the first reasoning delta takes:
+
+* the requests: ``arrived`` (uvicorn parsed the request's headers), ``app`` (the ASGI app got it),
+  ``head`` (the response's start was sent), for ``create``, ``ticket`` and ``stream``;
+* the delta: ``emit`` (the recorder got it from the agent loop), ``settled`` (the ``task.started``
+  commit it waits for has resolved), ``append`` (the store's append began), ``committed`` (the
+  writer thread's commit returned), ``handed`` (the loop ran the thread's hand-off),
+  ``published`` (the store handed it to the run's listeners), ``written`` (its chunk reached the
+  socket's transport, directly or through the response's ``send``);
+
+and the client side adds ``c_<request>_sent`` / ``c_<request>_done`` and ``c_first`` (the socket
+read that completed the first reasoning frame). All stamps of one run go to one JSON line;
+:func:`report` prints the median of each hop relative to the provider's send stamp.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["client_stamp", "dump_client", "install", "report"]
+
+_STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
+_RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+_stamps: dict[str, dict[str, float]] = defaultdict(dict)
+_lock = threading.Lock()
+_tracked_jobs: dict[int, str] = {}
+"""Writer job id -> run id, for the queued write that holds a run's stamped first delta."""
+_tracked_actions: dict[str, str] = {}
+"""Writer-job action -> run id, for the append that holds a run's stamped first delta."""
+
+
+def _note(run_id: str, what: str, when: float | None = None) -> None:
+    with _lock:
+        _stamps[run_id].setdefault(what, time.monotonic() if when is None else when)
+
+
+def _stamped(events: Sequence[Any]) -> bool:
+    for event in events:
+        if getattr(event, "type", None) == "reasoning.delta":
+            text = event.payload.get("text")
+            if isinstance(text, str) and text.startswith("T"):
+                return True
+    return False
+
+
+def install(directory: str) -> None:
+    """Patch the server's hops (this process only) and write the stamps at exit."""
+    import uvicorn.protocols.http.httptools_impl as h
+    from starlette.applications import Starlette
+
+    from thoughtgate.orchestration.recorder import EventRecorder
+    from thoughtgate.server import sse
+    from thoughtgate.server.app import _App
+    from thoughtgate.store import log as store_log
+    from thoughtgate.store import sqlite as store_sqlite
+    from thoughtgate.store import sqlite_thread
+
+    headers_complete = h.HttpToolsProtocol.on_headers_complete
+
+    def on_headers_complete(self: Any) -> None:
+        self.scope["tb.arrived"] = time.monotonic()
+        headers_complete(self)
+
+    h.HttpToolsProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
+
+    app_call = _App.__call__
+
+    async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await app_call(self, scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        kind = (
+            "create"
+            if (method, path) == ("POST", "/v1/runs")
+            else "ticket"
+            if path == "/v1/tickets"
+            else "stream"
+            if path.endswith("/stream")
+            else "follow"
+            if path == "/v1/runs/follow"
+            else None
+        )
+        if kind is None:
+            await app_call(self, scope, receive, send)
+            return
+        arrived, entered = scope.get("tb.arrived", 0.0), time.monotonic()
+        run_id = path.split("/")[3] if kind == "stream" else None
+        started: list[float] = []
+
+        async def traced_send(message: Any) -> None:
+            nonlocal run_id
+            if message["type"] == "http.response.start":
+                started.append(time.monotonic())
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if run_id is None and body:
+                    found = _RUN_ID.search(body.decode("utf-8", "replace"))
+                    if found:
+                        run_id = found.group(1)
+                        _note(run_id, f"{kind}_arrived", arrived)
+                        _note(run_id, f"{kind}_app", entered)
+                        _note(run_id, f"{kind}_head", started[0] if started else entered)
+                _written(body)
+            await send(message)
+
+        if run_id is not None:
+            _note(run_id, f"{kind}_arrived", arrived)
+            _note(run_id, f"{kind}_app", entered)
+        try:
+            # as ``_App`` does, with the server's own ``send`` in the scope: a live stream's
+            # direct writes (ADR 0022) need it, and the tracing ``send`` must not turn them off
+            scope[sse.SERVER_SEND] = send
+            await Starlette.__call__(self, scope, receive, traced_send)
+        finally:
+            if run_id is not None and started:
+                _note(run_id, f"{kind}_head", started[0])
+
+    _App.__call__ = call  # type: ignore[method-assign]
+
+    socket_writer = sse._socket_writer
+
+    def traced_socket_writer(server_send: object) -> Any:
+        write = socket_writer(server_send)
+        if write is None:
+            return None
+
+        def traced(chunk: bytes) -> bool:
+            done = write(chunk)
+            if done:
+                _written(chunk)
+            return done
+
+        return traced
+
+    sse._socket_writer = traced_socket_writer  # type: ignore[assignment]
+
+    emit_delta = EventRecorder.emit_delta
+
+    async def traced_emit_delta(self: Any, event: Any) -> None:
+        if _stamped([event]):
+            _note(self.run_id, "emit")
+            self._tb_first = True
+            try:
+                await emit_delta(self, event)
+            finally:
+                self._tb_first = False
+            return
+        await emit_delta(self, event)
+
+    EventRecorder.emit_delta = traced_emit_delta  # type: ignore[method-assign]
+
+    settle = EventRecorder._settle
+
+    async def traced_settle(self: Any) -> None:
+        await settle(self)
+        if getattr(self, "_tb_first", False):
+            _note(self.run_id, "settled")
+
+    EventRecorder._settle = traced_settle  # type: ignore[method-assign]
+
+    # where an append's write is queued: ``_queue_append`` where it exists (ADR 0028), else
+    # ``append``
+    name = "_queue_append" if hasattr(store_sqlite.SQLiteStore, "_queue_append") else "append"
+    queue = getattr(store_sqlite.SQLiteStore, name)
+
+    def track(run_id: str, events: Any) -> None:
+        if _stamped(events):
+            _note(run_id, "append")
+            _tracked_actions[f"append {len(events)} events to run {run_id!r}"] = run_id
+
+    if name == "append":
+
+        async def traced_append(self: Any, run_id: str, events: Any) -> Any:
+            track(run_id, events)
+            return await queue(self, run_id, events)
+
+        store_sqlite.SQLiteStore.append = traced_append  # type: ignore[method-assign]
+    else:
+
+        def traced_queue(self: Any, run_id: str, events: Any, after: Any) -> Any:
+            job = queue(self, run_id, events, after)
+            if _stamped(events):  # by the job itself: task.started's has the same action
+                _note(run_id, "append")
+                _tracked_jobs[id(job)] = run_id
+            return job
+
+        setattr(store_sqlite.SQLiteStore, name, traced_queue)
+
+    commit_group = sqlite_thread.SQLiteThread._commit_group
+
+    def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
+        out = commit_group(self, jobs)
+        now = time.monotonic()
+        for job in jobs:
+            run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+            if run_id is not None:
+                _note(run_id, "committed", now)
+                _note(run_id, "group", float(len(jobs)))
+        return out
+
+    sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
+
+    settle_all = sqlite_thread._settle
+
+    def traced_settle_all(outcomes: list[Any]) -> None:
+        for outcome in outcomes:
+            run_id = _tracked_jobs.pop(id(outcome.job), None) or _tracked_actions.pop(
+                outcome.job.action, None
+            )
+            if run_id is not None:
+                _note(run_id, "handed")
+        settle_all(outcomes)
+
+    sqlite_thread._settle = traced_settle_all
+
+    publish = store_log.RunWakeups.publish
+
+    def traced_publish(self: Any, run_id: str, events: Any) -> None:
+        if _stamped(events):
+            _note(run_id, "published")
+        publish(self, run_id, events)
+
+    store_log.RunWakeups.publish = traced_publish  # type: ignore[method-assign]
+
+    path = Path(directory) / f"server-{os.getpid()}.jsonl"
+    atexit.register(_dump, path)
+
+
+def _written(chunk: bytes) -> None:
+    if b'"reasoning.delta"' not in chunk:
+        return
+    text = chunk.decode("utf-8", "replace")
+    if _STAMPED.search(text):
+        found = _RUN_ID.search(text)
+        if found:
+            _note(found.group(1), "written")
+
+
+def _dump(path: Path) -> None:
+    with _lock, path.open("a") as out:
+        for run_id, stamps in _stamps.items():
+            out.write(json.dumps({"run_id": run_id, **stamps}) + "\n")
+
+
+_client: list[dict[str, Any]] = []
+
+
+def client_stamp(record: dict[str, Any]) -> None:
+    """One run's client-side stamps (``run_id`` and ``c_*``)."""
+    _client.append(record)
+
+
+def dump_client(directory: str, label: str) -> None:
+    path = Path(directory) / f"client-{label}.jsonl"
+    with path.open("a") as out:
+        for record in _client:
+            out.write(json.dumps(record) + "\n")
+    _client.clear()
+
+
+def report(directory: str, label: str) -> str:
+    """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
+    server: dict[str, dict[str, float]] = {}
+    for path in Path(directory).glob("server-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            server.setdefault(record.pop("run_id"), {}).update(record)
+    path = Path(directory) / f"client-{label}.jsonl"
+    if not path.exists():
+        return f"{label}: no client stamps"
+    offsets: dict[str, list[float]] = defaultdict(list)
+    groups: list[float] = []
+    for line in path.read_text().splitlines():
+        client = json.loads(line)
+        stamps = {**server.get(client["run_id"], {}), **client}
+        base = stamps.get("emit")
+        if base is None:
+            continue
+        if "group" in stamps:
+            groups.append(stamps.pop("group"))
+        for name, value in stamps.items():
+            if isinstance(value, float):
+                offsets[name].append((value - base) * 1000)
+    rows = sorted(offsets.items(), key=lambda item: statistics.median(item[1]))
+    lines = [f"{label}: median ms from the provider's first reasoning delta (n={len(groups)})"]
+    lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
+    if groups:
+        lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
+    return "\n".join(lines)

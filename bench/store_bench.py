@@ -11,6 +11,7 @@ What is measured:
 * ``*_append_batch{100,1000}``: ``append`` of 100 / 1000 events per call.
 * ``*_replay``: ``tail()`` of a finished run from the start to its terminal event, i.e. what an
   SSE client that reconnects with ``Last-Event-ID: 0`` costs the server, down to ``Event`` objects.
+  A replay that does not yield every event of the run, ending with its terminal event, fails.
 
 Each figure is the best of three equal rounds (the machine may be shared).
 
@@ -102,7 +103,7 @@ async def bench_backend(prefix: str, store: EventStore) -> list[dict[str, Any]]:
         rates.append(len(one) / (time.perf_counter() - started))
     out.append(result(f"{prefix}_append_single", max(rates)))
 
-    replay_run = ""
+    replay_run, replay_events = "", 0
     for size, total in BATCHED_EVENTS.items():
         run_id = await new_run(store)
         batch = events(size)
@@ -114,16 +115,19 @@ async def bench_backend(prefix: str, store: EventStore) -> list[dict[str, Any]]:
                 await store.append(run_id, batch)
             rates.append(calls * size / (time.perf_counter() - started))
         out.append(result(f"{prefix}_append_batch{size}", max(rates)))
-        replay_run = run_id
+        replay_run, replay_events = run_id, calls * size * ROUNDS
 
-    await store.append_one(replay_run, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
+    last = await store.append_one(replay_run, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
     rates = []
     for _ in range(ROUNDS):
         count = 0
         started = time.perf_counter()
-        async for _ in store.tail(replay_run):
+        async for event in store.tail(replay_run):  # noqa: B007 (the last one is checked)
             count += 1
         rates.append(count / (time.perf_counter() - started))
+        # A replay that is not the whole run, ending at its terminal event, measures nothing.
+        if count != replay_events + 1 or event != last:
+            raise RuntimeError(f"replay gave {count} events ending at {event!r}, not {last!r}")
     out.append(result(f"{prefix}_replay", max(rates)))
     return out
 

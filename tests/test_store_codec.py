@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -103,3 +104,92 @@ def test_appended_events_read_like_stored_ones(size: int) -> None:
     assert appended == codec.events_from_rows("run_x", rows) == one_by_one("run_x", rows)
     assert [e.seq for e in appended] == list(range(7, 7 + size))
     assert [e.payload["i"] for e in appended] == [[i] for i in range(size)]  # as JSON reads back
+
+
+_stored_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too: orjson would make those floats
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(codec="utf-8") | st.sampled_from(["\ud800", "\udfff", "é", "\x00"])),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=4), _stored_json, max_size=4), max_size=20))
+def test_a_page_of_stored_payloads_decodes_to_what_json_reads(
+    payloads: list[dict[str, Any]],
+) -> None:
+    """The page decoder (orjson where it reads as ``json`` does) gives ``json``'s values and
+    types: integers past 64 bits stay integers, lone surrogates (stored as escapes) come back."""
+    joined = ",".join(codec.dumps(p) for p in payloads).encode("utf-8")
+    got = codec.decode_payload_array(joined)
+    assert repr(got) == repr([json.loads(codec.dumps(p)) for p in payloads])
+
+
+def test_numbers_orjson_reads_differently_are_read_by_json() -> None:
+    joined = b'{"big":123456789012345678901234567890},{"neg":-9223372036854775809},{"s":"\\ud800"}'
+    got = codec.decode_payload_array(joined)
+    assert got == [
+        {"big": 123456789012345678901234567890},
+        {"neg": -9223372036854775809},
+        {"s": "\ud800"},
+    ]
+    assert type(got[0]["big"]) is int and type(got[1]["neg"]) is int
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.none() | st.text(max_size=5),
+            _types,
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.dictionaries(st.sampled_from(["text", "callId", "error", "k"]), _json, max_size=4),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from([0, EVENT_VERSION]),
+)
+def test_a_page_of_columns_becomes_the_events_its_rows_give(
+    columns: list[tuple[str | None, str, float, dict[str, Any]]], first: int, version: int
+) -> None:
+    """The aggregate read (one value per column) builds exactly what one ``Event(...)`` per row
+    gives, an older vocabulary upgraded."""
+    rows: list[Row] = [
+        (first + i, task_id, type_, ts, codec.dumps(payload), version)
+        for i, (task_id, type_, ts, payload) in enumerate(columns)
+    ]
+    got = codec.events_from_columns(
+        "run_x",
+        first,
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        ",".join(r[4] for r in rows).encode("utf-8"),
+        version,
+    )
+    assert got == one_by_one("run_x", rows)
+    assert got is not None and all(type(e) is Event for e in got)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "first", "types"),
+    [
+        ([1, 3, 2], 1, ["a"] * 3),  # out of order
+        ([1, 2, 4], 1, ["a"] * 3),  # a gap
+        ([2, 3, 4], 1, ["a"] * 3),  # not from the page's start
+        ([1, 2, 3], 1, ["a"] * 2),  # a column short of a value
+    ],
+)
+def test_columns_that_are_not_a_whole_page_in_order_are_refused(
+    seqs: list[int], first: int, types: list[str]
+) -> None:
+    """The caller then reads the page row by row: nothing is handed out out of order."""
+    n = len(seqs)
+    payloads = ",".join(["{}"] * n).encode()
+    got = codec.events_from_columns("run_x", first, seqs, [None] * n, types, [1.0] * n, payloads, 1)
+    assert got is None

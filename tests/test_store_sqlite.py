@@ -37,7 +37,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     UsageError,
 )
-from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
@@ -727,6 +727,38 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
         await thread.close()
 
 
+async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
+    tmp_path: Path,
+) -> None:
+    """Rows written before the current vocabulary (``v`` 0: camelCase tool keys) come back
+    upgraded whether their page is all old (read as columns) or mixed (read row by row)."""
+    path = tmp_path / "old.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        failed = [
+            NewEvent(EventType.TOOL_FAILED, {"callId": f"c{i}", "error": "boom"}, ts=1.5 + i)
+            for i in range(600)
+        ]
+        await store.append(run.run_id, [*failed, NewEvent(EventType.RUN_ERROR)])
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("UPDATE events SET v = 0 WHERE seq <= 300")
+        for got in (
+            await store.read(run.run_id),
+            await collect(store.tail(run.run_id)),
+            await collect(store.tail(run.run_id, batch=100)),
+        ):
+            assert [e.seq for e in got] == list(range(1, 602))
+            assert all(e.v == EVENT_VERSION for e in got)
+            assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
+            assert not any("callId" in e.payload for e in got[:300])
+            assert all("callId" in e.payload for e in got[300:600])  # already current: as is
+            assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("together", [True, False], ids=["one-group", "apart"])
 async def test_an_append_queued_behind_one_that_fails_is_not_stored(
     tmp_path: Path, together: bool
@@ -775,6 +807,25 @@ async def test_an_append_queued_behind_one_that_fails_is_not_stored(
         assert third is not None and fourth is not None
         assert [e.seq for e in await fourth.wait()] == [3]
         assert [e.seq for e in await third.wait()] == [1, 2]
+    finally:
+        await store.close()
+
+
+async def test_a_page_too_long_for_one_sqlite_value_is_read_row_by_row(tmp_path: Path) -> None:
+    """A page whose payloads together pass SQLite's longest value (1e9 bytes by default; here
+    the reader's limit is lowered) comes back whole, from its rows."""
+    store = await SQLiteStore.open(tmp_path / "long.db")
+    try:
+        run = make_run()
+        await store.create_run(run)
+        news = [NewEvent(EventType.AGENT_RESPONSE, {"reasoning": f"{i}" * 400}) for i in range(10)]
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR)])
+        await store._reader.call(
+            "lower the limit", lambda conn: conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 2_000)
+        )
+        for got in (await store.read(run.run_id), await collect(store.tail(run.run_id))):
+            assert [e.seq for e in got] == list(range(1, 12))
+            assert [e.payload for e in got[:10]] == [n.payload for n in news]
     finally:
         await store.close()
 

@@ -178,6 +178,72 @@ class EventLogConformance:
             assert stored == reasoning
             assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
 
+    async def test_every_stamp_reads_back_exactly_whatever_page_it_is_in(
+        self, store: EventStore
+    ) -> None:
+        """Stamps a page of columns cannot carry exactly (SQLite's crosses as multiples of
+        2**-22) are read row by row: a replay never rounds one."""
+        odd = [0.1, 1e-300, -5.5, 2.0**40 + 0.5, 1_700_000_000.0 + 2.0**-30, 1e300, 0.0]
+        stamps = [1_700_000_000.123456789 + i for i in range(20)]
+        stamps[3:3] = odd
+        run = make_run()
+        await store.create_run(run)
+        news = [NewEvent(EventType.MESSAGE_DELTA, {"i": i}, ts=ts) for i, ts in enumerate(stamps)]
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, ts=2.5)])
+        assert [e.ts for e in await store.read(run.run_id)] == [*stamps, 2.5]
+        assert [e.ts for e in await store.read(run.run_id, after=10)] == [*stamps[10:], 2.5]
+        replayed = await collect(store.tail(run.run_id, batch=4))
+        assert [e.ts for e in replayed] == [*stamps, 2.5]
+        assert [e.payload for e in replayed[:-1]] == [{"i": i} for i in range(len(stamps))]
+
+    async def test_reads_longer_than_a_page_of_the_database_are_whole_and_in_order(
+        self, store: EventStore
+    ) -> None:
+        """A read of a whole run, or of any stretch of it, is every event once in order, however
+        many queries the backend splits it into."""
+        run = make_run()
+        await store.create_run(run)
+        for start in range(0, 2_400, 800):
+            await store.append(run.run_id, deltas(800, start=start))
+        await store.append(run.run_id, [NewEvent(EventType.RUN_FAILED)])
+        everything = await store.read(run.run_id)
+        assert [e.seq for e in everything] == list(range(1, 2_402))
+        assert [e.payload["i"] for e in everything[:-1]] == list(range(2_400))
+        stretch = await store.read(run.run_id, after=990, limit=1_020)
+        assert [e.seq for e in stretch] == list(range(991, 2_011))
+        assert stretch == everything[990:2_010]
+        assert await collect(store.tail(run.run_id)) == everything
+        assert await collect(store.tail(run.run_id, after=1_234, batch=300)) == everything[1_234:]
+
+    async def test_a_replay_passes_the_filter_which_withholds_reasoning_below_developer(
+        self, store: EventStore
+    ) -> None:
+        """Replayed events are plain events the one output filter decides on, every one of
+        them: reasoning never reaches a viewer or a member, and a developer of a ``surface``
+        run sees it."""
+        from thoughtgate.access.filter import filter_events
+
+        mark = "REASONING-CANARY-3e1"
+        run = make_run()
+        await store.create_run(run)
+        news: list[NewEvent] = []
+        for i in range(600):  # several pages of every size a backend reads
+            if i % 7 == 0:
+                payload = {"text": mark, "reasoning_kind": "raw", "index": i, "turn": 0}
+                news.append(NewEvent(EventType.REASONING_DELTA, payload, task_id="task_1"))
+            else:
+                news.append(NewEvent(EventType.MESSAGE_DELTA, {"text": f"a{i}", "turn": 0}))
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, {"error": "x"})])
+        for replay in (await store.read(run.run_id), await collect(store.tail(run.run_id))):
+            assert len(replay) == 601
+            for role in ("viewer", "member"):
+                for mode in ("hidden", "surface", "telemetry_only"):
+                    shown = filter_events(replay, role, mode=mode)
+                    assert mark not in repr([e.to_dict() for e in shown])
+                    assert [e.seq for e in shown] == sorted({e.seq for e in shown})
+            seen = filter_events(replay, "developer", mode="surface")
+            assert sum(mark in repr(e.payload) for e in seen) == len(range(0, 600, 7))
+
     async def test_appended_payload_is_decoupled_from_the_caller(self, store: EventStore) -> None:
         run = make_run()
         await store.create_run(run)

@@ -20,10 +20,19 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
@@ -33,10 +42,13 @@ from thoughtgate.store.records import TaskRecord
 __all__ = [
     "EventLog",
     "EventObserver",
+    "PageAhead",
     "QueuedAppend",
     "RunEnding",
     "RunListener",
     "RunWakeups",
+    "TaskAhead",
+    "abandon_task",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,14 +219,48 @@ class RunEnding:
         return by is not None and lease is not None and lease > by
 
 
-async def _abandon(task: asyncio.Task[list[Event]]) -> None:
-    """Cancel a read nobody will take and wait for it to end; its outcome is moot (and taken,
-    so that asyncio does not log an error nobody retrieved). A cancellation of the caller
-    still propagates."""
+class PageAhead(Protocol):
+    """A page being read ahead (``EventLog.read_ahead``): awaiting it gives its events."""
+
+    def __await__(self) -> Generator[Any, None, list[Event]]: ...
+
+    async def abandon(self) -> None:
+        """Stop the read and wait until it has stopped; its outcome is moot."""
+
+
+class TaskAhead:
+    """A page read ahead by a task running ``EventLog.read``."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, read: Coroutine[Any, Any, list[Event]]) -> None:
+        self.task = asyncio.ensure_future(read)
+
+    def __await__(self) -> Generator[Any, None, list[Event]]:
+        return self.task.__await__()
+
+    async def abandon(self) -> None:
+        await abandon_task(self.task)
+
+
+async def abandon_task(task: asyncio.Future[Any]) -> None:
+    """Cancel a read nobody will take and wait for it to end; its outcome is taken, so that
+    asyncio does not log an error nobody retrieved. A cancellation of the caller still
+    propagates."""
     task.cancel()
     await asyncio.wait([task])
     if not task.cancelled():
         task.exception()
+
+
+async def _abandon_all(ahead: deque[tuple[int, PageAhead]]) -> None:
+    while ahead:
+        await ahead.popleft()[1].abandon()
+
+
+_READ_AHEAD = 2
+"""Pages a replaying ``tail`` has being read while it hands one out: two, so the database reads
+one while this process decodes the other."""
 
 
 class EventLog(abc.ABC):
@@ -225,6 +271,11 @@ class EventLog(abc.ABC):
     #: A tail retries a read that failed with ``StoreUnavailableError`` after this many seconds,
     #: doubling from the first figure up to the second.
     tail_retry: tuple[float, float] = (0.05, 2.0)
+    #: Events per page a tail reads (``tail(batch=...)`` overrides it).
+    tail_batch: int = 500
+    #: Whether ``read_ahead`` starts its read only when the loop runs it (a task), so a tail
+    #: gives the loop a turn after starting reads ahead.
+    read_ahead_needs_a_turn: bool = True
     wakeups: RunWakeups
 
     @abc.abstractmethod
@@ -267,6 +318,12 @@ class EventLog(abc.ABC):
         returned function stops it."""
         return self.wakeups.observe(observer)
 
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+        """``read`` started now, to be awaited later (``tail`` reads pages ahead). A backend may
+        start the work itself at once rather than when a task first runs, and build the events
+        only when they are awaited."""
+        return TaskAhead(self.read(run_id, after=after, limit=limit))
+
     async def append_one(self, run_id: str, event: NewEvent) -> Event:
         return (await self.append(run_id, [event]))[0]
 
@@ -288,7 +345,7 @@ class EventLog(abc.ABC):
         await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
 
     async def tail(
-        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int = 500
+        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int | None = None
     ) -> AsyncIterator[Event]:
         """Yield stored events after ``after``, then new ones as they are appended.
 
@@ -296,15 +353,15 @@ class EventLog(abc.ABC):
         therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run. While
         the store is unavailable (``StoreUnavailableError``) it keeps retrying with backoff.
         """
+        batch = self.tail_batch if batch is None else batch
         cursor = after
         delay = self.tail_retry[0]
-        ahead: asyncio.Task[list[Event]] | None = None
+        ahead: deque[tuple[int, PageAhead]] = deque()
         try:
             while True:
                 try:
-                    if ahead is not None:
-                        reading, ahead = ahead, None
-                        events = await reading
+                    if ahead:
+                        events = await ahead.popleft()[1]
                     else:
                         events = await self.read(run_id, after=cursor, limit=batch)
                     if not events:
@@ -313,29 +370,44 @@ class EventLog(abc.ABC):
                     # Reads are safe to repeat: wait out a dropped connection or a restarting
                     # server instead of ending every live stream at once (clients would all
                     # reconnect together). Other store errors, and a closed store, end the tail.
+                    await _abandon_all(ahead)
                     log.warning("tail of run %s: %s; retrying in %.2fs", run_id, exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.tail_retry[1])
                     continue
                 delay = self.tail_retry[0]
                 if not events:
+                    await _abandon_all(ahead)
                     continue
                 # One look for a terminal event per page (in C), not one call per event:
                 # replay's cost is this loop.
                 ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(map(_type_of, events))
-                if not ends and len(events) >= batch:
-                    # A full page: more is probably stored. Read it while this one is handed
-                    # out, so the database (PostgreSQL's server, SQLite's reader thread) works
-                    # while the consumer does. Pages still come in order, each read after the
-                    # last event of the one before.
-                    ahead = asyncio.ensure_future(
-                        self.read(run_id, after=events[-1].seq, limit=batch)
-                    )
+                last = events[-1].seq
+                if ends or len(events) < batch or (ahead and ahead[0][0] != last):
+                    # The end of what is stored (or of the run): what was read ahead is moot.
+                    await _abandon_all(ahead)
+                else:
+                    # A full page: more is probably stored. Keep READ_AHEAD pages being read
+                    # while this one is handed out, so the database (PostgreSQL's server,
+                    # SQLite's reader thread) works while the consumer does. Pages still come
+                    # in order; each is read after the last event the page before it would
+                    # end with if full (sequences have no gaps), and is used only if it did.
+                    start = ahead[-1][0] + batch if ahead else last
+                    while len(ahead) < _READ_AHEAD:
+                        ahead.append((start, self.read_ahead(run_id, after=start, limit=batch)))
+                        start += batch
+                    if self.read_ahead_needs_a_turn:
+                        # Let the reads send their queries now: a consumer that takes the
+                        # page without awaiting anything would otherwise start them only
+                        # when it has finished the page.
+                        await asyncio.sleep(0)
                 for event in events:
                     yield event
                     if ends and is_run_terminal(event.type):
                         return
-                cursor = events[-1].seq
+                cursor = last
+                # Let go of the page before the next is built: its events die young, and the
+                # collector is not run (and does not promote them) for every page.
+                del events
         finally:
-            if ahead is not None:
-                await _abandon(ahead)
+            await _abandon_all(ahead)

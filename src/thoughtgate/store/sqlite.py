@@ -23,9 +23,11 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
+
+import orjson
 
 from thoughtgate.errors import (
     RunClosedError,
@@ -36,7 +38,7 @@ from thoughtgate.errors import (
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.log import QueuedAppend
+from thoughtgate.store.log import PageAhead, QueuedAppend
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -92,6 +94,127 @@ def _read_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
         raise RunNotFoundError(run_id)
     tasks = conn.execute(f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
     return codec.run_from_row(row, map(codec.task_from_row, tasks))
+
+
+_PAGE_ROWS = 1000
+"""Events per aggregate query: a read of a whole run is several, so no aggregated value comes
+near SQLite's length limit (a page of 1 MB reasoning traces is already a large one)."""
+_NO_LIMIT = 2**62
+_STAMP_SCALE = 4194304
+"""2**22. A double in [2**30, 2**41) (every time since 2004) has no bit below 2**-22, so ``ts``
+times this is an exact integer below 2**63: it crosses the aggregate as integer text exactly,
+where SQLite writes a REAL into JSON with 15 digits. A page with a stamp outside that range (a
+test's 0.1) is read row by row."""
+_EXACT_STAMPS = (2.0**30, 2.0**41)
+_UNSCALE = (1.0 / _STAMP_SCALE).__mul__
+_READ_PAGE = (
+    "SELECT count(*), min(v), max(v), min(ts), max(ts), "
+    "CAST(group_concat(payload, ',') AS BLOB), json_group_array(seq), "
+    "json_group_array(task_id), json_group_array(type), "
+    f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
+    "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
+)
+"""A page as one row of columns (``codec.events_from_columns``): Python touches a handful of
+values per page instead of six per event, and SQLite builds them without the interpreter lock.
+A range of sequence numbers, not ``LIMIT``: sequences have no gaps (the codec checks it)."""
+_READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+
+
+_Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
+"""``(after, row of _READ_PAGE)``, or ``(after, rows of _READ_ROWS)`` for a page too long to
+aggregate: a page fetched by the reader thread, not yet decoded."""
+_TOOBIG = 18
+"""SQLITE_TOOBIG: a value longer than the connection's length limit (1e9 bytes by default)."""
+
+
+def _fetch_pages(
+    conn: sqlite3.Connection, run_id: str, after: int, limit: int | None
+) -> list[_Page]:
+    """In the reader thread: the pages of up to ``limit`` events after ``after``, one query
+    (one row) per :data:`_PAGE_ROWS` events; raises ``RunNotFoundError`` when there are none
+    because the run does not exist."""
+    pages: list[_Page] = []
+    left = _NO_LIMIT if limit is None else max(limit, 0)
+    cursor = max(after, 0)
+    while left > 0:
+        want = min(left, _PAGE_ROWS)
+        page: tuple[Any, ...] | list[tuple[Any, ...]]
+        try:
+            row: tuple[Any, ...] = conn.execute(
+                _READ_PAGE, (run_id, cursor, cursor + want)
+            ).fetchone()
+            count, page = int(row[0]), row
+        except sqlite3.DataError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != _TOOBIG:
+                raise
+            # The page's payloads are longer than SQLite's longest value: read its rows.
+            page = conn.execute(_READ_ROWS, (run_id, cursor, want)).fetchall()
+            count = len(page)
+        if not count:
+            break
+        pages.append((cursor, page))
+        if count < want:
+            break
+        left -= want
+        cursor += want  # every sequence number in the range is there
+    if not pages:  # runs are never deleted, so checking afterwards is race-free
+        _require_run(conn, run_id)
+    return pages
+
+
+def _events_from_page(
+    run_id: str, after: int, row: tuple[Any, ...] | list[tuple[Any, ...]]
+) -> list[Event] | None:
+    """The events of one aggregate row (or of the rows read instead); ``None`` for a page to
+    read row by row (mixed vocabulary versions, a stamp outside :data:`_EXACT_STAMPS`,
+    sequence numbers not in order)."""
+    if isinstance(row, list):
+        return codec.events_from_rows(run_id, row)
+    _, v_min, v_max, ts_min, ts_max, payloads, seqs, task_ids, types, stamps = row
+    low, high = _EXACT_STAMPS
+    if v_min != v_max or ts_min < low or ts_max >= high:
+        return None
+    return codec.events_from_columns(
+        run_id,
+        after + 1,
+        orjson.loads(seqs),
+        orjson.loads(task_ids),
+        orjson.loads(types),
+        list(map(_UNSCALE, orjson.loads(stamps))),
+        payloads,
+        v_min,
+    )
+
+
+def _rows_reader(run_id: str, after: int, n: int) -> Callable[[sqlite3.Connection], list[Event]]:
+    """The ``n`` events after ``after`` read row by row, for a page ``_events_from_page`` left."""
+
+    def work(conn: sqlite3.Connection) -> list[Event]:
+        return codec.events_from_rows(
+            run_id, conn.execute(_READ_ROWS, (run_id, after, n)).fetchall()
+        )
+
+    return work
+
+
+class _FetchedAhead:
+    """A page being fetched by the reader thread (``SQLiteStore.read_ahead``)."""
+
+    __slots__ = ("fetched", "run_id", "store")
+
+    def __init__(
+        self, store: SQLiteStore, run_id: str, fetched: asyncio.Future[list[_Page]]
+    ) -> None:
+        self.store, self.run_id, self.fetched = store, run_id, fetched
+
+    def __await__(self) -> Generator[Any, None, list[Event]]:
+        return self.store._decoded(self.run_id, self.fetched).__await__()
+
+    async def abandon(self) -> None:
+        # The thread's job runs to its end anyway (a read, nothing to undo); its result or
+        # error is dropped, and taken so that asyncio does not log it.
+        if not self.fetched.cancel() and not self.fetched.cancelled():
+            self.fetched.exception()
 
 
 def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
@@ -166,6 +289,13 @@ def _project(
 
 class SQLiteStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
+
+    read_ahead_needs_a_turn = False  # the reader thread has the job at once
+    tail_batch = 250
+    """A replaying tail builds a page's events (and payloads) while the last page is already
+    freed: 250 of them stay under the collector's 700 new objects, so no collection runs (and
+    promotes a page to an older generation) per page; 500 cost about a tenth more CPU. Per
+    page costs little here (no server round trip)."""
 
     def __init__(self, path: Path, writer: SQLiteThread, reader: SQLiteThread) -> None:
         super().__init__()
@@ -422,16 +552,38 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return self._writer.queue_write(action, body, published, after=after)
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        def work(conn: sqlite3.Connection) -> list[Event]:
-            rows = conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (run_id, after, -1 if limit is None else limit),
-            ).fetchall()
-            if not rows:  # runs are never deleted, so checking afterwards is race-free
-                _require_run(conn, run_id)
-            return codec.events_from_rows(run_id, rows)
+        return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
 
-        return await self._reader.call(f"read events of run {run_id!r}", work)
+    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+        """The reader thread starts on the page now; its events are built when it is awaited,
+        so a replay holds one page of events at a time (its pages ahead are their rows)."""
+        return _FetchedAhead(
+            self, run_id, self._reader.queue_call(*self._fetch(run_id, after, limit))
+        )
+
+    @staticmethod
+    def _fetch(
+        run_id: str, after: int, limit: int | None
+    ) -> tuple[str, Callable[[sqlite3.Connection], list[_Page]]]:
+        return f"read events of run {run_id!r}", lambda conn: _fetch_pages(
+            conn, run_id, after, limit
+        )
+
+    async def _decoded(self, run_id: str, fetched: Awaitable[list[_Page]]) -> list[Event]:
+        """The events of pages fetched by the reader thread, built here: the thread goes on to
+        the next page (SQLite works without the interpreter lock) while this one is decoded."""
+        events: list[Event] = []
+        for k, (after, row) in enumerate(await fetched):
+            if k:  # a long read: let the loop serve others between pages of _PAGE_ROWS
+                await asyncio.sleep(0)
+            page = _events_from_page(run_id, after, row)
+            if page is None:
+                n = len(row) if isinstance(row, list) else int(row[0])
+                page = await self._reader.call(
+                    f"read events of run {run_id!r}", _rows_reader(run_id, after, n)
+                )
+            events += page
+        return events
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
         def work(conn: sqlite3.Connection) -> list[str]:

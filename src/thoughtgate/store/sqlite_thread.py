@@ -188,6 +188,17 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=True)
 
+    def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """:meth:`call`, queued on the thread now rather than when a task first runs: a read
+        ahead starts while the caller goes on with what it has (``EventLog.read_ahead``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._closed:
+            future.set_exception(StoreError(f"cannot {action}: the store is closed ({self.path})"))
+        else:
+            self._jobs.put(_Job(action, fn, False, True, loop, future, None))
+        return future
+
     async def write_then(
         self, action: str, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], R]
     ) -> R:

@@ -8,12 +8,14 @@ read buffer (flow control).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpcore
 import httpx
 import pytest
 from cryptography import x509
@@ -22,7 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.replay import ReplayServer, Reply, blackhole_port
 
-from thoughtgate.providers.clients import ShardedTransport
+from thoughtgate.providers.clients import (
+    ProviderClients,
+    ShardedTransport,
+    _FastLock,
+    _LeanCookies,
+)
 from thoughtgate.providers.netio import AsyncioBackend
 
 TEXT = {"content-type": "text/plain"}
@@ -48,6 +55,22 @@ async def test_pieces_arrive_in_order_and_a_connection_is_reused() -> None:
                 got = [chunk async for chunk in response.aiter_raw()]
             assert b"".join(got) == b"".join(pieces)
         assert (len(server.bodies), server.connections) == (3, 1)
+
+
+async def test_a_connection_takes_its_locks_without_a_pass_of_the_event_loop() -> None:
+    """The shared transport gives each connection that answered locks that a free acquire does
+    not yield on (``clients._lean_locks``); this pins the private path it takes through the
+    installed httpx and httpcore, and the connection keeps serving requests with them."""
+    assert _FastLock is not None
+    async with ReplayServer([Reply([b"ok"], headers=TEXT)]) as server, client() as http:
+        for _ in range(3):
+            assert (await http.get(server.url)).content == b"ok"
+        transport = http._transport
+        assert isinstance(transport, ShardedTransport)
+        (connection,) = transport._shard().transport._pool.connections  # type: ignore[attr-defined]
+        assert type(connection._request_lock) is _FastLock
+        assert type(connection._connection._state_lock) is _FastLock
+        assert server.connections == 1
 
 
 async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:
@@ -154,3 +177,60 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None:
+    """The stream keeps one read timer across reads: pieces that each come within the timeout
+    never time out, however long the whole body takes; a read without a timeout is not failed by
+    a timer an earlier read armed; a stall after them is a ``ReadTimeout``."""
+    served = asyncio.Event()
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(6):
+            await asyncio.sleep(0.08)
+            writer.write(b"x")
+            await writer.drain()
+        await asyncio.sleep(0.4)  # longer than the timed reads' timeout
+        writer.write(b"late")
+        await writer.drain()
+        await reader.read()  # then a stall, until the client hangs up
+        writer.close()
+        await writer.wait_closed()
+        served.set()
+
+    server = await asyncio.start_server(paced, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    try:
+        got = b""
+        while len(got) < 6:  # 0.48 s in all, past the 0.2 s timeout of each read
+            got += await stream.read(1024, timeout=0.2)
+        assert got == b"x" * 6
+        assert await stream.read(1024, timeout=None) == b"late"  # waited 0.4 s, no timeout
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(httpcore.ReadTimeout):
+            await stream.read(1024, timeout=0.2)
+        assert asyncio.get_running_loop().time() - started < 1.0
+    finally:
+        await stream.aclose()
+        await asyncio.wait_for(served.wait(), 5)
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_shared_clients_keep_the_cookies_a_provider_sets() -> None:
+    """The shared clients' jar skips a response without cookies (``clients._LeanCookies``);
+    one that sets a cookie is stored as httpx stores it, and a later response without any
+    leaves it there."""
+    clients = ProviderClients()
+    replies = [
+        Reply([b"ok"], headers={**TEXT, "set-cookie": "lb=a1; Path=/"}),
+        Reply([b"ok"], headers=TEXT),
+    ]
+    async with ReplayServer(replies) as server, clients.lease():
+        http = clients.client(server.url)
+        assert type(http._cookies) is _LeanCookies  # type: ignore[attr-defined]
+        assert (await http.get(server.url)).content == b"ok"
+        assert http.cookies.get("lb") == "a1"
+        assert (await http.get(server.url)).content == b"ok"
+        assert http.cookies.get("lb") == "a1"

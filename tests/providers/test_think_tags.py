@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from thoughtgate.providers.openai_compatible import CompatParser
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.think_tags import ThinkTagSplitter, split_think_tags
+from thoughtgate.providers.think_tags import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    ThinkTagSplitter,
+    _held_suffix,
+    split_think_tags,
+)
 from thoughtgate.types import TurnAccumulator
 
 # texts built from tag fragments, whitespace and words, so tags, half tags and near-tags are common
@@ -109,3 +115,12 @@ def test_partial_tag_is_held_back_until_decided() -> None:
     out = splitter.feed("king")  # not a tag after all: the held text was reasoning
     assert [(p.channel, p.text) for p in out] == [("reasoning", "</thinking")]
     assert [(p.channel, p.text) for p in splitter.flush()] == []
+
+
+@given(st.text(alphabet="<>/thinkx ", max_size=20), st.sampled_from([OPEN_TAG, CLOSE_TAG]))
+def test_the_held_suffix_is_the_longest_that_can_still_become_the_tag(buf: str, tag: str) -> None:
+    """The splitter holds back exactly the longest end of the text that is a proper start of
+    the tag (tried here size by size, the definition); no more, or answer text waits, and no
+    less, or a tag cut between two deltas is missed."""
+    sizes = [n for n in range(1, min(len(buf), len(tag) - 1) + 1) if tag.startswith(buf[-n:])]
+    assert _held_suffix(buf, tag) == max(sizes, default=0)

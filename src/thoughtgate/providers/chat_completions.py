@@ -209,17 +209,18 @@ class ChatChunkParser(JSONEventParser):
         after its other contents (usage) have been read; what follows it is read and ignored."""
         if data.get("error"):
             self.error = stream_error(self.provider, data)
-        out: list[Chunk] = self._response_info(data)
+        out: list[Chunk] = [] if self._info_seen else self._response_info(data)
         choices = data.get("choices") or []
         if not isinstance(choices, list):
             raise self._malformed("choices is not a list", choices)
         for choice in choices:
-            if not isinstance(choice, Mapping):
+            # type() first: a decoded event holds dicts, and an ABC's isinstance is slow
+            if type(choice) is not dict and not isinstance(choice, Mapping):
                 raise self._malformed("choice is not an object", choice)
             if (_int(choice.get("index")) or 0) != 0:
                 continue  # we always ask for one choice
             delta = choice.get("delta") or {}
-            if not isinstance(delta, Mapping):
+            if type(delta) is not dict and not isinstance(delta, Mapping):
                 raise self._malformed("delta is not an object", delta)
             out += self.reasoning_chunks(delta)
             content = delta.get("content")
@@ -235,7 +236,7 @@ class ChatChunkParser(JSONEventParser):
             if self.error is None and choice.get("error"):
                 self.error = stream_error(self.provider, {"error": choice["error"]})
         usage = data.get("usage")
-        if isinstance(usage, Mapping):
+        if usage is not None and isinstance(usage, Mapping):
             out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
         if self.error is None and self.finish_raw == "error":
             native = f" (native_finish_reason {self.native_finish})" if self.native_finish else ""

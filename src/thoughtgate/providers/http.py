@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import json
 import random
 import time
@@ -245,6 +246,13 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
     return value
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed_url(url: str) -> httpx.URL:
+    """A request URL parsed once: httpx takes a parsed URL as it is and parses a string on every
+    request, and an adapter (so its transport) is built per run (``httpx.URL`` is immutable)."""
+    return httpx.URL(url)
+
+
 class HTTPTransport:
     """One provider's base URL, request headers, timeouts and retry policy; no connection state.
 
@@ -269,7 +277,7 @@ class HTTPTransport:
         self._timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._own_client = client
         self._clients = clients or shared_clients()
-        self._headers = dict(headers)
+        self._headers = httpx.Headers(headers)
         self.sleep = asyncio.sleep
 
     def _client(self) -> httpx.AsyncClient:
@@ -277,6 +285,10 @@ class HTTPTransport:
 
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _url(self, path: str) -> httpx.URL:
+        """:meth:`url`, parsed once per process (:func:`_parsed_url`)."""
+        return _parsed_url(self.url(path))
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -328,7 +340,7 @@ class HTTPTransport:
             try:
                 request = client.build_request(
                     "POST",
-                    self.url(path),
+                    self._url(path),
                     json=body,
                     headers=self._headers,
                     timeout=self._timeout,

@@ -114,14 +114,35 @@ async def _wait(
 
 
 class _Stream(httpcore.AsyncNetworkStream):
+    """One connection. A read that waits arms no timer of its own: the stream keeps one timer,
+    due at the earliest deadline it was armed for, and when it fires it fails the waiting read if
+    that read's deadline has passed, or sets itself again for it. A provider's stream waits once
+    per delta, and a timer made and cancelled per wait was a heap push, a handle and a
+    cancellation each time."""
+
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        self._loop = asyncio.get_running_loop()
+        self._deadline: float | None = None  # of the read waiting now (None: it waits forever)
+        self._timer: asyncio.TimerHandle | None = None
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         protocol = self._protocol
         if not protocol.buffer and not protocol.eof:
-            await self._wait_for_data(timeout)
+            loop = self._loop
+            waiter = protocol.waiter = loop.create_future()
+            if timeout is None:
+                self._deadline = None
+            else:
+                self._deadline = deadline = loop.time() + timeout
+                if self._timer is None:
+                    self._timer = loop.call_at(deadline, self._read_timer)
+            try:
+                await waiter
+            finally:
+                protocol.waiter = None
+                self._deadline = None  # a timer that fires now finds no read of this stream
         buffer = protocol.buffer
         if buffer:
             if len(buffer) <= max_bytes:
@@ -139,13 +160,17 @@ class _Stream(httpcore.AsyncNetworkStream):
             raise httpcore.ReadError(str(protocol.error)) from protocol.error
         return b""
 
-    async def _wait_for_data(self, timeout: float | None) -> None:
-        protocol = self._protocol
-        protocol.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await _wait(protocol.waiter, timeout, httpcore.ReadTimeout)
-        finally:
-            protocol.waiter = None
+    def _read_timer(self) -> None:
+        """The stream's read timer fired: time out the waiting read if its deadline has passed,
+        else wait for that deadline (a read that waits forever needs no timer)."""
+        self._timer = None
+        waiter, deadline = self._protocol.waiter, self._deadline
+        if waiter is None or waiter.done() or deadline is None:
+            return
+        if self._loop.time() >= deadline:
+            waiter.set_exception(httpcore.ReadTimeout("timed out"))
+        else:
+            self._timer = self._loop.call_at(deadline, self._read_timer)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:

@@ -28,6 +28,7 @@ Adapters only read these rows; they never hard-code a server's quirk. Sources ar
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, fields, replace
@@ -602,8 +603,12 @@ SERVERS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+@functools.lru_cache(maxsize=256)
 def detect_server(base_url: str) -> str:
-    """The server a base URL points at (``"generic"`` when the host names none)."""
+    """The server a base URL points at (``"generic"`` when the host names none).
+
+    Cached, as :func:`resolve_rule`'s table walk is: an adapter is built per run (twice in the
+    daemon), and the answer depends on nothing but the arguments."""
     parsed = urlparse(base_url)
     host = (parsed.hostname or "").lower()
     port = f":{parsed.port}" if parsed.port else ""
@@ -633,13 +638,19 @@ def resolve_rule(
     overrides: Mapping[str, Any] | None = None,
 ) -> EndpointRule:
     """The row for ``model`` on ``server`` (first match), with config ``overrides`` applied."""
+    return apply_overrides(_row(fmt, model, server), overrides or {})
+
+
+@functools.lru_cache(maxsize=512)
+def _row(fmt: WireFormat, model: str, server: str) -> EndpointRule:
+    """The row :func:`resolve_rule` starts from (the tables are constants; rules are frozen)."""
     name = _normalize(fmt, model)
     rule = next(r for r in _TABLES[fmt] if r.matches(server, name))
     if fmt == "openrouter" and name.startswith("anthropic/"):
         rule = _openrouter_anthropic(rule, name)
     if server != "generic" and rule.server == "*":
         rule = replace(rule, server=server)
-    return apply_overrides(rule, overrides or {})
+    return rule
 
 
 def _openrouter_anthropic(rule: EndpointRule, model: str) -> EndpointRule:

@@ -74,8 +74,13 @@ class SSEDecoder:
             if block.startswith("event: "):
                 nl = block.find("\n")
                 if nl > 0 and block.startswith("data: ", nl + 1) and block.find("\n", nl + 1) < 0:
-                    out.append(_message((block[7:nl], block[nl + 7 :], self._id)))
+                    # an empty event name is "message", as the field-by-field reading has it
+                    out.append(_message((block[7:nl] or "message", block[nl + 7 :], self._id)))
                     continue
+            elif block.startswith("data: ") and "\n" not in block:
+                # one data line and nothing else: the event of every Chat Completions chunk
+                out.append(_message(("message", block[6:], self._id)))
+                continue
             message = self._event(block)
             if message is not None:
                 out.append(message)

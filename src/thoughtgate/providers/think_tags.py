@@ -48,10 +48,18 @@ class Piece:
 
 
 def _held_suffix(buf: str, tag: str) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``."""
-    for size in range(min(len(buf), len(tag) - 1), 0, -1):
-        if tag.startswith(buf[-size:]):
-            return size
+    """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``.
+
+    Such a suffix starts with the tag's first character, so only the places of that character
+    in the last ``len(tag) - 1`` characters are tried, earliest (longest) first: a content delta
+    without ``<`` near its end costs one ``find``."""
+    first = tag[0]
+    end = len(buf)
+    at = buf.find(first, max(0, end - len(tag) + 1))
+    while at >= 0:
+        if tag.startswith(buf[at:]):
+            return end - at
+        at = buf.find(first, at + 1)
     return 0
 
 

@@ -238,36 +238,32 @@ class HTTPProvider:
     async def stream(self, request: TurnRequest) -> AsyncIterator[Chunk]:
         body = self.build_body(request, stream=True)
         parser = self.parser(request)
+        transport = self.transport
         while True:
-            async for chunk in self._stream_once(body, parser):
-                yield chunk
+            # Each answer is read here, not in a generator of its own: every chunk would pass
+            # one more async generator on its way out.
+            async with transport.open(self.path, body, stream=True) as response:
+                request_id = transport.request_id(response)
+                try:
+                    async for batch in transport.event_batches(response):
+                        for chunk in parser.feed(batch):
+                            yield chunk
+                        if parser.failure is not None:
+                            raise parser.failure
+                    for chunk in parser.end():
+                        yield chunk
+                except ProviderError as exc:
+                    if exc.request_id is None:
+                        exc.request_id = request_id
+                    if not parser.finished:
+                        for chunk in parser.interrupted():
+                            yield chunk
+                        raise
+                    # the connection dropped after the turn was complete: nothing was lost
             step = self.follow_up(request, body, parser)
             if step is None:
                 return
             body, parser = step
-
-    async def _stream_once(
-        self, body: Mapping[str, Any], parser: WireParser
-    ) -> AsyncIterator[Chunk]:
-        transport = self.transport
-        async with transport.open(self.path, body, stream=True) as response:
-            request_id = transport.request_id(response)
-            try:
-                async for batch in transport.event_batches(response):
-                    for chunk in parser.feed(batch):
-                        yield chunk
-                    if parser.failure is not None:
-                        raise parser.failure
-                for chunk in parser.end():
-                    yield chunk
-            except ProviderError as exc:
-                if exc.request_id is None:
-                    exc.request_id = request_id
-                if not parser.finished:
-                    for chunk in parser.interrupted():
-                        yield chunk
-                    raise
-                # the connection dropped after the turn was complete: nothing was lost
 
     async def request(self, request: TurnRequest) -> Turn:
         body = self.build_body(request, stream=False)

@@ -3,9 +3,10 @@
 A run of three model turns and two tool calls (the fake provider, no network), recorded into the
 same kind of store, executed by a :class:`~thoughtgate.orchestration.runtime.Runtime` without a
 durable engine (the baseline: the run's spec is still stored) and by one with DBOS attached
-(``orchestration.durable``: a workflow whose 5 steps with a result -- three model turns, two tool
-calls -- are checkpointed; recording a turn and a task's start and end are effects the event log
-records, ADR 0025). Runs alternate between the two so the
+(``orchestration.durable``: a workflow whose 4 steps with a result a later step builds on -- two
+model turns that call tools, two tool calls -- are checkpointed; recording a turn, a task's start
+and end, and the last turn, which the run's ending records, are not: ADR 0025, ADR 0029). Runs
+alternate between the two so the
 shared machine's noise hits both alike. Figures: wall time and CPU time per run, and the ratio of
 durable to baseline, on SQLite and on PostgreSQL.
 """
@@ -33,7 +34,7 @@ Row = dict[str, Any]
 RUNS = int(os.environ.get("TG_BENCH_DURABLE_RUNS", "40"))
 PG_URL = os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NOTES = [
-    "Durability: each run is 3 model turns and 2 tool calls (5 checkpointed steps); the "
+    "Durability: each run is 3 model turns and 2 tool calls (4 checkpointed steps); the "
     "baseline is the same runtime without the engine, measured alternately in the same process.",
 ]
 

@@ -215,6 +215,20 @@ class EventLogConformance:
         assert await collect(store.tail(run.run_id)) == everything
         assert await collect(store.tail(run.run_id, after=1_234, batch=300)) == everything[1_234:]
 
+    async def test_a_read_after_the_largest_sequence_number_is_empty(
+        self, store: EventStore
+    ) -> None:
+        """A client may resume from any number a 64-bit sequence can hold: reading after the
+        largest, or just before it, gives nothing rather than an overflow error."""
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(3))
+        largest = 2**63 - 1
+        for after in (largest, largest - 1, largest - 500):
+            assert await store.read(run.run_id, after=after) == []
+            assert await store.read(run.run_id, after=after, limit=2_000) == []
+        assert [e.seq for e in await store.read(run.run_id, after=1)] == [2, 3]
+
     async def test_a_replay_passes_the_filter_which_withholds_reasoning_below_developer(
         self, store: EventStore
     ) -> None:

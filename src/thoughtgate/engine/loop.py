@@ -378,19 +378,21 @@ class _Loop:
             turn = self.captured(await stream_llm_turn(self.provider, request, self.on_chunk))
         except ProviderError as exc:
             self.stream_ended_at = now_ts()
-            await self.flush_tail()
+            await self.flush_tail(ending=True)
             partial = self.captured(exc.partial) if exc.partial is not None else None
             call = self.call_info(request, partial, started_at) if partial is not None else None
             return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
         self.stream_ended_at = now_ts()
-        await self.flush_tail()
+        await self.flush_tail(ending=not turn.tool_calls)
         return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
 
-    async def flush_tail(self) -> None:
+    async def flush_tail(self, *, ending: bool) -> None:
         """The stream's last deltas. A checkpointed turn stores them before its step ends (a
-        resume finds the turn's text in the log); a direct one leaves them to the turn's record,
-        which takes them in its own append: one commit for both (ADR 0021, amended)."""
-        if not isinstance(self.steps, DirectSteps):
+        resume finds the turn's text in the log); one that is not checkpointed (a direct run's,
+        or a durable run's last: ``Steps.checkpoints``) leaves them to the turn's record, which
+        takes them in its own append: one commit for both (ADR 0021, amended; ADR 0029).
+        ``ending``: the turn ends the task."""
+        if self.steps.checkpoints(ending=ending):
             await self.recorder.flush()
 
     async def record_cut(self, turn_no: int, text: str) -> None:
@@ -434,7 +436,7 @@ class _Loop:
                 "finish_reason": turn.finish_reason,
             }
             events.append(self.ev(EventType.MESSAGE_COMPLETED, final))
-        if failure is not None or turn is None or not turn.tool_calls:  # the task's last turn
+        if _ends_task(outcome):  # the task's last turn
             await self.recorder.emit_last(events)
         else:
             await self.recorder.emit_all(events)
@@ -768,6 +770,11 @@ _OUTCOME = StepCodec(lambda o: o.to_json(), _TurnOutcome.from_json)
 _RESULT = StepCodec(part_to_dict, part_from_dict)
 
 
+def _ends_task(outcome: _TurnOutcome) -> bool:
+    """Whether the loop returns after this turn (a failure, or an answer without tool calls)."""
+    return outcome.failure is not None or outcome.turn is None or not outcome.turn.tool_calls
+
+
 def _dropped(gone: DroppedCarrier, turn_no: int) -> ContinuityDroppedPayload:
     return {
         "carrier": gone.carrier,
@@ -833,6 +840,7 @@ async def run_agent_loop(
             f"{task_id}: model turn {planned}",
             lambda h=history, d=dropped: loop.model_turn(h, system, d),  # type: ignore[misc]
             _OUTCOME,
+            ends=_ends_task,
         )
         loop.turn_no = outcome.turn_no
         turn = outcome.turn

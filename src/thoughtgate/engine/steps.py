@@ -5,6 +5,8 @@ call, asking for an approval, starting or ending a task -- each through :class:`
 with a result (a model turn, a tool call, an approval's answer) is checkpointed; a step that only
 records events (a turn's recording, a task's start and end, asking for an approval) is an
 *effect*: the events it looks up in the log are its checkpoint, so it costs the engine nothing.
+Nor is the result that ends the run's last task in a first execution (``Steps.run``'s ``ends``,
+``Steps.last_task``): the run's ending commit records it, and no checkpoint follows it (ADR 0029).
 Without a durable engine (:class:`DirectSteps`) a step simply runs. Under one (``orchestration.durable``,
 ADR 0013) each step's JSON result is checkpointed when it returns; when the process dies and the
 run resumes elsewhere, the run's code runs again from the top and every checkpointed step
@@ -60,8 +62,29 @@ class Steps(Protocol):
         """The log as it was before this execution, when it resumes a run; else ``None``."""
         ...
 
-    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
-        """Run ``fn`` as the next step, or return its recorded result when it already ran."""
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
+        """Run ``fn`` as the next step, or return its recorded result when it already ran.
+
+        ``ends(result)``: whether the result ends its task (no step of the task follows it). In
+        the run's last task (:meth:`last_task`) such a result ends the run's execution, whose
+        ending commit records it in the log; a durable engine then need not checkpoint it.
+        """
+        ...
+
+    def last_task(self) -> Steps:
+        """These steps, for the run's last task: after a result that ends it (``run``'s
+        ``ends``), no checkpointed step follows in this execution."""
+        ...
+
+    def checkpoints(self, *, ending: bool) -> bool:
+        """Whether :meth:`run` checkpoints a result (``ending``: one that ends its task)."""
         ...
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -80,8 +103,21 @@ class DirectSteps:
 
     resumed: ResumeLog | None = None
 
-    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
         return await fn()
+
+    def last_task(self) -> DirectSteps:
+        return self
+
+    def checkpoints(self, *, ending: bool) -> bool:
+        return False
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
         await fn()

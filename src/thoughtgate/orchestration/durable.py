@@ -57,6 +57,8 @@ class DurableRuntime(Protocol):
 
     def attach_durable(self, engine: DurableEngine) -> None: ...
 
+    def forget_admitted(self, run_id: str) -> object: ...
+
     async def execute_workflow(self, run_id: str) -> str: ...
 
 
@@ -129,6 +131,19 @@ def _write_ahead(target: Path) -> None:
         conn.execute("PRAGMA journal_mode = WAL")
 
 
+_SQLITE_ENGINE: dict[str, Any] = {
+    # One connection, which DBOS's threads take in turn: SQLite has one writer at a time, and
+    # DBOS begins each transaction with the write lock (BEGIN IMMEDIATE), so more connections
+    # only wait for it inside SQLite's busy handler, which sleeps with a back-off of up to
+    # 100 ms before trying again; the pool hands its one connection on as soon as it is free
+    # (ADR 0029). Other processes on the file still wait in the busy handler, as before.
+    "sys_db_pool_size": 1,
+    # A file's connection cannot drop as a server's can: no ``SELECT 1`` before each transaction
+    # (DBOS pings every connection it takes from the pool by default).
+    "db_engine_kwargs": {"pool_pre_ping": False},
+}
+
+
 class DbosSteps:
     """:class:`~thoughtgate.engine.steps.Steps` whose steps DBOS checkpoints.
 
@@ -137,26 +152,89 @@ class DbosSteps:
     ``RuntimeFailure`` (a thoughtgate error) or ``RuntimeError`` carrying the same message.
     """
 
-    def __init__(self, resumed: ResumeLog | None) -> None:
+    def __init__(self, resumed: ResumeLog | None, *, last_task: bool = False) -> None:
         self.resumed = resumed
+        self.in_last_task = last_task
         self._raised: dict[str, BaseException] = {}
 
-    async def run(self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec) -> T:
+    def last_task(self) -> DbosSteps:
+        steps = DbosSteps(self.resumed, last_task=True)
+        steps._raised = self._raised
+        return steps
+
+    def checkpoints(self, *, ending: bool) -> bool:
+        return not (ending and self._ends_unrecorded())
+
+    def _ends_unrecorded(self) -> bool:
+        """A result that ends the last task of a first execution is not checkpointed."""
+        return self.in_last_task and self.resumed is None
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
+        if ends is not None and self._ends_unrecorded():
+            return await self._run_last(name, fn, codec, ends)
+
         async def step() -> dict[str, Any]:
-            try:
-                value = await fn()
-            except Exception as exc:
-                self._raised[name] = exc
-                return {
-                    "raised": {
-                        "message": str(exc),
-                        "type": type(exc).__name__,
-                        "ours": isinstance(exc, ThoughtgateError),
-                    }
-                }
-            return {"ok": codec.encode(value)}
+            return await self._attempt(name, fn, codec)
 
         recorded: dict[str, Any] = await DBOS.run_step_async({"name": name}, step)
+        value: T = self._result(name, recorded, codec)
+        return value
+
+    async def _run_last(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        ends: Callable[[T], bool],
+    ) -> T:
+        """A step of the run's last task in its first execution: nothing is recorded for it
+        yet (a first execution's steps all run), so ``fn`` runs before the checkpoint is
+        decided. A result that ends the task ends the run's execution: the run's ending commit
+        records it in the log, and no checkpoint follows that a resume would have to line up
+        with, so it is not checkpointed (ADR 0029). A resume of an execution stopped before
+        that commit finds the turn unrecorded and asks again, as for a turn under way. Any
+        other result, or an exception, is checkpointed as :meth:`run` would."""
+        done: list[T] = []
+
+        async def once() -> T:
+            done.append(await fn())
+            return done[0]
+
+        outcome = await self._attempt(name, once, codec)
+        if done and ends(done[0]):
+            return done[0]  # as a direct run's step returns it
+
+        async def step() -> dict[str, Any]:
+            return outcome
+
+        recorded: dict[str, Any] = await DBOS.run_step_async({"name": name}, step)
+        value: T = self._result(name, recorded, codec)
+        return value
+
+    async def _attempt(
+        self, name: str, fn: Callable[[], Awaitable[T]], codec: StepCodec
+    ) -> dict[str, Any]:
+        try:
+            value = await fn()
+        except Exception as exc:
+            self._raised[name] = exc
+            return {
+                "raised": {
+                    "message": str(exc),
+                    "type": type(exc).__name__,
+                    "ours": isinstance(exc, ThoughtgateError),
+                }
+            }
+        return {"ok": codec.encode(value)}
+
+    def _result(self, name: str, recorded: dict[str, Any], codec: StepCodec) -> Any:
         raised = recorded.get("raised")
         if raised is not None:
             original = self._raised.pop(name, None)
@@ -165,8 +243,7 @@ class DbosSteps:
             if raised.get("ours"):
                 raise RuntimeFailure(str(raised.get("message", "")))
             raise RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
-        value: T = codec.decode(recorded.get("ok"))
-        return value
+        return codec.decode(recorded.get("ok"))
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
         """No checkpoint: ``fn`` finds its own events in the log on a resume (``Steps``)."""
@@ -223,6 +300,8 @@ class DurableEngine:
         }
         if self.location.schema is not None:
             settings["dbos_system_schema"] = self.location.schema
+        else:
+            settings.update(_SQLITE_ENGINE)
         DBOS(config=settings)  # type: ignore[arg-type]
         if listen is not None:
             self.queue = queue_name(listen, self.config.concurrency)
@@ -273,10 +352,12 @@ class DurableEngine:
                     done = await self.start(run_id)
                 except BaseException:
                     slot.release()
+                    self.runtime.forget_admitted(run_id)
                     raise
                 done.add_done_callback(lambda _: slot.release())
                 return
             starts.queued(run_id)
+        self.runtime.forget_admitted(run_id)  # it may execute anywhere: it is read back there
         try:
             await self.enqueue(run_id, queue, priority=priority)
         except BaseException:

@@ -20,8 +20,10 @@ resumes exactly like a dequeued run (the lease sweep releases it and ``resume_wo
 the queue).
 
 While runs of this daemon wait in its queue, the queue is polled every ``poll_interval_s / 10``
-(a backlog drains at the speed runs end, not one batch per poll); once none waits, at
-``poll_interval_s`` again, so an idle daemon costs what it did.
+(a backlog drains at the speed runs end, not one batch per poll); once none has waited for
+``10 * poll_interval_s``, at ``poll_interval_s`` again, so an idle daemon costs what it did. (The
+linger is for DBOS's worker, which comes down from a slow interval to a fast one only a tenth per
+poll: a queue that went slow between two bursts would drain the next one slowly; ADR 0029.)
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Starts:
         looked, anywhere else)."""
         self._pruned_at = 0.0
         self._fast = False
+        self._waited_at = -float("inf")
+        """When a run of this daemon last waited in its queue (``time.monotonic()``)."""
+        self._recheck: asyncio.TimerHandle | None = None
         self._pace_lock = asyncio.Lock()
         self._pacers: set[asyncio.Task[None]] = set()
 
@@ -109,9 +114,11 @@ class Starts:
 
     # ------------------------------------------------------------------ polling pace
     def pace(self) -> None:
-        """Poll fast while runs of this daemon wait, slowly when none does (in the background:
-        the change is one write to the queue's row, which DBOS's worker reads every poll)."""
-        if bool(self.waiting) == self._fast:
+        """Poll fast while runs of this daemon wait, and for ``linger_s`` after the last began;
+        slowly once none has waited for that long (in the background: the change is one write
+        to the queue's row, which DBOS's worker reads every poll)."""
+        fast = self._wants_fast()
+        if fast == self._fast:
             return
         # An empty context: this may be called inside a workflow, whose DBOS context must not
         # follow the write.
@@ -121,6 +128,30 @@ class Starts:
         self._pacers.add(task)
         task.add_done_callback(self._pacers.discard)
 
+    @property
+    def linger_s(self) -> float:
+        """How long the queue stays fast after its backlog drained (ADR 0029): DBOS's worker
+        comes down from a slow interval to a fast one by a tenth per poll (about 4.5 s from
+        0.5 s to 0.05 s), so a queue that went slow between two bursts would take that long
+        again to drain the next one."""
+        return self.poll_interval_s * BACKLOG_POLL_DIVISOR
+
+    def _wants_fast(self) -> bool:
+        now = time.monotonic()
+        if self.waiting:
+            self._waited_at = now
+            return True
+        left = self._waited_at + self.linger_s - now
+        if left <= 0:
+            return False
+        if self._recheck is None:
+            self._recheck = asyncio.get_running_loop().call_later(left, self._look_again_later)
+        return True
+
+    def _look_again_later(self) -> None:
+        self._recheck = None
+        self.pace()
+
     async def _set_pace(self) -> None:
         try:
             await self._write_pace()
@@ -129,7 +160,7 @@ class Starts:
 
     async def _write_pace(self) -> None:
         async with self._pace_lock:
-            fast = bool(self.waiting)
+            fast = self._wants_fast()
             if fast == self._fast:
                 return
             found = await DBOS.retrieve_queue_async(self.queue)
@@ -141,6 +172,9 @@ class Starts:
 
     async def close(self) -> None:
         """Wait for a pace change under way (DBOS is about to stop)."""
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         for task in list(self._pacers):
             with contextlib.suppress(Exception):
                 await task

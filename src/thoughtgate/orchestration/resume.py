@@ -19,6 +19,7 @@ the sweep, ``store.leases.close_orphaned_runs``, as before.)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Protocol
@@ -53,21 +54,35 @@ class Executor(Protocol):
 
 
 async def begin_execution(
-    runtime: Executor, run_id: str
+    runtime: Executor, run_id: str, admitted: tuple[RunRecord, RunSpec] | None = None
 ) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
     """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
     this process's) and, when it resumes, the log as it stood; ``None``
     when there is nothing to execute here (it ended, another process holds it, or it was just
-    closed because it cannot resume)."""
+    closed because it cannot resume).
+
+    ``admitted``: the run and its spec as this process admitted them. The claim alone decides
+    (it takes only an open run with a spec); when it is the run's first (attempt 1, nothing of
+    the run executed anywhere yet), the run is as admitted and nothing is read back (ADR 0029).
+    """
     store = runtime.store
     assert isinstance(store, DurableRunStore)
-    record = await store.get_run_spec(run_id)
-    before = await store.get_run(run_id)
-    if record is None or before.status not in OPEN_RUN_STATUSES:
-        return None
-    attempt = await store.claim_run(run_id, runtime.leases.owner.owner_id, runtime.leases.ttl_s)
+    owner = runtime.leases.owner.owner_id
+    attempt = await store.claim_run(run_id, owner, runtime.leases.ttl_s)
     if attempt is None:
-        log.warning("run %s is held by another process; not executing it here", run_id)
+        if (await store.get_run(run_id)).status in OPEN_RUN_STATUSES:
+            log.warning("run %s is held by another process; not executing it here", run_id)
+        return None
+    if attempt == 1 and admitted is not None:
+        run, spec = admitted
+        run.status, run.owner, run.lease_expires_at = "running", owner, runtime.leases.lease_until()
+        try:
+            return run, spec, runtime.tools_for(spec.tools), None
+        except UsageError as exc:
+            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}")
+            return None
+    record, before = await asyncio.gather(store.get_run_spec(run_id), store.get_run(run_id))
+    if record is None:  # a claim takes only a run with a spec; it was deleted since
         return None
     limit = runtime.config.durability.max_attempts
     try:
@@ -87,7 +102,7 @@ async def begin_execution(
             "reason": str(suspended.get("reason") or GONE),
             "attempt": attempt,
             "after_seq": resumed.last_seq,
-            "executor": runtime.leases.owner.owner_id,
+            "executor": owner,
         }
         previous = before.metadata.get("previous_executor")
         if isinstance(previous, str) and previous:
@@ -96,8 +111,9 @@ async def begin_execution(
         log.warning("run %s resumed (attempt %d) after seq %d", run_id, attempt, resumed.last_seq)
     if before.metadata.get("suspended") is not None:
         await store.update_run(run_id, metadata={"suspended": None})
-    run = await store.get_run(run_id)
-    return run, spec, tools, resumed
+    if resumed is None and before.metadata.get("suspended") is None:
+        return before, spec, tools, None  # read after its claim; nothing changed it since
+    return await store.get_run(run_id), spec, tools, resumed
 
 
 async def check_resumable(

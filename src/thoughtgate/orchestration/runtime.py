@@ -371,6 +371,12 @@ class Runtime:
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
             await _close_all(prepared.values())
+            if self.durable is not None and queue == self.durable.queue:
+                # This daemon may start it at once (``DurableEngine.submit``, which forgets it
+                # when the run waits in the queue instead): its first execution reads nothing
+                # back (ADR 0029).
+                kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
+                self._admitted[run.run_id] = (kept, spec)
         else:
             self._prepared[run.run_id] = prepared
             if isinstance(self.store, DurableRunStore):
@@ -473,11 +479,11 @@ class Runtime:
 
     async def _execute_here(self, run_id: str) -> None:
         assert self.durable is not None
-        self._admitted.pop(run_id, None)  # the workflow reads its spec back wherever it runs
-        run = await self.store.get_run(run_id)
-        if run.status not in OPEN_RUN_STATUSES:
-            await _close_all(self._prepared.pop(run_id, {}).values())
-            raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+        if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
+            run = await self.store.get_run(run_id)
+            if run.status not in OPEN_RUN_STATUSES:
+                await _close_all(self._prepared.pop(run_id, {}).values())
+                raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         done = await self.durable.start(run_id)
         try:
             await asyncio.shield(done)
@@ -538,6 +544,11 @@ class Runtime:
                 return RunSpec.from_json(record.spec)
         return RunSpec(tuple(TaskSpec(t.prompt, model=t.model) for t in run.tasks))
 
+    def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
+        """The run and its spec as this process admitted them, once: for its first execution
+        here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
+        return self._admitted.pop(run_id, None)
+
     async def execute_workflow(self, run_id: str) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
         took it: claim the run, say it resumed when it did, then run its tasks through
@@ -545,18 +556,19 @@ class Runtime:
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
+        admitted = self.forget_admitted(run_id)
         early = self._cancelled_early.pop(run_id, None)
         if early is not None:
             raise asyncio.CancelledError(early)
         self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            begun = await begin_execution(self, run_id)
+            begun = await begin_execution(self, run_id, admitted)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed = begun
             try:
                 steps = _DurableSteps.of(resumed)
-                await self._run_held(run, spec.tasks, tools, steps)
+                return await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -569,14 +581,15 @@ class Runtime:
         specs: Sequence[TaskSpec],
         tools: ToolRegistry,
         steps: Steps,
-    ) -> None:
+    ) -> str:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
-        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution."""
+        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution. Returns
+        the status it ended the run with."""
         run_id = run.run_id
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
         try:
-            await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
+            return await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -590,8 +603,9 @@ class Runtime:
             self.leases.release(run_id)
             await _close_all(self._prepared.pop(run_id, {}).values())
 
-    async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> None:
-        """The tasks in order, then the run's end; ``spent`` adds up their usage as they go."""
+    async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> str:
+        """The tasks in order, then the run's end; ``spent`` adds up their usage as they go.
+        Returns the run's status."""
         disclosure = Disclosure.of(run.chain_of_thought)
         results: list[LoopResult] = []
         try:
@@ -605,7 +619,12 @@ class Runtime:
                 # no end in the log ends the task again, with the run.
                 defer = i == last
                 result = await self._execute_task(
-                    run, task, spec, disclosure, execution, spent if defer else None
+                    run,
+                    task,
+                    spec,
+                    disclosure,
+                    execution.last_task() if defer else execution,
+                    spent if defer else None,
                 )
                 spent.usage = spent.usage + result.usage
                 results.append(result)
@@ -629,6 +648,7 @@ class Runtime:
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
         await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
+        return status
 
     async def _interrupted(
         self,
@@ -1026,6 +1046,10 @@ class _Execution:
     specs: Sequence[TaskSpec]
     tools: ToolRegistry
     steps: Steps
+
+    def last_task(self) -> _Execution:
+        """The run's last task's: its final model turn ends the execution (``Steps.last_task``)."""
+        return _Execution(self.specs, self.tools, self.steps.last_task())
 
 
 @dataclass(slots=True)

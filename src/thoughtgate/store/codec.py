@@ -221,6 +221,18 @@ def make_event(
 
 
 EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
+
+SEQ_MAX = 2**63 - 1
+"""The largest sequence number both databases store (a signed 64-bit integer)."""
+
+
+def seq_page_end(after: int, want: int) -> int:
+    """The last sequence number of a page of ``want`` events after ``after``: clamped, because
+    a reader may resume from any stored number, up to :data:`SEQ_MAX`, and the bound must still
+    bind as a 64-bit integer."""
+    return min(after + want, SEQ_MAX)
+
+
 """The columns :func:`events_from_rows` reads, in its order."""
 
 

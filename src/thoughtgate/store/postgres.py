@@ -583,14 +583,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 page: tuple[Any, ...] | list[tuple[Any, ...]] | None
                 try:
                     cur = await conn.execute(
-                        _READ_PAGE, (run_id, cursor, cursor + want), binary=True
+                        _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
                     )
                     page = await cur.fetchone()
                     count = 0 if page is None or page[0] is None else len(page[0])
                 except psycopg.errors.ProgramLimitExceeded:
                     # The page's payloads are longer than PostgreSQL's longest value (1 GB):
                     # read its rows.
-                    cur = await conn.execute(_READ, (run_id, cursor, cursor + want), binary=True)
+                    cur = await conn.execute(
+                        _READ, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
+                    )
                     page = await cur.fetchall()
                     count = len(page)
                 if page is None or not count:

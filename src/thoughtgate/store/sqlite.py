@@ -141,7 +141,7 @@ def _fetch_pages(
         page: tuple[Any, ...] | list[tuple[Any, ...]]
         try:
             row: tuple[Any, ...] = conn.execute(
-                _READ_PAGE, (run_id, cursor, cursor + want)
+                _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want))
             ).fetchone()
             count, page = int(row[0]), row
         except sqlite3.DataError as exc:

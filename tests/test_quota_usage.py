@@ -101,10 +101,12 @@ def quota(rng: random.Random) -> Quota:
 
 
 def _rows(runs: list[Run]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows of ``_INSERT_RUN`` and ``_INSERT_SPEC``."""
     run_rows = [
         (
             r.run_id,
             r.status,
+            r.created_at,
             r.created_at,
             r.created_at + 1 if r.closed else None,
             i + 1,  # change_seq is unique
@@ -132,11 +134,6 @@ _INSERT_SPEC = (
     "INSERT INTO run_specs (run_id, spec, key_id, durable, resume, created_at) "
     "VALUES ({p}, '{{}}', {p}, {false}, 'manual', {p})"
 )
-
-
-def _insert_run_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    run_id, status, created_at, closed_at, change = row
-    return (run_id, status, created_at, created_at, closed_at, change)
 
 
 async def _compare(
@@ -172,7 +169,7 @@ async def test_sqlite_reads_the_same_verdicts_as_the_first_rule(tmp_path: Path) 
             with conn:
                 conn.execute("DELETE FROM run_specs")
                 conn.execute("DELETE FROM runs")
-                conn.executemany(_INSERT_RUN.format(p="?"), map(_insert_run_row, run_rows))
+                conn.executemany(_INSERT_RUN.format(p="?"), run_rows)
                 conn.executemany(_INSERT_SPEC.format(p="?", false=0), spec_rows)
 
         async def first(q: Quota) -> tuple[int, list[float]]:
@@ -211,9 +208,7 @@ async def test_postgres_reads_the_same_verdicts_as_the_first_rule(
             await cur.execute("DELETE FROM run_specs")
             await cur.execute("DELETE FROM runs")
             if run_rows:
-                await cur.executemany(
-                    _INSERT_RUN.format(p="%s"), list(map(_insert_run_row, run_rows))
-                )
+                await cur.executemany(_INSERT_RUN.format(p="%s"), run_rows)
             if spec_rows:
                 await cur.executemany(_INSERT_SPEC.format(p="%s", false="false"), spec_rows)
 

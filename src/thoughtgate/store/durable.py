@@ -31,6 +31,7 @@ from thoughtgate.store.records import RunRecord
 __all__ = [
     "Admission",
     "DurableRunStore",
+    "KeyUsage",
     "Quota",
     "ResumeMode",
     "RunQueueRecord",
@@ -99,28 +100,46 @@ BUSY_RETRY_S = 5.0
 """``Retry-After`` when a key has too many open runs: runs end at no predictable time."""
 
 
-def quota_verdict(
-    quota: Quota, open_runs: int, recent_starts: list[float], now: float
-) -> Admission:
-    """The one rule every backend applies, given a key's open runs and its start times within the
-    last ``WINDOW_S`` seconds (oldest first)."""
-    if open_runs >= quota.max_open:
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    """What :func:`quota_verdict` needs to know of a key: a few numbers, so that a database
+    answers with one row however many runs the key started (not every start of the window)."""
+
+    open_runs: int
+    """Runs of the key not yet ended."""
+    pivot: float | None = None
+    """The ``max_per_minute``-th newest start within the window, or ``None`` with fewer starts:
+    the key may start again once this start leaves the window."""
+    starts: int = 0
+    """The starts within the window: the refusal names them, so only counted with a ``pivot``."""
+
+    @classmethod
+    def of_starts(cls, quota: Quota, open_runs: int, recent_starts: Sequence[float]) -> KeyUsage:
+        """The usage of a key whose start times within the window are all at hand (any order)."""
+        if len(recent_starts) < quota.max_per_minute:
+            return cls(open_runs)
+        newest = sorted(recent_starts, reverse=True)
+        return cls(open_runs, newest[quota.max_per_minute - 1], len(recent_starts))
+
+
+def quota_verdict(quota: Quota, usage: KeyUsage, now: float) -> Admission:
+    """The one rule every backend applies to a key's usage."""
+    if usage.open_runs >= quota.max_open:
         return Admission(
             False,
             BUSY_RETRY_S,
-            f"this key already has {open_runs} runs that have not ended (at most "
+            f"this key already has {usage.open_runs} runs that have not ended (at most "
             f"{quota.max_open}); start more when some end",
         )
-    if len(recent_starts) >= quota.max_per_minute:
-        oldest = recent_starts[len(recent_starts) - quota.max_per_minute]
-        wait = max(1.0, oldest + WINDOW_S - now)
+    if usage.pivot is not None:
+        wait = max(1.0, usage.pivot + WINDOW_S - now)
         return Admission(
             False,
             wait,
-            f"this key started {len(recent_starts)} runs in the last minute (at most "
+            f"this key started {usage.starts} runs in the last minute (at most "
             f"{quota.max_per_minute})",
         )
-    return Admission(True, rank=open_runs + 1)
+    return Admission(True, rank=usage.open_runs + 1)
 
 
 class DurableRunStore(abc.ABC):

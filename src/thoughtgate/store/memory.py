@@ -227,8 +227,9 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             if quota is not None:
                 mine = [s for s in self._specs.values() if s.key_id == quota.key_id]
                 open_runs = sum(1 for s in mine if self._is_open(s.run_id))
-                recent = sorted(s.created_at for s in mine if s.created_at > now - durable.WINDOW_S)
-                verdict = durable.quota_verdict(quota, open_runs, recent, now)
+                recent = [s.created_at for s in mine if s.created_at > now - durable.WINDOW_S]
+                usage = durable.KeyUsage.of_starts(quota, open_runs, recent)
+                verdict = durable.quota_verdict(quota, usage, now)
                 if not verdict.admitted:
                     return verdict
             self._runs[run.run_id] = copy.deepcopy(run)

@@ -691,9 +691,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"thoughtgate:{self.schema}:quota:{quota.key_id}",),
                 )
-                verdict = durable.quota_verdict(
-                    quota, *await _key_usage(conn, quota.key_id, now), now
-                )
+                verdict = durable.quota_verdict(quota, await _key_usage(conn, quota, now), now)
                 if not verdict.admitted:
                     return verdict
             await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
@@ -844,22 +842,35 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
 
 async def _key_usage(
-    conn: psycopg.AsyncConnection[Any], key_id: str, now: float
-) -> tuple[int, list[float]]:
-    """A key's open runs and its start times within the quota window (oldest first)."""
+    conn: psycopg.AsyncConnection[Any], quota: durable.Quota, now: float
+) -> durable.KeyUsage:
+    """A key's usage in at most three rows, whatever its history: its open runs (found among the
+    open runs of every key, not among the key's every run: a correlated subquery, so that the
+    planner does not join the other way), the ``max_per_minute``-th newest start of the window
+    (at most that many index entries), and the window's count only when that start exists (the
+    key is refused; the message names it)."""
     cur = await conn.execute(
-        "SELECT count(*) FROM run_specs s JOIN runs r USING (run_id) WHERE s.key_id = %s AND "
-        "r.status IN ('pending', 'running') AND r.closed_at IS NULL",
-        (key_id,),
+        f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
+        "(SELECT s.key_id FROM run_specs s WHERE s.run_id = runs.run_id) = %s",
+        (quota.key_id,),
     )
     open_row = await cur.fetchone()
+    open_runs = int(open_row[0]) if open_row else 0
+    since = now - durable.WINDOW_S
     cur = await conn.execute(
         "SELECT created_at FROM run_specs WHERE key_id = %s AND created_at > %s "
-        "ORDER BY created_at",
-        (key_id, now - durable.WINDOW_S),
+        "ORDER BY created_at DESC LIMIT 1 OFFSET %s",
+        (quota.key_id, since, quota.max_per_minute - 1),
     )
-    recent = [float(r[0]) for r in await cur.fetchall()]
-    return (int(open_row[0]) if open_row else 0), recent
+    pivot = await cur.fetchone()
+    if pivot is None:
+        return durable.KeyUsage(open_runs)
+    cur = await conn.execute(
+        "SELECT count(*) FROM run_specs WHERE key_id = %s AND created_at > %s",
+        (quota.key_id, since),
+    )
+    starts = await cur.fetchone()
+    return durable.KeyUsage(open_runs, float(pivot[0]), int(starts[0]) if starts else 0)
 
 
 class _FetchedAhead:

@@ -678,7 +678,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             now = time.time()
             verdict = durable.Admission(True)
             if quota is not None:
-                verdict = durable.quota_verdict(quota, *_key_usage(conn, quota.key_id, now), now)
+                verdict = durable.quota_verdict(quota, _key_usage(conn, quota, now), now)
                 if not verdict.admitted:
                     return verdict, 0
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
@@ -898,18 +898,30 @@ class _QueuedAppend(QueuedAppend):
             self.future.exception()
 
 
-def _key_usage(conn: sqlite3.Connection, key_id: str, now: float) -> tuple[int, list[float]]:
-    """A key's open runs and its start times within the quota window (oldest first)."""
+def _key_usage(conn: sqlite3.Connection, quota: durable.Quota, now: float) -> durable.KeyUsage:
+    """A key's usage in at most three rows, whatever its history: its open runs (found among the
+    open runs of every key through an index on status, not among the key's every run), the
+    ``max_per_minute``-th newest start of the window (at most that many index entries), and the
+    window's count only when that start exists (the key is refused; the message names it)."""
     open_row = conn.execute(
-        "SELECT count(*) FROM run_specs s JOIN runs r USING (run_id) WHERE s.key_id = ? AND "
-        "r.status IN ('pending', 'running') AND r.closed_at IS NULL",
-        (key_id,),
+        f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
+        "(SELECT s.key_id FROM run_specs s WHERE s.run_id = runs.run_id) = ?",
+        (quota.key_id,),
     ).fetchone()
-    recent = conn.execute(
-        "SELECT created_at FROM run_specs WHERE key_id = ? AND created_at > ? ORDER BY created_at",
-        (key_id, now - durable.WINDOW_S),
-    ).fetchall()
-    return int(open_row[0]), [float(r[0]) for r in recent]
+    open_runs = int(open_row[0])
+    since = now - durable.WINDOW_S
+    pivot = conn.execute(
+        "SELECT created_at FROM run_specs WHERE key_id = ? AND created_at > ? "
+        "ORDER BY created_at DESC LIMIT 1 OFFSET ?",
+        (quota.key_id, since, quota.max_per_minute - 1),
+    ).fetchone()
+    if pivot is None:
+        return durable.KeyUsage(open_runs)
+    starts = conn.execute(
+        "SELECT count(*) FROM run_specs WHERE key_id = ? AND created_at > ?",
+        (quota.key_id, since),
+    ).fetchone()
+    return durable.KeyUsage(open_runs, float(pivot[0]), int(starts[0]))
 
 
 def _prepare_private_file(path: Path) -> None:

@@ -520,8 +520,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         except Exception as exc:  # reported by ``wait``, as ``append`` would raise it
             failed: asyncio.Future[list[Event]] = loop.create_future()
             failed.set_exception(exc)
-            return _QueuedAppend(self, run_id, None, failed)
-        return _QueuedAppend(self, run_id, job, job.future)
+            return _QueuedAppend(self, run_id, None, failed, None)
+        return _QueuedAppend(self, run_id, job, job.future, after)
 
     def _queue_append(
         self, run_id: str, events: Sequence[NewEvent], after: QueuedWrite | None
@@ -866,7 +866,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
 
 class _QueuedAppend(QueuedAppend):
-    __slots__ = ("_observed", "future", "job", "run_id", "store")
+    """The observers see a queued append once it commits, whether or not anyone waits for it:
+    a task whose provider never answers still has its ``task.started`` traced, and a run closed
+    at shutdown is observed whole. Each append's observation follows the one it was queued
+    behind, so observers see a run's batches in the log's order."""
+
+    __slots__ = ("_observing", "_previous", "future", "job", "run_id", "store")
 
     def __init__(
         self,
@@ -874,18 +879,35 @@ class _QueuedAppend(QueuedAppend):
         run_id: str,
         job: QueuedWrite | None,
         future: asyncio.Future[list[Event]],
+        after: _QueuedAppend | None,
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.job = job
         self.future = future
-        self._observed = False
+        self._previous = after
+        self._observing: asyncio.Future[None] | None = None
+        future.add_done_callback(self._committed)
+
+    def _committed(self, future: asyncio.Future[list[Event]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._observe(future.result())
+
+    def _observe(self, events: list[Event]) -> asyncio.Future[None]:
+        if self._observing is None:
+            self._observing = asyncio.ensure_future(self._observed(events))
+        return self._observing
+
+    async def _observed(self, events: list[Event]) -> None:
+        previous = self._previous
+        self._previous = None  # a chain of queued appends is not kept alive by its tail
+        if previous is not None and previous._observing is not None:
+            await asyncio.shield(previous._observing)
+        await self.store.wakeups.observed(self.run_id, events)
 
     async def wait(self) -> list[Event]:
         out = await self.future
-        if not self._observed:
-            self._observed = True
-            await self.store.wakeups.observed(self.run_id, out)
+        await asyncio.shield(self._observe(out))
         return out
 
     def done(self) -> bool:

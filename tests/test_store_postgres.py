@@ -22,6 +22,8 @@ from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,
+    a_run_of_tool_failures,
+    assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
     deltas,
@@ -35,7 +37,7 @@ from thoughtgate.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
-from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
+from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
@@ -603,24 +605,8 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
     """Rows written before the current vocabulary (``v`` 0: camelCase tool keys) come back
     upgraded whether their page is all old (read as columns) or mixed (read row by row)."""
     async with opened(pg_schema) as store:
-        run = make_run()
-        await store.create_run(run)
-        failed = [
-            NewEvent(EventType.TOOL_FAILED, {"callId": f"c{i}", "error": "boom"}, ts=1.5 + i)
-            for i in range(600)
-        ]
-        await store.append(run.run_id, [*failed, NewEvent(EventType.RUN_ERROR)])
+        run_id = await a_run_of_tool_failures(store)
         await pg_admin.execute(
             sql.SQL("UPDATE {} SET v = 0 WHERE seq <= 300").format(ident(pg_schema, "events"))
         )
-        for got in (
-            await store.read(run.run_id),
-            await collect(store.tail(run.run_id)),
-            await collect(store.tail(run.run_id, batch=100)),
-        ):
-            assert [e.seq for e in got] == list(range(1, 602))
-            assert all(e.v == EVENT_VERSION for e in got)
-            assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
-            assert not any("callId" in e.payload for e in got[:300])
-            assert all("callId" in e.payload for e in got[300:600])  # already current: as is
-            assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
+        await assert_old_rows_replay_upgraded(store, run_id)

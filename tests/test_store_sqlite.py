@@ -23,6 +23,8 @@ from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,
+    a_run_of_tool_failures,
+    assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
     deltas,
@@ -37,7 +39,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     UsageError,
 )
-from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
+from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
@@ -735,26 +737,10 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
     path = tmp_path / "old.db"
     store = await SQLiteStore.open(path)
     try:
-        run = make_run()
-        await store.create_run(run)
-        failed = [
-            NewEvent(EventType.TOOL_FAILED, {"callId": f"c{i}", "error": "boom"}, ts=1.5 + i)
-            for i in range(600)
-        ]
-        await store.append(run.run_id, [*failed, NewEvent(EventType.RUN_ERROR)])
+        run_id = await a_run_of_tool_failures(store)
         with contextlib.closing(sqlite3.connect(path)) as conn, conn:
             conn.execute("UPDATE events SET v = 0 WHERE seq <= 300")
-        for got in (
-            await store.read(run.run_id),
-            await collect(store.tail(run.run_id)),
-            await collect(store.tail(run.run_id, batch=100)),
-        ):
-            assert [e.seq for e in got] == list(range(1, 602))
-            assert all(e.v == EVENT_VERSION for e in got)
-            assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
-            assert not any("callId" in e.payload for e in got[:300])
-            assert all("callId" in e.payload for e in got[300:600])  # already current: as is
-            assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
+        await assert_old_rows_replay_upgraded(store, run_id)
     finally:
         await store.close()
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
-from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
@@ -75,6 +75,36 @@ async def collect(it: AsyncIterator[Event], *, within: float = 10.0) -> list[Eve
 
     await asyncio.wait_for(drain(), within)
     return out
+
+
+async def a_run_of_tool_failures(store: EventStore) -> str:
+    """A run of 600 tool failures (camelCase ``callId``, as the old vocabulary wrote them, which
+    the current one stores as is) and its end; a test then marks its first 300 rows as the old
+    vocabulary (``v`` 0) in its database, for :func:`assert_old_rows_replay_upgraded`."""
+    run = make_run()
+    await store.create_run(run)
+    failed = [
+        NewEvent(EventType.TOOL_FAILED, {"callId": f"c{i}", "error": "boom"}, ts=1.5 + i)
+        for i in range(600)
+    ]
+    await store.append(run.run_id, [*failed, NewEvent(EventType.RUN_ERROR)])
+    return run.run_id
+
+
+async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> None:
+    """Rows of the old vocabulary come back upgraded whether their page is all old (read as
+    columns) or mixed (read row by row), by every read: whole, tailed, in small batches."""
+    for got in (
+        await store.read(run_id),
+        await collect(store.tail(run_id)),
+        await collect(store.tail(run_id, batch=100)),
+    ):
+        assert [e.seq for e in got] == list(range(1, 602))
+        assert all(e.v == EVENT_VERSION for e in got)
+        assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
+        assert not any("callId" in e.payload for e in got[:300])
+        assert all("callId" in e.payload for e in got[300:600])  # already current: as is
+        assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
 
 
 def assert_same_events(got: list[Event], expected: list[Event]) -> None:

@@ -68,28 +68,34 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
-    page = await prefetched(request)
+    page = prefetched(request)
     first_page = page if isinstance(page, FirstPage) else None
     if first_page is not None and (after != 0 or finished):
         # Read before the run's status: only a stream that follows on may start from it (the
         # feed brings what was stored after it); a finished run's replay reads for itself.
         first_page.close()
         first_page = None
+    if first_page is not None:
+        try:
+            await first_page.ready()
+        except Exception:  # the reader reads for itself, and meets the error there
+            first_page = None
     # a finished run ends after its last stored event, whatever it is
     return _live(
         state, run_id, mode, principal, after=after, follow=not finished, first_page=first_page
     )
 
 
-async def _first_page(request: Request) -> FirstPage | None:
+def _first_page(request: Request) -> FirstPage | None:
     """A first connection's first read (``Endpoint.prefetch``): the run's events from the
-    start, read while the ticket's key is checked. A resume reads for itself."""
+    start, read while the ticket's key is checked (queued right behind it). A resume reads
+    for itself."""
     feeds = state_of(request).feeds
     if feeds is None or "last_event_id" in request.query_params:
         return None
     if "last-event-id" in request.headers:
         return None
-    return await feeds.first_page(request.path_params["run_id"], 0)
+    return feeds.start_first_page(request.path_params["run_id"], 0)
 
 
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:

@@ -455,9 +455,22 @@ class FirstPage:
         """The page and the caught events that continue it without a gap, and whether that
         is all the store held when the page was read (a full page: more is to be read)."""
         self._stop_catching()
+        out = self._continued(after)
+        self._caught = []
+        return (self.page, False) if out is None else (out, True)
+
+    def ends_run(self) -> bool:
+        """Whether the page (read after ``read_soon``'s ``after``) and the events caught since
+        reach the run's terminal event without a gap: the run has ended, and a reader that
+        takes this page has all of it."""
+        out = self._continued(self._after)
+        return out is not None and any(is_run_terminal(e.type) for e in out)
+
+    def _continued(self, after: int) -> list[Event] | None:
+        """``take``'s events, without taking them; ``None`` for a full page."""
         page = self.page
         if len(page) >= _PAGE:
-            return page, False
+            return None
         out = list(page)
         cursor = page[-1].seq if page else after
         for event in self._caught:
@@ -467,8 +480,7 @@ class FirstPage:
                 break  # a gap: the feed reads it
             out.append(event)
             cursor = event.seq
-        self._caught = []
-        return out, True
+        return out
 
 
 class RunFeeds:

@@ -11,7 +11,9 @@ Durability and ordering:
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
   ``poll_interval`` (an indexed range read that returns nothing when nothing is new).
 
-Threads: one dedicated thread and connection for writes, one for reads (see ``sqlite_thread``).
+Threads: one dedicated thread and connection for writes, one for reads (see ``sqlite_thread``),
+and one for the API-key lookups every request makes, so that authenticating a request never
+queues behind the event-page reads of the live streams (ADR 0028, amendment of 2026-12-02).
 """
 
 from __future__ import annotations
@@ -297,11 +299,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     promotes a page to an older generation) per page; 500 cost about a tenth more CPU. Per
     page costs little here (no server round trip)."""
 
-    def __init__(self, path: Path, writer: SQLiteThread, reader: SQLiteThread) -> None:
+    def __init__(
+        self, path: Path, writer: SQLiteThread, reader: SQLiteThread, lookups: SQLiteThread
+    ) -> None:
         super().__init__()
         self.path = path
         self._writer = writer
         self._reader = reader
+        self._lookups = lookups
+        """Point lookups of API keys, on a connection of their own: at 100 live runs the reader
+        thread has ~30 page and feed reads queued, and every request's key check waited behind
+        them. WAL lets the two connections read at once; each lookup is still a fresh read of
+        the committed state (no cache: a key revoked by a committed write is refused next)."""
         self._memory_secrets: dict[str, str] = {}
 
     @classmethod
@@ -332,22 +341,28 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         await writer.start(open_writer, "open the store")
         if in_memory:  # a second connection would see a different, empty database
-            return cls(target, writer, writer)
-        reader = SQLiteThread("thoughtgate-sqlite-reader", target, busy_timeout=busy_timeout)
+            return cls(target, writer, writer, writer)
 
         def open_reader() -> sqlite3.Connection:
             conn = connect(target, busy_timeout=busy_timeout, immutable=immutable)
             conn.execute("PRAGMA query_only = ON")
             return conn
 
+        started = [writer]
         try:
+            reader = SQLiteThread("thoughtgate-sqlite-reader", target, busy_timeout=busy_timeout)
             await reader.start(open_reader, "open the store for reading")
+            started.append(reader)
+            lookups = SQLiteThread("thoughtgate-sqlite-lookups", target, busy_timeout=busy_timeout)
+            await lookups.start(open_reader, "open the store for key lookups")
         except BaseException:
-            await writer.close()
+            for thread in reversed(started):
+                await thread.close()
             raise
-        return cls(target, writer, reader)
+        return cls(target, writer, reader, lookups)
 
     async def close(self) -> None:
+        await self._lookups.close()
         await self._reader.close()
         await self._writer.close()
 
@@ -813,7 +828,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             row = conn.execute(f"{_KEY_SELECT} WHERE key_id = ?", (key_id,)).fetchone()
             return None if row is None else codec.key_from_row(row)
 
-        return await self._reader.call("look up an API key", work)
+        return await self._lookups.call("look up an API key", work)
 
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
@@ -822,7 +837,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             ).fetchone()
             return None if row is None else codec.key_from_row(row)
 
-        return await self._reader.call("look up an API key", work)
+        return await self._lookups.call("look up an API key", work)
 
     async def revoke_api_key(self, key_id: str) -> bool:
         def body(conn: sqlite3.Connection) -> bool:

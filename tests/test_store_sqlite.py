@@ -903,10 +903,6 @@ async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) ->
     store = await SQLiteStore.open(tmp_path / "threads.db")
     await store.find_api_key("nothing")
     started = sqlite_threads() - before
-    assert {t.name for t in started} == {
-        "thoughtgate-sqlite-writer",
-        "thoughtgate-sqlite-reader",
-        "thoughtgate-sqlite-lookups",
-    }
+    assert {t.name for t in started} == {"thoughtgate-sqlite-writer", "thoughtgate-sqlite-reader"}
     await store.close()
     assert not any(t.is_alive() for t in started)

@@ -895,6 +895,49 @@ async def test_a_key_revoked_elsewhere_is_refused_on_the_next_lookup(tmp_path: P
         await daemon.close()
 
 
+class _RaisingConnection:
+    """Stands in for the loop's lookup connection: every statement fails with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def execute(self, *_: object) -> None:
+        exc = sqlite3.OperationalError(f"sqlite error {self.code}")
+        exc.sqlite_errorcode = self.code
+        raise exc
+
+
+async def test_a_key_lookup_meeting_a_lock_is_answered_by_the_reader(tmp_path: Path) -> None:
+    """The loop's connection never waits for a lock (it would hold every request): a lookup
+    that finds the database busy is answered, fresh, by the reader thread instead."""
+    store = await SQLiteStore.open(tmp_path / "keys.db")
+    real = store._lookups
+    try:
+        await store.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+        store._lookups = _RaisingConnection(5)  # type: ignore[assignment]  # SQLITE_BUSY
+        found = await store.find_api_key("hash-1")
+        assert found is not None and found.key_id == "key_1"
+        await store.revoke_api_key("key_1")
+        assert await store.find_api_key("hash-1") is None
+    finally:
+        store._lookups = real
+        await store.close()
+
+
+async def test_a_failing_key_lookup_refuses_rather_than_guesses(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "keys.db")
+    real = store._lookups
+    try:
+        store._lookups = _RaisingConnection(11)  # type: ignore[assignment]  # SQLITE_CORRUPT
+        with pytest.raises(StoreError, match="corrupt"):
+            await store.find_api_key("hash-1")
+        with pytest.raises(StoreError, match="corrupt"):
+            await store.get_api_key("key_1")
+    finally:
+        store._lookups = real
+        await store.close()
+
+
 async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) -> None:
     def sqlite_threads() -> set[threading.Thread]:
         return {t for t in threading.enumerate() if t.name.startswith("thoughtgate-sqlite")}
@@ -904,5 +947,10 @@ async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) ->
     await store.find_api_key("nothing")
     started = sqlite_threads() - before
     assert {t.name for t in started} == {"thoughtgate-sqlite-writer", "thoughtgate-sqlite-reader"}
+    lookups = store._lookups
     await store.close()
     assert not any(t.is_alive() for t in started)
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):  # no connection left open
+        lookups.execute("SELECT 1")  # type: ignore[union-attr]
+    with pytest.raises(StoreError, match="closed"):
+        await store.find_api_key("nothing")

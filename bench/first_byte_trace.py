@@ -6,10 +6,11 @@ that process only, never in the shipped code) the hops the first reasoning delta
 * the requests: ``arrived`` (uvicorn parsed the request's headers), ``app`` (the ASGI app got it),
   ``head`` (the response's start was sent), for ``create``, ``ticket`` and ``stream``;
 * the delta: ``emit`` (the recorder got it from the agent loop), ``settled`` (the ``task.started``
-  commit it waits for has resolved), ``append`` (the store's append began), ``committed`` (the
-  writer thread's commit returned), ``handed`` (the loop ran the thread's hand-off),
-  ``published`` (the store handed it to the run's listeners), ``written`` (its chunk reached the
-  socket's transport, directly or through the response's ``send``);
+  commit it waits for has resolved), ``append`` (the store's append began), ``commit_began`` and
+  ``committed`` (the writer thread's commit of the group holding it began, returned), ``handed``
+  (the loop ran the thread's hand-off), ``published`` (the store handed it to the run's
+  listeners), ``written`` (its chunk reached the socket's transport, directly or through the
+  response's ``send``);
 * for the real adapters, the provider path before ``emit``: ``sent`` (the emulator's send stamp
   carried in the delta's text), ``arrived_p`` (the daemon's provider connection got the bytes,
   ``netio``'s ``data_received``), ``read_p`` (the network read returned them to the body reader),
@@ -39,6 +40,7 @@ __all__ = ["client_stamp", "dump_client", "install", "report"]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+_STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})")
 _STAMP_BYTES = re.compile(rb"T(\d\d\.\d{4})")
 _stamps: dict[str, dict[str, float]] = defaultdict(dict)
 _by_stamp: dict[str, dict[str, float]] = defaultdict(dict)
@@ -66,9 +68,6 @@ def _note_stamp(data: bytes | str, what: str) -> None:
     if key is not None:
         with _lock:
             _by_stamp[key].setdefault(what, time.monotonic())
-
-
-_STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})")
 
 
 def _install_provider_hops() -> None:
@@ -279,11 +278,13 @@ def install(directory: str) -> None:
     commit_group = sqlite_thread.SQLiteThread._commit_group
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
+        began = time.monotonic()
         out = commit_group(self, jobs)
         now = time.monotonic()
         for job in jobs:
             run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
             if run_id is not None:
+                _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
                 _note(run_id, "group", float(len(jobs)))
         return out

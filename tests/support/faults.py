@@ -419,6 +419,9 @@ class FailingStore(EventStore):
     async def list_api_keys(self) -> list[ApiKeyRecord]:
         return await self.inner.list_api_keys()
 
+    async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        return await self.inner.get_api_key(key_id)
+
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         return await self.inner.find_api_key(key_hash)
 

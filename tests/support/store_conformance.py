@@ -831,6 +831,15 @@ class KeyStoreConformance:
         assert await store.revoke_api_key("nobody") is False
         assert await store.find_api_key("hash-1") == k1
 
+        # by exact id, revoked or not (a ticket's key check tells "revoked" from "unknown")
+        assert await store.get_api_key("key_1") == k1
+        assert await store.get_api_key("key_4") == k4
+        revoked = await store.get_api_key("key_2")
+        assert revoked is not None and revoked.revoked_at is not None
+        assert await store.get_api_key("ops") is None  # never by name
+        assert await store.get_api_key("hash-1") is None  # nor by hash
+        assert await store.get_api_key("nobody") is None
+
         listed = {k.key_id: k for k in await store.list_api_keys()}
         assert listed["key_1"].revoked_at is None
         assert listed["key_2"].revoked_at is not None

@@ -188,7 +188,6 @@ def key_access_problem(key: ApiKeyRecord | None, role: Role) -> TicketError | No
 
 async def require_ticket_key(store: KeyStore, grant: Ticket) -> None:
     """Refuse a ticket whose key was revoked or no longer holds the ticket's role."""
-    key = next((k for k in await store.list_api_keys() if k.key_id == grant.key_id), None)
-    problem = key_access_problem(key, grant.role)
+    problem = key_access_problem(await store.get_api_key(grant.key_id), grant.role)
     if problem is not None:
         raise problem

@@ -8,12 +8,11 @@ declarations, so the two cannot drift apart.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -33,6 +32,7 @@ __all__ = [
     "Auth",
     "Endpoint",
     "Handler",
+    "Prefetch",
     "QueryParam",
     "parse_body",
     "query_int",
@@ -47,6 +47,16 @@ MAX_JSON_DEPTH = 64
 """Objects and arrays nested deeper than this are refused (no request body needs more)."""
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "１２", "1_000" and " 7 "
 Auth = Literal["bearer", "ticket", "none"]
+
+
+@runtime_checkable
+class Prefetch(Protocol):
+    """A read an endpoint's ``prefetch`` queued (e.g. a live stream's ``FirstPage``)."""
+
+    def close(self) -> None:
+        """Drop it: the request was refused, or the handler has no use for it."""
+
+
 Handler = Callable[[Request, Principal | None], Awaitable[Response]]
 
 
@@ -82,10 +92,12 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     media_type: str = "application/json"
     description: str = ""
-    prefetch: Callable[[Request], Awaitable[object]] | None = None
-    """With ``auth="ticket"``: a read started as soon as the ticket's signature is verified,
-    alongside the check of its key, so that the two wait for the store together (ADR 0028);
-    the handler takes its result with ``prefetched``. Nothing is sent before both are done."""
+    prefetch: Callable[[Request], Prefetch | None] | None = None
+    """With ``auth="ticket"``: called as soon as the ticket's signature is verified, just
+    before its key check reaches the store; it queues a read for the loop's next step (not
+    this one: the key check goes first, and a refused request waits for nothing it read),
+    which the store answers alongside the key check (ADR 0028, amended). The handler takes it
+    with ``prefetched``; nothing is sent before the key check passed."""
 
     @property
     def operation_id(self) -> str:
@@ -125,18 +137,14 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
         signer = await state.signer()
         # A route without a run in its path is the run list's (``GET /v1/runs/stream``).
         grant = signer.verify(request.query_params.get("ticket"), request.path_params.get("run_id"))
-        early = None
         if endpoint.prefetch is not None:  # the signature holds: read alongside the key check
-            early = asyncio.ensure_future(endpoint.prefetch(request))
-            request.scope[_PREFETCHED] = early
+            early = endpoint.prefetch(request)
+            if early is not None:
+                request.scope[_PREFETCHED] = early
         try:
             await require_ticket_key(state.store, grant)
         except BaseException:
-            if early is not None:
-                early.cancel()
-                await asyncio.wait([early])
-                if not early.cancelled():
-                    early.exception()  # moot: the request is refused
+            _drop_prefetched(request)  # moot: the request is refused
             raise
         return Principal(grant.key_id, "ticket", grant.role)
     return None
@@ -148,27 +156,16 @@ _PREFETCHED = "thoughtgate.prefetched"
 def _drop_prefetched(request: Request) -> None:
     """A prefetch the handler did not take: stopped, its outcome moot."""
     early = request.scope.pop(_PREFETCHED, None)
-    if early is None:
-        return
-    if not early.done():
-        early.cancel()
-    elif not early.cancelled() and early.exception() is None:
-        close = getattr(early.result(), "close", None)
-        if close is not None:  # e.g. a live stream's first page, still catching events
-            close()
+    if early is not None:
+        early.close()
 
 
-async def prefetched(request: Request) -> object | None:
-    """What the endpoint's ``prefetch`` read, or ``None`` (none, or it failed: the handler then
-    reads for itself and meets the error there)."""
+def prefetched(request: Request) -> Prefetch | None:
+    """What the endpoint's ``prefetch`` queued, or ``None``; the handler owns it from here
+    (it closes it if it does not use it)."""
     early = request.scope.pop(_PREFETCHED, None)
-    if early is None:
-        return None
-    try:
-        value: object = await early
-    except Exception:
-        return None
-    return value
+    assert early is None or isinstance(early, Prefetch)
+    return early
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

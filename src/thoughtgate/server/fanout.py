@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from thoughtgate.access.filter import filter_event
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
-from thoughtgate.store.log import EventLog
+from thoughtgate.store.log import EventLog, PageAhead
 
 __all__ = ["FirstPage", "LiveReader", "RunFeeds", "replay"]
 
@@ -35,6 +35,8 @@ _PAGE = 500
 _CACHE_ENTRIES = 4096
 _CACHE_MAX_FRAME = 64 * 1024
 """Frames above this size (a long ``agent.response``) are encoded per reader, not kept."""
+_dropping: set[asyncio.Future[None]] = set()
+"""Reads of first pages nobody took, being abandoned (held until they end)."""
 
 
 async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
@@ -384,6 +386,38 @@ class FirstPage:
         self.page: list[Event] = []
         self._caught: list[Event] = []
         self._unlisten: Callable[[], None] | None = store.wakeups.listen(run_id, self)
+        self._store = store
+        self._run_id = run_id
+        self._after = 0
+        self._queued: asyncio.Handle | None = None
+        self._ahead: PageAhead | None = None
+
+    def read_soon(self, after: int) -> None:
+        """Queue the page's read in the loop's next step, not in this one: a read the caller
+        queues now (a ticket's key check) goes to the store first (ADR 0028, amended). No task
+        runs it, so the caller that takes the page (``ready``) resumes one loop turn after the
+        store answers, not two (the task's end, then the caller)."""
+        self._after = after
+        self._queued = asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        self._queued = None
+        self._ahead = self._store.read_ahead(self._run_id, after=self._after, limit=_PAGE)
+
+    async def ready(self) -> None:
+        """Wait for the read queued by ``read_soon`` and keep its page; its error is raised
+        (and this page closed)."""
+        if self._queued is not None:  # the loop has not turned yet: queue it now, then
+            self._queued.cancel()
+            self._start()
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            raise RuntimeError("this first page was closed, or taken already")
+        try:
+            self.page = await ahead
+        except BaseException:
+            self.close()
+            raise
 
     # -- RunListener ---------------------------------------------------------------------------
     def published(self, events: Sequence[Event]) -> None:
@@ -391,28 +425,52 @@ class FirstPage:
             return
         if len(self._caught) + len(events) > _PAGE:  # too much: the reader reads for itself
             self._caught.clear()
-            self.close()
+            self._stop_catching()
             return
         self._caught.extend(events)
         if any(is_run_terminal(e.type) for e in events):
-            self.close()  # nothing follows; and a first page nobody takes is let go at the end
+            self._stop_catching()  # nothing follows; a first page nobody takes is let go at the end
 
     def notified(self, last_seq: int | None) -> None:
         """Another process appended: the feed the reader joins reads it."""
 
-    def close(self) -> None:
-        """Stop catching events (idempotent)."""
+    def _stop_catching(self) -> None:
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
 
+    def close(self) -> None:
+        """Stop catching events, and drop the read if nobody took it (idempotent)."""
+        self._stop_catching()
+        if self._queued is not None:
+            self._queued.cancel()
+            self._queued = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # its outcome is moot; taken so that asyncio logs no error
+            dropping = asyncio.ensure_future(ahead.abandon())
+            _dropping.add(dropping)
+            dropping.add_done_callback(_dropping.discard)
+
     def take(self, after: int) -> tuple[list[Event], bool]:
         """The page and the caught events that continue it without a gap, and whether that
         is all the store held when the page was read (a full page: more is to be read)."""
-        self.close()
+        self._stop_catching()
+        out = self._continued(after)
+        self._caught = []
+        return (self.page, False) if out is None else (out, True)
+
+    def ends_run(self) -> bool:
+        """Whether the page (read after ``read_soon``'s ``after``) and the events caught since
+        reach the run's terminal event without a gap: the run has ended, and a reader that
+        takes this page has all of it."""
+        out = self._continued(self._after)
+        return out is not None and any(is_run_terminal(e.type) for e in out)
+
+    def _continued(self, after: int) -> list[Event] | None:
+        """``take``'s events, without taking them; ``None`` for a full page."""
         page = self.page
         if len(page) >= _PAGE:
-            return page, False
+            return None
         out = list(page)
         cursor = page[-1].seq if page else after
         for event in self._caught:
@@ -422,8 +480,7 @@ class FirstPage:
                 break  # a gap: the feed reads it
             out.append(event)
             cursor = event.seq
-        self._caught = []
-        return out, True
+        return out
 
 
 class RunFeeds:
@@ -462,12 +519,15 @@ class RunFeeds:
         """The first read a reader of ``run_id`` after ``after`` makes, for a caller that starts
         it early (``reader(first_page=...)``), with what this process publishes meanwhile;
         ``close`` it if no reader takes it."""
+        first = self.start_first_page(run_id, after)
+        await first.ready()
+        return first
+
+    def start_first_page(self, run_id: str, after: int) -> FirstPage:
+        """``first_page`` without waiting: its read is queued in the loop's next step (see
+        ``FirstPage.read_soon``), and ``ready`` waits for it."""
         first = FirstPage(self.store, run_id)
-        try:
-            first.page = await self.store.read(run_id, after=after, limit=_PAGE)
-        except BaseException:
-            first.close()
-            raise
+        first.read_soon(after)
         return first
 
     async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:

@@ -36,6 +36,10 @@ __all__ = ["SHUTDOWN_REASON", "RunManager"]
 
 log = logging.getLogger("thoughtgate.server")
 
+_ENDED = 4096
+"""Runs whose mode ``RunManager.executed_mode`` remembers after their task here is over: the
+streams and tickets that come for a run right after it ended find it without a read."""
+
 SHUTDOWN_REASON = "the daemon shut down before it finished"
 
 
@@ -53,6 +57,9 @@ class RunManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._modes: dict[str, str] = {}
         """``chain_of_thought`` of each run in ``_tasks`` (see ``executing_mode``)."""
+        self._ended: dict[str, str] = {}
+        """``chain_of_thought`` of the last ``_ENDED`` runs whose task here is over (see
+        ``executed_mode``), oldest first."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -159,11 +166,25 @@ class RunManager:
         """
         return self._modes.get(run_id)
 
+    def executed_mode(self, run_id: str) -> str | None:
+        """The ``chain_of_thought`` mode of one of the last runs this daemon executed (its task
+        here is over), else ``None``.
+
+        A run's mode is fixed at admission and a run is never deleted, so this never goes
+        stale; what it does not say is whether the run has ended (a run left open at shutdown
+        has not): a live stream learns that from the run's terminal event (ADR 0028, amended).
+        """
+        return self._ended.get(run_id)
+
     def _forget(self, task: asyncio.Task[None]) -> None:
         for run_id, known in list(self._tasks.items()):
             if known is task:
                 del self._tasks[run_id]
-                self._modes.pop(run_id, None)
+                mode = self._modes.pop(run_id, None)
+                if mode is not None:
+                    self._ended[run_id] = mode
+                    if len(self._ended) > _ENDED:
+                        del self._ended[next(iter(self._ended))]
 
     async def _execute(self, run_id: str) -> None:
         try:

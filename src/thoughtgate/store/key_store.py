@@ -25,6 +25,11 @@ class KeyStore(abc.ABC):
         """Every key, revoked ones too, oldest first."""
 
     @abc.abstractmethod
+    async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with exactly this id, revoked or not: a ticket's redemption checks its key
+        on every request, so it reads one row by the primary key, not every key."""
+
+    @abc.abstractmethod
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         """The active (not revoked) key with this hash, if any."""
 

@@ -310,6 +310,10 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def list_api_keys(self) -> list[ApiKeyRecord]:
         return sorted((copy.deepcopy(k) for k in self._keys.values()), key=lambda k: k.created_at)
 
+    async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        key = self._keys.get(key_id)
+        return None if key is None else copy.deepcopy(key)
+
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         for key in self._keys.values():
             if key.key_hash == key_hash and key.revoked_at is None:

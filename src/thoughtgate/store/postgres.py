@@ -808,6 +808,12 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             cur = await conn.execute(f"{_KEY_SELECT} ORDER BY created_at, insert_order")
             return [codec.key_from_row(r) for r in await cur.fetchall()]
 
+    async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        async with self._conn("look up an API key") as conn:
+            cur = await conn.execute(f"{_KEY_SELECT} WHERE key_id = %s", (key_id,))
+            row = await cur.fetchone()
+        return None if row is None else codec.key_from_row(row)
+
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         async with self._conn("look up an API key") as conn:
             cur = await conn.execute(

@@ -808,6 +808,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call("list API keys", work)
 
+    async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
+            row = conn.execute(f"{_KEY_SELECT} WHERE key_id = ?", (key_id,)).fetchone()
+            return None if row is None else codec.key_from_row(row)
+
+        return await self._reader.call("look up an API key", work)
+
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
         def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
             row = conn.execute(

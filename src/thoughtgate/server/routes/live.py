@@ -15,7 +15,14 @@ from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.api import Endpoint, QueryParam, parse_body, prefetched, query_int
+from thoughtgate.server.api import (
+    Endpoint,
+    Prefetch,
+    QueryParam,
+    parse_body,
+    prefetched,
+    query_int,
+)
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.fanout import FirstPage
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
@@ -32,8 +39,9 @@ async def create_ticket(request: Request, principal: Principal | None) -> Respon
     assert principal is not None
     body = await parse_body(request, TicketBody)
     state = state_of(request)
-    if body.run_id is not None and state.manager.executing_mode(body.run_id) is None:
-        await state.store.get_run(body.run_id)  # 404 for an unknown run
+    run_id = body.run_id
+    if run_id is not None and not _ran_here(state, run_id):
+        await state.store.get_run(run_id)  # 404 for an unknown run
     signer = await state.signer()
     ticket, expires_at = signer.issue(body.run_id, principal.role, key_id=principal.key_id)
     where = "/v1/runs" if body.run_id is None else f"/v1/runs/{quote(body.run_id)}"
@@ -49,6 +57,13 @@ async def create_ticket(request: Request, principal: Principal | None) -> Respon
     )
 
 
+def _ran_here(state: ServerState, run_id: str) -> bool:
+    """Whether this daemon is executing the run or executed it lately: then it exists (a run
+    is never deleted), and a ticket for it needs no read (ADR 0028 and its amendment)."""
+    manager = state.manager
+    return manager.executing_mode(run_id) is not None or manager.executed_mode(run_id) is not None
+
+
 async def stream_run(request: Request, principal: Principal | None) -> Response:
     assert principal is not None  # verified from the ticket by the endpoint wrapper
     state = state_of(request)
@@ -60,36 +75,71 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         query_int(request, "Last-Event-ID", 0, minimum=0, header="last-event-id", query=False),
     )
     mode = state.manager.executing_mode(run_id)
+    finished = False  # executing here: it exists and has not ended (ADR 0028), no read needed
+    whole: FirstPage | None = None
+    ended = state.manager.executed_mode(run_id) if mode is None and after == 0 else None
+    if ended is not None:
+        # Executed here (so it exists, and its mode is known) and over: if the first page
+        # reaches the terminal event, the run has ended and that page is all of it.
+        whole = await _ready(prefetched(request))
+        if whole is not None and whole.ends_run():
+            mode, finished = ended, True
+        elif whole is not None:
+            whole.close()
+            whole = None
     if mode is None:  # not a run this daemon executes now: what the store says of it
         run = await state.store.get_run(run_id)
         finished, mode = run.status in TERMINAL_RUN_STATUSES, run.chain_of_thought
-    else:  # executing here: it exists and has not ended (ADR 0028), no read needed
-        finished = False
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
-    page = await prefetched(request)
-    first_page = page if isinstance(page, FirstPage) else None
-    if first_page is not None and (after != 0 or finished):
-        # Read before the run's status: only a stream that follows on may start from it (the
-        # feed brings what was stored after it); a finished run's replay reads for itself.
-        first_page.close()
-        first_page = None
+    first_page = whole
+    if first_page is None:
+        first_page = _first_page_of(prefetched(request))
+        if first_page is not None and (after != 0 or finished):
+            # Read before the run's status: only a stream that follows on may start from it
+            # (the feed brings what was stored after it); a finished run's replay reads for
+            # itself, unless the page was seen to hold the run's end (above).
+            first_page.close()
+            first_page = None
+        first_page = await _ready(first_page)
     # a finished run ends after its last stored event, whatever it is
     return _live(
         state, run_id, mode, principal, after=after, follow=not finished, first_page=first_page
     )
 
 
-async def _first_page(request: Request) -> FirstPage | None:
+def _first_page(request: Request) -> FirstPage | None:
     """A first connection's first read (``Endpoint.prefetch``): the run's events from the
-    start, read while the ticket's key is checked. A resume reads for itself."""
+    start, read while the ticket's key is checked (queued right behind it). A resume reads
+    for itself."""
     feeds = state_of(request).feeds
     if feeds is None or "last_event_id" in request.query_params:
         return None
     if "last-event-id" in request.headers:
         return None
-    return await feeds.first_page(request.path_params["run_id"], 0)
+    return feeds.start_first_page(request.path_params["run_id"], 0)
+
+
+def _first_page_of(page: Prefetch | None) -> FirstPage | None:
+    if isinstance(page, FirstPage):
+        return page
+    if page is not None:
+        page.close()
+    return None
+
+
+async def _ready(page: Prefetch | None) -> FirstPage | None:
+    """A prefetched first page once read, or ``None`` (there is none, or its read failed: the
+    reader then reads for itself, and meets the error there)."""
+    first = _first_page_of(page)
+    if first is None:
+        return None
+    try:
+        await first.ready()
+    except Exception:
+        return None
+    return first
 
 
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:

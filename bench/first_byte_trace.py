@@ -6,10 +6,16 @@ that process only, never in the shipped code) the hops the first reasoning delta
 * the requests: ``arrived`` (uvicorn parsed the request's headers), ``app`` (the ASGI app got it),
   ``head`` (the response's start was sent), for ``create``, ``ticket`` and ``stream``;
 * the delta: ``emit`` (the recorder got it from the agent loop), ``settled`` (the ``task.started``
-  commit it waits for has resolved), ``append`` (the store's append began), ``committed`` (the
-  writer thread's commit returned), ``handed`` (the loop ran the thread's hand-off),
-  ``published`` (the store handed it to the run's listeners), ``written`` (its chunk reached the
-  socket's transport, directly or through the response's ``send``);
+  commit it waits for has resolved), ``append`` (the store's append began), ``commit_began`` and
+  ``committed`` (the writer thread's commit of the group holding it began, returned), ``handed``
+  (the loop ran the thread's hand-off), ``published`` (the store handed it to the run's
+  listeners), ``written`` (its chunk reached the socket's transport, directly or through the
+  response's ``send``);
+* for the real adapters, the provider path before ``emit``: ``sent`` (the emulator's send stamp
+  carried in the delta's text), ``arrived_p`` (the daemon's provider connection got the bytes,
+  ``netio``'s ``data_received``), ``read_p`` (the network read returned them to the body reader),
+  ``decoded_p`` (the SSE decoder completed the event), ``parsed_p`` (the adapter yielded the
+  delta to the agent loop);
 
 and the client side adds ``c_<request>_sent`` / ``c_<request>_done`` and ``c_first`` (the socket
 read that completed the first reasoning frame). All stamps of one run go to one JSON line;
@@ -34,7 +40,11 @@ __all__ = ["client_stamp", "dump_client", "install", "report"]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+_STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})")
+_STAMP_BYTES = re.compile(rb"T(\d\d\.\d{4})")
 _stamps: dict[str, dict[str, float]] = defaultdict(dict)
+_by_stamp: dict[str, dict[str, float]] = defaultdict(dict)
+"""Provider-path hops, keyed by the emulator's send stamp until ``emit`` names the run."""
 _lock = threading.Lock()
 _tracked_jobs: dict[int, str] = {}
 """Writer job id -> run id, for the queued write that holds a run's stamped first delta."""
@@ -45,6 +55,61 @@ _tracked_actions: dict[str, str] = {}
 def _note(run_id: str, what: str, when: float | None = None) -> None:
     with _lock:
         _stamps[run_id].setdefault(what, time.monotonic() if when is None else when)
+
+
+def _note_stamp(data: bytes | str, what: str) -> None:
+    """A provider-path hop of the bytes or text holding an emulator's send stamp."""
+    if isinstance(data, str):
+        found = _STAMPED_TEXT.search(data)
+        key = found.group(1) if found else None
+    else:
+        found_b = _STAMP_BYTES.search(data)
+        key = found_b.group(1).decode() if found_b else None
+    if key is not None:
+        with _lock:
+            _by_stamp[key].setdefault(what, time.monotonic())
+
+
+def _install_provider_hops() -> None:
+    from thoughtgate.providers import netio, sse, wire
+
+    received = netio._Protocol.data_received
+
+    def data_received(self: Any, data: bytes) -> None:
+        _note_stamp(data, "arrived_p")
+        received(self, data)
+
+    netio._Protocol.data_received = data_received  # type: ignore[method-assign]
+
+    read = netio._Stream.read
+
+    async def traced_read(self: Any, max_bytes: int, timeout: float | None = None) -> bytes:
+        data = await read(self, max_bytes, timeout)
+        _note_stamp(data, "read_p")
+        return data
+
+    netio._Stream.read = traced_read  # type: ignore[method-assign]
+
+    feed = sse.SSEDecoder.feed
+
+    def traced_feed(self: Any, chunk: bytes) -> Any:
+        out = feed(self, chunk)
+        for message in out:
+            _note_stamp(message.data, "decoded_p")
+        return out
+
+    sse.SSEDecoder.feed = traced_feed  # type: ignore[method-assign]
+
+    stream = wire.HTTPProvider.stream
+
+    async def traced_stream(self: Any, request: Any) -> Any:
+        async for chunk in stream(self, request):
+            text = getattr(chunk, "text", None)
+            if isinstance(text, str) and text.startswith("T"):
+                _note_stamp(text, "parsed_p")
+            yield chunk
+
+    wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
 
 
 def _stamped(events: Sequence[Any]) -> bool:
@@ -75,6 +140,7 @@ def install(directory: str) -> None:
         headers_complete(self)
 
     h.HttpToolsProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
+    _install_provider_hops()
 
     app_call = _App.__call__
 
@@ -153,6 +219,15 @@ def install(directory: str) -> None:
     async def traced_emit_delta(self: Any, event: Any) -> None:
         if _stamped([event]):
             _note(self.run_id, "emit")
+            found = _STAMPED_TEXT.match(event.payload["text"])
+            if found is not None:
+                now = time.monotonic()
+                sent = now - ((now % 100 - float(found.group(1))) % 100)
+                _note(self.run_id, "sent", sent)
+                with _lock:
+                    hops = _by_stamp.pop(found.group(1), {})
+                for what, when in hops.items():
+                    _note(self.run_id, what, when)
             self._tb_first = True
             try:
                 await emit_delta(self, event)
@@ -203,11 +278,13 @@ def install(directory: str) -> None:
     commit_group = sqlite_thread.SQLiteThread._commit_group
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
+        began = time.monotonic()
         out = commit_group(self, jobs)
         now = time.monotonic()
         for job in jobs:
             run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
             if run_id is not None:
+                _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
                 _note(run_id, "group", float(len(jobs)))
         return out

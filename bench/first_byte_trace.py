@@ -338,8 +338,8 @@ def install(directory: str) -> None:
         try:
             return run_alone(self, job)
         finally:
-            _lookups["key job queued"].append((began - queued) * 1000)
-            _lookups["key job ran"].append((time.monotonic() - began) * 1000)
+            _lookups["key job on its store thread: queued"].append((began - queued) * 1000)
+            _lookups["key job on its store thread: ran"].append((time.monotonic() - began) * 1000)
 
     sqlite_thread.SQLiteThread._run_alone = traced_run_alone  # type: ignore[method-assign]
 
@@ -348,7 +348,7 @@ def install(directory: str) -> None:
 
 
 _lookups: dict[str, list[float]] = defaultdict(list)
-"""Key lookup name -> how long each call took, ms (call to result, on the loop)."""
+"""What a key lookup waited for -> each lookup's wait, ms."""
 
 
 def _timed(name: str, lookup: Any) -> Any:
@@ -357,7 +357,7 @@ def _timed(name: str, lookup: Any) -> Any:
         try:
             return await lookup(self, *args)
         finally:
-            _lookups[name].append((time.monotonic() - start) * 1000)
+            _lookups[f"{name} call→answer"].append((time.monotonic() - start) * 1000)
 
     return timed
 
@@ -431,7 +431,7 @@ def report(directory: str, label: str) -> str:
     for name, values in sorted(waits.items()):
         q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
         lines.append(
-            f"  {name} call→answer: median {statistics.median(values):.1f} ms, "
+            f"  {name}: median {statistics.median(values):.1f} ms, "
             f"p90 {q[-1]:.1f} ms (n={len(values)})"
         )
     return "\n".join(lines)

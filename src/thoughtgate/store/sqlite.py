@@ -910,7 +910,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             try:
                 return work(conn)
             except sqlite3.Error as exc:
-                if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _BUSY_CODES:
+                if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
                     raise translate_error(exc, self.path, action) from exc
         return await self._reader.call(action, work)
 

@@ -313,8 +313,53 @@ def install(directory: str) -> None:
 
     store_log.RunWakeups.publish = traced_publish  # type: ignore[method-assign]
 
+    for name in ("find_api_key", "get_api_key"):  # every request's key check: its whole wait
+        setattr(
+            store_sqlite.SQLiteStore, name, _timed(name, getattr(store_sqlite.SQLiteStore, name))
+        )
+
+    job_class = sqlite_thread._Job
+    created: dict[int, float] = {}
+
+    def stamped_job(action: str, *rest: Any) -> Any:
+        job = job_class(action, *rest)
+        if action == "look up an API key":
+            created[id(job)] = time.monotonic()
+        return job
+
+    sqlite_thread._Job = stamped_job  # type: ignore[assignment,misc]
+    run_alone = sqlite_thread.SQLiteThread._run_alone
+
+    def traced_run_alone(self: Any, job: Any) -> Any:
+        queued = created.pop(id(job), None)
+        if queued is None:
+            return run_alone(self, job)
+        began = time.monotonic()
+        try:
+            return run_alone(self, job)
+        finally:
+            _lookups["key job on its store thread: queued"].append((began - queued) * 1000)
+            _lookups["key job on its store thread: ran"].append((time.monotonic() - began) * 1000)
+
+    sqlite_thread.SQLiteThread._run_alone = traced_run_alone  # type: ignore[method-assign]
+
     path = Path(directory) / f"server-{os.getpid()}.jsonl"
     atexit.register(_dump, path)
+
+
+_lookups: dict[str, list[float]] = defaultdict(list)
+"""What a key lookup waited for -> each lookup's wait, ms."""
+
+
+def _timed(name: str, lookup: Any) -> Any:
+    async def timed(self: Any, *args: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return await lookup(self, *args)
+        finally:
+            _lookups[f"{name} call→answer"].append((time.monotonic() - start) * 1000)
+
+    return timed
 
 
 def _written(chunk: bytes) -> None:
@@ -331,6 +376,8 @@ def _dump(path: Path) -> None:
     with _lock, path.open("a") as out:
         for run_id, stamps in _stamps.items():
             out.write(json.dumps({"run_id": run_id, **stamps}) + "\n")
+    if _lookups:
+        path.with_name(f"keys-{os.getpid()}.json").write_text(json.dumps(_lookups))
 
 
 _client: list[dict[str, Any]] = []
@@ -377,4 +424,14 @@ def report(directory: str, label: str) -> str:
     lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
     if groups:
         lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
+    waits: dict[str, list[float]] = defaultdict(list)
+    for keys in Path(directory).glob("keys-*.json"):
+        for name, values in json.loads(keys.read_text()).items():
+            waits[name] += values
+    for name, values in sorted(waits.items()):
+        q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+        lines.append(
+            f"  {name}: median {statistics.median(values):.1f} ms, "
+            f"p90 {q[-1]:.1f} ms (n={len(values)})"
+        )
     return "\n".join(lines)

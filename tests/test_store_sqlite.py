@@ -847,3 +847,110 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
         assert await later, "the first call's answer waited for the whole batch"
     finally:
         await thread.close()
+
+
+# -- API-key lookups on their own connection -------------------------------------------------
+async def test_a_key_lookup_is_answered_while_the_reader_is_busy(tmp_path: Path) -> None:
+    """A request's key check does not queue behind the event-page reads of the live streams:
+    with the reader thread held inside a long read, both lookups still answer."""
+    store = await SQLiteStore.open(tmp_path / "keys.db")
+    holding, gate = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        holding.set()
+        gate.wait(10)
+
+    try:
+        await store.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+        busy = asyncio.ensure_future(store._reader.call("a long read", hold))
+        try:
+            assert await asyncio.to_thread(holding.wait, 10), "the reader never took the hold"
+            found = await asyncio.wait_for(store.find_api_key("hash-1"), 5)
+            by_id = await asyncio.wait_for(store.get_api_key("key_1"), 5)
+            assert found is not None and found.key_id == "key_1"
+            assert by_id is not None and by_id.role == "member"
+            assert not busy.done(), "the reader was not busy while the keys were looked up"
+        finally:
+            gate.set()
+            await busy
+    finally:
+        await store.close()
+
+
+async def test_a_key_revoked_elsewhere_is_refused_on_the_next_lookup(tmp_path: Path) -> None:
+    """No cache in front of the keys: a revocation committed by another connection (the CLI
+    while the daemon runs) is what the very next lookup reads."""
+    path = tmp_path / "keys.db"
+    daemon = await SQLiteStore.open(path)
+    cli = await SQLiteStore.open(path)
+    try:
+        await cli.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+        assert await daemon.find_api_key("hash-1") is not None
+        assert await cli.revoke_api_key("key_1") is True
+        assert await daemon.find_api_key("hash-1") is None
+        revoked = await daemon.get_api_key("key_1")
+        assert revoked is not None and revoked.revoked_at is not None
+    finally:
+        await cli.close()
+        await daemon.close()
+
+
+class _RaisingConnection:
+    """Stands in for the loop's lookup connection: every statement fails with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def execute(self, *_: object) -> None:
+        exc = sqlite3.OperationalError(f"sqlite error {self.code}")
+        exc.sqlite_errorcode = self.code
+        raise exc
+
+
+async def test_a_key_lookup_meeting_a_lock_is_answered_by_the_reader(tmp_path: Path) -> None:
+    """The loop's connection never waits for a lock (it would hold every request): a lookup
+    that finds the database busy is answered, fresh, by the reader thread instead."""
+    store = await SQLiteStore.open(tmp_path / "keys.db")
+    real = store._lookups
+    try:
+        await store.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+        store._lookups = _RaisingConnection(5)  # type: ignore[assignment]  # SQLITE_BUSY
+        found = await store.find_api_key("hash-1")
+        assert found is not None and found.key_id == "key_1"
+        await store.revoke_api_key("key_1")
+        assert await store.find_api_key("hash-1") is None
+    finally:
+        store._lookups = real
+        await store.close()
+
+
+async def test_a_failing_key_lookup_refuses_rather_than_guesses(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "keys.db")
+    real = store._lookups
+    try:
+        store._lookups = _RaisingConnection(11)  # type: ignore[assignment]  # SQLITE_CORRUPT
+        with pytest.raises(StoreError, match="corrupt"):
+            await store.find_api_key("hash-1")
+        with pytest.raises(StoreError, match="corrupt"):
+            await store.get_api_key("key_1")
+    finally:
+        store._lookups = real
+        await store.close()
+
+
+async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) -> None:
+    def sqlite_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("thoughtgate-sqlite")}
+
+    before = sqlite_threads()
+    store = await SQLiteStore.open(tmp_path / "threads.db")
+    await store.find_api_key("nothing")
+    started = sqlite_threads() - before
+    assert {t.name for t in started} == {"thoughtgate-sqlite-writer", "thoughtgate-sqlite-reader"}
+    lookups = store._lookups
+    await store.close()
+    assert not any(t.is_alive() for t in started)
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):  # no connection left open
+        lookups.execute("SELECT 1")  # type: ignore[union-attr]
+    with pytest.raises(StoreError, match="closed"):
+        await store.find_api_key("nothing")

@@ -265,8 +265,13 @@ class SQLiteThread:
         future: asyncio.Future[None] = loop.create_future()
         self._jobs.put(_Job("close the store", run, False, False, loop, future, None))
         self._jobs.put(None)
-        self._thread = None
+        thread, self._thread = self._thread, None
         await future
+        if thread is not None:
+            # The close job is the thread's last: once it has answered, the thread only takes
+            # the ``None`` behind it and returns, so this join is over at once and a closed
+            # store leaves no thread of its own running.
+            thread.join()
 
     # -- on the owning thread ----------------------------------------------------------------
     def _serve(self) -> None:

@@ -43,7 +43,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
-from thoughtgate.orchestration.durable_starts import Starts
+from thoughtgate.orchestration.durable_starts import Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
 
@@ -266,6 +266,9 @@ class DurableEngine:
         """The queue this process takes runs from (``listen``), if any."""
         self.starts: Starts | None = None
         """Whether a new run of that queue starts here at once (``submit``)."""
+        self._reserved: dict[str, Slot] = {}
+        """New runs of that queue given a slot before their admission (``reserve``), not yet
+        started (``submit``)."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -340,13 +343,38 @@ class DurableEngine:
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
         return done
 
+    async def reserve(self, run_id: str, queue: str) -> bool:
+        """Before a new run for ``queue`` is admitted: whether it will start here at once (this
+        daemon's queue has room, ``orchestration.durable_starts``). If so its slot is taken now,
+        so the admission can store the run as claimed by this process (ADR 0031), and
+        :meth:`submit` starts it; a run whose admission fails gives its slot back
+        (:meth:`unreserve`)."""
+        starts = self.starts if queue == self.queue else None
+        if starts is None:
+            return False
+        await starts.look_again()
+        slot = starts.reserve(run_id)
+        if slot is None:
+            return False
+        self._reserved[run_id] = slot
+        return True
+
+    def unreserve(self, run_id: str) -> None:
+        """Give back the slot of a run :meth:`reserve` let start whose admission failed."""
+        slot = self._reserved.pop(run_id, None)
+        if slot is not None:
+            slot.release()
+
     async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
-        """A new run for ``queue``: started here at once when it is this daemon's queue and it
-        has room (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
+        """A new run for ``queue``: started here at once when :meth:`reserve` gave it a slot
+        (its admission claimed it), or when it is this daemon's queue and it has room
+        (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
         starts = self.starts if queue == self.queue else None
         if starts is not None:
-            await starts.look_again()
-            slot = starts.reserve(run_id)
+            slot = self._reserved.pop(run_id, None)
+            if slot is None:
+                await starts.look_again()
+                slot = starts.reserve(run_id)
             if slot is not None:
                 try:
                     done = await self.start(run_id)
@@ -374,7 +402,8 @@ class DurableEngine:
             await found.enqueue_async(_run_workflow, run_id)
 
     async def resume(self, run_id: str, queue: str) -> None:
-        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept).
+        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept; a run
+        that stopped before its workflow was written gets one there).
 
         ``RuntimeFailure`` when its workflow is of another ``APP_VERSION``: no process of this
         version would take it from the queue, so the caller closes the run instead (its
@@ -390,7 +419,12 @@ class DurableEngine:
         if starts is not None:
             starts.queued(run_id)  # before DBOS may dequeue it
         try:
-            await DBOS.resume_workflow_async(run_id, queue_name=queue)
+            if found is None:
+                # Its process stopped between the admission that claimed it and its workflow's
+                # start (ADR 0031): no step of it ran; it starts on the queue, as a resume.
+                await self.enqueue(run_id, queue, priority=1)
+            else:
+                await DBOS.resume_workflow_async(run_id, queue_name=queue)
         except BaseException:
             if starts is not None:
                 starts.began(run_id)  # it waits nowhere

@@ -320,15 +320,22 @@ class Runtime:
         prepared: dict[str, Provider] = {}
         if backend == "provider":
             prepared = await self._prepare([spec.model or model for spec in specs])
+        run_id = new_id("run")
+        # A durable run this process executes at once is claimed by its admission (ADR 0031):
+        # the daemon reserves its place among its queue's running workflows first.
+        claimed = self.durable is not None and (
+            await self.durable.reserve(run_id, queue) if queue else True
+        )
+        held = claimed or not queue
         run = RunRecord(
-            new_id("run"),
+            run_id,
             request.prompt,
             model=model,
             chain_of_thought=mode,
             worker_backend=backend,
             metadata=dict(request.metadata),
-            owner=None if queue else self.leases.owner.owner_id,
-            lease_expires_at=None if queue else self.leases.lease_until(),
+            owner=self.leases.owner.owner_id if held else None,
+            lease_expires_at=self.leases.lease_until() if held else None,
             started_by=request.started_by,
         )
         run.tasks = [
@@ -364,9 +371,11 @@ class Runtime:
         spec = RunSpec(tuple(specs), names)
         try:
             rank = await self._store_run(
-                run, spec, opening, key_id=key_id, quota=quota, queue=queue
+                run, spec, opening, key_id=key_id, quota=quota, queue=queue, claimed=claimed
             )
         except BaseException:
+            if claimed and queue and self.durable is not None:
+                self.durable.unreserve(run_id)
             await _close_all(prepared.values())
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
@@ -395,10 +404,13 @@ class Runtime:
         key_id: str | None,
         quota: Quota | None,
         queue: str | None,
+        claimed: bool = False,
     ) -> int:
         """Store the run with its tasks, its spec (where the store keeps specs) and its
         ``opening`` events -- in one transaction where the store admits runs (one commit per
-        run start, not two); returns its rank among its key's open runs."""
+        run start, not two); returns its rank among its key's open runs. ``claimed``: the run
+        is stored as its durable claim leaves it (``DurableRunStore.claim_run``: held by
+        ``run.owner``, attempt 1, not waiting in a queue), for this process executes it now."""
         check_new_events(opening)
         if not isinstance(self.store, DurableRunStore):
             if queue or quota:
@@ -413,7 +425,8 @@ class Runtime:
             durable=self.durable is not None,
             resume="queue" if queue else "manual",
             queue=queue,
-            queued_at=time.time() if queue else None,
+            attempts=1 if claimed else 0,
+            queued_at=time.time() if queue and not claimed else None,
         )
         admission = await self.store.admit_run(run, record, quota=quota, events=opening)
         if not admission.admitted:

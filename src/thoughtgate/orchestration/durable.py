@@ -46,6 +46,7 @@ from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
 from thoughtgate.orchestration.durable_starts import Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import UNWRITTEN, suspend
 
 
 class DurableRuntime(Protocol):
@@ -59,7 +60,7 @@ class DurableRuntime(Protocol):
 
     def forget_admitted(self, run_id: str) -> object: ...
 
-    async def execute_workflow(self, run_id: str) -> str: ...
+    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str: ...
 
 
 __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
@@ -250,6 +251,35 @@ class DbosSteps:
         await fn()
 
 
+class UnwrittenSteps(DbosSteps):
+    """The steps of a run's first execution without a workflow (ADR 0031): a run of one model
+    task without tools, whose first execution keeps no checkpoint -- its effects are recorded by
+    the event log, and its one step with a result, the model turn that ends it, by the run's
+    ending commit (ADR 0029). Should a step need a checkpoint after all (a turn with tool calls
+    nobody offered, which the model may still send), the execution stops there with the run
+    open (``UNWRITTEN``) and :meth:`DurableEngine.submit` hands the run over to a workflow in
+    this process, which resumes it from the log like any resume."""
+
+    def last_task(self) -> UnwrittenSteps:
+        steps = UnwrittenSteps(self.resumed, last_task=True)
+        steps._raised = self._raised
+        return steps
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
+        if ends is not None and self._ends_unrecorded():
+            value = await fn()  # an exception ends the run, as for a direct run
+            if ends(value):
+                return value
+        raise asyncio.CancelledError(UNWRITTEN)
+
+
 class DurableEngine:
     """This process's DBOS executor. One per process (DBOS is a process-wide singleton)."""
 
@@ -266,9 +296,11 @@ class DurableEngine:
         """The queue this process takes runs from (``listen``), if any."""
         self.starts: Starts | None = None
         """Whether a new run of that queue starts here at once (``submit``)."""
-        self._reserved: dict[str, Slot] = {}
+        self._reserved: dict[str, tuple[Slot, bool]] = {}
         """New runs of that queue given a slot before their admission (``reserve``), not yet
-        started (``submit``)."""
+        started (``submit``); whether each starts without a workflow."""
+        self._unwritten: set[asyncio.Task[None]] = set()
+        """First executions without a workflow, under way."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -343,12 +375,13 @@ class DurableEngine:
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
         return done
 
-    async def reserve(self, run_id: str, queue: str) -> bool:
+    async def reserve(self, run_id: str, queue: str, *, unwritten: bool = False) -> bool:
         """Before a new run for ``queue`` is admitted: whether it will start here at once (this
         daemon's queue has room, ``orchestration.durable_starts``). If so its slot is taken now,
         so the admission can store the run as claimed by this process (ADR 0031), and
         :meth:`submit` starts it; a run whose admission fails gives its slot back
-        (:meth:`unreserve`)."""
+        (:meth:`unreserve`). ``unwritten``: the run's first execution can take no checkpoint
+        (:class:`UnwrittenSteps`), so it starts without a workflow."""
         starts = self.starts if queue == self.queue else None
         if starts is None:
             return False
@@ -356,14 +389,14 @@ class DurableEngine:
         slot = starts.reserve(run_id)
         if slot is None:
             return False
-        self._reserved[run_id] = slot
+        self._reserved[run_id] = (slot, unwritten)
         return True
 
     def unreserve(self, run_id: str) -> None:
         """Give back the slot of a run :meth:`reserve` let start whose admission failed."""
-        slot = self._reserved.pop(run_id, None)
-        if slot is not None:
-            slot.release()
+        reserved = self._reserved.pop(run_id, None)
+        if reserved is not None:
+            reserved[0].release()
 
     async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
         """A new run for ``queue``: started here at once when :meth:`reserve` gave it a slot
@@ -371,7 +404,11 @@ class DurableEngine:
         (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
         starts = self.starts if queue == self.queue else None
         if starts is not None:
-            slot = self._reserved.pop(run_id, None)
+            slot: Slot | None
+            slot, unwritten = self._reserved.pop(run_id, (None, False))
+            if slot is not None and unwritten:
+                self._begin_unwritten(run_id, slot)
+                return
             if slot is None:
                 await starts.look_again()
                 slot = starts.reserve(run_id)
@@ -392,6 +429,41 @@ class DurableEngine:
             if starts is not None:
                 starts.began(run_id)  # it waits nowhere
             raise
+
+    def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
+        """Execute a run its admission claimed, which can take no checkpoint, without writing a
+        workflow (ADR 0031): its slot counts it among the queue's running workflows as for any
+        other, its lease (held from its admission) tells every replica who executes it, and a
+        process that stops mid-way leaves it to the lease sweep, which puts it on the queue
+        (:meth:`resume` writes its workflow then)."""
+        task = asyncio.get_running_loop().create_task(
+            self._execute_unwritten(run_id), name=f"run {run_id}"
+        )
+        self._unwritten.add(task)
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._unwritten.discard(task)
+            slot.release()
+
+        task.add_done_callback(done)
+
+    async def _execute_unwritten(self, run_id: str) -> None:
+        try:
+            await self.runtime.execute_workflow(run_id, unwritten=True)
+        except asyncio.CancelledError as exc:
+            if exc.args[:1] != (UNWRITTEN,) or _cancelling():
+                raise
+        else:
+            return
+        # A step needed a checkpoint: the run continues here as a workflow, which resumes it
+        # from its log (the slot stays taken until that workflow ends).
+        store = self.runtime.store
+        try:
+            await suspend(store, run_id, UNWRITTEN, queued=False, previous=self.owner.owner_id)
+            done = await self.start(run_id)
+            await done
+        except Exception as exc:  # its lease ends with this process's: a sweep resumes it
+            log.warning("run %s could not continue as a workflow: %s", run_id, exc)
 
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
         """Put a new run on ``queue``: a replica listening to it takes it when it has room."""
@@ -460,6 +532,12 @@ class DurableEngine:
             load_output=False,
         )
         return [w.workflow_id for w in found]
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (by someone else than its own steps)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @DBOS.workflow(name=WORKFLOW, max_recovery_attempts=None)

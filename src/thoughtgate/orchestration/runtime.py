@@ -102,7 +102,13 @@ from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
-from thoughtgate.store.leases import LOST_LEASE, EndedTask, close_run_interrupted, end_run
+from thoughtgate.store.leases import (
+    LOST_LEASE,
+    UNWRITTEN,
+    EndedTask,
+    close_run_interrupted,
+    end_run,
+)
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
@@ -128,7 +134,7 @@ ObserverFactory = Callable[[RunRecord, Disclosure], LoopObserver | None]
 
 SUSPENDED = "its process is shutting down; it resumes in another process"
 """Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
-_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE})
+_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
 
@@ -323,8 +329,11 @@ class Runtime:
         run_id = new_id("run")
         # A durable run this process executes at once is claimed by its admission (ADR 0031):
         # the daemon reserves its place among its queue's running workflows first.
+        # One that can take no checkpoint in that execution -- one task, of a model, without
+        # tools -- takes it without a workflow.
+        unwritten = len(specs) == 1 and not names and backend == "provider"
         claimed = self.durable is not None and (
-            await self.durable.reserve(run_id, queue) if queue else True
+            await self.durable.reserve(run_id, queue, unwritten=unwritten) if queue else True
         )
         held = claimed or not queue
         run = RunRecord(
@@ -562,10 +571,11 @@ class Runtime:
         here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
         return self._admitted.pop(run_id, None)
 
-    async def execute_workflow(self, run_id: str) -> str:
+    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
         took it: claim the run, say it resumed when it did, then run its tasks through
-        checkpointed steps. Returns the run's status."""
+        checkpointed steps. Returns the run's status. ``unwritten``: the first execution of a
+        run that can take no checkpoint, without a workflow (``DurableEngine.submit``)."""
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
@@ -580,7 +590,7 @@ class Runtime:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed = begun
             try:
-                steps = _DurableSteps.of(resumed)
+                steps = _DurableSteps.of(resumed, unwritten=unwritten)
                 return await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
@@ -1045,10 +1055,10 @@ class _DurableSteps:
     """Builds the engine's checkpointed steps without importing DBOS here."""
 
     @staticmethod
-    def of(resumed: ResumeLog | None) -> Steps:
-        from thoughtgate.orchestration.durable import DbosSteps
+    def of(resumed: ResumeLog | None, *, unwritten: bool = False) -> Steps:
+        from thoughtgate.orchestration.durable import DbosSteps, UnwrittenSteps
 
-        return DbosSteps(resumed)
+        return UnwrittenSteps(resumed) if unwritten else DbosSteps(resumed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,11 +125,11 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
             return found.polling_interval_sec
 
         runs = []
-        for _ in range(3):  # one starts at once, two wait
+        for _ in range(3):  # one starts at once, two wait here, then on the queue (ADR 0031)
             run, rank = await runtime.admit(RunRequest("hi", model="fake:slow"), queue=queue)
             await engine.submit(run.run_id, queue, priority=rank)
             runs.append(run.run_id)
-        assert engine.starts is not None and engine.starts.waiting
+        await _until(lambda: _queued(engine))
         await _until(lambda: _is(interval(), 0.02))
         await _until(lambda: _all_ended(store, runs))
         assert await interval() == 0.02, "still fast just after the backlog drained"
@@ -138,6 +138,10 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
         await engine.close()
         await store.close()
         del FAKE_SCRIPTS["slow"]
+
+
+async def _queued(engine: DurableEngine) -> bool:
+    return engine.starts is not None and bool(engine.starts.waiting)
 
 
 async def _is(value: Awaitable[float], expected: float) -> bool:

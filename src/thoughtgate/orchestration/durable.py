@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
+import heapq
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 from dbos._serialization import Serializer
@@ -46,6 +49,7 @@ from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
 from thoughtgate.orchestration.durable_starts import Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import UNWRITTEN, suspend
 
 
@@ -75,6 +79,9 @@ recorded is closed when it would resume (:meth:`DurableEngine.resume`), never le
 process that will not come. 2: recording a turn and starting or ending a task are effects, not
 checkpoints (``engine.steps``)."""
 WORKFLOW = "thoughtgate.run"
+
+Place: TypeAlias = Literal["start", "wait", "queue"]
+"""Where a new run goes (:meth:`DurableEngine.reserve`)."""
 
 
 class _Json(Serializer):
@@ -299,8 +306,15 @@ class DurableEngine:
         self._reserved: dict[str, tuple[Slot, bool]] = {}
         """New runs of that queue given a slot before their admission (``reserve``), not yet
         started (``submit``); whether each starts without a workflow."""
-        self._unwritten: set[asyncio.Task[None]] = set()
-        """First executions without a workflow, under way."""
+        self._holding: dict[str, bool] = {}
+        """New runs :meth:`reserve` let wait here, not yet submitted."""
+        self._line: list[tuple[int, int, str, bool]] = []
+        """Runs waiting here for a slot: a heap of (priority, arrival, run id, unwritten)."""
+        self._line_seq = 0
+        self._line_since: dict[str, float] = {}
+        self._spiller: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Executions without a workflow and starts of waiting runs, under way."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -358,6 +372,12 @@ class DurableEngine:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""
         if DurableEngine.current is self:
             DurableEngine.current = None
+        if self._spiller is not None:
+            self._spiller.cancel()
+            self._spiller = None
+        if self._line and self.launched:
+            with contextlib.suppress(Exception):  # else the lease sweep puts them there
+                await self._spill()
         if self.starts is not None:
             await self.starts.close()
         if self.launched:
@@ -375,51 +395,59 @@ class DurableEngine:
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
         return done
 
-    async def reserve(self, run_id: str, queue: str, *, unwritten: bool = False) -> bool:
-        """Before a new run for ``queue`` is admitted: whether it will start here at once (this
-        daemon's queue has room, ``orchestration.durable_starts``). If so its slot is taken now,
-        so the admission can store the run as claimed by this process (ADR 0031), and
-        :meth:`submit` starts it; a run whose admission fails gives its slot back
-        (:meth:`unreserve`). ``unwritten``: the run's first execution can take no checkpoint
-        (:class:`UnwrittenSteps`), so it starts without a workflow."""
+    async def reserve(self, run_id: str, queue: str, *, unwritten: bool = False) -> Place:
+        """Before a new run for ``queue`` is admitted, where it goes (ADR 0031):
+
+        * ``start``: this daemon's queue has room (``orchestration.durable_starts``); its slot is
+          taken now, so the admission stores the run as claimed by this process, and
+          :meth:`submit` starts it;
+        * ``wait``: this daemon's queue is full and none of its runs waits on the queue: the run
+          waits here, held by this process (its admission stores it so), and starts as soon as
+          a slot frees -- or goes on the queue with every run waiting here once the first of
+          them has waited a poll interval, so other replicas share a backlog that lasts;
+        * ``queue``: it goes on the queue, unheld (another queue's run, or this daemon's runs
+          already wait there: a new run never overtakes them).
+
+        A run whose admission fails calls :meth:`unreserve`. ``unwritten``: the run's first
+        execution can take no checkpoint (:class:`UnwrittenSteps`), so it starts without a
+        workflow."""
         starts = self.starts if queue == self.queue else None
         if starts is None:
-            return False
+            return "queue"
         await starts.look_again()
         slot = starts.reserve(run_id)
-        if slot is None:
-            return False
-        self._reserved[run_id] = (slot, unwritten)
-        return True
+        if slot is not None:
+            self._reserved[run_id] = (slot, unwritten)
+            return "start"
+        if starts.waiting:
+            return "queue"
+        self._holding[run_id] = unwritten
+        return "wait"
 
     def unreserve(self, run_id: str) -> None:
-        """Give back the slot of a run :meth:`reserve` let start whose admission failed."""
+        """Give back what :meth:`reserve` set aside for a run whose admission failed."""
+        self._holding.pop(run_id, None)
         reserved = self._reserved.pop(run_id, None)
         if reserved is not None:
-            reserved[0].release()
+            self._released(reserved[0])
 
     async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
-        """A new run for ``queue``: started here at once when :meth:`reserve` gave it a slot
-        (its admission claimed it), or when it is this daemon's queue and it has room
-        (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
+        """A new run for ``queue``, as :meth:`reserve` placed it: started here at once, waiting
+        here, or put on the queue (``enqueue``)."""
         starts = self.starts if queue == self.queue else None
         if starts is not None:
             slot: Slot | None
             slot, unwritten = self._reserved.pop(run_id, (None, False))
-            if slot is not None and unwritten:
-                self._begin_unwritten(run_id, slot)
-                return
-            if slot is None:
-                await starts.look_again()
-                slot = starts.reserve(run_id)
             if slot is not None:
-                try:
-                    done = await self.start(run_id)
-                except BaseException:
-                    slot.release()
-                    self.runtime.forget_admitted(run_id)
-                    raise
-                done.add_done_callback(lambda _: slot.release())
+                await self._begin(run_id, slot, unwritten)
+                return
+            if run_id in self._holding:
+                self._wait_here(run_id, priority, self._holding.pop(run_id))
+                return
+            await starts.look_again()  # a run admitted without ``reserve``
+            slot = starts.reserve(run_id)
+            if slot is not None:
+                await self._begin(run_id, slot, False)
                 return
             starts.queued(run_id)
         self.runtime.forget_admitted(run_id)  # it may execute anywhere: it is read back there
@@ -430,6 +458,99 @@ class DurableEngine:
                 starts.began(run_id)  # it waits nowhere
             raise
 
+    async def _begin(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        """Execute a run here in ``slot`` (released when its execution ends)."""
+        if unwritten:
+            self._begin_unwritten(run_id, slot)
+            return
+        try:
+            done = await self.start(run_id)
+        except BaseException:
+            self._released(slot)
+            self.runtime.forget_admitted(run_id)
+            raise
+        done.add_done_callback(lambda _: self._released(slot))
+
+    def _released(self, slot: Slot) -> None:
+        """A slot of this daemon's queue is free: the next run waiting here takes it."""
+        slot.release()
+        self._start_next()
+
+    # ------------------------------------------------------------------ runs waiting here
+    def _wait_here(self, run_id: str, priority: int, unwritten: bool) -> None:
+        """Hold a new run this daemon's admission stored as its own until a slot frees (its
+        lease is renewed meanwhile: a process that stops leaves it to the lease sweep, which
+        puts it on the queue)."""
+        self.runtime.leases.hold(run_id)
+        self._line_seq += 1
+        heapq.heappush(self._line, (priority, self._line_seq, run_id, unwritten))
+        self._line_since.setdefault(run_id, time.monotonic())
+        self._start_next()
+        if self._line and self._spiller is None:
+            self._spiller = asyncio.get_running_loop().call_later(
+                self.config.poll_interval_s, self._spill_soon
+            )
+
+    def _start_next(self) -> None:
+        """Start runs waiting here, best priority first, while the queue has room."""
+        starts = self.starts
+        while self._line and starts is not None:
+            _, _, run_id, unwritten = self._line[0]
+            slot = starts.reserve(run_id)
+            if slot is None:
+                return
+            heapq.heappop(self._line)
+            self._line_since.pop(run_id, None)
+            # An empty context: this may run in a callback of a workflow's, whose DBOS context
+            # must not follow the start.
+            task = asyncio.get_running_loop().create_task(
+                self._begin_waited(run_id, slot, unwritten),
+                name=f"start {run_id}",
+                context=contextvars.Context(),
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _begin_waited(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        try:
+            await self._begin(run_id, slot, unwritten)
+        except Exception as exc:  # its lease ends with this process: a sweep resumes it
+            log.warning("run %s could not start: %s", run_id, exc)
+
+    def _spill_soon(self) -> None:
+        self._spiller = None
+        if not self._line:
+            return
+        oldest = min(self._line_since.values(), default=time.monotonic())
+        left = oldest + self.config.poll_interval_s - time.monotonic()
+        if left > 0:
+            self._spiller = asyncio.get_running_loop().call_later(left, self._spill_soon)
+            return
+        task = asyncio.get_running_loop().create_task(self._spill(), name="queue waiting runs")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _spill(self) -> None:
+        """Put every run waiting here on the queue, in order (its oldest waited a poll interval,
+        or this process stops): any replica with room takes them from there."""
+        line, self._line = sorted(self._line), []
+        self._line_since.clear()
+        store = self.runtime.store
+        queue = self.queue
+        assert isinstance(store, DurableRunStore) and queue is not None
+        owner = self.owner.owner_id
+        for priority, _, run_id, _ in line:
+            try:
+                if not await store.release_run(run_id, owner=owner, queue=True):
+                    continue  # no longer ours (cancelled and closed meanwhile)
+                self.runtime.leases.release(run_id)
+                self.runtime.forget_admitted(run_id)
+                if self.starts is not None:
+                    self.starts.queued(run_id)
+                await self.enqueue(run_id, queue, priority=priority)
+            except Exception as exc:  # held still or released: a sweep resumes it
+                log.warning("run %s could not be put on the queue: %s", run_id, exc)
+
     def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
         """Execute a run its admission claimed, which can take no checkpoint, without writing a
         workflow (ADR 0031): its slot counts it among the queue's running workflows as for any
@@ -439,11 +560,11 @@ class DurableEngine:
         task = asyncio.get_running_loop().create_task(
             self._execute_unwritten(run_id), name=f"run {run_id}"
         )
-        self._unwritten.add(task)
+        self._tasks.add(task)
 
         def done(_: asyncio.Task[None]) -> None:
-            self._unwritten.discard(task)
-            slot.release()
+            self._tasks.discard(task)
+            self._released(slot)
 
         task.add_done_callback(done)
 

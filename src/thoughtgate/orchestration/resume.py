@@ -55,7 +55,11 @@ class Executor(Protocol):
 
 
 async def begin_execution(
-    runtime: Executor, run_id: str, admitted: tuple[RunRecord, RunSpec] | None = None
+    runtime: Executor,
+    run_id: str,
+    admitted: tuple[RunRecord, RunSpec] | None = None,
+    *,
+    claimed: bool = False,
 ) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
     """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
     this process's) and, when it resumes, the log as it stood; ``None``
@@ -65,14 +69,14 @@ async def begin_execution(
     ``admitted``: the run and its spec as this process admitted them. The claim alone decides
     (it takes only an open run with a spec); when it is the run's first (attempt 1, nothing of
     the run executed anywhere yet), the run is as admitted and nothing is read back (ADR 0029).
-    A run admitted held by this process was claimed by its admission (attempt 1, ADR 0031): it
-    is not claimed again while its lease surely lasts, since nothing else takes a run whose
-    lease has not expired.
+    ``claimed``: the admission was the run's claim (it stored the run held by this process, at
+    attempt 1, ADR 0031): it is not claimed again while its lease surely lasts, since nothing
+    else takes a run whose lease has not expired.
     """
     store = runtime.store
     assert isinstance(store, DurableRunStore)
     owner = runtime.leases.owner.owner_id
-    if admitted is not None and admitted[0].owner == owner:
+    if claimed and admitted is not None and admitted[0].owner == owner:
         attempt: int | None = 1 if await _still_held(runtime, admitted[0]) else None
     else:
         attempt = await store.claim_run(run_id, owner, runtime.leases.ttl_s)

@@ -215,6 +215,8 @@ class Runtime:
         process reads them from the store, ``stored_spec``). Such a run is pending and held by
         this process's lease until it executes, so nothing else can have changed it while that
         lease lasts (a later execution reads the run back)."""
+        self._claimed: set[str] = set()
+        """Admitted runs whose admission was their durable claim (ADR 0031), not yet begun."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -332,10 +334,12 @@ class Runtime:
         # One that can take no checkpoint in that execution -- one task, of a model, without
         # tools -- takes it without a workflow.
         unwritten = len(specs) == 1 and not names and backend == "provider"
-        claimed = self.durable is not None and (
-            await self.durable.reserve(run_id, queue, unwritten=unwritten) if queue else True
-        )
-        held = claimed or not queue
+        # A run that must wait for a slot may wait in this daemon, held by it (``wait``).
+        place = None
+        if queue and self.durable is not None:
+            place = await self.durable.reserve(run_id, queue, unwritten=unwritten)
+        claimed = self.durable is not None and (place == "start" if queue else True)
+        held = claimed or not queue or place == "wait"
         run = RunRecord(
             run_id,
             request.prompt,
@@ -382,8 +386,10 @@ class Runtime:
             rank = await self._store_run(
                 run, spec, opening, key_id=key_id, quota=quota, queue=queue, claimed=claimed
             )
+            if claimed:
+                self._claimed.add(run_id)
         except BaseException:
-            if claimed and queue and self.durable is not None:
+            if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
             await _close_all(prepared.values())
             raise
@@ -435,7 +441,7 @@ class Runtime:
             resume="queue" if queue else "manual",
             queue=queue,
             attempts=1 if claimed else 0,
-            queued_at=time.time() if queue and not claimed else None,
+            queued_at=time.time() if queue and run.owner is None else None,
         )
         admission = await self.store.admit_run(run, record, quota=quota, events=opening)
         if not admission.admitted:
@@ -569,6 +575,7 @@ class Runtime:
     def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
         """The run and its spec as this process admitted them, once: for its first execution
         here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
+        self._claimed.discard(run_id)
         return self._admitted.pop(run_id, None)
 
     async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
@@ -579,13 +586,14 @@ class Runtime:
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
+        claimed = run_id in self._claimed
         admitted = self.forget_admitted(run_id)
         early = self._cancelled_early.pop(run_id, None)
         if early is not None:
             raise asyncio.CancelledError(early)
         self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            begun = await begin_execution(self, run_id, admitted)
+            begun = await begin_execution(self, run_id, admitted, claimed=claimed)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed = begun

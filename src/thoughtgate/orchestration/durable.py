@@ -313,6 +313,7 @@ class DurableEngine:
         self._line_seq = 0
         self._line_since: dict[str, float] = {}
         self._spiller: asyncio.TimerHandle | None = None
+        self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         """Executions without a workflow and starts of waiting runs, under way."""
         self.launched = False
@@ -372,17 +373,24 @@ class DurableEngine:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""
         if DurableEngine.current is self:
             DurableEngine.current = None
-        if self._spiller is not None:
-            self._spiller.cancel()
-            self._spiller = None
-        if self._line and self.launched:
+        if self.launched:
             with contextlib.suppress(Exception):  # else the lease sweep puts them there
-                await self._spill()
+                await self.stop_starting()
         if self.starts is not None:
             await self.starts.close()
         if self.launched:
             self.launched = False
             await asyncio.to_thread(DBOS.destroy)
+
+    async def stop_starting(self) -> None:
+        """Start no more runs from those waiting here, and put them on the queue for another
+        replica (or this daemon's restart): the daemon is shutting down."""
+        self._closing = True
+        if self._spiller is not None:
+            self._spiller.cancel()
+            self._spiller = None
+        if self._line:
+            await self._spill()
 
     # ------------------------------------------------------------------ runs
     async def start(self, run_id: str) -> asyncio.Future[Any]:
@@ -412,7 +420,7 @@ class DurableEngine:
         execution can take no checkpoint (:class:`UnwrittenSteps`), so it starts without a
         workflow."""
         starts = self.starts if queue == self.queue else None
-        if starts is None:
+        if starts is None or self._closing:
             return "queue"
         await starts.look_again()
         slot = starts.reserve(run_id)
@@ -494,7 +502,7 @@ class DurableEngine:
     def _start_next(self) -> None:
         """Start runs waiting here, best priority first, while the queue has room."""
         starts = self.starts
-        while self._line and starts is not None:
+        while self._line and starts is not None and not self._closing:
             _, _, run_id, unwritten = self._line[0]
             slot = starts.reserve(run_id)
             if slot is None:

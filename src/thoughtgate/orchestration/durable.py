@@ -520,6 +520,8 @@ class DurableEngine:
             task.add_done_callback(self._tasks.discard)
 
     async def _begin_waited(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        # Its claim renews its lease, and its execution holds it from there (or finds it ended).
+        self.runtime.leases.release(run_id)
         try:
             await self._begin(run_id, slot, unwritten)
         except Exception as exc:  # its lease ends with this process: a sweep resumes it

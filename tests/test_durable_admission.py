@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from dbos import DBOS
+from support.durable import one_lookup
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.durable import DurableEngine
@@ -25,7 +26,7 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
-from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.inprocess]
 
@@ -38,23 +39,10 @@ def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
     return gen()
 
 
-def _unasked_tool(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-    """Calls a tool nobody offered, once, then answers."""
-    called = any(m.role == "tool" for m in request.messages)
-
-    async def gen() -> AsyncIterator[Any]:
-        if not called:
-            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
-        else:
-            yield text("the answer")
-
-    return gen()
-
-
 @pytest.fixture
 def scripts() -> Iterator[None]:
     FAKE_SCRIPTS["admit-slow"] = _slow
-    FAKE_SCRIPTS["unasked-tool"] = _unasked_tool
+    FAKE_SCRIPTS["unasked-tool"] = one_lookup  # a tool nobody offered
     yield
     del FAKE_SCRIPTS["admit-slow"], FAKE_SCRIPTS["unasked-tool"]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from dbos import DBOS
+from support.durable import one_lookup
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.engine.tools import ToolRegistry, tool
@@ -24,7 +25,7 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.sqlite import SQLiteStore
-from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,21 +39,9 @@ def lookup(query: str) -> str:
     return f"found {query}"
 
 
-def _one_lookup(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-    asked = any(m.role == "tool" for m in request.messages)
-
-    async def gen() -> AsyncIterator[Any]:
-        if not asked:
-            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
-        else:
-            yield text("the answer")
-
-    return gen()
-
-
 @pytest.fixture
 def scripts() -> Iterator[None]:
-    FAKE_SCRIPTS["one-lookup"] = _one_lookup
+    FAKE_SCRIPTS["one-lookup"] = one_lookup
     CALLS.clear()
     yield
     del FAKE_SCRIPTS["one-lookup"]

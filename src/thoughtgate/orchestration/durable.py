@@ -549,14 +549,18 @@ class DurableEngine:
         queue = self.queue
         assert isinstance(store, DurableRunStore) and queue is not None
         owner = self.owner.owner_id
+        starts = self.starts
+        if starts is not None:  # at once: a run arriving meanwhile queues behind them
+            for _, _, run_id, _ in line:
+                starts.queued(run_id)
         for priority, _, run_id, _ in line:
             try:
                 if not await store.release_run(run_id, owner=owner, queue=True):
-                    continue  # no longer ours (cancelled and closed meanwhile)
+                    if starts is not None:
+                        starts.began(run_id)  # no longer ours (closed meanwhile): waits nowhere
+                    continue
                 self.runtime.leases.release(run_id)
                 self.runtime.forget_admitted(run_id)
-                if self.starts is not None:
-                    self.starts.queued(run_id)
                 await self.enqueue(run_id, queue, priority=priority)
             except Exception as exc:  # held still or released: a sweep resumes it
                 log.warning("run %s could not be put on the queue: %s", run_id, exc)

@@ -19,6 +19,10 @@ What DBOS does for us:
 * recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
   rest.
 
+A daemon's run of one model task without tools has nothing to checkpoint in its first execution,
+so that execution writes no workflow (:class:`UnwrittenSteps`, ADR 0031): the run's lease says who
+executes it, and its workflow is written by :meth:`DurableEngine.resume` if it has to resume.
+
 What stays ours: detecting that an executor died (run leases, ADR 0009), deciding which runs
 resume (``orchestration.resume``), and the event log, which steps keep exactly-once by checking it
 on resume (``engine.steps.ResumeLog``). Step results are JSON (:class:`_Json`), never pickles.

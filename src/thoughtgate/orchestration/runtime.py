@@ -307,8 +307,9 @@ class Runtime:
         queue: str | None = None,
     ) -> tuple[RunRecord, int]:
         """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
-        (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it waits
-        there for a replica instead of being executed by this process. Also returns the run's
+        (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it goes
+        where the durable engine places it (``DurableEngine.reserve``: executed here at once,
+        waiting here, or waiting on the queue for any replica). Also returns the run's
         rank among its key's open runs (1 for a key's only run), its priority in the queue."""
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(

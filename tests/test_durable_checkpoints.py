@@ -114,7 +114,7 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
             return found.polling_interval_sec
 
         runs = []
-        for _ in range(3):  # one starts at once, two wait here, then on the queue (ADR 0031)
+        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
             run, rank = await runtime.admit(RunRequest("hi", model="fake:slow"), queue=queue)
             await engine.submit(run.run_id, queue, priority=rank)
             runs.append(run.run_id)

@@ -50,7 +50,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
-from thoughtgate.orchestration.durable_starts import Slot, Starts
+from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
@@ -416,7 +416,7 @@ class DurableEngine:
         * ``wait``: this daemon's queue is full and none of its runs waits on the queue: the run
           waits here, held by this process (its admission stores it so), and starts as soon as
           a slot frees -- or goes on the queue with every run waiting here once the first of
-          them has waited a poll interval, so other replicas share a backlog that lasts;
+          them has waited ten poll intervals, so other replicas share a backlog that lasts;
         * ``queue``: it goes on the queue, unheld (another queue's run, or this daemon's runs
           already wait there: a new run never overtakes them).
 
@@ -500,8 +500,17 @@ class DurableEngine:
         self._start_next()
         if self._line and self._spiller is None:
             self._spiller = asyncio.get_running_loop().call_later(
-                self.config.poll_interval_s, self._spill_soon
+                self._spill_after_s, self._spill_soon
             )
+
+    @property
+    def _spill_after_s(self) -> float:
+        """How long a run waits here before the runs waiting here go on the queue: the queue's
+        linger (``durable_starts``, ten poll intervals). Sooner, a daemon alone on its queue
+        whose runs take a little longer than usual would send its backlog through the queue,
+        whose every run then costs three DBOS transactions more and waits for a poll, and the
+        backlog would then outlast itself there (ADR 0031)."""
+        return self.config.poll_interval_s * BACKLOG_POLL_DIVISOR
 
     def _start_next(self) -> None:
         """Start runs waiting here, best priority first, while the queue has room."""
@@ -536,7 +545,7 @@ class DurableEngine:
         if not self._line:
             return
         oldest = min(self._line_since.values(), default=time.monotonic())
-        left = oldest + self.config.poll_interval_s - time.monotonic()
+        left = oldest + self._spill_after_s - time.monotonic()
         if left > 0:
             self._spiller = asyncio.get_running_loop().call_later(left, self._spill_soon)
             return
@@ -545,8 +554,8 @@ class DurableEngine:
         task.add_done_callback(self._tasks.discard)
 
     async def _spill(self) -> None:
-        """Put every run waiting here on the queue, in order (its oldest waited a poll interval,
-        or this process stops): any replica with room takes them from there."""
+        """Put every run waiting here on the queue, in order (its oldest waited ten poll
+        intervals, or this process stops): any replica with room takes them from there."""
         line, self._line = sorted(self._line), []
         self._line_since.clear()
         store = self.runtime.store

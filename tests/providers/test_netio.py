@@ -14,6 +14,7 @@ import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpcore
 import httpx
@@ -234,3 +235,105 @@ async def test_the_shared_clients_keep_the_cookies_a_provider_sets() -> None:
         assert http.cookies.get("lb") == "a1"
         assert (await http.get(server.url)).content == b"ok"
         assert http.cookies.get("lb") == "a1"
+
+
+class _Writes:
+    """A transport that records each write it passes on (to see what went out in one call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def _server(got: list[bytes], done: asyncio.Event, *, answer: bool) -> asyncio.Server:
+    """A server that notes each piece it reads (``got``); with ``answer``, it answers the first
+    piece; it sets ``done`` once the client hung up."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 20):
+            got.append(data)
+            if answer and len(got) == 1:
+                writer.write(b"answer")
+                await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_a_requests_head_and_body_go_out_in_one_write() -> None:
+    """httpcore writes a request's head and then its body; the stream holds both until it reads
+    the answer and sends them in one write (one system call, one segment, ADR 0032)."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+    server = await _server(got, done, answer=True)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
+    try:
+        await stream.write(b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\n", timeout=1.0)
+        await stream.write(b"body", timeout=1.0)
+        assert writes.writes == []  # held until the answer is read
+        assert await stream.read(1024, timeout=1.0) == b"answer"
+        assert writes.writes == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
+        assert got == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
+    finally:
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 5)
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_large_body_is_sent_as_it_is_written_and_a_held_one_before_a_close() -> None:
+    """Past 64 KiB held, a write is sent at once (with the transport's flow control), so a large
+    body is never held whole; what is still held when the stream closes is sent first."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+    server = await _server(got, done, answer=False)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
+    big = b"x" * (65 * 1024)
+    try:
+        await stream.write(b"head", timeout=1.0)
+        await stream.write(big, timeout=1.0)
+        assert writes.writes == [b"head" + big]
+        await stream.write(b"tail", timeout=1.0)
+    finally:
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 5)
+        server.close()
+        await server.wait_closed()
+    assert writes.writes == [b"head" + big, b"tail"]
+    assert b"".join(got) == b"head" + big + b"tail"
+
+
+async def test_a_request_held_on_a_connection_the_peer_closed_reads_the_end() -> None:
+    """A connection that closes while a request is held sends nothing and raises nothing then:
+    the read that follows meets the end of the stream, as httpcore reads the answer after a
+    write that failed; a write on a connection already closed fails at once, as before."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    try:
+        await stream.write(b"request", timeout=1.0)
+        await asyncio.sleep(0.1)  # the close arrives while the request is held
+        assert await stream.read(1024, timeout=1.0) == b""
+        with pytest.raises(httpcore.WriteError):
+            await stream.write(b"more", timeout=1.0)
+    finally:
+        await stream.aclose()
+        server.close()
+        await server.wait_closed()

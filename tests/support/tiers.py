@@ -44,6 +44,7 @@ TIER_OF: dict[str, str] = {
     # -- unit
     "providers/test_recorded_shapes.py": "unit",
     "providers/test_json_events.py": "unit",
+    "providers/test_request_build.py": "unit",
     "providers/test_think_tags.py": "unit",
     "test_access_keys_tickets.py": "unit",
     "test_architecture_doc.py": "unit",

@@ -30,6 +30,7 @@ from thoughtgate.providers.clients import (
     ShardedTransport,
     _FastLock,
     _LeanCookies,
+    _LeanPool,
 )
 from thoughtgate.providers.netio import AsyncioBackend
 
@@ -87,6 +88,30 @@ async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:
             assert response.content == b"ok"
             await server.hung_up.wait()
         assert server.connections == 3
+
+
+async def test_the_connections_a_pool_drops_are_closed_by_the_lean_pool() -> None:
+    """The shared transport's pools skip the cancel shield when they drop no connection
+    (``clients._LeanPool``, ADR 0032); this pins that the installed httpcore takes that path, and
+    that connections the pool does drop (the peer hung up on them while idle) are still closed."""
+    async with (
+        ReplayServer([Reply([b"ok"], headers=TEXT, hang_up=True)]) as server,
+        client() as http,
+    ):
+        transport = http._transport
+        assert isinstance(transport, ShardedTransport)
+        pool = transport._shard().transport._pool  # type: ignore[attr-defined]
+        assert type(pool) is _LeanPool
+        streams = []
+        for _ in range(3):
+            server.hung_up.clear()
+            async with http.stream("GET", server.url) as response:
+                assert await response.aread() == b"ok"
+                streams.append(response.extensions["network_stream"])
+            await server.hung_up.wait()
+        assert server.connections == 3
+        await http.get(server.url)  # drops the third, idle and hung up on
+        assert all(s._transport.is_closing() for s in streams)
 
 
 async def test_a_stall_mid_body_is_a_read_timeout() -> None:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thoughtgate.providers import http
 from thoughtgate.providers.http import _post_request
 
 URL = httpx.URL("http://127.0.0.1:9/v1/chat/completions")
@@ -48,6 +49,15 @@ def shape(request: httpx.Request) -> tuple[Any, ...]:
         request.content,
         request.extensions,
     )
+
+
+def test_the_installed_httpx_takes_the_copied_path() -> None:
+    """The copy needs httpx's private ``encode_json``; an httpx without it builds every request
+    itself (slower, not wrong), and this says so."""
+    assert http._encode_json is not None
+    client = httpx.AsyncClient()
+    _post_request(client, URL, {"a": 1}, HEADERS, TIMEOUT, ("path", str(URL)))
+    assert http._TEMPLATES[client][("path", str(URL))] is not None
 
 
 @settings(max_examples=200, deadline=None)

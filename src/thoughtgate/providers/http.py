@@ -33,13 +33,12 @@ import json
 import random
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 import httpx
 import orjson
-from httpx._content import encode_json
 
 from thoughtgate.errors import (
     MalformedResponseError,
@@ -255,6 +254,12 @@ def _parsed_url(url: str) -> httpx.URL:
     return httpx.URL(url)
 
 
+_encode_json: Callable[[Any], tuple[dict[str, str], httpx.ByteStream]] | None
+try:  # httpx's own JSON body encoding (private): the bytes build_request would send
+    from httpx._content import encode_json as _encode_json
+except ImportError:  # pragma: no cover - another httpx: every request is built by httpx
+    _encode_json = None
+
 _TEMPLATES: weakref.WeakKeyDictionary[
     httpx.AsyncClient, dict[tuple[Any, ...], httpx.Headers | None]
 ] = weakref.WeakKeyDictionary()
@@ -281,11 +286,12 @@ def _post_request(
     change from one request to the next (about 6 % of an adapter's request CPU, ADR 0032). So
     the first request to a URL with given headers and timeout (``key``) is built by httpx and its
     headers are kept; later ones are that copy with their own body (encoded by httpx's own
-    ``encode_json``) and length. A client with cookies in its jar (the jar adds a ``Cookie``
-    header) builds every request itself; so do requests whose headers are not httpx's usual
-    (a ``Content-Length`` of their own).
+    ``encode_json``, private: an httpx without it builds every request itself) and length. A
+    client with cookies in its jar (the jar adds a ``Cookie`` header) builds every request
+    itself; so do requests whose headers are not httpx's usual (a ``Content-Length`` of their
+    own).
     """
-    if client.cookies:
+    if _encode_json is None or client.cookies:
         return client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
     templates = _TEMPLATES.get(client)
     if templates is None:
@@ -301,7 +307,7 @@ def _post_request(
     template = templates[key]
     if template is None:
         return client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
-    length, stream = encode_json(body)
+    length, stream = _encode_json(body)
     request = httpx.Request(
         "POST", url, headers=template, stream=stream, extensions={"timeout": timeout.as_dict()}
     )

@@ -9,10 +9,11 @@ read buffer (flow control).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import ssl
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +278,13 @@ class _Writes:
         return getattr(self.inner, name)
 
 
-async def _server(got: list[bytes], done: asyncio.Event, *, answer: bool) -> asyncio.Server:
-    """A server that notes each piece it reads (``got``); with ``answer``, it answers the first
-    piece; it sets ``done`` once the client hung up."""
+@contextlib.asynccontextmanager
+async def _recorded(*, answer: bool) -> AsyncIterator[tuple[Any, _Writes, list[bytes]]]:
+    """A stream to a server that notes each piece it reads (``got``) and, with ``answer``,
+    answers the first one; the stream's writes are recorded (``writes``). On the way out the
+    stream closes and the server sees the client hang up."""
+    got: list[bytes] = []
+    done = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(1 << 20):
@@ -291,52 +296,40 @@ async def _server(got: list[bytes], done: asyncio.Event, *, answer: bool) -> asy
         await writer.wait_closed()
         done.set()
 
-    return await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
+    try:
+        yield stream, writes, got
+    finally:
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 5)
+        server.close()
+        await server.wait_closed()
 
 
 async def test_a_requests_head_and_body_go_out_in_one_write() -> None:
     """httpcore writes a request's head and then its body; the stream holds both until it reads
     the answer and sends them in one write (one system call, one segment, ADR 0032)."""
-    got: list[bytes] = []
-    done = asyncio.Event()
-    server = await _server(got, done, answer=True)
-    port = server.sockets[0].getsockname()[1]
-    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
-    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
-    try:
+    async with _recorded(answer=True) as (stream, writes, got):
         await stream.write(b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\n", timeout=1.0)
         await stream.write(b"body", timeout=1.0)
         assert writes.writes == []  # held until the answer is read
         assert await stream.read(1024, timeout=1.0) == b"answer"
         assert writes.writes == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
         assert got == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
-    finally:
-        await stream.aclose()
-        await asyncio.wait_for(done.wait(), 5)
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_large_body_is_sent_as_it_is_written_and_a_held_one_before_a_close() -> None:
     """Past 64 KiB held, a write is sent at once (with the transport's flow control), so a large
     body is never held whole; what is still held when the stream closes is sent first."""
-    got: list[bytes] = []
-    done = asyncio.Event()
-    server = await _server(got, done, answer=False)
-    port = server.sockets[0].getsockname()[1]
-    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
-    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
     big = b"x" * (65 * 1024)
-    try:
+    async with _recorded(answer=False) as (stream, writes, got):
         await stream.write(b"head", timeout=1.0)
         await stream.write(big, timeout=1.0)
         assert writes.writes == [b"head" + big]
         await stream.write(b"tail", timeout=1.0)
-    finally:
-        await stream.aclose()
-        await asyncio.wait_for(done.wait(), 5)
-        server.close()
-        await server.wait_closed()
     assert writes.writes == [b"head" + big, b"tail"]
     assert b"".join(got) == b"head" + big + b"tail"
 

@@ -278,15 +278,20 @@ def install(directory: str) -> None:
     commit_group = sqlite_thread.SQLiteThread._commit_group
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.thread_time()
         out = commit_group(self, jobs)
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time() - cpu
         for job in jobs:
             run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
             if run_id is not None:
                 _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
                 _note(run_id, "group", float(len(jobs)))
+                _note(run_id, "group_cpu", cpu * 1000)
+                merged = sum(getattr(j, "merge", None) is not None for j in jobs)
+                _note(run_id, "group_merged", float(merged))
+                for j in jobs:
+                    _lookups[f"writes in those groups: {j.action.split(' ', 1)[0]}"].append(1.0)
         return out
 
     sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
@@ -321,8 +326,8 @@ def install(directory: str) -> None:
     job_class = sqlite_thread._Job
     created: dict[int, float] = {}
 
-    def stamped_job(action: str, *rest: Any) -> Any:
-        job = job_class(action, *rest)
+    def stamped_job(action: str, *rest: Any, **named: Any) -> Any:
+        job = job_class(action, *rest, **named)
         if action == "look up an API key":
             created[id(job)] = time.monotonic()
         return job
@@ -349,6 +354,10 @@ def install(directory: str) -> None:
 
 _lookups: dict[str, list[float]] = defaultdict(list)
 """What a key lookup waited for -> each lookup's wait, ms."""
+_GROUP_FIGURES = {
+    "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
+    "group_merged": "writes of that group merged with others (plain appends, ADR 0030)",
+}
 
 
 def _timed(name: str, lookup: Any) -> Any:
@@ -408,6 +417,7 @@ def report(directory: str, label: str) -> str:
         return f"{label}: no client stamps"
     offsets: dict[str, list[float]] = defaultdict(list)
     groups: list[float] = []
+    extras: dict[str, list[float]] = defaultdict(list)
     for line in path.read_text().splitlines():
         client = json.loads(line)
         stamps = {**server.get(client["run_id"], {}), **client}
@@ -416,6 +426,9 @@ def report(directory: str, label: str) -> str:
             continue
         if "group" in stamps:
             groups.append(stamps.pop("group"))
+        for name in _GROUP_FIGURES:
+            if name in stamps:
+                extras[name].append(stamps.pop(name))
         for name, value in stamps.items():
             if isinstance(value, float):
                 offsets[name].append((value - base) * 1000)
@@ -424,6 +437,9 @@ def report(directory: str, label: str) -> str:
     lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
     if groups:
         lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
+    for name, text in _GROUP_FIGURES.items():
+        if extras[name]:
+            lines.append(f"  {text}: median {statistics.median(extras[name]):.2f}")
     waits: dict[str, list[float]] = defaultdict(list)
     for keys in Path(directory).glob("keys-*.json"):
         for name, values in json.loads(keys.read_text()).items():

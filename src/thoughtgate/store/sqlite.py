@@ -61,10 +61,6 @@ T = TypeVar("T")
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
-_INSERT_EVENT = (
-    f"INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
-    f"VALUES (?,?,?,?,?,?,{EVENT_VERSION})"
-)
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = (
     f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) "
@@ -225,13 +221,87 @@ class _FetchedAhead:
 
 def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
     """Why an append found no open row: no such run, or the run has ended."""
+    return _refusal(conn, run_id)(run_id)
+
+
+def _refusal(conn: sqlite3.Connection, run_id: str) -> type[RunNotFoundError | RunClosedError]:
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    return RunNotFoundError(run_id) if row is None else RunClosedError(run_id)
+    return RunNotFoundError if row is None else RunClosedError
 
 
 def _next_change(conn: sqlite3.Connection) -> int:
     """Inside a write transaction: the number of the change being made to a run (listing.py)."""
     return int(conn.execute(_BUMP_CHANGE).fetchone()[0])
+
+
+_BUMP_SEQ = (
+    "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
+    "RETURNING last_seq"
+)
+_OPEN_SEQS = (
+    "SELECT json_group_object(run_id, last_seq) FROM runs "
+    "WHERE run_id IN (SELECT key FROM json_each(?)) AND closed_at IS NULL"
+)
+"""The last sequence numbers of the open runs among a JSON object's keys, as one JSON object:
+one row, whatever the number of runs (a row costs the writer a wait for the interpreter lock)."""
+_BUMP_SEQS = (
+    "UPDATE OR ROLLBACK runs SET last_seq = last_seq + j.value FROM json_each(?) AS j "
+    "WHERE runs.run_id = j.key AND runs.closed_at IS NULL"
+)
+_ROW_PARAMS = 6
+_INSERT_CHUNK = 128
+"""Event rows per insert statement: 768 parameters, under SQLite's oldest limit (999)."""
+
+
+def _insert_statement(rows: int) -> str:
+    values = ",".join(["(?,?,?,?,?,?)"] * rows)
+    return (
+        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v) "
+        "SELECT column1, column2, CASE WHEN column3 = 0 THEN NULL ELSE column3 END, column4, "
+        f"column5, column6, {EVENT_VERSION} FROM (VALUES {values}) WHERE column2 > 0"
+    )
+
+
+_INSERTS = {size: _insert_statement(size) for size in (2**k for k in range(8))}
+"""Multi-row inserts of 1, 2, 4, ... 128 (``_INSERT_CHUNK``) rows: a chunk is padded up to the
+next size with rows of zeros (sequence numbers start at 1: the ``WHERE`` drops them), so a
+handful of statements stay prepared in the connection's cache whatever the batch sizes, and
+each chunk costs one step. ``OR ROLLBACK``: a statement that writes many rows and may stop
+half way keeps a statement journal, a copy of every page it changes (spilled to a temporary
+file past 64 KiB: a chunk of 100 runs' rows took 1 ms, not 0.3); a constraint failure, which
+only a bug could cause, abandons the whole transaction instead, and the writer then runs the
+group again write by write (``SQLiteThread``). No parameter is ``None``: the driver binds a
+``None`` twenty times slower than a number or a string (it looks for an adapter first), so a
+missing task id is bound as 0 and stored as NULL (a task id is text, never the integer 0; a
+``CASE``, as ``NULLIF`` brought the statement journal back)."""
+_PAD = (0,) * _ROW_PARAMS
+
+
+def _insert_events(conn: sqlite3.Connection, params: list[Any]) -> None:
+    """Insert event rows given as one flat list of ``_ROW_PARAMS`` values per row."""
+    step = _INSERT_CHUNK * _ROW_PARAMS
+    for start in range(0, len(params), step):
+        chunk = params[start : start + step]
+        rows = len(chunk) // _ROW_PARAMS
+        size = 1 << (rows - 1).bit_length()
+        if size > rows:
+            chunk += _PAD * (size - rows)
+        conn.execute(_INSERTS[size], chunk)
+
+
+def _event_params(params: list[Any], run_id: str, first: int, columns: codec.EncodedEvents) -> None:
+    """Append the insert parameters of ``columns``, numbered from ``first``, to ``params``."""
+    payloads, task_ids, types, ts = columns
+    for k in range(len(payloads)):
+        task_id = task_ids[k]
+        params += (
+            run_id,
+            first + k,
+            0 if task_id is None else task_id,
+            types[k],
+            ts[k],
+            payloads[k],
+        )
 
 
 def _append_rows(
@@ -240,21 +310,59 @@ def _append_rows(
     columns: codec.EncodedEvents,
 ) -> int:
     """Inside a write transaction: number and insert encoded events; returns the first seq."""
-    payloads, task_ids, types, ts = columns
-    n = len(payloads)
-    row = conn.execute(
-        "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
-        "RETURNING last_seq",
-        (n, run_id),
-    ).fetchall()
+    n = len(columns[0])
+    row = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
     if not row:
         raise _not_appendable(conn, run_id)
     first = int(row[0][0]) - n + 1
-    conn.executemany(
-        _INSERT_EVENT,
-        zip([run_id] * n, range(first, first + n), task_ids, types, ts, payloads, strict=True),
-    )
+    params: list[Any] = []
+    _event_params(params, run_id, first, columns)
+    _insert_events(conn, params)
     return first
+
+
+_PlainAppend = tuple[str, codec.EncodedEvents]
+"""An append whose events change nothing in the run index (deltas): its run and columns."""
+
+
+def _append_merged(conn: sqlite3.Connection, appends: list[_PlainAppend]) -> list[Any]:
+    """The writer's merge function for plain appends (``SQLiteThread``, ADR 0030): number the
+    batches of every run at once, insert all their rows in chunks, and answer each append's
+    first sequence number, or the error that fails it alone (its run is missing or has ended:
+    nothing of it was written). A run's batches get consecutive ranges in queue order."""
+    counts: dict[str, int] = {}
+    for run_id, columns in appends:
+        counts[run_id] = counts.get(run_id, 0) + len(columns[0])
+    refused: dict[str, type[RunNotFoundError | RunClosedError]] = {}
+    if len(counts) == 1:  # one run: one statement numbers its batches
+        ((run_id, n),) = counts.items()
+        row = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
+        if row:
+            last = {run_id: int(row[0][0]) - n}
+        else:
+            last = {}
+            refused[run_id] = _refusal(conn, run_id)
+    else:
+        wanted = orjson.dumps(counts).decode()
+        last = orjson.loads(conn.execute(_OPEN_SEQS, (wanted,)).fetchone()[0])
+        if len(last) < len(counts):  # some run is missing or has ended
+            for run_id in counts.keys() - last.keys():
+                refused[run_id] = _refusal(conn, run_id)
+            wanted = orjson.dumps({r: counts[r] for r in last}).decode()
+        if last and conn.execute(_BUMP_SEQS, (wanted,)).rowcount != len(last):
+            raise RuntimeError("the runs' sequence numbers changed under the write lock")
+    out: list[Any] = []
+    params: list[Any] = []
+    for run_id, columns in appends:
+        if run_id in refused:
+            out.append(refused[run_id](run_id))
+            continue
+        first = last[run_id] + 1
+        last[run_id] += len(columns[0])
+        _event_params(params, run_id, first, columns)
+        out.append(first)
+    _insert_events(conn, params)
+    return out
 
 
 def _project(
@@ -568,14 +676,27 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
 
+        if not update:  # deltas and the like do not touch the index: merged with others
+
+            def plain(conn: sqlite3.Connection) -> int:
+                return _append_rows(conn, run_id, columns)
+
+            def appended(first: int) -> list[Event]:
+                # In the commit's hand-off: live readers get the events a loop turn before the
+                # appender's task resumes, in commit order.
+                out = codec.appended_events(run_id, first, columns)
+                self.wakeups.publish(run_id, out)
+                return out
+
+            return self._writer.queue_write(
+                action, plain, appended, after=after, merge=(_append_merged, (run_id, columns))
+            )
+
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
             first = _append_rows(conn, run_id, columns)
-            # deltas and the like do not touch the index
-            return first, bool(update) and _project(conn, run_id, update)
+            return first, _project(conn, run_id, update)
 
         def published(result: tuple[int, bool]) -> list[Event]:
-            # In the commit's hand-off: live readers get the events a loop turn before the
-            # appender's task resumes, in commit order.
             first, changed = result
             if changed:
                 self.wakeups.notify(listing.RUN_LIST_WAKEUP)

@@ -278,6 +278,7 @@ def install(directory: str) -> None:
     commit_group = sqlite_thread.SQLiteThread._commit_group
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
+        _parts.clear()
         began, cpu = time.monotonic(), time.thread_time()
         out = commit_group(self, jobs)
         now, cpu = time.monotonic(), time.thread_time() - cpu
@@ -290,9 +291,31 @@ def install(directory: str) -> None:
                 _note(run_id, "group_cpu", cpu * 1000)
                 merged = sum(getattr(j, "merge", None) is not None for j in jobs)
                 _note(run_id, "group_merged", float(merged))
-                for j in jobs:
-                    _lookups[f"writes in those groups: {j.action.split(' ', 1)[0]}"].append(1.0)
+                for part, ms in _parts.items():
+                    _note(run_id, f"part {part}", ms)
+                other = (now - began) * 1000 - sum(_parts.values())
+                _note(run_id, "part other writes and BEGIN", other)
         return out
+
+    def timed_part(method: Any, kind: Any) -> Any:
+        def timed(self: Any, *args: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return method(self, *args)
+            finally:
+                part = kind(args)
+                _parts[part] = _parts.get(part, 0.0) + (time.monotonic() - start) * 1000
+
+        return timed
+
+    thread_class = sqlite_thread.SQLiteThread
+    for name, kind in (
+        ("_run_merged", lambda args: "merged appends"),
+        ("_commit_each", lambda args: "write by write (savepoints)"),
+        ("_commit", lambda args: "COMMIT"),
+    ):
+        if hasattr(thread_class, name):  # (a tree before ADR 0030 has none of them)
+            setattr(thread_class, name, timed_part(getattr(thread_class, name), kind))
 
     sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
 
@@ -354,6 +377,8 @@ def install(directory: str) -> None:
 
 _lookups: dict[str, list[float]] = defaultdict(list)
 """What a key lookup waited for -> each lookup's wait, ms."""
+_parts: dict[str, float] = {}
+"""The writer's time in each part of the group being committed, ms (writer thread only)."""
 _GROUP_FIGURES = {
     "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
     "group_merged": "writes of that group merged with others (plain appends, ADR 0030)",
@@ -426,7 +451,7 @@ def report(directory: str, label: str) -> str:
             continue
         if "group" in stamps:
             groups.append(stamps.pop("group"))
-        for name in _GROUP_FIGURES:
+        for name in [*_GROUP_FIGURES, *(n for n in stamps if n.startswith("part "))]:
             if name in stamps:
                 extras[name].append(stamps.pop(name))
         for name, value in stamps.items():
@@ -440,6 +465,13 @@ def report(directory: str, label: str) -> str:
     for name, text in _GROUP_FIGURES.items():
         if extras[name]:
             lines.append(f"  {text}: median {statistics.median(extras[name]):.2f}")
+    for name in sorted(n for n in extras if n.startswith("part ")):
+        values = extras[name]  # a part missing from a group counts as 0 there
+        spent = sorted(values + [0.0] * (len(groups) - len(values)))
+        lines.append(
+            f"  writer's {name[5:]} in that commit: median {statistics.median(spent):.2f} ms, "
+            f"mean {statistics.fmean(spent):.2f} ms"
+        )
     waits: dict[str, list[float]] = defaultdict(list)
     for keys in Path(directory).glob("keys-*.json"):
         for name, values in json.loads(keys.read_text()).items():

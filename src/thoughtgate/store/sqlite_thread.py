@@ -15,8 +15,8 @@ daemon's largest cost. Writes that queue while the thread is busy (the deltas of
 runs, their lifecycle updates) now share the next transaction. Each caller is still promised what
 a transaction of its own would give it:
 
-* all or nothing: each write runs in a ``SAVEPOINT``; one that raises has only its own changes
-  rolled back and gets its error, the others commit;
+* all or nothing: one write that raises has only its own changes rolled back (it runs in a
+  ``SAVEPOINT``, see below) and gets its error, the others commit;
 * durable before the caller is told: its future resolves after ``COMMIT`` returned;
 * order: writes run in the order they were queued, under ``BEGIN IMMEDIATE`` (the database's
   write lock, held for the whole group), so a run's sequence numbers stay gap-free and in commit
@@ -25,18 +25,21 @@ a transaction of its own would give it:
   if SQLite abandons the whole transaction after one write's error (it may after ``SQLITE_FULL``
   or an I/O error), that write fails and the others run again in a new transaction.
 
-Merged writes (ADR 0030): the stdlib driver lets go of the interpreter lock around every
-statement it prepares, steps or resets, and each time the writer takes it back it waits for the
-event loop's thread to let go of it. Under load that wait, not SQLite's work, was the price of a
-commit: a few statements per write and two per event row, ~0.3 ms of wall per write at 100 live
-runs for ~0.05 ms of the thread's CPU. So a write may come as data as well (``queue_write``'s
-``merge``): consecutive writes of a group that share a merge function are handed to it together,
-and it does their work in a handful of statements (the store's plain appends: one statement
-numbers every run's batch, one inserts up to 128 rows). The promises above hold for each of them:
-the merge function says, per write, its value or the error that fails it alone (having changed
-nothing of it, so no savepoint is needed), in queue order; anything else it raises undoes the
-whole transaction, and the group runs again write by write, each in its savepoint, as without
-merging. Writes without a merge function run in place, in their savepoints, in order.
+Fewer statements per group (ADR 0030): the stdlib driver lets go of the interpreter lock
+around every statement it prepares, steps or resets, and each time the writer takes it back it
+waits for the event loop's thread to let go of it (up to the 5 ms switch interval when the loop
+is saturated). Under load that wait, not SQLite's work, was the price of a commit: ~0.3 ms of
+wall per write at 100 live runs for ~0.05 ms of the thread's CPU. So:
+
+* a group first runs without savepoints (two statements saved per write): when every write
+  succeeds, as they nearly always do, that is the transaction committed. When one raises, the
+  whole attempt is rolled back and the group runs again write by write, each in its savepoint as
+  above, so a failing write still fails alone;
+* a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
+  that share a merge function are handed to it together, and it does their work in a handful of
+  statements (the store's plain appends: one statement numbers every run's batch, one inserts up
+  to 128 rows). It answers, per write, the value or the error that fails that write alone (having
+  changed nothing of it), in queue order; anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::
 
@@ -202,8 +205,8 @@ class SQLiteThread:
     async def write(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
-        ``fn`` must only touch the database (it may run again if SQLite abandons the shared
-        transaction because of another write's error) and may raise to undo its own changes.
+        ``fn`` must only touch the database (it may run again: when another write of its group
+        raised, the group runs again write by write) and may raise to undo its own changes.
         """
         return await self._submit(action, fn, grouped=True)
 
@@ -352,8 +355,9 @@ class SQLiteThread:
             return _Outcome(job, self._translate(exc, job.action), None)
 
     def _commit_group(self, jobs: list[_Job]) -> list[_Outcome]:
-        """Run ``jobs`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``: runs of writes that share a
-        merge function together, each other write in its own savepoint."""
+        """Run ``jobs`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``: together (runs of writes that
+        share a merge function merged), or, when a write failed in a way only a savepoint can
+        undo, write by write, each in its own savepoint."""
         conn = self._conn
         if conn is None:
             return [_Outcome(job, self._closed_error(job), None) for job in jobs]
@@ -364,19 +368,20 @@ class SQLiteThread:
                 pending.append(job)
             elif job.error is None:  # never run: a write queued after it must not run either
                 job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
-        if any(job.merge is not None for job in pending):
-            merged = self._commit_merged(conn, pending)
-            if merged is not None:
-                return failed + merged
+        if len(pending) > 1 or any(job.merge is not None for job in pending):
+            together = self._commit_together(conn, pending)
+            if together is not None:
+                return failed + together
             for job in pending:  # forget what the undone attempt found
                 job.error = None
         return failed + self._commit_each(conn, pending)
 
-    def _commit_merged(
+    def _commit_together(
         self, conn: sqlite3.Connection, pending: list[_Job]
     ) -> list[_Outcome] | None:
-        """``pending`` in one transaction, merging what can be; ``None`` when it was undone
-        because something unexpected happened (the caller runs the group write by write)."""
+        """``pending`` in one transaction without savepoints, merging what can be; ``None``
+        when a write raised (or anything else went wrong): then all of it was undone, and the
+        caller runs the group again write by write."""
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:  # the lock stayed taken past the busy timeout
@@ -388,7 +393,7 @@ class SQLiteThread:
             while i < n:
                 job = pending[i]
                 if job.merge is None:
-                    self._run_in_savepoint(conn, job, failed, done)
+                    done.append(_Outcome(job, None, job.fn(conn)))
                     i += 1
                     continue
                 merge = job.merge[0]
@@ -397,28 +402,14 @@ class SQLiteThread:
                     j += 1
                 self._run_merged(conn, merge, pending[i:j], failed, done)
                 i = j
-        except Exception:  # undo all of it; the group runs again write by write
+        except BaseException as exc:  # undo all of it; the group runs again write by write
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+            if not isinstance(exc, Exception):
+                raise
             return None
         return self._commit(conn, failed, done)
-
-    def _run_in_savepoint(
-        self, conn: sqlite3.Connection, job: _Job, failed: list[_Outcome], done: list[_Outcome]
-    ) -> None:
-        conn.execute("SAVEPOINT grouped")
-        try:
-            value = job.fn(conn)
-            conn.execute("RELEASE grouped")
-        except Exception as exc:
-            if not conn.in_transaction:
-                raise  # SQLite gave up the whole transaction
-            conn.execute("ROLLBACK TO grouped")
-            conn.execute("RELEASE grouped")
-            failed.append(_Outcome(job, self._translate(exc, job.action), None))
-        else:
-            done.append(_Outcome(job, None, value))
 
     def _run_merged(
         self,

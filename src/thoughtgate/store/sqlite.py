@@ -321,17 +321,21 @@ def _append_rows(
     return first
 
 
-_PlainAppend = tuple[str, codec.EncodedEvents]
-"""An append whose events change nothing in the run index (deltas): its run and columns."""
+_MergedAppend = tuple[str, codec.EncodedEvents, IndexUpdate | None]
+"""An append as data: its run, its columns and what its events change in the run index
+(``None`` for deltas and the like, which change nothing there)."""
 
 
-def _append_merged(conn: sqlite3.Connection, appends: list[_PlainAppend]) -> list[Any]:
-    """The writer's merge function for plain appends (``SQLiteThread``, ADR 0030): number the
-    batches of every run at once, insert all their rows in chunks, and answer each append's
-    first sequence number, or the error that fails it alone (its run is missing or has ended:
-    nothing of it was written). A run's batches get consecutive ranges in queue order."""
+def _append_merged(conn: sqlite3.Connection, appends: list[_MergedAppend]) -> list[Any]:
+    """The writer's merge function for appends (``SQLiteThread``, ADR 0030): number the
+    batches of every run at once, insert all their rows in chunks, then apply the index updates
+    in queue order (an update touches the run's index columns, never ``last_seq`` nor
+    ``closed_at``, so running them after the inserts changes nothing). Answers, per append, its
+    first sequence number (with whether its run's row changed, for an append with an update),
+    or the error that fails it alone: its run is missing or has ended, and nothing of it was
+    written. A run's batches get consecutive ranges in queue order."""
     counts: dict[str, int] = {}
-    for run_id, columns in appends:
+    for run_id, columns, _ in appends:
         counts[run_id] = counts.get(run_id, 0) + len(columns[0])
     refused: dict[str, type[RunNotFoundError | RunClosedError]] = {}
     if len(counts) == 1:  # one run: one statement numbers its batches
@@ -353,7 +357,7 @@ def _append_merged(conn: sqlite3.Connection, appends: list[_PlainAppend]) -> lis
             raise RuntimeError("the runs' sequence numbers changed under the write lock")
     out: list[Any] = []
     params: list[Any] = []
-    for run_id, columns in appends:
+    for run_id, columns, _ in appends:
         if run_id in refused:
             out.append(refused[run_id](run_id))
             continue
@@ -362,6 +366,9 @@ def _append_merged(conn: sqlite3.Connection, appends: list[_PlainAppend]) -> lis
         _event_params(params, run_id, first, columns)
         out.append(first)
     _insert_events(conn, params)
+    for k, (run_id, _, update) in enumerate(appends):
+        if update is not None and run_id not in refused:
+            out[k] = (out[k], _project(conn, run_id, update))
     return out
 
 
@@ -676,7 +683,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
 
-        if not update:  # deltas and the like do not touch the index: merged with others
+        item: _MergedAppend = (run_id, columns, update or None)
+        if not update:  # deltas and the like do not touch the index
 
             def plain(conn: sqlite3.Connection) -> int:
                 return _append_rows(conn, run_id, columns)
@@ -689,7 +697,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 return out
 
             return self._writer.queue_write(
-                action, plain, appended, after=after, merge=(_append_merged, (run_id, columns))
+                action, plain, appended, after=after, merge=(_append_merged, item)
             )
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
@@ -704,7 +712,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             self.wakeups.publish(run_id, out)
             return out
 
-        return self._writer.queue_write(action, body, published, after=after)
+        return self._writer.queue_write(
+            action, body, published, after=after, merge=(_append_merged, item)
+        )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))

@@ -238,16 +238,13 @@ _BUMP_SEQ = (
     "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
     "RETURNING last_seq"
 )
-_OPEN_SEQS = (
-    "SELECT json_group_object(run_id, last_seq) FROM runs "
-    "WHERE run_id IN (SELECT key FROM json_each(?)) AND closed_at IS NULL"
-)
-"""The last sequence numbers of the open runs among a JSON object's keys, as one JSON object:
-one row, whatever the number of runs (a row costs the writer a wait for the interpreter lock)."""
 _BUMP_SEQS = (
     "UPDATE OR ROLLBACK runs SET last_seq = last_seq + j.value FROM json_each(?) AS j "
-    "WHERE runs.run_id = j.key AND runs.closed_at IS NULL"
+    "WHERE runs.run_id = j.key AND runs.closed_at IS NULL RETURNING runs.run_id, last_seq"
 )
+"""Numbers the batches of several open runs at once (a JSON object: run id -> events), one
+statement whatever their number. SQLite makes every change in the first step; the rows it
+returns after that are short steps (ADR 0030: what costs under load is a long one)."""
 _ROW_PARAMS = 6
 _INSERT_CHUNK = 128
 """Event rows per insert statement: 768 parameters, under SQLite's oldest limit (999)."""
@@ -337,24 +334,15 @@ def _append_merged(conn: sqlite3.Connection, appends: list[_MergedAppend]) -> li
     counts: dict[str, int] = {}
     for run_id, columns, _ in appends:
         counts[run_id] = counts.get(run_id, 0) + len(columns[0])
-    refused: dict[str, type[RunNotFoundError | RunClosedError]] = {}
-    if len(counts) == 1:  # one run: one statement numbers its batches
+    if len(counts) == 1:  # (the statement for one run is simpler for SQLite)
         ((run_id, n),) = counts.items()
-        row = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
-        if row:
-            last = {run_id: int(row[0][0]) - n}
-        else:
-            last = {}
-            refused[run_id] = _refusal(conn, run_id)
+        rows = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
+        bumped = {run_id: int(rows[0][0])} if rows else {}
     else:
-        wanted = orjson.dumps(counts).decode()
-        last = orjson.loads(conn.execute(_OPEN_SEQS, (wanted,)).fetchone()[0])
-        if len(last) < len(counts):  # some run is missing or has ended
-            for run_id in counts.keys() - last.keys():
-                refused[run_id] = _refusal(conn, run_id)
-            wanted = orjson.dumps({r: counts[r] for r in last}).decode()
-        if last and conn.execute(_BUMP_SEQS, (wanted,)).rowcount != len(last):
-            raise RuntimeError("the runs' sequence numbers changed under the write lock")
+        rows = conn.execute(_BUMP_SEQS, (orjson.dumps(counts).decode(),)).fetchall()
+        bumped = {str(r[0]): int(r[1]) for r in rows}
+    last = {run_id: bumped[run_id] - n for run_id, n in counts.items() if run_id in bumped}
+    refused = {r: _refusal(conn, r) for r in counts if r not in bumped}  # missing or ended
     out: list[Any] = []
     params: list[Any] = []
     for run_id, columns, _ in appends:

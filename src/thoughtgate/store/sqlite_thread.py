@@ -368,7 +368,7 @@ class SQLiteThread:
                 pending.append(job)
             elif job.error is None:  # never run: a write queued after it must not run either
                 job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
-        if len(pending) > 1 or any(job.merge is not None for job in pending):
+        if len(pending) > 1:  # (a write alone runs without a savepoint anyway)
             together = self._commit_together(conn, pending)
             if together is not None:
                 return failed + together

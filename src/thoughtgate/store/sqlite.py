@@ -5,9 +5,10 @@ Durability and ordering:
 * WAL with ``synchronous=FULL``: an append that returned survives a power cut.
 * Every write runs in ``BEGIN IMMEDIATE``, which holds the database's single write lock from the
   first statement; writes queued together share one transaction (group commit, see
-  ``sqlite_thread``), each in its own savepoint. An append bumps ``runs.last_seq``
-  and inserts its events in that transaction, so sequence numbers are gap-free and in commit order
-  even with writers in several processes, and a batch is stored all or nothing.
+  ``sqlite_thread``), each stored or failed as if alone; a group's appends are made together
+  (``_append_merged``, ADR 0030). An append bumps ``runs.last_seq`` and inserts its events in
+  that transaction, so sequence numbers are gap-free and in commit order even with writers in
+  several processes, and a batch is stored all or nothing.
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
   ``poll_interval`` (an indexed range read that returns nothing when nothing is new).
 

@@ -26,10 +26,12 @@ a transaction of its own would give it:
   or an I/O error), that write fails and the others run again in a new transaction.
 
 Fewer statements per group (ADR 0030): the stdlib driver lets go of the interpreter lock
-around every statement it prepares, steps or resets, and each time the writer takes it back it
-waits for the event loop's thread to let go of it (up to the 5 ms switch interval when the loop
-is saturated). Under load that wait, not SQLite's work, was the price of a commit: ~0.3 ms of
-wall per write at 100 live runs for ~0.05 ms of the thread's CPU. So:
+around every statement it prepares, steps or resets. A release longer than the event loop
+thread's wake-up (the ``COMMIT``'s fsync, a long statement) hands that thread the lock, and when
+it is saturated the writer gets it back only when the 5 ms switch interval forces a switch; of
+the hundreds of short releases a group of many writes made, some lost it that way too. Under
+load that wait, not SQLite's work, was the price of a commit (0.5 ms of wall per write with 100
+runs appending, for 0.1 ms of the thread's CPU). So:
 
 * a group first runs without savepoints (two statements saved per write): when every write
   succeeds, as they nearly always do, that is the transaction committed. When one raises, the
@@ -37,8 +39,8 @@ wall per write at 100 live runs for ~0.05 ms of the thread's CPU. So:
   above, so a failing write still fails alone;
 * a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
   that share a merge function are handed to it together, and it does their work in a handful of
-  statements (the store's plain appends: one statement numbers every run's batch, one inserts up
-  to 128 rows). It answers, per write, the value or the error that fails that write alone (having
+  statements (the store's appends: one statement numbers every run's batch, one inserts up to
+  128 rows). It answers, per write, the value or the error that fails that write alone (having
   changed nothing of it), in queue order; anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::

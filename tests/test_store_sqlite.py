@@ -593,14 +593,8 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
 
 
 # -- group commit --------------------------------------------------------------------------
-async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) -> list[Any]:
-    """Run ``calls`` while ``thread`` is held busy, so that they queue up together and meet in one
-    group; their results (or errors) in order.
-
-    The calls start only once the thread is inside the holding job: the thread takes whatever is
-    queued when it takes a job, so writes queued while it was picking up the hold would share its
-    batch and the rest would form a second group. The hold ends only once every write is queued.
-    """
+async def _held(thread: SQLiteThread) -> tuple[asyncio.Future[None], threading.Event]:
+    """Hold ``thread`` busy until the returned event is set (then await the returned future)."""
     holding, gate = threading.Event(), threading.Event()
 
     def hold(conn: sqlite3.Connection) -> None:
@@ -609,6 +603,18 @@ async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) ->
 
     busy = asyncio.ensure_future(thread.call("wait", hold))
     assert await asyncio.to_thread(holding.wait, 10), "the thread never took the hold"
+    return busy, gate
+
+
+async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``calls`` while ``thread`` is held busy, so that they queue up together and meet in one
+    group; their results (or errors) in order.
+
+    The calls start only once the thread is inside the holding job: the thread takes whatever is
+    queued when it takes a job, so writes queued while it was picking up the hold would share its
+    batch and the rest would form a second group. The hold ends only once every write is queued.
+    """
+    busy, gate = await _held(thread)
     futures = [asyncio.ensure_future(c) for c in calls]
     for _ in range(10_000):  # each call queues its write in its first step
         if thread._jobs.qsize() == len(calls):
@@ -1023,14 +1029,7 @@ async def test_an_append_that_cannot_be_made_fails_alone_in_a_merged_group_as_al
             with pytest.raises((RunClosedError, RunNotFoundError)) as caught:
                 await store.append(run_id, deltas(1))
             alone.append(caught.value)
-        held, gate = threading.Event(), threading.Event()
-
-        def hold(conn: sqlite3.Connection) -> None:
-            held.set()
-            gate.wait(10)
-
-        busy = asyncio.ensure_future(store._writer.call("wait", hold))
-        assert await asyncio.to_thread(held.wait, 10)
+        busy, gate = await _held(store._writer)
         first = store.queue_append(good[0].run_id, deltas(1))
         on_closed = store.queue_append(closed.run_id, deltas(1))
         behind = store.queue_append(closed.run_id, deltas(2), after=on_closed)

@@ -1008,6 +1008,10 @@ async def test_plain_appends_of_many_runs_in_one_group_are_numbered_in_queue_ord
         for run in runs:  # what each append returned is what a reader reads
             mine = sorted((e for e in told if e.run_id == run.run_id), key=lambda e: e.seq)
             assert_same_events(mine, await store.read(run.run_id))
+        for task_id in (None, "0", ""):  # alone, one row: the task id comes back as it went in
+            (alone,) = await store.append(runs[0].run_id, [NewEvent("x", {}, task_id=task_id)])
+            (read,) = await store.read(runs[0].run_id, after=alone.seq - 1)
+            assert read.task_id == alone.task_id == task_id
     finally:
         await store.close()
 

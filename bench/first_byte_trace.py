@@ -293,7 +293,7 @@ def install(directory: str) -> None:
                 _note(run_id, "group_merged", float(merged))
                 for part, ms in _parts.items():
                     _note(run_id, f"part {part}", ms)
-                other = (now - began) * 1000 - sum(_parts.values())
+                other = (now - began) * 1000 - sum(_parts.values())  # (parts do not nest)
                 _note(run_id, "part other writes and BEGIN", other)
         return out
 
@@ -311,7 +311,6 @@ def install(directory: str) -> None:
     thread_class = sqlite_thread.SQLiteThread
     for name, kind in (
         ("_run_merged", lambda args: "merged appends"),
-        ("_commit_each", lambda args: "write by write (savepoints)"),
         ("_commit", lambda args: "COMMIT"),
     ):
         if hasattr(thread_class, name):  # (a tree before ADR 0030 has none of them)
@@ -381,7 +380,7 @@ _parts: dict[str, float] = {}
 """The writer's time in each part of the group being committed, ms (writer thread only)."""
 _GROUP_FIGURES = {
     "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
-    "group_merged": "writes of that group merged with others (plain appends, ADR 0030)",
+    "group_merged": "appends in that group (made together when more than one, ADR 0030)",
 }
 
 

@@ -94,7 +94,7 @@ class _HeldHead:
 
     Why: uvicorn writes a response's head as soon as the app starts the response, and its body
     at the next message, two writes for one answer; each write is a system call that wakes the
-    client, and on the bench's two cores that was a fair share of a request's cost (ADR 0032).
+    client, and on a busy machine a woken client may take the CPU from the daemon (ADR 0032).
     The body follows the head within the same ASGI send sequence, so holding the head delays
     nothing a client could use. A streamed response (chunked, SSE), a ``HEAD`` request's, or
     any write before the head (``100 Continue``) goes out at once. After its first write the

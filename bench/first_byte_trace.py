@@ -278,16 +278,43 @@ def install(directory: str) -> None:
     commit_group = sqlite_thread.SQLiteThread._commit_group
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
-        began = time.monotonic()
+        _parts.clear()
+        began, cpu = time.monotonic(), time.thread_time()
         out = commit_group(self, jobs)
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time() - cpu
         for job in jobs:
             run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
             if run_id is not None:
                 _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
                 _note(run_id, "group", float(len(jobs)))
+                _note(run_id, "group_cpu", cpu * 1000)
+                merged = sum(getattr(j, "merge", None) is not None for j in jobs)
+                _note(run_id, "group_merged", float(merged))
+                for part, ms in _parts.items():
+                    _note(run_id, f"part {part}", ms)
+                other = (now - began) * 1000 - sum(_parts.values())  # (parts do not nest)
+                _note(run_id, "part other writes and BEGIN", other)
         return out
+
+    def timed_part(method: Any, kind: Any) -> Any:
+        def timed(self: Any, *args: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return method(self, *args)
+            finally:
+                part = kind(args)
+                _parts[part] = _parts.get(part, 0.0) + (time.monotonic() - start) * 1000
+
+        return timed
+
+    thread_class = sqlite_thread.SQLiteThread
+    for name, kind in (
+        ("_run_merged", lambda args: "merged appends"),
+        ("_commit", lambda args: "COMMIT"),
+    ):
+        if hasattr(thread_class, name):  # (a tree before ADR 0030 has none of them)
+            setattr(thread_class, name, timed_part(getattr(thread_class, name), kind))
 
     sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
 
@@ -321,8 +348,8 @@ def install(directory: str) -> None:
     job_class = sqlite_thread._Job
     created: dict[int, float] = {}
 
-    def stamped_job(action: str, *rest: Any) -> Any:
-        job = job_class(action, *rest)
+    def stamped_job(action: str, *rest: Any, **named: Any) -> Any:
+        job = job_class(action, *rest, **named)
         if action == "look up an API key":
             created[id(job)] = time.monotonic()
         return job
@@ -349,6 +376,12 @@ def install(directory: str) -> None:
 
 _lookups: dict[str, list[float]] = defaultdict(list)
 """What a key lookup waited for -> each lookup's wait, ms."""
+_parts: dict[str, float] = {}
+"""The writer's time in each part of the group being committed, ms (writer thread only)."""
+_GROUP_FIGURES = {
+    "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
+    "group_merged": "appends in that group (made together when more than one, ADR 0030)",
+}
 
 
 def _timed(name: str, lookup: Any) -> Any:
@@ -408,6 +441,7 @@ def report(directory: str, label: str) -> str:
         return f"{label}: no client stamps"
     offsets: dict[str, list[float]] = defaultdict(list)
     groups: list[float] = []
+    extras: dict[str, list[float]] = defaultdict(list)
     for line in path.read_text().splitlines():
         client = json.loads(line)
         stamps = {**server.get(client["run_id"], {}), **client}
@@ -416,6 +450,9 @@ def report(directory: str, label: str) -> str:
             continue
         if "group" in stamps:
             groups.append(stamps.pop("group"))
+        for name in [*_GROUP_FIGURES, *(n for n in stamps if n.startswith("part "))]:
+            if name in stamps:
+                extras[name].append(stamps.pop(name))
         for name, value in stamps.items():
             if isinstance(value, float):
                 offsets[name].append((value - base) * 1000)
@@ -424,6 +461,16 @@ def report(directory: str, label: str) -> str:
     lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
     if groups:
         lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
+    for name, text in _GROUP_FIGURES.items():
+        if extras[name]:
+            lines.append(f"  {text}: median {statistics.median(extras[name]):.2f}")
+    for name in sorted(n for n in extras if n.startswith("part ")):
+        values = extras[name]  # a part missing from a group counts as 0 there
+        spent = sorted(values + [0.0] * (len(groups) - len(values)))
+        lines.append(
+            f"  writer's {name[5:]} in that commit: median {statistics.median(spent):.2f} ms, "
+            f"mean {statistics.fmean(spent):.2f} ms"
+        )
     waits: dict[str, list[float]] = defaultdict(list)
     for keys in Path(directory).glob("keys-*.json"):
         for name, values in json.loads(keys.read_text()).items():

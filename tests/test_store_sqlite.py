@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_conformance import (
@@ -34,6 +36,8 @@ from support.store_conformance import (
 import thoughtgate.store
 from thoughtgate.errors import (
     NotOurDatabaseError,
+    RunClosedError,
+    RunNotFoundError,
     StoreError,
     StoreReadOnlyError,
     StoreUnavailableError,
@@ -589,14 +593,8 @@ async def test_tail_sees_events_appended_by_another_process(tmp_path: Path) -> N
 
 
 # -- group commit --------------------------------------------------------------------------
-async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) -> list[Any]:
-    """Run ``calls`` while ``thread`` is held busy, so that they queue up together and meet in one
-    group; their results (or errors) in order.
-
-    The calls start only once the thread is inside the holding job: the thread takes whatever is
-    queued when it takes a job, so writes queued while it was picking up the hold would share its
-    batch and the rest would form a second group. The hold ends only once every write is queued.
-    """
+async def _held(thread: SQLiteThread) -> tuple[asyncio.Future[None], threading.Event]:
+    """Hold ``thread`` busy until the returned event is set (then await the returned future)."""
     holding, gate = threading.Event(), threading.Event()
 
     def hold(conn: sqlite3.Connection) -> None:
@@ -605,6 +603,18 @@ async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) ->
 
     busy = asyncio.ensure_future(thread.call("wait", hold))
     assert await asyncio.to_thread(holding.wait, 10), "the thread never took the hold"
+    return busy, gate
+
+
+async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``calls`` while ``thread`` is held busy, so that they queue up together and meet in one
+    group; their results (or errors) in order.
+
+    The calls start only once the thread is inside the holding job: the thread takes whatever is
+    queued when it takes a job, so writes queued while it was picking up the hold would share its
+    batch and the rest would form a second group. The hold ends only once every write is queued.
+    """
+    busy, gate = await _held(thread)
     futures = [asyncio.ensure_future(c) for c in calls]
     for _ in range(10_000):  # each call queues its write in its first step
         if thread._jobs.qsize() == len(calls):
@@ -954,3 +964,235 @@ async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) ->
         lookups.execute("SELECT 1")  # type: ignore[union-attr]
     with pytest.raises(StoreError, match="closed"):
         await store.find_api_key("nothing")
+
+
+# -- merged appends (ADR 0030) ---------------------------------------------------------------
+async def test_plain_appends_of_many_runs_in_one_group_are_numbered_in_queue_order(
+    tmp_path: Path,
+) -> None:
+    """The writer merges a group's plain appends (one statement numbers every run's batches,
+    multi-row inserts): each run still gets gap-free sequence numbers in queue order, a batch
+    longer than an insert chunk included, and every field comes back as it was appended."""
+    store = await SQLiteStore.open(tmp_path / "merged.db")
+    try:
+        runs = [make_run() for _ in range(12)]
+        for run in runs:
+            await store.create_run(run)
+        sizes = [1, 3, 130, 2]  # 130: more rows than one insert statement takes
+        sent: dict[str, list[NewEvent]] = {run.run_id: [] for run in runs}
+        calls = []
+        for size in sizes:  # each run's appends back to back in the queue, runs interleaved
+            for k, run in enumerate(runs):
+                batch = [
+                    NewEvent(
+                        EventType.REASONING_DELTA,
+                        {"run": k, "i": len(sent[run.run_id]) + i, "text": "ü\u2028\"'"},
+                        task_id=None if i % 2 else f"task_{k}",
+                        ts=1_700_000_000.123456 + i / 7,
+                    )
+                    for i in range(size)
+                ]
+                sent[run.run_id] += batch
+                calls.append(store.append(run.run_id, batch))
+        before = store._writer.commits
+        results = await _queued_together(store._writer, calls)
+        assert store._writer.commits == before + 1
+        for run in runs:
+            stored = await store.read(run.run_id)
+            assert [e.seq for e in stored] == list(range(1, sum(sizes) + 1))
+            assert [(e.type, e.payload, e.task_id, e.ts) for e in stored] == [
+                (e.type, dict(e.payload), e.task_id, e.ts) for e in sent[run.run_id]
+            ]
+        told = [e for out in results for e in out]
+        assert len(told) == len(runs) * sum(sizes)
+        for run in runs:  # what each append returned is what a reader reads
+            mine = sorted((e for e in told if e.run_id == run.run_id), key=lambda e: e.seq)
+            assert_same_events(mine, await store.read(run.run_id))
+        for task_id in (None, "0", ""):  # alone, one row: the task id comes back as it went in
+            (alone,) = await store.append(runs[0].run_id, [NewEvent("x", {}, task_id=task_id)])
+            (read,) = await store.read(runs[0].run_id, after=alone.seq - 1)
+            assert read.task_id == alone.task_id == task_id
+    finally:
+        await store.close()
+
+
+async def test_an_append_that_cannot_be_made_fails_alone_in_a_merged_group_as_alone(
+    tmp_path: Path,
+) -> None:
+    """A merged group's append to an ended or unknown run fails with the very error it gets
+    alone, an append queued behind it says it was not stored, and the others commit."""
+    store = await SQLiteStore.open(tmp_path / "merged.db")
+    try:
+        good = [make_run() for _ in range(4)]
+        closed = make_run()
+        for run in [*good, closed]:
+            await store.create_run(run)
+        await store.finish_run(closed.run_id, [], RunEnding("completed"))
+        alone: list[BaseException] = []
+        for run_id in (closed.run_id, "run_nobody"):
+            with pytest.raises((RunClosedError, RunNotFoundError)) as caught:
+                await store.append(run_id, deltas(1))
+            alone.append(caught.value)
+        busy, gate = await _held(store._writer)
+        first = store.queue_append(good[0].run_id, deltas(1))
+        on_closed = store.queue_append(closed.run_id, deltas(1))
+        behind = store.queue_append(closed.run_id, deltas(2), after=on_closed)
+        on_nobody = store.queue_append("run_nobody", deltas(1))
+        rest = [store.queue_append(run.run_id, deltas(2)) for run in good]
+        queued = [first, on_closed, behind, on_nobody, *rest]
+        assert all(q is not None for q in queued)
+        gate.set()
+        await busy
+        outcomes = await asyncio.gather(*(q.wait() for q in queued if q), return_exceptions=True)
+        errors = [outcomes[1], outcomes[3]]
+        for error, expected in zip(errors, alone, strict=True):
+            assert type(error) is type(expected) and str(error) == str(expected)
+        assert isinstance(outcomes[2], StoreError) and "not stored" in str(outcomes[2])
+        assert [e.seq for e in outcomes[0]] == [1]  # type: ignore[union-attr]
+        assert [e.seq for e in await store.read(good[0].run_id)] == [1, 2, 3]
+        for run in good[1:]:
+            assert [e.seq for e in await store.read(run.run_id)] == [1, 2]
+        assert await store.read(closed.run_id) == []
+    finally:
+        await store.close()
+
+
+async def test_a_commit_that_fails_fails_every_merged_append(tmp_path: Path) -> None:
+    """``COMMIT`` itself refuses (a deferred constraint of another write of the group): no
+    append of the group is stored, each says so, and the store goes on afterwards."""
+    store = await SQLiteStore.open(tmp_path / "merged.db")
+    try:
+        runs = [make_run() for _ in range(3)]
+        for run in runs:
+            await store.create_run(run)
+
+        def setup(conn: sqlite3.Connection) -> None:
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+            conn.execute(
+                "CREATE TABLE child (p INTEGER REFERENCES parent (id) "
+                "DEFERRABLE INITIALLY DEFERRED)"
+            )
+
+        await store._writer.call("set up", setup)
+        writer = store._writer
+
+        async def orphan() -> None:  # only COMMIT checks the deferred key
+            loop = asyncio.get_running_loop()
+            job = writer.queue_write(
+                "insert an orphan", lambda c: c.execute("INSERT INTO child VALUES (7)"), id
+            )
+            assert loop is job.loop
+            await job.future
+
+        calls: list[Awaitable[Any]] = [store.append(run.run_id, deltas(2)) for run in runs]
+        calls.insert(1, orphan())
+        before = writer.commits
+        results = await _queued_together(writer, calls)
+        assert all(isinstance(r, StoreError) for r in results), results
+        assert writer.commits == before
+        for run in runs:
+            assert await store.read(run.run_id) == []
+            assert [e.seq for e in await store.append(run.run_id, deltas(1))] == [1]
+    finally:
+        await store.close()
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "append", "append", "start", "close", "append_behind"]),
+        st.integers(0, 3),  # run (3: a run that does not exist)
+        st.integers(1, 4),  # events
+    ),
+    min_size=1,
+    max_size=24,
+)
+_EXAMPLE = itertools.count()
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=_OPS)
+def test_a_group_stores_what_the_same_writes_one_by_one_store(
+    tmp_path: Path, ops: list[tuple[str, int, int]]
+) -> None:
+    """Any interleaving of plain appends (merged), appends behind another, projecting appends
+    (``task.started``) and run endings across runs, queued into one group, ends with the same
+    outcomes and the same log and index as the same writes made one at a time."""
+    folder = tmp_path / str(next(_EXAMPLE))
+    folder.mkdir()
+
+    async def play(path: Path, together: bool) -> tuple[list[object], list[object]]:
+        store = await SQLiteStore.open(path)
+        try:
+            runs = [
+                RunRecord(f"run_{k}", "p", tasks=[TaskRecord(f"task_{k}", f"run_{k}", 0, "t")])
+                for k in range(3)
+            ]
+            for run in runs:
+                await store.create_run(run)
+            ids = [*(r.run_id for r in runs), "run_missing"]
+            last: dict[int, Any] = {}
+
+            def write(op: str, k: int, n: int) -> Awaitable[Any]:
+                run_id = ids[k]
+                if op == "close":
+                    return store.finish_run(run_id, deltas(n), RunEnding("completed"))
+                if op == "start":
+                    task = runs[k].tasks[0].task_id if k < 3 else "task_x"
+                    events = [NewEvent(EventType.TASK_STARTED, {}, task_id=task), *deltas(n)]
+                    return store.append(run_id, events)
+                queued = store.queue_append(
+                    run_id, deltas(n), after=last.get(k) if op == "append_behind" else None
+                )
+                assert queued is not None
+                last[k] = queued
+                return queued.wait()
+
+            if together:
+                outcomes = await _queued_together(
+                    store._writer, [_Deferred(write, *op) for op in ops]
+                )
+            else:
+                outcomes = []
+                for op in ops:
+                    try:
+                        outcomes.append(await write(*op))
+                    except Exception as exc:
+                        outcomes.append(exc)
+            seen = [
+                type(o).__name__ if isinstance(o, BaseException) else [_plain(e) for e in o]
+                for o in outcomes
+            ]
+            final: list[object] = []
+            for run in runs:
+                record = await store.get_run(run.run_id)
+                final.append([_plain(e) for e in await store.read(run.run_id)])
+                final.append((record.status, [t.status for t in record.tasks]))
+            return seen, final
+        finally:
+            await store.close()
+
+    async def both() -> None:
+        grouped = await play(folder / "grouped.db", together=True)
+        one_by_one = await play(folder / "sequential.db", together=False)
+        assert grouped == one_by_one
+
+    asyncio.run(both())
+
+
+class _Deferred:
+    """A write made only when awaited (``_queued_together`` awaits each in queue order)."""
+
+    def __init__(self, make: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        self.make, self.args = make, args
+
+    def __await__(self) -> Any:
+        return self.make(*self.args).__await__()
+
+
+def _plain(event: Event) -> tuple[object, ...]:
+    return (event.run_id, event.seq, event.type, dict(event.payload), event.task_id)

@@ -9,11 +9,13 @@ read buffer (flow control).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import ssl
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpcore
 import httpx
@@ -29,6 +31,7 @@ from thoughtgate.providers.clients import (
     ShardedTransport,
     _FastLock,
     _LeanCookies,
+    _LeanPool,
 )
 from thoughtgate.providers.netio import AsyncioBackend
 
@@ -86,6 +89,30 @@ async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:
             assert response.content == b"ok"
             await server.hung_up.wait()
         assert server.connections == 3
+
+
+async def test_the_connections_a_pool_drops_are_closed_by_the_lean_pool() -> None:
+    """The shared transport's pools skip the cancel shield when they drop no connection
+    (``clients._LeanPool``, ADR 0032); this pins that the installed httpcore takes that path, and
+    that connections the pool does drop (the peer hung up on them while idle) are still closed."""
+    async with (
+        ReplayServer([Reply([b"ok"], headers=TEXT, hang_up=True)]) as server,
+        client() as http,
+    ):
+        transport = http._transport
+        assert isinstance(transport, ShardedTransport)
+        pool = transport._shard().transport._pool  # type: ignore[attr-defined]
+        assert type(pool) is _LeanPool
+        streams = []
+        for _ in range(3):
+            server.hung_up.clear()
+            async with http.stream("GET", server.url) as response:
+                assert await response.aread() == b"ok"
+                streams.append(response.extensions["network_stream"])
+            await server.hung_up.wait()
+        assert server.connections == 3
+        await http.get(server.url)  # drops the third, idle and hung up on
+        assert all(s._transport.is_closing() for s in streams)
 
 
 async def test_a_stall_mid_body_is_a_read_timeout() -> None:
@@ -234,3 +261,97 @@ async def test_the_shared_clients_keep_the_cookies_a_provider_sets() -> None:
         assert http.cookies.get("lb") == "a1"
         assert (await http.get(server.url)).content == b"ok"
         assert http.cookies.get("lb") == "a1"
+
+
+class _Writes:
+    """A transport that records each write it passes on (to see what went out in one call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextlib.asynccontextmanager
+async def _recorded(*, answer: bool) -> AsyncIterator[tuple[Any, _Writes, list[bytes]]]:
+    """A stream to a server that notes each piece it reads (``got``) and, with ``answer``,
+    answers the first one; the stream's writes are recorded (``writes``). On the way out the
+    stream closes and the server sees the client hang up."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 20):
+            got.append(data)
+            if answer and len(got) == 1:
+                writer.write(b"answer")
+                await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    writes = stream._transport = _Writes(stream._transport)  # type: ignore[attr-defined]
+    try:
+        yield stream, writes, got
+    finally:
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 5)
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_requests_head_and_body_go_out_in_one_write() -> None:
+    """httpcore writes a request's head and then its body; the stream holds both until it reads
+    the answer and sends them in one write (one system call, one segment, ADR 0032)."""
+    async with _recorded(answer=True) as (stream, writes, got):
+        await stream.write(b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\n", timeout=1.0)
+        await stream.write(b"body", timeout=1.0)
+        assert writes.writes == []  # held until the answer is read
+        assert await stream.read(1024, timeout=1.0) == b"answer"
+        assert writes.writes == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
+        assert got == [b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody"]
+
+
+async def test_a_large_body_is_sent_as_it_is_written_and_a_held_one_before_a_close() -> None:
+    """Past 64 KiB held, a write is sent at once (with the transport's flow control), so a large
+    body is never held whole; what is still held when the stream closes is sent first."""
+    big = b"x" * (65 * 1024)
+    async with _recorded(answer=False) as (stream, writes, got):
+        await stream.write(b"head", timeout=1.0)
+        await stream.write(big, timeout=1.0)
+        assert writes.writes == [b"head" + big]
+        await stream.write(b"tail", timeout=1.0)
+    assert writes.writes == [b"head" + big, b"tail"]
+    assert b"".join(got) == b"head" + big + b"tail"
+
+
+async def test_a_request_held_on_a_connection_the_peer_closed_reads_the_end() -> None:
+    """A connection that closes while a request is held sends nothing and raises nothing then:
+    the read that follows meets the end of the stream, as httpcore reads the answer after a
+    write that failed; a write on a connection already closed fails at once, as before."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    try:
+        await stream.write(b"request", timeout=1.0)
+        await asyncio.sleep(0.1)  # the close arrives while the request is held
+        assert await stream.read(1024, timeout=1.0) == b""
+        with pytest.raises(httpcore.WriteError):
+            await stream.write(b"more", timeout=1.0)
+    finally:
+        await stream.aclose()
+        server.close()
+        await server.wait_closed()

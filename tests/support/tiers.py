@@ -44,6 +44,7 @@ TIER_OF: dict[str, str] = {
     # -- unit
     "providers/test_recorded_shapes.py": "unit",
     "providers/test_json_events.py": "unit",
+    "providers/test_request_build.py": "unit",
     "providers/test_think_tags.py": "unit",
     "test_access_keys_tickets.py": "unit",
     "test_architecture_doc.py": "unit",
@@ -151,6 +152,7 @@ TIER_OF: dict[str, str] = {
     "test_cli.py": "external",
     "test_cli_providers.py": "external",
     "test_cli_remote.py": "external",
+    "test_daemon_head_writes.py": "inprocess",
     "test_daemon_connections.py": "external",
     "test_daemon_docs.py": "external",
     "test_daemon_process.py": "external",

@@ -139,6 +139,19 @@ def _lean_locks(stream: Any) -> None:
         return
 
 
+class _LeanPool(httpcore.AsyncConnectionPool):
+    """httpcore's pool, without a cancel shield around closing no connection.
+
+    Why: the pool closes the connections it dropped after every request and every response
+    close, inside an anyio cancel shield (a cancel scope entered and left, the async library
+    looked up), and almost always there are none to close. With some, it is httpcore's own
+    code, shield and all."""
+
+    async def _close_connections(self, closing: list[Any]) -> None:
+        if closing:
+            await super()._close_connections(closing)
+
+
 class _Shard:
     __slots__ = ("active", "transport")
 
@@ -202,6 +215,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         pool = transport._pool
         assert isinstance(pool, httpcore.AsyncConnectionPool)
         pool._network_backend = AsyncioBackend()
+        if type(pool) is httpcore.AsyncConnectionPool:  # the same pool, one method leaner
+            pool.__class__ = _LeanPool
         shard = _Shard(transport)
         self._shards.append(shard)
         return shard

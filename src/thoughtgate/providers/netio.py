@@ -8,10 +8,12 @@ and a read that waits costs one future and one timer: the same timeouts, a fract
 
 Semantics kept from httpcore's backends: ``read`` returns at most ``max_bytes`` (``b""`` at end of
 stream), raises ``ReadTimeout`` when no byte arrives within ``timeout`` and ``ReadError`` when the
-connection fails; ``write`` waits for the transport's buffer to drain below its high-water mark
-(``WriteTimeout`` / ``WriteError``); connecting maps to ``ConnectTimeout`` / ``ConnectError``;
-``is_readable`` (asked of an idle keep-alive connection before reuse) is true once the peer closed
-or sent something unasked, which is exactly when the connection must not be reused.
+connection fails; the bytes of ``write`` are sent with the transport's flow control (waiting for
+its buffer to drain below its high-water mark: ``WriteTimeout`` / ``WriteError``), held until the
+connection next reads (or closes, or holds 64 KiB) so that a request's head and body leave in one
+system call; connecting maps to ``ConnectTimeout`` / ``ConnectError``; ``is_readable`` (asked of
+an idle keep-alive connection before reuse) is true once the peer closed or sent something
+unasked, which is exactly when the connection must not be reused.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ __all__ = ["AsyncioBackend"]
 
 _MAX_BUFFER = 256 * 1024
 """Bytes held unread before the socket stops being read (flow control)."""
+_MAX_UNSENT = 64 * 1024
+"""Bytes written and held (see ``_Stream.write``) before they are sent without waiting for the
+next read: a large request body is sent as it is written, with the transport's flow control."""
 
 
 class _Protocol(asyncio.Protocol):
@@ -126,8 +131,13 @@ class _Stream(httpcore.AsyncNetworkStream):
         self._loop = asyncio.get_running_loop()
         self._deadline: float | None = None  # of the read waiting now (None: it waits forever)
         self._timer: asyncio.TimerHandle | None = None
+        self._unsent: list[bytes] = []  # written, held until the next read or close
+        self._unsent_bytes = 0
+        self._write_timeout: float | None = None  # of the last write held
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._unsent:
+            await self._send_unsent()
         protocol = self._protocol
         if not protocol.buffer and not protocol.eof:
             loop = self._loop
@@ -173,26 +183,47 @@ class _Stream(httpcore.AsyncNetworkStream):
             self._timer = self._loop.call_at(deadline, self._read_timer)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        """Hold ``buffer`` until the connection next reads (or closes), then send everything
+        held in one write: a request's head and body go out in one system call and one segment,
+        not two (httpcore writes them apart and then reads the answer). A connection already
+        closed fails at once, as before; one that fails while the request is held is found by
+        the read that follows, as httpcore finds it after a write it let pass (it reads the
+        answer after a ``WriteError`` anyway)."""
         if not buffer:
             return
         protocol = self._protocol
         if protocol.eof or self._transport.is_closing():
             raise httpcore.WriteError(str(protocol.error or "the connection is closed"))
-        self._transport.write(buffer)
+        self._unsent.append(buffer)
+        self._unsent_bytes += len(buffer)
+        self._write_timeout = timeout
+        if self._unsent_bytes > _MAX_UNSENT:  # a large body goes out as it comes, paced
+            await self._send_unsent()
+
+    async def _send_unsent(self) -> None:
+        """Send what :meth:`write` held, waiting for the transport's buffer to drain below its
+        high-water mark (``WriteTimeout`` after the last write's timeout). A connection that
+        closed meanwhile sends nothing: the read that follows meets its end or its error."""
+        unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
+        protocol = self._protocol
+        if protocol.eof or self._transport.is_closing():
+            return
+        self._transport.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
         if not protocol.paused:
             return
         protocol.drained = asyncio.get_running_loop().create_future()
         try:
-            await _wait(protocol.drained, timeout, httpcore.WriteTimeout)
+            await _wait(protocol.drained, self._write_timeout, httpcore.WriteTimeout)
         finally:
             protocol.drained = None
-        if protocol.error is not None:
-            raise httpcore.WriteError(str(protocol.error)) from protocol.error
 
     async def aclose(self) -> None:
         transport = self._transport
         if transport.is_closing():
             return
+        if self._unsent:  # sent before the close, as an unbuffered write would have been
+            unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
+            transport.write(b"".join(unsent))
         transport.close()
         # let the loop run the close (uvloop refuses to close with a handle still open), then
         # drop whatever is left unsent, as anyio does
@@ -205,6 +236,8 @@ class _Stream(httpcore.AsyncNetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore.AsyncNetworkStream:
+        if self._unsent:
+            await self._send_unsent()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):

@@ -17,6 +17,9 @@ a first response) and accepts until the process runs out of file descriptors; fr
 
 This is the connection-level equivalent of uvicorn's ``limit_concurrency``, which would answer
 ``503`` to everyone as soon as idle connections fill the limit.
+
+On uvicorn's httptools protocol (the daemon's), the head of a response that gives its length is
+also held until its body is written, so that the two leave in one write (:class:`_HeldHead`).
 """
 
 from __future__ import annotations
@@ -84,12 +87,68 @@ def connection_budget(configured: int) -> tuple[int, int | None]:
     return max(1, min(configured, soft - spare)), int(soft)
 
 
+class _HeldHead:
+    """The transport one response of uvicorn's httptools protocol writes to, until its head has
+    gone out: the head of a response with a ``Content-Length`` (every JSON answer: a run's
+    creation, a ticket) is held and written with the body's first write, in one write.
+
+    Why: uvicorn writes a response's head as soon as the app starts the response, and its body
+    at the next message, two writes for one answer; each write is a system call that wakes the
+    client, and on a busy machine a woken client may take the CPU from the daemon (ADR 0032).
+    The body follows the head within the same ASGI send sequence, so holding the head delays
+    nothing a client could use. A streamed response (chunked, SSE), a ``HEAD`` request's, or
+    any write before the head (``100 Continue``) goes out at once. After its first write the
+    response writes to the connection's transport directly (``cycle.transport`` is put back),
+    so the live stream's direct writes (``server.sse``) see the transport itself. A close
+    before the body sends the held head first, as it was written before.
+    """
+
+    __slots__ = ("_cycle", "_head", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        cycle = self._cycle
+        head = self._head
+        if head is not None:  # the body: with the head, in one write
+            self._head = None
+            cycle.transport = self._transport
+            self._transport.write(head + data)
+            return
+        if (
+            cycle.response_started
+            and cycle.chunked_encoding is False
+            and not cycle.response_complete
+            and cycle.scope["method"] != "HEAD"
+        ):
+            self._head = bytes(data)
+            return
+        cycle.transport = self._transport
+        self._transport.write(data)
+
+    def close(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head)
+        self._cycle.transport = self._transport
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> type[Any]:
     """uvicorn's HTTP protocol class ``base`` with the header timeout and the connection limit.
 
     Relies on what uvicorn's h11 and httptools protocols share: ``connections`` (the server's
     open connections), ``cycle`` (the current request, ``response_complete`` once answered),
-    ``transport``, ``loop`` and ``on_response_complete``.
+    ``transport``, ``loop`` and ``on_response_complete``; and, for :class:`_HeldHead`, on the
+    httptools protocol's ``on_headers_complete`` and its cycle's ``transport``,
+    ``response_started``, ``chunked_encoding``, ``response_complete`` and ``scope``.
     """
 
     class Guarded(base):  # type: ignore[valid-type, misc]
@@ -108,6 +167,13 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 transport.close()
                 return
             self._tg_wait_for_request()
+
+        def on_headers_complete(self) -> None:  # uvicorn's httptools protocol only
+            before = self.cycle
+            super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not before and hasattr(cycle, "chunked_encoding"):
+                cycle.transport = _HeldHead(cycle.transport, cycle)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -15,8 +15,8 @@ daemon's largest cost. Writes that queue while the thread is busy (the deltas of
 runs, their lifecycle updates) now share the next transaction. Each caller is still promised what
 a transaction of its own would give it:
 
-* all or nothing: each write runs in a ``SAVEPOINT``; one that raises has only its own changes
-  rolled back and gets its error, the others commit;
+* all or nothing: one write that raises has only its own changes rolled back (it runs in a
+  ``SAVEPOINT``, see below) and gets its error, the others commit;
 * durable before the caller is told: its future resolves after ``COMMIT`` returned;
 * order: writes run in the order they were queued, under ``BEGIN IMMEDIATE`` (the database's
   write lock, held for the whole group), so a run's sequence numbers stay gap-free and in commit
@@ -24,6 +24,24 @@ a transaction of its own would give it:
 * a ``COMMIT`` that fails (disk full, I/O error) fails every write of the group: none is stored;
   if SQLite abandons the whole transaction after one write's error (it may after ``SQLITE_FULL``
   or an I/O error), that write fails and the others run again in a new transaction.
+
+Fewer statements per group (ADR 0030): the stdlib driver lets go of the interpreter lock
+around every statement it prepares, steps or resets. A release longer than the event loop
+thread's wake-up (the ``COMMIT``'s fsync, a long statement) hands that thread the lock, and when
+it is saturated the writer gets it back only when the 5 ms switch interval forces a switch; of
+the hundreds of short releases a group of many writes made, some lost it that way too. Under
+load that wait, not SQLite's work, was the price of a commit (0.5 ms of wall per write with 100
+runs appending, for 0.1 ms of the thread's CPU). So:
+
+* a group first runs without savepoints (two statements saved per write): when every write
+  succeeds, as they nearly always do, that is the transaction committed. When one raises, the
+  whole attempt is rolled back and the group runs again write by write, each in its savepoint as
+  above, so a failing write still fails alone;
+* a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
+  that share a merge function are handed to it together, and it does their work in a handful of
+  statements (the store's appends: one statement numbers every run's batch, one inserts up to
+  128 rows). It answers, per write, the value or the error that fails that write alone (having
+  changed nothing of it), in queue order; anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::
 
@@ -55,10 +73,16 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
+__all__ = ["Merge", "QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+Merge = Callable[[sqlite3.Connection, list[Any]], list[Any]]
+"""Does the work of several writes, given their items in queue order, inside the group's
+transaction: returns, for each item, the write's value or the exception that fails it alone
+(and changed nothing of it); raises when anything else went wrong (the group then runs again
+write by write, each write's ``fn`` in its savepoint)."""
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
 _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
@@ -183,8 +207,8 @@ class SQLiteThread:
     async def write(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
-        ``fn`` must only touch the database (it may run again if SQLite abandons the shared
-        transaction because of another write's error) and may raise to undo its own changes.
+        ``fn`` must only touch the database (it may run again: when another write of its group
+        raised, the group runs again write by write) and may raise to undo its own changes.
         """
         return await self._submit(action, fn, grouped=True)
 
@@ -220,18 +244,22 @@ class SQLiteThread:
         then: Callable[[T], R],
         *,
         after: QueuedWrite | None = None,
+        merge: tuple[Merge, Any] | None = None,
     ) -> QueuedWrite:
         """``write_then`` queued now, without awaiting (its ``future`` resolves to what ``then``
         returned): the write's place in the queue, and so in commit order, is taken at this
         call. With ``after`` (a write queued on this thread before), it runs only if that one
         was stored, else fails with that one's error: a caller may queue a write behind one it
-        has not seen committed yet, and still never store it past a hole (ADR 0028). Raises
+        has not seen committed yet, and still never store it past a hole (ADR 0028). With
+        ``merge`` (a merge function and this write's item), the write may be done by that
+        function together with its neighbours in the queue that have the same one; ``fn`` must
+        do the same work alone (it does, when the group runs write by write). Raises
         ``StoreError`` once the store is closed."""
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         body = fn if after is None else _behind(after, action, fn)
         loop = asyncio.get_running_loop()
-        job = _Job(action, body, True, True, loop, loop.create_future(), then)
+        job = _Job(action, body, True, True, loop, loop.create_future(), then, merge, after)
         self._jobs.put(job)
         return job
 
@@ -329,7 +357,9 @@ class SQLiteThread:
             return _Outcome(job, self._translate(exc, job.action), None)
 
     def _commit_group(self, jobs: list[_Job]) -> list[_Outcome]:
-        """Run ``jobs`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, each in its own savepoint."""
+        """Run ``jobs`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``: together (runs of writes that
+        share a merge function merged), or, when a write failed in a way only a savepoint can
+        undo, write by write, each in its own savepoint."""
         conn = self._conn
         if conn is None:
             return [_Outcome(job, self._closed_error(job), None) for job in jobs]
@@ -340,6 +370,102 @@ class SQLiteThread:
                 pending.append(job)
             elif job.error is None:  # never run: a write queued after it must not run either
                 job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
+        if len(pending) > 1:  # (a write alone runs without a savepoint anyway)
+            together = self._commit_together(conn, pending)
+            if together is not None:
+                return failed + together
+            for job in pending:  # forget what the undone attempt found
+                job.error = None
+        return failed + self._commit_each(conn, pending)
+
+    def _commit_together(
+        self, conn: sqlite3.Connection, pending: list[_Job]
+    ) -> list[_Outcome] | None:
+        """``pending`` in one transaction without savepoints, merging what can be; ``None``
+        when a write raised (or anything else went wrong): then all of it was undone, and the
+        caller runs the group again write by write."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # the lock stayed taken past the busy timeout
+            return [_Outcome(j, self._translate(exc, j.action), None) for j in pending]
+        failed: list[_Outcome] = []
+        done: list[_Outcome] = []
+        try:
+            i, n = 0, len(pending)
+            while i < n:
+                job = pending[i]
+                if job.merge is None:
+                    done.append(_Outcome(job, None, job.fn(conn)))
+                    i += 1
+                    continue
+                merge = job.merge[0]
+                j = i + 1
+                while j < n and (more := pending[j].merge) is not None and more[0] is merge:
+                    j += 1
+                self._run_merged(conn, merge, pending[i:j], failed, done)
+                i = j
+        except BaseException as exc:  # undo all of it; the group runs again write by write
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        return self._commit(conn, failed, done)
+
+    def _run_merged(
+        self,
+        conn: sqlite3.Connection,
+        merge: Merge,
+        jobs: list[_Job],
+        failed: list[_Outcome],
+        done: list[_Outcome],
+    ) -> None:
+        members = []
+        for job in jobs:
+            first = job.after
+            if first is not None and first.error is not None:  # known not stored: not run
+                failed.append(_Outcome(job, _behind_error(first, job.action), None))
+            else:
+                members.append(job)
+        if not members:
+            return
+        results = merge(conn, [job.merge[1] for job in members])  # type: ignore[index]
+        if len(results) != len(members):
+            raise RuntimeError(f"a merge function answered {len(results)} of {len(members)}")
+        for job, result in zip(members, results, strict=True):
+            first = job.after  # queued earlier in this merge, its error is known by now
+            behind = first is not None and first.error is not None
+            if isinstance(result, BaseException):
+                error = _behind_error(first, job.action) if behind else result  # type: ignore[arg-type]
+                failed.append(_Outcome(job, self._translate(error, job.action), None))
+            elif behind:  # stored past a hole: never commit that
+                raise RuntimeError(f"{job.action} was stored behind a write that was not")
+            else:
+                done.append(_Outcome(job, None, result))
+
+    def _commit(
+        self, conn: sqlite3.Connection, failed: list[_Outcome], done: list[_Outcome]
+    ) -> list[_Outcome]:
+        if not done:  # every write failed, and was undone: nothing to make durable
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            return failed
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # nothing of the group is stored
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            return failed + [
+                _Outcome(o.job, self._translate(exc, o.job.action), None) for o in done
+            ]
+        self.commits += 1
+        return failed + done
+
+    def _commit_each(self, conn: sqlite3.Connection, pending: list[_Job]) -> list[_Outcome]:
+        """``pending`` in one transaction, each write in its own savepoint."""
+        failed: list[_Outcome] = []
         while pending:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -376,17 +502,7 @@ class SQLiteThread:
                 continue
             if not conn.in_transaction:  # a single job that failed was rolled back above
                 return failed
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:  # nothing of the group is stored
-                with contextlib.suppress(sqlite3.Error):
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                return failed + [
-                    _Outcome(o.job, self._translate(exc, o.job.action), None) for o in done
-                ]
-            self.commits += 1
-            return failed + done
+            return self._commit(conn, failed, done)
         return failed
 
 
@@ -399,6 +515,10 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     then: Callable[[Any], Any] | None
+    merge: tuple[Merge, Any] | None = None
+    """The merge function that may do this write with its neighbours, and this write's item."""
+    after: _Job | None = None
+    """The write this one runs only behind (``queue_write``'s ``after``)."""
     error: BaseException | None = None
     """Set on the owning thread once this write is known not stored (a write queued ``after``
     it then fails too)."""
@@ -416,12 +536,14 @@ def _behind(
 
     def body(conn: sqlite3.Connection) -> T:
         if first.error is not None:
-            raise StoreError(
-                f"cannot {action}: the write queued before it was not stored ({first.error})"
-            )
+            raise _behind_error(first, action)
         return fn(conn)
 
     return body
+
+
+def _behind_error(first: _Job, action: str) -> StoreError:
+    return StoreError(f"cannot {action}: the write queued before it was not stored ({first.error})")
 
 
 @dataclass(slots=True)

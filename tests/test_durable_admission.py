@@ -185,6 +185,26 @@ async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues
         await _close(daemon)
 
 
+async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its daemon holds it, so no lease sweep of a live daemon would ever take it."""
+    daemon = await _daemon(tmp_path)
+
+    async def refused(run_id: str) -> asyncio.Future[Any]:
+        raise RuntimeError("the workflows database is gone")
+
+    try:
+        monkeypatch.setattr(daemon.engine, "start", refused)
+        run_id = await daemon.start("fake:unasked-tool")
+        await _until(lambda: _ended(daemon, [run_id]))
+        run = await daemon.store.get_run(run_id)
+        assert run.status == "interrupted"
+        assert "could not continue as a workflow" in (run.error or "")
+    finally:
+        await _close(daemon)
+
+
 async def _ended(daemon: _Daemon, run_ids: list[str]) -> bool:
     statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
     return all(s not in ("pending", "running") for s in statuses)

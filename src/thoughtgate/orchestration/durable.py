@@ -54,7 +54,7 @@ from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot,
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
-from thoughtgate.store.leases import UNWRITTEN, suspend
+from thoughtgate.store.leases import UNWRITTEN, close_run_interrupted, suspend
 
 
 class DurableRuntime(Protocol):
@@ -537,8 +537,9 @@ class DurableEngine:
         self.runtime.leases.release(run_id)
         try:
             await self._begin(run_id, slot, unwritten)
-        except Exception as exc:  # its lease ends with this process: a sweep resumes it
+        except Exception as exc:  # as a run that could not be started when it arrived
             log.warning("run %s could not start: %s", run_id, exc)
+            await self._close(run_id, f"it could not be started: {exc}")
 
     def _spill_soon(self) -> None:
         self._spiller = None
@@ -610,8 +611,17 @@ class DurableEngine:
             await suspend(store, run_id, UNWRITTEN, queued=False, previous=self.owner.owner_id)
             done = await self.start(run_id)
             await done
-        except Exception as exc:  # its lease ends with this process's: a sweep resumes it
+        except Exception as exc:
             log.warning("run %s could not continue as a workflow: %s", run_id, exc)
+            await self._close(run_id, f"it could not continue as a workflow: {exc}")
+
+    async def _close(self, run_id: str, reason: str) -> None:
+        """End a run this daemon holds but cannot execute ``interrupted`` (the lease sweep
+        leaves a live process's runs alone, so nothing else would)."""
+        try:
+            await close_run_interrupted(self.runtime.store, run_id, reason)
+        except Exception as exc:  # the store is down: the next process's sweep resumes it
+            log.warning("could not close run %s: %s", run_id, exc)
 
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
         """Put a new run on ``queue``: a replica listening to it takes it when it has room."""

@@ -576,8 +576,11 @@ class DurableEngine:
                 self.runtime.leases.release(run_id)
                 self.runtime.forget_admitted(run_id)
                 await self.enqueue(run_id, queue, priority=priority)
-            except Exception as exc:  # held still or released: a sweep resumes it
+            except Exception as exc:  # as a run that could not be queued when it arrived
                 log.warning("run %s could not be put on the queue: %s", run_id, exc)
+                if starts is not None:
+                    starts.began(run_id)  # it waits nowhere
+                await self._close(run_id, f"it could not be put on the queue: {exc}")
 
     def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
         """Execute a run its admission claimed, which can take no checkpoint, without writing a

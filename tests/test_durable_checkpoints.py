@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from dbos import DBOS
+from support.durable import one_lookup
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.engine.tools import ToolRegistry, tool
@@ -24,7 +25,7 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.sqlite import SQLiteStore
-from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,21 +39,9 @@ def lookup(query: str) -> str:
     return f"found {query}"
 
 
-def _one_lookup(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-    asked = any(m.role == "tool" for m in request.messages)
-
-    async def gen() -> AsyncIterator[Any]:
-        if not asked:
-            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
-        else:
-            yield text("the answer")
-
-    return gen()
-
-
 @pytest.fixture
 def scripts() -> Iterator[None]:
-    FAKE_SCRIPTS["one-lookup"] = _one_lookup
+    FAKE_SCRIPTS["one-lookup"] = one_lookup
     CALLS.clear()
     yield
     del FAKE_SCRIPTS["one-lookup"]
@@ -125,11 +114,11 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
             return found.polling_interval_sec
 
         runs = []
-        for _ in range(3):  # one starts at once, two wait
+        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
             run, rank = await runtime.admit(RunRequest("hi", model="fake:slow"), queue=queue)
             await engine.submit(run.run_id, queue, priority=rank)
             runs.append(run.run_id)
-        assert engine.starts is not None and engine.starts.waiting
+        await _until(lambda: _queued(engine))
         await _until(lambda: _is(interval(), 0.02))
         await _until(lambda: _all_ended(store, runs))
         assert await interval() == 0.02, "still fast just after the backlog drained"
@@ -138,6 +127,10 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
         await engine.close()
         await store.close()
         del FAKE_SCRIPTS["slow"]
+
+
+async def _queued(engine: DurableEngine) -> bool:
+    return engine.starts is not None and bool(engine.starts.waiting)
 
 
 async def _is(value: Awaitable[float], expected: float) -> bool:

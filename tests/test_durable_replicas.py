@@ -252,6 +252,39 @@ def test_a_run_starts_without_waiting_for_the_queue_poll_and_resumes_after_a_kil
         service.close()
 
 
+def test_a_run_without_tools_executed_without_a_workflow_resumes_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """Its first execution writes no workflow (ADR 0031): the restarted daemon's lease sweep
+    puts it on the queue, where it gets one, and the run completes, resumed once."""
+    service = Service(f"sqlite:///{tmp_path / 'tg.db'}", tmp_path)
+    service.hold.touch()
+    try:
+        first = service.start()
+        body = {"prompt": "wait", "model": "fake:waiting"}
+        run_id = service.request(first, "POST", "/v1/runs", "member", json=body)["run_id"]
+        wait_for(
+            lambda: (
+                service.request(first, "GET", f"/v1/runs/{run_id}", "owner")["status"] == "running"
+            ),
+            timeout=20,
+            what="the run to start",
+        )
+        with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM workflow_status WHERE workflow_uuid = ?", (run_id,)
+            ).fetchone() == (0,), "no workflow written for its first execution"
+        first.kill()
+        service.hold.unlink()
+        second = service.start()
+        run = service.done(second, run_id)
+        assert run["status"] == "completed" and run["tasks"][0]["output"] == "released"
+        types = [e["type"] for e in service.events(second, run_id)]
+        assert types.count("run.resumed") == 1 and "run.interrupted" not in types
+    finally:
+        service.close()
+
+
 def test_a_daemon_executes_at_most_its_concurrency_and_queues_the_rest(tmp_path: Path) -> None:
     """Also when the runs arrive at once: two start here, the others wait in the queue, and
     every one completes once the first ones end."""

@@ -98,6 +98,19 @@ SCRIPTS: dict[str, ScriptFn] = {"durable": _durable, "waiting": _waiting}
 """``fake:durable`` and ``fake:waiting``, for ``support.fakes``."""
 
 
+def one_lookup(request: TurnRequest, _: int) -> AsyncIterator[Any]:
+    """A fake script: calls the tool ``lookup`` once (offered or not), then answers."""
+    asked = any(m.role == "tool" for m in request.messages)
+
+    async def gen() -> AsyncIterator[Any]:
+        if not asked:
+            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
+        else:
+            yield text("the answer")
+
+    return gen()
+
+
 def side_effects(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 

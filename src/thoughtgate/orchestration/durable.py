@@ -19,6 +19,10 @@ What DBOS does for us:
 * recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
   rest.
 
+A daemon's run of one model task without tools has nothing to checkpoint in its first execution,
+so that execution writes no workflow (:class:`UnwrittenSteps`, ADR 0031): the run's lease says who
+executes it, and its workflow is written by :meth:`DurableEngine.resume` if it has to resume.
+
 What stays ours: detecting that an executor died (run leases, ADR 0009), deciding which runs
 resume (``orchestration.resume``), and the event log, which steps keep exactly-once by checking it
 on resume (``engine.steps.ResumeLog``). Step results are JSON (:class:`_Json`), never pickles.
@@ -28,14 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
+import heapq
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 from dbos._serialization import Serializer
@@ -43,9 +50,11 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
-from thoughtgate.orchestration.durable_starts import Starts
+from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.durable import DurableRunStore
+from thoughtgate.store.leases import UNWRITTEN, close_run_interrupted, suspend
 
 
 class DurableRuntime(Protocol):
@@ -59,7 +68,7 @@ class DurableRuntime(Protocol):
 
     def forget_admitted(self, run_id: str) -> object: ...
 
-    async def execute_workflow(self, run_id: str) -> str: ...
+    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str: ...
 
 
 __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
@@ -74,6 +83,9 @@ recorded is closed when it would resume (:meth:`DurableEngine.resume`), never le
 process that will not come. 2: recording a turn and starting or ending a task are effects, not
 checkpoints (``engine.steps``)."""
 WORKFLOW = "thoughtgate.run"
+
+Place: TypeAlias = Literal["start", "wait", "queue"]
+"""Where a new run goes (:meth:`DurableEngine.reserve`)."""
 
 
 class _Json(Serializer):
@@ -250,6 +262,35 @@ class DbosSteps:
         await fn()
 
 
+class UnwrittenSteps(DbosSteps):
+    """The steps of a run's first execution without a workflow (ADR 0031): a run of one model
+    task without tools, whose first execution keeps no checkpoint -- its effects are recorded by
+    the event log, and its one step with a result, the model turn that ends it, by the run's
+    ending commit (ADR 0029). Should a step need a checkpoint after all (a turn with tool calls
+    nobody offered, which the model may still send), the execution stops there with the run
+    open (``UNWRITTEN``) and :meth:`DurableEngine.submit` hands the run over to a workflow in
+    this process, which resumes it from the log like any resume."""
+
+    def last_task(self) -> UnwrittenSteps:
+        steps = UnwrittenSteps(self.resumed, last_task=True)
+        steps._raised = self._raised
+        return steps
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        codec: StepCodec,
+        *,
+        ends: Callable[[T], bool] | None = None,
+    ) -> T:
+        if ends is not None and self._ends_unrecorded():
+            value = await fn()  # an exception ends the run, as for a direct run
+            if ends(value):
+                return value
+        raise asyncio.CancelledError(UNWRITTEN)
+
+
 class DurableEngine:
     """This process's DBOS executor. One per process (DBOS is a process-wide singleton)."""
 
@@ -266,6 +307,19 @@ class DurableEngine:
         """The queue this process takes runs from (``listen``), if any."""
         self.starts: Starts | None = None
         """Whether a new run of that queue starts here at once (``submit``)."""
+        self._reserved: dict[str, tuple[Slot, bool]] = {}
+        """New runs of that queue given a slot before their admission (``reserve``), not yet
+        started (``submit``); whether each starts without a workflow."""
+        self._holding: dict[str, bool] = {}
+        """New runs :meth:`reserve` let wait here, not yet submitted."""
+        self._line: list[tuple[int, int, str, bool]] = []
+        """Runs waiting here for a slot: a heap of (priority, arrival, run id, unwritten)."""
+        self._line_seq = 0
+        self._line_since: dict[str, float] = {}
+        self._spiller: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Executions without a workflow and starts of waiting runs, under way."""
         self.launched = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -323,11 +377,24 @@ class DurableEngine:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""
         if DurableEngine.current is self:
             DurableEngine.current = None
+        if self.launched:
+            with contextlib.suppress(Exception):  # else the lease sweep puts them there
+                await self.stop_starting()
         if self.starts is not None:
             await self.starts.close()
         if self.launched:
             self.launched = False
             await asyncio.to_thread(DBOS.destroy)
+
+    async def stop_starting(self) -> None:
+        """Start no more runs from those waiting here, and put them on the queue for another
+        replica (or this daemon's restart): the daemon is shutting down."""
+        self._closing = True
+        if self._spiller is not None:
+            self._spiller.cancel()
+            self._spiller = None
+        if self._line:
+            await self._spill()
 
     # ------------------------------------------------------------------ runs
     async def start(self, run_id: str) -> asyncio.Future[Any]:
@@ -340,21 +407,59 @@ class DurableEngine:
             raise RuntimeFailure(f"run {run_id!r} did not start in this process")
         return done
 
+    async def reserve(self, run_id: str, queue: str, *, unwritten: bool = False) -> Place:
+        """Before a new run for ``queue`` is admitted, where it goes (ADR 0031):
+
+        * ``start``: this daemon's queue has room (``orchestration.durable_starts``); its slot is
+          taken now, so the admission stores the run as claimed by this process, and
+          :meth:`submit` starts it;
+        * ``wait``: this daemon's queue is full and none of its runs waits on the queue: the run
+          waits here, held by this process (its admission stores it so), and starts as soon as
+          a slot frees -- or goes on the queue with every run waiting here once the first of
+          them has waited ten poll intervals, so other replicas share a backlog that lasts;
+        * ``queue``: it goes on the queue, unheld (another queue's run, or this daemon's runs
+          already wait there: a new run never overtakes them).
+
+        A run whose admission fails calls :meth:`unreserve`. ``unwritten``: the run's first
+        execution can take no checkpoint (:class:`UnwrittenSteps`), so it starts without a
+        workflow."""
+        starts = self.starts if queue == self.queue else None
+        if starts is None or self._closing:
+            return "queue"
+        await starts.look_again()
+        slot = starts.reserve(run_id)
+        if slot is not None:
+            self._reserved[run_id] = (slot, unwritten)
+            return "start"
+        if starts.waiting:
+            return "queue"
+        self._holding[run_id] = unwritten
+        return "wait"
+
+    def unreserve(self, run_id: str) -> None:
+        """Give back what :meth:`reserve` set aside for a run whose admission failed."""
+        self._holding.pop(run_id, None)
+        reserved = self._reserved.pop(run_id, None)
+        if reserved is not None:
+            self._released(reserved[0])
+
     async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
-        """A new run for ``queue``: started here at once when it is this daemon's queue and it
-        has room (``orchestration.durable_starts``), else put on the queue (``enqueue``)."""
+        """A new run for ``queue``, as :meth:`reserve` placed it: started here at once, waiting
+        here, or put on the queue (``enqueue``)."""
         starts = self.starts if queue == self.queue else None
         if starts is not None:
-            await starts.look_again()
+            slot: Slot | None
+            slot, unwritten = self._reserved.pop(run_id, (None, False))
+            if slot is not None:
+                await self._begin(run_id, slot, unwritten)
+                return
+            if run_id in self._holding:
+                self._wait_here(run_id, priority, self._holding.pop(run_id))
+                return
+            await starts.look_again()  # a run admitted without ``reserve``
             slot = starts.reserve(run_id)
             if slot is not None:
-                try:
-                    done = await self.start(run_id)
-                except BaseException:
-                    slot.release()
-                    self.runtime.forget_admitted(run_id)
-                    raise
-                done.add_done_callback(lambda _: slot.release())
+                await self._begin(run_id, slot, False)
                 return
             starts.queued(run_id)
         self.runtime.forget_admitted(run_id)  # it may execute anywhere: it is read back there
@@ -365,6 +470,162 @@ class DurableEngine:
                 starts.began(run_id)  # it waits nowhere
             raise
 
+    async def _begin(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        """Execute a run here in ``slot`` (released when its execution ends)."""
+        if unwritten:
+            self._begin_unwritten(run_id, slot)
+            return
+        try:
+            done = await self.start(run_id)
+        except BaseException:
+            self._released(slot)
+            self.runtime.forget_admitted(run_id)
+            raise
+        done.add_done_callback(lambda _: self._released(slot))
+
+    def _released(self, slot: Slot) -> None:
+        """A slot of this daemon's queue is free: the next run waiting here takes it."""
+        slot.release()
+        self._start_next()
+
+    # ------------------------------------------------------------------ runs waiting here
+    def _wait_here(self, run_id: str, priority: int, unwritten: bool) -> None:
+        """Hold a new run this daemon's admission stored as its own until a slot frees (its
+        lease is renewed meanwhile: a process that stops leaves it to the lease sweep, which
+        puts it on the queue)."""
+        self.runtime.leases.hold(run_id)
+        self._line_seq += 1
+        heapq.heappush(self._line, (priority, self._line_seq, run_id, unwritten))
+        self._line_since.setdefault(run_id, time.monotonic())
+        self._start_next()
+        if self._line and self._spiller is None:
+            self._spiller = asyncio.get_running_loop().call_later(
+                self._spill_after_s, self._spill_soon
+            )
+
+    @property
+    def _spill_after_s(self) -> float:
+        """How long a run waits here before the runs waiting here go on the queue: the queue's
+        linger (``durable_starts``, ten poll intervals). Sooner, a daemon alone on its queue
+        whose runs take a little longer than usual would send its backlog through the queue,
+        whose every run then costs three DBOS transactions more and waits for a poll, and the
+        backlog would then outlast itself there (ADR 0031)."""
+        return self.config.poll_interval_s * BACKLOG_POLL_DIVISOR
+
+    def _start_next(self) -> None:
+        """Start runs waiting here, best priority first, while the queue has room."""
+        starts = self.starts
+        while self._line and starts is not None and not self._closing:
+            _, _, run_id, unwritten = self._line[0]
+            slot = starts.reserve(run_id)
+            if slot is None:
+                return
+            heapq.heappop(self._line)
+            self._line_since.pop(run_id, None)
+            # An empty context: this may run in a callback of a workflow's, whose DBOS context
+            # must not follow the start.
+            task = asyncio.get_running_loop().create_task(
+                self._begin_waited(run_id, slot, unwritten),
+                name=f"start {run_id}",
+                context=contextvars.Context(),
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _begin_waited(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        # Its claim renews its lease, and its execution holds it from there (or finds it ended).
+        self.runtime.leases.release(run_id)
+        try:
+            await self._begin(run_id, slot, unwritten)
+        except Exception as exc:  # as a run that could not be started when it arrived
+            log.warning("run %s could not start: %s", run_id, exc)
+            await self._close(run_id, f"it could not be started: {exc}")
+
+    def _spill_soon(self) -> None:
+        self._spiller = None
+        if not self._line:
+            return
+        oldest = min(self._line_since.values(), default=time.monotonic())
+        left = oldest + self._spill_after_s - time.monotonic()
+        if left > 0:
+            self._spiller = asyncio.get_running_loop().call_later(left, self._spill_soon)
+            return
+        task = asyncio.get_running_loop().create_task(self._spill(), name="queue waiting runs")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _spill(self) -> None:
+        """Put every run waiting here on the queue, in order (its oldest waited ten poll
+        intervals, or this process stops): any replica with room takes them from there."""
+        line, self._line = sorted(self._line), []
+        self._line_since.clear()
+        store = self.runtime.store
+        queue = self.queue
+        assert isinstance(store, DurableRunStore) and queue is not None
+        owner = self.owner.owner_id
+        starts = self.starts
+        if starts is not None:  # at once: a run arriving meanwhile queues behind them
+            for _, _, run_id, _ in line:
+                starts.queued(run_id)
+        for priority, _, run_id, _ in line:
+            try:
+                if not await store.release_run(run_id, owner=owner, queue=True):
+                    if starts is not None:
+                        starts.began(run_id)  # no longer ours (closed meanwhile): waits nowhere
+                    continue
+                self.runtime.leases.release(run_id)
+                self.runtime.forget_admitted(run_id)
+                await self.enqueue(run_id, queue, priority=priority)
+            except Exception as exc:  # as a run that could not be queued when it arrived
+                log.warning("run %s could not be put on the queue: %s", run_id, exc)
+                if starts is not None:
+                    starts.began(run_id)  # it waits nowhere
+                await self._close(run_id, f"it could not be put on the queue: {exc}")
+
+    def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
+        """Execute a run its admission claimed, which can take no checkpoint, without writing a
+        workflow (ADR 0031): its slot counts it among the queue's running workflows as for any
+        other, its lease (held from its admission) tells every replica who executes it, and a
+        process that stops mid-way leaves it to the lease sweep, which puts it on the queue
+        (:meth:`resume` writes its workflow then)."""
+        task = asyncio.get_running_loop().create_task(
+            self._execute_unwritten(run_id), name=f"run {run_id}"
+        )
+        self._tasks.add(task)
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self._released(slot)
+
+        task.add_done_callback(done)
+
+    async def _execute_unwritten(self, run_id: str) -> None:
+        try:
+            await self.runtime.execute_workflow(run_id, unwritten=True)
+        except asyncio.CancelledError as exc:
+            if exc.args[:1] != (UNWRITTEN,) or _cancelling():
+                raise
+        else:
+            return
+        # A step needed a checkpoint: the run continues here as a workflow, which resumes it
+        # from its log (the slot stays taken until that workflow ends).
+        store = self.runtime.store
+        try:
+            await suspend(store, run_id, UNWRITTEN, queued=False, previous=self.owner.owner_id)
+            done = await self.start(run_id)
+            await done
+        except Exception as exc:
+            log.warning("run %s could not continue as a workflow: %s", run_id, exc)
+            await self._close(run_id, f"it could not continue as a workflow: {exc}")
+
+    async def _close(self, run_id: str, reason: str) -> None:
+        """End a run this daemon holds but cannot execute ``interrupted`` (the lease sweep
+        leaves a live process's runs alone, so nothing else would)."""
+        try:
+            await close_run_interrupted(self.runtime.store, run_id, reason)
+        except Exception as exc:  # the store is down: the next process's sweep resumes it
+            log.warning("could not close run %s: %s", run_id, exc)
+
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:
         """Put a new run on ``queue``: a replica listening to it takes it when it has room."""
         found = await DBOS.retrieve_queue_async(queue)
@@ -374,7 +635,8 @@ class DurableEngine:
             await found.enqueue_async(_run_workflow, run_id)
 
     async def resume(self, run_id: str, queue: str) -> None:
-        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept).
+        """Put a run whose process stopped back on ``queue`` (its checkpoints are kept; a run
+        that stopped before its workflow was written gets one there).
 
         ``RuntimeFailure`` when its workflow is of another ``APP_VERSION``: no process of this
         version would take it from the queue, so the caller closes the run instead (its
@@ -390,7 +652,12 @@ class DurableEngine:
         if starts is not None:
             starts.queued(run_id)  # before DBOS may dequeue it
         try:
-            await DBOS.resume_workflow_async(run_id, queue_name=queue)
+            if found is None:
+                # Its process stopped between the admission that claimed it and its workflow's
+                # start (ADR 0031): no step of it ran; it starts on the queue, as a resume.
+                await self.enqueue(run_id, queue, priority=1)
+            else:
+                await DBOS.resume_workflow_async(run_id, queue_name=queue)
         except BaseException:
             if starts is not None:
                 starts.began(run_id)  # it waits nowhere
@@ -426,6 +693,12 @@ class DurableEngine:
             load_output=False,
         )
         return [w.workflow_id for w in found]
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (by someone else than its own steps)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @DBOS.workflow(name=WORKFLOW, max_recovery_attempts=None)

@@ -8,7 +8,9 @@ once**, as a workflow of this process, when
 * fewer than ``durability.concurrency`` runs of its queue execute here, and
 * no run it put on its queue still waits there (a new run never overtakes a queued one).
 
-Otherwise the run goes on the queue, as before, for this daemon or any replica on the queue.
+Otherwise the run goes on the queue, as before, for this daemon or any replica on the queue -- or,
+when only the first condition fails, waits in the daemon for a slot (``DurableEngine.reserve``,
+ADR 0031).
 
 The limit counts both kinds the same way DBOS counts its own: a run started at once takes a slot in
 DBOS's registry of this process's workflows *under the queue's name* before its workflow is

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -54,7 +55,11 @@ class Executor(Protocol):
 
 
 async def begin_execution(
-    runtime: Executor, run_id: str, admitted: tuple[RunRecord, RunSpec] | None = None
+    runtime: Executor,
+    run_id: str,
+    admitted: tuple[RunRecord, RunSpec] | None = None,
+    *,
+    claimed: bool = False,
 ) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
     """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
     this process's) and, when it resumes, the log as it stood; ``None``
@@ -64,11 +69,17 @@ async def begin_execution(
     ``admitted``: the run and its spec as this process admitted them. The claim alone decides
     (it takes only an open run with a spec); when it is the run's first (attempt 1, nothing of
     the run executed anywhere yet), the run is as admitted and nothing is read back (ADR 0029).
+    ``claimed``: the admission was the run's claim (it stored the run held by this process, at
+    attempt 1, ADR 0031): it is not claimed again while its lease surely lasts, since nothing
+    else takes a run whose lease has not expired.
     """
     store = runtime.store
     assert isinstance(store, DurableRunStore)
     owner = runtime.leases.owner.owner_id
-    attempt = await store.claim_run(run_id, owner, runtime.leases.ttl_s)
+    if claimed and admitted is not None and admitted[0].owner == owner:
+        attempt: int | None = 1 if await _still_held(runtime, admitted[0]) else None
+    else:
+        attempt = await store.claim_run(run_id, owner, runtime.leases.ttl_s)
     if attempt is None:
         if (await store.get_run(run_id)).status in OPEN_RUN_STATUSES:
             log.warning("run %s is held by another process; not executing it here", run_id)
@@ -114,6 +125,18 @@ async def begin_execution(
     if resumed is None and before.metadata.get("suspended") is None:
         return before, spec, tools, None  # read after its claim; nothing changed it since
     return await store.get_run(run_id), spec, tools, resumed
+
+
+async def _still_held(runtime: Executor, run: RunRecord) -> bool:
+    """Whether this process still holds ``run``, which its admission claimed. Its lease runs
+    from the admission; the execution renews it within ``renew_every`` of beginning, so with
+    that much left (and a second to spare) nothing else can have taken the run. Otherwise the
+    renewal is the check: it extends only leases this process still holds on open runs."""
+    keeper = runtime.leases
+    if time.time() + keeper.renew_every + 1.0 < (run.lease_expires_at or 0.0):
+        return True
+    store = runtime.store
+    return run.run_id in await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s)
 
 
 async def check_resumable(

@@ -102,7 +102,13 @@ from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
-from thoughtgate.store.leases import LOST_LEASE, EndedTask, close_run_interrupted, end_run
+from thoughtgate.store.leases import (
+    LOST_LEASE,
+    UNWRITTEN,
+    EndedTask,
+    close_run_interrupted,
+    end_run,
+)
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
@@ -128,7 +134,7 @@ ObserverFactory = Callable[[RunRecord, Disclosure], LoopObserver | None]
 
 SUSPENDED = "its process is shutting down; it resumes in another process"
 """Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
-_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE})
+_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
 
@@ -209,6 +215,8 @@ class Runtime:
         process reads them from the store, ``stored_spec``). Such a run is pending and held by
         this process's lease until it executes, so nothing else can have changed it while that
         lease lasts (a later execution reads the run back)."""
+        self._claimed: set[str] = set()
+        """Admitted runs whose admission was their durable claim (ADR 0031), not yet begun."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -299,8 +307,9 @@ class Runtime:
         queue: str | None = None,
     ) -> tuple[RunRecord, int]:
         """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
-        (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it waits
-        there for a replica instead of being executed by this process. Also returns the run's
+        (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it goes
+        where the durable engine places it (``DurableEngine.reserve``: executed here at once,
+        waiting here, or waiting on the queue for any replica). Also returns the run's
         rank among its key's open runs (1 for a key's only run), its priority in the queue."""
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
@@ -320,15 +329,27 @@ class Runtime:
         prepared: dict[str, Provider] = {}
         if backend == "provider":
             prepared = await self._prepare([spec.model or model for spec in specs])
+        run_id = new_id("run")
+        # A durable run this process executes at once is claimed by its admission (ADR 0031):
+        # the daemon reserves its place among its queue's running workflows first.
+        # One that can take no checkpoint in that execution -- one task, of a model, without
+        # tools -- takes it without a workflow.
+        unwritten = len(specs) == 1 and not names and backend == "provider"
+        # A run that must wait for a slot may wait in this daemon, held by it (``wait``).
+        place = None
+        if queue and self.durable is not None:
+            place = await self.durable.reserve(run_id, queue, unwritten=unwritten)
+        claimed = self.durable is not None and (place == "start" if queue else True)
+        held = claimed or not queue or place == "wait"
         run = RunRecord(
-            new_id("run"),
+            run_id,
             request.prompt,
             model=model,
             chain_of_thought=mode,
             worker_backend=backend,
             metadata=dict(request.metadata),
-            owner=None if queue else self.leases.owner.owner_id,
-            lease_expires_at=None if queue else self.leases.lease_until(),
+            owner=self.leases.owner.owner_id if held else None,
+            lease_expires_at=self.leases.lease_until() if held else None,
             started_by=request.started_by,
         )
         run.tasks = [
@@ -364,9 +385,13 @@ class Runtime:
         spec = RunSpec(tuple(specs), names)
         try:
             rank = await self._store_run(
-                run, spec, opening, key_id=key_id, quota=quota, queue=queue
+                run, spec, opening, key_id=key_id, quota=quota, queue=queue, claimed=claimed
             )
+            if claimed:
+                self._claimed.add(run_id)
         except BaseException:
+            if place is not None and self.durable is not None:
+                self.durable.unreserve(run_id)
             await _close_all(prepared.values())
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
@@ -395,10 +420,13 @@ class Runtime:
         key_id: str | None,
         quota: Quota | None,
         queue: str | None,
+        claimed: bool = False,
     ) -> int:
         """Store the run with its tasks, its spec (where the store keeps specs) and its
         ``opening`` events -- in one transaction where the store admits runs (one commit per
-        run start, not two); returns its rank among its key's open runs."""
+        run start, not two); returns its rank among its key's open runs. ``claimed``: the run
+        is stored as its durable claim leaves it (``DurableRunStore.claim_run``: held by
+        ``run.owner``, attempt 1, not waiting in a queue), for this process executes it now."""
         check_new_events(opening)
         if not isinstance(self.store, DurableRunStore):
             if queue or quota:
@@ -413,7 +441,8 @@ class Runtime:
             durable=self.durable is not None,
             resume="queue" if queue else "manual",
             queue=queue,
-            queued_at=time.time() if queue else None,
+            attempts=1 if claimed else 0,
+            queued_at=time.time() if queue and run.owner is None else None,
         )
         admission = await self.store.admit_run(run, record, quota=quota, events=opening)
         if not admission.admitted:
@@ -547,27 +576,30 @@ class Runtime:
     def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
         """The run and its spec as this process admitted them, once: for its first execution
         here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
+        self._claimed.discard(run_id)
         return self._admitted.pop(run_id, None)
 
-    async def execute_workflow(self, run_id: str) -> str:
+    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
         took it: claim the run, say it resumed when it did, then run its tasks through
-        checkpointed steps. Returns the run's status."""
+        checkpointed steps. Returns the run's status. ``unwritten``: the first execution of a
+        run that can take no checkpoint, without a workflow (``DurableEngine.submit``)."""
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
+        claimed = run_id in self._claimed
         admitted = self.forget_admitted(run_id)
         early = self._cancelled_early.pop(run_id, None)
         if early is not None:
             raise asyncio.CancelledError(early)
         self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            begun = await begin_execution(self, run_id, admitted)
+            begun = await begin_execution(self, run_id, admitted, claimed=claimed)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed = begun
             try:
-                steps = _DurableSteps.of(resumed)
+                steps = _DurableSteps.of(resumed, unwritten=unwritten)
                 return await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
@@ -1032,10 +1064,10 @@ class _DurableSteps:
     """Builds the engine's checkpointed steps without importing DBOS here."""
 
     @staticmethod
-    def of(resumed: ResumeLog | None) -> Steps:
-        from thoughtgate.orchestration.durable import DbosSteps
+    def of(resumed: ResumeLog | None, *, unwritten: bool = False) -> Steps:
+        from thoughtgate.orchestration.durable import DbosSteps, UnwrittenSteps
 
-        return DbosSteps(resumed)
+        return UnwrittenSteps(resumed) if unwritten else DbosSteps(resumed)
 
 
 @dataclass(frozen=True, slots=True)

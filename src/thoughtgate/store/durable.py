@@ -11,11 +11,15 @@ The states of an open durable run, as the ``runs`` and ``run_specs`` rows tell t
 state                      owner       queued_at      who moves it on
 =========================  ==========  =============  ===========================================
 queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run
+waiting in its daemon      a process   none           the daemon starts it (claim_run) or queues
+                                                      it (release_run); dies: release_run
 executing                  a process   none           it ends, or its process dies: release_run
 suspended (manual resume)  none        none           ``thoughtgate resume`` / the web page
 =========================  ==========  =============  ===========================================
 
 Every move is one conditional statement (compare-and-set), so two processes never both take a run.
+A run its daemon executes at once is admitted *executing*, at attempt 1 (its admission is its
+claim, ADR 0031); one that waits in its daemon is admitted *waiting*, at attempt 0.
 """
 
 from __future__ import annotations

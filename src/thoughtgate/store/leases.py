@@ -55,6 +55,7 @@ from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES,
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
+    "UNWRITTEN",
     "EndedTask",
     "Owner",
     "close_orphaned_runs",
@@ -73,6 +74,9 @@ LOST_LEASE = "its lease expired and another thoughtgate process closed it"
 GONE = "the process executing it stopped (crash, kill or power loss)"
 RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
+UNWRITTEN = "its first execution, which kept no checkpoints, needed one"
+"""Why a durable run's first execution without a workflow (ADR 0031) hands the run over to one
+in the same process: a step of it has a result a resume would need."""
 
 
 def _host_key() -> str:

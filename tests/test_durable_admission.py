@@ -1,0 +1,217 @@
+"""How a daemon admits and starts its durable runs (ADR 0031), with the real engine.
+
+* A run the daemon starts at once is claimed by its admission; one of a single model task without
+  tools executes its first execution without a DBOS workflow (nothing in it needs a checkpoint).
+* Runs beyond the daemon's concurrency wait in the daemon, held by it, and start as slots free;
+  they go on the queue when the daemon stops starting runs (it is shutting down).
+* A run admitted by a process that stopped before it began is put on the queue by the lease sweep
+  and completes -- its workflow is written then.
+* An execution without a workflow that needs a checkpoint after all continues as a workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbos import DBOS
+from support.durable import one_lookup
+
+from thoughtgate.config import Config, DurabilityConfig
+from thoughtgate.orchestration.durable import DurableEngine
+from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
+from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.inprocess]
+
+
+def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
+    async def gen() -> AsyncIterator[Any]:
+        await asyncio.sleep(0.2)
+        yield text("done")
+
+    return gen()
+
+
+@pytest.fixture
+def scripts() -> Iterator[None]:
+    FAKE_SCRIPTS["admit-slow"] = _slow
+    FAKE_SCRIPTS["unasked-tool"] = one_lookup  # a tool nobody offered
+    yield
+    del FAKE_SCRIPTS["admit-slow"], FAKE_SCRIPTS["unasked-tool"]
+
+
+class _Daemon:
+    def __init__(self, store: SQLiteStore, config: Config) -> None:
+        self.store = store
+        self.runtime = Runtime(store, config)
+        self.engine = DurableEngine.attach(self.runtime, config.durability)
+
+    @property
+    def queue(self) -> str:
+        assert self.engine.queue is not None
+        return self.engine.queue
+
+    async def start(self, model: str) -> str:
+        run, rank = await self.runtime.admit(RunRequest("hi", model=model), queue=self.queue)
+        await self.engine.submit(run.run_id, self.queue, priority=rank)
+        return run.run_id
+
+    async def types(self, run_id: str) -> list[str]:
+        return [str(e.type) for e in await self.store.read(run_id)]
+
+
+async def _daemon(tmp_path: Path, **durability: Any) -> _Daemon:
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    daemon = _Daemon(store, Config(durability=DurabilityConfig(**durability)))
+    await daemon.engine.launch(listen=[])
+    return daemon
+
+
+async def _close(daemon: _Daemon) -> None:
+    await daemon.engine.close()
+    await daemon.store.close()
+
+
+async def test_a_run_started_at_once_is_claimed_by_its_admission_and_writes_no_workflow(
+    tmp_path: Path,
+) -> None:
+    daemon = await _daemon(tmp_path)
+    try:
+        run_id = await daemon.start("fake:echo")
+        spec = await daemon.store.get_run_spec(run_id)
+        assert spec is not None and spec.attempts == 1 and spec.queued_at is None
+        run = await daemon.store.get_run(run_id)
+        assert run.owner == daemon.runtime.leases.owner.owner_id
+        await _until(lambda: _ended(daemon, [run_id]))
+        assert (await daemon.store.get_run(run_id)).status == "completed"
+        assert await DBOS.get_workflow_status_async(run_id) is None
+        assert "run.resumed" not in await daemon.types(run_id)
+        spec = await daemon.store.get_run_spec(run_id)
+        assert spec is not None and spec.attempts == 1, "claimed once, by its admission"
+    finally:
+        await _close(daemon)
+
+
+async def test_runs_beyond_the_concurrency_wait_in_the_daemon_and_all_complete(
+    tmp_path: Path, scripts: None
+) -> None:
+    """With a queue polled once a minute, a run that waited on it would outlast the test."""
+    daemon = await _daemon(tmp_path, concurrency=2, poll_interval_s=60.0)
+    try:
+        runs = [await daemon.start("fake:admit-slow") for _ in range(5)]
+        most = 0
+        while not await _ended(daemon, runs):
+            most = max(most, len(daemon.runtime.executing))
+            await asyncio.sleep(0.005)
+        assert 1 <= most <= 2
+        assert [(await daemon.store.get_run(r)).status for r in runs] == ["completed"] * 5
+        for run_id in runs:
+            assert await DBOS.get_workflow_status_async(run_id) is None
+            assert "run.resumed" not in await daemon.types(run_id)
+        assert daemon.engine.starts is not None and not daemon.engine.starts.waiting
+    finally:
+        await _close(daemon)
+
+
+async def test_a_daemon_that_stops_starting_puts_the_runs_waiting_in_it_on_the_queue(
+    tmp_path: Path, scripts: None
+) -> None:
+    """Any replica may take them there (or this daemon's restart), at once."""
+    daemon = await _daemon(tmp_path, concurrency=1, poll_interval_s=60.0)
+    try:
+        first, *waiting = [await daemon.start("fake:admit-slow") for _ in range(3)]
+        await daemon.engine.stop_starting()
+        for run_id in waiting:
+            status = await DBOS.get_workflow_status_async(run_id)
+            assert status is not None and status.status == "ENQUEUED"
+            spec = await daemon.store.get_run_spec(run_id)
+            assert spec is not None and spec.queued_at is not None and spec.attempts == 0
+            assert (await daemon.store.get_run(run_id)).owner is None
+        await _until(lambda: _ended(daemon, [first]))
+        assert await DBOS.get_workflow_status_async(first) is None
+        assert [(await daemon.store.get_run(r)).status for r in waiting] == ["pending"] * 2
+    finally:
+        await _close(daemon)
+
+
+async def test_a_run_whose_process_stopped_between_its_admission_and_its_start_completes(
+    tmp_path: Path,
+) -> None:
+    """Its admission claimed it; the lease sweep finds its process gone and puts it on the
+    queue, where no workflow of it exists yet: it gets one, and resumes."""
+    daemon = await _daemon(tmp_path, poll_interval_s=0.1)
+    try:
+        run, _ = await daemon.runtime.admit(RunRequest("hi", model="fake:echo"), queue=daemon.queue)
+        daemon.engine.unreserve(run.run_id)  # it never starts here: as if the process stopped
+        daemon.runtime.forget_admitted(run.run_id)
+        me = daemon.runtime.leases.owner
+        restarted = Owner(me.host, me.pid, "restarted")
+
+        async def requeue(run_id: str, _: object) -> None:
+            await daemon.engine.resume(run_id, daemon.queue)
+
+        assert await close_orphaned_runs(daemon.store, me=restarted, requeue=requeue) == []
+        await _until(lambda: _ended(daemon, [run.run_id]))
+        assert (await daemon.store.get_run(run.run_id)).status == "completed"
+        assert (await daemon.types(run.run_id)).count("run.resumed") == 1
+    finally:
+        await _close(daemon)
+
+
+async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues_as_one(
+    tmp_path: Path, scripts: None
+) -> None:
+    daemon = await _daemon(tmp_path)
+    try:
+        run_id = await daemon.start("fake:unasked-tool")
+        await _until(lambda: _ended(daemon, [run_id]))
+        run = await daemon.store.get_run(run_id)
+        assert run.status == "completed" and run.tasks[0].output == "the answer"
+        events = await daemon.store.read(run_id)
+        resumed = [e for e in events if e.type == "run.resumed"]
+        assert len(resumed) == 1 and resumed[0].payload["reason"] == UNWRITTEN
+        status = await DBOS.get_workflow_status_async(run_id)
+        assert status is not None and status.status == "SUCCESS"
+        steps = await DBOS.list_workflow_steps_async(run_id)
+        assert [s["function_name"].split(": ", 1)[1] for s in steps][:1] == ["model turn 0"]
+    finally:
+        await _close(daemon)
+
+
+async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its daemon holds it, so no lease sweep of a live daemon would ever take it."""
+    daemon = await _daemon(tmp_path)
+
+    async def refused(run_id: str) -> asyncio.Future[Any]:
+        raise RuntimeError("the workflows database is gone")
+
+    try:
+        monkeypatch.setattr(daemon.engine, "start", refused)
+        run_id = await daemon.start("fake:unasked-tool")
+        await _until(lambda: _ended(daemon, [run_id]))
+        run = await daemon.store.get_run(run_id)
+        assert run.status == "interrupted"
+        assert "could not continue as a workflow" in (run.error or "")
+    finally:
+        await _close(daemon)
+
+
+async def _ended(daemon: _Daemon, run_ids: list[str]) -> bool:
+    statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
+    return all(s not in ("pending", "running") for s in statuses)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)

@@ -260,8 +260,10 @@ class RunManager:
         so the next sweep of any replica (or this daemon's restart) resumes them."""
         if self.runtime.durable is None:
             return
-        with contextlib.suppress(Exception):  # runs waiting here go on the queue (ADR 0031)
+        try:  # runs waiting here go on the queue (ADR 0031)
             await self.runtime.durable.stop_starting()
+        except Exception as exc:  # they stay held by this process: the lease sweep takes them
+            log.warning("could not put the runs waiting here on the queue: %s", exc)
         executing = self.runtime.workflow_tasks()
         if executing and grace > 0:
             await asyncio.wait(executing.values(), timeout=grace)

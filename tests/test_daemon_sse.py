@@ -19,6 +19,7 @@ from support.daemon import (
     running_daemon,
     sse_events,
     stream_all,
+    ticketing_daemon,
 )
 
 from thoughtgate.access.roles import Role
@@ -35,10 +36,7 @@ SECRET = "test-ticket-secret"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    config = Config.from_mapping(
-        {"server": {"keepalive_s": 0.2, "secret": SECRET, "ticket_ttl_s": 30}}
-    )
-    with running_daemon(config=config, shutdown_grace_s=0.1) as d:
+    with ticketing_daemon(SECRET, keepalive_s=0.2) as d:
         yield d
 
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import Daemon, auth, running_daemon
+from support.daemon import Daemon, auth, ticketing_daemon
 
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import TicketSigner
-from thoughtgate.config import Config
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
 SECRET = "live-access-secret"
@@ -27,10 +26,7 @@ PROMISE_S = 5.0
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    config = Config.from_mapping(
-        {"server": {"keepalive_s": 0.5, "secret": SECRET, "ticket_ttl_s": 30}}
-    )
-    with running_daemon(config=config, shutdown_grace_s=0.1) as d:
+    with ticketing_daemon(SECRET, keepalive_s=0.5) as d:
         yield d
 
 

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.daemon import Daemon, auth, running_daemon, sse_events, stream_all
+from support.daemon import Daemon, auth, sse_events, stream_all, ticketing_daemon
 
-from thoughtgate.config import Config
 from thoughtgate.events.schema import is_run_terminal
 
 SECRET = "stream-after-end-secret"
@@ -20,10 +19,7 @@ SECRET = "stream-after-end-secret"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    config = Config.from_mapping(
-        {"server": {"keepalive_s": 0.5, "secret": SECRET, "ticket_ttl_s": 30}}
-    )
-    with running_daemon(config=config, shutdown_grace_s=0.1) as d:
+    with ticketing_daemon(SECRET, keepalive_s=0.5) as d:
         yield d
 
 

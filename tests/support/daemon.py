@@ -468,3 +468,16 @@ def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Ite
             yield Daemon(server.base_url, keys, store, app)
     finally:
         asyncio.run(store.close())
+
+
+@contextlib.contextmanager
+def ticketing_daemon(secret: str, *, keepalive_s: float) -> Iterator[Daemon]:
+    """:func:`running_daemon` signing live-channel tickets with ``secret`` (valid 30 s), its
+    idle streams sending a keep-alive every ``keepalive_s``: the live-stream tests' daemon."""
+    from thoughtgate.config import Config
+
+    config = Config.from_mapping(
+        {"server": {"keepalive_s": keepalive_s, "secret": secret, "ticket_ttl_s": 30}}
+    )
+    with running_daemon(config=config, shutdown_grace_s=0.1) as daemon:
+        yield daemon

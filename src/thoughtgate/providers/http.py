@@ -353,10 +353,6 @@ class HTTPTransport:
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
 
-    def _url(self, path: str) -> httpx.URL:
-        """:meth:`url`, parsed once per process (:func:`_parsed_url`)."""
-        return _parsed_url(self.url(path))
-
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, 60.0)

@@ -204,13 +204,20 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=False)
 
-    async def write(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        merge: tuple[Merge, Any] | None = None,
+    ) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
         ``fn`` must only touch the database (it may run again: when another write of its group
         raised, the group runs again write by write) and may raise to undo its own changes.
+        ``merge``: as ``queue_write``'s.
         """
-        return await self._submit(action, fn, grouped=True)
+        return await self._submit(action, fn, grouped=True, merge=merge)
 
     def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """:meth:`call`, queued on the thread now rather than when a task first runs: a read
@@ -224,7 +231,12 @@ class SQLiteThread:
         return future
 
     async def write_then(
-        self, action: str, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], R]
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], R],
+        *,
+        merge: tuple[Merge, Any] | None = None,
     ) -> R:
         """``write``, and ``then(fn's result)`` on the event loop in the commit's hand-off,
         before the caller resumes; returns what ``then`` returned.
@@ -235,7 +247,7 @@ class SQLiteThread:
         hand-off itself, in commit order; ``then`` also runs when the caller was cancelled
         meanwhile (the write committed all the same). It runs only after a successful commit.
         """
-        return await self._submit(action, fn, grouped=True, then=then)  # type: ignore[arg-type]
+        return await self._submit(action, fn, grouped=True, then=then, merge=merge)  # type: ignore[arg-type]
 
     def queue_write(
         self,
@@ -271,12 +283,13 @@ class SQLiteThread:
         grouped: bool,
         needs_connection: bool = True,
         then: Callable[[Any], Any] | None = None,
+        merge: tuple[Merge, Any] | None = None,
     ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then))
+        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then, merge))
         return await future
 
     async def close(self) -> None:

@@ -1207,7 +1207,10 @@ two made by ``create`` in it, two by ``admit``, one never made."""
 _RUN_OPS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["create", "admit", "admit", "append", "append", "start", "finish", "finish_leased"]
+            [
+                *("create", "admit", "admit", "append", "append", "start"),
+                *("finish", "finish_leased", "claim", "claim_other"),
+            ]
         ),
         st.integers(0, len(_TARGETS) - 1),
         st.integers(0, 3),  # events
@@ -1226,11 +1229,12 @@ _RUN_OPS = st.lists(
 def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
     tmp_path: Path, ops: list[tuple[str, int, int]]
 ) -> None:
-    """Any mix of run creations, admissions under a quota, appends and endings queued into one
-    group -- with some that fail or are refused: a run id made twice, a run that does not exist,
-    a key past its quota (open runs and starts a minute, counted within the group too), an
-    ending whose lease was renewed -- tells each caller what the same writes made one at a time
-    tell, and leaves the same log, run index, specs and run-list change numbers."""
+    """Any mix of run creations, admissions under a quota, claims, appends and endings queued
+    into one group -- with some that fail or are refused: a run id made twice, a run that does
+    not exist, a key past its quota (open runs and starts a minute, counted within the group
+    too), a run another process holds, an ending whose lease was renewed -- tells each caller
+    what the same writes made one at a time tell, and leaves the same log, run index, specs,
+    leases and run-list change numbers."""
     folder = tmp_path / str(next(_EXAMPLE))
     folder.mkdir()
 
@@ -1265,6 +1269,9 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
                     return store.append(run_id, [started, *deltas(n)])
                 if op == "append":
                     return store.append(run_id, deltas(max(n, 1)))
+                if op.startswith("claim"):
+                    owner = "o2" if op == "claim_other" else "o"
+                    return store.claim_run("adm_pre" if n == 3 else run_id, owner, 30.0)
                 by = now + 60 if op == "finish_leased" else None  # run_0's lease goes past it
                 ending = RunEnding("completed", lease_expired_by=by, tasks=[])
                 return store.finish_run(run_id, deltas(n), ending)

@@ -369,7 +369,18 @@ class _End:
     ending: RunEnding
 
 
-_Merged = _Append | _Start | _End
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """``claim_run`` as data."""
+
+    run_id: str
+    owner: str
+    ttl_s: float
+    columns: codec.EncodedEvents = _NO_EVENTS
+    update: IndexUpdate | None = None
+
+
+_Merged = _Append | _Start | _End | _Claim
 
 
 def _merged_writes(conn: sqlite3.Connection, items: list[_Merged]) -> list[Any]:
@@ -390,10 +401,12 @@ def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
     """``items`` cut where doing starts, then appends, then endings would not be queue order:
     before a start of a run already named in the span (made again, or named before it was
     made), before an append or an ending of a run ended in the span, before an ending of a run
-    whose status an append of the span changed (its check must see that), and before a start
-    with a quota once the span has ended a run or changed a status (the quota counts open
-    runs, and the span's starts are counted before its endings)."""
+    whose status an append of the span changed (its check must see that), before a claim of a
+    run that a write other than its start named in the span (claims come second, after the
+    starts), and before a start with a quota once the span has ended a run or changed a status
+    (the quota counts open runs, and the span's starts are counted before its endings)."""
     named: set[str] = set()
+    touched: set[str] = set()
     ended: set[str] = set()
     restated: set[str] = set()
     begin = 0
@@ -401,13 +414,17 @@ def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
         run_id = item.run_id
         if isinstance(item, _Start):
             cut = run_id in named or (item.quota is not None and bool(ended or restated))
+        elif isinstance(item, _Claim):
+            cut = run_id in touched
         else:
             cut = run_id in ended or (isinstance(item, _End) and run_id in restated)
         if cut:
             yield items[begin:k]
             begin = k
-            named, ended, restated = set(), set(), set()
+            named, touched, ended, restated = set(), set(), set(), set()
         named.add(run_id)
+        if not isinstance(item, _Start):
+            touched.add(run_id)
         if isinstance(item, _End):
             ended.add(run_id)
         elif item.update is not None and "status" in item.update.run:
@@ -417,12 +434,14 @@ def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
 
 def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
     """One span's writes: the starts (quotas counted once per key, one change-number
-    allocation, multi-row inserts), the endings' checks (one query), the numbering and insert
+    allocation, multi-row inserts), the claims (three statements), the endings' checks (one
+    query), the numbering and insert
     of every event (ADR 0030), the index updates in queue order, then the endings' run rows
     (one change-number allocation, one update)."""
     now = time.time()
     out: list[Any] = [None] * len(span)
     started = _start_runs(conn, span, now, out)
+    _claim_runs(conn, span, now, out)
     ending = _check_endings(conn, span, out)
     firsts = _number_events(conn, span, started | ending, out)
     ends = [(k, item) for k, item in enumerate(span) if k in ending and isinstance(item, _End)]
@@ -441,7 +460,7 @@ def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
                     out[k] = (out[k][0], firsts.get(k, 0))
                 if item.update is not None:
                     _project(conn, item.run_id, item.update)
-        elif k in ending:
+        elif isinstance(item, _End) and k in ending:
             if item.tasks and _after_updates(span, k):
                 _insert_rows(conn, _REPLACE_TASKS, item.tasks)
             if item.update is not None:
@@ -500,6 +519,28 @@ def _start_runs(
     if specs:
         _insert_rows(conn, _INSERT_SPECS, specs)
     return {k for k, _ in stored}
+
+
+def _claim_runs(conn: sqlite3.Connection, span: list[_Merged], now: float, out: list[Any]) -> None:
+    """The span's claims, as ``claim_run`` makes each alone (``out`` gets each one's attempt,
+    or ``None``): one update takes every run it can, one numbers their changes, one counts
+    their attempts."""
+    claims = [(k, item) for k, item in enumerate(span) if isinstance(item, _Claim)]
+    if not claims:
+        return
+    rows = [(item.run_id, item.owner, now + item.ttl_s, now) for _, item in claims]
+    taken = [str(r[0]) for r in _chunked(conn, _CLAIM_HEAD, _CLAIM_TAIL, rows)]
+    if not taken:
+        return
+    last = int(conn.execute(_BUMP_CHANGES, (len(taken),)).fetchone()[0])
+    order = {run_id: k for k, run_id in enumerate(r[0] for r in rows)}
+    taken.sort(key=order.__getitem__)  # change numbers in queue order
+    changes = [(run_id, last - len(taken) + n) for n, run_id in enumerate(taken, start=1)]
+    _update_rows(conn, "UPDATE OR ROLLBACK runs SET change_seq = v.column2", changes)
+    ids = orjson.dumps(taken).decode()
+    attempts = {str(r[0]): int(r[1]) for r in conn.execute(_COUNT_ATTEMPTS, (ids,)).fetchall()}
+    for k, item in claims:
+        out[k] = attempts.get(item.run_id)
 
 
 def _check_endings(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]) -> set[int]:
@@ -655,14 +696,20 @@ def _update_rows(conn: sqlite3.Connection, update: str, rows: Sequence[tuple[Any
     _chunked(conn, f"{update} FROM (VALUES ", ") AS v WHERE runs.run_id = v.column1", rows)
 
 
-def _chunked(conn: sqlite3.Connection, head: str, tail: str, rows: Sequence[Any]) -> None:
+def _chunked(
+    conn: sqlite3.Connection, head: str, tail: str, rows: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """``head`` + rows + ``tail`` for every chunk of ``rows``; what the statements returned."""
     width = len(rows[0])
     k, n = 0, len(rows)
+    out: list[tuple[Any, ...]] = []
     while k < n:
         size = min(1 << ((n - k).bit_length() - 1), _MAX_ROWS)
         chunk = rows[k : k + size]
-        conn.execute(_rows_statement(head, tail, width, size), [v for row in chunk for v in row])
+        params = [v for row in chunk for v in row]
+        out += conn.execute(_rows_statement(head, tail, width, size), params).fetchall()
         k += size
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -674,6 +721,19 @@ def _rows_statement(head: str, tail: str, width: int, size: int) -> str:
 _MAX_ROWS = 512
 """Rows per statement at most: 512 rows of 16 values stay under SQLite's parameter limit."""
 _ANY_TAKEN = "SELECT 1 FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) LIMIT 1"
+_CLAIM_HEAD = (
+    "UPDATE OR ROLLBACK runs SET owner = v.column2, lease_expires_at = v.column3, "
+    "status = 'running', updated_at = v.column4 FROM (VALUES "
+)
+_CLAIM_TAIL = (
+    f") AS v WHERE runs.run_id = v.column1 AND {_OPEN} AND "
+    "(runs.owner IS NULL OR runs.owner = v.column2) "
+    "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) RETURNING runs.run_id"
+)
+_COUNT_ATTEMPTS = (
+    "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL "
+    "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
+)
 _ENDING_CHECK = (
     f"SELECT run_id, {_OPEN}, lease_expires_at FROM runs "
     "WHERE run_id IN (SELECT value FROM json_each(?))"
@@ -1232,7 +1292,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             ).fetchone()
             return int(row[0])
 
-        attempt = await self._write(f"claim run {run_id!r}", body)
+        item = _Claim(run_id, owner, ttl_s)
+        attempt = await self._writer.write(
+            f"claim run {run_id!r}", body, merge=(_merged_writes, item)
+        )
         if attempt is not None:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return attempt

@@ -6,9 +6,10 @@ Durability and ordering:
 * Every write runs in ``BEGIN IMMEDIATE``, which holds the database's single write lock from the
   first statement; writes queued together share one transaction (group commit, see
   ``sqlite_thread``), each stored or failed as if alone; a group's appends are made together
-  (``_append_merged``, ADR 0030). An append bumps ``runs.last_seq`` and inserts its events in
-  that transaction, so sequence numbers are gap-free and in commit order even with writers in
-  several processes, and a batch is stored all or nothing.
+  with its run starts, claims and endings (``_merged_writes``, ADR 0030 and 0033). An append
+  bumps ``runs.last_seq`` and inserts its events in that transaction, so sequence numbers are
+  gap-free and in commit order even with writers in several processes, and a batch is stored
+  all or nothing.
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
   ``poll_interval`` (an indexed range read that returns nothing when nothing is new).
 
@@ -435,46 +436,106 @@ def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
 def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
     """One span's writes: the starts (quotas counted once per key, one change-number
     allocation, multi-row inserts), the claims (three statements), the endings' checks (one
-    query), the numbering and insert
-    of every event (ADR 0030), the index updates in queue order, then the endings' run rows
-    (one change-number allocation, one update)."""
+    query), the numbering and insert of every event (ADR 0030), what the starts' and appends'
+    events change in the run index (:func:`_project_many`), the endings' task rows and index
+    changes, then the endings' run rows (one change-number allocation, one update)."""
     now = time.time()
     out: list[Any] = [None] * len(span)
     started = _start_runs(conn, span, now, out)
     _claim_runs(conn, span, now, out)
     ending = _check_endings(conn, span, out)
     firsts = _number_events(conn, span, started | ending, out)
-    ends = [(k, item) for k, item in enumerate(span) if k in ending and isinstance(item, _End)]
-    rows = [row for k, end in ends if not _after_updates(span, k) for row in end.tasks]
-    if rows:  # (the tasks of endings after which nothing changes their run's index: at once)
-        _insert_rows(conn, _REPLACE_TASKS, rows)
+    projected: list[tuple[int, str, IndexUpdate]] = []
+    ends: list[_End] = []
     for k, item in enumerate(span):
         if isinstance(item, _Append):
             if not isinstance(out[k], Exception):
                 out[k] = firsts[k]
                 if item.update is not None:
-                    out[k] = (out[k], _project(conn, item.run_id, item.update))
+                    projected.append((k, item.run_id, item.update))
         elif isinstance(item, _Start):
             if k in started:
                 if item.spec is not None:
                     out[k] = (out[k][0], firsts.get(k, 0))
                 if item.update is not None:
-                    _project(conn, item.run_id, item.update)
+                    projected.append((k, item.run_id, item.update))
         elif isinstance(item, _End) and k in ending:
-            if item.tasks and _after_updates(span, k):
-                _insert_rows(conn, _REPLACE_TASKS, item.tasks)
-            if item.update is not None:
-                _project(conn, item.run_id, item.update, numbered=False)
             out[k] = firsts.get(k, 0)
-    _end_runs(conn, [end for _, end in ends])
+            ends.append(item)
+    for k, changed in _project_many(conn, projected, now, numbered=True).items():
+        if isinstance(span[k], _Append):
+            out[k] = (out[k], changed)
+    # An ending comes after every other write of its run in the span (``_spans``): its task
+    # rows and index changes follow theirs, as in queue order.
+    rows = [row for end in ends for row in end.tasks]
+    if rows:
+        _insert_rows(conn, _REPLACE_TASKS, rows)
+    endings = [(0, end.run_id, end.update) for end in ends if end.update is not None]
+    _project_many(conn, endings, now, numbered=False)
+    _end_runs(conn, ends)
     return out
 
 
-def _after_updates(span: list[_Merged], k: int) -> bool:
-    """Whether a write before ``span[k]`` (an ending) in the span changes its run's index: then
-    the ending's task rows are written in their place in queue order, after that change."""
-    run_id = span[k].run_id
-    return any(item.run_id == run_id and item.update is not None for item in span[:k])
+def _project_many(
+    conn: sqlite3.Connection,
+    updates: list[tuple[int, str, IndexUpdate]],
+    now: float,
+    *,
+    numbered: bool,
+) -> dict[int, bool]:
+    """``_project`` for each ``(position, run, update)`` in queue order, in a few statements:
+    each task's and each run's columns are folded into their last values (an update sets
+    constants, so the last one set wins either way), a ``pending`` run found once (its status
+    followed through the updates in Python), one change number given per changed update as
+    alone (a run keeps the last of its own); whether each update changed its run."""
+    if not updates:
+        return {}
+    starting = sorted({run_id for _, run_id, update in updates if update.starts})
+    status: dict[str, str] = {}
+    if starting:
+        ids = orjson.dumps(starting).decode()
+        status = {str(r[0]): str(r[1]) for r in conn.execute(_STATUSES, (ids,)).fetchall()}
+    tasks: dict[tuple[str, str], dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    changed: dict[int, bool] = {}
+    changes = 0
+    last_change: dict[str, int] = {}
+    for k, run_id, update in updates:
+        for task_id, fields in update.tasks.items():
+            tasks.setdefault((run_id, task_id), {}).update(codec.index_columns(fields))
+        change = False
+        if update.starts and status.get(run_id) == "pending":
+            status[run_id] = "running"
+            runs.setdefault(run_id, {})["status"] = "running"
+            change = True
+        if update.run:
+            sets = codec.index_columns(update.run)
+            runs.setdefault(run_id, {}).update(sets)
+            if "status" in sets:
+                status[run_id] = sets["status"]
+            change = True
+        changed[k] = change
+        if change:
+            changes += 1
+            last_change[run_id] = changes
+    by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    for (run_id, task_id), sets in tasks.items():
+        by_columns.setdefault(tuple(sets), []).append((run_id, task_id, *sets.values()))
+    for columns, rows in by_columns.items():
+        assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=3))
+        _chunked(conn, f"UPDATE OR ROLLBACK tasks SET {assignments} FROM (VALUES ", _TASK_ROW, rows)
+    first = 0
+    if numbered and changes:
+        first = int(conn.execute(_BUMP_CHANGES, (changes,)).fetchone()[0]) - changes
+    by_columns = {}
+    for run_id, sets in runs.items():
+        if numbered:
+            sets = {**sets, "updated_at": now, "change_seq": first + last_change[run_id]}
+        by_columns.setdefault(tuple(sets), []).append((run_id, *sets.values()))
+    for columns, rows in by_columns.items():
+        assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=2))
+        _update_rows(conn, f"UPDATE OR ROLLBACK runs SET {assignments}", rows)
+    return changed
 
 
 def _start_runs(
@@ -734,6 +795,8 @@ _COUNT_ATTEMPTS = (
     "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL "
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
 )
+_STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
+_TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
 _ENDING_CHECK = (
     f"SELECT run_id, {_OPEN}, lease_expires_at FROM runs "
     "WHERE run_id IN (SELECT value FROM json_each(?))"

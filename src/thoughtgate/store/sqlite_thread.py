@@ -40,7 +40,7 @@ runs appending, for 0.1 ms of the thread's CPU). So:
 * a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
   that share a merge function are handed to it together, and it does their work in a handful of
   statements (the store's appends: one statement numbers every run's batch, one inserts up to
-  128 rows). It answers, per write, the value or the error that fails that write alone (having
+  128 rows; its run starts, claims and endings too, ADR 0033). It answers, per write, the value or the error that fails that write alone (having
   changed nothing of it), in queue order; anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::

@@ -1200,10 +1200,15 @@ def _plain(event: Event) -> tuple[object, ...]:
 
 
 # -- merged run starts and endings (ADR 0033) ---------------------------------------------------
-_KEY_QUOTA = Quota("key_a", max_open=3, max_per_minute=4)
+_QUOTAS = (
+    Quota("key_a", max_open=2, max_per_minute=100),
+    Quota("key_b", max_open=100, max_per_minute=2),
+)
 _TARGETS = ["run_0", "run_1", "new_0", "new_1", "adm_0", "adm_1", "run_missing"]
 """Runs a write of the property below may name: two made before the group (``run_0`` leased),
-two made by ``create`` in it, two by ``admit``, one never made."""
+two made by ``create`` in it, two by ``admit`` (``adm_0`` … ``adm_6``, the even ones of
+``key_a``, at most two open, the odd ones of ``key_b``, at most two starts a minute), one
+never made."""
 _RUN_OPS = st.lists(
     st.tuples(
         st.sampled_from(
@@ -1247,11 +1252,12 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
             )
             await store.create_run(leased)
             await store.create_run(RunRecord("run_1", "p", tasks=[_task("run_1")]))
-            await store.admit_run(  # one open run of the key before the group
-                RunRecord("adm_pre", "p"),
-                RunSpecRecord("adm_pre", {}, key_id="key_a"),
-                quota=_KEY_QUOTA,
-            )
+            for quota in _QUOTAS:  # one open run, one start, of each key before the group
+                await store.admit_run(
+                    RunRecord(f"pre_{quota.key_id}", "p"),
+                    RunSpecRecord(f"pre_{quota.key_id}", {}, key_id=quota.key_id),
+                    quota=quota,
+                )
             before = await store.latest_run_change()
 
             def write(op: str, k: int, n: int) -> Awaitable[Any]:
@@ -1260,10 +1266,10 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
                     name = f"new_{k % 2}"
                     return store.create_run(RunRecord(name, "p", tasks=[_task(name)]))
                 if op == "admit":
-                    name = f"adm_{k % 2}" if k < 4 else f"adm_{k}"
+                    name, quota = f"adm_{k}", _QUOTAS[k % 2]
                     run = RunRecord(name, "p", tasks=[_task(name)])
-                    spec = RunSpecRecord(name, {"k": k}, key_id="key_a")
-                    return store.admit_run(run, spec, quota=_KEY_QUOTA, events=deltas(n))
+                    spec = RunSpecRecord(name, {"k": k}, key_id=quota.key_id)
+                    return store.admit_run(run, spec, quota=quota, events=deltas(n))
                 if op == "start":
                     started = NewEvent(EventType.TASK_STARTED, {}, task_id=f"task_{run_id}")
                     return store.append(run_id, [started, *deltas(n)])
@@ -1271,7 +1277,7 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
                     return store.append(run_id, deltas(max(n, 1)))
                 if op.startswith("claim"):
                     owner = "o2" if op == "claim_other" else "o"
-                    return store.claim_run("adm_pre" if n == 3 else run_id, owner, 30.0)
+                    return store.claim_run("pre_key_a" if n == 3 else run_id, owner, 30.0)
                 by = now + 60 if op == "finish_leased" else None  # run_0's lease goes past it
                 ending = RunEnding("completed", lease_expired_by=by, tasks=[])
                 return store.finish_run(run_id, deltas(n), ending)
@@ -1288,7 +1294,8 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
                         outcomes.append(exc)
             seen = [_outcome(o) for o in outcomes]
             final: list[object] = []
-            for run_id in [*_TARGETS, "adm_pre", "adm_4", "adm_5", "adm_6"]:
+            names = [*_TARGETS, *(f"adm_{k}" for k in range(7)), "pre_key_a", "pre_key_b"]
+            for run_id in dict.fromkeys(names):
                 try:
                     record = await store.get_run(run_id)
                 except RunNotFoundError:

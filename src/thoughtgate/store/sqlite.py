@@ -386,12 +386,12 @@ _Merged = _Append | _Start | _End | _Claim
 
 def _merged_writes(conn: sqlite3.Connection, items: list[_Merged]) -> list[Any]:
     """The writer's merge function (``SQLiteThread``; ADR 0030 for appends, ADR 0033 for run
-    starts and endings): answers, per write in queue order, what its own ``fn`` would have
-    returned, or the error that fails it alone (having written nothing of it).
+    starts, claims and endings): answers, per write in queue order, what its own ``fn`` would
+    have returned, or the error that fails it alone (having written nothing of it).
 
     The writes are cut into spans (:func:`_spans`) in which doing every start first, then every
-    append, then every ending gives what queue order gives; each span is a handful of
-    statements whatever its size (:func:`_write_span`)."""
+    claim, then every append, then every ending gives what queue order gives; each span is a
+    handful of statements whatever its size (:func:`_write_span`)."""
     out: list[Any] = []
     for span in _spans(items):
         out += _write_span(conn, span)
@@ -399,7 +399,7 @@ def _merged_writes(conn: sqlite3.Connection, items: list[_Merged]) -> list[Any]:
 
 
 def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
-    """``items`` cut where doing starts, then appends, then endings would not be queue order:
+    """``items`` cut where doing starts, claims, appends, then endings would not be queue order:
     before a start of a run already named in the span (made again, or named before it was
     made), before an append or an ending of a run ended in the span, before an ending of a run
     whose status an append of the span changed (its check must see that), before a claim of a

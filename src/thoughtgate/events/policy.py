@@ -473,7 +473,6 @@ def _remember_allowed(cleaned: str) -> None:
     _ALLOWED_TEXTS[cleaned] = None
 
 
-
 class StepPolicy:
     """Checks candidate steps against fixed detectors and against what this run holds.
 

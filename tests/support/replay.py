@@ -365,8 +365,6 @@ class ReplayServer:
 
     replies: Sequence[Reply]
     bodies: list[Any] = field(default_factory=list)
-    raw: list[bytes] = field(default_factory=list)
-    """Each request's bytes as they arrived: its head and its body."""
     port: int = 0
     connections: int = 0
     """Connections accepted so far (keep-alive reuse shows as fewer connections than requests)."""
@@ -404,7 +402,6 @@ class ReplayServer:
                     if name.strip().lower() == "content-length":
                         length = int(value)
                 body = await reader.readexactly(length)
-                self.raw.append(head + body)
                 self.bodies.append(json.loads(body) if body else None)
                 reply = self.replies[min(len(self.bodies) - 1, len(self.replies) - 1)]
                 await self._answer(writer, reply)

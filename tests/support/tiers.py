@@ -86,7 +86,6 @@ TIER_OF: dict[str, str] = {
     "providers/test_h11_body.py": "inprocess",
     "providers/test_http_errors.py": "inprocess",
     "providers/test_netio.py": "inprocess",
-    "providers/test_direct_send.py": "inprocess",
     "providers/test_openai_compatible.py": "inprocess",
     "providers/test_provider_conformance.py": "inprocess",
     "providers/test_registry.py": "inprocess",

@@ -29,9 +29,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
-import logging
 import ssl
-import time
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -41,17 +39,10 @@ import anyio
 import httpcore
 import httpx
 
-from thoughtgate.providers.h11_body import BODY_READS, _private, body_reads
+from thoughtgate.providers.h11_body import BODY_READS, body_reads
 from thoughtgate.providers.netio import AsyncioBackend
 
-__all__ = [
-    "SHARD_SIZE",
-    "ProviderClients",
-    "ShardedTransport",
-    "endpoint_of",
-    "send",
-    "shared_clients",
-]
+__all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
 
 SHARD_SIZE = 4
 """Requests in flight per connection pool before the next pool takes new ones (see
@@ -238,96 +229,23 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         except BaseException:
             shard.active -= 1
             raise
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-        _lean_locks(stream)
-        reads = body_reads(stream, request)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        _lean_locks(response.stream)
+        extensions = response.extensions
+        reads = body_reads(response.stream, request)
         if reads is not None:  # the body may be read per network read (h11_body, ADR 0024)
-            # httpcore made this dict for this response alone
-            response.extensions[BODY_READS] = reads
-        # httpx's transport made this response for this request alone: its body is wrapped in
-        # place rather than the response built again (a Headers copy and a Response less)
-        response.stream = _ReleasingStream(stream, shard)
-        return response
+            extensions = {**extensions, BODY_READS: reads}
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_ReleasingStream(response.stream, shard),
+            extensions=extensions,
+        )
 
     async def aclose(self) -> None:
         shards, self._shards = self._shards, []
         for shard in shards:
             await shard.transport.aclose()
-
-
-_BoundStream: Any = _private("httpx._client", "BoundAsyncStream")
-_OPENED: Any = getattr(_private("httpx._client", "ClientState"), "OPENED", None)
-_HTTPX_LOG = logging.getLogger("httpx")
-_DIRECT: weakref.WeakKeyDictionary[httpx.AsyncClient, ShardedTransport] = (
-    weakref.WeakKeyDictionary()
-)
-"""The shared clients (:meth:`ProviderClients.client`) and the transport each was made with."""
-
-
-def _plain(client: httpx.AsyncClient, request: httpx.Request) -> bool:
-    """Whether ``client.send`` would do nothing for ``request`` but hand it to its transport and
-    put the answer in a response: no authentication (the client's, or a user and password in
-    the URL, which httpx turns into Basic authentication), no event hooks, redirects not
-    followed, no mounts (proxies), no cookies in the jar, a client not closed, and a request
-    that carries its timeouts."""
-    hooks = client.event_hooks
-    return (
-        client.auth is None
-        and not client.follow_redirects
-        and not hooks["request"]
-        and not hooks["response"]
-        and not getattr(client, "_mounts", True)
-        and not client.is_closed
-        and not request.url.userinfo
-        and "timeout" in request.extensions
-        and not client.cookies
-    )
-
-
-async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """``client.send(request, stream=True)``: the same response, the same errors, at less cost.
-
-    Why: ``AsyncClient.send`` passes every request through its layers for authentication (an
-    async generator stepped three times even with none), redirects, event hooks, an exception
-    context and cookies before its transport, and a request of an adapter to a shared client
-    needs none of them (ADR 0034). So a request to a shared client (:meth:`ProviderClients.client`)
-    that none of these layers would change (:func:`_plain`) goes to the client's transport
-    directly, and the response is finished as ``send`` finishes it: bound to its request, its
-    body timed for ``elapsed``, its cookies given to the jar, ``next_request`` set on a redirect
-    (which is not followed, as the client does not follow them), the request logged on httpx's
-    logger, a ``RequestError`` carrying its request. Any other client or request, and an httpx
-    that moved the private pieces used here, goes through ``client.send``.
-    """
-    transport = _DIRECT.get(client)
-    if transport is None or _BoundStream is None or _OPENED is None or not _plain(client, request):
-        return await client.send(request, stream=True)
-    client._state = _OPENED  # as send marks it: the client has been used
-    start = time.perf_counter()
-    try:
-        response = await transport.handle_async_request(request)
-    except httpx.RequestError as exc:
-        exc.request = request
-        raise
-    response.request = request
-    response.stream = _BoundStream(response.stream, response=response, start=start)
-    try:
-        client.cookies.extract_cookies(response)
-        response.default_encoding = client._default_encoding
-        if response.has_redirect_location:
-            response.next_request = client._build_redirect_request(request, response)
-    except BaseException:
-        await response.aclose()
-        raise
-    _HTTPX_LOG.info(
-        'HTTP Request: %s %s "%s %d %s"',
-        request.method,
-        request.url,
-        response.http_version,
-        response.status_code,
-        response.reason_phrase,
-    )
-    return response
 
 
 @dataclass(slots=True)
@@ -365,7 +283,6 @@ class ProviderClients:
             transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
             client = httpx.AsyncClient(verify=_tls_context(), transport=transport)
             _lean_cookies(client)
-            _DIRECT[client] = transport
             here.clients[key] = client
             here.transports[key] = transport
             self.created += 1

@@ -49,7 +49,7 @@ from thoughtgate.errors import (
     ProviderTimeoutError,
 )
 from thoughtgate.providers.base import ProviderSettings
-from thoughtgate.providers.clients import ProviderClients, send, shared_clients
+from thoughtgate.providers.clients import ProviderClients, shared_clients
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -407,12 +407,11 @@ class HTTPTransport:
                     request = _post_request(
                         client, url, body, self._headers, self._timeout, (text, self._request_key)
                     )
-                    response = await send(client, request)
                 else:
                     request = client.build_request(
                         "POST", url, json=body, headers=self._headers, timeout=self._timeout
                     )
-                    response = await client.send(request, stream=True)
+                response = await client.send(request, stream=True)
             except httpx.HTTPError as exc:
                 error = self._transport_error(exc, "request")
                 if error.retryable and attempt < self.settings.max_retries:

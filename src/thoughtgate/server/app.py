@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import Lifespan, Receive, Scope, Send
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -41,6 +42,7 @@ from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMid
 from thoughtgate.server.openapi import build_openapi
 from thoughtgate.server.routes import all_endpoints
 from thoughtgate.server.routes.meta import package_version
+from thoughtgate.server.routing import DepthRouter
 from thoughtgate.server.sse import SERVER_SEND, LiveStreams
 from thoughtgate.server.state import ServerState
 from thoughtgate.store.base import EventStore
@@ -60,7 +62,13 @@ _PAGE_HEADERS = {
 class _App(Starlette):
     """Starlette that keeps the server's own ``send`` in the scope before its middlewares wrap
     it: a live stream writes to its socket through it without awaiting (``server.sse``,
-    ADR 0022)."""
+    ADR 0022); its router asks only the routes that can match the path (``server.routing``)."""
+
+    def __init__(
+        self, *, routes: Sequence[BaseRoute], lifespan: Lifespan[Starlette], **options: Any
+    ) -> None:
+        super().__init__(routes=routes, lifespan=lifespan, **options)
+        self.router = DepthRouter(routes, lifespan=lifespan)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SERVER_SEND] = send

@@ -14,6 +14,7 @@ not own the store: whoever opened it closes it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -140,6 +141,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The visible-reasoning pipeline is imported on first use (a CLI command that runs
+        # nothing should not pay for it); a daemon imports it now, or its first run waits for
+        # ~50-70 ms of imports on the event loop every other run shares.
+        importlib.import_module("thoughtgate.events.pipeline")
         await state.signer()
         engine = runtime.durable
         if engine is not None:

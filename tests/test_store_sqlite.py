@@ -1199,7 +1199,7 @@ def _plain(event: Event) -> tuple[object, ...]:
     return (event.run_id, event.seq, event.type, dict(event.payload), event.task_id)
 
 
-# -- merged run starts and endings (ADR 0033) ---------------------------------------------------
+# -- merged run starts, claims and endings (ADR 0033) -------------------------------------------
 _QUOTAS = (
     Quota("key_a", max_open=2, max_per_minute=100),
     Quota("key_b", max_open=100, max_per_minute=2),

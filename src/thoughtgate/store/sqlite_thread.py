@@ -40,8 +40,9 @@ runs appending, for 0.1 ms of the thread's CPU). So:
 * a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
   that share a merge function are handed to it together, and it does their work in a handful of
   statements (the store's appends: one statement numbers every run's batch, one inserts up to
-  128 rows; its run starts, claims and endings too, ADR 0033). It answers, per write, the value or the error that fails that write alone (having
-  changed nothing of it), in queue order; anything it raises undoes the attempt as above.
+  128 rows; its run starts, claims and endings too, ADR 0033). It answers, per write, the value
+  or the error that fails that write alone (having changed nothing of it), in queue order;
+  anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::
 
@@ -247,7 +248,13 @@ class SQLiteThread:
         hand-off itself, in commit order; ``then`` also runs when the caller was cancelled
         meanwhile (the write committed all the same). It runs only after a successful commit.
         """
-        return await self._submit(action, fn, grouped=True, then=then, merge=merge)  # type: ignore[arg-type]
+        return await self._submit(
+            action,
+            fn,  # type: ignore[arg-type]
+            grouped=True,
+            then=then,
+            merge=merge,
+        )
 
     def queue_write(
         self,

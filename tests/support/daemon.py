@@ -309,6 +309,12 @@ def sse_events(body: str) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- subprocesses
 
+HANG_S = 120.0
+"""How long a wait on a ``thoughtgate`` subprocess (to start, to print something, to exit) may
+last before it counts as a hang: only a hang reaches it. A ``thoughtgate run`` starts (imports,
+DBOS, the store) in about 3 s on an idle machine but took 20-28 s on a loaded 2-core one, so the
+tighter bounds tests had failed runs that were merely slow."""
+
 
 def free_port() -> int:
     with socket.socket() as s:

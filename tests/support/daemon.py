@@ -329,7 +329,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "thoughtgate", *args],
         env=cli_env(),

@@ -146,7 +146,10 @@ def serve(port_file: Path) -> None:
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    port_file.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    # Written whole, then renamed: the bench polls for the file and must never read half of it.
+    partial = port_file.with_suffix(".partial")
+    partial.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    partial.replace(port_file)
     threading.Event().wait()  # until the bench terminates this process
 
 
@@ -160,8 +163,12 @@ def emulator_process(tmp: Path) -> Iterator[str]:
     )
     try:
         deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
+        while not port_file.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
+        if not port_file.exists():
+            raise RuntimeError(
+                f"the bench emulator did not start within 30 s (exit code {proc.poll()})"
+            )
         yield str(json.loads(port_file.read_text())["url"])
     finally:
         proc.terminate()

@@ -279,6 +279,12 @@ def install(directory: str) -> None:
 
     def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
         _parts.clear()
+        kinds: dict[str, int] = {}
+        for job in jobs:
+            kind = _kind(job.action)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if getattr(job, "merge", None) is None and job.grouped:
+                job.fn = _timed_write(job.fn, f"write {kind}")
         began, cpu = time.monotonic(), time.thread_time()
         out = commit_group(self, jobs)
         now, cpu = time.monotonic(), time.thread_time() - cpu
@@ -293,6 +299,8 @@ def install(directory: str) -> None:
                 _note(run_id, "group_merged", float(merged))
                 for part, ms in _parts.items():
                     _note(run_id, f"part {part}", ms)
+                for kind, count in kinds.items():
+                    _note(run_id, f"count {kind}", float(count))
                 other = (now - began) * 1000 - sum(_parts.values())  # (parts do not nest)
                 _note(run_id, "part other writes and BEGIN", other)
         return out
@@ -384,6 +392,25 @@ _GROUP_FIGURES = {
 }
 
 
+def _kind(action: str) -> str:
+    """What a writer job does, without its run: "append", "finish run", "save task", ..."""
+    words = action.split()
+    return "append" if words[0] == "append" else " ".join(w for w in words[:2] if "'" not in w)
+
+
+def _timed_write(fn: Any, part: str) -> Any:
+    """A write done alone (not merged), its time counted in ``part`` of the group."""
+
+    def timed(conn: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return fn(conn)
+        finally:
+            _parts[part] = _parts.get(part, 0.0) + (time.monotonic() - start) * 1000
+
+    return timed
+
+
 def _timed(name: str, lookup: Any) -> Any:
     async def timed(self: Any, *args: Any) -> Any:
         start = time.monotonic()
@@ -450,7 +477,8 @@ def report(directory: str, label: str) -> str:
             continue
         if "group" in stamps:
             groups.append(stamps.pop("group"))
-        for name in [*_GROUP_FIGURES, *(n for n in stamps if n.startswith("part "))]:
+        counted = [n for n in stamps if n.startswith(("part ", "count "))]
+        for name in [*_GROUP_FIGURES, *counted]:
             if name in stamps:
                 extras[name].append(stamps.pop(name))
         for name, value in stamps.items():
@@ -464,6 +492,13 @@ def report(directory: str, label: str) -> str:
     for name, text in _GROUP_FIGURES.items():
         if extras[name]:
             lines.append(f"  {text}: median {statistics.median(extras[name]):.2f}")
+    for name in sorted(n for n in extras if n.startswith("count ")):
+        values = extras[name]
+        counts = sorted(values + [0.0] * (len(groups) - len(values)))
+        lines.append(
+            f"  {name[6:]} writes in that group: median {statistics.median(counts):.0f}, "
+            f"mean {statistics.fmean(counts):.1f}"
+        )
     for name in sorted(n for n in extras if n.startswith("part ")):
         values = extras[name]  # a part missing from a group counts as 0 there
         spent = sorted(values + [0.0] * (len(groups) - len(values)))

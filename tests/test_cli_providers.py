@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+from support.daemon import HANG_S
 
 from thoughtgate.testing.emulator import Emulator, serve_emulator
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
@@ -36,7 +37,7 @@ def test_emulate_serves_until_interrupted() -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_S
         while True:
             try:
                 health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
@@ -58,7 +59,7 @@ def test_emulate_serves_until_interrupted() -> None:
         assert reply.status_code == 200 and reply.json()["type"] == "message"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=10)  # and the pipes are closed
+        proc.communicate(timeout=HANG_S)  # and the pipes are closed
 
 
 def test_smoke_reports_each_capability_against_the_emulator() -> None:

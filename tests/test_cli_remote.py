@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.daemon import REPO, TOOL_CANARY_TOOLS, Daemon, cli, cli_env, markers, running_daemon
+from support.daemon import (
+    HANG_S,
+    REPO,
+    TOOL_CANARY_TOOLS,
+    Daemon,
+    cli,
+    cli_env,
+    markers,
+    running_daemon,
+)
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +252,7 @@ def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) ->
 
 
 def _first_run(db: str) -> str:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         done = cli("runs", "--db", db, "--json")
         if done.returncode == 0 and json.loads(done.stdout):

@@ -76,7 +76,8 @@ def test_resuming_at_or_past_the_end_of_a_finished_run_answers_204_at_once(
     run_id, last = finished_run(daemon)
     ticket = daemon.ticket(run_id, "viewer")
     url = f"/v1/runs/{run_id}/stream"
-    with httpx.Client(base_url=daemon.base_url, timeout=3) as c:
+    # "at once" against "forever": bounds a loaded machine cannot reach by being slow
+    with httpx.Client(base_url=daemon.base_url, timeout=10) as c:
         for after in (last, last + 1, last + 1000, BIG - 1):
             for how in ("header", "query"):
                 started = time.monotonic()
@@ -86,7 +87,7 @@ def test_resuming_at_or_past_the_end_of_a_finished_run_answers_204_at_once(
                 else:
                     kw = {"params": {"ticket": ticket, "last_event_id": str(after)}}
                 assert status_of(c, url, **kw) == 204, (after, how)
-                assert time.monotonic() - started < 1.0
+                assert time.monotonic() - started < 5.0
     assert state(daemon).feeds is not None and state(daemon).feeds.active == 0
 
 
@@ -103,10 +104,11 @@ async def test_many_resumes_past_the_end_hold_nothing_open(daemon: Daemon) -> No
         ) as response:
             return response.status_code
 
-    # A stream held open shows as a read timeout (5 s without a byte); waiting for one of the 50
-    # pooled connections is unbounded, as it only measures how loaded the machine is: 300
-    # requests through 50 connections queue six deep.
-    timeout = httpx.Timeout(5, pool=None)
+    # A stream held open shows as a 200 or a read timeout (30 s without a byte: 50 requests at
+    # once to a daemon sharing this process took over 5 s to answer on a loaded machine);
+    # waiting for one of the 50 pooled connections is unbounded, as it only measures how loaded
+    # the machine is: 300 requests through 50 connections queue six deep.
+    timeout = httpx.Timeout(30, pool=None)
     async with httpx.AsyncClient(
         base_url=daemon.base_url, timeout=timeout, limits=httpx.Limits(max_connections=50)
     ) as c:
@@ -131,8 +133,8 @@ def test_a_finished_run_without_a_terminal_event_streams_to_its_last_event_and_e
     run_id = asyncio.run(make())
     ticket = daemon.ticket(run_id, "owner")
     url = f"/v1/runs/{run_id}/stream"
-    with httpx.Client(base_url=daemon.base_url, timeout=3) as c:
-        body = body_within(c, url, 3, params={"ticket": ticket})
+    with httpx.Client(base_url=daemon.base_url, timeout=10) as c:
+        body = body_within(c, url, 10, params={"ticket": ticket})
         assert [e["seq"] for e in sse_events(body)] == [1, 2]
         end = status_of(c, url, params={"ticket": ticket}, headers={"Last-Event-ID": "2"})
     assert end == 204

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.daemon import ServeProcess, ThreadServer, auth, cli
+from support.daemon import HANG_S, ServeProcess, ThreadServer, auth, cli
 
 from thoughtgate.events.schema import EventType
 from thoughtgate.server.app import create_app
@@ -48,7 +48,7 @@ def serve_processes() -> Iterator[list[ServeProcess]]:
         proc.stop()
 
 
-def _wait_status(client: httpx.Client, run_id: str, want: set[str], timeout: float = 10) -> dict:
+def _wait_status(client: httpx.Client, run_id: str, want: set[str], timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         run = client.get(f"/v1/runs/{run_id}").json()
@@ -146,11 +146,11 @@ def test_sigterm_interrupts_in_flight_runs_and_exits_cleanly(
 
     reader = threading.Thread(target=follow)
     reader.start()
-    assert reading.wait(10), "the live reader got no event"
+    assert reading.wait(60), "the live reader got no event"
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=15) == 0
-    reader.join(timeout=5)
+    assert server.proc.wait(timeout=HANG_S) == 0
+    reader.join(timeout=60)  # it reads the stream to its end
     frames = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
     assert frames[-1]["type"] == EventType.RUN_INTERRUPTED  # the live reader saw the end
     assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))

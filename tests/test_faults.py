@@ -79,7 +79,7 @@ def _delta_steps(events: list[dict[str, Any]] | list[Event], kind: str) -> list[
 # =============================================================================== kill -9
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # two daemon starts: up to a minute each on a loaded machine
 @pytest.mark.parametrize("durable", [False, True], ids=["closed", "resumed"])
 async def test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw(
     tmp_path: Path, durable: bool
@@ -628,7 +628,7 @@ async def test_a_killed_idle_postgres_connection_costs_no_call() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)  # a daemon start (up to a minute on a loaded machine), then the readers
 async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> None:
     readers = 1000
     server = ServeProcess("--db", f"sqlite:///{tmp_path / 'load.db'}", *TOOLS_FLAG).start(

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import ServeProcess, auth, cli_env, sse_events
+from support.daemon import HANG_S, ServeProcess, auth, cli_env, sse_events
 from support.pg import PG_URL
 
 from thoughtgate.events.schema import EventType
@@ -152,7 +152,8 @@ def test_a_missing_key_is_a_usage_error_and_no_run_is_created(
 
 class Watched:
     """A ``thoughtgate`` subprocess whose stdout is read on a thread; ``wait_for`` blocks until a
-    text appears (a signal from the process, not a clock)."""
+    text appears (a signal from the process, not a clock). Start one with the ``watch`` fixture,
+    which kills it when its test ends, passed or not."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
@@ -177,17 +178,17 @@ class Watched:
         with self._changed:
             self._changed.notify_all()
 
-    def wait_for(self, text: str, timeout: float = 30) -> None:
+    def wait_for(self, text: str, timeout: float = HANG_S) -> None:
         with self._changed:
             ok = self._changed.wait_for(
                 lambda: text in "".join(self.out) or self.proc.poll() is not None, timeout
             )
         assert ok and text in "".join(self.out), f"never printed {text!r}: {''.join(self.out)}"
 
-    def finish(self, timeout: float = 30) -> tuple[int, str, str]:
+    def finish(self, timeout: float = HANG_S) -> tuple[int, str, str]:
         """Wait for the end: the exit code and the output, with the pipes closed."""
         code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
+        self._reader.join(timeout=timeout)  # it reads what is left in the pipe
         assert self.proc.stdout is not None and self.proc.stderr is not None
         err = self.proc.stderr.read()
         self.proc.stdout.close()
@@ -202,15 +203,29 @@ class Watched:
             self.finish()
 
 
+@pytest.fixture
+def watch(request: pytest.FixtureRequest) -> Callable[..., Watched]:
+    """Start a :class:`Watched` process that is killed and reaped when the test ends, even when it
+    fails (a process left running is a ``ResourceWarning``, an error in whichever test the
+    garbage collector happens to run in)."""
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Watched:
+        watched = Watched(*args, env=env)
+        request.addfinalizer(watched.close)
+        return watched
+
+    return start
+
+
 @pytest.mark.parametrize(
     ("sig", "reason"),
     [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")],
     ids=["ctrl-c", "sigterm"],
 )
 def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
-    db: str, sig: int, reason: str
+    db: str, watch: Callable[..., Watched], sig: int, reason: str
 ) -> None:
-    run = Watched("run", "slow", *SLOW, "--db", db)
+    run = watch("run", "slow", *SLOW, "--db", db)
     run.wait_for("thinking slowly")
     run.proc.send_signal(sig)
     code, out, err = run.finish()
@@ -224,8 +239,10 @@ def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
     assert types.count(EventType.RUN_INTERRUPTED) == 1
 
 
-def test_ctrl_c_with_json_still_prints_the_runs_document(db: str, tmp_path: Path) -> None:
-    run = Watched("run", "slow", *SLOW, "--db", db, "--json")
+def test_ctrl_c_with_json_still_prints_the_runs_document(
+    db: str, watch: Callable[..., Watched]
+) -> None:
+    run = watch("run", "slow", *SLOW, "--db", db, "--json")
 
     async def started() -> bool:
         store = await open_store(db, sweep=False)
@@ -235,7 +252,7 @@ def test_ctrl_c_with_json_still_prints_the_runs_document(db: str, tmp_path: Path
         finally:
             await store.close()
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S
     while not asyncio.run(started()):  # --json prints nothing until the end: watch the store
         assert time.monotonic() < deadline and run.proc.poll() is None
         time.sleep(0.05)
@@ -251,8 +268,10 @@ NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
 """A process without durable runs (ADR 0009's path): its orphaned runs are closed, not resumed."""
 
 
-def test_kill_9_of_a_cli_run_without_durability_is_closed_by_the_next_process(db: str) -> None:
-    run = Watched("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
+def test_kill_9_of_a_cli_run_without_durability_is_closed_by_the_next_process(
+    db: str, watch: Callable[..., Watched]
+) -> None:
+    run = watch("run", "slow", *SLOW, "--db", db, env=NOT_DURABLE)
     run.wait_for("thinking slowly")
     run.proc.kill()
     run.finish()
@@ -263,10 +282,12 @@ def test_kill_9_of_a_cli_run_without_durability_is_closed_by_the_next_process(db
     assert "stopped" in shown["error"]
 
 
-def test_kill_9_of_a_durable_cli_run_leaves_it_suspended_for_resume(db: str) -> None:
+def test_kill_9_of_a_durable_cli_run_leaves_it_suspended_for_resume(
+    db: str, watch: Callable[..., Watched]
+) -> None:
     """Durable (the default on SQLite): the next process marks it suspended, never running
     forever and never closed (``thoughtgate resume`` continues it: test_durable_replicas)."""
-    run = Watched("run", "slow", *SLOW, "--db", db)
+    run = watch("run", "slow", *SLOW, "--db", db)
     run.wait_for("thinking slowly")
     run.proc.kill()
     run.finish()
@@ -294,7 +315,11 @@ def pg_url() -> Iterator[str]:
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 @pytest.mark.parametrize("executor", ["run", "serve"])
 def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
-    tmp_path: Path, request: pytest.FixtureRequest, backend: str, executor: str
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    watch: Callable[..., Watched],
+    backend: str,
+    executor: str,
 ) -> None:
     """kill -9 of the process executing a run (a ``thoughtgate run`` or another daemon) without
     durable runs: a second, live daemon on the same store closes the run -- tasks first -- and its
@@ -317,8 +342,7 @@ def test_a_live_daemon_closes_the_runs_of_a_killed_process_within_its_lease(
     key = watcher.bootstrap_key
     assert key
     if executor == "run":
-        victim = Watched("run", "slow", *SLOW, "--db", db, env=SHORT_LEASE)
-        request.addfinalizer(victim.close)
+        victim = watch("run", "slow", *SLOW, "--db", db, env=SHORT_LEASE)
         victim.wait_for("thinking slowly")
         stored, _ = read_store(db, sweep=False)
         run_id = stored.run_id

@@ -45,6 +45,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, RunEnding
+from thoughtgate.store.durable import Admission, Quota, RunSpecRecord
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
@@ -1196,3 +1197,185 @@ class _Deferred:
 
 def _plain(event: Event) -> tuple[object, ...]:
     return (event.run_id, event.seq, event.type, dict(event.payload), event.task_id)
+
+
+# -- merged run starts, claims and endings (ADR 0033) -------------------------------------------
+_QUOTAS = (
+    Quota("key_a", max_open=2, max_per_minute=100),
+    Quota("key_b", max_open=100, max_per_minute=2),
+)
+_TARGETS = ["run_0", "run_1", "new_0", "new_1", "adm_0", "adm_1", "run_missing"]
+"""Runs a write of the property below may name: two made before the group (``run_0`` leased),
+two made by ``create`` in it, two by ``admit`` (``adm_0`` … ``adm_6``, the even ones of
+``key_a``, at most two open, the odd ones of ``key_b``, at most two starts a minute), one
+never made."""
+_RUN_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                *("create", "admit", "admit", "append", "append", "start"),
+                *("finish", "finish_leased", "claim", "claim_other"),
+            ]
+        ),
+        st.integers(0, len(_TARGETS) - 1),
+        st.integers(0, 3),  # events
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=_RUN_OPS)
+def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
+    tmp_path: Path, ops: list[tuple[str, int, int]]
+) -> None:
+    """Any mix of run creations, admissions under a quota, claims, appends and endings queued
+    into one group -- with some that fail or are refused: a run id made twice, a run that does
+    not exist, a key past its quota (open runs and starts a minute, counted within the group
+    too), a run another process holds, an ending whose lease was renewed -- tells each caller
+    what the same writes made one at a time tell, and leaves the same log, run index, specs,
+    leases and run-list change numbers."""
+    folder = tmp_path / str(next(_EXAMPLE))
+    folder.mkdir()
+
+    async def play(path: Path, together: bool) -> tuple[list[object], list[object]]:
+        store = await SQLiteStore.open(path)
+        try:
+            now = time.time()
+            leased = RunRecord(
+                "run_0", "p", owner="o", lease_expires_at=now + 600, tasks=[_task("run_0")]
+            )
+            await store.create_run(leased)
+            await store.create_run(RunRecord("run_1", "p", tasks=[_task("run_1")]))
+            for quota in _QUOTAS:  # one open run, one start, of each key before the group
+                await store.admit_run(
+                    RunRecord(f"pre_{quota.key_id}", "p"),
+                    RunSpecRecord(f"pre_{quota.key_id}", {}, key_id=quota.key_id),
+                    quota=quota,
+                )
+            before = await store.latest_run_change()
+
+            def write(op: str, k: int, n: int) -> Awaitable[Any]:
+                run_id = _TARGETS[k]
+                if op == "create":
+                    name = f"new_{k % 2}"
+                    return store.create_run(RunRecord(name, "p", tasks=[_task(name)]))
+                if op == "admit":
+                    name, quota = f"adm_{k}", _QUOTAS[k % 2]
+                    run = RunRecord(name, "p", tasks=[_task(name)])
+                    spec = RunSpecRecord(name, {"k": k}, key_id=quota.key_id)
+                    return store.admit_run(run, spec, quota=quota, events=deltas(n))
+                if op == "start":
+                    started = NewEvent(EventType.TASK_STARTED, {}, task_id=f"task_{run_id}")
+                    return store.append(run_id, [started, *deltas(n)])
+                if op == "append":
+                    return store.append(run_id, deltas(max(n, 1)))
+                if op.startswith("claim"):
+                    owner = "o2" if op == "claim_other" else "o"
+                    return store.claim_run("pre_key_a" if n == 3 else run_id, owner, 30.0)
+                by = now + 60 if op == "finish_leased" else None  # run_0's lease goes past it
+                ending = RunEnding("completed", lease_expired_by=by, tasks=[])
+                return store.finish_run(run_id, deltas(n), ending)
+
+            calls = [_Deferred(write, *op) for op in ops]
+            if together:
+                outcomes = await _queued_together(store._writer, calls)
+            else:
+                outcomes = []
+                for call in calls:
+                    try:
+                        outcomes.append(await call)
+                    except Exception as exc:
+                        outcomes.append(exc)
+            seen = [_outcome(o) for o in outcomes]
+            final: list[object] = []
+            names = [*_TARGETS, *(f"adm_{k}" for k in range(7)), "pre_key_a", "pre_key_b"]
+            for run_id in dict.fromkeys(names):
+                try:
+                    record = await store.get_run(run_id)
+                except RunNotFoundError:
+                    final.append((run_id, None))
+                    continue
+                spec = await store.get_run_spec(run_id)
+                final.append(
+                    (
+                        run_id,
+                        record.status,
+                        record.owner,
+                        [(t.task_id, t.status) for t in record.tasks],
+                        [_plain(e) for e in await store.read(run_id)],
+                        None if spec is None else (spec.spec, spec.key_id, spec.attempts),
+                    )
+                )
+            changed = (await store.run_changes(after=before, limit=1000)).changes
+            numbers = [number for number, _ in changed]
+            assert len(set(numbers)) == len(numbers)  # every change its own number
+            final.append(sorted(run.run_id for _, run in changed))
+            final.append(await store.latest_run_change())
+            return seen, final
+        finally:
+            await store.close()
+
+    async def both() -> None:
+        grouped = await play(folder / "grouped.db", together=True)
+        one_by_one = await play(folder / "sequential.db", together=False)
+        assert grouped == one_by_one
+
+    asyncio.run(both())
+
+
+def _task(run_id: str) -> TaskRecord:
+    return TaskRecord(f"task_{run_id}", run_id, 0, "t")
+
+
+def _outcome(outcome: object) -> object:
+    if isinstance(outcome, BaseException):
+        return type(outcome).__name__
+    if isinstance(outcome, Admission):
+        return (outcome.admitted, outcome.reason, outcome.rank)
+    if isinstance(outcome, list):
+        return [_plain(e) for e in outcome]
+    return outcome
+
+
+async def test_a_key_never_passes_its_quota_within_one_merged_group(tmp_path: Path) -> None:
+    """Admissions of one key queued into one group are counted in queue order, each against
+    the runs admitted before it in that group: no more are admitted than the quota allows, and
+    each admitted run has its rank among the key's open runs."""
+    store = await SQLiteStore.open(tmp_path / "quota.db")
+    try:
+        quota = Quota("key_q", max_open=3, max_per_minute=100)
+        calls = [
+            store.admit_run(
+                RunRecord(f"run_{k}", "p"),
+                RunSpecRecord(f"run_{k}", {}, key_id="key_q"),
+                quota=quota,
+            )
+            for k in range(6)
+        ]
+        before = store._writer.commits
+        verdicts = await _queued_together(store._writer, calls)
+        assert store._writer.commits - before == 1  # one group, one commit
+        assert [v.admitted for v in verdicts] == [True, True, True, False, False, False]
+        assert [v.rank for v in verdicts[:3]] == [1, 2, 3]
+        assert "3 runs that have not ended" in verdicts[3].reason
+        per_minute = Quota("key_m", max_open=100, max_per_minute=2)
+        calls = [
+            store.admit_run(
+                RunRecord(f"run_m{k}", "p"),
+                RunSpecRecord(f"run_m{k}", {}, key_id="key_m"),
+                quota=per_minute,
+            )
+            for k in range(4)
+        ]
+        verdicts = await _queued_together(store._writer, calls)
+        assert [v.admitted for v in verdicts] == [True, True, False, False]
+        assert "started 2 runs in the last minute" in verdicts[2].reason
+        assert 55 < verdicts[2].retry_after <= 60
+    finally:
+        await store.close()

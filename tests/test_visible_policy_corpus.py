@@ -29,6 +29,7 @@ import pytest
 from thoughtgate.access.filter import filter_events
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.events import policy as policy_module
 from thoughtgate.events.policy import PolicyContext, StepPolicy
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.summarizers import condense, shorten
@@ -608,6 +609,32 @@ def test_benign_steps_are_kept() -> None:
         print(f"  dropped ({reason}/{rule}): {text}")
     assert len(corpus) >= 200
     assert kept / len(corpus) >= 0.95
+
+
+def test_a_second_check_of_a_text_gives_the_first_checks_verdict() -> None:
+    """Texts a policy allowed are remembered (the pattern rules need not run on them again):
+    every verdict, on both corpora, is the same with nothing remembered and with all of it."""
+    policy_module._ALLOWED_TEXTS.clear()
+    corpus = [text for _, text in planted_corpus()] + benign_corpus()
+    cold = [build_policy().check(text) for text in corpus]
+    assert policy_module._ALLOWED_TEXTS  # the benign steps it allowed
+    warm = [build_policy().check(text) for text in corpus]
+    assert warm == cold
+
+
+def test_a_text_allowed_in_one_run_is_still_checked_against_another_runs_data() -> None:
+    step = "Comparing the rail connection with the flight and the airport transfers"
+    assert StepPolicy().check(step).allowed  # now remembered as passing the pattern rules
+    dropped = {
+        "hidden_prompt": PolicyContext(hidden_texts=[f"Never say this: {step}."]),
+        "raw_reasoning": PolicyContext(raw_reasoning_texts=[f"I think {step.lower()} first."]),
+        "tool_data": PolicyContext(tool_texts=[json.dumps({"note": step})]),
+        "provider_payload": PolicyContext(provider_markers=["the airport transfers"]),
+    }
+    for reason, context in dropped.items():
+        verdict = StepPolicy(context).check(step)
+        assert (verdict.allowed, verdict.reason) == (False, reason)
+    assert StepPolicy().check(step).allowed
 
 
 def test_corpus_is_deterministic() -> None:

@@ -456,6 +456,22 @@ def _tool_values(text: str) -> Iterable[str]:
 
 # --------------------------------------------------------------------------- the policy
 
+_ALLOWED_TEXTS: dict[str, None] = {}
+"""Cleaned texts that a policy allowed, at most ``_ALLOWED_TEXTS_MAX`` of them, oldest first.
+
+The pattern rules (``_RULES``) are pure functions of the text, so a text that passed them once
+passes them again: checking it again only asks what depends on the run (its markers and
+overlaps). Every run's phase steps are the same few sentences, and the rules are nearly all of a
+check's cost (~0.1 ms each). Only texts a policy allowed (stored as steps, so shown to readers
+anyway) are kept: never one that held a credential, a link or raw reasoning."""
+_ALLOWED_TEXTS_MAX: Final = 1024
+
+
+def _remember_allowed(cleaned: str) -> None:
+    if len(_ALLOWED_TEXTS) >= _ALLOWED_TEXTS_MAX:
+        _ALLOWED_TEXTS.pop(next(iter(_ALLOWED_TEXTS)), None)
+    _ALLOWED_TEXTS[cleaned] = None
+
 
 class StepPolicy:
     """Checks candidate steps against fixed detectors and against what this run holds.
@@ -508,15 +524,21 @@ class StepPolicy:
         decoded = unquote(cleaned)
         if decoded != cleaned:
             variants.append(decoded)
-        for rule in _WIRE_RULES:
-            if any(rule.fires(v) for v in variants):
-                return PolicyVerdict(False, rule.reason, rule=rule.name)
+        known = cleaned in _ALLOWED_TEXTS  # the pattern rules are known to pass it
+        if not known:
+            for rule in _WIRE_RULES:
+                if any(rule.fires(v) for v in variants):
+                    return PolicyVerdict(False, rule.reason, rule=rule.name)
         if any(m in v for m in self._markers for v in variants):
             return PolicyVerdict(False, "provider_payload", rule="provider_marker")
-        for rule in _CONTENT_RULES:
-            if any(rule.fires(v) for v in variants):
-                return PolicyVerdict(False, rule.reason, rule=rule.name)
-        return self._check_overlap(cleaned)
+        if not known:
+            for rule in _CONTENT_RULES:
+                if any(rule.fires(v) for v in variants):
+                    return PolicyVerdict(False, rule.reason, rule=rule.name)
+        verdict = self._check_overlap(cleaned)
+        if not known and verdict.allowed:
+            _remember_allowed(cleaned)
+        return verdict
 
     def _check_overlap(self, cleaned: str) -> PolicyVerdict:
         norm = _normalize(cleaned)

@@ -110,7 +110,10 @@ def starlette_route(endpoint: Endpoint) -> Route:
     async def call(request: Request) -> Response:
         principal = await _authorize(request, endpoint)
         try:
-            unknown = sorted(set(request.query_params) - known)
+            # No query string, no parameter to check (and none to parse: most requests).
+            unknown = (
+                sorted(set(request.query_params) - known) if request.scope["query_string"] else ()
+            )
             if unknown:
                 allowed = ", ".join(sorted(known)) or "none"
                 raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")

@@ -14,9 +14,11 @@ not own the store: whoever opened it closes it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -24,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import Lifespan, Receive, Scope, Send
 
 from thoughtgate.config import Config
 from thoughtgate.engine.approvals import ApprovalBroker
@@ -41,6 +43,7 @@ from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMid
 from thoughtgate.server.openapi import build_openapi
 from thoughtgate.server.routes import all_endpoints
 from thoughtgate.server.routes.meta import package_version
+from thoughtgate.server.routing import DepthRouter
 from thoughtgate.server.sse import SERVER_SEND, LiveStreams
 from thoughtgate.server.state import ServerState
 from thoughtgate.store.base import EventStore
@@ -60,7 +63,13 @@ _PAGE_HEADERS = {
 class _App(Starlette):
     """Starlette that keeps the server's own ``send`` in the scope before its middlewares wrap
     it: a live stream writes to its socket through it without awaiting (``server.sse``,
-    ADR 0022)."""
+    ADR 0022); its router asks only the routes that can match the path (``server.routing``)."""
+
+    def __init__(
+        self, *, routes: Sequence[BaseRoute], lifespan: Lifespan[Starlette], **options: Any
+    ) -> None:
+        super().__init__(routes=routes, lifespan=lifespan, **options)
+        self.router = DepthRouter(routes, lifespan=lifespan)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SERVER_SEND] = send
@@ -132,6 +141,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The visible-reasoning pipeline is imported on first use (a CLI command that runs
+        # nothing should not pay for it); a daemon imports it now, or its first run waits for
+        # ~50-70 ms of imports on the event loop every other run shares.
+        importlib.import_module("thoughtgate.events.pipeline")
         await state.signer()
         engine = runtime.durable
         if engine is not None:

@@ -6,9 +6,10 @@ Durability and ordering:
 * Every write runs in ``BEGIN IMMEDIATE``, which holds the database's single write lock from the
   first statement; writes queued together share one transaction (group commit, see
   ``sqlite_thread``), each stored or failed as if alone; a group's appends are made together
-  (``_append_merged``, ADR 0030). An append bumps ``runs.last_seq`` and inserts its events in
-  that transaction, so sequence numbers are gap-free and in commit order even with writers in
-  several processes, and a batch is stored all or nothing.
+  with its run starts, claims and endings (``_merged_writes``, ADR 0030 and 0033). An append
+  bumps ``runs.last_seq`` and inserts its events in that transaction, so sequence numbers are
+  gap-free and in commit order even with writers in several processes, and a batch is stored
+  all or nothing.
 * Live tails in this process are woken by ``wakeups``; tails in other processes poll every
   ``poll_interval`` (an indexed range read that returns nothing when nothing is new).
 
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -50,7 +53,7 @@ from thoughtgate.store.private_files import (
     write_secret_file,
 )
 from thoughtgate.store.projection import IndexUpdate, batch_update
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import QueuedWrite, SQLiteThread, translate_error
@@ -325,22 +328,317 @@ def _append_rows(
     return first
 
 
-_MergedAppend = tuple[str, codec.EncodedEvents, IndexUpdate | None]
-"""An append as data: its run, its columns and what its events change in the run index
-(``None`` for deltas and the like, which change nothing there)."""
+_NO_EVENTS: codec.EncodedEvents = ([], [], [], [])
 
 
-def _append_merged(conn: sqlite3.Connection, appends: list[_MergedAppend]) -> list[Any]:
-    """The writer's merge function for appends (``SQLiteThread``, ADR 0030): number the
-    batches of every run at once, insert all their rows in chunks, then apply the index updates
-    in queue order (an update touches the run's index columns, never ``last_seq`` nor
-    ``closed_at``, so running them after the inserts changes nothing). Answers, per append, its
-    first sequence number (with whether its run's row changed, for an append with an update),
-    or the error that fails it alone: its run is missing or has ended, and nothing of it was
-    written. A run's batches get consecutive ranges in queue order."""
+@dataclass(frozen=True, slots=True)
+class _Append:
+    """An append as data: its run, its columns and what its events change in the run index
+    (``None`` for deltas and the like, which change nothing there)."""
+
+    run_id: str
+    columns: codec.EncodedEvents
+    update: IndexUpdate | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """``create_run`` (no ``spec``) or ``admit_run`` as data."""
+
+    run_id: str
+    row: tuple[Any, ...]
+    """``codec.run_row`` of the run (its change number is the merge's to add)."""
+    tasks: list[tuple[Any, ...]]
+    open: bool
+    """Whether the run counts among its key's open runs once stored (its status is open)."""
+    spec: durable.RunSpecRecord | None = None
+    quota: durable.Quota | None = None
+    columns: codec.EncodedEvents = _NO_EVENTS
+    update: IndexUpdate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """``finish_run`` as data: its events, the rows of the tasks it ends, the run columns it
+    sets (with ``closed_at``) and the ending, for its lease check."""
+
+    run_id: str
+    columns: codec.EncodedEvents
+    update: IndexUpdate | None
+    tasks: list[tuple[Any, ...]]
+    sets: dict[str, Any]
+    ending: RunEnding
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """``claim_run`` as data."""
+
+    run_id: str
+    owner: str
+    ttl_s: float
+    columns: codec.EncodedEvents = _NO_EVENTS
+    update: IndexUpdate | None = None
+
+
+_Merged = _Append | _Start | _End | _Claim
+
+
+def _merged_writes(conn: sqlite3.Connection, items: list[_Merged]) -> list[Any]:
+    """The writer's merge function (``SQLiteThread``; ADR 0030 for appends, ADR 0033 for run
+    starts, claims and endings): answers, per write in queue order, what its own ``fn`` would
+    have returned, or the error that fails it alone (having written nothing of it).
+
+    The writes are cut into spans (:func:`_spans`) in which doing every start first, then every
+    claim, then every append, then every ending gives what queue order gives; each span is a
+    handful of statements whatever its size (:func:`_write_span`)."""
+    out: list[Any] = []
+    for span in _spans(items):
+        out += _write_span(conn, span)
+    return out
+
+
+def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
+    """``items`` cut where doing starts, claims, appends, then endings would not be queue order:
+    before a start of a run already named in the span (made again, or named before it was
+    made), before an append or an ending of a run ended in the span, before an ending of a run
+    whose status an append of the span changed (its check must see that), before a claim of a
+    run that a write other than its start named in the span (claims come second, after the
+    starts), and before a start with a quota once the span has ended a run or changed a status
+    (the quota counts open runs, and the span's starts are counted before its endings)."""
+    named: set[str] = set()
+    touched: set[str] = set()
+    ended: set[str] = set()
+    restated: set[str] = set()
+    begin = 0
+    for k, item in enumerate(items):
+        run_id = item.run_id
+        if isinstance(item, _Start):
+            cut = run_id in named or (item.quota is not None and bool(ended or restated))
+        elif isinstance(item, _Claim):
+            cut = run_id in touched
+        else:
+            cut = run_id in ended or (isinstance(item, _End) and run_id in restated)
+        if cut:
+            yield items[begin:k]
+            begin = k
+            named, touched, ended, restated = set(), set(), set(), set()
+        named.add(run_id)
+        if not isinstance(item, _Start):
+            touched.add(run_id)
+        if isinstance(item, _End):
+            ended.add(run_id)
+        elif item.update is not None and "status" in item.update.run:
+            restated.add(run_id)
+    yield items[begin:]
+
+
+def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
+    """One span's writes: the starts (quotas counted once per key, one change-number
+    allocation, multi-row inserts), the claims (three statements), the endings' checks (one
+    query), the numbering and insert of every event (ADR 0030), what the starts' and appends'
+    events change in the run index (:func:`_project_many`), the endings' task rows and index
+    changes, then the endings' run rows (one change-number allocation, one update)."""
+    now = time.time()
+    out: list[Any] = [None] * len(span)
+    started = _start_runs(conn, span, now, out)
+    _claim_runs(conn, span, now, out)
+    ending = _check_endings(conn, span, out)
+    firsts = _number_events(conn, span, started | ending, out)
+    projected: list[tuple[int, str, IndexUpdate]] = []
+    ends: list[_End] = []
+    for k, item in enumerate(span):
+        if isinstance(item, _Append):
+            if not isinstance(out[k], Exception):
+                out[k] = firsts[k]
+                if item.update is not None:
+                    projected.append((k, item.run_id, item.update))
+        elif isinstance(item, _Start):
+            if k in started:
+                if item.spec is not None:
+                    out[k] = (out[k][0], firsts.get(k, 0))
+                if item.update is not None:
+                    projected.append((k, item.run_id, item.update))
+        elif isinstance(item, _End) and k in ending:
+            out[k] = firsts.get(k, 0)
+            ends.append(item)
+    for k, changed in _project_many(conn, projected, now, numbered=True).items():
+        if isinstance(span[k], _Append):
+            out[k] = (out[k], changed)
+    # An ending comes after every other write of its run in the span (``_spans``): its task
+    # rows and index changes follow theirs, as in queue order.
+    rows = [row for end in ends for row in end.tasks]
+    if rows:
+        _insert_rows(conn, _REPLACE_TASKS, rows)
+    endings = [(0, end.run_id, end.update) for end in ends if end.update is not None]
+    _project_many(conn, endings, now, numbered=False)
+    _end_runs(conn, ends)
+    return out
+
+
+def _project_many(
+    conn: sqlite3.Connection,
+    updates: list[tuple[int, str, IndexUpdate]],
+    now: float,
+    *,
+    numbered: bool,
+) -> dict[int, bool]:
+    """``_project`` for each ``(position, run, update)`` in queue order, in a few statements:
+    each task's and each run's columns are folded into their last values (an update sets
+    constants, so the last one set wins either way), a ``pending`` run found once (its status
+    followed through the updates in Python), one change number given per changed update as
+    alone (a run keeps the last of its own); whether each update changed its run."""
+    if not updates:
+        return {}
+    starting = sorted({run_id for _, run_id, update in updates if update.starts})
+    status: dict[str, str] = {}
+    if starting:
+        ids = orjson.dumps(starting).decode()
+        status = {str(r[0]): str(r[1]) for r in conn.execute(_STATUSES, (ids,)).fetchall()}
+    tasks: dict[tuple[str, str], dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    changed: dict[int, bool] = {}
+    changes = 0
+    last_change: dict[str, int] = {}
+    for k, run_id, update in updates:
+        for task_id, fields in update.tasks.items():
+            tasks.setdefault((run_id, task_id), {}).update(codec.index_columns(fields))
+        change = False
+        if update.starts and status.get(run_id) == "pending":
+            status[run_id] = "running"
+            runs.setdefault(run_id, {})["status"] = "running"
+            change = True
+        if update.run:
+            sets = codec.index_columns(update.run)
+            runs.setdefault(run_id, {}).update(sets)
+            if "status" in sets:
+                status[run_id] = sets["status"]
+            change = True
+        changed[k] = change
+        if change:
+            changes += 1
+            last_change[run_id] = changes
+    by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    for (run_id, task_id), sets in tasks.items():
+        by_columns.setdefault(tuple(sets), []).append((run_id, task_id, *sets.values()))
+    for columns, rows in by_columns.items():
+        assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=3))
+        _chunked(conn, f"UPDATE OR ROLLBACK tasks SET {assignments} FROM (VALUES ", _TASK_ROW, rows)
+    first = 0
+    if numbered and changes:
+        first = int(conn.execute(_BUMP_CHANGES, (changes,)).fetchone()[0]) - changes
+    by_columns = {}
+    for run_id, sets in runs.items():
+        if numbered:
+            sets = {**sets, "updated_at": now, "change_seq": first + last_change[run_id]}
+        by_columns.setdefault(tuple(sets), []).append((run_id, *sets.values()))
+    for columns, rows in by_columns.items():
+        assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=2))
+        _update_rows(conn, f"UPDATE OR ROLLBACK runs SET {assignments}", rows)
+    return changed
+
+
+def _start_runs(
+    conn: sqlite3.Connection, span: list[_Merged], now: float, out: list[Any]
+) -> set[int]:
+    """Store the span's starts that their quotas admit (``out`` gets each admission's
+    ``(verdict, 0)``); the positions of those stored. A run id already taken undoes
+    the attempt (``_Redo``): the group then runs write by write, and that start fails with its
+    own error."""
+    starts = [(k, item) for k, item in enumerate(span) if isinstance(item, _Start)]
+    if not starts:
+        return set()
+    ids = orjson.dumps([item.run_id for _, item in starts]).decode()
+    if conn.execute(_ANY_TAKEN, (ids,)).fetchone() is not None:
+        raise _Redo("a run id is taken")
+    usages = _KeyUsages(conn, [item for _, item in starts], now)
+    stored: list[tuple[int, _Start]] = []
+    for k, item in starts:
+        verdict = durable.Admission(True)
+        if item.quota is not None:
+            verdict = durable.quota_verdict(item.quota, usages.usage(item.quota), now)
+        if item.spec is not None:
+            out[k] = (verdict, 0)
+        if verdict.admitted:
+            stored.append((k, item))
+            if item.spec is not None and item.spec.key_id is not None:
+                usages.started(item.spec.key_id, item.open)
+    if not stored:
+        return set()
+    last = int(conn.execute(_BUMP_CHANGES, (len(stored),)).fetchone()[0])
+    change = last - len(stored)
+    runs, tasks, specs = [], [], []
+    for _, item in stored:
+        change += 1
+        runs.append((*item.row, change))
+        tasks += item.tasks
+        if item.spec is not None:
+            specs.append(codec.spec_row(item.spec, created_at=now))
+    _insert_rows(conn, _INSERT_RUNS, runs)
+    if tasks:
+        _insert_rows(conn, _REPLACE_TASKS, tasks)
+    if specs:
+        _insert_rows(conn, _INSERT_SPECS, specs)
+    return {k for k, _ in stored}
+
+
+def _claim_runs(conn: sqlite3.Connection, span: list[_Merged], now: float, out: list[Any]) -> None:
+    """The span's claims, as ``claim_run`` makes each alone (``out`` gets each one's attempt,
+    or ``None``): one update takes every run it can, one numbers their changes, one counts
+    their attempts."""
+    claims = [(k, item) for k, item in enumerate(span) if isinstance(item, _Claim)]
+    if not claims:
+        return
+    rows = [(item.run_id, item.owner, now + item.ttl_s, now) for _, item in claims]
+    taken = [str(r[0]) for r in _chunked(conn, _CLAIM_HEAD, _CLAIM_TAIL, rows)]
+    if not taken:
+        return
+    last = int(conn.execute(_BUMP_CHANGES, (len(taken),)).fetchone()[0])
+    order = {run_id: k for k, run_id in enumerate(r[0] for r in rows)}
+    taken.sort(key=order.__getitem__)  # change numbers in queue order
+    changes = [(run_id, last - len(taken) + n) for n, run_id in enumerate(taken, start=1)]
+    _update_rows(conn, "UPDATE OR ROLLBACK runs SET change_seq = v.column2", changes)
+    ids = orjson.dumps(taken).decode()
+    attempts = {str(r[0]): int(r[1]) for r in conn.execute(_COUNT_ATTEMPTS, (ids,)).fetchall()}
+    for k, item in claims:
+        out[k] = attempts.get(item.run_id)
+
+
+def _check_endings(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]) -> set[int]:
+    """The positions of the span's endings that end their run (open, lease not renewed, as
+    ``finish_run`` checks alone); an ending of a missing run gets ``RunNotFoundError``."""
+    endings = [(k, item) for k, item in enumerate(span) if isinstance(item, _End)]
+    if not endings:
+        return set()
+    ids = orjson.dumps([item.run_id for _, item in endings]).decode()
+    found = {str(r[0]): (r[1], r[2]) for r in conn.execute(_ENDING_CHECK, (ids,)).fetchall()}
+    ending: set[int] = set()
+    for k, item in endings:
+        row = found.get(item.run_id)
+        if row is None:
+            out[k] = RunNotFoundError(item.run_id)
+        elif row[0] and not item.ending.lease_renewed(row[1]):
+            ending.add(k)
+    return ending
+
+
+def _number_events(
+    conn: sqlite3.Connection, span: list[_Merged], made: set[int], out: list[Any]
+) -> dict[int, int]:
+    """Number and insert the events of the span's appends and of the starts and endings in
+    ``made`` (ADR 0030: one statement numbers every run's batches, one inserts up to 128
+    rows); each one's first sequence number by position. An append to a missing or ended run
+    gets its error in ``out`` and writes nothing."""
+    batches = [
+        (k, item)
+        for k, item in enumerate(span)
+        if item.columns[0] and (isinstance(item, _Append) or k in made)
+    ]
+    if not batches:
+        return {}
     counts: dict[str, int] = {}
-    for run_id, columns, _ in appends:
-        counts[run_id] = counts.get(run_id, 0) + len(columns[0])
+    for _, item in batches:
+        counts[item.run_id] = counts.get(item.run_id, 0) + len(item.columns[0])
     if len(counts) == 1:  # (the statement for one run is simpler for SQLite)
         ((run_id, n),) = counts.items()
         rows = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
@@ -350,21 +648,172 @@ def _append_merged(conn: sqlite3.Connection, appends: list[_MergedAppend]) -> li
         bumped = {str(r[0]): int(r[1]) for r in rows}
     last = {run_id: bumped[run_id] - n for run_id, n in counts.items() if run_id in bumped}
     refused = {r: _refusal(conn, r) for r in counts if r not in bumped}  # missing or ended
-    out: list[Any] = []
+    firsts: dict[int, int] = {}
     params: list[Any] = []
-    for run_id, columns, _ in appends:
+    for k, item in batches:
+        run_id = item.run_id
         if run_id in refused:
-            out.append(refused[run_id](run_id))
+            if not isinstance(item, _Append):  # stored or checked open in this span: a bug
+                raise RuntimeError(f"run {run_id!r} could not be numbered")
+            out[k] = refused[run_id](run_id)
             continue
         first = last[run_id] + 1
-        last[run_id] += len(columns[0])
-        _event_params(params, run_id, first, columns)
-        out.append(first)
+        last[run_id] += len(item.columns[0])
+        _event_params(params, run_id, first, item.columns)
+        firsts[k] = first
     _insert_events(conn, params)
-    for k, (run_id, _, update) in enumerate(appends):
-        if update is not None and run_id not in refused:
-            out[k] = (out[k], _project(conn, run_id, update))
+    return firsts
+
+
+def _end_runs(conn: sqlite3.Connection, endings: list[_End]) -> None:
+    """Close the runs of ``endings``: one change-number allocation, then one update per set of
+    columns (endings nearly always set the same ones), in chunks of rows."""
+    if not endings:
+        return
+    change = int(conn.execute(_BUMP_CHANGES, (len(endings),)).fetchone()[0]) - len(endings)
+    by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    for item in endings:
+        change += 1
+        by_columns.setdefault(tuple(item.sets), []).append(
+            (item.run_id, *item.sets.values(), change)
+        )
+    for columns, rows in by_columns.items():
+        assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=2))
+        _update_rows(
+            conn,
+            f"UPDATE OR ROLLBACK runs SET {assignments}, change_seq = v.column{len(columns) + 2}",
+            rows,
+        )
+
+
+class _KeyUsages:
+    """The usage of every key that a span's starts count against, read once per key, and what
+    the span's earlier starts add to it: each quota sees what it would see made alone, in queue
+    order (``_key_usage``, plus the runs the span already stored for that key)."""
+
+    def __init__(self, conn: sqlite3.Connection, starts: list[_Start], now: float) -> None:
+        self.now = now
+        keys = {item.quota.key_id for item in starts if item.quota is not None}
+        self.most = {  # how many runs the span may start for each key
+            key: sum(1 for s in starts if s.spec is not None and s.spec.key_id == key)
+            for key in keys
+        }
+        since = now - durable.WINDOW_S
+        self.base: dict[str, tuple[int, int]] = {}
+        for key in keys:
+            opened = conn.execute(_KEY_OPEN, (key,)).fetchone()
+            window = conn.execute(_KEY_STARTS, (key, since)).fetchone()
+            self.base[key] = (int(opened[0]), int(window[0]))
+        self.newest: dict[tuple[str, int], tuple[int, list[float]]] = {}
+        for item in starts:
+            quota = item.quota
+            if quota is None or (quota.key_id, quota.max_per_minute) in self.newest:
+                continue
+            # The starts that can be its pivot: ranks P-m .. P among the window's newest.
+            offset = max(0, quota.max_per_minute - 1 - self.most[quota.key_id])
+            rows = conn.execute(
+                _KEY_NEWEST, (quota.key_id, since, quota.max_per_minute - offset, offset)
+            ).fetchall()
+            self.newest[(quota.key_id, quota.max_per_minute)] = (offset, [r[0] for r in rows])
+        self.opened: dict[str, int] = {}
+        self.starts: dict[str, int] = {}
+
+    def started(self, key_id: str, open_run: bool) -> None:
+        self.starts[key_id] = self.starts.get(key_id, 0) + 1
+        if open_run:
+            self.opened[key_id] = self.opened.get(key_id, 0) + 1
+
+    def usage(self, quota: durable.Quota) -> durable.KeyUsage:
+        key, most = quota.key_id, quota.max_per_minute
+        base_open, base_starts = self.base[key]
+        new = self.starts.get(key, 0)
+        open_runs = base_open + self.opened.get(key, 0)
+        if most < 1:  # (``_key_usage`` alone says what that means)
+            raise _Redo(f"the quota of key {key!r} allows no run a minute")
+        if base_starts + new < most:
+            return durable.KeyUsage(open_runs)
+        rank = most - new  # the pivot's rank among the starts before this span
+        if rank <= 0:
+            pivot = self.now  # one of the span's own starts
+        else:
+            offset, newest = self.newest[(key, most)]
+            pivot = float(newest[rank - 1 - offset])
+        return durable.KeyUsage(open_runs, pivot, base_starts + new)
+
+
+class _Redo(Exception):
+    """Raised by the merge function to undo the attempt: the group runs write by write."""
+
+
+def _insert_rows(conn: sqlite3.Connection, into: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """``into`` (``INSERT … (columns)``) the ``rows``, a power of two of them per statement
+    (so a handful of statements stay prepared whatever the counts)."""
+    _chunked(conn, f"{into} VALUES ", "", rows)
+
+
+def _update_rows(conn: sqlite3.Connection, update: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """``update`` (``UPDATE runs SET column = v.columnN, …``) from ``rows`` (the run id first),
+    a power of two of them per statement."""
+    _chunked(conn, f"{update} FROM (VALUES ", ") AS v WHERE runs.run_id = v.column1", rows)
+
+
+def _chunked(
+    conn: sqlite3.Connection, head: str, tail: str, rows: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """``head`` + rows + ``tail`` for every chunk of ``rows``; what the statements returned."""
+    width = len(rows[0])
+    k, n = 0, len(rows)
+    out: list[tuple[Any, ...]] = []
+    while k < n:
+        size = min(1 << ((n - k).bit_length() - 1), _MAX_ROWS)
+        chunk = rows[k : k + size]
+        params = [v for row in chunk for v in row]
+        out += conn.execute(_rows_statement(head, tail, width, size), params).fetchall()
+        k += size
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_statement(head: str, tail: str, width: int, size: int) -> str:
+    row = f"({','.join('?' * width)})"
+    return f"{head}{','.join([row] * size)}{tail}"
+
+
+_MAX_ROWS = 512
+"""Rows per statement at most: 512 rows of 16 values stay under SQLite's parameter limit."""
+_ANY_TAKEN = "SELECT 1 FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) LIMIT 1"
+_CLAIM_HEAD = (
+    "UPDATE OR ROLLBACK runs SET owner = v.column2, lease_expires_at = v.column3, "
+    "status = 'running', updated_at = v.column4 FROM (VALUES "
+)
+_CLAIM_TAIL = (
+    f") AS v WHERE runs.run_id = v.column1 AND {_OPEN} AND "
+    "(runs.owner IS NULL OR runs.owner = v.column2) "
+    "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) RETURNING runs.run_id"
+)
+_COUNT_ATTEMPTS = (
+    "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL "
+    "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
+)
+_STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
+_TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
+_ENDING_CHECK = (
+    f"SELECT run_id, {_OPEN}, lease_expires_at FROM runs "
+    "WHERE run_id IN (SELECT value FROM json_each(?))"
+)
+_BUMP_CHANGES = "UPDATE run_changes SET last_change = last_change + ? RETURNING last_change"
+_INSERT_RUNS = f"INSERT OR ROLLBACK INTO runs ({codec.RUN_COLUMNS}, change_seq)"
+_REPLACE_TASKS = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS})"
+_INSERT_SPECS = f"INSERT OR ROLLBACK INTO run_specs ({codec.SPEC_COLUMNS})"
+_KEY_OPEN = (
+    f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
+    "(SELECT s.key_id FROM run_specs s WHERE s.run_id = runs.run_id) = ?"
+)
+_KEY_STARTS = "SELECT count(*) FROM run_specs WHERE key_id = ? AND created_at > ?"
+_KEY_NEWEST = (
+    "SELECT created_at FROM run_specs WHERE key_id = ? AND created_at > ? "
+    "ORDER BY created_at DESC LIMIT ? OFFSET ?"
+)
 
 
 def _project(
@@ -504,7 +953,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
             conn.executemany(_INSERT_TASK, tasks)
 
-        await self._write(f"create run {run.run_id!r}", body)
+        item = _Start(run.run_id, row, tasks, run.status in OPEN_RUN_STATUSES)
+        await self._writer.write(f"create run {run.run_id!r}", body, merge=(_merged_writes, item))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -678,7 +1128,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
 
-        item: _MergedAppend = (run_id, columns, update or None)
+        item = _Append(run_id, columns, update or None)
         if not update:  # deltas and the like do not touch the index
 
             def plain(conn: sqlite3.Connection) -> int:
@@ -692,7 +1142,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 return out
 
             return self._writer.queue_write(
-                action, plain, appended, after=after, merge=(_append_merged, item)
+                action, plain, appended, after=after, merge=(_merged_writes, item)
             )
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
@@ -708,7 +1158,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             return out
 
         return self._writer.queue_write(
-            action, body, published, after=after, merge=(_append_merged, item)
+            action, body, published, after=after, merge=(_merged_writes, item)
         )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -793,7 +1243,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 self.wakeups.publish(run_id, out)
             return out
 
-        out = await self._writer.write_then(f"finish run {run_id!r}", body, published)
+        item = _End(run_id, columns, update or None, task_rows, sets, ending)
+        out = await self._writer.write_then(
+            f"finish run {run_id!r}", body, published, merge=(_merged_writes, item)
+        )
         await self.wakeups.observed(run_id, out)
         return out
 
@@ -851,7 +1304,19 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                     _project(conn, run.run_id, update)
             return verdict, first
 
-        verdict, first = await self._write(f"create run {run.run_id!r}", body)
+        item = _Start(
+            run.run_id,
+            row,
+            tasks,
+            run.status in OPEN_RUN_STATUSES,
+            spec,
+            quota,
+            columns,
+            update or None,
+        )
+        verdict, first = await self._writer.write(
+            f"create run {run.run_id!r}", body, merge=(_merged_writes, item)
+        )
         if verdict.admitted:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
             if columns[0]:
@@ -890,7 +1355,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             ).fetchone()
             return int(row[0])
 
-        attempt = await self._write(f"claim run {run_id!r}", body)
+        item = _Claim(run_id, owner, ttl_s)
+        attempt = await self._writer.write(
+            f"claim run {run_id!r}", body, merge=(_merged_writes, item)
+        )
         if attempt is not None:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return attempt

@@ -40,8 +40,9 @@ runs appending, for 0.1 ms of the thread's CPU). So:
 * a write may come as data as well (``queue_write``'s ``merge``): consecutive writes of a group
   that share a merge function are handed to it together, and it does their work in a handful of
   statements (the store's appends: one statement numbers every run's batch, one inserts up to
-  128 rows). It answers, per write, the value or the error that fails that write alone (having
-  changed nothing of it), in queue order; anything it raises undoes the attempt as above.
+  128 rows; its run starts, claims and endings too, ADR 0033). It answers, per write, the value
+  or the error that fails that write alone (having changed nothing of it), in queue order;
+  anything it raises undoes the attempt as above.
 
 Exception mapping (``translate_error``)::
 
@@ -204,13 +205,20 @@ class SQLiteThread:
         """
         return await self._submit(action, fn, grouped=False)
 
-    async def write(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        merge: tuple[Merge, Any] | None = None,
+    ) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
         ``fn`` must only touch the database (it may run again: when another write of its group
         raised, the group runs again write by write) and may raise to undo its own changes.
+        ``merge``: as ``queue_write``'s.
         """
-        return await self._submit(action, fn, grouped=True)
+        return await self._submit(action, fn, grouped=True, merge=merge)
 
     def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """:meth:`call`, queued on the thread now rather than when a task first runs: a read
@@ -224,7 +232,12 @@ class SQLiteThread:
         return future
 
     async def write_then(
-        self, action: str, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], R]
+        self,
+        action: str,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], R],
+        *,
+        merge: tuple[Merge, Any] | None = None,
     ) -> R:
         """``write``, and ``then(fn's result)`` on the event loop in the commit's hand-off,
         before the caller resumes; returns what ``then`` returned.
@@ -235,7 +248,13 @@ class SQLiteThread:
         hand-off itself, in commit order; ``then`` also runs when the caller was cancelled
         meanwhile (the write committed all the same). It runs only after a successful commit.
         """
-        return await self._submit(action, fn, grouped=True, then=then)  # type: ignore[arg-type]
+        return await self._submit(
+            action,
+            fn,  # type: ignore[arg-type]
+            grouped=True,
+            then=then,
+            merge=merge,
+        )
 
     def queue_write(
         self,
@@ -271,12 +290,13 @@ class SQLiteThread:
         grouped: bool,
         needs_connection: bool = True,
         then: Callable[[Any], Any] | None = None,
+        merge: tuple[Merge, Any] | None = None,
     ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then))
+        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then, merge))
         return await future
 
     async def close(self) -> None:

@@ -400,7 +400,13 @@ class FailingStore(EventStore):
         """Ending a run appends its last events: a full disk fails it like any append."""
         batch = list(events)
         self._refuse_when_full(batch, f"finish run {run_id!r}")
-        out = await self.inner.finish_run(run_id, batch, ending)
+        try:
+            out = await self.inner.finish_run(run_id, batch, ending)
+        except StoreError as exc:  # lost with its connection: it may have committed
+            self.attempts.append(
+                Attempt(batch, None, unknown=isinstance(exc, StoreUnavailableError))
+            )
+            raise
         self.attempts.append(Attempt(batch, out))
         return out
 

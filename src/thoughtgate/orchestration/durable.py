@@ -674,7 +674,8 @@ class DurableEngine:
 
     async def receive(self, topic: str, timeout_s: float) -> dict[str, Any] | None:
         """Inside a run's workflow: wait for a message; the deadline is recorded the first time,
-        so a resumed run waits only for what is left of it."""
+        so a resumed run waits only for what is left of it (a resume before it was recorded
+        passes only what is left of the timeout counted from the request)."""
         message = await DBOS.recv_async(topic, timeout_seconds=timeout_s)
         return message if isinstance(message, dict) else None
 

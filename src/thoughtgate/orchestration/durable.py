@@ -15,7 +15,8 @@ What DBOS does for us:
   all of its tools; a key's Nth open run gets priority N, so one key's backlog never starves
   another key's first run;
 * durable messages and timers: an approval waits with ``recv`` (its timeout is recorded when it
-  starts, so it runs from the request across restarts), and any process answers it with ``send``;
+  starts, and a resumed wait gets only what is left counted from the request's event, so it runs
+  from the request across restarts), and any process answers it with ``send``;
 * recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
   rest.
 

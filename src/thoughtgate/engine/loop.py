@@ -544,7 +544,7 @@ class _Loop:
             call.call_id,
             tool.name,
             call.arguments,
-            timeout=self.approval_timeout,
+            timeout=self.approval_time_left(call.call_id),
         )
 
         async def settle() -> ToolResultPart | None:
@@ -580,6 +580,18 @@ class _Loop:
             f"{self.task_id}: approval answer {call.call_id}", settle, codec
         )
         return verdict
+
+    def approval_time_left(self, call_id: str) -> float:
+        """How long the approval of ``call_id`` may still wait: its whole timeout, less the time
+        since the log recorded the request when a resumed run finds it there. The engine records
+        the wait's deadline only once the wait begins, in its own database: a process that
+        stopped between the two left a request without a deadline, which must not wait a whole
+        timeout again from the resume (a deadline the engine did record stands either way)."""
+        resumed = self.steps.resumed
+        asked_at = None if resumed is None else resumed.approval_asked_at(self.task_id, call_id)
+        if asked_at is None:
+            return self.approval_timeout
+        return max(0.0, min(self.approval_timeout, asked_at + self.approval_timeout - now_ts()))
 
     async def execute(self, tool: Tool, call: ToolCallPart, base: ToolCardFields) -> ToolResultPart:
         resumed = self.steps.resumed

@@ -132,7 +132,7 @@ class ResumeLog:
     _turn_events: dict[str, dict[int, list[Event]]] = field(default_factory=dict)
     _tool_started: set[tuple[str | None, str]] = field(default_factory=set)
     _tool_end: dict[tuple[str | None, str], Event] = field(default_factory=dict)
-    _asked: set[tuple[str | None, str]] = field(default_factory=set)
+    _asked: dict[tuple[str | None, str], float] = field(default_factory=dict)
     _answered: set[tuple[str | None, str]] = field(default_factory=set)
     _task_events: dict[str, set[str]] = field(default_factory=dict)
 
@@ -157,7 +157,7 @@ class ResumeLog:
             elif e.type in _TOOL_ENDS:
                 self._tool_end[key] = e
             elif e.type == EventType.TOOL_APPROVAL_REQUIRED:
-                self._asked.add(key)
+                self._asked.setdefault(key, e.ts)
             elif e.type in _APPROVAL_ENDS:
                 self._answered.add(key)
 
@@ -191,6 +191,10 @@ class ResumeLog:
 
     def approval_asked(self, task_id: str, call_id: str) -> bool:
         return (task_id, call_id) in self._asked
+
+    def approval_asked_at(self, task_id: str, call_id: str) -> float | None:
+        """When the log recorded the request for this call's approval (its event's ``ts``)."""
+        return self._asked.get((task_id, call_id))
 
     def approval_settled(self, task_id: str, call_id: str) -> bool:
         return (task_id, call_id) in self._answered

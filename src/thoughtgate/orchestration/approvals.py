@@ -2,7 +2,9 @@
 
 A durable run waits for an approval with the engine's durable ``receive`` (its deadline is
 recorded when the wait begins, so a run resumed after a crash waits only for what is left of the
-timeout), and an answer is a durable message to the run's workflow, which any process can send:
+timeout; a run whose process stopped after the log recorded the request but before the wait began
+is given what is left of it counted from the request's event, ``engine.loop``), and an answer is
+a durable message to the run's workflow, which any process can send:
 the daemon replica that got the HTTP request, another one, the web page, the MCP server. An answer
 sent while the run is between processes waits for it.
 

@@ -15,7 +15,8 @@ What DBOS does for us:
   all of its tools; a key's Nth open run gets priority N, so one key's backlog never starves
   another key's first run;
 * durable messages and timers: an approval waits with ``recv`` (its timeout is recorded when it
-  starts, so it runs from the request across restarts), and any process answers it with ``send``;
+  starts, and a resumed wait gets only what is left counted from the request's event, so it runs
+  from the request across restarts), and any process answers it with ``send``;
 * recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
   rest.
 
@@ -674,7 +675,8 @@ class DurableEngine:
 
     async def receive(self, topic: str, timeout_s: float) -> dict[str, Any] | None:
         """Inside a run's workflow: wait for a message; the deadline is recorded the first time,
-        so a resumed run waits only for what is left of it."""
+        so a resumed run waits only for what is left of it (a resume before it was recorded
+        passes only what is left of the timeout counted from the request)."""
         message = await DBOS.recv_async(topic, timeout_seconds=timeout_s)
         return message if isinstance(message, dict) else None
 

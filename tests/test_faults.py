@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +31,7 @@ from hypothesis.stateful import (
 from support.daemon import Daemon, ServeProcess, running_daemon
 from support.faults import (
     TOOLS_FLAG,
+    Attempt,
     FailingStore,
     Frame,
     RawSSE,
@@ -49,14 +50,14 @@ from support.pg import PG_URL
 from support.store_conformance import make_run
 
 from thoughtgate.errors import StoreError, StoreUnavailableError
-from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.events.schema import Event, EventType, NewEvent, is_run_terminal
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import Provider, ProviderSettings
 from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.providers.openrouter import OpenRouterProvider
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.postgres import PostgresStore
@@ -522,6 +523,66 @@ async def test_a_failed_background_flush_fails_the_run_instead_of_leaving_a_hole
     for kind in "rt":
         steps = _delta_steps(log, kind)
         assert steps == list(range(len(steps))), "a delta after the hole was recorded"
+
+
+class LosingEndStore(FailingStore):
+    """The first ``lose`` tries to record a run's end fail as a killed connection would:
+    before the statement (``committed=False``) or after its commit, the reply lost."""
+
+    def __init__(self, inner: EventStore, lose: int, *, committed: bool = False) -> None:
+        super().__init__(inner)
+        self.lose = lose
+        self.committed = committed
+        self.tries = 0
+
+    async def finish_run(
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
+    ) -> list[Event]:
+        self.tries += 1
+        if self.tries > self.lose:
+            return await super().finish_run(run_id, events, ending)
+        if self.committed:
+            await self.inner.finish_run(run_id, events, ending)
+        self.attempts.append(Attempt(list(events), None, unknown=True))
+        raise StoreUnavailableError(f"cannot finish run {run_id!r}: connection lost (injected)")
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["refused", "reply-lost"])
+async def test_an_end_lost_with_its_connection_is_recorded_again_exactly_once(
+    committed: bool,
+) -> None:
+    """Recording a run's end is tried again when the store connection is lost: the run ends
+    with exactly one terminal event and the caller sees its real outcome -- also when the lost
+    try had committed (the next one then finds the run closed and adds nothing)."""
+    store = LosingEndStore(MemoryStore(), lose=2, committed=committed)
+    runtime = Runtime(store)
+    runtime.end_retry = (0.01, 0.01, 0.01)
+    run = await runtime.create_run(
+        RunRequest(ticker_prompt(3, 0), model="fake:ticker", chain_of_thought="surface")
+    )
+    ended = await asyncio.wait_for(runtime.execute(run.run_id), 10)
+    assert ended.status == "completed"
+    log = await store.read(run.run_id)
+    assert [e.type for e in log if is_run_terminal(e.type)] == [EventType.RUN_SETTLEMENT_COMPLETED]
+    assert log[-1].type == EventType.RUN_SETTLEMENT_COMPLETED
+    assert [e.type for e in log].count(EventType.TASK_COMPLETED) == 1
+    assert store.tries == 3  # two lost, the third answered
+
+
+async def test_an_end_that_cannot_be_stored_is_not_reported_as_success() -> None:
+    """Every try to record the end fails: the error reaches the caller, nothing in the store
+    claims the run ended, and the run is left to the lease sweep (ADR 0009)."""
+    store = LosingEndStore(MemoryStore(), lose=100)
+    runtime = Runtime(store)
+    runtime.end_retry = (0.01, 0.01, 0.01)
+    run = await runtime.create_run(
+        RunRequest(ticker_prompt(3, 0), model="fake:ticker", chain_of_thought="surface")
+    )
+    with pytest.raises(StoreUnavailableError, match="connection lost"):
+        await asyncio.wait_for(runtime.execute(run.run_id), 10)
+    assert store.tries == 4
+    assert not any(is_run_terminal(e.type) for e in await store.read(run.run_id))
+    assert (await store.get_run(run.run_id)).status == "running"
 
 
 async def _kill(admin: psycopg.AsyncConnection[Any], application_name: str) -> int:

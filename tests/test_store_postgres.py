@@ -7,7 +7,7 @@ import contextlib
 import os
 import random
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -522,6 +522,75 @@ async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
         await writer.append_one(run.run_id, NewEvent(EventType.RUN_ERROR))
         await asyncio.wait_for(tail, 5)
     assert [e.seq for e in got] == list(range(1, 8))
+
+
+class _BrokenLiveReader:
+    """A live feed whose wake-up handler has a bug."""
+
+    def published(self, events: Sequence[Event]) -> None:
+        pass
+
+    def notified(self, last_seq: int | None) -> None:
+        raise RuntimeError("a live reader's bug")
+
+
+async def test_a_failing_wake_up_callback_does_not_stop_later_notifications(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A callback of the LISTEN connection that raises (on connecting, on a notification, or a
+    live reader's) is logged and the listener carries on: tails keep being woken by NOTIFY, not
+    left to their 60 s safety poll. A listener task that ended anyway is started again."""
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        reader.safety_poll = reader.poll_interval = 60.0  # NOTIFY or nothing
+        listener = reader._listener
+        woken = listener._on_notify
+        failed: list[str] = []
+
+        def fail_once(payload: str) -> None:
+            if "notify" not in failed:
+                failed.append("notify")
+                raise RuntimeError("a wake-up callback's bug")
+            woken(payload)
+
+        def fail_on_connect() -> None:
+            failed.append("connected")
+            raise RuntimeError("an on-connect callback's bug")
+
+        listener._on_notify = fail_once
+        listener._on_connected = fail_on_connect
+        run = make_run()
+        await writer.create_run(run)
+        reader.wakeups.listen(run.run_id, _BrokenLiveReader())
+        got: list[Event] = []
+
+        async def follow() -> None:
+            async for event in reader.tail(run.run_id):
+                got.append(event)
+
+        tail = asyncio.create_task(follow())
+        first_pid = await listener_pid(pg_admin, pg_schema)
+        await wait_until(lambda: failed == ["connected"], "the on-connect callback failed")
+        assert listener.healthy and listener.connections == 1
+        await writer.append(run.run_id, deltas(2))  # its NOTIFY hits the failing callback
+        await wait_until(lambda: "notify" in failed, "the notify callback failed")
+        await writer.append(run.run_id, deltas(2, start=2))
+        await wait_until(lambda: len(got) == 4, "later events delivered by NOTIFY")
+        assert await listener_pid(pg_admin, pg_schema) == first_pid  # the same LISTEN session
+
+        listener._on_connected = reader.wakeups.notify_all  # as the store has it
+        task = listener._task  # a listener task that ended without stop(): start() restarts it
+        assert task is not None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await writer.append(run.run_id, deltas(1, start=4))  # nobody listens: only a restart,
+        # which wakes every tail once it listens again, delivers it
+        listener.start()
+        await wait_until(lambda: len(got) == 5, "the event appended while nobody listened")
+        await writer.append_one(run.run_id, NewEvent(EventType.RUN_ERROR))
+        await asyncio.wait_for(tail, 5)
+    assert [e.seq for e in got] == list(range(1, 7))
+    assert listener.connections == 2
 
 
 async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(

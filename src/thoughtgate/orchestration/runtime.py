@@ -66,6 +66,7 @@ from thoughtgate.errors import (
     ApprovalNotPendingError,
     ProviderError,
     QuotaExceededError,
+    StoreUnavailableError,
     ThoughtgateError,
     UsageError,
 )
@@ -187,6 +188,10 @@ class Runtime:
     ``async with Runtime(...) as runtime:`` to keep them open across runs too; they are closed when
     the block ends.
     """
+
+    #: Pauses (seconds) before trying again to record a run's end that was lost with its store
+    #: connection (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is raised.
+    end_retry: tuple[float, ...] = (0.1, 0.3, 0.8)
 
     def __init__(
         self,
@@ -786,18 +791,29 @@ class Runtime:
             if failure and failure[1]:
                 payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
-        await end_run(
-            self.store,
-            run_id,
-            NewEvent(event_type, payload),
-            status=status,
-            usage=usage.to_dict(),
-            error=error,
-            task_status="failed",
-            task_error=not_run,
-            ended=ended,
-            tasks=tasks,
-        )
+        try:
+            await end_run(
+                self.store,
+                run_id,
+                NewEvent(event_type, payload),
+                status=status,
+                usage=usage.to_dict(),
+                error=error,
+                task_status="failed",
+                task_error=not_run,
+                ended=ended,
+                tasks=tasks,
+                retry=self.end_retry,
+            )
+        except StoreUnavailableError as exc:
+            log.error(
+                "run %s: its end (%s) could not be stored (%s); unless it was, the run stays "
+                "open until its lease expires and a sweep takes it",
+                run_id,
+                status,
+                exc,
+            )
+            raise
 
     async def _execute_task(
         self,

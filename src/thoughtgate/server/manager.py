@@ -191,8 +191,8 @@ class RunManager:
             await self.runtime.run_to_end(run_id)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # already recorded as run.failed / run.error
-            log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
+        except Exception as exc:  # recorded as run.failed / run.error, or the runtime said not
+            log.warning("run %s stopped with %s: %s", run_id, type(exc).__name__, exc)
 
     # ------------------------------------------------------------------ resume
     async def resume(self, run_id: str) -> RunRecord:

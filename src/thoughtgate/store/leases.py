@@ -28,6 +28,7 @@ pass, so a process without one leaves such runs to a daemon; a run of ``thoughtg
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -38,8 +39,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
+from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     RunInterruptedPayload,
@@ -66,6 +68,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("thoughtgate.leases")
+
+_T = TypeVar("_T")
 
 DEFAULT_LEASE_TTL_S = 15.0
 """A run whose owner has not renewed its lease for this long is closed (``lease_ttl_s``)."""
@@ -172,15 +176,21 @@ async def end_run(
     ended: EndedTask | None = None,
     tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
+    retry: Sequence[float] = (),
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
     ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended.
     ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
     run's tasks as the process that executed them knows them, instead of reading the run back
     (``finish_run`` still ends only an open run). ``tail``: events of the run's that were held
-    for its ending (a task's last turn), first in the batch."""
+    for its ending (a task's last turn), first in the batch.
+
+    ``retry``: the pauses (seconds) between further tries of a store call that failed with
+    :class:`StoreUnavailableError` (a connection lost or found dead; the pool drops it). Safe
+    because ``finish_run`` ends only an open run: a try whose commit was lost with its reply
+    makes the next one a no-op, never a second ending. The last try's error is raised."""
     if tasks is None:
-        run = await store.get_run(run_id)
+        run = await _retrying(lambda: store.get_run(run_id), retry, run_id)
         if run.status not in OPEN_RUN_STATUSES:
             return []
         tasks = run.tasks
@@ -212,7 +222,19 @@ async def end_run(
         tasks=closed,
         lease_expired_by=lease_expired_by,
     )
-    return await store.finish_run(run_id, events, ending)
+    return await _retrying(lambda: store.finish_run(run_id, events, ending), retry, run_id)
+
+
+async def _retrying(call: Callable[[], Awaitable[_T]], pauses: Sequence[float], run_id: str) -> _T:
+    for pause in pauses:
+        try:
+            return await call()
+        except StoreUnavailableError as exc:
+            log.warning(
+                "could not record the end of run %s (%s); trying again in %.2fs", run_id, exc, pause
+            )
+        await asyncio.sleep(pause)
+    return await call()
 
 
 async def close_run_interrupted(

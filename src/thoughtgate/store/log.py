@@ -70,6 +70,13 @@ class RunListener(Protocol):
         published here: appended by another process, or news lost while disconnected."""
 
 
+def _tell(listener: RunListener, last_seq: int | None) -> None:
+    try:
+        listener.notified(last_seq)
+    except Exception:  # one broken live reader must not hold up the others, or the listener
+        log.exception("a live reader failed on a wake-up (up to seq %s)", last_seq)
+
+
 class RunWakeups:
     """In-process wake-ups for live tails, and the hand-off of committed events to listeners.
 
@@ -145,10 +152,11 @@ class RunWakeups:
         self._wake(run_id)
 
     def notify(self, run_id: str, last_seq: int | None = None) -> None:
-        """Something may be new in ``run_id`` (up to ``last_seq`` when known)."""
-        for listener in tuple(self._listeners.get(run_id, ())):
-            listener.notified(last_seq)
+        """Something may be new in ``run_id`` (up to ``last_seq`` when known). Tails wake
+        first, and a listener that raises is logged and skipped, so it holds up nobody else."""
         self._wake(run_id)
+        for listener in tuple(self._listeners.get(run_id, ())):
+            _tell(listener, last_seq)
 
     def _wake(self, run_id: str) -> None:
         ev = self._events.pop(run_id, None)
@@ -158,12 +166,12 @@ class RunWakeups:
     def notify_all(self) -> None:
         """Wake every waiting tail and listener (e.g. after a lost cross-process signal may have
         hidden news)."""
-        for listeners in list(self._listeners.values()):
-            for listener in tuple(listeners):
-                listener.notified(None)
         events, self._events = self._events, {}
         for ev in events.values():
             ev.set()
+        for listeners in list(self._listeners.values()):
+            for listener in tuple(listeners):
+                _tell(listener, None)
 
     def arm(self, run_id: str) -> asyncio.Event:
         """The event the next ``notify(run_id)`` sets. Take it *before* re-checking the store and

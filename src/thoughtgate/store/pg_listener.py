@@ -56,7 +56,17 @@ class PgListener:
         """How many times LISTEN has been established (1 + reconnects); useful to operators."""
 
     def start(self) -> None:
-        if self._task is None and not self._stopped:
+        """Start listening, or start again if the task ended though nobody stopped it."""
+        if self._stopped:
+            return
+        task = self._task
+        if task is not None and task.done():
+            if not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "LISTEN %s had stopped; restarting it", self._channel, exc_info=task.exception()
+                )
+            task = None
+        if task is None:
             self._task = asyncio.create_task(self._run(), name=f"listen {self._channel}")
 
     async def stop(self) -> None:
@@ -75,6 +85,8 @@ class PgListener:
                 delay = self.backoff[0]  # a clean end (server closed us): retry promptly
             except (psycopg.Error, OSError) as exc:
                 log.warning("LISTEN %s lost (%s); reconnecting in %.2fs", self._channel, exc, delay)
+            except Exception:  # a bug of ours: never worth giving up the tails' wake-ups for
+                log.exception("LISTEN %s failed; reconnecting in %.2fs", self._channel, delay)
             finally:
                 self.healthy = False
                 conn, self._conn = self._conn, None
@@ -89,6 +101,14 @@ class PgListener:
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         self.healthy = True
         self.connections += 1
-        self._on_connected()  # anything appended while we were not listening: re-read
+        # Anything appended while we were not listening: re-read. A callback that raises is
+        # logged and the listener carries on: LISTEN is in force whatever a callback did.
+        self._call(self._on_connected)
         async for note in conn.notifies():
-            self._on_notify(note.payload)
+            self._call(self._on_notify, note.payload)
+
+    def _call(self, callback: Callable[..., None], *args: str) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("LISTEN %s: a wake-up callback failed (%s)", self._channel, args)

@@ -61,6 +61,7 @@ from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.records import RunRecord
 from thoughtgate.store.sqlite import SQLiteStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -583,6 +584,65 @@ async def test_an_end_that_cannot_be_stored_is_not_reported_as_success() -> None
     assert store.tries == 4
     assert not any(is_run_terminal(e.type) for e in await store.read(run.run_id))
     assert (await store.get_run(run.run_id)).status == "running"
+
+
+class LosingReadBackStore(FailingStore):
+    """Once the run's end is stored, the next ``get_run`` fails as a killed connection would."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.ended = False
+        self.lost_reads = 0
+
+    async def finish_run(
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
+    ) -> list[Event]:
+        out = await super().finish_run(run_id, events, ending)
+        self.ended = True
+        return out
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        if self.ended and not self.lost_reads:
+            self.lost_reads += 1
+            raise StoreUnavailableError(f"cannot read run {run_id!r}: connection lost (injected)")
+        return await super().get_run(run_id)
+
+
+async def test_a_read_back_lost_with_its_connection_after_the_end_still_returns_the_run() -> None:
+    """The run's end is stored, then reading it back loses the connection: ``execute`` tries
+    the read again and returns the completed run instead of reporting an error."""
+    store = LosingReadBackStore(MemoryStore())
+    runtime = Runtime(store)
+    runtime.end_retry = (0.01, 0.01, 0.01)
+    run = await runtime.create_run(
+        RunRequest(ticker_prompt(3, 0), model="fake:ticker", chain_of_thought="surface")
+    )
+    ended = await asyncio.wait_for(runtime.execute(run.run_id), 10)
+    assert store.lost_reads == 1
+    assert ended.status == "completed"
+    assert ended.run_id == run.run_id
+
+
+async def test_a_cancelled_runs_interruption_lost_with_its_connection_is_recorded_again() -> None:
+    """Cancelling a run (Ctrl-C, a daemon shutdown) records ``run.interrupted``; a try lost
+    with its store connection is made again, so the run does not stay running."""
+    store = LosingEndStore(MemoryStore(), lose=1)
+    runtime = Runtime(store)
+    runtime.end_retry = (0.01, 0.01, 0.01)
+    run = await runtime.create_run(
+        RunRequest(ticker_prompt(100_000, 20), model="fake:ticker", chain_of_thought="surface")
+    )
+    task = asyncio.create_task(runtime.execute(run.run_id))
+    while not any(e.type == EventType.TASK_STARTED for e in await store.read(run.run_id)):
+        assert not task.done()
+        await asyncio.sleep(0.01)
+    task.cancel("stopped by the test")
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert store.tries == 2  # one lost, the next recorded
+    assert (await store.get_run(run.run_id)).status == "interrupted"
+    log = await store.read(run.run_id)
+    assert [e.type for e in log if is_run_terminal(e.type)] == [EventType.RUN_INTERRUPTED]
 
 
 async def _kill(admin: psycopg.AsyncConnection[Any], application_name: str) -> int:

@@ -443,6 +443,45 @@ class EventLogConformance:
         assert published == await store.read(run.run_id)
         assert [e.seq for e in published] == [1, 2, 3, 4, 5]
 
+    async def test_a_raising_live_reader_keeps_neither_another_reader_nor_the_appender_waiting(
+        self, store: EventStore
+    ) -> None:
+        """A live reader that raises on published events is skipped: another reader of the run
+        still gets every event, and each append (and the run's end) returns what it stored."""
+        run = make_run()
+        await store.create_run(run)
+        published: list[Event] = []
+
+        class Broken:
+            def published(self, events: Sequence[Event]) -> None:
+                raise RuntimeError("a broken live reader")
+
+            def notified(self, last_seq: int | None) -> None:
+                pass
+
+        class Listener:
+            def published(self, events: Sequence[Event]) -> None:
+                published.extend(events)
+
+            def notified(self, last_seq: int | None) -> None:
+                pass
+
+        unlisten_broken = store.wakeups.listen(run.run_id, Broken())
+        unlisten = store.wakeups.listen(run.run_id, Listener())
+        try:
+            appended = await store.append(run.run_id, deltas(3))
+            ended = await store.finish_run(
+                run.run_id,
+                [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})],
+                RunEnding("completed"),
+            )
+        finally:
+            unlisten()
+            unlisten_broken()
+        assert [e.seq for e in appended] == [1, 2, 3]
+        assert [e.seq for e in ended] == [4]
+        assert published == await store.read(run.run_id)
+
     async def test_observers_see_every_committed_batch_once_whoever_appends_it(
         self, store: EventStore
     ) -> None:

@@ -109,6 +109,7 @@ from thoughtgate.store.leases import (
     EndedTask,
     close_run_interrupted,
     end_run,
+    retrying,
 )
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
@@ -189,8 +190,10 @@ class Runtime:
     the block ends.
     """
 
-    #: Pauses (seconds) before trying again to record a run's end that was lost with its store
-    #: connection (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is raised.
+    #: Pauses (seconds) before trying again to record a run's end (or a cancelled run's
+    #: interruption, or to read the ended run back in :meth:`execute`) when the try was lost with
+    #: its store connection (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is
+    #: raised (for an interruption: logged).
     end_retry: tuple[float, ...] = (0.1, 0.3, 0.8)
 
     def __init__(
@@ -500,7 +503,10 @@ class Runtime:
         Returns the ended run as the store has it.
         """
         await self.run_to_end(run_id)
-        return await self.store.get_run(run_id)
+        # The end is stored: a lost connection here must not report the run as failed.
+        return await retrying(
+            lambda: self.store.get_run(run_id), self.end_retry, "read back the ended", run_id
+        )
 
     async def run_to_end(self, run_id: str) -> None:
         """:meth:`execute` without reading the ended run back: for a caller that has no use for
@@ -699,8 +705,16 @@ class Runtime:
         ``tail``: the last task's last events, held for the run's ending and not stored yet."""
         self.leases.release(run_id)
         try:
+            # Retried like a run's end. A daemon shutdown cancels its runs together and gathers
+            # them, so the pauses overlap (~1.2 s at most in all), they do not add up per run.
             await close_run_interrupted(
-                self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
+                self.store,
+                run_id,
+                reason,
+                usage=usage.to_dict(),
+                ended=ended,
+                tail=tail,
+                retry=self.end_retry,
             )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)

@@ -64,6 +64,7 @@ __all__ = [
     "close_run_interrupted",
     "end_run",
     "orphan_reason",
+    "retrying",
     "suspend",
 ]
 
@@ -190,7 +191,7 @@ async def end_run(
     because ``finish_run`` ends only an open run: a try whose commit was lost with its reply
     makes the next one a no-op, never a second ending. The last try's error is raised."""
     if tasks is None:
-        run = await _retrying(lambda: store.get_run(run_id), retry, run_id)
+        run = await retrying(lambda: store.get_run(run_id), retry, "record the end of", run_id)
         if run.status not in OPEN_RUN_STATUSES:
             return []
         tasks = run.tasks
@@ -222,17 +223,22 @@ async def end_run(
         tasks=closed,
         lease_expired_by=lease_expired_by,
     )
-    return await _retrying(lambda: store.finish_run(run_id, events, ending), retry, run_id)
+    return await retrying(
+        lambda: store.finish_run(run_id, events, ending), retry, "record the end of", run_id
+    )
 
 
-async def _retrying(call: Callable[[], Awaitable[_T]], pauses: Sequence[float], run_id: str) -> _T:
+async def retrying(
+    call: Callable[[], Awaitable[_T]], pauses: Sequence[float], what: str, run_id: str
+) -> _T:
+    """``call()``, tried again after each of ``pauses`` (seconds) while it fails with
+    :class:`StoreUnavailableError`; the last try's error is raised. ``what`` and ``run_id`` name
+    the call in the log ("could not <what> run <run_id>"). For calls that are safe to repeat."""
     for pause in pauses:
         try:
             return await call()
         except StoreUnavailableError as exc:
-            log.warning(
-                "could not record the end of run %s (%s); trying again in %.2fs", run_id, exc, pause
-            )
+            log.warning("could not %s run %s (%s); trying again in %.2fs", what, run_id, exc, pause)
         await asyncio.sleep(pause)
     return await call()
 
@@ -246,9 +252,11 @@ async def close_run_interrupted(
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
     tail: Sequence[NewEvent] = (),
+    retry: Sequence[float] = (),
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended."""
+    on its own, as :func:`end_run` takes it); ``[]`` if it had ended. ``retry``: as
+    :func:`end_run` takes it."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
@@ -264,6 +272,7 @@ async def close_run_interrupted(
         lease_expired_by=lease_expired_by,
         ended=ended,
         tail=tail,
+        retry=retry,
     )
 
 

@@ -146,9 +146,18 @@ class RunWakeups:
                 log.exception("an observer of run %s failed on %d events", run_id, len(events))
 
     def publish(self, run_id: str, events: Sequence[Event]) -> None:
-        """The events to the run's listeners, then wake tails (observers: ``committed``)."""
+        """The events to the run's listeners, then wake tails (observers: ``committed``).
+
+        Called in a commit's hand-off (SQLite, ADR 0028): a listener that raises is logged and
+        skipped, so it keeps neither the other readers from the events nor the appender from
+        its result (the events are stored whatever a reader makes of them)."""
         for listener in tuple(self._listeners.get(run_id, ())):
-            listener.published(events)
+            try:
+                listener.published(events)
+            except Exception:
+                log.exception(
+                    "a live reader of run %s failed on %d published events", run_id, len(events)
+                )
         self._wake(run_id)
 
     def notify(self, run_id: str, last_seq: int | None = None) -> None:

@@ -1153,17 +1153,7 @@ def test_a_group_stores_what_the_same_writes_one_by_one_store(
                 last[k] = queued
                 return queued.wait()
 
-            if together:
-                outcomes = await _queued_together(
-                    store._writer, [_Deferred(write, *op) for op in ops]
-                )
-            else:
-                outcomes = []
-                for op in ops:
-                    try:
-                        outcomes.append(await write(*op))
-                    except Exception as exc:
-                        outcomes.append(exc)
+            outcomes = await _made(store, [_Deferred(write, *op) for op in ops], together)
             seen = [
                 type(o).__name__ if isinstance(o, BaseException) else [_plain(e) for e in o]
                 for o in outcomes
@@ -1177,12 +1167,35 @@ def test_a_group_stores_what_the_same_writes_one_by_one_store(
         finally:
             await store.close()
 
+    _assert_grouped_is_one_by_one(folder, play)
+
+
+def _assert_grouped_is_one_by_one(
+    folder: Path, play: Callable[[Path, bool], Awaitable[tuple[list[object], list[object]]]]
+) -> None:
+    """``play`` on a fresh database with its writes queued into one group, then on another
+    with them made one at a time: what the callers were told and what is stored must agree."""
+
     async def both() -> None:
-        grouped = await play(folder / "grouped.db", together=True)
-        one_by_one = await play(folder / "sequential.db", together=False)
+        grouped = await play(folder / "grouped.db", True)
+        one_by_one = await play(folder / "sequential.db", False)
         assert grouped == one_by_one
 
     asyncio.run(both())
+
+
+async def _made(store: SQLiteStore, calls: list[_Deferred], together: bool) -> list[Any]:
+    """Each call's outcome (its value or its exception), queued into one writer group when
+    ``together``, else awaited one after another."""
+    if together:
+        return await _queued_together(store._writer, calls)
+    outcomes: list[Any] = []
+    for call in calls:
+        try:
+            outcomes.append(await call)
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 class _Deferred:
@@ -1282,16 +1295,7 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
                 ending = RunEnding("completed", lease_expired_by=by, tasks=[])
                 return store.finish_run(run_id, deltas(n), ending)
 
-            calls = [_Deferred(write, *op) for op in ops]
-            if together:
-                outcomes = await _queued_together(store._writer, calls)
-            else:
-                outcomes = []
-                for call in calls:
-                    try:
-                        outcomes.append(await call)
-                    except Exception as exc:
-                        outcomes.append(exc)
+            outcomes = await _made(store, [_Deferred(write, *op) for op in ops], together)
             seen = [_outcome(o) for o in outcomes]
             final: list[object] = []
             names = [*_TARGETS, *(f"adm_{k}" for k in range(7)), "pre_key_a", "pre_key_b"]
@@ -1321,12 +1325,7 @@ def test_merged_starts_appends_and_endings_store_what_they_store_one_by_one(
         finally:
             await store.close()
 
-    async def both() -> None:
-        grouped = await play(folder / "grouped.db", together=True)
-        one_by_one = await play(folder / "sequential.db", together=False)
-        assert grouped == one_by_one
-
-    asyncio.run(both())
+    _assert_grouped_is_one_by_one(folder, play)
 
 
 def _task(run_id: str) -> TaskRecord:

@@ -326,16 +326,48 @@ def install(directory: str) -> None:
 
     sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
 
+    if hasattr(sqlite_thread.SQLiteThread, "_group_on_loop"):  # ADR 0036: loop, then thread
+        on_loop = sqlite_thread.SQLiteThread._group_on_loop
+        commit_handed = sqlite_thread.SQLiteThread._commit_handed
+
+        def traced_on_loop(self: Any, jobs: list[Any]) -> Any:
+            began, cpu = time.monotonic(), time.thread_time()
+            out = on_loop(self, jobs)
+            cpu = time.thread_time() - cpu
+            for job in jobs:
+                run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+                if run_id is not None:
+                    _note(run_id, "commit_began", began)
+                    _note(run_id, "group", float(len(jobs)))
+                    _note(run_id, "group_cpu", cpu * 1000)
+                    merged = sum(getattr(j, "merge", None) is not None for j in jobs)
+                    _note(run_id, "group_merged", float(merged))
+            return out
+
+        def traced_commit_handed(self: Any) -> Any:
+            handed = self._handed
+            out = commit_handed(self)
+            now = time.monotonic()
+            for outcome in [] if handed is None else handed.done:
+                job = outcome.job
+                run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+                if run_id is not None:
+                    _note(run_id, "committed", now)
+            return out
+
+        sqlite_thread.SQLiteThread._group_on_loop = traced_on_loop  # type: ignore[method-assign]
+        sqlite_thread.SQLiteThread._commit_handed = traced_commit_handed  # type: ignore[method-assign]
+
     settle_all = sqlite_thread._settle
 
-    def traced_settle_all(outcomes: list[Any]) -> None:
+    def traced_settle_all(outcomes: list[Any], *rest: Any) -> None:
         for outcome in outcomes:
             run_id = _tracked_jobs.pop(id(outcome.job), None) or _tracked_actions.pop(
                 outcome.job.action, None
             )
             if run_id is not None:
                 _note(run_id, "handed")
-        settle_all(outcomes)
+        settle_all(outcomes, *rest)
 
     sqlite_thread._settle = traced_settle_all
 

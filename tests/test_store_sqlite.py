@@ -618,10 +618,10 @@ async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) ->
     busy, gate = await _held(thread)
     futures = [asyncio.ensure_future(c) for c in calls]
     for _ in range(10_000):  # each call queues its write in its first step
-        if thread._jobs.qsize() == len(calls):
+        if thread.waiting() == len(calls):
             break
         await asyncio.sleep(0)
-    assert thread._jobs.qsize() == len(calls), "not every write was queued"
+    assert thread.waiting() == len(calls), "not every write was queued"
     gate.set()
     await busy
     return await asyncio.gather(*futures, return_exceptions=True)
@@ -848,7 +848,7 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
         first = asyncio.ensure_future(thread.call("first", lambda conn: 1))
         later = asyncio.ensure_future(thread.call("second", second))
         for _ in range(10_000):  # both queued: the thread takes them in one batch
-            if thread._jobs.qsize() == 2:
+            if thread.waiting() == 2:
                 break
             await asyncio.sleep(0)
         gate.set()

@@ -333,11 +333,12 @@ def install(directory: str) -> None:
         def traced_on_loop(self: Any, jobs: list[Any]) -> Any:
             began, cpu = time.monotonic(), time.thread_time()
             out = on_loop(self, jobs)
-            cpu = time.thread_time() - cpu
+            now, cpu = time.monotonic(), time.thread_time() - cpu
             for job in jobs:
                 run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
                 if run_id is not None:
                     _note(run_id, "commit_began", began)
+                    _note(run_id, "loop_ran", now)
                     _note(run_id, "group", float(len(jobs)))
                     _note(run_id, "group_cpu", cpu * 1000)
                     merged = sum(getattr(j, "merge", None) is not None for j in jobs)
@@ -346,13 +347,17 @@ def install(directory: str) -> None:
 
         def traced_commit_handed(self: Any) -> Any:
             handed = self._handed
+            began, cpu = time.monotonic(), time.thread_time()
             out = commit_handed(self)
-            now = time.monotonic()
+            now, cpu = time.monotonic(), time.thread_time() - cpu
             for outcome in [] if handed is None else handed.done:
                 job = outcome.job
                 run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
                 if run_id is not None:
+                    _note(run_id, "thread_took", began)
                     _note(run_id, "committed", now)
+                    _note(run_id, "part thread's COMMIT, wall", (now - began) * 1000)
+                    _note(run_id, "part thread's COMMIT, CPU", cpu * 1000)
             return out
 
         sqlite_thread.SQLiteThread._group_on_loop = traced_on_loop  # type: ignore[method-assign]

@@ -442,8 +442,10 @@ class SQLiteThread:
                 conn.execute("ROLLBACK")
             _settle(failed)
             return
-        self._handed = _Handed(failed, done)
-        _hurry()
+        hurry = len(pending) >= _HURRY_GROUP
+        self._handed = _Handed(failed, done, hurry)
+        if hurry:
+            _hurry()
         self._put(_WAKE)
 
     # -- on the owning thread ----------------------------------------------------------------
@@ -494,7 +496,7 @@ class SQLiteThread:
             self._finished += len(batch)
             # The last hand-off also tells the loop that the connection is free again, when it
             # has writes waiting: one wake-up of the loop for both.
-            _settle_all(last, self._loop if self._pending else None, self._flush_later)
+            _settle_all(last, self._loop if self._pending else None, self._flush)
 
     def _commit_handed(self) -> list[_Outcome]:
         """The ``COMMIT`` of the group the loop ran, if one is waiting: first, before anything
@@ -509,7 +511,8 @@ class SQLiteThread:
         except BaseException as exc:  # a bug here must not leave callers waiting
             return handed.failed + [_Outcome(o.job, exc, None) for o in handed.done]
         finally:
-            _unhurry()
+            if handed.hurry:
+                _unhurry()
 
     def _translate(self, exc: BaseException, action: str) -> BaseException:
         if isinstance(exc, sqlite3.Error):
@@ -711,6 +714,7 @@ _WAKE = _Job("commit", lambda conn: None, False, False, None, None, None)  # typ
 
 
 _HURRY = 0.0005
+_HURRY_GROUP = 16
 """The interpreter's switch interval, seconds, while a group waits for the thread's ``COMMIT``."""
 _hurry_lock = threading.Lock()
 _hurrying = 0
@@ -742,6 +746,7 @@ def _unhurry() -> None:
 class _Handed:
     failed: list[_Outcome]
     done: list[_Outcome]
+    hurry: bool
 
 
 def _not_cancelled(jobs: list[_Job]) -> list[_Job]:

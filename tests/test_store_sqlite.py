@@ -860,6 +860,120 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
         await thread.close()
 
 
+# -- a group's statements on the loop, its COMMIT on the thread (ADR 0036) -----------------------
+async def test_a_write_waits_on_the_thread_while_another_connection_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The event loop never waits for another connection's write lock (DBOS writes the same
+    file): while one holds it, the loop goes on and the writes wait on the writer thread, in
+    order; they commit once the lock is let go."""
+    path = tmp_path / "busy.db"
+    store = await SQLiteStore.open(path, busy_timeout=20)
+    try:
+        run, neighbour = make_run(), make_run()
+        for r in (run, neighbour):
+            await store.create_run(r)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        # queued in one turn: one group, which the loop finds locked
+        first = [
+            asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in (run, neighbour)
+        ]
+        await asyncio.sleep(0.2)  # (were the loop waiting for the lock, this would not return)
+        second = asyncio.ensure_future(store.append(run.run_id, deltas(1, start=2)))
+        await asyncio.sleep(0.2)
+        assert not any(f.done() for f in [*first, second])
+        other.execute("COMMIT")
+        other.close()
+        assert [[e.seq for e in await f] for f in first] == [[1, 2], [1, 2]]
+        assert [e.seq for e in await second] == [3]
+        stored = await store.read(run.run_id)
+        assert [e.payload["i"] for e in stored] == [0, 1, 2]
+        more = [store.append(r.run_id, deltas(1)) for r in (run, neighbour)]
+        assert [[e.seq for e in appended] for appended in await asyncio.gather(*more)] == [[4], [3]]
+    finally:
+        await store.close()
+
+
+async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "lone.db"
+    thread = SQLiteThread("test-writer", path, busy_timeout=5)
+    await thread.start(lambda: connect(path, busy_timeout=5), "open")
+    try:
+        await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+
+        def bad(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO t VALUES ('x')")
+            raise ValueError("changed its mind")
+
+        with pytest.raises(ValueError, match="changed its mind"):
+            await thread.write("bad", bad)
+        await thread.write("good", lambda c: c.execute("INSERT INTO t VALUES ('y')"))
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert rows == [("y",)]
+    finally:
+        await thread.close()
+
+
+async def test_writes_from_another_event_loop_commit_beside_the_loops_own(tmp_path: Path) -> None:
+    """A writer started on one loop also takes writes from another loop (another thread's
+    ``asyncio.run``): each is committed once, and the callers on both loops are told."""
+    path = tmp_path / "loops.db"
+    thread = SQLiteThread("test-writer", path, busy_timeout=5)
+    await thread.start(lambda: connect(path, busy_timeout=5), "open")
+    try:
+        await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+
+        def insert(key: str) -> Callable[[sqlite3.Connection], str]:
+            def body(conn: sqlite3.Connection) -> str:
+                conn.execute("INSERT INTO t VALUES (?)", (key,))
+                return key
+
+            return body
+
+        async def theirs() -> list[str]:
+            return list(await asyncio.gather(*(thread.write(k, insert(k)) for k in _keys("o"))))
+
+        other = asyncio.to_thread(asyncio.run, theirs())
+        mine = [thread.write(k, insert(k)) for k in _keys("m")]
+        told = await asyncio.gather(other, *mine)
+        assert told[0] == list(_keys("o")) and told[1:] == list(_keys("m"))
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert sorted(r[0] for r in rows) == sorted([*_keys("o"), *_keys("m")])
+    finally:
+        await thread.close()
+
+
+def _keys(prefix: str) -> list[str]:
+    return [f"{prefix}{i}" for i in range(40)]
+
+
+async def test_a_large_group_leaves_the_interpreters_switch_interval_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The writer shortens the switch interval while a large group waits for its COMMIT, and
+    puts back what the process had (here, a value of its own)."""
+    store = await SQLiteStore.open(tmp_path / "switch.db")
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        runs = [make_run() for _ in range(40)]
+        for run in runs:
+            await store.create_run(run)
+        writer = store._writer
+        commits = writer.commits
+        calls = [store.append(run.run_id, deltas(2)) for run in runs]
+        results = await _queued_together(writer, calls)
+        assert writer.commits == commits + 1
+        assert all(len(r) == 2 for r in results)
+        assert sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        sys.setswitchinterval(before)
+        await store.close()
+
+
 # -- API-key lookups on their own connection -------------------------------------------------
 async def test_a_key_lookup_is_answered_while_the_reader_is_busy(tmp_path: Path) -> None:
     """A request's key check does not queue behind the event-page reads of the live streams:

@@ -44,6 +44,29 @@ runs appending, for 0.1 ms of the thread's CPU). So:
   or the error that fails that write alone (having changed nothing of it), in queue order;
   anything it raises undoes the attempt as above.
 
+The loop runs the statements, the thread the ``COMMIT`` (ADR 0036): even a handful of
+statements per group made the writer thread take the interpreter lock back several times per
+group, and with a saturated loop each of those waits could last the 5 ms switch interval (at 100
+runs appending, 12-42 ms of wall per commit for 2-8 ms of the thread's CPU). So the writes of the
+loop that started the thread wait on that loop (``_pending``), and once the thread has nothing
+left of its own the loop runs the next group itself -- ``BEGIN IMMEDIATE`` and every statement,
+holding the lock anyway -- and hands the thread only the ``COMMIT`` (the fsync), which it does
+first, before any other job; its hand-off tells the loop that the connection is free again.
+
+* the loop never waits for another connection's write lock: its ``BEGIN IMMEDIATE`` runs with no
+  busy timeout, and when the database is locked the whole group goes to the thread, which waits
+  as before (up to the busy timeout), with the writes queued after it behind it;
+* when a write of the group raises, the loop undoes the attempt and the thread runs the group
+  write by write, each in its savepoint;
+* a write alone goes to the thread whole, as before (the loop's part saves nothing there, and
+  the thread then starts while the loop goes on);
+* while a large group (16 writes or more: a loaded loop) waits for its ``COMMIT``, the
+  interpreter's switch interval is 0.5 ms instead of 5, so the thread's two takes of the lock
+  (woken, and back from the fsync) wait at most that long; the process's own value comes back
+  once the ``COMMIT`` returned;
+* writes from another event loop (another thread's ``asyncio.run``) go to the thread's queue as
+  before; a lock on the connection keeps its users one at a time.
+
 Exception mapping (``translate_error``)::
 
     sqlite3.Error
@@ -395,15 +418,18 @@ class SQLiteThread:
         """``BEGIN IMMEDIATE`` and every statement of ``jobs`` on this loop, which holds the
         interpreter lock anyway, then the ``COMMIT`` (the fsync) handed to the thread: the
         thread takes the interpreter lock once or twice per group instead of at every
-        statement. What this does not do alone goes to the thread, whole: the group when the
-        database is locked by another connection right now (the loop never waits for that
-        lock) or when one of its writes raised (the thread then runs it write by write)."""
+        statement. What this does not do goes to the thread, whole: a write alone (measured
+        no better here), the group when the database is locked by another connection right
+        now (the loop never waits for that lock) or when one of its writes raised (the
+        thread then runs it write by write)."""
         conn = self._conn
         if conn is None:
             _settle([_Outcome(job, self._closed_error(job), None) for job in jobs])
             return
         pending = _not_cancelled(jobs)
-        if not pending:
+        if len(pending) < 2:  # a write alone: the thread does all of it, as it did
+            for job in pending:
+                self._put(job)
             return
         try:
             conn.execute("PRAGMA busy_timeout = 0")
@@ -412,26 +438,23 @@ class SQLiteThread:
             finally:
                 conn.execute(self._busy_pragma)
         except sqlite3.Error:  # locked right now: the thread waits for it, as long as it may
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:  # (only if setting the timeout back failed)
+                    conn.execute("ROLLBACK")
             for job in pending:
                 self._put(job)
             return
         failed: list[_Outcome] = []
         done: list[_Outcome] = []
-        alone = len(pending) == 1  # (as on the thread: its ``fn``, its error its own)
         try:
-            if alone:
-                done.append(_Outcome(pending[0], None, pending[0].fn(conn)))
-            else:
-                self._run_writes(conn, pending, failed, done)
+            self._run_writes(conn, pending, failed, done)
         except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-            if alone or not isinstance(exc, Exception):
-                _settle([_Outcome(job, self._translate(exc, job.action), None) for job in pending])
-                if not isinstance(exc, Exception):
-                    raise
-                return
+            if not isinstance(exc, Exception):
+                _settle([_Outcome(job, exc, None) for job in pending])
+                raise
             for job in pending:  # forget what the undone attempt found; run write by write
                 job.error = None
                 job.undone = True

@@ -710,14 +710,22 @@ async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Pa
         await store.close()
 
 
-async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "raw.db"
+@contextlib.asynccontextmanager
+async def _keyed_table(path: Path) -> AsyncIterator[SQLiteThread]:
+    """A writer thread on a fresh database with one table ``t (k TEXT PRIMARY KEY)``."""
     thread = SQLiteThread("test-writer", path, busy_timeout=5)
     await thread.start(lambda: connect(path, busy_timeout=5), "open")
     try:
         await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+        yield thread
+    finally:
+        await thread.close()
+
+
+async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
+    tmp_path: Path,
+) -> None:
+    async with _keyed_table(tmp_path / "raw.db") as thread:
 
         def insert(key: str, fail: bool = False) -> Callable[[sqlite3.Connection], None]:
             def body(conn: sqlite3.Connection) -> None:
@@ -736,8 +744,6 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
         assert isinstance(results[1], ValueError) and results[0] is None and results[2] is None
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
         assert sorted(r[0] for r in rows) == ["a", "c"]
-    finally:
-        await thread.close()
 
 
 async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
@@ -876,9 +882,7 @@ async def test_a_write_waits_on_the_thread_while_another_connection_holds_the_lo
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         # queued in one turn: one group, which the loop finds locked
-        first = [
-            asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in (run, neighbour)
-        ]
+        first = [asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in (run, neighbour)]
         await asyncio.sleep(0.2)  # (were the loop waiting for the lock, this would not return)
         second = asyncio.ensure_future(store.append(run.run_id, deltas(1, start=2)))
         await asyncio.sleep(0.2)
@@ -898,11 +902,7 @@ async def test_a_write_waits_on_the_thread_while_another_connection_holds_the_lo
 async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "lone.db"
-    thread = SQLiteThread("test-writer", path, busy_timeout=5)
-    await thread.start(lambda: connect(path, busy_timeout=5), "open")
-    try:
-        await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+    async with _keyed_table(tmp_path / "lone.db") as thread:
 
         def bad(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO t VALUES ('x')")
@@ -913,18 +913,12 @@ async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(
         await thread.write("good", lambda c: c.execute("INSERT INTO t VALUES ('y')"))
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
         assert rows == [("y",)]
-    finally:
-        await thread.close()
 
 
 async def test_writes_from_another_event_loop_commit_beside_the_loops_own(tmp_path: Path) -> None:
     """A writer started on one loop also takes writes from another loop (another thread's
     ``asyncio.run``): each is committed once, and the callers on both loops are told."""
-    path = tmp_path / "loops.db"
-    thread = SQLiteThread("test-writer", path, busy_timeout=5)
-    await thread.start(lambda: connect(path, busy_timeout=5), "open")
-    try:
-        await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+    async with _keyed_table(tmp_path / "loops.db") as thread:
 
         def insert(key: str) -> Callable[[sqlite3.Connection], str]:
             def body(conn: sqlite3.Connection) -> str:
@@ -942,8 +936,6 @@ async def test_writes_from_another_event_loop_commit_beside_the_loops_own(tmp_pa
         assert told[0] == list(_keys("o")) and told[1:] == list(_keys("m"))
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
         assert sorted(r[0] for r in rows) == sorted([*_keys("o"), *_keys("m")])
-    finally:
-        await thread.close()
 
 
 def _keys(prefix: str) -> list[str]:

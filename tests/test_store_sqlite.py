@@ -722,8 +722,9 @@ async def _keyed_table(path: Path) -> AsyncIterator[SQLiteThread]:
         await thread.close()
 
 
+@pytest.mark.parametrize("size", [3, 20], ids=["small-group", "group-run-on-the-loop"])
 async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
-    tmp_path: Path,
+    tmp_path: Path, size: int
 ) -> None:
     async with _keyed_table(tmp_path / "raw.db") as thread:
 
@@ -736,14 +737,15 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
             return body
 
         commits = thread.commits
-        writes = [insert("a"), insert("b", fail=True), insert("c")]
+        keys = [f"k{i:02}" for i in range(size)]
         results = await _queued_together(
-            thread, [thread.write(k, w) for k, w in zip("abc", writes, strict=True)]
+            thread, [thread.write(k, insert(k, fail=k == "k01")) for k in keys]
         )
         assert thread.commits == commits + 1  # one shared transaction
-        assert isinstance(results[1], ValueError) and results[0] is None and results[2] is None
+        assert isinstance(results[1], ValueError)
+        assert results[:1] + results[2:] == [None] * (size - 1)
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
-        assert sorted(r[0] for r in rows) == ["a", "c"]
+        assert sorted(r[0] for r in rows) == keys[:1] + keys[2:]
 
 
 async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
@@ -867,36 +869,61 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
 
 
 # -- a group's statements on the loop, its COMMIT on the thread (ADR 0036) -----------------------
-async def test_a_write_waits_on_the_thread_while_another_connection_holds_the_lock(
+async def test_writes_wait_on_the_thread_while_another_connection_holds_the_lock(
     tmp_path: Path,
 ) -> None:
     """The event loop never waits for another connection's write lock (DBOS writes the same
-    file): while one holds it, the loop goes on and the writes wait on the writer thread, in
-    order; they commit once the lock is let go."""
+    file): while one holds it, the loop goes on and the writes -- a group large enough for the
+    loop to run -- wait on the writer thread, in order; they commit once the lock is let go."""
     path = tmp_path / "busy.db"
     store = await SQLiteStore.open(path, busy_timeout=20)
     try:
-        run, neighbour = make_run(), make_run()
-        for r in (run, neighbour):
+        runs = [make_run() for _ in range(20)]
+        for r in runs:
             await store.create_run(r)
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        # queued in one turn: one group, which the loop finds locked
-        first = [asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in (run, neighbour)]
+        busy, gate = await _held(store._writer)  # so that the appends meet in one group
+        first = [asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in runs]
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
         await asyncio.sleep(0.2)  # (were the loop waiting for the lock, this would not return)
-        second = asyncio.ensure_future(store.append(run.run_id, deltas(1, start=2)))
+        second = asyncio.ensure_future(store.append(runs[0].run_id, deltas(1, start=2)))
         await asyncio.sleep(0.2)
         assert not any(f.done() for f in [*first, second])
         other.execute("COMMIT")
         other.close()
-        assert [[e.seq for e in await f] for f in first] == [[1, 2], [1, 2]]
+        assert [[e.seq for e in await f] for f in first] == [[1, 2]] * 20
         assert [e.seq for e in await second] == [3]
-        stored = await store.read(run.run_id)
+        stored = await store.read(runs[0].run_id)
         assert [e.payload["i"] for e in stored] == [0, 1, 2]
-        more = [store.append(r.run_id, deltas(1)) for r in (run, neighbour)]
-        assert [[e.seq for e in appended] for appended in await asyncio.gather(*more)] == [[4], [3]]
+        more = [store.append(r.run_id, deltas(1)) for r in runs]
+        seqs = [[e.seq for e in appended] for appended in await asyncio.gather(*more)]
+        assert seqs == [[4]] + [[3]] * 19
     finally:
         await store.close()
+
+
+async def test_a_call_queued_after_writes_runs_after_them(tmp_path: Path) -> None:
+    """Writes wait on the event loop and calls go to the thread, yet a call sees every write
+    queued before it, as when all went through one queue."""
+    async with _keyed_table(tmp_path / "order.db") as thread:
+
+        def insert(key: str) -> Callable[[sqlite3.Connection], None]:
+            return lambda conn: conn.execute("INSERT INTO t VALUES (?)", (key,))
+
+        busy, gate = await _held(thread)
+        writes = [asyncio.ensure_future(thread.write(k, insert(k))) for k in _keys("w")]
+        await asyncio.sleep(0)  # (each queues its write in its first step)
+        count = asyncio.ensure_future(
+            thread.call("count", lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0])
+        )
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
+        assert await count == len(_keys("w"))
+        await asyncio.gather(*writes)
 
 
 async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(

@@ -362,9 +362,7 @@ class SQLiteThread:
             if conn is not None:
                 conn.close()
 
-        pending, self._pending = self._pending, []
-        for job in pending:  # (the thread commits a group the loop handed it first)
-            self._put(job)
+        self._spill()  # (the thread commits a group the loop handed it first)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._put(_Job("close the store", run, False, False, loop, future, None))
@@ -385,10 +383,19 @@ class SQLiteThread:
             self._jobs.put(job)
 
     def _enqueue(self, job: _Job) -> None:
-        if job.grouped and self.on_loop and job.loop is self._loop:
+        if job.loop is not self._loop or not self.on_loop:
+            self._put(job)
+        elif job.grouped:
             self._pending.append(job)
             self._flush_later()
-        else:
+        else:  # behind the loop's writes queued before it, as in one queue
+            self._spill()
+            self._put(job)
+
+    def _spill(self) -> None:
+        """The loop's waiting writes onto the thread's queue, in order (it runs them)."""
+        pending, self._pending = self._pending, []
+        for job in pending:
             self._put(job)
 
     # -- on the loop that started the thread (ADR 0036) --------------------------------------

@@ -289,14 +289,9 @@ def install(directory: str) -> None:
         out = commit_group(self, jobs)
         now, cpu = time.monotonic(), time.thread_time() - cpu
         for job in jobs:
-            run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+            run_id = _group_noted(job, jobs, began, cpu)
             if run_id is not None:
-                _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
-                _note(run_id, "group", float(len(jobs)))
-                _note(run_id, "group_cpu", cpu * 1000)
-                merged = sum(getattr(j, "merge", None) is not None for j in jobs)
-                _note(run_id, "group_merged", float(merged))
                 for part, ms in _parts.items():
                     _note(run_id, f"part {part}", ms)
                 for kind, count in kinds.items():
@@ -335,14 +330,9 @@ def install(directory: str) -> None:
             out = on_loop(self, jobs)
             now, cpu = time.monotonic(), time.thread_time() - cpu
             for job in jobs:
-                run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+                run_id = _group_noted(job, jobs, began, cpu)
                 if run_id is not None:
-                    _note(run_id, "commit_began", began)
                     _note(run_id, "loop_ran", now)
-                    _note(run_id, "group", float(len(jobs)))
-                    _note(run_id, "group_cpu", cpu * 1000)
-                    merged = sum(getattr(j, "merge", None) is not None for j in jobs)
-                    _note(run_id, "group_merged", float(merged))
             return out
 
         def traced_commit_handed(self: Any) -> Any:
@@ -427,6 +417,19 @@ _GROUP_FIGURES = {
     "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
     "group_merged": "appends in that group (made together when more than one, ADR 0030)",
 }
+
+
+def _group_noted(job: Any, jobs: list[Any], began: float, cpu: float) -> str | None:
+    """For a job holding a traced run's first delta: its run, with when its group began, the
+    group's size, CPU (s) and merged appends noted."""
+    run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+    if run_id is not None:
+        _note(run_id, "commit_began", began)
+        _note(run_id, "group", float(len(jobs)))
+        _note(run_id, "group_cpu", cpu * 1000)
+        merged = sum(getattr(j, "merge", None) is not None for j in jobs)
+        _note(run_id, "group_merged", float(merged))
+    return run_id
 
 
 def _kind(action: str) -> str:

@@ -277,9 +277,9 @@ class LoopReadingStore(CountingStore):
         return page or None
 
 
-async def test_followers_whose_store_answers_on_the_loop_read_their_first_page_there() -> None:
-    """A follower's first read answered in its step (``read_now``, ADR 0038): every reader gets
-    every event once, in order, and the only read through the store is the feed's start-up."""
+async def test_a_follower_whose_first_read_is_answered_on_the_loop_reads_nothing_else() -> None:
+    """A follower's first read answered in its step (ADR 0038) and the feed it then joins in
+    that step: nothing this process appends later needs a read, not even the feed's start."""
     store = LoopReadingStore()
     store.poll_interval = 3600.0  # the feed's poll (for other processes) is not what is counted
     await store.create_run(RunRecord("run_1", "p"))
@@ -292,14 +292,14 @@ async def test_followers_whose_store_answers_on_the_loop_read_their_first_page_t
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
     results = await asyncio.wait_for(asyncio.gather(*readers), 10)
     assert all(r == list(range(1, 12)) for r in results)
-    assert store.reads <= 1  # the feed's own, if it started before the run ended
+    assert store.reads == 0
 
 
 @pytest.mark.inprocess
 async def test_a_stream_read_on_the_loop_gets_what_another_process_appends(tmp_path: Path) -> None:
-    """First pages answered on SQLite's loop connection (a live stream's, a follower's): events
-    another process appends (nothing tells this one) still reach each reader once and in
-    order, interleaved with this process's own."""
+    """The first page answered on SQLite's loop connection, then a feed that starts without a
+    read of its own: events another process appends (nothing tells this one) still reach each
+    reader once and in order, interleaved with this process's own."""
     path = tmp_path / "two.db"
     here = await SQLiteStore.open(path)
     there = await SQLiteStore.open(path)

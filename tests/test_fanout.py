@@ -338,3 +338,27 @@ async def _tail_from(feeds: RunFeeds, first: FirstPage) -> list[int]:
     finally:
         reader.close()
     return seen
+
+
+async def test_a_first_page_told_of_another_process_append_starts_a_feed_that_reads() -> None:
+    """A first page that heard, while it waited for its reader, that another process appended
+    (a notification) hands over a feed that reads at its start: that append reaches the reader
+    at once, not at the next poll."""
+    store = ElsewhereStore(signal=True)
+    store.poll_interval = 3600.0  # no poll to fall back on: only the start-up read finds it
+    await store.create_run(RunRecord("run_1", "p"))
+    await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    feeds = RunFeeds(store)
+    first = feeds.start_first_page("run_1", 0)
+    await first.ready()
+    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])  # after the page
+    reader = feeds.reader("run_1", after=0, first_page=first)
+    seen: list[int] = []
+    try:
+        while len(seen) < 2:
+            batch = await asyncio.wait_for(reader.next(), 5)
+            assert batch is not None
+            seen += [e.seq for e in batch]
+    finally:
+        reader.close()
+    assert seen == [1, 2]

@@ -949,6 +949,42 @@ async def test_a_failing_key_lookup_refuses_rather_than_guesses(tmp_path: Path) 
         await store.close()
 
 
+async def test_a_short_read_on_the_loop_is_what_the_reader_thread_reads(tmp_path: Path) -> None:
+    """A live stream's first page may be answered on the loop's own connection (ADR 0038): the
+    same committed events as ``read``; ``None`` (read them the usual way) where it cannot answer
+    -- nothing there, the database locked right now -- and an error it meets is a store error."""
+    store = await SQLiteStore.open(tmp_path / "now.db")
+    real = store._lookups
+    try:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(10))
+        for after, limit in [(0, 64), (0, 3), (4, 64), (9, 5)]:
+            now = store.read_now(run.run_id, after=after, limit=limit)
+            assert now is not None
+            assert_same_events(now, await store.read(run.run_id, after=after, limit=limit))
+        assert store.read_now(run.run_id, after=10, limit=64) is None
+        assert store.read_now("run_unknown", after=0, limit=64) is None
+        with pytest.raises(RunNotFoundError):  # what the usual read then says
+            await store.read("run_unknown")
+        store._lookups = _RaisingConnection(5)  # type: ignore[assignment]  # SQLITE_BUSY
+        assert store.read_now(run.run_id, after=0, limit=64) is None
+        store._lookups = _RaisingConnection(11)  # type: ignore[assignment]  # SQLITE_CORRUPT
+        with pytest.raises(StoreError, match="corrupt"):
+            store.read_now(run.run_id, after=0, limit=64)
+    finally:
+        store._lookups = real
+        await store.close()
+    memory = await SQLiteStore.open(":memory:")
+    try:
+        run = make_run()
+        await memory.create_run(run)
+        await memory.append(run.run_id, deltas(2))
+        assert memory.read_now(run.run_id, after=0, limit=64) is None  # one connection only
+    finally:
+        await memory.close()
+
+
 async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) -> None:
     def sqlite_threads() -> set[threading.Thread]:
         return {t for t in threading.enumerate() if t.name.startswith("thoughtgate-sqlite")}

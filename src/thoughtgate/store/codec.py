@@ -296,7 +296,8 @@ def events_from_columns(
 ) -> list[Event] | None:
     """A page read as columns, one list per field (a backend's aggregate query), written in
     vocabulary ``version``; ``payloads`` is their stored JSON joined by ``,``
-    (:func:`decode_payload_array`).
+    (:func:`decode_payload_array`). ``seqs`` may be a ``range`` when the backend has checked
+    the page's numbers itself (SQLite: a count and a largest number over its primary key).
 
     ``None`` unless ``seqs`` are exactly ``first, first + 1, ...`` and every column has one
     value per event: the caller then reads the page row by row, so a page whose aggregate came
@@ -305,7 +306,8 @@ def events_from_columns(
     n = len(seqs)
     if len(task_ids) != n or len(types) != n or len(ts) != n:
         return None
-    if seqs != list(range(first, first + n)):
+    expected = range(first, first + n)
+    if seqs != (expected if isinstance(seqs, range) else list(expected)):
         return None
     decoded: Sequence[Mapping[str, Any]] = decode_payload_array(payloads)
     if len(decoded) != n:

@@ -246,10 +246,12 @@ set-up of its seven passes costs more than they save (one or two events: about t
 
 
 def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Event]:
-    """Events just appended from ``columns``, numbered from ``first``, as a reader will see them."""
+    """Events just appended from ``columns``, numbered from ``first``, as a reader will see them:
+    their payloads decoded from the stored text as a replay decodes them
+    (:func:`decode_payload_array`: orjson, about half ``json``'s CPU, ADR 0037)."""
     payloads, task_ids, types, ts = columns
     n = len(payloads)
-    decoded = decode_payloads(payloads)
+    decoded = decode_payload_array((payloads[0] if n == 1 else ",".join(payloads)).encode())
     if n < _COLUMNWISE:
         return [
             make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])

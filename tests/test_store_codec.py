@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store import codec
@@ -218,3 +219,20 @@ def test_appended_events_carry_what_json_reads_back(payloads: list[dict[str, Any
     assert repr([e.payload for e in appended]) == repr(
         [json.loads(codec.dumps(p)) for p in payloads]
     )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), {1, 2}, object()], ids=["nan", "set", "object"])
+def test_a_batch_with_a_payload_json_cannot_carry_names_its_event(bad: object) -> None:
+    news = [
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "fine"}),
+        NewEvent(EventType.TOOL_FAILED, {"error": bad}),
+    ]
+    with pytest.raises(UsageError, match=r"payload of 'tool\.failed' event"):
+        codec.encode_events(news)
+
+
+def test_a_batch_with_a_payload_that_holds_itself_is_refused() -> None:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    with pytest.raises(UsageError, match="not JSON-serializable"):
+        codec.encode_events([NewEvent(EventType.MESSAGE_DELTA, loop)])

@@ -827,6 +827,33 @@ async def test_a_page_too_long_for_one_sqlite_value_is_read_row_by_row(tmp_path:
         await store.close()
 
 
+async def test_a_page_missing_a_number_is_read_row_by_row_as_stored(tmp_path: Path) -> None:
+    """A page is taken as columns only when its numbers are all there (a count and the largest
+    number); one with a hole (a row deleted by hand) is read from its rows, in order, as stored,
+    never handed out as if whole."""
+    path = tmp_path / "hole.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        news = [NewEvent(EventType.MESSAGE_DELTA, {"text": f"{i}"}) for i in range(30)]
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR)])
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM events WHERE run_id = ? AND seq = 5", (run.run_id,))
+        stored = [n for n in range(1, 32) if n != 5]
+        for got in (
+            await store.read(run.run_id),
+            await collect(store.tail(run.run_id)),
+            await collect(store.tail(run.run_id, batch=10)),
+        ):
+            assert [e.seq for e in got] == stored
+            assert [e.payload.get("text") for e in got[:29]] == [
+                f"{i}" for i in range(30) if i != 4
+            ]
+    finally:
+        await store.close()
+
+
 async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_path: Path) -> None:
     """The threads hand back each call's (each transaction's) result when it is done: a small
     read queued with others is not held until the last of them ran."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
+from thoughtgate.store.sqlite import SQLiteStore
 
 
 class CountingStore(MemoryStore):
@@ -263,3 +266,99 @@ def test_a_reader_started_from_an_early_first_page_gets_every_event_once_in_orde
         assert not store.wakeups._listeners  # the first page stopped listening, the feed ended
 
     asyncio.run(go())
+
+
+class LoopReadingStore(CountingStore):
+    """Answers short reads on the loop (``read_now``), as SQLite's loop connection does."""
+
+    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+        events = self._events.get(run_id, [])
+        page = [e for e in events if e.seq > after][:limit]
+        return page or None
+
+
+async def test_a_follower_whose_first_read_is_answered_on_the_loop_reads_nothing_else() -> None:
+    """A follower's first read answered in its step (ADR 0038) and the feed it then joins in
+    that step: nothing this process appends later needs a read, not even the feed's start."""
+    store = LoopReadingStore()
+    store.poll_interval = 3600.0  # the feed's poll (for other processes) is not what is counted
+    await store.create_run(RunRecord("run_1", "p"))
+    await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    feeds = RunFeeds(store)
+    readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(3)]
+    await _settled(lambda: feeds.readers("run_1") == 3)
+    for i in range(1, 10):
+        await store.append("run_1", [NewEvent("message.delta", {"i": i})])
+    await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    assert all(r == list(range(1, 12)) for r in results)
+    assert store.reads == 0
+
+
+@pytest.mark.inprocess
+async def test_a_stream_read_on_the_loop_gets_what_another_process_appends(tmp_path: Path) -> None:
+    """The first page answered on SQLite's loop connection, then a feed that starts without a
+    read of its own: events another process appends (nothing tells this one) still reach each
+    reader once and in order, interleaved with this process's own."""
+    path = tmp_path / "two.db"
+    here = await SQLiteStore.open(path)
+    there = await SQLiteStore.open(path)
+    here.poll_interval = 0.02
+    try:
+        run = RunRecord("run_1", "p")
+        await here.create_run(run)
+        await here.append("run_1", [NewEvent("message.delta", {"i": 0})])
+        feeds = RunFeeds(here)
+        first = feeds.start_first_page("run_1", 0)  # a live stream's first connection
+        await first.ready()
+        readers = [
+            asyncio.create_task(_collect(feeds, 0, 0)),
+            asyncio.create_task(_tail_from(feeds, first)),
+        ]
+        await _settled(lambda: feeds.readers("run_1") == 2)
+        for i in range(1, 13):
+            writer = there if i % 3 == 0 else here
+            await writer.append("run_1", [NewEvent("message.delta", {"i": i})])
+            if i % 4 == 0:
+                await asyncio.sleep(0.01)
+        await there.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+        results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert all(r == list(range(1, 15)) for r in results)
+    finally:
+        await there.close()
+        await here.close()
+
+
+async def _tail_from(feeds: RunFeeds, first: FirstPage) -> list[int]:
+    reader = feeds.reader("run_1", after=0, first_page=first)
+    seen: list[int] = []
+    try:
+        while (batch := await reader.next()) is not None:
+            seen += [e.seq for e in batch]
+    finally:
+        reader.close()
+    return seen
+
+
+async def test_a_first_page_told_of_another_process_append_starts_a_feed_that_reads() -> None:
+    """A first page that heard, while it waited for its reader, that another process appended
+    (a notification) hands over a feed that reads at its start: that append reaches the reader
+    at once, not at the next poll."""
+    store = ElsewhereStore(signal=True)
+    store.poll_interval = 3600.0  # no poll to fall back on: only the start-up read finds it
+    await store.create_run(RunRecord("run_1", "p"))
+    await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    feeds = RunFeeds(store)
+    first = feeds.start_first_page("run_1", 0)
+    await first.ready()
+    await store.append("run_1", [NewEvent("message.delta", {"i": 1})])  # after the page
+    reader = feeds.reader("run_1", after=0, first_page=first)
+    seen: list[int] = []
+    try:
+        while len(seen) < 2:
+            batch = await asyncio.wait_for(reader.next(), 5)
+            assert batch is not None
+            seen += [e.seq for e in batch]
+    finally:
+        reader.close()
+    assert seen == [1, 2]

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store import codec
@@ -183,13 +184,55 @@ def test_a_page_of_columns_becomes_the_events_its_rows_give(
         ([1, 2, 4], 1, ["a"] * 3),  # a gap
         ([2, 3, 4], 1, ["a"] * 3),  # not from the page's start
         ([1, 2, 3], 1, ["a"] * 2),  # a column short of a value
+        (range(2, 5), 1, ["a"] * 3),  # checked by the backend, but from elsewhere
+        (range(1, 4), 1, ["a"] * 2),  # ... or short of a value
     ],
 )
 def test_columns_that_are_not_a_whole_page_in_order_are_refused(
-    seqs: list[int], first: int, types: list[str]
+    seqs: list[int] | range, first: int, types: list[str]
 ) -> None:
     """The caller then reads the page row by row: nothing is handed out out of order."""
     n = len(seqs)
     payloads = ",".join(["{}"] * n).encode()
     got = codec.events_from_columns("run_x", first, seqs, [None] * n, types, [1.0] * n, payloads, 1)
     assert got is None
+
+
+def test_a_page_whose_numbers_the_backend_checked_is_taken_as_a_range() -> None:
+    """SQLite hands over its numbers as a ``range`` (a count and the largest number checked):
+    the same events as the numbers listed."""
+    n = 5
+    payloads = ",".join(codec.dumps({"i": i}) for i in range(n)).encode()
+    columns = (["t"] * n, ["a"] * n, [1.5] * n, payloads, EVENT_VERSION)
+    listed = codec.events_from_columns("run_x", 3, list(range(3, 3 + n)), *columns)
+    ranged = codec.events_from_columns("run_x", 3, range(3, 3 + n), *columns)
+    assert ranged is not None and ranged == listed
+    assert [e.seq for e in ranged] == [3, 4, 5, 6, 7]
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=4), _stored_json, max_size=4), max_size=20))
+def test_appended_events_carry_what_json_reads_back(payloads: list[dict[str, Any]]) -> None:
+    """A live reader gets an appended payload as a replay will read it: ``json``'s values and
+    types (integers past 64 bits, lone surrogates), though orjson decodes it."""
+    news = [NewEvent(EventType.MESSAGE_DELTA, p) for p in payloads]
+    appended = codec.appended_events("run_x", 1, codec.encode_events(news))
+    assert repr([e.payload for e in appended]) == repr(
+        [json.loads(codec.dumps(p)) for p in payloads]
+    )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), {1, 2}, object()], ids=["nan", "set", "object"])
+def test_a_batch_with_a_payload_json_cannot_carry_names_its_event(bad: object) -> None:
+    news = [
+        NewEvent(EventType.MESSAGE_DELTA, {"text": "fine"}),
+        NewEvent(EventType.TOOL_FAILED, {"error": bad}),
+    ]
+    with pytest.raises(UsageError, match=r"payload of 'tool\.failed' event"):
+        codec.encode_events(news)
+
+
+def test_a_batch_with_a_payload_that_holds_itself_is_refused() -> None:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    with pytest.raises(UsageError, match="not JSON-serializable"):
+        codec.encode_events([NewEvent(EventType.MESSAGE_DELTA, loop)])

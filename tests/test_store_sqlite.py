@@ -835,6 +835,33 @@ async def test_a_page_too_long_for_one_sqlite_value_is_read_row_by_row(tmp_path:
         await store.close()
 
 
+async def test_a_page_missing_a_number_is_read_row_by_row_as_stored(tmp_path: Path) -> None:
+    """A page is taken as columns only when its numbers are all there (a count and the largest
+    number); one with a hole (a row deleted by hand) is read from its rows, in order, as stored,
+    never handed out as if whole."""
+    path = tmp_path / "hole.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run = make_run()
+        await store.create_run(run)
+        news = [NewEvent(EventType.MESSAGE_DELTA, {"text": f"{i}"}) for i in range(30)]
+        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR)])
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM events WHERE run_id = ? AND seq = 5", (run.run_id,))
+        stored = [n for n in range(1, 32) if n != 5]
+        for got in (
+            await store.read(run.run_id),
+            await collect(store.tail(run.run_id)),
+            await collect(store.tail(run.run_id, batch=10)),
+        ):
+            assert [e.seq for e in got] == stored
+            assert [e.payload.get("text") for e in got[:29]] == [
+                f"{i}" for i in range(30) if i != 4
+            ]
+    finally:
+        await store.close()
+
+
 async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_path: Path) -> None:
     """The threads hand back each call's (each transaction's) result when it is done: a small
     read queued with others is not held until the last of them ran."""
@@ -1080,6 +1107,42 @@ async def test_a_failing_key_lookup_refuses_rather_than_guesses(tmp_path: Path) 
     finally:
         store._lookups = real
         await store.close()
+
+
+async def test_a_short_read_on_the_loop_is_what_the_reader_thread_reads(tmp_path: Path) -> None:
+    """A live stream's first page may be answered on the loop's own connection (ADR 0038): the
+    same committed events as ``read``; ``None`` (read them the usual way) where it cannot answer
+    -- nothing there, the database locked right now -- and an error it meets is a store error."""
+    store = await SQLiteStore.open(tmp_path / "now.db")
+    real = store._lookups
+    try:
+        run = make_run()
+        await store.create_run(run)
+        await store.append(run.run_id, deltas(10))
+        for after, limit in [(0, 64), (0, 3), (4, 64), (9, 5)]:
+            now = store.read_now(run.run_id, after=after, limit=limit)
+            assert now is not None
+            assert_same_events(now, await store.read(run.run_id, after=after, limit=limit))
+        assert store.read_now(run.run_id, after=10, limit=64) is None
+        assert store.read_now("run_unknown", after=0, limit=64) is None
+        with pytest.raises(RunNotFoundError):  # what the usual read then says
+            await store.read("run_unknown")
+        store._lookups = _RaisingConnection(5)  # type: ignore[assignment]  # SQLITE_BUSY
+        assert store.read_now(run.run_id, after=0, limit=64) is None
+        store._lookups = _RaisingConnection(11)  # type: ignore[assignment]  # SQLITE_CORRUPT
+        with pytest.raises(StoreError, match="corrupt"):
+            store.read_now(run.run_id, after=0, limit=64)
+    finally:
+        store._lookups = real
+        await store.close()
+    memory = await SQLiteStore.open(":memory:")
+    try:
+        run = make_run()
+        await memory.create_run(run)
+        await memory.append(run.run_id, deltas(2))
+        assert memory.read_now(run.run_id, after=0, limit=64) is None  # one connection only
+    finally:
+        await memory.close()
 
 
 async def test_closing_the_store_ends_every_thread_it_started(tmp_path: Path) -> None:

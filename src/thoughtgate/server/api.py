@@ -97,7 +97,9 @@ class Endpoint:
     before its key check reaches the store; it queues a read for the loop's next step (not
     this one: the key check goes first, and a refused request waits for nothing it read),
     which the store answers alongside the key check (ADR 0028, amended). The handler takes it
-    with ``prefetched``; nothing is sent before the key check passed."""
+    with ``prefetched``; nothing is sent before the key check passed. (Where the key check is
+    answered on the loop, SQLite's, the handler takes it before the loop turns, and it is read
+    then, on the loop too: ADR 0038.)"""
 
     @property
     def operation_id(self) -> str:

@@ -32,6 +32,9 @@ __all__ = ["FirstPage", "LiveReader", "RunFeeds", "replay"]
 log = logging.getLogger("thoughtgate.server")
 
 _PAGE = 500
+_PAGE_NOW = 64
+"""Events a first page reads on the event loop itself when the store can (``read_now``, ADR
+0038): a live run's first page is a few events; a longer run's reader reads on from the store."""
 _CACHE_ENTRIES = 4096
 _CACHE_MAX_FRAME = 64 * 1024
 """Frames above this size (a long ``agent.response``) are encoded per reader, not kept."""
@@ -93,15 +96,28 @@ class _Feed:
     Events committed by this process arrive as the store publishes them (no read); the feed reads
     the store only for what it cannot get that way: at its start, after a gap in what was
     published, when another process may have appended (a notification, or every poll interval).
+    A feed started by a reader that has every event this process committed up to ``start``
+    (``read_first=False``, ADR 0038) skips the read at its start: what this process commits
+    next is published to it, and another process's appends are found as they always are, by a
+    notification or the next poll.
     """
 
-    def __init__(self, store: EventLog, run_id: str, start: int, on_end: Callable[[], None]):
+    def __init__(
+        self,
+        store: EventLog,
+        run_id: str,
+        start: int,
+        on_end: Callable[[], None],
+        *,
+        read_first: bool = True,
+    ):
         self.subscribers: set[_Subscriber] = set()
         self.done = False
         self.cursor = start
         self._on_end = on_end
         self._wake = asyncio.Event()
-        self._wake.set()  # read what may already be stored after ``start``
+        if read_first:  # read what may already be stored after ``start``
+            self._wake.set()
         self._unlisten = store.wakeups.listen(run_id, self)
         self.task = asyncio.create_task(self._run(store, run_id), name=f"feed {run_id}")
 
@@ -212,6 +228,9 @@ class LiveReader:
         self.cursor = after
         self._follow = follow
         self._replaying = True
+        self._now_first = follow
+        """A follower's first read goes to the loop when the store can answer it there
+        (``read_now``); a replay's next pages, and a finished run's, are read as usual."""
         self._done = False
         self._sub: _Subscriber | None = None
         self._feed: _Feed | None = None
@@ -246,8 +265,16 @@ class LiveReader:
             return None
         if self._replaying:
             first, self._first_page = self._first_page, None
+            now_first, self._now_first = self._now_first, False
+            # Whether this process's commits since the page was read are all in ``page``: then
+            # the feed joined below, in this step, needs no read of its own to start (ADR 0038).
+            seen = False
             if first is not None:  # and what was published since, joined below in this step
-                page, caught_up = first.take(self.cursor)
+                page, caught_up, seen = first.take(self.cursor)
+            elif now_first and (
+                now := self.store.read_now(self.run_id, after=self.cursor, limit=_PAGE_NOW)
+            ):
+                page, caught_up, seen = now, len(now) < _PAGE_NOW, True
             else:
                 page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
                 caught_up = len(page) < _PAGE
@@ -263,7 +290,7 @@ class LiveReader:
                     # first read came back then continues it, and reaches this reader at once
                     # instead of after that read and another (ADR 0028).
                     end = page[-1].seq if page else self.cursor
-                    self._feed = self._feeds._join(self.run_id, end, self._sub)
+                    self._feed = self._feeds._join(self.run_id, end, self._sub, read_first=not seen)
             return self._accept(page)
         if self._alone:
             return await self._from_store(timeout)
@@ -380,6 +407,10 @@ class FirstPage:
     over with the page, in the same step in which the reader joins the feed: nothing
     published in between is missed, and ``take`` keeps only what continues the page, in
     order, without repeats (ADR 0028).
+
+    Where the store answers a short read on the loop (``EventLog.read_now``: SQLite), the page
+    is read there, in the step that takes it, up to ``_PAGE_NOW`` events: no trip to the
+    store's reader thread and back, which cost a busy loop two of its turns (ADR 0038).
     """
 
     def __init__(self, store: EventLog, run_id: str) -> None:
@@ -391,17 +422,29 @@ class FirstPage:
         self._after = 0
         self._queued: asyncio.Handle | None = None
         self._ahead: PageAhead | None = None
+        self._read: list[Event] | None = None
+        """The page, when ``read_now`` answered it in ``_start``."""
+        self._full = _PAGE
+        """A page this long is full: more may be stored after it."""
+        self._elsewhere = False
+        """Another process said it appended to the run (``notified``) while this caught."""
 
     def read_soon(self, after: int) -> None:
         """Queue the page's read in the loop's next step, not in this one: a read the caller
         queues now (a ticket's key check) goes to the store first (ADR 0028, amended). No task
         runs it, so the caller that takes the page (``ready``) resumes one loop turn after the
-        store answers, not two (the task's end, then the caller)."""
+        store answers, not two (the task's end, then the caller). A caller that takes it in
+        this step (``ready`` before the loop turned) has it read then, on the loop when the
+        store can (ADR 0038)."""
         self._after = after
         self._queued = asyncio.get_running_loop().call_soon(self._start)
 
     def _start(self) -> None:
         self._queued = None
+        self._read = self._store.read_now(self._run_id, after=self._after, limit=_PAGE_NOW)
+        if self._read is not None:
+            self._full = _PAGE_NOW
+            return
         self._ahead = self._store.read_ahead(self._run_id, after=self._after, limit=_PAGE)
 
     async def ready(self) -> None:
@@ -410,6 +453,10 @@ class FirstPage:
         if self._queued is not None:  # the loop has not turned yet: queue it now, then
             self._queued.cancel()
             self._start()
+        read, self._read = self._read, None
+        if read is not None:
+            self.page = read
+            return
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             raise RuntimeError("this first page was closed, or taken already")
@@ -433,6 +480,7 @@ class FirstPage:
 
     def notified(self, last_seq: int | None) -> None:
         """Another process appended: the feed the reader joins reads it."""
+        self._elsewhere = True
 
     def _stop_catching(self) -> None:
         if self._unlisten is not None:
@@ -445,19 +493,29 @@ class FirstPage:
         if self._queued is not None:
             self._queued.cancel()
             self._queued = None
+        self._read = None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:  # its outcome is moot; taken so that asyncio logs no error
             dropping = asyncio.ensure_future(ahead.abandon())
             _dropping.add(dropping)
             dropping.add_done_callback(_dropping.discard)
 
-    def take(self, after: int) -> tuple[list[Event], bool]:
-        """The page and the caught events that continue it without a gap, and whether that
-        is all the store held when the page was read (a full page: more is to be read)."""
+    def take(self, after: int) -> tuple[list[Event], bool, bool]:
+        """The page and the caught events that continue it without a gap; whether that is
+        all the store held when the page was read (a full page: more is to be read); and
+        whether it holds every event this process published for the run since before the page
+        was read (nothing was let go, nothing left after a gap), so a feed that starts after
+        it now misses none of them."""
+        whole = self._unlisten is not None and not self._elsewhere
         self._stop_catching()
         out = self._continued(after)
+        if out is None:
+            self._caught = []
+            return self.page, False, False
+        last = out[-1].seq if out else after
+        whole = whole and all(e.seq <= last for e in self._caught)
         self._caught = []
-        return (self.page, False) if out is None else (out, True)
+        return out, True, whole
 
     def ends_run(self) -> bool:
         """Whether the page (read after ``read_soon``'s ``after``) and the events caught since
@@ -469,7 +527,7 @@ class FirstPage:
     def _continued(self, after: int) -> list[Event] | None:
         """``take``'s events, without taking them; ``None`` for a full page."""
         page = self.page
-        if len(page) >= _PAGE:
+        if len(page) >= self._full:
             return None
         out = list(page)
         cursor = page[-1].seq if page else after
@@ -540,7 +598,13 @@ class RunFeeds:
         finally:
             reader.close()
 
-    def _join(self, run_id: str, cursor: int, sub: _Subscriber) -> _Feed:
+    def _join(
+        self, run_id: str, cursor: int, sub: _Subscriber, *, read_first: bool = True
+    ) -> _Feed:
+        """``sub`` joins the run's feed, started at ``cursor`` if there is none; without
+        ``read_first`` (the caller has every event this process committed up to ``cursor``,
+        and joins in the step in which it learned that), a feed started here waits for what is
+        published, or for its poll, before it reads."""
         feed = self._feeds.get(run_id)
         if feed is None or feed.done:
 
@@ -548,7 +612,9 @@ class RunFeeds:
                 if self._feeds.get(run_id) is feed:
                     del self._feeds[run_id]
 
-            feed = self._feeds[run_id] = _Feed(self.store, run_id, cursor, forget)
+            feed = self._feeds[run_id] = _Feed(
+                self.store, run_id, cursor, forget, read_first=read_first
+            )
         feed.subscribers.add(sub)
         return feed
 

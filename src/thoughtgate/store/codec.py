@@ -246,10 +246,12 @@ set-up of its seven passes costs more than they save (one or two events: about t
 
 
 def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Event]:
-    """Events just appended from ``columns``, numbered from ``first``, as a reader will see them."""
+    """Events just appended from ``columns``, numbered from ``first``, as a reader will see them:
+    their payloads decoded from the stored text as a replay decodes them
+    (:func:`decode_payload_array`: orjson, about half ``json``'s CPU, ADR 0037)."""
     payloads, task_ids, types, ts = columns
     n = len(payloads)
-    decoded = decode_payloads(payloads)
+    decoded = decode_payload_array((payloads[0] if n == 1 else ",".join(payloads)).encode())
     if n < _COLUMNWISE:
         return [
             make_event(first + i, run_id, types[i], decoded[i], task_ids[i], ts[i])
@@ -296,7 +298,8 @@ def events_from_columns(
 ) -> list[Event] | None:
     """A page read as columns, one list per field (a backend's aggregate query), written in
     vocabulary ``version``; ``payloads`` is their stored JSON joined by ``,``
-    (:func:`decode_payload_array`).
+    (:func:`decode_payload_array`). ``seqs`` may be a ``range`` when the backend has checked
+    the page's numbers itself (SQLite: a count and a largest number over its primary key).
 
     ``None`` unless ``seqs`` are exactly ``first, first + 1, ...`` and every column has one
     value per event: the caller then reads the page row by row, so a page whose aggregate came
@@ -305,7 +308,8 @@ def events_from_columns(
     n = len(seqs)
     if len(task_ids) != n or len(types) != n or len(ts) != n:
         return None
-    if seqs != list(range(first, first + n)):
+    expected = range(first, first + n)
+    if seqs != (expected if isinstance(seqs, range) else list(expected)):
         return None
     decoded: Sequence[Mapping[str, Any]] = decode_payload_array(payloads)
     if len(decoded) != n:

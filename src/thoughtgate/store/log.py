@@ -341,6 +341,13 @@ class EventLog(abc.ABC):
         only when they are awaited."""
         return TaskAhead(self.read(run_id, after=after, limit=limit))
 
+    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+        """``read``'s events answered in this step, on the event loop, where the store can do
+        that cheaply (SQLite's loop connection, ADR 0038); ``None``: ``read`` them instead (this
+        store cannot, not now, or the answer needs more than one small query). For a few
+        events only (a live stream's first page): the loop waits for the query."""
+        return None
+
     async def append_one(self, run_id: str, event: NewEvent) -> Event:
         return (await self.append(run_id, [event]))[0]
 

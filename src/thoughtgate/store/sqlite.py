@@ -112,17 +112,21 @@ times this is an exact integer below 2**63: it crosses the aggregate as integer 
 where SQLite writes a REAL into JSON with 15 digits. A page with a stamp outside that range (a
 test's 0.1) is read row by row."""
 _EXACT_STAMPS = (2.0**30, 2.0**41)
-_UNSCALE = (1.0 / _STAMP_SCALE).__mul__
+_UNSCALE = 1.0 / _STAMP_SCALE
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
-    "CAST(group_concat(payload, ',') AS BLOB), json_group_array(seq), "
+    "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
     "json_group_array(task_id), json_group_array(type), "
     f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
     "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
 )
 """A page as one row of columns (``codec.events_from_columns``): Python touches a handful of
 values per page instead of six per event, and SQLite builds them without the interpreter lock.
-A range of sequence numbers, not ``LIMIT``: sequences have no gaps (the codec checks it)."""
+A range of sequence numbers, not ``LIMIT``: sequences have no gaps. ``events`` is a table
+without rowid clustered on ``(run_id, seq)`` and has no other index, so the aggregates take
+its rows in that order; the page is all of ``after + 1 .. after + count`` when its largest
+number is ``after + count`` (numbers are unique), which the codec checks. (An array of the
+numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)"""
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
@@ -176,17 +180,20 @@ def _events_from_page(
     sequence numbers not in order)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
-    _, v_min, v_max, ts_min, ts_max, payloads, seqs, task_ids, types, stamps = row
+    count, v_min, v_max, ts_min, ts_max, payloads, last, task_ids, types, stamps = row
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
+    # ``last`` is the page's largest number: with ``count`` unique numbers in the page's
+    # range, they are all of ``after + 1 .. after + count`` exactly when it is ``after + count``.
+    seqs = range(after + 1, after + 1 + count) if last == after + count else [last]
     return codec.events_from_columns(
         run_id,
         after + 1,
-        orjson.loads(seqs),
+        seqs,
         orjson.loads(task_ids),
         orjson.loads(types),
-        list(map(_UNSCALE, orjson.loads(stamps))),
+        [stamp * _UNSCALE for stamp in orjson.loads(stamps)],
         payloads,
         v_min,
     )
@@ -856,11 +863,14 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one SQLite file. Create with ``await SQLiteStore.open(path)``."""
 
     read_ahead_needs_a_turn = False  # the reader thread has the job at once
-    tail_batch = 250
-    """A replaying tail builds a page's events (and payloads) while the last page is already
-    freed: 250 of them stay under the collector's 700 new objects, so no collection runs (and
-    promotes a page to an older generation) per page; 500 cost about a tenth more CPU. Per
-    page costs little here (no server round trip)."""
+    tail_batch = _PAGE_ROWS
+    """A replaying tail reads 1000 events a page, one aggregate query (ADR 0037). The reader
+    thread needs the interpreter lock after each query to hand its row over, and while the loop
+    builds a page it gets the lock only when the loop waits (or after the 5 ms switch
+    interval): each page costs the loop a wait for that hand-off, however far ahead the query
+    ran. At 250 a page those waits were a third of a replay's time on a quiet machine; the
+    collections a page of 1000 brings (ADR 0026) cost less, and promote few events to the
+    oldest generation (none reached it in replays with a million objects alive)."""
 
     def __init__(
         self,
@@ -1171,6 +1181,29 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             self, run_id, self._reader.queue_call(*self._fetch(run_id, after, limit))
         )
 
+    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+        """Up to ``limit`` events on the loop's own connection (the key lookups', ADR 0028), in
+        this step: one aggregate query, no trip to the reader thread and back (ADR 0038).
+        ``None`` (``read`` instead) without that connection, when the database is locked right
+        now, when no event is there (``read`` says whether the run exists), or for a page that
+        must be read row by row. It reads what is committed, as the reader thread does."""
+        conn = self._lookups
+        start = max(after, 0)
+        if conn is None or not 0 < limit <= _PAGE_ROWS:
+            return None
+        try:
+            row = conn.execute(
+                _READ_PAGE, (run_id, start, codec.seq_page_end(start, limit))
+            ).fetchone()
+        except sqlite3.Error as exc:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+            if code in _BUSY_CODES or code == _TOOBIG:
+                return None
+            raise translate_error(exc, self.path, f"read events of run {run_id!r}") from exc
+        if not row[0]:
+            return None
+        return _events_from_page(run_id, start, row)
+
     @staticmethod
     def _fetch(
         run_id: str, after: int, limit: int | None
@@ -1192,7 +1225,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 page = await self._reader.call(
                     f"read events of run {run_id!r}", _rows_reader(run_id, after, n)
                 )
-            events += page
+            if events:
+                events += page
+            else:  # (a read of one page, the common one: no copy)
+                events = page
         return events
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:

@@ -285,9 +285,7 @@ def install(directory: str) -> None:
             kinds[kind] = kinds.get(kind, 0) + 1
             if getattr(job, "merge", None) is None and job.grouped:
                 job.fn = _timed_write(job.fn, f"write {kind}")
-        began, cpu = time.monotonic(), time.thread_time()
-        out = commit_group(self, jobs)
-        now, cpu = time.monotonic(), time.thread_time() - cpu
+        out, began, now, cpu = _clocked(commit_group, self, jobs)
         for job in jobs:
             run_id = _group_noted(job, jobs, began, cpu)
             if run_id is not None:
@@ -326,9 +324,7 @@ def install(directory: str) -> None:
         commit_handed = sqlite_thread.SQLiteThread._commit_handed
 
         def traced_on_loop(self: Any, jobs: list[Any]) -> Any:
-            began, cpu = time.monotonic(), time.thread_time()
-            out = on_loop(self, jobs)
-            now, cpu = time.monotonic(), time.thread_time() - cpu
+            out, began, now, cpu = _clocked(on_loop, self, jobs)
             for job in jobs:
                 run_id = _group_noted(job, jobs, began, cpu)
                 if run_id is not None:
@@ -337,9 +333,7 @@ def install(directory: str) -> None:
 
         def traced_commit_handed(self: Any) -> Any:
             handed = self._handed
-            began, cpu = time.monotonic(), time.thread_time()
-            out = commit_handed(self)
-            now, cpu = time.monotonic(), time.thread_time() - cpu
+            out, began, now, cpu = _clocked(commit_handed, self)
             for outcome in [] if handed is None else handed.done:
                 job = outcome.job
                 run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
@@ -414,9 +408,16 @@ _lookups: dict[str, list[float]] = defaultdict(list)
 _parts: dict[str, float] = {}
 """The writer's time in each part of the group being committed, ms (writer thread only)."""
 _GROUP_FIGURES = {
-    "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
+    "group_cpu": "writer CPU of that commit, ms (the thread's; the loop's for a group it ran)",
     "group_merged": "appends in that group (made together when more than one, ADR 0030)",
 }
+
+
+def _clocked(fn: Any, *args: Any) -> tuple[Any, float, float, float]:
+    """``fn(*args)``, when it began and ended (monotonic) and this thread's CPU for it (s)."""
+    began, cpu = time.monotonic(), time.thread_time()
+    out = fn(*args)
+    return out, began, time.monotonic(), time.thread_time() - cpu
 
 
 def _group_noted(job: Any, jobs: list[Any], began: float, cpu: float) -> str | None:

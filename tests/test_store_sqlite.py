@@ -710,6 +710,13 @@ async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Pa
         await store.close()
 
 
+async def _made_runs(store: SQLiteStore, n: int) -> list[RunRecord]:
+    runs = [make_run() for _ in range(n)]
+    for run in runs:
+        await store.create_run(run)
+    return runs
+
+
 @contextlib.asynccontextmanager
 async def _keyed_table(path: Path) -> AsyncIterator[SQLiteThread]:
     """A writer thread on a fresh database with one table ``t (k TEXT PRIMARY KEY)``."""
@@ -905,9 +912,7 @@ async def test_writes_wait_on_the_thread_while_another_connection_holds_the_lock
     path = tmp_path / "busy.db"
     store = await SQLiteStore.open(path, busy_timeout=20)
     try:
-        runs = [make_run() for _ in range(20)]
-        for r in runs:
-            await store.create_run(r)
+        runs = await _made_runs(store, 20)
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         busy, gate = await _held(store._writer)  # so that the appends meet in one group
@@ -1005,14 +1010,11 @@ async def test_a_large_group_leaves_the_interpreters_switch_interval_as_it_was(
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
     try:
-        runs = [make_run() for _ in range(40)]
-        for run in runs:
-            await store.create_run(run)
-        writer = store._writer
-        commits = writer.commits
+        runs = await _made_runs(store, 40)
+        commits = store._writer.commits
         calls = [store.append(run.run_id, deltas(2)) for run in runs]
-        results = await _queued_together(writer, calls)
-        assert writer.commits == commits + 1
+        results = await _queued_together(store._writer, calls)
+        assert store._writer.commits == commits + 1
         assert all(len(r) == 2 for r in results)
         assert sys.getswitchinterval() == pytest.approx(0.004)
     finally:

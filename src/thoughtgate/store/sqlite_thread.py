@@ -217,7 +217,8 @@ class SQLiteThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop that started the thread: its writes wait in ``_pending``."""
         self._pending: list[_Job] = []
-        """The loop's writes not run yet, in queue order (touched on that loop only)."""
+        """The loop's writes not run yet, in queue order (changed on that loop only; the
+        thread only looks whether any are waiting)."""
         self._flush_soon = False
         self._handed: _Handed | None = None
         """A group the loop ran, waiting for the thread's ``COMMIT``."""
@@ -535,8 +536,10 @@ class SQLiteThread:
         if handed is None:
             return []
         try:
-            if self._conn is None:
-                return []
+            if self._conn is None:  # (closing runs after it: not seen)
+                return handed.failed + [
+                    _Outcome(o.job, self._closed_error(o.job), None) for o in handed.done
+                ]
             return self._commit(self._conn, handed.failed, handed.done)
         except BaseException as exc:  # a bug here must not leave callers waiting
             return handed.failed + [_Outcome(o.job, exc, None) for o in handed.done]
@@ -744,8 +747,10 @@ _WAKE = _Job("commit", lambda conn: None, False, False, None, None, None)  # typ
 
 
 _HURRY = 0.0005
-_HURRY_GROUP = 16
 """The interpreter's switch interval, seconds, while a group waits for the thread's ``COMMIT``."""
+_HURRY_GROUP = 16
+"""... a group of this many writes or more (a loop with many runs to serve; below, the loop
+blocks often enough, and a shorter interval measured worse)."""
 _hurry_lock = threading.Lock()
 _hurrying = 0
 _switch_interval = 0.0

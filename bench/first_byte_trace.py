@@ -285,18 +285,11 @@ def install(directory: str) -> None:
             kinds[kind] = kinds.get(kind, 0) + 1
             if getattr(job, "merge", None) is None and job.grouped:
                 job.fn = _timed_write(job.fn, f"write {kind}")
-        began, cpu = time.monotonic(), time.thread_time()
-        out = commit_group(self, jobs)
-        now, cpu = time.monotonic(), time.thread_time() - cpu
+        out, began, now, cpu = _clocked(commit_group, self, jobs)
         for job in jobs:
-            run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+            run_id = _group_noted(job, jobs, began, cpu)
             if run_id is not None:
-                _note(run_id, "commit_began", began)
                 _note(run_id, "committed", now)
-                _note(run_id, "group", float(len(jobs)))
-                _note(run_id, "group_cpu", cpu * 1000)
-                merged = sum(getattr(j, "merge", None) is not None for j in jobs)
-                _note(run_id, "group_merged", float(merged))
                 for part, ms in _parts.items():
                     _note(run_id, f"part {part}", ms)
                 for kind, count in kinds.items():
@@ -326,16 +319,44 @@ def install(directory: str) -> None:
 
     sqlite_thread.SQLiteThread._commit_group = traced_commit_group  # type: ignore[method-assign]
 
+    if hasattr(sqlite_thread.SQLiteThread, "_group_on_loop"):  # ADR 0036: loop, then thread
+        on_loop = sqlite_thread.SQLiteThread._group_on_loop
+        commit_handed = sqlite_thread.SQLiteThread._commit_handed
+
+        def traced_on_loop(self: Any, jobs: list[Any]) -> Any:
+            out, began, now, cpu = _clocked(on_loop, self, jobs)
+            for job in jobs:
+                run_id = _group_noted(job, jobs, began, cpu)
+                if run_id is not None:
+                    _note(run_id, "loop_ran", now)
+            return out
+
+        def traced_commit_handed(self: Any) -> Any:
+            handed = self._handed
+            out, began, now, cpu = _clocked(commit_handed, self)
+            for outcome in [] if handed is None else handed.done:
+                job = outcome.job
+                run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+                if run_id is not None:
+                    _note(run_id, "thread_took", began)
+                    _note(run_id, "committed", now)
+                    _note(run_id, "part thread's COMMIT, wall", (now - began) * 1000)
+                    _note(run_id, "part thread's COMMIT, CPU", cpu * 1000)
+            return out
+
+        sqlite_thread.SQLiteThread._group_on_loop = traced_on_loop  # type: ignore[method-assign]
+        sqlite_thread.SQLiteThread._commit_handed = traced_commit_handed  # type: ignore[method-assign]
+
     settle_all = sqlite_thread._settle
 
-    def traced_settle_all(outcomes: list[Any]) -> None:
+    def traced_settle_all(outcomes: list[Any], *rest: Any) -> None:
         for outcome in outcomes:
             run_id = _tracked_jobs.pop(id(outcome.job), None) or _tracked_actions.pop(
                 outcome.job.action, None
             )
             if run_id is not None:
                 _note(run_id, "handed")
-        settle_all(outcomes)
+        settle_all(outcomes, *rest)
 
     sqlite_thread._settle = traced_settle_all
 
@@ -387,9 +408,29 @@ _lookups: dict[str, list[float]] = defaultdict(list)
 _parts: dict[str, float] = {}
 """The writer's time in each part of the group being committed, ms (writer thread only)."""
 _GROUP_FIGURES = {
-    "group_cpu": "writer thread CPU of that commit, ms (its wall: committed - commit_began)",
+    "group_cpu": "writer CPU of that commit, ms (the thread's; the loop's for a group it ran)",
     "group_merged": "appends in that group (made together when more than one, ADR 0030)",
 }
+
+
+def _clocked(fn: Any, *args: Any) -> tuple[Any, float, float, float]:
+    """``fn(*args)``, when it began and ended (monotonic) and this thread's CPU for it (s)."""
+    began, cpu = time.monotonic(), time.thread_time()
+    out = fn(*args)
+    return out, began, time.monotonic(), time.thread_time() - cpu
+
+
+def _group_noted(job: Any, jobs: list[Any], began: float, cpu: float) -> str | None:
+    """For a job holding a traced run's first delta: its run, with when its group began, the
+    group's size, CPU (s) and merged appends noted."""
+    run_id = _tracked_jobs.get(id(job)) or _tracked_actions.get(job.action)
+    if run_id is not None:
+        _note(run_id, "commit_began", began)
+        _note(run_id, "group", float(len(jobs)))
+        _note(run_id, "group_cpu", cpu * 1000)
+        merged = sum(getattr(j, "merge", None) is not None for j in jobs)
+        _note(run_id, "group_merged", float(merged))
+    return run_id
 
 
 def _kind(action: str) -> str:

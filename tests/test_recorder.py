@@ -280,10 +280,10 @@ async def test_on_sqlite_the_first_delta_does_not_wait_for_task_started_to_commi
         await rec.start([_started()])
         first = asyncio.ensure_future(rec.emit_delta(thought("first")))
         for _ in range(1000):  # the delta's append is queued without waiting for the commit
-            if store._writer._jobs.qsize() == 2:
+            if store._writer.waiting() == 2:
                 break
             await asyncio.sleep(0)
-        assert store._writer._jobs.qsize() == 2
+        assert store._writer.waiting() == 2
         gate.set()
         await busy
         await first

@@ -618,10 +618,10 @@ async def _queued_together(thread: SQLiteThread, calls: list[Awaitable[Any]]) ->
     busy, gate = await _held(thread)
     futures = [asyncio.ensure_future(c) for c in calls]
     for _ in range(10_000):  # each call queues its write in its first step
-        if thread._jobs.qsize() == len(calls):
+        if thread.waiting() == len(calls):
             break
         await asyncio.sleep(0)
-    assert thread._jobs.qsize() == len(calls), "not every write was queued"
+    assert thread.waiting() == len(calls), "not every write was queued"
     gate.set()
     await busy
     return await asyncio.gather(*futures, return_exceptions=True)
@@ -710,14 +710,30 @@ async def test_a_write_past_the_disk_quota_fails_alone_in_its_group(tmp_path: Pa
         await store.close()
 
 
-async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "raw.db"
+async def _made_runs(store: SQLiteStore, n: int) -> list[RunRecord]:
+    runs = [make_run() for _ in range(n)]
+    for run in runs:
+        await store.create_run(run)
+    return runs
+
+
+@contextlib.asynccontextmanager
+async def _keyed_table(path: Path) -> AsyncIterator[SQLiteThread]:
+    """A writer thread on a fresh database with one table ``t (k TEXT PRIMARY KEY)``."""
     thread = SQLiteThread("test-writer", path, busy_timeout=5)
     await thread.start(lambda: connect(path, busy_timeout=5), "open")
     try:
         await thread.call("create", lambda c: c.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+        yield thread
+    finally:
+        await thread.close()
+
+
+@pytest.mark.parametrize("size", [3, 20], ids=["small-group", "group-run-on-the-loop"])
+async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept(
+    tmp_path: Path, size: int
+) -> None:
+    async with _keyed_table(tmp_path / "raw.db") as thread:
 
         def insert(key: str, fail: bool = False) -> Callable[[sqlite3.Connection], None]:
             def body(conn: sqlite3.Connection) -> None:
@@ -728,16 +744,15 @@ async def test_a_group_write_that_raises_after_writing_has_none_of_its_rows_kept
             return body
 
         commits = thread.commits
-        writes = [insert("a"), insert("b", fail=True), insert("c")]
+        keys = [f"k{i:02}" for i in range(size)]
         results = await _queued_together(
-            thread, [thread.write(k, w) for k, w in zip("abc", writes, strict=True)]
+            thread, [thread.write(k, insert(k, fail=k == "k01")) for k in keys]
         )
         assert thread.commits == commits + 1  # one shared transaction
-        assert isinstance(results[1], ValueError) and results[0] is None and results[2] is None
+        assert isinstance(results[1], ValueError)
+        assert results[:1] + results[2:] == [None] * (size - 1)
         rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
-        assert sorted(r[0] for r in rows) == ["a", "c"]
-    finally:
-        await thread.close()
+        assert sorted(r[0] for r in rows) == keys[:1] + keys[2:]
 
 
 async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
@@ -875,7 +890,7 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
         first = asyncio.ensure_future(thread.call("first", lambda conn: 1))
         later = asyncio.ensure_future(thread.call("second", second))
         for _ in range(10_000):  # both queued: the thread takes them in one batch
-            if thread._jobs.qsize() == 2:
+            if thread.waiting() == 2:
                 break
             await asyncio.sleep(0)
         gate.set()
@@ -885,6 +900,126 @@ async def test_a_call_early_in_a_batch_is_answered_before_the_batch_ends(tmp_pat
         assert await later, "the first call's answer waited for the whole batch"
     finally:
         await thread.close()
+
+
+# -- a group's statements on the loop, its COMMIT on the thread (ADR 0036) -----------------------
+async def test_writes_wait_on_the_thread_while_another_connection_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The event loop never waits for another connection's write lock (DBOS writes the same
+    file): while one holds it, the loop goes on and the writes -- a group large enough for the
+    loop to run -- wait on the writer thread, in order; they commit once the lock is let go."""
+    path = tmp_path / "busy.db"
+    store = await SQLiteStore.open(path, busy_timeout=20)
+    try:
+        runs = await _made_runs(store, 20)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        busy, gate = await _held(store._writer)  # so that the appends meet in one group
+        first = [asyncio.ensure_future(store.append(r.run_id, deltas(2))) for r in runs]
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
+        await asyncio.sleep(0.2)  # (were the loop waiting for the lock, this would not return)
+        second = asyncio.ensure_future(store.append(runs[0].run_id, deltas(1, start=2)))
+        await asyncio.sleep(0.2)
+        assert not any(f.done() for f in [*first, second])
+        other.execute("COMMIT")
+        other.close()
+        assert [[e.seq for e in await f] for f in first] == [[1, 2]] * 20
+        assert [e.seq for e in await second] == [3]
+        stored = await store.read(runs[0].run_id)
+        assert [e.payload["i"] for e in stored] == [0, 1, 2]
+        more = [store.append(r.run_id, deltas(1)) for r in runs]
+        seqs = [[e.seq for e in appended] for appended in await asyncio.gather(*more)]
+        assert seqs == [[4]] + [[3]] * 19
+    finally:
+        await store.close()
+
+
+async def test_a_call_queued_after_writes_runs_after_them(tmp_path: Path) -> None:
+    """Writes wait on the event loop and calls go to the thread, yet a call sees every write
+    queued before it, as when all went through one queue."""
+    async with _keyed_table(tmp_path / "order.db") as thread:
+
+        def insert(key: str) -> Callable[[sqlite3.Connection], None]:
+            return lambda conn: conn.execute("INSERT INTO t VALUES (?)", (key,))
+
+        busy, gate = await _held(thread)
+        writes = [asyncio.ensure_future(thread.write(k, insert(k))) for k in _keys("w")]
+        await asyncio.sleep(0)  # (each queues its write in its first step)
+        count = asyncio.ensure_future(
+            thread.call("count", lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0])
+        )
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
+        assert await count == len(_keys("w"))
+        await asyncio.gather(*writes)
+
+
+async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(
+    tmp_path: Path,
+) -> None:
+    async with _keyed_table(tmp_path / "lone.db") as thread:
+
+        def bad(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO t VALUES ('x')")
+            raise ValueError("changed its mind")
+
+        with pytest.raises(ValueError, match="changed its mind"):
+            await thread.write("bad", bad)
+        await thread.write("good", lambda c: c.execute("INSERT INTO t VALUES ('y')"))
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert rows == [("y",)]
+
+
+async def test_writes_from_another_event_loop_commit_beside_the_loops_own(tmp_path: Path) -> None:
+    """A writer started on one loop also takes writes from another loop (another thread's
+    ``asyncio.run``): each is committed once, and the callers on both loops are told."""
+    async with _keyed_table(tmp_path / "loops.db") as thread:
+
+        def insert(key: str) -> Callable[[sqlite3.Connection], str]:
+            def body(conn: sqlite3.Connection) -> str:
+                conn.execute("INSERT INTO t VALUES (?)", (key,))
+                return key
+
+            return body
+
+        async def theirs() -> list[str]:
+            return list(await asyncio.gather(*(thread.write(k, insert(k)) for k in _keys("o"))))
+
+        other = asyncio.to_thread(asyncio.run, theirs())
+        mine = [thread.write(k, insert(k)) for k in _keys("m")]
+        told = await asyncio.gather(other, *mine)
+        assert told[0] == list(_keys("o")) and told[1:] == list(_keys("m"))
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert sorted(r[0] for r in rows) == sorted([*_keys("o"), *_keys("m")])
+
+
+def _keys(prefix: str) -> list[str]:
+    return [f"{prefix}{i}" for i in range(40)]
+
+
+async def test_a_large_group_leaves_the_interpreters_switch_interval_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The writer shortens the switch interval while a large group waits for its COMMIT, and
+    puts back what the process had (here, a value of its own)."""
+    store = await SQLiteStore.open(tmp_path / "switch.db")
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        runs = await _made_runs(store, 40)
+        commits = store._writer.commits
+        calls = [store.append(run.run_id, deltas(2)) for run in runs]
+        results = await _queued_together(store._writer, calls)
+        assert store._writer.commits == commits + 1
+        assert all(len(r) == 2 for r in results)
+        assert sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        sys.setswitchinterval(before)
+        await store.close()
 
 
 # -- API-key lookups on their own connection -------------------------------------------------

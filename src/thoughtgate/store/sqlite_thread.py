@@ -44,6 +44,29 @@ runs appending, for 0.1 ms of the thread's CPU). So:
   or the error that fails that write alone (having changed nothing of it), in queue order;
   anything it raises undoes the attempt as above.
 
+The loop runs the statements, the thread the ``COMMIT`` (ADR 0036): even a handful of
+statements per group made the writer thread take the interpreter lock back several times per
+group, and with a saturated loop each of those waits could last the 5 ms switch interval (at 100
+runs appending, 12-42 ms of wall per commit for 2-8 ms of the thread's CPU). So the writes of the
+loop that started the thread wait on that loop (``_pending``), and once the thread has nothing
+left of its own the loop runs the next group itself -- ``BEGIN IMMEDIATE`` and every statement,
+holding the lock anyway -- and hands the thread only the ``COMMIT`` (the fsync), which it does
+first, before any other job; its hand-off tells the loop that the connection is free again.
+
+* the loop never waits for another connection's write lock: its ``BEGIN IMMEDIATE`` runs with no
+  busy timeout, and when the database is locked the whole group goes to the thread, which waits
+  as before (up to the busy timeout), with the writes queued after it behind it;
+* when a write of the group raises, the loop undoes the attempt and the thread runs the group
+  write by write, each in its savepoint;
+* a write alone goes to the thread whole, as before (the loop's part saves nothing there, and
+  the thread then starts while the loop goes on);
+* while a large group (16 writes or more: a loaded loop) waits for its ``COMMIT``, the
+  interpreter's switch interval is 0.5 ms instead of 5, so the thread's two takes of the lock
+  (woken, and back from the fsync) wait at most that long; the process's own value comes back
+  once the ``COMMIT`` returned;
+* writes from another event loop (another thread's ``asyncio.run``) go to the thread's queue as
+  before; a lock on the connection keeps its users one at a time.
+
 Exception mapping (``translate_error``)::
 
     sqlite3.Error
@@ -61,6 +84,7 @@ import asyncio
 import contextlib
 import queue
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,18 +193,43 @@ class SQLiteThread:
     """
 
     def __init__(
-        self, name: str, path: Path | str, *, busy_timeout: float, max_group: int = 256
+        self,
+        name: str,
+        path: Path | str,
+        *,
+        busy_timeout: float,
+        max_group: int = 256,
+        on_loop: bool = True,
     ) -> None:
         self.name = name
         self.path = path
         self.busy_timeout = busy_timeout
         self.max_group = max_group
+        self.on_loop = on_loop
+        """Whether the event loop that started the thread runs its own groups' statements (the
+        thread then only commits them; ADR 0036)."""
         self.commits = 0
         """Write transactions committed (each one fsync): a figure for tests and benchmarks."""
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop that started the thread: its writes wait in ``_pending``."""
+        self._pending: list[_Job] = []
+        """The loop's writes not run yet, in queue order (changed on that loop only; the
+        thread only looks whether any are waiting)."""
+        self._flush_soon = False
+        self._handed: _Handed | None = None
+        """A group the loop ran, waiting for the thread's ``COMMIT``."""
+        self._conn_lock = threading.Lock()
+        """Held by whichever thread is using the connection (the loop's never waits for it)."""
+        self._put_lock = threading.Lock()
+        self._queued = 0
+        """Jobs put on the thread's queue (under ``_put_lock``) ..."""
+        self._finished = 0
+        """... and those the thread is done with (written by the thread only)."""
+        self._busy_pragma = f"PRAGMA busy_timeout = {max(0, round(busy_timeout * 1000))}"
 
     async def start(self, connect: Callable[[], sqlite3.Connection], action: str) -> None:
         """Start the thread and open the connection on it (``connect`` may check and migrate)."""
@@ -188,6 +237,7 @@ class SQLiteThread:
         def run(_: sqlite3.Connection | None) -> None:
             self._conn = connect()
 
+        self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
         self._thread.start()
         try:
@@ -228,7 +278,7 @@ class SQLiteThread:
         if self._closed:
             future.set_exception(StoreError(f"cannot {action}: the store is closed ({self.path})"))
         else:
-            self._jobs.put(_Job(action, fn, False, True, loop, future, None))
+            self._put(_Job(action, fn, False, True, loop, future, None))
         return future
 
     async def write_then(
@@ -279,7 +329,7 @@ class SQLiteThread:
         body = fn if after is None else _behind(after, action, fn)
         loop = asyncio.get_running_loop()
         job = _Job(action, body, True, True, loop, loop.create_future(), then, merge, after)
-        self._jobs.put(job)
+        self._enqueue(job)
         return job
 
     async def _submit(
@@ -296,8 +346,12 @@ class SQLiteThread:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(action, fn, grouped, needs_connection, loop, future, then, merge))
+        self._enqueue(_Job(action, fn, grouped, needs_connection, loop, future, then, merge))
         return await future
+
+    def waiting(self) -> int:
+        """Jobs not taken yet: on the thread's queue, and the loop's writes (tests' figure)."""
+        return self._jobs.qsize() + len(self._pending)
 
     async def close(self) -> None:
         if self._closed:
@@ -309,9 +363,10 @@ class SQLiteThread:
             if conn is not None:
                 conn.close()
 
+        self._spill()  # (the thread commits a group the loop handed it first)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._jobs.put(_Job("close the store", run, False, False, loop, future, None))
+        self._put(_Job("close the store", run, False, False, loop, future, None))
         self._jobs.put(None)
         thread, self._thread = self._thread, None
         await future
@@ -320,6 +375,109 @@ class SQLiteThread:
             # the ``None`` behind it and returns, so this join is over at once and a closed
             # store leaves no thread of its own running.
             thread.join()
+
+    def _put(self, job: _Job) -> None:
+        """Queue ``job`` on the thread, counted: the loop runs a group only when the thread
+        has nothing of its own left, so queue order stays commit order."""
+        with self._put_lock:
+            self._queued += 1
+            self._jobs.put(job)
+
+    def _enqueue(self, job: _Job) -> None:
+        if job.loop is not self._loop or not self.on_loop:
+            self._put(job)
+        elif job.grouped:
+            self._pending.append(job)
+            self._flush_later()
+        else:  # behind the loop's writes queued before it, as in one queue
+            self._spill()
+            self._put(job)
+
+    def _spill(self) -> None:
+        """The loop's waiting writes onto the thread's queue, in order (it runs them)."""
+        pending, self._pending = self._pending, []
+        for job in pending:
+            self._put(job)
+
+    # -- on the loop that started the thread (ADR 0036) --------------------------------------
+    def _flush_later(self) -> None:
+        """Run the pending writes once the loop has queued this turn's (they share a group)."""
+        if not self._flush_soon and self._loop is not None:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Run the next group's statements here, when the connection is free: the thread has
+        nothing queued (what it has goes first) and no group is waiting for its ``COMMIT``.
+        Else the thread's hand-off calls this again once it is done."""
+        self._flush_soon = False
+        pending = self._pending
+        while pending and self._handed is None and self._finished >= self._queued:
+            if not self._conn_lock.acquire(blocking=False):  # a job of another loop's
+                return
+            try:
+                group = pending[: self.max_group]
+                del pending[: self.max_group]
+                self._group_on_loop(group)
+            finally:
+                self._conn_lock.release()
+
+    def _group_on_loop(self, jobs: list[_Job]) -> None:
+        """``BEGIN IMMEDIATE`` and every statement of ``jobs`` on this loop, which holds the
+        interpreter lock anyway, then the ``COMMIT`` (the fsync) handed to the thread: the
+        thread takes the interpreter lock once or twice per group instead of at every
+        statement. What this does not do goes to the thread, whole: a write alone (measured
+        no better here), the group when the database is locked by another connection right
+        now (the loop never waits for that lock) or when one of its writes raised (the
+        thread then runs it write by write)."""
+        conn = self._conn
+        if conn is None:
+            _settle([_Outcome(job, self._closed_error(job), None) for job in jobs])
+            return
+        pending = _not_cancelled(jobs)
+        if len(pending) < 2:  # a write alone: the thread does all of it, as it did
+            for job in pending:
+                self._put(job)
+            return
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute(self._busy_pragma)
+        except sqlite3.Error:  # locked right now: the thread waits for it, as long as it may
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:  # (only if setting the timeout back failed)
+                    conn.execute("ROLLBACK")
+            for job in pending:
+                self._put(job)
+            return
+        failed: list[_Outcome] = []
+        done: list[_Outcome] = []
+        try:
+            self._run_writes(conn, pending, failed, done)
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            if not isinstance(exc, Exception):
+                _settle([_Outcome(job, exc, None) for job in pending])
+                raise
+            for job in pending:  # forget what the undone attempt found; run write by write
+                job.error = None
+                job.undone = True
+                self._put(job)
+            return
+        if not done:  # every write failed, and was undone: nothing to make durable
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            _settle(failed)
+            return
+        hurry = len(pending) >= _HURRY_GROUP
+        self._handed = _Handed(failed, done, hurry)
+        if hurry:
+            _hurry()
+        self._put(_WAKE)
 
     # -- on the owning thread ----------------------------------------------------------------
     def _serve(self) -> None:
@@ -338,24 +496,56 @@ class SQLiteThread:
                     jobs.put(None)  # stop after this batch
                     break
                 batch.append(more)
-            i = 0
-            while i < len(batch):
-                # Each transaction's (or lone call's) results go back as soon as it is done, in
-                # one hand-off per loop: a caller early in a long batch (a reader thread's many
-                # small reads) does not wait for the whole batch.
-                j = i + 1
-                if batch[i].grouped:
-                    while j < len(batch) and batch[j].grouped:
-                        j += 1
-                try:
-                    if batch[i].grouped:
-                        outcomes = self._commit_group(batch[i:j])
+            work = [job for job in batch if job is not _WAKE]
+            last: list[_Outcome] = []
+            with self._conn_lock:
+                last = self._commit_handed()
+                if last and work:
+                    _settle_all(last)
+                    last = []
+                i = 0
+                while i < len(work):
+                    # Each transaction's (or lone call's) results go back as soon as it is
+                    # done, in one hand-off per loop: a caller early in a long batch (a reader
+                    # thread's many small reads) does not wait for the whole batch.
+                    j = i + 1
+                    if work[i].grouped:
+                        while j < len(work) and work[j].grouped:
+                            j += 1
+                    try:
+                        if work[i].grouped:
+                            outcomes = self._commit_group(work[i:j])
+                        else:
+                            outcomes = [self._run_alone(work[i])]
+                    except BaseException as exc:  # a bug here must not leave callers waiting
+                        outcomes = [_Outcome(job, exc, None) for job in work[i:j]]
+                    if j < len(work):
+                        _settle_all(outcomes)
                     else:
-                        outcomes = [self._run_alone(batch[i])]
-                except BaseException as exc:  # a bug here must not leave callers waiting
-                    outcomes = [_Outcome(job, exc, None) for job in batch[i:j]]
-                _settle_all(outcomes)
-                i = j
+                        last = outcomes
+                    i = j
+            self._finished += len(batch)
+            # The last hand-off also tells the loop that the connection is free again, when it
+            # has writes waiting: one wake-up of the loop for both.
+            _settle_all(last, self._loop if self._pending else None, self._flush)
+
+    def _commit_handed(self) -> list[_Outcome]:
+        """The ``COMMIT`` of the group the loop ran, if one is waiting: first, before anything
+        else touches the connection."""
+        handed, self._handed = self._handed, None
+        if handed is None:
+            return []
+        try:
+            if self._conn is None:  # (closing runs after it: not seen)
+                return handed.failed + [
+                    _Outcome(o.job, self._closed_error(o.job), None) for o in handed.done
+                ]
+            return self._commit(self._conn, handed.failed, handed.done)
+        except BaseException as exc:  # a bug here must not leave callers waiting
+            return handed.failed + [_Outcome(o.job, exc, None) for o in handed.done]
+        finally:
+            if handed.hurry:
+                _unhurry()
 
     def _translate(self, exc: BaseException, action: str) -> BaseException:
         if isinstance(exc, sqlite3.Error):
@@ -383,20 +573,16 @@ class SQLiteThread:
         conn = self._conn
         if conn is None:
             return [_Outcome(job, self._closed_error(job), None) for job in jobs]
-        failed: list[_Outcome] = []
-        pending = []
-        for job in jobs:
-            if not job.future.cancelled():
-                pending.append(job)
-            elif job.error is None:  # never run: a write queued after it must not run either
-                job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
-        if len(pending) > 1:  # (a write alone runs without a savepoint anyway)
+        pending = _not_cancelled(jobs)
+        # (a write alone runs without a savepoint anyway; a write whose group the loop ran and
+        # undone runs write by write at once)
+        if len(pending) > 1 and not any(job.undone for job in pending):
             together = self._commit_together(conn, pending)
             if together is not None:
-                return failed + together
+                return together
             for job in pending:  # forget what the undone attempt found
                 job.error = None
-        return failed + self._commit_each(conn, pending)
+        return self._commit_each(conn, pending)
 
     def _commit_together(
         self, conn: sqlite3.Connection, pending: list[_Job]
@@ -411,19 +597,7 @@ class SQLiteThread:
         failed: list[_Outcome] = []
         done: list[_Outcome] = []
         try:
-            i, n = 0, len(pending)
-            while i < n:
-                job = pending[i]
-                if job.merge is None:
-                    done.append(_Outcome(job, None, job.fn(conn)))
-                    i += 1
-                    continue
-                merge = job.merge[0]
-                j = i + 1
-                while j < n and (more := pending[j].merge) is not None and more[0] is merge:
-                    j += 1
-                self._run_merged(conn, merge, pending[i:j], failed, done)
-                i = j
+            self._run_writes(conn, pending, failed, done)
         except BaseException as exc:  # undo all of it; the group runs again write by write
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
@@ -432,6 +606,28 @@ class SQLiteThread:
                 raise
             return None
         return self._commit(conn, failed, done)
+
+    def _run_writes(
+        self,
+        conn: sqlite3.Connection,
+        pending: list[_Job],
+        failed: list[_Outcome],
+        done: list[_Outcome],
+    ) -> None:
+        """Every write of ``pending``, in order, without savepoints, merging what can be."""
+        i, n = 0, len(pending)
+        while i < n:
+            job = pending[i]
+            if job.merge is None:
+                done.append(_Outcome(job, None, job.fn(conn)))
+                i += 1
+                continue
+            merge = job.merge[0]
+            j = i + 1
+            while j < n and (more := pending[j].merge) is not None and more[0] is merge:
+                j += 1
+            self._run_merged(conn, merge, pending[i:j], failed, done)
+            i = j
 
     def _run_merged(
         self,
@@ -540,8 +736,63 @@ class _Job:
     after: _Job | None = None
     """The write this one runs only behind (``queue_write``'s ``after``)."""
     error: BaseException | None = None
-    """Set on the owning thread once this write is known not stored (a write queued ``after``
-    it then fails too)."""
+    """Set (on the owning thread, or the loop running a group) once this write is known not
+    stored (a write queued ``after`` it then fails too)."""
+    undone: bool = False
+    """It ran in a group the loop undid (a write raised): the thread runs it write by write."""
+
+
+_WAKE = _Job("commit", lambda conn: None, False, False, None, None, None)  # type: ignore[arg-type]
+"""Put on the thread's queue when the loop hands it a group to commit (``_handed``)."""
+
+
+_HURRY = 0.0005
+"""The interpreter's switch interval, seconds, while a group waits for the thread's ``COMMIT``."""
+_HURRY_GROUP = 16
+"""... a group of this many writes or more (a loop with many runs to serve; below, the loop
+blocks often enough, and a shorter interval measured worse)."""
+_hurry_lock = threading.Lock()
+_hurrying = 0
+_switch_interval = 0.0
+
+
+def _hurry() -> None:
+    """From a group's hand-off to its ``COMMIT``'s return, a thread waiting for the interpreter
+    lock asks for it after ``_HURRY`` instead of the usual 5 ms (ADR 0036): the writer thread,
+    woken for the ``COMMIT`` and back from its fsync, waits that long at most for the busy
+    loop to let go."""
+    global _hurrying, _switch_interval
+    with _hurry_lock:
+        if _hurrying == 0:
+            _switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_interval, _HURRY))
+        _hurrying += 1
+
+
+def _unhurry() -> None:
+    global _hurrying
+    with _hurry_lock:
+        _hurrying -= 1
+        if _hurrying == 0:
+            sys.setswitchinterval(_switch_interval)
+
+
+@dataclass(slots=True)
+class _Handed:
+    failed: list[_Outcome]
+    done: list[_Outcome]
+    hurry: bool
+
+
+def _not_cancelled(jobs: list[_Job]) -> list[_Job]:
+    """The writes to run; one cancelled before it ran is never run, nor one queued after it."""
+    pending = []
+    for job in jobs:
+        if not job.future.cancelled():
+            pending.append(job)
+        elif job.error is None:
+            job.error = StoreError(f"cannot {job.action}: it was cancelled before it ran")
+    return pending
 
 
 QueuedWrite = _Job
@@ -577,17 +828,32 @@ class _Outcome:
             self.job.error = self.error
 
 
-def _settle_all(outcomes: list[_Outcome]) -> None:
-    """Hand the results back: one ``call_soon_threadsafe`` per event loop, not one per job."""
+def _settle_all(
+    outcomes: list[_Outcome],
+    wake: asyncio.AbstractEventLoop | None = None,
+    then: Callable[[], None] | None = None,
+) -> None:
+    """Hand the results back: one ``call_soon_threadsafe`` per event loop, not one per job;
+    with ``wake``, that loop also runs ``then`` after its results (even with none)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
     for outcome in outcomes:
         by_loop.setdefault(outcome.job.loop, []).append(outcome)
+    if wake is not None:
+        by_loop.setdefault(wake, [])
     for loop, mine in by_loop.items():
         with contextlib.suppress(RuntimeError):  # that loop has closed: nobody is waiting
-            loop.call_soon_threadsafe(_settle, mine)
+            loop.call_soon_threadsafe(_settle, mine, then if loop is wake else None)
 
 
-def _settle(outcomes: list[_Outcome]) -> None:
+def _settle(outcomes: list[_Outcome], then: Callable[[], None] | None = None) -> None:
+    try:
+        _settle_each(outcomes)
+    finally:
+        if then is not None:
+            then()
+
+
+def _settle_each(outcomes: list[_Outcome]) -> None:
     for outcome in outcomes:
         job = outcome.job
         future = job.future

@@ -109,14 +109,11 @@ aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
-_READ_PAGE = (
-    "SELECT array_agg(seq), array_agg(task_id), array_agg(type), array_agg(ts), "
-    "convert_to(string_agg(payload::text, ','), 'UTF8'), min(v), max(v) "
-    f"FROM ({codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq) AS page"
-)
+_READ_PAGE = "SELECT * FROM events_page(%s, %s, %s)"
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
-values per page instead of six per event. The aggregates take the rows in the subquery's order;
-the codec checks that the sequence numbers came back in order and without a gap."""
+values per page instead of six per event. ``events_page`` (migration 7, ADR 0039) aggregates the
+rows of the range in number order, read through the primary key's index whatever the table's
+statistics say; the codec checks that the sequence numbers came back in order and without a gap."""
 _OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
 """An open run; spelled as in the ``open_runs_by_owner`` partial index."""
 _NOW = "extract(epoch FROM clock_timestamp())"

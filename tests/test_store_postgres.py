@@ -679,3 +679,29 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
             sql.SQL("UPDATE {} SET v = 0 WHERE seq <= 300").format(ident(pg_schema, "events"))
         )
         await assert_old_rows_replay_upgraded(store, run_id)
+
+
+async def test_task_ids_and_types_replay_exactly_in_every_page(pg_schema: str) -> None:
+    """A page's task ids and types travel as joined texts (``events_page``): no task id, an
+    empty one and ordinary ones come back as stored, and a task id or a type holding the
+    separator sends its page to the row-by-row read, still exact."""
+    async with opened(pg_schema) as store:
+        run = make_run()
+        await store.create_run(run)
+        kinds: list[tuple[str | None, str]] = [
+            (None, EventType.MESSAGE_DELTA),
+            ("", EventType.MESSAGE_DELTA),
+            ("task-1", EventType.REASONING_DELTA),
+            ("task-2", EventType.MESSAGE_DELTA),
+        ]
+        batch = [
+            NewEvent(type_, {"i": i}, task_id=task_id)
+            for i, (task_id, type_) in enumerate(kinds * 600)
+        ]
+        batch[1500] = NewEvent(EventType.MESSAGE_DELTA, {"i": 1500}, task_id="a\x1fb")
+        batch[2100] = NewEvent("custom\x1ftype", {"i": 2100}, task_id=None)
+        written = await store.append(run.run_id, batch)
+        last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
+        assert_same_events(await store.read(run.run_id), [*written, last])
+        assert_same_events(await collect(store.tail(run.run_id)), [*written, last])
+        assert [(e.task_id, e.type) for e in written[:4]] == kinds

@@ -109,14 +109,33 @@ aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
-_READ_PAGE = (
-    "SELECT array_agg(seq), array_agg(task_id), array_agg(type), array_agg(ts), "
-    "convert_to(string_agg(payload::text, ','), 'UTF8'), min(v), max(v) "
-    f"FROM ({codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq) AS page"
-)
+_READ_PAGE = "SELECT * FROM events_page(%s, %s, %s)"
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
-values per page instead of six per event. The aggregates take the rows in the subquery's order;
-the codec checks that the sequence numbers came back in order and without a gap."""
+values per page instead of six per event. ``events_page`` (migration 7, ADR 0039) aggregates the
+rows of the range in number order, read through the primary key's index whatever the table's
+statistics say, with task ids and types as joined texts (:func:`_task_ids`); the codec checks
+that the sequence numbers came back in order and without a gap, and one value per event."""
+_UNIT = "\x1f"
+"""Joins a page's task ids and its types (``events_page``)."""
+
+
+def _task_ids(
+    joined: list[str], nulls: list[int] | None, first: int
+) -> list[str | None] | list[str]:
+    """A page's task ids, split from ``events_page``'s text, with ``None`` back at the numbers
+    it lists (``first`` is the page's first number). The codec checks the lengths and the
+    numbers; a listed number outside the page leaves it no list it would take."""
+    if not nulls:
+        return joined
+    out: list[str | None] = list(joined)
+    for seq in nulls:
+        k = seq - first
+        if not 0 <= k < len(out):
+            return []
+        out[k] = None
+    return out
+
+
 _OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
 """An open run; spelled as in the ``open_runs_by_owner`` partial index."""
 _NOW = "extract(epoch FROM clock_timestamp())"
@@ -616,11 +635,18 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if isinstance(fetched, list):
                 events += codec.events_from_rows(run_id, fetched)
                 continue
-            seqs, task_ids, types, stamps, payloads, v_min, v_max = fetched
+            seqs, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
             page = None
             if v_min == v_max:
                 page = codec.events_from_columns(
-                    run_id, after + 1, seqs, task_ids, types, stamps, payloads, v_min
+                    run_id,
+                    after + 1,
+                    seqs,
+                    _task_ids(task_ids.split(_UNIT), null_tasks, after + 1),
+                    types.split(_UNIT),
+                    stamps,
+                    payloads,
+                    v_min,
                 )
             if page is None:
                 async with self._conn(f"read events of run {run_id!r}") as conn:

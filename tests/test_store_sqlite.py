@@ -1002,20 +1002,29 @@ def _keys(prefix: str) -> list[str]:
 
 
 async def test_a_large_group_leaves_the_interpreters_switch_interval_as_it_was(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writer shortens the switch interval while a large group waits for its COMMIT, and
-    puts back what the process had (here, a value of its own)."""
+    """The writer shortens the switch interval while a large group waits for its COMMIT (ADR
+    0036), and puts back what the process had (here, a value of its own)."""
     store = await SQLiteStore.open(tmp_path / "switch.db")
+    seen: list[float] = []
+    commit = SQLiteThread._commit
+
+    def noting(self: SQLiteThread, *args: Any) -> Any:
+        seen.append(sys.getswitchinterval())
+        return commit(self, *args)
+
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
     try:
         runs = await _made_runs(store, 40)
         commits = store._writer.commits
+        monkeypatch.setattr(SQLiteThread, "_commit", noting)
         calls = [store.append(run.run_id, deltas(2)) for run in runs]
         results = await _queued_together(store._writer, calls)
         assert store._writer.commits == commits + 1
         assert all(len(r) == 2 for r in results)
+        assert seen == [pytest.approx(0.0005)], "the group's COMMIT ran at the usual interval"
         assert sys.getswitchinterval() == pytest.approx(0.004)
     finally:
         sys.setswitchinterval(before)

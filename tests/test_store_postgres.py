@@ -494,6 +494,16 @@ async def wait_until(condition: Any, what: str, within: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def _tail_into(store: PostgresStore, run_id: str, got: list[Event]) -> asyncio.Task[None]:
+    """A task following the run's tail to its end, keeping every event in ``got``."""
+
+    async def follow() -> None:
+        async for event in store.tail(run_id):
+            got.append(event)
+
+    return asyncio.create_task(follow())
+
+
 async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
     pg_admin: Admin, pg_schema: str
 ) -> None:
@@ -503,12 +513,7 @@ async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
         run = make_run()
         await writer.create_run(run)
         got: list[Event] = []
-
-        async def follow() -> None:
-            async for event in reader.tail(run.run_id):
-                got.append(event)
-
-        tail = asyncio.create_task(follow())
+        tail = _tail_into(reader, run.run_id, got)
         first_pid = await listener_pid(pg_admin, pg_schema)
         await writer.append(run.run_id, deltas(3))
         await wait_until(lambda: len(got) == 3, "events delivered by NOTIFY")
@@ -562,12 +567,7 @@ async def test_a_failing_wake_up_callback_does_not_stop_later_notifications(
         await writer.create_run(run)
         reader.wakeups.listen(run.run_id, _BrokenLiveReader())
         got: list[Event] = []
-
-        async def follow() -> None:
-            async for event in reader.tail(run.run_id):
-                got.append(event)
-
-        tail = asyncio.create_task(follow())
+        tail = _tail_into(reader, run.run_id, got)
         first_pid = await listener_pid(pg_admin, pg_schema)
         await wait_until(lambda: failed == ["connected"], "the on-connect callback failed")
         assert listener.healthy and listener.connections == 1

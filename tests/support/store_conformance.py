@@ -111,6 +111,19 @@ def assert_same_events(got: list[Event], expected: list[Event]) -> None:
     assert [e.to_dict() for e in got] == [e.to_dict() for e in expected]
 
 
+class _Collecting:
+    """A live reader that keeps what the store publishes to it, in order."""
+
+    def __init__(self, into: list[Event]) -> None:
+        self.into = into
+
+    def published(self, events: Sequence[Event]) -> None:
+        self.into.extend(events)
+
+    def notified(self, last_seq: int | None) -> None:
+        pass
+
+
 class EventLogConformance:
     """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
     hand-off of committed batches to listeners and observers. Runs come from the run index."""
@@ -422,14 +435,7 @@ class EventLogConformance:
         await store.create_run(run)
         published: list[Event] = []
 
-        class Listener:
-            def published(self, events: Sequence[Event]) -> None:
-                published.extend(events)
-
-            def notified(self, last_seq: int | None) -> None:
-                pass
-
-        unlisten = store.wakeups.listen(run.run_id, Listener())
+        unlisten = store.wakeups.listen(run.run_id, _Collecting(published))
         try:
             await store.append(run.run_id, deltas(3))
             await store.append(run.run_id, [NewEvent("x", {"nested": {"a": [1, 2.5, None]}})])
@@ -459,15 +465,8 @@ class EventLogConformance:
             def notified(self, last_seq: int | None) -> None:
                 pass
 
-        class Listener:
-            def published(self, events: Sequence[Event]) -> None:
-                published.extend(events)
-
-            def notified(self, last_seq: int | None) -> None:
-                pass
-
         unlisten_broken = store.wakeups.listen(run.run_id, Broken())
-        unlisten = store.wakeups.listen(run.run_id, Listener())
+        unlisten = store.wakeups.listen(run.run_id, _Collecting(published))
         try:
             appended = await store.append(run.run_id, deltas(3))
             ended = await store.finish_run(

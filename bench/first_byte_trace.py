@@ -473,10 +473,10 @@ def _install_cycle_hops() -> None:
 
     RunManager._execute = traced_execute  # type: ignore[method-assign]
 
-    def opened() -> None:
+    def opened(what: str = "provider open") -> None:
         run_id = running.get()
         if run_id is not None:
-            _note(run_id, "provider open")
+            _note(run_id, what)
 
     stream = wire.HTTPProvider.stream
 
@@ -484,6 +484,7 @@ def _install_cycle_hops() -> None:
         opened()
         async for chunk in stream(self, request):
             yield chunk
+        opened("provider end")
 
     wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
     script = FAKE_SCRIPTS.get("bench")
@@ -496,6 +497,7 @@ def _install_cycle_hops() -> None:
                 opened()
                 async for item in inner:
                     yield item
+                opened("provider end")
 
             return gen()
 
@@ -508,6 +510,13 @@ def _install_cycle_hops() -> None:
         await emit_delta(self, event)
 
     EventRecorder.emit_delta = traced_emit_delta  # type: ignore[method-assign]
+    extend_delta = EventRecorder.extend_delta
+
+    def traced_extend_delta(self: Any, event: Any, text: str) -> bool:
+        _note_last(self.run_id, "last emit")
+        return extend_delta(self, event, text)
+
+    EventRecorder.extend_delta = traced_extend_delta  # type: ignore[method-assign]
 
     finish_run = store_sqlite.SQLiteStore.finish_run
 

@@ -93,7 +93,7 @@ async def _idle(manager: RunManager) -> None:
 async def _start_together(manager: RunManager, n: int) -> list[Any]:
     """``n`` starts queued in one loop turn: their admissions share a group the loop runs."""
     return await asyncio.gather(
-        *(manager.start(RunRequest(f"run {i}", model="fake:x")) for i in range(n)),
+        *(manager.start(RunRequest(f"run {i}", model="fake:x"), early=True) for i in range(n)),
         return_exceptions=True,
     )
 
@@ -134,8 +134,7 @@ async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(
         conn.execute("ROLLBACK")  # as a COMMIT that failed (disk I/O error) leaves it
         error = sqlite3.OperationalError("disk I/O error")
         return failed + [
-            sqlite_thread._Outcome(o.job, self._translate(error, o.job.action), None)
-            for o in done
+            sqlite_thread._Outcome(o.job, self._translate(error, o.job.action), None) for o in done
         ]
 
     monkeypatch.setattr(sqlite_thread.SQLiteThread, "_commit", failing)
@@ -163,7 +162,7 @@ async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(
         with pytest.raises(RunNotFoundError):
             await store.read(run_id)
     # the store still works: the next run commits and runs to its end
-    run = await manager.start(RunRequest("after", model="fake:x"))
+    run = await manager.start(RunRequest("after", model="fake:x"), early=True)
     await _idle(manager)
     assert (await store.get_run(run.run_id)).status == "completed"
 
@@ -173,10 +172,13 @@ async def test_a_run_the_quota_refuses_costs_no_provider_call(store: SQLiteStore
     provider = _Opened()
     provider.release.clear()  # the first run stays open
     manager = _manager(store, provider, config)
-    first = await manager.start(RunRequest("one", model="fake:x"), key_id="k1")
+    first = await manager.start(RunRequest("one", model="fake:x"), key_id="k1", early=True)
     await asyncio.wait_for(provider.first.wait(), 10)
     refused = await asyncio.gather(
-        *(manager.start(RunRequest("two", model="fake:x"), key_id="k1") for _ in range(2)),
+        *(
+            manager.start(RunRequest("two", model="fake:x"), key_id="k1", early=True)
+            for _ in range(2)
+        ),
         return_exceptions=True,
     )
     assert all(isinstance(r, QuotaExceededError) for r in refused), refused

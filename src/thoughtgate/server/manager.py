@@ -94,9 +94,16 @@ class RunManager:
         chain_of_thought: str | None = None,
         tools: Sequence[str] = (),
         key_id: str | None = None,
+        early: bool = False,
     ) -> RunRecord:
         """Record the run and queue or start it; ``UsageError`` for bad requests and
-        ``QuotaExceededError`` for a key over its limits."""
+        ``QuotaExceededError`` for a key over its limits.
+
+        ``early`` (a run this daemon executes without the durable engine): its execution starts
+        as soon as its admission is decided, while that commits (ADR 0040), for a caller that
+        reads the run on the same request (``POST /v1/runs/follow``). A caller that comes back
+        for the run with further requests leaves it ``False``: the provider's first delta would
+        then often be ready before that caller is, and wait for it."""
         if self._closing:
             raise UsageError("the daemon is shutting down; start the run elsewhere or later")
         names = list(dict.fromkeys(tools))
@@ -111,7 +118,7 @@ class RunManager:
             started: list[asyncio.Task[None]] = []
 
             def execute(run: RunRecord) -> None:
-                # As soon as the admission is decided, while it commits (ADR 0040): the
+                # ``early``: once the admission is decided, while it commits (ADR 0040): the
                 # provider's stream opens a commit and two loop turns sooner. Its writes queue
                 # behind the admission's; nobody learns of the run before ``admit`` returns.
                 task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
@@ -126,7 +133,7 @@ class RunManager:
                     tools=names,
                     key_id=key_id,
                     quota=quota,
-                    decided=execute,
+                    decided=execute if early else None,
                 )
             except BaseException:
                 for task in started:  # its admission did not commit: stop what it began

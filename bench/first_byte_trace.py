@@ -21,19 +21,21 @@ and the client side adds ``c_<request>_sent`` / ``c_<request>_done`` and ``c_fir
 read that completed the first reasoning frame). All stamps of one run go to one JSON line;
 :func:`report` prints the median of each hop relative to the provider's send stamp.
 
-The whole cycle of a run (:func:`cycle_report`, ``cycle:`` stamps): where the time between a
-client's ``POST`` and its next one goes, hop by hop, the paced provider stream being only ~49 ms
-of it. Server side, for every run: ``admit`` (the create route's admission began),
-``create decided`` (the admission's statements ran: the quota's verdict is known, ADR 0036),
-``create committed`` / ``create handed`` (its commit returned on the writer thread, the loop ran
-the hand-off), ``admitted`` (the route has the run back), ``execute`` (the run's execution task
-began), ``provider open`` (the provider's stream was asked for its first item), ``last emit``
-(the recorder got the run's last delta), ``finish`` (the run's ending was asked of the store),
-``finish decided`` / ``finish committed`` / ``finish handed``, ``ended`` (the store returned the
-ending), ``terminal written`` (the chunk holding the terminal event reached the socket),
-``stream end`` (the response's last, empty body was sent). The client adds
-``c_stream_sent`` / ``c_ticket_sent``, ``c_stream_done`` (the body's end was read) and
-``c_next_sent`` (the same connection's next ``POST``).
+The whole cycle of a run (:func:`cycle_report`, every run, three requests or one): where the
+time between a client's ``POST`` and the same connection's next one goes, hop by hop; the paced
+provider stream is ~49 ms of it. Server side: ``admit`` (the route's admission began), ``create
+decided`` (the loop ran the admission's statements: the quota's verdict is known, ADR 0036),
+``create committed`` / ``create handed`` (its ``COMMIT`` returned on the writer thread; the loop
+ran the hand-off), ``admitted`` (the route has the run back), ``execute`` (the run's execution
+task began), ``provider open`` / ``provider end`` (the provider's stream was asked for its first
+item; it said it had no more), ``last emit`` (the recorder got the run's last delta),
+``finish`` (the run's ending was asked of the store), ``finish decided`` / ``finish committed``
+/ ``finish handed``, ``ended`` (the store returned the ending), ``terminal written`` (the chunk
+holding the terminal event reached the socket), ``stream end`` (the stream's or the follow's
+response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_stream_sent``,
+``c_stream_done`` (the body's end was read) and ``c_next_sent`` (the connection's next
+``POST``). Stamps of one run are keyed by its id (the one-request client takes it from its first
+reasoning frame).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ def install(directory: str) -> None:
                         _note(run_id, f"{kind}_app", entered)
                         _note(run_id, f"{kind}_head", started[0] if started else entered)
                 _written(body)
-                if kind == "stream" and run_id is not None and not message.get("more_body"):
+                if kind in ("stream", "follow") and run_id and not message.get("more_body"):
                     _note(run_id, "stream end")
             await send(message)
 

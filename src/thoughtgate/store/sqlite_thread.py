@@ -272,9 +272,11 @@ class SQLiteThread:
         ``merge``: as ``queue_write``'s. ``decided``: called on the loop with what ``fn``
         returned when the loop ran the write's group (ADR 0036) and handed its ``COMMIT`` to the
         thread, before that commit is known to hold (ADR 0040: a run's execution starts while
-        its admission commits). Only then: a write the thread runs is not told early, and
-        what ``fn`` returned is final once told (a ``COMMIT`` that fails then is not run again:
-        the write fails, nothing of it stored). It must not raise; it never writes.
+        its admission commits). Only then, and only in a group of fewer than 16 writes: a
+        larger one is a loop with many runs to serve (ADR 0036), where work started early only
+        waits for the loop. A write the thread runs is not told early; what ``fn`` returned is
+        final once told (a ``COMMIT`` that fails then is not run again: the write fails, nothing
+        of it stored). It must not raise; it never writes.
         """
         return await self._submit(action, fn, grouped=True, merge=merge, decided=decided)
 
@@ -489,7 +491,8 @@ class SQLiteThread:
         if hurry:
             _hurry()
         self._put(_WAKE)
-        _tell_decided(done)  # (while the thread commits)
+        if not hurry:  # (while the thread commits; see ``write``'s ``decided``)
+            _tell_decided(done)
 
     # -- on the owning thread ----------------------------------------------------------------
     def _serve(self) -> None:

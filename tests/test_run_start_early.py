@@ -65,12 +65,15 @@ def _admissions(done: list[Any]) -> bool:
 
 @pytest.fixture
 def held_commits(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The writer thread's ``COMMIT`` of a group holding an admission waits for this event."""
+    """The writer thread's ``COMMIT`` of a group holding an admission waits for this event
+    (``go.holding`` is set once one waits)."""
     go = threading.Event()
+    go.holding = threading.Event()  # type: ignore[attr-defined]
     commit = sqlite_thread.SQLiteThread._commit
 
     def held(self: Any, conn: sqlite3.Connection, failed: list[Any], done: list[Any]) -> Any:
         if _admissions(done):
+            go.holding.set()  # type: ignore[attr-defined]
             go.wait(30)
         return commit(self, conn, failed, done)
 
@@ -121,6 +124,26 @@ async def test_a_runs_provider_opens_while_its_admission_commits(
         assert types[-1] == EventType.RUN_SETTLEMENT_COMPLETED
         assert (await store.get_run(run.run_id)).status == "completed"
     assert provider.opened == 3
+
+
+async def test_runs_admitted_in_a_large_group_start_after_its_commit(
+    store: SQLiteStore, held_commits: threading.Event
+) -> None:
+    """16 admissions or more in one group: a loop with many runs to serve (ADR 0036), where a
+    provider opened early only has its first delta wait for the loop (ADR 0040)."""
+    provider = _Opened()
+    manager = _manager(store, provider)
+    starting = asyncio.ensure_future(_start_together(manager, 20))
+    while not held_commits.holding.is_set():  # type: ignore[attr-defined]
+        await asyncio.sleep(0.001)
+    for _ in range(100):  # turns of the loop in which an early start would reach its provider
+        await asyncio.sleep(0)
+    assert provider.opened == 0, "a run of a large admission group started before its commit"
+    held_commits.set()
+    runs = await starting
+    await _idle(manager)
+    assert all(not isinstance(r, BaseException) for r in runs), runs
+    assert provider.opened == 20
 
 
 async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(

@@ -677,14 +677,19 @@ def dump_client(directory: str, label: str) -> None:
     _client.clear()
 
 
-def report(directory: str, label: str) -> str:
-    """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
+def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
+    """Every run's server-side stamps, by run id (the server processes' files in ``directory``)."""
     server: dict[str, dict[str, float]] = {}
     for path in Path(directory).glob("server-*.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             server.setdefault(record.pop("run_id"), {}).update(record)
-    path = Path(directory) / f"client-{label}.jsonl"
+    return server
+
+
+def report(directory: str, label: str) -> str:
+    """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
+    server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
     if not path.exists():
         return f"{label}: no client stamps"
     offsets: dict[str, list[float]] = defaultdict(list)
@@ -747,12 +752,7 @@ def cycle_report(directory: str, label: str) -> str:
     """Each ``cycle:`` stamp's median, in ms after the client's ``POST`` of its run, in the order
     of those medians, with the median hop from the stamp before it (per run, both present):
     where a run's whole cycle goes, from one ``POST`` to the connection's next."""
-    server: dict[str, dict[str, float]] = {}
-    for path in Path(directory).glob("server-*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            server.setdefault(record.pop("run_id"), {}).update(record)
-    path = Path(directory) / f"client-{label}.jsonl"
+    server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
     if not path.exists():
         return f"{label}: no client stamps"
     offsets: dict[str, list[float]] = defaultdict(list)

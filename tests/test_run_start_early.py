@@ -134,8 +134,7 @@ async def test_runs_admitted_in_a_large_group_start_after_its_commit(
     provider = _Opened()
     manager = _manager(store, provider)
     starting = asyncio.ensure_future(_start_together(manager, 20))
-    while not held_commits.holding.is_set():  # type: ignore[attr-defined]
-        await asyncio.sleep(0.001)
+    assert await asyncio.to_thread(held_commits.holding.wait, 10)  # type: ignore[attr-defined]
     for _ in range(100):  # turns of the loop in which an early start would reach its provider
         await asyncio.sleep(0)
     assert provider.opened == 0, "a run of a large admission group started before its commit"

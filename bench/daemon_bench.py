@@ -5,8 +5,8 @@ memory`` to leave durability out, ``--flush-interval S`` for a what-if on the re
 batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
 to run part of it, ``--profile DIR`` to sample the server with py-spy in every phase and print
 where its CPU went, ``--trace DIR`` to stamp the first reasoning delta's hops and the client's
-requests, server and client side, and print each hop's median per phase:
-:mod:`bench.first_byte_trace`).
+requests, server and client side, and every run's whole cycle from its ``POST`` to the
+connection's next, and print each hop's median per phase: :mod:`bench.first_byte_trace`).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 

@@ -6,9 +6,10 @@ batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and `
 to run part of it, ``--repeat N`` to run each phase N times against the same daemon and print
 each repetition's figures with the server's state (RSS, collections, live objects, database and
 WAL sizes: :mod:`bench.process_stats`), ``--age RUNS`` to age each daemon first, ``--profile
-DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace DIR`` to stamp the first reasoning delta's hops and the client's
-requests, server and client side, and print each hop's median per phase:
-:mod:`bench.first_byte_trace`).
+DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace
+DIR`` to stamp the first reasoning delta's hops and the client's requests, server and client
+side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
+hop's median per phase: :mod:`bench.first_byte_trace`).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 
@@ -110,7 +111,7 @@ from bench.emulator_process import (
     stamp,
     stop,
 )
-from bench.first_byte_trace import client_stamp, dump_client, report
+from bench.first_byte_trace import client_stamp, cycle_report, dump_client, report
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
 from thoughtgate.providers.sse import SSEDecoder
@@ -269,6 +270,8 @@ class _Connection:
         self.host, self.port, self.key = host, port, key
         self.reader: _StampedReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.traced: dict[str, Any] | None = None
+        """``--trace``: the stamps of this connection's last run, until its next ``POST``."""
 
     async def open(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -395,37 +398,45 @@ async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, 
     """(client TTFB s, added TTFB s, events received) for one run, streamed to the end: three
     requests (create, ticket, stream), or with ``single`` one (``POST /v1/runs/follow``)."""
     started = time.monotonic()
+    if conn.traced is not None:  # --trace: the previous run's cycle ends with this POST
+        conn.traced["c_next_sent"] = started
+        conn.traced = None
     body = {"prompt": "bench", "model": model, "chain_of_thought": "surface"}
     first = {"client": -1.0, "added": -1.0}
+    stamps: dict[str, Any] = {"c_create_sent": started}
 
     def first_reasoning(data: str, now: float) -> bool:
         if '"reasoning.delta"' not in data:
             return False
-        added = added_s(json.loads(data)["payload"]["text"], now)
+        frame = json.loads(data)
+        added = added_s(frame["payload"]["text"], now)
         assert added is not None, f"no send-time stamp in {data[:200]}"
         first["client"], first["added"] = now - started, added
+        stamps.setdefault("run_id", frame.get("run_id"))
         return True
 
     frames = _Frames(first_reasoning)
     on_chunk = frames.feed
-    stamps: dict[str, Any] = {}
 
     if single:
         status, _ = await conn.request("POST", "/v1/runs/follow", body, on_chunk=on_chunk)
-        run_id = "(one request)"
+        run_id = stamps.get("run_id") or "(one request)"
     else:
-        stamps["c_create_sent"] = time.monotonic()
         _, created = await conn.request("POST", "/v1/runs", body)
         stamps["c_create_done"] = time.monotonic()
         run_id = json.loads(created)["run_id"]
+        stamps["c_ticket_sent"] = time.monotonic()
         _, ticket = await conn.request("POST", "/v1/tickets", {"run_id": run_id})
         stamps["c_ticket_done"] = time.monotonic()
         path = f"/v1/runs/{run_id}/stream?ticket={json.loads(ticket)['ticket']}"
+        stamps["c_stream_sent"] = time.monotonic()
         status, _ = await conn.request("GET", path, on_chunk=on_chunk)
+    stamps["c_stream_done"] = time.monotonic()
     assert status == 200, status
     assert first["added"] >= 0, f"run {run_id} ({model}) streamed no reasoning"
-    if TRACE is not None and not single:
-        client_stamp({"run_id": run_id, **stamps, "c_first": started + first["client"]})
+    if TRACE is not None:
+        conn.traced = {**stamps, "run_id": run_id, "c_first": started + first["client"]}
+        client_stamp(conn.traced)
     return first["client"], first["added"], frames.count
 
 
@@ -1116,8 +1127,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--trace",
         metavar="DIR",
         default=None,
-        help="stamp the first reasoning delta's hops (server and client, three-request runs) "
-        "into DIR and print the median of each per phase (figures of a traced run are not clean)",
+        help="stamp the first reasoning delta's hops and every run's whole cycle (server and "
+        "client) into DIR and print the median of each per phase (figures of a traced run are "
+        "not clean)",
     )
     parser.add_argument(
         "--repeat",
@@ -1294,7 +1306,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                 watch.report(
                                     f"{name}_c{concurrency}", repetition, again_stats, again_cpu
                                 )
-                        if TRACE is not None and not single:
+                        if TRACE is not None:
                             dump_client(TRACE, f"{name}_c{concurrency}")
                             traced.append(f"{name}_c{concurrency}")
                         rows = _phase_rows(
@@ -1312,6 +1324,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for label in traced:  # the servers have written their stamps on exit
             assert TRACE is not None
             print(report(TRACE, label))
+            print(cycle_report(TRACE, label))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
     for (model, on), value in in_process.items():

@@ -20,6 +20,22 @@ that process only, never in the shipped code) the hops the first reasoning delta
 and the client side adds ``c_<request>_sent`` / ``c_<request>_done`` and ``c_first`` (the socket
 read that completed the first reasoning frame). All stamps of one run go to one JSON line;
 :func:`report` prints the median of each hop relative to the provider's send stamp.
+
+The whole cycle of a run (:func:`cycle_report`, every run, three requests or one): where the
+time between a client's ``POST`` and the same connection's next one goes, hop by hop; the paced
+provider stream is ~49 ms of it. Server side: ``admit`` (the route's admission began), ``create
+decided`` (the loop ran the admission's statements: the quota's verdict is known, ADR 0036),
+``create committed`` / ``create handed`` (its ``COMMIT`` returned on the writer thread; the loop
+ran the hand-off), ``admitted`` (the route has the run back), ``execute`` (the run's execution
+task began), ``provider open`` / ``provider end`` (the provider's stream was asked for its first
+item; it said it had no more), ``last emit`` (the recorder got the run's last delta),
+``finish`` (the run's ending was asked of the store), ``finish decided`` / ``finish committed``
+/ ``finish handed``, ``ended`` (the store returned the ending), ``terminal written`` (the chunk
+holding the terminal event reached the socket), ``stream end`` (the stream's or the follow's
+response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_stream_sent``,
+``c_stream_done`` (the body's end was read) and ``c_next_sent`` (the connection's next
+``POST``). Stamps of one run are keyed by its id (the one-request client takes it from its first
+reasoning frame).
 """
 
 from __future__ import annotations
@@ -36,10 +52,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["client_stamp", "dump_client", "install", "report"]
+__all__ = ["client_stamp", "cycle_report", "dump_client", "install", "report"]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+_TERMINAL = re.compile(rb'"type":\s*"run\.(settlement\.completed|failed|error|interrupted)"')
+_ACTION = re.compile(r"^(create|finish) run '([^']+)'")
+"""A writer job that starts or ends a run (its action names the run)."""
+_run_of_task: Any = None
+"""``cycle:`` the run whose execution the current task serves (a ``ContextVar``)."""
 _STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})")
 _STAMP_BYTES = re.compile(rb"T(\d\d\.\d{4})")
 _stamps: dict[str, dict[str, float]] = defaultdict(dict)
@@ -55,6 +76,12 @@ _tracked_actions: dict[str, str] = {}
 def _note(run_id: str, what: str, when: float | None = None) -> None:
     with _lock:
         _stamps[run_id].setdefault(what, time.monotonic() if when is None else when)
+
+
+def _note_last(run_id: str, what: str) -> None:
+    """A hop that happens many times a run (a delta): its last time is kept."""
+    with _lock:
+        _stamps[run_id][what] = time.monotonic()
 
 
 def _note_stamp(data: bytes | str, what: str) -> None:
@@ -181,6 +208,8 @@ def install(directory: str) -> None:
                         _note(run_id, f"{kind}_app", entered)
                         _note(run_id, f"{kind}_head", started[0] if started else entered)
                 _written(body)
+                if kind in ("stream", "follow") and run_id and not message.get("more_body"):
+                    _note(run_id, "stream end")
             await send(message)
 
         if run_id is not None:
@@ -399,8 +428,155 @@ def install(directory: str) -> None:
 
     sqlite_thread.SQLiteThread._run_alone = traced_run_alone  # type: ignore[method-assign]
 
+    _install_cycle_hops()
     path = Path(directory) / f"server-{os.getpid()}.jsonl"
     atexit.register(_dump, path)
+
+
+def _install_cycle_hops() -> None:
+    """The ``cycle:`` stamps (see the module's docstring), on top of the first byte's."""
+    import contextvars
+
+    from thoughtgate.orchestration.recorder import EventRecorder
+    from thoughtgate.orchestration.runtime import Runtime
+    from thoughtgate.providers import wire
+    from thoughtgate.server.manager import RunManager
+    from thoughtgate.store import sqlite as store_sqlite
+    from thoughtgate.store import sqlite_thread
+    from thoughtgate.testing.fake import FAKE_SCRIPTS
+
+    global _run_of_task
+    running: contextvars.ContextVar[str | None] = contextvars.ContextVar("tb_run", default=None)
+    _run_of_task = running
+
+    def jobs_noted(jobs: Any, what: str, when: float) -> None:
+        for job in jobs:
+            found = _ACTION.match(job.action)
+            if found is not None:
+                _note(found.group(2), f"{found.group(1)} {what}", when)
+
+    admit = Runtime.admit
+
+    async def traced_admit(self: Any, request: Any, **named: Any) -> Any:
+        began = time.monotonic()
+        run, rank = await admit(self, request, **named)
+        _note(run.run_id, "admit", began)
+        _note(run.run_id, "admitted")
+        return run, rank
+
+    Runtime.admit = traced_admit  # type: ignore[method-assign]
+
+    execute = RunManager._execute
+
+    async def traced_execute(self: Any, run_id: str) -> None:
+        _note(run_id, "execute")
+        running.set(run_id)
+        await execute(self, run_id)
+
+    RunManager._execute = traced_execute  # type: ignore[method-assign]
+
+    def opened(what: str = "provider open") -> None:
+        run_id = running.get()
+        if run_id is not None:
+            _note(run_id, what)
+
+    stream = wire.HTTPProvider.stream
+
+    async def traced_stream(self: Any, request: Any) -> Any:
+        opened()
+        async for chunk in stream(self, request):
+            yield chunk
+        opened("provider end")
+
+    wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
+    script = FAKE_SCRIPTS.get("bench")
+    if script is not None:
+
+        def traced_script(request: Any, turn: int) -> Any:
+            inner = script(request, turn)
+
+            async def gen() -> Any:
+                opened()
+                async for item in inner:
+                    yield item
+                opened("provider end")
+
+            return gen()
+
+        FAKE_SCRIPTS["bench"] = traced_script
+
+    emit_delta = EventRecorder.emit_delta
+
+    async def traced_emit_delta(self: Any, event: Any) -> None:
+        _note_last(self.run_id, "last emit")
+        await emit_delta(self, event)
+
+    EventRecorder.emit_delta = traced_emit_delta  # type: ignore[method-assign]
+    extend_delta = EventRecorder.extend_delta
+
+    def traced_extend_delta(self: Any, event: Any, text: str) -> bool:
+        _note_last(self.run_id, "last emit")
+        return extend_delta(self, event, text)
+
+    EventRecorder.extend_delta = traced_extend_delta  # type: ignore[method-assign]
+
+    finish_run = store_sqlite.SQLiteStore.finish_run
+
+    async def traced_finish_run(self: Any, run_id: str, *rest: Any) -> Any:
+        _note(run_id, "finish")
+        out = await finish_run(self, run_id, *rest)
+        _note(run_id, "ended")
+        return out
+
+    store_sqlite.SQLiteStore.finish_run = traced_finish_run  # type: ignore[method-assign]
+
+    thread_class = sqlite_thread.SQLiteThread
+    commit_group = thread_class._commit_group
+
+    def traced_commit_group(self: Any, jobs: list[Any]) -> Any:
+        began = time.monotonic()
+        out = commit_group(self, jobs)
+        jobs_noted(jobs, "decided", began)
+        jobs_noted(jobs, "committed", time.monotonic())
+        return out
+
+    thread_class._commit_group = traced_commit_group  # type: ignore[method-assign]
+    run_alone = thread_class._run_alone
+
+    def traced_run_alone(self: Any, job: Any) -> Any:
+        began = time.monotonic()
+        out = run_alone(self, job)
+        if job.grouped:
+            jobs_noted([job], "decided", began)
+            jobs_noted([job], "committed", time.monotonic())
+        return out
+
+    thread_class._run_alone = traced_run_alone  # type: ignore[method-assign]
+    if hasattr(thread_class, "_group_on_loop"):
+        on_loop = thread_class._group_on_loop
+        commit_handed = thread_class._commit_handed
+
+        def traced_on_loop(self: Any, jobs: list[Any]) -> Any:
+            out = on_loop(self, jobs)
+            jobs_noted(jobs, "decided", time.monotonic())
+            return out
+
+        def traced_commit_handed(self: Any) -> Any:
+            handed = self._handed
+            out = commit_handed(self)
+            if handed is not None:
+                jobs_noted([o.job for o in handed.done], "committed", time.monotonic())
+            return out
+
+        thread_class._group_on_loop = traced_on_loop  # type: ignore[method-assign]
+        thread_class._commit_handed = traced_commit_handed  # type: ignore[method-assign]
+    settle_all = sqlite_thread._settle
+
+    def traced_settle_all(outcomes: list[Any], *rest: Any) -> None:
+        jobs_noted([o.job for o in outcomes], "handed", time.monotonic())
+        settle_all(outcomes, *rest)
+
+    sqlite_thread._settle = traced_settle_all
 
 
 _lookups: dict[str, list[float]] = defaultdict(list)
@@ -464,6 +640,10 @@ def _timed(name: str, lookup: Any) -> Any:
 
 
 def _written(chunk: bytes) -> None:
+    if _TERMINAL.search(chunk):
+        found_end = _RUN_ID.search(chunk.decode("utf-8", "replace"))
+        if found_end:
+            _note(found_end.group(1), "terminal written")
     if b'"reasoning.delta"' not in chunk:
         return
     text = chunk.decode("utf-8", "replace")
@@ -497,14 +677,19 @@ def dump_client(directory: str, label: str) -> None:
     _client.clear()
 
 
-def report(directory: str, label: str) -> str:
-    """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
+def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
+    """Every run's server-side stamps, by run id (the server processes' files in ``directory``)."""
     server: dict[str, dict[str, float]] = {}
     for path in Path(directory).glob("server-*.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             server.setdefault(record.pop("run_id"), {}).update(record)
-    path = Path(directory) / f"client-{label}.jsonl"
+    return server
+
+
+def report(directory: str, label: str) -> str:
+    """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
+    server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
     if not path.exists():
         return f"{label}: no client stamps"
     offsets: dict[str, list[float]] = defaultdict(list)
@@ -557,4 +742,46 @@ def report(directory: str, label: str) -> str:
             f"  {name}: median {statistics.median(values):.1f} ms, "
             f"p90 {q[-1]:.1f} ms (n={len(values)})"
         )
+    return "\n".join(lines)
+
+
+_CYCLE_ORIGIN = "c_create_sent"
+
+
+def cycle_report(directory: str, label: str) -> str:
+    """Each ``cycle:`` stamp's median, in ms after the client's ``POST`` of its run, in the order
+    of those medians, with the median hop from the stamp before it (per run, both present):
+    where a run's whole cycle goes, from one ``POST`` to the connection's next."""
+    server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
+    if not path.exists():
+        return f"{label}: no client stamps"
+    offsets: dict[str, list[float]] = defaultdict(list)
+    runs: list[dict[str, float]] = []
+    for line in path.read_text().splitlines():
+        client = json.loads(line)
+        stamps = {**server.get(client["run_id"], {}), **client}
+        origin = stamps.get(_CYCLE_ORIGIN)
+        if origin is None:
+            continue
+        times = {
+            n: (v - origin) * 1000
+            for n, v in stamps.items()
+            if isinstance(v, float) and not n.startswith(("part ", "count ", "group"))
+        }
+        runs.append(times)
+        for name, value in times.items():
+            offsets[name].append(value)
+    order = sorted(offsets, key=lambda name: statistics.median(offsets[name]))
+    lines = [
+        f"{label}: the run's cycle, median ms after the client's POST (n={len(runs)}), "
+        "and the median hop from the line before"
+    ]
+    previous: str | None = None
+    for name in order:
+        hops = [r[name] - r[previous] for r in runs if previous and name in r and previous in r]
+        hop = f"{statistics.median(hops):+8.2f}" if hops else " " * 8
+        lines.append(
+            f"  {name:<22} {statistics.median(offsets[name]):9.2f}  {hop}  (n={len(offsets[name])})"
+        )
+        previous = name
     return "\n".join(lines)

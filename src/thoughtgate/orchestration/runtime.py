@@ -313,12 +313,20 @@ class Runtime:
         key_id: str | None = None,
         quota: Quota | None = None,
         queue: str | None = None,
+        decided: Callable[[RunRecord], None] | None = None,
     ) -> tuple[RunRecord, int]:
         """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
         (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it goes
         where the durable engine places it (``DurableEngine.reserve``: executed here at once,
         waiting here, or waiting on the queue for any replica). Also returns the run's
-        rank among its key's open runs (1 for a key's only run), its priority in the queue."""
+        rank among its key's open runs (1 for a key's only run), its priority in the queue.
+
+        ``decided`` (a run this process executes, without ``queue``): called with the run once
+        the store knows it is admitted, before its commit is known to hold, where the store can
+        tell that early (``DurableRunStore.admit_run``): the caller may start executing it then
+        (ADR 0040), its writes queued behind the admission's. Until this returns the run must
+        not be shown to anyone: when the commit fails this raises, nothing of the run is
+        stored, and its execution's writes fail."""
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
             chain_of_thought, request.chain_of_thought, orch.chain_of_thought
@@ -391,16 +399,34 @@ class Runtime:
             NewEvent(EventType.CAPABILITY_RESOLVED, resolved),
         ]
         spec = RunSpec(tuple(specs), names)
+        early = None if queue or decided is None else (lambda: decided(run))
+        if not queue:  # what its execution takes, kept first: it may start before the commit
+            self._prepared[run.run_id] = prepared
+            if isinstance(self.store, DurableRunStore):
+                # A copy: the caller's record stays as admitted while the execution changes its
+                # tasks'.
+                kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
+                self._admitted[run.run_id] = (kept, spec)
         try:
             rank = await self._store_run(
-                run, spec, opening, key_id=key_id, quota=quota, queue=queue, claimed=claimed
+                run,
+                spec,
+                opening,
+                key_id=key_id,
+                quota=quota,
+                queue=queue,
+                claimed=claimed,
+                decided=early,
             )
             if claimed:
                 self._claimed.add(run_id)
         except BaseException:
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
-            await _close_all(prepared.values())
+            # An execution started early (``decided``) finds neither: it reads the run, which
+            # is not there, and fails; a provider it took already is its own to close.
+            self._admitted.pop(run_id, None)
+            await _close_all(self._prepared.pop(run_id, prepared if queue else {}).values())
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
             await _close_all(prepared.values())
@@ -408,13 +434,6 @@ class Runtime:
                 # This daemon may start it at once (``DurableEngine.submit``, which forgets it
                 # when the run waits in the queue instead): its first execution reads nothing
                 # back (ADR 0029).
-                kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
-                self._admitted[run.run_id] = (kept, spec)
-        else:
-            self._prepared[run.run_id] = prepared
-            if isinstance(self.store, DurableRunStore):
-                # A copy: the caller's record stays as admitted while the execution changes its
-                # tasks'.
                 kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
                 self._admitted[run.run_id] = (kept, spec)
         return run, rank
@@ -429,6 +448,7 @@ class Runtime:
         quota: Quota | None,
         queue: str | None,
         claimed: bool = False,
+        decided: Callable[[], None] | None = None,
     ) -> int:
         """Store the run with its tasks, its spec (where the store keeps specs) and its
         ``opening`` events -- in one transaction where the store admits runs (one commit per
@@ -452,7 +472,9 @@ class Runtime:
             attempts=1 if claimed else 0,
             queued_at=time.time() if queue and run.owner is None else None,
         )
-        admission = await self.store.admit_run(run, record, quota=quota, events=opening)
+        admission = await self.store.admit_run(
+            run, record, quota=quota, events=opening, decided=decided
+        )
         if not admission.admitted:
             raise QuotaExceededError(admission.reason, retry_after=admission.retry_after)
         return admission.rank

@@ -94,9 +94,16 @@ class RunManager:
         chain_of_thought: str | None = None,
         tools: Sequence[str] = (),
         key_id: str | None = None,
+        early: bool = False,
     ) -> RunRecord:
         """Record the run and queue or start it; ``UsageError`` for bad requests and
-        ``QuotaExceededError`` for a key over its limits."""
+        ``QuotaExceededError`` for a key over its limits.
+
+        ``early`` (a run this daemon executes without the durable engine): its execution starts
+        as soon as its admission is decided, while that commits (ADR 0040), for a caller that
+        reads the run on the same request (``POST /v1/runs/follow``). A caller that comes back
+        for the run with further requests leaves it ``False``: the provider's first delta would
+        then often be ready before that caller is, and wait for it."""
         if self._closing:
             raise UsageError("the daemon is shutting down; start the run elsewhere or later")
         names = list(dict.fromkeys(tools))
@@ -108,13 +115,36 @@ class RunManager:
         )
         engine = self.runtime.durable
         if engine is None:
-            run, _ = await self.runtime.admit(
-                request, chain_of_thought=chain_of_thought, tools=names, key_id=key_id, quota=quota
-            )
-            task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
-            self._tasks[run.run_id] = task
-            self._modes[run.run_id] = run.chain_of_thought
-            task.add_done_callback(self._forget)
+            started: list[asyncio.Task[None]] = []
+
+            def execute(run: RunRecord) -> None:
+                # ``early``: once the admission is decided, while it commits (ADR 0040): the
+                # provider's stream opens a commit and two loop turns sooner. Its writes queue
+                # behind the admission's; nobody learns of the run before ``admit`` returns.
+                task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
+                started.append(task)
+                self._tasks[run.run_id] = task
+                task.add_done_callback(self._forget)
+
+            try:
+                run, _ = await self.runtime.admit(
+                    request,
+                    chain_of_thought=chain_of_thought,
+                    tools=names,
+                    key_id=key_id,
+                    quota=quota,
+                    decided=execute if early else None,
+                )
+            except BaseException:
+                for task in started:  # its admission did not commit: stop what it began
+                    task.cancel()
+                raise
+            if not started:  # the store could not tell early: once committed
+                execute(run)
+            if run.run_id in self._tasks:
+                self._modes[run.run_id] = run.chain_of_thought
+            else:  # (its execution is over already)
+                self._remember_ended(run.run_id, run.chain_of_thought)
             return run
         queue = await self._queue_for(names)
         run, rank = await self.runtime.admit(
@@ -182,9 +212,12 @@ class RunManager:
                 del self._tasks[run_id]
                 mode = self._modes.pop(run_id, None)
                 if mode is not None:
-                    self._ended[run_id] = mode
-                    if len(self._ended) > _ENDED:
-                        del self._ended[next(iter(self._ended))]
+                    self._remember_ended(run_id, mode)
+
+    def _remember_ended(self, run_id: str, mode: str) -> None:
+        self._ended[run_id] = mode
+        if len(self._ended) > _ENDED:
+            del self._ended[next(iter(self._ended))]
 
     async def _execute(self, run_id: str) -> None:
         try:

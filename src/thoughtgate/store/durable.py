@@ -25,7 +25,7 @@ claim, ADR 0031); one that waits in its daemon is admitted *waiting*, at attempt
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -157,11 +157,19 @@ class DurableRunStore(abc.ABC):
         *,
         quota: Quota | None = None,
         events: Sequence[NewEvent] = (),
+        decided: Callable[[], None] | None = None,
     ) -> Admission:
         """Create ``run`` with its tasks and its spec in one transaction -- unless ``quota``
         refuses it (counted in the same transaction, so concurrent admissions of one key on any
         number of replicas never exceed it); a refused run is not stored at all. ``events``, the
-        run's opening events, are appended in the same transaction (one commit per admission)."""
+        run's opening events, are appended in the same transaction (one commit per admission).
+
+        ``decided``: called (on the caller's loop, at most once) when the store knows the run is
+        admitted before it knows the commit holds -- SQLite, when the loop ran the admission's
+        group (ADR 0040) -- so the caller may begin work that needs no reader to see the run
+        yet. Until this returns the run may still not exist: that commit may fail (this then
+        raises, nothing stored, and every later write of the run fails). Stores that cannot
+        tell early never call it."""
 
     @abc.abstractmethod
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:

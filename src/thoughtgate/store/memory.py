@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Unpack
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
@@ -220,6 +220,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         *,
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
+        decided: Callable[[], None] | None = None,
     ) -> durable.Admission:
         async with self._lock:
             now = time.time()

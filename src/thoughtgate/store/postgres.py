@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Unpack
 
 import psycopg
@@ -700,6 +700,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         *,
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
+        decided: Callable[[], None] | None = None,
     ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]

@@ -1315,6 +1315,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         *,
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
+        decided: Callable[[], None] | None = None,
     ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
@@ -1350,8 +1351,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             columns,
             update or None,
         )
+
+        def told(result: tuple[durable.Admission, int]) -> None:
+            if decided is not None and result[0].admitted:
+                decided()
+
         verdict, first = await self._writer.write(
-            f"create run {run.run_id!r}", body, merge=(_merged_writes, item)
+            f"create run {run.run_id!r}", body, merge=(_merged_writes, item), decided=told
         )
         if verdict.admitted:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)

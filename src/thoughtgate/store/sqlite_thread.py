@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import sys
@@ -100,6 +101,7 @@ from thoughtgate.errors import (
 
 __all__ = ["Merge", "QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -261,14 +263,22 @@ class SQLiteThread:
         fn: Callable[[sqlite3.Connection], T],
         *,
         merge: tuple[Merge, Any] | None = None,
+        decided: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
         ``fn`` must only touch the database (it may run again: when another write of its group
         raised, the group runs again write by write) and may raise to undo its own changes.
-        ``merge``: as ``queue_write``'s.
+        ``merge``: as ``queue_write``'s. ``decided``: called on the loop with what ``fn``
+        returned when the loop ran the write's group (ADR 0036) and handed its ``COMMIT`` to the
+        thread, before that commit is known to hold (ADR 0040: a run's execution starts while
+        its admission commits). Only then, and only in a group of fewer than 16 writes: a
+        larger one is a loop with many runs to serve (ADR 0036), where work started early only
+        waits for the loop. A write the thread runs is not told early; what ``fn`` returned is
+        final once told (a ``COMMIT`` that fails then is not run again: the write fails, nothing
+        of it stored). It must not raise; it never writes.
         """
-        return await self._submit(action, fn, grouped=True, merge=merge)
+        return await self._submit(action, fn, grouped=True, merge=merge, decided=decided)
 
     def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """:meth:`call`, queued on the thread now rather than when a task first runs: a read
@@ -341,12 +351,15 @@ class SQLiteThread:
         needs_connection: bool = True,
         then: Callable[[Any], Any] | None = None,
         merge: tuple[Merge, Any] | None = None,
+        decided: Callable[[Any], None] | None = None,
     ) -> T:
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._enqueue(_Job(action, fn, grouped, needs_connection, loop, future, then, merge))
+        job = _Job(action, fn, grouped, needs_connection, loop, future, then, merge)
+        job.decided = decided
+        self._enqueue(job)
         return await future
 
     def waiting(self) -> int:
@@ -478,6 +491,8 @@ class SQLiteThread:
         if hurry:
             _hurry()
         self._put(_WAKE)
+        if not hurry:  # (while the thread commits; see ``write``'s ``decided``)
+            _tell_decided(done)
 
     # -- on the owning thread ----------------------------------------------------------------
     def _serve(self) -> None:
@@ -740,6 +755,9 @@ class _Job:
     stored (a write queued ``after`` it then fails too)."""
     undone: bool = False
     """It ran in a group the loop undid (a write raised): the thread runs it write by write."""
+    decided: Callable[[Any], None] | None = None
+    """Told what ``fn`` returned once the loop ran it in a group, before the ``COMMIT``
+    (``write``'s ``decided``)."""
 
 
 _WAKE = _Job("commit", lambda conn: None, False, False, None, None, None)  # type: ignore[arg-type]
@@ -826,6 +844,18 @@ class _Outcome:
     def __post_init__(self) -> None:
         if self.error is not None:
             self.job.error = self.error
+
+
+def _tell_decided(done: list[_Outcome]) -> None:
+    """Each write of a group the loop ran that asked to know (``write``'s ``decided``), told what
+    it returned; a caller's mistake there is logged, never the group's failure."""
+    for outcome in done:
+        decided = outcome.job.decided
+        if decided is not None:
+            try:
+                decided(outcome.value)
+            except Exception:
+                log.exception("a write's 'decided' callback failed (%s)", outcome.job.action)
 
 
 def _settle_all(

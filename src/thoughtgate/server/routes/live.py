@@ -143,9 +143,10 @@ async def _ready(page: Prefetch | None) -> FirstPage | None:
 
 
 async def start_and_follow(request: Request, principal: Principal | None) -> Response:
-    """One request per run: start it, and follow it on the same response."""
+    """One request per run: start it, and follow it on the same response. Its execution starts
+    while its admission commits (ADR 0040): this response is its reader, there from the start."""
     assert principal is not None
-    run = await start_run(request, principal)
+    run = await start_run(request, principal, early=True)
     location = f"/v1/runs/{quote(run.run_id)}"
     return _live(
         state_of(request),

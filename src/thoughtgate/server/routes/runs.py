@@ -38,9 +38,11 @@ def _principal(principal: Principal | None) -> Principal:
     return principal
 
 
-async def start_run(request: Request, principal: Principal | None) -> RunRecord:
+async def start_run(
+    request: Request, principal: Principal | None, *, early: bool = False
+) -> RunRecord:
     """Record the run the body describes, as started by ``principal``'s key, and start executing
-    it (``POST /v1/runs`` and ``POST /v1/runs/follow``)."""
+    it (``POST /v1/runs`` and, with ``early``, ``POST /v1/runs/follow``: ``RunManager.start``)."""
     body = await parse_body(request, CreateRunBody)
     manager = state_of(request).manager
     if manager.closing:
@@ -57,6 +59,7 @@ async def start_run(request: Request, principal: Principal | None) -> RunRecord:
         chain_of_thought=body.chain_of_thought,
         tools=body.tools,
         key_id=_principal(principal).key_id,
+        early=early,
     )
 
 

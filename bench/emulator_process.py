@@ -100,6 +100,7 @@ def _paced(app: Any) -> Any:
             return
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
         started = stamped = False
+        traced: dict[str, Any] | None = {"e_start": time.monotonic()} if _TRACE else None
 
         async def send_paced(message: Any) -> None:
             nonlocal started, stamped
@@ -107,17 +108,46 @@ def _paced(app: Any) -> Any:
             started = started or bool(body and placeholder in body)
             if not body or not started:  # headers and framing before the first delta
                 await send(message)
+                if traced is not None and started and not message.get("more_body", False):
+                    traced["e_end"] = time.monotonic()
+                    _trace_write(traced)
                 return
+            due = pace.due
             await pace.next()
             if not stamped:
                 stamped = True
                 # every copy in this write (OpenRouter mirrors reasoning in two fields)
-                message = {**message, "body": body.replace(placeholder, stamp().encode())}
+                sent = stamp()
+                message = {**message, "body": body.replace(placeholder, sent.encode())}
+                if traced is not None:
+                    traced.update(key=sent[1:], e_due_first=due)
+            if traced is not None:
+                now = time.monotonic()
+                traced["e_late_max"] = max(traced.get("e_late_max", 0.0), now - due)
+                traced["e_last_write"] = now
+                if b"[DONE]" in body or b"message_stop" in body or b"response.completed" in body:
+                    traced.setdefault("e_terminal", now)
+                else:
+                    traced["e_last_nonterminal"] = now
             await send(message)
+            if traced is not None and not message.get("more_body", False):
+                traced["e_end"] = time.monotonic()
+                _trace_write(traced)
 
         await app(scope, receive, send_paced)
 
     return paced
+
+
+_TRACE = os.environ.get("BENCH_TRACE")
+"""``daemon_bench --trace DIR``: each request's pacing stamps go to ``DIR/emulator-<pid>.jsonl``,
+keyed by the first delta's send stamp (``bench.first_byte_trace`` joins them to the runs)."""
+
+
+def _trace_write(traced: dict[str, Any]) -> None:
+    if _TRACE and "key" in traced:
+        with open(Path(_TRACE) / f"emulator-{os.getpid()}.jsonl", "a") as out:
+            out.write(json.dumps(traced) + "\n")
 
 
 def serve(port_file: Path) -> None:

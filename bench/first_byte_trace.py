@@ -41,6 +41,7 @@ reasoning frame).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -485,10 +486,42 @@ def _install_cycle_hops() -> None:
     async def traced_stream(self: Any, request: Any) -> Any:
         opened()
         async for chunk in stream(self, request):
+            if type(chunk).__name__ == "FinishChunk":
+                opened("provider terminal")
             yield chunk
         opened("provider end")
 
     wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
+    from thoughtgate.providers import http as providers_http
+
+    batches = providers_http.HTTPTransport.event_batches
+
+    async def traced_batches(self: Any, response: Any) -> Any:
+        async for batch in batches(self, response):
+            yield batch
+        opened("body end")
+
+    providers_http.HTTPTransport.event_batches = traced_batches  # type: ignore[method-assign]
+    transport_open = providers_http.HTTPTransport.open
+
+    @contextlib.asynccontextmanager
+    async def traced_open(self: Any, *args: Any, **named: Any) -> Any:
+        async with transport_open(self, *args, **named) as response:
+            opened("response head")
+            yield response
+            opened("response closing")
+        opened("response closed")
+
+    providers_http.HTTPTransport.open = traced_open  # type: ignore[method-assign]
+    from thoughtgate.providers import netio
+
+    send_unsent = netio._Stream._send_unsent
+
+    async def traced_send_unsent(self: Any) -> None:
+        opened("request written")
+        await send_unsent(self)
+
+    netio._Stream._send_unsent = traced_send_unsent  # type: ignore[method-assign]
     script = FAKE_SCRIPTS.get("bench")
     if script is not None:
 
@@ -519,6 +552,22 @@ def _install_cycle_hops() -> None:
         return extend_delta(self, event, text)
 
     EventRecorder.extend_delta = traced_extend_delta  # type: ignore[method-assign]
+    emit_last = EventRecorder.emit_last
+
+    async def traced_emit_last(self: Any, events: Any) -> None:
+        _note(self.run_id, "emit_last")
+        await emit_last(self, events)
+        _note(self.run_id, "emit_last done")
+
+    EventRecorder.emit_last = traced_emit_last  # type: ignore[method-assign]
+    close = EventRecorder.close
+
+    async def traced_close(self: Any) -> None:
+        _note(self.run_id, "recorder close")
+        await close(self)
+        _note(self.run_id, "recorder closed")
+
+    EventRecorder.close = traced_close  # type: ignore[method-assign]
 
     finish_run = store_sqlite.SQLiteStore.finish_run
 
@@ -684,6 +733,18 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
         for line in path.read_text().splitlines():
             record = json.loads(line)
             server.setdefault(record.pop("run_id"), {}).update(record)
+    emulated: dict[float, dict[str, float]] = {}
+    for path in Path(directory).glob("emulator-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            emulated[round(float(record.pop("key")), 4)] = record
+    if emulated:  # the emulator's pacing, joined by the first delta's send stamp
+        for stamps in server.values():
+            sent = stamps.get("sent")
+            record = emulated.get(round(sent % 100, 4)) if sent is not None else None
+            if record is not None:
+                stamps.update({k: v for k, v in record.items() if k != "e_late_max"})
+                stamps["group e_late_max"] = record.get("e_late_max", 0.0)
     return server
 
 

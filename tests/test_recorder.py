@@ -190,27 +190,6 @@ async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
     assert [e.payload["turn"] for e in await store.read("run_1")] == [0]
 
 
-async def test_a_runs_end_does_not_wait_for_the_open_delta_window() -> None:
-    """The run's last events are held for its ending while the delta window's flush is still
-    asleep: closing the recorder then hands the ending over at once (the window's task is
-    cancelled, not waited for: ADR 0044) and nothing more is appended by it."""
-    store = BatchCountingStore()
-    await store.create_run(RunRecord("run_1", "p"))
-    rec = EventRecorder(store, "run_1", flush_interval=10, hold_last=True)
-    await rec.emit_delta(delta("a"))  # the first byte goes alone
-    await rec.emit_delta(delta("b"))  # buffered: the window's flush is asleep
-    await rec.emit_last([progress(1)])
-    held = rec.take_held()
-    closing = rec.close()
-    with pytest.raises(StopIteration):
-        closing.send(None)  # done in one step: no turn of the event loop
-    await asyncio.sleep(0)  # the cancelled window ends at its next step
-    others = asyncio.all_tasks() - {asyncio.current_task()}
-    assert not others, "nothing of the recorder is left running"
-    assert [e.type for e in held] == ["message.delta", "tool.progress"]
-    assert store.batches == [["message.delta"]]
-
-
 class BatchCountingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()

@@ -248,21 +248,13 @@ class EventRecorder:
         return out
 
     async def close(self) -> None:
-        flushed = False
         try:
             await self.flush()
-            flushed = True
         finally:
-            flusher = self._flusher
-            if flusher is not None and not flusher.done():
-                flusher.cancel()
-                if not flushed:  # the flush failed or was cancelled: see the flusher off
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await flusher
-                # Else it is not waited for (ADR 0044): ``flush`` held the lock, so the flusher
-                # is asleep until its window's end or queued for the lock, with nothing to
-                # append either way; the cancel ends it at its next step. Waiting cost every
-                # run's end a turn of the event loop before its ending was asked for.
+            if self._flusher is not None and not self._flusher.done():
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher
             pending, self._pending = self._pending, None
             if pending is not None:  # cancelled or failed before anyone waited for it
                 await pending.abandon()  # the error that matters was raised already

@@ -593,6 +593,18 @@ _counts: dict[str, float] = defaultdict(float)
 """``counts:`` what the server did in all, by kind (see :func:`_install_counts`)."""
 _thread_cpu: dict[int, tuple[str, float]] = {}
 """Native thread id -> (its name, its CPU seconds when last looked at)."""
+_collector: Any = None
+"""The garbage collector's passes since the first run was created (``process_stats.GcClock``)."""
+
+
+def _counting_collections() -> None:
+    import gc
+
+    from bench.process_stats import GcClock
+
+    global _collector
+    _collector = GcClock()
+    _counts["gc objects frozen at start-up (gc.freeze; not per run)"] = gc.get_freeze_count()
 
 
 def _install_counts() -> None:
@@ -609,6 +621,8 @@ def _install_counts() -> None:
         where = "loop" if threading.current_thread() is threading.main_thread() else "thread"
         kind = "write" if job.grouped else "call"
         _counts[f"store {kind} {_kind(action)} ({where})"] += 1
+        if _collector is None and kind == "write" and action.startswith("create run"):
+            _counting_collections()  # from the first run on, not the start-up's
         return job
 
     sqlite_thread._Job = counted_job  # type: ignore[assignment,misc]
@@ -673,23 +687,6 @@ def _install_counts() -> None:
             time.sleep(0.2)
 
     threading.Thread(target=sample, name="trace-cpu-sampler", daemon=True).start()
-
-    import gc
-
-    began: list[float] = []
-
-    def collecting(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            began[:] = [time.perf_counter()]
-        elif began and _counts.get("store write create run (loop)"):  # (not the start-up's)
-            generation = info.get("generation")
-            _counts[f"gc collections of generation {generation}"] += 1
-            _counts[f"gc ms in generation {generation}"] += (time.perf_counter() - began[0]) * 1e3
-            _counts["gc objects frozen at start-up (gc.freeze; not per run)"] = (
-                gc.get_freeze_count()
-            )
-
-    gc.callbacks.append(collecting)
 
 
 _lookups: dict[str, list[float]] = defaultdict(list)
@@ -772,6 +769,12 @@ def _dump(path: Path) -> None:
             out.write(json.dumps({"run_id": run_id, **stamps}) + "\n")
     if _lookups:
         path.with_name(f"keys-{os.getpid()}.json").write_text(json.dumps(_lookups))
+    if _collector is not None:
+        for generation, (passes, seconds) in enumerate(
+            zip(_collector.passes, _collector.seconds, strict=True)
+        ):
+            _counts[f"gc passes of generation {generation}"] = passes
+            _counts[f"gc CPU ms in generation {generation}"] = seconds * 1000
     with _lock:
         cpu: dict[str, float] = defaultdict(float)
         for name, seconds in _thread_cpu.values():

@@ -3,10 +3,14 @@
 Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
 batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
-to run part of it, ``--profile DIR`` to sample the server with py-spy in every phase and print
-where its CPU went, ``--trace DIR`` to stamp the first reasoning delta's hops and the client's
-requests, server and client side, and every run's whole cycle from its ``POST`` to the
-connection's next, and print each hop's median per phase: :mod:`bench.first_byte_trace`).
+to run part of it, ``--repeat N`` to run each phase N times against the same daemon and print
+each repetition's figures with the server's state (RSS, collections, live objects, database and
+WAL sizes: :mod:`bench.process_stats`), ``--age RUNS`` to age each daemon first, ``--profile
+DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace
+DIR`` to stamp the first reasoning delta's hops and the client's requests, server and client
+side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
+hop's median per phase, then each server's totals -- store jobs, DBOS's SQL transactions by
+thread, threads' CPU: :mod:`bench.first_byte_trace`).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 
@@ -33,8 +37,9 @@ the machine is busy, so the provider's clock would slow down with our own load (
 paced deltas took ~90 ms instead of 50 at 10 concurrent runs) and runs/s would measure the
 provider's slowdown rather than the daemon.
 
-``thoughtgate serve`` runs durably by default (ADR 0013: each run a DBOS workflow on the same
-SQLite file, its steps checkpointed); the ``durable_`` rows (fake provider, three requests) are
+``thoughtgate serve`` runs durably by default (ADR 0013: DBOS's workflows in a file beside the
+store's, ``<store>.workflows``; a daemon's run of one model task without tools writes none, ADR
+0031); the ``durable_`` rows (fake provider, three requests) are
 that configuration, on a second server process with the durable engine attached, measured after
 the first; the other rows leave the engine out, as ``thoughtgate serve`` does with
 ``durability.enabled = false``. Their in-process baseline is durable too (the same engine in the
@@ -85,12 +90,14 @@ import asyncio
 import collections
 import contextlib
 import functools
+import gc
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -104,8 +111,10 @@ from bench.emulator_process import (
     added_s,
     emulator_process,
     stamp,
+    stop,
 )
-from bench.first_byte_trace import client_stamp, cycle_report, dump_client, report
+from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
+from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
 from thoughtgate.providers.sse import SSEDecoder
 
@@ -132,6 +141,12 @@ ONE_REQUEST = "one_request_"
 """Row prefix of the fake provider's runs started and followed with one request each."""
 DURABLE = "durable_"
 """Row prefix of the fake provider's runs on a durable daemon (``thoughtgate serve``'s default)."""
+FULL_LEVELS = {1: 20, 10: 100, 100: 300}
+"""Runs per concurrency of the full bench. ``--quick`` keeps the same at 10 and 100: at 100 runs
+its former 100 were one run per connection, a single synchronized burst, and at 10 its former 40
+(four per connection) gave ~20% less CPU per delta than 100 on the same daemon (ADR 0042), so
+quick and full figures were not comparable. Only the one-run level (nothing there to fall into
+step) is shorter with ``--quick``."""
 IN_PROCESS_RATIO = 2.0
 RATIO_LEVELS = (10, 100)
 """Issue 16: server CPU per delta ≤ 2× the in-process run's, at 10 and 100 concurrent runs."""
@@ -221,6 +236,10 @@ def _serve(
         if durable and make_durable(runtime) is None:
             raise RuntimeError(f"{db_url}: this store cannot run durably")
         app = create_app(runtime, config)
+        if os.environ.get("BENCH_STATS"):  # --repeat: snapshots of the server between phases
+            from bench.process_stats import install as install_stats
+
+            install_stats(os.environ["BENCH_STATS"])
 
         def ready(host: str, port: int) -> None:
             port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
@@ -705,7 +724,7 @@ def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess
             if status == 200:
                 return proc, url
         time.sleep(0.25)
-    proc.terminate()
+    stop(proc)
     tail = (tmp / "litellm.log").read_text(errors="replace")[-2000:]
     raise RuntimeError(f"litellm proxy did not start:\n{tail}")
 
@@ -807,9 +826,7 @@ def _measure_litellm(
         return None
     finally:
         if proxy is not None:
-            proxy.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proxy.wait(timeout=15)
+            stop(proxy)
 
 
 def _variants_note(formats: list[str]) -> str:
@@ -831,8 +848,9 @@ def _variants_note(formats: list[str]) -> str:
         "emulator paces its stream like fake:bench, for LiteLLM's proxy too. runs_per_s has its "
         "target (10× LiteLLM's requests/s) at 10 and 100 concurrent runs; at 1 it is measured "
         "only. Rows prefixed "
-        f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS on "
-        "the same SQLite file, `thoughtgate serve`'s default), against runs in process with the "
+        f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS's "
+        "workflows in a file beside the store's, `thoughtgate serve`'s default), against runs in "
+        "process with the "
         "engine attached too; durable_cpu_per_delta_vs_fake is the durable daemon's CPU per delta "
         "over the non-durable one's."
     )
@@ -949,6 +967,65 @@ def _measure(
     return stats, float(stats["cpu"])
 
 
+class _Watch:
+    """``--repeat``: one line per repetition of a phase, its figures next to the state of the
+    server (:mod:`bench.process_stats`) and of the emulator, and what changed since the last."""
+
+    def __init__(self, pid: int, stats_dir: Path, emulator_pid: int, db_path: Path | None) -> None:
+        self.pid, self.stats_dir, self.emulator_pid, self.db_path = (
+            pid,
+            stats_dir,
+            emulator_pid,
+            db_path,
+        )
+        self.taken = 0
+        self.client_gc = GcClock()  # the bench process's own collections, client side
+        self.last_client = (0, 0.0)
+        self.last = self._state()
+        self.last_emulator_cpu = _cpu_seconds(emulator_pid)
+
+    def _state(self) -> dict[str, Any]:
+        self.taken += 1
+        state = snapshot(self.pid, self.stats_dir, self.taken)
+        if self.db_path is not None:
+            state.update(file_sizes(self.db_path))
+        return state
+
+    def report(self, phase: str, repetition: int, stats: dict[str, Any], cpu: float) -> None:
+        emulator_cpu = _cpu_seconds(self.emulator_pid)
+        state, last = self._state(), self.last
+        passes = "/".join(
+            str(now - then) for now, then in zip(state["gc_passes"], last["gc_passes"], strict=True)
+        )
+        gc_ms = sum(state["gc_ms"]) - sum(last["gc_ms"])
+        files = (
+            f" db {state['db_mb']:.1f} MB wal {state['wal_mb']:.1f} MB" if "db_mb" in state else ""
+        )
+        runs = max(1, stats["runs"])
+        print(
+            f"repeat {phase} #{repetition}: ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:.2f}"
+            f" ms, runs/s {stats['runs'] / stats['elapsed']:.1f}, cpu_per_delta "
+            f"{cpu / (runs * PROVIDER_DELTAS) * 1e6:.0f} µs | server rss {state['rss_mb']:.0f} MB,"
+            f" objects {state['objects']} ({state['objects'] - last['objects']:+d}), tasks "
+            f"{state['tasks']}, gc passes {passes} ({gc_ms:.0f} ms CPU, of which gen2 "
+            f"{state['gc_ms'][2] - last['gc_ms'][2]:.0f}){files} | emulator rss "
+            f"{rss_mb(self.emulator_pid):.0f} MB, cpu/run "
+            f"{(emulator_cpu - self.last_emulator_cpu) / runs * 1e6:.0f} µs | client gc passes "
+            f"{sum(self.client_gc.passes) - self.last_client[0]} "
+            f"({(sum(self.client_gc.seconds) - self.last_client[1]) * 1000:.0f} ms), objects "
+            f"{len(gc.get_objects())}, threads {threading.active_count()}, rss "
+            f"{rss_mb(os.getpid()):.0f} MB",
+            flush=True,
+        )
+        grown = collections.Counter(state["types"])
+        grown.subtract(last["types"])
+        growing = [(name, n) for name, n in grown.most_common(6) if n > 0]
+        if growing:
+            print(f"    grown: {', '.join(f'{name} +{n}' for name, n in growing)}")
+        self.last, self.last_emulator_cpu = state, emulator_cpu
+        self.last_client = (sum(self.client_gc.passes), sum(self.client_gc.seconds))
+
+
 def _phase_rows(
     prefix: str,
     concurrency: int,
@@ -1000,7 +1077,7 @@ def _ratio(name: str, value: float, target: float | None = None) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs per level")
+    parser.add_argument("--quick", action="store_true", help="fewer runs at 1 concurrent run")
     parser.add_argument(
         "--flush-interval",
         type=float,
@@ -1046,7 +1123,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--levels",
         default=None,
         help="concurrencies to run, comma-separated, each C or C=RUNS (default 1,10,100 with "
-        "20/100/300 runs, 10/40/100 with --quick); e.g. 1=60 to measure first-byte latency alone",
+        "20/100/300 runs, 10/100/300 with --quick); e.g. 1=60 to measure first-byte latency "
+        "alone; a level run with another count than the full bench's is flagged (ADR 0042)",
     )
     parser.add_argument(
         "--trace",
@@ -1055,6 +1133,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="stamp the first reasoning delta's hops and every run's whole cycle (server and "
         "client) into DIR and print the median of each per phase (figures of a traced run are "
         "not clean)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run each phase N times in a row against the same daemon and print each "
+        "repetition's figures with the server's and the emulator's state (RSS, collections, live "
+        "objects, SQLite file and WAL sizes); the table keeps the first repetition's rows",
+    )
+    parser.add_argument(
+        "--age",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="before the phases, age each daemon with RUNS untimed fake:bench runs, 10 at a time",
     )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--serve-durable", action="store_true", help=argparse.SUPPRESS)
@@ -1080,17 +1174,31 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     have_sqlite = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
     durable = args.store == "sqlite" or (args.store == "auto" and have_sqlite)
-    levels = {1: 20, 10: 100, 100: 300} if not args.quick else {1: 10, 10: 40, 100: 100}
+    levels = dict(FULL_LEVELS) if not args.quick else {**FULL_LEVELS, 1: 10}
     if args.levels:
         chosen = [level.partition("=") for level in args.levels.split(",") if level]
         levels = {
             int(c): int(runs) if runs else levels.get(int(c), 10 * int(c)) for c, _, runs in chosen
         }
+    for concurrency, total in levels.items():
+        full = FULL_LEVELS.get(concurrency)
+        if concurrency > 1 and total != full:
+            print(
+                f"note: c{concurrency} with {total} runs (the full bench: {full}): a phase's runs/s "
+                "and CPU per delta depend on its runs per connection (fewer: more of the phase is "
+                "its synchronized first wave, which batches better than a steady load; ADR 0042), "
+                "so compare these figures only with phases of the same length"
+            )
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as emulator_url:
 
         def db(name: str) -> str:
             return f"sqlite:///{Path(tmp) / name}.db" if durable else "memory://"
+
+        def db_path(on: bool) -> Path | None:
+            return Path(tmp) / ("bench-durable.db" if on else "bench.db") if durable else None
+
+        emulator_pid = int(json.loads((Path(tmp) / "emulator.json").read_text())["pid"])
 
         def where(variant: str, concurrency: int) -> Path | None:
             if args.profile is None:
@@ -1149,6 +1257,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for on in sorted({on for *_, on in variants}):  # the durable daemon second
             port_file = Path(tmp) / f"port-{on}.json"
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+            stats_dir = Path(tmp) / f"stats-{on}"
+            if args.repeat:
+                stats_dir.mkdir()
+                env["BENCH_STATS"] = str(stats_dir)
             proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
@@ -1168,6 +1280,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 while not port_file.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 info = json.loads(port_file.read_text())
+                watch = (
+                    _Watch(proc.pid, stats_dir, emulator_pid, db_path(on)) if args.repeat else None
+                )
+                if args.age:
+                    _measure(proc, info, 10, args.age, FAKE_MODEL)
+                    print(f"aged the daemon with {args.age} fake:bench runs")
                 for prefix, model, single, durable_server in variants:
                     if durable_server != on:
                         continue
@@ -1182,6 +1300,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         stats, cpu = _measure(
                             proc, info, concurrency, total, model, where(name, concurrency), single
                         )
+                        if watch is not None:
+                            watch.report(f"{name}_c{concurrency}", 1, stats, cpu)
+                            for repetition in range(2, (args.repeat or 1) + 1):
+                                again_stats, again_cpu = _measure(
+                                    proc, info, concurrency, total, model, None, single
+                                )
+                                watch.report(
+                                    f"{name}_c{concurrency}", repetition, again_stats, again_cpu
+                                )
                         if TRACE is not None:
                             dump_client(TRACE, f"{name}_c{concurrency}")
                             traced.append(f"{name}_c{concurrency}")
@@ -1196,13 +1323,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         )
                         phases.setdefault((prefix, model), {})[concurrency] = rows
             finally:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=15)
+                stop(proc)
         for label in traced:  # the servers have written their stamps on exit
             assert TRACE is not None
             print(report(TRACE, label))
             print(cycle_report(TRACE, label))
+        if TRACE is not None:
+            print(counts_report(TRACE))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
     for (model, on), value in in_process.items():

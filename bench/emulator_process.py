@@ -46,6 +46,7 @@ __all__ = [
     "added_s",
     "emulator_process",
     "stamp",
+    "stop",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,9 +179,24 @@ def serve(port_file: Path) -> None:
         time.sleep(0.01)
     # Written whole, then renamed: the bench polls for the file and must never read half of it.
     partial = port_file.with_suffix(".partial")
-    partial.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    partial.write_text(json.dumps({"url": f"http://127.0.0.1:{port}", "pid": os.getpid()}))
     partial.replace(port_file)
     threading.Event().wait()  # until the bench terminates this process
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
+    """End a bench child: ``SIGTERM``, then ``SIGKILL`` if it is still there after ``grace_s``.
+
+    A child that outlived its phase (a server still draining, a proxy stuck in its shutdown)
+    would keep taking CPU from every later phase and module of ``make bench`` on the same two
+    cores, and no figure would show why."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        print(f"bench: process {proc.pid} ({proc.args!r:.80}) ignored SIGTERM; killing it")
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -201,9 +217,7 @@ def emulator_process(tmp: Path) -> Iterator[str]:
             )
         yield str(json.loads(port_file.read_text())["url"])
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
+        stop(proc)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from thoughtgate.store.durable import (
     Admission,
     KeyUsage,
     Quota,
+    RunSpecRecord,
     quota_verdict,
 )
 from thoughtgate.store.postgres import PostgresStore
@@ -234,3 +235,44 @@ def test_the_memory_store_usage_gives_the_first_rules_verdicts() -> None:
         expected = first_rule(q, open_runs, sorted(recent), NOW)
         got = quota_verdict(q, KeyUsage.of_starts(q, open_runs, recent), NOW)
         assert got == expected, (q, open_runs, sorted(recent))
+
+
+@pytest.mark.inprocess
+async def test_a_merged_admission_far_under_its_quota_does_not_count_the_keys_window(
+    tmp_path: Path,
+) -> None:
+    """A key allowed 10,000 starts a minute that made 400: a merged group's admission reads a
+    page of pivot candidates (empty: the key is far under) and does not also count the 400,
+    a walk over the key's every start of the minute inside the write transaction, at every
+    admission (ADR 0042). At its limit it still counts them, for the refusal's message."""
+    path = tmp_path / "quota.db"
+    await (await SQLiteStore.open(path)).close()  # migrated
+    conn = sqlite3.connect(path)
+    try:
+        runs = [
+            Run(f"run_{i}", "k1", NOW - 30 + i / 100, "completed", True, True) for i in range(400)
+        ]
+        run_rows, spec_rows = _rows(runs)
+        with conn:
+            conn.executemany(_INSERT_RUN.format(p="?"), run_rows)
+            conn.executemany(_INSERT_SPEC.format(p="?", false=0), spec_rows)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+
+        def admit(per_minute: int) -> Admission:
+            quota = Quota("k1", max_open=10, max_per_minute=per_minute)
+            spec = RunSpecRecord("new", {}, key_id="k1")
+            start = sqlite._Start("new", (), [], open=True, spec=spec, quota=quota)
+            return quota_verdict(quota, sqlite._KeyUsages(conn, [start], NOW).usage(quota), NOW)
+
+        def counted() -> bool:
+            return any("count(*) FROM run_specs" in s for s in statements)
+
+        assert admit(10_000).admitted
+        assert not counted()
+        statements.clear()
+        refused = admit(400)
+        assert not refused.admitted and "started 400 runs" in refused.reason
+        assert counted()
+    finally:
+        conn.close()

@@ -13,6 +13,11 @@ own slot, none is skipped. A remote provider's clock does not slow down when the
 of it is busy; relative sleeps would (each one overshoots under load, and the overshoots add up,
 so the provider would seem to slow down with our own load and hide our per-run cost).
 
+Under ``daemon_bench --trace`` (``BENCH_TRACE``) each request's schedule is written down too: when
+the app got the request (``e_start``, the schedule's start), when its first delta was due, its
+last write before the terminal event, the terminal event's write and the body's end (see
+:func:`_trace_write`).
+
 The first reasoning delta carries the time it was sent: the scenario's thought starts with the
 placeholder ``STAMP``, which the pacing layer replaces in the first body write that holds it with
 :func:`stamp` (``T`` and ``time.monotonic()`` modulo 100 s, 8 characters like the placeholder;
@@ -113,7 +118,7 @@ def _paced(app: Any) -> Any:
                     traced["e_end"] = time.monotonic()
                     _trace_write(traced)
                 return
-            due = pace.due
+            due = pace.due  # this write's slot
             await pace.next()
             if not stamped:
                 stamped = True
@@ -124,7 +129,6 @@ def _paced(app: Any) -> Any:
                     traced.update(key=sent[1:], e_due_first=due)
             if traced is not None:
                 now = time.monotonic()
-                traced["e_late_max"] = max(traced.get("e_late_max", 0.0), now - due)
                 traced["e_last_write"] = now
                 if b"[DONE]" in body or b"message_stop" in body or b"response.completed" in body:
                     traced.setdefault("e_terminal", now)

@@ -38,6 +38,16 @@ response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_str
 reasoning frame). A durable daemon's run stamps ``execute`` when its execution (with or without
 a DBOS workflow) began.
 
+For the real adapters the cycle also has (ADR 0044): ``request written`` (the request left in
+its one write), ``response head``, ``provider terminal`` (the adapter yielded the turn's finish:
+the terminal event was read), ``body end`` (the body's last read), ``response closing`` /
+``response closed`` (the connection's release), ``emit_last`` / ``emit_last done`` and
+``recorder close`` / ``recorder closed`` (the run's last events held, the recorder closed); and
+the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined to the run by
+the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
+``e_due_first`` (the first delta's slot), ``e_last_nonterminal``, ``e_terminal`` (the write
+holding ``[DONE]``, ``message_stop`` or ``response.completed``) and ``e_end`` (the body's end).
+
 Each server process's totals (:func:`counts_report`, ADR 0043): its store jobs by kind (and
 whether the event loop queued them), the write groups the loop ran and those it sent to the
 writer thread whole (the database locked by another connection, or a write raised: ADR 0036),
@@ -865,8 +875,7 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
             sent = stamps.get("sent")
             record = emulated.get(round(sent % 100, 4)) if sent is not None else None
             if record is not None:
-                stamps.update({k: v for k, v in record.items() if k != "e_late_max"})
-                stamps["group e_late_max"] = record.get("e_late_max", 0.0)
+                stamps.update(record)
     return server
 
 

@@ -38,6 +38,16 @@ response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_str
 reasoning frame). A durable daemon's run stamps ``execute`` when its execution (with or without
 a DBOS workflow) began.
 
+For the real adapters the cycle also has (ADR 0044): ``request written`` (the request left in
+its one write), ``response head``, ``provider terminal`` (the adapter yielded the turn's finish:
+the terminal event was read), ``body end`` (the body's last read), ``response closing`` /
+``response closed`` (the connection's release), ``emit_last`` / ``emit_last done`` and
+``recorder close`` / ``recorder closed`` (the run's last events held, the recorder closed); and
+the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined to the run by
+the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
+``e_due_first`` (the first delta's slot), ``e_last_nonterminal``, ``e_terminal`` (the write
+holding ``[DONE]``, ``message_stop`` or ``response.completed``) and ``e_end`` (the body's end).
+
 Each server process's totals (:func:`counts_report`, ADR 0043): its store jobs by kind (and
 whether the event loop queued them), the write groups the loop ran and those it sent to the
 writer thread whole (the database locked by another connection, or a write raised: ADR 0036),
@@ -50,6 +60,7 @@ over the process's life.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -495,10 +506,42 @@ def _install_cycle_hops() -> None:
     async def traced_stream(self: Any, request: Any) -> Any:
         opened()
         async for chunk in stream(self, request):
+            if type(chunk).__name__ == "FinishChunk":
+                opened("provider terminal")
             yield chunk
         opened("provider end")
 
     wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
+    from thoughtgate.providers import http as providers_http
+
+    batches = providers_http.HTTPTransport.event_batches
+
+    async def traced_batches(self: Any, response: Any) -> Any:
+        async for batch in batches(self, response):
+            yield batch
+        opened("body end")
+
+    providers_http.HTTPTransport.event_batches = traced_batches  # type: ignore[method-assign]
+    transport_open = providers_http.HTTPTransport.open
+
+    @contextlib.asynccontextmanager
+    async def traced_open(self: Any, *args: Any, **named: Any) -> Any:
+        async with transport_open(self, *args, **named) as response:
+            opened("response head")
+            yield response
+            opened("response closing")
+        opened("response closed")
+
+    providers_http.HTTPTransport.open = traced_open  # type: ignore[method-assign]
+    from thoughtgate.providers import netio
+
+    send_unsent = netio._Stream._send_unsent
+
+    async def traced_send_unsent(self: Any) -> None:
+        opened("request written")
+        await send_unsent(self)
+
+    netio._Stream._send_unsent = traced_send_unsent  # type: ignore[method-assign]
     script = FAKE_SCRIPTS.get("bench")
     if script is not None:
 
@@ -529,6 +572,22 @@ def _install_cycle_hops() -> None:
         return extend_delta(self, event, text)
 
     EventRecorder.extend_delta = traced_extend_delta  # type: ignore[method-assign]
+    emit_last = EventRecorder.emit_last
+
+    async def traced_emit_last(self: Any, events: Any) -> None:
+        _note(self.run_id, "emit_last")
+        await emit_last(self, events)
+        _note(self.run_id, "emit_last done")
+
+    EventRecorder.emit_last = traced_emit_last  # type: ignore[method-assign]
+    close = EventRecorder.close
+
+    async def traced_close(self: Any) -> None:
+        _note(self.run_id, "recorder close")
+        await close(self)
+        _note(self.run_id, "recorder closed")
+
+    EventRecorder.close = traced_close  # type: ignore[method-assign]
 
     finish_run = store_sqlite.SQLiteStore.finish_run
 
@@ -806,6 +865,17 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
         for line in path.read_text().splitlines():
             record = json.loads(line)
             server.setdefault(record.pop("run_id"), {}).update(record)
+    emulated: dict[float, dict[str, float]] = {}
+    for path in Path(directory).glob("emulator-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            emulated[round(float(record.pop("key")), 4)] = record
+    if emulated:  # the emulator's pacing, joined by the first delta's send stamp
+        for stamps in server.values():
+            sent = stamps.get("sent")
+            record = emulated.get(round(sent % 100, 4)) if sent is not None else None
+            if record is not None:
+                stamps.update(record)
     return server
 
 

@@ -242,7 +242,11 @@ def _serve(
             install_stats(os.environ["BENCH_STATS"])
 
         def ready(host: str, port: int) -> None:
-            port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            # Written whole, then renamed: the bench polls for the file and must never read
+            # it half written.
+            partial = port_file.with_suffix(".partial")
+            partial.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            partial.replace(port_file)
 
         try:
             await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)

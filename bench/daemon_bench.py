@@ -9,7 +9,8 @@ WAL sizes: :mod:`bench.process_stats`), ``--age RUNS`` to age each daemon first,
 DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace
 DIR`` to stamp the first reasoning delta's hops and the client's requests, server and client
 side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
-hop's median per phase: :mod:`bench.first_byte_trace`).
+hop's median per phase, then each server's totals -- store jobs, DBOS's SQL transactions by
+thread, threads' CPU: :mod:`bench.first_byte_trace`).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
 for ``bench.run``).
 
@@ -36,8 +37,9 @@ the machine is busy, so the provider's clock would slow down with our own load (
 paced deltas took ~90 ms instead of 50 at 10 concurrent runs) and runs/s would measure the
 provider's slowdown rather than the daemon.
 
-``thoughtgate serve`` runs durably by default (ADR 0013: each run a DBOS workflow on the same
-SQLite file, its steps checkpointed); the ``durable_`` rows (fake provider, three requests) are
+``thoughtgate serve`` runs durably by default (ADR 0013: DBOS's workflows in a file beside the
+store's, ``<store>.workflows``; a daemon's run of one model task without tools writes none, ADR
+0031); the ``durable_`` rows (fake provider, three requests) are
 that configuration, on a second server process with the durable engine attached, measured after
 the first; the other rows leave the engine out, as ``thoughtgate serve`` does with
 ``durability.enabled = false``. Their in-process baseline is durable too (the same engine in the
@@ -111,7 +113,7 @@ from bench.emulator_process import (
     stamp,
     stop,
 )
-from bench.first_byte_trace import client_stamp, cycle_report, dump_client, report
+from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
 from thoughtgate.providers.sse import SSEDecoder
@@ -242,7 +244,11 @@ def _serve(
             install_stats(os.environ["BENCH_STATS"])
 
         def ready(host: str, port: int) -> None:
-            port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            # Written whole, then renamed: the bench polls for the file and must never read
+            # it half written.
+            partial = port_file.with_suffix(".partial")
+            partial.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            partial.replace(port_file)
 
         try:
             await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)
@@ -848,8 +854,9 @@ def _variants_note(formats: list[str]) -> str:
         "emulator paces its stream like fake:bench, for LiteLLM's proxy too. runs_per_s has its "
         "target (10× LiteLLM's requests/s) at 10 and 100 concurrent runs; at 1 it is measured "
         "only. Rows prefixed "
-        f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS on "
-        "the same SQLite file, `thoughtgate serve`'s default), against runs in process with the "
+        f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS's "
+        "workflows in a file beside the store's, `thoughtgate serve`'s default), against runs in "
+        "process with the "
         "engine attached too; durable_cpu_per_delta_vs_fake is the durable daemon's CPU per delta "
         "over the non-durable one's."
     )
@@ -1332,6 +1339,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             assert TRACE is not None
             print(report(TRACE, label))
             print(cycle_report(TRACE, label))
+        if TRACE is not None:
+            print(counts_report(TRACE))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
     for (model, on), value in in_process.items():

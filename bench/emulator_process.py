@@ -13,6 +13,11 @@ own slot, none is skipped. A remote provider's clock does not slow down when the
 of it is busy; relative sleeps would (each one overshoots under load, and the overshoots add up,
 so the provider would seem to slow down with our own load and hide our per-run cost).
 
+Under ``daemon_bench --trace`` (``BENCH_TRACE``) each request's schedule is written down too: when
+the app got the request (``e_start``, the schedule's start), when its first delta was due, its
+last write before the terminal event, the terminal event's write and the body's end (see
+:func:`_trace_write`).
+
 The first reasoning delta carries the time it was sent: the scenario's thought starts with the
 placeholder ``STAMP``, which the pacing layer replaces in the first body write that holds it with
 :func:`stamp` (``T`` and ``time.monotonic()`` modulo 100 s, 8 characters like the placeholder;
@@ -101,6 +106,7 @@ def _paced(app: Any) -> Any:
             return
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
         started = stamped = False
+        traced: dict[str, Any] | None = {"e_start": time.monotonic()} if _TRACE else None
 
         async def send_paced(message: Any) -> None:
             nonlocal started, stamped
@@ -108,17 +114,45 @@ def _paced(app: Any) -> Any:
             started = started or bool(body and placeholder in body)
             if not body or not started:  # headers and framing before the first delta
                 await send(message)
+                if traced is not None and started and not message.get("more_body", False):
+                    traced["e_end"] = time.monotonic()
+                    _trace_write(traced)
                 return
+            due = pace.due  # this write's slot
             await pace.next()
             if not stamped:
                 stamped = True
                 # every copy in this write (OpenRouter mirrors reasoning in two fields)
-                message = {**message, "body": body.replace(placeholder, stamp().encode())}
+                sent = stamp()
+                message = {**message, "body": body.replace(placeholder, sent.encode())}
+                if traced is not None:
+                    traced.update(key=sent[1:], e_due_first=due)
+            if traced is not None:
+                now = time.monotonic()
+                traced["e_last_write"] = now
+                if b"[DONE]" in body or b"message_stop" in body or b"response.completed" in body:
+                    traced.setdefault("e_terminal", now)
+                else:
+                    traced["e_last_nonterminal"] = now
             await send(message)
+            if traced is not None and not message.get("more_body", False):
+                traced["e_end"] = time.monotonic()
+                _trace_write(traced)
 
         await app(scope, receive, send_paced)
 
     return paced
+
+
+_TRACE = os.environ.get("BENCH_TRACE")
+"""``daemon_bench --trace DIR``: each request's pacing stamps go to ``DIR/emulator-<pid>.jsonl``,
+keyed by the first delta's send stamp (``bench.first_byte_trace`` joins them to the runs)."""
+
+
+def _trace_write(traced: dict[str, Any]) -> None:
+    if _TRACE and "key" in traced:
+        with open(Path(_TRACE) / f"emulator-{os.getpid()}.jsonl", "a") as out:
+            out.write(json.dumps(traced) + "\n")
 
 
 def serve(port_file: Path) -> None:

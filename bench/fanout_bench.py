@@ -102,7 +102,11 @@ def _serve(port_file: Path, db_url: str) -> None:
         app = create_app(Runtime(store, Config()), Config())
 
         def ready(host: str, port: int) -> None:
-            port_file.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            # Written whole, then renamed: the bench polls for the file and must never read
+            # it half written.
+            partial = port_file.with_suffix(".partial")
+            partial.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
+            partial.replace(port_file)
 
         try:
             await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)

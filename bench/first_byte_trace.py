@@ -35,12 +35,32 @@ holding the terminal event reached the socket), ``stream end`` (the stream's or 
 response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_stream_sent``,
 ``c_stream_done`` (the body's end was read) and ``c_next_sent`` (the connection's next
 ``POST``). Stamps of one run are keyed by its id (the one-request client takes it from its first
-reasoning frame).
+reasoning frame). A durable daemon's run stamps ``execute`` when its execution (with or without
+a DBOS workflow) began.
+
+For the real adapters the cycle also has (ADR 0044): ``request written`` (the request left in
+its one write), ``response head``, ``provider terminal`` (the adapter yielded the turn's finish:
+the terminal event was read), ``body end`` (the body's last read), ``response closing`` /
+``response closed`` (the connection's release), ``emit_last`` / ``emit_last done`` and
+``recorder close`` / ``recorder closed`` (the run's last events held, the recorder closed); and
+the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined to the run by
+the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
+``e_due_first`` (the first delta's slot), ``e_last_nonterminal``, ``e_terminal`` (the write
+holding ``[DONE]``, ``message_stop`` or ``response.completed``) and ``e_end`` (the body's end).
+
+Each server process's totals (:func:`counts_report`, ADR 0043): its store jobs by kind (and
+whether the event loop queued them), the write groups the loop ran and those it sent to the
+writer thread whole (the database locked by another connection, or a write raised: ADR 0036),
+the SQL transactions, commits and statements of SQLAlchemy engines by thread (in the daemon, only
+DBOS's system database uses SQLAlchemy), how many durable executions had no workflow (ADR 0031),
+the cyclic garbage collector's collections once the first run was created, and each thread's CPU
+over the process's life.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -52,7 +72,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["client_stamp", "cycle_report", "dump_client", "install", "report"]
+__all__ = ["client_stamp", "counts_report", "cycle_report", "dump_client", "install", "report"]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
@@ -429,6 +449,7 @@ def install(directory: str) -> None:
     sqlite_thread.SQLiteThread._run_alone = traced_run_alone  # type: ignore[method-assign]
 
     _install_cycle_hops()
+    _install_counts()
     path = Path(directory) / f"server-{os.getpid()}.jsonl"
     atexit.register(_dump, path)
 
@@ -485,10 +506,42 @@ def _install_cycle_hops() -> None:
     async def traced_stream(self: Any, request: Any) -> Any:
         opened()
         async for chunk in stream(self, request):
+            if type(chunk).__name__ == "FinishChunk":
+                opened("provider terminal")
             yield chunk
         opened("provider end")
 
     wire.HTTPProvider.stream = traced_stream  # type: ignore[method-assign]
+    from thoughtgate.providers import http as providers_http
+
+    batches = providers_http.HTTPTransport.event_batches
+
+    async def traced_batches(self: Any, response: Any) -> Any:
+        async for batch in batches(self, response):
+            yield batch
+        opened("body end")
+
+    providers_http.HTTPTransport.event_batches = traced_batches  # type: ignore[method-assign]
+    transport_open = providers_http.HTTPTransport.open
+
+    @contextlib.asynccontextmanager
+    async def traced_open(self: Any, *args: Any, **named: Any) -> Any:
+        async with transport_open(self, *args, **named) as response:
+            opened("response head")
+            yield response
+            opened("response closing")
+        opened("response closed")
+
+    providers_http.HTTPTransport.open = traced_open  # type: ignore[method-assign]
+    from thoughtgate.providers import netio
+
+    send_unsent = netio._Stream._send_unsent
+
+    async def traced_send_unsent(self: Any) -> None:
+        opened("request written")
+        await send_unsent(self)
+
+    netio._Stream._send_unsent = traced_send_unsent  # type: ignore[method-assign]
     script = FAKE_SCRIPTS.get("bench")
     if script is not None:
 
@@ -519,6 +572,22 @@ def _install_cycle_hops() -> None:
         return extend_delta(self, event, text)
 
     EventRecorder.extend_delta = traced_extend_delta  # type: ignore[method-assign]
+    emit_last = EventRecorder.emit_last
+
+    async def traced_emit_last(self: Any, events: Any) -> None:
+        _note(self.run_id, "emit_last")
+        await emit_last(self, events)
+        _note(self.run_id, "emit_last done")
+
+    EventRecorder.emit_last = traced_emit_last  # type: ignore[method-assign]
+    close = EventRecorder.close
+
+    async def traced_close(self: Any) -> None:
+        _note(self.run_id, "recorder close")
+        await close(self)
+        _note(self.run_id, "recorder closed")
+
+    EventRecorder.close = traced_close  # type: ignore[method-assign]
 
     finish_run = store_sqlite.SQLiteStore.finish_run
 
@@ -577,6 +646,106 @@ def _install_cycle_hops() -> None:
         settle_all(outcomes, *rest)
 
     sqlite_thread._settle = traced_settle_all
+
+
+_counts: dict[str, float] = defaultdict(float)
+"""``counts:`` what the server did in all, by kind (see :func:`_install_counts`)."""
+_thread_cpu: dict[int, tuple[str, float]] = {}
+"""Native thread id -> (its name, its CPU seconds when last looked at)."""
+_collector: Any = None
+"""The garbage collector's passes since the first run was created (``process_stats.GcClock``)."""
+
+
+def _counting_collections() -> None:
+    import gc
+
+    from bench.process_stats import GcClock
+
+    global _collector
+    _collector = GcClock()
+    _counts["gc objects frozen at start-up (gc.freeze; not per run)"] = gc.get_freeze_count()
+
+
+def _install_counts() -> None:
+    """The process's totals (see the module's docstring): what a durable daemon adds to a run is
+    counted, not guessed (ADR 0043 found DBOS writing nothing per run where lock contention with
+    the event log had been suspected)."""
+    from thoughtgate.orchestration.runtime import Runtime
+    from thoughtgate.store import sqlite_thread
+
+    job_class = sqlite_thread._Job
+
+    def counted_job(action: str, *rest: Any, **named: Any) -> Any:
+        job = job_class(action, *rest, **named)
+        where = "loop" if threading.current_thread() is threading.main_thread() else "thread"
+        kind = "write" if job.grouped else "call"
+        _counts[f"store {kind} {_kind(action)} ({where})"] += 1
+        if _collector is None and kind == "write" and action.startswith("create run"):
+            _counting_collections()  # from the first run on, not the start-up's
+        return job
+
+    sqlite_thread._Job = counted_job  # type: ignore[assignment,misc]
+    thread_class = sqlite_thread.SQLiteThread
+    if hasattr(thread_class, "_group_on_loop"):
+        on_loop = thread_class._group_on_loop
+
+        def counted_on_loop(self: Any, jobs: list[Any]) -> Any:
+            queued = self._queued
+            out = on_loop(self, jobs)
+            if len(jobs) >= 2:
+                sent = self._queued - queued
+                _counts["store groups of 2+ the loop ran"] += 1
+                if sent >= 2:
+                    _counts["store groups of 2+ sent to the thread whole"] += 1
+            return out
+
+        thread_class._group_on_loop = counted_on_loop  # type: ignore[method-assign]
+
+    try:
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+    except ImportError:  # (no SQLAlchemy: nothing of DBOS to count)
+        pass
+    else:
+
+        def on(what: str) -> Any:
+            def counted(*_: Any, **__: Any) -> None:
+                _counts[f"sqlalchemy {what} ({threading.current_thread().name})"] += 1
+
+            return counted
+
+        event.listen(Engine, "begin", on("transactions"))
+        event.listen(Engine, "commit", on("commits"))
+        event.listen(Engine, "before_cursor_execute", on("statements"))
+
+    workflow = Runtime.execute_workflow
+
+    async def traced_workflow(self: Any, run_id: str, **named: Any) -> Any:
+        _note(run_id, "execute")
+        if _run_of_task is not None:
+            _run_of_task.set(run_id)
+        _counts["durable executions" + (" (unwritten)" if named.get("unwritten") else "")] += 1
+        return await workflow(self, run_id, **named)
+
+    Runtime.execute_workflow = traced_workflow  # type: ignore[method-assign]
+
+    def sample() -> None:
+        while True:
+            for thread in threading.enumerate():
+                native = thread.native_id
+                if native is None:
+                    continue
+                try:
+                    fields = Path(f"/proc/self/task/{native}/stat").read_text()
+                except OSError:
+                    continue
+                ticks = fields.rsplit(")", 1)[1].split()
+                cpu = (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")
+                with _lock:
+                    _thread_cpu[native] = (thread.name, cpu)
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, name="trace-cpu-sampler", daemon=True).start()
 
 
 _lookups: dict[str, list[float]] = defaultdict(list)
@@ -659,6 +828,18 @@ def _dump(path: Path) -> None:
             out.write(json.dumps({"run_id": run_id, **stamps}) + "\n")
     if _lookups:
         path.with_name(f"keys-{os.getpid()}.json").write_text(json.dumps(_lookups))
+    if _collector is not None:
+        for generation, (passes, seconds) in enumerate(
+            zip(_collector.passes, _collector.seconds, strict=True)
+        ):
+            _counts[f"gc passes of generation {generation}"] = passes
+            _counts[f"gc CPU ms in generation {generation}"] = seconds * 1000
+    with _lock:
+        cpu: dict[str, float] = defaultdict(float)
+        for name, seconds in _thread_cpu.values():
+            cpu[re.sub(r"[-_ ]?\d+(?=\b|$)", "", name) or name] += seconds
+        counted = {"counts": dict(_counts), "thread_cpu_s": dict(cpu)}
+    path.with_name(f"counts-{os.getpid()}.json").write_text(json.dumps(counted))
 
 
 _client: list[dict[str, Any]] = []
@@ -684,6 +865,17 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
         for line in path.read_text().splitlines():
             record = json.loads(line)
             server.setdefault(record.pop("run_id"), {}).update(record)
+    emulated: dict[float, dict[str, float]] = {}
+    for path in Path(directory).glob("emulator-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            emulated[round(float(record.pop("key")), 4)] = record
+    if emulated:  # the emulator's pacing, joined by the first delta's send stamp
+        for stamps in server.values():
+            sent = stamps.get("sent")
+            record = emulated.get(round(sent % 100, 4)) if sent is not None else None
+            if record is not None:
+                stamps.update(record)
     return server
 
 
@@ -785,3 +977,23 @@ def cycle_report(directory: str, label: str) -> str:
         )
         previous = name
     return "\n".join(lines)
+
+
+def counts_report(directory: str) -> str:
+    """Each server process's totals (:func:`_install_counts`), per run started (its store's
+    ``create run`` writes) and in all, and its threads' CPU."""
+    lines: list[str] = []
+    for path in sorted(Path(directory).glob("counts-*.json")):
+        found = json.loads(path.read_text())
+        counts: dict[str, float] = found["counts"]
+        durable = any(name.startswith("durable executions") for name in counts)
+        runs = sum(v for n, v in counts.items() if n.startswith("store write create run"))
+        lines.append(
+            f"{'durable' if durable else 'plain'} server ({path.stem}): totals over its "
+            f"{runs:.0f} runs, and per run"
+        )
+        for name, value in sorted(counts.items()):
+            lines.append(f"  {name:<64} {value:8.0f}  {value / max(1.0, runs):8.2f}")
+        cpu = sorted(found["thread_cpu_s"].items(), key=lambda item: -item[1])
+        lines.append("  threads' CPU, s: " + ", ".join(f"{n} {s:.2f}" for n, s in cpu if s))
+    return "\n".join(lines) or "no counts"

@@ -6,10 +6,10 @@ database, objects kept per finished run, longer collections) shows as a trend ne
 figures rather than as a gap between two separate bench runs.
 
 The server side (:func:`install`, in the daemon's process when ``BENCH_STATS`` names a
-directory) counts the collector's passes and their time through ``gc.callbacks`` (and the objects they freed) and, on
-``SIGUSR1``, writes a snapshot; the bench side (:func:`snapshot`) sends the signal and reads it.
-The snapshot walks ``gc.get_objects()``, which takes a few tens of milliseconds: it runs between
-repetitions, outside the timed runs.
+directory) counts the collector's passes, their time and the objects they freed through
+``gc.callbacks`` and, on ``SIGUSR1``, writes a snapshot; the bench side (:func:`snapshot`)
+sends the signal and reads it. The snapshot walks ``gc.get_objects()``, which takes a few tens
+of milliseconds: it runs between repetitions, outside the timed runs.
 """
 
 from __future__ import annotations

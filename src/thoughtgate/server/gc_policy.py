@@ -30,9 +30,9 @@ __all__ = ["daemon_gc"]
 @contextmanager
 def daemon_gc(young_threshold: int) -> Iterator[None]:
     """While serving: the heap built so far collected and frozen, young collections every
-    ``young_threshold`` net allocations (``server.gc_young_threshold``; the older generations' ratios unchanged). The
-    process's previous thresholds come back afterwards, for a daemon served inside another
-    program (the in-process tests)."""
+    ``young_threshold`` net allocations (``server.gc_young_threshold``; the older generations'
+    ratios unchanged). The process's previous thresholds come back afterwards, for a daemon
+    served inside another program."""
     gc.collect()
     gc.freeze()
     previous = gc.get_threshold()

@@ -188,6 +188,8 @@ def _config(emulator_url: str | None) -> Any:
     from thoughtgate.config import Config
 
     mapping: dict[str, Any] = {"quotas": _NO_QUOTAS}
+    if os.environ.get("BENCH_GC_YOUNG_THRESHOLD"):  # A/B of the daemon's collector (ADR 0045)
+        mapping["server"] = {"gc_young_threshold": int(os.environ["BENCH_GC_YOUNG_THRESHOLD"])}
     if emulator_url is not None:
         mapping["providers"] = {
             section: {"base_url": emulator_url + path, "api_key": "bench"}
@@ -1002,6 +1004,10 @@ class _Watch:
             str(now - then) for now, then in zip(state["gc_passes"], last["gc_passes"], strict=True)
         )
         gc_ms = sum(state["gc_ms"]) - sum(last["gc_ms"])
+        freed = "/".join(
+            str(now - then)
+            for now, then in zip(state["gc_collected"], last["gc_collected"], strict=True)
+        )
         files = (
             f" db {state['db_mb']:.1f} MB wal {state['wal_mb']:.1f} MB" if "db_mb" in state else ""
         )
@@ -1012,7 +1018,8 @@ class _Watch:
             f"{cpu / (runs * PROVIDER_DELTAS) * 1e6:.0f} µs | server rss {state['rss_mb']:.0f} MB,"
             f" objects {state['objects']} ({state['objects'] - last['objects']:+d}), tasks "
             f"{state['tasks']}, gc passes {passes} ({gc_ms:.0f} ms CPU, of which gen2 "
-            f"{state['gc_ms'][2] - last['gc_ms'][2]:.0f}){files} | emulator rss "
+            f"{state['gc_ms'][2] - last['gc_ms'][2]:.0f}; freed {freed}, threshold "
+            f"{state['gc_threshold'][0]}){files} | emulator rss "
             f"{rss_mb(self.emulator_pid):.0f} MB, cpu/run "
             f"{(emulator_cpu - self.last_emulator_cpu) / runs * 1e6:.0f} µs | client gc passes "
             f"{sum(self.client_gc.passes) - self.last_client[0]} "

@@ -6,10 +6,10 @@ database, objects kept per finished run, longer collections) shows as a trend ne
 figures rather than as a gap between two separate bench runs.
 
 The server side (:func:`install`, in the daemon's process when ``BENCH_STATS`` names a
-directory) counts the collector's passes and their time through ``gc.callbacks`` and, on
-``SIGUSR1``, writes a snapshot; the bench side (:func:`snapshot`) sends the signal and reads it.
-The snapshot walks ``gc.get_objects()``, which takes a few tens of milliseconds: it runs between
-repetitions, outside the timed runs.
+directory) counts the collector's passes, their time and the objects they freed through
+``gc.callbacks`` and, on ``SIGUSR1``, writes a snapshot; the bench side (:func:`snapshot`)
+sends the signal and reads it. The snapshot walks ``gc.get_objects()``, which takes a few tens
+of milliseconds: it runs between repetitions, outside the timed runs.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class GcClock:
     def __init__(self) -> None:
         self.passes = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
+        self.collected = [0, 0, 0]
         self._started = 0.0
         gc.callbacks.append(self._on_gc)
 
@@ -62,13 +63,14 @@ class GcClock:
         generation = info["generation"]
         self.passes[generation] += 1
         self.seconds[generation] += time.thread_time() - self._started
+        self.collected[generation] += info["collected"]
 
 
 def install(directory: str) -> None:
     """In the server, on its running loop: count collections and their time, and write a
     snapshot into ``directory`` on each ``SIGUSR1`` (``stats-<n>.json``, n from 1)."""
     clock = GcClock()
-    passes, seconds = clock.passes, clock.seconds
+    passes, seconds, collected = clock.passes, clock.seconds, clock.collected
     written = [0]
 
     def write() -> None:
@@ -78,6 +80,8 @@ def install(directory: str) -> None:
         data = {
             "gc_passes": list(passes),
             "gc_ms": [s * 1000 for s in seconds],
+            "gc_collected": list(collected),
+            "gc_threshold": list(gc.get_threshold()),
             "objects": len(objects),
             "types": {name: n for name, n in types.items() if n >= 50},
             "gc_counts": list(gc.get_count()),

@@ -218,6 +218,10 @@ class ServerConfig(_Section):
     """A connection must send a complete request head within this many seconds."""
     idle_timeout_s: int = Field(default=5, ge=1, le=3600)
     """An idle keep-alive connection is closed after this many (whole) seconds."""
+    gc_young_threshold: int = Field(default=10_000, ge=100, le=10_000_000)
+    """Net container allocations between the cyclic garbage collector's young passes while
+    serving (Python's default: 700). Higher lets a run's short-lived objects die before a pass
+    walks them; cycles are still collected, at most this many allocations later (ADR 0045)."""
 
 
 class TelemetryConfig(_Section):

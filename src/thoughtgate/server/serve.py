@@ -13,7 +13,6 @@ signal falls through to uvicorn's own handling (a second Ctrl+C forces the exit)
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import re
 import socket
@@ -26,6 +25,7 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
+from thoughtgate.server.gc_policy import daemon_gc
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
@@ -154,14 +154,11 @@ async def serve_app(
     )
     # configures logging
     server = DaemonServer(config, state.manager, on_ready=on_ready, streams=state.streams)
-    # What was built up to here (modules, the app, the config) lives as long as the process: the
-    # cyclic garbage collector need not walk it again in every full collection.
-    gc.collect()
-    gc.freeze()
     redact = RedactTickets()
     access = logging.getLogger("uvicorn.access")
     access.addFilter(redact)
     try:
-        await server.serve()
+        with daemon_gc(state.server.gc_young_threshold):  # built up to here: frozen (ADR 0045)
+            await server.serve()
     finally:
         access.removeFilter(redact)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -311,5 +312,144 @@ async def test_on_sqlite_a_delta_queued_behind_a_failed_task_started_is_not_reco
         with pytest.raises(StoreError, match="disk is full"):
             await rec.close()
         assert await store.read("run_1") == []
+    finally:
+        await store.close()
+
+
+def _hold_writer(
+    store: SQLiteStore,
+) -> tuple[asyncio.Future[None], threading.Event, threading.Event]:
+    """Keep the SQLite writer's thread busy until the returned gate is set."""
+    holding, gate = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        holding.set()
+        gate.wait(10)
+
+    return asyncio.ensure_future(store._writer.call("wait", hold)), holding, gate
+
+
+async def _until(condition: Any, turns: int = 2000) -> bool:
+    for _ in range(turns):
+        if condition():
+            return True
+        await asyncio.sleep(0.001)
+    return condition()
+
+
+@pytest.mark.inprocess
+async def test_on_sqlite_the_runs_ending_is_queued_behind_a_delta_window_still_committing(
+    tmp_path: Path,
+) -> None:
+    """``emit_last`` does not wait for the commit of the window's append in flight: the run's
+    ending is queued behind it at once, both commit in the writer's next group, and the log is
+    whole and in order (before, ``emit_last`` waited for that commit, then the ending for its own)."""
+    from thoughtgate.events.payloads import token_usage
+    from thoughtgate.store.leases import end_run
+    from thoughtgate.types import Usage
+
+    store = await SQLiteStore.open(tmp_path / "r.db")
+    try:
+        await store.create_run(
+            RunRecord("run_1", "p", tasks=[TaskRecord("task_1", "run_1", 0, "p")])
+        )
+        rec = EventRecorder(store, "run_1", flush_interval=0.01, hold_last=True)
+        await rec.emit_delta(thought("first"))  # the first byte, committed at once
+        busy, holding, gate = _hold_writer(store)
+        assert await asyncio.to_thread(holding.wait, 10)
+        await rec.emit_delta(thought("second"))  # buffered: the window's task appends it
+        assert await _until(lambda: store._writer.waiting() == 1)  # queued, not committed
+        last = asyncio.ensure_future(rec.emit_last([thought("third"), progress(9)]))
+        assert await _until(last.done)  # with the writer still held
+        assert not gate.is_set()
+        held, after = rec.take_held(), rec.take_held_after()
+        assert after is not None
+        await rec.close()  # does not wait for the window's commit either
+        terminal = NewEvent(
+            "run.settlement.completed",
+            {"status": "completed", "usage": token_usage(Usage())},
+        )
+        ending = asyncio.ensure_future(
+            end_run(
+                store,
+                "run_1",
+                terminal,
+                status="completed",
+                task_status="failed",
+                task_error="not run",
+                tasks=[],
+                tail=held,
+                after=after,
+            )
+        )
+        assert await _until(lambda: store._writer.waiting() == 2)
+        commits = store._writer.commits
+        gate.set()
+        await busy
+        await ending
+        assert store._writer.commits == commits + 1  # one group: the window and the ending
+        log = await store.read("run_1")
+        assert [e.seq for e in log] == list(range(1, len(log) + 1))
+        texts = [e.payload.get("text") for e in log if e.type == "reasoning.delta"]
+        assert texts == ["first", "second", "third"]
+        assert log[-1].type == "run.settlement.completed"
+        assert (await store.get_run("run_1")).status == "completed"
+    finally:
+        await store.close()
+
+
+@pytest.mark.inprocess
+async def test_on_sqlite_a_lost_delta_window_fails_the_run_queued_behind_it(
+    tmp_path: Path,
+) -> None:
+    """The window's append in flight when the task ends fails (the disk is full): the run's
+    ending queued behind it is not stored, and the run ends failed, its task too, with no event
+    after the lost ones (never ``completed`` with deltas missing)."""
+    from thoughtgate.orchestration.runtime import RunRequest, Runtime
+    from thoughtgate.providers.base import TurnRequest
+    from thoughtgate.testing.fake import FakeProvider
+    from thoughtgate.types import ReasoningDelta, TextDelta
+
+    store = await SQLiteStore.open(tmp_path / "small.db", max_bytes=256 * 1024)
+    seen: dict[str, bool] = {}
+
+    class Losing(FakeProvider):
+        async def stream(self, request: TurnRequest) -> Any:
+            yield ReasoningDelta("first")
+            busy, holding, gate = _hold_writer(store)
+            assert await asyncio.to_thread(holding.wait, 10)
+            yield ReasoningDelta("x" * 1_000_000)  # never fits: its window's commit fails
+            assert await _until(lambda: store._writer.waiting() == 1)
+            yield TextDelta("answer")
+
+            async def release() -> None:  # once the run's ending is queued, or given up on
+                seen["queued_behind"] = await _until(lambda: store._writer.waiting() >= 2, 500)
+                gate.set()
+                await busy
+
+            seen_task.append(asyncio.ensure_future(release()))
+
+    seen_task: list[asyncio.Future[None]] = []
+    try:
+        runtime = Runtime(store, provider_factory=lambda m: Losing(lambda r, t: iter(())))
+        with pytest.raises(StoreError, match="queued before it was not stored"):
+            await runtime.run(RunRequest("q", model="fake:x"), chain_of_thought="surface")
+        await asyncio.gather(*seen_task)
+        assert seen["queued_behind"]  # the ending did not wait for the window's commit
+        run = (await store.list_runs())[0]
+        assert run.status == "failed" and run.tasks[0].status == "failed"
+        log = await store.read(run.run_id)
+        assert [e.seq for e in log] == list(range(1, len(log) + 1))
+        assert [e.type for e in log] == [
+            "run.started",
+            "capability.resolved",
+            "task.started",
+            "reasoning.delta",  # "first": the lost window held the next one
+            "task.completed",
+            "run.failed",
+        ]
+        assert log[3].payload["text"] == "first"
+        assert log[-2].payload["status"] == "failed"
+        assert "x" * 100 not in json.dumps([e.payload for e in log])
     finally:
         await store.close()

@@ -77,11 +77,6 @@ class EventRecorder:
         self._held: list[NewEvent] = []
         """``emit_last``'s events while ``hold_last``: ``take_held`` hands them over, or else
         ``flush`` and ``close`` append them."""
-        self._in_flight: QueuedAppend | None = None
-        """The append the window's task queued and is waiting for (ADR 0047)."""
-        self._held_after: QueuedAppend | None = None
-        """The append ``_held`` must be stored after: the window's, in flight at ``emit_last``."""
-        self._handed_after = False
 
     async def emit(self, event: NewEvent) -> list[Event]:
         """Append ``event`` after everything buffered before it."""
@@ -120,15 +115,6 @@ class EventRecorder:
             await self.emit_all(events)
             return
         check_new_events(events)
-        in_flight = self._in_flight
-        if in_flight is not None and self._lock.locked() and not in_flight.done():
-            # The window's task holds the lock until its append commits. The held events need
-            # only follow that append, and the store can queue the run's ending behind it
-            # (stored only if it was: ADR 0047), so they do not wait for its commit here.
-            self._raise_failure()
-            self._held += [*self._take_buffer(), *events]
-            self._held_after = in_flight
-            return
         async with self._lock:
             await self._settle()
             self._raise_failure()
@@ -140,15 +126,6 @@ class EventRecorder:
         held = self._held
         self._held = []
         return held
-
-    def take_held_after(self) -> QueuedAppend | None:
-        """The append what ``take_held`` gave must be stored after (``RunEnding.after``), or
-        ``None``. Once taken, that append's failure is the caller's to meet, in its ending,
-        and ``close`` does not wait for its commit."""
-        after = self._held_after
-        self._held_after = None
-        self._handed_after = after is not None
-        return after
 
     async def emit_delta(self, event: NewEvent) -> None:
         """Append the first delta of a burst at once (a live reader gets the first byte without
@@ -188,7 +165,7 @@ class EventRecorder:
             async with self._lock:  # the buffer only: what emit_last holds stays held
                 self._raise_failure()
                 if self._buffer:
-                    await self._append(self._take_buffer(), in_flight=True)
+                    await self._append(self._take_buffer())
         except Exception as exc:  # nobody awaits this task: hand the error to the next caller
             if self._failure is None:
                 self._failure = exc
@@ -241,9 +218,7 @@ class EventRecorder:
                 self._pending = None
         self.appended += len(out)
 
-    async def _append(self, batch: list[NewEvent], *, in_flight: bool = False) -> list[Event]:
-        """Append ``batch``; ``in_flight``: the window's task's, queued where the store can, so
-        that ``emit_last`` can hold the task's last events behind it (``_in_flight``)."""
+    async def _append(self, batch: list[NewEvent]) -> list[Event]:
         if not batch:
             return []
         check_new_events(batch)
@@ -255,19 +230,6 @@ class EventRecorder:
             # task's first delta commits with or right after ``task.started``, not a commit
             # and two turns of the event loop after it.
             queued = self.store.queue_append(self.run_id, batch, after=pending)
-        elif in_flight:
-            queued = self.store.queue_append(self.run_id, batch)
-        if in_flight:
-            self._in_flight = queued
-        try:
-            return await self._append_queued(batch, queued)
-        finally:
-            if in_flight:
-                self._in_flight = None
-
-    async def _append_queued(
-        self, batch: list[NewEvent], queued: QueuedAppend | None
-    ) -> list[Event]:
         try:
             await self._settle()
         except BaseException:
@@ -286,27 +248,16 @@ class EventRecorder:
         return out
 
     async def close(self) -> None:
-        if self._handed_after and not self._held and not self._buffer:
-            # The caller's ending is queued behind the window's append (``take_held_after``) and
-            # meets its failure: nothing is left here to append or to raise. An append still in
-            # flight is not waited for, and its task is not cancelled (that could unqueue it
-            # under the ending): it ends once the append commits (ADR 0047).
-            if self._in_flight is None:
-                await self._stop_window()
-            return
         try:
             await self.flush()
         finally:
-            await self._stop_window()
+            if self._flusher is not None and not self._flusher.done():
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher
             pending, self._pending = self._pending, None
             if pending is not None:  # cancelled or failed before anyone waited for it
                 await pending.abandon()  # the error that matters was raised already
-
-    async def _stop_window(self) -> None:
-        if self._flusher is not None and not self._flusher.done():
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
 
 
 class _Started(QueuedAppend):

@@ -111,7 +111,6 @@ from thoughtgate.store.leases import (
     end_run,
     retrying,
 )
-from thoughtgate.store.log import QueuedAppend
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
 
@@ -663,9 +662,7 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(
-                    run_id, spent.usage, reason, spent.ended, spent.tail, spent.after
-                )
+                await self._interrupted(run_id, spent.usage, reason, spent.ended, spent.tail)
             raise
         finally:
             self.leases.release(run_id)
@@ -715,27 +712,7 @@ class Runtime:
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
-        try:
-            await self._finish(
-                run.run_id, event, status, spent.usage, error, spent.ended, known, spent.after
-            )
-        except Exception as exc:
-            if spent.ended is None or not await _failed(spent.after):
-                raise
-            # The delta window the ending was queued behind was lost, so the ending was not
-            # stored either (ADR 0047): the run ends failed, its last task with it, without
-            # the events that would follow the lost ones.
-            error = (_describe(exc), _error_type(exc))
-            await self._finish(
-                run.run_id,
-                EventType.RUN_FAILED,
-                "failed",
-                spent.usage,
-                error,
-                _failed_task(spent.ended.task, error[0]),
-                known,
-            )
-            raise
+        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
         return status
 
     async def _interrupted(
@@ -745,33 +722,22 @@ class Runtime:
         reason: str,
         ended: EndedTask | None = None,
         tail: Sequence[NewEvent] = (),
-        after: QueuedAppend | None = None,
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
-        ``tail``: the last task's last events, held for the run's ending and not stored yet;
-        ``after``: the append they follow (``RunEnding.after``)."""
+        ``tail``: the last task's last events, held for the run's ending and not stored yet."""
         self.leases.release(run_id)
         try:
             # Retried like a run's end. A daemon shutdown cancels its runs together and gathers
             # them, so the pauses overlap (~1.2 s at most in all), they do not add up per run.
-            try:
-                await close_run_interrupted(
-                    self.store,
-                    run_id,
-                    reason,
-                    usage=usage.to_dict(),
-                    ended=ended,
-                    tail=tail,
-                    after=after if ended is not None or tail else None,
-                    retry=self.end_retry,
-                )
-            except Exception:
-                if not (ended is not None or tail) or not await _failed(after):
-                    raise
-                # What the ending followed was lost: interrupted without what came after it.
-                await close_run_interrupted(
-                    self.store, run_id, reason, usage=usage.to_dict(), retry=self.end_retry
-                )
+            await close_run_interrupted(
+                self.store,
+                run_id,
+                reason,
+                usage=usage.to_dict(),
+                ended=ended,
+                tail=tail,
+                retry=self.end_retry,
+            )
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -848,11 +814,9 @@ class Runtime:
         failure: tuple[str, str | None] | None,
         ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
-        after: QueuedAppend | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too, and ``ended``, the last task's own end, goes first in it, behind
-        ``after`` (``RunEnding.after``). Nothing
+        to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
         happens if another process already closed the run. ``failure`` is the error and its
         type (``RunEndedPayload.error_type``), if any."""
         self.leases.release(run_id)
@@ -875,7 +839,6 @@ class Runtime:
                 task_error=not_run,
                 ended=ended,
                 tasks=tasks,
-                after=after,
                 retry=self.end_retry,
             )
         except StoreUnavailableError as exc:
@@ -946,7 +909,6 @@ class Runtime:
                 held = recorder.take_held()  # the task's last events, for the run's ending
                 if defer_end is not None:  # a cancel from here on still records them
                     defer_end.tail = held
-                    defer_end.after = recorder.take_held_after()
             finally:
                 await recorder.close()
         except Exception as exc:
@@ -1184,35 +1146,12 @@ class _Spent:
     tail: list[NewEvent] = field(default_factory=list)
     """The last task's last events (its last turn's record), held for the run's ending, until
     its end (``ended``) carries them."""
-    after: QueuedAppend | None = None
-    """The delta window's append, maybe still in flight, that those events follow (ADR 0047)."""
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:
     for provider in providers:
         with contextlib.suppress(Exception):
             await provider.aclose()
-
-
-async def _failed(append: QueuedAppend | None) -> bool:
-    """Whether ``append`` is known to have failed (its events were not stored)."""
-    if append is None or not append.done():
-        return False
-    try:
-        await append.wait()
-    except Exception:
-        return True
-    return False
-
-
-def _failed_task(task: TaskRecord, error: str) -> EndedTask:
-    """``task``'s end as failed with ``error``: its own end was lost with what it followed."""
-    task.status = "failed"
-    task.output = None
-    task.reasoning = None  # (what it held may have been in the lost deltas)
-    task.error = error
-    payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
-    return EndedTask(task, (NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id),))
 
 
 def _run_status(task_statuses: Sequence[str]) -> RunStatus:

@@ -53,7 +53,6 @@ from thoughtgate.events.payloads import (
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, OpenRun, RunEnding
 from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
-from thoughtgate.store.log import QueuedAppend
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
 __all__ = [
@@ -178,7 +177,6 @@ async def end_run(
     ended: EndedTask | None = None,
     tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
-    after: QueuedAppend | None = None,
     retry: Sequence[float] = (),
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
@@ -186,8 +184,7 @@ async def end_run(
     ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
     run's tasks as the process that executed them knows them, instead of reading the run back
     (``finish_run`` still ends only an open run). ``tail``: events of the run's that were held
-    for its ending (a task's last turn), first in the batch; ``after``: the append they follow
-    (``RunEnding.after``), whose failure fails the ending.
+    for its ending (a task's last turn), first in the batch.
 
     ``retry``: the pauses (seconds) between further tries of a store call that failed with
     :class:`StoreUnavailableError` (a connection lost or found dead; the pool drops it). Safe
@@ -225,7 +222,6 @@ async def end_run(
         error=error,
         tasks=closed,
         lease_expired_by=lease_expired_by,
-        after=after,
     )
     return await retrying(
         lambda: store.finish_run(run_id, events, ending), retry, "record the end of", run_id
@@ -256,7 +252,6 @@ async def close_run_interrupted(
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
     tail: Sequence[NewEvent] = (),
-    after: QueuedAppend | None = None,
     retry: Sequence[float] = (),
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
@@ -277,7 +272,6 @@ async def close_run_interrupted(
         lease_expired_by=lease_expired_by,
         ended=ended,
         tail=tail,
-        after=after,
         retry=retry,
     )
 

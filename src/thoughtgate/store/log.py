@@ -228,15 +228,6 @@ class RunEnding:
     """Tasks to save with the ending (those it ends too)."""
     lease_expired_by: float | None = None
     """End the run only if its lease was not renewed past this time (ADR 0009)."""
-    after: QueuedAppend | None = None
-    """An append of the run's, queued and maybe not committed yet, that the ending follows: it
-    is stored only if that one was, else ``finish_run`` raises that one's error (ADR 0047). A
-    store that cannot queue the ending behind it waits for it first (``wait_after``)."""
-
-    async def wait_after(self) -> None:
-        """Wait for ``after``'s commit; raises its error."""
-        if self.after is not None:
-            await self.after.wait()
 
     def lease_renewed(self, lease: float | None) -> bool:
         """Whether a run whose lease expires at ``lease`` was renewed past ``lease_expired_by``

@@ -157,7 +157,6 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        await ending.wait_after()
         async with self._lock:
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):

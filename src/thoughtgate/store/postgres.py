@@ -525,7 +525,6 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
-        await ending.wait_after()
         columns, projected, task_rows = codec.ending_rows(events, ending)
         sets = codec.ending_columns(ending, updated_at=time.time())
         assignments = _assignments(sets)

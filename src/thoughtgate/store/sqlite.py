@@ -1300,31 +1300,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             return out
 
         item = _End(run_id, columns, update or None, task_rows, sets, ending)
-        action = f"finish run {run_id!r}"
-        after = ending.after
-        if after is None:
-            out = await self._writer.write_then(
-                action, body, published, merge=(_merged_writes, item)
-            )
-        elif not (
-            isinstance(after, _QueuedAppend)
-            and after.store is self
-            and after.run_id == run_id
-            and after.job is not None
-        ):
-            await ending.wait_after()
-            out = await self._writer.write_then(
-                action, body, published, merge=(_merged_writes, item)
-            )
-        else:
-            # Queued behind ``after`` now, not once it has committed: both may share the
-            # writer's next group, and the ending is stored only if ``after`` was (ADR 0047).
-            job = self._writer.queue_write(
-                action, body, published, after=after.job, merge=(_merged_writes, item)
-            )
-            out = await job.future
-            if after._observing is not None:  # observers see the run's batches in log order
-                await asyncio.shield(after._observing)
+        out = await self._writer.write_then(
+            f"finish run {run_id!r}", body, published, merge=(_merged_writes, item)
+        )
         await self.wakeups.observed(run_id, out)
         return out
 

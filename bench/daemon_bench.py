@@ -38,8 +38,8 @@ paced deltas took ~90 ms instead of 50 at 10 concurrent runs) and runs/s would m
 provider's slowdown rather than the daemon.
 
 ``thoughtgate serve`` runs durably by default (ADR 0013: DBOS's workflows in a file beside the
-store's, ``<store>.workflows``; a daemon's run of one model task without tools writes none, ADR
-0031); the ``durable_`` rows (fake provider, three requests) are
+store's, ``<store>.workflows``; a run of one model task without tools writes none, in a daemon,
+ADR 0031, or in process, ADR 0046); the ``durable_`` rows (fake provider, three requests) are
 that configuration, on a second server process with the durable engine attached, measured after
 the first; the other rows leave the engine out, as ``thoughtgate serve`` does with
 ``durability.enabled = false``. Their in-process baseline is durable too (the same engine in the

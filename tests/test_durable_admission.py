@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dbos import DBOS
-from support.durable import one_lookup
+from support.durable import one_lookup, until
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.durable import DurableEngine
@@ -89,7 +89,7 @@ async def test_a_run_started_at_once_is_claimed_by_its_admission_and_writes_no_w
         assert spec is not None and spec.attempts == 1 and spec.queued_at is None
         run = await daemon.store.get_run(run_id)
         assert run.owner == daemon.runtime.leases.owner.owner_id
-        await _until(lambda: _ended(daemon, [run_id]))
+        await until(lambda: _ended(daemon, [run_id]))
         assert (await daemon.store.get_run(run_id)).status == "completed"
         assert await DBOS.get_workflow_status_async(run_id) is None
         assert "run.resumed" not in await daemon.types(run_id)
@@ -134,7 +134,7 @@ async def test_a_daemon_that_stops_starting_puts_the_runs_waiting_in_it_on_the_q
             spec = await daemon.store.get_run_spec(run_id)
             assert spec is not None and spec.queued_at is not None and spec.attempts == 0
             assert (await daemon.store.get_run(run_id)).owner is None
-        await _until(lambda: _ended(daemon, [first]))
+        await until(lambda: _ended(daemon, [first]))
         assert await DBOS.get_workflow_status_async(first) is None
         assert [(await daemon.store.get_run(r)).status for r in waiting] == ["pending"] * 2
     finally:
@@ -158,7 +158,7 @@ async def test_a_run_whose_process_stopped_between_its_admission_and_its_start_c
             await daemon.engine.resume(run_id, daemon.queue)
 
         assert await close_orphaned_runs(daemon.store, me=restarted, requeue=requeue) == []
-        await _until(lambda: _ended(daemon, [run.run_id]))
+        await until(lambda: _ended(daemon, [run.run_id]))
         assert (await daemon.store.get_run(run.run_id)).status == "completed"
         assert (await daemon.types(run.run_id)).count("run.resumed") == 1
     finally:
@@ -171,7 +171,7 @@ async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues
     daemon = await _daemon(tmp_path)
     try:
         run_id = await daemon.start("fake:unasked-tool")
-        await _until(lambda: _ended(daemon, [run_id]))
+        await until(lambda: _ended(daemon, [run_id]))
         run = await daemon.store.get_run(run_id)
         assert run.status == "completed" and run.tasks[0].output == "the answer"
         events = await daemon.store.read(run_id)
@@ -197,7 +197,7 @@ async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
     try:
         monkeypatch.setattr(daemon.engine, "start", refused)
         run_id = await daemon.start("fake:unasked-tool")
-        await _until(lambda: _ended(daemon, [run_id]))
+        await until(lambda: _ended(daemon, [run_id]))
         run = await daemon.store.get_run(run_id)
         assert run.status == "interrupted"
         assert "could not continue as a workflow" in (run.error or "")
@@ -208,10 +208,3 @@ async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
 async def _ended(daemon: _Daemon, run_ids: list[str]) -> bool:
     statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
     return all(s not in ("pending", "running") for s in statuses)
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -603,6 +603,92 @@ def test_a_replica_without_a_runs_tools_never_takes_it(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the CLI
 
 
+def test_a_killed_thoughtgate_run_without_a_workflow_is_suspended_and_resume_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """A run of one model task without tools executes in ``thoughtgate run`` without a workflow
+    (ADR 0046), as a daemon's does: killed, it is suspended like any other, and ``resume``
+    starts it again from its spec -- its workflow is written then."""
+    db = f"sqlite:///{tmp_path / 'tg.db'}"
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = cli_env(**{HOLD: str(hold)})
+    no_tools = ("--tools", "support.served:NO_TOOLS")
+
+    def started() -> None:
+        wait_for(lambda: _recorded(db, "task.started"), timeout=HANG_S, what="the run to start")
+        with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as conn:
+            assert conn.execute("SELECT count(*) FROM workflow_status").fetchone() == (0,), (
+                "no workflow written for its first execution"
+            )
+
+    command = ["run", "wait", "--model", "fake:waiting", *no_tools, "--db", db, "--json"]
+    _killed_once(command, env, started)
+    hold.unlink()
+    run = _suspended_run(db, env)
+    resumed = _thoughtgate(["resume", run["run_id"], *no_tools, "--db", db, "--json"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    view = json.loads(resumed.stdout)
+    assert view["status"] == "completed" and view["tasks"][0]["output"] == "released"
+    types = _types(db, run["run_id"])
+    assert types.count("run.resumed") == 1 and "run.interrupted" not in types
+    with contextlib.closing(sqlite3.connect(tmp_path / "tg.db.workflows")) as conn:
+        assert conn.execute("SELECT workflow_uuid FROM workflow_status").fetchall() == [
+            (run["run_id"],)
+        ], "its resume wrote its workflow"
+
+
+def _killed_once(command: list[str], env: dict[str, str], ready: Callable[[], None]) -> None:
+    """Run ``thoughtgate COMMAND`` and kill it (SIGKILL) once ``ready`` returns."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", *command],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ready()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _thoughtgate(
+    args: list[str], env: dict[str, str], timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "thoughtgate", *args],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _suspended_run(db: str, env: dict[str, str]) -> dict[str, Any]:
+    """The store's one run, as ``thoughtgate runs`` lists it once its killed process's run was
+    found (its sweep suspends it): open, waiting for ``resume``."""
+    (run,) = json.loads(_thoughtgate(["runs", "--db", db, "--json"], env, timeout=60).stdout)
+    assert run["status"] == "running"
+    assert run["metadata"]["suspended"]["resume"] == "manual"
+    return dict(run)
+
+
+def _types(db: str, run_id: str) -> list[str]:
+    """The types of a run's events, in order."""
+
+    async def read() -> list[str]:
+        store = await open_store(db, sweep=False)
+        try:
+            return [str(e.type) for e in await store.read(run_id)]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def _recorded(db: str, event_type: str) -> bool:
     """Whether the one run in the store has an event of ``event_type`` (read without a sweep:
     the process executing it is alive)."""
@@ -630,45 +716,22 @@ def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(
     effects, hold = tmp_path / "effects", tmp_path / "hold"
     hold.touch()
     env = cli_env(**{SIDE_EFFECTS: str(effects), HOLD: str(hold)})
-    command = ["run", "go", "--model", "fake:durable", *TOOLS, "--db", db, "--json"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thoughtgate", *command],
-        env=env,
-        cwd=str(REPO),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+
+    def tool_ended() -> None:
         wait_for(lambda: side_effects(effects), timeout=HANG_S, what="the tool to run")
         # killed once the tool's end is recorded (its step with it), not after a guessed pause
         wait_for(
             lambda: _recorded(db, "tool.completed"), timeout=60, what="the tool's end recorded"
         )
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-    hold.unlink()
-    listed = subprocess.run(
-        [sys.executable, "-m", "thoughtgate", "runs", "--db", db, "--json"],
-        env=env,
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        timeout=60,
+
+    _killed_once(
+        ["run", "go", "--model", "fake:durable", *TOOLS, "--db", db, "--json"], env, tool_ended
     )
-    (run,) = json.loads(listed.stdout)
-    assert run["status"] == "running"
-    assert run["metadata"]["suspended"]["resume"] == "manual"
+    hold.unlink()
+    run = _suspended_run(db, env)
     if how == "cli":
         short = run["run_id"][4:12]
-        resumed = subprocess.run(
-            [sys.executable, "-m", "thoughtgate", "resume", short, *TOOLS, "--db", db, "--json"],
-            env=env,
-            cwd=str(REPO),
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
+        resumed = _thoughtgate(["resume", short, *TOOLS, "--db", db, "--json"], env)
         assert resumed.returncode == 0, resumed.stderr
         view = json.loads(resumed.stdout)
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +124,11 @@ def wait_for(predicate: Any, *, timeout: float, what: str, every: float = 0.05) 
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout} s for {what}")
         time.sleep(every)
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
+    """Wait, in this process's loop, until ``check`` says so (fails the test after ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)

@@ -20,9 +20,10 @@ What DBOS does for us:
 * recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
   rest.
 
-A daemon's run of one model task without tools has nothing to checkpoint in its first execution,
-so that execution writes no workflow (:class:`UnwrittenSteps`, ADR 0031): the run's lease says who
-executes it, and its workflow is written by :meth:`DurableEngine.resume` if it has to resume.
+A run of one model task without tools has nothing to checkpoint in its first execution, so that
+execution writes no workflow (:class:`UnwrittenSteps`; a daemon's, ADR 0031, and one a process
+executes itself, as ``thoughtgate run`` does, ADR 0046): the run's lease says who executes it,
+and its workflow is written by :meth:`DurableEngine.resume` if it has to resume.
 
 What stays ours: detecting that an executor died (run leases, ADR 0009), deciding which runs
 resume (``orchestration.resume``), and the event log, which steps keep exactly-once by checking it
@@ -269,8 +270,8 @@ class UnwrittenSteps(DbosSteps):
     the event log, and its one step with a result, the model turn that ends it, by the run's
     ending commit (ADR 0029). Should a step need a checkpoint after all (a turn with tool calls
     nobody offered, which the model may still send), the execution stops there with the run
-    open (``UNWRITTEN``) and :meth:`DurableEngine.submit` hands the run over to a workflow in
-    this process, which resumes it from the log like any resume."""
+    open (``UNWRITTEN``) and the engine (``DurableEngine._execute_unwritten``) hands the run
+    over to a workflow in this process, which resumes it from the log like any resume."""
 
     def last_task(self) -> UnwrittenSteps:
         steps = UnwrittenSteps(self.resumed, last_task=True)
@@ -398,9 +399,13 @@ class DurableEngine:
             await self._spill()
 
     # ------------------------------------------------------------------ runs
-    async def start(self, run_id: str) -> asyncio.Future[Any]:
+    async def start(self, run_id: str, *, unwritten: bool = False) -> asyncio.Future[Any]:
         """Execute ``run_id`` here, now (a run this process created); a future of its end (to
-        cancel the run, cancel its task: ``Runtime.cancel``)."""
+        cancel the run, cancel its task: ``Runtime.cancel``). ``unwritten``: a run its
+        admission claimed whose first execution can take no checkpoint, executed without a
+        workflow (:meth:`_unwritten_task`; ``thoughtgate run``'s, ADR 0046)."""
+        if unwritten:
+            return self._unwritten_task(run_id)
         with SetWorkflowID(run_id):
             handle = await DBOS.start_workflow_async(_run_workflow, run_id)
         done = getattr(handle, "task", None)
@@ -584,21 +589,22 @@ class DurableEngine:
                 await self._close(run_id, f"it could not be put on the queue: {exc}")
 
     def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
+        """A run of this daemon's queue without a workflow (:meth:`_unwritten_task`): its slot
+        counts it among the queue's running workflows as for any other."""
+        self._unwritten_task(run_id).add_done_callback(lambda _: self._released(slot))
+
+    def _unwritten_task(self, run_id: str) -> asyncio.Task[None]:
         """Execute a run its admission claimed, which can take no checkpoint, without writing a
-        workflow (ADR 0031): its slot counts it among the queue's running workflows as for any
-        other, its lease (held from its admission) tells every replica who executes it, and a
-        process that stops mid-way leaves it to the lease sweep, which puts it on the queue
-        (:meth:`resume` writes its workflow then)."""
+        workflow (ADR 0031): its lease (held from its admission) tells every process who
+        executes it, and a process that stops mid-way leaves it to the lease sweep, which puts
+        it on the queue, or suspends it for ``thoughtgate resume`` (:meth:`resume` writes its
+        workflow then)."""
         task = asyncio.get_running_loop().create_task(
             self._execute_unwritten(run_id), name=f"run {run_id}"
         )
         self._tasks.add(task)
-
-        def done(_: asyncio.Task[None]) -> None:
-            self._tasks.discard(task)
-            self._released(slot)
-
-        task.add_done_callback(done)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _execute_unwritten(self, run_id: str) -> None:
         try:

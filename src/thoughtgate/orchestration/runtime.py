@@ -225,6 +225,10 @@ class Runtime:
         lease lasts (a later execution reads the run back)."""
         self._claimed: set[str] = set()
         """Admitted runs whose admission was their durable claim (ADR 0031), not yet begun."""
+        self._unwritten: set[str] = set()
+        """Runs this process admitted to execute itself, durably, whose first execution can
+        take no checkpoint (one task, of a model, without tools): :meth:`execute` takes it
+        without a DBOS workflow, as a daemon does (ADR 0031, ADR 0046)."""
         self.sinks: list[EventSink] = list(sinks)
         """Observers of every event appended through ``store`` in this process (telemetry): the
         store hands them each committed batch, whichever code path appended it."""
@@ -420,6 +424,8 @@ class Runtime:
             )
             if claimed:
                 self._claimed.add(run_id)
+                if unwritten and not queue:
+                    self._unwritten.add(run_id)
         except BaseException:
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
@@ -546,7 +552,11 @@ class Runtime:
             if run.status not in OPEN_RUN_STATUSES:
                 await _close_all(self._prepared.pop(run_id, {}).values())
                 raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        done = await self.durable.start(run_id)
+        # Its first execution without a workflow when it can take no checkpoint (ADR 0046): its
+        # lease, held from its admission, is what a resume needs, as for a daemon's run.
+        unwritten = run_id in self._unwritten
+        self._unwritten.discard(run_id)
+        done = await self.durable.start(run_id, unwritten=unwritten)
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError as exc:

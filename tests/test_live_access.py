@@ -9,7 +9,7 @@ import base64
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -43,6 +43,25 @@ def ticket_for(daemon: Daemon, run_id: str, key: str) -> str:
         got = c.post("/v1/tickets", json={"run_id": run_id}, headers=auth(key))
         assert got.status_code == 200, got.text
         return str(got.json()["ticket"])
+
+
+def kinds(messages: Sequence[SSEMessage]) -> list[str]:
+    """What a stream sent, in a line a failure can print: each event's type, or its SSE name."""
+    return [
+        m.event if m.event not in ("", "message") else json.loads(m.data)["type"] for m in messages
+    ]
+
+
+async def within(
+    seconds: float, awaitable: Awaitable[Any], step: str, sent: Callable[[], list[str]]
+) -> None:
+    """``awaitable`` done, or a failure saying which step did not happen and what the stream had
+    sent by then (a bare ``TimeoutError`` from deep in asyncio says neither). The bound catches a
+    hang, not slowness: each step takes about a second on a loaded machine."""
+    try:
+        await asyncio.wait_for(awaitable, seconds)
+    except TimeoutError:
+        pytest.fail(f"{step}: not within {seconds} s; the stream had sent {sent()}")
 
 
 def error_of(response: httpx.Response) -> tuple[int, str, str]:
@@ -121,6 +140,9 @@ class LiveStream:
         self.ended_at = time.monotonic()
         self.first.set()
 
+    def sent(self) -> list[str]:
+        return kinds([m for _, m in self.messages])
+
     def events(self) -> list[tuple[float, dict[str, Any]]]:
         return [(at, json.loads(m.data)) for at, m in self.messages if m.event in ("", "message")]
 
@@ -131,12 +153,12 @@ async def _follow_then_lose_access(daemon: Daemon, take_away: Any) -> None:
         {"prompt": "slow", "model": "fake:slow", "chain_of_thought": "surface"}
     )
     stream = LiveStream(daemon.base_url, run_id, ticket_for(daemon, run_id, made["key"]))
-    await asyncio.wait_for(stream.first.wait(), 10)
+    await within(10, stream.first.wait(), "the stream's first event", stream.sent)
     assert stream.status == 200 and stream.ended_at is None
     assert any(e["type"] == "reasoning.delta" for _, e in stream.events())
     await asyncio.to_thread(take_away, made)
     lost_at = time.monotonic()
-    await asyncio.wait_for(stream.task, 15)
+    await within(15, stream.task, "the stream's end after its key lost access", stream.sent)
     assert stream.ended_at is not None
     assert stream.ended_at - lost_at < PROMISE_S, stream.ended_at - lost_at
     last = stream.messages[-1][1]
@@ -186,12 +208,12 @@ async def test_a_one_request_stream_ends_within_5s_of_its_key_being_revoked(
                 first.set()
 
     task = asyncio.create_task(follow())
-    await asyncio.wait_for(first.wait(), 10)
+    await within(10, first.wait(), "the stream's first event", lambda: kinds(messages))
     run_id = json.loads(messages[0].data)["run_id"]
     with daemon.client("owner") as owner:
         assert owner.delete(f"/v1/keys/{made['key_id']}").status_code == 200
     revoked_at = time.monotonic()
-    await asyncio.wait_for(task, 15)
+    await within(15, task, "the stream's end after its key was revoked", lambda: kinds(messages))
     assert time.monotonic() - revoked_at < PROMISE_S
     assert messages[-1].event == "access_revoked"
     assert "revoked" in json.loads(messages[-1].data)["message"]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
-from support.daemon import HANG_S
+from support.daemon import HANG_S, ctrl_c_reaches_children
 
 from thoughtgate.testing.emulator import Emulator, serve_emulator
 from thoughtgate.testing.emulator.scenarios import builtin_scenarios
@@ -29,13 +29,14 @@ def free_port() -> int:
 
 def test_emulate_serves_until_interrupted() -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thoughtgate", "emulate", "--port", str(port)],
-        env={**os.environ, "PYTHONPATH": SRC},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with ctrl_c_reaches_children():  # it is stopped with Ctrl-C however pytest was started
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "thoughtgate", "emulate", "--port", str(port)],
+            env={**os.environ, "PYTHONPATH": SRC},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + HANG_S
         while True:

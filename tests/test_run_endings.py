@@ -25,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import HANG_S, ServeProcess, auth, cli_env, sse_events
+from support.daemon import HANG_S, ServeProcess, auth, cli_env, ctrl_c_reaches_children, sse_events
 from support.pg import PG_URL
 
 from thoughtgate.events.schema import EventType
@@ -156,14 +156,15 @@ class Watched:
     which kills it when its test ends, passed or not."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "thoughtgate", *args],
-            env={**cli_env(PYTHONUNBUFFERED="1"), **(env or {})},
-            cwd=str(REPO),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with ctrl_c_reaches_children():  # the tests send it Ctrl-C however pytest was started
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "thoughtgate", *args],
+                env={**cli_env(PYTHONUNBUFFERED="1"), **(env or {})},
+                cwd=str(REPO),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         self.out: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -237,6 +238,24 @@ def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
     types = [e.type for e in events]
     assert types[-2:] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]
     assert types.count(EventType.RUN_INTERRUPTED) == 1
+
+
+def test_ctrl_c_interrupts_the_run_even_when_the_tests_were_started_in_the_background(
+    db: str, watch: Callable[..., Watched]
+) -> None:
+    """A script's background job (``pytest ... &``) starts with SIGINT ignored; the runs these
+    tests interrupt with Ctrl-C must not inherit that (else they complete, exit 0, and the test
+    fails in one way of starting pytest and passes in another)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job has it
+    try:
+        run = watch("run", "slow", *SLOW, "--db", db)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    run.wait_for("thinking slowly")
+    run.proc.send_signal(signal.SIGINT)
+    code, out, err = run.finish()
+    assert code == 130, err
+    assert "interrupted" in out and "Ctrl-C" in out
 
 
 def test_ctrl_c_with_json_still_prints_the_runs_document(

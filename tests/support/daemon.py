@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -320,6 +321,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def ctrl_c_reaches_children() -> Iterator[None]:
+    """Processes started inside begin with Ctrl-C's default handling, however pytest began.
+
+    A shell starts a background job of a script (``pytest ... &``, ``nohup``) with SIGINT
+    ignored, and an ignored signal stays ignored across ``exec``: a ``thoughtgate`` child would
+    then ignore the test's Ctrl-C, as it should (``cli.runs``), and the run it interrupts would
+    complete. A handler, unlike "ignore", is reset to the default by ``exec``, so Python in the
+    child installs its own. For the main thread (the only one that may set a handler); not
+    ``preexec_fn``, which may deadlock a fork while other threads run (the tests' readers do)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: set outside Python, nothing to put back
+            signal.signal(signal.SIGINT, previous)
 
 
 def cli_env(**extra: str) -> dict[str, str]:

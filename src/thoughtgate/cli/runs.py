@@ -7,6 +7,10 @@ the run is durable (ADR 0013): if the process is killed instead (``kill -9``, a 
 laptop lid that never reopens), the run stays open, suspended, and ``resume RUN_ID`` continues it
 from its last completed step.
 
+A process started with SIGINT ignored (a script's background job, ``nohup``) keeps ignoring
+Ctrl-C, as POSIX asks: the shell ignores it so that a Ctrl-C at the terminal leaves background
+jobs alone. SIGTERM still interrupts such a run.
+
 Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
 ``thoughtgate --help`` stays quick.
 """

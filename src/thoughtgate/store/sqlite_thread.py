@@ -357,9 +357,9 @@ class SQLiteThread:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        job = _Job(action, fn, grouped, needs_connection, loop, future, then, merge)
-        job.decided = decided
-        self._enqueue(job)
+        self._enqueue(
+            _Job(action, fn, grouped, needs_connection, loop, future, then, merge, decided=decided)
+        )
         return await future
 
     def waiting(self) -> int:

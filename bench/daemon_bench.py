@@ -103,6 +103,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.atomic import write_json
 from bench.emulator_process import (
     DELTAS,
     GAP_S,
@@ -244,11 +245,7 @@ def _serve(
             install_stats(os.environ["BENCH_STATS"])
 
         def ready(host: str, port: int) -> None:
-            # Written whole, then renamed: the bench polls for the file and must never read
-            # it half written.
-            partial = port_file.with_suffix(".partial")
-            partial.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
-            partial.replace(port_file)
+            write_json(port_file, {"url": f"http://{host}:{port}", "key": key})
 
         try:
             await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)

@@ -42,6 +42,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.atomic import write_json
+
 __all__ = [
     "DELTAS",
     "GAP_S",
@@ -181,10 +183,7 @@ def serve(port_file: Path) -> None:
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    # Written whole, then renamed: the bench polls for the file and must never read half of it.
-    partial = port_file.with_suffix(".partial")
-    partial.write_text(json.dumps({"url": f"http://127.0.0.1:{port}", "pid": os.getpid()}))
-    partial.replace(port_file)
+    write_json(port_file, {"url": f"http://127.0.0.1:{port}", "pid": os.getpid()})
     threading.Event().wait()  # until the bench terminates this process
 
 

@@ -36,6 +36,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.atomic import write_json
+
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,11 +104,7 @@ def _serve(port_file: Path, db_url: str) -> None:
         app = create_app(Runtime(store, Config()), Config())
 
         def ready(host: str, port: int) -> None:
-            # Written whole, then renamed: the bench polls for the file and must never read
-            # it half written.
-            partial = port_file.with_suffix(".partial")
-            partial.write_text(json.dumps({"url": f"http://{host}:{port}", "key": key}))
-            partial.replace(port_file)
+            write_json(port_file, {"url": f"http://{host}:{port}", "key": key})
 
         try:
             await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)

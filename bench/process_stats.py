@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.atomic import write_json
+
 __all__ = ["GcClock", "file_sizes", "install", "rss_mb", "snapshot"]
 
 
@@ -89,9 +91,7 @@ def install(directory: str) -> None:
         }
         del objects
         target = Path(directory) / f"stats-{written[0]}.json"
-        partial = target.with_suffix(".partial")
-        partial.write_text(json.dumps(data))
-        partial.replace(target)
+        write_json(target, data)
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, write)
 

@@ -3,7 +3,8 @@
 Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
 batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
-to run part of it, ``--repeat N`` to run each phase N times against the same daemon and print
+to run part of it, ``--rounds R`` to measure every phase in R rounds (below; default 3, 1 with
+``--quick``), ``--repeat N`` to run each phase N times in a row against the same daemon and print
 each repetition's figures with the server's state (RSS, collections, live objects, database and
 WAL sizes: :mod:`bench.process_stats`), ``--age RUNS`` to age each daemon first, ``--profile
 DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace
@@ -11,8 +12,28 @@ DIR`` to stamp the first reasoning delta's hops and the client's requests, serve
 side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
 hop's median per phase, then each server's totals -- store jobs, DBOS's SQL transactions by
 thread, threads' CPU: :mod:`bench.first_byte_trace`).
-``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
-for ``bench.run``).
+``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner, with ``spread``
+and ``rounds`` for a figure measured in rounds (plus plot series for ``bench.run``).
+
+Rounds (ADR 0049): on the shared two-core machine the same phase of the same code moves 2-4×
+between minutes (ADR 0042: added first byte 3.8-20.4 ms over 40 repetitions of one phase), so a
+single sample per figure decided "met" or "missed" by the minute it fell on, for thoughtgate and
+for the LiteLLM baseline alike. Every phase is therefore measured in ``--rounds`` rounds (3 in
+``make bench``; 1 with ``--quick``, ``--trace`` or ``--profile`` unless asked). A round starts
+fresh servers (their own database files) and goes through every phase once, in the order a
+single-round bench did, so each round is what the bench measured before. LiteLLM's proxy starts
+once and stays up (idle, it takes ~0.01 s of CPU over a thoughtgate round); its phases run before
+thoughtgate's in odd rounds and after them in even ones, so a noisy minute falls on both sides of
+a comparison. A published figure is the median of its rounds' figures, its ``spread`` their least
+and greatest (:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a
+p99, a rate, CPU per delta; a ratio is the median of the rounds' ratios, both sides from the same
+round (the adapters' CPU over the fake provider's), or over the in-process baseline, which is one
+figure for the whole bench (the lesser of a round before the rounds and one after). LiteLLM's
+added TTFB is taken per round (through the proxy minus direct, in that round), then its median;
+the targets derive from LiteLLM's medians and the verdict is the median's. Rounds' samples are not
+pooled: one slow round's hundreds of first bytes would outvote two good rounds. ``--repeat``
+(ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
+against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
 
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker, on the daemon's event loop:
 uvloop where installed, as ``thoughtgate serve`` runs) with durable recording (a
@@ -1208,7 +1229,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         metavar="N",
         help="run each phase N times in a row against the same daemon and print each "
         "repetition's figures with the server's and the emulator's state (RSS, collections, live "
-        "objects, SQLite file and WAL sizes); the table keeps the first repetition's rows",
+        "objects, SQLite file and WAL sizes); each round keeps its first repetition's rows",
     )
     parser.add_argument(
         "--age",
@@ -1272,7 +1293,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error("--rounds must be at least 1")
     if args.trace and rounds > 1:
         parser.error("--trace measures one round (each server writes its stamps on exit)")
-    rounds_started = time.monotonic()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as emulator_url:
 
         def db(name: str) -> str:
@@ -1400,12 +1421,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 for side in order:
                     if side == "thoughtgate":
                         idle = _cpu_seconds(proxy[1]) if proxy else 0.0
-                        started = time.monotonic()
+                        round_started = time.monotonic()
                         round_phases.append(thoughtgate_round(number))
                         if proxy:  # what the idle proxy took from thoughtgate's round
                             print(
                                 f"litellm: the idle proxy used {_cpu_seconds(proxy[1]) - idle:.2f}"
-                                f" s CPU during thoughtgate's {time.monotonic() - started:.0f} s"
+                                f" s CPU during thoughtgate's {time.monotonic() - round_started:.0f} s"
                             )
                         continue
                     if proxy is None:
@@ -1424,7 +1445,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(counts_report(TRACE))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
-    print(f"rounds took {time.monotonic() - rounds_started:.0f} s")
+    print(f"daemon_bench: {rounds} round(s) took {time.monotonic() - started:.0f} s")
     for (model, on), value in in_process.items():
         how = " (durable)" if on else ""
         print(

@@ -1468,8 +1468,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results += _series(results, litellm)
     rows = [r for r in results if "series" not in r]
     width = max(len(r["name"]) for r in rows)
-    spread = "min–max of rounds" if rounds > 1 else ""
-    print(f"{'figure':<{width}}  {'median':>10} {'unit':<11} {spread:<17} {'target':<16}")
+    value, spread = ("median", "min–max of rounds") if rounds > 1 else ("value", "")
+    print(f"{'figure':<{width}}  {value:>10} {'unit':<11} {spread:<17} {'target':<16}")
     for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"

@@ -3,7 +3,8 @@
 Run ``PYTHONPATH=src python -m bench.daemon_bench`` (``--quick`` for a short pass, ``--store
 memory`` to leave durability out, ``--flush-interval S`` for a what-if on the recorder's delta
 batching window, ``--variant fake|adapters``, ``--formats anthropic,chat`` and ``--levels 1=60``
-to run part of it, ``--repeat N`` to run each phase N times against the same daemon and print
+to run part of it, ``--rounds R`` to measure every phase in R rounds (below; default 3, 1 with
+``--quick``), ``--repeat N`` to run each phase N times in a row against the same daemon and print
 each repetition's figures with the server's state (RSS, collections, live objects, database and
 WAL sizes: :mod:`bench.process_stats`), ``--age RUNS`` to age each daemon first, ``--profile
 DIR`` to sample the server with py-spy in every phase and print where its CPU went, ``--trace
@@ -11,8 +12,28 @@ DIR`` to stamp the first reasoning delta's hops and the client's requests, serve
 side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
 hop's median per phase, then each server's totals -- store jobs, DBOS's SQL transactions by
 thread, threads' CPU: :mod:`bench.first_byte_trace`).
-``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner (plus plot series
-for ``bench.run``).
+``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner, with ``spread``
+and ``rounds`` for a figure measured in rounds (plus plot series for ``bench.run``).
+
+Rounds (ADR 0049): on the shared two-core machine the same phase of the same code moves 2-4×
+between minutes (ADR 0042: added first byte 3.8-20.4 ms over 40 repetitions of one phase), so a
+single sample per figure decided "met" or "missed" by the minute it fell on, for thoughtgate and
+for the LiteLLM baseline alike. Every phase is therefore measured in ``--rounds`` rounds (3 in
+``make bench``; 1 with ``--quick``, ``--trace`` or ``--profile`` unless asked). A round starts
+fresh servers (their own database files) and goes through every phase once, in the order a
+single-round bench did, so each round is what the bench measured before. LiteLLM's proxy starts
+once and stays up (idle, it takes ~0.01 s of CPU over a thoughtgate round); its phases run before
+thoughtgate's in odd rounds and after them in even ones, so a noisy minute falls on both sides of
+a comparison. A published figure is the median of its rounds' figures, its ``spread`` their least
+and greatest (:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a
+p99, a rate, CPU per delta; a ratio is the median of the rounds' ratios, both sides from the same
+round (the adapters' CPU over the fake provider's), or over the in-process baseline, which is one
+figure for the whole bench (the lesser of a round before the rounds and one after). LiteLLM's
+added TTFB is taken per round (through the proxy minus direct, in that round), then its median;
+the targets derive from LiteLLM's medians and the verdict is the median's. Rounds' samples are not
+pooled: one slow round's hundreds of first bytes would outvote two good rounds. ``--repeat``
+(ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
+against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
 
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker, on the daemon's event loop:
 uvloop where installed, as ``thoughtgate serve`` runs) with durable recording (a
@@ -94,12 +115,13 @@ import gc
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +139,7 @@ from bench.emulator_process import (
 from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
+from bench.repetitions import judge, median_rows, spread_text
 from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["main"]
@@ -151,6 +174,10 @@ step) is shorter with ``--quick``."""
 IN_PROCESS_RATIO = 2.0
 RATIO_LEVELS = (10, 100)
 """Issue 16: server CPU per delta ≤ 2× the in-process run's, at 10 and 100 concurrent runs."""
+FULL_ROUNDS = 3
+"""Rounds of every phase in the full bench (``make bench``); ``--quick`` runs one (ADR 0049)."""
+Phase = tuple[dict[str, Any], float]
+"""A phase's client-side stats and the server's CPU seconds in it."""
 RPS_LEVELS = (10, 100)
 """Issue 16: completed runs/s ≥ 10× LiteLLM's requests/s at 10 and 100 concurrent runs (at 1,
 one paced ~50 ms stream at a time bounds any proxy far below that: measured, no target)."""
@@ -555,8 +582,8 @@ def _pct(values: list[float], q: float) -> float:
 def _result(
     name: str, value: float, unit: str, target: float | None, higher: bool
 ) -> dict[str, Any]:
-    ok = None if target is None else (value >= target if higher else value <= target)
-    return {"name": name, "value": round(value, 3), "unit": unit, "target": target, "ok": ok}
+    row = {"name": name, "value": round(value, 3), "unit": unit, "target": target, "higher": higher}
+    return judge(row)
 
 
 def _series(
@@ -566,6 +593,8 @@ def _series(
     LiteLLM's (measured, else reference) figures."""
     by_name = {r["name"]: r["value"] for r in rows}
     levels = sorted(LITELLM_TTFB_MS)
+    if litellm is not None and not all(c in litellm for c in levels):
+        return []  # a partial run (``--levels``): no line to draw against
     how = "measured" if litellm else "reference"
     ll_ttfb = {c: litellm[c]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[c] for c in levels}
     ll_rps = {c: litellm[c]["rps"] if litellm else LITELLM_RPS for c in levels}
@@ -786,21 +815,26 @@ async def _chat_phase(url: str, concurrency: int, total: int) -> dict[str, Any]:
     return {"elapsed": elapsed, "ttfb": sorted(r[0] for r in results), "runs": len(results)}
 
 
-def _measure_litellm(
-    levels: dict[int, int], tmp: Path, emulator_url: str
-) -> dict[int, dict[str, float]] | None:
-    """LiteLLM's proxy against the emulator, per concurrency: added TTFB p50/p99 and requests/s.
+@contextlib.contextmanager
+def _litellm_proxy(tmp: Path, emulator_url: str) -> Iterator[tuple[str, int] | None]:
+    """LiteLLM's proxy against the emulator for the whole bench; yields its URL and process id,
+    or ``None`` when it cannot be installed or started (the bench then says so and uses the
+    reference figures).
 
-    Added TTFB is the first content byte through the proxy minus the first byte straight from
-    the emulator, at the same concurrency, in the same run.
-    """
+    Started once: its start takes longer than a round of its phases, and its rounds alternate
+    with thoughtgate's (:func:`main`). Idle between them, it used no measurable CPU (ADR 0049)."""
     venv = _litellm_venv()
     if venv is None:
-        return None
-    proxy = None
+        yield None
+        return
+    print("litellm: starting the proxy against the emulator …")
     try:
-        print("litellm: starting the proxy against the emulator …")
         proxy, proxy_url = _start_litellm(venv, emulator_url, tmp)
+    except (OSError, RuntimeError) as exc:
+        print(f"litellm: the proxy did not start ({exc}); falling back to the reference figures")
+        yield None
+        return
+    try:
         version = subprocess.run(
             [
                 str(venv / "bin" / "python"),
@@ -812,29 +846,73 @@ def _measure_litellm(
             check=False,
         ).stdout
         print(f"litellm: proxy {version or '1.79.x'} up at {proxy_url}")
-        measured: dict[int, dict[str, float]] = {}
-        for concurrency, total in levels.items():
-            direct = asyncio.run(_chat_phase(emulator_url, concurrency, total))
-            via = asyncio.run(_chat_phase(proxy_url, concurrency, total))
-            measured[concurrency] = {
-                "ttfb_p50": (_pct(via["ttfb"], 0.5) - _pct(direct["ttfb"], 0.5)) * 1000,
-                "ttfb_p99": (_pct(via["ttfb"], 0.99) - _pct(direct["ttfb"], 0.99)) * 1000,
-                "rps": via["runs"] / via["elapsed"],
-                "direct_rps": direct["runs"] / direct["elapsed"],
-            }
-            print(f"litellm: c{concurrency} {measured[concurrency]}")
-        return measured
-    except (OSError, RuntimeError, AssertionError, ValueError) as exc:
-        print(f"litellm: live measurement failed ({exc}); falling back to the reference figures")
-        return None
+        yield proxy_url, proxy.pid
     finally:
-        if proxy is not None:
-            stop(proxy)
+        stop(proxy)
 
 
-def _variants_note(formats: list[str]) -> str:
+def _litellm_round(
+    proxy_url: str, emulator_url: str, levels: dict[int, int]
+) -> dict[int, dict[str, float]]:
+    """One round of LiteLLM's figures, per concurrency: added TTFB p50/p99 and requests/s.
+
+    Added TTFB is the first content byte through the proxy minus the first byte straight from
+    the emulator, at the same concurrency, in the same round (percentile minus percentile).
+    """
+    measured: dict[int, dict[str, float]] = {}
+    for concurrency, total in levels.items():
+        direct = asyncio.run(_chat_phase(emulator_url, concurrency, total))
+        via = asyncio.run(_chat_phase(proxy_url, concurrency, total))
+        measured[concurrency] = {
+            "ttfb_p50": (_pct(via["ttfb"], 0.5) - _pct(direct["ttfb"], 0.5)) * 1000,
+            "ttfb_p99": (_pct(via["ttfb"], 0.99) - _pct(direct["ttfb"], 0.99)) * 1000,
+            "rps": via["runs"] / via["elapsed"],
+            "direct_rps": direct["runs"] / direct["elapsed"],
+        }
+        figures = ", ".join(f"{k} {v:.1f}" for k, v in measured[concurrency].items())
+        print(f"litellm: c{concurrency} {figures}", flush=True)
+    return measured
+
+
+def _litellm_medians(
+    rounds: list[dict[int, dict[str, float]]],
+) -> dict[int, dict[str, float]] | None:
+    """Each LiteLLM figure's median over the rounds (the targets derive from these)."""
+    if not rounds:
+        return None
+    return {
+        concurrency: {
+            key: statistics.median(r[concurrency][key] for r in rounds) for key in figures
+        }
+        for concurrency, figures in rounds[0].items()
+    }
+
+
+def _litellm_rows(measured: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    rows = []
+    for concurrency, m in sorted(measured.items()):
+        tag = f"c{concurrency}"
+        rows += [
+            _result(f"litellm_ttfb_added_p50_{tag}", m["ttfb_p50"], "ms", None, False),
+            _result(f"litellm_ttfb_added_p99_{tag}", m["ttfb_p99"], "ms", None, False),
+            _result(f"litellm_requests_per_s_{tag}", m["rps"], "requests/s", None, True),
+            _result(f"emulator_requests_per_s_{tag}", m["direct_rps"], "requests/s", None, True),
+        ]
+    return rows
+
+
+def _variants_note(formats: list[str], rounds: int) -> str:
     adapters = ", ".join(f"{name} = {FORMATS[name][0]}" for name in formats) or "not run"
-    return (
+    how = (
+        f"Every phase ran in {rounds} rounds (each round a fresh pair of servers going through "
+        "every phase once; LiteLLM's phases before thoughtgate's in odd rounds, after them in even "
+        "ones); each figure is the median of its rounds' figures (of their p50s, rates, CPU per "
+        "delta; a ratio the median of the rounds' ratios, both sides from the same round), the "
+        "spread their least and greatest (ADR 0049). "
+        if rounds > 1
+        else "Every phase ran once (one round): a figure may be 2-4× off its median (ADR 0049). "
+    )
+    return how + (
         f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
         f"rows without a prefix; rows prefixed {ONE_REQUEST} start and follow each run with one "
         "request, POST /v1/runs/follow, instead of three) and the real adapters talking HTTP to "
@@ -859,7 +937,7 @@ def _variants_note(formats: list[str]) -> str:
     )
 
 
-def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str) -> str:
+def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str, rounds: int) -> str:
     if measured:
         figures = ", ".join(
             f"c{c}: +{m['ttfb_p50']:.1f} ms p50 TTFB, {m['rps']:.0f} requests/s"
@@ -869,7 +947,8 @@ def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str) -> str
             f"LiteLLM figures are measured live in the same run: its proxy ({LITELLM_SPEC}, own "
             "venv bench/.litellm-venv, one worker, no DB/telemetry/callbacks) in front of "
             "thoughtgate's emulator, added TTFB = first content byte via the proxy minus direct "
-            f"from the emulator ({figures}). Targets derive from these. Server and client share "
+            f"from the emulator (the median of {rounds} round{'s' if rounds > 1 else ''}: "
+            f"{figures}). Targets derive from these. Server and client share "
             "the machine's cores."
         )
     return (
@@ -1039,30 +1118,31 @@ def _phase_rows(
     concurrency: int,
     stats: dict[str, Any],
     cpu: float,
-    litellm: dict[int, dict[str, float]] | None,
     *,
     full: bool,
     requests: int = 3,
 ) -> list[dict[str, Any]]:
-    """Rows of one phase; ``full`` adds the client-side TTFB, HTTP rate and per-event CPU."""
+    """Rows of one phase; ``full`` adds the client-side TTFB, HTTP rate and per-event CPU.
+
+    The first-byte p50 and the runs/s (at :data:`RPS_LEVELS`) carry a ``goal``, their target's
+    kind: the target derives from LiteLLM's figures, known only once every round has run
+    (:func:`_with_goal`)."""
     tag = f"c{concurrency}"
     rps = stats["runs"] / stats["elapsed"]
-    ll_ttfb = litellm[concurrency]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[concurrency]
-    ll_rps = litellm[concurrency]["rps"] if litellm else LITELLM_RPS
     added, client = stats["added"], stats["client"]
     rows = [
         _result(f"{prefix}ttfb_added_p50_{tag}", _pct(added, 0.5) * 1000, "ms", None, False),
         _result(f"{prefix}ttfb_added_p99_{tag}", _pct(added, 0.99) * 1000, "ms", None, False),
     ]
-    rows[0]["target"] = round(ll_ttfb / 20, 3)
-    rows[0]["ok"] = rows[0]["value"] <= rows[0]["target"]
+    rows[0].update(goal="ttfb", level=concurrency)
     if full:
         rows += [
             _result(f"{prefix}ttfb_client_p50_{tag}", _pct(client, 0.5) * 1000, "ms", None, False),
             _result(f"{prefix}ttfb_client_p99_{tag}", _pct(client, 0.99) * 1000, "ms", None, False),
         ]
-    rps_target = round(ll_rps * 10, 1) if concurrency in RPS_LEVELS else None
-    rows.append(_result(f"{prefix}runs_per_s_{tag}", rps, "runs/s", rps_target, True))
+    rows.append(_result(f"{prefix}runs_per_s_{tag}", rps, "runs/s", None, True))
+    if concurrency in RPS_LEVELS:
+        rows[-1].update(goal="rps", level=concurrency)
     if full:
         rows += [
             _result(f"{prefix}http_per_s_{tag}", rps * requests, "requests/s", None, True),
@@ -1074,7 +1154,7 @@ def _phase_rows(
                 False,
             ),
         ]
-    per_delta = cpu / max(1, stats["runs"] * PROVIDER_DELTAS) * 1e6
+    per_delta = _per_delta(stats, cpu)
     rows.append(_result(f"{prefix}cpu_per_delta_{tag}", per_delta, "µs/delta", None, False))
     return rows
 
@@ -1149,7 +1229,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         metavar="N",
         help="run each phase N times in a row against the same daemon and print each "
         "repetition's figures with the server's and the emulator's state (RSS, collections, live "
-        "objects, SQLite file and WAL sizes); the table keeps the first repetition's rows",
+        "objects, SQLite file and WAL sizes); each round keeps its first repetition's rows",
     )
     parser.add_argument(
         "--age",
@@ -1157,6 +1237,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=0,
         metavar="RUNS",
         help="before the phases, age each daemon with RUNS untimed fake:bench runs, 10 at a time",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"measure every phase (thoughtgate's and LiteLLM's) in R rounds, alternated, and "
+        f"report each figure's median with the rounds' min-max (default {FULL_ROUNDS}; 1 with "
+        "--quick, --trace or --profile)",
     )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--serve-durable", action="store_true", help=argparse.SUPPRESS)
@@ -1197,49 +1286,31 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "its synchronized first wave, which batches better than a steady load; ADR 0042), "
                 "so compare these figures only with phases of the same length"
             )
-    results: list[dict[str, Any]] = []
+    rounds = args.rounds
+    if rounds is None:
+        rounds = 1 if args.quick or args.trace or args.profile else FULL_ROUNDS
+    if rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.trace and rounds > 1:
+        parser.error("--trace measures one round (each server writes its stamps on exit)")
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as emulator_url:
 
         def db(name: str) -> str:
             return f"sqlite:///{Path(tmp) / name}.db" if durable else "memory://"
 
-        def db_path(on: bool) -> Path | None:
-            return Path(tmp) / ("bench-durable.db" if on else "bench.db") if durable else None
-
         emulator_pid = int(json.loads((Path(tmp) / "emulator.json").read_text())["pid"])
 
-        def where(variant: str, concurrency: int) -> Path | None:
-            if args.profile is None:
+        def where(variant: str, concurrency: int, number: int) -> Path | None:
+            if args.profile is None or number > 1:  # the first round only: one file a phase
                 return None
             args.profile.mkdir(parents=True, exist_ok=True)
             return Path(args.profile) / f"{variant}_c{concurrency}.txt"
 
         why = "asked for" if args.store != "auto" else "no SQLite store here"
         print(f"store: {'SQLite file (durable)' if durable else f'memory ({why})'}")
-        litellm = None if args.no_litellm else _measure_litellm(levels, Path(tmp), emulator_url)
-        why = "--no-litellm" if args.no_litellm else "the proxy could not be installed or run"
+        print(f"rounds: {rounds} (each figure is the median of its rounds' figures)")
         commit_ms = _durable_commit_ms(Path(tmp))
-        NOTES[:] = [
-            _litellm_note(litellm, why),
-            _variants_note(formats),
-            _bounds_note(litellm, commit_ms),
-        ]
-        print(NOTES[0])
-        print(NOTES[2])
-        results.append(_result("sqlite_durable_commit_p50", commit_ms, "ms", None, False))
-        if litellm:
-            for concurrency, m in sorted(litellm.items()):
-                tag = f"c{concurrency}"
-                results += [
-                    _result(f"litellm_ttfb_added_p50_{tag}", m["ttfb_p50"], "ms", None, False),
-                    _result(f"litellm_ttfb_added_p99_{tag}", m["ttfb_p99"], "ms", None, False),
-                    _result(f"litellm_requests_per_s_{tag}", m["rps"], "requests/s", None, True),
-                    _result(
-                        f"emulator_requests_per_s_{tag}", m["direct_rps"], "requests/s", None, True
-                    ),
-                ]
-        # The same runs in this process, while the server is idle: before its phases, and again
-        # after them (the lesser counts: the machine is shared, noise only ever adds CPU time).
         # (row prefix, model, one request per run, durable daemon)
         variants = (
             [("", FAKE_MODEL, False, False), (ONE_REQUEST, FAKE_MODEL, True, False)] if fake else []
@@ -1258,80 +1329,114 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 for i, (model, on) in enumerate(kinds)
             }
 
-        in_process = measure_in_process(0)
-        # (row prefix, model) -> concurrency -> the phase's rows (cpu_per_delta last)
-        phases: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
         traced: list[str] = []
-        for on in sorted({on for *_, on in variants}):  # the durable daemon second
-            port_file = Path(tmp) / f"port-{on}.json"
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-            stats_dir = Path(tmp) / f"stats-{on}"
-            if args.repeat:
-                stats_dir.mkdir()
-                env["BENCH_STATS"] = str(stats_dir)
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
-                    *(db("bench-durable" if on else "bench"), emulator_url),
-                    *(["--serve-durable"] if on else []),
-                    *(
-                        ["--flush-interval", str(args.flush_interval)]
-                        if args.flush_interval
-                        else []
-                    ),
-                ],
-                env=env,
-                cwd=str(REPO),
-            )
-            try:
-                deadline = time.monotonic() + 60
-                while not port_file.exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                info = json.loads(port_file.read_text())
-                watch = (
-                    _Watch(proc.pid, stats_dir, emulator_pid, db_path(on)) if args.repeat else None
+
+        def thoughtgate_round(number: int) -> dict[tuple[str, str], dict[int, Phase]]:
+            """Every variant's phases, each server fresh (its own database file), the durable
+            daemon second: what a single-round bench measured, once."""
+            # (row prefix, model) -> concurrency -> the phase's stats and server CPU seconds
+            phases: dict[tuple[str, str], dict[int, Phase]] = {}
+            for on in sorted({on for *_, on in variants}):
+                name = f"bench{'-durable' if on else ''}-r{number}"
+                port_file = Path(tmp) / f"port-{name}.json"
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+                stats_dir = Path(tmp) / f"stats-{name}"
+                if args.repeat:
+                    stats_dir.mkdir()
+                    env["BENCH_STATS"] = str(stats_dir)
+                proc = subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "bench.daemon_bench", "--serve", str(port_file)),
+                        *(db(name), emulator_url),
+                        *(["--serve-durable"] if on else []),
+                        *(
+                            ["--flush-interval", str(args.flush_interval)]
+                            if args.flush_interval
+                            else []
+                        ),
+                    ],
+                    env=env,
+                    cwd=str(REPO),
                 )
-                if args.age:
-                    _measure(proc, info, 10, args.age, FAKE_MODEL)
-                    print(f"aged the daemon with {args.age} fake:bench runs")
-                for prefix, model, single, durable_server in variants:
-                    if durable_server != on:
-                        continue
-                    name = prefix.rstrip("_") or "fake"
-                    for concurrency, total in levels.items():
-                        if (
-                            not model.startswith("fake:")
-                            and concurrency != 10
-                            and name not in ALL_LEVELS
-                        ):
+                try:
+                    deadline = time.monotonic() + 60
+                    while not port_file.exists() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    info = json.loads(port_file.read_text())
+                    db_file = Path(tmp) / f"{name}.db" if durable else None
+                    watch = (
+                        _Watch(proc.pid, stats_dir, emulator_pid, db_file) if args.repeat else None
+                    )
+                    if args.age:
+                        _measure(proc, info, 10, args.age, FAKE_MODEL)
+                        print(f"aged the daemon with {args.age} fake:bench runs")
+                    for prefix, model, single, durable_server in variants:
+                        if durable_server != on:
                             continue
-                        stats, cpu = _measure(
-                            proc, info, concurrency, total, model, where(name, concurrency), single
-                        )
-                        if watch is not None:
-                            watch.report(f"{name}_c{concurrency}", 1, stats, cpu)
-                            for repetition in range(2, (args.repeat or 1) + 1):
-                                again_stats, again_cpu = _measure(
-                                    proc, info, concurrency, total, model, None, single
-                                )
-                                watch.report(
-                                    f"{name}_c{concurrency}", repetition, again_stats, again_cpu
-                                )
-                        if TRACE is not None:
-                            dump_client(TRACE, f"{name}_c{concurrency}")
-                            traced.append(f"{name}_c{concurrency}")
-                        rows = _phase_rows(
-                            prefix,
-                            concurrency,
-                            stats,
-                            cpu,
-                            litellm,
-                            full=model == FAKE_MODEL,
-                            requests=1 if single else 3,
-                        )
-                        phases.setdefault((prefix, model), {})[concurrency] = rows
-            finally:
-                stop(proc)
+                        label = prefix.rstrip("_") or "fake"
+                        for concurrency, total in levels.items():
+                            if (
+                                not model.startswith("fake:")
+                                and concurrency != 10
+                                and label not in ALL_LEVELS
+                            ):
+                                continue
+                            profile = where(label, concurrency, number)
+                            stats, cpu = _measure(
+                                proc, info, concurrency, total, model, profile, single
+                            )
+                            phase = f"{label}_c{concurrency}"
+                            if rounds > 1:
+                                print(f"round {number}/{rounds} {_figures(stats, cpu)}: {phase}")
+                            if watch is not None:
+                                watch.report(phase, 1, stats, cpu)
+                                for repetition in range(2, (args.repeat or 1) + 1):
+                                    again_stats, again_cpu = _measure(
+                                        proc, info, concurrency, total, model, None, single
+                                    )
+                                    watch.report(phase, repetition, again_stats, again_cpu)
+                            if TRACE is not None:
+                                dump_client(TRACE, phase)
+                                traced.append(phase)
+                            phases.setdefault((prefix, model), {})[concurrency] = (stats, cpu)
+                finally:
+                    stop(proc)
+            return phases
+
+        round_phases: list[dict[tuple[str, str], dict[int, Phase]]] = []
+        litellm_rounds: list[dict[int, dict[str, float]]] = []
+        why = "--no-litellm"
+        with contextlib.ExitStack() as stack:
+            proxy = None
+            if not args.no_litellm:
+                proxy = stack.enter_context(_litellm_proxy(Path(tmp), emulator_url))
+                why = "the proxy could not be installed or run"
+            # The same runs in this process, while the servers are idle: before the rounds, and
+            # again after them (the lesser counts: the machine is shared, noise only adds CPU).
+            in_process = measure_in_process(0)
+            for number in range(1, rounds + 1):
+                # LiteLLM first in odd rounds, second in even ones: a noisy minute falls on
+                # both sides of the comparison, not always on the same one.
+                order = ["litellm", "thoughtgate"] if number % 2 else ["thoughtgate", "litellm"]
+                for side in order:
+                    if side == "thoughtgate":
+                        idle = _cpu_seconds(proxy[1]) if proxy else 0.0
+                        round_started = time.monotonic()
+                        round_phases.append(thoughtgate_round(number))
+                        if proxy:  # what the idle proxy took from thoughtgate's round
+                            print(
+                                f"litellm: the idle proxy used {_cpu_seconds(proxy[1]) - idle:.2f}"
+                                f" s CPU during thoughtgate's {time.monotonic() - round_started:.0f} s"
+                            )
+                        continue
+                    if proxy is None:
+                        continue
+                    try:
+                        litellm_rounds.append(_litellm_round(proxy[0], emulator_url, levels))
+                    except (OSError, RuntimeError, AssertionError, ValueError) as exc:
+                        print(f"litellm: live measurement failed ({exc}); using the reference")
+                        proxy, litellm_rounds = None, []
+                        why = "the proxy failed during the bench"
         for label in traced:  # the servers have written their stamps on exit
             assert TRACE is not None
             print(report(TRACE, label))
@@ -1340,49 +1445,38 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(counts_report(TRACE))
         again = measure_in_process(1)
         in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
+    print(f"daemon_bench: {rounds} round(s) took {time.monotonic() - started:.0f} s")
     for (model, on), value in in_process.items():
         how = " (durable)" if on else ""
         print(
             f"in process: {model}{how}: {value:.1f} µs per provider delta (the lesser of two rounds)"
         )
-    fake_per_delta = {c: rows[-1]["value"] for c, rows in phases.get(("", FAKE_MODEL), {}).items()}
-    for (prefix, model), by_level in phases.items():
-        base = in_process[(model, prefix == DURABLE)]
-        results.append(_result(f"{prefix}in_process_cpu_per_delta", base, "µs/delta", None, False))
-        for concurrency, rows in by_level.items():
-            per_delta = rows[-1]["value"]
-            tag = f"c{concurrency}"
-            results += rows
-            results.append(
-                _ratio(
-                    f"{prefix}cpu_per_delta_vs_in_process_{tag}",
-                    per_delta / base,
-                    target=IN_PROCESS_RATIO if concurrency in RATIO_LEVELS else None,
-                )
-            )
-            if prefix == DURABLE and concurrency in fake_per_delta:
-                # what durability adds to the daemon's CPU per delta (measured, no target)
-                results.append(
-                    _ratio(
-                        f"{prefix}cpu_per_delta_vs_fake_{tag}",
-                        per_delta / fake_per_delta[concurrency],
-                    )
-                )
-            elif prefix and model != FAKE_MODEL and concurrency in fake_per_delta:
-                results.append(
-                    _ratio(
-                        f"{prefix}cpu_per_delta_vs_fake_{tag}",
-                        per_delta / fake_per_delta[concurrency],
-                        target=2.0,
-                    )
-                )
+    litellm = _litellm_medians(litellm_rounds)
+    per_round = [
+        (_litellm_rows(litellm_rounds[i]) if litellm else []) + _round_rows(phases, in_process)
+        for i, phases in enumerate(round_phases)
+    ]
+    results = [_result("sqlite_durable_commit_p50", commit_ms, "ms", None, False)]
+    results += [_with_goal(row, litellm) for row in median_rows(per_round)]
+    NOTES[:] = [
+        _litellm_note(litellm, why, len(litellm_rounds)),
+        _variants_note(formats, rounds),
+        _bounds_note(litellm, commit_ms),
+    ]
+    print(NOTES[0])
+    print(NOTES[2])
     results += _series(results, litellm)
     rows = [r for r in results if "series" not in r]
     width = max(len(r["name"]) for r in rows)
+    value, spread = ("median", "min–max of rounds") if rounds > 1 else ("value", "")
+    print(f"{'figure':<{width}}  {value:>10} {'unit':<11} {spread:<17} {'target':<16}")
     for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"
-        print(f"{r['name']:<{width}}  {r['value']:>10.3f} {r['unit']:<11} {target:<16} {verdict}")
+        print(
+            f"{r['name']:<{width}}  {r['value']:>10.3f} {r['unit']:<11} {spread_text(r):<17} "
+            f"{target:<16} {verdict}"
+        )
     source = "measured LiteLLM proxy figures above" if litellm else "LiteLLM's reference"
     print(
         f"targets: ≤ 1/20 of LiteLLM's added TTFB and ≥ 10× its requests/s ({source}; reference: "
@@ -1391,6 +1485,77 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "in-process run's at 10 and 100 concurrent runs"
     )
     return results
+
+
+def _per_delta(stats: dict[str, Any], cpu: float) -> float:
+    """Server CPU µs per streamed provider delta of a phase."""
+    return cpu / max(1, int(stats["runs"]) * PROVIDER_DELTAS) * 1e6
+
+
+def _figures(stats: dict[str, Any], cpu: float) -> str:
+    """A phase's headline figures, for the console line of each round."""
+    return (
+        f"ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:6.2f} ms, runs/s "
+        f"{stats['runs'] / stats['elapsed']:6.1f}, cpu_per_delta {_per_delta(stats, cpu):4.0f} µs"
+    )
+
+
+def _round_rows(
+    phases: dict[tuple[str, str], dict[int, Phase]], in_process: dict[tuple[str, bool], float]
+) -> list[dict[str, Any]]:
+    """One round's rows: each phase's, and its ratios to the in-process baseline (measured once,
+    shared by every round) and, for the adapters and the durable daemon, to the fake provider's
+    phase at the same concurrency in the same round (so both sides of a ratio share a minute)."""
+
+    fake_per_delta = {
+        c: _per_delta(stats, cpu) for c, (stats, cpu) in phases.get(("", FAKE_MODEL), {}).items()
+    }
+    out: list[dict[str, Any]] = []
+    for (prefix, model), by_level in phases.items():
+        base = in_process[(model, prefix == DURABLE)]
+        row = _result(f"{prefix}in_process_cpu_per_delta", base, "µs/delta", None, False)
+        out.append({**row, "once": True})
+        for concurrency, (stats, cpu) in by_level.items():
+            requests = 1 if prefix == ONE_REQUEST else 3
+            full = model == FAKE_MODEL
+            rows = _phase_rows(prefix, concurrency, stats, cpu, full=full, requests=requests)
+            per_delta = _per_delta(stats, cpu)
+            tag = f"c{concurrency}"
+            out += rows
+            out.append(
+                _ratio(
+                    f"{prefix}cpu_per_delta_vs_in_process_{tag}",
+                    per_delta / base,
+                    target=IN_PROCESS_RATIO if concurrency in RATIO_LEVELS else None,
+                )
+            )
+            if concurrency in fake_per_delta and (prefix == DURABLE or model != FAKE_MODEL):
+                # durable: what durability adds to the daemon's CPU per delta (no target)
+                out.append(
+                    _ratio(
+                        f"{prefix}cpu_per_delta_vs_fake_{tag}",
+                        per_delta / fake_per_delta[concurrency],
+                        target=None if prefix == DURABLE else 2.0,
+                    )
+                )
+    return out
+
+
+def _with_goal(row: dict[str, Any], litellm: dict[int, dict[str, float]] | None) -> dict[str, Any]:
+    """``row`` judged against its ``goal``'s target, from LiteLLM's figures (measured: their
+    medians over the rounds; else the published reference): ≤ 1/20 of its added TTFB p50, ≥ 10×
+    its requests/s; the bench's own keys (goal, level, higher, once) dropped."""
+    row = dict(row)
+    goal, level = row.pop("goal", None), row.pop("level", None)
+    if goal == "ttfb":
+        ll_ttfb = litellm[level]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[level]
+        row["target"] = round(ll_ttfb / 20, 3)
+    elif goal == "rps":
+        row["target"] = round((litellm[level]["rps"] if litellm else LITELLM_RPS) * 10, 1)
+    row = judge(row)
+    for key in ("higher", "once"):
+        row.pop(key, None)
+    return row
 
 
 if __name__ == "__main__":

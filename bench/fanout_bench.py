@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.atomic import write_json
+from bench.emulator_process import stop
 
 __all__ = ["main"]
 
@@ -133,9 +134,7 @@ def _server(db_url: str) -> Iterator[dict[str, str]]:
             time.sleep(0.05)  # the file is written in one call, but be safe
             yield json.loads(port_file.read_text())
         finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
+            stop(proc)  # SIGTERM, then SIGKILL: a server left running would load later benches
 
 
 @contextlib.contextmanager

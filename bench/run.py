@@ -2,7 +2,8 @@
 
 Each module in ``MODULES`` has ``main() -> list[dict]``. A row is
 ``{"name", "value", "unit", "target", "ok"}`` (``target``/``ok`` may be ``None`` when a figure has
-no target); a row with a ``"series"`` key instead feeds a plot:
+no target; a figure measured in several rounds adds ``"spread": [least, greatest]`` and
+``"rounds"``, shown in the table's spread column); a row with a ``"series"`` key instead feeds a plot:
 ``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
 Ratios are always measured against a baseline taken in the same run, because this machine is
 shared and noisy; absolute times are printed for context only. A module may also define
@@ -49,6 +50,14 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
+
+
+def _spread(spread: list[float] | None) -> str:
+    """A figure's least–greatest over its rounds (``"3.01–8.4"``); ``–`` for a single value."""
+    if not spread:
+        return "–"
+    low, high = spread
+    return f"{_fmt(float(low))}–{_fmt(float(high))}"
 
 
 def _plot(series: list[dict[str, Any]]) -> list[str]:
@@ -121,17 +130,20 @@ def main() -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"took {time.monotonic() - started:.0f} s. Ratios are against baselines measured in the "
         "same run. Each value is what its module reports: capture = least CPU time of 7 runs, "
-        "store = best of 3 rounds, list = median of 15 calls, daemon and fan-out = p50 (the median) and p99 over every "
-        "request or delivery.",
+        "store = best of 3 rounds, list = median of 15 calls, fan-out = p50 (the median) and p99 "
+        "over every delivery, daemon = the median of its rounds' figures (three rounds, "
+        "LiteLLM's phases alternating with thoughtgate's; a round's p50 and p99 are over every "
+        "request of its phase; the spread column gives the least and greatest round, ADR 0049).",
         "",
-        "| benchmark | figure | value | unit | target | meets target |",
-        "|---|---|---|---|---|---|",
+        "| benchmark | figure | value | spread | unit | target | meets target |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ok = {True: "yes", False: "**no**", None: "–"}[r.get("ok")]
+        spread = r.get("spread") if r.get("rounds", 1) > 1 else None
         lines.append(
             f"| {r['module'].removeprefix('bench.')} | {r['name']} | {_fmt(r['value'])} | "
-            f"{r.get('unit', '')} | {r.get('target') or '–'} | {ok} |"
+            f"{_spread(spread)} | {r.get('unit', '')} | {r.get('target') or '–'} | {ok} |"
         )
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]

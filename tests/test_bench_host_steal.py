@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ intr 789 0 0
 # deltas: user 400, system 100, idle 300, iowait 20, softirq 10, steal 60 -> total 890
 
 
-def _sampled(text: str, ours: int | None = 0) -> object:
+def _sampled(text: str, ours: int | None = 0) -> Any:
     return Sample(parse_cpu(text), ours)
 
 

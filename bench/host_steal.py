@@ -4,7 +4,7 @@ The bench runs on a shared two-core VM. When the host gives the VM's CPUs to som
 ``/proc/stat``'s eighth CPU column), every figure is slower. The time is not spent in
 thoughtgate, and a reader cannot tell it from a regression unless it is written down beside
 the figure. Over the rounds of ADR 0049 the added first byte at 10 concurrent runs tracked steal
-with r = 0.92: median 3.4 ms under 3 % steal, 5.6 ms at 6 % or more (ADR 0050). So each phase
+with r = 0.92: median 3.4 ms under 3 % steal, 5.6 ms at 6 % or more (ADR 0048, 0050). So each phase
 is bracketed by two :func:`sample` calls and :func:`since` returns what the CPUs did in between:
 
 * ``steal``: steal jiffies over all jiffies, all CPUs together;

@@ -148,7 +148,7 @@ def main() -> int:
         "host_other_load_median the share busy outside the bench's own processes. A "
         "figure taken under high steal or other load is slower for it, not a regression: "
         "the daemon's added first byte at c10 tracks steal with r = 0.92 (3.4 ms under 3 % "
-        "steal, 5.6 ms at 6 % or more, ADR 0050), so compare figures taken under similar "
+        "steal, 5.6 ms at 6 % or more; ADR 0048, 0050), so compare figures taken under similar "
         "steal. n/a: not measurable here (no /proc/stat or no steal column).",
         "",
         "| benchmark | figure | value | spread | unit | target | meets target |",

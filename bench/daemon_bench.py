@@ -35,6 +35,13 @@ pooled: one slow round's hundreds of first bytes would outvote two good rounds. 
 (ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
 against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
 
+The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
+reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
+CPU time the host stole from the VM, left idle, or spent outside the bench's processes (client,
+emulator, server, proxy). A round pools its phases; ``host_steal_median`` (with the rounds'
+spread), ``host_steal_max``, ``host_idle_median`` and ``host_other_load_median`` say under what
+load the figures were taken (no target): the added first byte rises with steal (ADR 0048).
+
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker, on the daemon's event loop:
 uvloop where installed, as ``thoughtgate serve`` runs) with durable recording (a
 SQLite file when ``thoughtgate.store.sqlite`` exists, else the memory store; the choice is

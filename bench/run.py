@@ -9,8 +9,9 @@ Ratios are always measured against a baseline taken in the same run, because thi
 shared and noisy; absolute times are printed for context only. A module may also define
 ``NOTES`` (a list of sentences) for the page's notes section. A module that publishes no
 ``host_steal…`` row of its own gets a ``host_steal`` row for its whole run (the share of CPU time
-the host took from this VM meanwhile, :mod:`bench.host_steal`, ADR 0050). Everything from the :data:`KEPT`
-marker on in the existing page (profile summaries and the like) is kept below the new figures.
+the host took from this VM meanwhile, :mod:`bench.host_steal`, ADR 0050). Everything from the
+:data:`KEPT` marker on in the existing page (profile summaries and the like) is kept below the
+new figures.
 """
 
 from __future__ import annotations

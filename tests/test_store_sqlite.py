@@ -386,10 +386,10 @@ async def test_a_new_file_opens_while_another_process_holds_its_write_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two processes opening a file that does not exist yet (``thoughtgate runs`` polling for a
-    run, and the ``thoughtgate run`` about to record it) each switch it to WAL mode, then
-    migrate it. SQLite answers a switch made while the other holds the write lock with "database
-    is locked" at once, without waiting (the lock is wanted after a read), so the open failed:
-    it must wait for the lock as for any other."""
+    run, and the ``thoughtgate run`` about to record it) each switch it to WAL mode. SQLite
+    answers a switch made while the other holds the write lock with "database is locked" at
+    once, without waiting (the lock is wanted after a read), so the open failed: it must wait
+    for the lock as for any other."""
     path = tmp_path / "new.db"
     create_private_file(path)  # as the other process's open does first
     switches: list[str] = []
@@ -409,7 +409,7 @@ async def test_a_new_file_opens_while_another_process_holds_its_write_lock(
 
     monkeypatch.setattr(sqlite_schema, "connect", traced)
     other = sqlite3.connect(path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")  # the other process, switching or migrating the file
+    other.execute("BEGIN IMMEDIATE")  # the other process, switching the file: its write lock
     opening = asyncio.ensure_future(SQLiteStore.open(path))
     waiting = asyncio.ensure_future(asyncio.to_thread(tried_again.wait, 60))
     try:

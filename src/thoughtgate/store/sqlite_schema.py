@@ -150,7 +150,7 @@ def _ensure_wal(conn: sqlite3.Connection, *, busy_timeout: float) -> None:
     another connection holds it with ``SQLITE_BUSY`` at once, without calling the busy handler
     (waiting could deadlock in general). Two processes opening a file that does not exist yet
     -- ``thoughtgate runs`` polling for a run, and the ``thoughtgate run`` about to record it --
-    meet here: the one that found the other switching or migrating failed to open. So a busy
+    meet here: the one that found the other switching the file failed to open. So a busy
     switch is tried again, with the busy handler's pauses, as long as a lock wait may last;
     once the other has switched the file, it is in WAL mode and nothing is left to do.
     """

@@ -246,13 +246,12 @@ def install(directory: str) -> None:
 
     _App.__call__ = call  # type: ignore[method-assign]
 
-    socket_writers = sse._socket_writers
+    socket_writer = sse._socket_writer
 
-    def traced_socket_writers(server_send: object) -> Any:
-        writers = socket_writers(server_send)
-        if writers is None:
+    def traced_socket_writer(server_send: object) -> Any:
+        write = socket_writer(server_send)
+        if write is None:
             return None
-        write, end = writers
 
         def traced(chunk: bytes) -> bool:
             done = write(chunk)
@@ -260,18 +259,9 @@ def install(directory: str) -> None:
                 _written(chunk)
             return done
 
-        def traced_end(chunk: bytes) -> bool:
-            done = end(chunk)  # type: ignore[misc]
-            if done:
-                _written(chunk)
-                found = _RUN_ID.search(chunk.decode("utf-8", "replace"))
-                if found:  # the body's end went in the same write (ADR 0052)
-                    _note(found.group(1), "stream end")
-            return done
+        return traced
 
-        return traced, None if end is None else traced_end
-
-    sse._socket_writers = traced_socket_writers  # type: ignore[assignment]
+    sse._socket_writer = traced_socket_writer  # type: ignore[assignment]
 
     emit_delta = EventRecorder.emit_delta
 

@@ -1,7 +1,6 @@
 """A response that gives its length leaves the daemon in one write, head and body together
 (``server.connections._HeldHead``, ADR 0032); streamed responses, ``HEAD`` answers and a close
-before the body still send their head, and the live stream writes to the transport itself,
-its last chunk and the body's end in one write (ADR 0052)."""
+before the body still send their head, and the live stream writes to the transport itself."""
 
 from __future__ import annotations
 
@@ -15,18 +14,10 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.server.connections import ConnectionLimits, guarded_protocol
-from thoughtgate.server.fanout import RunFeeds
-from thoughtgate.server.sse import SERVER_SEND, DirectWrites, LiveResponse, live_frames
-from thoughtgate.store.memory import MemoryStore
-from thoughtgate.store.records import RunRecord
 
 WRITES: list[bytes] = []
 CYCLE_TRANSPORTS: list[str] = []
-LIVE: dict[str, RunFeeds] = {}
-"""``/live`` follows run ``run_1`` of this store's feeds."""
 
 
 class _Writes:
@@ -55,18 +46,6 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     path = scope["path"]
-    if path == "/live":
-        feeds = LIVE["feeds"]
-        scope[SERVER_SEND] = send  # as the daemon's app keeps it
-        direct = DirectWrites()
-        frames = live_frames(
-            feeds.store, "run_1", role=Role.DEVELOPER, mode="surface", after=0, feeds=feeds,
-            direct=direct,
-        )  # fmt: skip
-        await LiveResponse(frames, send_timeout_s=10.0, headers={}, direct=direct)(
-            scope, receive, send
-        )
-        return
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         cycle = send.__self__
@@ -113,7 +92,6 @@ async def serving() -> AsyncIterator[str]:
 def fresh() -> None:
     WRITES.clear()
     CYCLE_TRANSPORTS.clear()
-    LIVE.clear()
 
 
 async def test_a_json_answer_is_one_write() -> None:
@@ -147,25 +125,3 @@ async def test_a_close_before_the_body_sends_the_held_head() -> None:
             await client.get(url + "/fail")
     assert len(WRITES) == 1 and WRITES[0].startswith(b"HTTP/1.1 200 OK")
     assert WRITES[0].endswith(b"\r\n\r\n")
-
-
-async def test_a_live_streams_last_chunk_and_the_bodys_end_leave_in_one_write() -> None:
-    store = MemoryStore()
-    await store.create_run(RunRecord("run_1", "p"))
-    feeds = LIVE["feeds"] = RunFeeds(store)
-    async with serving() as url, httpx.AsyncClient() as client:
-        async with client.stream("GET", url + "/live") as response:
-            while feeds.active == 0:  # noqa: ASYNC110 (the stream joins the run's feed)
-                await asyncio.sleep(0.01)
-            await store.append("run_1", [NewEvent(EventType.MESSAGE_DELTA, {"text": "hi"})])
-            pieces = response.aiter_bytes()
-            body = await anext(pieces)  # the delta: the stream waits for the next event again
-            await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
-            body += b"".join([piece async for piece in pieces])
-        assert body.count(b"\r\n\r\n") == 2 and b'"run.settlement.completed"' in body
-        # the connection serves its next request: the response was complete, nothing after it
-        assert (await client.get(url + "/json")).json() == {"ok": True}
-    stream = WRITES[1:-1]  # between the stream's head and the next answer
-    assert len(stream) == 2 and b'"message.delta"' in stream[0]
-    assert b'"run.settlement.completed"' in stream[1] and stream[1].endswith(b"\r\n0\r\n\r\n")
-    assert WRITES[-1].startswith(b"HTTP/1.1 200 OK") and WRITES[-1].endswith(b'{"ok":true}')

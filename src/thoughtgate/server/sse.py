@@ -42,7 +42,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import Event, is_run_terminal
+from thoughtgate.events.schema import Event
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store import codec
@@ -153,8 +153,7 @@ async def live_frames(
             reader.wake()
 
     def sink(events: Sequence[Event]) -> bool:
-        """The feed's events while this stream waits: filtered, encoded, written in one write;
-        with the run's terminal event, the response's end goes in that write too."""
+        """The feed's events while this stream waits: filtered, encoded, written in one write."""
         nonlocal last_sent, quiet_since
         write = direct.write if direct is not None else None
         if write is None or lost:
@@ -162,21 +161,12 @@ async def live_frames(
         shared = reader.shared
         chunk = []
         seen = last_sent
-        last = False
         for event in events:
             data = feeds.frame(event, role, mode, event_frame, cache=shared)
             if data is not None:
                 chunk.append(data)
                 seen = event.seq
-            if is_run_terminal(event.type):
-                last = True  # nothing follows it (the reader stops there too)
-                break
-        end = direct.end if direct is not None and last else None
-        if end is not None:
-            if not end(b"".join(chunk)):
-                return False
-            last_sent = seen
-        elif chunk:
+        if chunk:
             if not write(b"".join(chunk)):
                 return False
             last_sent = seen
@@ -301,26 +291,17 @@ class DirectWrites:
     transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing written)
     when the client is gone, the response is ending, or the socket is not keeping up. Other
     servers (and tests' in-memory transports) leave it ``None``: every chunk is then awaited.
-
-    ``end``, set with ``write``: the same for the stream's last chunk (the one holding the run's
-    terminal event), written with the body's end in one write, the response completed there
-    and then (ADR 0052); the response's task, woken later, sends nothing more.
     """
 
-    __slots__ = ("end", "write")
+    __slots__ = ("write",)
 
     def __init__(self) -> None:
         self.write: Callable[[bytes], bool] | None = None
-        self.end: Callable[[bytes], bool] | None = None
 
 
-_Writers = tuple[Callable[[bytes], bool], Callable[[bytes], bool] | None]
-
-
-def _socket_writers(server_send: object) -> _Writers | None:
-    """A direct chunk writer for uvicorn's httptools connection behind ``server_send``, and
-    the writer of its last chunk that also ends the response; ``None`` for another server.
-    Only after the response has started, with chunked encoding (no length given)."""
+def _socket_writer(server_send: object) -> Callable[[bytes], bool] | None:
+    """A direct chunk writer for uvicorn's httptools connection behind ``server_send``, else
+    ``None``. Only after the response has started, with chunked encoding (no length given)."""
     cycle = getattr(server_send, "__self__", None)
     if cycle is None or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
         return None
@@ -329,36 +310,18 @@ def _socket_writers(server_send: object) -> _Writers | None:
     if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
         return None
 
-    def usable() -> bool:
-        return not (
+    def write(chunk: bytes) -> bool:
+        if (
             cycle.disconnected
             or cycle.response_complete
             or flow.write_paused
             or transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
-        )
-
-    def write(chunk: bytes) -> bool:
-        if not usable():
+        ):
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
-    def end(chunk: bytes) -> bool:
-        # What uvicorn's ``send`` does for a last, empty body (the end of a chunked body, the
-        # cycle complete, the connection closed or ready for its next request), in this step
-        # instead of a loop turn later in the response's task.
-        if not usable():
-            return False
-        transport.write((b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunk else b"") + b"0\r\n\r\n")
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            transport.close()
-        cycle.on_response()
-        return True
-
-    ends = all(hasattr(cycle, name) for name in ("message_event", "keep_alive", "on_response"))
-    return write, end if ends else None
+    return write
 
 
 class LiveResponse(Response):
@@ -396,7 +359,6 @@ class LiveResponse(Response):
         loop = asyncio.get_running_loop()
         ended: list[str] = []
         active = True
-        completed = False
         sending_since: float | None = None
 
         def end(why: str) -> None:
@@ -423,27 +385,13 @@ class LiveResponse(Response):
         watcher = loop.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            writers = _socket_writers(scope.get(SERVER_SEND))
-            if self.direct is not None and not ended and writers is not None:
-                self.direct.write, end_now = writers
-                if end_now is not None:
-
-                    def end_direct(chunk: bytes) -> bool:
-                        nonlocal completed
-                        if not active or ended or not end_now(chunk):
-                            return False
-                        completed = True
-                        ended.append("completed")  # the client's "disconnect" is then ours
-                        self.direct.write = self.direct.end = None  # type: ignore[union-attr]
-                        return True
-
-                    self.direct.end = end_direct
+            if self.direct is not None and not ended:
+                self.direct.write = _socket_writer(scope.get(SERVER_SEND))
             async for chunk in self.chunks:
                 sending_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sending_since = None
-            if not completed:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
@@ -454,7 +402,7 @@ class LiveResponse(Response):
         finally:
             active = False
             if self.direct is not None:
-                self.direct.write = self.direct.end = None
+                self.direct.write = None
             if forget is not None:
                 forget()
             watcher.cancel()

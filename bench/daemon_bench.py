@@ -35,6 +35,13 @@ pooled: one slow round's hundreds of first bytes would outvote two good rounds. 
 (ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
 against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
 
+The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
+reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
+CPU time the host stole from the VM, left idle, or spent outside the bench's processes (client,
+emulator, server, proxy). A round pools its phases; ``host_steal_median`` (with the rounds'
+spread), ``host_steal_max``, ``host_idle_median`` and ``host_other_load_median`` say under what
+load the figures were taken (no target): the added first byte rises with steal (ADR 0048).
+
 Set-up: ``thoughtgate`` serves in a subprocess (uvicorn, one worker, on the daemon's event loop:
 uvloop where installed, as ``thoughtgate serve`` runs) with durable recording (a
 SQLite file when ``thoughtgate.store.sqlite`` exists, else the memory store; the choice is
@@ -137,6 +144,7 @@ from bench.emulator_process import (
     stop,
 )
 from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
+from bench.host_steal import HostShare, pooled, round_rows, sample, share_text, since
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
 from bench.repetitions import judge, median_rows, spread_text
@@ -852,17 +860,22 @@ def _litellm_proxy(tmp: Path, emulator_url: str) -> Iterator[tuple[str, int] | N
 
 
 def _litellm_round(
-    proxy_url: str, emulator_url: str, levels: dict[int, int]
-) -> dict[int, dict[str, float]]:
-    """One round of LiteLLM's figures, per concurrency: added TTFB p50/p99 and requests/s.
+    proxy_url: str, emulator_url: str, levels: dict[int, int], pids: list[int]
+) -> tuple[dict[int, dict[str, float]], list[HostShare | None]]:
+    """One round of LiteLLM's figures, per concurrency: added TTFB p50/p99 and requests/s; and
+    the host's share of each level's phases (:mod:`bench.host_steal`, ``pids`` the bench's
+    processes).
 
     Added TTFB is the first content byte through the proxy minus the first byte straight from
     the emulator, at the same concurrency, in the same round (percentile minus percentile).
     """
     measured: dict[int, dict[str, float]] = {}
+    hosts: list[HostShare | None] = []
     for concurrency, total in levels.items():
+        before = sample(pids)
         direct = asyncio.run(_chat_phase(emulator_url, concurrency, total))
         via = asyncio.run(_chat_phase(proxy_url, concurrency, total))
+        hosts.append(since(before))
         measured[concurrency] = {
             "ttfb_p50": (_pct(via["ttfb"], 0.5) - _pct(direct["ttfb"], 0.5)) * 1000,
             "ttfb_p99": (_pct(via["ttfb"], 0.99) - _pct(direct["ttfb"], 0.99)) * 1000,
@@ -870,8 +883,8 @@ def _litellm_round(
             "direct_rps": direct["runs"] / direct["elapsed"],
         }
         figures = ", ".join(f"{k} {v:.1f}" for k, v in measured[concurrency].items())
-        print(f"litellm: c{concurrency} {figures}", flush=True)
-    return measured
+        print(f"litellm: c{concurrency} {figures}; {share_text(hosts[-1])}", flush=True)
+    return measured, hosts
 
 
 def _litellm_medians(
@@ -1330,6 +1343,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             }
 
         traced: list[str] = []
+        # The bench's own processes (each server and the proxy join them): the rest of the busy
+        # time is another's load. Round -> the host's share of each of its phases, thoughtgate's
+        # and LiteLLM's (CPU steal: a slow figure on a busy host is not a regression, ADR 0050).
+        ours = [os.getpid(), emulator_pid]
+        hosts: dict[int, list[HostShare | None]] = collections.defaultdict(list)
 
         def thoughtgate_round(number: int) -> dict[tuple[str, str], dict[int, Phase]]:
             """Every variant's phases, each server fresh (its own database file), the durable
@@ -1382,12 +1400,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                             ):
                                 continue
                             profile = where(label, concurrency, number)
+                            before = sample([*ours, proc.pid])
                             stats, cpu = _measure(
                                 proc, info, concurrency, total, model, profile, single
                             )
+                            hosts[number].append(since(before))
                             phase = f"{label}_c{concurrency}"
-                            if rounds > 1:
-                                print(f"round {number}/{rounds} {_figures(stats, cpu)}: {phase}")
+                            print(
+                                f"round {number}/{rounds} {_figures(stats, cpu)}, "
+                                f"{share_text(hosts[number][-1])}: {phase}"
+                            )
                             if watch is not None:
                                 watch.report(phase, 1, stats, cpu)
                                 for repetition in range(2, (args.repeat or 1) + 1):
@@ -1411,6 +1433,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if not args.no_litellm:
                 proxy = stack.enter_context(_litellm_proxy(Path(tmp), emulator_url))
                 why = "the proxy could not be installed or run"
+                if proxy:
+                    ours.append(proxy[1])
             # The same runs in this process, while the servers are idle: before the rounds, and
             # again after them (the lesser counts: the machine is shared, noise only adds CPU).
             in_process = measure_in_process(0)
@@ -1432,7 +1456,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     if proxy is None:
                         continue
                     try:
-                        litellm_rounds.append(_litellm_round(proxy[0], emulator_url, levels))
+                        measured, phase_hosts = _litellm_round(proxy[0], emulator_url, levels, ours)
+                        litellm_rounds.append(measured)
+                        hosts[number] += phase_hosts
                     except (OSError, RuntimeError, AssertionError, ValueError) as exc:
                         print(f"litellm: live measurement failed ({exc}); using the reference")
                         proxy, litellm_rounds = None, []
@@ -1458,6 +1484,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ]
     results = [_result("sqlite_durable_commit_p50", commit_ms, "ms", None, False)]
     results += [_with_goal(row, litellm) for row in median_rows(per_round)]
+    round_hosts = [pooled(hosts[number]) for number in range(1, rounds + 1)]
+    for number, share in enumerate(round_hosts, 1):
+        print(f"host, round {number}/{rounds}: {share_text(share)}")
+    results += round_rows(round_hosts)
     NOTES[:] = [
         _litellm_note(litellm, why, len(litellm_rounds)),
         _variants_note(formats, rounds),
@@ -1473,8 +1503,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"
+        shown = f"{r['value']:>10.3f}" if isinstance(r["value"], float) else f"{r['value']:>10}"
         print(
-            f"{r['name']:<{width}}  {r['value']:>10.3f} {r['unit']:<11} {spread_text(r):<17} "
+            f"{r['name']:<{width}}  {shown} {r['unit']:<11} {spread_text(r):<17} "
             f"{target:<16} {verdict}"
         )
     source = "measured LiteLLM proxy figures above" if litellm else "LiteLLM's reference"

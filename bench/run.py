@@ -7,8 +7,11 @@ no target; a figure measured in several rounds adds ``"spread": [least, greatest
 ``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
 Ratios are always measured against a baseline taken in the same run, because this machine is
 shared and noisy; absolute times are printed for context only. A module may also define
-``NOTES`` (a list of sentences) for the page's notes section. Everything from the :data:`KEPT`
-marker on in the existing page (profile summaries and the like) is kept below the new figures.
+``NOTES`` (a list of sentences) for the page's notes section. A module that publishes no
+``host_steal…`` row of its own gets a ``host_steal`` row for its whole run (the share of CPU time
+the host took from this VM meanwhile, :mod:`bench.host_steal`, ADR 0050). Everything from the
+:data:`KEPT` marker on in the existing page (profile summaries and the like) is kept below the
+new figures.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from bench.host_steal import run_row, sample, since
 
 MODULES = (
     "bench.capture_bench",
@@ -108,6 +113,7 @@ def main() -> int:
             continue
         print(f"== {name}", flush=True)
         t0 = time.monotonic()
+        host = sample()
         try:
             module = importlib.import_module(name)
             results = module.main()
@@ -117,6 +123,9 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others
             failures.append(f"{name}: failed\n{traceback.format_exc()}")
             continue
+        if not any(r.get("name", "").startswith("host_steal") for r in results):
+            # the module's whole run, for a bench without its own per-round figure (ADR 0050)
+            results = [*results, run_row(since(host))]
         for r in results:
             (series if "series" in r else rows).append({**r, "module": name})
         notes += [f"{name.removeprefix('bench.')}: {n}" for n in getattr(module, "NOTES", [])]
@@ -134,6 +143,16 @@ def main() -> int:
         "over every delivery, daemon = the median of its rounds' figures (three rounds, "
         "LiteLLM's phases alternating with thoughtgate's; a round's p50 and p99 are over every "
         "request of its phase; the spread column gives the least and greatest round, ADR 0049).",
+        "",
+        "The host_ rows say how busy the shared VM was while a module measured: host_steal is "
+        "the share of all CPU time the host took away from this VM (/proc/stat's steal column, "
+        "all CPUs; over each other module's whole run, for the daemon per round: its rounds' "
+        "median and the greatest), the daemon's host_idle_median the share no one used and "
+        "host_other_load_median the share busy outside the bench's own processes. A "
+        "figure taken under high steal or other load is slower for it, not a regression: "
+        "the daemon's added first byte at c10 tracks steal with r = 0.92 (3.4 ms under 3 % "
+        "steal, 5.6 ms at 6 % or more; ADR 0048, 0050), so compare figures taken under similar "
+        "steal. n/a: not measurable here (no /proc/stat or no steal column).",
         "",
         "| benchmark | figure | value | spread | unit | target | meets target |",
         "|---|---|---|---|---|---|---|",

@@ -1637,3 +1637,57 @@ async def test_a_key_never_passes_its_quota_within_one_merged_group(tmp_path: Pa
         assert 55 < verdicts[2].retry_after <= 60
     finally:
         await store.close()
+
+
+def test_the_workflows_file_is_switched_to_wal_while_another_process_holds_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durable engine's workflows file beside the store meets the same race as the store
+    (two processes opening it new): the one that lost it left the file in rollback-journal
+    mode, every checkpoint then writing, syncing and deleting a journal."""
+    from thoughtgate.orchestration import durable
+
+    path = tmp_path / "tg.db.workflows"
+    create_private_file(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the other process's write lock
+    real_connect = sqlite3.connect
+    switches: list[str] = []
+    tried_again = threading.Event()
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real_connect(*args, **kwargs)
+
+        def seen(statement: str) -> None:
+            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
+                switches.append(statement)
+                if len(switches) > 1:
+                    tried_again.set()
+
+        conn.set_trace_callback(seen)
+        return conn
+
+    monkeypatch.setattr(durable.sqlite3, "connect", traced)
+    failed: list[BaseException] = []
+
+    def switch() -> None:
+        try:
+            durable._write_ahead(path)
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+        finally:
+            tried_again.set()
+
+    worker = threading.Thread(target=switch)
+    worker.start()
+    try:
+        tried_again.wait(60)  # the lock is held until the switch was tried again (or failed)
+    finally:
+        other.execute("COMMIT")
+        other.close()
+        worker.join(60)
+    monkeypatch.undo()
+    assert failed == []
+    assert len(switches) > 1, "the switch was tried while the lock was held"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

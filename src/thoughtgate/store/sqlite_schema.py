@@ -30,6 +30,7 @@ __all__ = [
     "SQLITE_HEADER",
     "apply_migrations",
     "connect",
+    "ensure_wal",
     "open_checked",
     "split_statements",
     "writable",
@@ -143,7 +144,7 @@ def apply_migrations(
     return in_write_transaction(conn, body)
 
 
-def _ensure_wal(conn: sqlite3.Connection, *, busy_timeout: float) -> None:
+def ensure_wal(conn: sqlite3.Connection, *, busy_timeout: float) -> None:
     """Put the file in WAL mode, waiting up to ``busy_timeout`` for its write lock.
 
     The switch takes the write lock after a read, and SQLite answers such a lock wanted while
@@ -215,10 +216,10 @@ def open_checked(
                     f"to schema version {known[-1].version}, but it is read-only; nothing was "
                     "changed. Make the file and its directory writable, or use another path."
                 )
-            _ensure_wal(conn, busy_timeout=busy_timeout)
+            ensure_wal(conn, busy_timeout=busy_timeout)
             apply_migrations(conn, path, known)
         elif can_write:
-            _ensure_wal(conn, busy_timeout=busy_timeout)
+            ensure_wal(conn, busy_timeout=busy_timeout)
         conn.execute("PRAGMA synchronous = FULL")
         if max_bytes is not None:
             page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench.emulator_process import stop
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
@@ -206,8 +207,7 @@ def server_process() -> Iterator[str]:
             raise RuntimeError("the bench server did not start")
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        process.wait(5)
+        stop(process, grace_s=5)
 
 
 # --------------------------------------------------------------------------- consumers

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.emulator_process import stop
+
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = 15
 PER_BATCH = 40
@@ -205,8 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     raise SystemExit(f"consumer on {src} failed:\n{out.stderr}")
                 figures[src] += json.loads(out.stdout)
     finally:
-        server.terminate()
-        server.wait()
+        stop(server)
     medians = {src: statistics.median(values) for src, values in figures.items()}
     first = medians[sources[0]]
     where = "in memory" if args.memory else "on loopback"

@@ -196,31 +196,35 @@ def test_events_follow_streams_a_run_live_from_the_daemon_and_resumes_after(
 
 def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'live.db'}"
-    runner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "thoughtgate",
-            "run",
-            "toolcanary local1",
-            "--model",
-            "fake:toolcanary",
-            "--cot",
-            "surface",
-            "--db",
-            db,
-            "--json",
-            "--tools",
-            "support.served:SERVER_TOOLS",
-        ],
-        env=cli_env(),
-        cwd=str(REPO),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    said = tmp_path / "runner.out", tmp_path / "runner.err"
+    # Files, not pipes: a pipe nobody reads while the run records could fill up and stop the
+    # runner, and what the runner said can be read at any time, to explain a failure.
+    with said[0].open("w") as out, said[1].open("w") as err:
+        runner = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "thoughtgate",
+                "run",
+                "toolcanary local1",
+                "--model",
+                "fake:toolcanary",
+                "--cot",
+                "surface",
+                "--db",
+                db,
+                "--json",
+                "--tools",
+                "support.served:SERVER_TOOLS",
+            ],
+            env=cli_env(),
+            cwd=str(REPO),
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
     try:
-        run_id = _first_run(db)
+        run_id = _first_run(db, runner, said)
         follower = subprocess.Popen(
             [
                 sys.executable,
@@ -243,22 +247,70 @@ def test_events_follow_on_the_local_store_while_a_run_records(tmp_path: Path) ->
         )
         lines = _follow(follower)
     finally:
-        _, err = runner.communicate(timeout=60)
-    assert runner.returncode == 0, err
+        _wait_for(runner, said)
+    assert runner.returncode == 0, _runner_said(runner, said)
     assert lines[-1]["type"] == "run.settlement.completed"
     recorded = json.loads(cli("events", run_id, "--db", db, "--view-as", "viewer", "--json").stdout)
     assert lines == recorded
     assert "reasoning.delta" not in {e["type"] for e in lines}
 
 
-def _first_run(db: str) -> str:
+def _first_run(db: str, runner: subprocess.Popen[str], said: tuple[Path, Path]) -> str:
+    """The id of the run ``runner`` records, once ``runs`` lists it. When ``runs`` lists no run
+    although the runner had exited before it looked, the run will never come: the test fails at
+    once, with the runner's exit code and what it said; a wait that reaches ``HANG_S`` fails
+    with what the last ``runs`` said as well."""
     deadline = time.monotonic() + HANG_S
+    tries: list[subprocess.CompletedProcess[str]] = []
     while time.monotonic() < deadline:
+        ended = runner.poll() is not None  # before the look: a run it recorded is listed
         done = cli("runs", "--db", db, "--json")
+        tries.append(done)
         if done.returncode == 0 and json.loads(done.stdout):
             return str(json.loads(done.stdout)[0]["run_id"])
+        if ended and done.returncode == 0:
+            raise AssertionError(
+                "the runner exited without recording its run; "
+                f"{_runner_said(runner, said)}; {_runs_said(tries)}"
+            )
         time.sleep(0.05)
-    raise AssertionError("the run was never recorded")
+    raise AssertionError(
+        f"the run was never recorded in {HANG_S:g} s; {_runner_said(runner, said)}; "
+        f"{_runs_said(tries)}"
+    )
+
+
+def _wait_for(runner: subprocess.Popen[str], said: tuple[Path, Path]) -> None:
+    """Wait for the runner to exit; one that does not within a minute is stopped (nothing
+    outlives the test) and fails it with what it said."""
+    try:
+        runner.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        runner.kill()
+        runner.wait()
+        raise AssertionError(f"the runner did not exit; {_runner_said(runner, said)}") from None
+
+
+def _runner_said(runner: subprocess.Popen[str], said: tuple[Path, Path]) -> str:
+    state = "is still running" if runner.poll() is None else f"exited {runner.returncode}"
+    out, err = (path.read_text(encoding="utf-8", errors="replace") for path in said)
+    return f"the runner {state}, stderr: {err[-4000:]!r}, stdout: {out[-2000:]!r}"
+
+
+def _runs_said(tries: list[subprocess.CompletedProcess[str]]) -> str:
+    failed = [t for t in tries if t.returncode != 0]
+    last = tries[-1] if tries else None
+    shown = (
+        "no runs call returned"
+        if last is None
+        else (
+            f"the last of {len(tries)} runs calls exited {last.returncode}, "
+            f"stdout {last.stdout[-500:]!r}, stderr {last.stderr[-2000:]!r}"
+        )
+    )
+    if failed and failed[-1] is not last:
+        shown += f"; {len(failed)} failed, the last with stderr {failed[-1].stderr[-2000:]!r}"
+    return shown
 
 
 # --------------------------------------------------------------------------- usage errors

@@ -44,11 +44,13 @@ from thoughtgate.errors import (
     UsageError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.store import sqlite_schema
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import Admission, Quota, RunSpecRecord
 from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.private_files import create_private_file
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
@@ -378,6 +380,56 @@ async def test_several_processes_opening_a_new_file_at_once(tmp_path: Path) -> N
     with contextlib.closing(sqlite3.connect(path)) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM thoughtgate_migrations")]
     assert sorted(versions) == [m.version for m in load_migrations("sqlite")]
+
+
+async def test_a_new_file_opens_while_another_process_holds_its_write_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening a file that does not exist yet (``thoughtgate runs`` polling for a
+    run, and the ``thoughtgate run`` about to record it) each switch it to WAL mode. SQLite
+    answers a switch made while the other holds the write lock with "database is locked" at
+    once, without waiting (the lock is wanted after a read), so the open failed: it must wait
+    for the lock as for any other."""
+    path = tmp_path / "new.db"
+    create_private_file(path)  # as the other process's open does first
+    switches: list[str] = []
+    tried_again = threading.Event()
+
+    def traced(target: Path, **options: Any) -> sqlite3.Connection:
+        conn = connect(target, **options)
+
+        def seen(statement: str) -> None:
+            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
+                switches.append(statement)
+                if len(switches) > 1:
+                    tried_again.set()
+
+        conn.set_trace_callback(seen)
+        return conn
+
+    monkeypatch.setattr(sqlite_schema, "connect", traced)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the other process, switching the file: its write lock
+    opening = asyncio.ensure_future(SQLiteStore.open(path))
+    waiting = asyncio.ensure_future(asyncio.to_thread(tried_again.wait, 60))
+    try:
+        # the lock is held until the open tried the switch again (or gave up)
+        await asyncio.wait({opening, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        tried_again.set()
+        await waiting
+        other.execute("COMMIT")
+        other.close()
+    store = await opening
+    try:
+        assert await store.list_runs() == []
+    finally:
+        await store.close()
+    assert len(switches) > 1, "the open tried the switch while the lock was held"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        versions = [r[0] for r in conn.execute("SELECT version FROM thoughtgate_migrations")]
+    assert versions == [m.version for m in load_migrations("sqlite")]
 
 
 # -- read-only -----------------------------------------------------------------------------
@@ -1632,3 +1684,57 @@ async def test_a_key_never_passes_its_quota_within_one_merged_group(tmp_path: Pa
         assert 55 < verdicts[2].retry_after <= 60
     finally:
         await store.close()
+
+
+def test_the_workflows_file_is_switched_to_wal_while_another_process_holds_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durable engine's workflows file beside the store meets the same race as the store
+    (two processes opening it new): the one that lost it left the file in rollback-journal
+    mode, every checkpoint then writing, syncing and deleting a journal."""
+    from thoughtgate.orchestration import durable
+
+    path = tmp_path / "tg.db.workflows"
+    create_private_file(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the other process's write lock
+    real_connect = sqlite3.connect
+    switches: list[str] = []
+    tried_again = threading.Event()
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real_connect(*args, **kwargs)
+
+        def seen(statement: str) -> None:
+            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
+                switches.append(statement)
+                if len(switches) > 1:
+                    tried_again.set()
+
+        conn.set_trace_callback(seen)
+        return conn
+
+    monkeypatch.setattr(durable.sqlite3, "connect", traced)
+    failed: list[BaseException] = []
+
+    def switch() -> None:
+        try:
+            durable._write_ahead(path)
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+        finally:
+            tried_again.set()
+
+    worker = threading.Thread(target=switch)
+    worker.start()
+    try:
+        tried_again.wait(60)  # the lock is held until the switch was tried again (or failed)
+    finally:
+        other.execute("COMMIT")
+        other.close()
+        worker.join(60)
+    monkeypatch.undo()
+    assert failed == []
+    assert len(switches) > 1, "the switch was tried while the lock was held"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

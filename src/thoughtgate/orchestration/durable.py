@@ -136,13 +136,20 @@ def _system_database(store: EventStore) -> _Location:
     )
 
 
+_WAL_SWITCH_WAIT_S = 30.0
+"""How long the switch waits for another process opening the same new file (the store's own
+busy timeout): without the wait, the loser of that race left the file in rollback-journal mode."""
+
+
 def _write_ahead(target: Path) -> None:
     """Put the workflows file in WAL mode (a property of the file; DBOS leaves SQLite's rollback
     journal): a checkpoint then costs one append and one fsync of the log instead of a journal
     file written, synced and deleted, readers do not wait for a writer, and each commit is as
     durable as before (``synchronous`` stays ``FULL``, as for the store)."""
+    from thoughtgate.store.sqlite_schema import ensure_wal
+
     with contextlib.closing(sqlite3.connect(target)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
+        ensure_wal(conn, busy_timeout=_WAL_SWITCH_WAIT_S)
 
 
 _SQLITE_ENGINE: dict[str, Any] = {

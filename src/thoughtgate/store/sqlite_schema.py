@@ -30,6 +30,7 @@ __all__ = [
     "SQLITE_HEADER",
     "apply_migrations",
     "connect",
+    "ensure_wal",
     "open_checked",
     "split_statements",
     "writable",
@@ -38,7 +39,7 @@ __all__ = [
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDE_FILES = ("", "-wal", "-shm", "-journal")
 """The database file and the files SQLite keeps beside it: all hold data."""
-_CANTOPEN = 14
+_BUSY, _LOCKED, _CANTOPEN = 5, 6, 14
 
 
 def connect(path: Path, *, busy_timeout: float, immutable: bool = False) -> sqlite3.Connection:
@@ -143,10 +144,31 @@ def apply_migrations(
     return in_write_transaction(conn, body)
 
 
-def _ensure_wal(conn: sqlite3.Connection) -> None:
-    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-    if str(mode).lower() != "wal":
-        conn.execute("PRAGMA journal_mode = WAL")
+def ensure_wal(conn: sqlite3.Connection, *, busy_timeout: float) -> None:
+    """Put the file in WAL mode, waiting up to ``busy_timeout`` for its write lock.
+
+    The switch takes the write lock after a read, and SQLite answers such a lock wanted while
+    another connection holds it with ``SQLITE_BUSY`` at once, without calling the busy handler
+    (waiting could deadlock in general). Two processes opening a file that does not exist yet
+    -- ``thoughtgate runs`` polling for a run, and the ``thoughtgate run`` about to record it --
+    meet here: the one that found the other switching the file failed to open. So a busy
+    switch is tried again, with the busy handler's pauses, as long as a lock wait may last;
+    once the other has switched the file, it is in WAL mode and nothing is left to do.
+    """
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.001
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = (exc.sqlite_errorcode & 0xFF) in (_BUSY, _LOCKED)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def open_checked(
@@ -194,10 +216,10 @@ def open_checked(
                     f"to schema version {known[-1].version}, but it is read-only; nothing was "
                     "changed. Make the file and its directory writable, or use another path."
                 )
-            _ensure_wal(conn)
+            ensure_wal(conn, busy_timeout=busy_timeout)
             apply_migrations(conn, path, known)
         elif can_write:
-            _ensure_wal(conn)
+            ensure_wal(conn, busy_timeout=busy_timeout)
         conn.execute("PRAGMA synchronous = FULL")
         if max_bytes is not None:
             page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])

@@ -1,4 +1,4 @@
-"""The read and run commands against a daemon (``--url`` / ``--key``, or ``THOUGHTGATE_URL`` /
+"""The read commands, ``run`` and ``resume`` against a daemon (``--url`` / ``--key``, or ``THOUGHTGATE_URL`` /
 ``THOUGHTGATE_KEY``) instead of a local store.
 
 Everything goes through the daemon's HTTP API with :class:`thoughtgate.client.ThoughtgateClient`,
@@ -181,7 +181,7 @@ async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_o
     async with remote.client() as tg:
         role = str((await tg.me())["role"])
         run_id = await resolve_on_daemon(tg, given)
-        shown = await tg.events(run_id)  # (what it shows after the resume is all that is new)
+        shown = await tg.events(run_id)  # so far: the follow below shows what the resume adds
         await tg.resume_run(run_id)
         if not json_out:
             err_console.print(f"resuming run {run_id} on {remote.url} (as {role})", highlight=False)

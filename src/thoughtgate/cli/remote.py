@@ -1,5 +1,5 @@
-"""The read commands, ``run`` and ``resume`` against a daemon (``--url`` / ``--key``, or ``THOUGHTGATE_URL`` /
-``THOUGHTGATE_KEY``) instead of a local store.
+"""The read commands, ``run`` and ``resume`` against a daemon (``--url`` / ``--key``, or
+``THOUGHTGATE_URL`` / ``THOUGHTGATE_KEY``) instead of a local store.
 
 Everything goes through the daemon's HTTP API with :class:`thoughtgate.client.ThoughtgateClient`,
 so the key's role decides what is shown: the daemon's one output filter already applied it, and

@@ -37,7 +37,10 @@ RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
 
 _AGE = re.compile(r"(\d{1,9})\s*([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_WHEN_FORMS = "an ISO 8601 date or datetime (2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z) or an age (30m, 2h, 7d)"
+_WHEN_FORMS: Final = (
+    "an ISO 8601 date or datetime (2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z) "
+    "or an age (30m, 2h, 7d)"
+)
 
 
 @dataclass(frozen=True, slots=True)

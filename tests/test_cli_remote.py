@@ -151,6 +151,29 @@ def test_events_and_trace_as_the_key_may_read_them(
     assert mark["reasoning"] in json.dumps(trace)
 
 
+def test_runs_mine_lists_the_runs_the_key_started(daemon: Daemon) -> None:
+    started = daemon.start_run({"prompt": "mine, all mine", "model": "fake:echo"}, role="member")
+    daemon.wait_done(started)
+    mine = _json(tg(daemon, "member", "runs", "--mine", "--json", "--limit", "500"))
+    by_api = daemon.get("/v1/runs", "member", params={"key": "me", "limit": 500}).json()["runs"]
+    assert mine == by_api and started in [v["run_id"] for v in mine]
+    assert _json(tg(daemon, "viewer", "runs", "--mine", "--json")) == [], "a viewer starts none"
+
+
+def test_resume_asks_the_daemon_and_says_why_a_run_cannot_resume(
+    daemon: Daemon, canary: tuple[str, dict[str, str]]
+) -> None:
+    run_id, mark = canary
+    refused = tg(daemon, "member", "resume", run_id[:14], "--json")
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    said = " ".join(refused.stderr.split())
+    assert "409" in said and "does not run durable runs, so it resumes none" in said
+    assert refused.stdout == "" and mark["reasoning"] not in said
+    viewer = tg(daemon, "viewer", "resume", run_id, env_auth=False)
+    assert viewer.returncode == 2 and "forbidden" in viewer.stderr
+    assert daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "completed"
+
+
 # --------------------------------------------------------------------------- events --follow
 
 
@@ -325,6 +348,13 @@ def _runs_said(tries: list[subprocess.CompletedProcess[str]]) -> str:
         (("status", "r", "--view-as", "viewer"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--view-as cannot be used"),
         (("run", "x", "--tools", "mod:attr"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "name tools registered on the daemon"),
         (("run", "x", "--base-url", "http://y"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "provider settings"),
+        (("resume", "r", "--key", "tg_x"), {}, "--key (or THOUGHTGATE_KEY) needs --url"),
+        (("resume", "r", "--url", "http://127.0.0.1:9"), {}, "needs an API key"),
+        (("resume", "r", "--tools", "mod:attr"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--tools cannot be used with --url: the daemon resumes the run with the tools it registered"),
+        (("resume", "r", "--tools", "lookup"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--tools cannot be used with --url"),
+        (("resume", "r", "--api-key", "sk"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--api-key cannot be used with --url: the daemon's provider keys apply"),
+        (("resume", "r", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--db cannot be used with --url"),
+        (("resume", "r", "--view-as", "viewer"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--view-as cannot be used"),
     ],
 )  # fmt: skip
 def test_what_a_daemon_decides_is_refused_with_a_usage_error(

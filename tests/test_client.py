@@ -316,6 +316,92 @@ async def test_unmarked_or_malformed_cot_payloads_are_discarded_and_block_nothin
         assert SEEDED_SECRET not in _dump(events)
 
 
+# --------------------------------------------------------------------------- the run list
+
+
+async def test_list_runs_filters_and_pages_as_the_daemon_selects(daemon: Daemon) -> None:
+    mark = f"listed-{time.monotonic_ns()}"
+    started = [
+        daemon.start_run({"prompt": f"{mark} one", "model": "fake:echo"}),
+        daemon.start_run({"prompt": f"{mark} TWO", "model": "fake:echo"}),
+        daemon.start_run(
+            {"prompt": f"{mark} three", "model": "fake:echo", "chain_of_thought": "surface"}
+        ),
+    ]
+    for run_id in started:
+        daemon.wait_done(run_id)
+    newest_first = started[::-1]
+    async with _client(daemon, "viewer") as tg:
+        assert [r.run_id for r in await tg.list_runs(search=mark)] == newest_first
+        assert [r.run_id for r in await tg.list_runs(search=f"{mark} two")] == [started[1]]
+        assert [r.run_id for r in await tg.list_runs(search=mark, mode="surface")] == [started[2]]
+        assert await tg.list_runs(search=mark, status=["failed", "error"]) == []
+        both = await tg.list_runs(search=mark, status="completed", model="fake:echo", limit=2)
+        assert [r.run_id for r in both] == newest_first[:2]
+        assert await tg.list_runs(search=mark, since=time.time() + 60) == []
+        assert await tg.list_runs(search=mark, key="me") == [], "the viewer started none"
+        paged, before = [], None
+        while True:
+            page = await tg.runs_page(limit=1, before=before, search=mark)
+            paged += [r.run_id for r in page.runs]
+            if page.next is None:
+                break
+            before = page.next
+        assert paged == newest_first and page.changes > 0
+    async with _client(daemon, "member") as member:
+        mine = await member.list_runs(key="me", search=mark, limit=500)
+        assert [r.run_id for r in mine] == newest_first, "daemon.start_run starts as member"
+
+
+async def test_list_runs_reads_past_the_daemons_page_size_with_the_cursor() -> None:
+    """More than 500 runs come in keyset pages, each after the last one's cursor, filters kept."""
+    from thoughtgate.access.filter import filter_run
+    from thoughtgate.access.roles import Role
+    from thoughtgate.store.records import RunRecord
+
+    views = [
+        filter_run(RunRecord(f"run_{i:04}", "p", status="completed"), Role.VIEWER).to_json()
+        for i in range(1100, 0, -1)
+    ]
+    asked: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        asked.append(params)
+        start = int(params.get("before", "0"))
+        end = start + int(params["limit"])
+        more = end < len(views)
+        return httpx.Response(
+            200, json={"runs": views[start:end], "next": str(end) if more else None, "changes": 7}
+        )
+
+    transport = httpx.MockTransport(handler)
+    async with ThoughtgateClient("http://tg", "k", transport=transport) as tg:
+        runs = await tg.list_runs(limit=1050, status=("completed", "partial"))
+        assert [r.run_id for r in runs] == [v["run_id"] for v in views[:1050]]
+        assert [(a["limit"], a.get("before")) for a in asked] == [
+            ("500", None),
+            ("500", "500"),
+            ("50", "1000"),
+        ]
+        assert {a["status"] for a in asked} == {"completed,partial"}
+        asked.clear()
+        assert len(await tg.list_runs(limit=5000)) == 1100, "until the last page"
+        assert [a.get("before") for a in asked] == [None, "500", "1000"]
+
+
+async def test_resume_run_says_why_a_run_does_not_resume(daemon: Daemon) -> None:
+    run_id = _story(daemon, "resume")
+    daemon.wait_done(run_id)
+    async with _client(daemon, "member") as member:
+        with pytest.raises(RequestRejectedError) as refused:
+            await member.resume_run(run_id)
+    assert refused.value.status == 409 and "durable" in refused.value.message
+    async with _client(daemon, "viewer") as viewer:
+        with pytest.raises(AccessDeniedError):
+            await viewer.resume_run(run_id)
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -364,6 +450,9 @@ def test_the_blocking_client_follows_and_builds_the_same_thread(daemon: Daemon) 
         assert followed == tg.events(run_id)
         assert tg.get_run(run_id).status == "completed"
         assert any(r.run_id == run_id for r in tg.list_runs())
+        newest = tg.list_runs(limit=1, status="completed", mode="surface")
+        assert [r.run_id for r in newest] == [run_id]
+        assert tg.runs_page(limit=1, mode=["surface"]).runs[0].run_id == run_id
     assert views[-1] == reloaded and reloaded.message.text == STORY_ANSWER
 
 

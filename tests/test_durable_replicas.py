@@ -706,12 +706,13 @@ def _recorded(db: str, event_type: str) -> bool:
     return asyncio.run(read())
 
 
-@pytest.mark.parametrize("how", ["cli", "http"])
+@pytest.mark.parametrize("how", ["cli", "http", "cli-url"])
 def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(
     tmp_path: Path, how: str
 ) -> None:
     """``thoughtgate resume`` continues it in the terminal; the web page's Resume asks a daemon
-    (``POST /v1/runs/{id}/resume``, what its button calls)."""
+    (``POST /v1/runs/{id}/resume``, what its button calls), and so does ``thoughtgate resume
+    --url``, which then follows the run on the daemon to its end."""
     db = f"sqlite:///{tmp_path / 'tg.db'}"
     effects, hold = tmp_path / "effects", tmp_path / "hold"
     hold.touch()
@@ -734,6 +735,23 @@ def test_a_killed_thoughtgate_run_is_suspended_and_resume_finishes_it(
         resumed = _thoughtgate(["resume", short, *TOOLS, "--db", db, "--json"], env)
         assert resumed.returncode == 0, resumed.stderr
         view = json.loads(resumed.stdout)
+    elif how == "cli-url":
+        service = Service(db, tmp_path)
+        try:
+            daemon = service.start()
+            remote = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": service.keys["member"]}
+            resumed = _thoughtgate(["resume", run["run_id"][4:12]], {**env, **remote})
+            assert resumed.returncode == 0, resumed.stderr
+            said = " ".join(resumed.stderr.split())
+            assert f"resuming run {run['run_id']} on {daemon.base_url} (as member)" in said
+            assert "all done" in resumed.stdout, "followed live to its answer"
+            assert SECRET not in resumed.stdout + resumed.stderr, "a member sees no reasoning"
+            view = service.done(daemon, run["run_id"])
+            again = _thoughtgate(["resume", run["run_id"], "--json"], {**env, **remote})
+            assert again.returncode == 2 and again.stdout == ""
+            assert "has already ended (completed)" in " ".join(again.stderr.split())
+        finally:
+            service.close()
     else:
         service = Service(db, tmp_path)
         try:

@@ -152,6 +152,7 @@ TIER_OF: dict[str, str] = {
     "test_cli.py": "external",
     "test_cli_providers.py": "external",
     "test_cli_remote.py": "external",
+    "test_cli_run_selection.py": "external",
     "test_daemon_head_writes.py": "inprocess",
     "test_daemon_connections.py": "external",
     "test_daemon_docs.py": "external",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import typer
@@ -23,6 +24,7 @@ __all__ = [
     "Context",
     "console",
     "err_console",
+    "one_line_errors",
     "print_json",
     "resolve_run_id",
     "run_async",
@@ -54,8 +56,17 @@ def run_async(
 ) -> T:
     """Run a command body (with ``runner``: ``asyncio.run`` unless the command picks another
     event loop); a ThoughtgateError becomes one clear line and a non-zero exit."""
-    try:
+    with one_line_errors():
         return runner(_sharing_clients(coro))
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A ThoughtgateError raised inside becomes one clear line on stderr and its exit code
+    (``UsageError``: 2, else 1); Ctrl-C exits 130. For command code outside ``run_async`` too,
+    e.g. checking options before anything is opened."""
+    try:
+        yield
     except ThoughtgateError as exc:
         # the message is plain text: brackets in it ("thoughtgate[mcp]") are not markup
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from thoughtgate.cli.common import Context, resolve_run_id, run_async
 from thoughtgate.cli.options import ReadOptions
-from thoughtgate.cli.remote import resolve_remote, wants_daemon
-from thoughtgate.errors import RunNotFoundError, UsageError
+from thoughtgate.cli.remote import resolve_on_daemon, resolve_remote, wants_daemon
+from thoughtgate.cli.run_selection import EVERY_RUN, MINE_NEEDS_DAEMON, RunSelection
+from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.access.roles import Role
@@ -43,7 +44,9 @@ class RunReader(Protocol):
 
     async def view(self, run_id: str) -> RunView: ...
 
-    async def runs(self, limit: int) -> list[RunView]: ...
+    async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
+        """The newest ``limit`` runs of ``selection``, newest first."""
+        ...
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         """Events after ``after``; ``limit`` counts recorded events, before the filter."""
@@ -74,10 +77,13 @@ class StoreReader:
 
         return filter_run(await self.store.get_run(run_id), self.reader)
 
-    async def runs(self, limit: int) -> list[RunView]:
+    async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         from thoughtgate.access.filter import filter_run
 
-        return [filter_run(r, self.reader) for r in await self.store.list_runs(limit=limit)]
+        if selection.mine:
+            raise UsageError(MINE_NEEDS_DAEMON)
+        page = await self.store.query_runs(selection.store_query(limit))
+        return [filter_run(r, self.reader) for r in page.runs]
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         from thoughtgate.access.filter import filter_events
@@ -119,30 +125,13 @@ class DaemonReader:
         return self._role
 
     async def resolve(self, given: str) -> str:
-        given = given.strip()
-        prefix = given if given.startswith("run_") else f"run_{given}"
-        try:
-            return (await self.client.get_run(prefix)).run_id
-        except RunNotFoundError:
-            pass
-        found: list[str] = []
-        for page in range(20):  # the newest 10,000 runs
-            runs = await self.client.list_runs(limit=500, offset=page * 500)
-            found += [r.run_id for r in runs if r.run_id.startswith(prefix)]
-            if len(runs) < 500 or len(found) > 5:
-                break
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise RunNotFoundError(given)
-        shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
-        raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
+        return await resolve_on_daemon(self.client, given)
 
     async def view(self, run_id: str) -> RunView:
         return await self.client.get_run(run_id)
 
-    async def runs(self, limit: int) -> list[RunView]:
-        return await self.client.list_runs(limit=limit)
+    async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
+        return await self.client.list_runs(limit=limit, **selection.daemon_filters())
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         if limit is None:

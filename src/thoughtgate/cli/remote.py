@@ -1,5 +1,5 @@
-"""The read and run commands against a daemon (``--url`` / ``--key``, or ``THOUGHTGATE_URL`` /
-``THOUGHTGATE_KEY``) instead of a local store.
+"""The read commands, ``run`` and ``resume`` against a daemon (``--url`` / ``--key``, or
+``THOUGHTGATE_URL`` / ``THOUGHTGATE_KEY``) instead of a local store.
 
 Everything goes through the daemon's HTTP API with :class:`thoughtgate.client.ThoughtgateClient`,
 so the key's role decides what is shown: the daemon's one output filter already applied it, and
@@ -24,15 +24,18 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
     from thoughtgate.events.schema import Event
 
 __all__ = [
+    "RESUMED_BY_THE_DAEMON",
     "Remote",
+    "remote_resume",
     "remote_run",
+    "resolve_on_daemon",
     "resolve_remote",
     "show_event",
     "wants_daemon",
@@ -54,10 +57,13 @@ class Remote:
         return ThoughtgateClient(self.url, self.key)
 
 
-def resolve_remote(url: str | None, key: str | None, **local_only: Any) -> Remote | None:
+def resolve_remote(
+    url: str | None, key: str | None, *, why: Mapping[str, str] | None = None, **local_only: Any
+) -> Remote | None:
     """The daemon to talk to (``None``: the local store), after refusing what a daemon decides.
 
-    ``local_only`` maps each flag that makes sense only locally to its value (set = refused)."""
+    ``local_only`` maps each flag that makes sense only locally to its value (set = refused);
+    ``why`` gives a command's own reason for refusing a flag, where it differs."""
     if not url:
         if key:
             raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
@@ -70,7 +76,8 @@ def resolve_remote(url: str | None, key: str | None, **local_only: Any) -> Remot
     for flag, value in local_only.items():
         if value:
             name = "--" + flag.replace("_", "-")
-            raise UsageError(f"{name} cannot be used with --url: {_WHY[flag]}")
+            reason = (why or {}).get(flag) or _WHY[flag]
+            raise UsageError(f"{name} cannot be used with --url: {reason}")
     return Remote(url.rstrip("/"), key)
 
 
@@ -92,6 +99,11 @@ _WHY = {
     "api_key": "the daemon's provider keys apply",
     "tools": "name tools registered on the daemon (--tools NAME), not module:attr",
 }
+
+RESUMED_BY_THE_DAEMON: Mapping[str, str] = {
+    "tools": "the daemon resumes the run with the tools it registered under the names the run uses"
+}
+"""``resume --url``'s reason for refusing ``--tools``: the daemon picks the tools."""
 
 
 @contextlib.asynccontextmanager
@@ -119,6 +131,29 @@ def show_event(event: Event, *, json_lines: bool) -> None:
 # --------------------------------------------------------------------------- commands
 
 
+async def resolve_on_daemon(tg: ThoughtgateClient, given: str) -> str:
+    """A full run id from an id or a unique start of it (``git``-style), as the daemon lists
+    runs to the key."""
+    given = given.strip()
+    prefix = given if given.startswith("run_") else f"run_{given}"
+    try:
+        return (await tg.get_run(prefix)).run_id
+    except RunNotFoundError:
+        pass
+    found: list[str] = []
+    for page in range(20):  # the newest 10,000 runs
+        runs = await tg.list_runs(limit=500, offset=page * 500)
+        found += [r.run_id for r in runs if r.run_id.startswith(prefix)]
+        if len(runs) < 500 or len(found) > 5:
+            break
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise RunNotFoundError(given)
+    shown = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
+    raise UsageError(f"{given!r} matches several runs ({shown}); type more of the id")
+
+
 async def remote_run(
     remote: Remote,
     prompt: str,
@@ -131,33 +166,63 @@ async def remote_run(
     json_out: bool,
 ) -> str:
     """Start a run on the daemon, follow it live, print how it ended; returns its status."""
-    from thoughtgate.cli.render import LivePrinter, print_run
-
     async with remote.client() as tg:
         role = str((await tg.me())["role"])
         run_id = await tg.start_run(prompt, model, chain_of_thought, tools or None, system=system)
         if not json_out:
             err_console.print(f"run {run_id} on {remote.url} (as {role})", highlight=False)
-        printer = None if json_out else LivePrinter(console)
-        answering: set[asyncio.Task[None]] = set()
-        try:
-            async with _closing(tg.follow(run_id)) as events:
-                async for event in events:
-                    if printer is not None:
-                        printer.show(event)
-                    if event.type == "tool.approval_required":
-                        task = asyncio.create_task(_approve(tg, event, approve_all))
-                        answering.add(task)
-                        task.add_done_callback(answering.discard)
-        except asyncio.CancelledError:
-            err_console.print(f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {remote.url}")
-            raise
-        finally:
-            for task in answering:
-                task.cancel()
-        if printer is not None:
-            printer.end()
-        view = await tg.get_run(run_id)
+        return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out)
+
+
+async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_out: bool) -> str:
+    """Ask the daemon to resume a suspended run, follow it live from where it stopped, print how
+    it ended; returns its status (a run that is not waiting to resume: the daemon's 409, a usage
+    error)."""
+    async with remote.client() as tg:
+        role = str((await tg.me())["role"])
+        run_id = await resolve_on_daemon(tg, given)
+        shown = await tg.events(run_id)  # so far: the follow below shows what the resume adds
+        await tg.resume_run(run_id)
+        if not json_out:
+            err_console.print(f"resuming run {run_id} on {remote.url} (as {role})", highlight=False)
+        after = shown[-1].seq if shown else 0
+        return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out, after=after)
+
+
+async def _follow_to_end(
+    tg: ThoughtgateClient,
+    remote: Remote,
+    run_id: str,
+    role: str,
+    approve_all: bool,
+    json_out: bool,
+    *,
+    after: int = 0,
+) -> str:
+    """Follow a run on the daemon to its end (printed live unless ``json_out``), answering the
+    approvals it asks for; print how it ended and return its status."""
+    from thoughtgate.cli.render import LivePrinter, print_run
+
+    printer = None if json_out else LivePrinter(console)
+    answering: set[asyncio.Task[None]] = set()
+    try:
+        async with _closing(tg.follow(run_id, after=after)) as events:
+            async for event in events:
+                if printer is not None:
+                    printer.show(event)
+                if event.type == "tool.approval_required":
+                    task = asyncio.create_task(_approve(tg, event, approve_all))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+    except asyncio.CancelledError:
+        err_console.print(f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {remote.url}")
+        raise
+    finally:
+        for task in answering:
+            task.cancel()
+    if printer is not None:
+        printer.end()
+    view = await tg.get_run(run_id)
     return print_run(view, json_out=json_out, role=role)
 
 

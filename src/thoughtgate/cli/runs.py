@@ -21,13 +21,14 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import (
     ApiKeyOpt,
@@ -36,14 +37,25 @@ from thoughtgate.cli.options import (
     ConfigOpt,
     DbOpt,
     JsonOpt,
+    KeyOpt,
     ReadOptions,
     RunIdArg,
     ToolsOpt,
+    UrlOpt,
     ViewAsOpt,
     with_read_options,
 )
 from thoughtgate.cli.readers import RunReader, read_command
-from thoughtgate.cli.remote import remote_run, resolve_remote, show_event, wants_daemon
+from thoughtgate.cli.remote import (
+    RESUMED_BY_THE_DAEMON,
+    remote_resume,
+    remote_run,
+    resolve_remote,
+    show_event,
+    wants_daemon,
+)
+from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RUN_STATUSES, select_runs
+from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -393,9 +405,32 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
     ) -> None:
         """Continue a run whose process was killed, from its last completed step (a completed
-        tool call is never run again); the exit code is its outcome."""
+        tool call is never run again); the exit code is its outcome.
+
+        With --url the daemon resumes it (with its tools) and this follows it to its end."""
+        if wants_daemon(url, key):
+
+            async def on_daemon() -> str:
+                remote = resolve_remote(
+                    url,
+                    key,
+                    why=RESUMED_BY_THE_DAEMON,
+                    db=db,
+                    view_as=view_as,
+                    base_url=base_url,
+                    api_key=api_key,
+                    tools=bool(tools),
+                )
+                assert remote is not None
+                return await remote_resume(
+                    remote, run_id, approve_all=approve_all, json_out=json_out
+                )
+
+            raise typer.Exit(for_run_status(run_async(on_daemon())))
 
         async def body(runtime: Runtime, ctx: Context) -> RunView:
             from thoughtgate.cli.common import resolve_run_id
@@ -436,15 +471,82 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
+        status: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--status",
+                metavar="STATUS",
+                help="Only runs in this status (repeatable, or a comma list): "
+                f"{', '.join(RUN_STATUSES)}.",
+            ),
+        ] = None,
+        mode: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--mode",
+                metavar="MODE",
+                help="Only runs in this disclosure mode (repeatable, or a comma list): "
+                f"{', '.join(CHAIN_OF_THOUGHT_MODES)}.",
+            ),
+        ] = None,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model", metavar="PROVIDER:MODEL", help="Only runs of this model (exactly)."
+            ),
+        ] = None,
+        search: Annotated[
+            str | None,
+            typer.Option(
+                "--search",
+                metavar="TEXT",
+                help="Only runs whose prompt contains TEXT (case-insensitive).",
+            ),
+        ] = None,
+        since: Annotated[
+            str | None,
+            typer.Option(
+                "--since",
+                metavar="WHEN",
+                help="Only runs started at or after WHEN: an ISO 8601 date or datetime "
+                "(2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z; local time unless it has an "
+                "offset) or an age (30m, 2h, 7d).",
+            ),
+        ] = None,
+        until: Annotated[
+            str | None,
+            typer.Option(
+                "--until", metavar="WHEN", help="Only runs started before WHEN (as --since)."
+            ),
+        ] = None,
+        mine: Annotated[
+            bool,
+            typer.Option("--mine", help="Only runs started with your --key (needs --url)."),
+        ] = False,
         *,
         read: ReadOptions,
     ) -> None:
-        """List recent runs, newest first, with their full ids and when they started."""
+        """List recent runs, newest first, with their full ids and when they started.
+
+        Filters combine with AND, one filter's values with OR; alike on a daemon (--url)."""
+        with one_line_errors():
+            selection = select_runs(
+                statuses=status,
+                modes=mode,
+                model=model,
+                search=search,
+                since=since,
+                until=until,
+                mine=mine,
+                now=time.time(),
+            )
+            if mine and not read.url:
+                raise UsageError(MINE_NEEDS_DAEMON)
 
         async def body(reader: RunReader) -> None:
             from thoughtgate.cli.render import render_runs_table
 
-            views = await reader.runs(limit)
+            views = await reader.runs(limit, selection)
             if read.json_out:
                 print_json([v.to_json() for v in views])
             else:

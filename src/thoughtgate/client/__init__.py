@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from thoughtgate.client.aio import EventPage, ThoughtgateClient, Ticket, event_from_dict
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, RequestRejectedError
+from thoughtgate.client.run_list import RunListFilters, RunListPage
 from thoughtgate.client.sync import SyncThoughtgateClient
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "DaemonUnreachableError",
     "EventPage",
     "RequestRejectedError",
+    "RunListFilters",
+    "RunListPage",
     "SyncThoughtgateClient",
     "ThoughtgateClient",
     "Ticket",

@@ -12,13 +12,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Unpack
 from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
+from thoughtgate.client.run_list import RunListFilters, RunListPage, run_list_params
 from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
 from thoughtgate.events.views import RunView
@@ -26,6 +27,8 @@ from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["EventPage", "ThoughtgateClient", "Ticket", "event_from_dict"]
 
+_RUN_PAGE_MAX: Final = 500
+"""The most runs ``GET /v1/runs`` answers in one page."""
 _RESUME_EVENTS = frozenset({"lagging", "failed"})
 _ACCESS_REVOKED = "access_revoked"
 """Frames after which the daemon closes the stream and the reader resumes from its last id."""
@@ -197,10 +200,50 @@ class ThoughtgateClient:
         daemon's filter built (a withheld field is unset, absent from ``to_json()``)."""
         return _run_view(await self._request("GET", _run_path(run_id), run_id=run_id))
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunView]:
-        """Runs, newest first."""
-        body = await self._request("GET", "/v1/runs", params={"limit": limit, "offset": offset})
-        return [_run_view(run) for run in body["runs"]]
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, **filters: Unpack[RunListFilters]
+    ) -> list[RunView]:
+        """Runs, newest first: at most ``limit`` of those matching ``filters`` (status, mode,
+        model, key, since, until, search: :class:`RunListFilters`), read in as many pages as
+        that takes. ``offset`` skips runs; it cannot be combined with filters, and reads one page
+        (``runs_page`` pages by cursor instead)."""
+        if offset:
+            params = {"limit": limit, "offset": offset, **run_list_params(filters)}
+            body = await self._request("GET", "/v1/runs", params=params)
+            return [_run_view(run) for run in body["runs"]]
+        runs: list[RunView] = []
+        before: str | None = None
+        while len(runs) < limit:
+            wanted = min(limit - len(runs), _RUN_PAGE_MAX)
+            page = await self.runs_page(limit=wanted, before=before, **filters)
+            runs.extend(page.runs)
+            if page.next is None:
+                break
+            before = page.next
+        return runs
+
+    async def runs_page(
+        self, *, limit: int = 50, before: str | None = None, **filters: Unpack[RunListFilters]
+    ) -> RunListPage:
+        """One page of runs matching ``filters``, newest first (``limit`` at most 500); pass its
+        ``next`` as ``before`` for the page after it."""
+        params: dict[str, str | int] = {"limit": limit, **run_list_params(filters)}
+        if before is not None:
+            params["before"] = before
+        body = await self._request("GET", "/v1/runs", params=params)
+        return RunListPage(
+            tuple(_run_view(run) for run in body["runs"]),
+            None if body.get("next") is None else str(body["next"]),
+            int(body.get("changes", 0)),
+        )
+
+    async def resume_run(self, run_id: str) -> str:
+        """Ask the daemon to continue a suspended durable run from its last completed step
+        (member and above); returns its id. It executes in the background: ``follow`` it.
+        ``RequestRejectedError`` (409) when it is not waiting to resume (it ended, is executing,
+        or uses tools the daemon lacks)."""
+        body = await self._request("POST", _run_path(run_id, "/resume"), run_id=run_id)
+        return str(body["run_id"])
 
     async def events_page(self, run_id: str, *, after: int = 0, limit: int = 500) -> EventPage:
         """One page of events after ``after`` (``limit`` counts events before filtering)."""

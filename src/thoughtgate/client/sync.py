@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from thoughtgate.client.aio import EventPage, ThoughtgateClient, Ticket
+from thoughtgate.client.run_list import RunListFilters, RunListPage
 from thoughtgate.events.schema import Event
 from thoughtgate.events.thread import ThreadView
 from thoughtgate.events.views import RunView
@@ -83,8 +84,18 @@ class SyncThoughtgateClient:
     def get_run(self, run_id: str) -> RunView:
         return self._run(self.aio.get_run(run_id))
 
-    def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunView]:
-        return self._run(self.aio.list_runs(limit=limit, offset=offset))
+    def list_runs(
+        self, *, limit: int = 50, offset: int = 0, **filters: Unpack[RunListFilters]
+    ) -> list[RunView]:
+        return self._run(self.aio.list_runs(limit=limit, offset=offset, **filters))
+
+    def runs_page(
+        self, *, limit: int = 50, before: str | None = None, **filters: Unpack[RunListFilters]
+    ) -> RunListPage:
+        return self._run(self.aio.runs_page(limit=limit, before=before, **filters))
+
+    def resume_run(self, run_id: str) -> str:
+        return self._run(self.aio.resume_run(run_id))
 
     def events_page(self, run_id: str, *, after: int = 0, limit: int = 500) -> EventPage:
         return self._run(self.aio.events_page(run_id, after=after, limit=limit))

@@ -789,6 +789,24 @@ async def test_a_closed_store_leaves_no_file_descriptor_open(tmp_path: Path) -> 
     assert _open_descriptors() == before
 
 
+async def test_a_store_that_fails_to_open_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
+    """A failed open leaves its writer's wake pipe to the thread (which may still be handing
+    the open's result back through it); the thread closes it when it stops."""
+    store = await SQLiteStore.open(tmp_path / "first.db")  # imports and caches settle first
+    await store.close()
+    foreign = tmp_path / "foreign.db"
+    foreign.write_bytes(b"not a database, " * 64)
+    threads_before = set(threading.enumerate())
+    before = _open_descriptors()
+    for _ in range(3):
+        with pytest.raises(NotOurDatabaseError):
+            await SQLiteStore.open(foreign)
+    for thread in set(threading.enumerate()) - threads_before:
+        if thread.name.startswith("thoughtgate-sqlite"):
+            await asyncio.to_thread(thread.join, 60)
+    assert _open_descriptors() == before
+
+
 async def test_a_loop_that_cannot_watch_a_pipe_still_gets_every_write_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

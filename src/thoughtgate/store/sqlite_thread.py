@@ -247,6 +247,8 @@ class SQLiteThread:
         """The pipe (read end, write end) the thread wakes the loop that started it through,
         its hand-offs going to that loop's I/O phase (``_hand_back``); ``None``: they go by
         ``call_soon_threadsafe``."""
+        self._wake_left: tuple[int, int] | None = None
+        """A pipe a failed start stopped watching, for the thread to close when it stops."""
         self._handoffs: collections.deque[tuple[list[_Outcome], Callable[[], None] | None]]
         self._handoffs = collections.deque()
 
@@ -259,14 +261,16 @@ class SQLiteThread:
         self._loop = asyncio.get_running_loop()
         if self.on_loop:
             self._wake = _wake_pair(self._loop, self._on_handoff)
-        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve_then_release, name=self.name, daemon=True
+        )
         self._thread.start()
         try:
             await self._submit(action, run, grouped=False, needs_connection=False)
         except BaseException:
             self._closed = True
+            self._leave_wake_to_thread()  # before the ``None`` that lets the thread stop
             self._jobs.put(None)
-            self._drop_wake()
             raise
 
     async def call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -409,6 +413,28 @@ class SQLiteThread:
             # store leaves no thread of its own running.
             thread.join()
         self._drop_wake()
+
+    def _leave_wake_to_thread(self) -> None:
+        """After a failed start: stop watching ``_wake`` and let the thread close it when it
+        stops. It may still be opening the connection, and hand that job back through the pipe
+        after this: closed here, its file descriptor could already belong to another file (a
+        database) by the time the thread writes its byte."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
+                self._loop.remove_reader(wake[0])
+        self._wake_left = wake
+
+    def _serve_then_release(self) -> None:
+        try:
+            self._serve()
+        finally:
+            left, self._wake_left = self._wake_left, None
+            if left is not None:
+                os.close(left[0])
+                os.close(left[1])
 
     def _drop_wake(self) -> None:
         """Stop watching ``_wake`` and close it (the thread has answered its last job)."""

@@ -769,6 +769,71 @@ async def _made_runs(store: SQLiteStore, n: int) -> list[RunRecord]:
     return runs
 
 
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_a_closed_store_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
+    """A daemon opens a store per process and tests open hundreds: the pipes its threads wake
+    the event loop through (ADR 0053) are closed with it, as its connections are."""
+    store = await SQLiteStore.open(tmp_path / "first.db")  # imports and caches settle first
+    await store.close()
+    before = _open_descriptors()
+    for i in range(3):
+        store = await SQLiteStore.open(tmp_path / f"fd{i}.db")
+        run = make_run()
+        await store.create_run(run)
+        await asyncio.gather(*(store.append(run.run_id, deltas(2)) for _ in range(5)))
+        await store.close()
+    assert _open_descriptors() == before
+
+
+async def test_a_store_that_fails_to_open_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
+    """A failed open leaves its writer's wake pipe to the thread (which may still be handing
+    the open's result back through it); the thread closes it when it stops."""
+    store = await SQLiteStore.open(tmp_path / "first.db")  # imports and caches settle first
+    await store.close()
+    foreign = tmp_path / "foreign.db"
+    foreign.write_bytes(b"not a database, " * 64)
+    threads_before = set(threading.enumerate())
+    before = _open_descriptors()
+    for _ in range(3):
+        with pytest.raises(NotOurDatabaseError):
+            await SQLiteStore.open(foreign)
+    for thread in set(threading.enumerate()) - threads_before:
+        if thread.name.startswith("thoughtgate-sqlite"):
+            await asyncio.to_thread(thread.join, 60)
+    assert _open_descriptors() == before
+
+
+async def test_a_loop_that_cannot_watch_a_pipe_still_gets_every_write_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the event loop cannot watch a file descriptor (a proactor loop), the writer's
+    results come back by ``call_soon_threadsafe``, as before ADR 0053: groups and all."""
+    loop = asyncio.get_running_loop()
+
+    def cannot(*args: Any) -> None:
+        raise NotImplementedError
+
+    monkeypatch.setattr(loop, "add_reader", cannot)
+    store = await SQLiteStore.open(tmp_path / "proactor.db")
+    try:
+        runs = [make_run() for _ in range(4)]
+        for run in runs:
+            await store.create_run(run)
+        calls = [store.append(run.run_id, deltas(3, start=3 * i)) for i in range(3) for run in runs]
+        commits = store._writer.commits
+        results = await _queued_together(store._writer, calls)
+        assert store._writer.commits == commits + 1  # still one group
+        assert all(isinstance(r, list) and len(r) == 3 for r in results)
+        for run in runs:
+            assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 10))
+    finally:
+        await store.close()
+
+
 @contextlib.asynccontextmanager
 async def _keyed_table(path: Path) -> AsyncIterator[SQLiteThread]:
     """A writer thread on a fresh database with one table ``t (k TEXT PRIMARY KEY)``."""

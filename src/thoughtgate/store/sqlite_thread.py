@@ -67,6 +67,15 @@ first, before any other job; its hand-off tells the loop that the connection is 
 * writes from another event loop (another thread's ``asyncio.run``) go to the thread's queue as
   before; a lock on the connection keeps its users one at a time.
 
+The thread hands its results back to the loop that started it through a pipe that loop watches
+(ADR 0053), so the hand-off -- callers told, live readers given the events, the next group run --
+happens in the loop's I/O phase, after the callbacks of the turn in which the ``COMMIT``
+returned, rather than near the front of the next turn (``call_soon_threadsafe``). The next group
+then holds every write those callbacks queued: with 100 runs streaming, the deltas of the
+provider reads woken in the turn before, which otherwise waited for the group after (a loop turn
+more between a provider's bytes and a reader's frame). A loop that cannot watch a file
+descriptor (a proactor loop) gets ``call_soon_threadsafe`` as before.
+
 Exception mapping (``translate_error``)::
 
     sqlite3.Error
@@ -81,8 +90,10 @@ Exception mapping (``translate_error``)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import sys
@@ -232,6 +243,14 @@ class SQLiteThread:
         self._finished = 0
         """... and those the thread is done with (written by the thread only)."""
         self._busy_pragma = f"PRAGMA busy_timeout = {max(0, round(busy_timeout * 1000))}"
+        self._wake: tuple[int, int] | None = None
+        """The pipe (read end, write end) the thread wakes the loop that started it through,
+        its hand-offs going to that loop's I/O phase (``_hand_back``); ``None``: they go by
+        ``call_soon_threadsafe``."""
+        self._wake_left: tuple[int, int] | None = None
+        """A pipe a failed start stopped watching, for the thread to close when it stops."""
+        self._handoffs: collections.deque[tuple[list[_Outcome], Callable[[], None] | None]]
+        self._handoffs = collections.deque()
 
     async def start(self, connect: Callable[[], sqlite3.Connection], action: str) -> None:
         """Start the thread and open the connection on it (``connect`` may check and migrate)."""
@@ -240,12 +259,17 @@ class SQLiteThread:
             self._conn = connect()
 
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        if self.on_loop:
+            self._wake = _wake_pair(self._loop, self._on_handoff)
+        self._thread = threading.Thread(
+            target=self._serve_then_release, name=self.name, daemon=True
+        )
         self._thread.start()
         try:
             await self._submit(action, run, grouped=False, needs_connection=False)
         except BaseException:
             self._closed = True
+            self._leave_wake_to_thread()  # before the ``None`` that lets the thread stop
             self._jobs.put(None)
             raise
 
@@ -388,6 +412,40 @@ class SQLiteThread:
             # the ``None`` behind it and returns, so this join is over at once and a closed
             # store leaves no thread of its own running.
             thread.join()
+        self._drop_wake()
+
+    def _leave_wake_to_thread(self) -> None:
+        """After a failed start: stop watching ``_wake`` and let the thread close it when it
+        stops. It may still be opening the connection, and hand that job back through the pipe
+        after this: closed here, its file descriptor could already belong to another file (a
+        database) by the time the thread writes its byte."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
+                self._loop.remove_reader(wake[0])
+        self._wake_left = wake
+
+    def _serve_then_release(self) -> None:
+        try:
+            self._serve()
+        finally:
+            left, self._wake_left = self._wake_left, None
+            if left is not None:
+                os.close(left[0])
+                os.close(left[1])
+
+    def _drop_wake(self) -> None:
+        """Stop watching ``_wake`` and close it (the thread has answered its last job)."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
+                self._loop.remove_reader(wake[0])
+        os.close(wake[0])
+        os.close(wake[1])
 
     def _put(self, job: _Job) -> None:
         """Queue ``job`` on the thread, counted: the loop runs a group only when the thread
@@ -516,7 +574,7 @@ class SQLiteThread:
             with self._conn_lock:
                 last = self._commit_handed()
                 if last and work:
-                    _settle_all(last)
+                    self._hand_back(last)
                     last = []
                 i = 0
                 while i < len(work):
@@ -535,14 +593,59 @@ class SQLiteThread:
                     except BaseException as exc:  # a bug here must not leave callers waiting
                         outcomes = [_Outcome(job, exc, None) for job in work[i:j]]
                     if j < len(work):
-                        _settle_all(outcomes)
+                        self._hand_back(outcomes)
                     else:
                         last = outcomes
                     i = j
             self._finished += len(batch)
             # The last hand-off also tells the loop that the connection is free again, when it
             # has writes waiting: one wake-up of the loop for both.
-            _settle_all(last, self._loop if self._pending else None, self._flush)
+            self._hand_back(last, wake=bool(self._pending))
+
+    def _hand_back(self, outcomes: list[_Outcome], *, wake: bool = False) -> None:
+        """Results back to their loops (with ``wake``, the loop that started the thread also
+        runs its next group after them, even with none).
+
+        To that loop they go through ``_wake``, read in the loop's I/O phase, which comes
+        after the callbacks of the turn in which the ``COMMIT`` returned: the next group then
+        holds every write those callbacks queued (the deltas of the provider reads woken in
+        the turn before). ``call_soon_threadsafe`` put the hand-off near the front of the next
+        turn, before the tasks woken by that turn's network reads, whose deltas then waited
+        for the group after: a loop turn more between a provider's bytes and a reader's frame
+        (ADR 0053)."""
+        loop, pair = self._loop, self._wake
+        if pair is None or loop is None:
+            _settle_all(outcomes, loop if wake else None, self._flush)
+            return
+        mine = [outcome for outcome in outcomes if outcome.job.loop is loop]
+        if len(mine) < len(outcomes):
+            _settle_all([outcome for outcome in outcomes if outcome.job.loop is not loop])
+        if not mine and not wake:
+            return
+        self._handoffs.append((mine, self._flush if wake else None))
+        try:
+            os.write(pair[1], b"\0")
+        except (BlockingIOError, InterruptedError):  # full: the loop has a wake to read anyway
+            pass
+        except OSError:  # closed meanwhile (a start that was cancelled): hand it over as before
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_handoff)
+
+    def _on_handoff(self) -> None:
+        """On the loop that started the thread, when ``_wake`` is readable: every hand-off
+        queued so far, in order."""
+        pair = self._wake
+        if pair is not None:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while os.read(pair[0], 4096):  # before the queue: a later hand-off wakes again
+                    pass
+        handoffs = self._handoffs
+        while handoffs:  # each on its own, as callbacks of their own would be
+            outcomes, then = handoffs.popleft()
+            try:
+                _settle(outcomes, then)
+            except Exception:
+                log.exception("a hand-off of the SQLite thread %s failed", self.name)
 
     def _commit_handed(self) -> list[_Outcome]:
         """The ``COMMIT`` of the group the loop ran, if one is waiting: first, before anything
@@ -856,6 +959,27 @@ def _tell_decided(done: list[_Outcome]) -> None:
                 decided(outcome.value)
             except Exception:
                 log.exception("a write's 'decided' callback failed (%s)", outcome.job.action)
+
+
+def _wake_pair(
+    loop: asyncio.AbstractEventLoop, on_wake: Callable[[], None]
+) -> tuple[int, int] | None:
+    """A non-blocking pipe whose read end ``loop`` watches with ``on_wake``; ``None`` where
+    the loop cannot watch one (then hand-offs go by ``call_soon_threadsafe``). Plain file
+    descriptors: a store dropped without ``close`` leaks them as it leaks its thread."""
+    try:
+        pair = os.pipe()
+    except OSError:
+        return None
+    try:
+        for end in pair:
+            os.set_blocking(end, False)
+        loop.add_reader(pair[0], on_wake)
+    except (NotImplementedError, OSError, ValueError):  # e.g. a proactor loop, Windows pipes
+        os.close(pair[0])
+        os.close(pair[1])
+        return None
+    return pair
 
 
 def _settle_all(

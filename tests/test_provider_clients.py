@@ -8,6 +8,7 @@ reuse and closing are observed from the provider's side of the wire.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -290,3 +291,39 @@ async def test_busy_endpoints_spread_over_small_pools_and_give_slots_back(
         assert clients.pools(server.url) == 3
     await wait_all_closed_async(server)
     assert clients.endpoints() == []
+
+
+@pytest.mark.external
+def test_a_daemon_builds_its_adapters_and_tls_context_before_it_serves() -> None:
+    """A daemon's first request to a provider ran on the loop every stream shares: importing
+    the adapter and building the TLS context (~50 ms of CPU) stalled every run under way. A
+    fresh process (the pytest one has them all) starts the app and looks before any run."""
+    code = (
+        "import json, sys\n"
+        "from starlette.testclient import TestClient\n"
+        "from thoughtgate.providers import clients\n"
+        "from thoughtgate.providers.base import PROVIDER_MODULES\n"
+        "from thoughtgate.server.app import create_app\n"
+        "from thoughtgate.store.memory import MemoryStore\n"
+        "modules = [t.partition(':')[0] for t in PROVIDER_MODULES.values()]\n"
+        "before = [m for m in modules if m in sys.modules]\n"
+        "tls_before = clients._tls_context.cache_info().currsize\n"
+        "with TestClient(create_app(MemoryStore())):\n"
+        "    after = [m for m in modules if m in sys.modules]\n"
+        "    tls_after = clients._tls_context.cache_info().currsize\n"
+        "print(json.dumps([modules, before, after, tls_before, tls_after]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    modules, before, after, tls_before, tls_after = json.loads(done.stdout)
+    assert len(modules) >= 5
+    assert before == [], "the check needs a process that has not imported them yet"
+    assert after == modules
+    assert (tls_before, tls_after) == (0, 1)

@@ -382,6 +382,25 @@ async def test_several_processes_opening_a_new_file_at_once(tmp_path: Path) -> N
     assert sorted(versions) == [m.version for m in load_migrations("sqlite")]
 
 
+class _WalSwitches:
+    """Counts a connection's switches to WAL mode (traced statements); ``tried_again`` is set
+    at the second, when the first was refused."""
+
+    def __init__(self) -> None:
+        self.switches: list[str] = []
+        self.tried_again = threading.Event()
+
+    def trace(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        def seen(statement: str) -> None:
+            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
+                self.switches.append(statement)
+                if len(self.switches) > 1:
+                    self.tried_again.set()
+
+        conn.set_trace_callback(seen)
+        return conn
+
+
 async def test_a_new_file_opens_while_another_process_holds_its_write_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -392,20 +411,11 @@ async def test_a_new_file_opens_while_another_process_holds_its_write_lock(
     for the lock as for any other."""
     path = tmp_path / "new.db"
     create_private_file(path)  # as the other process's open does first
-    switches: list[str] = []
-    tried_again = threading.Event()
+    wal = _WalSwitches()
+    switches, tried_again = wal.switches, wal.tried_again
 
     def traced(target: Path, **options: Any) -> sqlite3.Connection:
-        conn = connect(target, **options)
-
-        def seen(statement: str) -> None:
-            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
-                switches.append(statement)
-                if len(switches) > 1:
-                    tried_again.set()
-
-        conn.set_trace_callback(seen)
-        return conn
+        return wal.trace(connect(target, **options))
 
     monkeypatch.setattr(sqlite_schema, "connect", traced)
     other = sqlite3.connect(path, isolation_level=None)
@@ -1717,20 +1727,11 @@ def test_the_workflows_file_is_switched_to_wal_while_another_process_holds_its_l
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # the other process's write lock
     real_connect = sqlite3.connect
-    switches: list[str] = []
-    tried_again = threading.Event()
+    wal = _WalSwitches()
+    switches, tried_again = wal.switches, wal.tried_again
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = real_connect(*args, **kwargs)
-
-        def seen(statement: str) -> None:
-            if statement.strip().upper() == "PRAGMA JOURNAL_MODE = WAL":
-                switches.append(statement)
-                if len(switches) > 1:
-                    tried_again.set()
-
-        conn.set_trace_callback(seen)
-        return conn
+        return wal.trace(real_connect(*args, **kwargs))
 
     monkeypatch.setattr(durable.sqlite3, "connect", traced)
     failed: list[BaseException] = []

@@ -42,7 +42,14 @@ import httpx
 from thoughtgate.providers.h11_body import BODY_READS, body_reads
 from thoughtgate.providers.netio import AsyncioBackend
 
-__all__ = ["SHARD_SIZE", "ProviderClients", "ShardedTransport", "endpoint_of", "shared_clients"]
+__all__ = [
+    "SHARD_SIZE",
+    "ProviderClients",
+    "ShardedTransport",
+    "build_tls_context",
+    "endpoint_of",
+    "shared_clients",
+]
 
 SHARD_SIZE = 4
 """Requests in flight per connection pool before the next pool takes new ones (see
@@ -68,6 +75,13 @@ def endpoint_of(base_url: str) -> str:
 def _tls_context() -> ssl.SSLContext:
     """The process's one TLS context (httpx's defaults: certifi, or ``SSL_CERT_FILE``/``_DIR``)."""
     return httpx.create_ssl_context()
+
+
+def build_tls_context() -> None:
+    """Build the process's TLS context now (about 50 ms of CPU, ``load_verify_locations``): a
+    daemon does it before it serves, not on the event loop its first provider request shares
+    with every run under way."""
+    _tls_context()
 
 
 class _LeanCookies(httpx.Cookies):

@@ -414,38 +414,31 @@ class SQLiteThread:
             thread.join()
         self._drop_wake()
 
+    def _unwatch_wake(self) -> tuple[int, int] | None:
+        """Stop watching ``_wake``; returns the pipe, for its caller to close (or ``None``)."""
+        wake, self._wake = self._wake, None
+        if wake is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
+                self._loop.remove_reader(wake[0])
+        return wake
+
     def _leave_wake_to_thread(self) -> None:
         """After a failed start: stop watching ``_wake`` and let the thread close it when it
         stops. It may still be opening the connection, and hand that job back through the pipe
         after this: closed here, its file descriptor could already belong to another file (a
         database) by the time the thread writes its byte."""
-        wake, self._wake = self._wake, None
-        if wake is None:
-            return
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
-                self._loop.remove_reader(wake[0])
-        self._wake_left = wake
+        self._wake_left = self._unwatch_wake()
 
     def _serve_then_release(self) -> None:
         try:
             self._serve()
         finally:
-            left, self._wake_left = self._wake_left, None
-            if left is not None:
-                os.close(left[0])
-                os.close(left[1])
+            _close_pipe(self._wake_left)
+            self._wake_left = None
 
     def _drop_wake(self) -> None:
         """Stop watching ``_wake`` and close it (the thread has answered its last job)."""
-        wake, self._wake = self._wake, None
-        if wake is None:
-            return
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a closed loop)
-                self._loop.remove_reader(wake[0])
-        os.close(wake[0])
-        os.close(wake[1])
+        _close_pipe(self._unwatch_wake())
 
     def _put(self, job: _Job) -> None:
         """Queue ``job`` on the thread, counted: the loop runs a group only when the thread
@@ -961,6 +954,12 @@ def _tell_decided(done: list[_Outcome]) -> None:
                 log.exception("a write's 'decided' callback failed (%s)", outcome.job.action)
 
 
+def _close_pipe(pair: tuple[int, int] | None) -> None:
+    if pair is not None:
+        os.close(pair[0])
+        os.close(pair[1])
+
+
 def _wake_pair(
     loop: asyncio.AbstractEventLoop, on_wake: Callable[[], None]
 ) -> tuple[int, int] | None:
@@ -976,8 +975,7 @@ def _wake_pair(
             os.set_blocking(end, False)
         loop.add_reader(pair[0], on_wake)
     except (NotImplementedError, OSError, ValueError):  # e.g. a proactor loop, Windows pipes
-        os.close(pair[0])
-        os.close(pair[1])
+        _close_pipe(pair)
         return None
     return pair
 

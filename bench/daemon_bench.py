@@ -11,7 +11,9 @@ DIR`` to sample the server with py-spy in every phase and print where its CPU we
 DIR`` to stamp the first reasoning delta's hops and the client's requests, server and client
 side, and every run's whole cycle from its ``POST`` to the connection's next, and print each
 hop's median per phase, then each server's totals -- store jobs, DBOS's SQL transactions by
-thread, threads' CPU: :mod:`bench.first_byte_trace`).
+thread, threads' CPU: :mod:`bench.first_byte_trace`), ``--pin`` to start the servers on one CPU
+and leave the others to this client and the emulator (ADR 0055: on the two shared cores, where
+the OS put the daemon's threads moved the adapters' first byte at 10 runs by 2×).
 ``main()`` returns ``{name, value, unit, target, ok}`` dicts for a bench runner, with ``spread``
 and ``rounds`` for a figure measured in rounds (plus plot series for ``bench.run``).
 
@@ -157,6 +159,9 @@ LITELLM_TTFB_MS = {1: 10.0, 10: 66.0, 100: 960.0}
 LITELLM_RPS = 40.0
 TRACE: str | None = None
 """``--trace DIR``: where the first byte's hop stamps go (``bench.first_byte_trace``)."""
+SERVER_CPU: int | None = None
+"""``--pin``: the one CPU the servers (thoughtgate's, LiteLLM's proxy) run on; the bench's client
+and the emulator get the others (ADR 0055)."""
 NOTES: list[str] = []  # filled by main(): measured or reference LiteLLM figures
 PROVIDER_DELTAS = 2 * DELTAS  # reasoning + text deltas the provider streams per run
 FAKE_MODEL = "fake:bench"
@@ -710,6 +715,15 @@ def _litellm_venv() -> Path | None:
     return LITELLM_VENV
 
 
+def _on_server_cpu() -> dict[str, Any]:
+    """``Popen`` arguments that start a server on :data:`SERVER_CPU` (with ``--pin``): set in the
+    child before it runs anything, so every thread it starts inherits it."""
+    cpu = SERVER_CPU
+    if cpu is None:
+        return {}
+    return {"preexec_fn": lambda: os.sched_setaffinity(0, {cpu})}
+
+
 def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``litellm --config`` on loopback, one worker, no DB, telemetry or callbacks."""
     import socket
@@ -753,6 +767,7 @@ def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess
         cwd=str(tmp),
         stdout=log,
         stderr=subprocess.STDOUT,
+        **_on_server_cpu(),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -1236,6 +1251,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "not clean)",
     )
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the servers on one CPU, this client and the emulator on the others (Linux; a "
+        "remote provider and client would not share the server's cores: ADR 0055)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=None,
@@ -1269,7 +1290,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             Path(args.serve[0]), args.serve[1], args.flush_interval, emulator, args.serve_durable
         )
         return []
-    global TRACE
+    global TRACE, SERVER_CPU
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) < 2:
+            parser.error("--pin needs Linux and at least two CPUs")
+        SERVER_CPU = cpus[0]
+        os.sched_setaffinity(0, cpus[1:])  # this client, and the emulator it starts
     if args.trace:
         TRACE = str(Path(args.trace).resolve())
         Path(TRACE).mkdir(parents=True, exist_ok=True)
@@ -1375,6 +1402,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     ],
                     env=env,
                     cwd=str(REPO),
+                    **_on_server_cpu(),
                 )
                 try:
                     deadline = time.monotonic() + 60

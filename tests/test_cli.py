@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from thoughtgate.events.schema import EVENT_VERSION
+from thoughtgate.store.urls import open_store
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -36,6 +38,10 @@ def tg(
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tg.db'}"
+
+
+async def _create_store(db: str) -> None:
+    await (await open_store(db)).close()
 
 
 def run_json(db: str, *extra: str) -> dict[str, Any]:
@@ -133,6 +139,7 @@ def test_local_role_from_config_and_view_as_cannot_raise_it(db: str, tmp_path: P
     ],
 )
 def test_bad_input_gets_one_clear_message(db: str, args: list[str], message: str) -> None:
+    asyncio.run(_create_store(db))  # an unknown run in a store that exists
     proc = tg(*args, "--db", db, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr
@@ -187,3 +194,63 @@ def test_demo_human_output_uses_default_store(tmp_path: Path) -> None:
     assert "↳ Looking up its largest city" in proc.stdout
     assert "Steps shown came from notes the agent wrote for you (3)" in proc.stdout
     assert list((tmp_path / "data").rglob("thoughtgate.db")), "demo records in the default store"
+
+
+def test_reads_of_a_store_that_does_not_exist_create_nothing_and_say_so(tmp_path: Path) -> None:
+    """A mistyped --db path is visible: no runs listed with a note naming it, a run id is an
+    unknown run (exit 2); neither the file nor its directory appears."""
+    where = tmp_path / "nodir"
+    path = where / "typo.db"
+    db = f"sqlite:///{path}"
+    wide = {"COLUMNS": "400"}
+    listed = tg("runs", "--db", db, "--json", env=wide)
+    assert json.loads(listed.stdout) == []
+    assert f"no thoughtgate store at {path} yet: nothing has been recorded there" in listed.stderr
+    table = tg("runs", "--db", db, env=wide)
+    assert "run_id" in table.stdout and f"no thoughtgate store at {path}" in table.stderr
+    for args in (["status"], ["events"], ["events", "--follow"], ["trace"]):
+        proc = tg(args[0], "run_abc", *args[1:], "--db", db, check=False, env=wide)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert f"no thoughtgate store at {path}: run 'run_abc' not found" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not where.exists()
+    # a write still creates it, and reads then see what it recorded, with no note
+    run_id = run_json(db)["run_id"]
+    after = tg("runs", "--db", db, "--json")
+    assert [r["run_id"] for r in json.loads(after.stdout)] == [run_id]
+    assert "no thoughtgate store" not in after.stderr
+    assert tg("status", run_id, "--db", db, "--json").returncode == 0
+
+
+def test_reads_never_create_the_default_or_env_store(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env_db = tmp_path / "env" / "tg.db"
+    for env in ({"XDG_DATA_HOME": str(data)}, {"THOUGHTGATE_DB": f"sqlite:///{env_db}"}):
+        assert json.loads(tg("runs", "--json", env=env, cwd=tmp_path).stdout) == []
+        missing = tg("status", "run_abc", env=env, cwd=tmp_path, check=False)
+        assert missing.returncode == 2 and "no thoughtgate store at" in missing.stderr
+    assert not data.exists() and not env_db.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "missing"),
+    [
+        ("memory://", False),
+        ("postgresql://localhost/tg", False),
+        ("sqlite:///:memory:", False),
+        ("sqlite:///there.db", False),
+        ("sqlite:///nowhere.db", True),
+        ("sqlite:///nodir/x.db", True),
+    ],
+)
+def test_only_a_sqlite_file_that_is_not_there_is_missing(
+    url: str, missing: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from thoughtgate.cli.readers import missing_local_store
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "there.db").write_bytes(b"")
+    found = missing_local_store(url)
+    assert (found is not None) == missing
+    if missing:
+        assert found == Path(url.removeprefix("sqlite:///"))

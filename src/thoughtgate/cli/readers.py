@@ -9,6 +9,9 @@ the two readers differ only in where the filtered data comes from:
   daemon's filter already applied the key's role, and nothing here filters again or asks for more.
 
 So a command prints the same shapes against either, and a script works against both.
+
+A local SQLite file that does not exist is never created by a read: :class:`NoStoreReader` stands
+in for it, so a mistyped ``--db`` path says so instead of leaving a stray empty database behind.
 """
 
 from __future__ import annotations
@@ -17,20 +20,30 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from thoughtgate.cli.common import Context, resolve_run_id, run_async
+from thoughtgate.cli.common import Context, err_console, resolve_run_id, run_async
 from thoughtgate.cli.options import ReadOptions
 from thoughtgate.cli.remote import resolve_on_daemon, resolve_remote, wants_daemon
 from thoughtgate.cli.run_selection import EVERY_RUN, MINE_NEEDS_DAEMON, RunSelection
 from thoughtgate.errors import UsageError
+from thoughtgate.store.urls import sqlite_path
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from thoughtgate.access.roles import Role
     from thoughtgate.client import ThoughtgateClient
     from thoughtgate.events.schema import Event
     from thoughtgate.events.views import RunView
     from thoughtgate.store.base import EventStore
 
-__all__ = ["DaemonReader", "RunReader", "StoreReader", "read_command"]
+__all__ = [
+    "DaemonReader",
+    "NoStoreReader",
+    "RunReader",
+    "StoreReader",
+    "missing_local_store",
+    "read_command",
+]
 
 
 class RunReader(Protocol):
@@ -153,6 +166,61 @@ class DaemonReader:
         return await self.client.trace(run_id)
 
 
+def missing_local_store(url: str) -> Path | None:
+    """The path of a SQLite store ``url`` names that does not exist yet, else None (the file is
+    there, or the store is not a local file: memory, PostgreSQL, ``sqlite:///:memory:``)."""
+    if not url.startswith("sqlite:"):
+        return None
+    path = sqlite_path(url)
+    return None if str(path) == ":memory:" or path.exists() else path
+
+
+class NoStoreReader:
+    """A local store file that does not exist, read without creating it: it holds no runs, so
+    ``runs`` lists none (and says where it looked) and a run id is a usage error naming the path,
+    the exit code of an unknown run."""
+
+    def __init__(self, path: Path, role: Role) -> None:
+        self.path = path
+        self.reader = role
+
+    def _nothing_here(self, given: str) -> UsageError:
+        return UsageError(
+            f"no thoughtgate store at {self.path}: run {given!r} not found there "
+            "(check --db, THOUGHTGATE_DB or store.url)"
+        )
+
+    async def role(self) -> str:
+        return self.reader.label
+
+    async def resolve(self, given: str) -> str:
+        raise self._nothing_here(given)
+
+    async def view(self, run_id: str) -> RunView:
+        raise self._nothing_here(run_id)
+
+    async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
+        if selection.mine:
+            raise UsageError(MINE_NEEDS_DAEMON)
+        err_console.print(
+            f"no thoughtgate store at {self.path} yet: nothing has been recorded there",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return []
+
+    async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        raise self._nothing_here(run_id)
+
+    async def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        raise self._nothing_here(run_id)
+        yield  # pragma: no cover - makes this an async generator, as the protocol has it
+
+    async def trace(self, run_id: str) -> list[Event]:
+        raise self._nothing_here(run_id)
+
+
 @contextlib.asynccontextmanager
 async def _open_reader(
     url: str | None, key: str | None, *, db: str | None, view_as: str | None, config: str | None
@@ -163,6 +231,10 @@ async def _open_reader(
             yield DaemonReader(client)
         return
     ctx = Context(config_path=config, db=db, view_as=view_as)
+    missing = missing_local_store(ctx.db_url)
+    if missing is not None:  # opening would create it (and its directory)
+        yield NoStoreReader(missing, ctx.role)
+        return
     try:
         yield StoreReader(await ctx.store(), ctx.role)
     finally:

@@ -620,7 +620,7 @@ class SQLiteThread:
             os.write(pair[1], b"\0")
         except (BlockingIOError, InterruptedError):  # full: the loop has a wake to read anyway
             pass
-        except OSError:  # closed meanwhile (a start that was cancelled): hand it over as before
+        except OSError:  # the pipe failed (it is closed only once this thread has stopped)
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_handoff)
 

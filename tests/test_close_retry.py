@@ -81,6 +81,17 @@ async def _assert_closed_once(store: Any, run_id: str) -> None:
     assert log[-1].type == EventType.RUN_INTERRUPTED
 
 
+async def _close_while_locked(store: SQLiteStore, path: Path, run_id: str, **options: Any) -> None:
+    """Close the run while another process holds the write lock throughout: it fails."""
+    with write_lock(path), pytest.raises(StoreUnavailableError, match="locked"):
+        await close_run_interrupted(store, run_id, REASON, **options)
+
+
+async def _assert_still_open(store: SQLiteStore, run_id: str) -> None:
+    assert (await store.get_run(run_id)).status in ("pending", "running")
+    assert not any(e.type == EventType.RUN_INTERRUPTED for e in await store.read(run_id))
+
+
 @pytest.mark.inprocess
 async def test_a_close_the_sqlite_lock_refuses_is_tried_until_the_lock_goes(
     sqlite_store: SQLiteStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -107,20 +118,15 @@ async def test_a_close_gives_up_saying_so_and_leaves_the_run_to_the_sweep(
 ) -> None:
     caplog.set_level(logging.WARNING, "thoughtgate.leases")
     run_id = await _open_run(sqlite_store)
-    with write_lock(tmp_path / "tg.db"), pytest.raises(StoreUnavailableError, match="locked"):
-        await close_run_interrupted(sqlite_store, run_id, REASON, retry=(0.01, 0.01))
+    await _close_while_locked(sqlite_store, tmp_path / "tg.db", run_id, retry=(0.01, 0.01))
     warned = _about(caplog, run_id, logging.WARNING)
-    assert ["try 1 of 3" in w for w in warned] == [True, False]
-    assert "try 2 of 3" in warned[1]
+    assert len(warned) == 2 and "try 1 of 3" in warned[0] and "try 2 of 3" in warned[1]
     [gave_up] = _about(caplog, run_id, logging.ERROR)
     assert "gave up" in gave_up and "sweep" in gave_up
-    run = await sqlite_store.get_run(run_id)
-    assert run.status in ("pending", "running")
-    assert not any(e.type == EventType.RUN_INTERRUPTED for e in await sqlite_store.read(run_id))
+    await _assert_still_open(sqlite_store, run_id)
     # the sweep (one try, it comes back anyway) leaves the saying to its caller
     caplog.clear()
-    with write_lock(tmp_path / "tg.db"), pytest.raises(StoreUnavailableError):
-        await close_run_interrupted(sqlite_store, run_id, REASON, retry=())
+    await _close_while_locked(sqlite_store, tmp_path / "tg.db", run_id, retry=())
     assert not _about(caplog, run_id, logging.ERROR)
 
 
@@ -131,11 +137,10 @@ async def test_a_close_tries_no_more_after_its_callers_deadline(
     """A shutdown's budget is spent: one try, no pause, and the error; the run stays open."""
     caplog.set_level(logging.WARNING, "thoughtgate.leases")
     run_id = await _open_run(sqlite_store)
-    with write_lock(tmp_path / "tg.db"), pytest.raises(StoreUnavailableError):
-        await close_run_interrupted(sqlite_store, run_id, REASON, deadline=time.monotonic())
+    await _close_while_locked(sqlite_store, tmp_path / "tg.db", run_id, deadline=time.monotonic())
     assert not _about(caplog, run_id, logging.WARNING), "no try after the deadline"
     assert len(_about(caplog, run_id, logging.ERROR)) == 1
-    assert (await sqlite_store.get_run(run_id)).status in ("pending", "running")
+    await _assert_still_open(sqlite_store, run_id)
 
 
 @pytest.mark.unit

@@ -17,6 +17,9 @@ The decision and its trade-offs are in ADR 0009. In short:
   it with ``RunEnding(lease_expired_by=...)``, so a run whose owner renewed in the meantime is
   left alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
+* Every other close (a cancel, a shutdown, a run that cannot resume) tries a briefly unavailable
+  store again, a few times over a few seconds (``CLOSE_RETRY``, ADR 0059): the sweep is the
+  backstop, not the way a run is expected to end.
 
 Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
 is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and

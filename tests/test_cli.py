@@ -274,8 +274,10 @@ def test_reads_never_create_the_default_or_env_store(tmp_path: Path) -> None:
     env_db = tmp_path / "env" / "tg.db"
     for env in ({"XDG_DATA_HOME": str(data)}, {"THOUGHTGATE_DB": f"sqlite:///{env_db}"}):
         assert json.loads(tg("runs", "--json", env=env, cwd=tmp_path).stdout) == []
-        missing = tg("status", "run_abc", env=env, cwd=tmp_path, check=False)
-        assert missing.returncode == 2 and "no thoughtgate store at" in missing.stderr
+        assert json.loads(tg("keys", "list", "--json", env=env, cwd=tmp_path).stdout) == []
+        for args in (["status", "run_abc"], ["resume", "run_abc"], ["keys", "revoke", "ci"]):
+            missing = tg(*args, env=env, cwd=tmp_path, check=False)
+            assert missing.returncode == 2 and "no thoughtgate store at" in missing.stderr
     assert not data.exists() and not env_db.parent.exists()
 
 

@@ -83,6 +83,7 @@ LOST_LEASE = "its lease expired and another thoughtgate process closed it"
 GONE = "the process executing it stopped (crash, kill or power loss)"
 RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
+ABANDONED = "the process that executed it stopped without recording its end"
 UNWRITTEN = "its first execution, which kept no checkpoints, needed one"
 """Why a durable run's first execution without a workflow (ADR 0031) hands the run over to one
 in the same process: a step of it has a result a resume would need."""

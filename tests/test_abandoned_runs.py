@@ -10,11 +10,12 @@ executes (ADR 0060).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.durable import until
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
@@ -98,16 +99,6 @@ async def _short(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     yield text("Done.")
 
 
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    """Poll ``check`` until it holds; the timeout only bounds a broken build."""
-
-    async def poll() -> None:
-        while not await check():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
-
-
 async def _run_whose_end_was_refused_ends_interrupted(store: RefusesEnds) -> None:
     assert isinstance(store, EventStore)
     provider = Provider()
@@ -122,14 +113,14 @@ async def _run_whose_end_was_refused_ends_interrupted(store: RefusesEnds) -> Non
         # throughout its retries: its execution here is over, the run still open.
         stuck = await manager.start(RunRequest("answer", model="fake:short"))
         store.refused.add(stuck.run_id)
-        await _until(lambda: _no_longer_executing(manager, stuck.run_id))
+        await until(lambda: _no_longer_executing(manager, stuck.run_id))
         assert (await store.get_run(stuck.run_id)).status == "running"
         store.refused.clear()  # the store recovers
 
         async def stuck_closed() -> bool:
             return (await store.get_run(stuck.run_id)).status == "interrupted"
 
-        await _until(stuck_closed)
+        await until(stuck_closed)
         ended = await store.get_run(stuck.run_id)
         assert ended.error == f"interrupted: {ABANDONED}"
         log = [e.type for e in await store.read(stuck.run_id)]
@@ -144,7 +135,7 @@ async def _run_whose_end_was_refused_ends_interrupted(store: RefusesEnds) -> Non
         async def long_completed() -> bool:
             return (await store.get_run(long.run_id)).status == "completed"
 
-        await _until(long_completed)
+        await until(long_completed)
         log = [e.type for e in await store.read(long.run_id)]
         assert EventType.RUN_INTERRUPTED not in log
         assert log[-1] == EventType.RUN_SETTLEMENT_COMPLETED

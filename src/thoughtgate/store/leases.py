@@ -7,8 +7,8 @@ The decision and its trade-offs are in ADR 0009. In short:
   and after a reboot, never look like the same host), ``nonce`` is new for every process start
   (so a restarted container that gets the same pid is still told apart from its predecessor).
 * While a run is open its row names its owner and a **lease expiry**; the owner renews the
-  leases of all its open runs in one statement every third of the lease's length
-  (``orchestration.leases.LeaseKeeper``).
+  leases of the runs it executes (not of every open run it started: ADR 0060) in one statement
+  every third of the lease's length (``orchestration.leases.LeaseKeeper``).
 * A run is **orphaned** when its lease has expired on the store's clock, or, sooner, when its
   owner ran on this host and that process is gone (its pid is dead, or it is this process's pid
   but an earlier start). A run with no owner is executed by nobody and is left alone. A process

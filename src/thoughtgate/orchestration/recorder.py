@@ -24,13 +24,6 @@ response, visible steps and answer) are held for the caller to store with the ru
 commit instead of three. Either way no event reaches a reader before it is durable: readers see
 only what the store committed.
 
-The windows close on ticks of the event loop's clock shared by every recorder of the loop (the
-multiples of ``flush_interval``), not ``flush_interval`` after each run's own last flush (ADR
-0056): the windowed flushes of all the runs streaming at once then fall in the same turn of the
-loop and are queued together, one writer group and one commit for all of them, rather than each
-run's in a turn and, at a few runs, mostly a commit of its own. A delta still waits at most
-``flush_interval``: the tick after the window opened is never further away than that.
-
 A failed append is never skipped over: when the background flush of a window fails (the store is
 full or unreachable), that batch is not stored, and the next ``emit``, ``emit_delta``, ``flush``
 or ``close`` raises the same error, so the run ends failed instead of recording later events
@@ -41,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Sequence
 
 from thoughtgate.events.catalogue import check_new_events
@@ -151,7 +143,7 @@ class EventRecorder:
         pending = self._flusher is not None and not self._flusher.done()
         if len(self._buffer) >= self.max_batch or (not pending and loop.time() >= self._window_end):
             await self.flush()
-            self._window_end = _tick_after(loop.time(), self.flush_interval)
+            self._window_end = loop.time() + self.flush_interval
         elif not pending:
             self._flusher = asyncio.create_task(self._flush_at(self._window_end))
 
@@ -168,12 +160,13 @@ class EventRecorder:
         return False
 
     async def _flush_at(self, when: float) -> None:
-        """Flush the buffer at the tick ``when``, and at the next tick again while deltas came
-        in during the append (nobody else would: ``emit_delta`` arms no window while this
-        runs)."""
+        """Flush the buffer when its window closes at ``when``; then, while deltas came in
+        during that append, again a window later. Nobody else would: ``emit_delta`` opens no
+        window while this task runs, so such a delta used to wait for the run's next event,
+        however long the provider then stayed silent."""
         loop = asyncio.get_running_loop()
         while True:
-            await _sleep_until(loop, when)
+            await asyncio.sleep(max(0.0, when - loop.time()))
             try:
                 async with self._lock:  # the buffer only: what emit_last holds stays held
                     self._raise_failure()
@@ -183,7 +176,7 @@ class EventRecorder:
                 if self._failure is None:
                     self._failure = exc
                 return
-            when = self._window_end = _tick_after(loop.time(), self.flush_interval)
+            when = self._window_end = loop.time() + self.flush_interval
             if not self._buffer:
                 return
 
@@ -294,32 +287,6 @@ class _Started(QueuedAppend):
         await asyncio.wait([self.task])
         if not self.task.cancelled():
             self.task.exception()
-
-
-def _tick_after(now: float, interval: float) -> float:
-    """The first multiple of ``interval`` on the loop's clock after ``now``: the same instant for
-    every recorder of the loop whose window opened in the same interval, so their windowed
-    flushes wake in one turn and share a writer group (ADR 0056)."""
-    if interval <= 0:
-        return now
-    return (math.floor(now / interval) + 1) * interval
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    """Sleep until the loop's clock reads ``when`` exactly (``asyncio.sleep`` adds its delay to
-    the clock read again, a few microseconds apart from one recorder to the next: timers that
-    should fire together would fall in different turns of the loop)."""
-    woken: asyncio.Future[None] = loop.create_future()
-    timer = loop.call_at(when, _wake, woken)
-    try:
-        await woken
-    finally:
-        timer.cancel()
-
-
-def _wake(woken: asyncio.Future[None]) -> None:
-    if not woken.done():
-        woken.set_result(None)
 
 
 _TEXT_DELTAS = frozenset({EventType.MESSAGE_DELTA, EventType.REASONING_DELTA})

@@ -383,7 +383,7 @@ class _StampedReader(asyncio.StreamReader):
         self._reads: collections.deque[tuple[int, float]] = collections.deque()
         """(stream offset just past a read's bytes, its arrival) of the reads not yet taken."""
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds bytes
         self.fed += len(data)
         self._reads.append((self.fed, time.monotonic()))
         super().feed_data(data)
@@ -1526,8 +1526,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results += _series(results, litellm)
     rows = [r for r in results if "series" not in r]
     width = max(len(r["name"]) for r in rows)
-    value, spread = ("median", "min–max of rounds") if rounds > 1 else ("value", "")
-    print(f"{'figure':<{width}}  {value:>10} {'unit':<11} {spread:<17} {'target':<16}")
+    heading, spread = ("median", "min–max of rounds") if rounds > 1 else ("value", "")
+    print(f"{'figure':<{width}}  {heading:>10} {'unit':<11} {spread:<17} {'target':<16}")
     for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"

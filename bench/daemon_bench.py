@@ -995,9 +995,13 @@ def _litellm_note(measured: dict[int, dict[str, float]] | None, why: str, rounds
 
 
 def _bounds_note(
-    litellm: dict[int, dict[str, float]] | None, commit_ms: float, floor: AppendFloor
+    litellm: dict[int, dict[str, float]] | None,
+    commit_ms: float,
+    floor: AppendFloor,
+    durable: bool = True,
 ) -> str:
-    """What bounds the runs/s and first-byte targets on this bench, from this run's figures."""
+    """What bounds the runs/s and first-byte targets on this bench, from this run's figures
+    (``durable``: the daemons record in a SQLite file, not in memory)."""
     c1 = litellm.get(1) if litellm else None
     ll_c1, whose = (
         (c1["ttfb_p50"], "LiteLLM's") if c1 is not None else (LITELLM_TTFB_MS[1], "the reference")
@@ -1005,8 +1009,15 @@ def _bounds_note(
     target = ll_c1 / 20
     left = target - floor.after_idle_p50
     parts = [
-        "Bounds, from this run: a delta is committed (SQLite, WAL, synchronous=FULL) before any "
-        "reader sees it, so every ttfb_added includes one durable commit; at one run it follows "
+        (
+            "Bounds, from this run: a delta is committed (SQLite, WAL, synchronous=FULL) before "
+            "any reader sees it, so every ttfb_added includes one durable commit; "
+            if durable
+            else "Bounds, from this run: its daemons record in memory, so its ttfb_added "
+            "includes no commit (with a SQLite store, WAL, synchronous=FULL, a delta is "
+            "committed before any reader sees it); "
+        )
+        + "at one run that commit follows "
         f"an idle gap: one reasoning delta appended through the daemon's store "
         f"{PROVIDER_TTFB_S * 1000:.0f} ms after the last (the fake provider's wait before its "
         f"first delta) takes {floor.after_idle_p50:.2f} ms p50, {floor.after_idle_p99:.2f} ms "
@@ -1532,7 +1543,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     NOTES[:] = [
         _litellm_note(litellm, why, len(litellm_rounds)),
         _variants_note(formats, rounds),
-        _bounds_note(litellm, commit_ms, floor),
+        _bounds_note(litellm, commit_ms, floor, durable),
     ]
     print(NOTES[0])
     print(NOTES[2])

@@ -190,10 +190,10 @@ class Runtime:
     the block ends.
     """
 
-    #: Pauses (seconds) before trying again to record a run's end (or a cancelled run's
-    #: interruption, or to read the ended run back in :meth:`execute`) when the try was lost with
-    #: its store connection (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is
-    #: raised (for an interruption: logged).
+    #: Pauses (seconds) before trying again to record a run's end (or to read the ended run
+    #: back in :meth:`execute`) when the try was lost with its store connection
+    #: (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is raised. A cancelled
+    #: run's interruption is tried as ``close_run_interrupted`` does (``CLOSE_RETRY``).
     end_retry: tuple[float, ...] = (0.1, 0.3, 0.8)
 
     def __init__(
@@ -737,17 +737,14 @@ class Runtime:
         ``tail``: the last task's last events, held for the run's ending and not stored yet."""
         self.leases.release(run_id)
         try:
-            # Retried like a run's end. A daemon shutdown cancels its runs together and gathers
-            # them, so the pauses overlap (~1.2 s at most in all), they do not add up per run.
+            # Retried while the store is briefly unavailable (``CLOSE_RETRY``, ~4 s). A daemon
+            # shutdown cancels its runs together and gathers them, so the pauses overlap,
+            # they do not add up per run.
             await close_run_interrupted(
-                self.store,
-                run_id,
-                reason,
-                usage=usage.to_dict(),
-                ended=ended,
-                tail=tail,
-                retry=self.end_retry,
+                self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
             )
+        except StoreUnavailableError:
+            pass  # logged: the run is left to the lease sweep
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 

@@ -17,6 +17,9 @@ The decision and its trade-offs are in ADR 0009. In short:
   it with ``RunEnding(lease_expired_by=...)``, so a run whose owner renewed in the meantime is
   left alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
+* Every other close (a cancel, a shutdown, a run that cannot resume) tries a briefly unavailable
+  store again, a few times over a few seconds (``CLOSE_RETRY``, ADR 0059): the sweep is the
+  backstop, not the way a run is expected to end.
 
 Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
 is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and
@@ -56,6 +59,7 @@ from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
 __all__ = [
+    "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
     "UNWRITTEN",
     "EndedTask",
@@ -229,18 +233,46 @@ async def end_run(
 
 
 async def retrying(
-    call: Callable[[], Awaitable[_T]], pauses: Sequence[float], what: str, run_id: str
+    call: Callable[[], Awaitable[_T]],
+    pauses: Sequence[float],
+    what: str,
+    run_id: str,
+    *,
+    deadline: float | None = None,
 ) -> _T:
     """``call()``, tried again after each of ``pauses`` (seconds) while it fails with
-    :class:`StoreUnavailableError`; the last try's error is raised. ``what`` and ``run_id`` name
-    the call in the log ("could not <what> run <run_id>"). For calls that are safe to repeat."""
-    for pause in pauses:
+    :class:`StoreUnavailableError`; the last try's error is raised, and so is any other error at
+    once (it would fail again). ``what`` and ``run_id`` name the call in the log ("could not
+    <what> run <run_id>"), one warning per failed try that is followed by another. ``deadline``
+    (``time.monotonic()``): no pause that would end after it, the failed try's error is raised
+    instead -- a try under way is never cut short. For calls that are safe to repeat."""
+    tries = len(pauses) + 1
+    for attempt, pause in enumerate(pauses, 1):
         try:
             return await call()
         except StoreUnavailableError as exc:
-            log.warning("could not %s run %s (%s); trying again in %.2fs", what, run_id, exc, pause)
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise
+            log.warning(
+                "could not %s run %s (try %d of %d: %s); trying again in %.2fs",
+                what,
+                run_id,
+                attempt,
+                tries,
+                exc,
+                pause,
+            )
         await asyncio.sleep(pause)
     return await call()
+
+
+CLOSE_RETRY: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+"""Pauses (seconds) before trying again to close a run interrupted when the store was briefly
+unavailable (``StoreUnavailableError``: SQLite locked by another process past its busy timeout,
+a PostgreSQL connection lost): 5 tries over ~3.75 s plus the tries themselves. Enough for a
+connection the pool replaces or a lock another process holds for a moment; a longer outage is
+left to the lease sweep of another process (ADR 0009), which closes the run once its lease
+expires."""
 
 
 async def close_run_interrupted(
@@ -252,28 +284,52 @@ async def close_run_interrupted(
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
     tail: Sequence[NewEvent] = (),
-    retry: Sequence[float] = (),
+    retry: Sequence[float] = CLOSE_RETRY,
+    deadline: float | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended. ``retry``: as
-    :func:`end_run` takes it."""
+    on its own, as :func:`end_run` takes it); ``[]`` if it had ended.
+
+    A run left open by a failed close shows ``running`` on every surface until a lease sweep
+    takes it, so a store that is briefly unavailable is tried again after each of ``retry``
+    (seconds), with a warning naming the run each time, and no later than ``deadline``
+    (``time.monotonic()``: a caller's shutdown budget). When it gives up, an error says the run
+    stays open, and the last error is raised. ``retry=()``: one try, and the caller says what
+    failed (the sweep itself, which comes back anyway). Any other error (the run does not
+    exist) is raised at once."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
-    return await end_run(
-        store,
-        run_id,
-        NewEvent(EventType.RUN_INTERRUPTED, payload),
-        status="interrupted",
-        usage=usage,
-        error=f"interrupted: {reason}",
-        task_status="interrupted",
-        task_error=f"interrupted: {reason}",
-        lease_expired_by=lease_expired_by,
-        ended=ended,
-        tail=tail,
-        retry=retry,
-    )
+    try:
+        return await retrying(
+            lambda: end_run(
+                store,
+                run_id,
+                NewEvent(EventType.RUN_INTERRUPTED, payload),
+                status="interrupted",
+                usage=usage,
+                error=f"interrupted: {reason}",
+                task_status="interrupted",
+                task_error=f"interrupted: {reason}",
+                lease_expired_by=lease_expired_by,
+                ended=ended,
+                tail=tail,
+            ),
+            retry,
+            "record the interruption of",
+            run_id,
+            deadline=deadline,
+        )
+    except StoreUnavailableError as exc:
+        if retry:
+            log.error(
+                "gave up recording that run %s was interrupted (%s): it shows running until the "
+                "lease sweep of another thoughtgate process, or of this one's next start, "
+                "closes it",
+                run_id,
+                exc,
+            )
+        raise
 
 
 Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
@@ -299,7 +355,10 @@ async def close_orphaned_runs(
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)
             continue
-        if await close_run_interrupted(store, run.run_id, reason, lease_expired_by=expired_by):
+        closed_now = await close_run_interrupted(
+            store, run.run_id, reason, lease_expired_by=expired_by, retry=()
+        )
+        if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
     return closed
@@ -328,7 +387,9 @@ async def _release_durable(
             await requeue(run.run_id, spec)
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
-            await close_run_interrupted(store, run.run_id, f"{reason}; it could not resume: {exc}")
+            await close_run_interrupted(
+                store, run.run_id, f"{reason}; it could not resume: {exc}", retry=()
+            )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)
 

@@ -11,10 +11,12 @@ depends on how it is measured (ADR 0058):
   serve`` opens it) on the daemon's event loop (uvloop where installed), a created run, then one
   reasoning delta appended and awaited after an idle gap as long as the fake provider's wait
   before its first delta (10 ms), over and over. The append is the store's whole path: encoding,
-  the event loop running the group's statements, the writer thread's ``COMMIT`` (woken from
-  sleep after the gap) and its hand-back to the loop, which publishes the events to live readers
-  a loop turn before the appender resumes (ADR 0028, 0036, 0053). The same appends back to back,
-  without the gap, are measured too (``tight``), to tell the store's path from the idle gap.
+  the event loop running the group's statements, the writer thread's ``COMMIT`` and its
+  hand-back to the loop, which publishes the events to live readers a loop turn before the
+  appender resumes (ADR 0028, 0036, 0053). The same appends back to back, without the gap, are
+  measured too (``tight``), to tell the store's path from the gap. The gap's cost is the disk's:
+  a raw ``fdatasync`` after 10 ms costs several times one back to back, whether the thread slept
+  or spun through the gap (ADR 0058).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs
   times, before the phases and after them, the lesser kept (the floor under ``ttfb_added`` at one
   run, which the "Bounds" note sets beside the c1 target); ``sqlite_durable_commit_p50`` is a
   bare commit in a tight loop before the phases, the least a commit costs on this disk, not what
-  a run meets (about a third of the after-idle append on a quiet host).
+  a run meets (about a third of the after-idle append in ADR 0058's runs).
 * ``ttfb_client``: from the client's ``POST /v1/runs`` to that first reasoning byte (three HTTP
   round trips on loopback plus the above).
 * ``runs_per_s``: completed runs per second (a run is one created-and-fully-streamed request,

@@ -701,6 +701,18 @@ def _install_counts() -> None:
 
         thread_class._group_on_loop = counted_on_loop  # type: ignore[method-assign]
 
+    if hasattr(thread_class, "_commit"):  # (a tree before ADR 0030 has none)
+        commit = thread_class._commit
+
+        def counted_commit(self: Any, conn: Any, failed: list[Any], done: list[Any]) -> Any:
+            before = self.commits
+            out = commit(self, conn, failed, done)
+            if self.commits > before:  # writes per commit: the store writes over this count
+                _counts["store commits (each one fsync)"] += 1
+            return out
+
+        thread_class._commit = counted_commit  # type: ignore[method-assign]
+
     try:
         from sqlalchemy import event
         from sqlalchemy.engine import Engine

@@ -14,7 +14,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, cast, get_args
+from typing import TYPE_CHECKING, Annotated, Final, cast, get_args
+
+import typer
 
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import UsageError
@@ -28,12 +30,64 @@ __all__ = [
     "EVERY_RUN",
     "MINE_NEEDS_DAEMON",
     "RUN_STATUSES",
+    "ModeFilterOpt",
+    "ModelFilterOpt",
     "RunSelection",
+    "SearchFilterOpt",
+    "SinceFilterOpt",
+    "StatusFilterOpt",
+    "UntilFilterOpt",
     "parse_when",
     "select_runs",
 ]
 
 RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
+
+# The filter options, declared once for the commands that select runs (``runs``,
+# ``check-index``); ``select_runs`` checks what they were given.
+StatusFilterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS",
+        help=f"Only runs in this status (repeatable, or a comma list): {', '.join(RUN_STATUSES)}.",
+    ),
+]
+ModeFilterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mode",
+        metavar="MODE",
+        help="Only runs in this disclosure mode (repeatable, or a comma list): "
+        f"{', '.join(CHAIN_OF_THOUGHT_MODES)}.",
+    ),
+]
+ModelFilterOpt = Annotated[
+    str | None,
+    typer.Option("--model", metavar="PROVIDER:MODEL", help="Only runs of this model (exactly)."),
+]
+SearchFilterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--search",
+        metavar="TEXT",
+        help="Only runs whose prompt contains TEXT (case-insensitive).",
+    ),
+]
+SinceFilterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        metavar="WHEN",
+        help="Only runs started at or after WHEN: an ISO 8601 date or datetime "
+        "(2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z; local time unless it has an "
+        "offset) or an age (30m, 2h, 7d).",
+    ),
+]
+UntilFilterOpt = Annotated[
+    str | None,
+    typer.Option("--until", metavar="WHEN", help="Only runs started before WHEN (as --since)."),
+]
 
 _AGE = re.compile(r"(\d{1,9})\s*([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -55,8 +55,16 @@ from thoughtgate.cli.remote import (
     show_event,
     wants_daemon,
 )
-from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RUN_STATUSES, select_runs
-from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
+from thoughtgate.cli.run_selection import (
+    MINE_NEEDS_DAEMON,
+    ModeFilterOpt,
+    ModelFilterOpt,
+    SearchFilterOpt,
+    SinceFilterOpt,
+    StatusFilterOpt,
+    UntilFilterOpt,
+    select_runs,
+)
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -477,54 +485,12 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
-        status: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--status",
-                metavar="STATUS",
-                help="Only runs in this status (repeatable, or a comma list): "
-                f"{', '.join(RUN_STATUSES)}.",
-            ),
-        ] = None,
-        mode: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--mode",
-                metavar="MODE",
-                help="Only runs in this disclosure mode (repeatable, or a comma list): "
-                f"{', '.join(CHAIN_OF_THOUGHT_MODES)}.",
-            ),
-        ] = None,
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model", metavar="PROVIDER:MODEL", help="Only runs of this model (exactly)."
-            ),
-        ] = None,
-        search: Annotated[
-            str | None,
-            typer.Option(
-                "--search",
-                metavar="TEXT",
-                help="Only runs whose prompt contains TEXT (case-insensitive).",
-            ),
-        ] = None,
-        since: Annotated[
-            str | None,
-            typer.Option(
-                "--since",
-                metavar="WHEN",
-                help="Only runs started at or after WHEN: an ISO 8601 date or datetime "
-                "(2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z; local time unless it has an "
-                "offset) or an age (30m, 2h, 7d).",
-            ),
-        ] = None,
-        until: Annotated[
-            str | None,
-            typer.Option(
-                "--until", metavar="WHEN", help="Only runs started before WHEN (as --since)."
-            ),
-        ] = None,
+        status: StatusFilterOpt = None,
+        mode: ModeFilterOpt = None,
+        model: ModelFilterOpt = None,
+        search: SearchFilterOpt = None,
+        since: SinceFilterOpt = None,
+        until: UntilFilterOpt = None,
         mine: Annotated[
             bool,
             typer.Option("--mine", help="Only runs started with your --key (needs --url)."),

@@ -323,7 +323,8 @@ class RunManager:
             await asyncio.wait([executing[r] for r in stopped], timeout=5)
         if stopped:
             with contextlib.suppress(Exception):
-                await self.runtime.store.renew_leases(self.runtime.leases.owner.owner_id, 0.0)
+                owner = self.runtime.leases.owner.owner_id
+                await self.runtime.store.renew_leases(owner, 0.0, stopped)
             log.warning("left %d durable run(s) to resume elsewhere", len(stopped))
 
     # ------------------------------------------------------------------ recover
@@ -335,6 +336,7 @@ class RunManager:
             self.runtime.store,
             me=self.runtime.leases.owner,
             requeue=self._requeue if engine is not None else None,
+            executing=self.runtime.leases,
         )
         if engine is not None:
             await self._heartbeat()

@@ -7,11 +7,14 @@ The decision and its trade-offs are in ADR 0009. In short:
   and after a reboot, never look like the same host), ``nonce`` is new for every process start
   (so a restarted container that gets the same pid is still told apart from its predecessor).
 * While a run is open its row names its owner and a **lease expiry**; the owner renews the
-  leases of all its open runs in one statement every third of the lease's length
-  (``orchestration.leases.LeaseKeeper``).
+  leases of the runs it executes (not of every open run it started: ADR 0060) in one statement
+  every third of the lease's length (``orchestration.leases.LeaseKeeper``).
 * A run is **orphaned** when its lease has expired on the store's clock, or, sooner, when its
   owner ran on this host and that process is gone (its pid is dead, or it is this process's pid
-  but an earlier start). A run with no owner is executed by nobody and is left alone.
+  but an earlier start). A run with no owner is executed by nobody and is left alone. A process
+  renews only the runs it executes, so a run of its own it stopped executing without recording
+  its end is orphaned too once its lease expires -- for its own sweep as for any other
+  (ADR 0060).
 * :func:`close_orphaned_runs` closes each orphan in one transaction: every unfinished task gets
   ``task.completed`` with status ``interrupted``, then the run gets ``run.interrupted``. It ends
   it with ``RunEnding(lease_expired_by=...)``, so a run whose owner renewed in the meantime is
@@ -19,7 +22,7 @@ The decision and its trade-offs are in ADR 0009. In short:
   opens the store (``open_store``); a daemon also sweeps periodically.
 * Every other close (a cancel, a shutdown, a run that cannot resume) tries a briefly unavailable
   store again, a few times over a few seconds (``CLOSE_RETRY``, ADR 0059): the sweep is the
-  backstop, not the way a run is expected to end.
+  backstop, not the way a run is expected to end. A close that gives up leaves the run to it.
 
 Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
 is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and
@@ -39,7 +42,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
@@ -59,6 +62,7 @@ from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
 __all__ = [
+    "ABANDONED",
     "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
     "UNWRITTEN",
@@ -83,6 +87,10 @@ LOST_LEASE = "its lease expired and another thoughtgate process closed it"
 GONE = "the process executing it stopped (crash, kill or power loss)"
 RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
+ABANDONED = "its process stopped executing it without recording its end"
+"""Why a process's own sweep closes a run of its own that it no longer executes and whose lease
+expired: its end was refused for longer than the retries, or its execution stopped without one
+(ADR 0060)."""
 UNWRITTEN = "its first execution, which kept no checkpoints, needed one"
 """Why a durable run's first execution without a workflow (ADR 0031) hands the run over to one
 in the same process: a step of it has a result a resume would need."""
@@ -143,10 +151,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def orphan_reason(run: OpenRun, now: float, me: Owner) -> str | None:
-    """Why ``run`` has nobody executing it any more, or ``None`` when it may still be executed."""
-    if run.owner is None or run.owner == me.owner_id:
+def orphan_reason(
+    run: OpenRun, now: float, me: Owner, executing: Container[str] | None = None
+) -> str | None:
+    """Why ``run`` has nobody executing it any more, or ``None`` when it may still be executed.
+
+    ``executing``: the runs this process executes (its ``LeaseKeeper``); a run of its own not
+    among them whose lease has expired is one it stopped executing without recording its end.
+    Without it (a process that does not know, as when the store is opened) this process's own
+    runs are left alone."""
+    if run.owner is None:
         return None
+    if run.owner == me.owner_id:
+        if executing is None or run.run_id in executing:
+            return None
+        expired = run.lease_expires_at is not None and run.lease_expires_at <= now
+        return ABANDONED if expired else None
     if run.lease_expires_at is not None and run.lease_expires_at <= now:
         return EXPIRED
     other = Owner.parse(run.owner)
@@ -271,8 +291,8 @@ CLOSE_RETRY: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 unavailable (``StoreUnavailableError``: SQLite locked by another process past its busy timeout,
 a PostgreSQL connection lost): 5 tries over ~3.75 s plus the tries themselves. Enough for a
 connection the pool replaces or a lock another process holds for a moment; a longer outage is
-left to the lease sweep of another process (ADR 0009), which closes the run once its lease
-expires."""
+left to the lease sweep (ADR 0009), which closes the run once its lease expires -- a live
+process's own sweep included, since it renews only the runs it executes (ADR 0060)."""
 
 
 async def close_run_interrupted(
@@ -323,9 +343,8 @@ async def close_run_interrupted(
     except StoreUnavailableError as exc:
         if retry:
             log.error(
-                "gave up recording that run %s was interrupted (%s): it shows running until the "
-                "lease sweep of another thoughtgate process, or of this one's next start, "
-                "closes it",
+                "gave up recording that run %s was interrupted (%s): it shows running until its "
+                "lease expires and a lease sweep closes it",
                 run_id,
                 exc,
             )
@@ -338,19 +357,25 @@ replicas have the run's tools."""
 
 
 async def close_orphaned_runs(
-    store: EventStore, *, me: Owner | None = None, requeue: Requeue | None = None
+    store: EventStore,
+    *,
+    me: Owner | None = None,
+    requeue: Requeue | None = None,
+    executing: Container[str] | None = None,
 ) -> list[str]:
     """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
-    run, release it to resume; returns the ids of the runs closed."""
+    run, release it to resume; returns the ids of the runs closed. ``executing``: the runs this
+    process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
+    this process's other runs are taken too once their leases have expired (ADR 0060)."""
     me = me or Owner.current()
     found = await store.open_runs()
     closed: list[str] = []
     for run in found.runs:
-        reason = orphan_reason(run, found.now, me)
+        reason = orphan_reason(run, found.now, me, executing)
         if reason is None:
             continue
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
-        expired_by = found.now if reason == EXPIRED else None
+        expired_by = found.now if reason in (EXPIRED, ABANDONED) else None
         spec = await store.get_run_spec(run.run_id) if isinstance(store, DurableRunStore) else None
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)

@@ -55,16 +55,7 @@ from thoughtgate.cli.common import Context, console, err_console, print_json, ru
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
-from thoughtgate.cli.run_selection import (
-    ModeFilterOpt,
-    ModelFilterOpt,
-    RunSelection,
-    SearchFilterOpt,
-    SinceFilterOpt,
-    StatusFilterOpt,
-    UntilFilterOpt,
-    select_runs,
-)
+from thoughtgate.cli.run_selection import RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -274,6 +265,7 @@ def _render(tally: Tally, repair: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("check-index")
+    @with_run_filters
     def check_index_command(
         run_ids: Annotated[
             list[str] | None,
@@ -299,12 +291,8 @@ def register(app: typer.Typer) -> None:
                 "may be executing); skipped otherwise.",
             ),
         ] = False,
-        status: StatusFilterOpt = None,
-        mode: ModeFilterOpt = None,
-        model: ModelFilterOpt = None,
-        search: SearchFilterOpt = None,
-        since: SinceFilterOpt = None,
-        until: UntilFilterOpt = None,
+        *,
+        filters: RunFilters,
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
@@ -329,15 +317,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(LOCAL_ONLY)
             if include_open and not repair:
                 raise UsageError("--include-open goes with --repair (a check reads only)")
-            selection = select_runs(
-                statuses=status,
-                modes=mode,
-                model=model,
-                search=search,
-                since=since,
-                until=until,
-                now=time.time(),
-            )
+            selection = filters.select(now=time.time())
             if named and selection != RunSelection():
                 raise UsageError("name runs or select them with filters, not both")
             ctx = Context(config_path=config, db=db, view_as=None)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Final, cast, get_args
 
 import typer
 
+from thoughtgate.cli.options import OptionSpec, option_group
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus
@@ -30,21 +31,17 @@ __all__ = [
     "EVERY_RUN",
     "MINE_NEEDS_DAEMON",
     "RUN_STATUSES",
-    "ModeFilterOpt",
-    "ModelFilterOpt",
+    "RunFilters",
     "RunSelection",
-    "SearchFilterOpt",
-    "SinceFilterOpt",
-    "StatusFilterOpt",
-    "UntilFilterOpt",
     "parse_when",
     "select_runs",
+    "with_run_filters",
 ]
 
 RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
 
 # The filter options, declared once for the commands that select runs (``runs``,
-# ``check-index``); ``select_runs`` checks what they were given.
+# ``check-index``: ``with_run_filters``); ``select_runs`` checks what they were given.
 StatusFilterOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -206,3 +203,42 @@ def select_runs(
         until=end,
         mine=mine,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """The filter options as given (``with_run_filters``), before ``select_runs`` checks them."""
+
+    status: list[str] | None
+    mode: list[str] | None
+    model: str | None
+    search: str | None
+    since: str | None
+    until: str | None
+
+    def select(self, *, now: float, mine: bool = False) -> RunSelection:
+        """The selection they ask for; ``UsageError`` (exit 2) naming what is wrong."""
+        return select_runs(
+            statuses=self.status,
+            modes=self.mode,
+            model=self.model,
+            search=self.search,
+            since=self.since,
+            until=self.until,
+            mine=mine,
+            now=now,
+        )
+
+
+_FILTER_OPTIONS: tuple[OptionSpec, ...] = (
+    ("status", StatusFilterOpt, None),
+    ("mode", ModeFilterOpt, None),
+    ("model", ModelFilterOpt, None),
+    ("search", SearchFilterOpt, None),
+    ("since", SinceFilterOpt, None),
+    ("until", UntilFilterOpt, None),
+)
+
+with_run_filters = option_group("filters", RunFilters, _FILTER_OPTIONS)
+"""Give a command ``--status --mode --model --search --since --until`` in place of its keyword
+parameter ``filters: RunFilters``."""

@@ -55,16 +55,7 @@ from thoughtgate.cli.remote import (
     show_event,
     wants_daemon,
 )
-from thoughtgate.cli.run_selection import (
-    MINE_NEEDS_DAEMON,
-    ModeFilterOpt,
-    ModelFilterOpt,
-    SearchFilterOpt,
-    SinceFilterOpt,
-    StatusFilterOpt,
-    UntilFilterOpt,
-    select_runs,
-)
+from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RunFilters, with_run_filters
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -481,37 +472,24 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @with_read_options
+    @with_run_filters
     def runs(
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
-        status: StatusFilterOpt = None,
-        mode: ModeFilterOpt = None,
-        model: ModelFilterOpt = None,
-        search: SearchFilterOpt = None,
-        since: SinceFilterOpt = None,
-        until: UntilFilterOpt = None,
+        *,
+        filters: RunFilters,
         mine: Annotated[
             bool,
             typer.Option("--mine", help="Only runs started with your --key (needs --url)."),
         ] = False,
-        *,
         read: ReadOptions,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started.
 
         Filters combine with AND, one filter's values with OR; alike on a daemon (--url)."""
         with one_line_errors():
-            selection = select_runs(
-                statuses=status,
-                modes=mode,
-                model=model,
-                search=search,
-                since=since,
-                until=until,
-                mine=mine,
-                now=time.time(),
-            )
+            selection = filters.select(mine=mine, now=time.time())
             if mine and not read.url:
                 raise UsageError(MINE_NEEDS_DAEMON)
 

@@ -55,7 +55,7 @@ from thoughtgate.cli.common import Context, console, err_console, print_json, ru
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
-from thoughtgate.cli.run_selection import RunFilters, RunSelection, with_run_filters
+from thoughtgate.cli.run_selection import EVERY_RUN, RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ def register(app: typer.Typer) -> None:
             if include_open and not repair:
                 raise UsageError("--include-open goes with --repair (a check reads only)")
             selection = filters.select(now=time.time())
-            if named and selection != RunSelection():
+            if named and selection != EVERY_RUN:
                 raise UsageError("name runs or select them with filters, not both")
             ctx = Context(config_path=config, db=db, view_as=None)
             require_role(ctx.role, Role.ADMIN, "checking the run index")

@@ -52,6 +52,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
@@ -371,7 +372,11 @@ class DurableEngine:
             DBOS.listen_queues([self.queue])
         else:
             DBOS.listen_queues([])
-        DBOS.launch()
+        if self.location.schema is None:
+            DBOS.launch()
+        else:  # one replica at a time creates or migrates the schema (ADR 0062)
+            async with setting_up(self.location.url, self.location.schema):
+                DBOS.launch()
         self.launched = True
         if self.queue is not None:
             await DBOS.register_queue_async(

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -35,7 +36,9 @@ def fresh_schema() -> Iterator[tuple[str, str]]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             for name in (schema, f"{schema}_workflows"):
-                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+                admin.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
 
 
 def _migrated(workflows: str) -> bool:
@@ -97,7 +100,7 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
             daemon.stop()
 
 
-def _asks_for_setup_lock(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+def _asks_for_setup_lock(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
         ("thoughtgate:workflows-setup",),

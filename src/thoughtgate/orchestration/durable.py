@@ -684,6 +684,17 @@ class DurableEngine:
                 starts.began(run_id)  # it waits nowhere
             raise
 
+    async def on_queue(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of ``run_ids`` have a workflow waiting on a queue or taken from one (the sweep
+        puts back a queued run that is on none, ADR 0062)."""
+        found = await DBOS.list_workflows_async(
+            workflow_ids=list(run_ids),
+            status=list(_ON_QUEUE),
+            load_input=False,
+            load_output=False,
+        )
+        return {w.workflow_id for w in found}
+
     async def tidy(self) -> None:
         """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
         if self.starts is not None:
@@ -715,6 +726,11 @@ class DurableEngine:
             load_output=False,
         )
         return [w.workflow_id for w in found]
+
+
+_ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")
+"""DBOS's statuses of a workflow on a queue or being executed (taken from one, or started at
+once; ``DELAYED``: enqueued to start later)."""
 
 
 def _cancelling() -> bool:

@@ -20,7 +20,13 @@ from support.pg import PG_URL
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
 
-pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
+
+START_S = 240.0
+"""How long a replica may take to start: a first start migrates the workflows schema, whose
+``CREATE INDEX CONCURRENTLY`` statements each wait for every older transaction of the database --
+on a database shared with other tests' daemons, whose DBOS background jobs hold a transaction open
+for a while, that takes minutes -- plus DBOS's 30 s wait for its lock here."""
 
 DBOS_MIGRATION_LOCK = 1234567890
 """DBOS's own migration lock (``dbos._sys_db_postgres``): one key for the whole database, which
@@ -68,7 +74,7 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
             for _ in range(3)
         ]
         try:
-            ServeProcess.start_all(*daemons)
+            ServeProcess.start_all(*daemons, timeout=START_S)
             assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
             assert _migrated(workflows)
         finally:
@@ -94,7 +100,7 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
             holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
-            daemon.ready()
+            daemon.ready(timeout=START_S)
             assert _migrated(workflows)
         finally:
             daemon.stop()

@@ -14,9 +14,9 @@ So before launching DBOS, a process takes a session advisory lock of its own, ke
 workflows schema, on a connection of its own, and holds it until the launch returns: the replicas
 of one schema set it up one after the other (the next finds it migrated and runs no DDL), while
 processes on other schemas do not wait for them. The lock ends with the connection, so a process
-that dies while holding it holds it no more. A waiting process asks again every few tenths of a second (a
-wait inside one statement would deadlock with the holder's ``CREATE INDEX CONCURRENTLY``), for a
-bounded time, then fails saying what it waited for."""
+that dies while holding it holds it no more. A waiting process asks again every few tenths of a
+second (a wait inside one statement would deadlock with the holder's ``CREATE INDEX
+CONCURRENTLY``), for a bounded time, then fails saying what it waited for."""
 
 from __future__ import annotations
 

@@ -109,9 +109,9 @@ async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
     store: RefusingEnds,
 ) -> None:
     lost, waiting, suspended = [await _queued_run(store) for _ in range(3)]
-    assert await store.release_run(suspended, owner=None, queue=False) is False  # queued
+    # Executed by a process that stopped, and released for ``thoughtgate resume``.
     await store.claim_run(suspended, "someone", 60)
-    assert await store.release_run(suspended, owner="someone", queue=False)  # now suspended
+    assert await store.release_run(suspended, owner="someone", queue=False)
     requeued: list[str] = []
 
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:

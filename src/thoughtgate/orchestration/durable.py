@@ -52,6 +52,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
@@ -371,7 +372,11 @@ class DurableEngine:
             DBOS.listen_queues([self.queue])
         else:
             DBOS.listen_queues([])
-        DBOS.launch()
+        if self.location.schema is None:
+            DBOS.launch()
+        else:  # one replica at a time creates or migrates the schema (ADR 0062)
+            async with setting_up(self.location.url, self.location.schema):
+                DBOS.launch()
         self.launched = True
         if self.queue is not None:
             await DBOS.register_queue_async(
@@ -679,6 +684,17 @@ class DurableEngine:
                 starts.began(run_id)  # it waits nowhere
             raise
 
+    async def on_queue(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of ``run_ids`` have a workflow waiting on a queue or taken from one (the sweep
+        puts back a queued run that is on none, ADR 0062)."""
+        found = await DBOS.list_workflows_async(
+            workflow_ids=list(run_ids),
+            status=list(_ON_QUEUE),
+            load_input=False,
+            load_output=False,
+        )
+        return {w.workflow_id for w in found}
+
     async def tidy(self) -> None:
         """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
         if self.starts is not None:
@@ -710,6 +726,11 @@ class DurableEngine:
             load_output=False,
         )
         return [w.workflow_id for w in found]
+
+
+_ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")
+"""DBOS's statuses of a workflow on a queue or being executed (taken from one, or started at
+once; ``DELAYED``: enqueued to start later)."""
 
 
 def _cancelling() -> bool:

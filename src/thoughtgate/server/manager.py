@@ -337,6 +337,8 @@ class RunManager:
             me=self.runtime.leases.owner,
             requeue=self._requeue if engine is not None else None,
             executing=self.runtime.leases,
+            on_queue=engine.on_queue if engine is not None else None,
+            lost_after_s=self.runtime.leases.ttl_s,
         )
         if engine is not None:
             await self._heartbeat()

@@ -30,6 +30,13 @@ marked suspended in its metadata. A run any replica may resume (``resume = 'queu
 on its work queue through ``requeue`` -- which only a process running the durable engine can
 pass, so a process without one leaves such runs to a daemon; a run of ``thoughtgate run``
 (``manual``) waits for ``thoughtgate resume`` or the web page's Resume.
+
+A queued run has no owner, so no lease of it ever expires: should what puts it on its queue fail
+(a new run's enqueue, a requeue), and then its close too (the store down past the retries), it
+would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
+runs without an owner are on a queue (``on_queue``), and puts back one queued for longer than
+``lost_after_s`` that is on none -- closing it when that fails, or leaving it to the next sweep
+when the store still refuses (ADR 0062).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ __all__ = [
     "ABANDONED",
     "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
+    "ON_NO_QUEUE",
     "UNWRITTEN",
     "EndedTask",
     "Owner",
@@ -87,6 +95,8 @@ LOST_LEASE = "its lease expired and another thoughtgate process closed it"
 GONE = "the process executing it stopped (crash, kill or power loss)"
 RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
+ON_NO_QUEUE = "it waited for a replica on no work queue (putting it there, then closing it, failed)"
+"""Why a sweep puts a queued run back on its queue, or closes it (ADR 0062)."""
 ABANDONED = "its process stopped executing it without recording its end"
 """Why a process's own sweep closes a run of its own that it no longer executes and whose lease
 expired: its end was refused for longer than the retries, or its execution stopped without one
@@ -355,6 +365,10 @@ Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
 """``(run_id, spec)``: put a released durable run back on a work queue (the engine's), one whose
 replicas have the run's tools."""
 
+OnQueue = Callable[[Sequence[str]], Awaitable[Container[str]]]
+"""Which of these runs the engine has on a work queue, or executing (their workflows wait there,
+or have been taken from there)."""
+
 
 async def close_orphaned_runs(
     store: EventStore,
@@ -362,11 +376,15 @@ async def close_orphaned_runs(
     me: Owner | None = None,
     requeue: Requeue | None = None,
     executing: Container[str] | None = None,
+    on_queue: OnQueue | None = None,
+    lost_after_s: float = DEFAULT_LEASE_TTL_S,
 ) -> list[str]:
     """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
     run, release it to resume; returns the ids of the runs closed. ``executing``: the runs this
     process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
-    this process's other runs are taken too once their leases have expired (ADR 0060)."""
+    this process's other runs are taken too once their leases have expired (ADR 0060).
+    ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
+    (:func:`_requeue_lost`)."""
     me = me or Owner.current()
     found = await store.open_runs()
     closed: list[str] = []
@@ -386,6 +404,46 @@ async def close_orphaned_runs(
         if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
+    if requeue is not None and on_queue is not None:
+        ownerless = [run.run_id for run in found.runs if run.owner is None]
+        closed += await _requeue_lost(store, ownerless, found.now, requeue, on_queue, lost_after_s)
+    return closed
+
+
+async def _requeue_lost(
+    store: EventStore,
+    ownerless: Sequence[str],
+    now: float,
+    requeue: Requeue,
+    on_queue: OnQueue,
+    lost_after_s: float,
+) -> list[str]:
+    """Put back on a queue each queued run that is on none, once it has been queued for
+    ``lost_after_s`` (what queues it may be under way until then); close it when that fails.
+    A suspended run (``thoughtgate resume``'s to move) is not queued and is left alone. Returns
+    the ids of the runs closed."""
+    if not ownerless or not isinstance(store, DurableRunStore):
+        return []
+    waiting = await on_queue(ownerless)
+    closed: list[str] = []
+    for run_id in ownerless:
+        if run_id in waiting:
+            continue
+        spec = await store.get_run_spec(run_id)
+        if spec is None or not spec.durable or spec.queued_at is None:
+            continue
+        if now - spec.queued_at < lost_after_s:
+            continue
+        try:
+            await requeue(run_id, spec)
+        except Exception as exc:
+            log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
+            if await close_run_interrupted(
+                store, run_id, f"{ON_NO_QUEUE}; it could not be queued again: {exc}", retry=()
+            ):
+                closed.append(run_id)
+            continue
+        log.warning("run %s queued again: %s", run_id, ON_NO_QUEUE)
     return closed
 
 

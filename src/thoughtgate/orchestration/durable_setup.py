@@ -1,0 +1,97 @@
+"""One process at a time sets up a PostgreSQL workflows schema (ADR 0062).
+
+``DBOS.launch`` creates and migrates its system schema (``<schema>_workflows``) when it is missing
+or behind: ``CREATE SCHEMA``, tables, functions, triggers and indexes, some of them
+``CONCURRENTLY``, each in its own transaction. It serialises that work itself with a session
+advisory lock -- but one key for the whole database, whatever the schema, which it waits for at
+most 30 s before migrating *without* it. So when any process of the database (another
+thoughtgate, another application on DBOS) holds that key for 30 s -- a ``CREATE INDEX
+CONCURRENTLY`` waits for every older transaction of the database -- replicas starting together on
+one fresh schema run the same DDL at once, and all but one may fail to start (``tuple concurrently
+updated``, ``column ... already exists``).
+
+So before launching DBOS, a process takes a session advisory lock of its own, keyed by the
+workflows schema, on a connection of its own, and holds it until the launch returns: the replicas
+of one schema set it up one after the other (the next finds it migrated and runs no DDL), while
+processes on other schemas do not wait for them. The lock ends with the connection, so a process
+that dies while holding it holds it no more. A waiting process asks again every few tenths of a
+second (a wait inside one statement would deadlock with the holder's ``CREATE INDEX
+CONCURRENTLY``), for a bounded time, then fails saying what it waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+
+from thoughtgate.errors import RuntimeFailure
+from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_pool import connect
+
+__all__ = ["SETUP_WAIT_S", "setting_up", "setup_lock_key"]
+
+log = logging.getLogger("thoughtgate.durable")
+
+SETUP_WAIT_S = 300.0
+"""How long a process waits for another one setting up the same workflows schema: a migration
+that builds indexes ``CONCURRENTLY`` waits for the database's older transactions, so it may take
+a while on a busy database; past this, something holds the lock that will not let it go."""
+
+
+_POLL_S = 0.2
+"""How often a waiting process asks for the lock again (a migration takes seconds)."""
+
+
+def setup_lock_key(schema: str) -> str:
+    """The text whose ``hashtext`` keys the lock (the store's own migrations use another)."""
+    return f"thoughtgate workflows setup {schema}"
+
+
+@contextlib.asynccontextmanager
+async def setting_up(
+    conninfo: str, schema: str, *, wait_s: float = SETUP_WAIT_S
+) -> AsyncIterator[None]:
+    """Hold the setup lock of workflows schema ``schema`` for the duration of the block."""
+    where = describe_target(conninfo, schema)
+    action = "set up the durable runs' workflows"
+    try:
+        conn = await connect(conninfo, application_name="thoughtgate:workflows-setup")
+    except psycopg.Error as exc:
+        raise translate_error(exc, action, where) from exc
+    async with conn:
+        try:
+            await _lock(conn, setup_lock_key(schema), where, wait_s)
+        except psycopg.Error as exc:
+            raise translate_error(exc, action, where) from exc
+        yield  # the lock ends with the connection
+
+
+async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s: float) -> None:
+    """Ask for the lock until it is granted, never waiting inside a statement: a statement that
+    waits for a lock keeps its snapshot, and the holder's ``CREATE INDEX CONCURRENTLY`` waits
+    for every older snapshot of the database -- it would wait for its waiters (DBOS waits for
+    its own lock the same way)."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,))
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(
+                f"another process has been setting up the workflows of {where} for {wait_s:g} s "
+                "and has not finished; nothing was changed. Look for it in pg_stat_activity "
+                "(application_name 'thoughtgate:workflows-setup' holds the lock; a long "
+                "CREATE INDEX CONCURRENTLY waits for the database's older transactions), then "
+                "start this process again."
+            )
+        if not said:
+            log.info("waiting for another process setting up the workflows of %s", where)
+            said = True
+        await asyncio.sleep(_POLL_S)

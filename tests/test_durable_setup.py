@@ -1,0 +1,143 @@
+"""Replicas that start together on one PostgreSQL database all come up (ADR 0062): one at a time
+sets up their workflows schema, whatever else the database's other DBOS applications do."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from support.daemon import ServeProcess
+from support.pg import PG_URL
+
+from thoughtgate.errors import RuntimeFailure
+from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
+
+START_S = 240.0
+"""How long a replica may take to start: a first start migrates the workflows schema, whose
+``CREATE INDEX CONCURRENTLY`` statements each wait for every older transaction of the database --
+on a database shared with other tests' daemons, whose DBOS background jobs hold a transaction open
+for a while, that takes minutes -- plus DBOS's 30 s wait for its lock here."""
+
+DBOS_MIGRATION_LOCK = 1234567890
+"""DBOS's own migration lock (``dbos._sys_db_postgres``): one key for the whole database, which
+a launch waits for 30 s at most before it migrates without it."""
+
+
+@contextmanager
+def fresh_schema() -> Iterator[tuple[str, str]]:
+    """A store URL on a schema of its own, and the name of its workflows schema."""
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{PG_URL}?schema={schema}", f"{schema}_workflows"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            for name in (schema, f"{schema}_workflows"):
+                admin.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+
+
+def _migrated(workflows: str) -> bool:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s",
+            (workflows, "dbos_migrations"),
+        ).fetchone()
+        if found is None:
+            return False
+        row = conn.execute(
+            sql.SQL("SELECT version FROM {}.dbos_migrations").format(sql.Identifier(workflows))
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
+def test_replicas_starting_together_all_come_up_while_another_application_migrates(
+    tmp_path: Path,
+) -> None:
+    """The race seen in the replica tests, made to happen: while DBOS's database-wide migration
+    lock is held (another schema's slow migration), every replica on a fresh schema waits 30 s
+    and then, without our own lock, migrates at the same moment as the others and fails."""
+    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (DBOS_MIGRATION_LOCK,))
+        daemons = [
+            ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
+            for _ in range(3)
+        ]
+        try:
+            ServeProcess.start_all(*daemons, timeout=START_S)
+            assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
+            assert _migrated(workflows)
+        finally:
+            for daemon in daemons:
+                daemon.stop()
+
+
+def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
+    tmp_path: Path,
+) -> None:
+    """The mechanism: a replica that finds the schema's setup lock held waits for it before
+    DBOS creates anything, then starts (and finds the schema set up)."""
+    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
+        daemon = ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
+        try:
+            daemon.spawn()
+            deadline = time.monotonic() + 60
+            while not _asks_for_setup_lock(holder) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _asks_for_setup_lock(holder), "the replica never asked for the setup lock"
+            time.sleep(1.0)  # it asks again and again meanwhile
+            assert daemon.proc is not None and daemon.proc.poll() is None
+            assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
+            holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
+            daemon.ready(timeout=START_S)
+            assert _migrated(workflows)
+        finally:
+            daemon.stop()
+
+
+def _asks_for_setup_lock(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+        ("thoughtgate:workflows-setup",),
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
+def _schema_exists(name: str) -> bool:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (name,)
+        ).fetchone()
+    return found is not None
+
+
+def test_a_setup_held_past_the_bound_fails_the_start_saying_what_it_waited_for() -> None:
+    workflows = f"tg_test_{uuid.uuid4().hex[:12]}_workflows"
+    with psycopg.connect(PG_URL, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
+
+        async def start() -> None:
+            async with setting_up(PG_URL, workflows, wait_s=0.3):
+                raise AssertionError("the lock was taken while another process held it")
+
+        with pytest.raises(RuntimeFailure, match=r"another process has been setting up") as err:
+            asyncio.run(start())
+        assert workflows in str(err.value) and "pg_stat_activity" in str(err.value)
+
+        async def after_release() -> bool:
+            async with setting_up(PG_URL, workflows, wait_s=5):
+                return True
+
+        holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
+        assert asyncio.run(after_release())

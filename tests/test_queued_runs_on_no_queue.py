@@ -1,0 +1,160 @@
+"""A queued durable run that is on no work queue does not stay open (ADR 0062).
+
+A queued run has no owner, so no lease of it expires: when what puts it on its queue fails and
+its close fails too (the store unavailable past the retries of ADR 0059), only a sweep that asks
+the engine which queued runs are on a queue can find it. Such a run is put back on a queue once
+it has been queued for a lease, or closed when that fails; a run on a queue, one queued moments
+ago, and a suspended run are left alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from support.durable import until
+from support.store_conformance import make_run
+
+from thoughtgate.config import Config
+from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.orchestration.durable import DurableEngine
+from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.server.manager import RunManager
+from thoughtgate.store.base import RunEnding
+from thoughtgate.store.durable import RunQueueRecord, RunSpecRecord
+from thoughtgate.store.leases import ON_NO_QUEUE, close_orphaned_runs
+from thoughtgate.store.sqlite import SQLiteStore
+
+pytestmark = [pytest.mark.inprocess, pytest.mark.timeout(60)]
+
+TTL_S = 1.0
+
+
+class RefusingEnds(SQLiteStore):
+    """Refuses to record any run's end while ``refusing`` (a store down past the retries)."""
+
+    refusing = False
+
+    async def finish_run(
+        self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
+    ) -> list[Event]:
+        if self.refusing:
+            raise StoreUnavailableError("database is locked")
+        return await super().finish_run(run_id, events, ending)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[RefusingEnds]:
+    opened = await RefusingEnds.open(tmp_path / "runs.db")
+    assert isinstance(opened, RefusingEnds)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_about_a_lease(
+    store: RefusingEnds,
+) -> None:
+    """The daemon's path: a run for another replica's queue, whose enqueue fails (no replica
+    registered that queue with DBOS) and whose close the store refuses."""
+    config = Config.from_mapping({"orchestration": {"lease_ttl_s": TTL_S}})
+    runtime = Runtime(store, config)
+    engine = DurableEngine.attach(runtime, config.durability)
+    manager = RunManager(runtime, grace_s=0)
+    try:
+        await engine.launch(listen=[])
+        # Another replica, with a tool this one lacks, said it takes runs from its queue.
+        await store.save_run_queue(RunQueueRecord("elsewhere-queue", ("elsewhere",), 1))
+        store.refusing = True
+        with pytest.raises(StoreUnavailableError):
+            await manager.start(RunRequest("hi", model="fake:echo"), tools=["elsewhere"])
+        (stuck,) = (await store.open_runs()).runs
+        assert stuck.owner is None, "queued: no lease of it will ever expire"
+        store.refusing = False  # the store is back
+        manager.start_sweeping()
+
+        async def closed() -> bool:
+            return (await store.get_run(stuck.run_id)).status == "interrupted"
+
+        await until(closed)
+        run = await store.get_run(stuck.run_id)
+        assert run.error is not None and ON_NO_QUEUE in run.error
+        log = [e.type for e in await store.read(stuck.run_id)]
+        assert log.count(EventType.RUN_INTERRUPTED) == 1
+    finally:
+        await manager.shutdown()
+        await engine.close()
+
+
+async def _queued_run(store: SQLiteStore) -> str:
+    """A durable run admitted for queue ``q`` (ownerless, queued now), put on no queue."""
+    run = make_run(tasks=1)
+    spec = RunSpecRecord(
+        run.run_id,
+        {"tasks": [], "tools": []},
+        durable=True,
+        resume="queue",
+        queue="q",
+        queued_at=time.time(),
+    )
+    await store.admit_run(run, spec)
+    return run.run_id
+
+
+async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
+    store: RefusingEnds,
+) -> None:
+    lost, waiting, suspended = [await _queued_run(store) for _ in range(3)]
+    # Executed by a process that stopped, and released for ``thoughtgate resume``.
+    await store.claim_run(suspended, "someone", 60)
+    assert await store.release_run(suspended, owner="someone", queue=False)
+    requeued: list[str] = []
+
+    async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+        assert spec.queue == "q"
+        requeued.append(run_id)
+
+    async def on_queue(run_ids: Sequence[str]) -> set[str]:
+        assert set(run_ids) == {lost, waiting, suspended}, "asked about every ownerless run"
+        return {waiting}
+
+    # Queued moments ago: its enqueue may be under way.
+    assert (
+        await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=3600)
+        == []
+    )
+    assert requeued == []
+    assert (
+        await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=0) == []
+    )
+    assert requeued == [lost]
+    for run_id in (lost, waiting, suspended):
+        assert (await store.get_run(run_id)).status in ("pending", "running")
+
+
+async def test_a_queued_run_on_no_queue_that_cannot_be_requeued_is_closed(
+    store: RefusingEnds,
+) -> None:
+    lost = await _queued_run(store)
+
+    async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+        raise RuntimeError("no work queue 'q' is registered")
+
+    async def on_queue(run_ids: Sequence[str]) -> set[str]:
+        return set()
+
+    store.refusing = True  # the close fails: the next sweep tries again
+    with pytest.raises(StoreUnavailableError):
+        await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=0)
+    assert (await store.get_run(lost)).status in ("pending", "running")
+    store.refusing = False
+    assert await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=0) == [
+        lost
+    ]
+    run = await store.get_run(lost)
+    assert run.status == "interrupted" and run.error is not None
+    assert ON_NO_QUEUE in run.error and "no work queue 'q'" in run.error

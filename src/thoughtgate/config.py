@@ -27,7 +27,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
@@ -91,11 +98,24 @@ class DurabilityConfig(_Section):
     """Runs this daemon executes at once (it starts a new one itself while it has room); more
     wait in the queue for any replica."""
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)
-    """How often an idle daemon looks for queued runs it can take (ten times as often while runs
+    """How often a daemon in use looks for queued runs it can take (ten times as often while runs
     it queued wait)."""
+    idle_poll_interval_s: float = Field(default=2.0, gt=0, le=60)
+    """How often a daemon that has executed nothing for ten ``poll_interval_s`` looks for queued
+    runs (ADR 0057): an idle daemon costs about nothing, and a run queued by another process
+    waits at most this long for it. Not below ``poll_interval_s``."""
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """A run whose process stopped this many times is closed as interrupted instead of being
     resumed again (a run that crashes every process it lands on)."""
+
+    @model_validator(mode="after")
+    def _idle_not_faster(self) -> DurabilityConfig:
+        if self.idle_poll_interval_s < self.poll_interval_s:
+            raise ValueError(
+                f"idle_poll_interval_s ({self.idle_poll_interval_s}) is below poll_interval_s "
+                f"({self.poll_interval_s}): an idle daemon would poll faster than a busy one"
+            )
+        return self
 
 
 class QuotasConfig(_Section):

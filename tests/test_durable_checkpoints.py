@@ -24,6 +24,7 @@ from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
@@ -96,11 +97,13 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
     tmp_path: Path,
 ) -> None:
     """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
-    worker would otherwise come down from the slow one again for the next burst), and an idle
-    daemon goes back to polling slowly."""
+    worker would otherwise come down from the slow one again for the next burst), and a daemon
+    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
     FAKE_SCRIPTS["slow"] = _slow
     store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(durability=DurabilityConfig(concurrency=1, poll_interval_s=0.2))
+    config = Config(
+        durability=DurabilityConfig(concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5)
+    )
     runtime = Runtime(store, config)
     engine = DurableEngine.attach(runtime, config.durability)
     try:
@@ -122,11 +125,84 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
         await _until(lambda: _is(interval(), 0.02))
         await _until(lambda: _all_ended(store, runs))
         assert await interval() == 0.02, "still fast just after the backlog drained"
-        await _until(lambda: _is(interval(), 0.2))
+        await _until(lambda: _is(interval(), 0.5))
     finally:
         await engine.close()
         await store.close()
         del FAKE_SCRIPTS["slow"]
+
+
+async def _interval_of(queue: str) -> float:
+    found = await DBOS.retrieve_queue_async(queue)
+    assert found is not None
+    return found.polling_interval_sec
+
+
+@pytest.mark.inprocess
+async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_use_again(
+    tmp_path: Path,
+) -> None:
+    """ADR 0057: a daemon that has executed nothing for ten poll intervals polls its queue at the
+    idle pace; a run the lease sweep puts on the queue meanwhile (its process stopped before it
+    began) is still taken and completes, and the daemon polls at ``poll_interval_s`` again while
+    it is in use."""
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    config = Config(
+        durability=DurabilityConfig(poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1)
+    )
+    runtime = Runtime(store, config)
+    engine = DurableEngine.attach(runtime, config.durability)
+    try:
+        await engine.launch(listen=[])
+        queue, starts = engine.queue, engine.starts
+        assert queue is not None and starts is not None
+        assert await _interval_of(queue) == 0.2, "a daemon that just started is in use"
+        await _until(lambda: _is(_interval_of(queue), 0.6))
+
+        run, _ = await runtime.admit(RunRequest("hi", model="fake:echo"), queue=queue)
+        engine.unreserve(run.run_id)  # it never starts here: as if its process had stopped
+        runtime.forget_admitted(run.run_id)
+        me = runtime.leases.owner
+
+        async def requeue(run_id: str, _: object) -> None:
+            await engine.resume(run_id, queue)
+
+        restarted = Owner(me.host, me.pid, "restarted")
+        assert await close_orphaned_runs(store, me=restarted, requeue=requeue) == []
+        await _until(lambda: _all_ended(store, [run.run_id]))
+        assert starts.interval_s < 0.6, "a run that began here puts the daemon in use"
+        await _until(lambda: _is(_interval_of(queue), 0.6))
+    finally:
+        await engine.close()
+        await store.close()
+
+
+@pytest.mark.inprocess
+async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
+    tmp_path: Path,
+) -> None:
+    """The queue's row is shared by its replicas: one going idle leaves alone a pace another one
+    set since (its backlog), which slows it down again itself."""
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    config = Config(durability=DurabilityConfig(poll_interval_s=0.1, idle_poll_interval_s=0.4))
+    runtime = Runtime(store, config)
+    engine = DurableEngine.attach(runtime, config.durability)
+    try:
+        await engine.launch(listen=[])
+        queue, starts = engine.queue, engine.starts
+        assert queue is not None and starts is not None
+        found = await DBOS.retrieve_queue_async(queue)
+        assert found is not None
+        await found.set_polling_interval_sec_async(0.01)  # another replica's backlog
+
+        async def idle() -> bool:
+            return starts.interval_s == 0.4
+
+        await _until(idle)
+        assert await _interval_of(queue) == 0.01
+    finally:
+        await engine.close()
+        await store.close()
 
 
 async def _queued(engine: DurableEngine) -> bool:

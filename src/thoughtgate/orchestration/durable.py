@@ -361,6 +361,11 @@ class DurableEngine:
             "log_level": "ERROR",
             "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 0.2),
             "scheduler_polling_interval_sec": 3600.0,
+            # On PostgreSQL DBOS pushes workflow events' and streams' notifications from a thread
+            # that wakes every this often whether or not any are pending (100 times a second by
+            # default). thoughtgate uses neither (approval messages are ``send``/``recv``, which
+            # a trigger notifies), so it wakes once a second instead (ADR 0057).
+            "notification_coalesce_sec": 1.0,
         }
         if self.location.schema is not None:
             settings["dbos_system_schema"] = self.location.schema

@@ -142,6 +142,12 @@ class Starts:
             self.pace()
 
     # ------------------------------------------------------------------ polling pace
+    @property
+    def interval_s(self) -> float:
+        """The poll interval this daemon last settled on for its queue (written to the queue's
+        row unless another replica had changed the row since, see :meth:`_write_pace`)."""
+        return self._interval
+
     def pace(self) -> None:
         """Poll fast while runs of this daemon wait and for ``linger_s`` after the last began; at
         ``poll_interval_s`` while the daemon is in use and for ``linger_s`` after; at

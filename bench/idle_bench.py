@@ -8,7 +8,9 @@ with no run and no client. After :data:`SETTLE_S` (past start-up, including DBOS
 which polls every second for its first minute) the bench reads each process's CPU time over
 :data:`WINDOW_S`: the sum of its threads' on-CPU nanoseconds (``/proc/PID/task/*/schedstat``), and
 their voluntary context switches (each one a sleep that ended: a wake-up). The variants run at
-the same time, so one window covers them all; idle, they hardly compete.
+the same time, so one window covers them all; idle, they hardly compete. Beside them, the
+window's ``host_steal`` and ``host_other_load`` (the share of all CPU busy outside these
+daemons: another process's work makes each wake-up dearer, ADR 0050).
 
 Figures: ``idle_cpu_ms_per_s_<variant>`` (CPU milliseconds per wall second; 10 ms/s is 1 % of a
 core) and ``idle_wakeups_per_s_<variant>``. Targets (ADR 0057): durable SQLite at most
@@ -173,6 +175,11 @@ def measure(settle_s: float = SETTLE_S, window_s: float = WINDOW_S) -> list[Row]
             }
         )
     rows.append(run_row(share))
+    other = None if share is None else share.other_pct
+    shown = "n/a" if other is None else round(other, 2)
+    rows.append(
+        {"name": "host_other_load", "value": shown, "unit": "%", "target": None, "ok": None}
+    )
     return rows
 
 

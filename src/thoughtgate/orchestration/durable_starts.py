@@ -83,6 +83,7 @@ class Starts:
         """When a run of the queue last started, began, ended or was seen executing here (the
         daemon's start counts: it may resume its own runs from the queue right away)."""
         self._recheck: asyncio.TimerHandle | None = None
+        self._closed = False
         self._pace_lock = asyncio.Lock()
         self._pacers: set[asyncio.Task[None]] = set()
 
@@ -153,7 +154,7 @@ class Starts:
         ``poll_interval_s`` while the daemon is in use and for ``linger_s`` after; at
         ``idle_poll_interval_s`` once idle (in the background: the change is one write to the
         queue's row, which DBOS's worker reads every poll)."""
-        if self._wanted_interval() == self._interval:
+        if self._closed or self._wanted_interval() == self._interval:
             return
         # An empty context: this may be called inside a workflow, whose DBOS context must not
         # follow the write.
@@ -219,7 +220,9 @@ class Starts:
             self._interval = interval
 
     async def close(self) -> None:
-        """Wait for a pace change under way (DBOS is about to stop)."""
+        """Wait for a pace change under way, and change it no more (DBOS is about to stop; runs
+        it cancels end after this)."""
+        self._closed = True
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None

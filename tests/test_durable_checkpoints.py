@@ -94,12 +94,13 @@ def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
 
 
 async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_again(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
     worker would otherwise come down from the slow one again for the next burst), and a daemon
     that has executed nothing for as long polls at the idle pace (ADR 0057)."""
-    FAKE_SCRIPTS["slow"] = _slow
+    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
+    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
     store = await SQLiteStore.open(tmp_path / "runs.db")
     config = Config(
         durability=DurabilityConfig(concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5)
@@ -118,7 +119,7 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
 
         runs = []
         for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
-            run, rank = await runtime.admit(RunRequest("hi", model="fake:slow"), queue=queue)
+            run, rank = await runtime.admit(RunRequest("hi", model="fake:queue-slow"), queue=queue)
             await engine.submit(run.run_id, queue, priority=rank)
             runs.append(run.run_id)
         await _until(lambda: _queued(engine))
@@ -129,7 +130,6 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
     finally:
         await engine.close()
         await store.close()
-        del FAKE_SCRIPTS["slow"]
 
 
 async def _interval_of(queue: str) -> float:

@@ -292,7 +292,7 @@ def sdk_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]:
 def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]] | None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from GitHub
     try:
-        import litellm  # type: ignore[import-not-found]  # optional: measured only if installed
+        import litellm  # optional: measured only if installed
     except ImportError:
         return None
 

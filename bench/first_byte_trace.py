@@ -68,7 +68,7 @@ import statistics
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,7 @@ def install(directory: str) -> None:
 
         return traced
 
-    sse._socket_writer = traced_socket_writer  # type: ignore[assignment]
+    sse._socket_writer = traced_socket_writer
 
     emit_delta = EventRecorder.emit_delta
 
@@ -398,14 +398,14 @@ def install(directory: str) -> None:
 
     settle_all = sqlite_thread._settle
 
-    def traced_settle_all(outcomes: list[Any], *rest: Any) -> None:
+    def traced_settle_all(outcomes: list[Any], then: Callable[[], None] | None = None) -> None:
         for outcome in outcomes:
             run_id = _tracked_jobs.pop(id(outcome.job), None) or _tracked_actions.pop(
                 outcome.job.action, None
             )
             if run_id is not None:
                 _note(run_id, "handed")
-        settle_all(outcomes, *rest)
+        settle_all(outcomes, then)
 
     sqlite_thread._settle = traced_settle_all
 
@@ -591,9 +591,9 @@ def _install_cycle_hops() -> None:
 
     finish_run = store_sqlite.SQLiteStore.finish_run
 
-    async def traced_finish_run(self: Any, run_id: str, *rest: Any) -> Any:
+    async def traced_finish_run(self: Any, run_id: str, events: Any, ending: Any) -> Any:
         _note(run_id, "finish")
-        out = await finish_run(self, run_id, *rest)
+        out = await finish_run(self, run_id, events, ending)
         _note(run_id, "ended")
         return out
 
@@ -641,9 +641,9 @@ def _install_cycle_hops() -> None:
         thread_class._commit_handed = traced_commit_handed  # type: ignore[method-assign]
     settle_all = sqlite_thread._settle
 
-    def traced_settle_all(outcomes: list[Any], *rest: Any) -> None:
+    def traced_settle_all(outcomes: list[Any], then: Callable[[], None] | None = None) -> None:
         jobs_noted([o.job for o in outcomes], "handed", time.monotonic())
-        settle_all(outcomes, *rest)
+        settle_all(outcomes, then)
 
     sqlite_thread._settle = traced_settle_all
 
@@ -700,6 +700,18 @@ def _install_counts() -> None:
             return out
 
         thread_class._group_on_loop = counted_on_loop  # type: ignore[method-assign]
+
+    if hasattr(thread_class, "_commit"):  # (a tree before ADR 0030 has none)
+        commit = thread_class._commit
+
+        def counted_commit(self: Any, conn: Any, failed: list[Any], done: list[Any]) -> Any:
+            before = self.commits
+            out = commit(self, conn, failed, done)
+            if self.commits > before:  # writes per commit: the store writes over this count
+                _counts["store commits (each one fsync)"] += 1
+            return out
+
+        thread_class._commit = counted_commit  # type: ignore[method-assign]
 
     try:
         from sqlalchemy import event

@@ -133,7 +133,8 @@ async def _measure(base_url: str, memory: bool, batches: int, per_batch: int) ->
     from thoughtgate.providers.http import HTTPTransport
 
     if memory:
-        clients.AsyncioBackend = _memory_backend()  # every new pool connects in memory
+        # every new pool connects in memory (patched where clients looks it up: not exported)
+        clients.AsyncioBackend = _memory_backend()  # type: ignore[attr-defined]
     settings = ProviderSettings(base_url=base_url, api_key="bench", max_retries=0)
     headers = {"authorization": "Bearer bench", "content-type": "application/json"}
 

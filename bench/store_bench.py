@@ -98,8 +98,8 @@ async def bench_backend(prefix: str, store: EventStore) -> list[dict[str, Any]]:
     rates = []
     for _ in range(ROUNDS):
         started = time.perf_counter()
-        for event in one:
-            await store.append_one(run_id, event)
+        for new in one:
+            await store.append_one(run_id, new)
         rates.append(len(one) / (time.perf_counter() - started))
     out.append(result(f"{prefix}_append_single", max(rates)))
 

@@ -222,13 +222,62 @@ def test_reads_of_a_store_that_does_not_exist_create_nothing_and_say_so(tmp_path
     assert tg("status", run_id, "--db", db, "--json").returncode == 0
 
 
+def test_keys_list_and_revoke_on_a_store_that_does_not_exist_create_nothing(
+    tmp_path: Path,
+) -> None:
+    """``keys list`` is a listing, as ``runs``: no keys, with a note naming the path; revoking a
+    key there is a key not found (exit 2) naming it. Only ``keys create`` makes the store."""
+    where = tmp_path / "nodir"
+    path = where / "typo.db"
+    db = f"sqlite:///{path}"
+    wide = {"COLUMNS": "400"}
+    listed = tg("keys", "list", "--db", db, "--json", env=wide)
+    assert json.loads(listed.stdout) == []
+    assert f"no thoughtgate store at {path} yet: nothing has been recorded there" in listed.stderr
+    table = tg("keys", "list", "--db", db, env=wide)
+    assert "name" in table.stdout and f"no thoughtgate store at {path}" in table.stderr
+    revoked = tg("keys", "revoke", "ci", "--db", db, check=False, env=wide)
+    assert revoked.returncode == 2, revoked.stderr
+    assert f"no thoughtgate store at {path}: key 'ci' not found there" in revoked.stderr
+    assert "Traceback" not in revoked.stderr
+    assert not where.exists()
+    # a role below admin is refused before the store is looked at, as on a store that exists
+    viewer = tmp_path / "viewer.toml"
+    viewer.write_text('[access]\nlocal_role = "viewer"\n', encoding="utf-8")
+    denied = tg("keys", "list", "--db", db, "--config", str(viewer), check=False, env=wide)
+    assert denied.returncode == 2 and "managing API keys" in denied.stderr
+    assert not where.exists()
+    # creating a key creates the store; the listing then shows it, with no note
+    tg("keys", "create", "--role", "viewer", "--name", "ci", "--db", db)
+    after = tg("keys", "list", "--db", db, "--json")
+    assert [k["name"] for k in json.loads(after.stdout)] == ["ci"]
+    assert "no thoughtgate store" not in after.stderr
+    assert tg("keys", "revoke", "ci", "--db", db).returncode == 0
+
+
+def test_resume_of_a_run_in_a_store_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    where = tmp_path / "nodir"
+    path = where / "typo.db"
+    wide = {"COLUMNS": "400"}
+    for json_out in ([], ["--json"]):
+        proc = tg(
+            "resume", "run_abc", "--db", f"sqlite:///{path}", *json_out, check=False, env=wide
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"no thoughtgate store at {path}: run 'run_abc' not found there" in proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not where.exists()
+
+
 def test_reads_never_create_the_default_or_env_store(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env_db = tmp_path / "env" / "tg.db"
     for env in ({"XDG_DATA_HOME": str(data)}, {"THOUGHTGATE_DB": f"sqlite:///{env_db}"}):
         assert json.loads(tg("runs", "--json", env=env, cwd=tmp_path).stdout) == []
-        missing = tg("status", "run_abc", env=env, cwd=tmp_path, check=False)
-        assert missing.returncode == 2 and "no thoughtgate store at" in missing.stderr
+        assert json.loads(tg("keys", "list", "--json", env=env, cwd=tmp_path).stdout) == []
+        for args in (["status", "run_abc"], ["resume", "run_abc"], ["keys", "revoke", "ci"]):
+            missing = tg(*args, env=env, cwd=tmp_path, check=False)
+            assert missing.returncode == 2 and "no thoughtgate store at" in missing.stderr
     assert not data.exists() and not env_db.parent.exists()
 
 
@@ -246,7 +295,7 @@ def test_reads_never_create_the_default_or_env_store(tmp_path: Path) -> None:
 def test_only_a_sqlite_file_that_is_not_there_is_missing(
     url: str, missing: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from thoughtgate.cli.readers import missing_local_store
+    from thoughtgate.cli.missing_store import missing_local_store
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "there.db").write_bytes(b"")

@@ -86,7 +86,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
         await asyncio.sleep(max(0.0, asked.ts + down_s - time.time()))
         assert first.runtime.cancel(run_id, SUSPENDED)
         await _until(lambda: _is_empty(first.runtime.executing))
-        await first.store.renew_leases(first.runtime.leases.owner.owner_id, 0.0)
+        await first.store.renew_leases(first.runtime.leases.owner.owner_id, 0.0, [run_id])
     finally:
         await first.close()
 

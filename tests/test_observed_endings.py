@@ -124,7 +124,7 @@ async def test_a_run_closed_by_the_lease_sweep_ends_its_trace(store: EventStore,
         runtime.leases.owner = Owner("elsewhere", 1, "far")
     run = await runtime.create_run(RunRequest("orphan", model="fake:slow"))
     if lost == "lease expired":
-        await store.renew_leases(runtime.leases.owner.owner_id, -1.0)
+        await store.renew_leases(runtime.leases.owner.owner_id, -1.0, [run.run_id])
     runtime.leases.owner = me
     manager = RunManager(runtime, grace_s=0)
 

@@ -4,7 +4,7 @@ another process has closed it (ADR 0009). The store side is in ``support.store_c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
@@ -17,7 +17,13 @@ from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
-from thoughtgate.store.leases import LOST_LEASE, Owner, close_run_interrupted
+from thoughtgate.store.leases import (
+    ABANDONED,
+    LOST_LEASE,
+    Owner,
+    close_orphaned_runs,
+    close_run_interrupted,
+)
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.testing.fake import FakeProvider
 
@@ -110,11 +116,11 @@ class CountingStore(MemoryStore):
         self.renewals = 0
         self.renewed_twice = asyncio.Event()
 
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
         self.renewals += 1
         if self.renewals >= 2:
             self.renewed_twice.set()
-        return await super().renew_leases(owner, ttl_s)
+        return await super().renew_leases(owner, ttl_s, run_ids)
 
 
 async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() -> None:
@@ -137,3 +143,76 @@ async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() ->
 
 def _renewal_tasks() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if t.get_name() == "thoughtgate lease renewal"]
+
+
+@pytest.mark.unit
+async def test_the_keeper_renews_the_runs_it_holds_and_no_other_run_of_its_process() -> None:
+    """A run this process started but no longer executes (its end was refused) keeps the lease
+    it had, which expires: the sweep can then close it (ADR 0060)."""
+    store = MemoryStore()
+    runtime = Runtime(store, Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}}))
+    executing = await runtime.create_run(RunRequest("x", model="fake:echo"))
+    given_up = await runtime.create_run(RunRequest("y", model="fake:echo"))
+    keeper = runtime.leases
+    await store.renew_leases(keeper.owner.owner_id, -1.0, [given_up.run_id])
+    keeper.hold(executing.run_id)
+    try:
+        await keeper.renew()
+        now = (await store.open_runs()).now
+        held = (await store.get_run(executing.run_id)).lease_expires_at
+        left = (await store.get_run(given_up.run_id)).lease_expires_at
+        assert held is not None and held > now + 30
+        assert left is not None and left < now, "a run the keeper does not hold is not renewed"
+    finally:
+        keeper.release(executing.run_id)
+
+
+@pytest.mark.unit
+async def test_a_runs_lease_is_renewed_while_its_end_is_recorded_and_never_after() -> None:
+    """While a run's end is recorded its lease is renewed, and a renewal that no longer finds
+    the run (it has just ended) does not take it for a lost one; once the end is recorded or
+    given up, the run's lease is renewed no more."""
+    store = MemoryStore()
+    runtime = Runtime(store)
+    run = await runtime.create_run(RunRequest("x", model="fake:echo"))
+    keeper = runtime.leases
+    recording = asyncio.current_task()
+    assert recording is not None
+    keeper.hold(run.run_id, recording)
+    with keeper.ending(run.run_id):
+        assert run.run_id in keeper and keeper.held == frozenset()
+        await store.renew_leases(keeper.owner.owner_id, -1.0, [run.run_id])
+        await keeper.renew()
+        lease = (await store.get_run(run.run_id)).lease_expires_at
+        assert lease is not None and lease > (await store.open_runs()).now
+        await close_run_interrupted(store, run.run_id, "the end being recorded")
+        await keeper.renew()  # finds the run ended: nothing to cancel
+        (renewer,) = _renewal_tasks()
+    assert not recording.cancelling()
+    assert run.run_id not in keeper
+    with pytest.raises(asyncio.CancelledError):  # nothing is left to renew
+        await renewer
+
+
+@pytest.mark.unit
+async def test_a_processs_sweep_closes_its_own_runs_it_no_longer_executes_once_expired() -> None:
+    store = MemoryStore()
+    runtime = Runtime(store)
+    keeper = runtime.leases
+    me = keeper.owner
+    executing = await runtime.create_run(RunRequest("a", model="fake:echo"))
+    given_up = await runtime.create_run(RunRequest("b", model="fake:echo"))
+    fresh = await runtime.create_run(RunRequest("c", model="fake:echo"))
+    expired = [executing.run_id, given_up.run_id]
+    await store.renew_leases(me.owner_id, -1.0, expired)  # as a long store outage leaves them
+    keeper.hold(executing.run_id)
+    try:
+        # Opening the store (no keeper to ask) leaves this process's own runs alone.
+        assert await close_orphaned_runs(store, me=me) == []
+        assert await close_orphaned_runs(store, me=me, executing=keeper) == [given_up.run_id]
+    finally:
+        keeper.release(executing.run_id)
+    closed = await store.get_run(given_up.run_id)
+    assert closed.status == "interrupted" and closed.error == f"interrupted: {ABANDONED}"
+    for run_id in (executing.run_id, fresh.run_id):  # executed here, or its lease still runs
+        assert (await store.get_run(run_id)).status == "pending"

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -413,8 +413,8 @@ class FailingStore(EventStore):
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
         return await self.inner.rebuild_run_index(run_id)
 
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
-        return await self.inner.renew_leases(owner, ttl_s)
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
+        return await self.inner.renew_leases(owner, ttl_s, run_ids)
 
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         return await self.inner.open_runs(limit=limit)

@@ -191,7 +191,9 @@ class RunListingConformance:
         )
         await store.update_run(a.run_id, usage={"input_tokens": 5})
         await store.append(c.run_id, [NewEvent(EventType.MESSAGE_DELTA, {"text": "x"})])
-        await store.renew_leases("nobody", 10)  # neither appends nor leases are list changes
+        await store.renew_leases(
+            "nobody", 10, [a.run_id, c.run_id]
+        )  # neither appends nor leases are list changes
 
         changes = (await store.run_changes(after=start)).changes
         assert [(run.run_id, run.status, run.usage) for _, run in changes] == [

@@ -580,7 +580,7 @@ class EventLogConformance:
         run = make_run(status="running", owner="o", lease_expires_at=1.0)
         await store.create_run(run)
         now = (await store.open_runs()).now
-        assert (await store.renew_leases("o", 60.0)) == [run.run_id]
+        assert (await store.renew_leases("o", 60.0, [run.run_id])) == [run.run_id]
         end = [NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted"})]
         assert (
             await store.finish_run(run.run_id, end, RunEnding("interrupted", lease_expired_by=now))
@@ -767,20 +767,33 @@ class RunIndexConformance:
         other = make_run(status="running", owner="p", lease_expires_at=5.0)
         nobody = make_run(status="running")
         finished = make_run(status="completed", owner="o", lease_expires_at=1.0)
-        for run in (mine, pending, ended, other, nobody, finished):
+        given_up = make_run(status="running", owner="o", lease_expires_at=2.0)
+        for run in (mine, pending, ended, other, nobody, finished, given_up):
             await store.create_run(run)
         await store.finish_run(
             ended.run_id, [NewEvent(EventType.RUN_ERROR, {})], RunEnding("error")
         )
-        renewed = await store.renew_leases("o", 100.0)
+        # Only the runs named, and of those only the open ones "o" holds: a run "o" no longer
+        # executes (``given_up``) keeps its lease, which expires (ADR 0060).
+        named = [mine.run_id, pending.run_id, ended.run_id, other.run_id, nobody.run_id]
+        renewed = await store.renew_leases("o", 100.0, [*named, finished.run_id, "run_unknown"])
         assert sorted(renewed) == sorted([mine.run_id, pending.run_id])
+        assert await store.renew_leases("o", 100.0, []) == []
         found = await store.open_runs()
         leases = {r.run_id: (r.owner, r.lease_expires_at) for r in found.runs}
-        assert set(leases) == {mine.run_id, pending.run_id, other.run_id, nobody.run_id}
+        assert set(leases) == {
+            mine.run_id,
+            pending.run_id,
+            other.run_id,
+            nobody.run_id,
+            given_up.run_id,
+        }
         assert leases[other.run_id] == ("p", 5.0) and leases[nobody.run_id] == (None, None)
+        assert leases[given_up.run_id] == ("o", 2.0)
         lease = leases[mine.run_id][1]
         assert lease is not None and found.now + 90 < lease <= found.now + 101
-        assert next(r.run_id for r in found.runs) == other.run_id, "oldest lease first"
+        oldest = [r.run_id for r in found.runs][:2]
+        assert oldest == [given_up.run_id, other.run_id], "oldest lease first"
 
     async def test_find_run_ids_by_prefix(self, store: EventStore) -> None:
         for run_id in ("run_aa1", "run_aa2", "run_ab1", "run_a_1", "run_a%1", "run_b"):

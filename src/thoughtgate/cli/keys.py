@@ -2,12 +2,17 @@
 
 Managing keys needs local role ``admin`` or above (``access.local_role``, default ``owner``), and
 a key is never given a role above the local one.
+
+Only ``create`` creates a SQLite store that is not there (``cli.missing_store``): ``list`` lists
+no keys and names the path on stderr, as ``runs`` does, and ``revoke`` fails naming it (exit 2,
+as for a key that is not found).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,9 +22,11 @@ from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
 from thoughtgate.access.roles import ROLE_NAMES, Role
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
+from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.errors import UsageError
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import ApiKeyRecord
 
 __all__ = ["register"]
 
@@ -31,13 +38,22 @@ def _when(ts: float | None) -> str:
 
 
 def _on_store(
-    config: str | None, db: str | None, body: Callable[[Role, EventStore], Awaitable[None]]
+    config: str | None,
+    db: str | None,
+    body: Callable[[Role, EventStore], Awaitable[None]],
+    *,
+    if_missing: Callable[[Path], None] | None = None,
 ) -> None:
-    """Run a key command's ``body`` on the store, as the local role (admin and above only)."""
+    """Run a key command's ``body`` on the store, as the local role (admin and above only).
+    ``if_missing``: what the command does instead when the store is a SQLite file that is not
+    there (None: create it, as a command that records does)."""
 
     async def main() -> None:
         ctx = Context(config_path=config, db=db, view_as=None)
         require_role(ctx.role, Role.ADMIN, "managing API keys")
+        if if_missing is not None and (missing := missing_local_store(ctx.db_url)) is not None:
+            if_missing(missing)
+            return
         await ctx.using(lambda store: body(ctx.role, store))
 
     run_async(main())
@@ -93,8 +109,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List keys (never their secrets), revoked ones too."""
 
-        async def body(local: Role, store: EventStore) -> None:
-            records = await store.list_api_keys()
+        def show(records: list[ApiKeyRecord]) -> None:
             if json_out:
                 print_json([key_view(k) for k in records])
                 return
@@ -103,7 +118,14 @@ def register(app: typer.Typer) -> None:
                 table.add_row(k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at))
             console.print(table)
 
-        _on_store(config, db, body)
+        async def body(local: Role, store: EventStore) -> None:
+            show(await store.list_api_keys())
+
+        def no_keys(path: Path) -> None:
+            note_no_store(path)
+            show([])
+
+        _on_store(config, db, body, if_missing=no_keys)
 
     @keys.command("revoke")
     def revoke(
@@ -133,4 +155,7 @@ def register(app: typer.Typer) -> None:
                     highlight=False,
                 )
 
-        _on_store(config, db, body)
+        def no_key(path: Path) -> None:
+            raise nothing_there(path, f"key {key!r}")
+
+        _on_store(config, db, body, if_missing=no_key)

@@ -11,7 +11,8 @@ the two readers differ only in where the filtered data comes from:
 So a command prints the same shapes against either, and a script works against both.
 
 A local SQLite file that does not exist is never created by a read: :class:`NoStoreReader` stands
-in for it, so a mistyped ``--db`` path says so instead of leaving a stray empty database behind.
+in for it, so a mistyped ``--db`` path says so instead of leaving a stray empty database behind
+(``cli.missing_store``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from thoughtgate.cli.common import Context, err_console, resolve_run_id, run_async
+from thoughtgate.cli.common import Context, resolve_run_id, run_async
+from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ReadOptions
 from thoughtgate.cli.remote import resolve_on_daemon, resolve_remote, wants_daemon
 from thoughtgate.cli.run_selection import EVERY_RUN, MINE_NEEDS_DAEMON, RunSelection
 from thoughtgate.errors import UsageError
-from thoughtgate.store.urls import sqlite_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -41,7 +42,6 @@ __all__ = [
     "NoStoreReader",
     "RunReader",
     "StoreReader",
-    "missing_local_store",
     "read_command",
 ]
 
@@ -166,15 +166,6 @@ class DaemonReader:
         return await self.client.trace(run_id)
 
 
-def missing_local_store(url: str) -> Path | None:
-    """The path of a SQLite store ``url`` names that does not exist yet, else None (the file is
-    there, or the store is not a local file: memory, PostgreSQL, ``sqlite:///:memory:``)."""
-    if not url.startswith("sqlite:"):
-        return None
-    path = sqlite_path(url)
-    return None if str(path) == ":memory:" or path.exists() else path
-
-
 class NoStoreReader:
     """A local store file that does not exist, read without creating it: it holds no runs, so
     ``runs`` lists none (and says where it looked) and a run id is a usage error naming the path,
@@ -185,10 +176,7 @@ class NoStoreReader:
         self.reader = role
 
     def _nothing_here(self, given: str) -> UsageError:
-        return UsageError(
-            f"no thoughtgate store at {self.path}: run {given!r} not found there "
-            "(check --db, THOUGHTGATE_DB or store.url)"
-        )
+        return nothing_there(self.path, f"run {given!r}")
 
     async def role(self) -> str:
         return self.reader.label
@@ -202,12 +190,7 @@ class NoStoreReader:
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         if selection.mine:
             raise UsageError(MINE_NEEDS_DAEMON)
-        err_console.print(
-            f"no thoughtgate store at {self.path} yet: nothing has been recorded there",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+        note_no_store(self.path)
         return []
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

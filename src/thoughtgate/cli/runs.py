@@ -30,6 +30,7 @@ import typer
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.exit_codes import for_run_status
+from thoughtgate.cli.missing_store import missing_local_store, nothing_there
 from thoughtgate.cli.options import (
     ApiKeyOpt,
     ApproveAllOpt,
@@ -269,10 +270,13 @@ def _local_command(
     options: LocalRun,
     *,
     listen_for_tools: bool = False,
+    recorded_run: str | None = None,
 ) -> str:
     """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
     and the terminal's approvals, durable when the store is; prints the run's view as ``body``
-    left it and returns its status."""
+    left it and returns its status. ``recorded_run``: the id of a run ``body`` needs recorded
+    already (``resume``'s): a SQLite store that is not there is then not created, and the
+    command fails naming its path (``cli.missing_store``)."""
     o = options
 
     async def go(ctx: Context, store: EventStore) -> str:
@@ -306,6 +310,8 @@ def _local_command(
 
     async def main() -> str:
         ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
+        if recorded_run is not None and (missing := missing_local_store(ctx.db_url)) is not None:
+            raise nothing_there(missing, f"run {recorded_run!r}")
         return await ctx.using(lambda store: go(ctx, store))
 
     return run_async(main())
@@ -439,7 +445,7 @@ def register(app: typer.Typer) -> None:
             return await resume_and_follow(runtime, full_id, role=ctx.role, live=not json_out)
 
         local = LocalRun(base_url, api_key, tools, approve_all, view_as, db, config, json_out)
-        status = _local_command(body, local, listen_for_tools=True)
+        status = _local_command(body, local, listen_for_tools=True, recorded_run=run_id)
         raise typer.Exit(for_run_status(status))
 
     @app.command()

@@ -649,11 +649,13 @@ class DurableEngine:
             await self._close(run_id, f"it could not continue as a workflow: {exc}")
 
     async def _close(self, run_id: str, reason: str) -> None:
-        """End a run this daemon holds but cannot execute ``interrupted`` (the lease sweep
-        leaves a live process's runs alone, so nothing else would)."""
+        """End ``interrupted``, with the reason, a run this daemon holds but cannot execute. It
+        is held no more either way: should the close fail, its lease expires and a sweep (this
+        daemon's too, ADR 0060) puts it back on the queue."""
         try:
-            await close_run_interrupted(self.runtime.store, run_id, reason)
-        except Exception as exc:  # the store is down: the next process's sweep resumes it
+            with self.runtime.leases.ending(run_id):
+                await close_run_interrupted(self.runtime.store, run_id, reason)
+        except Exception as exc:  # the store is down: left to the lease sweep
             log.warning("could not close run %s: %s", run_id, exc)
 
     async def enqueue(self, run_id: str, queue: str, *, priority: int) -> None:

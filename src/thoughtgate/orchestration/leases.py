@@ -1,8 +1,15 @@
 """The lease keeper: proves to other processes that the runs this process executes are alive.
 
 Every open run this process executes is *held*. While it holds any, one background task renews
-all their leases in one store statement every third of the lease's length (ADR 0009), so a
-crash, ``kill -9`` or power cut lets another process close them after at most one lease length.
+their leases -- theirs only, not every open run this process started -- in one store statement
+every third of the lease's length (ADR 0009), so a crash, ``kill -9`` or power cut lets another
+process close them after at most one lease length. A run this process stops executing without
+recording its end (the store refused it for longer than the retries) is renewed no more, so its
+lease expires and a sweep closes it, this process's own included (ADR 0060).
+
+While a run's end is being recorded its lease is still renewed (:meth:`LeaseKeeper.ending`): no
+sweep can take the run from under the ending its own process is recording, however slowly the
+store answers, and the lease runs out only once that process gave up.
 
 If a renewal finds a held run that is no longer ours -- this process stalled past its lease
 (a suspended laptop, a debugger) and another process closed the run as interrupted -- the task
@@ -15,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from thoughtgate.store.leases import DEFAULT_LEASE_TTL_S, LOST_LEASE, Owner
 from thoughtgate.store.run_index import RunIndex
@@ -35,12 +44,21 @@ class LeaseKeeper:
         self.ttl_s = ttl_s
         self.renew_every = ttl_s / 3
         self._held: dict[str, asyncio.Task[object] | None] = {}
+        self._ending: dict[str, int] = {}
+        """Runs whose end is being recorded, and by how many callers at once."""
         self._renewer: asyncio.Task[None] | None = None
         self._failing = False
 
     @property
     def held(self) -> frozenset[str]:
         return frozenset(self._held)
+
+    def __contains__(self, run_id: object) -> bool:
+        """Whether this process renews ``run_id``'s lease: it executes the run (or holds it
+        waiting for a slot), or is recording its end. Any other open run it owns is one it no
+        longer executes, which the lease sweep closes once its lease has expired
+        (``store.leases.close_orphaned_runs``, asking this as it looks at each run)."""
+        return run_id in self._held or run_id in self._ending
 
     def lease_until(self) -> float:
         """The expiry a new run's lease starts with."""
@@ -49,25 +67,49 @@ class LeaseKeeper:
     def hold(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
         """Keep ``run_id``'s lease alive; ``task`` is cancelled if the run is lost."""
         self._held[run_id] = task
+        self._renewing()
+
+    def release(self, run_id: str) -> None:
+        """Stop renewing ``run_id``: this process no longer executes it. Its lease then expires
+        within one lease length, and a sweep closes it if it is still open."""
+        self._held.pop(run_id, None)
+        self._stop_when_idle()
+
+    @contextmanager
+    def ending(self, run_id: str) -> Iterator[None]:
+        """While the block records ``run_id``'s end: its lease is still renewed, but a renewal
+        that no longer finds the run (it has just ended) is not a lost run -- so a renewal
+        racing the end never cancels the task recording it. When the block is over the run is
+        released: if its end could not be recorded, its lease expires and a sweep closes it."""
+        self._held.pop(run_id, None)
+        self._ending[run_id] = self._ending.get(run_id, 0) + 1
+        self._renewing()
+        try:
+            yield
+        finally:
+            left = self._ending.pop(run_id) - 1
+            if left:
+                self._ending[run_id] = left
+            self._stop_when_idle()
+
+    def _renewing(self) -> None:
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.get_running_loop().create_task(
                 self._renew_forever(), name="thoughtgate lease renewal"
             )
 
-    def release(self, run_id: str) -> None:
-        """Stop renewing ``run_id`` (call it before ending the run, so a renewal racing the end
-        can never mistake the run for a lost one)."""
-        self._held.pop(run_id, None)
-        if not self._held and self._renewer is not None:
+    def _stop_when_idle(self) -> None:
+        if not (self._held or self._ending) and self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
 
     async def renew(self) -> None:
         """Renew now; cancel the tasks of held runs that another process closed."""
         held = dict(self._held)
-        if not held:
+        renewing = held.keys() | self._ending.keys()
+        if not renewing:
             return
-        still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s))
+        still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
         for run_id, task in held.items():
             if run_id in still or run_id not in self._held:
                 continue
@@ -77,7 +119,7 @@ class LeaseKeeper:
                 task.cancel(LOST_LEASE)
 
     async def _renew_forever(self) -> None:
-        while self._held:
+        while self._held or self._ending:
             try:
                 await self.renew()
             except asyncio.CancelledError:

@@ -160,17 +160,25 @@ class EventRecorder:
         return False
 
     async def _flush_at(self, when: float) -> None:
-        await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
-        try:
-            async with self._lock:  # the buffer only: what emit_last holds stays held
-                self._raise_failure()
-                if self._buffer:
-                    await self._append(self._take_buffer())
-        except Exception as exc:  # nobody awaits this task: hand the error to the next caller
-            if self._failure is None:
-                self._failure = exc
-            return
-        self._window_end = asyncio.get_running_loop().time() + self.flush_interval
+        """Flush the buffer when its window closes at ``when``; then, while deltas came in
+        during that append, again a window later. Nobody else would: ``emit_delta`` opens no
+        window while this task runs, so such a delta used to wait for the run's next event,
+        however long the provider then stayed silent."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, when - loop.time()))
+            try:
+                async with self._lock:  # the buffer only: what emit_last holds stays held
+                    self._raise_failure()
+                    if self._buffer:
+                        await self._append(self._take_buffer())
+            except Exception as exc:  # nobody awaits this task: hand the error to the next caller
+                if self._failure is None:
+                    self._failure = exc
+                return
+            when = self._window_end = loop.time() + self.flush_interval
+            if not self._buffer:
+                return
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

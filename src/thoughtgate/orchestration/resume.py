@@ -136,7 +136,8 @@ async def _still_held(runtime: Executor, run: RunRecord) -> bool:
     if time.time() + keeper.renew_every + 1.0 < (run.lease_expires_at or 0.0):
         return True
     store = runtime.store
-    return run.run_id in await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s)
+    renewed = await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s, [run.run_id])
+    return run.run_id in renewed
 
 
 async def check_resumable(

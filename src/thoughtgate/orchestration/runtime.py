@@ -190,10 +190,10 @@ class Runtime:
     the block ends.
     """
 
-    #: Pauses (seconds) before trying again to record a run's end (or a cancelled run's
-    #: interruption, or to read the ended run back in :meth:`execute`) when the try was lost with
-    #: its store connection (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is
-    #: raised (for an interruption: logged).
+    #: Pauses (seconds) before trying again to record a run's end (or to read the ended run
+    #: back in :meth:`execute`) when the try was lost with its store connection
+    #: (``StoreUnavailableError``): 4 tries over ~1.2 s, then the error is raised. A cancelled
+    #: run's interruption is tried as ``close_run_interrupted`` does (``CLOSE_RETRY``).
     end_retry: tuple[float, ...] = (0.1, 0.3, 0.8)
 
     def __init__(
@@ -735,19 +735,17 @@ class Runtime:
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
         ``tail``: the last task's last events, held for the run's ending and not stored yet."""
-        self.leases.release(run_id)
         try:
-            # Retried like a run's end. A daemon shutdown cancels its runs together and gathers
-            # them, so the pauses overlap (~1.2 s at most in all), they do not add up per run.
-            await close_run_interrupted(
-                self.store,
-                run_id,
-                reason,
-                usage=usage.to_dict(),
-                ended=ended,
-                tail=tail,
-                retry=self.end_retry,
-            )
+            # Retried while the store is briefly unavailable (``CLOSE_RETRY``, ~4 s). A daemon
+            # shutdown cancels its runs together and gathers them, so the pauses overlap,
+            # they do not add up per run. The lease is renewed meanwhile, and no longer once
+            # this gives up: the lease sweep closes the run then (ADR 0060).
+            with self.leases.ending(run_id):
+                await close_run_interrupted(
+                    self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
+                )
+        except StoreUnavailableError:
+            pass  # logged: the run is left to the lease sweep
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -829,7 +827,6 @@ class Runtime:
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
         happens if another process already closed the run. ``failure`` is the error and its
         type (``RunEndedPayload.error_type``), if any."""
-        self.leases.release(run_id)
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
         if error:
@@ -838,19 +835,20 @@ class Runtime:
                 payload["error_type"] = failure[1]
         not_run = "not run: the run failed before this task started"
         try:
-            await end_run(
-                self.store,
-                run_id,
-                NewEvent(event_type, payload),
-                status=status,
-                usage=usage.to_dict(),
-                error=error,
-                task_status="failed",
-                task_error=not_run,
-                ended=ended,
-                tasks=tasks,
-                retry=self.end_retry,
-            )
+            with self.leases.ending(run_id):
+                await end_run(
+                    self.store,
+                    run_id,
+                    NewEvent(event_type, payload),
+                    status=status,
+                    usage=usage.to_dict(),
+                    error=error,
+                    task_status="failed",
+                    task_error=not_run,
+                    ended=ended,
+                    tasks=tasks,
+                    retry=self.end_retry,
+                )
         except StoreUnavailableError as exc:
             log.error(
                 "run %s: its end (%s) could not be stored (%s); unless it was, the run stays "

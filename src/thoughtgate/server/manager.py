@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 from thoughtgate.engine.tools import ToolRegistry
@@ -41,6 +42,14 @@ _ENDED = 4096
 streams and tickets that come for a run right after it ended find it without a read."""
 
 SHUTDOWN_REASON = "the daemon shut down before it finished"
+
+CLOSING_AT_SHUTDOWN_S = 5.0
+"""How long after its grace a shutdown starts new tries to record the interruptions of the runs
+it cancelled, while the store is unavailable (``close_run_interrupted`` retries; each run's own
+retries overlap them). With the default 3 s grace and tries that fail fast (a lost PostgreSQL
+connection), the daemon exits before a 10 s stop timeout (``docker stop``'s) kills it; a try
+under way is not cut short (SQLite waits up to its busy timeout for another process's lock). A
+run it could not close is left to the next sweep."""
 
 
 class RunManager:
@@ -272,21 +281,28 @@ class RunManager:
         pending = {rid: t for rid, t in tasks.items() if not t.done()}
         for task in pending.values():
             task.cancel(SHUTDOWN_REASON)
+        deadline = time.monotonic() + CLOSING_AT_SHUTDOWN_S
         await asyncio.gather(*pending.values(), return_exceptions=True)
-        interrupted = []
-        for run_id in pending:
-            # The runtime closed each cancelled run; this only catches a run cancelled before
-            # its execution began (closing twice is a no-op).
-            try:
-                await close_run_interrupted(self.runtime.store, run_id, SHUTDOWN_REASON)
-                status = (await self.runtime.store.get_run(run_id)).status
-            except Exception as exc:  # the store is down: the next process's sweep closes it
-                log.warning("could not close run %s: %s", run_id, exc)
-                continue
-            if status == "interrupted":
-                log.warning("run %s interrupted: %s", run_id, SHUTDOWN_REASON)
-                interrupted.append(run_id)
-        return interrupted
+        # The runtime closed each cancelled run; this catches a run cancelled before its
+        # execution began, or one whose close the store refused until now (closing twice is a
+        # no-op). Together, so that one deadline bounds them all.
+        closed = await asyncio.gather(*(self._close_at_shutdown(r, deadline) for r in pending))
+        return [run_id for run_id, interrupted in zip(pending, closed, strict=True) if interrupted]
+
+    async def _close_at_shutdown(self, run_id: str, deadline: float) -> bool:
+        """Close a run cancelled at shutdown, trying until ``deadline``; whether it ended
+        interrupted (it may have ended otherwise just before)."""
+        store = self.runtime.store
+        try:
+            await close_run_interrupted(store, run_id, SHUTDOWN_REASON, deadline=deadline)
+            status = (await store.get_run(run_id)).status
+        except Exception as exc:  # the store is down: the next process's sweep closes it
+            log.warning("could not close run %s: %s", run_id, exc)
+            return False
+        if status != "interrupted":
+            return False
+        log.warning("run %s interrupted: %s", run_id, SHUTDOWN_REASON)
+        return True
 
     async def _suspend_durable(self, grace: float) -> None:
         """Durable runs still executing after ``grace`` stop here, open; their leases end now,
@@ -307,7 +323,8 @@ class RunManager:
             await asyncio.wait([executing[r] for r in stopped], timeout=5)
         if stopped:
             with contextlib.suppress(Exception):
-                await self.runtime.store.renew_leases(self.runtime.leases.owner.owner_id, 0.0)
+                owner = self.runtime.leases.owner.owner_id
+                await self.runtime.store.renew_leases(owner, 0.0, stopped)
             log.warning("left %d durable run(s) to resume elsewhere", len(stopped))
 
     # ------------------------------------------------------------------ recover
@@ -319,6 +336,7 @@ class RunManager:
             self.runtime.store,
             me=self.runtime.leases.owner,
             requeue=self._requeue if engine is not None else None,
+            executing=self.runtime.leases,
         )
         if engine is not None:
             await self._heartbeat()

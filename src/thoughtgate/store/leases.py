@@ -7,16 +7,22 @@ The decision and its trade-offs are in ADR 0009. In short:
   and after a reboot, never look like the same host), ``nonce`` is new for every process start
   (so a restarted container that gets the same pid is still told apart from its predecessor).
 * While a run is open its row names its owner and a **lease expiry**; the owner renews the
-  leases of all its open runs in one statement every third of the lease's length
-  (``orchestration.leases.LeaseKeeper``).
+  leases of the runs it executes (not of every open run it started: ADR 0060) in one statement
+  every third of the lease's length (``orchestration.leases.LeaseKeeper``).
 * A run is **orphaned** when its lease has expired on the store's clock, or, sooner, when its
   owner ran on this host and that process is gone (its pid is dead, or it is this process's pid
-  but an earlier start). A run with no owner is executed by nobody and is left alone.
+  but an earlier start). A run with no owner is executed by nobody and is left alone. A process
+  renews only the runs it executes, so a run of its own it stopped executing without recording
+  its end is orphaned too once its lease expires -- for its own sweep as for any other
+  (ADR 0060).
 * :func:`close_orphaned_runs` closes each orphan in one transaction: every unfinished task gets
   ``task.completed`` with status ``interrupted``, then the run gets ``run.interrupted``. It ends
   it with ``RunEnding(lease_expired_by=...)``, so a run whose owner renewed in the meantime is
   left alone and two processes sweeping at once never both close it. Every process sweeps when it
   opens the store (``open_store``); a daemon also sweeps periodically.
+* Every other close (a cancel, a shutdown, a run that cannot resume) tries a briefly unavailable
+  store again, a few times over a few seconds (``CLOSE_RETRY``, ADR 0059): the sweep is the
+  backstop, not the way a run is expected to end. A close that gives up leaves the run to it.
 
 Durable runs (ADR 0013) are not closed: an orphan whose spec says it ran as a durable workflow
 is *released* (``DurableRunStore.release_run``, the same compare-and-set on owner and lease) and
@@ -36,7 +42,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
@@ -56,6 +62,8 @@ from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
 __all__ = [
+    "ABANDONED",
+    "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
     "UNWRITTEN",
     "EndedTask",
@@ -79,6 +87,10 @@ LOST_LEASE = "its lease expired and another thoughtgate process closed it"
 GONE = "the process executing it stopped (crash, kill or power loss)"
 RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
+ABANDONED = "its process stopped executing it without recording its end"
+"""Why a process's own sweep closes a run of its own that it no longer executes and whose lease
+expired: its end was refused for longer than the retries, or its execution stopped without one
+(ADR 0060)."""
 UNWRITTEN = "its first execution, which kept no checkpoints, needed one"
 """Why a durable run's first execution without a workflow (ADR 0031) hands the run over to one
 in the same process: a step of it has a result a resume would need."""
@@ -139,10 +151,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def orphan_reason(run: OpenRun, now: float, me: Owner) -> str | None:
-    """Why ``run`` has nobody executing it any more, or ``None`` when it may still be executed."""
-    if run.owner is None or run.owner == me.owner_id:
+def orphan_reason(
+    run: OpenRun, now: float, me: Owner, executing: Container[str] | None = None
+) -> str | None:
+    """Why ``run`` has nobody executing it any more, or ``None`` when it may still be executed.
+
+    ``executing``: the runs this process executes (its ``LeaseKeeper``); a run of its own not
+    among them whose lease has expired is one it stopped executing without recording its end.
+    Without it (a process that does not know, as when the store is opened) this process's own
+    runs are left alone."""
+    if run.owner is None:
         return None
+    if run.owner == me.owner_id:
+        if executing is None or run.run_id in executing:
+            return None
+        expired = run.lease_expires_at is not None and run.lease_expires_at <= now
+        return ABANDONED if expired else None
     if run.lease_expires_at is not None and run.lease_expires_at <= now:
         return EXPIRED
     other = Owner.parse(run.owner)
@@ -229,18 +253,46 @@ async def end_run(
 
 
 async def retrying(
-    call: Callable[[], Awaitable[_T]], pauses: Sequence[float], what: str, run_id: str
+    call: Callable[[], Awaitable[_T]],
+    pauses: Sequence[float],
+    what: str,
+    run_id: str,
+    *,
+    deadline: float | None = None,
 ) -> _T:
     """``call()``, tried again after each of ``pauses`` (seconds) while it fails with
-    :class:`StoreUnavailableError`; the last try's error is raised. ``what`` and ``run_id`` name
-    the call in the log ("could not <what> run <run_id>"). For calls that are safe to repeat."""
-    for pause in pauses:
+    :class:`StoreUnavailableError`; the last try's error is raised, and so is any other error at
+    once (it would fail again). ``what`` and ``run_id`` name the call in the log ("could not
+    <what> run <run_id>"), one warning per failed try that is followed by another. ``deadline``
+    (``time.monotonic()``): no pause that would end after it, the failed try's error is raised
+    instead -- a try under way is never cut short. For calls that are safe to repeat."""
+    tries = len(pauses) + 1
+    for attempt, pause in enumerate(pauses, 1):
         try:
             return await call()
         except StoreUnavailableError as exc:
-            log.warning("could not %s run %s (%s); trying again in %.2fs", what, run_id, exc, pause)
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise
+            log.warning(
+                "could not %s run %s (try %d of %d: %s); trying again in %.2fs",
+                what,
+                run_id,
+                attempt,
+                tries,
+                exc,
+                pause,
+            )
         await asyncio.sleep(pause)
     return await call()
+
+
+CLOSE_RETRY: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+"""Pauses (seconds) before trying again to close a run interrupted when the store was briefly
+unavailable (``StoreUnavailableError``: SQLite locked by another process past its busy timeout,
+a PostgreSQL connection lost): 5 tries over ~3.75 s plus the tries themselves. Enough for a
+connection the pool replaces or a lock another process holds for a moment; a longer outage is
+left to the lease sweep (ADR 0009), which closes the run once its lease expires -- a live
+process's own sweep included, since it renews only the runs it executes (ADR 0060)."""
 
 
 async def close_run_interrupted(
@@ -252,28 +304,51 @@ async def close_run_interrupted(
     lease_expired_by: float | None = None,
     ended: EndedTask | None = None,
     tail: Sequence[NewEvent] = (),
-    retry: Sequence[float] = (),
+    retry: Sequence[float] = CLOSE_RETRY,
+    deadline: float | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended. ``retry``: as
-    :func:`end_run` takes it."""
+    on its own, as :func:`end_run` takes it); ``[]`` if it had ended.
+
+    A run left open by a failed close shows ``running`` on every surface until a lease sweep
+    takes it, so a store that is briefly unavailable is tried again after each of ``retry``
+    (seconds), with a warning naming the run each time, and no later than ``deadline``
+    (``time.monotonic()``: a caller's shutdown budget). When it gives up, an error says the run
+    stays open, and the last error is raised. ``retry=()``: one try, and the caller says what
+    failed (the sweep itself, which comes back anyway). Any other error (the run does not
+    exist) is raised at once."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
-    return await end_run(
-        store,
-        run_id,
-        NewEvent(EventType.RUN_INTERRUPTED, payload),
-        status="interrupted",
-        usage=usage,
-        error=f"interrupted: {reason}",
-        task_status="interrupted",
-        task_error=f"interrupted: {reason}",
-        lease_expired_by=lease_expired_by,
-        ended=ended,
-        tail=tail,
-        retry=retry,
-    )
+    try:
+        return await retrying(
+            lambda: end_run(
+                store,
+                run_id,
+                NewEvent(EventType.RUN_INTERRUPTED, payload),
+                status="interrupted",
+                usage=usage,
+                error=f"interrupted: {reason}",
+                task_status="interrupted",
+                task_error=f"interrupted: {reason}",
+                lease_expired_by=lease_expired_by,
+                ended=ended,
+                tail=tail,
+            ),
+            retry,
+            "record the interruption of",
+            run_id,
+            deadline=deadline,
+        )
+    except StoreUnavailableError as exc:
+        if retry:
+            log.error(
+                "gave up recording that run %s was interrupted (%s): it shows running until its "
+                "lease expires and a lease sweep closes it",
+                run_id,
+                exc,
+            )
+        raise
 
 
 Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
@@ -282,24 +357,33 @@ replicas have the run's tools."""
 
 
 async def close_orphaned_runs(
-    store: EventStore, *, me: Owner | None = None, requeue: Requeue | None = None
+    store: EventStore,
+    *,
+    me: Owner | None = None,
+    requeue: Requeue | None = None,
+    executing: Container[str] | None = None,
 ) -> list[str]:
     """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
-    run, release it to resume; returns the ids of the runs closed."""
+    run, release it to resume; returns the ids of the runs closed. ``executing``: the runs this
+    process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
+    this process's other runs are taken too once their leases have expired (ADR 0060)."""
     me = me or Owner.current()
     found = await store.open_runs()
     closed: list[str] = []
     for run in found.runs:
-        reason = orphan_reason(run, found.now, me)
+        reason = orphan_reason(run, found.now, me, executing)
         if reason is None:
             continue
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
-        expired_by = found.now if reason == EXPIRED else None
+        expired_by = found.now if reason in (EXPIRED, ABANDONED) else None
         spec = await store.get_run_spec(run.run_id) if isinstance(store, DurableRunStore) else None
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)
             continue
-        if await close_run_interrupted(store, run.run_id, reason, lease_expired_by=expired_by):
+        closed_now = await close_run_interrupted(
+            store, run.run_id, reason, lease_expired_by=expired_by, retry=()
+        )
+        if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
     return closed
@@ -328,7 +412,9 @@ async def _release_durable(
             await requeue(run.run_id, spec)
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
-            await close_run_interrupted(store, run.run_id, f"{reason}; it could not resume: {exc}")
+            await close_run_interrupted(
+                store, run.run_id, f"{reason}; it could not resume: {exc}", retry=()
+            )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Unpack
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
@@ -196,9 +196,10 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return await self.get_run(run_id)
 
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
+        named = set(run_ids)
         async with self._lock:
-            held = [r for r in self._open() if r.owner == owner]
+            held = [r for r in self._open() if r.owner == owner and r.run_id in named]
             until = time.time() + ttl_s
             for run in held:
                 run.lease_expires_at = until

@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
 from typing import Any, Unpack
 
 import psycopg
@@ -558,12 +558,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         await self.wakeups.committed(run_id, out)
         return out
 
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
+        if not run_ids:
+            return []
         async with self._conn("renew run leases") as conn:
             cur = await conn.execute(
                 f"UPDATE runs SET lease_expires_at = {_NOW} + %s "
-                f"WHERE owner = %s AND {_OPEN} RETURNING run_id",
-                (ttl_s, owner),
+                f"WHERE run_id = ANY(%s) AND owner = %s AND {_OPEN} RETURNING run_id",
+                (ttl_s, list(run_ids), owner),
             )
             return [str(r[0]) for r in await cur.fetchall()]
 

@@ -11,6 +11,7 @@ says a task or run has ended before the event that says so is stored, nor the ot
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
@@ -84,9 +85,14 @@ class RunIndex(RunListing):
         ids for the command line."""
 
     @abc.abstractmethod
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
-        """Extend the lease of every open run ``owner`` holds to ``ttl_s`` from now (the store's
-        clock); returns those runs' ids, so the owner learns which runs it no longer holds."""
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
+        """Extend to ``ttl_s`` from now (the store's clock) the lease of each of ``run_ids`` that
+        is open and held by ``owner``, in one statement; returns those runs' ids, so the owner
+        learns which runs it no longer holds.
+
+        Only the runs named: an owner renews the runs it executes, never every open run it
+        started, so a run it stopped executing without recording its end (its end refused by a
+        store outage) sees its lease expire and the sweep close it (ADR 0060)."""
 
     @abc.abstractmethod
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:

@@ -29,7 +29,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
@@ -822,6 +822,10 @@ _COUNT_ATTEMPTS = (
     "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL "
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
 )
+_RENEW = (
+    "UPDATE runs SET lease_expires_at = ? WHERE run_id IN (SELECT value FROM json_each(?)) "
+    f"AND owner = ? AND {_OPEN} RETURNING run_id"
+)
 _STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
 _TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
 _ENDING_CHECK = (
@@ -1306,12 +1310,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self.wakeups.observed(run_id, out)
         return out
 
-    async def renew_leases(self, owner: str, ttl_s: float) -> list[str]:
+    async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
+        if not run_ids:
+            return []
+        ids = orjson.dumps(list(run_ids)).decode()
+
         def body(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(
-                f"UPDATE runs SET lease_expires_at = ? WHERE owner = ? AND {_OPEN} RETURNING run_id",
-                (time.time() + ttl_s, owner),
-            ).fetchall()
+            rows = conn.execute(_RENEW, (time.time() + ttl_s, ids, owner)).fetchall()
             return [str(r[0]) for r in rows]
 
         return await self._write("renew run leases", body)

@@ -10,6 +10,7 @@ still is, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
@@ -93,40 +95,19 @@ def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
     return gen()
 
 
-async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
-    worker would otherwise come down from the slow one again for the next burst), and a daemon
-    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
-    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
-    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
+@contextlib.asynccontextmanager
+async def _daemon(
+    tmp_path: Path, **durability: Any
+) -> AsyncIterator[tuple[Runtime, DurableEngine]]:
+    """A runtime on a fresh SQLite store with its engine launched as a daemon's (listening to
+    its queue), closed after the block."""
     store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(
-        durability=DurabilityConfig(concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5)
-    )
+    config = Config(durability=DurabilityConfig(**durability))
     runtime = Runtime(store, config)
     engine = DurableEngine.attach(runtime, config.durability)
     try:
         await engine.launch(listen=[])
-        queue = engine.queue
-        assert queue is not None
-
-        async def interval() -> float:
-            found = await DBOS.retrieve_queue_async(queue)
-            assert found is not None
-            return found.polling_interval_sec
-
-        runs = []
-        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
-            run, rank = await runtime.admit(RunRequest("hi", model="fake:queue-slow"), queue=queue)
-            await engine.submit(run.run_id, queue, priority=rank)
-            runs.append(run.run_id)
-        await _until(lambda: _queued(engine))
-        await _until(lambda: _is(interval(), 0.02))
-        await _until(lambda: _all_ended(store, runs))
-        assert await interval() == 0.02, "still fast just after the backlog drained"
-        await _until(lambda: _is(interval(), 0.5))
+        yield runtime, engine
     finally:
         await engine.close()
         await store.close()
@@ -138,6 +119,32 @@ async def _interval_of(queue: str) -> float:
     return found.polling_interval_sec
 
 
+async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
+    worker would otherwise come down from the slow one again for the next burst), and a daemon
+    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
+    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
+    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
+    async with _daemon(tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5) as (
+        runtime,
+        engine,
+    ):
+        queue = engine.queue
+        assert queue is not None
+        runs = []
+        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
+            run, rank = await runtime.admit(RunRequest("hi", model="fake:queue-slow"), queue=queue)
+            await engine.submit(run.run_id, queue, priority=rank)
+            runs.append(run.run_id)
+        await _until(lambda: _queued(engine))
+        await _until(lambda: _is(_interval_of(queue), 0.02))
+        await _until(lambda: _all_ended(runtime.store, runs))
+        assert await _interval_of(queue) == 0.02, "still fast just after the backlog drained"
+        await _until(lambda: _is(_interval_of(queue), 0.5))
+
+
 @pytest.mark.inprocess
 async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_use_again(
     tmp_path: Path,
@@ -146,16 +153,12 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
     idle pace; a run the lease sweep puts on the queue meanwhile (its process stopped before it
     began) is still taken and completes, and the daemon polls at ``poll_interval_s`` again while
     it is in use."""
-    store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(
-        durability=DurabilityConfig(poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1)
-    )
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
-        queue, starts = engine.queue, engine.starts
-        assert queue is not None and starts is not None
+    async with _daemon(tmp_path, poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1) as (
+        runtime,
+        engine,
+    ):
+        queue, starts, store = engine.queue, engine.starts, runtime.store
+        assert queue is not None and starts is not None and isinstance(store, SQLiteStore)
         assert await _interval_of(queue) == 0.2, "a daemon that just started is in use"
         await _until(lambda: _is(_interval_of(queue), 0.6))
 
@@ -172,9 +175,6 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
         await _until(lambda: _all_ended(store, [run.run_id]))
         assert starts.interval_s < 0.6, "a run that began here puts the daemon in use"
         await _until(lambda: _is(_interval_of(queue), 0.6))
-    finally:
-        await engine.close()
-        await store.close()
 
 
 @pytest.mark.inprocess
@@ -183,12 +183,7 @@ async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
 ) -> None:
     """The queue's row is shared by its replicas: one going idle leaves alone a pace another one
     set since (its backlog), which slows it down again itself."""
-    store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(durability=DurabilityConfig(poll_interval_s=0.1, idle_poll_interval_s=0.4))
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
+    async with _daemon(tmp_path, poll_interval_s=0.1, idle_poll_interval_s=0.4) as (_, engine):
         queue, starts = engine.queue, engine.starts
         assert queue is not None and starts is not None
         found = await DBOS.retrieve_queue_async(queue)
@@ -200,9 +195,6 @@ async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
 
         await _until(idle)
         assert await _interval_of(queue) == 0.01
-    finally:
-        await engine.close()
-        await store.close()
 
 
 async def _queued(engine: DurableEngine) -> bool:
@@ -213,7 +205,7 @@ async def _is(value: Awaitable[float], expected: float) -> bool:
     return await value == expected
 
 
-async def _all_ended(store: SQLiteStore, run_ids: list[str]) -> bool:
+async def _all_ended(store: EventStore, run_ids: list[str]) -> bool:
     return [(await store.get_run(r)).status for r in run_ids] == ["completed"] * len(run_ids)
 
 

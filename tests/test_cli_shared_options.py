@@ -60,7 +60,7 @@ def test_run_and_resume_pass_every_shared_option_through_alike(
     )
     assert seen == {
         "run": (expected, {}),
-        "resume": (expected, {"listen_for_tools": True}),
+        "resume": (expected, {"listen_for_tools": True, "recorded_run": "run_abc"}),
     }
 
 

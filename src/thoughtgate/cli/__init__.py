@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "thoughtgate.cli.providers",
     "thoughtgate.cli.serve",
     "thoughtgate.cli.keys",
+    "thoughtgate.cli.index_check",
 )
 
 for _name in COMMAND_MODULES:

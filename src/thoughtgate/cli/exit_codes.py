@@ -7,6 +7,8 @@ code  meaning
 1     the run failed: no answer (provider outage, error), or thoughtgate itself failed
 2     usage error: bad input, flag, config or missing API key; no run was created
 3     the run is partial: an answer was cut after some of it arrived
+4     ``check-index``: the run index disagrees with the event log (with ``--repair``: a
+      disagreement is left -- an open run skipped, or a field a rebuild does not write)
 130   the run was interrupted (Ctrl-C, SIGTERM) and recorded as such
 ====  ==============================================================================
 """
@@ -23,6 +25,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2
     PARTIAL = 3
+    INDEX_DISAGREES = 4
     INTERRUPTED = 130
 
 

@@ -18,11 +18,13 @@ __all__ = [
     "DbOpt",
     "JsonOpt",
     "KeyOpt",
+    "OptionSpec",
     "ReadOptions",
     "RunIdArg",
     "ToolsOpt",
     "UrlOpt",
     "ViewAsOpt",
+    "option_group",
     "with_read_options",
 ]
 
@@ -125,7 +127,11 @@ class ReadOptions:
     key: str | None
 
 
-_READ_PARAMETERS: tuple[tuple[str, object, object], ...] = (
+OptionSpec = tuple[str, object, object]
+"""One option of a group: its parameter name, its ``Annotated`` type, its default."""
+
+
+_READ_PARAMETERS: tuple[OptionSpec, ...] = (
     ("view_as", ViewAsOpt, None),
     ("db", DbOpt, None),
     ("config", ConfigOpt, None),
@@ -135,23 +141,38 @@ _READ_PARAMETERS: tuple[tuple[str, object, object], ...] = (
 )
 
 
-def with_read_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give ``command`` the read options (``--view-as --db --config --json --url --key``) after
-    its own, as typer sees parameters, and pass them to it as one ``read: ReadOptions``: the
-    commands that read runs declare them once, here, and ``--help`` lists them last as before."""
-    own = inspect.signature(command, eval_str=True)
-    kept = [p for name, p in own.parameters.items() if name != "read"]
-    added = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
-        for name, hint, default in _READ_PARAMETERS
-    ]
+def option_group(
+    name: str, make: Callable[..., Any], options: tuple[OptionSpec, ...]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator that gives a command the ``options`` in place of its keyword parameter
+    ``name``, as typer sees parameters, and passes them to it as one ``name=make(**options)``:
+    options several commands share are declared once, and ``--help`` lists them where the
+    command declares the group."""
 
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        read = ReadOptions(**{name: kwargs.pop(name) for name, _, _ in _READ_PARAMETERS})
-        command(*args, read=read, **kwargs)
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = inspect.signature(command, eval_str=True)
+        added = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
+            for n, hint, default in options
+        ]
+        parameters: list[inspect.Parameter] = []
+        for parameter in own.parameters.values():
+            parameters.extend(added if parameter.name == name else [parameter])
 
-    signature = own.replace(parameters=[*kept, *added])
-    wrapper.__signature__ = signature  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
-    return wrapper
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            group = make(**{n: kwargs.pop(n) for n, _, _ in options})
+            command(*args, **{name: group}, **kwargs)
+
+        signature = own.replace(parameters=parameters)
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+        return wrapper
+
+    return decorate
+
+
+with_read_options = option_group("read", ReadOptions, _READ_PARAMETERS)
+"""Give a command the read options (``--view-as --db --config --json --url --key``) in place of
+its last parameter, ``*, read: ReadOptions``: the commands that read runs declare them once,
+here, and ``--help`` lists them last."""

@@ -14,8 +14,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, cast, get_args
+from typing import TYPE_CHECKING, Annotated, Final, cast, get_args
 
+import typer
+
+from thoughtgate.cli.options import OptionSpec, option_group
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus
@@ -28,12 +31,60 @@ __all__ = [
     "EVERY_RUN",
     "MINE_NEEDS_DAEMON",
     "RUN_STATUSES",
+    "RunFilters",
     "RunSelection",
     "parse_when",
     "select_runs",
+    "with_run_filters",
 ]
 
 RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
+
+# The filter options, declared once for the commands that select runs (``runs``,
+# ``check-index``: ``with_run_filters``); ``select_runs`` checks what they were given.
+StatusFilterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS",
+        help=f"Only runs in this status (repeatable, or a comma list): {', '.join(RUN_STATUSES)}.",
+    ),
+]
+ModeFilterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mode",
+        metavar="MODE",
+        help="Only runs in this disclosure mode (repeatable, or a comma list): "
+        f"{', '.join(CHAIN_OF_THOUGHT_MODES)}.",
+    ),
+]
+ModelFilterOpt = Annotated[
+    str | None,
+    typer.Option("--model", metavar="PROVIDER:MODEL", help="Only runs of this model (exactly)."),
+]
+SearchFilterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--search",
+        metavar="TEXT",
+        help="Only runs whose prompt contains TEXT (case-insensitive).",
+    ),
+]
+SinceFilterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        metavar="WHEN",
+        help="Only runs started at or after WHEN: an ISO 8601 date or datetime "
+        "(2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z; local time unless it has an "
+        "offset) or an age (30m, 2h, 7d).",
+    ),
+]
+UntilFilterOpt = Annotated[
+    str | None,
+    typer.Option("--until", metavar="WHEN", help="Only runs started before WHEN (as --since)."),
+]
 
 _AGE = re.compile(r"(\d{1,9})\s*([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -152,3 +203,42 @@ def select_runs(
         until=end,
         mine=mine,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """The filter options as given (``with_run_filters``), before ``select_runs`` checks them."""
+
+    status: list[str] | None
+    mode: list[str] | None
+    model: str | None
+    search: str | None
+    since: str | None
+    until: str | None
+
+    def select(self, *, now: float, mine: bool = False) -> RunSelection:
+        """The selection they ask for; ``UsageError`` (exit 2) naming what is wrong."""
+        return select_runs(
+            statuses=self.status,
+            modes=self.mode,
+            model=self.model,
+            search=self.search,
+            since=self.since,
+            until=self.until,
+            mine=mine,
+            now=now,
+        )
+
+
+_FILTER_OPTIONS: tuple[OptionSpec, ...] = (
+    ("status", StatusFilterOpt, None),
+    ("mode", ModeFilterOpt, None),
+    ("model", ModelFilterOpt, None),
+    ("search", SearchFilterOpt, None),
+    ("since", SinceFilterOpt, None),
+    ("until", UntilFilterOpt, None),
+)
+
+with_run_filters = option_group("filters", RunFilters, _FILTER_OPTIONS)
+"""Give a command ``--status --mode --model --search --since --until`` in place of its keyword
+parameter ``filters: RunFilters``."""

@@ -55,8 +55,7 @@ from thoughtgate.cli.remote import (
     show_event,
     wants_daemon,
 )
-from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RUN_STATUSES, select_runs
-from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
+from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RunFilters, with_run_filters
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -473,79 +472,24 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @with_read_options
+    @with_run_filters
     def runs(
         limit: Annotated[
             int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
         ] = 20,
-        status: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--status",
-                metavar="STATUS",
-                help="Only runs in this status (repeatable, or a comma list): "
-                f"{', '.join(RUN_STATUSES)}.",
-            ),
-        ] = None,
-        mode: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--mode",
-                metavar="MODE",
-                help="Only runs in this disclosure mode (repeatable, or a comma list): "
-                f"{', '.join(CHAIN_OF_THOUGHT_MODES)}.",
-            ),
-        ] = None,
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model", metavar="PROVIDER:MODEL", help="Only runs of this model (exactly)."
-            ),
-        ] = None,
-        search: Annotated[
-            str | None,
-            typer.Option(
-                "--search",
-                metavar="TEXT",
-                help="Only runs whose prompt contains TEXT (case-insensitive).",
-            ),
-        ] = None,
-        since: Annotated[
-            str | None,
-            typer.Option(
-                "--since",
-                metavar="WHEN",
-                help="Only runs started at or after WHEN: an ISO 8601 date or datetime "
-                "(2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30Z; local time unless it has an "
-                "offset) or an age (30m, 2h, 7d).",
-            ),
-        ] = None,
-        until: Annotated[
-            str | None,
-            typer.Option(
-                "--until", metavar="WHEN", help="Only runs started before WHEN (as --since)."
-            ),
-        ] = None,
+        *,
+        filters: RunFilters,
         mine: Annotated[
             bool,
             typer.Option("--mine", help="Only runs started with your --key (needs --url)."),
         ] = False,
-        *,
         read: ReadOptions,
     ) -> None:
         """List recent runs, newest first, with their full ids and when they started.
 
         Filters combine with AND, one filter's values with OR; alike on a daemon (--url)."""
         with one_line_errors():
-            selection = select_runs(
-                statuses=status,
-                modes=mode,
-                model=model,
-                search=search,
-                since=since,
-                until=until,
-                mine=mine,
-                now=time.time(),
-            )
+            selection = filters.select(mine=mine, now=time.time())
             if mine and not read.url:
                 raise UsageError(MINE_NEEDS_DAEMON)
 

@@ -21,8 +21,9 @@ in ``surface`` mode). One transition is the runtime's: a run is marked ``running
 execution begins, before its first task starts.
 
 :func:`rebuilt` recomputes a stored row's projected fields from its log (the backends'
-``rebuild_run_index``); :func:`disagreements` and :func:`check_run_index` compare a row with the
-projection of its log.
+``rebuild_run_index``); :func:`differences` (:func:`disagreements`, one line each) and
+:func:`check_index` (:func:`check_run_index`) compare a row with the projection of its log --
+``thoughtgate check-index`` over many runs, with ``--repair`` to rebuild the rows that differ.
 """
 
 from __future__ import annotations
@@ -37,13 +38,18 @@ from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
 __all__ = [
+    "CHECK_PAGE",
     "INDEX_EVENT_TYPES",
+    "Difference",
+    "IndexCheck",
     "IndexUpdate",
     "RunProjection",
     "TaskProjection",
     "apply_to_record",
     "batch_update",
+    "check_index",
     "check_run_index",
+    "differences",
     "disagreements",
     "index_update",
     "project",
@@ -296,55 +302,86 @@ def reproject(events: Iterable[Event]) -> RunProjection | None:
     return run
 
 
-def disagreements(record: RunRecord, projection: RunProjection | None) -> list[str]:
-    """Where the index row ``record`` differs from the projection of its run's log, one line a
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One field where an index row and the projection of its log differ.
+
+    ``field`` names a ``RunRecord`` field (``task_id`` unset) or a ``TaskRecord`` field of task
+    ``task_id``; two names are not fields: ``task_count`` (the number of tasks), and ``task`` (a
+    task one side lacks: ``index`` is its status in the index, ``log`` its status in the log,
+    ``None`` on the side that lacks it). The values are the raw ones, prompts and answers
+    included: a caller that shows them to anyone decides what it may show (``thoughtgate
+    check-index`` shows no text)."""
+
+    field: str
+    index: object
+    log: object
+    task_id: str | None = None
+
+    def __str__(self) -> str:
+        if self.field == "task":
+            if self.index is None:
+                return f"task {self.task_id}: in the log, not in the index"
+            return f"task {self.task_id}: {self.index} in the index, not in the log"
+        name = "task count" if self.field == "task_count" else self.field
+        what = name if self.task_id is None else f"task {self.task_id} {name}"
+        return f"{what}: index {self.index!r}, log {self.log!r}"
+
+
+def differences(record: RunRecord, projection: RunProjection | None) -> list[Difference]:
+    """Where the index row ``record`` differs from the projection of its run's log, one entry a
     field (empty: they agree). Fields the log has not yet spoken about are not compared."""
     if projection is None:
         return []
-    out: list[str] = []
+    out: list[Difference] = []
 
-    def differ(what: str, stored: object, projected: object) -> None:
+    def differ(what: str, stored: object, projected: object, task: str | None = None) -> None:
         if projected is not None and stored != projected:
-            out.append(f"{what}: index {stored!r}, log {projected!r}")
+            out.append(Difference(what, stored, projected, task))
 
     differ("prompt", record.prompt, projection.prompt)
     differ("model", record.model, projection.model)
     differ("chain_of_thought", record.chain_of_thought, projection.chain_of_thought)
     differ("worker_backend", record.worker_backend, projection.worker_backend)
-    differ("task count", len(record.tasks), projection.task_count)
+    differ("task_count", len(record.tasks), projection.task_count)
     # The runtime marks a run running when its execution begins, before an event says so.
     runtime_only = record.status == "running" and projection.status == "pending"
     if not runtime_only:
         differ("status", record.status, projection.status)
     differ("usage", record.usage, None if projection.usage is None else dict(projection.usage))
     if projection.ended and record.error != projection.error:  # the terminal event decides
-        out.append(f"error: index {record.error!r}, log {projection.error!r}")
+        out.append(Difference("error", record.error, projection.error))
     stored_tasks = {t.task_id: t for t in record.tasks}
     for task_id, task in projection.tasks.items():
         stored = stored_tasks.get(task_id)
         if stored is None:
-            out.append(f"task {task_id}: in the log, not in the index")
+            out.append(Difference("task", None, task.status, task_id))
             continue
-        differ(f"task {task_id} index", stored.index, task.index)
-        differ(f"task {task_id} prompt", stored.prompt, task.prompt)
-        differ(f"task {task_id} backend", stored.backend, task.backend)
+        differ("index", stored.index, task.index, task_id)
+        differ("prompt", stored.prompt, task.prompt, task_id)
+        differ("backend", stored.backend, task.backend, task_id)
         # task.started names the model, None included.
         if task.index is not None and stored.model != task.model:
-            out.append(f"task {task_id} model: index {stored.model!r}, log {task.model!r}")
-        differ(f"task {task_id} status", stored.status, task.status)
+            out.append(Difference("model", stored.model, task.model, task_id))
+        differ("status", stored.status, task.status, task_id)
         if task.status != "running" and task.status != "pending":
             if stored.output != task.output:
-                out.append(f"task {task_id} output: index {stored.output!r}, log {task.output!r}")
+                out.append(Difference("output", stored.output, task.output, task_id))
             if stored.error != task.error:
-                out.append(f"task {task_id} error: index {stored.error!r}, log {task.error!r}")
+                out.append(Difference("error", stored.error, task.error, task_id))
         usage = None if task.usage is None else dict(task.usage)
-        differ(f"task {task_id} usage", stored.usage, usage)
+        differ("usage", stored.usage, usage, task_id)
     for task_id, stored in stored_tasks.items():
         if task_id in projection.tasks:
             continue
         if projection.ended or stored.status != "pending":
-            out.append(f"task {task_id}: {stored.status} in the index, not in the log")
+            out.append(Difference("task", stored.status, None, task_id))
     return out
+
+
+def disagreements(record: RunRecord, projection: RunProjection | None) -> list[str]:
+    """:func:`differences` as one line each (``status: index 'failed', log 'completed'``)."""
+    return [str(d) for d in differences(record, projection)]
 
 
 class _Readable(Protocol):
@@ -355,12 +392,47 @@ class _Readable(Protocol):
     ) -> list[Event]: ...
 
 
-async def check_run_index(store: _Readable, run_id: str) -> list[str]:
-    """Rebuild ``run_id``'s projection from its log and compare it with its index row: where
-    they differ (empty: the index is what the log says). Raises ``RunNotFoundError``.
+@dataclass(frozen=True, slots=True)
+class IndexCheck:
+    """A run's index row, the projection of its log, and where they differ."""
+
+    record: RunRecord
+    projection: RunProjection | None
+    differences: list[Difference]
+
+    @property
+    def log_ended(self) -> bool:
+        """Whether the log holds the run's terminal event: no process executes it any more,
+        and the projection of its log is final."""
+        return self.projection is not None and self.projection.ended
+
+
+CHECK_PAGE = 1000
+"""Events an index check reads at a time: a run's log is folded page by page, so a check's
+memory does not grow with the length of the log."""
+
+
+async def check_index(store: _Readable, run_id: str) -> IndexCheck:
+    """Rebuild ``run_id``'s projection from its log and compare it with its index row. Raises
+    ``RunNotFoundError``.
 
     The row is read first: a run that moves on between the two reads is then ahead in the log,
     never behind, so a live run may show a transient difference but a settled one never does.
     """
     record = await store.get_run(run_id)
-    return disagreements(record, reproject(await store.read(run_id)))
+    projection: RunProjection | None = None
+    after = 0
+    while True:
+        page = await store.read(run_id, after=after, limit=CHECK_PAGE)
+        for event in page:
+            projection = project(projection, event)
+        if len(page) < CHECK_PAGE:
+            break
+        after = page[-1].seq
+    return IndexCheck(record, projection, differences(record, projection))
+
+
+async def check_run_index(store: _Readable, run_id: str) -> list[str]:
+    """:func:`check_index`'s differences, one line each (empty: the index is what the log
+    says). Raises ``RunNotFoundError``."""
+    return [str(d) for d in (await check_index(store, run_id)).differences]

@@ -1,5 +1,5 @@
 """The daemon server's main loop wakes once a second, not ten times (ADR 0057), and keeps what
-uvicorn's loop gives: a ``Date`` header kept current, and a stop as soon as it is asked for."""
+uvicorn's loop gives: a ``Date`` header kept current, and a stop request that ends it."""
 
 from __future__ import annotations
 

@@ -13,10 +13,11 @@ window's ``host_steal`` and ``host_other_load`` (the share of all CPU busy outsi
 daemons: another process's work makes each wake-up dearer, ADR 0050).
 
 Figures: ``idle_cpu_ms_per_s_<variant>`` (CPU milliseconds per wall second; 10 ms/s is 1 % of a
-core) and ``idle_wakeups_per_s_<variant>``. Targets (ADR 0057): durable SQLite at most
+core) and ``idle_wakeups_per_s_<variant>``. Targets (ADR 0057): a durable daemon at most
 :data:`TARGET_DURABLE_MS_PER_S`, what is left being DBOS's queue manager (a read of its queues
-every second, not configurable) and the daemon's queue poll at ``durability.idle_poll_interval_s``;
-a daemon without durable runs at most :data:`TARGET_PLAIN_MS_PER_S`.
+every second, not configurable) and the daemon's queue poll at ``durability.idle_poll_interval_s``
+(PostgreSQL, where DBOS's background jobs add a lock every 4 s, misses it); a daemon without
+durable runs at most :data:`TARGET_PLAIN_MS_PER_S`.
 
 ``python -m bench.idle_bench`` prints the rows; ``TG_BENCH_IDLE_SETTLE_S`` and
 ``TG_BENCH_IDLE_WINDOW_S`` change the two durations.

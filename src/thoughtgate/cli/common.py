@@ -68,8 +68,12 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except ThoughtgateError as exc:
-        # the message is plain text: brackets in it ("thoughtgate[mcp]") are not markup
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        # The message is plain text: brackets in it ("thoughtgate[mcp]") are not markup. One
+        # line, never wrapped at the terminal's width: a path, URL or run id broken by a newline
+        # cannot be copied, nor found by a script reading stderr.
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True
+        )
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None
     except KeyboardInterrupt:

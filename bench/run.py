@@ -37,6 +37,7 @@ MODULES = (
     "bench.fanout_bench",
     "bench.telemetry_bench",
     "bench.durable_bench",
+    "bench.idle_bench",
 )
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUDGET_S = 15 * 60

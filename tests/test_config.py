@@ -166,3 +166,18 @@ def test_a_missing_value_names_what_to_set_not_none() -> None:
     message = str(ConfigError("providers.anthropic.api_key", None, "an Anthropic API key"))
     assert "= None" not in message and "None" not in message
     assert message == "providers.anthropic.api_key is not set; it needs an Anthropic API key"
+
+
+@pytest.mark.unit
+def test_an_idle_daemon_polls_every_two_seconds_never_faster_than_a_busy_one(
+    tmp_path: Path,
+) -> None:
+    """ADR 0057: ``durability.idle_poll_interval_s`` defaults to 2 s, follows a slower
+    ``poll_interval_s`` when left unset, and set below it is refused naming both keys."""
+    assert load_config(environ={}, cwd=tmp_path).durability.idle_poll_interval_s == 2.0
+    slow = {"THOUGHTGATE_DURABILITY__POLL_INTERVAL_S": "10"}
+    assert load_config(environ=slow, cwd=tmp_path).durability.idle_poll_interval_s == 10.0
+    write(tmp_path, "[durability]\npoll_interval_s = 5\nidle_poll_interval_s = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, cwd=tmp_path)
+    assert "idle_poll_interval_s" in str(info.value) and "poll_interval_s (5.0)" in str(info.value)

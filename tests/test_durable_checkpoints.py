@@ -10,6 +10,7 @@ still is, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
@@ -92,41 +95,107 @@ def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
     return gen()
 
 
-async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_again(
-    tmp_path: Path,
-) -> None:
-    """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
-    worker would otherwise come down from the slow one again for the next burst), and an idle
-    daemon goes back to polling slowly."""
-    FAKE_SCRIPTS["slow"] = _slow
+@contextlib.asynccontextmanager
+async def _daemon(
+    tmp_path: Path, **durability: Any
+) -> AsyncIterator[tuple[Runtime, DurableEngine]]:
+    """A runtime on a fresh SQLite store with its engine launched as a daemon's (listening to
+    its queue), closed after the block."""
     store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(durability=DurabilityConfig(concurrency=1, poll_interval_s=0.2))
+    config = Config(durability=DurabilityConfig(**durability))
     runtime = Runtime(store, config)
     engine = DurableEngine.attach(runtime, config.durability)
     try:
         await engine.launch(listen=[])
-        queue = engine.queue
-        assert queue is not None
-
-        async def interval() -> float:
-            found = await DBOS.retrieve_queue_async(queue)
-            assert found is not None
-            return found.polling_interval_sec
-
-        runs = []
-        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
-            run, rank = await runtime.admit(RunRequest("hi", model="fake:slow"), queue=queue)
-            await engine.submit(run.run_id, queue, priority=rank)
-            runs.append(run.run_id)
-        await _until(lambda: _queued(engine))
-        await _until(lambda: _is(interval(), 0.02))
-        await _until(lambda: _all_ended(store, runs))
-        assert await interval() == 0.02, "still fast just after the backlog drained"
-        await _until(lambda: _is(interval(), 0.2))
+        yield runtime, engine
     finally:
         await engine.close()
         await store.close()
-        del FAKE_SCRIPTS["slow"]
+
+
+async def _interval_of(queue: str) -> float:
+    found = await DBOS.retrieve_queue_async(queue)
+    assert found is not None
+    return found.polling_interval_sec
+
+
+async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
+    worker would otherwise come down from the slow one again for the next burst), and a daemon
+    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
+    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
+    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
+    async with _daemon(tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5) as (
+        runtime,
+        engine,
+    ):
+        queue = engine.queue
+        assert queue is not None
+        runs = []
+        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
+            run, rank = await runtime.admit(RunRequest("hi", model="fake:queue-slow"), queue=queue)
+            await engine.submit(run.run_id, queue, priority=rank)
+            runs.append(run.run_id)
+        await _until(lambda: _queued(engine))
+        await _until(lambda: _is(_interval_of(queue), 0.02))
+        await _until(lambda: _all_ended(runtime.store, runs))
+        assert await _interval_of(queue) == 0.02, "still fast just after the backlog drained"
+        await _until(lambda: _is(_interval_of(queue), 0.5))
+
+
+@pytest.mark.inprocess
+async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_use_again(
+    tmp_path: Path,
+) -> None:
+    """ADR 0057: a daemon that has executed nothing for ten poll intervals polls its queue at the
+    idle pace; a run the lease sweep puts on the queue meanwhile (its process stopped before it
+    began) is still taken and completes, and the daemon polls at ``poll_interval_s`` again while
+    it is in use."""
+    async with _daemon(tmp_path, poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1) as (
+        runtime,
+        engine,
+    ):
+        queue, store = engine.queue, runtime.store
+        assert queue is not None and isinstance(store, SQLiteStore)
+        assert await _interval_of(queue) == 0.2, "a daemon that just started is in use"
+        await _until(lambda: _is(_interval_of(queue), 0.6))
+
+        run, _ = await runtime.admit(RunRequest("hi", model="fake:echo"), queue=queue)
+        engine.unreserve(run.run_id)  # it never starts here: as if its process had stopped
+        runtime.forget_admitted(run.run_id)
+        me = runtime.leases.owner
+
+        async def requeue(run_id: str, _: object) -> None:
+            await engine.resume(run_id, queue)
+
+        restarted = Owner(me.host, me.pid, "restarted")
+        assert await close_orphaned_runs(store, me=restarted, requeue=requeue) == []
+        await _until(lambda: _all_ended(store, [run.run_id]))
+        # the run that began here put the daemon in use: for ten poll intervals after its end
+        await _until(lambda: _is(_interval_of(queue), 0.2))
+        await _until(lambda: _is(_interval_of(queue), 0.6))
+
+
+@pytest.mark.inprocess
+async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
+    tmp_path: Path,
+) -> None:
+    """The queue's row is shared by its replicas: one going idle leaves alone a pace another one
+    set since (its backlog), which slows it down again itself."""
+    async with _daemon(tmp_path, poll_interval_s=0.1, idle_poll_interval_s=0.4) as (_, engine):
+        queue, starts = engine.queue, engine.starts
+        assert queue is not None and starts is not None
+        found = await DBOS.retrieve_queue_async(queue)
+        assert found is not None
+        await found.set_polling_interval_sec_async(0.01)  # another replica's backlog
+
+        async def idle() -> bool:
+            return starts.interval_s == 0.4
+
+        await _until(idle)
+        assert await _interval_of(queue) == 0.01
 
 
 async def _queued(engine: DurableEngine) -> bool:
@@ -137,7 +206,7 @@ async def _is(value: Awaitable[float], expected: float) -> bool:
     return await value == expected
 
 
-async def _all_ended(store: SQLiteStore, run_ids: list[str]) -> bool:
+async def _all_ended(store: EventStore, run_ids: list[str]) -> bool:
     return [(await store.get_run(r)).status for r in run_ids] == ["completed"] * len(run_ids)
 
 

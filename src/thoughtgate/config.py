@@ -18,6 +18,7 @@ siblings: explicit argument > the run's own setting > project config > built-in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -25,9 +26,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, TypeVar, get_args
+from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
@@ -81,6 +89,9 @@ class OrchestrationConfig(_Section):
     default_model: str | None = None
 
 
+DEFAULT_IDLE_POLL_INTERVAL_S: Final = 2.0
+
+
 class DurabilityConfig(_Section):
     """Durable runs (ADR 0013, docs/durability.md): each model turn and tool call is checkpointed,
     so a run whose process dies continues in another (or a restarted) process."""
@@ -91,11 +102,36 @@ class DurabilityConfig(_Section):
     """Runs this daemon executes at once (it starts a new one itself while it has room); more
     wait in the queue for any replica."""
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)
-    """How often an idle daemon looks for queued runs it can take (ten times as often while runs
+    """How often a daemon in use looks for queued runs it can take (ten times as often while runs
     it queued wait)."""
+    idle_poll_interval_s: float = Field(default=DEFAULT_IDLE_POLL_INTERVAL_S, gt=0, le=60)
+    """How often a daemon that has executed nothing for ten ``poll_interval_s`` looks for queued
+    runs (ADR 0057): an idle daemon costs about nothing, and a run queued by another process
+    waits at most this long for it. Not below ``poll_interval_s``."""
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """A run whose process stopped this many times is closed as interrupted instead of being
     resumed again (a run that crashes every process it lands on)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _idle_follows_a_slower_poll(cls, data: Any) -> Any:
+        """Left unset, the idle interval is never below ``poll_interval_s`` (a daemon configured
+        to poll every 10 s polls every 10 s when idle, too)."""
+        if isinstance(data, dict) and "idle_poll_interval_s" not in data:
+            poll = data.get("poll_interval_s")
+            with contextlib.suppress(TypeError, ValueError):
+                if poll is not None and float(poll) > DEFAULT_IDLE_POLL_INTERVAL_S:
+                    return {**data, "idle_poll_interval_s": poll}
+        return data
+
+    @model_validator(mode="after")
+    def _idle_not_faster(self) -> DurabilityConfig:
+        if self.idle_poll_interval_s < self.poll_interval_s:
+            raise ValueError(
+                f"idle_poll_interval_s ({self.idle_poll_interval_s}) is below poll_interval_s "
+                f"({self.poll_interval_s}): an idle daemon would poll faster than a busy one"
+            )
+        return self
 
 
 class QuotasConfig(_Section):

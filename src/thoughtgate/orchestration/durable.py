@@ -52,6 +52,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.orchestration.dbos_pollers import slow_unused_pollers
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -361,12 +362,19 @@ class DurableEngine:
             "log_level": "ERROR",
             "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 0.2),
             "scheduler_polling_interval_sec": 3600.0,
+            # On PostgreSQL DBOS pushes workflow events' and streams' notifications from a thread
+            # that wakes every this often whether or not any are pending (100 times a second by
+            # default). thoughtgate uses neither (approval messages are ``send``/``recv``, which
+            # a trigger notifies), so it wakes once a second instead (ADR 0057).
+            "notification_coalesce_sec": 1.0,
         }
         if self.location.schema is not None:
             settings["dbos_system_schema"] = self.location.schema
         else:
             settings.update(_SQLITE_ENGINE)
         DBOS(config=settings)  # type: ignore[arg-type]
+        slowed = slow_unused_pollers(postgres=self.location.schema is not None)
+        log.debug("DBOS pollers thoughtgate does not use, slowed: %s", slowed or "none")
         if listen is not None:
             self.queue = queue_name(listen, self.config.concurrency)
             DBOS.listen_queues([self.queue])
@@ -385,7 +393,13 @@ class DurableEngine:
                 polling_interval_sec=self.config.poll_interval_s,
                 on_conflict="always_update",
             )
-            self.starts = Starts(self.queue, self.config.concurrency, self.config.poll_interval_s)
+            self.starts = Starts(
+                self.queue,
+                self.config.concurrency,
+                self.config.poll_interval_s,
+                self.config.idle_poll_interval_s,
+            )
+            self.starts.pace()  # idle once nothing has run here for a linger
 
     async def close(self) -> None:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""
@@ -504,6 +518,8 @@ class DurableEngine:
     def _released(self, slot: Slot) -> None:
         """A slot of this daemon's queue is free: the next run waiting here takes it."""
         slot.release()
+        if self.starts is not None:
+            self.starts.used()
         self._start_next()
 
     # ------------------------------------------------------------------ runs waiting here
@@ -745,6 +761,11 @@ async def _run_workflow(run_id: str) -> str:
     engine = DurableEngine.current
     if engine is None:  # DBOS dequeued a run before this process attached a runtime
         raise RuntimeFailure("no durable runtime in this process")
-    if engine.starts is not None:
-        engine.starts.began(run_id)
-    return await engine.runtime.execute_workflow(run_id)
+    starts = engine.starts
+    if starts is None:
+        return await engine.runtime.execute_workflow(run_id)
+    starts.began(run_id)
+    try:
+        return await engine.runtime.execute_workflow(run_id)
+    finally:
+        starts.used()

@@ -23,9 +23,13 @@ the queue).
 
 While runs of this daemon wait in its queue, the queue is polled every ``poll_interval_s / 10``
 (a backlog drains at the speed runs end, not one batch per poll); once none has waited for
-``10 * poll_interval_s``, at ``poll_interval_s`` again, so an idle daemon costs what it did. (The
-linger is for DBOS's worker, which comes down from a slow interval to a fast one only a tenth per
-poll: a queue that went slow between two bursts would drain the next one slowly; ADR 0029.)
+``10 * poll_interval_s``, at ``poll_interval_s`` again. (The linger is for DBOS's worker, which
+comes down from a slow interval to a fast one only a tenth per poll: a queue that went slow
+between two bursts would drain the next one slowly; ADR 0029.) Once no run of the queue has
+started, begun, ended or executed here for that long either, the daemon is idle and polls every
+``idle_poll_interval_s`` (ADR 0057): each poll of DBOS's worker is three transactions on the
+system database, the largest part of an idle daemon's CPU. The first run that starts or begins
+here (a new run starts at once, without the queue) brings it back to ``poll_interval_s``.
 """
 
 from __future__ import annotations
@@ -56,18 +60,30 @@ class Slot(Protocol):
 class Starts:
     """The admission of one daemon's new runs to its own queue (see the module docstring)."""
 
-    def __init__(self, queue: str, concurrency: int, poll_interval_s: float) -> None:
+    def __init__(
+        self,
+        queue: str,
+        concurrency: int,
+        poll_interval_s: float,
+        idle_poll_interval_s: float | None = None,
+    ) -> None:
         self.queue = queue
         self.concurrency = concurrency
         self.poll_interval_s = poll_interval_s
+        self.idle_poll_interval_s = max(poll_interval_s, idle_poll_interval_s or poll_interval_s)
         self.waiting: set[str] = set()
         """Runs this daemon put on its queue that have not begun here (nor, as far as it last
         looked, anywhere else)."""
         self._pruned_at = 0.0
-        self._fast = False
+        self._interval = poll_interval_s
+        """The interval last written to the queue's row (the queue is registered with this)."""
         self._waited_at = -float("inf")
         """When a run of this daemon last waited in its queue (``time.monotonic()``)."""
+        self._used_at = time.monotonic()
+        """When a run of the queue last started, began, ended or was seen executing here (the
+        daemon's start counts: it may resume its own runs from the queue right away)."""
         self._recheck: asyncio.TimerHandle | None = None
+        self._closed = False
         self._pace_lock = asyncio.Lock()
         self._pacers: set[asyncio.Task[None]] = set()
 
@@ -79,6 +95,7 @@ class Starts:
         if self.waiting or active.count_for_queue(self.queue) >= self.concurrency:
             return None
         slot: Slot = active.add(run_id, self.queue)
+        self.used()
         return slot
 
     async def look_again(self, *, always: bool = False) -> None:
@@ -109,18 +126,35 @@ class Starts:
         self.pace()
 
     def began(self, run_id: str) -> None:
-        """``run_id``'s workflow began in this process (from the queue or at once)."""
+        """``run_id``'s workflow began in this process (from the queue or at once), or it waits
+        nowhere after all."""
         if run_id in self.waiting:
             self.waiting.discard(run_id)
+            self._waited_at = time.monotonic()
+            self.pace()
+        self.used()
+
+    def used(self) -> None:
+        """A run of the queue started, began or ended here: the daemon is in use, so the queue
+        is polled at ``poll_interval_s`` (at least) for the next ``linger_s``. Costs a pace
+        check only when the queue is idle: otherwise the pending re-check sees the new time."""
+        self._used_at = time.monotonic()
+        if self._recheck is None or self._interval == self.idle_poll_interval_s:
             self.pace()
 
     # ------------------------------------------------------------------ polling pace
+    @property
+    def interval_s(self) -> float:
+        """The poll interval this daemon last settled on for its queue (written to the queue's
+        row unless another replica had changed the row since, see :meth:`_write_pace`)."""
+        return self._interval
+
     def pace(self) -> None:
-        """Poll fast while runs of this daemon wait, and for ``linger_s`` after the last began;
-        slowly once none has waited for that long (in the background: the change is one write
-        to the queue's row, which DBOS's worker reads every poll)."""
-        fast = self._wants_fast()
-        if fast == self._fast:
+        """Poll fast while runs of this daemon wait and for ``linger_s`` after the last began; at
+        ``poll_interval_s`` while the daemon is in use and for ``linger_s`` after; at
+        ``idle_poll_interval_s`` once idle (in the background: the change is one write to the
+        queue's row, which DBOS's worker reads every poll)."""
+        if self._closed or self._wanted_interval() == self._interval:
             return
         # An empty context: this may be called inside a workflow, whose DBOS context must not
         # follow the write.
@@ -135,20 +169,28 @@ class Starts:
         """How long the queue stays fast after its backlog drained (ADR 0029): DBOS's worker
         comes down from a slow interval to a fast one by a tenth per poll (about 4.5 s from
         0.5 s to 0.05 s), so a queue that went slow between two bursts would take that long
-        again to drain the next one."""
+        again to drain the next one. Also how long a daemon stays in use after its last run."""
         return self.poll_interval_s * BACKLOG_POLL_DIVISOR
 
-    def _wants_fast(self) -> bool:
+    def _wanted_interval(self) -> float:
+        """The interval the queue should be polled at now; while it is not the idle one, a
+        re-check is scheduled for when it would change (nothing is scheduled once idle)."""
         now = time.monotonic()
         if self.waiting:
             self._waited_at = now
-            return True
-        left = self._waited_at + self.linger_s - now
-        if left <= 0:
-            return False
+        if self.waiting or _registry().count_for_queue(self.queue) > 0:
+            self._used_at = now
+        if now < self._waited_at + self.linger_s:
+            self._look_again_at(self._waited_at + self.linger_s - now)
+            return self.poll_interval_s / BACKLOG_POLL_DIVISOR
+        if now < self._used_at + self.linger_s:
+            self._look_again_at(self._used_at + self.linger_s - now)
+            return self.poll_interval_s
+        return self.idle_poll_interval_s
+
+    def _look_again_at(self, left: float) -> None:
         if self._recheck is None:
             self._recheck = asyncio.get_running_loop().call_later(left, self._look_again_later)
-        return True
 
     def _look_again_later(self) -> None:
         self._recheck = None
@@ -162,18 +204,25 @@ class Starts:
 
     async def _write_pace(self) -> None:
         async with self._pace_lock:
-            fast = self._wants_fast()
-            if fast == self._fast:
+            interval = self._wanted_interval()
+            if interval == self._interval:
                 return
             found = await DBOS.retrieve_queue_async(self.queue)
             if found is None:
                 return
-            interval = self.poll_interval_s / BACKLOG_POLL_DIVISOR if fast else self.poll_interval_s
+            if interval > self._interval and found.polling_interval_sec != self._interval:
+                # The row is shared by every replica on the queue, and another one changed it
+                # since we did (its backlog, its start): it slows it down again itself. Never
+                # slow the queue down under it.
+                self._interval = interval
+                return
             await found.set_polling_interval_sec_async(interval)
-            self._fast = fast
+            self._interval = interval
 
     async def close(self) -> None:
-        """Wait for a pace change under way (DBOS is about to stop)."""
+        """Wait for a pace change under way, and change it no more (DBOS is about to stop; runs
+        it cancels end after this)."""
+        self._closed = True
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None

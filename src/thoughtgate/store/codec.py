@@ -406,11 +406,16 @@ def rebuilt_rows(
     return [task_row(t) for t in new.tasks], sets if changed else None
 
 
-def lifecycle_types_sql(placeholder: str) -> tuple[str, tuple[str, ...]]:
-    """``type IN (...)`` over the event types that change the index, and its parameters: what a
-    rebuild reads of a log (never its deltas)."""
-    types = tuple(sorted(INDEX_EVENT_TYPES))
-    return f"type IN ({', '.join([placeholder] * len(types))})", types
+def lifecycle_types_sql(
+    placeholder: str, types: Iterable[str] = INDEX_EVENT_TYPES
+) -> tuple[str, tuple[str, ...]]:
+    """``type IN (...)`` over ``types`` and its parameters: by default the event types that
+    change the index, what a rebuild reads of a log (never its deltas); ``read_types``' too.
+    Never empty: no type at all is ``type IN (NULL)``, which matches nothing."""
+    ordered = tuple(sorted(set(types)))
+    if not ordered:
+        return "type IN (NULL)", ()
+    return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

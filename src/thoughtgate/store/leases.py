@@ -384,17 +384,32 @@ async def close_orphaned_runs(
     process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
     this process's other runs are taken too once their leases have expired (ADR 0060).
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
-    (:func:`_requeue_lost`)."""
+    (:func:`_requeue_lost`).
+
+    The specs of the runs it may move -- the orphans, and the ownerless runs on no queue, among
+    them every suspended run -- are read in one ``get_run_specs``: a daemon sweeps every two
+    thirds of a lease, and runs suspended for an approval can number thousands (ADR 0064)."""
     me = me or Owner.current()
     found = await store.open_runs()
-    closed: list[str] = []
+    orphans: list[tuple[OpenRun, str]] = []
     for run in found.runs:
         reason = orphan_reason(run, found.now, me, executing)
-        if reason is None:
-            continue
+        if reason is not None:
+            orphans.append((run, reason))
+    unqueued: list[str] = []
+    if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
+        ownerless = [run.run_id for run in found.runs if run.owner is None]
+        waiting = await on_queue(ownerless) if ownerless else ()
+        unqueued = [run_id for run_id in ownerless if run_id not in waiting]
+    wanted = [run.run_id for run, _ in orphans] + unqueued
+    specs: Mapping[str, RunSpecRecord] = {}
+    if wanted and isinstance(store, DurableRunStore):
+        specs = await store.get_run_specs(wanted)
+    closed: list[str] = []
+    for run, reason in orphans:
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
         expired_by = found.now if reason in (EXPIRED, ABANDONED) else None
-        spec = await store.get_run_spec(run.run_id) if isinstance(store, DurableRunStore) else None
+        spec = specs.get(run.run_id)
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)
             continue
@@ -404,35 +419,27 @@ async def close_orphaned_runs(
         if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
-    if requeue is not None and on_queue is not None:
-        ownerless = [run.run_id for run in found.runs if run.owner is None]
-        closed += await _requeue_lost(store, ownerless, found.now, requeue, on_queue, lost_after_s)
+    if requeue is not None and unqueued:
+        lost = [specs[run_id] for run_id in unqueued if run_id in specs]
+        closed += await _requeue_lost(store, lost, found.now, requeue, lost_after_s)
     return closed
 
 
 async def _requeue_lost(
     store: EventStore,
-    ownerless: Sequence[str],
+    unqueued: Sequence[RunSpecRecord],
     now: float,
     requeue: Requeue,
-    on_queue: OnQueue,
     lost_after_s: float,
 ) -> list[str]:
-    """Put back on a queue each queued run that is on none, once it has been queued for
-    ``lost_after_s`` (what queues it may be under way until then); close it when that fails.
-    A suspended run (``thoughtgate resume``'s to move) is not queued and is left alone. Returns
-    the ids of the runs closed."""
-    if not ownerless or not isinstance(store, DurableRunStore):
-        return []
-    waiting = await on_queue(ownerless)
+    """Put back on a queue each queued run of ``unqueued`` (the specs of the ownerless runs the
+    engine has on no queue), once it has been queued for ``lost_after_s`` (what queues it may
+    be under way until then); close it when that fails. A suspended run (``thoughtgate
+    resume``'s to move) is not queued and is left alone. Returns the ids of the runs closed."""
     closed: list[str] = []
-    for run_id in ownerless:
-        if run_id in waiting:
-            continue
-        spec = await store.get_run_spec(run_id)
-        if spec is None or not spec.durable or spec.queued_at is None:
-            continue
-        if now - spec.queued_at < lost_after_s:
+    for spec in unqueued:
+        run_id = spec.run_id
+        if not spec.durable or spec.queued_at is None or now - spec.queued_at < lost_after_s:
             continue
         try:
             await requeue(run_id, spec)

@@ -522,7 +522,10 @@ def test_a_check_reads_a_runs_lifecycle_events_and_none_of_its_deltas() -> None:
         request = RunRequest(
             "Question?",
             model="fake:chatty",
-            tasks=[TaskSpec("part 0", model="fake:chatty"), TaskSpec("part 1", model="fake:chatty")],
+            tasks=[
+                TaskSpec("part 0", model="fake:chatty"),
+                TaskSpec("part 1", model="fake:chatty"),
+            ],
         )
         run = await runtime.create_run(request, chain_of_thought="surface")
         await runtime.execute(run.run_id)

@@ -118,9 +118,9 @@ async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
         assert spec.queue == "q"
         requeued.append(run_id)
 
-    async def on_queue(run_ids: Sequence[str]) -> set[str]:
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
         assert set(run_ids) == {lost, waiting, suspended}, "asked about every ownerless run"
-        return {waiting}
+        return {waiting: None}
 
     # Queued moments ago: its enqueue may be under way.
     assert (
@@ -144,8 +144,8 @@ async def test_a_queued_run_on_no_queue_that_cannot_be_requeued_is_closed(
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         raise RuntimeError("no work queue 'q' is registered")
 
-    async def on_queue(run_ids: Sequence[str]) -> set[str]:
-        return set()
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        return {}
 
     store.refusing = True  # the close fails: the next sweep tries again
     with pytest.raises(StoreUnavailableError):

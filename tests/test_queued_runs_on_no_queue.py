@@ -18,7 +18,7 @@ from support.durable import until
 from support.store_conformance import make_run
 
 from thoughtgate.config import Config
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import RuntimeFailure, StoreUnavailableError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
@@ -70,8 +70,11 @@ async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_abou
         # Another replica, with a tool this one lacks, said it takes runs from its queue.
         await store.save_run_queue(RunQueueRecord("elsewhere-queue", ("elsewhere",), 1))
         store.refusing = True
-        with pytest.raises(StoreUnavailableError):
+        with pytest.raises(RuntimeFailure, match="no work queue") as raised:
             await manager.start(RunRequest("hi", model="fake:echo"), tools=["elsewhere"])
+        # The caller learns why the run did not start; the close that failed too is noted.
+        (note,) = raised.value.__notes__
+        assert "failed too" in note and "database is locked" in note
         (stuck,) = (await store.open_runs()).runs
         assert stuck.owner is None, "queued: no lease of it will ever expire"
         store.refusing = False  # the store is back

@@ -16,7 +16,7 @@ import pytest
 from dbos import DBOS
 from dbos._dbos import _get_dbos_instance
 from support.durable import TOOLS, side_effects
-from test_durable_replicas import Service, pg_database
+from test_durable_replicas import two_replicas_on_postgres
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
@@ -63,22 +63,17 @@ async def _taken_by_a_stopped_replica(db: str) -> str:
 def test_two_replicas_put_back_once_a_run_a_stopped_replica_took_and_it_completes(
     tmp_path: Path,
 ) -> None:
-    with pg_database() as db:
-        service = Service(db, tmp_path)
-        try:
-            a, b = service.start_two()
-            run_id = asyncio.run(_taken_by_a_stopped_replica(db))
-            run = service.done(a, run_id)
-            assert run["status"] == "completed"
-            assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
-            types = [e["type"] for e in service.events(b, run_id)]
-            assert "run.resumed" not in types, "its first execution"
-        finally:
-            service.close()
-        put_back = [
-            line
-            for daemon in (a, b)
-            for line in daemon.stderr_lines
-            if run_id in line and TAKEN_UNCLAIMED in line
-        ]
-        assert len(put_back) == 1, put_back
+    with two_replicas_on_postgres(tmp_path) as (service, a, b):
+        run_id = asyncio.run(_taken_by_a_stopped_replica(service.db))
+        run = service.done(a, run_id)
+        assert run["status"] == "completed"
+        assert len(side_effects(service.effects)) == 1, "the tool ran exactly once"
+        types = [e["type"] for e in service.events(b, run_id)]
+        assert "run.resumed" not in types, "its first execution"
+    put_back = [
+        line
+        for daemon in (a, b)
+        for line in daemon.stderr_lines
+        if run_id in line and TAKEN_UNCLAIMED in line
+    ]
+    assert len(put_back) == 1, put_back

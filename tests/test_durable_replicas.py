@@ -374,6 +374,21 @@ def pg_database() -> Iterator[str]:
                 )
 
 
+@contextlib.contextmanager
+def two_replicas_on_postgres(
+    tmp_path: Path,
+) -> Iterator[tuple[Service, ServeProcess, ServeProcess]]:
+    """Two replicas started together on a fresh PostgreSQL schema; stopped, and the schema
+    dropped, after."""
+    with pg_database() as db:
+        service = Service(db, tmp_path)
+        try:
+            a, b = service.start_two()
+            yield service, a, b
+        finally:
+            service.close()
+
+
 def _loop_scenario() -> Scenario:
     return Scenario(
         "durable-loop",
@@ -474,47 +489,43 @@ def _executor_pid(db: str, run_id: str) -> int | None:
 def test_an_approval_asked_on_a_killed_replica_is_answered_on_the_other_and_the_run_continues(
     tmp_path: Path,
 ) -> None:
-    with pg_database() as db:
-        service = Service(db, tmp_path)
-        try:
-            a, b = service.start_two()
-            run_id = service.request(
-                a,
-                "POST",
-                "/v1/runs",
-                "member",
-                json={"prompt": "guarded go", "model": "fake:durable", "tools": ["guarded"]},
-            )["run_id"]
+    with two_replicas_on_postgres(tmp_path) as (service, a, b):
+        db = service.db
+        run_id = service.request(
+            a,
+            "POST",
+            "/v1/runs",
+            "member",
+            json={"prompt": "guarded go", "model": "fake:durable", "tools": ["guarded"]},
+        )["run_id"]
 
-            def asked() -> bool:
-                return any(e["type"] == "tool.approval_required" for e in service.events(b, run_id))
+        def asked() -> bool:
+            return any(e["type"] == "tool.approval_required" for e in service.events(b, run_id))
 
-            wait_for(asked, timeout=60, what="the approval to be asked")
-            pid = _executor_pid(db, run_id)
-            asking, other = (a, b) if a.proc is not None and a.proc.pid == pid else (b, a)
-            assert other.proc is not None and other.proc.pid != pid
-            before = service.events(other, run_id)
-            asking.kill()
-            # answered on the other replica while the run has no process at all: the answer waits
-            answer = service.request(
-                other,
-                "POST",
-                f"/v1/runs/{run_id}/approvals/call_once",
-                "member",
-                json={"decision": "approve"},
-            )
-            assert answer["decision"] == "approve"
-            run = service.done(other, run_id)
-            assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
-            assert len(side_effects(service.effects)) == 1
-            after = service.events(other, run_id)
-            assert after[: len(before)] == before
-            decided = [e["payload"] for e in after if e["type"] == "tool.approval_response"]
-            assert [d["decision"] for d in decided] == ["approve"]
-            assert sum(e["type"] == "tool.approval_required" for e in after) == 1, "asked once"
-            assert _executor_pid(db, run_id) == (other.proc.pid if other.proc else None)
-        finally:
-            service.close()
+        wait_for(asked, timeout=60, what="the approval to be asked")
+        pid = _executor_pid(db, run_id)
+        asking, other = (a, b) if a.proc is not None and a.proc.pid == pid else (b, a)
+        assert other.proc is not None and other.proc.pid != pid
+        before = service.events(other, run_id)
+        asking.kill()
+        # answered on the other replica while the run has no process at all: the answer waits
+        answer = service.request(
+            other,
+            "POST",
+            f"/v1/runs/{run_id}/approvals/call_once",
+            "member",
+            json={"decision": "approve"},
+        )
+        assert answer["decision"] == "approve"
+        run = service.done(other, run_id)
+        assert run["status"] == "completed" and run["tasks"][0]["output"] == "all done"
+        assert len(side_effects(service.effects)) == 1
+        after = service.events(other, run_id)
+        assert after[: len(before)] == before
+        decided = [e["payload"] for e in after if e["type"] == "tool.approval_response"]
+        assert [d["decision"] for d in decided] == ["approve"]
+        assert sum(e["type"] == "tool.approval_required" for e in after) == 1, "asked once"
+        assert _executor_pid(db, run_id) == (other.proc.pid if other.proc else None)
 
 
 def test_an_approval_timeout_runs_from_the_request_across_a_restart(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from support.durable import until
 from support.store_conformance import make_run
 
 from thoughtgate.config import Config
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import RuntimeFailure, StoreUnavailableError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
@@ -70,8 +70,11 @@ async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_abou
         # Another replica, with a tool this one lacks, said it takes runs from its queue.
         await store.save_run_queue(RunQueueRecord("elsewhere-queue", ("elsewhere",), 1))
         store.refusing = True
-        with pytest.raises(StoreUnavailableError):
+        with pytest.raises(RuntimeFailure, match="no work queue") as raised:
             await manager.start(RunRequest("hi", model="fake:echo"), tools=["elsewhere"])
+        # The caller learns why the run did not start; the close that failed too is noted.
+        (note,) = raised.value.__notes__
+        assert "failed too" in note and "database is locked" in note
         (stuck,) = (await store.open_runs()).runs
         assert stuck.owner is None, "queued: no lease of it will ever expire"
         store.refusing = False  # the store is back
@@ -118,9 +121,9 @@ async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
         assert spec.queue == "q"
         requeued.append(run_id)
 
-    async def on_queue(run_ids: Sequence[str]) -> set[str]:
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
         assert set(run_ids) == {lost, waiting, suspended}, "asked about every ownerless run"
-        return {waiting}
+        return {waiting: None}
 
     # Queued moments ago: its enqueue may be under way.
     assert (
@@ -144,8 +147,8 @@ async def test_a_queued_run_on_no_queue_that_cannot_be_requeued_is_closed(
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         raise RuntimeError("no work queue 'q' is registered")
 
-    async def on_queue(run_ids: Sequence[str]) -> set[str]:
-        return set()
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        return {}
 
     store.refusing = True  # the close fails: the next sweep tries again
     with pytest.raises(StoreUnavailableError):

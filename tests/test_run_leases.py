@@ -268,8 +268,8 @@ async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], li
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         requeued.append(run_id)
 
-    async def on_queue(run_ids: Sequence[str]) -> set[str]:
-        return set()
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        return {}  # none of them waits on a queue
 
     store.calls.clear()
     closed = await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=1)

@@ -140,6 +140,26 @@ class DurableStoreConformance:
         )
         assert sorted(results) == [False, False, False, True], "exactly one resume request wins"
 
+    async def test_a_lost_queued_run_is_queued_again_by_one_caller(self, store: EventStore) -> None:
+        ds = durable(store)
+        run_id = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
+        results = await asyncio.gather(*(ds.requeue_run(run_id, queued_at=1.0) for _ in range(4)))
+        assert sorted(results) == [False, False, False, True], "exactly one sweep puts it back"
+        spec = await ds.get_run_spec(run_id)
+        assert spec is not None and spec.queued_at is not None
+        assert abs(spec.queued_at - time.time()) < 60, "queued again from now"
+        assert not await ds.requeue_run(run_id, queued_at=1.0), "no longer queued since then"
+        assert await ds.requeue_run(run_id, queued_at=spec.queued_at)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        spec = await ds.get_run_spec(run_id)
+        assert spec is not None
+        assert not await ds.requeue_run(run_id, queued_at=spec.queued_at or 0.0), "held"
+        assert await ds.release_run(run_id, owner="a.1.x", queue=False)
+        assert not await ds.requeue_run(run_id, queued_at=0.0), "suspended, not queued"
+        ended = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
+        await store.finish_run(ended, [], RunEnding("completed"))
+        assert not await ds.requeue_run(ended, queued_at=1.0), "ended"
+
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True)

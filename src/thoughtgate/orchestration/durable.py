@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
 
-from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
 from dbos._serialization import Serializer
 
 from thoughtgate.config import DurabilityConfig
@@ -700,16 +700,18 @@ class DurableEngine:
                 starts.began(run_id)  # it waits nowhere
             raise
 
-    async def on_queue(self, run_ids: Sequence[str]) -> set[str]:
-        """Which of ``run_ids`` have a workflow waiting on a queue or taken from one (the sweep
-        puts back a queued run that is on none, ADR 0062)."""
+    async def on_queue(self, run_ids: Sequence[str]) -> dict[str, float | None]:
+        """Which of ``run_ids`` have a workflow waiting on a queue (``None``) or taken from one
+        (when, in seconds since the epoch on the system database's clock -- the store's): the
+        sweep puts back a queued run that is on none (ADR 0062), or that a replica took and
+        has not claimed for a lease (ADR 0063)."""
         found = await DBOS.list_workflows_async(
             workflow_ids=list(run_ids),
             status=list(_ON_QUEUE),
             load_input=False,
             load_output=False,
         )
-        return {w.workflow_id for w in found}
+        return {w.workflow_id: _taken_at(w) for w in found}
 
     async def tidy(self) -> None:
         """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
@@ -747,6 +749,16 @@ class DurableEngine:
 _ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")
 """DBOS's statuses of a workflow on a queue or being executed (taken from one, or started at
 once; ``DELAYED``: enqueued to start later)."""
+
+
+def _taken_at(workflow: WorkflowStatus) -> float | None:
+    """When a workflow on a queue was taken from it (``PENDING``: DBOS stamps the dequeue with
+    its database's clock; a workflow started without a queue, when it last changed), or
+    ``None`` while it waits there."""
+    if workflow.status != "PENDING":
+        return None
+    stamp = workflow.dequeued_at or workflow.updated_at or workflow.created_at
+    return None if stamp is None else stamp / 1000
 
 
 def _cancelling() -> bool:

@@ -167,11 +167,23 @@ class RunManager:
         try:
             await engine.submit(run.run_id, queue, priority=rank)
         except Exception as exc:
-            await close_run_interrupted(
-                self.runtime.store, run.run_id, f"it could not be started or queued: {exc}"
-            )
+            await self._close_failed(run.run_id, f"it could not be started or queued: {exc}", exc)
             raise
         return run
+
+    async def _close_failed(self, run_id: str, reason: str, failure: Exception) -> bool:
+        """Close ``interrupted`` a run whose start or resume failed with ``failure``; whether it
+        closed. A close that fails too (the store down past its retries; the sweep closes the
+        run later, ADR 0062) is logged and added to ``failure`` as a note: the caller raises
+        ``failure`` -- what went wrong first is what the client and the log must say, not the
+        close's store error (ADR 0063)."""
+        try:
+            await close_run_interrupted(self.runtime.store, run_id, reason)
+        except Exception as exc:
+            log.error("could not close run %s after %s: %s", run_id, failure, exc)
+            failure.add_note(f"closing run {run_id} interrupted failed too: {exc!r}")
+            return False
+        return True
 
     async def _queue_for(self, names: Sequence[str]) -> str:
         """This daemon's queue when it has every tool, else a live queue whose replicas do."""
@@ -257,8 +269,9 @@ class RunManager:
             await engine.resume(run_id, self.queue)
         except Exception as exc:  # no workflow to resume: its checkpoints are gone
             reason = f"it could not resume: {exc}"
-            await close_run_interrupted(store, run_id, reason)
-            raise UsageError(f"run {run_id!r} {reason}; it was closed") from exc
+            closed = await self._close_failed(run_id, reason, exc)
+            outcome = "it was closed" if closed else "closing it failed too (a sweep takes it up)"
+            raise UsageError(f"run {run_id!r} {reason}; {outcome}") from exc
         return await store.get_run(run_id)
 
     # ------------------------------------------------------------------ stop

@@ -10,7 +10,8 @@ The states of an open durable run, as the ``runs`` and ``run_specs`` rows tell t
 =========================  ==========  =============  ===========================================
 state                      owner       queued_at      who moves it on
 =========================  ==========  =============  ===========================================
-queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run
+queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run;
+                                                      lost (ADR 0062/0063): requeue_run
 waiting in its daemon      a process   none           the daemon starts it (claim_run) or queues
                                                       it (release_run); dies: release_run
 executing                  a process   none           it ends, or its process dies: release_run
@@ -198,6 +199,13 @@ class DurableRunStore(abc.ABC):
         it suspended. Applies only while the run is held by ``owner`` (with ``lease_expired_by``:
         only if its lease has not been renewed past that time); with ``owner=None`` only to a
         suspended run (no owner, not queued). ``True`` when this call moved the run."""
+
+    @abc.abstractmethod
+    async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
+        """Mark a queued run queued again, from now: only while it is open, nobody holds it and
+        it is still queued since ``queued_at`` (as the caller read it). Of several sweeps that
+        found the run lost at once, this lets exactly one put it back on its queue (ADR 0063).
+        ``True`` when this call moved it."""
 
     @abc.abstractmethod
     async def save_run_queue(self, queue: RunQueueRecord) -> None:

@@ -36,7 +36,11 @@ A queued run has no owner, so no lease of it ever expires: should what puts it o
 would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
 runs without an owner are on a queue (``on_queue``), and puts back one queued for longer than
 ``lost_after_s`` that is on none -- closing it when that fails, or leaving it to the next sweep
-when the store still refuses (ADR 0062).
+when the store still refuses (ADR 0062). Nor does a lease tell when a replica took a queued run's
+workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
+that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
+without a claim (ADR 0063); ``requeue_run`` (a compare-and-set on ``queued_at``) lets one sweep
+of several do it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ __all__ = [
     "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
     "ON_NO_QUEUE",
+    "TAKEN_UNCLAIMED",
     "UNWRITTEN",
     "EndedTask",
     "Owner",
@@ -97,6 +102,11 @@ RESTARTED = "the process executing it was restarted"
 EXPIRED = "the process executing it stopped renewing its lease"
 ON_NO_QUEUE = "it waited for a replica on no work queue (putting it there, then closing it, failed)"
 """Why a sweep puts a queued run back on its queue, or closes it (ADR 0062)."""
+TAKEN_UNCLAIMED = (
+    "the replica that took it from its work queue stopped before it began executing it"
+)
+"""Why a sweep puts back on a queue a queued run whose workflow a replica took from its queue
+and that the replica has not claimed for a lease: it stopped in between (ADR 0063)."""
 ABANDONED = "its process stopped executing it without recording its end"
 """Why a process's own sweep closes a run of its own that it no longer executes and whose lease
 expired: its end was refused for longer than the retries, or its execution stopped without one
@@ -365,9 +375,9 @@ Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
 """``(run_id, spec)``: put a released durable run back on a work queue (the engine's), one whose
 replicas have the run's tools."""
 
-OnQueue = Callable[[Sequence[str]], Awaitable[Container[str]]]
-"""Which of these runs the engine has on a work queue, or executing (their workflows wait there,
-or have been taken from there)."""
+OnQueue = Callable[[Sequence[str]], Awaitable[Mapping[str, float | None]]]
+"""Which of these runs the engine has on a work queue: ``None`` for a workflow waiting there, or
+when it was taken from there (seconds since the epoch, the store's clock)."""
 
 
 async def close_orphaned_runs(
@@ -386,9 +396,10 @@ async def close_orphaned_runs(
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
     (:func:`_requeue_lost`).
 
-    The specs of the runs it may move -- the orphans, and the ownerless runs on no queue, among
-    them every suspended run -- are read in one ``get_run_specs``: a daemon sweeps every two
-    thirds of a lease, and runs suspended for an approval can number thousands (ADR 0064)."""
+    The specs of the runs it may move -- the orphans, and the ownerless runs the engine does not
+    have waiting on a queue, every suspended run among them -- come in one ``get_run_specs``: a
+    daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
+    thousands (ADR 0064)."""
     me = me or Owner.current()
     found = await store.open_runs()
     orphans: list[tuple[OpenRun, str]] = []
@@ -396,12 +407,15 @@ async def close_orphaned_runs(
         reason = orphan_reason(run, found.now, me, executing)
         if reason is not None:
             orphans.append((run, reason))
-    unqueued: list[str] = []
+    lost: dict[str, str] = {}
     if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
         ownerless = [run.run_id for run in found.runs if run.owner is None]
-        waiting = await on_queue(ownerless) if ownerless else ()
-        unqueued = [run_id for run_id in ownerless if run_id not in waiting]
-    wanted = [run.run_id for run, _ in orphans] + unqueued
+        places = await on_queue(ownerless) if ownerless else {}
+        for run_id in ownerless:
+            why = _lost(run_id, places, found.now, lost_after_s)
+            if why is not None:
+                lost[run_id] = why
+    wanted = [run.run_id for run, _ in orphans] + list(lost)
     specs: Mapping[str, RunSpecRecord] = {}
     if wanted and isinstance(store, DurableRunStore):
         specs = await store.get_run_specs(wanted)
@@ -419,39 +433,58 @@ async def close_orphaned_runs(
         if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
-    if requeue is not None and unqueued:
-        lost = [specs[run_id] for run_id in unqueued if run_id in specs]
-        closed += await _requeue_lost(store, lost, found.now, requeue, lost_after_s)
+    if requeue is not None and lost:
+        found_lost = [(specs[run_id], why) for run_id, why in lost.items() if run_id in specs]
+        closed += await _requeue_lost(store, found_lost, found.now, requeue, lost_after_s)
     return closed
 
 
 async def _requeue_lost(
     store: EventStore,
-    unqueued: Sequence[RunSpecRecord],
+    lost: Sequence[tuple[RunSpecRecord, str]],
     now: float,
     requeue: Requeue,
     lost_after_s: float,
 ) -> list[str]:
-    """Put back on a queue each queued run of ``unqueued`` (the specs of the ownerless runs the
-    engine has on no queue), once it has been queued for ``lost_after_s`` (what queues it may
-    be under way until then); close it when that fails. A suspended run (``thoughtgate
-    resume``'s to move) is not queued and is left alone. Returns the ids of the runs closed."""
+    """Put back on a queue each queued run of ``lost`` (its spec, and why it is lost): on no
+    queue (ADR 0062), or taken from its queue by a replica that has not claimed it for
+    ``lost_after_s`` (it stopped in between, ADR 0063) -- once the run has been queued for
+    ``lost_after_s`` too (what queues it may be under way until then). Close it when that fails.
+    Of several sweeps at once, only the one whose ``requeue_run`` moves it puts it back. A
+    suspended run (``thoughtgate resume``'s to move) is not queued and is left alone. Returns
+    the ids of the runs closed."""
+    assert isinstance(store, DurableRunStore)
     closed: list[str] = []
-    for spec in unqueued:
+    for spec, why in lost:
         run_id = spec.run_id
         if not spec.durable or spec.queued_at is None or now - spec.queued_at < lost_after_s:
             continue
+        if not await store.requeue_run(run_id, queued_at=spec.queued_at):
+            continue  # claimed, closed or put back by another sweep since it was read
         try:
             await requeue(run_id, spec)
         except Exception as exc:
             log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
             if await close_run_interrupted(
-                store, run_id, f"{ON_NO_QUEUE}; it could not be queued again: {exc}", retry=()
+                store, run_id, f"{why}; it could not be queued again: {exc}", retry=()
             ):
                 closed.append(run_id)
             continue
-        log.warning("run %s queued again: %s", run_id, ON_NO_QUEUE)
+        log.warning("run %s queued again: %s", run_id, why)
     return closed
+
+
+def _lost(
+    run_id: str, places: Mapping[str, float | None], now: float, lost_after_s: float
+) -> str | None:
+    """Why a queued run is lost, or ``None`` while its workflow waits on a queue or was taken
+    from one less than ``lost_after_s`` ago (a replica that takes a run claims it at once)."""
+    if run_id not in places:
+        return ON_NO_QUEUE
+    taken_at = places[run_id]
+    if taken_at is None or now - taken_at < lost_after_s:
+        return None
+    return TAKEN_UNCLAIMED
 
 
 async def _release_durable(

@@ -296,6 +296,17 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             spec.queued_at = time.time() if queue else None
             return True
 
+    async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
+        async with self._lock:
+            run = self._run(run_id)
+            spec = self._specs.get(run_id)
+            if spec is None or not self._is_open(run_id) or run.owner is not None:
+                return False
+            if spec.queued_at is None or spec.queued_at != queued_at:
+                return False
+            spec.queued_at = time.time()
+            return True
+
     async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         self._queues[queue.name] = durable.RunQueueRecord(
             queue.name, tuple(queue.tools), queue.concurrency, time.time()

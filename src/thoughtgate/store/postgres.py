@@ -835,6 +835,17 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
         return True
 
+    async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
+        async with self._conn(f"queue run {run_id!r} again") as conn:
+            cur = await conn.execute(
+                f"UPDATE run_specs s SET queued_at = {_NOW} FROM runs r "
+                "WHERE s.run_id = %(run_id)s AND r.run_id = s.run_id AND s.queued_at = %(at)s "
+                "AND r.status IN ('pending', 'running') AND r.closed_at IS NULL "
+                "AND r.owner IS NULL RETURNING s.run_id",
+                {"run_id": run_id, "at": queued_at},
+            )
+            return await cur.fetchone() is not None
+
     async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         tools = codec.dumps(list(queue.tools), what="queue tools")
         async with self._conn(f"save run queue {queue.name!r}") as conn:

@@ -1497,6 +1497,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._write(f"release run {run_id!r}", body)
 
+    async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            moved = conn.execute(
+                "UPDATE run_specs SET queued_at = ? WHERE run_id = ? AND queued_at = ? AND "
+                f"EXISTS (SELECT 1 FROM runs WHERE runs.run_id = run_specs.run_id AND {_OPEN} "
+                "AND owner IS NULL) RETURNING run_id",
+                (time.time(), run_id, queued_at),
+            ).fetchall()
+            return bool(moved)
+
+        return await self._write(f"queue run {run_id!r} again", body)
+
     async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         tools = codec.dumps(list(queue.tools), what="queue tools")
 

@@ -62,6 +62,7 @@ __all__ = [
     "spec_row",
     "task_from_row",
     "task_row",
+    "typed_read_sql",
 ]
 
 RUN_COLUMNS = (
@@ -416,6 +417,19 @@ def lifecycle_types_sql(
     if not ordered:
         return "type IN (NULL)", ()
     return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
+
+
+def typed_read_sql(
+    placeholder: str, run_id: str, types: Iterable[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' query in both SQL backends, and its parameters: the run's events of
+    ``types`` with ``seq > after``, in order, at most ``limit``."""
+    typed, names = lifecycle_types_sql(placeholder, types)
+    query = (
+        f"{EVENT_SELECT} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed} "
+        f"ORDER BY seq LIMIT {placeholder}"
+    )
+    return query, (run_id, max(after, 0), *names, SEQ_MAX if limit is None else max(limit, 0))
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

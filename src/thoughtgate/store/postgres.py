@@ -593,15 +593,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        typed, names = codec.lifecycle_types_sql("%s", types)
-        bound = _NO_LIMIT if limit is None else max(limit, 0)
+        query, params = codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
         async with self._conn(f"read events of run {run_id!r}") as conn:
-            cur = await conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND {typed} "
-                "ORDER BY seq LIMIT %s",
-                (run_id, max(after, 0), *names, bound),
-            )
-            rows = await cur.fetchall()
+            rows = await (await conn.execute(query, params)).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free
                 await self._require_run(conn, run_id)
         return codec.events_from_rows(run_id, rows)

@@ -1206,15 +1206,10 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        typed, names = codec.lifecycle_types_sql("?", types)
-        bound = _NO_LIMIT if limit is None else max(limit, 0)
+        query, params = codec.typed_read_sql("?", run_id, types, after=after, limit=limit)
 
         def work(conn: sqlite3.Connection) -> list[Event]:
-            rows = conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? AND {typed} "
-                "ORDER BY seq LIMIT ?",
-                (run_id, max(after, 0), *names, bound),
-            ).fetchall()
+            rows = conn.execute(query, params).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free
                 _require_run(conn, run_id)
             return codec.events_from_rows(run_id, rows)

@@ -256,11 +256,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         return None if found is None else copy.deepcopy(found)
 
     async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, durable.RunSpecRecord]:
-        return {
-            run_id: copy.deepcopy(self._specs[run_id])
-            for run_id in dict.fromkeys(run_ids)
-            if run_id in self._specs
-        }
+        return {r: copy.deepcopy(self._specs[r]) for r in run_ids if r in self._specs}
 
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
         async with self._lock:

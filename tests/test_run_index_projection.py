@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,11 @@ from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.projection import (
+    PROJECTED_EVENT_TYPES,
+    IndexCheck,
+    check_index,
     check_run_index,
+    differences,
     disagreements,
     project,
     rebuilt,
@@ -469,3 +473,79 @@ def test_sqlite_rebuild_repairs_a_task_the_index_ended_early() -> None:
 @pytest.mark.postgres
 def test_postgres_rebuild_repairs_a_task_the_index_ended_early() -> None:
     asyncio.run(_on_postgres(check_repair))
+
+
+# -- a check reads a run's lifecycle, not its deltas (ADR 0064) ---------------------------------
+
+
+class ReadRecordingStore(MemoryStore):
+    """Keeps every event its log hands a reader, by ``read`` or ``read_types``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: list[Event] = []
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        out = await super().read(run_id, after=after, limit=limit)
+        self.handed += out
+        return out
+
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        out = await super().read_types(run_id, types, after=after, limit=limit)
+        self.handed += out
+        return out
+
+
+def _chatty(request: TurnRequest, turn: int) -> Iterator[Chunk]:
+    for i in range(1500):
+        yield reasoning(f"Step {i}. ")
+        yield text(f"word {i} ")
+    yield UsageChunk(input_tokens=7, output_tokens=3000, reasoning_tokens=1500)
+
+
+@pytest.mark.unit
+def test_a_check_reads_a_runs_lifecycle_events_and_none_of_its_deltas() -> None:
+    """A run of the real runtime with thousands of deltas: the check is handed its lifecycle
+    events only, and finds what a fold of the whole log finds -- nothing, then exactly what was
+    changed in the index by hand."""
+
+    async def go() -> tuple[list[Event], list[IndexCheck], list[list[Event]], RunRecord]:
+        store = ReadRecordingStore()
+        runtime = Runtime(store, provider_factory=lambda m: FakeProvider(_chatty, model=m))
+        request = RunRequest(
+            "Question?",
+            model="fake:chatty",
+            tasks=[
+                TaskSpec("part 0", model="fake:chatty"),
+                TaskSpec("part 1", model="fake:chatty"),
+            ],
+        )
+        run = await runtime.create_run(request, chain_of_thought="surface")
+        await runtime.execute(run.run_id)
+        whole = await store.read(run.run_id)
+        checks, handed = [], []
+        for tamper in (False, True):
+            if tamper:
+                await store.update_run(run.run_id, status="failed", usage={"input_tokens": 1})
+            store.handed.clear()
+            checks.append(await check_index(store, run.run_id))
+            handed.append(list(store.handed))
+        return whole, checks, handed, await store.get_run(run.run_id)
+
+    whole, (clean, tampered), handed, record = asyncio.run(go())
+    kinds = [e.type for e in whole]
+    assert kinds.count(EventType.MESSAGE_DELTA) + kinds.count(EventType.REASONING_DELTA) >= 1000
+    lifecycle = [e.seq for e in whole if e.type in PROJECTED_EVENT_TYPES]
+    for got in handed:
+        assert [e.seq for e in got] == lifecycle
+        assert not any(e.type.endswith(".delta") for e in got)
+    assert clean.projection == reproject(whole) and clean.differences == []
+    assert tampered.differences == differences(record, reproject(whole))
+    assert {d.field for d in tampered.differences} == {"status", "usage"}

@@ -4,11 +4,15 @@ another process has closed it (ADR 0009). The store side is in ``support.store_c
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
 from support.scripts import slow
+from support.store_conformance import make_run
 
 from thoughtgate.access.filter import filter_run
 from thoughtgate.access.roles import ROLE_NAMES
@@ -17,6 +21,7 @@ from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
+from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.leases import (
     ABANDONED,
     LOST_LEASE,
@@ -216,3 +221,74 @@ async def test_a_processs_sweep_closes_its_own_runs_it_no_longer_executes_once_e
     assert closed.status == "interrupted" and closed.error == f"interrupted: {ABANDONED}"
     for run_id in (executing.run_id, fresh.run_id):  # executed here, or its lease still runs
         assert (await store.get_run(run_id)).status == "pending"
+
+
+class CallCountingStore(MemoryStore):
+    """Counts each call of a public store method: on a database, each is a round trip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or not inspect.iscoroutinefunction(attr):
+            return attr
+        calls = super().__getattribute__("calls")
+
+        @functools.wraps(attr)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], list[str]]:
+    """One daemon sweep of a store holding ``suspended`` durable runs waiting for a manual
+    resume, beside one run of each other kind the sweep moves: a queued run on no queue, a
+    durable orphan and a plain one of a process on another host whose leases expired. The
+    store calls it made, and the runs requeued (after checking every run ended where it
+    should)."""
+    store = CallCountingStore()
+    far = Owner("another-host", 4242, "n").owner_id
+
+    async def admit(spec: dict[str, Any], **run: Any) -> str:
+        record = make_run(tasks=1, **run)
+        assert (await store.admit_run(record, RunSpecRecord(record.run_id, {}, **spec))).admitted
+        return record.run_id
+
+    waiting = [await admit({"durable": True}) for _ in range(suspended)]
+    lost = await admit({"durable": True, "resume": "queue", "queue": "q", "queued_at": 1.0})
+    orphan = await admit({"durable": True}, status="running", owner=far, lease_expires_at=1.0)
+    plain = make_run(status="running", owner=far, lease_expires_at=1.0)
+    await store.create_run(plain)
+    requeued: list[str] = []
+
+    async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+        requeued.append(run_id)
+
+    async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        return {}  # none of them waits on a queue
+
+    store.calls.clear()
+    closed = await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=1)
+    calls = Counter(store.calls)
+    assert closed == [plain.run_id]
+    assert (await store.get_run(orphan)).metadata["suspended"]["resume"] == "manual"
+    for run_id in (*waiting, lost, orphan):
+        run = await store.get_run(run_id)
+        assert run.status in ("pending", "running") and run.owner is None
+    return calls, requeued
+
+
+@pytest.mark.unit
+async def test_a_sweep_makes_as_many_store_calls_beside_300_suspended_runs_as_beside_3() -> None:
+    """Runs waiting days for an approval stay suspended, each sweep of each replica looks at
+    them, and their number grows with the store: their specs come in one read (ADR 0064)."""
+    few, requeued_few = await _sweep_beside_suspended_runs(3)
+    many, requeued_many = await _sweep_beside_suspended_runs(300)
+    assert len(requeued_few) == len(requeued_many) == 1, "the run on no queue is put back"
+    assert many == few
+    assert many["get_run_specs"] == 1 and many["get_run_spec"] == 0
+    assert many["open_runs"] == 1

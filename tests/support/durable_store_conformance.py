@@ -55,6 +55,27 @@ class DurableStoreConformance:
         assert len((await store.get_run(run_id)).tasks) == 1
         assert await durable(store).get_run_spec("run_unknown") is None
 
+    async def test_the_specs_of_many_runs_come_in_one_read_as_each_alone(
+        self, store: EventStore
+    ) -> None:
+        ds = durable(store)
+        queued = await admitted(store, key_id="k1", durable=True, resume="queue", queue="q1")
+        suspended = await admitted(store, durable=True, queued_at=None)
+        others = [await admitted(store) for _ in range(20)]
+        without = make_run()
+        await store.create_run(without)  # recorded without a spec (before ADR 0013)
+        unknown = [f"run_unknown_{i}" for i in range(1500)]  # past SQLite's 999 parameters
+        asked = [queued, without.run_id, *unknown, suspended, queued, *others]
+        got = await ds.get_run_specs(asked)
+        assert set(got) == {queued, suspended, *others}, "a run without a spec is left out"
+        for run_id, spec in got.items():
+            assert spec == await ds.get_run_spec(run_id)
+        assert (got[queued].key_id, got[queued].queue, got[queued].resume) == ("k1", "q1", "queue")
+        assert await ds.get_run_specs([]) == {}
+        assert await ds.get_run_specs(["run_unknown"]) == {}
+        got[suspended].spec["tools"] = ["changed"]
+        assert (await ds.get_run_specs([suspended]))[suspended].spec == SPEC, "copies"
+
     async def test_admission_stores_the_opening_events_with_the_run(
         self, store: EventStore
     ) -> None:

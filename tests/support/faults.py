@@ -364,6 +364,16 @@ class FailingStore(EventStore):
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self.inner.read(run_id, after=after, limit=limit)
 
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        return await self.inner.read_types(run_id, types, after=after, limit=limit)
+
     async def create_run(self, run: RunRecord) -> None:
         await self.inner.create_run(run)
 

@@ -145,6 +145,7 @@ class EventLogConformance:
             lambda: store.append_one(missing, NewEvent("x")),
             lambda: store.read(missing),
             lambda: store.read(missing, after=5, limit=1),
+            lambda: store.read_types(missing, [EventType.RUN_STARTED]),
             lambda: collect(store.tail(missing)),
         ]
         for call in calls:
@@ -184,6 +185,46 @@ class EventLogConformance:
         assert await store.read(run.run_id, after=10) == []
         assert await store.read(run.run_id, after=99) == []
         assert await store.read(run.run_id, after=2, limit=0) == []
+
+    async def test_read_types_returns_those_events_only_as_read_does(
+        self, store: EventStore
+    ) -> None:
+        run = make_run(tasks=1)
+        await store.create_run(run)
+        task = run.tasks[0].task_id
+        started = {"index": 0, "prompt": "task 0", "backend": "provider", "model": "m"}
+        await store.append(
+            run.run_id,
+            [
+                NewEvent(EventType.RUN_STARTED, {"prompt": "p", "tasks": 1}, ts=1.25),
+                NewEvent(EventType.TASK_STARTED, started, task_id=task, ts=2.5),
+                *deltas(1200, task_id=task),  # more than a page of the databases' reads
+                NewEvent(EventType.WORKER_COMPLETED, {"usage": {"input_tokens": 3}}, task_id=task),
+                NewEvent(EventType.TASK_COMPLETED, {"status": "completed"}, task_id=task),
+                *deltas(3),
+                NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"}),
+            ],
+        )
+        everything = await store.read(run.run_id)
+        wanted = {EventType.RUN_STARTED, EventType.TASK_STARTED, EventType.TASK_COMPLETED}
+        wanted |= {EventType.RUN_SETTLEMENT_COMPLETED}
+        expected = [e for e in everything if e.type in wanted]
+        got = await store.read_types(run.run_id, wanted)
+        assert_same_events(got, expected)
+        assert [e.seq for e in got] == [1, 2, 1204, 1208]
+        assert all(e.type != EventType.MESSAGE_DELTA for e in got)
+        assert_same_events(await store.read_types(run.run_id, wanted, limit=2), expected[:2])
+        assert_same_events(await store.read_types(run.run_id, wanted, after=2), expected[2:])
+        assert_same_events(
+            await store.read_types(run.run_id, wanted, after=1, limit=2), expected[1:3]
+        )
+        assert await store.read_types(run.run_id, wanted, after=1208) == []
+        assert await store.read_types(run.run_id, wanted, limit=0) == []
+        assert await store.read_types(run.run_id, []) == []
+        assert await store.read_types(run.run_id, ["no.such.type"]) == []
+        empty = make_run()
+        await store.create_run(empty)
+        assert await store.read_types(empty.run_id, wanted) == []
 
     async def test_payload_json_round_trip_is_exact(self, store: EventStore) -> None:
         run = make_run()

@@ -5,8 +5,9 @@ The run index's status, usage, error and task fields are a projection of the app
 by a version before that, edited by hand, or beside a log restored from a backup -- and nothing
 else looks. This command walks runs (all, the ones named, or those ``runs``' filters select, in
 keyset pages of :data:`PAGE` so its memory stays flat over any number of runs), compares each
-row with the projection of its log (``store.projection.check_index``, which folds the log page
-by page), and lists each disagreement: the field, the index's value, the log's.
+row with the projection of its log (``store.projection.check_index``, which folds the log's
+lifecycle events page by page, never its deltas), and lists each disagreement: the field, the
+index's value, the log's.
 
 ``--repair`` rewrites each disagreeing row with the store's ``rebuild_run_index`` (one
 transaction, serialised with the run's appends) and checks it again: what the rebuild fixed is

@@ -62,6 +62,7 @@ __all__ = [
     "spec_row",
     "task_from_row",
     "task_row",
+    "typed_read_sql",
 ]
 
 RUN_COLUMNS = (
@@ -406,11 +407,29 @@ def rebuilt_rows(
     return [task_row(t) for t in new.tasks], sets if changed else None
 
 
-def lifecycle_types_sql(placeholder: str) -> tuple[str, tuple[str, ...]]:
-    """``type IN (...)`` over the event types that change the index, and its parameters: what a
-    rebuild reads of a log (never its deltas)."""
-    types = tuple(sorted(INDEX_EVENT_TYPES))
-    return f"type IN ({', '.join([placeholder] * len(types))})", types
+def lifecycle_types_sql(
+    placeholder: str, types: Iterable[str] = INDEX_EVENT_TYPES
+) -> tuple[str, tuple[str, ...]]:
+    """``type IN (...)`` over ``types`` and its parameters: by default the event types that
+    change the index, what a rebuild reads of a log (never its deltas); ``read_types``' too.
+    Never empty: no type at all is ``type IN (NULL)``, which matches nothing."""
+    ordered = tuple(sorted(set(types)))
+    if not ordered:
+        return "type IN (NULL)", ()
+    return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
+
+
+def typed_read_sql(
+    placeholder: str, run_id: str, types: Iterable[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' query in both SQL backends, and its parameters: the run's events of
+    ``types`` with ``seq > after``, in order, at most ``limit``."""
+    typed, names = lifecycle_types_sql(placeholder, types)
+    query = (
+        f"{EVENT_SELECT} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed} "
+        f"ORDER BY seq LIMIT {placeholder}"
+    )
+    return query, (run_id, max(after, 0), *names, SEQ_MAX if limit is None else max(limit, 0))
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:

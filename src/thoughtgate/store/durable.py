@@ -26,7 +26,7 @@ claim, ADR 0031); one that waits in its daemon is admitted *waiting*, at attempt
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -175,6 +175,13 @@ class DurableRunStore(abc.ABC):
     @abc.abstractmethod
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:
         """The run's spec, or ``None`` for a run recorded without one (before ADR 0013)."""
+
+    @abc.abstractmethod
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, RunSpecRecord]:
+        """The specs of ``run_ids`` by run id, in one read; a run without a spec (or unknown) is
+        left out. For a caller that looks at many runs at once -- a lease sweep reads the spec of
+        every ownerless open run it may have to move, and suspended runs can number thousands
+        (ADR 0064) -- so its cost is one query, not one per run."""
 
     @abc.abstractmethod
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:

@@ -394,17 +394,36 @@ async def close_orphaned_runs(
     process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
     this process's other runs are taken too once their leases have expired (ADR 0060).
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
-    (:func:`_requeue_lost`)."""
+    (:func:`_requeue_lost`).
+
+    The specs of the runs it may move -- the orphans, and the ownerless runs the engine does not
+    have waiting on a queue, every suspended run among them -- come in one ``get_run_specs``: a
+    daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
+    thousands (ADR 0064)."""
     me = me or Owner.current()
     found = await store.open_runs()
-    closed: list[str] = []
+    orphans: list[tuple[OpenRun, str]] = []
     for run in found.runs:
         reason = orphan_reason(run, found.now, me, executing)
-        if reason is None:
-            continue
+        if reason is not None:
+            orphans.append((run, reason))
+    lost: dict[str, str] = {}
+    if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
+        ownerless = [run.run_id for run in found.runs if run.owner is None]
+        places = await on_queue(ownerless) if ownerless else {}
+        for run_id in ownerless:
+            why = _lost(run_id, places, found.now, lost_after_s)
+            if why is not None:
+                lost[run_id] = why
+    wanted = [run.run_id for run, _ in orphans] + list(lost)
+    specs: Mapping[str, RunSpecRecord] = {}
+    if wanted and isinstance(store, DurableRunStore):
+        specs = await store.get_run_specs(wanted)
+    closed: list[str] = []
+    for run, reason in orphans:
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
         expired_by = found.now if reason in (EXPIRED, ABANDONED) else None
-        spec = await store.get_run_spec(run.run_id) if isinstance(store, DurableRunStore) else None
+        spec = specs.get(run.run_id)
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)
             continue
@@ -414,38 +433,31 @@ async def close_orphaned_runs(
         if closed_now:
             log.warning("run %s closed as interrupted: %s", run.run_id, reason)
             closed.append(run.run_id)
-    if requeue is not None and on_queue is not None:
-        ownerless = [run.run_id for run in found.runs if run.owner is None]
-        closed += await _requeue_lost(store, ownerless, found.now, requeue, on_queue, lost_after_s)
+    if requeue is not None and lost:
+        found_lost = [(specs[run_id], why) for run_id, why in lost.items() if run_id in specs]
+        closed += await _requeue_lost(store, found_lost, found.now, requeue, lost_after_s)
     return closed
 
 
 async def _requeue_lost(
     store: EventStore,
-    ownerless: Sequence[str],
+    lost: Sequence[tuple[RunSpecRecord, str]],
     now: float,
     requeue: Requeue,
-    on_queue: OnQueue,
     lost_after_s: float,
 ) -> list[str]:
-    """Put back on a queue each queued run that is lost: on no queue (ADR 0062), or taken from
-    its queue by a replica that has not claimed it for ``lost_after_s`` (it stopped in between,
-    ADR 0063) -- once the run has been queued for ``lost_after_s`` too (what queues it may be
-    under way until then). Close it when that fails. Of several sweeps at once, only the one
-    whose ``requeue_run`` moves it puts it back. A suspended run (``thoughtgate resume``'s to
-    move) is not queued and is left alone. Returns the ids of the runs closed."""
-    if not ownerless or not isinstance(store, DurableRunStore):
-        return []
-    places = await on_queue(ownerless)
+    """Put back on a queue each queued run of ``lost`` (its spec, and why it is lost): on no
+    queue (ADR 0062), or taken from its queue by a replica that has not claimed it for
+    ``lost_after_s`` (it stopped in between, ADR 0063) -- once the run has been queued for
+    ``lost_after_s`` too (what queues it may be under way until then). Close it when that fails.
+    Of several sweeps at once, only the one whose ``requeue_run`` moves it puts it back. A
+    suspended run (``thoughtgate resume``'s to move) is not queued and is left alone. Returns
+    the ids of the runs closed."""
+    assert isinstance(store, DurableRunStore)
     closed: list[str] = []
-    for run_id in ownerless:
-        why = _lost(run_id, places, now, lost_after_s)
-        if why is None:
-            continue
-        spec = await store.get_run_spec(run_id)
-        if spec is None or not spec.durable or spec.queued_at is None:
-            continue
-        if now - spec.queued_at < lost_after_s:
+    for spec, why in lost:
+        run_id = spec.run_id
+        if not spec.durable or spec.queued_at is None or now - spec.queued_at < lost_after_s:
             continue
         if not await store.requeue_run(run_id, queued_at=spec.queued_at):
             continue  # claimed, closed or put back by another sweep since it was read

@@ -255,6 +255,9 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         found = self._specs.get(run_id)
         return None if found is None else copy.deepcopy(found)
 
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, durable.RunSpecRecord]:
+        return {r: copy.deepcopy(self._specs[r]) for r in run_ids if r in self._specs}
+
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
         async with self._lock:
             run = self._run(run_id)
@@ -316,6 +319,19 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         log = self._events[run_id]
         end = len(log) if limit is None else min(len(log), max(after, 0) + limit)
         return log[max(after, 0) : end]
+
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        self._run(run_id)
+        wanted = set(types)
+        found = [e for e in self._events[run_id][max(after, 0) :] if e.type in wanted]
+        return found if limit is None else found[: max(limit, 0)]
 
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         self._keys[key.key_id] = copy.deepcopy(key)

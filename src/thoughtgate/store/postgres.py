@@ -585,6 +585,21 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, await self._fetch(run_id, after, limit))
 
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        query, params = codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
+        async with self._conn(f"read events of run {run_id!r}") as conn:
+            rows = await (await conn.execute(query, params)).fetchall()
+            if not rows:  # runs are never deleted, so checking afterwards is race-free
+                await self._require_run(conn, run_id)
+        return codec.events_from_rows(run_id, rows)
+
     def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
         """The page's row is fetched by a task; its events are built when it is awaited, so a
         replay holds one page of events at a time (its pages ahead are their rows)."""
@@ -746,6 +761,17 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             row = await cur.fetchone()
         return None if row is None else codec.spec_from_row(row)
+
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, durable.RunSpecRecord]:
+        if not run_ids:
+            return {}
+        async with self._conn(f"read the specs of {len(run_ids)} runs") as conn:
+            cur = await conn.execute(
+                f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = ANY(%s)",
+                (list(run_ids),),
+            )
+            rows = await cur.fetchall()
+        return {spec.run_id: spec for spec in map(codec.spec_from_row, rows)}
 
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
         async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():

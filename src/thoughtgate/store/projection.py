@@ -29,7 +29,7 @@ execution begins, before its first task starts.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, get_args
 
@@ -40,6 +40,7 @@ from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 __all__ = [
     "CHECK_PAGE",
     "INDEX_EVENT_TYPES",
+    "PROJECTED_EVENT_TYPES",
     "Difference",
     "IndexCheck",
     "IndexUpdate",
@@ -108,6 +109,13 @@ INDEX_EVENT_TYPES: frozenset[str] = frozenset(
 )
 """The events that change a stored index row (``run.started`` and ``capability.resolved``
 repeat what ``create_run`` stored, so a backend need not write them again)."""
+
+PROJECTED_EVENT_TYPES: frozenset[str] = INDEX_EVENT_TYPES | {
+    EventType.RUN_STARTED,
+    EventType.CAPABILITY_RESOLVED,
+}
+"""The events :func:`project` reads; it leaves its projection as it is for every other one, so
+a check reads only these of a log (``read_types``), never its deltas (ADR 0064)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,8 +395,13 @@ def disagreements(record: RunRecord, projection: RunProjection | None) -> list[s
 class _Readable(Protocol):
     async def get_run(self, run_id: str) -> RunRecord: ...
 
-    async def read(
-        self, run_id: str, *, after: int = 0, limit: int | None = None
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
     ) -> list[Event]: ...
 
 
@@ -408,13 +421,14 @@ class IndexCheck:
 
 
 CHECK_PAGE = 1000
-"""Events an index check reads at a time: a run's log is folded page by page, so a check's
-memory does not grow with the length of the log."""
+"""Events an index check reads at a time: a run's lifecycle events are folded page by page, so
+a check's memory does not grow with the length of the log."""
 
 
 async def check_index(store: _Readable, run_id: str) -> IndexCheck:
     """Rebuild ``run_id``'s projection from its log and compare it with its index row. Raises
-    ``RunNotFoundError``.
+    ``RunNotFoundError``. Only the events the projection reads (:data:`PROJECTED_EVENT_TYPES`)
+    come from the store, filtered there: a run's deltas are never read.
 
     The row is read first: a run that moves on between the two reads is then ahead in the log,
     never behind, so a live run may show a transient difference but a settled one never does.
@@ -423,7 +437,7 @@ async def check_index(store: _Readable, run_id: str) -> IndexCheck:
     projection: RunProjection | None = None
     after = 0
     while True:
-        page = await store.read(run_id, after=after, limit=CHECK_PAGE)
+        page = await store.read_types(run_id, PROJECTED_EVENT_TYPES, after=after, limit=CHECK_PAGE)
         for event in page:
             projection = project(projection, event)
         if len(page) < CHECK_PAGE:

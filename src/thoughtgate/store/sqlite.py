@@ -1198,6 +1198,24 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
 
+    async def read_types(
+        self,
+        run_id: str,
+        types: Collection[str],
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        query, params = codec.typed_read_sql("?", run_id, types, after=after, limit=limit)
+
+        def work(conn: sqlite3.Connection) -> list[Event]:
+            rows = conn.execute(query, params).fetchall()
+            if not rows:  # runs are never deleted, so checking afterwards is race-free
+                _require_run(conn, run_id)
+            return codec.events_from_rows(run_id, rows)
+
+        return await self._reader.call(f"read events of run {run_id!r}", work)
+
     def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
         """The reader thread starts on the page now; its events are built when it is awaited,
         so a replay holds one page of events at a time (its pages ahead are their rows)."""
@@ -1399,6 +1417,21 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             return None if row is None else codec.spec_from_row(row)
 
         return await self._reader.call(f"read the spec of run {run_id!r}", work)
+
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, durable.RunSpecRecord]:
+        if not run_ids:
+            return {}
+        ids = orjson.dumps(list(run_ids)).decode()
+
+        def work(conn: sqlite3.Connection) -> dict[str, durable.RunSpecRecord]:
+            rows = conn.execute(
+                f"SELECT {codec.SPEC_COLUMNS} FROM run_specs "
+                "WHERE run_id IN (SELECT value FROM json_each(?))",
+                (ids,),
+            ).fetchall()
+            return {spec.run_id: spec for spec in map(codec.spec_from_row, rows)}
+
+        return await self._reader.call(f"read the specs of {len(run_ids)} runs", work)
 
     async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
         def body(conn: sqlite3.Connection) -> int | None:

@@ -337,3 +337,15 @@ def test_only_admins_check_and_only_the_local_store(tmp_path: Path) -> None:
     assert code == 2 and "local store only" in err
     code, _, err = check_index("--db", db, "--include-open")
     assert code == 2 and "--repair" in err
+
+
+@pytest.mark.unit
+def test_a_field_no_rule_names_is_shown_by_its_length_only() -> None:
+    """Fail closed: a field a later projection compares is withheld until it is named shown."""
+    from thoughtgate.cli import index_check
+
+    secret = "CANARY-reasoning-text"
+    assert "reasoning" not in index_check.SHOWN_FIELDS
+    assert secret not in index_check._shown("reasoning", secret)
+    assert index_check._shown("reasoning", secret) == f"<text, {len(secret)} chars>"
+    assert index_check._shown("status", "failed") == '"failed"'

@@ -63,13 +63,18 @@ if TYPE_CHECKING:
     from thoughtgate.store.base import EventStore
     from thoughtgate.store.projection import Difference
 
-__all__ = ["LOCAL_ONLY", "PAGE", "TEXT_FIELDS", "register"]
+__all__ = ["LOCAL_ONLY", "PAGE", "SHOWN_FIELDS", "register"]
 
 PAGE: Final = 200
 """Runs read per keyset page of the walk."""
 
-TEXT_FIELDS: Final = frozenset({"prompt", "output", "error"})
-"""Fields whose values are text a run carries: shown by length only, never printed."""
+SHOWN_FIELDS: Final = frozenset(
+    {"status", "usage", "task_count", "task", "index", "model", "chain_of_thought"}
+    | {"worker_backend", "backend"}
+)
+"""Fields whose values are printed: states, counts, token usage and names the operator chose.
+Any other field (a prompt, an answer, an error, which may quote a provider or a tool, and any
+field a later projection compares) is withheld and shown by its length only: fail closed."""
 
 LOCAL_ONLY: Final = (
     "check-index works on the local store only (--db, THOUGHTGATE_DB or store.url): a daemon "
@@ -175,10 +180,11 @@ def _progress(total: int | None) -> Iterator[Callable[[], None]]:
 
 
 def _value(name: str, value: object) -> Any:
-    """A value as it may be shown: text fields by length only."""
-    if name in TEXT_FIELDS and isinstance(value, str):
-        return {"withheld": "text", "chars": len(value)}
-    return value
+    """A value as it may be shown: a field :data:`SHOWN_FIELDS` does not name by its length only
+    (``None`` stays ``None``: the side that lacks the value says so)."""
+    if name in SHOWN_FIELDS or value is None:
+        return value
+    return {"withheld": "text", "chars": len(value if isinstance(value, str) else str(value))}
 
 
 def _shown(name: str, value: object) -> str:

@@ -196,6 +196,14 @@ def test_demo_human_output_uses_default_store(tmp_path: Path) -> None:
     assert list((tmp_path / "data").rglob("thoughtgate.db")), "demo records in the default store"
 
 
+def test_demo_suggests_a_command_that_survives_a_narrow_terminal(tmp_path: Path) -> None:
+    """The command the demo suggests is one line however narrow the terminal: copied as shown,
+    it must run."""
+    proc = tg("demo", env={"XDG_DATA_HOME": str(tmp_path / "data"), "COLUMNS": "60"})
+    hint = [line for line in proc.stdout.splitlines() if "thoughtgate events run_" in line]
+    assert len(hint) == 1 and hint[0].rstrip().endswith("--view-as viewer"), proc.stdout
+
+
 def test_reads_of_a_store_that_does_not_exist_create_nothing_and_say_so(tmp_path: Path) -> None:
     """A mistyped --db path is visible: no runs listed with a note naming it, a run id is an
     unknown run (exit 2); neither the file nor its directory appears."""

@@ -51,9 +51,10 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             )
             status = print_run(view, json_out=json_out, role=ctx.role.label)
             if not json_out:
-                console.print(
+                console.print(  # one line at any width: it is a command to copy
                     f"\nSee what a viewer gets: [bold]thoughtgate events {view.run_id}"
-                    " --view-as viewer[/]"
+                    " --view-as viewer[/]",
+                    soft_wrap=True,
                 )
             return status
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.emulator_process import stop
 from bench.host_steal import run_row, sample, since
 
 Row = dict[str, Any]
@@ -112,15 +113,6 @@ def _serve(db: str, *, durable: bool, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
 def measure(settle_s: float = SETTLE_S, window_s: float = WINDOW_S) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="tg-idle-") as tmp:
         root = Path(tmp)
@@ -148,7 +140,7 @@ def measure(settle_s: float = SETTLE_S, window_s: float = WINDOW_S) -> list[Row]
             share = since(host)
         finally:
             for process in processes.values():
-                _stop(process)
+                stop(process)
             if schema is not None:
                 _drop_postgres_schema(schema)
     rows: list[Row] = []

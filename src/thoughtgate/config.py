@@ -106,7 +106,7 @@ class DurabilityConfig(_Section):
     it queued wait)."""
     idle_poll_interval_s: float = Field(default=DEFAULT_IDLE_POLL_INTERVAL_S, gt=0, le=60)
     """How often a daemon that has executed nothing for ten ``poll_interval_s`` looks for queued
-    runs (ADR 0057): an idle daemon costs about nothing, and a run queued by another process
+    runs (ADR 0057): an idle daemon then costs a few ms of CPU a second, and a run queued by another process
     waits at most this long for it. Not below ``poll_interval_s``."""
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """A run whose process stopped this many times is closed as interrupted instead of being

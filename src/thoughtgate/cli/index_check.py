@@ -24,10 +24,11 @@ rewrites rows. Where: the local store only (``--db``, ``THOUGHTGATE_DB``, ``stor
 daemon has no endpoint for it, so ``--url`` is refused, and ``THOUGHTGATE_URL`` is not read.
 Run it where the daemon's store is reachable; the daemon may keep running.
 
-What it prints: run and task ids, field names, and the values of the fields that hold no text
-(statuses, usage, models, modes, counts). Text -- a prompt, an answer, an error message -- is
-never printed, only its length: an error can quote a provider's message or a tool's output, and
-an answer is the model's; this command is about where the index is wrong, not what a run said.
+What it prints: run and task ids, field names, and the values of the fields :data:`SHOWN_FIELDS`
+names (statuses, usage, models, modes, counts). Any other value -- a prompt, an answer, an error
+message, or a field a later projection compares -- is never printed, only its length: an error
+can quote a provider's message or a tool's output, and an answer is the model's; this command is
+about where the index is wrong, not what a run said.
 Reasoning is not compared at all (no event holds it whole).
 
 A SQLite store that does not exist is not created (``cli.missing_store``): with no run named,

@@ -298,7 +298,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             spec = self._specs.get(run_id)
             if spec is None or not self._is_open(run_id) or run.owner is not None:
                 return False
-            if spec.queued_at is None or spec.queued_at != queued_at:
+            if spec.queued_at != queued_at:
                 return False
             spec.queued_at = time.time()
             return True

@@ -834,8 +834,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             cur = await conn.execute(
                 f"UPDATE run_specs s SET queued_at = {_NOW} FROM runs r "
                 "WHERE s.run_id = %(run_id)s AND r.run_id = s.run_id AND s.queued_at = %(at)s "
-                "AND r.status IN ('pending', 'running') AND r.closed_at IS NULL "
-                "AND r.owner IS NULL RETURNING s.run_id",
+                f"AND {_OPEN} AND r.owner IS NULL RETURNING s.run_id",
                 {"run_id": run_id, "at": queued_at},
             )
             return await cur.fetchone() is not None

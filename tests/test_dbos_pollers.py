@@ -14,21 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hashlib
-
-import psycopg
 import pytest
-from dbos import DBOS, _queue, _sys_db_postgres, _workflow_commands
+from dbos import DBOS, _queue, _workflow_commands
 from dbos._dbos import _get_dbos_instance
-from psycopg import sql
-from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.dbos_pollers import (
     INTERNAL_QUEUE_POLL_S,
-    JOBS_INTERVAL_POSTGRES_S,
     JOBS_INTERVAL_SQLITE_S,
-    JOBS_LOCK_IDLE_TIMEOUT_MS,
     _ManagerList,
     reuse_queue_list,
     slow_unused_pollers,
@@ -36,9 +29,6 @@ from thoughtgate.orchestration.dbos_pollers import (
 from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.sqlite import SQLiteStore
-from thoughtgate.store.urls import open_store
-
-__all__ = ["pg_admin", "pg_schema"]  # fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,53 +145,3 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
     finally:
         await engine.close()
         await store.close()
-
-
-async def _jobs_lock_holder(admin: psycopg.AsyncConnection[Any], key: int) -> int | None:
-    """The backend holding the background jobs' advisory lock ``key`` (idle in its transaction)."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    found = await (
-        await admin.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
-            (unsigned >> 32, unsigned & 0xFFFF_FFFF),
-        )
-    ).fetchone()
-    return None if found is None else int(found[0])
-
-
-@pytest.mark.postgres
-async def test_on_postgresql_the_background_jobs_keep_their_lock_past_dbos_idle_timeout(
-    pg_admin: psycopg.AsyncConnection[Any], pg_schema: str
-) -> None:
-    """The jobs run every 60 s on PostgreSQL: their holder sleeps the interval in an idle
-    transaction, so its session must outlive DBOS's 5 s idle timeout, else PostgreSQL ends it
-    (and the jobs go to whichever process asks next, every time)."""
-    store = await open_store(f"{PG_URL}?schema={pg_schema}")
-    config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
-        assert _sys_db_postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS == JOBS_LOCK_IDLE_TIMEOUT_MS
-        assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_POSTGRES_S
-        sys_db = _get_dbos_instance()._sys_db
-        name = f"dbos.background_job.{sys_db.schema}.{sys_db.app_name or ''}.background_jobs"
-        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        holder = None
-        for _ in range(200):
-            holder = await _jobs_lock_holder(pg_admin, key)
-            if holder is not None:
-                break
-            await asyncio.sleep(0.05)
-        assert holder is not None, "the jobs took their lock"
-        await asyncio.sleep(6.0)  # past DBOS's own 5 s idle timeout
-        assert await _jobs_lock_holder(pg_admin, key) == holder, "the same session holds it"
-    finally:
-        await engine.close()
-        await store.close()
-        await pg_admin.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(f"{pg_schema}_workflows")
-            )
-        )

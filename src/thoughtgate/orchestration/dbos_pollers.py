@@ -15,11 +15,6 @@ configuration does not expose (``dbos`` 3.4):
   and cancel workflows past their *timeout*. thoughtgate enqueues nothing with a delay and sets no
   workflow timeout (an approval's timeout is a ``recv`` deadline, which the notification listener
   serves).
-  On PostgreSQL the process that runs them holds an advisory lock in an idle transaction for
-  the whole interval, whose session DBOS has PostgreSQL end after 5 s idle
-  (``BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS``, so that a frozen holder releases the jobs to another
-  process): that timeout is raised with the interval (ADR 0067), since a frozen holder delays
-  only jobs thoughtgate has none of.
 
 Both are slowed, never stopped, so a DBOS feature used by mistake still works, only late; every
 poller thoughtgate relies on (its queue's worker, the notification listener, the queue manager)
@@ -49,10 +44,8 @@ from typing import Any, Final
 
 __all__ = [
     "INTERNAL_QUEUE_POLL_S",
-    "JOBS_INTERVAL_POSTGRES_SHORT_S",
     "JOBS_INTERVAL_POSTGRES_S",
     "JOBS_INTERVAL_SQLITE_S",
-    "JOBS_LOCK_IDLE_TIMEOUT_MS",
     "QUEUE_LIST_REUSE_S",
     "reuse_queue_list",
     "slow_unused_pollers",
@@ -64,35 +57,21 @@ INTERNAL_QUEUE_POLL_S: Final = 60.0
 JOBS_INTERVAL_SQLITE_S: Final = 60.0
 """The background jobs' interval on a SQLite system database (DBOS: 1 s)."""
 
-JOBS_INTERVAL_POSTGRES_S: Final = 60.0
-"""The background jobs' interval on a PostgreSQL system database (DBOS: 1 s), when the lock's
-idle timeout can be raised with it (:data:`JOBS_LOCK_IDLE_TIMEOUT_MS`)."""
-
-JOBS_INTERVAL_POSTGRES_SHORT_S: Final = 4.0
-"""On PostgreSQL, when the lock's idle timeout cannot be raised: the process that runs the jobs
-holds an advisory lock in an idle transaction for the whole interval, and DBOS lets PostgreSQL
-end that session after 5 s idle (``BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS``): a longer interval
-would have every holder's session killed. 4 s stays under it (ADR 0057)."""
-
-JOBS_LOCK_IDLE_TIMEOUT_MS: Final = int((JOBS_INTERVAL_POSTGRES_S + 15.0) * 1000)
-"""The idle timeout of the background jobs' lock session on PostgreSQL (DBOS: 5,000 ms): past the
-interval the holder sleeps in it, with a margin for a slow job or a busy host."""
+JOBS_INTERVAL_POSTGRES_S: Final = 4.0
+"""On PostgreSQL the process that runs the jobs holds an advisory lock in an idle transaction for
+the whole interval, and DBOS lets PostgreSQL end that session after 5 s idle
+(``BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS``): a longer interval would have every holder's session
+killed. 4 s stays under it."""
 
 
 def slow_unused_pollers(*, postgres: bool) -> list[str]:
     """Slow the internal queue's worker and the background jobs of the DBOS instance just
     constructed; returns the names of the settings changed (empty when this DBOS has neither)."""
-    from dbos import _sys_db_postgres, _workflow_commands
+    from dbos import _workflow_commands
     from dbos._dbos import _get_dbos_instance
 
     changed: list[str] = []
-    jobs_interval = JOBS_INTERVAL_SQLITE_S
-    if postgres:
-        jobs_interval = JOBS_INTERVAL_POSTGRES_SHORT_S
-        if isinstance(getattr(_sys_db_postgres, "BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS", None), int):
-            _sys_db_postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = JOBS_LOCK_IDLE_TIMEOUT_MS
-            jobs_interval = JOBS_INTERVAL_POSTGRES_S
-            changed.append("background jobs' lock timeout")
+    jobs_interval = JOBS_INTERVAL_POSTGRES_S if postgres else JOBS_INTERVAL_SQLITE_S
     if isinstance(getattr(_workflow_commands, "_BACKGROUND_JOBS_INTERVAL_SEC", None), float):
         _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC = jobs_interval
         changed.append("background jobs")

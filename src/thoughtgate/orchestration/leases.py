@@ -14,7 +14,12 @@ store answers, and the lease runs out only once that process gave up.
 If a renewal finds a held run that is no longer ours -- this process stalled past its lease
 (a suspended laptop, a debugger) and another process closed the run as interrupted -- the task
 executing it is cancelled: the run has ended, so we stop spending tokens and tool calls on it
-(the store would refuse its events anyway).
+(the store would refuse its events anyway), and whoever asked (:meth:`LeaseKeeper.on_lost`: a
+daemon's waiting line) forgets it.
+
+A run this process admitted as its own is renewed from its admission (:meth:`LeaseKeeper.admit`)
+until its execution holds it or it goes elsewhere (ADR 0065): the create-to-execute window is
+milliseconds, but a run whose execution is slow to begin must not lose its lease meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from thoughtgate.store.leases import DEFAULT_LEASE_TTL_S, LOST_LEASE, Owner
@@ -46,6 +51,9 @@ class LeaseKeeper:
         self._held: dict[str, asyncio.Task[object] | None] = {}
         self._ending: dict[str, int] = {}
         """Runs whose end is being recorded, and by how many callers at once."""
+        self._admitted: set[str] = set()
+        """Runs this process admitted as its own whose execution has not begun (ADR 0065)."""
+        self._lost: list[Callable[[str], None]] = []
         self._renewer: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -58,7 +66,7 @@ class LeaseKeeper:
         waiting for a slot), or is recording its end. Any other open run it owns is one it no
         longer executes, which the lease sweep closes once its lease has expired
         (``store.leases.close_orphaned_runs``, asking this as it looks at each run)."""
-        return run_id in self._held or run_id in self._ending
+        return run_id in self._held or run_id in self._ending or run_id in self._admitted
 
     def lease_until(self) -> float:
         """The expiry a new run's lease starts with."""
@@ -66,14 +74,35 @@ class LeaseKeeper:
 
     def hold(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
         """Keep ``run_id``'s lease alive; ``task`` is cancelled if the run is lost."""
+        self._admitted.discard(run_id)
         self._held[run_id] = task
         self._renewing()
+
+    def admit(self, run_id: str) -> None:
+        """Renew the lease of a run this process is admitting as its own until its execution
+        holds it (:meth:`hold`) or it goes elsewhere (:meth:`unadmit`, :meth:`release`). Called
+        before the admission commits: a renewal meanwhile finds nothing and changes nothing,
+        and a renewal that does not find the run is no loss (nothing of it executes yet)."""
+        self._admitted.add(run_id)
+        self._renewing()
+
+    def unadmit(self, run_id: str) -> None:
+        """An admitted run will not be executed here after all (its admission failed, it went
+        to a queue, its execution gave up before it began): renewed no more, unless held."""
+        self._admitted.discard(run_id)
+        self._stop_when_idle()
 
     def release(self, run_id: str) -> None:
         """Stop renewing ``run_id``: this process no longer executes it. Its lease then expires
         within one lease length, and a sweep closes it if it is still open."""
         self._held.pop(run_id, None)
+        self._admitted.discard(run_id)
         self._stop_when_idle()
+
+    def on_lost(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(run_id)`` when a renewal finds a held run no longer ours (a daemon's
+        waiting line drops it: another process took it, ADR 0065)."""
+        self._lost.append(forget)
 
     @contextmanager
     def ending(self, run_id: str) -> Iterator[None]:
@@ -82,6 +111,7 @@ class LeaseKeeper:
         racing the end never cancels the task recording it. When the block is over the run is
         released: if its end could not be recorded, its lease expires and a sweep closes it."""
         self._held.pop(run_id, None)
+        self._admitted.discard(run_id)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1
         self._renewing()
         try:
@@ -99,27 +129,29 @@ class LeaseKeeper:
             )
 
     def _stop_when_idle(self) -> None:
-        if not (self._held or self._ending) and self._renewer is not None:
+        if not (self._held or self._ending or self._admitted) and self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
 
     async def renew(self) -> None:
         """Renew now; cancel the tasks of held runs that another process closed."""
         held = dict(self._held)
-        renewing = held.keys() | self._ending.keys()
+        renewing = held.keys() | self._ending.keys() | self._admitted
         if not renewing:
             return
         still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
         for run_id, task in held.items():
-            if run_id in still or run_id not in self._held:
-                continue
+            if run_id in still or run_id not in self._held or self._held[run_id] is not task:
+                continue  # renewed, or released (or held anew) while the renewal was under way
             log.warning("run %s: %s; stopping its execution here", run_id, LOST_LEASE)
             self._held.pop(run_id, None)
             if task is not None and not task.done():
                 task.cancel(LOST_LEASE)
+            for forget in self._lost:
+                forget(run_id)
 
     async def _renew_forever(self) -> None:
-        while self._held or self._ending:
+        while self._held or self._ending or self._admitted:
             try:
                 await self.renew()
             except asyncio.CancelledError:

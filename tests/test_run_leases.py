@@ -130,7 +130,10 @@ class CountingStore(MemoryStore):
 
 async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() -> None:
     store = CountingStore()
-    run = await Runtime(store).create_run(RunRequest("x", model="fake:echo"))
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # its creator will not execute it: this keeper holds it
+    store.renewals = 0
     keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
     keeper.hold(run.run_id)
     await asyncio.wait_for(store.renewed_twice.wait(), 5)  # at once, then every ttl/3
@@ -158,6 +161,7 @@ async def test_the_keeper_renews_the_runs_it_holds_and_no_other_run_of_its_proce
     runtime = Runtime(store, Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}}))
     executing = await runtime.create_run(RunRequest("x", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("y", model="fake:echo"))
+    runtime.forget_admitted(given_up.run_id)  # its execution gave up before it began
     keeper = runtime.leases
     await store.renew_leases(keeper.owner.owner_id, -1.0, [given_up.run_id])
     keeper.hold(executing.run_id)
@@ -208,6 +212,8 @@ async def test_a_processs_sweep_closes_its_own_runs_it_no_longer_executes_once_e
     executing = await runtime.create_run(RunRequest("a", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("b", model="fake:echo"))
     fresh = await runtime.create_run(RunRequest("c", model="fake:echo"))
+    for run in (executing, given_up, fresh):  # created, not executed here (it would hold them)
+        runtime.forget_admitted(run.run_id)
     expired = [executing.run_id, given_up.run_id]
     await store.renew_leases(me.owner_id, -1.0, expired)  # as a long store outage leaves them
     keeper.hold(executing.run_id)

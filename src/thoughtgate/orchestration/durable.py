@@ -100,16 +100,36 @@ Place: TypeAlias = Literal["start", "wait", "queue"]
 
 
 class _Json(Serializer):
-    """Checkpoints, workflow inputs and messages as JSON: readable, and nothing is unpickled."""
+    """Checkpoints, workflow inputs and messages as JSON: readable, and nothing is unpickled.
+
+    A workflow that raised is recorded ``ERROR`` with its exception as ``{"$exception": {"type":
+    ..., "message": ...}}``, read back as a ``RuntimeError`` carrying both. Without it DBOS could
+    not record the error (an exception is no JSON, nor is its fallback), and the workflow stayed
+    ``PENDING`` under a live executor -- taken, as far as any sweep could tell, until a lease
+    had passed (ADR 0065)."""
 
     def serialize(self, data: Any) -> str:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_exception)
 
     def deserialize(self, serialized_data: str) -> Any:
-        return json.loads(serialized_data)
+        value = json.loads(serialized_data)
+        if isinstance(value, dict) and value.keys() == {_EXCEPTION}:
+            raised = value[_EXCEPTION]
+            return RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+        return value
 
     def name(self) -> str:
         return "thoughtgate_json"
+
+
+_EXCEPTION = "$exception"
+
+
+def _exception(value: object) -> dict[str, Any]:
+    """JSON for what ``json`` cannot encode itself: an exception (a workflow's error)."""
+    if isinstance(value, BaseException):
+        return {_EXCEPTION: {"type": type(value).__name__, "message": str(value)}}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def queue_name(tools: Sequence[str], concurrency: int) -> str:

@@ -366,7 +366,8 @@ async def _a_stalled_replica_whose_claim_wins_hands_the_run_back(
     await stalled.wake(taken, "stalled-token")  # it claims the run before anyone takes it
 
     async def handed_back() -> bool:
-        return (await daemon.events.get_run(run_id)).owner is None
+        run = await daemon.events.get_run(run_id)
+        return run.owner is None and "suspended" in run.metadata
 
     await until(handed_back)
     await until(lambda: _no_workflow_executing(daemon))

@@ -17,8 +17,11 @@ What DBOS does for us:
 * durable messages and timers: an approval waits with ``recv`` (its timeout is recorded when it
   starts, and a resumed wait gets only what is left counted from the request's event, so it runs
   from the request across restarts), and any process answers it with ``send``;
-* recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
-  rest.
+* recovery: ``resume_workflow`` puts a run whose executor died back on its queue (a workflow that
+  ended while its run is open goes back the same way, :func:`_enqueue_finished`, ADR 0065);
+  replay does the rest;
+* fencing: each taking of a workflow carries its own token, and an execution that lost its
+  workflow to another has its checkpoints refused -- it hands its run back (ADR 0065).
 
 A run of one model task without tools has nothing to checkpoint in its first execution, so that
 execution writes no workflow (:class:`UnwrittenSteps`; a daemon's, ADR 0031, and one a process

@@ -40,7 +40,9 @@ when the store still refuses (ADR 0062). Nor does a lease tell when a replica to
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
 without a claim (ADR 0063); ``requeue_run`` (a compare-and-set on ``queued_at``) lets one sweep
-of several do it.
+of several do it. A queued run whose workflow *ended* (its claim failed while the store was
+unavailable, or found the run held by an execution that then handed it back) is put back at
+once: nothing executes it, nor can anything be queueing it (``WORKFLOW_ENDED``, ADR 0065).
 """
 
 from __future__ import annotations

@@ -117,7 +117,9 @@ WORKFLOW_ENDED = float("-inf")
 gave up before it began (its claim failed while the store was unavailable), or found the run
 held by a stalled execution that then lost the workflow. Nothing will execute it, so the sweep
 puts it back on a queue at once, its checkpoints kept (ADR 0065)."""
-ENDED_OPEN = "its workflow ended without ending it (its execution could not begin)"
+ENDED_OPEN = (
+    "its workflow ended while it was open (its execution could not begin, or handed it back)"
+)
 """Why a sweep puts back on a queue a queued run whose workflow ended (ADR 0065)."""
 WORKFLOW_TAKEN_OVER = (
     "its workflow was put back on a queue while the process that had taken it stalled"

@@ -158,28 +158,24 @@ async def _stop(daemon: _Daemon) -> None:
     await daemon.engine.close()
 
 
-@pytest.fixture
-async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
-    store = await RefusingSQLite.open(tmp_path / "runs.db")
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", marks=pytest.mark.inprocess),
+        pytest.param("postgres", marks=[pytest.mark.external, pytest.mark.postgres]),
+    ]
+)
+async def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[_Daemon]:
+    store: Refusing
+    if request.param == "sqlite":
+        store = await RefusingSQLite.open(tmp_path / "runs.db")
+    else:
+        store = await RefusingPostgres.open(PG_URL, schema=request.getfixturevalue("pg_schema"))
     try:
-        daemon = await _launched(store)
+        launched = await _launched(store)
         try:
-            yield daemon
+            yield launched
         finally:
-            await _stop(daemon)
-    finally:
-        await store.close()
-
-
-@pytest.fixture
-async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
-    store = await RefusingPostgres.open(PG_URL, schema=pg_schema)
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await _stop(daemon)
+            await _stop(launched)
     finally:
         await store.close()
 
@@ -225,19 +221,10 @@ async def _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(daemon: _Daemo
     assert EventType.RUN_RESUMED not in types, "nothing of it ran before"
 
 
-@pytest.mark.inprocess
-async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_sqlite(
-    sqlite_daemon: _Daemon, asked: list[str]
+async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep(
+    daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(sqlite_daemon)
-
-
-@pytest.mark.external
-@pytest.mark.postgres
-async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_postgres(
-    postgres_daemon: _Daemon, asked: list[str]
-) -> None:
-    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(postgres_daemon)
+    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(daemon)
 
 
 # ---------------------------------------------------------------------- an end that was refused
@@ -269,19 +256,10 @@ async def _a_run_whose_end_was_refused_resumes_from_its_checkpoints(
     assert asked == ["one", "two", "two"]
 
 
-@pytest.mark.inprocess
-async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints_sqlite(
-    sqlite_daemon: _Daemon, asked: list[str]
+async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints(
+    daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(sqlite_daemon, asked)
-
-
-@pytest.mark.external
-@pytest.mark.postgres
-async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints_postgres(
-    postgres_daemon: _Daemon, asked: list[str]
-) -> None:
-    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(postgres_daemon, asked)
+    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(daemon, asked)
 
 
 # ---------------------------------------------------------------------- a stalled replica
@@ -326,11 +304,9 @@ async def _no_workflow_executing(daemon: _Daemon) -> bool:
     return not daemon.runtime.executing
 
 
-@pytest.mark.inprocess
 async def test_a_stalled_replica_whose_claim_loses_records_nothing(
-    sqlite_daemon: _Daemon, asked: list[str]
+    daemon: _Daemon, asked: list[str]
 ) -> None:
-    daemon = sqlite_daemon
     run_id = await daemon.queued("one", "two", on=NOBODYS_QUEUE)
     stalled = _Stalled(daemon, run_id)
     taken = await stalled.take("stalled-token", daemon.runtime.leases.owner.owner_id)
@@ -392,16 +368,7 @@ async def _a_stalled_replica_whose_claim_wins_hands_the_run_back(
     assert _endings([e.type for e in events]) == 1
 
 
-@pytest.mark.inprocess
-async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back_sqlite(
-    sqlite_daemon: _Daemon, asked: list[str]
+async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back(
+    daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(sqlite_daemon, asked)
-
-
-@pytest.mark.external
-@pytest.mark.postgres
-async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back_postgres(
-    postgres_daemon: _Daemon, asked: list[str]
-) -> None:
-    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(postgres_daemon, asked)
+    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(daemon, asked)

@@ -158,24 +158,28 @@ async def _stop(daemon: _Daemon) -> None:
     await daemon.engine.close()
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", marks=pytest.mark.inprocess),
-        pytest.param("postgres", marks=[pytest.mark.external, pytest.mark.postgres]),
-    ]
-)
-async def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[_Daemon]:
-    store: Refusing
-    if request.param == "sqlite":
-        store = await RefusingSQLite.open(tmp_path / "runs.db")
-    else:
-        store = await RefusingPostgres.open(PG_URL, schema=request.getfixturevalue("pg_schema"))
+@pytest.fixture
+async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
+    store = await RefusingSQLite.open(tmp_path / "runs.db")
     try:
-        launched = await _launched(store)
+        daemon = await _launched(store)
         try:
-            yield launched
+            yield daemon
         finally:
-            await _stop(launched)
+            await _stop(daemon)
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
+    store = await RefusingPostgres.open(PG_URL, schema=pg_schema)
+    try:
+        daemon = await _launched(store)
+        try:
+            yield daemon
+        finally:
+            await _stop(daemon)
     finally:
         await store.close()
 
@@ -221,10 +225,19 @@ async def _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(daemon: _Daemo
     assert EventType.RUN_RESUMED not in types, "nothing of it ran before"
 
 
-async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep(
-    daemon: _Daemon, asked: list[str]
+@pytest.mark.inprocess
+async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_sqlite(
+    sqlite_daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(daemon)
+    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(sqlite_daemon)
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_postgres(
+    postgres_daemon: _Daemon, asked: list[str]
+) -> None:
+    await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(postgres_daemon)
 
 
 # ---------------------------------------------------------------------- an end that was refused
@@ -256,10 +269,19 @@ async def _a_run_whose_end_was_refused_resumes_from_its_checkpoints(
     assert asked == ["one", "two", "two"]
 
 
-async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints(
-    daemon: _Daemon, asked: list[str]
+@pytest.mark.inprocess
+async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints_sqlite(
+    sqlite_daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(daemon, asked)
+    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(sqlite_daemon, asked)
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_a_run_whose_end_was_refused_resumes_from_its_checkpoints_postgres(
+    postgres_daemon: _Daemon, asked: list[str]
+) -> None:
+    await _a_run_whose_end_was_refused_resumes_from_its_checkpoints(postgres_daemon, asked)
 
 
 # ---------------------------------------------------------------------- a stalled replica
@@ -304,9 +326,19 @@ async def _no_workflow_executing(daemon: _Daemon) -> bool:
     return not daemon.runtime.executing
 
 
-async def test_a_stalled_replica_whose_claim_loses_records_nothing(
-    daemon: _Daemon, asked: list[str]
+async def _a_stalled_replica_whose_claim_loses_records_nothing(
+    daemon: _Daemon, asked: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    system = _get_dbos_instance()._sys_db
+    outcomes: list[tuple[str, str, bool]] = []
+    write_outcome = system.update_workflow_outcome
+
+    def recording(workflow_id: str, status: str, **rest: Any) -> bool:
+        written = write_outcome(workflow_id, status, **rest)
+        outcomes.append((workflow_id, status, written))
+        return bool(written)
+
+    monkeypatch.setattr(system, "update_workflow_outcome", recording)
     run_id = await daemon.queued("one", "two", on=NOBODYS_QUEUE)
     stalled = _Stalled(daemon, run_id)
     taken = await stalled.take("stalled-token", daemon.runtime.leases.owner.owner_id)
@@ -316,19 +348,33 @@ async def test_a_stalled_replica_whose_claim_loses_records_nothing(
     assert await daemon.store.claim_run(run_id, OTHER_REPLICA, 60.0) == 1  # type: ignore[attr-defined]
     before = await daemon.types(run_id)
     await stalled.wake(taken, "stalled-token")
-    await until(lambda: _no_workflow_executing(daemon))
 
-    async def outcome_refused() -> bool:  # the stalled execution returned, its outcome unwritten
-        found = await DBOS.get_workflow_status_async(run_id)
-        return found is not None and found.status == "PENDING"
+    async def outcome_tried() -> bool:  # the stalled execution is over: it found the run held
+        return bool(outcomes)
 
-    await until(outcome_refused)
+    await until(outcome_tried)
+    assert outcomes == [(run_id, "SUCCESS", False)], "its outcome was refused"
     found = await DBOS.get_workflow_status_async(run_id)
-    assert found is not None and found.executor_id == OTHER_REPLICA
+    assert found is not None and (found.status, found.executor_id) == ("PENDING", OTHER_REPLICA)
     run = await daemon.events.get_run(run_id)
     assert (run.status, run.owner) == ("running", OTHER_REPLICA)
     assert await daemon.types(run_id) == before, "the stalled execution wrote nothing"
     assert asked == []
+
+
+@pytest.mark.inprocess
+async def test_a_stalled_replica_whose_claim_loses_records_nothing_sqlite(
+    sqlite_daemon: _Daemon, asked: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _a_stalled_replica_whose_claim_loses_records_nothing(sqlite_daemon, asked, monkeypatch)
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_a_stalled_replica_whose_claim_loses_records_nothing_postgres(
+    postgres_daemon: _Daemon, asked: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _a_stalled_replica_whose_claim_loses_records_nothing(postgres_daemon, asked, monkeypatch)
 
 
 async def _a_stalled_replica_whose_claim_wins_hands_the_run_back(
@@ -368,7 +414,16 @@ async def _a_stalled_replica_whose_claim_wins_hands_the_run_back(
     assert _endings([e.type for e in events]) == 1
 
 
-async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back(
-    daemon: _Daemon, asked: list[str]
+@pytest.mark.inprocess
+async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back_sqlite(
+    sqlite_daemon: _Daemon, asked: list[str]
 ) -> None:
-    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(daemon, asked)
+    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(sqlite_daemon, asked)
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_a_stalled_replica_whose_claim_wins_hands_the_run_back_postgres(
+    postgres_daemon: _Daemon, asked: list[str]
+) -> None:
+    await _a_stalled_replica_whose_claim_wins_hands_the_run_back(postgres_daemon, asked)

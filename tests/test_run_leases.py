@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
+from support.durable import until
 from support.scripts import slow
 from support.store_conformance import make_run
 
@@ -298,3 +300,35 @@ async def test_a_sweep_makes_as_many_store_calls_beside_300_suspended_runs_as_be
     assert many == few
     assert many["get_run_specs"] == 1 and many["get_run_spec"] == 0
     assert many["open_runs"] == 1
+
+
+@pytest.mark.unit
+async def test_an_admitted_run_the_keeper_no_longer_finds_is_dropped_once_surely_committed() -> (
+    None
+):
+    """A run admitted but never executed here -- its caller was cancelled before its execution
+    began, and the run was closed -- is not renewed for the life of the process: a renewal that
+    began a renewal period after its admission and does not find it drops it (ADR 0065). One
+    admitted moments ago (its admission may still be committing) is kept."""
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # this keeper stands for its process's
+    keeper.admit(run.run_id)
+    await close_run_interrupted(store, run.run_id, "cancelled before it executed")
+    keeper.admit("run_still_committing")
+    await keeper.renew()
+    assert run.run_id in keeper and "run_still_committing" in keeper
+
+    admitted_at = time.monotonic()
+
+    async def a_renewal_period_later() -> bool:
+        return time.monotonic() >= admitted_at + keeper.renew_every
+
+    await until(a_renewal_period_later)
+    keeper.admit("run_still_committing")  # admitted again just now: kept
+    await keeper.renew()
+    assert run.run_id not in keeper, "not found a renewal period after its admission: dropped"
+    assert "run_still_committing" in keeper
+    keeper.unadmit("run_still_committing")

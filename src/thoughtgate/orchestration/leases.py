@@ -51,8 +51,9 @@ class LeaseKeeper:
         self._held: dict[str, asyncio.Task[object] | None] = {}
         self._ending: dict[str, int] = {}
         """Runs whose end is being recorded, and by how many callers at once."""
-        self._admitted: set[str] = set()
-        """Runs this process admitted as its own whose execution has not begun (ADR 0065)."""
+        self._admitted: dict[str, float] = {}
+        """Runs this process admitted as its own whose execution has not begun, and when
+        (``time.monotonic()``, ADR 0065)."""
         self._lost: list[Callable[[str], None]] = []
         self._renewer: asyncio.Task[None] | None = None
         self._failing = False
@@ -74,29 +75,31 @@ class LeaseKeeper:
 
     def hold(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
         """Keep ``run_id``'s lease alive; ``task`` is cancelled if the run is lost."""
-        self._admitted.discard(run_id)
+        self._admitted.pop(run_id, None)
         self._held[run_id] = task
         self._renewing()
 
     def admit(self, run_id: str) -> None:
         """Renew the lease of a run this process is admitting as its own until its execution
         holds it (:meth:`hold`) or it goes elsewhere (:meth:`unadmit`, :meth:`release`). Called
-        before the admission commits: a renewal meanwhile finds nothing and changes nothing,
-        and a renewal that does not find the run is no loss (nothing of it executes yet)."""
-        self._admitted.add(run_id)
+        before the admission commits: a renewal meanwhile finds nothing and changes nothing.
+        One that began ``renew_every`` after the admission and does not find the run drops it
+        -- it ended, or another process took it, before its execution began (a caller that
+        never executed it) -- with nothing to cancel: nothing of it executes here."""
+        self._admitted[run_id] = time.monotonic()
         self._renewing()
 
     def unadmit(self, run_id: str) -> None:
         """An admitted run will not be executed here after all (its admission failed, it went
         to a queue, its execution gave up before it began): renewed no more, unless held."""
-        self._admitted.discard(run_id)
+        self._admitted.pop(run_id, None)
         self._stop_when_idle()
 
     def release(self, run_id: str) -> None:
         """Stop renewing ``run_id``: this process no longer executes it. Its lease then expires
         within one lease length, and a sweep closes it if it is still open."""
         self._held.pop(run_id, None)
-        self._admitted.discard(run_id)
+        self._admitted.pop(run_id, None)
         self._stop_when_idle()
 
     def on_lost(self, forget: Callable[[str], None]) -> None:
@@ -111,7 +114,7 @@ class LeaseKeeper:
         racing the end never cancels the task recording it. When the block is over the run is
         released: if its end could not be recorded, its lease expires and a sweep closes it."""
         self._held.pop(run_id, None)
-        self._admitted.discard(run_id)
+        self._admitted.pop(run_id, None)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1
         self._renewing()
         try:
@@ -136,10 +139,16 @@ class LeaseKeeper:
     async def renew(self) -> None:
         """Renew now; cancel the tasks of held runs that another process closed."""
         held = dict(self._held)
-        renewing = held.keys() | self._ending.keys() | self._admitted
+        admitted = dict(self._admitted)
+        renewing = held.keys() | self._ending.keys() | admitted.keys()
         if not renewing:
             return
+        began = time.monotonic()
         still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
+        for run_id, since in admitted.items():
+            if run_id not in still and since <= began - self.renew_every:
+                if self._admitted.get(run_id) == since:  # not admitted again or held since
+                    del self._admitted[run_id]
         for run_id, task in held.items():
             if run_id in still or run_id not in self._held or self._held[run_id] is not task:
                 continue  # renewed, or released (or held anew) while the renewal was under way

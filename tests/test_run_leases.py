@@ -332,3 +332,13 @@ async def test_an_admitted_run_the_keeper_no_longer_finds_is_dropped_once_surely
     assert run.run_id not in keeper, "not found a renewal period after its admission: dropped"
     assert "run_still_committing" in keeper
     keeper.unadmit("run_still_committing")
+
+    # An open run whose execution never began is renewed for ``admitted_for_s`` at most.
+    never = await creator.create_run(RunRequest("y", model="fake:echo"))
+    creator.forget_admitted(never.run_id)
+    keeper.admit(never.run_id)
+    await keeper.renew()
+    assert never.run_id in keeper
+    keeper.admitted_for_s = 0.0
+    await keeper.renew()
+    assert never.run_id not in keeper

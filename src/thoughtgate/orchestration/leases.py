@@ -33,9 +33,15 @@ from contextlib import contextmanager
 from thoughtgate.store.leases import DEFAULT_LEASE_TTL_S, LOST_LEASE, Owner
 from thoughtgate.store.run_index import RunIndex
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["ADMITTED_FOR_LEASES", "LeaseKeeper"]
 
 log = logging.getLogger("thoughtgate.leases")
+
+ADMITTED_FOR_LEASES = 4
+"""How many lease lengths a run admitted here is renewed for at most before its execution holds
+it (a minute by default): its execution begins within milliseconds, or a few seconds on a busy
+host; one that has not begun by then never will (its caller was cancelled before it ran), and
+the run is left to its lease and the sweep, as any run this process stopped executing."""
 
 
 class LeaseKeeper:
@@ -48,6 +54,7 @@ class LeaseKeeper:
         self.owner = owner or Owner.current()
         self.ttl_s = ttl_s
         self.renew_every = ttl_s / 3
+        self.admitted_for_s = ttl_s * ADMITTED_FOR_LEASES
         self._held: dict[str, asyncio.Task[object] | None] = {}
         self._ending: dict[str, int] = {}
         """Runs whose end is being recorded, and by how many callers at once."""
@@ -85,7 +92,8 @@ class LeaseKeeper:
         before the admission commits: a renewal meanwhile finds nothing and changes nothing.
         One that began ``renew_every`` after the admission and does not find the run drops it
         -- it ended, or another process took it, before its execution began (a caller that
-        never executed it) -- with nothing to cancel: nothing of it executes here."""
+        never executed it) -- with nothing to cancel: nothing of it executes here; and so does
+        the first one ``admitted_for_s`` after it (its execution never began)."""
         self._admitted[run_id] = time.monotonic()
         self._renewing()
 
@@ -146,9 +154,11 @@ class LeaseKeeper:
         began = time.monotonic()
         still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
         for run_id, since in admitted.items():
-            if run_id not in still and since <= began - self.renew_every:
-                if self._admitted.get(run_id) == since:  # not admitted again or held since
-                    del self._admitted[run_id]
+            gone = run_id not in still and since <= began - self.renew_every
+            if (gone or since <= began - self.admitted_for_s) and (
+                self._admitted.get(run_id) == since  # not admitted again or held since
+            ):
+                del self._admitted[run_id]
         for run_id, task in held.items():
             if run_id in still or run_id not in self._held or self._held[run_id] is not task:
                 continue  # renewed, or released (or held anew) while the renewal was under way

@@ -610,12 +610,15 @@ class DurableEngine:
         log.warning("run %s left this daemon's waiting line: another process took it", run_id)
 
     async def _still_ours(self, run_id: str) -> bool:
-        """Whether this process still holds a run that waited here, renewing its lease (one
+        """Whether this process still holds a run that waited here: at once while its lease
+        surely lasts (the keeper knows when it last set it), else by renewing it (one
         statement; ``renew_leases`` extends only the open runs the owner holds). A run another
         process took while it waited -- its lease expired while this process stalled -- is not
         ours: its claim here would take it from the queue it was put back on, or find it
         ended (ADR 0065)."""
         keeper = self.runtime.leases
+        if keeper.surely_held(run_id):  # its lease has not expired since it was last set
+            return True
         store = self.runtime.store
         renewed = await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s, [run_id])
         return run_id in renewed

@@ -77,7 +77,7 @@ def _thinking_mistyped(data: Data) -> Data:
     return {**data, "delta": {**data["delta"], "thinking": [data["delta"]["thinking"]]}}
 
 
-FORMATS: dict[str, tuple[str, str, Callable[[str], Any], dict[str, Callable[[Data], Data]]]] = {
+FORMATS: dict[str, tuple[str, str, Callable[[Replay], Any], dict[str, Callable[[Data], Data]]]] = {
     # format: (fixture, the reasoning the canary replaces, the adapter, the field breakages)
     "anthropic": (
         "anthropic/thinking_text.sse",
@@ -140,7 +140,7 @@ CASES = [(name, how) for name in FORMATS for how in (*BREAKAGES, *FORMATS[name][
 
 canaries = st.builds(
     lambda tail: f"{TAG}{tail}",
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40),
 )
 
 

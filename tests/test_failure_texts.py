@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -24,10 +25,14 @@ from support.replay import provider_with
 
 from thoughtgate.access.filter import filter_events, filter_run
 from thoughtgate.config import Config
-from thoughtgate.errors import MalformedResponseError, failure_text
+from thoughtgate.engine.turn import stream_llm_turn
+from thoughtgate.errors import MalformedResponseError, ProviderStreamError, failure_text
 from thoughtgate.orchestration.durable import _Location, database_settings
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.urls import open_store
+from thoughtgate.testing.fake import FakeProvider, reasoning
+from thoughtgate.types import Chunk
 
 TAG = "SECRETREASONING"
 
@@ -114,3 +119,23 @@ def test_dbos_s_engine_hides_a_failed_statement_s_parameters(tmp_path: Path) -> 
             engine.dispose()
         assert TAG not in str(info.value), location
         assert "no such table" in str(info.value)
+
+
+@pytest.mark.unit
+def test_an_adapter_s_own_bug_mid_stream_is_named_by_its_first_line() -> None:
+    """A ``ValueError`` out of an adapter (pydantic's ``ValidationError`` is one) becomes the
+    turn's ``ProviderStreamError``, the partial turn kept, without the values it quotes."""
+
+    async def broken(request: TurnRequest, turn: int) -> AsyncIterator[Chunk]:
+        yield reasoning(f"{TAG} thinking")
+        raise ValueError(f"1 validation error for Delta\nthinking\n  input_value='{TAG}'")
+
+    async def main() -> ProviderStreamError:
+        with pytest.raises(ProviderStreamError) as info:
+            await stream_llm_turn(FakeProvider(broken, model="x"), TurnRequest([]))
+        return info.value
+
+    error = asyncio.run(main())
+    assert TAG not in str(error)
+    assert "ValueError: 1 validation error for Delta" in str(error)
+    assert error.partial is not None

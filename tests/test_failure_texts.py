@@ -21,16 +21,12 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
-from support.replay import provider_with
+from support.viewer import viewer_reads
 
-from thoughtgate.access.filter import filter_events, filter_run
-from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import MalformedResponseError, ProviderStreamError, failure_text
 from thoughtgate.orchestration.durable import _Location, database_settings
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.store.urls import open_store
 from thoughtgate.testing.fake import FakeProvider, reasoning
 from thoughtgate.types import Chunk
 
@@ -75,31 +71,11 @@ def test_a_viewer_reads_the_failure_not_the_parameters(mode: str) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise _statement_error(f"{TAG}-whole-way")
 
-    async def main() -> tuple[str, str, str]:
-        store = await open_store("memory://")
-        try:
-            runtime = Runtime(
-                store,
-                Config(),
-                provider_factory=lambda model: provider_with(httpx.MockTransport(refuse)),
-            )
-            with pytest.raises(sa.exc.OperationalError):
-                await runtime.run(
-                    RunRequest("Why?", model="anthropic:claude-sonnet-4-5"), chain_of_thought=mode
-                )
-            (record,) = await store.list_runs(limit=1)
-            log = await store.read(record.run_id)
-            view = json.dumps(filter_run(record, "viewer").to_json())
-            shown = json.dumps([e.to_dict() for e in filter_events(log, "viewer", mode=mode)])
-            return record.status, view, shown
-        finally:
-            await store.close()
-
-    status, view, shown = asyncio.run(main())
-    assert status == "error"
-    assert "database is locked" in view, "the viewer still learns why"
-    assert TAG not in view
-    assert TAG not in shown
+    read = viewer_reads(httpx.MockTransport(refuse), mode)
+    assert read.status == "error"
+    assert "database is locked" in read.view, "the viewer still learns why"
+    assert TAG not in read.view
+    assert TAG not in read.events
 
 
 @pytest.mark.inprocess

@@ -31,17 +31,14 @@ from support.replay import (
     split_events,
     turn_request,
 )
+from support.viewer import viewer_reads
 
-from thoughtgate.access.filter import filter_events, filter_run
-from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ProviderError
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.http import ErrorStage, parse_json_event, transport_error
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.providers.openrouter import OpenRouterProvider
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.store.urls import open_store
 
 pytestmark = pytest.mark.unit
 
@@ -212,27 +209,8 @@ def test_a_viewer_reads_no_reasoning_from_a_run_a_broken_event_ended(mode: str) 
     events, at = _plant("anthropic", f"{TAG}-whole-way")
     events[at] = _break(events[at], "thinking renamed", _thinking_renamed)
 
-    async def main() -> tuple[str, str, str]:
-        store = await open_store("memory://")
-        try:
-            runtime = Runtime(
-                store,
-                Config(),
-                provider_factory=lambda model: provider_with(mock_transport(events)),
-            )
-            record = await runtime.run(
-                RunRequest("Why?", model="anthropic:claude-sonnet-4-5"), chain_of_thought=mode
-            )
-            record = await store.get_run(record.run_id)
-            log = await store.read(record.run_id)
-            view = json.dumps(filter_run(record, "viewer").to_json())
-            shown = json.dumps([e.to_dict() for e in filter_events(log, "viewer", mode=mode)])
-            return record.status, view, shown
-        finally:
-            await store.close()
-
-    status, view, shown = asyncio.run(main())
-    assert status == "failed"
-    assert "missing a field or has a wrong type" in view, "the viewer still learns why"
-    assert TAG not in view
-    assert TAG not in shown
+    read = viewer_reads(mock_transport(events), mode)
+    assert read.status == "failed"
+    assert "missing a field or has a wrong type" in read.view, "the viewer still learns why"
+    assert TAG not in read.view
+    assert TAG not in read.events

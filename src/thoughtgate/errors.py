@@ -258,8 +258,8 @@ def failure_text(exc: BaseException) -> str:
     Any other exception is named by its class and the first line of its message only: a
     driver's or a library's later lines are its details -- SQLAlchemy appends the statement's
     ``[parameters: ...]`` (a checkpoint's step output: a model turn, reasoning and carriers
-    included), pydantic each failing ``input_value`` -- which no reader below the trace may see,
-    so they are never copied into a field of the ``public`` class (fail closed)."""
+    included), pydantic each failing ``input_value`` -- which no display surface may show, so
+    they are never copied into a field of the ``public`` class (fail closed; ADR 0069)."""
     if isinstance(exc, ThoughtgateError):
         return str(exc)
     lines = str(exc).strip().splitlines()

@@ -52,7 +52,7 @@ from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
-from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.store.sqlite import SQLiteStore, read_types_query
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
 from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
@@ -312,6 +312,49 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert "open_runs_by_owner" in indexes
+
+
+async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_through_it(
+    tmp_path: Path,
+) -> None:
+    """A store with runs and events from before ``events_by_type`` (ADR 0066) gets the index
+    built over its rows at its next start; ``read_types`` then finds those rows, and the
+    statement it runs goes through the index (not the primary key's walk over every event)."""
+    path = tmp_path / "v7.db"
+    before = load_migrations("sqlite")[:7]
+    assert load_migrations("sqlite")[7].name == "events_by_type"
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, before)
+        for change, run_id in enumerate(("run_a", "run_b"), 1):
+            conn.execute(
+                "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
+                "status, created_at, updated_at, usage, error, metadata, last_seq, change_seq) "
+                f"VALUES ('{run_id}', 'p', NULL, 'hidden', 'provider', 'completed', 1.0, 1.0, "
+                f"'{{}}', NULL, '{{}}', 2002, {change})"
+            )
+            rows = [(run_id, 1, None, "run.started", 1.5, '{"prompt":"p","tasks":0}', 1)]
+            rows += [
+                (run_id, seq, None, "message.delta", 2.0, f'{{"i":{seq}}}', 1)
+                for seq in range(2, 2002)
+            ]
+            rows.append((run_id, 2002, None, "run.settlement.completed", 3.0, '{"status":"completed"}', 1))
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    store = await SQLiteStore.open(path)
+    try:
+        wanted = [EventType.RUN_STARTED, EventType.RUN_SETTLEMENT_COMPLETED]
+        got = await store.read_types("run_b", wanted)
+        assert [(e.seq, e.type) for e in got] == [(1, "run.started"), (2002, "run.settlement.completed")]
+        assert [e.seq for e in await store.read_types("run_b", wanted, after=1)] == [2002]
+        assert len(await store.read("run_b")) == 2002, "every event kept"
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        query, params = read_types_query("run_b", wanted, after=0, limit=1000)
+        plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
+    assert "USING INDEX events_by_type (run_id=? AND type=? AND seq>?)" in plan, plan
+    assert "PRIMARY KEY" not in plan, plan
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

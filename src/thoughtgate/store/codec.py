@@ -27,6 +27,7 @@ from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
 __all__ = [
+    "EVENTS_BY_TYPE",
     "EVENT_SELECT",
     "KEY_COLUMNS",
     "RUN_COLUMNS",
@@ -419,15 +420,27 @@ def lifecycle_types_sql(
     return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
 
 
+EVENTS_BY_TYPE = "events_by_type"
+"""The index on ``events (run_id, type, seq)`` that ``read_types`` reads through (ADR 0066)."""
+
+
 def typed_read_sql(
-    placeholder: str, run_id: str, types: Iterable[str], *, after: int, limit: int | None
+    placeholder: str,
+    run_id: str,
+    types: Iterable[str],
+    *,
+    after: int,
+    limit: int | None,
+    hint: str = "",
 ) -> tuple[str, tuple[Any, ...]]:
     """``read_types``' query in both SQL backends, and its parameters: the run's events of
-    ``types`` with ``seq > after``, in order, at most ``limit``."""
+    ``types`` with ``seq > after``, in order, at most ``limit``. ``hint`` follows the table's
+    name (SQLite's ``INDEXED BY``: its planner, without statistics, prefers the primary key's
+    order -- every event of the run -- to the type index and a sort of the few it finds)."""
     typed, names = lifecycle_types_sql(placeholder, types)
     query = (
-        f"{EVENT_SELECT} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed} "
-        f"ORDER BY seq LIMIT {placeholder}"
+        f"{EVENT_SELECT}{hint} WHERE run_id = {placeholder} AND seq > {placeholder} "
+        f"AND {typed} ORDER BY seq LIMIT {placeholder}"
     )
     return query, (run_id, max(after, 0), *names, SEQ_MAX if limit is None else max(limit, 0))
 

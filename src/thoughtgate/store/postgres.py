@@ -36,7 +36,7 @@ from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
-__all__ = ["PostgresStore", "split_schema_param"]
+__all__ = ["PostgresStore", "read_types_query", "split_schema_param"]
 
 # Sequence order equals commit order.
 #
@@ -134,6 +134,14 @@ def _task_ids(
             return []
         out[k] = None
     return out
+
+
+def read_types_query(
+    run_id: str, types: Collection[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' statement and parameters: through ``events_by_type`` (ADR 0066) once
+    the table has statistics, which autovacuum gathers."""
+    return codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
 
 
 _OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
@@ -593,7 +601,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        query, params = codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
+        query, params = read_types_query(run_id, types, after=after, limit=limit)
         async with self._conn(f"read events of run {run_id!r}") as conn:
             rows = await (await conn.execute(query, params)).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free

@@ -58,7 +58,7 @@ from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import QueuedWrite, SQLiteThread, translate_error
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "read_types_query"]
 
 T = TypeVar("T")
 
@@ -113,6 +113,18 @@ where SQLite writes a REAL into JSON with 15 digits. A page with a stamp outside
 test's 0.1) is read row by row."""
 _EXACT_STAMPS = (2.0**30, 2.0**41)
 _UNSCALE = 1.0 / _STAMP_SCALE
+
+
+def read_types_query(
+    run_id: str, types: Collection[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' statement and parameters. It names its index (ADR 0066): without
+    statistics SQLite would rather read a run's every event in the primary key's order (no
+    sort) than the few of the types asked for through ``events_by_type`` and sort those."""
+    hint = f" INDEXED BY {codec.EVENTS_BY_TYPE}"
+    return codec.typed_read_sql("?", run_id, types, after=after, limit=limit, hint=hint)
+
+
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
@@ -1206,7 +1218,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        query, params = codec.typed_read_sql("?", run_id, types, after=after, limit=limit)
+        query, params = read_types_query(run_id, types, after=after, limit=limit)
 
         def work(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(query, params).fetchall()

@@ -160,6 +160,25 @@ class DurableStoreConformance:
         await store.finish_run(ended, [], RunEnding("completed"))
         assert not await ds.requeue_run(ended, queued_at=1.0), "ended"
 
+    async def test_open_runs_say_since_when_each_waits_on_a_queue(self, store: EventStore) -> None:
+        """What a sweep decides with, without reading any spec (ADR 0066): a queued run's
+        ``queued_at``, and none for a suspended, a held or a spec-less run; not an ended one."""
+        ds = durable(store)
+        queued = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.5)
+        suspended = await admitted(store, durable=True, queued_at=None)
+        held = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=2.5)
+        assert await ds.claim_run(held, "a.1.x", 30) == 1
+        plain = make_run()
+        await store.create_run(plain)
+        ended = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=3.5)
+        await store.finish_run(ended, [], RunEnding("completed"))
+        found = {run.run_id: run for run in (await store.open_runs()).runs}
+        assert set(found) == {queued, suspended, held, plain.run_id}
+        assert found[queued].queued_at == 1.5 and found[queued].owner is None
+        assert found[suspended].queued_at is None
+        assert found[held].queued_at is None and found[held].owner == "a.1.x"
+        assert found[plain.run_id].queued_at is None
+
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True)

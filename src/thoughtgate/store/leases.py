@@ -34,8 +34,8 @@ pass, so a process without one leaves such runs to a daemon; a run of ``thoughtg
 A queued run has no owner, so no lease of it ever expires: should what puts it on its queue fail
 (a new run's enqueue, a requeue), and then its close too (the store down past the retries), it
 would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
-runs without an owner are on a queue (``on_queue``), and puts back one queued for longer than
-``lost_after_s`` that is on none -- closing it when that fails, or leaving it to the next sweep
+runs without an owner queued for longer than ``lost_after_s`` are on a queue (``on_queue``), and
+puts back one that is on none -- closing it when that fails, or leaving it to the next sweep
 when the store still refuses (ADR 0062). Nor does a lease tell when a replica took a queued run's
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
@@ -396,10 +396,11 @@ async def close_orphaned_runs(
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
     (:func:`_requeue_lost`).
 
-    The specs of the runs it may move -- the orphans, and the ownerless runs the engine does not
-    have waiting on a queue, every suspended run among them -- come in one ``get_run_specs``: a
-    daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
-    thousands (ADR 0064)."""
+    A daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
+    thousands, so it decides from what ``open_runs`` returns (owner, lease, ``queued_at``):
+    the engine is asked only about runs queued for ``lost_after_s`` (a suspended run is on no
+    queue, and is ``thoughtgate resume``'s to move), and the specs of the runs it will move --
+    the orphans and the lost queued runs -- come in one ``get_run_specs`` (ADR 0064, 0066)."""
     me = me or Owner.current()
     found = await store.open_runs()
     orphans: list[tuple[OpenRun, str]] = []
@@ -409,9 +410,9 @@ async def close_orphaned_runs(
             orphans.append((run, reason))
     lost: dict[str, str] = {}
     if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
-        ownerless = [run.run_id for run in found.runs if run.owner is None]
-        places = await on_queue(ownerless) if ownerless else {}
-        for run_id in ownerless:
+        queued = [run.run_id for run in found.runs if _queued_for(run, found.now, lost_after_s)]
+        places = await on_queue(queued) if queued else {}
+        for run_id in queued:
             why = _lost(run_id, places, found.now, lost_after_s)
             if why is not None:
                 lost[run_id] = why
@@ -472,6 +473,13 @@ async def _requeue_lost(
             continue
         log.warning("run %s queued again: %s", run_id, why)
     return closed
+
+
+def _queued_for(run: OpenRun, now: float, lost_after_s: float) -> bool:
+    """Whether ``run`` has waited for a replica, with no owner, for at least ``lost_after_s``:
+    only such a run can be lost on its way to or from its queue (what queues it may be under
+    way until then). ``_requeue_lost`` checks it again on the spec it reads."""
+    return run.owner is None and run.queued_at is not None and now - run.queued_at >= lost_after_s
 
 
 def _lost(

@@ -580,7 +580,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         async with self._conn("list open runs") as conn:
             cur = await conn.execute(
-                f"SELECT run_id, owner, lease_expires_at, {_NOW} FROM runs WHERE {_OPEN} "
+                f"SELECT run_id, owner, lease_expires_at, {_NOW}, queued_at FROM runs "
+                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
                 "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT %s",
                 (limit,),
             )
@@ -588,7 +589,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if not rows:
                 now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
                 return OpenRuns([], float(now_row[0]) if now_row else time.time())
-        return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], float(rows[0][3]))
+        return OpenRuns(
+            [OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3])
+        )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, await self._fetch(run_id, after, limit))

@@ -1354,11 +1354,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         def work(conn: sqlite3.Connection) -> OpenRuns:
             rows = conn.execute(
-                f"SELECT run_id, owner, lease_expires_at FROM runs WHERE {_OPEN} "
+                "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
+                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
                 "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
                 (limit,),
             ).fetchall()
-            return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], time.time())
+            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], time.time())
 
         return await self._reader.call("list open runs", work)
 

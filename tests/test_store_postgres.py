@@ -173,11 +173,11 @@ async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_thro
         await pg_admin.execute(
             sql.SQL(
                 "INSERT INTO {} (run_id, seq, task_id, type, ts, payload, v) "
-                "SELECT %(r)s, 1, NULL, 'run.started', 1.5, '{{\"prompt\":\"p\",\"tasks\":0}}', 1 "
+                'SELECT %(r)s, 1, NULL, \'run.started\', 1.5, \'{{"prompt":"p","tasks":0}}\', 1 '
                 "UNION ALL SELECT %(r)s, g, NULL, 'message.delta', 2.0, "
                 "json_build_object('i', g), 1 FROM generate_series(2, 3001) AS g "
                 "UNION ALL SELECT %(r)s, 3002, NULL, 'run.settlement.completed', 3.0, "
-                "'{{\"status\":\"completed\"}}', 1"
+                '\'{{"status":"completed"}}\', 1'
             ).format(events),
             {"r": run_id},
         )

@@ -338,13 +338,18 @@ async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_thro
                 (run_id, seq, None, "message.delta", 2.0, f'{{"i":{seq}}}', 1)
                 for seq in range(2, 2002)
             ]
-            rows.append((run_id, 2002, None, "run.settlement.completed", 3.0, '{"status":"completed"}', 1))
+            rows.append(
+                (run_id, 2002, None, "run.settlement.completed", 3.0, '{"status":"completed"}', 1)
+            )
             conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
     store = await SQLiteStore.open(path)
     try:
         wanted = [EventType.RUN_STARTED, EventType.RUN_SETTLEMENT_COMPLETED]
         got = await store.read_types("run_b", wanted)
-        assert [(e.seq, e.type) for e in got] == [(1, "run.started"), (2002, "run.settlement.completed")]
+        assert [(e.seq, e.type) for e in got] == [
+            (1, "run.started"),
+            (2002, "run.settlement.completed"),
+        ]
         assert [e.seq for e in await store.read_types("run_b", wanted, after=1)] == [2002]
         assert len(await store.read("run_b")) == 2002, "every event kept"
     finally:

@@ -589,9 +589,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if not rows:
                 now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
                 return OpenRuns([], float(now_row[0]) if now_row else time.time())
-        return OpenRuns(
-            [OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3])
-        )
+        return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3]))
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, await self._fetch(run_id, after, limit))

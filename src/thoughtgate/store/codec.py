@@ -350,10 +350,11 @@ def _consume(calls: Iterable[None]) -> None:
     deque(calls, maxlen=0)
 
 
-def run_update_columns(change: RunChange, *, updated_at: float) -> dict[str, Any]:
+def run_update_columns(change: RunChange, *, updated_at: float | None) -> dict[str, Any]:
     """Column -> value for ``update_run`` (both SQL backends); metadata is merged by the caller
-    inside its transaction because it needs the stored value."""
-    sets: dict[str, Any] = {"updated_at": updated_at}
+    inside its transaction because it needs the stored value. ``updated_at=None``: left out, for
+    a backend that sets it on the database's clock (PostgreSQL, ADR 0066)."""
+    sets: dict[str, Any] = {} if updated_at is None else {"updated_at": updated_at}
     if change.get("status") is not None:
         sets["status"] = change["status"]
     usage = change.get("usage")
@@ -373,7 +374,7 @@ def ending_rows(
     return encode_events(list(events)), batch_update(events), [task_row(t) for t in ending.tasks]
 
 
-def ending_columns(ending: RunEnding, *, updated_at: float) -> dict[str, Any]:
+def ending_columns(ending: RunEnding, *, updated_at: float | None) -> dict[str, Any]:
     """Column -> value for ``finish_run`` (both SQL backends): the ending's fields, and no lease
     (an ended run is held by nobody); ``closed_at`` is the backend's to add (its own clock)."""
     usage = None if ending.usage is None else dict(ending.usage)

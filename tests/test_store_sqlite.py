@@ -191,6 +191,18 @@ async def test_open_store_url_selects_sqlite(tmp_path: Path) -> None:
         await store.close()
 
 
+@contextlib.contextmanager
+def at_version(path: Path, version: int, *, before: str) -> Iterator[sqlite3.Connection]:
+    """A new database at schema ``version``, the one just ``before`` the named migration, as a
+    thoughtgate of that version left it; closed after the block (which fills it)."""
+    known = load_migrations("sqlite")
+    assert known[version].name == before
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, known[:version])
+        yield conn
+
+
 async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     first = load_migrations("sqlite")[:1]
@@ -240,11 +252,7 @@ async def test_upgrade_to_the_run_list_numbers_old_runs_and_pages_them(tmp_path:
     """Runs stored before the run list existed get one change each, in stored order; the first
     change after the upgrade comes after them; pages and filters cover them."""
     path = tmp_path / "v5.db"
-    before_list = load_migrations("sqlite")[:5]
-    assert load_migrations("sqlite")[5].name == "run_list"
-    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        apply_migrations(conn, path, before_list)
+    with at_version(path, 5, before="run_list") as conn:
         for run_id, status, at in (("run_b", "failed", 2.0), ("run_a", "completed", 1.0)):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
@@ -277,11 +285,7 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
     """Runs a pre-lease thoughtgate left open get the owner ``legacy`` and a minute's lease, so
     the first sweep after that closes them; finished runs are untouched and still readable."""
     path = tmp_path / "v4.db"
-    before_leases = load_migrations("sqlite")[:4]  # the schema a pre-lease thoughtgate wrote
-    assert load_migrations("sqlite")[4].name == "run_leases"
-    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        apply_migrations(conn, path, before_leases)
+    with at_version(path, 4, before="run_leases") as conn:  # as a pre-lease thoughtgate wrote it
         for run_id, status in (("run_open", "running"), ("run_done", "completed")):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
@@ -321,11 +325,7 @@ async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_thro
     built over its rows at its next start; ``read_types`` then finds those rows, and the
     statement it runs goes through the index (not the primary key's walk over every event)."""
     path = tmp_path / "v7.db"
-    before = load_migrations("sqlite")[:7]
-    assert load_migrations("sqlite")[7].name == "events_by_type"
-    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        apply_migrations(conn, path, before)
+    with at_version(path, 7, before="events_by_type") as conn:
         for change, run_id in enumerate(("run_a", "run_b"), 1):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "

@@ -51,6 +51,7 @@ from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
+from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore, read_types_query
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
@@ -318,14 +319,15 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
     assert "open_runs_by_owner" in indexes
 
 
-async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_through_it(
+async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads_through_it(
     tmp_path: Path,
 ) -> None:
-    """A store with runs and events from before ``events_by_type`` (ADR 0066) gets the index
-    built over its rows at its next start; ``read_types`` then finds those rows, and the
-    statement it runs goes through the index (not the primary key's walk over every event)."""
+    """A store with runs and events from before ``lifecycle_events`` (ADR 0066) gets the index
+    built over its rows at its next start; ``read_types`` then finds those rows, and a check's
+    statement goes through the index (not the primary key's walk over every event). Types the
+    index does not hold are still read, by that walk."""
     path = tmp_path / "v7.db"
-    with at_version(path, 7, before="events_by_type") as conn:
+    with at_version(path, 7, before="lifecycle_events") as conn:
         for change, run_id in enumerate(("run_a", "run_b"), 1):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
@@ -351,15 +353,17 @@ async def test_upgrade_to_the_type_index_keeps_the_events_and_reads_by_type_thro
             (2002, "run.settlement.completed"),
         ]
         assert [e.seq for e in await store.read_types("run_b", wanted, after=1)] == [2002]
+        deltas_read = await store.read_types("run_b", [EventType.MESSAGE_DELTA], limit=3)
+        assert [e.seq for e in deltas_read] == [2, 3, 4]
         assert len(await store.read("run_b")) == 2002, "every event kept"
     finally:
         await store.close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
-        query, params = read_types_query("run_b", wanted, after=0, limit=1000)
+        query, params = read_types_query("run_b", PROJECTED_EVENT_TYPES, after=0, limit=1000)
         plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
-    assert "USING INDEX events_by_type (run_id=? AND type=? AND seq>?)" in plan, plan
-    assert "PRIMARY KEY" not in plan, plan
+    assert "USING INDEX lifecycle_events (run_id=? AND seq>?)" in plan, plan
+    assert "PRIMARY KEY" not in plan and "TEMP B-TREE" not in plan, plan
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

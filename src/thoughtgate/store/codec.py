@@ -27,9 +27,11 @@ from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
 __all__ = [
-    "EVENTS_BY_TYPE",
     "EVENT_SELECT",
     "KEY_COLUMNS",
+    "LIFECYCLE_INDEX",
+    "LIFECYCLE_INDEX_PREDICATE",
+    "LIFECYCLE_INDEX_TYPES",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
     "SPEC_COLUMNS",
@@ -421,8 +423,30 @@ def lifecycle_types_sql(
     return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
 
 
-EVENTS_BY_TYPE = "events_by_type"
-"""The index on ``events (run_id, type, seq)`` that ``read_types`` reads through (ADR 0066)."""
+LIFECYCLE_INDEX = "lifecycle_events"
+"""The partial index ``events (run_id, seq) WHERE <LIFECYCLE_INDEX_PREDICATE>`` (schema version
+8, ADR 0066): a run's lifecycle events in order, without an entry for any delta."""
+LIFECYCLE_INDEX_TYPES: tuple[str, ...] = (
+    "capability.resolved",
+    "run.error",
+    "run.failed",
+    "run.interrupted",
+    "run.resumed",
+    "run.settlement.completed",
+    "run.started",
+    "task.completed",
+    "task.started",
+    "worker.completed",
+)
+"""The types ``lifecycle_events`` holds: every type the projection uses when the migration was
+written. Fixed with it: a new type a check must read needs a new migration (a test compares
+this with ``PROJECTED_EVENT_TYPES``); until then reading it walks the run's events."""
+LIFECYCLE_INDEX_PREDICATE = "type IN ({})".format(
+    ", ".join(f"'{t}'" for t in LIFECYCLE_INDEX_TYPES)
+)
+"""The index's ``WHERE``, spelled in the migrations and in a query exactly so: both planners use
+a partial index only for a query whose ``WHERE`` holds its predicate, and SQLite only word for
+word."""
 
 
 def typed_read_sql(
@@ -435,13 +459,17 @@ def typed_read_sql(
     hint: str = "",
 ) -> tuple[str, tuple[Any, ...]]:
     """``read_types``' query in both SQL backends, and its parameters: the run's events of
-    ``types`` with ``seq > after``, in order, at most ``limit``. ``hint`` follows the table's
-    name (SQLite's ``INDEXED BY``: its planner, without statistics, prefers the primary key's
-    order -- every event of the run -- to the type index and a sort of the few it finds)."""
+    ``types`` with ``seq > after``, in order, at most ``limit``. When ``types`` are among
+    ``LIFECYCLE_INDEX_TYPES`` (a check's are), through ``lifecycle_events``: the index's own
+    predicate is added, and ``hint`` after the table's name (SQLite's ``INDEXED BY``: without
+    statistics its planner prefers the primary key, which holds every column, to the index)."""
     typed, names = lifecycle_types_sql(placeholder, types)
+    indexed = bool(names) and set(names) <= set(LIFECYCLE_INDEX_TYPES)
+    source = f"{EVENT_SELECT}{hint}" if indexed else EVENT_SELECT
+    partial = f" AND {LIFECYCLE_INDEX_PREDICATE}" if indexed else ""
     query = (
-        f"{EVENT_SELECT}{hint} WHERE run_id = {placeholder} AND seq > {placeholder} "
-        f"AND {typed} ORDER BY seq LIMIT {placeholder}"
+        f"{source} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed}{partial} "
+        f"ORDER BY seq LIMIT {placeholder}"
     )
     return query, (run_id, max(after, 0), *names, SEQ_MAX if limit is None else max(limit, 0))
 

@@ -140,8 +140,8 @@ def _task_ids(
 def read_types_query(
     run_id: str, types: Collection[str], *, after: int, limit: int | None
 ) -> tuple[str, tuple[Any, ...]]:
-    """``read_types``' statement and parameters: through ``events_by_type`` (ADR 0066) once
-    the table has statistics, which autovacuum gathers."""
+    """``read_types``' statement and parameters: a check's through ``lifecycle_events`` (ADR
+    0066), which the planner takes for the smaller index, with statistics or without."""
     return codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
 
 

@@ -118,10 +118,10 @@ _UNSCALE = 1.0 / _STAMP_SCALE
 def read_types_query(
     run_id: str, types: Collection[str], *, after: int, limit: int | None
 ) -> tuple[str, tuple[Any, ...]]:
-    """``read_types``' statement and parameters. It names its index (ADR 0066): without
-    statistics SQLite would rather read a run's every event in the primary key's order (no
-    sort) than the few of the types asked for through ``events_by_type`` and sort those."""
-    hint = f" INDEXED BY {codec.EVENTS_BY_TYPE}"
+    """``read_types``' statement and parameters. A check's names its index (ADR 0066):
+    without statistics SQLite would rather walk the run's every event in the primary key, which
+    holds every column, than look up the few ``lifecycle_events`` lists."""
+    hint = f" INDEXED BY {codec.LIFECYCLE_INDEX}"
     return codec.typed_read_sql("?", run_id, types, after=after, limit=limit, hint=hint)
 
 

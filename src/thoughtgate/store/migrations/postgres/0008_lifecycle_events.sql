@@ -9,4 +9,4 @@
 -- replica while the others wait on the migration lock).
 
 CREATE INDEX lifecycle_events ON events (run_id, seq)
-WHERE type IN ('capability.resolved', 'run.error', 'run.failed', 'run.interrupted', 'run.resumed', 'run.settlement.completed', 'run.started', 'task.completed', 'task.started', 'worker.completed');
+WHERE (type = 'capability.resolved' OR type = 'run.error' OR type = 'run.failed' OR type = 'run.interrupted' OR type = 'run.resumed' OR type = 'run.settlement.completed' OR type = 'run.started' OR type = 'task.completed' OR type = 'task.started' OR type = 'worker.completed');

@@ -24,17 +24,16 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.emulator_process import stop
+from bench.environment import LOOPBACK, child_env, free_port
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
@@ -178,7 +177,7 @@ def serve(port: int) -> None:
         writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        server = await asyncio.start_server(handle, LOOPBACK, port)
         print("ready", flush=True)
         async with server:
             await server.serve_forever()
@@ -189,12 +188,8 @@ def serve(port: int) -> None:
 @contextlib.contextmanager
 def server_process() -> Iterator[str]:
     """The bench server in a child process, so its CPU time is not counted as the consumer's."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
+    port = free_port()
+    env = child_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.capture_bench", "--serve", str(port)],
         env=env,
@@ -205,7 +200,7 @@ def server_process() -> Iterator[str]:
         assert process.stdout is not None
         if process.stdout.readline().strip() != "ready":
             raise RuntimeError("the bench server did not start")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{LOOPBACK}:{port}"
     finally:
         stop(process, grace_s=5)
 

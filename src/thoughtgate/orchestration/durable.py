@@ -51,7 +51,7 @@ from dbos._serialization import Serializer
 
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
-from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError
+from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError, failure_text
 from thoughtgate.orchestration.dbos_pollers import slow_unused_pollers
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
@@ -154,6 +154,12 @@ def _write_ahead(target: Path) -> None:
         ensure_wal(conn, busy_timeout=_WAL_SWITCH_WAIT_S)
 
 
+_ENGINE: dict[str, Any] = {"hide_parameters": True}
+"""For DBOS's engine on any database: a failed statement's error never carries its parameters
+(SQLAlchemy appends them by default), which are a checkpoint's inputs and outputs -- a model
+turn's reasoning and carriers among them -- and an error's text can reach a run's public
+``error`` (``errors.failure_text`` keeps only its first line too)."""
+
 _SQLITE_ENGINE: dict[str, Any] = {
     # One connection, which DBOS's threads take in turn: SQLite has one writer at a time, and
     # DBOS begins each transaction with the write lock (BEGIN IMMEDIATE), so more connections
@@ -163,8 +169,20 @@ _SQLITE_ENGINE: dict[str, Any] = {
     "sys_db_pool_size": 1,
     # A file's connection cannot drop as a server's can: no ``SELECT 1`` before each transaction
     # (DBOS pings every connection it takes from the pool by default).
-    "db_engine_kwargs": {"pool_pre_ping": False},
+    "db_engine_kwargs": {"pool_pre_ping": False, **_ENGINE},
 }
+
+
+def database_settings(location: _Location) -> dict[str, Any]:
+    """DBOS's settings for where its workflows are kept: the schema on PostgreSQL, and its
+    SQLAlchemy engine's arguments (:data:`_ENGINE` on any database; on SQLite one connection,
+    no pings)."""
+    if location.schema is not None:
+        return {"dbos_system_schema": location.schema, "db_engine_kwargs": dict(_ENGINE)}
+    return {
+        key: dict(value) if isinstance(value, dict) else value
+        for key, value in _SQLITE_ENGINE.items()
+    }
 
 
 class DbosSteps:
@@ -368,10 +386,7 @@ class DurableEngine:
             # a trigger notifies), so it wakes once a second instead (ADR 0057).
             "notification_coalesce_sec": 1.0,
         }
-        if self.location.schema is not None:
-            settings["dbos_system_schema"] = self.location.schema
-        else:
-            settings.update(_SQLITE_ENGINE)
+        settings.update(database_settings(self.location))
         DBOS(config=settings)  # type: ignore[arg-type]
         slowed = slow_unused_pollers(postgres=self.location.schema is not None)
         log.debug("DBOS pollers thoughtgate does not use, slowed: %s", slowed or "none")
@@ -573,7 +588,7 @@ class DurableEngine:
             await self._begin(run_id, slot, unwritten)
         except Exception as exc:  # as a run that could not be started when it arrived
             log.warning("run %s could not start: %s", run_id, exc)
-            await self._close(run_id, f"it could not be started: {exc}")
+            await self._close(run_id, f"it could not be started: {failure_text(exc)}")
 
     def _spill_soon(self) -> None:
         self._spiller = None
@@ -614,7 +629,7 @@ class DurableEngine:
                 log.warning("run %s could not be put on the queue: %s", run_id, exc)
                 if starts is not None:
                     starts.began(run_id)  # it waits nowhere
-                await self._close(run_id, f"it could not be put on the queue: {exc}")
+                await self._close(run_id, f"it could not be put on the queue: {failure_text(exc)}")
 
     def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
         """A run of this daemon's queue without a workflow (:meth:`_unwritten_task`): its slot
@@ -651,7 +666,7 @@ class DurableEngine:
             await done
         except Exception as exc:
             log.warning("run %s could not continue as a workflow: %s", run_id, exc)
-            await self._close(run_id, f"it could not continue as a workflow: {exc}")
+            await self._close(run_id, f"it could not continue as a workflow: {failure_text(exc)}")
 
     async def _close(self, run_id: str, reason: str) -> None:
         """End ``interrupted``, with the reason, a run this daemon holds but cannot execute. It

@@ -69,6 +69,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
+    failure_text,
 )
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
@@ -711,7 +712,7 @@ class Runtime:
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
                 spent.usage,
-                (_describe(exc), _error_type(exc)),
+                (failure_text(exc), _error_type(exc)),
                 spent.ended,
             )
             raise
@@ -920,7 +921,7 @@ class Runtime:
             finally:
                 await recorder.close()
         except Exception as exc:
-            error = _describe(exc)
+            error = failure_text(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
             await steps.effect(
@@ -1181,11 +1182,6 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
 def _error_type(exc: Exception) -> str:
     """A provider's error code, else the error's class (``engine.loop.error_type_of``)."""
     return error_type_of(exc) if isinstance(exc, ProviderError) else type(exc).__name__
-
-
-def _describe(exc: Exception) -> str:
-    """Our own errors speak for themselves; anything else is named by its type."""
-    return str(exc) if isinstance(exc, ThoughtgateError) else f"{type(exc).__name__}: {exc}"
 
 
 def _describe_task(opened: TaskStartedPayload, spec: TaskSpec, tools: Sequence[ToolSpec]) -> None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import UsageError, failure_text
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
@@ -167,7 +167,9 @@ class RunManager:
         try:
             await engine.submit(run.run_id, queue, priority=rank)
         except Exception as exc:
-            await self._close_failed(run.run_id, f"it could not be started or queued: {exc}", exc)
+            await self._close_failed(
+                run.run_id, f"it could not be started or queued: {failure_text(exc)}", exc
+            )
             raise
         return run
 
@@ -268,7 +270,7 @@ class RunManager:
         try:
             await engine.resume(run_id, self.queue)
         except Exception as exc:  # no workflow to resume: its checkpoints are gone
-            reason = f"it could not resume: {exc}"
+            reason = f"it could not resume: {failure_text(exc)}"
             closed = await self._close_failed(run_id, reason, exc)
             outcome = "it was closed" if closed else "closing it failed too (a sweep takes it up)"
             raise UsageError(f"run {run_id!r} {reason}; {outcome}") from exc

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import StoreUnavailableError, failure_text
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     RunInterruptedPayload,
@@ -466,7 +466,7 @@ async def _requeue_lost(
         except Exception as exc:
             log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
             if await close_run_interrupted(
-                store, run_id, f"{why}; it could not be queued again: {exc}", retry=()
+                store, run_id, f"{why}; it could not be queued again: {failure_text(exc)}", retry=()
             ):
                 closed.append(run_id)
             continue
@@ -511,7 +511,7 @@ async def _release_durable(
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
             await close_run_interrupted(
-                store, run.run_id, f"{reason}; it could not resume: {exc}", retry=()
+                store, run.run_id, f"{reason}; it could not resume: {failure_text(exc)}", retry=()
             )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)

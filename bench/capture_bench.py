@@ -300,7 +300,7 @@ def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]
     # client, and ``close_litellm_async_clients`` closes only the clients in LiteLLM's cache, not
     # that one: its aiohttp session was left open, and aiohttp printed "Unclosed client session"
     # and "Unclosed connector" at exit. The bench's own client (the same class and timeout as the
-    # module's, so the same cost) is closed with the rest.
+    # module's: the same aiohttp transport) is closed with the rest.
     client = AsyncHTTPHandler(timeout=litellm.request_timeout)
 
     async def consume(payload: str) -> None:

@@ -9,7 +9,9 @@ here, not in production, where it would only cost the saving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,16 +35,25 @@ from thoughtgate.store.sqlite import SQLiteStore
 pytestmark = pytest.mark.timeout(60)
 
 
+@contextlib.asynccontextmanager
+async def _launched_engine(tmp_path: Path) -> AsyncIterator[DurableEngine]:
+    """A daemon's engine (its queue, no tools) launched on a SQLite store, closed after."""
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
+    engine = DurableEngine.attach(Runtime(store, config), config.durability)
+    try:
+        await engine.launch(listen=[])
+        yield engine
+    finally:
+        await engine.close()
+        await store.close()
+
+
 @pytest.mark.inprocess
 async def test_a_launched_engine_slows_the_internal_queue_and_the_background_jobs_only(
     tmp_path: Path,
 ) -> None:
-    store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
+    async with _launched_engine(tmp_path) as engine:
         internal = _get_dbos_instance()._registry.get_internal_queue()
         assert internal._polling_interval_sec == INTERNAL_QUEUE_POLL_S
         assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_SQLITE_S
@@ -50,9 +61,6 @@ async def test_a_launched_engine_slows_the_internal_queue_and_the_background_job
         found = await DBOS.retrieve_queue_async(engine.queue)
         assert found is not None and found.polling_interval_sec == 0.5
         assert slow_unused_pollers(postgres=False) == ["background jobs", "internal queue"]
-    finally:
-        await engine.close()
-        await store.close()
 
 
 @dataclass(frozen=True)
@@ -76,10 +84,15 @@ def _as_manager(listing: _ManagerList) -> list[Any]:
     return listing(application_name="thoughtgate")
 
 
+def _listing(reads: _Reads, reuse_s: float = 3600.0) -> _ManagerList:
+    """The reuse for a process listening to ``ours``, with ``_as_manager`` as its manager."""
+    return _ManagerList(reads, _as_manager.__code__, lambda: ["ours"], reuse_s=reuse_s)
+
+
 @pytest.mark.unit
 def test_the_queue_manager_reuses_a_list_that_holds_every_listened_queue() -> None:
     reads = _Reads("ours", "another")
-    listing = _ManagerList(reads, _as_manager.__code__, lambda: ["ours"], reuse_s=3600.0)
+    listing = _listing(reads)
     first = _as_manager(listing)
     again = _as_manager(listing)
     assert reads.count == 1
@@ -89,7 +102,7 @@ def test_the_queue_manager_reuses_a_list_that_holds_every_listened_queue() -> No
 @pytest.mark.unit
 def test_the_queue_manager_reads_again_while_a_listened_queue_is_missing() -> None:
     reads = _Reads("another")
-    listing = _ManagerList(reads, _as_manager.__code__, lambda: ["ours"], reuse_s=3600.0)
+    listing = _listing(reads)
     _as_manager(listing)
     reads.names.append("ours")  # the daemon registers its queue after the launch
     assert [q.name for q in _as_manager(listing)] == ["another", "ours"]
@@ -100,7 +113,7 @@ def test_the_queue_manager_reads_again_while_a_listened_queue_is_missing() -> No
 @pytest.mark.unit
 def test_the_queue_manager_reads_again_once_its_list_is_older_than_the_reuse() -> None:
     reads = _Reads("ours")
-    listing = _ManagerList(reads, _as_manager.__code__, lambda: ["ours"], reuse_s=0.0)
+    listing = _listing(reads, reuse_s=0.0)
     _as_manager(listing)
     _as_manager(listing)
     assert reads.count == 2
@@ -109,7 +122,7 @@ def test_the_queue_manager_reads_again_once_its_list_is_older_than_the_reuse() -
 @pytest.mark.unit
 def test_every_other_caller_of_list_queues_reads_the_database() -> None:
     reads = _Reads("ours")
-    listing = _ManagerList(reads, _as_manager.__code__, lambda: ["ours"], reuse_s=3600.0)
+    listing = _listing(reads)
     _as_manager(listing)
     listing(application_name="thoughtgate")
     listing()
@@ -122,12 +135,7 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
 ) -> None:
     # dbos 3.4's queue manager reads the queues with ``list_queues`` (what the reuse hooks).
     assert "list_queues" in _queue.queue_thread.__code__.co_names
-    store = await SQLiteStore.open(tmp_path / "runs.db")
-    config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
+    async with _launched_engine(tmp_path) as engine:
         dbos = _get_dbos_instance()
         assert isinstance(dbos._sys_db.list_queues, _ManagerList)
         assert not reuse_queue_list()  # once per launch
@@ -142,6 +150,3 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
         # Anyone else still reads the database: a queue registered now is listed at once.
         await DBOS.register_queue_async("later", worker_concurrency=1)
         assert "later" in {q.name for q in dbos._sys_db.list_queues()}
-    finally:
-        await engine.close()
-        await store.close()

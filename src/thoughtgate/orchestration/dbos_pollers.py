@@ -23,16 +23,30 @@ when the installed DBOS has it as 3.4 does (``slow_unused_pollers`` reports what
 ``tests/test_dbos_pollers.py`` fails on a DBOS without them): a DBOS that renames them costs the
 saving, never a run. Call between ``DBOS(config=...)`` and ``DBOS.launch()``: both are read when
 the threads start.
+
+A third poller, the **queue manager** (``queue_thread``), reads the list of every queue from
+the system database each second (a local interval, not configurable) to start a worker for a
+queue registered since it last looked. thoughtgate needs that once: a daemon listens to one
+queue, which it registers right after the launch, and ``thoughtgate run`` to none, so once the
+list holds every queue this process listens to, each later read finds the same list. ``reuse_queue_list`` (called after ``DBOS.launch()``) has the manager reuse that
+list for ``QUEUE_LIST_REUSE_S`` instead (ADR 0067): it still checks its workers every second
+and restarts one that died, and any other caller of ``list_queues`` still reads the database.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import sys
+import time
+from collections.abc import Callable
+from types import CodeType
+from typing import Any, Final
 
 __all__ = [
     "INTERNAL_QUEUE_POLL_S",
     "JOBS_INTERVAL_POSTGRES_S",
     "JOBS_INTERVAL_SQLITE_S",
+    "QUEUE_LIST_REUSE_S",
+    "reuse_queue_list",
     "slow_unused_pollers",
 ]
 
@@ -68,3 +82,67 @@ def slow_unused_pollers(*, postgres: bool) -> list[str]:
             queue._polling_interval_sec = INTERNAL_QUEUE_POLL_S
             changed.append("internal queue")
     return changed
+
+
+QUEUE_LIST_REUSE_S: Final = 30.0
+"""How long DBOS's queue manager reuses a list of queues that holds every queue this process
+listens to (DBOS: it reads the list every 1 s)."""
+
+
+class _ManagerList:
+    """``SystemDatabase.list_queues`` of one DBOS instance, answering its queue manager from the
+    last list that held every listened queue while that list is younger than ``reuse_s``."""
+
+    def __init__(
+        self,
+        read: Callable[..., list[Any]],
+        manager: CodeType,
+        listening: Callable[[], list[str] | None],
+        reuse_s: float,
+    ) -> None:
+        self._read = read
+        self._manager = manager
+        self._listening = listening
+        self._reuse_s = reuse_s
+        self._kept: list[Any] | None = None
+        self._kept_at = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        if sys._getframe(1).f_code is not self._manager:  # noqa: SLF001 - any other caller reads
+            return self._read(*args, **kwargs)
+        now = time.monotonic()
+        if self._kept is not None and now - self._kept_at < self._reuse_s:
+            return list(self._kept)
+        found = self._read(*args, **kwargs)
+        listening = self._listening()
+        complete = listening is not None and set(listening) <= {q.name for q in found}
+        # A list without a queue this process listens to is read again next time: the queue
+        # may be registered in the meantime (the daemon registers its own after the launch).
+        self._kept, self._kept_at = (list(found), now) if complete else (None, 0.0)
+        return found
+
+
+def reuse_queue_list(*, reuse_s: float = QUEUE_LIST_REUSE_S) -> bool:
+    """Have the queue manager of the DBOS instance just launched reuse its list of queues (see
+    the module docstring); whether it was changed (``False`` when this DBOS's manager does not
+    read ``list_queues`` as 3.4's does, or listens to every queue)."""
+    from dbos import _queue
+    from dbos._dbos import _get_dbos_instance
+
+    dbos = _get_dbos_instance()
+    manager = getattr(getattr(_queue, "queue_thread", None), "__code__", None)
+    if not isinstance(manager, CodeType) or "list_queues" not in manager.co_names:
+        return False
+    sys_db = getattr(dbos, "_sys_db_field", None)
+    read = getattr(sys_db, "list_queues", None)
+    if not callable(read) or isinstance(read, _ManagerList):
+        return False
+    if getattr(dbos, "_listening_queues", None) is None:
+        return False  # it listens to every queue, including those registered later
+
+    def listening() -> list[str] | None:
+        names: list[str] | None = getattr(dbos, "_listening_queues", None)
+        return names
+
+    sys_db.list_queues = _ManagerList(read, manager, listening, reuse_s)  # type: ignore[union-attr]
+    return True

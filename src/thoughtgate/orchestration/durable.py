@@ -56,7 +56,7 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError, failure_text
-from thoughtgate.orchestration.dbos_pollers import slow_unused_pollers
+from thoughtgate.orchestration.dbos_pollers import reuse_queue_list, slow_unused_pollers
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -433,6 +433,8 @@ class DurableEngine:
             async with setting_up(self.location.url, self.location.schema):
                 DBOS.launch()
         self.launched = True
+        if not reuse_queue_list():
+            log.debug("DBOS's queue manager reads the list of queues every second")
         if self.queue is not None:
             await DBOS.register_queue_async(
                 self.queue,

@@ -77,6 +77,9 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
             ServeProcess.start_all(*daemons, timeout=START_S)
             assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
             assert _migrated(workflows)
+            # the one that set it up waited 30 s for DBOS's lock, and said so meanwhile
+            said = "".join(line for d in daemons for line in d.stderr_lines)
+            assert "still setting up the workflows of" in said and workflows in said
         finally:
             for daemon in daemons:
                 daemon.stop()
@@ -102,6 +105,31 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
             holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
             daemon.ready(timeout=START_S)
             assert _migrated(workflows)
+        finally:
+            daemon.stop()
+
+
+def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """A daemon waiting for another process's set-up prints what it waits for, and a test's wait
+    for it to listen ends at its deadline with everything it printed, though it prints nothing
+    more meanwhile (a wait that blocks until the process speaks would end only at the test's
+    timeout, showing nothing)."""
+    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
+        daemon = ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
+        try:
+            daemon.spawn()
+            waiting = "waiting for another process setting up the workflows of"
+            deadline = time.monotonic() + START_S
+            while not any(waiting in line and workflows in line for line in daemon.stderr_lines):
+                assert time.monotonic() < deadline, "".join(daemon.stderr_lines)
+                time.sleep(0.1)
+            with pytest.raises(RuntimeError, match=r"not listening after 1\.0 s") as err:
+                daemon.ready(timeout=1.0)
+            assert waiting in str(err.value)  # all it printed
+            assert "py-spy" in str(err.value)  # its stacks, or why there are none
         finally:
             daemon.stop()
 

@@ -14,19 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import ServeProcess
+from support.daemon import PG_START_S, ServeProcess
 from support.pg import PG_URL
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
-
-START_S = 240.0
-"""How long a replica may take to start: a first start migrates the workflows schema, whose
-``CREATE INDEX CONCURRENTLY`` statements each wait for every older transaction of the database --
-on a database shared with other tests' daemons, whose DBOS background jobs hold a transaction open
-for a while, that takes minutes -- plus DBOS's 30 s wait for its lock here."""
 
 DBOS_MIGRATION_LOCK = 1234567890
 """DBOS's own migration lock (``dbos._sys_db_postgres``): one key for the whole database, which
@@ -74,7 +68,7 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
             for _ in range(3)
         ]
         try:
-            ServeProcess.start_all(*daemons, timeout=START_S)
+            ServeProcess.start_all(*daemons, timeout=PG_START_S)
             assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
             assert _migrated(workflows)
             # the one that set it up waited 30 s for DBOS's lock, and said so meanwhile
@@ -103,7 +97,7 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
             holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
-            daemon.ready(timeout=START_S)
+            daemon.ready(timeout=PG_START_S)
             assert _migrated(workflows)
         finally:
             daemon.stop()
@@ -122,7 +116,7 @@ def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_dea
         try:
             daemon.spawn()
             waiting = "waiting for another process setting up the workflows of"
-            deadline = time.monotonic() + START_S
+            deadline = time.monotonic() + PG_START_S
             while not any(waiting in line and workflows in line for line in daemon.stderr_lines):
                 assert time.monotonic() < deadline, "".join(daemon.stderr_lines)
                 time.sleep(0.1)

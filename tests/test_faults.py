@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from support.daemon import Daemon, ServeProcess, running_daemon
+from support.daemon import PG_START_S, Daemon, ServeProcess, running_daemon
 from support.faults import (
     TOOLS_FLAG,
     Attempt,
@@ -439,7 +439,7 @@ def pg_pair() -> Iterator[Replicas]:
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(PG_START_S + 90)  # its fixture starts the replicas
 def test_readers_resuming_across_postgres_replicas_see_every_event_once(
     pg_pair: Replicas,
 ) -> None:

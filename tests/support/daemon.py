@@ -312,6 +312,14 @@ def sse_events(body: str) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- subprocesses
 
+PG_START_S = 240.0
+"""How long a durable daemon on a fresh PostgreSQL schema may take to listen: it sets up the
+schema's workflows first (ADR 0062), and each of DBOS's ``CREATE INDEX CONCURRENTLY`` waits for
+the database's older transactions -- among them every other DBOS process's background-job
+transaction, each held about 4 s at a time (ADR 0057). Measured on a loaded 2-core machine: 13 to
+31 s with no other daemon on the database, 88 s with four; 30 s more while another process holds
+DBOS's database-wide migration lock (``test_durable_setup`` does, on purpose)."""
+
 HANG_S = 120.0
 """How long a wait on a ``thoughtgate`` subprocess (to start, to print something, to exit) may
 last before it counts as a hang: only a hang reaches it. A ``thoughtgate run`` starts (imports,

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from support.daemon import SERVER_TOOLS, ServeProcess, auth, cli
+from support.daemon import PG_START_S, SERVER_TOOLS, ServeProcess, auth, cli
 from support.pg import PG_URL
 from support.ticker import ticker_prompt
 from thoughtgate.errors import StoreError, StoreUnavailableError
@@ -308,7 +308,7 @@ def replicas() -> Iterator[Replicas]:
         args = ("--db", db_url, *TOOLS_FLAG, "--no-bootstrap-key", "--shutdown-grace", "0.2")
         a, b = ServeProcess(*args), ServeProcess(*args)
         try:
-            ServeProcess.start_all(a, b)
+            ServeProcess.start_all(a, b, timeout=PG_START_S)
             pair = Replicas(db_url, a, b, owner)
             try:
                 yield pair

@@ -168,6 +168,44 @@ def test_check_names_the_tampered_run_and_repair_rebuilds_it_on_sqlite(tmp_path:
     check_and_repair(f"sqlite:///{path}", _sqlite_tamper(path))
 
 
+@pytest.mark.inprocess
+def test_usage_is_shown_as_its_declaration_allows_reasoning_tokens_on_surface_runs_only(
+    tmp_path: Path,
+) -> None:
+    """Reasoning token counts are derived from the reasoning (class ``reasoning``): on a
+    ``hidden`` run no surface shows them to anyone, so neither does the check, in JSON or in its
+    table; on a ``surface`` run the admin sees them, as on every display surface."""
+    path = tmp_path / "tg.db"
+    db = f"sqlite:///{path}"
+    surface, hidden = asyncio.run(_make_runs(db, 2))
+    tamper = _sqlite_tamper(path)
+    for run_id in (surface, hidden):
+        tamper(
+            "UPDATE {runs} SET usage = {json} WHERE run_id = {p}",
+            ('{"input_tokens": 999, "reasoning_tokens": 4242}', run_id),
+        )
+    code, found = check_json("--db", db)
+    assert code == 4
+    usage = {
+        run["run_id"]: next(d for d in run["differences"] if d["field"] == "usage")
+        for run in found["runs"]
+    }
+    assert usage[surface]["index"] == {"input_tokens": 999, "reasoning_tokens": 4242}
+    assert usage[surface]["log"]["reasoning_tokens"] == 3
+    assert usage[hidden]["index"] == {
+        "input_tokens": 999,
+        "reasoning_tokens": {"withheld": "reasoning"},
+    }
+    assert usage[hidden]["log"]["reasoning_tokens"] == {"withheld": "reasoning"}
+    assert isinstance(usage[hidden]["log"]["input_tokens"], int), "the other counts are shown"
+    code, out, _ = check_index("--db", db, hidden)
+    assert code == 4 and "=4242" not in out  # (the table's width may fold a cell: see below)
+    tampered = {"input_tokens": 999, "reasoning_tokens": 4242}
+    shown = cli_index_check._shown("usage", tampered, "owner", "hidden")
+    assert shown == "input_tokens=999 reasoning_tokens=<withheld>"
+    assert "=4242" in cli_index_check._shown("usage", tampered, "owner", "surface")
+
+
 @pytest.mark.external
 @pytest.mark.postgres
 def test_check_names_the_tampered_run_and_repair_rebuilds_it_on_postgres() -> None:

@@ -219,3 +219,51 @@ async def test_a_one_request_stream_ends_within_5s_of_its_key_being_revoked(
     assert "revoked" in json.loads(messages[-1].data)["message"]
     with daemon.client("owner") as owner:  # the run itself goes on, unaffected
         assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "running"
+
+
+async def test_an_ag_ui_stream_ends_with_run_error_within_5s_of_its_key_being_revoked(
+    daemon: Daemon,
+) -> None:
+    """``POST /v1/agui`` follows a run on its own response, with no ticket: it too re-checks its
+    key and ends with AG-UI's ``RUN_ERROR`` (``code: access_revoked``) once the key is revoked,
+    while the run goes on."""
+    made = fresh_key(daemon, f"agui-{time.monotonic_ns()}", "member")
+    messages: list[SSEMessage] = []
+    run_ids: list[str] = []
+    first = asyncio.Event()
+    body = {
+        "threadId": "t-1",
+        "runId": "r-1",
+        "state": {},
+        "messages": [{"id": "u1", "role": "user", "content": "slow"}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {"thoughtgate": {"model": "fake:slow", "chain_of_thought": "surface"}},
+    }
+
+    async def follow() -> None:
+        decoder = SSEDecoder()
+        async with (
+            httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client,
+            client.stream("POST", "/v1/agui", json=body, headers=auth(made["key"])) as r,
+        ):
+            assert r.status_code == 200
+            run_ids.append(r.headers["x-thoughtgate-run-id"])
+            async for chunk in r.aiter_raw():
+                messages.extend(m for m in decoder.feed(chunk) if m.data)
+                if messages:
+                    first.set()
+
+    task = asyncio.create_task(follow())
+    await within(10, first.wait(), "the stream's first event", lambda: kinds(messages))
+    assert kinds(messages)[0] == "RUN_STARTED"
+    with daemon.client("owner") as owner:
+        assert owner.delete(f"/v1/keys/{made['key_id']}").status_code == 200
+    revoked_at = time.monotonic()
+    await within(15, task, "the stream's end after its key was revoked", lambda: kinds(messages))
+    assert time.monotonic() - revoked_at < PROMISE_S
+    last = json.loads(messages[-1].data)
+    assert (last["type"], last["code"]) == ("RUN_ERROR", "access_revoked"), kinds(messages)
+    assert "revoked" in last["message"]
+    with daemon.client("owner") as owner:  # the run itself goes on, unaffected
+        assert owner.get(f"/v1/runs/{run_ids[0]}").json()["status"] == "running"

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from collections import Counter
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from support.durable import until
 from support.scripts import slow
 from support.store_conformance import make_run
 
@@ -130,7 +133,10 @@ class CountingStore(MemoryStore):
 
 async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() -> None:
     store = CountingStore()
-    run = await Runtime(store).create_run(RunRequest("x", model="fake:echo"))
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # its creator will not execute it: this keeper holds it
+    store.renewals = 0
     keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
     keeper.hold(run.run_id)
     await asyncio.wait_for(store.renewed_twice.wait(), 5)  # at once, then every ttl/3
@@ -158,6 +164,7 @@ async def test_the_keeper_renews_the_runs_it_holds_and_no_other_run_of_its_proce
     runtime = Runtime(store, Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}}))
     executing = await runtime.create_run(RunRequest("x", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("y", model="fake:echo"))
+    runtime.forget_admitted(given_up.run_id)  # its execution gave up before it began
     keeper = runtime.leases
     await store.renew_leases(keeper.owner.owner_id, -1.0, [given_up.run_id])
     keeper.hold(executing.run_id)
@@ -208,6 +215,8 @@ async def test_a_processs_sweep_closes_its_own_runs_it_no_longer_executes_once_e
     executing = await runtime.create_run(RunRequest("a", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("b", model="fake:echo"))
     fresh = await runtime.create_run(RunRequest("c", model="fake:echo"))
+    for run in (executing, given_up, fresh):  # created, not executed here (it would hold them)
+        runtime.forget_admitted(run.run_id)
     expired = [executing.run_id, given_up.run_id]
     await store.renew_leases(me.owner_id, -1.0, expired)  # as a long store outage leaves them
     keeper.hold(executing.run_id)
@@ -244,13 +253,37 @@ class CallCountingStore(MemoryStore):
         return counted
 
 
-async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], list[str]]:
+class SpecReadsStore(CallCountingStore):
+    """Also keeps the ids each ``get_run_specs`` asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec_reads: list[set[str]] = []
+
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, RunSpecRecord]:
+        self.spec_reads.append(set(run_ids))
+        return await super().get_run_specs(run_ids)
+
+
+@dataclass
+class Sweep:
+    """What one sweep asked and did (``_sweep_beside_suspended_runs``)."""
+
+    calls: Counter[str]
+    requeued: list[str]
+    spec_reads: list[set[str]]
+    asked_on_queue: list[set[str]]
+    moved: set[str]
+    """The runs the sweep moves: the lost queued run, the durable orphan, the plain orphan."""
+
+
+async def _sweep_beside_suspended_runs(suspended: int) -> Sweep:
     """One daemon sweep of a store holding ``suspended`` durable runs waiting for a manual
     resume, beside one run of each other kind the sweep moves: a queued run on no queue, a
-    durable orphan and a plain one of a process on another host whose leases expired. The
-    store calls it made, and the runs requeued (after checking every run ended where it
-    should)."""
-    store = CallCountingStore()
+    durable orphan and a plain one of a process on another host whose leases expired -- and a
+    run queued moments ago, which it leaves. What the sweep asked and did (after checking every
+    run ended where it should)."""
+    store = SpecReadsStore()
     far = Owner("another-host", 4242, "n").owner_id
 
     async def admit(spec: dict[str, Any], **run: Any) -> str:
@@ -260,15 +293,20 @@ async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], li
 
     waiting = [await admit({"durable": True}) for _ in range(suspended)]
     lost = await admit({"durable": True, "resume": "queue", "queue": "q", "queued_at": 1.0})
+    just_queued = await admit(
+        {"durable": True, "resume": "queue", "queue": "q", "queued_at": time.time() + 60}
+    )
     orphan = await admit({"durable": True}, status="running", owner=far, lease_expires_at=1.0)
     plain = make_run(status="running", owner=far, lease_expires_at=1.0)
     await store.create_run(plain)
     requeued: list[str] = []
+    asked: list[set[str]] = []
 
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         requeued.append(run_id)
 
     async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        asked.append(set(run_ids))
         return {}  # none of them waits on a queue
 
     store.calls.clear()
@@ -276,19 +314,77 @@ async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], li
     calls = Counter(store.calls)
     assert closed == [plain.run_id]
     assert (await store.get_run(orphan)).metadata["suspended"]["resume"] == "manual"
-    for run_id in (*waiting, lost, orphan):
+    for run_id in (*waiting, lost, just_queued, orphan):
         run = await store.get_run(run_id)
         assert run.status in ("pending", "running") and run.owner is None
-    return calls, requeued
+    spec = await store.get_run_spec(just_queued)
+    assert spec is not None and spec.queued_at is not None and spec.queued_at > time.time()
+    return Sweep(calls, requeued, store.spec_reads, asked, {lost, orphan, plain.run_id})
 
 
 @pytest.mark.unit
 async def test_a_sweep_makes_as_many_store_calls_beside_300_suspended_runs_as_beside_3() -> None:
     """Runs waiting days for an approval stay suspended, each sweep of each replica looks at
     them, and their number grows with the store: their specs come in one read (ADR 0064)."""
-    few, requeued_few = await _sweep_beside_suspended_runs(3)
-    many, requeued_many = await _sweep_beside_suspended_runs(300)
-    assert len(requeued_few) == len(requeued_many) == 1, "the run on no queue is put back"
-    assert many == few
-    assert many["get_run_specs"] == 1 and many["get_run_spec"] == 0
-    assert many["open_runs"] == 1
+    few = await _sweep_beside_suspended_runs(3)
+    many = await _sweep_beside_suspended_runs(300)
+    assert len(few.requeued) == len(many.requeued) == 1, "the run on no queue is put back"
+    assert many.calls == few.calls
+    assert many.calls["get_run_specs"] == 1 and many.calls["get_run_spec"] == 0
+    assert many.calls["open_runs"] == 1
+
+
+@pytest.mark.unit
+async def test_an_admitted_run_the_keeper_no_longer_finds_is_dropped_once_surely_committed() -> (
+    None
+):
+    """A run admitted but never executed here -- its caller was cancelled before its execution
+    began, and the run was closed -- is not renewed for the life of the process: a renewal that
+    began a renewal period after its admission and does not find it drops it (ADR 0065). One
+    admitted moments ago (its admission may still be committing) is kept."""
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # this keeper stands for its process's
+    keeper.admit(run.run_id)
+    await close_run_interrupted(store, run.run_id, "cancelled before it executed")
+    keeper.admit("run_still_committing")
+    await keeper.renew()
+    assert run.run_id in keeper and "run_still_committing" in keeper
+
+    admitted_at = time.monotonic()
+
+    async def a_renewal_period_later() -> bool:
+        return time.monotonic() >= admitted_at + keeper.renew_every
+
+    await until(a_renewal_period_later)
+    keeper.admit("run_still_committing")  # admitted again just now: kept
+    await keeper.renew()
+    assert run.run_id not in keeper, "not found a renewal period after its admission: dropped"
+    assert "run_still_committing" in keeper
+    keeper.unadmit("run_still_committing")
+
+    # An open run whose execution never began is renewed for ``admitted_for_s`` at most.
+    never = await creator.create_run(RunRequest("y", model="fake:echo"))
+    creator.forget_admitted(never.run_id)
+    keeper.admit(never.run_id)
+    await keeper.renew()
+    assert never.run_id in keeper
+    keeper.admitted_for_s = 0.0
+    await keeper.renew()
+    assert never.run_id not in keeper
+
+
+@pytest.mark.unit
+async def test_a_sweep_reads_the_specs_of_the_runs_it_moves_only() -> None:
+    """The rows a sweep reads do not grow with the suspended runs either: it decides from
+    ``open_runs`` (a suspended run is not queued), asks the engine about the queued runs only
+    (the one queued moments ago too: its workflow may have ended, ADR 0065), and reads the specs
+    of the three runs it moves (ADR 0066). Before, every suspended run's spec came with every
+    sweep."""
+    sweep = await _sweep_beside_suspended_runs(300)
+    lost = sweep.requeued[0]
+    assert len(sweep.asked_on_queue) == 1 and lost in sweep.asked_on_queue[0]
+    assert len(sweep.asked_on_queue[0]) == 2, "the two queued runs, no suspended one"
+    assert sweep.spec_reads == [sweep.moved]

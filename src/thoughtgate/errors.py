@@ -64,6 +64,7 @@ __all__ = [
     "UnknownProviderError",
     "UnknownRoleError",
     "UsageError",
+    "failure_text",
 ]
 
 
@@ -248,3 +249,19 @@ class RunClosedError(RuntimeFailure):
             f"run {run_id!r} has already ended (another thoughtgate process closed it); "
             "nothing more is recorded for it"
         )
+
+
+def failure_text(exc: BaseException) -> str:
+    """What a run's or a task's ``error`` says of an exception, which every reader sees.
+
+    thoughtgate's own errors speak for themselves (their messages are written for the reader).
+    Any other exception is named by its class and the first line of its message only: a
+    driver's or a library's later lines are its details -- SQLAlchemy appends the statement's
+    ``[parameters: ...]`` (a checkpoint's step output: a model turn, reasoning and carriers
+    included), pydantic each failing ``input_value`` -- which no display surface may show, so
+    they are never copied into a field of the ``public`` class (fail closed; ADR 0069)."""
+    if isinstance(exc, ThoughtgateError):
+        return str(exc)
+    lines = str(exc).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

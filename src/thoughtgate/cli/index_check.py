@@ -97,10 +97,14 @@ class RunOutcome:
     left: list[Difference]
     """What still differs: ``found`` unless a rebuild ran, then what it did not fix."""
     result: Result
+    mode: str = "hidden"
+    """The run's disclosure mode (its row's): what its usage may show (:func:`_usage`)."""
 
 
 @dataclass(slots=True)
 class Tally:
+    reader: str = "owner"
+    """The local role, whose view of each run's usage is printed (:func:`_usage`)."""
     checked: int = 0
     disagreeing: int = 0
     repaired: int = 0
@@ -136,13 +140,14 @@ async def check_one(
         return None
     is_open = not check.log_ended
     found = check.differences
+    mode = check.record.chain_of_thought
     if not repair:
-        return RunOutcome(run_id, is_open, found, found, "disagrees")
+        return RunOutcome(run_id, is_open, found, found, "disagrees", mode)
     if is_open and not include_open:
-        return RunOutcome(run_id, is_open, found, found, "skipped: open")
+        return RunOutcome(run_id, is_open, found, found, "skipped: open", mode)
     await store.rebuild_run_index(run_id)
     left = (await check_index(store, run_id)).differences
-    return RunOutcome(run_id, is_open, found, left, "left" if left else "repaired")
+    return RunOutcome(run_id, is_open, found, left, "left" if left else "repaired", mode)
 
 
 async def walk(
@@ -180,21 +185,52 @@ def _progress(total: int | None) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
-def _value(name: str, value: object) -> Any:
-    """A value as it may be shown: a field :data:`SHOWN_FIELDS` does not name by its length only
-    (``None`` stays ``None``: the side that lacks the value says so)."""
-    if name in SHOWN_FIELDS or value is None:
+def _usage(value: object, reader: str, mode: str) -> object:
+    """Token usage as ``reader`` may read it on a run of ``mode``, by ``TokenUsage``'s own
+    declaration (display surface): reasoning tokens only where reasoning is shown (a
+    ``surface`` run), a count no declaration names never. A withheld count keeps its key, so a
+    difference in it still shows as one."""
+    from thoughtgate.access.filter import shows
+    from thoughtgate.access.roles import parse_role
+    from thoughtgate.events.payloads import TokenUsage
+    from thoughtgate.events.visibility import declared_fields
+
+    if not isinstance(value, dict):
+        return value
+    declared = declared_fields(TokenUsage)
+    role = parse_role(reader)
+    out: dict[str, object] = {}
+    for key, count in value.items():
+        spec = declared.get(key)
+        shown = spec is not None and shows(spec.cls, role, mode)
+        out[key] = count if shown else {"withheld": spec.cls.value if spec else "undeclared"}
+    return out
+
+
+def _value(name: str, value: object, reader: str = "owner", mode: str = "hidden") -> Any:
+    """A value as it may be shown: usage through its declaration (:func:`_usage`), a field
+    :data:`SHOWN_FIELDS` does not name by its length only (``None`` stays ``None``: the side
+    that lacks the value says so)."""
+    if value is None:
+        return value
+    if name == "usage":
+        return _usage(value, reader, mode)
+    if name in SHOWN_FIELDS:
         return value
     return {"withheld": "text", "chars": len(value if isinstance(value, str) else str(value))}
 
 
-def _shown(name: str, value: object) -> str:
+def _count(value: object) -> str:
+    return "<withheld>" if isinstance(value, dict) else str(value)
+
+
+def _shown(name: str, value: object, reader: str = "owner", mode: str = "hidden") -> str:
     """A value for the table: text by length, usage as its non-zero counts (``k=v``)."""
-    shown = _value(name, value)
+    shown = _value(name, value, reader, mode)
     if isinstance(shown, dict) and shown.get("withheld") == "text":
         return f"<text, {shown['chars']} chars>"
     if name == "usage" and isinstance(shown, dict):
-        return " ".join(f"{k}={v}" for k, v in shown.items() if v) or "{}"
+        return " ".join(f"{k}={_count(v)}" for k, v in shown.items() if v) or "{}"
     return json.dumps(shown, ensure_ascii=False, default=str)
 
 
@@ -228,8 +264,8 @@ def _document(tally: Tally, repair: bool) -> dict[str, Any]:
                     {
                         "field": d.field,
                         "task_id": d.task_id,
-                        "index": _value(d.field, d.index),
-                        "log": _value(d.field, d.log),
+                        "index": _value(d.field, d.index, tally.reader, o.mode),
+                        "log": _value(d.field, d.log, tally.reader, o.mode),
                         "state": state,
                     }
                     for d, state in _states(o)
@@ -265,8 +301,8 @@ def _render(tally: Tally, repair: bool) -> None:
         table = Table("task", "field", "index", "log", "state")
         table.columns[0].overflow = "fold"
         for d, state in _states(outcome):
-            cells = (d.task_id or "", d.field, _shown(d.field, d.index))
-            table.add_row(*(Text(c) for c in (*cells, _shown(d.field, d.log), state)))
+            index, log = (_shown(d.field, v, tally.reader, outcome.mode) for v in (d.index, d.log))
+            table.add_row(*(Text(c) for c in (d.task_id or "", d.field, index, log, state)))
         console.print(table)
     console.print(_summary(tally, repair), highlight=False, markup=False, soft_wrap=True)
 
@@ -329,8 +365,8 @@ def register(app: typer.Typer) -> None:
             if named and selection != EVERY_RUN:
                 raise UsageError("name runs or select them with filters, not both")
             ctx = Context(config_path=config, db=db, view_as=None)
-            require_role(ctx.role, Role.ADMIN, "checking the run index")
-            tally = Tally()
+            reader = require_role(ctx.role, Role.ADMIN, "checking the run index")
+            tally = Tally(reader=reader.label)
             if (missing := missing_local_store(ctx.db_url)) is not None:
                 if named:
                     raise nothing_there(missing, f"run {named[0]!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from thoughtgate.errors import ProviderError, ProviderStreamError
+from thoughtgate.errors import ProviderError, ProviderStreamError, failure_text
 from thoughtgate.providers.base import Provider, TurnRequest
 from thoughtgate.types import Chunk, Turn, TurnAccumulator
 
@@ -38,7 +38,7 @@ async def stream_llm_turn(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         # An adapter bug or an unmapped transport error must still not lose the partial turn.
         raise ProviderStreamError(
-            f"stream failed: {type(exc).__name__}: {exc}",
+            f"stream failed: {failure_text(exc)}",  # public: its first line only
             provider=provider.name,
             partial=acc.partial(),
         ) from exc

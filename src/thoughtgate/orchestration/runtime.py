@@ -69,6 +69,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
+    failure_text,
 )
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
@@ -411,6 +412,8 @@ class Runtime:
                 # tasks'.
                 kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
                 self._admitted[run.run_id] = (kept, spec)
+        if held:  # renewed from now until its execution holds it (ADR 0065)
+            self.leases.admit(run_id)
         try:
             rank = await self._store_run(
                 run,
@@ -427,6 +430,7 @@ class Runtime:
                 if unwritten and not queue:
                     self._unwritten.add(run_id)
         except BaseException:
+            self.leases.unadmit(run_id)
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
             # An execution started early (``decided``) finds neither: it reads the run, which
@@ -550,13 +554,18 @@ class Runtime:
         if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
             run = await self.store.get_run(run_id)
             if run.status not in OPEN_RUN_STATUSES:
+                self.forget_admitted(run_id)
                 await _close_all(self._prepared.pop(run_id, {}).values())
                 raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         # Its first execution without a workflow when it can take no checkpoint (ADR 0046): its
         # lease, held from its admission, is what a resume needs, as for a daemon's run.
         unwritten = run_id in self._unwritten
         self._unwritten.discard(run_id)
-        done = await self.durable.start(run_id, unwritten=unwritten)
+        try:
+            done = await self.durable.start(run_id, unwritten=unwritten)
+        except BaseException:
+            self.forget_admitted(run_id)
+            raise
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError as exc:
@@ -588,6 +597,12 @@ class Runtime:
         return {r: t for r, t in self._workflows.items() if not t.done()}
 
     async def _execute(self, run_id: str) -> None:
+        try:
+            await self._execute_admitted(run_id)
+        finally:  # it holds its run while it executes; renewed no more if it never did
+            self.leases.unadmit(run_id)
+
+    async def _execute_admitted(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
         spec: RunSpec | None = None
         if admitted is not None and time.time() < (admitted[0].lease_expires_at or 0.0):
@@ -618,8 +633,11 @@ class Runtime:
 
     def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
         """The run and its spec as this process admitted them, once: for its first execution
-        here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
+        here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere. Its
+        lease is renewed no more as an admitted run's: its execution holds it from here, or
+        another process takes it (ADR 0065)."""
         self._claimed.discard(run_id)
+        self.leases.unadmit(run_id)
         return self._admitted.pop(run_id, None)
 
     async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
@@ -711,7 +729,7 @@ class Runtime:
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
                 spent.usage,
-                (_describe(exc), _error_type(exc)),
+                (failure_text(exc), _error_type(exc)),
                 spent.ended,
             )
             raise
@@ -920,7 +938,7 @@ class Runtime:
             finally:
                 await recorder.close()
         except Exception as exc:
-            error = _describe(exc)
+            error = failure_text(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
             await steps.effect(
@@ -1181,11 +1199,6 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
 def _error_type(exc: Exception) -> str:
     """A provider's error code, else the error's class (``engine.loop.error_type_of``)."""
     return error_type_of(exc) if isinstance(exc, ProviderError) else type(exc).__name__
-
-
-def _describe(exc: Exception) -> str:
-    """Our own errors speak for themselves; anything else is named by its type."""
-    return str(exc) if isinstance(exc, ThoughtgateError) else f"{type(exc).__name__}: {exc}"
 
 
 def _describe_task(opened: TaskStartedPayload, spec: TaskSpec, tools: Sequence[ToolSpec]) -> None:

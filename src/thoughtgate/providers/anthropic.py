@@ -55,6 +55,7 @@ from thoughtgate.providers.base import (
     ToolSpec,
     TurnRequest,
 )
+from thoughtgate.providers.described import shape_of
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.http import parse_json_event
 from thoughtgate.providers.registry import ENDPOINTS
@@ -508,8 +509,8 @@ class AnthropicCapture:
             # ping and unknown event types: nothing (as the SDK does)
         except (KeyError, TypeError, AttributeError) as exc:
             raise MalformedResponseError(
-                f"{etype} event is missing a field or has a wrong type ({exc}): "
-                f"{json.dumps(data)[:200]}",
+                f"{etype} event is missing a field or has a wrong type ({exc}); it is "
+                f"{shape_of(data)}",
                 provider=PROVIDER,
             ) from exc
 
@@ -655,7 +656,7 @@ class AnthropicCapture:
         content = body.get("content")
         if not isinstance(content, list):
             raise MalformedResponseError(
-                f"message has no content list: {json.dumps(body)[:200]}", provider=PROVIDER
+                f"message has no content list: its body is {shape_of(body)}", provider=PROVIDER
             )
         self.started = True
         self._response_info(body)

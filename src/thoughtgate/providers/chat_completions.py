@@ -31,6 +31,7 @@ from typing import Any
 
 from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
 from thoughtgate.providers.base import ToolSpec, TurnRequest
+from thoughtgate.providers.described import shape_of
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.history import tool_results
 from thoughtgate.providers.http import stream_error
@@ -195,7 +196,7 @@ class ChatChunkParser(JSONEventParser):
         return bool(self._calls)
 
     def _malformed(self, what: str, value: Any) -> MalformedResponseError:
-        return MalformedResponseError(f"{what}: {json.dumps(value)[:200]}", provider=self.provider)
+        return MalformedResponseError(f"{what}: it is {shape_of(value)}", provider=self.provider)
 
     @property
     def finished(self) -> bool:
@@ -329,7 +330,7 @@ class ChatChunkParser(JSONEventParser):
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise MalformedResponseError(
-                f"chat completion without choices: {json.dumps(data)[:200]}",
+                f"chat completion without choices: it is {shape_of(data)}",
                 provider=self.provider,
             )
         choice = choices[0]

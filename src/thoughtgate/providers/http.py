@@ -50,6 +50,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
+from thoughtgate.providers.described import shape_of, size_of, without_quoted_bytes
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -109,14 +110,15 @@ def transport_error(
     stage is retryable: nothing of the answer has reached the caller yet."""
     kind = next(TRANSPORT_ERRORS[c][stage] for c in type(exc).__mro__ if c in TRANSPORT_ERRORS)
     name = type(exc).__name__
+    said = without_quoted_bytes(str(exc))
     if kind is ProviderTimeoutError:
         message = f"{name}: the provider did not answer in time"
     elif isinstance(exc, httpx.ConnectError):
-        message = f"could not connect to {base_url}: {exc}"
+        message = f"could not connect to {base_url}: {said}"
     elif kind is ProviderStreamError:
-        message = f"the stream was cut: {name}: {exc}"
+        message = f"the stream was cut: {name}: {said}"
     else:
-        message = f"{name}: {exc}"
+        message = f"{name}: {said}"
     return kind(message, provider=provider, retryable=stage == "request")
 
 
@@ -236,12 +238,12 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
             value = json.loads(data)
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
-                f"malformed JSON in {message.event!r} stream event: {exc}: {data[:200]!r}",
+                f"malformed JSON in {message.event!r} stream event: {exc} (in {size_of(data)})",
                 provider=provider,
             ) from exc
     if not isinstance(value, dict):
         raise MalformedResponseError(
-            f"stream event {message.event!r} is not a JSON object: {message.data[:200]!r}",
+            f"stream event {message.event!r} is not a JSON object: it is {shape_of(value)}",
             provider=provider,
         )
     return value
@@ -493,7 +495,7 @@ class HTTPTransport:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
-                f"malformed JSON body: {exc}: {raw[:200]!r}", provider=self.provider
+                f"malformed JSON body: {exc} (in {size_of(raw)})", provider=self.provider
             ) from exc
         if not isinstance(value, dict):
             raise MalformedResponseError(

@@ -44,7 +44,6 @@ sent without ids, so no pairing is demanded. Reasoning text is never rehydrated 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -55,6 +54,7 @@ from thoughtgate.errors import (
     ProviderStreamError,
 )
 from thoughtgate.providers.base import Capabilities, ToolSpec, TurnRequest
+from thoughtgate.providers.described import shape_of
 from thoughtgate.providers.endpoints import apply_extra, merge_body
 from thoughtgate.providers.history import current_loop_start, tool_results
 from thoughtgate.providers.http import stream_error
@@ -197,7 +197,7 @@ class ResponsesEventParser(JSONEventParser):
     def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         etype = event.get("type")
         if not isinstance(etype, str):
-            raise self._malformed(f"stream event without a type: {json.dumps(event)[:200]}")
+            raise self._malformed(f"stream event without a type: it is {shape_of(event)}")
         handler = _HANDLERS.get(etype)
         return handler(self, event) if handler is not None else []  # unknown events: skipped
 

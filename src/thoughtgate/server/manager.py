@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import UsageError, failure_text
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
@@ -167,7 +167,9 @@ class RunManager:
         try:
             await engine.submit(run.run_id, queue, priority=rank)
         except Exception as exc:
-            await self._close_failed(run.run_id, f"it could not be started or queued: {exc}", exc)
+            await self._close_failed(
+                run.run_id, f"it could not be started or queued: {failure_text(exc)}", exc
+            )
             raise
         return run
 
@@ -268,7 +270,7 @@ class RunManager:
         try:
             await engine.resume(run_id, self.queue)
         except Exception as exc:  # no workflow to resume: its checkpoints are gone
-            reason = f"it could not resume: {exc}"
+            reason = f"it could not resume: {failure_text(exc)}"
             closed = await self._close_failed(run_id, reason, exc)
             outcome = "it was closed" if closed else "closing it failed too (a sweep takes it up)"
             raise UsageError(f"run {run_id!r} {reason}; {outcome}") from exc
@@ -385,11 +387,16 @@ class RunManager:
 
     async def _forget_ended(self) -> None:
         """Delete the workflows of runs that ended: their checkpoints may hold carriers and tool
-        results, which have no use once the run is over."""
+        results, which have no use once the run is over. Not those of runs still open: a
+        workflow can end before its run (its claim failed, ADR 0065), and the run resumes from
+        its checkpoints once it is put back on a queue."""
         engine = self.runtime.durable
         assert engine is not None
         done = await engine.finished_workflows()
-        await engine.forget(done)
+        if done:
+            found = await self.runtime.store.open_runs()
+            still_open = {run.run_id for run in found.runs}
+            await engine.forget([run_id for run_id in done if run_id not in still_open])
 
     def start_sweeping(self) -> None:
         """Sweep periodically while the daemon runs, so a dead process's runs resume in time."""

@@ -34,13 +34,15 @@ pass, so a process without one leaves such runs to a daemon; a run of ``thoughtg
 A queued run has no owner, so no lease of it ever expires: should what puts it on its queue fail
 (a new run's enqueue, a requeue), and then its close too (the store down past the retries), it
 would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
-runs without an owner are on a queue (``on_queue``), and puts back one queued for longer than
-``lost_after_s`` that is on none -- closing it when that fails, or leaving it to the next sweep
+runs without an owner queued for longer than ``lost_after_s`` are on a queue (``on_queue``), and
+puts back one that is on none -- closing it when that fails, or leaving it to the next sweep
 when the store still refuses (ADR 0062). Nor does a lease tell when a replica took a queued run's
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
 without a claim (ADR 0063); ``requeue_run`` (a compare-and-set on ``queued_at``) lets one sweep
-of several do it.
+of several do it. A queued run whose workflow *ended* (its claim failed while the store was
+unavailable, or found the run held by an execution that then handed it back) is put back at
+once: nothing executes it, nor can anything be queueing it (``WORKFLOW_ENDED``, ADR 0065).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import StoreUnavailableError, failure_text
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     RunInterruptedPayload,
@@ -76,9 +78,12 @@ __all__ = [
     "ABANDONED",
     "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
+    "ENDED_OPEN",
     "ON_NO_QUEUE",
     "TAKEN_UNCLAIMED",
     "UNWRITTEN",
+    "WORKFLOW_ENDED",
+    "WORKFLOW_TAKEN_OVER",
     "EndedTask",
     "Owner",
     "close_orphaned_runs",
@@ -107,6 +112,20 @@ TAKEN_UNCLAIMED = (
 )
 """Why a sweep puts back on a queue a queued run whose workflow a replica took from its queue
 and that the replica has not claimed for a lease: it stopped in between (ADR 0063)."""
+WORKFLOW_ENDED = float("-inf")
+"""An ``OnQueue`` answer: the run's workflow has ended while the run is open -- its execution
+gave up before it began (its claim failed while the store was unavailable), or found the run
+held by a stalled execution that then lost the workflow. Nothing will execute it, so the sweep
+puts it back on a queue at once, its checkpoints kept (ADR 0065)."""
+ENDED_OPEN = (
+    "its workflow ended while it was open (its execution could not begin, or handed it back)"
+)
+"""Why a sweep puts back on a queue a queued run whose workflow ended (ADR 0065)."""
+WORKFLOW_TAKEN_OVER = (
+    "its workflow was put back on a queue while the process that had taken it stalled"
+)
+"""Why a stalled execution hands a run it claimed back at once: DBOS refuses its checkpoints,
+for another execution owns the run's workflow now (ADR 0065)."""
 ABANDONED = "its process stopped executing it without recording its end"
 """Why a process's own sweep closes a run of its own that it no longer executes and whose lease
 expired: its end was refused for longer than the retries, or its execution stopped without one
@@ -377,7 +396,8 @@ replicas have the run's tools."""
 
 OnQueue = Callable[[Sequence[str]], Awaitable[Mapping[str, float | None]]]
 """Which of these runs the engine has on a work queue: ``None`` for a workflow waiting there, or
-when it was taken from there (seconds since the epoch, the store's clock)."""
+when it was taken from there (seconds since the epoch, the store's clock); ``WORKFLOW_ENDED``
+for a workflow that ended (ADR 0065)."""
 
 
 async def close_orphaned_runs(
@@ -396,10 +416,11 @@ async def close_orphaned_runs(
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
     (:func:`_requeue_lost`).
 
-    The specs of the runs it may move -- the orphans, and the ownerless runs the engine does not
-    have waiting on a queue, every suspended run among them -- come in one ``get_run_specs``: a
-    daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
-    thousands (ADR 0064)."""
+    A daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
+    thousands, so it decides from what ``open_runs`` returns (owner, lease, ``queued_at``):
+    the engine is asked only about queued runs (a suspended run is on no queue, and is
+    ``thoughtgate resume``'s to move), and the specs of the runs it will move --
+    the orphans and the lost queued runs -- come in one ``get_run_specs`` (ADR 0064, 0066)."""
     me = me or Owner.current()
     found = await store.open_runs()
     orphans: list[tuple[OpenRun, str]] = []
@@ -408,12 +429,20 @@ async def close_orphaned_runs(
         if reason is not None:
             orphans.append((run, reason))
     lost: dict[str, str] = {}
+    # The engine is asked about every queued run (ownerless, with a ``queued_at``; a suspended
+    # run has none), however recently queued: one whose workflow ended is put back at once
+    # (ADR 0065), any other once queued for ``lost_after_s`` (what queues it may be under way
+    # until then; ``_requeue_lost`` checks it again on the spec it reads).
     if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
-        ownerless = [run.run_id for run in found.runs if run.owner is None]
-        places = await on_queue(ownerless) if ownerless else {}
-        for run_id in ownerless:
+        queued = {
+            run.run_id: run.queued_at
+            for run in found.runs
+            if run.owner is None and run.queued_at is not None
+        }
+        places = await on_queue(list(queued)) if queued else {}
+        for run_id, queued_at in queued.items():
             why = _lost(run_id, places, found.now, lost_after_s)
-            if why is not None:
+            if why is not None and (why == ENDED_OPEN or found.now - queued_at >= lost_after_s):
                 lost[run_id] = why
     wanted = [run.run_id for run, _ in orphans] + list(lost)
     specs: Mapping[str, RunSpecRecord] = {}
@@ -457,8 +486,10 @@ async def _requeue_lost(
     closed: list[str] = []
     for spec, why in lost:
         run_id = spec.run_id
-        if not spec.durable or spec.queued_at is None or now - spec.queued_at < lost_after_s:
+        if not spec.durable or spec.queued_at is None:
             continue
+        if why != ENDED_OPEN and now - spec.queued_at < lost_after_s:
+            continue  # what queues it may be under way; an ended workflow is not (ADR 0065)
         if not await store.requeue_run(run_id, queued_at=spec.queued_at):
             continue  # claimed, closed or put back by another sweep since it was read
         try:
@@ -466,7 +497,7 @@ async def _requeue_lost(
         except Exception as exc:
             log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
             if await close_run_interrupted(
-                store, run_id, f"{why}; it could not be queued again: {exc}", retry=()
+                store, run_id, f"{why}; it could not be queued again: {failure_text(exc)}", retry=()
             ):
                 closed.append(run_id)
             continue
@@ -482,6 +513,8 @@ def _lost(
     if run_id not in places:
         return ON_NO_QUEUE
     taken_at = places[run_id]
+    if taken_at == WORKFLOW_ENDED:
+        return ENDED_OPEN
     if taken_at is None or now - taken_at < lost_after_s:
         return None
     return TAKEN_UNCLAIMED
@@ -511,7 +544,7 @@ async def _release_durable(
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
             await close_run_interrupted(
-                store, run.run_id, f"{reason}; it could not resume: {exc}", retry=()
+                store, run.run_id, f"{reason}; it could not resume: {failure_text(exc)}", retry=()
             )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)

@@ -32,7 +32,7 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import HANG_S, REPO, ServeProcess, auth, cli_env
+from support.daemon import HANG_S, PG_START_S, REPO, ServeProcess, auth, cli_env
 from support.durable import HOLD, SIDE_EFFECTS, side_effects, wait_for
 from support.pg import PG_URL
 
@@ -51,7 +51,7 @@ from thoughtgate.testing.emulator import (
 
 # Each test starts two or three daemons, which can take 50 s each on a loaded machine: the
 # project's 300 s, not less.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(PG_START_S + 180), pytest.mark.slow]
 
 LEASE = "3"
 TOOLS = ("--tools", "support.served:DURABLE_TOOLS")
@@ -99,13 +99,16 @@ class Service:
         self.daemons.append(daemon)
         return daemon
 
+    def _start_s(self) -> float:
+        return PG_START_S if self.db.startswith("postgresql") else HANG_S
+
     def start(self) -> ServeProcess:
-        return self._daemon().start()
+        return self._daemon().start(timeout=self._start_s())
 
     def start_two(self) -> tuple[ServeProcess, ServeProcess]:
         """Two replicas, started at the same time."""
         a, b = self._daemon(), self._daemon()
-        ServeProcess.start_all(a, b)
+        ServeProcess.start_all(a, b, timeout=self._start_s())
         return a, b
 
     def close(self) -> None:

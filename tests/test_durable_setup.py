@@ -14,19 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from support.daemon import ServeProcess
+from support.daemon import PG_START_S, ServeProcess
 from support.pg import PG_URL
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
-
-START_S = 240.0
-"""How long a replica may take to start: a first start migrates the workflows schema, whose
-``CREATE INDEX CONCURRENTLY`` statements each wait for every older transaction of the database --
-on a database shared with other tests' daemons, whose DBOS background jobs hold a transaction open
-for a while, that takes minutes -- plus DBOS's 30 s wait for its lock here."""
 
 DBOS_MIGRATION_LOCK = 1234567890
 """DBOS's own migration lock (``dbos._sys_db_postgres``): one key for the whole database, which
@@ -74,9 +68,12 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
             for _ in range(3)
         ]
         try:
-            ServeProcess.start_all(*daemons, timeout=START_S)
+            ServeProcess.start_all(*daemons, timeout=PG_START_S)
             assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
             assert _migrated(workflows)
+            # the one that set it up waited 30 s for DBOS's lock, and said so meanwhile
+            said = "".join(line for d in daemons for line in d.stderr_lines)
+            assert "still setting up the workflows of" in said and workflows in said
         finally:
             for daemon in daemons:
                 daemon.stop()
@@ -100,8 +97,33 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
             holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (setup_lock_key(workflows),))
-            daemon.ready(timeout=START_S)
+            daemon.ready(timeout=PG_START_S)
             assert _migrated(workflows)
+        finally:
+            daemon.stop()
+
+
+def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """A daemon waiting for another process's set-up prints what it waits for, and a test's wait
+    for it to listen ends at its deadline with everything it printed, though it prints nothing
+    more meanwhile (a wait that blocks until the process speaks would end only at the test's
+    timeout, showing nothing)."""
+    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
+        daemon = ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
+        try:
+            daemon.spawn()
+            waiting = "waiting for another process setting up the workflows of"
+            deadline = time.monotonic() + PG_START_S
+            while not any(waiting in line and workflows in line for line in daemon.stderr_lines):
+                assert time.monotonic() < deadline, "".join(daemon.stderr_lines)
+                time.sleep(0.1)
+            with pytest.raises(RuntimeError, match=r"not listening after 1\.0 s") as err:
+                daemon.ready(timeout=1.0)
+            assert waiting in str(err.value)  # all it printed
+            assert "py-spy" in str(err.value)  # its stacks, or why there are none
         finally:
             daemon.stop()
 

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from support.daemon import Daemon, ServeProcess, running_daemon
+from support.daemon import PG_START_S, Daemon, ServeProcess, running_daemon
 from support.faults import (
     TOOLS_FLAG,
     Attempt,
@@ -439,7 +439,7 @@ def pg_pair() -> Iterator[Replicas]:
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(PG_START_S + 90)  # its fixture starts the replicas
 def test_readers_resuming_across_postgres_replicas_see_every_event_once(
     pg_pair: Replicas,
 ) -> None:
@@ -643,6 +643,66 @@ async def test_a_cancelled_runs_interruption_lost_with_its_connection_is_recorde
     assert (await store.get_run(run.run_id)).status == "interrupted"
     log = await store.read(run.run_id)
     assert [e.type for e in log if is_run_terminal(e.type)] == [EventType.RUN_INTERRUPTED]
+
+
+def _logged(batches: Sequence[list[NewEvent]]) -> list[list[Event]]:
+    """``batches`` as the store numbers them when each one commits, in order."""
+    out: list[list[Event]] = []
+    seq = 0
+    for batch in batches:
+        out.append([Event(seq := seq + 1, "run_x", e.type, e.payload) for e in batch])
+    return out
+
+
+_DELTAS = [NewEvent(EventType.MESSAGE_DELTA, {"text": "a"}), NewEvent(EventType.MESSAGE_DELTA)]
+_END = [NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "the connection was lost"})]
+
+
+@pytest.mark.unit
+def test_a_run_end_retried_after_a_lost_try_that_did_not_commit_is_the_retrys() -> None:
+    """Seen under load: the close retry's first try lost its connection before committing, the
+    second stored the end. The log's end is the second try's, not the first's."""
+    deltas, end = _logged([_DELTAS, _END])
+    attempts = [
+        Attempt(_DELTAS, deltas),
+        Attempt(_END, None, unknown=True, finishing=True),
+        Attempt(_END, end, finishing=True),
+    ]
+    stored_batches_are_whole(attempts, deltas + end)
+
+
+@pytest.mark.unit
+def test_a_run_end_retried_after_a_lost_try_that_committed_stores_nothing_more() -> None:
+    deltas, end = _logged([_DELTAS, _END])
+    attempts = [
+        Attempt(_DELTAS, deltas),
+        Attempt(_END, None, unknown=True, finishing=True),
+        Attempt(_END, [], finishing=True),  # the run had ended: its own lost try committed
+    ]
+    stored_batches_are_whole(attempts, deltas + end)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("attempts", "logged"),
+    [
+        pytest.param([(_DELTAS, "stored"), (_END, "stored")], [_DELTAS], id="a stored end lost"),
+        pytest.param([(_END, "unknown"), (_END, "stored")], [_END, _END], id="the run ended twice"),
+        pytest.param([(_DELTAS, "failed")], [_DELTAS], id="a failed batch left events"),
+        pytest.param([(_DELTAS, "stored"), (_END, "none")], [_DELTAS], id="an open run's end lost"),
+        pytest.param([(_END, "stored"), (_DELTAS, "stored")], [_DELTAS, _END], id="out of order"),
+    ],
+)
+def test_the_log_checker_still_finds_a_lost_or_extra_batch(
+    attempts: list[tuple[list[NewEvent], str]], logged: list[list[NewEvent]]
+) -> None:
+    log = [e for batch in _logged(logged) for e in batch]
+    made: list[Attempt] = []
+    for batch, outcome in attempts:
+        stored = {"stored": _logged([batch])[0], "none": []}.get(outcome)
+        made.append(Attempt(batch, stored, unknown=outcome == "unknown", finishing=batch is _END))
+    with pytest.raises(AssertionError):
+        stored_batches_are_whole(made, log)
 
 
 async def _kill(admin: psycopg.AsyncConnection[Any], application_name: str) -> int:

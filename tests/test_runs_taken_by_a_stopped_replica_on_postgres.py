@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from dbos import DBOS
 from dbos._dbos import _get_dbos_instance
+from support.daemon import PG_START_S
 from support.durable import TOOLS, side_effects
 from test_durable_replicas import two_replicas_on_postgres
 
@@ -29,7 +30,7 @@ pytestmark = [
     pytest.mark.external,
     pytest.mark.postgres,
     pytest.mark.slow,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(PG_START_S + 180),
 ]
 
 ITS_QUEUE = "thoughtgate-runs-stopped-replica-c1"

@@ -12,6 +12,8 @@ import contextlib
 import importlib.util
 import json
 import os
+import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -310,6 +312,14 @@ def sse_events(body: str) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- subprocesses
 
+PG_START_S = 240.0
+"""How long a durable daemon on a fresh PostgreSQL schema may take to listen: it sets up the
+schema's workflows first (ADR 0062), and each of DBOS's ``CREATE INDEX CONCURRENTLY`` waits for
+the database's older transactions -- among them every other DBOS process's background-job
+transaction, each held about 4 s at a time (ADR 0057). Measured on a loaded 2-core machine: 13 to
+31 s with no other daemon on the database, 88 s with four; 30 s more while another process holds
+DBOS's database-wide migration lock (``test_durable_setup`` does, on purpose)."""
+
 HANG_S = 120.0
 """How long a wait on a ``thoughtgate`` subprocess (to start, to print something, to exit) may
 last before it counts as a hang: only a hang reaches it. A ``thoughtgate run`` starts (imports,
@@ -357,6 +367,21 @@ def cli(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=timeout,
     )
+
+
+def process_stacks(pid: int) -> str:
+    """Where every thread of process ``pid`` is (``py-spy dump``), for the message of a test
+    that gave up waiting on it; a note instead when py-spy is missing or cannot attach."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return "\n(py-spy is not installed: no stacks of the waiting process)\n"
+    try:
+        dump = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"\n(no stacks of the waiting process: {exc})\n"
+    return f"\nwhere it waits (py-spy dump):\n{dump.stdout}{dump.stderr}"
 
 
 class ServeProcess:
@@ -407,44 +432,59 @@ class ServeProcess:
             text=True,
             preexec_fn=None if self.open_files is None else self._limit_files,
         )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
         return self
 
-    def ready(self, *, expect_key: bool = False, timeout: float = HANG_S) -> ServeProcess:
-        """Wait for the URL it listens on (and its bootstrap key when ``expect_key``)."""
+    def _read_stderr(self) -> None:
+        """Every line the process writes to stderr, into ``stderr_lines`` and for :meth:`ready`
+        (``None`` once it closes stderr): read here, so that ``ready`` can stop waiting at its
+        deadline while the process prints nothing."""
         assert self.proc is not None and self.proc.stderr is not None
+        with contextlib.suppress(ValueError, OSError):  # closed by stop()
+            for line in self.proc.stderr:
+                self.stderr_lines.append(line)
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def ready(self, *, expect_key: bool = False, timeout: float = HANG_S) -> ServeProcess:
+        """Wait for the URL it listens on (and its bootstrap key when ``expect_key``), at most
+        ``timeout`` seconds; a process that is still running then is shown with where it waits
+        (its threads' stacks), so a hang names its cause."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         key_next = False
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
                 break
-            self.stderr_lines.append(line)
+            if line is None:  # it closed stderr: it is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=10)
+                break
             if key_next:
                 self.bootstrap_key = line.strip()
             elif "thoughtgate listening on " in line:
                 self.base_url = line.split("listening on ")[1].split()[0]
             key_next = "created owner key" in line
             if self.base_url and (self.bootstrap_key or not expect_key):
-                break
-        if not self.base_url:
-            code = self.proc.poll()
-            self.stop()
+                return self
+        code = self.proc.poll()
+        where = "" if code is not None else process_stacks(self.proc.pid)
+        self.stop()
+        if self.base_url:
+            why = f"printed no key after {timeout} s"
+        else:
             why = f"exited with {code}" if code is not None else f"not listening after {timeout} s"
-            raise RuntimeError(f"serve did not start ({why}):\n" + "".join(self.stderr_lines))
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-        return self
+        raise RuntimeError(f"serve did not start ({why}):\n" + "".join(self.stderr_lines) + where)
 
     def _limit_files(self) -> None:
         import resource
 
         assert self.open_files is not None
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
 
     def kill(self) -> None:
         """``kill -9``: the process dies at once, writing nothing more."""
@@ -459,9 +499,9 @@ class ServeProcess:
             self.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-        drainer = getattr(self, "_drainer", None)
-        if drainer is not None:
-            drainer.join(timeout=5)
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.join(timeout=5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         self._stdout.close()

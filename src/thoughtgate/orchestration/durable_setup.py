@@ -16,15 +16,22 @@ of one schema set it up one after the other (the next finds it migrated and runs
 processes on other schemas do not wait for them. The lock ends with the connection, so a process
 that dies while holding it holds it no more. A waiting process asks again every few tenths of a
 second (a wait inside one statement would deadlock with the holder's ``CREATE INDEX
-CONCURRENTLY``), for a bounded time, then fails saying what it waited for."""
+CONCURRENTLY``), for a bounded time, then fails saying what it waited for.
+
+A set-up can take minutes on a busy database (DBOS's 30 s wait for its lock, then each ``CREATE
+INDEX CONCURRENTLY`` waiting for the database's older transactions), all of it inside
+``DBOS.launch``, a blocking call on the event loop's thread: nothing else runs meanwhile, so a
+thread says every :data:`SETUP_NOTE_S` what the process still waits for, rather than a daemon that
+prints nothing between "Waiting for application startup" and its first request."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -33,7 +40,7 @@ from thoughtgate.errors import RuntimeFailure
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_pool import connect
 
-__all__ = ["SETUP_WAIT_S", "setting_up", "setup_lock_key"]
+__all__ = ["SETUP_NOTE_S", "SETUP_WAIT_S", "setting_up", "setup_lock_key"]
 
 log = logging.getLogger("thoughtgate.durable")
 
@@ -41,6 +48,11 @@ SETUP_WAIT_S = 300.0
 """How long a process waits for another one setting up the same workflows schema: a migration
 that builds indexes ``CONCURRENTLY`` waits for the database's older transactions, so it may take
 a while on a busy database; past this, something holds the lock that will not let it go."""
+
+
+SETUP_NOTE_S = 10.0
+"""How often a set-up under way says that it still is (a set-up with nothing to do takes well
+under a second; a migration on an idle database a few seconds)."""
 
 
 _POLL_S = 0.2
@@ -68,7 +80,35 @@ async def setting_up(
             await _lock(conn, setup_lock_key(schema), where, wait_s)
         except psycopg.Error as exc:
             raise translate_error(exc, action, where) from exc
-        yield  # the lock ends with the connection
+        with _saying_while_slow(where):
+            yield  # the lock ends with the connection
+
+
+@contextlib.contextmanager
+def _saying_while_slow(where: str, every_s: float = SETUP_NOTE_S) -> Iterator[None]:
+    """Log, from a thread, every ``every_s`` seconds the block lasts, that the set-up of
+    ``where`` is still under way and what it may wait for: the block blocks the event loop."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def note() -> None:
+        while not done.wait(every_s):
+            log.info(
+                "still setting up the workflows of %s after %.0f s: DBOS waits up to 30 s for "
+                "its database-wide migration lock (any DBOS application of this database may "
+                "hold it), and each CREATE INDEX CONCURRENTLY for the database's older "
+                "transactions",
+                where,
+                time.monotonic() - started,
+            )
+
+    noting = threading.Thread(target=note, name="thoughtgate-setup-progress", daemon=True)
+    noting.start()
+    try:
+        yield
+    finally:
+        done.set()
+        noting.join()
 
 
 async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s: float) -> None:

@@ -69,6 +69,8 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
+    exception_line,
+    failure_detail,
     failure_text,
 )
 from thoughtgate.events.catalogue import check_new_events
@@ -712,14 +714,16 @@ class Runtime:
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
                 spent.usage,
-                (failure_text(exc), _error_type(exc)),
+                (failure_text(exc), _error_type(exc), failure_detail(exc)),
                 spent.ended,
             )
             raise
         status = _run_status([r.status for r in results])
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
-        error = None if failed is None else (failed.error or "", failed.error_type)
+        error = (
+            None if failed is None else (failed.error or "", failed.error_type, failed.error_detail)
+        )
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
@@ -820,20 +824,23 @@ class Runtime:
         event_type: str,
         status: RunStatus,
         usage: Usage,
-        failure: tuple[str, str | None] | None,
+        failure: tuple[str, str | None, str | None] | None,
         ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
-        happens if another process already closed the run. ``failure`` is the error and its
-        type (``RunEndedPayload.error_type``), if any."""
+        happens if another process already closed the run. ``failure`` is the error, its type
+        and its detail (``RunEndedPayload``'s ``error``, ``error_type``, ``error_detail``), if
+        any."""
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
-        if error:
+        if error and failure:
             payload["error"] = error
-            if failure and failure[1]:
+            if failure[1]:
                 payload["error_type"] = failure[1]
+            if failure[2]:
+                payload["error_detail"] = failure[2]
         not_run = "not run: the run failed before this task started"
         try:
             with self.leases.ending(run_id):
@@ -921,12 +928,12 @@ class Runtime:
             finally:
                 await recorder.close()
         except Exception as exc:
-            error = failure_text(exc)
+            error, detail = failure_text(exc), failure_detail(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
             await steps.effect(
                 f"{task.task_id}: aborted",
-                lambda: self._task_aborted(run, task, error, resumed, held),
+                lambda: self._task_aborted(run, task, (error, detail), resumed, held),
             )
             raise
 
@@ -964,17 +971,20 @@ class Runtime:
         self,
         run: RunRecord,
         task: TaskRecord,
-        error: str,
+        failure: tuple[str, str | None],
         resumed: ResumeLog | None,
         held: Sequence[NewEvent] = (),
     ) -> None:
-        """A task whose worker raised still ends (failed, with the error) before the run's
-        terminal event, so no reader waits on a task that will never finish."""
+        """A task whose worker raised still ends (failed, with the error and its detail) before
+        the run's terminal event, so no reader waits on a task that will never finish."""
+        error, detail = failure
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
+        if detail:
+            payload["error_detail"] = detail
         done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
         await self._append(run.run_id, [*held, done])
 
@@ -1005,6 +1015,8 @@ class Runtime:
             "output": result.answer,
             "error": result.error,
         }
+        if result.error_detail:
+            done["error_detail"] = result.error_detail
         return [
             NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
             NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
@@ -1018,17 +1030,28 @@ class Runtime:
             value = worker(task.prompt)
             output = await value if inspect.isawaitable(value) else value
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            # The worker is user code, whatever it raises: its words are developer-only (ADR 0071).
+            error, detail = f"the inline worker raised {type(exc).__name__}", exception_line(exc)
             cut: MessagePartiallyCompletedPayload = {
                 "text": "",
                 "reason": "worker_error",
                 "error": error,
             }
+            if detail:
+                cut["error_detail"] = detail
             await recorder.emit(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
             return LoopResult(
-                "failed", "", 0, Usage(), "", "error", error, error_type=type(exc).__name__
+                "failed",
+                "",
+                0,
+                Usage(),
+                "",
+                "error",
+                error,
+                error_type=type(exc).__name__,
+                error_detail=detail,
             )
         text = str(output)
         final: MessageCompletedPayload = {"text": text}
@@ -1102,6 +1125,7 @@ def _loop_result_json(result: LoopResult) -> dict[str, Any]:
         "finish_reason": result.finish_reason,
         "error": result.error,
         "error_type": result.error_type,
+        "error_detail": result.error_detail,
     }
 
 
@@ -1115,6 +1139,7 @@ def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
         data.get("finish_reason"),
         data.get("error"),
         error_type=data.get("error_type"),
+        error_detail=data.get("error_detail"),  # absent in checkpoints written before
     )
 
 

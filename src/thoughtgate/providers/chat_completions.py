@@ -29,7 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderError,
+    ProviderStreamError,
+    identifier,
+)
 from thoughtgate.providers.base import ToolSpec, TurnRequest
 from thoughtgate.providers.described import shape_of
 from thoughtgate.providers.endpoints import apply_extra
@@ -240,7 +245,8 @@ class ChatChunkParser(JSONEventParser):
         if usage is not None and isinstance(usage, Mapping):
             out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
         if self.error is None and self.finish_raw == "error":
-            native = f" (native_finish_reason {self.native_finish})" if self.native_finish else ""
+            named = identifier(self.native_finish)  # the provider's word: an identifier only
+            native = f" (native_finish_reason {named})" if named else ""
             self.error = ProviderStreamError(
                 f"the provider ended the response with finish_reason error{native}",
                 provider=self.provider,

@@ -161,6 +161,14 @@ class Outcome:
     statuses: list[int]
     tools: ToolLog = field(default_factory=ToolLog)
 
+    @property
+    def provider_said(self) -> str:
+        """The provider's own error text, as the task recorded it: in the developer-only
+        ``error_detail`` of ``task.completed`` (its public ``error`` only describes it, ADR
+        0071)."""
+        done = [e for e in self.events if e.type == EventType.TASK_COMPLETED]
+        return " ".join(str(e.payload.get("error_detail", "")) for e in done)
+
     def recorded(self) -> str:
         """Everything the run recorded, as JSON (trace included)."""
         return json.dumps([e.payload for e in self.events], ensure_ascii=False, default=str)
@@ -264,10 +272,8 @@ async def test_groq_refuses_reasoning_content_as_production_does(server: Emulato
         rules={"send_back": "reasoning_content", "send_back_required": True},
     )
     assert out.run.status != "completed" and out.statuses == [200, 400]
-    assert "'messages.1' : for 'role:assistant' the following must be satisfied" in (
-        out.run.tasks[0].error or ""
-    )
-    assert "property 'reasoning_content' is unsupported" in (out.run.tasks[0].error or "")
+    assert "'messages.1' : for 'role:assistant' the following must be satisfied" in out.provider_said
+    assert "property 'reasoning_content' is unsupported" in out.provider_said
 
 
 async def test_deepseek_switch_is_not_sent_to_a_deepseek_model_on_groq(
@@ -281,7 +287,7 @@ async def test_deepseek_switch_is_not_sent_to_a_deepseek_model_on_groq(
         server, model, "hidden", path="/groq", as_server="groq", rules={"hidden": _DISABLED}
     )
     assert forced.statuses == [400]
-    assert "property 'thinking' is unsupported" in (forced.run.tasks[0].error or "")
+    assert "property 'thinking' is unsupported" in forced.provider_said
 
 
 _DISABLED = {"thinking": {"type": "disabled"}}
@@ -302,9 +308,7 @@ async def test_cerebras_loop_and_its_refusal(server: EmulatorServer) -> None:
         rules={"send_back": "reasoning_content"},
     )
     assert broken.statuses == [200, 400]
-    assert "property 'messages.1.assistant.reasoning_content' is unsupported" in (
-        broken.run.tasks[0].error or ""
-    )
+    assert "property 'messages.1.assistant.reasoning_content' is unsupported" in broken.provider_said
 
 
 # --------------------------------------------------------------------------- hidden-mode carriers
@@ -338,9 +342,7 @@ async def test_kimi_without_its_carrier_fails_as_production_does(server: Emulato
         send_back=False,
     )
     assert out.statuses == [200, 400]
-    assert "reasoning_content is missing in assistant tool call message at index 1" in (
-        out.run.tasks[0].error or ""
-    )
+    assert "reasoning_content is missing in assistant tool call message at index 1" in out.provider_said
 
 
 async def test_hidden_claude_fable_sends_its_thinking_blocks_back(server: EmulatorServer) -> None:
@@ -357,7 +359,7 @@ async def test_hidden_claude_fable_sends_its_thinking_blocks_back(server: Emulat
         server, "anthropic:claude-fable-5", "hidden", rules={"hidden": _DISABLED}
     )
     assert forced.statuses == [400]
-    assert '"thinking.type.disabled" is not supported' in (forced.run.tasks[0].error or "")
+    assert '"thinking.type.disabled" is not supported' in forced.provider_said
 
 
 async def test_hidden_claude_sonnet_switches_thinking_off(server: EmulatorServer) -> None:
@@ -411,7 +413,7 @@ async def test_openrouter_o3_refuses_effort_none_as_recorded(server: EmulatorSer
         rules={"hidden": {"reasoning": {"effort": "none"}}},
     )
     assert out.statuses == [400]
-    error = out.run.tasks[0].error or ""
+    error = out.provider_said
     assert "Provider returned error" in error
     assert "Unsupported value: 'none' is not supported with the 'o3' model." in error
 
@@ -456,13 +458,11 @@ async def test_gpt4o_refuses_reasoning_parameters_as_production_does(
     surface = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]}
     out = await run_loop(server, "openai:gpt-4o", "surface", rules={"surface": surface})
     assert out.statuses == [400]
-    assert "Unsupported parameter: 'reasoning.summary' is not supported with this model." in (
-        out.run.tasks[0].error or ""
-    )
+    assert "Unsupported parameter: 'reasoning.summary' is not supported with this model." in out.provider_said
     out = await run_loop(
         server, "openai:gpt-4o", "surface", rules={"surface": {"include": surface["include"]}}
     )
-    assert "Encrypted content is not supported with this model." in (out.run.tasks[0].error or "")
+    assert "Encrypted content is not supported with this model." in out.provider_said
 
 
 async def test_responses_error_event_keeps_message_code_and_request_id(

@@ -12,6 +12,7 @@ worker's exception is user code's. Each of them once went into the run's and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -115,10 +116,8 @@ class Reads:
 
 async def _reads(runtime: Runtime, request: RunRequest, mode: str, backend: str | None) -> Reads:
     store = runtime.store
-    try:
+    with contextlib.suppress(Exception):  # a run that errors raises; it is recorded
         await runtime.run(request, chain_of_thought=mode, worker_backend=backend)
-    except Exception:  # a run that errors raises; it is recorded
-        pass
     (record,) = await store.list_runs(limit=1)
     log = await store.read(record.run_id)
 

@@ -272,7 +272,9 @@ async def test_groq_refuses_reasoning_content_as_production_does(server: Emulato
         rules={"send_back": "reasoning_content", "send_back_required": True},
     )
     assert out.run.status != "completed" and out.statuses == [200, 400]
-    assert "'messages.1' : for 'role:assistant' the following must be satisfied" in out.provider_said
+    assert (
+        "'messages.1' : for 'role:assistant' the following must be satisfied" in out.provider_said
+    )
     assert "property 'reasoning_content' is unsupported" in out.provider_said
 
 
@@ -308,7 +310,9 @@ async def test_cerebras_loop_and_its_refusal(server: EmulatorServer) -> None:
         rules={"send_back": "reasoning_content"},
     )
     assert broken.statuses == [200, 400]
-    assert "property 'messages.1.assistant.reasoning_content' is unsupported" in broken.provider_said
+    assert (
+        "property 'messages.1.assistant.reasoning_content' is unsupported" in broken.provider_said
+    )
 
 
 # --------------------------------------------------------------------------- hidden-mode carriers
@@ -342,7 +346,10 @@ async def test_kimi_without_its_carrier_fails_as_production_does(server: Emulato
         send_back=False,
     )
     assert out.statuses == [200, 400]
-    assert "reasoning_content is missing in assistant tool call message at index 1" in out.provider_said
+    assert (
+        "reasoning_content is missing in assistant tool call message at index 1"
+        in out.provider_said
+    )
 
 
 async def test_hidden_claude_fable_sends_its_thinking_blocks_back(server: EmulatorServer) -> None:
@@ -458,7 +465,10 @@ async def test_gpt4o_refuses_reasoning_parameters_as_production_does(
     surface = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]}
     out = await run_loop(server, "openai:gpt-4o", "surface", rules={"surface": surface})
     assert out.statuses == [400]
-    assert "Unsupported parameter: 'reasoning.summary' is not supported with this model." in out.provider_said
+    assert (
+        "Unsupported parameter: 'reasoning.summary' is not supported with this model."
+        in out.provider_said
+    )
     out = await run_loop(
         server, "openai:gpt-4o", "surface", rules={"surface": {"include": surface["include"]}}
     )

@@ -112,6 +112,8 @@ class Reads:
     developer: str
     """The same, for a developer."""
     developer_payloads: list[dict[str, Any]]
+    recorded: str
+    """Every payload the log holds, unfiltered."""
 
 
 async def _reads(runtime: Runtime, request: RunRequest, mode: str, backend: str | None) -> Reads:
@@ -128,7 +130,8 @@ async def _reads(runtime: Runtime, request: RunRequest, mode: str, backend: str 
 
     viewer, _ = read("viewer")
     developer, payloads = read("developer")
-    return Reads(record.status, viewer, developer, payloads)
+    recorded = json.dumps([e.payload for e in log])
+    return Reads(record.status, viewer, developer, payloads, recorded)
 
 
 def _run(source: str, secret: str, mode: str) -> Reads:
@@ -174,6 +177,8 @@ def test_no_display_reader_gets_the_detail_where_reasoning_is_not_shown(mode: st
         reads = _run(source, f"{TAG}-{mode}", mode)
         assert TAG not in reads.viewer, source
         assert TAG not in reads.developer, source
+        if mode == "hidden":  # its reasoning is recorded nowhere, nor a quote of it
+            assert TAG not in reads.recorded, source
 
 
 @pytest.mark.unit

@@ -439,7 +439,7 @@ class _Loop:
                 "status": failure.status,
                 "error_type": failure.error_type,
             }
-            if failure.detail:
+            if failure.detail and self.disclosure.in_trace:  # recorded where reasoning is
                 cut["error_detail"] = failure.detail
             events.append(self.ev(EventType.MESSAGE_PARTIALLY_COMPLETED, cut))
         elif turn is not None and not turn.tool_calls:
@@ -477,7 +477,7 @@ class _Loop:
         if failure is not None:
             payload["error"] = failure.message
             payload["error_type"] = failure.kind
-            if failure.detail:
+            if failure.detail and self.disclosure.in_trace:  # recorded where reasoning is
                 payload["error_detail"] = failure.detail
         if call is not None:
             payload["call"] = call

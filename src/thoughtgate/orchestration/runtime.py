@@ -714,7 +714,11 @@ class Runtime:
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
                 spent.usage,
-                (failure_text(exc), _error_type(exc), failure_detail(exc)),
+                (
+                    failure_text(exc),
+                    _error_type(exc),
+                    _kept_detail(run.chain_of_thought, failure_detail(exc)),
+                ),
                 spent.ended,
             )
             raise
@@ -722,7 +726,13 @@ class Runtime:
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
         error = (
-            None if failed is None else (failed.error or "", failed.error_type, failed.error_detail)
+            None
+            if failed is None
+            else (
+                failed.error or "",
+                failed.error_type,
+                _kept_detail(run.chain_of_thought, failed.error_detail),
+            )
         )
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
@@ -915,7 +925,7 @@ class Runtime:
                 if run.worker_backend == "inline":
                     result = await steps.run(
                         f"{task.task_id}: inline worker",
-                        lambda: self._inline(spec, task, recorder),
+                        lambda: self._inline(spec, task, recorder, run.chain_of_thought),
                         _LOOP_RESULT,
                     )
                 else:
@@ -977,7 +987,7 @@ class Runtime:
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
         the run's terminal event, so no reader waits on a task that will never finish."""
-        error, detail = failure
+        error, detail = failure[0], _kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
@@ -1015,7 +1025,7 @@ class Runtime:
             "output": result.answer,
             "error": result.error,
         }
-        if result.error_detail:
+        if result.error_detail and disclosure.in_trace:  # recorded where reasoning is
             done["error_detail"] = result.error_detail
         return [
             NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
@@ -1023,7 +1033,7 @@ class Runtime:
         ]
 
     async def _inline(
-        self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder
+        self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder, mode: str
     ) -> LoopResult:
         worker = self.inline_workers[spec.worker or "default"]
         try:
@@ -1031,7 +1041,8 @@ class Runtime:
             output = await value if inspect.isawaitable(value) else value
         except Exception as exc:
             # The worker is user code, whatever it raises: its words are developer-only (ADR 0071).
-            error, detail = f"the inline worker raised {type(exc).__name__}", exception_line(exc)
+            error = f"the inline worker raised {type(exc).__name__}"
+            detail = _kept_detail(mode, exception_line(exc))
             cut: MessagePartiallyCompletedPayload = {
                 "text": "",
                 "reason": "worker_error",
@@ -1202,6 +1213,13 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
         return exc.args[0]
     return "it was cancelled before it finished"
+
+
+def _kept_detail(mode: str, detail: str | None) -> str | None:
+    """An ``error_detail`` is recorded where reasoning is (``surface``, ``telemetry_only``): its
+    words may quote reasoning, which a ``hidden`` run records nowhere (nor does a mode this
+    version does not know: fail closed; ADR 0071)."""
+    return detail if mode in ("surface", "telemetry_only") else None
 
 
 def _error_type(exc: Exception) -> str:

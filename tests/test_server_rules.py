@@ -14,7 +14,7 @@ memory -- it is in the next request -- and is never recorded or shown anywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from support.loop import ADAPTERS, ANSWER, LOOP_MARKS, MARK, ToolLog, mark
 
 from thoughtgate.access.filter import filter_events
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import ProviderStreamError
+from thoughtgate.errors import ProviderError, ProviderStreamError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.anthropic import MAX_PAUSE_CONTINUATIONS
@@ -49,7 +49,7 @@ from thoughtgate.testing.emulator import (
     Think,
     serve_emulator,
 )
-from thoughtgate.types import Message
+from thoughtgate.types import Chunk, Message
 
 PROMPT = "What is the largest city in my country?"
 
@@ -160,14 +160,13 @@ class Outcome:
     bodies: list[Any]
     statuses: list[int]
     tools: ToolLog = field(default_factory=ToolLog)
+    said: list[str] = field(default_factory=list)
+    """What the adapters' errors said, as raised (``str``): the provider's own words, which a
+    recorded error keeps only in ``error_detail``, and on a ``hidden`` run nowhere (ADR 0071)."""
 
     @property
     def provider_said(self) -> str:
-        """The provider's own error text, as the task recorded it: in the developer-only
-        ``error_detail`` of ``task.completed`` (its public ``error`` only describes it, ADR
-        0071)."""
-        done = [e for e in self.events if e.type == EventType.TASK_COMPLETED]
-        return " ".join(str(e.payload.get("error_detail", "")) for e in done)
+        return " ".join(self.said)
 
     def recorded(self) -> str:
         """Everything the run recorded, as JSON (trace included)."""
@@ -181,9 +180,23 @@ async def run_loop(
     tools = ToolLog()
     server.emulator.requests.clear()
 
+    said: list[str] = []
+
     def factory(name: str) -> Provider:
-        made.append(make(server, name, scenario=scenario, **kw))
-        return made[-1]
+        provider = make(server, name, scenario=scenario, **kw)
+        stream = provider.stream
+
+        async def watched(request: TurnRequest) -> AsyncIterator[Chunk]:
+            try:
+                async for chunk in stream(request):
+                    yield chunk
+            except ProviderError as exc:
+                said.append(str(exc))
+                raise
+
+        provider.stream = watched  # type: ignore[method-assign]
+        made.append(provider)
+        return provider
 
     runtime = Runtime(MemoryStore(), provider_factory=factory, tools=tools.registry())
     run = await runtime.run(RunRequest(PROMPT, model=model), chain_of_thought=mode)
@@ -196,6 +209,7 @@ async def run_loop(
         [r.body for r in requests],
         [r.status for r in requests],
         tools,
+        said,
     )
 
 

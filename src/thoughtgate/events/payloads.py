@@ -311,7 +311,8 @@ class RunEndedPayload(TypedDict):
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
     inline worker's exception. They may quote the request, earlier turns' reasoning included, so
-    they are shown where reasoning is (ADR 0071); absent in events recorded before."""
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -369,7 +370,8 @@ class TaskCompletedPayload(TypedDict):
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
     inline worker's exception. They may quote the request, earlier turns' reasoning included, so
-    they are shown where reasoning is (ADR 0071); absent in events recorded before."""
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -418,7 +420,8 @@ class MessagePartiallyCompletedPayload(TypedDict):
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
     inline worker's exception. They may quote the request, earlier turns' reasoning included, so
-    they are shown where reasoning is (ADR 0071); absent in events recorded before."""
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -450,7 +453,8 @@ class AgentResponsePayload(TypedDict):
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
     inline worker's exception. They may quote the request, earlier turns' reasoning included, so
-    they are shown where reasoning is (ADR 0071); absent in events recorded before."""
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
     call: NotRequired[Annotated[ModelCallPayload, Vis.PUBLIC]]
     """How the turn was requested and when it answered (absent in events recorded before)."""
     trace: NotRequired[Annotated[TraceMetadata, Vis.TRACE]]

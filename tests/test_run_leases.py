@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
+from support.durable import until
 from support.scripts import slow
 from support.store_conformance import make_run
 
@@ -130,7 +132,10 @@ class CountingStore(MemoryStore):
 
 async def test_the_keeper_renews_on_its_own_and_stops_when_it_holds_nothing() -> None:
     store = CountingStore()
-    run = await Runtime(store).create_run(RunRequest("x", model="fake:echo"))
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # its creator will not execute it: this keeper holds it
+    store.renewals = 0
     keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
     keeper.hold(run.run_id)
     await asyncio.wait_for(store.renewed_twice.wait(), 5)  # at once, then every ttl/3
@@ -158,6 +163,7 @@ async def test_the_keeper_renews_the_runs_it_holds_and_no_other_run_of_its_proce
     runtime = Runtime(store, Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}}))
     executing = await runtime.create_run(RunRequest("x", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("y", model="fake:echo"))
+    runtime.forget_admitted(given_up.run_id)  # its execution gave up before it began
     keeper = runtime.leases
     await store.renew_leases(keeper.owner.owner_id, -1.0, [given_up.run_id])
     keeper.hold(executing.run_id)
@@ -208,6 +214,8 @@ async def test_a_processs_sweep_closes_its_own_runs_it_no_longer_executes_once_e
     executing = await runtime.create_run(RunRequest("a", model="fake:echo"))
     given_up = await runtime.create_run(RunRequest("b", model="fake:echo"))
     fresh = await runtime.create_run(RunRequest("c", model="fake:echo"))
+    for run in (executing, given_up, fresh):  # created, not executed here (it would hold them)
+        runtime.forget_admitted(run.run_id)
     expired = [executing.run_id, given_up.run_id]
     await store.renew_leases(me.owner_id, -1.0, expired)  # as a long store outage leaves them
     keeper.hold(executing.run_id)
@@ -292,3 +300,45 @@ async def test_a_sweep_makes_as_many_store_calls_beside_300_suspended_runs_as_be
     assert many == few
     assert many["get_run_specs"] == 1 and many["get_run_spec"] == 0
     assert many["open_runs"] == 1
+
+
+@pytest.mark.unit
+async def test_an_admitted_run_the_keeper_no_longer_finds_is_dropped_once_surely_committed() -> (
+    None
+):
+    """A run admitted but never executed here -- its caller was cancelled before its execution
+    began, and the run was closed -- is not renewed for the life of the process: a renewal that
+    began a renewal period after its admission and does not find it drops it (ADR 0065). One
+    admitted moments ago (its admission may still be committing) is kept."""
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, Owner.current(), ttl_s=0.3)
+    creator = Runtime(store)
+    run = await creator.create_run(RunRequest("x", model="fake:echo"))
+    creator.forget_admitted(run.run_id)  # this keeper stands for its process's
+    keeper.admit(run.run_id)
+    await close_run_interrupted(store, run.run_id, "cancelled before it executed")
+    keeper.admit("run_still_committing")
+    await keeper.renew()
+    assert run.run_id in keeper and "run_still_committing" in keeper
+
+    admitted_at = time.monotonic()
+
+    async def a_renewal_period_later() -> bool:
+        return time.monotonic() >= admitted_at + keeper.renew_every
+
+    await until(a_renewal_period_later)
+    keeper.admit("run_still_committing")  # admitted again just now: kept
+    await keeper.renew()
+    assert run.run_id not in keeper, "not found a renewal period after its admission: dropped"
+    assert "run_still_committing" in keeper
+    keeper.unadmit("run_still_committing")
+
+    # An open run whose execution never began is renewed for ``admitted_for_s`` at most.
+    never = await creator.create_run(RunRequest("y", model="fake:echo"))
+    creator.forget_admitted(never.run_id)
+    keeper.admit(never.run_id)
+    await keeper.renew()
+    assert never.run_id in keeper
+    keeper.admitted_for_s = 0.0
+    await keeper.renew()
+    assert never.run_id not in keeper

@@ -17,8 +17,11 @@ What DBOS does for us:
 * durable messages and timers: an approval waits with ``recv`` (its timeout is recorded when it
   starts, and a resumed wait gets only what is left counted from the request's event, so it runs
   from the request across restarts), and any process answers it with ``send``;
-* recovery: ``resume_workflow`` puts a run whose executor died back on its queue; replay does the
-  rest.
+* recovery: ``resume_workflow`` puts a run whose executor died back on its queue (a workflow that
+  ended while its run is open goes back the same way, :func:`_enqueue_finished`, ADR 0065);
+  replay does the rest;
+* fencing: each taking of a workflow carries its own token, and an execution that lost its
+  workflow to another has its checkpoints refused -- it hands its run back (ADR 0065).
 
 A run of one model task without tools has nothing to checkpoint in its first execution, so that
 execution writes no workflow (:class:`UnwrittenSteps`; a daemon's, ADR 0031, and one a process
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
+from dbos._error import DBOSWorkflowConflictIDError
 from dbos._serialization import Serializer
 
 from thoughtgate.config import DurabilityConfig
@@ -58,7 +62,13 @@ from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot,
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
-from thoughtgate.store.leases import UNWRITTEN, close_run_interrupted, suspend
+from thoughtgate.store.leases import (
+    UNWRITTEN,
+    WORKFLOW_ENDED,
+    WORKFLOW_TAKEN_OVER,
+    close_run_interrupted,
+    suspend,
+)
 
 
 class DurableRuntime(Protocol):
@@ -93,16 +103,37 @@ Place: TypeAlias = Literal["start", "wait", "queue"]
 
 
 class _Json(Serializer):
-    """Checkpoints, workflow inputs and messages as JSON: readable, and nothing is unpickled."""
+    """Checkpoints, workflow inputs and messages as JSON: readable, and nothing is unpickled.
+
+    A workflow that raised is recorded ``ERROR`` with its exception as ``{"$exception": {"type":
+    ..., "message": ...}}`` (the message as ``errors.failure_text`` gives it: never a driver's
+    details), read back as a ``RuntimeError`` carrying both. Without it DBOS could
+    not record the error (an exception is no JSON, nor is its fallback), and the workflow stayed
+    ``PENDING`` under a live executor -- taken, as far as any sweep could tell, until a lease
+    had passed (ADR 0065)."""
 
     def serialize(self, data: Any) -> str:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_exception)
 
     def deserialize(self, serialized_data: str) -> Any:
-        return json.loads(serialized_data)
+        value = json.loads(serialized_data)
+        if isinstance(value, dict) and value.keys() == {_EXCEPTION}:
+            raised = value[_EXCEPTION]
+            return RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+        return value
 
     def name(self) -> str:
         return "thoughtgate_json"
+
+
+_EXCEPTION = "$exception"
+
+
+def _exception(value: object) -> dict[str, Any]:
+    """JSON for what ``json`` cannot encode itself: an exception (a workflow's error)."""
+    if isinstance(value, BaseException):  # described as readers see it (ADR 0069)
+        return {_EXCEPTION: {"type": type(value).__name__, "message": failure_text(value)}}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def queue_name(tools: Sequence[str], concurrency: int) -> str:
@@ -360,6 +391,7 @@ class DurableEngine:
             raise UsageError("this process already executes durable runs for another runtime")
         engine = cls(runtime, _system_database(runtime.store), config)
         runtime.attach_durable(engine)
+        runtime.leases.on_lost(engine._lost)
         cls.current = engine
         return engine
 
@@ -581,10 +613,50 @@ class DurableEngine:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _lost(self, run_id: str) -> None:
+        """A run held here is no longer ours (this process stalled past its lease, and another
+        process's sweep put it on a queue or closed it): if it waits here, it leaves the line
+        and never starts here (ADR 0065)."""
+        if run_id not in self._line_since:
+            return
+        self._line = [entry for entry in self._line if entry[2] != run_id]
+        heapq.heapify(self._line)
+        self._line_since.pop(run_id, None)
+        self.runtime.forget_admitted(run_id)
+        log.warning("run %s left this daemon's waiting line: another process took it", run_id)
+
+    async def _still_ours(self, run_id: str) -> bool:
+        """Whether this process still holds a run that waited here: at once while its lease
+        surely lasts (the keeper knows when it last set it), else by renewing it (one
+        statement; ``renew_leases`` extends only the open runs the owner holds). A run another
+        process took while it waited -- its lease expired while this process stalled -- is not
+        ours: its claim here would take it from the queue it was put back on, or find it
+        ended (ADR 0065)."""
+        keeper = self.runtime.leases
+        if keeper.surely_held(run_id):  # its lease has not expired since it was last set
+            return True
+        store = self.runtime.store
+        renewed = await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s, [run_id])
+        return run_id in renewed
+
     async def _begin_waited(self, run_id: str, slot: Slot, unwritten: bool) -> None:
-        # Its claim renews its lease, and its execution holds it from there (or finds it ended).
-        self.runtime.leases.release(run_id)
         try:
+            ours = await self._still_ours(run_id)
+        except Exception as exc:  # the store is unavailable: its claim decides, as it did
+            log.warning("could not tell whether run %s is still this daemon's: %s", run_id, exc)
+            ours = True
+        except BaseException:
+            self._released(slot)
+            raise
+        if not ours:
+            log.warning("run %s is no longer this daemon's; not starting it here", run_id)
+            self.runtime.leases.release(run_id)
+            self.runtime.forget_admitted(run_id)
+            self._released(slot)
+            return
+        try:
+            # Its claim renews its lease, and its execution holds it from there.
+            self.runtime.leases.release(run_id)
             await self._begin(run_id, slot, unwritten)
         except Exception as exc:  # as a run that could not be started when it arrived
             log.warning("run %s could not start: %s", run_id, exc)
@@ -621,6 +693,8 @@ class DurableEngine:
                 if not await store.release_run(run_id, owner=owner, queue=True):
                     if starts is not None:
                         starts.began(run_id)  # no longer ours (closed meanwhile): waits nowhere
+                    self.runtime.leases.release(run_id)
+                    self.runtime.forget_admitted(run_id)
                     continue
                 self.runtime.leases.release(run_id)
                 self.runtime.forget_admitted(run_id)
@@ -708,6 +782,10 @@ class DurableEngine:
                 # Its process stopped between the admission that claimed it and its workflow's
                 # start (ADR 0031): no step of it ran; it starts on the queue, as a resume.
                 await self.enqueue(run_id, queue, priority=1)
+            elif found.status in _FINISHED:
+                # Its workflow ended without ending the run (ADR 0065), which DBOS does not
+                # resume: back on the queue with its checkpoints.
+                await asyncio.to_thread(_enqueue_finished, run_id, queue)
             else:
                 await DBOS.resume_workflow_async(run_id, queue_name=queue)
         except BaseException:
@@ -716,17 +794,36 @@ class DurableEngine:
             raise
 
     async def on_queue(self, run_ids: Sequence[str]) -> dict[str, float | None]:
-        """Which of ``run_ids`` have a workflow waiting on a queue (``None``) or taken from one
-        (when, in seconds since the epoch on the system database's clock -- the store's): the
-        sweep puts back a queued run that is on none (ADR 0062), or that a replica took and
-        has not claimed for a lease (ADR 0063)."""
+        """Which of ``run_ids`` have a workflow waiting on a queue (``None``), taken from one
+        (when, in seconds since the epoch on the system database's clock -- the store's) or
+        ended (``WORKFLOW_ENDED``): the sweep puts back a queued run that is on none
+        (ADR 0062), that a replica took and has not claimed for a lease (ADR 0063), or whose
+        workflow ended without ending it (ADR 0065)."""
         found = await DBOS.list_workflows_async(
             workflow_ids=list(run_ids),
-            status=list(_ON_QUEUE),
+            status=[*_ON_QUEUE, *_FINISHED],
             load_input=False,
             load_output=False,
         )
         return {w.workflow_id: _taken_at(w) for w in found}
+
+    async def hand_back(self, run_id: str) -> None:
+        """This execution lost ``run_id``'s workflow: DBOS refuses its checkpoints, for the
+        sweep put the workflow back on a queue while this process stalled between taking it and
+        claiming the run, and its claim came first all the same (ADR 0065). The run is not
+        ended here -- nothing went wrong with it --, but released at once to whoever executes
+        the workflow now (or, should that execution have found the run held and ended the
+        workflow, to the sweep, which puts it back on a queue). A release that fails leaves
+        the run to its lease, as before."""
+        store = self.runtime.store
+        assert isinstance(store, DurableRunStore)
+        owner = self.owner.owner_id
+        try:
+            if await store.release_run(run_id, owner=owner, queue=True):
+                await suspend(store, run_id, WORKFLOW_TAKEN_OVER, queued=True, previous=owner)
+                log.warning("run %s handed back: %s", run_id, WORKFLOW_TAKEN_OVER)
+        except Exception as exc:
+            log.warning("could not hand run %s back (its lease runs out): %s", run_id, exc)
 
     async def tidy(self) -> None:
         """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
@@ -764,16 +861,53 @@ class DurableEngine:
 _ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")
 """DBOS's statuses of a workflow on a queue or being executed (taken from one, or started at
 once; ``DELAYED``: enqueued to start later)."""
+_FINISHED = ("SUCCESS", "ERROR")
+"""DBOS's statuses of a workflow that ended, which ``resume_workflow`` leaves as they are."""
 
 
 def _taken_at(workflow: WorkflowStatus) -> float | None:
     """When a workflow on a queue was taken from it (``PENDING``: DBOS stamps the dequeue with
-    its database's clock; a workflow started without a queue, when it last changed), or
-    ``None`` while it waits there."""
+    its database's clock; a workflow started without a queue, when it last changed),
+    ``WORKFLOW_ENDED`` for one that ended, or ``None`` while it waits there."""
+    if workflow.status in _FINISHED:
+        return WORKFLOW_ENDED
     if workflow.status != "PENDING":
         return None
     stamp = workflow.dequeued_at or workflow.updated_at or workflow.created_at
     return None if stamp is None else stamp / 1000
+
+
+def _enqueue_finished(run_id: str, queue: str) -> bool:
+    """Put a workflow that ended (``SUCCESS`` or ``ERROR``) back on ``queue``, its checkpoints
+    kept; whether it was one. What ``resume_workflow`` does to a workflow that has not ended --
+    its statement, with the ended statuses instead of the others -- for DBOS offers no call that
+    does it: ``resume_workflow`` leaves an ended workflow as it is, ``fork_workflow`` gives the
+    copy a new id (a run's workflow id is its run id: approvals are sent to it), and deleting
+    the workflow to enqueue it afresh loses its checkpoints, so its steps would run again
+    (ADR 0065). Conditional on the status, so of two sweeps putting it back, one does."""
+    import sqlalchemy as sa
+    from dbos._dbos import _get_dbos_instance
+
+    system = _get_dbos_instance()._sys_db
+    status = system.tables.workflow_status
+    with system.engine.begin() as conn:
+        moved = conn.execute(
+            sa.update(status)
+            .where(*system._wf(status, run_id))
+            .where(status.c.status.in_(_FINISHED))
+            .values(
+                status="ENQUEUED",
+                owner_xid=None,
+                queue_name=queue,
+                recovery_attempts=0,
+                workflow_deadline_epoch_ms=None,
+                deduplication_id=None,
+                started_at_epoch_ms=None,
+                updated_at=system._now_ms_sql(),
+                completed_at=None,
+            )
+        )
+    return bool(moved.rowcount)
 
 
 def _cancelling() -> bool:
@@ -789,10 +923,14 @@ async def _run_workflow(run_id: str) -> str:
     if engine is None:  # DBOS dequeued a run before this process attached a runtime
         raise RuntimeFailure("no durable runtime in this process")
     starts = engine.starts
-    if starts is None:
-        return await engine.runtime.execute_workflow(run_id)
-    starts.began(run_id)
+    if starts is not None:
+        starts.began(run_id)
     try:
         return await engine.runtime.execute_workflow(run_id)
+    except DBOSWorkflowConflictIDError:
+        # DBOS refused a checkpoint: another execution owns the workflow now (ADR 0065).
+        await engine.hand_back(run_id)
+        raise
     finally:
-        starts.used()
+        if starts is not None:
+            starts.used()

@@ -14,7 +14,12 @@ store answers, and the lease runs out only once that process gave up.
 If a renewal finds a held run that is no longer ours -- this process stalled past its lease
 (a suspended laptop, a debugger) and another process closed the run as interrupted -- the task
 executing it is cancelled: the run has ended, so we stop spending tokens and tool calls on it
-(the store would refuse its events anyway).
+(the store would refuse its events anyway), and whoever asked (:meth:`LeaseKeeper.on_lost`: a
+daemon's waiting line) forgets it.
+
+A run this process admitted as its own is renewed from its admission (:meth:`LeaseKeeper.admit`)
+until its execution holds it or it goes elsewhere (ADR 0065): the create-to-execute window is
+milliseconds, but a run whose execution is slow to begin must not lose its lease meanwhile.
 """
 
 from __future__ import annotations
@@ -22,15 +27,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from thoughtgate.store.leases import DEFAULT_LEASE_TTL_S, LOST_LEASE, Owner
 from thoughtgate.store.run_index import RunIndex
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["ADMITTED_FOR_LEASES", "LeaseKeeper"]
 
 log = logging.getLogger("thoughtgate.leases")
+
+_MARGIN_S = 1.0
+"""How much sooner than its length a lease is taken to have expired, for clock drift (as
+``orchestration.resume``'s check of a run its admission claimed)."""
+
+ADMITTED_FOR_LEASES = 4
+"""How many lease lengths a run admitted here is renewed for at most before its execution holds
+it (a minute by default): its execution begins within milliseconds, or a few seconds on a busy
+host; one that has not begun by then never will (its caller was cancelled before it ran), and
+the run is left to its lease and the sweep, as any run this process stopped executing."""
 
 
 class LeaseKeeper:
@@ -43,9 +58,17 @@ class LeaseKeeper:
         self.owner = owner or Owner.current()
         self.ttl_s = ttl_s
         self.renew_every = ttl_s / 3
+        self.admitted_for_s = ttl_s * ADMITTED_FOR_LEASES
         self._held: dict[str, asyncio.Task[object] | None] = {}
         self._ending: dict[str, int] = {}
         """Runs whose end is being recorded, and by how many callers at once."""
+        self._admitted: dict[str, float] = {}
+        """Runs this process admitted as its own whose execution has not begun, and when
+        (``time.monotonic()``, ADR 0065)."""
+        self._lost: list[Callable[[str], None]] = []
+        self._valid_until: dict[str, float] = {}
+        """Until when (``time.monotonic()``) each held run's lease surely lasts: set by its
+        admission or the last renewal that found it, a second short (:meth:`surely_held`)."""
         self._renewer: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -58,7 +81,7 @@ class LeaseKeeper:
         waiting for a slot), or is recording its end. Any other open run it owns is one it no
         longer executes, which the lease sweep closes once its lease has expired
         (``store.leases.close_orphaned_runs``, asking this as it looks at each run)."""
-        return run_id in self._held or run_id in self._ending
+        return run_id in self._held or run_id in self._ending or run_id in self._admitted
 
     def lease_until(self) -> float:
         """The expiry a new run's lease starts with."""
@@ -66,14 +89,48 @@ class LeaseKeeper:
 
     def hold(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
         """Keep ``run_id``'s lease alive; ``task`` is cancelled if the run is lost."""
+        self._admitted.pop(run_id, None)
         self._held[run_id] = task
         self._renewing()
+
+    def admit(self, run_id: str) -> None:
+        """Renew the lease of a run this process is admitting as its own until its execution
+        holds it (:meth:`hold`) or it goes elsewhere (:meth:`unadmit`, :meth:`release`). Called
+        before the admission commits: a renewal meanwhile finds nothing and changes nothing.
+        One that began ``renew_every`` after the admission and does not find the run drops it
+        -- it ended, or another process took it, before its execution began (a caller that
+        never executed it) -- with nothing to cancel: nothing of it executes here; and so does
+        the first one ``admitted_for_s`` after it (its execution never began)."""
+        self._admitted[run_id] = now = time.monotonic()
+        self._valid_until[run_id] = now + self.ttl_s - _MARGIN_S  # its admission's lease
+        self._renewing()
+
+    def unadmit(self, run_id: str) -> None:
+        """An admitted run will not be executed here after all (its admission failed, it went
+        to a queue, its execution gave up before it began): renewed no more, unless held."""
+        self._admitted.pop(run_id, None)
+        if run_id not in self._held:
+            self._valid_until.pop(run_id, None)
+        self._stop_when_idle()
 
     def release(self, run_id: str) -> None:
         """Stop renewing ``run_id``: this process no longer executes it. Its lease then expires
         within one lease length, and a sweep closes it if it is still open."""
         self._held.pop(run_id, None)
+        self._admitted.pop(run_id, None)
+        self._valid_until.pop(run_id, None)
         self._stop_when_idle()
+
+    def surely_held(self, run_id: str) -> bool:
+        """Whether this process holds ``run_id`` and its lease surely has not expired since it
+        was last set (by its admission or a renewal), so no sweep can have taken it: a check
+        without a store statement, for a run about to start (ADR 0065)."""
+        return run_id in self._held and self._valid_until.get(run_id, 0.0) > time.monotonic()
+
+    def on_lost(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(run_id)`` when a renewal finds a held run no longer ours (a daemon's
+        waiting line drops it: another process took it, ADR 0065)."""
+        self._lost.append(forget)
 
     @contextmanager
     def ending(self, run_id: str) -> Iterator[None]:
@@ -82,6 +139,7 @@ class LeaseKeeper:
         racing the end never cancels the task recording it. When the block is over the run is
         released: if its end could not be recorded, its lease expires and a sweep closes it."""
         self._held.pop(run_id, None)
+        self._admitted.pop(run_id, None)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1
         self._renewing()
         try:
@@ -90,6 +148,8 @@ class LeaseKeeper:
             left = self._ending.pop(run_id) - 1
             if left:
                 self._ending[run_id] = left
+            elif run_id not in self._held:
+                self._valid_until.pop(run_id, None)
             self._stop_when_idle()
 
     def _renewing(self) -> None:
@@ -99,27 +159,41 @@ class LeaseKeeper:
             )
 
     def _stop_when_idle(self) -> None:
-        if not (self._held or self._ending) and self._renewer is not None:
+        if not (self._held or self._ending or self._admitted) and self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
 
     async def renew(self) -> None:
         """Renew now; cancel the tasks of held runs that another process closed."""
         held = dict(self._held)
-        renewing = held.keys() | self._ending.keys()
+        admitted = dict(self._admitted)
+        renewing = held.keys() | self._ending.keys() | admitted.keys()
         if not renewing:
             return
+        began = time.monotonic()
         still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
+        for run_id in still:
+            if run_id in self._held or run_id in self._admitted:
+                self._valid_until[run_id] = began + self.ttl_s - _MARGIN_S
+        for run_id, since in admitted.items():
+            gone = run_id not in still and since <= began - self.renew_every
+            if (gone or since <= began - self.admitted_for_s) and (
+                self._admitted.get(run_id) == since  # not admitted again or held since
+            ):
+                del self._admitted[run_id]
         for run_id, task in held.items():
-            if run_id in still or run_id not in self._held:
-                continue
+            if run_id in still or run_id not in self._held or self._held[run_id] is not task:
+                continue  # renewed, or released (or held anew) while the renewal was under way
             log.warning("run %s: %s; stopping its execution here", run_id, LOST_LEASE)
             self._held.pop(run_id, None)
+            self._valid_until.pop(run_id, None)
             if task is not None and not task.done():
                 task.cancel(LOST_LEASE)
+            for forget in self._lost:
+                forget(run_id)
 
     async def _renew_forever(self) -> None:
-        while self._held or self._ending:
+        while self._held or self._ending or self._admitted:
             try:
                 await self.renew()
             except asyncio.CancelledError:

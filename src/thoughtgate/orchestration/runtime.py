@@ -414,6 +414,8 @@ class Runtime:
                 # tasks'.
                 kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
                 self._admitted[run.run_id] = (kept, spec)
+        if held:  # renewed from now until its execution holds it (ADR 0065)
+            self.leases.admit(run_id)
         try:
             rank = await self._store_run(
                 run,
@@ -430,6 +432,7 @@ class Runtime:
                 if unwritten and not queue:
                     self._unwritten.add(run_id)
         except BaseException:
+            self.leases.unadmit(run_id)
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
             # An execution started early (``decided``) finds neither: it reads the run, which
@@ -553,13 +556,18 @@ class Runtime:
         if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
             run = await self.store.get_run(run_id)
             if run.status not in OPEN_RUN_STATUSES:
+                self.forget_admitted(run_id)
                 await _close_all(self._prepared.pop(run_id, {}).values())
                 raise UsageError(f"run {run_id!r} has already ended ({run.status})")
         # Its first execution without a workflow when it can take no checkpoint (ADR 0046): its
         # lease, held from its admission, is what a resume needs, as for a daemon's run.
         unwritten = run_id in self._unwritten
         self._unwritten.discard(run_id)
-        done = await self.durable.start(run_id, unwritten=unwritten)
+        try:
+            done = await self.durable.start(run_id, unwritten=unwritten)
+        except BaseException:
+            self.forget_admitted(run_id)
+            raise
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError as exc:
@@ -591,6 +599,12 @@ class Runtime:
         return {r: t for r, t in self._workflows.items() if not t.done()}
 
     async def _execute(self, run_id: str) -> None:
+        try:
+            await self._execute_admitted(run_id)
+        finally:  # it holds its run while it executes; renewed no more if it never did
+            self.leases.unadmit(run_id)
+
+    async def _execute_admitted(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
         spec: RunSpec | None = None
         if admitted is not None and time.time() < (admitted[0].lease_expires_at or 0.0):
@@ -621,8 +635,11 @@ class Runtime:
 
     def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
         """The run and its spec as this process admitted them, once: for its first execution
-        here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere."""
+        here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere. Its
+        lease is renewed no more as an admitted run's: its execution holds it from here, or
+        another process takes it (ADR 0065)."""
         self._claimed.discard(run_id)
+        self.leases.unadmit(run_id)
         return self._admitted.pop(run_id, None)
 
     async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:

@@ -387,11 +387,16 @@ class RunManager:
 
     async def _forget_ended(self) -> None:
         """Delete the workflows of runs that ended: their checkpoints may hold carriers and tool
-        results, which have no use once the run is over."""
+        results, which have no use once the run is over. Not those of runs still open: a
+        workflow can end before its run (its claim failed, ADR 0065), and the run resumes from
+        its checkpoints once it is put back on a queue."""
         engine = self.runtime.durable
         assert engine is not None
         done = await engine.finished_workflows()
-        await engine.forget(done)
+        if done:
+            found = await self.runtime.store.open_runs()
+            still_open = {run.run_id for run in found.runs}
+            await engine.forget([run_id for run_id in done if run_id not in still_open])
 
     def start_sweeping(self) -> None:
         """Sweep periodically while the daemon runs, so a dead process's runs resume in time."""

@@ -11,7 +11,7 @@ The states of an open durable run, as the ``runs`` and ``run_specs`` rows tell t
 state                      owner       queued_at      who moves it on
 =========================  ==========  =============  ===========================================
 queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run;
-                                                      lost (ADR 0062/0063): requeue_run
+                                                      lost (ADR 0062/0063/0065): requeue_run
 waiting in its daemon      a process   none           the daemon starts it (claim_run) or queues
                                                       it (release_run); dies: release_run
 executing                  a process   none           it ends, or its process dies: release_run

@@ -40,7 +40,9 @@ when the store still refuses (ADR 0062). Nor does a lease tell when a replica to
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
 without a claim (ADR 0063); ``requeue_run`` (a compare-and-set on ``queued_at``) lets one sweep
-of several do it.
+of several do it. A queued run whose workflow *ended* (its claim failed while the store was
+unavailable, or found the run held by an execution that then handed it back) is put back at
+once: nothing executes it, nor can anything be queueing it (``WORKFLOW_ENDED``, ADR 0065).
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ __all__ = [
     "ABANDONED",
     "CLOSE_RETRY",
     "DEFAULT_LEASE_TTL_S",
+    "ENDED_OPEN",
     "ON_NO_QUEUE",
     "TAKEN_UNCLAIMED",
     "UNWRITTEN",
+    "WORKFLOW_ENDED",
+    "WORKFLOW_TAKEN_OVER",
     "EndedTask",
     "Owner",
     "close_orphaned_runs",
@@ -107,6 +112,20 @@ TAKEN_UNCLAIMED = (
 )
 """Why a sweep puts back on a queue a queued run whose workflow a replica took from its queue
 and that the replica has not claimed for a lease: it stopped in between (ADR 0063)."""
+WORKFLOW_ENDED = float("-inf")
+"""An ``OnQueue`` answer: the run's workflow has ended while the run is open -- its execution
+gave up before it began (its claim failed while the store was unavailable), or found the run
+held by a stalled execution that then lost the workflow. Nothing will execute it, so the sweep
+puts it back on a queue at once, its checkpoints kept (ADR 0065)."""
+ENDED_OPEN = (
+    "its workflow ended while it was open (its execution could not begin, or handed it back)"
+)
+"""Why a sweep puts back on a queue a queued run whose workflow ended (ADR 0065)."""
+WORKFLOW_TAKEN_OVER = (
+    "its workflow was put back on a queue while the process that had taken it stalled"
+)
+"""Why a stalled execution hands a run it claimed back at once: DBOS refuses its checkpoints,
+for another execution owns the run's workflow now (ADR 0065)."""
 ABANDONED = "its process stopped executing it without recording its end"
 """Why a process's own sweep closes a run of its own that it no longer executes and whose lease
 expired: its end was refused for longer than the retries, or its execution stopped without one
@@ -377,7 +396,8 @@ replicas have the run's tools."""
 
 OnQueue = Callable[[Sequence[str]], Awaitable[Mapping[str, float | None]]]
 """Which of these runs the engine has on a work queue: ``None`` for a workflow waiting there, or
-when it was taken from there (seconds since the epoch, the store's clock)."""
+when it was taken from there (seconds since the epoch, the store's clock); ``WORKFLOW_ENDED``
+for a workflow that ended (ADR 0065)."""
 
 
 async def close_orphaned_runs(
@@ -457,8 +477,10 @@ async def _requeue_lost(
     closed: list[str] = []
     for spec, why in lost:
         run_id = spec.run_id
-        if not spec.durable or spec.queued_at is None or now - spec.queued_at < lost_after_s:
+        if not spec.durable or spec.queued_at is None:
             continue
+        if why != ENDED_OPEN and now - spec.queued_at < lost_after_s:
+            continue  # what queues it may be under way; an ended workflow is not (ADR 0065)
         if not await store.requeue_run(run_id, queued_at=spec.queued_at):
             continue  # claimed, closed or put back by another sweep since it was read
         try:
@@ -482,6 +504,8 @@ def _lost(
     if run_id not in places:
         return ON_NO_QUEUE
     taken_at = places[run_id]
+    if taken_at == WORKFLOW_ENDED:
+        return ENDED_OPEN
     if taken_at is None or now - taken_at < lost_after_s:
         return None
     return TAKEN_UNCLAIMED

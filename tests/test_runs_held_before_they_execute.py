@@ -1,0 +1,228 @@
+"""Runs a process owns before they execute: admitted runs keep their lease, and a run another
+process took from a daemon's waiting line never starts there (ADR 0065).
+
+* A run this process admitted as its own is renewed by its lease keeper from its admission until
+  its execution holds it: an execution slow to begin (more than a lease) no longer lets another
+  process's sweep close the run under it. Once the run is executed, or will not be here, it is
+  renewed no more (ADR 0060's point).
+* A durable run waiting in its daemon for a slot (ADR 0031) that another process took meanwhile
+  -- this daemon stalled past its lease, and a sweep put the run back on a queue -- leaves the
+  waiting line, whether the keeper's renewal notices it first or its turn comes first; it is not
+  claimed, let alone executed, here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.durable import until
+from support.pg import PG_URL, pg_admin, pg_schema
+
+from thoughtgate.config import Config, DurabilityConfig, OrchestrationConfig
+from thoughtgate.errors import UsageError
+from thoughtgate.orchestration.durable import DurableEngine
+from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
+from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
+
+__all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
+
+pytestmark = [pytest.mark.timeout(60)]
+
+ELSEWHERE = Owner("0123456789abcdef", 4242, "elsewhere")
+"""A process on another host sweeping the same store."""
+
+
+# ---------------------------------------------------------------------- admitted runs
+async def _an_admitted_run_keeps_its_lease_until_it_executes(store: EventStore) -> None:
+    config = Config.from_mapping({"orchestration": {"lease_ttl_s": 1.0}})
+    runtime = Runtime(store, config)
+    run = await runtime.create_run(RunRequest("hi", model="fake:echo"))
+    admitted_until = run.lease_expires_at
+    assert admitted_until is not None
+
+    async def admission_lease_over() -> bool:
+        return (await store.open_runs()).now > admitted_until + 0.1
+
+    # Its execution is slow to begin: the lease its admission gave it runs out meanwhile.
+    await until(admission_lease_over)
+    assert await close_orphaned_runs(store, me=ELSEWHERE) == []
+    lease = (await store.get_run(run.run_id)).lease_expires_at
+    assert lease is not None and lease > admitted_until, "renewed while it waited"
+
+    ended = await runtime.execute(run.run_id)
+    assert ended.status == "completed"
+    assert run.run_id not in runtime.leases, "executed: renewed no more"
+    assert runtime.leases.held == frozenset()
+
+
+@pytest.mark.inprocess
+async def test_an_admitted_run_keeps_its_lease_until_it_executes_sqlite(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    try:
+        await _an_admitted_run_keeps_its_lease_until_it_executes(store)
+    finally:
+        await store.close()
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_an_admitted_run_keeps_its_lease_until_it_executes_postgres(pg_schema: str) -> None:
+    store = await PostgresStore.open(PG_URL, schema=pg_schema)
+    try:
+        await _an_admitted_run_keeps_its_lease_until_it_executes(store)
+    finally:
+        await store.close()
+
+
+@pytest.mark.inprocess
+async def test_a_run_whose_execution_gives_up_before_it_begins_is_renewed_no_more(
+    tmp_path: Path,
+) -> None:
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    try:
+        runtime = Runtime(store, Config(orchestration=OrchestrationConfig(lease_ttl_s=1.0)))
+        run = await runtime.create_run(RunRequest("hi", model="fake:echo"))
+        assert run.run_id in runtime.leases
+        await close_run_interrupted(store, run.run_id, "closed by hand")
+        admitted_until = run.lease_expires_at
+        assert admitted_until is not None
+
+        async def admitted_copy_stale() -> bool:  # its execution then reads the run back
+            return time.time() > admitted_until
+
+        await until(admitted_copy_stale)
+        with pytest.raises(UsageError, match="already ended"):
+            await runtime.execute(run.run_id)
+        assert run.run_id not in runtime.leases
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------- the waiting line
+@pytest.fixture
+def gate() -> Iterator[asyncio.Event]:
+    """``fake:gated`` answers once the event is set: its run keeps the daemon's one slot."""
+    opened = asyncio.Event()
+
+    def gated(request: TurnRequest, _: int) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            await opened.wait()
+            yield text("done")
+
+        return gen()
+
+    FAKE_SCRIPTS["gated"] = gated
+    yield opened
+    opened.set()
+    del FAKE_SCRIPTS["gated"]
+
+
+class _Daemon:
+    """A daemon of one slot, its queue polled once a minute: a run that waits, waits here."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        # A long lease: no renewal comes between the test's steps unless it asks for one.
+        config = Config(
+            orchestration=OrchestrationConfig(lease_ttl_s=60.0),
+            durability=DurabilityConfig(concurrency=1, poll_interval_s=60.0),
+        )
+        self.store = store
+        self.runtime = Runtime(store, config)
+        self.engine = DurableEngine.attach(self.runtime, config.durability)
+
+    @property
+    def queue(self) -> str:
+        assert self.engine.queue is not None
+        return self.engine.queue
+
+    async def start(self, model: str) -> str:
+        run, rank = await self.runtime.admit(RunRequest("hi", model=model), queue=self.queue)
+        await self.engine.submit(run.run_id, self.queue, priority=rank)
+        return run.run_id
+
+    def waiting(self) -> list[str]:
+        return [entry[2] for entry in self.engine._line]
+
+    async def taken_elsewhere(self, run_id: str) -> None:
+        """What another process's sweep does to a run whose lease expired while this daemon
+        stalled: release it to a queue (it then enqueues it there). After such a stall the
+        keeper no longer knows the run's lease to last, which the test says for it."""
+        owner = self.runtime.leases.owner.owner_id
+        assert await self.store.release_run(run_id, owner=owner, queue=True)
+        self.runtime.leases._valid_until[run_id] = 0.0  # as a stall past its lease leaves it
+
+    async def untouched_here(self, run_id: str) -> None:
+        run = await self.store.get_run(run_id)
+        assert (run.status, run.owner) == ("pending", None)
+        spec = await self.store.get_run_spec(run_id)
+        assert spec is not None and spec.attempts == 0 and spec.queued_at is not None
+        assert [e.type for e in await self.store.read(run_id)] == [
+            "run.started",
+            "capability.resolved",
+        ]
+        assert run_id not in self.runtime.leases
+        assert run_id not in self.waiting()
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    made = _Daemon(store)
+    try:
+        await made.engine.launch(listen=[])
+        yield made
+    finally:
+        await made.engine.close()
+        await store.close()
+
+
+@pytest.mark.inprocess
+async def test_a_waiting_run_another_process_took_does_not_start_when_its_turn_comes(
+    daemon: _Daemon, gate: asyncio.Event
+) -> None:
+    first = await daemon.start("fake:gated")
+    second = await daemon.start("fake:echo")
+    assert daemon.waiting() == [second]
+    await daemon.taken_elsewhere(second)
+    gate.set()  # the slot frees before any renewal of the keeper's
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _idle(daemon))
+    await daemon.untouched_here(second)
+    assert (await daemon.store.get_run(first)).status == "completed"
+
+
+@pytest.mark.inprocess
+async def test_a_waiting_run_another_process_took_leaves_the_line_at_the_next_renewal(
+    daemon: _Daemon, gate: asyncio.Event
+) -> None:
+    first = await daemon.start("fake:gated")
+    second = await daemon.start("fake:echo")
+    third = await daemon.start("fake:echo")
+    assert daemon.waiting() == [second, third]
+    await daemon.taken_elsewhere(second)
+    await daemon.runtime.leases.renew()
+    assert daemon.waiting() == [third], "it left the line; the other still waits"
+    await daemon.untouched_here(second)
+    gate.set()
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _ended(daemon, third))
+    await until(lambda: _idle(daemon))
+    await daemon.untouched_here(second)
+
+
+async def _ended(daemon: _Daemon, run_id: str) -> bool:
+    return (await daemon.store.get_run(run_id)).status not in ("pending", "running")
+
+
+async def _idle(daemon: _Daemon) -> bool:
+    return not daemon.engine._tasks and not daemon.runtime.executing

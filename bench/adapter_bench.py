@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.emulator_process import DELTAS, REPO, emulator_process
+from bench.emulator_process import DELTAS, emulator_process
+from bench.environment import REPO, child_env
 
 TURNS = 40
 REPEATS = 5
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as url:
         for _ in range(args.repeats):
             for src in sources:
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(REPO)])}
+                env = child_env(src)
                 command = [sys.executable, "-m", "bench.adapter_bench", "--consume", url]
                 out = subprocess.run(
                     [*command, "--turns", str(args.turns)],

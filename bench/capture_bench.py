@@ -15,26 +15,27 @@ measurement is the minimum over several runs. Linearity: a stream with 10x the e
 most 11x the CPU. A plot series (``capture-cost``) gives each consumer's CPU time against stream
 length (250 to 10,000 events, one event per chunk). ``litellm`` is the library (the ``bench``
 extra); its proxy cannot be installed beside thoughtgate (``litellm[proxy]`` 1.79 pins
-uvicorn<0.30). Run ``python -m bench.capture_bench``; ``main()`` returns the result rows.
+uvicorn<0.30). Run ``python -m bench.capture_bench`` (``--quick``: one round, no series);
+``main()`` returns the result rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.emulator_process import stop
+from bench.environment import LOOPBACK, child_env, free_port
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
@@ -178,7 +179,7 @@ def serve(port: int) -> None:
         writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        server = await asyncio.start_server(handle, LOOPBACK, port)
         print("ready", flush=True)
         async with server:
             await server.serve_forever()
@@ -189,12 +190,8 @@ def serve(port: int) -> None:
 @contextlib.contextmanager
 def server_process() -> Iterator[str]:
     """The bench server in a child process, so its CPU time is not counted as the consumer's."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
+    port = free_port()
+    env = child_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.capture_bench", "--serve", str(port)],
         env=env,
@@ -205,7 +202,7 @@ def server_process() -> Iterator[str]:
         assert process.stdout is not None
         if process.stdout.readline().strip() != "ready":
             raise RuntimeError("the bench server did not start")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{LOOPBACK}:{port}"
     finally:
         stop(process, grace_s=5)
 
@@ -215,8 +212,10 @@ def server_process() -> Iterator[str]:
 Consumer = Callable[[str], Awaitable[None]]
 
 
-async def cpu_seconds(runs: dict[str, tuple[Consumer, str]]) -> dict[str, float]:
-    """Minimum process CPU time of each ``(consumer, payload)`` over ``REPEATS`` rounds.
+async def cpu_seconds(
+    runs: dict[str, tuple[Consumer, str]], repeats: int = REPEATS
+) -> dict[str, float]:
+    """Minimum process CPU time of each ``(consumer, payload)`` over ``repeats`` rounds.
 
     The consumers take turns within each round, so a change in machine load between them
     cannot skew their ratio.
@@ -224,7 +223,7 @@ async def cpu_seconds(runs: dict[str, tuple[Consumer, str]]) -> dict[str, float]
     for consume, payload in runs.values():
         await consume(payload)  # warm-up: connections, imports, caches
     best = dict.fromkeys(runs, float("inf"))
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, (consume, payload) in runs.items():
             start = time.process_time()
             await consume(payload)
@@ -293,8 +292,16 @@ def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from GitHub
     try:
         import litellm  # optional: measured only if installed
+        from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
     except ImportError:
         return None
+
+    # LiteLLM's Anthropic streaming sends through ``litellm.module_level_aclient`` unless given a
+    # client, and ``close_litellm_async_clients`` closes only the clients in LiteLLM's cache, not
+    # that one: its aiohttp session was left open, and aiohttp printed "Unclosed client session"
+    # and "Unclosed connector" at exit. The bench's own client (the same class and timeout as the
+    # module's: the same aiohttp transport) is closed with the rest.
+    client = AsyncHTTPHandler(timeout=litellm.request_timeout)
 
     async def consume(payload: str) -> None:
         response = await litellm.acompletion(
@@ -304,11 +311,13 @@ def litellm_consumer(url: str) -> tuple[Consumer, Callable[[], Awaitable[None]]]
             messages=[{"role": "user", "content": "Tides?"}],
             stream=True,
             extra_headers={"x-bench-payload": payload},
+            client=client,
         )
         async for _ in response:
             pass
 
     async def close() -> None:
+        await client.close()
         await litellm.close_litellm_async_clients()
 
     return consume, close
@@ -322,7 +331,8 @@ def _row(name: str, value: float | str, unit: str, target: str | None, ok: bool 
     return {"name": name, "value": shown, "unit": unit, "target": target, "ok": ok}
 
 
-async def measure(url: str) -> list[Row]:
+async def measure(url: str, *, quick: bool = False) -> list[Row]:
+    """The figures; ``quick``: one round, no series (a check that every consumer runs)."""
     rows: list[Row] = []
     made = {
         "raw": raw_consumer(url),
@@ -336,7 +346,7 @@ async def measure(url: str) -> list[Row]:
             runs = {name: (c[0], f"{chunking}-1") for name, c in consumers.items()}
             runs["thoughtgate 10x"] = (consumers["thoughtgate"][0], f"{chunking}-10")
             runs["raw 10x"] = (consumers["raw"][0], f"{chunking}-10")
-            seconds = await cpu_seconds(runs)
+            seconds = await cpu_seconds(runs, 1 if quick else REPEATS)
             for name in made:
                 if name not in seconds:
                     rows.append(_row(f"{name} [{chunking}]", "not installed", "", None, None))
@@ -361,7 +371,7 @@ async def measure(url: str) -> list[Row]:
             if "litellm" in seconds:
                 ratio = seconds["litellm"] / seconds["thoughtgate"]
                 rows.append(_row(f"litellm / thoughtgate [{chunking}]", ratio, "x", None, None))
-        rows += await series(consumers)
+        rows += [] if quick else await series(consumers)
     finally:
         for consumer in consumers.values():
             await consumer[1]()
@@ -398,19 +408,20 @@ async def series(consumers: dict[str, tuple[Consumer, Any]]) -> list[Row]:
     return out
 
 
-async def _sharing_connections(url: str) -> list[Row]:
+async def _sharing_connections(url: str, quick: bool) -> list[Row]:
     """Measure with the provider connections held open, as the raw client keeps its own."""
     async with shared_clients().lease():
-        return await measure(url)
+        return await measure(url, quick=quick)
 
 
-def main() -> list[Row]:
+def main(quick: bool = False) -> list[Row]:
     with server_process() as url:
-        rows = asyncio.run(_sharing_connections(url))
+        rows = asyncio.run(_sharing_connections(url, quick))
     size = len(stream_bytes())
     print(
         f"stream: {THINKING_DELTAS} thinking + {TEXT_DELTAS} text deltas, {size} bytes; "
-        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, min of {REPEATS} runs"
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
+        f"min of {1 if quick else REPEATS} runs"
     )
     for row in rows:
         if "series" in row:
@@ -422,7 +433,11 @@ def main() -> list[Row]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--serve"]:
-        serve(int(sys.argv[2]))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round and no series")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        serve(args.serve)
     else:
-        main()
+        main(quick=args.quick)

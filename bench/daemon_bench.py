@@ -153,6 +153,7 @@ from bench.emulator_process import (
     stamp,
     stop,
 )
+from bench.environment import LOOPBACK, REPO, child_env, free_port
 from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
 from bench.host_steal import HostShare, pooled, round_rows, sample, share_text, since
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
@@ -162,7 +163,6 @@ from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["main"]
 
-REPO = Path(__file__).resolve().parents[1]
 LITELLM_TTFB_MS = {1: 10.0, 10: 66.0, 100: 960.0}
 LITELLM_RPS = 40.0
 TRACE: str | None = None
@@ -296,7 +296,7 @@ def _serve(
             write_json(port_file, {"url": f"http://{host}:{port}", "key": key})
 
         try:
-            await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)
+            await serve_app(app, host=LOOPBACK, port=0, log_level="warning", on_ready=ready)
         finally:
             await store.close()
 
@@ -734,7 +734,6 @@ def _on_server_cpu() -> dict[str, Any]:
 
 def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``litellm --config`` on loopback, one worker, no DB, telemetry or callbacks."""
-    import socket
 
     config = tmp / "litellm.yaml"
     config.write_text(
@@ -754,9 +753,7 @@ def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess
         "  disable_spend_logs: true\n"
         "  disable_error_logs: true\n"
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LITELLM_"))}
     env.update(
         LITELLM_LOCAL_MODEL_COST_MAP="True",  # no fetch of the cost map from GitHub
@@ -768,7 +765,7 @@ def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess
     log = (tmp / "litellm.log").open("wb")
     proc = subprocess.Popen(
         [
-            *(str(venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1"),
+            *(str(venv / "bin" / "litellm"), "--config", str(config), "--host", LOOPBACK),
             *("--port", str(port), "--num_workers", "1", "--telemetry", "False"),
         ],
         env=env,
@@ -777,7 +774,7 @@ def _start_litellm(venv: Path, emulator_url: str, tmp: Path) -> tuple[subprocess
         stderr=subprocess.STDOUT,
         **_on_server_cpu(),
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -1400,7 +1397,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for on in sorted({on for *_, on in variants}):
                 name = f"bench{'-durable' if on else ''}-r{number}"
                 port_file = Path(tmp) / f"port-{name}.json"
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+                env = child_env()
                 stats_dir = Path(tmp) / f"stats-{name}"
                 if args.repeat:
                     stats_dir.mkdir()

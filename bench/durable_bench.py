@@ -17,11 +17,11 @@ import asyncio
 import os
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from bench.environment import PG_URL, drop_schemas_async, throwaway_schema
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.orchestration.durable import DurableEngine
@@ -32,7 +32,6 @@ from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
 
 Row = dict[str, Any]
 RUNS = int(os.environ.get("TG_BENCH_DURABLE_RUNS", "40"))
-PG_URL = os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NOTES = [
     "Durability: each run is 3 model turns and 2 tool calls (4 checkpointed steps); the "
     "baseline is the same runtime without the engine, measured alternately in the same process.",
@@ -115,22 +114,15 @@ async def _sqlite() -> list[Row]:
 
 
 async def _postgres() -> list[Row]:
-    import psycopg
-    from psycopg import sql
-
     from thoughtgate.store.postgres import PostgresStore
 
-    schema = f"tg_bench_{uuid.uuid4().hex[:10]}"
+    schema = throwaway_schema()
     store = await PostgresStore.open(PG_URL, schema=schema)
     try:
         return await _measure(store, "PostgreSQL")
     finally:
         await store.close()
-        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as admin:
-            for name in (schema, f"{schema}_workflows"):
-                await admin.execute(
-                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
-                )
+        await drop_schemas_async(schema)
 
 
 def main() -> list[Row]:

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.atomic import write_json
+from bench.environment import LOOPBACK, REPO, child_env, free_port
 
 __all__ = [
     "DELTAS",
@@ -56,7 +56,6 @@ __all__ = [
     "stop",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
 DELTAS = 20
 PROVIDER_TTFB_S = 0.010
 GAP_S = 0.001
@@ -167,12 +166,10 @@ def serve(port_file: Path) -> None:
     answer = "".join(f"word{i:03d} " for i in range(DELTAS))
     turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by ``_paced``
     emulator = Emulator().add(Scenario("bench", (turn,)), default=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(
         _paced(emulator.app),
-        host="127.0.0.1",
+        host=LOOPBACK,
         port=port,
         log_level="warning",
         lifespan="off",
@@ -183,7 +180,7 @@ def serve(port_file: Path) -> None:
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    write_json(port_file, {"url": f"http://127.0.0.1:{port}", "pid": os.getpid()})
+    write_json(port_file, {"url": f"http://{LOOPBACK}:{port}", "pid": os.getpid()})
     threading.Event().wait()  # until the bench terminates this process
 
 
@@ -206,7 +203,7 @@ def stop(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
 def emulator_process(tmp: Path) -> Iterator[str]:
     """The emulator in a child process (its CPU is not the bench's); yields its base URL."""
     port_file = tmp / "emulator.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = child_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.emulator_process", str(port_file)], env=env, cwd=str(REPO)
     )

@@ -38,10 +38,10 @@ from typing import Any
 
 from bench.atomic import write_json
 from bench.emulator_process import stop
+from bench.environment import LOOPBACK, PG_URL, REPO, child_env, drop_schemas, throwaway_schema
 
 __all__ = ["main"]
 
-REPO = Path(__file__).resolve().parents[1]
 LEVELS = (1, 100, 1000)
 EVENTS = 60
 GAP_S = 0.05
@@ -54,10 +54,6 @@ NOTES = [
     "straight from the commit's hand-off (one socket write per reader per batch, no task "
     "wake-up per reader); at 1,000 readers those writes are most of its delivery CPU."
 ]
-PG_URL = os.environ.get(
-    "THOUGHTGATE_BENCH_PG_URL",
-    os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-)
 
 
 # ----------------------------------------------------------------------------- server side
@@ -108,7 +104,7 @@ def _serve(port_file: Path, db_url: str) -> None:
             write_json(port_file, {"url": f"http://{host}:{port}", "key": key})
 
         try:
-            await serve_app(app, host="127.0.0.1", port=0, log_level="warning", on_ready=ready)
+            await serve_app(app, host=LOOPBACK, port=0, log_level="warning", on_ready=ready)
         finally:
             await store.close()
 
@@ -119,7 +115,7 @@ def _serve(port_file: Path, db_url: str) -> None:
 def _server(db_url: str) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+        env = child_env()
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.fanout_bench", "--serve", str(port_file), db_url],
             env=env,
@@ -139,17 +135,11 @@ def _server(db_url: str) -> Iterator[dict[str, str]]:
 
 @contextlib.contextmanager
 def _postgres_url() -> Iterator[str]:
-    import psycopg
-    from psycopg import sql
-
-    schema = f"tg_bench_{uuid.uuid4().hex[:12]}"
+    schema = throwaway_schema()
     try:
         yield f"{PG_URL}?schema={schema}"
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-            )
+        drop_schemas(schema)
 
 
 # ----------------------------------------------------------------------------- client side

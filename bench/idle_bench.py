@@ -27,23 +27,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.emulator_process import stop
+from bench.environment import PG_URL, drop_schemas, free_port, throwaway_schema
 from bench.host_steal import run_row, sample, since
 
 Row = dict[str, Any]
 SETTLE_S = float(os.environ.get("TG_BENCH_IDLE_SETTLE_S", "65"))
 WINDOW_S = float(os.environ.get("TG_BENCH_IDLE_WINDOW_S", "30"))
-PG_URL = os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TARGET_DURABLE_MS_PER_S = 5.0
 TARGET_PLAIN_MS_PER_S = 1.0
 NOTES = [
@@ -76,12 +74,6 @@ def usage(pid: int) -> Usage:
     return Usage(cpu, wakeups, time.monotonic())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _postgres_schema() -> str | None:
     """A fresh schema on the test server for the PostgreSQL variant, or ``None`` when it does not
     answer (the variant is left out)."""
@@ -94,20 +86,12 @@ def _postgres_schema() -> str | None:
             conn.execute("SELECT 1")
     except Exception:  # noqa: BLE001 - no server: no PostgreSQL row
         return None
-    return f"idle_{uuid.uuid4().hex[:10]}"
-
-
-def _drop_postgres_schema(schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_URL, connect_timeout=3, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema}_workflows CASCADE")
+    return throwaway_schema("idle")
 
 
 def _serve(db: str, *, durable: bool, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "THOUGHTGATE_DURABILITY__ENABLED": "true" if durable else "false"}
-    cmd = [sys.executable, "-m", "thoughtgate", "serve", "--db", db, "--port", str(_free_port())]
+    cmd = [sys.executable, "-m", "thoughtgate", "serve", "--db", db, "--port", str(free_port())]
     cmd += ["--no-bootstrap-key", "--log-level", "warning"]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -142,7 +126,7 @@ def measure(settle_s: float = SETTLE_S, window_s: float = WINDOW_S) -> list[Row]
             for process in processes.values():
                 stop(process)
             if schema is not None:
-                _drop_postgres_schema(schema)
+                drop_schemas(schema)
     rows: list[Row] = []
     for name in processes:
         elapsed = after[name].at - before[name].at

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import sqlite3
 import statistics
@@ -40,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.environment import PG_URL
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.listing import RunCursor, RunQuery
 
@@ -48,10 +48,6 @@ __all__ = ["main"]
 RUNS = 100_000
 REPEATS = 15
 PAGE = 50
-PG_URL = os.environ.get(
-    "THOUGHTGATE_BENCH_PG_URL",
-    os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-)
 
 TARGETS_MS: dict[str, float] = {
     "first_page": 25,

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.emulator_process import stop
+from bench.environment import LOOPBACK, REPO, child_env
 
-REPO = Path(__file__).resolve().parents[1]
 BATCHES = 15
 PER_BATCH = 40
 ROUNDS = 3
@@ -84,7 +84,7 @@ def serve() -> None:
 
     async def main() -> None:
         listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
+        listener.bind((LOOPBACK, 0))
         listener.listen(128)
         server = await asyncio.get_running_loop().create_server(_Answering, sock=listener)
         print(listener.getsockname()[1], flush=True)
@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     try:
         assert server.stdout is not None
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}/v1"
+        url = f"http://{LOOPBACK}:{int(server.stdout.readline())}/v1"
         for _ in range(args.rounds):
             for src in sources:
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(REPO)])}
+                env = child_env(src)
                 command = [sys.executable, "-m", "bench.request_bench", "--consume", url]
                 command += ["--batches", str(args.batches), "--per-batch", str(args.per_batch)]
                 out = subprocess.run(

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.environment import REPO
 from bench.host_steal import run_row, sample, since
 
 MODULES = (
@@ -39,7 +40,7 @@ MODULES = (
     "bench.durable_bench",
     "bench.idle_bench",
 )
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = REPO / "docs"
 BUDGET_S = 15 * 60
 KEPT = "<!-- Written by hand: make bench keeps everything from this line on. -->"
 """Where ``docs/benchmarks.md`` stops being generated (profile summaries, notes on a change)."""

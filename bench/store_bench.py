@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.environment import PG_URL, drop_schemas_async, throwaway_schema
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import RunRecord, new_id
@@ -49,11 +48,6 @@ TARGETS: dict[str, float] = {
 ROUNDS = 3
 SINGLE_EVENTS = 1_500
 BATCHED_EVENTS = {100: 90_000, 1000: 150_000}  # replay reads the 150k-event run
-
-PG_URL = os.environ.get(
-    "THOUGHTGATE_BENCH_PG_URL",
-    os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-)
 
 
 def result(name: str, value: float | None, *, error: str | None = None) -> dict[str, Any]:
@@ -146,19 +140,15 @@ async def sqlite_store() -> AsyncIterator[EventStore]:
 
 @contextlib.asynccontextmanager
 async def postgres_store() -> AsyncIterator[EventStore]:
-    import psycopg
-    from psycopg import sql
-
     from thoughtgate.store.postgres import PostgresStore
 
-    schema = f"tg_bench_{uuid.uuid4().hex[:12]}"
+    schema = throwaway_schema()
     store = await PostgresStore.open(PG_URL, schema=schema)
     try:
         yield store
     finally:
         await store.close()
-        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as admin:
-            await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        await drop_schemas_async(schema)
 
 
 async def run_all() -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import statistics
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench.environment import LOOPBACK, free_port
 from thoughtgate.config import Config
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.store.sqlite import SQLiteStore
@@ -62,21 +62,18 @@ class _Collector(BaseHTTPRequestHandler):
 
 @contextmanager
 def collector() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    server = ThreadingHTTPServer((LOOPBACK, 0), _Collector)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
 
 
 def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://{LOOPBACK}:{free_port()}"
 
 
 class _Lines(logging.Handler):

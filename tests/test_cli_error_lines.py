@@ -3,12 +3,14 @@ being copied from a terminal or matched by a script, so the CLI never wraps it a
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
+from thoughtgate.cli.exit_codes import ExitCode
 
 
 @pytest.mark.inprocess
@@ -22,3 +24,63 @@ def test_a_long_error_naming_a_path_is_one_unbroken_line(tmp_path: Path) -> None
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and str(deep) in lines[0]
     assert not deep.parent.exists()
+
+
+BAD_INPUT = [
+    # Typer's own parsing: found before any thoughtgate code runs
+    (["bogus-command"], "No such command 'bogus-command'. (see thoughtgate --help)"),
+    (["run"], "Missing argument 'PROMPT'. (see thoughtgate run --help)"),
+    (["keys", "bogus"], "No such command 'bogus'. (see thoughtgate keys --help)"),
+    (["runs", "--limit", "0"], "'--limit': 0 is not in the range x>=1."),
+    # (below the range: a port above it, before the check, was started on modulo 65536)
+    (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
+    (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),
+    # thoughtgate's own checks
+    (["serve", "--log-level", "loud"], "unknown --log-level 'loud'; allowed: debug, info"),
+    (["emulate", "--scenario", "nope"], "unknown scenario 'nope'; known: "),
+    (["status", "run_x", "--view-as", "wizard"], "unknown role 'wizard'; allowed: viewer"),
+    (["runs", "--url", "not-a-url", "--key", "k"], "--url 'not-a-url' is not a daemon's address"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("args", "says"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_error_line_and_exit_code_2(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, args, prog_name="thoughtgate", env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and says in lines[0], lines[0]
+
+
+@pytest.mark.unit
+def test_a_config_that_is_not_toml_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "thoughtgate.toml"
+    bad.write_text("not toml [[[", encoding="utf-8")
+    result = CliRunner().invoke(app, ["runs", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(bad) in lines[0], lines
+
+
+@pytest.mark.unit
+def test_no_arguments_still_print_the_help() -> None:
+    result = CliRunner().invoke(app, [], prog_name="thoughtgate")
+    assert result.exit_code == ExitCode.USAGE
+    assert "Usage: thoughtgate [OPTIONS] COMMAND" in result.output
+    assert "error:" not in result.output
+
+
+@pytest.mark.inprocess
+def test_an_unreachable_daemon_is_named_in_plain_words() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    result = CliRunner().invoke(app, ["status", "run_x", "--url", url, "--key", "k"])
+    assert result.exit_code == ExitCode.FAILED
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: cannot reach the daemon at {url}: ")
+    assert "Error(" not in lines[0]  # httpx's words, not an exception's repr

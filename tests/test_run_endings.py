@@ -467,33 +467,6 @@ def test_help_does_not_import_the_daemon_stack() -> None:
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_every_option_says_what_it_is_and_what_to_type() -> None:
-    import click
-    import typer
-
-    from thoughtgate.cli import app
-
-    def walk(command: click.Command, path: str) -> Iterator[tuple[str, click.Parameter]]:
-        for param in command.params:
-            yield path, param
-        if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
-                yield from walk(sub, f"{path} {name}")
-
-    root = typer.main.get_command(app)
-    missing: list[str] = []
-    for path, param in walk(root, "thoughtgate"):
-        if param.name == "help":
-            continue
-        where = f"{path} {param.opts[0] if param.opts else param.name}"
-        if not getattr(param, "help", None):
-            missing.append(f"{where}: no help text")
-        flag = isinstance(param, click.Option) and param.is_flag
-        if not flag and param.metavar in (None, "TEXT", "INTEGER", "FLOAT"):
-            missing.append(f"{where}: metavar {param.metavar!r}")
-    assert missing == []
-
-
 def test_environment_beats_the_readme_config_in_the_emulator_walkthrough(
     emulator: EmulatorServer, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import inspect
 import time
 from collections import Counter
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -252,13 +253,37 @@ class CallCountingStore(MemoryStore):
         return counted
 
 
-async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], list[str]]:
+class SpecReadsStore(CallCountingStore):
+    """Also keeps the ids each ``get_run_specs`` asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec_reads: list[set[str]] = []
+
+    async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, RunSpecRecord]:
+        self.spec_reads.append(set(run_ids))
+        return await super().get_run_specs(run_ids)
+
+
+@dataclass
+class Sweep:
+    """What one sweep asked and did (``_sweep_beside_suspended_runs``)."""
+
+    calls: Counter[str]
+    requeued: list[str]
+    spec_reads: list[set[str]]
+    asked_on_queue: list[set[str]]
+    moved: set[str]
+    """The runs the sweep moves: the lost queued run, the durable orphan, the plain orphan."""
+
+
+async def _sweep_beside_suspended_runs(suspended: int) -> Sweep:
     """One daemon sweep of a store holding ``suspended`` durable runs waiting for a manual
     resume, beside one run of each other kind the sweep moves: a queued run on no queue, a
-    durable orphan and a plain one of a process on another host whose leases expired. The
-    store calls it made, and the runs requeued (after checking every run ended where it
-    should)."""
-    store = CallCountingStore()
+    durable orphan and a plain one of a process on another host whose leases expired -- and a
+    run queued moments ago, which it leaves. What the sweep asked and did (after checking every
+    run ended where it should)."""
+    store = SpecReadsStore()
     far = Owner("another-host", 4242, "n").owner_id
 
     async def admit(spec: dict[str, Any], **run: Any) -> str:
@@ -268,15 +293,20 @@ async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], li
 
     waiting = [await admit({"durable": True}) for _ in range(suspended)]
     lost = await admit({"durable": True, "resume": "queue", "queue": "q", "queued_at": 1.0})
+    just_queued = await admit(
+        {"durable": True, "resume": "queue", "queue": "q", "queued_at": time.time() + 60}
+    )
     orphan = await admit({"durable": True}, status="running", owner=far, lease_expires_at=1.0)
     plain = make_run(status="running", owner=far, lease_expires_at=1.0)
     await store.create_run(plain)
     requeued: list[str] = []
+    asked: list[set[str]] = []
 
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         requeued.append(run_id)
 
     async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+        asked.append(set(run_ids))
         return {}  # none of them waits on a queue
 
     store.calls.clear()
@@ -284,22 +314,24 @@ async def _sweep_beside_suspended_runs(suspended: int) -> tuple[Counter[str], li
     calls = Counter(store.calls)
     assert closed == [plain.run_id]
     assert (await store.get_run(orphan)).metadata["suspended"]["resume"] == "manual"
-    for run_id in (*waiting, lost, orphan):
+    for run_id in (*waiting, lost, just_queued, orphan):
         run = await store.get_run(run_id)
         assert run.status in ("pending", "running") and run.owner is None
-    return calls, requeued
+    spec = await store.get_run_spec(just_queued)
+    assert spec is not None and spec.queued_at is not None and spec.queued_at > time.time()
+    return Sweep(calls, requeued, store.spec_reads, asked, {lost, orphan, plain.run_id})
 
 
 @pytest.mark.unit
 async def test_a_sweep_makes_as_many_store_calls_beside_300_suspended_runs_as_beside_3() -> None:
     """Runs waiting days for an approval stay suspended, each sweep of each replica looks at
     them, and their number grows with the store: their specs come in one read (ADR 0064)."""
-    few, requeued_few = await _sweep_beside_suspended_runs(3)
-    many, requeued_many = await _sweep_beside_suspended_runs(300)
-    assert len(requeued_few) == len(requeued_many) == 1, "the run on no queue is put back"
-    assert many == few
-    assert many["get_run_specs"] == 1 and many["get_run_spec"] == 0
-    assert many["open_runs"] == 1
+    few = await _sweep_beside_suspended_runs(3)
+    many = await _sweep_beside_suspended_runs(300)
+    assert len(few.requeued) == len(many.requeued) == 1, "the run on no queue is put back"
+    assert many.calls == few.calls
+    assert many.calls["get_run_specs"] == 1 and many.calls["get_run_spec"] == 0
+    assert many.calls["open_runs"] == 1
 
 
 @pytest.mark.unit
@@ -342,3 +374,17 @@ async def test_an_admitted_run_the_keeper_no_longer_finds_is_dropped_once_surely
     keeper.admitted_for_s = 0.0
     await keeper.renew()
     assert never.run_id not in keeper
+
+
+@pytest.mark.unit
+async def test_a_sweep_reads_the_specs_of_the_runs_it_moves_only() -> None:
+    """The rows a sweep reads do not grow with the suspended runs either: it decides from
+    ``open_runs`` (a suspended run is not queued), asks the engine about the queued runs only
+    (the one queued moments ago too: its workflow may have ended, ADR 0065), and reads the specs
+    of the three runs it moves (ADR 0066). Before, every suspended run's spec came with every
+    sweep."""
+    sweep = await _sweep_beside_suspended_runs(300)
+    lost = sweep.requeued[0]
+    assert len(sweep.asked_on_queue) == 1 and lost in sweep.asked_on_queue[0]
+    assert len(sweep.asked_on_queue[0]) == 2, "the two queued runs, no suspended one"
+    assert sweep.spec_reads == [sweep.moved]

@@ -13,6 +13,8 @@ from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store import codec
+from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 
 pytestmark = pytest.mark.unit
 
@@ -236,3 +238,20 @@ def test_a_batch_with_a_payload_that_holds_itself_is_refused() -> None:
     loop["self"] = loop
     with pytest.raises(UsageError, match="not JSON-serializable"):
         codec.encode_events([NewEvent(EventType.MESSAGE_DELTA, loop)])
+
+
+def test_the_lifecycle_index_holds_every_type_a_check_reads_and_both_migrations_spell_it() -> None:
+    """A check reads ``PROJECTED_EVENT_TYPES`` through ``lifecycle_events`` only if the index
+    holds all of them; a type added to the projection needs a new migration (ADR 0066). And the
+    query repeats the migrations' predicate word for word, or neither planner uses the index."""
+    assert set(PROJECTED_EVENT_TYPES) <= set(codec.LIFECYCLE_INDEX_TYPES)
+    assert list(codec.LIFECYCLE_INDEX_TYPES) == sorted(codec.LIFECYCLE_INDEX_TYPES)
+    for dialect in ("sqlite", "postgres"):
+        (migration,) = [m for m in load_migrations(dialect) if m.name == "lifecycle_events"]
+        assert f"WHERE {codec.LIFECYCLE_INDEX_PREDICATE};" in migration.sql, dialect
+    query, _ = codec.typed_read_sql("?", "run_x", PROJECTED_EVENT_TYPES, after=0, limit=None)
+    assert codec.LIFECYCLE_INDEX_PREDICATE in query
+    delta_query, _ = codec.typed_read_sql(
+        "?", "run_x", [EventType.MESSAGE_DELTA], after=0, limit=None, hint=" INDEXED BY x"
+    )
+    assert codec.LIFECYCLE_INDEX_PREDICATE not in delta_query and "INDEXED BY" not in delta_query

@@ -43,7 +43,13 @@ from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
 from thoughtgate.store.pg_schema import applied_versions, migrate
-from thoughtgate.store.postgres import PostgresStore, channel_name, split_schema_param
+from thoughtgate.store.postgres import (
+    PostgresStore,
+    channel_name,
+    read_types_query,
+    split_schema_param,
+)
+from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 from thoughtgate.store.urls import open_store
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
@@ -142,6 +148,64 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
         pg_admin, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", pg_schema
     )
     assert "open_runs_by_owner" in {r[0] for r in indexes}
+
+
+async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads_through_it(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A schema with runs and events from before ``lifecycle_events`` (ADR 0066) gets the index
+    built over its rows at the next start; ``read_types`` then finds those rows, and the planner
+    reads a check's through the index rather than walking the run's every event in the primary
+    key -- on a table without statistics as after ``ANALYZE``. Types the index does not hold are
+    still read, by that walk."""
+    before = load_migrations("postgres")[:7]
+    assert load_migrations("postgres")[7].name == "lifecycle_events"
+    await migrate(pg_admin, pg_schema, before, "test")
+    runs, events = ident(pg_schema, "runs"), ident(pg_schema, "events")
+    for change, run_id in enumerate(("run_a", "run_b", "run_c"), 1):
+        await pg_admin.execute(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata, last_seq, change_seq) VALUES "
+                "(%s, 'p', 'hidden', 'provider', 'completed', 1.0, 1.0, '{{}}', NULL, '{{}}', "
+                "3002, %s)"
+            ).format(runs),
+            (run_id, change),
+        )
+        await pg_admin.execute(
+            sql.SQL(
+                "INSERT INTO {} (run_id, seq, task_id, type, ts, payload, v) "
+                'SELECT %(r)s, 1, NULL, \'run.started\', 1.5, \'{{"prompt":"p","tasks":0}}\', 1 '
+                "UNION ALL SELECT %(r)s, g, NULL, 'message.delta', 2.0, "
+                "json_build_object('i', g), 1 FROM generate_series(2, 3001) AS g "
+                "UNION ALL SELECT %(r)s, 3002, NULL, 'run.settlement.completed', 3.0, "
+                '\'{{"status":"completed"}}\', 1'
+            ).format(events),
+            {"r": run_id},
+        )
+    wanted = [EventType.RUN_STARTED, EventType.RUN_SETTLEMENT_COMPLETED]
+    async with opened(pg_schema) as store:
+        got = await store.read_types("run_b", wanted)
+        assert [(e.seq, e.type) for e in got] == [(1, "run.started"), (3002, wanted[1])]
+        assert [e.seq for e in await store.read_types("run_b", wanted, after=1)] == [3002]
+        deltas_read = await store.read_types("run_b", [EventType.MESSAGE_DELTA], limit=3)
+        assert [e.seq for e in deltas_read] == [2, 3, 4]
+        assert len(await store.read("run_b")) == 3002, "every event kept"
+    assert await applied_versions(pg_admin, pg_schema) == {
+        m.version for m in load_migrations("postgres")
+    }
+    query, params = read_types_query("run_b", PROJECTED_EVENT_TYPES, after=0, limit=1000)
+    await pg_admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(pg_schema)))
+    try:
+        for analyzed in (False, True):
+            if analyzed:
+                await pg_admin.execute(sql.SQL("ANALYZE {}").format(events))
+            rows = await fetch(pg_admin, f"EXPLAIN {query}", *params)
+            plan = "\n".join(str(r[0]) for r in rows)
+            assert "Index Scan using lifecycle_events" in plan, (analyzed, plan)
+            assert "events_pkey" not in plan and "Sort" not in plan, (analyzed, plan)
+    finally:
+        await pg_admin.execute("RESET search_path")
 
 
 async def test_upgrade_to_the_run_list_numbers_old_runs_and_pages_them(

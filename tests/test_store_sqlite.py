@@ -51,8 +51,9 @@ from thoughtgate.store.leases import Owner, orphan_reason
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
+from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
-from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.store.sqlite import SQLiteStore, read_types_query
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
 from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
@@ -191,6 +192,18 @@ async def test_open_store_url_selects_sqlite(tmp_path: Path) -> None:
         await store.close()
 
 
+@contextlib.contextmanager
+def at_version(path: Path, version: int, *, before: str) -> Iterator[sqlite3.Connection]:
+    """A new database at schema ``version``, the one just ``before`` the named migration, as a
+    thoughtgate of that version left it; closed after the block (which fills it)."""
+    known = load_migrations("sqlite")
+    assert known[version].name == before
+    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        apply_migrations(conn, path, known[:version])
+        yield conn
+
+
 async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     first = load_migrations("sqlite")[:1]
@@ -240,11 +253,7 @@ async def test_upgrade_to_the_run_list_numbers_old_runs_and_pages_them(tmp_path:
     """Runs stored before the run list existed get one change each, in stored order; the first
     change after the upgrade comes after them; pages and filters cover them."""
     path = tmp_path / "v5.db"
-    before_list = load_migrations("sqlite")[:5]
-    assert load_migrations("sqlite")[5].name == "run_list"
-    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        apply_migrations(conn, path, before_list)
+    with at_version(path, 5, before="run_list") as conn:
         for run_id, status, at in (("run_b", "failed", 2.0), ("run_a", "completed", 1.0)):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
@@ -277,11 +286,7 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
     """Runs a pre-lease thoughtgate left open get the owner ``legacy`` and a minute's lease, so
     the first sweep after that closes them; finished runs are untouched and still readable."""
     path = tmp_path / "v4.db"
-    before_leases = load_migrations("sqlite")[:4]  # the schema a pre-lease thoughtgate wrote
-    assert load_migrations("sqlite")[4].name == "run_leases"
-    with contextlib.closing(connect(path, busy_timeout=5)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        apply_migrations(conn, path, before_leases)
+    with at_version(path, 4, before="run_leases") as conn:  # as a pre-lease thoughtgate wrote it
         for run_id, status in (("run_open", "running"), ("run_done", "completed")):
             conn.execute(
                 "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
@@ -312,6 +317,53 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert "open_runs_by_owner" in indexes
+
+
+async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads_through_it(
+    tmp_path: Path,
+) -> None:
+    """A store with runs and events from before ``lifecycle_events`` (ADR 0066) gets the index
+    built over its rows at its next start; ``read_types`` then finds those rows, and a check's
+    statement goes through the index (not the primary key's walk over every event). Types the
+    index does not hold are still read, by that walk."""
+    path = tmp_path / "v7.db"
+    with at_version(path, 7, before="lifecycle_events") as conn:
+        for change, run_id in enumerate(("run_a", "run_b"), 1):
+            conn.execute(
+                "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, "
+                "status, created_at, updated_at, usage, error, metadata, last_seq, change_seq) "
+                f"VALUES ('{run_id}', 'p', NULL, 'hidden', 'provider', 'completed', 1.0, 1.0, "
+                f"'{{}}', NULL, '{{}}', 2002, {change})"
+            )
+            rows = [(run_id, 1, None, "run.started", 1.5, '{"prompt":"p","tasks":0}', 1)]
+            rows += [
+                (run_id, seq, None, "message.delta", 2.0, f'{{"i":{seq}}}', 1)
+                for seq in range(2, 2002)
+            ]
+            rows.append(
+                (run_id, 2002, None, "run.settlement.completed", 3.0, '{"status":"completed"}', 1)
+            )
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    store = await SQLiteStore.open(path)
+    try:
+        wanted = [EventType.RUN_STARTED, EventType.RUN_SETTLEMENT_COMPLETED]
+        got = await store.read_types("run_b", wanted)
+        assert [(e.seq, e.type) for e in got] == [
+            (1, "run.started"),
+            (2002, "run.settlement.completed"),
+        ]
+        assert [e.seq for e in await store.read_types("run_b", wanted, after=1)] == [2002]
+        deltas_read = await store.read_types("run_b", [EventType.MESSAGE_DELTA], limit=3)
+        assert [e.seq for e in deltas_read] == [2, 3, 4]
+        assert len(await store.read("run_b")) == 2002, "every event kept"
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        query, params = read_types_query("run_b", PROJECTED_EVENT_TYPES, after=0, limit=1000)
+        plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
+    assert "USING INDEX lifecycle_events (run_id=? AND seq>?)" in plan, plan
+    assert "PRIMARY KEY" not in plan and "TEMP B-TREE" not in plan, plan
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

@@ -39,6 +39,13 @@ async def admitted(store: EventStore, **spec: Any) -> str:
     return run.run_id
 
 
+async def queued_since(store: EventStore, run_id: str) -> float:
+    """The run's ``queued_at`` as the store keeps it."""
+    spec = await durable(store).get_run_spec(run_id)
+    assert spec is not None and spec.queued_at is not None
+    return spec.queued_at
+
+
 class DurableStoreConformance:
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
@@ -143,12 +150,15 @@ class DurableStoreConformance:
     async def test_a_lost_queued_run_is_queued_again_by_one_caller(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
-        results = await asyncio.gather(*(ds.requeue_run(run_id, queued_at=1.0) for _ in range(4)))
+        # As a sweep does: the time as the store keeps it (PostgreSQL: on its clock, ADR 0066).
+        was = await queued_since(store, run_id)
+        assert was < 60, "queued long ago"
+        results = await asyncio.gather(*(ds.requeue_run(run_id, queued_at=was) for _ in range(4)))
         assert sorted(results) == [False, False, False, True], "exactly one sweep puts it back"
         spec = await ds.get_run_spec(run_id)
         assert spec is not None and spec.queued_at is not None
         assert abs(spec.queued_at - time.time()) < 60, "queued again from now"
-        assert not await ds.requeue_run(run_id, queued_at=1.0), "no longer queued since then"
+        assert not await ds.requeue_run(run_id, queued_at=was), "no longer queued since then"
         assert await ds.requeue_run(run_id, queued_at=spec.queued_at)
         assert await ds.claim_run(run_id, "a.1.x", 30) == 1
         spec = await ds.get_run_spec(run_id)
@@ -157,8 +167,29 @@ class DurableStoreConformance:
         assert await ds.release_run(run_id, owner="a.1.x", queue=False)
         assert not await ds.requeue_run(run_id, queued_at=0.0), "suspended, not queued"
         ended = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
+        was = await queued_since(store, ended)
         await store.finish_run(ended, [], RunEnding("completed"))
-        assert not await ds.requeue_run(ended, queued_at=1.0), "ended"
+        assert not await ds.requeue_run(ended, queued_at=was), "ended"
+
+    async def test_open_runs_say_since_when_each_waits_on_a_queue(self, store: EventStore) -> None:
+        """What a sweep decides with, without reading any spec (ADR 0066): a queued run's
+        ``queued_at``, and none for a suspended, a held or a spec-less run; not an ended one."""
+        ds = durable(store)
+        queued = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.5)
+        was = await queued_since(store, queued)
+        suspended = await admitted(store, durable=True, queued_at=None)
+        held = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=2.5)
+        assert await ds.claim_run(held, "a.1.x", 30) == 1
+        plain = make_run()
+        await store.create_run(plain)
+        ended = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=3.5)
+        await store.finish_run(ended, [], RunEnding("completed"))
+        found = {run.run_id: run for run in (await store.open_runs()).runs}
+        assert set(found) == {queued, suspended, held, plain.run_id}
+        assert found[queued].queued_at == was and found[queued].owner is None
+        assert found[suspended].queued_at is None
+        assert found[held].queued_at is None and found[held].owner == "a.1.x"
+        assert found[plain.run_id].queued_at is None
 
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)

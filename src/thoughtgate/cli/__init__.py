@@ -6,6 +6,8 @@ import importlib
 
 import typer
 
+from thoughtgate.cli.usage_errors import OneLineUsageErrors
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
@@ -14,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineUsageErrors,
 )
 
 #: Each module has ``register(app)``; listed here so ``--help`` shows every command.

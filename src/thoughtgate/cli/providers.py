@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from thoughtgate.cli.common import Context, console, print_json, run_async
+from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.options import ConfigOpt, JsonOpt
+from thoughtgate.errors import UsageError
 
 __all__ = ["register"]
 
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--host", metavar="HOST", help="Address to listen on.")
         ] = "127.0.0.1",
         port: Annotated[
-            int, typer.Option("--port", metavar="PORT", help="Port to listen on.")
+            int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="Port to listen on.")
         ] = 8766,
         scenario: Annotated[
             str,
@@ -37,11 +38,9 @@ def register(app: typer.Typer) -> None:
 
         scenarios = builtin_scenarios()
         if scenario not in scenarios:
-            console.print(
-                f"[red]error:[/] unknown scenario {scenario!r}; known: "
-                + ", ".join(sorted(scenarios))
-            )
-            raise typer.Exit(2)
+            with one_line_errors():
+                known = ", ".join(sorted(scenarios))
+                raise UsageError(f"unknown scenario {scenario!r}; known: {known}")
         emulator = Emulator()
         for item in scenarios.values():
             emulator.add(item)

@@ -68,6 +68,8 @@ def resolve_remote(
         if key:
             raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
         return None
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url!r} is not a daemon's address: use http://HOST:PORT")
     if not key:
         raise UsageError(
             f"--url {url} needs an API key: pass --key or set THOUGHTGATE_KEY "

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from thoughtgate.cli.common import Context, err_console, run_async
+from thoughtgate.cli.common import Context, err_console, one_line_errors, run_async
 from thoughtgate.cli.options import ConfigOpt, DbOpt
+from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.engine.tools import ToolRegistry
@@ -20,6 +21,7 @@ __all__ = ["register"]
 
 BOOTSTRAP_KEY_NAME = "bootstrap-owner"
 TOOLS_ENTRY_POINT_GROUP = "thoughtgate.tools"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def daemon_tools(references: list[str] | None) -> ToolRegistry:
@@ -58,7 +60,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
         port: Annotated[
             int | None,
-            typer.Option("--port", metavar="PORT", help="Port (server.port); 0 picks a free one."),
+            typer.Option(
+                "--port",
+                metavar="PORT",
+                min=0,
+                max=65535,
+                help="Port (server.port); 0 picks a free one.",
+            ),
         ] = None,
         db: DbOpt = None,
         config: ConfigOpt = None,
@@ -78,15 +86,21 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--bootstrap-key/--no-bootstrap-key",
-                help="Print a one-time owner key when the store has no keys at all",
+                help="Print a one-time owner key when the store has no keys at all.",
             ),
         ] = True,
         log_level: Annotated[
             str,
-            typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error"),
+            typer.Option("--log-level", metavar="LEVEL", help=" | ".join(LOG_LEVELS)),
         ] = "info",
     ) -> None:
         """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
+        if log_level.lower() not in LOG_LEVELS:
+            # checked before the daemon starts: logging would raise a traceback at start-up
+            with one_line_errors():
+                raise UsageError(
+                    f"unknown --log-level {log_level!r}; allowed: {', '.join(LOG_LEVELS)}"
+                )
 
         async def body() -> None:
             from thoughtgate.orchestration.durability import make_durable

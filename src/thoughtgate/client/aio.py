@@ -157,7 +157,11 @@ class ThoughtgateClient:
         try:
             response = await self._http.request(method, path, json=json_body, params=params)
         except httpx.TransportError as exc:
-            raise DaemonUnreachableError(f"cannot reach the daemon: {exc!r}") from exc
+            # the address and httpx's own words, not its repr: one line a user can act on
+            reason = str(exc) or type(exc).__name__
+            raise DaemonUnreachableError(
+                f"cannot reach the daemon at {self._http.base_url}: {reason}"
+            ) from exc
         raise_for_response(response, run_id=run_id)
         try:
             return response.json()

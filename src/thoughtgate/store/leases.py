@@ -34,8 +34,8 @@ pass, so a process without one leaves such runs to a daemon; a run of ``thoughtg
 A queued run has no owner, so no lease of it ever expires: should what puts it on its queue fail
 (a new run's enqueue, a requeue), and then its close too (the store down past the retries), it
 would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
-runs without an owner are on a queue (``on_queue``), and puts back one queued for longer than
-``lost_after_s`` that is on none -- closing it when that fails, or leaving it to the next sweep
+runs without an owner queued for longer than ``lost_after_s`` are on a queue (``on_queue``), and
+puts back one that is on none -- closing it when that fails, or leaving it to the next sweep
 when the store still refuses (ADR 0062). Nor does a lease tell when a replica took a queued run's
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``
@@ -416,10 +416,11 @@ async def close_orphaned_runs(
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
     (:func:`_requeue_lost`).
 
-    The specs of the runs it may move -- the orphans, and the ownerless runs the engine does not
-    have waiting on a queue, every suspended run among them -- come in one ``get_run_specs``: a
-    daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
-    thousands (ADR 0064)."""
+    A daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
+    thousands, so it decides from what ``open_runs`` returns (owner, lease, ``queued_at``):
+    the engine is asked only about queued runs (a suspended run is on no queue, and is
+    ``thoughtgate resume``'s to move), and the specs of the runs it will move --
+    the orphans and the lost queued runs -- come in one ``get_run_specs`` (ADR 0064, 0066)."""
     me = me or Owner.current()
     found = await store.open_runs()
     orphans: list[tuple[OpenRun, str]] = []
@@ -428,12 +429,20 @@ async def close_orphaned_runs(
         if reason is not None:
             orphans.append((run, reason))
     lost: dict[str, str] = {}
+    # The engine is asked about every queued run (ownerless, with a ``queued_at``; a suspended
+    # run has none), however recently queued: one whose workflow ended is put back at once
+    # (ADR 0065), any other once queued for ``lost_after_s`` (what queues it may be under way
+    # until then; ``_requeue_lost`` checks it again on the spec it reads).
     if requeue is not None and on_queue is not None and isinstance(store, DurableRunStore):
-        ownerless = [run.run_id for run in found.runs if run.owner is None]
-        places = await on_queue(ownerless) if ownerless else {}
-        for run_id in ownerless:
+        queued = {
+            run.run_id: run.queued_at
+            for run in found.runs
+            if run.owner is None and run.queued_at is not None
+        }
+        places = await on_queue(list(queued)) if queued else {}
+        for run_id, queued_at in queued.items():
             why = _lost(run_id, places, found.now, lost_after_s)
-            if why is not None:
+            if why is not None and (why == ENDED_OPEN or found.now - queued_at >= lost_after_s):
                 lost[run_id] = why
     wanted = [run.run_id for run, _ in orphans] + list(lost)
     specs: Mapping[str, RunSpecRecord] = {}

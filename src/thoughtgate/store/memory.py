@@ -206,7 +206,11 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             return [r.run_id for r in held]
 
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
-        runs = [OpenRun(r.run_id, r.owner, r.lease_expires_at) for r in self._open()]
+        runs: list[OpenRun] = []
+        for run in self._open():
+            spec = self._specs.get(run.run_id)
+            queued_at = None if spec is None else spec.queued_at
+            runs.append(OpenRun(run.run_id, run.owner, run.lease_expires_at, queued_at))
         runs.sort(key=lambda r: (r.lease_expires_at is None, r.lease_expires_at or 0.0))
         return OpenRuns(runs[:limit], time.time())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -36,7 +37,7 @@ from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
-__all__ = ["PostgresStore", "split_schema_param"]
+__all__ = ["PostgresStore", "read_types_query", "split_schema_param"]
 
 # Sequence order equals commit order.
 #
@@ -136,10 +137,21 @@ def _task_ids(
     return out
 
 
+def read_types_query(
+    run_id: str, types: Collection[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' statement and parameters: a check's through ``lifecycle_events`` (ADR
+    0066), which the planner takes for the smaller index, with statistics or without."""
+    return codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
+
+
 _OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
 """An open run; spelled as in the ``open_runs_by_owner`` partial index."""
 _NOW = "extract(epoch FROM clock_timestamp())"
-"""Lease times use the server's clock: replicas on hosts whose clocks disagree still agree."""
+"""Every time the store keeps is the server's clock -- leases (ADR 0009), and when a run was
+created, changed, queued or closed, a key revoked (ADR 0066) -- so replicas on hosts whose clocks
+disagree still agree on expiries, the run list's order and the quotas' minute."""
+_CLOCK = sql.SQL(_NOW)
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
@@ -376,7 +388,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return codec.runs_from_rows(rows, await cur.fetchall())
 
     async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
-        sets = codec.run_update_columns(change, updated_at=time.time())
+        sets = codec.run_update_columns(change, updated_at=None)
         metadata = change.get("metadata")
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
@@ -390,7 +402,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
             sets["change_seq"] = await self._next_change(conn)  # after the run row's lock
             await conn.execute(
-                sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                sql.SQL("UPDATE runs SET {}, updated_at = {} WHERE run_id = %s").format(
+                    _assignments(sets), _CLOCK
+                ),
                 (*sets.values(), run_id),
             )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -433,9 +447,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             async with conn.cursor() as tcur:
                 await tcur.executemany(_UPSERT_TASK, task_rows)
             if sets is not None:
-                sets.update(updated_at=time.time(), change_seq=await self._next_change(conn))
+                sets.update(change_seq=await self._next_change(conn))
                 await conn.execute(
-                    sql.SQL("UPDATE runs SET {} WHERE run_id = %s").format(_assignments(sets)),
+                    sql.SQL("UPDATE runs SET {}, updated_at = {} WHERE run_id = %s").format(
+                        _assignments(sets), _CLOCK
+                    ),
                     (*sets.values(), run_id),
                 )
         if sets is not None:
@@ -516,8 +532,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         if changed and numbered:
             change = await self._next_change(conn)  # after the run row's lock
             await conn.execute(
-                "UPDATE runs SET updated_at = %s, change_seq = %s WHERE run_id = %s",
-                (time.time(), change, run_id),
+                f"UPDATE runs SET updated_at = {_NOW}, change_seq = %s WHERE run_id = %s",
+                (change, run_id),
             )
         return changed
 
@@ -526,11 +542,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns, projected, task_rows = codec.ending_rows(events, ending)
-        sets = codec.ending_columns(ending, updated_at=time.time())
+        sets = codec.ending_columns(ending, updated_at=None)
         assignments = _assignments(sets)
         update = sql.SQL(
-            "UPDATE runs SET {}, closed_at = {}, change_seq = %s WHERE run_id = %s"
-        ).format(assignments, sql.SQL(_NOW))
+            "UPDATE runs SET {}, closed_at = {}, updated_at = {}, change_seq = %s WHERE run_id = %s"
+        ).format(assignments, _CLOCK, _CLOCK)
         first = 0
         async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
             # The row lock serializes this with appends and with other processes finishing the
@@ -572,7 +588,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         async with self._conn("list open runs") as conn:
             cur = await conn.execute(
-                f"SELECT run_id, owner, lease_expires_at, {_NOW} FROM runs WHERE {_OPEN} "
+                f"SELECT run_id, owner, lease_expires_at, {_NOW}, queued_at FROM runs "
+                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
                 "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT %s",
                 (limit,),
             )
@@ -580,7 +597,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if not rows:
                 now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
                 return OpenRuns([], float(now_row[0]) if now_row else time.time())
-        return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], float(rows[0][3]))
+        return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3]))
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, await self._fetch(run_id, after, limit))
@@ -593,7 +610,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        query, params = codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
+        query, params = read_types_query(run_id, types, after=after, limit=limit)
         async with self._conn(f"read events of run {run_id!r}") as conn:
             rows = await (await conn.execute(query, params)).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free
@@ -719,7 +736,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         events: Sequence[NewEvent] = (),
         decided: Callable[[], None] | None = None,
     ) -> durable.Admission:
-        row = codec.run_row(run)
+        """The run's times are kept on the server's clock (ADR 0066): it is created and updated
+        at the server's now, and the lease and ``queued_at`` the caller stamped on its own clock
+        are carried over by the two clocks' difference, measured here (so a lease keeps the
+        length it was given, and a run queued a minute ago stays queued a minute ago). ``run``
+        then holds the times stored, as a reader will see them."""
         tasks = [codec.task_row(t) for t in run.tasks]
         columns = codec.encode_events(list(events))
         update = batch_update(events)
@@ -727,6 +748,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
+            stored, spec = _on_the_server_clock(run, spec, now, now - time.time())
             verdict = durable.Admission(True)
             if quota is not None:
                 # One key's admissions queue up on this lock (held until commit), on every
@@ -738,7 +760,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 verdict = durable.quota_verdict(quota, await _key_usage(conn, quota, now), now)
                 if not verdict.admitted:
                     return verdict
-            await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
+            change = await self._next_change(conn)
+            await conn.execute(_INSERT_RUN, (*codec.run_row(stored), change))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
@@ -747,6 +770,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 first = await self._append_rows(conn, run.run_id, columns)
                 if update:
                     await self._project(conn, run.run_id, update)
+        run.created_at, run.updated_at = stored.created_at, stored.updated_at
+        run.lease_expires_at = stored.lease_expires_at
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         if columns[0]:
             await self.wakeups.committed(
@@ -777,10 +802,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
                 f"UPDATE runs SET owner = %s, lease_expires_at = {_NOW} + %s, status = 'running', "
-                f"updated_at = %s WHERE run_id = %s AND {_OPEN} AND (owner IS NULL OR owner = %s) "
+                f"updated_at = {_NOW} WHERE run_id = %s AND {_OPEN} "
+                "AND (owner IS NULL OR owner = %s) "
                 "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) "
                 "RETURNING run_id",
-                (owner, ttl_s, time.time(), run_id, owner),
+                (owner, ttl_s, run_id, owner),
             )
             if await cur.fetchone() is None:
                 return None
@@ -890,8 +916,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def revoke_api_key(self, key_id: str) -> bool:
         async with self._conn(f"revoke API key {key_id!r}") as conn:
             cur = await conn.execute(
-                "UPDATE api_keys SET revoked_at = %s WHERE revoked_at IS NULL AND key_id = %s",
-                (time.time(), key_id),
+                f"UPDATE api_keys SET revoked_at = {_NOW} WHERE revoked_at IS NULL AND key_id = %s",
+                (key_id,),
             )
             return cur.rowcount > 0
 
@@ -901,15 +927,34 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             # Two statements on purpose: the SELECT must take a snapshot after a concurrent
             # creator's commit (which ON CONFLICT waited for), or it would see no row at all.
             await conn.execute(
-                "INSERT INTO secrets (name, value, created_at) VALUES (%s, %s, %s) "
+                f"INSERT INTO secrets (name, value, created_at) VALUES (%s, %s, {_NOW}) "
                 "ON CONFLICT (name) DO NOTHING",
-                (name, candidate, time.time()),
+                (name, candidate),
             )
             cur = await conn.execute("SELECT value FROM secrets WHERE name = %s", (name,))
             row = await cur.fetchone()
         if row is None:  # impossible unless someone deletes secrets behind our back
             raise StoreError(f"cannot {action}: secret {name!r} vanished ({self._where})")
         return str(row[0])
+
+
+def _on_the_server_clock(
+    run: RunRecord, spec: durable.RunSpecRecord, now: float, offset: float
+) -> tuple[RunRecord, durable.RunSpecRecord]:
+    """Copies of an admission's records with their times on the server's clock: created and
+    updated ``now``; the lease and ``queued_at`` (stamped on this process's clock) moved by
+    ``offset``, the server's clock less this process's. A replica whose clock is an hour behind
+    would otherwise admit a run whose lease every other replica finds expired an hour ago, or
+    queued an hour before it was (ADR 0066)."""
+    lease = run.lease_expires_at
+    queued = spec.queued_at
+    stored = dataclasses.replace(
+        run,
+        created_at=now,
+        updated_at=now,
+        lease_expires_at=None if lease is None else lease + offset,
+    )
+    return stored, dataclasses.replace(spec, queued_at=None if queued is None else queued + offset)
 
 
 async def _key_usage(

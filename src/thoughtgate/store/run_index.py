@@ -40,6 +40,11 @@ class OpenRun:
     run_id: str
     owner: str | None
     lease_expires_at: float | None
+    queued_at: float | None = None
+    """Since when it waits on a work queue for a replica (a durable run's spec, ADR 0013);
+    ``None`` for a run that is not queued -- executing, or suspended until someone resumes it --
+    and in a store that keeps no specs. A sweep decides with it which runs may be lost on their
+    way to a queue, before it reads any spec (ADR 0066)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +101,8 @@ class RunIndex(RunListing):
 
     @abc.abstractmethod
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
-        """Runs still ``pending`` or ``running`` and not closed, with their owners and leases,
-        oldest lease first (runs without a lease last)."""
+        """Runs still ``pending`` or ``running`` and not closed, with their owners, leases and
+        ``queued_at``, oldest lease first (runs without a lease last)."""
 
     @abc.abstractmethod
     async def rebuild_run_index(self, run_id: str) -> RunRecord:

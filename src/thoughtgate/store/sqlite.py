@@ -58,7 +58,7 @@ from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import QueuedWrite, SQLiteThread, translate_error
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "read_types_query"]
 
 T = TypeVar("T")
 
@@ -113,6 +113,18 @@ where SQLite writes a REAL into JSON with 15 digits. A page with a stamp outside
 test's 0.1) is read row by row."""
 _EXACT_STAMPS = (2.0**30, 2.0**41)
 _UNSCALE = 1.0 / _STAMP_SCALE
+
+
+def read_types_query(
+    run_id: str, types: Collection[str], *, after: int, limit: int | None
+) -> tuple[str, tuple[Any, ...]]:
+    """``read_types``' statement and parameters. A check's names its index (ADR 0066):
+    without statistics SQLite would rather walk the run's every event in the primary key, which
+    holds every column, than look up the few ``lifecycle_events`` lists."""
+    hint = f" INDEXED BY {codec.LIFECYCLE_INDEX}"
+    return codec.typed_read_sql("?", run_id, types, after=after, limit=limit, hint=hint)
+
+
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
@@ -1206,7 +1218,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
-        query, params = codec.typed_read_sql("?", run_id, types, after=after, limit=limit)
+        query, params = read_types_query(run_id, types, after=after, limit=limit)
 
         def work(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(query, params).fetchall()
@@ -1342,11 +1354,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
         def work(conn: sqlite3.Connection) -> OpenRuns:
             rows = conn.execute(
-                f"SELECT run_id, owner, lease_expires_at FROM runs WHERE {_OPEN} "
+                "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
+                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
                 "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
                 (limit,),
             ).fetchall()
-            return OpenRuns([OpenRun(str(r[0]), r[1], r[2]) for r in rows], time.time())
+            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], time.time())
 
         return await self._reader.call("list open runs", work)
 

@@ -1,0 +1,80 @@
+"""Where every bench finds the repository, a free loopback port and the PostgreSQL server.
+
+One place, so that all benches honour the same variables: a bench that read only
+``THOUGHTGATE_TEST_PG_URL`` while the others read ``THOUGHTGATE_BENCH_PG_URL`` first would measure
+another server than the rest of ``make bench`` without saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+__all__ = [
+    "LOOPBACK",
+    "PG_URL",
+    "REPO",
+    "child_env",
+    "drop_schemas",
+    "drop_schemas_async",
+    "free_port",
+    "throwaway_schema",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+LOOPBACK = "127.0.0.1"
+
+PG_URL = os.environ.get(
+    "THOUGHTGATE_BENCH_PG_URL",
+    os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+)
+"""``THOUGHTGATE_BENCH_PG_URL``, else the tests' server (``THOUGHTGATE_TEST_PG_URL``), else the
+local one: each bench works in a throwaway schema on it (:func:`throwaway_schema`)."""
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (a child process binds it next)."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+def child_env(src: str | Path = REPO / "src") -> dict[str, str]:
+    """This environment, with ``src`` (the thoughtgate sources measured: this checkout's unless a
+    bench compares another) and the repository (for ``bench``) on the child's ``PYTHONPATH``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)])}
+
+
+def throwaway_schema(prefix: str = "tg_bench") -> str:
+    """A new schema name on :data:`PG_URL` for one bench; :func:`drop_schemas` removes it."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def _schemas(schema: str) -> tuple[str, str]:
+    # the store's schema and, for a durable store, DBOS's beside it (ADR 0013)
+    return schema, f"{schema}_workflows"
+
+
+def drop_schemas(schema: str) -> None:
+    """Drop a throwaway schema and its durable workflows' schema, whichever exist."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_URL, connect_timeout=3, autocommit=True) as admin:
+        for name in _schemas(schema):
+            admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def drop_schemas_async(schema: str) -> None:
+    """:func:`drop_schemas` from a bench's event loop."""
+    import psycopg
+    from psycopg import sql
+
+    async with await psycopg.AsyncConnection.connect(
+        PG_URL, connect_timeout=3, autocommit=True
+    ) as admin:
+        for name in _schemas(schema):
+            query = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+            await admin.execute(query)

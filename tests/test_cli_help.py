@@ -1,0 +1,103 @@
+"""``--help`` as a user reads it: every command's options with their help texts, a flag without a
+value placeholder (Typer 0.29 renders each flag, ``--help`` too, as ``--flag <bool>``: that is why
+pyproject.toml keeps Typer below 0.29), every other option with the metavar it declares."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+from typer.testing import CliRunner
+
+from thoughtgate.cli import app
+
+pytestmark = pytest.mark.unit
+
+#: Wide enough that no cell wraps: each help text must appear on one line, as written.
+WIDE = {"COLUMNS": "400"}
+
+
+Command = TyperCommand | TyperGroup
+
+
+def _commands() -> Iterator[tuple[tuple[str, ...], Command]]:
+    """Every command and group, the root first, by the words that name it."""
+
+    def walk(command: Command, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Command]]:
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, (*path, name))
+
+    yield from walk(typer.main.get_command(app), ())
+
+
+COMMANDS = dict(_commands())
+
+
+def _help(path: tuple[str, ...]) -> str:
+    result = CliRunner().invoke(app, [*path, "--help"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _squeezed(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def test_the_walk_finds_the_commands_a_user_types() -> None:
+    """The parametrized tests below cover these, and the walk is not silently empty."""
+    names = {" ".join(path) for path in COMMANDS}
+    expected = {"", "run", "resume", "status", "runs", "events", "trace", "demo", "mcp"}
+    expected |= {"emulate", "smoke", "serve", "check-index", "keys", "keys create", "keys list"}
+    expected |= {"keys revoke"}
+    assert expected <= names
+
+
+def _row(shown: str, name: str) -> str:
+    """The table row a parameter starts: its first word (after a required star) is ``name``."""
+    for line in shown.splitlines():
+        words = line.replace("│", " ").replace("*", " ").split()
+        if words and words[0].strip("[].") == name.strip("[]."):
+            return line
+    raise AssertionError(f"{name} is not listed:\n{shown}")
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: " ".join(p) or "thoughtgate")
+def test_help_shows_each_flag_bare_and_each_option_with_its_help(path: tuple[str, ...]) -> None:
+    shown = _help(path)
+    assert "<bool>" not in shown
+    assert re.search(r"│ +--help +Show this message and exit\. +│", shown), shown
+    for param in COMMANDS[path].params:
+        assert isinstance(param, TyperOption | TyperArgument)
+        assert param.help, param.opts
+        if param.hidden:
+            assert param.opts[0] not in shown.split()
+            continue
+        if isinstance(param, TyperArgument):
+            row = _row(shown, param.metavar or (param.name or "").upper())
+        else:
+            row = _row(shown, param.opts[0])
+            words = row.replace("│", " ").replace("*", " ").split()
+            after = max(words.index(name) for name in (*param.opts, *param.secondary_opts))
+            # a flag's names are followed by its help text, any other option's by its metavar
+            first = param.help.split()[0] if param.is_flag else param.metavar
+            assert words[after + 1] == first, row
+        assert _squeezed(param.help) in _squeezed(shown), param.opts
+
+
+def test_every_option_says_what_it_is_and_what_to_type() -> None:
+    """Each parameter has a help text, and each one that takes a value a metavar chosen for it
+    (``URL``, ``ROLE``, ``SECONDS``), not the type's name Typer would print."""
+    missing: list[str] = []
+    for path, command in COMMANDS.items():
+        for param in command.params:
+            where = " ".join(("thoughtgate", *path, param.opts[0] if param.opts else ""))
+            if not getattr(param, "help", None):
+                missing.append(f"{where}: no help text")
+            flag = isinstance(param, TyperOption) and param.is_flag
+            if not flag and param.metavar in (None, "INTEGER", "FLOAT"):
+                missing.append(f"{where}: metavar {param.metavar!r}")
+    assert missing == []

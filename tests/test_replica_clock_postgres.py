@@ -1,0 +1,187 @@
+"""A replica whose clock is off: on PostgreSQL every time the store keeps is the server's (ADR 0066).
+
+The test process plays the replica: ``time.time`` is moved an hour behind or ahead, the
+database's clock (``clock_timestamp()``, read on another connection) is the truth. Each time a
+run's life stamps -- created, updated, claimed, closed, a key revoked -- must fall between two
+readings of the server's clock; the lease and queue time an admission brings keep their lengths
+on the server's clock; and a key's quota counts the starts of replicas an hour apart in one
+minute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from support.pg import PG_URL, pg_admin, pg_schema
+from support.store_conformance import make_run
+
+from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.store.base import RunEnding
+from thoughtgate.store.durable import Quota, RunSpecRecord
+from thoughtgate.store.leases import Owner, orphan_reason
+from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.records import ApiKeyRecord, RunRecord
+
+__all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
+
+pytestmark = pytest.mark.postgres
+
+HOUR = 3600.0
+EPS = 1e-3
+"""Float slack when comparing a stored time with the server's clock read around it."""
+CARRIED = 1.0
+"""How far a time carried from the replica's clock may land from the exact one: the clocks'
+difference is measured across one round trip on a loopback connection."""
+
+
+class Replica:
+    """This process as a replica whose ``time.time`` is ``skew`` seconds off."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.real = time.time
+
+    def skewed(self, skew: float) -> None:
+        real = self.real
+        self.monkeypatch.setattr(time, "time", lambda: real() + skew)
+
+    def fixed(self) -> None:
+        self.monkeypatch.setattr(time, "time", self.real)
+
+
+@pytest.fixture
+def replica(monkeypatch: pytest.MonkeyPatch) -> Iterator[Replica]:
+    yield Replica(monkeypatch)
+
+
+@pytest.fixture
+async def store(pg_schema: str) -> AsyncIterator[PostgresStore]:
+    opened = await PostgresStore.open(PG_URL, schema=pg_schema)
+    yield opened
+    await opened.close()
+
+
+async def server_now(admin: psycopg.AsyncConnection[Any]) -> float:
+    row = await (await admin.execute("SELECT extract(epoch FROM clock_timestamp())")).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def between(value: float | None, low: float, high: float) -> bool:
+    return value is not None and low - EPS <= value <= high + EPS
+
+
+def admission(
+    *, owner: str | None, lease_s: float | None, queued: bool, key_id: str = "k1"
+) -> tuple[RunRecord, RunSpecRecord]:
+    """A run and spec as the runtime builds them: times from this process's ``time.time``."""
+    run = make_run(
+        created_at=time.time(),
+        tasks=1,
+        owner=owner,
+        lease_expires_at=None if lease_s is None else time.time() + lease_s,
+    )
+    spec = RunSpecRecord(
+        run.run_id,
+        {"version": 1, "tasks": [], "tools": []},
+        key_id=key_id,
+        durable=True,
+        resume="queue" if queued else "manual",
+        queue="q" if queued else None,
+        queued_at=time.time() if queued else None,
+    )
+    return run, spec
+
+
+@pytest.mark.parametrize("skew", [-HOUR, HOUR], ids=["an-hour-behind", "an-hour-ahead"])
+async def test_a_runs_times_follow_the_servers_clock_not_the_replicas(
+    store: PostgresStore,
+    pg_admin: psycopg.AsyncConnection[Any],
+    replica: Replica,
+    skew: float,
+) -> None:
+    replica.skewed(skew)
+    me = Owner.current()
+
+    # Admitted, held by this replica: created now on the server, its lease 15 s from there.
+    before = await server_now(pg_admin)
+    run, spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)
+    assert (await store.admit_run(run, spec)).admitted
+    after = await server_now(pg_admin)
+    stored = await store.get_run(run.run_id)
+    assert between(stored.created_at, before, after), (stored.created_at, before)
+    assert between(stored.updated_at, before, after)
+    assert stored.lease_expires_at is not None
+    assert abs(stored.lease_expires_at - (before + 15.0)) < CARRIED + (after - before)
+    assert (run.created_at, run.lease_expires_at) == (stored.created_at, stored.lease_expires_at)
+    # So another replica's sweep (the server's clock) finds its lease running, not an hour gone.
+    found = await store.open_runs()
+    mine = next(r for r in found.runs if r.run_id == run.run_id)
+    other = Owner("another-host", 1, "n")
+    assert orphan_reason(mine, found.now, other) is None
+
+    # Queued by this replica: queued now on the server.
+    before = await server_now(pg_admin)
+    queued, queued_spec = admission(owner=None, lease_s=None, queued=True)
+    assert (await store.admit_run(queued, queued_spec)).admitted
+    after = await server_now(pg_admin)
+    got = await store.get_run_spec(queued.run_id)
+    assert got is not None and got.queued_at is not None
+    assert before - CARRIED <= got.queued_at <= after + CARRIED, (got.queued_at, before)
+    assert between(got.created_at, before, after)
+
+    # Changed: by an update, by an append that changes the index, by a claim.
+    for change in (
+        lambda: store.update_run(run.run_id, metadata={"k": "v"}),
+        lambda: store.append(
+            run.run_id,
+            [NewEvent(EventType.TASK_STARTED, {"index": 0}, task_id=run.tasks[0].task_id)],
+        ),
+        lambda: store.claim_run(queued.run_id, me.owner_id, 15.0),
+    ):
+        before = await server_now(pg_admin)
+        await change()
+        after = await server_now(pg_admin)
+        updated = max([(await store.get_run(r)).updated_at for r in (run.run_id, queued.run_id)])
+        assert between(updated, before, after), (updated, before, after)
+
+    # Closed.
+    before = await server_now(pg_admin)
+    await store.finish_run(run.run_id, [], RunEnding("completed"))
+    after = await server_now(pg_admin)
+    assert between((await store.get_run(run.run_id)).updated_at, before, after)
+
+    # A key revoked.
+    await store.save_api_key(ApiKeyRecord("key_1", "ci", "member", "hash-1"))
+    before = await server_now(pg_admin)
+    assert await store.revoke_api_key("key_1")
+    after = await server_now(pg_admin)
+    key = await store.get_api_key("key_1")
+    assert key is not None and between(key.revoked_at, before, after)
+
+
+async def test_a_keys_minute_counts_the_starts_of_replicas_an_hour_apart(
+    store: PostgresStore, replica: Replica
+) -> None:
+    """Three starts a minute: one from a replica on time, one an hour behind, one an hour ahead;
+    the fourth is refused whichever replica asks, and told to wait less than the minute -- the
+    window is the server's minute, not any replica's."""
+    quota = Quota("k1", max_open=100, max_per_minute=3)
+    for skew in (0.0, -HOUR, HOUR):
+        replica.skewed(skew)
+        run, spec = admission(owner=None, lease_s=None, queued=False)
+        assert (await store.admit_run(run, spec, quota=quota)).admitted, skew
+    for skew in (0.0, -HOUR, HOUR):
+        replica.skewed(skew)
+        run, spec = admission(owner=None, lease_s=None, queued=False)
+        refused = await store.admit_run(run, spec, quota=quota)
+        assert not refused.admitted, skew
+        assert 1.0 <= refused.retry_after <= 60.0, (skew, refused.retry_after)
+        assert "3 runs in the last minute" in refused.reason
+    replica.fixed()
+    other, other_spec = admission(owner=None, lease_s=None, queued=False, key_id="k2")
+    assert (await store.admit_run(other, other_spec, quota=Quota("k2", 100, 3))).admitted

@@ -24,7 +24,12 @@ from hypothesis import strategies as st
 from support.viewer import viewer_reads
 
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import MalformedResponseError, ProviderStreamError, failure_text
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderStreamError,
+    failure_detail,
+    failure_text,
+)
 from thoughtgate.orchestration.durable import _Location, database_settings
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.testing.fake import FakeProvider, reasoning
@@ -45,14 +50,17 @@ def _statement_error(secret: str) -> sa.exc.OperationalError:
 
 @pytest.mark.unit
 @given(secret=st.text(min_size=1).map(lambda t: f"{TAG}{t}"))
-def test_a_foreign_exception_keeps_its_class_and_first_line_only(secret: str) -> None:
+def test_a_foreign_exception_is_named_by_its_class_its_first_line_is_detail(secret: str) -> None:
+    """The public text is the class; the developer-only detail its first line (ADR 0071),
+    neither the parameters."""
     error = _statement_error(secret)
     assert TAG in str(error), "SQLAlchemy does attach the parameters (what this guards)"
-    text = failure_text(error)
-    assert TAG not in text
-    assert text == "OperationalError: (sqlite3.OperationalError) database is locked"
+    assert failure_text(error) == "OperationalError"
+    detail = failure_detail(error)
+    assert detail == "OperationalError: (sqlite3.OperationalError) database is locked"
     validation = ValueError(f"1 validation error for Spec\nsystem\n  input_value={secret!r}")
-    assert failure_text(validation) == "ValueError: 1 validation error for Spec"
+    assert failure_text(validation) == "ValueError"
+    assert failure_detail(validation) == "ValueError: 1 validation error for Spec"
 
 
 @pytest.mark.unit
@@ -73,7 +81,8 @@ def test_a_viewer_reads_the_failure_not_the_parameters(mode: str) -> None:
 
     read = viewer_reads(httpx.MockTransport(refuse), mode)
     assert read.status == "error"
-    assert "database is locked" in read.view, "the viewer still learns why"
+    assert "OperationalError" in read.view, "the viewer still learns which error"
+    assert "database is locked" not in read.events, "a library's words are developer-only"
     assert TAG not in read.view
     assert TAG not in read.events
 

@@ -129,11 +129,12 @@ def test_an_outage_is_shown_as_a_failure_in_the_final_panel_and_in_status(
 ) -> None:
     proc = tg("run", "Why?", "--model", "anthropic:overloaded", "--db", db, env=emulated(emulator))
     assert proc.returncode == 1
-    assert "failed" in proc.stdout and "Overloaded" in proc.stdout and "529" in proc.stdout
+    out = proc.stdout
+    assert "failed" in out and "overloaded_error" in out and "529" in out
     run, _ = read_store(db)
     shown = tg("status", run.run_id[4:12], "--db", db)  # any unique start of the id
     assert shown.returncode == 0, shown.stderr
-    assert "failed" in shown.stdout and "Overloaded" in shown.stdout
+    assert "failed" in shown.stdout and "overloaded_error" in shown.stdout
 
 
 def test_a_missing_key_is_a_usage_error_and_no_run_is_created(

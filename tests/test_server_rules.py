@@ -14,7 +14,7 @@ memory -- it is in the next request -- and is never recorded or shown anywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from support.loop import ADAPTERS, ANSWER, LOOP_MARKS, MARK, ToolLog, mark
 
 from thoughtgate.access.filter import filter_events
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import ProviderStreamError
+from thoughtgate.errors import ProviderError, ProviderStreamError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.anthropic import MAX_PAUSE_CONTINUATIONS
@@ -49,7 +49,7 @@ from thoughtgate.testing.emulator import (
     Think,
     serve_emulator,
 )
-from thoughtgate.types import Message
+from thoughtgate.types import Chunk, Message
 
 PROMPT = "What is the largest city in my country?"
 
@@ -160,6 +160,13 @@ class Outcome:
     bodies: list[Any]
     statuses: list[int]
     tools: ToolLog = field(default_factory=ToolLog)
+    said: list[str] = field(default_factory=list)
+    """What the adapters' errors said, as raised (``str``): the provider's own words, which a
+    recorded error keeps only in ``error_detail``, and on a ``hidden`` run nowhere (ADR 0071)."""
+
+    @property
+    def provider_said(self) -> str:
+        return " ".join(self.said)
 
     def recorded(self) -> str:
         """Everything the run recorded, as JSON (trace included)."""
@@ -173,9 +180,23 @@ async def run_loop(
     tools = ToolLog()
     server.emulator.requests.clear()
 
+    said: list[str] = []
+
     def factory(name: str) -> Provider:
-        made.append(make(server, name, scenario=scenario, **kw))
-        return made[-1]
+        provider = make(server, name, scenario=scenario, **kw)
+        stream = provider.stream
+
+        async def watched(request: TurnRequest) -> AsyncIterator[Chunk]:
+            try:
+                async for chunk in stream(request):
+                    yield chunk
+            except ProviderError as exc:
+                said.append(str(exc))
+                raise
+
+        provider.stream = watched  # type: ignore[method-assign]
+        made.append(provider)
+        return provider
 
     runtime = Runtime(MemoryStore(), provider_factory=factory, tools=tools.registry())
     run = await runtime.run(RunRequest(PROMPT, model=model), chain_of_thought=mode)
@@ -188,6 +209,7 @@ async def run_loop(
         [r.body for r in requests],
         [r.status for r in requests],
         tools,
+        said,
     )
 
 
@@ -264,10 +286,10 @@ async def test_groq_refuses_reasoning_content_as_production_does(server: Emulato
         rules={"send_back": "reasoning_content", "send_back_required": True},
     )
     assert out.run.status != "completed" and out.statuses == [200, 400]
-    assert "'messages.1' : for 'role:assistant' the following must be satisfied" in (
-        out.run.tasks[0].error or ""
+    assert (
+        "'messages.1' : for 'role:assistant' the following must be satisfied" in out.provider_said
     )
-    assert "property 'reasoning_content' is unsupported" in (out.run.tasks[0].error or "")
+    assert "property 'reasoning_content' is unsupported" in out.provider_said
 
 
 async def test_deepseek_switch_is_not_sent_to_a_deepseek_model_on_groq(
@@ -281,7 +303,7 @@ async def test_deepseek_switch_is_not_sent_to_a_deepseek_model_on_groq(
         server, model, "hidden", path="/groq", as_server="groq", rules={"hidden": _DISABLED}
     )
     assert forced.statuses == [400]
-    assert "property 'thinking' is unsupported" in (forced.run.tasks[0].error or "")
+    assert "property 'thinking' is unsupported" in forced.provider_said
 
 
 _DISABLED = {"thinking": {"type": "disabled"}}
@@ -302,8 +324,8 @@ async def test_cerebras_loop_and_its_refusal(server: EmulatorServer) -> None:
         rules={"send_back": "reasoning_content"},
     )
     assert broken.statuses == [200, 400]
-    assert "property 'messages.1.assistant.reasoning_content' is unsupported" in (
-        broken.run.tasks[0].error or ""
+    assert (
+        "property 'messages.1.assistant.reasoning_content' is unsupported" in broken.provider_said
     )
 
 
@@ -338,8 +360,9 @@ async def test_kimi_without_its_carrier_fails_as_production_does(server: Emulato
         send_back=False,
     )
     assert out.statuses == [200, 400]
-    assert "reasoning_content is missing in assistant tool call message at index 1" in (
-        out.run.tasks[0].error or ""
+    assert (
+        "reasoning_content is missing in assistant tool call message at index 1"
+        in out.provider_said
     )
 
 
@@ -357,7 +380,7 @@ async def test_hidden_claude_fable_sends_its_thinking_blocks_back(server: Emulat
         server, "anthropic:claude-fable-5", "hidden", rules={"hidden": _DISABLED}
     )
     assert forced.statuses == [400]
-    assert '"thinking.type.disabled" is not supported' in (forced.run.tasks[0].error or "")
+    assert '"thinking.type.disabled" is not supported' in forced.provider_said
 
 
 async def test_hidden_claude_sonnet_switches_thinking_off(server: EmulatorServer) -> None:
@@ -411,7 +434,7 @@ async def test_openrouter_o3_refuses_effort_none_as_recorded(server: EmulatorSer
         rules={"hidden": {"reasoning": {"effort": "none"}}},
     )
     assert out.statuses == [400]
-    error = out.run.tasks[0].error or ""
+    error = out.provider_said
     assert "Provider returned error" in error
     assert "Unsupported value: 'none' is not supported with the 'o3' model." in error
 
@@ -456,13 +479,14 @@ async def test_gpt4o_refuses_reasoning_parameters_as_production_does(
     surface = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]}
     out = await run_loop(server, "openai:gpt-4o", "surface", rules={"surface": surface})
     assert out.statuses == [400]
-    assert "Unsupported parameter: 'reasoning.summary' is not supported with this model." in (
-        out.run.tasks[0].error or ""
+    assert (
+        "Unsupported parameter: 'reasoning.summary' is not supported with this model."
+        in out.provider_said
     )
     out = await run_loop(
         server, "openai:gpt-4o", "surface", rules={"surface": {"include": surface["include"]}}
     )
-    assert "Encrypted content is not supported with this model." in (out.run.tasks[0].error or "")
+    assert "Encrypted content is not supported with this model." in out.provider_said
 
 
 async def test_responses_error_event_keeps_message_code_and_request_id(

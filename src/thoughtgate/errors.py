@@ -34,7 +34,8 @@ and chains them with ``raise ... from exc`` so the original stays visible in tra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from thoughtgate.types import Turn
@@ -64,8 +65,20 @@ __all__ = [
     "UnknownProviderError",
     "UnknownRoleError",
     "UsageError",
+    "exception_line",
+    "failure_detail",
     "failure_text",
+    "identifier",
 ]
+
+_IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")
+
+
+def identifier(value: str | None) -> str | None:
+    """``value`` when it is an identifier (``overloaded_error``, ``429``, ``req_01ab``), else
+    ``None``: a provider's error type, code or request id goes into a public error text only in
+    that form, since a provider may put anything in them (ADR 0071)."""
+    return value if value is not None and _IDENTIFIER.fullmatch(value) else None
 
 
 class ThoughtgateError(Exception):
@@ -159,10 +172,17 @@ class RuntimeFailure(ThoughtgateError):
 class ProviderError(RuntimeFailure):
     """A provider call failed. ``partial`` holds what arrived before the failure, if anything.
 
-    ``message`` is the provider's own text; ``error_type`` its error type (``rate_limit_error``,
+    ``message`` is what went wrong: thoughtgate's description, or, with ``by_provider``, the
+    provider's own text (an HTTP error body's ``message``, OpenRouter's ``metadata.raw``, an
+    in-stream ``error`` event). ``error_type`` is its error type (``rate_limit_error``,
     ``insufficient_quota``, ...) and ``code`` its machine code where it sends one apart from the
     type (OpenAI's ``code``, OpenRouter's numeric ``code``), so a caller can tell a quota or rate
     limit from an outage without parsing text.
+
+    ``detail`` holds words thoughtgate did not write (the provider's, a library's): ``str()``
+    shows them to the Python caller, but a recorded error keeps them apart, in the
+    developer-only ``error_detail`` (:func:`failure_text`, :func:`failure_detail`; ADR 0071).
+    A provider's text may quote the request it refused, earlier turns' reasoning included.
     """
 
     def __init__(
@@ -177,8 +197,13 @@ class ProviderError(RuntimeFailure):
         retryable: bool = False,
         retry_after: float | None = None,
         partial: Turn | None = None,
+        by_provider: bool = False,
+        detail: str | None = None,
     ) -> None:
         self.message = message
+        self.by_provider = by_provider
+        """Whether ``message`` is the provider's own text (then it is also the ``detail``)."""
+        self.detail = message if by_provider and detail is None else detail
         self.provider = provider
         self.status = status
         self.error_type = error_type
@@ -197,7 +222,33 @@ class ProviderError(RuntimeFailure):
         bits = [b for b in (self.provider, status, self.error_type, shown_code) if b]
         prefix = f"[{' '.join(bits)}] " if bits else ""
         rid = f" (request id {self.request_id})" if self.request_id else ""
-        return f"{prefix}{self.message}{rid}"
+        detail = f": {self.detail}" if self.detail and not self.by_provider else ""
+        return f"{prefix}{self.message}{detail}{rid}"
+
+    def described(self) -> str:
+        """What a run's, a task's or a turn's public ``error`` says: thoughtgate's words and the
+        identifiers the provider sent (status, type, code, request id), never its text.
+
+        ``provider anthropic returned HTTP 400 (invalid_request_error)``, ``provider openrouter
+        reported an error in the stream (overloaded_error, code 502)``; an error thoughtgate
+        described itself keeps its message (``[openai] the stream ended before ...``)."""
+        kind = identifier(self.error_type)
+        code = identifier(self.code)
+        shown_code = code if code and code != kind else None
+        rid = identifier(self.request_id)
+        tail = f" (request id {rid})" if rid else ""
+        name = identifier(self.provider)
+        if self.by_provider:
+            who = f"provider {name}" if name else "the provider"
+            what = (
+                f"returned HTTP {self.status}" if self.status else "reported an error in the stream"
+            )
+            ids = ", ".join(b for b in (kind, f"code {shown_code}" if shown_code else "") if b)
+            return f"{who} {what}{f' ({ids})' if ids else ''}{tail}"
+        status = str(self.status) if self.status else ""
+        bits = [b for b in (name, status, kind, shown_code) if b]
+        prefix = f"[{' '.join(bits)}] " if bits else ""
+        return f"{prefix}{self.message}{tail}"
 
 
 class ProviderHTTPError(ProviderError):
@@ -252,16 +303,41 @@ class RunClosedError(RuntimeFailure):
 
 
 def failure_text(exc: BaseException) -> str:
-    """What a run's or a task's ``error`` says of an exception, which every reader sees.
+    """What a run's or a task's ``error`` says of an exception, which every reader sees: only
+    words thoughtgate wrote (ADRs 0069, 0071).
 
-    thoughtgate's own errors speak for themselves (their messages are written for the reader).
-    Any other exception is named by its class and the first line of its message only: a
-    driver's or a library's later lines are its details -- SQLAlchemy appends the statement's
-    ``[parameters: ...]`` (a checkpoint's step output: a model turn, reasoning and carriers
-    included), pydantic each failing ``input_value`` -- which no display surface may show, so
-    they are never copied into a field of the ``public`` class (fail closed; ADR 0069)."""
+    thoughtgate's own errors speak for themselves (their messages are written for the reader); a
+    provider's error is described by its identifiers (:meth:`ProviderError.described`), never
+    quoted. Any other exception -- a library's, a driver's, an inline worker's (user code) -- is
+    named by its class only: its text is its author's, and may hold anything (SQLAlchemy appends
+    a statement's ``[parameters: ...]``, pydantic each failing ``input_value``, a worker whatever
+    it was given). Its words go to :func:`failure_detail` (fail closed)."""
+    if isinstance(exc, ProviderError):
+        return exc.described()
     if isinstance(exc, ThoughtgateError):
         return str(exc)
+    return type(exc).__name__
+
+
+def failure_detail(exc: BaseException) -> str | None:
+    """The words of a failure thoughtgate did not write, for the developer-only ``error_detail``
+    beside a public ``error`` (``None`` when there are none).
+
+    A provider's own text (its error body, OpenRouter's ``metadata.raw``, an error event); any
+    other exception's class and first line. The lines after the first stay out even here: they
+    are a library's details (a statement's parameters, a validation error's inputs), where
+    continuity carriers may sit, which no reader is ever shown (ADR 0069)."""
+    if isinstance(exc, ProviderError):
+        return exc.detail or None
+    if isinstance(exc, ThoughtgateError):
+        return None
+    return exception_line(exc)
+
+
+def exception_line(exc: BaseException) -> str | None:
+    """``Type: first line`` of an exception's text, ``None`` when it has none (the detail of an
+    exception thoughtgate did not write, whatever its class: an inline worker may raise one of
+    thoughtgate's)."""
     lines = str(exc).strip().splitlines()
     first = lines[0].strip() if lines else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else None

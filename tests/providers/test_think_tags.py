@@ -63,6 +63,46 @@ def test_any_chunking_matches_the_whole_text_split(
     assert stream_split(text, list(range(len(text) + 1)), starts_in_think=starts) == expected
 
 
+@settings(max_examples=400, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=30), strip=st.booleans())
+def test_leading_only_any_chunking_matches_the_whole_text_split(
+    text: str, cuts: list[int], strip: bool
+) -> None:
+    expected = split_think_tags(text, leading_only=True, strip=strip)
+    assert stream_split(text, cuts, leading_only=True, strip=strip) == expected
+    one_by_one = list(range(len(text) + 1))
+    assert stream_split(text, one_by_one, leading_only=True, strip=strip) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.text(" \n", max_size=3),
+    thought=texts,
+    answer=texts,
+    cuts=st.lists(st.integers(0, 200), max_size=20),
+)
+def test_leading_only_a_leading_block_never_reaches_the_answer(
+    before: str, thought: str, answer: str, cuts: list[int]
+) -> None:
+    """A secret in a leading block stays reasoning, whatever follows and however it is cut."""
+    thought = f"SECRET{thought}".replace(CLOSE_TAG, "")
+    text = f"{before}{OPEN_TAG}{thought}{CLOSE_TAG}{answer}"
+    reasoning, said = stream_split(text, cuts, leading_only=True)
+    assert "SECRET" in reasoning and "SECRET" not in said
+
+
+def test_leading_only_examples() -> None:
+    split = {"leading_only": True}
+    assert split_think_tags("<think>hm</think>\n\nOK", **split) == ("hm", "OK")
+    assert split_think_tags("\n<think>a</think>\n<think>b</think>OK", **split) == ("ab", "\nOK")
+    assert split_think_tags("Use <think>x</think> tags", **split) == (
+        "",
+        "Use <think>x</think> tags",
+    )
+    assert split_think_tags("<think>never closed", **split) == ("never closed", "")
+    assert split_think_tags("OK</think>", **split) == ("", "OK</think>")
+
+
 @settings(max_examples=150, deadline=None)
 @given(text=texts, cuts=st.lists(st.integers(0, 200), max_size=20))
 def test_unstripped_mode_loses_no_character(text: str, cuts: list[int]) -> None:

@@ -56,6 +56,13 @@ class LivePrinter:
         self._mode: str | None = None
         self._saw_reasoning = False
 
+    def _detail(self, p: Mapping[str, Any]) -> None:
+        """The failure's own words (``error_detail``): only in a payload the one output filter
+        left them in, for a reader who may read them (ADR 0071)."""
+        detail = p.get("error_detail")
+        if isinstance(detail, str) and detail:
+            self.console.print(Text(f"  said: {detail}", style="dim"))
+
     def _switch(self, mode: str, heading: str | None = None) -> None:
         if self._mode != mode:
             if self._mode is not None:
@@ -109,9 +116,11 @@ class LivePrinter:
         elif t == EventType.MESSAGE_PARTIALLY_COMPLETED:
             self._switch("note")
             self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
+            self._detail(p)
         elif t in (EventType.RUN_FAILED, EventType.RUN_ERROR):
             self._switch("note")
             self.console.print(f"[red]{t}: {p.get('error')}[/]", highlight=False)
+            self._detail(p)
         elif t == EventType.RUN_INTERRUPTED:
             self._switch("note")
             self.console.print(f"[yellow]interrupted: {p.get('reason')}[/]", highlight=False)

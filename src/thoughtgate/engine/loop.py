@@ -32,7 +32,13 @@ from thoughtgate.engine.history import DroppedCarrier, keep_own_carriers
 from thoughtgate.engine.steps import DirectSteps, StepCodec, Steps
 from thoughtgate.engine.tools import Tool, ToolArgumentsError, ToolRegistry
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import ProviderError, UsageError
+from thoughtgate.errors import (
+    ProviderError,
+    UsageError,
+    failure_detail,
+    failure_text,
+    identifier,
+)
 from thoughtgate.events.narration import (
     NARRATION_SPEC,
     NARRATION_TOOL,
@@ -176,6 +182,9 @@ class LoopResult:
     turn_records: list[Turn] = field(default_factory=list)
     error_type: str | None = None
     """What kind of failure ``error`` is (:func:`error_type_of`, or ``max_turns``)."""
+    error_detail: str | None = None
+    """The failure's words thoughtgate did not write (a provider's, a worker's): developer-only
+    (``error_detail`` in the events, ADR 0071)."""
 
 
 def strip_reasoning(parts: Sequence[Any]) -> tuple[Any, ...]:
@@ -201,8 +210,9 @@ def failed_tool_text(error: str) -> str:
 
 def error_type_of(exc: ProviderError) -> str:
     """A low-cardinality name for a provider failure: the provider's own error code
-    (``overloaded_error``, ``rate_limit_error``, ...), else the error's class."""
-    return exc.error_type or type(exc).__name__
+    (``overloaded_error``, ``rate_limit_error``, ...) when it is an identifier, else the error's
+    class (a public field: never the provider's free text, ADR 0071)."""
+    return identifier(exc.error_type) or type(exc).__name__
 
 
 def offered_tools(tools: ToolRegistry, observer: LoopObserver | None) -> tuple[ToolSpec, ...]:
@@ -429,6 +439,8 @@ class _Loop:
                 "status": failure.status,
                 "error_type": failure.error_type,
             }
+            if failure.detail and self.disclosure.in_trace:  # recorded where reasoning is
+                cut["error_detail"] = failure.detail
             events.append(self.ev(EventType.MESSAGE_PARTIALLY_COMPLETED, cut))
         elif turn is not None and not turn.tool_calls:
             final: MessageCompletedPayload = {
@@ -465,6 +477,8 @@ class _Loop:
         if failure is not None:
             payload["error"] = failure.message
             payload["error_type"] = failure.kind
+            if failure.detail and self.disclosure.in_trace:  # recorded where reasoning is
+                payload["error_detail"] = failure.detail
         if call is not None:
             payload["call"] = call
         if self.disclosure.in_trace and not self.disclosure.on_display:
@@ -693,15 +707,24 @@ class _ProviderFailure:
     """What a ``ProviderError`` said, in the form a checkpoint keeps."""
 
     message: str
+    """thoughtgate's description (:func:`failure_text`): the public ``error``."""
     status: int | None
     error_type: str | None
     """The provider's own error code, when it sent one."""
     kind: str
     """``error_type_of``: that code, else the error's class."""
+    detail: str | None = None
+    """The provider's own words (:func:`failure_detail`): the developer-only ``error_detail``."""
 
     @classmethod
     def of(cls, exc: ProviderError) -> _ProviderFailure:
-        return cls(str(exc), exc.status, exc.error_type, error_type_of(exc))
+        return cls(
+            failure_text(exc),
+            exc.status,
+            identifier(exc.error_type),
+            error_type_of(exc),
+            failure_detail(exc),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,6 +750,7 @@ class _TurnOutcome:
                 "status": failure.status,
                 "type": failure.error_type,
                 "kind": failure.kind,
+                "detail": failure.detail,
             },
             "call": None if self.call is None else dict(self.call),
         }
@@ -737,7 +761,9 @@ class _TurnOutcome:
         failure = (
             None
             if raw is None
-            else _ProviderFailure(raw["message"], raw["status"], raw["type"], raw["kind"])
+            else _ProviderFailure(
+                raw["message"], raw["status"], raw["type"], raw["kind"], raw.get("detail")
+            )
         )
         turn = data.get("turn")
         call = data.get("call")
@@ -876,6 +902,7 @@ async def run_agent_loop(
                 outcome.failure.message,
                 turns,
                 outcome.failure.kind,
+                outcome.failure.detail,
             )
         assert turn is not None
         if not turn.tool_calls:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from thoughtgate.errors import ProviderError, ProviderStreamError, failure_text
+from thoughtgate.errors import ProviderError, ProviderStreamError, failure_detail, failure_text
 from thoughtgate.providers.base import Provider, TurnRequest
 from thoughtgate.types import Chunk, Turn, TurnAccumulator
 
@@ -38,8 +38,9 @@ async def stream_llm_turn(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         # An adapter bug or an unmapped transport error must still not lose the partial turn.
         raise ProviderStreamError(
-            f"stream failed: {failure_text(exc)}",  # public: its first line only
+            f"stream failed: {failure_text(exc)}",  # public: its class only
             provider=provider.name,
             partial=acc.partial(),
+            detail=failure_detail(exc),
         ) from exc
     return acc.finish()

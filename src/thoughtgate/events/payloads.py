@@ -301,12 +301,18 @@ class RunEndedPayload(TypedDict):
     status: Annotated[RunStatus, Vis.PUBLIC]
     usage: Annotated[TokenUsage, Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """thoughtgate's description of the failure (provider, store, runtime); tool failures never
-    end a run, so no tool data reaches it."""
+    """thoughtgate's description of the failure (provider, store, runtime), in its own words
+    only; tool failures never end a run, so no tool data reaches it."""
     error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The kind of failure, with ``error``: a provider's error code (``overloaded_error``, ...),
     else the error's class (``ProviderStreamError``, ``StoreUnavailableError``, ...), or
     ``max_turns`` for a task stopped at the turn limit (as in ``agent.response``)."""
+    error_detail: NotRequired[Annotated[str, Vis.REASONING]]
+    """The failure's own words, which thoughtgate did not write: a provider's error text (its
+    HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
+    inline worker's exception. They may quote the request, earlier turns' reasoning included, so
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -359,6 +365,13 @@ class TaskCompletedPayload(TypedDict):
     output: Annotated[str | None, Vis.PUBLIC]
     """The task's answer: public, as in the run view."""
     error: Annotated[str | None, Vis.PUBLIC]
+    """thoughtgate's description of the failure, in its own words only."""
+    error_detail: NotRequired[Annotated[str, Vis.REASONING]]
+    """The failure's own words, which thoughtgate did not write: a provider's error text (its
+    HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
+    inline worker's exception. They may quote the request, earlier turns' reasoning included, so
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -398,10 +411,17 @@ class MessagePartiallyCompletedPayload(TypedDict):
     """What arrived of the answer before it was cut."""
     reason: Annotated[Literal["provider_error", "max_turns", "worker_error"], Vis.PUBLIC]
     error: Annotated[str, Vis.PUBLIC]
+    """thoughtgate's description of the failure, in its own words only."""
     status: NotRequired[Annotated[int | None, Vis.PUBLIC]]
     """The provider's HTTP status, when it answered with one."""
     error_type: NotRequired[Annotated[str | None, Vis.PUBLIC]]
-    """The provider's error type (``overloaded_error``, ...)."""
+    """The provider's error type (``overloaded_error``, ...), when it is an identifier."""
+    error_detail: NotRequired[Annotated[str, Vis.REASONING]]
+    """The failure's own words, which thoughtgate did not write: a provider's error text (its
+    HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
+    inline worker's exception. They may quote the request, earlier turns' reasoning included, so
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
 
 
 @with_config(_STRICT)
@@ -426,9 +446,15 @@ class AgentResponsePayload(TypedDict):
     usage: Annotated[TokenUsage, Vis.PUBLIC]
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The provider error that cut this turn."""
+    """The provider error that cut this turn, in thoughtgate's words."""
     error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    error_detail: NotRequired[Annotated[str, Vis.REASONING]]
+    """The failure's own words, which thoughtgate did not write: a provider's error text (its
+    HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an
+    inline worker's exception. They may quote the request, earlier turns' reasoning included, so
+    they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
+    in events recorded before."""
     call: NotRequired[Annotated[ModelCallPayload, Vis.PUBLIC]]
     """How the turn was requested and when it answered (absent in events recorded before)."""
     trace: NotRequired[Annotated[TraceMetadata, Vis.TRACE]]

@@ -299,7 +299,9 @@ class DbosSteps:
             self._raised[name] = exc
             return {
                 "raised": {
-                    "message": str(exc),
+                    # replayed as a RuntimeFailure whose text is public: a provider's words
+                    # never go into it (ADR 0071)
+                    "message": failure_text(exc) if isinstance(exc, ThoughtgateError) else str(exc),
                     "type": type(exc).__name__,
                     "ours": isinstance(exc, ThoughtgateError),
                 }

@@ -69,6 +69,8 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
+    exception_line,
+    failure_detail,
     failure_text,
 )
 from thoughtgate.events.catalogue import check_new_events
@@ -729,14 +731,26 @@ class Runtime:
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
                 spent.usage,
-                (failure_text(exc), _error_type(exc)),
+                (
+                    failure_text(exc),
+                    _error_type(exc),
+                    _kept_detail(run.chain_of_thought, failure_detail(exc)),
+                ),
                 spent.ended,
             )
             raise
         status = _run_status([r.status for r in results])
         failed = next((r for r in results if r.status != "completed" and r.error), None)
         event = EventType.RUN_FAILED if status == "failed" else EventType.RUN_SETTLEMENT_COMPLETED
-        error = None if failed is None else (failed.error or "", failed.error_type)
+        error = (
+            None
+            if failed is None
+            else (
+                failed.error or "",
+                failed.error_type,
+                _kept_detail(run.chain_of_thought, failed.error_detail),
+            )
+        )
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
@@ -837,20 +851,23 @@ class Runtime:
         event_type: str,
         status: RunStatus,
         usage: Usage,
-        failure: tuple[str, str | None] | None,
+        failure: tuple[str, str | None, str | None] | None,
         ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
-        happens if another process already closed the run. ``failure`` is the error and its
-        type (``RunEndedPayload.error_type``), if any."""
+        happens if another process already closed the run. ``failure`` is the error, its type
+        and its detail (``RunEndedPayload``'s ``error``, ``error_type``, ``error_detail``), if
+        any."""
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
-        if error:
+        if error and failure:
             payload["error"] = error
-            if failure and failure[1]:
+            if failure[1]:
                 payload["error_type"] = failure[1]
+            if failure[2]:
+                payload["error_detail"] = failure[2]
         not_run = "not run: the run failed before this task started"
         try:
             with self.leases.ending(run_id):
@@ -925,7 +942,7 @@ class Runtime:
                 if run.worker_backend == "inline":
                     result = await steps.run(
                         f"{task.task_id}: inline worker",
-                        lambda: self._inline(spec, task, recorder),
+                        lambda: self._inline(spec, task, recorder, run.chain_of_thought),
                         _LOOP_RESULT,
                     )
                 else:
@@ -938,12 +955,12 @@ class Runtime:
             finally:
                 await recorder.close()
         except Exception as exc:
-            error = failure_text(exc)
+            error, detail = failure_text(exc), failure_detail(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
             await steps.effect(
                 f"{task.task_id}: aborted",
-                lambda: self._task_aborted(run, task, error, resumed, held),
+                lambda: self._task_aborted(run, task, (error, detail), resumed, held),
             )
             raise
 
@@ -981,17 +998,20 @@ class Runtime:
         self,
         run: RunRecord,
         task: TaskRecord,
-        error: str,
+        failure: tuple[str, str | None],
         resumed: ResumeLog | None,
         held: Sequence[NewEvent] = (),
     ) -> None:
-        """A task whose worker raised still ends (failed, with the error) before the run's
-        terminal event, so no reader waits on a task that will never finish."""
+        """A task whose worker raised still ends (failed, with the error and its detail) before
+        the run's terminal event, so no reader waits on a task that will never finish."""
+        error, detail = failure[0], _kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
+        if detail:
+            payload["error_detail"] = detail
         done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
         await self._append(run.run_id, [*held, done])
 
@@ -1022,30 +1042,44 @@ class Runtime:
             "output": result.answer,
             "error": result.error,
         }
+        if result.error_detail and disclosure.in_trace:  # recorded where reasoning is
+            done["error_detail"] = result.error_detail
         return [
             NewEvent(EventType.WORKER_COMPLETED, payload, task_id=task.task_id),
             NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id),
         ]
 
     async def _inline(
-        self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder
+        self, spec: TaskSpec, task: TaskRecord, recorder: EventRecorder, mode: str
     ) -> LoopResult:
         worker = self.inline_workers[spec.worker or "default"]
         try:
             value = worker(task.prompt)
             output = await value if inspect.isawaitable(value) else value
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            # The worker is user code, whatever it raises: its words are developer-only (ADR 0071).
+            error = f"the inline worker raised {type(exc).__name__}"
+            detail = _kept_detail(mode, exception_line(exc))
             cut: MessagePartiallyCompletedPayload = {
                 "text": "",
                 "reason": "worker_error",
                 "error": error,
             }
+            if detail:
+                cut["error_detail"] = detail
             await recorder.emit(
                 NewEvent(EventType.MESSAGE_PARTIALLY_COMPLETED, cut, task_id=task.task_id)
             )
             return LoopResult(
-                "failed", "", 0, Usage(), "", "error", error, error_type=type(exc).__name__
+                "failed",
+                "",
+                0,
+                Usage(),
+                "",
+                "error",
+                error,
+                error_type=type(exc).__name__,
+                error_detail=detail,
             )
         text = str(output)
         final: MessageCompletedPayload = {"text": text}
@@ -1119,6 +1153,7 @@ def _loop_result_json(result: LoopResult) -> dict[str, Any]:
         "finish_reason": result.finish_reason,
         "error": result.error,
         "error_type": result.error_type,
+        "error_detail": result.error_detail,
     }
 
 
@@ -1132,6 +1167,7 @@ def _loop_result_from_json(data: Mapping[str, Any]) -> LoopResult:
         data.get("finish_reason"),
         data.get("error"),
         error_type=data.get("error_type"),
+        error_detail=data.get("error_detail"),  # absent in checkpoints written before
     )
 
 
@@ -1194,6 +1230,13 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
         return exc.args[0]
     return "it was cancelled before it finished"
+
+
+def _kept_detail(mode: str, detail: str | None) -> str | None:
+    """An ``error_detail`` is recorded where reasoning is (``surface``, ``telemetry_only``): its
+    words may quote reasoning, which a ``hidden`` run records nowhere (nor does a mode this
+    version does not know: fail closed; ADR 0071)."""
+    return detail if mode in ("surface", "telemetry_only") else None
 
 
 def _error_type(exc: Exception) -> str:

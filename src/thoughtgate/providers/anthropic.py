@@ -920,4 +920,5 @@ def _stream_error(data: Mapping[str, Any]) -> ProviderStreamError:
         provider=PROVIDER,
         error_type=str(etype) if etype else None,
         request_id=str(rid) if isinstance(rid, str) else None,
+        by_provider=True,
     )

@@ -29,18 +29,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from thoughtgate.errors import MalformedResponseError, ProviderError, ProviderStreamError
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderError,
+    ProviderStreamError,
+    identifier,
+)
 from thoughtgate.providers.base import ToolSpec, TurnRequest
 from thoughtgate.providers.described import shape_of
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.history import tool_results
 from thoughtgate.providers.http import stream_error
+from thoughtgate.providers.think_tags import Piece, ThinkTagSplitter
 from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
 from thoughtgate.types import (
     Chunk,
     FinishChunk,
     FinishReason,
     Message,
+    ReasoningDelta,
     ResponseInfoChunk,
     TextDelta,
     TextPart,
@@ -145,7 +152,10 @@ class ChatChunkParser(JSONEventParser):
         capture: bool,
         lenient_end: bool = False,
         reasoning_in_output: bool = True,
+        splitter: ThinkTagSplitter | None = None,
     ) -> None:
+        self.splitter = splitter
+        """Splits inline ``<think>`` reasoning out of ``content`` (``None``: content is answer)."""
         self.provider = provider
         self.model = model
         self.capture = capture
@@ -168,10 +178,27 @@ class ChatChunkParser(JSONEventParser):
         return []
 
     def content_chunks(self, content: str) -> list[Chunk]:
-        return [TextDelta(content)] if content else []
+        if self.splitter is None:
+            return [TextDelta(content)] if content else []
+        return self._pieces(self.splitter.feed(content))
 
     def flush_content(self) -> list[Chunk]:
-        return []
+        return [] if self.splitter is None else self._pieces(self.splitter.flush())
+
+    def tag_reasoning(self, text: str) -> list[Chunk]:
+        """Reasoning the splitter found in ``content``: a raw reasoning delta when captured;
+        ``hidden``: dropped here, before anyone sees it."""
+        return [ReasoningDelta(text, reasoning_kind="raw", index=0)] if self.capture else []
+
+    def _pieces(self, pieces: Sequence[Piece]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for piece in pieces:
+            if piece.channel == "reasoning":
+                if piece.text:
+                    out += self.tag_reasoning(piece.text)
+            elif piece.text:
+                out.append(TextDelta(piece.text))
+        return out
 
     def continuity_chunks(self) -> list[Chunk]:
         return []
@@ -240,7 +267,8 @@ class ChatChunkParser(JSONEventParser):
         if usage is not None and isinstance(usage, Mapping):
             out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
         if self.error is None and self.finish_raw == "error":
-            native = f" (native_finish_reason {self.native_finish})" if self.native_finish else ""
+            named = identifier(self.native_finish)  # the provider's word: an identifier only
+            native = f" (native_finish_reason {named})" if named else ""
             self.error = ProviderStreamError(
                 f"the provider ended the response with finish_reason error{native}",
                 provider=self.provider,

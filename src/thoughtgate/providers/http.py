@@ -110,16 +110,16 @@ def transport_error(
     stage is retryable: nothing of the answer has reached the caller yet."""
     kind = next(TRANSPORT_ERRORS[c][stage] for c in type(exc).__mro__ if c in TRANSPORT_ERRORS)
     name = type(exc).__name__
-    said = without_quoted_bytes(str(exc))
+    said = without_quoted_bytes(str(exc)).strip() or None  # httpx's words: the detail (ADR 0071)
     if kind is ProviderTimeoutError:
         message = f"{name}: the provider did not answer in time"
     elif isinstance(exc, httpx.ConnectError):
-        message = f"could not connect to {base_url}: {said}"
+        message = f"could not connect to {base_url} ({name})"
     elif kind is ProviderStreamError:
-        message = f"the stream was cut: {name}: {said}"
+        message = f"the stream was cut: {name}"
     else:
-        message = f"{name}: {said}"
-    return kind(message, provider=provider, retryable=stage == "request")
+        message = name
+    return kind(message, provider=provider, retryable=stage == "request", detail=said)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -210,6 +210,7 @@ def stream_error(provider: str, body: Any, *, request_id: str | None = None) -> 
         error_type=info.error_type,
         code=info.code,
         request_id=info.request_id or request_id,
+        by_provider=True,
     )
 
 
@@ -378,6 +379,7 @@ class HTTPTransport:
             request_id=_request_id(response.headers, body),
             retryable=should_retry(status, response.headers),
             retry_after=parse_retry_after(response.headers),
+            by_provider=True,
         )
 
     def _transport_error(self, exc: httpx.HTTPError, stage: ErrorStage) -> ProviderError:

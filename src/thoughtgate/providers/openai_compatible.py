@@ -58,7 +58,6 @@ from thoughtgate.types import (
     ContinuityChunk,
     Message,
     ReasoningDelta,
-    TextDelta,
     ToolCallPart,
 )
 
@@ -99,14 +98,17 @@ class CompatParser(ChatChunkParser):
             capture=capture,
             lenient_end=lenient_end,
             reasoning_in_output=reasoning_in_output,
+            splitter=ThinkTagSplitter(starts_in_think=starts_in_think) if think_tags else None,
         )
         self.field: str | None = None
         self.fields = tuple(f for f in fields if f in REASONING_FIELDS) or REASONING_FIELDS
-        self.splitter = ThinkTagSplitter(starts_in_think=starts_in_think) if think_tags else None
         self.carrier = carrier if (capture or carrier_required) else None
         self.echo_only = echo_only
         self.seen_fields: set[str] = set()
         self._reasoning: list[str] = []
+
+    def tag_reasoning(self, text: str) -> list[Chunk]:
+        return self._reason(text)
 
     def _reason(self, text: str) -> list[Chunk]:
         if not text:
@@ -134,23 +136,6 @@ class CompatParser(ChatChunkParser):
             return []
         value = delta.get(self.field)
         return self._reason(value) if isinstance(value, str) else []
-
-    def content_chunks(self, content: str) -> list[Chunk]:
-        if self.splitter is None:
-            return [TextDelta(content)] if content else []
-        return self._pieces(self.splitter.feed(content))
-
-    def flush_content(self) -> list[Chunk]:
-        return [] if self.splitter is None else self._pieces(self.splitter.flush())
-
-    def _pieces(self, pieces: Any) -> list[Chunk]:
-        out: list[Chunk] = []
-        for piece in pieces:
-            if piece.channel == "reasoning":
-                out += self._reason(piece.text)
-            elif piece.text:
-                out.append(TextDelta(piece.text))
-        return out
 
     def continuity_chunks(self) -> list[Chunk]:
         if self.carrier is None or not self.has_tool_calls:

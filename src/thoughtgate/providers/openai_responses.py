@@ -380,6 +380,7 @@ class ResponsesEventParser(JSONEventParser):
                     provider=self.provider,
                     error_type=str(error.get("type") or code or "response.failed"),
                     code=str(code) if code else None,
+                    by_provider=True,
                 )
             else:
                 self.error = ProviderStreamError(

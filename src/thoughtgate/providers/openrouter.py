@@ -48,6 +48,7 @@ from thoughtgate.providers.chat_completions import (
 from thoughtgate.providers.history import current_loop_start, matching_block
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.rules import EndpointRule
+from thoughtgate.providers.think_tags import ThinkTags, splitter_for, think_tags_for
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -139,8 +140,11 @@ class OpenRouterParser(ChatChunkParser):
         capture: bool,
         keep_carriers: bool = False,
         text_kind: ReasoningKind = "raw",
+        think_tags: ThinkTags = "leading",
     ) -> None:
-        super().__init__(provider=provider, model=model, capture=capture)
+        super().__init__(
+            provider=provider, model=model, capture=capture, splitter=splitter_for(think_tags)
+        )
         self.keep_carriers = capture or keep_carriers
         """Merge details for the continuity block (in ``hidden`` mode only when the API
         requires them back in a tool loop: then they stay in memory, never shown)."""
@@ -152,6 +156,9 @@ class OpenRouterParser(ChatChunkParser):
         self._encrypted_seen: set[tuple[str, int]] = set()
 
     def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
+        if self.splitter is not None and (delta.get("reasoning") or delta.get("reasoning_details")):
+            # the reasoning has a field of its own: a bare <think> sent before it opened nothing
+            self.splitter.leave_empty_block()
         if not self.keep_carriers:
             return []  # hidden: nothing is captured, nothing is kept to send back
         details = delta.get("reasoning_details")
@@ -208,6 +215,9 @@ class OpenRouterProvider(ChatCompletionsProvider):
 
     endpoint = _ENDPOINT
 
+    def read_options(self, options: Mapping[str, Any]) -> None:
+        self.think_tags = think_tags_for(options.get("think_tags"), self.model, "leading")
+
     def wire_capabilities(self) -> Capabilities:
         return Capabilities(
             reasoning_text=True,
@@ -248,4 +258,5 @@ class OpenRouterProvider(ChatCompletionsProvider):
             capture=request.reasoning.enabled,
             keep_carriers=self.rule.keeps_carriers,
             text_kind=self.rule.reasoning_kind if anthropic else "raw",
+            think_tags=self.think_tags,
         )

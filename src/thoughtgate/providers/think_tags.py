@@ -23,15 +23,33 @@ Rules shared by both:
 * with ``strip`` (default) the newlines templates put around reasoning are dropped: whitespace
   right after a tag and whitespace right before ``</think>``; ``"<think>\\nhm\\n</think>\\n\\nOK"``
   gives reasoning ``"hm"`` and answer ``"OK"``. Text before a ``<think>`` keeps its whitespace,
-  and so does reasoning left unclosed at the end of the stream.
+  and so does reasoning left unclosed at the end of the stream;
+* with ``leading_only`` only blocks that open before any answer text count (whitespace may come
+  first, and blocks may follow one another): once the answer has begun, the rest of the content
+  is answer, tags included. This is the default of the adapters whose servers split reasoning out
+  themselves (OpenRouter): a model that still writes ``<think>`` starts its content with it, while
+  an answer may well quote the tag (ADR 0071).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
-__all__ = ["CLOSE_TAG", "OPEN_TAG", "Channel", "Piece", "ThinkTagSplitter", "split_think_tags"]
+from thoughtgate.errors import ConfigError
+
+__all__ = [
+    "CLOSE_TAG",
+    "OPEN_TAG",
+    "Channel",
+    "Piece",
+    "ThinkTagSplitter",
+    "ThinkTags",
+    "split_think_tags",
+    "splitter_for",
+    "think_tags_for",
+]
 
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
@@ -73,8 +91,12 @@ class ThinkTagSplitter:
         strip: bool = True,
         open_tag: str = OPEN_TAG,
         close_tag: str = CLOSE_TAG,
+        leading_only: bool = False,
     ) -> None:
         self.in_think = starts_in_think
+        self.leading_only = leading_only
+        self._answered = False
+        """``leading_only``: answer text has been emitted, so no tag opens reasoning any more."""
         self.strip = strip
         self.open_tag = open_tag
         self.close_tag = close_tag
@@ -97,6 +119,8 @@ class ThinkTagSplitter:
             return
         if self.in_think:
             self._block_empty = False
+        elif self.leading_only and not self._answered:
+            self._answered = not text.isspace()
         if out and out[-1].channel == self.channel:
             out[-1] = Piece(self.channel, out[-1].text + text)
         else:
@@ -106,8 +130,14 @@ class ThinkTagSplitter:
         out: list[Piece] = []
         buf = self._pending + delta
         while True:
+            if self._answered and not self.in_think:
+                self._emit(out, buf)  # leading_only, past the leading blocks: all answer
+                self._pending = ""
+                return out
             tag = self.close_tag if self.in_think else self.open_tag
             at = buf.find(tag)
+            if self.leading_only and not self.in_think and at > 0 and not buf[:at].isspace():
+                at = -1  # answer text comes before this tag: it opens nothing
             if at == -1:
                 keep = len(buf) - _held_suffix(buf, tag)
                 if self.strip and self.in_think:
@@ -155,6 +185,7 @@ def split_think_tags(
     strip: bool = True,
     open_tag: str = OPEN_TAG,
     close_tag: str = CLOSE_TAG,
+    leading_only: bool = False,
 ) -> tuple[str, str]:
     """``(reasoning, answer)`` of a whole content string, by the same rules as the splitter."""
     reasoning: list[str] = []
@@ -166,6 +197,8 @@ def split_think_tags(
         tag = close_tag if in_think else open_tag
         at = text.find(tag, pos)
         segment = text[pos:] if at == -1 else text[pos:at]
+        if leading_only and not in_think and segment.strip():
+            at, segment = -1, text[pos:]  # the answer has begun: the rest is answer
         if strip and after_tag:
             segment = segment.lstrip()
         if strip and in_think and at != -1:
@@ -176,3 +209,40 @@ def split_think_tags(
         pos = at + len(tag)
         in_think = not in_think
         after_tag = True
+
+
+ThinkTags: TypeAlias = Literal["leading", "anywhere", "off"]
+"""How an adapter reads ``<think>`` in ``content``: ``leading`` blocks before any answer text are
+reasoning (``leading_only``); ``anywhere``: every block is; ``off``: content is all answer."""
+
+_THINK_TAGS: tuple[str, ...] = get_args(ThinkTags)
+
+
+def _mode(value: object, key: str) -> ThinkTags:
+    if value is True:
+        return "anywhere"
+    if value is False:
+        return "off"
+    if isinstance(value, str) and value in _THINK_TAGS:
+        return value  # type: ignore[return-value]
+    raise ConfigError(key, value, "leading, anywhere, off (or true / false)")
+
+
+def think_tags_for(option: object, model: str, default: ThinkTags) -> ThinkTags:
+    """The ``think_tags`` adapter option for ``model``: one mode, or a table of modes by model
+    id with ``"*"`` for the others (``{"*": "leading", "deepseek/deepseek-r1": "anywhere"}``);
+    absent: ``default``. A value it cannot read is refused, never taken as ``off``."""
+    if option is None:
+        return default
+    if isinstance(option, Mapping):
+        if model in option:
+            return _mode(option[model], f"think_tags.{model}")
+        return _mode(option["*"], "think_tags.*") if "*" in option else default
+    return _mode(option, "think_tags")
+
+
+def splitter_for(mode: ThinkTags) -> ThinkTagSplitter | None:
+    """A fresh splitter for one answer (``None`` for ``off``)."""
+    if mode == "off":
+        return None
+    return ThinkTagSplitter(leading_only=mode == "leading")

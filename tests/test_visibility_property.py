@@ -75,6 +75,7 @@ _RUN_ENDED = {
     **{f"usage.{k}": v for k, v in _USAGE.items()},
     "error": P,
     "error_type": P,
+    "error_detail": R,  # a provider's or a library's own words (ADR 0071)
 }
 
 
@@ -106,7 +107,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "tools[].parameters": P,
         "history": TR,
     },
-    "task.completed": {"status": P, "output": P, "error": P},
+    "task.completed": {"status": P, "output": P, "error": P, "error_detail": R},
     "message.delta": {"text": P, "turn": P},
     "message.completed": {"text": P, "finish_reason": P},
     "message.partially_completed": {
@@ -115,6 +116,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "error": P,
         "status": P,
         "error_type": P,
+        "error_detail": R,
     },
     "reasoning.delta": {"": R, "text": R, "reasoning_kind": R, "index": R, "turn": P},
     "agent.response": {
@@ -133,6 +135,7 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "tool_calls[].input": T,
         "error": P,
         "error_type": P,
+        "error_detail": R,
         "call": P,
         "call.stream": P,
         "call.max_tokens": P,

@@ -28,9 +28,10 @@ A third poller, the **queue manager** (``queue_thread``), reads the list of ever
 the system database each second (a local interval, not configurable) to start a worker for a
 queue registered since it last looked. thoughtgate needs that once: a daemon listens to one
 queue, which it registers right after the launch, and ``thoughtgate run`` to none, so once the
-list holds every queue this process listens to, each later read finds the same list. ``reuse_queue_list`` (called after ``DBOS.launch()``) has the manager reuse that
-list for ``QUEUE_LIST_REUSE_S`` instead (ADR 0067): it still checks its workers every second
-and restarts one that died, and any other caller of ``list_queues`` still reads the database.
+list holds every queue this process listens to, each later read finds the same list.
+``reuse_queue_list`` (called after ``DBOS.launch()``) has the manager reuse that list for
+``QUEUE_LIST_REUSE_S`` instead (ADR 0067): it still checks its workers every second and
+restarts one that died, and any other caller of ``list_queues`` still reads the database.
 """
 
 from __future__ import annotations

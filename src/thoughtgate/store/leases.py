@@ -34,8 +34,8 @@ pass, so a process without one leaves such runs to a daemon; a run of ``thoughtg
 A queued run has no owner, so no lease of it ever expires: should what puts it on its queue fail
 (a new run's enqueue, a requeue), and then its close too (the store down past the retries), it
 would stay open on no queue forever. So a sweep that can requeue also asks the engine which of the
-queued runs (no owner, a ``queued_at``) are on a queue (``on_queue``), and puts back one that has
-been on none for ``lost_after_s`` -- closing it when that fails, or leaving it to the next sweep
+queued runs (no owner, a ``queued_at``) are on a queue (``on_queue``), and puts back one on none
+once queued for ``lost_after_s`` -- closing it when that fails, or leaving it to the next sweep
 when the store still refuses (ADR 0062). Nor does a lease tell when a replica took a queued run's
 workflow from its queue and stopped before claiming it: the workflow stays taken by an executor
 that is gone. The sweep puts back such a run too, once it has been taken for ``lost_after_s``

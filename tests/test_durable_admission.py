@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from dbos import DBOS
 from support.durable import one_lookup, until
+from support.durable_engine import InProcessDaemon
 
 from thoughtgate.config import Config, DurabilityConfig
-from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
@@ -47,34 +47,14 @@ def scripts() -> Iterator[None]:
     del FAKE_SCRIPTS["admit-slow"], FAKE_SCRIPTS["unasked-tool"]
 
 
-class _Daemon:
-    def __init__(self, store: SQLiteStore, config: Config) -> None:
-        self.store = store
-        self.runtime = Runtime(store, config)
-        self.engine = DurableEngine.attach(self.runtime, config.durability)
-
-    @property
-    def queue(self) -> str:
-        assert self.engine.queue is not None
-        return self.engine.queue
-
-    async def start(self, model: str) -> str:
-        run, rank = await self.runtime.admit(RunRequest("hi", model=model), queue=self.queue)
-        await self.engine.submit(run.run_id, self.queue, priority=rank)
-        return run.run_id
-
-    async def types(self, run_id: str) -> list[str]:
-        return [str(e.type) for e in await self.store.read(run_id)]
-
-
-async def _daemon(tmp_path: Path, **durability: Any) -> _Daemon:
+async def _daemon(tmp_path: Path, **durability: Any) -> InProcessDaemon:
     store = await SQLiteStore.open(tmp_path / "runs.db")
-    daemon = _Daemon(store, Config(durability=DurabilityConfig(**durability)))
+    daemon = InProcessDaemon(store, Config(durability=DurabilityConfig(**durability)))
     await daemon.engine.launch(listen=[])
     return daemon
 
 
-async def _close(daemon: _Daemon) -> None:
+async def _close(daemon: InProcessDaemon) -> None:
     await daemon.engine.close()
     await daemon.store.close()
 
@@ -205,6 +185,6 @@ async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
         await _close(daemon)
 
 
-async def _ended(daemon: _Daemon, run_ids: list[str]) -> bool:
+async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:
     statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
     return all(s not in ("pending", "running") for s in statuses)

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 from support.durable import until
+from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config, DurabilityConfig, OrchestrationConfig
 from thoughtgate.errors import UsageError
-from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
@@ -127,28 +127,18 @@ def gate() -> Iterator[asyncio.Event]:
     del FAKE_SCRIPTS["gated"]
 
 
-class _Daemon:
+class _Daemon(InProcessDaemon):
     """A daemon of one slot, its queue polled once a minute: a run that waits, waits here."""
 
     def __init__(self, store: SQLiteStore) -> None:
         # A long lease: no renewal comes between the test's steps unless it asks for one.
-        config = Config(
-            orchestration=OrchestrationConfig(lease_ttl_s=60.0),
-            durability=DurabilityConfig(concurrency=1, poll_interval_s=60.0),
+        super().__init__(
+            store,
+            Config(
+                orchestration=OrchestrationConfig(lease_ttl_s=60.0),
+                durability=DurabilityConfig(concurrency=1, poll_interval_s=60.0),
+            ),
         )
-        self.store = store
-        self.runtime = Runtime(store, config)
-        self.engine = DurableEngine.attach(self.runtime, config.durability)
-
-    @property
-    def queue(self) -> str:
-        assert self.engine.queue is not None
-        return self.engine.queue
-
-    async def start(self, model: str) -> str:
-        run, rank = await self.runtime.admit(RunRequest("hi", model=model), queue=self.queue)
-        await self.engine.submit(run.run_id, self.queue, priority=rank)
-        return run.run_id
 
     def waiting(self) -> list[str]:
         return [entry[2] for entry in self.engine._line]

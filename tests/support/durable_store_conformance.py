@@ -220,9 +220,10 @@ class DurableStoreConformance:
         )
         assert [e.type for e in out] == [EventType.RUN_INTERRUPTED]
         assert (await store.get_run(run_id)).status == "completed"
-        assert await store.finish_run(
-            run_id, [], RunEnding("failed", held_by=Holder("a.1.x", 1))
-        ) == [], "an ended run: nothing to refuse, as before"
+        assert (
+            await store.finish_run(run_id, [], RunEnding("failed", held_by=Holder("a.1.x", 1)))
+            == []
+        ), "an ended run: nothing to refuse, as before"
 
     async def test_a_later_claim_of_the_same_process_fences_its_earlier_execution(
         self, store: EventStore

@@ -66,6 +66,7 @@ from thoughtgate.errors import (
     ApprovalNotPendingError,
     ProviderError,
     QuotaExceededError,
+    RunTakenOverError,
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
@@ -104,7 +105,7 @@ from thoughtgate.providers.base import (
 )
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
 from thoughtgate.store.leases import (
     LOST_LEASE,
@@ -254,6 +255,12 @@ class Runtime:
 
         self.durable = engine
         self.approvals = DurableApprovals(engine, self.store, decider=self.approvals.decider)
+
+    def holder(self, attempt: int | None = None) -> Holder:
+        """This process as the executor of a run, in the claim ``attempt`` (a durable run's):
+        what the ends it records name, so that the store refuses them once another execution
+        took the run over (ADR 0072)."""
+        return Holder(self.leases.owner.owner_id, attempt)
 
     def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry:
         """The tools a run named, from this process's (a run may call exactly the tools it
@@ -660,10 +667,12 @@ class Runtime:
             begun = await begin_execution(self, run_id, admitted, claimed=claimed)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
-            run, spec, tools, resumed = begun
+            run, spec, tools, resumed, attempt = begun
             try:
                 steps = _DurableSteps.of(resumed, unwritten=unwritten)
-                return await self._run_held(run, spec.tasks, tools, steps)
+                return await self._run_held(run, spec.tasks, tools, steps, attempt=attempt)
+            except RunTakenOverError:
+                raise  # its end is another execution's: never reported as this one's (ADR 0072)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -676,15 +685,20 @@ class Runtime:
         specs: Sequence[TaskSpec],
         tools: ToolRegistry,
         steps: Steps,
+        *,
+        attempt: int | None = None,
     ) -> str:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
-        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution. Returns
-        the status it ended the run with."""
+        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution.
+        ``attempt``: the claim this execution holds a durable run by (``claim_run``'s answer).
+        Its end is recorded only while this execution still holds the run (ADR 0072): else
+        ``RunTakenOverError``, the end not stored. Returns the status it ended the run with."""
         run_id = run.run_id
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
+        execution = _Execution(specs, tools, steps, self.holder(attempt))
         try:
-            return await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
+            return await self._execute_tasks(run, execution, spent)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -692,7 +706,9 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason, spent.ended, spent.tail)
+                await self._interrupted(
+                    run_id, spent.usage, reason, spent.ended, spent.tail, execution.holder
+                )
             raise
         finally:
             self.leases.release(run_id)
@@ -736,6 +752,7 @@ class Runtime:
                     _error_type(exc),
                     _kept_detail(run.chain_of_thought, failure_detail(exc)),
                 ),
+                execution.holder,
                 spent.ended,
             )
             raise
@@ -754,7 +771,9 @@ class Runtime:
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
-        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
+        await self._finish(
+            run.run_id, event, status, spent.usage, error, execution.holder, spent.ended, known
+        )
         return status
 
     async def _interrupted(
@@ -764,9 +783,12 @@ class Runtime:
         reason: str,
         ended: EndedTask | None = None,
         tail: Sequence[NewEvent] = (),
+        holder: Holder | None = None,
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
-        ``tail``: the last task's last events, held for the run's ending and not stored yet."""
+        ``tail``: the last task's last events, held for the run's ending and not stored yet.
+        ``holder``: the execution cancelled (default: this process, any attempt): a run another
+        execution took over is left to it (ADR 0072)."""
         try:
             # Retried while the store is briefly unavailable (``CLOSE_RETRY``, ~4 s). A daemon
             # shutdown cancels its runs together and gathers them, so the pauses overlap,
@@ -774,10 +796,16 @@ class Runtime:
             # this gives up: the lease sweep closes the run then (ADR 0060).
             with self.leases.ending(run_id):
                 await close_run_interrupted(
-                    self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
+                    self.store,
+                    run_id,
+                    reason,
+                    usage=usage.to_dict(),
+                    held_by=holder or self.holder(),
+                    ended=ended,
+                    tail=tail,
                 )
-        except StoreUnavailableError:
-            pass  # logged: the run is left to the lease sweep
+        except (StoreUnavailableError, RunTakenOverError):
+            pass  # logged: the run is left to the lease sweep, or is the other execution's
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -852,14 +880,16 @@ class Runtime:
         status: RunStatus,
         usage: Usage,
         failure: tuple[str, str | None, str | None] | None,
+        holder: Holder,
         ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
-        happens if another process already closed the run. ``failure`` is the error, its type
-        and its detail (``RunEndedPayload``'s ``error``, ``error_type``, ``error_detail``), if
-        any."""
+        happens if another process already closed the run; ``RunTakenOverError`` (nothing
+        stored) if another execution holds it now, ``holder`` being this one's (ADR 0072).
+        ``failure`` is the error, its type and its detail (``RunEndedPayload``'s ``error``,
+        ``error_type``, ``error_detail``), if any."""
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
         if error and failure:
@@ -880,6 +910,7 @@ class Runtime:
                     error=error,
                     task_status="failed",
                     task_error=not_run,
+                    held_by=holder,
                     ended=ended,
                     tasks=tasks,
                     retry=self.end_retry,
@@ -1192,10 +1223,12 @@ class _Execution:
     specs: Sequence[TaskSpec]
     tools: ToolRegistry
     steps: Steps
+    holder: Holder
+    """The execution, as the run's end names it (ADR 0072)."""
 
     def last_task(self) -> _Execution:
         """The run's last task's: its final model turn ends the execution (``Steps.last_task``)."""
-        return _Execution(self.specs, self.tools, self.steps.last_task())
+        return _Execution(self.specs, self.tools, self.steps.last_task(), self.holder)
 
 
 @dataclass(slots=True)

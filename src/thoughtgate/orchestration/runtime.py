@@ -66,6 +66,7 @@ from thoughtgate.errors import (
     ApprovalNotPendingError,
     ProviderError,
     QuotaExceededError,
+    RunNotFoundError,
     RunTakenOverError,
     StoreUnavailableError,
     ThoughtgateError,
@@ -438,7 +439,7 @@ class Runtime:
                 self._claimed.add(run_id)
                 if unwritten and not queue:
                     self._unwritten.add(run_id)
-        except BaseException:
+        except BaseException as exc:
             self.leases.unadmit(run_id)
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
@@ -446,6 +447,8 @@ class Runtime:
             # is not there, and fails; a provider it took already is its own to close.
             self._admitted.pop(run_id, None)
             await _close_all(self._prepared.pop(run_id, prepared if queue else {}).values())
+            if held and isinstance(exc, asyncio.CancelledError):
+                await self._close_cancelled_admission(run, _cancel_reason(exc))
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
             await _close_all(prepared.values())
@@ -456,6 +459,30 @@ class Runtime:
                 kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
                 self._admitted[run.run_id] = (kept, spec)
         return run, rank
+
+    async def _close_cancelled_admission(self, run: RunRecord, reason: str) -> None:
+        """A cancel landed while ``run``'s admission was committing: the commit may have
+        happened all the same (a store call cancelled mid-way may still commit, ADR 0059), and
+        then the run would show ``running`` until its lease expired and a sweep took it --
+        never, for a process alone on its store that does not sweep (an MCP server). Close it
+        ``interrupted`` with the cancel's reason if it was stored (ADR 0072). Its tasks are
+        known, so the close is one ``finish_run``, queued behind the admission where the store
+        orders writes (SQLite): it finds the run exactly when the admission committed."""
+        try:
+            with self.leases.ending(run.run_id):
+                await close_run_interrupted(
+                    self.store,
+                    run.run_id,
+                    reason,
+                    held_by=self.holder(),
+                    tasks=[dataclasses.replace(t) for t in run.tasks],
+                )
+        except RunNotFoundError:
+            pass  # not stored: nothing to close
+        except (StoreUnavailableError, RunTakenOverError):
+            pass  # logged: the run is left to the lease sweep, or is another execution's
+        except Exception as exc:
+            log.warning("could not record that run %s was interrupted: %s", run.run_id, exc)
 
     async def _store_run(
         self,
@@ -560,19 +587,21 @@ class Runtime:
 
     async def _execute_here(self, run_id: str) -> None:
         assert self.durable is not None
-        if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
-            run = await self.store.get_run(run_id)
-            if run.status not in OPEN_RUN_STATUSES:
-                self.forget_admitted(run_id)
-                await _close_all(self._prepared.pop(run_id, {}).values())
-                raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        # Its first execution without a workflow when it can take no checkpoint (ADR 0046): its
-        # lease, held from its admission, is what a resume needs, as for a daemon's run.
-        unwritten = run_id in self._unwritten
-        self._unwritten.discard(run_id)
         try:
+            if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
+                run = await self.store.get_run(run_id)
+                if run.status not in OPEN_RUN_STATUSES:
+                    self.forget_admitted(run_id)
+                    await _close_all(self._prepared.pop(run_id, {}).values())
+                    raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+            # Its first execution without a workflow when it can take no checkpoint (ADR 0046):
+            # its lease, held from its admission, is what a resume needs, as for a daemon's run.
+            unwritten = run_id in self._unwritten
+            self._unwritten.discard(run_id)
             done = await self.durable.start(run_id, unwritten=unwritten)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):  # before its workflow began
+                await self._close_unbegun(run_id, _cancel_reason(exc))
             self.forget_admitted(run_id)
             raise
         try:
@@ -608,8 +637,29 @@ class Runtime:
     async def _execute(self, run_id: str) -> None:
         try:
             await self._execute_admitted(run_id)
+        except asyncio.CancelledError as exc:  # while it read the run, before it held it
+            await self._close_unbegun(run_id, _cancel_reason(exc))
+            raise
         finally:  # it holds its run while it executes; renewed no more if it never did
             self.leases.unadmit(run_id)
+
+    async def _close_unbegun(self, run_id: str, reason: str) -> bool:
+        """Close ``interrupted``, with ``reason``, a run this process admitted as its own whose
+        execution was cancelled before it held the run, and say whether it was one (ADR 0072).
+
+        A cancel that reaches an execution while it still reads the run back or starts its
+        workflow ends nothing by itself: the run would show ``running`` on every surface until
+        its admission's renewal gave up (four leases) and a sweep took it. Nothing is done for
+        a run whose execution holds it (that execution records its end), for a run not
+        admitted here, nor for a cancel that leaves the run open (``SUSPENDED``, a lost
+        lease). A run another execution took over meanwhile is left to it."""
+        if reason in _KEEP_OPEN or not self.leases.is_admitted(run_id):
+            return False
+        self.forget_admitted(run_id)
+        self._unwritten.discard(run_id)
+        await _close_all(self._prepared.pop(run_id, {}).values())
+        await self._interrupted(run_id, Usage(), reason)
+        return True
 
     async def _execute_admitted(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
@@ -867,10 +917,22 @@ class Runtime:
         *,
         chain_of_thought: str | None = None,
         worker_backend: str | None = None,
+        created: Callable[[RunRecord], None] | None = None,
     ) -> RunRecord:
+        """Create the run and execute it (:meth:`execute`); ``created`` is called with the run
+        once it is stored, before its execution (a caller following it starts there).
+
+        One task for both, so a cancel of it can land nowhere that leaves the run open: while
+        the run is admitted (if it was stored all the same, it is closed), between its
+        admission and its execution, or while it executes, it ends ``interrupted`` with the
+        cancel's message as its reason; before the task first ran, nothing was created
+        (ADR 0072). A caller that cancels a separate execution task instead may cancel it
+        before it ever runs, which ends nothing."""
         run = await self.create_run(
             request, chain_of_thought=chain_of_thought, worker_backend=worker_backend
         )
+        if created is not None:
+            created(run)
         return await self.execute(run.run_id)
 
     async def _finish(

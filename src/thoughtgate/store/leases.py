@@ -349,12 +349,14 @@ async def close_run_interrupted(
     lease_expired_by: float | None = None,
     held_by: Holder | None = None,
     ended: EndedTask | None = None,
+    tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = CLOSE_RETRY,
     deadline: float | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended.
+    on its own; ``tasks``: the run's tasks as the caller knows them, as :func:`end_run` takes
+    both); ``[]`` if it had ended.
 
     A run left open by a failed close shows ``running`` on every surface until a lease sweep
     takes it, so a store that is briefly unavailable is tried again after each of ``retry``
@@ -381,6 +383,7 @@ async def close_run_interrupted(
                 lease_expired_by=lease_expired_by,
                 held_by=held_by,
                 ended=ended,
+                tasks=tasks,
                 tail=tail,
             ),
             retry,

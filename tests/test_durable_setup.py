@@ -132,7 +132,8 @@ def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_dea
 
 def _asks_for_setup_lock(conn: psycopg.Connection[Any], daemon: ServeProcess) -> bool:
     """Whether ``daemon`` has a set-up connection open: only its own counts, not another test's
-    daemon setting up another schema on the shared database (each process sets up one)."""
+    daemon setting up another schema on the shared database (each process sets up one). Its
+    connections are told by their client ports (the test database is reached over TCP)."""
     assert daemon.proc is not None
     ports = _local_tcp_ports(daemon.proc.pid)
     row = conn.execute(

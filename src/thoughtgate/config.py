@@ -454,7 +454,7 @@ def _read_toml(file: Path) -> dict[str, Any]:
 
 
 def _origins(
-    loc: tuple[str | int, ...],
+    loc: Location,
     environ: Mapping[str, str],
     file: Path | None,
     data: Mapping[str, Any],

@@ -108,7 +108,8 @@ def _without_none(annotation: Any) -> Any:
 
 
 def _bounds(metadata: list[Any]) -> str:
-    """ " from 0 to 65535", " above 0", " at least 1024": a field's numeric constraints."""
+    """A field's numeric constraints in words, for after its kind: "from 0 to 65535", "above 0",
+    "at least 1024" (with a leading space), or nothing."""
     found = {
         name: getattr(item, name)
         for item in metadata

@@ -272,7 +272,10 @@ class DurableStoreConformance:
             for status, owner, attempt in (("failed", "a.1.x", 1), ("completed", "b.2.y", 2))
         ]
         results = await asyncio.gather(*ends, return_exceptions=True)
-        assert [isinstance(r, RunTakenOverError) for r in results] == [True, False] * 3
+        # A's end is refused, or finds the run ended when B's committed first (PostgreSQL runs
+        # them at once); B's is recorded either way.
+        assert all(isinstance(r, RunTakenOverError) or r == [] for r in results[0::2])
+        assert results[1::2] == [[], [], []]
         for run_id in runs:
             assert (await store.get_run(run_id)).status == "completed"
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg import pg_admin, pg_schema
+from support.store_backends import Postgres, SQLite
 
 from thoughtgate.access.roles import Role
 from thoughtgate.cli.runs import INTERRUPTED_BY_USER, execute_and_follow
@@ -39,8 +39,6 @@ from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import Owner
-from thoughtgate.store.postgres import PostgresStore
-from thoughtgate.store.sqlite import SQLiteStore
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
 
@@ -48,22 +46,6 @@ A = Owner("hosta", 101, "a")
 B = Owner("hostb", 202, "b")
 LEASE_S = 60.0
 """Long enough that no renewal falls inside a test: the first process is stalled."""
-
-
-class OnSQLite:
-    @pytest.fixture
-    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
-        opened = await SQLiteStore.open(tmp_path / "tg.db")
-        yield opened
-        await opened.close()
-
-
-class OnPostgres:
-    @pytest.fixture
-    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
-        opened = await PostgresStore.open(PG_URL, schema=pg_schema)
-        yield opened
-        await opened.close()
 
 
 class Gate:
@@ -292,10 +274,10 @@ class Scenarios:
 
 
 @pytest.mark.inprocess
-class TestOnSQLite(OnSQLite, Scenarios):
+class TestOnSQLite(SQLite, Scenarios):
     pass
 
 
 @pytest.mark.postgres
-class TestOnPostgres(OnPostgres, Scenarios):
+class TestOnPostgres(Postgres, Scenarios):
     pass

@@ -833,8 +833,41 @@ class RunIndexConformance:
         assert leases[given_up.run_id] == ("o", 2.0)
         lease = leases[mine.run_id][1]
         assert lease is not None and found.now + 90 < lease <= found.now + 101
-        oldest = [r.run_id for r in found.runs][:2]
-        assert oldest == [given_up.run_id, other.run_id], "oldest lease first"
+        assert [r.run_id for r in found.runs] == sorted(leases), "in run id order"
+
+    async def test_open_runs_come_in_pages_whatever_their_number(self, store: EventStore) -> None:
+        """A sweep pages through the open runs by run id (ADR 0074): each page holds at most
+        its limit, the pages hold every open run once -- leased or not, however many leased
+        ones come first --, and a read of the expired leases or of named runs holds those."""
+        live = [make_run(status="running", owner="p", lease_expires_at=4e9) for _ in range(5)]
+        expired = [make_run(status="running", owner="p", lease_expires_at=1.0) for _ in range(3)]
+        nobody = make_run(status="pending")
+        ended = make_run(status="running", owner="p", lease_expires_at=1.0)
+        for run in (*live, *expired, nobody, ended):
+            await store.create_run(run)
+        await store.finish_run(ended.run_id, [], RunEnding("completed"))
+        open_ids = sorted(r.run_id for r in (*live, *expired, nobody))
+
+        async def pages(**only: Any) -> list[list[str]]:
+            out: list[list[str]] = []
+            after: str | None = None
+            while True:
+                found = await store.open_runs(limit=2, after=after, **only)
+                out.append([r.run_id for r in found.runs])
+                if len(found.runs) < 2:
+                    return out
+                after = found.runs[-1].run_id
+
+        walked = await pages()
+        assert all(len(p) <= 2 for p in walked) and len(walked) == 5
+        assert [run_id for p in walked for run_id in p] == open_ids
+        assert [run_id for p in await pages(expired=True) for run_id in p] == sorted(
+            r.run_id for r in expired
+        )
+        named = [nobody.run_id, ended.run_id, live[0].run_id, "run_unknown"]
+        found = await store.open_runs(run_ids=named)
+        assert [r.run_id for r in found.runs] == sorted([nobody.run_id, live[0].run_id])
+        assert (await store.open_runs(run_ids=[])).runs == []
 
     async def test_find_run_ids_by_prefix(self, store: EventStore) -> None:
         for run_id in ("run_aa1", "run_aa2", "run_ab1", "run_a_1", "run_a%1", "run_b"):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import hashlib
 import heapq
 import json
@@ -850,16 +851,49 @@ class DurableEngine:
         if run_ids:
             await DBOS.delete_workflows_async(list(run_ids))
 
-    async def finished_workflows(self, *, limit: int = 500) -> list[str]:
-        """Workflows DBOS has finished (their runs have ended), oldest first."""
+    async def finished_workflows(
+        self, *, since_ms: int | None = None, limit: int = 500
+    ) -> FinishedWorkflows:
+        """A page of the workflows DBOS has finished, oldest first, created at ``since_ms``
+        (DBOS's milliseconds) or later; with where the next page begins (ADR 0074)."""
         found = await DBOS.list_workflows_async(
             status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+            start_time=None if since_ms is None else _iso_ms(since_ms),
             limit=limit,
             sort_desc=False,
             load_input=False,
             load_output=False,
         )
-        return [w.workflow_id for w in found]
+        return FinishedWorkflows(
+            [w.workflow_id for w in found], _next_since(found, since_ms, limit)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedWorkflows:
+    """A page of ``DurableEngine.finished_workflows``."""
+
+    ids: list[str]
+    next_since_ms: int | None
+    """Where the next page begins, ``None`` after the last one (the next begins again from the
+    oldest): a keyset cursor on DBOS's creation time, the one order it lists in."""
+
+
+def _next_since(found: Sequence[WorkflowStatus], since_ms: int | None, limit: int) -> int | None:
+    """The next page begins at the last one's last creation time, inclusive: workflows created
+    in that same millisecond may go on past the page (the few read twice are deleted or kept
+    again). A full page all of one millisecond moves one on, so a walk never stands still."""
+    if len(found) < limit:
+        return None
+    last = found[-1].created_at or 0
+    return last if since_ms is None or last > since_ms else since_ms + 1
+
+
+def _iso_ms(ms: int) -> str:
+    """``ms`` as DBOS's ``start_time`` reads it (``fromisoformat(...).timestamp() * 1000``, cut
+    to an integer): half a millisecond on, so the float's rounding cannot make it one less."""
+    moment = datetime.datetime.fromtimestamp(0, datetime.UTC)
+    return (moment + datetime.timedelta(milliseconds=ms, microseconds=500)).isoformat()
 
 
 _ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")

@@ -93,9 +93,11 @@ async def a_run_of_tool_failures(store: EventStore) -> str:
 
 async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> None:
     """Rows of the old vocabulary come back upgraded whether their page is all old (read as
-    columns) or mixed (read row by row), by every read: whole, tailed, in small batches."""
+    columns) or mixed (read row by row), by every read: whole, tailed, in small batches.
+    (Their stamps a second apart, moved onto PostgreSQL's clock as stored: ADR 0074.)"""
+    first = await store.read(run_id)
     for got in (
-        await store.read(run_id),
+        first,
         await collect(store.tail(run_id)),
         await collect(store.tail(run_id, batch=100)),
     ):
@@ -104,7 +106,8 @@ async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> Non
         assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
         assert not any("callId" in e.payload for e in got[:300])
         assert all("callId" in e.payload for e in got[300:600])  # already current: as is
-        assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
+        assert [e.ts for e in got] == [e.ts for e in first]
+        assert [e.ts - got[0].ts for e in got[:600]] == pytest.approx(list(range(600)))
 
 
 def assert_same_events(got: list[Event], expected: list[Event]) -> None:
@@ -127,6 +130,10 @@ class _Collecting:
 class EventLogConformance:
     """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
     hand-off of committed batches to listeners and observers. Runs come from the run index."""
+
+    stamps_as_given = True
+    """Whether an event is stored with the ``ts`` it was made with; PostgreSQL moves it onto the
+    server's clock (ADR 0074)."""
 
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
@@ -253,9 +260,11 @@ class EventLogConformance:
             for i, p in enumerate(payloads)
         ]
         appended = await store.append(run.run_id, new)
+        # as made, on the store's clock (PostgreSQL moves them onto the server's: ADR 0074)
+        assert [e.ts for e in appended] == pytest.approx([n.ts for n in new], abs=60)
         for got in (appended, await store.read(run.run_id)):
             assert [dict(e.payload) for e in got] == payloads
-            assert [e.ts for e in got] == [n.ts for n in new]
+            assert [e.ts for e in got] == [e.ts for e in appended]
             assert [e.task_id for e in got] == ["task_1"] * 3
             assert [e.type for e in got] == [EventType.AGENT_RESPONSE] * 3
             stored = got[1].payload["reasoning"]
@@ -266,18 +275,21 @@ class EventLogConformance:
         self, store: EventStore
     ) -> None:
         """Stamps a page of columns cannot carry exactly (SQLite's crosses as multiples of
-        2**-22) are read row by row: a replay never rounds one."""
+        2**-22) are read row by row: a replay never rounds one. Each read gives the stamps the
+        append stored (PostgreSQL's moved onto its clock, ADR 0074; the others' as given)."""
         odd = [0.1, 1e-300, -5.5, 2.0**40 + 0.5, 1_700_000_000.0 + 2.0**-30, 1e300, 0.0]
         stamps = [1_700_000_000.123456789 + i for i in range(20)]
         stamps[3:3] = odd
         run = make_run()
         await store.create_run(run)
         news = [NewEvent(EventType.MESSAGE_DELTA, {"i": i}, ts=ts) for i, ts in enumerate(stamps)]
-        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, ts=2.5)])
-        assert [e.ts for e in await store.read(run.run_id)] == [*stamps, 2.5]
-        assert [e.ts for e in await store.read(run.run_id, after=10)] == [*stamps[10:], 2.5]
+        appended = await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, ts=2.5)])
+        stored = [e.ts for e in appended]
+        assert stored == [*stamps, 2.5] or not self.stamps_as_given
+        assert [e.ts for e in await store.read(run.run_id)] == stored
+        assert [e.ts for e in await store.read(run.run_id, after=10)] == stored[10:]
         replayed = await collect(store.tail(run.run_id, batch=4))
-        assert [e.ts for e in replayed] == [*stamps, 2.5]
+        assert [e.ts for e in replayed] == stored
         assert [e.payload for e in replayed[:-1]] == [{"i": i} for i in range(len(stamps))]
 
     async def test_reads_longer_than_a_page_of_the_database_are_whole_and_in_order(

@@ -20,10 +20,10 @@ import pytest
 from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_conformance import make_run
 
+from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.durable import Quota, RunSpecRecord
-from thoughtgate.access.keys import create_key
 from thoughtgate.store.leases import Owner, orphan_reason, suspend
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.records import ApiKeyRecord, RunRecord

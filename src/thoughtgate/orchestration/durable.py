@@ -852,21 +852,39 @@ class DurableEngine:
             await DBOS.delete_workflows_async(list(run_ids))
 
     async def finished_workflows(
-        self, *, since_ms: int | None = None, limit: int = 500
+        self, *, after: FinishedCursor | None = None, limit: int = 500
     ) -> FinishedWorkflows:
-        """A page of the workflows DBOS has finished, oldest first, created at ``since_ms``
-        (DBOS's milliseconds) or later; with where the next page begins (ADR 0074)."""
+        """A page of the workflows DBOS has finished, oldest first: up to ``limit`` of those
+        listed after ``after``, with where the next page begins (ADR 0074)."""
+        seen = frozenset() if after is None else after.seen
+        wanted = limit + len(seen)
         found = await DBOS.list_workflows_async(
             status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
-            start_time=None if since_ms is None else _iso_ms(since_ms),
-            limit=limit,
+            start_time=None if after is None else _iso_ms(after.since_ms),
+            limit=wanted,
             sort_desc=False,
             load_input=False,
             load_output=False,
         )
-        return FinishedWorkflows(
-            [w.workflow_id for w in found], _next_since(found, since_ms, limit)
-        )
+        ids = [w.workflow_id for w in found if w.workflow_id not in seen]
+        if len(found) < wanted:
+            return FinishedWorkflows(ids, None)
+        last = found[-1].created_at or 0
+        at_last = {w.workflow_id for w in found if (w.created_at or 0) == last}
+        if after is not None and after.since_ms == last:
+            at_last |= seen
+        return FinishedWorkflows(ids, FinishedCursor(last, frozenset(at_last)))
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCursor:
+    """Where a listing of finished workflows goes on: a keyset cursor on DBOS's creation time,
+    the one order it lists in. Several workflows can share a creation time (on SQLite DBOS keeps
+    whole seconds), so the next page begins *at* that time, less the workflows already listed
+    at it: it asks for that many more, and never stands still nor skips one."""
+
+    since_ms: int
+    seen: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -874,19 +892,9 @@ class FinishedWorkflows:
     """A page of ``DurableEngine.finished_workflows``."""
 
     ids: list[str]
-    next_since_ms: int | None
+    next: FinishedCursor | None
     """Where the next page begins, ``None`` after the last one (the next begins again from the
-    oldest): a keyset cursor on DBOS's creation time, the one order it lists in."""
-
-
-def _next_since(found: Sequence[WorkflowStatus], since_ms: int | None, limit: int) -> int | None:
-    """The next page begins at the last one's last creation time, inclusive: workflows created
-    in that same millisecond may go on past the page (the few read twice are deleted or kept
-    again). A full page all of one millisecond moves one on, so a walk never stands still."""
-    if len(found) < limit:
-        return None
-    last = found[-1].created_at or 0
-    return last if since_ms is None or last > since_ms else since_ms + 1
+    oldest)."""
 
 
 def _iso_ms(ms: int) -> str:

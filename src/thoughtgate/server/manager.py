@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError, failure_text
@@ -32,6 +33,9 @@ from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import SweepCursor, close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.records import RunRecord
+
+if TYPE_CHECKING:  # the engine imports DBOS: only a durable daemon loads it
+    from thoughtgate.orchestration.durable import FinishedCursor
 
 __all__ = ["SHUTDOWN_REASON", "RunManager"]
 
@@ -55,6 +59,9 @@ run it could not close is left to the next sweep."""
 class RunManager:
     """Owns the runs this daemon process executes."""
 
+    finished_page = 500
+    """Finished workflows a sweep looks at (``_forget_ended``): one page a sweep."""
+
     def __init__(
         self, runtime: Runtime, *, grace_s: float = 3.0, sweep_every_s: float | None = None
     ) -> None:
@@ -73,7 +80,7 @@ class RunManager:
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()
         """Where the sweep's walk through the open runs stopped (ADR 0074)."""
-        self._finished_since: int | None = None
+        self._finished: FinishedCursor | None = None
         """Where the next listing of finished workflows begins (``_forget_ended``)."""
 
     @property
@@ -402,8 +409,8 @@ class RunManager:
         id, whatever the number of open runs."""
         engine = self.runtime.durable
         assert engine is not None
-        page = await engine.finished_workflows(since_ms=self._finished_since)
-        self._finished_since = page.next_since_ms
+        page = await engine.finished_workflows(after=self._finished, limit=self.finished_page)
+        self._finished = page.next
         if page.ids:
             found = await self.runtime.store.open_runs(run_ids=page.ids, limit=len(page.ids))
             still_open = {run.run_id for run in found.runs}

@@ -22,6 +22,7 @@ from support.store_conformance import make_run
 
 from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.orchestration.resume import read_resume_log
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.durable import Quota, RunSpecRecord
 from thoughtgate.store.leases import Owner, orphan_reason, suspend
@@ -222,6 +223,20 @@ async def test_events_a_suspension_and_a_new_key_are_stamped_on_the_servers_cloc
     for event in events:
         assert before - 1.0 - CARRIED <= event.ts <= after + CARRIED, (event.type, event.ts)
     assert events[2].ts - events[1].ts == pytest.approx(1.0), "the time between them kept"
+
+    # A resume on this replica counts an approval's time left from when the server stamped the
+    # request, on this replica's clock: an hour ahead it does not give up at once, an hour
+    # behind it does not wait an hour more.
+    asker, asker_spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)
+    assert (await store.admit_run(asker, asker_spec)).admitted
+    asking = {"call_id": "c1", "tool": "t"}
+    await store.append(
+        asker.run_id,
+        [NewEvent(EventType.TOOL_APPROVAL_REQUIRED, asking, task_id=task_id(asker))],
+    )
+    resumed = await read_resume_log(store, asker.run_id)
+    asked_at = resumed.approval_asked_at(task_id(asker), "c1")
+    assert asked_at is not None and abs(asked_at - time.time()) < CARRIED
 
     # A run suspended by this replica: since the server's now.
     held, held_spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)

@@ -260,7 +260,7 @@ async def test_every_finished_workflow_is_looked_at_beyond_a_page_kept_for_open_
 
     await until(all_ended)
     daemon.manager.finished_page = 2  # the first page: two workflows of open runs
-    for _ in range(6):  # a walk through the six of them takes four sweeps
+    for _ in range(6):  # two a sweep: more than a walk through the six of them
         await daemon.manager._forget_ended()
     assert [await daemon.status(run_id) for run_id in kept] == ["ERROR"] * 3
     assert [await daemon.status(run_id) for run_id in ended] == [None] * 3

@@ -62,7 +62,7 @@ BAD_CONFIG = [
     ),
     ("[server]\nport = -1\n", "{file}: server.port = -1: expected a whole number from 0 to 65535"),
     ("[server]\nport = 'high'\n", "{file}: server.port = 'high': expected a whole number from 0"),
-    ("[server]\nprot = 8000\n", "{file}: server.prot = 8000: no such key (check the spelling"),
+    ("[server]\nprot = 8000\n", "{file}: server.prot: no such key (check the spelling"),
     ("[servr]\nport = 8000\n", "{file}: servr: no such section (check the spelling)"),
     ("server = 8000\n", "{file}: server = 8000: expected a table of settings"),
     (
@@ -88,6 +88,27 @@ def test_a_bad_config_file_is_one_line_naming_the_file_the_key_and_what_is_expec
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[providers.openai]\napi_kye = "sk-live-secret-0123"\n',
+        '[providers.openai]\napi_key = ["sk-live-secret-0123"]\n',
+        '[providers.opnai]\napi_key = "sk-live-secret-0123"\n',
+    ],
+    ids=["misspelt key", "wrong kind of value", "misspelt section"],
+)
+def test_a_config_error_never_repeats_a_value_that_may_be_a_secret(
+    tmp_path: Path, text: str
+) -> None:
+    bad = tmp_path / "thoughtgate.toml"
+    bad.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "api_k" in result.stderr or "opnai" in result.stderr, result.stderr
+    assert "sk-live-secret-0123" not in result.output + result.stderr
+
+
+@pytest.mark.unit
 def test_each_problem_of_a_config_file_is_a_line_of_its_own(tmp_path: Path) -> None:
     bad = tmp_path / "thoughtgate.toml"
     bad.write_text("[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n")
@@ -95,7 +116,7 @@ def test_each_problem_of_a_config_file_is_a_line_of_its_own(tmp_path: Path) -> N
     assert result.exit_code == ExitCode.USAGE, result.output
     lines = sorted(line for line in result.stderr.splitlines() if line.strip())
     assert lines == [
-        f"error: {bad}: orchestration.max_turn = 3: no such key (check the spelling and the section)",
+        f"error: {bad}: orchestration.max_turn: no such key (check the spelling and the section)",
         f"error: {bad}: server.host = 5: expected a string",
         f"error: {bad}: server.port = 70000: expected a whole number from 0 to 65535",
     ]

@@ -85,7 +85,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "boss",
             "viewer, member, developer",
         ),
-        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "3", "no such key"),
+        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "", "no such key"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(

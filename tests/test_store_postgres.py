@@ -62,7 +62,7 @@ SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
 class TestPostgresEventLog(Postgres, EventLogConformance):
-    pass
+    stamps_as_given = False
 
 
 class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance):

@@ -45,6 +45,15 @@ def config_error(
     )
 
 
+_SECRET_WORDS = ("key", "secret", "token", "password")
+
+
+def _names_a_secret(loc: Location) -> bool:
+    """Whether the innermost key of ``loc`` names a credential (``api_key``, ``token``...)."""
+    names = [p.lower() for p in loc if isinstance(p, str)]
+    return bool(names) and any(word in names[-1] for word in _SECRET_WORDS)
+
+
 def _is_table(err: Mapping[str, Any]) -> bool:
     return isinstance(err.get("input"), Mapping)
 
@@ -54,8 +63,11 @@ def _problem(err: Mapping[str, Any], model: type[BaseModel], where: str) -> Conf
     "Input should be ..." about a model."""
     loc = tuple(err["loc"])
     key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    value = err.get("input")
     kind = err["type"]
+    # The line is printed and logged: a value that may be a secret is not repeated in it. That
+    # is any value under an unknown key (``api_kye = "sk-..."`` is a key with a typo) and any
+    # value of a key named for a credential.
+    value = None if kind == "extra_forbidden" or _names_a_secret(loc) else err.get("input")
     msg = str(err.get("msg", ""))
     if kind == "extra_forbidden":
         check = "the spelling" if len(loc) == 1 else "the spelling and the section"

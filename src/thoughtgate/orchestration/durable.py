@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import hashlib
 import heapq
 import json
@@ -852,16 +853,57 @@ class DurableEngine:
         if run_ids:
             await DBOS.delete_workflows_async(list(run_ids))
 
-    async def finished_workflows(self, *, limit: int = 500) -> list[str]:
-        """Workflows DBOS has finished (their runs have ended), oldest first."""
+    async def finished_workflows(
+        self, *, after: FinishedCursor | None = None, limit: int = 500
+    ) -> FinishedWorkflows:
+        """A page of the workflows DBOS has finished, oldest first: up to ``limit`` of those
+        listed after ``after``, with where the next page begins (ADR 0074)."""
+        seen = frozenset() if after is None else after.seen
+        wanted = limit + len(seen)
         found = await DBOS.list_workflows_async(
             status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
-            limit=limit,
+            start_time=None if after is None else _iso_ms(after.since_ms),
+            limit=wanted,
             sort_desc=False,
             load_input=False,
             load_output=False,
         )
-        return [w.workflow_id for w in found]
+        ids = [w.workflow_id for w in found if w.workflow_id not in seen]
+        if len(found) < wanted:
+            return FinishedWorkflows(ids, None)
+        last = found[-1].created_at or 0
+        at_last = {w.workflow_id for w in found if (w.created_at or 0) == last}
+        if after is not None and after.since_ms == last:
+            at_last |= seen
+        return FinishedWorkflows(ids, FinishedCursor(last, frozenset(at_last)))
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCursor:
+    """Where a listing of finished workflows goes on: a keyset cursor on DBOS's creation time,
+    the one order it lists in. Several workflows can share a creation time (on SQLite DBOS keeps
+    whole seconds), so the next page begins *at* that time, less the workflows already listed
+    at it: it asks for that many more, and never stands still nor skips one."""
+
+    since_ms: int
+    seen: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedWorkflows:
+    """A page of ``DurableEngine.finished_workflows``."""
+
+    ids: list[str]
+    next: FinishedCursor | None
+    """Where the next page begins, ``None`` after the last one (the next begins again from the
+    oldest)."""
+
+
+def _iso_ms(ms: int) -> str:
+    """``ms`` as DBOS's ``start_time`` reads it (``fromisoformat(...).timestamp() * 1000``, cut
+    to an integer): half a millisecond on, so the float's rounding cannot make it one less."""
+    moment = datetime.datetime.fromtimestamp(0, datetime.UTC)
+    return (moment + datetime.timedelta(milliseconds=ms, microseconds=500)).isoformat()
 
 
 _ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")

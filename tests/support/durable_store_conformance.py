@@ -279,6 +279,7 @@ class DurableStoreConformance:
         assert results[1::2] == [[], [], []]
         for run_id in runs:
             assert (await store.get_run(run_id)).status == "completed"
+
     async def test_a_sweep_beside_more_leased_runs_than_a_page_sees_every_other_run(
         self, store: EventStore
     ) -> None:

@@ -172,7 +172,7 @@ def test_a_run_that_did_not_complete_says_why_on_the_answer_and_in_the_list(
         open_run(page, run_id)
         page.wait_for_selector("[data-testid=answer-error]")
         error = daemon.wait_done(run_id)["error"]
-        assert error and ("Overloaded" in error or "cut" in error)
+        assert error and ("HTTP 529" in error or "cut" in error)
         page.wait_for_selector(f"[data-testid=run-status]:text-is('{status}')")
         live = snapshot(page)
         assert live["error"] is not None and error in live["error"]

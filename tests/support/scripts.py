@@ -18,8 +18,12 @@ __all__ = ["SCRIPTS", "cut", "outage", "slow"]
 
 
 def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
-    """The provider refuses the turn before any output (a 529)."""
-    raise ProviderHTTPError("Overloaded", provider="fake", status=529, error_type="overloaded")
+    """The provider refuses the turn before any output (a 529), as an adapter reports a real
+    provider's refusal: "Overloaded" is the provider's own text (``by_provider``), so it is the
+    developer-only ``error_detail``, never the public ``error`` (ADRs 0071, 0073)."""
+    raise ProviderHTTPError(
+        "Overloaded", provider="fake", status=529, error_type="overloaded", by_provider=True
+    )
     yield  # pragma: no cover - makes this a generator
 
 

@@ -541,11 +541,20 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         NewEvent("message.delta", {"text": "Done", "turn": 1}, task_id="t1"),
         NewEvent(
             "agent.response",
-            {"turn": 1, "usage": {"input_tokens": 9}, "error": "cut", "error_type": "E"},
+            {
+                "turn": 1,
+                "usage": {"input_tokens": 9},
+                "error": "cut",
+                "error_type": "E",
+                "error_detail": "the provider said so",
+            },
             task_id="t1",
         ),
         NewEvent("message.delta", {"text": "x", "turn": 2}, task_id="t2"),
-        NewEvent("run.failed", {"status": "failed", "error": "cut", "error_type": "E"}),
+        NewEvent(
+            "run.failed",
+            {"status": "failed", "error": "cut", "error_type": "E", "error_detail": 7},
+        ),
     ],
     "notices, undeclared types, message, terminal": [
         NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),

@@ -11,18 +11,26 @@ cannot continue a run as a workflow (the real DBOS engine).
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from support.durable import one_lookup, until
 from support.durable_engine import InProcessDaemon
 from support.store_conformance import make_run
+from typer.testing import CliRunner
 
 from thoughtgate.access.filter import filter_event, filter_run
+from thoughtgate.cli import app
+from thoughtgate.cli.render import LivePrinter
 from thoughtgate.config import Config
+from thoughtgate.events.schema import Event
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.leases import Owner, close_orphaned_runs
@@ -77,10 +85,8 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
         await opened.close()
 
 
-@pytest.mark.parametrize("mode", sorted(KEEPS))
-async def test_a_queued_run_that_cannot_be_queued_again_keeps_the_words_apart(
-    store: SQLiteStore, mode: str, caplog: pytest.LogCaptureFixture
-) -> None:
+async def _closed_queued_run(store: SQLiteStore, mode: str) -> str:
+    """A queued durable run on no queue whose put-back fails: the sweep closes it."""
     run = make_run(tasks=1, chain_of_thought=mode)
     spec = RunSpecRecord(
         run.run_id,
@@ -100,7 +106,56 @@ async def test_a_queued_run_that_cannot_be_queued_again_keeps_the_words_apart(
 
     closed = await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=0)
     assert closed == [run.run_id]
-    await _check(store, run.run_id, mode)
+    return run.run_id
+
+
+@pytest.mark.parametrize("mode", sorted(KEEPS))
+async def test_a_queued_run_that_cannot_be_queued_again_keeps_the_words_apart(
+    store: SQLiteStore, mode: str
+) -> None:
+    run_id = await _closed_queued_run(store, mode)
+    await _check(store, run_id, mode)
+
+
+@pytest.mark.parametrize("role", ["viewer", "developer"])
+def test_thoughtgate_events_shows_the_words_to_developers_only(tmp_path: Path, role: str) -> None:
+    path = tmp_path / "runs.db"
+
+    async def record() -> str:
+        opened = await SQLiteStore.open(path)
+        try:
+            return await _closed_queued_run(opened, "surface")
+        finally:
+            await opened.close()
+
+    run_id = asyncio.run(record())
+    db = f"sqlite:///{path}"
+    shown = CliRunner().invoke(app, ["events", run_id, "--db", db, "--view-as", role, "--json"])
+    assert shown.exit_code == 0, shown.output
+    (ended,) = [e for e in json.loads(shown.stdout) if e["type"] == "run.interrupted"]
+    assert ended["payload"]["reason"].endswith("it could not be queued again: RuntimeError")
+    if role == "developer":
+        assert ended["payload"]["error_detail"] == f"RuntimeError: the queue refused {SECRET}"
+    else:
+        assert SECRET not in shown.stdout
+
+
+def test_the_live_printer_says_why_an_interrupted_run_could_not_go_on() -> None:
+    """``thoughtgate run`` prints the words under the interruption when its copy has them."""
+    out = io.StringIO()
+    printer = LivePrinter(Console(file=out, width=200))
+    payload = {"status": "interrupted", "reason": "it could not resume: RuntimeError"}
+    printer.show(
+        Event(1, "run_x", "run.interrupted", {**payload, "error_detail": "RuntimeError: gone"})
+    )
+    printer.show(Event(2, "run_y", "run.interrupted", payload))
+    printer.end()
+    lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+    assert lines == [
+        "interrupted: it could not resume: RuntimeError",
+        "said: RuntimeError: gone",
+        "interrupted: it could not resume: RuntimeError",
+    ]
 
 
 @pytest.mark.parametrize("mode", ["surface", "hidden"])

@@ -14,16 +14,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
-from support.durable import one_lookup, until
+from support.durable import one_lookup, queued_run, until
 from support.durable_engine import InProcessDaemon
-from support.store_conformance import make_run
 from typer.testing import CliRunner
 
 from thoughtgate.access.filter import filter_event, filter_run
@@ -87,16 +85,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 async def _closed_queued_run(store: SQLiteStore, mode: str) -> str:
     """A queued durable run on no queue whose put-back fails: the sweep closes it."""
-    run = make_run(tasks=1, chain_of_thought=mode)
-    spec = RunSpecRecord(
-        run.run_id,
-        {"tasks": [], "tools": []},
-        durable=True,
-        resume="queue",
-        queue="q",
-        queued_at=time.time(),
-    )
-    await store.admit_run(run, spec)
+    run_id = await queued_run(store, chain_of_thought=mode)
 
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         raise _refusal()
@@ -105,8 +94,8 @@ async def _closed_queued_run(store: SQLiteStore, mode: str) -> str:
         return {}  # on no queue (ADR 0062)
 
     closed = await close_orphaned_runs(store, requeue=requeue, on_queue=on_queue, lost_after_s=0)
-    assert closed == [run.run_id]
-    return run.run_id
+    assert closed == [run_id]
+    return run_id
 
 
 @pytest.mark.parametrize("mode", sorted(KEEPS))

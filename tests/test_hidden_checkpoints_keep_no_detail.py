@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from support.durable import until
 from support.durable_engine import InProcessDaemon
+from support.scripts import failing
 
 from thoughtgate.config import Config
 from thoughtgate.engine.steps import StepCodec
@@ -36,18 +37,15 @@ SECRET = "CHECKPOINT-SECRET-9B2"
 
 def _refused(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     """The provider refuses the turn, quoting the request back (as an upstream's raw body may)."""
-
-    async def gen() -> AsyncIterator[Any]:
-        raise ProviderHTTPError(
+    return failing(
+        ProviderHTTPError(
             f"prompt rejected: '{SECRET}'",
             provider="fake",
             status=400,
             error_type="invalid_request_error",
             by_provider=True,
         )
-        yield  # pragma: no cover - makes this a generator
-
-    return gen()
+    )
 
 
 def _workflows_text(store_path: Path) -> str:

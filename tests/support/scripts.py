@@ -14,7 +14,7 @@ from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.testing.fake import ScriptFn, text
 
-__all__ = ["SCRIPTS", "cut", "outage", "slow"]
+__all__ = ["SCRIPTS", "cut", "failing", "outage", "slow"]
 
 
 def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
@@ -25,6 +25,16 @@ def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
         "Overloaded", provider="fake", status=529, error_type="overloaded", by_provider=True
     )
     yield  # pragma: no cover - makes this a generator
+
+
+def failing(error: Exception) -> AsyncIterator[Any]:
+    """A turn's stream that fails with ``error`` before any output (a provider refusing it)."""
+
+    async def gen() -> AsyncIterator[Any]:
+        raise error
+        yield  # pragma: no cover - makes this a generator
+
+    return gen()
 
 
 def cut(request: TurnRequest, turn: int) -> Iterator[Any]:

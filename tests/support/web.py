@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from typing import Any, TypeVar
 
 from support.daemon import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
+from support.scripts import failing
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import ProviderHTTPError
@@ -180,18 +181,15 @@ def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     if turn == 0:
         return _story(request, turn)
     token, _ = _args(request)
-
-    async def gen() -> AsyncIterator[Any]:
-        raise ProviderHTTPError(
+    return failing(
+        ProviderHTTPError(
             f"Overloaded {said_marker(token)}".strip(),
             provider="anthropic",
             status=529,
             error_type="overloaded_error",
             by_provider=True,
         )
-        yield  # pragma: no cover - makes this a generator
-
-    return gen()
+    )
 
 
 SCRIPTS: dict[str, ScriptFn] = {"story": _story, "saytool": _saytool, "story-outage": _story_outage}

@@ -77,7 +77,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "[orchestration]\nmax_turns = 0\n",
             "orchestration.max_turns",
             "0",
-            "greater than or equal to 1",
+            "expected a whole number from 1 to 1000",
         ),
         (
             '[access]\nlocal_role = "boss"\n',
@@ -85,7 +85,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "boss",
             "viewer, member, developer",
         ),
-        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "3", "no such key"),
+        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "", "no such key"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(
@@ -109,8 +109,28 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
     write(tmp_path, "[orchestration\n")
     with pytest.raises(ConfigError, match="valid TOML"):
         load_config(environ={}, cwd=tmp_path)
-    with pytest.raises(ConfigError, match="an existing TOML file"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("port", [0, 1, 8765, 65535])
+def test_a_port_the_port_flag_takes_is_taken_from_the_file_too(tmp_path: Path, port: int) -> None:
+    """0 asks for a free port, as ``--port 0`` does."""
+    write(tmp_path, f"[server]\nport = {port}\n")
+    assert load_config(environ={}, cwd=tmp_path).server.port == port
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_a_port_out_of_range_in_the_file_is_refused_at_start(tmp_path: Path, port: int) -> None:
+    """As ``--port`` refuses it: a socket would take it modulo 65536, listening elsewhere."""
+    path = write(tmp_path, f"[server]\nport = {port}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, cwd=tmp_path)
+    assert str(info.value) == (
+        f"{path}: server.port = {port}: expected a whole number from 0 to 65535"
+    )
 
 
 def test_config_is_immutable() -> None:

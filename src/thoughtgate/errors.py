@@ -4,7 +4,8 @@
 
     ThoughtgateError
     ├── UsageError                 the caller asked for something invalid; fix the input
-    │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value (names key, value, allowed)
+    │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value: one line per problem
+    │   │                            (where, key, value, what is expected)
     │   ├── UnknownModeError       not hidden | surface | telemetry_only
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
@@ -35,6 +36,7 @@ and chains them with ``raise ... from exc`` so the original stays visible in tra
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -98,18 +100,41 @@ class QuotaExceededError(UsageError):
 
 
 class ConfigError(UsageError):
-    """A configuration key holds a bad value."""
+    """A configuration key holds a bad value, or the configuration file cannot be used.
 
-    def __init__(self, key: str, value: object, allowed: str, *, source: str = "") -> None:
+    One line per problem, compiler-style: where it is (the file, or the environment variable),
+    the key path, the value, and what is expected -- ``thoughtgate.toml: server.port = 70000:
+    expected a whole number from 0 to 65535``. ``problem`` replaces "expected ``allowed``" when
+    the problem is not a wrong kind of value (an unknown key, keys that contradict each other);
+    ``also`` are the other problems found at once, each on its own line after this one's."""
+
+    def __init__(
+        self,
+        key: str,
+        value: object,
+        allowed: str,
+        *,
+        source: str = "",
+        problem: str | None = None,
+        also: Sequence[ConfigError] = (),
+    ) -> None:
         self.key = key
         self.value = value
         self.allowed = allowed
         self.source = source
-        where = f" (in {source})" if source else ""
-        if value is None:  # nothing was given: say what to set, not "= None"
-            super().__init__(f"{key} is not set{where}; it needs {allowed}")
+        self.problem = problem
+        self.also = tuple(also)
+        where = f"{source}: " if source else ""
+        if value is None and problem is None:  # nothing was given: say what to set, not "= None"
+            line = f"{where}{key} is not set; it needs {allowed}"
         else:
-            super().__init__(f"invalid {key} = {value!r}{where}; allowed: {allowed}")
+            # A whole table (an unknown section, keys that contradict each other) is not shown:
+            # the key and the problem say which part of it is wrong.
+            shown = "" if value is None or isinstance(value, Mapping) else f" = {value!r}"
+            said = problem if problem is not None else f"expected {allowed}"
+            line = f"{where}{key}{shown}: {said}" if key else f"{where}{said}"
+        self.lines: tuple[str, ...] = (line, *(x for other in self.also for x in other.lines))
+        super().__init__("\n".join(self.lines))
 
 
 class UnknownModeError(UsageError):

@@ -170,8 +170,7 @@ async def test_a_run_whose_process_stopped_and_cannot_resume_keeps_the_words_apa
         await close_orphaned_runs(store, me=restarted, requeue=requeue)
         await _check(store, run.run_id, mode)
     finally:
-        await daemon.engine.close()
-        await store.close()
+        await daemon.close()
 
 
 @pytest.mark.parametrize("mode", ["surface", "hidden"])
@@ -193,13 +192,8 @@ async def test_a_run_that_cannot_continue_as_a_workflow_keeps_the_words_apart(
             queue=daemon.queue,
         )
         await daemon.engine.submit(run.run_id, daemon.queue, priority=rank)
-
-        async def ended() -> bool:
-            return (await store.get_run(run.run_id)).status not in ("pending", "running")
-
-        await until(ended)
+        await until(lambda: daemon.ended(run.run_id))
         assert "could not continue as a workflow" in ((await store.get_run(run.run_id)).error or "")
         await _check(store, run.run_id, mode)
     finally:
-        await daemon.engine.close()
-        await store.close()
+        await daemon.close()

@@ -76,11 +76,7 @@ async def test_a_hidden_run_s_checkpoints_hold_no_provider_words(
             queue=daemon.queue,
         )
         await daemon.engine.submit(run.run_id, daemon.queue, priority=rank)
-
-        async def ended() -> bool:
-            return (await store.get_run(run.run_id)).status not in ("pending", "running")
-
-        await until(ended)
+        await until(lambda: daemon.ended(run.run_id))
         ran = await store.get_run(run.run_id)
         assert [t.status for t in ran.tasks] == ["failed", "completed"]
         assert SECRET not in (ran.tasks[0].error or "")
@@ -92,8 +88,7 @@ async def test_a_hidden_run_s_checkpoints_hold_no_provider_words(
         else:
             assert SECRET in saved  # kept where the run records reasoning, for its resume
     finally:
-        await daemon.engine.close()
-        await store.close()
+        await daemon.close()
 
 
 _CODEC = StepCodec(lambda value: value, lambda data: data)

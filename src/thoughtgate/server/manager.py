@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError, failure_text
+from thoughtgate.errors import UsageError, failure_detail, failure_text
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
@@ -189,9 +189,12 @@ class RunManager:
         closed. A close that fails too (the store down past its retries; the sweep closes the
         run later, ADR 0062) is logged and added to ``failure`` as a note: the caller raises
         ``failure`` -- what went wrong first is what the client and the log must say, not the
-        close's store error (ADR 0063)."""
+        close's store error (ADR 0063). ``reason`` is public; ``failure``'s own words go to the
+        run's developer-only ``error_detail`` (ADR 0073)."""
         try:
-            await close_run_interrupted(self.runtime.store, run_id, reason)
+            await close_run_interrupted(
+                self.runtime.store, run_id, reason, detail=failure_detail(failure)
+            )
         except Exception as exc:
             log.error("could not close run %s after %s: %s", run_id, failure, exc)
             failure.add_note(f"closing run {run_id} interrupted failed too: {exc!r}")

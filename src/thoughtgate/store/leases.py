@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
-from thoughtgate.errors import StoreUnavailableError, failure_text
+from thoughtgate.disclosure import kept_detail
+from thoughtgate.errors import StoreUnavailableError, failure_detail, failure_text
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     RunInterruptedPayload,
@@ -355,10 +356,16 @@ async def close_run_interrupted(
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = CLOSE_RETRY,
     deadline: float | None = None,
+    detail: str | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
     on its own; ``tasks``: the run's tasks as the caller knows them, as :func:`end_run` takes
     both); ``[]`` if it had ended.
+
+    ``reason`` is public (thoughtgate's words and identifiers: ``errors.failure_text``);
+    ``detail``, the words of the failure that closed it (``errors.failure_detail``), goes to
+    the developer-only ``error_detail`` -- recorded only when the run's mode records reasoning
+    (``disclosure.kept_detail``: never on a ``hidden`` run; ADR 0073).
 
     A run left open by a failed close shows ``running`` on every surface until a lease sweep
     takes it, so a store that is briefly unavailable is tried again after each of ``retry``
@@ -371,23 +378,37 @@ async def close_run_interrupted(
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
+
+    async def close() -> list[Event]:
+        terminal, known = payload, tasks
+        if detail is not None:  # whether the run's mode records it: read the run
+            run = await store.get_run(run_id)
+            if run.status not in OPEN_RUN_STATUSES:
+                return []
+            known = run.tasks
+            kept = kept_detail(run.chain_of_thought, detail)
+            if kept is not None:
+                terminal = payload.copy()
+                terminal["error_detail"] = kept
+        return await end_run(
+            store,
+            run_id,
+            NewEvent(EventType.RUN_INTERRUPTED, terminal),
+            status="interrupted",
+            usage=usage,
+            error=f"interrupted: {reason}",
+            task_status="interrupted",
+            task_error=f"interrupted: {reason}",
+            lease_expired_by=lease_expired_by,
+            held_by=held_by,
+            ended=ended,
+            tasks=known,
+            tail=tail,
+        )
+
     try:
         return await retrying(
-            lambda: end_run(
-                store,
-                run_id,
-                NewEvent(EventType.RUN_INTERRUPTED, payload),
-                status="interrupted",
-                usage=usage,
-                error=f"interrupted: {reason}",
-                task_status="interrupted",
-                task_error=f"interrupted: {reason}",
-                lease_expired_by=lease_expired_by,
-                held_by=held_by,
-                ended=ended,
-                tasks=tasks,
-                tail=tail,
-            ),
+            close,
             retry,
             "record the interruption of",
             run_id,
@@ -568,7 +589,11 @@ async def _requeue_lost(
         except Exception as exc:
             log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
             if await close_run_interrupted(
-                store, run_id, f"{why}; it could not be queued again: {failure_text(exc)}", retry=()
+                store,
+                run_id,
+                f"{why}; it could not be queued again: {failure_text(exc)}",
+                retry=(),
+                detail=failure_detail(exc),
             ):
                 closed.append(run_id)
             continue
@@ -615,7 +640,11 @@ async def _release_durable(
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
             await close_run_interrupted(
-                store, run.run_id, f"{reason}; it could not resume: {failure_text(exc)}", retry=()
+                store,
+                run.run_id,
+                f"{reason}; it could not resume: {failure_text(exc)}",
+                retry=(),
+                detail=failure_detail(exc),
             )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)

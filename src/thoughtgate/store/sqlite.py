@@ -625,8 +625,9 @@ def _claim_runs(conn: sqlite3.Connection, span: list[_Merged], now: float, out: 
 
 
 def _check_endings(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]) -> set[int]:
-    """The positions of the span's endings that end their run (open, lease not renewed, as
-    ``finish_run`` checks alone); an ending of a missing run gets ``RunNotFoundError``."""
+    """The positions of the span's endings that end their run (open, lease not renewed, held by
+    the execution the ending names: as ``finish_run`` checks alone); an ending of a missing run
+    gets ``RunNotFoundError``, one whose run another execution holds ``RunTakenOverError``."""
     endings = [(k, item) for k, item in enumerate(span) if isinstance(item, _End)]
     if not endings:
         return set()

@@ -69,8 +69,8 @@ from thoughtgate.providers.think_tags import (
     Piece,
     ThinkTags,
     ThinkTagSplitter,
+    check_think_tags,
     splitter_for,
-    think_tags_for,
     vendor_think_tags,
 )
 from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
@@ -649,7 +649,7 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     def read_options(self, options: Mapping[str, Any]) -> None:
         self._think_tags = options.get("think_tags")
-        think_tags_for(self._think_tags, self.model, "off")  # a value it cannot read: refused now
+        check_think_tags(self._think_tags)  # a value it cannot read: refused now
 
     @property
     def think_tags(self) -> ThinkTags:

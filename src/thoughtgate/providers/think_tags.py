@@ -47,6 +47,7 @@ __all__ = [
     "Piece",
     "ThinkTagSplitter",
     "ThinkTags",
+    "check_think_tags",
     "split_think_tags",
     "splitter_for",
     "think_tags_for",
@@ -235,6 +236,17 @@ def _mode(value: object, key: str) -> ThinkTags:
     if isinstance(value, str) and value in _THINK_TAGS:
         return value  # type: ignore[return-value]
     raise ConfigError(key, value, "leading, anywhere, off (or true / false)")
+
+
+def check_think_tags(option: object) -> None:
+    """Refuse (:class:`ConfigError`) a ``think_tags`` option any entry of which cannot be read,
+    whichever model it is for: an adapter checks it when it is built, the configuration at
+    start, so a typo for one model does not wait for that model's first run."""
+    if isinstance(option, Mapping):
+        for model, value in option.items():
+            _mode(value, f"think_tags.{model}")
+    elif option is not None:
+        _mode(option, "think_tags")
 
 
 def think_tags_for(option: object, model: str, default: ThinkTags) -> ThinkTags:

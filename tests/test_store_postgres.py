@@ -71,7 +71,7 @@ class Postgres:
 
 
 class TestPostgresEventLog(Postgres, EventLogConformance):
-    pass
+    stamps_as_given = False
 
 
 class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance):

@@ -223,6 +223,49 @@ async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_postgres(
     await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(postgres_daemon)
 
 
+# ---------------------------------------------------------------------- more than a page of them
+@pytest.mark.inprocess
+async def test_every_finished_workflow_is_looked_at_beyond_a_page_kept_for_open_runs(
+    sqlite_daemon: _Daemon, asked: list[str]
+) -> None:
+    """The sweep deletes the finished workflows of ended runs and keeps those of open runs
+    (ADR 0065), a page at a time, oldest first. A first page all kept -- open runs whose claim
+    failed -- no longer hides the later ones: each sweep lists the next page (ADR 0074)."""
+    daemon = sqlite_daemon
+
+    async def finished(run_id: str, status: str, *, claim_fails: bool) -> str:
+        if claim_fails:
+            daemon.store.claims.add(run_id)
+        await daemon.engine.resume(run_id, daemon.queue)
+
+        async def done() -> bool:
+            return await daemon.status(run_id) == status
+
+        await until(done)
+        return run_id
+
+    kept = [
+        await finished(await daemon.queued("k", on=NOBODYS_QUEUE), "ERROR", claim_fails=True)
+        for _ in range(3)
+    ]
+    for run_id in kept:
+        assert (await daemon.events.get_run(run_id)).status == "pending", "open, queued"
+    ended = [
+        await finished(await daemon.queued("e", on=NOBODYS_QUEUE), "SUCCESS", claim_fails=False)
+        for _ in range(3)
+    ]
+
+    async def all_ended() -> bool:
+        return all([await daemon.ended(run_id) for run_id in ended])
+
+    await until(all_ended)
+    daemon.manager.finished_page = 2  # the first page: two workflows of open runs
+    for _ in range(6):  # two a sweep: more than a walk through the six of them
+        await daemon.manager._forget_ended()
+    assert [await daemon.status(run_id) for run_id in kept] == ["ERROR"] * 3
+    assert [await daemon.status(run_id) for run_id in ended] == [None] * 3
+
+
 # ---------------------------------------------------------------------- an end that was refused
 async def _a_run_whose_end_was_refused_resumes_from_its_checkpoints(
     daemon: _Daemon, asked: list[str]

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
 from support.store_conformance import make_run
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.store.base import EventStore, RunEnding
+from thoughtgate.store.base import EventStore, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
+from thoughtgate.store.leases import Owner, SweepCursor, close_orphaned_runs
 
 __all__ = ["DurableStoreConformance"]
 
@@ -190,6 +191,59 @@ class DurableStoreConformance:
         assert found[suspended].queued_at is None
         assert found[held].queued_at is None and found[held].owner == "a.1.x"
         assert found[plain.run_id].queued_at is None
+
+    async def test_a_sweep_beside_more_leased_runs_than_a_page_sees_every_other_run(
+        self, store: EventStore
+    ) -> None:
+        """A daemon's sweep reads a page of open runs a pass (ADR 0074): beside more runs
+        leased elsewhere than a page, an expired run is released on the first pass and a
+        queued run on no queue put back within one walk through the open runs, while the
+        suspended run is looked at and left alone. (Before, a sweep read the 1000 open runs
+        with the oldest leases: beyond 1000 leased runs it never saw a run without a lease.)"""
+        far = Owner("another-host", 4242, "n").owner_id
+        for _ in range(5):
+            await store.create_run(make_run(status="running", owner=far, lease_expires_at=4e9))
+        lost = await admitted(store, durable=True, resume="queue", queue="q", queued_at=1.0)
+        suspended = await admitted(store, durable=True)
+        orphan = make_run(tasks=1, status="running", owner=far, lease_expires_at=1.0)
+        await durable(store).admit_run(
+            orphan, RunSpecRecord(orphan.run_id, dict(SPEC), durable=True)
+        )
+        requeued: list[str] = []
+        asked: set[str] = set()
+        seen: set[str] = set()
+        reads = store.open_runs
+
+        async def spied(**kw: Any) -> OpenRuns:
+            found = await reads(**kw)
+            seen.update(run.run_id for run in found.runs)
+            return found
+
+        async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+            requeued.append(run_id)
+
+        async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+            asked.update(run_ids)
+            return {}  # on no queue
+
+        cursor = SweepCursor()
+        passes = 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store, "open_runs", spied)
+            while passes == 0 or cursor.after is not None:  # one walk through the open runs
+                passes += 1
+                assert passes <= 5, "8 open runs, 2 a page, then the wrap"
+                await close_orphaned_runs(
+                    store, requeue=requeue, on_queue=on_queue, cursor=cursor, page=2
+                )
+                if passes == 1:
+                    released = await store.get_run(orphan.run_id)
+                    assert released.owner is None, "an expired lease does not wait its page"
+                    assert released.metadata["suspended"]["resume"] == "manual"
+        assert requeued == [lost] and asked == {lost}
+        assert suspended in seen
+        run = await store.get_run(suspended)
+        assert run.status in ("pending", "running") and "suspended" not in run.metadata
 
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)

@@ -206,10 +206,12 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
     try:
         await engine.resume(run_id, engine.queue)
     except Exception as exc:  # no workflow to resume, or another version's: never left open
+        from thoughtgate.errors import failure_detail, failure_text
         from thoughtgate.store.leases import close_run_interrupted
 
-        reason = f"it could not resume: {exc}"
-        await close_run_interrupted(store, run_id, reason)
+        # Public: thoughtgate's words; the failure's own go to error_detail (ADR 0073).
+        reason = f"it could not resume: {failure_text(exc)}"
+        await close_run_interrupted(store, run_id, reason, detail=failure_detail(exc))
         raise UsageError(f"run {run_id} {reason}; it was closed") from exc
     events = StoreReader(store, role).follow(run_id, after=after)
     if live:

@@ -37,7 +37,7 @@ from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
-__all__ = ["Executor", "begin_execution", "check_resumable"]
+__all__ = ["Executor", "begin_execution", "check_resumable", "read_resume_log"]
 
 log = logging.getLogger("thoughtgate.durable")
 
@@ -52,6 +52,14 @@ class Executor(Protocol):
     def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry: ...
 
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
+
+
+async def read_resume_log(store: EventStore, run_id: str) -> ResumeLog:
+    """A resuming run's log, with how far its stamps' clock -- the store's, PostgreSQL's server
+    (ADR 0074) -- is from this process's, so an approval's time left is counted from when the
+    store recorded the request, whichever replica's clock is off."""
+    events, store_now = await asyncio.gather(store.read(run_id), store.clock())
+    return ResumeLog(events, clock_offset=store_now - time.time())
 
 
 async def begin_execution(
@@ -107,7 +115,7 @@ async def begin_execution(
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:
-        resumed = ResumeLog(await store.read(run_id))
+        resumed = await read_resume_log(store, run_id)
         suspended = before.metadata.get("suspended") or {}
         payload: RunResumedPayload = {
             "reason": str(suspended.get("reason") or GONE),

@@ -50,7 +50,7 @@ from thoughtgate.config import (
     resolve_chain_of_thought,
     resolve_worker_backend,
 )
-from thoughtgate.disclosure import Disclosure
+from thoughtgate.disclosure import Disclosure, kept_detail
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.history import conversation_from_events, history_payload
 from thoughtgate.engine.loop import (
@@ -662,7 +662,7 @@ class Runtime:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed = begun
             try:
-                steps = _DurableSteps.of(resumed, unwritten=unwritten)
+                steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
                 return await self._run_held(run, spec.tasks, tools, steps)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
@@ -734,7 +734,7 @@ class Runtime:
                 (
                     failure_text(exc),
                     _error_type(exc),
-                    _kept_detail(run.chain_of_thought, failure_detail(exc)),
+                    kept_detail(run.chain_of_thought, failure_detail(exc)),
                 ),
                 spent.ended,
             )
@@ -748,7 +748,7 @@ class Runtime:
             else (
                 failed.error or "",
                 failed.error_type,
-                _kept_detail(run.chain_of_thought, failed.error_detail),
+                kept_detail(run.chain_of_thought, failed.error_detail),
             )
         )
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
@@ -1004,7 +1004,7 @@ class Runtime:
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
         the run's terminal event, so no reader waits on a task that will never finish."""
-        error, detail = failure[0], _kept_detail(run.chain_of_thought, failure[1])
+        error, detail = failure[0], kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
@@ -1059,7 +1059,7 @@ class Runtime:
         except Exception as exc:
             # The worker is user code, whatever it raises: its words are developer-only (ADR 0071).
             error = f"the inline worker raised {type(exc).__name__}"
-            detail = _kept_detail(mode, exception_line(exc))
+            detail = kept_detail(mode, exception_line(exc))
             cut: MessagePartiallyCompletedPayload = {
                 "text": "",
                 "reason": "worker_error",
@@ -1178,10 +1178,12 @@ class _DurableSteps:
     """Builds the engine's checkpointed steps without importing DBOS here."""
 
     @staticmethod
-    def of(resumed: ResumeLog | None, *, unwritten: bool = False) -> Steps:
+    def of(resumed: ResumeLog | None, mode: str, *, unwritten: bool = False) -> Steps:
+        """``mode``: the run's, which decides whether a step's failure keeps its words."""
         from thoughtgate.orchestration.durable import DbosSteps, UnwrittenSteps
 
-        return UnwrittenSteps(resumed) if unwritten else DbosSteps(resumed)
+        kind = UnwrittenSteps if unwritten else DbosSteps
+        return kind(resumed, mode=mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1230,13 +1232,6 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
         return exc.args[0]
     return "it was cancelled before it finished"
-
-
-def _kept_detail(mode: str, detail: str | None) -> str | None:
-    """An ``error_detail`` is recorded where reasoning is (``surface``, ``telemetry_only``): its
-    words may quote reasoning, which a ``hidden`` run records nowhere (nor does a mode this
-    version does not know: fail closed; ADR 0071)."""
-    return detail if mode in ("surface", "telemetry_only") else None
 
 
 def _error_type(exc: Exception) -> str:

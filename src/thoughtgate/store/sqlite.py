@@ -1351,15 +1351,35 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._write("renew run leases", body)
 
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
+        where = [_OPEN]
+        params: list[object] = []
+        if after is not None:
+            where.append("run_id > ?")
+            params.append(after)
+        if run_ids is not None:
+            where.append("run_id IN (SELECT value FROM json_each(?))")
+            params.append(orjson.dumps(list(run_ids)).decode())
+        statement = (
+            "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
+            f"LEFT JOIN run_specs USING (run_id) WHERE {' AND '.join(where)}"
+        )
+
         def work(conn: sqlite3.Connection) -> OpenRuns:
+            now = time.time()
+            lease = " AND lease_expires_at <= ?" if expired else ""
             rows = conn.execute(
-                "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
-                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
-                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
-                (limit,),
+                f"{statement}{lease} ORDER BY run_id LIMIT ?",
+                (*params, *((now,) if expired else ()), limit),
             ).fetchall()
-            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], time.time())
+            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], now)
 
         return await self._reader.call("list open runs", work)
 

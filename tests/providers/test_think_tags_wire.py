@@ -14,7 +14,6 @@ one HTTP chunk per SSE event) or the emulator, whose bytes the official SDKs rea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 from collections.abc import Iterator
@@ -27,17 +26,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.replay import ReplayServer, Reply
+from support.viewer import role_reads
 
-from thoughtgate.access.filter import filter_events, filter_run
-from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ConfigError, ProviderStreamError
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, ToolSpec, TurnRequest
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.providers.think_tags import split_think_tags
-from thoughtgate.store.urls import open_store
 from thoughtgate.testing.emulator import (
     Emulator,
     EmulatorServer,
@@ -436,31 +432,17 @@ async def test_the_sdk_reads_the_tags_as_text_and_the_adapter_splits_them(
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_viewer_never_reads_the_tag_content(fmt: str, mode: str) -> None:
     content = f"<think>{TAG}</think>The answer."
+    prefix = "openai" if fmt == "responses" else "anthropic"
 
-    async def main() -> tuple[str, str]:
-        store = await open_store("memory://")
-        try:
-            async with ReplayServer([stream_of(fmt, cut(content, [3, 9, 17]))]) as server:
-                runtime = Runtime(
-                    store, Config(), provider_factory=lambda model: adapter(fmt, server.url)
-                )
-                prefix = "openai" if fmt == "responses" else "anthropic"
-                with contextlib.suppress(Exception):
-                    await runtime.run(
-                        RunRequest("Why?", model=f"{prefix}:{MODELS[fmt]}"), chain_of_thought=mode
-                    )
-            (record,) = await store.list_runs(limit=1)
-            log = await store.read(record.run_id)
+    async def main() -> dict[str, str]:
+        async with ReplayServer([stream_of(fmt, cut(content, [3, 9, 17]))]) as server:
 
-            def read(role: str) -> str:
-                events = [e.to_dict() for e in filter_events(log, role, mode=mode)]
-                return json.dumps([filter_run(record, role).to_json(), events])
+            def factory(model: str) -> Any:
+                return adapter(fmt, server.url)
 
-            return read("viewer"), read("developer")
-        finally:
-            await store.close()
+            return await role_reads(factory, f"{prefix}:{MODELS[fmt]}", mode)
 
-    viewer, developer = asyncio.run(main())
-    assert "The answer." in viewer
-    assert TAG not in viewer
-    assert (TAG in developer) == (mode == "surface")
+    reads = asyncio.run(main())
+    assert "The answer." in reads["viewer"]
+    assert TAG not in reads["viewer"]
+    assert (TAG in reads["developer"]) == (mode == "surface")

@@ -77,15 +77,8 @@ from thoughtgate.providers.rules import (
     normalize_anthropic_model,
 )
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.think_tags import (
-    Piece,
-    ThinkTags,
-    ThinkTagSplitter,
-    check_think_tags,
-    splitter_for,
-    vendor_think_tags,
-)
-from thoughtgate.providers.wire import FollowUp, HTTPProvider, WireParser
+from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.wire import FollowUp, VendorFormatProvider, WireParser
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -818,7 +811,7 @@ class _SegmentBlocks:
 MAX_PAUSE_CONTINUATIONS: Final = 8
 
 
-class AnthropicProvider(HTTPProvider):
+class AnthropicProvider(VendorFormatProvider):
     """``anthropic:MODEL`` -- the Messages API over httpx, streaming and not."""
 
     endpoint = _ENDPOINT
@@ -896,17 +889,6 @@ class AnthropicProvider(HTTPProvider):
         if stream:
             body["stream"] = True
         return apply_extra(body, self.settings)  # settings.extra: body fields the user adds
-
-    def read_options(self, options: Mapping[str, Any]) -> None:
-        self._think_tags = options.get("think_tags")
-        check_think_tags(self._think_tags)  # a value it cannot read: refused now
-
-    @property
-    def think_tags(self) -> ThinkTags:
-        """``think_tags`` for this model: ``off`` on Anthropic's own API, ``leading`` elsewhere."""
-        return vendor_think_tags(
-            self._think_tags, self.model, server=self.rule.server, vendor=PROVIDER
-        )
 
     def parser(self, request: TurnRequest, paused: _PausedTurn | None = None) -> AnthropicCapture:
         return AnthropicCapture(

@@ -65,15 +65,8 @@ from thoughtgate.providers.endpoints import apply_extra, merge_body
 from thoughtgate.providers.history import current_loop_start, tool_results
 from thoughtgate.providers.http import stream_error
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.providers.think_tags import (
-    Piece,
-    ThinkTags,
-    ThinkTagSplitter,
-    check_think_tags,
-    splitter_for,
-    vendor_think_tags,
-)
-from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
+from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.wire import JSONEventParser, VendorFormatProvider
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -600,7 +593,7 @@ def build_input(request: TurnRequest, *, provider: str, model: str) -> list[Any]
     return items
 
 
-class OpenAIResponsesProvider(HTTPProvider):
+class OpenAIResponsesProvider(VendorFormatProvider):
     """``openai:MODEL`` over ``POST {base}/responses``."""
 
     endpoint = _ENDPOINT
@@ -646,17 +639,6 @@ class OpenAIResponsesProvider(HTTPProvider):
         elif effort is not None:
             body["reasoning"] = {"effort": effort}
         return apply_extra(body, self.settings)
-
-    def read_options(self, options: Mapping[str, Any]) -> None:
-        self._think_tags = options.get("think_tags")
-        check_think_tags(self._think_tags)  # a value it cannot read: refused now
-
-    @property
-    def think_tags(self) -> ThinkTags:
-        """``think_tags`` for this model: ``off`` on OpenAI's own API, ``leading`` elsewhere."""
-        return vendor_think_tags(
-            self._think_tags, self.model, server=self.rule.server, vendor="openai"
-        )
 
     def parser(self, request: TurnRequest) -> ResponsesEventParser:
         return ResponsesEventParser(

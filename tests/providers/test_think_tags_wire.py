@@ -101,7 +101,7 @@ def responses_stream(pieces: list[str], *, call: bool = False) -> list[bytes]:
 
 
 def messages_stream(
-    pieces: list[str], *, call: bool = False, stop: str = "end_turn"
+    pieces: list[str], *, call: bool = False, stop: str | None = None
 ) -> list[bytes]:
     """``/v1/messages`` events of a text block whose ``text_delta``s are ``pieces``, then a
     ``tool_use`` block when ``call``; compact JSON, as Anthropic-compatible servers send it."""
@@ -142,6 +142,7 @@ def messages_stream(
             )
         )
         out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": 1}))
+    stop = stop or ("tool_use" if call else "end_turn")
     delta = {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 9}}
     out.append(_sse("message_delta", delta))
     out.append(_sse("message_stop", {"type": "message_stop"}))

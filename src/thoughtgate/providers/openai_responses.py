@@ -165,6 +165,8 @@ class ResponsesEventParser(JSONEventParser):
         self._splitters: dict[tuple[int, int], ThinkTagSplitter | None] = {}
         """Per ``(output_index, content_index)`` of ``output_text``: its splitter, or ``None``
         once it has settled (the rest of that part is answer as it comes)."""
+        self._plain_index = self._plain_k = -1
+        """The part whose splitter settled last: its deltas skip the table (the hot path)."""
         self._tag_index: dict[int, int] = {}
         """Per ``output_index``: the raw reasoning index of the tags found in that item."""
 
@@ -291,7 +293,11 @@ class ResponsesEventParser(JSONEventParser):
         if item is not None:
             item.seen.add(("text", k))
         delta = str(event.get("delta") or "")
-        return self._answer(index, k, delta, last=False) if delta else []
+        if not delta:
+            return []
+        if self.think_tags == "off" or (index == self._plain_index and k == self._plain_k):
+            return [TextDelta(delta, index=index)]  # no splitter, or it has settled
+        return self._answer(index, k, delta, last=False)
 
     def _refusal_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
         self._refusal = True
@@ -319,6 +325,7 @@ class ResponsesEventParser(JSONEventParser):
             pieces += splitter.flush()
         if last or splitter.settled:
             self._splitters[key] = None
+            self._plain_index, self._plain_k = index, k
         return self._pieces(index, pieces)
 
     def _pieces(self, index: int, pieces: Sequence[Piece]) -> list[Chunk]:

@@ -201,3 +201,24 @@ def test_an_idle_daemon_polls_every_two_seconds_never_faster_than_a_busy_one(
     with pytest.raises(ConfigError) as info:
         load_config(environ={}, cwd=tmp_path)
     assert "idle_poll_interval_s" in str(info.value) and "poll_interval_s (5.0)" in str(info.value)
+
+
+@pytest.mark.parametrize("section", ["anthropic", "openai", "openrouter", "openai_compatible"])
+def test_think_tags_reach_every_adapter_and_an_unreadable_mode_stops_the_start(
+    tmp_path: Path, section: str
+) -> None:
+    """ADR 0077: ``[providers.NAME] think_tags`` -- one mode, or a table by model id -- is the
+    adapters' ``think_tags`` option; a mode no adapter can read is refused at start, whichever
+    model it is for, never taken as ``off``."""
+    prefix = section.replace("_", "-")
+    write(tmp_path, f'[providers.{section}]\nthink_tags = {{ "*" = "leading", "m2" = "off" }}\n')
+    settings = provider_settings_from_config(load_config(environ={}, cwd=tmp_path), f"{prefix}:m")
+    assert settings.extra["thoughtgate"]["think_tags"] == {"*": "leading", "m2": "off"}
+    variable = {f"THOUGHTGATE_PROVIDERS__{section.upper()}__THINK_TAGS": "false"}
+    assert (
+        getattr(load_config(environ=variable, cwd=tmp_path).providers, section).think_tags is False
+    )
+    write(tmp_path, f'[providers.{section}]\nthink_tags = {{ "*" = "leading", "m2" = "never" }}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, cwd=tmp_path)
+    assert f"providers.{section}.think_tags" in str(info.value)

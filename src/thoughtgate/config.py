@@ -203,6 +203,10 @@ class ProviderEndpoint(_Section):
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""
     rules: dict[str, Any] | None = None
     """Columns of this endpoint's rule to override (``send_back``, ``hidden``, ``surface``, ...)."""
+    think_tags: bool | str | dict[str, bool | str] | None = None
+    """Inline ``<think>`` in answer text: ``leading``, ``anywhere`` or ``off`` (``true`` /
+    ``false``), or a table of them by model id with ``"*"`` for the rest; unset: the adapter's
+    default (``docs/providers/``, ADR 0077)."""
 
     @field_validator("server")
     @classmethod
@@ -223,6 +227,19 @@ class ProviderEndpoint(_Section):
             raise ValueError(problem)
         return value
 
+    @field_validator("think_tags", mode="before")
+    @classmethod
+    def _think_tags_modes(cls, value: Any) -> Any:
+        from thoughtgate.providers.think_tags import check_think_tags
+
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"  # from the environment
+        try:
+            check_think_tags(value)
+        except ConfigError as exc:
+            raise ValueError(f"expected {exc.allowed}, or a table of them by model id") from None
+        return value
+
     def adapter_options(self) -> dict[str, Any]:
         """The ``ProviderSettings.extra["thoughtgate"]`` options this section sets."""
         options: dict[str, Any] = {}
@@ -230,6 +247,8 @@ class ProviderEndpoint(_Section):
             options["server"] = self.server
         if self.rules:
             options["rules"] = dict(self.rules)
+        if self.think_tags is not None:
+            options["think_tags"] = self.think_tags
         return options
 
 

@@ -27,7 +27,8 @@
         │   ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
         │   ├── StoreReadOnlyError     the database cannot be written
         │   └── StoreUnavailableError  cannot reach / open the database
-        └── RunClosedError         the run already ended (another process closed it): no more events
+        ├── RunClosedError         the run already ended (another process closed it): no more events
+        └── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
 
 Every adapter and store backend maps its vendor and driver exceptions into this tree in one place
 and chains them with ``raise ... from exc`` so the original stays visible in tracebacks.
@@ -57,6 +58,7 @@ __all__ = [
     "QuotaExceededError",
     "RunClosedError",
     "RunNotFoundError",
+    "RunTakenOverError",
     "RuntimeFailure",
     "StoreError",
     "StoreReadOnlyError",
@@ -324,6 +326,25 @@ class RunClosedError(RuntimeFailure):
         super().__init__(
             f"run {run_id!r} has already ended (another thoughtgate process closed it); "
             "nothing more is recorded for it"
+        )
+
+
+class RunTakenOverError(RuntimeFailure):
+    """An end the store refused: the process recording it no longer executes the run.
+
+    Raised by ``EventLog.finish_run`` for an ending that names its executor
+    (``RunEnding.held_by``) when the run is open but held by another owner, by nobody (it waits
+    to resume), or by a later claim of the same owner: this process stalled past its lease and
+    another execution took the run over (ADR 0072). Nothing of the ending is stored, and the
+    caller must not report it as the run's end: the run's end is the other execution's.
+    """
+
+    def __init__(self, run_id: str, holder: str | None) -> None:
+        self.run_id = run_id
+        self.holder = holder
+        super().__init__(
+            f"run {run_id!r} was taken over by another execution while this process stalled "
+            "past its lease; its end here was not recorded"
         )
 
 

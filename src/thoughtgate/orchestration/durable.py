@@ -69,7 +69,7 @@ from thoughtgate.orchestration.dbos_pollers import reuse_queue_list, slow_unused
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import (
     UNWRITTEN,
@@ -762,12 +762,17 @@ class DurableEngine:
         do and ``failure``'s public text are its reason, ``failure``'s own words its
         developer-only ``error_detail`` (ADR 0073). It is held no more either way: should the
         close fail, its lease expires and a sweep (this daemon's too, ADR 0060) puts it back on
-        the queue."""
+        the queue. A run another execution took over meanwhile is left to it (ADR 0072)."""
         reason = f"{what}: {failure_text(failure)}"
+        mine = Holder(self.runtime.leases.owner.owner_id)
         try:
             with self.runtime.leases.ending(run_id):
                 await close_run_interrupted(
-                    self.runtime.store, run_id, reason, detail=failure_detail(failure)
+                    self.runtime.store,
+                    run_id,
+                    reason,
+                    held_by=mine,
+                    detail=failure_detail(failure),
                 )
         except Exception as exc:  # the store is down: left to the lease sweep
             log.warning("could not close run %s: %s", run_id, exc)

@@ -32,7 +32,7 @@ from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.specs import RunSpec
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
@@ -68,11 +68,11 @@ async def begin_execution(
     admitted: tuple[RunRecord, RunSpec] | None = None,
     *,
     claimed: bool = False,
-) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
+) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None, int] | None:
     """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
-    this process's) and, when it resumes, the log as it stood; ``None``
-    when there is nothing to execute here (it ended, another process holds it, or it was just
-    closed because it cannot resume).
+    this process's), when it resumes the log as it stood, and the claim's attempt (what the
+    execution's end names, ADR 0072); ``None`` when there is nothing to execute here (it ended,
+    another process holds it, or it was just closed because it cannot resume).
 
     ``admitted``: the run and its spec as this process admitted them. The claim alone decides
     (it takes only an open run with a spec); when it is the run's first (attempt 1, nothing of
@@ -92,13 +92,14 @@ async def begin_execution(
         if (await store.get_run(run_id)).status in OPEN_RUN_STATUSES:
             log.warning("run %s is held by another process; not executing it here", run_id)
         return None
+    held = Holder(owner, attempt)  # its closes below are this claim's (ADR 0072)
     if attempt == 1 and admitted is not None:
         run, spec = admitted
         run.status, run.owner, run.lease_expires_at = "running", owner, runtime.leases.lease_until()
         try:
-            return run, spec, runtime.tools_for(spec.tools), None
+            return run, spec, runtime.tools_for(spec.tools), None, attempt
         except UsageError as exc:
-            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}")
+            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}", held_by=held)
             return None
     record, before = await asyncio.gather(store.get_run_spec(run_id), store.get_run(run_id))
     if record is None:  # a claim takes only a run with a spec; it was deleted since
@@ -111,7 +112,7 @@ async def begin_execution(
         tools = runtime.tools_for(spec.tools)
     except UsageError as exc:
         reason = f"it cannot resume: {exc}"
-        await close_run_interrupted(store, run_id, reason)
+        await close_run_interrupted(store, run_id, reason, held_by=held)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:
@@ -131,8 +132,8 @@ async def begin_execution(
     if before.metadata.get("suspended") is not None:
         await store.update_run(run_id, metadata={"suspended": None})
     if resumed is None and before.metadata.get("suspended") is None:
-        return before, spec, tools, None  # read after its claim; nothing changed it since
-    return await store.get_run(run_id), spec, tools, resumed
+        return before, spec, tools, None, attempt  # read after its claim; nothing changed since
+    return await store.get_run(run_id), spec, tools, resumed, attempt
 
 
 async def _still_held(runtime: Executor, run: RunRecord) -> bool:

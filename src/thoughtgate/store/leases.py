@@ -71,7 +71,7 @@ from thoughtgate.events.payloads import (
     TokenUsage,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
@@ -240,6 +240,7 @@ async def end_run(
     task_status: TaskStatus,
     task_error: str,
     lease_expired_by: float | None = None,
+    held_by: Holder | None = None,
     ended: EndedTask | None = None,
     tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
@@ -255,7 +256,11 @@ async def end_run(
     ``retry``: the pauses (seconds) between further tries of a store call that failed with
     :class:`StoreUnavailableError` (a connection lost or found dead; the pool drops it). Safe
     because ``finish_run`` ends only an open run: a try whose commit was lost with its reply
-    makes the next one a no-op, never a second ending. The last try's error is raised."""
+    makes the next one a no-op, never a second ending. The last try's error is raised.
+
+    ``held_by``: the execution recording the end (this process, and its claim's attempt): the
+    end is refused with ``RunTakenOverError``, storing nothing, when that execution no longer
+    holds the open run (ADR 0072). Not retried: it would be refused again."""
     if tasks is None:
         run = await retrying(lambda: store.get_run(run_id), retry, "record the end of", run_id)
         if run.status not in OPEN_RUN_STATUSES:
@@ -288,6 +293,7 @@ async def end_run(
         error=error,
         tasks=closed,
         lease_expired_by=lease_expired_by,
+        held_by=held_by,
     )
     return await retrying(
         lambda: store.finish_run(run_id, events, ending), retry, "record the end of", run_id
@@ -344,14 +350,17 @@ async def close_run_interrupted(
     *,
     usage: Mapping[str, int] | None = None,
     lease_expired_by: float | None = None,
+    held_by: Holder | None = None,
     ended: EndedTask | None = None,
+    tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = CLOSE_RETRY,
     deadline: float | None = None,
     detail: str | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended.
+    on its own; ``tasks``: the run's tasks as the caller knows them, as :func:`end_run` takes
+    both); ``[]`` if it had ended.
 
     ``reason`` is public (thoughtgate's words and identifiers: ``errors.failure_text``);
     ``detail``, the words of the failure that closed it (``errors.failure_detail``), goes to
@@ -364,18 +373,19 @@ async def close_run_interrupted(
     (``time.monotonic()``: a caller's shutdown budget). When it gives up, an error says the run
     stays open, and the last error is raised. ``retry=()``: one try, and the caller says what
     failed (the sweep itself, which comes back anyway). Any other error (the run does not
-    exist) is raised at once."""
+    exist; ``RunTakenOverError`` for an end by an execution, ``held_by``, that no longer holds
+    the run) is raised at once."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
 
     async def close() -> list[Event]:
-        terminal, tasks = payload, None
+        terminal, known = payload, tasks
         if detail is not None:  # whether the run's mode records it: read the run
             run = await store.get_run(run_id)
             if run.status not in OPEN_RUN_STATUSES:
                 return []
-            tasks = run.tasks
+            known = run.tasks
             kept = kept_detail(run.chain_of_thought, detail)
             if kept is not None:
                 terminal = payload.copy()
@@ -390,8 +400,9 @@ async def close_run_interrupted(
             task_status="interrupted",
             task_error=f"interrupted: {reason}",
             lease_expired_by=lease_expired_by,
+            held_by=held_by,
             ended=ended,
-            tasks=tasks,
+            tasks=known,
             tail=tail,
         )
 

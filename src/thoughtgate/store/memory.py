@@ -161,6 +161,8 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
                 return []
+            spec = self._specs.get(run_id)
+            ending.check_holder(run_id, run.owner, None if spec is None else spec.attempts)
             for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
                 run.tasks.append(copy.deepcopy(task))

@@ -180,6 +180,8 @@ _INSERT_SPEC = (
 _NEXT_CHANGE = (
     "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change, pg_notify(%s, %s)"
 )
+_ATTEMPTS = "SELECT attempts FROM run_specs WHERE run_id = %s"
+"""The claims a run's spec counted: the fencing token of a durable run's end (ADR 0072)."""
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
@@ -571,7 +573,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             # The row lock serializes this with appends and with other processes finishing the
             # same run: exactly one of them closes it.
             cur = await conn.execute(
-                f"SELECT {_OPEN}, lease_expires_at FROM runs WHERE run_id = %s FOR UPDATE",
+                f"SELECT {_OPEN}, lease_expires_at, owner FROM runs WHERE run_id = %s FOR UPDATE",
                 (run_id,),
             )
             row = await cur.fetchone()
@@ -579,6 +581,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 raise RunNotFoundError(run_id)
             if not row[0] or ending.lease_renewed(row[1]):
                 return []
+            if ending.held_by is not None:
+                # Its own statement, after the row lock: a claim that held the lock has
+                # committed its attempt, which a snapshot taken before the lock would not see.
+                attempts = None
+                if ending.held_by.attempt is not None:
+                    spec = await (await conn.execute(_ATTEMPTS, (run_id,))).fetchone()
+                    attempts = None if spec is None else int(spec[0])
+                ending.check_holder(run_id, row[2], attempts)
             if task_rows:
                 async with conn.cursor() as tcur:
                     await tcur.executemany(_UPSERT_TASK, task_rows)

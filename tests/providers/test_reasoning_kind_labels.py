@@ -118,7 +118,7 @@ async def test_thinking_blocks_from_a_server_that_is_not_anthropics_are_raw(
             await provider.aclose()
     assert turn.reasoning_text == TAG
     assert {p.reasoning_kind for p in turn.reasoning_parts} == {"raw"}
-    assert not provider.capabilities().reasoning_summary
+    assert not provider.capabilities.reasoning_summary
 
 
 @pytest.mark.inprocess

@@ -189,7 +189,9 @@ async def test_claude_thinking_has_one_label_on_both_routes(
         direct, ProviderSettings(base_url=server.url, api_key="k", extra=vendor)
     )
     via = {"thoughtgate": {"server": "openrouter"}}
-    router = OpenRouterProvider(routed, ProviderSettings(base_url=server.v1, api_key="k", extra=via))
+    router = OpenRouterProvider(
+        routed, ProviderSettings(base_url=server.v1, api_key="k", extra=via)
+    )
     try:
         turns = [await stream_llm_turn(p, request) for p in (anthropic, router)]
     finally:

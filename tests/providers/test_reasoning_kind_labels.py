@@ -28,6 +28,9 @@ from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
+from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
+from thoughtgate.providers.openrouter import OpenRouterProvider
+from thoughtgate.providers.rules import WireFormat, known_servers, resolve_rule
 from thoughtgate.types import Message
 
 TAG = "Weighing the rawchainofthought figures"
@@ -178,3 +181,215 @@ def test_an_opted_in_viewer_reads_claudes_summary_on_anthropics_api() -> None:
             return await role_reads(factory, f"anthropic:{model}", "surface", config=SUMMARIES)
 
     assert TAG in asyncio.run(main())["viewer"]
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+#: (format, model, server, the kind of its reasoning, whether a part the format marks as a summary
+#: may be one)
+RULE_CASES = [
+    ("anthropic", "claude-sonnet-4-5", "anthropic", "summary", True),
+    ("anthropic", "claude-opus-4-6", "anthropic", "summary", True),
+    ("anthropic", "claude-opus-4.7", "anthropic", "summary", True),
+    ("anthropic", "claude-fable-5", "anthropic", "summary", True),
+    ("anthropic", "claude-3-7-sonnet-20250219", "anthropic", "raw", False),
+    ("anthropic", "claude-opus-5", "anthropic", "raw", False),
+    ("anthropic", "claude-sonnet-4-5", "generic", "raw", False),
+    ("anthropic", "claude-sonnet-4-5", "deepseek", "raw", False),
+    ("anthropic", "deepseek-chat", "deepseek", "raw", False),
+    ("anthropic", "kimi-k2-thinking", "moonshot", "raw", False),
+    ("anthropic", "glm-4.6", "generic", "raw", False),
+    ("openai-responses", "gpt-5", "openai", "summary", True),
+    ("openai-responses", "gpt-5.1", "azure", "summary", True),
+    ("openai-responses", "gpt-5", "generic", "raw", False),
+    ("openai-responses", "o3", "ollama", "raw", False),
+    ("openai-responses", "gpt-oss-20b", "generic", "raw", False),
+    ("openai-responses", "gpt-oss-20b", "openai", "raw", False),
+    ("openai-responses", "deepseek-r1", "ollama", "raw", False),
+    ("openrouter", "anthropic/claude-sonnet-4.5", "openrouter", "summary", True),
+    ("openrouter", "anthropic/claude-sonnet-4.5", "generic", "raw", False),
+    ("openrouter", "anthropic/claude-opus-5", "openrouter", "raw", True),
+    ("openrouter", "openai/gpt-5-mini", "openrouter", "summary", True),
+    ("openrouter", "openai/gpt-5-mini", "generic", "raw", False),
+    ("openrouter", "deepseek/deepseek-r1", "openrouter", "raw", True),
+    ("openrouter", "deepseek/deepseek-r1", "generic", "raw", False),
+    ("openai-compatible", "deepseek-reasoner", "deepseek", "raw", False),
+    ("openai-compatible", "gpt-5", "generic", "raw", False),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("fmt", "model", "server", "kind", "marks"), RULE_CASES)
+def test_a_summary_only_where_the_server_vouches_for_it(
+    fmt: WireFormat, model: str, server: str, kind: str, marks: bool
+) -> None:
+    rule = resolve_rule(fmt, model, server=server)
+    assert (rule.reasoning_kind, rule.marks_summaries) == (kind, marks)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "fmt", ["anthropic", "openai-responses", "openrouter", "openai-compatible"]
+)
+def test_no_server_but_the_ones_a_row_names_ever_gets_a_summary(fmt: WireFormat) -> None:
+    models = {m for _, m, *_ in RULE_CASES} | {"some-model", "vendor/some-model"}
+    for model in models:
+        for server in known_servers():
+            rule = resolve_rule(fmt, model, server=server)
+            if rule.reasoning_kind == "summary" or rule.marks_summaries:
+                assert server in rule.summary_servers, (model, server)
+
+
+@pytest.mark.unit
+def test_the_operator_may_vouch_for_a_server_the_tables_do_not_know() -> None:
+    """``reasoning_kind = "summary"`` in ``thoughtgate.toml`` is the operator's word for their
+    gateway; naming the ``server`` behind it is the other way."""
+    rule = resolve_rule("anthropic", "claude-sonnet-4-5", overrides={"reasoning_kind": "summary"})
+    assert (rule.reasoning_kind, rule.marks_summaries) == ("summary", True)
+    assert resolve_rule("anthropic", "claude-sonnet-4-5", server="anthropic").marks_summaries
+
+
+# --------------------------------------------------------------------------- the other formats
+
+
+def _data(payload: dict[str, Any] | str) -> bytes:
+    text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def responses_summary_stream(model: str, thought: str) -> Reply:
+    """``/v1/responses`` events of a reasoning item whose summary text is ``thought`` (as Ollama
+    sends a thinking model's raw reasoning), then a message."""
+    reasoning = {"type": "reasoning", "id": "rs_1"}
+    summary = [{"type": "summary_text", "text": thought}]
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+    part = {"type": "output_text", "text": "The answer.", "annotations": []}
+    usage = {"input_tokens": 5, "output_tokens": 9}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {"id": "resp_1", "model": model, "output": []}},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**reasoning, "summary": []},
+        },
+        {
+            "type": "response.reasoning_summary_text.delta",
+            "item_id": "rs_1",
+            "output_index": 0,
+            "summary_index": 0,
+            "delta": thought,
+        },
+        {
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": {**reasoning, "summary": summary},
+        },
+        {
+            "type": "response.output_item.added",
+            "output_index": 1,
+            "item": {**message, "content": []},
+        },
+        {
+            "type": "response.output_text.delta",
+            "output_index": 1,
+            "content_index": 0,
+            "delta": "The answer.",
+        },
+        {
+            "type": "response.output_item.done",
+            "output_index": 1,
+            "item": {**message, "content": [part]},
+        },
+        {
+            "type": "response.completed",
+            "response": {"id": "resp_1", "model": model, "status": "completed", "usage": usage},
+        },
+    ]
+    return Reply([_data(e) for e in events])
+
+
+def openrouter_summary_stream(model: str, thought: str) -> Reply:
+    """Chat Completions chunks whose ``reasoning_details`` carry a ``reasoning.summary``."""
+    detail = {"type": "reasoning.summary", "summary": thought, "index": 0, "format": "unknown"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return _data({"id": "gen-1", "model": model, "choices": [choice]})
+
+    return Reply(
+        [
+            chunk({"role": "assistant", "content": "", "reasoning_details": [detail]}),
+            chunk({"content": "The answer."}),
+            chunk({}, "stop"),
+            _data("[DONE]"),
+        ]
+    )
+
+
+def other_adapter(fmt: str, model: str, base: str, server: str | None) -> Any:
+    extra = {"thoughtgate": {"server": server}} if server else {}
+    settings = ProviderSettings(base_url=f"{base}/v1", api_key="k", max_retries=0, extra=extra)
+    cls = OpenAIResponsesProvider if fmt == "responses" else OpenRouterProvider
+    return cls(model, settings, client=httpx.AsyncClient())
+
+
+def summary_stream(fmt: str, model: str, thought: str) -> Reply:
+    if fmt == "responses":
+        return responses_summary_stream(model, thought)
+    return openrouter_summary_stream(model, thought)
+
+
+#: (format, model, server named or None for the loopback host, the kind its summary text gets)
+SUMMARY_CASES = [
+    ("responses", "deepseek-r1:8b", "ollama", "raw"),
+    ("responses", "Qwen/Qwen3-8B", None, "raw"),  # vLLM, llama.cpp
+    ("responses", "gpt-5", None, "raw"),  # an OpenAI name on a server that is not OpenAI's
+    ("responses", "gpt-5", "openai", "summary"),
+    ("responses", "gpt-5", "azure", "summary"),
+    ("openrouter", "openai/gpt-5-mini", None, "raw"),  # a gateway that speaks OpenRouter's format
+    ("openrouter", "openai/gpt-5-mini", "openrouter", "summary"),
+    ("openrouter", "deepseek/deepseek-r1", "openrouter", "summary"),  # the type says so there
+]
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(("fmt", "model", "server", "kind"), SUMMARY_CASES)
+async def test_summary_text_is_a_summary_only_on_a_server_that_means_it(
+    fmt: str, model: str, server: str | None, kind: str
+) -> None:
+    async with ReplayServer([summary_stream(fmt, model, TAG)]) as replay:
+        provider = other_adapter(fmt, model, replay.url, server)
+        try:
+            turn = await stream_llm_turn(
+                provider, TurnRequest([Message.user("Why?")], reasoning=ReasoningRequest(True))
+            )
+        finally:
+            await provider.aclose()
+    assert turn.reasoning_text == TAG and turn.text == "The answer."
+    assert {p.reasoning_kind for p in turn.reasoning_parts if p.text} == {kind}
+    assert provider.capabilities.reasoning_summary == (kind == "summary")
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(
+    ("fmt", "model", "server"),
+    [("responses", "deepseek-r1:8b", "ollama"), ("openrouter", "openai/gpt-5-mini", None)],
+)
+def test_an_opted_in_viewer_reads_no_step_made_of_summary_text_nobody_vouches_for(
+    fmt: str, model: str, server: str | None
+) -> None:
+    prefix = "openai" if fmt == "responses" else "openrouter"
+
+    async def main() -> dict[str, str]:
+        async with ReplayServer([summary_stream(fmt, model, TAG)]) as replay:
+
+            def factory(_: str) -> Any:
+                return other_adapter(fmt, model, replay.url, server)
+
+            return await role_reads(factory, f"{prefix}:{model}", "surface", config=SUMMARIES)
+
+    reads = asyncio.run(main())
+    assert "The answer." in reads["viewer"]
+    assert TAG not in reads["viewer"]
+    assert TAG in reads["developer"]

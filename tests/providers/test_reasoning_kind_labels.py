@@ -26,6 +26,7 @@ from support.viewer import role_reads
 
 from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
+from thoughtgate.orchestration.runtime import provider_settings_from_config
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
@@ -393,3 +394,16 @@ def test_an_opted_in_viewer_reads_no_step_made_of_summary_text_nobody_vouches_fo
     assert "The answer." in reads["viewer"]
     assert TAG not in reads["viewer"]
     assert TAG in reads["developer"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("server", "kind"), [(None, "raw"), ("anthropic", "summary")])
+def test_behind_a_gateway_naming_anthropics_server_in_thoughtgate_toml_vouches(
+    server: str | None, kind: str
+) -> None:
+    section: dict[str, Any] = {"base_url": "https://llm-gateway.internal", "api_key": "k"}
+    if server:
+        section["server"] = server
+    config = Config.from_mapping({"providers": {"anthropic": section}})
+    settings = provider_settings_from_config(config, "anthropic:claude-sonnet-4-5")
+    assert AnthropicProvider("claude-sonnet-4-5", settings).rule.reasoning_kind == kind

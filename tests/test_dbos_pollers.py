@@ -1,6 +1,8 @@
 """DBOS's pollers that serve nothing thoughtgate uses are slowed when its engine launches
 (ADR 0057), and only those: the daemon's own queue keeps its configured pace. DBOS's queue
 manager reuses its list of queues once it holds every queue the process listens to (ADR 0067).
+On PostgreSQL the background jobs run without their lock, so no process idles in a transaction
+between them (ADR 0075).
 
 These pin the DBOS internals the saving relies on (``dbos`` 3.4): a DBOS that renames them fails
 here, not in production, where it would only cost the saving.
@@ -10,35 +12,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from dbos import DBOS, _queue, _workflow_commands
 from dbos._dbos import _get_dbos_instance
+from dbos._sys_db_postgres import PostgresSystemDatabase
+from psycopg import sql
+from support.pg import PG_URL
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.dbos_pollers import (
     INTERNAL_QUEUE_POLL_S,
-    JOBS_INTERVAL_SQLITE_S,
+    JOBS_INTERVAL_S,
+    PSYCOPG_WAIT_STEP_S,
+    _every_process_runs_the_jobs,
+    _jobs_run_without_their_lock,
     _ManagerList,
     reuse_queue_list,
     slow_unused_pollers,
+    wake_rarely,
 )
 from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import Runtime
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @contextlib.asynccontextmanager
-async def _launched_engine(tmp_path: Path) -> AsyncIterator[DurableEngine]:
-    """A daemon's engine (its queue, no tools) launched on a SQLite store, closed after."""
-    store = await SQLiteStore.open(tmp_path / "runs.db")
+async def _launched_engine(
+    tmp_path: Path, store: EventStore | None = None
+) -> AsyncIterator[DurableEngine]:
+    """A daemon's engine (its queue, no tools) launched on ``store`` (a SQLite one by default),
+    closed after, with the store."""
+    store = store or await SQLiteStore.open(tmp_path / "runs.db")
     config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
     engine = DurableEngine.attach(Runtime(store, config), config.durability)
     try:
@@ -56,7 +73,7 @@ async def test_a_launched_engine_slows_the_internal_queue_and_the_background_job
     async with _launched_engine(tmp_path) as engine:
         internal = _get_dbos_instance()._registry.get_internal_queue()
         assert internal._polling_interval_sec == INTERNAL_QUEUE_POLL_S
-        assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_SQLITE_S
+        assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_S
         assert engine.queue is not None
         found = await DBOS.retrieve_queue_async(engine.queue)
         assert found is not None and found.polling_interval_sec == 0.5
@@ -150,3 +167,65 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
         # Anyone else still reads the database: a queue registered now is listed at once.
         await DBOS.register_queue_async("later", worker_concurrency=1)
         assert "later" in {q.name for q in dbos._sys_db.list_queues()}
+
+
+@pytest.mark.unit
+def test_postgres_background_jobs_run_without_their_lock() -> None:
+    # dbos 3.4's lock (an advisory lock held in an idle transaction) is recognised and replaced;
+    # a DBOS whose lock is not recognised keeps it, and fails here.
+    assert _jobs_run_without_their_lock()
+    assert PostgresSystemDatabase.background_job_lock is _every_process_runs_the_jobs
+    with PostgresSystemDatabase.background_job_lock(None, "background_jobs") as granted:  # type: ignore[arg-type]
+        assert granted
+    assert _jobs_run_without_their_lock()  # a second launch in the process finds it done
+
+
+@pytest.mark.unit
+def test_psycopg_waits_in_steps_that_dbos_connections_can_lengthen() -> None:
+    # psycopg 3.3's blocking waits look up every ``interval`` (0.1 s), ``notifies`` through them.
+    assert wake_rarely()
+    assert wake_rarely()  # installed once
+
+
+def _jobs_lock_holders(workflows_schema: str) -> int:
+    """Sessions holding the background jobs' advisory lock of ``workflows_schema`` (dbos 3.4 keys
+    it by the leading 8 bytes of a SHA-256 of its name; PostgreSQL shows a bigint key as two
+    32-bit halves)."""
+    name = f"dbos.background_job.{workflows_schema}.thoughtgate.background_jobs"
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND granted",
+            (key >> 32, key & 0xFFFFFFFF),
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without_polling(
+    tmp_path: Path,
+) -> None:
+    """The jobs' lock was held in an idle transaction, which every ``CREATE INDEX CONCURRENTLY``
+    of the database waits for (ADR 0075): the jobs run, and nothing is held between them. DBOS's
+    notification listener waits on its connection in long steps, not ten times a second."""
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    try:
+        store = await PostgresStore.open(PG_URL, schema=schema)
+        async with _launched_engine(tmp_path, store):
+            jobs = [t for t in threading.enumerate() if t.name == "dbos-background-jobs"]
+            assert jobs and jobs[0].is_alive()
+            await asyncio.sleep(0.5)  # the jobs' first round began at the launch
+            assert _jobs_lock_holders(f"{schema}_workflows") == 0
+            assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_S
+            listening = _get_dbos_instance()._sys_db.notification_conn  # type: ignore[attr-defined]
+            assert listening is not None
+            assert listening.dbapi_connection.wait.keywords["interval"] == PSYCOPG_WAIT_STEP_S
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            for name in (schema, f"{schema}_workflows"):
+                admin.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )

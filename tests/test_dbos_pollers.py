@@ -2,7 +2,8 @@
 (ADR 0057), and only those: the daemon's own queue keeps its configured pace. DBOS's queue
 manager reuses its list of queues once it holds every queue the process listens to (ADR 0067).
 On PostgreSQL the background jobs run without their lock, so no process idles in a transaction
-between them (ADR 0075).
+between them; the queue worker's question whether this is the latest application version is
+answered from a kept answer for a while (ADR 0075).
 
 These pin the DBOS internals the saving relies on (``dbos`` 3.4): a DBOS that renames them fails
 here, not in production, where it would only cost the saving.
@@ -24,6 +25,7 @@ import psycopg
 import pytest
 from dbos import DBOS, _queue, _workflow_commands
 from dbos._dbos import _get_dbos_instance
+from dbos._sys_db import SystemDatabase
 from dbos._sys_db_postgres import PostgresSystemDatabase
 from psycopg import sql
 from support.pg import PG_URL
@@ -35,7 +37,9 @@ from thoughtgate.orchestration.dbos_pollers import (
     PSYCOPG_WAIT_STEP_S,
     _every_process_runs_the_jobs,
     _jobs_run_without_their_lock,
+    _KeptAnswer,
     _ManagerList,
+    reuse_latest_version,
     reuse_queue_list,
     slow_unused_pollers,
     wake_rarely,
@@ -147,7 +151,7 @@ def test_every_other_caller_of_list_queues_reads_the_database() -> None:
 
 
 @pytest.mark.inprocess
-async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and_serve_its_queue(
+async def test_a_launched_daemon_engine_reuses_its_queue_list_and_version_and_serves_its_queue(
     tmp_path: Path,
 ) -> None:
     # dbos 3.4's queue manager reads the queues with ``list_queues`` (what the reuse hooks).
@@ -156,6 +160,10 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
         dbos = _get_dbos_instance()
         assert isinstance(dbos._sys_db.list_queues, _ManagerList)
         assert not reuse_queue_list()  # once per launch
+        # dbos 3.4's dequeue asks ``_is_latest_version`` (what the kept answer hooks).
+        assert "_is_latest_version" in SystemDatabase.start_queued_workflows.__code__.co_names
+        assert isinstance(dbos._sys_db._is_latest_version, _KeptAnswer)
+        assert not reuse_latest_version()  # once per launch
         assert engine.queue is not None
         # The queue registered after the launch still gets its worker from the manager.
         worker = f"queue-worker-{engine.queue}"
@@ -169,13 +177,46 @@ async def test_a_launched_daemon_engine_has_the_queue_manager_reuse_its_list_and
         assert "later" in {q.name for q in dbos._sys_db.list_queues()}
 
 
+class _Versions:
+    """An ``_is_latest_version`` that counts its reads and answers what it is told to."""
+
+    def __init__(self) -> None:
+        self.latest = True
+        self.reads: list[tuple[Any, ...]] = []
+
+    def __call__(self, *args: Any) -> bool:
+        self.reads.append(args)
+        return self.latest
+
+
+@pytest.mark.unit
+def test_the_latest_version_answer_is_kept_per_version_for_a_while() -> None:
+    versions = _Versions()
+    kept = _KeptAnswer(versions, reuse_s=3600.0)
+    assert kept("v2", "connection")
+    versions.latest = False  # a newer version registered: seen once the answer is old
+    assert kept("v2")
+    assert not kept("v1")
+    assert versions.reads == [("v2", "connection"), ("v1",)]
+
+
+@pytest.mark.unit
+def test_the_latest_version_is_read_again_once_the_answer_is_older_than_the_reuse() -> None:
+    versions = _Versions()
+    kept = _KeptAnswer(versions, reuse_s=0.0)
+    assert kept("v2")
+    versions.latest = False
+    assert not kept("v2")
+    assert len(versions.reads) == 2
+
+
 @pytest.mark.unit
 def test_postgres_background_jobs_run_without_their_lock() -> None:
     # dbos 3.4's lock (an advisory lock held in an idle transaction) is recognised and replaced;
     # a DBOS whose lock is not recognised keeps it, and fails here.
     assert _jobs_run_without_their_lock()
     assert PostgresSystemDatabase.background_job_lock is _every_process_runs_the_jobs
-    with PostgresSystemDatabase.background_job_lock(None, "background_jobs") as granted:  # type: ignore[arg-type]
+    with PostgresSystemDatabase.background_job_lock(None, "background_jobs") as granted:
         assert granted
     assert _jobs_run_without_their_lock()  # a second launch in the process finds it done
 

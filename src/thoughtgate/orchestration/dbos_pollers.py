@@ -49,6 +49,14 @@ list holds every queue this process listens to, each later read finds the same l
 ``reuse_queue_list`` (called after ``DBOS.launch()``) has the manager reuse that list for
 ``QUEUE_LIST_REUSE_S`` instead (ADR 0067): it still checks its workers every second and
 restarts one that died, and any other caller of ``list_queues`` still reads the database.
+
+The daemon's **queue worker** asks, at every poll, whether this process's application version is
+the latest one registered (a read of the versions table, a third of the poll's CPU): the answer
+decides only whether it may also take workflows that carry *no* version, which thoughtgate never
+creates (every workflow it starts or resumes carries ``APP_VERSION``). ``reuse_latest_version``
+(called after ``DBOS.launch()``) has the system database keep that answer for
+``LATEST_VERSION_REUSE_S`` (ADR 0075): a newer version registered meanwhile is seen that much
+later, which changes nothing for thoughtgate's workflows.
 """
 
 from __future__ import annotations
@@ -66,8 +74,10 @@ __all__ = [
     "INTERNAL_QUEUE_POLL_S",
     "JOBS_INTERVAL_LOCKED_S",
     "JOBS_INTERVAL_S",
+    "LATEST_VERSION_REUSE_S",
     "PSYCOPG_WAIT_STEP_S",
     "QUEUE_LIST_REUSE_S",
+    "reuse_latest_version",
     "reuse_queue_list",
     "slow_unused_pollers",
     "wake_rarely",
@@ -130,9 +140,7 @@ def _waits_in_steps(wait: object) -> bool:
         return False
     notifies = getattr(getattr(psycopg.Connection, "notifies", None), "__code__", None)
     return (
-        "interval" in parameters
-        and isinstance(notifies, CodeType)
-        and "wait" in notifies.co_names
+        "interval" in parameters and isinstance(notifies, CodeType) and "wait" in notifies.co_names
     )
 
 
@@ -250,4 +258,49 @@ def reuse_queue_list(*, reuse_s: float = QUEUE_LIST_REUSE_S) -> bool:
         return names
 
     sys_db.list_queues = _ManagerList(read, manager, listening, reuse_s)  # type: ignore[union-attr]
+    return True
+
+
+LATEST_VERSION_REUSE_S: Final = 30.0
+"""How long the system database keeps its answer to whether this process's application version
+is the latest (DBOS: it reads it at every dequeue)."""
+
+
+class _KeptAnswer:
+    """``SystemDatabase._is_latest_version`` of one DBOS instance, answering from its last read
+    of an application version while that read is younger than ``reuse_s``."""
+
+    def __init__(self, read: Callable[..., bool], reuse_s: float) -> None:
+        self._read = read
+        self._reuse_s = reuse_s
+        self._kept: dict[str, tuple[bool, float]] = {}
+
+    def __call__(self, app_version: str, c: Any = None) -> bool:
+        now = time.monotonic()
+        kept = self._kept.get(app_version)
+        if kept is not None and now - kept[1] < self._reuse_s:
+            return kept[0]
+        answer = bool(self._read(app_version) if c is None else self._read(app_version, c))
+        self._kept[app_version] = (answer, now)
+        return answer
+
+
+def reuse_latest_version(*, reuse_s: float = LATEST_VERSION_REUSE_S) -> bool:
+    """Have the system database of the DBOS instance just launched keep its answer to whether
+    this application version is the latest (see the module docstring); whether it was changed
+    (``False`` when this DBOS's dequeue does not ask ``_is_latest_version`` as 3.4's does)."""
+    from dbos._dbos import _get_dbos_instance
+    from dbos._sys_db import SystemDatabase
+
+    dequeue = getattr(getattr(SystemDatabase, "start_queued_workflows", None), "__code__", None)
+    if not isinstance(dequeue, CodeType) or "_is_latest_version" not in dequeue.co_names:
+        return False
+    sys_db = getattr(_get_dbos_instance(), "_sys_db_field", None)
+    read = getattr(sys_db, "_is_latest_version", None)
+    code = getattr(read, "__code__", None)
+    if not callable(read) or not isinstance(code, CodeType):
+        return False  # already kept (a _KeptAnswer has no code), or not 3.4's
+    if "_latest_application_version" not in code.co_names:
+        return False
+    sys_db._is_latest_version = _KeptAnswer(read, reuse_s)  # type: ignore[union-attr]
     return True

@@ -56,7 +56,11 @@ from dbos._serialization import Serializer
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError, failure_text
-from thoughtgate.orchestration.dbos_pollers import reuse_queue_list, slow_unused_pollers
+from thoughtgate.orchestration.dbos_pollers import (
+    reuse_latest_version,
+    reuse_queue_list,
+    slow_unused_pollers,
+)
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -437,6 +441,8 @@ class DurableEngine:
         self.launched = True
         if not reuse_queue_list():
             log.debug("DBOS's queue manager reads the list of queues every second")
+        if not reuse_latest_version():
+            log.debug("DBOS's queue worker reads the latest application version at every poll")
         if self.queue is not None:
             await DBOS.register_queue_async(
                 self.queue,

@@ -1,4 +1,4 @@
-"""DBOS's pollers that serve nothing thoughtgate uses, slowed down (ADR 0057).
+"""DBOS's pollers that serve nothing thoughtgate uses, slowed down (ADR 0057, 0067, 0075).
 
 An idle daemon's CPU is mostly DBOS's background threads reading the system database once a
 second or more. Two of them do work thoughtgate never gives them, at an interval DBOS's

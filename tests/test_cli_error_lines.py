@@ -54,14 +54,98 @@ def test_bad_input_is_one_error_line_and_exit_code_2(args: list[str], says: str)
     assert lines[0].startswith("error: ") and says in lines[0], lines[0]
 
 
+BAD_CONFIG = [
+    ("not toml [[[", "{file}: not valid TOML: Expected '=' after a key"),
+    (
+        "[server]\nport = 70000\n",
+        "{file}: server.port = 70000: expected a whole number from 0 to 65535",
+    ),
+    ("[server]\nport = -1\n", "{file}: server.port = -1: expected a whole number from 0 to 65535"),
+    ("[server]\nport = 'high'\n", "{file}: server.port = 'high': expected a whole number from 0"),
+    ("[server]\nprot = 8000\n", "{file}: server.prot: no such key (check the spelling"),
+    ("[servr]\nport = 8000\n", "{file}: servr: no such section (check the spelling)"),
+    ("server = 8000\n", "{file}: server = 8000: expected a table of settings"),
+    (
+        "[access]\nlocal_role = 'boss'\n",
+        "{file}: access.local_role = 'boss': expected one of viewer,",
+    ),
+]
+
+
 @pytest.mark.unit
-def test_a_config_that_is_not_toml_is_one_line_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "says"), BAD_CONFIG, ids=[t for t, _ in BAD_CONFIG])
+def test_a_bad_config_file_is_one_line_naming_the_file_the_key_and_what_is_expected(
+    tmp_path: Path, text: str, says: str
+) -> None:
     bad = tmp_path / "thoughtgate.toml"
-    bad.write_text("not toml [[[", encoding="utf-8")
-    result = CliRunner().invoke(app, ["runs", "--config", str(bad)], env={"COLUMNS": "60"})
-    assert result.exit_code == ExitCode.USAGE
+    bad.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and str(bad) in lines[0], lines
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: " + says.format(file=bad)), lines[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[providers.openai]\napi_kye = "sk-live-secret-0123"\n',
+        '[providers.openai]\napi_key = ["sk-live-secret-0123"]\n',
+        '[providers.opnai]\napi_key = "sk-live-secret-0123"\n',
+    ],
+    ids=["misspelt key", "wrong kind of value", "misspelt section"],
+)
+def test_a_config_error_never_repeats_a_value_that_may_be_a_secret(
+    tmp_path: Path, text: str
+) -> None:
+    bad = tmp_path / "thoughtgate.toml"
+    bad.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "api_k" in result.stderr or "opnai" in result.stderr, result.stderr
+    assert "sk-live-secret-0123" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+def test_each_problem_of_a_config_file_is_a_line_of_its_own(tmp_path: Path) -> None:
+    bad = tmp_path / "thoughtgate.toml"
+    bad.write_text("[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = sorted(line for line in result.stderr.splitlines() if line.strip())
+    assert lines == [
+        f"error: {bad}: orchestration.max_turn: no such key (check the spelling and the section)",
+        f"error: {bad}: server.host = 5: expected a string",
+        f"error: {bad}: server.port = 70000: expected a whole number from 0 to 65535",
+    ]
+
+
+@pytest.mark.unit
+def test_a_bad_environment_variable_is_named_instead_of_the_file(tmp_path: Path) -> None:
+    good = tmp_path / "thoughtgate.toml"
+    good.write_text("[server]\nport = 8000\n")
+    result = CliRunner().invoke(
+        app,
+        ["serve", "--config", str(good)],
+        env={"COLUMNS": "60", "THOUGHTGATE_SERVER__PORT": "high"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "error: THOUGHTGATE_SERVER__PORT: server.port = 'high': "
+        "expected a whole number from 0 to 65535"
+    ]
+
+
+@pytest.mark.unit
+def test_a_config_file_that_is_not_there_is_named_with_what_named_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    result = CliRunner().invoke(app, ["serve", "--config", str(missing)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {missing}: no such file (named by --config)"]
 
 
 @pytest.mark.unit

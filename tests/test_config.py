@@ -77,7 +77,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "[orchestration]\nmax_turns = 0\n",
             "orchestration.max_turns",
             "0",
-            "greater than or equal to 1",
+            "expected a whole number from 1 to 1000",
         ),
         (
             '[access]\nlocal_role = "boss"\n',
@@ -85,7 +85,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "boss",
             "viewer, member, developer",
         ),
-        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "3", "no such key"),
+        ("[orchestration]\nmax_turn = 3\n", "orchestration.max_turn", "", "no such key"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(
@@ -109,8 +109,28 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
     write(tmp_path, "[orchestration\n")
     with pytest.raises(ConfigError, match="valid TOML"):
         load_config(environ={}, cwd=tmp_path)
-    with pytest.raises(ConfigError, match="an existing TOML file"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("port", [0, 1, 8765, 65535])
+def test_a_port_the_port_flag_takes_is_taken_from_the_file_too(tmp_path: Path, port: int) -> None:
+    """0 asks for a free port, as ``--port 0`` does."""
+    write(tmp_path, f"[server]\nport = {port}\n")
+    assert load_config(environ={}, cwd=tmp_path).server.port == port
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_a_port_out_of_range_in_the_file_is_refused_at_start(tmp_path: Path, port: int) -> None:
+    """As ``--port`` refuses it: a socket would take it modulo 65536, listening elsewhere."""
+    path = write(tmp_path, f"[server]\nport = {port}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, cwd=tmp_path)
+    assert str(info.value) == (
+        f"{path}: server.port = {port}: expected a whole number from 0 to 65535"
+    )
 
 
 def test_config_is_immutable() -> None:
@@ -181,3 +201,24 @@ def test_an_idle_daemon_polls_every_two_seconds_never_faster_than_a_busy_one(
     with pytest.raises(ConfigError) as info:
         load_config(environ={}, cwd=tmp_path)
     assert "idle_poll_interval_s" in str(info.value) and "poll_interval_s (5.0)" in str(info.value)
+
+
+@pytest.mark.parametrize("section", ["anthropic", "openai", "openrouter", "openai_compatible"])
+def test_think_tags_reach_every_adapter_and_an_unreadable_mode_stops_the_start(
+    tmp_path: Path, section: str
+) -> None:
+    """ADR 0077: ``[providers.NAME] think_tags`` -- one mode, or a table by model id -- is the
+    adapters' ``think_tags`` option; a mode no adapter can read is refused at start, whichever
+    model it is for, never taken as ``off``."""
+    prefix = section.replace("_", "-")
+    write(tmp_path, f'[providers.{section}]\nthink_tags = {{ "*" = "leading", "m2" = "off" }}\n')
+    settings = provider_settings_from_config(load_config(environ={}, cwd=tmp_path), f"{prefix}:m")
+    assert settings.extra["thoughtgate"]["think_tags"] == {"*": "leading", "m2": "off"}
+    variable = {f"THOUGHTGATE_PROVIDERS__{section.upper()}__THINK_TAGS": "false"}
+    assert (
+        getattr(load_config(environ=variable, cwd=tmp_path).providers, section).think_tags is False
+    )
+    write(tmp_path, f'[providers.{section}]\nthink_tags = {{ "*" = "leading", "m2" = "never" }}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, cwd=tmp_path)
+    assert f"providers.{section}.think_tags" in str(info.value)

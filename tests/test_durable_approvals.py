@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 from support.durable import HOLD, SIDE_EFFECTS, TOOLS, side_effects
+from support.durable_engine import InProcessDaemon
 
 from thoughtgate.config import Config, DurabilityConfig, OrchestrationConfig
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.events.schema import Event, EventType
-from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
+from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
 
@@ -31,32 +31,21 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.inprocess]
 TIMEOUT_S = 3.0
 
 
-class _Process:
+class _Process(InProcessDaemon[SQLiteStore]):
     """One daemon's runtime and engine on the run store at ``path``."""
 
     def __init__(self, store: SQLiteStore) -> None:
-        self.store = store
         config = Config(
             orchestration=OrchestrationConfig(approval_timeout_s=TIMEOUT_S),
             durability=DurabilityConfig(poll_interval_s=0.1),
         )
-        self.runtime = Runtime(store, config, tools=ToolRegistry(TOOLS))
-        self.engine = DurableEngine.attach(self.runtime, config.durability)
+        super().__init__(store, config, tools=ToolRegistry(TOOLS))
 
     @classmethod
-    async def start(cls, path: Path) -> _Process:
+    async def launched(cls, path: Path) -> _Process:
         process = cls(await SQLiteStore.open(path))
         await process.engine.launch(listen=[t.name for t in TOOLS])
         return process
-
-    @property
-    def queue(self) -> str:
-        assert self.engine.queue is not None
-        return self.engine.queue
-
-    async def close(self) -> None:
-        await self.engine.close()
-        await self.store.close()
 
 
 @pytest.mark.parametrize("down_s", [1.0, TIMEOUT_S], ids=["part-of-it", "all-of-it"])
@@ -67,7 +56,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
     effects = tmp_path / "effects"
     monkeypatch.setenv(SIDE_EFFECTS, str(effects))
     monkeypatch.delenv(HOLD, raising=False)
-    first = await _Process.start(tmp_path / "runs.db")
+    first = await _Process.launched(tmp_path / "runs.db")
     in_window = asyncio.Event()
 
     async def stopped_before_the_deadline(topic: str, timeout_s: float) -> Any:
@@ -90,7 +79,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
     finally:
         await first.close()
 
-    second = await _Process.start(tmp_path / "runs.db")
+    second = await _Process.launched(tmp_path / "runs.db")
     try:
         me = second.runtime.leases.owner
         restarted = Owner(me.host, me.pid, "restarted")

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from dbos import DBOS
 from support.durable import one_lookup, until
+from support.durable_engine import InProcessDaemon
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
+from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
@@ -64,24 +64,15 @@ def scripts() -> Iterator[None]:
     del FAKE_SCRIPTS["in-process-held"], FAKE_SCRIPTS["in-process-unasked-tool"]
 
 
-class _Local:
+class _Local(InProcessDaemon[SQLiteStore]):
     """A process executing its own durable runs, as ``thoughtgate run`` does."""
 
     def __init__(self, store: SQLiteStore, tools: ToolRegistry | None = None) -> None:
-        self.store = store
-        self.runtime = Runtime(store, Config(), tools=tools)
-        self.engine = DurableEngine.attach(self.runtime, self.runtime.config.durability)
-
-    async def types(self, run_id: str) -> list[str]:
-        return [str(e.type) for e in await self.store.read(run_id)]
+        super().__init__(store, Config(), tools=tools)
 
     async def workflows(self) -> list[str]:
         found = await DBOS.list_workflows_async(load_input=False, load_output=False)
         return [w.workflow_id for w in found]
-
-    async def close(self) -> None:
-        await self.engine.close()
-        await self.store.close()
 
 
 async def _local(tmp_path: Path, tools: ToolRegistry | None = None, **launch: Any) -> _Local:

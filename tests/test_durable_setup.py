@@ -4,6 +4,8 @@ sets up their workflows schema, whatever else the database's other DBOS applicat
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -90,9 +92,9 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
         try:
             daemon.spawn()
             deadline = time.monotonic() + 60
-            while not _asks_for_setup_lock(holder) and time.monotonic() < deadline:
+            while not _asks_for_setup_lock(holder, daemon) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert _asks_for_setup_lock(holder), "the replica never asked for the setup lock"
+            assert _asks_for_setup_lock(holder, daemon), "the replica never asked for the lock"
             time.sleep(1.0)  # it asks again and again meanwhile
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
@@ -128,12 +130,37 @@ def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_dea
             daemon.stop()
 
 
-def _asks_for_setup_lock(conn: psycopg.Connection[Any]) -> bool:
+def _asks_for_setup_lock(conn: psycopg.Connection[Any], daemon: ServeProcess) -> bool:
+    """Whether ``daemon`` has a set-up connection open: only its own counts, not another test's
+    daemon setting up another schema on the shared database (each process sets up one). Its
+    connections are told by their client ports (the test database is reached over TCP)."""
+    assert daemon.proc is not None
+    ports = _local_tcp_ports(daemon.proc.pid)
     row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-        ("thoughtgate:workflows-setup",),
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        " AND client_port = ANY(%s)",
+        ("thoughtgate:workflows-setup", sorted(ports)),
     ).fetchone()
     return row is not None and row[0] > 0
+
+
+def _local_tcp_ports(pid: int) -> set[int]:
+    """The local ports of process ``pid``'s TCP sockets (its ends of its database connections):
+    its socket inodes, looked up in its network namespace's tables."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _schema_exists(name: str) -> bool:

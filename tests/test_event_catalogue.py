@@ -199,7 +199,7 @@ async def _produced() -> set[str]:
     second = runtime(ApprovalBroker())
     begun = await begin_execution(second, resumable.run_id)
     assert begun is not None and begun[3] is not None
-    run, spec, tools, resumed = begun
+    run, spec, tools, resumed, _ = begun
     steps = DirectSteps()
     steps.resumed = resumed
     await second._run_held(run, spec.tasks, tools, steps)

@@ -9,13 +9,11 @@ ago, and a suspended run are left alone.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
-from support.durable import until
-from support.store_conformance import make_run
+from support.durable import queued_run, until
 
 from thoughtgate.config import Config
 from thoughtgate.errors import RuntimeFailure, StoreUnavailableError
@@ -93,25 +91,10 @@ async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_abou
         await engine.close()
 
 
-async def _queued_run(store: SQLiteStore) -> str:
-    """A durable run admitted for queue ``q`` (ownerless, queued now), put on no queue."""
-    run = make_run(tasks=1)
-    spec = RunSpecRecord(
-        run.run_id,
-        {"tasks": [], "tools": []},
-        durable=True,
-        resume="queue",
-        queue="q",
-        queued_at=time.time(),
-    )
-    await store.admit_run(run, spec)
-    return run.run_id
-
-
 async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
     store: RefusingEnds,
 ) -> None:
-    lost, waiting, suspended = [await _queued_run(store) for _ in range(3)]
+    lost, waiting, suspended = [await queued_run(store) for _ in range(3)]
     # Executed by a process that stopped, and released for ``thoughtgate resume``.
     await store.claim_run(suspended, "someone", 60)
     assert await store.release_run(suspended, owner="someone", queue=False)
@@ -146,7 +129,7 @@ async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(
 async def test_a_queued_run_on_no_queue_that_cannot_be_requeued_is_closed(
     store: RefusingEnds, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lost = await _queued_run(store)
+    lost = await queued_run(store)
 
     async def requeue(run_id: str, spec: RunSpecRecord) -> None:
         raise RuntimeError("no work queue 'q' is registered")

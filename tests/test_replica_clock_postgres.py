@@ -1,11 +1,12 @@
-"""A replica whose clock is off: on PostgreSQL every time the store keeps is the server's (ADR 0066).
+"""A replica whose clock is off: on PostgreSQL every time the store keeps is the server's (ADR 0066,
+0074).
 
 The test process plays the replica: ``time.time`` is moved an hour behind or ahead, the
 database's clock (``clock_timestamp()``, read on another connection) is the truth. Each time a
-run's life stamps -- created, updated, claimed, closed, a key revoked -- must fall between two
-readings of the server's clock; the lease and queue time an admission brings keep their lengths
-on the server's clock; and a key's quota counts the starts of replicas an hour apart in one
-minute.
+run's life stamps -- created, updated, claimed, closed, suspended, a key revoked -- must fall
+between two readings of the server's clock; the lease and queue time an admission brings, an
+event's stamp and a new key's creation keep their lengths on the server's clock; and a key's
+quota counts the starts of replicas an hour apart in one minute.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import pytest
 from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_conformance import make_run
 
+from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.orchestration.resume import read_resume_log
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.durable import Quota, RunSpecRecord
-from thoughtgate.store.leases import Owner, orphan_reason
+from thoughtgate.store.leases import Owner, orphan_reason, suspend
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.records import ApiKeyRecord, RunRecord
 
@@ -185,3 +188,82 @@ async def test_a_keys_minute_counts_the_starts_of_replicas_an_hour_apart(
     replica.fixed()
     other, other_spec = admission(owner=None, lease_s=None, queued=False, key_id="k2")
     assert (await store.admit_run(other, other_spec, quota=Quota("k2", 100, 3))).admitted
+
+
+@pytest.mark.parametrize("skew", [-HOUR, HOUR], ids=["an-hour-behind", "an-hour-ahead"])
+async def test_events_a_suspension_and_a_new_key_are_stamped_on_the_servers_clock(
+    store: PostgresStore,
+    pg_admin: psycopg.AsyncConnection[Any],
+    replica: Replica,
+    skew: float,
+) -> None:
+    """ADR 0066 left these on the replica's clock; an hour off, a run's events read an hour
+    before (or after) its creation, and a key's list put it an hour out of place."""
+    replica.skewed(skew)
+    me = Owner.current()
+    task_id = lambda run: run.tasks[0].task_id  # noqa: E731
+
+    # Events made by this replica: in an admission, an append, a run's end; a second apart.
+    before = await server_now(pg_admin)
+    run, spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)
+    opening = [NewEvent(EventType.RUN_STARTED, {})]
+    assert (await store.admit_run(run, spec, events=opening)).admitted
+    made = time.time()
+    appended = await store.append(
+        run.run_id,
+        [
+            NewEvent(EventType.TASK_STARTED, {"index": 0}, task_id=task_id(run), ts=made - 1.0),
+            NewEvent(EventType.MESSAGE_DELTA, {"text": "a"}, task_id=task_id(run), ts=made),
+        ],
+    )
+    await store.finish_run(run.run_id, [NewEvent(EventType.RUN_FAILED, {})], RunEnding("failed"))
+    after = await server_now(pg_admin)
+    events = await store.read(run.run_id)
+    assert [e.ts for e in appended] == [e.ts for e in events[1:3]], "handed back as stored"
+    for event in events:
+        assert before - 1.0 - CARRIED <= event.ts <= after + CARRIED, (event.type, event.ts)
+    assert events[2].ts - events[1].ts == pytest.approx(1.0), "the time between them kept"
+
+    # A resume on this replica counts an approval's time left from when the server stamped the
+    # request, on this replica's clock: an hour ahead it does not give up at once, an hour
+    # behind it does not wait an hour more.
+    asker, asker_spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)
+    assert (await store.admit_run(asker, asker_spec)).admitted
+    asking = {"call_id": "c1", "tool": "t"}
+    await store.append(
+        asker.run_id,
+        [NewEvent(EventType.TOOL_APPROVAL_REQUIRED, asking, task_id=task_id(asker))],
+    )
+    resumed = await read_resume_log(store, asker.run_id)
+    asked_at = resumed.approval_asked_at(task_id(asker), "c1")
+    assert asked_at is not None and abs(asked_at - time.time()) < CARRIED
+
+    # A run suspended by this replica: since the server's now.
+    held, held_spec = admission(owner=me.owner_id, lease_s=15.0, queued=False)
+    assert (await store.admit_run(held, held_spec)).admitted
+    assert await store.release_run(held.run_id, owner=me.owner_id, queue=False)
+    before = await server_now(pg_admin)
+    await suspend(store, held.run_id, "a test", queued=False, previous=me.owner_id)
+    after = await server_now(pg_admin)
+    since = (await store.get_run(held.run_id)).metadata["suspended"]["since"]
+    assert between(since, before, after), (since, before)
+
+    # A key created by this replica: created the server's now, and its record says so.
+    before = await server_now(pg_admin)
+    created = await create_key(store, name="ci", role="member")
+    after = await server_now(pg_admin)
+    stored = await store.get_api_key(created.record.key_id)
+    assert stored is not None and stored.created_at == created.record.created_at
+    assert before - CARRIED <= stored.created_at <= after + CARRIED, (stored.created_at, before)
+    # Saved again (its role changed): it keeps its creation time.
+    stored.role = "viewer"
+    await store.save_api_key(stored)
+    again = await store.get_api_key(stored.key_id)
+    assert again is not None and (again.role, again.created_at) == ("viewer", stored.created_at)
+    # A key created on time afterwards lists after it, whichever replica was off.
+    replica.fixed()
+    later = await create_key(store, name="ops", role="member")
+    assert [k.key_id for k in await store.list_api_keys()] == [
+        created.record.key_id,
+        later.record.key_id,
+    ]

@@ -191,7 +191,7 @@ async def execute(runtime: Runtime, run_id: str, book: Checkpoints, **crash: Any
     """One execution in one "process"; ``True`` when it crashed."""
     begun = await begin_execution(runtime, run_id)
     assert begun is not None
-    run, spec, tools, resumed = begun
+    run, spec, tools, resumed, _ = begun
     try:
         await runtime._run_held(run, spec.tasks, tools, book.steps(resumed, **crash))
     except Crash:

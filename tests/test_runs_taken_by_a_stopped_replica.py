@@ -22,12 +22,12 @@ import pytest
 from dbos import DBOS
 from dbos._dbos import _get_dbos_instance
 from support.durable import until
+from support.durable_engine import SweepingDaemon
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
-from thoughtgate.orchestration.durable import APP_VERSION, DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
-from thoughtgate.server.manager import RunManager
+from thoughtgate.orchestration.durable import APP_VERSION
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.leases import Owner, close_orphaned_runs
 from thoughtgate.store.sqlite import SQLiteStore
@@ -41,15 +41,14 @@ ITS_QUEUE = "thoughtgate-runs-stopped-replica-c1"
 """The queue the stopped replica took runs from (this daemon does not listen to it)."""
 
 
-class _Daemon:
+class _Daemon(SweepingDaemon[SQLiteStore]):
     def __init__(self, store: SQLiteStore) -> None:
-        config = Config.from_mapping(
-            {"orchestration": {"lease_ttl_s": TTL_S}, "durability": {"poll_interval_s": 0.1}}
+        super().__init__(
+            store,
+            Config.from_mapping(
+                {"orchestration": {"lease_ttl_s": TTL_S}, "durability": {"poll_interval_s": 0.1}}
+            ),
         )
-        self.store = store
-        self.runtime = Runtime(store, config)
-        self.engine = DurableEngine.attach(self.runtime, config.durability)
-        self.manager = RunManager(self.runtime, grace_s=0)
 
     async def taken_by_the_stopped_replica(self) -> str:
         """A run queued on the stopped replica's queue, which that replica took and never
@@ -69,14 +68,8 @@ class _Daemon:
         assert status is not None and (status.status, status.executor_id) == ("PENDING", STOPPED)
         return run.run_id
 
-    async def ended(self, run_id: str) -> bool:
-        return (await self.store.get_run(run_id)).status not in ("pending", "running")
 
-    async def types(self, run_id: str) -> list[EventType]:
-        return [e.type for e in await self.store.read(run_id)]
-
-
-def _endings(types: list[EventType]) -> int:
+def _endings(types: list[str]) -> int:
     return sum(t in RUN_TERMINAL_TYPES for t in types)
 
 
@@ -88,8 +81,7 @@ async def daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
         await made.engine.launch(listen=[])
         yield made
     finally:
-        await made.manager.shutdown()
-        await made.engine.close()
+        await made.stop()
         await store.close()
 
 

@@ -18,6 +18,7 @@ from psycopg import sql
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.pg import PG_URL, pg_admin, pg_schema
+from support.store_backends import Postgres
 from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
@@ -38,7 +39,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore, RunEnding
+from thoughtgate.store.base import RunEnding
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
@@ -60,18 +61,8 @@ Admin = psycopg.AsyncConnection[Any]
 SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
-class Postgres:
-    """Each conformance case below on a fresh, empty Postgres store."""
-
-    @pytest.fixture
-    async def store(self, pg_schema: str) -> AsyncIterator[EventStore]:
-        store = await PostgresStore.open(PG_URL, schema=pg_schema)
-        yield store
-        await store.close()
-
-
 class TestPostgresEventLog(Postgres, EventLogConformance):
-    pass
+    stamps_as_given = False
 
 
 class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance):

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
+from support.store_backends import SQLite
 from support.store_conformance import (
     EventLogConformance,
     KeyStoreConformance,
@@ -57,16 +58,6 @@ from thoughtgate.store.sqlite import SQLiteStore, read_types_query
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
 from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
-
-
-class SQLite:
-    """Each conformance case below on a fresh, empty SQLite store."""
-
-    @pytest.fixture
-    async def store(self, tmp_path: Path) -> AsyncIterator[EventStore]:
-        store = await SQLiteStore.open(tmp_path / "store.db")
-        yield store
-        await store.close()
 
 
 class TestSQLiteEventLog(SQLite, EventLogConformance):

@@ -649,10 +649,16 @@ def test_turns_ending_and_totals_come_from_the_log_as_the_reader_sees_it() -> No
             tool_calls=[{"call_id": "c1", "name": "t", "input": {}}],
         ),
         tool(EventType.TOOL_STARTED, task_id="t1"),
-        response(1, {"input_tokens": 40, "output_tokens": 2}, error="cut", error_type="X"),
+        response(
+            1,
+            {"input_tokens": 40, "output_tokens": 2},
+            error="cut",
+            error_type="X",
+            error_detail="upstream said: no",
+        ),
         NewEvent(
             EventType.RUN_FAILED,
-            {"status": "failed", "error": "cut", "error_type": "X"},
+            {"status": "failed", "error": "cut", "error_type": "X", "error_detail": "said: no"},
             ts=1002.0,
         ),
     ]
@@ -676,8 +682,12 @@ def test_turns_ending_and_totals_come_from_the_log_as_the_reader_sees_it() -> No
         "reasoning_tokens": 15,
         "duration_s": 2.5,
     }
+    # the failure's own words, as the reader's copy carries them (ADR 0073)
+    assert (second.error_detail, developer.ending.error_detail) == ("upstream said: no", "said: no")
     viewer = rebuild(filter_events(events, "viewer", mode="surface"))
     assert viewer.totals.reasoning_tokens is None  # reasoning-class: withheld below developer
+    assert viewer.ending is not None and viewer.ending.error_detail is None
+    assert all(t.error_detail is None for t in viewer.turns)
     assert viewer.totals.input_tokens == 50
 
 

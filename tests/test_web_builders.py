@@ -23,6 +23,7 @@ from support.web import (
     SAID_ANSWER,
     SAID_FIRST,
     raw_marker,
+    said_marker,
     seed_run,
     story_run,
     web_daemon,
@@ -258,6 +259,36 @@ def test_a_failed_run_shows_its_error_on_the_turn_and_the_run_with_its_type(
             page.fill("#search", "an interrupted run")
             interrupted.wait_for()
         assert interrupted.locator("[data-testid=run-list-status]").inner_text() == "interrupted"
+
+
+@pytest.mark.parametrize("role", ["developer", "viewer", "member"])
+def test_a_failure_s_own_words_show_to_developers_and_leave_no_trace_for_others(
+    browser: Browser, daemon: Daemon, role: str
+) -> None:
+    """ADR 0073: the provider's error text (``error_detail``) shows under the turn's and the
+    run's error for developers; the server's one output filter withholds it from the others, and
+    the page decides nothing -- no line, no element, no attribute, no byte received."""
+    token = f"detail{role}"
+    said = said_marker(token)
+    run_id = daemon.start_run({**story_run(token), "model": "fake:story-outage"})
+    assert daemon.wait_done(run_id)["status"] == "failed"
+    with page_for(browser) as (page, capture):
+        _signed_in(page, daemon, role)
+        _open(page, run_id)
+        _done(page, "failed")
+        page.wait_for_selector("[data-testid=answer-error]")
+        if role == "developer":
+            run_detail = page.inner_text("[data-testid=run-error-detail]")
+            assert said in run_detail and run_detail.startswith("said: ")
+            assert said in page.inner_text("[data-testid=turn-error-detail]")
+            assert said not in page.inner_text("[data-testid=answer-error]")  # public stays so
+            return
+        assert "HTTP 529" in page.inner_text("[data-testid=answer-error]")
+        assert page.locator(".error-detail, [data-testid$=error-detail]").count() == 0
+        assert said not in page.content()  # the DOM, attributes included
+        assert said not in page.inner_text("body") and "said:" not in page.inner_text("body")
+        assert said not in capture.everything()  # nor anything the browser received
+        assert "error_detail" not in capture.everything(url_part=run_id)
 
 
 # --------------------------------------------------------------------------- the trace

@@ -172,7 +172,7 @@ def test_a_run_that_did_not_complete_says_why_on_the_answer_and_in_the_list(
         open_run(page, run_id)
         page.wait_for_selector("[data-testid=answer-error]")
         error = daemon.wait_done(run_id)["error"]
-        assert error and ("Overloaded" in error or "cut" in error)
+        assert error and ("HTTP 529" in error or "cut" in error)
         page.wait_for_selector(f"[data-testid=run-status]:text-is('{status}')")
         live = snapshot(page)
         assert live["error"] is not None and error in live["error"]
@@ -541,11 +541,20 @@ EDGE_CASES: dict[str, list[NewEvent]] = {
         NewEvent("message.delta", {"text": "Done", "turn": 1}, task_id="t1"),
         NewEvent(
             "agent.response",
-            {"turn": 1, "usage": {"input_tokens": 9}, "error": "cut", "error_type": "E"},
+            {
+                "turn": 1,
+                "usage": {"input_tokens": 9},
+                "error": "cut",
+                "error_type": "E",
+                "error_detail": "the provider said so",
+            },
             task_id="t1",
         ),
         NewEvent("message.delta", {"text": "x", "turn": 2}, task_id="t2"),
-        NewEvent("run.failed", {"status": "failed", "error": "cut", "error_type": "E"}),
+        NewEvent(
+            "run.failed",
+            {"status": "failed", "error": "cut", "error_type": "E", "error_detail": 7},
+        ),
     ],
     "notices, undeclared types, message, terminal": [
         NewEvent("capability.resolved", {"chain_of_thought": "surface", "model": "m"}),

@@ -32,16 +32,16 @@ from dbos import DBOS
 from dbos._core import execute_dequeued_workflow
 from dbos._dbos import _get_dbos_instance
 from support.durable import until
+from support.durable_engine import SweepingDaemon
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
 from thoughtgate.errors import StoreUnavailableError
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType, NewEvent
-from thoughtgate.orchestration.durable import APP_VERSION, DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.durable import APP_VERSION
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.server.manager import RunManager
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.leases import WORKFLOW_TAKEN_OVER, close_orphaned_runs
@@ -108,23 +108,17 @@ def asked() -> Iterator[list[str]]:
     del FAKE_SCRIPTS["counted"]
 
 
-class _Daemon:
+class _Daemon(SweepingDaemon[Any]):
     def __init__(self, store: Refusing) -> None:
         assert isinstance(store, EventStore)
-        config = Config.from_mapping(
-            {"orchestration": {"lease_ttl_s": TTL_S}, "durability": {"poll_interval_s": 0.1}}
-        )
         store.claims, store.ends = set(), set()
-        self.store = store
+        super().__init__(
+            store,
+            Config.from_mapping(
+                {"orchestration": {"lease_ttl_s": TTL_S}, "durability": {"poll_interval_s": 0.1}}
+            ),
+        )
         self.events: EventStore = store
-        self.runtime = Runtime(store, config)
-        self.engine = DurableEngine.attach(self.runtime, config.durability)
-        self.manager = RunManager(self.runtime, grace_s=0)
-
-    @property
-    def queue(self) -> str:
-        assert self.engine.queue is not None
-        return self.engine.queue
 
     async def queued(self, *prompts: str, on: str) -> str:
         """A run of one task per prompt, queued for another replica, its workflow put on
@@ -139,23 +133,12 @@ class _Daemon:
         found = await DBOS.get_workflow_status_async(run_id)
         return None if found is None else found.status
 
-    async def ended(self, run_id: str) -> bool:
-        return (await self.events.get_run(run_id)).status not in ("pending", "running")
-
-    async def types(self, run_id: str) -> list[EventType]:
-        return [e.type for e in await self.events.read(run_id)]
-
 
 async def _launched(store: Refusing) -> _Daemon:
     daemon = _Daemon(store)
     await daemon.engine.launch(listen=[])
     await DBOS.register_queue_async(NOBODYS_QUEUE, worker_concurrency=1, polling_interval_sec=60)
     return daemon
-
-
-async def _stop(daemon: _Daemon) -> None:
-    await daemon.manager.shutdown()
-    await daemon.engine.close()
 
 
 @pytest.fixture
@@ -166,7 +149,7 @@ async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
         try:
             yield daemon
         finally:
-            await _stop(daemon)
+            await daemon.stop()
     finally:
         await store.close()
 
@@ -179,7 +162,7 @@ async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
         try:
             yield daemon
         finally:
-            await _stop(daemon)
+            await daemon.stop()
     finally:
         await store.close()
 
@@ -238,6 +221,49 @@ async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_postgres(
     postgres_daemon: _Daemon, asked: list[str]
 ) -> None:
     await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(postgres_daemon)
+
+
+# ---------------------------------------------------------------------- more than a page of them
+@pytest.mark.inprocess
+async def test_every_finished_workflow_is_looked_at_beyond_a_page_kept_for_open_runs(
+    sqlite_daemon: _Daemon, asked: list[str]
+) -> None:
+    """The sweep deletes the finished workflows of ended runs and keeps those of open runs
+    (ADR 0065), a page at a time, oldest first. A first page all kept -- open runs whose claim
+    failed -- no longer hides the later ones: each sweep lists the next page (ADR 0074)."""
+    daemon = sqlite_daemon
+
+    async def finished(run_id: str, status: str, *, claim_fails: bool) -> str:
+        if claim_fails:
+            daemon.store.claims.add(run_id)
+        await daemon.engine.resume(run_id, daemon.queue)
+
+        async def done() -> bool:
+            return await daemon.status(run_id) == status
+
+        await until(done)
+        return run_id
+
+    kept = [
+        await finished(await daemon.queued("k", on=NOBODYS_QUEUE), "ERROR", claim_fails=True)
+        for _ in range(3)
+    ]
+    for run_id in kept:
+        assert (await daemon.events.get_run(run_id)).status == "pending", "open, queued"
+    ended = [
+        await finished(await daemon.queued("e", on=NOBODYS_QUEUE), "SUCCESS", claim_fails=False)
+        for _ in range(3)
+    ]
+
+    async def all_ended() -> bool:
+        return all([await daemon.ended(run_id) for run_id in ended])
+
+    await until(all_ended)
+    daemon.manager.finished_page = 2  # the first page: two workflows of open runs
+    for _ in range(6):  # two a sweep: more than a walk through the six of them
+        await daemon.manager._forget_ended()
+    assert [await daemon.status(run_id) for run_id in kept] == ["ERROR"] * 3
+    assert [await daemon.status(run_id) for run_id in ended] == [None] * 3
 
 
 # ---------------------------------------------------------------------- an end that was refused

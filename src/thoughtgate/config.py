@@ -9,8 +9,9 @@ the shortcut ``THOUGHTGATE_DB`` for ``store.url``, and the providers' own variab
 variable > ``thoughtgate.toml`` > default (``THOUGHTGATE_PROVIDERS__*`` beats a vendor variable,
 being the more specific of the two). The layers are pydantic-settings sources (the TOML file, the
 ``THOUGHTGATE_`` prefix with ``__`` between nested keys, and the named variables), merged by it
-over one validated :class:`Config`. Every problem is one :class:`ConfigError` naming the key, the
-bad value and what is allowed, raised at start, never half-way through a run.
+over one validated :class:`Config`. Every problem found is one line of a :class:`ConfigError`
+naming where the value came from (the file, or the variable), the key, the bad value and what is
+expected there, raised at start, never half-way through a run.
 
 Precedence for a run's settings is one rule, applied by :func:`resolve_chain_of_thought` and its
 siblings: explicit argument > the run's own setting > project config > built-in default.
@@ -19,6 +20,7 @@ siblings: explicit argument > the run's own setting > project config > built-in 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tomllib
 from collections.abc import Mapping
@@ -38,6 +40,7 @@ from pydantic import (
 )
 
 from thoughtgate.access.roles import ROLE_NAMES
+from thoughtgate.config_problems import Location, config_error
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
 from thoughtgate.providers.registry import ENDPOINTS
@@ -185,7 +188,7 @@ class AccessConfig(_Section):
     @classmethod
     def _known_role(cls, value: str) -> str:
         if value not in ROLE_NAMES:
-            raise ValueError(", ".join(ROLE_NAMES))
+            raise ValueError("expected one of " + ", ".join(ROLE_NAMES))
         return value
 
 
@@ -200,6 +203,10 @@ class ProviderEndpoint(_Section):
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""
     rules: dict[str, Any] | None = None
     """Columns of this endpoint's rule to override (``send_back``, ``hidden``, ``surface``, ...)."""
+    think_tags: bool | str | dict[str, bool | str] | None = None
+    """Inline ``<think>`` in answer text: ``leading``, ``anywhere`` or ``off`` (``true`` /
+    ``false``), or a table of them by model id with ``"*"`` for the rest; unset: the adapter's
+    default (``docs/providers/``, ADR 0077)."""
 
     @field_validator("server")
     @classmethod
@@ -207,7 +214,7 @@ class ProviderEndpoint(_Section):
         from thoughtgate.providers.rules import known_servers
 
         if value is not None and value not in known_servers():
-            raise ValueError(", ".join(known_servers()))
+            raise ValueError("expected one of " + ", ".join(known_servers()))
         return value
 
     @field_validator("rules")
@@ -220,6 +227,19 @@ class ProviderEndpoint(_Section):
             raise ValueError(problem)
         return value
 
+    @field_validator("think_tags", mode="before")
+    @classmethod
+    def _think_tags_modes(cls, value: Any) -> Any:
+        from thoughtgate.providers.think_tags import check_think_tags
+
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"  # from the environment
+        try:
+            check_think_tags(value)
+        except ConfigError as exc:
+            raise ValueError(f"expected {exc.allowed}, or a table of them by model id") from None
+        return value
+
     def adapter_options(self) -> dict[str, Any]:
         """The ``ProviderSettings.extra["thoughtgate"]`` options this section sets."""
         options: dict[str, Any] = {}
@@ -227,6 +247,8 @@ class ProviderEndpoint(_Section):
             options["server"] = self.server
         if self.rules:
             options["rules"] = dict(self.rules)
+        if self.think_tags is not None:
+            options["think_tags"] = self.think_tags
         return options
 
 
@@ -283,7 +305,7 @@ class McpConfig(_Section):
     @classmethod
     def _known_role(cls, value: str) -> str:
         if value not in ROLE_NAMES:
-            raise ValueError(", ".join(ROLE_NAMES))
+            raise ValueError("expected one of " + ", ".join(ROLE_NAMES))
         return value
 
 
@@ -304,27 +326,11 @@ class Config(_Section):
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "") -> Config:
-        """Validate ``data``; the first problem becomes one :class:`ConfigError`."""
+        """Validate ``data``; its problems become one :class:`ConfigError`, a line each."""
         try:
             return cls.model_validate({**data, "source": source})
         except ValidationError as exc:
-            raise _config_error(exc, source) from None
-
-
-def _allowed_text(err: Mapping[str, Any]) -> str:
-    ctx = err.get("ctx") or {}
-    if "expected" in ctx:
-        return str(ctx["expected"])
-    if err["type"] == "extra_forbidden":
-        return "no such key (check the spelling and the section)"
-    msg = str(err.get("msg", ""))
-    return msg.removeprefix("Value error, ")
-
-
-def _config_error(exc: ValidationError, source: str) -> ConfigError:
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
-    return ConfigError(key, err.get("input"), _allowed_text(err), source=source)
+            raise config_error(exc, Config, source) from None
 
 
 PROVIDER_ENV: dict[tuple[str, str], str] = {
@@ -453,16 +459,51 @@ def _overridden(environ: Mapping[str, str]) -> bool:
     )
 
 
-def _read_toml(file: Path) -> None:
+def _read_toml(file: Path) -> dict[str, Any]:
     """Read the file once up front, so a broken one is one clear :class:`ConfigError`."""
     try:
-        tomllib.loads(file.read_text(encoding="utf-8"))
+        return tomllib.loads(file.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("(file)", str(file), f"valid TOML ({exc})", source=str(file)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            "(file)", str(file), f"a readable file ({exc})", source=str(file)
-        ) from None
+        problem = f"not valid TOML: {exc}"
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text: {exc}"
+    except OSError as exc:
+        problem = f"cannot be read: {exc.strerror or exc}"
+    raise ConfigError("", None, "", source=str(file), problem=problem) from None
+
+
+def _origins(
+    loc: Location,
+    environ: Mapping[str, str],
+    file: Path | None,
+    data: Mapping[str, Any],
+) -> list[str]:
+    """Where the value at ``loc`` (or under it) is set, highest layer first: the variables that
+    set it, then the file."""
+    path = tuple(str(p) for p in itertools.takewhile(lambda p: isinstance(p, str), loc))
+
+    def sets(key: tuple[str, ...]) -> bool:
+        return key[: len(path)] == path
+
+    found = [name for key, name in _SHORTCUTS.items() if sets(key) and environ.get(name)]
+    found += sorted(
+        name
+        for name in environ
+        if name.upper().startswith(_ENV_PREFIX)
+        and _NESTED in name[len(_ENV_PREFIX) :]
+        and sets(tuple(name[len(_ENV_PREFIX) :].lower().split(_NESTED)))
+    )
+    found += [
+        name
+        for (section, key), name in PROVIDER_ENV.items()
+        if sets(("providers", section, key)) and environ.get(name)
+    ]
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if file is not None and node is not None:
+        found.append(str(file))
+    return found
 
 
 def load_config(
@@ -478,20 +519,29 @@ def load_config(
     if explicit is not None:
         file = Path(explicit)
         if not file.is_file():
-            raise ConfigError("--config", str(file), "an existing TOML file", source=str(file))
+            named = "--config" if path is not None else "THOUGHTGATE_CONFIG"
+            raise ConfigError(
+                "", None, "", source=str(file), problem=f"no such file (named by {named})"
+            )
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
         file = candidate if candidate.is_file() else None
-    if file is not None:
-        _read_toml(file)
+    data = _read_toml(file) if file is not None else {}
     source = str(file) if file is not None else "defaults"
     if _overridden(env):
         source = f"{source} + environment"
+
+    def origin(loc: Location, table: bool) -> str:
+        """The variable or file the bad value came from: the top layer that sets the key (it
+        won), or, for a whole table, every layer that sets part of it."""
+        found = _origins(loc, env, file, data)
+        return (" + ".join(found) if table else found[0]) if found else source
+
     token = _LAYERS.set(_Layers(env, file))
     try:
         layered = _layered()(source=source)
     except ValidationError as exc:
-        raise _config_error(exc, source) from None
+        raise config_error(exc, Config, source, origin) from None
     finally:
         _LAYERS.reset(token)
     return Config.model_validate(dict(layered))

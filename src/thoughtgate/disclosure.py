@@ -13,7 +13,13 @@ from typing import Literal, TypeAlias, get_args
 
 from thoughtgate.errors import UnknownModeError
 
-__all__ = ["CHAIN_OF_THOUGHT_MODES", "ChainOfThought", "Disclosure", "parse_chain_of_thought"]
+__all__ = [
+    "CHAIN_OF_THOUGHT_MODES",
+    "ChainOfThought",
+    "Disclosure",
+    "kept_detail",
+    "parse_chain_of_thought",
+]
 
 ChainOfThought: TypeAlias = Literal["hidden", "surface", "telemetry_only"]
 CHAIN_OF_THOUGHT_MODES: tuple[str, ...] = get_args(ChainOfThought)
@@ -59,3 +65,11 @@ class Disclosure:
     def in_trace(self) -> bool:
         """Reasoning in ``worker.completed`` trace metadata."""
         return self.mode != "hidden"
+
+
+def kept_detail(mode: str, detail: str | None) -> str | None:
+    """``detail`` when a run of ``mode`` records a failure's own words (``error_detail``), else
+    ``None``: they may quote reasoning, so they are recorded -- in events and in checkpoints --
+    only where reasoning is (``surface``, ``telemetry_only``); a ``hidden`` run records them
+    nowhere, nor does a mode this version does not know (fail closed; ADRs 0071, 0073)."""
+    return detail if mode in ("surface", "telemetry_only") else None

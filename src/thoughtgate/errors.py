@@ -4,7 +4,8 @@
 
     ThoughtgateError
     ├── UsageError                 the caller asked for something invalid; fix the input
-    │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value (names key, value, allowed)
+    │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value: one line per problem
+    │   │                            (where, key, value, what is expected)
     │   ├── UnknownModeError       not hidden | surface | telemetry_only
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
@@ -26,7 +27,8 @@
         │   ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
         │   ├── StoreReadOnlyError     the database cannot be written
         │   └── StoreUnavailableError  cannot reach / open the database
-        └── RunClosedError         the run already ended (another process closed it): no more events
+        ├── RunClosedError         the run already ended (another process closed it): no more events
+        └── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
 
 Every adapter and store backend maps its vendor and driver exceptions into this tree in one place
 and chains them with ``raise ... from exc`` so the original stays visible in tracebacks.
@@ -35,6 +37,7 @@ and chains them with ``raise ... from exc`` so the original stays visible in tra
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ __all__ = [
     "QuotaExceededError",
     "RunClosedError",
     "RunNotFoundError",
+    "RunTakenOverError",
     "RuntimeFailure",
     "StoreError",
     "StoreReadOnlyError",
@@ -98,18 +102,41 @@ class QuotaExceededError(UsageError):
 
 
 class ConfigError(UsageError):
-    """A configuration key holds a bad value."""
+    """A configuration key holds a bad value, or the configuration file cannot be used.
 
-    def __init__(self, key: str, value: object, allowed: str, *, source: str = "") -> None:
+    One line per problem, compiler-style: where it is (the file, or the environment variable),
+    the key path, the value, and what is expected -- ``thoughtgate.toml: server.port = 70000:
+    expected a whole number from 0 to 65535``. ``problem`` replaces "expected ``allowed``" when
+    the problem is not a wrong kind of value (an unknown key, keys that contradict each other);
+    ``also`` are the other problems found at once, each on its own line after this one's."""
+
+    def __init__(
+        self,
+        key: str,
+        value: object,
+        allowed: str,
+        *,
+        source: str = "",
+        problem: str | None = None,
+        also: Sequence[ConfigError] = (),
+    ) -> None:
         self.key = key
         self.value = value
         self.allowed = allowed
         self.source = source
-        where = f" (in {source})" if source else ""
-        if value is None:  # nothing was given: say what to set, not "= None"
-            super().__init__(f"{key} is not set{where}; it needs {allowed}")
+        self.problem = problem
+        self.also = tuple(also)
+        where = f"{source}: " if source else ""
+        if value is None and problem is None:  # nothing was given: say what to set, not "= None"
+            line = f"{where}{key} is not set; it needs {allowed}"
         else:
-            super().__init__(f"invalid {key} = {value!r}{where}; allowed: {allowed}")
+            # A whole table (an unknown section, keys that contradict each other) is not shown:
+            # the key and the problem say which part of it is wrong.
+            shown = "" if value is None or isinstance(value, Mapping) else f" = {value!r}"
+            said = problem if problem is not None else f"expected {allowed}"
+            line = f"{where}{key}{shown}: {said}" if key else f"{where}{said}"
+        self.lines: tuple[str, ...] = (line, *(x for other in self.also for x in other.lines))
+        super().__init__("\n".join(self.lines))
 
 
 class UnknownModeError(UsageError):
@@ -299,6 +326,25 @@ class RunClosedError(RuntimeFailure):
         super().__init__(
             f"run {run_id!r} has already ended (another thoughtgate process closed it); "
             "nothing more is recorded for it"
+        )
+
+
+class RunTakenOverError(RuntimeFailure):
+    """An end the store refused: the process recording it no longer executes the run.
+
+    Raised by ``EventLog.finish_run`` for an ending that names its executor
+    (``RunEnding.held_by``) when the run is open but held by another owner, by nobody (it waits
+    to resume), or by a later claim of the same owner: this process stalled past its lease and
+    another execution took the run over (ADR 0072). Nothing of the ending is stored, and the
+    caller must not report it as the run's end: the run's end is the other execution's.
+    """
+
+    def __init__(self, run_id: str, holder: str | None) -> None:
+        self.run_id = run_id
+        self.holder = holder
+        super().__init__(
+            f"run {run_id!r} was taken over by another execution while this process stalled "
+            "past its lease; its end here was not recorded"
         )
 
 

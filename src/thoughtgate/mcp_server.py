@@ -63,13 +63,14 @@ from thoughtgate.config import Config
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import AccessDeniedError, ThoughtgateError, UsageError
+from thoughtgate.errors import AccessDeniedError, RunTakenOverError, ThoughtgateError, UsageError
 from thoughtgate.events.catalogue import view_schema
 from thoughtgate.events.schema import Event, EventType, is_run_terminal
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.durability import make_durable
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.records import RunRecord
 from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import telemetry_sinks
 
@@ -208,18 +209,28 @@ class McpTools:
         specs = [TaskSpec(t) for t in tasks or () if t.strip()]
         if not prompt.strip() and not specs:
             raise UsageError("prompt must not be empty (or give at least one task)")
-        run = await self.runtime.create_run(
-            RunRequest(prompt, model=model, tasks=specs), chain_of_thought=chain_of_thought
+        loop = asyncio.get_running_loop()
+        created: list[RunRecord] = []
+        reporters: list[asyncio.Task[None]] = []
+
+        def follow(run: RunRecord) -> None:
+            created.append(run)
+            if progress is not None:
+                reporters.append(
+                    loop.create_task(
+                        self._report(run.run_id, run.chain_of_thought, len(run.tasks), progress)
+                    )
+                )
+
+        # The run is created and executed in one asyncio task of its own: a cancelled call
+        # (the host's notifications/cancelled cancels this handler's anyio scope, again at
+        # every await) cancels that task once, and then waits, shielded, until the run is
+        # closed -- also when the cancel lands while the run is admitted, or before its
+        # execution began (ADR 0072).
+        request = RunRequest(prompt, model=model, tasks=specs)
+        job = loop.create_task(
+            self.runtime.run(request, chain_of_thought=chain_of_thought, created=follow)
         )
-        reporter = None
-        if progress is not None:
-            reporter = asyncio.get_running_loop().create_task(
-                self._report(run.run_id, run.chain_of_thought, len(run.tasks), progress)
-            )
-        # The run executes in its own asyncio task: a cancelled call (the host's
-        # notifications/cancelled cancels this handler's anyio scope, again at every await)
-        # cancels that task once, and then waits, shielded, until the run is closed.
-        job = asyncio.get_running_loop().create_task(self.runtime.execute(run.run_id))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -227,12 +238,15 @@ class McpTools:
             with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
                 await job
             raise
+        except RunTakenOverError:
+            raise  # its end is another execution's, not this call's result (ADR 0072)
         except Exception:  # recorded as run.failed / run.error; the view below says so
-            pass
+            if not created:
+                raise  # no run: the request was refused (a UsageError says why)
         finally:
-            if reporter is not None:
+            for reporter in reporters:
                 await _finish(reporter)
-        return filter_run(await self.runtime.store.get_run(run.run_id), self.role)
+        return filter_run(await self.runtime.store.get_run(created[0].run_id), self.role)
 
     async def _report(self, run_id: str, mode: str, tasks: int, progress: Progress) -> None:
         """Progress from the run's events, as this server's role may see them, until its end."""

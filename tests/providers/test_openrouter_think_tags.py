@@ -9,7 +9,6 @@ so they reach only those who may read reasoning; tags inside an answer stay answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 from typing import Any
@@ -18,15 +17,12 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.viewer import role_reads
 
-from thoughtgate.access.filter import filter_events, filter_run
-from thoughtgate.config import Config
 from thoughtgate.engine.turn import stream_llm_turn
 from thoughtgate.errors import ConfigError
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
 from thoughtgate.providers.openrouter import OpenRouterProvider
-from thoughtgate.store.urls import open_store
 from thoughtgate.types import Message, TextPart, Turn
 
 pytestmark = pytest.mark.unit
@@ -113,31 +109,9 @@ def test_the_option_per_provider_and_per_model() -> None:
 @pytest.mark.parametrize("mode", ["hidden", "surface", "telemetry_only"])
 def test_a_viewer_never_reads_the_tag_content(mode: str) -> None:
     content = f"<think>{TAG}</think>The answer."
-
-    async def main() -> tuple[str, str]:
-        store = await open_store("memory://")
-        try:
-            runtime = Runtime(
-                store,
-                Config(),
-                provider_factory=lambda model: _provider(_cut(content, [3, 9, 17])),
-            )
-            with contextlib.suppress(Exception):
-                await runtime.run(
-                    RunRequest("Why?", model=f"openrouter:{MODEL}"), chain_of_thought=mode
-                )
-            (record,) = await store.list_runs(limit=1)
-            log = await store.read(record.run_id)
-
-            def read(role: str) -> str:
-                events = [e.to_dict() for e in filter_events(log, role, mode=mode)]
-                return json.dumps([filter_run(record, role).to_json(), events])
-
-            return read("viewer"), read("developer")
-        finally:
-            await store.close()
-
-    viewer, developer = asyncio.run(main())
-    assert "The answer." in viewer
-    assert TAG not in viewer
-    assert (TAG in developer) == (mode == "surface")
+    reads = asyncio.run(
+        role_reads(lambda model: _provider(_cut(content, [3, 9, 17])), f"openrouter:{MODEL}", mode)
+    )
+    assert "The answer." in reads["viewer"]
+    assert TAG not in reads["viewer"]
+    assert (TAG in reads["developer"]) == (mode == "surface")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -112,8 +113,12 @@ def test_unstripped_mode_loses_no_character(text: str, cuts: list[int]) -> None:
     assert len(reasoning) + len(answer) <= len(text)
 
 
-def _parse(content_chunks: list[str], *, capture: bool = True) -> tuple[str, str]:
-    parser = CompatParser(provider="openai-compatible", model="m", capture=capture)
+def _parse(
+    content_chunks: list[str], *, capture: bool = True, think_tags: Any = True
+) -> tuple[str, str]:
+    parser = CompatParser(
+        provider="openai-compatible", model="m", capture=capture, think_tags=think_tags
+    )
     acc = TurnAccumulator()
     for piece in content_chunks:
         acc.feed_all(parser.feed_event({"choices": [{"index": 0, "delta": {"content": piece}}]}))
@@ -133,6 +138,17 @@ def test_adapter_streaming_and_non_streaming_agree(text: str, cuts: list[int]) -
     assert streamed == (whole.reasoning_text, whole.text)
     # hidden mode drops the reasoning but never lets it into the answer
     assert _parse([text], capture=False) == ("", whole.text)
+
+
+def test_the_compatible_adapter_takes_every_mode_of_the_option() -> None:
+    """ADR 0077: one ``think_tags`` option on every adapter; here ``anywhere`` stays the default
+    and ``true`` / ``false`` keep their meaning."""
+    inline = ["A <think>", "r</think> B"]
+    assert _parse(inline) == _parse(inline, think_tags="anywhere") == ("r", "A B")
+    assert _parse(inline, think_tags="leading") == ("", "A <think>r</think> B")
+    assert _parse(["<thi", "nk>r</think>B"], think_tags="leading") == ("r", "B")
+    assert _parse(inline, think_tags="off") == _parse(inline, think_tags=False)
+    assert _parse(inline, think_tags={"m": "off", "*": "anywhere"}) == ("", "A <think>r</think> B")
 
 
 def test_examples() -> None:

@@ -240,5 +240,8 @@ def write_screenshots(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for written in write_screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
-        print(written)
+    from support import fakes
+
+    with fakes.registered():  # the web scripts (fake:story, ...), as the tests' session has them
+        for written in write_screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
+            print(written)

@@ -415,16 +415,25 @@ class ServeProcess:
     @staticmethod
     def start_all(*servers: ServeProcess, timeout: float = HANG_S) -> None:
         """Start several at once (each one's start is mostly imports, on another core) and wait
-        until every one listens."""
+        until every one listens, ``timeout`` seconds at most for all of them together: one
+        deadline, not one budget each in turn, so the wait cannot outlast the test's own timeout
+        (which would end it showing nothing) and gives up with :meth:`ready`'s error -- what the
+        one not listening printed, and where it waits. Every other one is stopped then too."""
+        deadline = time.monotonic() + timeout
         for server in servers:
             server.spawn()
-        for server in servers:
-            server.ready(timeout=timeout)
+        try:
+            for server in servers:
+                server._listening_by(deadline, expect_key=False, budget_s=timeout)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
 
     def spawn(self) -> ServeProcess:
         """Start the process; :meth:`ready` waits until it listens."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args],
+            self.command(),
             env=cli_env(**self.env),
             cwd=str(REPO),
             stdout=self._stdout,
@@ -436,6 +445,10 @@ class ServeProcess:
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
         return self
+
+    def command(self) -> list[str]:
+        """What :meth:`spawn` runs."""
+        return [sys.executable, "-m", "thoughtgate", "serve", "--port", "0", *self.args]
 
     def _read_stderr(self) -> None:
         """Every line the process writes to stderr, into ``stderr_lines`` and for :meth:`ready`
@@ -452,12 +465,20 @@ class ServeProcess:
         """Wait for the URL it listens on (and its bootstrap key when ``expect_key``), at most
         ``timeout`` seconds; a process that is still running then is shown with where it waits
         (its threads' stacks), so a hang names its cause."""
+        return self._listening_by(
+            time.monotonic() + timeout, expect_key=expect_key, budget_s=timeout
+        )
+
+    def _listening_by(self, deadline: float, *, expect_key: bool, budget_s: float) -> ServeProcess:
+        """:meth:`ready`, until the monotonic ``deadline``; ``budget_s`` is the wait the error
+        names. What the process printed before the deadline counts however late it is read: of
+        servers started together, one that listens while the wait is for another is ready."""
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
         key_next = False
-        while (left := deadline - time.monotonic()) > 0:
+        while True:
+            left = deadline - time.monotonic()
             try:
-                line = self._lines.get(timeout=left)
+                line = self._lines.get(timeout=left) if left > 0 else self._lines.get_nowait()
             except queue.Empty:
                 break
             if line is None:  # it closed stderr: it is exiting
@@ -475,9 +496,9 @@ class ServeProcess:
         where = "" if code is not None else process_stacks(self.proc.pid)
         self.stop()
         if self.base_url:
-            why = f"printed no key after {timeout} s"
+            why = f"printed no key after {budget_s} s"
         else:
-            why = f"exited with {code}" if code is not None else f"not listening after {timeout} s"
+            why = f"exited with {code}" if code is not None else f"not listening after {budget_s} s"
         raise RuntimeError(f"serve did not start ({why}):\n" + "".join(self.stderr_lines) + where)
 
     def _limit_files(self) -> None:

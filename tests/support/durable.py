@@ -17,6 +17,7 @@ from typing import Any
 
 from thoughtgate.engine.tools import tool
 from thoughtgate.providers.base import TurnRequest
+from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 from thoughtgate.types import ContinuityBlock, ContinuityChunk
 
@@ -132,3 +133,21 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+async def queued_run(store: DurableRunStore, **run: Any) -> str:
+    """A durable run admitted for queue ``q`` (ownerless, queued now) and put on no queue: what a
+    sweep finds when what queues it failed (ADR 0062). ``run``: the run record's fields."""
+    from support.store_conformance import make_run
+
+    record = make_run(tasks=1, **run)
+    spec = RunSpecRecord(
+        record.run_id,
+        {"tasks": [], "tools": []},
+        durable=True,
+        resume="queue",
+        queue="q",
+        queued_at=time.time(),
+    )
+    await store.admit_run(record, spec)
+    return record.run_id

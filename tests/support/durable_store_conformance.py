@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
 from support.store_conformance import make_run
+from thoughtgate.errors import RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.store.base import EventStore, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
+from thoughtgate.store.leases import Owner, SweepCursor, close_orphaned_runs
 
 __all__ = ["DurableStoreConformance"]
 
@@ -190,6 +192,146 @@ class DurableStoreConformance:
         assert found[suspended].queued_at is None
         assert found[held].queued_at is None and found[held].owner == "a.1.x"
         assert found[plain.run_id].queued_at is None
+
+    async def test_an_end_by_an_execution_whose_run_was_taken_over_is_refused(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0072: A claims, A's lease expires, a sweep releases the run and B claims it
+        (resumes it); A, which stalled past its lease, then records its end: refused, nothing
+        stored; B's end is recorded."""
+        ds = durable(store)
+        run_id = await admitted(store, durable=True, resume="queue", queue="q1")
+        assert await ds.claim_run(run_id, "a.1.x", 0.0) == 1  # its lease expires at once
+        expired_by = (await store.open_runs()).now  # as a sweep reads it, on the store's clock
+        assert await ds.release_run(run_id, owner="a.1.x", lease_expired_by=expired_by, queue=True)
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        before = await store.read(run_id)
+        a_end = NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "a"})
+        with pytest.raises(RunTakenOverError):
+            await store.finish_run(
+                run_id, [a_end], RunEnding("completed", held_by=Holder("a.1.x", 1))
+            )
+        run = await store.get_run(run_id)
+        assert (run.status, run.owner) == ("running", "b.2.y"), "B still executes it"
+        assert await store.read(run_id) == before, "nothing of A's end is stored"
+        await store.append(run_id, [NewEvent(EventType.MESSAGE_DELTA, {"text": "b"})])
+        b_end = NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "b"})
+        out = await store.finish_run(
+            run_id, [b_end], RunEnding("completed", held_by=Holder("b.2.y", 2))
+        )
+        assert [e.type for e in out] == [EventType.RUN_INTERRUPTED]
+        assert (await store.get_run(run_id)).status == "completed"
+        assert (
+            await store.finish_run(run_id, [], RunEnding("failed", held_by=Holder("a.1.x", 1)))
+            == []
+        ), "an ended run: nothing to refuse, as before"
+
+    async def test_a_later_claim_of_the_same_process_fences_its_earlier_execution(
+        self, store: EventStore
+    ) -> None:
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        with pytest.raises(RunTakenOverError):  # released, not claimed yet: nobody's to end
+            await store.finish_run(run_id, [], RunEnding("completed", held_by=Holder("a.1.x", 1)))
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 2
+        with pytest.raises(RunTakenOverError):
+            await store.finish_run(run_id, [], RunEnding("completed", held_by=Holder("a.1.x", 1)))
+        await store.finish_run(run_id, [], RunEnding("completed", held_by=Holder("a.1.x", 2)))
+        assert (await store.get_run(run_id)).status == "completed"
+
+    async def test_ends_that_name_no_attempt_or_no_execution(self, store: EventStore) -> None:
+        """A run executed without a claim (no spec, or a plain run) is fenced by its owner; a
+        sweep's end names no execution and is fenced by the lease alone, as before."""
+        plain = make_run(owner="a.1.x", lease_expires_at=time.time() + 30)
+        await store.create_run(plain)
+        with pytest.raises(RunTakenOverError):
+            await store.finish_run(plain.run_id, [], RunEnding("completed", held_by=Holder("b")))
+        await store.finish_run(plain.run_id, [], RunEnding("completed", held_by=Holder("a.1.x")))
+        assert (await store.get_run(plain.run_id)).status == "completed"
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 0.0) == 1
+        swept = RunEnding("interrupted", lease_expired_by=(await store.open_runs()).now)
+        await store.finish_run(run_id, [], swept)
+        assert (await store.get_run(run_id)).status == "interrupted"
+
+    async def test_of_two_executions_ending_at_once_only_the_holder_ends_the_run(
+        self, store: EventStore
+    ) -> None:
+        """Both ends in flight together (SQLite merges them into one write, ADR 0033)."""
+        ds = durable(store)
+        runs = [await admitted(store, durable=True) for _ in range(3)]
+        for run_id in runs:
+            assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+            assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+            assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        ends = [
+            store.finish_run(run_id, [], RunEnding(status, held_by=Holder(owner, attempt)))
+            for run_id in runs
+            for status, owner, attempt in (("failed", "a.1.x", 1), ("completed", "b.2.y", 2))
+        ]
+        results = await asyncio.gather(*ends, return_exceptions=True)
+        # A's end is refused, or finds the run ended when B's committed first (PostgreSQL runs
+        # them at once); B's is recorded either way.
+        assert all(isinstance(r, RunTakenOverError) or r == [] for r in results[0::2])
+        assert results[1::2] == [[], [], []]
+        for run_id in runs:
+            assert (await store.get_run(run_id)).status == "completed"
+
+    async def test_a_sweep_beside_more_leased_runs_than_a_page_sees_every_other_run(
+        self, store: EventStore
+    ) -> None:
+        """A daemon's sweep reads a page of open runs a pass (ADR 0074): beside more runs
+        leased elsewhere than a page, an expired run is released on the first pass and a
+        queued run on no queue put back within one walk through the open runs, while the
+        suspended run is looked at and left alone. (Before, a sweep read the 1000 open runs
+        with the oldest leases: beyond 1000 leased runs it never saw a run without a lease.)"""
+        far = Owner("another-host", 4242, "n").owner_id
+        for _ in range(5):
+            await store.create_run(make_run(status="running", owner=far, lease_expires_at=4e9))
+        lost = await admitted(store, durable=True, resume="queue", queue="q", queued_at=1.0)
+        suspended = await admitted(store, durable=True)
+        orphan = make_run(tasks=1, status="running", owner=far, lease_expires_at=1.0)
+        await durable(store).admit_run(
+            orphan, RunSpecRecord(orphan.run_id, dict(SPEC), durable=True)
+        )
+        requeued: list[str] = []
+        asked: set[str] = set()
+        seen: set[str] = set()
+        reads = store.open_runs
+
+        async def spied(**kw: Any) -> OpenRuns:
+            found = await reads(**kw)
+            seen.update(run.run_id for run in found.runs)
+            return found
+
+        async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+            requeued.append(run_id)
+
+        async def on_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+            asked.update(run_ids)
+            return {}  # on no queue
+
+        cursor = SweepCursor()
+        passes = 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store, "open_runs", spied)
+            while passes == 0 or cursor.after is not None:  # one walk through the open runs
+                passes += 1
+                assert passes <= 5, "8 open runs, 2 a page, then the wrap"
+                await close_orphaned_runs(
+                    store, requeue=requeue, on_queue=on_queue, cursor=cursor, page=2
+                )
+                if passes == 1:
+                    released = await store.get_run(orphan.run_id)
+                    assert released.owner is None, "an expired lease does not wait its page"
+                    assert released.metadata["suspended"]["resume"] == "manual"
+        assert requeued == [lost] and asked == {lost}
+        assert suspended in seen
+        run = await store.get_run(suspended)
+        assert run.status in ("pending", "running") and "suspended" not in run.metadata
 
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)

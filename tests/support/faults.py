@@ -425,8 +425,20 @@ class FailingStore(EventStore):
     async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
         return await self.inner.renew_leases(owner, ttl_s, run_ids)
 
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
-        return await self.inner.open_runs(limit=limit)
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
+        return await self.inner.open_runs(
+            limit=limit, after=after, expired=expired, run_ids=run_ids
+        )
+
+    async def clock(self) -> float:
+        return await self.inner.clock()
 
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         await self.inner.save_api_key(key)

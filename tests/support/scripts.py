@@ -14,13 +14,27 @@ from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.testing.fake import ScriptFn, text
 
-__all__ = ["SCRIPTS", "cut", "outage", "slow"]
+__all__ = ["SCRIPTS", "cut", "failing", "outage", "slow"]
 
 
 def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
-    """The provider refuses the turn before any output (a 529)."""
-    raise ProviderHTTPError("Overloaded", provider="fake", status=529, error_type="overloaded")
+    """The provider refuses the turn before any output (a 529), as an adapter reports a real
+    provider's refusal: "Overloaded" is the provider's own text (``by_provider``), so it is the
+    developer-only ``error_detail``, never the public ``error`` (ADRs 0071, 0073)."""
+    raise ProviderHTTPError(
+        "Overloaded", provider="fake", status=529, error_type="overloaded", by_provider=True
+    )
     yield  # pragma: no cover - makes this a generator
+
+
+def failing(error: Exception) -> AsyncIterator[Any]:
+    """A turn's stream that fails with ``error`` before any output (a provider refusing it)."""
+
+    async def gen() -> AsyncIterator[Any]:
+        raise error
+        yield  # pragma: no cover - makes this a generator
+
+    return gen()
 
 
 def cut(request: TurnRequest, turn: int) -> Iterator[Any]:

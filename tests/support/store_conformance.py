@@ -93,9 +93,11 @@ async def a_run_of_tool_failures(store: EventStore) -> str:
 
 async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> None:
     """Rows of the old vocabulary come back upgraded whether their page is all old (read as
-    columns) or mixed (read row by row), by every read: whole, tailed, in small batches."""
+    columns) or mixed (read row by row), by every read: whole, tailed, in small batches.
+    (Their stamps a second apart, moved onto PostgreSQL's clock as stored: ADR 0074.)"""
+    first = await store.read(run_id)
     for got in (
-        await store.read(run_id),
+        first,
         await collect(store.tail(run_id)),
         await collect(store.tail(run_id, batch=100)),
     ):
@@ -104,7 +106,8 @@ async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> Non
         assert [e.payload.get("call_id") for e in got[:300]] == [f"c{i}" for i in range(300)]
         assert not any("callId" in e.payload for e in got[:300])
         assert all("callId" in e.payload for e in got[300:600])  # already current: as is
-        assert [e.ts for e in got[:600]] == [1.5 + i for i in range(600)]
+        assert [e.ts for e in got] == [e.ts for e in first]
+        assert [e.ts - got[0].ts for e in got[:600]] == pytest.approx(list(range(600)))
 
 
 def assert_same_events(got: list[Event], expected: list[Event]) -> None:
@@ -127,6 +130,10 @@ class _Collecting:
 class EventLogConformance:
     """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
     hand-off of committed batches to listeners and observers. Runs come from the run index."""
+
+    stamps_as_given = True
+    """Whether an event is stored with the ``ts`` it was made with; PostgreSQL moves it onto the
+    server's clock (ADR 0074)."""
 
     @pytest.fixture
     async def store(self) -> AsyncIterator[EventStore]:
@@ -253,9 +260,11 @@ class EventLogConformance:
             for i, p in enumerate(payloads)
         ]
         appended = await store.append(run.run_id, new)
+        # as made, on the store's clock (PostgreSQL moves them onto the server's: ADR 0074)
+        assert [e.ts for e in appended] == pytest.approx([n.ts for n in new], abs=60)
         for got in (appended, await store.read(run.run_id)):
             assert [dict(e.payload) for e in got] == payloads
-            assert [e.ts for e in got] == [n.ts for n in new]
+            assert [e.ts for e in got] == [e.ts for e in appended]
             assert [e.task_id for e in got] == ["task_1"] * 3
             assert [e.type for e in got] == [EventType.AGENT_RESPONSE] * 3
             stored = got[1].payload["reasoning"]
@@ -266,18 +275,22 @@ class EventLogConformance:
         self, store: EventStore
     ) -> None:
         """Stamps a page of columns cannot carry exactly (SQLite's crosses as multiples of
-        2**-22) are read row by row: a replay never rounds one."""
+        2**-22) are read row by row: a replay never rounds one. Each read gives the stamps the
+        append stored (PostgreSQL's moved onto its clock, ADR 0074; the others' as given)."""
         odd = [0.1, 1e-300, -5.5, 2.0**40 + 0.5, 1_700_000_000.0 + 2.0**-30, 1e300, 0.0]
         stamps = [1_700_000_000.123456789 + i for i in range(20)]
         stamps[3:3] = odd
         run = make_run()
         await store.create_run(run)
         news = [NewEvent(EventType.MESSAGE_DELTA, {"i": i}, ts=ts) for i, ts in enumerate(stamps)]
-        await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, ts=2.5)])
-        assert [e.ts for e in await store.read(run.run_id)] == [*stamps, 2.5]
-        assert [e.ts for e in await store.read(run.run_id, after=10)] == [*stamps[10:], 2.5]
+        appended = await store.append(run.run_id, [*news, NewEvent(EventType.RUN_ERROR, ts=2.5)])
+        stored = [e.ts for e in appended]
+        if self.stamps_as_given:
+            assert stored == [*stamps, 2.5]
+        assert [e.ts for e in await store.read(run.run_id)] == stored
+        assert [e.ts for e in await store.read(run.run_id, after=10)] == stored[10:]
         replayed = await collect(store.tail(run.run_id, batch=4))
-        assert [e.ts for e in replayed] == [*stamps, 2.5]
+        assert [e.ts for e in replayed] == stored
         assert [e.payload for e in replayed[:-1]] == [{"i": i} for i in range(len(stamps))]
 
     async def test_reads_longer_than_a_page_of_the_database_are_whole_and_in_order(
@@ -833,8 +846,41 @@ class RunIndexConformance:
         assert leases[given_up.run_id] == ("o", 2.0)
         lease = leases[mine.run_id][1]
         assert lease is not None and found.now + 90 < lease <= found.now + 101
-        oldest = [r.run_id for r in found.runs][:2]
-        assert oldest == [given_up.run_id, other.run_id], "oldest lease first"
+        assert [r.run_id for r in found.runs] == sorted(leases), "in run id order"
+
+    async def test_open_runs_come_in_pages_whatever_their_number(self, store: EventStore) -> None:
+        """A sweep pages through the open runs by run id (ADR 0074): each page holds at most
+        its limit, the pages hold every open run once -- leased or not, however many leased
+        ones come first --, and a read of the expired leases or of named runs holds those."""
+        live = [make_run(status="running", owner="p", lease_expires_at=4e9) for _ in range(5)]
+        expired = [make_run(status="running", owner="p", lease_expires_at=1.0) for _ in range(3)]
+        nobody = make_run(status="pending")
+        ended = make_run(status="running", owner="p", lease_expires_at=1.0)
+        for run in (*live, *expired, nobody, ended):
+            await store.create_run(run)
+        await store.finish_run(ended.run_id, [], RunEnding("completed"))
+        open_ids = sorted(r.run_id for r in (*live, *expired, nobody))
+
+        async def pages(**only: Any) -> list[list[str]]:
+            out: list[list[str]] = []
+            after: str | None = None
+            while True:
+                found = await store.open_runs(limit=2, after=after, **only)
+                out.append([r.run_id for r in found.runs])
+                if len(found.runs) < 2:
+                    return out
+                after = found.runs[-1].run_id
+
+        walked = await pages()
+        assert all(len(p) <= 2 for p in walked) and len(walked) == 5
+        assert [run_id for p in walked for run_id in p] == open_ids
+        assert [run_id for p in await pages(expired=True) for run_id in p] == sorted(
+            r.run_id for r in expired
+        )
+        named = [nobody.run_id, ended.run_id, live[0].run_id, "run_unknown"]
+        found = await store.open_runs(run_ids=named)
+        assert [r.run_id for r in found.runs] == sorted([nobody.run_id, live[0].run_id])
+        assert (await store.open_runs(run_ids=[])).runs == []
 
     async def test_find_run_ids_by_prefix(self, store: EventStore) -> None:
         for run_id in ("run_aa1", "run_aa2", "run_ab1", "run_a_1", "run_a%1", "run_b"):

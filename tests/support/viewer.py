@@ -1,13 +1,15 @@
-"""What a viewer reads of a run that failed: one run through the real runtime on a memory store,
-its Anthropic adapter answered by a given transport, then its run view and its events as the one
-output filter gives them to a viewer (the tests that look for a canary in a run's error)."""
+"""What a viewer reads of a run: one run through the real runtime on a memory store, its adapter
+answered by a given transport or server, then its run view and its events as the one output
+filter gives them to a role (the tests that look for a canary in a run's error or answer)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -17,7 +19,7 @@ from thoughtgate.config import Config
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.store.urls import open_store
 
-__all__ = ["ViewerRead", "viewer_reads"]
+__all__ = ["ViewerRead", "role_reads", "viewer_reads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +55,32 @@ def viewer_reads(transport: httpx.AsyncBaseTransport, mode: str) -> ViewerRead:
             await store.close()
 
     return asyncio.run(main())
+
+
+async def role_reads(
+    provider_factory: Callable[[str], Any],
+    model: str,
+    mode: str,
+    roles: Sequence[str] = ("viewer", "developer"),
+) -> dict[str, str]:
+    """Run one prompt on ``model`` (``PROVIDER:MODEL``) with the adapter ``provider_factory``
+    makes, in ``mode`` (however it ends: the run records it), and read it back as each role:
+    its run view and events as the one output filter gives them, as JSON text."""
+    store = await open_store("memory://")
+    try:
+        runtime = Runtime(store, Config(), provider_factory=provider_factory)
+        with contextlib.suppress(Exception):  # a run that errors raises; it is recorded
+            await runtime.run(RunRequest("Why?", model=model), chain_of_thought=mode)
+        (record,) = await store.list_runs(limit=1)
+        log = await store.read(record.run_id)
+        return {
+            role: json.dumps(
+                [
+                    filter_run(record, role).to_json(),
+                    [e.to_dict() for e in filter_events(log, role, mode=mode)],
+                ]
+            )
+            for role in roles
+        }
+    finally:
+        await store.close()

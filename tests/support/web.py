@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from typing import Any, TypeVar
 
 from support.daemon import SERVER_TOOLS, Daemon, ThreadServer, seed_keys
+from support.scripts import failing
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import ProviderHTTPError
@@ -46,6 +47,7 @@ __all__ = [
     "TOOL_WHYS",
     "WEB_TOOLS",
     "raw_marker",
+    "said_marker",
     "seed_run",
     "story_run",
     "web_daemon",
@@ -54,6 +56,11 @@ __all__ = [
 
 def raw_marker(token: str) -> str:
     return f"RAWTHOUGHT-{token}"
+
+
+def said_marker(token: str) -> str:
+    """In a ``fake:story-outage`` provider's error text (the failure's own words), if a token."""
+    return f"PROVIDERSAID-{token}" if token else ""
 
 
 STORY_PROMPT = "Plan a day trip from Lisbon to Porto tomorrow"
@@ -168,20 +175,21 @@ def _saytool(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
 
 def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     """``fake:story-outage``: the story's first turn (it checks the weather), then the provider
-    is overloaded: a failed run whose error belongs to its second model turn."""
+    is overloaded: a failed run whose error belongs to its second model turn. The provider's
+    text (``by_provider``, as an adapter marks it) carries :func:`said_marker` of the run's
+    token: it is the developer-only ``error_detail`` (ADR 0073)."""
     if turn == 0:
         return _story(request, turn)
-
-    async def gen() -> AsyncIterator[Any]:
-        raise ProviderHTTPError(
-            "Overloaded",
+    token, _ = _args(request)
+    return failing(
+        ProviderHTTPError(
+            f"Overloaded {said_marker(token)}".strip(),
             provider="anthropic",
             status=529,
             error_type="overloaded_error",
+            by_provider=True,
         )
-        yield  # pragma: no cover - makes this a generator
-
-    return gen()
+    )
 
 
 SCRIPTS: dict[str, ScriptFn] = {"story": _story, "saytool": _saytool, "story-outage": _story_outage}

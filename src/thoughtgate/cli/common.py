@@ -62,18 +62,20 @@ def run_async(
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """A ThoughtgateError raised inside becomes one clear line on stderr and its exit code
-    (``UsageError``: 2, else 1); Ctrl-C exits 130. For command code outside ``run_async`` too,
-    e.g. checking options before anything is opened."""
+    """A ThoughtgateError raised inside becomes one clear line on stderr (one line per problem,
+    when it names several) and its exit code (``UsageError``: 2, else 1); Ctrl-C exits 130. For
+    command code outside ``run_async`` too, e.g. checking options before anything is opened."""
     try:
         yield
     except ThoughtgateError as exc:
         # The message is plain text: brackets in it ("thoughtgate[mcp]") are not markup. One
         # line, never wrapped at the terminal's width: a path, URL or run id broken by a newline
         # cannot be copied, nor found by a script reading stderr.
-        err_console.print(
-            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True
-        )
+        # Several problems found at once (a config file's) are one line each.
+        for line in str(exc).splitlines() or [""]:
+            err_console.print(
+                f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True
+            )
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None
     except KeyboardInterrupt:

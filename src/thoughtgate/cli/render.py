@@ -58,7 +58,7 @@ class LivePrinter:
 
     def _detail(self, p: Mapping[str, Any]) -> None:
         """The failure's own words (``error_detail``): only in a payload the one output filter
-        left them in, for a reader who may read them (ADR 0071)."""
+        left them in, for a reader who may read them (ADRs 0071, 0073)."""
         detail = p.get("error_detail")
         if isinstance(detail, str) and detail:
             self.console.print(Text(f"  said: {detail}", style="dim"))
@@ -124,6 +124,7 @@ class LivePrinter:
         elif t == EventType.RUN_INTERRUPTED:
             self._switch("note")
             self.console.print(f"[yellow]interrupted: {p.get('reason')}[/]", highlight=False)
+            self._detail(p)  # why it could not resume, be queued or start (ADR 0073)
 
     def end(self) -> None:
         if self._mode is not None:

@@ -56,7 +56,7 @@ from thoughtgate.cli.remote import (
     wants_daemon,
 )
 from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RunFilters, with_run_filters
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import RunTakenOverError, UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.access.roles import Role
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from thoughtgate.events.views import RunView
     from thoughtgate.orchestration.runtime import RunRequest, Runtime
     from thoughtgate.store.base import EventStore
+    from thoughtgate.store.records import RunRecord
 
 __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
@@ -133,6 +134,8 @@ async def _until_done(done: Awaitable[Any], stop: Callable[[str], Awaitable[None
         await stop(reason)
         if main is not None:
             main.uncancel()
+    except RunTakenOverError:
+        raise  # its end is another execution's: this process must not show it as ended here
     except Exception:  # recorded on the run (run.failed / run.error); its view says what
         pass
     finally:
@@ -157,10 +160,20 @@ async def execute_and_follow(
     from thoughtgate.access.filter import filter_run
     from thoughtgate.cli.readers import StoreReader
 
-    run = await runtime.create_run(request, chain_of_thought=chain_of_thought)
     reader = StoreReader(runtime.store, role)
-    follower = asyncio.create_task(_print_live(reader.follow(run.run_id))) if live else None
-    job = asyncio.create_task(runtime.execute(run.run_id))
+    created: list[RunRecord] = []
+    followers: list[asyncio.Task[None]] = []
+
+    def follow(run: RunRecord) -> None:
+        created.append(run)
+        if live:
+            followers.append(asyncio.create_task(_print_live(reader.follow(run.run_id))))
+
+    # Created and executed in one task: a cancel of it ends the run interrupted wherever it
+    # lands, its admission included, and one before the task ran finds no run (ADR 0072).
+    job = asyncio.create_task(
+        runtime.run(request, chain_of_thought=chain_of_thought, created=follow)
+    )
 
     async def stop(reason: str) -> None:
         # The run is cancelled once, with the reason, and given the time to record its end.
@@ -171,12 +184,14 @@ async def execute_and_follow(
     try:
         await _until_done(job, stop)
     finally:
-        if follower is not None:
+        for follower in followers:
             try:
                 await asyncio.wait_for(follower, timeout=5)
             except TimeoutError:
                 follower.cancel()
-    return filter_run(await runtime.store.get_run(run.run_id), role)
+    if not created:
+        await job  # no run: its error (the request refused, or the cancel before it existed)
+    return filter_run(await runtime.store.get_run(created[0].run_id), role)
 
 
 async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: bool) -> RunView:
@@ -206,10 +221,12 @@ async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: 
     try:
         await engine.resume(run_id, engine.queue)
     except Exception as exc:  # no workflow to resume, or another version's: never left open
+        from thoughtgate.errors import failure_detail, failure_text
         from thoughtgate.store.leases import close_run_interrupted
 
-        reason = f"it could not resume: {exc}"
-        await close_run_interrupted(store, run_id, reason)
+        # Public: thoughtgate's words; the failure's own go to error_detail (ADR 0073).
+        reason = f"it could not resume: {failure_text(exc)}"
+        await close_run_interrupted(store, run_id, reason, detail=failure_detail(exc))
         raise UsageError(f"run {run_id} {reason}; it was closed") from exc
     events = StoreReader(store, role).follow(run_id, after=after)
     if live:

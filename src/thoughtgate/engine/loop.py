@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
-from thoughtgate.disclosure import Disclosure
+from thoughtgate.disclosure import Disclosure, kept_detail
 from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.engine.history import DroppedCarrier, keep_own_carriers
 from thoughtgate.engine.steps import DirectSteps, StepCodec, Steps
@@ -391,7 +391,9 @@ class _Loop:
             await self.flush_tail(ending=True)
             partial = self.captured(exc.partial) if exc.partial is not None else None
             call = self.call_info(request, partial, started_at) if partial is not None else None
-            return _TurnOutcome(self.turn_no, partial, _ProviderFailure.of(exc), call)
+            return _TurnOutcome(
+                self.turn_no, partial, _ProviderFailure.of(exc, self.disclosure), call
+            )
         self.stream_ended_at = now_ts()
         await self.flush_tail(ending=not turn.tool_calls)
         return _TurnOutcome(self.turn_no, turn, None, self.call_info(request, turn, started_at))
@@ -717,13 +719,15 @@ class _ProviderFailure:
     """The provider's own words (:func:`failure_detail`): the developer-only ``error_detail``."""
 
     @classmethod
-    def of(cls, exc: ProviderError) -> _ProviderFailure:
+    def of(cls, exc: ProviderError, disclosure: Disclosure) -> _ProviderFailure:
+        """``disclosure``: the run's. A ``hidden`` run keeps no detail even here: this is a model
+        turn step's result, which the durable engine checkpoints (ADR 0073)."""
         return cls(
             failure_text(exc),
             exc.status,
             identifier(exc.error_type),
             error_type_of(exc),
-            failure_detail(exc),
+            kept_detail(disclosure.mode, failure_detail(exc)),
         )
 
 

@@ -129,6 +129,10 @@ class ResumeLog:
 
     events: Sequence[Event]
     last_seq: int = 0
+    clock_offset: float = 0.0
+    """The stamps' clock (the store's: PostgreSQL's server, ADR 0074) less this process's, when
+    the log was read: what a time read from a stamp is moved by to compare with this process's
+    clock."""
     _turn_events: dict[str, dict[int, list[Event]]] = field(default_factory=dict)
     _tool_started: set[tuple[str | None, str]] = field(default_factory=set)
     _tool_end: dict[tuple[str | None, str], Event] = field(default_factory=dict)
@@ -193,8 +197,10 @@ class ResumeLog:
         return (task_id, call_id) in self._asked
 
     def approval_asked_at(self, task_id: str, call_id: str) -> float | None:
-        """When the log recorded the request for this call's approval (its event's ``ts``)."""
-        return self._asked.get((task_id, call_id))
+        """When the log recorded the request for this call's approval (its event's ``ts``), on
+        this process's clock."""
+        asked = self._asked.get((task_id, call_id))
+        return None if asked is None else asked - self.clock_offset
 
     def approval_settled(self, task_id: str, call_id: str) -> bool:
         return (task_id, call_id) in self._answered

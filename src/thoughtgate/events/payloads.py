@@ -323,6 +323,11 @@ class RunInterruptedPayload(TypedDict):
     usage: NotRequired[Annotated[TokenUsage, Vis.PUBLIC]]
     """What its finished tasks used before it was interrupted (absent when another process
     closed it: that process cannot know)."""
+    error_detail: NotRequired[Annotated[str, Vis.REASONING]]
+    """The words of the failure that closed it, which thoughtgate did not write (a library's
+    exception when a run could not resume, be queued again or be started: its class and first
+    line); ``reason`` names only its class. Recorded and shown where reasoning is (ADRs 0071,
+    0073): never on a ``hidden`` run; absent in events recorded before."""
 
 
 @with_config(_STRICT)

@@ -321,6 +321,9 @@ class TurnInfo:
     """``call.ended_at - call.started_at``."""
     error: str | None = None
     error_type: str | None = None
+    error_detail: str | None = None
+    """The failure's own words: only in a payload the one output filter passed them in (ADR
+    0073: developers and above, where the run records reasoning)."""
     tool_calls: int = 0
     ts: float | None = None
     """When the turn was recorded (its event's ``ts``)."""
@@ -339,6 +342,8 @@ class RunEnding:
     error_type: str | None = None
     reason: str | None = None
     """Why an interrupted run stopped."""
+    error_detail: str | None = None
+    """The failure's own words, when the reader's copy of the event has them (ADR 0073)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -564,6 +569,7 @@ class ThreadBuilder:
                 _opt_str(payload.get("error")),
                 _opt_str(payload.get("error_type")),
                 _opt_str(payload.get("reason")),
+                _opt_str(payload.get("error_detail")),
             )
 
     def _apply_said(self, text: str) -> None:
@@ -601,6 +607,7 @@ class ThreadBuilder:
             duration_s=None if ended is None or started is None else ended - started,
             error=_opt_str(payload.get("error")),
             error_type=_opt_str(payload.get("error_type")),
+            error_detail=_opt_str(payload.get("error_detail")),
             tool_calls=len(calls) if isinstance(calls, list) else 0,
             ts=self._ts,
         )

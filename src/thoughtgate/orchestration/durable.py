@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import hashlib
 import heapq
 import json
@@ -54,8 +55,16 @@ from dbos._error import DBOSWorkflowConflictIDError
 from dbos._serialization import Serializer
 
 from thoughtgate.config import DurabilityConfig
+from thoughtgate.disclosure import kept_detail
 from thoughtgate.engine.steps import ResumeLog, StepCodec
-from thoughtgate.errors import RuntimeFailure, ThoughtgateError, UsageError, failure_text
+from thoughtgate.errors import (
+    RuntimeFailure,
+    ThoughtgateError,
+    UsageError,
+    exception_line,
+    failure_detail,
+    failure_text,
+)
 from thoughtgate.orchestration.dbos_pollers import (
     reuse_latest_version,
     reuse_queue_list,
@@ -64,7 +73,7 @@ from thoughtgate.orchestration.dbos_pollers import (
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import (
     UNWRITTEN,
@@ -225,16 +234,21 @@ class DbosSteps:
 
     A step's exception is recorded as a result too (``{"raised": ...}``) and raised again on
     replay -- as the same exception object when it happened in this process, else as an equivalent
-    ``RuntimeFailure`` (a thoughtgate error) or ``RuntimeError`` carrying the same message.
+    ``RuntimeFailure`` (a thoughtgate error, its public text) or ``RuntimeError`` naming the
+    class, with its first line where the run's ``mode`` records a failure's words
+    (``disclosure.kept_detail``): a ``hidden`` run's checkpoints keep none (ADR 0073).
     """
 
-    def __init__(self, resumed: ResumeLog | None, *, last_task: bool = False) -> None:
+    def __init__(
+        self, resumed: ResumeLog | None, *, mode: str = "hidden", last_task: bool = False
+    ) -> None:
         self.resumed = resumed
+        self.mode = mode
         self.in_last_task = last_task
         self._raised: dict[str, BaseException] = {}
 
     def last_task(self) -> DbosSteps:
-        steps = DbosSteps(self.resumed, last_task=True)
+        steps = type(self)(self.resumed, mode=self.mode, last_task=True)
         steps._raised = self._raised
         return steps
 
@@ -301,15 +315,16 @@ class DbosSteps:
             value = await fn()
         except Exception as exc:
             self._raised[name] = exc
-            return {
-                "raised": {
-                    # replayed as a RuntimeFailure whose text is public: a provider's words
-                    # never go into it (ADR 0071)
-                    "message": failure_text(exc) if isinstance(exc, ThoughtgateError) else str(exc),
-                    "type": type(exc).__name__,
-                    "ours": isinstance(exc, ThoughtgateError),
-                }
-            }
+            ours = isinstance(exc, ThoughtgateError)
+            # Ours: replayed as a RuntimeFailure whose text is public, so a provider's words
+            # never go into it (ADR 0071). Another's: its first line, where the run records a
+            # failure's words -- never on a hidden run, never the lines after (ADR 0073).
+            if ours:
+                message = failure_text(exc)
+            else:
+                said = kept_detail(self.mode, exception_line(exc))  # "Type: first line"
+                message = said.partition(": ")[2] if said else ""
+            return {"raised": {"message": message, "type": type(exc).__name__, "ours": ours}}
         return {"ok": codec.encode(value)}
 
     def _result(self, name: str, recorded: dict[str, Any], codec: StepCodec) -> Any:
@@ -320,7 +335,8 @@ class DbosSteps:
                 raise original
             if raised.get("ours"):
                 raise RuntimeFailure(str(raised.get("message", "")))
-            raise RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+            said = raised.get("message")
+            raise RuntimeError(f"{raised.get('type')}: {said}" if said else raised.get("type"))
         return codec.decode(recorded.get("ok"))
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -336,11 +352,6 @@ class UnwrittenSteps(DbosSteps):
     nobody offered, which the model may still send), the execution stops there with the run
     open (``UNWRITTEN``) and the engine (``DurableEngine._execute_unwritten``) hands the run
     over to a workflow in this process, which resumes it from the log like any resume."""
-
-    def last_task(self) -> UnwrittenSteps:
-        steps = UnwrittenSteps(self.resumed, last_task=True)
-        steps._raised = self._raised
-        return steps
 
     async def run(
         self,
@@ -670,7 +681,7 @@ class DurableEngine:
             await self._begin(run_id, slot, unwritten)
         except Exception as exc:  # as a run that could not be started when it arrived
             log.warning("run %s could not start: %s", run_id, exc)
-            await self._close(run_id, f"it could not be started: {failure_text(exc)}")
+            await self._close(run_id, "it could not be started", exc)
 
     def _spill_soon(self) -> None:
         self._spiller = None
@@ -713,7 +724,7 @@ class DurableEngine:
                 log.warning("run %s could not be put on the queue: %s", run_id, exc)
                 if starts is not None:
                     starts.began(run_id)  # it waits nowhere
-                await self._close(run_id, f"it could not be put on the queue: {failure_text(exc)}")
+                await self._close(run_id, "it could not be put on the queue", exc)
 
     def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
         """A run of this daemon's queue without a workflow (:meth:`_unwritten_task`): its slot
@@ -750,15 +761,25 @@ class DurableEngine:
             await done
         except Exception as exc:
             log.warning("run %s could not continue as a workflow: %s", run_id, exc)
-            await self._close(run_id, f"it could not continue as a workflow: {failure_text(exc)}")
+            await self._close(run_id, "it could not continue as a workflow", exc)
 
-    async def _close(self, run_id: str, reason: str) -> None:
-        """End ``interrupted``, with the reason, a run this daemon holds but cannot execute. It
-        is held no more either way: should the close fail, its lease expires and a sweep (this
-        daemon's too, ADR 0060) puts it back on the queue."""
+    async def _close(self, run_id: str, what: str, failure: Exception) -> None:
+        """End ``interrupted`` a run this daemon holds but cannot execute: ``what`` it could not
+        do and ``failure``'s public text are its reason, ``failure``'s own words its
+        developer-only ``error_detail`` (ADR 0073). It is held no more either way: should the
+        close fail, its lease expires and a sweep (this daemon's too, ADR 0060) puts it back on
+        the queue. A run another execution took over meanwhile is left to it (ADR 0072)."""
+        reason = f"{what}: {failure_text(failure)}"
+        mine = Holder(self.runtime.leases.owner.owner_id)
         try:
             with self.runtime.leases.ending(run_id):
-                await close_run_interrupted(self.runtime.store, run_id, reason)
+                await close_run_interrupted(
+                    self.runtime.store,
+                    run_id,
+                    reason,
+                    held_by=mine,
+                    detail=failure_detail(failure),
+                )
         except Exception as exc:  # the store is down: left to the lease sweep
             log.warning("could not close run %s: %s", run_id, exc)
 
@@ -856,16 +877,57 @@ class DurableEngine:
         if run_ids:
             await DBOS.delete_workflows_async(list(run_ids))
 
-    async def finished_workflows(self, *, limit: int = 500) -> list[str]:
-        """Workflows DBOS has finished (their runs have ended), oldest first."""
+    async def finished_workflows(
+        self, *, after: FinishedCursor | None = None, limit: int = 500
+    ) -> FinishedWorkflows:
+        """A page of the workflows DBOS has finished, oldest first: up to ``limit`` of those
+        listed after ``after``, with where the next page begins (ADR 0074)."""
+        seen = frozenset() if after is None else after.seen
+        wanted = limit + len(seen)
         found = await DBOS.list_workflows_async(
             status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
-            limit=limit,
+            start_time=None if after is None else _iso_ms(after.since_ms),
+            limit=wanted,
             sort_desc=False,
             load_input=False,
             load_output=False,
         )
-        return [w.workflow_id for w in found]
+        ids = [w.workflow_id for w in found if w.workflow_id not in seen]
+        if len(found) < wanted:
+            return FinishedWorkflows(ids, None)
+        last = found[-1].created_at or 0
+        at_last = {w.workflow_id for w in found if (w.created_at or 0) == last}
+        if after is not None and after.since_ms == last:
+            at_last |= seen
+        return FinishedWorkflows(ids, FinishedCursor(last, frozenset(at_last)))
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCursor:
+    """Where a listing of finished workflows goes on: a keyset cursor on DBOS's creation time,
+    the one order it lists in. Several workflows can share a creation time (on SQLite DBOS keeps
+    whole seconds), so the next page begins *at* that time, less the workflows already listed
+    at it: it asks for that many more, and never stands still nor skips one."""
+
+    since_ms: int
+    seen: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedWorkflows:
+    """A page of ``DurableEngine.finished_workflows``."""
+
+    ids: list[str]
+    next: FinishedCursor | None
+    """Where the next page begins, ``None`` after the last one (the next begins again from the
+    oldest)."""
+
+
+def _iso_ms(ms: int) -> str:
+    """``ms`` as DBOS's ``start_time`` reads it (``fromisoformat(...).timestamp() * 1000``, cut
+    to an integer): half a millisecond on, so the float's rounding cannot make it one less."""
+    moment = datetime.datetime.fromtimestamp(0, datetime.UTC)
+    return (moment + datetime.timedelta(milliseconds=ms, microseconds=500)).isoformat()
 
 
 _ON_QUEUE = ("ENQUEUED", "PENDING", "DELAYED")

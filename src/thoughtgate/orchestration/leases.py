@@ -105,6 +105,11 @@ class LeaseKeeper:
         self._valid_until[run_id] = now + self.ttl_s - _MARGIN_S  # its admission's lease
         self._renewing()
 
+    def is_admitted(self, run_id: str) -> bool:
+        """Whether ``run_id`` was admitted here and its execution has not begun (not held yet,
+        nor given up): a cancel now would end nothing by itself (ADR 0072)."""
+        return run_id in self._admitted
+
     def unadmit(self, run_id: str) -> None:
         """An admitted run will not be executed here after all (its admission failed, it went
         to a queue, its execution gave up before it began): renewed no more, unless held."""

@@ -32,12 +32,12 @@ from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunResumedPayload
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.specs import RunSpec
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import GONE, close_run_interrupted
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
-__all__ = ["Executor", "begin_execution", "check_resumable"]
+__all__ = ["Executor", "begin_execution", "check_resumable", "read_resume_log"]
 
 log = logging.getLogger("thoughtgate.durable")
 
@@ -54,17 +54,25 @@ class Executor(Protocol):
     async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
 
 
+async def read_resume_log(store: EventStore, run_id: str) -> ResumeLog:
+    """A resuming run's log, with how far its stamps' clock -- the store's, PostgreSQL's server
+    (ADR 0074) -- is from this process's, so an approval's time left is counted from when the
+    store recorded the request, whichever replica's clock is off."""
+    events, store_now = await asyncio.gather(store.read(run_id), store.clock())
+    return ResumeLog(events, clock_offset=store_now - time.time())
+
+
 async def begin_execution(
     runtime: Executor,
     run_id: str,
     admitted: tuple[RunRecord, RunSpec] | None = None,
     *,
     claimed: bool = False,
-) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None] | None:
+) -> tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None, int] | None:
     """Claim ``run_id`` for this process. Returns the run, its stored spec, the run's tools (from
-    this process's) and, when it resumes, the log as it stood; ``None``
-    when there is nothing to execute here (it ended, another process holds it, or it was just
-    closed because it cannot resume).
+    this process's), when it resumes the log as it stood, and the claim's attempt (what the
+    execution's end names, ADR 0072); ``None`` when there is nothing to execute here (it ended,
+    another process holds it, or it was just closed because it cannot resume).
 
     ``admitted``: the run and its spec as this process admitted them. The claim alone decides
     (it takes only an open run with a spec); when it is the run's first (attempt 1, nothing of
@@ -84,13 +92,14 @@ async def begin_execution(
         if (await store.get_run(run_id)).status in OPEN_RUN_STATUSES:
             log.warning("run %s is held by another process; not executing it here", run_id)
         return None
+    held = Holder(owner, attempt)  # its closes below are this claim's (ADR 0072)
     if attempt == 1 and admitted is not None:
         run, spec = admitted
         run.status, run.owner, run.lease_expires_at = "running", owner, runtime.leases.lease_until()
         try:
-            return run, spec, runtime.tools_for(spec.tools), None
+            return run, spec, runtime.tools_for(spec.tools), None, attempt
         except UsageError as exc:
-            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}")
+            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}", held_by=held)
             return None
     record, before = await asyncio.gather(store.get_run_spec(run_id), store.get_run(run_id))
     if record is None:  # a claim takes only a run with a spec; it was deleted since
@@ -103,11 +112,11 @@ async def begin_execution(
         tools = runtime.tools_for(spec.tools)
     except UsageError as exc:
         reason = f"it cannot resume: {exc}"
-        await close_run_interrupted(store, run_id, reason)
+        await close_run_interrupted(store, run_id, reason, held_by=held)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:
-        resumed = ResumeLog(await store.read(run_id))
+        resumed = await read_resume_log(store, run_id)
         suspended = before.metadata.get("suspended") or {}
         payload: RunResumedPayload = {
             "reason": str(suspended.get("reason") or GONE),
@@ -123,8 +132,8 @@ async def begin_execution(
     if before.metadata.get("suspended") is not None:
         await store.update_run(run_id, metadata={"suspended": None})
     if resumed is None and before.metadata.get("suspended") is None:
-        return before, spec, tools, None  # read after its claim; nothing changed it since
-    return await store.get_run(run_id), spec, tools, resumed
+        return before, spec, tools, None, attempt  # read after its claim; nothing changed since
+    return await store.get_run(run_id), spec, tools, resumed, attempt
 
 
 async def _still_held(runtime: Executor, run: RunRecord) -> bool:

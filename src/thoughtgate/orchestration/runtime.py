@@ -50,7 +50,7 @@ from thoughtgate.config import (
     resolve_chain_of_thought,
     resolve_worker_backend,
 )
-from thoughtgate.disclosure import Disclosure
+from thoughtgate.disclosure import Disclosure, kept_detail
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.history import conversation_from_events, history_payload
 from thoughtgate.engine.loop import (
@@ -66,6 +66,8 @@ from thoughtgate.errors import (
     ApprovalNotPendingError,
     ProviderError,
     QuotaExceededError,
+    RunNotFoundError,
+    RunTakenOverError,
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
@@ -104,7 +106,7 @@ from thoughtgate.providers.base import (
 )
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.store.base import EventStore
+from thoughtgate.store.base import EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
 from thoughtgate.store.leases import (
     LOST_LEASE,
@@ -254,6 +256,12 @@ class Runtime:
 
         self.durable = engine
         self.approvals = DurableApprovals(engine, self.store, decider=self.approvals.decider)
+
+    def holder(self, attempt: int | None = None) -> Holder:
+        """This process as the executor of a run, in the claim ``attempt`` (a durable run's):
+        what the ends it records name, so that the store refuses them once another execution
+        took the run over (ADR 0072)."""
+        return Holder(self.leases.owner.owner_id, attempt)
 
     def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry:
         """The tools a run named, from this process's (a run may call exactly the tools it
@@ -431,7 +439,7 @@ class Runtime:
                 self._claimed.add(run_id)
                 if unwritten and not queue:
                     self._unwritten.add(run_id)
-        except BaseException:
+        except BaseException as exc:
             self.leases.unadmit(run_id)
             if place is not None and self.durable is not None:
                 self.durable.unreserve(run_id)
@@ -439,6 +447,8 @@ class Runtime:
             # is not there, and fails; a provider it took already is its own to close.
             self._admitted.pop(run_id, None)
             await _close_all(self._prepared.pop(run_id, prepared if queue else {}).values())
+            if held and isinstance(exc, asyncio.CancelledError):
+                await self._close_cancelled_admission(run, _cancel_reason(exc))
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
             await _close_all(prepared.values())
@@ -449,6 +459,30 @@ class Runtime:
                 kept = dataclasses.replace(run, tasks=[dataclasses.replace(t) for t in run.tasks])
                 self._admitted[run.run_id] = (kept, spec)
         return run, rank
+
+    async def _close_cancelled_admission(self, run: RunRecord, reason: str) -> None:
+        """A cancel landed while ``run``'s admission was committing: the commit may have
+        happened all the same (a store call cancelled mid-way may still commit, ADR 0059), and
+        then the run would show ``running`` until its lease expired and a sweep took it --
+        never, for a process alone on its store that does not sweep (an MCP server). Close it
+        ``interrupted`` with the cancel's reason if it was stored (ADR 0072). Its tasks are
+        known, so the close is one ``finish_run``, queued behind the admission where the store
+        orders writes (SQLite): it finds the run exactly when the admission committed."""
+        try:
+            with self.leases.ending(run.run_id):
+                await close_run_interrupted(
+                    self.store,
+                    run.run_id,
+                    reason,
+                    held_by=self.holder(),
+                    tasks=[dataclasses.replace(t) for t in run.tasks],
+                )
+        except RunNotFoundError:
+            pass  # not stored: nothing to close
+        except (StoreUnavailableError, RunTakenOverError):
+            pass  # logged: the run is left to the lease sweep, or is another execution's
+        except Exception as exc:
+            log.warning("could not record that run %s was interrupted: %s", run.run_id, exc)
 
     async def _store_run(
         self,
@@ -553,19 +587,21 @@ class Runtime:
 
     async def _execute_here(self, run_id: str) -> None:
         assert self.durable is not None
-        if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
-            run = await self.store.get_run(run_id)
-            if run.status not in OPEN_RUN_STATUSES:
-                self.forget_admitted(run_id)
-                await _close_all(self._prepared.pop(run_id, {}).values())
-                raise UsageError(f"run {run_id!r} has already ended ({run.status})")
-        # Its first execution without a workflow when it can take no checkpoint (ADR 0046): its
-        # lease, held from its admission, is what a resume needs, as for a daemon's run.
-        unwritten = run_id in self._unwritten
-        self._unwritten.discard(run_id)
         try:
+            if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
+                run = await self.store.get_run(run_id)
+                if run.status not in OPEN_RUN_STATUSES:
+                    self.forget_admitted(run_id)
+                    await _close_all(self._prepared.pop(run_id, {}).values())
+                    raise UsageError(f"run {run_id!r} has already ended ({run.status})")
+            # Its first execution without a workflow when it can take no checkpoint (ADR 0046):
+            # its lease, held from its admission, is what a resume needs, as for a daemon's run.
+            unwritten = run_id in self._unwritten
+            self._unwritten.discard(run_id)
             done = await self.durable.start(run_id, unwritten=unwritten)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):  # before its workflow began
+                await self._close_unbegun(run_id, _cancel_reason(exc))
             self.forget_admitted(run_id)
             raise
         try:
@@ -601,8 +637,29 @@ class Runtime:
     async def _execute(self, run_id: str) -> None:
         try:
             await self._execute_admitted(run_id)
+        except asyncio.CancelledError as exc:  # while it read the run, before it held it
+            await self._close_unbegun(run_id, _cancel_reason(exc))
+            raise
         finally:  # it holds its run while it executes; renewed no more if it never did
             self.leases.unadmit(run_id)
+
+    async def _close_unbegun(self, run_id: str, reason: str) -> bool:
+        """Close ``interrupted``, with ``reason``, a run this process admitted as its own whose
+        execution was cancelled before it held the run, and say whether it was one (ADR 0072).
+
+        A cancel that reaches an execution while it still reads the run back or starts its
+        workflow ends nothing by itself: the run would show ``running`` on every surface until
+        its admission's renewal gave up (four leases) and a sweep took it. Nothing is done for
+        a run whose execution holds it (that execution records its end), for a run not
+        admitted here, nor for a cancel that leaves the run open (``SUSPENDED``, a lost
+        lease). A run another execution took over meanwhile is left to it."""
+        if reason in _KEEP_OPEN or not self.leases.is_admitted(run_id):
+            return False
+        self.forget_admitted(run_id)
+        self._unwritten.discard(run_id)
+        await _close_all(self._prepared.pop(run_id, {}).values())
+        await self._interrupted(run_id, Usage(), reason)
+        return True
 
     async def _execute_admitted(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
@@ -660,10 +717,12 @@ class Runtime:
             begun = await begin_execution(self, run_id, admitted, claimed=claimed)
             if begun is None:
                 return (await self.store.get_run(run_id)).status
-            run, spec, tools, resumed = begun
+            run, spec, tools, resumed, attempt = begun
             try:
-                steps = _DurableSteps.of(resumed, unwritten=unwritten)
-                return await self._run_held(run, spec.tasks, tools, steps)
+                steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
+                return await self._run_held(run, spec.tasks, tools, steps, attempt=attempt)
+            except RunTakenOverError:
+                raise  # its end is another execution's: never reported as this one's (ADR 0072)
             except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
@@ -676,15 +735,20 @@ class Runtime:
         specs: Sequence[TaskSpec],
         tools: ToolRegistry,
         steps: Steps,
+        *,
+        attempt: int | None = None,
     ) -> str:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
-        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution. Returns
-        the status it ended the run with."""
+        ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution.
+        ``attempt``: the claim this execution holds a durable run by (``claim_run``'s answer).
+        Its end is recorded only while this execution still holds the run (ADR 0072): else
+        ``RunTakenOverError``, the end not stored. Returns the status it ended the run with."""
         run_id = run.run_id
         self.leases.hold(run_id, asyncio.current_task())
         spent = _Spent()
+        execution = _Execution(specs, tools, steps, self.holder(attempt))
         try:
-            return await self._execute_tasks(run, _Execution(specs, tools, steps), spent)
+            return await self._execute_tasks(run, execution, spent)
         except asyncio.CancelledError as exc:
             # Also when the cancel lands while the end was being recorded: closing a run that
             # has ended is a no-op, so the run ends exactly once either way.
@@ -692,7 +756,9 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id)
             else:
-                await self._interrupted(run_id, spent.usage, reason, spent.ended, spent.tail)
+                await self._interrupted(
+                    run_id, spent.usage, reason, spent.ended, spent.tail, execution.holder
+                )
             raise
         finally:
             self.leases.release(run_id)
@@ -734,8 +800,9 @@ class Runtime:
                 (
                     failure_text(exc),
                     _error_type(exc),
-                    _kept_detail(run.chain_of_thought, failure_detail(exc)),
+                    kept_detail(run.chain_of_thought, failure_detail(exc)),
                 ),
+                execution.holder,
                 spent.ended,
             )
             raise
@@ -748,13 +815,15 @@ class Runtime:
             else (
                 failed.error or "",
                 failed.error_type,
-                _kept_detail(run.chain_of_thought, failed.error_detail),
+                kept_detail(run.chain_of_thought, failed.error_detail),
             )
         )
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
-        await self._finish(run.run_id, event, status, spent.usage, error, spent.ended, known)
+        await self._finish(
+            run.run_id, event, status, spent.usage, error, execution.holder, spent.ended, known
+        )
         return status
 
     async def _interrupted(
@@ -764,9 +833,12 @@ class Runtime:
         reason: str,
         ended: EndedTask | None = None,
         tail: Sequence[NewEvent] = (),
+        holder: Holder | None = None,
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
-        ``tail``: the last task's last events, held for the run's ending and not stored yet."""
+        ``tail``: the last task's last events, held for the run's ending and not stored yet.
+        ``holder``: the execution cancelled (default: this process, any attempt): a run another
+        execution took over is left to it (ADR 0072)."""
         try:
             # Retried while the store is briefly unavailable (``CLOSE_RETRY``, ~4 s). A daemon
             # shutdown cancels its runs together and gathers them, so the pauses overlap,
@@ -774,10 +846,16 @@ class Runtime:
             # this gives up: the lease sweep closes the run then (ADR 0060).
             with self.leases.ending(run_id):
                 await close_run_interrupted(
-                    self.store, run_id, reason, usage=usage.to_dict(), ended=ended, tail=tail
+                    self.store,
+                    run_id,
+                    reason,
+                    usage=usage.to_dict(),
+                    held_by=holder or self.holder(),
+                    ended=ended,
+                    tail=tail,
                 )
-        except StoreUnavailableError:
-            pass  # logged: the run is left to the lease sweep
+        except (StoreUnavailableError, RunTakenOverError):
+            pass  # logged: the run is left to the lease sweep, or is the other execution's
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
 
@@ -839,10 +917,22 @@ class Runtime:
         *,
         chain_of_thought: str | None = None,
         worker_backend: str | None = None,
+        created: Callable[[RunRecord], None] | None = None,
     ) -> RunRecord:
+        """Create the run and execute it (:meth:`execute`); ``created`` is called with the run
+        once it is stored, before its execution (a caller following it starts there).
+
+        One task for both, so a cancel of it can land nowhere that leaves the run open: while
+        the run is admitted (if it was stored all the same, it is closed), between its
+        admission and its execution, or while it executes, it ends ``interrupted`` with the
+        cancel's message as its reason; before the task first ran, nothing was created
+        (ADR 0072). A caller that cancels a separate execution task instead may cancel it
+        before it ever runs, which ends nothing."""
         run = await self.create_run(
             request, chain_of_thought=chain_of_thought, worker_backend=worker_backend
         )
+        if created is not None:
+            created(run)
         return await self.execute(run.run_id)
 
     async def _finish(
@@ -852,14 +942,16 @@ class Runtime:
         status: RunStatus,
         usage: Usage,
         failure: tuple[str, str | None, str | None] | None,
+        holder: Holder,
         ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
-        happens if another process already closed the run. ``failure`` is the error, its type
-        and its detail (``RunEndedPayload``'s ``error``, ``error_type``, ``error_detail``), if
-        any."""
+        happens if another process already closed the run; ``RunTakenOverError`` (nothing
+        stored) if another execution holds it now, ``holder`` being this one's (ADR 0072).
+        ``failure`` is the error, its type and its detail (``RunEndedPayload``'s ``error``,
+        ``error_type``, ``error_detail``), if any."""
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
         if error and failure:
@@ -880,6 +972,7 @@ class Runtime:
                     error=error,
                     task_status="failed",
                     task_error=not_run,
+                    held_by=holder,
                     ended=ended,
                     tasks=tasks,
                     retry=self.end_retry,
@@ -1004,7 +1097,7 @@ class Runtime:
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
         the run's terminal event, so no reader waits on a task that will never finish."""
-        error, detail = failure[0], _kept_detail(run.chain_of_thought, failure[1])
+        error, detail = failure[0], kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
@@ -1059,7 +1152,7 @@ class Runtime:
         except Exception as exc:
             # The worker is user code, whatever it raises: its words are developer-only (ADR 0071).
             error = f"the inline worker raised {type(exc).__name__}"
-            detail = _kept_detail(mode, exception_line(exc))
+            detail = kept_detail(mode, exception_line(exc))
             cut: MessagePartiallyCompletedPayload = {
                 "text": "",
                 "reason": "worker_error",
@@ -1178,10 +1271,12 @@ class _DurableSteps:
     """Builds the engine's checkpointed steps without importing DBOS here."""
 
     @staticmethod
-    def of(resumed: ResumeLog | None, *, unwritten: bool = False) -> Steps:
+    def of(resumed: ResumeLog | None, mode: str, *, unwritten: bool = False) -> Steps:
+        """``mode``: the run's, which decides whether a step's failure keeps its words."""
         from thoughtgate.orchestration.durable import DbosSteps, UnwrittenSteps
 
-        return UnwrittenSteps(resumed) if unwritten else DbosSteps(resumed)
+        kind = UnwrittenSteps if unwritten else DbosSteps
+        return kind(resumed, mode=mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1192,10 +1287,12 @@ class _Execution:
     specs: Sequence[TaskSpec]
     tools: ToolRegistry
     steps: Steps
+    holder: Holder
+    """The execution, as the run's end names it (ADR 0072)."""
 
     def last_task(self) -> _Execution:
         """The run's last task's: its final model turn ends the execution (``Steps.last_task``)."""
-        return _Execution(self.specs, self.tools, self.steps.last_task())
+        return _Execution(self.specs, self.tools, self.steps.last_task(), self.holder)
 
 
 @dataclass(slots=True)
@@ -1230,13 +1327,6 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
     if exc.args and isinstance(exc.args[0], str) and exc.args[0]:
         return exc.args[0]
     return "it was cancelled before it finished"
-
-
-def _kept_detail(mode: str, detail: str | None) -> str | None:
-    """An ``error_detail`` is recorded where reasoning is (``surface``, ``telemetry_only``): its
-    words may quote reasoning, which a ``hidden`` run records nowhere (nor does a mode this
-    version does not know: fail closed; ADR 0071)."""
-    return detail if mode in ("surface", "telemetry_only") else None
 
 
 def _error_type(exc: Exception) -> str:

@@ -26,6 +26,16 @@ Capture (:class:`AnthropicCapture`)
     dict is emitted as a continuity chunk. Unknown event, delta and block types are skipped, as the
     official SDK does; malformed JSON and missing fields raise :class:`MalformedResponseError`.
 
+Inline ``<think>`` tags
+    Servers other than Anthropic's speak this format too (vLLM, llama.cpp, Ollama, the
+    Anthropic-compatible endpoints of DeepSeek, Moonshot, MiniMax, Z.ai), and a model served
+    without a reasoning parser writes ``<think>…</think>`` into a ``text`` block. Option
+    ``think_tags`` (``off`` by default on ``api.anthropic.com``, ``leading`` on any other server;
+    ADR 0077) splits each text block by :mod:`thoughtgate.providers.think_tags`, however the deltas
+    are cut: the tag content is reasoning of kind ``raw`` at that block's index, dropped in
+    ``hidden`` mode, never sent back as text (a ``pause_turn`` continuation included). Signed
+    ``thinking`` blocks are not touched.
+
 Errors: HTTP failures come from :class:`~thoughtgate.providers.http.HTTPTransport`; an in-stream
 ``error`` event or a stream that ends before ``message_stop`` raises :class:`ProviderStreamError`.
 ``stream_llm_turn`` attaches the partial turn to either.
@@ -67,7 +77,8 @@ from thoughtgate.providers.rules import (
     normalize_anthropic_model,
 )
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.wire import FollowUp, HTTPProvider, WireParser
+from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.wire import FollowUp, VendorFormatProvider, WireParser
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -274,10 +285,12 @@ STOP_REASONS: Final[Mapping[str, FinishReason]] = {
 class _Block:
     """One open content block: its type and what its stop needs to emit."""
 
-    __slots__ = ("call_id", "input", "json", "open", "signature", "thinking", "type")
+    __slots__ = ("call_id", "input", "json", "open", "signature", "splitter", "thinking", "type")
 
     def __init__(self, btype: str) -> None:
         self.type = btype
+        self.splitter: ThinkTagSplitter | None = None
+        """A text block's ``<think>`` splitter, until it has settled (``think_tags``)."""
         self.open = True
         self.thinking: list[str] = []
         self.signature = ""
@@ -351,7 +364,7 @@ class AnthropicCapture:
         "_out",
         "_run",
         "_run_index",
-        "_run_thinking",
+        "_run_kind",
         "emit_reasoning",
         "failure",
         "finished",
@@ -364,6 +377,7 @@ class AnthropicCapture:
         "segment",
         "started",
         "stop_reason",
+        "think_tags",
     )
 
     def __init__(
@@ -373,8 +387,10 @@ class AnthropicCapture:
         kind: ReasoningKind,
         emit_reasoning: bool = True,
         paused: _PausedTurn | None = None,
+        think_tags: ThinkTags = "off",
     ) -> None:
         self.model = model
+        self.think_tags: ThinkTags = think_tags
         self.paused = paused or _PausedTurn()
         """What earlier responses of this turn produced (``pause_turn`` continuations)."""
         self.segment = _SegmentBlocks()
@@ -396,14 +412,15 @@ class AnthropicCapture:
         self._out: list[Chunk] = []
         self._run: list[str] = []  # pieces of the open text or thinking run
         self._run_index = -1
-        self._run_thinking = False
+        self._run_kind: ReasoningKind | None = None
+        """The reasoning kind of the open run, ``None`` for text."""
 
     # -- output: runs of text pieces are merged into one chunk
 
-    def _piece(self, index: int, thinking: bool, text: str) -> None:
-        if index != self._run_index or thinking is not self._run_thinking:
+    def _piece(self, index: int, kind: ReasoningKind | None, text: str) -> None:
+        if index != self._run_index or kind != self._run_kind:
             self._close_run()
-            self._run_index, self._run_thinking = index, thinking
+            self._run_index, self._run_kind = index, kind
         self._run.append(text)
 
     def _close_run(self) -> None:
@@ -411,8 +428,8 @@ class AnthropicCapture:
             return
         text = "".join(self._run)
         index = self._run_index
-        if self._run_thinking:
-            self._out.append(ReasoningDelta(text, reasoning_kind=self.kind, index=index))
+        if self._run_kind is not None:
+            self._out.append(ReasoningDelta(text, reasoning_kind=self._run_kind, index=index))
         else:
             self._out.append(TextDelta(text, index=index))
         self._run = []
@@ -426,11 +443,14 @@ class AnthropicCapture:
         """The stream broke: what open blocks still hold. A ``tool_use`` block's arguments are only
         emitted at its ``content_block_stop``, so the fragments that arrived before the break are
         released here (compact JSON when they parse, else as they came) and the partial turn keeps
-        them. Reasoning and text were emitted as they arrived already."""
-        for slot in self._blocks.values():
+        them. Reasoning and text were emitted as they arrived, but for what a text block's
+        ``<think>`` splitter held: it goes to its channel (reasoning if a tag is open)."""
+        for index, slot in self._blocks.items():
             if slot.open and slot.type == "tool_use" and (slot.json or slot.input is not None):
                 slot.open = False
                 self._emit(ToolCallDelta(slot.call_id, _arguments(slot)))
+            elif slot.open and slot.splitter is not None:
+                self._split(slot, index, "", last=True)
         return self.take()
 
     def take(self) -> list[Chunk]:
@@ -551,6 +571,7 @@ class AnthropicCapture:
         slot = self._blocks[index] = _Block(btype)
         self.next_index = max(self.next_index, index + self.offset + 1)
         if btype == "text":
+            slot.splitter = splitter_for(self.think_tags)
             self._text_piece(slot, index, False, _str(block, "text"))
         elif btype == "thinking":
             text = _str(block, "thinking")
@@ -587,12 +608,34 @@ class AnthropicCapture:
                 return  # the empty delta before the signature
             if not self.emit_reasoning:
                 return
+            kind: ReasoningKind | None = self.kind
         elif slot.type != "text":
             return
-        if index == self._run_index and thinking is self._run_thinking:
+        elif slot.splitter is not None:
+            self._split(slot, index, text)
+            return
+        else:
+            kind = None
+        if index == self._run_index and kind == self._run_kind:
             self._run.append(text)
         else:
-            self._piece(index, thinking, text)
+            self._piece(index, kind, text)
+
+    def _split(self, slot: _Block, index: int, text: str, *, last: bool = False) -> None:
+        """A text block's text through its ``<think>`` splitter (``last``: the block ended, what
+        is held goes to its channel): answer text, and reasoning of kind ``raw`` when captured."""
+        splitter = slot.splitter
+        assert splitter is not None
+        pieces: list[Piece] = splitter.feed(text) if text else []
+        if last:
+            pieces += splitter.flush()
+        if last or splitter.settled:
+            slot.splitter = None  # the rest of the block is answer as it comes
+        for piece in pieces:
+            if piece.channel == "text":
+                self._piece(index, None, piece.text)
+            elif self.emit_reasoning:  # hidden: dropped here, before anyone sees it
+                self._piece(index, "raw", piece.text)
 
     def _signature(self, slot: _Block, index: int, signature: str) -> None:
         slot.signature = signature  # replaces, as the SDK does
@@ -634,6 +677,9 @@ class AnthropicCapture:
                 self._emit(self._continuity(THINKING_CARRIER, data, index))
         elif slot.type == "redacted_thinking":
             self._emit(self._continuity(REDACTED_CARRIER, slot.input, index))
+        elif slot.type == "text":
+            if slot.splitter is not None:
+                self._split(slot, index, "", last=True)
         elif slot.type == "tool_use":
             self._emit(ToolCallDelta(slot.call_id, _arguments(slot)))
             self._emit(ToolCallEnd(slot.call_id))
@@ -765,7 +811,7 @@ class _SegmentBlocks:
 MAX_PAUSE_CONTINUATIONS: Final = 8
 
 
-class AnthropicProvider(HTTPProvider):
+class AnthropicProvider(VendorFormatProvider):
     """``anthropic:MODEL`` -- the Messages API over httpx, streaming and not."""
 
     endpoint = _ENDPOINT
@@ -850,6 +896,7 @@ class AnthropicProvider(HTTPProvider):
             kind=self.rule.reasoning_kind,
             emit_reasoning=request.reasoning.enabled,
             paused=paused,
+            think_tags=self.think_tags,
         )
 
     def follow_up(

@@ -13,7 +13,9 @@ Capture (``docs/providers/openai-compatible.md``):
   that sends both names with the same text (vLLM during its deprecation window) is never counted
   twice;
 * inline ``<think>…</think>`` in ``content`` is split out by
-  :mod:`thoughtgate.providers.think_tags`, whatever the chunking; an unclosed ``<think>`` at the
+  :mod:`thoughtgate.providers.think_tags`, whatever the chunking (option ``think_tags``:
+  ``anywhere`` by default, or ``leading`` / ``off``, per model as on every adapter, ADR 0077;
+  ``true`` / ``false`` still mean ``anywhere`` / ``off``); an unclosed ``<think>`` at the
   end is reasoning, never answer text -- unless the reasoning then came in a field while that
   block was still empty (Together sends a bare ``<think>`` before its ``reasoning`` deltas), when
   the tag was a stray and what follows is the answer;
@@ -51,7 +53,12 @@ from thoughtgate.providers.chat_completions import (
 from thoughtgate.providers.endpoints import merge_body
 from thoughtgate.providers.history import matching_block
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.providers.think_tags import ThinkTagSplitter
+from thoughtgate.providers.think_tags import (
+    ThinkTags,
+    ThinkTagSplitter,
+    check_think_tags,
+    think_tags_for,
+)
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -66,6 +73,12 @@ __all__ = ["CARRIER", "REASONING_FIELDS", "CompatParser", "OpenAICompatibleProvi
 CARRIER = "compat.reasoning_content"
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 """Discovery order of the reasoning field on ``delta`` / ``message`` (when the row names none)."""
+
+
+def _splitter(mode: ThinkTags, starts_in_think: bool) -> ThinkTagSplitter | None:
+    if mode == "off":
+        return None
+    return ThinkTagSplitter(starts_in_think=starts_in_think, leading_only=mode == "leading")
 
 
 class CompatParser(ChatChunkParser):
@@ -83,7 +96,7 @@ class CompatParser(ChatChunkParser):
         provider: str,
         model: str,
         capture: bool,
-        think_tags: bool = True,
+        think_tags: bool | ThinkTags = True,
         starts_in_think: bool = False,
         carrier: str | None = "reasoning_content",
         carrier_required: bool = False,
@@ -98,7 +111,7 @@ class CompatParser(ChatChunkParser):
             capture=capture,
             lenient_end=lenient_end,
             reasoning_in_output=reasoning_in_output,
-            splitter=ThinkTagSplitter(starts_in_think=starts_in_think) if think_tags else None,
+            splitter=_splitter(think_tags_for(think_tags, model, "anywhere"), starts_in_think),
         )
         self.field: str | None = None
         self.fields = tuple(f for f in fields if f in REASONING_FIELDS) or REASONING_FIELDS
@@ -159,7 +172,8 @@ class OpenAICompatibleProvider(ChatCompletionsProvider):
     endpoint = ENDPOINTS["openai-compatible"]
 
     def read_options(self, options: Mapping[str, Any]) -> None:
-        self.think_tags = bool(options.get("think_tags", True))
+        check_think_tags(options.get("think_tags"))
+        self.think_tags = think_tags_for(options.get("think_tags"), self.model, "anywhere")
         self.starts_in_think = bool(options.get("starts_in_think", False))
         self.lenient_end = bool(options.get("lenient_end", True))
         self._send_back_option = bool(options.get("send_back", True))

@@ -19,6 +19,12 @@ Capture (``docs/providers/openai.md``):
 * ``response.reasoning_text.delta`` → kind ``raw`` (index = ``content_index``, offset likewise);
 * ``response.output_text.delta`` → answer text; ``function_call`` items with
   ``response.function_call_arguments.delta`` → tool calls;
+* inline ``<think>…</think>`` in ``output_text`` (a model served without a reasoning parser, as
+  vLLM or llama.cpp serve ``/v1/responses``) → reasoning of kind ``raw``, split per content part
+  by :mod:`thoughtgate.providers.think_tags` however the deltas are cut: option ``think_tags``,
+  ``off`` by default on OpenAI's own API, ``leading`` on any other server (ADR 0077). Each
+  message item's tag reasoning is one part, indexed after the raw parts of earlier reasoning
+  items; it is recorded as reasoning and never sent back as the assistant's text;
 * ``response.output_item.done`` of a reasoning item with ``encrypted_content`` → an ``encrypted``
   reasoning part and a :class:`ContinuityChunk` ``openai.reasoning_item`` whose data is
   ``{"item": <the exact item from output_item.done>, "next_item": {type, id, call_id?} | None}``.
@@ -59,7 +65,8 @@ from thoughtgate.providers.endpoints import apply_extra, merge_body
 from thoughtgate.providers.history import current_loop_start, tool_results
 from thoughtgate.providers.http import stream_error
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.providers.wire import HTTPProvider, JSONEventParser
+from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.wire import JSONEventParser, VendorFormatProvider
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -135,7 +142,9 @@ class _Item:
 class ResponsesEventParser(JSONEventParser):
     """Responses stream events in, normalized chunks out. One instance per turn."""
 
-    def __init__(self, *, provider: str, model: str, capture: bool) -> None:
+    def __init__(
+        self, *, provider: str, model: str, capture: bool, think_tags: ThinkTags = "off"
+    ) -> None:
         self.provider = provider
         self.model = model
         self.capture = capture
@@ -152,6 +161,14 @@ class ResponsesEventParser(JSONEventParser):
         self.error: ProviderStreamError | None = None
         """The stream's error, raised at its end (nothing after it is lost)."""
         self.failure: ProviderError | None = None
+        self.think_tags: ThinkTags = think_tags
+        self._splitters: dict[tuple[int, int], ThinkTagSplitter | None] = {}
+        """Per ``(output_index, content_index)`` of ``output_text``: its splitter, or ``None``
+        once it has settled (the rest of that part is answer as it comes)."""
+        self._plain_index = self._plain_k = -1
+        """The part whose splitter settled last: its deltas skip the table (the hot path)."""
+        self._tag_index: dict[int, int] = {}
+        """Per ``output_index``: the raw reasoning index of the tags found in that item."""
 
     @property
     def finished(self) -> bool:
@@ -271,15 +288,75 @@ class ResponsesEventParser(JSONEventParser):
 
     def _text_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
         index = _int(event.get("output_index")) or 0
+        k = _int(event.get("content_index")) or 0
+        item = self._items.get(index)
+        if item is not None:
+            item.seen.add(("text", k))
+        delta = str(event.get("delta") or "")
+        if not delta:
+            return []
+        if self.think_tags == "off" or (index == self._plain_index and k == self._plain_k):
+            return [TextDelta(delta, index=index)]  # no splitter, or it has settled
+        return self._answer(index, k, delta, last=False)
+
+    def _refusal_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        self._refusal = True
+        index = _int(event.get("output_index")) or 0
         item = self._items.get(index)
         if item is not None:
             item.seen.add(("text", _int(event.get("content_index")) or 0))
         delta = str(event.get("delta") or "")
-        return [TextDelta(delta, index=index)] if delta else []
+        return [TextDelta(delta, index=index)] if delta else []  # the server's words: not split
 
-    def _refusal_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
-        self._refusal = True
-        return self._text_delta(event)
+    # -- inline <think> tags in output_text
+
+    def _answer(self, index: int, k: int, text: str, *, last: bool) -> list[Chunk]:
+        """Chunks of ``output_text`` of part ``k`` of item ``index``: answer text, and the
+        reasoning its ``<think>`` tags hold (``last``: the part is complete, flush what is held)."""
+        key = (index, k)
+        if key in self._splitters:
+            splitter = self._splitters[key]
+        else:
+            splitter = self._splitters[key] = splitter_for(self.think_tags)
+        if splitter is None:
+            return [TextDelta(text, index=index)] if text else []
+        pieces = splitter.feed(text) if text else []
+        if last:
+            pieces += splitter.flush()
+        if last or splitter.settled:
+            self._splitters[key] = None
+            self._plain_index, self._plain_k = index, k
+        return self._pieces(index, pieces)
+
+    def _pieces(self, index: int, pieces: Sequence[Piece]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for piece in pieces:
+            if not piece.text:
+                continue
+            if piece.channel == "text":
+                out.append(TextDelta(piece.text, index=index))
+            elif self.capture:  # hidden: dropped here, before anyone sees it
+                if index not in self._tag_index:
+                    self._tag_index[index] = self._raw_base
+                    self._raw_base += 1
+                out.append(
+                    ReasoningDelta(piece.text, reasoning_kind="raw", index=self._tag_index[index])
+                )
+        return out
+
+    def _flush_splitters(self, index: int | None = None) -> list[Chunk]:
+        """What the open splitters hold (of item ``index``, or all): an unclosed ``<think>`` is
+        reasoning to its end, never answer."""
+        out: list[Chunk] = []
+        for key, splitter in list(self._splitters.items()):
+            if splitter is not None and (index is None or key[0] == index):
+                out += self._answer(key[0], key[1], "", last=True)
+        return out
+
+    def interrupted(self) -> list[Chunk]:
+        """The stream broke: what the splitters hold goes to its channel (reasoning if a
+        ``<think>`` is open), so the partial turn keeps it, and on the right side."""
+        return self._flush_splitters()
 
     def _args_delta(self, event: Mapping[str, Any]) -> list[Chunk]:
         item = self._item(event)
@@ -312,13 +389,16 @@ class ResponsesEventParser(JSONEventParser):
             for k, part in enumerate(item.get("content") or []):
                 if not isinstance(part, Mapping) or ("text", k) in entry.seen:
                     continue
-                text = (
-                    part.get("text") if part.get("type") == "output_text" else part.get("refusal")
-                )
                 if part.get("type") == "refusal":
                     self._refusal = True
+                    refusal = part.get("refusal")
+                    if isinstance(refusal, str) and refusal:
+                        out.append(TextDelta(refusal, index=index))
+                    continue
+                text = part.get("text")
                 if isinstance(text, str) and text:
-                    out.append(TextDelta(text, index=index))
+                    out += self._answer(index, k, text, last=True)
+            out += self._flush_splitters(index)
         return out
 
     def _reasoning_done(self, item: Mapping[str, Any], entry: _Item) -> list[Chunk]:
@@ -344,7 +424,7 @@ class ResponsesEventParser(JSONEventParser):
         return out
 
     def _finish(self, event: Mapping[str, Any], reason: FinishReason, raw: str) -> list[Chunk]:
-        out = self._flush_pending(None)
+        out = self._flush_splitters() + self._flush_pending(None)
         response = event.get("response")
         if isinstance(response, Mapping) and isinstance(response.get("usage"), Mapping):
             out.append(responses_usage(response["usage"]))
@@ -520,7 +600,7 @@ def build_input(request: TurnRequest, *, provider: str, model: str) -> list[Any]
     return items
 
 
-class OpenAIResponsesProvider(HTTPProvider):
+class OpenAIResponsesProvider(VendorFormatProvider):
     """``openai:MODEL`` over ``POST {base}/responses``."""
 
     endpoint = _ENDPOINT
@@ -569,5 +649,8 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     def parser(self, request: TurnRequest) -> ResponsesEventParser:
         return ResponsesEventParser(
-            provider=self.name, model=self.model, capture=request.reasoning.enabled
+            provider=self.name,
+            model=self.model,
+            capture=request.reasoning.enabled,
+            think_tags=self.think_tags,
         )

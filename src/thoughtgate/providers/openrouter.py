@@ -48,7 +48,12 @@ from thoughtgate.providers.chat_completions import (
 from thoughtgate.providers.history import current_loop_start, matching_block
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.rules import EndpointRule
-from thoughtgate.providers.think_tags import ThinkTags, splitter_for, think_tags_for
+from thoughtgate.providers.think_tags import (
+    ThinkTags,
+    check_think_tags,
+    splitter_for,
+    think_tags_for,
+)
 from thoughtgate.types import (
     Chunk,
     ContinuityBlock,
@@ -216,6 +221,7 @@ class OpenRouterProvider(ChatCompletionsProvider):
     endpoint = _ENDPOINT
 
     def read_options(self, options: Mapping[str, Any]) -> None:
+        check_think_tags(options.get("think_tags"))
         self.think_tags = think_tags_for(options.get("think_tags"), self.model, "leading")
 
     def wire_capabilities(self) -> Capabilities:

@@ -27,8 +27,9 @@ Rules shared by both:
 * with ``leading_only`` only blocks that open before any answer text count (whitespace may come
   first, and blocks may follow one another): once the answer has begun, the rest of the content
   is answer, tags included. This is the default of the adapters whose servers split reasoning out
-  themselves (OpenRouter): a model that still writes ``<think>`` starts its content with it, while
-  an answer may well quote the tag (ADR 0071).
+  themselves (OpenRouter; the Responses and Messages adapters on any server but the vendor's own):
+  a model that still writes ``<think>`` starts its content with it, while an answer may well quote
+  the tag (ADR 0071, ADR 0077).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ __all__ = [
     "Piece",
     "ThinkTagSplitter",
     "ThinkTags",
+    "check_think_tags",
     "split_think_tags",
     "splitter_for",
     "think_tags_for",
+    "vendor_think_tags",
 ]
 
 OPEN_TAG = "<think>"
@@ -108,6 +111,13 @@ class ThinkTagSplitter:
     @property
     def channel(self) -> Channel:
         return "reasoning" if self.in_think else "text"
+
+    @property
+    def settled(self) -> bool:
+        """``leading_only``, past the leading blocks, nothing held: every later delta is answer
+        as it came, so a caller may stop feeding this splitter and pass the text on itself
+        (the Messages and Responses adapters do, keeping their answer path as it was)."""
+        return self._answered and not self.in_think and not self._pending
 
     def _emit(self, out: list[Piece], text: str) -> None:
         if self._skip_ws:
@@ -228,6 +238,17 @@ def _mode(value: object, key: str) -> ThinkTags:
     raise ConfigError(key, value, "leading, anywhere, off (or true / false)")
 
 
+def check_think_tags(option: object) -> None:
+    """Refuse (:class:`ConfigError`) a ``think_tags`` option any entry of which cannot be read,
+    whichever model it is for: an adapter checks it when it is built, the configuration at
+    start, so a typo for one model does not wait for that model's first run."""
+    if isinstance(option, Mapping):
+        for model, value in option.items():
+            _mode(value, f"think_tags.{model}")
+    elif option is not None:
+        _mode(option, "think_tags")
+
+
 def think_tags_for(option: object, model: str, default: ThinkTags) -> ThinkTags:
     """The ``think_tags`` adapter option for ``model``: one mode, or a table of modes by model
     id with ``"*"`` for the others (``{"*": "leading", "deepseek/deepseek-r1": "anywhere"}``);
@@ -246,3 +267,12 @@ def splitter_for(mode: ThinkTags) -> ThinkTagSplitter | None:
     if mode == "off":
         return None
     return ThinkTagSplitter(leading_only=mode == "leading")
+
+
+def vendor_think_tags(option: object, model: str, *, server: str, vendor: str) -> ThinkTags:
+    """The ``think_tags`` mode of an adapter whose wire format other servers speak too (OpenAI
+    Responses, Anthropic Messages): ``off`` by default on the vendor's own API, which separates
+    reasoning by construction, ``leading`` on any other server (vLLM, llama.cpp, a gateway, an
+    unknown host), where a model without a reasoning parser writes ``<think>`` into the answer
+    (ADR 0077)."""
+    return think_tags_for(option, model, "off" if server == vendor else "leading")

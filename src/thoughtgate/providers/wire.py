@@ -45,9 +45,17 @@ from thoughtgate.providers.http import HTTPTransport, parse_json_event
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.sse import SSEMessage
+from thoughtgate.providers.think_tags import ThinkTags, check_think_tags, vendor_think_tags
 from thoughtgate.types import Chunk, ReasoningDelta, TextDelta, Turn, TurnAccumulator
 
-__all__ = ["FollowUp", "HTTPProvider", "JSONEventParser", "WireParser", "joined_deltas"]
+__all__ = [
+    "FollowUp",
+    "HTTPProvider",
+    "JSONEventParser",
+    "VendorFormatProvider",
+    "WireParser",
+    "joined_deltas",
+]
 
 
 class WireParser(Protocol):
@@ -291,3 +299,22 @@ class HTTPProvider:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+class VendorFormatProvider(HTTPProvider):
+    """An adapter of a vendor's wire format that other servers serve too (Anthropic Messages,
+    OpenAI Responses): its ``think_tags`` option is ``off`` by default on the vendor's own API --
+    the server named like the endpoint (``anthropic``, ``openai``) -- and ``leading`` on any
+    other, where a model without a reasoning parser writes ``<think>`` into its answer (ADR 0077).
+    """
+
+    def read_options(self, options: Mapping[str, Any]) -> None:
+        self._think_tags: object = options.get("think_tags")
+        check_think_tags(self._think_tags)  # a value it cannot read: refused now
+
+    @property
+    def think_tags(self) -> ThinkTags:
+        """The ``think_tags`` mode for this model on this server."""
+        return vendor_think_tags(
+            self._think_tags, self.model, server=self.rule.server, vendor=self.name
+        )

@@ -24,14 +24,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError, failure_text
+from thoughtgate.errors import UsageError, failure_detail, failure_text
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
-from thoughtgate.store.leases import close_orphaned_runs, close_run_interrupted
+from thoughtgate.store.leases import SweepCursor, close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.records import RunRecord
+
+if TYPE_CHECKING:  # the engine imports DBOS: only a durable daemon loads it
+    from thoughtgate.orchestration.durable import FinishedCursor
 
 __all__ = ["SHUTDOWN_REASON", "RunManager"]
 
@@ -55,6 +59,9 @@ run it could not close is left to the next sweep."""
 class RunManager:
     """Owns the runs this daemon process executes."""
 
+    finished_page = 500
+    """Finished workflows a sweep looks at (``_forget_ended``): one page a sweep."""
+
     def __init__(
         self, runtime: Runtime, *, grace_s: float = 3.0, sweep_every_s: float | None = None
     ) -> None:
@@ -71,6 +78,10 @@ class RunManager:
         ``executed_mode``), oldest first."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._open_runs = SweepCursor()
+        """Where the sweep's walk through the open runs stopped (ADR 0074)."""
+        self._finished: FinishedCursor | None = None
+        """Where the next listing of finished workflows begins (``_forget_ended``)."""
 
     @property
     def active(self) -> int:
@@ -178,9 +189,12 @@ class RunManager:
         closed. A close that fails too (the store down past its retries; the sweep closes the
         run later, ADR 0062) is logged and added to ``failure`` as a note: the caller raises
         ``failure`` -- what went wrong first is what the client and the log must say, not the
-        close's store error (ADR 0063)."""
+        close's store error (ADR 0063). ``reason`` is public; ``failure``'s own words go to the
+        run's developer-only ``error_detail`` (ADR 0073)."""
         try:
-            await close_run_interrupted(self.runtime.store, run_id, reason)
+            await close_run_interrupted(
+                self.runtime.store, run_id, reason, detail=failure_detail(failure)
+            )
         except Exception as exc:
             log.error("could not close run %s after %s: %s", run_id, failure, exc)
             failure.add_note(f"closing run {run_id} interrupted failed too: {exc!r}")
@@ -354,6 +368,7 @@ class RunManager:
             executing=self.runtime.leases,
             on_queue=engine.on_queue if engine is not None else None,
             lost_after_s=self.runtime.leases.ttl_s,
+            cursor=self._open_runs,
         )
         if engine is not None:
             await self._heartbeat()
@@ -389,14 +404,20 @@ class RunManager:
         """Delete the workflows of runs that ended: their checkpoints may hold carriers and tool
         results, which have no use once the run is over. Not those of runs still open: a
         workflow can end before its run (its claim failed, ADR 0065), and the run resumes from
-        its checkpoints once it is put back on a queue."""
+        its checkpoints once it is put back on a queue.
+
+        One page of finished workflows a sweep, each sweep the next (ADR 0074): DBOS lists them
+        oldest first, and a first page of workflows kept for open runs would otherwise hide
+        every later one for good. Which of them belong to open runs is asked of the store by
+        id, whatever the number of open runs."""
         engine = self.runtime.durable
         assert engine is not None
-        done = await engine.finished_workflows()
-        if done:
-            found = await self.runtime.store.open_runs()
+        page = await engine.finished_workflows(after=self._finished, limit=self.finished_page)
+        self._finished = page.next
+        if page.ids:
+            found = await self.runtime.store.open_runs(run_ids=page.ids, limit=len(page.ids))
             still_open = {run.run_id for run in found.runs}
-            await engine.forget([run_id for run_id in done if run_id not in still_open])
+            await engine.forget([run_id for run_id in page.ids if run_id not in still_open])
 
     def start_sweeping(self) -> None:
         """Sweep periodically while the daemon runs, so a dead process's runs resume in time."""

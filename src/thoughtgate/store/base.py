@@ -16,12 +16,13 @@ concern (``tests/support/store_conformance.py``) runs on every backend.
 from __future__ import annotations
 
 from thoughtgate.store.key_store import KeyStore
-from thoughtgate.store.log import EventLog, RunEnding, RunListener, RunWakeups
+from thoughtgate.store.log import EventLog, Holder, RunEnding, RunListener, RunWakeups
 from thoughtgate.store.run_index import OpenRun, OpenRuns, RunIndex
 
 __all__ = [
     "EventLog",
     "EventStore",
+    "Holder",
     "KeyStore",
     "OpenRun",
     "OpenRuns",

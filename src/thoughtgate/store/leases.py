@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
-from thoughtgate.errors import StoreUnavailableError, failure_text
+from thoughtgate.disclosure import kept_detail
+from thoughtgate.errors import StoreUnavailableError, failure_detail, failure_text
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
     RunInterruptedPayload,
@@ -70,7 +71,7 @@ from thoughtgate.events.payloads import (
     TokenUsage,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.base import EventStore, OpenRun, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
 
@@ -80,12 +81,14 @@ __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "ENDED_OPEN",
     "ON_NO_QUEUE",
+    "OPEN_RUNS_PAGE",
     "TAKEN_UNCLAIMED",
     "UNWRITTEN",
     "WORKFLOW_ENDED",
     "WORKFLOW_TAKEN_OVER",
     "EndedTask",
     "Owner",
+    "SweepCursor",
     "close_orphaned_runs",
     "close_run_interrupted",
     "end_run",
@@ -237,6 +240,7 @@ async def end_run(
     task_status: TaskStatus,
     task_error: str,
     lease_expired_by: float | None = None,
+    held_by: Holder | None = None,
     ended: EndedTask | None = None,
     tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
@@ -252,7 +256,11 @@ async def end_run(
     ``retry``: the pauses (seconds) between further tries of a store call that failed with
     :class:`StoreUnavailableError` (a connection lost or found dead; the pool drops it). Safe
     because ``finish_run`` ends only an open run: a try whose commit was lost with its reply
-    makes the next one a no-op, never a second ending. The last try's error is raised."""
+    makes the next one a no-op, never a second ending. The last try's error is raised.
+
+    ``held_by``: the execution recording the end (this process, and its claim's attempt): the
+    end is refused with ``RunTakenOverError``, storing nothing, when that execution no longer
+    holds the open run (ADR 0072). Not retried: it would be refused again."""
     if tasks is None:
         run = await retrying(lambda: store.get_run(run_id), retry, "record the end of", run_id)
         if run.status not in OPEN_RUN_STATUSES:
@@ -285,6 +293,7 @@ async def end_run(
         error=error,
         tasks=closed,
         lease_expired_by=lease_expired_by,
+        held_by=held_by,
     )
     return await retrying(
         lambda: store.finish_run(run_id, events, ending), retry, "record the end of", run_id
@@ -341,13 +350,22 @@ async def close_run_interrupted(
     *,
     usage: Mapping[str, int] | None = None,
     lease_expired_by: float | None = None,
+    held_by: Holder | None = None,
     ended: EndedTask | None = None,
+    tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = CLOSE_RETRY,
     deadline: float | None = None,
+    detail: str | None = None,
 ) -> list[Event]:
     """Close an open run as interrupted, its unfinished tasks first (``ended``: one that ended
-    on its own, as :func:`end_run` takes it); ``[]`` if it had ended.
+    on its own; ``tasks``: the run's tasks as the caller knows them, as :func:`end_run` takes
+    both); ``[]`` if it had ended.
+
+    ``reason`` is public (thoughtgate's words and identifiers: ``errors.failure_text``);
+    ``detail``, the words of the failure that closed it (``errors.failure_detail``), goes to
+    the developer-only ``error_detail`` -- recorded only when the run's mode records reasoning
+    (``disclosure.kept_detail``: never on a ``hidden`` run; ADR 0073).
 
     A run left open by a failed close shows ``running`` on every surface until a lease sweep
     takes it, so a store that is briefly unavailable is tried again after each of ``retry``
@@ -355,25 +373,42 @@ async def close_run_interrupted(
     (``time.monotonic()``: a caller's shutdown budget). When it gives up, an error says the run
     stays open, and the last error is raised. ``retry=()``: one try, and the caller says what
     failed (the sweep itself, which comes back anyway). Any other error (the run does not
-    exist) is raised at once."""
+    exist; ``RunTakenOverError`` for an end by an execution, ``held_by``, that no longer holds
+    the run) is raised at once."""
     payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
     if usage is not None:
         payload["usage"] = cast(TokenUsage, dict(usage))
+
+    async def close() -> list[Event]:
+        terminal, known = payload, tasks
+        if detail is not None:  # whether the run's mode records it: read the run
+            run = await store.get_run(run_id)
+            if run.status not in OPEN_RUN_STATUSES:
+                return []
+            known = run.tasks
+            kept = kept_detail(run.chain_of_thought, detail)
+            if kept is not None:
+                terminal = payload.copy()
+                terminal["error_detail"] = kept
+        return await end_run(
+            store,
+            run_id,
+            NewEvent(EventType.RUN_INTERRUPTED, terminal),
+            status="interrupted",
+            usage=usage,
+            error=f"interrupted: {reason}",
+            task_status="interrupted",
+            task_error=f"interrupted: {reason}",
+            lease_expired_by=lease_expired_by,
+            held_by=held_by,
+            ended=ended,
+            tasks=known,
+            tail=tail,
+        )
+
     try:
         return await retrying(
-            lambda: end_run(
-                store,
-                run_id,
-                NewEvent(EventType.RUN_INTERRUPTED, payload),
-                status="interrupted",
-                usage=usage,
-                error=f"interrupted: {reason}",
-                task_status="interrupted",
-                task_error=f"interrupted: {reason}",
-                lease_expired_by=lease_expired_by,
-                ended=ended,
-                tail=tail,
-            ),
+            close,
             retry,
             "record the interruption of",
             run_id,
@@ -388,6 +423,18 @@ async def close_run_interrupted(
                 exc,
             )
         raise
+
+
+OPEN_RUNS_PAGE = 1000
+"""Open runs a sweep reads at once (``open_runs``' ``limit``)."""
+
+
+@dataclass(slots=True)
+class SweepCursor:
+    """Where a periodic sweep's walk through the open runs stopped (ADR 0074): the last run id
+    of the page it read last, ``None`` to begin again from the first."""
+
+    after: str | None = None
 
 
 Requeue = Callable[[str, RunSpecRecord], Awaitable[None]]
@@ -408,13 +455,16 @@ async def close_orphaned_runs(
     executing: Container[str] | None = None,
     on_queue: OnQueue | None = None,
     lost_after_s: float = DEFAULT_LEASE_TTL_S,
+    cursor: SweepCursor | None = None,
+    page: int = OPEN_RUNS_PAGE,
 ) -> list[str]:
     """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
     run, release it to resume; returns the ids of the runs closed. ``executing``: the runs this
     process executes, asked about each run as it is looked at (a process's ``LeaseKeeper``):
     this process's other runs are taken too once their leases have expired (ADR 0060).
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
-    (:func:`_requeue_lost`).
+    (:func:`_requeue_lost`). ``cursor``: a periodic sweep's place among the open runs, which it
+    reads ``page`` at a time (:func:`_runs_to_decide`, ADR 0074); without one, every open run.
 
     A daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
     thousands, so it decides from what ``open_runs`` returns (owner, lease, ``queued_at``):
@@ -422,7 +472,7 @@ async def close_orphaned_runs(
     ``thoughtgate resume``'s to move), and the specs of the runs it will move --
     the orphans and the lost queued runs -- come in one ``get_run_specs`` (ADR 0064, 0066)."""
     me = me or Owner.current()
-    found = await store.open_runs()
+    found = await _runs_to_decide(store, cursor, page)
     orphans: list[tuple[OpenRun, str]] = []
     for run in found.runs:
         reason = orphan_reason(run, found.now, me, executing)
@@ -468,6 +518,48 @@ async def close_orphaned_runs(
     return closed
 
 
+async def _runs_to_decide(store: EventStore, cursor: SweepCursor | None, page: int) -> OpenRuns:
+    """The open runs a sweep decides on this pass, ``page`` per store read (ADR 0074).
+
+    Without ``cursor`` (a process opening its store, once): every open run. With it (a
+    daemon's sweep, every two thirds of a lease): every run whose lease has expired -- the
+    orphans, which must not wait, and which the pass moves, so reading them costs what it
+    does -- and the next ``page`` of all open runs after the cursor, which moves on (back to
+    the first run after the last page). So a pass reads at most a page beyond the runs it
+    moves, whatever the number of leases running elsewhere, and every open run -- a queued
+    run on no queue, one whose owner's pid died -- comes up within ``open runs / page``
+    passes; before, the 1000 open runs with the oldest leases were read and the runs without
+    one (queued, suspended) came last, so beyond 1000 leased runs none of them was ever seen.
+
+    ``now`` is the first read's: a lease expired then is expired at every later read, and
+    every compare-and-set on it holds (``lease_expired_by``)."""
+    if cursor is None:
+        return await _every_page(store, page, expired=False)
+    expired = await _every_page(store, page, expired=True)
+    runs = {run.run_id: run for run in expired.runs}
+    for run in (await _next_page(store, cursor, page)).runs:
+        runs.setdefault(run.run_id, run)
+    return OpenRuns(list(runs.values()), expired.now)
+
+
+async def _every_page(store: EventStore, page: int, *, expired: bool) -> OpenRuns:
+    """Every open run (``expired``: whose lease has expired), read ``page`` at a time."""
+    found = await store.open_runs(limit=page, expired=expired)
+    runs, now = list(found.runs), found.now
+    while len(found.runs) == page:
+        found = await store.open_runs(limit=page, after=found.runs[-1].run_id, expired=expired)
+        runs += found.runs
+    return OpenRuns(runs, now)
+
+
+async def _next_page(store: EventStore, cursor: SweepCursor, page: int) -> OpenRuns:
+    """The ``page`` open runs after ``cursor``, which moves past them (to the start after the
+    last page)."""
+    found = await store.open_runs(limit=page, after=cursor.after)
+    cursor.after = found.runs[-1].run_id if len(found.runs) == page else None
+    return found
+
+
 async def _requeue_lost(
     store: EventStore,
     lost: Sequence[tuple[RunSpecRecord, str]],
@@ -497,7 +589,11 @@ async def _requeue_lost(
         except Exception as exc:
             log.warning("run %s cannot be queued again (%s); closing it", run_id, exc)
             if await close_run_interrupted(
-                store, run_id, f"{why}; it could not be queued again: {failure_text(exc)}", retry=()
+                store,
+                run_id,
+                f"{why}; it could not be queued again: {failure_text(exc)}",
+                retry=(),
+                detail=failure_detail(exc),
             ):
                 closed.append(run_id)
             continue
@@ -544,7 +640,11 @@ async def _release_durable(
         except Exception as exc:  # its checkpoints are gone: it cannot resume
             log.warning("run %s cannot resume (%s); closing it", run.run_id, exc)
             await close_run_interrupted(
-                store, run.run_id, f"{reason}; it could not resume: {failure_text(exc)}", retry=()
+                store,
+                run.run_id,
+                f"{reason}; it could not resume: {failure_text(exc)}",
+                retry=(),
+                detail=failure_detail(exc),
             )
             return
     log.warning("run %s %s: %s", run.run_id, "queued to resume" if queued else "suspended", reason)
@@ -553,13 +653,15 @@ async def _release_durable(
 async def suspend(
     store: EventStore, run_id: str, reason: str, *, queued: bool, previous: str | None
 ) -> None:
-    """Record on the run (its metadata, shown to every reader) why it waits to resume."""
+    """Record on the run (its metadata, shown to every reader) why it waits to resume, and
+    since when on the store's clock (PostgreSQL's server, as every time it keeps: ADR 0074)."""
+    since = await store.clock()
     await store.update_run(
         run_id,
         metadata={
             "suspended": {
                 "reason": reason,
-                "since": time.time(),
+                "since": since,
                 "resume": "queue" if queued else "manual",
             },
             "previous_executor": previous,

@@ -35,7 +35,7 @@ from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
 from typing import Any, Protocol
 
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import RunTakenOverError, StoreUnavailableError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
@@ -43,6 +43,7 @@ from thoughtgate.store.records import TaskRecord
 __all__ = [
     "EventLog",
     "EventObserver",
+    "Holder",
     "PageAhead",
     "QueuedAppend",
     "RunEnding",
@@ -218,6 +219,17 @@ class QueuedAppend(abc.ABC):
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """The execution an ending comes from, as the store knows it (ADR 0072): the process that
+    holds the run (its lease owner id) and, for a durable run, the attempt its claim counted
+    (``DurableRunStore.claim_run``'s answer, a fencing token: every claim increments it, so a
+    later execution of the same process is told apart from an earlier one)."""
+
+    owner: str
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnding:
     """How :meth:`EventLog.finish_run` ends a run: the run index's side of its last append."""
 
@@ -229,12 +241,35 @@ class RunEnding:
     """Tasks to save with the ending (those it ends too)."""
     lease_expired_by: float | None = None
     """End the run only if its lease was not renewed past this time (ADR 0009)."""
+    held_by: Holder | None = None
+    """End the run only while this execution still holds it (ADR 0072): the run's owner is
+    ``held_by.owner`` and, with an attempt, its claims counted no further. An end recorded by
+    the process executing the run names itself; a sweep's (``lease_expired_by``) does not."""
 
     def lease_renewed(self, lease: float | None) -> bool:
         """Whether a run whose lease expires at ``lease`` was renewed past ``lease_expired_by``
         (its owner is alive after all: leave the run open)."""
         by = self.lease_expired_by
         return by is not None and lease is not None and lease > by
+
+    def check_holder(self, run_id: str, owner: str | None, attempts: int | None) -> None:
+        """Raise :class:`RunTakenOverError` (and log it) unless the run, open and held by
+        ``owner`` with ``attempts`` claims counted (``None``: a run without a spec), is held by
+        ``held_by``. Every backend calls it in the transaction that would end the run, after
+        its row is locked, so a claim either commits before it (the end is refused) or waits
+        for the end (and finds the run ended)."""
+        held = self.held_by
+        if held is None:
+            return
+        if owner == held.owner and (held.attempt is None or attempts == held.attempt):
+            return
+        log.warning(
+            "run %s: its end (%s) was refused: another execution holds the run now (this process "
+            "stalled past its lease and the run was taken over); nothing of it was recorded",
+            run_id,
+            self.status,
+        )
+        raise RunTakenOverError(run_id, owner)
 
 
 class PageAhead(Protocol):
@@ -330,7 +365,9 @@ class EventLog(abc.ABC):
 
         Does nothing and returns ``[]`` when the run has already ended (another process closed
         it first), or when ``ending.lease_renewed`` (its owner is alive after all). Raises
-        ``RunNotFoundError``.
+        ``RunNotFoundError``, and ``RunTakenOverError`` (storing nothing) when the ending names
+        its execution (``ending.held_by``) and the open run is no longer held by it
+        (:meth:`RunEnding.check_holder`, ADR 0072).
         """
 
     def queue_append(

@@ -161,6 +161,8 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
                 return []
+            spec = self._specs.get(run_id)
+            ending.check_holder(run_id, run.owner, None if spec is None else spec.attempts)
             for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
                 run.tasks.append(copy.deepcopy(task))
@@ -205,14 +207,31 @@ class MemoryStore(EventStore, durable.DurableRunStore):
                 run.lease_expires_at = until
             return [r.run_id for r in held]
 
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
+        now = time.time()
+        named = None if run_ids is None else set(run_ids)
         runs: list[OpenRun] = []
-        for run in self._open():
+        for run in sorted(self._open(), key=lambda r: r.run_id):
+            if len(runs) >= limit:
+                break
+            lease = run.lease_expires_at
+            if (
+                (after is not None and run.run_id <= after)
+                or (expired and (lease is None or lease > now))
+                or (named is not None and run.run_id not in named)
+            ):
+                continue
             spec = self._specs.get(run.run_id)
             queued_at = None if spec is None else spec.queued_at
-            runs.append(OpenRun(run.run_id, run.owner, run.lease_expires_at, queued_at))
-        runs.sort(key=lambda r: (r.lease_expires_at is None, r.lease_expires_at or 0.0))
-        return OpenRuns(runs[:limit], time.time())
+            runs.append(OpenRun(run.run_id, run.owner, lease, queued_at))
+        return OpenRuns(runs, now)
 
     def _open(self) -> list[RunRecord]:
         return [r for r in self._runs.values() if self._is_open(r.run_id)]

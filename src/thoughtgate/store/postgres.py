@@ -56,14 +56,21 @@ __all__ = ["PostgresStore", "read_types_query", "split_schema_param"]
 # The batch travels as four plain strings that the server splits (see ``_batch_params``): adapting
 # Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
 # times more than everything else an append does.
+#
+# An event's ``ts`` is stamped on the server's clock (ADR 0074): each is moved by ``skew``, the
+# server's clock when the statement arrived less this process's when it was sent (``sent``), so
+# events keep the times between them they were made with; the statement returns it, and the
+# events handed back are moved alike (``_append_rows``).
 _APPEND = """
 WITH bumped AS (
     UPDATE runs SET last_seq = last_seq + %(n)s
     WHERE run_id = %(run_id)s AND closed_at IS NULL
-    RETURNING last_seq - %(n)s AS base
+    RETURNING last_seq - %(n)s AS base,
+              extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
     INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
-    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts, e.payload::json, %(v)s
+    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts + bumped.skew,
+           e.payload::json, %(v)s
     FROM bumped, unnest(
         ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),
@@ -74,7 +81,8 @@ WITH bumped AS (
     ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
     RETURNING 1
 )
-SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text) FROM bumped
+SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text), skew
+FROM bumped
 """
 
 _RECORD_SEPARATOR = "\x1e"
@@ -155,6 +163,7 @@ _CLOCK = sql.SQL(_NOW)
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
+_KEY_FIELDS = codec.KEY_COLUMNS.split(", ")
 _INSERT_RUN = (
     f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
     f"VALUES ({', '.join(['%s'] * (codec.RUN_COLUMN_COUNT + 1))})"
@@ -171,6 +180,8 @@ _INSERT_SPEC = (
 _NEXT_CHANGE = (
     "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change, pg_notify(%s, %s)"
 )
+_ATTEMPTS = "SELECT attempts FROM run_specs WHERE run_id = %s"
+"""The claims a run's spec counted: the fencing token of a durable run's end (ADR 0072)."""
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
@@ -181,11 +192,15 @@ _UPSERT_TASK = (
     )
     + ", backend = EXCLUDED.backend"
 )
+# A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
+# ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.
 _UPSERT_KEY = (
-    f"INSERT INTO api_keys ({codec.KEY_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
+    f"INSERT INTO api_keys ({codec.KEY_COLUMNS}) VALUES (%(key_id)s, %(name)s, %(role)s, "
+    "%(key_hash)s, %(created_at)s + extract(epoch FROM statement_timestamp()) - %(sent)s::float8, "
+    "%(revoked_at)s) "
     "ON CONFLICT (key_id) DO UPDATE SET name = EXCLUDED.name, role = EXCLUDED.role, "
-    "key_hash = EXCLUDED.key_hash, created_at = EXCLUDED.created_at, "
-    "revoked_at = EXCLUDED.revoked_at"
+    "key_hash = EXCLUDED.key_hash, created_at = %(created_at)s, "
+    "revoked_at = EXCLUDED.revoked_at RETURNING created_at"
 )
 
 
@@ -486,13 +501,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         run_id: str,
         columns: codec.EncodedEvents,
     ) -> int:
-        """Number and insert encoded events (one statement, see ``_APPEND``); the first seq."""
+        """Number and insert encoded events (one statement, see ``_APPEND``); the first seq.
+        Their times in ``columns`` are moved in place as they were stored (the server's clock),
+        so the events built from them are the ones a reader will see."""
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
+        params["sent"] = time.time()
         row = await (await conn.execute(_APPEND, params)).fetchone()
         if row is None:  # no such run, or it has ended
             await self._require_run(conn, run_id)
             raise RunClosedError(run_id)
+        skew = float(row[2])
+        ts = columns[3]
+        ts[:] = [t + skew for t in ts]
         return int(row[0]) + 1
 
     async def _project(
@@ -552,7 +573,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             # The row lock serializes this with appends and with other processes finishing the
             # same run: exactly one of them closes it.
             cur = await conn.execute(
-                f"SELECT {_OPEN}, lease_expires_at FROM runs WHERE run_id = %s FOR UPDATE",
+                f"SELECT {_OPEN}, lease_expires_at, owner FROM runs WHERE run_id = %s FOR UPDATE",
                 (run_id,),
             )
             row = await cur.fetchone()
@@ -560,6 +581,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 raise RunNotFoundError(run_id)
             if not row[0] or ending.lease_renewed(row[1]):
                 return []
+            if ending.held_by is not None:
+                # Its own statement, after the row lock: a claim that held the lock has
+                # committed its attempt, which a snapshot taken before the lock would not see.
+                attempts = None
+                if ending.held_by.attempt is not None:
+                    spec = await (await conn.execute(_ATTEMPTS, (run_id,))).fetchone()
+                    attempts = None if spec is None else int(spec[0])
+                ending.check_holder(run_id, row[2], attempts)
             if task_rows:
                 async with conn.cursor() as tcur:
                     await tcur.executemany(_UPSERT_TASK, task_rows)
@@ -585,19 +614,44 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             return [str(r[0]) for r in await cur.fetchall()]
 
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
+        # The server's clock read once (a materialized CTE), so every row is judged at one time.
+        where = [_OPEN]
+        if after is not None:
+            where.append("run_id > %(after)s")
+        if expired:
+            where.append("lease_expires_at <= clock.now")
+        if run_ids is not None:
+            where.append("run_id = ANY(%(ids)s)")
+        params = {"after": after, "ids": None if run_ids is None else list(run_ids)}
         async with self._conn("list open runs") as conn:
             cur = await conn.execute(
-                f"SELECT run_id, owner, lease_expires_at, {_NOW}, queued_at FROM runs "
-                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
-                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT %s",
-                (limit,),
+                f"WITH clock AS MATERIALIZED (SELECT {_NOW} AS now) "
+                "SELECT run_id, owner, lease_expires_at, clock.now, queued_at "
+                "FROM clock, runs LEFT JOIN run_specs USING (run_id) "
+                f"WHERE {' AND '.join(where)} ORDER BY run_id LIMIT %(limit)s",
+                {**params, "limit": limit},
             )
             rows = await cur.fetchall()
             if not rows:
-                now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
-                return OpenRuns([], float(now_row[0]) if now_row else time.time())
+                return OpenRuns([], await self._server_now(conn))
         return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3]))
+
+    @staticmethod
+    async def _server_now(conn: psycopg.AsyncConnection[Any]) -> float:
+        row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
+        return float(row[0]) if row else time.time()
+
+    async def clock(self) -> float:
+        async with self._conn("read the clock") as conn:
+            return await self._server_now(conn)
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, await self._fetch(run_id, after, limit))
@@ -891,8 +945,13 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     # -- API keys and secrets ------------------------------------------------------------
     async def save_api_key(self, key: ApiKeyRecord) -> None:
+        """A new key's ``created_at`` is stored on the server's clock, and ``key`` given it."""
+        params = dict(zip(_KEY_FIELDS, codec.key_row(key), strict=True))
         async with self._conn(f"save API key {key.name!r}") as conn:
-            await conn.execute(_UPSERT_KEY, codec.key_row(key))
+            params["sent"] = time.time()
+            row = await (await conn.execute(_UPSERT_KEY, params)).fetchone()
+        if row is not None:
+            key.created_at = float(row[0])
 
     async def list_api_keys(self) -> list[ApiKeyRecord]:
         async with self._conn("list API keys") as conn:

@@ -121,5 +121,7 @@ class ApiKeyRecord:
     role: str
     key_hash: str
     _: KW_ONLY
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=lambda: time.time())
+    """This process's clock, looked up when the key is made; PostgreSQL stores a new key's on
+    the server's (ADR 0074)."""
     revoked_at: float | None = None

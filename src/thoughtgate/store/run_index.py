@@ -11,6 +11,7 @@ says a task or run has ended before the event that says so is stored, nor the ot
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
@@ -100,9 +101,24 @@ class RunIndex(RunListing):
         store outage) sees its lease expire and the sweep close it (ADR 0060)."""
 
     @abc.abstractmethod
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
         """Runs still ``pending`` or ``running`` and not closed, with their owners, leases and
-        ``queued_at``, oldest lease first (runs without a lease last)."""
+        ``queued_at``, in run id order: at most ``limit``, those after ``after`` (a keyset
+        cursor: the last id of the page before), so a reader pages through every open run
+        however many there are (ADR 0074). ``expired``: only those whose lease has expired on
+        the store's clock (``OpenRuns.now``); ``run_ids``: only those among these."""
+
+    async def clock(self) -> float:
+        """The store's clock (seconds since the epoch): the server's on PostgreSQL, as every
+        time it keeps (ADR 0066, 0074); this process's otherwise."""
+        return time.time()
 
     @abc.abstractmethod
     async def rebuild_run_index(self, run_id: str) -> RunRecord:

@@ -39,6 +39,7 @@ import orjson
 from thoughtgate.errors import (
     RunClosedError,
     RunNotFoundError,
+    RunTakenOverError,
     StoreReadOnlyError,
     StoreUnavailableError,
 )
@@ -624,19 +625,25 @@ def _claim_runs(conn: sqlite3.Connection, span: list[_Merged], now: float, out: 
 
 
 def _check_endings(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]) -> set[int]:
-    """The positions of the span's endings that end their run (open, lease not renewed, as
-    ``finish_run`` checks alone); an ending of a missing run gets ``RunNotFoundError``."""
+    """The positions of the span's endings that end their run (open, lease not renewed, held by
+    the execution the ending names: as ``finish_run`` checks alone); an ending of a missing run
+    gets ``RunNotFoundError``, one whose run another execution holds ``RunTakenOverError``."""
     endings = [(k, item) for k, item in enumerate(span) if isinstance(item, _End)]
     if not endings:
         return set()
     ids = orjson.dumps([item.run_id for _, item in endings]).decode()
-    found = {str(r[0]): (r[1], r[2]) for r in conn.execute(_ENDING_CHECK, (ids,)).fetchall()}
+    found = {str(r[0]): r[1:] for r in conn.execute(_ENDING_CHECK, (ids,)).fetchall()}
     ending: set[int] = set()
     for k, item in endings:
         row = found.get(item.run_id)
         if row is None:
             out[k] = RunNotFoundError(item.run_id)
         elif row[0] and not item.ending.lease_renewed(row[1]):
+            try:
+                item.ending.check_holder(item.run_id, row[2], row[3])
+            except RunTakenOverError as exc:
+                out[k] = exc
+                continue
             ending.add(k)
     return ending
 
@@ -841,7 +848,8 @@ _RENEW = (
 _STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
 _TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
 _ENDING_CHECK = (
-    f"SELECT run_id, {_OPEN}, lease_expires_at FROM runs "
+    f"SELECT run_id, {_OPEN}, lease_expires_at, owner, "
+    "(SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) FROM runs "
     "WHERE run_id IN (SELECT value FROM json_each(?))"
 )
 _BUMP_CHANGES = "UPDATE run_changes SET last_change = last_change + ? RETURNING last_change"
@@ -1307,13 +1315,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         assignments = ", ".join(f"{column} = ?" for column in sets)
 
         def body(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                f"SELECT {_OPEN}, lease_expires_at FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
+            row = conn.execute(_ENDING_CHECK, (orjson.dumps([run_id]).decode(),)).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            if not row[0] or ending.lease_renewed(row[1]):
+            if not row[1] or ending.lease_renewed(row[2]):
                 return None
+            ending.check_holder(run_id, row[3], row[4])
             conn.executemany(_INSERT_TASK, task_rows)
             first = _append_rows(conn, run_id, columns) if columns[0] else 0
             if update:
@@ -1351,15 +1358,35 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._write("renew run leases", body)
 
-    async def open_runs(self, *, limit: int = 1000) -> OpenRuns:
+    async def open_runs(
+        self,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        expired: bool = False,
+        run_ids: Collection[str] | None = None,
+    ) -> OpenRuns:
+        where = [_OPEN]
+        params: list[object] = []
+        if after is not None:
+            where.append("run_id > ?")
+            params.append(after)
+        if run_ids is not None:
+            where.append("run_id IN (SELECT value FROM json_each(?))")
+            params.append(orjson.dumps(list(run_ids)).decode())
+        statement = (
+            "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
+            f"LEFT JOIN run_specs USING (run_id) WHERE {' AND '.join(where)}"
+        )
+
         def work(conn: sqlite3.Connection) -> OpenRuns:
+            now = time.time()
+            lease = " AND lease_expires_at <= ?" if expired else ""
             rows = conn.execute(
-                "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
-                f"LEFT JOIN run_specs USING (run_id) WHERE {_OPEN} "
-                "ORDER BY lease_expires_at IS NULL, lease_expires_at LIMIT ?",
-                (limit,),
+                f"{statement}{lease} ORDER BY run_id LIMIT ?",
+                (*params, *((now,) if expired else ()), limit),
             ).fetchall()
-            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], time.time())
+            return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], now)
 
         return await self._reader.call("list open runs", work)
 

@@ -196,7 +196,7 @@ const TG_THREAD = (() => {
         this.runEnded = true;
         this.endedAt = this.ts;
         this.ending = { type, status: optStr(p.status), error: optStr(p.error), error_type: optStr(p.error_type),
-          reason: optStr(p.reason) };
+          reason: optStr(p.reason), error_detail: optStr(p.error_detail) };
       }
     }
 
@@ -220,7 +220,7 @@ const TG_THREAD = (() => {
         finish_reason: optStr(p.finish_reason), started_at: started,
         ttft_s: first === null || started === null ? null : first - started,
         duration_s: ended === null || started === null ? null : ended - started,
-        error: optStr(p.error), error_type: optStr(p.error_type),
+        error: optStr(p.error), error_type: optStr(p.error_type), error_detail: optStr(p.error_detail),
         tool_calls: Array.isArray(p.tool_calls) ? p.tool_calls.length : 0, ts: this.ts,
       });
     }

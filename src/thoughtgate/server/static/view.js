@@ -188,7 +188,17 @@ function turnSection(key, first, thread, multiTask) {
     info?.error ? el("div", { class: "error turn-error", "data-testid": "turn-error" },
       info.error_type ? el("code", { class: "err-class", "data-testid": "turn-error-type" }, info.error_type) : null,
       info.error_type ? " " : null, info.error) : null,
+    info?.error_detail ? saidLine(info.error_detail, "turn-error-detail") : null,
     el("ol", { class: "turn-items" }));
+}
+
+// The failure's own words (error_detail: a provider's error text, a library's exception), shown
+// as they are in the reader's copy of the event: the server's one output filter sends them to
+// developers and above only, where the run records reasoning (ADR 0073). The page decides
+// nothing: no field, no line -- not even an empty element.
+function saidLine(detail, testid) {
+  return el("p", { class: "error-detail", "data-testid": testid }, el("span", { class: "said" }, "said: "),
+    el("code", {}, detail));
 }
 
 function totalsLine(thread) {
@@ -311,7 +321,8 @@ export function renderThread() {
       el("h3", {}, answerTitle(thread.status, outcome, answerText)),
       answerText ? el("p", { "data-testid": "answer-text" }, answerText) : null,
       why ? el("p", { class: "error", "data-testid": "answer-error" }, `${RUN_STATUS_TEXT[outcome] || outcome}: ${why}`,
-        ending?.error_type ? el("code", { class: "err-class", "data-testid": "run-error-type" }, ending.error_type) : null) : null)
+        ending?.error_type ? el("code", { class: "err-class", "data-testid": "run-error-type" }, ending.error_type) : null) : null,
+      unfinished && ending?.error_detail ? saidLine(ending.error_detail, "run-error-detail") : null)
     : null;
   const traceable = can("read_trace") && run && run.chain_of_thought !== "hidden";
   const receipt = thread.receipt

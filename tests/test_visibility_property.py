@@ -224,7 +224,13 @@ TABLE: Final[dict[str, dict[str, str]]] = {
     "run.settlement.completed": _RUN_ENDED,
     "run.failed": _RUN_ENDED,
     "run.error": _RUN_ENDED,
-    "run.interrupted": {"status": P, "reason": P, "usage": P, **_nest("usage.", _USAGE)},
+    "run.interrupted": {
+        "status": P,
+        "reason": P,
+        "error_detail": R,  # the closing failure's own words (ADR 0073)
+        "usage": P,
+        **_nest("usage.", _USAGE),
+    },
     # where and why a run continues are public; which process took it over is operator detail
     "run.resumed": {
         "reason": P,

@@ -330,3 +330,46 @@ async def test_emulator_failures(server: EmulatorServer, emulated: Any) -> None:
     with pytest.raises(ProviderHTTPError) as err:
         await streamed(emulated("ollama", "overloaded"), turn_request())
     assert (err.value.status, err.value.error_type) == (529, "overloaded_error")
+
+
+# --------------------------------------------------------------------------- a stream cut mid-tag
+
+
+def _chat_chunk(content: str) -> bytes:
+    data = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "qwen3",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("provider_class", ["openai_compatible", "openrouter"])
+async def test_a_stream_cut_inside_a_think_block_keeps_what_the_splitter_held_as_reasoning(
+    provider_class: str,
+) -> None:
+    """The splitter holds back a suffix that could still become ``</think>``; when the
+    connection breaks there, those characters belong to the open block (reasoning), so the
+    partial turn keeps them on the right side instead of losing them."""
+    import httpx
+    from support.replay import ReplayServer, Reply
+
+    from thoughtgate.engine.turn import stream_llm_turn
+    from thoughtgate.providers.openrouter import OpenRouterProvider
+
+    pieces = ["<think>", "SECRET hm </thi"]
+    async with ReplayServer([Reply([_chat_chunk(p) for p in pieces])]) as server:
+        settings = ProviderSettings(base_url=f"{server.url}/v1", api_key="k", max_retries=0)
+        cls = COMPAT if provider_class == "openai_compatible" else OpenRouterProvider
+        provider = cls("qwen3", settings, client=httpx.AsyncClient())
+        try:
+            with pytest.raises(ProviderStreamError) as caught:
+                await stream_llm_turn(provider, turn_request())
+        finally:
+            await provider.aclose()
+    partial = caught.value.partial
+    assert partial is not None
+    assert partial.text == ""
+    assert partial.reasoning_text == "SECRET hm </thi"

@@ -185,6 +185,12 @@ class ChatChunkParser(JSONEventParser):
     def flush_content(self) -> list[Chunk]:
         return [] if self.splitter is None else self._pieces(self.splitter.flush())
 
+    def interrupted(self) -> list[Chunk]:
+        """The stream broke: the characters the think-tag splitter holds back (a suffix that
+        could still have become a tag) go to its current channel -- reasoning inside an open
+        ``<think>`` -- so the partial turn keeps them, on the right side."""
+        return self.flush_content()
+
     def tag_reasoning(self, text: str) -> list[Chunk]:
         """Reasoning the splitter found in ``content``: a raw reasoning delta when captured;
         ``hidden``: dropped here, before anyone sees it."""

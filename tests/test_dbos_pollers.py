@@ -35,10 +35,12 @@ from thoughtgate.orchestration.dbos_pollers import (
     INTERNAL_QUEUE_POLL_S,
     JOBS_INTERVAL_S,
     PSYCOPG_WAIT_STEP_S,
+    WORKFLOWS_APPLICATION_NAME,
     _every_process_runs_the_jobs,
     _jobs_run_without_their_lock,
     _KeptAnswer,
     _ManagerList,
+    _step_rarely,
     reuse_latest_version,
     reuse_queue_list,
     slow_unused_pollers,
@@ -228,6 +230,23 @@ def test_psycopg_waits_in_steps_that_dbos_connections_can_lengthen() -> None:
     assert wake_rarely()  # installed once
 
 
+@pytest.mark.external
+@pytest.mark.postgres
+def test_only_the_workflows_engine_s_connections_wait_in_long_steps() -> None:
+    """An application embedding thoughtgate may have SQLAlchemy connections of its own: their
+    blocking waits keep psycopg's short step (a signal is seen within 0.1 s), only DBOS's
+    engine's, which thoughtgate names, get the long one."""
+    with (
+        psycopg.connect(PG_URL, application_name=WORKFLOWS_APPLICATION_NAME) as ours,
+        psycopg.connect(PG_URL, application_name="someone-else") as theirs,
+        psycopg.connect(PG_URL) as unnamed,
+    ):
+        for conn in (ours, theirs, unnamed):
+            _step_rarely(conn, None)
+        assert ours.wait.keywords["interval"] == PSYCOPG_WAIT_STEP_S  # type: ignore[attr-defined]
+        assert "wait" not in vars(theirs) and "wait" not in vars(unnamed)
+
+
 def _jobs_lock_holders(workflows_schema: str) -> int:
     """Sessions holding the background jobs' advisory lock of ``workflows_schema`` (dbos 3.4 keys
     it by the leading 8 bytes of a SHA-256 of its name; PostgreSQL shows a bigint key as two
@@ -264,6 +283,8 @@ async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without
             listening = _get_dbos_instance()._sys_db.notification_conn  # type: ignore[attr-defined]
             assert listening is not None
             assert listening.dbapi_connection.wait.keywords["interval"] == PSYCOPG_WAIT_STEP_S
+            name = listening.dbapi_connection.info.get_parameters()["application_name"]
+            assert name == WORKFLOWS_APPLICATION_NAME
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             for name in (schema, f"{schema}_workflows"):

@@ -77,6 +77,7 @@ __all__ = [
     "LATEST_VERSION_REUSE_S",
     "PSYCOPG_WAIT_STEP_S",
     "QUEUE_LIST_REUSE_S",
+    "WORKFLOWS_APPLICATION_NAME",
     "reuse_latest_version",
     "reuse_queue_list",
     "slow_unused_pollers",
@@ -144,19 +145,32 @@ def _waits_in_steps(wait: object) -> bool:
     )
 
 
+WORKFLOWS_APPLICATION_NAME: Final = "thoughtgate:workflows"
+"""The ``application_name`` of the connections of DBOS's engine on PostgreSQL (thoughtgate's
+engine settings give it, ``durable.database_settings``): how :func:`wake_rarely` tells them
+apart from any other SQLAlchemy connection of the process -- an application that embeds
+thoughtgate may have its own, whose blocking waits keep psycopg's step (a Ctrl-C in a thread
+that waits is seen within 0.1 s, not 5 s)."""
+
+
 def _step_rarely(dbapi_connection: Any, _record: Any) -> None:
-    """SQLAlchemy's ``connect`` event: a new connection of DBOS's engine waits in long steps."""
+    """SQLAlchemy's ``connect`` event: a new connection of DBOS's engine (named
+    :data:`WORKFLOWS_APPLICATION_NAME`) waits in long steps; any other is left as it is."""
     import psycopg
 
-    if isinstance(dbapi_connection, psycopg.Connection):
+    if (
+        isinstance(dbapi_connection, psycopg.Connection)
+        and dbapi_connection.info.get_parameters().get("application_name")
+        == WORKFLOWS_APPLICATION_NAME
+    ):
         dbapi_connection.wait = functools.partial(  # type: ignore[method-assign]
             psycopg.Connection.wait, dbapi_connection, interval=PSYCOPG_WAIT_STEP_S
         )
 
 
 def wake_rarely() -> bool:
-    """Have every connection SQLAlchemy opens from now on in this process -- DBOS's engine's,
-    the only SQLAlchemy engine thoughtgate has -- wait in steps of :data:`PSYCOPG_WAIT_STEP_S`;
+    """Have every connection of DBOS's engine (:data:`WORKFLOWS_APPLICATION_NAME`) that
+    SQLAlchemy opens from now on in this process wait in steps of :data:`PSYCOPG_WAIT_STEP_S`;
     whether it will (``False`` when this psycopg's waits are not as 3.3's, left as they are).
     Call before ``DBOS.launch()``, which opens the listener's connection."""
     import psycopg

@@ -66,6 +66,7 @@ from thoughtgate.errors import (
     failure_text,
 )
 from thoughtgate.orchestration.dbos_pollers import (
+    WORKFLOWS_APPLICATION_NAME,
     reuse_latest_version,
     reuse_queue_list,
     slow_unused_pollers,
@@ -222,7 +223,9 @@ def database_settings(location: _Location) -> dict[str, Any]:
     SQLAlchemy engine's arguments (:data:`_ENGINE` on any database; on SQLite one connection,
     no pings)."""
     if location.schema is not None:
-        return {"dbos_system_schema": location.schema, "db_engine_kwargs": dict(_ENGINE)}
+        # Named, so that ``dbos_pollers.wake_rarely`` finds these connections and no other's.
+        named = {"connect_args": {"application_name": WORKFLOWS_APPLICATION_NAME}}
+        return {"dbos_system_schema": location.schema, "db_engine_kwargs": {**_ENGINE, **named}}
     return {
         key: dict(value) if isinstance(value, dict) else value
         for key, value in _SQLITE_ENGINE.items()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -32,7 +33,7 @@ from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnR
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
 from thoughtgate.providers.openrouter import OpenRouterProvider
 from thoughtgate.providers.rules import WireFormat, known_servers, resolve_rule
-from thoughtgate.types import Message
+from thoughtgate.types import Message, Turn
 
 TAG = "Weighing the rawchainofthought figures"
 SUMMARIES = Config.from_mapping(
@@ -95,6 +96,29 @@ def messages_adapter(model: str, base: str, server: str | None) -> AnthropicProv
     return AnthropicProvider(model, settings, client=httpx.AsyncClient())
 
 
+async def served_turn(reply: Reply, make: Callable[[str], Any]) -> tuple[Turn, Any]:
+    """One streamed turn, reasoning wanted, from the adapter ``make(url)`` builds for a loopback
+    server that answers ``reply``; and that adapter."""
+    async with ReplayServer([reply]) as replay:
+        provider = make(replay.url)
+        try:
+            request = TurnRequest([Message.user("Why?")], reasoning=ReasoningRequest(True))
+            return await stream_llm_turn(provider, request), provider
+        finally:
+            await provider.aclose()
+
+
+def reads_with_summaries(reply: Reply, make: Callable[[str], Any], model: str) -> dict[str, str]:
+    """What a viewer and a developer read of a ``surface`` run on ``model`` whose adapter
+    ``make(url)`` builds, the operator having named ``provider_summaries``."""
+
+    async def main() -> dict[str, str]:
+        async with ReplayServer([reply]) as replay:
+            return await role_reads(lambda _: make(replay.url), model, "surface", config=SUMMARIES)
+
+    return asyncio.run(main())
+
+
 #: (model, server named, or None for the loopback host itself) -> the kind its thinking is.
 MESSAGES_CASES = [
     ("deepseek-chat", "deepseek"),  # DeepSeek's Anthropic-compatible endpoint
@@ -112,14 +136,9 @@ MESSAGES_CASES = [
 async def test_thinking_blocks_from_a_server_that_is_not_anthropics_are_raw(
     model: str, server: str | None
 ) -> None:
-    async with ReplayServer([thinking_stream(model, TAG)]) as replay:
-        provider = messages_adapter(model, replay.url, server)
-        try:
-            turn = await stream_llm_turn(
-                provider, TurnRequest([Message.user("Why?")], reasoning=ReasoningRequest(True))
-            )
-        finally:
-            await provider.aclose()
+    turn, provider = await served_turn(
+        thinking_stream(model, TAG), lambda url: messages_adapter(model, url, server)
+    )
     assert turn.reasoning_text == TAG
     assert {p.reasoning_kind for p in turn.reasoning_parts} == {"raw"}
     assert not provider.capabilities.reasoning_summary
@@ -138,14 +157,9 @@ async def test_thinking_blocks_from_a_server_that_is_not_anthropics_are_raw(
 async def test_on_anthropics_own_api_the_claude_table_decides(
     model: str, server: str, kind: str
 ) -> None:
-    async with ReplayServer([thinking_stream(model, TAG)]) as replay:
-        provider = messages_adapter(model, replay.url, server)
-        try:
-            turn = await stream_llm_turn(
-                provider, TurnRequest([Message.user("Why?")], reasoning=ReasoningRequest(True))
-            )
-        finally:
-            await provider.aclose()
+    turn, _ = await served_turn(
+        thinking_stream(model, TAG), lambda url: messages_adapter(model, url, server)
+    )
     assert {p.reasoning_kind for p in turn.reasoning_parts} == {kind}
 
 
@@ -154,15 +168,11 @@ async def test_on_anthropics_own_api_the_claude_table_decides(
 def test_an_opted_in_viewer_reads_no_step_made_of_raw_reasoning(
     model: str, server: str | None
 ) -> None:
-    async def main() -> dict[str, str]:
-        async with ReplayServer([thinking_stream(model, TAG)]) as replay:
-
-            def factory(_: str) -> Any:
-                return messages_adapter(model, replay.url, server)
-
-            return await role_reads(factory, f"anthropic:{model}", "surface", config=SUMMARIES)
-
-    reads = asyncio.run(main())
+    reads = reads_with_summaries(
+        thinking_stream(model, TAG),
+        lambda url: messages_adapter(model, url, server),
+        f"anthropic:{model}",
+    )
     assert "The answer." in reads["viewer"]
     assert TAG not in reads["viewer"]
     assert TAG in reads["developer"]
@@ -173,15 +183,12 @@ def test_an_opted_in_viewer_reads_claudes_summary_on_anthropics_api() -> None:
     """The other side of the line: the opt-in still works where the label is true."""
     model = "claude-sonnet-4-5"
 
-    async def main() -> dict[str, str]:
-        async with ReplayServer([thinking_stream(model, TAG)]) as replay:
-
-            def factory(_: str) -> Any:
-                return messages_adapter(model, replay.url, "anthropic")
-
-            return await role_reads(factory, f"anthropic:{model}", "surface", config=SUMMARIES)
-
-    assert TAG in asyncio.run(main())["viewer"]
+    reads = reads_with_summaries(
+        thinking_stream(model, TAG),
+        lambda url: messages_adapter(model, url, "anthropic"),
+        f"anthropic:{model}",
+    )
+    assert TAG in reads["viewer"]
 
 
 # --------------------------------------------------------------------------- the rules
@@ -359,14 +366,9 @@ SUMMARY_CASES = [
 async def test_summary_text_is_a_summary_only_on_a_server_that_means_it(
     fmt: str, model: str, server: str | None, kind: str
 ) -> None:
-    async with ReplayServer([summary_stream(fmt, model, TAG)]) as replay:
-        provider = other_adapter(fmt, model, replay.url, server)
-        try:
-            turn = await stream_llm_turn(
-                provider, TurnRequest([Message.user("Why?")], reasoning=ReasoningRequest(True))
-            )
-        finally:
-            await provider.aclose()
+    turn, provider = await served_turn(
+        summary_stream(fmt, model, TAG), lambda url: other_adapter(fmt, model, url, server)
+    )
     assert turn.reasoning_text == TAG and turn.text == "The answer."
     assert {p.reasoning_kind for p in turn.reasoning_parts if p.text} == {kind}
     assert provider.capabilities.reasoning_summary == (kind == "summary")
@@ -382,15 +384,11 @@ def test_an_opted_in_viewer_reads_no_step_made_of_summary_text_nobody_vouches_fo
 ) -> None:
     prefix = "openai" if fmt == "responses" else "openrouter"
 
-    async def main() -> dict[str, str]:
-        async with ReplayServer([summary_stream(fmt, model, TAG)]) as replay:
-
-            def factory(_: str) -> Any:
-                return other_adapter(fmt, model, replay.url, server)
-
-            return await role_reads(factory, f"{prefix}:{model}", "surface", config=SUMMARIES)
-
-    reads = asyncio.run(main())
+    reads = reads_with_summaries(
+        summary_stream(fmt, model, TAG),
+        lambda url: other_adapter(fmt, model, url, server),
+        f"{prefix}:{model}",
+    )
     assert "The answer." in reads["viewer"]
     assert TAG not in reads["viewer"]
     assert TAG in reads["developer"]

@@ -22,7 +22,8 @@ Capture (``docs/providers/openrouter.md``):
   encrypted detail under one index): ``reasoning.text`` → reasoning of kind ``raw`` (a Claude
   family's own kind for ``anthropic/*``), ``reasoning.summary`` → ``summary`` on OpenRouter itself
   and ``raw`` on a server that only speaks its format (``summary_servers``, ADR 0078),
-  ``reasoning.encrypted`` → an ``encrypted`` part without text. A detail that carries only a ``signature`` replaces that part's signature.
+  ``reasoning.encrypted`` → an ``encrypted`` part without text. A detail that carries only a
+  ``signature`` replaces that part's signature.
 * ``delta.reasoning`` mirrors the text of the details. It is used only while the turn has not
   carried a textual detail, so the same text is never counted twice; details win when present.
 * At the end of a turn that had details, one :class:`ContinuityChunk` with carrier

@@ -112,7 +112,8 @@ class EndpointRule:
     @property
     def marks_summaries(self) -> bool:
         """A part the format marks as a summary may be labelled ``summary``: the server is known
-        to mean it, or the row's kind is ``summary`` (only there, or set in ``thoughtgate.toml``)."""
+        to mean it, or the row's kind is ``summary`` (only on such a server, or when set in
+        ``thoughtgate.toml``: the operator's word)."""
         return self.reasoning_kind == "summary" or self.server in self.summary_servers
 
     @property
@@ -842,9 +843,12 @@ def _kind_cell(rule: EndpointRule) -> str:
         return f"{_AS_FAMILY} on {servers}, else `raw`"
     if rule.reasoning_kind == "summary":
         return f"`summary` on {servers}, else `raw`"
-    if servers:
-        return f"`{rule.reasoning_kind}`; a part the format marks as a summary is `summary` on {servers}"
-    return f"`{rule.reasoning_kind}`"
+    kind = f"`{rule.reasoning_kind}`"
+    return (
+        f"{kind}; a part the format marks as a summary is `summary` on {servers}"
+        if servers
+        else kind
+    )
 
 
 def _hidden_cell(rule: EndpointRule) -> str:

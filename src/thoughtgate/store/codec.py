@@ -427,10 +427,10 @@ def lifecycle_types_sql(
 
 
 OPEN_RUN_PREDICATE = "status IN ('pending', 'running') AND closed_at IS NULL"
-"""An open run, in SQL: the predicate of the partial indexes ``open_runs_by_owner`` (schema
-version 4 on PostgreSQL, 5 on SQLite) and ``open_runs_by_id`` (9, ADR 0079), spelled in their
-migrations and in every query of open runs exactly so (SQLite uses a partial index only for a
-query whose ``WHERE`` holds its predicate word for word)."""
+"""An open run, in SQL: the predicate of the partial index ``open_runs_by_id`` (schema version 9,
+ADR 0079; of ``open_runs_by_owner``, which it replaced, before), spelled in the migrations and in
+every query of open runs exactly so (SQLite uses a partial index only for a query whose ``WHERE``
+holds its predicate word for word)."""
 OPEN_RUNS_BY_ID = "open_runs_by_id"
 """The partial index ``runs (run_id) WHERE <OPEN_RUN_PREDICATE>``: ``open_runs``' pages, in run id
 order from a cursor, are range reads of it (ADR 0079)."""

@@ -180,7 +180,7 @@ def open_runs_query(
 
 
 _OPEN = codec.OPEN_RUN_PREDICATE
-"""An open run; spelled as in the ``open_runs_by_owner`` and ``open_runs_by_id`` partial indexes."""
+"""An open run; spelled as in the ``open_runs_by_id`` partial index."""
 _NOW = "extract(epoch FROM clock_timestamp())"
 """Every time the store keeps is the server's clock -- leases (ADR 0009), and when a run was
 created, changed, queued or closed, a key revoked (ADR 0066) -- so replicas on hosts whose clocks

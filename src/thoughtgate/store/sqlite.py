@@ -86,8 +86,7 @@ _BUSY_CODES = (5, 6)
 """SQLITE_BUSY, SQLITE_LOCKED: the lookup connection does not wait for a lock on the loop."""
 
 _OPEN = codec.OPEN_RUN_PREDICATE
-"""An open run; spelled as in the ``open_runs_by_owner`` and ``open_runs_by_id`` partial indexes
-so SQLite uses them."""
+"""An open run; spelled as in the ``open_runs_by_id`` partial index so SQLite uses it."""
 
 
 def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
@@ -866,9 +865,11 @@ _COUNT_ATTEMPTS = (
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
 )
 _RENEW = (
-    "UPDATE runs SET lease_expires_at = ? WHERE run_id IN (SELECT value FROM json_each(?)) "
-    f"AND owner = ? AND {_OPEN} RETURNING run_id"
+    f"UPDATE runs INDEXED BY {codec.OPEN_RUNS_BY_ID} SET lease_expires_at = ? "
+    f"WHERE run_id IN (SELECT value FROM json_each(?)) AND owner = ? AND {_OPEN} RETURNING run_id"
 )
+"""Each renewed run looked up in ``open_runs_by_id`` (ADR 0079): without statistics SQLite would
+walk every open run by status (``runs_by_status``), now that no index leads with the owner."""
 _STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
 _TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
 _ENDING_CHECK = (

@@ -15,9 +15,9 @@ daemons: another process's work makes each wake-up dearer, ADR 0050).
 Figures: ``idle_cpu_ms_per_s_<variant>`` (CPU milliseconds per wall second; 10 ms/s is 1 % of a
 core) and ``idle_wakeups_per_s_<variant>``. Targets (ADR 0057): a durable daemon at most
 :data:`TARGET_DURABLE_MS_PER_S`, what is left being the daemon's queue poll at
-``durability.idle_poll_interval_s``, DBOS's queue manager's wake every second (its list of queues
-reused, ADR 0067) and on PostgreSQL DBOS's background jobs' lock every 4 s; a daemon without
-durable runs at most :data:`TARGET_PLAIN_MS_PER_S`.
+``durability.idle_poll_interval_s`` and DBOS's queue manager's wake every second (its list of
+queues reused, ADR 0067; on PostgreSQL DBOS's background jobs run once a minute without their lock
+since ADR 0075); a daemon without durable runs at most :data:`TARGET_PLAIN_MS_PER_S`.
 
 ``python -m bench.idle_bench`` prints the rows; ``TG_BENCH_IDLE_SETTLE_S`` and
 ``TG_BENCH_IDLE_WINDOW_S`` change the two durations.

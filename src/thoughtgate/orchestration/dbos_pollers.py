@@ -1,4 +1,4 @@
-"""DBOS's pollers that serve nothing thoughtgate uses, slowed down (ADR 0057).
+"""DBOS's pollers that serve nothing thoughtgate uses, slowed down (ADR 0057, 0067, 0075).
 
 An idle daemon's CPU is mostly DBOS's background threads reading the system database once a
 second or more. Two of them do work thoughtgate never gives them, at an interval DBOS's
@@ -24,6 +24,23 @@ when the installed DBOS has it as 3.4 does (``slow_unused_pollers`` reports what
 saving, never a run. Call between ``DBOS(config=...)`` and ``DBOS.launch()``: both are read when
 the threads start.
 
+On PostgreSQL the background jobs also take a lock, so that one process of the application runs
+them per interval: a transaction-scoped advisory lock that the holder keeps, *in an idle
+transaction*, for the whole interval, and takes again at once. That transaction holds a snapshot
+while it idles, and every ``CREATE INDEX CONCURRENTLY`` of the database (DBOS's migrations of
+another schema, an operator's index) waits for it; DBOS has PostgreSQL end such a session after
+5 s, so the jobs could run no less often than every 4 s. thoughtgate has the jobs run without that
+lock, as DBOS itself runs them on SQLite and CockroachDB: every process runs the two statements
+once a minute, which are safe side by side (a row's update waits for another's, the timeout
+sweep skips locked rows), and no process holds a transaction between them (ADR 0075).
+
+Also on PostgreSQL, DBOS's **notification listener** blocks in psycopg's ``notifies()`` on its
+``LISTEN`` connection, which psycopg's blocking wait leaves every 0.1 s (``_WAIT_INTERVAL``: a
+chance to handle a signal, which in DBOS's thread is never delivered) and enters again: ten
+wake-ups a second of a thread that has nothing to do until a notification arrives, which wakes
+it at once whatever the interval. ``wake_rarely`` has the connections of DBOS's engine wait in
+steps of :data:`PSYCOPG_WAIT_STEP_S` instead (ADR 0075).
+
 A third poller, the **queue manager** (``queue_thread``), reads the list of every queue from
 the system database each second (a local interval, not configurable) to start a worker for a
 queue registered since it last looked. thoughtgate needs that once: a daemon listens to one
@@ -32,46 +49,155 @@ list holds every queue this process listens to, each later read finds the same l
 ``reuse_queue_list`` (called after ``DBOS.launch()``) has the manager reuse that list for
 ``QUEUE_LIST_REUSE_S`` instead (ADR 0067): it still checks its workers every second and
 restarts one that died, and any other caller of ``list_queues`` still reads the database.
+
+The daemon's **queue worker** asks, at every poll, whether this process's application version is
+the latest one registered (a read of the versions table, a third of the poll's CPU): the answer
+decides only whether it may also take workflows that carry *no* version, which thoughtgate never
+creates (every workflow it starts or resumes carries ``APP_VERSION``). ``reuse_latest_version``
+(called after ``DBOS.launch()``) has the system database keep that answer for
+``LATEST_VERSION_REUSE_S`` (ADR 0075): a newer version registered meanwhile is seen that much
+later, which changes nothing for thoughtgate's workflows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any, Final
 
 __all__ = [
     "INTERNAL_QUEUE_POLL_S",
-    "JOBS_INTERVAL_POSTGRES_S",
-    "JOBS_INTERVAL_SQLITE_S",
+    "JOBS_INTERVAL_LOCKED_S",
+    "JOBS_INTERVAL_S",
+    "LATEST_VERSION_REUSE_S",
+    "PSYCOPG_WAIT_STEP_S",
     "QUEUE_LIST_REUSE_S",
+    "WORKFLOWS_APPLICATION_NAME",
+    "reuse_latest_version",
     "reuse_queue_list",
     "slow_unused_pollers",
+    "wake_rarely",
 ]
 
 INTERNAL_QUEUE_POLL_S: Final = 60.0
 """The internal queue's poll interval (DBOS: 1 s)."""
 
-JOBS_INTERVAL_SQLITE_S: Final = 60.0
-"""The background jobs' interval on a SQLite system database (DBOS: 1 s)."""
+JOBS_INTERVAL_S: Final = 60.0
+"""The background jobs' interval (DBOS: 1 s), on SQLite, and on PostgreSQL once they run without
+their lock."""
 
-JOBS_INTERVAL_POSTGRES_S: Final = 4.0
-"""On PostgreSQL the process that runs the jobs holds an advisory lock in an idle transaction for
-the whole interval, and DBOS lets PostgreSQL end that session after 5 s idle
-(``BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS``): a longer interval would have every holder's session
-killed. 4 s stays under it."""
+JOBS_INTERVAL_LOCKED_S: Final = 4.0
+"""On PostgreSQL, should the jobs keep their lock (a DBOS whose lock is not recognised): the
+process that runs them holds it in an idle transaction for the whole interval, and DBOS lets
+PostgreSQL end that session after 5 s idle (``BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS``), so a longer
+interval would have every holder's session killed. 4 s stays under it."""
+
+_JOBS_LOCK_SQL: Final = "pg_try_advisory_xact_lock"
+"""What dbos 3.4's ``PostgresSystemDatabase.background_job_lock`` runs (how it is recognised)."""
+
+
+@contextlib.contextmanager
+def _every_process_runs_the_jobs(_sys_db: object, _job_name: str) -> Iterator[bool]:
+    """``background_job_lock`` as DBOS has it on SQLite and CockroachDB: always granted, holding
+    nothing (see the module docstring)."""
+    yield True
+
+
+def _jobs_run_without_their_lock() -> bool:
+    """Have PostgreSQL's background jobs run without their lock; whether they now do (``False``
+    when this DBOS's lock is not the one 3.4 takes, which is then left as it is)."""
+    from dbos import _sys_db_postgres
+
+    system = getattr(_sys_db_postgres, "PostgresSystemDatabase", None)
+    lock = vars(system).get("background_job_lock") if isinstance(system, type) else None
+    if lock is _every_process_runs_the_jobs:
+        return True  # an earlier launch of this process
+    code = getattr(getattr(lock, "__wrapped__", None), "__code__", None)
+    texts = code.co_consts if isinstance(code, CodeType) else ()
+    if not any(isinstance(text, str) and _JOBS_LOCK_SQL in text for text in texts):
+        return False
+    system.background_job_lock = _every_process_runs_the_jobs  # type: ignore[union-attr]
+    return True
+
+
+PSYCOPG_WAIT_STEP_S: Final = 5.0
+"""How long a blocking wait of a DBOS connection sleeps before it looks up (psycopg: 0.1 s). Data
+on the socket ends the wait at once, whatever this is."""
+
+
+def _waits_in_steps(wait: object) -> bool:
+    """Whether psycopg's ``Connection.wait`` takes the step of its blocking waits as 3.3's does
+    (an ``interval`` argument), and ``notifies`` waits through it."""
+    import psycopg
+
+    try:
+        parameters = inspect.signature(wait).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    notifies = getattr(getattr(psycopg.Connection, "notifies", None), "__code__", None)
+    return (
+        "interval" in parameters and isinstance(notifies, CodeType) and "wait" in notifies.co_names
+    )
+
+
+WORKFLOWS_APPLICATION_NAME: Final = "thoughtgate:workflows"
+"""The ``application_name`` of the connections of DBOS's engine on PostgreSQL (thoughtgate's
+engine settings give it, ``durable.database_settings``): how :func:`wake_rarely` tells them
+apart from any other SQLAlchemy connection of the process -- an application that embeds
+thoughtgate may have its own, whose blocking waits keep psycopg's step (a Ctrl-C in a thread
+that waits is seen within 0.1 s, not 5 s)."""
+
+
+def _step_rarely(dbapi_connection: Any, _record: Any) -> None:
+    """SQLAlchemy's ``connect`` event: a new connection of DBOS's engine (named
+    :data:`WORKFLOWS_APPLICATION_NAME`) waits in long steps; any other is left as it is."""
+    import psycopg
+
+    if (
+        isinstance(dbapi_connection, psycopg.Connection)
+        and dbapi_connection.info.get_parameters().get("application_name")
+        == WORKFLOWS_APPLICATION_NAME
+    ):
+        dbapi_connection.wait = functools.partial(  # type: ignore[method-assign]
+            psycopg.Connection.wait, dbapi_connection, interval=PSYCOPG_WAIT_STEP_S
+        )
+
+
+def wake_rarely() -> bool:
+    """Have every connection of DBOS's engine (:data:`WORKFLOWS_APPLICATION_NAME`) that
+    SQLAlchemy opens from now on in this process wait in steps of :data:`PSYCOPG_WAIT_STEP_S`;
+    whether it will (``False`` when this psycopg's waits are not as 3.3's, left as they are).
+    Call before ``DBOS.launch()``, which opens the listener's connection."""
+    import psycopg
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    if not _waits_in_steps(psycopg.Connection.wait):
+        return False
+    if not event.contains(Pool, "connect", _step_rarely):
+        event.listen(Pool, "connect", _step_rarely)
+    return True
 
 
 def slow_unused_pollers(*, postgres: bool) -> list[str]:
     """Slow the internal queue's worker and the background jobs of the DBOS instance just
-    constructed; returns the names of the settings changed (empty when this DBOS has neither)."""
+    constructed, and on PostgreSQL have the jobs run without their lock; returns the names of the
+    settings changed (empty when this DBOS has none of them)."""
     from dbos import _workflow_commands
     from dbos._dbos import _get_dbos_instance
 
     changed: list[str] = []
-    jobs_interval = JOBS_INTERVAL_POSTGRES_S if postgres else JOBS_INTERVAL_SQLITE_S
+    unlocked = postgres and _jobs_run_without_their_lock()
+    if unlocked:
+        changed.append("background jobs' lock")
+    if postgres and wake_rarely():
+        changed.append("notification listener")
+    jobs_interval = JOBS_INTERVAL_LOCKED_S if postgres and not unlocked else JOBS_INTERVAL_S
     if isinstance(getattr(_workflow_commands, "_BACKGROUND_JOBS_INTERVAL_SEC", None), float):
         _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC = jobs_interval
         changed.append("background jobs")
@@ -146,4 +272,49 @@ def reuse_queue_list(*, reuse_s: float = QUEUE_LIST_REUSE_S) -> bool:
         return names
 
     sys_db.list_queues = _ManagerList(read, manager, listening, reuse_s)  # type: ignore[union-attr]
+    return True
+
+
+LATEST_VERSION_REUSE_S: Final = 30.0
+"""How long the system database keeps its answer to whether this process's application version
+is the latest (DBOS: it reads it at every dequeue)."""
+
+
+class _KeptAnswer:
+    """``SystemDatabase._is_latest_version`` of one DBOS instance, answering from its last read
+    of an application version while that read is younger than ``reuse_s``."""
+
+    def __init__(self, read: Callable[..., bool], reuse_s: float) -> None:
+        self._read = read
+        self._reuse_s = reuse_s
+        self._kept: dict[str, tuple[bool, float]] = {}
+
+    def __call__(self, app_version: str, c: Any = None) -> bool:
+        now = time.monotonic()
+        kept = self._kept.get(app_version)
+        if kept is not None and now - kept[1] < self._reuse_s:
+            return kept[0]
+        answer = bool(self._read(app_version) if c is None else self._read(app_version, c))
+        self._kept[app_version] = (answer, now)
+        return answer
+
+
+def reuse_latest_version(*, reuse_s: float = LATEST_VERSION_REUSE_S) -> bool:
+    """Have the system database of the DBOS instance just launched keep its answer to whether
+    this application version is the latest (see the module docstring); whether it was changed
+    (``False`` when this DBOS's dequeue does not ask ``_is_latest_version`` as 3.4's does)."""
+    from dbos._dbos import _get_dbos_instance
+    from dbos._sys_db import SystemDatabase
+
+    dequeue = getattr(getattr(SystemDatabase, "start_queued_workflows", None), "__code__", None)
+    if not isinstance(dequeue, CodeType) or "_is_latest_version" not in dequeue.co_names:
+        return False
+    sys_db = getattr(_get_dbos_instance(), "_sys_db_field", None)
+    read = getattr(sys_db, "_is_latest_version", None)
+    code = getattr(read, "__code__", None)
+    if not callable(read) or not isinstance(code, CodeType):
+        return False  # already kept (a _KeptAnswer has no code), or not 3.4's
+    if "_latest_application_version" not in code.co_names:
+        return False
+    sys_db._is_latest_version = _KeptAnswer(read, reuse_s)  # type: ignore[union-attr]
     return True

@@ -67,7 +67,12 @@ from thoughtgate.errors import (
     failure_kind,
     failure_text,
 )
-from thoughtgate.orchestration.dbos_pollers import reuse_queue_list, slow_unused_pollers
+from thoughtgate.orchestration.dbos_pollers import (
+    WORKFLOWS_APPLICATION_NAME,
+    reuse_latest_version,
+    reuse_queue_list,
+    slow_unused_pollers,
+)
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -220,7 +225,9 @@ def database_settings(location: _Location) -> dict[str, Any]:
     SQLAlchemy engine's arguments (:data:`_ENGINE` on any database; on SQLite one connection,
     no pings)."""
     if location.schema is not None:
-        return {"dbos_system_schema": location.schema, "db_engine_kwargs": dict(_ENGINE)}
+        # Named, so that ``dbos_pollers.wake_rarely`` finds these connections and no other's.
+        named = {"connect_args": {"application_name": WORKFLOWS_APPLICATION_NAME}}
+        return {"dbos_system_schema": location.schema, "db_engine_kwargs": {**_ENGINE, **named}}
     return {
         key: dict(value) if isinstance(value, dict) else value
         for key, value in _SQLITE_ENGINE.items()
@@ -451,6 +458,8 @@ class DurableEngine:
         self.launched = True
         if not reuse_queue_list():
             log.debug("DBOS's queue manager reads the list of queues every second")
+        if not reuse_latest_version():
+            log.debug("DBOS's queue worker reads the latest application version at every poll")
         if self.queue is not None:
             await DBOS.register_queue_async(
                 self.queue,

@@ -95,7 +95,8 @@ def test_dbos_s_engine_hides_a_failed_statement_s_parameters(tmp_path: Path) -> 
         _Location(f"sqlite:///{tmp_path / 'w.db'}", None),
         _Location("postgresql://127.0.0.1/test", "tg_workflows"),
     ):
-        kwargs = database_settings(location)["db_engine_kwargs"]
+        kwargs = dict(database_settings(location)["db_engine_kwargs"])
+        kwargs.pop("connect_args", None)  # the driver's own (PostgreSQL's application_name)
         engine = sa.create_engine(f"sqlite:///{tmp_path / 'probe.db'}", **kwargs)
         try:
             with engine.connect() as conn, pytest.raises(sa.exc.OperationalError) as info:

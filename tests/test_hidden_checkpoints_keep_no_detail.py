@@ -24,7 +24,7 @@ from support.scripts import failing
 
 from thoughtgate.config import Config
 from thoughtgate.engine.steps import StepCodec
-from thoughtgate.errors import ProviderHTTPError
+from thoughtgate.errors import ProviderHTTPError, ReplayedFailure, failure_detail, failure_text
 from thoughtgate.orchestration.durable import DbosSteps
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
@@ -114,3 +114,20 @@ async def test_a_step_s_foreign_exception_is_checkpointed_by_its_class_on_hidden
         steps._result("a step", recorded, _CODEC)
     said = f"ValueError: bad input {SECRET}" if kept else "ValueError"
     assert str(raised.value) == said
+    # readers are told what the first execution told them: the class, the detail (ADR 0079)
+    assert failure_text(raised.value) == "ValueError"
+    assert failure_detail(raised.value) == (said if kept else None)
+    again = await steps._attempt("replayed again", lambda: _raise(raised.value), _CODEC)
+    assert again == recorded, "a replayed failure checkpoints as the original did"
+
+
+async def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["", "Bad Name", "x\nsaid", "1Leading"])
+def test_a_replayed_failure_whose_class_is_not_a_name_is_called_exception(kind: str) -> None:
+    """The class is read back from a database: anything but a class name is not shown."""
+    replayed = ReplayedFailure(kind, None)
+    assert failure_text(replayed) == "Exception" and failure_detail(replayed) is None

@@ -14,7 +14,9 @@ from thoughtgate.events.payloads import upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.postgres import open_runs_query as pg_open_runs_query
 from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
+from thoughtgate.store.sqlite import open_runs_query as sqlite_open_runs_query
 
 pytestmark = pytest.mark.unit
 
@@ -255,3 +257,25 @@ def test_the_lifecycle_index_holds_every_type_a_check_reads_and_both_migrations_
         "?", "run_x", [EventType.MESSAGE_DELTA], after=0, limit=None, hint=" INDEXED BY x"
     )
     assert codec.LIFECYCLE_INDEX_PREDICATE not in delta_query and "INDEXED BY" not in delta_query
+
+
+@pytest.mark.parametrize("expired", [False, True])
+def test_both_backends_ask_for_open_runs_as_the_open_run_indexes_are_built(expired: bool) -> None:
+    """A planner uses a partial index only for a query whose ``WHERE`` holds its predicate
+    (SQLite only word for word, and its ``INDEXED BY`` fails without it): both backends'
+    migrations of ``open_runs_by_id`` spell ``OPEN_RUN_PREDICATE``, and both backends'
+    ``open_runs`` statements hold it -- a page, a page after a cursor, the expired ones and named
+    ones (ADR 0079)."""
+    for dialect in ("sqlite", "postgres"):
+        (migration,) = [m for m in load_migrations(dialect) if m.name == codec.OPEN_RUNS_BY_ID]
+        assert f"WHERE {codec.OPEN_RUN_PREDICATE};" in migration.sql, dialect
+    for after in (None, "run_x"):
+        for ids in (None, ["run_x"]):
+            pg, _ = pg_open_runs_query(limit=5, after=after, expired=expired, run_ids=ids)
+            listed = None if ids is None else '["run_x"]'
+            lite, _ = sqlite_open_runs_query(
+                limit=5, after=after, expired=expired, run_ids=listed, now=1.0
+            )
+            assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in pg
+            assert f"INDEXED BY {codec.OPEN_RUNS_BY_ID} " in lite
+            assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in lite

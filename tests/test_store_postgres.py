@@ -47,6 +47,7 @@ from thoughtgate.store.pg_schema import applied_versions, migrate
 from thoughtgate.store.postgres import (
     PostgresStore,
     channel_name,
+    open_runs_query,
     read_types_query,
     split_schema_param,
 )
@@ -138,7 +139,8 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
     indexes = await fetch(
         pg_admin, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", pg_schema
     )
-    assert "open_runs_by_owner" in {r[0] for r in indexes}
+    names = {r[0] for r in indexes}  # the open runs indexed by id since version 9 (ADR 0079)
+    assert "open_runs_by_id" in names and "open_runs_by_owner" not in names
 
 
 async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads_through_it(
@@ -195,6 +197,67 @@ async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads
             plan = "\n".join(str(r[0]) for r in rows)
             assert "Index Scan using lifecycle_events" in plan, (analyzed, plan)
             assert "events_pkey" not in plan and "Sort" not in plan, (analyzed, plan)
+    finally:
+        await pg_admin.execute("RESET search_path")
+
+
+async def test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A schema from before ``open_runs_by_id`` (ADR 0079), holding 50,000 ended runs and 200
+    open ones (each with its spec), gets the index at its next start; ``open_runs`` then pages
+    every open run once, in run id order, and a page -- the first, and one after a cursor -- is
+    a range read of that index that stops at the page's size: 64 entries read for a page of 64,
+    where the planner read all 200 open runs and sorted them before (through
+    ``open_runs_by_owner``). Straight after the upgrade: the migration gives the planner the
+    statistics it needs (without them it takes the table to hold a handful of open runs)."""
+    before = load_migrations("postgres")[:8]
+    assert load_migrations("postgres")[8].name == "open_runs_by_id"
+    await migrate(pg_admin, pg_schema, before, "test")
+    runs, specs = ident(pg_schema, "runs"), ident(pg_schema, "run_specs")
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) "
+            "SELECT 'run_' || lpad(g::text, 6, '0'), 'p', 'hidden', 'provider', "
+            "CASE WHEN g % 250 = 0 THEN 'running' ELSE 'completed' END, 1.0, 1.0, '{{}}', "
+            "NULL, '{{}}', 0, g, CASE WHEN g % 250 = 0 THEN 'elsewhere' END, "
+            "CASE WHEN g % 250 = 0 THEN 4e9 END, CASE WHEN g % 250 = 0 THEN NULL ELSE 2.0 END "
+            "FROM generate_series(1, 50200) AS g"
+        ).format(runs)
+    )
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, spec, durable, resume, created_at) "
+            "SELECT run_id, '{{}}', true, 'queue', 1.0 FROM {}"
+        ).format(specs, runs)
+    )
+    opened_runs = [f"run_{g:06d}" for g in range(250, 50201, 250)]
+    async with opened(pg_schema) as store:
+        seen: list[str] = []
+        after: str | None = None
+        while page := (await store.open_runs(limit=64, after=after)).runs:
+            seen += [r.run_id for r in page]
+            after = page[-1].run_id
+        assert seen == opened_runs, "every open run once, in run id order"
+        named = await store.open_runs(run_ids=[opened_runs[3], "run_000001"], limit=10)
+        assert [r.run_id for r in named.runs] == [opened_runs[3]]
+    assert await applied_versions(pg_admin, pg_schema) == {
+        m.version for m in load_migrations("postgres")
+    }
+    await pg_admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(pg_schema)))
+    try:
+        for after in (None, opened_runs[99]):
+            query, params = open_runs_query(limit=64, after=after, expired=False, run_ids=None)
+            explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)"
+            rows = await (await pg_admin.execute(f"{explain} {query}", params)).fetchall()
+            plan = "\n".join(str(r[0]) for r in rows)
+            read = "Index Scan using open_runs_by_id on runs (actual rows=64 loops=1)"
+            assert read in plan, (after, plan)
+            assert "Sort" not in plan and "Bitmap" not in plan, (after, plan)
+            if after is not None:
+                assert f"Index Cond: (run_id > '{after}'::text)" in plan, plan
     finally:
         await pg_admin.execute("RESET search_path")
 

@@ -54,7 +54,7 @@ from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
 from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
-from thoughtgate.store.sqlite import SQLiteStore, read_types_query
+from thoughtgate.store.sqlite import _RENEW, SQLiteStore, open_runs_query, read_types_query
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
 from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
@@ -307,7 +307,7 @@ async def test_upgrade_to_run_leases_gives_open_runs_a_lease_that_runs_out(
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert "open_runs_by_owner" in indexes
+    assert "open_runs_by_id" in indexes and "open_runs_by_owner" not in indexes  # ADR 0079
 
 
 async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads_through_it(
@@ -355,6 +355,68 @@ async def test_upgrade_to_the_lifecycle_index_keeps_the_events_and_a_check_reads
         plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
     assert "USING INDEX lifecycle_events (run_id=? AND seq>?)" in plan, plan
     assert "PRIMARY KEY" not in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read(
+    tmp_path: Path,
+) -> None:
+    """A store from before ``open_runs_by_id`` (ADR 0079), holding 5,000 ended runs and 40 open
+    ones, gets the index at its next start; ``open_runs`` then pages every open run once, in
+    run id order, and its statement reads a page as a range of that index from the cursor, in
+    order -- where SQLite read every open run by status and sorted them (a temporary b-tree).
+    The named read (a sweep's finished workflows) and a lease renewal look their runs up in the
+    index, which replaced ``open_runs_by_owner``."""
+    path = tmp_path / "v8.db"
+    with at_version(path, 8, before="open_runs_by_id") as conn:
+        conn.executemany(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) VALUES (?, 'p', NULL, 'hidden', 'provider', ?, 1.0, "
+            "1.0, '{}', NULL, '{}', 0, ?, ?, ?, ?)",
+            [
+                (f"run_{g:05d}", "running", g, "elsewhere", 4e9, None)
+                if g % 125 == 0
+                else (f"run_{g:05d}", "completed", g, None, None, 2.0)
+                for g in range(1, 5041)
+            ],
+        )
+    opened_runs = [f"run_{g:05d}" for g in range(125, 5041, 125)]
+    store = await SQLiteStore.open(path)
+    try:
+        seen: list[str] = []
+        after: str | None = None
+        while page := (await store.open_runs(limit=7, after=after)).runs:
+            seen += [r.run_id for r in page]
+            after = page[-1].run_id
+        assert seen == opened_runs, "every open run once, in run id order"
+        expired = await store.open_runs(limit=7, expired=True)
+        assert expired.runs == [], "their leases run"
+        named = await store.open_runs(run_ids=[opened_runs[3], "run_00001"], limit=10)
+        assert [r.run_id for r in named.runs] == [opened_runs[3]]
+        renewed = await store.renew_leases("elsewhere", 30.0, [*opened_runs[:2], "run_00001"])
+        assert sorted(renewed) == opened_runs[:2], "an ended run's lease is not renewed"
+    finally:
+        await store.close()
+    ids = f'["{opened_runs[3]}"]'
+    reads = {
+        "page after": ("(run_id>?)", dict(after=opened_runs[9], run_ids=None, expired=False)),
+        "first page": ("", dict(after=None, run_ids=None, expired=False)),
+        "expired": ("", dict(after=opened_runs[9], run_ids=None, expired=True)),
+        "named": ("(run_id=?)", dict(after=None, run_ids=ids, expired=False)),
+    }
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        for what, (cond, kw) in reads.items():
+            query, params = open_runs_query(limit=7, now=1.0, **kw)  # type: ignore[arg-type]
+            rows = conn.execute(f"EXPLAIN QUERY PLAN {query}", params)
+            plan = " ".join(str(r[-1]) for r in rows)
+            assert f"runs USING INDEX open_runs_by_id {cond}".strip() in plan, (what, plan)
+            assert "TEMP B-TREE" not in plan, (what, plan)
+        # a renewal looks its runs up by id, no longer through the owner's open runs
+        renew = " ".join(
+            str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {_RENEW}", (1.0, ids, "o"))
+        )
+        assert "runs USING INDEX open_runs_by_id (run_id=?)" in renew, renew
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

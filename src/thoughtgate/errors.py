@@ -30,6 +30,9 @@
         ├── RunClosedError         the run already ended (another process closed it): no more events
         └── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
 
+Beside the tree, ``ReplayedFailure`` (a ``RuntimeError``): a step's exception thoughtgate did not
+write, raised again from its checkpoint by an execution that did not see it happen (ADR 0079).
+
 Every adapter and store backend maps its vendor and driver exceptions into this tree in one place
 and chains them with ``raise ... from exc`` so the original stays visible in tracebacks.
 """
@@ -56,6 +59,7 @@ __all__ = [
     "ProviderStreamError",
     "ProviderTimeoutError",
     "QuotaExceededError",
+    "ReplayedFailure",
     "RunClosedError",
     "RunNotFoundError",
     "RunTakenOverError",
@@ -71,6 +75,7 @@ __all__ = [
     "UsageError",
     "exception_line",
     "failure_detail",
+    "failure_kind",
     "failure_text",
     "identifier",
 ]
@@ -348,6 +353,29 @@ class RunTakenOverError(RuntimeFailure):
         )
 
 
+class ReplayedFailure(RuntimeError):
+    """A step's exception thoughtgate did not write, raised again from its checkpoint in an
+    execution that did not see it happen -- a resume, in this or another process (ADR 0079).
+
+    The checkpoint keeps the exception's class name and, where the run's mode keeps a failure's
+    words, its first line (ADR 0073); the object itself is gone. This stands in for it so that
+    the readers' texts are the ones the first execution would have recorded: ``failure_text``
+    names ``kind`` (``ValueError``), not this class, and ``failure_detail`` is ``kind: said``.
+    ``kind`` is a name read back from a database: anything but a Python identifier (a class
+    name) is taken for ``Exception`` rather than shown."""
+
+    def __init__(self, kind: str, said: str | None) -> None:
+        self.kind = kind if kind.isidentifier() else "Exception"
+        self.said = said or None
+        super().__init__(f"{self.kind}: {self.said}" if self.said else self.kind)
+
+
+def failure_kind(exc: BaseException) -> str:
+    """The class a reader is told an exception is: its own, or for a :class:`ReplayedFailure`
+    the class of the exception it stands in for."""
+    return exc.kind if isinstance(exc, ReplayedFailure) else type(exc).__name__
+
+
 def failure_text(exc: BaseException) -> str:
     """What a run's or a task's ``error`` says of an exception, which every reader sees: only
     words thoughtgate wrote (ADRs 0069, 0071).
@@ -362,7 +390,7 @@ def failure_text(exc: BaseException) -> str:
         return exc.described()
     if isinstance(exc, ThoughtgateError):
         return str(exc)
-    return type(exc).__name__
+    return failure_kind(exc)
 
 
 def failure_detail(exc: BaseException) -> str | None:
@@ -384,6 +412,7 @@ def exception_line(exc: BaseException) -> str | None:
     """``Type: first line`` of an exception's text, ``None`` when it has none (the detail of an
     exception thoughtgate did not write, whatever its class: an inline worker may raise one of
     thoughtgate's)."""
-    lines = str(exc).strip().splitlines()
+    text = (exc.said or "") if isinstance(exc, ReplayedFailure) else str(exc)
+    lines = text.strip().splitlines()
     first = lines[0].strip() if lines else ""
-    return f"{type(exc).__name__}: {first}" if first else None
+    return f"{failure_kind(exc)}: {first}" if first else None

@@ -58,11 +58,13 @@ from thoughtgate.config import DurabilityConfig
 from thoughtgate.disclosure import kept_detail
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import (
+    ReplayedFailure,
     RuntimeFailure,
     ThoughtgateError,
     UsageError,
     exception_line,
     failure_detail,
+    failure_kind,
     failure_text,
 )
 from thoughtgate.orchestration.dbos_pollers import (
@@ -237,9 +239,11 @@ class DbosSteps:
 
     A step's exception is recorded as a result too (``{"raised": ...}``) and raised again on
     replay -- as the same exception object when it happened in this process, else as an equivalent
-    ``RuntimeFailure`` (a thoughtgate error, its public text) or ``RuntimeError`` naming the
-    class, with its first line where the run's ``mode`` records a failure's words
-    (``disclosure.kept_detail``): a ``hidden`` run's checkpoints keep none (ADR 0073).
+    ``RuntimeFailure`` (a thoughtgate error, its public text) or a ``ReplayedFailure`` naming
+    the class, with its first line where the run's ``mode`` records a failure's words
+    (``disclosure.kept_detail``): a ``hidden`` run's checkpoints keep none (ADR 0073). A
+    replayed failure is described to readers by the original class (ADR 0079), as the first
+    execution described it.
     """
 
     def __init__(
@@ -327,7 +331,7 @@ class DbosSteps:
             else:
                 said = kept_detail(self.mode, exception_line(exc))  # "Type: first line"
                 message = said.partition(": ")[2] if said else ""
-            return {"raised": {"message": message, "type": type(exc).__name__, "ours": ours}}
+            return {"raised": {"message": message, "type": failure_kind(exc), "ours": ours}}
         return {"ok": codec.encode(value)}
 
     def _result(self, name: str, recorded: dict[str, Any], codec: StepCodec) -> Any:
@@ -338,8 +342,7 @@ class DbosSteps:
                 raise original
             if raised.get("ours"):
                 raise RuntimeFailure(str(raised.get("message", "")))
-            said = raised.get("message")
-            raise RuntimeError(f"{raised.get('type')}: {said}" if said else raised.get("type"))
+            raise ReplayedFailure(str(raised.get("type")), raised.get("message"))
         return codec.decode(recorded.get("ok"))
 
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:

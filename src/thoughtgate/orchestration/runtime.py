@@ -73,6 +73,7 @@ from thoughtgate.errors import (
     UsageError,
     exception_line,
     failure_detail,
+    failure_kind,
     failure_text,
 )
 from thoughtgate.events.catalogue import check_new_events
@@ -1330,8 +1331,9 @@ def _cancel_reason(exc: asyncio.CancelledError) -> str:
 
 
 def _error_type(exc: Exception) -> str:
-    """A provider's error code, else the error's class (``engine.loop.error_type_of``)."""
-    return error_type_of(exc) if isinstance(exc, ProviderError) else type(exc).__name__
+    """A provider's error code, else the error's class (``engine.loop.error_type_of``); a
+    replayed step's, the class it stands in for (``errors.failure_kind``, ADR 0079)."""
+    return error_type_of(exc) if isinstance(exc, ProviderError) else failure_kind(exc)
 
 
 def _describe_task(opened: TaskStartedPayload, spec: TaskSpec, tools: Sequence[ToolSpec]) -> None:

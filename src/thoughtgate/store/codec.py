@@ -32,6 +32,8 @@ __all__ = [
     "LIFECYCLE_INDEX",
     "LIFECYCLE_INDEX_PREDICATE",
     "LIFECYCLE_INDEX_TYPES",
+    "OPEN_RUNS_BY_ID",
+    "OPEN_RUN_PREDICATE",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
     "SPEC_COLUMNS",
@@ -55,6 +57,7 @@ __all__ = [
     "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "open_runs_where",
     "projected_run_columns",
     "rebuilt_rows",
     "run_from_row",
@@ -421,6 +424,32 @@ def lifecycle_types_sql(
     if not ordered:
         return "type IN (NULL)", ()
     return f"type IN ({', '.join([placeholder] * len(ordered))})", ordered
+
+
+OPEN_RUN_PREDICATE = "status IN ('pending', 'running') AND closed_at IS NULL"
+"""An open run, in SQL: the predicate of the partial index ``open_runs_by_id`` (schema version 9,
+ADR 0079; of ``open_runs_by_owner``, which it replaced, before), spelled in the migrations and in
+every query of open runs exactly so (SQLite uses a partial index only for a query whose ``WHERE``
+holds its predicate word for word)."""
+OPEN_RUNS_BY_ID = "open_runs_by_id"
+"""The partial index ``runs (run_id) WHERE <OPEN_RUN_PREDICATE>``: ``open_runs``' pages, in run id
+order from a cursor, are range reads of it (ADR 0079)."""
+
+
+def open_runs_where(
+    placeholder: str, *, after: bool, run_ids: str | None, expired: str | None
+) -> str:
+    """``open_runs``' ``WHERE`` in both SQL backends: the open runs (the indexes' predicate word
+    for word), after a cursor when ``after``, among ``run_ids`` (the backend's test of a list
+    parameter) and with leases expired by ``expired`` (the backend's now) when given."""
+    where = [OPEN_RUN_PREDICATE]
+    if after:
+        where.append(f"run_id > {placeholder}")
+    if run_ids is not None:
+        where.append(run_ids)
+    if expired is not None:
+        where.append(f"lease_expires_at <= {expired}")
+    return " AND ".join(where)
 
 
 LIFECYCLE_INDEX = "lifecycle_events"

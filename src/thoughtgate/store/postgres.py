@@ -37,7 +37,7 @@ from thoughtgate.store.projection import IndexUpdate, batch_update
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
-__all__ = ["PostgresStore", "read_types_query", "split_schema_param"]
+__all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema_param"]
 
 # Sequence order equals commit order.
 #
@@ -153,8 +153,34 @@ def read_types_query(
     return codec.typed_read_sql("%s", run_id, types, after=after, limit=limit)
 
 
-_OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
-"""An open run; spelled as in the ``open_runs_by_owner`` partial index."""
+def open_runs_query(
+    *, limit: int, after: str | None, expired: bool, run_ids: Collection[str] | None
+) -> tuple[str, dict[str, Any]]:
+    """``open_runs``' statement and parameters: the open runs in run id order after ``after``,
+    a range read of ``open_runs_by_id`` (ADR 0079) that stops at ``limit``. The page is chosen
+    from ``runs`` alone, then joined to ``run_specs``: a join in the same query let the planner,
+    which underestimates the open runs (it takes status and ``closed_at`` for independent),
+    read every open run, hash them against ``run_specs`` and sort. The server's clock is read
+    once (a materialized CTE), so every row is judged at one time; it is the last column."""
+    where = codec.open_runs_where(
+        "%(after)s",
+        after=after is not None,
+        run_ids=None if run_ids is None else "run_id = ANY(%(ids)s)",
+        expired="(SELECT now FROM clock)" if expired else None,
+    )
+    query = (
+        f"WITH clock AS MATERIALIZED (SELECT {_NOW} AS now) "
+        "SELECT page.run_id, page.owner, page.lease_expires_at, run_specs.queued_at, clock.now "
+        "FROM clock, (SELECT run_id, owner, lease_expires_at FROM runs "
+        f"WHERE {where} ORDER BY run_id LIMIT %(limit)s) AS page "
+        "LEFT JOIN run_specs USING (run_id) ORDER BY page.run_id"
+    )
+    ids = None if run_ids is None else list(run_ids)
+    return query, {"after": after, "ids": ids, "limit": limit}
+
+
+_OPEN = codec.OPEN_RUN_PREDICATE
+"""An open run; spelled as in the ``open_runs_by_id`` partial index."""
 _NOW = "extract(epoch FROM clock_timestamp())"
 """Every time the store keeps is the server's clock -- leases (ADR 0009), and when a run was
 created, changed, queued or closed, a key revoked (ADR 0066) -- so replicas on hosts whose clocks
@@ -622,27 +648,12 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         expired: bool = False,
         run_ids: Collection[str] | None = None,
     ) -> OpenRuns:
-        # The server's clock read once (a materialized CTE), so every row is judged at one time.
-        where = [_OPEN]
-        if after is not None:
-            where.append("run_id > %(after)s")
-        if expired:
-            where.append("lease_expires_at <= clock.now")
-        if run_ids is not None:
-            where.append("run_id = ANY(%(ids)s)")
-        params = {"after": after, "ids": None if run_ids is None else list(run_ids)}
+        query, params = open_runs_query(limit=limit, after=after, expired=expired, run_ids=run_ids)
         async with self._conn("list open runs") as conn:
-            cur = await conn.execute(
-                f"WITH clock AS MATERIALIZED (SELECT {_NOW} AS now) "
-                "SELECT run_id, owner, lease_expires_at, clock.now, queued_at "
-                "FROM clock, runs LEFT JOIN run_specs USING (run_id) "
-                f"WHERE {' AND '.join(where)} ORDER BY run_id LIMIT %(limit)s",
-                {**params, "limit": limit},
-            )
-            rows = await cur.fetchall()
+            rows = await (await conn.execute(query, params)).fetchall()
             if not rows:
                 return OpenRuns([], await self._server_now(conn))
-        return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[4]) for r in rows], float(rows[0][3]))
+        return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], float(rows[0][4]))
 
     @staticmethod
     async def _server_now(conn: psycopg.AsyncConnection[Any]) -> float:

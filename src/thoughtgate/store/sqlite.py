@@ -59,7 +59,7 @@ from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
 from thoughtgate.store.sqlite_thread import QueuedWrite, SQLiteThread, translate_error
 
-__all__ = ["SQLiteStore", "read_types_query"]
+__all__ = ["SQLiteStore", "open_runs_query", "read_types_query"]
 
 T = TypeVar("T")
 
@@ -85,8 +85,8 @@ _BUMP_CHANGE = "UPDATE run_changes SET last_change = last_change + 1 RETURNING l
 _BUSY_CODES = (5, 6)
 """SQLITE_BUSY, SQLITE_LOCKED: the lookup connection does not wait for a lock on the loop."""
 
-_OPEN = "status IN ('pending', 'running') AND closed_at IS NULL"
-"""An open run; spelled as in the ``open_runs_by_owner`` partial index so SQLite uses it."""
+_OPEN = codec.OPEN_RUN_PREDICATE
+"""An open run; spelled as in the ``open_runs_by_id`` partial index so SQLite uses it."""
 
 
 def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
@@ -124,6 +124,29 @@ def read_types_query(
     holds every column, than look up the few ``lifecycle_events`` lists."""
     hint = f" INDEXED BY {codec.LIFECYCLE_INDEX}"
     return codec.typed_read_sql("?", run_id, types, after=after, limit=limit, hint=hint)
+
+
+def open_runs_query(
+    *, limit: int, after: str | None, expired: bool, run_ids: str | None, now: float
+) -> tuple[str, tuple[Any, ...]]:
+    """``open_runs``' statement and parameters (``run_ids``: a JSON array). It names
+    ``open_runs_by_id`` (ADR 0079): a page is a range read of it in run id order from the cursor,
+    where SQLite's planner would read every open run by status (``runs_by_status``) and sort them;
+    and a missing index, or a ``WHERE`` that no longer holds its predicate, is an error rather
+    than a silent sort."""
+    where = codec.open_runs_where(
+        "?",
+        after=after is not None,
+        run_ids=None if run_ids is None else "run_id IN (SELECT value FROM json_each(?))",
+        expired="?" if expired else None,
+    )
+    query = (
+        "SELECT run_id, owner, lease_expires_at, queued_at "
+        f"FROM runs INDEXED BY {codec.OPEN_RUNS_BY_ID} "
+        f"LEFT JOIN run_specs USING (run_id) WHERE {where} ORDER BY run_id LIMIT ?"
+    )
+    params = (after, run_ids, now if expired else None)
+    return query, (*(p for p in params if p is not None), limit)
 
 
 _READ_PAGE = (
@@ -842,9 +865,11 @@ _COUNT_ATTEMPTS = (
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
 )
 _RENEW = (
-    "UPDATE runs SET lease_expires_at = ? WHERE run_id IN (SELECT value FROM json_each(?)) "
-    f"AND owner = ? AND {_OPEN} RETURNING run_id"
+    f"UPDATE runs INDEXED BY {codec.OPEN_RUNS_BY_ID} SET lease_expires_at = ? "
+    f"WHERE run_id IN (SELECT value FROM json_each(?)) AND owner = ? AND {_OPEN} RETURNING run_id"
 )
+"""Each renewed run looked up in ``open_runs_by_id`` (ADR 0079): without statistics SQLite would
+walk every open run by status (``runs_by_status``), now that no index leads with the owner."""
 _STATUSES = "SELECT run_id, status FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
 _TASK_ROW = ") AS v WHERE tasks.run_id = v.column1 AND tasks.task_id = v.column2"
 _ENDING_CHECK = (
@@ -1366,26 +1391,14 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         expired: bool = False,
         run_ids: Collection[str] | None = None,
     ) -> OpenRuns:
-        where = [_OPEN]
-        params: list[object] = []
-        if after is not None:
-            where.append("run_id > ?")
-            params.append(after)
-        if run_ids is not None:
-            where.append("run_id IN (SELECT value FROM json_each(?))")
-            params.append(orjson.dumps(list(run_ids)).decode())
-        statement = (
-            "SELECT run_id, owner, lease_expires_at, queued_at FROM runs "
-            f"LEFT JOIN run_specs USING (run_id) WHERE {' AND '.join(where)}"
-        )
+        ids = None if run_ids is None else orjson.dumps(list(run_ids)).decode()
 
         def work(conn: sqlite3.Connection) -> OpenRuns:
             now = time.time()
-            lease = " AND lease_expires_at <= ?" if expired else ""
-            rows = conn.execute(
-                f"{statement}{lease} ORDER BY run_id LIMIT ?",
-                (*params, *((now,) if expired else ()), limit),
-            ).fetchall()
+            query, params = open_runs_query(
+                limit=limit, after=after, expired=expired, run_ids=ids, now=now
+            )
+            rows = conn.execute(query, params).fetchall()
             return OpenRuns([OpenRun(str(r[0]), r[1], r[2], r[3]) for r in rows], now)
 
         return await self._reader.call("list open runs", work)

@@ -125,9 +125,11 @@ def check(turn: Turn, expected: Expected) -> None:
     assert turn.provider == "anthropic"
 
 
-async def replay(name: str, pieces: list[bytes], request: TurnRequest = SURFACE) -> Turn:
+async def replay(
+    name: str, pieces: list[bytes], request: TurnRequest = SURFACE, server: str | None = None
+) -> Turn:
     transport = mock_transport(pieces)
-    provider = provider_with(transport)
+    provider = provider_with(transport, server=server)
     try:
         turn = await stream_llm_turn(provider, request)
     finally:
@@ -164,7 +166,7 @@ async def test_any_chunking_gives_the_same_turn(name: str, cuts: list[int]) -> N
 
 
 def test_thinking_block_is_kept_byte_identical_for_continuity() -> None:
-    turn = _sync_replay("thinking_text.sse")
+    turn = _sync_replay("thinking_text.sse", server="anthropic")
     (block,) = turn.continuity
     assert block.carrier == THINKING_CARRIER
     assert dict(block.data) == {
@@ -176,6 +178,9 @@ def test_thinking_block_is_kept_byte_identical_for_continuity() -> None:
     (reasoning,) = turn.reasoning_parts
     assert reasoning.signature == SIG1
     assert reasoning.reasoning_kind == "summary"  # Claude 4+ returns summarized thinking
+    # ... on Anthropic's API: the same bytes from a server that is not are raw (ADR 0078)
+    (elsewhere,) = _sync_replay("thinking_text.sse").reasoning_parts
+    assert elsewhere.reasoning_kind == "raw"
     assert (block.provider, block.model) == ("anthropic", "claude-sonnet-4-5")
 
 
@@ -212,8 +217,8 @@ def test_hidden_mode_emits_no_reasoning_but_keeps_the_continuity_block() -> None
     assert [type(p) for p in turn.parts] == [ContinuityBlock, TextPart]
 
 
-def _sync_replay(name: str, request: TurnRequest = SURFACE) -> Turn:
-    return asyncio.run(replay(name, split_events(transcript(name)), request))
+def _sync_replay(name: str, request: TurnRequest = SURFACE, server: str | None = None) -> Turn:
+    return asyncio.run(replay(name, split_events(transcript(name)), request, server))
 
 
 # --------------------------------------------------------------------------- parity with the SDK

@@ -58,7 +58,11 @@ def server() -> Iterator[EmulatorServer]:
 async def run(
     server: EmulatorServer, model: str, scenario: str | None = None
 ) -> dict[str, CapabilityResult]:
-    extra = {"thoughtgate": {"headers": {"x-emulator-scenario": scenario}}} if scenario else {}
+    # the emulator plays Anthropic's API; its host is 127.0.0.1, so that is named (ADR 0078)
+    options: dict[str, object] = {"server": "anthropic"}
+    if scenario:
+        options["headers"] = {"x-emulator-scenario": scenario}
+    extra = {"thoughtgate": options}
     settings = ProviderSettings(base_url=server.url, api_key="k", max_retries=0, extra=extra)
     results = await smoke(f"anthropic:{model}", settings)
     assert [r.name for r in results] == [*CAPABILITIES, *RULES]
@@ -68,14 +72,14 @@ async def run(
 async def test_everything_is_proven_on_a_thinking_tool_calling_model(
     server: EmulatorServer,
 ) -> None:
-    results = await run(server, "claude-smoke")
+    results = await run(server, "claude-opus-4-7", scenario="claude-smoke")
     assert all(results[name].proven for name in CAPABILITIES), results
     assert all(results[name].claimed for name in CAPABILITIES)
     assert "summary reasoning" in results["reasoning_summary"].detail
     assert results["continuity"].detail.startswith("1 continuity block(s) sent back")
     assert "used the tool result" in results["continuity"].detail
     # the second tool turn really carried the signed block back, first in the assistant message
-    bodies = [r.body for r in server.emulator.requests if r.body["model"] == "claude-smoke"]
+    bodies = [r.body for r in server.emulator.requests if r.body["model"] == "claude-opus-4-7"]
     second = [b for b in bodies if len(b["messages"]) == 3][-1]
     assert second["messages"][1]["content"][0]["type"] == "thinking"
 
@@ -99,6 +103,9 @@ async def test_a_row_without_a_switch_says_so(server: EmulatorServer) -> None:
     results = await run(server, "claude-smoke")
     hidden = results["rule.hidden_switch"]
     assert not hidden.proven and "no switch" in hidden.detail and "thinks unasked" in hidden.detail
+    # nor is its thinking known to be a summary: it is raw, and no summary is claimed (ADR 0078)
+    assert not results["reasoning_summary"].claimed
+    assert results["rule.reasoning_kind"].detail.startswith("raw")
 
 
 async def test_a_model_that_does_not_reason_or_call_tools_says_so(server: EmulatorServer) -> None:

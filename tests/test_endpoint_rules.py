@@ -104,10 +104,10 @@ _SAMPLES = {
 @pytest.mark.parametrize("family", [r.family for r in ANTHROPIC_RULES])
 def test_one_family_one_kind_and_one_switch_whatever_the_route(family: str) -> None:
     model = _SAMPLES[family]
-    direct = resolve_rule("anthropic", model)
+    direct = resolve_rule("anthropic", model, server="anthropic")
     assert direct.family == family
     dotted = model.replace("-4-5", "-4.5").replace("-4-6", "-4.6").replace("-4-7", "-4.7")
-    routed = resolve_rule("openrouter", f"anthropic/{dotted}")
+    routed = resolve_rule("openrouter", f"anthropic/{dotted}", server="openrouter")
     assert routed.reasoning_kind == direct.reasoning_kind
     assert routed.thinks_unasked == direct.thinks_unasked
     assert (routed.hidden is None) == (direct.hidden is None)
@@ -183,8 +183,15 @@ async def test_claude_thinking_has_one_label_on_both_routes(
     server: EmulatorServer, direct: str, routed: str, kind: str
 ) -> None:
     request = TurnRequest([Message.user("Why is the sky blue?")], reasoning=ReasoningRequest(True))
-    anthropic = AnthropicProvider(direct, ProviderSettings(base_url=server.url, api_key="k"))
-    router = OpenRouterProvider(routed, ProviderSettings(base_url=server.v1, api_key="k"))
+    # the emulator plays each vendor's own server: named, as behind a gateway (ADR 0078)
+    vendor = {"thoughtgate": {"server": "anthropic"}}
+    anthropic = AnthropicProvider(
+        direct, ProviderSettings(base_url=server.url, api_key="k", extra=vendor)
+    )
+    via = {"thoughtgate": {"server": "openrouter"}}
+    router = OpenRouterProvider(
+        routed, ProviderSettings(base_url=server.v1, api_key="k", extra=via)
+    )
     try:
         turns = [await stream_llm_turn(p, request) for p in (anthropic, router)]
     finally:

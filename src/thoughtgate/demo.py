@@ -70,11 +70,15 @@ def demo_provider() -> Iterator[tuple[str, ProviderFactory]]:
     factory that talks to it: ``(emulator url, factory)``."""
     emulator = Emulator().add(builtin_scenarios()[DEMO_SCENARIO], default=True)
     with serve_emulator(emulator) as server:
+        # the emulator plays Anthropic's API; its loopback host says nothing, so it is named,
+        # as behind a gateway (Claude's summarized thinking is labelled so only there, ADR 0078)
+        plays = {"thoughtgate": {"server": "anthropic"}}
 
         def provider(model: str) -> Provider:
-            return create_provider(
-                model, ProviderSettings(base_url=server.url, api_key="emulator-no-key-needed")
+            settings = ProviderSettings(
+                base_url=server.url, api_key="emulator-no-key-needed", extra=plays
             )
+            return create_provider(model, settings)
 
         yield server.url, provider
 

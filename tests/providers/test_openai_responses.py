@@ -40,7 +40,8 @@ from thoughtgate.types import (
 
 def replay_provider(name: str, *, chunking: str = "whole", model: str = "o3", **kw: Any):
     replay = Replay(fixture(f"openai_responses/{name}"), chunking=chunking, **kw)
-    return make(OpenAIResponsesProvider, model, replay), replay
+    # recorded on api.openai.com, whose summaries are summaries (ADR 0078)
+    return make(OpenAIResponsesProvider, model, replay, thoughtgate={"server": "openai"}), replay
 
 
 def done_item(name: str, index: int) -> dict[str, Any]:
@@ -113,7 +114,10 @@ async def test_non_streamed_response_matches_the_stream() -> None:
     replay = Replay(
         fixture("openai_responses/reasoning_function_call.json"), content_type="application/json"
     )
-    whole = await make(OpenAIResponsesProvider, "o3", replay).request(turn_request(tools=True))
+    openai = {"server": "openai"}
+    whole = await make(OpenAIResponsesProvider, "o3", replay, thoughtgate=openai).request(
+        turn_request(tools=True)
+    )
     replay.assert_fully_read()
     assert replay.requests[0]["stream"] is False
     assert whole == stream_turn

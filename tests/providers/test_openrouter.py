@@ -43,9 +43,13 @@ SIG = (
 )
 
 
+#: The transcripts were recorded on openrouter.ai, which vouches for its summaries (ADR 0078).
+ON_OPENROUTER: dict[str, Any] = {"thoughtgate": {"server": "openrouter"}}
+
+
 def replay_provider(name: str, *, chunking: str = "whole", model: str = ANTHROPIC, **kw: Any):
     replay = Replay(fixture(f"openrouter/{name}"), chunking=chunking, **kw)
-    return make(OpenRouterProvider, model, replay), replay
+    return make(OpenRouterProvider, model, replay, **ON_OPENROUTER), replay
 
 
 # --------------------------------------------------------------------------- transcripts
@@ -158,7 +162,7 @@ async def test_hidden_mode_captures_nothing_even_if_reasoning_arrives() -> None:
 async def test_non_streamed_body_keeps_the_exact_detail_list() -> None:
     raw = fixture("openrouter/gpt5mini_nonstream.json")
     replay = Replay(raw, content_type="application/json")
-    provider = make(OpenRouterProvider, "openai/gpt-5-mini", replay)
+    provider = make(OpenRouterProvider, "openai/gpt-5-mini", replay, **ON_OPENROUTER)
     turn = await provider.request(turn_request())
     replay.assert_fully_read()
     assert replay.requests[0]["stream"] is False and "stream_options" not in replay.requests[0]
@@ -196,7 +200,7 @@ async def test_stream_without_done_is_a_cut_stream() -> None:
 async def test_connection_dropped_mid_body() -> None:
     data = fixture("openrouter/anthropic_thinking.sse")
     replay = Replay(data, chunking="random", cut_after=len(data) // 2)
-    provider = make(OpenRouterProvider, ANTHROPIC, replay)
+    provider = make(OpenRouterProvider, ANTHROPIC, replay, **ON_OPENROUTER)
     with pytest.raises(ProviderStreamError, match="cut") as info:
         await streamed(provider, turn_request())
     assert info.value.partial is not None
@@ -207,7 +211,7 @@ async def test_malformed_chunk_is_typed_and_keeps_partial() -> None:
     good = fixture("openrouter/reasoning_string_only.sse").split(b"\n\n")
     data = b"\n\n".join([*good[:3], b"data: {not json", *good[3:]])
     replay = Replay(data)
-    provider = make(OpenRouterProvider, "z-ai/glm-4.6", replay)
+    provider = make(OpenRouterProvider, "z-ai/glm-4.6", replay, **ON_OPENROUTER)
     with pytest.raises(MalformedResponseError) as info:
         await streamed(provider, turn_request())
     assert info.value.partial is not None
@@ -216,7 +220,7 @@ async def test_malformed_chunk_is_typed_and_keeps_partial() -> None:
 
 async def test_wrong_content_type_is_malformed() -> None:
     replay = Replay(b'{"ok": true}', content_type="application/json")
-    provider = make(OpenRouterProvider, ANTHROPIC, replay)
+    provider = make(OpenRouterProvider, ANTHROPIC, replay, **ON_OPENROUTER)
     with pytest.raises(MalformedResponseError, match="text/event-stream"):
         await streamed(provider, turn_request())
 
@@ -230,7 +234,7 @@ async def test_http_error_body_is_mapped() -> None:
         }
     }
     replay = Replay(json.dumps(body).encode(), status=400, content_type="application/json")
-    provider = make(OpenRouterProvider, ANTHROPIC, replay)
+    provider = make(OpenRouterProvider, ANTHROPIC, replay, **ON_OPENROUTER)
     with pytest.raises(ProviderHTTPError) as info:
         await streamed(provider, turn_request())
     err = info.value

@@ -382,6 +382,10 @@ ADAPTERS: dict[str, Any] = {
 }
 
 
+#: The vendor's server each prefix's emulator route plays.
+_VENDORS = {"anthropic": "anthropic", "openai": "openai", "openrouter": "openrouter"}
+
+
 def make_provider(
     model: str, *, url: str, scenario: str, tee: TeeTransport | None = None
 ) -> Provider:
@@ -395,9 +399,12 @@ def make_provider(
     prefix, bare = split_model(model)
     base = url if prefix == "anthropic" else f"{url}/v1"
     extra: dict[str, Any] = {}
+    # the emulator's host is 127.0.0.1, so the server it plays is named, as for a proxy (a vendor's
+    # summaries are labelled summaries only on that vendor's server, ADR 0078)
     if prefix == "openai-compatible" and bare.startswith("deepseek"):
-        # the emulator's host is 127.0.0.1, so the server it plays is named, as for a proxy
         extra["thoughtgate"] = {"server": "deepseek"}
+    elif prefix in _VENDORS:
+        extra["thoughtgate"] = {"server": _VENDORS[prefix]}
     settings = ProviderSettings(base_url=base, api_key="test-key", max_retries=0, extra=extra)
     client = httpx.AsyncClient(headers=headers, transport=tee or httpx.AsyncHTTPTransport())
     provider: Provider = ADAPTERS[prefix](bare, settings, client=client)

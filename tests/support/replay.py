@@ -286,14 +286,17 @@ def provider_with(
     base_url: str = "http://replay.invalid",
     timeout: float = 5.0,
     max_retries: int = 0,
+    server: str | None = None,
 ) -> AnthropicProvider:
-    """An Anthropic adapter on ``transport``."""
+    """An Anthropic adapter on ``transport`` (``server``: the server it plays, named as behind a
+    gateway; by default the host says none)."""
     settings = ProviderSettings(
         base_url=base_url,
         api_key="test-key",
         timeout_s=timeout,
         connect_timeout_s=timeout,
         max_retries=max_retries,
+        extra={"thoughtgate": {"server": server}} if server else {},
     )
     client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout))
     return AnthropicProvider(model, settings, client=client)

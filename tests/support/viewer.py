@@ -62,13 +62,15 @@ async def role_reads(
     model: str,
     mode: str,
     roles: Sequence[str] = ("viewer", "developer"),
+    config: Config | None = None,
 ) -> dict[str, str]:
     """Run one prompt on ``model`` (``PROVIDER:MODEL``) with the adapter ``provider_factory``
     makes, in ``mode`` (however it ends: the run records it), and read it back as each role:
-    its run view and events as the one output filter gives them, as JSON text."""
+    its run view and events as the one output filter gives them, as JSON text. ``config`` is the
+    operator's (default: an empty one, which shows no provider summaries)."""
     store = await open_store("memory://")
     try:
-        runtime = Runtime(store, Config(), provider_factory=provider_factory)
+        runtime = Runtime(store, config or Config(), provider_factory=provider_factory)
         with contextlib.suppress(Exception):  # a run that errors raises; it is recorded
             await runtime.run(RunRequest("Why?", model=model), chain_of_thought=mode)
         (record,) = await store.list_runs(limit=1)

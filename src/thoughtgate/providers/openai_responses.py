@@ -14,8 +14,10 @@ model's row in :data:`thoughtgate.providers.rules.RESPONSES_RULES`:
 
 Capture (``docs/providers/openai.md``):
 
-* ``response.reasoning_summary_text.delta`` → reasoning of kind ``summary``, index =
-  ``summary_index`` (offset past the parts of earlier reasoning items of the same response);
+* ``response.reasoning_summary_text.delta`` → reasoning of kind ``summary`` where the row vouches
+  for it (OpenAI's and Azure's API, ``summary_servers``), else ``raw`` -- Ollama, for one, sends a
+  thinking model's raw reasoning as summary text (ADR 0078) --, index = ``summary_index`` (offset
+  past the parts of earlier reasoning items of the same response);
 * ``response.reasoning_text.delta`` → kind ``raw`` (index = ``content_index``, offset likewise);
 * ``response.output_text.delta`` → answer text; ``function_call`` items with
   ``response.function_call_arguments.delta`` → tool calls;
@@ -143,11 +145,20 @@ class ResponsesEventParser(JSONEventParser):
     """Responses stream events in, normalized chunks out. One instance per turn."""
 
     def __init__(
-        self, *, provider: str, model: str, capture: bool, think_tags: ThinkTags = "off"
+        self,
+        *,
+        provider: str,
+        model: str,
+        capture: bool,
+        think_tags: ThinkTags = "off",
+        summaries: bool = False,
     ) -> None:
         self.provider = provider
         self.model = model
         self.capture = capture
+        self.summaries = summaries
+        """Summary text is a provider-written summary (the server vouches for it); else it is
+        labelled ``raw``, and never reaches end users as a provider summary."""
         self.done = False
         self.response_id: str | None = None
         self._model_seen = False
@@ -203,7 +214,7 @@ class ResponsesEventParser(JSONEventParser):
     def _reasoning(self, text: str, kind: str, index: int) -> list[Chunk]:
         if not self.capture or not text:
             return []
-        rkind: ReasoningKind = "summary" if kind == "summary" else "raw"
+        rkind: ReasoningKind = "summary" if kind == "summary" and self.summaries else "raw"
         return [ReasoningDelta(text, reasoning_kind=rkind, index=index)]
 
     # ------------------------------------------------------------------ events
@@ -611,7 +622,7 @@ class OpenAIResponsesProvider(VendorFormatProvider):
     def wire_capabilities(self) -> Capabilities:
         return Capabilities(
             reasoning_text=self.rule.reasons,
-            reasoning_summary=self.rule.reasons,
+            reasoning_summary=self.rule.reasons and self.rule.marks_summaries,
             continuity=self.rule.reasons,
             tools=True,
             notes={
@@ -653,4 +664,5 @@ class OpenAIResponsesProvider(VendorFormatProvider):
             model=self.model,
             capture=request.reasoning.enabled,
             think_tags=self.think_tags,
+            summaries=self.rule.marks_summaries,
         )

@@ -19,9 +19,11 @@ their Anthropic family's row, so they are labelled and switched as they are dire
 Capture (``docs/providers/openrouter.md``):
 
 * ``reasoning_details`` parts are keyed by ``(type, index)`` (Gemini can send a text and an
-  encrypted detail under one index): ``reasoning.text`` → reasoning of kind ``raw``,
-  ``reasoning.summary`` → ``summary``, ``reasoning.encrypted`` → an ``encrypted`` part without
-  text. A detail that carries only a ``signature`` replaces that part's signature.
+  encrypted detail under one index): ``reasoning.text`` → reasoning of kind ``raw`` (a Claude
+  family's own kind for ``anthropic/*``), ``reasoning.summary`` → ``summary`` on OpenRouter itself
+  and ``raw`` on a server that only speaks its format (``summary_servers``, ADR 0078),
+  ``reasoning.encrypted`` → an ``encrypted`` part without text. A detail that carries only a
+  ``signature`` replaces that part's signature.
 * ``delta.reasoning`` mirrors the text of the details. It is used only while the turn has not
   carried a textual detail, so the same text is never counted twice; details win when present.
 * At the end of a turn that had details, one :class:`ContinuityChunk` with carrier
@@ -146,6 +148,7 @@ class OpenRouterParser(ChatChunkParser):
         keep_carriers: bool = False,
         text_kind: ReasoningKind = "raw",
         think_tags: ThinkTags = "leading",
+        summaries: bool = False,
     ) -> None:
         super().__init__(
             provider=provider, model=model, capture=capture, splitter=splitter_for(think_tags)
@@ -156,6 +159,8 @@ class OpenRouterParser(ChatChunkParser):
         self.text_kind: ReasoningKind = text_kind
         """What ``reasoning.text`` is: a Claude 4+ model's summarized thinking is ``summary``
         here as it is on the Anthropic route."""
+        self.summary_kind: ReasoningKind = "summary" if summaries else "raw"
+        """What ``reasoning.summary`` is: a summary where the server vouches for the type."""
         self.details: dict[tuple[str, int], dict[str, Any]] = {}
         self._textual_details = False
         self._encrypted_seen: set[tuple[str, int]] = set()
@@ -200,7 +205,7 @@ class OpenRouterParser(ChatChunkParser):
             self._textual_details = True
         if not text and signature is None:
             return []
-        rkind: ReasoningKind = self.text_kind if kind == "reasoning.text" else "summary"
+        rkind = self.text_kind if kind == "reasoning.text" else self.summary_kind
         return [ReasoningDelta(text, reasoning_kind=rkind, index=index, signature=signature)]
 
     def continuity_chunks(self) -> list[Chunk]:
@@ -227,7 +232,7 @@ class OpenRouterProvider(ChatCompletionsProvider):
     def wire_capabilities(self) -> Capabilities:
         return Capabilities(
             reasoning_text=True,
-            reasoning_summary=True,
+            reasoning_summary=self.rule.marks_summaries,
             continuity=True,
             tools=True,
             notes={
@@ -265,4 +270,5 @@ class OpenRouterProvider(ChatCompletionsProvider):
             keep_carriers=self.rule.keeps_carriers,
             text_kind=self.rule.reasoning_kind if anthropic else "raw",
             think_tags=self.think_tags,
+            summaries=self.rule.marks_summaries,
         )

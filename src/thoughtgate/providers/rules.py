@@ -7,7 +7,9 @@ One table per wire format says, for a server (found from the base URL's host, or
   ``hidden`` (sent in ``hidden`` mode to switch thinking off where the model would think unasked;
   ``None`` when the server has no switch) and ``effort`` (the name of the effort parameter, or
   ``None`` when the model refuses one);
-* which fields reasoning comes back in (``fields``) and what kind it is (``reasoning_kind``);
+* which fields reasoning comes back in (``fields``) and what kind it is (``reasoning_kind``), and
+  on which servers a ``summary`` is one (``summary_servers``: anywhere else the same format carries
+  the model's raw reasoning, so the kind is ``raw``);
 * what goes back inside a tool loop and under which name (``send_back``), whether the API rejects
   a loop without it (``send_back_required``: then it is kept in memory for that loop in every
   mode, ``hidden`` included, and never recorded), and, for unknown servers, ``echo_only`` (send it
@@ -78,6 +80,13 @@ class EndpointRule:
     effort: str | None = None
     fields: tuple[str, ...] = ()
     reasoning_kind: ReasoningKind = "raw"
+    summary_servers: tuple[str, ...] = ()
+    """The servers known to send provider-written summaries here: only on them is a part
+    ``summary`` -- this row's kind, or a part the format itself marks as a summary (Responses
+    ``summary_text``, OpenRouter ``reasoning.summary``). Anthropic-compatible endpoints, vLLM,
+    llama.cpp, Ollama and gateways send the model's raw reasoning in those same places, so on any
+    other server the kind is ``raw``: only a summary may reach end users through
+    ``provider_summaries``, and a label that cannot be vouched for is not one (ADR 0078)."""
     send_back: str | None = None
     send_back_required: bool = False
     echo_only: bool = False
@@ -99,6 +108,13 @@ class EndpointRule:
     def reasons(self) -> bool:
         """The family returns reasoning at all (the adapter may ask for it)."""
         return bool(self.fields)
+
+    @property
+    def marks_summaries(self) -> bool:
+        """A part the format marks as a summary may be labelled ``summary``: the server is known
+        to mean it, or the row's kind is ``summary`` (only on such a server, or when set in
+        ``thoughtgate.toml``: the operator's word)."""
+        return self.reasoning_kind == "summary" or self.server in self.summary_servers
 
     @property
     def keeps_carriers(self) -> bool:
@@ -134,7 +150,13 @@ _ADAPTIVE: Final[dict[str, Any]] = {
     **_CLAUDE,
     "thinking": "adaptive",
     "effort": "output_config.effort",
+}
+#: Claude families whose thinking Anthropic's own API returns summarized. Other servers that speak
+#: the Messages format (DeepSeek, Moonshot, MiniMax, Z.ai, vLLM, llama.cpp, a gateway) answer to any
+#: model name -- DeepSeek's maps names it does not know to its own model -- with raw reasoning.
+_SUMMARIZED: Final[dict[str, Any]] = {
     "reasoning_kind": "summary",
+    "summary_servers": ("anthropic",),
 }
 
 # --------------------------------------------------------------------------- Anthropic Messages
@@ -165,7 +187,7 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-(?:opus|sonnet|haiku)-4(?:-[015])?",
         thinking="budget",
         hidden=_DISABLED,
-        reasoning_kind="summary",
+        **_SUMMARIZED,
         **_CLAUDE,
         source="budget only (A-SDK thinking_config_enabled_param.py; PAI cassette "
         "test_anthropic_tool_with_thinking.yaml); Claude 4 returns summarized thinking",
@@ -177,6 +199,7 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-(?:opus|sonnet|haiku)-4-6",
         hidden=_DISABLED,
         **_ADAPTIVE,
+        **_SUMMARIZED,
         source="adaptive recommended, budget_tokens deprecated (platform.claude.com "
         "adaptive-thinking; AAswordman/Operit#568)",
     ),
@@ -187,6 +210,7 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-(?:opus|sonnet|haiku)-4-[789]",
         hidden=_DISABLED,
         **_ADAPTIVE,
+        **_SUMMARIZED,
         source='budget form is a 400 "thinking.type.enabled is not supported for this model" '
         "(anomalyco/opencode#22863, openclaw/openclaw#87801); display defaults to omitted, so "
         "summarized is sent explicitly (BerriAI/litellm#25965)",
@@ -198,6 +222,7 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         r"claude-(?:fable|mythos)(?:-.*)?",
         thinks_unasked=True,
         **_ADAPTIVE,
+        **_SUMMARIZED,
         source="adaptive only and the default when `thinking` is unset; `disabled` is a 400 "
         "on Fable 5 / Mythos 5, so there is no switch (platform.claude.com adaptive-thinking; "
         "docker/docker-agent#2451)",
@@ -210,7 +235,9 @@ ANTHROPIC_RULES: Final[tuple[EndpointRule, ...]] = (
         thinks_unasked=True,
         **_ADAPTIVE,
         source="every model since 4.6 takes adaptive thinking; whether `disabled` is accepted is "
-        "not known, so hidden mode sends no switch and keeps the blocks the loop needs",
+        "not known, so hidden mode sends no switch and keeps the blocks the loop needs; whether "
+        "its thinking is a summary is not known either (the format is served by others, who send "
+        "raw reasoning under any model name), so it is `raw` until a row says otherwise",
     ),
 )
 
@@ -243,6 +270,9 @@ def anthropic_rule(model: str) -> EndpointRule:
 _NOT_REASONING = "gpt-4.*|gpt-3\\.5.*|chatgpt-.*|gpt-5(?:\\.\\d+)?-chat.*"
 _SUMMARY = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]}
 _ITEMS = "reasoning items (encrypted_content)"
+#: OpenAI's own API and Azure's: their ``summary_text`` is a summary. vLLM, llama.cpp and Ollama
+#: serve ``/v1/responses`` too, and Ollama sends a thinking model's raw reasoning as summary text.
+_OPENAI: Final = ("openai", "azure")
 #: What every OpenAI reasoning family shares.
 _REASONING: Final[dict[str, Any]] = {
     "surface": _SUMMARY,
@@ -256,6 +286,7 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "non-reasoning models (gpt-4o, gpt-4.1, gpt-3.5, chatgpt-4o, gpt-5-chat)",
         _NOT_REASONING,
+        summary_servers=_OPENAI,
         source="reasoning parameters are a 400 \"Unsupported parameter: 'reasoning.effort' is "
         'not supported with this model." and include is a 400 "Encrypted content is not '
         'supported with this model." (RageAgainstThePixel/OpenAI-DotNet#500, '
@@ -281,6 +312,7 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         hidden={"reasoning": {"effort": "none"}},
         fields=("summary_text",),
         reasoning_kind="summary",
+        summary_servers=_OPENAI,
         **_REASONING,
         source="effort none switches reasoning off from gpt-5.1 (PAI cassette "
         "test_openai_responses_gpt_5_6_reasoning_off_keeps_sampling_params.yaml)",
@@ -293,6 +325,7 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         thinks_unasked=True,
         fields=("summary_text",),
         reasoning_kind="summary",
+        summary_servers=_OPENAI,
         **_REASONING,
         source="always reason; o3 refuses effort none (\"Unsupported value: 'none' is not "
         "supported with the 'o3-2025-04-16' model\", PAI cassette "
@@ -303,6 +336,7 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
         "*",
         "unknown models",
         r".*",
+        summary_servers=_OPENAI,
         source="conservative: a model that does not reason rejects reasoning parameters, so "
         "none are sent; override in thoughtgate.toml for a new reasoning model",
     ),
@@ -312,6 +346,10 @@ RESPONSES_RULES: Final[tuple[EndpointRule, ...]] = (
 
 _DETAILS = "reasoning_details"
 _OR_FIELDS = ("reasoning_details", "reasoning")
+#: OpenRouter's ``reasoning.summary`` details, and Claude's thinking it routes to Anthropic's
+#: models, are summaries on OpenRouter itself; a gateway that only speaks its format vouches for
+#: nothing.
+_OR: Final = ("openrouter",)
 
 OPENROUTER_RULES: Final[tuple[EndpointRule, ...]] = (
     EndpointRule(
@@ -320,6 +358,7 @@ OPENROUTER_RULES: Final[tuple[EndpointRule, ...]] = (
         "anthropic/* (as the Anthropic family table)",
         r"anthropic/.*",
         fields=_OR_FIELDS,
+        summary_servers=_OR,
         send_back=_DETAILS,
         send_back_required=True,
         source="derived per model from the Anthropic rows: same reasoning kind; hidden sends "
@@ -337,6 +376,7 @@ OPENROUTER_RULES: Final[tuple[EndpointRule, ...]] = (
         thinks_unasked=True,
         fields=_OR_FIELDS,
         reasoning_kind="summary",
+        summary_servers=_OR,
         send_back=_DETAILS,
         source="effort none is a 400 on o3 (PAI cassette "
         "test_openrouter_thinking_false_on_always_on_route.yaml); exclude hides what cannot "
@@ -351,6 +391,7 @@ OPENROUTER_RULES: Final[tuple[EndpointRule, ...]] = (
         effort="reasoning.effort",
         thinks_unasked=True,
         fields=_OR_FIELDS,
+        summary_servers=_OR,
         send_back=_DETAILS,
         source="enabled false switches GLM thinking off (PAI cassette "
         "test_openrouter_thinking_false_profile_gated_model.yaml)",
@@ -363,6 +404,7 @@ OPENROUTER_RULES: Final[tuple[EndpointRule, ...]] = (
         hidden={"reasoning": {"exclude": True}},
         effort="reasoning.effort",
         fields=_OR_FIELDS,
+        summary_servers=_OR,
         send_back=_DETAILS,
         source="conservative: `exclude` is accepted by every model "
         "(openrouter.ai/docs/use-cases/reasoning-tokens)",
@@ -650,6 +692,8 @@ def _row(fmt: WireFormat, model: str, server: str) -> EndpointRule:
         rule = _openrouter_anthropic(rule, name)
     if server != "generic" and rule.server == "*":
         rule = replace(rule, server=server)
+    if rule.reasoning_kind == "summary" and rule.server not in rule.summary_servers:
+        rule = replace(rule, reasoning_kind="raw")  # fail closed: nobody vouches for a summary
     return rule
 
 
@@ -770,7 +814,7 @@ def _rows(rules: Iterable[EndpointRule]) -> list[str]:
                     _DERIVED_SWITCH if _derived(r) else _hidden_cell(r),
                     _AS_FAMILY if _derived(r) else ("yes" if r.thinks_unasked else "no"),
                     _cell(r.fields),
-                    _AS_FAMILY if _derived(r) else (f"`{r.reasoning_kind}`" if r.reasons else "–"),
+                    _kind_cell(r),
                     _send_back(r),
                 )
             )
@@ -788,6 +832,23 @@ _OPENROUTER_SURFACE: Final = (
     'for budget-only Claude families), else `{"reasoning": {"effort": E}}`, else '
     '`{"reasoning": {"enabled": true}}`'
 )
+
+
+def _kind_cell(rule: EndpointRule) -> str:
+    """The kind, and the servers on which a summary is one (``raw`` anywhere else)."""
+    if not rule.reasons:
+        return "–"
+    servers = ", ".join(f"`{s}`" for s in rule.summary_servers)
+    if _derived(rule):
+        return f"{_AS_FAMILY} on {servers}, else `raw`"
+    if rule.reasoning_kind == "summary":
+        return f"`summary` on {servers}, else `raw`"
+    kind = f"`{rule.reasoning_kind}`"
+    return (
+        f"{kind}; a part the format marks as a summary is `summary` on {servers}"
+        if servers
+        else kind
+    )
 
 
 def _hidden_cell(rule: EndpointRule) -> str:

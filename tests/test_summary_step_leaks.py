@@ -193,10 +193,9 @@ def leaks(story: Story, opted_in: bool, reads: Iterable[str], own_steps: set[str
         for ref in [*raw, *([] if quotes else summaries)]:
             if _shares_span(read, ref):
                 found.append(f"span of {ref!r} in {read!r}")
-        for whole in story.opaque():
-            if len(whole.strip()) >= WHOLE_CHARS and whole.strip() not in may_quote:
-                if whole.strip() in read:
-                    found.append(f"{whole!r} in {read!r}")
+        for whole in (w.strip() for w in story.opaque()):
+            if len(whole) >= WHOLE_CHARS and whole not in may_quote and whole in read:
+                found.append(f"{whole!r} in {read!r}")
     return found
 
 

@@ -36,7 +36,17 @@ from thoughtgate.access.filter import filter_events, filter_run
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.events.narration import NARRATION_TOOL
-from thoughtgate.events.summarizers import condense, shorten
+from thoughtgate.events.pipeline import VisibleReasoningPipeline
+from thoughtgate.events.policy import StepPolicy
+from thoughtgate.events.summarizers import (
+    Moment,
+    NarrationSummarizer,
+    ProviderSummariesSummarizer,
+    StepDraft,
+    TurnFinished,
+    condense,
+    shorten,
+)
 from thoughtgate.events.thread import rebuild
 from thoughtgate.host_metadata import host_metadata
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
@@ -44,7 +54,14 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.server.sse import encode_event
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.testing.fake import FakeProvider, text, tool_call
-from thoughtgate.types import Chunk, ContinuityBlock, ContinuityChunk, ReasoningDelta
+from thoughtgate.types import (
+    Chunk,
+    ContinuityBlock,
+    ContinuityChunk,
+    ReasoningDelta,
+    ReasoningPart,
+    Turn,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -338,3 +355,82 @@ def test_with_the_opt_in_every_summary_gives_its_step_and_the_receipt_says_so(
     assert receipt.opaque_reasoning_exists == opaque
     assert ("provider_summaries" in receipt.summarizers) == opted_in
     assert leaks(story, opted_in, reads, set(shown)) == []
+
+
+# --------------------------------------------------------------------------- the rule, by example
+
+SIG = "Eq" + "Zm9vYmFyYmF6cXV4" * 3
+SUMMARY = "Weighing the morning trains against the afternoon ones for the day trip."
+THINKING = ContinuityBlock("anthropic.thinking",
+                           {"type": "thinking", "thinking": SUMMARY, "signature": SIG})  # fmt: skip
+
+
+def test_only_the_step_cut_from_a_shown_summary_may_quote_it() -> None:
+    policy = StepPolicy()
+    policy.add_shown_summary(SUMMARY)
+    policy.add_provider_marker(SUMMARY)  # the same words, in the thinking block sent back
+    policy.add_provider_marker(SIG)
+    assert policy.check(SUMMARY, quoting=SUMMARY).allowed
+    assert policy.check("Weighing the morning trains", quoting=SUMMARY).allowed
+    for step, quoting in (
+        (SUMMARY, None),  # narration, the model summarizer, anyone else
+        (SUMMARY, "Weighing the morning trains."),  # a summary nobody chose to show
+        (f"{SUMMARY} Now booking.", SUMMARY),  # more than the summary says
+    ):
+        assert policy.check(step, quoting=quoting).reason == "provider_payload", (step, quoting)
+    long_span = "So: the morning trains against the afternoon ones for the day"
+    assert policy.check(long_span).reason == "raw_reasoning"  # still reasoning to the others
+
+
+def test_a_summary_that_is_raw_text_or_holds_provider_data_is_refused() -> None:
+    raw = "Hmm the user wants cheap"
+    holds_raw = f"{raw} seats."
+    holds_sig = f"Checking {SIG}"
+    policy = StepPolicy()
+    for summary in (SUMMARY, holds_raw, holds_sig):
+        policy.add_shown_summary(summary)
+        policy.add_provider_marker(summary)
+    policy.add_raw_reasoning(SUMMARY)  # the same words also came back as raw reasoning
+    policy.add_raw_reasoning(raw)
+    policy.add_provider_marker(raw)  # ... and as a raw detail in the same continuity data
+    policy.add_provider_marker(SIG)
+    assert policy.check(SUMMARY, quoting=SUMMARY).reason == "provider_payload"
+    assert policy.check(holds_raw, quoting=holds_raw).reason == "provider_payload"
+    assert policy.check(holds_sig, quoting=holds_sig).reason == "provider_payload"
+
+
+class _Claims:
+    """A custom summarizer that claims to quote a summary: its claim is not believed."""
+
+    name = "claims"
+
+    async def summarize(self, moment: Moment) -> list[StepDraft]:
+        if not isinstance(moment, TurnFinished):
+            return []
+        return [StepDraft("step", SUMMARY, "thinking", "provider_summary", quotes=SUMMARY)]
+
+
+async def test_only_the_built_in_summarizer_and_narration_never_quote_a_summary() -> None:
+    pipeline = VisibleReasoningPipeline(
+        "surface", [ProviderSummariesSummarizer(), _Claims(), NarrationSummarizer()]
+    )
+    part = ReasoningPart(SUMMARY, reasoning_kind="summary", signature=SIG)
+    turn = Turn((part, THINKING), provider="anthropic", model="claude-sonnet-4-5")
+    events = await pipeline.turn_finished(turn)
+    events += await pipeline.narrated(SUMMARY)
+    events += await pipeline.narrated("Comparing " + SUMMARY[:60])
+    assert [e.payload["summary"] for e in events] == [SUMMARY]
+    receipt = pipeline.receipt
+    assert dict(receipt.step_sources) == {"provider_summary": 1}
+    assert dict(receipt.dropped_by_reason) == {"provider_payload": 2, "raw_reasoning": 1}
+
+
+async def test_without_the_opt_in_the_summary_is_reasoning_like_any_other() -> None:
+    pipeline = VisibleReasoningPipeline("surface", [NarrationSummarizer()])
+    part = ReasoningPart(SUMMARY, reasoning_kind="summary", signature=SIG)
+    turn = Turn((part, THINKING), provider="anthropic", model="claude-sonnet-4-5")
+    events = await pipeline.turn_finished(turn)
+    events += await pipeline.narrated(SUMMARY)
+    events += await pipeline.narrated("Comparing " + SUMMARY[:60])
+    assert events == []
+    assert dict(pipeline.receipt.dropped_by_reason) == {"provider_payload": 1, "raw_reasoning": 1}

@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -182,7 +181,9 @@ async def _record(db: str, url: str, emulator: Emulator) -> dict[tuple[str, bool
                 async def sink(events: Sequence[Event], live: list[Event] = live) -> None:
                     live.extend(events)
 
-                def make(model: str, route: Route = route, name: str = name) -> Provider:
+                def make(
+                    model: str, route: Route = route, name: str = name, tee: TeeTransport = tee
+                ) -> Provider:
                     return adapter(route, url, name, tee)
 
                 runtime = Runtime(

@@ -293,8 +293,10 @@ class VisibleReasoningPipeline:
 
     def _learn_turn(self, turn: Turn) -> None:
         """Everything the provider returned in its reasoning channel is reasoning no step may
-        repeat; provider summaries are exempt only when the operator chose to show them (else
-        their own steps would quote themselves). While narrating, ``visible_step`` arguments are
+        repeat, and its opaque strings and continuity data are provider data no step may quote.
+        When the operator chose to show provider summaries, each summary is registered as such:
+        still reasoning for every other step, but the step cut from it may quote it, even where
+        its words are continuity data too (ADR 0083). While narrating, ``visible_step`` arguments are
         not tool data: they are the steps themselves."""
         for part in turn.reasoning_parts:
             if part.text:

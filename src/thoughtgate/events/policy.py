@@ -21,6 +21,11 @@ A step is dropped (only that step; the rest of the experience stays) when it con
                       value, three or more short ones restated together, or any embedded JSON
                       object or dict
 
+A provider summary the operator chose to show (``provider_summaries``) counts as raw reasoning and,
+where its words are also continuity data, as a provider marker -- for every step but the one cut
+from it: ``check(text, quoting=summary)`` lets an excerpt of that summary hold what the shown
+summaries say, and nothing else (ADR 0083).
+
 "Fragment" and "verbatim span" mean a shared run of at least 40 characters or 8 consecutive words
 after normalization (NFKC, case-folded, punctuation and whitespace collapsed). Character spans are
 indexed every 8 characters with 33-character windows, which finds every shared span of 40 or more

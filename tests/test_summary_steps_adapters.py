@@ -1,7 +1,9 @@
-"""Provider summaries through the real Anthropic and OpenRouter adapters, against the emulator.
+"""Provider summaries through the real Anthropic, OpenRouter and Responses adapters, against the
+emulator.
 
 On these routes a summary's words are also continuity data: Claude's summarized thinking is a
-signed thinking block sent back to the model, and OpenRouter's details go back whole. Each route
+signed thinking block sent back to the model, OpenRouter's details go back whole, and so does an
+OpenAI reasoning item with its summary. Each route
 runs a two-turn tool loop whose every reasoning block is ONE sentence holding a unique canary --
 the case where a step quotes the whole continuity string --, with a redacted block beside them,
 on a ``surface`` run recorded in SQLite, with and without the operator's ``provider_summaries``.
@@ -29,7 +31,13 @@ from pathlib import Path
 import httpx
 import pytest
 from support.daemon import Daemon, running_daemon, sse_events, stream_all
-from support.loop import ADAPTERS, TeeTransport, emitted_anthropic, emitted_openrouter
+from support.loop import (
+    ADAPTERS,
+    TeeTransport,
+    emitted_anthropic,
+    emitted_openrouter,
+    emitted_responses,
+)
 from support.reads import readings
 
 from thoughtgate.access.filter import filter_events
@@ -87,6 +95,7 @@ ROUTES = (
         ("think", "summary"),
     ),
     Route("openrouter-openai", "openrouter:openai/gpt-5-mini", "openrouter", ("summary",)),
+    Route("openai-responses", "openai:gpt-5", "openai", ("think", "summary")),
     # the same formats where no server vouches for a summary: raw, so never shown
     Route("anthropic-compatible", "anthropic:claude-sonnet-4-5", None, ()),
     Route("openrouter-format-elsewhere", "openrouter:openai/gpt-5-mini", None, ()),
@@ -163,6 +172,7 @@ def _opaque(tee: TeeTransport) -> list[str]:
         raw = bytes(exchange.response)
         for block in [*emitted_anthropic(raw), *emitted_openrouter(raw)]:
             found += [block[k] for k in ("signature", "data") if block.get(k)]
+        found += [item["encrypted_content"] for item, _ in emitted_responses(raw)]
     return found
 
 

@@ -494,7 +494,9 @@ class StepPolicy:
         self._markers: set[str] = set()
         self._summaries = _OverlapIndex()
         self._summary_texts: set[str] = set()
-        self._raw_texts: set[str] = set()
+        self._raw_whole: set[int] = set()
+        """Hashes of whole raw reasoning texts, cleaned: a summary that is one is never quoted."""
+        self._raw_pending: list[str] = []
         ctx = context or PolicyContext()
         for text in ctx.hidden_texts:
             self.add_hidden_text(text)
@@ -510,7 +512,7 @@ class StepPolicy:
 
     def add_raw_reasoning(self, text: str) -> None:
         self._raw.add(text)
-        self._raw_texts.add(_clean(text).strip())
+        self._raw_pending.append(text)  # hashed only if a step ever quotes a summary
 
     def add_shown_summary(self, text: str) -> None:
         """A provider's summary that the operator chose to show (``provider_summaries``).
@@ -557,7 +559,7 @@ class StepPolicy:
             for rule in _WIRE_RULES:
                 if any(rule.fires(v) for v in variants):
                     return PolicyVerdict(False, rule.reason, rule=rule.name)
-        exempt = self._summary_texts - self._raw_texts if quotes else frozenset[str]()
+        exempt = self._shown_not_raw() if quotes else frozenset[str]()
         if any(m in v for m in self._markers if m not in exempt for v in variants):
             return PolicyVerdict(False, "provider_payload", rule="provider_marker")
         if not known:
@@ -575,10 +577,22 @@ class StepPolicy:
         if quoting is None:
             return False
         source = _clean(quoting).strip()
-        if source not in self._summary_texts or source in self._raw_texts:
+        if source not in self._summary_texts or hash(source) in self._raw_hashes():
             return False
         excerpt = _normalize(cleaned)
         return bool(excerpt) and f" {excerpt} " in f" {_normalize(source)} "
+
+    def _raw_hashes(self) -> set[int]:
+        for text in self._raw_pending:
+            self._raw_whole.add(hash(_clean(text).strip()))
+        self._raw_pending.clear()
+        return self._raw_whole
+
+    def _shown_not_raw(self) -> frozenset[str]:
+        """Shown summaries' texts that are no raw reasoning's text too (a hash that matches by
+        chance only takes a text out: it fails closed)."""
+        raw = self._raw_hashes()
+        return frozenset(t for t in self._summary_texts if hash(t) not in raw)
 
     def _check_overlap(self, cleaned: str, *, quotes_summary: bool = False) -> PolicyVerdict:
         norm = _normalize(cleaned)

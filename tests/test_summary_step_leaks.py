@@ -83,7 +83,12 @@ def _sentences(words: Sequence[str]) -> st.SearchStrategy[str]:
     return st.lists(sentence, min_size=1, max_size=3).map(" ".join)
 
 
-OPAQUE = st.binary(min_size=24, max_size=48).map(lambda b: "Eq" + base64.b64encode(b).decode())
+OPAQUE = st.one_of(
+    st.binary(min_size=24, max_size=48).map(lambda b: "Eq" + base64.b64encode(b).decode()),
+    st.binary(min_size=4, max_size=8).map(lambda b: "Eq" + b.hex()),
+)
+"""Signatures and encrypted data: long ones a credential rule would catch anyway, and short ones
+only the continuity data gives away."""
 
 
 @dataclass(frozen=True)
@@ -282,10 +287,11 @@ def stories(draw: st.DrawFn) -> Story:
         trick = draw(st.sampled_from(("none", "equal", "holds_raw", "holds_opaque")))
         if trick == "equal" and raws:
             parts[i] = Part("summary", draw(st.sampled_from(raws)), p.signature)
-        elif trick == "holds_raw" and raws:
-            parts[i] = Part("summary", f"{p.text} {draw(st.sampled_from(raws))}", p.signature)
-        elif trick == "holds_opaque":
-            parts[i] = Part("summary", f"{p.text} {draw(OPAQUE)}", p.signature)
+        elif trick == "holds_raw" and raws:  # first, so the step (a first sentence) holds it
+            parts[i] = Part("summary", f"{draw(st.sampled_from(raws))} {p.text}", p.signature)
+        elif trick == "holds_opaque":  # a signature or encrypted string of this very turn
+            opaque = draw(st.sampled_from([q.signature for q in parts]))
+            parts[i] = Part("summary", f"{opaque} {p.text}", p.signature)
     story = Story(shape, parts)
     sources = [*story.opaque(), *(p.text for p in parts if p.text)]
     for _ in range(draw(st.integers(0, 3))):
@@ -293,7 +299,8 @@ def stories(draw: st.DrawFn) -> Story:
         start = draw(st.integers(0, max(0, len(source) - 1)))
         end = draw(st.integers(start, len(source)))
         words = draw(st.lists(st.sampled_from(SUMMARY_WORDS), max_size=3))
-        line = " ".join([*words, source[start:end] if draw(st.booleans()) else source])
+        copied = draw(st.sampled_from((source, source[1:-1], source[start:end])))
+        line = " ".join([*words, copied])  # whole, all but its ends (no whole marker), a slice
         if line.strip():
             story.narrations.append(line)
     return story

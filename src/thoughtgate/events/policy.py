@@ -495,7 +495,7 @@ class StepPolicy:
         self._summaries = _OverlapIndex()
         self._summary_texts: set[str] = set()
         self._raw_whole: set[int] = set()
-        """Hashes of whole raw reasoning texts, cleaned: a summary that is one is never quoted."""
+        """Hashes of whole raw reasoning texts, cleaned: a marker that is one is never exempt."""
         self._raw_pending: list[str] = []
         ctx = context or PolicyContext()
         for text in ctx.hidden_texts:
@@ -543,10 +543,11 @@ class StepPolicy:
 
         ``quoting`` names the provider summary a step was cut from (only the ``provider_summaries``
         summarizer's steps pass it, ADR 0083). When it is a summary the operator chose to show
-        (:meth:`add_shown_summary`), is no raw reasoning's text, and the step is an excerpt of
-        it, the step may hold what those summaries say, even where their words are also
-        continuity data. Nothing else is exempt: every other rule, every other opaque string
-        (signatures, encrypted data, raw text in the same payload) and raw reasoning still apply.
+        (:meth:`add_shown_summary`) and the step is an excerpt of it, the step may hold what the
+        shown summaries say, even where their words are also continuity data -- unless the same
+        words are also the text of raw reasoning. Nothing else is exempt: every other rule, every
+        other opaque string (signatures, encrypted data, raw text in the same payload) and raw
+        reasoning still apply.
         """
         cleaned = _clean(text)
         quotes = self._quotes_shown_summary(cleaned, quoting)
@@ -572,12 +573,12 @@ class StepPolicy:
         return verdict
 
     def _quotes_shown_summary(self, cleaned: str, quoting: str | None) -> bool:
-        """Whether the step is an excerpt of ``quoting``, a shown summary that no raw reasoning
-        also says word for word; anything undecided is no."""
+        """Whether the step is an excerpt of ``quoting``, a shown summary; anything undecided is
+        no."""
         if quoting is None:
             return False
         source = _clean(quoting).strip()
-        if source not in self._summary_texts or hash(source) in self._raw_hashes():
+        if source not in self._summary_texts:
             return False
         excerpt = _normalize(cleaned)
         return bool(excerpt) and f" {excerpt} " in f" {_normalize(source)} "

@@ -26,18 +26,13 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from support.daemon import Daemon, running_daemon, stream_all
+from support.daemon import Daemon, running_daemon
 from support.loop import CASES, Case, make_provider
-from typer.testing import CliRunner
+from support.reads import readings
 
-from thoughtgate.access.filter import filter_events, filter_run
-from thoughtgate.access.roles import Role
-from thoughtgate.cli import app as cli_app
+from thoughtgate.access.filter import filter_events
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.events.thread import rebuild
-from thoughtgate.host_metadata import host_metadata
-from thoughtgate.mcp_server import McpTools
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import TelemetrySink
@@ -169,65 +164,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, emulator_url: str) -> Iterat
         yield World(db, runs, spans, daemon)
 
 
-async def _python_reads(db: str, run_id: str, role: str) -> str:
-    """What the Python surfaces give this reader: run view, events, host metadata, the rebuilt
-    thread, and the MCP status tool."""
-    store = await open_store(db)
-    try:
-        record = await store.get_run(run_id)
-        events = filter_events(await store.read(run_id), role, mode=record.chain_of_thought)
-        mcp = await McpTools(Runtime(store, Config()), Role[role.upper()]).status(run_id)
-        return json.dumps(
-            [
-                filter_run(record, role).to_json(),
-                [e.to_dict() for e in events],
-                host_metadata(record, role).to_json(),
-                rebuild(events).to_dict(),
-                mcp.to_json(),
-            ],
-            default=str,
-        )
-    finally:
-        await store.close()
-
-
-def _cli_reads(db: str, run_id: str, role: str) -> str:
-    runner = CliRunner()
-    out = []
-    for args in (
-        ["status", run_id],
-        ["status", run_id, "--json"],
-        ["events", run_id],
-        ["events", run_id, "--json"],
-        ["runs", "--json"],
-    ):
-        result = runner.invoke(cli_app, [*args, "--db", db, "--view-as", role])
-        assert result.exit_code == 0, result.output
-        out.append(result.output)
-    return "\n".join(out)
-
-
-def _http_reads(daemon: Daemon, run_id: str, role: str) -> str:
-    out = []
-    with daemon.client(role) as c:
-        for path in (
-            "/v1/runs?limit=100",
-            f"/v1/runs/{run_id}",
-            f"/v1/runs/{run_id}/events",
-            f"/v1/runs/{run_id}/host-metadata",
-            f"/v1/runs/{run_id}/trace",
-        ):
-            out.append(c.get(path).text)
-    _, body = stream_all(daemon, run_id, role)
-    return "\n".join([*out, body])
-
-
 def _readings(world: World, recorded: Recorded, role: str) -> dict[str, str]:
-    return {
-        "python": asyncio.run(_python_reads(world.db, recorded.run_id, role)),
-        "cli": _cli_reads(world.db, recorded.run_id, role),
-        "http": _http_reads(world.daemon, recorded.run_id, role),
-    }
+    return readings(world.db, world.daemon, recorded.run_id, role)
 
 
 @pytest.mark.parametrize("role", BELOW_DEVELOPER)

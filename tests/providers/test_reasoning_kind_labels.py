@@ -48,8 +48,8 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 def thinking_stream(model: str, thought: str) -> Reply:
     """``/v1/messages`` events of a thinking block, then a text block, as an Anthropic-compatible
-    server sends them: without a signature (such servers have no key to sign with; a signed
-    block's text is also kept to send back, and the step policy drops any step quoting that)."""
+    server sends them: without a signature (such servers have no key to sign with, so nothing of
+    the block is kept to send back: only its label decides whether a step may show it)."""
     start = {
         "id": "msg_1",
         "type": "message",

@@ -293,13 +293,17 @@ class VisibleReasoningPipeline:
 
     def _learn_turn(self, turn: Turn) -> None:
         """Everything the provider returned in its reasoning channel is reasoning no step may
-        repeat; provider summaries are exempt only when the operator chose to show them (else
-        their own steps would quote themselves). While narrating, ``visible_step`` arguments are
+        repeat, and its opaque strings and continuity data are provider data no step may quote.
+        When the operator chose to show provider summaries, each summary is registered as such:
+        still reasoning for every other step, but the step cut from it may quote it, even where
+        its words are continuity data too (ADR 0083). While narrating, ``visible_step`` arguments are
         not tool data: they are the steps themselves."""
         for part in turn.reasoning_parts:
             if part.text:
                 self._raw_exists = True
-                if part.reasoning_kind != "summary" or not self.shows_provider_summaries:
+                if part.reasoning_kind == "summary" and self.shows_provider_summaries:
+                    self.policy.add_shown_summary(part.text)
+                else:
                     self.policy.add_raw_reasoning(part.text)
             if part.redacted or part.reasoning_kind == "encrypted":
                 self._opaque_exists = True
@@ -318,23 +322,32 @@ class VisibleReasoningPipeline:
             self.policy.add_provider_marker(leaf)
 
     async def _moment(self, moment: Moment) -> list[NewEvent]:
-        drafts: list[StepDraft] = []
+        drafts: list[tuple[StepDraft, str | None]] = []
         for summarizer in self.summarizers:
             try:
-                drafts.extend(await summarizer.summarize(moment))
+                made = await summarizer.summarize(moment)
             except Exception as exc:  # a summarizer, whatever fails in it, must never break the run
                 self._failures += 1
                 log.warning("summarizer %s failed: %s", summarizer.name, type(exc).__name__)
+                continue
+            drafts += [(d, self._quoting(summarizer, d)) for d in made]
         phases_last = isinstance(moment, TurnFinished)
-        drafts.sort(key=lambda d: (d.kind == "phase") == phases_last)
+        drafts.sort(key=lambda pair: (pair[0].kind == "phase") == phases_last)
         events = []
-        for draft in drafts:
-            event = self._admit(draft)
+        for draft, quoting in drafts:
+            event = self._admit(draft, quoting=quoting)
             if event is not None:
                 events.append(event)
         return events
 
-    def _admit(self, draft: StepDraft) -> NewEvent | None:
+    def _quoting(self, summarizer: Summarizer, draft: StepDraft) -> str | None:
+        """The summary a draft may quote (ADR 0083): only a ``provider_summary`` step of the
+        built-in summarizer, on a run whose operator named it. Anyone else's ``quotes`` is
+        ignored, so their drafts are checked as if they quoted nothing."""
+        trusted = type(summarizer) is ProviderSummariesSummarizer and self.shows_provider_summaries
+        return draft.quotes if trusted and draft.source == "provider_summary" else None
+
+    def _admit(self, draft: StepDraft, *, quoting: str | None = None) -> NewEvent | None:
         text = draft.summary.strip()
         if not text:
             return None
@@ -344,7 +357,7 @@ class VisibleReasoningPipeline:
             return None
         short = shorten(text)
         for candidate in dict.fromkeys((text, short)):
-            verdict = self.policy.check(candidate)
+            verdict = self.policy.check(candidate, quoting=quoting)
             if not verdict.allowed:
                 self._dropped[verdict.reason or "unknown"] += 1
                 return None

@@ -21,6 +21,11 @@ A step is dropped (only that step; the rest of the experience stays) when it con
                       value, three or more short ones restated together, or any embedded JSON
                       object or dict
 
+A provider summary the operator chose to show (``provider_summaries``) counts as raw reasoning and,
+where its words are also continuity data, as a provider marker -- for every step but the one cut
+from it: ``check(text, quoting=summary)`` lets an excerpt of that summary hold what the shown
+summaries say, and nothing else (ADR 0083).
+
 "Fragment" and "verbatim span" mean a shared run of at least 40 characters or 8 consecutive words
 after normalization (NFKC, case-folded, punctuation and whitespace collapsed). Character spans are
 indexed every 8 characters with 33-character windows, which finds every shared span of 40 or more
@@ -487,6 +492,11 @@ class StepPolicy:
         self._tool_values: set[str] = set()
         self._tool_short_values: set[str] = set()
         self._markers: set[str] = set()
+        self._summaries = _OverlapIndex()
+        self._summary_texts: set[str] = set()
+        self._raw_whole: set[int] = set()
+        """Hashes of whole raw reasoning texts, cleaned: a marker that is one is never exempt."""
+        self._raw_pending: list[str] = []
         ctx = context or PolicyContext()
         for text in ctx.hidden_texts:
             self.add_hidden_text(text)
@@ -502,6 +512,17 @@ class StepPolicy:
 
     def add_raw_reasoning(self, text: str) -> None:
         self._raw.add(text)
+        self._raw_pending.append(text)  # hashed only if a step ever quotes a summary
+
+    def add_shown_summary(self, text: str) -> None:
+        """A provider's summary that the operator chose to show (``provider_summaries``).
+
+        It is reasoning all the same: no step may repeat it (``raw_reasoning``) and, where the
+        same words are also continuity data, no step may quote that (``provider_payload``) --
+        except a step checked with ``quoting=`` this very text (see :meth:`check`).
+        """
+        self._summaries.add(text)
+        self._summary_texts.add(_clean(text).strip())
 
     def add_tool_text(self, text: str) -> None:
         self._tool.add(text)
@@ -517,9 +538,19 @@ class StepPolicy:
         if len(cleaned) >= _MARKER_MIN_CHARS:
             self._markers.add(cleaned)
 
-    def check(self, text: str) -> PolicyVerdict:
-        """Allowed, or the first reason (in the order of the module docstring) to drop it."""
+    def check(self, text: str, *, quoting: str | None = None) -> PolicyVerdict:
+        """Allowed, or the first reason (in the order of the module docstring) to drop it.
+
+        ``quoting`` names the provider summary a step was cut from (only the ``provider_summaries``
+        summarizer's steps pass it, ADR 0083). When it is a summary the operator chose to show
+        (:meth:`add_shown_summary`) and the step is an excerpt of it, the step may hold what the
+        shown summaries say, even where their words are also continuity data -- unless the same
+        words are also the text of raw reasoning. Nothing else is exempt: every other rule, every
+        other opaque string (signatures, encrypted data, raw text in the same payload) and raw
+        reasoning still apply.
+        """
         cleaned = _clean(text)
+        quotes = self._quotes_shown_summary(cleaned, quoting)
         variants = [cleaned]
         decoded = unquote(cleaned)
         if decoded != cleaned:
@@ -529,23 +560,49 @@ class StepPolicy:
             for rule in _WIRE_RULES:
                 if any(rule.fires(v) for v in variants):
                     return PolicyVerdict(False, rule.reason, rule=rule.name)
-        if any(m in v for m in self._markers for v in variants):
+        exempt = self._shown_not_raw() if quotes else frozenset[str]()
+        if any(m in v for m in self._markers if m not in exempt for v in variants):
             return PolicyVerdict(False, "provider_payload", rule="provider_marker")
         if not known:
             for rule in _CONTENT_RULES:
                 if any(rule.fires(v) for v in variants):
                     return PolicyVerdict(False, rule.reason, rule=rule.name)
-        verdict = self._check_overlap(cleaned)
+        verdict = self._check_overlap(cleaned, quotes_summary=quotes)
         if not known and verdict.allowed:
             _remember_allowed(cleaned)
         return verdict
 
-    def _check_overlap(self, cleaned: str) -> PolicyVerdict:
+    def _quotes_shown_summary(self, cleaned: str, quoting: str | None) -> bool:
+        """Whether the step is an excerpt of ``quoting``, a shown summary; anything undecided is
+        no."""
+        if quoting is None:
+            return False
+        source = _clean(quoting).strip()
+        if source not in self._summary_texts:
+            return False
+        excerpt = _normalize(cleaned)
+        return bool(excerpt) and f" {excerpt} " in f" {_normalize(source)} "
+
+    def _raw_hashes(self) -> set[int]:
+        for text in self._raw_pending:
+            self._raw_whole.add(hash(_clean(text).strip()))
+        self._raw_pending.clear()
+        return self._raw_whole
+
+    def _shown_not_raw(self) -> frozenset[str]:
+        """Shown summaries' texts that are no raw reasoning's text too (a hash that matches by
+        chance only takes a text out: it fails closed)."""
+        raw = self._raw_hashes()
+        return frozenset(t for t in self._summary_texts if hash(t) not in raw)
+
+    def _check_overlap(self, cleaned: str, *, quotes_summary: bool = False) -> PolicyVerdict:
         norm = _normalize(cleaned)
         words = norm.split()
         if self._hidden.shares_span(norm, words):
             return PolicyVerdict(False, "hidden_prompt", rule="shared_span")
         if self._raw.shares_span(norm, words):
+            return PolicyVerdict(False, "raw_reasoning", rule="shared_span")
+        if not quotes_summary and self._summaries.shares_span(norm, words):
             return PolicyVerdict(False, "raw_reasoning", rule="shared_span")
         if self._tool.shares_span(norm, words):
             return PolicyVerdict(False, "tool_data", rule="shared_span")

@@ -139,6 +139,9 @@ class StepDraft:
     source: StepSource
     _: KW_ONLY
     tool_call_id: str | None = None
+    quotes: str | None = None
+    """The provider summary this draft was cut from. Only the built-in ``provider_summaries``
+    summarizer's drafts are checked with it (ADR 0083); the pipeline ignores it from others."""
 
 
 @runtime_checkable
@@ -202,7 +205,9 @@ class ProviderSummariesSummarizer:
                 continue
             line = condense(part.text)
             if line:
-                drafts.append(StepDraft("step", line, "thinking", "provider_summary"))
+                drafts.append(
+                    StepDraft("step", line, "thinking", "provider_summary", quotes=part.text)
+                )
         return drafts
 
 

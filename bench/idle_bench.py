@@ -27,6 +27,7 @@ may take to start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -116,10 +117,19 @@ class Daemon:
     """Set once it listens, or once its output ends (it exited)."""
     reader: threading.Thread | None = None
 
+    @classmethod
+    def watch(cls, name: str, process: subprocess.Popen[bytes], log: Path) -> Daemon:
+        """``process`` (its output a pipe), its output copied to ``log`` from now on."""
+        daemon = cls(name, process, log)
+        daemon.reader = threading.Thread(target=daemon.copy_output, name=f"output-{name}")
+        daemon.reader.daemon = True
+        daemon.reader.start()
+        return daemon
+
     def copy_output(self) -> None:
         assert self.process.stdout is not None
-        with self.log.open("wb") as out:
-            for line in self.process.stdout:
+        with self.process.stdout as output, self.log.open("wb") as out:
+            for line in output:
                 out.write(line)
                 out.flush()
                 if self.listening_at is None and LISTENING in line:
@@ -132,6 +142,9 @@ class Daemon:
         ``deadline``, with what it printed."""
         self.said.wait(max(0.0, deadline - time.monotonic()))
         if self.listening_at is None:
+            if self.said.is_set():  # its output ended: it exited, or is about to
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
             code = self.process.poll()
             why = f"exited with {code}" if code is not None else f"not listening after {START_S} s"
             printed = self.log.read_text(errors="replace")[-2000:]
@@ -144,10 +157,7 @@ def _serve(name: str, db: str, *, durable: bool, log: Path) -> Daemon:
     cmd = [sys.executable, "-m", "thoughtgate", "serve", "--db", db, "--port", str(free_port())]
     cmd += ["--no-bootstrap-key", "--log-level", "warning"]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    daemon = Daemon(name, process, log)
-    daemon.reader = threading.Thread(target=daemon.copy_output, name=f"output-{name}", daemon=True)
-    daemon.reader.start()
-    return daemon
+    return Daemon.watch(name, process, log)
 
 
 def settle(daemons: list[Daemon], settle_s: float, start_s: float = START_S) -> None:

@@ -95,10 +95,13 @@ def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
         try:
             daemon.spawn()
             deadline = time.monotonic() + 60
-            while not _asks_for_setup_lock(holder, workflows) and time.monotonic() < deadline:
+            while not _setup_clients(holder, workflows) and time.monotonic() < deadline:
                 assert daemon.proc is not None and daemon.proc.poll() is None
                 time.sleep(0.1)
-            assert _asks_for_setup_lock(holder, workflows), "the replica never asked for the lock"
+            clients = _setup_clients(holder, workflows)
+            assert len(clients) == 1, "the replica never asked for the lock"
+            over_a_socket = clients[0] is None
+            assert over_a_socket == (server == PG_SOCKET_URL), "it connected as its URL says"
             time.sleep(1.0)  # it asks again and again meanwhile
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
@@ -134,17 +137,17 @@ def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_dea
             daemon.stop()
 
 
-def _asks_for_setup_lock(conn: psycopg.Connection[Any], workflows: str) -> bool:
-    """Whether a process has a set-up connection open for schema ``workflows``: its statement
-    names the schema, so another test's daemon setting up another schema on the shared database
-    does not count, whether the daemons reach it over TCP or a Unix socket (which leaves no client
-    address or port to tell processes apart by)."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+def _setup_clients(conn: psycopg.Connection[Any], workflows: str) -> list[str | None]:
+    """The client addresses (``None``: a Unix socket) of the set-up connections open for schema
+    ``workflows``: their statement names the schema, so another test's daemon setting up another
+    schema on the shared database does not count, whether the daemons reach it over TCP or a
+    Unix socket (which leaves no client address or port to tell processes apart by)."""
+    rows = conn.execute(
+        "SELECT host(client_addr) FROM pg_stat_activity WHERE application_name = %s"
         " AND strpos(query, %s) > 0",
         ("thoughtgate:workflows-setup", setup_lock_key(workflows)),
-    ).fetchone()
-    return row is not None and row[0] > 0
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def _schema_exists(name: str) -> bool:

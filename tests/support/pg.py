@@ -1,8 +1,8 @@
 """Shared PostgreSQL fixtures for the store tests (import them into a test module to use them).
 
 The server is ``THOUGHTGATE_TEST_PG_URL`` (default: the local test server over TCP), and over a
-Unix socket ``THOUGHTGATE_TEST_PG_SOCKET_URL``. When it cannot be
-reached, every test that needs it FAILS and says why; these tests never skip.
+Unix socket ``THOUGHTGATE_TEST_PG_SOCKET_URL``. When it cannot be reached, every test that needs
+it FAILS and says why; these tests never skip.
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ idle, so what they burn then is paid for hours (ADR 0057). Each variant is a rea
 serve`` subprocess -- SQLite with durable runs (the default), SQLite with ``durability.enabled =
 false``, and PostgreSQL with durable runs when the test server answers -- started on a fresh store
 with no run and no client. :data:`SETTLE_S` after the last of them is listening -- which a daemon
-says once its start-up, DBOS's launch included, is done -- so past DBOS's scheduler's first minute
-from its launch (it polls every second for that minute) however long a start-up took (a slow
-PostgreSQL, a busy host), the bench reads each process's CPU time over :data:`WINDOW_S`: the sum of its threads' on-CPU nanoseconds (``/proc/PID/task/*/schedstat``), and
-their voluntary context switches (each one a sleep that ended: a wake-up). The variants run at
-the same time, so one window covers them all; idle, they hardly compete. Beside them, the
+says once its start-up, DBOS's launch included, is done; so past the first minute after DBOS's
+launch, when its scheduler polls every second, however long a start-up took (a slow PostgreSQL, a
+busy host) -- the bench reads each process's CPU time over :data:`WINDOW_S`: the sum of its
+threads' on-CPU nanoseconds (``/proc/PID/task/*/schedstat``), and their voluntary context
+switches (each one a sleep that ended: a wake-up). The variants run at the same time, so one
+window covers them all; idle, they hardly compete. Beside them, the
 window's ``host_steal`` and ``host_other_load`` (the share of all CPU busy outside these
 daemons: another process's work makes each wake-up dearer, ADR 0050).
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def _process(script: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _daemon(idle_bench: ModuleType, tmp_path: Path, name: str, script: str) -> object:
+def _daemon(idle_bench: ModuleType, tmp_path: Path, name: str, script: str) -> Any:
     return idle_bench.Daemon.watch(name, _process(script), tmp_path / f"{name}.log")
 
 
@@ -44,15 +45,15 @@ def test_the_settle_counts_from_the_last_daemon_listening(
     try:
         idle_bench.settle([quick, slow], 0.5)
         settled = time.monotonic()
-        assert quick.listening_at is not None and slow.listening_at is not None  # type: ignore[attr-defined]
-        assert quick.listening_at < slow.listening_at  # type: ignore[attr-defined]
-        assert settled >= slow.listening_at + 0.5  # type: ignore[attr-defined]
+        assert quick.listening_at is not None and slow.listening_at is not None
+        assert quick.listening_at < slow.listening_at, "the script's sleep orders them"
+        assert settled >= slow.listening_at + 0.5
         assert "listening on" in (tmp_path / "slow.log").read_text()
     finally:
         for daemon in (quick, slow):
-            daemon.process.kill()  # type: ignore[attr-defined]
-            daemon.process.wait()  # type: ignore[attr-defined]
-            daemon.reader.join()  # type: ignore[attr-defined]
+            daemon.process.kill()
+            daemon.process.wait()
+            daemon.reader.join()
 
 
 def test_a_daemon_that_exits_before_it_listens_fails_the_bench_with_what_it_printed(
@@ -63,7 +64,7 @@ def test_a_daemon_that_exits_before_it_listens_fails_the_bench_with_what_it_prin
     )
     with pytest.raises(RuntimeError) as raised:
         idle_bench.settle([gone], 0.0)
-    gone.process.wait()  # type: ignore[attr-defined]
-    gone.reader.join()  # type: ignore[attr-defined]
+    gone.process.wait()
+    gone.reader.join()
     assert "gone: the daemon exited with 3" in str(raised.value)
     assert "error: no such store" in str(raised.value)

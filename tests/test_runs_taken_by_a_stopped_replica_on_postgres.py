@@ -38,8 +38,8 @@ ITS_QUEUE = "thoughtgate-runs-stopped-replica-c1"
 
 
 async def _taken_by_a_stopped_replica(db: str) -> str:
-    """A run of this process (a replica with the run's tools) taken from the queue only it
-    listens to, and not claimed: DBOS stops before the claim."""
+    """A run this process (a replica with the run's tools) put on a queue of its own and took
+    from it under its executor id, unclaimed: DBOS stops before the claim."""
     store = await open_store(db)
     async with InProcessDaemon.launched(store, Config(), tools=ToolRegistry(TOOLS)) as replica:
         await DBOS.register_queue_async(ITS_QUEUE, worker_concurrency=1, polling_interval_sec=60)

@@ -153,7 +153,7 @@ async def test_a_run_whose_process_stopped_and_cannot_resume_keeps_the_words_apa
 ) -> None:
     store = await SQLiteStore.open(tmp_path / "runs.db")
     daemon = InProcessDaemon(store, Config())
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
     try:
         runtime, engine = daemon.runtime, daemon.engine
         run, _ = await runtime.admit(
@@ -180,7 +180,7 @@ async def test_a_run_that_cannot_continue_as_a_workflow_keeps_the_words_apart(
     monkeypatch.setitem(FAKE_SCRIPTS, "unasked-tool", one_lookup)  # needs a checkpoint
     store = await SQLiteStore.open(tmp_path / "runs.db")
     daemon = InProcessDaemon(store, Config())
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
 
     async def refused(run_id: str) -> Any:
         raise _refusal()

@@ -6,6 +6,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from thoughtgate.config import PROVIDER_ENV, Config, load_config
 from thoughtgate.errors import ConfigError
@@ -222,3 +224,63 @@ def test_think_tags_reach_every_adapter_and_an_unreadable_mode_stops_the_start(
     with pytest.raises(ConfigError) as info:
         load_config(environ={}, cwd=tmp_path)
     assert f"providers.{section}.think_tags" in str(info.value)
+
+
+def test_a_think_tags_table_is_model_mode_pairs_in_one_variable(tmp_path: Path) -> None:
+    """A table by model id in the environment: ``MODEL=MODE`` pairs, comma-separated (a
+    variable's name cannot hold ``*``, ``/`` or ``-``); it beats the file's table and reaches the
+    adapter as the file's would."""
+    write(tmp_path, '[providers.openai]\nthink_tags = { "*" = "off" }\n')
+    variable = {
+        "THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS": "*=leading, deepseek/deepseek-r1=anywhere,"
+        " qwen3:32b = FALSE"
+    }
+    settings = provider_settings_from_config(
+        load_config(environ=variable, cwd=tmp_path), "openai:deepseek/deepseek-r1"
+    )
+    assert settings.extra["thoughtgate"]["think_tags"] == {
+        "*": "leading",
+        "deepseek/deepseek-r1": "anywhere",
+        "qwen3:32b": False,
+    }
+
+
+_MODEL_IDS = st.text(
+    st.characters(codec="ascii", categories=["L", "N", "P", "S"], exclude_characters=",="),
+    min_size=1,
+    max_size=30,
+)
+
+
+@given(st.dictionaries(_MODEL_IDS, st.sampled_from(["leading", "anywhere", "off", True, False])))
+def test_any_think_tags_table_written_as_pairs_reads_back_as_itself(
+    table: dict[str, str | bool],
+) -> None:
+    written = ",".join(f"{model}={str(mode).lower()}" for model, mode in table.items())
+    variable = {"THOUGHTGATE_PROVIDERS__OPENROUTER__THINK_TAGS": written} if table else {}
+    assert load_config(environ=variable).providers.openrouter.think_tags == (table or None)
+
+
+def test_a_bad_think_tags_variable_is_a_line_per_variable_naming_what_is_wrong() -> None:
+    """ADR 0076: one line per problem, naming the variable, the key and the entry at fault; a
+    credential set beside it is never repeated."""
+    environ = {
+        "THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS": "*=leading,my-r1=sometimes",
+        "THOUGHTGATE_PROVIDERS__ANTHROPIC__THINK_TAGS": "leading,my-r1=anywhere",
+        "THOUGHTGATE_PROVIDERS__OPENROUTER__THINK_TAGS": "*=off,*=leading",
+        "THOUGHTGATE_PROVIDERS__OPENAI__API_KEY": "sk-SECRET-never-shown",
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=environ)
+    lines = str(info.value).splitlines()
+    assert sorted(lines) == [
+        "THOUGHTGATE_PROVIDERS__ANTHROPIC__THINK_TAGS: providers.anthropic.think_tags = "
+        "'leading,my-r1=anywhere': expected MODEL=MODE pairs, comma-separated "
+        "('*=leading,my-r1=anywhere'); 'leading' names no model",
+        "THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS: providers.openai.think_tags = "
+        "'*=leading,my-r1=sometimes': 'my-r1' = 'sometimes': expected leading, anywhere, off "
+        "(or true / false)",
+        "THOUGHTGATE_PROVIDERS__OPENROUTER__THINK_TAGS: providers.openrouter.think_tags = "
+        "'*=off,*=leading': model '*' is named twice",
+    ]
+    assert "SECRET" not in str(info.value)

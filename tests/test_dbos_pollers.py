@@ -28,6 +28,7 @@ from dbos._dbos import _get_dbos_instance
 from dbos._sys_db import SystemDatabase
 from dbos._sys_db_postgres import PostgresSystemDatabase
 from psycopg import sql
+from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL
 
 from thoughtgate.config import Config, DurabilityConfig
@@ -47,7 +48,6 @@ from thoughtgate.orchestration.dbos_pollers import (
     wake_rarely,
 )
 from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
@@ -63,13 +63,8 @@ async def _launched_engine(
     closed after, with the store."""
     store = store or await SQLiteStore.open(tmp_path / "runs.db")
     config = Config(durability=DurabilityConfig(poll_interval_s=0.5))
-    engine = DurableEngine.attach(Runtime(store, config), config.durability)
-    try:
-        await engine.launch(listen=[])
-        yield engine
-    finally:
-        await engine.close()
-        await store.close()
+    async with InProcessDaemon.launched(store, config) as daemon:
+        yield daemon.engine
 
 
 @pytest.mark.inprocess

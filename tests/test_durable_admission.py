@@ -50,13 +50,8 @@ def scripts() -> Iterator[None]:
 async def _daemon(tmp_path: Path, **durability: Any) -> InProcessDaemon:
     store = await SQLiteStore.open(tmp_path / "runs.db")
     daemon = InProcessDaemon(store, Config(durability=DurabilityConfig(**durability)))
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
     return daemon
-
-
-async def _close(daemon: InProcessDaemon) -> None:
-    await daemon.engine.close()
-    await daemon.store.close()
 
 
 async def test_a_run_started_at_once_is_claimed_by_its_admission_and_writes_no_workflow(
@@ -76,7 +71,7 @@ async def test_a_run_started_at_once_is_claimed_by_its_admission_and_writes_no_w
         spec = await daemon.store.get_run_spec(run_id)
         assert spec is not None and spec.attempts == 1, "claimed once, by its admission"
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def test_runs_beyond_the_concurrency_wait_in_the_daemon_and_all_complete(
@@ -97,7 +92,7 @@ async def test_runs_beyond_the_concurrency_wait_in_the_daemon_and_all_complete(
             assert "run.resumed" not in await daemon.types(run_id)
         assert daemon.engine.starts is not None and not daemon.engine.starts.waiting
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def test_a_daemon_that_stops_starting_puts_the_runs_waiting_in_it_on_the_queue(
@@ -118,7 +113,7 @@ async def test_a_daemon_that_stops_starting_puts_the_runs_waiting_in_it_on_the_q
         assert await DBOS.get_workflow_status_async(first) is None
         assert [(await daemon.store.get_run(r)).status for r in waiting] == ["pending"] * 2
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def test_a_run_whose_process_stopped_between_its_admission_and_its_start_completes(
@@ -142,7 +137,7 @@ async def test_a_run_whose_process_stopped_between_its_admission_and_its_start_c
         assert (await daemon.store.get_run(run.run_id)).status == "completed"
         assert (await daemon.types(run.run_id)).count("run.resumed") == 1
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues_as_one(
@@ -162,7 +157,7 @@ async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues
         steps = await DBOS.list_workflow_steps_async(run_id)
         assert [s["function_name"].split(": ", 1)[1] for s in steps][:1] == ["model turn 0"]
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
@@ -182,7 +177,7 @@ async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
         assert run.status == "interrupted"
         assert "could not continue as a workflow" in (run.error or "")
     finally:
-        await _close(daemon)
+        await daemon.close()
 
 
 async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:

@@ -42,9 +42,9 @@ class _Process(InProcessDaemon[SQLiteStore]):
         super().__init__(store, config, tools=ToolRegistry(TOOLS))
 
     @classmethod
-    async def launched(cls, path: Path) -> _Process:
+    async def started(cls, path: Path) -> _Process:
         process = cls(await SQLiteStore.open(path))
-        await process.engine.launch(listen=[t.name for t in TOOLS])
+        await process.launch()
         return process
 
 
@@ -56,7 +56,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
     effects = tmp_path / "effects"
     monkeypatch.setenv(SIDE_EFFECTS, str(effects))
     monkeypatch.delenv(HOLD, raising=False)
-    first = await _Process.launched(tmp_path / "runs.db")
+    first = await _Process.started(tmp_path / "runs.db")
     in_window = asyncio.Event()
 
     async def stopped_before_the_deadline(topic: str, timeout_s: float) -> Any:
@@ -79,7 +79,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
     finally:
         await first.close()
 
-    second = await _Process.launched(tmp_path / "runs.db")
+    second = await _Process.started(tmp_path / "runs.db")
     try:
         me = second.runtime.leases.owner
         restarted = Owner(me.host, me.pid, "restarted")

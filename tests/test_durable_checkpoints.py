@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dbos import DBOS
-from support.durable import one_lookup
+from support.durable import one_lookup, until
+from support.durable_engine import InProcessDaemon
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
@@ -51,19 +52,16 @@ def scripts() -> Iterator[None]:
 
 
 async def _steps_of(request: RunRequest, tmp_path: Path) -> tuple[str, list[str]]:
+    """The run of ``request`` executed by a process of its own, as ``thoughtgate run``'s, and
+    the names of the steps DBOS checkpointed for it."""
     store = await SQLiteStore.open(tmp_path / "runs.db")
-    runtime = Runtime(store, Config(), tools=ToolRegistry([lookup]))
-    engine = DurableEngine.attach(runtime, runtime.config.durability)
-    try:
-        await engine.launch()
-        run = await runtime.run(request)
+    tools = ToolRegistry([lookup])
+    async with InProcessDaemon.launched(store, Config(), tools=tools, like="run") as process:
+        run = await process.runtime.run(request)
         steps = await DBOS.list_workflow_steps_async(run.run_id)
         status = await DBOS.get_workflow_status_async(run.run_id)
         assert status is not None and status.status == "SUCCESS"
         return run.status, [s["function_name"] for s in steps]
-    finally:
-        await engine.close()
-        await store.close()
 
 
 async def test_a_one_turn_run_checkpoints_no_step(tmp_path: Path) -> None:
@@ -96,21 +94,12 @@ def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def _daemon(
-    tmp_path: Path, **durability: Any
-) -> AsyncIterator[tuple[Runtime, DurableEngine]]:
-    """A runtime on a fresh SQLite store with its engine launched as a daemon's (listening to
-    its queue), closed after the block."""
+async def _daemon(tmp_path: Path, **durability: Any) -> AsyncIterator[InProcessDaemon[SQLiteStore]]:
+    """A daemon on a fresh SQLite store, launched for the block."""
     store = await SQLiteStore.open(tmp_path / "runs.db")
     config = Config(durability=DurabilityConfig(**durability))
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    try:
-        await engine.launch(listen=[])
-        yield runtime, engine
-    finally:
-        await engine.close()
-        await store.close()
+    async with InProcessDaemon.launched(store, config) as daemon:
+        yield daemon
 
 
 async def _interval_of(queue: str) -> float:
@@ -127,22 +116,17 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
     that has executed nothing for as long polls at the idle pace (ADR 0057)."""
     # its own name, put back as it was: the session's fake scripts have a "slow" of their own
     monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
-    async with _daemon(tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5) as (
-        runtime,
-        engine,
-    ):
-        queue = engine.queue
-        assert queue is not None
-        runs = []
-        for _ in range(10):  # one starts at once, nine wait here, then on the queue (ADR 0031)
-            run, rank = await runtime.admit(RunRequest("hi", model="fake:queue-slow"), queue=queue)
-            await engine.submit(run.run_id, queue, priority=rank)
-            runs.append(run.run_id)
-        await _until(lambda: _queued(engine))
-        await _until(lambda: _is(_interval_of(queue), 0.02))
-        await _until(lambda: _all_ended(runtime.store, runs))
+    async with _daemon(
+        tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5
+    ) as daemon:
+        queue = daemon.queue
+        # one starts at once, nine wait here, then on the queue (ADR 0031)
+        runs = [await daemon.start("fake:queue-slow") for _ in range(10)]
+        await until(lambda: _queued(daemon.engine))
+        await until(lambda: _is(_interval_of(queue), 0.02))
+        await until(lambda: _all_ended(daemon.store, runs))
         assert await _interval_of(queue) == 0.02, "still fast just after the backlog drained"
-        await _until(lambda: _is(_interval_of(queue), 0.5))
+        await until(lambda: _is(_interval_of(queue), 0.5))
 
 
 @pytest.mark.inprocess
@@ -153,14 +137,12 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
     idle pace; a run the lease sweep puts on the queue meanwhile (its process stopped before it
     began) is still taken and completes, and the daemon polls at ``poll_interval_s`` again while
     it is in use."""
-    async with _daemon(tmp_path, poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1) as (
-        runtime,
-        engine,
-    ):
-        queue, store = engine.queue, runtime.store
-        assert queue is not None and isinstance(store, SQLiteStore)
+    async with _daemon(
+        tmp_path, poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1
+    ) as daemon:
+        runtime, engine, store, queue = daemon.runtime, daemon.engine, daemon.store, daemon.queue
         assert await _interval_of(queue) == 0.2, "a daemon that just started is in use"
-        await _until(lambda: _is(_interval_of(queue), 0.6))
+        await until(lambda: _is(_interval_of(queue), 0.6))
 
         run, _ = await runtime.admit(RunRequest("hi", model="fake:echo"), queue=queue)
         engine.unreserve(run.run_id)  # it never starts here: as if its process had stopped
@@ -172,10 +154,10 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
 
         restarted = Owner(me.host, me.pid, "restarted")
         assert await close_orphaned_runs(store, me=restarted, requeue=requeue) == []
-        await _until(lambda: _all_ended(store, [run.run_id]))
+        await until(lambda: _all_ended(store, [run.run_id]))
         # the run that began here put the daemon in use: for ten poll intervals after its end
-        await _until(lambda: _is(_interval_of(queue), 0.2))
-        await _until(lambda: _is(_interval_of(queue), 0.6))
+        await until(lambda: _is(_interval_of(queue), 0.2))
+        await until(lambda: _is(_interval_of(queue), 0.6))
 
 
 @pytest.mark.inprocess
@@ -184,9 +166,9 @@ async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
 ) -> None:
     """The queue's row is shared by its replicas: one going idle leaves alone a pace another one
     set since (its backlog), which slows it down again itself."""
-    async with _daemon(tmp_path, poll_interval_s=0.1, idle_poll_interval_s=0.4) as (_, engine):
-        queue, starts = engine.queue, engine.starts
-        assert queue is not None and starts is not None
+    async with _daemon(tmp_path, poll_interval_s=0.1, idle_poll_interval_s=0.4) as daemon:
+        queue, starts = daemon.queue, daemon.engine.starts
+        assert starts is not None
         found = await DBOS.retrieve_queue_async(queue)
         assert found is not None
         await found.set_polling_interval_sec_async(0.01)  # another replica's backlog
@@ -194,7 +176,7 @@ async def test_an_idle_daemon_never_slows_down_a_queue_another_replica_sped_up(
         async def idle() -> bool:
             return starts.interval_s == 0.4
 
-        await _until(idle)
+        await until(idle)
         assert await _interval_of(queue) == 0.01
 
 
@@ -208,10 +190,3 @@ async def _is(value: Awaitable[float], expected: float) -> bool:
 
 async def _all_ended(store: EventStore, run_ids: list[str]) -> bool:
     return [(await store.get_run(r)).status for r in run_ids] == ["completed"] * len(run_ids)
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from dbos import DBOS
 from support.durable import one_lookup, until
-from support.durable_engine import InProcessDaemon
+from support.durable_engine import InProcessDaemon, Like
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
@@ -75,9 +75,11 @@ class _Local(InProcessDaemon[SQLiteStore]):
         return [w.workflow_id for w in found]
 
 
-async def _local(tmp_path: Path, tools: ToolRegistry | None = None, **launch: Any) -> _Local:
+async def _local(
+    tmp_path: Path, tools: ToolRegistry | None = None, *, like: Like = "run"
+) -> _Local:
     local = _Local(await SQLiteStore.open(tmp_path / "runs.db"), tools)
-    await local.engine.launch(**launch)
+    await local.launch(like=like)
     return local
 
 
@@ -165,7 +167,7 @@ async def test_a_run_whose_process_stopped_mid_way_is_suspended_and_resume_finis
     left open, its lease no longer renewed), the next process's sweep suspends it
     (``thoughtgate run``'s runs wait for ``resume``), and ``resume`` starts it again from its
     spec, writing its workflow then."""
-    local = await _local(tmp_path, listen=[])
+    local = await _local(tmp_path, like="serve")
     try:
         run = await local.runtime.create_run(RunRequest("hi", model="fake:in-process-held"))
         job = asyncio.create_task(local.runtime.execute(run.run_id))

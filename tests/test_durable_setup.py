@@ -4,8 +4,6 @@ sets up their workflows schema, whatever else the database's other DBOS applicat
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from support.daemon import PG_START_S, ServeProcess
-from support.pg import PG_URL
+from support.pg import PG_SOCKET_URL, PG_URL
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
@@ -30,11 +28,11 @@ a launch waits for 30 s at most before it migrates without it."""
 
 
 @contextmanager
-def fresh_schema() -> Iterator[tuple[str, str]]:
-    """A store URL on a schema of its own, and the name of its workflows schema."""
+def fresh_schema(server: str = PG_URL) -> Iterator[tuple[str, str]]:
+    """A store URL on ``server`` on a schema of its own, and the name of its workflows schema."""
     schema = f"tg_test_{uuid.uuid4().hex[:12]}"
     try:
-        yield f"{PG_URL}?schema={schema}", f"{schema}_workflows"
+        yield f"{server}{'&' if '?' in server else '?'}schema={schema}", f"{schema}_workflows"
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             for name in (schema, f"{schema}_workflows"):
@@ -81,20 +79,29 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
                 daemon.stop()
 
 
+@pytest.mark.parametrize("server", [PG_URL, PG_SOCKET_URL], ids=["tcp", "unix-socket"])
 def test_a_replica_sets_up_nothing_while_another_sets_up_its_workflows_schema(
-    tmp_path: Path,
+    tmp_path: Path, server: str
 ) -> None:
     """The mechanism: a replica that finds the schema's setup lock held waits for it before
-    DBOS creates anything, then starts (and finds the schema set up)."""
-    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as holder:
+    DBOS creates anything, then starts (and finds the schema set up); over TCP or a Unix
+    socket alike."""
+    with (
+        fresh_schema(server) as (db, workflows),
+        psycopg.connect(PG_URL, autocommit=True) as holder,
+    ):
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
         daemon = ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
         try:
             daemon.spawn()
             deadline = time.monotonic() + 60
-            while not _asks_for_setup_lock(holder, daemon) and time.monotonic() < deadline:
+            while not _setup_clients(holder, workflows) and time.monotonic() < deadline:
+                assert daemon.proc is not None and daemon.proc.poll() is None
                 time.sleep(0.1)
-            assert _asks_for_setup_lock(holder, daemon), "the replica never asked for the lock"
+            clients = _setup_clients(holder, workflows)
+            assert len(clients) == 1, "the replica never asked for the lock"
+            over_a_socket = clients[0] is None
+            assert over_a_socket == (server == PG_SOCKET_URL), "it connected as its URL says"
             time.sleep(1.0)  # it asks again and again meanwhile
             assert daemon.proc is not None and daemon.proc.poll() is None
             assert not _schema_exists(workflows), "DBOS set up the schema while another held it"
@@ -130,37 +137,17 @@ def test_a_replica_waiting_for_the_setup_says_so_and_a_start_gives_up_at_its_dea
             daemon.stop()
 
 
-def _asks_for_setup_lock(conn: psycopg.Connection[Any], daemon: ServeProcess) -> bool:
-    """Whether ``daemon`` has a set-up connection open: only its own counts, not another test's
-    daemon setting up another schema on the shared database (each process sets up one). Its
-    connections are told by their client ports (the test database is reached over TCP)."""
-    assert daemon.proc is not None
-    ports = _local_tcp_ports(daemon.proc.pid)
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-        " AND client_port = ANY(%s)",
-        ("thoughtgate:workflows-setup", sorted(ports)),
-    ).fetchone()
-    return row is not None and row[0] > 0
-
-
-def _local_tcp_ports(pid: int) -> set[int]:
-    """The local ports of process ``pid``'s TCP sockets (its ends of its database connections):
-    its socket inodes, looked up in its network namespace's tables."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):  # closed meanwhile
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:[") : -1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[9] in inodes:
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+def _setup_clients(conn: psycopg.Connection[Any], workflows: str) -> list[str | None]:
+    """The client addresses (``None``: a Unix socket) of the set-up connections open for schema
+    ``workflows``: their statement names the schema, so another test's daemon setting up another
+    schema on the shared database does not count, whether the daemons reach it over TCP or a
+    Unix socket (which leaves no client address or port to tell processes apart by)."""
+    rows = conn.execute(
+        "SELECT host(client_addr) FROM pg_stat_activity WHERE application_name = %s"
+        " AND strpos(query, %s) > 0",
+        ("thoughtgate:workflows-setup", setup_lock_key(workflows)),
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def _schema_exists(name: str) -> bool:

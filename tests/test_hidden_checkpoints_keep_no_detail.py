@@ -68,7 +68,7 @@ async def test_a_hidden_run_s_checkpoints_hold_no_provider_words(
     monkeypatch.setitem(FAKE_SCRIPTS, "refused-quoting", _refused)
     store = await SQLiteStore.open(tmp_path / "runs.db")
     daemon = InProcessDaemon(store, Config())
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
     try:
         tasks = (TaskSpec("first", model="fake:refused-quoting"), TaskSpec("second"))
         run, rank = await daemon.runtime.admit(

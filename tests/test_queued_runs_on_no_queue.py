@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from support.durable import queued_run, until
+from support.durable_engine import SweepingDaemon
 
 from thoughtgate.config import Config
 from thoughtgate.errors import RuntimeFailure, StoreUnavailableError
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.orchestration.durable import DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
-from thoughtgate.server.manager import RunManager
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.durable import RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import ON_NO_QUEUE, close_orphaned_runs
@@ -60,11 +59,10 @@ async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_abou
     """The daemon's path: a run for another replica's queue, whose enqueue fails (no replica
     registered that queue with DBOS) and whose close the store refuses."""
     config = Config.from_mapping({"orchestration": {"lease_ttl_s": TTL_S}})
-    runtime = Runtime(store, config)
-    engine = DurableEngine.attach(runtime, config.durability)
-    manager = RunManager(runtime, grace_s=0)
+    daemon = SweepingDaemon(store, config)
+    manager = daemon.manager
     try:
-        await engine.launch(listen=[])
+        await daemon.launch()
         # Another replica, with a tool this one lacks, said it takes runs from its queue.
         await store.save_run_queue(RunQueueRecord("elsewhere-queue", ("elsewhere",), 1))
         store.refusing = True
@@ -87,8 +85,7 @@ async def test_a_queued_run_whose_enqueue_and_close_failed_is_closed_within_abou
         log = [e.type for e in await store.read(stuck.run_id)]
         assert log.count(EventType.RUN_INTERRUPTED) == 1
     finally:
-        await manager.shutdown()
-        await engine.close()
+        await daemon.stop()
 
 
 async def test_the_sweep_requeues_only_a_queued_run_on_no_queue_for_a_lease(

@@ -77,7 +77,7 @@ async def test_a_replayed_step_failure_names_its_own_class_as_the_first_executio
     monkeypatch.setitem(FAKE_SCRIPTS, "replay-buggy", _buggy)
     store = await SQLiteStore.open(tmp_path / "runs.db")
     daemon = InProcessDaemon(store, Config())
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
     runtime = daemon.runtime
     aborted = runtime._task_aborted
     stopping: set[str] = set()

@@ -141,7 +141,7 @@ class _Daemon(InProcessDaemon):
         )
 
     def waiting(self) -> list[str]:
-        return [entry[2] for entry in self.engine._line]
+        return self.engine.waiting_here
 
     async def taken_elsewhere(self, run_id: str) -> None:
         """What another process's sweep does to a run whose lease expired while this daemon
@@ -169,11 +169,10 @@ async def daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
     store = await SQLiteStore.open(tmp_path / "runs.db")
     made = _Daemon(store)
     try:
-        await made.engine.launch(listen=[])
+        await made.launch()
         yield made
     finally:
-        await made.engine.close()
-        await store.close()
+        await made.close()
 
 
 @pytest.mark.inprocess
@@ -215,4 +214,4 @@ async def _ended(daemon: _Daemon, run_id: str) -> bool:
 
 
 async def _idle(daemon: _Daemon) -> bool:
-    return not daemon.engine._tasks and not daemon.runtime.executing
+    return not daemon.engine.busy and not daemon.runtime.executing

@@ -78,11 +78,10 @@ async def daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
     store = await SQLiteStore.open(tmp_path / "runs.db")
     made = _Daemon(store)
     try:
-        await made.engine.launch(listen=[])
+        await made.launch()
         yield made
     finally:
-        await made.stop()
-        await store.close()
+        await made.close()
 
 
 async def test_a_run_taken_by_a_replica_that_stopped_before_claiming_it_completes(

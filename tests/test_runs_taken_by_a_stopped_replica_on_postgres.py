@@ -17,12 +17,13 @@ from dbos import DBOS
 from dbos._dbos import _get_dbos_instance
 from support.daemon import PG_START_S
 from support.durable import TOOLS, side_effects
+from support.durable_engine import InProcessDaemon
 from test_durable_replicas import two_replicas_on_postgres
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.orchestration.durable import APP_VERSION, DurableEngine
-from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.durable import APP_VERSION
+from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.leases import TAKEN_UNCLAIMED
 from thoughtgate.store.urls import open_store
 
@@ -37,28 +38,24 @@ ITS_QUEUE = "thoughtgate-runs-stopped-replica-c1"
 
 
 async def _taken_by_a_stopped_replica(db: str) -> str:
+    """A run this process (a replica with the run's tools) put on a queue of its own and took
+    from it under its executor id, unclaimed: DBOS stops before the claim."""
     store = await open_store(db)
-    runtime = Runtime(store, Config(), tools=ToolRegistry(TOOLS))
-    engine = DurableEngine.attach(runtime, Config().durability)
-    try:
-        await engine.launch(listen=[])
+    async with InProcessDaemon.launched(store, Config(), tools=ToolRegistry(TOOLS)) as replica:
         await DBOS.register_queue_async(ITS_QUEUE, worker_concurrency=1, polling_interval_sec=60)
-        run, rank = await runtime.admit(
+        run, rank = await replica.runtime.admit(
             RunRequest("do it", model="fake:durable"), tools=["side_effect"], queue=ITS_QUEUE
         )
-        await engine.enqueue(run.run_id, ITS_QUEUE, priority=rank)
+        await replica.engine.enqueue(run.run_id, ITS_QUEUE, priority=rank)
         queue = await DBOS.retrieve_queue_async(ITS_QUEUE)
         assert queue is not None
-        system = _get_dbos_instance()._sys_db
-        me = runtime.leases.owner.owner_id
+        system = _get_dbos_instance()._sys_db  # DBOS's own dequeue, as its queue worker runs it
+        me = replica.runtime.leases.owner.owner_id
         taken, _ = await asyncio.to_thread(
             system.start_queued_workflows, queue, me, APP_VERSION, None
         )
         assert taken == [run.run_id]
         return run.run_id
-    finally:
-        await engine.close()
-        await store.close()
 
 
 def test_two_replicas_put_back_once_a_run_a_stopped_replica_took_and_it_completes(

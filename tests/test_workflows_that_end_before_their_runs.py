@@ -136,7 +136,7 @@ class _Daemon(SweepingDaemon[Any]):
 
 async def _launched(store: Refusing) -> _Daemon:
     daemon = _Daemon(store)
-    await daemon.engine.launch(listen=[])
+    await daemon.launch()
     await DBOS.register_queue_async(NOBODYS_QUEUE, worker_concurrency=1, polling_interval_sec=60)
     return daemon
 

@@ -206,7 +206,8 @@ class ProviderEndpoint(_Section):
     think_tags: bool | str | dict[str, bool | str] | None = None
     """Inline ``<think>`` in answer text: ``leading``, ``anywhere`` or ``off`` (``true`` /
     ``false``), or a table of them by model id with ``"*"`` for the rest; unset: the adapter's
-    default (``docs/providers/``, ADR 0077)."""
+    default (``docs/providers/``, ADR 0077). In the environment a table is ``MODEL=MODE`` pairs,
+    comma-separated (``THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS=*=leading,my-r1=anywhere``)."""
 
     @field_validator("server")
     @classmethod
@@ -232,11 +233,16 @@ class ProviderEndpoint(_Section):
     def _think_tags_modes(cls, value: Any) -> Any:
         from thoughtgate.providers.think_tags import check_think_tags
 
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            value = value.lower() == "true"  # from the environment
+        if isinstance(value, str) and "=" in value:
+            value = _think_tags_table(value)  # from the environment
+        elif isinstance(value, str):
+            value = _true_or_false(value)
         try:
             check_think_tags(value)
         except ConfigError as exc:
+            entry = exc.key.removeprefix("think_tags").removeprefix(".")
+            if entry:  # one model's mode in a table
+                raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
             raise ValueError(f"expected {exc.allowed}, or a table of them by model id") from None
         return value
 
@@ -250,6 +256,33 @@ class ProviderEndpoint(_Section):
         if self.think_tags is not None:
             options["think_tags"] = self.think_tags
         return options
+
+
+def _true_or_false(value: str) -> bool | str:
+    """``true`` / ``false`` as the environment writes them, any other text as it is."""
+    return value.lower() == "true" if value.lower() in ("true", "false") else value
+
+
+def _think_tags_table(value: str) -> dict[str, bool | str]:
+    """A ``think_tags`` table written as one variable: ``MODEL=MODE`` pairs, comma-separated
+    (``*=leading,deepseek/deepseek-r1=anywhere``), as the environment writes lists
+    (``summarizers``). A nested variable cannot hold one: a variable's name has no room for
+    ``*``, ``/``, ``-`` or ``.``, which model ids are made of, and is read in lower case."""
+    table: dict[str, bool | str] = {}
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        model, equals, mode = item.rpartition("=")
+        model = model.strip()
+        if not equals or not model:
+            raise ValueError(
+                f"expected MODEL=MODE pairs, comma-separated ('*=leading,my-r1=anywhere'); "
+                f"{item!r} names no model"
+            )
+        if model in table:
+            raise ValueError(f"model {model!r} is named twice")
+        table[model] = _true_or_false(mode.strip())
+    return table
 
 
 class ProvidersConfig(_Section):

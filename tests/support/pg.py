@@ -1,7 +1,8 @@
 """Shared PostgreSQL fixtures for the store tests (import them into a test module to use them).
 
-The server is ``THOUGHTGATE_TEST_PG_URL`` (default: the local test server). When it cannot be
-reached, every test that needs it FAILS and says why; these tests never skip.
+The server is ``THOUGHTGATE_TEST_PG_URL`` (default: the local test server over TCP), and over a
+Unix socket ``THOUGHTGATE_TEST_PG_SOCKET_URL``. When it cannot be reached, every test that needs
+it FAILS and says why; these tests never skip.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from psycopg import sql
 
 from thoughtgate.store.pg_errors import describe_target
 
-__all__ = ["PG_URL", "pg_admin", "pg_schema"]
+__all__ = ["PG_SOCKET_URL", "PG_URL", "pg_admin", "pg_schema"]
 
 PG_URL = os.environ.get("THOUGHTGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+PG_SOCKET_URL = os.environ.get(
+    "THOUGHTGATE_TEST_PG_SOCKET_URL", "postgresql://postgres@/test?host=/var/run/postgresql"
+)
+"""The same server over its Unix socket (``THOUGHTGATE_TEST_PG_SOCKET_URL``), for what must work
+without TCP too."""
 
 
 @pytest.fixture

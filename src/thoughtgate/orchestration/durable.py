@@ -405,6 +405,16 @@ class DurableEngine:
         """Executions without a workflow and starts of waiting runs, under way."""
         self.launched = False
 
+    @property
+    def waiting_here(self) -> list[str]:
+        """The runs waiting in this process for a slot, in the order they are to start."""
+        return [run_id for _, _, run_id, _ in sorted(self._line)]
+
+    @property
+    def busy(self) -> bool:
+        """Whether an execution without a workflow, or a start of a waiting run, is under way."""
+        return bool(self._tasks)
+
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def attach(cls, runtime: DurableRuntime, config: DurabilityConfig) -> DurableEngine:

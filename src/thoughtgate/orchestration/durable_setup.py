@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.store.pg_errors import describe_target, translate_error
@@ -118,8 +119,13 @@ async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s
     its own lock the same way)."""
     deadline = time.monotonic() + wait_s
     said = False
+    # The key is written into the statement, not sent as a parameter: ``pg_stat_activity.query``
+    # then names the schema a waiting (or holding) process sets up, which is what tells its
+    # connections apart from those of processes on other schemas -- over a Unix socket too, where
+    # a connection has no client address or port to go by.
+    asks = sql.SQL("SELECT pg_try_advisory_lock(hashtext({}))").format(sql.Literal(key))
     while True:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,))
+        cur = await conn.execute(asks)
         row = await cur.fetchone()
         if row is not None and row[0]:
             return
@@ -127,9 +133,9 @@ async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s
             raise RuntimeFailure(
                 f"another process has been setting up the workflows of {where} for {wait_s:g} s "
                 "and has not finished; nothing was changed. Look for it in pg_stat_activity "
-                "(application_name 'thoughtgate:workflows-setup' holds the lock; a long "
-                "CREATE INDEX CONCURRENTLY waits for the database's older transactions), then "
-                "start this process again."
+                "(application_name 'thoughtgate:workflows-setup', its query naming this schema, "
+                "holds the lock; a long CREATE INDEX CONCURRENTLY waits for the database's older "
+                "transactions), then start this process again."
             )
         if not said:
             log.info("waiting for another process setting up the workflows of %s", where)

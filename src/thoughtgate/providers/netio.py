@@ -56,12 +56,14 @@ class _Protocol(asyncio.BufferedProtocol):
     """Buffers what arrives and wakes the one reader waiting for it.
 
     A buffered protocol: the loop reads the socket into a buffer it is handed (``get_buffer``),
-    and what a read brought is copied out at once (``buffer_updated``). Why: with a plain
-    protocol, asyncio's own loop allocates a 256 KiB ``bytes`` for every socket read and shrinks
-    it to what arrived; for a stream of small deltas, one read each, that allocation was the
-    largest cost of a delta on the asyncio loop (ADR 0081). The buffer is shared by the
-    connections of one loop: the loop fills it and calls ``buffer_updated`` in one step, and
-    nothing else runs in between (asyncio's and uvloop's sockets and TLS alike).
+    and what a read brought is copied out at once (``buffer_updated``). Why: for a plain
+    protocol, asyncio's loop receives every socket read into a new 256 KiB ``bytes`` and shrinks
+    it to what arrived; where the C allocator serves that size by mapping memory (a process that
+    has not raised glibc's mmap threshold), each read of a delta costs an ``mmap``, an ``mremap``,
+    a ``munmap`` and page faults: a fifth of a delta's CPU on the asyncio loop (ADR 0081). uvloop
+    reads into a buffer of its own either way. The buffer is shared by the connections of one
+    loop: the loop fills it and calls ``buffer_updated`` in one step with nothing run in between
+    (asyncio's and uvloop's sockets and TLS alike), and the bytes are copied out there.
     """
 
     def __init__(self) -> None:

@@ -104,7 +104,7 @@ def _note_last(run_id: str, what: str) -> None:
         _stamps[run_id][what] = time.monotonic()
 
 
-def _note_stamp(data: bytes | str, what: str) -> None:
+def _note_stamp(data: bytes | memoryview | str, what: str) -> None:
     """A provider-path hop of the bytes or text holding an emulator's send stamp."""
     if isinstance(data, str):
         found = _STAMPED_TEXT.search(data)
@@ -122,7 +122,7 @@ def _install_provider_hops() -> None:
 
     received = netio._Protocol.data_received
 
-    def data_received(self: Any, data: bytes) -> None:
+    def data_received(self: Any, data: bytes | memoryview) -> None:
         _note_stamp(data, "arrived_p")
         received(self, data)
 

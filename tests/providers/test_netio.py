@@ -357,3 +357,35 @@ async def test_a_request_held_on_a_connection_the_peer_closed_reads_the_end() ->
         await stream.aclose()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "tls"])
+def test_streams_read_at_once_each_get_their_own_bytes(
+    runner: str, secure: bool, tls: tuple[ssl.SSLContext, ssl.SSLContext]
+) -> None:
+    """Every connection of a loop reads its socket into the loop's one receive buffer: streams
+    whose pieces interleave, plain and TLS, on asyncio's loop and on uvloop (the daemon's), each
+    get exactly their own bytes, a body past the flow-control limit included."""
+    server_ctx, trusting = tls if secure else (None, None)
+    replies = [
+        Reply([f"stream {n} piece {i};".encode() * (1 + i % 5) for i in range(40)], headers=TEXT)
+        for n in range(6)
+    ]
+    replies.append(Reply([bytes([97 + i]) * 100_000 for i in range(4)], headers=TEXT))
+
+    async def read_all() -> list[bytes]:
+        async with ReplayServer(replies, tls=server_ctx) as server, client(trusting) as http:
+
+            async def one() -> bytes:
+                async with http.stream("GET", server.url) as response:
+                    return b"".join([chunk async for chunk in response.aiter_raw()])
+
+            return await asyncio.gather(*(one() for _ in replies))
+
+    if runner == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        got = uvloop.run(read_all())
+    else:
+        got = asyncio.run(read_all())
+    assert sorted(got) == sorted(b"".join(reply.pieces) for reply in replies)

@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar, cast
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
 from dbos._error import DBOSWorkflowConflictIDError
@@ -62,6 +62,7 @@ from thoughtgate.errors import (
     RuntimeFailure,
     ThoughtgateError,
     UsageError,
+    WorkflowFailed,
     exception_line,
     failure_detail,
     failure_kind,
@@ -123,7 +124,8 @@ class _Json(Serializer):
 
     A workflow that raised is recorded ``ERROR`` with its exception as ``{"$exception": {"type":
     ..., "message": ...}}`` (the message as ``errors.failure_text`` gives it: never a driver's
-    details), read back as a ``RuntimeError`` carrying both. Without it DBOS could
+    details), read back as a :class:`~thoughtgate.errors.WorkflowFailed` naming the class only
+    (ADR 0082: the recorded words are data read from a database). Without it DBOS could
     not record the error (an exception is no JSON, nor is its fallback), and the workflow stayed
     ``PENDING`` under a live executor -- taken, as far as any sweep could tell, until a lease
     had passed (ADR 0065)."""
@@ -134,8 +136,7 @@ class _Json(Serializer):
     def deserialize(self, serialized_data: str) -> Any:
         value = json.loads(serialized_data)
         if isinstance(value, dict) and value.keys() == {_EXCEPTION}:
-            raised = value[_EXCEPTION]
-            return RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+            return _workflow_failed(value[_EXCEPTION])
         return value
 
     def name(self) -> str:
@@ -150,6 +151,16 @@ def _exception(value: object) -> dict[str, Any]:
     if isinstance(value, BaseException):  # described as readers see it (ADR 0069)
         return {_EXCEPTION: {"type": type(value).__name__, "message": failure_text(value)}}
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _workflow_failed(raised: object) -> WorkflowFailed:
+    """The error a workflow recorded (:func:`_exception`), as it is raised again; a record of
+    another shape (another version's, a hand edit) is an ``Exception`` with no words."""
+    fields = cast("dict[str, object]", raised) if isinstance(raised, dict) else {}
+    kind, said = fields.get("type"), fields.get("message")
+    return WorkflowFailed(
+        kind if isinstance(kind, str) else "Exception", said if isinstance(said, str) else None
+    )
 
 
 def queue_name(tools: Sequence[str], concurrency: int) -> str:

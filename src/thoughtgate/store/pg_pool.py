@@ -19,15 +19,17 @@ free connection at most ``wait_s`` (then ``PoolTimeout``, a ``psycopg.Operationa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["connect", "open_pool"]
+__all__ = ["LOCK_POLL_S", "connect", "open_pool", "poll_advisory_lock"]
 
 Setup = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
@@ -37,6 +39,39 @@ async def connect(conninfo: str, *, application_name: str) -> psycopg.AsyncConne
     return await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, application_name=application_name
     )
+
+
+LOCK_POLL_S = 0.2
+"""How often a process waiting for another's advisory lock asks again (a set-up takes seconds)."""
+
+
+async def poll_advisory_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: str,
+    *,
+    wait_s: float | None = None,
+    waiting: Callable[[], None] | None = None,
+) -> bool:
+    """Take the session advisory lock keyed by ``hashtext(key)`` on ``conn``, asking until it
+    is granted, or for ``wait_s`` at most (then ``False``); ``waiting`` is called once, when the
+    first ask is refused. Never waits inside a statement: a statement that waits for a lock
+    keeps its snapshot, and the holder's ``CREATE INDEX CONCURRENTLY`` waits for every older
+    snapshot of the database -- it would wait for its waiters, and the deadlock detector would
+    abort one of them (ADRs 0062, 0082). The lock ends with the session, or
+    ``pg_advisory_unlock``."""
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    said = False
+    while True:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,))
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        if not said and waiting is not None:
+            waiting()
+        said = True
+        await asyncio.sleep(LOCK_POLL_S)
 
 
 async def open_pool(

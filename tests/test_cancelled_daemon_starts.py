@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 from dbos import DBOS
-from support.durable import until
 from support.durable_engine import SweepingDaemon
 from support.pg import PG_URL, pg_admin, pg_schema
-
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
@@ -177,16 +175,16 @@ def _two_tasks() -> RunRequest:
 
 async def _ended_once(daemon: _Daemon, run_id: str, reason: str) -> None:
     run = await daemon.events.get_run(run_id)
-    assert run.status == "interrupted", f"it shows {run.status!r} {await daemon.types(run_id)} {run}"
+    assert run.status == "interrupted", (
+        f"it shows {run.status!r} {await daemon.types(run_id)} {run}"
+    )
     assert run.error is not None and reason in run.error
     assert all(t.status == "interrupted" for t in run.tasks), "its tasks end first"
     types = await daemon.types(run_id)
     assert sum(t in RUN_TERMINAL_TYPES for t in types) == 1
     assert EventType.TASK_STARTED not in types, "its execution never began"
     assert run_id not in daemon.runtime.executing
-    renewed = await daemon.events.renew_leases(
-        daemon.runtime.leases.owner.owner_id, 30, [run_id]
-    )
+    renewed = await daemon.events.renew_leases(daemon.runtime.leases.owner.owner_id, 30, [run_id])
     assert renewed == [], "ended: nobody renews it"
 
 

@@ -24,7 +24,7 @@ from support.pg import PG_URL, pg_admin, pg_schema
 from thoughtgate.store import codec
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_schema import applied_versions, migrate
-from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.postgres import PostgresStore, open_runs_query
 
 __all__ = ["pg_admin", "pg_schema"]
 
@@ -139,9 +139,7 @@ async def _write_runs(schema: str) -> None:
             ).format(runs)
         )
         await conn.execute(
-            sql.SQL("UPDATE {} SET lease_expires_at = 5e9 WHERE run_id = 'run_000300'").format(
-                runs
-            )
+            sql.SQL("UPDATE {} SET lease_expires_at = 5e9 WHERE run_id = 'run_000300'").format(runs)
         )
     finally:
         await conn.close()
@@ -237,9 +235,7 @@ async def test_replicas_starting_together_build_it_once(
     start."""
     await _at_version_8(pg_admin, pg_schema)
     await _hold_builds(blocker, pg_schema)
-    opening = [
-        asyncio.create_task(PostgresStore.open(PG_URL, schema=pg_schema)) for _ in range(3)
-    ]
+    opening = [asyncio.create_task(PostgresStore.open(PG_URL, schema=pg_schema)) for _ in range(3)]
     caplog.set_level(logging.INFO, logger="thoughtgate.store")
     await _until_waiting(pg_admin, "thoughtgate:migrate")
     for _ in range(600):  # both others were refused the lock once (and ask again)
@@ -268,3 +264,41 @@ class contextlib_closing:  # noqa: N801 - reads as contextlib.aclosing for a sto
 
     async def __aexit__(self, *exc: object) -> None:
         await self.store.close()
+
+
+async def test_the_expired_read_visits_the_held_runs_only(pg_admin: Admin, pg_schema: str) -> None:
+    """Schema version 10 (ADR 0082): beside 2,000 suspended runs (open, no owner), the sweep's
+    read of expired leases is a range read of ``leased_runs_by_id`` that visits the 80 held
+    runs and none of the others -- before, it visited every open run (through
+    ``open_runs_by_id``), the suspended ones included."""
+    await _at_version_8(pg_admin, pg_schema)
+    store = await PostgresStore.open(PG_URL, schema=pg_schema)
+    try:
+        await pg_admin.execute(
+            sql.SQL(
+                "INSERT INTO {}.runs (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+                "lease_expires_at) "
+                "SELECT 'sus_' || lpad(g::text, 6, '0'), 'p', 'hidden', 'provider', 'pending', "
+                "1.0, 1.0, '{{}}', NULL, '{{}}', 0, 10000 + g, "
+                "CASE WHEN g <= 40 THEN 'gone.1.x' END, CASE WHEN g <= 40 THEN 1.0 END "
+                "FROM generate_series(1, 2040) AS g"
+            ).format(sql.Identifier(pg_schema))
+        )
+        await pg_admin.execute(sql.SQL("ANALYZE {}.runs").format(sql.Identifier(pg_schema)))
+        expired = await store.open_runs(limit=1000, expired=True)
+        assert [r.run_id for r in expired.runs] == [f"sus_{g:06d}" for g in range(1, 41)]
+        await pg_admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(pg_schema)))
+        try:
+            query, params = open_runs_query(limit=1000, after=None, expired=True, run_ids=None)
+            explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)"
+            rows = await (await pg_admin.execute(f"{explain} {query}", params)).fetchall()
+            plan = "\n".join(str(r[0]) for r in rows)
+        finally:
+            await pg_admin.execute("RESET search_path")
+        assert "Index Scan using leased_runs_by_id on runs (actual rows=40 loops=1)" in plan, plan
+        # The 40 held runs of _at_version_8 (live leases) are visited too; no suspended one.
+        assert "Rows Removed by Filter: 40" in plan, plan
+        assert "open_runs_by_id" not in plan and "Seq Scan on runs" not in plan, plan
+    finally:
+        await store.close()

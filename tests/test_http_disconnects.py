@@ -52,8 +52,10 @@ class _Served:
             conn.shutdown(socket.SHUT_WR)
 
     def post_head(self, path: str, length: int | None) -> str:
-        framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-        (name, value), = auth(self.key).items()
+        framing = (
+            f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+        )
+        ((name, value),) = auth(self.key).items()
         return (
             f"POST {path} HTTP/1.1\r\nHost: test\r\n{name}: {value}\r\n"
             f"Content-Type: application/json\r\n{framing}\r\n\r\n"

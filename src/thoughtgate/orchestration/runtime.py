@@ -467,9 +467,7 @@ class Runtime:
                 self._admitted[run.run_id] = (kept, spec)
         return run, rank
 
-    async def _close_cancelled_admission(
-        self, run: RunRecord, reason: str, holder: Holder
-    ) -> None:
+    async def _close_cancelled_admission(self, run: RunRecord, reason: str, holder: Holder) -> None:
         """A cancel landed while ``run``'s admission was committing: the commit may have
         happened all the same (a store call cancelled mid-way may still commit, ADR 0059), and
         then the run would show ``running`` until its lease expired and a sweep took it --

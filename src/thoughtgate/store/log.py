@@ -41,6 +41,7 @@ from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_ru
 from thoughtgate.store.records import TaskRecord
 
 __all__ = [
+    "UNCLAIMED",
     "EventLog",
     "EventObserver",
     "Holder",
@@ -49,7 +50,6 @@ __all__ = [
     "RunEnding",
     "RunListener",
     "RunWakeups",
-    "UNCLAIMED",
     "TaskAhead",
     "abandon_task",
 ]

@@ -85,7 +85,7 @@ async def _postgres() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], l
     from thoughtgate.store.postgres import PostgresStore
 
     schemas = [f"bench_expired_{uuid.uuid4().hex[:8]}_{side}" for side in "ab"]
-    stores = [await PostgresStore.open(PG_URL, schema=s) for s in schemas]
+    stores: list[EventStore] = [await PostgresStore.open(PG_URL, schema=s) for s in schemas]
     admin = await psycopg.AsyncConnection.connect(PG_URL, autocommit=True)
     try:
         now = time.time()
@@ -100,7 +100,7 @@ async def _postgres() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], l
                     _rows(now),
                 )
             if with_index:
-                await admin.execute(_index())  # type: ignore[arg-type]
+                await admin.execute(_index())
             await admin.execute("VACUUM ANALYZE runs")
         await admin.execute("RESET search_path")
         query = _expired_query("extract(epoch FROM statement_timestamp())")
@@ -108,7 +108,7 @@ async def _postgres() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], l
         async def expired(with_index: bool) -> int:
             schema = schemas[with_index]
             await admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            rows = await (await admin.execute(query)).fetchall()  # type: ignore[arg-type]
+            rows = await (await admin.execute(query)).fetchall()
             return len(rows)
 
         yield expired, stores
@@ -173,11 +173,7 @@ async def _sqlite() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], lis
 async def _rounds(
     expired: Callable[[bool], Awaitable[int]], stores: list[EventStore]
 ) -> dict[str, list[float]]:
-    held = [
-        r.run_id
-        for r in (await stores[0].open_runs(limit=OPEN)).runs
-        if r.owner == OWNER
-    ]
+    held = [r.run_id for r in (await stores[0].open_runs(limit=OPEN)).runs if r.owner == OWNER]
     assert len(held) == HELD, len(held)
     out: dict[str, list[float]] = {"read_a": [], "read_b": [], "renew_a": [], "renew_b": []}
     for round_ in range(ROUNDS):

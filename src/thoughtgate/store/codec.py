@@ -29,11 +29,11 @@ from thoughtgate.store.run_index import RunChange
 __all__ = [
     "EVENT_SELECT",
     "KEY_COLUMNS",
+    "LEASED_RUNS_BY_ID",
+    "LEASED_RUN_PREDICATE",
     "LIFECYCLE_INDEX",
     "LIFECYCLE_INDEX_PREDICATE",
     "LIFECYCLE_INDEX_TYPES",
-    "LEASED_RUNS_BY_ID",
-    "LEASED_RUN_PREDICATE",
     "OPEN_RUNS_BY_ID",
     "OPEN_RUN_PREDICATE",
     "RUN_COLUMNS",

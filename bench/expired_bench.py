@@ -1,17 +1,19 @@
-"""The sweep's expired-lease read beside 10,000 open runs, with and without an index on lease
-expiry, and what that index costs a lease renewal (ADR 0082).
+"""The sweep's expired-lease read beside 10,000 open runs, and what an index for it costs a lease
+renewal (ADR 0082).
 
-Not a test, and not part of ``make bench``: run ``PYTHONPATH=src python -m bench.expired_bench``.
+Not a test, and not part of ``make bench``. Every store is filled alike: 10,000 open runs -- 200
+held by this process with live leases (renewed each round), 9,790 queued or suspended (no owner,
+no lease, as a backlog of runs waiting for a resume or an approval), 10 held by a gone process
+whose lease expired -- beside 40,000 ended ones.
 
-Two stores of this version per backend (PostgreSQL schemas in one server, SQLite files), filled
-alike: 10,000 open runs -- 200 held by this process with live leases (renewed each round), 9,790
-suspended or queued (no lease, as a backlog of runs waiting for a resume or an approval is), 10
-whose lease expired -- beside 40,000 ended ones. Store B also has ``open_runs_by_lease``
-(``runs (lease_expires_at) WHERE <open>``), the index a proportional read needs. Per round, on
-each store in alternating order: the expired read (the sweep's statement, its lease comparison
-written so that an index on the lease can serve it), then one ``renew_leases`` of the 200 held
-runs. Figures: per-round ratio B / A, median and quartiles over the rounds, and each side's median
-time in ms.
+* ``PYTHONPATH=src python -m bench.expired_bench api [postgres] [sqlite]``: one store of the
+  version on the path, 40 rounds of ``open_runs(expired=True)`` and one ``renew_leases`` of the
+  200 held runs through the store; median ms of each, and this process's CPU a round. Run it
+  alternately against ``main`` (``PYTHONPATH=<base>/src:.``) and this branch.
+* ``EXPIRED_BENCH_VARIANT=lease|leased python -m bench.expired_bench [postgres] [sqlite]``: two
+  stores of this version alternating each round in one process, A and B (:func:`_index`): the
+  expired statement (its lease comparison written so that an index on the lease can serve it)
+  and a renewal; per-round ratio B / A, median and quartiles, and each side's median in ms.
 """
 
 from __future__ import annotations
@@ -41,13 +43,10 @@ OWNER = "bench.1.here"
 LEASE_INDEX = (
     f"CREATE INDEX open_runs_by_lease ON runs (lease_expires_at) WHERE {codec.OPEN_RUN_PREDICATE}"
 )
-LEASED_INDEX = (
-    "CREATE INDEX leased_runs_by_id ON runs (run_id) "
-    f"WHERE {codec.OPEN_RUN_PREDICATE} AND owner IS NOT NULL"
-)
 VARIANT = os.environ.get("EXPIRED_BENCH_VARIANT", "lease")
-"""``lease``: store B has ``open_runs_by_lease``; ``leased``: ``leased_runs_by_id`` (the open runs
-that have an owner, in id order: a renewal changes none of its columns)."""
+"""``lease``: store B has ``open_runs_by_lease`` too; ``leased``: store A lacks
+``leased_runs_by_id`` (the open runs that have an owner, in id order: a renewal changes none of
+its columns; migration 10)."""
 
 
 def _rows(now: float) -> list[tuple[Any, ...]]:
@@ -67,6 +66,19 @@ def _rows(now: float) -> list[tuple[Any, ...]]:
     return out
 
 
+_INSERT = (
+    "INSERT INTO runs (run_id, prompt, chain_of_thought, worker_backend, status, created_at, "
+    "updated_at, usage, metadata, last_seq, owner, lease_expires_at, closed_at, change_seq) "
+    "VALUES (%s, 'p', 'hidden', 'provider', %s, 1.0, 1.0, '{}', '{}', 0, %s, %s, %s, %s)"
+)
+
+
+async def _insert_pg(admin: psycopg.AsyncConnection[Any], now: float) -> None:
+    """Every run of :func:`_rows` into ``runs`` of the connection's search path."""
+    async with admin.cursor() as cur:
+        await cur.executemany(_INSERT, _rows(now))
+
+
 def _expired_query(param: str) -> str:
     owned = " AND owner IS NOT NULL" if VARIANT == "leased" else ""
     return (
@@ -76,8 +88,12 @@ def _expired_query(param: str) -> str:
     )
 
 
-def _index() -> str:
-    return LEASED_INDEX if VARIANT == "leased" else LEASE_INDEX
+def _index(with_index: bool) -> str | None:
+    """The statement that makes a store of this version side A or B of :data:`VARIANT`: B gets
+    ``open_runs_by_lease``; for ``leased``, A loses ``leased_runs_by_id`` (migration 10)."""
+    if VARIANT == "leased":
+        return None if with_index else "DROP INDEX leased_runs_by_id"
+    return LEASE_INDEX if with_index else None
 
 
 @contextlib.asynccontextmanager
@@ -91,16 +107,9 @@ async def _postgres() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], l
         now = time.time()
         for schema, with_index in zip(schemas, (False, True), strict=True):
             await admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            async with admin.cursor() as cur:
-                await cur.executemany(
-                    "INSERT INTO runs (run_id, prompt, chain_of_thought, worker_backend, status, "
-                    "created_at, updated_at, usage, metadata, last_seq, owner, lease_expires_at, "
-                    "closed_at, change_seq) VALUES (%s, 'p', 'hidden', 'provider', %s, "
-                    "1.0, 1.0, '{}', '{}', 0, %s, %s, %s, %s)",
-                    _rows(now),
-                )
-            if with_index:
-                await admin.execute(_index())
+            await _insert_pg(admin, now)
+            if (change := _index(with_index)) is not None:
+                await admin.execute(change)
             await admin.execute("VACUUM ANALYZE runs")
         await admin.execute("RESET search_path")
         query = _expired_query("extract(epoch FROM statement_timestamp())")
@@ -136,15 +145,9 @@ async def _sqlite() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], lis
         for path, with_index in zip(paths, (False, True), strict=True):
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO runs (run_id, prompt, chain_of_thought, worker_backend, status, "
-                "created_at, updated_at, usage, metadata, last_seq, owner, lease_expires_at, "
-                "closed_at, change_seq) VALUES (?, 'p', 'hidden', 'provider', ?, "
-                "1.0, 1.0, '{}', '{}', 0, ?, ?, ?, ?)",
-                _rows(now),
-            )
-            if with_index:
-                conn.execute(_index())
+            conn.executemany(_INSERT.replace("%s", "?"), _rows(now))
+            if (change := _index(with_index)) is not None:
+                conn.execute(change)
             conn.execute("COMMIT")
             readers.append(conn)
         try:
@@ -229,13 +232,7 @@ async def _filled(backend: str, tmp: Path) -> EventStore:
         store: EventStore = await SQLiteStore.open(path)
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute("BEGIN")
-        conn.executemany(
-            "INSERT INTO runs (run_id, prompt, chain_of_thought, worker_backend, status, "
-            "created_at, updated_at, usage, metadata, last_seq, owner, lease_expires_at, "
-            "closed_at, change_seq) VALUES (?, 'p', 'hidden', 'provider', ?, "
-            "1.0, 1.0, '{}', '{}', 0, ?, ?, ?, ?)",
-            _rows(now),
-        )
+        conn.executemany(_INSERT.replace("%s", "?"), _rows(now))
         conn.execute("COMMIT")
         conn.close()
         return store
@@ -245,14 +242,7 @@ async def _filled(backend: str, tmp: Path) -> EventStore:
     store = await PostgresStore.open(PG_URL, schema=schema)
     async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as admin:
         await admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        async with admin.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO runs (run_id, prompt, chain_of_thought, worker_backend, status, "
-                "created_at, updated_at, usage, metadata, last_seq, owner, lease_expires_at, "
-                "closed_at, change_seq) VALUES (%s, 'p', 'hidden', 'provider', %s, "
-                "1.0, 1.0, '{}', '{}', 0, %s, %s, %s, %s)",
-                _rows(now),
-            )
+        await _insert_pg(admin, now)
         await admin.execute("VACUUM ANALYZE runs")
     store.bench_schema = schema  # type: ignore[attr-defined]
     return store

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from dbos import DBOS
-from support.durable_engine import SweepingDaemon
+from support.durable_engine import SweepingDaemon, launched
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
@@ -144,28 +144,14 @@ async def _launched(store: Gated) -> _Daemon:
 
 @pytest.fixture
 async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
-    store = await GatedSQLite.open(tmp_path / "runs.db")
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched(await GatedSQLite.open(tmp_path / "runs.db"), _launched) as daemon:
+        yield daemon
 
 
 @pytest.fixture
 async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
-    store = await GatedPostgres.open(PG_URL, schema=pg_schema)
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched(await GatedPostgres.open(PG_URL, schema=pg_schema), _launched) as daemon:
+        yield daemon
 
 
 def _two_tasks() -> RunRequest:

@@ -32,7 +32,7 @@ from dbos import DBOS
 from dbos._core import execute_dequeued_workflow
 from dbos._dbos import _get_dbos_instance
 from support.durable import until
-from support.durable_engine import SweepingDaemon
+from support.durable_engine import SweepingDaemon, launched
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
@@ -143,28 +143,14 @@ async def _launched(store: Refusing) -> _Daemon:
 
 @pytest.fixture
 async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
-    store = await RefusingSQLite.open(tmp_path / "runs.db")
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched(await RefusingSQLite.open(tmp_path / "runs.db"), _launched) as daemon:
+        yield daemon
 
 
 @pytest.fixture
 async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
-    store = await RefusingPostgres.open(PG_URL, schema=pg_schema)
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched(await RefusingPostgres.open(PG_URL, schema=pg_schema), _launched) as daemon:
+        yield daemon
 
 
 def _endings(types: list[EventType]) -> int:

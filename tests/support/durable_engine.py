@@ -9,7 +9,9 @@ together is made once."""
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
@@ -19,6 +21,7 @@ from thoughtgate.server.manager import RunManager
 from thoughtgate.store.base import EventStore
 
 StoreT = TypeVar("StoreT", bound=EventStore)
+DaemonT = TypeVar("DaemonT", bound="SweepingDaemon[Any]")
 
 
 class InProcessDaemon(Generic[StoreT]):
@@ -66,3 +69,19 @@ class SweepingDaemon(InProcessDaemon[StoreT]):
         """Shut the manager down (its sweeps too), then close the engine; not the store."""
         await self.manager.shutdown()
         await self.engine.close()
+
+
+@contextlib.asynccontextmanager
+async def launched(
+    store: StoreT, launch: Callable[[StoreT], Awaitable[DaemonT]]
+) -> AsyncIterator[DaemonT]:
+    """The daemon ``launch`` makes on ``store``, stopped and the store closed afterwards (the
+    sweep tests' fixtures, one per backend)."""
+    try:
+        daemon = await launch(store)
+        try:
+            yield daemon
+        finally:
+            await daemon.stop()
+    finally:
+        await store.close()

@@ -143,10 +143,10 @@ ObserverFactory = Callable[[RunRecord, Disclosure], LoopObserver | None]
 SUSPENDED = "its process is shutting down; it resumes in another process"
 """Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
 _KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
+"""Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
 _Begun: TypeAlias = "tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None, int] | None"
 """What ``orchestration.resume.begin_execution`` answers."""
-"""Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,8 +181,10 @@ class RunManager:
             quota=quota,
             queue=queue,
         )
-        # Shielded: a cancel of this request (its client gone, the daemon's shutdown) waits for
-        # the submit under way, so that where it put the run is known, then ends the run there.
+        # Shielded: a cancel of this start (uvicorn's, of a request still under way when a
+        # shutdown outlasts its grace; an embedding caller's) waits for the submit under way, so
+        # that where it put the run is known, then ends the run there. A client's disconnect
+        # cancels nothing: uvicorn lets the handler finish.
         submitting = asyncio.ensure_future(engine.submit(run.run_id, queue, priority=rank))
         try:
             await asyncio.shield(submitting)
@@ -208,8 +210,8 @@ class RunManager:
         if isinstance(failure, Exception):  # its start failed: closed as such
             await self._close_failed(run_id, _NOT_STARTED + failure_text(failure), failure)
             return
+        log.warning("start of run %s cancelled; ending it: %s", run_id, reason)
         await engine.withdraw(run_id, reason)
-        log.warning("run %s interrupted: %s", run_id, reason)
 
     async def _close_failed(self, run_id: str, reason: str, failure: Exception) -> bool:
         """Close ``interrupted`` a run whose start or resume failed with ``failure``; whether it

@@ -276,6 +276,20 @@ def test_both_backends_ask_for_open_runs_as_the_open_run_indexes_are_built(expir
             lite, _ = sqlite_open_runs_query(
                 limit=5, after=after, expired=expired, run_ids=listed, now=1.0
             )
-            assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in pg
-            assert f"INDEXED BY {codec.OPEN_RUNS_BY_ID} " in lite
-            assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in lite
+            # The expired read holds leased_runs_by_id's predicate, which begins with the open
+            # runs' (ADR 0082): either index serves it.
+            predicate = codec.LEASED_RUN_PREDICATE if expired else codec.OPEN_RUN_PREDICATE
+            index = codec.LEASED_RUNS_BY_ID if expired else codec.OPEN_RUNS_BY_ID
+            assert f"WHERE {predicate} " in pg
+            assert f"INDEXED BY {index} " in lite
+            assert f"WHERE {predicate} " in lite
+
+
+def test_both_backends_build_the_leased_runs_index_as_the_expired_read_asks() -> None:
+    """Schema version 10 (ADR 0082): ``leased_runs_by_id`` spells ``LEASED_RUN_PREDICATE`` on
+    both backends, and PostgreSQL builds it CONCURRENTLY, outside a transaction."""
+    for dialect in ("sqlite", "postgres"):
+        (migration,) = [m for m in load_migrations(dialect) if m.name == codec.LEASED_RUNS_BY_ID]
+        assert migration.version == 10
+        assert f"WHERE {codec.LEASED_RUN_PREDICATE};" in migration.sql, dialect
+        assert migration.concurrent == (dialect == "postgres")

@@ -410,7 +410,8 @@ async def test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read(
             query, params = open_runs_query(limit=7, now=1.0, **kw)  # type: ignore[arg-type]
             rows = conn.execute(f"EXPLAIN QUERY PLAN {query}", params)
             plan = " ".join(str(r[-1]) for r in rows)
-            assert f"runs USING INDEX open_runs_by_id {cond}".strip() in plan, (what, plan)
+            index = "leased_runs_by_id" if what == "expired" else "open_runs_by_id"
+            assert f"runs USING INDEX {index} {cond}".strip() in plan, (what, plan)
             assert "TEMP B-TREE" not in plan, (what, plan)
         # a renewal looks its runs up by id, no longer through the owner's open runs
         renew = " ".join(

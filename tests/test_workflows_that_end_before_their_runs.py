@@ -32,11 +32,11 @@ from dbos import DBOS
 from dbos._core import execute_dequeued_workflow
 from dbos._dbos import _get_dbos_instance
 from support.durable import until
-from support.durable_engine import SweepingDaemon
+from support.durable_engine import SweepingDaemon, launched_by
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
-from thoughtgate.errors import StoreUnavailableError
+from thoughtgate.errors import StoreUnavailableError, WorkflowFailed
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType, NewEvent
 from thoughtgate.orchestration.durable import APP_VERSION
 from thoughtgate.orchestration.runtime import RunRequest
@@ -143,28 +143,16 @@ async def _launched(store: Refusing) -> _Daemon:
 
 @pytest.fixture
 async def sqlite_daemon(tmp_path: Path) -> AsyncIterator[_Daemon]:
-    store = await RefusingSQLite.open(tmp_path / "runs.db")
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched_by(await RefusingSQLite.open(tmp_path / "runs.db"), _launched) as daemon:
+        yield daemon
 
 
 @pytest.fixture
 async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
-    store = await RefusingPostgres.open(PG_URL, schema=pg_schema)
-    try:
-        daemon = await _launched(store)
-        try:
-            yield daemon
-        finally:
-            await daemon.stop()
-    finally:
-        await store.close()
+    async with launched_by(
+        await RefusingPostgres.open(PG_URL, schema=pg_schema), _launched
+    ) as daemon:
+        yield daemon
 
 
 def _endings(types: list[EventType]) -> int:
@@ -221,6 +209,30 @@ async def test_a_run_whose_claim_failed_is_put_back_at_the_next_sweep_postgres(
     postgres_daemon: _Daemon, asked: list[str]
 ) -> None:
     await _a_run_whose_claim_failed_is_put_back_at_the_next_sweep(postgres_daemon)
+
+
+@pytest.mark.inprocess
+async def test_a_workflows_own_error_is_read_back_typed_and_quoting_nothing(
+    sqlite_daemon: _Daemon, asked: list[str]
+) -> None:
+    """The workflow whose claim failed ended ``ERROR``; its outcome, read back from the workflows
+    database, is a ``WorkflowFailed`` naming the class of the claim's error, never its words
+    (ADR 0082; it was ``RuntimeError("StoreUnavailableError: ...")``)."""
+    daemon = sqlite_daemon
+    run_id = await daemon.queued("one", on=NOBODYS_QUEUE)
+    daemon.store.claims.add(run_id)
+    await daemon.engine.resume(run_id, daemon.queue)
+
+    async def workflow_ended() -> bool:
+        return await daemon.status(run_id) == "ERROR"
+
+    await until(workflow_ended)
+    handle = await DBOS.retrieve_workflow_async(run_id)
+    with pytest.raises(WorkflowFailed) as raised:
+        await handle.get_result()
+    assert raised.value.kind == "StoreUnavailableError"
+    assert str(raised.value) == "the run's workflow ended with an error (StoreUnavailableError)"
+    assert "locked" not in str(raised.value)
 
 
 # ---------------------------------------------------------------------- more than a page of them

@@ -28,7 +28,9 @@
         │   ├── StoreReadOnlyError     the database cannot be written
         │   └── StoreUnavailableError  cannot reach / open the database
         ├── RunClosedError         the run already ended (another process closed it): no more events
-        └── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
+        ├── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
+        └── WorkflowFailed         a run's durable workflow ended with an error, read back from the
+                                     workflows database: named by the error's class (ADR 0082)
 
 Beside the tree, ``ReplayedFailure`` (a ``RuntimeError``): a step's exception thoughtgate did not
 write, raised again from its checkpoint by an execution that did not see it happen (ADR 0079).
@@ -73,6 +75,7 @@ __all__ = [
     "UnknownProviderError",
     "UnknownRoleError",
     "UsageError",
+    "WorkflowFailed",
     "exception_line",
     "failure_detail",
     "failure_kind",
@@ -351,6 +354,23 @@ class RunTakenOverError(RuntimeFailure):
             f"run {run_id!r} was taken over by another execution while this process stalled "
             "past its lease; its end here was not recorded"
         )
+
+
+class WorkflowFailed(RuntimeFailure):
+    """A run's durable workflow ended with an error, as the workflows database recorded it: what
+    DBOS raises where the workflow's outcome is awaited (``orchestration.durable``, ADR 0082).
+
+    The record keeps the class of the exception the workflow raised and the words
+    ``failure_text`` gave it (ADR 0065); both are read back from a database. The text names the
+    class only -- ``kind``, anything but a Python identifier taken for ``Exception`` -- and never
+    the recorded words (``said``, kept on the object for a debugger, never shown): a reader of a
+    run's error or the daemon's log learns which failure ended the workflow, not the data it
+    was about (ADR 0069)."""
+
+    def __init__(self, kind: str, said: str | None = None) -> None:
+        self.kind = kind if kind.isidentifier() else "Exception"
+        self.said = said or None
+        super().__init__(f"the run's workflow ended with an error ({self.kind})")
 
 
 class ReplayedFailure(RuntimeError):

@@ -13,8 +13,8 @@ to how a daemon puts these together is made once."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Generic, Literal, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, Literal, TypeVar
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
@@ -26,6 +26,7 @@ from thoughtgate.store.base import EventStore
 
 StoreT = TypeVar("StoreT", bound=EventStore)
 DaemonT = TypeVar("DaemonT", bound="InProcessDaemon[EventStore]")
+SweepingT = TypeVar("SweepingT", bound="SweepingDaemon[Any]")
 Like = Literal["serve", "run"]
 """How a process launches its engine: ``serve`` listens for the queue of its tools (a daemon's
 start-up); ``run`` takes nothing from any queue and executes its own runs only."""
@@ -108,3 +109,21 @@ class SweepingDaemon(InProcessDaemon[StoreT]):
         """Shut the manager down, close the engine, then the store."""
         await self.stop()
         await self.store.close()
+
+
+@contextlib.asynccontextmanager
+async def launched_by(
+    store: StoreT, launch: Callable[[StoreT], Awaitable[SweepingT]]
+) -> AsyncIterator[SweepingT]:
+    """The sweeping daemon ``launch`` makes on ``store`` (a test's own subclass, launched its
+    way), closed with the store afterwards -- the sweep tests' fixtures, one per backend. The
+    store is closed even when ``launch`` fails."""
+    try:
+        daemon = await launch(store)
+    except BaseException:
+        await store.close()
+        raise
+    try:
+        yield daemon
+    finally:
+        await daemon.close()

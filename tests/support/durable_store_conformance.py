@@ -16,7 +16,7 @@ import pytest
 from support.store_conformance import make_run
 from thoughtgate.errors import RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.store.base import EventStore, Holder, OpenRuns, RunEnding
+from thoughtgate.store.base import UNCLAIMED, EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import Owner, SweepCursor, close_orphaned_runs
 
@@ -256,6 +256,29 @@ class DurableStoreConformance:
         swept = RunEnding("interrupted", lease_expired_by=(await store.open_runs()).now)
         await store.finish_run(run_id, [], swept)
         assert (await store.get_run(run_id)).status == "interrupted"
+
+    async def test_an_unclaimed_queued_run_is_ended_as_nobodys_until_a_claim(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0082: the process that admitted a queued run ends it as nobody's
+        (``UNCLAIMED``) when its start is cancelled -- unless a replica claimed it first, or
+        claimed it once (a run released again has been executed, and is not its to end)."""
+        ds = durable(store)
+        queued = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
+        end = NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "x"})
+        out = await store.finish_run(queued, [end], RunEnding("interrupted", held_by=UNCLAIMED))
+        assert [e.type for e in out] == [EventType.RUN_INTERRUPTED]
+        assert (await store.get_run(queued)).status == "interrupted"
+        assert await ds.claim_run(queued, "b.2.y", 30) is None, "a claim after it finds it ended"
+        claimed = await admitted(store, durable=True, resume="queue", queue="q1", queued_at=1.0)
+        assert await ds.claim_run(claimed, "b.2.y", 30) == 1
+        with pytest.raises(RunTakenOverError):
+            await store.finish_run(claimed, [end], RunEnding("interrupted", held_by=UNCLAIMED))
+        assert (await store.get_run(claimed)).owner == "b.2.y", "it executes there"
+        assert await ds.release_run(claimed, owner="b.2.y", queue=True)
+        with pytest.raises(RunTakenOverError):  # nobody's now, but it was claimed once
+            await store.finish_run(claimed, [end], RunEnding("interrupted", held_by=UNCLAIMED))
+        assert (await store.get_run(claimed)).status == "running"
 
     async def test_of_two_executions_ending_at_once_only_the_holder_ends_the_run(
         self, store: EventStore

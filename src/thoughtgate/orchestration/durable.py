@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar, cast
 
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
 from dbos._error import DBOSWorkflowConflictIDError
@@ -59,9 +59,11 @@ from thoughtgate.disclosure import kept_detail
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import (
     ReplayedFailure,
+    RunTakenOverError,
     RuntimeFailure,
     ThoughtgateError,
     UsageError,
+    WorkflowFailed,
     exception_line,
     failure_detail,
     failure_kind,
@@ -76,7 +78,7 @@ from thoughtgate.orchestration.dbos_pollers import (
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
-from thoughtgate.store.base import EventStore, Holder
+from thoughtgate.store.base import UNCLAIMED, EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import (
     UNWRITTEN,
@@ -99,6 +101,8 @@ class DurableRuntime(Protocol):
     def forget_admitted(self, run_id: str) -> object: ...
 
     async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str: ...
+
+    async def stop_started(self, run_id: str, reason: str, done: asyncio.Future[Any]) -> None: ...
 
 
 __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
@@ -123,7 +127,8 @@ class _Json(Serializer):
 
     A workflow that raised is recorded ``ERROR`` with its exception as ``{"$exception": {"type":
     ..., "message": ...}}`` (the message as ``errors.failure_text`` gives it: never a driver's
-    details), read back as a ``RuntimeError`` carrying both. Without it DBOS could
+    details), read back as a :class:`~thoughtgate.errors.WorkflowFailed` naming the class only
+    (ADR 0082: the recorded words are data read from a database). Without it DBOS could
     not record the error (an exception is no JSON, nor is its fallback), and the workflow stayed
     ``PENDING`` under a live executor -- taken, as far as any sweep could tell, until a lease
     had passed (ADR 0065)."""
@@ -134,8 +139,7 @@ class _Json(Serializer):
     def deserialize(self, serialized_data: str) -> Any:
         value = json.loads(serialized_data)
         if isinstance(value, dict) and value.keys() == {_EXCEPTION}:
-            raised = value[_EXCEPTION]
-            return RuntimeError(f"{raised.get('type')}: {raised.get('message')}")
+            return _workflow_failed(value[_EXCEPTION])
         return value
 
     def name(self) -> str:
@@ -150,6 +154,16 @@ def _exception(value: object) -> dict[str, Any]:
     if isinstance(value, BaseException):  # described as readers see it (ADR 0069)
         return {_EXCEPTION: {"type": type(value).__name__, "message": failure_text(value)}}
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _workflow_failed(raised: object) -> WorkflowFailed:
+    """The error a workflow recorded (:func:`_exception`), as it is raised again; a record of
+    another shape (another version's, a hand edit) is an ``Exception`` with no words."""
+    fields = cast("dict[str, object]", raised) if isinstance(raised, dict) else {}
+    kind, said = fields.get("type"), fields.get("message")
+    return WorkflowFailed(
+        kind if isinstance(kind, str) else "Exception", said if isinstance(said, str) else None
+    )
 
 
 def queue_name(tools: Sequence[str], concurrency: int) -> str:
@@ -403,6 +417,9 @@ class DurableEngine:
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         """Executions without a workflow and starts of waiting runs, under way."""
+        self._started: dict[str, asyncio.Future[Any]] = {}
+        """New runs :meth:`submit` started here, until their execution is over: the future of
+        each one's end (:meth:`withdraw`)."""
         self.launched = False
 
     @property
@@ -589,15 +606,27 @@ class DurableEngine:
     async def _begin(self, run_id: str, slot: Slot, unwritten: bool) -> None:
         """Execute a run here in ``slot`` (released when its execution ends)."""
         if unwritten:
-            self._begin_unwritten(run_id, slot)
-            return
-        try:
-            done = await self.start(run_id)
-        except BaseException:
-            self._released(slot)
-            self.runtime.forget_admitted(run_id)
-            raise
-        done.add_done_callback(lambda _: self._released(slot))
+            done: asyncio.Future[Any] = self._begin_unwritten(run_id, slot)
+        else:
+            try:
+                done = await self.start(run_id)
+            except BaseException:
+                self._released(slot)
+                self.runtime.forget_admitted(run_id)
+                raise
+            done.add_done_callback(lambda _: self._released(slot))
+        self._track(run_id, done)
+
+    def _track(self, run_id: str, done: asyncio.Future[Any]) -> None:
+        """``done`` is where a new run's start here stands until it is over (:meth:`withdraw`):
+        its start from the waiting line, then its execution."""
+        self._started[run_id] = done
+
+        def over(_: object) -> None:
+            if self._started.get(run_id) is done:
+                del self._started[run_id]
+
+        done.add_done_callback(over)
 
     def _released(self, slot: Slot) -> None:
         """A slot of this daemon's queue is free: the next run waiting here takes it."""
@@ -649,18 +678,57 @@ class DurableEngine:
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            self._track(run_id, task)
 
     def _lost(self, run_id: str) -> None:
         """A run held here is no longer ours (this process stalled past its lease, and another
         process's sweep put it on a queue or closed it): if it waits here, it leaves the line
         and never starts here (ADR 0065)."""
+        if self._leave_line(run_id):
+            log.warning("run %s left this daemon's waiting line: another process took it", run_id)
+
+    def _leave_line(self, run_id: str) -> bool:
+        """Take a run out of the line of runs waiting here; whether it was in it."""
         if run_id not in self._line_since:
-            return
+            return False
         self._line = [entry for entry in self._line if entry[2] != run_id]
         heapq.heapify(self._line)
         self._line_since.pop(run_id, None)
         self.runtime.forget_admitted(run_id)
-        log.warning("run %s left this daemon's waiting line: another process took it", run_id)
+        return True
+
+    async def withdraw(self, run_id: str, reason: str) -> None:
+        """End ``interrupted``, with ``reason``, a new run whose start was cancelled while
+        :meth:`submit` placed it (the daemon's start, ``RunManager.start``; ADR 0082), wherever
+        that put it:
+
+        * started here: its execution is cancelled -- before it began, or while it runs -- and
+          records the end itself, as a cancelled execution does;
+        * waiting here: it leaves the line and is closed as this process's (held, unclaimed);
+        * on a queue: closed as a run nobody claimed (:data:`UNCLAIMED`). A replica whose claim
+          came first holds it: the end is refused (``RunTakenOverError``, logged) and the run
+          executes there -- the one case a cancel does not stop, as for any run already under
+          way on another replica.
+
+        Returns once the end is recorded, or refused, or the store gave up (then a sweep closes
+        it, as before)."""
+        if run_id in self._started:
+            # Its start from the line, then its execution: each is stopped in turn.
+            while (done := self._started.get(run_id)) is not None and not done.done():
+                await self.runtime.stop_started(run_id, reason, done)
+            return
+        if self._leave_line(run_id):
+            self.runtime.leases.release(run_id)
+            holder = Holder(self.owner.owner_id, 0)
+        else:
+            holder = UNCLAIMED
+        try:
+            with self.runtime.leases.ending(run_id):
+                await close_run_interrupted(self.runtime.store, run_id, reason, held_by=holder)
+        except RunTakenOverError:
+            pass  # logged: a replica claimed it first; it executes there
+        except Exception as exc:  # the store is down: left to the sweep
+            log.warning("could not close run %s: %s", run_id, exc)
 
     async def _still_ours(self, run_id: str) -> bool:
         """Whether this process still holds a run that waited here: at once while its lease
@@ -742,10 +810,12 @@ class DurableEngine:
                     starts.began(run_id)  # it waits nowhere
                 await self._close(run_id, "it could not be put on the queue", exc)
 
-    def _begin_unwritten(self, run_id: str, slot: Slot) -> None:
+    def _begin_unwritten(self, run_id: str, slot: Slot) -> asyncio.Task[None]:
         """A run of this daemon's queue without a workflow (:meth:`_unwritten_task`): its slot
         counts it among the queue's running workflows as for any other."""
-        self._unwritten_task(run_id).add_done_callback(lambda _: self._released(slot))
+        task = self._unwritten_task(run_id)
+        task.add_done_callback(lambda _: self._released(slot))
+        return task
 
     def _unwritten_task(self, run_id: str) -> asyncio.Task[None]:
         """Execute a run its admission claimed, which can take no checkpoint, without writing a

@@ -26,7 +26,6 @@ prints nothing between "Waiting for application startup" and its first request."
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -35,11 +34,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.store.pg_errors import describe_target, translate_error
-from thoughtgate.store.pg_pool import connect
+from thoughtgate.store.pg_pool import connect, poll_advisory_lock
 
 __all__ = ["SETUP_NOTE_S", "SETUP_WAIT_S", "setting_up", "setup_lock_key"]
 
@@ -54,10 +52,6 @@ a while on a busy database; past this, something holds the lock that will not le
 SETUP_NOTE_S = 10.0
 """How often a set-up under way says that it still is (a set-up with nothing to do takes well
 under a second; a migration on an idle database a few seconds)."""
-
-
-_POLL_S = 0.2
-"""How often a waiting process asks for the lock again (a migration takes seconds)."""
 
 
 def setup_lock_key(schema: str) -> str:
@@ -113,31 +107,18 @@ def _saying_while_slow(where: str, every_s: float = SETUP_NOTE_S) -> Iterator[No
 
 
 async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s: float) -> None:
-    """Ask for the lock until it is granted, never waiting inside a statement: a statement that
-    waits for a lock keeps its snapshot, and the holder's ``CREATE INDEX CONCURRENTLY`` waits
-    for every older snapshot of the database -- it would wait for its waiters (DBOS waits for
-    its own lock the same way)."""
-    deadline = time.monotonic() + wait_s
-    said = False
-    # The key is written into the statement, not sent as a parameter: ``pg_stat_activity.query``
-    # then names the schema a waiting (or holding) process sets up, which is what tells its
-    # connections apart from those of processes on other schemas -- over a Unix socket too, where
-    # a connection has no client address or port to go by.
-    asks = sql.SQL("SELECT pg_try_advisory_lock(hashtext({}))").format(sql.Literal(key))
-    while True:
-        cur = await conn.execute(asks)
-        row = await cur.fetchone()
-        if row is not None and row[0]:
-            return
-        if time.monotonic() >= deadline:
-            raise RuntimeFailure(
-                f"another process has been setting up the workflows of {where} for {wait_s:g} s "
-                "and has not finished; nothing was changed. Look for it in pg_stat_activity "
-                "(application_name 'thoughtgate:workflows-setup', its query naming this schema, "
-                "holds the lock; a long CREATE INDEX CONCURRENTLY waits for the database's older "
-                "transactions), then start this process again."
-            )
-        if not said:
-            log.info("waiting for another process setting up the workflows of %s", where)
-            said = True
-        await asyncio.sleep(_POLL_S)
+    """Ask for the lock until it is granted (``poll_advisory_lock``: never inside a statement,
+    whose snapshot the holder's ``CREATE INDEX CONCURRENTLY`` would wait for; DBOS waits for its
+    own lock the same way), for ``wait_s`` at most."""
+
+    def waiting() -> None:
+        log.info("waiting for another process setting up the workflows of %s", where)
+
+    if not await poll_advisory_lock(conn, key, wait_s=wait_s, waiting=waiting):
+        raise RuntimeFailure(
+            f"another process has been setting up the workflows of {where} for {wait_s:g} s "
+            "and has not finished; nothing was changed. Look for it in pg_stat_activity "
+            "(application_name 'thoughtgate:workflows-setup', its query naming this schema, "
+            "holds the lock; a long CREATE INDEX CONCURRENTLY waits for the database's older "
+            "transactions), then start this process again."
+        )

@@ -42,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from thoughtgate.config import (
     Config,
@@ -107,7 +107,7 @@ from thoughtgate.providers.base import (
 )
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.store.base import EventStore, Holder
+from thoughtgate.store.base import UNCLAIMED, EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore, Quota, RunSpecRecord
 from thoughtgate.store.leases import (
     LOST_LEASE,
@@ -144,6 +144,9 @@ SUSPENDED = "its process is shutting down; it resumes in another process"
 """Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
 _KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
+
+_Begun: TypeAlias = "tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None, int] | None"
+"""What ``orchestration.resume.begin_execution`` answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,8 +451,11 @@ class Runtime:
             # is not there, and fails; a provider it took already is its own to close.
             self._admitted.pop(run_id, None)
             await _close_all(self._prepared.pop(run_id, prepared if queue else {}).values())
-            if held and isinstance(exc, asyncio.CancelledError):
-                await self._close_cancelled_admission(run, _cancel_reason(exc))
+            if isinstance(exc, asyncio.CancelledError):
+                # A queued run nobody claimed yet is closed too: no workflow was put on a queue
+                # for it, and a sweep would put it on one -- it would execute (ADR 0082).
+                holder = self.holder() if held else UNCLAIMED
+                await self._close_cancelled_admission(run, _cancel_reason(exc), holder)
             raise
         if queue:  # another process may execute it: nothing prepared here is of use
             await _close_all(prepared.values())
@@ -461,7 +467,7 @@ class Runtime:
                 self._admitted[run.run_id] = (kept, spec)
         return run, rank
 
-    async def _close_cancelled_admission(self, run: RunRecord, reason: str) -> None:
+    async def _close_cancelled_admission(self, run: RunRecord, reason: str, holder: Holder) -> None:
         """A cancel landed while ``run``'s admission was committing: the commit may have
         happened all the same (a store call cancelled mid-way may still commit, ADR 0059), and
         then the run would show ``running`` until its lease expired and a sweep took it --
@@ -475,7 +481,7 @@ class Runtime:
                     self.store,
                     run.run_id,
                     reason,
-                    held_by=self.holder(),
+                    held_by=holder,
                     tasks=[dataclasses.replace(t) for t in run.tasks],
                 )
         except RunNotFoundError:
@@ -626,6 +632,20 @@ class Runtime:
         task.cancel(reason)
         return True
 
+    async def stop_started(self, run_id: str, reason: str, done: asyncio.Future[Any]) -> None:
+        """Cancel, with ``reason``, a durable run this process started, whether its execution
+        has begun or not (``done``: where its start or execution stands), and wait until
+        ``done`` is over (``DurableEngine.withdraw``, ADR 0082). An execution that has begun
+        records its end as any cancelled one; one that begins after this ends the run before
+        it does anything (:meth:`execute_workflow`)."""
+        if not self.cancel(run_id, reason):
+            self._cancelled_early[run_id] = reason
+        try:
+            await asyncio.wait([done])
+        finally:
+            if done.done():
+                self._cancelled_early.pop(run_id, None)
+
     @property
     def executing(self) -> frozenset[str]:
         """Durable runs this process is executing now."""
@@ -712,10 +732,17 @@ class Runtime:
         admitted = self.forget_admitted(run_id)
         early = self._cancelled_early.pop(run_id, None)
         if early is not None:
+            if early not in _KEEP_OPEN and admitted is not None:
+                # Cancelled before it began (a daemon's start, ADR 0082): nothing else records
+                # its end. Held as its admission stored it: this process's, claimed or not,
+                # or nobody's (a queued run this daemon took at once).
+                first = admitted[0]
+                held = self.holder(1 if claimed else 0) if first.owner else UNCLAIMED
+                await self._interrupted(run_id, Usage(), early, holder=held)
             raise asyncio.CancelledError(early)
         self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            begun = await begin_execution(self, run_id, admitted, claimed=claimed)
+            begun = await self._begin_held(begin_execution(self, run_id, admitted, claimed=claimed))
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed, attempt = begun
@@ -729,6 +756,24 @@ class Runtime:
             return (await self.store.get_run(run_id)).status
         finally:
             self._workflows.pop(run_id, None)
+
+    async def _begin_held(self, beginning: Awaitable[_Begun]) -> _Begun:
+        """``begin_execution``, let finish when the execution is cancelled meanwhile: its claim
+        may commit all the same, and the run would stay open, held by this process, until a
+        sweep took it (ADR 0082). Once it is known what it took, a run it holds is closed
+        ``interrupted`` with the cancel's reason, as the claim's (a cancel that keeps the run
+        open leaves it to the sweep, as before), and the cancel goes on."""
+        begun = asyncio.ensure_future(beginning)
+        try:
+            return await asyncio.shield(begun)
+        except asyncio.CancelledError as exc:
+            await asyncio.wait([begun])
+            held = None if begun.cancelled() or begun.exception() else begun.result()
+            reason = _cancel_reason(exc)
+            if held is not None and reason not in _KEEP_OPEN:
+                run, attempt = held[0], held[4]
+                await self._interrupted(run.run_id, Usage(), reason, holder=self.holder(attempt))
+            raise
 
     async def _run_held(
         self,

@@ -37,7 +37,7 @@ from thoughtgate.store.records import RunRecord
 if TYPE_CHECKING:  # the engine imports DBOS: only a durable daemon loads it
     from thoughtgate.orchestration.durable import FinishedCursor
 
-__all__ = ["SHUTDOWN_REASON", "RunManager"]
+__all__ = ["SHUTDOWN_REASON", "START_CANCELLED", "RunManager"]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -46,6 +46,12 @@ _ENDED = 4096
 streams and tickets that come for a run right after it ended find it without a read."""
 
 SHUTDOWN_REASON = "the daemon shut down before it finished"
+
+START_CANCELLED = "the request that started it was cancelled while it was being started"
+"""The reason a run ends with when the request starting it is cancelled before the run is under
+way (ADR 0082); a cancel during the daemon's shutdown says :data:`SHUTDOWN_REASON`."""
+
+_NOT_STARTED = "it could not be started or queued: "
 
 CLOSING_AT_SHUTDOWN_S = 5.0
 """How long after its grace a shutdown starts new tries to record the interruptions of the runs
@@ -175,14 +181,37 @@ class RunManager:
             quota=quota,
             queue=queue,
         )
+        # Shielded: a cancel of this start (uvicorn's, of a request still under way when a
+        # shutdown outlasts its grace; an embedding caller's) waits for the submit under way, so
+        # that where it put the run is known, then ends the run there. A client's disconnect
+        # cancels nothing: uvicorn lets the handler finish.
+        submitting = asyncio.ensure_future(engine.submit(run.run_id, queue, priority=rank))
         try:
-            await engine.submit(run.run_id, queue, priority=rank)
+            await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            await self._withdraw(run.run_id, submitting)
+            raise
         except Exception as exc:
-            await self._close_failed(
-                run.run_id, f"it could not be started or queued: {failure_text(exc)}", exc
-            )
+            await self._close_failed(run.run_id, _NOT_STARTED + failure_text(exc), exc)
             raise
         return run
+
+    async def _withdraw(self, run_id: str, submitting: asyncio.Future[None]) -> None:
+        """End ``interrupted`` a new run whose start was cancelled while the durable engine
+        placed it (ADR 0082): once the placing is over, wherever it put the run -- started here,
+        waiting here, on a queue (``DurableEngine.withdraw``) -- with the shutdown's reason or
+        :data:`START_CANCELLED`. Before, the run was left to the sweep: ``running`` or
+        ``queued`` for up to several leases, and then put back on a queue and executed."""
+        engine = self.runtime.durable
+        assert engine is not None
+        reason = SHUTDOWN_REASON if self._closing else START_CANCELLED
+        await asyncio.wait([submitting])
+        failure = submitting.exception() if not submitting.cancelled() else None
+        if isinstance(failure, Exception):  # its start failed: closed as such
+            await self._close_failed(run_id, _NOT_STARTED + failure_text(failure), failure)
+            return
+        log.warning("start of run %s cancelled; ending it: %s", run_id, reason)
+        await engine.withdraw(run_id, reason)
 
     async def _close_failed(self, run_id: str, reason: str, failure: Exception) -> bool:
         """Close ``interrupted`` a run whose start or resume failed with ``failure``; whether it

@@ -16,10 +16,18 @@ concern (``tests/support/store_conformance.py``) runs on every backend.
 from __future__ import annotations
 
 from thoughtgate.store.key_store import KeyStore
-from thoughtgate.store.log import EventLog, Holder, RunEnding, RunListener, RunWakeups
+from thoughtgate.store.log import (
+    UNCLAIMED,
+    EventLog,
+    Holder,
+    RunEnding,
+    RunListener,
+    RunWakeups,
+)
 from thoughtgate.store.run_index import OpenRun, OpenRuns, RunIndex
 
 __all__ = [
+    "UNCLAIMED",
     "EventLog",
     "EventStore",
     "Holder",

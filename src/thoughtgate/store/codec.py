@@ -29,6 +29,8 @@ from thoughtgate.store.run_index import RunChange
 __all__ = [
     "EVENT_SELECT",
     "KEY_COLUMNS",
+    "LEASED_RUNS_BY_ID",
+    "LEASED_RUN_PREDICATE",
     "LIFECYCLE_INDEX",
     "LIFECYCLE_INDEX_PREDICATE",
     "LIFECYCLE_INDEX_TYPES",
@@ -434,6 +436,16 @@ holds its predicate word for word)."""
 OPEN_RUNS_BY_ID = "open_runs_by_id"
 """The partial index ``runs (run_id) WHERE <OPEN_RUN_PREDICATE>``: ``open_runs``' pages, in run id
 order from a cursor, are range reads of it (ADR 0079)."""
+LEASED_RUN_PREDICATE = f"{OPEN_RUN_PREDICATE} AND owner IS NOT NULL"
+"""An open run some process holds (it has an owner, so a lease), in SQL: the predicate of
+``leased_runs_by_id`` (schema version 10, ADR 0082), spelled so in its migrations and in the
+expired read."""
+LEASED_RUNS_BY_ID = "leased_runs_by_id"
+"""The partial index ``runs (run_id) WHERE <LEASED_RUN_PREDICATE>``: the sweep's expired read
+(``open_runs(expired=True)``) is a range read of it, which visits the runs held by a process --
+at most the replicas' concurrency, plus those whose process is gone -- and none of the queued or
+suspended runs, however many wait (ADR 0082). A lease renewal changes none of its columns: on
+PostgreSQL it stays a heap-only update (ADR 0079)."""
 
 
 def open_runs_where(
@@ -441,8 +453,10 @@ def open_runs_where(
 ) -> str:
     """``open_runs``' ``WHERE`` in both SQL backends: the open runs (the indexes' predicate word
     for word), after a cursor when ``after``, among ``run_ids`` (the backend's test of a list
-    parameter) and with leases expired by ``expired`` (the backend's now) when given."""
-    where = [OPEN_RUN_PREDICATE]
+    parameter) and, with ``expired`` (the backend's now), held by a process whose lease has
+    expired by then (``leased_runs_by_id``'s predicate word for word: a run without an owner has
+    no lease to expire)."""
+    where = [LEASED_RUN_PREDICATE if expired is not None else OPEN_RUN_PREDICATE]
     if after:
         where.append(f"run_id > {placeholder}")
     if run_ids is not None:

@@ -41,6 +41,7 @@ from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_ru
 from thoughtgate.store.records import TaskRecord
 
 __all__ = [
+    "UNCLAIMED",
     "EventLog",
     "EventObserver",
     "Holder",
@@ -223,10 +224,19 @@ class Holder:
     """The execution an ending comes from, as the store knows it (ADR 0072): the process that
     holds the run (its lease owner id) and, for a durable run, the attempt its claim counted
     (``DurableRunStore.claim_run``'s answer, a fencing token: every claim increments it, so a
-    later execution of the same process is told apart from an earlier one)."""
+    later execution of the same process is told apart from an earlier one).
 
-    owner: str
+    ``Holder(None, 0)`` (:data:`UNCLAIMED`) is a run nobody holds and nobody ever claimed: a new
+    run on a work queue, ended by the process that admitted it when its start was cancelled
+    before any replica took it (ADR 0082). A replica whose claim came first holds it then, and
+    the end is refused."""
+
+    owner: str | None
     attempt: int | None = None
+
+
+UNCLAIMED = Holder(None, 0)
+"""The holder of a queued run that no execution has claimed yet (see :class:`Holder`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,7 +224,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             lease = run.lease_expires_at
             if (
                 (after is not None and run.run_id <= after)
-                or (expired and (lease is None or lease > now))
+                or (expired and (run.owner is None or lease is None or lease > now))
                 or (named is not None and run.run_id not in named)
             ):
                 continue

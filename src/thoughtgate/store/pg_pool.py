@@ -19,15 +19,18 @@ free connection at most ``wait_s`` (then ``PoolTimeout``, a ``psycopg.Operationa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["connect", "open_pool"]
+__all__ = ["LOCK_POLL_S", "connect", "open_pool", "poll_advisory_lock"]
 
 Setup = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
@@ -37,6 +40,44 @@ async def connect(conninfo: str, *, application_name: str) -> psycopg.AsyncConne
     return await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, application_name=application_name
     )
+
+
+LOCK_POLL_S = 0.2
+"""How often a process waiting for another's advisory lock asks again (a set-up takes seconds)."""
+
+
+async def poll_advisory_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: str,
+    *,
+    wait_s: float | None = None,
+    waiting: Callable[[], None] | None = None,
+) -> bool:
+    """Take the session advisory lock keyed by ``hashtext(key)`` on ``conn``, asking until it
+    is granted, or for ``wait_s`` at most (then ``False``); ``waiting`` is called once, when the
+    first ask is refused. Never waits inside a statement: a statement that waits for a lock
+    keeps its snapshot, and the holder's ``CREATE INDEX CONCURRENTLY`` waits for every older
+    snapshot of the database -- it would wait for its waiters, and the deadlock detector would
+    abort one of them (ADRs 0062, 0082). The lock ends with the session, or
+    ``pg_advisory_unlock``."""
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    said = False
+    # The key is written into the statement, not sent as a parameter: ``pg_stat_activity.query``
+    # then names what a waiting (or holding) process sets up -- its schema -- which is what tells
+    # its connections apart from those of processes on other schemas, over a Unix socket too,
+    # where a connection has no client address or port to go by.
+    asks = sql.SQL("SELECT pg_try_advisory_lock(hashtext({}))").format(sql.Literal(key))
+    while True:
+        cur = await conn.execute(asks)
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        if not said and waiting is not None:
+            waiting()
+        said = True
+        await asyncio.sleep(LOCK_POLL_S)
 
 
 async def open_pool(

@@ -112,8 +112,10 @@ class RunIndex(RunListing):
         """Runs still ``pending`` or ``running`` and not closed, with their owners, leases and
         ``queued_at``, in run id order: at most ``limit``, those after ``after`` (a keyset
         cursor: the last id of the page before), so a reader pages through every open run
-        however many there are (ADR 0074). ``expired``: only those whose lease has expired on
-        the store's clock (``OpenRuns.now``); ``run_ids``: only those among these."""
+        however many there are (ADR 0074). ``expired``: only those held by a process (an
+        owner) whose lease has expired on the store's clock (``OpenRuns.now``) -- a read that
+        visits the held runs only, never the queued or suspended ones (ADR 0082); ``run_ids``:
+        only those among these."""
 
     async def clock(self) -> float:
         """The store's clock (seconds since the epoch): the server's on PostgreSQL, as every

@@ -133,16 +133,18 @@ def open_runs_query(
     ``open_runs_by_id`` (ADR 0079): a page is a range read of it in run id order from the cursor,
     where SQLite's planner would read every open run by status (``runs_by_status``) and sort them;
     and a missing index, or a ``WHERE`` that no longer holds its predicate, is an error rather
-    than a silent sort."""
+    than a silent sort. The expired read names ``leased_runs_by_id`` (ADR 0082): it visits the
+    runs a process holds, not the queued and suspended ones."""
     where = codec.open_runs_where(
         "?",
         after=after is not None,
         run_ids=None if run_ids is None else "run_id IN (SELECT value FROM json_each(?))",
         expired="?" if expired else None,
     )
+    index = codec.LEASED_RUNS_BY_ID if expired else codec.OPEN_RUNS_BY_ID
     query = (
         "SELECT run_id, owner, lease_expires_at, queued_at "
-        f"FROM runs INDEXED BY {codec.OPEN_RUNS_BY_ID} "
+        f"FROM runs INDEXED BY {index} "
         f"LEFT JOIN run_specs USING (run_id) WHERE {where} ORDER BY run_id LIMIT ?"
     )
     params = (after, run_ids, now if expired else None)

@@ -4,11 +4,17 @@ Each backend keeps its migrations as ``<dialect>/NNNN_name.sql`` files shipped i
 A migration is applied once, inside one transaction together with the row that records it in
 the ``thoughtgate_migrations`` table, so a crash never leaves a half-applied version behind.
 Versions are never edited after release: a schema change is always a new, higher-numbered file.
+
+A PostgreSQL migration whose first line is :data:`CONCURRENT_MARKER` runs outside a transaction
+(``CREATE INDEX CONCURRENTLY`` cannot run in one, ADR 0082): its statements one at a time, each
+written so that running it again after a crash completes what the last try began, then the row
+recording it (``store.pg_schema``).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -16,12 +22,22 @@ from typing import Literal, TypeAlias
 
 from thoughtgate.errors import StoreError
 
-__all__ = ["MIGRATIONS_TABLE", "Dialect", "Migration", "load_migrations", "pending_migrations"]
+__all__ = [
+    "CONCURRENT_MARKER",
+    "MIGRATIONS_TABLE",
+    "Dialect",
+    "Migration",
+    "load_migrations",
+    "pending_migrations",
+]
 
 Dialect: TypeAlias = Literal["sqlite", "postgres"]
 
 MIGRATIONS_TABLE = "thoughtgate_migrations"
 """Records ``(version, name, applied_at)``; its presence is how we recognise our own database."""
+
+CONCURRENT_MARKER = "-- thoughtgate: concurrently"
+"""The first line of a PostgreSQL migration that runs outside a transaction (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +47,18 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether it runs outside a transaction, a statement at a time (PostgreSQL only)."""
+        return self.sql.startswith(CONCURRENT_MARKER + "\n")
+
+    def statements(self) -> list[str]:
+        """Its statements, comments left out: each ends with ``;`` at the end of a line (the
+        files hold no ``;`` inside a literal)."""
+        lines = [line.split("--", 1)[0].rstrip() for line in self.sql.splitlines()]
+        text = "\n".join(line for line in lines if line)
+        return [part.strip() + ";" for part in re.split(r";$", text, flags=re.M) if part.strip()]
 
 
 @functools.cache

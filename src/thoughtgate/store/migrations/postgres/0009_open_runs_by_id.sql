@@ -1,3 +1,4 @@
+-- thoughtgate: concurrently
 -- The open runs in run id order (RunIndex.open_runs, ADR 0074 / 0079): a sweep reads them a page
 -- after a cursor, and a page is a range read of this index from the cursor on, in order. Before
 -- it, each page read every open run (SQLite through `runs_by_status`, PostgreSQL through
@@ -10,18 +11,19 @@
 -- seconds for every run executing, then changes no indexed column, and on PostgreSQL it is a
 -- heap-only update that writes no index entry (ADR 0079).
 --
--- Built from the rows already there inside the migration's transaction, not CONCURRENTLY (which
--- cannot run in one): the runs table is locked against writes while it is built, once, at the
--- first start of this version, by one replica while the others wait on the migration lock. The
--- table's every row is read (one row a run, not its events), the open ones written.
+-- Built CONCURRENTLY, outside a transaction (the marker above, ADR 0082): the runs keep being
+-- written while it is built, at the first start of this version, by the one replica that holds
+-- the migration lock. Each statement completes what an earlier try began: an index left INVALID
+-- by a build that failed or was killed is dropped and built again (store.pg_schema), one built
+-- whole is kept; the version is recorded after the last statement.
 
-CREATE INDEX open_runs_by_id ON runs (run_id)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS open_runs_by_id ON runs (run_id)
 WHERE status IN ('pending', 'running') AND closed_at IS NULL;
 
-DROP INDEX open_runs_by_owner;
+DROP INDEX CONCURRENTLY IF EXISTS open_runs_by_owner;
 
 -- The planner takes the index for a page only when it knows how many runs are open: a table it
 -- has no statistics of is taken to hold a handful, and a handful is read whole and sorted. An
--- upgraded store is analyzed here (a sample of the table's rows, in this transaction); a new one
--- by autovacuum as its runs come and go.
+-- upgraded store is analyzed here (a sample of the table's rows); a new one by autovacuum as its
+-- runs come and go.
 ANALYZE runs;

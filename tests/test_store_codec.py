@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -279,3 +280,69 @@ def test_both_backends_ask_for_open_runs_as_the_open_run_indexes_are_built(expir
             assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in pg
             assert f"INDEXED BY {codec.OPEN_RUNS_BY_ID} " in lite
             assert f"WHERE {codec.OPEN_RUN_PREDICATE}" in lite
+
+
+class _Text(str):
+    pass
+
+
+@given(_stored_json)
+def test_a_stored_value_reads_back_as_json_wrote_it(value: Any) -> None:
+    """Whoever writes a payload (orjson, or ``json`` where orjson would write it differently),
+    reading it back gives what ``json`` wrote: the same values and types, the same key order
+    (integers past 64 bits, lone surrogates, ``null`` beside a value)."""
+    text = codec.dumps({"v": value, "n": None})
+    expected = json.dumps({"v": value, "n": None}, ensure_ascii=False)
+    assert repr(json.loads(text)) == repr(json.loads(expected))
+
+
+def test_values_orjson_would_write_differently_are_written_as_json_writes_them() -> None:
+    """Keys that are not strings, subclasses of ``dict`` and ``str``, an integer enum: stored as
+    ``json`` stores them, not refused and not changed."""
+    import collections
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    payload = {
+        "keys": {1: "a", True: "b", None: "c"},
+        "ordered": collections.OrderedDict(b=1, a=2),
+        "sub": _Text("x"),
+        "level": Level.HIGH,
+        "big": 2**70,
+    }
+    assert json.loads(codec.dumps(payload)) == json.loads(json.dumps(payload))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf")], ids=["inf", "-inf"])
+def test_an_infinite_number_is_refused_though_orjson_would_write_null(bad: float) -> None:
+    with pytest.raises(UsageError, match="not JSON-serializable"):
+        codec.dumps({"x": bad})
+
+
+@pytest.mark.parametrize("size", [1, codec.BUILT_AHEAD - 1, codec.BUILT_AHEAD, 300])
+async def test_events_built_while_stored_are_the_events_built_after(size: int) -> None:
+    """A batch's events built before its numbers (and its times on the server's clock) were
+    known are, once numbered, the events built afterwards."""
+    news = [NewEvent(EventType.MESSAGE_DELTA, {"i": [i]}, task_id="t", ts=i) for i in range(size)]
+    columns = codec.encode_events(news)
+    ahead = codec.EventsAhead("run_x", columns)
+    ahead.meanwhile()
+    await asyncio.sleep(0)  # the loop's next turn: a large batch is built there
+    columns[3][:] = [t + 0.5 for t in columns[3]]  # the store moves the times
+    got = ahead.numbered(7, restamped=True)
+    assert got == codec.appended_events("run_x", 7, columns)
+    assert [e.seq for e in got] == list(range(7, 7 + size))
+    assert ahead.numbered(9) == codec.appended_events("run_x", 9, columns)  # (asked again)
+
+
+@given(st.lists(st.floats(allow_nan=False) | st.integers(-(2**53), 2**53), max_size=20))
+def test_a_batch_sends_postgresql_every_time_exactly(stamps: list[float]) -> None:
+    """The times travel as text: each reads back as the very float it was (PostgreSQL reads
+    the shortest digits exactly, as Python does); an infinity as ``repr`` spells it."""
+    from thoughtgate.store.postgres import _batch_params  # pyright: ignore[reportPrivateUsage]
+
+    text = _batch_params(["{}"] * len(stamps), [None] * len(stamps), ["t"] * len(stamps), stamps)
+    sent = text["ts"].split(",") if stamps else []
+    assert [float(t) for t in sent] == [float(t) for t in stamps]

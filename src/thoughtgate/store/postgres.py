@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
 from typing import Any, Unpack
 
+import orjson
 import psycopg
 from psycopg import sql
 from psycopg.types.string import TextBinaryLoader, TextLoader
@@ -97,11 +98,16 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 def _batch_params(
     payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
 ) -> dict[str, Any]:
-    """The batch columns as strings: JSON arrays for the texts, ``repr`` (exact) for floats."""
+    """The batch columns as strings: JSON arrays for the texts, the shortest digits that read
+    back as the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a
+    time that is not finite, which orjson would write as ``null``)."""
+    stamps = orjson.dumps(list(map(float, ts)))
     return {
         "task_ids": codec.dumps(task_ids),
         "types": codec.dumps(types),
-        "ts": ",".join(map(float.__repr__, map(float, ts))),
+        "ts": ",".join(map(float.__repr__, map(float, ts)))
+        if b"null" in stamps
+        else stamps[1:-1].decode(),
         "payloads": _RECORD_SEPARATOR.join(payloads),
     }
 
@@ -505,19 +511,22 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns = codec.encode_events(batch)
         update = batch_update(batch)
         changed = False
+        built = codec.EventsAhead(run_id, columns)
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
             if not batch:
                 await self._require_run(conn, run_id)
                 return []
             if not update:  # deltas and the like: one statement, the index is not touched
+                built.meanwhile()  # (while the server stores them)
                 first = await self._append_rows(conn, run_id, columns)
             else:
                 async with conn.transaction():
+                    built.meanwhile()
                     first = await self._append_rows(conn, run_id, columns)
                     changed = await self._project(conn, run_id, update)
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = codec.appended_events(run_id, first, columns)
+        out = built.numbered(first, restamped=True)
         await self.wakeups.committed(run_id, out)
         return out
 

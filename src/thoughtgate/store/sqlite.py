@@ -1206,6 +1206,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         n = len(columns[0])
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
+        built = codec.EventsAhead(run_id, columns)
 
         item = _Append(run_id, columns, update or None)
         if not update:  # deltas and the like do not touch the index
@@ -1216,13 +1217,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             def appended(first: int) -> list[Event]:
                 # In the commit's hand-off: live readers get the events a loop turn before the
                 # appender's task resumes, in commit order.
-                out = codec.appended_events(run_id, first, columns)
+                out = built.numbered(first)
                 self.wakeups.publish(run_id, out)
                 return out
 
-            return self._writer.queue_write(
+            job = self._writer.queue_write(
                 action, plain, appended, after=after, merge=(_merged_writes, item)
             )
+            built.meanwhile()
+            return job
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
             first = _append_rows(conn, run_id, columns)
@@ -1232,13 +1235,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             first, changed = result
             if changed:
                 self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-            out = codec.appended_events(run_id, first, columns)
+            out = built.numbered(first)
             self.wakeups.publish(run_id, out)
             return out
 
-        return self._writer.queue_write(
+        job = self._writer.queue_write(
             action, body, published, after=after, merge=(_merged_writes, item)
         )
+        built.meanwhile()
+        return job
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))

@@ -38,7 +38,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,15 +127,14 @@ class CpuMeter:
         return time.process_time(), server
 
 
-async def _timed(
-    meter: CpuMeter, body: Callable[[], Any], n_events: Callable[[], int]
-) -> dict[str, float | None]:
+async def _timed(meter: CpuMeter, body: Callable[[], Awaitable[int]]) -> dict[str, float | None]:
+    """The rate of ``body`` (which returns how many events it appended or read), and its CPU
+    per event."""
     cpu0, server0 = meter.read()
     started = time.perf_counter()
-    await body()
+    n = await body()
     wall = time.perf_counter() - started
     cpu1, server1 = meter.read()
-    n = n_events()
     return {
         "rate": n / wall,
         "cpu": 1e6 * (cpu1 - cpu0) / n,
@@ -151,11 +150,12 @@ async def bench_round(prefix: str, store: EventStore, meter: CpuMeter) -> list[d
     run_id = await new_run(store)
     one = events(SINGLE_EVENTS)
 
-    async def singles() -> None:
+    async def singles() -> int:
         for new in one:
             await store.append_one(run_id, new)
+        return len(one)
 
-    figures.append((f"{prefix}_append_single", await _timed(meter, singles, lambda: len(one))))
+    figures.append((f"{prefix}_append_single", await _timed(meter, singles)))
 
     replay_run, replay_events = "", 0
     for size, total in BATCHED_EVENTS.items():
@@ -163,19 +163,20 @@ async def bench_round(prefix: str, store: EventStore, meter: CpuMeter) -> list[d
         batch = events(size)
         calls = total // size
 
-        async def batches() -> None:
+        async def batches(
+            run: str = batch_run, batch: list[NewEvent] = batch, calls: int = calls
+        ) -> int:
             for _ in range(calls):
-                await store.append(batch_run, batch)
+                await store.append(run, batch)
+            return calls * len(batch)
 
-        timed = await _timed(meter, batches, lambda: calls * size)
-        figures.append((f"{prefix}_append_batch{size}", timed))
+        figures.append((f"{prefix}_append_batch{size}", await _timed(meter, batches)))
         replay_run, replay_events = batch_run, calls * size
 
     last = await store.append_one(replay_run, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED))
-    count = 0
 
-    async def replays() -> None:
-        nonlocal count
+    async def replays() -> int:
+        count = 0
         for _ in range(REPLAYS):
             n = 0
             async for event in store.tail(replay_run):  # noqa: B007 (the last one is checked)
@@ -184,8 +185,9 @@ async def bench_round(prefix: str, store: EventStore, meter: CpuMeter) -> list[d
             if n != replay_events + 1 or event != last:
                 raise RuntimeError(f"replay gave {n} events ending at {event!r}, not {last!r}")
             count += n
+        return count
 
-    figures.append((f"{prefix}_replay", await _timed(meter, replays, lambda: count)))
+    figures.append((f"{prefix}_replay", await _timed(meter, replays)))
     return [
         {
             **result(name, timed["rate"]),

@@ -306,7 +306,7 @@ def test_values_orjson_would_write_differently_are_written_as_json_writes_them()
         HIGH = 3
 
     payload = {
-        "keys": {1: "a", True: "b", None: "c"},
+        "keys": {1: "a", 2.5: "b", None: "c"},
         "ordered": collections.OrderedDict(b=1, a=2),
         "sub": _Text("x"),
         "level": Level.HIGH,

@@ -131,7 +131,9 @@ _ascii_encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allo
 
 
 _ORJSON_OPTIONS = (
-    orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
 )
 """What orjson would write differently from ``json`` goes to ``default`` (which refuses it, so
 ``json`` decides): subclasses of ``str``, ``int``, ``dict`` and ``list``, dataclasses, dates."""
@@ -157,12 +159,12 @@ def dumps(value: object, *, what: str = "value") -> str:
     ``Enum`` members and UUIDs, as their value and their text, which ``json`` refused.
     """
     try:
-        text = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
+        written = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
     except orjson.JSONEncodeError:
         pass
     else:
-        if b"null" not in text:
-            return text.decode()
+        if b"null" not in written:
+            return written.decode()
     try:
         text = _fast_encode(value)
         if not text.isascii():

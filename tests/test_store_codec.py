@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -319,22 +318,6 @@ def test_values_orjson_would_write_differently_are_written_as_json_writes_them()
 def test_an_infinite_number_is_refused_though_orjson_would_write_null(bad: float) -> None:
     with pytest.raises(UsageError, match="not JSON-serializable"):
         codec.dumps({"x": bad})
-
-
-@pytest.mark.parametrize("size", [1, codec.BUILT_AHEAD - 1, codec.BUILT_AHEAD, 300])
-async def test_events_built_while_stored_are_the_events_built_after(size: int) -> None:
-    """A batch's events built before its numbers (and its times on the server's clock) were
-    known are, once numbered, the events built afterwards."""
-    news = [NewEvent(EventType.MESSAGE_DELTA, {"i": [i]}, task_id="t", ts=i) for i in range(size)]
-    columns = codec.encode_events(news)
-    ahead = codec.EventsAhead("run_x", columns)
-    ahead.meanwhile()
-    await asyncio.sleep(0)  # the loop's next turn: a large batch is built there
-    columns[3][:] = [t + 0.5 for t in columns[3]]  # the store moves the times
-    got = ahead.numbered(7, restamped=True)
-    assert got == codec.appended_events("run_x", 7, columns)
-    assert [e.seq for e in got] == list(range(7, 7 + size))
-    assert ahead.numbered(9) == codec.appended_events("run_x", 9, columns)  # (asked again)
 
 
 @given(st.lists(st.floats(allow_nan=False) | st.integers(-(2**53), 2**53), max_size=20))

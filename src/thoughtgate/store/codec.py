@@ -8,7 +8,6 @@ string (a 1 MB reasoning trace included) comes back character for character. Col
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections import deque
@@ -28,7 +27,6 @@ from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
 __all__ = [
-    "BUILT_AHEAD",
     "EVENT_SELECT",
     "KEY_COLUMNS",
     "LIFECYCLE_INDEX",
@@ -43,7 +41,6 @@ __all__ = [
     "TASK_COLUMNS",
     "TASK_COLUMN_COUNT",
     "EncodedEvents",
-    "EventsAhead",
     "appended_events",
     "decode_object",
     "decode_payload_array",
@@ -299,50 +296,6 @@ def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Eve
     return _build_events(
         run_id, range(first, first + n), types, decoded, task_ids, ts, repeat(EVENT_VERSION, n)
     )
-
-
-class EventsAhead:
-    """The events of an append, built while the database stores them.
-
-    Building a batch's events (:func:`appended_events`: the payloads decoded as a replay decodes
-    them) cost the loop about a microsecond an event once the commit had returned, while the
-    appender waited. From :data:`BUILT_AHEAD` events on, :meth:`meanwhile` builds them instead
-    in a callback of the loop's next turn, which runs once the write is on its way (SQLite: the
-    loop has handed it to the writer thread, whose statements and ``COMMIT`` let go of the
-    interpreter lock; PostgreSQL: the statement is sent and the connection waits for its
-    answer), so the building overlaps the database's work; :meth:`numbered` then only sets
-    their numbers (and, on PostgreSQL, their times on the server's clock). A smaller batch (a
-    streamed delta) is built when it is stored, as before: it would save nothing (ADR 0080)."""
-
-    __slots__ = ("columns", "events", "run_id")
-
-    def __init__(self, run_id: str, columns: EncodedEvents) -> None:
-        self.run_id, self.columns = run_id, columns
-        self.events: list[Event] | None = None
-
-    def meanwhile(self) -> None:
-        """Build the events in a callback of the loop's next turn, for a large batch."""
-        if len(self.columns[0]) >= BUILT_AHEAD:
-            asyncio.get_running_loop().call_soon(self._build)
-
-    def _build(self) -> None:
-        if self.events is None:
-            self.events = appended_events(self.run_id, 0, self.columns)
-
-    def numbered(self, first: int, *, restamped: bool = False) -> list[Event]:
-        """The events numbered from ``first`` (built now if they were not yet); ``restamped``:
-        their times taken again from the columns, which the store moved after building."""
-        built, self.events = self.events, []  # (a late ``_build`` builds nothing)
-        if not built:
-            return appended_events(self.run_id, first, self.columns)
-        _consume(map(_set_seq, built, range(first, first + len(built))))
-        if restamped:
-            _consume(map(_set_ts, built, self.columns[3]))
-        return built
-
-
-BUILT_AHEAD = 16
-"""Events from which :class:`EventsAhead` builds an append's events while it is stored."""
 
 
 def events_from_rows(

@@ -511,22 +511,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns = codec.encode_events(batch)
         update = batch_update(batch)
         changed = False
-        built = codec.EventsAhead(run_id, columns)
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
             if not batch:
                 await self._require_run(conn, run_id)
                 return []
             if not update:  # deltas and the like: one statement, the index is not touched
-                built.meanwhile()  # (while the server stores them)
                 first = await self._append_rows(conn, run_id, columns)
             else:
                 async with conn.transaction():
-                    built.meanwhile()
                     first = await self._append_rows(conn, run_id, columns)
                     changed = await self._project(conn, run_id, update)
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-        out = built.numbered(first, restamped=True)
+        out = codec.appended_events(run_id, first, columns)
         await self.wakeups.committed(run_id, out)
         return out
 

@@ -1206,7 +1206,6 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         n = len(columns[0])
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
-        built = codec.EventsAhead(run_id, columns)
 
         item = _Append(run_id, columns, update or None)
         if not update:  # deltas and the like do not touch the index
@@ -1217,15 +1216,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             def appended(first: int) -> list[Event]:
                 # In the commit's hand-off: live readers get the events a loop turn before the
                 # appender's task resumes, in commit order.
-                out = built.numbered(first)
+                out = codec.appended_events(run_id, first, columns)
                 self.wakeups.publish(run_id, out)
                 return out
 
-            job = self._writer.queue_write(
+            return self._writer.queue_write(
                 action, plain, appended, after=after, merge=(_merged_writes, item)
             )
-            built.meanwhile()
-            return job
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
             first = _append_rows(conn, run_id, columns)
@@ -1235,15 +1232,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             first, changed = result
             if changed:
                 self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-            out = built.numbered(first)
+            out = codec.appended_events(run_id, first, columns)
             self.wakeups.publish(run_id, out)
             return out
 
-        job = self._writer.queue_write(
+        return self._writer.queue_write(
             action, body, published, after=after, merge=(_merged_writes, item)
         )
-        built.meanwhile()
-        return job
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))

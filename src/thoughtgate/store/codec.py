@@ -147,13 +147,14 @@ def dumps(value: object, *, what: str = "value") -> str:
     holding a lone surrogate, which no database text column can take, is written with ``\\u``
     escapes instead: still valid JSON, and it decodes back to exactly the same string.
 
-    orjson writes it (about a sixth of ``json``'s CPU, ADR 0080) unless it refuses the value or
-    writes a ``null``, which may be a NaN or an infinity that it writes as ``null``: ``json``
-    writes those (and refuses NaN), and so decides every value orjson would not take as ``json``
-    does -- integers past 64 bits, keys that are not strings, subclasses, lone surrogates, a
-    value that holds itself. Where both write a value they write the same JSON value (a float's
-    digits may be spelled differently: ``1e16`` for ``1e+16``); orjson also writes plain
-    ``Enum`` members and UUIDs, as their value and their text, which ``json`` refused.
+    orjson writes it (about a sixth of ``json``'s CPU, ADR 0080), unless it refuses the value or
+    its text holds ``null`` anywhere (orjson writes a NaN or an infinity as ``null``): then
+    ``json`` writes it as it always did, and so decides every value orjson would not write as
+    ``json`` does -- NaN and infinities (refused), integers past 64 bits, keys that are not
+    strings, subclasses, lone surrogates, a value that holds itself. Where orjson writes, the
+    text reads back as ``json``'s would (a float's digits may be spelled differently: ``1e16``
+    for ``1e+16``); it also writes plain ``Enum`` members and UUIDs, as their value and their
+    text, which ``json`` refused.
     """
     try:
         written = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)

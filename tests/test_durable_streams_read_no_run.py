@@ -40,8 +40,7 @@ GATE = threading.Event()
 def _gated(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     async def gen() -> AsyncIterator[Any]:
         yield reasoning("thinking while the client asks for a ticket")
-        while not GATE.is_set():
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(GATE.wait, 30)  # the test's thread sets it
         yield text("done")
 
     return gen()

@@ -576,9 +576,7 @@ class DurableEngine:
         if reserved is not None:
             self._released(reserved[0])
 
-    async def submit(
-        self, run_id: str, queue: str, *, priority: int
-    ) -> asyncio.Future[Any] | None:
+    async def submit(self, run_id: str, queue: str, *, priority: int) -> asyncio.Future[Any] | None:
         """A new run for ``queue``, as :meth:`reserve` placed it: started here at once, waiting
         here, or put on the queue (``enqueue``). Returns the future of its execution when it
         started here at once (done once that execution is over: the run's end, when it ends

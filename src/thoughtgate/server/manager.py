@@ -210,7 +210,7 @@ class RunManager:
         self._modes[run_id] = mode
         execution.add_done_callback(over)
 
-    async def _withdraw(self, run_id: str, submitting: asyncio.Future[None]) -> None:
+    async def _withdraw(self, run_id: str, submitting: asyncio.Future[Any]) -> None:
         """End ``interrupted`` a new run whose start was cancelled while the durable engine
         placed it (ADR 0082): once the placing is over, wherever it put the run -- started here,
         waiting here, on a queue (``DurableEngine.withdraw``) -- with the shutdown's reason or

@@ -19,7 +19,9 @@ A stream is also ended when its reader's access goes: ``watch_access`` registers
 daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
 stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
 run (``follow=False``) is replayed up to its last stored event and the response ends there,
-terminal event or not.
+terminal event or not. The chunk a stream ends with (a :class:`LastChunk`) goes out with the
+response's end in one write (ADR 0085): the feed's direct writes leave the run's terminal event
+to the stream's own task for that, so a client reads its run's end in one wake.
 
 Why not sse-starlette's ``EventSourceResponse`` (ADR 0014): it runs four tasks per connection
 and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
@@ -42,7 +44,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import Event
+from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store import codec
@@ -52,6 +54,7 @@ __all__ = [
     "PING",
     "SERVER_SEND",
     "DirectWrites",
+    "LastChunk",
     "LiveResponse",
     "LiveStreams",
     "encode_event",
@@ -67,6 +70,13 @@ _FAILED: Final = "failed"
 _REVOKED: Final = "access_revoked"
 PING: Final = b": ping\r\n\r\n"
 """A keep-alive comment line (readers ignore it)."""
+
+
+class LastChunk(bytes):
+    """A stream's last chunk (it ends with the run's terminal event, or a finished run's last
+    stored one): :class:`LiveResponse` sends it with the response's end, in one write."""
+
+    __slots__ = ()
 
 
 def encode_event(event: Event) -> dict[str, Any]:
@@ -156,8 +166,8 @@ async def live_frames(
         """The feed's events while this stream waits: filtered, encoded, written in one write."""
         nonlocal last_sent, quiet_since
         write = direct.write if direct is not None else None
-        if write is None or lost:
-            return False
+        if write is None or lost or any(is_run_terminal(e.type) for e in events):
+            return False  # the terminal event goes with the response's end: next() yields it
         shared = reader.shared
         chunk = []
         seen = last_sent
@@ -204,6 +214,9 @@ async def live_frames(
                     quiet_since = loop.time()
                     yield PING
                 continue
+            if reader.done:  # the response ends with it, in the same write
+                yield LastChunk(b"".join(chunk))
+                return
             started = loop.time()
             yield b"".join(chunk)
             quiet_since = loop.time()
@@ -387,11 +400,16 @@ class LiveResponse(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if self.direct is not None and not ended:
                 self.direct.write = _socket_writer(scope.get(SERVER_SEND))
+            more = True
             async for chunk in self.chunks:
+                more = type(chunk) is not LastChunk
                 sending_since = loop.time()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
                 sending_since = None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if not more:
+                    break
+            if more:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request

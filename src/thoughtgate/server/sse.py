@@ -19,9 +19,10 @@ A stream is also ended when its reader's access goes: ``watch_access`` registers
 daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
 stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
 run (``follow=False``) is replayed up to its last stored event and the response ends there,
-terminal event or not. The chunk a stream ends with (a :class:`LastChunk`) goes out with the
-response's end in one write (ADR 0085): the feed's direct writes leave the run's terminal event
-to the stream's own task for that, so a client reads its run's end in one wake.
+terminal event or not. The chunk a stream ends with goes out with the response's end, in one
+write (ADR 0085): the feed writes the run's terminal event and ends the response in the commit's
+own step (``DirectWrites.end``), or the stream's task sends a :class:`LastChunk` as the last
+body; so a client reads its run's end in one wake, and sooner.
 
 Why not sse-starlette's ``EventSourceResponse`` (ADR 0014): it runs four tasks per connection
 and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
@@ -163,11 +164,15 @@ async def live_frames(
             reader.wake()
 
     def sink(events: Sequence[Event]) -> bool:
-        """The feed's events while this stream waits: filtered, encoded, written in one write."""
+        """The feed's events while this stream waits: filtered, encoded, written in one write;
+        with the run's terminal event, the response's end goes in that write too."""
         nonlocal last_sent, quiet_since
-        write = direct.write if direct is not None else None
-        if write is None or lost or any(is_run_terminal(e.type) for e in events):
-            return False  # the terminal event goes with the response's end: next() yields it
+        if direct is None or lost:
+            return False
+        ends = any(is_run_terminal(e.type) for e in events)
+        write = direct.end if ends else direct.write
+        if write is None:
+            return False  # next() yields them (a terminal event in a LastChunk)
         shared = reader.shared
         chunk = []
         seen = last_sent
@@ -181,6 +186,8 @@ async def live_frames(
                 return False
             last_sent = seen
             quiet_since = loop.time()
+        elif ends:  # nothing of them for this reader: the stream ends the response itself
+            return False
         return True
 
     if direct is not None:
@@ -299,42 +306,73 @@ _DIRECT_MAX_BUFFERED = 64 * 1024
 class DirectWrites:
     """How a live stream's feed writes a chunk to its connection without awaiting.
 
-    ``write`` is set by :class:`LiveResponse` once the response has started, when the server
-    is uvicorn's httptools protocol (the daemon's): it writes the chunk to the socket's
-    transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing written)
-    when the client is gone, the response is ending, or the socket is not keeping up. Other
-    servers (and tests' in-memory transports) leave it ``None``: every chunk is then awaited.
+    ``write`` and ``end`` are set by :class:`LiveResponse` once the response has started, when
+    the server is uvicorn's httptools protocol (the daemon's): ``write`` writes the chunk to the
+    socket's transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing
+    written) when the client is gone, the response is ending, or the socket is not keeping up;
+    ``end`` likewise writes a stream's last chunk and ends the response with it, in one write,
+    and sets ``ended``. Other servers (and tests' in-memory transports) leave them ``None``:
+    every chunk is then awaited.
     """
 
-    __slots__ = ("write",)
+    __slots__ = ("end", "ended", "write")
 
     def __init__(self) -> None:
         self.write: Callable[[bytes], bool] | None = None
+        self.end: Callable[[bytes], bool] | None = None
+        self.ended = False
+        """The response was ended by ``end``: its task sends nothing more."""
+
+    def stop(self) -> None:
+        """No direct write from now on (the response is ending)."""
+        self.write = None
+        self.end = None
 
 
-def _socket_writer(server_send: object) -> Callable[[bytes], bool] | None:
-    """A direct chunk writer for uvicorn's httptools connection behind ``server_send``, else
-    ``None``. Only after the response has started, with chunked encoding (no length given)."""
+def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
+    """Set ``direct``'s writers for uvicorn's httptools connection behind ``server_send``, if it
+    is one. Only after the response has started, with chunked encoding (no length given)."""
     cycle = getattr(server_send, "__self__", None)
     if cycle is None or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
-        return None
+        return
     transport = getattr(cycle, "transport", None)
     flow = getattr(cycle, "flow", None)
     if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
-        return None
+        return
 
-    def write(chunk: bytes) -> bool:
-        if (
+    def writable() -> bool:
+        return not (
             cycle.disconnected
             or cycle.response_complete
             or flow.write_paused
             or transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
-        ):
+        )
+
+    def write(chunk: bytes) -> bool:
+        if not writable():
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
-    return write
+    def end(chunk: bytes) -> bool:
+        if not writable():
+            return False
+        # uvicorn's own send: with the socket not paused (checked above) it awaits nothing,
+        # so one step runs it whole -- the chunk and the body's end in one write, the response
+        # complete, the connection ready for its next request -- in the feed's step, not after
+        # a turn of the event loop to wake the stream's task.
+        step = server_send({"type": "http.response.body", "body": chunk, "more_body": False})
+        try:
+            step.send(None)
+        except StopIteration:
+            direct.stop()
+            direct.ended = True
+            return True
+        step.close()
+        raise RuntimeError("uvicorn's send awaited on a socket that was not paused")
+
+    direct.write = write
+    direct.end = end
 
 
 class LiveResponse(Response):
@@ -378,7 +416,7 @@ class LiveResponse(Response):
             if active and not ended:
                 ended.append(why)
                 if self.direct is not None:
-                    self.direct.write = None
+                    self.direct.stop()
                 task.cancel()
 
         def tick(now: float) -> None:
@@ -399,7 +437,7 @@ class LiveResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if self.direct is not None and not ended:
-                self.direct.write = _socket_writer(scope.get(SERVER_SEND))
+                _socket_writers(scope.get(SERVER_SEND), self.direct)
             more = True
             async for chunk in self.chunks:
                 more = type(chunk) is not LastChunk
@@ -408,19 +446,19 @@ class LiveResponse(Response):
                 sending_since = None
                 if not more:
                     break
-            if more:
+            if more and not (self.direct is not None and self.direct.ended):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
-            if ended[0] == "server stopping":  # end the response properly
+            if ended[0] == "server stopping" and not (self.direct and self.direct.ended):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # disconnected: nobody to tell; send timed out: a write would block again, so the
             # server closes the connection (and says the response was cut)
         finally:
             active = False
             if self.direct is not None:
-                self.direct.write = None
+                self.direct.stop()
             if forget is not None:
                 forget()
             watcher.cancel()

@@ -413,7 +413,9 @@ class LiveResponse(Response):
         sending_since: float | None = None
 
         def end(why: str) -> None:
-            if active and not ended:
+            # (After the feed ended the response, its completion reads as a disconnect: this
+            # task ends on its own, its reader done.)
+            if active and not ended and not (self.direct is not None and self.direct.ended):
                 ended.append(why)
                 if self.direct is not None:
                     self.direct.stop()
@@ -451,7 +453,7 @@ class LiveResponse(Response):
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
-            if ended[0] == "server stopping" and not (self.direct and self.direct.ended):
+            if ended[0] == "server stopping":  # end the response properly
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # disconnected: nobody to tell; send timed out: a write would block again, so the
             # server closes the connection (and says the response was cut)

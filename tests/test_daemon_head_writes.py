@@ -164,8 +164,9 @@ async def test_a_live_stream_ends_in_the_write_of_its_terminal_event() -> None:
             body = response.aiter_bytes()
             delta = NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "turn": 1})
             await store.append("run_1", [delta])
-            first = await anext(body)  # written by the feed: the stream now waits for the next
-            await asyncio.sleep(0.05)
+            # Once its first chunk is out the stream waits on the run's feed: it sent it and went
+            # back to its reader in one step (or the feed wrote it, the stream waiting already).
+            first = await anext(body)
             await store.append("run_1", [delta, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
             # in the append's own step, the feed wrote the run's end and the response's
             last = WRITES[-1]

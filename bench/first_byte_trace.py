@@ -248,7 +248,7 @@ def install(directory: str) -> None:
 
     socket_writers = sse._socket_writers
 
-    def traced_socket_writers(server_send: object, direct: Any) -> None:
+    def traced_socket_writers(server_send: object, direct: sse.DirectWrites) -> None:
         socket_writers(server_send, direct)
         write, end = direct.write, direct.end
         if write is None or end is None:

@@ -368,8 +368,13 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
             direct.stop()
             direct.ended = True
             return True
+        except Exception:  # not the feed's to raise: the stream's own send meets it
+            log.exception("ending a live stream's response from its feed failed")
+            direct.stop()
+            return False
+        # It awaited: its only await (a paused socket's drain) comes before it writes anything.
         step.close()
-        raise RuntimeError("uvicorn's send awaited on a socket that was not paused")
+        return False
 
     direct.write = write
     direct.end = end

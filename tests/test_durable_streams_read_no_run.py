@@ -59,7 +59,10 @@ def durable_daemon(tmp_path: Path) -> Iterator[Daemon]:
     app = create_app(runtime, shutdown_grace_s=0.1)
     try:
         with ThreadServer(app) as server:
-            yield Daemon(server.base_url, keys, store, app)
+            try:
+                yield Daemon(server.base_url, keys, store, app)
+            finally:
+                GATE.set()  # a failed test's run ends too, before the server stops
     finally:
         del FAKE_SCRIPTS["durable-gated"]
         GATE.clear()

@@ -32,7 +32,7 @@ item; it said it had no more), ``last emit`` (the recorder got the run's last de
 ``finish`` (the run's ending was asked of the store), ``finish decided`` / ``finish committed``
 / ``finish handed``, ``ended`` (the store returned the ending), ``terminal written`` (the chunk
 holding the terminal event reached the socket), ``stream end`` (the stream's or the follow's
-response sent its last, empty body). The client adds ``c_ticket_sent`` / ``c_stream_sent``,
+response sent its end: its last body, or the feed's direct write that ended it, ADR 0085). The client adds ``c_ticket_sent`` / ``c_stream_sent``,
 ``c_stream_done`` (the body's end was read) and ``c_next_sent`` (the connection's next
 ``POST``). Stamps of one run are keyed by its id (the one-request client takes it from its first
 reasoning frame). A durable daemon's run stamps ``execute`` when its execution (with or without
@@ -246,12 +246,13 @@ def install(directory: str) -> None:
 
     _App.__call__ = call  # type: ignore[method-assign]
 
-    socket_writer = sse._socket_writer
+    socket_writers = sse._socket_writers
 
-    def traced_socket_writer(server_send: object) -> Any:
-        write = socket_writer(server_send)
-        if write is None:
-            return None
+    def traced_socket_writers(server_send: object, direct: sse.DirectWrites) -> None:
+        socket_writers(server_send, direct)
+        write, end = direct.write, direct.end
+        if write is None or end is None:
+            return
 
         def traced(chunk: bytes) -> bool:
             done = write(chunk)
@@ -259,9 +260,18 @@ def install(directory: str) -> None:
                 _written(chunk)
             return done
 
-        return traced
+        def traced_end(chunk: bytes) -> bool:  # the feed ended the response (ADR 0085)
+            done = end(chunk)
+            if done:
+                _written(chunk)
+                found = _RUN_ID.search(chunk.decode("utf-8", "replace"))
+                if found:
+                    _note(found.group(1), "stream end")
+            return done
 
-    sse._socket_writer = traced_socket_writer
+        direct.write, direct.end = traced, traced_end
+
+    sse._socket_writers = traced_socket_writers
 
     emit_delta = EventRecorder.emit_delta
 

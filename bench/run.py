@@ -141,10 +141,11 @@ def main() -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"took {time.monotonic() - started:.0f} s. Ratios are against baselines measured in the "
         "same run. Each value is what its module reports: capture = least CPU time of 7 runs, "
-        "store = best of 3 rounds, list = median of 15 calls, fan-out = p50 (the median) and p99 "
+        "store = the median of 5 rounds, each on fresh databases (ADR 0080), list = median of 15 "
+        "calls, fan-out = p50 (the median) and p99 "
         "over every delivery, daemon = the median of its rounds' figures (three rounds, "
         "LiteLLM's phases alternating with thoughtgate's; a round's p50 and p99 are over every "
-        "request of its phase; the spread column gives the least and greatest round, ADR 0049).",
+        "request of its phase); the spread column gives the least and greatest round (ADR 0049).",
         "",
         "The host_ rows say how busy the shared VM was while a module measured: host_steal is "
         "the share of all CPU time the host took away from this VM (/proc/stat's steal column, "

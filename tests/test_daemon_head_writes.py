@@ -1,6 +1,7 @@
 """A response that gives its length leaves the daemon in one write, head and body together
 (``server.connections._HeldHead``, ADR 0032); streamed responses, ``HEAD`` answers and a close
-before the body still send their head, and the live stream writes to the transport itself."""
+before the body still send their head, and the live stream writes to the transport itself, its
+run's terminal event in the write that ends the response (ADR 0085)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from thoughtgate.access.roles import Role
+from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.providers.sse import SSEDecoder
 from thoughtgate.server.connections import ConnectionLimits, guarded_protocol
+from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.sse import SERVER_SEND, DirectWrites, LiveResponse, live_frames
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
 
 WRITES: list[bytes] = []
 CYCLE_TRANSPORTS: list[str] = []
+CONNECTIONS: list[object] = []
+FEEDS: list[RunFeeds] = []
 
 
 class _Writes:
@@ -39,6 +49,7 @@ Guarded = guarded_protocol(HttpToolsProtocol, ConnectionLimits(100, 30.0))
 
 class Recording(Guarded):  # type: ignore[misc, valid-type]
     def connection_made(self, transport: Any) -> None:
+        CONNECTIONS.append(transport)
         super().connection_made(_Writes(transport))
 
 
@@ -46,6 +57,21 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     path = scope["path"]
+    if path == "/live":  # a run's live stream, as the daemon's ``_App`` serves it
+        scope[SERVER_SEND] = send
+        feeds, direct = FEEDS[0], DirectWrites()
+        frames = live_frames(
+            feeds.store,
+            "run_1",
+            role=Role.VIEWER,
+            mode="surface",
+            after=0,
+            feeds=feeds,
+            direct=direct,
+        )
+        response = LiveResponse(frames, send_timeout_s=5.0, headers={}, direct=direct)
+        await response(scope, receive, send)
+        return
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         cycle = send.__self__
@@ -92,6 +118,8 @@ async def serving() -> AsyncIterator[str]:
 def fresh() -> None:
     WRITES.clear()
     CYCLE_TRANSPORTS.clear()
+    CONNECTIONS.clear()
+    FEEDS.clear()
 
 
 async def test_a_json_answer_is_one_write() -> None:
@@ -125,3 +153,28 @@ async def test_a_close_before_the_body_sends_the_held_head() -> None:
             await client.get(url + "/fail")
     assert len(WRITES) == 1 and WRITES[0].startswith(b"HTTP/1.1 200 OK")
     assert WRITES[0].endswith(b"\r\n\r\n")
+
+
+async def test_a_live_stream_ends_in_the_write_of_its_terminal_event() -> None:
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    FEEDS.append(RunFeeds(store))
+    async with serving() as url, httpx.AsyncClient() as client:
+        async with client.stream("GET", url + "/live") as response:
+            body = response.aiter_bytes()
+            delta = NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "turn": 1})
+            await store.append("run_1", [delta])
+            # Once its first chunk is out the stream waits on the run's feed: it sent it and went
+            # back to its reader in one step (or the feed wrote it, the stream waiting already).
+            first = await anext(body)
+            await store.append("run_1", [delta, NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+            # in the append's own step, the feed wrote the run's end and the response's
+            last = WRITES[-1]
+            assert last.endswith(b"\r\n0\r\n\r\n") and b"run.settlement.completed" in last
+            received = first + b"".join([piece async for piece in body])
+        again = await client.get(url + "/json")  # the connection serves its next request
+        assert again.json() == {"ok": True}
+    messages = SSEDecoder().feed(received)
+    assert [m.id for m in messages] == ["1", "2", "3"]
+    assert b"0\r\n\r\n" not in WRITES[:-2]  # no other end, before or after
+    assert WRITES[-2] == last and len(CONNECTIONS) == 1

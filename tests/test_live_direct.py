@@ -17,7 +17,7 @@ from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.providers.sse import SSEDecoder
 from thoughtgate.server.fanout import RunFeeds
-from thoughtgate.server.sse import DirectWrites, live_frames
+from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 
@@ -139,3 +139,51 @@ async def test_a_waiting_reader_gets_a_commit_without_its_task_running() -> None
     assert await asyncio.wait_for(waiting, 5) == []  # woken once the terminal event went out
     assert await reader.next() is None
     assert [e.seq for batch in got for e in batch] == [1, 2]
+
+
+async def test_a_stream_ends_with_its_terminal_event_in_its_last_write() -> None:
+    """The client reads its run's end in one wake: the chunk holding the terminal event is the
+    response's last body message (ADR 0085), even when the feed writes the events before it
+    straight to the connection, and no event after the terminal one is sent."""
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store)
+    direct = DirectWrites()
+    written: list[bytes] = []
+    sent: list[dict[str, object]] = []
+    stream_open = asyncio.Event()
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+        stream_open.set()
+
+    async def receive() -> dict[str, object]:
+        await asyncio.Event().wait()  # the client never goes away
+        raise AssertionError
+
+    frames = live_frames(
+        store, "run_1", role=Role.VIEWER, mode="surface", after=0, feeds=feeds, direct=direct
+    )
+    response = LiveResponse(frames, send_timeout_s=5.0, headers={}, direct=direct)
+    serving = asyncio.create_task(response({"type": "http"}, receive, send))  # type: ignore[arg-type]
+    await stream_open.wait()
+    direct.write = lambda chunk: written.append(chunk) is None  # the socket takes direct writes
+    for _ in range(3):
+        await asyncio.sleep(0)  # the stream waits on the feed now
+    await store.append("run_1", [NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "turn": 1})])
+    await store.append(
+        "run_1",
+        [
+            NewEvent(EventType.MESSAGE_DELTA, {"text": "b", "turn": 1}),
+            NewEvent(EventType.RUN_SETTLEMENT_COMPLETED),
+        ],
+    )
+    await asyncio.wait_for(serving, 5)
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    last = bodies[-1]
+    assert last["more_body"] is False
+    seqs = [json.loads(m.data)["seq"] for m in SSEDecoder().feed(last["body"])]  # type: ignore[arg-type]
+    assert seqs == [2, 3]  # the terminal event and the delta committed with it
+    # the first delta went out directly, and nothing else did
+    assert [json.loads(m.data)["seq"] for m in SSEDecoder().feed(b"".join(written))] == [1]
+    assert len(bodies) == 1  # no empty end after it

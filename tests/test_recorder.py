@@ -313,3 +313,23 @@ async def test_on_sqlite_a_delta_queued_behind_a_failed_task_started_is_not_reco
         assert await store.read("run_1") == []
     finally:
         await store.close()
+
+
+async def test_a_closed_recorder_returns_at_once_and_leaves_no_task_behind() -> None:
+    """A run's end does not wait for the window flusher to stop (ADR 0085): ``close`` returns
+    without a turn of the loop, and the flusher it cancelled ends on the next, storing nothing."""
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    rec = EventRecorder(store, "run_1", flush_interval=60.0, hold_last=True)
+    await rec.emit_delta(delta("a"))  # at once
+    await rec.emit_delta(delta("b", turn=1))  # waits for a window 60 s away
+    await rec.emit_last([progress(1)])
+    assert [e.type for e in rec.take_held()] == ["message.delta", "tool.progress"]
+    mine = asyncio.current_task()
+    assert [t for t in asyncio.all_tasks() if t is not mine]  # the flusher, waiting
+    closing = asyncio.ensure_future(rec.close())
+    await asyncio.sleep(0)  # one turn: close ran whole
+    assert closing.done() and closing.exception() is None
+    await asyncio.sleep(0)  # and the cancelled flusher has ended
+    assert [t for t in asyncio.all_tasks() if t is not mine] == []
+    assert [e.payload["text"] for e in await store.read("run_1")] == ["a"]

@@ -293,3 +293,53 @@ def test_both_backends_build_the_leased_runs_index_as_the_expired_read_asks() ->
         assert migration.version == 10
         assert f"WHERE {codec.LEASED_RUN_PREDICATE};" in migration.sql, dialect
         assert migration.concurrent == (dialect == "postgres")
+
+
+class _Text(str):
+    pass
+
+
+@given(_stored_json)
+def test_a_stored_value_reads_back_as_json_wrote_it(value: Any) -> None:
+    """Whoever writes a payload (orjson, or ``json`` where orjson would write it differently),
+    reading it back gives what ``json`` wrote: the same values and types, the same key order
+    (integers past 64 bits, lone surrogates, ``null`` beside a value)."""
+    text = codec.dumps({"v": value, "n": None})
+    expected = json.dumps({"v": value, "n": None}, ensure_ascii=False)
+    assert repr(json.loads(text)) == repr(json.loads(expected))
+
+
+def test_values_orjson_would_write_differently_are_written_as_json_writes_them() -> None:
+    """Keys that are not strings, subclasses of ``dict`` and ``str``, an integer enum: stored as
+    ``json`` stores them, not refused and not changed."""
+    import collections
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    payload = {
+        "keys": {1: "a", 2.5: "b", None: "c"},
+        "ordered": collections.OrderedDict(b=1, a=2),
+        "sub": _Text("x"),
+        "level": Level.HIGH,
+        "big": 2**70,
+    }
+    assert json.loads(codec.dumps(payload)) == json.loads(json.dumps(payload))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf")], ids=["inf", "-inf"])
+def test_an_infinite_number_is_refused_though_orjson_would_write_null(bad: float) -> None:
+    with pytest.raises(UsageError, match="not JSON-serializable"):
+        codec.dumps({"x": bad})
+
+
+@given(st.lists(st.floats(allow_nan=False) | st.integers(-(2**53), 2**53), max_size=20))
+def test_a_batch_sends_postgresql_every_time_exactly(stamps: list[float]) -> None:
+    """The times travel as text: each reads back as the very float it was (PostgreSQL reads
+    the shortest digits exactly, as Python does); an infinity as ``repr`` spells it."""
+    from thoughtgate.store.postgres import _batch_params  # pyright: ignore[reportPrivateUsage]
+
+    text = _batch_params(["{}"] * len(stamps), [None] * len(stamps), ["t"] * len(stamps), stamps)
+    sent = text["ts"].split(",") if stamps else []
+    assert [float(t) for t in sent] == [float(t) for t in stamps]

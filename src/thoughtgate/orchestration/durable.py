@@ -576,24 +576,25 @@ class DurableEngine:
         if reserved is not None:
             self._released(reserved[0])
 
-    async def submit(self, run_id: str, queue: str, *, priority: int) -> None:
+    async def submit(self, run_id: str, queue: str, *, priority: int) -> asyncio.Future[Any] | None:
         """A new run for ``queue``, as :meth:`reserve` placed it: started here at once, waiting
-        here, or put on the queue (``enqueue``)."""
+        here, or put on the queue (``enqueue``). Returns the future of its execution when it
+        started here at once (done once that execution is over: the run's end, when it ends
+        here, is the last thing it stores), else ``None``: what the daemon needs to answer a
+        ticket or a stream of the run without reading it back (ADR 0086)."""
         starts = self.starts if queue == self.queue else None
         if starts is not None:
             slot: Slot | None
             slot, unwritten = self._reserved.pop(run_id, (None, False))
             if slot is not None:
-                await self._begin(run_id, slot, unwritten)
-                return
+                return await self._begin(run_id, slot, unwritten)
             if run_id in self._holding:
                 self._wait_here(run_id, priority, self._holding.pop(run_id))
-                return
+                return None
             await starts.look_again()  # a run admitted without ``reserve``
             slot = starts.reserve(run_id)
             if slot is not None:
-                await self._begin(run_id, slot, False)
-                return
+                return await self._begin(run_id, slot, False)
             starts.queued(run_id)
         self.runtime.forget_admitted(run_id)  # it may execute anywhere: it is read back there
         try:
@@ -602,9 +603,11 @@ class DurableEngine:
             if starts is not None:
                 starts.began(run_id)  # it waits nowhere
             raise
+        return None
 
-    async def _begin(self, run_id: str, slot: Slot, unwritten: bool) -> None:
-        """Execute a run here in ``slot`` (released when its execution ends)."""
+    async def _begin(self, run_id: str, slot: Slot, unwritten: bool) -> asyncio.Future[Any]:
+        """Execute a run here in ``slot`` (released when its execution ends); the future of
+        that execution."""
         if unwritten:
             done: asyncio.Future[Any] = self._begin_unwritten(run_id, slot)
         else:
@@ -616,6 +619,7 @@ class DurableEngine:
                 raise
             done.add_done_callback(lambda _: self._released(slot))
         self._track(run_id, done)
+        return done
 
     def _track(self, run_id: str, done: asyncio.Future[Any]) -> None:
         """``done`` is where a new run's start here stands until it is over (:meth:`withdraw`):

@@ -247,6 +247,13 @@ class LiveReader:
         return max(0, self._feed.cursor - self.cursor)
 
     @property
+    def done(self) -> bool:
+        """Whether the last batch ``next`` returned was the stream's last (``next`` would return
+        ``None``): it held the run's terminal event, or, without ``follow``, the last event
+        stored when replaying reached it."""
+        return self._done
+
+    @property
     def shared(self) -> bool:
         """Whether other readers follow the same feed now (then a frame is worth caching)."""
         return self._feed is not None and len(self._feed.subscribers) > 1

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import UsageError, failure_detail, failure_text
@@ -78,7 +78,8 @@ class RunManager:
         self.sweep_every_s = sweep_every_s or runtime.leases.ttl_s * 2 / 3
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._modes: dict[str, str] = {}
-        """``chain_of_thought`` of each run in ``_tasks`` (see ``executing_mode``)."""
+        """``chain_of_thought`` of each run in ``_tasks``, and of each durable run the engine
+        started here at once until its execution is over (see ``executing_mode``)."""
         self._ended: dict[str, str] = {}
         """``chain_of_thought`` of the last ``_ENDED`` runs whose task here is over (see
         ``executed_mode``), oldest first."""
@@ -187,16 +188,29 @@ class RunManager:
         # cancels nothing: uvicorn lets the handler finish.
         submitting = asyncio.ensure_future(engine.submit(run.run_id, queue, priority=rank))
         try:
-            await asyncio.shield(submitting)
+            execution = await asyncio.shield(submitting)
         except asyncio.CancelledError:
             await self._withdraw(run.run_id, submitting)
             raise
         except Exception as exc:
             await self._close_failed(run.run_id, _NOT_STARTED + failure_text(exc), exc)
             raise
+        if execution is not None:  # started here: known as a plain run is (ADR 0086)
+            self._executing(run.run_id, run.chain_of_thought, execution)
         return run
 
-    async def _withdraw(self, run_id: str, submitting: asyncio.Future[None]) -> None:
+    def _executing(self, run_id: str, mode: str, execution: asyncio.Future[Any]) -> None:
+        """A durable run this daemon started at once is ``executing_mode`` until ``execution``
+        (the engine's, without a task of ours) is over, then ``executed_mode``."""
+
+        def over(_: object) -> None:
+            if self._modes.pop(run_id, None) is not None:
+                self._remember_ended(run_id, mode)
+
+        self._modes[run_id] = mode
+        execution.add_done_callback(over)
+
+    async def _withdraw(self, run_id: str, submitting: asyncio.Future[Any]) -> None:
         """End ``interrupted`` a new run whose start was cancelled while the durable engine
         placed it (ADR 0082): once the placing is over, wherever it put the run -- started here,
         waiting here, on a queue (``DurableEngine.withdraw``) -- with the shutdown's reason or
@@ -253,8 +267,8 @@ class RunManager:
         return min(fitting, key=lambda q: (len(q.tools), q.name)).name
 
     def executing_mode(self, run_id: str) -> str | None:
-        """The ``chain_of_thought`` mode of a run this daemon started and is executing now,
-        else ``None``.
+        """The ``chain_of_thought`` mode of a run this daemon started and is executing now
+        (a durable one the engine started here at once too, ADR 0086), else ``None``.
 
         What a ticket or a live stream needs of such a run without reading it back (ADR 0028):
         it exists, it has not ended (its end is the last thing its task stores, so a stream

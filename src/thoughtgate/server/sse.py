@@ -19,7 +19,10 @@ A stream is also ended when its reader's access goes: ``watch_access`` registers
 daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
 stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
 run (``follow=False``) is replayed up to its last stored event and the response ends there,
-terminal event or not.
+terminal event or not. The chunk a stream ends with goes out with the response's end, in one
+write (ADR 0085): the feed writes the run's terminal event and ends the response in the commit's
+own step (``DirectWrites.end``), or the stream's task sends a :class:`LastChunk` as the last
+body; so a client reads its run's end in one wake, and sooner.
 
 Why not sse-starlette's ``EventSourceResponse`` (ADR 0014): it runs four tasks per connection
 and an anyio cancel scope per write, which made the stream route the daemon's largest cost after
@@ -42,7 +45,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from thoughtgate.access.roles import Role
-from thoughtgate.events.schema import Event
+from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.fanout import FirstPage, RunFeeds
 from thoughtgate.store import codec
@@ -52,6 +55,7 @@ __all__ = [
     "PING",
     "SERVER_SEND",
     "DirectWrites",
+    "LastChunk",
     "LiveResponse",
     "LiveStreams",
     "encode_event",
@@ -67,6 +71,13 @@ _FAILED: Final = "failed"
 _REVOKED: Final = "access_revoked"
 PING: Final = b": ping\r\n\r\n"
 """A keep-alive comment line (readers ignore it)."""
+
+
+class LastChunk(bytes):
+    """A stream's last chunk (it ends with the run's terminal event, or a finished run's last
+    stored one): :class:`LiveResponse` sends it with the response's end, in one write."""
+
+    __slots__ = ()
 
 
 def encode_event(event: Event) -> dict[str, Any]:
@@ -153,11 +164,15 @@ async def live_frames(
             reader.wake()
 
     def sink(events: Sequence[Event]) -> bool:
-        """The feed's events while this stream waits: filtered, encoded, written in one write."""
+        """The feed's events while this stream waits: filtered, encoded, written in one write;
+        with the run's terminal event, the response's end goes in that write too."""
         nonlocal last_sent, quiet_since
-        write = direct.write if direct is not None else None
-        if write is None or lost:
+        if direct is None or lost:
             return False
+        ends = any(is_run_terminal(e.type) for e in events)
+        write = direct.end if ends else direct.write
+        if write is None:
+            return False  # next() yields them (a terminal event in a LastChunk)
         shared = reader.shared
         chunk = []
         seen = last_sent
@@ -171,6 +186,8 @@ async def live_frames(
                 return False
             last_sent = seen
             quiet_since = loop.time()
+        elif ends:  # nothing of them for this reader: the stream ends the response itself
+            return False
         return True
 
     if direct is not None:
@@ -204,6 +221,9 @@ async def live_frames(
                     quiet_since = loop.time()
                     yield PING
                 continue
+            if reader.done:  # the response ends with it, in the same write
+                yield LastChunk(b"".join(chunk))
+                return
             started = loop.time()
             yield b"".join(chunk)
             quiet_since = loop.time()
@@ -286,42 +306,78 @@ _DIRECT_MAX_BUFFERED = 64 * 1024
 class DirectWrites:
     """How a live stream's feed writes a chunk to its connection without awaiting.
 
-    ``write`` is set by :class:`LiveResponse` once the response has started, when the server
-    is uvicorn's httptools protocol (the daemon's): it writes the chunk to the socket's
-    transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing written)
-    when the client is gone, the response is ending, or the socket is not keeping up. Other
-    servers (and tests' in-memory transports) leave it ``None``: every chunk is then awaited.
+    ``write`` and ``end`` are set by :class:`LiveResponse` once the response has started, when
+    the server is uvicorn's httptools protocol (the daemon's): ``write`` writes the chunk to the
+    socket's transport as one HTTP chunk and returns ``True``, or returns ``False`` (nothing
+    written) when the client is gone, the response is ending, or the socket is not keeping up;
+    ``end`` likewise writes a stream's last chunk and ends the response with it, in one write,
+    and sets ``ended``. Other servers (and tests' in-memory transports) leave them ``None``:
+    every chunk is then awaited.
     """
 
-    __slots__ = ("write",)
+    __slots__ = ("end", "ended", "write")
 
     def __init__(self) -> None:
         self.write: Callable[[bytes], bool] | None = None
+        self.end: Callable[[bytes], bool] | None = None
+        self.ended = False
+        """The response was ended by ``end``: its task sends nothing more."""
+
+    def stop(self) -> None:
+        """No direct write from now on (the response is ending)."""
+        self.write = None
+        self.end = None
 
 
-def _socket_writer(server_send: object) -> Callable[[bytes], bool] | None:
-    """A direct chunk writer for uvicorn's httptools connection behind ``server_send``, else
-    ``None``. Only after the response has started, with chunked encoding (no length given)."""
+def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
+    """Set ``direct``'s writers for uvicorn's httptools connection behind ``server_send``, if it
+    is one. Only after the response has started, with chunked encoding (no length given)."""
     cycle = getattr(server_send, "__self__", None)
     if cycle is None or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
-        return None
+        return
     transport = getattr(cycle, "transport", None)
     flow = getattr(cycle, "flow", None)
     if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
-        return None
+        return
 
-    def write(chunk: bytes) -> bool:
-        if (
+    def writable() -> bool:
+        return not (
             cycle.disconnected
             or cycle.response_complete
             or flow.write_paused
             or transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
-        ):
+        )
+
+    def write(chunk: bytes) -> bool:
+        if not writable():
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
-    return write
+    def end(chunk: bytes) -> bool:
+        if not writable():
+            return False
+        # uvicorn's own send: with the socket not paused (checked above) it awaits nothing,
+        # so one step runs it whole -- the chunk and the body's end in one write, the response
+        # complete, the connection ready for its next request -- in the feed's step, not after
+        # a turn of the event loop to wake the stream's task.
+        step = server_send({"type": "http.response.body", "body": chunk, "more_body": False})
+        try:
+            step.send(None)
+        except StopIteration:
+            direct.stop()
+            direct.ended = True
+            return True
+        except Exception:  # not the feed's to raise: the stream's own send meets it
+            log.exception("ending a live stream's response from its feed failed")
+            direct.stop()
+            return False
+        # It awaited: its only await (a paused socket's drain) comes before it writes anything.
+        step.close()
+        return False
+
+    direct.write = write
+    direct.end = end
 
 
 class LiveResponse(Response):
@@ -362,10 +418,12 @@ class LiveResponse(Response):
         sending_since: float | None = None
 
         def end(why: str) -> None:
-            if active and not ended:
+            # (After the feed ended the response, its completion reads as a disconnect: this
+            # task ends on its own, its reader done.)
+            if active and not ended and not (self.direct is not None and self.direct.ended):
                 ended.append(why)
                 if self.direct is not None:
-                    self.direct.write = None
+                    self.direct.stop()
                 task.cancel()
 
         def tick(now: float) -> None:
@@ -386,12 +444,17 @@ class LiveResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if self.direct is not None and not ended:
-                self.direct.write = _socket_writer(scope.get(SERVER_SEND))
+                _socket_writers(scope.get(SERVER_SEND), self.direct)
+            more = True
             async for chunk in self.chunks:
+                more = type(chunk) is not LastChunk
                 sending_since = loop.time()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
                 sending_since = None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if not more:
+                    break
+            if more and not (self.direct is not None and self.direct.ended):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not ended or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
@@ -402,7 +465,7 @@ class LiveResponse(Response):
         finally:
             active = False
             if self.direct is not None:
-                self.direct.write = None
+                self.direct.stop()
             if forget is not None:
                 forget()
             watcher.cancel()

@@ -123,9 +123,23 @@ def _make_fast_encoder() -> Callable[[object], str]:
 
 
 _fast_encode = _make_fast_encoder()
+_orjson_dumps = orjson.dumps
 
 
 _ascii_encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
+_ORJSON_OPTIONS = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+"""What orjson would write differently from ``json`` goes to ``default`` (which refuses it, so
+``json`` decides): subclasses of ``str``, ``int``, ``dict`` and ``list``, dataclasses, dates."""
+
+
+def _orjson_refuses(value: object) -> object:
+    raise TypeError(type(value).__name__)
 
 
 def dumps(value: object, *, what: str = "value") -> str:
@@ -134,7 +148,23 @@ def dumps(value: object, *, what: str = "value") -> str:
     Non-ASCII text is kept as is (compact and readable in the database), except that a string
     holding a lone surrogate, which no database text column can take, is written with ``\\u``
     escapes instead: still valid JSON, and it decodes back to exactly the same string.
+
+    orjson writes it (about a sixth of ``json``'s CPU, ADR 0080), unless it refuses the value or
+    its text holds ``null`` anywhere (orjson writes a NaN or an infinity as ``null``): then
+    ``json`` writes it as it always did, and so decides every value orjson would not write as
+    ``json`` does -- NaN and infinities (refused), integers past 64 bits, keys that are not
+    strings, subclasses, lone surrogates, a value that holds itself. Where orjson writes, the
+    text reads back as ``json``'s would (a float's digits may be spelled differently: ``1e16``
+    for ``1e+16``); it also writes plain ``Enum`` members and UUIDs, as their value and their
+    text, which ``json`` refused.
     """
+    try:
+        written = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        if b"null" not in written:
+            return written.decode()
     try:
         text = _fast_encode(value)
         if not text.isascii():

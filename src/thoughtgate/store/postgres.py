@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
 from typing import Any, Unpack
 
+import orjson
 import psycopg
 from psycopg import sql
 from psycopg.types.string import TextBinaryLoader, TextLoader
@@ -97,11 +98,16 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 def _batch_params(
     payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
 ) -> dict[str, Any]:
-    """The batch columns as strings: JSON arrays for the texts, ``repr`` (exact) for floats."""
+    """The batch columns as strings: JSON arrays for the texts, the shortest digits that read
+    back as the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a
+    time that is not finite, which orjson would write as ``null``)."""
+    stamps = orjson.dumps(list(map(float, ts)))
     return {
         "task_ids": codec.dumps(task_ids),
         "types": codec.dumps(types),
-        "ts": ",".join(map(float.__repr__, map(float, ts))),
+        "ts": ",".join(map(float.__repr__, map(float, ts)))
+        if b"null" in stamps
+        else stamps[1:-1].decode(),
         "payloads": _RECORD_SEPARATOR.join(payloads),
     }
 

@@ -60,12 +60,23 @@ def _ending(events: list[Event]) -> tuple[Any, ...]:
     )
 
 
-async def _run_to_end(daemon: InProcessDaemon[SQLiteStore], mode: str) -> str:
+Stopping = dict[str, "asyncio.Future[asyncio.Task[Any]]"]
+"""Runs whose execution stops after the failed turn's checkpoint, each with where the test learns
+the task that executed it."""
+
+
+async def _run_to_end(
+    daemon: InProcessDaemon[SQLiteStore], mode: str, stopping: Stopping | None = None
+) -> str:
+    """Admit and submit a run; with ``stopping``, its execution is to stop (registered before
+    its submit, so however soon the execution gets there)."""
     tasks = (TaskSpec("first", model="fake:replay-buggy"), TaskSpec("second"))
     run, rank = await daemon.runtime.admit(
         RunRequest("hi", model="fake:echo", chain_of_thought=mode, tasks=tasks),
         queue=daemon.queue,
     )
+    if stopping is not None:
+        stopping[run.run_id] = asyncio.get_running_loop().create_future()
     await daemon.engine.submit(run.run_id, daemon.queue, priority=rank)
     return run.run_id
 
@@ -80,12 +91,13 @@ async def test_a_replayed_step_failure_names_its_own_class_as_the_first_executio
     await daemon.launch()
     runtime = daemon.runtime
     aborted = runtime._task_aborted
-    stopping: set[str] = set()
+    stopping: Stopping = {}
 
     async def stops_after_the_checkpoint(run: Any, *args: Any, **kwargs: Any) -> None:
-        if run.run_id in stopping:  # the turn's failure is checkpointed; the process stops
-            stopping.discard(run.run_id)
-            raise asyncio.CancelledError(SUSPENDED)
+        stopped = stopping.get(run.run_id)
+        if stopped is not None and not stopped.done():  # its failed turn is checkpointed
+            stopped.set_result(runtime.workflow_tasks()[run.run_id])
+            raise asyncio.CancelledError(SUSPENDED)  # the process stops (a shutdown's cancel)
         await aborted(run, *args, **kwargs)
 
     monkeypatch.setattr(runtime, "_task_aborted", stops_after_the_checkpoint)
@@ -95,9 +107,13 @@ async def test_a_replayed_step_failure_names_its_own_class_as_the_first_executio
         expected = _ending(await store.read(first))
         assert expected[2] == expected[4] == "AdapterBug", expected
 
-        run_id = await _run_to_end(daemon, mode)
-        stopping.add(run_id)
-        await until(lambda: _stopped(daemon, run_id))
+        run_id = await _run_to_end(daemon, mode, stopping)
+        stopped = stopping[run_id]
+        # As a shutdown does: the run is released only once its execution stopped and is over.
+        # (Its workflow may not have begun when ``submit`` returns: a release then would take
+        # the run from under the execution about to begin, whose renewal finds it lost.)
+        await asyncio.wait([await stopped])
+        assert run_id not in runtime.executing
         assert not await daemon.ended(run_id), "the run stayed open to resume"
         me = runtime.leases.owner.owner_id  # what a shutdown does with a run it executed
         assert await store.release_run(run_id, owner=me, queue=True)
@@ -118,10 +134,3 @@ async def test_a_replayed_step_failure_names_its_own_class_as_the_first_executio
         assert all("[parameters" not in repr(e.payload) for e in events)
     finally:
         await daemon.close()
-
-
-async def _stopped(daemon: InProcessDaemon[SQLiteStore], run_id: str) -> bool:
-    """Its execution stopped, the run open: the failed turn checkpointed, nothing ended."""
-    return run_id not in daemon.runtime.executing and "run.resumed" not in await daemon.types(
-        run_id
-    )

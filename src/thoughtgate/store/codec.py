@@ -159,12 +159,11 @@ def dumps(value: object, *, what: str = "value") -> str:
     text, which ``json`` refused.
     """
     try:
-        written = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
+        written: bytes | None = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
     except orjson.JSONEncodeError:
-        pass
-    else:
-        if b"null" not in written:
-            return written.decode()
+        written = None  # refused: json decides below
+    if written is not None and b"null" not in written:
+        return written.decode()
     try:
         text = _fast_encode(value)
         if not text.isascii():

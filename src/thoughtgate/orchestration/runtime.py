@@ -252,6 +252,9 @@ class Runtime:
         """Durable runs executing in this process: their workflow tasks (for cancelling)."""
         self._cancelled_early: dict[str, str] = {}
         """Runs cancelled between starting their workflow and its first step: the reason."""
+        self._refusing: str | None = None
+        """Why every durable execution that begins here from now on stops at once
+        (:meth:`refuse_executions`: a daemon's shutdown), or ``None``."""
 
     def attach_durable(self, engine: DurableEngine) -> None:
         """Execute runs as durable workflows from now on; approvals go through the engine, so a
@@ -650,6 +653,17 @@ class Runtime:
             if done.done():
                 self._cancelled_early.pop(run_id, None)
 
+    def refuse_executions(self, reason: str) -> None:
+        """Every durable execution that begins in this process from now on stops before it
+        does anything, with ``reason`` (``SUSPENDED``: the run stays open to resume elsewhere).
+
+        A daemon's shutdown stops the executions under way (:meth:`workflow_tasks`); this stops
+        those whose workflow DBOS started but whose first step had not run yet -- a run started
+        here at once, or one DBOS's queue worker took from the queue a moment before: neither
+        is among them yet, and each would otherwise claim and execute its run while the daemon
+        closes its databases under it (ADR 0090)."""
+        self._refusing = reason
+
     @property
     def executing(self) -> frozenset[str]:
         """Durable runs this process is executing now."""
@@ -734,7 +748,7 @@ class Runtime:
         assert isinstance(self.store, DurableRunStore)
         claimed = run_id in self._claimed
         admitted = self.forget_admitted(run_id)
-        early = self._cancelled_early.pop(run_id, None)
+        early = self._cancelled_early.pop(run_id, None) or self._refusing
         if early is not None:
             if early not in _KEEP_OPEN and admitted is not None:
                 # Cancelled before it began (a daemon's start, ADR 0082): nothing else records

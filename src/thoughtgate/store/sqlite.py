@@ -293,14 +293,15 @@ _BUMP_SEQ = (
     "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
     "RETURNING last_seq"
 )
-_BUMP_HELD_SEQ = (
-    "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
-    "AND owner = ? AND (? IS NULL OR (SELECT attempts FROM run_specs s "
-    "WHERE s.run_id = runs.run_id) = ?) RETURNING last_seq"
+_BUMP_HELD_SEQ = _BUMP_SEQ.replace(
+    "AND closed_at IS NULL",
+    "AND closed_at IS NULL AND owner = ? AND (? IS NULL OR "
+    "(SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) = ?)",
 )
 """``_BUMP_SEQ`` for an execution's append, fenced in the same statement as its end is
 (``Holder.holds``, ADR 0090): numbered only while the run's owner is the execution's and, for a
-claimed run, its spec's claims counted no further than the execution's own."""
+claimed run, its spec's claims counted no further than the execution's own. Its parameters:
+``_BUMP_SEQ``'s, then the owner and the attempt twice."""
 _BUMP_SEQS = (
     "UPDATE OR ROLLBACK runs SET last_seq = last_seq + j.value FROM json_each(?) AS j "
     "WHERE runs.run_id = j.key AND runs.closed_at IS NULL RETURNING runs.run_id, last_seq"

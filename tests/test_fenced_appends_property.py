@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.durable_store_conformance import admitted
+from support.store_backends import fresh_sqlite
 
 from thoughtgate.errors import RunClosedError, RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import EventStore, Holder, RunEnding
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.store.sqlite import SQLiteStore
 
 OWNERS = ("a.1.x", "b.2.y")
 Step = tuple[str, tuple[str, ...]]
@@ -111,9 +109,5 @@ async def test_any_interleaving_on_the_memory_store(steps: list[Step]) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=STEPS)
 async def test_any_interleaving_on_sqlite(steps: list[Step]) -> None:
-    with tempfile.TemporaryDirectory() as where:
-        store = await SQLiteStore.open(Path(where) / "tg.db")
-        try:
-            await check_interleaving(store, steps)
-        finally:
-            await store.close()
+    async with fresh_sqlite() as store:
+        await check_interleaving(store, steps)

@@ -45,6 +45,18 @@ async def admitted(store: EventStore, **spec: Any) -> str:
     return run.run_id
 
 
+async def taken_over(store: EventStore, n: int) -> list[str]:
+    """``n`` durable runs claimed by process A (attempt 1), released, then claimed by B
+    (attempt 2): each as a stalled A finds it when it wakes."""
+    ds = durable(store)
+    runs = [await admitted(store, durable=True) for _ in range(n)]
+    for run_id in runs:
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+    return runs
+
+
 async def queued_since(store: EventStore, run_id: str) -> float:
     """The run's ``queued_at`` as the store keeps it."""
     spec = await durable(store).get_run_spec(run_id)
@@ -288,12 +300,7 @@ class DurableStoreConformance:
         self, store: EventStore
     ) -> None:
         """Both ends in flight together (SQLite merges them into one write, ADR 0033)."""
-        ds = durable(store)
-        runs = [await admitted(store, durable=True) for _ in range(3)]
-        for run_id in runs:
-            assert await ds.claim_run(run_id, "a.1.x", 30) == 1
-            assert await ds.release_run(run_id, owner="a.1.x", queue=True)
-            assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        runs = await taken_over(store, 3)
         ends = [
             store.finish_run(run_id, [], RunEnding(status, held_by=Holder(owner, attempt)))
             for run_id in runs
@@ -374,12 +381,7 @@ class DurableStoreConformance:
     ) -> None:
         """Both executions' appends in flight at once, on several runs (SQLite merges them into
         one write, ADR 0030): each of A's is refused alone, B's are stored, gap-free."""
-        ds = durable(store)
-        runs = [await admitted(store, durable=True) for _ in range(3)]
-        for run_id in runs:
-            assert await ds.claim_run(run_id, "a.1.x", 30) == 1
-            assert await ds.release_run(run_id, owner="a.1.x", queue=True)
-            assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        runs = await taken_over(store, 3)
         writes = [
             store.append(run_id, [delta(f"{who} {k}")], held_by=holder)
             for k in range(2)

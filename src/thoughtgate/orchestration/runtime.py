@@ -738,11 +738,24 @@ class Runtime:
         self.leases.unadmit(run_id)
         return self._admitted.pop(run_id, None)
 
-    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
+    async def execute_workflow(
+        self,
+        run_id: str,
+        *,
+        unwritten: bool = False,
+        holding: Callable[[Holder], None] | None = None,
+    ) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
         took it: claim the run, say it resumed when it did, then run its tasks through
         checkpointed steps. Returns the run's status. ``unwritten``: the first execution of a
-        run that can take no checkpoint, without a workflow (``DurableEngine.submit``)."""
+        run that can take no checkpoint, without a workflow (``DurableEngine.submit``).
+        ``holding``: told this execution's holder once its claim took the run -- what the
+        engine's hand-back of a run whose workflow it lost names (ADR 0093).
+
+        This process may execute one run twice at once: a stalled execution and the one its own
+        queue took the run back with (a later claim). What the first leaves behind as it ends is
+        its own only -- the task cancelled for the run, the lease renewed for it -- never the
+        second's."""
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
@@ -758,12 +771,16 @@ class Runtime:
                 held = self.holder(1 if claimed else 0) if first.owner else UNCLAIMED
                 await self._interrupted(run_id, Usage(), early, holder=held)
             raise asyncio.CancelledError(early)
-        self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
+        task = asyncio.current_task()
+        assert task is not None
+        self._workflows[run_id] = task
         try:
             begun = await self._begin_held(begin_execution(self, run_id, admitted, claimed=claimed))
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed, attempt = begun
+            if holding is not None:
+                holding(self.holder(attempt))
             try:
                 steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
                 return await self._run_held(run, spec.tasks, tools, steps, attempt=attempt)
@@ -773,7 +790,8 @@ class Runtime:
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
         finally:
-            self._workflows.pop(run_id, None)
+            if self._workflows.get(run_id) is task:  # not a later execution's (see above)
+                del self._workflows[run_id]
 
     async def _begin_held(self, beginning: Awaitable[_Begun]) -> _Begun:
         """``begin_execution``, let finish when the execution is cancelled meanwhile: its claim
@@ -808,7 +826,8 @@ class Runtime:
         Its end is recorded only while this execution still holds the run (ADR 0072): else
         ``RunTakenOverError``, the end not stored. Returns the status it ended the run with."""
         run_id = run.run_id
-        self.leases.hold(run_id, asyncio.current_task())
+        task = asyncio.current_task()
+        self.leases.hold(run_id, task)
         spent = _Spent()
         execution = _Execution(specs, tools, steps, self.holder(attempt))
         try:
@@ -818,14 +837,14 @@ class Runtime:
             # has ended is a no-op, so the run ends exactly once either way.
             reason = _cancel_reason(exc)
             if reason in _KEEP_OPEN:
-                self.leases.release(run_id)
+                self.leases.release(run_id, task)
             else:
                 await self._interrupted(
                     run_id, spent.usage, reason, spent.ended, spent.tail, execution.holder
                 )
             raise
         finally:
-            self.leases.release(run_id)
+            self.leases.release(run_id, task)  # its own hold only: not a later execution's
             await _close_all(self._prepared.pop(run_id, {}).values())
 
     async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> str:

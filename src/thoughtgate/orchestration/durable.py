@@ -730,9 +730,7 @@ class DurableEngine:
             # Its start from the line, then its execution: each is stopped in turn.
             while (done := self._started.get(run_id)) is not None and not done.done():
                 await self.runtime.stop_started(run_id, reason, done)
-            with contextlib.suppress(Exception):  # (the store is down: the row stays, as before)
-                if (await self.runtime.store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
-                    await self._cancel_workflow(run_id)
+            await self.cancel_ended_workflow(run_id)
             return
         waited = self._leave_line(run_id)
         if waited:
@@ -747,6 +745,16 @@ class DurableEngine:
             log.warning("could not close run %s: %s", run_id, exc)
         else:
             if not waited:  # (a run waiting here has no workflow yet)
+                await self._cancel_workflow(run_id)
+
+    async def cancel_ended_workflow(self, run_id: str) -> None:
+        """Cancel the workflow of a run started here whose execution was stopped -- a
+        withdrawn start, the cancelled task of ``thoughtgate run`` or MCP (ADR 0093) -- once
+        the run has ended: its workflow's row would otherwise stay (:meth:`_cancel_workflow`).
+        A run still open keeps it: it resumes from there (suspended, or executing elsewhere
+        since its end here was refused). A store that cannot tell leaves the row, as before."""
+        with contextlib.suppress(Exception):
+            if (await self.runtime.store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
                 await self._cancel_workflow(run_id)
 
     @staticmethod

@@ -600,7 +600,19 @@ class Runtime:
                 await self._execute_here(run_id)
 
     async def _execute_here(self, run_id: str) -> None:
-        assert self.durable is not None
+        """A durable run executed here, now, by its caller's task (``thoughtgate run``, MCP).
+
+        A cancel of that task ends the run wherever it lands (ADR 0072) and leaves no workflow
+        behind (ADR 0093): DBOS records no outcome for a cancelled workflow, so its row would
+        stay ``PENDING`` under this process's executor id, which no later process recovers and
+        no sweep deletes. Once the run has ended its workflow is cancelled, and the next sweep
+        deletes it with the ended runs'. DBOS writes a new workflow in a thread that a cancel
+        does not stop, so a cancel while it starts waits for that write (a DBOS transaction),
+        then stops the run as one cancelled while it executes; a second cancel meanwhile
+        leaves the row as before."""
+        durable = self.durable
+        assert durable is not None
+        cancelled: asyncio.CancelledError | None = None
         try:
             if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
                 run = await self.store.get_run(run_id)
@@ -612,13 +624,22 @@ class Runtime:
             # its lease, held from its admission, is what a resume needs, as for a daemon's run.
             unwritten = run_id in self._unwritten
             self._unwritten.discard(run_id)
-            done = await self.durable.start(run_id, unwritten=unwritten)
+            starting = asyncio.ensure_future(durable.start(run_id, unwritten=unwritten))
+            try:
+                done = await asyncio.shield(starting)
+            except asyncio.CancelledError as exc:
+                await asyncio.wait([starting])
+                if starting.cancelled() or starting.exception() is not None:
+                    raise  # nothing started: closed below, as before its workflow began
+                done, cancelled = starting.result(), exc
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):  # before its workflow began
                 await self._close_unbegun(run_id, _cancel_reason(exc))
             self.forget_admitted(run_id)
             raise
         try:
+            if cancelled is not None:  # while its workflow started: it may begin any moment
+                raise cancelled
             await asyncio.shield(done)
         except asyncio.CancelledError as exc:
             reason = _cancel_reason(exc)
@@ -628,6 +649,7 @@ class Runtime:
                 await done
             if reason not in _KEEP_OPEN:
                 await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
+                await durable.cancel_ended_workflow(run_id)
             raise
 
     def cancel(self, run_id: str, reason: str) -> bool:

@@ -159,15 +159,14 @@ def dumps(value: object, *, what: str = "value") -> str:
     text, which ``json`` refused.
     """
     try:
-        written = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS).decode()
+        written: str | None = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS).decode()
     except orjson.JSONEncodeError:
-        pass  # refused: json decides below
-    else:
-        # Looked for in the text, not the bytes: ``bytes.__contains__`` first tries its operand
-        # as an integer and raises and clears a ``TypeError`` for every call, which cost more
-        # than orjson's writing the payload (ADR 0087).
-        if "null" not in written:
-            return written
+        written = None  # refused: json decides below
+    # Looked for in the text, not the bytes: ``bytes.__contains__`` first tries its operand as
+    # an integer, raising and clearing a ``TypeError`` on every call, which cost more than
+    # orjson's writing the payload (ADR 0087).
+    if written is not None and "null" not in written:
+        return written
     try:
         text = _fast_encode(value)
         if not text.isascii():

@@ -194,6 +194,20 @@ _DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 """Every ASCII digit as ``0``, every other byte as a space: a run of digits is a run of zeros."""
 _LONG_NUMBER = b"0" * 19
 """19 digits in a row: a number orjson may not read as ``json`` does (integers past 64 bits)."""
+_SAMPLE = 9
+"""Every ninth byte of a page is looked at first (:func:`_may_hold_a_long_number`)."""
+
+
+def _may_hold_a_long_number(data: bytes) -> bool:
+    """Whether ``data`` may hold 19 digits in a row, from every ninth byte first: any 19
+    consecutive positions hold two positions nine apart, both multiples of nine, so such a run
+    leaves two digits side by side among the sampled bytes. Without that (a page of text and
+    small numbers), there is no such run; with it, the whole page is looked at. The sample is a
+    ninth of the page, so the common answer costs about a ninth of looking at every byte, which
+    was about a third of decoding a page with orjson (ADR 0087)."""
+    if data[::_SAMPLE].translate(_DIGITS).find(b"00") < 0:
+        return False
+    return data.translate(_DIGITS).find(_LONG_NUMBER) >= 0
 
 
 def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
@@ -207,7 +221,7 @@ def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
     """
     data = b"[" + joined + b"]"
     try:
-        if data.translate(_DIGITS).find(_LONG_NUMBER) < 0:
+        if not _may_hold_a_long_number(data):
             return cast(list[dict[str, Any]], orjson.loads(data))
     except orjson.JSONDecodeError:
         pass

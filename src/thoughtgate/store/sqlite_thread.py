@@ -92,6 +92,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -288,6 +289,7 @@ class SQLiteThread:
         *,
         merge: tuple[Merge, Any] | None = None,
         decided: Callable[[T], None] | None = None,
+        committed: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``fn(connection)`` inside a write transaction; returns once that is durable.
 
@@ -301,8 +303,13 @@ class SQLiteThread:
         waits for the loop. A write the thread runs is not told early; what ``fn`` returned is
         final once told (a ``COMMIT`` that fails then is not run again: the write fails, nothing
         of it stored). It must not raise; it never writes.
+
+        ``committed``: called on the loop with what ``fn`` returned in the commit's hand-off,
+        once the ``COMMIT`` held, before the caller resumes (a turn of the loop later), also when
+        the caller was cancelled meanwhile (as ``write_then``'s ``then``). It must not raise.
         """
-        return await self._submit(action, fn, grouped=True, merge=merge, decided=decided)
+        then = None if committed is None else functools.partial(_told_committed, committed)
+        return await self._submit(action, fn, grouped=True, merge=merge, decided=decided, then=then)
 
     def queue_call(self, action: str, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """:meth:`call`, queued on the thread now rather than when a task first runs: a read
@@ -940,6 +947,15 @@ class _Outcome:
     def __post_init__(self) -> None:
         if self.error is not None:
             self.job.error = self.error
+
+
+def _told_committed(committed: Callable[[T], None], value: T) -> T:
+    """``write``'s ``committed``, told ``value`` in the hand-off; the caller still gets it."""
+    try:
+        committed(value)
+    except Exception:  # the write is durable all the same: its caller must hear so
+        log.exception("a write's 'committed' callback failed")
+    return value
 
 
 def _tell_decided(done: list[_Outcome]) -> None:

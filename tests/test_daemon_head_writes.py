@@ -1,7 +1,8 @@
 """A response that gives its length leaves the daemon in one write, head and body together
-(``server.connections._HeldHead``, ADR 0032); streamed responses, ``HEAD`` answers and a close
-before the body still send their head, and the live stream writes to the transport itself, its
-run's terminal event in the write that ends the response (ADR 0085)."""
+(``server.connections._HeldHead``, ADR 0032); a streamed one sends its head with the first chunk
+sent in the step that starts it, or alone when it has none yet (ADR 0091); ``HEAD`` answers and a
+close before the body still send their head, and the live stream writes to the transport itself,
+its run's terminal event in the write that ends the response (ADR 0085)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ WRITES: list[bytes] = []
 CYCLE_TRANSPORTS: list[str] = []
 CONNECTIONS: list[object] = []
 FEEDS: list[RunFeeds] = []
+RELEASE: list[asyncio.Event] = []
 
 
 class _Writes:
@@ -75,9 +77,15 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         cycle = send.__self__
-        CYCLE_TRANSPORTS.append(type(cycle.transport).__name__)
         for piece in (b"one", b"two"):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
+            CYCLE_TRANSPORTS.append(type(cycle.transport).__name__)
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/waiting":  # a stream with nothing to send yet
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await RELEASE[0].wait()
+        await send({"type": "http.response.body", "body": b"late", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
     body = b'{"ok":true}'
@@ -120,6 +128,7 @@ def fresh() -> None:
     CYCLE_TRANSPORTS.clear()
     CONNECTIONS.clear()
     FEEDS.clear()
+    RELEASE.clear()
 
 
 async def test_a_json_answer_is_one_write() -> None:
@@ -134,17 +143,37 @@ async def test_a_json_answer_is_one_write() -> None:
         assert body == b'{"ok":true}'
 
 
-async def test_streamed_and_head_answers_send_their_head_at_once() -> None:
+async def test_a_streamed_answer_sends_its_head_with_the_first_chunk_of_its_step() -> None:
+    """A live stream whose first page is read already: one write for its head and that page
+    (ADR 0091); the chunks after it, and a ``HEAD`` answer, go out as they are sent."""
     async with serving() as url, httpx.AsyncClient() as client:
         async with client.stream("GET", url + "/stream") as response:
             assert b"".join([piece async for piece in response.aiter_bytes()]) == b"onetwo"
         head = await client.head(url + "/json")
         assert head.status_code == 200 and head.headers["content-length"] == "11"
-    assert WRITES[0].startswith(b"HTTP/1.1 200 OK") and WRITES[0].endswith(b"\r\n\r\n")
-    assert b"transfer-encoding: chunked" in WRITES[0]
-    assert WRITES[1:4] == [b"3\r\none\r\n", b"3\r\ntwo\r\n", b"0\r\n\r\n"]
-    assert WRITES[4].startswith(b"HTTP/1.1 200 OK") and WRITES[4].endswith(b"\r\n\r\n")
-    assert CYCLE_TRANSPORTS == ["_Writes"]  # the live stream writes to the transport itself
+    head, _, first = WRITES[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in head
+    assert first == b"3\r\none\r\n"
+    assert WRITES[1:3] == [b"3\r\ntwo\r\n", b"0\r\n\r\n"]
+    assert WRITES[3].startswith(b"HTTP/1.1 200 OK") and WRITES[3].endswith(b"\r\n\r\n")
+    # once the head is out the stream writes to the transport itself (the live stream's direct
+    # writes too)
+    assert CYCLE_TRANSPORTS == ["_Writes", "_Writes"]
+
+
+async def test_a_stream_with_nothing_to_send_yet_sends_its_head_alone() -> None:
+    """Its client sees the response begin (an ``EventSource``'s ``open``) while it waits."""
+    RELEASE.append(asyncio.Event())
+    async with (
+        serving() as url,
+        httpx.AsyncClient() as client,
+        client.stream("GET", url + "/waiting") as response,
+    ):
+        assert response.status_code == 200  # the head arrived, the body not begun
+        assert len(WRITES) == 1 and WRITES[0].endswith(b"\r\n\r\n")
+        RELEASE[0].set()
+        assert b"".join([piece async for piece in response.aiter_bytes()]) == b"late"
+    assert WRITES[1:] == [b"4\r\nlate\r\n", b"0\r\n\r\n"]
 
 
 async def test_a_close_before_the_body_sends_the_held_head() -> None:

@@ -58,6 +58,7 @@ class _GatedStore(SQLiteStore):
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[_GatedStore]:
     opened = await _GatedStore.open(tmp_path / "t.db")
+    assert isinstance(opened, _GatedStore)
     opened.entered = asyncio.Event()
     yield opened
     await opened.close()

@@ -59,9 +59,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     path = scope["path"]
-    if path == "/live":  # a run's live stream, as the daemon's ``_App`` serves it
+    if path in ("/live", "/live-read"):  # a run's live stream, as the daemon's ``_App`` serves it
         scope[SERVER_SEND] = send
         feeds, direct = FEEDS[0], DirectWrites()
+        # ``/live-read``: its first page read before the response starts, as ``GET
+        # /v1/runs/{id}/stream`` reads it while the ticket's key is checked (ADR 0028)
+        first = await feeds.first_page("run_1", 0) if path == "/live-read" else None
         frames = live_frames(
             feeds.store,
             "run_1",
@@ -70,6 +73,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             after=0,
             feeds=feeds,
             direct=direct,
+            first_page=first,
         )
         response = LiveResponse(frames, send_timeout_s=5.0, headers={}, direct=direct)
         await response(scope, receive, send)
@@ -207,3 +211,29 @@ async def test_a_live_stream_ends_in_the_write_of_its_terminal_event() -> None:
     assert [m.id for m in messages] == ["1", "2", "3"]
     assert b"0\r\n\r\n" not in WRITES[:-2]  # no other end, before or after
     assert WRITES[-2] == last and len(CONNECTIONS) == 1
+
+
+async def test_a_live_streams_head_and_first_page_leave_in_one_write() -> None:
+    """A stream of a run with events stored, its first page read while the request was
+    served: one write for the response's head and that page (ADR 0091), then the feed's."""
+    store = MemoryStore()
+    await store.create_run(RunRecord("run_1", "p"))
+    delta = NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "turn": 1})
+    await store.append("run_1", [delta, delta])
+    FEEDS.append(RunFeeds(store))
+    async with (
+        serving() as url,
+        httpx.AsyncClient() as client,
+        client.stream("GET", url + "/live-read") as response,
+    ):
+        body = response.aiter_bytes()
+        first = await anext(body)
+        head, _, page = WRITES[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in head
+        assert page.count(b"message.delta") == 2, page
+        assert len(WRITES) == 1
+        await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+        received = first + b"".join([piece async for piece in body])
+    messages = SSEDecoder().feed(received)
+    assert [m.id for m in messages] == ["1", "2", "3"]
+    assert len(WRITES) == 2 and WRITES[1].endswith(b"\r\n0\r\n\r\n")

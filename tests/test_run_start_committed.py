@@ -143,6 +143,27 @@ async def test_a_created_runs_execution_begins_before_its_start_returns(
     assert provider.asked == 3
 
 
+async def test_runs_admitted_in_a_large_group_begin_after_their_starts_return(
+    store: _GatedStore,
+) -> None:
+    """16 admissions or more in one group: a loop with many runs to serve, where a run started
+    a turn sooner only has its first delta wait for it (ADR 0040, 0091): each run's execution
+    begins after its start returned, as before. A small group's, before."""
+    provider = _Asked()
+    manager, began = _manager(store, provider)
+
+    async def begun_at_return(i: int) -> bool:
+        run = await manager.start(RunRequest(f"run {i}", model="fake:x"))
+        return run.run_id in began
+
+    for n, expected in ((20, False), (3, True)):
+        # ``n`` starts queued in one turn of the loop: their admissions share a group
+        seen = await asyncio.gather(*(begun_at_return(i) for i in range(n)))
+        assert seen == [expected] * n, (n, seen)
+        await _idle(manager)
+    assert provider.asked == 23
+
+
 async def test_a_start_cancelled_once_its_admission_committed_ends_its_run_once(
     store: _GatedStore,
 ) -> None:

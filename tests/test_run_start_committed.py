@@ -6,18 +6,17 @@ admission committed leaves its run ended once and nothing executing."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.commits import held_admission_commits, idle
 
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.server.manager import RunManager
-from thoughtgate.store import sqlite_thread
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
 
@@ -79,33 +78,11 @@ def _manager(store: SQLiteStore, provider: _Asked) -> tuple[RunManager, list[str
     return manager, began
 
 
-async def _idle(manager: RunManager) -> None:
-    for _ in range(1000):
-        if manager.active == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{manager.active} executions never ended")
-
-
 @pytest.fixture
 def held_commits(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """The writer's ``COMMIT`` of a group holding an admission waits for this event (``holding``
     is set once one waits)."""
-    go = threading.Event()
-    go.holding = threading.Event()  # type: ignore[attr-defined]
-    commit = sqlite_thread.SQLiteThread._commit
-
-    def held(self: Any, conn: sqlite3.Connection, failed: list[Any], done: list[Any]) -> Any:
-        if any(o.job.action.startswith("create run") for o in done):
-            go.holding.set()  # type: ignore[attr-defined]
-            go.wait(30)
-        return commit(self, conn, failed, done)
-
-    monkeypatch.setattr(sqlite_thread.SQLiteThread, "_commit", held)
-    try:
-        yield go
-    finally:
-        go.set()
+    yield from held_admission_commits(monkeypatch)
 
 
 async def test_a_created_run_executes_only_once_its_admission_committed(
@@ -122,7 +99,7 @@ async def test_a_created_run_executes_only_once_its_admission_committed(
     assert began == [] and provider.asked == 0, "a run executed before its admission committed"
     held_commits.set()
     runs = await starting
-    await _idle(manager)
+    await idle(manager)
     assert sorted(began) == sorted(r.run_id for r in runs), "each run executed once"
     for run in runs:
         assert (await store.get_run(run.run_id)).status == "completed"
@@ -139,7 +116,7 @@ async def test_a_created_runs_execution_begins_before_its_start_returns(
     for i in range(3):  # alone, and each after a run that is still under way
         run = await manager.start(RunRequest(f"run {i}", model="fake:x"))
         assert began[-1:] == [run.run_id]
-    await _idle(manager)
+    await idle(manager)
     assert provider.asked == 3
 
 
@@ -160,7 +137,7 @@ async def test_runs_admitted_in_a_large_group_begin_after_their_starts_return(
         # ``n`` starts queued in one turn of the loop: their admissions share a group
         seen = await asyncio.gather(*(begun_at_return(i) for i in range(n)))
         assert seen == [expected] * n, (n, seen)
-        await _idle(manager)
+        await idle(manager)
     assert provider.asked == 23
 
 
@@ -177,7 +154,7 @@ async def test_a_start_cancelled_once_its_admission_committed_ends_its_run_once(
     store.gate.set()
     with pytest.raises(asyncio.CancelledError):
         await starting
-    await _idle(manager)
+    await idle(manager)
     (run,) = await store.list_runs()
     assert began == [run.run_id], "(its execution began in the commit's hand-off)"
     ended = await store.get_run(run.run_id)
@@ -190,5 +167,5 @@ async def test_a_start_cancelled_once_its_admission_committed_ends_its_run_once(
     # the store still serves the next start, which runs to its end
     store.gate = None
     after = await manager.start(RunRequest("after", model="fake:x"))
-    await _idle(manager)
+    await idle(manager)
     assert (await store.get_run(after.run_id)).status == "completed"

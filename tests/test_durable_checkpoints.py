@@ -85,14 +85,6 @@ async def test_the_turn_that_ends_an_earlier_task_is_checkpointed(tmp_path: Path
     assert [s.split(": ", 1)[1] for s in steps] == ["model turn 0"], "the first task's only"
 
 
-def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-    async def gen() -> AsyncIterator[Any]:
-        await asyncio.sleep(0.3)
-        yield text("done")
-
-    return gen()
-
-
 @contextlib.asynccontextmanager
 async def _daemon(tmp_path: Path, **durability: Any) -> AsyncIterator[InProcessDaemon[SQLiteStore]]:
     """A daemon on a fresh SQLite store, launched for the block."""
@@ -113,19 +105,36 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
 ) -> None:
     """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
     worker would otherwise come down from the slow one again for the next burst), and a daemon
-    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
-    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
-    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
+    that has executed nothing for as long polls at the idle pace (ADR 0057).
+
+    Each run's turn notes the pace as its 0.3 s ends, in the same step of the loop: a timer
+    that moves the pace on after the linger (due two seconds after the last run began) fires
+    after that turn's, however late a loaded machine runs the loop, and the change it makes
+    is written after an await. A test that read the queue's row once it saw every run ended
+    would read it up to 1.7 s after the backlog drained, by the loop's clock."""
     async with _daemon(
         tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5
     ) as daemon:
-        queue = daemon.queue
+        queue, starts = daemon.queue, daemon.engine.starts
+        assert starts is not None
+        paces: list[tuple[bool, float]] = []
+
+        def slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
+            async def gen() -> AsyncIterator[Any]:
+                await asyncio.sleep(0.3)
+                paces.append((bool(starts.waiting), starts.interval_s))
+                yield text("done")
+
+            return gen()
+
+        # its own name, put back as it was: the session's fake scripts have a "slow" of their own
+        monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", slow)
         # one starts at once, nine wait here, then on the queue (ADR 0031)
         runs = [await daemon.start("fake:queue-slow") for _ in range(10)]
         await until(lambda: _queued(daemon.engine))
         await until(lambda: _is(_interval_of(queue), 0.02))
         await until(lambda: _all_ended(daemon.store, runs))
-        assert await _interval_of(queue) == 0.02, "still fast just after the backlog drained"
+        assert paces[-1] == (False, 0.02), "still fast just after the backlog drained"
         await until(lambda: _is(_interval_of(queue), 0.5))
 
 

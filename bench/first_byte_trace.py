@@ -318,15 +318,15 @@ def install(directory: str) -> None:
 
     if name == "append":
 
-        async def traced_append(self: Any, run_id: str, events: Any) -> Any:
+        async def traced_append(self: Any, run_id: str, events: Any, **fenced: Any) -> Any:
             track(run_id, events)
-            return await queue(self, run_id, events)
+            return await queue(self, run_id, events, **fenced)
 
         store_sqlite.SQLiteStore.append = traced_append  # type: ignore[method-assign]
     else:
 
-        def traced_queue(self: Any, run_id: str, events: Any, after: Any) -> Any:
-            job = queue(self, run_id, events, after)
+        def traced_queue(self: Any, run_id: str, events: Any, after: Any, *held: Any) -> Any:
+            job = queue(self, run_id, events, after, *held)  # (the execution, ADR 0090)
             if _stamped(events):  # by the job itself: task.started's has the same action
                 _note(run_id, "append")
                 _tracked_jobs[id(job)] = run_id

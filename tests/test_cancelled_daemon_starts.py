@@ -180,8 +180,13 @@ async def _a_cancel_while_its_workflow_starts_ends_it(daemon: _Daemon, asked: li
     run_id = await daemon.cancelled_start(entered, gate, _two_tasks())
     await _ended_once(daemon, run_id, START_CANCELLED)
     assert asked == [], "the model was never asked"
+    # Its workflow, cancelled before it began, is not left PENDING under this process, which no
+    # later process would recover (ADR 0090): the next sweep deletes it.
+    found = await DBOS.get_workflow_status_async(run_id)
+    assert found is not None and found.status == "CANCELLED"
     # Nothing executes it later either: a sweep finds nothing to do with it.
     assert await daemon.manager.recover() == []
+    assert await DBOS.get_workflow_status_async(run_id) is None
     await asyncio.sleep(0.3)  # two queue polls: a workflow put anywhere would be taken
     assert asked == []
     assert (await daemon.events.get_run(run_id)).status == "interrupted"
@@ -238,11 +243,13 @@ async def _a_cancel_while_it_is_queued_ends_it(daemon: _Daemon) -> None:
         entered, gate, RunRequest("a", model="fake:echo"), tools=["elsewhere"]
     )
     await _ended_once(daemon, run_id, START_CANCELLED)
-    # Its workflow is on the queue (the enqueue went through); a replica that takes it finds
-    # the run ended, and a sweep leaves it alone.
+    # The enqueue went through: its workflow is taken off the queue (no replica would take it
+    # but to find the run ended; none may serve that queue at all: ADR 0090) and deleted by
+    # the next sweep, with the workflows of ended runs.
     found = await DBOS.get_workflow_status_async(run_id)
-    assert found is not None and found.status == "ENQUEUED"
+    assert found is not None and found.status == "CANCELLED"
     assert await daemon.manager.recover() == []
+    assert await DBOS.get_workflow_status_async(run_id) is None
 
 
 @pytest.mark.inprocess

@@ -15,6 +15,7 @@ from thoughtgate.access.roles import Role
 from thoughtgate.errors import StoreError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.server.fanout import FirstPage, RunFeeds
+from thoughtgate.store.base import Holder
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.store.sqlite import SQLiteStore
@@ -161,10 +162,12 @@ class ElsewhereStore(CountingStore):
         super().__init__()
         self.signal = signal
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         published, self.wakeups.publish = self.wakeups.publish, lambda *_: None  # type: ignore[method-assign]
         try:
-            out = await super().append(run_id, events)
+            out = await super().append(run_id, events, held_by=held_by)
         finally:
             self.wakeups.publish = published  # type: ignore[method-assign]
         if self.signal and out:

@@ -504,13 +504,13 @@ async def test_a_failed_background_flush_fails_the_run_instead_of_leaving_a_hole
     )
     original = store.append
 
-    async def append_once_failing(run_id: str, events: Any) -> list[Event]:
+    async def append_once_failing(run_id: str, events: Any, **fenced: Any) -> list[Event]:
         batch = list(events)
         is_window = len(batch) > 1 and all(e.type.endswith(".delta") for e in batch)
         if is_window and not any(a.stored is None for a in store.attempts):
             store.fail_appends = True  # a flusher's batch: the store is briefly full
         try:
-            return await original(run_id, batch)
+            return await original(run_id, batch, **fenced)
         finally:
             store.fail_appends = False
 

@@ -4,21 +4,19 @@ the execution holding the run at that moment, at most once, and a refused end st
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.durable_store_conformance import admitted
+from support.store_backends import fresh_sqlite
 
 from thoughtgate.errors import RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent, is_run_terminal
 from thoughtgate.store.base import EventStore, Holder, RunEnding
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.store.sqlite import SQLiteStore
 
 OWNERS = ("a.1.x", "b.2.y")
 Step = tuple[str, str]
@@ -73,9 +71,5 @@ async def test_any_interleaving_on_the_memory_store(steps: list[Step]) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=STEPS)
 async def test_any_interleaving_on_sqlite(steps: list[Step]) -> None:
-    with tempfile.TemporaryDirectory() as where:
-        store = await SQLiteStore.open(Path(where) / "tg.db")
-        try:
-            await check_interleaving(store, steps)
-        finally:
-            await store.close()
+    async with fresh_sqlite() as store:
+        await check_interleaving(store, steps)

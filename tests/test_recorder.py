@@ -171,11 +171,11 @@ async def test_after_a_failed_append_nothing_more_is_recorded() -> None:
     real = store.append
     calls = {"n": 0}
 
-    async def flaky(run_id: str, events: object) -> object:
+    async def flaky(run_id: str, events: object, **fenced: Any) -> object:
         calls["n"] += 1
         if calls["n"] == 2:
             raise StoreError("database or disk is full")
-        return await real(run_id, events)  # type: ignore[arg-type]
+        return await real(run_id, events, **fenced)  # type: ignore[arg-type]
 
     store.append = flaky  # type: ignore[method-assign]
     await rec.emit(progress(0))
@@ -196,10 +196,10 @@ class BatchCountingStore(MemoryStore):
         self.batches: list[list[str]] = []
         self.event_batches: list[list[Any]] = []
 
-    async def append(self, run_id: str, events: Any) -> Any:
+    async def append(self, run_id: str, events: Any, *, held_by: Any = None) -> Any:
         self.batches.append([e.type for e in events])
         self.event_batches.append(list(events))
-        return await super().append(run_id, events)
+        return await super().append(run_id, events, held_by=held_by)
 
     async def finish_run(self, run_id: str, events: Any, ending: Any) -> Any:
         self.batches.append([e.type for e in events])

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from thoughtgate.errors import StoreError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
+from thoughtgate.store.base import Holder
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 
@@ -76,10 +77,12 @@ class TimedStore(MemoryStore):
         super().__init__()
         self.appends: list[tuple[str, float, list[int]]] = []
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         now = asyncio.get_running_loop().time()
         self.appends.append((run_id, now, [e.payload["turn"] for e in events]))
-        return await super().append(run_id, events)
+        return await super().append(run_id, events, held_by=held_by)
 
 
 # One run's plan: (pause before, is it a delta) per event; pauses of 0 make bursts.
@@ -136,11 +139,13 @@ def test_concurrent_recorders_keep_order_first_byte_and_the_window(
 @pytest.mark.unit
 def test_a_windowed_flush_that_fails_fails_the_next_emit() -> None:
     class Failing(TimedStore):
-        async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+        async def append(
+            self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+        ) -> list[Event]:
             if len(self.appends) == 1:  # the window's flush, after the first delta
                 self.appends.append((run_id, 0.0, []))
                 raise StoreError("database or disk is full")
-            return await super().append(run_id, events)
+            return await super().append(run_id, events, held_by=held_by)
 
     async def main() -> list[Event]:
         store = Failing()
@@ -169,8 +174,10 @@ def test_deltas_that_arrive_while_a_window_flushes_get_the_next_window() -> None
             self.in_flight = asyncio.Event()
             self.release = asyncio.Event()
 
-        async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
-            out = await super().append(run_id, events)
+        async def append(
+            self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+        ) -> list[Event]:
+            out = await super().append(run_id, events, held_by=held_by)
             if len(self.appends) == 2:  # the window's flush: its commit takes a while
                 self.in_flight.set()
                 await self.release.wait()

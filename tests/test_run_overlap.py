@@ -17,6 +17,7 @@ import pytest
 from thoughtgate.errors import StoreError, UsageError
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.store.base import Holder
 from thoughtgate.store.leases import close_run_interrupted
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.sqlite import SQLiteStore
@@ -31,13 +32,15 @@ class HeldStartStore(MemoryStore):
         self.opened = asyncio.Event()
         self.fail = fail
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         if any(e.type == EventType.TASK_STARTED for e in events):
             # A runtime that waited for this commit before opening the stream never gets here.
             await asyncio.wait_for(self.opened.wait(), 5)
             if self.fail:
                 raise StoreError("the disk is full")
-        return await super().append(run_id, events)
+        return await super().append(run_id, events, held_by=held_by)
 
 
 def _runtime(store: MemoryStore | SQLiteStore, opened: asyncio.Event | None = None) -> Runtime:

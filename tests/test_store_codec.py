@@ -343,3 +343,19 @@ def test_a_batch_sends_postgresql_every_time_exactly(stamps: list[float]) -> Non
     text = _batch_params(["{}"] * len(stamps), [None] * len(stamps), ["t"] * len(stamps), stamps)
     sent = text["ts"].split(",") if stamps else []
     assert [float(t) for t in sent] == [float(t) for t in stamps]
+
+
+@pytest.mark.unit
+def test_an_executions_append_statements_are_the_plain_ones_with_the_fence() -> None:
+    """ADR 0090: the fenced statements are derived from the plain ones by adding the holder's
+    condition beside ``closed_at IS NULL``; a change to the plain statement that moved that
+    clause would leave them unfenced without this check."""
+    from thoughtgate.store import postgres, sqlite
+
+    fenced = {
+        "sqlite": (sqlite._BUMP_SEQ, sqlite._BUMP_HELD_SEQ, "attempts FROM run_specs"),
+        "postgres": (postgres._APPEND, postgres._APPEND_HELD, "COALESCE(claim, 1)"),
+    }
+    for plain, held, attempt in fenced.values():
+        assert held.count("AND closed_at IS NULL AND owner = ") == 1
+        assert attempt in held and attempt not in plain

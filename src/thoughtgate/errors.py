@@ -338,21 +338,26 @@ class RunClosedError(RuntimeFailure):
 
 
 class RunTakenOverError(RuntimeFailure):
-    """An end the store refused: the process recording it no longer executes the run.
+    """An end or events the store refused: the process recording them no longer executes the run.
 
     Raised by ``EventLog.finish_run`` for an ending that names its executor
-    (``RunEnding.held_by``) when the run is open but held by another owner, by nobody (it waits
-    to resume), or by a later claim of the same owner: this process stalled past its lease and
-    another execution took the run over (ADR 0072). Nothing of the ending is stored, and the
-    caller must not report it as the run's end: the run's end is the other execution's.
+    (``RunEnding.held_by``), and by ``EventLog.append`` for events that do (``held_by``, ADR
+    0090), when the run is open but held by another owner, by nobody (it waits to resume), or
+    by a later claim of the same owner: this process stalled past its lease and another
+    execution took the run over (ADR 0072). Nothing of them is stored, the execution stops, and
+    the caller must not report an end as the run's: the run's end is the other execution's.
     """
 
-    def __init__(self, run_id: str, holder: str | None) -> None:
+    def __init__(self, run_id: str, holder: str | None, *, recording: str = "end") -> None:
         self.run_id = run_id
         self.holder = holder
+        self.recording = recording
+        """What was refused: the run's ``end``, or ``events`` its execution appended (ADR 0090:
+        its appends are fenced as its end is, and the execution stops at the first refused)."""
+        said = "its end here was not" if recording == "end" else "its events here were not"
         super().__init__(
             f"run {run_id!r} was taken over by another execution while this process stalled "
-            "past its lease; its end here was not recorded"
+            f"past its lease; {said} recorded"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from support.store_conformance import make_run
-from thoughtgate.errors import RunTakenOverError
+from thoughtgate.errors import RunClosedError, RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import UNCLAIMED, EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
@@ -29,6 +29,10 @@ SPEC: dict[str, Any] = {
 }
 
 
+def delta(text: str) -> NewEvent:
+    return NewEvent(EventType.MESSAGE_DELTA, {"text": text})
+
+
 def durable(store: EventStore) -> DurableRunStore:
     assert isinstance(store, DurableRunStore)
     return store
@@ -39,6 +43,18 @@ async def admitted(store: EventStore, **spec: Any) -> str:
     answer = await durable(store).admit_run(run, RunSpecRecord(run.run_id, dict(SPEC), **spec))
     assert answer.admitted
     return run.run_id
+
+
+async def taken_over(store: EventStore, n: int) -> list[str]:
+    """``n`` durable runs claimed by process A (attempt 1), released, then claimed by B
+    (attempt 2): each as a stalled A finds it when it wakes."""
+    ds = durable(store)
+    runs = [await admitted(store, durable=True) for _ in range(n)]
+    for run_id in runs:
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+    return runs
 
 
 async def queued_since(store: EventStore, run_id: str) -> float:
@@ -284,12 +300,7 @@ class DurableStoreConformance:
         self, store: EventStore
     ) -> None:
         """Both ends in flight together (SQLite merges them into one write, ADR 0033)."""
-        ds = durable(store)
-        runs = [await admitted(store, durable=True) for _ in range(3)]
-        for run_id in runs:
-            assert await ds.claim_run(run_id, "a.1.x", 30) == 1
-            assert await ds.release_run(run_id, owner="a.1.x", queue=True)
-            assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        runs = await taken_over(store, 3)
         ends = [
             store.finish_run(run_id, [], RunEnding(status, held_by=Holder(owner, attempt)))
             for run_id in runs
@@ -302,6 +313,89 @@ class DurableStoreConformance:
         assert results[1::2] == [[], [], []]
         for run_id in runs:
             assert (await store.get_run(run_id)).status == "completed"
+
+    async def test_an_append_by_an_execution_whose_run_was_taken_over_is_refused(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0090: A claims, a sweep releases the run and B claims it (attempt 2); A, which
+        stalled past its lease, then appends -- deltas alone, or events the run index takes
+        too: refused, nothing stored; B's appends are numbered on from B's own."""
+        ds = durable(store)
+        run_id = await admitted(store, durable=True, resume="queue", queue="q1")
+        task_id = (await store.get_run(run_id)).tasks[0].task_id
+        a, b = Holder("a.1.x", 1), Holder("b.2.y", 2)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        await store.append(run_id, [delta("a before")], held_by=a)
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        await store.append(run_id, [delta("b first")], held_by=b)
+        before = await store.read(run_id)
+        started = NewEvent(EventType.TASK_STARTED, {"index": 0}, task_id=task_id)
+        for batch in ([delta("a after")], [started, delta("a after")]):
+            with pytest.raises(RunTakenOverError) as refused:
+                await store.append(run_id, batch, held_by=a)
+            assert refused.value.holder == "b.2.y" and "events" in str(refused.value)
+        assert await store.read(run_id) == before, "nothing of A's appends is stored"
+        assert (await store.get_run(run_id)).tasks[0].status == "pending", "nor indexed"
+        out = await store.append(run_id, [delta("b second")], held_by=b)
+        assert [e.seq for e in out] == [before[-1].seq + 1]
+        await store.finish_run(run_id, [], RunEnding("completed", held_by=b))
+        with pytest.raises(RunClosedError):  # an ended run refuses everyone, as before
+            await store.append(run_id, [delta("a late")], held_by=a)
+
+    async def test_appends_are_fenced_by_the_attempt_and_by_the_owner_alone_without_one(
+        self, store: EventStore
+    ) -> None:
+        """The same process's later claim fences its earlier execution's appends; a run
+        released and not claimed yet is nobody's to append to; a run admitted as its claim is
+        held at attempt 1; a plain run (no attempt) is fenced by its owner."""
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        with pytest.raises(RunTakenOverError):
+            await store.append(run_id, [delta("x")], held_by=Holder("a.1.x", 1))
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 2
+        with pytest.raises(RunTakenOverError):
+            await store.append(run_id, [delta("x")], held_by=Holder("a.1.x", 1))
+        await store.append(run_id, [delta("y")], held_by=Holder("a.1.x", 2))
+        assert [e.payload["text"] for e in await store.read(run_id)] == ["y"]
+
+        mine = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
+        spec = RunSpecRecord(mine.run_id, dict(SPEC), durable=True, attempts=1)
+        assert (await ds.admit_run(mine, spec)).admitted
+        await store.append(mine.run_id, [delta("z")], held_by=Holder("a.1.x", 1))
+        with pytest.raises(RunTakenOverError):
+            await store.append(mine.run_id, [delta("z")], held_by=Holder("a.1.x", 2))
+
+        plain = make_run(owner="a.1.x", lease_expires_at=time.time() + 30)
+        await store.create_run(plain)
+        with pytest.raises(RunTakenOverError):
+            await store.append(plain.run_id, [delta("p")], held_by=Holder("b.2.y"))
+        await store.append(plain.run_id, [delta("p")], held_by=Holder("a.1.x"))
+        await store.append(plain.run_id, [delta("q")])  # no holder: not fenced (its creator)
+        assert [e.payload["text"] for e in await store.read(plain.run_id)] == ["p", "q"]
+
+    async def test_of_appends_in_flight_together_only_the_holders_are_stored(
+        self, store: EventStore
+    ) -> None:
+        """Both executions' appends in flight at once, on several runs (SQLite merges them into
+        one write, ADR 0030): each of A's is refused alone, B's are stored, gap-free."""
+        runs = await taken_over(store, 3)
+        writes = [
+            store.append(run_id, [delta(f"{who} {k}")], held_by=holder)
+            for k in range(2)
+            for run_id in runs
+            for who, holder in (("a", Holder("a.1.x", 1)), ("b", Holder("b.2.y", 2)))
+        ]
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert all(isinstance(r, RunTakenOverError) for r in results[0::2])
+        assert not any(isinstance(r, BaseException) for r in results[1::2])
+        for run_id in runs:
+            events = await store.read(run_id)
+            # (in either order where they commit at once: PostgreSQL)
+            assert sorted(e.payload["text"] for e in events) == ["b 0", "b 1"]
+            assert [e.seq for e in events] == [1, 2]
 
     async def test_a_sweep_beside_more_leased_runs_than_a_page_sees_every_other_run(
         self, store: EventStore

@@ -25,7 +25,7 @@ from support.pg import PG_URL
 from support.ticker import ticker_prompt
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
-from thoughtgate.store.base import EventStore, OpenRuns, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.pg_errors import describe_target
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
@@ -348,11 +348,13 @@ class FailingStore(EventStore):
                 "and nothing of it was stored"
             )
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         batch = list(events)
         self._refuse_when_full(batch, f"append {len(batch)} events to run {run_id!r}")
         try:
-            out = await self.inner.append(run_id, batch)
+            out = await self.inner.append(run_id, batch, held_by=held_by)
         except StoreError as exc:
             self.attempts.append(
                 Attempt(batch, None, unknown=isinstance(exc, StoreUnavailableError))

@@ -3,6 +3,8 @@ fixture: a conformance suite, or any scenario written once for both SQL backends
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +15,19 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
-__all__ = ["Postgres", "SQLite"]
+__all__ = ["Postgres", "SQLite", "fresh_sqlite"]
+
+
+@contextlib.asynccontextmanager
+async def fresh_sqlite() -> AsyncIterator[SQLiteStore]:
+    """A fresh, empty SQLite store in a directory of its own, for one example of a property
+    (Hypothesis runs many in one test, so a test's ``tmp_path`` would be shared)."""
+    with tempfile.TemporaryDirectory() as where:
+        store = await SQLiteStore.open(Path(where) / "tg.db")
+        try:
+            yield store
+        finally:
+            await store.close()
 
 
 class SQLite:

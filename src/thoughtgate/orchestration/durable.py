@@ -87,6 +87,7 @@ from thoughtgate.store.leases import (
     close_run_interrupted,
     suspend,
 )
+from thoughtgate.store.records import OPEN_RUN_STATUSES
 
 
 class DurableRuntime(Protocol):
@@ -715,17 +716,22 @@ class DurableEngine:
           way on another replica.
 
         Returns once the end is recorded, or refused, or the store gave up (then a sweep closes
-        it, as before)."""
+        it, as before). A workflow the start left behind for a run it ended -- ``PENDING`` under
+        this process (its execution was cancelled before or as it began) or ``ENQUEUED`` -- is
+        cancelled (:meth:`_cancel_workflow`), so that no replica takes it and a sweep deletes
+        it with the ended runs' (ADR 0090)."""
         if run_id in self._started:
             # Its start from the line, then its execution: each is stopped in turn.
             while (done := self._started.get(run_id)) is not None and not done.done():
                 await self.runtime.stop_started(run_id, reason, done)
+            with contextlib.suppress(Exception):  # (the store is down: the row stays, as before)
+                if (await self.runtime.store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
+                    await self._cancel_workflow(run_id)
             return
-        if self._leave_line(run_id):
+        waited = self._leave_line(run_id)
+        if waited:
             self.runtime.leases.release(run_id)
-            holder = Holder(self.owner.owner_id, 0)
-        else:
-            holder = UNCLAIMED
+        holder = Holder(self.owner.owner_id, 0) if waited else UNCLAIMED
         try:
             with self.runtime.leases.ending(run_id):
                 await close_run_interrupted(self.runtime.store, run_id, reason, held_by=holder)
@@ -733,6 +739,22 @@ class DurableEngine:
             pass  # logged: a replica claimed it first; it executes there
         except Exception as exc:  # the store is down: left to the sweep
             log.warning("could not close run %s: %s", run_id, exc)
+        else:
+            if not waited:  # (a run waiting here has no workflow yet)
+                await self._cancel_workflow(run_id)
+
+    @staticmethod
+    async def _cancel_workflow(run_id: str) -> None:
+        """Mark ended the workflow of a run whose start was withdrawn and which has ended: a
+        ``PENDING`` one under this process would stay so for good (no later process recovers
+        another executor's), an ``ENQUEUED`` one would be taken by a replica only to find the
+        run ended, or stay on a queue no replica serves. ``CANCELLED``, DBOS's queue workers
+        skip it, and the sweep deletes it with the workflows of ended runs (``_forget_ended``).
+        A failure leaves it as before (logged)."""
+        try:
+            await DBOS.cancel_workflow_async(run_id)
+        except Exception as exc:
+            log.warning("could not cancel the workflow of ended run %s: %s", run_id, exc)
 
     async def _still_ours(self, run_id: str) -> bool:
         """Whether this process still holds a run that waited here: at once while its lease

@@ -28,6 +28,10 @@ A failed append is never skipped over: when the background flush of a window fai
 full or unreachable), that batch is not stored, and the next ``emit``, ``emit_delta``, ``flush``
 or ``close`` raises the same error, so the run ends failed instead of recording later events
 after a hole in its log.
+
+Every append names the execution recording (``held_by``): the store refuses it once another
+execution holds the run (``RunTakenOverError``, ADR 0090), and the execution stops there -- at
+the next delta at the latest when the refused append was a window's background flush.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Sequence
 
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store.log import EventLog, EventObserver, QueuedAppend
+from thoughtgate.store.log import EventLog, EventObserver, Holder, QueuedAppend
 
 __all__ = ["EventRecorder", "EventSink"]
 
@@ -58,9 +62,12 @@ class EventRecorder:
         flush_interval: float = 0.02,
         max_batch: int = 256,
         hold_last: bool = False,
+        held_by: Holder | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
+        self.held_by = held_by
+        """The execution recording, which every append names (ADR 0090)."""
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._buffer: list[NewEvent] = []
@@ -102,9 +109,10 @@ class EventRecorder:
             await self._settle()
             self._raise_failure()
             batch = [*self._take_buffer(), *events]
-            queued = self.store.queue_append(self.run_id, batch)
+            queued = self.store.queue_append(self.run_id, batch, held_by=self.held_by)
             if queued is None:  # a store that cannot queue: the append runs as a task
-                queued = _Started(asyncio.ensure_future(self.store.append(self.run_id, batch)))
+                appended = self.store.append(self.run_id, batch, held_by=self.held_by)
+                queued = _Started(asyncio.ensure_future(appended))
             self._pending = queued
 
     async def emit_last(self, events: Sequence[NewEvent]) -> None:
@@ -131,6 +139,8 @@ class EventRecorder:
         """Append the first delta of a burst at once (a live reader gets the first byte without
         waiting for a window); later deltas wait until the window closes and go as one batch,
         each joined to the delta before it when it continues that one."""
+        if self._failure is not None:  # a window's flush failed: nothing goes after it
+            raise self._failure
         buffer = self._buffer
         if self._pieces and _continues(buffer[-1], event):
             self._pieces.append(event.payload["text"])
@@ -237,7 +247,9 @@ class EventRecorder:
             # store keeps their order and stores this one only if that one was stored, so the
             # task's first delta commits with or right after ``task.started``, not a commit
             # and two turns of the event loop after it.
-            queued = self.store.queue_append(self.run_id, batch, after=pending)
+            queued = self.store.queue_append(
+                self.run_id, batch, after=pending, held_by=self.held_by
+            )
         try:
             await self._settle()
         except BaseException:
@@ -245,7 +257,11 @@ class EventRecorder:
                 await queued.abandon()
             raise
         try:
-            out = await (self.store.append(self.run_id, batch) if queued is None else queued.wait())
+            out = await (
+                self.store.append(self.run_id, batch, held_by=self.held_by)
+                if queued is None
+                else queued.wait()
+            )
         except Exception as exc:
             # Once a batch is lost, nothing after it may be recorded: a later event would sit
             # behind a hole in the log. Every later emit, flush or close raises this error.

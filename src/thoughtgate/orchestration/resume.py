@@ -51,7 +51,9 @@ class Executor(Protocol):
 
     def tools_for(self, tool_names: Sequence[str]) -> ToolRegistry: ...
 
-    async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None: ...
+    async def resumed_event(
+        self, run_id: str, payload: RunResumedPayload, holder: Holder | None = None
+    ) -> None: ...
 
 
 async def read_resume_log(store: EventStore, run_id: str) -> ResumeLog:
@@ -127,7 +129,7 @@ async def begin_execution(
         previous = before.metadata.get("previous_executor")
         if isinstance(previous, str) and previous:
             payload["previous_executor"] = previous
-        await runtime.resumed_event(run_id, payload)
+        await runtime.resumed_event(run_id, payload, held)
         log.warning("run %s resumed (attempt %d) after seq %d", run_id, attempt, resumed.last_seq)
     if before.metadata.get("suspended") is not None:
         await store.update_run(run_id, metadata={"suspended": None})

@@ -252,6 +252,9 @@ class Runtime:
         """Durable runs executing in this process: their workflow tasks (for cancelling)."""
         self._cancelled_early: dict[str, str] = {}
         """Runs cancelled between starting their workflow and its first step: the reason."""
+        self._refusing: str | None = None
+        """Why every durable execution that begins here from now on stops at once
+        (:meth:`refuse_executions`: a daemon's shutdown), or ``None``."""
 
     def attach_durable(self, engine: DurableEngine) -> None:
         """Execute runs as durable workflows from now on; approvals go through the engine, so a
@@ -294,9 +297,13 @@ class Runtime:
     ) -> None:
         await self._client_leases.pop().__aexit__(exc_type, exc, tb)
 
-    async def _append(self, run_id: str, events: list[NewEvent]) -> None:
+    async def _append(
+        self, run_id: str, events: list[NewEvent], held_by: Holder | None = None
+    ) -> None:
+        """Append ``events``; ``held_by``: the execution recording them, refused once another
+        execution holds the run (ADR 0090)."""
         check_new_events(events)
-        await self.store.append(run_id, events)
+        await self.store.append(run_id, events, held_by=held_by)
 
     async def _feed_sinks(self, events: Sequence[Event]) -> None:
         for sink in self.sinks:
@@ -646,6 +653,17 @@ class Runtime:
             if done.done():
                 self._cancelled_early.pop(run_id, None)
 
+    def refuse_executions(self, reason: str) -> None:
+        """Every durable execution that begins in this process from now on stops before it
+        does anything, with ``reason`` (``SUSPENDED``: the run stays open to resume elsewhere).
+
+        A daemon's shutdown stops the executions under way (:meth:`workflow_tasks`); this stops
+        those whose workflow DBOS started but whose first step had not run yet -- a run started
+        here at once, or one DBOS's queue worker took from the queue a moment before: neither
+        is among them yet, and each would otherwise claim and execute its run while the daemon
+        closes its databases under it (ADR 0090)."""
+        self._refusing = reason
+
     @property
     def executing(self) -> frozenset[str]:
         """Durable runs this process is executing now."""
@@ -730,7 +748,7 @@ class Runtime:
         assert isinstance(self.store, DurableRunStore)
         claimed = run_id in self._claimed
         admitted = self.forget_admitted(run_id)
-        early = self._cancelled_early.pop(run_id, None)
+        early = self._cancelled_early.pop(run_id, None) or self._refusing
         if early is not None:
             if early not in _KEEP_OPEN and admitted is not None:
                 # Cancelled before it began (a daemon's start, ADR 0082): nothing else records
@@ -835,6 +853,8 @@ class Runtime:
                 )
                 spent.usage = spent.usage + result.usage
                 results.append(result)
+        except RunTakenOverError:
+            raise  # another execution holds the run: its end is that one's (ADR 0090)
         except Exception as exc:
             # thoughtgate's own errors fail the run; anything else is an error in it.
             ours = isinstance(exc, ThoughtgateError)
@@ -928,9 +948,11 @@ class Runtime:
             f"no approval is pending for call {call_id!r} in run {run_id!r}", reason="not_pending"
         )
 
-    async def resumed_event(self, run_id: str, payload: RunResumedPayload) -> None:
-        """Append ``run.resumed``."""
-        await self._append(run_id, [NewEvent(EventType.RUN_RESUMED, payload)])
+    async def resumed_event(
+        self, run_id: str, payload: RunResumedPayload, holder: Holder | None = None
+    ) -> None:
+        """Append ``run.resumed``, as ``holder``: the claim it says resumed (ADR 0090)."""
+        await self._append(run_id, [NewEvent(EventType.RUN_RESUMED, payload)], holder)
 
     async def continue_run(
         self,
@@ -1045,7 +1067,9 @@ class Runtime:
         """One task, started and ended; with ``defer_end`` its end is not stored here but
         handed to the run's ending (``defer_end.ended``), which stores both at once."""
         steps = execution.steps
-        recorder = EventRecorder(self.store, run.run_id, hold_last=defer_end is not None)
+        recorder = EventRecorder(
+            self.store, run.run_id, hold_last=defer_end is not None, held_by=execution.holder
+        )
         held: list[NewEvent] = []
         started = time.monotonic()
         resumed = steps.resumed
@@ -1093,13 +1117,17 @@ class Runtime:
                     defer_end.tail = held
             finally:
                 await recorder.close()
+        except RunTakenOverError:
+            raise  # its events are refused: another execution holds the run (ADR 0090)
         except Exception as exc:
             error, detail = failure_text(exc), failure_detail(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
             await steps.effect(
                 f"{task.task_id}: aborted",
-                lambda: self._task_aborted(run, task, (error, detail), resumed, held),
+                lambda: self._task_aborted(
+                    run, task, (error, detail), resumed, held, execution.holder
+                ),
             )
             raise
 
@@ -1126,7 +1154,7 @@ class Runtime:
                 defer_end.tail = []
                 return
             if events:
-                await self._append(run.run_id, events)
+                await self._append(run.run_id, events, execution.holder)
             if task.reasoning is not None:
                 await self.store.save_task(task)
 
@@ -1140,9 +1168,11 @@ class Runtime:
         failure: tuple[str, str | None],
         resumed: ResumeLog | None,
         held: Sequence[NewEvent] = (),
+        holder: Holder | None = None,
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
-        the run's terminal event, so no reader waits on a task that will never finish."""
+        the run's terminal event, so no reader waits on a task that will never finish.
+        ``holder``: the execution, as its appends name it (ADR 0090)."""
         error, detail = failure[0], kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
@@ -1152,7 +1182,7 @@ class Runtime:
         if detail:
             payload["error_detail"] = detail
         done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
-        await self._append(run.run_id, [*held, done])
+        await self._append(run.run_id, [*held, done], holder)
 
     def _worker_completed(
         self,

@@ -381,6 +381,9 @@ class RunManager:
         so the next sweep of any replica (or this daemon's restart) resumes them."""
         if self.runtime.durable is None:
             return
+        # A workflow DBOS started a moment ago is not among the executions yet: it stops as it
+        # begins, open, and is resumed elsewhere once its lease runs out (ADR 0090).
+        self.runtime.refuse_executions(SUSPENDED)
         try:  # runs waiting here go on the queue (ADR 0031)
             await self.runtime.durable.stop_starting()
         except Exception as exc:  # they stay held by this process: the lease sweep takes them

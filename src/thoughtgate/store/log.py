@@ -234,6 +234,21 @@ class Holder:
     owner: str | None
     attempt: int | None = None
 
+    def holds(self, owner: str | None, attempts: int | None) -> bool:
+        """Whether this execution holds a run whose owner is ``owner`` with ``attempts`` claims
+        counted (``None``: a run without a spec): the one fence of its appends and its end."""
+        return owner == self.owner and (self.attempt is None or attempts == self.attempt)
+
+    def refused(self, run_id: str, owner: str | None) -> RunTakenOverError:
+        """The error of an append this execution made to a run it no longer holds (ADR 0090),
+        logged: nothing of it was stored, and the execution stops."""
+        log.warning(
+            "run %s: events of an execution that no longer holds it were refused (this process "
+            "stalled past its lease and the run was taken over); it stops here",
+            run_id,
+        )
+        return RunTakenOverError(run_id, owner, recording="events")
+
 
 UNCLAIMED = Holder(None, 0)
 """The holder of a queued run that no execution has claimed yet (see :class:`Holder`)."""
@@ -269,9 +284,7 @@ class RunEnding:
         its row is locked, so a claim either commits before it (the end is refused) or waits
         for the end (and finds the run ended)."""
         held = self.held_by
-        if held is None:
-            return
-        if owner == held.owner and (held.attempt is None or attempts == held.attempt):
+        if held is None or held.holds(owner, attempts):
             return
         log.warning(
             "run %s: its end (%s) was refused: another execution holds the run now (this process "
@@ -342,9 +355,16 @@ class EventLog(abc.ABC):
     wakeups: RunWakeups
 
     @abc.abstractmethod
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         """Append all or nothing; returns them with their sequence numbers. Raises
-        ``RunNotFoundError``, or ``RunClosedError`` once the run has ended."""
+        ``RunNotFoundError``, or ``RunClosedError`` once the run has ended.
+
+        ``held_by``: the execution appending (ADR 0090), fenced as its end is
+        (:meth:`Holder.holds`, in the append's own transaction): an append to an open run
+        another execution holds now raises ``RunTakenOverError`` (:meth:`Holder.refused`) and
+        stores nothing. ``None``: not fenced (a run's creator, a test)."""
 
     @abc.abstractmethod
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -381,11 +401,17 @@ class EventLog(abc.ABC):
         """
 
     def queue_append(
-        self, run_id: str, events: Sequence[NewEvent], *, after: QueuedAppend | None = None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        after: QueuedAppend | None = None,
+        held_by: Holder | None = None,
     ) -> QueuedAppend | None:
         """``append`` queued now, its place in the run's order taken at this call, for a caller
         that goes on before it commits; with ``after`` (an append of the same run this store
         queued before), it is stored only if that one was, else fails with that one's error.
+        ``held_by``: as for ``append``.
 
         ``None``: this store cannot queue appends (or not behind ``after``); the caller then
         awaits ``after`` and appends. Only a store whose writes commit in the order they are

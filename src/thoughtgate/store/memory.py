@@ -11,7 +11,7 @@ from typing import Unpack
 from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store import durable, listing
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.projection import apply_to_record, batch_update, rebuilt
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
@@ -120,19 +120,28 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
         return sorted(r for r in self._runs if r.startswith(prefix))[:limit]
 
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         async with self._lock:
-            out, changed = self._append(run_id, events)
+            out, changed = self._append(run_id, events, held_by)
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         await self.wakeups.committed(run_id, out)
         return out
 
-    def _append(self, run_id: str, events: Sequence[NewEvent]) -> tuple[list[Event], bool]:
-        """Append and project the batch onto the index (ADR 0020); whether the run row changed."""
+    def _append(
+        self, run_id: str, events: Sequence[NewEvent], held_by: Holder | None = None
+    ) -> tuple[list[Event], bool]:
+        """Append and project the batch onto the index (ADR 0020); whether the run row changed.
+        ``held_by``: the execution appending, which must hold the run (ADR 0090)."""
         run = self._run(run_id)
         if run_id in self._closed and events:
             raise RunClosedError(run_id)
+        if held_by is not None and events:
+            spec = self._specs.get(run_id)
+            if not held_by.holds(run.owner, None if spec is None else spec.attempts):
+                raise held_by.refused(run_id, run.owner)
         log = self._events[run_id]
         start = len(log)
         out = [

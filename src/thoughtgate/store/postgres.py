@@ -27,7 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.log import PageAhead, abandon_task
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
@@ -85,6 +85,15 @@ WITH bumped AS (
 SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text), skew
 FROM bumped
 """
+
+_APPEND_HELD = _APPEND.replace(
+    "AND closed_at IS NULL",
+    "AND closed_at IS NULL AND owner = %(owner)s "
+    "AND (%(attempt)s::int IS NULL OR COALESCE(claim, 1) = %(attempt)s::int)",
+)
+"""``_APPEND`` for an execution's append, fenced as its end is (``Holder.holds``, ADR 0090): the
+run's owner and its latest claim (``runs.claim``, migration 11: a column of the row the
+``UPDATE`` locks, so a claim that held the lock is seen committed) must be the execution's."""
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
@@ -506,7 +515,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return await self.get_run(run_id)
 
     # -- events --------------------------------------------------------------------------
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         batch = list(events)
         columns = codec.encode_events(batch)
         update = batch_update(batch)
@@ -516,10 +527,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await self._require_run(conn, run_id)
                 return []
             if not update:  # deltas and the like: one statement, the index is not touched
-                first = await self._append_rows(conn, run_id, columns)
+                first = await self._append_rows(conn, run_id, columns, held_by)
             else:
                 async with conn.transaction():
-                    first = await self._append_rows(conn, run_id, columns)
+                    first = await self._append_rows(conn, run_id, columns, held_by)
                     changed = await self._project(conn, run_id, update)
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -532,16 +543,29 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         conn: psycopg.AsyncConnection[Any],
         run_id: str,
         columns: codec.EncodedEvents,
+        held_by: Holder | None = None,
     ) -> int:
         """Number and insert encoded events (one statement, see ``_APPEND``); the first seq.
         Their times in ``columns`` are moved in place as they were stored (the server's clock),
-        so the events built from them are the ones a reader will see."""
+        so the events built from them are the ones a reader will see. ``held_by``: the
+        execution appending, which must hold the run (``_APPEND_HELD``, ADR 0090)."""
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
         params["sent"] = time.time()
-        row = await (await conn.execute(_APPEND, params)).fetchone()
-        if row is None:  # no such run, or it has ended
-            await self._require_run(conn, run_id)
+        statement = _APPEND
+        if held_by is not None:
+            statement = _APPEND_HELD
+            params.update(owner=held_by.owner, attempt=held_by.attempt)
+        row = await (await conn.execute(statement, params)).fetchone()
+        if row is None:  # no such run, it has ended, or another execution holds it
+            cur = await conn.execute(
+                "SELECT closed_at, owner FROM runs WHERE run_id = %s", (run_id,)
+            )
+            found = await cur.fetchone()
+            if found is None:
+                raise RunNotFoundError(run_id)
+            if found[0] is None and held_by is not None:
+                raise held_by.refused(run_id, found[1])
             raise RunClosedError(run_id)
         skew = float(row[2])
         ts = columns[3]
@@ -881,16 +905,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             if await cur.fetchone() is None:
                 return None
-            await conn.execute(  # its status may have changed: a change for the run list
-                "UPDATE runs SET change_seq = %s WHERE run_id = %s",
-                (await self._next_change(conn), run_id),
-            )
             cur = await conn.execute(
                 "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL WHERE run_id = %s "
                 "RETURNING attempts",
                 (run_id,),
             )
             row = await cur.fetchone()
+            await conn.execute(  # its status may have changed: a change for the run list
+                "UPDATE runs SET change_seq = %s, claim = %s WHERE run_id = %s",
+                (await self._next_change(conn), None if row is None else row[0], run_id),
+            )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return None if row is None else int(row[0])
 

@@ -45,7 +45,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
-from thoughtgate.store.base import EventStore, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.log import PageAhead, QueuedAppend
 from thoughtgate.store.private_files import (
     create_private_file,
@@ -268,9 +268,15 @@ class _FetchedAhead:
             self.fetched.exception()
 
 
-def _not_appendable(conn: sqlite3.Connection, run_id: str) -> Exception:
-    """Why an append found no open row: no such run, or the run has ended."""
-    return _refusal(conn, run_id)(run_id)
+def _not_appendable(
+    conn: sqlite3.Connection, run_id: str, held_by: Holder | None = None
+) -> Exception:
+    """Why an append found no open row: no such run, the run has ended, or (``held_by``) another
+    execution holds it now (ADR 0090)."""
+    row = conn.execute("SELECT closed_at, owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None or row[0] is not None or held_by is None:
+        return (RunNotFoundError if row is None else RunClosedError)(run_id)
+    return held_by.refused(run_id, row[1])
 
 
 def _refusal(conn: sqlite3.Connection, run_id: str) -> type[RunNotFoundError | RunClosedError]:
@@ -287,6 +293,15 @@ _BUMP_SEQ = (
     "UPDATE runs SET last_seq = last_seq + ? WHERE run_id = ? AND closed_at IS NULL "
     "RETURNING last_seq"
 )
+_BUMP_HELD_SEQ = _BUMP_SEQ.replace(
+    "AND closed_at IS NULL",
+    "AND closed_at IS NULL AND owner = ? AND (? IS NULL OR "
+    "(SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) = ?)",
+)
+"""``_BUMP_SEQ`` for an execution's append, fenced in the same statement as its end is
+(``Holder.holds``, ADR 0090): numbered only while the run's owner is the execution's and, for a
+claimed run, its spec's claims counted no further than the execution's own. Its parameters:
+``_BUMP_SEQ``'s, then the owner and the attempt twice."""
 _BUMP_SEQS = (
     "UPDATE OR ROLLBACK runs SET last_seq = last_seq + j.value FROM json_each(?) AS j "
     "WHERE runs.run_id = j.key AND runs.closed_at IS NULL RETURNING runs.run_id, last_seq"
@@ -360,12 +375,18 @@ def _append_rows(
     conn: sqlite3.Connection,
     run_id: str,
     columns: codec.EncodedEvents,
+    held_by: Holder | None = None,
 ) -> int:
-    """Inside a write transaction: number and insert encoded events; returns the first seq."""
+    """Inside a write transaction: number and insert encoded events; returns the first seq.
+    ``held_by``: the execution appending, which must hold the run (ADR 0090)."""
     n = len(columns[0])
-    row = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
+    if held_by is None:
+        row = conn.execute(_BUMP_SEQ, (n, run_id)).fetchall()
+    else:
+        fence = (held_by.owner, held_by.attempt, held_by.attempt)
+        row = conn.execute(_BUMP_HELD_SEQ, (n, run_id, *fence)).fetchall()
     if not row:
-        raise _not_appendable(conn, run_id)
+        raise _not_appendable(conn, run_id, held_by)
     first = int(row[0][0]) - n + 1
     params: list[Any] = []
     _event_params(params, run_id, first, columns)
@@ -384,6 +405,8 @@ class _Append:
     run_id: str
     columns: codec.EncodedEvents
     update: IndexUpdate | None
+    held_by: Holder | None = None
+    """The execution appending (ADR 0090), checked by ``_check_holders``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,6 +511,7 @@ def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
     out: list[Any] = [None] * len(span)
     started = _start_runs(conn, span, now, out)
     _claim_runs(conn, span, now, out)
+    _check_holders(conn, span, out)
     ending = _check_endings(conn, span, out)
     firsts = _number_events(conn, span, started | ending, out)
     projected: list[tuple[int, str, IndexUpdate]] = []
@@ -673,6 +697,30 @@ def _check_endings(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]
     return ending
 
 
+def _check_holders(conn: sqlite3.Connection, span: list[_Merged], out: list[Any]) -> None:
+    """The span's appends made by an execution (``held_by``) to an open run it no longer holds
+    get ``RunTakenOverError`` in ``out`` and are not numbered (ADR 0090): one query, after the
+    span's claims (which come before them in queue order, ``_spans``)."""
+    fenced = [
+        (k, item) for k, item in enumerate(span) if isinstance(item, _Append) and item.held_by
+    ]
+    if not fenced:
+        return
+    runs = {item.run_id for _, item in fenced}
+    if len(runs) == 1:  # (the statement for one run costs SQLite half as much)
+        (run_id,) = runs
+        row = conn.execute(_HOLDER, (run_id,)).fetchone()
+        found = {} if row is None else {run_id: row}
+    else:
+        ids = orjson.dumps(sorted(runs)).decode()
+        found = {str(r[0]): r[1:] for r in conn.execute(_HOLDERS, (ids,)).fetchall()}
+    for k, item in fenced:
+        row = found.get(item.run_id)
+        assert item.held_by is not None
+        if row is not None and not item.held_by.holds(row[0], row[1]):
+            out[k] = item.held_by.refused(item.run_id, row[0])
+
+
 def _number_events(
     conn: sqlite3.Connection, span: list[_Merged], made: set[int], out: list[Any]
 ) -> dict[int, int]:
@@ -683,7 +731,7 @@ def _number_events(
     batches = [
         (k, item)
         for k, item in enumerate(span)
-        if item.columns[0] and (isinstance(item, _Append) or k in made)
+        if item.columns[0] and ((isinstance(item, _Append) and out[k] is None) or k in made)
     ]
     if not batches:
         return {}
@@ -879,6 +927,16 @@ _ENDING_CHECK = (
     "(SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) FROM runs "
     "WHERE run_id IN (SELECT value FROM json_each(?))"
 )
+_HOLDERS = (
+    "SELECT run_id, owner, (SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) "
+    "FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND closed_at IS NULL"
+)
+"""Who holds each open run (its owner and its spec's claims): ``_check_holders``'s one read."""
+_HOLDER = (
+    "SELECT owner, (SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) "
+    "FROM runs WHERE run_id = ? AND closed_at IS NULL"
+)
+"""``_HOLDERS`` of one run."""
 _BUMP_CHANGES = "UPDATE run_changes SET last_change = last_change + ? RETURNING last_change"
 _INSERT_RUNS = f"INSERT OR ROLLBACK INTO runs ({codec.RUN_COLUMNS}, change_seq)"
 _REPLACE_TASKS = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS})"
@@ -1172,16 +1230,23 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return await self.get_run(run_id)
 
     # -- events --------------------------------------------------------------------------
-    async def append(self, run_id: str, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
+    ) -> list[Event]:
         if not events:
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
-        out: list[Event] = await self._queue_append(run_id, events, None).future
+        out: list[Event] = await self._queue_append(run_id, events, None, held_by).future
         await self.wakeups.observed(run_id, out)
         return out
 
     def queue_append(
-        self, run_id: str, events: Sequence[NewEvent], *, after: QueuedAppend | None = None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        after: QueuedAppend | None = None,
+        held_by: Holder | None = None,
     ) -> QueuedAppend | None:
         if not events or (after is not None and not isinstance(after, _QueuedAppend)):
             return None
@@ -1191,7 +1256,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             return None  # (no job: ``after`` was never queued; the caller meets its error)
         loop = asyncio.get_running_loop()
         try:
-            job = self._queue_append(run_id, events, None if after is None else after.job)
+            job = self._queue_append(run_id, events, None if after is None else after.job, held_by)
         except Exception as exc:  # reported by ``wait``, as ``append`` would raise it
             failed: asyncio.Future[list[Event]] = loop.create_future()
             failed.set_exception(exc)
@@ -1199,7 +1264,11 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return _QueuedAppend(self, run_id, job, job.future, after)
 
     def _queue_append(
-        self, run_id: str, events: Sequence[NewEvent], after: QueuedWrite | None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        after: QueuedWrite | None,
+        held_by: Holder | None = None,
     ) -> QueuedWrite:
         """The append's write, queued now; its future resolves to the events once committed
         and published to live readers (in the commit's hand-off, ADR 0028)."""
@@ -1209,11 +1278,11 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
 
-        item = _Append(run_id, columns, update or None)
+        item = _Append(run_id, columns, update or None, held_by)
         if not update:  # deltas and the like do not touch the index
 
             def plain(conn: sqlite3.Connection) -> int:
-                return _append_rows(conn, run_id, columns)
+                return _append_rows(conn, run_id, columns, held_by)
 
             def appended(first: int) -> list[Event]:
                 # In the commit's hand-off: live readers get the events a loop turn before the
@@ -1227,7 +1296,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             )
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
-            first = _append_rows(conn, run_id, columns)
+            first = _append_rows(conn, run_id, columns, held_by)
             return first, _project(conn, run_id, update)
 
         def published(result: tuple[int, bool]) -> list[Event]:

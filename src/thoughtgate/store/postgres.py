@@ -830,6 +830,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
         decided: Callable[[], None] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> durable.Admission:
         """The run's times are kept on the server's clock (ADR 0066): it is created and updated
         at the server's now, and the lease and ``queued_at`` the caller stamped on its own clock

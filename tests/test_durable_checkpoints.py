@@ -110,8 +110,8 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
     Each run's turn notes the pace as its 0.3 s ends, in the same step of the loop: a timer
     that moves the pace on after the linger (due two seconds after the last run began) fires
     after that turn's, however late a loaded machine runs the loop, and the change it makes
-    is written after an await. A test that read the queue's row once it saw every run ended
-    would read it up to 1.7 s after the backlog drained, by the loop's clock."""
+    is written after an await. (The queue's row read once the test has seen every run end is
+    read whenever a loaded loop gets there, which can be after the linger is over.)"""
     async with _daemon(
         tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5
     ) as daemon:

@@ -85,14 +85,6 @@ async def test_the_turn_that_ends_an_earlier_task_is_checkpointed(tmp_path: Path
     assert [s.split(": ", 1)[1] for s in steps] == ["model turn 0"], "the first task's only"
 
 
-def _slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-    async def gen() -> AsyncIterator[Any]:
-        await asyncio.sleep(0.3)
-        yield text("done")
-
-    return gen()
-
-
 @contextlib.asynccontextmanager
 async def _daemon(tmp_path: Path, **durability: Any) -> AsyncIterator[InProcessDaemon[SQLiteStore]]:
     """A daemon on a fresh SQLite store, launched for the block."""
@@ -113,30 +105,78 @@ async def test_a_queue_polls_fast_while_runs_wait_a_while_after_and_then_slowly_
 ) -> None:
     """A backlog drains at the fast pace; the pace outlasts it by ten poll intervals (DBOS's
     worker would otherwise come down from the slow one again for the next burst), and a daemon
-    that has executed nothing for as long polls at the idle pace (ADR 0057)."""
-    # its own name, put back as it was: the session's fake scripts have a "slow" of their own
-    monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", _slow)
+    that has executed nothing for as long polls at the idle pace (ADR 0057).
+
+    Each run's turn notes the pace as its 0.3 s ends, in the same step of the loop: a timer
+    that moves the pace on after the linger (due two seconds after the last run began) fires
+    after that turn's, however late a loaded machine runs the loop, and the change it makes
+    is written after an await. (The queue's row read once the test has seen every run end is
+    read whenever a loaded loop gets there, which can be after the linger is over.)"""
     async with _daemon(
         tmp_path, concurrency=1, poll_interval_s=0.2, idle_poll_interval_s=0.5
     ) as daemon:
-        queue = daemon.queue
+        queue, starts = daemon.queue, daemon.engine.starts
+        assert starts is not None
+        paces: list[tuple[bool, float]] = []
+
+        def slow(request: TurnRequest, _: int) -> AsyncIterator[Any]:
+            async def gen() -> AsyncIterator[Any]:
+                await asyncio.sleep(0.3)
+                paces.append((bool(starts.waiting), starts.interval_s))
+                yield text("done")
+
+            return gen()
+
+        # its own name, put back as it was: the session's fake scripts have a "slow" of their own
+        monkeypatch.setitem(FAKE_SCRIPTS, "queue-slow", slow)
         # one starts at once, nine wait here, then on the queue (ADR 0031)
         runs = [await daemon.start("fake:queue-slow") for _ in range(10)]
         await until(lambda: _queued(daemon.engine))
         await until(lambda: _is(_interval_of(queue), 0.02))
         await until(lambda: _all_ended(daemon.store, runs))
-        assert await _interval_of(queue) == 0.02, "still fast just after the backlog drained"
+        assert paces[-1] == (False, 0.02), "still fast just after the backlog drained"
         await until(lambda: _is(_interval_of(queue), 0.5))
+
+
+class _Held:
+    """A fake script whose turn lasts until the test lets it end (:meth:`end`): a run that is
+    executing for as long as the test looks at it, however late the loop gets to it. (DBOS
+    executes a daemon's workflows on the loop that launched it: the test's.)"""
+
+    def __init__(self) -> None:
+        self.began = False
+        self._ended = asyncio.Event()
+
+    def __call__(self, request: TurnRequest, _: int) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            self.began = True
+            await self._ended.wait()
+            yield text("done")
+
+        return gen()
+
+    async def executing(self) -> bool:
+        return self.began
+
+    def end(self) -> None:
+        self._ended.set()
 
 
 @pytest.mark.inprocess
 async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_use_again(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0057: a daemon that has executed nothing for ten poll intervals polls its queue at the
     idle pace; a run the lease sweep puts on the queue meanwhile (its process stopped before it
     began) is still taken and completes, and the daemon polls at ``poll_interval_s`` again while
-    it is in use."""
+    it is in use.
+
+    The run executes until the test has seen that pace: a run that begins from the queue is
+    first polled for at the backlog's pace for ten poll intervals after it began, and the
+    in-use pace follows only until ten poll intervals after its end -- for a quick run, a
+    window as short as the run, which a loaded machine's late timer skips altogether."""
+    held = _Held()
+    monkeypatch.setitem(FAKE_SCRIPTS, "queue-held", held)
     async with _daemon(
         tmp_path, poll_interval_s=0.2, idle_poll_interval_s=0.6, concurrency=1
     ) as daemon:
@@ -144,7 +184,7 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
         assert await _interval_of(queue) == 0.2, "a daemon that just started is in use"
         await until(lambda: _is(_interval_of(queue), 0.6))
 
-        run, _ = await runtime.admit(RunRequest("hi", model="fake:echo"), queue=queue)
+        run, _ = await runtime.admit(RunRequest("hi", model="fake:queue-held"), queue=queue)
         engine.unreserve(run.run_id)  # it never starts here: as if its process had stopped
         runtime.forget_admitted(run.run_id)
         me = runtime.leases.owner
@@ -154,9 +194,11 @@ async def test_an_idle_daemon_polls_slowly_still_takes_a_queued_run_and_is_in_us
 
         restarted = Owner(me.host, me.pid, "restarted")
         assert await close_orphaned_runs(store, me=restarted, requeue=requeue) == []
-        await until(lambda: _all_ended(store, [run.run_id]))
-        # the run that began here put the daemon in use: for ten poll intervals after its end
+        await until(held.executing)
+        # the run that began here puts the daemon in use for as long as it executes
         await until(lambda: _is(_interval_of(queue), 0.2))
+        held.end()
+        await until(lambda: _all_ended(store, [run.run_id]))
         await until(lambda: _is(_interval_of(queue), 0.6))
 
 

@@ -187,8 +187,8 @@ async def _produced() -> set[str]:
         await runtime(ApprovalBroker()).execute(boom.run_id)
     seen += await store.read(boom.run_id)
 
-    # a run whose process stopped, resumed by another: run.resumed (orchestration.resume)
-    from thoughtgate.engine.steps import DirectSteps
+    # a run whose process stopped, resumed by another: run.resumed, written by the claim that
+    # begins its execution there (orchestration.resume)
     from thoughtgate.orchestration.resume import begin_execution
 
     first = runtime(ApprovalBroker())
@@ -196,13 +196,8 @@ async def _produced() -> set[str]:
     owner = first.leases.owner.owner_id
     assert await store.claim_run(resumable.run_id, owner, 30) == 1
     assert await store.release_run(resumable.run_id, owner=owner, queue=True)
-    second = runtime(ApprovalBroker())
-    begun = await begin_execution(second, resumable.run_id)
-    assert begun is not None and begun[3] is not None
-    run, spec, tools, resumed, _ = begun
-    steps = DirectSteps()
-    steps.resumed = resumed
-    await second._run_held(run, spec.tasks, tools, steps)
+    begun = await begin_execution(runtime(ApprovalBroker()), resumable.run_id)
+    assert begun is not None and begun[3] is not None, "it resumes"
     seen += await store.read(resumable.run_id)
 
     asked = asyncio.Event()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.commits import admitting, held_admission_commits, idle
 
 from thoughtgate.config import Config
 from thoughtgate.errors import QuotaExceededError, RunNotFoundError, StoreError
@@ -59,38 +60,11 @@ def _manager(store: SQLiteStore, provider: _Opened, config: Config | None = None
     return RunManager(runtime, grace_s=0)
 
 
-def _admissions(done: list[Any]) -> bool:
-    return any(o.job.action.startswith("create run") for o in done)
-
-
 @pytest.fixture
 def held_commits(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """The writer thread's ``COMMIT`` of a group holding an admission waits for this event
     (``go.holding`` is set once one waits)."""
-    go = threading.Event()
-    go.holding = threading.Event()  # type: ignore[attr-defined]
-    commit = sqlite_thread.SQLiteThread._commit
-
-    def held(self: Any, conn: sqlite3.Connection, failed: list[Any], done: list[Any]) -> Any:
-        if _admissions(done):
-            go.holding.set()  # type: ignore[attr-defined]
-            go.wait(30)
-        return commit(self, conn, failed, done)
-
-    monkeypatch.setattr(sqlite_thread.SQLiteThread, "_commit", held)
-    try:
-        yield go
-    finally:
-        go.set()
-
-
-async def _idle(manager: RunManager) -> None:
-    """Until no execution is left in ``manager``."""
-    for _ in range(1000):
-        if manager.active == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{manager.active} executions never ended")
+    yield from held_admission_commits(monkeypatch)
 
 
 async def _start_together(manager: RunManager, n: int) -> list[Any]:
@@ -112,7 +86,7 @@ async def test_a_runs_provider_opens_while_its_admission_commits(
     assert await store.list_runs() == [], "a reader sees no run before its commit"
     held_commits.set()
     runs = await starting
-    await _idle(manager)
+    await idle(manager)
     for run in runs:
         assert not isinstance(run, BaseException), run
         types = [e.type for e in await store.read(run.run_id)]
@@ -140,7 +114,7 @@ async def test_runs_admitted_in_a_large_group_start_after_its_commit(
     assert provider.opened == 0, "a run of a large admission group started before its commit"
     held_commits.set()
     runs = await starting
-    await _idle(manager)
+    await idle(manager)
     assert all(not isinstance(r, BaseException) for r in runs), runs
     assert provider.opened == 20
 
@@ -151,7 +125,7 @@ async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(
     commit = sqlite_thread.SQLiteThread._commit
 
     def failing(self: Any, conn: sqlite3.Connection, failed: list[Any], done: list[Any]) -> Any:
-        if not _admissions(done):
+        if not admitting(done):
             return commit(self, conn, failed, done)
         conn.execute("ROLLBACK")  # as a COMMIT that failed (disk I/O error) leaves it
         error = sqlite3.OperationalError("disk I/O error")
@@ -175,7 +149,7 @@ async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(
     assert all(isinstance(o, StoreError) for o in outcomes), outcomes
     assert began, "(their executions began before the commit failed)"
     provider.release.set()
-    await _idle(manager)  # no execution outlives its admission's failed commit
+    await idle(manager)  # no execution outlives its admission's failed commit
     monkeypatch.setattr(sqlite_thread.SQLiteThread, "_commit", commit)
     assert await store.list_runs() == [], "nothing of these runs was stored"
     for run_id in began:
@@ -185,7 +159,7 @@ async def test_a_run_whose_admission_does_not_commit_leaves_nothing_and_stops(
             await store.read(run_id)
     # the store still works: the next run commits and runs to its end
     run = await manager.start(RunRequest("after", model="fake:x"), early=True)
-    await _idle(manager)
+    await idle(manager)
     assert (await store.get_run(run.run_id)).status == "completed"
 
 
@@ -205,6 +179,6 @@ async def test_a_run_the_quota_refuses_costs_no_provider_call(store: SQLiteStore
     )
     assert all(isinstance(r, QuotaExceededError) for r in refused), refused
     provider.release.set()
-    await _idle(manager)
+    await idle(manager)
     assert provider.opened == 1, "a refused run opened a provider stream"
     assert [r.run_id for r in await store.list_runs()] == [first.run_id]

@@ -133,6 +133,22 @@ def test_a_page_of_stored_payloads_decodes_to_what_json_reads(
     assert repr(got) == repr([json.loads(codec.dumps(p)) for p in payloads])
 
 
+@given(
+    st.integers(min_value=0, max_value=40),
+    st.integers(min_value=2**64, max_value=10**40) | st.integers(max_value=-(2**63) - 1),
+    st.integers(min_value=0, max_value=5),
+)
+def test_a_long_integer_anywhere_in_a_page_is_read_by_json(
+    offset: int, big: int, before: int
+) -> None:
+    """An integer orjson would read as a float is found wherever it starts in the page (the
+    decoder looks at every ninth byte first, ADR 0087), and read as ``json`` reads it."""
+    payloads = [{"text": "chunk"} for _ in range(before)] + [{"t": "x" * offset, "n": big}]
+    joined = ",".join(codec.dumps(p) for p in payloads).encode()
+    got = codec.decode_payload_array(joined)
+    assert got[-1]["n"] == big and type(got[-1]["n"]) is int
+
+
 def test_numbers_orjson_reads_differently_are_read_by_json() -> None:
     joined = b'{"big":123456789012345678901234567890},{"neg":-9223372036854775809},{"s":"\\ud800"}'
     got = codec.decode_payload_array(joined)

@@ -340,6 +340,7 @@ class Runtime:
         quota: Quota | None = None,
         queue: str | None = None,
         decided: Callable[[RunRecord], None] | None = None,
+        committed: Callable[[RunRecord], None] | None = None,
     ) -> tuple[RunRecord, int]:
         """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
         (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it goes
@@ -352,7 +353,12 @@ class Runtime:
         tell that early (``DurableRunStore.admit_run``): the caller may start executing it then
         (ADR 0040), its writes queued behind the admission's. Until this returns the run must
         not be shown to anyone: when the commit fails this raises, nothing of the run is
-        stored, and its execution's writes fail."""
+        stored, and its execution's writes fail.
+
+        ``committed`` (likewise): called with the run once its admission's commit held, in the
+        step that learns it, where the store has one before this returns (SQLite's hand-off,
+        ``DurableRunStore.admit_run``): the caller's task resumes a turn of the loop later. A
+        cancel landing in that turn still makes this raise (and close the run, ADR 0082)."""
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
             chain_of_thought, request.chain_of_thought, orch.chain_of_thought
@@ -426,6 +432,7 @@ class Runtime:
         ]
         spec = RunSpec(tuple(specs), names)
         early = None if queue or decided is None else (lambda: decided(run))
+        held_now = None if queue or committed is None else (lambda: committed(run))
         if not queue:  # what its execution takes, kept first: it may start before the commit
             self._prepared[run.run_id] = prepared
             if isinstance(self.store, DurableRunStore):
@@ -445,6 +452,7 @@ class Runtime:
                 queue=queue,
                 claimed=claimed,
                 decided=early,
+                committed=held_now,
             )
             if claimed:
                 self._claimed.add(run_id)
@@ -509,6 +517,7 @@ class Runtime:
         queue: str | None,
         claimed: bool = False,
         decided: Callable[[], None] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> int:
         """Store the run with its tasks, its spec (where the store keeps specs) and its
         ``opening`` events -- in one transaction where the store admits runs (one commit per
@@ -533,7 +542,7 @@ class Runtime:
             queued_at=time.time() if queue and run.owner is None else None,
         )
         admission = await self.store.admit_run(
-            run, record, quota=quota, events=opening, decided=decided
+            run, record, quota=quota, events=opening, decided=decided, committed=committed
         )
         if not admission.admitted:
             raise QuotaExceededError(admission.reason, retry_after=admission.retry_after)

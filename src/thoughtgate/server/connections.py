@@ -90,17 +90,21 @@ def connection_budget(configured: int) -> tuple[int, int | None]:
 class _HeldHead:
     """The transport one response of uvicorn's httptools protocol writes to, until its head has
     gone out: the head of a response with a ``Content-Length`` (every JSON answer: a run's
-    creation, a ticket) is held and written with the body's first write, in one write.
+    creation, a ticket) is held and written with the body's first write, in one write; a
+    streamed response's (chunked: the live channel) is held until the end of the loop's step,
+    and written with the first chunk sent in that step, or alone (ADR 0091).
 
     Why: uvicorn writes a response's head as soon as the app starts the response, and its body
     at the next message, two writes for one answer; each write is a system call that wakes the
     client, and on a busy machine a woken client may take the CPU from the daemon (ADR 0032).
     The body follows the head within the same ASGI send sequence, so holding the head delays
-    nothing a client could use. A streamed response (chunked, SSE), a ``HEAD`` request's, or
-    any write before the head (``100 Continue``) goes out at once. After its first write the
-    response writes to the connection's transport directly (``cycle.transport`` is put back),
-    so the live stream's direct writes (``server.sse``) see the transport itself. A close
-    before the body sends the held head first, as it was written before.
+    nothing a client could use. A live stream whose first page is read already sends it in the
+    step that starts the response; one with nothing to send yet still sends its head, in the
+    loop's next turn, as it waits. A ``HEAD`` request's head, or any write before the head
+    (``100 Continue``), goes out at once. After its first write the response writes to the
+    connection's transport directly (``cycle.transport`` is put back), so the live stream's
+    direct writes (``server.sse``) see the transport itself. A close before the body sends the
+    held head first, as it was written before.
     """
 
     __slots__ = ("_cycle", "_head", "_transport")
@@ -120,14 +124,25 @@ class _HeldHead:
             return
         if (
             cycle.response_started
-            and cycle.chunked_encoding is False
             and not cycle.response_complete
+            and cycle.transport is self
             and cycle.scope["method"] != "HEAD"
         ):
             self._head = bytes(data)
+            if cycle.chunked_encoding is not False:  # streamed: out by the step's end
+                asyncio.get_running_loop().call_soon(self._send_head)
             return
         cycle.transport = self._transport
         self._transport.write(data)
+
+    def _send_head(self) -> None:
+        """A streamed response's head that no chunk followed in its step: alone, now."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._cycle.transport = self._transport
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def close(self) -> None:
         head = self._head

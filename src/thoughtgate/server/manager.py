@@ -130,7 +130,9 @@ class RunManager:
         as soon as its admission is decided, while that commits (ADR 0040), for a caller that
         reads the run on the same request (``POST /v1/runs/follow``). A caller that comes back
         for the run with further requests leaves it ``False``: the provider's first delta would
-        then often be ready before that caller is, and wait for it."""
+        then often be ready before that caller is, and wait for it. Its execution starts once
+        the admission committed, in the step that learns it where the store has one (SQLite's
+        hand-off): the turn in which this call resumes, not the one after."""
         if self._closing:
             raise UsageError("the daemon is shutting down; start the run elsewhere or later")
         names = list(dict.fromkeys(tools))
@@ -148,6 +150,8 @@ class RunManager:
                 # ``early``: once the admission is decided, while it commits (ADR 0040): the
                 # provider's stream opens a commit and two loop turns sooner. Its writes queue
                 # behind the admission's; nobody learns of the run before ``admit`` returns.
+                # Else once it committed, in the commit's hand-off (ADR 0091): the task's first
+                # step runs in the turn this start resumes in, not in the turn after it.
                 task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
                 started.append(task)
                 self._tasks[run.run_id] = task
@@ -161,12 +165,15 @@ class RunManager:
                     key_id=key_id,
                     quota=quota,
                     decided=execute if early else None,
+                    committed=None if early else execute,
                 )
             except BaseException:
-                for task in started:  # its admission did not commit: stop what it began
+                # Its admission did not commit, or this start was cancelled once it had (the run
+                # is then closed, ADR 0082): stop what it began.
+                for task in started:
                     task.cancel()
                 raise
-            if not started:  # the store could not tell early: once committed
+            if not started:  # the store could not tell before this step: once committed
                 execute(run)
             if run.run_id in self._tasks:
                 self._modes[run.run_id] = run.chain_of_thought

@@ -340,18 +340,20 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
     if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
         return
 
+    # ``cycle.transport`` at each write: the response's head may still be held (with the first
+    # chunk of the step that started the response, ``connections._HeldHead``), then the socket's.
     def writable() -> bool:
         return not (
             cycle.disconnected
             or cycle.response_complete
             or flow.write_paused
-            or transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
+            or cycle.transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
         )
 
     def write(chunk: bytes) -> bool:
         if not writable():
             return False
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
     def end(chunk: bytes) -> bool:

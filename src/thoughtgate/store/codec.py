@@ -159,11 +159,14 @@ def dumps(value: object, *, what: str = "value") -> str:
     text, which ``json`` refused.
     """
     try:
-        written: bytes | None = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS)
+        written: str | None = _orjson_dumps(value, _orjson_refuses, _ORJSON_OPTIONS).decode()
     except orjson.JSONEncodeError:
         written = None  # refused: json decides below
-    if written is not None and b"null" not in written:
-        return written.decode()
+    # Looked for in the text, not the bytes: ``bytes.__contains__`` first tries its operand as
+    # an integer, raising and clearing a ``TypeError`` on every call, which cost more than
+    # orjson's writing the payload (ADR 0087).
+    if written is not None and "null" not in written:
+        return written
     try:
         text = _fast_encode(value)
         if not text.isascii():
@@ -191,6 +194,20 @@ _DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 """Every ASCII digit as ``0``, every other byte as a space: a run of digits is a run of zeros."""
 _LONG_NUMBER = b"0" * 19
 """19 digits in a row: a number orjson may not read as ``json`` does (integers past 64 bits)."""
+_SAMPLE = 9
+"""Every ninth byte of a page is looked at first (:func:`_may_hold_a_long_number`)."""
+
+
+def _may_hold_a_long_number(data: bytes) -> bool:
+    """Whether ``data`` may hold 19 digits in a row, from every ninth byte first: any 19
+    consecutive positions hold two positions nine apart, both multiples of nine, so such a run
+    leaves two digits side by side among the sampled bytes. Without that (a page of text and
+    small numbers), there is no such run; with it, the whole page is looked at. The common
+    answer costs a quarter of looking at every byte, which cost a third as much as orjson's
+    decoding of the page (ADR 0087)."""
+    if data[::_SAMPLE].translate(_DIGITS).find(b"00") < 0:
+        return False
+    return data.translate(_DIGITS).find(_LONG_NUMBER) >= 0
 
 
 def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
@@ -204,7 +221,7 @@ def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
     """
     data = b"[" + joined + b"]"
     try:
-        if data.translate(_DIGITS).find(_LONG_NUMBER) < 0:
+        if not _may_hold_a_long_number(data):
             return cast(list[dict[str, Any]], orjson.loads(data))
     except orjson.JSONDecodeError:
         pass

@@ -159,6 +159,7 @@ class DurableRunStore(abc.ABC):
         quota: Quota | None = None,
         events: Sequence[NewEvent] = (),
         decided: Callable[[], None] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> Admission:
         """Create ``run`` with its tasks and its spec in one transaction -- unless ``quota``
         refuses it (counted in the same transaction, so concurrent admissions of one key on any
@@ -170,7 +171,13 @@ class DurableRunStore(abc.ABC):
         group (ADR 0040) -- so the caller may begin work that needs no reader to see the run
         yet. Until this returns the run may still not exist: that commit may fail (this then
         raises, nothing stored, and every later write of the run fails). Stores that cannot
-        tell early never call it."""
+        tell early never call it.
+
+        ``committed``: called (on the caller's loop, at most once) for an admitted run once its
+        commit held, where the store learns that in a step of its own before the caller resumes
+        -- SQLite, in the commit's hand-off -- so the caller may start work that needs the run
+        stored a turn of the loop sooner. Stores that learn it in the caller's own step never
+        call it: the caller, resumed, is as soon."""
 
     @abc.abstractmethod
     async def get_run_spec(self, run_id: str) -> RunSpecRecord | None:

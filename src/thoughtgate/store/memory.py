@@ -254,6 +254,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
         decided: Callable[[], None] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> durable.Admission:
         async with self._lock:
             now = time.time()

@@ -1483,6 +1483,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         quota: durable.Quota | None = None,
         events: Sequence[NewEvent] = (),
         decided: Callable[[], None] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> durable.Admission:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
@@ -1523,8 +1524,16 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             if decided is not None and result[0].admitted:
                 decided()
 
+        def held(result: tuple[durable.Admission, int]) -> None:
+            if committed is not None and result[0].admitted:
+                committed()
+
         verdict, first = await self._writer.write(
-            f"create run {run.run_id!r}", body, merge=(_merged_writes, item), decided=told
+            f"create run {run.run_id!r}",
+            body,
+            merge=(_merged_writes, item),
+            decided=told,
+            committed=held,
         )
         if verdict.admitted:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)

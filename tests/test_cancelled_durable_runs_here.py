@@ -117,7 +117,8 @@ def _two_tasks() -> RunRequest:
     return RunRequest("a", model="fake:gated", tasks=[TaskSpec("a"), TaskSpec("b")])
 
 
-async def _created(job: asyncio.Task[Any], process: _Process) -> str:
+async def _created(process: _Process) -> str:
+    """The id of the one run the test created."""
     (run,) = await process.store.list_runs()
     return run.run_id
 
@@ -149,7 +150,7 @@ async def _a_cancel_while_dbos_writes_its_workflow_leaves_none(
     with pytest.raises(asyncio.CancelledError):
         await job
     await written.wait()  # (the thread writes the row whatever became of its caller)
-    run_id = await _created(job, process)
+    run_id = await _created(process)
     await process.ended_once(run_id)
     assert EventType.TASK_STARTED not in await process.types(run_id), "it never began"
     assert await process.workflow(run_id) == "CANCELLED", "not PENDING for good"
@@ -177,7 +178,7 @@ async def test_a_cancel_while_dbos_writes_its_workflow_leaves_none_postgres(
 async def _a_cancel_while_it_executes_leaves_no_workflow(process: _Process, model: Model) -> None:
     job = asyncio.create_task(process.runtime.run(_two_tasks()))
     await model.entered.wait()  # its first task's model turn is under way
-    run_id = await _created(job, process)
+    run_id = await _created(process)
     assert await process.workflow(run_id) == "PENDING"
     job.cancel(REASON)
     with pytest.raises(asyncio.CancelledError):

@@ -92,6 +92,8 @@ def model() -> Iterator[Model]:
 
 
 class _Daemon(SweepingDaemon[Any]):
+    """A daemon with a lease of a minute whose hand-backs the test can wait for."""
+
     def __init__(self, store: EventStore) -> None:
         super().__init__(
             store,
@@ -99,7 +101,6 @@ class _Daemon(SweepingDaemon[Any]):
                 {"orchestration": {"lease_ttl_s": LEASE_S}, "durability": {"poll_interval_s": 0.1}}
             ),
         )
-        self.durable_store = store
         assert isinstance(store, DurableRunStore)
         self.specs: DurableRunStore = store
         self.handed_back = asyncio.Event()
@@ -151,7 +152,7 @@ async def postgres_daemon(pg_schema: str) -> AsyncIterator[_Daemon]:
 async def _a_stalled_hand_back_leaves_the_run_to_its_processs_later_claim(
     daemon: _Daemon, model: Model
 ) -> None:
-    store, specs = daemon.durable_store, daemon.specs
+    store, specs = daemon.store, daemon.specs
     request = RunRequest("one", model="fake:stalls-twice", tasks=[TaskSpec("one"), TaskSpec("two")])
     run, rank = await daemon.runtime.admit(request, queue=NOBODYS_QUEUE)
     run_id = run.run_id

@@ -180,6 +180,32 @@ async def test_the_keeper_renews_the_runs_it_holds_and_no_other_run_of_its_proce
 
 
 @pytest.mark.unit
+async def test_an_execution_that_lets_go_leaves_a_later_executions_hold_of_the_run() -> None:
+    """ADR 0093: this process's own queue took a run back (a later claim) while its first
+    execution stalled; when the first one ends it lets go of its own hold only, so the run the
+    second executes is still renewed -- and its task is the one a lost lease cancels."""
+    store = MemoryStore()
+    runtime = Runtime(store, Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}}))
+    run = await runtime.create_run(RunRequest("x", model="fake:echo"))
+    runtime.forget_admitted(run.run_id)
+    keeper = runtime.leases
+    gate = asyncio.Event()
+    first, second = (asyncio.create_task(gate.wait()) for _ in range(2))
+    keeper.hold(run.run_id, first)
+    keeper.hold(run.run_id, second)  # the later execution holds it now
+    keeper.release(run.run_id, first)
+    assert run.run_id in keeper.held, "still renewed for the second execution"
+    await store.renew_leases(keeper.owner.owner_id, -1.0, [run.run_id])
+    await close_run_interrupted(store, run.run_id, "closed by another process")
+    await keeper.renew()  # the run is lost: the execution holding it is the one stopped
+    await asyncio.sleep(0)
+    assert second.cancelled() and not first.done()
+    keeper.release(run.run_id, second)
+    assert run.run_id not in keeper
+    first.cancel()
+
+
+@pytest.mark.unit
 async def test_a_runs_lease_is_renewed_while_its_end_is_recorded_and_never_after() -> None:
     """While a run's end is recorded its lease is renewed, and a renewal that no longer finds
     the run (it has just ended) does not take it for a lost one; once the end is recorded or

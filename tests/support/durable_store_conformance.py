@@ -153,6 +153,41 @@ class DurableStoreConformance:
         assert not await ds.release_run(run_id, owner=None, queue=True), "queued, not suspended"
         assert await ds.claim_run(run_id, "b.2.y", 30) == 2, "another process takes it"
 
+    async def test_a_release_by_an_earlier_attempt_of_its_owner_moves_nothing(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0093: a stalled execution (attempt 1) hands its run back after its process took
+        the run again (attempt 2, same owner): the release names its attempt and is refused,
+        so the run stays the second execution's -- held, leased, not queued. The holder's own
+        release, and a release naming no attempt, still apply."""
+        ds = durable(store)
+        run_id = await admitted(store, durable=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        assert await ds.release_run(run_id, owner="a.1.x", queue=True)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 2
+        held = await store.get_run(run_id)
+        stale = ds.release_run(run_id, owner="a.1.x", attempt=1, queue=True)
+        assert not await stale, "a release by the superseded execution moves nothing"
+        run = await store.get_run(run_id)
+        assert (run.owner, run.status, run.lease_expires_at) == (
+            "a.1.x",
+            "running",
+            held.lease_expires_at,
+        )
+        spec = await ds.get_run_spec(run_id)
+        assert spec is not None and spec.queued_at is None and spec.attempts == 2
+        await store.append(run_id, [delta("b")], held_by=Holder("a.1.x", 2))  # still holds it
+        assert not await ds.release_run(run_id, owner="b.2.y", attempt=2, queue=True)
+        assert not await ds.release_run(run_id, owner="a.1.x", attempt=3, queue=True)
+        assert await ds.release_run(run_id, owner="a.1.x", attempt=2, queue=True), "its holder"
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 3
+        assert await ds.release_run(run_id, owner="a.1.x", queue=False), "no attempt: any"
+        # A run waiting in its daemon is held unclaimed (attempt 0) until it starts there.
+        waiting = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
+        assert (await ds.admit_run(waiting, RunSpecRecord(waiting.run_id, dict(SPEC)))).admitted
+        assert not await ds.release_run(waiting.run_id, owner="a.1.x", attempt=1, queue=True)
+        assert await ds.release_run(waiting.run_id, owner="a.1.x", attempt=0, queue=True)
+
     async def test_a_suspended_run_is_queued_again_once(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True)

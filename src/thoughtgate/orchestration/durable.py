@@ -101,7 +101,13 @@ class DurableRuntime(Protocol):
 
     def forget_admitted(self, run_id: str) -> object: ...
 
-    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str: ...
+    async def execute_workflow(
+        self,
+        run_id: str,
+        *,
+        unwritten: bool = False,
+        holding: Callable[[Holder], None] | None = None,
+    ) -> str: ...
 
     async def stop_started(self, run_id: str, reason: str, done: asyncio.Future[Any]) -> None: ...
 
@@ -724,9 +730,7 @@ class DurableEngine:
             # Its start from the line, then its execution: each is stopped in turn.
             while (done := self._started.get(run_id)) is not None and not done.done():
                 await self.runtime.stop_started(run_id, reason, done)
-            with contextlib.suppress(Exception):  # (the store is down: the row stays, as before)
-                if (await self.runtime.store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
-                    await self._cancel_workflow(run_id)
+            await self.cancel_ended_workflow(run_id)
             return
         waited = self._leave_line(run_id)
         if waited:
@@ -741,6 +745,16 @@ class DurableEngine:
             log.warning("could not close run %s: %s", run_id, exc)
         else:
             if not waited:  # (a run waiting here has no workflow yet)
+                await self._cancel_workflow(run_id)
+
+    async def cancel_ended_workflow(self, run_id: str) -> None:
+        """Cancel the workflow of a run started here whose execution was stopped -- a
+        withdrawn start, the cancelled task of ``thoughtgate run`` or MCP (ADR 0093) -- once
+        the run has ended: its workflow's row would otherwise stay (:meth:`_cancel_workflow`).
+        A run still open keeps it: it resumes from there (suspended, or executing elsewhere
+        since its end here was refused). A store that cannot tell leaves the row, as before."""
+        with contextlib.suppress(Exception):
+            if (await self.runtime.store.get_run(run_id)).status not in OPEN_RUN_STATUSES:
                 await self._cancel_workflow(run_id)
 
     @staticmethod
@@ -950,19 +964,24 @@ class DurableEngine:
         )
         return {w.workflow_id: _taken_at(w) for w in found}
 
-    async def hand_back(self, run_id: str) -> None:
-        """This execution lost ``run_id``'s workflow: DBOS refuses its checkpoints, for the
-        sweep put the workflow back on a queue while this process stalled between taking it and
-        claiming the run, and its claim came first all the same (ADR 0065). The run is not
-        ended here -- nothing went wrong with it --, but released at once to whoever executes
-        the workflow now (or, should that execution have found the run held and ended the
-        workflow, to the sweep, which puts it back on a queue). A release that fails leaves
-        the run to its lease, as before."""
+    async def hand_back(self, run_id: str, holder: Holder) -> None:
+        """The execution ``holder`` lost ``run_id``'s workflow: DBOS refuses its checkpoints,
+        for the sweep put the workflow back on a queue while this process stalled -- between
+        taking it and claiming the run, its claim coming first all the same (ADR 0065), or
+        while it executed the run. The run is not ended here -- nothing went wrong with it --,
+        but released at once to whoever executes the workflow now (or, should that execution
+        have found the run held and ended the workflow, to the sweep, which puts it back on a
+        queue). Only while ``holder`` still holds it: a later claim by this same process (its
+        own queue took the workflow back) is the run's execution now, and a release by owner
+        alone would take the run from it too (ADR 0093). A release that fails leaves the run
+        to its lease, as before."""
         store = self.runtime.store
         assert isinstance(store, DurableRunStore)
         owner = self.owner.owner_id
         try:
-            if await store.release_run(run_id, owner=owner, queue=True):
+            if await store.release_run(
+                run_id, owner=holder.owner, attempt=holder.attempt, queue=True
+            ):
                 await suspend(store, run_id, WORKFLOW_TAKEN_OVER, queued=True, previous=owner)
                 log.warning("run %s handed back: %s", run_id, WORKFLOW_TAKEN_OVER)
         except Exception as exc:
@@ -1109,11 +1128,14 @@ async def _run_workflow(run_id: str) -> str:
     starts = engine.starts
     if starts is not None:
         starts.began(run_id)
+    held: list[Holder] = []
     try:
-        return await engine.runtime.execute_workflow(run_id)
+        return await engine.runtime.execute_workflow(run_id, holding=held.append)
     except DBOSWorkflowConflictIDError:
-        # DBOS refused a checkpoint: another execution owns the workflow now (ADR 0065).
-        await engine.hand_back(run_id)
+        # DBOS refused a checkpoint: another execution owns the workflow now (ADR 0065). What
+        # this one claimed, if anything, goes back -- only while it still holds it (ADR 0093).
+        if held:
+            await engine.hand_back(run_id, held[0])
         raise
     finally:
         if starts is not None:

@@ -118,9 +118,15 @@ class LeaseKeeper:
             self._valid_until.pop(run_id, None)
         self._stop_when_idle()
 
-    def release(self, run_id: str) -> None:
+    def release(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
         """Stop renewing ``run_id``: this process no longer executes it. Its lease then expires
-        within one lease length, and a sweep closes it if it is still open."""
+        within one lease length, and a sweep closes it if it is still open.
+
+        ``task``: the execution letting go (as it :meth:`hold` the run): nothing changes when
+        another task holds the run now -- a later execution of it in this process, which this
+        process's own queue took back while the first one stalled (ADR 0093)."""
+        if task is not None and self._held.get(run_id, task) is not task:
+            return
         self._held.pop(run_id, None)
         self._admitted.pop(run_id, None)
         self._valid_until.pop(run_id, None)

@@ -609,7 +609,19 @@ class Runtime:
                 await self._execute_here(run_id)
 
     async def _execute_here(self, run_id: str) -> None:
-        assert self.durable is not None
+        """A durable run executed here, now, by its caller's task (``thoughtgate run``, MCP).
+
+        A cancel of that task ends the run wherever it lands (ADR 0072) and leaves no workflow
+        behind (ADR 0093): DBOS records no outcome for a cancelled workflow, so its row would
+        stay ``PENDING`` under this process's executor id, which no later process recovers and
+        no sweep deletes. Once the run has ended its workflow is cancelled, and the next sweep
+        deletes it with the ended runs'. DBOS writes a new workflow in a thread that a cancel
+        does not stop, so a cancel while it starts waits for that write (a DBOS transaction),
+        then stops the run as one cancelled while it executes; a second cancel meanwhile
+        leaves the row as before."""
+        durable = self.durable
+        assert durable is not None
+        cancelled: asyncio.CancelledError | None = None
         try:
             if run_id not in self._admitted:  # else the workflow takes it (its claim checks it)
                 run = await self.store.get_run(run_id)
@@ -621,13 +633,22 @@ class Runtime:
             # its lease, held from its admission, is what a resume needs, as for a daemon's run.
             unwritten = run_id in self._unwritten
             self._unwritten.discard(run_id)
-            done = await self.durable.start(run_id, unwritten=unwritten)
+            starting = asyncio.ensure_future(durable.start(run_id, unwritten=unwritten))
+            try:
+                done = await asyncio.shield(starting)
+            except asyncio.CancelledError as exc:
+                await asyncio.wait([starting])
+                if starting.cancelled() or starting.exception() is not None:
+                    raise  # nothing started: closed below, as before its workflow began
+                done, cancelled = starting.result(), exc
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):  # before its workflow began
                 await self._close_unbegun(run_id, _cancel_reason(exc))
             self.forget_admitted(run_id)
             raise
         try:
+            if cancelled is not None:  # while its workflow started: it may begin any moment
+                raise cancelled
             await asyncio.shield(done)
         except asyncio.CancelledError as exc:
             reason = _cancel_reason(exc)
@@ -637,6 +658,7 @@ class Runtime:
                 await done
             if reason not in _KEEP_OPEN:
                 await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
+                await durable.cancel_ended_workflow(run_id)
             raise
 
     def cancel(self, run_id: str, reason: str) -> bool:
@@ -747,11 +769,24 @@ class Runtime:
         self.leases.unadmit(run_id)
         return self._admitted.pop(run_id, None)
 
-    async def execute_workflow(self, run_id: str, *, unwritten: bool = False) -> str:
+    async def execute_workflow(
+        self,
+        run_id: str,
+        *,
+        unwritten: bool = False,
+        holding: Callable[[Holder], None] | None = None,
+    ) -> str:
         """The body of a run's durable workflow (``orchestration.durable``), in whichever process
         took it: claim the run, say it resumed when it did, then run its tasks through
         checkpointed steps. Returns the run's status. ``unwritten``: the first execution of a
-        run that can take no checkpoint, without a workflow (``DurableEngine.submit``)."""
+        run that can take no checkpoint, without a workflow (``DurableEngine.submit``).
+        ``holding``: told this execution's holder once its claim took the run -- what the
+        engine's hand-back of a run whose workflow it lost names (ADR 0093).
+
+        This process may execute one run twice at once: a stalled execution and the one its own
+        queue took the run back with (a later claim). What the first leaves behind as it ends is
+        its own only -- the task cancelled for the run, the lease renewed for it -- never the
+        second's."""
         from thoughtgate.orchestration.resume import begin_execution
 
         assert isinstance(self.store, DurableRunStore)
@@ -767,12 +802,16 @@ class Runtime:
                 held = self.holder(1 if claimed else 0) if first.owner else UNCLAIMED
                 await self._interrupted(run_id, Usage(), early, holder=held)
             raise asyncio.CancelledError(early)
-        self._workflows[run_id] = asyncio.current_task()  # type: ignore[assignment]
+        task = asyncio.current_task()
+        assert task is not None
+        self._workflows[run_id] = task
         try:
             begun = await self._begin_held(begin_execution(self, run_id, admitted, claimed=claimed))
             if begun is None:
                 return (await self.store.get_run(run_id)).status
             run, spec, tools, resumed, attempt = begun
+            if holding is not None:
+                holding(self.holder(attempt))
             try:
                 steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
                 return await self._run_held(run, spec.tasks, tools, steps, attempt=attempt)
@@ -782,7 +821,8 @@ class Runtime:
                 log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
             return (await self.store.get_run(run_id)).status
         finally:
-            self._workflows.pop(run_id, None)
+            if self._workflows.get(run_id) is task:  # not a later execution's (see above)
+                del self._workflows[run_id]
 
     async def _begin_held(self, beginning: Awaitable[_Begun]) -> _Begun:
         """``begin_execution``, let finish when the execution is cancelled meanwhile: its claim
@@ -817,7 +857,8 @@ class Runtime:
         Its end is recorded only while this execution still holds the run (ADR 0072): else
         ``RunTakenOverError``, the end not stored. Returns the status it ended the run with."""
         run_id = run.run_id
-        self.leases.hold(run_id, asyncio.current_task())
+        task = asyncio.current_task()
+        self.leases.hold(run_id, task)
         spent = _Spent()
         execution = _Execution(specs, tools, steps, self.holder(attempt))
         try:
@@ -827,14 +868,14 @@ class Runtime:
             # has ended is a no-op, so the run ends exactly once either way.
             reason = _cancel_reason(exc)
             if reason in _KEEP_OPEN:
-                self.leases.release(run_id)
+                self.leases.release(run_id, task)
             else:
                 await self._interrupted(
                     run_id, spent.usage, reason, spent.ended, spent.tail, execution.holder
                 )
             raise
         finally:
-            self.leases.release(run_id)
+            self.leases.release(run_id, task)  # its own hold only: not a later execution's
             await _close_all(self._prepared.pop(run_id, {}).values())
 
     async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> str:

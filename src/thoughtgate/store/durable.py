@@ -199,13 +199,24 @@ class DurableRunStore(abc.ABC):
 
     @abc.abstractmethod
     async def release_run(
-        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        queue: bool,
+        lease_expired_by: float | None = None,
+        attempt: int | None = None,
     ) -> bool:
         """Let go of an open run so it can resume: clear its owner and lease, and set
         ``queued_at`` when ``queue`` (the caller then hands it to the engine's queue), else leave
         it suspended. Applies only while the run is held by ``owner`` (with ``lease_expired_by``:
         only if its lease has not been renewed past that time); with ``owner=None`` only to a
-        suspended run (no owner, not queued). ``True`` when this call moved the run."""
+        suspended run (no owner, not queued). ``True`` when this call moved the run.
+
+        ``attempt``: the execution letting go, as its claim counted it (``Holder.attempt``):
+        applies only while the run's claims counted are still ``attempt``. An owner id names a
+        process, which may have claimed the run again since (its own queue took it back): a
+        release by the execution that claim superseded then moves nothing (ADR 0093)."""
 
     @abc.abstractmethod
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:

@@ -308,12 +308,20 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         return attempt
 
     async def release_run(
-        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        queue: bool,
+        lease_expired_by: float | None = None,
+        attempt: int | None = None,
     ) -> bool:
         async with self._lock:
             run = self._run(run_id)
             spec = self._specs.get(run_id)
             if spec is None or not self._is_open(run_id) or run.owner != owner:
+                return False
+            if attempt is not None and spec.attempts != attempt:
                 return False
             if owner is None and spec.queued_at is not None:
                 return False

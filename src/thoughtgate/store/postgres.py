@@ -926,7 +926,13 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return None if row is None else int(row[0])
 
     async def release_run(
-        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        queue: bool,
+        lease_expired_by: float | None = None,
+        attempt: int | None = None,
     ) -> bool:
         held = "r.owner = %(owner)s" if owner is not None else "r.owner IS NULL"
         lease = (
@@ -935,13 +941,23 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             else ""
         )
         waiting = "" if owner is not None else " AND s.queued_at IS NULL"
-        params = {"run_id": run_id, "owner": owner, "by": lease_expired_by, "queue": queue}
+        # The releasing execution's claim is still the last (ADR 0093). Read on the locked row
+        # of ``run_specs``: a release that waited for a claim's locks re-checks both rows as
+        # the claim left them (READ COMMITTED re-evaluates a locking read on the new versions).
+        claim = " AND s.attempts = %(attempt)s" if attempt is not None else ""
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "by": lease_expired_by,
+            "queue": queue,
+            "attempt": attempt,
+        }
         async with self._conn(f"release run {run_id!r}") as conn, conn.transaction():
             # The row lock orders this with claims and renewals of the same run.
             cur = await conn.execute(
                 "SELECT 1 FROM runs r JOIN run_specs s USING (run_id) WHERE r.run_id = %(run_id)s "
                 f"AND r.status IN ('pending', 'running') AND r.closed_at IS NULL AND {held}"
-                f"{lease}{waiting} FOR UPDATE OF r, s",
+                f"{lease}{waiting}{claim} FOR UPDATE OF r, s",
                 params,
             )
             if await cur.fetchone() is None:

@@ -1597,7 +1597,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return attempt
 
     async def release_run(
-        self, run_id: str, *, owner: str | None, queue: bool, lease_expired_by: float | None = None
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        queue: bool,
+        lease_expired_by: float | None = None,
+        attempt: int | None = None,
     ) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             held = "owner = ?" if owner is not None else "owner IS NULL"
@@ -1607,9 +1613,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 lease = " AND (lease_expires_at IS NULL OR lease_expires_at <= ?)"
                 args.append(lease_expired_by)
             waiting = "" if owner is not None else " AND s.queued_at IS NULL"
+            claim = ""
+            if attempt is not None:  # the releasing execution's claim is still the last
+                claim = " AND s.attempts = ?"
+                args.append(attempt)
             found = conn.execute(
                 f"SELECT 1 FROM runs JOIN run_specs s USING (run_id) WHERE run_id = ? AND "
-                f"{_OPEN} AND {held}{lease}{waiting}",
+                f"{_OPEN} AND {held}{lease}{waiting}{claim}",
                 args,
             ).fetchone()
             if found is None:

@@ -35,7 +35,12 @@ from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
 from typing import Any, Protocol
 
-from thoughtgate.errors import RunTakenOverError, StoreUnavailableError
+from thoughtgate.errors import (
+    RunClosedError,
+    RunNotFoundError,
+    RunTakenOverError,
+    StoreUnavailableError,
+)
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, NewEvent, is_run_terminal
 from thoughtgate.store.records import TaskRecord
@@ -248,6 +253,18 @@ class Holder:
             run_id,
         )
         return RunTakenOverError(run_id, owner, recording="events")
+
+
+def append_refused(run_id: str, found: Sequence[Any] | None, held_by: Holder | None) -> Exception:
+    """Why an append found no open row of ``run_id`` it may number, from the run's
+    ``(closed_at, owner)`` read after it (``None``: no such run): the run is missing, it has
+    ended, or -- for an execution's append (``held_by``) to an open run -- another execution
+    holds it now (ADR 0090). The one decision of every backend's append."""
+    if found is None:
+        return RunNotFoundError(run_id)
+    if found[0] is None and held_by is not None:
+        return held_by.refused(run_id, found[1])
+    return RunClosedError(run_id)
 
 
 UNCLAIMED = Holder(None, 0)

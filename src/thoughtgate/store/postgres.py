@@ -24,11 +24,11 @@ from psycopg import sql
 from psycopg.types.string import TextBinaryLoader, TextLoader
 from psycopg_pool import AsyncConnectionPool
 
-from thoughtgate.errors import RunClosedError, RunNotFoundError, StoreError
+from thoughtgate.errors import RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.log import PageAhead, abandon_task
+from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
@@ -567,12 +567,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             cur = await conn.execute(
                 "SELECT closed_at, owner FROM runs WHERE run_id = %s", (run_id,)
             )
-            found = await cur.fetchone()
-            if found is None:
-                raise RunNotFoundError(run_id)
-            if found[0] is None and held_by is not None:
-                raise held_by.refused(run_id, found[1])
-            raise RunClosedError(run_id)
+            raise append_refused(run_id, await cur.fetchone(), held_by)
         skew = float(row[2])
         ts = columns[3]
         ts[:] = [t + skew for t in ts]

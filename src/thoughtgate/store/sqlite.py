@@ -46,7 +46,7 @@ from thoughtgate.errors import (
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.log import PageAhead, QueuedAppend
+from thoughtgate.store.log import PageAhead, QueuedAppend, append_refused
 from thoughtgate.store.private_files import (
     create_private_file,
     make_private_parents,
@@ -274,9 +274,7 @@ def _not_appendable(
     """Why an append found no open row: no such run, the run has ended, or (``held_by``) another
     execution holds it now (ADR 0090)."""
     row = conn.execute("SELECT closed_at, owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None or row[0] is not None or held_by is None:
-        return (RunNotFoundError if row is None else RunClosedError)(run_id)
-    return held_by.refused(run_id, row[1])
+    return append_refused(run_id, row, held_by)
 
 
 def _refusal(conn: sqlite3.Connection, run_id: str) -> type[RunNotFoundError | RunClosedError]:

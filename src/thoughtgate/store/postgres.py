@@ -86,14 +86,42 @@ SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::t
 FROM bumped
 """
 
-_APPEND_HELD = _APPEND.replace(
-    "AND closed_at IS NULL",
-    "AND closed_at IS NULL AND owner = %(owner)s "
-    "AND (%(attempt)s::int IS NULL OR COALESCE(claim, 1) = %(attempt)s::int)",
+_PER_EVENT_TASK_AND_TYPE = """e.task_id, e.type, e.ts + bumped.skew,
+           e.payload::json, %(v)s
+    FROM bumped, unnest(
+        ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),
+        ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),
+        string_to_array(%(ts)s, ',')::float8[],
+        string_to_array(%(payloads)s, E'\\x1e')
+    ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)"""
+_APPEND_UNIFORM = _APPEND.replace(
+    _PER_EVENT_TASK_AND_TYPE,
+    """%(task_id)s::text, %(type)s::text, e.ts + bumped.skew,
+           e.payload::json, %(v)s
+    FROM bumped, unnest(
+        string_to_array(%(ts)s, ',')::float8[],
+        string_to_array(%(payloads)s, E'\\x1e')
+    ) WITH ORDINALITY AS e(ts, payload, ord)""",
 )
+"""``_APPEND`` for a batch whose events share one task and one type (a model turn's deltas):
+the two are sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+
+
+def _fenced(statement: str) -> str:
+    return statement.replace(
+        "AND closed_at IS NULL",
+        "AND closed_at IS NULL AND owner = %(owner)s "
+        "AND (%(attempt)s::int IS NULL OR COALESCE(claim, 1) = %(attempt)s::int)",
+    )
+
+
+_APPEND_HELD = _fenced(_APPEND)
 """``_APPEND`` for an execution's append, fenced as its end is (``Holder.holds``, ADR 0090): the
 run's owner and its latest claim (``runs.claim``, migration 11: a column of the row the
 ``UPDATE`` locks, so a claim that held the lock is seen committed) must be the execution's."""
+_APPEND_UNIFORM_HELD = _fenced(_APPEND_UNIFORM)
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
@@ -107,16 +135,21 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 def _batch_params(
     payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
 ) -> dict[str, Any]:
-    """The batch columns as strings: JSON arrays for the texts, the shortest digits that read
-    back as the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a
-    time that is not finite, which orjson would write as ``null``)."""
+    """The batch columns as strings: JSON arrays for the texts (one task id and one type where
+    every event shares them, for ``_APPEND_UNIFORM``), the shortest digits that read back as
+    the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a time that
+    is not finite, which orjson would write as ``null``)."""
     stamps = orjson.dumps(list(map(float, ts))).decode()
-    return {
-        "task_ids": codec.dumps(task_ids),
-        "types": codec.dumps(types),
+    params: dict[str, Any] = {
         "ts": ",".join(map(float.__repr__, map(float, ts))) if "null" in stamps else stamps[1:-1],
         "payloads": _RECORD_SEPARATOR.join(payloads),
     }
+    n = len(payloads)
+    if n and task_ids.count(task_ids[0]) == n and types.count(types[0]) == n:
+        params.update(task_id=task_ids[0], type=types[0])
+    else:
+        params.update(task_ids=codec.dumps(task_ids), types=codec.dumps(types))
+    return params
 
 
 # A page is a closed range of sequence numbers rather than "seq > N ... LIMIT k": sequences have
@@ -558,9 +591,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
         params["sent"] = time.time()
-        statement = _APPEND
+        uniform = "type" in params
+        statement = _APPEND_UNIFORM if uniform else _APPEND
         if held_by is not None:
-            statement = _APPEND_HELD
+            statement = _APPEND_UNIFORM_HELD if uniform else _APPEND_HELD
             params.update(owner=held_by.owner, attempt=held_by.attempt)
         row = await (await conn.execute(statement, params)).fetchone()
         if row is None:  # no such run, it has ended, or another execution holds it

@@ -54,7 +54,8 @@ __all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema
 # It is one statement (one round trip, its own transaction in autocommit mode): bump the counter,
 # insert every event of the batch, and queue the NOTIFY, which PostgreSQL delivers at commit.
 #
-# The batch travels as four plain strings that the server splits (see ``_batch_params``): adapting
+# The batch travels as four plain strings that the server splits (see ``_batch_params``; two, and
+# the task id and type once, when every event shares them: ``_APPEND_UNIFORM``): adapting
 # Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
 # times more than everything else an append does.
 #

@@ -6,24 +6,17 @@ py-spy counts a thread blocked on the disk as active, so the SQLite writer threa
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 
 import pytest
+from support.bench_modules import bench_module
 
 from thoughtgate.store import sqlite_thread
 
 pytestmark = pytest.mark.unit
 
-# bench/ is not an installed package (``make bench`` runs it from the checkout), and pytest puts
-# only tests/ on sys.path: load the module from its file (it imports the standard library only).
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_profile_summary", Path(__file__).resolve().parents[1] / "bench" / "profile_summary.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-profile_summary = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(profile_summary)
+profile_summary = bench_module("profile_summary")
 summary = profile_summary.summary
 
 LOOP = "<module> (serve.py:9);run (asyncio/runners.py:118)"

@@ -8,9 +8,10 @@ inclusive) and by the function that was on the CPU (self). Run ``python -m bench
 FILE`` to print one; ``docs/benchmarks.md`` keeps the summaries that explain a change.
 
 "Active" is not "on the CPU". py-spy counts a thread blocked on the disk as active (the SQLite
-writer thread in a ``COMMIT``'s fsync: a thread measured at 0.26 s of CPU got 1.1 s of samples in
-``COMMIT`` and its queue's ``get``), and without pausing the process (``--nonblocking``, which
-the bench needs) it also catches threads just back from a wait (the event loop's ``select``).
+writer thread in a ``COMMIT``'s fsync: a writer measured at 0.16 s of CPU had 1.75 s of samples,
+0.22 s of them running once its waits were told apart), and without pausing the process
+(``--nonblocking``, which the bench needs) it also catches threads just back from a wait (the
+event loop's ``select``).
 Native frames would show the syscall, but py-spy takes them only by pausing the process. So the
 summary sorts each sample by its top Python frame: **waiting** when that frame is a wait -- a line
 of it that runs a statement SQLite blocks in (``COMMIT`` or a checkpoint: the fsync;

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.emulator_process import emulator_process
+from bench.emulator_process import DELTAS, emulator_process
 from bench.environment import REPO, child_env
 
 BATCHES = 9
@@ -71,7 +72,6 @@ async def _record(url: str, model: str) -> list[bytes]:
     from thoughtgate.engine.turn import stream_llm_turn
     from thoughtgate.providers import clients
     from thoughtgate.providers.base import create_provider
-
     from thoughtgate.providers.netio import AsyncioBackend as real
 
     reads: list[bytes] = []
@@ -164,38 +164,73 @@ def _memory_backend(answers: dict[str, list[bytes]]) -> Any:
 KIND = "short"
 
 
-async def _measure(url: str, fmt: str, batches: int, per_batch: int) -> dict[str, Any]:
+def _callgrind(*args: str) -> None:
+    """``callgrind_control`` on this process (which runs under valgrind's callgrind)."""
+    command = ["callgrind_control", *args, str(os.getpid())]
+    subprocess.run(command, capture_output=True, check=True)
+
+
+async def _measure(url: str, fmt: str, batches: int, per_batch: int, mode: str) -> dict[str, Any]:
     global KIND
     from thoughtgate.engine.turn import stream_llm_turn
     from thoughtgate.providers import clients
     from thoughtgate.providers.base import create_provider
+    from thoughtgate.server.gc_policy import daemon_gc
 
     model = MODELS[fmt]
-    reads = _as_paced(await _record(url, model))
-    answers = {"short": reads, "long": _longer(reads)}
-    deltas = sum(map(_is_delta, reads))
-    clients.AsyncioBackend = _memory_backend(answers)  # type: ignore[attr-defined]
+    if mode == "loopback":  # the emulator's own paced turns, over its socket: one length only
+        kinds: tuple[str, ...] = ("short",)
+        deltas = 2 * DELTAS
+    else:
+        kinds = ("short", "long")
+        reads = _as_paced(await _record(url, model))
+        answers = {"short": reads, "long": _longer(reads)}
+        deltas = sum(map(_is_delta, reads))
+        clients.AsyncioBackend = _memory_backend(answers)  # type: ignore[attr-defined]
     settings, request = _settings(url, model), _request()
-    figures: dict[str, list[float]] = {"short": [], "long": []}
+    figures: dict[str, list[float]] = {kind: [] for kind in ("short", "long")}
+
+    async def turns(kind: str) -> None:
+        global KIND
+        KIND = kind
+        for _ in range(per_batch):
+            await stream_llm_turn(create_provider(model, settings), request)
+
     async with clients.shared_clients().lease():
-        for kind in ("short", "long") * 2:  # warm: the pool, imports, caches
-            KIND = kind
-            for _ in range(per_batch):
-                await stream_llm_turn(create_provider(model, settings), request)
-        for _ in range(batches):
-            for kind in ("short", "long"):
-                KIND = kind
-                began = time.thread_time()
-                for _ in range(per_batch):
-                    await stream_llm_turn(create_provider(model, settings), request)
-                figures[kind].append((time.thread_time() - began) / per_batch * 1e6)
+        for kind in kinds * 2:  # warm: the pool, imports, caches
+            await turns(kind)
+        with daemon_gc(10_000):  # the daemon's collector policy (ADR 0045)
+            for _ in range(1 if mode == "instructions" else batches):
+                for kind in kinds:
+                    if mode == "instructions":  # counted by callgrind, one dump per length
+                        _callgrind("--instr=on")
+                        _callgrind("--zero")
+                        await turns(kind)
+                        _callgrind("--dump")
+                        _callgrind("--instr=off")
+                        continue
+                    began = time.thread_time()
+                    await turns(kind)
+                    figures[kind].append((time.thread_time() - began) / per_batch * 1e6)
     return {"deltas": deltas, **figures}
 
 
-def consumer(url: str, batches: int, per_batch: int, formats: list[str]) -> dict[str, Any]:
+def consumer(
+    url: str, batches: int, per_batch: int, formats: list[str], mode: str
+) -> dict[str, Any]:
     import uvloop
 
-    return {f: uvloop.run(_measure(url, f, batches, per_batch)) for f in formats}
+    return {f: uvloop.run(_measure(url, f, batches, per_batch, mode)) for f in formats}
+
+
+def _dumps(folder: Path) -> list[int]:
+    """Instructions counted in each of callgrind's dumps in ``folder``, in dump order."""
+    found = []
+    for path in folder.glob("cg.out.*"):
+        summary = re.search(r"^summary: (\d+)", path.read_text(errors="replace"), re.M)
+        if summary is not None:
+            found.append((int(path.suffix[1:]), int(summary[1])))
+    return [count for _, count in sorted(found)]
 
 
 def _split(short: float, long: float, deltas: int) -> tuple[float, float]:
@@ -212,52 +247,84 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, default=BATCHES)
     parser.add_argument("--per-batch", type=int, default=PER_BATCH)
     parser.add_argument("--formats", default=",".join(MODELS))
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--loopback", action="store_true", help="the emulator's socket, paced")
+    how.add_argument("--instructions", action="store_true", help="instructions, by callgrind")
     parser.add_argument("--consume", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     formats = args.formats.split(",")
+    mode = "loopback" if args.loopback else "instructions" if args.instructions else "memory"
     if args.consume:
-        print(json.dumps(consumer(args.consume, args.batches, args.per_batch, formats)))
+        found = consumer(args.consume, args.batches, args.per_batch, formats, mode)
+        print(json.dumps(found))
         return {}
     sources = [str(Path(s).resolve()) for s in args.src] or [str(REPO / "src")]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sources}
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as url:
-        for _ in range(args.rounds):
-            for src in sources:
+        for number in range(args.rounds):
+            for index, src in enumerate(sources):
+                folder = Path(tmp) / f"cg-{number}-{index}"
+                folder.mkdir()
                 command = [sys.executable, "-m", "bench.turn_bench", "--consume", url]
+                if mode == "instructions":
+                    out_file = f"--callgrind-out-file={folder / 'cg.out'}"
+                    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", out_file]
+                    command += [sys.executable, "-m", "bench.turn_bench", "--consume", url]
+                    command += ["--instructions"]
+                elif mode == "loopback":
+                    command += ["--loopback"]
                 command += ["--batches", str(args.batches), "--per-batch", str(args.per_batch)]
                 out = subprocess.run(
                     [*command, "--formats", args.formats],
-                    env=child_env(src),
+                    env={**child_env(src), "PYTHONHASHSEED": "0"},
                     cwd=str(REPO),
                     capture_output=True,
                     text=True,
                 )
                 if out.returncode:
                     raise SystemExit(f"consumer on {src} failed:\n{out.stderr}")
-                runs[src].append(json.loads(out.stdout))
-                row = runs[src][-1]
-                print(
-                    src,
-                    " ".join(
-                        f"{f}={statistics.median(row[f]['short']):.0f}/"
-                        f"{statistics.median(row[f]['long']):.0f}"
-                        for f in formats
-                    ),
-                    flush=True,
-                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                if mode == "instructions":  # two dumps per format: short, then long turns
+                    counts = iter(_dumps(folder))
+                    for f in formats:
+                        row[f]["short"] = [next(counts) / args.per_batch]
+                        row[f]["long"] = [next(counts) / args.per_batch]
+                runs[src].append(row)
+                print(src, " ".join(f"{f}={_median(row[f]['short']):.0f}" for f in formats))
+    return _report(runs, formats, "instructions" if mode == "instructions" else "µs")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _report(runs: dict[str, list[dict[str, Any]]], formats: list[str], unit: str) -> dict[str, Any]:
+    """Per checkout and format: the median turn, and (in memory) its fixed and per-delta parts;
+    with two checkouts or more, each round's ratio to the first checkout's in the same round."""
     result: dict[str, Any] = {}
+    first = next(iter(runs))
     for src, rows in runs.items():
         print(src)
         result[src] = {}
         for f in formats:
-            short = statistics.median(x for row in rows for x in row[f]["short"])
-            long = statistics.median(x for row in rows for x in row[f]["long"])
+            short = _median([x for row in rows for x in row[f]["short"]])
+            long = _median([x for row in rows for x in row[f]["long"]])
             turn, delta = _split(short, long, rows[0][f]["deltas"])
+            ratios = [
+                _median(row[f]["short"]) / _median(base[f]["short"])
+                for row, base in zip(rows, runs[first], strict=True)
+            ]
             result[src][f] = {"turn_us": short, "fixed_us": turn, "delta_us": delta}
-            print(
-                f"  {f:10s} {short:7.0f} µs a turn of {rows[0][f]['deltas']} deltas; "
-                f"fixed {turn:6.0f} µs, {delta:5.1f} µs a delta"
-            )
+            line = f"  {f:10s} {short:7.0f} {unit} a turn of {rows[0][f]['deltas']} deltas"
+            if long == long:  # not NaN: measured in memory at two lengths
+                line += f"; fixed {turn:6.0f} {unit}, {delta:5.1f} {unit} a delta"
+            if src != first:
+                lower = sum(r < 1 for r in ratios)
+                line += (
+                    f"; turn vs the first, per round: median {statistics.median(ratios):.3f}, "
+                    f"lower in {lower} of {len(ratios)}"
+                )
+            print(line)
     return result
 
 

@@ -98,8 +98,9 @@ async def _record(url: str, model: str) -> list[bytes]:
     return reads
 
 
-_DELTA = re.compile(rb'"(step \d\d |word\d{3} )"')
-"""One of the scenario's 8-character deltas, alone in its JSON string."""
+_DELTA = re.compile(rb'"(step \d\d |word\d{3} |T\d\d\.\d{4})"')
+"""One of the scenario's 8-character deltas (the first holds the emulator's stamp), alone in its
+JSON string."""
 
 
 def _as_paced(reads: list[bytes]) -> list[bytes]:

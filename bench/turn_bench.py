@@ -23,7 +23,6 @@ checkout's ``src`` in the same run, the processes alternating ``--rounds`` times
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -37,6 +36,7 @@ from typing import Any
 
 from bench.emulator_process import DELTAS, emulator_process
 from bench.environment import REPO, child_env
+from bench.request_bench import memory_backend
 
 BATCHES = 9
 PER_BATCH = 30
@@ -88,7 +88,7 @@ async def _record(url: str, model: str) -> list[bytes]:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-    class Backend(real):  # type: ignore[misc, valid-type]
+    class Backend(real):
         async def connect_tcp(self, *args: Any, **kwargs: Any) -> Any:
             return Stream(await super().connect_tcp(*args, **kwargs))
 
@@ -109,7 +109,8 @@ def _as_paced(reads: list[bytes]) -> list[bytes]:
     a busy host joins them)."""
     raw = b"".join(reads)
     pos = raw.index(b"\r\n\r\n") + 4
-    head, chunks = raw[:pos], []
+    head = raw[:pos]
+    chunks: list[bytes] = []
     while True:
         line_end = raw.index(b"\r\n", pos)
         size = int(raw[pos:line_end], 16)
@@ -130,39 +131,8 @@ def _longer(reads: list[bytes]) -> list[bytes]:
     return [piece for read in reads for piece in ([read] * (REPEAT if _is_delta(read) else 1))]
 
 
-def _memory_backend(answers: dict[str, list[bytes]]) -> Any:
-    """Every connection answers each request with the reads ``answers[KIND]`` holds at the time
-    the request is written (``KIND``: the module global the measuring loop sets)."""
-    import httpcore
-
-    class Stream(httpcore.AsyncNetworkStream):
-        def __init__(self) -> None:
-            self.unread: list[bytes] = []
-
-        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-            return self.unread.pop() if self.unread else b""
-
-        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-            if buffer and not self.unread:  # the request's first write: the answer is ready
-                self.unread = answers[KIND][::-1]
-
-        async def aclose(self) -> None:
-            return None
-
-        def get_extra_info(self, info: str) -> Any:
-            return False if info == "is_readable" else None
-
-    class Backend(httpcore.AsyncNetworkBackend):
-        async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-            return Stream()
-
-        async def sleep(self, seconds: float) -> None:
-            await asyncio.sleep(seconds)
-
-    return Backend
-
-
 KIND = "short"
+"""Which answer the memory backend serves the next request: "short" (as recorded) or "long"."""
 
 
 def _callgrind(*args: str) -> None:
@@ -187,7 +157,7 @@ async def _measure(url: str, fmt: str, batches: int, per_batch: int, mode: str) 
         reads = _as_paced(await _record(url, model))
         answers = {"short": reads, "long": _longer(reads)}
         deltas = sum(map(_is_delta, reads))
-        clients.AsyncioBackend = _memory_backend(answers)  # type: ignore[attr-defined]
+        clients.AsyncioBackend = memory_backend(lambda: answers[KIND])  # type: ignore[attr-defined]
     settings, request = _settings(url, model), _request()
     figures: dict[str, list[float]] = {kind: [] for kind in ("short", "long")}
 

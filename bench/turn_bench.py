@@ -5,8 +5,8 @@ deltas a turn, most of an adapter's CPU per delta is what a turn costs once). Th
 two apart, in memory, so a change to the adapters' Python can be compared with its base without
 the daemon bench's noise:
 
-* each format's answer is recorded once from the bench's emulator (:mod:`bench.emulator_process`),
-  read by read, as the adapter read it;
+* each format's answer is recorded once from the bench's emulator (:mod:`bench.emulator_process`)
+  and cut into one HTTP chunk a read, as a paced provider's reads arrive;
 * each turn then builds its adapter (``create_provider``, as a run does) and streams the turn
   (``stream_llm_turn``) through the shared clients, over a network backend that answers every
   request with the recorded reads from memory (no system call, no loop wake-up);
@@ -15,9 +15,17 @@ the daemon bench's noise:
   turn's fixed CPU ``T`` and each delta's ``d``.
 
 Per format: ``BATCHES`` batches of ``PER_BATCH`` turns of each length, alternated, each batch's
-``time.thread_time()`` per turn; the medians. ``--src DIR`` (repeatable) measures another
-checkout's ``src`` in the same run, the processes alternating ``--rounds`` times:
-``python -m bench.turn_bench --src /tmp/base/src --src src``.
+``time.thread_time()`` per turn; the medians. The daemon's collector policy holds meanwhile.
+
+* ``--instructions``: each consumer runs under valgrind's callgrind, which counts the
+  instructions of the turns alone (one batch of each length; ``--per-batch 20`` makes the
+  ``callgrind_control`` calls around them ~25k instructions a turn). Same code, same count to
+  within a tenth of a per cent, where thread time on a shared host moves 2× (ADR 0097);
+* ``--loopback``: the emulator's own paced turns over its socket (one length: the per-read
+  wake-ups included, no split).
+
+``--src DIR`` (repeatable) measures another checkout's ``src`` in the same run, the processes
+alternating ``--rounds`` times: ``python -m bench.turn_bench --src /tmp/base/src --src src``.
 """
 
 from __future__ import annotations

@@ -127,6 +127,20 @@ class _Collecting:
         pass
 
 
+_EVERY_BACKEND = settings(
+    max_examples=25,
+    deadline=None,
+    # The fixture store is reused across examples on purpose (each example uses a fresh run),
+    # and these properties are deliberately run by every backend's subclass: an example that
+    # breaks one backend is a valid example for all of them.
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.differing_executors,
+        HealthCheck.too_slow,
+    ],
+)
+
+
 class EventLogConformance:
     """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
     hand-off of committed batches to listeners and observers. Runs come from the run index."""
@@ -678,18 +692,7 @@ class EventLogConformance:
         assert (await store.get_run(run.run_id)).status == "running"
         assert await store.read(run.run_id) == []
 
-    @settings(
-        max_examples=25,
-        deadline=None,
-        # The fixture store is reused across examples on purpose (each example uses a fresh run),
-        # and this one property is deliberately run by every backend's subclass: an example that
-        # breaks one backend is a valid example for all of them.
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-            HealthCheck.too_slow,
-        ],
-    )
+    @_EVERY_BACKEND
     @given(
         schedule=st.lists(
             st.tuples(
@@ -737,15 +740,7 @@ class EventLogConformance:
                     assert got[0].seq > last
                     last = got[-1].seq
 
-    @settings(
-        max_examples=25,
-        deadline=None,
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-            HealthCheck.too_slow,
-        ],
-    )
+    @_EVERY_BACKEND
     @given(
         batches=st.lists(
             st.tuples(

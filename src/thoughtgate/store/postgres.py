@@ -63,7 +63,7 @@ __all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema
 # server's clock when the statement arrived less this process's when it was sent (``sent``), so
 # events keep the times between them they were made with; the statement returns it, and the
 # events handed back are moved alike (``_append_rows``).
-_APPEND = """
+_APPEND_STATEMENT = """
 WITH bumped AS (
     UPDATE runs SET last_seq = last_seq + %(n)s
     WHERE run_id = %(run_id)s AND closed_at IS NULL
@@ -71,40 +71,30 @@ WITH bumped AS (
               extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
     INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
-    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts + bumped.skew,
+    SELECT %(run_id)s, bumped.base + e.ord, {task_and_type}, e.ts + bumped.skew,
            e.payload::json, %(v)s
-    FROM bumped, unnest(
-        ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
-              WITH ORDINALITY AS j(v, i) ORDER BY i),
-        ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
-              WITH ORDINALITY AS j(v, i) ORDER BY i),
+    FROM bumped, unnest({task_and_type_arrays}
         string_to_array(%(ts)s, ',')::float8[],
         string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
+    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, ord)
     RETURNING 1
 )
 SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text), skew
 FROM bumped
 """
-
-_PER_EVENT_TASK_AND_TYPE = """e.task_id, e.type, e.ts + bumped.skew,
-           e.payload::json, %(v)s
-    FROM bumped, unnest(
+_APPEND = _APPEND_STATEMENT.format(
+    task_and_type="e.task_id, e.type",
+    task_and_type_arrays="""
         ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),
         ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
-              WITH ORDINALITY AS j(v, i) ORDER BY i),
-        string_to_array(%(ts)s, ',')::float8[],
-        string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)"""
-_APPEND_UNIFORM = _APPEND.replace(
-    _PER_EVENT_TASK_AND_TYPE,
-    """%(task_id)s::text, %(type)s::text, e.ts + bumped.skew,
-           e.payload::json, %(v)s
-    FROM bumped, unnest(
-        string_to_array(%(ts)s, ',')::float8[],
-        string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e(ts, payload, ord)""",
+              WITH ORDINALITY AS j(v, i) ORDER BY i),""",
+    task_and_type_names="task_id, type, ",
+)
+_APPEND_UNIFORM = _APPEND_STATEMENT.format(
+    task_and_type="%(task_id)s::text, %(type)s::text",
+    task_and_type_arrays="",
+    task_and_type_names="",
 )
 """``_APPEND`` for a batch whose events share one task and one type (a model turn's deltas):
 the two are sent once, not as arrays the server unpacks row by row (ADR 0096)."""

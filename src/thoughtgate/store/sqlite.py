@@ -396,9 +396,9 @@ def _insert_uniform(
     has the same task and type; whether it did (otherwise nothing was inserted)."""
     payloads, task_ids, types, ts = columns
     n = len(payloads)
-    task_id, type_ = task_ids[0], types[0]
-    if n < 2 or task_ids.count(task_id) != n or types.count(type_) != n:
+    if n < 2 or task_ids.count(task_ids[0]) != n or types.count(types[0]) != n:
         return False
+    task_id, type_ = task_ids[0], types[0]
     for start in range(0, n, _UNIFORM_CHUNK):
         end = min(n, start + _UNIFORM_CHUNK)
         rows = end - start

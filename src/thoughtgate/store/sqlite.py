@@ -31,6 +31,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -369,6 +370,49 @@ def _event_params(params: list[Any], run_id: str, first: int, columns: codec.Enc
         )
 
 
+def _uniform_statement(rows: int) -> str:
+    values = ",".join(f"(?{4 + 3 * r},?{5 + 3 * r},?{6 + 3 * r})" for r in range(rows))
+    return (
+        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v) "
+        f"SELECT ?1, column1, ?2, ?3, column2, column3, {EVENT_VERSION} "
+        f"FROM (VALUES {values}) WHERE column1 > 0"
+    )
+
+
+_UNIFORM_CHUNK = 256
+"""Rows per uniform insert: 771 parameters, under SQLite's oldest limit (999)."""
+_UNIFORM_INSERTS = {size: _uniform_statement(size) for size in (2**k for k in range(9))}
+"""Inserts of 1, 2, 4, ... 256 rows of one run, one task and one type (a model turn's deltas):
+the three are bound once (``?1``-``?3``) and each row binds its number, time and payload, padded
+up to the size with rows of zeros as ``_INSERTS`` are. Each text bound is copied by SQLite into
+memory of its own (``SQLITE_TRANSIENT``): a row of ``_INSERTS`` binds four, one here (ADR 0096)."""
+_UNIFORM_PAD = (0, 0, 0)
+
+
+def _insert_uniform(
+    conn: sqlite3.Connection, run_id: str, first: int, columns: codec.EncodedEvents
+) -> bool:
+    """Insert ``columns``, numbered from ``first``, with ``_UNIFORM_INSERTS`` when every event
+    has the same task and type; whether it did (otherwise nothing was inserted)."""
+    payloads, task_ids, types, ts = columns
+    n = len(payloads)
+    if n < 2 or task_ids.count(task_ids[0]) != n or types.count(types[0]) != n:
+        return False
+    task_id, type_ = task_ids[0], types[0]
+    for start in range(0, n, _UNIFORM_CHUNK):
+        end = min(n, start + _UNIFORM_CHUNK)
+        rows = end - start
+        size = 1 << (rows - 1).bit_length()
+        params: list[Any] = [run_id, task_id, type_]
+        params += chain.from_iterable(
+            zip(range(first + start, first + end), ts[start:end], payloads[start:end], strict=True)
+        )
+        if size > rows:
+            params += _UNIFORM_PAD * (size - rows)
+        conn.execute(_UNIFORM_INSERTS[size], params)
+    return True
+
+
 def _append_rows(
     conn: sqlite3.Connection,
     run_id: str,
@@ -386,9 +430,10 @@ def _append_rows(
     if not row:
         raise _not_appendable(conn, run_id, held_by)
     first = int(row[0][0]) - n + 1
-    params: list[Any] = []
-    _event_params(params, run_id, first, columns)
-    _insert_events(conn, params)
+    if not _insert_uniform(conn, run_id, first, columns):
+        params: list[Any] = []
+        _event_params(params, run_id, first, columns)
+        _insert_events(conn, params)
     return first
 
 

@@ -1205,8 +1205,8 @@ class Runtime:
                 return
             if events:
                 await self._append(run.run_id, events, execution.holder)
-            if task.reasoning is not None:
-                await self.store.save_task(task)
+            if task.reasoning is not None:  # fenced as its appends are (ADR 0094)
+                await self.store.save_task(task, held_by=execution.holder)
 
         await steps.effect(f"{task.task_id}: end", end)
         return result

@@ -144,12 +144,18 @@ class LeaseKeeper:
         self._lost.append(forget)
 
     @contextmanager
-    def ending(self, run_id: str) -> Iterator[None]:
+    def ending(self, run_id: str, task: asyncio.Task[object] | None = None) -> Iterator[None]:
         """While the block records ``run_id``'s end: its lease is still renewed, but a renewal
         that no longer finds the run (it has just ended) is not a lost run -- so a renewal
         racing the end never cancels the task recording it. When the block is over the run is
-        released: if its end could not be recorded, its lease expires and a sweep closes it."""
-        self._held.pop(run_id, None)
+        released: if its end could not be recorded, its lease expires and a sweep closes it.
+
+        ``task``: the execution recording the end. While another task holds the run -- a
+        later execution of it in this process, whose claim superseded this one (its end is
+        then refused) -- that hold is left as it is (ADR 0094), as :meth:`release` leaves it."""
+        held = self._held.get(run_id)
+        if task is None or held is None or held is task:
+            self._held.pop(run_id, None)
         self._admitted.pop(run_id, None)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1
         self._renewing()

@@ -833,15 +833,18 @@ class DurableEngine:
         if starts is not None:  # at once: a run arriving meanwhile queues behind them
             for _, _, run_id, _ in line:
                 starts.queued(run_id)
+        keeper = self.runtime.leases
         for priority, _, run_id, _ in line:
             try:
-                if not await store.release_run(run_id, owner=owner, queue=True):
+                # Unclaimed (attempt 0): not once this process's own queue took it back and
+                # claimed it while it stalled here (ADR 0094), nor its execution's hold.
+                if not await store.release_run(run_id, owner=owner, queue=True, attempt=0):
                     if starts is not None:
                         starts.began(run_id)  # no longer ours (closed meanwhile): waits nowhere
-                    self.runtime.leases.release(run_id)
+                    keeper.release_waiting(run_id)
                     self.runtime.forget_admitted(run_id)
                     continue
-                self.runtime.leases.release(run_id)
+                keeper.release_waiting(run_id)
                 self.runtime.forget_admitted(run_id)
                 await self.enqueue(run_id, queue, priority=priority)
             except Exception as exc:  # as a run that could not be queued when it arrived

@@ -132,6 +132,13 @@ class LeaseKeeper:
         self._valid_until.pop(run_id, None)
         self._stop_when_idle()
 
+    def release_waiting(self, run_id: str) -> None:
+        """:meth:`release` the hold of a run that waited in a daemon's line (held with no
+        task), unless an execution (a task) holds the run now: this process's own queue took
+        it back and claimed it while it waited (ADR 0094)."""
+        if self._held.get(run_id) is None:
+            self.release(run_id)
+
     def surely_held(self, run_id: str) -> bool:
         """Whether this process holds ``run_id`` and its lease surely has not expired since it
         was last set (by its admission or a renewal), so no sweep can have taken it: a check

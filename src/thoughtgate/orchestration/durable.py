@@ -874,20 +874,32 @@ class DurableEngine:
         return task
 
     async def _execute_unwritten(self, run_id: str) -> None:
+        held: list[Holder] = []
         try:
-            await self.runtime.execute_workflow(run_id, unwritten=True)
+            await self.runtime.execute_workflow(run_id, unwritten=True, holding=held.append)
         except asyncio.CancelledError as exc:
             if exc.args[:1] != (UNWRITTEN,) or _cancelling():
                 raise
         else:
             return
         # A step needed a checkpoint: the run continues here as a workflow, which resumes it
-        # from its log (the slot stays taken until that workflow ends).
+        # from its log (the slot stays taken until that workflow ends). Only while the
+        # execution that stopped still holds it: this process may have stalled since, and the
+        # run be another execution's, which the record would misreport (ADR 0094).
         store = self.runtime.store
         try:
-            await suspend(store, run_id, UNWRITTEN, queued=False, previous=self.owner.owner_id)
+            await suspend(
+                store,
+                run_id,
+                UNWRITTEN,
+                queued=False,
+                previous=self.owner.owner_id,
+                held_by=held[0] if held else None,
+            )
             done = await self.start(run_id)
             await done
+        except RunTakenOverError:
+            return  # logged: the run is another execution's, not to continue or close here
         except Exception as exc:
             log.warning("run %s could not continue as a workflow: %s", run_id, exc)
             await self._close(run_id, "it could not continue as a workflow", exc)

@@ -251,8 +251,8 @@ class Holder:
         (ADR 0090), a task's record or the run's (ADR 0094) -- logged: nothing of it was
         stored, and the execution stops."""
         log.warning(
-            "run %s: %s of an execution that no longer holds it refused (this process stalled "
-            "past its lease and the run was taken over); it stops here",
+            "run %s: an execution that no longer holds it was refused its %s (this process "
+            "stalled past its lease and the run was taken over); it stops here",
             run_id,
             recording,
         )

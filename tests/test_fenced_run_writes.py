@@ -73,7 +73,9 @@ class Stall:
         self.through = asyncio.Event()
         append = runtime._append
 
-        async def stalling(run_id: str, events: list[NewEvent], held_by: Holder | None = None):  # type: ignore[no-untyped-def]
+        async def stalling(
+            run_id: str, events: list[NewEvent], held_by: Holder | None = None
+        ) -> None:
             await append(run_id, events, held_by)
             if any(e.type == kind for e in events) and not self.entered.is_set():
                 self.entered.set()

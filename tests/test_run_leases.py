@@ -280,7 +280,7 @@ async def test_a_runs_lease_is_renewed_while_its_end_is_recorded_and_never_after
     recording = asyncio.current_task()
     assert recording is not None
     keeper.hold(run.run_id, recording)
-    with keeper.ending(run.run_id):
+    with keeper.ending(run.run_id, recording):
         assert run.run_id in keeper and keeper.held == frozenset()
         await store.renew_leases(keeper.owner.owner_id, -1.0, [run.run_id])
         await keeper.renew()

@@ -249,3 +249,32 @@ async def test_spilling_the_line_leaves_a_run_this_process_took_back_to_its_exec
         gate.set()
     await until(lambda: _ended(daemon, first))
     await until(lambda: _idle(daemon))
+
+
+@pytest.mark.inprocess
+async def test_a_withdrawn_start_leaves_a_run_this_process_took_back_to_its_execution(
+    daemon: _Daemon, gate: asyncio.Event
+) -> None:
+    """ADR 0094: as above, but the waiting run's start is withdrawn (its client cancelled it)
+    after this daemon's own queue took it back: its close as the line's (attempt 0) is refused,
+    and the run stays its execution's, still held and renewed here."""
+    first = await daemon.start("fake:gated")
+    second = await daemon.start("fake:echo")
+    await daemon.taken_elsewhere(second)
+    keeper = daemon.runtime.leases
+    owner = keeper.owner.owner_id
+    assert await daemon.store.claim_run(second, owner, keeper.ttl_s) == 1
+    execution = asyncio.create_task(gate.wait())
+    keeper.hold(second, execution)  # type: ignore[arg-type]
+    try:
+        await daemon.engine.withdraw(second, "its client went away")
+        run = await daemon.store.get_run(second)
+        assert (run.status, run.owner) == ("running", owner), "still its execution's"
+        assert second in keeper.held, "still renewed for its execution"
+        assert daemon.waiting() == []
+    finally:
+        keeper.release(second, execution)  # type: ignore[arg-type]
+        await close_run_interrupted(daemon.store, second, "the test is over")
+        gate.set()
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _idle(daemon))

@@ -733,8 +733,8 @@ class DurableEngine:
             await self.cancel_ended_workflow(run_id)
             return
         waited = self._leave_line(run_id)
-        if waited:
-            self.runtime.leases.release(run_id)
+        if waited:  # (not an execution's hold: its own queue may have taken it back, ADR 0094)
+            self.runtime.leases.release_waiting(run_id)
         holder = Holder(self.owner.owner_id, 0) if waited else UNCLAIMED
         try:
             with self.runtime.leases.ending(run_id):

@@ -157,11 +157,12 @@ class LeaseKeeper:
         racing the end never cancels the task recording it. When the block is over the run is
         released: if its end could not be recorded, its lease expires and a sweep closes it.
 
-        ``task``: the execution recording the end. While another task holds the run -- a
-        later execution of it in this process, whose claim superseded this one (its end is
-        then refused) -- that hold is left as it is (ADR 0094), as :meth:`release` leaves it."""
-        held = self._held.get(run_id)
-        if task is None or held is None or held is task:
+        ``task``: the execution recording the end (``None``: none -- a daemon ending a run of
+        its waiting line, or one it admitted). Its own hold only is taken out: while another
+        task holds the run -- a later execution of it in this process, whose claim superseded
+        this one (the end is then refused) -- that hold is left as it is (ADR 0094), as
+        :meth:`release` leaves it."""
+        if self._held.get(run_id) is task:
             self._held.pop(run_id, None)
         self._admitted.pop(run_id, None)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1

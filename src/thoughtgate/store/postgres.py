@@ -245,6 +245,18 @@ _NEXT_CHANGE = (
 )
 _ATTEMPTS = "SELECT attempts FROM run_specs WHERE run_id = %s"
 """The claims a run's spec counted: the fencing token of a durable run's end (ADR 0072)."""
+_HELD_BY = "SELECT closed_at, owner, claim FROM runs WHERE run_id = %s FOR SHARE"
+"""Whether a run is open, and who holds it, for an execution's write outside ``append`` (ADR
+0094). ``FOR SHARE`` conflicts with a claim's update of the row: a claim in flight commits
+first (and the row is read as it left it) or waits for the write."""
+
+
+def _held_row(row: Sequence[Any]) -> tuple[Any, Any, int]:
+    """``(closed_at, owner, claim)`` as ``Holder.check`` takes it: ``claim`` is ``NULL`` until a
+    run's first claim, when only its admission (attempt 1) can hold it (ADR 0090)."""
+    return (row[0], row[1], 1 if row[2] is None else row[2])
+
+
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
@@ -473,16 +485,21 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
         return codec.runs_from_rows(rows, await cur.fetchall())
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
         sets = codec.run_update_columns(change, updated_at=None)
         metadata = change.get("metadata")
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
-                "SELECT metadata FROM runs WHERE run_id = %s FOR UPDATE", (run_id,)
+                "SELECT metadata, closed_at, owner, claim FROM runs WHERE run_id = %s FOR UPDATE",
+                (run_id,),
             )
             row = await cur.fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
+            if held_by is not None:
+                held_by.check(run_id, _held_row(row[1:]), "run record")
             if metadata is not None:
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
@@ -495,14 +512,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def save_task(self, task: TaskRecord) -> None:
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
         async with self._conn(f"save task {task.task_id!r}") as conn, conn.transaction():
-            found = await conn.execute(
-                "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
-            )
-            if await found.fetchone() is None:
-                raise RunNotFoundError(task.run_id)
+            if held_by is None:
+                found = await conn.execute(
+                    "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
+                )
+                if await found.fetchone() is None:
+                    raise RunNotFoundError(task.run_id)
+            else:
+                found = await conn.execute(_HELD_BY, (task.run_id,))
+                run = await found.fetchone()
+                held_by.check(task.run_id, None if run is None else _held_row(run), "task record")
             await conn.execute(_UPSERT_TASK, row)
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:

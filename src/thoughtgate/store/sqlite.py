@@ -278,6 +278,25 @@ def _not_appendable(
     return append_refused(run_id, row, held_by)
 
 
+_HELD_BY = (
+    "SELECT closed_at, owner, (SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) "
+    "FROM runs WHERE run_id = ?"
+)
+"""Whether a run is open, and who holds it: what ``Holder.check`` decides a write by."""
+
+
+def _check_held(
+    conn: sqlite3.Connection, run_id: str, held_by: Holder | None, recording: str
+) -> None:
+    """Inside a write transaction (one writer: no claim commits before the write does): the
+    fence of an execution's write to a run's rows outside ``append`` (ADR 0094); without
+    ``held_by``, only that the run exists."""
+    if held_by is None:
+        _require_run(conn, run_id)
+    else:
+        held_by.check(run_id, conn.execute(_HELD_BY, (run_id,)).fetchone(), recording)
+
+
 def _refusal(conn: sqlite3.Connection, run_id: str) -> type[RunNotFoundError | RunClosedError]:
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     return RunNotFoundError if row is None else RunClosedError
@@ -1219,11 +1238,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         ).fetchall()
         return codec.runs_from_rows(rows, tasks)
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
         sets = codec.run_update_columns(change, updated_at=time.time())
         metadata = change.get("metadata")
 
         def body(conn: sqlite3.Connection) -> None:
+            if held_by is not None:
+                _check_held(conn, run_id, held_by, "run record")
             row = conn.execute("SELECT metadata FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
@@ -1239,11 +1262,11 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._write(f"update run {run_id!r}", body)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def save_task(self, task: TaskRecord) -> None:
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
 
         def body(conn: sqlite3.Connection) -> None:
-            _require_run(conn, task.run_id)
+            _check_held(conn, task.run_id, held_by, "task record")
             conn.execute(_INSERT_TASK, row)
 
         await self._write(f"save task {task.task_id!r}", body)

@@ -257,26 +257,16 @@ def _held_row(row: Sequence[Any]) -> tuple[Any, Any, int]:
     return (row[0], row[1], 1 if row[2] is None else row[2])
 
 
-_TASK_CONFLICT = "ON CONFLICT (run_id, task_id) DO UPDATE SET " + ", ".join(
-    f"{c} = EXCLUDED.{c}" for c in codec.TASK_COLUMNS.split(", ")[2:]
-)
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
-    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) {_TASK_CONFLICT}"
+    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
+    "ON CONFLICT (run_id, task_id) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = EXCLUDED.{c}"
+        for c in ("idx", "prompt", "status", "output", "reasoning", "usage", "error", "model")
+    )
+    + ", backend = EXCLUDED.backend"
 )
-_TASK_TYPES = "text text int text text text text json text text text".split()
-"""The columns of ``codec.TASK_COLUMNS``, as migration 1 made them."""
-assert len(_TASK_TYPES) == codec.TASK_COLUMN_COUNT
-_UPSERT_HELD_TASK = (
-    "WITH held AS (SELECT FROM runs WHERE run_id = %s AND closed_at IS NULL "
-    "AND owner IS NOT DISTINCT FROM %s AND (%s::int IS NULL OR COALESCE(claim, 1) = %s::int) "
-    f"FOR SHARE) INSERT INTO tasks ({codec.TASK_COLUMNS}) "
-    f"SELECT {', '.join(f'%s::{t}' for t in _TASK_TYPES)} FROM held {_TASK_CONFLICT} RETURNING 1"
-)
-"""A task's record saved by an execution (ADR 0094) in one statement with its fence (ADR 0099):
-the run's row read ``FOR SHARE`` as ``_HELD_BY`` reads it (a claim in flight commits first and
-the condition is checked on the row it left, or waits for the save), the task stored only when
-the run is open and held as ``Holder.holds`` says."""
 # A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
 # ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.
 _UPSERT_KEY = (
@@ -531,16 +521,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 )
                 if await found.fetchone() is None:
                     raise RunNotFoundError(task.run_id)
-                await conn.execute(_UPSERT_TASK, row)
-                return
-            held = (task.run_id, held_by.owner, held_by.attempt, held_by.attempt)
-            cur = await conn.execute(_UPSERT_HELD_TASK, (*held, *row))
-            if await cur.fetchone() is not None:
-                return
-            # Refused (or the row changed since): why, read and locked as it is now.
-            found = await conn.execute(_HELD_BY, (task.run_id,))
-            run = await found.fetchone()
-            held_by.check(task.run_id, None if run is None else _held_row(run), "task record")
+            else:
+                found = await conn.execute(_HELD_BY, (task.run_id,))
+                run = await found.fetchone()
+                held_by.check(task.run_id, None if run is None else _held_row(run), "task record")
             await conn.execute(_UPSERT_TASK, row)
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:

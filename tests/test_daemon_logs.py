@@ -8,9 +8,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from support.daemon import ServeProcess, auth, markers
+from support.daemon import ServeProcess, auth
 
 from thoughtgate.server.logs import QUIET_LIBRARIES, configure_logging, redact_query
+from thoughtgate.testing.emulator import Emulator, EmulatorServer, serve_emulator
+from thoughtgate.testing.emulator.scenario import Fail, Say, Scenario, ScriptedTurn, Think
 
 TOOLS = ("--tools", "support.served:SERVER_TOOLS")
 
@@ -66,44 +68,71 @@ def test_other_query_parameters_are_kept() -> None:
     assert redact_query("/v1/runs?status=running&limit=5") == "/v1/runs?status=running&limit=5"
 
 
+LEAK = "LOGLEAK"
+API_KEY = "sk-ant-LOGLEAK-provider-key"
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    """The Anthropic API, thinking and failing with words that quote reasoning."""
+    emu = Emulator()
+    emu.add(Scenario("think", (ScriptedTurn((Think(f"THINK-{LEAK}"), Say("Done."))),)))
+    fail = Fail(400, "invalid_request_error", f"prompt is too long: THINK-{LEAK}-body")
+    emu.add(Scenario("fail", (ScriptedTurn((fail,)),)))
+    with serve_emulator(emu) as server:
+        yield server
+
+
 @pytest.mark.external
-def test_no_log_line_at_debug_holds_a_ticket_key_or_reasoning() -> None:
-    """Attacks the daemon's logs at their most verbose: a live stream whose ticket is sent under
-    an encoded name, a wrong key and a malformed Authorization header, a provider failure quoting
-    reasoning, a tool failure quoting its input; none of it in stdout (the access log) or
-    stderr."""
-    server = ServeProcess("--db", "memory://", "--log-level", "debug", *TOOLS).start(
-        expect_key=True
-    )
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_no_log_line_holds_a_ticket_key_or_reasoning(level: str, emulator: EmulatorServer) -> None:
+    """Attacks the daemon's logs at the default level and at their most verbose: a live stream whose ticket is sent under
+    an encoded name, a wrong key and a malformed Authorization header, provider turns with the
+    provider's key, one thinking and one failing with an error body quoting reasoning, a fake
+    provider failing the same way; none of it in stdout (the access log) or stderr."""
+    env = {
+        "ANTHROPIC_BASE_URL": emulator.url,
+        "ANTHROPIC_API_KEY": API_KEY,
+        "THOUGHTGATE_PROVIDERS__ANTHROPIC__MAX_RETRIES": "0",
+    }
+    server = ServeProcess("--db", "memory://", "--log-level", level, *TOOLS, env=env)
+    server.start(expect_key=True)
     try:
         key = server.bootstrap_key
         assert key
-        mark = markers("LOGLEAK")["reasoning"]
         with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=30) as c:
-            run_id = c.post(
-                "/v1/runs",
-                json={
-                    "prompt": "providerfail LOGLEAK",
-                    "model": "fake:providerfail",
-                    "chain_of_thought": "surface",
-                },
-            ).json()["run_id"]
-            ticket = c.post("/v1/tickets", json={"run_id": run_id}).json()["ticket"]
-            for name in ("ticket", "%74icket"):  # the stream ends with the run
-                r = httpx.get(f"{server.base_url}/v1/runs/{run_id}/stream?{name}={ticket}")
-                assert r.status_code == 200
+
+            def run(model: str) -> str:
+                body = {"prompt": f"providerfail {LEAK}", "model": model}
+                run_id = str(
+                    c.post("/v1/runs", json={**body, "chain_of_thought": "surface"}).json()[
+                        "run_id"
+                    ]
+                )
+                ticket = c.post("/v1/tickets", json={"run_id": run_id}).json()["ticket"]
+                for name in ("ticket", "%74icket"):  # the stream ends with the run
+                    r = httpx.get(f"{server.base_url}/v1/runs/{run_id}/stream?{name}={ticket}")
+                    assert r.status_code == 200
+                events = c.get(f"/v1/runs/{run_id}/events").text
+                assert f"THINK-{LEAK}" in events or f"REASONING-{LEAK}" in events  # owner sees it
+                tickets.append(ticket)
+                return str(c.get(f"/v1/runs/{run_id}").json()["status"])
+
+            tickets: list[str] = []
+            assert run("fake:providerfail") == "failed"
+            assert run("anthropic:think") == "completed"
+            assert run("anthropic:fail") == "failed"
             wrong = "tg_" + "W" * 40
             for header in (f"Bearer {wrong}", wrong, f"Basic {wrong}"):
                 r = httpx.get(f"{server.base_url}/v1/runs", headers={"Authorization": header})
                 assert r.status_code == 401
-            run = c.get(f"/v1/runs/{run_id}").json()
-            assert run["status"] == "failed"
-            assert mark in c.get(f"/v1/runs/{run_id}/events").text  # the owner sees it
         logs = server.stdout_text() + "".join(server.stderr_lines)
-        assert f"/v1/runs/{run_id}/stream?ticket=…" in logs  # the access log is on
-        assert "401" in logs
+        assert "/stream?ticket=… " in logs  # the access log is on
+        # a provider request's line at debug only: thoughtgate records each turn itself
+        assert ("HTTP Request: POST " in logs) is (level == "debug")
+        assert "401 GET /v1/runs" in logs
         assert logs.count(key) == 1  # its one-time print at start-up
-        for secret in (ticket, wrong, mark):
+        for secret in (*tickets, wrong, API_KEY, LEAK):
             assert secret not in logs
     finally:
         server.stop()

@@ -1,7 +1,7 @@
 """What ``thoughtgate serve`` logs at each ``--log-level``, and what no log line may show.
 
 The provider HTTP client (httpx, and httpcore under it) logs every provider request at INFO: one
-formatted stderr line a model turn (~70 µs of CPU on a loaded host, ADR 0098) that also prints the
+formatted stderr line a model turn (~12 µs of CPU, ADR 0098) that also prints the
 provider's URL. thoughtgate records each turn itself (events, traces), so these libraries log
 warnings and errors only, unless the operator asks for ``debug``.
 

@@ -326,6 +326,39 @@ class EventLogConformance:
             assert await store.read(run.run_id, after=after, limit=2_000) == []
         assert [e.seq for e in await store.read(run.run_id, after=1)] == [2, 3]
 
+    async def test_task_ids_and_types_replay_exactly_in_pages_of_one_value_and_of_many(
+        self, store: EventStore
+    ) -> None:
+        """The SQL backends send a replay page's task ids and types as joined texts and a column
+        of one value as that value (ADR 0039, 0095): pages all of one task and type, all without
+        a task, all of ``''``, of ``''`` but one without, of types of one length but one, and of
+        values holding the separator come back as stored, in pages of every size read."""
+        run = make_run()
+        await store.create_run(run)
+        groups: list[list[tuple[str | None, str]]] = [
+            [("task-1", EventType.MESSAGE_DELTA)] * 100,
+            [(None, EventType.MESSAGE_DELTA)] * 100,
+            [("", EventType.REASONING_DELTA)] * 100,
+            [("", EventType.MESSAGE_DELTA)] * 37
+            + [(None, EventType.MESSAGE_DELTA)]
+            + [("", EventType.MESSAGE_DELTA)] * 62,
+            [("t", "custom.a")] * 50 + [("t", "custom.b")] + [("t", "custom.a")] * 49,
+            [("t", "custom.a")] * 20 + [("t\x1ft", "custom\x1fa")] + [("t", "custom.a")] * 79,
+            [("x\x1f", "custom.a")] * 100,
+        ]
+        news = [
+            NewEvent(type_, {"i": i}, task_id=task_id)
+            for i, (task_id, type_) in enumerate(kind for group in groups for kind in group)
+        ]
+        written = await store.append(run.run_id, news)
+        last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
+        expected = [*written, last]
+        assert [(e.task_id, e.type) for e in written] == [(n.task_id, n.type) for n in news]
+        assert_same_events(await store.read(run.run_id), expected)
+        assert_same_events(await collect(store.tail(run.run_id)), expected)
+        assert_same_events(await collect(store.tail(run.run_id, batch=100)), expected)
+        assert_same_events(await collect(store.tail(run.run_id, batch=30)), expected)
+
     async def test_a_replay_passes_the_filter_which_withholds_reasoning_below_developer(
         self, store: EventStore
     ) -> None:

@@ -154,7 +154,8 @@ def open_runs_query(
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
-    "json_group_array(task_id), json_group_array(type), "
+    "group_concat(coalesce(task_id, ''), char(31)), "
+    "group_concat(CASE WHEN task_id IS NULL THEN seq END), group_concat(type, char(31)), "
     f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
     "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
 )
@@ -164,7 +165,9 @@ A range of sequence numbers, not ``LIMIT``: sequences have no gaps. ``events`` i
 without rowid clustered on ``(run_id, seq)`` and has no other index, so the aggregates take
 its rows in that order; the page is all of ``after + 1 .. after + count`` when its largest
 number is ``after + count`` (numbers are unique), which the codec checks. (An array of the
-numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)"""
+numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)
+Task ids and types come as texts joined by ``codec.UNIT``, as PostgreSQL's do (ADR 0039): a
+``NULL`` task id as ``''``, its number listed in the next column (ADR 0095)."""
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
@@ -218,7 +221,7 @@ def _events_from_page(
     sequence numbers not in order)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
-    count, v_min, v_max, ts_min, ts_max, payloads, last, task_ids, types, stamps = row
+    count, v_min, v_max, ts_min, ts_max, payloads, last, task_ids, null_tasks, types, stamps = row
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
@@ -229,8 +232,13 @@ def _events_from_page(
         run_id,
         after + 1,
         seqs,
-        orjson.loads(task_ids),
-        orjson.loads(types),
+        codec.task_id_column(
+            task_ids,
+            None if null_tasks is None else orjson.loads(f"[{null_tasks}]"),
+            after + 1,
+            count,
+        ),
+        codec.split_column(types, count),
         [stamp * _UNSCALE for stamp in orjson.loads(stamps)],
         payloads,
         v_min,

@@ -405,3 +405,19 @@ def test_a_pages_task_ids_come_back_with_none_where_the_page_lists_it(
     nulls = [first + k for k, t in enumerate(task_ids) if t is None]
     assert codec.task_id_column(joined, nulls, first, len(task_ids)) == task_ids
     assert codec.task_id_column(joined, [*nulls, first + len(task_ids)], first, len(task_ids)) == []
+
+
+@given(st.lists(st.none() | st.sampled_from(["", "task_1"]) | st.text(max_size=3), min_size=1))
+def test_a_pages_counted_task_ids_come_back_or_the_page_is_read_by_rows(
+    task_ids: list[str | None],
+) -> None:
+    """SQLite sends no task id as ``''`` and how many are not missing: the ids come back exactly,
+    or, when an empty one shares the page with a missing one, ``None`` (read row by row)."""
+    task_ids = [t if t is None else t.replace(codec.UNIT, "") for t in task_ids]
+    joined = codec.UNIT.join("" if t is None else t for t in task_ids)
+    present = sum(t is not None for t in task_ids)
+    got = codec.counted_task_ids(joined, len(task_ids), present)
+    if "" in task_ids and None in task_ids:
+        assert got is None
+    else:
+        assert got == task_ids

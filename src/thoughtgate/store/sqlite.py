@@ -154,8 +154,8 @@ def open_runs_query(
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
-    "group_concat(coalesce(task_id, ''), char(31)), "
-    "group_concat(CASE WHEN task_id IS NULL THEN seq END), group_concat(type, char(31)), "
+    f"group_concat(coalesce(task_id, ''), '{codec.UNIT}'), count(task_id), "
+    f"group_concat(type, '{codec.UNIT}'), "
     f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
     "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
 )
@@ -167,7 +167,7 @@ its rows in that order; the page is all of ``after + 1 .. after + count`` when i
 number is ``after + count`` (numbers are unique), which the codec checks. (An array of the
 numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)
 Task ids and types come as texts joined by ``codec.UNIT``, as PostgreSQL's do (ADR 0039): a
-``NULL`` task id as ``''``, its number listed in the next column (ADR 0095)."""
+``NULL`` task id as ``''``, and how many are not ``NULL`` (ADR 0095)."""
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
@@ -218,26 +218,24 @@ def _events_from_page(
 ) -> list[Event] | None:
     """The events of one aggregate row (or of the rows read instead); ``None`` for a page to
     read row by row (mixed vocabulary versions, a stamp outside :data:`_EXACT_STAMPS`,
-    sequence numbers not in order)."""
+    sequence numbers not in order, a task id of ``''`` beside a ``NULL`` one)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
-    count, v_min, v_max, ts_min, ts_max, payloads, last, task_ids, null_tasks, types, stamps = row
+    count, v_min, v_max, ts_min, ts_max, payloads, last, joined_ids, present, types, stamps = row
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
     # ``last`` is the page's largest number: with ``count`` unique numbers in the page's
     # range, they are all of ``after + 1 .. after + count`` exactly when it is ``after + count``.
     seqs = range(after + 1, after + 1 + count) if last == after + count else [last]
+    task_ids = codec.counted_task_ids(joined_ids, count, present)
+    if task_ids is None:
+        return None
     return codec.events_from_columns(
         run_id,
         after + 1,
         seqs,
-        codec.task_id_column(
-            task_ids,
-            None if null_tasks is None else orjson.loads(f"[{null_tasks}]"),
-            after + 1,
-            count,
-        ),
+        task_ids,
         codec.split_column(types, count),
         [stamp * _UNSCALE for stamp in orjson.loads(stamps)],
         payloads,

@@ -37,6 +37,20 @@ __all__ = [
 ]
 
 
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+"""JSON values a payload may hold: integers past 64 bits, any text, nulls at any depth."""
+
+
 def dead_pid() -> int:
     """The pid of a process that has exited (and been reaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -358,6 +372,62 @@ class EventLogConformance:
         assert_same_events(await collect(store.tail(run.run_id)), expected)
         assert_same_events(await collect(store.tail(run.run_id, batch=100)), expected)
         assert_same_events(await collect(store.tail(run.run_id, batch=30)), expected)
+
+    @settings(
+        max_examples=20,
+        deadline=None,
+        # The fixture store is reused across examples (each example appends to a fresh run).
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+    @given(
+        kinds=st.lists(
+            st.tuples(
+                st.none() | st.sampled_from(["", "task_1", "t\x1f"]) | st.text(max_size=4),
+                st.sampled_from([EventType.MESSAGE_DELTA, "custom\x1f"]) | st.text(max_size=6),
+                st.dictionaries(st.text(max_size=6), _JSON_VALUES, max_size=4),
+            ),
+            min_size=1,
+            max_size=40,
+        ),
+        repeats=st.integers(min_value=1, max_value=30),
+        batch=st.integers(min_value=1, max_value=60),
+    )
+    async def test_property_a_replay_gives_back_exactly_what_was_appended(
+        self,
+        store: EventStore,
+        kinds: list[tuple[str | None, str, dict[str, Any]]],
+        repeats: int,
+        batch: int,
+    ) -> None:
+        """Whatever the task ids (none, empty, holding the separator), types and payloads (big
+        integers, unicode, nested nulls), and however pages fall (a column of one value or
+        many: ``repeats`` copies of each kind in a row), a read and a tail give back events
+        equal to those appended, in order and without a gap (ADR 0026, 0039, 0095)."""
+        run = make_run()
+        await store.create_run(run)
+        news = [
+            NewEvent(type_, payload, task_id=task_id)
+            for task_id, type_, payload in kinds
+            for _ in range(repeats)
+        ]
+        written = await store.append(run.run_id, news)
+        last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
+        expected = [*written, last]
+        assert [(e.task_id, e.type, e.payload) for e in written] == [
+            (n.task_id, n.type, n.payload) for n in news
+        ]
+        for replay in (
+            await store.read(run.run_id),
+            await collect(store.tail(run.run_id)),
+            await collect(store.tail(run.run_id, batch=batch)),
+        ):
+            assert replay == expected
+            assert [type(e) for e in replay] == [Event] * len(expected)
+            assert_same_events(replay, expected)
 
     async def test_a_replay_passes_the_filter_which_withholds_reasoning_below_developer(
         self, store: EventStore

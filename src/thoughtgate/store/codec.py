@@ -446,8 +446,8 @@ def _build_events(
     :class:`_Filling`, filled by plain slot stores, then made an :class:`Event` by setting its
     class: the very object ``Event(...)`` builds (frozen from then on), for about two thirds of
     the instructions of the slot setters run column by column in C (ADR 0095). Python refuses
-    the class change unless both classes have the same slots, so a changed envelope fails
-    here, and at import (below), not silently."""
+    the class change unless both classes have as many slots; their order is the envelope's
+    (checked above), and a built event is compared with ``Event(...)`` at import (below)."""
     events: list[Event] = []
     append = events.append
     for seq, type_, payload, task_id, stamp, v in zip(
@@ -466,9 +466,9 @@ def _build_events(
     return events
 
 
-if _build_events("r", [1], ["t"], [{}], [None], [1.0], [EVENT_VERSION]) != [
-    Event(1, "r", "t", {}, task_id=None, ts=1.0, v=EVENT_VERSION)
-]:  # pragma: no cover - guards _build_events against a changed envelope
+if _build_events("r", [7], ["t"], [{}], ["k"], [2.5], [-1]) != [
+    Event(7, "r", "t", {}, task_id="k", ts=2.5, v=-1)
+]:  # pragma: no cover - guards _build_events against a changed envelope (every field apart)
     raise RuntimeError("Event changed shape; update thoughtgate.store.codec._build_events")
 
 

@@ -9,6 +9,9 @@ take turns within the round -- fenced first in one round, unfenced first in the 
 round's figure is the ratio fenced / unfenced of this process's CPU time (``process_time``)
 and of wall time per batch. Printed: each round's ratios, then their medians and quartiles.
 
+``FENCE_BENCH_WRITE=save_task`` measures a task's record saved instead (``save_task``, fenced
+by ADR 0094): one save of each run's task at once per batch, named or not.
+
 ``FENCE_BENCH_ROUNDS``, ``FENCE_BENCH_RUNS``, ``FENCE_BENCH_EVENTS`` override the defaults.
 PostgreSQL as for ``store_bench`` (``THOUGHTGATE_BENCH_PG_URL``, else the local test server).
 """
@@ -32,6 +35,7 @@ from thoughtgate.store.records import RunRecord, TaskRecord, new_id
 ROUNDS = int(os.environ.get("FENCE_BENCH_ROUNDS", "6"))
 RUNS = int(os.environ.get("FENCE_BENCH_RUNS", "10"))
 EVENTS = int(os.environ.get("FENCE_BENCH_EVENTS", "4"))
+WRITE = os.environ.get("FENCE_BENCH_WRITE", "append")
 BATCHES = 200
 OWNER = "0123456789abcdef.4242.fencebench"
 
@@ -53,9 +57,15 @@ async def _claimed_runs(store: EventStore) -> list[str]:
 async def _arm(store: EventStore, runs: list[str], held_by: Holder | None) -> tuple[float, float]:
     """CPU and wall seconds per batch of ``BATCHES`` rounds of one append per run at once."""
     batch = [NewEvent(EventType.MESSAGE_DELTA, {"text": "x" * 40}) for _ in range(EVENTS)]
+    tasks = [(await store.get_run(r)).tasks[0] for r in runs]
+    for task in tasks:
+        task.status, task.output, task.reasoning = "completed", "x" * 40, "y" * 400
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(BATCHES):
-        await asyncio.gather(*(store.append(r, batch, held_by=held_by) for r in runs))
+        if WRITE == "save_task":
+            await asyncio.gather(*(store.save_task(t, held_by=held_by) for t in tasks))
+        else:
+            await asyncio.gather(*(store.append(r, batch, held_by=held_by) for r in runs))
     n = BATCHES * len(runs)
     return (time.process_time() - cpu) / n, (time.perf_counter() - wall) / n
 
@@ -94,7 +104,8 @@ async def _main() -> None:
         try:
             for name, opener in (("sqlite", sqlite), ("postgres", postgres)):
                 rows = [await _round(opener, k % 2 == 0) for k in range(ROUNDS)]
-                print(f"{name}: {RUNS} runs x {EVENTS} events a batch, {ROUNDS} rounds")
+                what = "a task saved" if WRITE == "save_task" else f"{EVENTS} events"
+                print(f"{name}: {RUNS} runs x {what} a batch, {ROUNDS} rounds")
                 print("  round  cpu f/u  wall f/u  cpu us/batch fenced  unfenced")
                 for k, (c, w, f, u) in enumerate(rows):
                     print(f"  {k:5d}  {c:7.3f}  {w:8.3f}  {f:19.1f}  {u:8.1f}")

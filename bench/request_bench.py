@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,22 +94,22 @@ def serve() -> None:
     asyncio.run(main())
 
 
-def _memory_backend() -> Any:
-    """A network backend whose every connection answers each request with :data:`ANSWER` from
-    memory (no socket, no loop wake-up)."""
+def memory_backend(answer: Callable[[], list[bytes]]) -> Any:
+    """A network backend whose every connection answers each request with the reads
+    ``answer()`` gives when the request is written, one a read, from memory (no socket, no loop
+    wake-up)."""
     import httpcore
 
     class Stream(httpcore.AsyncNetworkStream):
         def __init__(self) -> None:
-            self.unread = b""
+            self.unread: list[bytes] = []
 
         async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-            data, self.unread = self.unread[:max_bytes], self.unread[max_bytes:]
-            return data
+            return self.unread.pop() if self.unread else b""
 
         async def write(self, buffer: bytes, timeout: float | None = None) -> None:
             if buffer and not self.unread:  # the request's first write: the answer is ready
-                self.unread = ANSWER
+                self.unread = answer()[::-1]
 
         async def aclose(self) -> None:
             return None
@@ -134,7 +135,7 @@ async def _measure(base_url: str, memory: bool, batches: int, per_batch: int) ->
 
     if memory:
         # every new pool connects in memory (patched where clients looks it up: not exported)
-        clients.AsyncioBackend = _memory_backend()  # type: ignore[attr-defined]
+        clients.AsyncioBackend = memory_backend(lambda: [ANSWER])  # type: ignore[attr-defined]
     settings = ProviderSettings(base_url=base_url, api_key="bench", max_retries=0)
     headers = {"authorization": "Bearer bench", "content-type": "application/json"}
 

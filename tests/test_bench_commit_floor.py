@@ -5,27 +5,17 @@ measurement is the one kept."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from support.bench_modules import bench_module
 
 from thoughtgate.events.schema import EventType
 from thoughtgate.store.records import RunRecord, new_id
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.store.urls import open_store
 
-# bench/ is not an installed package (``make bench`` runs it from the checkout), and pytest puts
-# only tests/ on sys.path: load the module from its file (it imports thoughtgate and the standard
-# library only), registered under its name as a dataclass's module must be.
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_commit_floor", Path(__file__).resolve().parents[1] / "bench" / "commit_floor.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-commit_floor = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = commit_floor
-_SPEC.loader.exec_module(commit_floor)
+commit_floor = bench_module("commit_floor")
 
 
 @pytest.mark.inprocess

@@ -3,23 +3,14 @@ gave to other processes, read from two ``/proc/stat`` samples."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bench_modules import bench_module
 
 pytestmark = pytest.mark.unit
 
-# bench/ is not an installed package: load the module from its file (standard library only).
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_host_steal", Path(__file__).resolve().parents[1] / "bench" / "host_steal.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-host_steal = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = host_steal  # dataclasses look their module up while building
-_SPEC.loader.exec_module(host_steal)
+host_steal = bench_module("host_steal")
 Sample, parse_cpu, sample, share_text, since = (
     host_steal.Sample,
     host_steal.parse_cpu,

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from support.bench_modules import bench_module
 
 pytestmark = pytest.mark.unit
 
-# bench/ is not an installed package (``make bench`` runs it from the checkout), and pytest puts
-# only tests/ on sys.path: load the module from its file (it imports the standard library only).
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_repetitions", Path(__file__).resolve().parents[1] / "bench" / "repetitions.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-repetitions = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(repetitions)
+repetitions = bench_module("repetitions")
 judge, median_rows, spread_text = (
     repetitions.judge,
     repetitions.median_rows,

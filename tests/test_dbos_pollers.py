@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,22 +261,33 @@ def _jobs_lock_holders(workflows_schema: str) -> int:
 @pytest.mark.postgres
 @pytest.mark.timeout(300)
 async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without_polling(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The jobs' lock was held in an idle transaction, which every ``CREATE INDEX CONCURRENTLY``
     of the database waits for (ADR 0075): the jobs run, and nothing is held between them. DBOS's
     notification listener waits on its connection in long steps, not ten times a second."""
     schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    jobs_ran = threading.Event()
+    transition = PostgresSystemDatabase.transition_delayed_workflows
+
+    def noted(self: PostgresSystemDatabase) -> None:
+        transition(self)
+        jobs_ran.set()
+
+    monkeypatch.setattr(PostgresSystemDatabase, "transition_delayed_workflows", noted)
     try:
         store = await PostgresStore.open(PG_URL, schema=schema)
         async with _launched_engine(tmp_path, store):
             jobs = [t for t in threading.enumerate() if t.name == "dbos-background-jobs"]
             assert jobs and jobs[0].is_alive()
-            await asyncio.sleep(0.5)  # the jobs' first round began at the launch
+            # The jobs' first round, which begins at the launch, has run: a lock it took would be
+            # held now, for the rest of its interval.
+            assert await asyncio.to_thread(jobs_ran.wait, 30.0)
             assert _jobs_lock_holders(f"{schema}_workflows") == 0
             assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_S
-            listening = _get_dbos_instance()._sys_db.notification_conn  # type: ignore[attr-defined]
-            assert listening is not None
+            sys_db = _get_dbos_instance()._sys_db  # type: ignore[attr-defined]
+            await _until_set(lambda: sys_db.notification_conn)  # the listener's thread opens it
+            listening = sys_db.notification_conn
             assert listening.dbapi_connection.wait.keywords["interval"] == PSYCOPG_WAIT_STEP_S
             name = listening.dbapi_connection.info.get_parameters()["application_name"]
             assert name == WORKFLOWS_APPLICATION_NAME
@@ -286,3 +297,11 @@ async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without
                 admin.execute(
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
                 )
+
+
+async def _until_set(value: Callable[[], object], timeout_s: float = 30.0) -> None:
+    """Until ``value()`` is not ``None`` (another thread sets it), or fail after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while value() is None:
+        assert asyncio.get_running_loop().time() < deadline, "never set"
+        await asyncio.sleep(0.01)

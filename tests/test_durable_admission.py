@@ -21,6 +21,7 @@ from dbos import DBOS
 from support.durable import one_lookup, until
 from support.durable_engine import InProcessDaemon
 
+import thoughtgate.orchestration.durable as durable_module
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.providers.base import TurnRequest
@@ -156,6 +157,44 @@ async def test_an_execution_without_a_workflow_that_needs_a_checkpoint_continues
         assert status is not None and status.status == "SUCCESS"
         steps = await DBOS.list_workflow_steps_async(run_id)
         assert [s["function_name"].split(": ", 1)[1] for s in steps][:1] == ["model turn 0"]
+    finally:
+        await daemon.close()
+
+
+async def test_a_run_taken_over_before_it_continues_as_a_workflow_is_left_to_its_holder(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0094: the daemon stalls after its execution without a workflow stopped for a
+    checkpoint and before it records why the run waits (``suspended``); meanwhile the run was
+    released and another process claimed it. On waking, its record is refused: nothing of it
+    lands on the run the other process executes, no workflow is written here for it, and the
+    run is neither closed nor suspended."""
+    daemon = await _daemon(tmp_path)
+    stalled, woken = asyncio.Event(), asyncio.Event()
+    record = durable_module.suspend
+
+    async def stalling(*args: Any, **kw: Any) -> None:
+        stalled.set()
+        await woken.wait()
+        await record(*args, **kw)
+
+    monkeypatch.setattr(durable_module, "suspend", stalling)
+    try:
+        run_id = await daemon.start("fake:unasked-tool")
+        await stalled.wait()
+        me = daemon.runtime.leases.owner.owner_id
+        assert await daemon.store.release_run(run_id, owner=me, queue=True)
+        assert await daemon.store.claim_run(run_id, "elsewhere", 60) == 2
+        woken.set()
+
+        async def idle() -> bool:
+            return not daemon.engine.busy
+
+        await until(idle)
+        run = await daemon.store.get_run(run_id)
+        assert (run.status, run.owner) == ("running", "elsewhere")
+        assert run.metadata.get("suspended") is None, "nothing of this daemon's lands"
+        assert await DBOS.get_workflow_status_async(run_id) is None, "no workflow here"
     finally:
         await daemon.close()
 

@@ -73,6 +73,7 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
         await asyncio.wait_for(in_window.wait(), 20)
         asked = _first(await first.store.read(run_id), EventType.TOOL_APPROVAL_REQUIRED)
         await asyncio.sleep(max(0.0, asked.ts + down_s - time.time()))
+        stopped_at = time.time()
         assert first.runtime.cancel(run_id, SUSPENDED)
         await _until(lambda: _is_empty(first.runtime.executing))
         await first.store.renew_leases(first.runtime.leases.owner.owner_id, 0.0, [run_id])
@@ -80,7 +81,15 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
         await first.close()
 
     second = await _Process.started(tmp_path / "runs.db")
+    waits: list[float] = []
+    receive = second.engine.receive
+
+    async def noted(topic: str, timeout_s: float) -> Any:
+        waits.append(timeout_s)
+        return await receive(topic, timeout_s)
+
     try:
+        monkeypatch.setattr(second.engine, "receive", noted)
         me = second.runtime.leases.owner
         restarted = Owner(me.host, me.pid, "restarted")
 
@@ -91,15 +100,13 @@ async def test_an_approval_whose_deadline_was_never_recorded_still_times_out_fro
         await _until(lambda: _ended(second.store, run_id), timeout_s=30.0)
         assert (await second.store.get_run(run_id)).status == "completed"
         log = await second.store.read(run_id)
-        resumed = _first(log, EventType.RUN_RESUMED)
         expired = _first(log, EventType.TOOL_APPROVAL_TIMEOUT)
         assert expired.ts - asked.ts >= TIMEOUT_S, "it waits out the whole timeout"
-        # Run from the resume, the timeout would end a whole TIMEOUT_S after it; run from the
-        # request, it ends what is left of it after the resume (at once, when nothing is left).
-        assert expired.ts - resumed.ts < TIMEOUT_S, (
-            f"it expired {expired.ts - resumed.ts:.1f} s after the resume, "
-            f"{expired.ts - asked.ts:.1f} s after the request"
-        )
+        # Run from the resume, the wait would be a whole TIMEOUT_S; run from the request, it is
+        # at most what was left when the first process stopped (nothing, when nothing was left).
+        # The wait's length is asserted, not when it ended: a loaded machine ends it late.
+        left = max(0.0, asked.ts + TIMEOUT_S - stopped_at)
+        assert len(waits) == 1 and waits[0] <= left, (waits, left)
         assert side_effects(effects) == [], "an expired approval runs nothing"
     finally:
         await second.close()

@@ -8,7 +8,7 @@ import functools
 import inspect
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,14 @@ from support.store_conformance import make_run
 from thoughtgate.access.filter import filter_run
 from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.config import Config
+from thoughtgate.engine.steps import DirectSteps
+from thoughtgate.errors import RunTakenOverError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.views import RunView
 from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.orchestration.resume import begin_execution
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
+from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.leases import (
     ABANDONED,
@@ -33,7 +37,7 @@ from thoughtgate.store.leases import (
     close_run_interrupted,
 )
 from thoughtgate.store.memory import MemoryStore
-from thoughtgate.testing.fake import FakeProvider
+from thoughtgate.testing.fake import FakeProvider, text
 
 
 class Watch:
@@ -206,6 +210,65 @@ async def test_an_execution_that_lets_go_leaves_a_later_executions_hold_of_the_r
 
 
 @pytest.mark.unit
+async def test_a_superseded_executions_refused_end_leaves_the_later_executions_hold() -> None:
+    """ADR 0094: a run's first execution stalls right before it records the run's end; a sweep
+    releases the run and this process takes it back (attempt 2), whose execution holds it now.
+    The first wakes: its end is refused, and recording it drops nothing of the second's -- the
+    run is still held for the second, renewed, and the second ends it."""
+    store = MemoryStore()
+    config = Config.from_mapping({"orchestration": {"lease_ttl_s": 60.0}})
+    gate, entered, second = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def model(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            if entered.is_set():  # the second execution's turn waits for the test
+                second.set()
+                await gate.wait()
+            entered.set()
+            yield text("done")
+
+        return gen()
+
+    runtime = Runtime(store, config, provider_factory=lambda m: FakeProvider(model, model=m))
+    keeper = runtime.leases
+    run = await runtime.create_run(RunRequest("x", model="fake:echo"))
+    finish, stalled, woken = runtime._finish, asyncio.Event(), asyncio.Event()
+
+    async def stalling(*args: Any, **kw: Any) -> None:
+        if not stalled.is_set():  # the first execution's end: after a stall
+            stalled.set()
+            await woken.wait()
+        await finish(*args, **kw)
+
+    runtime._finish = stalling  # type: ignore[method-assign]
+    begun = await begin_execution(runtime, run.run_id, runtime.forget_admitted(run.run_id))
+    assert begun is not None
+    one = asyncio.create_task(
+        runtime._run_held(begun[0], begun[1].tasks, begun[2], DirectSteps(), attempt=begun[4])
+    )
+    await stalled.wait()
+    assert await store.release_run(run.run_id, owner=keeper.owner.owner_id, queue=True)
+    again = await begin_execution(runtime, run.run_id)
+    assert again is not None and again[4] == 2
+    two = asyncio.create_task(
+        runtime._run_held(again[0], again[1].tasks, again[2], DirectSteps(), attempt=2)
+    )
+    await second.wait()  # the second execution holds the run and is in its turn
+    woken.set()
+    with pytest.raises(RunTakenOverError):
+        await one
+    assert run.run_id in keeper.held, "still renewed for the second execution"
+    assert keeper.surely_held(run.run_id)
+    await store.renew_leases(keeper.owner.owner_id, -1.0, [run.run_id])
+    await keeper.renew()
+    lease = (await store.get_run(run.run_id)).lease_expires_at
+    assert lease is not None and lease > (await store.open_runs()).now, "renewed"
+    gate.set()
+    assert await two == "completed"
+    assert run.run_id not in keeper
+
+
+@pytest.mark.unit
 async def test_a_runs_lease_is_renewed_while_its_end_is_recorded_and_never_after() -> None:
     """While a run's end is recorded its lease is renewed, and a renewal that no longer finds
     the run (it has just ended) does not take it for a lost one; once the end is recorded or
@@ -217,7 +280,7 @@ async def test_a_runs_lease_is_renewed_while_its_end_is_recorded_and_never_after
     recording = asyncio.current_task()
     assert recording is not None
     keeper.hold(run.run_id, recording)
-    with keeper.ending(run.run_id):
+    with keeper.ending(run.run_id, recording):
         assert run.run_id in keeper and keeper.held == frozenset()
         await store.renew_leases(keeper.owner.owner_id, -1.0, [run.run_id])
         await keeper.renew()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +215,47 @@ async def _ended(daemon: _Daemon, run_id: str) -> bool:
 
 async def _idle(daemon: _Daemon) -> bool:
     return not daemon.engine.busy and not daemon.runtime.executing
+
+
+async def _spill(daemon: _Daemon, run_id: str) -> None:
+    await daemon.engine._spill()
+
+
+async def _withdraw(daemon: _Daemon, run_id: str) -> None:
+    await daemon.engine.withdraw(run_id, "its client went away")
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("move", [_spill, _withdraw], ids=["spilled", "start withdrawn"])
+async def test_the_line_leaves_a_run_this_process_took_back_to_its_execution(
+    daemon: _Daemon, gate: asyncio.Event, move: Callable[[_Daemon, str], Awaitable[None]]
+) -> None:
+    """ADR 0094: a run waiting here is taken elsewhere while this daemon stalled -- a sweep
+    releases it to its queue -- and this daemon's own queue takes it back: its execution
+    claims it (attempt 1, this process's owner id) and holds it. The line then spilled to the
+    queue, or the run's start withdrawn (its client went away), moves only what still waits
+    in it (attempt 0): not this run, which stays its execution's -- held, leased, not
+    queued, renewed here."""
+    first = await daemon.start("fake:gated")
+    second = await daemon.start("fake:echo")
+    assert daemon.waiting() == [second]
+    await daemon.taken_elsewhere(second)
+    keeper = daemon.runtime.leases
+    owner = keeper.owner.owner_id
+    assert await daemon.store.claim_run(second, owner, keeper.ttl_s) == 1
+    execution = asyncio.create_task(gate.wait())  # what its execution's task holds it by
+    keeper.hold(second, execution)  # type: ignore[arg-type]
+    try:
+        await move(daemon, second)
+        run = await daemon.store.get_run(second)
+        assert (run.status, run.owner) == ("running", owner), "still its execution's"
+        spec = await daemon.store.get_run_spec(second)
+        assert spec is not None and spec.queued_at is None and spec.attempts == 1
+        assert second in keeper.held, "still renewed for its execution"
+        assert daemon.waiting() == []
+    finally:
+        keeper.release(second, execution)  # type: ignore[arg-type]
+        await close_run_interrupted(daemon.store, second, "the test is over")
+        gate.set()
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _idle(daemon))

@@ -75,3 +75,39 @@ def test_the_short_ways_read_events_as_the_field_by_field_reading_does(
     expected = [m for text in texts if (m := reference._event(text)) is not None]
     stream = "".join(text + "\n\n" for text in texts).encode()
     assert decode([stream]) == expected
+
+
+_ENDINGS = st.sampled_from(["\n", "\r\n", "\r"])
+
+
+@st.composite
+def _streams(draw: st.DrawFn) -> tuple[str, bytes, list[int]]:
+    """A stream of blocks (as above) each ended by a blank line, the last one maybe not; the
+    same stream with each line end drawn from LF, CRLF and CR; and cut points into it."""
+    blocks = draw(st.lists(st.lists(_LINE, min_size=1, max_size=4), max_size=6))
+    lines = [line for block in blocks for line in [*block, ""]]
+    if lines and draw(st.booleans()):
+        lines.pop()  # the last event without its blank line: flush dispatches it
+    mixed: list[str] = []
+    after_cr = False
+    for line in lines:
+        ending = draw(_ENDINGS)
+        if after_cr and not line and ending == "\n":
+            ending = "\r\n"  # CR then a lone LF would be one CRLF line end, not two
+        mixed.append(line + ending)
+        after_cr = ending == "\r"
+    lf = "".join(line + "\n" for line in lines)
+    stream = "".join(mixed).encode()
+    return lf, stream, draw(st.lists(st.integers(0, len(stream)), max_size=20))
+
+
+@given(_streams())
+def test_any_line_ends_and_any_split_give_the_messages_of_the_lf_stream(
+    case: tuple[str, bytes, list[int]],
+) -> None:
+    """LF, CRLF and CR are one line end each wherever they fall, a CRLF split between two reads
+    included: a valid stream cut anywhere decodes as the same stream with LF ends, whole."""
+    lf, stream, cuts = case
+    points = sorted(set(cuts))
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    assert decode(chunks) == decode([lf.encode()])

@@ -10,6 +10,9 @@ Each example runs a real runtime and agent loop over a scripted model that retur
 summary, encrypted and redacted reasoning with the continuity data of one of the three shapes
 (Anthropic thinking blocks, OpenRouter details, an OpenAI reasoning item) -- summaries sometimes
 equal to raw text, holding raw text or an opaque string --, and narrates slices of all of it.
+Summaries and raw reasoning carry markdown emphasis, inside words too (``after**noon**``), which
+a summary's step drops: a step's words are compared with what it may not repeat both as written
+and without those marks, and narrations copy them both ways.
 Then every string a viewer and a member read (their filtered events, the SSE data, the rebuilt
 thread, the run view and host metadata) is held against an oracle written from the rule, not
 from the policy: no span of raw reasoning (40 characters or 8 words), no opaque string, no
@@ -81,6 +84,26 @@ def _sentences(words: Sequence[str]) -> st.SearchStrategy[str]:
         lambda ws: " ".join(ws).capitalize() + "."
     )
     return st.lists(sentence, min_size=1, max_size=3).map(" ".join)
+
+
+MARKS = ("**", "__", "`")
+
+
+@st.composite
+def _emphasized(draw: st.DrawFn, words: Sequence[str]) -> str:
+    """A text of ``words`` with emphasis marks put anywhere, inside words as well as around them."""
+    body = draw(_sentences(words))
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(body)))
+        body = body[:at] + draw(st.sampled_from(MARKS)) + body[at:]
+    return body
+
+
+def _bare(value: str) -> str:
+    """``value`` as a step shows it: without its emphasis marks."""
+    for mark in MARKS:
+        value = value.replace(mark, "")
+    return value
 
 
 OPAQUE = st.one_of(
@@ -199,7 +222,7 @@ def _shares_span(shown: str, reference: str) -> bool:
 
 
 def _excerpt_of(shown: str, source: str) -> bool:
-    return f" {_norm(shown)} " in f" {_norm(source)} "
+    return any(f" {_norm(shown)} " in f" {_norm(form)} " for form in (source, _bare(source)))
 
 
 def leaks(story: Story, opted_in: bool, reads: Iterable[str], own_steps: set[str]) -> list[str]:
@@ -207,17 +230,20 @@ def leaks(story: Story, opted_in: bool, reads: Iterable[str], own_steps: set[str
     the ``provider_summaries`` summarizer; only those may quote a summary, and only their own."""
     raw = [p.text for p in story.parts if p.kind == "raw" and p.text]
     summaries = [p.text for p in story.parts if p.kind == "summary" and p.text]
-    shown_summaries = {s.strip() for s in summaries if opted_in} - {r.strip() for r in raw}
+    raw_bare = {_bare(r.strip()) for r in raw}
+    shown_summaries = {s.strip() for s in summaries if opted_in if _bare(s.strip()) not in raw_bare}
+    shown_summaries |= {_bare(s) for s in shown_summaries}
     found = []
     for read in reads:
         quotes = read in own_steps and any(_excerpt_of(read, s) for s in shown_summaries)
         may_quote = shown_summaries if quotes else set()
         for ref in [*raw, *([] if quotes else summaries)]:
-            if _shares_span(read, ref):
+            if _shares_span(read, ref) or _shares_span(read, _bare(ref)):
                 found.append(f"span of {ref!r} in {read!r}")
         for whole in (w.strip() for w in story.opaque()):
-            if len(whole) >= WHOLE_CHARS and whole not in may_quote and whole in read:
-                found.append(f"{whole!r} in {read!r}")
+            for form in {whole, _bare(whole)} - may_quote:
+                if len(form) >= WHOLE_CHARS and form in read:
+                    found.append(f"{form!r} in {read!r}")
     return found
 
 
@@ -274,7 +300,7 @@ def stories(draw: st.DrawFn) -> Story:
     """Random reasoning, with the adversarial cases on purpose: a summary equal to raw text,
     holding raw text or an opaque string; narrations that copy slices of any of it."""
     shape = draw(st.sampled_from(SHAPES))
-    mixed = _sentences(SUMMARY_WORDS + RAW_WORDS)
+    mixed = _emphasized(SUMMARY_WORDS + RAW_WORDS)
     parts: list[Part] = []
     for _ in range(draw(st.integers(1, 4))):
         kind: Kind = draw(st.sampled_from(("raw", "summary", "summary", "redacted")))
@@ -284,9 +310,11 @@ def stories(draw: st.DrawFn) -> Story:
     for i, p in enumerate(parts):
         if p.kind != "summary":
             continue
-        trick = draw(st.sampled_from(("none", "equal", "holds_raw", "holds_opaque")))
+        trick = draw(st.sampled_from(("none", "equal", "bare", "holds_raw", "holds_opaque")))
         if trick == "equal" and raws:
             parts[i] = Part("summary", draw(st.sampled_from(raws)), p.signature)
+        elif trick == "bare" and raws:  # raw reasoning with its emphasis marks left out
+            parts[i] = Part("summary", _bare(draw(st.sampled_from(raws))), p.signature)
         elif trick == "holds_raw" and raws:  # first, so the step (a first sentence) holds it
             parts[i] = Part("summary", f"{draw(st.sampled_from(raws))} {p.text}", p.signature)
         elif trick == "holds_opaque":  # a signature or encrypted string of this very turn
@@ -300,7 +328,9 @@ def stories(draw: st.DrawFn) -> Story:
         end = draw(st.integers(start, len(source)))
         words = draw(st.lists(st.sampled_from(SUMMARY_WORDS), max_size=3))
         copied = draw(st.sampled_from((source, source[1:-1], source[start:end])))
-        line = " ".join([*words, copied])  # whole, all but its ends (no whole marker), a slice
+        copied = draw(st.sampled_from((copied, _bare(copied))))
+        # whole, all but its ends (no whole marker), a slice; with or without emphasis marks
+        line = " ".join([*words, copied])
         if line.strip():
             story.narrations.append(line)
     return story
@@ -316,7 +346,7 @@ def benign_stories(draw: st.DrawFn) -> Story:
     parts = []
     for kind in kinds:
         words = SUMMARY_WORDS if kind == "summary" else RAW_WORDS
-        body = "" if kind == "redacted" else draw(_sentences(words))
+        body = "" if kind == "redacted" else draw(_emphasized(words))
         parts.append(Part(kind, body, draw(OPAQUE)))
     return Story(shape, parts)
 
@@ -404,6 +434,46 @@ def test_a_summary_that_is_raw_text_or_holds_provider_data_is_refused() -> None:
     assert policy.check(SUMMARY, quoting=SUMMARY).reason == "provider_payload"
     assert policy.check(holds_raw, quoting=holds_raw).reason == "provider_payload"
     assert policy.check(holds_sig, quoting=holds_sig).reason == "provider_payload"
+
+
+async def test_a_summary_with_emphasis_inside_a_word_gives_its_step() -> None:
+    """The step drops the marks (``foo**bar**baz`` reads ``foobarbaz``): it is still the
+    summary's own words, and quotes it where they are continuity data too."""
+    for summary in (
+        "Weighing the mor**n**ing trains against the afternoon ones for the day trip.",
+        "Weighing the morning trains against the after**noon ones for the day trip.",
+    ):
+        pipeline = VisibleReasoningPipeline("surface", [ProviderSummariesSummarizer()])
+        part = ReasoningPart(summary, reasoning_kind="summary", signature=SIG)
+        thinking = ContinuityBlock(
+            "anthropic.thinking", {"type": "thinking", "thinking": summary, "signature": SIG}
+        )
+        turn = Turn((part, thinking), provider="anthropic", model="claude-sonnet-4-5")
+        events = await pipeline.turn_finished(turn)
+        assert [e.payload["summary"] for e in events] == [SUMMARY], summary
+        assert dict(pipeline.receipt.dropped_by_reason) == {}
+
+
+RAW_EMPHASIZED = "Hmm the user proba**bly wan**ts the chea**per one bu**t hone**stly I sup**pose"
+
+
+async def test_leaving_emphasis_marks_out_gets_no_raw_reasoning_past_the_policy() -> None:
+    """Marks inside words break every span of the text as written; without them (as a summary's
+    step shows it, or as a narration may copy it) it is still the raw reasoning."""
+    policy = StepPolicy()
+    policy.add_raw_reasoning(RAW_EMPHASIZED)
+    policy.add_provider_marker("ok **fine** then")  # raw text sent back in continuity data
+    assert policy.check(_bare(RAW_EMPHASIZED)).reason == "raw_reasoning"
+    assert policy.check("So: ok fine then.").reason == "provider_payload"
+    summary = f"{RAW_EMPHASIZED} and checking fares."  # a shown summary that holds it
+    pipeline = VisibleReasoningPipeline("surface", [ProviderSummariesSummarizer()])
+    parts = (
+        ReasoningPart(RAW_EMPHASIZED, reasoning_kind="raw", signature=SIG),
+        ReasoningPart(summary, reasoning_kind="summary"),
+    )
+    events = await pipeline.turn_finished(Turn(parts, provider="openai", model="gpt-5"))
+    assert events == []
+    assert dict(pipeline.receipt.dropped_by_reason) == {"raw_reasoning": 1}
 
 
 class _Claims:

@@ -352,9 +352,12 @@ class RunTakenOverError(RuntimeFailure):
         self.run_id = run_id
         self.holder = holder
         self.recording = recording
-        """What was refused: the run's ``end``, or ``events`` its execution appended (ADR 0090:
-        its appends are fenced as its end is, and the execution stops at the first refused)."""
-        said = "its end here was not" if recording == "end" else "its events here were not"
+        """What was refused: the run's ``end``, ``events`` its execution appended (ADR 0090:
+        its appends are fenced as its end is, and the execution stops at the first refused),
+        or a ``task record`` or ``run record`` it wrote to the run index (ADR 0094)."""
+        said = {"end": "its end here was not", "events": "its events here were not"}.get(
+            recording, f"its {recording} here was not"
+        )
         super().__init__(
             f"run {run_id!r} was taken over by another execution while this process stalled "
             f"past its lease; {said} recorded"

@@ -521,24 +521,26 @@ class TurnAccumulator:
     def usage(self) -> Usage:
         return Usage(**self._usage)
 
-    def partial(self) -> Turn:
-        """What has arrived so far, marked incomplete."""
+    def _turn(self, *, complete: bool, finish_reason: FinishReason | None) -> Turn:
         return Turn(
             self._parts(),
             usage=self.usage,
-            finish_reason=self._finish,
+            finish_reason=finish_reason,
             raw_finish_reason=self._raw_finish,
             provider=self.provider,
             model=self.model,
-            complete=False,
+            complete=complete,
             response_id=self._response_id,
             response_model=self._response_model,
         )
 
+    def partial(self) -> Turn:
+        """What has arrived so far, marked incomplete."""
+        return self._turn(complete=False, finish_reason=self._finish)
+
     def finish(self) -> Turn:
         """The finished turn; a stream that never said why it stopped counts as ``stop``."""
-        turn = self.partial()
-        return replace(turn, complete=True, finish_reason=self._finish or "stop")
+        return self._turn(complete=True, finish_reason=self._finish or "stop")
 
 
 # --------------------------------------------------------------------------- JSON round trip

@@ -7,6 +7,7 @@ A backend's test module subclasses :class:`DurableStoreConformance` beside its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -410,6 +411,57 @@ class DurableStoreConformance:
         await store.append(plain.run_id, [delta("p")], held_by=Holder("a.1.x"))
         await store.append(plain.run_id, [delta("q")])  # no holder: not fenced (its creator)
         assert [e.payload["text"] for e in await store.read(plain.run_id)] == ["p", "q"]
+
+    async def test_task_and_run_writes_of_a_superseded_execution_are_refused(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0094: an execution's writes to its run's rows outside ``append`` -- a task's
+        record (its readable reasoning), the run's metadata -- are fenced as its appends are:
+        A's, after a sweep released the run and B claimed it, raise ``RunTakenOverError``
+        naming B and change nothing; B's apply; an ended run refuses them as an append; a write
+        naming no execution is not fenced."""
+        ds = durable(store)
+        run_id = await admitted(store, durable=True, resume="queue", queue="q1")
+        a, b = Holder("a.1.x", 1), Holder("b.2.y", 2)
+        assert await ds.claim_run(run_id, "a.1.x", 30) == 1
+        task = (await store.get_run(run_id)).tasks[0]
+        task.status, task.output, task.reasoning = "completed", "A's", "A thinks"
+        await store.save_task(task, held_by=a)
+        await store.update_run(run_id, metadata={"by": "a"}, held_by=a)
+        assert await ds.release_run(run_id, owner="a.1.x", queue=False)
+        await store.update_run(run_id, metadata={"suspended": {"reason": "lost"}})  # the sweep's
+        for holder in (a, b):  # released: nobody's
+            with pytest.raises(RunTakenOverError):
+                await store.update_run(run_id, metadata={"suspended": None}, held_by=holder)
+        assert await ds.claim_run(run_id, "b.2.y", 30) == 2
+        before = await store.get_run(run_id)
+        stale = dataclasses.replace(task, output="A's again", reasoning="A thinks again")
+        with pytest.raises(RunTakenOverError) as refused:
+            await store.save_task(stale, held_by=a)
+        assert refused.value.holder == "b.2.y"
+        with pytest.raises(RunTakenOverError):
+            await store.update_run(run_id, metadata={"suspended": None}, held_by=a)
+        with pytest.raises(RunTakenOverError):  # the same owner's earlier attempt
+            await store.update_run(run_id, metadata={"x": 1}, held_by=Holder("b.2.y", 1))
+        after = await store.get_run(run_id)
+        assert after.tasks == before.tasks and after.metadata == before.metadata
+        assert after.metadata["suspended"] == {"reason": "lost"}, "the sweep's, not cleared"
+        await store.update_run(run_id, metadata={"suspended": None}, held_by=b)
+        mine = dataclasses.replace(task, output="B's", reasoning="B thinks")
+        await store.save_task(mine, held_by=b)
+        now = await store.get_run(run_id)
+        assert now.metadata["suspended"] is None and now.tasks[0].reasoning == "B thinks"
+        await store.finish_run(run_id, [], RunEnding("completed", held_by=b))
+        with pytest.raises(RunClosedError):
+            await store.save_task(mine, held_by=b)
+        with pytest.raises(RunClosedError):
+            await store.update_run(run_id, metadata={"late": 1}, held_by=b)
+        await store.update_run(run_id, metadata={"note": 1})  # no holder: not fenced (an admin)
+        plain = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
+        await store.create_run(plain)
+        with pytest.raises(RunTakenOverError):  # a plain run: fenced by its owner
+            await store.save_task(plain.tasks[0], held_by=Holder("b.2.y"))
+        await store.save_task(plain.tasks[0], held_by=Holder("a.1.x"))
 
     async def test_of_appends_in_flight_together_only_the_holders_are_stored(
         self, store: EventStore

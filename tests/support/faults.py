@@ -397,11 +397,13 @@ class FailingStore(EventStore):
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
         await self.inner.wait_for_run_changes(after, poll_s=poll_s)
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
-        await self.inner.update_run(run_id, **change)
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
+        await self.inner.update_run(run_id, held_by=held_by, **change)
 
-    async def save_task(self, task: TaskRecord) -> None:
-        await self.inner.save_task(task)
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
+        await self.inner.save_task(task, held_by=held_by)
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
         return await self.inner.find_run_ids(prefix, limit=limit)

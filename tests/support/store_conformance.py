@@ -141,6 +141,20 @@ class _Collecting:
         pass
 
 
+_EVERY_BACKEND = settings(
+    max_examples=25,
+    deadline=None,
+    # The fixture store is reused across examples on purpose (each example uses a fresh run),
+    # and these properties are deliberately run by every backend's subclass: an example that
+    # breaks one backend is a valid example for all of them.
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.differing_executors,
+        HealthCheck.too_slow,
+    ],
+)
+
+
 class EventLogConformance:
     """The event log (``store.log.EventLog``): appends, reads, tails, a run's end, and the
     hand-off of committed batches to listeners and observers. Runs come from the run index."""
@@ -284,6 +298,41 @@ class EventLogConformance:
             stored = got[1].payload["reasoning"]
             assert stored == reasoning
             assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
+
+    async def test_batches_of_one_task_and_type_or_of_several_read_back_exactly(
+        self, store: EventStore
+    ) -> None:
+        """A batch whose events share their task and type (a model turn's deltas; SQLite and
+        PostgreSQL send those once, ADR 0096) and batches that mix tasks, types or no task
+        store every field of every event, numbered on without a gap, at every size across the
+        backends' chunks of rows."""
+        run = make_run()
+        await store.create_run(run)
+        shapes = {
+            "one": lambda i: ("task_a", EventType.MESSAGE_DELTA),
+            "no task": lambda i: (None, EventType.REASONING_DELTA),
+            "types": lambda i: ("task_a", (EventType.MESSAGE_DELTA, EventType.TOOL_FAILED)[i % 2]),
+            "tasks": lambda i: (("task_a", None)[i % 2], EventType.MESSAGE_DELTA),
+            "last differs": lambda i: ("task_b" if i == 9 else "task_a", EventType.MESSAGE_DELTA),
+        }
+        appended: list[Event] = []
+        made: list[NewEvent] = []
+        for size in (1, 2, 3, 10, 127, 128, 129, 256, 257, 600):
+            for name, shape in shapes.items():
+                batch = [
+                    NewEvent(shape(i)[1], {"shape": name, "i": i}, task_id=shape(i)[0], ts=1.5 + i)
+                    for i in range(size)
+                ]
+                made += batch
+                appended += await store.append(run.run_id, batch)
+        assert [e.seq for e in appended] == list(range(1, len(made) + 1))
+        for got in (appended, await store.read(run.run_id)):
+            assert [(e.task_id, e.type, dict(e.payload)) for e in got] == [
+                (n.task_id, n.type, dict(n.payload)) for n in made
+            ]
+            assert [e.ts for e in got] == [e.ts for e in appended]
+        if self.stamps_as_given:
+            assert [e.ts for e in appended] == [n.ts for n in made]
 
     async def test_every_stamp_reads_back_exactly_whatever_page_it_is_in(
         self, store: EventStore
@@ -746,18 +795,7 @@ class EventLogConformance:
         assert (await store.get_run(run.run_id)).status == "running"
         assert await store.read(run.run_id) == []
 
-    @settings(
-        max_examples=25,
-        deadline=None,
-        # The fixture store is reused across examples on purpose (each example uses a fresh run),
-        # and this one property is deliberately run by every backend's subclass: an example that
-        # breaks one backend is a valid example for all of them.
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-            HealthCheck.too_slow,
-        ],
-    )
+    @_EVERY_BACKEND
     @given(
         schedule=st.lists(
             st.tuples(
@@ -804,6 +842,59 @@ class EventLogConformance:
                     assert [e.seq for e in got] == list(range(got[0].seq, got[-1].seq + 1))
                     assert got[0].seq > last
                     last = got[-1].seq
+
+    @_EVERY_BACKEND
+    @given(
+        batches=st.lists(
+            st.tuples(
+                st.booleans(),  # every event of the batch takes the first one's task and type
+                st.lists(
+                    st.tuples(
+                        st.sampled_from([None, "task_a", "task_b"]),
+                        st.sampled_from([EventType.MESSAGE_DELTA, EventType.REASONING_DELTA]),
+                        st.recursive(
+                            st.none()
+                            | st.booleans()
+                            | st.integers(min_value=-(2**70), max_value=2**70)
+                            | st.floats(allow_nan=False, allow_infinity=False)
+                            | st.text(),
+                            lambda inner: (
+                                st.lists(inner, max_size=3)
+                                | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+                            ),
+                            max_leaves=6,
+                        ),
+                    ),
+                    min_size=1,
+                    max_size=40,
+                ),
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    async def test_property_appended_events_replay_as_appended(
+        self, store: EventStore, batches: list[tuple[bool, list[tuple[str | None, str, Any]]]]
+    ) -> None:
+        """Any batch -- its events of one task and type or not; payloads with integers past 64
+        bits, any text, nulls nested anywhere -- is handed back and replayed as it was made:
+        the same payloads, tasks and types, numbered on without a gap."""
+        run = make_run()
+        await store.create_run(run)
+        made = [
+            [
+                NewEvent(type_, {"value": value}, task_id=task_id)
+                for task_id, type_, value in (
+                    [(*rows[0][:2], row[2]) for row in rows] if shared else rows
+                )
+            ]
+            for shared, rows in batches
+        ]
+        appended = [e for batch in made for e in await store.append(run.run_id, batch)]
+        expected = [(n.task_id, n.type, n.payload) for batch in made for n in batch]
+        assert [e.seq for e in appended] == list(range(1, len(expected) + 1))
+        for got in (appended, await store.read(run.run_id)):
+            assert [(e.task_id, e.type, e.payload) for e in got] == expected
 
 
 class RunIndexConformance:

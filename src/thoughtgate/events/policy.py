@@ -32,7 +32,10 @@ indexed every 8 characters with 33-character windows, which finds every shared s
 characters (and some of 33 to 39) while keeping the index an eighth of the reference text's size.
 
 Text is checked both as given and URL-decoded, after NFKC normalization and removal of zero-width
-characters, so full-width or percent-encoded variants are not a way around a rule.
+characters, so full-width or percent-encoded variants are not a way around a rule. The texts spans
+are looked for in, provider markers and shown summaries are also held without their markdown
+emphasis marks (:func:`without_emphasis`), which a provider summary's step drops
+(``summarizers.condense``): ``after**noon**`` shown as ``afternoon`` is the same words.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "PolicyReason",
     "PolicyVerdict",
     "StepPolicy",
+    "without_emphasis",
 ]
 
 PolicyReason: TypeAlias = Literal[
@@ -114,6 +118,22 @@ class PolicyContext:
 
 
 # --------------------------------------------------------------------------- text helpers
+
+_EMPHASIS: Final = re.compile(r"\*\*|__|`")
+
+
+def without_emphasis(text: str) -> str:
+    """``text`` without markdown bold marks (``**``, ``__``) and backticks. A step never shows
+    them, even inside a word (``foo**bar**baz`` is shown ``foobarbaz``), so the policy holds what
+    a step may not repeat in this form too."""
+    return _EMPHASIS.sub("", text)
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    """``text`` and, when it holds emphasis marks, ``text`` without them."""
+    bare = without_emphasis(text)
+    return (text,) if bare == text else (text, bare)
+
 
 _ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 _NON_WORD = re.compile(r"[\W_]+")
@@ -406,7 +426,7 @@ class _OverlapIndex:
         self._pending.append(text)
 
     def _index_pending(self) -> None:
-        for text in self._pending:
+        for text in itertools.chain.from_iterable(map(_forms, self._pending)):
             norm = _normalize(text)
             self._chars.update(
                 hash(norm[i : i + _CHAR_WINDOW])
@@ -534,9 +554,9 @@ class StepPolicy:
                 self._tool_short_values.add(norm)
 
     def add_provider_marker(self, marker: str) -> None:
-        cleaned = _clean(marker).strip()
-        if len(cleaned) >= _MARKER_MIN_CHARS:
-            self._markers.add(cleaned)
+        for cleaned in _forms(_clean(marker).strip()):
+            if len(cleaned) >= _MARKER_MIN_CHARS:
+                self._markers.add(cleaned)
 
     def check(self, text: str, *, quoting: str | None = None) -> PolicyVerdict:
         """Allowed, or the first reason (in the order of the module docstring) to drop it.
@@ -581,19 +601,27 @@ class StepPolicy:
         if source not in self._summary_texts:
             return False
         excerpt = _normalize(cleaned)
-        return bool(excerpt) and f" {excerpt} " in f" {_normalize(source)} "
+        return bool(excerpt) and any(
+            f" {excerpt} " in f" {_normalize(form)} " for form in _forms(source)
+        )
 
     def _raw_hashes(self) -> set[int]:
         for text in self._raw_pending:
-            self._raw_whole.add(hash(_clean(text).strip()))
+            self._raw_whole.update(hash(form) for form in _forms(_clean(text).strip()))
         self._raw_pending.clear()
         return self._raw_whole
 
     def _shown_not_raw(self) -> frozenset[str]:
-        """Shown summaries' texts that are no raw reasoning's text too (a hash that matches by
-        chance only takes a text out: it fails closed)."""
+        """Shown summaries' texts, with and without emphasis marks, that are no raw reasoning's
+        text too in either form (a hash that matches by chance only takes a text out: it fails
+        closed)."""
         raw = self._raw_hashes()
-        return frozenset(t for t in self._summary_texts if hash(t) not in raw)
+        return frozenset(
+            form
+            for t in self._summary_texts
+            if not any(hash(f) in raw for f in _forms(t))
+            for form in _forms(t)
+        )
 
     def _check_overlap(self, cleaned: str, *, quotes_summary: bool = False) -> PolicyVerdict:
         norm = _normalize(cleaned)

@@ -33,6 +33,7 @@ from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from thoughtgate.events.narration import without_narration
 from thoughtgate.events.payloads import DisplayPhase, StepSource
+from thoughtgate.events.policy import without_emphasis
 from thoughtgate.events.visible import MAX_SUMMARY_CHARS
 from thoughtgate.providers.base import Provider, ReasoningRequest, TurnRequest
 from thoughtgate.types import Message, Turn
@@ -155,7 +156,6 @@ class Summarizer(Protocol):
 
 # --------------------------------------------------------------------------- helpers
 
-_EMPHASIS = re.compile(r"\*\*|__|`")
 _SPACE = re.compile(r"\s+")
 _TITLE = re.compile(r"^\s*\*\*(?P<title>[^*\n]{3,120})\*\*")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
@@ -171,7 +171,7 @@ def condense(text: str) -> str:
     head = text[:_CONDENSE_MAX_INPUT]
     title = _TITLE.match(head)
     chosen = title.group("title") if title else _SENTENCE_END.split(head.strip(), maxsplit=1)[0]
-    return _SPACE.sub(" ", _EMPHASIS.sub("", chosen)).strip()
+    return _SPACE.sub(" ", without_emphasis(chosen)).strip()
 
 
 def shorten(line: str, limit: int = CONDENSED_CHARS) -> str:

@@ -733,8 +733,8 @@ class DurableEngine:
             await self.cancel_ended_workflow(run_id)
             return
         waited = self._leave_line(run_id)
-        if waited:
-            self.runtime.leases.release(run_id)
+        if waited:  # (not an execution's hold: its own queue may have taken it back, ADR 0094)
+            self.runtime.leases.release_waiting(run_id)
         holder = Holder(self.owner.owner_id, 0) if waited else UNCLAIMED
         try:
             with self.runtime.leases.ending(run_id):
@@ -833,15 +833,18 @@ class DurableEngine:
         if starts is not None:  # at once: a run arriving meanwhile queues behind them
             for _, _, run_id, _ in line:
                 starts.queued(run_id)
+        keeper = self.runtime.leases
         for priority, _, run_id, _ in line:
             try:
-                if not await store.release_run(run_id, owner=owner, queue=True):
+                # Unclaimed (attempt 0): not once this process's own queue took it back and
+                # claimed it while it stalled here (ADR 0094), nor its execution's hold.
+                if not await store.release_run(run_id, owner=owner, queue=True, attempt=0):
                     if starts is not None:
                         starts.began(run_id)  # no longer ours (closed meanwhile): waits nowhere
-                    self.runtime.leases.release(run_id)
+                    keeper.release_waiting(run_id)
                     self.runtime.forget_admitted(run_id)
                     continue
-                self.runtime.leases.release(run_id)
+                keeper.release_waiting(run_id)
                 self.runtime.forget_admitted(run_id)
                 await self.enqueue(run_id, queue, priority=priority)
             except Exception as exc:  # as a run that could not be queued when it arrived
@@ -871,20 +874,32 @@ class DurableEngine:
         return task
 
     async def _execute_unwritten(self, run_id: str) -> None:
+        held: list[Holder] = []
         try:
-            await self.runtime.execute_workflow(run_id, unwritten=True)
+            await self.runtime.execute_workflow(run_id, unwritten=True, holding=held.append)
         except asyncio.CancelledError as exc:
             if exc.args[:1] != (UNWRITTEN,) or _cancelling():
                 raise
         else:
             return
         # A step needed a checkpoint: the run continues here as a workflow, which resumes it
-        # from its log (the slot stays taken until that workflow ends).
+        # from its log (the slot stays taken until that workflow ends). Only while the
+        # execution that stopped still holds it: this process may have stalled since, and the
+        # run be another execution's, which the record would misreport (ADR 0094).
         store = self.runtime.store
         try:
-            await suspend(store, run_id, UNWRITTEN, queued=False, previous=self.owner.owner_id)
+            await suspend(
+                store,
+                run_id,
+                UNWRITTEN,
+                queued=False,
+                previous=self.owner.owner_id,
+                held_by=held[0] if held else None,
+            )
             done = await self.start(run_id)
             await done
+        except RunTakenOverError:
+            return  # logged: the run is another execution's, not to continue or close here
         except Exception as exc:
             log.warning("run %s could not continue as a workflow: %s", run_id, exc)
             await self._close(run_id, "it could not continue as a workflow", exc)

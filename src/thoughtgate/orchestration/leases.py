@@ -132,6 +132,13 @@ class LeaseKeeper:
         self._valid_until.pop(run_id, None)
         self._stop_when_idle()
 
+    def release_waiting(self, run_id: str) -> None:
+        """:meth:`release` the hold of a run that waited in a daemon's line (held with no
+        task), unless an execution (a task) holds the run now: this process's own queue took
+        it back and claimed it while it waited (ADR 0094)."""
+        if self._held.get(run_id) is None:
+            self.release(run_id)
+
     def surely_held(self, run_id: str) -> bool:
         """Whether this process holds ``run_id`` and its lease surely has not expired since it
         was last set (by its admission or a renewal), so no sweep can have taken it: a check
@@ -144,12 +151,19 @@ class LeaseKeeper:
         self._lost.append(forget)
 
     @contextmanager
-    def ending(self, run_id: str) -> Iterator[None]:
+    def ending(self, run_id: str, task: asyncio.Task[object] | None = None) -> Iterator[None]:
         """While the block records ``run_id``'s end: its lease is still renewed, but a renewal
         that no longer finds the run (it has just ended) is not a lost run -- so a renewal
         racing the end never cancels the task recording it. When the block is over the run is
-        released: if its end could not be recorded, its lease expires and a sweep closes it."""
-        self._held.pop(run_id, None)
+        released: if its end could not be recorded, its lease expires and a sweep closes it.
+
+        ``task``: the execution recording the end (``None``: none -- a daemon ending a run of
+        its waiting line, or one it admitted). Its own hold only is taken out: while another
+        task holds the run -- a later execution of it in this process, whose claim superseded
+        this one (the end is then refused) -- that hold is left as it is (ADR 0094), as
+        :meth:`release` leaves it."""
+        if self._held.get(run_id) is task:
+            self._held.pop(run_id, None)
         self._admitted.pop(run_id, None)
         self._ending[run_id] = self._ending.get(run_id, 0) + 1
         self._renewing()

@@ -132,7 +132,7 @@ async def begin_execution(
         await runtime.resumed_event(run_id, payload, held)
         log.warning("run %s resumed (attempt %d) after seq %d", run_id, attempt, resumed.last_seq)
     if before.metadata.get("suspended") is not None:
-        await store.update_run(run_id, metadata={"suspended": None})
+        await store.update_run(run_id, metadata={"suspended": None}, held_by=held)
     if resumed is None and before.metadata.get("suspended") is None:
         return before, spec, tools, None, attempt  # read after its claim; nothing changed since
     return await store.get_run(run_id), spec, tools, resumed, attempt

@@ -960,7 +960,7 @@ class Runtime:
             # shutdown cancels its runs together and gathers them, so the pauses overlap,
             # they do not add up per run. The lease is renewed meanwhile, and no longer once
             # this gives up: the lease sweep closes the run then (ADR 0060).
-            with self.leases.ending(run_id):
+            with self.leases.ending(run_id, asyncio.current_task()):
                 await close_run_interrupted(
                     self.store,
                     run_id,
@@ -1080,7 +1080,7 @@ class Runtime:
                 payload["error_detail"] = failure[2]
         not_run = "not run: the run failed before this task started"
         try:
-            with self.leases.ending(run_id):
+            with self.leases.ending(run_id, asyncio.current_task()):  # its hold only
                 await end_run(
                     self.store,
                     run_id,
@@ -1205,8 +1205,8 @@ class Runtime:
                 return
             if events:
                 await self._append(run.run_id, events, execution.holder)
-            if task.reasoning is not None:
-                await self.store.save_task(task)
+            if task.reasoning is not None:  # fenced as its appends are (ADR 0094)
+                await self.store.save_task(task, held_by=execution.holder)
 
         await steps.effect(f"{task.task_id}: end", end)
         return result

@@ -40,10 +40,15 @@ __all__ = [
 OPTIONS_KEY = "thoughtgate"
 
 
+def _env(name: str | None) -> str | None:
+    return os.environ.get(name) if name else None
+
+
 def resolve_base_url(settings: ProviderSettings, endpoint: Endpoint) -> str:
     """``settings.base_url`` > the endpoint's variable > its default; a clear error when none."""
-    env = os.environ.get(endpoint.base_url_env) if endpoint.base_url_env else None
-    url = settings.base_url or env or endpoint.default_base_url
+    # the environment is read only when the settings have no URL (os.environ encodes the name
+    # and decodes the value on every read, and an adapter is built per run)
+    url = settings.base_url or _env(endpoint.base_url_env) or endpoint.default_base_url
     if not url:
         raise ConfigError(
             f"providers.{endpoint.config_section or endpoint.name}.base_url",
@@ -56,8 +61,7 @@ def resolve_base_url(settings: ProviderSettings, endpoint: Endpoint) -> str:
 
 def resolve_api_key(settings: ProviderSettings, endpoint: Endpoint) -> str | None:
     """``settings.api_key`` > the endpoint's variable; an error when the endpoint needs one."""
-    env = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-    key = settings.api_key or env or None
+    key = settings.api_key or _env(endpoint.api_key_env) or None
     if key is None and endpoint.key_required:
         raise ConfigError(
             f"providers.{endpoint.config_section or endpoint.name}.api_key",

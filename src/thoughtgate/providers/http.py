@@ -251,6 +251,14 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=256)
+def _timeout(read: float, connect: float) -> tuple[httpx.Timeout, tuple[Any, ...]]:
+    """A transport's timeouts and their key, made once per pair of values (an adapter, so its
+    transport, is built per run; ``httpx.Timeout`` has no mutator)."""
+    timeout = httpx.Timeout(read, connect=connect)
+    return timeout, tuple(timeout.as_dict().items())
+
+
+@functools.lru_cache(maxsize=256)
 def _parsed_url(url: str) -> httpx.URL:
     """A request URL parsed once: httpx takes a parsed URL as it is and parses a string on every
     request, and an adapter (so its transport) is built per run (``httpx.URL`` is immutable)."""
@@ -275,11 +283,11 @@ def _post_request(
     client: httpx.AsyncClient,
     url: httpx.URL,
     body: Mapping[str, Any],
-    headers: httpx.Headers,
+    header_items: tuple[tuple[str, str], ...],
     timeout: httpx.Timeout,
     key: tuple[Any, ...],
 ) -> httpx.Request:
-    """``client.build_request("POST", url, json=body, headers=headers, timeout=timeout)``, the
+    """``client.build_request("POST", url, json=body, headers=header_items, timeout=timeout)``, the
     same request (method, URL, headers in their order and case, body bytes, extensions) at a
     fraction of the cost.
 
@@ -292,14 +300,17 @@ def _post_request(
     ``encode_json``, private: an httpx without it builds every request itself) and length. A
     client with cookies in its jar (the jar adds a ``Cookie`` header) builds every request
     itself; so do requests whose headers are not httpx's usual (a ``Content-Length`` of their
-    own).
+    own). The headers are given as items, made into ``httpx.Headers`` only when httpx builds
+    the request.
     """
     if _encode_json is None or client.cookies:
+        headers = httpx.Headers(header_items)
         return client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
     templates = _TEMPLATES.get(client)
     if templates is None:
         templates = _TEMPLATES[client] = {}
     if key not in templates:
+        headers = httpx.Headers(header_items)
         request = client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
         lengths = request.headers.get_list("content-length")
         if len(templates) >= _TEMPLATES_PER_CLIENT:
@@ -309,6 +320,7 @@ def _post_request(
         return request
     template = templates[key]
     if template is None:
+        headers = httpx.Headers(header_items)
         return client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
     length, stream = _encode_json(body)
     request = httpx.Request(
@@ -340,15 +352,20 @@ class HTTPTransport:
         self.provider = provider
         self.base_url = base_url.rstrip("/")
         self.settings = settings
-        self._timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
+        self._timeout, timeout_key = _timeout(settings.timeout_s, settings.connect_timeout_s)
         self._own_client = client
         self._clients = clients or shared_clients()
-        self._headers = httpx.Headers(headers)
-        self._request_key = (
-            tuple(self._headers.multi_items()),
-            tuple(self._timeout.as_dict().items()),
-        )
+        self._header_items = tuple(headers.items())
+        # the headers as given, not httpx's normalized copy: the copy is made only when a request
+        # is built by httpx (the first to a URL with these headers), see _post_request
+        self._request_key = (self._header_items, timeout_key)
         self.sleep = asyncio.sleep
+
+    @functools.cached_property
+    def _headers(self) -> httpx.Headers:
+        """The request headers as httpx holds them, made on first use: a run builds its
+        transport, yet after the first request of a shared client no request needs them."""
+        return httpx.Headers(self._header_items)
 
     def _client(self) -> httpx.AsyncClient:
         return self._own_client or self._clients.client(self.base_url)
@@ -409,7 +426,12 @@ class HTTPTransport:
                 url = _parsed_url(text)
                 if self._own_client is None:  # a shared client: its headers never change
                     request = _post_request(
-                        client, url, body, self._headers, self._timeout, (text, self._request_key)
+                        client,
+                        url,
+                        body,
+                        self._header_items,
+                        self._timeout,
+                        (text, self._request_key),
                     )
                 else:
                     request = client.build_request(

@@ -43,7 +43,9 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[SSEMessage]:
         if self._cr:
             chunk, self._cr = b"\r" + chunk, False
-        if b"\r" in chunk:
+        # find, not ``in``: bytes' ``in`` first tries its operand as an integer, raising and
+        # clearing a TypeError on every call (about twice find's cost)
+        if chunk.find(b"\r") >= 0:
             if chunk.endswith(b"\r"):
                 chunk, self._cr = chunk[:-1], True
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")

@@ -651,13 +651,21 @@ async def _release_durable(
 
 
 async def suspend(
-    store: EventStore, run_id: str, reason: str, *, queued: bool, previous: str | None
+    store: EventStore,
+    run_id: str,
+    reason: str,
+    *,
+    queued: bool,
+    previous: str | None,
+    held_by: Holder | None = None,
 ) -> None:
     """Record on the run (its metadata, shown to every reader) why it waits to resume, and
-    since when on the store's clock (PostgreSQL's server, as every time it keeps: ADR 0074)."""
+    since when on the store's clock (PostgreSQL's server, as every time it keeps: ADR 0074).
+    ``held_by``: the execution recording it, which must still hold the run (ADR 0094)."""
     since = await store.clock()
     await store.update_run(
         run_id,
+        held_by=held_by,
         metadata={
             "suspended": {
                 "reason": reason,

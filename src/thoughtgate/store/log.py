@@ -244,15 +244,32 @@ class Holder:
         counted (``None``: a run without a spec): the one fence of its appends and its end."""
         return owner == self.owner and (self.attempt is None or attempts == self.attempt)
 
-    def refused(self, run_id: str, owner: str | None) -> RunTakenOverError:
-        """The error of an append this execution made to a run it no longer holds (ADR 0090),
-        logged: nothing of it was stored, and the execution stops."""
+    def refused(
+        self, run_id: str, owner: str | None, recording: str = "events"
+    ) -> RunTakenOverError:
+        """The error of a write this execution made to a run it no longer holds -- its events
+        (ADR 0090), a task's record or the run's (ADR 0094) -- logged: nothing of it was
+        stored, and the execution stops."""
         log.warning(
-            "run %s: events of an execution that no longer holds it were refused (this process "
+            "run %s: an execution that no longer holds it was refused its %s (this process "
             "stalled past its lease and the run was taken over); it stops here",
             run_id,
+            recording,
         )
-        return RunTakenOverError(run_id, owner, recording="events")
+        return RunTakenOverError(run_id, owner, recording=recording)
+
+    def check(self, run_id: str, found: Sequence[Any] | None, recording: str) -> None:
+        """Raise unless this execution may write ``recording`` to the run whose ``(closed_at,
+        owner, attempts)`` is ``found`` (``None``: no such run), read in the write's own
+        transaction after the run's row is locked: ``RunNotFoundError``, ``RunClosedError``
+        once it ended, ``RunTakenOverError`` (:meth:`refused`) while another execution holds
+        it. The fence of the writes an execution makes outside ``append`` (ADR 0094)."""
+        if found is None:
+            raise RunNotFoundError(run_id)
+        if found[0] is not None:
+            raise RunClosedError(run_id)
+        if not self.holds(found[1], found[2]):
+            raise self.refused(run_id, found[1], recording)
 
 
 def append_refused(run_id: str, found: Sequence[Any] | None, held_by: Holder | None) -> Exception:

@@ -96,9 +96,13 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         out.tasks.sort(key=lambda t: t.index)
         return out
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
         async with self._lock:
             run = self._run(run_id)
+            if held_by is not None:
+                self._check_held(run_id, held_by, "run record")
             status, usage, error = change.get("status"), change.get("usage"), change.get("error")
             if status is not None:
                 run.status = status
@@ -111,11 +115,21 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             self._changed(run_id)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def save_task(self, task: TaskRecord) -> None:
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         async with self._lock:
             run = self._run(task.run_id)
+            if held_by is not None:
+                self._check_held(task.run_id, held_by, "task record")
             run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
             run.tasks.append(copy.deepcopy(task))
+
+    def _check_held(self, run_id: str, held_by: Holder, recording: str) -> None:
+        """Under the store's lock: ``held_by.check`` of the run as it is (ADR 0094)."""
+        run, spec = self._runs[run_id], self._specs.get(run_id)
+        ended = None if self._is_open(run_id) else True
+        held_by.check(
+            run_id, (ended, run.owner, None if spec is None else spec.attempts), recording
+        )
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
         return sorted(r for r in self._runs if r.startswith(prefix))[:limit]

@@ -54,7 +54,8 @@ __all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema
 # It is one statement (one round trip, its own transaction in autocommit mode): bump the counter,
 # insert every event of the batch, and queue the NOTIFY, which PostgreSQL delivers at commit.
 #
-# The batch travels as four plain strings that the server splits (see ``_batch_params``): adapting
+# The batch travels as four plain strings that the server splits (see ``_batch_params``; two, and
+# the task id and type once, when every event shares them: ``_APPEND_UNIFORM``): adapting
 # Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
 # times more than everything else an append does.
 #
@@ -62,7 +63,7 @@ __all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema
 # server's clock when the statement arrived less this process's when it was sent (``sent``), so
 # events keep the times between them they were made with; the statement returns it, and the
 # events handed back are moved alike (``_append_rows``).
-_APPEND = """
+_APPEND_STATEMENT = """
 WITH bumped AS (
     UPDATE runs SET last_seq = last_seq + %(n)s
     WHERE run_id = %(run_id)s AND closed_at IS NULL
@@ -70,30 +71,48 @@ WITH bumped AS (
               extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
     INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
-    SELECT %(run_id)s, bumped.base + e.ord, e.task_id, e.type, e.ts + bumped.skew,
+    SELECT %(run_id)s, bumped.base + e.ord, {task_and_type}, e.ts + bumped.skew,
            e.payload::json, %(v)s
-    FROM bumped, unnest(
-        ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
-              WITH ORDINALITY AS j(v, i) ORDER BY i),
-        ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
-              WITH ORDINALITY AS j(v, i) ORDER BY i),
+    FROM bumped, unnest({task_and_type_arrays}
         string_to_array(%(ts)s, ',')::float8[],
         string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e(task_id, type, ts, payload, ord)
+    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, ord)
     RETURNING 1
 )
 SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text), skew
 FROM bumped
 """
-
-_APPEND_HELD = _APPEND.replace(
-    "AND closed_at IS NULL",
-    "AND closed_at IS NULL AND owner = %(owner)s "
-    "AND (%(attempt)s::int IS NULL OR COALESCE(claim, 1) = %(attempt)s::int)",
+_APPEND = _APPEND_STATEMENT.format(
+    task_and_type="e.task_id, e.type",
+    task_and_type_arrays="""
+        ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),
+        ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
+              WITH ORDINALITY AS j(v, i) ORDER BY i),""",
+    task_and_type_names="task_id, type, ",
 )
+_APPEND_UNIFORM = _APPEND_STATEMENT.format(
+    task_and_type="%(task_id)s::text, %(type)s::text",
+    task_and_type_arrays="",
+    task_and_type_names="",
+)
+"""``_APPEND`` for a batch whose events share one task and one type (a model turn's deltas):
+the two are sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+
+
+def _fenced(statement: str) -> str:
+    return statement.replace(
+        "AND closed_at IS NULL",
+        "AND closed_at IS NULL AND owner = %(owner)s "
+        "AND (%(attempt)s::int IS NULL OR COALESCE(claim, 1) = %(attempt)s::int)",
+    )
+
+
+_APPEND_HELD = _fenced(_APPEND)
 """``_APPEND`` for an execution's append, fenced as its end is (``Holder.holds``, ADR 0090): the
 run's owner and its latest claim (``runs.claim``, migration 11: a column of the row the
 ``UPDATE`` locks, so a claim that held the lock is seen committed) must be the execution's."""
+_APPEND_UNIFORM_HELD = _fenced(_APPEND_UNIFORM)
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
@@ -107,16 +126,21 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 def _batch_params(
     payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
 ) -> dict[str, Any]:
-    """The batch columns as strings: JSON arrays for the texts, the shortest digits that read
-    back as the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a
-    time that is not finite, which orjson would write as ``null``)."""
+    """The batch columns as strings: JSON arrays for the texts (one task id and one type where
+    every event shares them, for ``_APPEND_UNIFORM``), the shortest digits that read back as
+    the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a time that
+    is not finite, which orjson would write as ``null``)."""
     stamps = orjson.dumps(list(map(float, ts))).decode()
-    return {
-        "task_ids": codec.dumps(task_ids),
-        "types": codec.dumps(types),
+    params: dict[str, Any] = {
         "ts": ",".join(map(float.__repr__, map(float, ts))) if "null" in stamps else stamps[1:-1],
         "payloads": _RECORD_SEPARATOR.join(payloads),
     }
+    n = len(payloads)
+    if n and task_ids.count(task_ids[0]) == n and types.count(types[0]) == n:
+        params.update(task_id=task_ids[0], type=types[0])
+    else:
+        params.update(task_ids=codec.dumps(task_ids), types=codec.dumps(types))
+    return params
 
 
 # A page is a closed range of sequence numbers rather than "seq > N ... LIMIT k": sequences have
@@ -202,6 +226,18 @@ _NEXT_CHANGE = (
 )
 _ATTEMPTS = "SELECT attempts FROM run_specs WHERE run_id = %s"
 """The claims a run's spec counted: the fencing token of a durable run's end (ADR 0072)."""
+_HELD_BY = "SELECT closed_at, owner, claim FROM runs WHERE run_id = %s FOR SHARE"
+"""Whether a run is open, and who holds it, for an execution's write outside ``append`` (ADR
+0094). ``FOR SHARE`` conflicts with a claim's update of the row: a claim in flight commits
+first (and the row is read as it left it) or waits for the write."""
+
+
+def _held_row(row: Sequence[Any]) -> tuple[Any, Any, int]:
+    """``(closed_at, owner, claim)`` as ``Holder.check`` takes it: ``claim`` is ``NULL`` until a
+    run's first claim, when only its admission (attempt 1) can hold it (ADR 0090)."""
+    return (row[0], row[1], 1 if row[2] is None else row[2])
+
+
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
@@ -430,16 +466,21 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
         return codec.runs_from_rows(rows, await cur.fetchall())
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
         sets = codec.run_update_columns(change, updated_at=None)
         metadata = change.get("metadata")
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
             cur = await conn.execute(
-                "SELECT metadata FROM runs WHERE run_id = %s FOR UPDATE", (run_id,)
+                "SELECT metadata, closed_at, owner, claim FROM runs WHERE run_id = %s FOR UPDATE",
+                (run_id,),
             )
             row = await cur.fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
+            if held_by is not None:
+                held_by.check(run_id, _held_row(row[1:]), "run record")
             if metadata is not None:
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
@@ -452,14 +493,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def save_task(self, task: TaskRecord) -> None:
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
         async with self._conn(f"save task {task.task_id!r}") as conn, conn.transaction():
-            found = await conn.execute(
-                "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
-            )
-            if await found.fetchone() is None:
-                raise RunNotFoundError(task.run_id)
+            if held_by is None:
+                found = await conn.execute(
+                    "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
+                )
+                if await found.fetchone() is None:
+                    raise RunNotFoundError(task.run_id)
+            else:
+                found = await conn.execute(_HELD_BY, (task.run_id,))
+                run = await found.fetchone()
+                held_by.check(task.run_id, None if run is None else _held_row(run), "task record")
             await conn.execute(_UPSERT_TASK, row)
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
@@ -539,9 +585,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
         params["sent"] = time.time()
-        statement = _APPEND
+        uniform = "type" in params
+        statement = _APPEND_UNIFORM if uniform else _APPEND
         if held_by is not None:
-            statement = _APPEND_HELD
+            statement = _APPEND_UNIFORM_HELD if uniform else _APPEND_HELD
             params.update(owner=held_by.owner, attempt=held_by.attempt)
         row = await (await conn.execute(statement, params)).fetchone()
         if row is None:  # no such run, it has ended, or another execution holds it

@@ -18,7 +18,7 @@ from typing import TypedDict, Unpack
 
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.store.listing import RUN_LIST_WAKEUP, RunListing
-from thoughtgate.store.log import RunWakeups
+from thoughtgate.store.log import Holder, RunWakeups
 from thoughtgate.store.records import RunRecord, TaskRecord
 
 __all__ = ["OpenRun", "OpenRuns", "RunChange", "RunIndex"]
@@ -78,12 +78,19 @@ class RunIndex(RunListing):
         """Most recent first."""
 
     @abc.abstractmethod
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
-        """Change the given fields only (``metadata`` is merged); raises ``RunNotFoundError``."""
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
+        """Change the given fields only (``metadata`` is merged); raises ``RunNotFoundError``.
+
+        ``held_by``: the execution writing (ADR 0094), fenced as its appends are
+        (:meth:`Holder.check`, in the write's own transaction): refused with
+        ``RunTakenOverError`` while another execution holds the open run, ``RunClosedError``
+        once it has ended; nothing changes then. ``None``: not fenced (a sweep, an operator)."""
 
     @abc.abstractmethod
-    async def save_task(self, task: TaskRecord) -> None:
-        """Insert or replace a task of an existing run."""
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
+        """Insert or replace a task of an existing run. ``held_by``: as for ``update_run``."""
 
     @abc.abstractmethod
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:

@@ -31,6 +31,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -283,6 +284,25 @@ def _not_appendable(
     return append_refused(run_id, row, held_by)
 
 
+_HELD_BY = (
+    "SELECT closed_at, owner, (SELECT attempts FROM run_specs s WHERE s.run_id = runs.run_id) "
+    "FROM runs WHERE run_id = ?"
+)
+"""Whether a run is open, and who holds it: what ``Holder.check`` decides a write by."""
+
+
+def _check_held(
+    conn: sqlite3.Connection, run_id: str, held_by: Holder | None, recording: str
+) -> None:
+    """Inside a write transaction (one writer: no claim commits before the write does): the
+    fence of an execution's write to a run's rows outside ``append`` (ADR 0094); without
+    ``held_by``, only that the run exists."""
+    if held_by is None:
+        _require_run(conn, run_id)
+    else:
+        held_by.check(run_id, conn.execute(_HELD_BY, (run_id,)).fetchone(), recording)
+
+
 def _refusal(conn: sqlite3.Connection, run_id: str) -> type[RunNotFoundError | RunClosedError]:
     row = conn.execute("SELECT closed_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     return RunNotFoundError if row is None else RunClosedError
@@ -375,6 +395,49 @@ def _event_params(params: list[Any], run_id: str, first: int, columns: codec.Enc
         )
 
 
+def _uniform_statement(rows: int) -> str:
+    values = ",".join(f"(?{4 + 3 * r},?{5 + 3 * r},?{6 + 3 * r})" for r in range(rows))
+    return (
+        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v) "
+        f"SELECT ?1, column1, ?2, ?3, column2, column3, {EVENT_VERSION} "
+        f"FROM (VALUES {values}) WHERE column1 > 0"
+    )
+
+
+_UNIFORM_CHUNK = 256
+"""Rows per uniform insert: 771 parameters, under SQLite's oldest limit (999)."""
+_UNIFORM_INSERTS = {size: _uniform_statement(size) for size in (2**k for k in range(9))}
+"""Inserts of 1, 2, 4, ... 256 rows of one run, one task and one type (a model turn's deltas):
+the three are bound once (``?1``-``?3``) and each row binds its number, time and payload, padded
+up to the size with rows of zeros as ``_INSERTS`` are. Each text bound is copied by SQLite into
+memory of its own (``SQLITE_TRANSIENT``): a row of ``_INSERTS`` binds four, one here (ADR 0096)."""
+_UNIFORM_PAD = (0, 0, 0)
+
+
+def _insert_uniform(
+    conn: sqlite3.Connection, run_id: str, first: int, columns: codec.EncodedEvents
+) -> bool:
+    """Insert ``columns``, numbered from ``first``, with ``_UNIFORM_INSERTS`` when every event
+    has the same task and type; whether it did (otherwise nothing was inserted)."""
+    payloads, task_ids, types, ts = columns
+    n = len(payloads)
+    if n < 2 or task_ids.count(task_ids[0]) != n or types.count(types[0]) != n:
+        return False
+    task_id, type_ = task_ids[0], types[0]
+    for start in range(0, n, _UNIFORM_CHUNK):
+        end = min(n, start + _UNIFORM_CHUNK)
+        rows = end - start
+        size = 1 << (rows - 1).bit_length()
+        params: list[Any] = [run_id, task_id, type_]
+        params += chain.from_iterable(
+            zip(range(first + start, first + end), ts[start:end], payloads[start:end], strict=True)
+        )
+        if size > rows:
+            params += _UNIFORM_PAD * (size - rows)
+        conn.execute(_UNIFORM_INSERTS[size], params)
+    return True
+
+
 def _append_rows(
     conn: sqlite3.Connection,
     run_id: str,
@@ -392,9 +455,10 @@ def _append_rows(
     if not row:
         raise _not_appendable(conn, run_id, held_by)
     first = int(row[0][0]) - n + 1
-    params: list[Any] = []
-    _event_params(params, run_id, first, columns)
-    _insert_events(conn, params)
+    if not _insert_uniform(conn, run_id, first, columns):
+        params: list[Any] = []
+        _event_params(params, run_id, first, columns)
+        _insert_events(conn, params)
     return first
 
 
@@ -1180,11 +1244,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         ).fetchall()
         return codec.runs_from_rows(rows, tasks)
 
-    async def update_run(self, run_id: str, **change: Unpack[RunChange]) -> None:
+    async def update_run(
+        self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
+    ) -> None:
         sets = codec.run_update_columns(change, updated_at=time.time())
         metadata = change.get("metadata")
 
         def body(conn: sqlite3.Connection) -> None:
+            if held_by is not None:
+                _check_held(conn, run_id, held_by, "run record")
             row = conn.execute("SELECT metadata FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
@@ -1200,11 +1268,11 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._write(f"update run {run_id!r}", body)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def save_task(self, task: TaskRecord) -> None:
+    async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
 
         def body(conn: sqlite3.Connection) -> None:
-            _require_run(conn, task.run_id)
+            _check_held(conn, task.run_id, held_by, "task record")
             conn.execute(_INSERT_TASK, row)
 
         await self._write(f"save task {task.task_id!r}", body)

@@ -1,0 +1,136 @@
+"""PostgreSQL's fences hold against a claim in flight by the same process (ADRs 0090, 0093, 0094).
+
+A stalled execution (attempt 1) writes to its run -- an append, a task's or the run's record, a
+hand-back -- while its own process claims the run again (attempt 2: the owner stays the same, so
+the owner alone tells nothing). Each write either commits before the claim (it still holds the
+run) or waits for the claim's row locks and then sees the rows as the claim left them: refused.
+Under READ COMMITTED that holds only where the write reads the fencing token on a row it locks
+(``runs.claim``, or ``run_specs`` locked with ``runs``); a plain read, or a lock the claim's
+update does not conflict with, reads the rows from before the claim and lets the write through.
+
+The claim is held open between its updates of ``runs``/``run_specs`` and its commit by the one
+row it locks last, ``run_changes``, which the test locks first; the write is let go once the
+server says it waits for the claim (``pg_blocking_pids``), never after a timed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from support.durable_store_conformance import admitted, delta
+from support.pg import PG_URL, pg_admin, pg_schema
+
+from thoughtgate.errors import RunTakenOverError
+from thoughtgate.store.base import Holder
+from thoughtgate.store.postgres import PostgresStore
+
+__all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
+
+OWNER = "a.1.x"
+STALE = Holder(OWNER, 1)
+
+Write = Callable[[PostgresStore, str], Awaitable[Any]]
+
+
+async def _release(store: PostgresStore, run_id: str) -> Any:
+    return await store.release_run(run_id, owner=OWNER, queue=True, attempt=1)
+
+
+async def _append(store: PostgresStore, run_id: str) -> Any:
+    return await store.append(run_id, [delta("stale")], held_by=STALE)
+
+
+async def _update_run(store: PostgresStore, run_id: str) -> Any:
+    return await store.update_run(run_id, metadata={"stale": True}, held_by=STALE)
+
+
+async def _save_task(store: PostgresStore, run_id: str) -> Any:
+    task = (await store.get_run(run_id)).tasks[0]
+    stale = dataclasses.replace(task, status="completed", output="stale", reasoning="stale")
+    # the read above is done before the claim: what is timed is the write
+    return await store.save_task(stale, held_by=STALE)
+
+
+@pytest.fixture
+async def store(pg_schema: str) -> AsyncIterator[PostgresStore]:
+    made = await PostgresStore.open(PG_URL, schema=pg_schema)
+    yield made
+    await made.close()
+
+
+async def _blocked_by(admin: psycopg.AsyncConnection[Any], pid: int) -> list[int]:
+    """The server processes waiting for a lock ``pid`` holds."""
+    cur = await admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+    )
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def _one_waiting_for(
+    admin: psycopg.AsyncConnection[Any], pid: int, unless: asyncio.Future[Any] | None = None
+) -> int | None:
+    """The process that waits for ``pid``'s lock, once one does (the server's own state);
+    ``None`` if ``unless`` is done first (a write that waited for nothing)."""
+    while not (waiting := await _blocked_by(admin, pid)):
+        if unless is not None and unless.done():
+            return None
+        await asyncio.sleep(0.01)  # a poll of the server's lock table, not a timed wait
+    (one,) = waiting
+    return one
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("write", "refused"),
+    [
+        pytest.param(_release, False, id="hand-back (ADR 0093)"),
+        pytest.param(_append, RunTakenOverError, id="append (ADR 0090)"),
+        pytest.param(_update_run, RunTakenOverError, id="run record (ADR 0094)"),
+        pytest.param(_save_task, RunTakenOverError, id="task record (ADR 0094)"),
+    ],
+)
+async def test_a_write_by_an_earlier_attempt_waiting_for_a_same_owner_claim_is_refused(
+    store: PostgresStore,
+    pg_admin: psycopg.AsyncConnection[Any],
+    pg_schema: str,
+    write: Write,
+    refused: object,
+) -> None:
+    run_id = await admitted(store, durable=True, resume="queue", queue="q1")
+    assert await store.claim_run(run_id, OWNER, 30) == 1
+    before = await store.get_run(run_id)
+    events = await store.read(run_id)
+
+    blocker = await psycopg.AsyncConnection.connect(PG_URL)
+    try:
+        await blocker.execute(
+            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(pg_schema))
+        )
+        claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
+        claiming = await _one_waiting_for(pg_admin, blocker.info.backend_pid)
+        assert claiming is not None
+        # The claim has updated runs and run_specs and waits to commit; the write now waits
+        # for the claim's locks (a write that does not is caught below: it got through).
+        stale = asyncio.ensure_future(write(store, run_id))
+        await _one_waiting_for(pg_admin, claiming, unless=stale)
+        await blocker.rollback()
+    finally:
+        await blocker.close()
+    assert await claim == 2
+    if refused is False:
+        assert await stale is False, "the release moved nothing"
+    else:
+        with pytest.raises(RunTakenOverError):
+            await stale
+    run = await store.get_run(run_id)
+    assert (run.owner, run.status) == (OWNER, "running"), "still the claim's"
+    assert run.tasks == before.tasks and run.metadata == before.metadata
+    assert await store.read(run_id) == events
+    spec = await store.get_run_spec(run_id)
+    assert spec is not None and spec.attempts == 2 and spec.queued_at is None

@@ -277,7 +277,8 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
         return ids
     if ids.count("") != n - present:
         return None
-    return [None] * len(ids) if not present else [t or None for t in ids]
+    out: list[str | None] = [t or None for t in ids]
+    return out
 
 
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:

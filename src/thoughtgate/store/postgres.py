@@ -159,8 +159,9 @@ _READ_PAGE = "SELECT * FROM events_page(%s, %s, %s)"
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
 values per page instead of six per event. ``events_page`` (migration 7, ADR 0039) aggregates the
 rows of the range in number order, read through the primary key's index whatever the table's
-statistics say, with task ids and types as joined texts (``codec.task_id_column``); the codec checks
-that the sequence numbers came back in order and without a gap, and one value per event."""
+statistics say, with task ids and types as joined texts (``codec.task_id_column``); the codec
+checks that the sequence numbers came back in order and without a gap, and one value per
+event."""
 
 
 def read_types_query(

@@ -206,3 +206,28 @@ async def _has(local: _Local, run_id: str, event_type: str) -> bool:
 
 async def _ended(local: _Local, run_id: str) -> bool:
     return (await local.store.get_run(run_id)).status not in ("pending", "running")
+
+
+async def test_a_launch_that_failed_leaves_no_dbos_and_the_process_can_launch_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch that fails (its database unreachable, a set-up lock never granted, a cancel)
+    leaves nothing behind: closed, the engine lets another attach, which launches and runs."""
+
+    def unreachable() -> None:
+        raise ConnectionError("the workflows' database is unreachable")
+
+    failed = _Local(await SQLiteStore.open(tmp_path / "first.db"))
+    with monkeypatch.context() as patch:
+        patch.setattr(DBOS, "launch", unreachable)
+        with pytest.raises(ConnectionError, match="unreachable"):
+            await failed.launch(like="run")
+    assert not failed.engine.launched
+    await failed.close()
+
+    local = await _local(tmp_path)
+    try:
+        run = await local.runtime.run(RunRequest("hi", model="fake:echo"))
+        assert run.status == "completed" and run.tasks[0].output
+    finally:
+        await local.close()

@@ -34,15 +34,34 @@ def fresh_schema(server: str = PG_URL) -> Iterator[tuple[str, str]]:
     try:
         yield f"{server}{'&' if '?' in server else '?'}schema={schema}", f"{schema}_workflows"
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
+        with psycopg.connect(server, autocommit=True) as admin:
             for name in (schema, f"{schema}_workflows"):
                 admin.execute(
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
                 )
 
 
-def _migrated(workflows: str) -> bool:
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """The URL of a database of its own on the test server, dropped afterwards: DBOS's migration
+    lock is one for a whole database, and a test that holds it would stall the set-up of every
+    other test's workflows on the shared one (seen: another worker's launch waited past its
+    timeout, and the replicas here with it)."""
+    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, _ = PG_URL.partition("?")
+    try:
+        yield f"{base.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _migrated(workflows: str, server: str = PG_URL) -> bool:
+    with psycopg.connect(server, autocommit=True) as conn:
         found = conn.execute(
             "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s",
             (workflows, "dbos_migrations"),
@@ -61,7 +80,11 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
     """The race seen in the replica tests, made to happen: while DBOS's database-wide migration
     lock is held (another schema's slow migration), every replica on a fresh schema waits 30 s
     and then, without our own lock, migrates at the same moment as the others and fails."""
-    with fresh_schema() as (db, workflows), psycopg.connect(PG_URL, autocommit=True) as other:
+    with (
+        fresh_database() as server,
+        fresh_schema(server) as (db, workflows),
+        psycopg.connect(server, autocommit=True) as other,
+    ):
         other.execute("SELECT pg_advisory_lock(%s)", (DBOS_MIGRATION_LOCK,))
         daemons = [
             ServeProcess("--db", db, "--no-bootstrap-key", "--shutdown-grace", "0.2")
@@ -70,7 +93,7 @@ def test_replicas_starting_together_all_come_up_while_another_application_migrat
         try:
             ServeProcess.start_all(*daemons, timeout=PG_START_S)
             assert all(d.proc is not None and d.proc.poll() is None for d in daemons)
-            assert _migrated(workflows)
+            assert _migrated(workflows, server)
             # the one that set it up waited 30 s for DBOS's lock, and said so meanwhile
             said = "".join(line for d in daemons for line in d.stderr_lines)
             assert "still setting up the workflows of" in said and workflows in said

@@ -380,3 +380,49 @@ def test_an_executions_append_statements_are_the_plain_ones_with_the_fence() -> 
     for plain, held, attempt in fenced.values():
         assert held.count("AND closed_at IS NULL AND owner = ") == 1
         assert attempt in held and attempt not in plain
+
+
+_COLUMN_VALUE = st.sampled_from(["", "a", "ab", "t\x1f", "\x1f", "message.delta", "é"]) | st.text(
+    max_size=4
+)
+
+
+@given(st.lists(_COLUMN_VALUE, min_size=1, max_size=30), st.integers(min_value=1, max_value=40))
+def test_a_joined_column_splits_exactly_as_str_split(values: list[str], n: int) -> None:
+    """ADR 0095: a replay page's joined task ids or types come back as ``str.split`` gives them,
+    whether the column is one value repeated (then shared, not split) or not, and whatever ``n``
+    the page claims: a column a value's separator lengthened is never taken for ``n`` values."""
+    for joined in (codec.UNIT.join(values), codec.UNIT.join(values[:1] * n)):
+        assert codec.split_column(joined, n) == joined.split(codec.UNIT)
+        assert codec.split_column(joined, len(joined.split(codec.UNIT))) == joined.split(codec.UNIT)
+
+
+@given(st.lists(st.none() | st.sampled_from(["", "task_1"]) | st.text(max_size=3), min_size=1))
+def test_a_pages_task_ids_come_back_with_none_where_the_page_lists_it(
+    task_ids: list[str | None],
+) -> None:
+    """No task id travels as ``''`` with its number listed: ``None`` comes back there and only
+    there, in a page of one value repeated or not; a listed number outside the page gives a
+    list the codec refuses."""
+    task_ids = [t if t is None else t.replace(codec.UNIT, "") for t in task_ids]
+    joined = codec.UNIT.join("" if t is None else t for t in task_ids)
+    first = 41
+    nulls = [first + k for k, t in enumerate(task_ids) if t is None]
+    assert codec.task_id_column(joined, nulls, first, len(task_ids)) == task_ids
+    assert codec.task_id_column(joined, [*nulls, first + len(task_ids)], first, len(task_ids)) == []
+
+
+@given(st.lists(st.none() | st.sampled_from(["", "task_1"]) | st.text(max_size=3), min_size=1))
+def test_a_pages_counted_task_ids_come_back_or_the_page_is_read_by_rows(
+    task_ids: list[str | None],
+) -> None:
+    """SQLite sends no task id as ``''`` and how many are not missing: the ids come back exactly,
+    or, when an empty one shares the page with a missing one, ``None`` (read row by row)."""
+    task_ids = [t if t is None else t.replace(codec.UNIT, "") for t in task_ids]
+    joined = codec.UNIT.join("" if t is None else t for t in task_ids)
+    present = sum(t is not None for t in task_ids)
+    got = codec.counted_task_ids(joined, len(task_ids), present)
+    if "" in task_ids and None in task_ids:
+        assert got is None
+    else:
+        assert got == task_ids

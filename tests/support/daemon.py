@@ -31,6 +31,7 @@ import httpx
 from thoughtgate.access.keys import create_key
 from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.errors import ProviderError
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.store.base import EventStore
@@ -148,8 +149,17 @@ def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
+def _providerfail(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """Thinks, then fails as a provider does whose error body quotes the request's reasoning."""
+    mark = markers(_token(request))["reasoning"]
+    yield reasoning(mark)
+    said = f"prompt is too long: {mark}"
+    raise ProviderError(said, provider="fake", status=400, by_provider=True, detail=said)
+
+
 SCRIPTS: dict[str, ScriptFn] = {
     "canary": _canary,
+    "providerfail": _providerfail,
     "toolcanary": _toolcanary,
     "approval": _approval,
     "chatty": _chatty,

@@ -117,10 +117,14 @@ async def launched_by(
 ) -> AsyncIterator[SweepingT]:
     """The sweeping daemon ``launch`` makes on ``store`` (a test's own subclass, launched its
     way), closed with the store afterwards -- the sweep tests' fixtures, one per backend. The
-    store is closed even when ``launch`` fails."""
+    engine and the store are closed even when ``launch`` fails, so the next test of this
+    process can attach its own (one engine a process)."""
     try:
         daemon = await launch(store)
     except BaseException:
+        engine = DurableEngine.current
+        if engine is not None and engine.runtime.store is store:
+            await engine.close()
         await store.close()
         raise
     try:

@@ -37,6 +37,20 @@ __all__ = [
 ]
 
 
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+"""JSON values a payload may hold: integers past 64 bits, any text, nulls at any depth."""
+
+
 def dead_pid() -> int:
     """The pid of a process that has exited (and been reaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -374,6 +388,95 @@ class EventLogConformance:
             assert await store.read(run.run_id, after=after) == []
             assert await store.read(run.run_id, after=after, limit=2_000) == []
         assert [e.seq for e in await store.read(run.run_id, after=1)] == [2, 3]
+
+    async def test_task_ids_and_types_replay_exactly_in_pages_of_one_value_and_of_many(
+        self, store: EventStore
+    ) -> None:
+        """The SQL backends send a replay page's task ids and types as joined texts and a column
+        of one value as that value (ADR 0039, 0095): pages all of one task and type, all without
+        a task, all of ``''``, of ``''`` but one without, of types of one length but one, and of
+        values holding the separator come back as stored, in pages of every size read."""
+        run = make_run()
+        await store.create_run(run)
+        groups: list[list[tuple[str | None, str]]] = [
+            [("task-1", EventType.MESSAGE_DELTA)] * 100,
+            [(None, EventType.MESSAGE_DELTA)] * 100,
+            [("", EventType.REASONING_DELTA)] * 100,
+            [("", EventType.MESSAGE_DELTA)] * 37
+            + [(None, EventType.MESSAGE_DELTA)]
+            + [("", EventType.MESSAGE_DELTA)] * 62,
+            [("t", "custom.a")] * 50 + [("t", "custom.b")] + [("t", "custom.a")] * 49,
+            [("t", "custom.a")] * 20 + [("t\x1ft", "custom\x1fa")] + [("t", "custom.a")] * 79,
+            [("x\x1f", "custom.a")] * 100,
+        ]
+        news = [
+            NewEvent(type_, {"i": i}, task_id=task_id)
+            for i, (task_id, type_) in enumerate(kind for group in groups for kind in group)
+        ]
+        written = await store.append(run.run_id, news)
+        last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
+        expected = [*written, last]
+        assert [(e.task_id, e.type) for e in written] == [(n.task_id, n.type) for n in news]
+        assert_same_events(await store.read(run.run_id), expected)
+        assert_same_events(await collect(store.tail(run.run_id)), expected)
+        assert_same_events(await collect(store.tail(run.run_id, batch=100)), expected)
+        assert_same_events(await collect(store.tail(run.run_id, batch=30)), expected)
+
+    @settings(
+        max_examples=20,
+        deadline=None,
+        # The fixture store is reused across examples (each example appends to a fresh run).
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+    @given(
+        kinds=st.lists(
+            st.tuples(
+                st.none() | st.sampled_from(["", "task_1", "t\x1f"]) | st.text(max_size=4),
+                st.sampled_from([EventType.MESSAGE_DELTA, "custom\x1f"]) | st.text(max_size=6),
+                st.dictionaries(st.text(max_size=6), _JSON_VALUES, max_size=4),
+            ),
+            min_size=1,
+            max_size=40,
+        ),
+        repeats=st.integers(min_value=1, max_value=30),
+        batch=st.integers(min_value=1, max_value=60),
+    )
+    async def test_property_a_replay_gives_back_exactly_what_was_appended(
+        self,
+        store: EventStore,
+        kinds: list[tuple[str | None, str, dict[str, Any]]],
+        repeats: int,
+        batch: int,
+    ) -> None:
+        """Whatever the task ids (none, empty, holding the separator), types and payloads (big
+        integers, unicode, nested nulls), and however pages fall (a column of one value or
+        many: ``repeats`` copies of each kind in a row), a read and a tail give back events
+        equal to those appended, in order and without a gap (ADR 0026, 0039, 0095)."""
+        run = make_run()
+        await store.create_run(run)
+        news = [
+            NewEvent(type_, payload, task_id=task_id)
+            for task_id, type_, payload in kinds
+            for _ in range(repeats)
+        ]
+        written = await store.append(run.run_id, news)
+        last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
+        expected = [*written, last]
+        assert [(e.task_id, e.type, e.payload) for e in written] == [
+            (n.task_id, n.type, n.payload) for n in news
+        ]
+        for replay in (
+            await store.read(run.run_id),
+            await collect(store.tail(run.run_id)),
+            await collect(store.tail(run.run_id, batch=batch)),
+        ):
+            assert replay == expected
+            assert [type(e) for e in replay] == [Event] * len(expected)
+            assert_same_events(replay, expected)
 
     async def test_a_replay_passes_the_filter_which_withholds_reasoning_below_developer(
         self, store: EventStore

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Annotated
@@ -106,13 +105,12 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
+            from thoughtgate.server.logs import configure_logging
             from thoughtgate.server.serve import serve_app
             from thoughtgate.telemetry import telemetry_sinks
 
             ctx = Context(config_path=config, db=db, view_as=None)
-            logging.basicConfig(
-                level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s"
-            )
+            configure_logging(log_level.lower())
             registry = daemon_tools(tools)
             try:
                 store = await ctx.store()

@@ -479,18 +479,26 @@ class DurableEngine:
         }
         settings.update(database_settings(self.location))
         DBOS(config=settings)  # type: ignore[arg-type]
-        slowed = slow_unused_pollers(postgres=self.location.schema is not None)
-        log.debug("DBOS pollers thoughtgate does not use, slowed: %s", slowed or "none")
-        if listen is not None:
-            self.queue = queue_name(listen, self.config.concurrency)
-            DBOS.listen_queues([self.queue])
-        else:
-            DBOS.listen_queues([])
-        if self.location.schema is None:
-            DBOS.launch()
-        else:  # one replica at a time creates or migrates the schema (ADR 0062)
-            async with setting_up(self.location.url, self.location.schema):
+        try:
+            slowed = slow_unused_pollers(postgres=self.location.schema is not None)
+            log.debug("DBOS pollers thoughtgate does not use, slowed: %s", slowed or "none")
+            if listen is not None:
+                self.queue = queue_name(listen, self.config.concurrency)
+                DBOS.listen_queues([self.queue])
+            else:
+                DBOS.listen_queues([])
+            if self.location.schema is None:
                 DBOS.launch()
+            else:  # one replica at a time creates or migrates the schema (ADR 0062)
+                async with setting_up(self.location.url, self.location.schema):
+                    DBOS.launch()
+        except BaseException:
+            # A launch that failed or was cancelled (a set-up that never got its lock, a
+            # database gone) leaves no DBOS behind: the engine can be closed and another
+            # attached and launched in this process, as after a launch that succeeded.
+            with contextlib.suppress(Exception):
+                DBOS.destroy()
+            raise
         self.launched = True
         if not reuse_queue_list():
             log.debug("DBOS's queue manager reads the list of queues every second")

@@ -38,6 +38,7 @@ from thoughtgate.errors import (
     ThoughtgateError,
     TicketError,
     UsageError,
+    failure_text,
 )
 
 __all__ = ["ApiError", "error_response", "exception_handlers"]
@@ -130,7 +131,10 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, StoreError):
         log.error("store failure on %s %s: %s", request.method, request.url.path, exc)
         return error_response(503, "the event store is unavailable; try again later")
-    log.error("unexpected failure on %s %s: %s", request.method, request.url.path, exc)
+    # a provider's error quotes its own words (maybe reasoning): described, never quoted
+    log.error(
+        "unexpected failure on %s %s: %s", request.method, request.url.path, failure_text(exc)
+    )
     return error_response(500, "internal error")
 
 

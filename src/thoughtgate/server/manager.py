@@ -246,7 +246,7 @@ class RunManager:
                 self.runtime.store, run_id, reason, detail=failure_detail(failure)
             )
         except Exception as exc:
-            log.error("could not close run %s after %s: %s", run_id, failure, exc)
+            log.error("could not close run %s after %s: %s", run_id, failure_text(failure), exc)
             failure.add_note(f"closing run {run_id} interrupted failed too: {exc!r}")
             return False
         return True
@@ -312,7 +312,8 @@ class RunManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # recorded as run.failed / run.error, or the runtime said not
-            log.warning("run %s stopped with %s: %s", run_id, type(exc).__name__, exc)
+            # its words may be a provider's, quoting reasoning: described, never quoted
+            log.warning("run %s stopped: %s", run_id, failure_text(exc))
 
     # ------------------------------------------------------------------ resume
     async def resume(self, run_id: str) -> RunRecord:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
 from collections.abc import Callable, Coroutine
 from types import FrameType
@@ -27,11 +26,12 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.gc_policy import daemon_gc
+from thoughtgate.server.logs import RedactTickets
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
 
-__all__ = ["DaemonServer", "RedactTickets", "daemon_runner", "serve_app"]
+__all__ = ["DaemonServer", "daemon_runner", "serve_app"]
 
 T = TypeVar("T")
 
@@ -48,19 +48,6 @@ def daemon_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
 
 
 log = logging.getLogger("thoughtgate.server")
-_TICKET = re.compile(r"(ticket=)[^&\s\"]+")
-
-
-class RedactTickets(logging.Filter):
-    """Access-log lines show ``ticket=…`` instead of a live-channel ticket that still works."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                _TICKET.sub(r"\1…", a) if isinstance(a, str) else a for a in record.args
-            )
-        return True
-
 
 TICK_S: Final = 1.0
 """How often the daemon's server loop wakes while nothing asks it to stop (uvicorn: 0.1 s)."""

@@ -159,27 +159,9 @@ _READ_PAGE = "SELECT * FROM events_page(%s, %s, %s)"
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
 values per page instead of six per event. ``events_page`` (migration 7, ADR 0039) aggregates the
 rows of the range in number order, read through the primary key's index whatever the table's
-statistics say, with task ids and types as joined texts (:func:`_task_ids`); the codec checks
-that the sequence numbers came back in order and without a gap, and one value per event."""
-_UNIT = "\x1f"
-"""Joins a page's task ids and its types (``events_page``)."""
-
-
-def _task_ids(
-    joined: list[str], nulls: list[int] | None, first: int
-) -> list[str | None] | list[str]:
-    """A page's task ids, split from ``events_page``'s text, with ``None`` back at the numbers
-    it lists (``first`` is the page's first number). The codec checks the lengths and the
-    numbers; a listed number outside the page leaves it no list it would take."""
-    if not nulls:
-        return joined
-    out: list[str | None] = list(joined)
-    for seq in nulls:
-        k = seq - first
-        if not 0 <= k < len(out):
-            return []
-        out[k] = None
-    return out
+statistics say, with task ids and types as joined texts (``codec.task_id_column``); the codec
+checks that the sequence numbers came back in order and without a gap, and one value per
+event."""
 
 
 def read_types_query(
@@ -819,8 +801,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     run_id,
                     after + 1,
                     seqs,
-                    _task_ids(task_ids.split(_UNIT), null_tasks, after + 1),
-                    types.split(_UNIT),
+                    codec.task_id_column(task_ids, null_tasks, after + 1, len(seqs)),
+                    codec.split_column(types, len(seqs)),
                     stamps,
                     payloads,
                     v_min,

@@ -155,7 +155,8 @@ def open_runs_query(
 _READ_PAGE = (
     "SELECT count(*), min(v), max(v), min(ts), max(ts), "
     "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
-    "json_group_array(task_id), json_group_array(type), "
+    f"group_concat(coalesce(task_id, ''), '{codec.UNIT}'), count(task_id), "
+    f"group_concat(type, '{codec.UNIT}'), "
     f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
     "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
 )
@@ -165,7 +166,9 @@ A range of sequence numbers, not ``LIMIT``: sequences have no gaps. ``events`` i
 without rowid clustered on ``(run_id, seq)`` and has no other index, so the aggregates take
 its rows in that order; the page is all of ``after + 1 .. after + count`` when its largest
 number is ``after + count`` (numbers are unique), which the codec checks. (An array of the
-numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)"""
+numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)
+Task ids and types come as texts joined by ``codec.UNIT``, as PostgreSQL's do (ADR 0039): a
+``NULL`` task id as ``''``, and how many are not ``NULL`` (ADR 0095)."""
 _READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 
 
@@ -216,22 +219,25 @@ def _events_from_page(
 ) -> list[Event] | None:
     """The events of one aggregate row (or of the rows read instead); ``None`` for a page to
     read row by row (mixed vocabulary versions, a stamp outside :data:`_EXACT_STAMPS`,
-    sequence numbers not in order)."""
+    sequence numbers not in order, a task id of ``''`` beside a ``NULL`` one)."""
     if isinstance(row, list):
         return codec.events_from_rows(run_id, row)
-    count, v_min, v_max, ts_min, ts_max, payloads, last, task_ids, types, stamps = row
+    count, v_min, v_max, ts_min, ts_max, payloads, last, joined_ids, present, types, stamps = row
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
     # ``last`` is the page's largest number: with ``count`` unique numbers in the page's
     # range, they are all of ``after + 1 .. after + count`` exactly when it is ``after + count``.
     seqs = range(after + 1, after + 1 + count) if last == after + count else [last]
+    task_ids = codec.counted_task_ids(joined_ids, count, present)
+    if task_ids is None:
+        return None
     return codec.events_from_columns(
         run_id,
         after + 1,
         seqs,
-        orjson.loads(task_ids),
-        orjson.loads(types),
+        task_ids,
+        codec.split_column(types, count),
         [stamp * _UNSCALE for stamp in orjson.loads(stamps)],
         payloads,
         v_min,

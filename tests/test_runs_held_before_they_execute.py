@@ -110,9 +110,8 @@ async def test_a_run_whose_execution_gives_up_before_it_begins_is_renewed_no_mor
 
 
 # ---------------------------------------------------------------------- the waiting line
-@pytest.fixture
-def gate() -> Iterator[asyncio.Event]:
-    """``fake:gated`` answers once the event is set: its run keeps the daemon's one slot."""
+def _gated(name: str) -> Iterator[asyncio.Event]:
+    """``fake:<name>`` answers once the event is set."""
     opened = asyncio.Event()
 
     def gated(request: TurnRequest, _: int) -> AsyncIterator[Any]:
@@ -122,10 +121,16 @@ def gate() -> Iterator[asyncio.Event]:
 
         return gen()
 
-    FAKE_SCRIPTS["gated"] = gated
+    FAKE_SCRIPTS[name] = gated
     yield opened
     opened.set()
-    del FAKE_SCRIPTS["gated"]
+    del FAKE_SCRIPTS[name]
+
+
+@pytest.fixture
+def gate() -> Iterator[asyncio.Event]:
+    """``fake:gated``: its run keeps the daemon's one slot."""
+    yield from _gated("gated")
 
 
 class _Daemon(InProcessDaemon):
@@ -220,6 +225,16 @@ async def _idle(daemon: _Daemon) -> bool:
     return not daemon.engine.busy and not daemon.runtime.executing
 
 
+async def _let_go(
+    daemon: _Daemon, gate: asyncio.Event, run_id: str, execution: asyncio.Task[bool]
+) -> None:
+    """The test's stand-in execution lets go of ``run_id``, which is closed; the gated run that
+    keeps the slot may end."""
+    daemon.runtime.leases.release(run_id, execution)  # type: ignore[arg-type]
+    await close_run_interrupted(daemon.store, run_id, "the test is over")
+    gate.set()
+
+
 async def _spill(daemon: _Daemon, run_id: str) -> None:
     await daemon.engine._spill()
 
@@ -257,29 +272,15 @@ async def test_the_line_leaves_a_run_this_process_took_back_to_its_execution(
         assert second in keeper.held, "still renewed for its execution"
         assert daemon.waiting() == []
     finally:
-        keeper.release(second, execution)  # type: ignore[arg-type]
-        await close_run_interrupted(daemon.store, second, "the test is over")
-        gate.set()
+        await _let_go(daemon, gate, second, execution)
     await until(lambda: _ended(daemon, first))
     await until(lambda: _idle(daemon))
 
 
 @pytest.fixture
 def held() -> Iterator[asyncio.Event]:
-    """``fake:held`` answers once the event is set: a second run kept under way by the test."""
-    opened = asyncio.Event()
-
-    def gated(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-        async def gen() -> AsyncIterator[Any]:
-            await opened.wait()
-            yield text("done")
-
-        return gen()
-
-    FAKE_SCRIPTS["held"] = gated
-    yield opened
-    opened.set()
-    del FAKE_SCRIPTS["held"]
+    """``fake:held``: a second run kept under way by the test."""
+    yield from _gated("held")
 
 
 @pytest.mark.inprocess
@@ -391,8 +392,6 @@ async def test_the_lines_close_of_a_run_it_could_not_move_leaves_a_later_claim_a
         assert "run.interrupted" not in await daemon.types(second)
         assert second in keeper.held, "still renewed for its execution"
     finally:
-        keeper.release(second, execution)  # type: ignore[arg-type]
-        await close_run_interrupted(daemon.store, second, "the test is over")
-        gate.set()
+        await _let_go(daemon, gate, second, execution)
     await until(lambda: _ended(daemon, first))
     await until(lambda: _idle(daemon))

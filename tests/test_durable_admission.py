@@ -219,6 +219,38 @@ async def test_a_run_that_cannot_continue_as_a_workflow_is_closed_not_left_open(
         await daemon.close()
 
 
+async def test_a_run_taken_back_before_its_workflow_starts_is_left_to_the_later_claim(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0099: the daemon's execution without a workflow (attempt 1) stopped for a
+    checkpoint and recorded why; the daemon stalls before the run's workflow starts, a sweep
+    releases the run to its queue and this daemon's own queue takes it back (attempt 2, the
+    same owner id). Its start then finds that workflow there and fails: the close of the run
+    that could not continue names the execution that stopped and is refused; the run stays
+    the later claim's."""
+    daemon = await _daemon(tmp_path)
+    me = daemon.runtime.leases.owner.owner_id
+
+    async def taken_back(run_id: str) -> asyncio.Future[Any]:
+        assert await daemon.store.release_run(run_id, owner=me, queue=True)
+        assert await daemon.store.claim_run(run_id, me, 60) == 2
+        raise RuntimeError(f"run {run_id!r} did not start in this process")
+
+    try:
+        monkeypatch.setattr(daemon.engine, "start", taken_back)
+        run_id = await daemon.start("fake:unasked-tool")
+
+        async def idle() -> bool:
+            return not daemon.engine.busy
+
+        await until(idle)
+        run = await daemon.store.get_run(run_id)
+        assert (run.status, run.owner) == ("running", me), "the later claim's"
+        assert "run.interrupted" not in await daemon.types(run_id)
+    finally:
+        await daemon.close()
+
+
 async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:
     statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
     return all(s not in ("pending", "running") for s in statuses)

@@ -25,8 +25,9 @@ from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config, DurabilityConfig, OrchestrationConfig
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import RuntimeFailure, StoreUnavailableError, UsageError
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
@@ -109,9 +110,8 @@ async def test_a_run_whose_execution_gives_up_before_it_begins_is_renewed_no_mor
 
 
 # ---------------------------------------------------------------------- the waiting line
-@pytest.fixture
-def gate() -> Iterator[asyncio.Event]:
-    """``fake:gated`` answers once the event is set: its run keeps the daemon's one slot."""
+def _gated(name: str) -> Iterator[asyncio.Event]:
+    """``fake:<name>`` answers once the event is set."""
     opened = asyncio.Event()
 
     def gated(request: TurnRequest, _: int) -> AsyncIterator[Any]:
@@ -121,10 +121,16 @@ def gate() -> Iterator[asyncio.Event]:
 
         return gen()
 
-    FAKE_SCRIPTS["gated"] = gated
+    FAKE_SCRIPTS[name] = gated
     yield opened
     opened.set()
-    del FAKE_SCRIPTS["gated"]
+    del FAKE_SCRIPTS[name]
+
+
+@pytest.fixture
+def gate() -> Iterator[asyncio.Event]:
+    """``fake:gated``: its run keeps the daemon's one slot."""
+    yield from _gated("gated")
 
 
 class _Daemon(InProcessDaemon):
@@ -145,11 +151,9 @@ class _Daemon(InProcessDaemon):
 
     async def taken_elsewhere(self, run_id: str) -> None:
         """What another process's sweep does to a run whose lease expired while this daemon
-        stalled: release it to a queue (it then enqueues it there). After such a stall the
-        keeper no longer knows the run's lease to last, which the test says for it."""
+        stalled: release it to a queue (it then enqueues it there)."""
         owner = self.runtime.leases.owner.owner_id
         assert await self.store.release_run(run_id, owner=owner, queue=True)
-        self.runtime.leases._valid_until[run_id] = 0.0  # as a stall past its lease leaves it
 
     async def untouched_here(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)
@@ -213,8 +217,22 @@ async def _ended(daemon: _Daemon, run_id: str) -> bool:
     return (await daemon.store.get_run(run_id)).status not in ("pending", "running")
 
 
+async def _no_start_under_way(daemon: _Daemon) -> bool:
+    return not daemon.engine.busy
+
+
 async def _idle(daemon: _Daemon) -> bool:
     return not daemon.engine.busy and not daemon.runtime.executing
+
+
+async def _let_go(
+    daemon: _Daemon, gate: asyncio.Event, run_id: str, execution: asyncio.Task[bool]
+) -> None:
+    """The test's stand-in execution lets go of ``run_id``, which is closed; the gated run that
+    keeps the slot may end."""
+    daemon.runtime.leases.release(run_id, execution)  # type: ignore[arg-type]
+    await close_run_interrupted(daemon.store, run_id, "the test is over")
+    gate.set()
 
 
 async def _spill(daemon: _Daemon, run_id: str) -> None:
@@ -254,8 +272,126 @@ async def test_the_line_leaves_a_run_this_process_took_back_to_its_execution(
         assert second in keeper.held, "still renewed for its execution"
         assert daemon.waiting() == []
     finally:
-        keeper.release(second, execution)  # type: ignore[arg-type]
-        await close_run_interrupted(daemon.store, second, "the test is over")
-        gate.set()
+        await _let_go(daemon, gate, second, execution)
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _idle(daemon))
+
+
+@pytest.fixture
+def held() -> Iterator[asyncio.Event]:
+    """``fake:held``: a second run kept under way by the test."""
+    yield from _gated("held")
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("tasks", [1, 2], ids=["without a workflow", "as a workflow"])
+async def test_a_waiting_run_this_process_took_back_is_not_started_again_from_the_line(
+    daemon: _Daemon, gate: asyncio.Event, held: asyncio.Event, tasks: int
+) -> None:
+    """ADR 0099: a run waiting here is taken elsewhere while this daemon stalled (a sweep
+    releases it to its queue), and this daemon's own queue takes it back: its workflow executes
+    here, claimed at attempt 1 by this process's owner id. When the line's turn for it comes (a
+    slot frees), the line does not start it again -- neither as a second execution (a run of
+    one task starts without a workflow: it claimed the run at attempt 2 and executed it beside
+    the first) nor as a workflow (its start found the workflow written and closed the run under
+    its execution). The execution goes on, held and renewed here, and ends the run; each task
+    started once, in one claim."""
+    first = await daemon.start("fake:gated")
+    request = RunRequest("hi", model="fake:held", tasks=[TaskSpec("hi")] * tasks)
+    run, rank = await daemon.runtime.admit(request, queue=daemon.queue)
+    second = run.run_id
+    await daemon.engine.submit(second, daemon.queue, priority=rank)
+    assert daemon.waiting() == [second]
+    await daemon.taken_elsewhere(second)
+    keeper = daemon.runtime.leases
+    owner = keeper.owner.owner_id
+    # As this process's queue worker dequeues it: its workflow, started here.
+    execution = await daemon.engine.start(second)
+
+    async def under_way() -> bool:
+        return "task.started" in await daemon.types(second)
+
+    await until(under_way)
+    spec = await daemon.store.get_run_spec(second)
+    assert spec is not None and spec.attempts == 1
+    gate.set()  # the slot frees: the line's turn for the run comes
+    await until(lambda: _ended(daemon, first))
+    await until(lambda: _no_start_under_way(daemon))
+    ran = await daemon.store.get_run(second)
+    assert (ran.status, ran.owner) == ("running", owner), "still its execution's"
+    assert second in keeper.held, "still renewed for its execution"
+    assert daemon.waiting() == []
+    held.set()
+    await execution
+    assert (await daemon.store.get_run(second)).status == "completed"
+    types = await daemon.types(second)
+    assert types.count("task.started") == tasks
+    assert "run.resumed" not in types
+    spec = await daemon.store.get_run_spec(second)
+    assert spec is not None and spec.attempts == 1
+    await until(lambda: _idle(daemon))
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("move", ["start", "spill"])
+async def test_the_lines_close_of_a_run_it_could_not_move_leaves_a_later_claim_alone(
+    daemon: _Daemon,
+    gate: asyncio.Event,
+    monkeypatch: pytest.MonkeyPatch,
+    move: str,
+) -> None:
+    """ADR 0099: the line moves a waiting run -- starts it (its claim, attempt 1) or spills it
+    to the queue (from its hold, attempt 0) -- and this daemon stalls in the middle: a sweep
+    releases the run to its queue and this daemon's own queue takes it back and claims it (one
+    attempt more, the same owner id). The move then fails -- the start finds the queue's
+    workflow there, the spill's store call gives up -- and the line closes the run it could
+    not move: at its own attempt, which is refused; the run stays its execution's."""
+    first = await daemon.start("fake:gated")
+    # Two tasks: it starts as a workflow (``DurableEngine.start``).
+    request = RunRequest("hi", model="fake:echo", tasks=[TaskSpec("hi")] * 2)
+    run, rank = await daemon.runtime.admit(request, queue=daemon.queue)
+    second = run.run_id
+    await daemon.engine.submit(second, daemon.queue, priority=rank)
+    assert daemon.waiting() == [second]
+    keeper = daemon.runtime.leases
+    owner = keeper.owner.owner_id
+    execution = asyncio.create_task(gate.wait())  # what its execution's task holds it by
+    claims: list[int | None] = []
+    release = daemon.store.release_run
+
+    async def taken_back() -> None:
+        assert await release(second, owner=owner, queue=True)  # another process's sweep
+        claims.append(await daemon.store.claim_run(second, owner, keeper.ttl_s))
+        keeper.hold(second, execution)  # type: ignore[arg-type]
+
+    if move == "start":
+
+        async def start(run_id: str, *, unwritten: bool = False) -> asyncio.Future[Any]:
+            await taken_back()
+            raise RuntimeFailure(f"run {run_id!r} did not start in this process")
+
+        monkeypatch.setattr(daemon.engine, "start", start)
+    else:
+
+        async def release_run(run_id: str, **kw: Any) -> bool:
+            await taken_back()
+            raise StoreUnavailableError("database is locked")
+
+        monkeypatch.setattr(daemon.store, "release_run", release_run)
+    try:
+        if move == "start":
+            gate.set()  # the slot frees: the line claims and starts the run
+            await until(lambda: _ended(daemon, first))
+            await until(lambda: _no_start_under_way(daemon))
+        else:
+            await daemon.engine._spill()
+            monkeypatch.setattr(daemon.store, "release_run", release)
+        assert claims == [2 if move == "start" else 1]
+        run = await daemon.store.get_run(second)
+        assert (run.status, run.owner) == ("running", owner), "still its execution's"
+        assert "run.interrupted" not in await daemon.types(second)
+        assert second in keeper.held, "still renewed for its execution"
+    finally:
+        await _let_go(daemon, gate, second, execution)
     await until(lambda: _ended(daemon, first))
     await until(lambda: _idle(daemon))

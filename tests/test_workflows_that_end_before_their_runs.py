@@ -67,11 +67,15 @@ class Refusing:
     claims: set[str]
     ends: set[str]
 
-    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+    async def claim_run(
+        self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> int | None:
         if run_id in self.claims:
             self.claims.discard(run_id)
             raise StoreUnavailableError("database is locked")
-        return await super().claim_run(run_id, owner, ttl_s)  # type: ignore[misc, no-any-return]
+        return await super().claim_run(  # type: ignore[misc, no-any-return]
+            run_id, owner, ttl_s, attempt=attempt
+        )
 
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding

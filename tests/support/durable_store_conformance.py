@@ -189,6 +189,44 @@ class DurableStoreConformance:
         assert not await ds.release_run(waiting.run_id, owner="a.1.x", attempt=1, queue=True)
         assert await ds.release_run(waiting.run_id, owner="a.1.x", attempt=0, queue=True)
 
+    async def test_a_claim_from_the_lines_hold_takes_only_a_run_still_unclaimed(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0099: a daemon starts a run that waited in its line (held, attempt 0) by a claim
+        naming attempt 0. Once its own queue took the run back and claimed it (attempt 1, the
+        same owner), or a sweep released it (nobody's), or another process holds it, that claim
+        takes nothing and changes nothing; a claim naming no attempt is as before."""
+        ds = durable(store)
+
+        async def waiting() -> str:
+            run = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
+            assert (await ds.admit_run(run, RunSpecRecord(run.run_id, dict(SPEC)))).admitted
+            return run.run_id
+
+        line = await waiting()
+        assert await ds.claim_run(line, "b.2.y", 30, attempt=0) is None, "another's hold"
+        assert await ds.claim_run(line, "a.1.x", 30, attempt=1) is None, "not at attempt 1"
+        assert await ds.claim_run(line, "a.1.x", 30, attempt=0) == 1, "the line's own start"
+        run = await store.get_run(line)
+        assert (run.owner, run.status) == ("a.1.x", "running")
+
+        took_back = await waiting()
+        assert await ds.release_run(took_back, owner="a.1.x", queue=True)  # a sweep
+        assert await ds.claim_run(took_back, "a.1.x", 30, attempt=0) is None, "nobody's now"
+        assert await ds.claim_run(took_back, "a.1.x", 30) == 1  # its own queue took it back
+        held = await store.get_run(took_back)
+        assert await ds.claim_run(took_back, "a.1.x", 30, attempt=0) is None, "claimed since"
+        run = await store.get_run(took_back)
+        assert (run.owner, run.status, run.lease_expires_at) == (
+            "a.1.x",
+            "running",
+            held.lease_expires_at,
+        )
+        spec = await ds.get_run_spec(took_back)
+        assert spec is not None and spec.attempts == 1 and spec.queued_at is None
+        await store.append(took_back, [delta("b")], held_by=Holder("a.1.x", 1))  # still its
+        assert await ds.claim_run(took_back, "a.1.x", 30, attempt=1) == 2, "from attempt 1"
+
     async def test_a_suspended_run_is_queued_again_once(self, store: EventStore) -> None:
         ds = durable(store)
         run_id = await admitted(store, durable=True)

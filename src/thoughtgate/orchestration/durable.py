@@ -101,6 +101,8 @@ class DurableRuntime(Protocol):
 
     def forget_admitted(self, run_id: str) -> object: ...
 
+    def claimed_from_line(self, run_id: str, lease_until: float) -> None: ...
+
     async def execute_workflow(
         self,
         run_id: str,
@@ -778,42 +780,50 @@ class DurableEngine:
         except Exception as exc:
             log.warning("could not cancel the workflow of ended run %s: %s", run_id, exc)
 
-    async def _still_ours(self, run_id: str) -> bool:
-        """Whether this process still holds a run that waited here: at once while its lease
-        surely lasts (the keeper knows when it last set it), else by renewing it (one
-        statement; ``renew_leases`` extends only the open runs the owner holds). A run another
-        process took while it waited -- its lease expired while this process stalled -- is not
-        ours: its claim here would take it from the queue it was put back on, or find it
-        ended (ADR 0065)."""
-        keeper = self.runtime.leases
-        if keeper.surely_held(run_id):  # its lease has not expired since it was last set
-            return True
-        store = self.runtime.store
-        renewed = await store.renew_leases(keeper.owner.owner_id, keeper.ttl_s, [run_id])
-        return run_id in renewed
+    async def _claim_waited(self, run_id: str) -> int | None:
+        """Claim a run that waited here from this process's hold of it as the line's (attempt
+        0): the claim's attempt (1), or ``None`` when the run is not the line's to start --
+        another process took it while it waited (its lease expired while this process stalled,
+        and a sweep put it back on a queue or closed it, ADR 0065), or this process's own
+        queue then took it back and claimed it (attempt 1, this process's owner id): its
+        workflow executes here already, and a start from the line would be a second execution
+        of the run, or find its workflow written and fail (ADR 0099). Claimed, its execution
+        takes it as a run its admission claimed, without a claim of its own: this claim
+        replaces that one, and the renewal that asked before whether the run was still this
+        process's (by owner alone)."""
+        runtime = self.runtime
+        keeper = runtime.leases
+        until = keeper.lease_until()
+        store = runtime.store
+        assert isinstance(store, DurableRunStore)
+        attempt = await store.claim_run(run_id, keeper.owner.owner_id, keeper.ttl_s, attempt=0)
+        if attempt is not None:
+            runtime.claimed_from_line(run_id, until)
+        return attempt
 
     async def _begin_waited(self, run_id: str, slot: Slot, unwritten: bool) -> None:
+        keeper = self.runtime.leases
         try:
-            ours = await self._still_ours(run_id)
-        except Exception as exc:  # the store is unavailable: its claim decides, as it did
-            log.warning("could not tell whether run %s is still this daemon's: %s", run_id, exc)
-            ours = True
+            attempt = await self._claim_waited(run_id)
+        except Exception as exc:  # the store is unavailable: the lease sweep decides
+            log.warning("could not start run %s, left to the lease sweep: %s", run_id, exc)
+            attempt = None
         except BaseException:
             self._released(slot)
             raise
-        if not ours:
-            log.warning("run %s is no longer this daemon's; not starting it here", run_id)
-            self.runtime.leases.release(run_id)
+        if attempt is None:
+            log.warning("run %s is no longer this daemon's to start; not starting it here", run_id)
+            keeper.release_waiting(run_id)  # not an execution's hold (ADR 0094)
             self.runtime.forget_admitted(run_id)
             self._released(slot)
             return
         try:
-            # Its claim renews its lease, and its execution holds it from there.
-            self.runtime.leases.release(run_id)
+            # Its claim renewed its lease, and its execution holds it from there.
+            keeper.release_waiting(run_id)
             await self._begin(run_id, slot, unwritten)
         except Exception as exc:  # as a run that could not be started when it arrived
             log.warning("run %s could not start: %s", run_id, exc)
-            await self._close(run_id, "it could not be started", exc)
+            await self._close(run_id, "it could not be started", exc, attempt=attempt)
 
     def _spill_soon(self) -> None:
         self._spiller = None
@@ -859,7 +869,7 @@ class DurableEngine:
                 log.warning("run %s could not be put on the queue: %s", run_id, exc)
                 if starts is not None:
                     starts.began(run_id)  # it waits nowhere
-                await self._close(run_id, "it could not be put on the queue", exc)
+                await self._close(run_id, "it could not be put on the queue", exc, attempt=0)
 
     def _begin_unwritten(self, run_id: str, slot: Slot) -> asyncio.Task[None]:
         """A run of this daemon's queue without a workflow (:meth:`_unwritten_task`): its slot
@@ -895,6 +905,7 @@ class DurableEngine:
         # execution that stopped still holds it: this process may have stalled since, and the
         # run be another execution's, which the record would misreport (ADR 0094).
         store = self.runtime.store
+        stopped = held[0] if held else None
         try:
             await suspend(
                 store,
@@ -902,24 +913,44 @@ class DurableEngine:
                 UNWRITTEN,
                 queued=False,
                 previous=self.owner.owner_id,
-                held_by=held[0] if held else None,
+                held_by=stopped,
             )
             done = await self.start(run_id)
-            await done
         except RunTakenOverError:
             return  # logged: the run is another execution's, not to continue or close here
-        except Exception as exc:
-            log.warning("run %s could not continue as a workflow: %s", run_id, exc)
-            await self._close(run_id, "it could not continue as a workflow", exc)
+        except Exception as exc:  # still the stopped execution's, unless a claim came since
+            await self._not_continued(run_id, exc, None if stopped is None else stopped.attempt)
+            return
+        try:
+            await done
+        except RunTakenOverError:
+            return
+        except Exception as exc:  # its workflow's claim (not known here) holds it now
+            await self._not_continued(run_id, exc, None)
 
-    async def _close(self, run_id: str, what: str, failure: Exception) -> None:
+    async def _not_continued(self, run_id: str, failure: Exception, attempt: int | None) -> None:
+        log.warning("run %s could not continue as a workflow: %s", run_id, failure)
+        await self._close(run_id, "it could not continue as a workflow", failure, attempt=attempt)
+
+    async def _close(
+        self, run_id: str, what: str, failure: Exception, *, attempt: int | None
+    ) -> None:
         """End ``interrupted`` a run this daemon holds but cannot execute: ``what`` it could not
         do and ``failure``'s public text are its reason, ``failure``'s own words its
         developer-only ``error_detail`` (ADR 0073). It is held no more either way: should the
         close fail, its lease expires and a sweep (this daemon's too, ADR 0060) puts it back on
-        the queue. A run another execution took over meanwhile is left to it (ADR 0072)."""
+        the queue. A run another execution took over meanwhile is left to it (ADR 0072).
+
+        ``attempt``: this daemon's hold of the run, as the caller knows it (ADR 0099) -- 0 for a
+        run of its line it could not queue, 1 for one the line claimed and could not start, the
+        claim of an execution without a workflow whose workflow could not be started -- so
+        that a later claim of the same process (its own queue took the run back after it
+        stalled) is left to that execution. ``None``, only for a workflow of this process that
+        failed before its execution could end the run: its claim came after the execution it
+        continues and is not known here; one after it leaves that workflow refused
+        (``RunTakenOverError``), which ends it without coming here."""
         reason = f"{what}: {failure_text(failure)}"
-        mine = Holder(self.runtime.leases.owner.owner_id)
+        mine = Holder(self.runtime.leases.owner.owner_id, attempt)
         try:
             with self.runtime.leases.ending(run_id):
                 await close_run_interrupted(

@@ -37,10 +37,6 @@ __all__ = ["ADMITTED_FOR_LEASES", "LeaseKeeper"]
 
 log = logging.getLogger("thoughtgate.leases")
 
-_MARGIN_S = 1.0
-"""How much sooner than its length a lease is taken to have expired, for clock drift (as
-``orchestration.resume``'s check of a run its admission claimed)."""
-
 ADMITTED_FOR_LEASES = 4
 """How many lease lengths a run admitted here is renewed for at most before its execution holds
 it (a minute by default): its execution begins within milliseconds, or a few seconds on a busy
@@ -66,9 +62,6 @@ class LeaseKeeper:
         """Runs this process admitted as its own whose execution has not begun, and when
         (``time.monotonic()``, ADR 0065)."""
         self._lost: list[Callable[[str], None]] = []
-        self._valid_until: dict[str, float] = {}
-        """Until when (``time.monotonic()``) each held run's lease surely lasts: set by its
-        admission or the last renewal that found it, a second short (:meth:`surely_held`)."""
         self._renewer: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -101,8 +94,7 @@ class LeaseKeeper:
         -- it ended, or another process took it, before its execution began (a caller that
         never executed it) -- with nothing to cancel: nothing of it executes here; and so does
         the first one ``admitted_for_s`` after it (its execution never began)."""
-        self._admitted[run_id] = now = time.monotonic()
-        self._valid_until[run_id] = now + self.ttl_s - _MARGIN_S  # its admission's lease
+        self._admitted[run_id] = time.monotonic()
         self._renewing()
 
     def is_admitted(self, run_id: str) -> bool:
@@ -114,8 +106,6 @@ class LeaseKeeper:
         """An admitted run will not be executed here after all (its admission failed, it went
         to a queue, its execution gave up before it began): renewed no more, unless held."""
         self._admitted.pop(run_id, None)
-        if run_id not in self._held:
-            self._valid_until.pop(run_id, None)
         self._stop_when_idle()
 
     def release(self, run_id: str, task: asyncio.Task[object] | None = None) -> None:
@@ -129,7 +119,6 @@ class LeaseKeeper:
             return
         self._held.pop(run_id, None)
         self._admitted.pop(run_id, None)
-        self._valid_until.pop(run_id, None)
         self._stop_when_idle()
 
     def release_waiting(self, run_id: str) -> None:
@@ -138,12 +127,6 @@ class LeaseKeeper:
         it back and claimed it while it waited (ADR 0094)."""
         if self._held.get(run_id) is None:
             self.release(run_id)
-
-    def surely_held(self, run_id: str) -> bool:
-        """Whether this process holds ``run_id`` and its lease surely has not expired since it
-        was last set (by its admission or a renewal), so no sweep can have taken it: a check
-        without a store statement, for a run about to start (ADR 0065)."""
-        return run_id in self._held and self._valid_until.get(run_id, 0.0) > time.monotonic()
 
     def on_lost(self, forget: Callable[[str], None]) -> None:
         """Call ``forget(run_id)`` when a renewal finds a held run no longer ours (a daemon's
@@ -173,8 +156,6 @@ class LeaseKeeper:
             left = self._ending.pop(run_id) - 1
             if left:
                 self._ending[run_id] = left
-            elif run_id not in self._held:
-                self._valid_until.pop(run_id, None)
             self._stop_when_idle()
 
     def _renewing(self) -> None:
@@ -197,9 +178,6 @@ class LeaseKeeper:
             return
         began = time.monotonic()
         still = set(await self.store.renew_leases(self.owner.owner_id, self.ttl_s, renewing))
-        for run_id in still:
-            if run_id in self._held or run_id in self._admitted:
-                self._valid_until[run_id] = began + self.ttl_s - _MARGIN_S
         for run_id, since in admitted.items():
             gone = run_id not in still and since <= began - self.renew_every
             if (gone or since <= began - self.admitted_for_s) and (
@@ -211,7 +189,6 @@ class LeaseKeeper:
                 continue  # renewed, or released (or held anew) while the renewal was under way
             log.warning("run %s: %s; stopping its execution here", run_id, LOST_LEASE)
             self._held.pop(run_id, None)
-            self._valid_until.pop(run_id, None)
             if task is not None and not task.done():
                 task.cancel(LOST_LEASE)
             for forget in self._lost:

@@ -760,6 +760,16 @@ class Runtime:
                 return RunSpec.from_json(record.spec)
         return RunSpec(tuple(TaskSpec(t.prompt, model=t.model) for t in run.tasks))
 
+    def claimed_from_line(self, run_id: str, lease_until: float) -> None:
+        """A run admitted to wait in this daemon's line was just claimed by its start from
+        there (attempt 1, ``DurableEngine``, ADR 0099), its lease set to no earlier than
+        ``lease_until``: its first execution takes it as a run its admission claimed, without
+        claiming it again."""
+        admitted = self._admitted.get(run_id)
+        if admitted is not None:
+            self._claimed.add(run_id)
+            admitted[0].lease_expires_at = lease_until
+
     def forget_admitted(self, run_id: str) -> tuple[RunRecord, RunSpec] | None:
         """The run and its spec as this process admitted them, once: for its first execution
         here (``orchestration.resume.begin_execution``), or dropped when it goes elsewhere. Its

@@ -12,7 +12,8 @@ state                      owner       queued_at      who moves it on
 =========================  ==========  =============  ===========================================
 queued (new or requeued)   none        set            a replica's engine dequeues it: claim_run;
                                                       lost (ADR 0062/0063/0065): requeue_run
-waiting in its daemon      a process   none           the daemon starts it (claim_run) or queues
+waiting in its daemon      a process   none           the daemon starts it (claim_run from
+                                                      attempt 0, ADR 0099) or queues
                                                       it (release_run); dies: release_run
 executing                  a process   none           it ends, or its process dies: release_run
 suspended (manual resume)  none        none           ``thoughtgate resume`` / the web page
@@ -191,11 +192,19 @@ class DurableRunStore(abc.ABC):
         (ADR 0064) -- so its cost is one query, not one per run."""
 
     @abc.abstractmethod
-    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+    async def claim_run(
+        self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> int | None:
         """Take an open run that nobody holds (or ``owner`` already holds) for ``owner``: set the
         owner and a lease of ``ttl_s``, mark it ``running``, clear ``queued_at`` and count the
         attempt. Returns the attempt number (1 for the first execution), or ``None`` when the run
-        has ended or another process holds it."""
+        has ended or another process holds it.
+
+        ``attempt``: take the run only from ``owner``'s own hold at that attempt (the claims
+        counted so far), else ``None``. A daemon starting a run that waited in its line names 0:
+        an owner id names a process, whose own queue may have taken the run back and claimed it
+        meanwhile (attempt 1 or more), or a sweep released it (nobody's); either way it is not
+        the line's to start (ADR 0099)."""
 
     @abc.abstractmethod
     async def release_run(

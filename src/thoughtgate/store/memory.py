@@ -305,11 +305,15 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def get_run_specs(self, run_ids: Collection[str]) -> dict[str, durable.RunSpecRecord]:
         return {r: copy.deepcopy(self._specs[r]) for r in run_ids if r in self._specs}
 
-    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+    async def claim_run(
+        self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> int | None:
         async with self._lock:
             run = self._run(run_id)
             spec = self._specs.get(run_id)
             if not self._is_open(run_id) or run.owner not in (None, owner) or spec is None:
+                return None
+            if attempt is not None and (run.owner != owner or spec.attempts != attempt):
                 return None
             run.owner = owner
             run.lease_expires_at = time.time() + ttl_s

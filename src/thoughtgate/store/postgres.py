@@ -924,8 +924,20 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             rows = await cur.fetchall()
         return {spec.run_id: spec for spec in map(codec.spec_from_row, rows)}
 
-    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+    async def claim_run(
+        self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> int | None:
         async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():
+            if attempt is not None:
+                # From the owner's hold at ``attempt`` only (ADR 0099), read as ``release_run``
+                # reads it: on both rows locked, so a claim in flight is seen as it commits.
+                cur = await conn.execute(
+                    "SELECT 1 FROM runs r JOIN run_specs s USING (run_id) WHERE r.run_id = %s "
+                    "AND r.owner = %s AND s.attempts = %s FOR UPDATE OF r, s",
+                    (run_id, owner, attempt),
+                )
+                if await cur.fetchone() is None:
+                    return None
             cur = await conn.execute(
                 f"UPDATE runs SET owner = %s, lease_expires_at = {_NOW} + %s, status = 'running', "
                 f"updated_at = {_NOW} WHERE run_id = %s AND {_OPEN} "

@@ -513,6 +513,7 @@ class _Claim:
     run_id: str
     owner: str
     ttl_s: float
+    attempt: int | None = None
     columns: codec.EncodedEvents = _NO_EVENTS
     update: IndexUpdate | None = None
 
@@ -726,7 +727,7 @@ def _claim_runs(conn: sqlite3.Connection, span: list[_Merged], now: float, out: 
     claims = [(k, item) for k, item in enumerate(span) if isinstance(item, _Claim)]
     if not claims:
         return
-    rows = [(item.run_id, item.owner, now + item.ttl_s, now) for _, item in claims]
+    rows = [(item.run_id, item.owner, now + item.ttl_s, now, item.attempt) for _, item in claims]
     taken = [str(r[0]) for r in _chunked(conn, _CLAIM_HEAD, _CLAIM_TAIL, rows)]
     if not taken:
         return
@@ -976,8 +977,12 @@ _CLAIM_HEAD = (
 _CLAIM_TAIL = (
     f") AS v WHERE runs.run_id = v.column1 AND {_OPEN} AND "
     "(runs.owner IS NULL OR runs.owner = v.column2) "
-    "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) RETURNING runs.run_id"
+    "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id "
+    "AND (v.column5 IS NULL OR (s.attempts = v.column5 AND runs.owner = v.column2))) "
+    "RETURNING runs.run_id"
 )
+"""A claim naming the ``attempt`` it takes the run from (``column5``) takes it only from its
+owner's hold at that attempt (ADR 0099)."""
 _COUNT_ATTEMPTS = (
     "UPDATE run_specs SET attempts = attempts + 1, queued_at = NULL "
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING run_id, attempts"
@@ -1638,15 +1643,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call(f"read the specs of {len(run_ids)} runs", work)
 
-    async def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int | None:
+    async def claim_run(
+        self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> int | None:
         def body(conn: sqlite3.Connection) -> int | None:
             now = time.time()
             claimed = conn.execute(
                 f"UPDATE runs SET owner = ?, lease_expires_at = ?, status = 'running', "
                 f"updated_at = ? WHERE run_id = ? AND {_OPEN} AND (owner IS NULL OR owner = ?) "
-                "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id) "
+                "AND EXISTS (SELECT 1 FROM run_specs s WHERE s.run_id = runs.run_id "
+                "AND (? IS NULL OR (s.attempts = ? AND runs.owner = ?))) "
                 "RETURNING run_id",
-                (owner, now + ttl_s, now, run_id, owner),
+                (owner, now + ttl_s, now, run_id, owner, attempt, attempt, owner),
             ).fetchall()
             if not claimed:
                 return None
@@ -1660,7 +1668,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             ).fetchone()
             return int(row[0])
 
-        item = _Claim(run_id, owner, ttl_s)
+        item = _Claim(run_id, owner, ttl_s, attempt)
         attempt = await self._writer.write(
             f"claim run {run_id!r}", body, merge=(_merged_writes, item)
         )

@@ -1,0 +1,283 @@
+"""How an exception is written to a log: decided in one place for every thoughtgate process.
+
+An exception's own words are its author's, and may hold anything: a PostgreSQL error's DETAIL
+quotes the failing row (an event's payload, reasoning included), a unique violation its key, a
+provider's error its response body, a pydantic error each input value, orjson a fragment of its
+input. A log's reader is an operator, not necessarily a developer (ADRs 0098, 0104), so
+:func:`install` makes every log record safe where it is created (``logging``'s record factory),
+whichever logger, handler or formatter it then meets (thoughtgate's, uvicorn's, asyncio's):
+
+- an exception among a record's arguments (``log.warning("... %s", exc)``) or as its message
+  is written as :func:`exception_summary`: thoughtgate's own words (ADR 0069) or the
+  exception's class and a code its library gives (SQLSTATE, SQLite error name, errno, HTTP
+  status, a validation's error count);
+- a record's traceback (``log.exception``, ``exc_info=``) keeps every frame (code, not data)
+  but each exception's message line is its summary, and its notes are left out;
+- those exceptions' words, wherever else the message quotes them (asyncio's "Task exception
+  was never retrieved" prints the task's ``repr``, which holds the exception's), are replaced
+  by the summary too.
+
+``install(full=True)`` (``thoughtgate serve --log-level debug``: for developers) leaves records
+as they are. A call site that puts an exception's text into its message itself (``str(exc)``,
+an f-string) is not caught here unless the record also carries the exception: pass the
+exception, never its text.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from thoughtgate.errors import ProviderError, ReplayedFailure, ThoughtgateError, failure_kind
+
+__all__ = [
+    "SafeRecords",
+    "exception_summary",
+    "install",
+    "safe_traceback",
+    "uninstall",
+]
+
+_CODE: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+_SHORTEST_WORDS: Final = 6
+"""Shorter lines of an exception's text are not looked for in a message: they would replace
+thoughtgate's own words (a ``KeyError('id')`` is not worth turning every ``id`` into its class)."""
+
+WITHHELD: Final = "its text is logged at debug level only"
+
+
+def _code(exc: BaseException) -> str | None:
+    """An identifier the exception's library gives it, which quotes nothing of the data."""
+    sqlstate = getattr(exc, "sqlstate", None)  # psycopg
+    if isinstance(sqlstate, str) and _CODE.fullmatch(sqlstate):
+        return f"SQLSTATE {sqlstate}"
+    name = getattr(exc, "sqlite_errorname", None)  # sqlite3
+    if isinstance(name, str) and _CODE.fullmatch(name):
+        return name
+    if isinstance(exc, OSError) and isinstance(exc.errno, int):
+        return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
+    response = getattr(exc, "response", None)  # httpx.HTTPStatusError
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return f"HTTP {status}"
+    count = getattr(exc, "error_count", None)  # pydantic's ValidationError
+    if callable(count):
+        try:
+            n = count()
+        except Exception:
+            return None
+        if isinstance(n, int):
+            return f"{n} validation error{'s' if n != 1 else ''}"
+    return None
+
+
+def _own_words(exc: BaseException) -> bool:
+    """thoughtgate wrote the exception's text for every reader (ADR 0069)."""
+    return isinstance(exc, ThoughtgateError) and not isinstance(
+        exc, ProviderError | ReplayedFailure
+    )
+
+
+def exception_summary(exc: BaseException) -> str:
+    """What a log says of ``exc``: a run's public ``error`` for it (``failure_text``), with a
+    foreign exception's code, and any words of the exceptions it was raised from (a
+    ``StoreError`` quotes its driver's first line) replaced by their summaries."""
+    if isinstance(exc, ProviderError):
+        return exc.described()
+    if _own_words(exc):
+        return _scrub(str(exc), _words(_chain(exc, own=False)))
+    code = _code(exc)
+    kind = failure_kind(exc)
+    return f"{kind} ({code})" if code else kind
+
+
+def _chain(exc: BaseException, *, own: bool = True) -> list[BaseException]:
+    """``exc`` (unless ``own`` is false), the exceptions it was raised from or during, and a
+    group's members."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if own or e is not exc:
+            found.append(e)
+        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+    return found
+
+
+def _words(exceptions: Iterable[BaseException]) -> list[tuple[str, str]]:
+    """Each exception's texts a message might quote (its ``str``, ``repr`` and lines, a
+    provider's body), longest first, with what to write instead."""
+    pairs: dict[str, str] = {}
+    for exc in exceptions:
+        if _own_words(exc):
+            continue
+        try:
+            texts = [str(exc), repr(exc)]
+        except Exception:  # a broken __str__: nothing of it can be in the message either
+            continue
+        if isinstance(exc, ProviderError) and exc.detail:
+            texts.append(exc.detail)
+        if isinstance(exc, ReplayedFailure) and exc.said:
+            texts.append(exc.said)
+        lines = [line.strip() for text in texts for line in text.splitlines()]
+        summary = _summary_or_kind(exc)
+        for text in (*texts, *lines):
+            if len(text) >= _SHORTEST_WORDS and text != summary:
+                pairs.setdefault(text, summary)
+    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+
+def _summary_or_kind(exc: BaseException) -> str:
+    try:
+        return exception_summary(exc)
+    except Exception:  # the summary must never be what fails a log call
+        return type(exc).__name__
+
+
+def _scrub(text: str, words: list[tuple[str, str]]) -> str:
+    for said, summary in words:
+        if said in text:
+            text = text.replace(said, summary)
+    return text
+
+
+def _qualified(exc: BaseException) -> str:
+    cls = type(exc)
+    if isinstance(exc, ReplayedFailure):
+        return exc.kind
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _exception_line(exc: BaseException) -> str:
+    summary = _summary_or_kind(exc)
+    if _own_words(exc) or isinstance(exc, ProviderError):
+        return f"{_qualified(exc)}: {summary}"
+    code = _code(exc)
+    return f"{_qualified(exc)}: {code + ', ' if code else ''}{WITHHELD}"
+
+
+_CAUSE: Final = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT: Final = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it, chained exceptions and a group's members
+    included, each exception's line its summary and no notes (a note may quote anything)."""
+    out: list[str] = []
+    _format(exc, out, set(), "")
+    return "".join(out).rstrip("\n")
+
+
+def _format(exc: BaseException, out: list[str], seen: set[int], indent: str) -> None:
+    seen.add(id(exc))
+    cause, context = exc.__cause__, exc.__context__
+    if cause is not None and id(cause) not in seen:
+        _format(cause, out, seen, indent)
+        out.append(_indented(_CAUSE, indent))
+    elif context is not None and not exc.__suppress_context__ and id(context) not in seen:
+        _format(context, out, seen, indent)
+        out.append(_indented(_CONTEXT, indent))
+    if exc.__traceback__ is not None:
+        out.append(f"{indent}Traceback (most recent call last):\n")
+        frames = traceback.extract_tb(exc.__traceback__).format()
+        out.extend(_indented(frame, indent) for frame in frames)
+    out.append(f"{indent}{_exception_line(exc)}\n")
+    if isinstance(exc, BaseExceptionGroup):
+        for n, member in enumerate(exc.exceptions, 1):
+            out.append(f"{indent}+---------------- {n} ----------------\n")
+            if id(member) not in seen:
+                _format(member, out, seen, indent + "    ")
+
+
+def _indented(text: str, indent: str) -> str:
+    if not indent:
+        return text
+    return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+def make_safe(record: logging.LogRecord) -> None:
+    """``record`` as any log may show it (the module's docstring says how)."""
+    found: list[BaseException] = []
+    msg, args = record.msg, record.args
+    if isinstance(msg, BaseException):
+        found.append(msg)
+        record.msg = _summary_or_kind(msg)
+    if isinstance(args, tuple):
+        if any(isinstance(a, BaseException) for a in args):
+            found.extend(a for a in args if isinstance(a, BaseException))
+            record.args = tuple(
+                _summary_or_kind(a) if isinstance(a, BaseException) else a for a in args
+            )
+    elif isinstance(args, Mapping) and any(isinstance(v, BaseException) for v in args.values()):
+        found.extend(v for v in args.values() if isinstance(v, BaseException))
+        record.args = {
+            k: _summary_or_kind(v) if isinstance(v, BaseException) else v for k, v in args.items()
+        }
+    exc_info = record.exc_info
+    if exc_info and exc_info[1] is not None:
+        found.append(exc_info[1])
+        try:
+            record.exc_text = safe_traceback(exc_info[1])
+        except Exception:  # fail closed: the class, and no frames
+            record.exc_text = f"{type(exc_info[1]).__name__}: {WITHHELD}"
+    if not found:
+        return
+    words = _words(e for exc in found for e in _chain(exc))
+    if not words:
+        return
+    try:
+        message = record.getMessage()
+    except Exception:  # logging reports a bad format string where the record is emitted
+        return
+    scrubbed = _scrub(message, words)
+    if scrubbed != message:
+        record.msg, record.args = scrubbed, None
+
+
+RecordFactory = Callable[..., logging.LogRecord]
+
+
+class SafeRecords:
+    """The record factory :func:`install` sets: the one it replaced, then :func:`make_safe`
+    unless ``full``."""
+
+    def __init__(self, inner: RecordFactory, *, full: bool) -> None:
+        self.inner = inner
+        self.full = full
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.inner(*args, **kwargs)
+        if not self.full:
+            make_safe(record)
+        return record
+
+
+def install(*, full: bool = False) -> SafeRecords:
+    """Every record created from now on in this process is made safe (unless ``full``: the
+    exceptions' words as raised, for a developer at ``--log-level debug``). Installing again
+    only changes ``full``."""
+    current = logging.getLogRecordFactory()
+    if isinstance(current, SafeRecords):
+        current.full = full
+        return current
+    safe = SafeRecords(current, full=full)
+    logging.setLogRecordFactory(safe)
+    return safe
+
+
+def uninstall() -> None:
+    """The record factory as it was before :func:`install` (tests)."""
+    current = logging.getLogRecordFactory()
+    if isinstance(current, SafeRecords):
+        logging.setLogRecordFactory(current.inner)

@@ -13,9 +13,12 @@ import asyncio
 import gc
 import io
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -23,7 +26,7 @@ import psycopg
 import pydantic
 import pytest
 from psycopg import sql
-from support.daemon import ServeProcess, auth
+from support.daemon import REPO, ServeProcess, auth, cli_env
 from support.pg import PG_URL
 
 from thoughtgate import log_records
@@ -253,6 +256,149 @@ def test_a_daemons_store_failure_quoting_a_row_logs_no_reasoning(level: str) -> 
                 logs
             )  # the failure is logged ...
             assert LEAK not in logs, logs  # ... without the row it quoted
+    finally:
+        server.stop()
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            )
+
+
+@pytest.fixture
+def refusing_schema() -> Iterator[str]:
+    """A store on PostgreSQL (its schema made by ``thoughtgate runs``) whose reasoning's event
+    append fails with an error quoting the event's payload (as in the daemon's test above)."""
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    url = f"{PG_URL}?schema={schema}"
+    subprocess.run(
+        [sys.executable, "-m", "thoughtgate", "runs", "--db", url],
+        env=cli_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    try:
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL(
+                    "ALTER TABLE {}.events ADD CONSTRAINT reasoning_is_a_number CHECK "
+                    "(payload::text NOT LIKE '%%REASONING-%%' OR payload::text::int > 0) NOT VALID"
+                ).format(sql.Identifier(schema))
+            )
+        yield url
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            )
+
+
+@pytest.mark.external
+def test_the_clis_logs_of_a_store_failure_show_no_reasoning(refusing_schema: str) -> None:
+    """``thoughtgate run`` logs the failure (Python's last-resort handler, WARNING and up) by
+    its code, not with the payload its driver quoted."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thoughtgate",
+            "run",
+            f"canary {LEAK}",
+            "--model",
+            "fake:canary",
+            "--cot",
+            "surface",
+            "--tools",
+            "support.served:SERVER_TOOLS",
+            "--db",
+            refusing_schema,
+        ],
+        env=cli_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert f"REASONING-{LEAK}" not in done.stderr + done.stdout
+    assert "InvalidTextRepresentation (SQLSTATE 22P02)" in done.stderr, done.stderr
+
+
+@pytest.mark.external
+async def test_the_mcp_servers_logs_of_a_store_failure_show_no_reasoning(
+    refusing_schema: str, tmp_path: Path
+) -> None:
+    """``thoughtgate mcp`` logs on stderr, which its host shows its user: the failure by its
+    code, not with the payload its driver quoted."""
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    env = {k: v for k, v in cli_env().items() if k in ("PYTHONPATH", "HOME", "PATH", "TMPDIR")}
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "thoughtgate", "mcp", "--db", refusing_schema, "--role", "developer"),
+            *("--tools", "support.served:SERVER_TOOLS"),
+        ],
+        env=env,
+        cwd=str(REPO),
+    )
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            args = {"prompt": f"canary {LEAK}", "model": "fake:canary", "chain_of_thought": "surface"}
+            result = await session.call_tool("orchestration_run", args)
+            assert result.is_error
+    logged = errors.read_text()
+    assert f"REASONING-{LEAK}" not in logged
+    assert "InvalidTextRepresentation (SQLSTATE 22P02)" in logged, logged
+
+
+@pytest.mark.external
+def test_a_runs_public_error_does_not_quote_its_drivers_words() -> None:
+    """A ``StoreError`` quotes its driver's first line, which may hold a value (here the
+    reasoning's payload a cast refused): a run's public ``error`` names the driver's error by
+    its code; the words are in the developer-only ``error_detail``. Nor does the daemon's log
+    quote them."""
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    server = ServeProcess(
+        *("--db", f"{PG_URL}?schema={schema}", "--tools", "support.served:SERVER_TOOLS"),
+    )
+    server.start(expect_key=True)
+    try:
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL(
+                    "ALTER TABLE {}.events ADD CONSTRAINT reasoning_is_a_number CHECK "
+                    "(type <> 'reasoning.delta' OR payload::text::int > 0) NOT VALID"
+                ).format(sql.Identifier(schema))
+            )
+        key = server.bootstrap_key
+        assert key
+        with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=30) as owner:
+            made = owner.post("/v1/keys", json={"name": "member", "role": "member"}).json()
+            body = {"prompt": f"canary {LEAK}", "model": "fake:canary", "chain_of_thought": "surface"}
+            run_id = owner.post("/v1/runs", json=body).json()["run_id"]
+            deadline = time.monotonic() + 60
+            while owner.get(f"/v1/runs/{run_id}").json()["status"] in ("queued", "running"):
+                assert time.monotonic() < deadline, "the run did not end"
+                time.sleep(0.2)
+            seen_by_owner = owner.get(f"/v1/runs/{run_id}").json()
+        with httpx.Client(
+            base_url=server.base_url, headers=auth(made["key"]), timeout=30
+        ) as member:
+            seen = member.get(f"/v1/runs/{run_id}").json()
+            events = member.get(f"/v1/runs/{run_id}/events").text
+        assert seen["status"] == "failed"
+        assert "InvalidTextRepresentation (SQLSTATE 22P02)" in seen["error"], seen
+        assert f"REASONING-{LEAK}" not in str(seen) + events
+        assert f"REASONING-{LEAK}" in str(seen_by_owner.get("error_detail")), seen_by_owner  # the developer's
+        logs = server.stdout_text() + "".join(server.stderr_lines)
+        assert f"REASONING-{LEAK}" not in logs
     finally:
         server.stop()
         with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:

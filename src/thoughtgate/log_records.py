@@ -25,130 +25,43 @@ exception, never its text.
 
 from __future__ import annotations
 
-import errno
 import logging
-import re
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from thoughtgate.errors import ProviderError, ReplayedFailure, ThoughtgateError, failure_kind
+from thoughtgate.errors import (
+    ProviderError,
+    ReplayedFailure,
+    chained,
+    failure_code,
+    failure_summary,
+    own_words,
+    quoted_words,
+    unquoted,
+)
 
 __all__ = [
+    "WITHHELD",
     "SafeRecords",
     "exception_summary",
     "install",
+    "make_safe",
     "safe_traceback",
     "uninstall",
 ]
 
-_CODE: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
-_SHORTEST_WORDS: Final = 6
-"""Shorter lines of an exception's text are not looked for in a message: they would replace
-thoughtgate's own words (a ``KeyError('id')`` is not worth turning every ``id`` into its class)."""
-
 WITHHELD: Final = "its text is logged at debug level only"
 
 
-def _code(exc: BaseException) -> str | None:
-    """An identifier the exception's library gives it, which quotes nothing of the data."""
-    sqlstate = getattr(exc, "sqlstate", None)  # psycopg
-    if isinstance(sqlstate, str) and _CODE.fullmatch(sqlstate):
-        return f"SQLSTATE {sqlstate}"
-    name = getattr(exc, "sqlite_errorname", None)  # sqlite3
-    if isinstance(name, str) and _CODE.fullmatch(name):
-        return name
-    if isinstance(exc, OSError) and isinstance(exc.errno, int):
-        return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
-    response = getattr(exc, "response", None)  # httpx.HTTPStatusError
-    status = getattr(response, "status_code", None)
-    if isinstance(status, int):
-        return f"HTTP {status}"
-    count = getattr(exc, "error_count", None)  # pydantic's ValidationError
-    if callable(count):
-        try:
-            n = count()
-        except Exception:
-            return None
-        if isinstance(n, int):
-            return f"{n} validation error{'s' if n != 1 else ''}"
-    return None
-
-
-def _own_words(exc: BaseException) -> bool:
-    """thoughtgate wrote the exception's text for every reader (ADR 0069)."""
-    return isinstance(exc, ThoughtgateError) and not isinstance(
-        exc, ProviderError | ReplayedFailure
-    )
-
-
 def exception_summary(exc: BaseException) -> str:
-    """What a log says of ``exc``: a run's public ``error`` for it (``failure_text``), with a
-    foreign exception's code, and any words of the exceptions it was raised from (a
-    ``StoreError`` quotes its driver's first line) replaced by their summaries."""
-    if isinstance(exc, ProviderError):
-        return exc.described()
-    if _own_words(exc):
-        return _scrub(str(exc), _words(_chain(exc, own=False)))
-    code = _code(exc)
-    kind = failure_kind(exc)
-    return f"{kind} ({code})" if code else kind
-
-
-def _chain(exc: BaseException, *, own: bool = True) -> list[BaseException]:
-    """``exc`` (unless ``own`` is false), the exceptions it was raised from or during, and a
-    group's members."""
-    found: list[BaseException] = []
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        e = pending.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if own or e is not exc:
-            found.append(e)
-        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-        if isinstance(e, BaseExceptionGroup):
-            pending.extend(e.exceptions)
-    return found
-
-
-def _words(exceptions: Iterable[BaseException]) -> list[tuple[str, str]]:
-    """Each exception's texts a message might quote (its ``str``, ``repr`` and lines, a
-    provider's body), longest first, with what to write instead."""
-    pairs: dict[str, str] = {}
-    for exc in exceptions:
-        if _own_words(exc):
-            continue
-        try:
-            texts = [str(exc), repr(exc)]
-        except Exception:  # a broken __str__: nothing of it can be in the message either
-            continue
-        if isinstance(exc, ProviderError) and exc.detail:
-            texts.append(exc.detail)
-        if isinstance(exc, ReplayedFailure) and exc.said:
-            texts.append(exc.said)
-        lines = [line.strip() for text in texts for line in text.splitlines()]
-        summary = _summary_or_kind(exc)
-        for text in (*texts, *lines):
-            if len(text) >= _SHORTEST_WORDS and text != summary:
-                pairs.setdefault(text, summary)
-    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
-
-
-def _summary_or_kind(exc: BaseException) -> str:
+    """What a log says of ``exc`` (:func:`~thoughtgate.errors.failure_summary`): a run's public
+    ``error`` for it, with a foreign exception's code; never raises (a broken ``__str__`` must
+    not fail the log call)."""
     try:
-        return exception_summary(exc)
-    except Exception:  # the summary must never be what fails a log call
+        return failure_summary(exc)
+    except Exception:
         return type(exc).__name__
-
-
-def _scrub(text: str, words: list[tuple[str, str]]) -> str:
-    for said, summary in words:
-        if said in text:
-            text = text.replace(said, summary)
-    return text
 
 
 def _qualified(exc: BaseException) -> str:
@@ -160,10 +73,9 @@ def _qualified(exc: BaseException) -> str:
 
 
 def _exception_line(exc: BaseException) -> str:
-    summary = _summary_or_kind(exc)
-    if _own_words(exc) or isinstance(exc, ProviderError):
-        return f"{_qualified(exc)}: {summary}"
-    code = _code(exc)
+    if own_words(exc) or isinstance(exc, ProviderError):
+        return f"{_qualified(exc)}: {exception_summary(exc)}"
+    code = failure_code(exc)
     return f"{_qualified(exc)}: {code + ', ' if code else ''}{WITHHELD}"
 
 
@@ -212,17 +124,17 @@ def make_safe(record: logging.LogRecord) -> None:
     msg, args = record.msg, record.args
     if isinstance(msg, BaseException):
         found.append(msg)
-        record.msg = _summary_or_kind(msg)
+        record.msg = exception_summary(msg)
     if isinstance(args, tuple):
         if any(isinstance(a, BaseException) for a in args):
             found.extend(a for a in args if isinstance(a, BaseException))
             record.args = tuple(
-                _summary_or_kind(a) if isinstance(a, BaseException) else a for a in args
+                exception_summary(a) if isinstance(a, BaseException) else a for a in args
             )
     elif isinstance(args, Mapping) and any(isinstance(v, BaseException) for v in args.values()):
         found.extend(v for v in args.values() if isinstance(v, BaseException))
         record.args = {
-            k: _summary_or_kind(v) if isinstance(v, BaseException) else v for k, v in args.items()
+            k: exception_summary(v) if isinstance(v, BaseException) else v for k, v in args.items()
         }
     exc_info = record.exc_info
     if exc_info and exc_info[1] is not None:
@@ -233,14 +145,14 @@ def make_safe(record: logging.LogRecord) -> None:
             record.exc_text = f"{type(exc_info[1]).__name__}: {WITHHELD}"
     if not found:
         return
-    words = _words(e for exc in found for e in _chain(exc))
+    words = quoted_words(e for exc in found for e in chained(exc))
     if not words:
         return
     try:
         message = record.getMessage()
     except Exception:  # logging reports a bad format string where the record is emitted
         return
-    scrubbed = _scrub(message, words)
+    scrubbed = unquoted(message, words)
     if scrubbed != message:
         record.msg, record.args = scrubbed, None
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     from thoughtgate.types import Turn
@@ -86,6 +86,7 @@ __all__ = [
     "identifier",
     "own_words",
     "quoted_words",
+    "quoting",
 ]
 
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")
@@ -99,7 +100,13 @@ def identifier(value: str | None) -> str | None:
 
 
 class ThoughtgateError(Exception):
-    """Base of every error thoughtgate raises on purpose."""
+    """Base of every error thoughtgate raises on purpose.
+
+    ``public`` is set where the message quotes another exception's words (a driver's:
+    :func:`quoting`): the message with that exception's class and code there instead, which is
+    what every reader and every log is shown (ADR 0104)."""
+
+    public: str | None = None
 
 
 class UsageError(ThoughtgateError):
@@ -508,6 +515,23 @@ def unquoted(text: str, words: Sequence[tuple[str, str]]) -> str:
     return text
 
 
+_E = TypeVar("_E", bound=ThoughtgateError)
+
+SAID: Final = "{said}"
+"""Where :func:`quoting` puts the quoted exception's words in a message."""
+
+
+def quoting(cls: type[_E], text: str, exc: BaseException, said: str | None = None) -> _E:
+    """``cls(text)`` with ``exc``'s words (``said``, else its ``str``) at :data:`SAID`, and
+    as its ``public`` text ``exc``'s :func:`failure_summary` there: declared where the words
+    are put in, so that no reader is shown them (a driver may quote a value: PostgreSQL's
+    ``invalid input syntax for type integer: "..."``)."""
+    words = str(exc) if said is None else said
+    error = cls(text.replace(SAID, words))
+    error.public = text.replace(SAID, failure_summary(exc))
+    return error
+
+
 def failure_text(exc: BaseException) -> str:
     """What a run's or a task's ``error`` says of an exception, which every reader sees: only
     words thoughtgate wrote (ADRs 0069, 0071).
@@ -529,8 +553,11 @@ def failure_text(exc: BaseException) -> str:
 
 
 def _own_text(exc: ThoughtgateError) -> tuple[str, bool]:
-    """``exc``'s text without its chain's words, and whether it quoted any."""
+    """``exc``'s text without the words it quoted (its ``public`` text, else its text with its
+    chain's words replaced: fail closed), and whether it quoted any."""
     said = str(exc)
+    if exc.public is not None:
+        return exc.public, exc.public != said
     causes = chained(exc)[1:]
     if not causes:
         return said, False

@@ -180,6 +180,22 @@ def test_at_debug_the_words_are_logged_as_raised(
     assert f"REASONING-{LEAK}" in written.getvalue()
 
 
+@pytest.mark.external
+def test_a_library_quoting_the_exception_it_handles_in_an_f_string_is_caught(
+    failures: list[BaseException], written: io.StringIO
+) -> None:
+    """DBOS (the durable engine) logs ``f"Error executing workflow {id}: {e}"`` inside its
+    ``except`` blocks: the record carries no exception, but one is being handled."""
+    for exc in failures:
+        try:
+            raise exc
+        except Exception as e:
+            logging.getLogger("dbos").warning(f"Error executing workflow w1: {e}")
+    text = written.getvalue()
+    assert LEAK not in text
+    assert "Error executing workflow w1: CheckViolation (SQLSTATE 23514)" in text
+
+
 @pytest.mark.unit
 def test_asyncio_never_retrieved_task_is_logged_without_its_words(written: io.StringIO) -> None:
     """asyncio's own line prints the task's ``repr``, which quotes the exception's."""

@@ -13,19 +13,21 @@ whichever logger, handler or formatter it then meets (thoughtgate's, uvicorn's, 
   status, a validation's error count);
 - a record's traceback (``log.exception``, ``exc_info=``) keeps every frame (code, not data)
   but each exception's message line is its summary, and its notes are left out;
-- those exceptions' words, wherever else the message quotes them (asyncio's "Task exception
-  was never retrieved" prints the task's ``repr``, which holds the exception's), are replaced
-  by the summary too.
+- the words of those exceptions, and of the exception being handled where the record is made
+  (``except Exception as e: log.warning(f"...: {e}")``, as DBOS and other libraries write),
+  wherever the message quotes them (asyncio's "Task exception was never retrieved" prints the
+  task's ``repr``, which holds the exception's), are replaced by the summary too.
 
 ``install(full=True)`` (``thoughtgate serve --log-level debug``: for developers) leaves records
-as they are. A call site that puts an exception's text into its message itself (``str(exc)``,
-an f-string) is not caught here unless the record also carries the exception: pass the
-exception, never its text.
+as they are. A message that quotes an exception's text outside the except block that caught it,
+with the exception nowhere on the record, is not caught here: pass the exception, never its
+text.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -143,6 +145,9 @@ def make_safe(record: logging.LogRecord) -> None:
             record.exc_text = safe_traceback(exc_info[1])
         except Exception:  # fail closed: the class, and no frames
             record.exc_text = f"{type(exc_info[1]).__name__}: {WITHHELD}"
+    handling = sys.exc_info()[1]  # logged in an except block: f"...: {exc}" quotes it
+    if handling is not None:
+        found.append(handling)
     if not found:
         return
     words = quoted_words(e for exc in found for e in chained(exc))

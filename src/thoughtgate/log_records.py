@@ -128,11 +128,13 @@ def make_safe(record: logging.LogRecord) -> None:
         found.append(msg)
         record.msg = exception_summary(msg)
     if isinstance(args, tuple):
-        if any(isinstance(a, BaseException) for a in args):
-            found.extend(a for a in args if isinstance(a, BaseException))
-            record.args = tuple(
-                exception_summary(a) if isinstance(a, BaseException) else a for a in args
-            )
+        for a in args:  # a loop, not any(): this runs for every record (an access-log line)
+            if isinstance(a, BaseException):
+                found.extend(a for a in args if isinstance(a, BaseException))
+                record.args = tuple(
+                    exception_summary(a) if isinstance(a, BaseException) else a for a in args
+                )
+                break
     elif isinstance(args, Mapping) and any(isinstance(v, BaseException) for v in args.values()):
         found.extend(v for v in args.values() if isinstance(v, BaseException))
         record.args = {

@@ -1207,6 +1207,90 @@ async def test_a_lone_write_that_raises_keeps_nothing_and_the_next_one_commits(
         assert rows == [("y",)]
 
 
+def _insert(key: str) -> Callable[[sqlite3.Connection], str]:
+    def body(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO t VALUES (?)", (key,))
+        return key
+
+    return body
+
+
+async def test_a_writes_ahead_work_runs_on_the_loop_while_its_commit_runs(tmp_path: Path) -> None:
+    """``queue_write``'s ``ahead`` (ADR 0102): the loop is told what the write returned while
+    the thread's ``COMMIT`` runs -- the ``COMMIT`` here waits until it was -- and ``then``
+    follows once the commit held."""
+    async with _keyed_table(tmp_path / "ahead.db") as thread:
+        loop_thread = threading.get_ident()
+        told = threading.Event()
+        seen: list[str] = []
+
+        def ahead(value: str) -> None:
+            seen.append(f"ahead {value} on the loop: {threading.get_ident() == loop_thread}")
+            told.set()
+
+        def trace(sql: str) -> None:
+            if sql == "COMMIT":  # (on the thread, as the COMMIT starts)
+                seen.append(f"COMMIT saw it: {told.wait(10)}")
+
+        await thread.call("trace", lambda c: c.set_trace_callback(trace))
+
+        def then(value: str) -> str:
+            seen.append(f"then {value}")
+            return value.upper()
+
+        job = thread.queue_write("insert k", _insert("k"), then, ahead=ahead)
+        assert await job.future == "K"
+        assert seen == ["ahead k on the loop: True", "COMMIT saw it: True", "then k"]
+
+
+async def test_a_commit_that_fails_after_the_ahead_work_tells_the_caller_and_never_then(
+    tmp_path: Path,
+) -> None:
+    """What the loop did ahead is not what it publishes: when the ``COMMIT`` then fails, the
+    caller gets the error, ``then`` never runs, and the next write commits."""
+    async with _keyed_table(tmp_path / "ahead-fails.db") as thread:
+
+        def setup(conn: sqlite3.Connection) -> None:
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+            conn.execute(
+                "CREATE TABLE child (p INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+            )
+
+        await thread.call("set up", setup)
+        seen: list[str] = []
+
+        def orphan(conn: sqlite3.Connection) -> str:  # only COMMIT checks the deferred key
+            conn.execute("INSERT INTO child VALUES (7)")
+            return "orphan"
+
+        job = thread.queue_write(
+            "insert an orphan", orphan, lambda v: seen.append(f"then {v}"), ahead=seen.append
+        )
+        with pytest.raises(StoreError):
+            await job.future
+        assert seen == ["orphan"]
+        assert await thread.queue_write("insert k", _insert("k"), str, ahead=seen.append).future
+        assert seen == ["orphan", "k"]
+        rows = await thread.call("read", lambda c: c.execute("SELECT * FROM child").fetchall())
+        assert rows == []
+
+
+async def test_ahead_work_that_raises_is_logged_and_the_write_still_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _keyed_table(tmp_path / "ahead-raises.db") as thread:
+
+        def ahead(value: str) -> None:
+            raise ValueError(f"cannot prepare {value}")
+
+        job = thread.queue_write("insert k", _insert("k"), str.upper, ahead=ahead)
+        assert await job.future == "K"
+        assert "'ahead' callback failed (insert k)" in caplog.text
+        rows = await thread.call("read", lambda c: c.execute("SELECT k FROM t").fetchall())
+        assert rows == [("k",)]
+
+
 async def test_writes_from_another_event_loop_commit_beside_the_loops_own(tmp_path: Path) -> None:
     """A writer started on one loop also takes writes from another loop (another thread's
     ``asyncio.run``): each is committed once, and the callers on both loops are told."""

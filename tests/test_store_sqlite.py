@@ -1243,27 +1243,6 @@ async def test_a_writes_ahead_work_runs_on_the_loop_while_its_commit_runs(tmp_pa
         assert seen == ["ahead k on the loop: True", "COMMIT saw it: True", "then k"]
 
 
-async def test_a_commit_with_ahead_work_leaves_the_switch_interval_as_it_was(tmp_path: Path) -> None:
-    """While such a ``COMMIT`` runs the interpreter switches threads sooner (the writer must not
-    wait for the loop's ahead work to start or to end its commit, ADR 0102); afterwards, and
-    after a failed one, the interval is what the process had set."""
-    async with _keyed_table(tmp_path / "interval.db") as thread:
-        before = sys.getswitchinterval()
-        during: list[float] = []
-
-        def trace(sql: str) -> None:
-            if sql == "COMMIT":
-                during.append(sys.getswitchinterval())
-
-        await thread.call("trace", lambda c: c.set_trace_callback(trace))
-        await thread.queue_write("insert k", _insert("k"), str, ahead=lambda v: None).future
-        with pytest.raises(StoreError):  # (the key is taken: fails before its COMMIT)
-            await thread.queue_write("insert k", _insert("k"), str, ahead=lambda v: None).future
-        await thread.queue_write("insert j", _insert("j"), str).future
-        assert during == pytest.approx([min(before, 0.00002), before], rel=1e-3)
-        assert sys.getswitchinterval() == before
-
-
 async def test_a_commit_that_fails_after_the_ahead_work_tells_the_caller_and_never_then(
     tmp_path: Path,
 ) -> None:

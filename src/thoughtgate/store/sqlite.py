@@ -465,11 +465,6 @@ def _append_rows(
 _NO_EVENTS: codec.EncodedEvents = ([], [], [], [])
 
 
-_AHEAD_EVENTS = 64
-"""From this many events on, an append's events are built while its ``COMMIT`` runs
-(``_Built``); a smaller append's cost a few microseconds, less than waking the loop for them."""
-
-
 class _Built:
     """An append's events, built from its columns once its first sequence number is known:
     while its ``COMMIT`` runs (``queue_write``'s ``ahead``, ADR 0102: the fsync lets go of the
@@ -1405,7 +1400,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 appended,
                 after=after,
                 merge=(_merged_writes, item),
-                ahead=built.build if n >= _AHEAD_EVENTS else None,
+                ahead=built.build,
             )
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
@@ -1426,7 +1421,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             published,
             after=after,
             merge=(_merged_writes, item),
-            ahead=(lambda result: built.build(result[0])) if n >= _AHEAD_EVENTS else None,
+            ahead=lambda result: built.build(result[0]),
         )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

@@ -651,27 +651,22 @@ class SQLiteThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_handoff)
 
-    def _send_ahead(self, done: list[_Outcome]) -> bool:
+    def _send_ahead(self, done: list[_Outcome]) -> None:
         """Right before a ``COMMIT``: what the loop that started the thread may do while it
         runs (``queue_write``'s ``ahead``, ADR 0102). The fsync lets go of the interpreter
         lock, so the loop, woken now, does that work in the meantime rather than in the
-        hand-off after it; the hand-off is queued behind this one, so it never overtakes.
-        Whether it sent any: then the switch interval is ``_AHEAD`` until the caller's
-        ``_unhurry(_AHEAD)``."""
+        hand-off after it; the hand-off is queued behind this one, so it never overtakes."""
         loop, pair = self._loop, self._wake
         if pair is None or loop is None:  # (hand-offs go by call_soon_threadsafe: not worth it)
-            return False
+            return
         ahead = [
             (o.job.ahead, o.value, o.job.action)
             for o in done
             if o.job.ahead is not None and o.job.loop is loop
         ]
-        if not ahead:
-            return False
-        self._handoffs.append(([], functools.partial(_tell_ahead, ahead)))
-        _hurry(_AHEAD)
-        self._ring(loop, pair)
-        return True
+        if ahead:
+            self._handoffs.append(([], functools.partial(_tell_ahead, ahead)))
+            self._ring(loop, pair)
 
     def _on_handoff(self) -> None:
         """On the loop that started the thread, when ``_wake`` is readable: every hand-off
@@ -829,7 +824,7 @@ class SQLiteThread:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             return failed
-        hurried = self._send_ahead(done)
+        self._send_ahead(done)
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # nothing of the group is stored
@@ -839,9 +834,6 @@ class SQLiteThread:
             return failed + [
                 _Outcome(o.job, self._translate(exc, o.job.action), None) for o in done
             ]
-        finally:
-            if hurried:
-                _unhurry(_AHEAD)
         self.commits += 1
         return failed + done
 
@@ -926,40 +918,30 @@ _HURRY = 0.0005
 _HURRY_GROUP = 16
 """... a group of this many writes or more (a loop with many runs to serve; below, the loop
 blocks often enough, and a shorter interval measured worse)."""
-_AHEAD = 0.00002
-"""The switch interval, seconds, from a ``COMMIT``'s ahead work sent to the loop until that
-``COMMIT`` returned (ADR 0102)."""
 _hurry_lock = threading.Lock()
-_hurries: collections.Counter[float] = collections.Counter()
-"""The intervals asked for and not given back yet (the shortest one holds)."""
+_hurrying = 0
 _switch_interval = 0.0
 
 
-def _hurry(interval: float = _HURRY) -> None:
+def _hurry() -> None:
     """From a group's hand-off to its ``COMMIT``'s return, a thread waiting for the interpreter
     lock asks for it after ``_HURRY`` instead of the usual 5 ms (ADR 0036): the writer thread,
     woken for the ``COMMIT`` and back from its fsync, waits that long at most for the busy
-    loop to let go.
-
-    With ``_AHEAD``, from a ``COMMIT``'s ahead work sent to the loop until that ``COMMIT``
-    returned (ADR 0102): the loop, woken by that hand-off, takes the lock while the writer is
-    still on its way to the ``COMMIT`` (the write to the pipe lets go of it), and the ``COMMIT``
-    would wait for the loop's work instead of running beside it; then, back from its fsync, the
-    writer hands the results back without waiting for the rest of that work."""
-    global _switch_interval
+    loop to let go."""
+    global _hurrying, _switch_interval
     with _hurry_lock:
-        if not _hurries:
+        if _hurrying == 0:
             _switch_interval = sys.getswitchinterval()
-        _hurries[interval] += 1
-        sys.setswitchinterval(min([_switch_interval, *_hurries]))
+            sys.setswitchinterval(min(_switch_interval, _HURRY))
+        _hurrying += 1
 
 
-def _unhurry(interval: float = _HURRY) -> None:
+def _unhurry() -> None:
+    global _hurrying
     with _hurry_lock:
-        _hurries[interval] -= 1
-        if not _hurries[interval]:
-            del _hurries[interval]
-        sys.setswitchinterval(min([_switch_interval, *_hurries]))
+        _hurrying -= 1
+        if _hurrying == 0:
+            sys.setswitchinterval(_switch_interval)
 
 
 @dataclass(slots=True)

@@ -471,7 +471,7 @@ class _Built:
     interpreter lock, and the loop would only wait), or in the hand-off when they were not
     built then, or were built for another number (a group run again write by write)."""
 
-    __slots__ = ("built", "columns", "first", "run_id")
+    __slots__ = ("run_id", "columns", "first", "built")
 
     def __init__(self, run_id: str, columns: codec.EncodedEvents) -> None:
         self.run_id = run_id

@@ -465,31 +465,6 @@ def _append_rows(
 _NO_EVENTS: codec.EncodedEvents = ([], [], [], [])
 
 
-class _Built:
-    """An append's events, built from its columns once its first sequence number is known:
-    while its ``COMMIT`` runs (``queue_write``'s ``ahead``, ADR 0102: the fsync lets go of the
-    interpreter lock, and the loop would only wait), or in the hand-off when they were not
-    built then, or were built for another number (a group run again write by write)."""
-
-    __slots__ = ("run_id", "columns", "first", "built")
-
-    def __init__(self, run_id: str, columns: codec.EncodedEvents) -> None:
-        self.run_id = run_id
-        self.columns = columns
-        self.first = 0  # (sequence numbers start at 1)
-        self.built: list[Event] = []
-
-    def build(self, first: int) -> None:
-        self.built = codec.appended_events(self.run_id, first, self.columns)
-        self.first = first
-
-    def events(self, first: int) -> list[Event]:
-        """The events numbered from ``first`` (built now unless they were already)."""
-        if self.first != first:
-            self.build(first)
-        return self.built
-
-
 @dataclass(frozen=True, slots=True)
 class _Append:
     """An append as data: its run, its columns and what its events change in the run index
@@ -1381,7 +1356,6 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         action = f"append {n} events to run {run_id!r}"
 
         item = _Append(run_id, columns, update or None, held_by)
-        built = _Built(run_id, columns)
         if not update:  # deltas and the like do not touch the index
 
             def plain(conn: sqlite3.Connection) -> int:
@@ -1390,17 +1364,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             def appended(first: int) -> list[Event]:
                 # In the commit's hand-off: live readers get the events a loop turn before the
                 # appender's task resumes, in commit order.
-                out = built.events(first)
+                out = codec.appended_events(run_id, first, columns)
                 self.wakeups.publish(run_id, out)
                 return out
 
             return self._writer.queue_write(
-                action,
-                plain,
-                appended,
-                after=after,
-                merge=(_merged_writes, item),
-                ahead=built.build,
+                action, plain, appended, after=after, merge=(_merged_writes, item)
             )
 
         def body(conn: sqlite3.Connection) -> tuple[int, bool]:
@@ -1411,17 +1380,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             first, changed = result
             if changed:
                 self.wakeups.notify(listing.RUN_LIST_WAKEUP)
-            out = built.events(first)
+            out = codec.appended_events(run_id, first, columns)
             self.wakeups.publish(run_id, out)
             return out
 
         return self._writer.queue_write(
-            action,
-            body,
-            published,
-            after=after,
-            merge=(_merged_writes, item),
-            ahead=lambda result: built.build(result[0]),
+            action, body, published, after=after, merge=(_merged_writes, item)
         )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

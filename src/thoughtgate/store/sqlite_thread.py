@@ -92,7 +92,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import os
 import queue
@@ -359,7 +358,6 @@ class SQLiteThread:
         *,
         after: QueuedWrite | None = None,
         merge: tuple[Merge, Any] | None = None,
-        ahead: Callable[[T], None] | None = None,
     ) -> QueuedWrite:
         """``write_then`` queued now, without awaiting (its ``future`` resolves to what ``then``
         returned): the write's place in the queue, and so in commit order, is taken at this
@@ -368,22 +366,13 @@ class SQLiteThread:
         has not seen committed yet, and still never store it past a hole (ADR 0028). With
         ``merge`` (a merge function and this write's item), the write may be done by that
         function together with its neighbours in the queue that have the same one; ``fn`` must
-        do the same work alone (it does, when the group runs write by write).
-
-        ``ahead``: called on the loop with what ``fn`` returned while the thread runs the
-        ``COMMIT`` (ADR 0102), before ``then`` and before the commit is known to hold: work
-        ``then`` would do, done while the fsync lets go of the interpreter lock and the loop
-        would only wait. It must not publish anything (the commit may still fail, and then
-        ``then`` never runs) and must not raise (what it raises is logged). Only for a group of
-        fewer than 16 writes (as ``write``'s ``committed``) and only on the loop that started
-        the thread; ``then`` must do the work itself when ``ahead`` was not called with the
-        value it gets. Raises ``StoreError`` once the store is closed."""
+        do the same work alone (it does, when the group runs write by write). Raises
+        ``StoreError`` once the store is closed."""
         if self._closed:
             raise StoreError(f"cannot {action}: the store is closed ({self.path})")
         body = fn if after is None else _behind(after, action, fn)
         loop = asyncio.get_running_loop()
         job = _Job(action, body, True, True, loop, loop.create_future(), then, merge, after)
-        job.ahead = ahead
         self._enqueue(job)
         return job
 
@@ -639,10 +628,6 @@ class SQLiteThread:
         if not mine and not wake:
             return
         self._handoffs.append((mine, self._flush if wake else None))
-        self._ring(loop, pair)
-
-    def _ring(self, loop: asyncio.AbstractEventLoop, pair: tuple[int, int]) -> None:
-        """Wake ``loop`` to run the hand-offs queued so far (``_on_handoff``)."""
         try:
             os.write(pair[1], b"\0")
         except (BlockingIOError, InterruptedError):  # full: the loop has a wake to read anyway
@@ -650,23 +635,6 @@ class SQLiteThread:
         except OSError:  # the pipe failed (it is closed only once this thread has stopped)
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_handoff)
-
-    def _send_ahead(self, done: list[_Outcome]) -> None:
-        """Right before a ``COMMIT``: what the loop that started the thread may do while it
-        runs (``queue_write``'s ``ahead``, ADR 0102). The fsync lets go of the interpreter
-        lock, so the loop, woken now, does that work in the meantime rather than in the
-        hand-off after it; the hand-off is queued behind this one, so it never overtakes."""
-        loop, pair = self._loop, self._wake
-        if pair is None or loop is None:  # (hand-offs go by call_soon_threadsafe: not worth it)
-            return
-        ahead = [
-            (o.job.ahead, o.value, o.job.action)
-            for o in done
-            if o.job.ahead is not None and o.job.loop is loop
-        ]
-        if ahead:
-            self._handoffs.append(([], functools.partial(_tell_ahead, ahead)))
-            self._ring(loop, pair)
 
     def _on_handoff(self) -> None:
         """On the loop that started the thread, when ``_wake`` is readable: every hand-off
@@ -824,7 +792,6 @@ class SQLiteThread:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             return failed
-        self._send_ahead(done)
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # nothing of the group is stored
@@ -904,9 +871,6 @@ class _Job:
     committed: Callable[[Any], None] | None = None
     """Told what ``fn`` returned in the hand-off of its ``COMMIT``, when its group had fewer than
     ``_HURRY_GROUP`` writes (``write``'s ``committed``)."""
-    ahead: Callable[[Any], None] | None = None
-    """Told what ``fn`` returned while its ``COMMIT`` runs, likewise (``queue_write``'s
-    ``ahead``)."""
 
 
 _WAKE = _Job("commit", lambda conn: None, False, False, None, None, None)  # type: ignore[arg-type]
@@ -996,11 +960,9 @@ class _Outcome:
 
 
 def _untold(jobs: list[_Job]) -> None:
-    """A large group's writes (``_HURRY_GROUP`` or more): not told in the hand-off, nor while
-    their ``COMMIT`` runs."""
+    """A large group's writes (``_HURRY_GROUP`` or more): not told in the hand-off."""
     for job in jobs:
         job.committed = None
-        job.ahead = None
 
 
 def _tell_decided(done: list[_Outcome]) -> None:
@@ -1013,16 +975,6 @@ def _tell_decided(done: list[_Outcome]) -> None:
                 decided(outcome.value)
             except Exception:
                 log.exception("a write's 'decided' callback failed (%s)", outcome.job.action)
-
-
-def _tell_ahead(ahead: list[tuple[Callable[[Any], None], Any, str]]) -> None:
-    """On the loop, while a ``COMMIT`` runs: each write's ``ahead`` told what its ``fn``
-    returned; one that raises is logged, never the group's failure."""
-    for tell, value, action in ahead:
-        try:
-            tell(value)
-        except Exception:
-            log.exception("a write's 'ahead' callback failed (%s)", action)
 
 
 def _close_pipe(pair: tuple[int, int] | None) -> None:

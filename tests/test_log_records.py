@@ -10,6 +10,7 @@ uvicorn's own error lines -- and look for the marker in what was written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import logging
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import httpx
 import orjson
@@ -230,65 +232,70 @@ def test_a_group_and_a_note_show_no_words() -> None:
     assert exception_summary(inner) == "ValueError"
 
 
+REFUSE_REASONING: Final = "payload::text NOT LIKE '%%REASONING-%%' OR payload::text::int > 0"
+"""A CHECK on the events that refuses the reasoning's by a cast, which quotes the payload in the
+error's first line (any constraint, trigger, index or generated column that casts a value quotes
+it so)."""
+TOOLS = ("--tools", "support.served:SERVER_TOOLS")
+
+
+def _admin(statement: str, schema: str) -> None:
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(sql.SQL(statement).format(sql.Identifier(schema)))
+
+
+def _refuse(schema: str, check: str) -> None:
+    _admin(f"ALTER TABLE {{}}.events ADD CONSTRAINT refuses CHECK ({check}) NOT VALID", schema)
+
+
+@contextlib.contextmanager
+def _daemon_refusing(check: str, *args: str) -> Iterator[tuple[ServeProcess, str]]:
+    """A ``thoughtgate serve`` on a schema of its own whose events must pass ``check``, and its
+    owner key."""
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    server = ServeProcess("--db", f"{PG_URL}?schema={schema}", *TOOLS, *args)
+    server.start(expect_key=True)
+    try:
+        _refuse(schema, check)
+        assert server.bootstrap_key
+        yield server, server.bootstrap_key
+    finally:
+        server.stop()
+        _admin("DROP SCHEMA IF EXISTS {} CASCADE", schema)
+
+
+def _canary_run(client: httpx.Client) -> str:
+    """A run whose reasoning carries the marker, once it has ended."""
+    body = {"prompt": f"canary {LEAK}", "model": "fake:canary", "chain_of_thought": "surface"}
+    run_id = str(client.post("/v1/runs", json=body).json()["run_id"])
+    _wait_ended(client, run_id)
+    return run_id
+
+
 @pytest.mark.external
 @pytest.mark.parametrize("level", ["info", "debug"])
 def test_a_daemons_store_failure_quoting_a_row_logs_no_reasoning(level: str) -> None:
     """A daemon on PostgreSQL whose reasoning's event append fails with an error quoting the
-    payload in its first line (a cast in a CHECK constraint: any constraint, trigger, index or
-    generated column that casts a value quotes it so), and requests with malformed and invalid
-    bodies quoting the marker: the failure is logged by its code at ``info``, as raised at
-    ``debug``."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
-    server = ServeProcess(
-        "--db",
-        f"{PG_URL}?schema={schema}",
-        "--log-level",
-        level,
-        "--tools",
-        "support.served:SERVER_TOOLS",
-    )
-    server.start(expect_key=True)
-    try:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL(
-                    "ALTER TABLE {}.events ADD CONSTRAINT reasoning_is_a_number CHECK "
-                    "(payload::text NOT LIKE '%%REASONING-%%' OR payload::text::int > 0) NOT VALID"
-                ).format(sql.Identifier(schema))
-            )
-        key = server.bootstrap_key
-        assert key
+    payload (:data:`REFUSE_REASONING`), and requests with malformed and invalid bodies quoting
+    the marker: the failure is logged by its code at ``info``, as raised at ``debug``."""
+    with _daemon_refusing(REFUSE_REASONING, "--log-level", level) as (server, key):
         with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=30) as c:
             c.post("/v1/runs", content=f'{{"prompt": "REASONING-{LEAK}" oops')
             c.post("/v1/runs", json={"prompt": [f"REASONING-{LEAK}"], "model": 3})
-            body = {
-                "prompt": f"canary {LEAK}",
-                "model": "fake:canary",
-                "chain_of_thought": "surface",
-            }
-            run_id = c.post("/v1/runs", json=body).json()["run_id"]
-            _wait_ended(c, run_id)
+            _canary_run(c)
         time.sleep(0.5)  # the daemon's lines about the run's end
         logs = server.stdout_text() + "".join(server.stderr_lines)
-        if level == "debug":
-            assert f"REASONING-{LEAK}" in logs  # the developer's level: the words as raised
-        else:
-            assert "InvalidTextRepresentation (SQLSTATE 22P02)" in logs, (
-                logs
-            )  # the failure is logged ...
-            assert LEAK not in logs, logs  # ... without the row it quoted
-    finally:
-        server.stop()
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-            )
+    if level == "debug":
+        assert f"REASONING-{LEAK}" in logs  # the developer's level: the words as raised
+    else:
+        assert "InvalidTextRepresentation (SQLSTATE 22P02)" in logs, logs  # the failure ...
+        assert LEAK not in logs, logs  # ... without the payload it quoted
 
 
 @pytest.fixture
 def refusing_schema() -> Iterator[str]:
-    """A store on PostgreSQL (its schema made by ``thoughtgate runs``) whose reasoning's event
-    append fails with an error quoting the event's payload (as in the daemon's test above)."""
+    """A store on PostgreSQL (its schema made by ``thoughtgate runs``) whose events must pass
+    :data:`REFUSE_REASONING`."""
     schema = f"tg_test_{uuid.uuid4().hex[:12]}"
     url = f"{PG_URL}?schema={schema}"
     subprocess.run(
@@ -300,19 +307,10 @@ def refusing_schema() -> Iterator[str]:
         timeout=120,
     )
     try:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL(
-                    "ALTER TABLE {}.events ADD CONSTRAINT reasoning_is_a_number CHECK "
-                    "(payload::text NOT LIKE '%%REASONING-%%' OR payload::text::int > 0) NOT VALID"
-                ).format(sql.Identifier(schema))
-            )
+        _refuse(schema, REFUSE_REASONING)
         yield url
     finally:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-            )
+        _admin("DROP SCHEMA IF EXISTS {} CASCADE", schema)
 
 
 @pytest.mark.external
@@ -389,46 +387,20 @@ def test_a_runs_public_error_does_not_quote_its_drivers_words() -> None:
     reasoning's payload a cast refused): a run's public ``error`` names the driver's error by
     its code; the words are in the developer-only ``error_detail``. Nor does the daemon's log
     quote them."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
-    server = ServeProcess(
-        *("--db", f"{PG_URL}?schema={schema}", "--tools", "support.served:SERVER_TOOLS"),
-    )
-    server.start(expect_key=True)
-    try:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL(
-                    "ALTER TABLE {}.events ADD CONSTRAINT reasoning_is_a_number CHECK "
-                    "(type <> 'reasoning.delta' OR payload::text NOT LIKE '%%REASONING-%%' "
-                    "OR payload::text::int > 0) NOT VALID"
-                ).format(sql.Identifier(schema))
-            )
-        key = server.bootstrap_key
-        assert key
+    check = f"type <> 'reasoning.delta' OR {REFUSE_REASONING}"  # the run's end is stored
+    with _daemon_refusing(check) as (server, key):
         with httpx.Client(base_url=server.base_url, headers=auth(key), timeout=30) as owner:
             made = owner.post("/v1/keys", json={"name": "member", "role": "member"}).json()
-            body = {
-                "prompt": f"canary {LEAK}",
-                "model": "fake:canary",
-                "chain_of_thought": "surface",
-            }
-            run_id = owner.post("/v1/runs", json=body).json()["run_id"]
-            _wait_ended(owner, run_id)
+            run_id = _canary_run(owner)
             owners_events = owner.get(f"/v1/runs/{run_id}/events").text
         with httpx.Client(
             base_url=server.base_url, headers=auth(made["key"]), timeout=30
         ) as member:
             seen = member.get(f"/v1/runs/{run_id}").json()
             events = member.get(f"/v1/runs/{run_id}/events").text
-        assert seen["status"] == "failed"
-        assert "InvalidTextRepresentation (SQLSTATE 22P02)" in seen["error"], seen
-        assert f"REASONING-{LEAK}" not in str(seen) + events
-        assert f"REASONING-{LEAK}" in owners_events  # the developer-only error_detail
         logs = server.stdout_text() + "".join(server.stderr_lines)
-        assert f"REASONING-{LEAK}" not in logs
-    finally:
-        server.stop()
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-            )
+    assert seen["status"] == "failed"
+    assert "InvalidTextRepresentation (SQLSTATE 22P02)" in seen["error"], seen
+    assert f"REASONING-{LEAK}" not in str(seen) + events
+    assert f"REASONING-{LEAK}" in owners_events  # the developer-only error_detail
+    assert f"REASONING-{LEAK}" not in logs

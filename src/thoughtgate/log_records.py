@@ -50,7 +50,6 @@ __all__ = [
     "install",
     "make_safe",
     "safe_traceback",
-    "uninstall",
 ]
 
 WITHHELD: Final = "its text is logged at debug level only"
@@ -194,9 +193,3 @@ def install(*, full: bool = False) -> SafeRecords:
     logging.setLogRecordFactory(safe)
     return safe
 
-
-def uninstall() -> None:
-    """The record factory as it was before :func:`install` (tests)."""
-    current = logging.getLogRecordFactory()
-    if isinstance(current, SafeRecords):
-        logging.setLogRecordFactory(current.inner)

@@ -132,7 +132,7 @@ def failures() -> list[BaseException]:
     return found
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_an_exception_as_an_argument_is_logged_by_its_class_and_code(
     failures: list[BaseException], written: io.StringIO
 ) -> None:
@@ -155,7 +155,7 @@ def test_an_exception_as_an_argument_is_logged_by_its_class_and_code(
     )
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_a_traceback_keeps_its_frames_not_its_exceptions_words(
     failures: list[BaseException], written: io.StringIO
 ) -> None:
@@ -173,7 +173,7 @@ def test_a_traceback_keeps_its_frames_not_its_exceptions_words(
     assert "The above exception was the direct cause of the following exception:" in text
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_at_debug_the_words_are_logged_as_raised(
     failures: list[BaseException], written: io.StringIO
 ) -> None:
@@ -182,7 +182,7 @@ def test_at_debug_the_words_are_logged_as_raised(
     assert f"REASONING-{LEAK}" in written.getvalue()
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_a_library_quoting_the_exception_it_handles_in_an_f_string_is_caught(
     failures: list[BaseException], written: io.StringIO
 ) -> None:
@@ -272,7 +272,7 @@ def _canary_run(client: httpx.Client) -> str:
     return run_id
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 @pytest.mark.parametrize("level", ["info", "debug"])
 def test_a_daemons_store_failure_quoting_a_row_logs_no_reasoning(level: str) -> None:
     """A daemon on PostgreSQL whose reasoning's event append fails with an error quoting the
@@ -313,7 +313,7 @@ def refusing_schema() -> Iterator[str]:
         _admin("DROP SCHEMA IF EXISTS {} CASCADE", schema)
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_the_clis_logs_of_a_store_failure_show_no_reasoning(refusing_schema: str) -> None:
     """``thoughtgate run`` logs the failure (Python's last-resort handler, WARNING and up) by
     its code, not with the payload its driver quoted."""
@@ -344,7 +344,7 @@ def test_the_clis_logs_of_a_store_failure_show_no_reasoning(refusing_schema: str
     assert "InvalidTextRepresentation (SQLSTATE 22P02)" in done.stderr, done.stderr
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 async def test_the_mcp_servers_logs_of_a_store_failure_show_no_reasoning(
     refusing_schema: str, tmp_path: Path
 ) -> None:
@@ -381,7 +381,7 @@ async def test_the_mcp_servers_logs_of_a_store_failure_show_no_reasoning(
     assert "InvalidTextRepresentation (SQLSTATE 22P02)" in logged, logged
 
 
-@pytest.mark.external
+@pytest.mark.postgres
 def test_a_runs_public_error_does_not_quote_its_drivers_words() -> None:
     """A ``StoreError`` quotes its driver's first line, which may hold a value (here the
     reasoning's payload a cast refused): a run's public ``error`` names the driver's error by

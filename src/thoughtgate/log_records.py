@@ -192,4 +192,3 @@ def install(*, full: bool = False) -> SafeRecords:
     safe = SafeRecords(current, full=full)
     logging.setLogRecordFactory(safe)
     return safe
-

@@ -527,9 +527,9 @@ class EventLog(abc.ABC):
                 # replay's cost is this loop. The types gathered by a comprehension (one
                 # specialised slot read each): about a third fewer instructions than an
                 # ``attrgetter`` mapped over the page (ADR 0101).
-                types = [event.type for event in events]
-                ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(types)
-                del types
+                ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(
+                    [event.type for event in events]
+                )
                 last = events[-1].seq
                 if ends or len(events) < batch or (ahead and ahead[0][0] != last):
                     # The end of what is stored (or of the run): what was read ahead is moot.

@@ -14,6 +14,10 @@ and again to execute it) and a new TCP (and TLS) connection per turn. Here:
 * A client spreads its connections over small connection pools of ``SHARD_SIZE`` (see
   :class:`ShardedTransport`): httpcore's pool walks all its connections on every request and every
   response close, so one pool of a hundred streams cost more CPU than the streams' parsing.
+* A client honours the environment's proxies (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
+  ``NO_PROXY``) as httpx's default client does, read when it is made: httpx reads none for a
+  client given a transport, so they are mounted here, each proxy with sharded pools of its own
+  (:func:`environment_proxies`, ADR 0105).
 * A client belongs to the event loop that made it (its connections do). A process runs one loop
   (the daemon's, the CLI command's, the MCP server's), so this is one client per endpoint per
   process; another loop (a second ``asyncio.run``) gets its own.
@@ -48,6 +52,7 @@ __all__ = [
     "ShardedTransport",
     "build_tls_context",
     "endpoint_of",
+    "environment_proxies",
     "shared_clients",
 ]
 

@@ -108,15 +108,24 @@ def proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 # --- proxies from the environment --------------------------------------------------------------
 
 
-async def test_http_proxy_carries_a_turn_to_an_http_provider(
-    proxy_env: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("variable", "outranked"),
+    [("HTTP_PROXY", None), ("http_proxy", None), ("ALL_PROXY", None), ("HTTP_PROXY", "ALL_PROXY")],
+)
+async def test_the_environment_s_proxy_carries_a_turn_to_an_http_provider(
+    proxy_env: pytest.MonkeyPatch, variable: str, outranked: str | None
 ) -> None:
+    """The proxy gets the request in absolute form; ``ALL_PROXY`` serves when no proxy for the
+    scheme is set, and yields to one that is."""
     clients = ProviderClients()
-    async with recording() as provider, recording() as proxy, clients.lease():
-        proxy_env.setenv("HTTP_PROXY", proxy.url)
-        assert await turn(transport(provider.url, clients)) == ["one"]
+    async with recording() as provider, recording() as proxy, recording() as other:
+        proxy_env.setenv(variable, proxy.url)
+        if outranked is not None:
+            proxy_env.setenv(outranked, other.url)
+        async with clients.lease():
+            assert await turn(transport(provider.url, clients)) == ["one"]
     assert proxy.request_lines == [f"post {provider.url}/v1/messages http/1.1"]
-    assert provider.heads == []
+    assert provider.heads == other.heads == []
 
 
 async def test_no_proxy_naming_the_host_sends_the_turn_straight_to_it(
@@ -131,16 +140,6 @@ async def test_no_proxy_naming_the_host_sends_the_turn_straight_to_it(
         assert clients.pools(provider.url) == 1  # the direct requests keep the sharded pools
     assert provider.request_lines == ["post /v1/messages http/1.1"] * 2
     assert proxy.heads == []
-
-
-async def test_all_proxy_carries_a_turn_when_no_scheme_proxy_is_set(
-    proxy_env: pytest.MonkeyPatch,
-) -> None:
-    clients = ProviderClients()
-    async with recording() as provider, recording() as proxy, clients.lease():
-        proxy_env.setenv("ALL_PROXY", proxy.url)
-        assert await turn(transport(provider.url, clients)) == ["one"]
-    assert proxy.request_lines == [f"post {provider.url}/v1/messages http/1.1"]
 
 
 async def test_https_proxy_is_asked_to_connect_to_an_https_provider(

@@ -223,7 +223,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
     holds one connection per concurrent stream: at 100 streams that walk was a fifth of the
     daemon's CPU. Pools of a few connections keep it small; the first pools stay the busiest, so
     sequential runs keep reusing the same warm connections. Requests are never queued here: a pool
-    has no connection limit, and a stream holds its connection as long as it needs.
+    has no connection limit, and a stream holds its connection as long as it needs. With a
+    ``proxy``, every pool connects through it (httpx's proxy transport; ADR 0105).
     """
 
     def __init__(

@@ -14,6 +14,10 @@ and again to execute it) and a new TCP (and TLS) connection per turn. Here:
 * A client spreads its connections over small connection pools of ``SHARD_SIZE`` (see
   :class:`ShardedTransport`): httpcore's pool walks all its connections on every request and every
   response close, so one pool of a hundred streams cost more CPU than the streams' parsing.
+* A client honours the environment's proxies (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
+  ``NO_PROXY``) as httpx's default client does, read when it is made: httpx reads none for a
+  client given a transport, so they are mounted here, each proxy with sharded pools of its own
+  (:func:`environment_proxies`, ADR 0105).
 * A client belongs to the event loop that made it (its connections do). A process runs one loop
   (the daemon's, the CLI command's, the MCP server's), so this is one client per endpoint per
   process; another loop (a second ``asyncio.run``) gets its own.
@@ -48,6 +52,7 @@ __all__ = [
     "ShardedTransport",
     "build_tls_context",
     "endpoint_of",
+    "environment_proxies",
     "shared_clients",
 ]
 
@@ -82,6 +87,21 @@ def build_tls_context() -> None:
     daemon does it before it serves, not on the event loop its first provider request shares
     with every run under way."""
     _tls_context()
+
+
+def environment_proxies() -> dict[str, httpx.Proxy | None]:
+    """The proxies httpx's default client takes from the environment, by httpx URL pattern; a
+    pattern mapped to ``None`` (from ``NO_PROXY``) goes direct.
+
+    Why: httpx reads ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY`` only for a
+    client built without a ``transport``, and the shared clients are built with their own
+    (:class:`ShardedTransport`). The patterns come from httpx's own helper, the one its default
+    client reads the environment with (private: ``tests/providers/test_provider_requests.py``
+    fails if httpx renames it or its client stops using it as is), so the variables, their case,
+    the ``NO_PROXY`` rules and which pattern wins stay exactly httpx's."""
+    helper: Any = importlib.import_module("httpx._utils").get_environment_proxies
+    found: dict[str, str | None] = helper()
+    return {key: None if url is None else httpx.Proxy(url) for key, url in found.items()}
 
 
 class _LeanCookies(httpx.Cookies):
@@ -203,12 +223,20 @@ class ShardedTransport(httpx.AsyncBaseTransport):
     holds one connection per concurrent stream: at 100 streams that walk was a fifth of the
     daemon's CPU. Pools of a few connections keep it small; the first pools stay the busiest, so
     sequential runs keep reusing the same warm connections. Requests are never queued here: a pool
-    has no connection limit, and a stream holds its connection as long as it needs.
+    has no connection limit, and a stream holds its connection as long as it needs. With a
+    ``proxy``, every pool connects through it (httpx's proxy transport; ADR 0105).
     """
 
-    def __init__(self, *, verify: ssl.SSLContext, shard_size: int = SHARD_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        verify: ssl.SSLContext,
+        shard_size: int = SHARD_SIZE,
+        proxy: httpx.Proxy | None = None,
+    ) -> None:
         self._verify = verify
         self._size = shard_size
+        self._proxy = proxy
         self._shards: list[_Shard] = []
 
     @property
@@ -224,7 +252,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             max_keepalive_connections=self._size,
             keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
-        transport = httpx.AsyncHTTPTransport(verify=self._verify, limits=limits)
+        transport = httpx.AsyncHTTPTransport(verify=self._verify, limits=limits, proxy=self._proxy)
         # sockets on the running loop directly, not through sniffio and anyio (see netio)
         pool = transport._pool
         assert isinstance(pool, httpcore.AsyncConnectionPool)
@@ -295,12 +323,30 @@ class ProviderClients:
         if client is None or client.is_closed:
             # No timeout, headers or base URL here: those are the run's, sent per request.
             transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
-            client = httpx.AsyncClient(verify=_tls_context(), transport=transport)
+            client = httpx.AsyncClient(
+                verify=_tls_context(), transport=transport, mounts=self._proxy_mounts()
+            )
             _lean_cookies(client)
             here.clients[key] = client
             here.transports[key] = transport
             self.created += 1
         return client
+
+    def _proxy_mounts(self) -> dict[str, httpx.AsyncBaseTransport | None] | None:
+        """The environment's proxies as httpx mounts (``None``: none set). A proxied pattern gets
+        sharded pools of its own through the proxy; a ``NO_PROXY`` pattern maps to ``None``,
+        which httpx sends through the client's own transport. httpx orders the patterns, most
+        specific first, as for its default client. Read when a client is made, as httpx reads
+        them; the transports make no connection until a request needs one."""
+        proxies = environment_proxies()
+        if not proxies:
+            return None
+        return {
+            pattern: None
+            if proxy is None
+            else ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
+            for pattern, proxy in proxies.items()
+        }
 
     def pools(self, base_url: str) -> int:
         """Connection pools of ``base_url``'s client on the running loop (0 without a client)."""

@@ -1,0 +1,261 @@
+"""What a provider request through the shared clients does on the wire that a user relies on.
+
+The shared clients are given a transport of their own (``ShardedTransport``), and httpx reads no
+proxy from the environment for a client given a transport; provider requests must still honour
+``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY`` as httpx's default client does
+(ADR 0105). And what ``AsyncClient.send`` does for them stays (ADR 0100 measured going past it,
+not kept): the cookies a provider sets go back with the next turn, a user and password in the
+base URL become basic authentication, the ``httpx`` log line, a refused or hanging connect is the
+error it was.
+
+The provider and the proxy here are loopback servers that record each request's head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from support.replay import blackhole_port
+from support.servers import serving
+
+from thoughtgate.errors import ProviderConnectionError, ProviderTimeoutError, ThoughtgateError
+from thoughtgate.providers.base import ProviderSettings
+from thoughtgate.providers.clients import ProviderClients, environment_proxies
+from thoughtgate.providers.http import HTTPTransport
+
+pytestmark = pytest.mark.inprocess
+
+BODY = b"data: one\n\n"
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+@dataclass
+class Recorder:
+    """Answers every request with a one-event SSE stream (``first_headers`` on the first answer)
+    and keeps each request's head, lower-cased; a ``CONNECT`` is kept and refused (403)."""
+
+    first_headers: dict[str, str] = field(default_factory=dict)
+    heads: list[str] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def request_lines(self) -> list[str]:
+        return [head.partition("\r\n")[0] for head in self.heads]
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+                if head.startswith("connect "):
+                    self.heads.append(head)
+                    writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+                    await writer.drain()
+                    break
+                length = head.partition("content-length:")[2].partition("\r\n")[0]
+                await reader.readexactly(int(length or 0))
+                extra = self.first_headers if not self.heads else {}
+                self.heads.append(head)
+                lines = ["HTTP/1.1 200 OK", "content-type: text/event-stream"]
+                lines += [f"{k}: {v}" for k, v in extra.items()]
+                lines += ["transfer-encoding: chunked", "", ""]
+                chunk = f"{len(BODY):x}\r\n".encode() + BODY + b"\r\n0\r\n\r\n"
+                writer.write("\r\n".join(lines).encode() + chunk)
+                await writer.drain()
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def recording(**first_headers: str) -> AsyncIterator[Recorder]:
+    recorder = Recorder(dict(first_headers))
+    async with serving(recorder.serve) as server:
+        recorder.port = server.sockets[0].getsockname()[1]
+        yield recorder
+
+
+def transport(base_url: str, clients: ProviderClients, **settings: Any) -> HTTPTransport:
+    return HTTPTransport(
+        "test", base_url, {"x-api-key": "k"}, ProviderSettings(**settings), clients=clients
+    )
+
+
+async def turn(http: HTTPTransport) -> list[str]:
+    async with http.open("/v1/messages", {"q": 1}, stream=True) as response:
+        return [m.data for m in [m async for m in http.events(response)]]
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """No proxy variable set, in either case, until the test sets one (lower case, which the
+    standard library prefers when both are set)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.delenv("REQUEST_METHOD", raising=False)  # CGI: the stdlib then skips HTTP_PROXY
+    yield monkeypatch
+
+
+# --- proxies from the environment --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "outranked"),
+    [("HTTP_PROXY", None), ("http_proxy", None), ("ALL_PROXY", None), ("HTTP_PROXY", "ALL_PROXY")],
+)
+async def test_the_environment_s_proxy_carries_a_turn_to_an_http_provider(
+    proxy_env: pytest.MonkeyPatch, variable: str, outranked: str | None
+) -> None:
+    """The proxy gets the request in absolute form; ``ALL_PROXY`` serves when no proxy for the
+    scheme is set, and yields to one that is."""
+    clients = ProviderClients()
+    async with recording() as provider, recording() as proxy, recording() as other:
+        proxy_env.setenv(variable, proxy.url)
+        if outranked is not None:
+            proxy_env.setenv(outranked, other.url)
+        async with clients.lease():
+            assert await turn(transport(provider.url, clients)) == ["one"]
+    assert proxy.request_lines == [f"post {provider.url}/v1/messages http/1.1"]
+    assert provider.heads == other.heads == []
+
+
+async def test_no_proxy_naming_the_host_sends_the_turn_straight_to_it(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    clients = ProviderClients()
+    async with recording() as provider, recording() as proxy, clients.lease():
+        proxy_env.setenv("HTTP_PROXY", proxy.url)
+        proxy_env.setenv("NO_PROXY", "example.com, 127.0.0.1")
+        for _ in range(2):
+            assert await turn(transport(provider.url, clients)) == ["one"]
+        assert clients.pools(provider.url) == 1  # the direct requests keep the sharded pools
+    assert provider.request_lines == ["post /v1/messages http/1.1"] * 2
+    assert proxy.heads == []
+
+
+async def test_https_proxy_is_asked_to_connect_to_an_https_provider(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """An ``https`` base URL goes through ``HTTPS_PROXY`` (a ``CONNECT`` tunnel), not through
+    ``HTTP_PROXY``; this proxy refuses the tunnel, so the turn fails."""
+    clients = ProviderClients()
+    async with recording() as http_proxy, recording() as proxy, clients.lease():
+        proxy_env.setenv("HTTP_PROXY", http_proxy.url)
+        proxy_env.setenv("HTTPS_PROXY", proxy.url)
+        with pytest.raises(ThoughtgateError):
+            await turn(transport("https://provider.invalid:8443", clients, max_retries=0))
+    assert proxy.request_lines == ["connect provider.invalid:8443 http/1.1"]
+    assert http_proxy.heads == []
+
+
+async def test_a_proxy_set_after_a_client_was_made_reaches_a_new_client_only(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """As httpx's default client: the environment is read when a client is made."""
+    clients = ProviderClients()
+    async with recording() as provider, recording() as proxy, clients.lease():
+        assert await turn(transport(provider.url, clients)) == ["one"]
+        proxy_env.setenv("HTTP_PROXY", proxy.url)
+        assert await turn(transport(provider.url, clients)) == ["one"]
+        fresh = ProviderClients()
+        async with fresh.lease():
+            assert await turn(transport(provider.url, fresh)) == ["one"]
+    assert len(provider.heads) == 2
+    assert len(proxy.heads) == 1
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"HTTP_PROXY": "http://proxy:3128"},
+        {"HTTPS_PROXY": "proxy:3128", "ALL_PROXY": "http://other:1080"},
+        {"ALL_PROXY": "http://p:1", "NO_PROXY": ".example.com,10.0.0.1,::1,localhost,corp"},
+        {"HTTP_PROXY": "http://p:1", "NO_PROXY": "http://internal:8080, *"},
+    ],
+)
+def test_the_proxy_patterns_are_httpx_s_own(
+    proxy_env: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    """Pins the private httpx helper the shared clients read the environment with: the URL
+    patterns and proxies are exactly those httpx's default client mounts (its proxy map). This
+    fails if httpx renames the helper or its client stops using it as is."""
+    for name, value in env.items():
+        proxy_env.setenv(name, value)
+    default = httpx.AsyncClient()._get_proxy_map(None, allow_env_proxies=True)
+    ours = environment_proxies()
+    assert list(ours) == list(default)
+    assert [None if p is None else p.url for p in ours.values()] == [
+        None if p is None else p.url for p in default.values()
+    ]
+
+
+# --- what AsyncClient.send does for the shared clients -----------------------------------------
+
+
+async def test_a_cookie_the_provider_sets_goes_back_with_the_next_turns() -> None:
+    clients = ProviderClients()
+    async with recording(**{"set-cookie": "lb=a1; Path=/"}) as provider, clients.lease():
+        for _ in range(3):  # each run builds its transport; the client's jar is shared
+            assert await turn(transport(provider.url, clients)) == ["one"]
+    first, *later = provider.heads
+    assert "cookie:" not in first
+    assert all("\r\ncookie: lb=a1\r\n" in head for head in later)
+
+
+async def test_a_user_and_password_in_the_base_url_become_basic_authentication() -> None:
+    clients = ProviderClients()
+    async with recording() as provider, clients.lease():
+        url = f"http://user:secret@127.0.0.1:{provider.port}"
+        for _ in range(2):  # the first request built by httpx, the next from its template
+            assert await turn(transport(url, clients)) == ["one"]
+    expected = f"\r\nauthorization: {httpx.BasicAuth('user', 'secret')._auth_header}\r\n"
+    assert [expected.lower() in head for head in provider.heads] == [True, True]
+
+
+async def test_each_request_is_logged_by_httpx(caplog: pytest.LogCaptureFixture) -> None:
+    clients = ProviderClients()
+    with caplog.at_level(logging.INFO, logger="httpx"):
+        async with recording() as provider, clients.lease():
+            await turn(transport(provider.url, clients))
+    lines = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert lines == [f'HTTP Request: POST {provider.url}/v1/messages "HTTP/1.1 200 OK"']
+
+
+async def test_a_refused_connection_is_a_retried_connection_error_naming_its_request() -> None:
+    async with serving(lambda r, w: asyncio.sleep(0)) as listener:
+        port = listener.sockets[0].getsockname()[1]
+    clients = ProviderClients()
+    http = transport(f"http://127.0.0.1:{port}", clients, max_retries=2)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    http.sleep = sleep
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError, match="could not connect") as caught:
+            await turn(http)
+    assert caught.value.retryable and len(slept) == 2
+    cause = caught.value.__cause__
+    assert isinstance(cause, httpx.ConnectError)
+    assert cause.request.url == f"http://127.0.0.1:{port}/v1/messages"
+
+
+async def test_a_connect_that_hangs_is_a_timeout() -> None:
+    clients = ProviderClients()
+    with blackhole_port() as port:
+        http = transport(f"http://127.0.0.1:{port}", clients, max_retries=0, connect_timeout_s=0.2)
+        async with clients.lease():
+            with pytest.raises(ProviderTimeoutError) as caught:
+                await turn(http)
+    assert isinstance(caught.value.__cause__, httpx.ConnectTimeout)

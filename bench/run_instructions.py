@@ -3,7 +3,9 @@
 Run ``PYTHONPATH=src python -m bench.run_instructions`` (``--src DIR`` once per checkout to
 compare, e.g. a detached ``main``'s ``src`` and this one's; ``--rounds R`` alternates them R
 times; ``--runs N`` timed runs at ``--concurrency C``; ``--single`` for the one-request client;
-``--cpu`` for process CPU instead of instructions, without valgrind).
+``--requests`` for N ``POST /v1/tickets`` alone, one after another on one connection;
+``--cpu`` for process CPU instead of instructions, without valgrind; with
+``RUN_INSTRUCTIONS_PROFILE=FILE`` and ``--consume --cpu`` a cProfile of the timed runs).
 
 Why (ADR 0103): on the shared two-core host the daemon bench's runs/s and CPU per delta move by
 tens of per cent between minutes, so a change of a few per cent in a run's CPU cannot be seen
@@ -14,11 +16,13 @@ requests a run, or one), under valgrind's callgrind, which counts the instructio
 runs only (``callgrind_control`` around them). The client's instructions are in the count, the
 same in every arm: the arms differ by the server's.
 
-Under callgrind the process runs ~50x slower; with the provider's pace unchanged the daemon
-would fall behind it, batch many more deltas per commit than it does natively, and count less per
-run. So every clock the run's work follows is stretched by ``--scale`` (default 30): the
-provider's first delta and its gap, and the recorder's batching window, keeping the batches what
-they are at the bench's pace. The same scale in every arm.
+Under callgrind the process runs ~50-100x slower; with the provider's pace unchanged the daemon
+would fall behind it and batch deltas differently from natively. So every clock the run's work
+follows is stretched by ``--scale`` (default 150; at 30 and 60 the daemon still fell behind): the
+provider's first delta and its gap, and the recorder's batching window. The same scale in every
+arm. Even so a whole run's count moves by up to ~10 % between processes of the same code (how
+many frames the deltas were batched into moves every per-commit and per-frame cost with it);
+``--requests`` repeats to ~0.2 %. The warm-up's collector debt is paid before the count starts.
 """
 
 from __future__ import annotations
@@ -36,12 +40,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.environment import REPO, child_env
+from bench.environment import LOOPBACK, REPO, child_env
 
 RUNS = 200
 CONCURRENCY = 10
-SCALE = 30.0
-DELTAS_A_RUN = 40
+SCALE = 150.0
 
 
 def _callgrind(*args: str) -> None:
@@ -136,7 +139,7 @@ async def _drive(
     server = asyncio.ensure_future(
         serve_app(
             app,
-            host=daemon_bench.LOOPBACK,
+            host=LOOPBACK,
             port=0,
             log_level="warning",
             on_ready=lambda host, port: ready.set_result(f"http://{host}:{port}"),
@@ -146,7 +149,9 @@ async def _drive(
     if requests:  # the request path alone: POST /v1/tickets for the run list, one connection
         return await _requests(url, key, runs, _Window(instr))
     for _ in range(2):  # warm: imports, caches, the store's statements (three runs a phase)
-        await daemon_bench._phase(url, key, concurrency, concurrency, "fake:bench", lambda: 0.0, single)
+        await daemon_bench._phase(
+            url, key, concurrency, concurrency, "fake:bench", lambda: 0.0, single
+        )
     stats = await daemon_bench._phase(
         url, key, concurrency, runs, "fake:bench", _Window(instr), single
     )
@@ -179,7 +184,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--runs", type=int, default=RUNS)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
-    parser.add_argument("--scale", type=float, default=None, help=f"default {SCALE:g}; 1 with --cpu")
+    parser.add_argument(
+        "--scale", type=float, default=None, help=f"default {SCALE:g}; 1 with --cpu"
+    )
     parser.add_argument("--single", action="store_true", help="POST /v1/runs/follow")
     parser.add_argument(
         "--requests", action="store_true", help="RUNS ticket requests alone, no run (one client)"
@@ -211,7 +218,13 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
                     command += ["--cpu"]
                 else:
                     out_file = f"--callgrind-out-file={folder / 'cg.out'}"
-                    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", out_file, *command]
+                    command = [
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--instr-atstart=no",
+                        out_file,
+                        *command,
+                    ]
                 out = subprocess.run(
                     command,
                     env={**child_env(src), "PYTHONHASHSEED": "0"},
@@ -225,9 +238,14 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
                 total = row["cpu"] * 1e6 if args.cpu else _dump(folder)
                 per_run = total / row["runs"]
                 figures[src].append(per_run)
-                print(f"round {number} {src}: {per_run:,.0f} {unit} a run ({row['runs']} runs, {row['events']} events)", flush=True)
+                print(
+                    f"round {number} {src}: {per_run:,.0f} {unit} a run ({row['runs']} runs, {row['events']} events)",
+                    flush=True,
+                )
     for src, values in figures.items():
-        print(f"{src}: median {statistics.median(values):,.0f} {unit} a run, {[round(v) for v in values]}")
+        print(
+            f"{src}: median {statistics.median(values):,.0f} {unit} a run, {[round(v) for v in values]}"
+        )
     return figures
 
 

@@ -352,7 +352,9 @@ def test_an_infinite_number_is_refused_though_orjson_would_write_null(bad: float
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @given(value=_json, where=st.integers(min_value=0, max_value=3))
-def test_a_number_json_refuses_is_refused_beside_any_none(bad: float, value: Any, where: int) -> None:
+def test_a_number_json_refuses_is_refused_beside_any_none(
+    bad: float, value: Any, where: int
+) -> None:
     """orjson writes NaN and the infinities as ``null``, as it writes ``None``: a text holding
     ``null`` is kept only when it reads back as the value (ADR 0103), so one of them anywhere in
     a value, beside a ``None`` or not, is still refused as ``json`` refuses it."""

@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from support.durable_store_conformance import admitted, delta
+from support.durable_store_conformance import SPEC, admitted, delta
 from support.pg import PG_URL, pg_admin, pg_schema
+from support.store_conformance import make_run
 
 from thoughtgate.errors import RunTakenOverError
 from thoughtgate.store.base import Holder
+from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.postgres import PostgresStore
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
@@ -134,3 +137,39 @@ async def test_a_write_by_an_earlier_attempt_waiting_for_a_same_owner_claim_is_r
     assert await store.read(run_id) == events
     spec = await store.get_run_spec(run_id)
     assert spec is not None and spec.attempts == 2 and spec.queued_at is None
+
+
+@pytest.mark.postgres
+async def test_the_lines_claim_waiting_for_the_queues_claim_in_flight_is_refused(
+    store: PostgresStore, pg_admin: psycopg.AsyncConnection[Any], pg_schema: str
+) -> None:
+    """ADR 0099: a run waiting in its daemon (held by the process, attempt 0) starts only
+    through a claim naming attempt 0. When this process's own queue claims the run first (the
+    same owner), the line's claim, having waited for the queue's row locks, must see the run
+    as that claim left it -- claimed once -- and start nothing; a read of the rows from before
+    the claim would let the line execute the run a second time."""
+    waiting = make_run(tasks=1, owner=OWNER, lease_expires_at=time.time() + 30)
+    admission = await store.admit_run(waiting, RunSpecRecord(waiting.run_id, dict(SPEC)))
+    assert admission.admitted
+    run_id = waiting.run_id
+    blocker = await psycopg.AsyncConnection.connect(PG_URL)
+    try:
+        await blocker.execute(
+            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(pg_schema))
+        )
+        queue_claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
+        claiming = await _one_waiting_for(pg_admin, blocker.info.backend_pid)
+        assert claiming is not None
+        # The queue's claim has updated runs and run_specs and waits to commit; the line's
+        # claim now waits for its locks (one that does not is caught below: it got through).
+        line_claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30, attempt=0))
+        await _one_waiting_for(pg_admin, claiming, unless=line_claim)
+        await blocker.rollback()
+    finally:
+        await blocker.close()
+    assert await queue_claim == 1
+    assert await line_claim is None, "the line started a run its queue had already claimed"
+    spec = await store.get_run_spec(run_id)
+    assert spec is not None and spec.attempts == 1, "claimed once"
+    run = await store.get_run(run_id)
+    assert (run.owner, run.status) == (OWNER, "running")

@@ -34,22 +34,16 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.environment import LOOPBACK, REPO, child_env
+from bench.environment import LOOPBACK, REPO, callgrind_control, consumer_row
 
 RUNS = 200
 CONCURRENCY = 10
 SCALE = 150.0
-
-
-def _callgrind(*args: str) -> None:
-    """``callgrind_control`` on this process (which runs under valgrind's callgrind)."""
-    subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, check=True)
 
 
 class _Window:
@@ -80,11 +74,11 @@ class _Window:
         if not self.instructions:
             return time.process_time()
         if self.reads == 1:
-            _callgrind("--instr=on")
-            _callgrind("--zero")
+            callgrind_control("--instr=on")
+            callgrind_control("--zero")
         else:
-            _callgrind("--dump")
-            _callgrind("--instr=off")
+            callgrind_control("--dump")
+            callgrind_control("--instr=off")
         return 0.0
 
 
@@ -225,16 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
                         out_file,
                         *command,
                     ]
-                out = subprocess.run(
-                    command,
-                    env={**child_env(src), "PYTHONHASHSEED": "0"},
-                    cwd=str(REPO),
-                    capture_output=True,
-                    text=True,
-                )
-                if out.returncode:
-                    raise SystemExit(f"consumer on {src} failed:\n{out.stderr[-4000:]}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row = consumer_row(command, src)
                 total = row["cpu"] * 1e6 if args.cpu else _dump(folder)
                 per_run = total / row["runs"]
                 figures[src].append(per_run)

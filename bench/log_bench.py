@@ -134,13 +134,82 @@ def _access_lines(count: int) -> dict[str, float]:
     return result
 
 
+def _safe_records(count: int, rounds: int = 3) -> dict[str, dict[str, list[float]]]:
+    """µs of CPU per line with the records made safe (``log_records.install()``, ADR 0104) and
+    without, alternated ``rounds`` times: a record made (the factory alone), an access-log line
+    (no exception: the factory's check alone), a warning quoting an exception (``"... %s", exc``) and a ``log.exception``
+    traceback (a third as many: each is ~100 µs)."""
+    from thoughtgate import log_records
+
+    log = logging.getLogger("thoughtgate.bench")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.handlers[:] = [_handler()]
+    access = logging.getLogger("uvicorn.access")
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    access.handlers[:] = [_handler()]
+    said = 'new row violates check constraint "c"\nDETAIL:  Failing row contains (x, y).'
+    failure = ValueError(said)
+
+    def access_line() -> None:
+        access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", "/v1/runs", "1.1", 200)
+
+    def warning_line() -> None:
+        log.warning("could not close run %s: %s", "run_0123", failure)
+
+    def traceback_line() -> None:
+        try:
+            raise ValueError(said)  # a new one: a raised exception's traceback grows
+        except ValueError:
+            log.exception("an observer of run %s failed", "run_0123")
+
+    access_args = ("127.0.0.1:5", "GET", "/v1/runs", "1.1", 200)
+
+    def record_made() -> None:  # the factory alone: what every record created pays
+        logging.getLogRecordFactory()(
+            "uvicorn.access", 20, "h.py", 1, '%s - "%s %s HTTP/%s" %d', access_args, None
+        )
+
+    lines = {"record": (record_made, count * 10), "access": (access_line, count)}
+    lines["warning"] = (warning_line, count)
+    lines["traceback"] = (traceback_line, max(1, count // 3))
+    before = logging.getLogRecordFactory()
+    result: dict[str, dict[str, list[float]]] = {n: {"plain": [], "safe": []} for n in lines}
+    try:
+        for _ in range(rounds):
+            for arm in ("plain", "safe"):
+                if arm == "safe":
+                    log_records.install()
+                else:
+                    logging.setLogRecordFactory(before)
+                for name, (line, n) in lines.items():
+                    began = time.thread_time()
+                    for _ in range(n):
+                        line()
+                    result[name][arm].append((time.thread_time() - began) / n * 1e6)
+    finally:
+        logging.setLogRecordFactory(before)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import uvloop
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=BATCHES)
     parser.add_argument("--per-batch", type=int, default=PER_BATCH)
+    parser.add_argument(
+        "--records-only", action="store_true", help="only the safe records' cost (ADR 0104)"
+    )
     args = parser.parse_args(argv)
+    records = _safe_records(LINES)
+    for name, arms in records.items():
+        plain = ", ".join(f"{v:.1f}" for v in arms["plain"])
+        safe = ", ".join(f"{v:.1f}" for v in arms["safe"])
+        print(f"a {name} line, µs: plain {plain}; safe records {safe}")
+    if args.records_only:
+        return {"records": records}
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as url:
         figures = uvloop.run(_turns(url, args.batches, args.per_batch))
     info, default = statistics.median(figures["info"]), statistics.median(figures["default"])
@@ -164,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "default": figures["default"],
         "httpx": lines,
         "access": access,
+        "records": records,
     }
 
 

@@ -21,7 +21,9 @@ TOOLS = ("--tools", "support.served:SERVER_TOOLS")
 def restore_levels() -> Iterator[None]:
     names = ["", *QUIET_LIBRARIES]
     levels = {name: logging.getLogger(name).level for name in names}
+    factory = logging.getLogRecordFactory()  # configure_logging installs log_records'
     yield
+    logging.setLogRecordFactory(factory)
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
 
@@ -44,6 +46,19 @@ async def test_provider_requests_are_logged_at_debug_only(
     lines = [r.getMessage() for r in caplog.records if r.name.startswith(QUIET_LIBRARIES)]
     assert any("HTTP Request: POST https://provider.example" in line for line in lines) is shown
     assert logging.getLogger().level == logging.getLevelName(level.upper())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("level", "shown"), [("info", False), ("error", False), ("debug", True)])
+def test_an_exceptions_text_is_logged_at_debug_only(
+    level: str, shown: bool, restore_levels: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ADR 0104: below ``debug`` an exception is logged by its class (and code)."""
+    configure_logging(level)
+    caplog.handler.setLevel(logging.DEBUG)
+    logging.getLogger("thoughtgate.server").error("failed: %s", ValueError("REASONING-x"))
+    assert ("failed: REASONING-x" in caplog.text) is shown
+    assert ("failed: ValueError" in caplog.text) is not shown
 
 
 @pytest.mark.unit

@@ -41,9 +41,10 @@ and chains them with ``raise ... from exc`` so the original stays visible in tra
 
 from __future__ import annotations
 
+import errno
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     from thoughtgate.types import Turn
@@ -77,10 +78,15 @@ __all__ = [
     "UsageError",
     "WorkflowFailed",
     "exception_line",
+    "failure_code",
     "failure_detail",
     "failure_kind",
+    "failure_summary",
     "failure_text",
     "identifier",
+    "own_words",
+    "quoted_words",
+    "quoting",
 ]
 
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")
@@ -94,7 +100,13 @@ def identifier(value: str | None) -> str | None:
 
 
 class ThoughtgateError(Exception):
-    """Base of every error thoughtgate raises on purpose."""
+    """Base of every error thoughtgate raises on purpose.
+
+    ``public`` is set where the message quotes another exception's words (a driver's:
+    :func:`quoting`): the message with that exception's class and code there instead, which is
+    what every reader and every log is shown (ADR 0104)."""
+
+    public: str | None = None
 
 
 class UsageError(ThoughtgateError):
@@ -404,35 +416,168 @@ def failure_kind(exc: BaseException) -> str:
     return exc.kind if isinstance(exc, ReplayedFailure) else type(exc).__name__
 
 
+def failure_code(exc: BaseException) -> str | None:
+    """An identifier the exception's library gives it, which quotes nothing of the data: a
+    SQLSTATE (psycopg), an SQLite error name, an errno, an HTTP status, a validation's error
+    count (pydantic)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and _CODE.fullmatch(sqlstate):
+        return f"SQLSTATE {sqlstate}"
+    name = getattr(exc, "sqlite_errorname", None)
+    if isinstance(name, str) and _CODE.fullmatch(name):
+        return name
+    if isinstance(exc, OSError) and isinstance(exc.errno, int):
+        return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
+    status = getattr(getattr(exc, "response", None), "status_code", None)  # httpx
+    if isinstance(status, int):
+        return f"HTTP {status}"
+    count = getattr(exc, "error_count", None)
+    if callable(count):
+        try:
+            n = count()
+        except Exception:
+            return None
+        if isinstance(n, int):
+            return f"{n} validation error{'s' if n != 1 else ''}"
+    return None
+
+
+_CODE: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def own_words(exc: BaseException) -> bool:
+    """thoughtgate wrote ``exc``'s text for every reader (ADR 0069); a provider's error and a
+    replayed one hold someone else's."""
+    return isinstance(exc, ThoughtgateError) and not isinstance(exc, ProviderError)
+
+
+def failure_summary(exc: BaseException) -> str:
+    """:func:`failure_text`, with a foreign exception's :func:`failure_code`
+    (``CheckViolation (SQLSTATE 23514)``): what a log says of ``exc`` (ADR 0104)."""
+    if own_words(exc) or isinstance(exc, ProviderError):
+        return failure_text(exc)
+    code = failure_code(exc)
+    kind = failure_kind(exc)
+    return f"{kind} ({code})" if code else kind
+
+
+_SHORTEST_QUOTE: Final = 6
+"""Shorter lines of an exception's text are not looked for in another text: they would replace
+thoughtgate's own words (a ``KeyError('id')`` is not worth turning every ``id`` into its class)."""
+
+
+def chained(exc: BaseException) -> list[BaseException]:
+    """``exc``, the exceptions it was raised from or during, and a group's members."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        found.append(e)
+        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+    return found
+
+
+def quoted_words(exceptions: Iterable[BaseException]) -> list[tuple[str, str]]:
+    """Each foreign exception's texts another text might quote (its ``str``, ``repr`` and
+    their lines, a provider's body, a replayed failure's words), longest first, each with its
+    :func:`failure_summary` to write instead."""
+    pairs: dict[str, str] = {}
+    for exc in exceptions:
+        if own_words(exc):
+            continue
+        try:
+            texts = [str(exc), repr(exc)]
+            summary = failure_summary(exc)
+        except Exception:  # a broken __str__: nothing of it can be in another text either
+            continue
+        if isinstance(exc, ProviderError) and exc.detail:
+            texts.append(exc.detail)
+        if isinstance(exc, ReplayedFailure) and exc.said:
+            texts.append(exc.said)
+        lines = [line.strip() for text in texts for line in text.splitlines()]
+        for text in (*texts, *lines):
+            if len(text) >= _SHORTEST_QUOTE and text not in summary:
+                pairs.setdefault(text, summary)
+    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+
+def unquoted(text: str, words: Sequence[tuple[str, str]]) -> str:
+    """``text`` with each of :func:`quoted_words`' texts replaced by its summary."""
+    for said, summary in words:
+        if said in text:
+            text = text.replace(said, summary)
+    return text
+
+
+_E = TypeVar("_E", bound=ThoughtgateError)
+
+SAID: Final = "{said}"
+"""Where :func:`quoting` puts the quoted exception's words in a message."""
+
+
+def quoting(cls: type[_E], text: str, exc: BaseException, said: str | None = None) -> _E:
+    """``cls(text)`` with ``exc``'s words (``said``, else its ``str``) at :data:`SAID`, and
+    as its ``public`` text ``exc``'s :func:`failure_summary` there: declared where the words
+    are put in, so that no reader is shown them (a driver may quote a value: PostgreSQL's
+    ``invalid input syntax for type integer: "..."``)."""
+    words = str(exc) if said is None else said
+    error = cls(text.replace(SAID, words))
+    error.public = text.replace(SAID, failure_summary(exc))
+    return error
+
+
 def failure_text(exc: BaseException) -> str:
     """What a run's or a task's ``error`` says of an exception, which every reader sees: only
     words thoughtgate wrote (ADRs 0069, 0071).
 
-    thoughtgate's own errors speak for themselves (their messages are written for the reader); a
-    provider's error is described by its identifiers (:meth:`ProviderError.described`), never
-    quoted. Any other exception -- a library's, a driver's, an inline worker's (user code) -- is
-    named by its class only: its text is its author's, and may hold anything (SQLAlchemy appends
-    a statement's ``[parameters: ...]``, pydantic each failing ``input_value``, a worker whatever
-    it was given). Its words go to :func:`failure_detail` (fail closed)."""
+    thoughtgate's own errors speak for themselves (their messages are written for the reader),
+    but for the words of the exceptions they were raised from, which each is named by instead (a
+    ``StoreError`` quotes its driver's first line, where PostgreSQL may quote a value: ADR
+    0104); a provider's error is described by its identifiers
+    (:meth:`ProviderError.described`), never quoted. Any other exception -- a library's, a
+    driver's, an inline worker's (user code) -- is named by its class only: its text is its
+    author's, and may hold anything (SQLAlchemy appends a statement's ``[parameters: ...]``,
+    pydantic each failing ``input_value``, a worker whatever it was given). Its words go to
+    :func:`failure_detail` (fail closed)."""
     if isinstance(exc, ProviderError):
         return exc.described()
     if isinstance(exc, ThoughtgateError):
-        return str(exc)
+        return _own_text(exc)[0]
     return failure_kind(exc)
+
+
+def _own_text(exc: ThoughtgateError) -> tuple[str, bool]:
+    """``exc``'s text without the words it quoted (its ``public`` text, else its text with its
+    chain's words replaced: fail closed), and whether it quoted any."""
+    said = str(exc)
+    if exc.public is not None:
+        return exc.public, exc.public != said
+    causes = chained(exc)[1:]
+    if not causes:
+        return said, False
+    text = unquoted(said, quoted_words(causes))
+    return text, text != said
 
 
 def failure_detail(exc: BaseException) -> str | None:
     """The words of a failure thoughtgate did not write, for the developer-only ``error_detail``
     beside a public ``error`` (``None`` when there are none).
 
-    A provider's own text (its error body, OpenRouter's ``metadata.raw``, an error event); any
-    other exception's class and first line. The lines after the first stay out even here: they
-    are a library's details (a statement's parameters, a validation error's inputs), where
-    continuity carriers may sit, which no reader is ever shown (ADR 0069)."""
+    A provider's own text (its error body, OpenRouter's ``metadata.raw``, an error event); the
+    whole text of a thoughtgate error that quoted the exception it was raised from; any other
+    exception's class and first line. The lines after the first stay out even here: they are a
+    library's details (a statement's parameters, a validation error's inputs), where continuity
+    carriers may sit, which no reader is ever shown (ADR 0069)."""
     if isinstance(exc, ProviderError):
         return exc.detail or None
     if isinstance(exc, ThoughtgateError):
-        return None
+        return str(exc) if _own_text(exc)[1] else None
     return exception_line(exc)
 
 

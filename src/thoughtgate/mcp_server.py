@@ -56,7 +56,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from thoughtgate import __version__
+from thoughtgate import __version__, log_records
 from thoughtgate.access.filter import filter_event, filter_run, require_role
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
@@ -424,7 +424,10 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
 
 
 def _plain_stderr_logging() -> None:
-    """One plain line per record on stderr (no colours, no boxes): hosts show it as is."""
+    """One plain line per record on stderr (no colours, no boxes): hosts show it as is. The
+    host's user is not necessarily a developer: exceptions are logged by class and code, never
+    their text (ADR 0104)."""
+    log_records.install()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("thoughtgate mcp: %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

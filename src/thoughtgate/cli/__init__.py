@@ -6,6 +6,7 @@ import importlib
 
 import typer
 
+from thoughtgate import log_records
 from thoughtgate.cli.usage_errors import OneLineUsageErrors
 
 __all__ = ["app", "main"]
@@ -35,4 +36,7 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
+    # whatever a command logs (a store's or provider's failure, a traceback) shows exceptions
+    # by class and code, never their text: its reader may not be a developer (ADR 0104)
+    log_records.install()
     app()

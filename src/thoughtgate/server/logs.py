@@ -9,6 +9,9 @@ uvicorn's access log (one line an HTTP request, at INFO) is kept: it is the oper
 who called the daemon. Its request line carries the query string, where a live stream's ticket
 travels (``?ticket=``): :class:`RedactTickets` replaces the value of every query parameter whose
 name, decoded as the daemon decodes it, is secret-like.
+
+Every record's exceptions are written as :mod:`thoughtgate.log_records` decides (their class and
+a code, thoughtgate's own words; their text at ``debug`` only, ADR 0104).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import logging
 import re
 from typing import Final
 from urllib.parse import unquote_plus
+
+from thoughtgate import log_records
 
 __all__ = ["QUIET_LIBRARIES", "RedactTickets", "configure_logging", "redact_query"]
 
@@ -29,7 +34,12 @@ _SECRET_NAME = re.compile(r"ticket|token|key|secret|passw|auth|sig", re.IGNORECA
 
 
 def configure_logging(level: str) -> None:
-    """The daemon's logging at ``level`` (``debug`` | ``info`` | ``warning`` | ``error``)."""
+    """The daemon's logging at ``level`` (``debug`` | ``info`` | ``warning`` | ``error``).
+
+    Exceptions' own words (a driver's, a provider's, a library's) are logged at ``debug``
+    only, the level for developers; at any other level a record shows an exception by its
+    class and code (:mod:`thoughtgate.log_records`)."""
+    log_records.install(full=level.lower() == "debug")
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     logging.getLogger().setLevel(level.upper())  # also when a handler was there already
     numeric = logging.getLevelName(level.upper())

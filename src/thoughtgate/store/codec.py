@@ -229,7 +229,7 @@ def decode_payload_array(joined: bytes) -> list[dict[str, Any]]:
     floats) and what orjson refuses (the ``\\u`` escapes of a lone surrogate that ``dumps``
     writes, ``NaN``). Those pages go to ``json``, so the values are ``json``'s either way.
     """
-    data = b"[" + joined + b"]"
+    data = b"".join((b"[", joined, b"]"))  # one copy of the page, not two
     try:
         if not _may_hold_a_long_number(data):
             return cast(list[dict[str, Any]], orjson.loads(data))

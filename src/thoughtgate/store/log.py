@@ -32,7 +32,6 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import KW_ONLY, dataclass
-from operator import attrgetter
 from typing import Any, Protocol
 
 from thoughtgate.errors import (
@@ -60,8 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_type_of = attrgetter("type")
 
 EventObserver = Callable[[Sequence[Event]], Awaitable[None]]
 """Called with every batch right after it is durably appended (telemetry, live observers)."""
@@ -526,9 +523,13 @@ class EventLog(abc.ABC):
                 if not events:
                     await _abandon_all(ahead)
                     continue
-                # One look for a terminal event per page (in C), not one call per event:
-                # replay's cost is this loop.
-                ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(map(_type_of, events))
+                # One look for a terminal event per page, not a check per event handed out:
+                # replay's cost is this loop. The types gathered by a comprehension (one
+                # specialised slot read each): about a third fewer instructions than an
+                # ``attrgetter`` mapped over the page (ADR 0101).
+                ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(
+                    [event.type for event in events]
+                )
                 last = events[-1].seq
                 if ends or len(events) < batch or (ahead and ahead[0][0] != last):
                     # The end of what is stored (or of the run): what was read ahead is moot.

@@ -16,7 +16,13 @@ from __future__ import annotations
 import psycopg
 from psycopg import errors as pg
 
-from thoughtgate.errors import StoreError, StoreReadOnlyError, StoreUnavailableError
+from thoughtgate.errors import (
+    SAID,
+    StoreError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+    quoting,
+)
 
 __all__ = ["describe_target", "translate_error"]
 
@@ -35,22 +41,30 @@ def describe_target(conninfo: str, schema: str | None = None) -> str:
 
 
 def translate_error(exc: psycopg.Error, action: str, where: str) -> StoreError:
-    """Map a driver error into the thoughtgate tree."""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """Map a driver error into the thoughtgate tree. The driver's first line is quoted for the
+    developer and the operator at ``debug``; its ``public`` text has its class and SQLSTATE
+    there (:func:`quoting`): PostgreSQL may quote a value in it (ADR 0104)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, pg.DiskFull):
-        return StoreError(
+        return quoting(
+            StoreError,
             f"cannot {action}: database or disk is full ({where}); the write was rolled back "
-            f"and nothing of it was stored ({detail})"
+            f"and nothing of it was stored ({SAID})",
+            exc,
+            first,
         )
     if isinstance(exc, pg.ReadOnlySqlTransaction):
-        return StoreReadOnlyError(
+        return quoting(
+            StoreReadOnlyError,
             f"cannot {action}: {where} is read-only (a standby, or default_transaction_read_only); "
-            f"nothing recorded was changed ({detail})"
+            f"nothing recorded was changed ({SAID})",
+            exc,
+            first,
         )
     if isinstance(exc, pg.InsufficientPrivilege):
-        return StoreError(f"cannot {action}: permission denied on {where} ({detail})")
+        text = f"cannot {action}: permission denied on {where} ({SAID})"
+        return quoting(StoreError, text, exc, first)
     if isinstance(exc, psycopg.OperationalError):
-        return StoreUnavailableError(
-            f"cannot {action}: {where} is unreachable or the connection was lost ({detail})"
-        )
-    return StoreError(f"cannot {action}: {detail} ({where})")
+        text = f"cannot {action}: {where} is unreachable or the connection was lost ({SAID})"
+        return quoting(StoreUnavailableError, text, exc, first)
+    return quoting(StoreError, f"cannot {action}: {SAID} ({where})", exc, first)

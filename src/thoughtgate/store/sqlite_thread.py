@@ -104,10 +104,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from thoughtgate.errors import (
+    SAID,
     NotOurDatabaseError,
     StoreError,
     StoreReadOnlyError,
     StoreUnavailableError,
+    quoting,
 )
 
 __all__ = ["Merge", "QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
@@ -139,39 +141,48 @@ _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 
 def translate_error(
     exc: sqlite3.Error, path: Path | str, action: str, *, busy_timeout: float = 0.0
 ) -> StoreError:
-    """Map a driver error into the thoughtgate tree; the message names the database and action."""
+    """Map a driver error into the thoughtgate tree; the message names the database and action.
+    The driver's words it quotes are declared (:func:`quoting`): its ``public`` text has their
+    class and SQLite error name there (ADR 0104)."""
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     where = f"SQLite database {path}"
     if primary == _FULL:
-        return StoreError(
+        return quoting(
+            StoreError,
             f"cannot {action}: database or disk is full ({where}); the write was rolled back and "
-            "nothing of it was stored"
+            "nothing of it was stored",
+            exc,
         )
     if primary == _READONLY:
-        return StoreReadOnlyError(
+        return quoting(
+            StoreReadOnlyError,
             f"cannot {action}: {where} is read-only (the file or its directory is not writable); "
-            f"nothing recorded was changed and it can still be read ({exc})"
+            f"nothing recorded was changed and it can still be read ({SAID})",
+            exc,
         )
     if primary == _NOTADB:
-        return NotOurDatabaseError(
-            f"{where} is not a SQLite database ({exc}); it was left untouched"
-        )
+        text = f"{where} is not a SQLite database ({SAID}); it was left untouched"
+        return quoting(NotOurDatabaseError, text, exc)
     if primary in (_BUSY, _LOCKED):
-        return StoreUnavailableError(
+        return quoting(
+            StoreUnavailableError,
             f"cannot {action}: {where} stayed locked by another connection for more than "
-            f"{busy_timeout:g}s ({exc})"
+            f"{busy_timeout:g}s ({SAID})",
+            exc,
         )
     if primary in (_CANTOPEN, _PERM):
-        return StoreUnavailableError(
-            f"cannot {action}: cannot open {where} ({exc}); check that the file and its directory "
-            "exist and are readable and writable"
+        return quoting(
+            StoreUnavailableError,
+            f"cannot {action}: cannot open {where} ({SAID}); check that the file and its "
+            "directory exist and are readable and writable",
+            exc,
         )
     if primary == _CORRUPT:
-        return StoreError(f"cannot {action}: {where} is corrupt ({exc})")
+        return quoting(StoreError, f"cannot {action}: {where} is corrupt ({SAID})", exc)
     if primary == _IOERR:
-        return StoreError(f"cannot {action}: I/O error on {where} ({exc})")
-    return StoreError(f"cannot {action}: {exc} ({where})")
+        return quoting(StoreError, f"cannot {action}: I/O error on {where} ({SAID})", exc)
+    return quoting(StoreError, f"cannot {action}: {SAID} ({where})", exc)
 
 
 def in_write_transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -945,7 +956,10 @@ def _behind(
 
 
 def _behind_error(first: _Job, action: str) -> StoreError:
-    return StoreError(f"cannot {action}: the write queued before it was not stored ({first.error})")
+    """Quotes the first write's error, which may quote its driver's words: declared."""
+    assert first.error is not None
+    text = f"cannot {action}: the write queued before it was not stored ({SAID})"
+    return quoting(StoreError, text, first.error)
 
 
 @dataclass(slots=True)

@@ -7,16 +7,21 @@ another server than the rest of ``make bench`` without saying so.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "LOOPBACK",
     "PG_URL",
     "REPO",
+    "callgrind_control",
     "child_env",
+    "consumer_row",
     "drop_schemas",
     "drop_schemas_async",
     "free_port",
@@ -45,6 +50,27 @@ def child_env(src: str | Path = REPO / "src") -> dict[str, str]:
     """This environment, with ``src`` (the thoughtgate sources measured: this checkout's unless a
     bench compares another) and the repository (for ``bench``) on the child's ``PYTHONPATH``."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)])}
+
+
+def consumer_row(command: list[str], src: str | Path) -> dict[str, Any]:
+    """Run a bench's consumer process on ``src``'s sources (hash seed 0, so two processes of the
+    same code count the same instructions) and return its last line of output, read as JSON."""
+    out = subprocess.run(
+        command,
+        env={**child_env(src), "PYTHONHASHSEED": "0"},
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        raise SystemExit(f"consumer on {src} failed:\n{out.stderr[-4000:]}")
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
+def callgrind_control(*args: str) -> None:
+    """``callgrind_control`` on this process (which runs under valgrind's callgrind)."""
+    subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, check=True)
 
 
 def throwaway_schema(prefix: str = "tg_bench") -> str:

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.emulator_process import DELTAS, emulator_process
-from bench.environment import REPO, child_env
+from bench.environment import REPO, callgrind_control, consumer_row
 from bench.request_bench import memory_backend
 
 BATCHES = 9
@@ -143,12 +141,6 @@ KIND = "short"
 """Which answer the memory backend serves the next request: "short" (as recorded) or "long"."""
 
 
-def _callgrind(*args: str) -> None:
-    """``callgrind_control`` on this process (which runs under valgrind's callgrind)."""
-    command = ["callgrind_control", *args, str(os.getpid())]
-    subprocess.run(command, capture_output=True, check=True)
-
-
 async def _measure(url: str, fmt: str, batches: int, per_batch: int, mode: str) -> dict[str, Any]:
     global KIND
     from thoughtgate.engine.turn import stream_llm_turn
@@ -182,11 +174,11 @@ async def _measure(url: str, fmt: str, batches: int, per_batch: int, mode: str) 
             for _ in range(1 if mode == "instructions" else batches):
                 for kind in kinds:
                     if mode == "instructions":  # counted by callgrind, one dump per length
-                        _callgrind("--instr=on")
-                        _callgrind("--zero")
+                        callgrind_control("--instr=on")
+                        callgrind_control("--zero")
                         await turns(kind)
-                        _callgrind("--dump")
-                        _callgrind("--instr=off")
+                        callgrind_control("--dump")
+                        callgrind_control("--instr=off")
                         continue
                     began = time.thread_time()
                     await turns(kind)
@@ -253,16 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 elif mode == "loopback":
                     command += ["--loopback"]
                 command += ["--batches", str(args.batches), "--per-batch", str(args.per_batch)]
-                out = subprocess.run(
-                    [*command, "--formats", args.formats],
-                    env={**child_env(src), "PYTHONHASHSEED": "0"},
-                    cwd=str(REPO),
-                    capture_output=True,
-                    text=True,
-                )
-                if out.returncode:
-                    raise SystemExit(f"consumer on {src} failed:\n{out.stderr}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row = consumer_row([*command, "--formats", args.formats], src)
                 if mode == "instructions":  # two dumps per format: short, then long turns
                     counts = iter(_dumps(folder))
                     for f in formats:

@@ -350,6 +350,39 @@ def test_an_infinite_number_is_refused_though_orjson_would_write_null(bad: float
         codec.dumps({"x": bad})
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@given(value=_json, where=st.integers(min_value=0, max_value=3))
+def test_a_number_json_refuses_is_refused_beside_any_none(
+    bad: float, value: Any, where: int
+) -> None:
+    """orjson writes NaN and the infinities as ``null``, as it writes ``None``: a text holding
+    ``null`` is kept only when it reads back as the value (ADR 0103), so one of them anywhere in
+    a value, beside a ``None`` or not, is still refused as ``json`` refuses it."""
+    holders: list[Any] = [
+        {"x": bad, "n": None, "v": value},
+        [None, value, [bad]],
+        {"deep": [{"n": None}, {"x": [value, bad]}]},
+        {"null": "null", "x": bad},
+    ]
+    with pytest.raises(UsageError, match="not JSON-serializable"):
+        codec.dumps(holders[where])
+
+
+@given(_json)
+def test_a_value_holding_none_is_written_as_json_reads_it(value: Any) -> None:
+    """A run's event (no task id) and most payloads hold a ``None``: their text reads back as
+    the value, with ``json``'s types, whoever wrote it."""
+    for holder in ({"task_id": None, "v": value}, [value, None], {"text": "null", "v": value}):
+        text = codec.dumps(holder)
+        assert repr(json.loads(text)) == repr(json.loads(json.dumps(holder, ensure_ascii=False)))
+
+
+def test_a_tuple_beside_none_is_written_by_json_as_before() -> None:
+    """orjson's text of a tuple reads back as a list, not the value: ``json`` writes it, as it
+    did before (the same text either way)."""
+    assert codec.dumps({"pair": (1, "a"), "n": None}) == '{"pair":[1,"a"],"n":null}'
+
+
 @given(st.lists(st.floats(allow_nan=False) | st.integers(-(2**53), 2**53), max_size=20))
 def test_a_batch_sends_postgresql_every_time_exactly(stamps: list[float]) -> None:
     """The times travel as text: each reads back as the very float it was (PostgreSQL reads

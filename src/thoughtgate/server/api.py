@@ -24,6 +24,7 @@ from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
+from thoughtgate.server.middleware import READ_BODY
 from thoughtgate.server.state import state_of
 
 __all__ = [
@@ -176,7 +177,9 @@ def prefetched(request: Request) -> Prefetch | None:
 async def parse_body(request: Request, model: type[M]) -> M:
     """The JSON body validated against ``model``: 400 for bad or over-deep JSON, 422 for a bad
     shape."""
-    raw = await request.body()
+    raw = request.scope.pop(READ_BODY, None)  # read whole by the body limit's middleware
+    if raw is None:
+        raw = await request.body()
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:

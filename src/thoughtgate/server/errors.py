@@ -26,7 +26,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.errors import (
     AccessDeniedError,
@@ -40,6 +40,7 @@ from thoughtgate.errors import (
     UsageError,
     failure_text,
 )
+from thoughtgate.server.responses import JSONResponse
 
 __all__ = ["ApiError", "error_response", "exception_handlers"]
 

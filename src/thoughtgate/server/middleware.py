@@ -16,11 +16,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from thoughtgate.server.errors import error_response
 
-__all__ = ["OVERHEAD_HEADER", "BodyLimitMiddleware", "OverheadHeaderMiddleware"]
+__all__ = ["OVERHEAD_HEADER", "READ_BODY", "BodyLimitMiddleware", "OverheadHeaderMiddleware"]
 
 OVERHEAD_HEADER = "x-thoughtgate-overhead-ms"
 _OVERHEAD_KEY = OVERHEAD_HEADER.encode("ascii")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+READ_BODY = "thoughtgate.body"
+"""The scope's key for a request's whole body, read by :class:`BodyLimitMiddleware`, until a
+route takes it (``server.api.parse_body``) or the app's ``receive`` hands it over."""
 
 
 class OverheadHeaderMiddleware:
@@ -79,14 +82,14 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        delivered = False
+        # Kept in the scope for ``parse_body`` (the route's one reader of it), which takes it
+        # from there instead of through Starlette's ``Request.body`` (an async generator and
+        # two ``receive`` calls a request, ADR 0103); whoever reads it first has it, once.
+        scope[READ_BODY] = b"".join(chunks)
 
         async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if READ_BODY in scope:
+                return {"type": "http.request", "body": scope.pop(READ_BODY), "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.access.keys import Principal, create_key, key_view, revoke_key
 from thoughtgate.access.roles import Role
 from thoughtgate.server.api import Endpoint, parse_body
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import CreatedKeyView, CreateKeyBody, KeyList, RevokeResult
+from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.state import state_of
 
 __all__ = ["ENDPOINTS"]

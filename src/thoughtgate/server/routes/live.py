@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
@@ -26,6 +26,7 @@ from thoughtgate.server.api import (
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.fanout import FirstPage
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
+from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.routes.runs import start_run
 from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
 from thoughtgate.server.state import ServerState, state_of

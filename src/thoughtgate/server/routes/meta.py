@@ -6,13 +6,14 @@ import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.access.filter import can_read_reasoning
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.server.api import Endpoint
 from thoughtgate.server.models import Health, Me
+from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.state import state_of
 
 __all__ = ["ENDPOINTS", "package_version"]

@@ -22,7 +22,7 @@ from typing import Any, Final, get_args
 
 from sse_starlette.event import ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.access.filter import filter_run
 from thoughtgate.access.keys import Principal
@@ -34,6 +34,7 @@ from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, query_int
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.models import RunList
+from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.routes.live import access_watcher, stream_response
 from thoughtgate.server.state import state_of
 from thoughtgate.store.base import EventStore

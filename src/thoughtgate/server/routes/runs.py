@@ -5,7 +5,7 @@ caller's role."""
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
@@ -25,6 +25,7 @@ from thoughtgate.server.models import (
     RunCreated,
     ToolList,
 )
+from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.state import state_of
 from thoughtgate.store.records import RunRecord
 

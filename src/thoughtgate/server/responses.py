@@ -1,0 +1,66 @@
+"""The daemon's JSON responses: Starlette's, written by a JSON encoder built once.
+
+Starlette's ``JSONResponse.render`` calls ``json.dumps`` with options of its own, and ``json``
+builds a new encoder (a ``JSONEncoder`` and its C encoder) for every such call: on the bench
+host that was two thirds of rendering a ticket's answer (ADR 0103). The C encoder here has the
+same options (``ensure_ascii=False``, ``allow_nan=False``, compact separators), so every body is
+the text Starlette writes, byte for byte. Without ``json``'s circular-reference markers (which
+cannot be shared between calls), a value that holds itself ends in ``RecursionError``; it is
+then written by Starlette's own ``render``, which refuses it as it always did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from starlette import responses
+
+__all__ = ["JSONResponse", "compact_json"]
+
+
+def _c_encoder(*, sort_keys: bool) -> Callable[[Any], str] | None:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has it
+        return None
+    encode = make(
+        None,  # markers: none (below)
+        None,  # default: nothing else is JSON
+        json.encoder.c_encode_basestring,  # type: ignore[attr-defined]  # ensure_ascii=False
+        None,  # indent
+        ":",
+        ",",
+        sort_keys,
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+
+    def dumps(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return dumps
+
+
+_COMPACT = {False: _c_encoder(sort_keys=False), True: _c_encoder(sort_keys=True)}
+
+
+def compact_json(value: Any, *, sort_keys: bool = False) -> str:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+    sort_keys=sort_keys)``, the same text, without building an encoder per call."""
+    encode = _COMPACT[sort_keys]
+    if encode is not None:
+        try:
+            return encode(value)
+        except RecursionError:  # a value that holds itself (or nests past the stack): json's
+            pass
+    return json.dumps(
+        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys
+    )
+
+
+class JSONResponse(responses.JSONResponse):
+    """Starlette's ``JSONResponse``, rendered by :func:`compact_json` (the same bytes)."""
+
+    def render(self, content: Any) -> bytes:
+        return compact_json(content).encode("utf-8")

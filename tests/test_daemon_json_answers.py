@@ -77,6 +77,14 @@ def test_a_value_that_holds_itself_is_refused_as_starlette_refuses_it() -> None:
             response(loop)
 
 
+def test_a_value_that_is_not_json_is_refused_as_starlette_refuses_it() -> None:
+    """The encoder built once has no ``default``: a value it cannot write is written by
+    ``json``, which names the type (not "'NoneType' object is not callable")."""
+    for response in (JSONResponse, starlette_responses.JSONResponse):
+        with pytest.raises(TypeError, match="Object of type object is not JSON serializable"):
+            response({"ok": [1, object()]})
+
+
 class _Body(BaseModel):
     name: str
 

@@ -52,8 +52,8 @@ def compact_json(value: Any, *, sort_keys: bool = False) -> str:
     if encode is not None:
         try:
             return encode(value)
-        except RecursionError:  # a value that holds itself (or nests past the stack): json's
-            pass
+        except (RecursionError, TypeError):  # a value that holds itself, or one that is not
+            pass  # JSON (the encoder has no ``default``): ``json`` says so in its own words
     return json.dumps(
         value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys
     )

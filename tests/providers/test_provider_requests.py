@@ -218,6 +218,16 @@ def trusted_tls(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.
     clients_module._tls_context.cache_clear()
 
 
+async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then close ``dst``."""
+    with contextlib.suppress(ConnectionError):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    with contextlib.suppress(OSError):
+        dst.close()
+
+
 @dataclass
 class Tunnel:
     """A ``CONNECT`` proxy: keeps each request line, answers 200 and relays bytes both ways."""
@@ -234,16 +244,8 @@ class Tunnel:
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            with contextlib.suppress(OSError):
-                dst.close()
-
         try:
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            await asyncio.gather(relay(reader, up_writer), relay(up_reader, writer))
         finally:
             up_writer.transport.abort()
 
@@ -307,6 +309,58 @@ async def test_a_tunnel_to_a_provider_it_cannot_verify_fails_to_connect(
             with pytest.raises(ProviderConnectionError, match="could not connect"):
                 await turn(transport(provider.url, clients, max_retries=0))
     assert tunnel.request_lines == [f"CONNECT 127.0.0.1:{provider.port} HTTP/1.1"]
+
+
+@dataclass
+class Socks5:
+    """A SOCKS5 proxy (no authentication, ``CONNECT`` only): keeps each target as ``host:port``
+    and relays bytes both ways."""
+
+    targets: list[str] = field(default_factory=list)
+    port: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _version, methods = await reader.readexactly(2)
+        await reader.readexactly(methods)
+        writer.write(b"\x05\x00")  # no authentication
+        _version, _command, _reserved, kind = await reader.readexactly(4)
+        if kind == 1:
+            host = ".".join(str(b) for b in await reader.readexactly(4))
+        else:  # a domain name
+            host = (await reader.readexactly((await reader.readexactly(1))[0])).decode()
+        port = int.from_bytes(await reader.readexactly(2), "big")
+        self.targets.append(f"{host}:{port}")
+        up_reader, up_writer = await asyncio.open_connection(host, port)
+        writer.write(b"\x05\x00\x00\x01" + bytes(4) + bytes(2))
+        await writer.drain()
+        try:
+            await asyncio.gather(relay(reader, up_writer), relay(up_reader, writer))
+        finally:
+            up_writer.transport.abort()
+
+
+@pytest.mark.skipif(
+    not clients_module._socks_installed(), reason="the socks extra is not installed"
+)
+@pytest.mark.parametrize("secure", [False, True], ids=["http", "https"])
+async def test_a_turn_streams_through_a_socks5_proxy_with_the_extra(
+    proxy_env: pytest.MonkeyPatch, trusted_tls: ssl.SSLContext, secure: bool
+) -> None:
+    body = transcript("thinking_text.sse")
+    socks = Socks5()
+    clients = ProviderClients()
+    async with (
+        ReplayServer(
+            [Reply(chunked(body, "random"))], tls=trusted_tls if secure else None
+        ) as provider,
+        serving(socks.serve) as server,
+    ):
+        socks.port = server.sockets[0].getsockname()[1]
+        proxy_env.setenv("ALL_PROXY", f"socks5://127.0.0.1:{socks.port}")
+        async with clients.lease():
+            got = await turn(transport(provider.url, clients, max_retries=0))
+    assert got == [frame.data for frame in frames(body)]
+    assert socks.targets == [f"127.0.0.1:{provider.port}"]
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
+import importlib.util
 import ssl
 import weakref
 from collections.abc import AsyncIterator
@@ -43,6 +44,7 @@ import anyio
 import httpcore
 import httpx
 
+from thoughtgate.errors import ProviderConnectionError
 from thoughtgate.providers.h11_body import BODY_READS, body_reads
 from thoughtgate.providers.netio import AsyncioBackend
 
@@ -102,6 +104,35 @@ def environment_proxies() -> dict[str, httpx.Proxy | None]:
     helper: Any = importlib.import_module("httpx._utils").get_environment_proxies
     found: dict[str, str | None] = helper()
     return {key: None if url is None else httpx.Proxy(url) for key, url in found.items()}
+
+
+_SOCKS_SCHEMES = ("socks5", "socks5h")
+_PROXY_VARIABLES = {"http://": "HTTP_PROXY", "https://": "HTTPS_PROXY", "all://": "ALL_PROXY"}
+
+
+def _socks_installed() -> bool:
+    """Whether httpx can build a SOCKS proxy transport (it needs ``socksio``)."""
+    return importlib.util.find_spec("socksio") is not None
+
+
+class _MissingSocks(httpx.AsyncBaseTransport):
+    """Mounted for a SOCKS proxy when ``socksio`` is not installed: a request that would go
+    through it fails at once, not retried, with words that name the fix.
+
+    Why: httpx raises an ``ImportError`` when it builds a SOCKS transport without ``socksio``;
+    from the sharded pools (built on a request) that escaped as a crash of the run with httpx's
+    advice (``pip install httpx[socks]``). Mounted per pattern, so a request that the SOCKS proxy
+    does not carry (``NO_PROXY``, or a scheme with a proxy of its own) goes as before."""
+
+    def __init__(self, pattern: str, proxy: httpx.Proxy) -> None:
+        variable = _PROXY_VARIABLES.get(pattern, "the environment")
+        self.message = (
+            f"the SOCKS proxy {proxy.url} (from {variable}) needs the socksio package: "
+            "install thoughtgate[socks]"
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise ProviderConnectionError(self.message, retryable=False)
 
 
 class _LeanCookies(httpx.Cookies):
@@ -341,12 +372,16 @@ class ProviderClients:
         proxies = environment_proxies()
         if not proxies:
             return None
-        return {
-            pattern: None
-            if proxy is None
-            else ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
-            for pattern, proxy in proxies.items()
-        }
+        return {pattern: self._proxy_mount(pattern, proxy) for pattern, proxy in proxies.items()}
+
+    def _proxy_mount(
+        self, pattern: str, proxy: httpx.Proxy | None
+    ) -> httpx.AsyncBaseTransport | None:
+        if proxy is None:
+            return None
+        if proxy.url.scheme in _SOCKS_SCHEMES and not _socks_installed():
+            return _MissingSocks(pattern, proxy)
+        return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 
     def pools(self, base_url: str) -> int:
         """Connection pools of ``base_url``'s client on the running loop (0 without a client)."""

@@ -311,6 +311,23 @@ async def test_a_tunnel_to_a_provider_it_cannot_verify_fails_to_connect(
     assert tunnel.request_lines == [f"CONNECT 127.0.0.1:{provider.port} HTTP/1.1"]
 
 
+async def test_an_https_proxy_it_cannot_verify_is_refused(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The ``https://`` proxy's own certificate is verified (its context is built once per client,
+    ADR 0107): one outside the trusted roots is a connection error, before any ``CONNECT`` is
+    sent, on every turn."""
+    server, _ = self_signed(tmp_path)  # not trusted: no SSL_CERT_FILE
+    clients = ProviderClients()
+    async with tunnelling(server) as tunnel:
+        proxy_env.setenv("HTTPS_PROXY", f"https://127.0.0.1:{tunnel.port}")
+        async with clients.lease():
+            for _ in range(2):
+                with pytest.raises(ProviderConnectionError, match="could not connect"):
+                    await turn(transport("https://provider.invalid", clients, max_retries=0))
+    assert tunnel.request_lines == []
+
+
 @dataclass
 class Socks5:
     """A SOCKS5 proxy (no authentication, ``CONNECT`` only): keeps each target as ``host:port``

@@ -160,6 +160,26 @@ def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
     return None
 
 
+class _ProxyTLS:
+    """The TLS context a client's ``https://`` proxies are verified with, built once per client.
+
+    Why: given no context, httpcore builds its default (``httpcore.default_ssl_context()``) for
+    every new connection to an ``https://`` proxy, about 25-40 ms of CPU each (loading the
+    roots); that same context, built once per client, keeps the trust exactly: the system's roots
+    (or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads) and certifi's, with
+    verification and host name checks on. Not the process's one context (``_tls_context``):
+    httpx's defaults there trust certifi alone, or the variables alone, so a proxy trusted
+    through the system's roots would be refused (ADR 0107)."""
+
+    def __init__(self) -> None:
+        self._context: ssl.SSLContext | None = None
+
+    def context(self) -> ssl.SSLContext:
+        if self._context is None:
+            self._context = httpcore.default_ssl_context()
+        return self._context
+
+
 class _LeanCookies(httpx.Cookies):
     """A client's cookie jar that skips a response without cookies at once.
 
@@ -397,15 +417,21 @@ class ProviderClients:
         proxies = _environment_proxy_urls()
         if not proxies:
             return None
-        return {pattern: self._proxy_mount(pattern, url) for pattern, url in proxies.items()}
+        proxy_tls = _ProxyTLS()
+        return {
+            pattern: self._proxy_mount(pattern, url, proxy_tls) for pattern, url in proxies.items()
+        }
 
-    def _proxy_mount(self, pattern: str, url: str | None) -> httpx.AsyncBaseTransport | None:
+    def _proxy_mount(
+        self, pattern: str, url: str | None, proxy_tls: _ProxyTLS
+    ) -> httpx.AsyncBaseTransport | None:
         if url is None:
             return None
         unusable = _unusable_proxy(pattern, url)
         if unusable is not None:
             return unusable
-        proxy = httpx.Proxy(url)
+        tls = proxy_tls.context() if httpx.URL(url).scheme == "https" else None
+        proxy = httpx.Proxy(url, ssl_context=tls)
         return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 
     def pools(self, base_url: str) -> int:

@@ -311,6 +311,23 @@ async def test_a_tunnel_to_a_provider_it_cannot_verify_fails_to_connect(
     assert tunnel.request_lines == [f"CONNECT 127.0.0.1:{provider.port} HTTP/1.1"]
 
 
+async def test_an_https_proxy_it_cannot_verify_is_refused(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The ``https://`` proxy's own certificate is verified (its context is built once per client,
+    ADR 0107): one outside the trusted roots is a connection error, before any ``CONNECT`` is
+    sent, on every turn."""
+    server, _ = self_signed(tmp_path)  # not trusted: no SSL_CERT_FILE
+    clients = ProviderClients()
+    async with tunnelling(server) as tunnel:
+        proxy_env.setenv("HTTPS_PROXY", f"https://127.0.0.1:{tunnel.port}")
+        async with clients.lease():
+            for _ in range(2):
+                with pytest.raises(ProviderConnectionError, match="could not connect"):
+                    await turn(transport("https://provider.invalid", clients, max_retries=0))
+    assert tunnel.request_lines == []
+
+
 @dataclass
 class Socks5:
     """A SOCKS5 proxy (no authentication, ``CONNECT`` only): keeps each target as ``host:port``
@@ -397,6 +414,54 @@ async def test_a_socks_proxy_the_request_does_not_use_needs_no_extra(
     async with recording() as provider, clients.lease():
         proxy_env.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
         proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        assert await turn(transport(provider.url, clients)) == ["one"]
+    assert provider.request_lines == ["post /v1/messages http/1.1"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "shown"),
+    [
+        ("ALL_PROXY", "socks4://someone:s3cret@127.0.0.1:1080", "socks4://127.0.0.1:1080"),
+        ("HTTPS_PROXY", "ftp://proxy.invalid", "ftp://proxy.invalid"),
+    ],
+)
+async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str, shown: str
+) -> None:
+    """httpx refuses a proxy URL whose scheme it does not know with a ``ValueError`` when the
+    client is built; the turn that would use it fails at once, not retried, with words naming the
+    variable and the schemes that work, and the URL without its user and password."""
+    clients = ProviderClients()
+    proxy_env.setenv(variable, url)
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    error = caught.value
+    message = error.described()
+    assert not error.retryable
+    assert error.provider == "test"
+    assert variable in message
+    assert shown in message
+    assert "http, https, socks5, socks5h" in message
+    assert "someone" not in message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "no_proxy"),
+    [("ALL_PROXY", "socks4://127.0.0.1:1080", "127.0.0.1"), ("HTTPS_PROXY", "ftp://x", None)],
+    ids=["no_proxy", "another_scheme"],
+)
+async def test_a_proxy_scheme_httpx_does_not_know_stops_no_request_it_does_not_carry(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str, no_proxy: str | None
+) -> None:
+    """Only a request that would go through the unusable proxy fails: a host in ``NO_PROXY``,
+    or an ``http://`` provider when only ``HTTPS_PROXY`` is unusable, is reached directly."""
+    clients = ProviderClients()
+    async with recording() as provider, clients.lease():
+        proxy_env.setenv(variable, url)
+        if no_proxy is not None:
+            proxy_env.setenv("NO_PROXY", no_proxy)
         assert await turn(transport(provider.url, clients)) == ["one"]
     assert provider.request_lines == ["post /v1/messages http/1.1"]
 

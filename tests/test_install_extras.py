@@ -1,4 +1,5 @@
-"""The install footprint: PostgreSQL, MCP and OTLP/gRPC are extras, and each says so when missing."""
+"""The install footprint: PostgreSQL, MCP, OTLP/gRPC and SOCKS proxies are extras, and each says
+so when missing (SOCKS: tests/providers/test_provider_requests.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import build_meter_provider, build_tracer_provider
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"postgres": "psycopg", "mcp": "mcp", "grpc": "opentelemetry-exporter-otlp-proto-grpc"}
+EXTRAS = {
+    "postgres": "psycopg",
+    "mcp": "mcp",
+    "grpc": "opentelemetry-exporter-otlp-proto-grpc",
+    "socks": "httpx[socks]",
+}
 
 
 def _project() -> dict[str, object]:
@@ -33,7 +39,7 @@ def test_heavy_dependencies_only_some_users_need_are_extras() -> None:
     for extra, package in EXTRAS.items():
         assert package not in core, f"{package} belongs in the {extra} extra"
         assert any(package in req for req in extras[extra])
-    assert "thoughtgate[postgres,mcp,grpc]" in extras["all"]
+    assert "thoughtgate[postgres,mcp,grpc,socks]" in extras["all"]
 
 
 def test_the_core_modules_import_none_of_the_extras() -> None:

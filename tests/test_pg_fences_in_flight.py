@@ -88,6 +88,33 @@ async def _one_waiting_for(
     return one
 
 
+async def _raced_with_a_claim(
+    store: PostgresStore,
+    admin: psycopg.AsyncConnection[Any],
+    schema: str,
+    run_id: str,
+    other: Callable[[], Awaitable[Any]],
+) -> tuple[asyncio.Future[int | None], asyncio.Future[Any]]:
+    """A claim of ``run_id`` by ``OWNER`` held open after its updates of ``runs`` and
+    ``run_specs`` (by ``run_changes``, the row it locks last, locked here first), and ``other``
+    started once the claim waits. ``other`` waits for the claim's locks, or gets through at once
+    (which the caller's asserts then catch); the claim is let go after either."""
+    blocker = await psycopg.AsyncConnection.connect(PG_URL)
+    try:
+        await blocker.execute(
+            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(schema))
+        )
+        claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
+        claiming = await _one_waiting_for(admin, blocker.info.backend_pid)
+        assert claiming is not None
+        raced = asyncio.ensure_future(other())
+        await _one_waiting_for(admin, claiming, unless=raced)
+        await blocker.rollback()
+    finally:
+        await blocker.close()
+    return claim, raced
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize(
     ("write", "refused"),
@@ -110,21 +137,11 @@ async def test_a_write_by_an_earlier_attempt_waiting_for_a_same_owner_claim_is_r
     before = await store.get_run(run_id)
     events = await store.read(run_id)
 
-    blocker = await psycopg.AsyncConnection.connect(PG_URL)
-    try:
-        await blocker.execute(
-            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(pg_schema))
-        )
-        claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
-        claiming = await _one_waiting_for(pg_admin, blocker.info.backend_pid)
-        assert claiming is not None
-        # The claim has updated runs and run_specs and waits to commit; the write now waits
-        # for the claim's locks (a write that does not is caught below: it got through).
-        stale = asyncio.ensure_future(write(store, run_id))
-        await _one_waiting_for(pg_admin, claiming, unless=stale)
-        await blocker.rollback()
-    finally:
-        await blocker.close()
+    # The claim has updated runs and run_specs and waits to commit; the write waits for the
+    # claim's locks (a write that does not got through: caught below).
+    claim, stale = await _raced_with_a_claim(
+        store, pg_admin, pg_schema, run_id, lambda: write(store, run_id)
+    )
     assert await claim == 2
     if refused is False:
         assert await stale is False, "the release moved nothing"
@@ -152,21 +169,11 @@ async def test_the_lines_claim_waiting_for_the_queues_claim_in_flight_is_refused
     admission = await store.admit_run(waiting, RunSpecRecord(waiting.run_id, dict(SPEC)))
     assert admission.admitted
     run_id = waiting.run_id
-    blocker = await psycopg.AsyncConnection.connect(PG_URL)
-    try:
-        await blocker.execute(
-            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(pg_schema))
-        )
-        queue_claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
-        claiming = await _one_waiting_for(pg_admin, blocker.info.backend_pid)
-        assert claiming is not None
-        # The queue's claim has updated runs and run_specs and waits to commit; the line's
-        # claim now waits for its locks (one that does not is caught below: it got through).
-        line_claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30, attempt=0))
-        await _one_waiting_for(pg_admin, claiming, unless=line_claim)
-        await blocker.rollback()
-    finally:
-        await blocker.close()
+    # The queue's claim has updated runs and run_specs and waits to commit; the line's claim
+    # waits for its locks (one that does not got through: caught below).
+    queue_claim, line_claim = await _raced_with_a_claim(
+        store, pg_admin, pg_schema, run_id, lambda: store.claim_run(run_id, OWNER, 30, attempt=0)
+    )
     assert await queue_claim == 1
     assert await line_claim is None, "the line started a run its queue had already claimed"
     spec = await store.get_run_spec(run_id)

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpcore
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from support.replay import ReplayServer, Reply, blackhole_port
+from support.tls import self_signed
 
 from thoughtgate.providers.clients import (
     ProviderClients,
@@ -152,35 +146,8 @@ def tls(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ssl.SSLContext, ssl.SSLContext]]:
     """A server context with a self-signed certificate for 127.0.0.1, and a client trusting it."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "thoughtgate test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    folder: Path = tmp_path_factory.mktemp("tls")
-    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(folder / "cert.pem", folder / "key.pem")
-    trusting = ssl.create_default_context(cafile=str(folder / "cert.pem"))
+    server, cert_file = self_signed(tmp_path_factory.mktemp("tls"))
+    trusting = ssl.create_default_context(cafile=str(cert_file))
     yield server, trusting
 
 

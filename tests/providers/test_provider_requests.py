@@ -16,16 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-from support.replay import blackhole_port
+from support.replay import ReplayServer, Reply, blackhole_port, chunked, transcript
 from support.servers import serving
+from support.sse import frames
+from support.tls import self_signed
 
 from thoughtgate.errors import ProviderConnectionError, ProviderTimeoutError, ThoughtgateError
+from thoughtgate.providers import clients as clients_module
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, environment_proxies
 from thoughtgate.providers.http import HTTPTransport
@@ -197,6 +201,269 @@ def test_the_proxy_patterns_are_httpx_s_own(
     assert [None if p is None else p.url for p in ours.values()] == [
         None if p is None else p.url for p in default.values()
     ]
+
+
+# --- through a proxy to a TLS provider ---------------------------------------------------------
+
+
+@pytest.fixture
+def trusted_tls(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
+    """A server context for ``127.0.0.1`` whose certificate the shared clients trust the way a
+    user makes them trust a private CA: ``SSL_CERT_FILE``, read when the process's one TLS
+    context is built (cleared here before and after, so no other test sees this CA)."""
+    server, cert_file = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+    clients_module._tls_context.cache_clear()
+    yield server
+    clients_module._tls_context.cache_clear()
+
+
+async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then close ``dst``."""
+    with contextlib.suppress(ConnectionError):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    with contextlib.suppress(OSError):
+        dst.close()
+
+
+@dataclass
+class Tunnel:
+    """A ``CONNECT`` proxy: keeps each request line, answers 200 and relays bytes both ways."""
+
+    request_lines: list[str] = field(default_factory=list)
+    port: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        line = head.partition("\r\n")[0]
+        self.request_lines.append(line)
+        host, _, port = line.split(" ")[1].rpartition(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+
+        try:
+            await asyncio.gather(relay(reader, up_writer), relay(up_reader, writer))
+        finally:
+            up_writer.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def tunnelling(tls: ssl.SSLContext | None = None) -> AsyncIterator[Tunnel]:
+    tunnel = Tunnel()
+    async with serving(tunnel.serve, tls=tls) as server:
+        tunnel.port = server.sockets[0].getsockname()[1]
+        yield tunnel
+
+
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("proxy_scheme", ["http", "https"])
+def test_a_turn_streams_from_a_tls_provider_through_a_connect_tunnel(
+    proxy_env: pytest.MonkeyPatch, trusted_tls: ssl.SSLContext, proxy_scheme: str, runner: str
+) -> None:
+    """The corporate case: ``HTTPS_PROXY`` in front of an ``https`` provider. The client asks the
+    proxy to ``CONNECT``, starts TLS with the provider inside the tunnel (verified against the
+    trusted roots), and the turn's events arrive as the provider sent them, over two turns (the
+    tunnelled connection is kept and reused). With an ``https://`` proxy the tunnel itself is TLS
+    (TLS inside TLS). On asyncio's loop and on uvloop (the daemon's)."""
+    body = transcript("thinking_text.sse")
+    expected = [frame.data for frame in frames(body)]
+
+    async def two_turns() -> tuple[Tunnel, int, int]:
+        clients = ProviderClients()
+        async with (
+            ReplayServer([Reply(chunked(body, "random"))], tls=trusted_tls) as provider,
+            tunnelling(trusted_tls if proxy_scheme == "https" else None) as tunnel,
+        ):
+            proxy_env.setenv("HTTPS_PROXY", f"{proxy_scheme}://127.0.0.1:{tunnel.port}")
+            async with clients.lease():
+                for _ in range(2):
+                    got = await turn(transport(provider.url, clients, max_retries=0))
+                    assert got == expected
+        return tunnel, provider.port, provider.connections
+
+    if runner == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        tunnel, port, connections = uvloop.run(two_turns())
+    else:
+        tunnel, port, connections = asyncio.run(two_turns())
+    assert tunnel.request_lines == [f"CONNECT 127.0.0.1:{port} HTTP/1.1"]
+    assert connections == 1
+
+
+async def test_a_tunnel_to_a_provider_it_cannot_verify_fails_to_connect(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Verification is not loosened for a tunnel: a certificate outside the trusted roots is a
+    connection error, as it is without a proxy."""
+    server, _ = self_signed(tmp_path)  # not trusted: no SSL_CERT_FILE
+    clients = ProviderClients()
+    async with (
+        ReplayServer([Reply([b"data: {}\n\n"])], tls=server) as provider,
+        tunnelling() as tunnel,
+    ):
+        proxy_env.setenv("HTTPS_PROXY", f"http://127.0.0.1:{tunnel.port}")
+        async with clients.lease():
+            with pytest.raises(ProviderConnectionError, match="could not connect"):
+                await turn(transport(provider.url, clients, max_retries=0))
+    assert tunnel.request_lines == [f"CONNECT 127.0.0.1:{provider.port} HTTP/1.1"]
+
+
+async def test_an_https_proxy_it_cannot_verify_is_refused(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The ``https://`` proxy's own certificate is verified (its context is built once per client,
+    ADR 0107): one outside the trusted roots is a connection error, before any ``CONNECT`` is
+    sent, on every turn."""
+    server, _ = self_signed(tmp_path)  # not trusted: no SSL_CERT_FILE
+    clients = ProviderClients()
+    async with tunnelling(server) as tunnel:
+        proxy_env.setenv("HTTPS_PROXY", f"https://127.0.0.1:{tunnel.port}")
+        async with clients.lease():
+            for _ in range(2):
+                with pytest.raises(ProviderConnectionError, match="could not connect"):
+                    await turn(transport("https://provider.invalid", clients, max_retries=0))
+    assert tunnel.request_lines == []
+
+
+@dataclass
+class Socks5:
+    """A SOCKS5 proxy (no authentication, ``CONNECT`` only): keeps each target as ``host:port``
+    and relays bytes both ways."""
+
+    targets: list[str] = field(default_factory=list)
+    port: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _version, methods = await reader.readexactly(2)
+        await reader.readexactly(methods)
+        writer.write(b"\x05\x00")  # no authentication
+        _version, _command, _reserved, kind = await reader.readexactly(4)
+        if kind == 1:
+            host = ".".join(str(b) for b in await reader.readexactly(4))
+        else:  # a domain name
+            host = (await reader.readexactly((await reader.readexactly(1))[0])).decode()
+        port = int.from_bytes(await reader.readexactly(2), "big")
+        self.targets.append(f"{host}:{port}")
+        up_reader, up_writer = await asyncio.open_connection(host, port)
+        writer.write(b"\x05\x00\x00\x01" + bytes(4) + bytes(2))
+        await writer.drain()
+        try:
+            await asyncio.gather(relay(reader, up_writer), relay(up_reader, writer))
+        finally:
+            up_writer.transport.abort()
+
+
+@pytest.mark.skipif(
+    not clients_module._socks_installed(), reason="the socks extra is not installed"
+)
+@pytest.mark.parametrize("secure", [False, True], ids=["http", "https"])
+async def test_a_turn_streams_through_a_socks5_proxy_with_the_extra(
+    proxy_env: pytest.MonkeyPatch, trusted_tls: ssl.SSLContext, secure: bool
+) -> None:
+    body = transcript("thinking_text.sse")
+    socks = Socks5()
+    clients = ProviderClients()
+    async with (
+        ReplayServer(
+            [Reply(chunked(body, "random"))], tls=trusted_tls if secure else None
+        ) as provider,
+        serving(socks.serve) as server,
+    ):
+        socks.port = server.sockets[0].getsockname()[1]
+        proxy_env.setenv("ALL_PROXY", f"socks5://127.0.0.1:{socks.port}")
+        async with clients.lease():
+            got = await turn(transport(provider.url, clients, max_retries=0))
+    assert got == [frame.data for frame in frames(body)]
+    assert socks.targets == [f"127.0.0.1:{provider.port}"]
+
+
+@pytest.fixture
+def without_socksio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if ``socksio`` were not installed (it is not, unless the ``socks`` extra is)."""
+    monkeypatch.setattr(clients_module, "_socks_installed", lambda: False)
+
+
+@pytest.mark.usefixtures("without_socksio")
+async def test_a_socks_proxy_without_its_extra_is_an_error_naming_the_fix(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """``ALL_PROXY=socks5://...`` needs ``socksio``; without it the turn fails at once, not
+    retried, with words that say what to install (not httpx's ``ImportError``)."""
+    clients = ProviderClients()
+    proxy_env.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    error = caught.value
+    assert not error.retryable
+    assert error.provider == "test"
+    assert "install thoughtgate[socks]" in error.described()
+    assert "socks5://127.0.0.1:1080" in error.described()
+
+
+@pytest.mark.usefixtures("without_socksio")
+async def test_a_socks_proxy_the_request_does_not_use_needs_no_extra(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """Only a request that goes through the SOCKS proxy needs it: a host in ``NO_PROXY`` is
+    reached directly."""
+    clients = ProviderClients()
+    async with recording() as provider, clients.lease():
+        proxy_env.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+        proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        assert await turn(transport(provider.url, clients)) == ["one"]
+    assert provider.request_lines == ["post /v1/messages http/1.1"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "shown"),
+    [
+        ("ALL_PROXY", "socks4://someone:s3cret@127.0.0.1:1080", "socks4://127.0.0.1:1080"),
+        ("HTTPS_PROXY", "ftp://proxy.invalid", "ftp://proxy.invalid"),
+    ],
+)
+async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str, shown: str
+) -> None:
+    """httpx refuses a proxy URL whose scheme it does not know with a ``ValueError`` when the
+    client is built; the turn that would use it fails at once, not retried, with words naming the
+    variable and the schemes that work, and the URL without its user and password."""
+    clients = ProviderClients()
+    proxy_env.setenv(variable, url)
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    error = caught.value
+    message = error.described()
+    assert not error.retryable
+    assert error.provider == "test"
+    assert variable in message
+    assert shown in message
+    assert "http, https, socks5, socks5h" in message
+    assert "someone" not in message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "no_proxy"),
+    [("ALL_PROXY", "socks4://127.0.0.1:1080", "127.0.0.1"), ("HTTPS_PROXY", "ftp://x", None)],
+    ids=["no_proxy", "another_scheme"],
+)
+async def test_a_proxy_scheme_httpx_does_not_know_stops_no_request_it_does_not_carry(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str, no_proxy: str | None
+) -> None:
+    """Only a request that would go through the unusable proxy fails: a host in ``NO_PROXY``,
+    or an ``http://`` provider when only ``HTTPS_PROXY`` is unusable, is reached directly."""
+    clients = ProviderClients()
+    async with recording() as provider, clients.lease():
+        proxy_env.setenv(variable, url)
+        if no_proxy is not None:
+            proxy_env.setenv("NO_PROXY", no_proxy)
+        assert await turn(transport(provider.url, clients)) == ["one"]
+    assert provider.request_lines == ["post /v1/messages http/1.1"]
 
 
 # --- what AsyncClient.send does for the shared clients -----------------------------------------

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
+import importlib.util
 import ssl
 import weakref
 from collections.abc import AsyncIterator
@@ -43,6 +44,7 @@ import anyio
 import httpcore
 import httpx
 
+from thoughtgate.errors import ProviderConnectionError
 from thoughtgate.providers.h11_body import BODY_READS, body_reads
 from thoughtgate.providers.netio import AsyncioBackend
 
@@ -99,9 +101,83 @@ def environment_proxies() -> dict[str, httpx.Proxy | None]:
     client reads the environment with (private: ``tests/providers/test_provider_requests.py``
     fails if httpx renames it or its client stops using it as is), so the variables, their case,
     the ``NO_PROXY`` rules and which pattern wins stay exactly httpx's."""
+    found = _environment_proxy_urls()
+    return {key: None if url is None else httpx.Proxy(url) for key, url in found.items()}
+
+
+def _environment_proxy_urls() -> dict[str, str | None]:
+    """The proxy URLs by pattern, as httpx's helper reads them (see :func:`environment_proxies`),
+    not yet checked: httpx refuses a scheme it does not know only when it makes the proxy."""
     helper: Any = importlib.import_module("httpx._utils").get_environment_proxies
     found: dict[str, str | None] = helper()
-    return {key: None if url is None else httpx.Proxy(url) for key, url in found.items()}
+    return found
+
+
+_PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
+"""The proxy URL schemes httpx carries a request through (``httpx.Proxy`` refuses others)."""
+_SOCKS_SCHEMES = ("socks5", "socks5h")
+_PROXY_VARIABLES = {"http://": "HTTP_PROXY", "https://": "HTTPS_PROXY", "all://": "ALL_PROXY"}
+
+
+def _socks_installed() -> bool:
+    """Whether httpx can build a SOCKS proxy transport (it needs ``socksio``)."""
+    return importlib.util.find_spec("socksio") is not None
+
+
+class _UnusableProxy(httpx.AsyncBaseTransport):
+    """Mounted for a proxy that httpx cannot use: a request that would go through it fails at
+    once, not retried, with ``message`` (which says why and what to do).
+
+    Why: httpx fails such a proxy with a library error (an ``ImportError`` for SOCKS without
+    ``socksio``, a ``ValueError`` for a scheme it does not know) when its transport or the client
+    is built, which escaped as a crash of the run. Mounted per pattern, so a request that the
+    proxy does not carry (``NO_PROXY``, or a scheme with a proxy of its own) goes as before:
+    failing the client would stop a local model behind ``NO_PROXY`` because of a proxy it never
+    uses (ADR 0106, 0107)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise ProviderConnectionError(self.message, retryable=False)
+
+
+def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
+    """An :class:`_UnusableProxy` for ``url`` if httpx cannot use it here, else ``None``. The URL
+    is shown as ``httpx.Proxy`` keeps it: without a user or password."""
+    variable = _PROXY_VARIABLES.get(pattern, "the environment")
+    shown = httpx.URL(url).copy_with(username=None, password=None)
+    if shown.scheme not in _PROXY_SCHEMES:
+        return _UnusableProxy(
+            f"the proxy {shown} (from {variable}) has a scheme httpx cannot use: "
+            f"use one of {', '.join(_PROXY_SCHEMES)}"
+        )
+    if shown.scheme in _SOCKS_SCHEMES and not _socks_installed():
+        return _UnusableProxy(
+            f"the SOCKS proxy {shown} (from {variable}) needs the socksio package: "
+            "install thoughtgate[socks]"
+        )
+    return None
+
+
+class _ProxyTLS:
+    """The TLS context a client's ``https://`` proxies are verified with, built once per client.
+
+    Why: given no context, httpcore builds its default (``httpcore.default_ssl_context()``) for
+    every new connection to an ``https://`` proxy, about 25-40 ms of CPU each (loading the
+    roots); that same context, built once per client, keeps the trust exactly: the system's roots
+    (or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads) and certifi's, with
+    verification and host name checks on. Not the process's one context (``_tls_context``):
+    httpx's defaults there trust certifi alone, or the variables alone, so a proxy trusted
+    through the system's roots would be refused (ADR 0107)."""
+
+    def __init__(self) -> None:
+        self._context: ssl.SSLContext | None = None
+
+    def context(self) -> ssl.SSLContext:
+        if self._context is None:
+            self._context = httpcore.default_ssl_context()
+        return self._context
 
 
 class _LeanCookies(httpx.Cookies):
@@ -338,15 +414,25 @@ class ProviderClients:
         which httpx sends through the client's own transport. httpx orders the patterns, most
         specific first, as for its default client. Read when a client is made, as httpx reads
         them; the transports make no connection until a request needs one."""
-        proxies = environment_proxies()
+        proxies = _environment_proxy_urls()
         if not proxies:
             return None
+        proxy_tls = _ProxyTLS()
         return {
-            pattern: None
-            if proxy is None
-            else ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
-            for pattern, proxy in proxies.items()
+            pattern: self._proxy_mount(pattern, url, proxy_tls) for pattern, url in proxies.items()
         }
+
+    def _proxy_mount(
+        self, pattern: str, url: str | None, proxy_tls: _ProxyTLS
+    ) -> httpx.AsyncBaseTransport | None:
+        if url is None:
+            return None
+        unusable = _unusable_proxy(pattern, url)
+        if unusable is not None:
+            return unusable
+        tls = proxy_tls.context() if httpx.URL(url).scheme == "https" else None
+        proxy = httpx.Proxy(url, ssl_context=tls)
+        return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 
     def pools(self, base_url: str) -> int:
         """Connection pools of ``base_url``'s client on the running loop (0 without a client)."""

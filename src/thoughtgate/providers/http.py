@@ -445,6 +445,9 @@ class HTTPTransport:
                     attempt += 1
                     continue
                 raise error from exc
+            except ProviderError as exc:  # said by the client itself (a SOCKS proxy, no socksio)
+                exc.provider = exc.provider or self.provider
+                raise
             if response.status_code >= 400:
                 http_error = await self._error(response)
                 await response.aclose()

@@ -62,13 +62,38 @@ class Gate:
         return self.answer
 
 
+class Keeper(LeaseKeeper):
+    """A lease keeper whose renewals can be waited for.
+
+    A keeper renews as soon as it holds a run, then every ``LEASE_S / 3``. The stall a test
+    models begins once that first renewal is done: one still in flight while the run is taken
+    over can read the run between its release and its claim, find it gone and cancel the
+    execution (an honest end too, but not the one the test is about)."""
+
+    def __init__(self, store: EventStore, owner: Owner) -> None:
+        super().__init__(store, owner, ttl_s=LEASE_S)
+        self.renewed = asyncio.Event()
+
+    async def renew(self) -> None:
+        await super().renew()
+        self.renewed.set()
+
+
 def process(store: EventStore, owner: Owner, worker: Callable[[str], Awaitable[str]]) -> Runtime:
     """A thoughtgate process on ``store``: its own owner id and an inline worker."""
     # Inline by default: the MCP tool's runs take the configured backend.
     config = Config(orchestration=OrchestrationConfig(lease_ttl_s=LEASE_S, worker_backend="inline"))
     runtime = Runtime(store, config, inline_workers={"default": worker})
-    runtime.leases = LeaseKeeper(store, owner, ttl_s=LEASE_S)
+    runtime.leases = Keeper(store, owner)
     return runtime
+
+
+async def stalls(runtime: Runtime) -> None:
+    """``runtime``'s process stalls from here: no renewal of its is under way (its first is done;
+    the next falls after the test)."""
+    keeper = runtime.leases
+    assert isinstance(keeper, Keeper)
+    await keeper.renewed.wait()
 
 
 def inline(prompt: str = "p") -> RunRequest:
@@ -176,6 +201,7 @@ class Scenarios:
             a._run_held(a_run, a_spec.tasks, a_tools, DirectSteps(), attempt=a_attempt)
         )
         await stalled.entered.wait()  # A executes the run ... and stalls
+        await stalls(a)
 
         await take_over(store, run.run_id, by=None)
         taken = await begin_execution(b, run.run_id)  # B resumes it: attempt 2, run.resumed
@@ -219,6 +245,7 @@ class Scenarios:
             a._run_held(first, spec.tasks, tools, DirectSteps(), attempt=attempt)
         )
         await stalled.entered.wait()
+        await stalls(a)
         await take_over(store, run.run_id, by=A)
         stalled.through.set()
         with pytest.raises(RunTakenOverError):
@@ -238,6 +265,7 @@ class Scenarios:
         created = noting_created(a)
         job = asyncio.create_task(call(surface, a))
         await stalled.entered.wait()
+        await stalls(a)
         (run_id,) = created
         await take_over(store, run_id, by=B)
         stalled.through.set()

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from support.durable_store_conformance import SPEC, admitted, delta
+from support.durable_store_conformance import admitted, delta, waiting_in_line
 from support.pg import PG_URL, pg_admin, pg_schema
-from support.store_conformance import make_run
 
 from thoughtgate.errors import RunTakenOverError
 from thoughtgate.store.base import Holder
-from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.postgres import PostgresStore
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
@@ -165,10 +162,7 @@ async def test_the_lines_claim_waiting_for_the_queues_claim_in_flight_is_refused
     same owner), the line's claim, having waited for the queue's row locks, must see the run
     as that claim left it -- claimed once -- and start nothing; a read of the rows from before
     the claim would let the line execute the run a second time."""
-    waiting = make_run(tasks=1, owner=OWNER, lease_expires_at=time.time() + 30)
-    admission = await store.admit_run(waiting, RunSpecRecord(waiting.run_id, dict(SPEC)))
-    assert admission.admitted
-    run_id = waiting.run_id
+    run_id = await waiting_in_line(store, OWNER)
     # The queue's claim has updated runs and run_specs and waits to commit; the line's claim
     # waits for its locks (one that does not got through: caught below).
     queue_claim, line_claim = await _raced_with_a_claim(

@@ -20,6 +20,7 @@ from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import UNCLAIMED, EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import Owner, SweepCursor, close_orphaned_runs
+from thoughtgate.store.records import RunRecord
 
 __all__ = ["DurableStoreConformance"]
 
@@ -44,6 +45,27 @@ async def admitted(store: EventStore, **spec: Any) -> str:
     answer = await durable(store).admit_run(run, RunSpecRecord(run.run_id, dict(SPEC), **spec))
     assert answer.admitted
     return run.run_id
+
+
+async def waiting_in_line(store: EventStore, owner: str = "a.1.x") -> str:
+    """A run waiting in its daemon's line: held by ``owner``'s process, unclaimed (attempt 0,
+    ADR 0099)."""
+    run = make_run(tasks=1, owner=owner, lease_expires_at=time.time() + 30)
+    assert (await durable(store).admit_run(run, RunSpecRecord(run.run_id, dict(SPEC)))).admitted
+    return run.run_id
+
+
+async def assert_held_as(store: EventStore, run_id: str, held: RunRecord, attempts: int) -> None:
+    """``run_id`` is still held as ``held`` found it -- its owner, running, the same lease --
+    claimed ``attempts`` times and not queued: a refused move changed nothing."""
+    run = await store.get_run(run_id)
+    assert (run.owner, run.status, run.lease_expires_at) == (
+        held.owner,
+        "running",
+        held.lease_expires_at,
+    )
+    spec = await durable(store).get_run_spec(run_id)
+    assert spec is not None and spec.queued_at is None and spec.attempts == attempts
 
 
 async def taken_over(store: EventStore, n: int) -> list[str]:
@@ -169,14 +191,7 @@ class DurableStoreConformance:
         held = await store.get_run(run_id)
         stale = ds.release_run(run_id, owner="a.1.x", attempt=1, queue=True)
         assert not await stale, "a release by the superseded execution moves nothing"
-        run = await store.get_run(run_id)
-        assert (run.owner, run.status, run.lease_expires_at) == (
-            "a.1.x",
-            "running",
-            held.lease_expires_at,
-        )
-        spec = await ds.get_run_spec(run_id)
-        assert spec is not None and spec.queued_at is None and spec.attempts == 2
+        await assert_held_as(store, run_id, held, attempts=2)
         await store.append(run_id, [delta("b")], held_by=Holder("a.1.x", 2))  # still holds it
         assert not await ds.release_run(run_id, owner="b.2.y", attempt=2, queue=True)
         assert not await ds.release_run(run_id, owner="a.1.x", attempt=3, queue=True)
@@ -184,10 +199,9 @@ class DurableStoreConformance:
         assert await ds.claim_run(run_id, "a.1.x", 30) == 3
         assert await ds.release_run(run_id, owner="a.1.x", queue=False), "no attempt: any"
         # A run waiting in its daemon is held unclaimed (attempt 0) until it starts there.
-        waiting = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
-        assert (await ds.admit_run(waiting, RunSpecRecord(waiting.run_id, dict(SPEC)))).admitted
-        assert not await ds.release_run(waiting.run_id, owner="a.1.x", attempt=1, queue=True)
-        assert await ds.release_run(waiting.run_id, owner="a.1.x", attempt=0, queue=True)
+        waiting = await waiting_in_line(store)
+        assert not await ds.release_run(waiting, owner="a.1.x", attempt=1, queue=True)
+        assert await ds.release_run(waiting, owner="a.1.x", attempt=0, queue=True)
 
     async def test_a_claim_from_the_lines_hold_takes_only_a_run_still_unclaimed(
         self, store: EventStore
@@ -197,33 +211,20 @@ class DurableStoreConformance:
         same owner), or a sweep released it (nobody's), or another process holds it, that claim
         takes nothing and changes nothing; a claim naming no attempt is as before."""
         ds = durable(store)
-
-        async def waiting() -> str:
-            run = make_run(tasks=1, owner="a.1.x", lease_expires_at=time.time() + 30)
-            assert (await ds.admit_run(run, RunSpecRecord(run.run_id, dict(SPEC)))).admitted
-            return run.run_id
-
-        line = await waiting()
+        line = await waiting_in_line(store)
         assert await ds.claim_run(line, "b.2.y", 30, attempt=0) is None, "another's hold"
         assert await ds.claim_run(line, "a.1.x", 30, attempt=1) is None, "not at attempt 1"
         assert await ds.claim_run(line, "a.1.x", 30, attempt=0) == 1, "the line's own start"
         run = await store.get_run(line)
         assert (run.owner, run.status) == ("a.1.x", "running")
 
-        took_back = await waiting()
+        took_back = await waiting_in_line(store)
         assert await ds.release_run(took_back, owner="a.1.x", queue=True)  # a sweep
         assert await ds.claim_run(took_back, "a.1.x", 30, attempt=0) is None, "nobody's now"
         assert await ds.claim_run(took_back, "a.1.x", 30) == 1  # its own queue took it back
         held = await store.get_run(took_back)
         assert await ds.claim_run(took_back, "a.1.x", 30, attempt=0) is None, "claimed since"
-        run = await store.get_run(took_back)
-        assert (run.owner, run.status, run.lease_expires_at) == (
-            "a.1.x",
-            "running",
-            held.lease_expires_at,
-        )
-        spec = await ds.get_run_spec(took_back)
-        assert spec is not None and spec.attempts == 1 and spec.queued_at is None
+        await assert_held_as(store, took_back, held, attempts=1)
         await store.append(took_back, [delta("b")], held_by=Holder("a.1.x", 1))  # still its
         assert await ds.claim_run(took_back, "a.1.x", 30, attempt=1) == 2, "from attempt 1"
 

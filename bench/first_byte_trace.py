@@ -901,6 +901,22 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
     return server
 
 
+_COUNTED_HOPS = {
+    "the first delta's slot to its stamp (not in ttfb_added)": ("e_due_first", "sent"),
+    "the emulator's stamp to its write returned (in ttfb_added)": ("sent", "e_first_written"),
+    "that write to the daemon's read of it (in ttfb_added)": ("e_first_written", "read_p"),
+}
+"""Per-run hops that say which wake-ups ``ttfb_added`` counts (ADR 0110). The fake provider
+stamps its first delta after its timer and its task have woken in the daemon's loop, so that
+loop's lateness is outside its figure; the emulator stamps just before its write, so the
+daemon's wake-ups for the socket and for the reading task are inside the adapters' figure."""
+
+
+def _since(first: float, then: float) -> float:
+    """ms from ``first`` to ``then``; a send stamp is the monotonic clock modulo 100 s."""
+    return ((then - first + 50) % 100 - 50) * 1000
+
+
 def report(directory: str, label: str) -> str:
     """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
     server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
@@ -909,12 +925,16 @@ def report(directory: str, label: str) -> str:
     offsets: dict[str, list[float]] = defaultdict(list)
     groups: list[float] = []
     extras: dict[str, list[float]] = defaultdict(list)
+    hops: dict[str, list[float]] = defaultdict(list)
     for line in path.read_text().splitlines():
         client = json.loads(line)
         stamps = {**server.get(client["run_id"], {}), **client}
         base = stamps.get("emit")
         if base is None:
             continue
+        for name, (first, then) in _COUNTED_HOPS.items():
+            if first in stamps and then in stamps:
+                hops[name].append(_since(stamps[first], stamps[then]))
         if "group" in stamps:
             groups.append(stamps.pop("group"))
         counted = [n for n in stamps if n.startswith(("part ", "count "))]
@@ -927,6 +947,10 @@ def report(directory: str, label: str) -> str:
     rows = sorted(offsets.items(), key=lambda item: statistics.median(item[1]))
     lines = [f"{label}: median ms from the provider's first reasoning delta (n={len(groups)})"]
     lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
+    lines += [
+        f"  {name}: median {statistics.median(values):.2f} ms (per run)"
+        for name, values in hops.items()
+    ]
     if groups:
         lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
     for name, text in _GROUP_FIGURES.items():

@@ -913,7 +913,9 @@ daemon's wake-ups for the socket and for the reading task are inside the adapter
 
 
 def _since(first: float, then: float) -> float:
-    """ms from ``first`` to ``then``; a send stamp is the monotonic clock modulo 100 s."""
+    """ms from ``first`` to ``then``. ``sent`` is rebuilt from a stamp of 0.1 ms modulo 100 s:
+    rounded up past the moment it was read back (the fake emits within microseconds of it), it
+    lands 100 s early, so the difference is taken modulo 100 s too."""
     return ((then - first + 50) % 100 - 50) * 1000
 
 

@@ -45,8 +45,13 @@ the terminal event was read), ``body end`` (the body's last read), ``response cl
 ``recorder close`` / ``recorder closed`` (the run's last events held, the recorder closed); and
 the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined to the run by
 the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
-``e_due_first`` (the first delta's slot), ``e_last_nonterminal``, ``e_terminal`` (the write
-holding ``[DONE]``, ``message_stop`` or ``response.completed``) and ``e_end`` (the body's end).
+``e_due_first`` (the first delta's slot), ``e_first_written`` (the write holding it returned),
+``e_last_nonterminal``, ``e_terminal`` (the write holding ``[DONE]``, ``message_stop`` or
+``response.completed``) and ``e_end`` (the body's end). The fake provider writes its first
+delta's slot (``e_due_first``) to ``emulator-fake-<pid>.jsonl``, joined the same way, and
+:func:`report` adds three per-run hops that say which wake-ups ``ttfb_added`` counts for each
+(ADR 0110: the fake's stamp follows its wake-up in the daemon's loop; the emulator's precedes
+the daemon's wake-up for its bytes).
 
 Each server process's totals (:func:`counts_report`, ADR 0043): its store jobs by kind (and
 whether the event loop queued them), the write groups the loop ran and those it sent to the

@@ -448,6 +448,51 @@ async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variabl
 
 
 @pytest.mark.parametrize(
+    ("variable", "url"),
+    [("HTTPS_PROXY", "http://someone:s3cret@proxy.invalid:port"), ("ALL_PROXY", "http://[::1")],
+    ids=["port", "ipv6"],
+)
+async def test_a_proxy_url_httpx_cannot_parse_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str
+) -> None:
+    """httpx refuses a proxy URL it cannot parse (a port that is not a number, an unclosed IPv6
+    address) with ``httpx.InvalidURL`` when the client is built; the turn that would use it
+    fails at once, not retried, with words naming the variable, and without the URL (its user
+    and password cannot be told from the rest of a URL that does not parse). httpx's reason is
+    kept in the developer-only detail."""
+    clients = ProviderClients()
+    proxy_env.setenv(variable, url)
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    error = caught.value
+    message = error.described()
+    assert not error.retryable
+    assert variable in message
+    assert "not a URL" in message
+    assert "someone" not in message
+    assert "s3cret" not in message
+    assert error.detail is not None and "Invalid" in error.detail
+    assert "s3cret" not in error.detail
+
+
+async def test_a_no_proxy_entry_httpx_cannot_parse_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """httpx refuses a client whose ``NO_PROXY`` holds an entry it cannot parse (``host:abc``);
+    which hosts go direct is then unknown, so the turn fails at once, not retried, naming the
+    variable (no request is sent through the proxy either)."""
+    clients = ProviderClients()
+    proxy_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    proxy_env.setenv("NO_PROXY", "provider.invalid:abc")
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    assert not caught.value.retryable
+    assert "NO_PROXY" in caught.value.described()
+
+
+@pytest.mark.parametrize(
     ("variable", "url", "no_proxy"),
     [("ALL_PROXY", "socks4://127.0.0.1:1080", "127.0.0.1"), ("HTTPS_PROXY", "ftp://x", None)],
     ids=["no_proxy", "another_scheme"],

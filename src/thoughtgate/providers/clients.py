@@ -129,24 +129,35 @@ class _UnusableProxy(httpx.AsyncBaseTransport):
     once, not retried, with ``message`` (which says why and what to do).
 
     Why: httpx fails such a proxy with a library error (an ``ImportError`` for SOCKS without
-    ``socksio``, a ``ValueError`` for a scheme it does not know) when its transport or the client
-    is built, which escaped as a crash of the run. Mounted per pattern, so a request that the
+    ``socksio``, a ``ValueError`` for a scheme it does not know, ``httpx.InvalidURL`` for a URL it
+    cannot parse) when its transport or the client is built, which escaped as a crash of the run. Mounted per pattern, so a request that the
     proxy does not carry (``NO_PROXY``, or a scheme with a proxy of its own) goes as before:
     failing the client would stop a local model behind ``NO_PROXY`` because of a proxy it never
     uses (ADR 0106, 0107)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, detail: str | None = None) -> None:
         self.message = message
+        self.detail = detail
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        raise ProviderConnectionError(self.message, retryable=False)
+        raise ProviderConnectionError(self.message, retryable=False, detail=self.detail)
 
 
 def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
-    """An :class:`_UnusableProxy` for ``url`` if httpx cannot use it here, else ``None``. The URL
-    is shown as ``httpx.Proxy`` keeps it: without a user or password."""
+    """An :class:`_UnusableProxy` for ``url`` if httpx cannot use it here (it cannot parse it,
+    or its scheme), else ``None``. The URL is shown as ``httpx.Proxy`` keeps it: without a user
+    or password."""
     variable = _PROXY_VARIABLES.get(pattern, "the environment")
-    shown = httpx.URL(url).copy_with(username=None, password=None)
+    try:
+        shown = httpx.URL(url).copy_with(username=None, password=None)
+    except httpx.InvalidURL as exc:
+        # Not shown: a user and password cannot be told from the rest of a URL that does not
+        # parse. httpx's reason (``Invalid port: 'abc'``) names a part of the URL, never its
+        # user or password; it goes to the developer-only detail.
+        return _UnusableProxy(
+            f"the proxy in {variable} is not a URL httpx can read: check its host and port",
+            detail=f"InvalidURL: {exc}",
+        )
     if shown.scheme not in _PROXY_SCHEMES:
         return _UnusableProxy(
             f"the proxy {shown} (from {variable}) has a scheme httpx cannot use: "
@@ -158,6 +169,17 @@ def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
             "install thoughtgate[socks]"
         )
     return None
+
+
+def _unreadable_no_proxy(exc: httpx.InvalidURL) -> _UnusableProxy:
+    """What every request of a client fails with when httpx cannot read a ``NO_PROXY`` entry
+    (``host:abc``, ``[::1``) as a URL pattern: it refuses the client, and which hosts go direct
+    is unknown, so none is sent (fail closed) rather than a crash of the run."""
+    return _UnusableProxy(
+        "NO_PROXY holds an entry httpx cannot read (check its hosts and ports): "
+        "no provider request is sent until it is fixed",
+        detail=f"InvalidURL: {exc}",
+    )
 
 
 class _ProxyTLS:
@@ -399,9 +421,14 @@ class ProviderClients:
         if client is None or client.is_closed:
             # No timeout, headers or base URL here: those are the run's, sent per request.
             transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
-            client = httpx.AsyncClient(
-                verify=_tls_context(), transport=transport, mounts=self._proxy_mounts()
-            )
+            try:
+                client = httpx.AsyncClient(
+                    verify=_tls_context(), transport=transport, mounts=self._proxy_mounts()
+                )
+            except httpx.InvalidURL as exc:  # a NO_PROXY entry httpx cannot read as a pattern
+                client = httpx.AsyncClient(
+                    verify=_tls_context(), transport=_unreadable_no_proxy(exc)
+                )
             _lean_cookies(client)
             here.clients[key] = client
             here.transports[key] = transport

@@ -254,3 +254,31 @@ def test_daemon_tools_come_from_flags_and_entry_points(monkeypatch: pytest.Monke
     monkeypatch.setattr(serve_cli, "entry_points", lambda group: entries)
     registry = serve_cli.daemon_tools(["support.daemon:lookup"])
     assert [t.name for t in registry] == ["lookup", "dangerous"]
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["info", "debug"])
+def test_a_broken_tools_entry_point_is_named_with_its_words_at_debug_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], words: bool
+) -> None:
+    """A plug-in's import error is its author's text, which may hold anything (ADR 0104: an
+    exception's words at ``--log-level debug`` only); below debug the warning names its class.
+    Either way the text is printed as it is, never read as console markup: ``[/x]`` in it
+    stopped the daemon from starting."""
+    from thoughtgate.cli import serve as serve_cli
+
+    said = "cannot import [/x] REASONING-PLUGINLEAK"
+
+    class Broken:
+        name = "broken"
+
+        def load(self) -> object:
+            raise ImportError(said)
+
+    monkeypatch.setattr(serve_cli, "entry_points", lambda group: [Broken()])
+    registry = serve_cli.daemon_tools([], words=words)
+    assert list(registry) == []
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: cannot load tools from entry point broken: ImportError" in err
+    assert ("PLUGINLEAK" in err) is words
+    if words:
+        assert said in err

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import os
 import ssl
 import weakref
 from collections.abc import AsyncIterator
@@ -85,10 +86,23 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def build_tls_context() -> None:
-    """Build the process's TLS context now (about 50 ms of CPU, ``load_verify_locations``): a
-    daemon does it before it serves, not on the event loop its first provider request shares
-    with every run under way."""
+    """Build the process's TLS context now (about 50 ms of CPU, ``load_verify_locations``), and
+    the one for an ``https://`` proxy the environment names (25-40 ms): a daemon does it before
+    it serves, not on the event loop its first provider request shares with every run under
+    way."""
     _tls_context()
+    if any(_https_proxy(url) for url in _environment_proxy_urls().values()):
+        _proxy_context()
+
+
+def _https_proxy(url: str | None) -> bool:
+    """Whether ``url`` is an ``https://`` proxy httpx can read."""
+    if url is None:
+        return False
+    try:
+        return httpx.URL(url).scheme == "https"
+    except httpx.InvalidURL:
+        return False
 
 
 def environment_proxies() -> dict[str, httpx.Proxy | None]:
@@ -182,24 +196,25 @@ def _unreadable_no_proxy(exc: httpx.InvalidURL) -> _UnusableProxy:
     )
 
 
-class _ProxyTLS:
-    """The TLS context a client's ``https://`` proxies are verified with, built once per client.
+@functools.lru_cache(maxsize=8)
+def _proxy_tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """The TLS context ``https://`` proxies are verified with, built once per process (for each
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads when it is built).
 
     Why: given no context, httpcore builds its default (``httpcore.default_ssl_context()``) for
     every new connection to an ``https://`` proxy, about 25-40 ms of CPU each (loading the
-    roots); that same context, built once per client, keeps the trust exactly: the system's roots
-    (or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads) and certifi's, with
-    verification and host name checks on. Not the process's one context (``_tls_context``):
-    httpx's defaults there trust certifi alone, or the variables alone, so a proxy trusted
-    through the system's roots would be refused (ADR 0107)."""
+    roots); that same context, built once, keeps the trust exactly: the system's roots (or the
+    two variables) and certifi's, with verification and host name checks on. Not the process's
+    one context (``_tls_context``): httpx's defaults there trust certifi alone, or the variables
+    alone, so a proxy trusted through the system's roots would be refused (ADR 0107). Once per
+    process, not per client, and built by :func:`build_tls_context` before a daemon serves: a
+    client is made at its endpoint's first request, on the event loop every run shares, and each
+    endpoint's client paid the build there (ADR 0111)."""
+    return httpcore.default_ssl_context()
 
-    def __init__(self) -> None:
-        self._context: ssl.SSLContext | None = None
 
-    def context(self) -> ssl.SSLContext:
-        if self._context is None:
-            self._context = httpcore.default_ssl_context()
-        return self._context
+def _proxy_context() -> ssl.SSLContext:
+    return _proxy_tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 
 class _LeanCookies(httpx.Cookies):
@@ -444,20 +459,15 @@ class ProviderClients:
         proxies = _environment_proxy_urls()
         if not proxies:
             return None
-        proxy_tls = _ProxyTLS()
-        return {
-            pattern: self._proxy_mount(pattern, url, proxy_tls) for pattern, url in proxies.items()
-        }
+        return {pattern: self._proxy_mount(pattern, url) for pattern, url in proxies.items()}
 
-    def _proxy_mount(
-        self, pattern: str, url: str | None, proxy_tls: _ProxyTLS
-    ) -> httpx.AsyncBaseTransport | None:
+    def _proxy_mount(self, pattern: str, url: str | None) -> httpx.AsyncBaseTransport | None:
         if url is None:
             return None
         unusable = _unusable_proxy(pattern, url)
         if unusable is not None:
             return unusable
-        tls = proxy_tls.context() if httpx.URL(url).scheme == "https" else None
+        tls = _proxy_context() if httpx.URL(url).scheme == "https" else None
         proxy = httpx.Proxy(url, ssl_context=tls)
         return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 

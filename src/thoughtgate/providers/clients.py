@@ -467,7 +467,7 @@ class ProviderClients:
         unusable = _unusable_proxy(pattern, url)
         if unusable is not None:
             return unusable
-        tls = _proxy_context() if httpx.URL(url).scheme == "https" else None
+        tls = _proxy_context() if _https_proxy(url) else None
         proxy = httpx.Proxy(url, ssl_context=tls)
         return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 

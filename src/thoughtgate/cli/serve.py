@@ -119,6 +119,7 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.server.app import create_app
             from thoughtgate.server.logs import configure_logging
             from thoughtgate.server.serve import serve_app
+            from thoughtgate.store.urls import describe_store
             from thoughtgate.telemetry import telemetry_sinks
 
             ctx = Context(config_path=config, db=db, view_as=None)
@@ -136,7 +137,7 @@ def register(app: typer.Typer) -> None:
                 def ready(bound_host: str, bound_port: int) -> None:
                     err_console.print(
                         f"thoughtgate listening on http://{bound_host}:{bound_port} "
-                        f"(store {ctx.db_url})",
+                        f"(store {describe_store(ctx.db_url)})",
                         highlight=False,
                         soft_wrap=True,
                     )

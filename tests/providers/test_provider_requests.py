@@ -449,6 +449,19 @@ async def test_a_socks_proxy_the_request_does_not_use_needs_no_extra(
     assert provider.request_lines == ["post /v1/messages http/1.1"]
 
 
+async def _refused_turn(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str
+) -> ProviderConnectionError:
+    """The error of a turn to an ``https://`` provider with ``variable`` set to ``url``, on a
+    client of its own, retries allowed (an unusable proxy is retried never)."""
+    clients = ProviderClients()
+    proxy_env.setenv(variable, url)
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    return caught.value
+
+
 @pytest.mark.parametrize(
     ("variable", "url", "shown"),
     [
@@ -462,12 +475,7 @@ async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variabl
     """httpx refuses a proxy URL whose scheme it does not know with a ``ValueError`` when the
     client is built; the turn that would use it fails at once, not retried, with words naming the
     variable and the schemes that work, and the URL without its user and password."""
-    clients = ProviderClients()
-    proxy_env.setenv(variable, url)
-    async with clients.lease():
-        with pytest.raises(ProviderConnectionError) as caught:
-            await turn(transport("https://provider.invalid", clients, max_retries=3))
-    error = caught.value
+    error = await _refused_turn(proxy_env, variable, url)
     message = error.described()
     assert not error.retryable
     assert error.provider == "test"
@@ -491,12 +499,7 @@ async def test_a_proxy_url_httpx_cannot_parse_is_an_error_naming_the_variable(
     fails at once, not retried, with words naming the variable, and without the URL (its user
     and password cannot be told from the rest of a URL that does not parse). httpx's reason is
     kept in the developer-only detail."""
-    clients = ProviderClients()
-    proxy_env.setenv(variable, url)
-    async with clients.lease():
-        with pytest.raises(ProviderConnectionError) as caught:
-            await turn(transport("https://provider.invalid", clients, max_retries=3))
-    error = caught.value
+    error = await _refused_turn(proxy_env, variable, url)
     message = error.described()
     assert not error.retryable
     assert variable in message
@@ -513,14 +516,10 @@ async def test_a_no_proxy_entry_httpx_cannot_parse_is_an_error_naming_the_variab
     """httpx refuses a client whose ``NO_PROXY`` holds an entry it cannot parse (``host:abc``);
     which hosts go direct is then unknown, so the turn fails at once, not retried, naming the
     variable (no request is sent through the proxy either)."""
-    clients = ProviderClients()
     proxy_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
-    proxy_env.setenv("NO_PROXY", "provider.invalid:abc")
-    async with clients.lease():
-        with pytest.raises(ProviderConnectionError) as caught:
-            await turn(transport("https://provider.invalid", clients, max_retries=3))
-    assert not caught.value.retryable
-    assert "NO_PROXY" in caught.value.described()
+    error = await _refused_turn(proxy_env, "NO_PROXY", "provider.invalid:abc")
+    assert not error.retryable
+    assert "NO_PROXY" in error.described()
 
 
 @pytest.mark.parametrize(

@@ -143,11 +143,11 @@ class _UnusableProxy(httpx.AsyncBaseTransport):
     once, not retried, with ``message`` (which says why and what to do).
 
     Why: httpx fails such a proxy with a library error (an ``ImportError`` for SOCKS without
-    ``socksio``, a ``ValueError`` for a scheme it does not know, ``httpx.InvalidURL`` for a URL it
-    cannot parse) when its transport or the client is built, which escaped as a crash of the run. Mounted per pattern, so a request that the
-    proxy does not carry (``NO_PROXY``, or a scheme with a proxy of its own) goes as before:
-    failing the client would stop a local model behind ``NO_PROXY`` because of a proxy it never
-    uses (ADR 0106, 0107)."""
+    ``socksio``, a ``ValueError`` for a scheme it does not know, ``httpx.InvalidURL`` for a URL
+    it cannot parse) when its transport or the client is built, which escaped as a crash of the
+    run. Mounted per pattern, so a request that the proxy does not carry (``NO_PROXY``, or a
+    scheme with a proxy of its own) goes as before: failing the client would stop a local model
+    behind ``NO_PROXY`` because of a proxy it never uses (ADRs 0106, 0107, 0111)."""
 
     def __init__(self, message: str, detail: str | None = None) -> None:
         self.message = message

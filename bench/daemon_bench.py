@@ -537,17 +537,19 @@ async def _one_run(
         conn.traced["c_next_sent"] = started
         conn.traced = None
     body = {"prompt": "bench", "model": model, "chain_of_thought": "surface"}
-    first: dict[str, float | None] = {"client": -1.0, "added": -1.0, "from_slot": None}
+    first = {"client": -1.0, "added": -1.0}
+    from_slot: float | None = None
     stamps: dict[str, Any] = {"c_create_sent": started}
 
     def first_reasoning(data: str, now: float) -> bool:
+        nonlocal from_slot
         if '"reasoning.delta"' not in data:
             return False
         frame = json.loads(data)
         added = added_s(frame["payload"]["text"], now)
         assert added is not None, f"no send-time stamp in {data[:200]}"
         first["client"], first["added"] = now - started, added
-        first["from_slot"] = from_slot_s(frame["payload"]["text"], added)
+        from_slot = from_slot_s(frame["payload"]["text"], added)
         stamps.setdefault("run_id", frame.get("run_id"))
         return True
 
@@ -569,14 +571,11 @@ async def _one_run(
         status, _ = await conn.request("GET", path, on_chunk=on_chunk)
     stamps["c_stream_done"] = time.monotonic()
     assert status == 200, status
-    client, added = first["client"], first["added"]
-    assert client is not None and added is not None and added >= 0, (
-        f"run {run_id} ({model}) streamed no reasoning"
-    )
+    assert first["added"] >= 0, f"run {run_id} ({model}) streamed no reasoning"
     if TRACE is not None:
-        conn.traced = {**stamps, "run_id": run_id, "c_first": started + client}
+        conn.traced = {**stamps, "run_id": run_id, "c_first": started + first["client"]}
         client_stamp(conn.traced)
-    return client, added, first["from_slot"], frames.count
+    return first["client"], first["added"], from_slot, frames.count
 
 
 async def _phase(

@@ -5,7 +5,8 @@ Each module in ``MODULES`` has ``main() -> list[dict]``. A row is
 no target; a figure measured in several rounds adds ``"spread": [least, greatest]`` and
 ``"rounds"``, shown in the table's spread column; a figure set beside a target as information,
 not judged by it, has ``"info_target"`` and ``"info_ok"`` and ``target`` ``None``: the fake
-provider's first byte measured from its slot, ADR 0113); a row with a ``"series"`` key instead feeds a plot:
+provider's first byte measured from its slot, ADR 0113); a row with a ``"series"`` key instead
+feeds a plot:
 ``{"series": PLOT_ID, "label", "points": [[x, y], ...], "xlabel", "ylabel", "title"}``.
 Ratios are always measured against a baseline taken in the same run, because this machine is
 shared and noisy; absolute times are printed for context only. A module may also define

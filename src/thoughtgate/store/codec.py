@@ -21,7 +21,13 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
-from thoughtgate.store.projection import INDEX_EVENT_TYPES, IndexUpdate, batch_update, rebuilt
+from thoughtgate.store.projection import (
+    INDEX_EVENT_TYPES,
+    IndexUpdate,
+    batch_update,
+    rebuilt,
+    refuse_unstorable_columns,
+)
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -289,14 +295,18 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
 
 
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
-    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once."""
+    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once.
+    A task id or a type no column can hold refuses the batch (``UsageError``, ADR 0114)."""
+    task_ids = [e.task_id for e in events]
+    types = [e.type for e in events]
+    refuse_unstorable_columns(task_ids, types)
     try:
         payloads = [dumps(e.payload) for e in events]
     except UsageError:  # say which event (building that text for every event would cost)
         for e in events:
             dumps(e.payload, what=f"payload of {e.type!r} event")
         raise
-    return payloads, [e.task_id for e in events], [e.type for e in events], [e.ts for e in events]
+    return payloads, task_ids, types, [e.ts for e in events]
 
 
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")

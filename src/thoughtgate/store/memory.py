@@ -12,7 +12,12 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store import durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.projection import apply_to_record, batch_update, rebuilt
+from thoughtgate.store.projection import (
+    apply_to_record,
+    batch_update,
+    rebuilt,
+    refuse_unstorable_columns,
+)
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -23,6 +28,12 @@ from thoughtgate.store.run_index import RunChange
 
 __all__ = ["MemoryStore"]
 
+
+
+def _refuse_unstorable(events: Sequence[NewEvent]) -> None:
+    """What the SQL stores refuse before storing anything (``refuse_unstorable_columns``), this
+    one refuses too, before changing anything: the same event gets the same answer (ADR 0114)."""
+    refuse_unstorable_columns([e.task_id for e in events], [e.type for e in events])
 
 class MemoryStore(EventStore, durable.DurableRunStore):
     """Dict-backed store. Returns copies so callers cannot mutate what is stored."""
@@ -137,6 +148,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def append(
         self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
     ) -> list[Event]:
+        _refuse_unstorable(events)
         async with self._lock:
             out, changed = self._append(run_id, events, held_by)
         if changed:
@@ -180,6 +192,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
+        _refuse_unstorable(events)
         async with self._lock:
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
@@ -270,6 +283,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         decided: Callable[[], None] | None = None,
         committed: Callable[[], None] | None = None,
     ) -> durable.Admission:
+        _refuse_unstorable(events)
         async with self._lock:
             now = time.time()
             verdict = durable.Admission(True)

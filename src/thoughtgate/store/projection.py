@@ -29,10 +29,12 @@ execution begins, before its first task starts.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, get_args
 
+from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
@@ -55,7 +57,9 @@ __all__ = [
     "index_update",
     "project",
     "rebuilt",
+    "refuse_unstorable_columns",
     "reproject",
+    "storable_text",
 ]
 
 
@@ -140,10 +144,53 @@ def _usage(value: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in value.items()}
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodes(value: str) -> bool:
+    """Whether UTF-8 can carry ``value``: every string but one holding a lone surrogate."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_text(value: str) -> str:
+    """``value`` for a text column of the run index: as is, or with each lone surrogate (a
+    provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``) replaced by
+    U+FFFD, which no database text column refuses. The event log keeps the exact string in the
+    payload (ADR 0114); the index is a summary of it, and the replacement is what any UTF-8
+    reader would show there anyway."""
+    return value if _encodes(value) else _LONE_SURROGATE.sub("\ufffd", value)
+
+
+def refuse_unstorable_columns(task_ids: Iterable[str | None], types: Iterable[str]) -> None:
+    """Raise ``UsageError`` when a task id or a type holds a lone surrogate, before anything is
+    stored: they are columns of their own, which no SQL backend can hold such a string in, and
+    the program names them (a payload's strings, a provider's, are stored exactly). Every
+    backend, memory included, refuses the batch the same way (ADR 0114). One look a distinct
+    value: a batch of deltas shares one task id and one type."""
+    for what, column in (("type", types), ("task id", task_ids)):
+        for value in set(column):
+            if value is not None and not _encodes(value):
+                raise UsageError(
+                    f"event {what} {value!r} holds a surrogate (U+D800 to U+DFFF), which no "
+                    "store can keep in a column; nothing of the batch was stored"
+                )
+
+
 def _text(payload: Mapping[str, Any], key: str, into: dict[str, Any]) -> None:
-    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing)."""
-    if key in payload and (payload[key] is None or isinstance(payload[key], str)):
-        into[key] = payload[key]
+    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing);
+    a string as the index can keep it (:func:`storable_text`)."""
+    if key in payload:
+        value = payload[key]
+        if value is None:
+            into[key] = None
+        elif isinstance(value, str):
+            into[key] = storable_text(value)
 
 
 def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,7 +199,7 @@ def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(p.get("index"), int):
             out["index"] = p["index"]
         if isinstance(p.get("prompt"), str):
-            out["prompt"] = p["prompt"]
+            out["prompt"] = storable_text(p["prompt"])
         _text(p, "backend", out)
         _text(p, "model", out)
         out["status"] = "running"
@@ -193,9 +240,9 @@ def index_update(kind: str, payload: Mapping[str, Any], task_id: str | None) -> 
     if usage is not None:
         run["usage"] = usage
     if kind == EventType.RUN_INTERRUPTED:
-        run["error"] = f"interrupted: {payload.get('reason', '')}"
+        run["error"] = storable_text(f"interrupted: {payload.get('reason', '')}")
     elif isinstance(payload.get("error"), str):
-        run["error"] = payload["error"]
+        run["error"] = storable_text(payload["error"])
     return IndexUpdate(run=run)
 
 

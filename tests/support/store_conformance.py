@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.errors import RunClosedError, RunNotFoundError
+from thoughtgate.errors import RunClosedError, RunNotFoundError, UsageError
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
@@ -314,6 +314,62 @@ class EventLogConformance:
             stored = got[1].payload["reasoning"]
             assert stored == reasoning
             assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
+
+    async def test_lone_surrogates_in_payloads_are_kept_and_in_columns_refused_alike(
+        self, store: EventStore
+    ) -> None:
+        """A payload's keys and values may hold lone surrogates (a provider's text cut inside an
+        emoji): the log replays them exactly, in a batch of one task and type and in a mixed
+        one. A task id or a type holding one is refused by every store with a ``UsageError``
+        that stores nothing of its batch; the run goes on. A task's output and the run's error
+        holding one are kept exactly in the log and as U+FFFD in the run index (ADR 0114)."""
+        run = make_run(tasks=1)
+        await store.create_run(run)
+        task = run.tasks[0].task_id
+        odd = ["\ud800", "\udfff", "a\ud83db", "\ude00\ud83d", "x\ud800\x00\udc00"]
+        payloads: list[dict[str, Any]] = [
+            {"value": s, "nested": [s, {s: s}], s: len(s)} for s in odd
+        ]
+        uniform = [NewEvent(EventType.MESSAGE_DELTA, p, task_id=task) for p in payloads]
+        mixed = [
+            NewEvent(EventType.MESSAGE_DELTA if i % 2 else "custom", p, task_id=[None, task][i % 2])
+            for i, p in enumerate(payloads)
+        ]
+        kept = [*await store.append(run.run_id, uniform), *await store.append(run.run_id, mixed)]
+        for column in odd:
+            for refused in (
+                [NewEvent(EventType.MESSAGE_DELTA, {}, task_id=column)],
+                [NewEvent(column, {"i": 1})],
+                [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent(column, {})],
+                [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent("x", {}, task_id=column)],
+            ):
+                with pytest.raises(UsageError, match="surrogate"):
+                    await store.append(run.run_id, refused)
+        ending = [
+            NewEvent(EventType.TASK_STARTED, {"index": 0, "prompt": "p\ud800"}, task_id=task),
+            NewEvent(
+                EventType.TASK_COMPLETED,
+                {"status": "completed", "output": "o\udfff"},
+                task_id=task,
+            ),
+        ]
+        kept += await store.append(run.run_id, ending)
+        kept.append(
+            await store.append_one(
+                run.run_id, NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"})
+            )
+        )
+        sent = [*uniform, *mixed, *ending]
+        assert [(e.task_id, e.type, e.payload) for e in kept[:-1]] == [
+            (n.task_id, n.type, n.payload) for n in sent
+        ]
+        assert [e.seq for e in kept] == list(range(1, len(sent) + 2))
+        for replay in (await store.read(run.run_id), await collect(store.tail(run.run_id))):
+            assert_same_events(replay, kept)
+        indexed = await store.get_run(run.run_id)
+        assert indexed is not None
+        assert (indexed.status, indexed.error) == ("failed", "e\ufffd")
+        assert [(t.prompt, t.output) for t in indexed.tasks] == [("p\ufffd", "o\ufffd")]
 
     async def test_batches_of_one_task_and_type_or_of_several_read_back_exactly(
         self, store: EventStore

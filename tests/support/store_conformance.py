@@ -22,6 +22,7 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError, UsageError
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
+from thoughtgate.store.projection import check_run_index
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
 
 __all__ = [
@@ -819,6 +820,50 @@ class EventLogConformance:
         await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
         for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
             assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+
+    async def test_a_run_whose_texts_hold_lone_surrogates_is_created_and_ended_alike(
+        self, store: EventStore
+    ) -> None:
+        """A prompt, a task's output, reasoning and error, a run's error holding lone surrogates
+        (a model's answer cut inside an emoji) do not stop a run being created, updated and
+        ended: the log keeps them exactly, the run index as U+FFFD on every store, and the
+        index check finds the index agreeing with the log (ADR 0114)."""
+        run = make_run(tasks=1, status="running", owner="o", lease_expires_at=2e9)
+        run.prompt = "p\ud800"
+        run.tasks[0].prompt = "t\udfff"
+        await store.create_run(run)
+        task = run.tasks[0].task_id
+        started = {"prompt": run.prompt, "model": None, "tasks": 1}
+        await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, started)])
+        await store.update_run(run.run_id, error="u\ud83d")
+        done = copy.deepcopy(run.tasks[0])
+        done.status, done.output, done.reasoning, done.error = (
+            "failed",
+            "o\ud800",
+            "r\ude00",
+            "x\udc00",
+        )
+        closing = [
+            NewEvent(
+                EventType.TASK_COMPLETED,
+                {"status": "failed", "output": done.output, "error": done.error},
+                task_id=task,
+            ),
+            NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"}),
+        ]
+        out = await store.finish_run(
+            run.run_id, closing, RunEnding("failed", error="e\ud800", tasks=[done])
+        )
+        assert [e.payload for e in out] == [e.payload for e in closing]
+        assert [e.payload for e in (await store.read(run.run_id))[1:]] == [
+            e.payload for e in closing
+        ]
+        got = await store.get_run(run.run_id)
+        assert (got.prompt, got.status, got.error) == ("p\ufffd", "failed", "e\ufffd")
+        assert [(t.prompt, t.output, t.reasoning, t.error) for t in got.tasks] == [
+            ("t\ufffd", "o\ufffd", "r\ufffd", "x\ufffd")
+        ]
+        assert await check_run_index(store, run.run_id) == []
 
     async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
         self, store: EventStore

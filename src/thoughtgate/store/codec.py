@@ -27,6 +27,9 @@ from thoughtgate.store.projection import (
     batch_update,
     rebuilt,
     refuse_unstorable_columns,
+    storable_run,
+    storable_task,
+    storable_text,
 )
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
@@ -500,8 +503,9 @@ def run_update_columns(change: RunChange, *, updated_at: float | None) -> dict[s
     usage = change.get("usage")
     if usage is not None:
         sets["usage"] = dumps(usage, what="run usage")
-    if change.get("error") is not None:
-        sets["error"] = change["error"]
+    error = change.get("error")
+    if error is not None:
+        sets["error"] = storable_text(error)
     return sets
 
 
@@ -653,6 +657,8 @@ def typed_read_sql(
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:
+    """The run's columns, its texts as the index keeps them (``storable_run``, ADR 0114)."""
+    run = storable_run(run)
     return (
         run.run_id,
         run.prompt,
@@ -703,6 +709,8 @@ def runs_from_rows(
 
 
 def task_row(task: TaskRecord) -> tuple[Any, ...]:
+    """The task's columns, its texts as the index keeps them (``storable_task``, ADR 0114)."""
+    task = storable_task(task)
     return (
         task.run_id,
         task.task_id,

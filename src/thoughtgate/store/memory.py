@@ -17,6 +17,9 @@ from thoughtgate.store.projection import (
     batch_update,
     rebuilt,
     refuse_unstorable_columns,
+    storable_run,
+    storable_task,
+    storable_text,
 )
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
@@ -66,7 +69,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
 
     async def create_run(self, run: RunRecord) -> None:
         async with self._lock:
-            self._runs[run.run_id] = copy.deepcopy(run)
+            self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
             self._changed(run.run_id)
@@ -120,7 +123,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             if usage is not None:
                 run.usage = dict(usage)
             if error is not None:
-                run.error = error
+                run.error = storable_text(error)
             run.metadata = {**run.metadata, **(change.get("metadata") or {})}
             run.updated_at = time.time()
             self._changed(run_id)
@@ -132,7 +135,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             if held_by is not None:
                 self._check_held(task.run_id, held_by, "task record")
             run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-            run.tasks.append(copy.deepcopy(task))
+            run.tasks.append(copy.deepcopy(storable_task(task)))
 
     def _check_held(self, run_id: str, held_by: Holder, recording: str) -> None:
         """Under the store's lock: ``held_by.check`` of the run as it is (ADR 0094)."""
@@ -201,13 +204,13 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             ending.check_holder(run_id, run.owner, None if spec is None else spec.attempts)
             for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-                run.tasks.append(copy.deepcopy(task))
+                run.tasks.append(copy.deepcopy(storable_task(task)))
             out, _ = self._append(run_id, events)
             run.status = ending.status
             if ending.usage is not None:
                 run.usage = dict(ending.usage)
             if ending.error is not None:
-                run.error = ending.error
+                run.error = storable_text(ending.error)
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
@@ -295,7 +298,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
                 verdict = durable.quota_verdict(quota, usage, now)
                 if not verdict.admitted:
                     return verdict
-            self._runs[run.run_id] = copy.deepcopy(run)
+            self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
             self._changed(run.run_id)

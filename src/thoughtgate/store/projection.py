@@ -37,7 +37,7 @@ from typing import Any, Protocol, get_args
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
-from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord
 
 __all__ = [
     "CHECK_PAGE",
@@ -59,6 +59,8 @@ __all__ = [
     "rebuilt",
     "refuse_unstorable_columns",
     "reproject",
+    "storable_run",
+    "storable_task",
     "storable_text",
 ]
 
@@ -165,6 +167,34 @@ def storable_text(value: str) -> str:
     payload (ADR 0114); the index is a summary of it, and the replacement is what any UTF-8
     reader would show there anyway."""
     return value if _encodes(value) else _LONE_SURROGATE.sub("\ufffd", value)
+
+
+_RUN_TEXTS = ("prompt", "model", "chain_of_thought", "worker_backend", "error")
+_TASK_TEXTS = ("prompt", "output", "reasoning", "error", "model", "backend")
+
+
+def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, str]:
+    return {
+        name: storable_text(value)
+        for name in names
+        if isinstance(value := getattr(record, name), str) and not _encodes(value)
+    }
+
+
+def storable_task(task: TaskRecord) -> TaskRecord:
+    """``task`` as the run index keeps it: its texts through :func:`storable_text` (a copy
+    when one changes; ``task`` itself, the usual case, when none does)."""
+    texts = _storable_texts(task, _TASK_TEXTS)
+    return replace(task, **texts) if texts else task
+
+
+def storable_run(run: RunRecord) -> RunRecord:
+    """``run`` (and its tasks) as the run index keeps it, as :func:`storable_task`."""
+    texts: dict[str, Any] = _storable_texts(run, _RUN_TEXTS)
+    tasks = [storable_task(t) for t in run.tasks]
+    if any(new is not old for new, old in zip(tasks, run.tasks, strict=True)):
+        texts["tasks"] = tasks
+    return replace(run, **texts) if texts else run
 
 
 def refuse_unstorable_columns(task_ids: Iterable[str | None], types: Iterable[str]) -> None:
@@ -383,6 +413,11 @@ class Difference:
         return f"{what}: index {self.index!r}, log {self.log!r}"
 
 
+def _as_indexed(value: object) -> object:
+    """A value of the log's projection as the index keeps it (a text: :func:`storable_text`)."""
+    return storable_text(value) if isinstance(value, str) else value
+
+
 def differences(record: RunRecord, projection: RunProjection | None) -> list[Difference]:
     """Where the index row ``record`` differs from the projection of its run's log, one entry a
     field (empty: they agree). Fields the log has not yet spoken about are not compared."""
@@ -391,7 +426,7 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
     out: list[Difference] = []
 
     def differ(what: str, stored: object, projected: object, task: str | None = None) -> None:
-        if projected is not None and stored != projected:
+        if projected is not None and stored != _as_indexed(projected):
             out.append(Difference(what, stored, projected, task))
 
     differ("prompt", record.prompt, projection.prompt)
@@ -404,7 +439,7 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
     if not runtime_only:
         differ("status", record.status, projection.status)
     differ("usage", record.usage, None if projection.usage is None else dict(projection.usage))
-    if projection.ended and record.error != projection.error:  # the terminal event decides
+    if projection.ended and record.error != _as_indexed(projection.error):  # the terminal event decides
         out.append(Difference("error", record.error, projection.error))
     stored_tasks = {t.task_id: t for t in record.tasks}
     for task_id, task in projection.tasks.items():
@@ -416,13 +451,13 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
         differ("prompt", stored.prompt, task.prompt, task_id)
         differ("backend", stored.backend, task.backend, task_id)
         # task.started names the model, None included.
-        if task.index is not None and stored.model != task.model:
+        if task.index is not None and stored.model != _as_indexed(task.model):
             out.append(Difference("model", stored.model, task.model, task_id))
         differ("status", stored.status, task.status, task_id)
         if task.status != "running" and task.status != "pending":
-            if stored.output != task.output:
+            if stored.output != _as_indexed(task.output):
                 out.append(Difference("output", stored.output, task.output, task_id))
-            if stored.error != task.error:
+            if stored.error != _as_indexed(task.error):
                 out.append(Difference("error", stored.error, task.error, task_id))
         usage = None if task.usage is None else dict(task.usage)
         differ("usage", stored.usage, usage, task_id)

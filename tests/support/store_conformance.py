@@ -60,8 +60,7 @@ _JSON_VALUES = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False)
     | _payload_text(max_size=8),
     lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(_payload_text(max_size=4), inner, max_size=3)
+        st.lists(inner, max_size=3) | st.dictionaries(_payload_text(max_size=4), inner, max_size=3)
     ),
     max_leaves=8,
 )

@@ -32,11 +32,11 @@ from thoughtgate.store.run_index import RunChange
 __all__ = ["MemoryStore"]
 
 
-
 def _refuse_unstorable(events: Sequence[NewEvent]) -> None:
     """What the SQL stores refuse before storing anything (``refuse_unstorable_columns``), this
     one refuses too, before changing anything: the same event gets the same answer (ADR 0114)."""
     refuse_unstorable_columns([e.task_id for e in events], [e.type for e in events])
+
 
 class MemoryStore(EventStore, durable.DurableRunStore):
     """Dict-backed store. Returns copies so callers cannot mutate what is stored."""

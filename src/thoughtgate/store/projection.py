@@ -173,7 +173,7 @@ _RUN_TEXTS = ("prompt", "model", "chain_of_thought", "worker_backend", "error")
 _TASK_TEXTS = ("prompt", "output", "reasoning", "error", "model", "backend")
 
 
-def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, str]:
+def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, Any]:
     return {
         name: storable_text(value)
         for name in names
@@ -439,7 +439,8 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
     if not runtime_only:
         differ("status", record.status, projection.status)
     differ("usage", record.usage, None if projection.usage is None else dict(projection.usage))
-    if projection.ended and record.error != _as_indexed(projection.error):  # the terminal event decides
+    # the terminal event decides
+    if projection.ended and record.error != _as_indexed(projection.error):
         out.append(Difference("error", record.error, projection.error))
     stored_tasks = {t.task_id: t for t in record.tasks}
     for task_id, task in projection.tasks.items():

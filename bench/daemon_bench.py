@@ -125,6 +125,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
 import contextlib
 import functools
@@ -215,8 +216,12 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
 
     async def gen() -> AsyncIterator[Any]:
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
+        due = pace.due
         await pace.next()
-        yield reasoning(stamp())
+        sent = stamp()
+        if _FAKE_SLOTS is not None:  # --trace: the slot the stamp was taken after
+            _FAKE_SLOTS.append({"key": sent[1:], "e_due_first": due})
+        yield reasoning(sent)
         for i in range(1, DELTAS):
             await pace.next()
             yield reasoning(f"step {i} ")
@@ -225,6 +230,21 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
             yield text(f"word{i} ")
 
     return gen()
+
+
+_FAKE_SLOTS: list[dict[str, Any]] | None = None
+"""Under ``--trace``, in the server: each fake:bench run's first delta's slot (``e_due_first``)
+by its stamp, written at exit where :mod:`bench.first_byte_trace` joins the emulator's, so the
+fake's lateness to its slot (its timer's and its task's wake-up in the daemon's loop, plus up
+to a millisecond of :class:`~bench.emulator_process.Pace`'s rounding) is shown beside the
+adapters' hops; ``ttfb_added`` counts none of it for the fake (its stamp is taken after both
+wake-ups) and all of the adapters' equivalent (the emulator stamps before its write)."""
+
+
+def _dump_fake_slots(directory: str) -> None:
+    if _FAKE_SLOTS:
+        with open(Path(directory) / f"emulator-fake-{os.getpid()}.jsonl", "a") as out:
+            out.writelines(json.dumps(slot) + "\n" for slot in _FAKE_SLOTS)
 
 
 _NO_QUOTAS = {"max_open_runs_per_key": 1_000_000, "max_starts_per_minute_per_key": 1_000_000}
@@ -273,6 +293,9 @@ def _serve(
         from bench.first_byte_trace import install
 
         install(os.environ["BENCH_TRACE"])
+        global _FAKE_SLOTS
+        _FAKE_SLOTS = []
+        atexit.register(_dump_fake_slots, os.environ["BENCH_TRACE"])
     if flush_interval is not None:  # what-if: a shorter delta batching window in the recorder
         from thoughtgate.orchestration.recorder import EventRecorder
 

@@ -77,7 +77,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["client_stamp", "counts_report", "cycle_report", "dump_client", "install", "report"]
+__all__ = [
+    "client_stamp",
+    "counts_report",
+    "cycle_report",
+    "dump_client",
+    "install",
+    "report",
+    "wrapped_ms",
+]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
@@ -917,10 +925,13 @@ loop's lateness is outside its figure; the emulator stamps just before its write
 daemon's wake-ups for the socket and for the reading task are inside the adapters' figure."""
 
 
-def _since(first: float, then: float) -> float:
-    """ms from ``first`` to ``then``. ``sent`` is rebuilt from a stamp of 0.1 ms modulo 100 s:
-    rounded up past the moment it was read back (the fake emits within microseconds of it), it
-    lands 100 s early, so the difference is taken modulo 100 s too."""
+def wrapped_ms(first: float, then: float) -> float:
+    """ms from ``first`` to ``then``, seconds known only modulo 100 s (a stamp, ``T12.3456``), so
+    signed and within ±50 s. ``sent`` is rebuilt from a stamp of 0.1 ms modulo 100 s: rounded up
+    past the moment it was read back (the fake emits within microseconds of it), it lands 100 s
+    early, so the difference is taken modulo 100 s too; two stamps on either side of the clock's
+    wrap (``T99.9990``, then ``T00.0020``) are 3 ms apart, not -99,997. ``daemon_bench`` takes the
+    fake provider's lateness to its first slot this way (``ttfb_added_from_slot``)."""
     return ((then - first + 50) % 100 - 50) * 1000
 
 
@@ -941,7 +952,7 @@ def report(directory: str, label: str) -> str:
             continue
         for name, (first, then) in _COUNTED_HOPS.items():
             if first in stamps and then in stamps:
-                hops[name].append(_since(stamps[first], stamps[then]))
+                hops[name].append(wrapped_ms(stamps[first], stamps[then]))
         if "group" in stamps:
             groups.append(stamps.pop("group"))
         counted = [n for n in stamps if n.startswith(("part ", "count "))]

@@ -459,3 +459,52 @@ def test_a_pages_counted_task_ids_come_back_or_the_page_is_read_by_rows(
         assert got is None
     else:
         assert got == task_ids
+
+
+@given(
+    n=st.integers(min_value=0, max_value=600),
+    task=st.sampled_from([None, "task_1"]),
+    index=st.integers(min_value=-700, max_value=700),
+)
+def test_a_page_built_as_handed_out_gives_the_events_a_read_builds(
+    n: int, task: str | None, index: int
+) -> None:
+    """A replaying tail's page (ADR 0108) builds its events a chunk at a time: iterated, indexed
+    or sliced it gives exactly what building the page at once gives, in order, every one an
+    ``Event``, across chunk boundaries; its types are the column's."""
+    first = 41
+    payloads = ",".join(json.dumps({"index": k, "text": f"t{k}"}) for k in range(n)).encode()
+    types = [EventType.MESSAGE_DELTA if k % 7 else "custom" for k in range(n)]
+    stamps = [1000.0 + k / 8 for k in range(n)]
+    seqs = list(range(first, first + n))
+    page = codec.columns_page("run_1", first, seqs, [task] * n, types, stamps, payloads, 1)
+    assert page is not None
+    whole = codec.events_from_columns(
+        "run_1", first, seqs, [task] * n, types, stamps, payloads, EVENT_VERSION
+    )
+    assert whole is not None and len(whole) == n == len(page)
+    assert whole == [
+        Event(
+            first + k, "run_1", types[k], {"index": k, "text": f"t{k}"}, task_id=task, ts=stamps[k]
+        )
+        for k in range(n)
+    ]
+    handed_out = list(page)
+    assert handed_out == whole and all(type(event) is Event for event in handed_out)
+    assert list(page.types) == types
+    assert page[3:n:5] == whole[3:n:5]
+    if -n <= index < n:
+        assert page[index] == whole[index]
+    else:
+        with pytest.raises(IndexError):
+            page[index]
+
+
+def test_a_page_built_as_handed_out_refuses_what_the_codec_refuses() -> None:
+    """The same checks as a page built at once: numbers out of order, a column short of a value
+    or payloads fewer than the events give ``None`` (the page is read row by row)."""
+    ok = ("r", 1, [1, 2], ["a", "a"], ["t", "t"], [1.0, 2.0], b"{},{}", EVENT_VERSION)
+    assert codec.columns_page(*ok) is not None
+    assert codec.columns_page("r", 1, [2, 1], *ok[3:]) is None
+    assert codec.columns_page("r", 1, [1, 2], ["a"], *ok[4:]) is None
+    assert codec.columns_page(*ok[:6], b"{}", EVENT_VERSION) is None

@@ -15,8 +15,16 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
+from typing import Any, Generic, TypeVar, Unpack
 
 import orjson
 import psycopg
@@ -745,12 +753,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
         """The page's row is fetched by a task; its events are built when it is awaited, so a
         replay holds one page of events at a time (its pages ahead are their rows)."""
-        return _FetchedAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
+        return _FetchedAhead(
+            self._decoded, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit))
+        )
 
     def tail_ahead(self, run_id: str, *, after: int, limit: int) -> TailPage:
         """``read_ahead``'s page, whose events a replaying tail builds as it hands them out
         (``codec.EventColumns``, ADR 0108)."""
-        return _TailAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
+        return _FetchedAhead(
+            self._tail_page, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit))
+        )
 
     async def _fetch(self, run_id: str, after: int, limit: int | None) -> list[_Page]:
         """The aggregate rows of up to ``limit`` events after ``after``, one query per
@@ -1173,41 +1185,28 @@ def _columns(run_id: str, after: int, fetched: tuple[Any, ...]) -> codec.EventCo
     )
 
 
-class _FetchedAhead:
-    """A page being fetched by a task (``PostgresStore.read_ahead``)."""
-
-    __slots__ = ("fetched", "run_id", "store")
-
-    def __init__(
-        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
-    ) -> None:
-        self.store, self.run_id, self.fetched = store, run_id, fetched
-
-    def __await__(self) -> Generator[Any, None, list[Event]]:
-        return self._events().__await__()
-
-    async def _events(self) -> list[Event]:
-        return await self.store._decoded(self.run_id, await self.fetched)
-
-    async def abandon(self) -> None:
-        await abandon_task(self.fetched)
+_Taken = TypeVar("_Taken", bound=Sequence[Event])
 
 
-class _TailAhead:
-    """A page being fetched for a replaying tail (``PostgresStore.tail_ahead``)."""
+class _FetchedAhead(Generic[_Taken]):
+    """A page being fetched by a task (``PostgresStore.read_ahead``, ``tail_ahead``), made
+    events by ``take`` when awaited."""
 
-    __slots__ = ("fetched", "run_id", "store")
+    __slots__ = ("fetched", "run_id", "take")
 
     def __init__(
-        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
+        self,
+        take: Callable[[str, list[_Page]], Coroutine[Any, Any, _Taken]],
+        run_id: str,
+        fetched: asyncio.Task[list[_Page]],
     ) -> None:
-        self.store, self.run_id, self.fetched = store, run_id, fetched
+        self.take, self.run_id, self.fetched = take, run_id, fetched
 
-    def __await__(self) -> Generator[Any, None, Sequence[Event]]:
+    def __await__(self) -> Generator[Any, None, _Taken]:
         return self._events().__await__()
 
-    async def _events(self) -> Sequence[Event]:
-        return await self.store._tail_page(self.run_id, await self.fetched)
+    async def _events(self) -> _Taken:
+        return await self.take(self.run_id, await self.fetched)
 
     async def abandon(self) -> None:
         await abandon_task(self.fetched)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, repeat
-from typing import Any, cast, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from typing import Any, cast
 
 import orjson
 
@@ -20,7 +20,7 @@ from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
-from thoughtgate.store.log import BuiltAsHandedOut, RunEnding
+from thoughtgate.store.log import RunEnding
 from thoughtgate.store.projection import INDEX_EVENT_TYPES, IndexUpdate, batch_update, rebuilt
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
@@ -43,9 +43,7 @@ __all__ = [
     "TASK_COLUMN_COUNT",
     "UNIT",
     "EncodedEvents",
-    "EventColumns",
     "appended_events",
-    "columns_page",
     "counted_task_ids",
     "decode_object",
     "decode_payload_array",
@@ -422,22 +420,6 @@ def events_from_columns(
     value per event: the caller then reads the page row by row, so a page whose aggregate came
     back in another order, with a gap or short of a value is never handed out as it is.
     """
-    page = columns_page(run_id, first, seqs, task_ids, types, ts, payloads, version)
-    return None if page is None else page.built()
-
-
-def columns_page(
-    run_id: str,
-    first: int,
-    seqs: Sequence[int],
-    task_ids: Sequence[str | None],
-    types: Sequence[str],
-    ts: Sequence[float],
-    payloads: bytes,
-    version: int,
-) -> EventColumns | None:
-    """:func:`events_from_columns`' page, checked and its payloads decoded the same way, with
-    its events built only as they are reached (:class:`EventColumns`): for a replaying tail."""
     n = len(seqs)
     if len(task_ids) != n or len(types) != n or len(ts) != n:
         return None
@@ -449,83 +431,7 @@ def columns_page(
         return None
     if version != EVENT_VERSION:
         decoded = [upgrade_payload(t, version, p) for t, p in zip(types, decoded, strict=True)]
-    return EventColumns(run_id, seqs, types, decoded, task_ids, ts)
-
-
-_CHUNK = 250
-"""Events an :class:`EventColumns` builds at a time while iterated: well under the collector's
-700 new objects, so a chunk handed out and let go never meets a collection of its own."""
-
-
-class EventColumns(BuiltAsHandedOut):
-    """A checked page of columns whose :class:`Event`\\ s are built when reached (ADR 0108):
-    iterating builds :data:`_CHUNK` at a time, in order, and lets go of a chunk before building
-    the next, so a consumer that does not keep the events holds at most one chunk. The events
-    are the ones :meth:`built` makes all at once, field for field."""
-
-    __slots__ = ("_payloads", "_run_id", "_seqs", "_stamps", "_task_ids", "_types")
-
-    def __init__(
-        self,
-        run_id: str,
-        seqs: Sequence[int],
-        types: Sequence[str],
-        payloads: Sequence[Mapping[str, Any]],
-        task_ids: Sequence[str | None],
-        stamps: Sequence[float],
-    ) -> None:
-        self._run_id, self._seqs, self._types = run_id, seqs, types
-        self._payloads, self._task_ids, self._stamps = payloads, task_ids, stamps
-
-    @property
-    def types(self) -> Sequence[str]:
-        return self._types
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        if isinstance(index, slice):
-            return self.built()[index]
-        k = range(len(self._seqs))[index]  # IndexError past either end, as a list's
-        return self._span(k, k + 1)[0]
-
-    def __iter__(self) -> Iterator[Event]:
-        # The generator hands ``chain`` one chunk at a time and keeps none: ``chain`` drops a
-        # chunk when it is exhausted, before it asks for the next.
-        return chain.from_iterable(
-            self._span(k, k + _CHUNK) for k in range(0, len(self._seqs), _CHUNK)
-        )
-
-    def built(self) -> list[Event]:
-        """Every event of the page, built at once (a ``read``)."""
-        return _build_events(
-            self._run_id,
-            self._seqs,
-            self._types,
-            self._payloads,
-            self._task_ids,
-            self._stamps,
-            repeat(EVENT_VERSION, len(self._seqs)),
-        )
-
-    def _span(self, start: int, stop: int) -> list[Event]:
-        seqs = self._seqs[start:stop]
-        return _build_events(
-            self._run_id,
-            seqs,
-            self._types[start:stop],
-            self._payloads[start:stop],
-            self._task_ids[start:stop],
-            self._stamps[start:stop],
-            repeat(EVENT_VERSION, len(seqs)),
-        )
+    return _build_events(run_id, seqs, types, decoded, task_ids, ts, repeat(EVENT_VERSION, n))
 
 
 class _Filling:

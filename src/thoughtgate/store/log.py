@@ -46,7 +46,6 @@ from thoughtgate.store.records import TaskRecord
 
 __all__ = [
     "UNCLAIMED",
-    "BuiltAsHandedOut",
     "EventLog",
     "EventObserver",
     "Holder",
@@ -55,7 +54,6 @@ __all__ = [
     "RunEnding",
     "RunListener",
     "RunWakeups",
-    "TailPage",
     "TaskAhead",
     "abandon_task",
 ]
@@ -337,31 +335,6 @@ class PageAhead(Protocol):
         """Stop the read and wait until it has stopped; its outcome is moot."""
 
 
-class BuiltAsHandedOut(Sequence[Event]):
-    """A page of events, each built only when iteration reaches it (a chunk at a time), whose
-    types are known without building them (ADR 0108). A replay builds the events of a page
-    while they are handed out, so a chunk's events are let go before the next chunk is built:
-    the cyclic collector, run every 700 new tracked objects, then no longer walks a whole page
-    of young events it cannot free. Iterating twice builds equal events twice."""
-
-    __slots__ = ()
-
-    @property
-    @abc.abstractmethod
-    def types(self) -> Sequence[str]:
-        """Each event's type, in order."""
-
-
-class TailPage(Protocol):
-    """A page a replaying ``tail`` reads ahead (``EventLog.tail_ahead``): a :class:`PageAhead`,
-    or one whose events come as a :class:`BuiltAsHandedOut`."""
-
-    def __await__(self) -> Generator[Any, None, Sequence[Event]]: ...
-
-    async def abandon(self) -> None:
-        """Stop the read and wait until it has stopped; its outcome is moot."""
-
-
 class TaskAhead:
     """A page read ahead by a task running ``EventLog.read``."""
 
@@ -387,7 +360,7 @@ async def abandon_task(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _abandon_all(ahead: deque[tuple[int, TailPage]]) -> None:
+async def _abandon_all(ahead: deque[tuple[int, PageAhead]]) -> None:
     while ahead:
         await ahead.popleft()[1].abandon()
 
@@ -488,11 +461,6 @@ class EventLog(abc.ABC):
         only when they are awaited."""
         return TaskAhead(self.read(run_id, after=after, limit=limit))
 
-    def tail_ahead(self, run_id: str, *, after: int, limit: int) -> TailPage:
-        """A page ``tail`` reads ahead: ``read_ahead``'s, unless the backend hands the events
-        out as it builds them (:class:`BuiltAsHandedOut`)."""
-        return self.read_ahead(run_id, after=after, limit=limit)
-
     def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
         """``read``'s events answered in this step, on the event loop, where the store can do
         that cheaply (SQLite's loop connection, ADR 0038); ``None``: ``read`` them instead (this
@@ -532,8 +500,7 @@ class EventLog(abc.ABC):
         batch = self.tail_batch if batch is None else batch
         cursor = after
         delay = self.tail_retry[0]
-        ahead: deque[tuple[int, TailPage]] = deque()
-        events: Sequence[Event]
+        ahead: deque[tuple[int, PageAhead]] = deque()
         try:
             while True:
                 try:
@@ -559,12 +526,9 @@ class EventLog(abc.ABC):
                 # One look for a terminal event per page, not a check per event handed out:
                 # replay's cost is this loop. The types gathered by a comprehension (one
                 # specialised slot read each): about a third fewer instructions than an
-                # ``attrgetter`` mapped over the page (ADR 0101); a page built as it is handed
-                # out has them as a column (ADR 0108).
+                # ``attrgetter`` mapped over the page (ADR 0101).
                 ends = until_terminal and not RUN_TERMINAL_TYPES.isdisjoint(
-                    events.types
-                    if isinstance(events, BuiltAsHandedOut)
-                    else [event.type for event in events]
+                    [event.type for event in events]
                 )
                 last = events[-1].seq
                 if ends or len(events) < batch or (ahead and ahead[0][0] != last):
@@ -578,7 +542,7 @@ class EventLog(abc.ABC):
                     # end with if full (sequences have no gaps), and is used only if it did.
                     start = ahead[-1][0] + batch if ahead else last
                     while len(ahead) < _READ_AHEAD:
-                        ahead.append((start, self.tail_ahead(run_id, after=start, limit=batch)))
+                        ahead.append((start, self.read_ahead(run_id, after=start, limit=batch)))
                         start += batch
                     if self.read_ahead_needs_a_turn:
                         # Let the reads send their queries now: a consumer that takes the

@@ -15,16 +15,8 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import (
-    AsyncIterator,
-    Callable,
-    Collection,
-    Coroutine,
-    Generator,
-    Mapping,
-    Sequence,
-)
-from typing import Any, Generic, TypeVar, Unpack
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
+from typing import Any, Unpack
 
 import orjson
 import psycopg
@@ -36,7 +28,7 @@ from thoughtgate.errors import RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.log import PageAhead, TailPage, abandon_task, append_refused
+from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
@@ -753,16 +745,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
         """The page's row is fetched by a task; its events are built when it is awaited, so a
         replay holds one page of events at a time (its pages ahead are their rows)."""
-        return _FetchedAhead(
-            self._decoded, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit))
-        )
-
-    def tail_ahead(self, run_id: str, *, after: int, limit: int) -> TailPage:
-        """``read_ahead``'s page, whose events a replaying tail builds as it hands them out
-        (``codec.EventColumns``, ADR 0108)."""
-        return _FetchedAhead(
-            self._tail_page, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit))
-        )
+        return _FetchedAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
 
     async def _fetch(self, run_id: str, after: int, limit: int | None) -> list[_Page]:
         """The aggregate rows of up to ``limit`` events after ``after``, one query per
@@ -811,27 +794,25 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if isinstance(fetched, list):
                 events += codec.events_from_rows(run_id, fetched)
                 continue
-            columns = _columns(run_id, after, fetched)
-            if columns is not None:
-                events += columns.built()
-            else:
-                events += await self._rows(run_id, after, fetched)
+            seqs, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
+            page = None
+            if v_min == v_max:
+                page = codec.events_from_columns(
+                    run_id,
+                    after + 1,
+                    seqs,
+                    codec.task_id_column(task_ids, null_tasks, after + 1, len(seqs)),
+                    codec.split_column(types, len(seqs)),
+                    stamps,
+                    payloads,
+                    v_min,
+                )
+            if page is None:
+                async with self._conn(f"read events of run {run_id!r}") as conn:
+                    cur = await conn.execute(_READ, (run_id, after, after + len(seqs)), binary=True)
+                    page = codec.events_from_rows(run_id, await cur.fetchall())
+            events += page
         return events
-
-    async def _tail_page(self, run_id: str, pages: list[_Page]) -> Sequence[Event]:
-        """A tail's page read ahead: one page of columns is handed out as its events are built
-        (ADR 0108), anything else as ``_decoded`` reads it."""
-        if len(pages) == 1 and not isinstance(fetched := pages[0][1], list):
-            columns = _columns(run_id, pages[0][0], fetched)
-            if columns is not None:
-                return columns
-        return await self._decoded(run_id, pages)
-
-    async def _rows(self, run_id: str, after: int, fetched: tuple[Any, ...]) -> list[Event]:
-        """The events of a page whose columns the codec did not take, read row by row."""
-        async with self._conn(f"read events of run {run_id!r}") as conn:
-            cur = await conn.execute(_READ, (run_id, after, after + len(fetched[0])), binary=True)
-            return codec.events_from_rows(run_id, await cur.fetchall())
 
     def _notified(self, payload: str) -> None:
         """``NOTIFY`` payload ``"<run_id> <last seq>"`` (the seq lets a live reader that already
@@ -1167,46 +1148,21 @@ async def _key_usage(
     return durable.KeyUsage(open_runs, float(pivot[0]), int(starts[0]) if starts else 0)
 
 
-def _columns(run_id: str, after: int, fetched: tuple[Any, ...]) -> codec.EventColumns | None:
-    """A page's row of ``events_page`` as checked columns, or ``None`` where the codec does not
-    take them (mixed vocabulary versions, numbers out of order): then it is read row by row."""
-    seqs, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
-    if v_min != v_max:
-        return None
-    return codec.columns_page(
-        run_id,
-        after + 1,
-        seqs,
-        codec.task_id_column(task_ids, null_tasks, after + 1, len(seqs)),
-        codec.split_column(types, len(seqs)),
-        stamps,
-        payloads,
-        v_min,
-    )
+class _FetchedAhead:
+    """A page being fetched by a task (``PostgresStore.read_ahead``)."""
 
-
-_Taken = TypeVar("_Taken", bound=Sequence[Event])
-
-
-class _FetchedAhead(Generic[_Taken]):
-    """A page being fetched by a task (``PostgresStore.read_ahead``, ``tail_ahead``), made
-    events by ``take`` when awaited."""
-
-    __slots__ = ("fetched", "run_id", "take")
+    __slots__ = ("fetched", "run_id", "store")
 
     def __init__(
-        self,
-        take: Callable[[str, list[_Page]], Coroutine[Any, Any, _Taken]],
-        run_id: str,
-        fetched: asyncio.Task[list[_Page]],
+        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
     ) -> None:
-        self.take, self.run_id, self.fetched = take, run_id, fetched
+        self.store, self.run_id, self.fetched = store, run_id, fetched
 
-    def __await__(self) -> Generator[Any, None, _Taken]:
+    def __await__(self) -> Generator[Any, None, list[Event]]:
         return self._events().__await__()
 
-    async def _events(self) -> _Taken:
-        return await self.take(self.run_id, await self.fetched)
+    async def _events(self) -> list[Event]:
+        return await self.store._decoded(self.run_id, await self.fetched)
 
     async def abandon(self) -> None:
         await abandon_task(self.fetched)

@@ -39,8 +39,12 @@ __all__ = [
 
 def _column_text(*, max_size: int) -> st.SearchStrategy[str]:
     """Any text a task id or a type column keeps on every backend: all but NUL, which
-    PostgreSQL's ``text`` refuses (the append fails with a ``StoreError``, nothing stored)."""
-    return st.text(st.characters(blacklist_characters="\x00"), max_size=max_size)
+    PostgreSQL's ``text`` refuses (the append fails with a ``StoreError``, nothing stored), and
+    lone surrogates, which no backend can encode as UTF-8 (the append fails)."""
+    return st.text(
+        st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+        max_size=max_size,
+    )
 
 
 _JSON_VALUES = st.recursive(

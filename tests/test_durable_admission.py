@@ -251,6 +251,48 @@ async def test_a_run_taken_back_before_its_workflow_starts_is_left_to_the_later_
         await daemon.close()
 
 
+@pytest.mark.parametrize("taken_back", [False, True], ids=["failed", "taken back meanwhile"])
+async def test_a_run_whose_continued_workflow_failed_is_closed_at_the_attempt_it_held(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch, taken_back: bool
+) -> None:
+    """ADR 0112: the daemon's execution without a workflow (attempt 1) stopped for a checkpoint;
+    the run's workflow started here, claimed it (attempt 2) and failed before its execution could
+    end it. The run is closed ``interrupted`` -- its daemon holds it and nothing executes it --
+    at the attempt it was left at. Unless, meanwhile, this process stalled past a lease, a sweep
+    released the run and this process's own queue took it back (attempt 3, the same owner id):
+    that later execution holds it, and the close is not its to make (before: closed by the owner
+    alone, ending the run under the later execution)."""
+    daemon = await _daemon(tmp_path)
+    me = daemon.runtime.leases.owner.owner_id
+
+    async def fails(run_id: str) -> asyncio.Future[Any]:
+        assert await daemon.store.claim_run(run_id, me, 60) == 2  # the workflow's claim
+        if taken_back:
+            assert await daemon.store.release_run(run_id, owner=me, queue=True)
+            assert await daemon.store.claim_run(run_id, me, 60) == 3
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        failed.set_exception(RuntimeError("the workflow failed before its run's end"))
+        return failed
+
+    try:
+        monkeypatch.setattr(daemon.engine, "start", fails)
+        run_id = await daemon.start("fake:unasked-tool")
+
+        async def idle() -> bool:
+            return not daemon.engine.busy
+
+        await until(idle)
+        run = await daemon.store.get_run(run_id)
+        if taken_back:
+            assert (run.status, run.owner) == ("running", me), "the later claim's"
+            assert "run.interrupted" not in await daemon.types(run_id)
+        else:
+            assert run.status == "interrupted"
+            assert "could not continue as a workflow" in (run.error or "")
+    finally:
+        await daemon.close()
+
+
 async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:
     statuses = [(await daemon.store.get_run(r)).status for r in run_ids]
     return all(s not in ("pending", "running") for s in statuses)

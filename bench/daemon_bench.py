@@ -94,6 +94,20 @@ do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs
   run, which the "Bounds" note sets beside the c1 target); ``sqlite_durable_commit_p50`` is a
   bare commit in a tight loop before the phases, the least a commit costs on this disk, not what
   a run meets (about a third of the after-idle append in ADR 0058's runs).
+* ``ttfb_added_from_slot`` (the fake provider's variants only, ADR 0113): the same first byte
+  measured the adapters' way, from the fake's first delta's slot (when its schedule had it due;
+  its stamp if that came first) instead of its stamp. The emulator stamps its delta in its own
+  process before the daemon wakes for the bytes, so the adapters' and LiteLLM's figures count
+  the daemon's (or the proxy's) wake-up; the fake runs in the daemon and stamps only after the
+  daemon's loop has run its timer and its task, so ``ttfb_added`` leaves that wake-up out
+  (ADR 0110), which under load is the larger part at 100 runs. The first delta carries its slot
+  beside its stamp (``T12.3481 S12.3450``), so the figure is taken in every run, not only under
+  ``--trace``. Its p50 is set beside the target as information, not judged: which of the two
+  the target judges is the planners' call. The first slot is a whole 10 ms after the schedule
+  is made and asked for at once, so :class:`~bench.emulator_process.Pace`'s rounding up to the
+  millisecond adds ~1 µs to it (a later slot's up to 1 ms); on an idle loop the fake's timer
+  and task still run 0.1-0.2 ms after the slot (the kernel's timer slack, the wake-up, the
+  task's turn), which this figure counts and a socket's wake-up has only in part.
 * ``ttfb_client``: from the client's ``POST /v1/runs`` to that first reasoning byte (three HTTP
   round trips on loopback plus the above).
 * ``runs_per_s``: completed runs per second (a run is one created-and-fully-streamed request,
@@ -125,6 +139,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
 import contextlib
 import functools
@@ -132,6 +147,7 @@ import gc
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -155,11 +171,18 @@ from bench.emulator_process import (
     stop,
 )
 from bench.environment import LOOPBACK, REPO, child_env, free_port
-from bench.first_byte_trace import client_stamp, counts_report, cycle_report, dump_client, report
+from bench.first_byte_trace import (
+    client_stamp,
+    counts_report,
+    cycle_report,
+    dump_client,
+    report,
+    wrapped_ms,
+)
 from bench.host_steal import HostShare, pooled, round_rows, sample, share_text, since
 from bench.process_stats import GcClock, file_sizes, rss_mb, snapshot
 from bench.profile_summary import record, summary
-from bench.repetitions import judge, median_rows, spread_text
+from bench.repetitions import info_verdict, judge, median_rows, spread_text
 from thoughtgate.providers.sse import SSEDecoder
 
 __all__ = ["main"]
@@ -215,8 +238,12 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
 
     async def gen() -> AsyncIterator[Any]:
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
+        due = pace.due
         await pace.next()
-        yield reasoning(stamp())
+        sent = stamp()
+        if _FAKE_SLOTS is not None:  # --trace: the slot the stamp was taken after
+            _FAKE_SLOTS.append({"key": sent[1:], "e_due_first": due})
+        yield reasoning(slotted(sent, due))
         for i in range(1, DELTAS):
             await pace.next()
             yield reasoning(f"step {i} ")
@@ -225,6 +252,53 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
             yield text(f"word{i} ")
 
     return gen()
+
+
+_SLOTTED = re.compile(r"T(\d\d\.\d{4}) S(\d\d\.\d{4})")
+"""The fake provider's first delta: its stamp (when it was taken) and its slot (when it was
+due), each as :func:`~bench.emulator_process.stamp` writes a time."""
+
+
+def slotted(sent: str, due: float) -> str:
+    """The fake provider's first delta's text: its stamp, then its slot (``due``, a
+    ``time.monotonic()``) written the same way (``T12.3481 S12.3450``). The slot is a number the
+    schedule already holds; writing it costs one format a run and 9 bytes in that one delta."""
+    return f"{sent} S{due % 100:07.4f}"
+
+
+def from_slot_s(text: str, added: float) -> float | None:
+    """The first byte's added time measured the adapters' way (ADR 0113): ``added`` (from the
+    fake provider's stamp) plus how late that stamp was to its slot, for a delta that carries its
+    slot (the fake provider's; ``None`` for any other).
+
+    The emulator stamps its delta before the daemon wakes for it, so the adapters' figure counts
+    the daemon's wake-up for the provider's bytes; the fake provider runs in the daemon and
+    stamps only once the daemon's loop has run its timer and its task, so its figure leaves that
+    wake-up out (ADR 0110). Counted from the slot it is in. A stamp taken before its slot (a timer
+    fired early, or the two roundings of 0.1 ms) counts from the stamp: never less than
+    ``added``. The lateness is taken modulo 100 s, as the trace's hops are
+    (:func:`~bench.first_byte_trace.wrapped_ms`): slot and stamp can fall either side of the
+    clock's wrap."""
+    found = _SLOTTED.search(text)
+    if found is None:
+        return None
+    late_ms = wrapped_ms(float(found.group(2)), float(found.group(1)))
+    return added + max(0.0, late_ms) / 1000
+
+
+_FAKE_SLOTS: list[dict[str, Any]] | None = None
+"""Under ``--trace``, in the server: each fake:bench run's first delta's slot (``e_due_first``)
+by its stamp, written at exit where :mod:`bench.first_byte_trace` joins the emulator's, so the
+fake's lateness to its slot (its timer's and its task's wake-up in the daemon's loop, plus up
+to a millisecond of :class:`~bench.emulator_process.Pace`'s rounding) is shown beside the
+adapters' hops; ``ttfb_added`` counts none of it for the fake (its stamp is taken after both
+wake-ups) and all of the adapters' equivalent (the emulator stamps before its write)."""
+
+
+def _dump_fake_slots(directory: str) -> None:
+    if _FAKE_SLOTS:
+        with open(Path(directory) / f"emulator-fake-{os.getpid()}.jsonl", "a") as out:
+            out.writelines(json.dumps(slot) + "\n" for slot in _FAKE_SLOTS)
 
 
 _NO_QUOTAS = {"max_open_runs_per_key": 1_000_000, "max_starts_per_minute_per_key": 1_000_000}
@@ -273,6 +347,9 @@ def _serve(
         from bench.first_byte_trace import install
 
         install(os.environ["BENCH_TRACE"])
+        global _FAKE_SLOTS
+        _FAKE_SLOTS = []
+        atexit.register(_dump_fake_slots, os.environ["BENCH_TRACE"])
     if flush_interval is not None:  # what-if: a shorter delta batching window in the recorder
         from thoughtgate.orchestration.recorder import EventRecorder
 
@@ -448,24 +525,31 @@ class _Frames:
             self._decoder = None
 
 
-async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, float, int]:
-    """(client TTFB s, added TTFB s, events received) for one run, streamed to the end: three
-    requests (create, ticket, stream), or with ``single`` one (``POST /v1/runs/follow``)."""
+async def _one_run(
+    conn: _Connection, model: str, single: bool
+) -> tuple[float, float, float | None, int]:
+    """(client TTFB s, added TTFB s, added TTFB from the provider's slot s or ``None``, events
+    received) for one run, streamed to the end: three requests (create, ticket, stream), or with
+    ``single`` one (``POST /v1/runs/follow``). The slot is known for the fake provider only
+    (:func:`from_slot_s`)."""
     started = time.monotonic()
     if conn.traced is not None:  # --trace: the previous run's cycle ends with this POST
         conn.traced["c_next_sent"] = started
         conn.traced = None
     body = {"prompt": "bench", "model": model, "chain_of_thought": "surface"}
     first = {"client": -1.0, "added": -1.0}
+    from_slot: float | None = None
     stamps: dict[str, Any] = {"c_create_sent": started}
 
     def first_reasoning(data: str, now: float) -> bool:
+        nonlocal from_slot
         if '"reasoning.delta"' not in data:
             return False
         frame = json.loads(data)
         added = added_s(frame["payload"]["text"], now)
         assert added is not None, f"no send-time stamp in {data[:200]}"
         first["client"], first["added"] = now - started, added
+        from_slot = from_slot_s(frame["payload"]["text"], added)
         stamps.setdefault("run_id", frame.get("run_id"))
         return True
 
@@ -491,7 +575,7 @@ async def _one_run(conn: _Connection, model: str, single: bool) -> tuple[float, 
     if TRACE is not None:
         conn.traced = {**stamps, "run_id": run_id, "c_first": started + first["client"]}
         client_stamp(conn.traced)
-    return first["client"], first["added"], frames.count
+    return first["client"], first["added"], from_slot, frames.count
 
 
 async def _phase(
@@ -511,7 +595,7 @@ async def _phase(
         for conn in conns[:3]:  # warm-up
             await _one_run(conn, model, single)
         remaining = [total]
-        results: list[tuple[float, float, int]] = []
+        results: list[tuple[float, float, float | None, int]] = []
 
         async def worker(conn: _Connection) -> None:
             while remaining[0] > 0:
@@ -531,7 +615,8 @@ async def _phase(
         "cpu": cpu_used,
         "client": sorted(r[0] for r in results),
         "added": sorted(r[1] for r in results),
-        "events": sum(r[2] for r in results),
+        "from_slot": sorted(r[2] for r in results if r[2] is not None),
+        "events": sum(r[3] for r in results),
         "runs": len(results),
     }
 
@@ -1169,7 +1254,10 @@ def _phase_rows(
 
     The first-byte p50 and the runs/s (at :data:`RPS_LEVELS`) carry a ``goal``, their target's
     kind: the target derives from LiteLLM's figures, known only once every round has run
-    (:func:`_with_goal`)."""
+    (:func:`_with_goal`). The fake provider's phases add, beside the first-byte p50, its
+    ``ttfb_added_from_slot_p50`` (:func:`from_slot_s`), set beside the same target as
+    information only (``goal`` ``ttfb_info``): which of the two the target judges is the
+    planners' call (ADR 0113)."""
     tag = f"c{concurrency}"
     rps = stats["runs"] / stats["elapsed"]
     added, client = stats["added"], stats["client"]
@@ -1178,6 +1266,12 @@ def _phase_rows(
         _result(f"{prefix}ttfb_added_p99_{tag}", _pct(added, 0.99) * 1000, "ms", None, False),
     ]
     rows[0].update(goal="ttfb", level=concurrency)
+    if stats["from_slot"]:  # the fake provider's: its first delta carries its slot
+        slot_p50 = _pct(stats["from_slot"], 0.5) * 1000
+        rows.insert(
+            1, _result(f"{prefix}ttfb_added_from_slot_p50_{tag}", slot_p50, "ms", None, False)
+        )
+        rows[1].update(goal="ttfb_info", level=concurrency)
     if full:
         rows += [
             _result(f"{prefix}ttfb_client_p50_{tag}", _pct(client, 0.5) * 1000, "ms", None, False),
@@ -1560,6 +1654,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in rows:
         verdict = "" if r["ok"] is None else ("ok" if r["ok"] else "MISS")
         target = "" if r["target"] is None else f"target {r['target']:g}"
+        if "info_target" in r:  # information, not a verdict (ADR 0113)
+            target = f"(target {r['info_target']:g})"
+            verdict = info_verdict(r)
         shown = f"{r['value']:>10.3f}" if isinstance(r["value"], float) else f"{r['value']:>10}"
         print(
             f"{r['name']:<{width}}  {shown} {r['unit']:<11} {spread_text(r):<17} "
@@ -1582,8 +1679,13 @@ def _per_delta(stats: dict[str, Any], cpu: float) -> float:
 
 def _figures(stats: dict[str, Any], cpu: float) -> str:
     """A phase's headline figures, for the console line of each round."""
+    slot = (
+        f" (from its slot {_pct(stats['from_slot'], 0.5) * 1000:6.2f})"
+        if stats["from_slot"]
+        else ""
+    )
     return (
-        f"ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:6.2f} ms, runs/s "
+        f"ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:6.2f} ms{slot}, runs/s "
         f"{stats['runs'] / stats['elapsed']:6.1f}, cpu_per_delta {_per_delta(stats, cpu):4.0f} µs"
     )
 
@@ -1635,9 +1737,13 @@ def _with_goal(row: dict[str, Any], litellm: dict[int, dict[str, float]] | None)
     its requests/s; the bench's own keys (goal, level, higher, once) dropped."""
     row = dict(row)
     goal, level = row.pop("goal", None), row.pop("level", None)
-    if goal == "ttfb":
+    if goal in ("ttfb", "ttfb_info"):
         ll_ttfb = litellm[level]["ttfb_p50"] if litellm else LITELLM_TTFB_MS[level]
-        row["target"] = round(ll_ttfb / 20, 3)
+        if goal == "ttfb":
+            row["target"] = round(ll_ttfb / 20, 3)
+        else:  # the same target, beside the figure as information (no verdict: ADR 0113)
+            row["info_target"] = round(ll_ttfb / 20, 3)
+            row["info_ok"] = row["value"] <= row["info_target"]
     elif goal == "rps":
         row["target"] = round((litellm[level]["rps"] if litellm else LITELLM_RPS) * 10, 1)
     row = judge(row)

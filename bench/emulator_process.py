@@ -14,7 +14,8 @@ of it is busy; relative sleeps would (each one overshoots under load, and the ov
 so the provider would seem to slow down with our own load and hide our per-run cost).
 
 Under ``daemon_bench --trace`` (``BENCH_TRACE``) each request's schedule is written down too: when
-the app got the request (``e_start``, the schedule's start), when its first delta was due, its
+the app got the request (``e_start``, the schedule's start), when its first delta was due, when
+the write holding it returned (``e_first_written``: the stamp's bytes are in the kernel), its
 last write before the terminal event, the terminal event's write and the body's end (see
 :func:`_trace_write`).
 
@@ -136,6 +137,8 @@ def _paced(app: Any) -> Any:
                 else:
                     traced["e_last_nonterminal"] = now
             await send(message)
+            if traced is not None:
+                traced.setdefault("e_first_written", time.monotonic())
             if traced is not None and not message.get("more_body", False):
                 traced["e_end"] = time.monotonic()
                 _trace_write(traced)

@@ -45,8 +45,13 @@ the terminal event was read), ``body end`` (the body's last read), ``response cl
 ``recorder close`` / ``recorder closed`` (the run's last events held, the recorder closed); and
 the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined to the run by
 the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
-``e_due_first`` (the first delta's slot), ``e_last_nonterminal``, ``e_terminal`` (the write
-holding ``[DONE]``, ``message_stop`` or ``response.completed``) and ``e_end`` (the body's end).
+``e_due_first`` (the first delta's slot), ``e_first_written`` (the write holding it returned),
+``e_last_nonterminal``, ``e_terminal`` (the write holding ``[DONE]``, ``message_stop`` or
+``response.completed``) and ``e_end`` (the body's end). The fake provider writes its first
+delta's slot (``e_due_first``) to ``emulator-fake-<pid>.jsonl``, joined the same way, and
+:func:`report` adds three per-run hops that say which wake-ups ``ttfb_added`` counts for each
+(ADR 0110: the fake's stamp follows its wake-up in the daemon's loop; the emulator's precedes
+the daemon's wake-up for its bytes).
 
 Each server process's totals (:func:`counts_report`, ADR 0043): its store jobs by kind (and
 whether the event loop queued them), the write groups the loop ran and those it sent to the
@@ -72,7 +77,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["client_stamp", "counts_report", "cycle_report", "dump_client", "install", "report"]
+__all__ = [
+    "client_stamp",
+    "counts_report",
+    "cycle_report",
+    "dump_client",
+    "install",
+    "report",
+    "wrapped_ms",
+]
 
 _STAMPED = re.compile(r'"text":\s*"T(\d\d\.\d{4})')
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
@@ -901,6 +914,27 @@ def _server_stamps(directory: str) -> dict[str, dict[str, float]]:
     return server
 
 
+_COUNTED_HOPS = {
+    "the first delta's slot to its stamp (not in ttfb_added)": ("e_due_first", "sent"),
+    "the emulator's stamp to its write returned (in ttfb_added)": ("sent", "e_first_written"),
+    "that write to the daemon's read of it (in ttfb_added)": ("e_first_written", "read_p"),
+}
+"""Per-run hops that say which wake-ups ``ttfb_added`` counts (ADR 0110). The fake provider
+stamps its first delta after its timer and its task have woken in the daemon's loop, so that
+loop's lateness is outside its figure; the emulator stamps just before its write, so the
+daemon's wake-ups for the socket and for the reading task are inside the adapters' figure."""
+
+
+def wrapped_ms(first: float, then: float) -> float:
+    """ms from ``first`` to ``then``, seconds known only modulo 100 s (a stamp, ``T12.3456``), so
+    signed and within ±50 s. ``sent`` is rebuilt from a stamp of 0.1 ms modulo 100 s: rounded up
+    past the moment it was read back (the fake emits within microseconds of it), it lands 100 s
+    early, so the difference is taken modulo 100 s too; two stamps on either side of the clock's
+    wrap (``T99.9990``, then ``T00.0020``) are 3 ms apart, not -99,997. ``daemon_bench`` takes the
+    fake provider's lateness to its first slot this way (``ttfb_added_from_slot``)."""
+    return ((then - first + 50) % 100 - 50) * 1000
+
+
 def report(directory: str, label: str) -> str:
     """Median of each stamp relative to the provider's send stamp (``emit``), per run."""
     server, path = _server_stamps(directory), Path(directory) / f"client-{label}.jsonl"
@@ -909,12 +943,16 @@ def report(directory: str, label: str) -> str:
     offsets: dict[str, list[float]] = defaultdict(list)
     groups: list[float] = []
     extras: dict[str, list[float]] = defaultdict(list)
+    hops: dict[str, list[float]] = defaultdict(list)
     for line in path.read_text().splitlines():
         client = json.loads(line)
         stamps = {**server.get(client["run_id"], {}), **client}
         base = stamps.get("emit")
         if base is None:
             continue
+        for name, (first, then) in _COUNTED_HOPS.items():
+            if first in stamps and then in stamps:
+                hops[name].append(wrapped_ms(stamps[first], stamps[then]))
         if "group" in stamps:
             groups.append(stamps.pop("group"))
         counted = [n for n in stamps if n.startswith(("part ", "count "))]
@@ -927,6 +965,10 @@ def report(directory: str, label: str) -> str:
     rows = sorted(offsets.items(), key=lambda item: statistics.median(item[1]))
     lines = [f"{label}: median ms from the provider's first reasoning delta (n={len(groups)})"]
     lines += [f"  {name:<18} {statistics.median(values):+9.3f}" for name, values in rows]
+    lines += [
+        f"  {name}: median {statistics.median(values):.2f} ms (per run)"
+        for name, values in hops.items()
+    ]
     if groups:
         lines.append(f"  writer group size of that commit: median {statistics.median(groups):.0f}")
     for name, text in _GROUP_FIGURES.items():

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["judge", "median_rows", "spread_text"]
+__all__ = ["info_verdict", "judge", "median_rows", "spread_text"]
 
 
 def judge(row: dict[str, Any]) -> dict[str, Any]:
@@ -29,6 +29,14 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "ok": None}
     value = row["value"]
     return {**row, "ok": value >= target if row.get("higher") else value <= target}
+
+
+def info_verdict(row: dict[str, Any]) -> str:
+    """Where a figure set beside a target as information, not judged by it (``info_target``,
+    ``info_ok``; ``target`` ``None``), stands: the fake provider's first byte measured from its
+    slot, the way the adapters' and LiteLLM's are (ADR 0113), whose target the planners choose."""
+    within = "within" if row["info_ok"] else "over"
+    return f"information: {within} the target, measured the adapters' way"
 
 
 def median_rows(rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:

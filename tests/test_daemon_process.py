@@ -254,3 +254,62 @@ def test_daemon_tools_come_from_flags_and_entry_points(monkeypatch: pytest.Monke
     monkeypatch.setattr(serve_cli, "entry_points", lambda group: entries)
     registry = serve_cli.daemon_tools(["support.daemon:lookup"])
     assert [t.name for t in registry] == ["lookup", "dangerous"]
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["info", "debug"])
+def test_a_broken_tools_entry_point_is_named_with_its_words_at_debug_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], words: bool
+) -> None:
+    """A plug-in's import error is its author's text, which may hold anything (ADR 0104: an
+    exception's words at ``--log-level debug`` only); below debug the warning names its class.
+    Either way the text is printed as it is, never read as console markup: ``[/x]`` in it
+    stopped the daemon from starting."""
+    from thoughtgate.cli import serve as serve_cli
+
+    said = "cannot import [/x] REASONING-PLUGINLEAK"
+
+    class Broken:
+        name = "broken"
+
+        def load(self) -> object:
+            raise ImportError(said)
+
+    monkeypatch.setattr(serve_cli, "entry_points", lambda group: [Broken()])
+    registry = serve_cli.daemon_tools([], words=words)
+    assert list(registry) == []
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: cannot load tools from entry point broken: ImportError" in err
+    assert ("PLUGINLEAK" in err) is words
+    if words:
+        assert said in err
+
+
+@pytest.mark.postgres
+def test_the_listening_line_names_a_postgresql_store_without_its_password() -> None:
+    """``thoughtgate serve`` says which store it serves on stderr, which ends in an operator's
+    log collector: a PostgreSQL URL's password is not part of what it says."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+    from support.pg import PG_URL
+
+    parts = urlsplit(PG_URL)
+    user = parts.username or "postgres"
+    where = parts.netloc.rpartition("@")[2]
+    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    url = urlunsplit(parts._replace(netloc=f"{user}:PWLEAK-s3cret@{where}", query=""))
+    server = ServeProcess("--db", f"{url}?schema={schema}")
+    try:
+        server.start(expect_key=True)
+        said = "".join(server.stderr_lines)
+    finally:
+        server.stop()
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            )
+    assert "thoughtgate listening on http://" in said
+    assert "PostgreSQL database" in said
+    assert "PWLEAK" not in said

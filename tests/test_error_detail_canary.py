@@ -247,3 +247,49 @@ def test_cli_reads_show_the_detail_to_developers_only(tmp_path: Path, role: str)
         expected = role == "developer" and args[0] == "events"
         assert (secret in done.stdout) == expected, (args, role)
         assert "ValueError" in done.stdout, args
+
+
+def _anthropic_malformed_event(secret: str) -> httpx.Response:
+    """A stream whose thinking block holds the secret, then a delta of the wrong shape (its
+    ``delta`` the secret as a string, not an object): the adapter's own check fails the turn."""
+    events = [
+        ("message_start", {"type": "message_start", "message": {"id": "msg_1", "model": "m"}}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "thinking", "thinking": secret, "signature": ""},
+            },
+        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": secret}),
+    ]
+    body = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=body)
+
+
+@pytest.mark.unit
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=secrets)
+def test_a_malformed_events_reasoning_and_its_check_s_words_reach_developers_only(
+    secret: str,
+) -> None:
+    """A malformed event fails the run with thoughtgate's description of its shape; the words
+    of the exception the adapter's check caught (a library's, which may quote what it was
+    given) are in the developer-only ``error_detail``, and a viewer's view holds no fragment of
+    the event's reasoning."""
+    SOURCES["anthropic malformed event"] = (
+        "anthropic:claude-sonnet-4-5",
+        _anthropic_malformed_event,
+    )
+    try:
+        reads = _run("anthropic malformed event", secret, "surface")
+    finally:
+        del SOURCES["anthropic malformed event"]
+    assert reads.status == "failed"
+    assert TAG not in reads.viewer
+    assert "content_block_delta event is missing a field or has a wrong type" in reads.viewer
+    assert "string indices" not in reads.viewer, "a library's words in the public error"
+    assert TAG in reads.developer  # the reasoning itself, for a developer on a surface run
+    details = [p["error_detail"] for p in reads.developer_payloads if "error_detail" in p]
+    assert any("TypeError: string indices must be integers" in d for d in details), details

@@ -176,6 +176,20 @@ def test_a_json_event_s_errors_say_its_length_and_json_s_reason_not_its_text() -
     assert TAG not in str(info.value) and "a list of 1 item" in str(info.value)
 
 
+def test_a_json_event_s_errors_name_its_event_only_when_it_looks_like_a_name() -> None:
+    """A stream's ``event:`` line is the provider's text too: a malformed event is named by it
+    when it looks like a field name (``content_block_delta``), else not at all."""
+    named = f"{TAG} and then the model thought"
+    for data in ("{oops", json.dumps([1])):
+        with pytest.raises(ProviderError) as info:
+            parse_json_event("test", SSEMessage(named, data))
+        assert TAG not in str(info.value), str(info.value)
+        assert TAG not in info.value.described()
+    with pytest.raises(ProviderError) as info:
+        parse_json_event("test", SSEMessage("content_block_delta", "{oops"))
+    assert "'content_block_delta' stream event" in str(info.value)
+
+
 def _h11_chunk_error(line: bytes) -> httpx.RemoteProtocolError:
     """What httpx raises when h11 reads ``line`` where a chunk's size line should be: h11's
     own words, as a misframed body gives them."""

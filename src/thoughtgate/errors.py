@@ -507,12 +507,54 @@ def quoted_words(exceptions: Iterable[BaseException]) -> list[tuple[str, str]]:
     return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
 
 
+_QUOTED_ANYWHERE: Final = 16
+"""An exception's text this long is replaced wherever another text holds it (fail closed: it
+is no coincidence); a shorter one only where it stands as its own word (ADR 0111)."""
+
+
 def unquoted(text: str, words: Sequence[tuple[str, str]]) -> str:
-    """``text`` with each of :func:`quoted_words`' texts replaced by its summary."""
+    """``text`` with each of :func:`quoted_words`' texts replaced by its summary.
+
+    A text shorter than :data:`_QUOTED_ANYWHERE` is replaced only where it is not glued to a
+    letter, digit or ``_`` on a side where it begins or ends with one: inside a longer word (a
+    run id, a count, a name) it is that word's, not a quote (a handled ``ValueError('123456')``
+    left ``run_0123456789`` as ``run_0ValueError789``). Framed any other way (``: {e}``,
+    ``({e})``, ``'{e}'``, at either end) it is replaced."""
     for said, summary in words:
         if said in text:
-            text = text.replace(said, summary)
+            if len(said) >= _QUOTED_ANYWHERE:
+                text = text.replace(said, summary)
+            else:
+                text = _replace_words(text, said, summary)
     return text
+
+
+def _replace_words(text: str, said: str, summary: str) -> str:
+    """``text`` with ``said`` replaced where it stands as its own word (see :func:`unquoted`)."""
+    head, tail = _wordlike(said[0]), _wordlike(said[-1])
+    size = len(said)
+    parts: list[str] = []
+    done = 0
+    at = text.find(said)
+    while at >= 0:
+        end = at + size
+        glued = (head and at > 0 and _wordlike(text[at - 1])) or (
+            tail and end < len(text) and _wordlike(text[end])
+        )
+        if glued:
+            at = text.find(said, at + 1)
+            continue
+        parts += (text[done:at], summary)
+        done = end
+        at = text.find(said, end)
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _wordlike(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 _E = TypeVar("_E", bound=ThoughtgateError)

@@ -314,9 +314,9 @@ async def test_a_tunnel_to_a_provider_it_cannot_verify_fails_to_connect(
 async def test_an_https_proxy_it_cannot_verify_is_refused(
     proxy_env: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """The ``https://`` proxy's own certificate is verified (its context is built once per client,
-    ADR 0107): one outside the trusted roots is a connection error, before any ``CONNECT`` is
-    sent, on every turn."""
+    """The ``https://`` proxy's own certificate is verified (its context is built once per
+    process, ADRs 0107, 0111): one outside the trusted roots is a connection error, before any
+    ``CONNECT`` is sent, on every turn."""
     server, _ = self_signed(tmp_path)  # not trusted: no SSL_CERT_FILE
     clients = ProviderClients()
     async with tunnelling(server) as tunnel:
@@ -326,6 +326,37 @@ async def test_an_https_proxy_it_cannot_verify_is_refused(
                 with pytest.raises(ProviderConnectionError, match="could not connect"):
                     await turn(transport("https://provider.invalid", clients, max_retries=0))
     assert tunnel.request_lines == []
+
+
+def test_a_daemon_builds_the_https_proxys_tls_context_before_it_serves(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``build_tls_context`` (a daemon's start, before it serves) builds the context an
+    ``https://`` proxy is verified with; the clients made later, at each endpoint's first
+    request on the event loop every run shares, build none (each built its own: 25-40 ms of
+    CPU there)."""
+    built: list[ssl.SSLContext] = []
+    default = clients_module.httpcore.default_ssl_context
+
+    def counted() -> ssl.SSLContext:
+        built.append(default())
+        return built[-1]
+
+    proxy_env.setattr(clients_module.httpcore, "default_ssl_context", counted)
+    proxy_env.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
+    proxy_env.setenv("SSL_CERT_DIR", str(tmp_path))  # this test's own: nothing built before
+    clients_module.build_tls_context()
+    assert len(built) == 1
+
+    async def made() -> None:
+        clients = ProviderClients()
+        async with clients.lease():
+            clients.client("https://one.invalid")
+            clients.client("https://two.invalid")
+            assert clients.created == 2
+
+    asyncio.run(made())
+    assert len(built) == 1
 
 
 @dataclass
@@ -418,6 +449,19 @@ async def test_a_socks_proxy_the_request_does_not_use_needs_no_extra(
     assert provider.request_lines == ["post /v1/messages http/1.1"]
 
 
+async def _refused_turn(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str
+) -> ProviderConnectionError:
+    """The error of a turn to an ``https://`` provider with ``variable`` set to ``url``, on a
+    client of its own, retries allowed (an unusable proxy is retried never)."""
+    clients = ProviderClients()
+    proxy_env.setenv(variable, url)
+    async with clients.lease():
+        with pytest.raises(ProviderConnectionError) as caught:
+            await turn(transport("https://provider.invalid", clients, max_retries=3))
+    return caught.value
+
+
 @pytest.mark.parametrize(
     ("variable", "url", "shown"),
     [
@@ -431,12 +475,7 @@ async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variabl
     """httpx refuses a proxy URL whose scheme it does not know with a ``ValueError`` when the
     client is built; the turn that would use it fails at once, not retried, with words naming the
     variable and the schemes that work, and the URL without its user and password."""
-    clients = ProviderClients()
-    proxy_env.setenv(variable, url)
-    async with clients.lease():
-        with pytest.raises(ProviderConnectionError) as caught:
-            await turn(transport("https://provider.invalid", clients, max_retries=3))
-    error = caught.value
+    error = await _refused_turn(proxy_env, variable, url)
     message = error.described()
     assert not error.retryable
     assert error.provider == "test"
@@ -445,6 +484,42 @@ async def test_a_proxy_scheme_httpx_does_not_know_is_an_error_naming_the_variabl
     assert "http, https, socks5, socks5h" in message
     assert "someone" not in message
     assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [("HTTPS_PROXY", "http://someone:s3cret@proxy.invalid:port"), ("ALL_PROXY", "http://[::1")],
+    ids=["port", "ipv6"],
+)
+async def test_a_proxy_url_httpx_cannot_parse_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch, variable: str, url: str
+) -> None:
+    """httpx refuses a proxy URL it cannot parse (a port that is not a number, an unclosed IPv6
+    address) with ``httpx.InvalidURL`` when the client is built; the turn that would use it
+    fails at once, not retried, with words naming the variable, and without the URL (its user
+    and password cannot be told from the rest of a URL that does not parse). httpx's reason is
+    kept in the developer-only detail."""
+    error = await _refused_turn(proxy_env, variable, url)
+    message = error.described()
+    assert not error.retryable
+    assert variable in message
+    assert "not a URL" in message
+    assert "someone" not in message
+    assert "s3cret" not in message
+    assert error.detail is not None and "Invalid" in error.detail
+    assert "s3cret" not in error.detail
+
+
+async def test_a_no_proxy_entry_httpx_cannot_parse_is_an_error_naming_the_variable(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """httpx refuses a client whose ``NO_PROXY`` holds an entry it cannot parse (``host:abc``);
+    which hosts go direct is then unknown, so the turn fails at once, not retried, naming the
+    variable (no request is sent through the proxy either)."""
+    proxy_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    error = await _refused_turn(proxy_env, "NO_PROXY", "provider.invalid:abc")
+    assert not error.retryable
+    assert "NO_PROXY" in error.described()
 
 
 @pytest.mark.parametrize(

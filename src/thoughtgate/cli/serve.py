@@ -11,6 +11,7 @@ import typer
 from thoughtgate.cli.common import Context, err_console, one_line_errors, run_async
 from thoughtgate.cli.options import ConfigOpt, DbOpt
 from thoughtgate.errors import UsageError
+from thoughtgate.log_records import exception_summary
 
 if TYPE_CHECKING:
     from thoughtgate.engine.tools import ToolRegistry
@@ -23,18 +24,29 @@ TOOLS_ENTRY_POINT_GROUP = "thoughtgate.tools"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def daemon_tools(references: list[str] | None) -> ToolRegistry:
+def daemon_tools(references: list[str] | None, *, words: bool = False) -> ToolRegistry:
     """The tools runs may name: ``--tools module:attr`` plus installed ``thoughtgate.tools``
     entry points (each a tool, a function, or a list of them). Callers pick by name; they can
-    never send code."""
+    never send code.
+
+    A broken plug-in is named, not fatal. Its exception's text is its author's and may hold
+    anything, so the warning names its class (and a code its library gives), and its words only
+    with ``words`` (``--log-level debug``), as every log line does (ADR 0104). Printed without
+    console markup: a ``[/x]`` in the text must not stop the daemon."""
     from thoughtgate.engine.tools import ToolRegistry, load_tools
 
     registry = load_tools(references or [])
     for entry in entry_points(group=TOOLS_ENTRY_POINT_GROUP):
         try:
             target = entry.load()
-        except Exception as exc:  # a broken plug-in is named, not fatal
-            err_console.print(f"warning: cannot load tools from entry point {entry.name}: {exc}")
+        except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}" if words else exception_summary(exc)
+            err_console.print(
+                f"warning: cannot load tools from entry point {entry.name}: {said}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             continue
         for item in target if isinstance(target, list | tuple | ToolRegistry) else [target]:
             registry.add(item)
@@ -107,11 +119,12 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.server.app import create_app
             from thoughtgate.server.logs import configure_logging
             from thoughtgate.server.serve import serve_app
+            from thoughtgate.store.urls import describe_store
             from thoughtgate.telemetry import telemetry_sinks
 
             ctx = Context(config_path=config, db=db, view_as=None)
             configure_logging(log_level.lower())
-            registry = daemon_tools(tools)
+            registry = daemon_tools(tools, words=log_level.lower() == "debug")
             try:
                 store = await ctx.store()
                 first_key = await _bootstrap_key(store) if bootstrap_key else None
@@ -124,7 +137,7 @@ def register(app: typer.Typer) -> None:
                 def ready(bound_host: str, bound_port: int) -> None:
                     err_console.print(
                         f"thoughtgate listening on http://{bound_host}:{bound_port} "
-                        f"(store {ctx.db_url})",
+                        f"(store {describe_store(ctx.db_url)})",
                         highlight=False,
                         soft_wrap=True,
                     )

@@ -57,6 +57,7 @@ from thoughtgate.errors import (
     MalformedResponseError,
     ProviderError,
     ProviderStreamError,
+    exception_line,
 )
 from thoughtgate.providers.base import (
     Capabilities,
@@ -65,7 +66,7 @@ from thoughtgate.providers.base import (
     ToolSpec,
     TurnRequest,
 )
-from thoughtgate.providers.described import shape_of
+from thoughtgate.providers.described import is_field_name, shape_of
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.http import parse_json_event
 from thoughtgate.providers.registry import ENDPOINTS
@@ -299,18 +300,36 @@ class _Block:
         self.input: Any = None
 
 
+class _WrongField(TypeError):
+    """A field of the wrong JSON type, in this module's words (the field's name and the type
+    it had, never its value): a public error may say them (:func:`_what_was_wrong`)."""
+
+
 def _str(mapping: Mapping[str, Any], key: str) -> str:
     value = mapping[key]
     if type(value) is not str:
-        raise TypeError(f"field {key!r} must be a string, got {type(value).__name__}")
+        raise _WrongField(f"field {key!r} must be a string, got {type(value).__name__}")
     return value
 
 
 def _int(mapping: Mapping[str, Any], key: str) -> int:
     value = mapping[key]
     if type(value) is not int:
-        raise TypeError(f"field {key!r} must be an integer, got {type(value).__name__}")
+        raise _WrongField(f"field {key!r} must be an integer, got {type(value).__name__}")
     return value
+
+
+def _what_was_wrong(exc: Exception) -> str:
+    """What a run's public ``error`` says of the exception an event's check caught: this
+    module's own words, the name of a missing field (as :func:`shape_of` names keys), else the
+    exception's class. A library's words (``string indices must be integers``) may quote what
+    it was given, which may be the event's reasoning: they go to the developer-only detail only
+    (fail closed, ADR 0111)."""
+    if isinstance(exc, _WrongField):
+        return str(exc)
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and is_field_name(exc.args[0]):
+        return f"no field {exc.args[0]!r}"
+    return type(exc).__name__
 
 
 def _usage(usage: Mapping[str, Any], *, output_required: bool) -> UsageChunk:
@@ -529,9 +548,10 @@ class AnthropicCapture:
             # ping and unknown event types: nothing (as the SDK does)
         except (KeyError, TypeError, AttributeError) as exc:
             raise MalformedResponseError(
-                f"{etype} event is missing a field or has a wrong type ({exc}); it is "
-                f"{shape_of(data)}",
+                f"{etype} event is missing a field or has a wrong type ({_what_was_wrong(exc)}); "
+                f"it is {shape_of(data)}",
                 provider=PROVIDER,
+                detail=exception_line(exc),
             ) from exc
 
     def _need_start(self, etype: str) -> None:

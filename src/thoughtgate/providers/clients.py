@@ -34,6 +34,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import os
 import ssl
 import weakref
 from collections.abc import AsyncIterator
@@ -85,10 +86,23 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def build_tls_context() -> None:
-    """Build the process's TLS context now (about 50 ms of CPU, ``load_verify_locations``): a
-    daemon does it before it serves, not on the event loop its first provider request shares
-    with every run under way."""
+    """Build the process's TLS context now (about 50 ms of CPU, ``load_verify_locations``), and
+    the one for an ``https://`` proxy the environment names (25-40 ms): a daemon does it before
+    it serves, not on the event loop its first provider request shares with every run under
+    way."""
     _tls_context()
+    if any(_https_proxy(url) for url in _environment_proxy_urls().values()):
+        _proxy_context()
+
+
+def _https_proxy(url: str | None) -> bool:
+    """Whether ``url`` is an ``https://`` proxy httpx can read."""
+    if url is None:
+        return False
+    try:
+        return httpx.URL(url).scheme == "https"
+    except httpx.InvalidURL:
+        return False
 
 
 def environment_proxies() -> dict[str, httpx.Proxy | None]:
@@ -129,24 +143,35 @@ class _UnusableProxy(httpx.AsyncBaseTransport):
     once, not retried, with ``message`` (which says why and what to do).
 
     Why: httpx fails such a proxy with a library error (an ``ImportError`` for SOCKS without
-    ``socksio``, a ``ValueError`` for a scheme it does not know) when its transport or the client
-    is built, which escaped as a crash of the run. Mounted per pattern, so a request that the
-    proxy does not carry (``NO_PROXY``, or a scheme with a proxy of its own) goes as before:
-    failing the client would stop a local model behind ``NO_PROXY`` because of a proxy it never
-    uses (ADR 0106, 0107)."""
+    ``socksio``, a ``ValueError`` for a scheme it does not know, ``httpx.InvalidURL`` for a URL
+    it cannot parse) when its transport or the client is built, which escaped as a crash of the
+    run. Mounted per pattern, so a request that the proxy does not carry (``NO_PROXY``, or a
+    scheme with a proxy of its own) goes as before: failing the client would stop a local model
+    behind ``NO_PROXY`` because of a proxy it never uses (ADRs 0106, 0107, 0111)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, detail: str | None = None) -> None:
         self.message = message
+        self.detail = detail
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        raise ProviderConnectionError(self.message, retryable=False)
+        raise ProviderConnectionError(self.message, retryable=False, detail=self.detail)
 
 
 def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
-    """An :class:`_UnusableProxy` for ``url`` if httpx cannot use it here, else ``None``. The URL
-    is shown as ``httpx.Proxy`` keeps it: without a user or password."""
+    """An :class:`_UnusableProxy` for ``url`` if httpx cannot use it here (it cannot parse it,
+    or its scheme), else ``None``. The URL is shown as ``httpx.Proxy`` keeps it: without a user
+    or password."""
     variable = _PROXY_VARIABLES.get(pattern, "the environment")
-    shown = httpx.URL(url).copy_with(username=None, password=None)
+    try:
+        shown = httpx.URL(url).copy_with(username=None, password=None)
+    except httpx.InvalidURL as exc:
+        # Not shown: a user and password cannot be told from the rest of a URL that does not
+        # parse. httpx's reason (``Invalid port: 'abc'``) names a part of the URL, never its
+        # user or password; it goes to the developer-only detail.
+        return _UnusableProxy(
+            f"the proxy in {variable} is not a URL httpx can read: check its host and port",
+            detail=f"InvalidURL: {exc}",
+        )
     if shown.scheme not in _PROXY_SCHEMES:
         return _UnusableProxy(
             f"the proxy {shown} (from {variable}) has a scheme httpx cannot use: "
@@ -160,24 +185,36 @@ def _unusable_proxy(pattern: str, url: str) -> _UnusableProxy | None:
     return None
 
 
-class _ProxyTLS:
-    """The TLS context a client's ``https://`` proxies are verified with, built once per client.
+def _unreadable_no_proxy(exc: httpx.InvalidURL) -> _UnusableProxy:
+    """What every request of a client fails with when httpx cannot read a ``NO_PROXY`` entry
+    (``host:abc``, ``[::1``) as a URL pattern: it refuses the client, and which hosts go direct
+    is unknown, so none is sent (fail closed) rather than a crash of the run."""
+    return _UnusableProxy(
+        "NO_PROXY holds an entry httpx cannot read (check its hosts and ports): "
+        "no provider request is sent until it is fixed",
+        detail=f"InvalidURL: {exc}",
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _proxy_tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """The TLS context ``https://`` proxies are verified with, built once per process (for each
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads when it is built).
 
     Why: given no context, httpcore builds its default (``httpcore.default_ssl_context()``) for
     every new connection to an ``https://`` proxy, about 25-40 ms of CPU each (loading the
-    roots); that same context, built once per client, keeps the trust exactly: the system's roots
-    (or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which OpenSSL reads) and certifi's, with
-    verification and host name checks on. Not the process's one context (``_tls_context``):
-    httpx's defaults there trust certifi alone, or the variables alone, so a proxy trusted
-    through the system's roots would be refused (ADR 0107)."""
+    roots); that same context, built once, keeps the trust exactly: the system's roots (or the
+    two variables) and certifi's, with verification and host name checks on. Not the process's
+    one context (``_tls_context``): httpx's defaults there trust certifi alone, or the variables
+    alone, so a proxy trusted through the system's roots would be refused (ADR 0107). Once per
+    process, not per client, and built by :func:`build_tls_context` before a daemon serves: a
+    client is made at its endpoint's first request, on the event loop every run shares, and each
+    endpoint's client paid the build there (ADR 0111)."""
+    return httpcore.default_ssl_context()
 
-    def __init__(self) -> None:
-        self._context: ssl.SSLContext | None = None
 
-    def context(self) -> ssl.SSLContext:
-        if self._context is None:
-            self._context = httpcore.default_ssl_context()
-        return self._context
+def _proxy_context() -> ssl.SSLContext:
+    return _proxy_tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 
 class _LeanCookies(httpx.Cookies):
@@ -399,9 +436,14 @@ class ProviderClients:
         if client is None or client.is_closed:
             # No timeout, headers or base URL here: those are the run's, sent per request.
             transport = ShardedTransport(verify=_tls_context(), shard_size=self.shard_size)
-            client = httpx.AsyncClient(
-                verify=_tls_context(), transport=transport, mounts=self._proxy_mounts()
-            )
+            try:
+                client = httpx.AsyncClient(
+                    verify=_tls_context(), transport=transport, mounts=self._proxy_mounts()
+                )
+            except httpx.InvalidURL as exc:  # a NO_PROXY entry httpx cannot read as a pattern
+                client = httpx.AsyncClient(
+                    verify=_tls_context(), transport=_unreadable_no_proxy(exc)
+                )
             _lean_cookies(client)
             here.clients[key] = client
             here.transports[key] = transport
@@ -417,20 +459,15 @@ class ProviderClients:
         proxies = _environment_proxy_urls()
         if not proxies:
             return None
-        proxy_tls = _ProxyTLS()
-        return {
-            pattern: self._proxy_mount(pattern, url, proxy_tls) for pattern, url in proxies.items()
-        }
+        return {pattern: self._proxy_mount(pattern, url) for pattern, url in proxies.items()}
 
-    def _proxy_mount(
-        self, pattern: str, url: str | None, proxy_tls: _ProxyTLS
-    ) -> httpx.AsyncBaseTransport | None:
+    def _proxy_mount(self, pattern: str, url: str | None) -> httpx.AsyncBaseTransport | None:
         if url is None:
             return None
         unusable = _unusable_proxy(pattern, url)
         if unusable is not None:
             return unusable
-        tls = proxy_tls.context() if httpx.URL(url).scheme == "https" else None
+        tls = _proxy_context() if _https_proxy(url) else None
         proxy = httpx.Proxy(url, ssl_context=tls)
         return ShardedTransport(verify=_tls_context(), shard_size=self.shard_size, proxy=proxy)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-__all__ = ["shape_of", "size_of", "without_quoted_bytes"]
+__all__ = ["is_field_name", "shape_of", "size_of", "without_quoted_bytes"]
 
 _FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
 _KEYS_NAMED: Final = 8
@@ -22,6 +22,12 @@ _QUOTED_BYTES: Final = re.compile(
     r"""(?<![\w])b(?:'(?:[^'\\]|\\.)*(?:'|$)|"(?:[^"\\]|\\.)*(?:"|$))""", re.DOTALL
 )
 """A ``bytes`` repr in an error's text, to its closing quote or, cut short, to the end."""
+
+
+def is_field_name(value: object) -> bool:
+    """Whether ``value`` looks like a field name (``delta``, ``content_block``): what
+    :func:`shape_of` names of an object's keys; anything else is only counted."""
+    return isinstance(value, str) and _FIELD_NAME.fullmatch(value) is not None
 
 
 def size_of(text: str | bytes) -> str:
@@ -35,7 +41,7 @@ def shape_of(value: Any) -> str:
     85 characters``, ``a list of 3 items``; a key is named only when it looks like a field
     name (the rest are counted)."""
     if isinstance(value, dict):
-        names = [k for k in value if isinstance(k, str) and _FIELD_NAME.fullmatch(k)]
+        names = [k for k in value if is_field_name(k)]
         named = names[:_KEYS_NAMED]
         others = len(value) - len(named)
         if not value:

@@ -50,7 +50,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
-from thoughtgate.providers.described import shape_of, size_of, without_quoted_bytes
+from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -220,6 +220,13 @@ def error_from_body(body: Any) -> tuple[str | None, str]:
     return info.error_type, info.message
 
 
+def _event_named(event: str) -> str:
+    """``'content_block_delta' `` for an error's text: a stream's ``event:`` line is the
+    provider's text, named only when it looks like a field name (as :func:`shape_of` names
+    keys), else left out (ADR 0111)."""
+    return f"{event!r} " if is_field_name(event) else ""
+
+
 def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
     """Decode one SSE ``data:`` payload, or raise :class:`MalformedResponseError`.
 
@@ -239,12 +246,14 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
             value = json.loads(data)
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
-                f"malformed JSON in {message.event!r} stream event: {exc} (in {size_of(data)})",
+                f"malformed JSON in {_event_named(message.event)}stream event: {exc} "
+                f"(in {size_of(data)})",
                 provider=provider,
             ) from exc
     if not isinstance(value, dict):
         raise MalformedResponseError(
-            f"stream event {message.event!r} is not a JSON object: it is {shape_of(value)}",
+            f"{_event_named(message.event)}stream event is not a JSON object: it is "
+            f"{shape_of(value)}",
             provider=provider,
         )
     return value

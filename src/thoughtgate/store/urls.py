@@ -12,7 +12,7 @@ from thoughtgate.store.base import EventStore
 
 log = logging.getLogger("thoughtgate.store")
 
-__all__ = ["default_store_url", "open_store", "sqlite_path"]
+__all__ = ["default_store_url", "describe_store", "open_store", "sqlite_path"]
 
 
 def default_store_url() -> str:
@@ -26,6 +26,21 @@ def sqlite_path(url: str) -> Path:
     if not url.startswith("sqlite:///"):
         raise UsageError(f"bad sqlite url {url!r}; expected sqlite:///PATH")
     return Path(url.removeprefix("sqlite:///"))
+
+
+def describe_store(url: str) -> str:
+    """What a message says of the store ``url`` names: a SQLite or memory URL as it is, a
+    PostgreSQL one by its database, host, port and schema, never its password
+    (``thoughtgate serve``'s listening line goes to whatever collects the operator's logs)."""
+    if not url.startswith(("postgresql:", "postgres:")):
+        return url
+    try:
+        from thoughtgate.store.pg_errors import describe_target
+        from thoughtgate.store.postgres import split_schema_param
+    except ImportError:
+        return "a PostgreSQL database"
+    conninfo, schema = split_schema_param(url)
+    return describe_target(conninfo, schema)
 
 
 async def open_store(url: str, *, sweep: bool = True) -> EventStore:

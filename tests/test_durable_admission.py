@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
+from thoughtgate.store.records import RunRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
@@ -237,14 +238,7 @@ async def test_a_run_taken_back_before_its_workflow_starts_is_left_to_the_later_
         raise RuntimeError(f"run {run_id!r} did not start in this process")
 
     try:
-        monkeypatch.setattr(daemon.engine, "start", taken_back)
-        run_id = await daemon.start("fake:unasked-tool")
-
-        async def idle() -> bool:
-            return not daemon.engine.busy
-
-        await until(idle)
-        run = await daemon.store.get_run(run_id)
+        run_id, run = await _continued_with(daemon, monkeypatch, taken_back)
         assert (run.status, run.owner) == ("running", me), "the later claim's"
         assert "run.interrupted" not in await daemon.types(run_id)
     finally:
@@ -275,14 +269,7 @@ async def test_a_run_whose_continued_workflow_failed_is_closed_at_the_attempt_it
         return failed
 
     try:
-        monkeypatch.setattr(daemon.engine, "start", fails)
-        run_id = await daemon.start("fake:unasked-tool")
-
-        async def idle() -> bool:
-            return not daemon.engine.busy
-
-        await until(idle)
-        run = await daemon.store.get_run(run_id)
+        run_id, run = await _continued_with(daemon, monkeypatch, fails)
         if taken_back:
             assert (run.status, run.owner) == ("running", me), "the later claim's"
             assert "run.interrupted" not in await daemon.types(run_id)
@@ -291,6 +278,24 @@ async def test_a_run_whose_continued_workflow_failed_is_closed_at_the_attempt_it
             assert "could not continue as a workflow" in (run.error or "")
     finally:
         await daemon.close()
+
+
+async def _continued_with(
+    daemon: InProcessDaemon,
+    monkeypatch: pytest.MonkeyPatch,
+    start: Callable[[str], Awaitable[asyncio.Future[Any]]],
+) -> tuple[str, RunRecord]:
+    """A run whose execution without a workflow stops for a checkpoint, continued by ``start``
+    in place of the engine's start of its workflow; its id and its record once the daemon has
+    nothing under way."""
+    monkeypatch.setattr(daemon.engine, "start", start)
+    run_id = await daemon.start("fake:unasked-tool")
+
+    async def idle() -> bool:
+        return not daemon.engine.busy
+
+    await until(idle)
+    return run_id, await daemon.store.get_run(run_id)
 
 
 async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:

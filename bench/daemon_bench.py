@@ -169,6 +169,7 @@ from bench.emulator_process import (
     emulator_process,
     stamp,
     stop,
+    written,
 )
 from bench.environment import LOOPBACK, REPO, child_env, free_port
 from bench.first_byte_trace import (
@@ -263,7 +264,7 @@ def slotted(sent: str, due: float) -> str:
     """The fake provider's first delta's text: its stamp, then its slot (``due``, a
     ``time.monotonic()``) written the same way (``T12.3481 S12.3450``). The slot is a number the
     schedule already holds; writing it costs one format a run and 9 bytes in that one delta."""
-    return f"{sent} S{due % 100:07.4f}"
+    return f"{sent} S{written(due)}"
 
 
 def from_slot_s(text: str, added: float) -> float | None:

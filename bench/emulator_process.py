@@ -66,9 +66,16 @@ STAMP = "T00.0000"
 _STAMP_RE = re.compile(r"T(\d\d\.\d{4})")
 
 
+def written(clock: float) -> str:
+    """``clock`` (a ``time.monotonic()``) modulo 100 s, as 7 characters: rounded to 0.1 ms first,
+    so a time within 50 µs of the wrap reads ``00.0000``, never ``100.0000`` (8 characters that no
+    reader's pattern takes: its run's figure was lost)."""
+    return f"{round(clock % 100, 4) % 100:07.4f}"
+
+
 def stamp() -> str:
     """``T`` and the monotonic clock modulo 100 s, as 8 characters (one delta's worth)."""
-    return f"T{time.monotonic() % 100:07.4f}"
+    return f"T{written(time.monotonic())}"
 
 
 def added_s(text: str, received: float) -> float | None:

@@ -42,6 +42,17 @@ def test_a_stamp_taken_before_its_slot_counts_from_the_stamp(daemon_bench: Modul
     assert daemon_bench.from_slot_s("T99.9990 S00.0020", 0.0100) == pytest.approx(0.0100)
 
 
+def test_a_time_within_50_us_of_the_wrap_is_written_as_the_cycles_start(
+    daemon_bench: ModuleType,
+) -> None:
+    """A stamp or slot within 50 µs of the end of the clock's 100 s cycle is written as the next
+    cycle's start, in 7 characters a reader's pattern takes (``100.0000`` lost the run's figure)."""
+    assert daemon_bench.written(2499.999999999998) == "00.0000"
+    assert daemon_bench.from_slot_s(daemon_bench.slotted("T00.0001", 2499.999999999998), 0.0) == (
+        pytest.approx(0.0001)
+    )
+
+
 def test_an_adapters_delta_has_no_slot(daemon_bench: ModuleType) -> None:
     assert daemon_bench.from_slot_s("T12.3456", 0.0100) is None
 
@@ -55,7 +66,7 @@ def test_the_fakes_first_delta_gives_back_its_lateness_to_within_its_rounding(
 ) -> None:
     """What ``_bench_script`` writes, read back: the lateness to within the two stamps' rounding
     to 0.1 ms, wherever slot and stamp fall on the clock's 100 s cycle."""
-    sent = f"T{(due + late_ms / 1000) % 100:07.4f}"
+    sent = f"T{daemon_bench.written(due + late_ms / 1000)}"
     text = daemon_bench.slotted(sent, due)
     from_slot = daemon_bench.from_slot_s(text, 0.0)
     assert from_slot is not None

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
+from thoughtgate.store.records import RunRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
@@ -237,18 +238,64 @@ async def test_a_run_taken_back_before_its_workflow_starts_is_left_to_the_later_
         raise RuntimeError(f"run {run_id!r} did not start in this process")
 
     try:
-        monkeypatch.setattr(daemon.engine, "start", taken_back)
-        run_id = await daemon.start("fake:unasked-tool")
-
-        async def idle() -> bool:
-            return not daemon.engine.busy
-
-        await until(idle)
-        run = await daemon.store.get_run(run_id)
+        run_id, run = await _continued_with(daemon, monkeypatch, taken_back)
         assert (run.status, run.owner) == ("running", me), "the later claim's"
         assert "run.interrupted" not in await daemon.types(run_id)
     finally:
         await daemon.close()
+
+
+@pytest.mark.parametrize("taken_back", [False, True], ids=["failed", "taken back meanwhile"])
+async def test_a_run_whose_continued_workflow_failed_is_closed_at_the_attempt_it_held(
+    tmp_path: Path, scripts: None, monkeypatch: pytest.MonkeyPatch, taken_back: bool
+) -> None:
+    """ADR 0112: the daemon's execution without a workflow (attempt 1) stopped for a checkpoint;
+    the run's workflow started here, claimed it (attempt 2) and failed before its execution could
+    end it. The run is closed ``interrupted`` -- its daemon holds it and nothing executes it --
+    at the attempt it was left at. Unless, meanwhile, this process stalled past a lease, a sweep
+    released the run and this process's own queue took it back (attempt 3, the same owner id):
+    that later execution holds it, and the close is not its to make (before: closed by the owner
+    alone, ending the run under the later execution)."""
+    daemon = await _daemon(tmp_path)
+    me = daemon.runtime.leases.owner.owner_id
+
+    async def fails(run_id: str) -> asyncio.Future[Any]:
+        assert await daemon.store.claim_run(run_id, me, 60) == 2  # the workflow's claim
+        if taken_back:
+            assert await daemon.store.release_run(run_id, owner=me, queue=True)
+            assert await daemon.store.claim_run(run_id, me, 60) == 3
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        failed.set_exception(RuntimeError("the workflow failed before its run's end"))
+        return failed
+
+    try:
+        run_id, run = await _continued_with(daemon, monkeypatch, fails)
+        if taken_back:
+            assert (run.status, run.owner) == ("running", me), "the later claim's"
+            assert "run.interrupted" not in await daemon.types(run_id)
+        else:
+            assert run.status == "interrupted"
+            assert "could not continue as a workflow" in (run.error or "")
+    finally:
+        await daemon.close()
+
+
+async def _continued_with(
+    daemon: InProcessDaemon,
+    monkeypatch: pytest.MonkeyPatch,
+    start: Callable[[str], Awaitable[asyncio.Future[Any]]],
+) -> tuple[str, RunRecord]:
+    """A run whose execution without a workflow stops for a checkpoint, continued by ``start``
+    in place of the engine's start of its workflow; its id and its record once the daemon has
+    nothing under way."""
+    monkeypatch.setattr(daemon.engine, "start", start)
+    run_id = await daemon.start("fake:unasked-tool")
+
+    async def idle() -> bool:
+        return not daemon.engine.busy
+
+    await until(idle)
+    return run_id, await daemon.store.get_run(run_id)
 
 
 async def _ended(daemon: InProcessDaemon, run_ids: list[str]) -> bool:

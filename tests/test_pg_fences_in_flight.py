@@ -1,4 +1,4 @@
-"""PostgreSQL's fences hold against a claim in flight by the same process (ADRs 0090, 0093, 0094).
+"""PostgreSQL's fences hold against a claim in flight by the same process (ADRs 0090, 0093, 0094, 0112).
 
 A stalled execution (attempt 1) writes to its run -- an append, a task's or the run's record, a
 hand-back -- while its own process claims the run again (attempt 2: the owner stays the same, so
@@ -65,9 +65,16 @@ async def store(pg_schema: str) -> AsyncIterator[PostgresStore]:
 
 
 async def _blocked_by(admin: psycopg.AsyncConnection[Any], pid: int) -> list[int]:
-    """The server processes waiting for a lock ``pid`` holds."""
+    """The server processes waiting for a row ``pid`` locked (ADR 0112): a transaction's or a
+    tuple's lock, which a write waiting for a row waits on. Not any process that waits for
+    ``pid`` at all: a store opened meanwhile anywhere in the database -- another test's,
+    another checkout's -- builds its indexes ``CONCURRENTLY``, which waits (``virtualxid``) for
+    every transaction open before it, these tests' held ones too; counted, it made two waiters
+    where one was expected, or the wrong one (this file's flakiness beside other tests)."""
     cur = await admin.execute(
-        "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+        "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid)) "
+        "AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')",
+        (pid,),
     )
     return [int(r[0]) for r in await cur.fetchall()]
 
@@ -174,3 +181,42 @@ async def test_the_lines_claim_waiting_for_the_queues_claim_in_flight_is_refused
     assert spec is not None and spec.attempts == 1, "claimed once"
     run = await store.get_run(run_id)
     assert (run.owner, run.status) == (OWNER, "running")
+
+
+@pytest.mark.postgres
+async def test_a_claim_waits_for_a_task_record_saved_between_its_fence_and_its_write(
+    store: PostgresStore, pg_admin: psycopg.AsyncConnection[Any], pg_schema: str
+) -> None:
+    """ADR 0112: a fenced ``save_task`` is two statements -- the run's holder read ``FOR SHARE``,
+    then the task's upsert -- in one transaction. A claim arriving between the two must wait
+    for the save's commit: the save's check and its write then both come before the claim,
+    and an execution's record never lands on a run another claim took after it was checked.
+    The save is held between its statements by the task's row, locked here first; the claim
+    must then wait for the save (the server says so), not commit first (a lock the claim's
+    update does not conflict with -- ``FOR KEY SHARE`` -- lets it through)."""
+    run_id = await admitted(store, durable=True, resume="queue", queue="q1")
+    assert await store.claim_run(run_id, OWNER, 30) == 1
+    task = (await store.get_run(run_id)).tasks[0]
+    mine = dataclasses.replace(task, status="completed", output="mine", reasoning="mine")
+    blocker = await psycopg.AsyncConnection.connect(PG_URL)
+    try:
+        await blocker.execute(
+            sql.SQL("SELECT 1 FROM {}.tasks WHERE run_id = %s FOR UPDATE").format(
+                sql.Identifier(pg_schema)
+            ),
+            (run_id,),
+        )
+        save = asyncio.ensure_future(store.save_task(mine, held_by=STALE))
+        saving = await _one_waiting_for(pg_admin, blocker.info.backend_pid, unless=save)
+        assert saving is not None, "the save waits for the task's row, its check done"
+        claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
+        claiming = await _one_waiting_for(pg_admin, saving, unless=claim)
+        await blocker.rollback()
+    finally:
+        await blocker.close()
+    await save  # it held the run when it checked, and it committed before the claim
+    assert await claim == 2
+    assert claiming is not None, "the claim committed while a checked save was in flight"
+    assert (await store.get_run(run_id)).tasks[0].reasoning == "mine"
+    with pytest.raises(RunTakenOverError):  # and after the claim, refused
+        await store.save_task(dataclasses.replace(mine, reasoning="stale"), held_by=STALE)

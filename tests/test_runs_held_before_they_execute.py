@@ -30,7 +30,7 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
-from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
+from thoughtgate.store.leases import ABANDONED, Owner, close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text
@@ -395,3 +395,72 @@ async def test_the_lines_close_of_a_run_it_could_not_move_leaves_a_later_claim_a
         await _let_go(daemon, gate, second, execution)
     await until(lambda: _ended(daemon, first))
     await until(lambda: _idle(daemon))
+
+
+@pytest.mark.inprocess
+async def test_a_run_the_line_claimed_whose_start_stalls_is_released_by_a_sweep_not_left_running(
+    tmp_path: Path, gate: asyncio.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0112: the daemon claims the next run of its line (attempt 1, ADR 0099) and its start
+    stalls before the run's execution holds it. Nothing renews the run meanwhile (the line's
+    hold is let go at the claim, and its admission's renewal ended when it joined the line), so
+    its lease runs out one lease after the claim, and a sweep -- this daemon's own, which sees
+    it among neither its executions nor its admitted runs (ADR 0060) -- releases it to its
+    queue, saying why: never an open run held by a process that does not execute it. The
+    stalled start, woken, finds the run no longer its own and executes nothing."""
+    store = await SQLiteStore.open(tmp_path / "runs.db")
+    daemon = InProcessDaemon(
+        store,
+        Config(
+            orchestration=OrchestrationConfig(lease_ttl_s=1.0),
+            durability=DurabilityConfig(concurrency=1, poll_interval_s=60.0),
+        ),
+    )
+    stalled, woken = asyncio.Event(), asyncio.Event()
+    begin = daemon.engine._begin
+
+    async def stalling(run_id: str, slot: Any, unwritten: bool) -> asyncio.Future[Any]:
+        if run_id == second:
+            stalled.set()
+            await woken.wait()
+        return await begin(run_id, slot, unwritten)
+
+    requeued: list[str] = []
+
+    async def requeue(run_id: str, spec: Any) -> None:
+        requeued.append(run_id)
+
+    try:
+        await daemon.launch()
+        first = await daemon.start("fake:gated")
+        second = await daemon.start("fake:echo")
+        assert daemon.engine.waiting_here == [second]
+        monkeypatch.setattr(daemon.engine, "_begin", stalling)
+        gate.set()
+        await stalled.wait()  # the line's claim committed; its start stalls
+        me = daemon.runtime.leases.owner.owner_id
+        spec = await store.get_run_spec(second)
+        assert spec is not None and spec.attempts == 1
+        assert second not in daemon.runtime.leases, "renewed by nobody"
+
+        async def lease_expired() -> bool:
+            return second in {r.run_id for r in (await store.open_runs(expired=True)).runs}
+
+        await until(lease_expired)
+        await close_orphaned_runs(
+            store, me=Owner.parse(me), executing=daemon.runtime.leases, requeue=requeue
+        )
+        run = await store.get_run(second)
+        assert run.owner is None and requeued == [second], "released to its queue"
+        assert run.metadata["suspended"]["reason"] == ABANDONED
+        woken.set()
+        await until(lambda: _idle(daemon))
+        assert (await store.get_run(first)).status == "completed"
+        run = await store.get_run(second)
+        spec = await store.get_run_spec(second)
+        assert (run.status, run.owner) == ("running", None), "left to its queue"
+        assert spec is not None and spec.attempts == 1 and spec.queued_at is not None
+        assert "run.completed" not in [e.type for e in await store.read(second)]
+    finally:
+        woken.set()
+        await daemon.close()

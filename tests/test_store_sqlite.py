@@ -1310,6 +1310,76 @@ async def test_a_key_revoked_elsewhere_is_refused_on_the_next_lookup(tmp_path: P
         await daemon.close()
 
 
+_KEY_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["append", "look", "add_here", "add_elsewhere", "revoke_here", "revoke_elsewhere"]
+        ),
+        st.integers(0, 2),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=_KEY_OPS)
+def test_every_key_lookup_answers_what_is_committed_whoever_wrote_it(
+    tmp_path: Path, ops: list[tuple[str, int]]
+) -> None:
+    """Keys added and revoked by the daemon's store or by another store on the same file (the
+    CLI while the daemon runs), with the daemon's writer committing events in between, in any
+    order: every lookup, by hash and by id, answers what a fresh connection reads at that
+    moment. A revoked key is refused at the very next lookup, a new one is found, whatever
+    the lookups before it found and whoever committed since (ADR 0109: a key cache must keep
+    this)."""
+    folder = tmp_path / str(next(_EXAMPLE))
+    folder.mkdir()
+    path = folder / "keys.db"
+
+    def committed() -> dict[str, bool]:
+        """key id -> revoked, as a connection opened now reads it."""
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            rows = conn.execute("SELECT key_id, revoked_at FROM api_keys").fetchall()
+        return {key_id: revoked_at is not None for key_id, revoked_at in rows}
+
+    async def play() -> None:
+        daemon = await SQLiteStore.open(path)
+        cli = await SQLiteStore.open(path)
+        try:
+            run = RunRecord("run_1", "p", tasks=[TaskRecord("task_1", "run_1", 0, "t")])
+            await daemon.create_run(run)
+            for op, k in ops:
+                key_id, key_hash = f"key_{k}", f"hash-{k}"
+                if op == "append":
+                    await daemon.append(run.run_id, deltas(2))
+                elif op in ("add_here", "add_elsewhere"):
+                    store = daemon if op == "add_here" else cli
+                    if key_id not in committed():
+                        await store.save_api_key(ApiKeyRecord(key_id, "k", "member", key_hash))
+                elif op in ("revoke_here", "revoke_elsewhere"):
+                    await (daemon if op == "revoke_here" else cli).revoke_api_key(key_id)
+                truth = committed()
+                for j in range(3):  # after every step, every key, both ways, twice
+                    for _ in range(2):
+                        found = await daemon.find_api_key(f"hash-{j}")
+                        by_id = await daemon.get_api_key(f"key_{j}")
+                        active = f"key_{j}" in truth and not truth[f"key_{j}"]
+                        assert (found is not None) == active, (op, k, j, truth)
+                        assert (by_id is not None) == (f"key_{j}" in truth), (op, k, j, truth)
+                        if by_id is not None:
+                            assert (by_id.revoked_at is not None) == truth[f"key_{j}"]
+        finally:
+            await cli.close()
+            await daemon.close()
+
+    asyncio.run(play())
+
+
 class _RaisingConnection:
     """Stands in for the loop's lookup connection: every statement fails with ``code``."""
 

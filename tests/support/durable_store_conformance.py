@@ -19,7 +19,7 @@ from thoughtgate.errors import RunClosedError, RunTakenOverError
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.store.base import UNCLAIMED, EventStore, Holder, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
-from thoughtgate.store.leases import Owner, SweepCursor, close_orphaned_runs
+from thoughtgate.store.leases import EXPIRED, Owner, SweepCursor, close_orphaned_runs
 from thoughtgate.store.records import RunRecord
 
 __all__ = ["DurableStoreConformance"]
@@ -575,6 +575,65 @@ class DurableStoreConformance:
         assert suspended in seen
         run = await store.get_run(suspended)
         assert run.status in ("pending", "running") and "suspended" not in run.metadata
+
+    async def test_a_sweep_that_dies_after_its_release_leaves_the_run_saying_why_it_waits(
+        self, store: EventStore
+    ) -> None:
+        """ADR 0112: a sweep releases an orphaned durable run and records why it waits
+        (``metadata.suspended``) in one transaction. Its process dying right after the release
+        committed leaves a run that says why it waits and how it resumes -- never an ownerless
+        run that says ``running`` and nothing more, which no later sweep looks at again (it has
+        no owner, no lease, and is on no queue). A run to resume on a queue is put back there by
+        the next sweep. (Before: two transactions, the record lost with the process.)"""
+        far = Owner("another-host", 4242, "n").owner_id
+        runs: dict[str, str] = {}
+        for resume in ("manual", "queue"):
+            orphan = make_run(tasks=1, status="running", owner=far, lease_expires_at=1.0)
+            spec = RunSpecRecord(
+                orphan.run_id,
+                dict(SPEC),
+                durable=True,
+                resume=resume,  # type: ignore[arg-type]
+                queue="q" if resume == "queue" else None,
+            )
+            assert (await durable(store).admit_run(orphan, spec)).admitted
+            runs[resume] = orphan.run_id
+        released = durable(store).release_run
+
+        class Died(Exception):
+            """The sweeping process, gone right after its release committed."""
+
+        async def dies_after(run_id: str, **kw: Any) -> bool:
+            assert await released(run_id, **kw)
+            raise Died(run_id)
+
+        requeued: list[str] = []
+
+        async def requeue(run_id: str, spec: RunSpecRecord) -> None:
+            requeued.append(run_id)
+
+        async def on_no_queue(run_ids: Sequence[str]) -> dict[str, float | None]:
+            return {}
+
+        for _ in runs:  # each sweep dies at its first release
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(store, "release_run", dies_after)
+                with pytest.raises(Died):
+                    await close_orphaned_runs(store, requeue=requeue)
+        assert requeued == []
+        for resume, run_id in runs.items():
+            run = await store.get_run(run_id)
+            assert run.owner is None and run.status == "running"
+            suspended = run.metadata.get("suspended")
+            assert suspended is not None, f"a released {resume} run says nothing of why it waits"
+            assert (suspended["reason"], suspended["resume"]) == (EXPIRED, resume)
+            assert run.metadata["previous_executor"] == far
+        # The next sweep (another process's) finishes what is left: the queue's run goes back
+        # on its queue; the manual run waits for ``thoughtgate resume``, as it says.
+        await close_orphaned_runs(store, requeue=requeue, on_queue=on_no_queue, lost_after_s=0)
+        assert requeued == [runs["queue"]]
+        manual = await store.get_run(runs["manual"])
+        assert manual.owner is None and manual.metadata["suspended"]["resume"] == "manual"
 
     async def test_nothing_moves_an_ended_run(self, store: EventStore) -> None:
         ds = durable(store)

@@ -86,6 +86,7 @@ from thoughtgate.store.leases import (
     WORKFLOW_TAKEN_OVER,
     close_run_interrupted,
     suspend,
+    suspended_record,
 )
 from thoughtgate.store.records import OPEN_RUN_STATUSES
 
@@ -112,6 +113,9 @@ class DurableRuntime(Protocol):
     ) -> str: ...
 
     async def stop_started(self, run_id: str, reason: str, done: asyncio.Future[Any]) -> None: ...
+
+    @property
+    def executing(self) -> frozenset[str]: ...
 
 
 __all__ = ["APP_VERSION", "DbosSteps", "DurableEngine", "DurableRuntime", "queue_name"]
@@ -925,8 +929,38 @@ class DurableEngine:
             await done
         except RunTakenOverError:
             return
-        except Exception as exc:  # its workflow's claim (not known here) holds it now
-            await self._not_continued(run_id, exc, None)
+        except Exception as exc:  # its workflow's claim, if it committed, holds it now
+            attempt = await self._continued_attempt(run_id, stopped)
+            if attempt is not None:
+                await self._not_continued(run_id, exc, attempt)
+
+    async def _continued_attempt(self, run_id: str, stopped: Holder | None) -> int | None:
+        """The claim this process holds a run at whose workflow, started here to continue the
+        execution ``stopped`` (ADR 0031), failed before its execution could end it: the
+        attempt the close of the run names (ADR 0112), or ``None`` when the close is not this
+        workflow's to make.
+
+        The workflow's claim is not known here: it committed (``stopped``'s attempt and one),
+        or not (``stopped``'s). Any later claim is another execution's -- this process's own
+        queue took the run back after it stalled past a lease and a sweep released it -- and
+        so is a claim of those two that an execution under way here holds (the workflow's
+        claim failed, and the later one took its number). The close names the attempt read
+        here, so a claim committing after this read makes it refused. ``None`` too when the
+        store cannot tell: the run's lease then runs out, and a sweep puts it back."""
+        store = self.runtime.store
+        assert isinstance(store, DurableRunStore)
+        try:
+            spec = await store.get_run_spec(run_id)
+        except Exception as exc:
+            log.warning("could not close run %s, left to the lease sweep: %s", run_id, exc)
+            return None
+        if spec is None:
+            return None
+        first = 1 if stopped is None or stopped.attempt is None else stopped.attempt
+        if spec.attempts > first + 1 or run_id in self.runtime.executing:
+            log.warning("run %s is held by a later execution; not closing it", run_id)
+            return None
+        return spec.attempts
 
     async def _not_continued(self, run_id: str, failure: Exception, attempt: int | None) -> None:
         log.warning("run %s could not continue as a workflow: %s", run_id, failure)
@@ -943,12 +977,11 @@ class DurableEngine:
 
         ``attempt``: this daemon's hold of the run, as the caller knows it (ADR 0099) -- 0 for a
         run of its line it could not queue, 1 for one the line claimed and could not start, the
-        claim of an execution without a workflow whose workflow could not be started -- so
-        that a later claim of the same process (its own queue took the run back after it
-        stalled) is left to that execution. ``None``, only for a workflow of this process that
-        failed before its execution could end the run: its claim came after the execution it
-        continues and is not known here; one after it leaves that workflow refused
-        (``RunTakenOverError``), which ends it without coming here."""
+        claim of an execution without a workflow whose workflow could not be started, or the
+        one such a workflow that failed left the run at (:meth:`_continued_attempt`, ADR
+        0112) -- so that a later claim of the same process (its own queue took the run back
+        after it stalled) is left to that execution. ``None`` (any attempt of this process's)
+        only where no execution of the run is known at all."""
         reason = f"{what}: {failure_text(failure)}"
         mine = Holder(self.runtime.leases.owner.owner_id, attempt)
         try:
@@ -1033,10 +1066,12 @@ class DurableEngine:
         assert isinstance(store, DurableRunStore)
         owner = self.owner.owner_id
         try:
+            why = suspended_record(
+                WORKFLOW_TAKEN_OVER, await store.clock(), queued=True, previous=owner
+            )
             if await store.release_run(
-                run_id, owner=holder.owner, attempt=holder.attempt, queue=True
+                run_id, owner=holder.owner, attempt=holder.attempt, queue=True, metadata=why
             ):
-                await suspend(store, run_id, WORKFLOW_TAKEN_OVER, queued=True, previous=owner)
                 log.warning("run %s handed back: %s", run_id, WORKFLOW_TAKEN_OVER)
         except Exception as exc:
             log.warning("could not hand run %s back (its lease runs out): %s", run_id, exc)

@@ -27,7 +27,7 @@ claim, ADR 0031); one that waits in its daemon is admitted *waiting*, at attempt
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -215,6 +215,7 @@ class DurableRunStore(abc.ABC):
         queue: bool,
         lease_expired_by: float | None = None,
         attempt: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         """Let go of an open run so it can resume: clear its owner and lease, and set
         ``queued_at`` when ``queue`` (the caller then hands it to the engine's queue), else leave
@@ -225,7 +226,14 @@ class DurableRunStore(abc.ABC):
         ``attempt``: the execution letting go, as its claim counted it (``Holder.attempt``):
         applies only while the run's claims counted are still ``attempt``. An owner id names a
         process, which may have claimed the run again since (its own queue took it back): a
-        release by the execution that claim superseded then moves nothing (ADR 0093)."""
+        release by the execution that claim superseded then moves nothing (ADR 0093).
+
+        ``metadata``: merged into the run's metadata (as ``update_run`` merges it, with a change
+        for the run list) in the same transaction, only when the release applies: why the run
+        waits (``leases.suspended_record``). A sweep or a hand-back that released the run and
+        then wrote that in a second transaction could die in between, leaving an ownerless run
+        that says ``running`` and nothing more -- no sweep looks at it again -- or write it on
+        the run a claim took in between (ADR 0112)."""
 
     @abc.abstractmethod
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:

@@ -58,7 +58,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from thoughtgate.disclosure import kept_detail
 from thoughtgate.errors import StoreUnavailableError, failure_detail, failure_text
@@ -95,6 +95,7 @@ __all__ = [
     "orphan_reason",
     "retrying",
     "suspend",
+    "suspended_record",
 ]
 
 log = logging.getLogger("thoughtgate.leases")
@@ -628,11 +629,14 @@ async def _release_durable(
     queued = spec.resume == "queue" and spec.queue is not None
     if queued and requeue is None:
         return  # only a process with the durable engine can put it back on its queue
+    # Why it waits is written with the release, in its transaction: a sweep that died between
+    # two left an ownerless run saying ``running`` and nothing more, which no sweep looks at
+    # again, or wrote it on the run a claim had taken meanwhile (ADR 0112).
+    why = suspended_record(reason, await store.clock(), queued=queued, previous=run.owner)
     if not await store.release_run(
-        run.run_id, owner=run.owner, lease_expired_by=expired_by, queue=queued
+        run.run_id, owner=run.owner, lease_expired_by=expired_by, queue=queued, metadata=why
     ):
         return  # its owner renewed, or another process released it first
-    await suspend(store, run.run_id, reason, queued=queued, previous=run.owner)
     if queued:
         assert requeue is not None
         try:
@@ -661,17 +665,20 @@ async def suspend(
 ) -> None:
     """Record on the run (its metadata, shown to every reader) why it waits to resume, and
     since when on the store's clock (PostgreSQL's server, as every time it keeps: ADR 0074).
-    ``held_by``: the execution recording it, which must still hold the run (ADR 0094)."""
-    since = await store.clock()
-    await store.update_run(
-        run_id,
-        held_by=held_by,
-        metadata={
-            "suspended": {
-                "reason": reason,
-                "since": since,
-                "resume": "queue" if queued else "manual",
-            },
-            "previous_executor": previous,
-        },
-    )
+    ``held_by``: the execution recording it, which must still hold the run (ADR 0094). A run
+    being released records it with its release instead (:func:`suspended_record`)."""
+    why = suspended_record(reason, await store.clock(), queued=queued, previous=previous)
+    await store.update_run(run_id, held_by=held_by, metadata=why)
+
+
+def suspended_record(
+    reason: str, since: float, *, queued: bool, previous: str | None
+) -> dict[str, Any]:
+    """The run metadata saying why a run waits to resume and how (``suspended``), since
+    ``since`` (the store's clock), and which process executed it last: what :func:`suspend`
+    records, and what a release passes to ``release_run(metadata=)`` to record it in the same
+    transaction (ADR 0112)."""
+    return {
+        "suspended": {"reason": reason, "since": since, "resume": "queue" if queued else "manual"},
+        "previous_executor": previous,
+    }

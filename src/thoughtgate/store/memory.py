@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable, Collection, Sequence
-from typing import Unpack
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Unpack
 
 from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
@@ -350,6 +350,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         queue: bool,
         lease_expired_by: float | None = None,
         attempt: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         async with self._lock:
             run = self._run(run_id)
@@ -366,7 +367,13 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             run.owner = None
             run.lease_expires_at = None
             spec.queued_at = time.time() if queue else None
-            return True
+            if metadata is not None:  # why it waits, with the release (ADR 0112)
+                run.metadata = {**run.metadata, **metadata}
+                run.updated_at = time.time()
+                self._changed(run_id)
+        if metadata is not None:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return True
 
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
         async with self._lock:

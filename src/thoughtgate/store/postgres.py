@@ -969,6 +969,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         queue: bool,
         lease_expired_by: float | None = None,
         attempt: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         held = "r.owner = %(owner)s" if owner is not None else "r.owner IS NULL"
         lease = (
@@ -991,12 +992,13 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn(f"release run {run_id!r}") as conn, conn.transaction():
             # The row lock orders this with claims and renewals of the same run.
             cur = await conn.execute(
-                "SELECT 1 FROM runs r JOIN run_specs s USING (run_id) WHERE r.run_id = %(run_id)s "
-                f"AND r.status IN ('pending', 'running') AND r.closed_at IS NULL AND {held}"
-                f"{lease}{waiting}{claim} FOR UPDATE OF r, s",
+                "SELECT r.metadata FROM runs r JOIN run_specs s USING (run_id) "
+                "WHERE r.run_id = %(run_id)s AND r.status IN ('pending', 'running') "
+                f"AND r.closed_at IS NULL AND {held}{lease}{waiting}{claim} FOR UPDATE OF r, s",
                 params,
             )
-            if await cur.fetchone() is None:
+            found = await cur.fetchone()
+            if found is None:
                 return False
             await conn.execute(
                 "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE run_id = %(run_id)s",
@@ -1007,6 +1009,17 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 f"{_NOW} ELSE NULL END WHERE run_id = %(run_id)s",
                 params,
             )
+            if metadata is not None:  # why it waits, in the release's transaction (ADR 0112)
+                merged = codec.merged_metadata(codec.decode_object(found[0]), metadata)
+                params["metadata"] = codec.dumps(merged, what="run metadata")
+                params["change"] = await self._next_change(conn)  # after the run row's lock
+                await conn.execute(
+                    f"UPDATE runs SET metadata = %(metadata)s, updated_at = {_NOW}, "
+                    "change_seq = %(change)s WHERE run_id = %(run_id)s",
+                    params,
+                )
+        if metadata is not None:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return True
 
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:

@@ -29,7 +29,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -1684,6 +1684,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         queue: bool,
         lease_expired_by: float | None = None,
         attempt: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             held = "owner = ?" if owner is not None else "owner IS NULL"
@@ -1698,8 +1699,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 claim = " AND s.attempts = ?"
                 args.append(attempt)
             found = conn.execute(
-                f"SELECT 1 FROM runs JOIN run_specs s USING (run_id) WHERE run_id = ? AND "
-                f"{_OPEN} AND {held}{lease}{waiting}{claim}",
+                f"SELECT runs.metadata FROM runs JOIN run_specs s USING (run_id) WHERE run_id = ? "
+                f"AND {_OPEN} AND {held}{lease}{waiting}{claim}",
                 args,
             ).fetchone()
             if found is None:
@@ -1711,9 +1712,23 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 "UPDATE run_specs SET queued_at = ? WHERE run_id = ?",
                 (time.time() if queue else None, run_id),
             )
+            if metadata is not None:  # why it waits, in the release's transaction (ADR 0112)
+                merged = codec.merged_metadata(codec.decode_object(found[0]), metadata)
+                conn.execute(
+                    "UPDATE runs SET metadata = ?, updated_at = ?, change_seq = ? WHERE run_id = ?",
+                    (
+                        codec.dumps(merged, what="run metadata"),
+                        time.time(),
+                        _next_change(conn),
+                        run_id,
+                    ),
+                )
             return True
 
-        return await self._write(f"release run {run_id!r}", body)
+        moved = await self._write(f"release run {run_id!r}", body)
+        if moved and metadata is not None:
+            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        return moved
 
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
         def body(conn: sqlite3.Connection) -> bool:

@@ -18,10 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.errors import RunClosedError, RunNotFoundError
+from thoughtgate.errors import RunClosedError, RunNotFoundError, UsageError
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
+from thoughtgate.store.projection import check_run_index
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord, new_id
 
 __all__ = [
@@ -38,13 +39,18 @@ __all__ = [
 
 
 def _column_text(*, max_size: int) -> st.SearchStrategy[str]:
-    """Any text a task id or a type column keeps on every backend: all but NUL, which
-    PostgreSQL's ``text`` refuses (the append fails with a ``StoreError``, nothing stored), and
-    lone surrogates, which no backend can encode as UTF-8 (the append fails)."""
-    return st.text(
-        st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
-        max_size=max_size,
-    )
+    """Any text a task id or a type column keeps on every backend: what UTF-8 carries, but NUL,
+    which PostgreSQL's ``text`` refuses (the append fails with a ``StoreError``, nothing
+    stored). Not a surrogate: every store refuses one in a column, alike (``UsageError``, ADR
+    0114; ``test_lone_surrogates_...``). (``st.characters()`` without a codec draws them.)"""
+    return st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=max_size)
+
+
+def _payload_text(*, max_size: int) -> st.SearchStrategy[str]:
+    """Any text a payload's key or value may hold: every code point, NUL and lone surrogates
+    included (a provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``),
+    which every store keeps exactly (ADR 0114)."""
+    return st.text(st.characters(), max_size=max_size)
 
 
 _JSON_VALUES = st.recursive(
@@ -52,9 +58,9 @@ _JSON_VALUES = st.recursive(
     | st.booleans()
     | st.integers(min_value=-(2**80), max_value=2**80)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
+    | _payload_text(max_size=8),
     lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+        st.lists(inner, max_size=3) | st.dictionaries(_payload_text(max_size=4), inner, max_size=3)
     ),
     max_leaves=8,
 )
@@ -309,6 +315,62 @@ class EventLogConformance:
             assert stored == reasoning
             assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
 
+    async def test_lone_surrogates_in_payloads_are_kept_and_in_columns_refused_alike(
+        self, store: EventStore
+    ) -> None:
+        """A payload's keys and values may hold lone surrogates (a provider's text cut inside an
+        emoji): the log replays them exactly, in a batch of one task and type and in a mixed
+        one. A task id or a type holding one is refused by every store with a ``UsageError``
+        that stores nothing of its batch; the run goes on. A task's output and the run's error
+        holding one are kept exactly in the log and as U+FFFD in the run index (ADR 0114)."""
+        run = make_run(tasks=1)
+        await store.create_run(run)
+        task = run.tasks[0].task_id
+        odd = ["\ud800", "\udfff", "a\ud83db", "\ude00\ud83d", "x\ud800\x00\udc00"]
+        payloads: list[dict[str, Any]] = [
+            {"value": s, "nested": [s, {s: s}], s: len(s)} for s in odd
+        ]
+        uniform = [NewEvent(EventType.MESSAGE_DELTA, p, task_id=task) for p in payloads]
+        mixed = [
+            NewEvent(EventType.MESSAGE_DELTA if i % 2 else "custom", p, task_id=[None, task][i % 2])
+            for i, p in enumerate(payloads)
+        ]
+        kept = [*await store.append(run.run_id, uniform), *await store.append(run.run_id, mixed)]
+        for column in odd:
+            for refused in (
+                [NewEvent(EventType.MESSAGE_DELTA, {}, task_id=column)],
+                [NewEvent(column, {"i": 1})],
+                [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent(column, {})],
+                [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent("x", {}, task_id=column)],
+            ):
+                with pytest.raises(UsageError, match="surrogate"):
+                    await store.append(run.run_id, refused)
+        ending = [
+            NewEvent(EventType.TASK_STARTED, {"index": 0, "prompt": "p\ud800"}, task_id=task),
+            NewEvent(
+                EventType.TASK_COMPLETED,
+                {"status": "completed", "output": "o\udfff"},
+                task_id=task,
+            ),
+        ]
+        kept += await store.append(run.run_id, ending)
+        kept.append(
+            await store.append_one(
+                run.run_id, NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"})
+            )
+        )
+        sent = [*uniform, *mixed, *ending]
+        assert [(e.task_id, e.type, e.payload) for e in kept[:-1]] == [
+            (n.task_id, n.type, n.payload) for n in sent
+        ]
+        assert [e.seq for e in kept] == list(range(1, len(sent) + 2))
+        for replay in (await store.read(run.run_id), await collect(store.tail(run.run_id))):
+            assert_same_events(replay, kept)
+        indexed = await store.get_run(run.run_id)
+        assert indexed is not None
+        assert (indexed.status, indexed.error) == ("failed", "e\ufffd")
+        assert [(t.prompt, t.output) for t in indexed.tasks] == [("p\ufffd", "o\ufffd")]
+
     async def test_batches_of_one_task_and_type_or_of_several_read_back_exactly(
         self, store: EventStore
     ) -> None:
@@ -447,7 +509,7 @@ class EventLogConformance:
             st.tuples(
                 st.none() | st.sampled_from(["", "task_1", "t\x1f"]) | _column_text(max_size=4),
                 st.sampled_from([EventType.MESSAGE_DELTA, "custom\x1f"]) | _column_text(max_size=6),
-                st.dictionaries(st.text(max_size=6), _JSON_VALUES, max_size=4),
+                st.dictionaries(_payload_text(max_size=6), _JSON_VALUES, max_size=4),
             ),
             min_size=1,
             max_size=40,
@@ -757,6 +819,50 @@ class EventLogConformance:
         await store.append_one(run.run_id, NewEvent(EventType.RUN_INTERRUPTED))
         for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
             assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
+
+    async def test_a_run_whose_texts_hold_lone_surrogates_is_created_and_ended_alike(
+        self, store: EventStore
+    ) -> None:
+        """A prompt, a task's output, reasoning and error, a run's error holding lone surrogates
+        (a model's answer cut inside an emoji) do not stop a run being created, updated and
+        ended: the log keeps them exactly, the run index as U+FFFD on every store, and the
+        index check finds the index agreeing with the log (ADR 0114)."""
+        run = make_run(tasks=1, status="running", owner="o", lease_expires_at=2e9)
+        run.prompt = "p\ud800"
+        run.tasks[0].prompt = "t\udfff"
+        await store.create_run(run)
+        task = run.tasks[0].task_id
+        started = {"prompt": run.prompt, "model": None, "tasks": 1}
+        await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, started)])
+        await store.update_run(run.run_id, error="u\ud83d")
+        done = copy.deepcopy(run.tasks[0])
+        done.status, done.output, done.reasoning, done.error = (
+            "failed",
+            "o\ud800",
+            "r\ude00",
+            "x\udc00",
+        )
+        closing = [
+            NewEvent(
+                EventType.TASK_COMPLETED,
+                {"status": "failed", "output": done.output, "error": done.error},
+                task_id=task,
+            ),
+            NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"}),
+        ]
+        out = await store.finish_run(
+            run.run_id, closing, RunEnding("failed", error="e\ud800", tasks=[done])
+        )
+        assert [e.payload for e in out] == [e.payload for e in closing]
+        assert [e.payload for e in (await store.read(run.run_id))[1:]] == [
+            e.payload for e in closing
+        ]
+        got = await store.get_run(run.run_id)
+        assert (got.prompt, got.status, got.error) == ("p\ufffd", "failed", "e\ufffd")
+        assert [(t.prompt, t.output, t.reasoning, t.error) for t in got.tasks] == [
+            ("t\ufffd", "o\ufffd", "r\ufffd", "x\ufffd")
+        ]
+        assert await check_run_index(store, run.run_id) == []
 
     async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
         self, store: EventStore

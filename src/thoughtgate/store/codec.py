@@ -21,7 +21,16 @@ from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
-from thoughtgate.store.projection import INDEX_EVENT_TYPES, IndexUpdate, batch_update, rebuilt
+from thoughtgate.store.projection import (
+    INDEX_EVENT_TYPES,
+    IndexUpdate,
+    batch_update,
+    rebuilt,
+    refuse_unstorable_columns,
+    storable_run,
+    storable_task,
+    storable_text,
+)
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -289,14 +298,18 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
 
 
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
-    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once."""
+    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once.
+    A task id or a type no column can hold refuses the batch (``UsageError``, ADR 0114)."""
+    task_ids = [e.task_id for e in events]
+    types = [e.type for e in events]
+    refuse_unstorable_columns(task_ids, types)
     try:
         payloads = [dumps(e.payload) for e in events]
     except UsageError:  # say which event (building that text for every event would cost)
         for e in events:
             dumps(e.payload, what=f"payload of {e.type!r} event")
         raise
-    return payloads, [e.task_id for e in events], [e.type for e in events], [e.ts for e in events]
+    return payloads, task_ids, types, [e.ts for e in events]
 
 
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
@@ -490,8 +503,9 @@ def run_update_columns(change: RunChange, *, updated_at: float | None) -> dict[s
     usage = change.get("usage")
     if usage is not None:
         sets["usage"] = dumps(usage, what="run usage")
-    if change.get("error") is not None:
-        sets["error"] = change["error"]
+    error = change.get("error")
+    if error is not None:
+        sets["error"] = storable_text(error)
     return sets
 
 
@@ -643,6 +657,8 @@ def typed_read_sql(
 
 
 def run_row(run: RunRecord) -> tuple[Any, ...]:
+    """The run's columns, its texts as the index keeps them (``storable_run``, ADR 0114)."""
+    run = storable_run(run)
     return (
         run.run_id,
         run.prompt,
@@ -693,6 +709,8 @@ def runs_from_rows(
 
 
 def task_row(task: TaskRecord) -> tuple[Any, ...]:
+    """The task's columns, its texts as the index keeps them (``storable_task``, ADR 0114)."""
+    task = storable_task(task)
     return (
         task.run_id,
         task.task_id,

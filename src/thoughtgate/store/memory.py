@@ -12,7 +12,15 @@ from thoughtgate.errors import RunClosedError, RunNotFoundError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.store import durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
-from thoughtgate.store.projection import apply_to_record, batch_update, rebuilt
+from thoughtgate.store.projection import (
+    apply_to_record,
+    batch_update,
+    rebuilt,
+    refuse_unstorable_columns,
+    storable_run,
+    storable_task,
+    storable_text,
+)
 from thoughtgate.store.records import (
     OPEN_RUN_STATUSES,
     ApiKeyRecord,
@@ -22,6 +30,12 @@ from thoughtgate.store.records import (
 from thoughtgate.store.run_index import RunChange
 
 __all__ = ["MemoryStore"]
+
+
+def _refuse_unstorable(events: Sequence[NewEvent]) -> None:
+    """What the SQL stores refuse before storing anything (``refuse_unstorable_columns``), this
+    one refuses too, before changing anything: the same event gets the same answer (ADR 0114)."""
+    refuse_unstorable_columns([e.task_id for e in events], [e.type for e in events])
 
 
 class MemoryStore(EventStore, durable.DurableRunStore):
@@ -55,7 +69,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
 
     async def create_run(self, run: RunRecord) -> None:
         async with self._lock:
-            self._runs[run.run_id] = copy.deepcopy(run)
+            self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
             self._changed(run.run_id)
@@ -109,7 +123,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             if usage is not None:
                 run.usage = dict(usage)
             if error is not None:
-                run.error = error
+                run.error = storable_text(error)
             run.metadata = {**run.metadata, **(change.get("metadata") or {})}
             run.updated_at = time.time()
             self._changed(run_id)
@@ -121,7 +135,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             if held_by is not None:
                 self._check_held(task.run_id, held_by, "task record")
             run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-            run.tasks.append(copy.deepcopy(task))
+            run.tasks.append(copy.deepcopy(storable_task(task)))
 
     def _check_held(self, run_id: str, held_by: Holder, recording: str) -> None:
         """Under the store's lock: ``held_by.check`` of the run as it is (ADR 0094)."""
@@ -137,6 +151,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def append(
         self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
     ) -> list[Event]:
+        _refuse_unstorable(events)
         async with self._lock:
             out, changed = self._append(run_id, events, held_by)
         if changed:
@@ -180,6 +195,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
     async def finish_run(
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
+        _refuse_unstorable(events)
         async with self._lock:
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
@@ -188,13 +204,13 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             ending.check_holder(run_id, run.owner, None if spec is None else spec.attempts)
             for task in ending.tasks:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-                run.tasks.append(copy.deepcopy(task))
+                run.tasks.append(copy.deepcopy(storable_task(task)))
             out, _ = self._append(run_id, events)
             run.status = ending.status
             if ending.usage is not None:
                 run.usage = dict(ending.usage)
             if ending.error is not None:
-                run.error = ending.error
+                run.error = storable_text(ending.error)
             run.lease_expires_at = None
             run.updated_at = time.time()
             self._closed.add(run_id)
@@ -270,6 +286,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         decided: Callable[[], None] | None = None,
         committed: Callable[[], None] | None = None,
     ) -> durable.Admission:
+        _refuse_unstorable(events)
         async with self._lock:
             now = time.time()
             verdict = durable.Admission(True)
@@ -281,7 +298,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
                 verdict = durable.quota_verdict(quota, usage, now)
                 if not verdict.admitted:
                     return verdict
-            self._runs[run.run_id] = copy.deepcopy(run)
+            self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
             self._changed(run.run_id)

@@ -29,13 +29,15 @@ execution begins, before its first task starts.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable, Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, get_args
 
+from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType
-from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord
 
 __all__ = [
     "CHECK_PAGE",
@@ -55,7 +57,11 @@ __all__ = [
     "index_update",
     "project",
     "rebuilt",
+    "refuse_unstorable_columns",
     "reproject",
+    "storable_run",
+    "storable_task",
+    "storable_text",
 ]
 
 
@@ -140,10 +146,98 @@ def _usage(value: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in value.items()}
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodes(value: str) -> bool:
+    """Whether UTF-8 can carry ``value``: every string but one holding a lone surrogate."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_text(value: str) -> str:
+    """``value`` for a text column of the run index: as is, or with each lone surrogate (a
+    provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``) replaced by
+    U+FFFD, which no database text column refuses. The event log keeps the exact string in the
+    payload (ADR 0114); the index is a summary of it, and the replacement is what any UTF-8
+    reader would show there anyway."""
+    return value if _encodes(value) else _LONE_SURROGATE.sub("\ufffd", value)
+
+
+_RUN_TEXTS = ("prompt", "model", "chain_of_thought", "worker_backend", "error")
+_TASK_TEXTS = ("prompt", "output", "reasoning", "error", "model", "backend")
+
+
+def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        name: storable_text(value)
+        for name in names
+        if isinstance(value := getattr(record, name), str) and not _encodes(value)
+    }
+
+
+def storable_task(task: TaskRecord) -> TaskRecord:
+    """``task`` as the run index keeps it: its texts through :func:`storable_text` (a copy
+    when one changes; ``task`` itself, the usual case, when none does)."""
+    texts = _storable_texts(task, _TASK_TEXTS)
+    return replace(task, **texts) if texts else task
+
+
+def storable_run(run: RunRecord) -> RunRecord:
+    """``run`` (and its tasks) as the run index keeps it, as :func:`storable_task`."""
+    texts: dict[str, Any] = _storable_texts(run, _RUN_TEXTS)
+    tasks = [storable_task(t) for t in run.tasks]
+    if any(new is not old for new, old in zip(tasks, run.tasks, strict=True)):
+        texts["tasks"] = tasks
+    return replace(run, **texts) if texts else run
+
+
+def _column_encodes(column: Sequence[str | None]) -> bool:
+    """Whether UTF-8 carries every value of ``column``: one look at the first when all are the
+    same (a model turn's deltas; ``list.count`` compares by identity first), else one at the
+    values joined. (A set of them would hash each ``EventType`` in Python, and joining those
+    costs tens of nanoseconds each.)"""
+    if not column:
+        return True
+    first = column[0]
+    if column.count(first) == len(column):
+        return first is None or first.isascii() or _encodes(first)
+    joined = "".join(filter(None, column))
+    return joined.isascii() or _encodes(joined)
+
+
+def refuse_unstorable_columns(task_ids: Sequence[str | None], types: Sequence[str]) -> None:
+    """Raise ``UsageError`` when a task id or a type holds a surrogate, before anything is
+    stored: they are columns of their own, which no SQL backend can hold such a string in, and
+    the program names them (a payload's strings, a provider's, are stored exactly). Every
+    backend, memory included, refuses the batch the same way (ADR 0114).
+
+    On every append, so cheap: a few nanoseconds an event (:func:`_column_encodes`)."""
+    if _column_encodes(types) and _column_encodes(task_ids):
+        return
+    for what, column in (("type", types), ("task id", task_ids)):
+        for value in column:
+            if value is not None and not _encodes(value):
+                raise UsageError(
+                    f"event {what} {value!r} holds a surrogate (U+D800 to U+DFFF), which no "
+                    "store can keep in a column; nothing of the batch was stored"
+                )
+
+
 def _text(payload: Mapping[str, Any], key: str, into: dict[str, Any]) -> None:
-    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing)."""
-    if key in payload and (payload[key] is None or isinstance(payload[key], str)):
-        into[key] = payload[key]
+    """``payload[key]`` into ``into`` when it is a string or ``None`` (else it says nothing);
+    a string as the index can keep it (:func:`storable_text`)."""
+    if key in payload:
+        value = payload[key]
+        if value is None:
+            into[key] = None
+        elif isinstance(value, str):
+            into[key] = storable_text(value)
 
 
 def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,7 +246,7 @@ def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(p.get("index"), int):
             out["index"] = p["index"]
         if isinstance(p.get("prompt"), str):
-            out["prompt"] = p["prompt"]
+            out["prompt"] = storable_text(p["prompt"])
         _text(p, "backend", out)
         _text(p, "model", out)
         out["status"] = "running"
@@ -193,9 +287,9 @@ def index_update(kind: str, payload: Mapping[str, Any], task_id: str | None) -> 
     if usage is not None:
         run["usage"] = usage
     if kind == EventType.RUN_INTERRUPTED:
-        run["error"] = f"interrupted: {payload.get('reason', '')}"
+        run["error"] = storable_text(f"interrupted: {payload.get('reason', '')}")
     elif isinstance(payload.get("error"), str):
-        run["error"] = payload["error"]
+        run["error"] = storable_text(payload["error"])
     return IndexUpdate(run=run)
 
 
@@ -336,6 +430,11 @@ class Difference:
         return f"{what}: index {self.index!r}, log {self.log!r}"
 
 
+def _as_indexed(value: object) -> object:
+    """A value of the log's projection as the index keeps it (a text: :func:`storable_text`)."""
+    return storable_text(value) if isinstance(value, str) else value
+
+
 def differences(record: RunRecord, projection: RunProjection | None) -> list[Difference]:
     """Where the index row ``record`` differs from the projection of its run's log, one entry a
     field (empty: they agree). Fields the log has not yet spoken about are not compared."""
@@ -344,7 +443,7 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
     out: list[Difference] = []
 
     def differ(what: str, stored: object, projected: object, task: str | None = None) -> None:
-        if projected is not None and stored != projected:
+        if projected is not None and stored != _as_indexed(projected):
             out.append(Difference(what, stored, projected, task))
 
     differ("prompt", record.prompt, projection.prompt)
@@ -357,7 +456,8 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
     if not runtime_only:
         differ("status", record.status, projection.status)
     differ("usage", record.usage, None if projection.usage is None else dict(projection.usage))
-    if projection.ended and record.error != projection.error:  # the terminal event decides
+    # the terminal event decides
+    if projection.ended and record.error != _as_indexed(projection.error):
         out.append(Difference("error", record.error, projection.error))
     stored_tasks = {t.task_id: t for t in record.tasks}
     for task_id, task in projection.tasks.items():
@@ -369,13 +469,13 @@ def differences(record: RunRecord, projection: RunProjection | None) -> list[Dif
         differ("prompt", stored.prompt, task.prompt, task_id)
         differ("backend", stored.backend, task.backend, task_id)
         # task.started names the model, None included.
-        if task.index is not None and stored.model != task.model:
+        if task.index is not None and stored.model != _as_indexed(task.model):
             out.append(Difference("model", stored.model, task.model, task_id))
         differ("status", stored.status, task.status, task_id)
         if task.status != "running" and task.status != "pending":
-            if stored.output != task.output:
+            if stored.output != _as_indexed(task.output):
                 out.append(Difference("output", stored.output, task.output, task_id))
-            if stored.error != task.error:
+            if stored.error != _as_indexed(task.error):
                 out.append(Difference("error", stored.error, task.error, task_id))
         usage = None if task.usage is None else dict(task.usage)
         differ("usage", stored.usage, usage, task_id)

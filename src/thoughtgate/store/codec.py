@@ -25,6 +25,7 @@ from thoughtgate.store.projection import (
     INDEX_EVENT_TYPES,
     IndexUpdate,
     batch_update,
+    encodes_utf8,
     rebuilt,
     refuse_unstorable_columns,
     storable_run,
@@ -188,11 +189,8 @@ def dumps(value: object, *, what: str = "value") -> str:
         return written
     try:
         text = _fast_encode(value)
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                text = _ascii_encoder.encode(value)
+        if not encodes_utf8(text):
+            text = _ascii_encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{what} is not JSON-serializable: {exc}") from exc
     return text

@@ -54,6 +54,7 @@ __all__ = [
     "check_run_index",
     "differences",
     "disagreements",
+    "encodes_utf8",
     "index_update",
     "project",
     "rebuilt",
@@ -149,8 +150,10 @@ def _usage(value: Any) -> dict[str, int] | None:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _encodes(value: str) -> bool:
-    """Whether UTF-8 can carry ``value``: every string but one holding a lone surrogate."""
+def encodes_utf8(value: str) -> bool:
+    """Whether UTF-8 can carry ``value``: every string but one holding a lone surrogate (what
+    no database text column takes: ``codec.dumps`` escapes such a payload, the run index
+    replaces it, a column refuses it)."""
     if value.isascii():
         return True
     try:
@@ -166,7 +169,7 @@ def storable_text(value: str) -> str:
     U+FFFD, which no database text column refuses. The event log keeps the exact string in the
     payload (ADR 0114); the index is a summary of it, and the replacement is what any UTF-8
     reader would show there anyway."""
-    return value if _encodes(value) else _LONE_SURROGATE.sub("\ufffd", value)
+    return value if encodes_utf8(value) else _LONE_SURROGATE.sub("\ufffd", value)
 
 
 _RUN_TEXTS = ("prompt", "model", "chain_of_thought", "worker_backend", "error")
@@ -177,7 +180,7 @@ def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, Any]:
     return {
         name: storable_text(value)
         for name in names
-        if isinstance(value := getattr(record, name), str) and not _encodes(value)
+        if isinstance(value := getattr(record, name), str) and not encodes_utf8(value)
     }
 
 
@@ -206,9 +209,9 @@ def _column_encodes(column: Sequence[str | None]) -> bool:
         return True
     first = column[0]
     if column.count(first) == len(column):
-        return first is None or first.isascii() or _encodes(first)
+        return first is None or encodes_utf8(first)
     joined = "".join(filter(None, column))
-    return joined.isascii() or _encodes(joined)
+    return encodes_utf8(joined)
 
 
 def refuse_unstorable_columns(task_ids: Sequence[str | None], types: Sequence[str]) -> None:
@@ -222,7 +225,7 @@ def refuse_unstorable_columns(task_ids: Sequence[str | None], types: Sequence[st
         return
     for what, column in (("type", types), ("task id", task_ids)):
         for value in column:
-            if value is not None and not _encodes(value):
+            if value is not None and not encodes_utf8(value):
                 raise UsageError(
                     f"event {what} {value!r} holds a surrogate (U+D800 to U+DFFF), which no "
                     "store can keep in a column; nothing of the batch was stored"

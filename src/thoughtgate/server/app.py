@@ -141,9 +141,6 @@ def create_app(
             sinks=sinks,
         )
     manager = RunManager(runtime, grace_s=shutdown_grace_s)
-    feeds = RunFeeds(runtime.store)
-    manager.before_first_commit = feeds.from_start
-    manager.after_execution = feeds.let_go
     state = ServerState(
         runtime,
         manager,
@@ -151,7 +148,7 @@ def create_app(
         sse_queue_size=sse_queue_size,
         sse_lag_timeout_s=sse_lag_timeout_s,
         sse_send_timeout_s=sse_send_timeout_s,
-        feeds=feeds,
+        feeds=RunFeeds(runtime.store),
         access=AccessWatch(runtime.store, interval_s=access_check_s),
         streams=LiveStreams(tick_s=min(1.0, config.server.keepalive_s / 2, sse_send_timeout_s / 4)),
     )

@@ -40,12 +40,6 @@ _CACHE_MAX_FRAME = 64 * 1024
 """Frames above this size (a long ``agent.response``) are encoded per reader, not kept."""
 _dropping: set[asyncio.Future[None]] = set()
 """Reads of first pages nobody took, being abandoned (held until they end)."""
-_JOURNALS = 1024
-"""Runs whose first events a ``RunFeeds`` keeps at most (``RunFeeds.from_start``), the oldest
-let go first (its readers then read their first page from the store)."""
-ReadNow = Callable[[str, int, int], list[Event] | None]
-"""``(run_id, after, limit)``: a first page answered in the caller's step, or ``None`` (read it
-from the store): ``RunFeeds.read_now``."""
 
 
 async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
@@ -284,7 +278,9 @@ class LiveReader:
             seen = False
             if first is not None:  # and what was published since, joined below in this step
                 page, caught_up, seen = first.take(self.cursor)
-            elif now_first and (now := self._feeds.read_now(self.run_id, self.cursor, _PAGE_NOW)):
+            elif now_first and (
+                now := self.store.read_now(self.run_id, after=self.cursor, limit=_PAGE_NOW)
+            ):
                 page, caught_up, seen = now, len(now) < _PAGE_NOW, True
             else:
                 page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
@@ -424,14 +420,11 @@ class FirstPage:
     store's reader thread and back, which cost a busy loop two of its turns (ADR 0038).
     """
 
-    def __init__(self, store: EventLog, run_id: str, read_now: ReadNow | None = None) -> None:
+    def __init__(self, store: EventLog, run_id: str) -> None:
         self.page: list[Event] = []
         self._caught: list[Event] = []
         self._unlisten: Callable[[], None] | None = store.wakeups.listen(run_id, self)
         self._store = store
-        self._read_now = read_now
-        """Where the page is read in the caller's step first (``RunFeeds.read_now``); else the
-        store's ``read_now``."""
         self._run_id = run_id
         self._after = 0
         self._queued: asyncio.Handle | None = None
@@ -455,10 +448,7 @@ class FirstPage:
 
     def _start(self) -> None:
         self._queued = None
-        if self._read_now is not None:
-            self._read = self._read_now(self._run_id, self._after, _PAGE_NOW)
-        else:
-            self._read = self._store.read_now(self._run_id, after=self._after, limit=_PAGE_NOW)
+        self._read = self._store.read_now(self._run_id, after=self._after, limit=_PAGE_NOW)
         if self._read is not None:
             self._full = _PAGE_NOW
             return
@@ -558,75 +548,6 @@ class FirstPage:
         return out
 
 
-class _Journal:
-    """Every event of one run that this process published, from the run's first, while that is
-    known to be all of them (ADR 0118): registered before the run's first commit
-    (``RunFeeds.from_start``), it keeps what is published for the run as long as it continues
-    the run's log from event 1 without a gap. A batch published ahead of the one before it (a
-    run whose execution started before its admission committed, ADR 0040, and whose first
-    append shares that commit) waits here for it, one batch at most. Let go for good (``drop``)
-    at a gap it cannot fill, at another process's news of the run, past ``_PAGE_NOW`` events,
-    at the run's terminal event, and when the run's execution here is over
-    (``RunFeeds.let_go``): a reader then reads the store, as without it."""
-
-    __slots__ = ("ahead", "events", "forget", "unlisten")
-
-    def __init__(self, forget: Callable[[], None]) -> None:
-        self.events: list[Event] = []
-        """The run's events 1..n, each committed and published here, in order."""
-        self.ahead: dict[int, Sequence[Event]] = {}
-        """Batches published before the one they continue, by their first event's seq."""
-        self.forget = forget
-        self.unlisten: Callable[[], None] | None = None
-
-    def page(self, after: int, limit: int) -> list[Event] | None:
-        """Events ``after + 1`` on, at most ``limit``, or ``None`` when this cannot say that
-        they are every event this process published for the run: let go, a batch waiting
-        ahead, or nothing after ``after``."""
-        if self.unlisten is None or self.ahead or after >= len(self.events):
-            return None
-        return self.events[after : after + limit]
-
-    # -- RunListener ---------------------------------------------------------------------------
-    def published(self, events: Sequence[Event]) -> None:
-        if self.unlisten is None or not events:
-            return
-        first = events[0].seq
-        if first == len(self.events) + 1:
-            self._add(events)
-            waiting = self.ahead.pop(len(self.events) + 1, None)
-            if waiting is not None and self.unlisten is not None:
-                self._add(waiting)
-            if self.ahead:  # it did not continue what waited: a gap, filled elsewhere
-                self.drop()
-        elif (
-            first > len(self.events) + 1
-            and not self.ahead
-            and not any(is_run_terminal(e.type) for e in events)
-        ):
-            self.ahead[first] = events  # one batch may wait for the one before it
-        else:
-            self.drop()
-
-    def notified(self, last_seq: int | None) -> None:
-        """Another process appended (or may have): what it stored is not here."""
-        self.drop()
-
-    def _add(self, events: Sequence[Event]) -> None:
-        self.events += events
-        if len(self.events) > _PAGE_NOW or any(is_run_terminal(e.type) for e in events):
-            self.drop()
-
-    def drop(self) -> None:
-        """Stop keeping the run's events (idempotent)."""
-        if self.unlisten is not None:
-            self.unlisten()
-            self.unlisten = None
-        self.events = []
-        self.ahead.clear()
-        self.forget()
-
-
 class RunFeeds:
     """The feeds of one store; ``tail`` is ``EventLog.tail`` with one read per event per run."""
 
@@ -635,45 +556,6 @@ class RunFeeds:
         self.backlog = backlog
         self._feeds: dict[str, _Feed] = {}
         self._frames: dict[tuple[str, int, Role, str], bytes | None] = {}
-        self._journals: dict[str, _Journal] = {}
-        """Runs this process executes, from before their first commit: the events published
-        for each (``from_start``), its readers' first page (``read_now``)."""
-
-    def from_start(self, run_id: str) -> None:
-        """Keep the events this process publishes for ``run_id`` from now on, for its readers'
-        first page (``read_now``): called before any event of the run is committed, for a run
-        this process executes (ADR 0118). Called later, what it keeps never starts at event 1,
-        and is never used."""
-        journals = self._journals
-        old = journals.pop(run_id, None)
-        if old is not None:
-            old.drop()
-
-        def forget() -> None:
-            if journals.get(run_id) is journal:
-                del journals[run_id]
-
-        journal = _Journal(forget)
-        journal.unlisten = self.store.wakeups.listen(run_id, journal)
-        journals[run_id] = journal
-        if len(journals) > _JOURNALS:
-            journals[next(iter(journals))].drop()  # the oldest
-
-    def let_go(self, run_id: str) -> None:
-        """Stop keeping ``run_id``'s first events (``from_start``): its execution here is over."""
-        journal = self._journals.get(run_id)
-        if journal is not None:
-            journal.drop()
-
-    def read_now(self, run_id: str, after: int, limit: int) -> list[Event] | None:
-        """``EventLog.read_now``, answered from what this process published for a run it
-        executes when that is every event of the run up to now (``from_start``): no read. The
-        store stays the source for everything else (a resume past those events, a run executed
-        elsewhere or let go, another process's appends)."""
-        journal = self._journals.get(run_id)
-        if journal is not None and (page := journal.page(after, limit)) is not None:
-            return page
-        return self.store.read_now(run_id, after=after, limit=limit)
 
     @property
     def active(self) -> int:
@@ -709,7 +591,7 @@ class RunFeeds:
     def start_first_page(self, run_id: str, after: int) -> FirstPage:
         """``first_page`` without waiting: its read is queued in the loop's next step (see
         ``FirstPage.read_soon``), and ``ready`` waits for it."""
-        first = FirstPage(self.store, run_id, self.read_now)
+        first = FirstPage(self.store, run_id)
         first.read_soon(after)
         return first
 
@@ -775,8 +657,6 @@ class RunFeeds:
 
     async def close(self) -> None:
         """Stop every feed (readers still attached finish from the store)."""
-        for journal in list(self._journals.values()):
-            journal.drop()
         feeds, self._feeds = list(self._feeds.values()), {}
         for feed in feeds:
             feed.task.cancel()

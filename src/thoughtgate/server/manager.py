@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from thoughtgate.engine.tools import ToolRegistry
@@ -89,12 +89,6 @@ class RunManager:
         """Where the sweep's walk through the open runs stopped (ADR 0074)."""
         self._finished: FinishedCursor | None = None
         """Where the next listing of finished workflows begins (``_forget_ended``)."""
-        self.before_first_commit: Callable[[str], None] | None = None
-        """Told the id of each run this daemon executes in a task, before any of its events
-        is committed, where the store says so early enough (the admission's ``decided`` or
-        ``committed``): the live feeds keep its first events for its readers (ADR 0118)."""
-        self.after_execution: Callable[[str], None] | None = None
-        """Told the id of each run whose task here is over (the feeds let its events go)."""
 
     @property
     def active(self) -> int:
@@ -163,12 +157,6 @@ class RunManager:
                 self._tasks[run.run_id] = task
                 task.add_done_callback(self._forget)
 
-            def execute_first(run: RunRecord) -> None:
-                # In the admission's commit: its events are published after this (ADR 0118).
-                if self.before_first_commit is not None:
-                    self.before_first_commit(run.run_id)
-                execute(run)
-
             try:
                 run, _ = await self.runtime.admit(
                     request,
@@ -176,8 +164,8 @@ class RunManager:
                     tools=names,
                     key_id=key_id,
                     quota=quota,
-                    decided=execute_first if early else None,
-                    committed=None if early else execute_first,
+                    decided=execute if early else None,
+                    committed=None if early else execute,
                 )
             except BaseException:
                 # Its admission did not commit, or this start was cancelled once it had (the run
@@ -309,8 +297,6 @@ class RunManager:
         for run_id, known in list(self._tasks.items()):
             if known is task:
                 del self._tasks[run_id]
-                if self.after_execution is not None:
-                    self.after_execution(run_id)
                 mode = self._modes.pop(run_id, None)
                 if mode is not None:
                     self._remember_ended(run_id, mode)

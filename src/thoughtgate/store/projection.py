@@ -64,6 +64,7 @@ __all__ = [
     "storable_run",
     "storable_task",
     "storable_text",
+    "unstorable",
 ]
 
 
@@ -193,18 +194,21 @@ def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
+def unstorable(value: str) -> str | None:
+    """What of ``value`` no column keeps, in words (``"NUL (U+0000)"``, ``"a surrogate (U+D800
+    to U+DFFF)"``), for an error to say; ``None`` when it is :func:`column_storable`."""
+    if column_storable(value):
+        return None
+    return "NUL (U+0000)" if "\x00" in value else "a surrogate (U+D800 to U+DFFF)"
+
+
 def _refuse_unstorable_id(what: str, value: str) -> None:
-    if not column_storable(value):
+    held = unstorable(value)
+    if held is not None:
         raise UsageError(
-            f"{what} {value!r} holds {_unstorable_kind(value)}, which no store can keep in a "
-            "column; nothing was stored"
+            f"{what} {value!r} holds {held}, which no store can keep in a column; nothing was "
+            "stored"
         )
-
-
-def _unstorable_kind(value: str) -> str:
-    if "\x00" in value:
-        return "NUL (U+0000)"
-    return "a surrogate (U+D800 to U+DFFF)"
 
 
 def storable_task(task: TaskRecord) -> TaskRecord:
@@ -254,10 +258,11 @@ def refuse_unstorable_columns(task_ids: Sequence[str | None], types: Sequence[st
         return
     for what, column in (("type", types), ("task id", task_ids)):
         for value in column:
-            if value is not None and not column_storable(value):
+            held = None if value is None else unstorable(value)
+            if held is not None:
                 raise UsageError(
-                    f"event {what} {value!r} holds {_unstorable_kind(value)}, which no store "
-                    "can keep in a column; nothing of the batch was stored"
+                    f"event {what} {value!r} holds {held}, which no store can keep in a column; "
+                    "nothing of the batch was stored"
                 )
 
 

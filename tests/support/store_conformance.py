@@ -189,13 +189,21 @@ class EventLogConformance:
         raise NotImplementedError("a backend's test class must override the `store` fixture")
         yield  # pragma: no cover
 
-    async def test_unknown_run_raises_run_not_found_everywhere(self, store: EventStore) -> None:
+    @pytest.mark.parametrize(
+        "missing",
+        ["run_does_not_exist", "run_\x00", "run_\ud800"],
+        ids=["plain", "nul", "surrogate"],
+    )
+    async def test_unknown_run_raises_run_not_found_everywhere(
+        self, store: EventStore, missing: str
+    ) -> None:
+        """Also for a run id no store can hold (NUL, a surrogate: refused at creation, ADR
+        0120), which PostgreSQL answered with a ``StoreError`` (a daemon's 503 for a URL
+        holding ``%00``) and the SQL stores with a raw ``UnicodeEncodeError``."""
         await store.create_run(make_run())  # a store with something in it
-        missing = "run_does_not_exist"
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: store.get_run(missing),
             lambda: store.update_run(missing, status="failed"),
-            lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")),
             lambda: store.append(missing, deltas(2)),
             lambda: store.append(missing, []),
             lambda: store.append_one(missing, NewEvent("x")),
@@ -203,11 +211,18 @@ class EventLogConformance:
             lambda: store.read(missing, after=5, limit=1),
             lambda: store.read_types(missing, [EventType.RUN_STARTED]),
             lambda: collect(store.tail(missing)),
+            lambda: store.rebuild_run_index(missing),
+            lambda: store.finish_run(
+                missing, [NewEvent(EventType.RUN_FAILED)], RunEnding("failed")
+            ),
         ]
+        if missing == "run_does_not_exist":  # a record's odd id is refused (UsageError)
+            calls.append(lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")))
         for call in calls:
             with pytest.raises(RunNotFoundError) as info:
                 await call()
             assert info.value.run_id == missing
+        assert await store.find_run_ids(missing) == []
 
     async def test_append_assigns_seq_from_one_without_gaps(self, store: EventStore) -> None:
         run = make_run()

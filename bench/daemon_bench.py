@@ -25,19 +25,19 @@ for the LiteLLM baseline alike. Every phase is therefore measured in ``--rounds`
 fresh servers (their own database files) and goes through every phase once, in the order a
 single-round bench did, so each round is what the bench measured before; beside each server, with
 no server up, it runs that server's in-process baselines (below), before the server in odd rounds
-and after it in even ones (ADR 0116). LiteLLM's proxy starts
-once and stays up (idle, it takes ~0.01 s of CPU over a thoughtgate round); its phases run before
-thoughtgate's in odd rounds and after them in even ones, so a noisy minute falls on both sides of
-a comparison. A published figure is the median of its rounds' figures, its ``spread`` their least
-and greatest (:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a
-p99, a rate, CPU per delta, an in-process baseline; a ratio is the median of the rounds' ratios,
-both sides from the same round (the adapters' CPU over the fake provider's, the daemon's over
-the in-process baseline's). LiteLLM's
-added TTFB is taken per round (through the proxy minus direct, in that round), then its median;
-the targets derive from LiteLLM's medians and the verdict is the median's. Rounds' samples are not
-pooled: one slow round's hundreds of first bytes would outvote two good rounds. ``--repeat``
-(ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
-against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
+and after it in even ones (ADR 0116). LiteLLM's proxy starts once and stays up (idle, it takes
+~0.01 s of CPU over a thoughtgate round); its phases run before thoughtgate's in odd rounds and
+after them in even ones, so a noisy minute falls on both sides of a comparison. A published figure
+is the median of its rounds' figures, its ``spread`` their least and greatest
+(:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a p99, a rate, CPU
+per delta, an in-process baseline; a ratio is the median of the rounds' ratios, both sides from the
+same round (the adapters' CPU over the fake provider's, the daemon's over the in-process
+baseline's). LiteLLM's added TTFB is taken per round (through the proxy minus direct, in that
+round), then its median; the targets derive from LiteLLM's medians and the verdict is the median's.
+Rounds' samples are not pooled: one slow round's hundreds of first bytes would outvote two good
+rounds. ``--repeat`` (ADR 0042) serves another purpose and keeps it: within each round, each phase
+N times in a row against that round's daemon, to watch it as it lives; a round's rows are its first
+repetition's.
 
 The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
 reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
@@ -120,8 +120,8 @@ do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs
 * ``cpu_per_delta``: server CPU time per streamed provider delta (runs × 40); ``in_process_cpu_
   per_delta``: the same runs through a Runtime in the bench process (same store kind, config,
   model and mode, 100 runs 10 at a time, timed from a full collection of the bench's heap, ADR
-  0089), in every round beside the server that runs its kind (ADR 0116);
-  ``_vs_in_process`` is their ratio, taken in each round (target ≤ 2 at 10 and 100 concurrent runs, issue 16), and
+  0089), in every round beside the server that runs its kind (ADR 0116); ``_vs_in_process`` is
+  their ratio, taken in each round (target ≤ 2 at 10 and 100 concurrent runs, issue 16), and
   ``<format>_cpu_per_delta_vs_fake`` the adapters' figure over the fake provider's at the same
   concurrency (target ≤ 2).
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import orjson
 
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
@@ -25,6 +25,7 @@ from thoughtgate.store.projection import (
     INDEX_EVENT_TYPES,
     IndexUpdate,
     batch_update,
+    column_storable,
     encodes_utf8,
     rebuilt,
     refuse_unstorable_columns,
@@ -71,6 +72,7 @@ __all__ = [
     "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "no_such_run",
     "open_runs_where",
     "projected_run_columns",
     "rebuilt_rows",
@@ -301,6 +303,15 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
         return None
     out: list[str | None] = [t or None for t in ids]
     return out
+
+
+def no_such_run(run_id: str) -> None:
+    """``RunNotFoundError`` for a run id no store can hold (NUL, a lone surrogate): every store
+    refuses one at creation (ADR 0120), so no such run exists, and the drivers would fail on it
+    (PostgreSQL's ``text`` refuses NUL, UTF-8 a surrogate) instead of saying so. A look-up by
+    id calls it first; an id made by ``new_id`` passes in two C-level scans."""
+    if not column_storable(run_id):
+        raise RunNotFoundError(run_id)
 
 
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:

@@ -54,7 +54,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
-from thoughtgate.store.projection import IndexUpdate, batch_update
+from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import OPEN_RUN_STATUSES, ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -1178,6 +1178,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
+
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
@@ -1260,6 +1262,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def update_run(
         self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
     ) -> None:
+        codec.no_such_run(run_id)
         sets = codec.run_update_columns(change, updated_at=time.time())
         metadata = change.get("metadata")
 
@@ -1291,6 +1294,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._write(f"save task {task.task_id!r}", body)
 
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
         lifecycle, types = codec.lifecycle_types_sql("?")
 
         def body(conn: sqlite3.Connection) -> bool:
@@ -1319,6 +1323,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
     ) -> list[Event]:
         if not events:
+            codec.no_such_run(run_id)
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
         out: list[Event] = await self._queue_append(run_id, events, None, held_by).future
@@ -1359,6 +1364,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         and published to live readers (in the commit's hand-off, ADR 0028)."""
         # Encode before queueing: the shared write transaction should not wait on our JSON.
         columns = codec.encode_events(list(events))
+        codec.no_such_run(run_id)  # after the events' own refusal, as every store does
         n = len(columns[0])
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
@@ -1397,6 +1403,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        codec.no_such_run(run_id)
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
 
     async def read_types(
@@ -1407,6 +1414,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
+        codec.no_such_run(run_id)
         query, params = read_types_query(run_id, types, after=after, limit=limit)
 
         def work(conn: sqlite3.Connection) -> list[Event]:
@@ -1432,8 +1440,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         must be read row by row. It reads what is committed, as the reader thread does."""
         conn = self._lookups
         start = max(after, 0)
-        if conn is None or not 0 < limit <= _PAGE_ROWS:
-            return None
+        if conn is None or not 0 < limit <= _PAGE_ROWS or not column_storable(run_id):
+            return None  # (an id no run has: ``read`` says so, ``codec.no_such_run``)
         try:
             row = conn.execute(
                 _READ_PAGE, (run_id, start, codec.seq_page_end(start, limit))
@@ -1475,6 +1483,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return events
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        if not column_storable(prefix):  # no run id holds it (``codec.no_such_run``)
+            return []
+
         def work(conn: sqlite3.Connection) -> list[str]:
             # A range on the primary key (binary collation): an index seek, not a scan.
             rows = conn.execute(
@@ -1490,6 +1501,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns, update, task_rows = codec.ending_rows(events, ending)
+        codec.no_such_run(run_id)
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)
         sets.update(closed_at=now)
@@ -1628,6 +1640,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
+        if not column_storable(run_id):  # no such run (``codec.no_such_run``)
+            return None
+
         def work(conn: sqlite3.Connection) -> durable.RunSpecRecord | None:
             row = conn.execute(
                 f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = ?", (run_id,)

@@ -473,7 +473,7 @@ async def test_upgrade_to_the_ascending_created_at_index_lists_newest_first_with
             assert "TEMP B-TREE" not in plan, (query, plan)
         offset_page = "SELECT * FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 7 OFFSET 13"
         plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {offset_page}"))
-        assert "TEMP B-TREE" not in plan, plan  # list_runs' page, sorted whole before its offset
+        assert "TEMP B-TREE" not in plan, plan  # list_runs' page: every row before it was sorted
 
 
 async def test_a_task_written_again_is_updated_in_place(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def _patched_serve(port_file: str, db_url: str, trace: str) -> None:
         conn.set_trace_callback(traced)
         return conn
 
-    sqlite_schema.connect = connect  # type: ignore[assignment]
+    sqlite_schema.connect = connect
     sqlite_store.connect = connect  # type: ignore[attr-defined]
     daemon_bench._serve(Path(port_file), db_url, None, None)
 
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     measured = list(zip(commits[before:], kinds[before:], strict=True))
     runs = stats["runs"] + warm_runs
     by_kind: dict[str, list[list[int]]] = collections.defaultdict(list)
-    for pages, kind in measured:
-        by_kind[_kind(kind)].append(pages)
+    for pages, statement_kinds in measured:
+        by_kind[_kind(statement_kinds)].append(pages)
     frames = sum(len(p) for p, _ in measured)
     result = {
         "runs": runs,

@@ -23,19 +23,21 @@ single sample per figure decided "met" or "missed" by the minute it fell on, for
 for the LiteLLM baseline alike. Every phase is therefore measured in ``--rounds`` rounds (3 in
 ``make bench``; 1 with ``--quick``, ``--trace`` or ``--profile`` unless asked). A round starts
 fresh servers (their own database files) and goes through every phase once, in the order a
-single-round bench did, so each round is what the bench measured before. LiteLLM's proxy starts
-once and stays up (idle, it takes ~0.01 s of CPU over a thoughtgate round); its phases run before
-thoughtgate's in odd rounds and after them in even ones, so a noisy minute falls on both sides of
-a comparison. A published figure is the median of its rounds' figures, its ``spread`` their least
-and greatest (:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a
-p99, a rate, CPU per delta; a ratio is the median of the rounds' ratios, both sides from the same
-round (the adapters' CPU over the fake provider's), or over the in-process baseline, which is one
-figure for the whole bench (the lesser of a round before the rounds and one after). LiteLLM's
-added TTFB is taken per round (through the proxy minus direct, in that round), then its median;
-the targets derive from LiteLLM's medians and the verdict is the median's. Rounds' samples are not
-pooled: one slow round's hundreds of first bytes would outvote two good rounds. ``--repeat``
-(ADR 0042) serves another purpose and keeps it: within each round, each phase N times in a row
-against that round's daemon, to watch it as it lives; a round's rows are its first repetition's.
+single-round bench did, so each round is what the bench measured before; beside each server, with
+no server up, it runs that server's in-process baselines (below), before the server in odd rounds
+and after it in even ones (ADR 0116). LiteLLM's proxy starts once and stays up (idle, it takes
+~0.01 s of CPU over a thoughtgate round); its phases run before thoughtgate's in odd rounds and
+after them in even ones, so a noisy minute falls on both sides of a comparison. A published figure
+is the median of its rounds' figures, its ``spread`` their least and greatest
+(:mod:`bench.repetitions`): for a p50 the median of the rounds' p50s, likewise a p99, a rate, CPU
+per delta, an in-process baseline; a ratio is the median of the rounds' ratios, both sides from the
+same round (the adapters' CPU over the fake provider's, the daemon's over the in-process
+baseline's). LiteLLM's added TTFB is taken per round (through the proxy minus direct, in that
+round), then its median; the targets derive from LiteLLM's medians and the verdict is the median's.
+Rounds' samples are not pooled: one slow round's hundreds of first bytes would outvote two good
+rounds. ``--repeat`` (ADR 0042) serves another purpose and keeps it: within each round, each phase
+N times in a row against that round's daemon, to watch it as it lives; a round's rows are its first
+repetition's.
 
 The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
 reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
@@ -117,9 +119,9 @@ do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs
 * ``cpu_per_event``: server CPU time (user+sys from /proc) per event delivered to clients.
 * ``cpu_per_delta``: server CPU time per streamed provider delta (runs × 40); ``in_process_cpu_
   per_delta``: the same runs through a Runtime in the bench process (same store kind, config,
-  model and mode, 10 at a time; the lesser of a round before and one after the server's phases,
-  each timed from a full collection of the bench's heap, ADR 0089);
-  ``_vs_in_process`` is their ratio (target ≤ 2 at 10 and 100 concurrent runs, issue 16), and
+  model and mode, 100 runs 10 at a time, timed from a full collection of the bench's heap, ADR
+  0089), in every round beside the server that runs its kind (ADR 0116); ``_vs_in_process`` is
+  their ratio, taken in each round (target ≤ 2 at 10 and 100 concurrent runs, issue 16), and
   ``<format>_cpu_per_delta_vs_fake`` the adapters' figure over the fake provider's at the same
   concurrency (target ≤ 2).
 
@@ -139,7 +141,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import collections
 import contextlib
 import functools
@@ -224,9 +225,24 @@ FULL_ROUNDS = 3
 """Rounds of every phase in the full bench (``make bench``); ``--quick`` runs one (ADR 0049)."""
 Phase = tuple[dict[str, Any], float]
 """A phase's client-side stats and the server's CPU seconds in it."""
+IN_PROCESS_RUNS = 100
+"""Timed runs of one in-process baseline (10 at a time, after 3 untimed): ~1 s of wall time
+for a kind, ~1.5 s for the durable one, ~6.5 s for the six kinds of a full round."""
+IN_PROCESS, SERVER = "in process", "server"
+"""A round's steps (:func:`_round_steps`)."""
 RPS_LEVELS = (10, 100)
 """Issue 16: completed runs/s ≥ 10× LiteLLM's requests/s at 10 and 100 concurrent runs (at 1,
 one paced ~50 ms stream at a time bounds any proxy far below that: measured, no target)."""
+
+
+def _round_steps(number: int, servers: list[bool]) -> list[tuple[str, bool]]:
+    """Round ``number``'s steps, in order: each server (``True``: the durable one) with the
+    in-process baseline of its kinds beside it, before it in odd rounds and after it in even
+    ones (ADR 0116), so a baseline and the phases it divides share their minutes, and a host
+    that speeds up or slows down over a round leans the ratio one way in one round and the other
+    way in the next, as LiteLLM's phases alternate with thoughtgate's (ADR 0049)."""
+    pair = [IN_PROCESS, SERVER] if number % 2 else [SERVER, IN_PROCESS]
+    return [(step, on) for on in servers for step in pair]
 
 
 # ----------------------------------------------------------------------------- server side
@@ -241,10 +257,7 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
         due = pace.due
         await pace.next()
-        sent = stamp()
-        if _FAKE_SLOTS is not None:  # --trace: the slot the stamp was taken after
-            _FAKE_SLOTS.append({"key": sent[1:], "e_due_first": due})
-        yield reasoning(slotted(sent, due))
+        yield reasoning(slotted(stamp(), due))
         for i in range(1, DELTAS):
             await pace.next()
             yield reasoning(f"step {i} ")
@@ -285,21 +298,6 @@ def from_slot_s(text: str, added: float) -> float | None:
         return None
     late_ms = wrapped_ms(float(found.group(2)), float(found.group(1)))
     return added + max(0.0, late_ms) / 1000
-
-
-_FAKE_SLOTS: list[dict[str, Any]] | None = None
-"""Under ``--trace``, in the server: each fake:bench run's first delta's slot (``e_due_first``)
-by its stamp, written at exit where :mod:`bench.first_byte_trace` joins the emulator's, so the
-fake's lateness to its slot (its timer's and its task's wake-up in the daemon's loop, plus up
-to a millisecond of :class:`~bench.emulator_process.Pace`'s rounding) is shown beside the
-adapters' hops; ``ttfb_added`` counts none of it for the fake (its stamp is taken after both
-wake-ups) and all of the adapters' equivalent (the emulator stamps before its write)."""
-
-
-def _dump_fake_slots(directory: str) -> None:
-    if _FAKE_SLOTS:
-        with open(Path(directory) / f"emulator-fake-{os.getpid()}.jsonl", "a") as out:
-            out.writelines(json.dumps(slot) + "\n" for slot in _FAKE_SLOTS)
 
 
 _NO_QUOTAS = {"max_open_runs_per_key": 1_000_000, "max_starts_per_minute_per_key": 1_000_000}
@@ -348,9 +346,6 @@ def _serve(
         from bench.first_byte_trace import install
 
         install(os.environ["BENCH_TRACE"])
-        global _FAKE_SLOTS
-        _FAKE_SLOTS = []
-        atexit.register(_dump_fake_slots, os.environ["BENCH_TRACE"])
     if flush_interval is not None:  # what-if: a shorter delta batching window in the recorder
         from thoughtgate.orchestration.recorder import EventRecorder
 
@@ -1051,8 +1046,16 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         "none is skipped), so the provider's pace does not slow down with the machine's load. "
         "cpu_per_delta = server CPU / (runs × provider deltas); "
         "in_process_cpu_per_delta = the same runs through a Runtime in the bench process (asyncio, "
-        "as `thoughtgate run`; same store kind, config and mode, 10 at a time; the lesser of a "
-        "round before and one after the server's phases); the _vs_ rows are ratios of these. The "
+        "as `thoughtgate run`; same store kind, config and mode, 100 runs 10 at a time), "
+        + (
+            "measured in every round beside the server that runs its kind (before it in odd "
+            "rounds, after it in even ones, no server up), so each _vs_in_process ratio divides "
+            "figures of the same round and is published as the median of the rounds' ratios "
+            "(ADR 0116)"
+            if rounds > 1
+            else "measured once, before the server that runs its kind (no server up)"
+        )
+        + "; the _vs_ rows are ratios of these. The "
         "emulator paces its stream like fake:bench, for LiteLLM's proxy too. runs_per_s has its "
         "target (10× LiteLLM's requests/s) at 10 and 100 concurrent runs; at 1 it is measured "
         "only. Rows prefixed "
@@ -1475,15 +1478,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             variants.append((DURABLE, FAKE_MODEL, False, True))
         kinds = list(dict.fromkeys((model, on) for _, model, _, on in variants))
 
-        def measure_in_process(round_: int) -> dict[tuple[str, bool], float]:
-            return {
-                (model, on): asyncio.run(
-                    _in_process(
-                        model, db(f"in-process-{round_}-{i}"), emulator_url, 100, 10, durable=on
-                    )
+        def measure_in_process(number: int, on: bool) -> dict[tuple[str, bool], float]:
+            """Round ``number``'s in-process baseline of the kinds the durable (``on``) or the
+            other server runs, while no server is up (ADR 0116)."""
+            measured: dict[tuple[str, bool], float] = {}
+            for i, (model, durable_kind) in enumerate(kinds):
+                if durable_kind != on:
+                    continue
+                at = sample([os.getpid(), emulator_pid])
+                name = db(f"in-process-r{number}-{i}")
+                value = asyncio.run(
+                    _in_process(model, name, emulator_url, IN_PROCESS_RUNS, 10, durable=on)
                 )
-                for i, (model, on) in enumerate(kinds)
-            }
+                measured[(model, on)] = value
+                print(
+                    f"round {number}/{rounds} in process: {value:.1f} µs per provider delta, "
+                    f"{share_text(since(at))}: {model}{' (durable)' if on else ''}"
+                )
+            return measured
 
         traced: list[str] = []
         # The bench's own processes (each server and the proxy join them): the rest of the busy
@@ -1492,12 +1504,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         ours = [os.getpid(), emulator_pid]
         hosts: dict[int, list[HostShare | None]] = collections.defaultdict(list)
 
-        def thoughtgate_round(number: int) -> dict[tuple[str, str], dict[int, Phase]]:
+        def thoughtgate_round(
+            number: int,
+        ) -> tuple[dict[tuple[str, str], dict[int, Phase]], dict[tuple[str, bool], float]]:
             """Every variant's phases, each server fresh (its own database file), the durable
-            daemon second: what a single-round bench measured, once."""
+            daemon second: what a single-round bench measured, once; and beside each server, the
+            in-process baseline of its kinds, before it in odd rounds, after it in even ones
+            (:func:`_round_steps`)."""
             # (row prefix, model) -> concurrency -> the phase's stats and server CPU seconds
             phases: dict[tuple[str, str], dict[int, Phase]] = {}
-            for on in sorted({on for *_, on in variants}):
+            baselines: dict[tuple[str, bool], float] = {}
+            for step, on in _round_steps(number, sorted({on for *_, on in variants})):
+                if step == IN_PROCESS:
+                    baselines.update(measure_in_process(number, on))
+                    continue
                 name = f"bench{'-durable' if on else ''}-r{number}"
                 port_file = Path(tmp) / f"port-{name}.json"
                 env = child_env()
@@ -1567,9 +1587,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                             phases.setdefault((prefix, model), {})[concurrency] = (stats, cpu)
                 finally:
                     stop(proc)
-            return phases
+            return phases, baselines
 
         round_phases: list[dict[tuple[str, str], dict[int, Phase]]] = []
+        round_baselines: list[dict[tuple[str, bool], float]] = []
         litellm_rounds: list[dict[int, dict[str, float]]] = []
         why = "--no-litellm"
         with contextlib.ExitStack() as stack:
@@ -1579,9 +1600,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 why = "the proxy could not be installed or run"
                 if proxy:
                     ours.append(proxy[1])
-            # The same runs in this process, while the servers are idle: before the rounds, and
-            # again after them (the lesser counts: the machine is shared, noise only adds CPU).
-            in_process = measure_in_process(0)
             for number in range(1, rounds + 1):
                 # LiteLLM first in odd rounds, second in even ones: a noisy minute falls on
                 # both sides of the comparison, not always on the same one.
@@ -1590,7 +1608,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     if side == "thoughtgate":
                         idle = _cpu_seconds(proxy[1]) if proxy else 0.0
                         round_started = time.monotonic()
-                        round_phases.append(thoughtgate_round(number))
+                        phases, baselines = thoughtgate_round(number)
+                        round_phases.append(phases)
+                        round_baselines.append(baselines)
                         if proxy:  # what the idle proxy took from thoughtgate's round
                             print(
                                 f"litellm: the idle proxy used {_cpu_seconds(proxy[1]) - idle:.2f}"
@@ -1613,21 +1633,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(cycle_report(TRACE, label))
         if TRACE is not None:
             print(counts_report(TRACE))
-        again = measure_in_process(1)
-        in_process = {kind: min(in_process[kind], again[kind]) for kind in kinds}
         at = sample([os.getpid(), emulator_pid])
         later = append_floor(Path(tmp), "append-floor-after.db", idle_s=PROVIDER_TTFB_S)
         print(f"commit floor, after the phases: {later.text()}; {share_text(since(at))}")
         floor = least(floor, later)
     print(f"daemon_bench: {rounds} round(s) took {time.monotonic() - started:.0f} s")
-    for (model, on), value in in_process.items():
-        how = " (durable)" if on else ""
-        print(
-            f"in process: {model}{how}: {value:.1f} µs per provider delta (the lesser of two rounds)"
-        )
     litellm = _litellm_medians(litellm_rounds)
     per_round = [
-        (_litellm_rows(litellm_rounds[i]) if litellm else []) + _round_rows(phases, in_process)
+        (_litellm_rows(litellm_rounds[i]) if litellm else [])
+        + _round_rows(phases, round_baselines[i])
         for i, phases in enumerate(round_phases)
     ]
     results = [
@@ -1694,9 +1708,12 @@ def _figures(stats: dict[str, Any], cpu: float) -> str:
 def _round_rows(
     phases: dict[tuple[str, str], dict[int, Phase]], in_process: dict[tuple[str, bool], float]
 ) -> list[dict[str, Any]]:
-    """One round's rows: each phase's, and its ratios to the in-process baseline (measured once,
-    shared by every round) and, for the adapters and the durable daemon, to the fake provider's
-    phase at the same concurrency in the same round (so both sides of a ratio share a minute)."""
+    """One round's rows: each phase's, the in-process baseline of its kind (``in_process``, by
+    model and durable engine: measured in the same round, ADR 0116), each phase's ratio to it,
+    and, for the adapters and the durable daemon, its ratio to the fake provider's phase at the
+    same concurrency in the same round: both sides of every ratio share the round's minutes.
+    :func:`~bench.repetitions.median_rows` then publishes each row's median over the rounds, a
+    ratio's as the median of the rounds' ratios."""
 
     fake_per_delta = {
         c: _per_delta(stats, cpu) for c, (stats, cpu) in phases.get(("", FAKE_MODEL), {}).items()
@@ -1704,8 +1721,7 @@ def _round_rows(
     out: list[dict[str, Any]] = []
     for (prefix, model), by_level in phases.items():
         base = in_process[(model, prefix == DURABLE)]
-        row = _result(f"{prefix}in_process_cpu_per_delta", base, "µs/delta", None, False)
-        out.append({**row, "once": True})
+        out.append(_result(f"{prefix}in_process_cpu_per_delta", base, "µs/delta", None, False))
         for concurrency, (stats, cpu) in by_level.items():
             requests = 1 if prefix == ONE_REQUEST else 3
             full = model == FAKE_MODEL
@@ -1735,7 +1751,7 @@ def _round_rows(
 def _with_goal(row: dict[str, Any], litellm: dict[int, dict[str, float]] | None) -> dict[str, Any]:
     """``row`` judged against its ``goal``'s target, from LiteLLM's figures (measured: their
     medians over the rounds; else the published reference): ≤ 1/20 of its added TTFB p50, ≥ 10×
-    its requests/s; the bench's own keys (goal, level, higher, once) dropped."""
+    its requests/s; the bench's own keys (goal, level, higher) dropped."""
     row = dict(row)
     goal, level = row.pop("goal", None), row.pop("level", None)
     if goal in ("ttfb", "ttfb_info"):
@@ -1748,8 +1764,7 @@ def _with_goal(row: dict[str, Any], litellm: dict[int, dict[str, float]] | None)
     elif goal == "rps":
         row["target"] = round((litellm[level]["rps"] if litellm else LITELLM_RPS) * 10, 1)
     row = judge(row)
-    for key in ("higher", "once"):
-        row.pop(key, None)
+    row.pop("higher", None)
     return row
 
 

@@ -47,8 +47,9 @@ the emulator's own schedule, which it writes to ``emulator-<pid>.jsonl`` (joined
 the first delta's send stamp): ``e_start`` (its app got the request: the schedule's start),
 ``e_due_first`` (the first delta's slot), ``e_first_written`` (the write holding it returned),
 ``e_last_nonterminal``, ``e_terminal`` (the write holding ``[DONE]``, ``message_stop`` or
-``response.completed``) and ``e_end`` (the body's end). The fake provider writes its first
-delta's slot (``e_due_first``) to ``emulator-fake-<pid>.jsonl``, joined the same way, and
+``response.completed``) and ``e_end`` (the body's end). The fake provider's first delta
+carries its slot beside its stamp (``T12.3481 S12.3450``, ADR 0113), read back as its run's
+``e_due_first`` when the recorder gets it (:func:`first_delta_stamps`), and
 :func:`report` adds three per-run hops that say which wake-ups ``ttfb_added`` counts for each
 (ADR 0110: the fake's stamp follows its wake-up in the daemon's loop; the emulator's precedes
 the daemon's wake-up for its bytes).
@@ -82,6 +83,7 @@ __all__ = [
     "counts_report",
     "cycle_report",
     "dump_client",
+    "first_delta_stamps",
     "install",
     "report",
     "wrapped_ms",
@@ -94,7 +96,8 @@ _ACTION = re.compile(r"^(create|finish) run '([^']+)'")
 """A writer job that starts or ends a run (its action names the run)."""
 _run_of_task: Any = None
 """``cycle:`` the run whose execution the current task serves (a ``ContextVar``)."""
-_STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})")
+_STAMPED_TEXT = re.compile(r"T(\d\d\.\d{4})(?: S(\d\d\.\d{4}))?")
+"""A provider's stamp in a delta's text, and the fake provider's slot after it (ADR 0113)."""
 _STAMP_BYTES = re.compile(rb"T(\d\d\.\d{4})")
 _stamps: dict[str, dict[str, float]] = defaultdict(dict)
 _by_stamp: dict[str, dict[str, float]] = defaultdict(dict)
@@ -293,9 +296,8 @@ def install(directory: str) -> None:
             _note(self.run_id, "emit")
             found = _STAMPED_TEXT.match(event.payload["text"])
             if found is not None:
-                now = time.monotonic()
-                sent = now - ((now % 100 - float(found.group(1))) % 100)
-                _note(self.run_id, "sent", sent)
+                for what, when in first_delta_stamps(found, time.monotonic()).items():
+                    _note(self.run_id, what, when)
                 with _lock:
                     hops = _by_stamp.pop(found.group(1), {})
                 for what, when in hops.items():
@@ -933,6 +935,20 @@ def wrapped_ms(first: float, then: float) -> float:
     wrap (``T99.9990``, then ``T00.0020``) are 3 ms apart, not -99,997. ``daemon_bench`` takes the
     fake provider's lateness to its first slot this way (``ttfb_added_from_slot``)."""
     return ((then - first + 50) % 100 - 50) * 1000
+
+
+def first_delta_stamps(found: re.Match[str], now: float) -> dict[str, float]:
+    """The ``time.monotonic()`` stamps a run's first reasoning delta's text carries, read back at
+    ``now`` (just after it was emitted): ``sent``, the provider's stamp (``T12.3481``), and for
+    the fake provider the slot its schedule had it due (``S12.3450``, ADR 0113) as
+    ``e_due_first``, the name the emulator's own trace gives its slot, so :data:`_COUNTED_HOPS`
+    takes the fake's lateness to its slot from the delta itself. Each is known modulo 100 s to
+    0.1 ms: ``sent`` is the latest time at or before ``now`` that reads so (as ADR 0110 had it),
+    the slot the nearest to ``now``; the hops between them are taken with :func:`wrapped_ms`."""
+    stamps = {"sent": now - ((now % 100 - float(found.group(1))) % 100)}
+    if found.group(2) is not None:
+        stamps["e_due_first"] = now + wrapped_ms(now % 100, float(found.group(2))) / 1000
+    return stamps
 
 
 def report(directory: str, label: str) -> str:

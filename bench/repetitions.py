@@ -42,9 +42,8 @@ def info_verdict(row: dict[str, Any]) -> str:
 def median_rows(rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per figure, in the first round's order: ``value`` the median of the rounds'
     values, ``spread`` their ``[least, greatest]``, ``rounds`` how many; the other keys (unit,
-    target, ...) from the first round, and ``ok`` judged again on the median. A row marked
-    ``once`` (measured once for the whole bench, e.g. a baseline shared by every round) is kept
-    as the first round has it, without a spread.
+    target, ...) from the first round, and ``ok`` judged again on the median. A baseline too is
+    measured in every round (ADR 0116), so no row is exempt.
 
     Every round must report the same figures: a figure missing from one round would be the
     median of fewer rounds than the others, silently, so it raises instead."""
@@ -66,9 +65,6 @@ def median_rows(rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
             values[name].append(value)
     out = []
     for row in rounds[0]:
-        if row.get("once"):
-            out.append(judge(row))
-            continue
         seen = values[row["name"]]
         out.append(
             judge(

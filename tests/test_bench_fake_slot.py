@@ -4,26 +4,22 @@ judges."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.bench_modules import bench_package_module
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def daemon_bench() -> Iterator[ModuleType]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT))  # bench/ is a package of the repository, not installed
-        yield importlib.import_module("bench.daemon_bench")
+    with bench_package_module("daemon_bench") as module:
+        yield module
 
 
 def test_a_stamp_late_to_its_slot_adds_its_lateness(daemon_bench: ModuleType) -> None:

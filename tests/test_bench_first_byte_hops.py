@@ -22,18 +22,36 @@ def _line(text: str, start: str) -> str:
     return next(line.strip() for line in text.splitlines() if line.strip().startswith(start))
 
 
-def test_the_fakes_slot_is_joined_by_its_stamp_even_when_the_stamp_reads_back_100_s_early(
+def test_the_fakes_slot_is_read_from_its_first_delta_even_when_the_stamp_reads_back_100_s_early(
     tmp_path: Path,
 ) -> None:
-    # the fake's stamp 12.3457 was rounded up past the read-back at 1012.34566: rebuilt 100 s early
-    _write(tmp_path / "server-1.jsonl", [{"run_id": "r1", "sent": 912.3457, "emit": 1012.34567}])
-    _write(tmp_path / "emulator-fake-1.jsonl", [{"key": "12.3457", "e_due_first": 1012.3407}])
+    """The fake's first delta carries its slot beside its stamp (ADR 0113): the trace reads it
+    there, no file of the fake's own (ADR 0116)."""
+    # the fake's stamp 12.3457 was rounded up past the read-back at 1012.34567: rebuilt 100 s early
+    found = trace._STAMPED_TEXT.match("T12.3457 S12.3407")
+    stamps = trace.first_delta_stamps(found, 1012.34567)
+    assert stamps["sent"] == pytest.approx(912.3457)
+    assert stamps["e_due_first"] == pytest.approx(1012.3407)
+    _write(tmp_path / "server-1.jsonl", [{"run_id": "r1", "emit": 1012.34567, **stamps}])
     _write(tmp_path / "client-fake_c10.jsonl", [{"run_id": "r1", "c_first": 1012.35}])
     text = trace.report(str(tmp_path), "fake_c10")
     assert _line(text, "the first delta's slot to its stamp") == (
         "the first delta's slot to its stamp (not in ttfb_added): median 5.00 ms (per run)"
     )
     assert "emulator's stamp" not in text
+
+
+def test_a_slot_just_past_the_clocks_wrap_is_read_back_beside_its_stamp() -> None:
+    # read back at 1099.9999: the slot 99.9990 is 0.9 ms before, not 100 s; an adapter's stamp
+    # has no slot
+    stamps = trace.first_delta_stamps(trace._STAMPED_TEXT.match("T99.9995 S99.9990"), 1099.9999)
+    assert stamps["e_due_first"] == pytest.approx(1099.999)
+    stamps = trace.first_delta_stamps(trace._STAMPED_TEXT.match("T00.0003 S99.9990"), 1100.0004)
+    assert stamps["e_due_first"] == pytest.approx(1099.999)
+    assert stamps["sent"] == pytest.approx(1100.0003)
+    assert "e_due_first" not in trace.first_delta_stamps(
+        trace._STAMPED_TEXT.match("T12.3456"), 12.35
+    )
 
 
 def test_an_adapters_hops_split_the_emulators_write_from_the_daemons_read(tmp_path: Path) -> None:

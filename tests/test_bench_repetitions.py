@@ -58,10 +58,3 @@ def test_a_figure_measured_once_shows_no_spread() -> None:
     (row,) = median_rows([[_row("a", 1.5)]])
     assert row["value"] == 1.5 and spread_text(row) == ""
     assert spread_text(_row("plain", 1.0)) == ""
-
-
-def test_a_baseline_measured_once_for_every_round_is_kept_without_a_spread() -> None:
-    rounds = [[_row("base", 7.0, once=True), _row("phase", v)] for v in (1.0, 3.0, 2.0)]
-    base, phase = median_rows(rounds)
-    assert base["value"] == 7.0 and "spread" not in base and spread_text(base) == ""
-    assert phase["value"] == 2.0 and spread_text(phase) == "1–3"

@@ -7,12 +7,17 @@ registered in ``sys.modules`` (dataclasses look their module up while they are b
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["bench_module"]
+import pytest
+
+__all__ = ["bench_module", "bench_package_module"]
 
 _BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -28,3 +33,12 @@ def bench_module(name: str) -> ModuleType:
     sys.modules[key] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def bench_package_module(name: str) -> Iterator[ModuleType]:
+    """``bench.<name>`` imported as the package's module (it imports its siblings as
+    ``bench.*``), with the repository on ``sys.path`` while the block lasts."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(_BENCH.parent))
+        yield importlib.import_module(f"bench.{name}")

@@ -12,9 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from starlette.routing import Route
-from support.daemon import ROLES, Daemon, auth, markers, running_daemon
+from support.daemon import ROLES, Daemon, auth, markers, running_daemon, stream_all
 
+from thoughtgate.providers.base import TurnRequest
 from thoughtgate.server.middleware import OVERHEAD_HEADER
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +182,37 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         assert daemon.get("/v1/runs", params={"x": 1}).status_code == 401  # auth first
         assert c.get("/v1/nope").json()["error"]["code"] == "not_found"
         assert c.put("/v1/runs").json()["error"]["code"] == "method_not_allowed"
+
+
+CUT = "half an emoji: \ud83d"
+"""A model's text cut inside a surrogate pair: Python's ``json`` reads a provider's
+``"\\ud83d"`` as this, and a payload keeps it exactly (ADR 0114)."""
+
+
+def _cut_emoji(request: TurnRequest, turn: int) -> Iterator[Any]:
+    yield text(CUT)
+
+
+def test_a_run_whose_answer_holds_a_lone_surrogate_reads_on_every_path(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UTF-8 cannot carry a lone surrogate: the answers write it as a ``\\u`` escape (as the
+    live stream always did), which every JSON reader turns back into the same text, instead of
+    the events page failing with a 500 for every reader of the run."""
+    monkeypatch.setitem(FAKE_SCRIPTS, "cut-emoji", _cut_emoji)
+    run_id = daemon.start_run({"prompt": "hi", "model": "fake:cut-emoji"})
+    assert daemon.wait_done(run_id)["status"] == "completed"
+    for role in ("viewer", "developer"):
+        with daemon.client(role) as c:
+            run = c.get(f"/v1/runs/{run_id}")
+            events = c.get(f"/v1/runs/{run_id}/events")
+        assert run.status_code == 200, run.text
+        assert run.json()["tasks"][0]["output"] == "half an emoji: \ufffd"  # the run index's
+        assert events.status_code == 200, events.text
+        texts = [e["payload"].get("text") for e in events.json()["events"]]
+        assert CUT in texts, texts
+        _, streamed = stream_all(daemon, run_id, role)
+        assert "\\ud83d" in streamed
 
 
 def test_oversized_bodies_are_413(daemon: Daemon) -> None:

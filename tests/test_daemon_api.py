@@ -373,3 +373,17 @@ def test_web_page_is_served(daemon: Daemon) -> None:
         assert "default-src 'self'" in page.headers["content-security-policy"]
         assert c.get("/static/app.js").status_code == 200
         assert "/" not in c.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize("path", ["/", "/static/index.html", "/static/app.js", "/static/favicon.svg"])
+def test_every_file_of_the_page_carries_its_protections(daemon: Daemon, path: str) -> None:
+    """The page is also a static file (``/static/index.html``): wherever it is opened from it may
+    not be framed (clickjacking of its sign-in form), may load scripts only from the daemon, and
+    no file of it is sniffed into another type."""
+    with daemon.client() as c:
+        served = c.get(path)
+    assert served.status_code == 200
+    policy = served.headers.get("content-security-policy", "")
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, served.headers
+    assert served.headers.get("x-content-type-options") == "nosniff"
+    assert served.headers.get("referrer-policy") == "no-referrer"

@@ -100,6 +100,9 @@ def test_public_routes(daemon: Daemon) -> None:
     with daemon.client() as c:
         health = c.get("/healthz")
         assert health.status_code == 200 and health.json()["status"] == "ok"
+        # anyone may ask, without a key: it says the daemon is up, nothing of its runs (how
+        # many are under way told an outsider when someone was running something)
+        assert set(health.json()) == {"status", "version"}
         assert c.get("/openapi.json").status_code == 200
     with daemon.client("developer") as c:
         me = c.get("/v1/me").json()
@@ -164,6 +167,21 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         ({"model": "fake:echo"}, 422, "prompt"),
         ({"prompt": "x"}, 400, "needs a model"),
         ({"prompt": "x", "model": "anthropic:claude-x"}, 400, "providers.anthropic.api_key"),
+        # one key twice: a proxy or an audit log reading the first value would disagree with a
+        # daemon acting on the last (ADR 0122)
+        (
+            b'{"prompt": "x", "model": "fake:echo", "chain_of_thought": "hidden", '
+            b'"chain_of_thought": "surface"}',
+            400,
+            "the key 'chain_of_thought' appears twice in one object",
+        ),
+        (
+            b'{"prompt": "x", "model": "fake:echo", "tasks": [{"prompt": "a", "prompt": "b"}]}',
+            400,
+            "the key 'prompt' appears twice",
+        ),
+        (b'{"prompt": ' + b"9" * 5000 + b"}", 400, "a number of more than 4300 digits"),
+        (b'{"prompt": "\xff"}', 400, "not UTF-8"),
     ]
     with daemon.client("member") as c:
         for body, status, needle in cases:
@@ -175,6 +193,7 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
             message = r.json()["error"]["message"]
             assert needle in message, (body, r.text)
             assert " --" not in message and "= None" not in message, "the fix in HTTP's words"
+            assert "sys." not in message and "codec" not in message, "in the daemon's words"
         assert "sk-x" not in c.post("/v1/runs", json={"prompt": "x", "api_key": "sk-x"}).text
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422
@@ -271,6 +290,9 @@ def test_approvals(daemon: Daemon) -> None:
         with daemon.client("viewer") as v:
             assert v.post(url, json={"decision": "approve"}).status_code == 403
         assert c.post(url, json={"decision": "maybe"}).status_code == 422
+        both = b'{"decision": "reject", "decision": "approve"}'  # which one a reader sees varies
+        refused = c.post(url, content=both, headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and "appears twice" in refused.text
         assert (
             c.post(
                 f"/v1/runs/{run_id}/approvals/call_other", json={"decision": "approve"}
@@ -375,7 +397,9 @@ def test_web_page_is_served(daemon: Daemon) -> None:
         assert "/" not in c.get("/openapi.json").json()["paths"]
 
 
-@pytest.mark.parametrize("path", ["/", "/static/index.html", "/static/app.js", "/static/favicon.svg"])
+@pytest.mark.parametrize(
+    "path", ["/", "/static/index.html", "/static/app.js", "/static/favicon.svg"]
+)
 def test_every_file_of_the_page_carries_its_protections(daemon: Daemon, path: str) -> None:
     """The page is also a static file (``/static/index.html``): wherever it is opened from it may
     not be framed (clickjacking of its sign-in form), may load scripts only from the daemon, and

@@ -68,7 +68,9 @@ _any_text = st.text(st.characters())  # every code point: lone surrogates (U+D80
         _any_text,
         st.recursive(
             st.none() | st.integers() | _any_text,
-            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_any_text, inner, max_size=4),
+            lambda inner: (
+                st.lists(inner, max_size=4) | st.dictionaries(_any_text, inner, max_size=4)
+            ),
             max_leaves=12,
         ),
         max_size=6,

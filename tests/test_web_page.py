@@ -628,3 +628,31 @@ def test_the_page_loads_without_errors_or_outside_requests(
         capture.drain()
         assert time.monotonic() - started < 10
     assert all(url.startswith(daemon.base_url) for url in capture.urls())
+
+
+HOSTILE = (
+    '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    '<b id=tg-injected>bold</b>'
+)
+"""Markup where the page shows a prompt and a model's answer: text to show, never to run."""
+
+
+@pytest.mark.parametrize("path", ["/", "/static/index.html"])
+def test_markup_in_a_prompt_and_an_answer_is_shown_as_text_and_never_runs(
+    browser: Browser, daemon: Daemon, path: str
+) -> None:
+    run_id = daemon.start_run({"prompt": HOSTILE, "model": "fake:echo"})
+    daemon.wait_done(run_id)
+    with page_for(browser) as (page, _):
+        page.goto(daemon.base_url + path)
+        page.fill("#key", daemon.keys["member"])
+        page.click("#signin-form button[type=submit]")
+        page.wait_for_selector("[data-testid=role]:text-is('member')")
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=run-status]:text-is('completed')")
+        page.wait_for_selector("[data-testid=answer-text]")
+        assert page.inner_text("[data-testid=run-title]") == HOSTILE
+        assert page.inner_text("[data-testid=answer-text]") == f"Echo: {HOSTILE}"
+        assert HOSTILE in page.inner_text("#runs-list")
+        assert page.locator("#tg-injected, img[src=x]").count() == 0
+        assert page.evaluate("window.__pwned") is None

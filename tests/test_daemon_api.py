@@ -195,6 +195,11 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
             assert " --" not in message and "= None" not in message, "the fix in HTTP's words"
             assert "sys." not in message and "codec" not in message, "in the daemon's words"
         assert "sk-x" not in c.post("/v1/runs", json={"prompt": "x", "api_key": "sk-x"}).text
+        # a form (curl -d, an HTML form) is not JSON: the error says what to send
+        form = c.post("/v1/runs", data={"prompt": "x", "model": "fake:echo"})
+        assert form.status_code == 400
+        assert "application/x-www-form-urlencoded" in form.json()["error"]["message"]
+        assert "Content-Type: application/json" in form.json()["error"]["message"]
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422
         assert "unknown query parameter" in c.get("/v1/runs", params={"x": 1}).text

@@ -632,7 +632,7 @@ def test_the_page_loads_without_errors_or_outside_requests(
 
 HOSTILE = (
     '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-    '<b id=tg-injected>bold</b>'
+    "<b id=tg-injected>bold</b>"
 )
 """Markup where the page shows a prompt and a model's answer: text to show, never to run."""
 

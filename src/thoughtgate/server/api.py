@@ -189,7 +189,9 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(
-            400, f"the request body is not valid JSON: {_why_not_json(exc)}", code="invalid_json"
+            400,
+            f"the request body is not valid JSON{_sent_as(request)}: {_why_not_json(exc)}",
+            code="invalid_json",
         ) from None
     if _depth_over(data, MAX_JSON_DEPTH):
         raise _too_deep()
@@ -224,6 +226,16 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                 raise _RepeatedKey(key)
             seen.add(key)
     return found
+
+
+def _sent_as(request: Request) -> str:
+    """What a body that is not JSON was declared as, when that is not JSON either (a form, as
+    ``curl -d`` sends one): the fix is then the header as much as the body."""
+    declared = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if not declared or declared == "application/json" or declared.endswith("+json"):
+        return ""
+    shown = declared if len(declared) <= 60 else declared[:57] + "..."
+    return f" (it was sent as {shown}; send Content-Type: application/json)"
 
 
 def _why_not_json(exc: ValueError) -> str:

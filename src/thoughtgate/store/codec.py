@@ -52,6 +52,7 @@ __all__ = [
     "SPEC_COLUMN_COUNT",
     "TASK_COLUMNS",
     "TASK_COLUMN_COUNT",
+    "TASK_CONFLICT_UPDATE",
     "UNIT",
     "EncodedEvents",
     "appended_events",
@@ -97,6 +98,13 @@ TASK_COLUMNS = (
     "run_id, task_id, idx, prompt, status, output, reasoning, usage, error, model, backend"
 )
 TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
+TASK_CONFLICT_UPDATE = "ON CONFLICT (run_id, task_id) DO UPDATE SET " + ", ".join(
+    f"{c} = EXCLUDED.{c}" for c in TASK_COLUMNS.split(", ")[2:]
+)
+"""What a task row written again does to the stored one (both stores): every column but its key
+takes the new value, in place. SQLite's ``INSERT OR REPLACE`` did the same by deleting the row and
+inserting it under a new rowid, which wrote two more table pages and a page of the key's index at
+every task's end (ADR 0117)."""
 KEY_COLUMNS = "key_id, name, role, key_hash, created_at, revoked_at"
 SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
 SPEC_COLUMN_COUNT = SPEC_COLUMNS.count(",") + 1

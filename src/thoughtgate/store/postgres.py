@@ -241,13 +241,7 @@ def _held_row(row: Sequence[Any]) -> tuple[Any, Any, int]:
 
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
-    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
-    "ON CONFLICT (run_id, task_id) DO UPDATE SET "
-    + ", ".join(
-        f"{c} = EXCLUDED.{c}"
-        for c in ("idx", "prompt", "status", "output", "reasoning", "usage", "error", "model")
-    )
-    + ", backend = EXCLUDED.backend"
+    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
 # A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
 # ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.

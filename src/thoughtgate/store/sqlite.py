@@ -69,9 +69,10 @@ _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = (
-    f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) "
-    f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)})"
+    f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
+    f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
+"""A task row, inserted or written over the stored one in place (``codec.TASK_CONFLICT_UPDATE``)."""
 _INSERT_RUN = (
     f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
     f"VALUES ({','.join('?' * (codec.RUN_COLUMN_COUNT + 1))})"
@@ -607,7 +608,7 @@ def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
     # rows and index changes follow theirs, as in queue order.
     rows = [row for end in ends for row in end.tasks]
     if rows:
-        _insert_rows(conn, _REPLACE_TASKS, rows)
+        _upsert_tasks(conn, rows)
     endings = [(0, end.run_id, end.update) for end in ends if end.update is not None]
     _project_many(conn, endings, now, numbered=False)
     _end_runs(conn, ends)
@@ -714,7 +715,7 @@ def _start_runs(
             specs.append(codec.spec_row(item.spec, created_at=now))
     _insert_rows(conn, _INSERT_RUNS, runs)
     if tasks:
-        _insert_rows(conn, _REPLACE_TASKS, tasks)
+        _upsert_tasks(conn, tasks)
     if specs:
         _insert_rows(conn, _INSERT_SPECS, specs)
     return {k for k, _ in stored}
@@ -939,6 +940,12 @@ def _insert_rows(conn: sqlite3.Connection, into: str, rows: Sequence[tuple[Any, 
     _chunked(conn, f"{into} VALUES ", "", rows)
 
 
+def _upsert_tasks(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """The task ``rows`` as ``_INSERT_TASK`` writes one, a power of two of them per statement
+    (a key given twice: the later row's values, as one statement a row)."""
+    _chunked(conn, f"{_UPSERT_TASKS} VALUES ", f" {codec.TASK_CONFLICT_UPDATE}", rows)
+
+
 def _update_rows(conn: sqlite3.Connection, update: str, rows: Sequence[tuple[Any, ...]]) -> None:
     """``update`` (``UPDATE runs SET column = v.columnN, …``) from ``rows`` (the run id first),
     a power of two of them per statement."""
@@ -1012,7 +1019,8 @@ _HOLDER = (
 """``_HOLDERS`` of one run."""
 _BUMP_CHANGES = "UPDATE run_changes SET last_change = last_change + ? RETURNING last_change"
 _INSERT_RUNS = f"INSERT OR ROLLBACK INTO runs ({codec.RUN_COLUMNS}, change_seq)"
-_REPLACE_TASKS = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS})"
+_UPSERT_TASKS = f"INSERT INTO tasks ({codec.TASK_COLUMNS})"
+"""``_INSERT_TASK`` for many rows (``_upsert_tasks``)."""
 _INSERT_SPECS = f"INSERT OR ROLLBACK INTO run_specs ({codec.SPEC_COLUMNS})"
 _KEY_OPEN = (
     f"SELECT count(*) FROM runs WHERE {_OPEN} AND "

@@ -168,3 +168,117 @@ def test_an_unreachable_daemon_is_named_in_plain_words() -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: cannot reach the daemon at {url}: ")
     assert "Error(" not in lines[0]  # httpx's words, not an exception's repr
+
+
+WITH_BASE_URL = ("--db", "memory://", "--base-url")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://api.example.com", "localhost:8000", "http://host:port", "http://"],
+)
+def test_a_base_url_no_request_can_go_to_is_a_usage_error_before_any_run(url: str) -> None:
+    """Not a run that fails with httpx's ``UnsupportedProtocol``: exit 2, no run created."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "hi",
+            "--model",
+            "anthropic:claude-sonnet-4-5",
+            "--api-key",
+            "k",
+            *WITH_BASE_URL,
+            url,
+        ],
+        env={"COLUMNS": "60"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: providers.anthropic.base_url = "), lines[0]
+    assert "expected an http:// or https:// URL" in lines[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://bob:hunter2@api.example.com", "bob:hunter2@api.example.com", "http://bob:hunter2@"],
+)
+def test_a_bad_base_url_is_named_without_its_password(url: str) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["run", "hi", "--model", "openai:gpt-5", "--api-key", "k", *WITH_BASE_URL, url],
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "providers.openai.base_url" in result.stderr
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+def test_a_mistyped_store_scheme_is_named_without_the_urls_password() -> None:
+    result = CliRunner().invoke(app, ["runs", "--db", "postgress://bob:hunter2@db.internal/app"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith("error: unsupported store url 'postgress:")
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+def test_a_secret_of_the_wrong_kind_is_not_called_unset(tmp_path: Path) -> None:
+    """Its value is not repeated (it may be a key), but it was set: the line says what the key
+    takes, not "is not set"."""
+    bad = tmp_path / "thoughtgate.toml"
+    bad.write_text("[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = sorted(line for line in result.stderr.splitlines() if line.strip())
+    assert lines == [
+        f"error: {bad}: providers.anthropic.api_key: expected a string (the value is not shown)",
+        f"error: {bad}: server.secret: expected a string (the value is not shown)",
+    ]
+
+
+@pytest.mark.unit
+def test_a_config_path_that_is_a_directory_is_called_one(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--config", str(tmp_path)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {tmp_path}: a directory, not a file (named by --config)"]
+
+
+@pytest.mark.inprocess
+def test_serve_on_a_port_in_use_is_one_line_before_it_opens_its_store(tmp_path: Path) -> None:
+    """Found before start-up: no store is created and no bootstrap owner key is made that would
+    never be shown (the next start, finding a key, prints none)."""
+    store = tmp_path / "store.db"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            app,
+            ["serve", "--port", str(port), "--db", f"sqlite:///{store}"],
+            env={"COLUMNS": "60"},
+        )
+    assert result.exit_code == ExitCode.FAILED, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"error: cannot listen on 127.0.0.1:{port}: the port is already in use (another server "
+        "holds it: stop it, or choose another port; 0 picks a free one)"
+    ]
+    assert not store.exists()
+
+
+@pytest.mark.inprocess
+def test_emulate_on_a_port_in_use_is_one_line_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["emulate", "--port", str(port)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: ")

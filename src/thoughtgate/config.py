@@ -553,9 +553,8 @@ def load_config(
         file = Path(explicit)
         if not file.is_file():
             named = "--config" if path is not None else "THOUGHTGATE_CONFIG"
-            raise ConfigError(
-                "", None, "", source=str(file), problem=f"no such file (named by {named})"
-            )
+            what = "a directory, not a file" if file.is_dir() else "no such file"
+            raise ConfigError("", None, "", source=str(file), problem=f"{what} (named by {named})")
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
         file = candidate if candidate.is_file() else None

@@ -80,9 +80,13 @@ def _problem(err: Mapping[str, Any], model: type[BaseModel], where: str) -> Conf
     if kind == "value_error":  # our validators' own words
         return ConfigError(key, value, "", source=where, problem=msg.removeprefix("Value error, "))
     ctx = err.get("ctx") or {}
-    if kind == "literal_error" and "expected" in ctx:
-        return ConfigError(key, value, f"one of {ctx['expected']}", source=where)
     expected = _expected(model, loc)
+    if kind == "literal_error" and "expected" in ctx:
+        expected = f"one of {ctx['expected']}"
+    if value is None and err.get("input") is not None:
+        # a secret's value is not repeated, but it was set: not "is not set; it needs ..."
+        said = f"expected {expected}" if expected is not None else msg[:1].lower() + msg[1:]
+        return ConfigError(key, None, "", source=where, problem=f"{said} (the value is not shown)")
     if expected is not None:
         return ConfigError(key, value, expected, source=where)
     return ConfigError(key, value, "", source=where, problem=msg[:1].lower() + msg[1:])

@@ -114,6 +114,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         async def body() -> None:
+            from thoughtgate.listening import listen
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
@@ -125,6 +126,11 @@ def register(app: typer.Typer) -> None:
             ctx = Context(config_path=config, db=db, view_as=None)
             configure_logging(log_level.lower())
             registry = daemon_tools(tools, words=log_level.lower() == "debug")
+            bind_host = host or ctx.config.server.host
+            bind_port = ctx.config.server.port if port is None else port
+            # Bound before the store is opened: a port in use stops here, in one line, before
+            # start-up ran or a bootstrap key was made that nobody would be shown.
+            sockets = listen(bind_host, bind_port)
             try:
                 store = await ctx.store()
                 first_key = await _bootstrap_key(store) if bootstrap_key else None
@@ -152,12 +158,15 @@ def register(app: typer.Typer) -> None:
 
                 await serve_app(
                     application,
-                    host=host or ctx.config.server.host,
-                    port=ctx.config.server.port if port is None else port,
+                    host=bind_host,
+                    port=bind_port,
                     log_level=log_level.lower(),
                     on_ready=ready,
+                    sockets=sockets,
                 )
             finally:
+                for sock in sockets:
+                    sock.close()
                 await ctx.close()
 
         from thoughtgate.server.serve import daemon_runner

@@ -50,7 +50,13 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
-from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
+from thoughtgate.providers.described import (
+    is_field_name,
+    public_url,
+    shape_of,
+    size_of,
+    without_quoted_bytes,
+)
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -114,7 +120,7 @@ def transport_error(
     if kind is ProviderTimeoutError:
         message = f"{name}: the provider did not answer in time"
     elif isinstance(exc, httpx.ConnectError):
-        message = f"could not connect to {base_url} ({name})"
+        message = f"could not connect to {public_url(base_url)} ({name})"  # every reader sees it
     elif kind is ProviderStreamError:
         message = f"the stream was cut: {name}"
     else:

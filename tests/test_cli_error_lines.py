@@ -3,6 +3,7 @@ being copied from a terminal or matched by a script, so the CLI never wraps it a
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -246,6 +247,18 @@ def test_a_config_path_that_is_a_directory_is_called_one(tmp_path: Path) -> None
     assert result.exit_code == ExitCode.USAGE, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [f"error: {tmp_path}: a directory, not a file (named by --config)"]
+
+
+@pytest.mark.unit
+def test_a_config_path_that_is_a_pipe_is_refused_not_read_half(tmp_path: Path) -> None:
+    """The file is read more than once, and a pipe (``--config <(...)``) gives its text only to
+    the first read: refused, rather than loaded with settings (``access.local_role``) lost."""
+    pipe = tmp_path / "config.fifo"
+    os.mkfifo(pipe)
+    result = CliRunner().invoke(app, ["runs", "--config", str(pipe)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {pipe}: not a regular file (named by --config)"]
 
 
 @pytest.mark.inprocess

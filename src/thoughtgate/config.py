@@ -551,9 +551,15 @@ def load_config(
     file: Path | None
     if explicit is not None:
         file = Path(explicit)
-        if not file.is_file():
+        if not file.is_file():  # read more than once: a pipe (``--config <(...)``) cannot be
             named = "--config" if path is not None else "THOUGHTGATE_CONFIG"
-            what = "a directory, not a file" if file.is_dir() else "no such file"
+            what = (
+                "no such file"
+                if not file.exists()
+                else "a directory, not a file"
+                if file.is_dir()
+                else "not a regular file"
+            )
             raise ConfigError("", None, "", source=str(file), problem=f"{what} (named by {named})")
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"

@@ -3,6 +3,7 @@ being copied from a terminal or matched by a script, so the CLI never wraps it a
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -32,7 +33,17 @@ BAD_INPUT = [
     (["bogus-command"], "No such command 'bogus-command'. (see thoughtgate --help)"),
     (["run"], "Missing argument 'PROMPT'. (see thoughtgate run --help)"),
     (["keys", "bogus"], "No such command 'bogus'. (see thoughtgate keys --help)"),
-    (["runs", "--limit", "0"], "'--limit': 0 is not in the range x>=1."),
+    (["runs", "--limit", "0"], "'--limit': 0 is not in the range 1<=x<=9223372036854775807."),
+    # beyond what the stores' integers hold: SQLite stopped with a traceback
+    (
+        ["runs", "--limit", "9223372036854775808"],
+        "'--limit': 9223372036854775808 is not in the range 1<=x<=9223372036854775807.",
+    ),
+    (
+        ["events", "run_x", "--after", "99999999999999999999"],
+        "'--after': 99999999999999999999 is not in the range 0<=x<=9223372036854775807.",
+    ),
+    (["events", "run_x", "--after", "-1"], "'--after': -1 is not in the range 0<=x<="),
     # (below the range: a port above it, before the check, was started on modulo 65536)
     (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
     (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),
@@ -295,3 +306,15 @@ def test_emulate_on_a_port_in_use_is_one_line_not_a_traceback() -> None:
     assert "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+
+
+@pytest.mark.inprocess
+def test_the_largest_limit_lists_the_runs_of_a_sqlite_store(tmp_path: Path) -> None:
+    """``--limit 9223372036854775807`` is allowed: the store asks for one run more than the page
+    (whether another page follows) without going past SQLite's integers."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    started = CliRunner().invoke(app, ["run", "hi", "--model", "fake:echo", "--db", db])
+    assert started.exit_code == ExitCode.COMPLETED, started.output
+    listed = CliRunner().invoke(app, ["runs", "--limit", str(2**63 - 1), "--json", "--db", db])
+    assert listed.exit_code == ExitCode.COMPLETED, listed.output
+    assert len(json.loads(listed.stdout)) == 1

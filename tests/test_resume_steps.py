@@ -28,6 +28,7 @@ from thoughtgate.config import Config
 from thoughtgate.engine.loop import TURN_CUT
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.errors import UsageError
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.thread import rebuild
 from thoughtgate.orchestration.leases import LeaseKeeper
@@ -327,3 +328,34 @@ async def test_readers_of_a_resumed_run_see_no_carrier_no_executor_and_viewers_n
         e for e in filter_events(log, Role.VIEWER, mode=mode) if e.type == EventType.RUN_RESUMED
     )
     assert set(resumed.payload) == {"reason", "attempt", "after_seq"}
+
+
+async def test_a_run_that_cannot_resume_says_why_without_the_words_of_a_foreign_exception() -> None:
+    """The reason a run cannot resume is public (every reader sees ``run.interrupted``'s
+    ``reason`` and the run's ``error``): thoughtgate's own words pass, the text of an exception
+    it was raised from does not (``errors.failure_text``; the whole text is developer-only
+    ``error_detail``, and a ``hidden`` run keeps none)."""
+    store = MemoryStore()
+    first = Runtime(store)
+    run = await first.create_run(RunRequest("x", model="fake:echo"))
+    owner = first.leases.owner.owner_id
+    assert await store.claim_run(run.run_id, owner, 30) == 1
+    assert await store.release_run(run.run_id, owner=owner, queue=True)
+    secret = "SECRET-REASONING-0123456789 from a plug-in's registry"
+
+    def tools_for(names: Sequence[str]) -> ToolRegistry:
+        try:
+            raise ValueError(secret)
+        except ValueError as exc:
+            raise UsageError(f"cannot load the run's tools: {exc}") from exc
+
+    second = Runtime(store)
+    second.tools_for = tools_for  # type: ignore[method-assign]
+    assert await begin_execution(second, run.run_id) is None
+    ended = await store.get_run(run.run_id)
+    interrupted = (await store.read(run.run_id))[-1]
+    assert interrupted.type == EventType.RUN_INTERRUPTED
+    reason = interrupted.payload["reason"]
+    assert reason.startswith("it cannot resume: cannot load the run's tools: ")
+    assert secret not in reason and ended.error is not None and secret not in ended.error
+    assert secret not in json.dumps([e.to_dict() for e in await store.read(run.run_id)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -45,11 +46,11 @@ from thoughtgate.errors import (
     UsageError,
 )
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store import sqlite_schema
+from thoughtgate.store import codec, sqlite_schema
 from thoughtgate.store.base import EventStore, RunEnding
 from thoughtgate.store.durable import Admission, Quota, RunSpecRecord
 from thoughtgate.store.leases import Owner, orphan_reason
-from thoughtgate.store.listing import RunQuery
+from thoughtgate.store.listing import RunCursor, RunQuery, page_query
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
 from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
@@ -418,6 +419,97 @@ async def test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read(
             str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {_RENEW}", (1.0, ids, "o"))
         )
         assert "runs USING INDEX open_runs_by_id (run_id=?)" in renew, renew
+
+
+async def test_upgrade_to_the_ascending_created_at_index_lists_newest_first_without_a_sort(
+    tmp_path: Path,
+) -> None:
+    """A store from before schema version 11 (ADR 0117), holding runs created at the same time
+    in threes, gets ``runs_by_created_at`` ascending at its next start. The list still pages
+    newest first, runs of one time the later-made first, every run once across cursor pages
+    that cut through such ties, and by offset. Its unfiltered, cursor, time-range, text and
+    offset reads then come in that order straight off the index, where the ``DESC`` index needed
+    a temporary b-tree to sort each group of equal times (and an offset page all of them)."""
+    path = tmp_path / "v10.db"
+    with at_version(path, 10, before="runs_by_created_at_ascending") as conn:
+        conn.executemany(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, change_seq) VALUES "
+            "(?, ?, NULL, 'surface', 'provider', 'completed', ?, 1.0, '{}', NULL, '{}', ?)",
+            [(f"run_{g:03d}", f"prompt {g}", float(g // 3), g) for g in range(1, 61)],
+        )
+    newest_first = [f"run_{g:03d}" for g in sorted(range(1, 61), key=lambda g: (-(g // 3), -g))]
+    store = await SQLiteStore.open(path)
+    try:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = await store.query_runs(RunQuery(limit=4, before=cursor))
+            seen += [r.run_id for r in page.runs]
+            if page.next is None:
+                break
+            cursor = page.next
+        assert seen == newest_first
+        since = await store.query_runs(RunQuery(limit=10, since=15.0))
+        assert [r.run_id for r in since.runs] == newest_first[:10]
+        offset = await store.list_runs(limit=7, offset=13)
+        assert [r.run_id for r in offset] == newest_first[13:20]
+    finally:
+        await store.close()
+    reads = [
+        RunQuery(),
+        RunQuery(before=RunCursor(10.0, 31)),
+        RunQuery(since=5.0, until=15.0),
+        RunQuery(text="prompt 1"),
+    ]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        for query in reads:
+            sql, params = page_query(
+                query, columns=codec.RUN_COLUMNS, placeholder="?", order_column="rowid", like="LIKE"
+            )
+            plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            assert "runs USING INDEX runs_by_created_at" in plan, (query, plan)
+            assert "TEMP B-TREE" not in plan, (query, plan)
+        offset_page = "SELECT * FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 7 OFFSET 13"
+        plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {offset_page}"))
+        assert "TEMP B-TREE" not in plan, plan  # list_runs' page: every row before it was sorted
+
+
+async def test_a_task_written_again_is_updated_in_place(tmp_path: Path) -> None:
+    """A task's end (``finish_run`` alone, or several ends merged into one commit) and
+    ``save_task`` write the task over its stored row, in place: its fields are the new ones and
+    its row keeps its rowid, so the key's index is left alone (ADR 0117). ``INSERT OR REPLACE``
+    deleted the row and inserted it again under a new rowid."""
+    store = await SQLiteStore.open(tmp_path / "tasks.db")
+    try:
+        runs = [make_run(tasks=2) for _ in range(6)]
+        for run in runs:
+            await store.create_run(run)
+
+        def rowids() -> dict[str, int]:
+            with contextlib.closing(sqlite3.connect(tmp_path / "tasks.db")) as conn:
+                return {str(t): int(r) for r, t in conn.execute("SELECT rowid, task_id FROM tasks")}
+
+        before = rowids()
+
+        def ended(run: RunRecord) -> RunEnding:
+            task = dataclasses.replace(
+                run.tasks[0], status="completed", output=f"out of {run.run_id}", usage={"x": 1}
+            )
+            return RunEnding("completed", tasks=[task])
+
+        await store.finish_run(runs[0].run_id, deltas(2), ended(runs[0]))
+        await asyncio.gather(*(store.finish_run(r.run_id, deltas(2), ended(r)) for r in runs[1:]))
+        failed = dataclasses.replace(runs[0].tasks[1], status="failed", error="boom")
+        await store.save_task(failed)
+        assert rowids() == before
+        for run in runs:
+            stored = (await store.get_run(run.run_id)).tasks
+            assert stored[0] == ended(run).tasks[0]
+            assert stored[1] == (failed if run is runs[0] else run.tasks[1])
+    finally:
+        await store.close()
 
 
 async def test_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:

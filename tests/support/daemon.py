@@ -100,7 +100,7 @@ def _toolcanary(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     """``toolcanary TOKEN``: one tool call per turn, each carrying a marker into a tool detail
     text, a short pause before each turn (so a reader can follow it live), then an answer."""
     mark = tool_markers(_token(request))
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("lookup", {"query": {"nested": mark["invalid"]}}),
         ("explode", {"query": mark["raised"]}),
         ("progressive", {"query": mark["progress"]}),

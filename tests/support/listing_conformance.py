@@ -173,6 +173,18 @@ class RunListingConformance:
         with pytest.raises(UsageError, match="200 characters"):
             RunQuery(text="x" * 201)
 
+    @pytest.mark.parametrize("odd", ["\x00", "\ud800"], ids=["nul", "surrogate"])
+    async def test_a_filter_holding_what_no_index_holds_is_refused_alike(
+        self, store: EventStore, odd: str
+    ) -> None:
+        """No run's index holds NUL or a surrogate (U+FFFD stands there, ADRs 0114, 0120): a
+        search, a model or a key id holding one is a ``UsageError`` on every store, where
+        PostgreSQL failed (``StoreError``) and SQLite raised ``UnicodeEncodeError``."""
+        await store.create_run(make_run(created_at=1.0))
+        for query in ({"text": f"a{odd}"}, {"model": f"m{odd}"}, {"started_by": f"key_{odd}"}):
+            with pytest.raises(UsageError):
+                await store.query_runs(RunQuery(**query))
+
     # -- the change feed -----------------------------------------------------------------
     async def test_an_empty_store_has_no_changes(self, store: EventStore) -> None:
         assert await store.latest_run_change() == 0

@@ -39,11 +39,11 @@ __all__ = [
 
 
 def _column_text(*, max_size: int) -> st.SearchStrategy[str]:
-    """Any text a task id or a type column keeps on every backend: what UTF-8 carries, but NUL,
-    which PostgreSQL's ``text`` refuses (the append fails with a ``StoreError``, nothing
-    stored). Not a surrogate: every store refuses one in a column, alike (``UsageError``, ADR
-    0114; ``test_lone_surrogates_...``). (``st.characters()`` without a codec draws them.)"""
-    return st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=max_size)
+    """Any text a program may name a task or a type with: every code point. What a column
+    keeps on every backend is what UTF-8 carries, but NUL (PostgreSQL's ``text`` refuses it);
+    a task id or a type holding NUL or a surrogate is refused by every store alike
+    (``UsageError``, nothing of the batch stored: ADRs 0114, 0120)."""
+    return st.text(st.characters(), max_size=max_size)
 
 
 def _payload_text(*, max_size: int) -> st.SearchStrategy[str]:
@@ -51,6 +51,11 @@ def _payload_text(*, max_size: int) -> st.SearchStrategy[str]:
     included (a provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``),
     which every store keeps exactly (ADR 0114)."""
     return st.text(st.characters(), max_size=max_size)
+
+
+def _no_column_keeps(text: str) -> bool:
+    """``text`` holds NUL or a surrogate: no store keeps it in a column (ADRs 0114, 0120)."""
+    return any(c == "\x00" or "\ud800" <= c <= "\udfff" for c in text)
 
 
 _JSON_VALUES = st.recursive(
@@ -184,13 +189,21 @@ class EventLogConformance:
         raise NotImplementedError("a backend's test class must override the `store` fixture")
         yield  # pragma: no cover
 
-    async def test_unknown_run_raises_run_not_found_everywhere(self, store: EventStore) -> None:
+    @pytest.mark.parametrize(
+        "missing",
+        ["run_does_not_exist", "run_\x00", "run_\ud800"],
+        ids=["plain", "nul", "surrogate"],
+    )
+    async def test_unknown_run_raises_run_not_found_everywhere(
+        self, store: EventStore, missing: str
+    ) -> None:
+        """Also for a run id no store can hold (NUL, a surrogate: refused at creation, ADR
+        0120), which PostgreSQL answered with a ``StoreError`` (a daemon's 503 for a URL
+        holding ``%00``) and the SQL stores with a raw ``UnicodeEncodeError``."""
         await store.create_run(make_run())  # a store with something in it
-        missing = "run_does_not_exist"
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: store.get_run(missing),
             lambda: store.update_run(missing, status="failed"),
-            lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")),
             lambda: store.append(missing, deltas(2)),
             lambda: store.append(missing, []),
             lambda: store.append_one(missing, NewEvent("x")),
@@ -198,11 +211,18 @@ class EventLogConformance:
             lambda: store.read(missing, after=5, limit=1),
             lambda: store.read_types(missing, [EventType.RUN_STARTED]),
             lambda: collect(store.tail(missing)),
+            lambda: store.rebuild_run_index(missing),
+            lambda: store.finish_run(
+                missing, [NewEvent(EventType.RUN_FAILED)], RunEnding("failed")
+            ),
         ]
+        if missing == "run_does_not_exist":  # a record's odd id is refused (UsageError)
+            calls.append(lambda: store.save_task(TaskRecord("task_x", missing, 0, "p")))
         for call in calls:
             with pytest.raises(RunNotFoundError) as info:
                 await call()
             assert info.value.run_id == missing
+        assert await store.find_run_ids(missing) == []
 
     async def test_append_assigns_seq_from_one_without_gaps(self, store: EventStore) -> None:
         run = make_run()
@@ -315,18 +335,22 @@ class EventLogConformance:
             assert stored == reasoning
             assert len(stored.encode("utf-8")) == got[1].payload["reasoning_size"] >= 1_048_576
 
-    async def test_lone_surrogates_in_payloads_are_kept_and_in_columns_refused_alike(
+    async def test_nul_and_lone_surrogates_in_payloads_are_kept_and_in_columns_refused_alike(
         self, store: EventStore
     ) -> None:
         """A payload's keys and values may hold lone surrogates (a provider's text cut inside an
-        emoji): the log replays them exactly, in a batch of one task and type and in a mixed
-        one. A task id or a type holding one is refused by every store with a ``UsageError``
-        that stores nothing of its batch; the run goes on. A task's output and the run's error
-        holding one are kept exactly in the log and as U+FFFD in the run index (ADR 0114)."""
+        emoji) and NUL: the log replays them exactly, in a batch of one task and type and in a
+        mixed one. A task id or a type holding one is refused by every store with a
+        ``UsageError`` that stores nothing of its batch; the run goes on. A task's prompt and
+        output and the run's error holding one are kept exactly in the log and as U+FFFD in the
+        run index, on PostgreSQL too, whose ``text`` refuses NUL (ADRs 0114, 0120)."""
         run = make_run(tasks=1)
         await store.create_run(run)
         task = run.tasks[0].task_id
-        odd = ["\ud800", "\udfff", "a\ud83db", "\ude00\ud83d", "x\ud800\x00\udc00"]
+        odd = [
+            *["\ud800", "\udfff", "a\ud83db", "\ude00\ud83d", "x\ud800\x00\udc00"],
+            *["\x00", "a\x00b", "\x00\x00"],  # NUL: PostgreSQL's text refuses it (ADR 0120)
+        ]
         payloads: list[dict[str, Any]] = [
             {"value": s, "nested": [s, {s: s}], s: len(s)} for s in odd
         ]
@@ -343,20 +367,20 @@ class EventLogConformance:
                 [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent(column, {})],
                 [NewEvent(EventType.MESSAGE_DELTA, {}), NewEvent("x", {}, task_id=column)],
             ):
-                with pytest.raises(UsageError, match="surrogate"):
+                with pytest.raises(UsageError, match=r"surrogate|NUL \(U\+0000\)"):
                     await store.append(run.run_id, refused)
         ending = [
-            NewEvent(EventType.TASK_STARTED, {"index": 0, "prompt": "p\ud800"}, task_id=task),
+            NewEvent(EventType.TASK_STARTED, {"index": 0, "prompt": "p\ud800q\x00"}, task_id=task),
             NewEvent(
                 EventType.TASK_COMPLETED,
-                {"status": "completed", "output": "o\udfff"},
+                {"status": "completed", "output": "o\x00\udfff"},
                 task_id=task,
             ),
         ]
         kept += await store.append(run.run_id, ending)
         kept.append(
             await store.append_one(
-                run.run_id, NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"})
+                run.run_id, NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\x00"})
             )
         )
         sent = [*uniform, *mixed, *ending]
@@ -369,7 +393,10 @@ class EventLogConformance:
         indexed = await store.get_run(run.run_id)
         assert indexed is not None
         assert (indexed.status, indexed.error) == ("failed", "e\ufffd")
-        assert [(t.prompt, t.output) for t in indexed.tasks] == [("p\ufffd", "o\ufffd")]
+        assert [(t.prompt, t.output) for t in indexed.tasks] == [
+            ("p\ufffdq\ufffd", "o\ufffd\ufffd")
+        ]
+        assert await check_run_index(store, run.run_id) == []
 
     async def test_batches_of_one_task_and_type_or_of_several_read_back_exactly(
         self, store: EventStore
@@ -525,9 +552,11 @@ class EventLogConformance:
         batch: int,
     ) -> None:
         """Whatever the task ids (none, empty, holding the separator), types and payloads (big
-        integers, unicode, nested nulls), and however pages fall (a column of one value or
-        many: ``repeats`` copies of each kind in a row), a read and a tail give back events
-        equal to those appended, in order and without a gap (ADR 0026, 0039, 0095)."""
+        integers, any code point, nested nulls), and however pages fall (a column of one value
+        or many: ``repeats`` copies of each kind in a row), a read and a tail give back events
+        equal to those appended, in order and without a gap (ADR 0026, 0039, 0095); a batch
+        with a task id or a type holding NUL or a surrogate is refused whole by every store
+        alike, and the run goes on (ADRs 0114, 0120)."""
         run = make_run()
         await store.create_run(run)
         news = [
@@ -535,6 +564,11 @@ class EventLogConformance:
             for task_id, type_, payload in kinds
             for _ in range(repeats)
         ]
+        columns = [n.type for n in news] + [n.task_id for n in news if n.task_id is not None]
+        if any(_no_column_keeps(c) for c in columns):
+            with pytest.raises(UsageError, match="which no store can keep in a column"):
+                await store.append(run.run_id, news)
+            news = []
         written = await store.append(run.run_id, news)
         last = await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
         expected = [*written, last]
@@ -820,27 +854,29 @@ class EventLogConformance:
         for got in await asyncio.wait_for(asyncio.gather(*readers), 10):
             assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
 
-    async def test_a_run_whose_texts_hold_lone_surrogates_is_created_and_ended_alike(
-        self, store: EventStore
+    @pytest.mark.parametrize("odd", ["\ud800", "\x00"], ids=["surrogate", "nul"])
+    async def test_a_run_whose_texts_hold_nul_or_lone_surrogates_is_created_and_ended_alike(
+        self, store: EventStore, odd: str
     ) -> None:
         """A prompt, a task's output, reasoning and error, a run's error holding lone surrogates
-        (a model's answer cut inside an emoji) do not stop a run being created, updated and
-        ended: the log keeps them exactly, the run index as U+FFFD on every store, and the
-        index check finds the index agreeing with the log (ADR 0114)."""
+        (a model's answer cut inside an emoji) or NUL (which PostgreSQL's ``text`` refuses) do
+        not stop a run being created, updated and ended: the log keeps them exactly, the run
+        index as U+FFFD on every store, and the index check finds the index agreeing with the
+        log (ADRs 0114, 0120)."""
         run = make_run(tasks=1, status="running", owner="o", lease_expires_at=2e9)
-        run.prompt = "p\ud800"
-        run.tasks[0].prompt = "t\udfff"
+        run.prompt = f"p{odd}"
+        run.tasks[0].prompt = f"t{odd}"
         await store.create_run(run)
         task = run.tasks[0].task_id
         started = {"prompt": run.prompt, "model": None, "tasks": 1}
         await store.append(run.run_id, [NewEvent(EventType.RUN_STARTED, started)])
-        await store.update_run(run.run_id, error="u\ud83d")
+        await store.update_run(run.run_id, error=f"u{odd}")
         done = copy.deepcopy(run.tasks[0])
         done.status, done.output, done.reasoning, done.error = (
             "failed",
-            "o\ud800",
-            "r\ude00",
-            "x\udc00",
+            f"o{odd}",
+            f"r{odd}",
+            f"x{odd}",
         )
         closing = [
             NewEvent(
@@ -848,10 +884,10 @@ class EventLogConformance:
                 {"status": "failed", "output": done.output, "error": done.error},
                 task_id=task,
             ),
-            NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "e\ud800"}),
+            NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": f"e{odd}"}),
         ]
         out = await store.finish_run(
-            run.run_id, closing, RunEnding("failed", error="e\ud800", tasks=[done])
+            run.run_id, closing, RunEnding("failed", error=f"e{odd}", tasks=[done])
         )
         assert [e.payload for e in out] == [e.payload for e in closing]
         assert [e.payload for e in (await store.read(run.run_id))[1:]] == [
@@ -863,6 +899,39 @@ class EventLogConformance:
             ("t\ufffd", "o\ufffd", "r\ufffd", "x\ufffd")
         ]
         assert await check_run_index(store, run.run_id) == []
+
+    @pytest.mark.parametrize("odd", ["\ud800", "\x00"], ids=["surrogate", "nul"])
+    async def test_run_and_task_ids_holding_nul_or_a_surrogate_are_refused_alike(
+        self, store: EventStore, odd: str
+    ) -> None:
+        """A run id or a task id is a column the program names and reads back exactly: one
+        holding NUL or a lone surrogate is a ``UsageError`` on every store, nothing stored,
+        where PostgreSQL refused NUL (``StoreError``) and SQLite and memory kept it (ADR
+        0120)."""
+        refused = make_run(tasks=1)
+        refused.run_id = f"run_{odd}"
+        with pytest.raises(UsageError, match="run id"):
+            await store.create_run(refused)
+        assert await store.list_runs() == []
+        a_task = make_run(tasks=2, status="running", owner="o", lease_expires_at=2e9)
+        a_task.tasks[1].task_id = f"task_{odd}"
+        with pytest.raises(UsageError, match="task id"):
+            await store.create_run(a_task)
+        assert await store.list_runs() == []
+        run = make_run(tasks=1, status="running", owner="o", lease_expires_at=2e9)
+        await store.create_run(run)
+        with pytest.raises(UsageError, match="task id"):
+            await store.save_task(TaskRecord(f"t{odd}", run.run_id, 1, "p"))
+        done = copy.deepcopy(run.tasks[0])
+        done.status = "completed"
+        other = TaskRecord(f"t{odd}", run.run_id, 1, "p", status="completed")
+        ending = RunEnding("completed", tasks=[done, other])
+        with pytest.raises(UsageError, match="task id"):
+            await store.finish_run(run.run_id, [NewEvent(EventType.RUN_FAILED)], ending)
+        got = await store.get_run(run.run_id)
+        assert (got.status, [t.task_id for t in got.tasks]) == ("running", [done.task_id])
+        assert [t.status for t in got.tasks] == ["pending"]
+        assert await store.read(run.run_id) == []
 
     async def test_finish_run_ends_a_run_once_and_nothing_is_appended_after(
         self, store: EventStore

@@ -28,7 +28,7 @@ from typing import Protocol
 from thoughtgate.config import Config
 from thoughtgate.engine.steps import ResumeLog
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import UsageError, failure_detail, failure_text
 from thoughtgate.events.payloads import RunResumedPayload
 from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.specs import RunSpec
@@ -101,7 +101,7 @@ async def begin_execution(
         try:
             return run, spec, runtime.tools_for(spec.tools), None, attempt
         except UsageError as exc:
-            await close_run_interrupted(store, run_id, f"it cannot resume: {exc}", held_by=held)
+            await _cannot_resume(store, run_id, exc, held)
             return None
     record, before = await asyncio.gather(store.get_run_spec(run_id), store.get_run(run_id))
     if record is None:  # a claim takes only a run with a spec; it was deleted since
@@ -113,8 +113,7 @@ async def begin_execution(
         spec = RunSpec.from_json(record.spec)
         tools = runtime.tools_for(spec.tools)
     except UsageError as exc:
-        reason = f"it cannot resume: {exc}"
-        await close_run_interrupted(store, run_id, reason, held_by=held)
+        await _cannot_resume(store, run_id, exc, held)
         return None
     resumed: ResumeLog | None = None
     if attempt > 1:
@@ -136,6 +135,15 @@ async def begin_execution(
     if resumed is None and before.metadata.get("suspended") is None:
         return before, spec, tools, None, attempt  # read after its claim; nothing changed since
     return await store.get_run(run_id), spec, tools, resumed, attempt
+
+
+async def _cannot_resume(store: EventStore, run_id: str, exc: UsageError, held: Holder) -> None:
+    """Close the run ``interrupted`` saying why it cannot resume. The reason is public: the
+    error's own words (``failure_text``: the words of an exception it was raised from, a
+    plug-in's or a library's, are replaced by its class, ADRs 0069, 0111); those words go to
+    the developer-only ``error_detail`` where the run's mode keeps it (ADR 0120)."""
+    reason = f"it cannot resume: {failure_text(exc)}"
+    await close_run_interrupted(store, run_id, reason, held_by=held, detail=failure_detail(exc))
 
 
 async def _still_held(runtime: Executor, run: RunRecord) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import orjson
 
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
@@ -25,6 +25,7 @@ from thoughtgate.store.projection import (
     INDEX_EVENT_TYPES,
     IndexUpdate,
     batch_update,
+    column_storable,
     encodes_utf8,
     rebuilt,
     refuse_unstorable_columns,
@@ -51,6 +52,7 @@ __all__ = [
     "SPEC_COLUMN_COUNT",
     "TASK_COLUMNS",
     "TASK_COLUMN_COUNT",
+    "TASK_CONFLICT_UPDATE",
     "UNIT",
     "EncodedEvents",
     "appended_events",
@@ -70,6 +72,7 @@ __all__ = [
     "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "no_such_run",
     "open_runs_where",
     "projected_run_columns",
     "rebuilt_rows",
@@ -95,6 +98,13 @@ TASK_COLUMNS = (
     "run_id, task_id, idx, prompt, status, output, reasoning, usage, error, model, backend"
 )
 TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
+TASK_CONFLICT_UPDATE = "ON CONFLICT (run_id, task_id) DO UPDATE SET " + ", ".join(
+    f"{c} = EXCLUDED.{c}" for c in TASK_COLUMNS.split(", ")[2:]
+)
+"""What a task row written again does to the stored one (both stores): every column but its key
+takes the new value, in place. SQLite's ``INSERT OR REPLACE`` did the same by deleting the row and
+inserting it under a new rowid, which wrote two more table pages and a page of the key's index at
+every task's end (ADR 0117)."""
 KEY_COLUMNS = "key_id, name, role, key_hash, created_at, revoked_at"
 SPEC_COLUMNS = "run_id, spec, key_id, durable, resume, queue, attempts, queued_at, created_at"
 SPEC_COLUMN_COUNT = SPEC_COLUMNS.count(",") + 1
@@ -293,6 +303,15 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
         return None
     out: list[str | None] = [t or None for t in ids]
     return out
+
+
+def no_such_run(run_id: str) -> None:
+    """``RunNotFoundError`` for a run id no store can hold (NUL, a lone surrogate): every store
+    refuses one at creation (ADR 0120), so no such run exists, and the drivers would fail on it
+    (PostgreSQL's ``text`` refuses NUL, UTF-8 a surrogate) instead of saying so. A look-up by
+    id calls it first; an id made by ``new_id`` passes in two C-level scans."""
+    if not column_storable(run_id):
+        raise RunNotFoundError(run_id)
 
 
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:

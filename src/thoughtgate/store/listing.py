@@ -37,6 +37,7 @@ from typing import Final
 
 from thoughtgate.errors import UsageError
 from thoughtgate.events.payloads import RunStatus
+from thoughtgate.store.projection import unstorable
 from thoughtgate.store.records import RunRecord
 
 __all__ = [
@@ -122,6 +123,12 @@ class RunQuery:
             raise UsageError("a run list page holds at least one run")
         if self.text is not None and len(self.text) > MAX_SEARCH_CHARS:
             raise UsageError(f"search text is limited to {MAX_SEARCH_CHARS} characters")
+        for what, value in (("search text", self.text), ("model", self.model)):
+            held = None if value is None else unstorable(value)
+            if held is not None:  # PostgreSQL refused NUL, SQL a surrogate (ADR 0120)
+                raise UsageError(f"{what} {value!r} holds {held}, which no run's index holds")
+        if self.started_by is not None and unstorable(self.started_by) is not None:
+            raise UsageError(f"started_by {self.started_by!r} is not a key id")
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,12 +130,13 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
+        kept = copy.deepcopy(storable_task(task))  # its ids refused first, as the SQL stores do
         async with self._lock:
             run = self._run(task.run_id)
             if held_by is not None:
                 self._check_held(task.run_id, held_by, "task record")
             run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-            run.tasks.append(copy.deepcopy(storable_task(task)))
+            run.tasks.append(kept)
 
     def _check_held(self, run_id: str, held_by: Holder, recording: str) -> None:
         """Under the store's lock: ``held_by.check`` of the run as it is (ADR 0094)."""
@@ -196,15 +197,16 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         _refuse_unstorable(events)
+        ended = [copy.deepcopy(storable_task(t)) for t in ending.tasks]  # before any change
         async with self._lock:
             run = self._run(run_id)
             if not self._is_open(run_id) or ending.lease_renewed(run.lease_expires_at):
                 return []
             spec = self._specs.get(run_id)
             ending.check_holder(run_id, run.owner, None if spec is None else spec.attempts)
-            for task in ending.tasks:
+            for task in ended:
                 run.tasks = [t for t in run.tasks if t.task_id != task.task_id]
-                run.tasks.append(copy.deepcopy(storable_task(task)))
+                run.tasks.append(task)
             out, _ = self._append(run_id, events)
             run.status = ending.status
             if ending.usage is not None:

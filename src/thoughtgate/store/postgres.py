@@ -34,7 +34,7 @@ from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema
-from thoughtgate.store.projection import IndexUpdate, batch_update
+from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
@@ -241,13 +241,7 @@ def _held_row(row: Sequence[Any]) -> tuple[Any, Any, int]:
 
 _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
-    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) "
-    "ON CONFLICT (run_id, task_id) DO UPDATE SET "
-    + ", ".join(
-        f"{c} = EXCLUDED.{c}"
-        for c in ("idx", "prompt", "status", "output", "reasoning", "usage", "error", "model")
-    )
-    + ", backend = EXCLUDED.backend"
+    f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
 # A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
 # ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.
@@ -400,6 +394,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return int(row[0])
 
     async def get_run(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
         async with self._conn(f"read run {run_id!r}") as conn:
             row = await (
                 await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s", (run_id,))
@@ -470,6 +465,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def update_run(
         self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
     ) -> None:
+        codec.no_such_run(run_id)
         sets = codec.run_update_columns(change, updated_at=None)
         metadata = change.get("metadata")
         async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
@@ -510,6 +506,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             await conn.execute(_UPSERT_TASK, row)
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        if not column_storable(prefix):  # no run id holds it (``codec.no_such_run``)
+            return []
         # LIKE with the prefix escaped; a command-line lookup, so a scan is acceptable here.
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         async with self._conn(f"find runs starting with {prefix!r}") as conn:
@@ -520,6 +518,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             return [str(r[0]) for r in await cur.fetchall()]
 
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
         lifecycle, types = codec.lifecycle_types_sql("%s")
         async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
             # The row lock holds appends to this run off until the rebuilt row is stored.
@@ -554,6 +553,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     ) -> list[Event]:
         batch = list(events)
         columns = codec.encode_events(batch)
+        codec.no_such_run(run_id)  # after the events' own refusal, as every store does
         update = batch_update(batch)
         changed = False
         async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
@@ -649,6 +649,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns, projected, task_rows = codec.ending_rows(events, ending)
+        codec.no_such_run(run_id)
         sets = codec.ending_columns(ending, updated_at=None)
         assignments = _assignments(sets)
         update = sql.SQL(
@@ -736,6 +737,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         limit: int | None = None,
     ) -> list[Event]:
         query, params = read_types_query(run_id, types, after=after, limit=limit)
+        codec.no_such_run(run_id)
         async with self._conn(f"read events of run {run_id!r}") as conn:
             rows = await (await conn.execute(query, params)).fetchall()
             if not rows:  # runs are never deleted, so checking afterwards is race-free
@@ -752,6 +754,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         :data:`_PAGE_ROWS` events, on one connection. Binary results: integers and floats
         arrive as machine values (a float8 exactly), arrays as lists built by psycopg's C
         loaders."""
+        codec.no_such_run(run_id)
         pages: list[_Page] = []
         left = _NO_LIMIT if limit is None else max(limit, 0)
         cursor = max(after, 0)
@@ -906,6 +909,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
+        if not column_storable(run_id):  # no such run (``codec.no_such_run``)
+            return None
         async with self._conn(f"read the spec of run {run_id!r}") as conn:
             cur = await conn.execute(
                 f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = %s", (run_id,)

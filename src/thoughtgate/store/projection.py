@@ -52,6 +52,7 @@ __all__ = [
     "batch_update",
     "check_index",
     "check_run_index",
+    "column_storable",
     "differences",
     "disagreements",
     "encodes_utf8",
@@ -63,6 +64,7 @@ __all__ = [
     "storable_run",
     "storable_task",
     "storable_text",
+    "unstorable",
 ]
 
 
@@ -147,13 +149,14 @@ def _usage(value: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in value.items()}
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""What no database text column takes: NUL (PostgreSQL's ``text`` refuses it) and a lone
+surrogate (UTF-8 cannot carry one)."""
 
 
 def encodes_utf8(value: str) -> bool:
     """Whether UTF-8 can carry ``value``: every string but one holding a lone surrogate (what
-    no database text column takes: ``codec.dumps`` escapes such a payload, the run index
-    replaces it, a column refuses it)."""
+    ``codec.dumps`` escapes in a payload; :func:`column_storable` adds NUL for a column)."""
     if value.isascii():
         return True
     try:
@@ -163,13 +166,20 @@ def encodes_utf8(value: str) -> bool:
     return True
 
 
+def column_storable(value: str) -> bool:
+    """Whether every store can keep ``value`` in a text column: it holds neither NUL, which
+    PostgreSQL's ``text`` refuses (SQLite keeps it), nor a lone surrogate, which UTF-8 cannot
+    carry (ADRs 0114, 0120). A payload keeps both: JSON writes them as ``\\u`` escapes."""
+    return "\x00" not in value and encodes_utf8(value)
+
+
 def storable_text(value: str) -> str:
-    """``value`` for a text column of the run index: as is, or with each lone surrogate (a
-    provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``) replaced by
-    U+FFFD, which no database text column refuses. The event log keeps the exact string in the
-    payload (ADR 0114); the index is a summary of it, and the replacement is what any UTF-8
-    reader would show there anyway."""
-    return value if encodes_utf8(value) else _LONE_SURROGATE.sub("\ufffd", value)
+    """``value`` for a text column of the run index: as is, or with each NUL and each lone
+    surrogate (a provider's text cut inside an emoji; Python's ``json`` reads ``"\\ud800"``)
+    replaced by U+FFFD, which every store keeps. The event log keeps the exact string in the
+    payload (ADRs 0114, 0120); the index is a summary of it, and the replacement is what any
+    UTF-8 reader would show for a surrogate anyway."""
+    return value if column_storable(value) else _UNSTORABLE.sub("\ufffd", value)
 
 
 _RUN_TEXTS = ("prompt", "model", "chain_of_thought", "worker_backend", "error")
@@ -180,19 +190,41 @@ def _storable_texts(record: object, names: tuple[str, ...]) -> dict[str, Any]:
     return {
         name: storable_text(value)
         for name in names
-        if isinstance(value := getattr(record, name), str) and not encodes_utf8(value)
+        if isinstance(value := getattr(record, name), str) and not column_storable(value)
     }
+
+
+def unstorable(value: str) -> str | None:
+    """What of ``value`` no column keeps, in words (``"NUL (U+0000)"``, ``"a surrogate (U+D800
+    to U+DFFF)"``), for an error to say; ``None`` when it is :func:`column_storable`."""
+    if column_storable(value):
+        return None
+    return "NUL (U+0000)" if "\x00" in value else "a surrogate (U+D800 to U+DFFF)"
+
+
+def _refuse_unstorable_id(what: str, value: str) -> None:
+    held = unstorable(value)
+    if held is not None:
+        raise UsageError(
+            f"{what} {value!r} holds {held}, which no store can keep in a column; nothing was "
+            "stored"
+        )
 
 
 def storable_task(task: TaskRecord) -> TaskRecord:
     """``task`` as the run index keeps it: its texts through :func:`storable_text` (a copy
-    when one changes; ``task`` itself, the usual case, when none does)."""
+    when one changes; ``task`` itself, the usual case, when none does). ``UsageError`` when
+    its task id or run id holds what no column keeps (:func:`column_storable`): ids are the
+    program's, looked up exactly, so they are refused alike by every store, not replaced."""
+    _refuse_unstorable_id("task id", task.task_id)
+    _refuse_unstorable_id("run id", task.run_id)
     texts = _storable_texts(task, _TASK_TEXTS)
     return replace(task, **texts) if texts else task
 
 
 def storable_run(run: RunRecord) -> RunRecord:
     """``run`` (and its tasks) as the run index keeps it, as :func:`storable_task`."""
+    _refuse_unstorable_id("run id", run.run_id)
     texts: dict[str, Any] = _storable_texts(run, _RUN_TEXTS)
     tasks = [storable_task(t) for t in run.tasks]
     if any(new is not old for new, old in zip(tasks, run.tasks, strict=True)):
@@ -200,35 +232,37 @@ def storable_run(run: RunRecord) -> RunRecord:
     return replace(run, **texts) if texts else run
 
 
-def _column_encodes(column: Sequence[str | None]) -> bool:
-    """Whether UTF-8 carries every value of ``column``: one look at the first when all are the
-    same (a model turn's deltas; ``list.count`` compares by identity first), else one at the
-    values joined. (A set of them would hash each ``EventType`` in Python, and joining those
-    costs tens of nanoseconds each.)"""
+def _column_storable(column: Sequence[str | None]) -> bool:
+    """Whether every value of ``column`` is :func:`column_storable`: one look at the first
+    when all are the same (a model turn's deltas; ``list.count`` compares by identity first),
+    else one at the values joined. (A set of them would hash each ``EventType`` in Python, and
+    joining those costs tens of nanoseconds each.)"""
     if not column:
         return True
     first = column[0]
     if column.count(first) == len(column):
-        return first is None or encodes_utf8(first)
+        return first is None or column_storable(first)
     joined = "".join(filter(None, column))
-    return encodes_utf8(joined)
+    return column_storable(joined)
 
 
 def refuse_unstorable_columns(task_ids: Sequence[str | None], types: Sequence[str]) -> None:
-    """Raise ``UsageError`` when a task id or a type holds a surrogate, before anything is
-    stored: they are columns of their own, which no SQL backend can hold such a string in, and
-    the program names them (a payload's strings, a provider's, are stored exactly). Every
-    backend, memory included, refuses the batch the same way (ADR 0114).
+    """Raise ``UsageError`` when a task id or a type holds NUL or a surrogate, before anything
+    is stored: they are columns of their own, which PostgreSQL cannot hold NUL in and no SQL
+    backend a surrogate in, and the program names them (a payload's strings, a provider's, are
+    stored exactly). Every backend, memory included, refuses the batch the same way (ADRs
+    0114, 0120).
 
-    On every append, so cheap: a few nanoseconds an event (:func:`_column_encodes`)."""
-    if _column_encodes(types) and _column_encodes(task_ids):
+    On every append, so cheap: a few nanoseconds an event (:func:`_column_storable`)."""
+    if _column_storable(types) and _column_storable(task_ids):
         return
     for what, column in (("type", types), ("task id", task_ids)):
         for value in column:
-            if value is not None and not encodes_utf8(value):
+            held = None if value is None else unstorable(value)
+            if held is not None:
                 raise UsageError(
-                    f"event {what} {value!r} holds a surrogate (U+D800 to U+DFFF), which no "
-                    "store can keep in a column; nothing of the batch was stored"
+                    f"event {what} {value!r} holds {held}, which no store can keep in a column; "
+                    "nothing of the batch was stored"
                 )
 
 

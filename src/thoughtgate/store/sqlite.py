@@ -54,7 +54,7 @@ from thoughtgate.store.private_files import (
     read_secret_file,
     write_secret_file,
 )
-from thoughtgate.store.projection import IndexUpdate, batch_update
+from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import OPEN_RUN_STATUSES, ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 from thoughtgate.store.sqlite_schema import connect, open_checked, writable
@@ -69,9 +69,10 @@ _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = (
-    f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS}) "
-    f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)})"
+    f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
+    f"VALUES ({','.join('?' * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
+"""A task row, inserted or written over the stored one in place (``codec.TASK_CONFLICT_UPDATE``)."""
 _INSERT_RUN = (
     f"INSERT INTO runs ({codec.RUN_COLUMNS}, change_seq) "
     f"VALUES ({','.join('?' * (codec.RUN_COLUMN_COUNT + 1))})"
@@ -607,7 +608,7 @@ def _write_span(conn: sqlite3.Connection, span: list[_Merged]) -> list[Any]:
     # rows and index changes follow theirs, as in queue order.
     rows = [row for end in ends for row in end.tasks]
     if rows:
-        _insert_rows(conn, _REPLACE_TASKS, rows)
+        _upsert_tasks(conn, rows)
     endings = [(0, end.run_id, end.update) for end in ends if end.update is not None]
     _project_many(conn, endings, now, numbered=False)
     _end_runs(conn, ends)
@@ -714,7 +715,7 @@ def _start_runs(
             specs.append(codec.spec_row(item.spec, created_at=now))
     _insert_rows(conn, _INSERT_RUNS, runs)
     if tasks:
-        _insert_rows(conn, _REPLACE_TASKS, tasks)
+        _upsert_tasks(conn, tasks)
     if specs:
         _insert_rows(conn, _INSERT_SPECS, specs)
     return {k for k, _ in stored}
@@ -939,6 +940,12 @@ def _insert_rows(conn: sqlite3.Connection, into: str, rows: Sequence[tuple[Any, 
     _chunked(conn, f"{into} VALUES ", "", rows)
 
 
+def _upsert_tasks(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """The task ``rows`` as ``_INSERT_TASK`` writes one, a power of two of them per statement
+    (a key given twice: the later row's values, as one statement a row)."""
+    _chunked(conn, f"{_UPSERT_TASKS} VALUES ", f" {codec.TASK_CONFLICT_UPDATE}", rows)
+
+
 def _update_rows(conn: sqlite3.Connection, update: str, rows: Sequence[tuple[Any, ...]]) -> None:
     """``update`` (``UPDATE runs SET column = v.columnN, …``) from ``rows`` (the run id first),
     a power of two of them per statement."""
@@ -1012,7 +1019,8 @@ _HOLDER = (
 """``_HOLDERS`` of one run."""
 _BUMP_CHANGES = "UPDATE run_changes SET last_change = last_change + ? RETURNING last_change"
 _INSERT_RUNS = f"INSERT OR ROLLBACK INTO runs ({codec.RUN_COLUMNS}, change_seq)"
-_REPLACE_TASKS = f"INSERT OR REPLACE INTO tasks ({codec.TASK_COLUMNS})"
+_UPSERT_TASKS = f"INSERT INTO tasks ({codec.TASK_COLUMNS})"
+"""``_INSERT_TASK`` for many rows (``_upsert_tasks``)."""
 _INSERT_SPECS = f"INSERT OR ROLLBACK INTO run_specs ({codec.SPEC_COLUMNS})"
 _KEY_OPEN = (
     f"SELECT count(*) FROM runs WHERE {_OPEN} AND "
@@ -1170,6 +1178,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
+
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
@@ -1252,6 +1262,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
     async def update_run(
         self, run_id: str, *, held_by: Holder | None = None, **change: Unpack[RunChange]
     ) -> None:
+        codec.no_such_run(run_id)
         sets = codec.run_update_columns(change, updated_at=time.time())
         metadata = change.get("metadata")
 
@@ -1283,6 +1294,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._write(f"save task {task.task_id!r}", body)
 
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
+        codec.no_such_run(run_id)
         lifecycle, types = codec.lifecycle_types_sql("?")
 
         def body(conn: sqlite3.Connection) -> bool:
@@ -1311,6 +1323,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], *, held_by: Holder | None = None
     ) -> list[Event]:
         if not events:
+            codec.no_such_run(run_id)
             await self._reader.call(f"read run {run_id!r}", lambda c: _require_run(c, run_id))
             return []
         out: list[Event] = await self._queue_append(run_id, events, None, held_by).future
@@ -1351,6 +1364,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         and published to live readers (in the commit's hand-off, ADR 0028)."""
         # Encode before queueing: the shared write transaction should not wait on our JSON.
         columns = codec.encode_events(list(events))
+        codec.no_such_run(run_id)  # after the events' own refusal, as every store does
         n = len(columns[0])
         update = batch_update(events)
         action = f"append {n} events to run {run_id!r}"
@@ -1389,6 +1403,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         )
 
     async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        codec.no_such_run(run_id)
         return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
 
     async def read_types(
@@ -1399,6 +1414,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         after: int = 0,
         limit: int | None = None,
     ) -> list[Event]:
+        codec.no_such_run(run_id)
         query, params = read_types_query(run_id, types, after=after, limit=limit)
 
         def work(conn: sqlite3.Connection) -> list[Event]:
@@ -1424,8 +1440,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         must be read row by row. It reads what is committed, as the reader thread does."""
         conn = self._lookups
         start = max(after, 0)
-        if conn is None or not 0 < limit <= _PAGE_ROWS:
-            return None
+        if conn is None or not 0 < limit <= _PAGE_ROWS or not column_storable(run_id):
+            return None  # (an id no run has: ``read`` says so, ``codec.no_such_run``)
         try:
             row = conn.execute(
                 _READ_PAGE, (run_id, start, codec.seq_page_end(start, limit))
@@ -1467,6 +1483,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return events
 
     async def find_run_ids(self, prefix: str, *, limit: int = 10) -> list[str]:
+        if not column_storable(prefix):  # no run id holds it (``codec.no_such_run``)
+            return []
+
         def work(conn: sqlite3.Connection) -> list[str]:
             # A range on the primary key (binary collation): an index seek, not a scan.
             rows = conn.execute(
@@ -1482,6 +1501,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         self, run_id: str, events: Sequence[NewEvent], ending: RunEnding
     ) -> list[Event]:
         columns, update, task_rows = codec.ending_rows(events, ending)
+        codec.no_such_run(run_id)
         now = time.time()
         sets = codec.ending_columns(ending, updated_at=now)
         sets.update(closed_at=now)
@@ -1620,6 +1640,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:
+        if not column_storable(run_id):  # no such run (``codec.no_such_run``)
+            return None
+
         def work(conn: sqlite3.Connection) -> durable.RunSpecRecord | None:
             row = conn.execute(
                 f"SELECT {codec.SPEC_COLUMNS} FROM run_specs WHERE run_id = ?", (run_id,)

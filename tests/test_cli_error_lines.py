@@ -121,17 +121,38 @@ def test_a_config_error_never_repeats_a_value_that_may_be_a_secret(
 
 
 @pytest.mark.unit
-def test_each_problem_of_a_config_file_is_a_line_of_its_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n",
+            [
+                "orchestration.max_turn: no such key (check the spelling and the section)",
+                "server.host = 5: expected a string",
+                "server.port = 70000: expected a whole number from 0 to 65535",
+            ],
+        ),
+        # A secret's value is not repeated (it may be a key), but it was set: the line says
+        # what the key takes, not "is not set".
+        (
+            "[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n",
+            [
+                "providers.anthropic.api_key: expected a string (the value is not shown)",
+                "server.secret: expected a string (the value is not shown)",
+            ],
+        ),
+    ],
+    ids=["three problems", "secrets of the wrong kind"],
+)
+def test_each_problem_of_a_config_file_is_a_line_of_its_own(
+    tmp_path: Path, text: str, says: list[str]
+) -> None:
     bad = tmp_path / "thoughtgate.toml"
-    bad.write_text("[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n")
+    bad.write_text(text)
     result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
     assert result.exit_code == ExitCode.USAGE, result.output
     lines = sorted(line for line in result.stderr.splitlines() if line.strip())
-    assert lines == [
-        f"error: {bad}: orchestration.max_turn: no such key (check the spelling and the section)",
-        f"error: {bad}: server.host = 5: expected a string",
-        f"error: {bad}: server.port = 70000: expected a whole number from 0 to 65535",
-    ]
+    assert lines == [f"error: {bad}: {line}" for line in says]
 
 
 @pytest.mark.unit
@@ -238,38 +259,35 @@ def test_a_mistyped_store_scheme_is_named_without_the_urls_password() -> None:
 
 
 @pytest.mark.unit
-def test_a_secret_of_the_wrong_kind_is_not_called_unset(tmp_path: Path) -> None:
-    """Its value is not repeated (it may be a key), but it was set: the line says what the key
-    takes, not "is not set"."""
-    bad = tmp_path / "thoughtgate.toml"
-    bad.write_text("[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n")
-    result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
-    assert result.exit_code == ExitCode.USAGE, result.output
-    lines = sorted(line for line in result.stderr.splitlines() if line.strip())
-    assert lines == [
-        f"error: {bad}: providers.anthropic.api_key: expected a string (the value is not shown)",
-        f"error: {bad}: server.secret: expected a string (the value is not shown)",
-    ]
-
-
-@pytest.mark.unit
-def test_a_config_path_that_is_a_directory_is_called_one(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["serve", "--config", str(tmp_path)], env={"COLUMNS": "60"})
-    assert result.exit_code == ExitCode.USAGE, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: {tmp_path}: a directory, not a file (named by --config)"]
-
-
-@pytest.mark.unit
-def test_a_config_path_that_is_a_pipe_is_refused_not_read_half(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "says"), [("directory", "a directory, not a file"), ("pipe", "not a regular file")]
+)
+def test_a_config_path_that_is_no_file_says_what_it_is(
+    tmp_path: Path, kind: str, says: str
+) -> None:
     """The file is read more than once, and a pipe (``--config <(...)``) gives its text only to
     the first read: refused, rather than loaded with settings (``access.local_role``) lost."""
-    pipe = tmp_path / "config.fifo"
-    os.mkfifo(pipe)
-    result = CliRunner().invoke(app, ["runs", "--config", str(pipe)], env={"COLUMNS": "60"})
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    result = CliRunner().invoke(app, ["runs", "--config", str(path)], env={"COLUMNS": "60"})
     assert result.exit_code == ExitCode.USAGE, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: {pipe}: not a regular file (named by --config)"]
+    assert lines == [f"error: {path}: {says} (named by --config)"]
+
+
+def _on_a_port_in_use(args: list[str]) -> tuple[int, list[str]]:
+    """The port another socket listens on, and the error lines of ``args --port`` that port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, [*args, "--port", str(port)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert "Traceback" not in result.output
+    return port, [line for line in result.stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.inprocess
@@ -277,17 +295,7 @@ def test_serve_on_a_port_in_use_is_one_line_before_it_opens_its_store(tmp_path: 
     """Found before start-up: no store is created and no bootstrap owner key is made that would
     never be shown (the next start, finding a key, prints none)."""
     store = tmp_path / "store.db"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = CliRunner().invoke(
-            app,
-            ["serve", "--port", str(port), "--db", f"sqlite:///{store}"],
-            env={"COLUMNS": "60"},
-        )
-    assert result.exit_code == ExitCode.FAILED, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    port, lines = _on_a_port_in_use(["serve", "--db", f"sqlite:///{store}"])
     assert lines == [
         f"error: cannot listen on 127.0.0.1:{port}: the port is already in use (another server "
         "holds it: stop it, or choose another port; 0 picks a free one)"
@@ -297,14 +305,7 @@ def test_serve_on_a_port_in_use_is_one_line_before_it_opens_its_store(tmp_path: 
 
 @pytest.mark.inprocess
 def test_emulate_on_a_port_in_use_is_one_line_not_a_traceback() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = CliRunner().invoke(app, ["emulate", "--port", str(port)], env={"COLUMNS": "60"})
-    assert result.exit_code == ExitCode.FAILED, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    port, lines = _on_a_port_in_use(["emulate"])
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
 
 

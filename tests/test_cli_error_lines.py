@@ -190,17 +190,38 @@ def test_no_arguments_still_print_the_help() -> None:
 
 
 @pytest.mark.inprocess
-def test_an_unreachable_daemon_is_named_in_plain_words() -> None:
+@pytest.mark.parametrize("credentials", ["", "bob:hunter2@"], ids=["plain", "with a password"])
+def test_an_unreachable_daemon_is_named_in_plain_words(credentials: str) -> None:
+    """A reverse proxy's basic-auth password in ``--url`` is not repeated."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{credentials}127.0.0.1:{port}"
     result = CliRunner().invoke(app, ["status", "run_x", "--url", url, "--key", "k"])
     assert result.exit_code == ExitCode.FAILED
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"error: cannot reach the daemon at {url}: ")
+    assert lines[0].startswith(f"error: cannot reach the daemon at http://127.0.0.1:{port}: ")
     assert "Error(" not in lines[0]  # httpx's words, not an exception's repr
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--key", "k"], "error: --url 'ftp://db.internal' is not a daemon's address"),
+        ([], "error: --url http://db.internal needs an API key"),
+    ],
+    ids=["bad scheme", "no key"],
+)
+def test_a_refused_daemon_url_is_named_without_its_password(args: list[str], says: str) -> None:
+    scheme = "ftp" if args else "http"
+    url = f"{scheme}://bob:hunter2@db.internal"
+    result = CliRunner().invoke(app, ["runs", "--url", url, *args], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith(says), result.stderr
+    assert "hunter2" not in result.output + result.stderr
 
 
 WITH_BASE_URL = ("--db", "memory://", "--base-url")

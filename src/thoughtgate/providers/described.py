@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import re
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_field_name", "public_url", "shape_of", "size_of", "without_quoted_bytes"]
+__all__ = ["is_field_name", "shape_of", "size_of", "without_quoted_bytes"]
 
 _FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
 _KEYS_NAMED: Final = 8
@@ -73,22 +72,3 @@ def without_quoted_bytes(text: str) -> str:
     the body itself -- a stream event, reasoning and all -- so the quote is replaced by its
     kind; the rest of the text (what went wrong) is kept."""
     return _QUOTED_BYTES.sub("<bytes withheld>", text)
-
-
-def public_url(url: str) -> str:
-    """``url`` as an error message may show it: scheme, host, port and path, without a user and
-    password (``http://user:secret@gateway/v1``) or a query (``?key=...``) that may hold a
-    credential; ``<a URL that could not be read>`` when it cannot be split."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<a URL that could not be read>"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if port is None else f"{host}:{port}"
-    shown = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    if (parts.netloc and not netloc) or "@" in shown:  # ``user:secret@host`` with no ``//``
-        return "<a URL that could not be read>"
-    return shown

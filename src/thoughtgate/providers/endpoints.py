@@ -23,9 +23,8 @@ from typing import Any
 
 import httpx
 
-from thoughtgate.errors import ConfigError
+from thoughtgate.errors import ConfigError, public_url
 from thoughtgate.providers.base import ProviderSettings
-from thoughtgate.providers.described import public_url
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule, WireFormat, detect_server, resolve_rule
 

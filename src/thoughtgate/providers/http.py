@@ -47,16 +47,11 @@ from thoughtgate.errors import (
     ProviderHTTPError,
     ProviderStreamError,
     ProviderTimeoutError,
+    public_url,
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
-from thoughtgate.providers.described import (
-    is_field_name,
-    public_url,
-    shape_of,
-    size_of,
-    without_quoted_bytes,
-)
+from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 

@@ -15,7 +15,7 @@ import socket
 
 from thoughtgate.errors import ThoughtgateError
 
-__all__ = ["ListenError", "listen"]
+__all__ = ["ListenError", "host_port", "listen"]
 
 
 class ListenError(ThoughtgateError):
@@ -30,7 +30,8 @@ _WHY = {
 }
 
 
-def _where(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (an IPv6 address in brackets: ``[::1]:8765``)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -38,7 +39,7 @@ def listen(host: str, port: int) -> list[socket.socket]:
     """Sockets bound to every address ``host`` names (all of this machine's for ``""``), on
     ``port`` (0: one free port for them all), not yet listening; a :class:`ListenError` saying why when one
     cannot be bound, with none left open."""
-    where = _where(host, port)
+    where = host_port(host, port)
     try:
         found = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

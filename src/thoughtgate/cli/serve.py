@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         async def body() -> None:
-            from thoughtgate.listening import listen
+            from thoughtgate.listening import host_port, listen
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
 
                 def ready(bound_host: str, bound_port: int) -> None:
                     err_console.print(
-                        f"thoughtgate listening on http://{bound_host}:{bound_port} "
+                        f"thoughtgate listening on http://{host_port(bound_host, bound_port)} "
                         f"(store {describe_store(ctx.db_url)})",
                         highlight=False,
                         soft_wrap=True,

@@ -81,6 +81,10 @@ BAD_CONFIG = [
         "[access]\nlocal_role = 'boss'\n",
         "{file}: access.local_role = 'boss': expected one of viewer,",
     ),
+    (
+        "[store]\nurl = 'mysql://db/app'\n",
+        "{file}: store.url = 'mysql://db/app': expected sqlite:///PATH, memory:// or postgresql://",
+    ),
 ]
 
 
@@ -132,13 +136,16 @@ def test_a_config_error_never_repeats_a_value_that_may_be_a_secret(
                 "server.port = 70000: expected a whole number from 0 to 65535",
             ],
         ),
-        # A secret's value is not repeated (it may be a key), but it was set: the line says
-        # what the key takes, not "is not set".
+        # A secret's value is not repeated (it may be a key, or a URL with a password), but it
+        # was set: the line says what the key takes, not "is not set".
         (
-            "[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n",
+            "[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n"
+            "[store]\nurl = 'postgress://bob:hunter2@db/app'\n",
             [
                 "providers.anthropic.api_key: expected a string (the value is not shown)",
                 "server.secret: expected a string (the value is not shown)",
+                "store.url: expected sqlite:///PATH, memory:// or postgresql://... "
+                "(the value is not shown)",
             ],
         ),
     ],

@@ -152,6 +152,18 @@ class StoreConfig(_Section):
     """``sqlite:///PATH`` (default: a file under the user data directory), ``memory://``, or
     ``postgresql://...``."""
 
+    @field_validator("url")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        """A URL no store opens is a configuration problem, named with its file or variable
+        (``--db`` is checked where the store is opened)."""
+        if value is not None and not value.startswith(STORE_URL_PREFIXES):
+            raise ValueError("expected sqlite:///PATH, memory:// or postgresql://...")
+        return value
+
+
+STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")
+"""How the URL of every store thoughtgate opens begins (``thoughtgate.store.urls``)."""
 
 SummarizerName: TypeAlias = Literal["phases", "narration", "provider_summaries", "model"]
 

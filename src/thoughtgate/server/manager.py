@@ -91,10 +91,6 @@ class RunManager:
         """Where the next listing of finished workflows begins (``_forget_ended``)."""
 
     @property
-    def active(self) -> int:
-        return len(self._tasks) + len(self.runtime.executing)
-
-    @property
     def closing(self) -> bool:
         """True once shutdown began: no new runs are started."""
         return self._closing

@@ -147,6 +147,10 @@ class QuotasConfig(_Section):
     """Runs one key may start within any 60 seconds."""
 
 
+STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")
+"""How the URL of every store thoughtgate opens begins (``thoughtgate.store.urls``)."""
+
+
 class StoreConfig(_Section):
     url: str | None = None
     """``sqlite:///PATH`` (default: a file under the user data directory), ``memory://``, or
@@ -161,9 +165,6 @@ class StoreConfig(_Section):
             raise ValueError("expected sqlite:///PATH, memory:// or postgresql://...")
         return value
 
-
-STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")
-"""How the URL of every store thoughtgate opens begins (``thoughtgate.store.urls``)."""
 
 SummarizerName: TypeAlias = Literal["phases", "narration", "provider_summaries", "model"]
 

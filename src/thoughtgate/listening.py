@@ -37,8 +37,8 @@ def host_port(host: str, port: int) -> str:
 
 def listen(host: str, port: int) -> list[socket.socket]:
     """Sockets bound to every address ``host`` names (all of this machine's for ``""``), on
-    ``port`` (0: one free port for them all), not yet listening; a :class:`ListenError` saying why when one
-    cannot be bound, with none left open."""
+    ``port`` (0: one free port for them all), not yet listening; a :class:`ListenError` saying
+    why when one cannot be bound, with none left open."""
     where = host_port(host, port)
     try:
         found = socket.getaddrinfo(

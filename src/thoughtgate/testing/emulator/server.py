@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from thoughtgate.listening import listen
+from thoughtgate.listening import host_port, listen
 from thoughtgate.testing.emulator.scenario import Scenario
 
 __all__ = ["ConnectionCount", "Emulator", "EmulatorServer", "RecordedRequest", "serve_emulator"]
@@ -200,7 +200,7 @@ class EmulatorServer:
     @property
     def url(self) -> str:
         """The host root (Anthropic's base URL convention)."""
-        return f"http://{self.host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     @property
     def v1(self) -> str:

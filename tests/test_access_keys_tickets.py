@@ -228,3 +228,18 @@ async def test_ticket_secret_from_config_or_store() -> None:
     assert await ticket_secret(store, "configured") == "configured"
     first = await ticket_secret(store, None)
     assert first and await ticket_secret(store, None) == first
+
+
+@pytest.mark.parametrize("local", ["member", "owner"])
+async def test_the_daemons_first_key_has_the_local_role_never_more(local: str) -> None:
+    """``thoughtgate serve`` on a store with no keys makes one with ``access.local_role``: a
+    person whose command line stops at member (``keys create`` needs admin, ``mcp --role`` stops
+    there) does not get an owner key by starting a daemon."""
+    from thoughtgate.cli.serve import bootstrap_key
+
+    store = MemoryStore()
+    made = await bootstrap_key(store, Role[local.upper()])
+    assert made is not None
+    (record,) = await store.list_api_keys()
+    assert (record.role, record.name) == (local, made[0])
+    assert await bootstrap_key(store, Role.OWNER) is None  # once, on a store with no keys

@@ -69,6 +69,9 @@ if TYPE_CHECKING:
 
 __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
+STORE_INT_MAX = 2**63 - 1
+"""The largest ``--after`` or ``--limit``: what the stores' integers hold, as the daemon takes
+(a larger one stopped SQLite with a traceback)."""
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
 
@@ -492,7 +495,10 @@ def register(app: typer.Typer) -> None:
     @with_run_filters
     def runs(
         limit: Annotated[
-            int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
+            int,
+            typer.Option(
+                "--limit", metavar="N", help="Show at most N runs.", min=1, max=STORE_INT_MAX
+            ),
         ] = 20,
         *,
         filters: RunFilters,
@@ -527,11 +533,19 @@ def register(app: typer.Typer) -> None:
         run_id: RunIdArg,
         after: Annotated[
             int,
-            typer.Option("--after", metavar="SEQ", help="Only events after this sequence number."),
+            typer.Option(
+                "--after",
+                metavar="SEQ",
+                help="Only events after this sequence number.",
+                min=0,
+                max=STORE_INT_MAX,
+            ),
         ] = 0,
         limit: Annotated[
             int | None,
-            typer.Option("--limit", metavar="N", help="At most N events.", min=1),
+            typer.Option(
+                "--limit", metavar="N", help="At most N events.", min=1, max=STORE_INT_MAX
+            ),
         ] = None,
         follow: Annotated[
             bool,

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
 from thoughtgate.client.run_list import RunListFilters, RunListPage, run_list_params
+from thoughtgate.errors import public_url
 from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
 from thoughtgate.events.views import RunView
@@ -160,7 +161,7 @@ class ThoughtgateClient:
             # the address and httpx's own words, not its repr: one line a user can act on
             reason = str(exc) or type(exc).__name__
             raise DaemonUnreachableError(
-                f"cannot reach the daemon at {self._http.base_url}: {reason}"
+                f"cannot reach the daemon at {public_url(str(self._http.base_url))}: {reason}"
             ) from exc
         raise_for_response(response, run_id=run_id)
         try:

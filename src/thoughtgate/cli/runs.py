@@ -30,7 +30,7 @@ import typer
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.exit_codes import for_run_status
-from thoughtgate.cli.missing_store import missing_local_store, nothing_there
+from thoughtgate.cli.missing_store import missing_store, nothing_there
 from thoughtgate.cli.options import (
     ApiKeyOpt,
     ApproveAllOpt,
@@ -294,7 +294,7 @@ def _local_command(
     """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
     and the terminal's approvals, durable when the store is; prints the run's view as ``body``
     left it and returns its status. ``recorded_run``: the id of a run ``body`` needs recorded
-    already (``resume``'s): a SQLite store that is not there is then not created, and the
+    already (``resume``'s): a store that is not there is then not created, and the
     command fails naming its path (``cli.missing_store``)."""
     o = options
 
@@ -329,7 +329,7 @@ def _local_command(
 
     async def main() -> str:
         ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
-        if recorded_run is not None and (missing := missing_local_store(ctx.db_url)) is not None:
+        if recorded_run is not None and (missing := await missing_store(ctx.db_url)) is not None:
             raise nothing_there(missing, f"run {recorded_run!r}")
         return await ctx.using(lambda store: go(ctx, store))
 

@@ -31,8 +31,9 @@ can quote a provider's message or a tool's output, and an answer is the model's;
 about where the index is wrong, not what a run said.
 Reasoning is not compared at all (no event holds it whole).
 
-A store that does not exist (SQLite or PostgreSQL) is not created (``cli.missing_store``): with
-no run named, nothing is checked and the path is noted on stderr; a named run is a usage error naming it.
+A store that does not exist (a SQLite file, a PostgreSQL schema) is not created
+(``cli.missing_store``): with no run named, nothing is checked and where it looked is noted on
+stderr; a named run is a usage error naming it.
 
 Exit codes (``cli.exit_codes``): 0 the index agrees (after ``--repair``: every disagreement was
 repaired); 4 a disagreement was found (after ``--repair``: one is left); 2 usage; 1 failure.

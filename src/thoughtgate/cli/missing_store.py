@@ -1,12 +1,12 @@
 """A store that does not exist, seen by a command that must not create it.
 
 Opening a SQLite store creates its file and directories; opening a PostgreSQL one creates its
-schema and tables. That is right for the commands whose
-job is to record (``run``, ``demo``, ``serve``, ``mcp``, ``keys create``), and wrong for the
-others: a mistyped ``--db`` would leave a stray empty database behind and answer as if a real,
-empty store were there. So the reads (``runs``, ``status``, ``events``, ``trace``,
-``keys list``) and the commands that act on something already recorded (``resume``,
-``keys revoke``) look first, and say which path they looked at:
+schema and tables. That is right for the commands whose job is to record (``run``, ``demo``,
+``serve``, ``mcp``, ``keys create``), and wrong for the others: a mistyped ``--db`` would leave
+a stray empty database behind and answer as if a real, empty store were there. So the reads
+(``runs``, ``status``, ``events``, ``trace``, ``check-index``, ``keys list``) and the commands
+that act on something already recorded (``resume``, ``keys revoke``) look first, and say where
+they looked:
 
 * a listing lists nothing and notes the path on stderr (:func:`note_no_store`): an empty answer
   is true, and a script reading stdout gets the same shape as for an empty store;

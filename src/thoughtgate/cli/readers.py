@@ -170,11 +170,11 @@ class NoStoreReader:
     exit code of an unknown run."""
 
     def __init__(self, where: str, role: Role) -> None:
-        self.path = where
+        self.where = where
         self.reader = role
 
     def _nothing_here(self, given: str) -> UsageError:
-        return nothing_there(self.path, f"run {given!r}")
+        return nothing_there(self.where, f"run {given!r}")
 
     async def role(self) -> str:
         return self.reader.label
@@ -188,7 +188,7 @@ class NoStoreReader:
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         if selection.mine:
             raise UsageError(MINE_NEEDS_DAEMON)
-        note_no_store(self.path)
+        note_no_store(self.where)
         return []
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

@@ -18,6 +18,7 @@ from support.pg import PG_URL
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
+from thoughtgate.store.pg_errors import describe_target
 
 pytestmark = pytest.mark.postgres
 
@@ -43,7 +44,7 @@ def _schema_exists(name: str) -> bool:
 
 def test_reads_of_a_postgres_schema_that_does_not_exist_create_nothing(schema: str) -> None:
     db = f"{PG_URL}?schema={schema}"
-    where = f"PostgreSQL database test at 127.0.0.1:5432, schema {schema}"
+    where = describe_target(PG_URL, schema)  # database, host, port and schema; no password
     runner = CliRunner()
 
     def tg(*args: str) -> tuple[int, str, str]:

@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from thoughtgate.access.keys import (
     KEY_ID_PREFIX,
@@ -161,6 +163,31 @@ def test_ticket_roundtrip_expiry_forgery_and_binding() -> None:
     assert (late.value.status, late.value.code) == (401, "ticket_expired")
 
 
+_ISSUED = TicketSigner("s3cret", ttl_s=60, clock=Clock()).issue("run_1", Role.OWNER, key_id="k")[0]
+_TICKET_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.text(max_size=40)
+
+
+@given(
+    st.one_of(
+        _TICKET_TEXT,
+        st.builds(lambda a, b: f"v1.{a}.{b}", _TICKET_TEXT, _TICKET_TEXT),
+        st.builds(lambda a, b: f"v1.{a}.{b}", st.just(_ISSUED.split(".")[1]), _TICKET_TEXT),
+        st.builds(lambda a, b: f"v1.{a}.{b}", _TICKET_TEXT, st.just(_ISSUED.split(".")[2])),
+    )
+)
+def test_any_text_that_is_not_a_ticket_is_refused_as_one(text: str) -> None:
+    """The ticket is whatever a URL's query held, percent-decoded: any characters at all (an
+    ``é``, a lone surrogate from ``%ED%A0%80``, NUL). Anything but a ticket this signer issued is
+    a ``TicketError`` (401, in the reader's words), never another exception (a 500)."""
+    signer = TicketSigner("s3cret", ttl_s=60, clock=Clock())
+    with pytest.raises(TicketError) as refused:
+        signer.verify(text, "run_1")
+    assert (refused.value.status, refused.value.code) in {
+        (401, "ticket_invalid"),
+        (401, "ticket_missing"),
+    }
+
+
 def test_a_ticket_must_name_its_key() -> None:
     signer = TicketSigner("s3cret", ttl_s=60)
     with pytest.raises(ValueError, match="key"):
@@ -201,3 +228,18 @@ async def test_ticket_secret_from_config_or_store() -> None:
     assert await ticket_secret(store, "configured") == "configured"
     first = await ticket_secret(store, None)
     assert first and await ticket_secret(store, None) == first
+
+
+@pytest.mark.parametrize("local", ["member", "owner"])
+async def test_the_daemons_first_key_has_the_local_role_never_more(local: str) -> None:
+    """``thoughtgate serve`` on a store with no keys makes one with ``access.local_role``: a
+    person whose command line stops at member (``keys create`` needs admin, ``mcp --role`` stops
+    there) does not get an owner key by starting a daemon."""
+    from thoughtgate.cli.serve import bootstrap_key
+
+    store = MemoryStore()
+    made = await bootstrap_key(store, Role[local.upper()])
+    assert made is not None
+    (record,) = await store.list_api_keys()
+    assert (record.role, record.name) == (local, made[0])
+    assert await bootstrap_key(store, Role.OWNER) is None  # once, on a store with no keys

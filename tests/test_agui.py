@@ -15,7 +15,7 @@ from support.daemon import Daemon, markers, running_daemon
 from support.node import node_json
 
 from thoughtgate.providers.base import Provider, TurnRequest
-from thoughtgate.testing.fake import FakeProvider, text
+from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, text
 
 TOOLS = ["lookup"]
 
@@ -41,8 +41,11 @@ def _input(prompt: str = "hi", **thoughtgate: Any) -> dict[str, Any]:
 def _agui(
     daemon: Daemon, role: str, body: dict[str, Any]
 ) -> tuple[httpx.Response, list[dict[str, Any]], str]:
-    """One AG-UI request: the response, its decoded events and its raw body."""
-    with daemon.client(role) as c, c.stream("POST", "/v1/agui", json=body) as r:
+    """One AG-UI request: the response, its decoded events and its raw body. (The body is
+    written as ASCII JSON: a lone surrogate as a ``\\u`` escape, which UTF-8 cannot carry.)"""
+    sent = json.dumps(body).encode("ascii")
+    headers = {"content-type": "application/json"}
+    with daemon.client(role) as c, c.stream("POST", "/v1/agui", content=sent, headers=headers) as r:
         raw = r.read().decode("utf-8")
     events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
     return r, events, raw
@@ -179,6 +182,35 @@ def test_bad_input_is_a_clear_error_before_anything_streams(
     assert r.headers["content-type"].startswith("application/json")
     assert message in r.json()["error"]["message"]
     assert "pydantic.dev" not in r.text
+
+
+CUT = "half an emoji: \ud83d"
+"""A model's text cut inside a surrogate pair, as Python's ``json`` reads a provider's
+``"\\ud83d"``; a payload keeps it exactly (ADR 0114)."""
+
+
+def _cut_emoji(request: TurnRequest, turn: int) -> Iterator[Any]:
+    yield text(CUT)
+
+
+def test_a_lone_surrogate_in_the_answer_or_the_input_streams_as_an_escape(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UTF-8 cannot carry a lone surrogate (in the model's answer, or in the ``threadId`` a
+    client sent, which ``RUN_STARTED`` echoes): the frame writes it as a ``\\u`` escape, which
+    the client's JSON reader turns back into the same text, instead of the stream breaking off
+    after its headers with a traceback in the daemon's log."""
+    monkeypatch.setitem(FAKE_SCRIPTS, "cut-emoji", _cut_emoji)
+    body = {**_input("hi", model="fake:cut-emoji"), "threadId": "t-\udfff"}
+    r, events, raw = _agui(daemon, "member", body)
+    assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED", raw
+    assert events[0]["threadId"] == "t-\udfff"
+    said = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(said) == CUT
+    follow = _input("ignored", run=r.headers["x-thoughtgate-run-id"])
+    r, events, raw = _agui(daemon, "viewer", follow)
+    assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED", raw
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == CUT
 
 
 def test_reasoning_a_client_sends_back_never_reaches_the_model() -> None:

@@ -3,6 +3,8 @@ being copied from a terminal or matched by a script, so the CLI never wraps it a
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 from pathlib import Path
 
@@ -31,7 +33,17 @@ BAD_INPUT = [
     (["bogus-command"], "No such command 'bogus-command'. (see thoughtgate --help)"),
     (["run"], "Missing argument 'PROMPT'. (see thoughtgate run --help)"),
     (["keys", "bogus"], "No such command 'bogus'. (see thoughtgate keys --help)"),
-    (["runs", "--limit", "0"], "'--limit': 0 is not in the range x>=1."),
+    (["runs", "--limit", "0"], "'--limit': 0 is not in the range 1<=x<=9223372036854775807."),
+    # beyond what the stores' integers hold: SQLite stopped with a traceback
+    (
+        ["runs", "--limit", "9223372036854775808"],
+        "'--limit': 9223372036854775808 is not in the range 1<=x<=9223372036854775807.",
+    ),
+    (
+        ["events", "run_x", "--after", "99999999999999999999"],
+        "'--after': 99999999999999999999 is not in the range 0<=x<=9223372036854775807.",
+    ),
+    (["events", "run_x", "--after", "-1"], "'--after': -1 is not in the range 0<=x<="),
     # (below the range: a port above it, before the check, was started on modulo 65536)
     (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
     (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),
@@ -68,6 +80,10 @@ BAD_CONFIG = [
     (
         "[access]\nlocal_role = 'boss'\n",
         "{file}: access.local_role = 'boss': expected one of viewer,",
+    ),
+    (
+        "[store]\nurl = 'mysql://db/app'\n",
+        "{file}: store.url = 'mysql://db/app': expected sqlite:///PATH, memory:// or postgresql://",
     ),
 ]
 
@@ -109,17 +125,41 @@ def test_a_config_error_never_repeats_a_value_that_may_be_a_secret(
 
 
 @pytest.mark.unit
-def test_each_problem_of_a_config_file_is_a_line_of_its_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n",
+            [
+                "orchestration.max_turn: no such key (check the spelling and the section)",
+                "server.host = 5: expected a string",
+                "server.port = 70000: expected a whole number from 0 to 65535",
+            ],
+        ),
+        # A secret's value is not repeated (it may be a key, or a URL with a password), but it
+        # was set: the line says what the key takes, not "is not set".
+        (
+            "[providers.anthropic]\napi_key = 12345678\n[server]\nsecret = true\n"
+            "[store]\nurl = 'postgress://bob:hunter2@db/app'\n",
+            [
+                "providers.anthropic.api_key: expected a string (the value is not shown)",
+                "server.secret: expected a string (the value is not shown)",
+                "store.url: expected sqlite:///PATH, memory:// or postgresql://... "
+                "(the value is not shown)",
+            ],
+        ),
+    ],
+    ids=["three problems", "secrets of the wrong kind"],
+)
+def test_each_problem_of_a_config_file_is_a_line_of_its_own(
+    tmp_path: Path, text: str, says: list[str]
+) -> None:
     bad = tmp_path / "thoughtgate.toml"
-    bad.write_text("[server]\nport = 70000\nhost = 5\n[orchestration]\nmax_turn = 3\n")
+    bad.write_text(text)
     result = CliRunner().invoke(app, ["serve", "--config", str(bad)], env={"COLUMNS": "60"})
     assert result.exit_code == ExitCode.USAGE, result.output
     lines = sorted(line for line in result.stderr.splitlines() if line.strip())
-    assert lines == [
-        f"error: {bad}: orchestration.max_turn: no such key (check the spelling and the section)",
-        f"error: {bad}: server.host = 5: expected a string",
-        f"error: {bad}: server.port = 70000: expected a whole number from 0 to 65535",
-    ]
+    assert lines == [f"error: {bad}: {line}" for line in says]
 
 
 @pytest.mark.unit
@@ -157,14 +197,153 @@ def test_no_arguments_still_print_the_help() -> None:
 
 
 @pytest.mark.inprocess
-def test_an_unreachable_daemon_is_named_in_plain_words() -> None:
+@pytest.mark.parametrize("credentials", ["", "bob:hunter2@"], ids=["plain", "with a password"])
+def test_an_unreachable_daemon_is_named_in_plain_words(credentials: str) -> None:
+    """A reverse proxy's basic-auth password in ``--url`` is not repeated."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{credentials}127.0.0.1:{port}"
     result = CliRunner().invoke(app, ["status", "run_x", "--url", url, "--key", "k"])
     assert result.exit_code == ExitCode.FAILED
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"error: cannot reach the daemon at {url}: ")
+    assert lines[0].startswith(f"error: cannot reach the daemon at http://127.0.0.1:{port}: ")
     assert "Error(" not in lines[0]  # httpx's words, not an exception's repr
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--key", "k"], "error: --url 'ftp://db.internal' is not a daemon's address"),
+        ([], "error: --url http://db.internal needs an API key"),
+    ],
+    ids=["bad scheme", "no key"],
+)
+def test_a_refused_daemon_url_is_named_without_its_password(args: list[str], says: str) -> None:
+    scheme = "ftp" if args else "http"
+    url = f"{scheme}://bob:hunter2@db.internal"
+    result = CliRunner().invoke(app, ["runs", "--url", url, *args], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith(says), result.stderr
+    assert "hunter2" not in result.output + result.stderr
+
+
+WITH_BASE_URL = ("--db", "memory://", "--base-url")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://api.example.com", "localhost:8000", "http://host:port", "http://"],
+)
+def test_a_base_url_no_request_can_go_to_is_a_usage_error_before_any_run(url: str) -> None:
+    """Not a run that fails with httpx's ``UnsupportedProtocol``: exit 2, no run created."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "hi",
+            "--model",
+            "anthropic:claude-sonnet-4-5",
+            "--api-key",
+            "k",
+            *WITH_BASE_URL,
+            url,
+        ],
+        env={"COLUMNS": "60"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: providers.anthropic.base_url = "), lines[0]
+    assert "expected an http:// or https:// URL" in lines[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://bob:hunter2@api.example.com", "bob:hunter2@api.example.com", "http://bob:hunter2@"],
+)
+def test_a_bad_base_url_is_named_without_its_password(url: str) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["run", "hi", "--model", "openai:gpt-5", "--api-key", "k", *WITH_BASE_URL, url],
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "providers.openai.base_url" in result.stderr
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+def test_a_mistyped_store_scheme_is_named_without_the_urls_password() -> None:
+    result = CliRunner().invoke(app, ["runs", "--db", "postgress://bob:hunter2@db.internal/app"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith("error: unsupported store url 'postgress:")
+    assert "hunter2" not in result.output + result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kind", "says"), [("directory", "a directory, not a file"), ("pipe", "not a regular file")]
+)
+def test_a_config_path_that_is_no_file_says_what_it_is(
+    tmp_path: Path, kind: str, says: str
+) -> None:
+    """The file is read more than once, and a pipe (``--config <(...)``) gives its text only to
+    the first read: refused, rather than loaded with settings (``access.local_role``) lost."""
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    result = CliRunner().invoke(app, ["runs", "--config", str(path)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {path}: {says} (named by --config)"]
+
+
+def _on_a_port_in_use(args: list[str]) -> tuple[int, list[str]]:
+    """The port another socket listens on, and the error lines of ``args --port`` that port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, [*args, "--port", str(port)], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert "Traceback" not in result.output
+    return port, [line for line in result.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.inprocess
+def test_serve_on_a_port_in_use_is_one_line_before_it_opens_its_store(tmp_path: Path) -> None:
+    """Found before start-up: no store is created and no bootstrap owner key is made that would
+    never be shown (the next start, finding a key, prints none)."""
+    store = tmp_path / "store.db"
+    port, lines = _on_a_port_in_use(["serve", "--db", f"sqlite:///{store}"])
+    assert lines == [
+        f"error: cannot listen on 127.0.0.1:{port}: the port is already in use (another server "
+        "holds it: stop it, or choose another port; 0 picks a free one)"
+    ]
+    assert not store.exists()
+
+
+@pytest.mark.inprocess
+def test_emulate_on_a_port_in_use_is_one_line_not_a_traceback() -> None:
+    port, lines = _on_a_port_in_use(["emulate"])
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+
+
+@pytest.mark.inprocess
+def test_the_largest_limit_lists_the_runs_of_a_sqlite_store(tmp_path: Path) -> None:
+    """``--limit 9223372036854775807`` is allowed: the store asks for one run more than the page
+    (whether another page follows) without going past SQLite's integers."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    started = CliRunner().invoke(app, ["run", "hi", "--model", "fake:echo", "--db", db])
+    assert started.exit_code == ExitCode.COMPLETED, started.output
+    listed = CliRunner().invoke(app, ["runs", "--limit", str(2**63 - 1), "--json", "--db", db])
+    assert listed.exit_code == ExitCode.COMPLETED, listed.output
+    assert len(json.loads(listed.stdout)) == 1

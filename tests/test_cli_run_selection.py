@@ -187,6 +187,12 @@ def test_times_are_dates_datetimes_or_ages() -> None:
     assert parse_when("2026-12-01T10:30+01:00", "--since", now=now) == _utc("2026-12-01T09:30")
     local_midnight = datetime(2026, 12, 1).timestamp()  # no offset: local time, as `date` shows
     assert parse_when("2026-12-01", "--since", now=now) == local_midnight
+    # the first and last days ISO 8601 writes are times, though the platform cannot place them
+    assert parse_when("0001-01-01T00:00Z", "--since", now=now) == -62135596800
+    # local midnight, however the zone's offset of year 1 is taken: within a day of UTC's
+    assert abs(parse_when("0001-01-01", "--since", now=now) + 62135596800) <= 86400
+    assert parse_when("9999-12-31T23:59:59Z", "--until", now=now) == 253402300799
+    assert select_runs(since="0001-01-01", now=now).since == 0, "every run since then"
     for bad in ("", "2h30m", "-2h", "soon", "2026-13-01"):
         with pytest.raises(UsageError, match="is not a time"):
             parse_when(bad, "--since", now=now)

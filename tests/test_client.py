@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -33,7 +34,12 @@ from thoughtgate.client import (
     SyncThoughtgateClient,
     ThoughtgateClient,
 )
-from thoughtgate.errors import AccessDeniedError, AuthenticationError, RunNotFoundError
+from thoughtgate.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    RunNotFoundError,
+    UsageError,
+)
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.events.thread import StepItem, ToolCard
 
@@ -433,6 +439,21 @@ async def test_errors_are_typed(daemon: Daemon) -> None:
     async with ThoughtgateClient(f"http://127.0.0.1:{free_port()}", "k") as nowhere:
         with pytest.raises(DaemonError, match="cannot reach"):
             await nowhere.list_runs()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "url", ["localhost:8765", "127.0.0.1:8765", "tg.example", "ftp://tg", "http://"]
+)
+def test_an_address_without_http_is_refused_naming_the_form_expected(url: str) -> None:
+    """``localhost:8765`` was taken for a URL whose scheme is ``localhost``: every call then
+    failed with "unsupported protocol 'localhost://'". Refused when the client is made, saying
+    what to give instead."""
+    expected = f"{url!r} is not a daemon's address: use http://HOST:PORT"
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        ThoughtgateClient(url, "k")
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        SyncThoughtgateClient(url, "k")
 
 
 # --------------------------------------------------------------------------- blocking wrapper

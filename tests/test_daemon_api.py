@@ -12,9 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from starlette.routing import Route
-from support.daemon import ROLES, Daemon, auth, markers, running_daemon
+from support.daemon import ROLES, Daemon, auth, markers, running_daemon, stream_all
 
+from thoughtgate.providers.base import TurnRequest
 from thoughtgate.server.middleware import OVERHEAD_HEADER
+from thoughtgate.testing.fake import FAKE_SCRIPTS, text
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,9 @@ def test_public_routes(daemon: Daemon) -> None:
     with daemon.client() as c:
         health = c.get("/healthz")
         assert health.status_code == 200 and health.json()["status"] == "ok"
+        # anyone may ask, without a key: it says the daemon is up, nothing of its runs (how
+        # many are under way told an outsider when someone was running something)
+        assert set(health.json()) == {"status", "version"}
         assert c.get("/openapi.json").status_code == 200
     with daemon.client("developer") as c:
         me = c.get("/v1/me").json()
@@ -162,6 +167,21 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         ({"model": "fake:echo"}, 422, "prompt"),
         ({"prompt": "x"}, 400, "needs a model"),
         ({"prompt": "x", "model": "anthropic:claude-x"}, 400, "providers.anthropic.api_key"),
+        # one key twice: a proxy or an audit log reading the first value would disagree with a
+        # daemon acting on the last (ADR 0122)
+        (
+            b'{"prompt": "x", "model": "fake:echo", "chain_of_thought": "hidden", '
+            b'"chain_of_thought": "surface"}',
+            400,
+            "the key 'chain_of_thought' appears twice in one object",
+        ),
+        (
+            b'{"prompt": "x", "model": "fake:echo", "tasks": [{"prompt": "a", "prompt": "b"}]}',
+            400,
+            "the key 'prompt' appears twice",
+        ),
+        (b'{"prompt": ' + b"9" * 5000 + b"}", 400, "a number of more than 4300 digits"),
+        (b'{"prompt": "\xff"}', 400, "not UTF-8"),
     ]
     with daemon.client("member") as c:
         for body, status, needle in cases:
@@ -173,13 +193,50 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
             message = r.json()["error"]["message"]
             assert needle in message, (body, r.text)
             assert " --" not in message and "= None" not in message, "the fix in HTTP's words"
+            assert "sys." not in message and "codec" not in message, "in the daemon's words"
         assert "sk-x" not in c.post("/v1/runs", json={"prompt": "x", "api_key": "sk-x"}).text
+        # a form (curl -d, an HTML form) is not JSON: the error says what to send
+        form = c.post("/v1/runs", data={"prompt": "x", "model": "fake:echo"})
+        assert form.status_code == 400
+        assert "application/x-www-form-urlencoded" in form.json()["error"]["message"]
+        assert "Content-Type: application/json" in form.json()["error"]["message"]
         assert c.get("/v1/runs", params={"limit": "lots"}).status_code == 422
         assert c.get("/v1/runs", params={"limit": 0}).status_code == 422
         assert "unknown query parameter" in c.get("/v1/runs", params={"x": 1}).text
         assert daemon.get("/v1/runs", params={"x": 1}).status_code == 401  # auth first
         assert c.get("/v1/nope").json()["error"]["code"] == "not_found"
         assert c.put("/v1/runs").json()["error"]["code"] == "method_not_allowed"
+
+
+CUT = "half an emoji: \ud83d"
+"""A model's text cut inside a surrogate pair: Python's ``json`` reads a provider's
+``"\\ud83d"`` as this, and a payload keeps it exactly (ADR 0114)."""
+
+
+def _cut_emoji(request: TurnRequest, turn: int) -> Iterator[Any]:
+    yield text(CUT)
+
+
+def test_a_run_whose_answer_holds_a_lone_surrogate_reads_on_every_path(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UTF-8 cannot carry a lone surrogate: the answers write it as a ``\\u`` escape (as the
+    live stream always did), which every JSON reader turns back into the same text, instead of
+    the events page failing with a 500 for every reader of the run."""
+    monkeypatch.setitem(FAKE_SCRIPTS, "cut-emoji", _cut_emoji)
+    run_id = daemon.start_run({"prompt": "hi", "model": "fake:cut-emoji"})
+    assert daemon.wait_done(run_id)["status"] == "completed"
+    for role in ("viewer", "developer"):
+        with daemon.client(role) as c:
+            run = c.get(f"/v1/runs/{run_id}")
+            events = c.get(f"/v1/runs/{run_id}/events")
+        assert run.status_code == 200, run.text
+        assert run.json()["tasks"][0]["output"] == "half an emoji: \ufffd"  # the run index's
+        assert events.status_code == 200, events.text
+        texts = [e["payload"].get("text") for e in events.json()["events"]]
+        assert CUT in texts, texts
+        _, streamed = stream_all(daemon, run_id, role)
+        assert "\\ud83d" in streamed
 
 
 def test_oversized_bodies_are_413(daemon: Daemon) -> None:
@@ -238,6 +295,9 @@ def test_approvals(daemon: Daemon) -> None:
         with daemon.client("viewer") as v:
             assert v.post(url, json={"decision": "approve"}).status_code == 403
         assert c.post(url, json={"decision": "maybe"}).status_code == 422
+        both = b'{"decision": "reject", "decision": "approve"}'  # which one a reader sees varies
+        refused = c.post(url, content=both, headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and "appears twice" in refused.text
         assert (
             c.post(
                 f"/v1/runs/{run_id}/approvals/call_other", json={"decision": "approve"}
@@ -340,3 +400,19 @@ def test_web_page_is_served(daemon: Daemon) -> None:
         assert "default-src 'self'" in page.headers["content-security-policy"]
         assert c.get("/static/app.js").status_code == 200
         assert "/" not in c.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/static/index.html", "/static/app.js", "/static/favicon.svg"]
+)
+def test_every_file_of_the_page_carries_its_protections(daemon: Daemon, path: str) -> None:
+    """The page is also a static file (``/static/index.html``): wherever it is opened from it may
+    not be framed (clickjacking of its sign-in form), may load scripts only from the daemon, and
+    no file of it is sniffed into another type."""
+    with daemon.client() as c:
+        served = c.get(path)
+    assert served.status_code == 200
+    policy = served.headers.get("content-security-policy", "")
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, served.headers
+    assert served.headers.get("x-content-type-options") == "nosniff"
+    assert served.headers.get("referrer-policy") == "no-referrer"

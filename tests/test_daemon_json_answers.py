@@ -60,6 +60,33 @@ def test_sorted_compact_json_is_jsons_text(value: Any) -> None:
     )
 
 
+_any_text = st.text(st.characters())  # every code point: lone surrogates (U+D800-U+DFFF) too
+
+
+@given(
+    st.dictionaries(
+        _any_text,
+        st.recursive(
+            st.none() | st.integers() | _any_text,
+            lambda inner: (
+                st.lists(inner, max_size=4) | st.dictionaries(_any_text, inner, max_size=4)
+            ),
+            max_leaves=12,
+        ),
+        max_size=6,
+    )
+)
+def test_an_answer_holding_a_lone_surrogate_is_utf8_that_reads_back_the_same(
+    content: dict[str, Any],
+) -> None:
+    """An event's payload keeps a lone surrogate exactly (a provider's text cut inside an emoji,
+    ADR 0114), and the events page answers with it: the body is UTF-8 (the surrogate as a
+    ``\\u`` escape, as the live stream writes it) that any JSON reader turns back into the same
+    value, not a 500 for every reader of the run."""
+    body = JSONResponse(content).body
+    assert json.loads(body.decode("utf-8")) == content
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_number_json_cannot_carry_is_refused_as_starlette_refuses_it(bad: float) -> None:
     for response in (JSONResponse, starlette_responses.JSONResponse):

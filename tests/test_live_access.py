@@ -96,6 +96,27 @@ def test_ticket_errors_say_what_is_wrong(daemon: Daemon) -> None:
             assert "role" not in text  # a ticket problem is not reported as a role problem
 
 
+@pytest.mark.parametrize("scope", ["run", "runs"])
+def test_a_ticket_of_any_bytes_is_refused_as_not_valid(daemon: Daemon, scope: str) -> None:
+    """A URL's ticket is whatever its query held: characters no ticket has (``é``, a byte that
+    is not UTF-8, a lone surrogate's escape) are a ticket error, as a forged ticket is, not a
+    500 with a traceback in the daemon's log."""
+    run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+    good = daemon.ticket(run_id, "owner")
+    head, body, mac = good.split(".")
+    path = f"/v1/runs/{run_id}/stream" if scope == "run" else "/v1/runs/stream"
+    odd = ("%C3%A9", "%FF", "%ED%A0%80", "%00")
+    tickets = [f"{head}.{body}.{mac[:-1]}{o}" for o in odd]
+    tickets += [f"{head}.{body[:-1]}{o}.{mac}" for o in odd]
+    tickets += [f"{head}{o}.{body}.{mac}" for o in odd]
+    with daemon.client() as c:
+        for ticket in tickets:
+            refused = c.get(f"{path}?ticket={ticket}")
+            status, code, message = error_of(refused)
+            assert (status, code) == (401, "ticket_invalid"), (ticket, refused.text)
+            assert "POST /v1/tickets" in message
+
+
 def test_a_ticket_opens_nothing_once_its_key_is_revoked(daemon: Daemon) -> None:
     """The attack: a key leaks, is revoked, but its tickets still open streams."""
     made = fresh_key(daemon, "leaked", "developer")

@@ -28,6 +28,7 @@ from psycopg import sql
 from support.daemon import HANG_S, ServeProcess, auth, cli_env, ctrl_c_reaches_children, sse_events
 from support.pg import PG_URL
 
+from thoughtgate.cli.runs import EMPTY_PROMPT
 from thoughtgate.events.schema import EventType
 from thoughtgate.store.leases import EXPIRED
 from thoughtgate.store.urls import open_store
@@ -418,6 +419,20 @@ def test_run_reads_the_prompt_from_stdin_and_sends_the_system_prompt(
     )
     empty = tg("run", "-", "--model", "fake:echo", "--db", db, stdin="  \n")
     assert empty.returncode == 2 and "empty" in empty.stderr
+
+
+def test_an_empty_prompt_is_refused_alike_as_an_argument_or_from_stdin(tmp_path: Path) -> None:
+    """``run ""`` was run (and recorded) while an empty stdin was refused: both are refused, with
+    one message, before anything is opened."""
+    db = tmp_path / "never.db"
+    refusals = [
+        tg("run", given, "--model", "fake:echo", "--db", f"sqlite:///{db}", stdin=piped)
+        for given, piped in (("", None), ("  \n ", None), ("-", ""), ("-", "  \n"))
+    ]
+    for proc in refusals:
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert proc.stderr.strip() == f"error: {EMPTY_PROMPT}", proc.stderr
+    assert not db.exists(), "nothing is recorded for an empty prompt"
 
 
 def test_runs_shows_full_ids_and_when_and_any_unique_prefix_works(db: str) -> None:

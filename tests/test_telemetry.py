@@ -780,6 +780,23 @@ def test_during_an_outage_batches_are_dropped_without_trying(
     ]
 
 
+def test_an_outage_warning_names_the_collector_without_its_credentials(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The warning goes to the operator's log: a token in the endpoint's user part or query is
+    not in it, only the collector's scheme, host and port."""
+    from thoughtgate.telemetry import _OutageAwareExporter
+
+    endpoint = "https://tenant:token-secret@collector.example:4318/v1/traces?key=query-secret"
+    guard = _OutageAwareExporter(_Flaky(), endpoint, cooldown_s=3600)  # type: ignore[arg-type]
+    caplog.set_level(logging.WARNING)
+    assert guard.export([]) is SpanExportResult.FAILURE
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m.split(";")[0] for m in messages] == [
+        "telemetry: cannot export to https://collector.example:4318"
+    ]
+
+
 def test_the_provider_behind_openai_compatible_is_named_from_the_endpoint_rules() -> None:
     from thoughtgate.providers.rules import known_servers
     from thoughtgate.telemetry.conventions import provider_name

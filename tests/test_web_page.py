@@ -628,3 +628,47 @@ def test_the_page_loads_without_errors_or_outside_requests(
         capture.drain()
         assert time.monotonic() - started < 10
     assert all(url.startswith(daemon.base_url) for url in capture.urls())
+
+
+HOSTILE = (
+    '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    "<b id=tg-injected>bold</b>"
+)
+"""Markup where the page shows a prompt and a model's answer: text to show, never to run."""
+
+
+@pytest.mark.parametrize("path", ["/", "/static/index.html"])
+def test_markup_in_a_prompt_and_an_answer_is_shown_as_text_and_never_runs(
+    browser: Browser, daemon: Daemon, path: str
+) -> None:
+    run_id = daemon.start_run({"prompt": HOSTILE, "model": "fake:echo"})
+    daemon.wait_done(run_id)
+    with page_for(browser) as (page, _):
+        page.goto(daemon.base_url + path)
+        page.fill("#key", daemon.keys["member"])
+        page.click("#signin-form button[type=submit]")
+        page.wait_for_selector("[data-testid=role]:text-is('member')")
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=run-status]:text-is('completed')")
+        page.wait_for_selector("[data-testid=answer-text]")
+        assert page.inner_text("[data-testid=run-title]") == HOSTILE
+        assert page.inner_text("[data-testid=answer-text]") == f"Echo: {HOSTILE}"
+        assert HOSTILE in page.inner_text("#runs-list")
+        assert page.locator("#tg-injected, img[src=x]").count() == 0
+        assert page.evaluate("window.__pwned") is None
+
+
+@pytest.mark.parametrize("fragment", ["%E0%A4%A", "%", "run_%00", "%ED%A0%80"])
+def test_a_link_to_a_run_id_no_run_has_says_so_without_a_page_error(
+    browser: Browser, daemon: Daemon, fragment: str
+) -> None:
+    """A shared link is the run id in the address's fragment; one that is not a run id (cut
+    short, not UTF-8, NUL) leaves the page working and signed in, with no script error."""
+    with page_for(browser) as (page, _):  # page_for fails the test on any error on the page
+        sign_in(page, daemon.base_url, daemon.keys["viewer"])
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        page.goto(f"{daemon.base_url}/#{fragment}")
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        page.wait_for_load_state("networkidle")
+        assert page.inner_text("[data-testid=run-error]") == "No such run."
+        assert page.locator("#app").is_visible()

@@ -147,10 +147,23 @@ class QuotasConfig(_Section):
     """Runs one key may start within any 60 seconds."""
 
 
+STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")
+"""How the URL of every store thoughtgate opens begins (``thoughtgate.store.urls``)."""
+
+
 class StoreConfig(_Section):
     url: str | None = None
     """``sqlite:///PATH`` (default: a file under the user data directory), ``memory://``, or
     ``postgresql://...``."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        """A URL no store opens is a configuration problem, named with its file or variable
+        (``--db`` is checked where the store is opened)."""
+        if value is not None and not value.startswith(STORE_URL_PREFIXES):
+            raise ValueError("expected sqlite:///PATH, memory:// or postgresql://...")
+        return value
 
 
 SummarizerName: TypeAlias = Literal["phases", "narration", "provider_summaries", "model"]
@@ -551,11 +564,16 @@ def load_config(
     file: Path | None
     if explicit is not None:
         file = Path(explicit)
-        if not file.is_file():
+        if not file.is_file():  # read more than once: a pipe (``--config <(...)``) cannot be
             named = "--config" if path is not None else "THOUGHTGATE_CONFIG"
-            raise ConfigError(
-                "", None, "", source=str(file), problem=f"no such file (named by {named})"
+            what = (
+                "no such file"
+                if not file.exists()
+                else "a directory, not a file"
+                if file.is_dir()
+                else "not a regular file"
             )
+            raise ConfigError("", None, "", source=str(file), problem=f"{what} (named by {named})")
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
         file = candidate if candidate.is_file() else None

@@ -7,6 +7,7 @@ number from 0 to 65535`` -- for every problem at once, a line each (:class:`Conf
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, get_args
 
@@ -54,6 +55,16 @@ def _names_a_secret(loc: Location) -> bool:
     return bool(names) and any(word in names[-1] for word in _SECRET_WORDS)
 
 
+_URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+"""A URL's ``user:password@`` (a database's, a gateway's)."""
+
+
+def _holds_a_secret(loc: Location, value: object) -> bool:
+    """Whether the value at ``loc`` may be a secret: a credential key's, or a URL with a
+    password in it (``store.url = "postgress://user:password@..."``)."""
+    return _names_a_secret(loc) or (isinstance(value, str) and bool(_URL_PASSWORD.search(value)))
+
+
 def _is_table(err: Mapping[str, Any]) -> bool:
     return isinstance(err.get("input"), Mapping)
 
@@ -65,9 +76,13 @@ def _problem(err: Mapping[str, Any], model: type[BaseModel], where: str) -> Conf
     key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     kind = err["type"]
     # The line is printed and logged: a value that may be a secret is not repeated in it. That
-    # is any value under an unknown key (``api_kye = "sk-..."`` is a key with a typo) and any
-    # value of a key named for a credential.
-    value = None if kind == "extra_forbidden" or _names_a_secret(loc) else err.get("input")
+    # is any value under an unknown key (``api_kye = "sk-..."`` is a key with a typo), any
+    # value of a key named for a credential and any URL with a password.
+    value = (
+        None
+        if kind == "extra_forbidden" or _holds_a_secret(loc, err.get("input"))
+        else err.get("input")
+    )
     msg = str(err.get("msg", ""))
     if kind == "extra_forbidden":
         check = "the spelling" if len(loc) == 1 else "the spelling and the section"
@@ -77,12 +92,18 @@ def _problem(err: Mapping[str, Any], model: type[BaseModel], where: str) -> Conf
         )
     if kind == "missing":
         return ConfigError(key, None, _expected(model, loc) or "a value", source=where)
+    withheld = value is None and err.get("input") is not None
     if kind == "value_error":  # our validators' own words
-        return ConfigError(key, value, "", source=where, problem=msg.removeprefix("Value error, "))
+        said = msg.removeprefix("Value error, ") + (" (the value is not shown)" if withheld else "")
+        return ConfigError(key, value, "", source=where, problem=said)
     ctx = err.get("ctx") or {}
-    if kind == "literal_error" and "expected" in ctx:
-        return ConfigError(key, value, f"one of {ctx['expected']}", source=where)
     expected = _expected(model, loc)
+    if kind == "literal_error" and "expected" in ctx:
+        expected = f"one of {ctx['expected']}"
+    if withheld:
+        # a secret's value is not repeated, but it was set: not "is not set; it needs ..."
+        said = f"expected {expected}" if expected is not None else msg[:1].lower() + msg[1:]
+        return ConfigError(key, None, "", source=where, problem=f"{said} (the value is not shown)")
     if expected is not None:
         return ConfigError(key, value, expected, source=where)
     return ConfigError(key, value, "", source=where, problem=msg[:1].lower() + msg[1:])

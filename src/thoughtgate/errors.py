@@ -45,6 +45,7 @@ import errno
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from thoughtgate.types import Turn
@@ -85,6 +86,7 @@ __all__ = [
     "failure_text",
     "identifier",
     "own_words",
+    "public_url",
     "quoted_words",
     "quoting",
 ]
@@ -97,6 +99,26 @@ def identifier(value: str | None) -> str | None:
     ``None``: a provider's error type, code or request id goes into a public error text only in
     that form, since a provider may put anything in them (ADR 0071)."""
     return value if value is not None and _IDENTIFIER.fullmatch(value) else None
+
+
+def public_url(url: str) -> str:
+    """``url`` as a message may show it: scheme, host, port and path, without a user and password
+    (``http://user:secret@gateway/v1``) or a query (``?key=...``) that may hold a credential;
+    ``<a URL that could not be read>`` when it cannot be split. For a provider's base URL in a
+    run's error (which every reader sees), a daemon's ``--url`` on the terminal."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<a URL that could not be read>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    shown = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    if (parts.netloc and not netloc) or "@" in shown:  # ``user:secret@host`` with no ``//``
+        return "<a URL that could not be read>"
+    return shown
 
 
 class ThoughtgateError(Exception):

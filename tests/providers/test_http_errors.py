@@ -169,6 +169,20 @@ def test_the_most_specific_row_of_the_table_wins(
     assert (before.retryable, during.retryable) == (True, False)
 
 
+def test_a_connection_error_names_the_provider_without_a_password_or_query_in_its_url() -> None:
+    """The message is the run's ``error``, which every reader sees: a gateway's password in the
+    base URL (``http://user:secret@host``) or a key in its query is not part of it."""
+    failed = transport_error(
+        httpx.ConnectError("x"),
+        "request",
+        provider="p",
+        base_url="http://bob:hunter2-secret@gateway.internal:8443/v1?key=sk-query-secret",
+    )
+    said = str(failed)
+    assert "could not connect to http://gateway.internal:8443/v1 (ConnectError)" in said, said
+    assert "hunter2" not in said and "sk-query-secret" not in said and "bob" not in said
+
+
 @pytest.mark.parametrize(
     ("model", "name"),
     [

@@ -114,6 +114,7 @@ TIER_OF: dict[str, str] = {
     "test_faults.py": "inprocess",
     "test_faults.py::test_kill_9_mid_run_loses_and_duplicates_nothing_a_reader_saw": "external",
     "test_faults.py::test_a_thousand_live_readers_each_get_every_event": "external",
+    "test_listening.py": "inprocess",
     "test_live_access.py": "inprocess",
     "test_stream_after_end.py": "inprocess",
     "test_narration.py": "inprocess",

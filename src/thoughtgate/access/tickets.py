@@ -126,7 +126,9 @@ class TicketSigner:
         if not ticket:
             raise TicketError(f"missing ticket: {_NEW_TICKET}", code="ticket_missing")
         parts = ticket.split(".")
-        if len(parts) != 3 or parts[0] != _VERSION:
+        # Tickets are ASCII (base64url and dots); a query's ticket may hold anything its URL
+        # percent-decoded to, which neither the MAC's encoding nor compare_digest takes.
+        if len(parts) != 3 or parts[0] != _VERSION or not ticket.isascii():
             raise _not_a_ticket()
         signed = f"{parts[0]}.{parts[1]}"
         if not hmac.compare_digest(self._mac(signed), parts[2]):

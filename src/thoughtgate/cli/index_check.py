@@ -31,8 +31,9 @@ can quote a provider's message or a tool's output, and an answer is the model's;
 about where the index is wrong, not what a run said.
 Reasoning is not compared at all (no event holds it whole).
 
-A SQLite store that does not exist is not created (``cli.missing_store``): with no run named,
-nothing is checked and the path is noted on stderr; a named run is a usage error naming it.
+A store that does not exist (a SQLite file, a PostgreSQL schema) is not created
+(``cli.missing_store``): with no run named, nothing is checked and where it looked is noted on
+stderr; a named run is a usage error naming it.
 
 Exit codes (``cli.exit_codes``): 0 the index agrees (after ``--repair``: every disagreement was
 repaired); 4 a disagreement was found (after ``--repair``: one is left); 2 usage; 1 failure.
@@ -55,7 +56,7 @@ from rich.text import Text
 
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
 from thoughtgate.cli.exit_codes import ExitCode
-from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
+from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.cli.run_selection import EVERY_RUN, RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
@@ -367,7 +368,7 @@ def register(app: typer.Typer) -> None:
             ctx = Context(config_path=config, db=db, view_as=None)
             reader = require_role(ctx.role, Role.ADMIN, "checking the run index")
             tally = Tally(reader=reader.label)
-            if (missing := missing_local_store(ctx.db_url)) is not None:
+            if (missing := await missing_store(ctx.db_url)) is not None:
                 if named:
                     raise nothing_there(missing, f"run {named[0]!r}")
                 note_no_store(missing)

@@ -3,7 +3,7 @@
 Managing keys needs local role ``admin`` or above (``access.local_role``, default ``owner``), and
 a key is never given a role above the local one.
 
-Only ``create`` creates a SQLite store that is not there (``cli.missing_store``): ``list`` lists
+Only ``create`` creates a store that is not there (``cli.missing_store``): ``list`` lists
 no keys and names the path on stderr, as ``runs`` does, and ``revoke`` fails naming it (exit 2,
 as for a key that is not found).
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,7 +21,7 @@ from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
 from thoughtgate.access.roles import ROLE_NAMES, Role
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
-from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
+from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.errors import UsageError
 from thoughtgate.store.base import EventStore
@@ -42,16 +41,16 @@ def _on_store(
     db: str | None,
     body: Callable[[Role, EventStore], Awaitable[None]],
     *,
-    if_missing: Callable[[Path], None] | None = None,
+    if_missing: Callable[[str], None] | None = None,
 ) -> None:
     """Run a key command's ``body`` on the store, as the local role (admin and above only).
-    ``if_missing``: what the command does instead when the store is a SQLite file that is not
-    there (None: create it, as a command that records does)."""
+    ``if_missing``: what the command does instead when the store is not there, a SQLite file
+    or a PostgreSQL schema (None: create it, as a command that records does)."""
 
     async def main() -> None:
         ctx = Context(config_path=config, db=db, view_as=None)
         require_role(ctx.role, Role.ADMIN, "managing API keys")
-        if if_missing is not None and (missing := missing_local_store(ctx.db_url)) is not None:
+        if if_missing is not None and (missing := await missing_store(ctx.db_url)) is not None:
             if_missing(missing)
             return
         await ctx.using(lambda store: body(ctx.role, store))
@@ -121,7 +120,7 @@ def register(app: typer.Typer) -> None:
         async def body(local: Role, store: EventStore) -> None:
             show(await store.list_api_keys())
 
-        def no_keys(path: Path) -> None:
+        def no_keys(path: str) -> None:
             note_no_store(path)
             show([])
 
@@ -155,7 +154,7 @@ def register(app: typer.Typer) -> None:
                     highlight=False,
                 )
 
-        def no_key(path: Path) -> None:
+        def no_key(path: str) -> None:
             raise nothing_there(path, f"key {key!r}")
 
         _on_store(config, db, body, if_missing=no_key)

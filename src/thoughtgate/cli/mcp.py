@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
     ) -> None:
-        """Serve orchestration_run and orchestration_status over stdio (MCP)."""
+        """Serve orchestration_run, orchestration_status, orchestration_approve over stdio (MCP)."""
         # Imported here so `thoughtgate --help` does not pay for the MCP SDK (an extra).
         from thoughtgate.engine.tools import load_tools
 

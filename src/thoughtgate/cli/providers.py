@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         for item in scenarios.values():
             emulator.add(item)
         emulator.default = scenario
-        with serve_emulator(emulator, host=host, port=port) as server:
+        with one_line_errors(), serve_emulator(emulator, host=host, port=port) as server:
             console.print(
                 f"emulator on {server.url} (Anthropic base URL) and {server.v1} "
                 f"(OpenAI / OpenRouter / compatible); default scenario {scenario!r}; "

@@ -10,9 +10,9 @@ the two readers differ only in where the filtered data comes from:
 
 So a command prints the same shapes against either, and a script works against both.
 
-A local SQLite file that does not exist is never created by a read: :class:`NoStoreReader` stands
-in for it, so a mistyped ``--db`` path says so instead of leaving a stray empty database behind
-(``cli.missing_store``).
+A store that does not exist (a SQLite file, a PostgreSQL schema) is never created by a read:
+:class:`NoStoreReader` stands in for it, so a mistyped ``--db`` says so instead of leaving a stray
+empty database behind (``cli.missing_store``).
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from thoughtgate.cli.common import Context, resolve_run_id, run_async
-from thoughtgate.cli.missing_store import missing_local_store, note_no_store, nothing_there
+from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ReadOptions
 from thoughtgate.cli.remote import resolve_on_daemon, resolve_remote, wants_daemon
 from thoughtgate.cli.run_selection import EVERY_RUN, MINE_NEEDS_DAEMON, RunSelection
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from thoughtgate.access.roles import Role
     from thoughtgate.client import ThoughtgateClient
     from thoughtgate.events.schema import Event
@@ -167,16 +165,16 @@ class DaemonReader:
 
 
 class NoStoreReader:
-    """A local store file that does not exist, read without creating it: it holds no runs, so
-    ``runs`` lists none (and says where it looked) and a run id is a usage error naming the path,
-    the exit code of an unknown run."""
+    """A store that does not exist, read without creating it: it holds no runs, so ``runs``
+    lists none (and says where it looked) and a run id is a usage error naming the place, the
+    exit code of an unknown run."""
 
-    def __init__(self, path: Path, role: Role) -> None:
-        self.path = path
+    def __init__(self, where: str, role: Role) -> None:
+        self.where = where
         self.reader = role
 
     def _nothing_here(self, given: str) -> UsageError:
-        return nothing_there(self.path, f"run {given!r}")
+        return nothing_there(self.where, f"run {given!r}")
 
     async def role(self) -> str:
         return self.reader.label
@@ -190,7 +188,7 @@ class NoStoreReader:
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         if selection.mine:
             raise UsageError(MINE_NEEDS_DAEMON)
-        note_no_store(self.path)
+        note_no_store(self.where)
         return []
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -214,8 +212,8 @@ async def _open_reader(
             yield DaemonReader(client)
         return
     ctx = Context(config_path=config, db=db, view_as=view_as)
-    missing = missing_local_store(ctx.db_url)
-    if missing is not None:  # opening would create it (and its directory)
+    missing = await missing_store(ctx.db_url)
+    if missing is not None:  # opening would create it (its directory, its schema)
         yield NoStoreReader(missing, ctx.role)
         return
     try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.errors import RunNotFoundError, UsageError
+from thoughtgate.errors import RunNotFoundError, UsageError, public_url
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
@@ -69,10 +69,12 @@ def resolve_remote(
             raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
         return None
     if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r} is not a daemon's address: use http://HOST:PORT")
+        raise UsageError(
+            f"--url {public_url(url)!r} is not a daemon's address: use http://HOST:PORT"
+        )
     if not key:
         raise UsageError(
-            f"--url {url} needs an API key: pass --key or set THOUGHTGATE_KEY "
+            f"--url {public_url(url)} needs an API key: pass --key or set THOUGHTGATE_KEY "
             "(create one with `thoughtgate keys create` on the daemon's host)"
         )
     for flag, value in local_only.items():
@@ -172,7 +174,9 @@ async def remote_run(
         role = str((await tg.me())["role"])
         run_id = await tg.start_run(prompt, model, chain_of_thought, tools or None, system=system)
         if not json_out:
-            err_console.print(f"run {run_id} on {remote.url} (as {role})", highlight=False)
+            err_console.print(
+                f"run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+            )
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out)
 
 
@@ -186,7 +190,9 @@ async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_o
         shown = await tg.events(run_id)  # so far: the follow below shows what the resume adds
         await tg.resume_run(run_id)
         if not json_out:
-            err_console.print(f"resuming run {run_id} on {remote.url} (as {role})", highlight=False)
+            err_console.print(
+                f"resuming run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+            )
         after = shown[-1].seq if shown else 0
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out, after=after)
 
@@ -217,7 +223,9 @@ async def _follow_to_end(
                     answering.add(task)
                     task.add_done_callback(answering.discard)
     except asyncio.CancelledError:
-        err_console.print(f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {remote.url}")
+        err_console.print(
+            f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}"
+        )
         raise
     finally:
         for task in answering:

@@ -169,9 +169,15 @@ def parse_when(text: str, flag: str, *, now: float) -> float:
     if age is not None:
         return now - int(age.group(1)) * _UNIT_S[age.group(2)]
     try:
-        return datetime.fromisoformat(given).timestamp()
-    except (ValueError, OverflowError, OSError):
+        when = datetime.fromisoformat(given)
+    except ValueError:
         raise UsageError(f"{flag} {text!r} is not a time: use {_WHEN_FORMS}") from None
+    try:
+        return when.timestamp()
+    except (ValueError, OverflowError, OSError):
+        # a local time the platform's clock functions cannot place (``0001-01-01``: its local
+        # offset would move it into year 0): placed with today's local offset instead
+        return when.replace(tzinfo=datetime.now().astimezone().tzinfo).timestamp()
 
 
 def select_runs(

@@ -30,7 +30,7 @@ import typer
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.exit_codes import for_run_status
-from thoughtgate.cli.missing_store import missing_local_store, nothing_there
+from thoughtgate.cli.missing_store import missing_store, nothing_there
 from thoughtgate.cli.options import (
     ApiKeyOpt,
     ApproveAllOpt,
@@ -69,18 +69,25 @@ if TYPE_CHECKING:
 
 __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
+STORE_INT_MAX = 2**63 - 1
+"""The largest ``--after`` or ``--limit``: what the stores' integers hold, as the daemon takes
+(a larger one stopped SQLite with a traceback)."""
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
 
 
+EMPTY_PROMPT = (
+    "the prompt is empty: say what to ask (PROMPT, or '-' to read it from standard input)"
+)
+
+
 def read_prompt(prompt: str) -> str:
-    """``-`` means: read the prompt from standard input (``echo hi | thoughtgate run -``)."""
-    if prompt != "-":
-        return prompt
-    text = sys.stdin.read()
+    """``-`` means: read the prompt from standard input (``echo hi | thoughtgate run -``). An
+    empty or blank prompt is refused the same way given either way."""
+    text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
-        raise UsageError("the prompt read from standard input is empty")
-    return text.rstrip("\n")
+        raise UsageError(EMPTY_PROMPT)
+    return text.rstrip("\n") if prompt == "-" else text
 
 
 def _cli_decider(approve_all: bool) -> Any:
@@ -291,7 +298,7 @@ def _local_command(
     """``run`` and ``resume`` in this process: a runtime on the local store with the ``--tools``
     and the terminal's approvals, durable when the store is; prints the run's view as ``body``
     left it and returns its status. ``recorded_run``: the id of a run ``body`` needs recorded
-    already (``resume``'s): a SQLite store that is not there is then not created, and the
+    already (``resume``'s): a store that is not there is then not created, and the
     command fails naming its path (``cli.missing_store``)."""
     o = options
 
@@ -326,7 +333,7 @@ def _local_command(
 
     async def main() -> str:
         ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
-        if recorded_run is not None and (missing := missing_local_store(ctx.db_url)) is not None:
+        if recorded_run is not None and (missing := await missing_store(ctx.db_url)) is not None:
             raise nothing_there(missing, f"run {recorded_run!r}")
         return await ctx.using(lambda store: go(ctx, store))
 
@@ -372,6 +379,8 @@ def register(app: typer.Typer) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome.
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
+        with one_line_errors():  # an empty prompt opens nothing, asks no daemon
+            text = read_prompt(prompt)
         if wants_daemon(read.url, read.key):
 
             async def on_daemon() -> str:
@@ -387,7 +396,7 @@ def register(app: typer.Typer) -> None:
                 assert remote is not None
                 return await remote_run(
                     remote,
-                    read_prompt(prompt),
+                    text,
                     model=model,
                     system=system,
                     chain_of_thought=cot,
@@ -403,7 +412,7 @@ def register(app: typer.Typer) -> None:
 
             return await execute_and_follow(
                 runtime,
-                RunRequest(read_prompt(prompt), model=model, system=system),
+                RunRequest(text, model=model, system=system),
                 role=ctx.role,
                 chain_of_thought=cot,
                 live=not read.json_out,
@@ -492,7 +501,10 @@ def register(app: typer.Typer) -> None:
     @with_run_filters
     def runs(
         limit: Annotated[
-            int, typer.Option("--limit", metavar="N", help="Show at most N runs.", min=1)
+            int,
+            typer.Option(
+                "--limit", metavar="N", help="Show at most N runs.", min=1, max=STORE_INT_MAX
+            ),
         ] = 20,
         *,
         filters: RunFilters,
@@ -527,11 +539,19 @@ def register(app: typer.Typer) -> None:
         run_id: RunIdArg,
         after: Annotated[
             int,
-            typer.Option("--after", metavar="SEQ", help="Only events after this sequence number."),
+            typer.Option(
+                "--after",
+                metavar="SEQ",
+                help="Only events after this sequence number.",
+                min=0,
+                max=STORE_INT_MAX,
+            ),
         ] = 0,
         limit: Annotated[
             int | None,
-            typer.Option("--limit", metavar="N", help="At most N events.", min=1),
+            typer.Option(
+                "--limit", metavar="N", help="At most N events.", min=1, max=STORE_INT_MAX
+            ),
         ] = None,
         follow: Annotated[
             bool,

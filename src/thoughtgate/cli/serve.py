@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from thoughtgate.access.roles import Role
 from thoughtgate.cli.common import Context, err_console, one_line_errors, run_async
 from thoughtgate.cli.options import ConfigOpt, DbOpt
 from thoughtgate.errors import UsageError
@@ -53,13 +54,17 @@ def daemon_tools(references: list[str] | None, *, words: bool = False) -> ToolRe
     return registry
 
 
-async def _bootstrap_key(store: EventStore) -> str | None:
-    """An owner key when the store has never held one (a fresh database or ``memory://``)."""
+async def bootstrap_key(store: EventStore, local_role: Role) -> tuple[str, str] | None:
+    """``(name, key)`` of a key made when the store has never held one (a fresh database or
+    ``memory://``), with the local user's role (``access.local_role``, owner by default): whoever
+    starts the daemon gets no key above the role they have on the command line, where ``keys
+    create`` needs admin and ``mcp --role`` stops at it (ADR 0121)."""
     from thoughtgate.access.keys import create_key
 
     if await store.list_api_keys():
         return None
-    return (await create_key(store, name=BOOTSTRAP_KEY_NAME, role="owner")).key
+    name = BOOTSTRAP_KEY_NAME if local_role is Role.OWNER else f"bootstrap-{local_role.label}"
+    return name, (await create_key(store, name=name, role=local_role.label)).key
 
 
 def register(app: typer.Typer) -> None:
@@ -93,11 +98,12 @@ def register(app: typer.Typer) -> None:
                 help="How long in-flight runs may finish on SIGTERM before they are interrupted.",
             ),
         ] = 3.0,
-        bootstrap_key: Annotated[
+        bootstrap: Annotated[
             bool,
             typer.Option(
                 "--bootstrap-key/--no-bootstrap-key",
-                help="Print a one-time owner key when the store has no keys at all.",
+                help="Print a one-time key with your local role (access.local_role, owner by "
+                "default) when the store has no keys at all.",
             ),
         ] = True,
         log_level: Annotated[
@@ -114,6 +120,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         async def body() -> None:
+            from thoughtgate.listening import host_port, listen
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
@@ -125,9 +132,14 @@ def register(app: typer.Typer) -> None:
             ctx = Context(config_path=config, db=db, view_as=None)
             configure_logging(log_level.lower())
             registry = daemon_tools(tools, words=log_level.lower() == "debug")
+            bind_host = host or ctx.config.server.host
+            bind_port = ctx.config.server.port if port is None else port
+            # Bound before the store is opened: a port in use stops here, in one line, before
+            # start-up ran or a bootstrap key was made that nobody would be shown.
+            sockets = listen(bind_host, bind_port)
             try:
                 store = await ctx.store()
-                first_key = await _bootstrap_key(store) if bootstrap_key else None
+                first_key = await bootstrap_key(store, ctx.role) if bootstrap else None
                 runtime = Runtime(
                     store, ctx.config, tools=registry, sinks=telemetry_sinks(ctx.config)
                 )
@@ -136,15 +148,16 @@ def register(app: typer.Typer) -> None:
 
                 def ready(bound_host: str, bound_port: int) -> None:
                     err_console.print(
-                        f"thoughtgate listening on http://{bound_host}:{bound_port} "
+                        f"thoughtgate listening on http://{host_port(bound_host, bound_port)} "
                         f"(store {describe_store(ctx.db_url)})",
                         highlight=False,
                         soft_wrap=True,
                     )
                     if first_key:
+                        name, key = first_key
                         err_console.print(
-                            f"no API keys in this store yet; created owner key "
-                            f"'{BOOTSTRAP_KEY_NAME}' (shown once, keep it):\n{first_key}",
+                            f"no API keys in this store yet; created {ctx.role.label} key "
+                            f"'{name}' (shown once, keep it):\n{key}",
                             highlight=False,
                             soft_wrap=True,
                         )
@@ -152,12 +165,15 @@ def register(app: typer.Typer) -> None:
 
                 await serve_app(
                     application,
-                    host=host or ctx.config.server.host,
-                    port=ctx.config.server.port if port is None else port,
+                    host=bind_host,
+                    port=bind_port,
                     log_level=log_level.lower(),
                     on_ready=ready,
+                    sockets=sockets,
                 )
             finally:
+                for sock in sockets:
+                    sock.close()
                 await ctx.close()
 
         from thoughtgate.server.serve import daemon_runner

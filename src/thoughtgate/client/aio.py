@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Final, Unpack
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import ValidationError
 
 from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, raise_for_response
 from thoughtgate.client.run_list import RunListFilters, RunListPage, run_list_params
+from thoughtgate.errors import UsageError, public_url
 from thoughtgate.events.schema import EVENT_VERSION, Event, is_run_terminal
 from thoughtgate.events.thread import ThreadBuilder, ThreadView
 from thoughtgate.events.views import RunView
@@ -88,6 +89,21 @@ def _run_view(data: Any) -> RunView:
         raise DaemonError(f"the daemon answered a run view this client cannot read: {exc}") from exc
 
 
+def _check_base_url(base_url: str) -> None:
+    """Refuse, before any request, an address that is not ``http(s)://HOST[:PORT]``: without a
+    scheme (``localhost:8765``) httpx would take the host for one, and each call would fail with
+    "unsupported protocol 'localhost://'"."""
+    try:
+        parts = urlsplit(base_url)
+    except ValueError:  # a broken IPv6 address
+        parts = None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise UsageError(
+            f"{public_url(base_url)!r} is not a daemon's address: use http://HOST:PORT "
+            "(or https://HOST:PORT)"
+        )
+
+
 class ThoughtgateClient:
     """A client for ``thoughtgate serve``, for one API key.
 
@@ -118,6 +134,7 @@ class ThoughtgateClient:
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        _check_base_url(base_url)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
@@ -160,7 +177,7 @@ class ThoughtgateClient:
             # the address and httpx's own words, not its repr: one line a user can act on
             reason = str(exc) or type(exc).__name__
             raise DaemonUnreachableError(
-                f"cannot reach the daemon at {self._http.base_url}: {reason}"
+                f"cannot reach the daemon at {public_url(str(self._http.base_url))}: {reason}"
             ) from exc
         raise_for_response(response, run_id=run_id)
         try:

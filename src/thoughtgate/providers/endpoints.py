@@ -21,7 +21,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from thoughtgate.errors import ConfigError
+import httpx
+
+from thoughtgate.errors import ConfigError, public_url
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule, WireFormat, detect_server, resolve_rule
@@ -49,14 +51,36 @@ def resolve_base_url(settings: ProviderSettings, endpoint: Endpoint) -> str:
     # the environment is read only when the settings have no URL (os.environ encodes the name
     # and decodes the value on every read, and an adapter is built per run)
     url = settings.base_url or _env(endpoint.base_url_env) or endpoint.default_base_url
+    key = f"providers.{endpoint.config_section or endpoint.name}.base_url"
     if not url:
         raise ConfigError(
-            f"providers.{endpoint.config_section or endpoint.name}.base_url",
+            key,
             None,
             f"a base URL ending in /v1 (or set {endpoint.base_url_env}), "
             "e.g. http://localhost:8000/v1",
         )
+    _check_base_url(url, key, endpoint)
     return url.rstrip("/")
+
+
+def _check_base_url(url: str, key: str, endpoint: Endpoint) -> None:
+    """A base URL no request could be sent to (``ftp://...``, ``localhost:8000`` without its
+    scheme, a port that is not a number) is a usage error before any run is created, not a
+    failed run that says ``UnsupportedProtocol``. The URL is shown as :func:`public_url` shows
+    it."""
+    try:
+        parsed = httpx.URL(url)
+        usable = parsed.scheme in ("http", "https") and bool(parsed.host)
+    except (httpx.InvalidURL, TypeError):
+        usable = False
+    if usable:
+        return
+    variable = f"{endpoint.base_url_env} " if endpoint.base_url_env else ""
+    raise ConfigError(
+        key,
+        public_url(url),
+        f"an http:// or https:// URL (from --base-url, {variable}or the config file)",
+    )
 
 
 def resolve_api_key(settings: ProviderSettings, endpoint: Endpoint) -> str | None:

@@ -47,6 +47,7 @@ from thoughtgate.errors import (
     ProviderHTTPError,
     ProviderStreamError,
     ProviderTimeoutError,
+    public_url,
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
@@ -114,7 +115,7 @@ def transport_error(
     if kind is ProviderTimeoutError:
         message = f"{name}: the provider did not answer in time"
     elif isinstance(exc, httpx.ConnectError):
-        message = f"could not connect to {base_url} ({name})"
+        message = f"could not connect to {public_url(base_url)} ({name})"  # every reader sees it
     elif kind is ProviderStreamError:
         message = f"the stream was cut: {name}"
     else:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -183,12 +184,14 @@ async def parse_body(request: Request, model: type[M]) -> M:
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_unique_keys)
     except RecursionError:  # the parser recurses once per level: a deep body exhausts the stack
         raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(
-            400, f"the request body is not valid JSON: {exc}", code="invalid_json"
+            400,
+            f"the request body is not valid JSON{_sent_as(request)}: {_why_not_json(exc)}",
+            code="invalid_json",
         ) from None
     if _depth_over(data, MAX_JSON_DEPTH):
         raise _too_deep()
@@ -205,6 +208,49 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise ApiError(
             422, f"invalid request: {where}: {first['message']}", details=details
         ) from None
+
+
+class _RepeatedKey(ValueError):
+    """One key twice in one JSON object."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: JSON leaves a repeated key's meaning open
+    (Python's reader keeps the last value, others the first), so a proxy or an audit log could
+    read another body than the daemon acts on (ADR 0122)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return found
+
+
+def _sent_as(request: Request) -> str:
+    """What a body that is not JSON was declared as, when that is not JSON either (a form, as
+    ``curl -d`` sends one): the fix is then the header as much as the body."""
+    declared = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if not declared or declared == "application/json" or declared.endswith("+json"):
+        return ""
+    shown = declared if len(declared) <= 60 else declared[:57] + "..."
+    return f" (it was sent as {shown}; send Content-Type: application/json)"
+
+
+def _why_not_json(exc: ValueError) -> str:
+    """Why a body is not JSON, in the daemon's words (the caller's own input at most)."""
+    if isinstance(exc, _RepeatedKey):
+        key = str(exc.args[0])
+        shown = key if len(key) <= 40 else key[:37] + "..."
+        return f"the key {shown!r} appears twice in one object; send each key once"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"it is not UTF-8 text (byte {exc.start} cannot be read)"
+    if isinstance(exc, json.JSONDecodeError):
+        return str(exc)
+    if str(exc).startswith("Exceeds the limit"):  # int() of more digits than Python reads
+        return f"it holds a number of more than {sys.get_int_max_str_digits()} digits"
+    return "it cannot be read as JSON"
 
 
 def _too_deep() -> ApiError:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +82,29 @@ async def _index(request: Request) -> Response:
     return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
 
 
+class _PageFiles(StaticFiles):
+    """The page's files, each with the page's headers: ``/static/index.html`` is the page too,
+    and must be no more frameable, nor its scripts less confined, than ``/``."""
+
+    def file_response(
+        self,
+        full_path: PathLike[str] | str,
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers.update(_PAGE_HEADERS)
+        return response
+
+
 def _page_routes() -> list[BaseRoute]:
     """The web page (``/``, ``/static``); it reads everything through the API like any client."""
     if not (STATIC_DIR / "index.html").is_file():
         return []
     return [
         Route("/", _index, methods=["GET"], include_in_schema=False),
-        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+        Mount("/static", app=_PageFiles(directory=STATIC_DIR), name="static"),
     ]
 
 

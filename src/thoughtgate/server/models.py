@@ -195,9 +195,10 @@ class Me(BaseModel):
 
 
 class Health(BaseModel):
+    """``GET /healthz``, answered without a key: that the daemon is up, nothing of its runs."""
+
     status: Literal["ok"]
     version: str
-    active_runs: int
 
 
 class KeyView(BaseModel):

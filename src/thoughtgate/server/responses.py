@@ -6,7 +6,8 @@ host that was two thirds of rendering a ticket's answer (ADR 0103). The C encode
 same options (``ensure_ascii=False``, ``allow_nan=False``, compact separators), so every body is
 the text Starlette writes, byte for byte. Without ``json``'s circular-reference markers (which
 cannot be shared between calls), a value that holds itself ends in ``RecursionError``; it is
-then written by Starlette's own ``render``, which refuses it as it always did.
+then written by Starlette's own ``render``, which refuses it as it always did. A body holding a
+lone surrogate, which UTF-8 cannot carry, is written with ``\\u`` escapes (ASCII) instead.
 """
 
 from __future__ import annotations
@@ -63,4 +64,13 @@ class JSONResponse(responses.JSONResponse):
     """Starlette's ``JSONResponse``, rendered by :func:`compact_json` (the same bytes)."""
 
     def render(self, content: Any) -> bytes:
-        return compact_json(content).encode("utf-8")
+        text = compact_json(content)
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (a payload keeps one exactly, ADR 0114), which UTF-8 cannot
+            # carry: written as ``\u`` escapes, as the live stream writes it (``codec.dumps``);
+            # any JSON reader turns them back into the same text.
+            return json.dumps(
+                content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+            ).encode("ascii")

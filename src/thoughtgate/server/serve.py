@@ -149,8 +149,11 @@ async def serve_app(
     port: int,
     log_level: str = "info",
     on_ready: Callable[[str, int], None] | None = None,
+    sockets: list[socket.socket] | None = None,
 ) -> None:
-    """Serve until a signal, on the running loop. ``on_ready(host, port)`` runs once listening."""
+    """Serve until a signal, on the running loop. ``on_ready(host, port)`` runs once listening.
+    ``sockets``: already bound to ``host`` and ``port`` (:func:`thoughtgate.listening.listen`,
+    so that a port in use is told before anything starts); closed when serving ends."""
     state = app.state.thoughtgate
     assert isinstance(state, ServerState)
     max_connections, open_files = connection_budget(state.server.max_connections)
@@ -182,6 +185,8 @@ async def serve_app(
     access.addFilter(redact)
     try:
         with daemon_gc(state.server.gc_young_threshold):  # built up to here: frozen (ADR 0045)
-            await server.serve()
+            await server.serve(sockets)
     finally:
         access.removeFilter(redact)
+        for sock in sockets or ():  # also when start-up failed before uvicorn's shutdown
+            sock.close()

@@ -244,4 +244,5 @@ def page_query(
         f"SELECT {columns}, {order_column} FROM runs WHERE {where} "
         f"ORDER BY created_at DESC, {order_column} DESC LIMIT {placeholder}"
     )
-    return statement, [*params, query.limit + 1]
+    # one more than the page (whether another follows), within the databases' 64-bit integers
+    return statement, [*params, min(query.limit, 2**63 - 2) + 1]

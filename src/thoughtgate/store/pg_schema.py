@@ -31,7 +31,13 @@ from thoughtgate.errors import NotOurDatabaseError, StoreError
 from thoughtgate.store.migrations import MIGRATIONS_TABLE, Migration, pending_migrations
 from thoughtgate.store.pg_pool import poll_advisory_lock
 
-__all__ = ["applied_versions", "migrate", "migration_lock_key", "resolve_schema"]
+__all__ = [
+    "applied_versions",
+    "migrate",
+    "migration_lock_key",
+    "resolve_schema",
+    "schema_tables",
+]
 
 log = logging.getLogger("thoughtgate.store")
 
@@ -53,7 +59,8 @@ async def resolve_schema(conn: psycopg.AsyncConnection[Any], schema: str | None,
     return str(row[0])
 
 
-async def _tables(conn: psycopg.AsyncConnection[Any], schema: str) -> set[str]:
+async def schema_tables(conn: psycopg.AsyncConnection[Any], schema: str) -> set[str]:
+    """The tables in ``schema`` (none when it does not exist)."""
     cur = await conn.execute(
         "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = %s", (schema,)
     )
@@ -87,7 +94,7 @@ async def migrate(
 ) -> list[Migration]:
     """Create the schema if needed and apply missing migrations; returns what was applied.
     ``conn`` is in autocommit mode (``pg_pool.connect``)."""
-    tables = await _tables(conn, schema)
+    tables = await schema_tables(conn, schema)
     _check_ours(tables, where)
     if MIGRATIONS_TABLE in tables and not pending_migrations(
         await applied_versions(conn, schema), known, where=where
@@ -115,7 +122,7 @@ async def _migrate_locked(
         )
         if await found.fetchone() is None:
             await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        tables = await _tables(conn, schema)
+        tables = await schema_tables(conn, schema)
         _check_ours(tables, where)
         if MIGRATIONS_TABLE not in tables:
             await conn.execute(

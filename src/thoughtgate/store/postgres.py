@@ -33,12 +33,18 @@ from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_pool import connect, open_pool
-from thoughtgate.store.pg_schema import migrate, resolve_schema
+from thoughtgate.store.pg_schema import migrate, resolve_schema, schema_tables
 from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
-__all__ = ["PostgresStore", "open_runs_query", "read_types_query", "split_schema_param"]
+__all__ = [
+    "PostgresStore",
+    "missing_schema",
+    "open_runs_query",
+    "read_types_query",
+    "split_schema_param",
+]
 
 # Sequence order equals commit order.
 #
@@ -273,6 +279,31 @@ def split_schema_param(url: str) -> tuple[str, str | None]:
         else:
             kept.append(item)
     return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), schema
+
+
+async def missing_schema(url: str) -> str | None:
+    """Where the store ``url`` names, when :meth:`PostgresStore.open` would create it (its schema
+    does not exist, or holds no table at all), else None. Only looks: creates nothing."""
+    conninfo, url_schema = split_schema_param(url)
+    where = describe_target(conninfo, url_schema)
+    try:
+        conn = await connect(conninfo, application_name="thoughtgate:look")
+    except psycopg.Error as exc:
+        raise translate_error(exc, "open the store", where) from exc
+    try:
+        if url_schema is None:
+            row = await (await conn.execute("SELECT current_schema()")).fetchone()
+            if row is None or row[0] is None:  # no schema on the search_path exists
+                return where
+            url_schema = str(row[0])
+        if await schema_tables(conn, url_schema):
+            return None
+        return describe_target(conninfo, url_schema)
+    except psycopg.Error as exc:
+        raise translate_error(exc, "open the store", where) from exc
+    finally:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
 
 
 def channel_name(schema: str) -> str:

@@ -68,8 +68,10 @@ async def open_store(url: str, *, sweep: bool = True) -> EventStore:
             ) from None
         store = await PostgresStore.open(url)
     else:
+        # a mistyped scheme (``postgress://user:password@host/db``) keeps its password: not shown
+        shown = f"{url.partition(':')[0]}:…" if "@" in url else url
         raise UsageError(
-            f"unsupported store url {url!r}; allowed: sqlite:///PATH, memory://, postgresql://..."
+            f"unsupported store url {shown!r}; allowed: sqlite:///PATH, memory://, postgresql://..."
         )
     if sweep:
         await _sweep(store)

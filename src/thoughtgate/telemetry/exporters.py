@@ -127,7 +127,7 @@ class _OutageGuard:
     """
 
     def __init__(self, endpoint: str, *, cooldown_s: float) -> None:
-        self.endpoint = endpoint
+        self.endpoint = _origin(endpoint)  # what the warnings name
         self.cooldown_s = cooldown_s
         self._down_until = 0.0
         self._down = False
@@ -163,6 +163,15 @@ class _OutageGuard:
         self._down_until = time.monotonic() + self.cooldown_s
 
 
+def _origin(endpoint: str) -> str:
+    """The collector at ``endpoint`` as a log line may name it: scheme, host and port, without a
+    user and password (``https://user:token@collector``) or a path or query that may hold one."""
+    parts = urlsplit(endpoint)
+    if not (parts.scheme and parts.netloc):
+        return "the configured endpoint" if "@" in endpoint else endpoint
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
 Guards = dict[tuple[str, float], _OutageGuard]
 """The outage guards of one set of sinks (``telemetry_sinks``), by collector and cooldown."""
 _GUARDS_LOCK = threading.Lock()
@@ -174,8 +183,7 @@ def _guard_for(endpoint: str, cooldown_s: float, guards: Guards) -> _OutageGuard
     warning and one cooldown. Each set of sinks has its own (a process builds one; a second set
     built later, as another ``thoughtgate run`` would, reports an outage that is still going on
     again, rather than showing nothing)."""
-    parts = urlsplit(endpoint)
-    origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else endpoint
+    origin = _origin(endpoint)
     with _GUARDS_LOCK:
         guard = guards.get((origin, cooldown_s))
         if guard is None:

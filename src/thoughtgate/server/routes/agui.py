@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
@@ -196,6 +198,17 @@ async def agui_run(request: Request, principal: Principal | None) -> Response:
     )
 
 
+def _frame(encoder: EventEncoder, event: BaseEvent) -> str:
+    """One AG-UI frame. An event holding a lone surrogate (a payload keeps one exactly,
+    ADR 0114; a client's ``threadId`` may hold one), which UTF-8 cannot carry, is written with
+    ``\\u`` escapes, as the daemon's other streams write it: the same JSON to a reader."""
+    try:
+        return encoder.encode(event)
+    except PydanticSerializationError:
+        data = event.model_dump(mode="json", by_alias=True)
+        return f"data: {json.dumps(data, ensure_ascii=True, separators=(',', ':'))}\n\n"
+
+
 async def _frames(
     state: ServerState,
     run: RunRecord,
@@ -207,7 +220,7 @@ async def _frames(
     ends the stream at once with ``RUN_ERROR``."""
 
     def encode(events: Sequence[BaseEvent]) -> bytes:
-        return "".join(encoder.encode(e) for e in events).encode("utf-8")
+        return "".join(_frame(encoder, e) for e in events).encode("utf-8")
 
     yield encode(translator.started())
     queue: asyncio.Queue[Event | str | None] = asyncio.Queue(maxsize=256)

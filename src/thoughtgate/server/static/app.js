@@ -9,7 +9,13 @@ import { loadRuns, markActive, setupList, showNewRun, stopList } from "./runs.js
 import { closeStream, jumpTurn, openRun, runChanged, setupView } from "./view.js";
 
 function route() {
-  const target = decodeURIComponent(location.hash.slice(1));
+  const raw = location.hash.slice(1);
+  let target = raw;
+  try {
+    target = decodeURIComponent(raw);
+  } catch {
+    // not an id this page wrote (cut short, not UTF-8): asked for as it stands, no such run
+  }
   if (target === "new") {
     closeStream(state.view);
     state.view = null;

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from thoughtgate.listening import host_port, listen
 from thoughtgate.testing.emulator.scenario import Scenario
 
 __all__ = ["ConnectionCount", "Emulator", "EmulatorServer", "RecordedRequest", "serve_emulator"]
@@ -146,13 +146,6 @@ def _bad_request(format_module: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=400)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass(slots=True)
 class ConnectionCount:
     """TCP connections the emulator's server accepted, and how many are open now.
@@ -186,7 +179,10 @@ class EmulatorServer:
     def __init__(self, emulator: Emulator, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.emulator = emulator
         self.host = host
-        self.port = port or _free_port(host)
+        # bound here (a port in use is a ListenError now, not uvicorn's exit in the thread);
+        # port 0 takes a free port at once, with no window for another process to take it
+        self._sockets = listen(host, port)
+        self.port: int = self._sockets[0].getsockname()[1]
         self.connections = ConnectionCount()
         config = uvicorn.Config(
             emulator.app,
@@ -197,12 +193,14 @@ class EmulatorServer:
             http=_counting(AutoHTTPProtocol, self.connections),
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": self._sockets}, daemon=True
+        )
 
     @property
     def url(self) -> str:
         """The host root (Anthropic's base URL convention)."""
-        return f"http://{self.host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     @property
     def v1(self) -> str:
@@ -215,11 +213,15 @@ class EmulatorServer:
             if self._server.started:
                 return self
             threading.Event().wait(0.01)
+        self.stop()
         raise RuntimeError("emulator did not start within 5 s")
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for sock in self._sockets:  # closed by uvicorn when it served; here when it never did
+            sock.close()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,75 @@
+"""The read commands on a PostgreSQL store that is not there: as on SQLite, nothing is created.
+
+A mistyped ``?schema=`` must not leave an empty thoughtgate schema behind and answer as if a real,
+empty store were there: listings list nothing with a note naming the database and schema, and a
+run or key named there is not found (exit 2). A command that records still creates the store.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from support.pg import PG_URL
+from typer.testing import CliRunner
+
+from thoughtgate.cli import app
+from thoughtgate.store.pg_errors import describe_target
+
+pytestmark = pytest.mark.postgres
+
+LOCAL = {"THOUGHTGATE_URL": None, "THOUGHTGATE_KEY": None, "COLUMNS": "400"}
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """A schema name nobody created; dropped afterwards whatever the commands did."""
+    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def _schema_exists(name: str) -> bool:
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (name,))
+        return row.fetchone() is not None
+
+
+def test_reads_of_a_postgres_schema_that_does_not_exist_create_nothing(schema: str) -> None:
+    db = f"{PG_URL}?schema={schema}"
+    where = describe_target(PG_URL, schema)  # database, host, port and schema; no password
+    runner = CliRunner()
+
+    def tg(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(app, [*args, "--db", db], env=LOCAL)
+        return result.exit_code, result.stdout, result.stderr
+
+    for listing in (["runs", "--json"], ["keys", "list", "--json"]):
+        code, out, err = tg(*listing)
+        assert (code, json.loads(out)) == (0, []), err
+        assert f"no thoughtgate store at {where} yet: nothing has been recorded there" in err
+    code, out, err = tg("check-index")
+    assert code == 0 and f"no thoughtgate store at {where} yet" in err, out + err
+    for args in (["status", "run_abc"], ["events", "run_abc"], ["resume", "run_abc"]):
+        code, _, err = tg(*args)
+        assert code == 2, (args, err)
+        assert f"no thoughtgate store at {where}: run 'run_abc' not found there" in err
+    code, _, err = tg("keys", "revoke", "ci")
+    assert code == 2 and f"no thoughtgate store at {where}: key 'ci' not found there" in err
+    assert not _schema_exists(schema)
+    # a command that records creates it; the reads then see it, with no note
+    code, out, err = tg("keys", "create", "--role", "viewer", "--name", "ci")
+    assert code == 0, err
+    assert _schema_exists(schema)
+    code, out, err = tg("keys", "list", "--json")
+    assert code == 0 and [k["name"] for k in json.loads(out)] == ["ci"]
+    assert "no thoughtgate store" not in err
+    code, out, err = tg("runs", "--json")
+    assert (code, json.loads(out), "no thoughtgate store" in err) == (0, [], False)

@@ -245,6 +245,18 @@ def _round_steps(number: int, servers: list[bool]) -> list[tuple[str, bool]]:
     return [(step, on) for on in servers for step in pair]
 
 
+def _adapter_order(number: int, formats: list[str]) -> list[str]:
+    """Round ``number``'s order of the real adapters' phases: ``formats`` rotated left by one a
+    round (round 1 as given), so over as many rounds as formats each runs in every position
+    once, and a format's median is not always measured in the same place after the same
+    phases (ADR 0124: whichever format's 100-run phase ran second was ~1.44x slower to its
+    first byte, ADR 0119)."""
+    if not formats:
+        return []
+    shift = (number - 1) % len(formats)
+    return formats[shift:] + formats[:shift]
+
+
 # ----------------------------------------------------------------------------- server side
 
 
@@ -1028,7 +1040,9 @@ def _variants_note(formats: list[str], rounds: int) -> str:
     how = (
         f"Every phase ran in {rounds} rounds (each round a fresh pair of servers going through "
         "every phase once; LiteLLM's phases before thoughtgate's in odd rounds, after them in even "
-        "ones); each figure is the median of its rounds' figures (of their p50s, rates, CPU per "
+        "ones; the real adapters' phases in the order given in round 1, rotated by one format "
+        "each round after, so a format's phases do not always follow the same others, ADR 0124); "
+        "each figure is the median of its rounds' figures (of their p50s, rates, CPU per "
         "delta; a ratio the median of the rounds' ratios, both sides from the same round), the "
         "spread their least and greatest (ADR 0049). "
         if rounds > 1
@@ -1477,6 +1491,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if fake and durable and not args.no_durable:
             variants.append((DURABLE, FAKE_MODEL, False, True))
         kinds = list(dict.fromkeys((model, on) for _, model, _, on in variants))
+        adapters = {f"{f}_": f for f in formats}
+
+        def _in_round_order(
+            given: list[tuple[str, str, bool, bool]], number: int
+        ) -> list[tuple[str, str, bool, bool]]:
+            """The variants with the adapters' phases in round ``number``'s order
+            (:func:`_adapter_order`); the fake provider's and the durable daemon's in place."""
+            order = iter(f"{f}_" for f in _adapter_order(number, formats))
+            by_prefix = {v[0]: v for v in given}
+            return [by_prefix[next(order)] if v[0] in adapters else v for v in given]
 
         def measure_in_process(number: int, on: bool) -> dict[tuple[str, bool], float]:
             """Round ``number``'s in-process baseline of the kinds the durable (``on``) or the
@@ -1552,7 +1576,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     if args.age:
                         _measure(proc, info, 10, args.age, FAKE_MODEL)
                         print(f"aged the daemon with {args.age} fake:bench runs")
-                    for prefix, model, single, durable_server in variants:
+                    for prefix, model, single, durable_server in _in_round_order(variants, number):
                         if durable_server != on:
                             continue
                         label = prefix.rstrip("_") or "fake"

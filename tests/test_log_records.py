@@ -305,12 +305,24 @@ def test_a_daemons_store_failure_quoting_a_row_logs_no_reasoning(level: str) -> 
 
 @pytest.fixture
 def refusing_schema() -> Iterator[str]:
-    """A store on PostgreSQL (its schema made by ``thoughtgate runs``) whose events must pass
-    :data:`REFUSE_REASONING`."""
+    """A store on PostgreSQL (its schema made by ``thoughtgate keys create``, a command that
+    records: a read creates none) whose events must pass :data:`REFUSE_REASONING`."""
     schema = f"tg_test_{uuid.uuid4().hex[:12]}"
     url = f"{PG_URL}?schema={schema}"
     subprocess.run(
-        [sys.executable, "-m", "thoughtgate", "runs", "--db", url],
+        [
+            sys.executable,
+            "-m",
+            "thoughtgate",
+            "keys",
+            "create",
+            "--name",
+            "setup",
+            "--role",
+            "viewer",
+            "--db",
+            url,
+        ],
         env=cli_env(),
         cwd=str(REPO),
         capture_output=True,

@@ -130,14 +130,15 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.telemetry import telemetry_sinks
 
             ctx = Context(config_path=config, db=db, view_as=None)
-            configure_logging(log_level.lower())
-            registry = daemon_tools(tools, words=log_level.lower() == "debug")
             bind_host = host or ctx.config.server.host
             bind_port = ctx.config.server.port if port is None else port
-            # Bound before the store is opened: a port in use stops here, in one line, before
-            # start-up ran or a bootstrap key was made that nobody would be shown.
+            # Bound before anything else (the process's logging, the store): a port in use stops
+            # here, in one line, before start-up ran or a bootstrap key was made that nobody
+            # would be shown.
             sockets = listen(bind_host, bind_port)
             try:
+                configure_logging(log_level.lower())
+                registry = daemon_tools(tools, words=log_level.lower() == "debug")
                 store = await ctx.store()
                 first_key = await bootstrap_key(store, ctx.role) if bootstrap else None
                 runtime = Runtime(

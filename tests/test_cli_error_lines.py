@@ -283,6 +283,7 @@ def test_a_mistyped_store_scheme_is_named_without_the_urls_password() -> None:
     result = CliRunner().invoke(app, ["runs", "--db", "postgress://bob:hunter2@db.internal/app"])
     assert result.exit_code == ExitCode.USAGE, result.output
     assert result.stderr.startswith("error: unsupported store url 'postgress:")
+    assert "'postgress://db.internal/app'" in result.stderr  # where it pointed, without who
     assert "hunter2" not in result.output + result.stderr
 
 

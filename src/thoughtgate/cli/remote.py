@@ -68,10 +68,9 @@ def resolve_remote(
         if key:
             raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
         return None
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(
-            f"--url {public_url(url)!r} is not a daemon's address: use http://HOST:PORT"
-        )
+    from thoughtgate.client.aio import check_daemon_address  # only when a daemon is named
+
+    check_daemon_address(url, named="--url ")
     if not key:
         raise UsageError(
             f"--url {public_url(url)} needs an API key: pass --key or set THOUGHTGATE_KEY "

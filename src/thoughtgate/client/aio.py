@@ -89,17 +89,17 @@ def _run_view(data: Any) -> RunView:
         raise DaemonError(f"the daemon answered a run view this client cannot read: {exc}") from exc
 
 
-def _check_base_url(base_url: str) -> None:
+def check_daemon_address(base_url: str, *, named: str = "") -> None:
     """Refuse, before any request, an address that is not ``http(s)://HOST[:PORT]``: without a
     scheme (``localhost:8765``) httpx would take the host for one, and each call would fail with
-    "unsupported protocol 'localhost://'"."""
+    "unsupported protocol 'localhost://'". ``named``: how the caller gave it (``"--url "``)."""
     try:
         parts = urlsplit(base_url)
     except ValueError:  # a broken IPv6 address
         parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise UsageError(
-            f"{public_url(base_url)!r} is not a daemon's address: use http://HOST:PORT "
+            f"{named}{public_url(base_url)!r} is not a daemon's address: use http://HOST:PORT "
             "(or https://HOST:PORT)"
         )
 
@@ -134,7 +134,7 @@ class ThoughtgateClient:
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        _check_base_url(base_url)
+        check_daemon_address(base_url)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from platformdirs import user_data_dir
 
-from thoughtgate.errors import StoreError, StoreReadOnlyError, UsageError
+from thoughtgate.errors import StoreError, StoreReadOnlyError, UsageError, public_url
 from thoughtgate.store.base import EventStore
 
 log = logging.getLogger("thoughtgate.store")
@@ -69,9 +69,9 @@ async def open_store(url: str, *, sweep: bool = True) -> EventStore:
         store = await PostgresStore.open(url)
     else:
         # a mistyped scheme (``postgress://user:password@host/db``) keeps its password: not shown
-        shown = f"{url.partition(':')[0]}:…" if "@" in url else url
         raise UsageError(
-            f"unsupported store url {shown!r}; allowed: sqlite:///PATH, memory://, postgresql://..."
+            f"unsupported store url {public_url(url)!r}; allowed: sqlite:///PATH, memory://, "
+            "postgresql://..."
         )
     if sweep:
         await _sweep(store)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.access.filter import filter_events, filter_run
@@ -373,6 +373,12 @@ def test_no_raw_or_continuity_text_reaches_a_reader_below_developer(
 
 @EXAMPLES
 @given(story=benign_stories(), opted_in=st.booleans())
+@example(  # bold marks that close inside a word: no title, the summary's first sentence
+    story=Story("anthropic", [Part("raw", "Hmm hmm hmm.", "Eq" + "A" * 32),
+                              Part("summary", "**C__omparing comparing comparing com**paring.",
+                                   "Eq" + "A" * 32)]),
+    opted_in=True,
+)  # fmt: skip
 def test_with_the_opt_in_every_summary_gives_its_step_and_the_receipt_says_so(
     story: Story, opted_in: bool
 ) -> None:

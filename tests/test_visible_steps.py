@@ -281,6 +281,9 @@ def test_condense_prefers_a_bold_title_then_the_first_sentence() -> None:
     assert condense("**Planning the search**\n\nI need to look up fares.") == "Planning the search"
     assert condense("Comparing fares. Then more text.") == "Comparing fares."
     assert condense("  Using `search_fares`  now ") == "Using search_fares now"
+    # emphasis that ends inside a word is no title: the first sentence, marks removed
+    assert condense("**Comparing com**paring fares. More.") == "Comparing comparing fares."
+    assert condense("**Comparing com**`paring` fares.") == "Comparing comparing fares."
     long = "word " * 100
     short = shorten(long.strip())
     assert len(short) <= CONDENSED_CHARS

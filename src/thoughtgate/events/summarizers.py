@@ -157,7 +157,10 @@ class Summarizer(Protocol):
 # --------------------------------------------------------------------------- helpers
 
 _SPACE = re.compile(r"\s+")
-_TITLE = re.compile(r"^\s*\*\*(?P<title>[^*\n]{3,120})\*\*")
+_TITLE = re.compile(r"^\s*\*\*(?P<title>[^*\n]{3,120})\*\*(?![\w`*])")
+"""A bold title ends where a word ends: ``**Comparing com**paring`` is emphasis inside a word,
+not a title, and taking ``Comparing com`` from it would show a cut word that is no excerpt of
+the summary (the policy then finds the summary's own words outside any quote of it)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 _TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
 _CONDENSE_MAX_INPUT: Final = 4000

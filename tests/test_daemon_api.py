@@ -403,6 +403,30 @@ def test_web_page_is_served(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize(
+    ("path", "to"),
+    [
+        ("/static", "/static/"),
+        ("/static?a=1&b=%2F", "/static/?a=1&b=%2F"),
+        ("/v1/runs/", "/v1/runs"),
+        ("/healthz/", "/healthz"),
+        ("/v1/runs%2F", "/v1/runs"),
+    ],
+)
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:443", "127.0.0.1:1@evil.example"])
+def test_a_slash_redirect_stays_on_the_daemon_whatever_the_host_header(
+    daemon: Daemon, path: str, to: str, host: str
+) -> None:
+    """The trailing-slash redirect's ``Location`` is a path on the daemon: a forged ``Host`` (a
+    cache or proxy in front that keys on the path, a link a victim follows through one) is not
+    echoed into an absolute URL that sends the browser elsewhere."""
+    with daemon.client() as c:
+        moved = c.get(path, headers={"Host": host}, follow_redirects=False)
+    assert moved.status_code == 307, moved.text
+    assert moved.headers["location"] == to
+    assert "evil" not in moved.text
+
+
+@pytest.mark.parametrize(
     "path", ["/", "/static/index.html", "/static/app.js", "/static/favicon.svg"]
 )
 def test_every_file_of_the_page_carries_its_protections(daemon: Daemon, path: str) -> None:

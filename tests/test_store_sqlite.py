@@ -24,10 +24,13 @@ from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_backends import SQLite
 from support.store_conformance import (
+    GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,
     a_run_of_tool_failures,
+    a_run_to_hole,
+    assert_a_gap_is_never_renumbered,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -1092,6 +1095,20 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
         with contextlib.closing(sqlite3.connect(path)) as conn, conn:
             conn.execute("UPDATE events SET v = 0 WHERE seq <= 300")
         await assert_old_rows_replay_upgraded(store, run_id)
+    finally:
+        await store.close()
+
+
+async def test_a_page_with_a_gap_is_read_as_its_rows(tmp_path: Path) -> None:
+    """A page is sent as a count and its largest number (``codec.page_range``, ADR 0037, 0127):
+    a page missing a row is recognised and read row by row, never renumbered."""
+    path = tmp_path / "gap.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run_id, written = await a_run_to_hole(store)
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM events WHERE run_id = ? AND seq = ?", (run_id, GAP_AT))
+        await assert_a_gap_is_never_renumbered(store, run_id, written)
     finally:
         await store.close()
 

@@ -74,6 +74,7 @@ __all__ = [
     "merged_metadata",
     "no_such_run",
     "open_runs_where",
+    "page_range",
     "projected_run_columns",
     "rebuilt_rows",
     "run_from_row",
@@ -369,6 +370,16 @@ EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
 
 SEQ_MAX = 2**63 - 1
 """The largest sequence number both databases store (a signed 64-bit integer)."""
+
+
+def page_range(after: int, count: int, last: int | None) -> range | None:
+    """A page's sequence numbers from its count and its largest number (SQLite's page, and
+    PostgreSQL's ``events_page_counted``): ``count`` unique numbers (the primary key) read from
+    ``(after, ...]`` are exactly ``after + 1 .. after + count`` when the largest is
+    ``after + count``. ``None`` otherwise (a gap): the caller reads that page row by row."""
+    if last is None or last != after + count:
+        return None
+    return range(after + 1, after + 1 + count)
 
 
 def seq_page_end(after: int, want: int) -> int:

@@ -227,9 +227,9 @@ def _events_from_page(
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
-    # ``last`` is the page's largest number: with ``count`` unique numbers in the page's
-    # range, they are all of ``after + 1 .. after + count`` exactly when it is ``after + count``.
-    seqs = range(after + 1, after + 1 + count) if last == after + count else [last]
+    seqs = codec.page_range(after, count, last)
+    if seqs is None:
+        return None
     task_ids = codec.counted_task_ids(joined_ids, count, present)
     if task_ids is None:
         return None

@@ -293,6 +293,21 @@ def test_the_lifecycle_index_holds_every_type_a_check_reads_and_both_migrations_
     assert codec.LIFECYCLE_INDEX_PREDICATE not in delta_query and "INDEXED BY" not in delta_query
 
 
+def test_sqlite_open_run_indexes_name_no_status_and_every_open_run_query_holds_them() -> None:
+    """Schema version 12 (ADR 0127) builds SQLite's two open-run indexes on predicates without
+    ``status``, spelled as the codec's constants; each of their terms is a term of the predicate
+    every open-run query holds, so SQLite keeps using the indexes for those queries (a partial
+    index serves a query whose ``WHERE`` holds each term of the index's, word for word)."""
+    (migration,) = [m for m in load_migrations("sqlite") if m.version == 12]
+    for index, built, queried in (
+        (codec.OPEN_RUNS_BY_ID, codec.OPEN_RUN_INDEX_PREDICATE, codec.OPEN_RUN_PREDICATE),
+        (codec.LEASED_RUNS_BY_ID, codec.LEASED_RUN_INDEX_PREDICATE, codec.LEASED_RUN_PREDICATE),
+    ):
+        assert f"CREATE INDEX {index} ON runs (run_id) WHERE {built};" in migration.sql
+        assert "status" not in built
+        assert set(built.split(" AND ")) <= set(queried.split(" AND ")), index
+
+
 @pytest.mark.parametrize("expired", [False, True])
 def test_both_backends_ask_for_open_runs_as_the_open_run_indexes_are_built(expired: bool) -> None:
     """A planner uses a partial index only for a query whose ``WHERE`` holds its predicate

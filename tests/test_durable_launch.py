@@ -31,6 +31,7 @@ import pytest
 from dbos import DBOS
 from dbos import _dbos as dbos_module
 from psycopg import sql
+from support.daemon import cli
 from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL
 
@@ -45,6 +46,7 @@ from thoughtgate.server.manager import RunManager
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.store.urls import open_store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,6 +181,39 @@ async def test_a_daemon_whose_start_up_fails_after_its_launch_closes_its_engine(
     _no_engine_left()
     await _a_durable_run_completes(await SQLiteStore.open(tmp_path / "second.db"))
     await store.close()
+
+
+@pytest.mark.external
+@pytest.mark.parametrize(
+    "command",
+    [("run", "hi", "--model", "fake:echo"), ("serve", "--port", "0")],
+    ids=["run", "serve"],
+)
+def test_a_command_whose_launch_fails_says_so_in_one_line_and_stores_nothing(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """``thoughtgate run`` creates no run it could not execute; ``thoughtgate serve`` exits 1
+    with the launch's error before it makes a bootstrap key nobody would be shown (ADR 0121),
+    instead of a start-up traceback and exit 3."""
+    (tmp_path / "store.db.workflows").mkdir()
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    done = cli(*command, "--db", db)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "error: cannot launch durable runs (open its workflows database): cannot open SQLite "
+        f"database {tmp_path / 'store.db.workflows'} (unable to open database file); check that "
+        "the file and its directory exist and are readable and writable"
+    ], done.stderr
+
+    async def stored() -> tuple[list[Any], list[Any]]:
+        store = await open_store(db)
+        try:
+            return await store.list_runs(), await store.list_api_keys()
+        finally:
+            await store.close()
+
+    assert asyncio.run(stored()) == ([], [])
 
 
 @pytest.mark.postgres

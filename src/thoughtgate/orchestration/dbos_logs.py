@@ -14,7 +14,8 @@ replaced): it writes each line to whatever ``sys.stderr`` is when the line is lo
 the line when there is none or it is closed. Its lines pass through the process's record factory
 (``thoughtgate.log_records``) like any other. :func:`dbos_level` is the level DBOS logs at:
 errors only, as before, unless thoughtgate's own logging is at ``debug`` (``serve --log-level
-debug``), which shows DBOS's lines too.
+debug``), which shows DBOS's lines too. DBOS's line about a launch that failed, which it raises
+after logging it, is left to thoughtgate's error (below debug).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class CurrentStderr(logging.Handler):
         super().__init__()
         self.set_name("thoughtgate-dbos-stderr")
         self.setFormatter(logging.Formatter(LINE_FORMAT))
+        self.addFilter(_not_reported_again)
 
     def emit(self, record: logging.LogRecord) -> None:
         stream = sys.stderr
@@ -50,6 +52,19 @@ class CurrentStderr(logging.Handler):
             raise
         except Exception:
             self.handleError(record)
+
+
+LAUNCH_FAILED: Final = "DBOS failed to launch"
+"""How DBOS's line about its launch's failure begins (``DBOS._launch``)."""
+
+
+def _not_reported_again(record: logging.LogRecord) -> bool:
+    """DBOS logs the failure of its launch, with its traceback, then raises it: thoughtgate's
+    launch reports it (the command's one error line, the daemon's start-up failure), so the
+    line is written at debug only (``DurableEngine.launch``, ADR 0125)."""
+    if not str(record.msg).startswith(LAUNCH_FAILED):
+        return True
+    return logging.getLogger("thoughtgate").getEffectiveLevel() <= logging.DEBUG
 
 
 def install() -> logging.Logger:

@@ -17,6 +17,7 @@ machine or any other using the same server) and any schema named otherwise are l
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import secrets
@@ -76,6 +77,7 @@ def _owner() -> str:
                 PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + tag
             )
             _keeper, _tag = keeper, tag
+            atexit.register(keeper.close)  # it would end with the process anyway
             sweep_abandoned_schemas(keeper)
         return _tag
 

@@ -207,21 +207,29 @@ def test_a_key_the_daemon_refuses_is_named_as_such_with_the_usage_exit_code(
     ], result.stderr
 
 
-def _ended_with_input_open(process: subprocess.Popen[str], checking: str) -> str:
-    """``process``'s standard error once it ended by itself, its standard input still open."""
+def _run_with_input_open(args: list[str], checking: str) -> tuple[int, str]:
+    """``thoughtgate run -`` with ``args``, its standard input held open and never written (a
+    user who has not typed yet): its exit code and standard error once it ended by itself."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", "run", "-", *args],
+        env=cli_env(),
+        cwd=str(REPO),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdin is not None and process.stderr is not None
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
-        process.communicate()
+        process.wait()
         raise AssertionError(f"run waited for standard input before checking {checking}") from None
     finally:
-        assert process.stdin is not None and process.stdout is not None
         process.stdin.close()
-        process.stdout.close()
-    assert process.stderr is not None
     with process.stderr:
-        return process.stderr.read()
+        return process.returncode, process.stderr.read()
 
 
 @pytest.mark.external
@@ -240,33 +248,15 @@ def test_run_refuses_its_daemon_arguments_before_it_waits_for_a_prompt(
 ) -> None:
     """``run -`` with a wrong ``--url``/``--key`` on a terminal (standard input open, nothing
     typed yet): it says what is wrong at once; it used to wait for the whole prompt first."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "thoughtgate", "run", "-", *args],
-        env=cli_env(),
-        cwd=str(REPO),
-        stdin=subprocess.PIPE,  # held open, never written: a user who has not typed yet
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    stderr = _ended_with_input_open(process, "--url/--key")
-    assert process.returncode == ExitCode.USAGE, stderr
+    code, stderr = _run_with_input_open(args, "--url/--key")
+    assert code == ExitCode.USAGE, stderr
     assert says in stderr, stderr
 
 
 @pytest.mark.external
 def test_run_refuses_a_wrong_key_before_it_waits_for_a_prompt(daemon: Daemon) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "thoughtgate", "run", "-", "--url", daemon.base_url, "--key", "x"],
-        env=cli_env(),
-        cwd=str(REPO),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    stderr = _ended_with_input_open(process, "the key")
-    assert process.returncode == ExitCode.USAGE, stderr
+    code, stderr = _run_with_input_open(["--url", daemon.base_url, "--key", "x"], "the key")
+    assert code == ExitCode.USAGE, stderr
     assert "refused this key" in stderr, stderr
 
 

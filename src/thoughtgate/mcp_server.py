@@ -44,13 +44,12 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
-from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from mcp_types import (
     CallToolRequestParams,
@@ -82,6 +81,9 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import telemetry_sinks
+
+if TYPE_CHECKING:  # the SDK's own protocol of a write stream (a private module: types only)
+    from mcp.shared._stream_protocols import WriteStream
 
 __all__ = [
     "CANCELLED_BY_HOST",
@@ -446,7 +448,7 @@ def _replaced(value: Any) -> Any:
     return value
 
 
-def utf8_message(item: SessionMessage) -> SessionMessage:
+def _utf8_message(item: SessionMessage) -> SessionMessage:
     """``item`` as the SDK's stdio writer can write it: itself, or, when its JSON holds a lone
     surrogate (UTF-8 cannot carry one: ``model_dump_json`` raises and the writer's task ends,
     cutting the stream for every later call), the same message with U+FFFD in its place."""
@@ -461,13 +463,13 @@ def utf8_message(item: SessionMessage) -> SessionMessage:
 
 class _Utf8Writes:
     """The stdio transport's write stream, handed only messages UTF-8 can carry
-    (:func:`utf8_message`)."""
+    (:func:`_utf8_message`)."""
 
     def __init__(self, inner: WriteStream[SessionMessage]) -> None:
         self._inner = inner
 
     async def send(self, item: SessionMessage, /) -> None:
-        await self._inner.send(utf8_message(item))
+        await self._inner.send(_utf8_message(item))
 
     async def aclose(self) -> None:
         await self._inner.aclose()

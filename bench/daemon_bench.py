@@ -155,7 +155,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -586,6 +586,26 @@ async def _one_run(
     return first["client"], first["added"], from_slot, frames.count
 
 
+async def _warm_up(conns: list[_Connection], one: Callable[[_Connection], Awaitable[Any]]) -> None:
+    """A phase's warm-up: ``one`` run on each of the first three connections in turn (first-time
+    costs: imports, caches), then one on every connection at once (ADR 0126).
+
+    The wave leaves the server as the phase will find it whatever ran before: one keep-alive
+    connection to the provider per concurrent stream. Without it, a daemon's first phase at 100
+    runs opened its provider connections inside its first timed wave, and a later phase on the
+    same daemon found them open from the phase before. Both waves are 100 runs started at once;
+    a connect's completion waits in the daemon's loop behind that burst's requests, so the
+    provider's first delta went out later and less of the backlog fell after its stamp:
+    ``ttfb_added`` of the first wave was 4.9x lower (median of 18 pairs) in the first phase,
+    while the client's wait from its ``POST`` to that byte was no shorter (0.92x). The later
+    phase was not slower; the first was measured from a later stamp. LiteLLM's phases warm up
+    the same way, its proxy's provider pool included."""
+    for conn in conns[:3]:
+        await one(conn)
+    if len(conns) > 1:
+        await asyncio.gather(*(one(conn) for conn in conns))
+
+
 async def _phase(
     base_url: str,
     key: str,
@@ -595,20 +615,26 @@ async def _phase(
     cpu: Callable[[], float],
     single: bool = False,
 ) -> dict[str, Any]:
-    """``total`` runs, ``concurrency`` at a time, after a warm-up; ``cpu()`` (the server's CPU
-    seconds) is read around the timed runs only, so warm-ups and one-time costs stay out."""
+    """``total`` runs, ``concurrency`` at a time, after a warm-up (:func:`_warm_up`); ``cpu()``
+    (the server's CPU seconds) is read around the timed runs only, so warm-ups and one-time
+    costs stay out. ``first_wave``: the added first byte of each connection's first timed run
+    (the synchronized wave the phase starts with), which ``--repeat`` prints beside the p50."""
     host, port = base_url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), key).open() for _ in range(concurrency)]
     try:
-        for conn in conns[:3]:  # warm-up
-            await _one_run(conn, model, single)
+        await _warm_up(conns, functools.partial(_one_run, model=model, single=single))
         remaining = [total]
         results: list[tuple[float, float, float | None, int]] = []
+        first_wave: list[float] = []
 
         async def worker(conn: _Connection) -> None:
+            first = True
             while remaining[0] > 0:
                 remaining[0] -= 1
                 results.append(await _one_run(conn, model, single))
+                if first:
+                    first_wave.append(results[-1][1])
+                    first = False
 
         cpu_before = cpu()
         started = time.monotonic()
@@ -624,6 +650,7 @@ async def _phase(
         "client": sorted(r[0] for r in results),
         "added": sorted(r[1] for r in results),
         "from_slot": sorted(r[2] for r in results if r[2] is not None),
+        "first_wave": sorted(first_wave),
         "events": sum(r[3] for r in results),
         "runs": len(results),
     }
@@ -925,8 +952,7 @@ async def _chat_phase(url: str, concurrency: int, total: int) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), "dummy").open() for _ in range(concurrency)]
     try:
-        for conn in conns[:3]:  # warm-up
-            await _one_chat(conn)
+        await _warm_up(conns, _one_chat)
         remaining = [total]
         results: list[tuple[float, int]] = []
 
@@ -1236,7 +1262,7 @@ class _Watch:
         runs = max(1, stats["runs"])
         print(
             f"repeat {phase} #{repetition}: ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:.2f}"
-            f" ms, runs/s {stats['runs'] / stats['elapsed']:.1f}, cpu_per_delta "
+            f" ms (first wave {_pct(stats['first_wave'], 0.5) * 1000:.2f}), runs/s {stats['runs'] / stats['elapsed']:.1f}, cpu_per_delta "
             f"{cpu / (runs * PROVIDER_DELTAS) * 1e6:.0f} µs | server rss {state['rss_mb']:.0f} MB,"
             f" objects {state['objects']} ({state['objects'] - last['objects']:+d}), tasks "
             f"{state['tasks']}, gc passes {passes} ({gc_ms:.0f} ms CPU, of which gen2 "

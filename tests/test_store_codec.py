@@ -230,6 +230,24 @@ def test_a_page_whose_numbers_the_backend_checked_is_taken_as_a_range() -> None:
     assert [e.seq for e in ranged] == [3, 4, 5, 6, 7]
 
 
+@given(
+    st.integers(min_value=0, max_value=2**40),
+    st.sets(st.integers(min_value=1, max_value=40), max_size=40),
+)
+def test_a_page_counted_is_taken_only_when_it_holds_every_number_of_its_range(
+    after: int, offsets: set[int]
+) -> None:
+    """A backend sends a page's count and largest number (ADR 0037, 0127), the numbers being
+    unique and after ``after``: the page is taken as ``after + 1 ..`` exactly when no number is
+    missing, and a page with a gap is left to the row-by-row read."""
+    seqs = sorted(after + k for k in offsets)
+    got = codec.page_range(after, len(seqs), seqs[-1] if seqs else None)
+    if seqs == list(range(after + 1, after + 1 + len(seqs))) and seqs:
+        assert got == range(after + 1, after + 1 + len(seqs))
+    else:
+        assert got is None
+
+
 @given(st.lists(st.dictionaries(st.text(max_size=4), _stored_json, max_size=4), max_size=20))
 def test_appended_events_carry_what_json_reads_back(payloads: list[dict[str, Any]]) -> None:
     """A live reader gets an appended payload as a replay will read it: ``json``'s values and
@@ -273,6 +291,21 @@ def test_the_lifecycle_index_holds_every_type_a_check_reads_and_both_migrations_
         "?", "run_x", [EventType.MESSAGE_DELTA], after=0, limit=None, hint=" INDEXED BY x"
     )
     assert codec.LIFECYCLE_INDEX_PREDICATE not in delta_query and "INDEXED BY" not in delta_query
+
+
+def test_sqlite_open_run_indexes_name_no_status_and_every_open_run_query_holds_them() -> None:
+    """Schema version 12 (ADR 0127) builds SQLite's two open-run indexes on predicates without
+    ``status``, spelled as the codec's constants; each of their terms is a term of the predicate
+    every open-run query holds, so SQLite keeps using the indexes for those queries (a partial
+    index serves a query whose ``WHERE`` holds each term of the index's, word for word)."""
+    (migration,) = [m for m in load_migrations("sqlite") if m.version == 12]
+    for index, built, queried in (
+        (codec.OPEN_RUNS_BY_ID, codec.OPEN_RUN_INDEX_PREDICATE, codec.OPEN_RUN_PREDICATE),
+        (codec.LEASED_RUNS_BY_ID, codec.LEASED_RUN_INDEX_PREDICATE, codec.LEASED_RUN_PREDICATE),
+    ):
+        assert f"CREATE INDEX {index} ON runs (run_id) WHERE {built};" in migration.sql
+        assert "status" not in built
+        assert set(built.split(" AND ")) <= set(queried.split(" AND ")), index
 
 
 @pytest.mark.parametrize("expired", [False, True])

@@ -20,10 +20,13 @@ from support.listing_conformance import RunListingConformance
 from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_backends import Postgres
 from support.store_conformance import (
+    GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,
     a_run_of_tool_failures,
+    a_run_to_hole,
+    assert_a_gap_is_never_renumbered,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -808,6 +811,92 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
             sql.SQL("UPDATE {} SET v = 0 WHERE seq <= 300").format(ident(pg_schema, "events"))
         )
         await assert_old_rows_replay_upgraded(store, run_id)
+
+
+async def test_a_page_with_a_gap_is_read_as_its_rows(pg_admin: Admin, pg_schema: str) -> None:
+    """``events_page_counted`` sends a page's count and largest number, not its numbers (ADR
+    0127): a page missing a row is recognised and read row by row, never renumbered."""
+    async with opened(pg_schema) as store:
+        run_id, written = await a_run_to_hole(store)
+        await pg_admin.execute(
+            sql.SQL("DELETE FROM {} WHERE run_id = %s AND seq = %s").format(
+                ident(pg_schema, "events")
+            ),
+            (run_id, GAP_AT),
+        )
+        await assert_a_gap_is_never_renumbered(store, run_id, written)
+
+
+async def test_upgrade_to_the_counted_page_reads_old_events_through_the_primary_key_in_order(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A schema of version 11 with a run's events gets ``events_page_counted`` at its next start
+    (ADR 0127) and keeps ``events_page`` for a replica still running the version before; the run
+    reads back whole. The new function's body, under its own settings, is one plan whose order
+    the aggregates take as the page's: the primary key's index read in order, no sort, no
+    parallel workers -- on a table never analyzed and on an analyzed one."""
+    before = load_migrations("postgres")[:11]
+    assert load_migrations("postgres")[11].name == "events_page_counted"
+    await migrate(pg_admin, pg_schema, before, "test")
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq) VALUES "
+            "('run_old', 'p', 'hidden', 'provider', 'completed', 1.0, 1.0, '{{}}', NULL, '{{}}', "
+            "2500, 1)"
+        ).format(ident(pg_schema, "runs"))
+    )
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, seq, task_id, type, ts, payload, v) "
+            "SELECT 'run_old', g, CASE WHEN g % 3 = 0 THEN NULL ELSE 't' || g % 5 END, "
+            "'message.delta', 2.0 + g, json_build_object('i', g), 1 "
+            "FROM generate_series(2500, 1, -1) AS g"  # inserted backwards: heap order is not seq
+        ).format(ident(pg_schema, "events"))
+    )
+    async with opened(pg_schema) as store:
+        got = await store.read("run_old")
+        assert [e.seq for e in got] == list(range(1, 2501))
+        assert [e.payload["i"] for e in got] == list(range(1, 2501))
+        assert [e.task_id for e in got[:6]] == ["t1", "t2", None, "t4", "t0", None]
+    functions = await fetch(
+        pg_admin,
+        "SELECT p.proname, p.prosrc, p.proconfig FROM pg_catalog.pg_proc p "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s "
+        "AND p.proname LIKE 'events_page%%'",
+        pg_schema,
+    )
+    by_name = {name: (body, config) for name, body, config in functions}
+    assert set(by_name) == {"events_page", "events_page_counted"}
+    body, config = by_name["events_page_counted"]
+    query = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    query = query.replace("p_run_id", "'run_old'").replace("p_after", "1000")
+    query = query.replace("p_last", "2000")
+    async with pg_admin.transaction():
+        await pg_admin.execute(
+            sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(pg_schema))
+        )
+        for setting in config:
+            name, value = setting.split("=", 1)
+            await pg_admin.execute(
+                sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
+        for analyzed in (False, True):
+            if analyzed:
+                await pg_admin.execute("ANALYZE events")
+            rows = await fetch(pg_admin, f"EXPLAIN (COSTS OFF) {query}")
+            plan = [str(r[0]).strip().lstrip("-> ").strip() for r in rows]
+            assert plan[0] == "Aggregate", (analyzed, plan)
+            assert plan[1].startswith("Index Scan using events_pkey on events e"), (analyzed, plan)
+            assert not any(
+                step.startswith(("Sort", "Gather", "Bitmap", "Seq Scan", "Incremental"))
+                for step in plan
+            ), (analyzed, plan)
+    assert sorted(config) == [
+        "enable_bitmapscan=off",
+        "enable_sort=off",
+        "max_parallel_workers_per_gather=0",
+    ]
 
 
 async def test_task_ids_and_types_replay_exactly_in_every_page(pg_schema: str) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,13 @@ from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_backends import SQLite
 from support.store_conformance import (
+    GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
     RunIndexConformance,
     a_run_of_tool_failures,
+    a_run_to_hole,
+    assert_a_gap_is_never_renumbered,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -55,7 +58,15 @@ from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.private_files import create_private_file
 from thoughtgate.store.projection import PROJECTED_EVENT_TYPES
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
-from thoughtgate.store.sqlite import _RENEW, SQLiteStore, open_runs_query, read_types_query
+from thoughtgate.store.sqlite import (
+    _CLAIM_HEAD,
+    _CLAIM_TAIL,
+    _RENEW,
+    _STARTED,
+    SQLiteStore,
+    open_runs_query,
+    read_types_query,
+)
 from thoughtgate.store.sqlite_schema import applied_versions, apply_migrations, connect
 from thoughtgate.store.sqlite_thread import SQLiteThread
 from thoughtgate.store.urls import open_store
@@ -419,6 +430,85 @@ async def test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read(
             str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {_RENEW}", (1.0, ids, "o"))
         )
         assert "runs USING INDEX open_runs_by_id (run_id=?)" in renew, renew
+
+
+def _indexes_written(conn: sqlite3.Connection, statement: str, params: Sequence[Any]) -> set[str]:
+    """The indexes of ``runs`` a statement's program opens for writing (``OpenWrite`` of their
+    root page): those whose entries it may delete and insert again."""
+    roots = dict(conn.execute("SELECT rootpage, name FROM sqlite_master WHERE type = 'index'"))
+    program = conn.execute(f"EXPLAIN {statement}", params).fetchall()
+    return {roots[row[3]] for row in program if row[1] == "OpenWrite" and row[3] in roots}
+
+
+async def test_upgrade_to_open_run_indexes_without_status_keeps_every_open_run_read_exact(
+    tmp_path: Path,
+) -> None:
+    """Schema version 12 (ADR 0127) builds ``open_runs_by_id`` and ``leased_runs_by_id`` on
+    predicates that name no ``status``: a run's pending -> running (its first task's start, a
+    claim) no longer opens ``open_runs_by_id`` for writing, nor ``leased_runs_by_id`` when its
+    owner stays (at version 11 both were). The indexes now also hold ended runs without a
+    ``closed_at`` (ended before schema version 5, or by a status written without
+    ``finish_run``); every read of open runs still leaves them out, and still reads through the
+    indexes (the plans: ``test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read``)."""
+    path = tmp_path / "v11.db"
+    claim = f"{_CLAIM_HEAD}(?, ?, ?, ?, ?){_CLAIM_TAIL}"
+    with at_version(path, 11, before="open_run_indexes_by_closed_at") as conn:
+        assert {"open_runs_by_id", "leased_runs_by_id"} <= _indexes_written(
+            conn, _STARTED, ("run_x",)
+        )
+        assert "open_runs_by_id" in _indexes_written(conn, claim, ("run_x", "o", 1.0, 1.0, None))
+        conn.executemany(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) VALUES (?, 'p', NULL, 'hidden', 'provider', ?, 1.0, "
+            "1.0, '{}', NULL, '{}', 0, ?, ?, ?, ?)",
+            [
+                ("run_a", "pending", 1, None, None, None),  # queued
+                ("run_b", "running", 2, "here", 4e9, None),
+                ("run_c", "running", 3, "gone", 1.0, None),  # its lease ran out
+                ("run_d", "completed", 4, None, None, None),  # ended before version 5
+                ("run_e", "failed", 5, "gone", 1.0, None),  # ended without finish_run
+                ("run_f", "completed", 6, None, None, 2.0),
+                ("run_g", "pending", 7, "here", 4e9, None),  # admitted by its executor
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO run_specs (run_id, spec, durable, resume, created_at) "
+            "VALUES (?, '{}', 1, 'queue', 1.0)",
+            [(f"run_{c}",) for c in "abcdefg"],
+        )
+    store = await SQLiteStore.open(path)
+    try:
+        every = await store.open_runs(limit=2)
+        seen = [r.run_id for r in every.runs]
+        while len(every.runs) == 2:
+            every = await store.open_runs(limit=2, after=seen[-1])
+            seen += [r.run_id for r in every.runs]
+        assert seen == ["run_a", "run_b", "run_c", "run_g"]
+        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_c"]
+        named = await store.open_runs(run_ids=["run_d", "run_e", "run_g"])
+        assert [r.run_id for r in named.runs] == ["run_g"]
+        assert sorted(await store.renew_leases("gone", 30.0, ["run_c", "run_e"])) == ["run_c"]
+        assert await store.claim_run("run_d", "here", 30.0) is None, "ended: not claimed"
+        assert await store.claim_run("run_a", "here", 30.0) is not None
+        assert (await store.get_run("run_a")).status == "running"
+        assert [r.run_id for r in (await store.open_runs()).runs] == [
+            "run_a",
+            "run_b",
+            "run_c",
+            "run_g",
+        ]
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        assert not {"open_runs_by_id", "leased_runs_by_id"} & _indexes_written(
+            conn, _STARTED, ("run_x",)
+        )
+        assert _indexes_written(conn, claim, ("run_x", "o", 1.0, 1.0, None)) & {
+            "open_runs_by_id",
+            "leased_runs_by_id",
+        } == {"leased_runs_by_id"}, "a claim gives the run an owner: its leased entry is new"
 
 
 async def test_upgrade_to_the_ascending_created_at_index_lists_newest_first_without_a_sort(
@@ -1092,6 +1182,20 @@ async def test_events_of_an_older_vocabulary_replay_upgraded_in_every_page(
         with contextlib.closing(sqlite3.connect(path)) as conn, conn:
             conn.execute("UPDATE events SET v = 0 WHERE seq <= 300")
         await assert_old_rows_replay_upgraded(store, run_id)
+    finally:
+        await store.close()
+
+
+async def test_a_page_with_a_gap_is_read_as_its_rows(tmp_path: Path) -> None:
+    """A page is sent as a count and its largest number (``codec.page_range``, ADR 0037, 0127):
+    a page missing a row is recognised and read row by row, never renumbered."""
+    path = tmp_path / "gap.db"
+    store = await SQLiteStore.open(path)
+    try:
+        run_id, written = await a_run_to_hole(store)
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM events WHERE run_id = ? AND seq = ?", (run_id, GAP_AT))
+        await assert_a_gap_is_never_renumbered(store, run_id, written)
     finally:
         await store.close()
 

@@ -145,6 +145,44 @@ async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> Non
         assert [e.ts - got[0].ts for e in got[:600]] == pytest.approx(list(range(600)))
 
 
+GAP_RUN_EVENTS = 2500
+"""The events of :func:`a_run_to_hole`'s run: three pages of 1000, the last short."""
+GAP_AT = 500
+"""The sequence number a test deletes from that run's first page, in its database."""
+
+
+async def a_run_to_hole(store: EventStore) -> tuple[str, list[Event]]:
+    """A run of :data:`GAP_RUN_EVENTS` events (task ids, some ``None``); a test then deletes the
+    row numbered :data:`GAP_AT` in its database, for :func:`assert_a_gap_is_never_renumbered`."""
+    run = make_run()
+    await store.create_run(run)
+    batch = [
+        NewEvent(EventType.MESSAGE_DELTA, {"i": i}, task_id=None if i % 7 == 0 else f"t{i % 3}")
+        for i in range(GAP_RUN_EVENTS - 1)
+    ]
+    return run.run_id, await store.append(run.run_id, [*batch, NewEvent(EventType.RUN_FAILED)])
+
+
+async def assert_a_gap_is_never_renumbered(
+    store: EventStore, run_id: str, written: list[Event]
+) -> None:
+    """A page with a gap (a row missing, which no append leaves: it was deleted) is not taken as
+    columns, whose numbers the backend sends as a count and the largest (ADR 0127): every event
+    handed out is the row stored under its number, and the first page is every row of its range
+    but the missing one, by every read."""
+    stored = {e.seq: e.to_dict() for e in written if e.seq != GAP_AT}
+    first_page = [s for s in range(1, 1001) if s != GAP_AT]
+    for got in (
+        await store.read(run_id),
+        await store.read(run_id, limit=1000),
+        await collect(store.tail(run_id)),
+    ):
+        seqs = [e.seq for e in got]
+        assert seqs[: len(first_page)] == first_page
+        assert seqs == sorted(set(seqs))
+        assert all(e.to_dict() == stored[e.seq] for e in got)
+
+
 def assert_same_events(got: list[Event], expected: list[Event]) -> None:
     assert [e.to_dict() for e in got] == [e.to_dict() for e in expected]
 

@@ -40,11 +40,13 @@ __all__ = [
     "EVENT_SELECT",
     "KEY_COLUMNS",
     "LEASED_RUNS_BY_ID",
+    "LEASED_RUN_INDEX_PREDICATE",
     "LEASED_RUN_PREDICATE",
     "LIFECYCLE_INDEX",
     "LIFECYCLE_INDEX_PREDICATE",
     "LIFECYCLE_INDEX_TYPES",
     "OPEN_RUNS_BY_ID",
+    "OPEN_RUN_INDEX_PREDICATE",
     "OPEN_RUN_PREDICATE",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
@@ -74,6 +76,7 @@ __all__ = [
     "merged_metadata",
     "no_such_run",
     "open_runs_where",
+    "page_range",
     "projected_run_columns",
     "rebuilt_rows",
     "run_from_row",
@@ -371,6 +374,16 @@ SEQ_MAX = 2**63 - 1
 """The largest sequence number both databases store (a signed 64-bit integer)."""
 
 
+def page_range(after: int, count: int, last: int | None) -> range | None:
+    """A page's sequence numbers from its count and its largest number (SQLite's page, and
+    PostgreSQL's ``events_page_counted``): ``count`` unique numbers (the primary key) read from
+    ``(after, ...]`` are exactly ``after + 1 .. after + count`` when the largest is
+    ``after + count``. ``None`` otherwise (a gap): the caller reads that page row by row."""
+    if last is None or last != after + count:
+        return None
+    return range(after + 1, after + 1 + count)
+
+
 def seq_page_end(after: int, want: int) -> int:
     """The last sequence number of a page of ``want`` events after ``after``: clamped, because
     a reader may resume from any stored number, up to :data:`SEQ_MAX`, and the bound must still
@@ -594,6 +607,14 @@ LEASED_RUN_PREDICATE = f"{OPEN_RUN_PREDICATE} AND owner IS NOT NULL"
 """An open run some process holds (it has an owner, so a lease), in SQL: the predicate of
 ``leased_runs_by_id`` (schema version 10, ADR 0082), spelled so in its migrations and in the
 expired read."""
+OPEN_RUN_INDEX_PREDICATE = "closed_at IS NULL"
+"""SQLite's predicate of ``open_runs_by_id`` since schema version 12 (ADR 0127): a term of
+:data:`OPEN_RUN_PREDICATE`, which the queries keep whole, so SQLite still uses the index for them
+and tests the status of each row it gives. It names no column a run's pending -> running sets, so
+that update no longer rewrites the run's entry. PostgreSQL's index keeps the whole predicate."""
+LEASED_RUN_INDEX_PREDICATE = f"{OPEN_RUN_INDEX_PREDICATE} AND owner IS NOT NULL"
+"""SQLite's predicate of ``leased_runs_by_id`` since schema version 12 (ADR 0127): terms of
+:data:`LEASED_RUN_PREDICATE`, as :data:`OPEN_RUN_INDEX_PREDICATE` is of the open runs'."""
 LEASED_RUNS_BY_ID = "leased_runs_by_id"
 """The partial index ``runs (run_id) WHERE <LEASED_RUN_PREDICATE>``: the sweep's expired read
 (``open_runs(expired=True)``) is a range read of it, which visits the runs held by a process --

@@ -161,13 +161,14 @@ aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
-_READ_PAGE = "SELECT * FROM events_page(%s, %s, %s)"
+_READ_PAGE = "SELECT * FROM events_page_counted(%s, %s, %s)"
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
-values per page instead of six per event. ``events_page`` (migration 7, ADR 0039) aggregates the
-rows of the range in number order, read through the primary key's index whatever the table's
-statistics say, with task ids and types as joined texts (``codec.task_id_column``); the codec
-checks that the sequence numbers came back in order and without a gap, and one value per
-event."""
+values per page instead of six per event. ``events_page_counted`` (migration 12, ADR 0127; after
+``events_page``, migration 7, ADR 0039) aggregates the rows of the range in number order, read
+through the primary key's index whatever the table's statistics say, with task ids and types as
+joined texts (``codec.task_id_column``). It sends how many rows it read and the largest number,
+not the numbers: ``codec.page_range`` takes the page only when they are every number of its
+range (no gap), and the codec checks one value per event."""
 
 
 def read_types_query(
@@ -798,7 +799,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                         _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
                     )
                     page = await cur.fetchone()
-                    count = 0 if page is None or page[0] is None else len(page[0])
+                    count = 0 if page is None else int(page[0])
                 except psycopg.errors.ProgramLimitExceeded:
                     # The page's payloads are longer than PostgreSQL's longest value (1 GB):
                     # read its rows.
@@ -828,22 +829,23 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if isinstance(fetched, list):
                 events += codec.events_from_rows(run_id, fetched)
                 continue
-            seqs, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
+            count, last, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
+            seqs = codec.page_range(after, count, last)
             page = None
-            if v_min == v_max:
+            if v_min == v_max and seqs is not None:
                 page = codec.events_from_columns(
                     run_id,
                     after + 1,
                     seqs,
-                    codec.task_id_column(task_ids, null_tasks, after + 1, len(seqs)),
-                    codec.split_column(types, len(seqs)),
+                    codec.task_id_column(task_ids, null_tasks, after + 1, count),
+                    codec.split_column(types, count),
                     stamps,
                     payloads,
                     v_min,
                 )
-            if page is None:
+            if page is None:  # the rows the aggregate read: all of (after, last]
                 async with self._conn(f"read events of run {run_id!r}") as conn:
-                    cur = await conn.execute(_READ, (run_id, after, after + len(seqs)), binary=True)
+                    cur = await conn.execute(_READ, (run_id, after, last), binary=True)
                     page = codec.events_from_rows(run_id, await cur.fetchall())
             events += page
         return events

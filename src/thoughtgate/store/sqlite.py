@@ -227,9 +227,9 @@ def _events_from_page(
     low, high = _EXACT_STAMPS
     if v_min != v_max or ts_min < low or ts_max >= high:
         return None
-    # ``last`` is the page's largest number: with ``count`` unique numbers in the page's
-    # range, they are all of ``after + 1 .. after + count`` exactly when it is ``after + count``.
-    seqs = range(after + 1, after + 1 + count) if last == after + count else [last]
+    seqs = codec.page_range(after, count, last)
+    if seqs is None:
+        return None
     task_ids = codec.counted_task_ids(joined_ids, count, present)
     if task_ids is None:
         return None
@@ -1033,6 +1033,11 @@ _KEY_NEWEST = (
 )
 
 
+_STARTED = "UPDATE runs SET status = 'running' WHERE run_id = ? AND status = 'pending' RETURNING 1"
+"""A run's first task started: pending -> running. It names only ``status``, in no open-run
+index's predicate since schema version 12 (ADR 0127): neither index's entry is rewritten."""
+
+
 def _project(
     conn: sqlite3.Connection, run_id: str, update: IndexUpdate, *, numbered: bool = True
 ) -> bool:
@@ -1048,11 +1053,7 @@ def _project(
         )
     changed = False
     if update.starts:
-        started = conn.execute(
-            "UPDATE runs SET status = 'running' WHERE run_id = ? AND status = 'pending' "
-            "RETURNING 1",
-            (run_id,),
-        ).fetchall()
+        started = conn.execute(_STARTED, (run_id,)).fetchall()
         changed = bool(started)
     if update.run:
         sets = codec.index_columns(update.run)

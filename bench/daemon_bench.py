@@ -39,6 +39,15 @@ rounds. ``--repeat`` (ADR 0042) serves another purpose and keeps it: within each
 N times in a row against that round's daemon, to watch it as it lives; a round's rows are its first
 repetition's.
 
+Warm-up (ADR 0126): before its timed runs a phase makes three runs in turn, then one on each
+of its connections at once, so every phase starts with the daemon's provider connections open,
+one per concurrent stream, as a daemon that has served a while has them. A daemon's first 100-run
+phase used to open them inside its first timed wave, whose connects wait in the loop behind that
+wave's burst of requests; the provider's first delta then went out later and less of the backlog
+fell after its stamp, so ``ttfb_added`` of that phase read lower than of any phase after it on
+the same daemon (ADR 0119 / 0124's "second phase ~1.4-1.8x slower"), while the client's wait for
+the byte was the same.
+
 The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
 reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
 CPU time the host stole from the VM, left idle, or spent outside the bench's processes (client,
@@ -1067,7 +1076,15 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         f"Every phase ran in {rounds} rounds (each round a fresh pair of servers going through "
         "every phase once; LiteLLM's phases before thoughtgate's in odd rounds, after them in even "
         "ones; the real adapters' phases in the order given in round 1, rotated by one format "
-        "each round after, so a format's phases do not always follow the same others, ADR 0124); "
+        "each round after, so a format's phases do not always follow the same others, ADR 0124"
+        + (
+            f"; with {rounds} rounds for {len(formats)} formats, "
+            f"{', '.join(formats[rounds:])} never ran first (--rounds {len(formats)} puts each "
+            "first once, ADR 0126)"
+            if 1 < rounds < len(formats)
+            else ""
+        )
+        + "); "
         "each figure is the median of its rounds' figures (of their p50s, rates, CPU per "
         "delta; a ratio the median of the rounds' ratios, both sides from the same round), the "
         "spread their least and greatest (ADR 0049). "
@@ -1075,6 +1092,10 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         else "Every phase ran once (one round): a figure may be 2-4× off its median (ADR 0049). "
     )
     return how + (
+        "Every phase warms up with three runs in turn, then one run on each of its connections "
+        "at once, so it starts with a provider connection open per stream whatever phase ran "
+        "before on the same server (ADR 0126: a daemon's first 100-run phase opened them in its "
+        "first timed wave and measured its added first byte from a later provider stamp). "
         f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
         f"rows without a prefix; rows prefixed {ONE_REQUEST} start and follow each run with one "
         "request, POST /v1/runs/follow, instead of three) and the real adapters talking HTTP to "

@@ -48,6 +48,7 @@ TIER_OF: dict[str, str] = {
     "providers/test_think_tags.py": "unit",
     "test_access_keys_tickets.py": "unit",
     "test_architecture_doc.py": "unit",
+    "test_cli_render.py": "unit",
     "test_config.py": "unit",
     "test_event_catalogue.py": "unit",
     "test_fanout.py": "unit",

@@ -115,7 +115,11 @@ class LivePrinter:
                 self.console.print(_step_line(t, summary), highlight=False)
         elif t == EventType.MESSAGE_PARTIALLY_COMPLETED:
             self._switch("note")
-            self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
+            # an answer cut after some of it arrived, or none at all (the task then fails)
+            what = "answer cut off" if p.get("text") else "no answer"
+            self.console.print(
+                f"[yellow]{what}: {p.get('error') or p.get('reason')}[/]", highlight=False
+            )
             self._detail(p)
         elif t in (EventType.RUN_FAILED, EventType.RUN_ERROR):
             self._switch("note")
@@ -166,8 +170,12 @@ def render_thread(console: Console, thread: ThreadView) -> None:
                 console.print(_step_line(EventType.COT_PHASE, item.step.summary), highlight=False)
         elif isinstance(item, ToolCard):
             caption = " · ".join(captions.get(item.call_id, ()))
+            # the kind of a failure is every reader's (a viewer's card has no error text)
+            status = item.status
+            if item.error_kind and item.error_kind != status:
+                status = f"{status}: {item.error_kind}"
             console.print(
-                f"[cyan]⚙ {item.label}[/] [dim]{item.status}[/]"
+                f"[cyan]⚙ {item.label}[/] [dim]{status}[/]"
                 + (f" [dim]({caption})[/]" if caption else ""),
                 highlight=False,
             )

@@ -110,3 +110,28 @@ def test_smoke_without_a_key_says_which_variable() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr
+
+
+def test_smoke_against_a_provider_that_fails_says_what_it_said() -> None:
+    """Each failed check quotes the provider's error as it is -- its ``[provider status type]``
+    prefix is text, not terminal markup -- and the hidden check says which request failed (the
+    model, named after the scenario, is one the endpoint rules know no switch for)."""
+    emulator = Emulator()
+    for scenario in builtin_scenarios().values():
+        emulator.add(scenario)
+    emulator.default = "overloaded"
+    with serve_emulator(emulator) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "thoughtgate", "smoke", "--model", "anthropic:overloaded"]
+            + ["--base-url", server.url, "--api-key", "x"],
+            env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "400"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert "the request failed: [anthropic 529 overloaded_error] " in lines["streaming"]
+    hidden = lines["rule.hidden_switch"]
+    assert "the hidden request (no switch in the row " in hidden, hidden
+    assert "None" not in hidden and "[anthropic 529 overloaded_error]" in hidden

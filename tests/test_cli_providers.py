@@ -122,8 +122,10 @@ def test_smoke_against_a_provider_that_fails_says_what_it_said() -> None:
     emulator.default = "overloaded"
     with serve_emulator(emulator) as server:
         proc = subprocess.run(
-            [sys.executable, "-m", "thoughtgate", "smoke", "--model", "anthropic:overloaded"]
-            + ["--base-url", server.url, "--api-key", "x"],
+            [
+                *(sys.executable, "-m", "thoughtgate", "smoke", "--model", "anthropic:overloaded"),
+                *("--base-url", server.url, "--api-key", "x"),
+            ],
             env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "400"},
             capture_output=True,
             text=True,

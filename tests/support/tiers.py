@@ -158,6 +158,7 @@ TIER_OF: dict[str, str] = {
     "test_daemon_head_writes.py": "inprocess",
     "test_daemon_connections.py": "external",
     "test_daemon_docs.py": "external",
+    "test_doc_examples.py": "external",
     "test_daemon_process.py": "external",
     "test_durable_replicas.py": "external",
     "test_replicas_postgres.py": "external",

@@ -10,11 +10,11 @@ from rich.console import Console
 
 from thoughtgate.access.filter import filter_events
 from thoughtgate.cli.remote import show_event
-from thoughtgate.cli.render import LivePrinter, render_runs_table, render_thread
+from thoughtgate.cli.render import LivePrinter, render_run, render_runs_table, render_thread
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.schema import Event
 from thoughtgate.events.thread import ThreadBuilder
-from thoughtgate.events.views import RunView
+from thoughtgate.events.views import RunView, TaskView
 
 _ERROR = "provider anthropic returned HTTP 529 (overloaded_error) (request id req_1)"
 
@@ -128,3 +128,35 @@ def test_events_prints_a_prompt_with_brackets_as_it_is(capsys: pytest.CaptureFix
     """``thoughtgate events`` on a run whose prompt holds ``[/]`` (it ended in a traceback)."""
     show_event(Event(1, "run_x", "run.started", {"prompt": _BRACKETS}), json_lines=False)
     assert _BRACKETS in capsys.readouterr().out
+
+
+def test_an_interrupted_task_says_interrupted_once() -> None:
+    """The answer panel of a run stopped by SIGTERM read "interrupted: interrupted: ...": the
+    task's error already names its status. A failed task's error does not, and gets it."""
+    stopped = "interrupted: thoughtgate run was stopped (SIGTERM)"
+    view = _view("run_" + "c" * 32, "interrupted", "x").model_copy(
+        update={
+            "error": stopped,
+            "tasks": [
+                TaskView(
+                    task_id=f"task_{i}",
+                    index=i,
+                    prompt="x",
+                    status=status,
+                    output=None,
+                    usage={},
+                    error=error,
+                    model="fake:echo",
+                    backend="provider",
+                )
+                for i, (status, error) in enumerate(
+                    [("interrupted", stopped), ("failed", "provider fake returned HTTP 529")]
+                )
+            ],
+        }
+    )
+    out = io.StringIO()
+    render_run(Console(file=out, width=200), view, role="owner")
+    text = out.getvalue()
+    assert "interrupted: interrupted:" not in text and text.count(stopped) == 2, text
+    assert "failed: provider fake returned HTTP 529" in text

@@ -243,7 +243,8 @@ def render_run(
         if task.status != "completed" and task.error:
             if body:
                 body.append("\n\n")
-            body.append(f"{task.status}: {task.error}", style="red")
+            said = f"{task.status}: "  # an interrupted task's error already starts so
+            body.append(task.error if task.error.startswith(said) else said + task.error, "red")
         console.print(
             Panel(
                 body,

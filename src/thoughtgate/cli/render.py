@@ -179,7 +179,7 @@ def render_thread(console: Console, thread: ThreadView) -> None:
         elif isinstance(item, ToolCard):
             caption = escape(" · ".join(captions.get(item.call_id, ())))
             # the kind of a failure is every reader's (a viewer's card has no error text)
-            status = item.status
+            status: str = item.status
             if item.error_kind and item.error_kind != status:
                 status = f"{status}: {item.error_kind}"
             console.print(

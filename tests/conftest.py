@@ -1,4 +1,5 @@
-"""Shared test setup: no real network, isolated data directory, the fake scripts, test tiers.
+"""Shared test setup: no real network, isolated data directory, the fake scripts, test tiers, the
+process's logging restored after each test (``support.process_logging``).
 
 Every test has exactly one tier (``unit``, ``inprocess``, ``external``), assigned and checked by
 ``support.tiers``; ``make test-fast`` runs the first two.
@@ -26,7 +27,9 @@ from support import fakes, tiers  # noqa: E402
 from thoughtgate.events.catalogue import strict  # noqa: E402
 from thoughtgate.store.memory import MemoryStore  # noqa: E402
 
-pytest_plugins = ("support.tiers",)
+# support.process_logging: every test leaves the process's logging as it found it; pytester:
+# its own test runs a pytest session inside this one.
+pytest_plugins = ("support.tiers", "support.process_logging", "pytester")
 
 # Every event a producer appends in these tests is validated against the catalogue first.
 strict(True)

@@ -17,17 +17,6 @@ from thoughtgate.testing.emulator.scenario import Fail, Say, Scenario, ScriptedT
 TOOLS = ("--tools", "support.served:SERVER_TOOLS")
 
 
-@pytest.fixture
-def restore_levels() -> Iterator[None]:
-    names = ["", *QUIET_LIBRARIES]
-    levels = {name: logging.getLogger(name).level for name in names}
-    factory = logging.getLogRecordFactory()  # configure_logging installs log_records'
-    yield
-    logging.setLogRecordFactory(factory)
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 async def _provider_request() -> None:
     """One request through httpx, as an adapter's turn makes it."""
     transport = httpx.MockTransport(lambda request: httpx.Response(200, text="{}"))
@@ -38,9 +27,9 @@ async def _provider_request() -> None:
 @pytest.mark.unit
 @pytest.mark.parametrize(("level", "shown"), [("info", False), ("warning", False), ("debug", True)])
 async def test_provider_requests_are_logged_at_debug_only(
-    level: str, shown: bool, restore_levels: None, caplog: pytest.LogCaptureFixture
+    level: str, shown: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    configure_logging(level)
+    configure_logging(level)  # undone after the test (support.process_logging)
     caplog.handler.setLevel(logging.DEBUG)
     await _provider_request()
     lines = [r.getMessage() for r in caplog.records if r.name.startswith(QUIET_LIBRARIES)]
@@ -51,10 +40,10 @@ async def test_provider_requests_are_logged_at_debug_only(
 @pytest.mark.unit
 @pytest.mark.parametrize(("level", "shown"), [("info", False), ("error", False), ("debug", True)])
 def test_an_exceptions_text_is_logged_at_debug_only(
-    level: str, shown: bool, restore_levels: None, caplog: pytest.LogCaptureFixture
+    level: str, shown: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ADR 0104: below ``debug`` an exception is logged by its class (and code)."""
-    configure_logging(level)
+    configure_logging(level)  # undone after the test (support.process_logging)
     caplog.handler.setLevel(logging.DEBUG)
     logging.getLogger("thoughtgate.server").error("failed: %s", ValueError("REASONING-x"))
     assert ("failed: REASONING-x" in caplog.text) is shown

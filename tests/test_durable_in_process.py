@@ -24,6 +24,7 @@ from support.durable_engine import InProcessDaemon, Like
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
@@ -212,7 +213,8 @@ async def test_a_launch_that_failed_leaves_no_dbos_and_the_process_can_launch_ag
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A launch that fails (its database unreachable, a set-up lock never granted, a cancel)
-    leaves nothing behind: closed, the engine lets another attach, which launches and runs."""
+    leaves nothing behind: another engine attaches, launches and runs (the failure is a
+    thoughtgate error naming the step, ADR 0125; more in ``test_durable_launch``)."""
 
     def unreachable() -> None:
         raise ConnectionError("the workflows' database is unreachable")
@@ -220,7 +222,7 @@ async def test_a_launch_that_failed_leaves_no_dbos_and_the_process_can_launch_ag
     failed = _Local(await SQLiteStore.open(tmp_path / "first.db"))
     with monkeypatch.context() as patch:
         patch.setattr(DBOS, "launch", unreachable)
-        with pytest.raises(ConnectionError, match="unreachable"):
+        with pytest.raises(RuntimeFailure, match=r"open its workflows database.*unreachable"):
             await failed.launch(like="run")
     assert not failed.engine.launched
     await failed.close()

@@ -44,6 +44,7 @@ from thoughtgate.errors import (
 )
 
 __all__ = [
+    "LINE_FORMAT",
     "WITHHELD",
     "SafeRecords",
     "exception_summary",
@@ -53,6 +54,10 @@ __all__ = [
 ]
 
 WITHHELD: Final = "its text is logged at debug level only"
+
+LINE_FORMAT: Final = "%(levelname)s: %(name)s: %(message)s"
+"""How a thoughtgate process writes a log line on stderr (the daemon's, and DBOS's lines in any
+process that runs durable runs)."""
 
 
 def exception_summary(exc: BaseException) -> str:

@@ -140,15 +140,21 @@ def register(app: typer.Typer) -> None:
             # here, in one line, before start-up ran or a bootstrap key was made that nobody
             # would be shown.
             sockets = listen(bind_host, bind_port)
+            engine = None
             try:
                 configure_logging(log_level.lower())
                 registry = daemon_tools(tools, words=log_level.lower() == "debug")
                 store = await ctx.store()
-                first_key = await bootstrap_key(store, ctx.role) if bootstrap else None
                 runtime = Runtime(
                     store, ctx.config, tools=registry, sinks=telemetry_sinks(ctx.config)
                 )
-                make_durable(runtime)
+                engine = make_durable(runtime)
+                if engine is not None:
+                    # Launched before the app starts (which finds it launched) and before a
+                    # bootstrap key is made: a launch that fails is one error line and exit 1,
+                    # not a start-up traceback after a key nobody is shown (ADR 0125).
+                    await engine.launch(listen=[t.name for t in registry])
+                first_key = await bootstrap_key(store, ctx.role) if bootstrap else None
                 application = create_app(runtime, ctx.config, shutdown_grace_s=shutdown_grace)
 
                 def ready(bound_host: str, bound_port: int) -> None:
@@ -179,6 +185,8 @@ def register(app: typer.Typer) -> None:
             finally:
                 for sock in sockets:
                     sock.close()
+                if engine is not None:  # (the app's shut-down closed it, unless it never ran)
+                    await engine.close()
                 await ctx.close()
 
         from thoughtgate.server.serve import daemon_runner

@@ -43,6 +43,7 @@ import hashlib
 import heapq
 import json
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar, cast
 
+import psycopg
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
 from dbos._error import DBOSWorkflowConflictIDError
 from dbos._serialization import Serializer
@@ -58,17 +60,21 @@ from thoughtgate.config import DurabilityConfig
 from thoughtgate.disclosure import kept_detail
 from thoughtgate.engine.steps import ResumeLog, StepCodec
 from thoughtgate.errors import (
+    SAID,
     ReplayedFailure,
     RunTakenOverError,
     RuntimeFailure,
     ThoughtgateError,
     UsageError,
     WorkflowFailed,
+    chained,
     exception_line,
     failure_detail,
     failure_kind,
     failure_text,
+    quoting,
 )
+from thoughtgate.orchestration import dbos_logs
 from thoughtgate.orchestration.dbos_pollers import (
     WORKFLOWS_APPLICATION_NAME,
     reuse_latest_version,
@@ -88,7 +94,10 @@ from thoughtgate.store.leases import (
     suspend,
     suspended_record,
 )
+from thoughtgate.store.pg_errors import describe_target
+from thoughtgate.store.pg_errors import translate_error as translate_pg_error
 from thoughtgate.store.records import OPEN_RUN_STATUSES
+from thoughtgate.store.sqlite_thread import translate_error as translate_sqlite_error
 
 
 class DurableRuntime(Protocol):
@@ -259,6 +268,43 @@ def database_settings(location: _Location) -> dict[str, Any]:
         key: dict(value) if isinstance(value, dict) else value
         for key, value in _SQLITE_ENGINE.items()
     }
+
+
+def workflows_database(location: _Location) -> str:
+    """The workflows database of ``location`` as an error names it: a SQLite file's path, or a
+    PostgreSQL database's host, port, name and schema (never its user's password)."""
+    if location.schema is not None:
+        return describe_target(location.url, location.schema)
+    return f"SQLite database {location.url.removeprefix('sqlite:///')}"
+
+
+def launch_failed(exc: Exception, location: _Location, step: str) -> ThoughtgateError:
+    """The error of a launch that failed at ``step`` (ADR 0125): what failed, and where.
+
+    A driver's error (found where SQLAlchemy or DBOS wrapped it) is translated as the store
+    translates its own (``StoreUnavailableError`` for a file that cannot be opened or a server
+    that refuses, ...); thoughtgate's own errors (the set-up lock's) keep their words; any other
+    is a ``RuntimeFailure`` quoting the first line of its text (:func:`~thoughtgate.errors.quoting`:
+    a log shows its class and code instead)."""
+    if isinstance(exc, ThoughtgateError):
+        return exc
+    action = f"launch durable runs ({step})"
+    where = workflows_database(location)
+    for cause in chained(exc):
+        if isinstance(cause, ThoughtgateError):
+            return RuntimeFailure(f"cannot {action}: {failure_text(cause)}")
+        if isinstance(cause, psycopg.Error):
+            return translate_pg_error(cause, action, where)
+        if isinstance(cause, sqlite3.Error):
+            return translate_sqlite_error(cause, where.removeprefix("SQLite database "), action)
+    first = next(iter(str(exc).strip().splitlines()), "") or type(exc).__name__
+    return quoting(RuntimeFailure, f"cannot {action} on {where}: {SAID}", exc, _unsecret(first))
+
+
+def _unsecret(text: str) -> str:
+    """``text`` with any password a URL in it carries replaced by ``…`` (a library may quote
+    the URL it was given)."""
+    return re.sub(r"(\w+://[^/\s:@]*:)[^@\s/]*@", r"\1…@", text)
 
 
 class DbosSteps:
@@ -434,6 +480,8 @@ class DurableEngine:
         """New runs :meth:`submit` started here, until their execution is over: the future of
         each one's end (:meth:`withdraw`)."""
         self.launched = False
+        self.failure: ThoughtgateError | None = None
+        """Why the last launch failed (``None`` before one, and once one succeeded)."""
 
     @property
     def waiting_here(self) -> list[str]:
@@ -462,17 +510,30 @@ class DurableEngine:
         """Start DBOS in this process. Must run in the event loop's thread (DBOS adopts the
         running loop for the workflows it dequeues). ``listen``: the tools of this process when
         it takes queued runs (a daemon); ``None`` for a process that only executes its own runs
-        (``thoughtgate run``) -- it then takes nothing from any queue."""
+        (``thoughtgate run``) -- it then takes nothing from any queue.
+
+        A launch that fails at any step -- constructing DBOS, opening or setting up its
+        workflows database (which recovers this executor's workflows), registering its queue --
+        or is cancelled leaves the process as if it had never launched (ADR 0125): DBOS
+        destroyed, no engine :attr:`current`, so this engine may launch again or another
+        attach; the error (a ``ThoughtgateError`` unless the launch was cancelled) names the
+        step and the workflows database, never a password. Until a launch succeeds the runtime
+        admits no run (``Runtime.admit``): nothing is stored for a run that could not execute."""
         if self.launched:
             return
         asyncio.get_running_loop()  # fail early outside a loop
+        engine = DurableEngine.current
+        if engine is not None and engine is not self:
+            raise UsageError("this process already executes durable runs for another runtime")
+        DurableEngine.current = self
+        self.failure = None
         settings: dict[str, Any] = {
             "name": "thoughtgate",
             "system_database_url": self.location.url,
             "executor_id": self.owner.owner_id,
             "application_version": APP_VERSION,
             "serializer": _Json(),
-            "log_level": "ERROR",
+            "log_level": dbos_logs.dbos_level(),
             "notification_listener_polling_interval_sec": min(self.config.poll_interval_s, 0.2),
             "scheduler_polling_interval_sec": 3600.0,
             # On PostgreSQL DBOS pushes workflow events' and streams' notifications from a thread
@@ -482,8 +543,10 @@ class DurableEngine:
             "notification_coalesce_sec": 1.0,
         }
         settings.update(database_settings(self.location))
-        DBOS(config=settings)  # type: ignore[arg-type]
+        step = "start DBOS"
         try:
+            dbos_logs.install()  # before DBOS adds a handler bound to today's stderr
+            DBOS(config=settings)  # type: ignore[arg-type]
             slowed = slow_unused_pollers(postgres=self.location.schema is not None)
             log.debug("DBOS pollers thoughtgate does not use, slowed: %s", slowed or "none")
             if listen is not None:
@@ -491,37 +554,63 @@ class DurableEngine:
                 DBOS.listen_queues([self.queue])
             else:
                 DBOS.listen_queues([])
+            step = "open its workflows database"
             if self.location.schema is None:
                 DBOS.launch()
             else:  # one replica at a time creates or migrates the schema (ADR 0062)
                 async with setting_up(self.location.url, self.location.schema):
                     DBOS.launch()
-        except BaseException:
-            # A launch that failed or was cancelled (a set-up that never got its lock, a
-            # database gone) leaves no DBOS behind: the engine can be closed and another
-            # attached and launched in this process, as after a launch that succeeded.
-            with contextlib.suppress(Exception):
-                DBOS.destroy()
-            raise
+            if not reuse_queue_list():
+                log.debug("DBOS's queue manager reads the list of queues every second")
+            if not reuse_latest_version():
+                log.debug("DBOS's queue worker reads the latest application version at every poll")
+            if self.queue is not None:
+                step = f"register the queue {self.queue}"
+                await DBOS.register_queue_async(
+                    self.queue,
+                    worker_concurrency=self.config.concurrency,
+                    polling_interval_sec=self.config.poll_interval_s,
+                    on_conflict="always_update",
+                )
+                self.starts = Starts(
+                    self.queue,
+                    self.config.concurrency,
+                    self.config.poll_interval_s,
+                    self.config.idle_poll_interval_s,
+                )
+                self.starts.pace()  # idle once nothing has run here for a linger
+        except BaseException as exc:
+            await self._unlaunch()
+            if not isinstance(exc, Exception):
+                raise  # a cancel (or an interrupt) stays what it is
+            self.failure = launch_failed(exc, self.location, step)
+            if self.failure is exc:
+                raise
+            raise self.failure from exc
         self.launched = True
-        if not reuse_queue_list():
-            log.debug("DBOS's queue manager reads the list of queues every second")
-        if not reuse_latest_version():
-            log.debug("DBOS's queue worker reads the latest application version at every poll")
-        if self.queue is not None:
-            await DBOS.register_queue_async(
-                self.queue,
-                worker_concurrency=self.config.concurrency,
-                polling_interval_sec=self.config.poll_interval_s,
-                on_conflict="always_update",
-            )
-            self.starts = Starts(
-                self.queue,
-                self.config.concurrency,
-                self.config.poll_interval_s,
-                self.config.idle_poll_interval_s,
-            )
-            self.starts.pace()  # idle once nothing has run here for a linger
+
+    def not_launched(self) -> ThoughtgateError:
+        """Why no run can start here while this engine is not launched."""
+        if self.failure is not None:
+            said = "durable runs cannot start in this process: "
+            error = RuntimeFailure(f"{said}{self.failure}")
+            error.public = f"{said}{failure_text(self.failure)}"  # (its driver's words: ADR 0104)
+            return error
+        return UsageError(
+            "durable runs cannot start in this process before its durable engine is launched "
+            "(DurableEngine.launch), nor after it is closed"
+        )
+
+    async def _unlaunch(self) -> None:
+        """Undo a launch that failed: as if this process had never launched DBOS."""
+        starts, self.starts, self.queue = self.starts, None, None
+        if starts is not None:
+            with contextlib.suppress(Exception):
+                await starts.close()
+        with contextlib.suppress(Exception):
+            DBOS.destroy()  # (no instance: nothing to do)
+        if DurableEngine.current is self:
+            DurableEngine.current = None
 
     async def close(self) -> None:
         """Stop DBOS (its queue threads first, so nothing new starts here)."""

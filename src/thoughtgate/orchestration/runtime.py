@@ -264,6 +264,11 @@ class Runtime:
         self.durable = engine
         self.approvals = DurableApprovals(engine, self.store, decider=self.approvals.decider)
 
+    def _durable_ready(self) -> None:
+        """Raise unless runs can execute here: no durable engine, or one that is launched."""
+        if self.durable is not None and not self.durable.launched:
+            raise self.durable.not_launched()
+
     def holder(self, attempt: int | None = None) -> Holder:
         """This process as the executor of a run, in the claim ``attempt`` (a durable run's):
         what the ends it records name, so that the store refuses them once another execution
@@ -358,7 +363,12 @@ class Runtime:
         ``committed`` (likewise): called with the run once its admission's commit held, in the
         step that learns it, where the store has one before this returns (SQLite's hand-off,
         ``DurableRunStore.admit_run``): the caller's task resumes a turn of the loop later. A
-        cancel landing in that turn still makes this raise (and close the run, ADR 0082)."""
+        cancel landing in that turn still makes this raise (and close the run, ADR 0082).
+
+        A durable runtime whose engine is not launched (before its launch, after a launch that
+        failed, once closed) admits nothing: a run stored then could not execute, and would
+        stay open (ADR 0125)."""
+        self._durable_ready()
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
             chain_of_thought, request.chain_of_thought, orch.chain_of_thought
@@ -602,6 +612,7 @@ class Runtime:
     async def run_to_end(self, run_id: str) -> None:
         """:meth:`execute` without reading the ended run back: for a caller that has no use for
         it (the daemon, whose clients read runs through its API), one store read less a run."""
+        self._durable_ready()
         async with shared_clients().lease():  # one set of provider connections for all turns
             if self.durable is None:
                 await self._execute(run_id)

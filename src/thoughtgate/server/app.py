@@ -181,13 +181,21 @@ def create_app(
         _warm_providers()
         await state.signer()
         engine = runtime.durable
-        if engine is not None:
+        if engine is not None:  # a launch that fails leaves nothing launched (ADR 0125)
             await engine.launch(listen=[t.name for t in runtime.tools])
-        if recover_on_start:
-            recovered = await manager.recover()
-            if recovered:
-                log.warning("marked %d run(s) left running as interrupted", len(recovered))
-            manager.start_sweeping()
+        try:
+            if recover_on_start:
+                recovered = await manager.recover()
+                if recovered:
+                    log.warning("marked %d run(s) left running as interrupted", len(recovered))
+                manager.start_sweeping()
+        except BaseException:
+            # A start-up that fails after the launch closes what it launched: the process can
+            # launch durable runs again (an application serving this app, a test).
+            await manager.shutdown(0)
+            if engine is not None:
+                await engine.close()
+            raise
         # Provider clients are shared by every run of this process and closed after the last one.
         async with shared_clients().lease():
             try:

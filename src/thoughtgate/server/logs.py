@@ -28,7 +28,7 @@ __all__ = ["QUIET_LIBRARIES", "RedactTickets", "configure_logging", "redact_quer
 QUIET_LIBRARIES: Final = ("httpx", "httpcore")
 """Loggers that log each provider request below WARNING: shown at ``--log-level debug`` only."""
 
-LOG_FORMAT: Final = "%(levelname)s: %(name)s: %(message)s"
+LOG_FORMAT: Final = log_records.LINE_FORMAT
 
 _SECRET_NAME = re.compile(r"ticket|token|key|secret|passw|auth|sig", re.IGNORECASE)
 

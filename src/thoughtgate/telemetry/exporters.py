@@ -370,10 +370,11 @@ def build_meter_provider(
 
 
 def _grpc_target(exporter: object, config: TelemetryConfig) -> str:
-    """The collector a gRPC exporter sends to, as its warnings name it: the one the exporter
-    resolved (``endpoint``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``, else ``localhost:4317``), so the
-    span and metric exporters share one outage guard and an operator sees which address failed."""
-    return str(getattr(exporter, "_endpoint", None) or config.endpoint or "localhost:4317")
+    """The collector a gRPC exporter sends to, as its warnings name it: ``endpoint``, else the
+    one the exporter resolved (``OTEL_EXPORTER_OTLP_ENDPOINT``, else ``localhost:4317``), so the
+    span and metric exporters share one outage guard and an operator sees which address failed
+    (``_origin`` keeps credentials out of it)."""
+    return str(config.endpoint or getattr(exporter, "_endpoint", None) or "localhost:4317")
 
 
 def _wrap(inner: SpanExporter, endpoint: str, guards: Guards) -> SpanExporter:

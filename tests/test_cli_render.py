@@ -115,10 +115,12 @@ def test_the_run_list_keeps_every_field_readable_in_an_80_column_terminal() -> N
     out = io.StringIO()
     render_runs_table(Console(file=out, width=80), views)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 4 and all(len(line) <= 80 for line in lines), lines
-    assert lines[0].split() == ["run_" + "a" * 32, "interrupted", "telemetry_only"]
-    assert lines[1].strip().endswith(f"· fake:echo · {_BRACKETS}")
-    assert lines[2].split() == ["run_" + "b" * 32, "completed", "telemetry_only"]
+    assert len(lines) == 6 and all(len(line) <= 80 for line in lines), lines
+    assert lines[0].split() == ["run_id", "status", "mode"]
+    assert lines[1].split() == ["started", "·", "model", "·", "prompt"]
+    assert lines[2].split() == ["run_" + "a" * 32, "interrupted", "telemetry_only"]
+    assert lines[3].strip().endswith(f"· fake:echo · {_BRACKETS}")
+    assert lines[4].split() == ["run_" + "b" * 32, "completed", "telemetry_only"]
     wide = io.StringIO()
     render_runs_table(Console(file=wide, width=200), views)
     assert "┃ run_id" in wide.getvalue() and _BRACKETS in wide.getvalue()

@@ -310,6 +310,12 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
 
 def _render_runs_lines(console: Console, views: list[RunView], widths: list[int]) -> None:
     id_w, _, status_w, _ = widths
+    console.print(
+        Text(f"{'run_id'.ljust(id_w)}  {'status'.ljust(status_w)}  mode", style="bold"),
+        no_wrap=True,
+        overflow="ellipsis",
+    )
+    console.print(Text("  started · model · prompt", style="bold"), no_wrap=True)
     for v in views:
         status = _status_text(v.status)
         status.pad_right(status_w - len(v.status))

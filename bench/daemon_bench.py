@@ -39,6 +39,15 @@ rounds. ``--repeat`` (ADR 0042) serves another purpose and keeps it: within each
 N times in a row against that round's daemon, to watch it as it lives; a round's rows are its first
 repetition's.
 
+Warm-up (ADR 0126): before its timed runs a phase makes three runs in turn, then one on each
+of its connections at once, so every phase starts with the daemon's provider connections open,
+one per concurrent stream, as a daemon that has served a while has them. A daemon's first 100-run
+phase used to open them inside its first timed wave, whose connects wait in the loop behind that
+wave's burst of requests; the provider's first delta then went out later and less of the backlog
+fell after its stamp, so ``ttfb_added`` of that phase read lower than of any phase after it on
+the same daemon (ADR 0119 / 0124's "second phase ~1.4-1.8x slower"), while the client's wait for
+the byte was the same.
+
 The host (ADR 0050): every measured phase, thoughtgate's and LiteLLM's, is bracketed by two
 reads of ``/proc/stat`` (:mod:`bench.host_steal`), and its console line gives the share of all
 CPU time the host stole from the VM, left idle, or spent outside the bench's processes (client,
@@ -155,7 +164,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -586,6 +595,23 @@ async def _one_run(
     return first["client"], first["added"], from_slot, frames.count
 
 
+async def _warm_up(conns: list[_Connection], one: Callable[[_Connection], Awaitable[Any]]) -> None:
+    """A phase's warm-up: ``one`` run on each of the first three connections in turn (first-time
+    costs: imports, caches), then one on every connection at once (ADR 0126).
+
+    The wave leaves the server as the phase will find it whatever ran before: one keep-alive
+    connection to the provider per concurrent stream. Without it, a daemon's first phase at 100
+    runs opened its provider connections inside its first timed wave (100 runs started at
+    once), where each connect waited in the daemon's loop behind the wave's requests; the
+    provider's first delta went out later and less of the backlog fell after its stamp, so that
+    wave's ``ttfb_added`` read ~6.6x lower than a later phase's on the same daemon, for the same
+    client wait from ``POST`` to byte. LiteLLM's phases warm up the same way."""
+    for conn in conns[:3]:
+        await one(conn)
+    if len(conns) > 1:
+        await asyncio.gather(*(one(conn) for conn in conns))
+
+
 async def _phase(
     base_url: str,
     key: str,
@@ -595,20 +621,26 @@ async def _phase(
     cpu: Callable[[], float],
     single: bool = False,
 ) -> dict[str, Any]:
-    """``total`` runs, ``concurrency`` at a time, after a warm-up; ``cpu()`` (the server's CPU
-    seconds) is read around the timed runs only, so warm-ups and one-time costs stay out."""
+    """``total`` runs, ``concurrency`` at a time, after a warm-up (:func:`_warm_up`); ``cpu()``
+    (the server's CPU seconds) is read around the timed runs only, so warm-ups and one-time
+    costs stay out. ``first_wave``: the added first byte of each connection's first timed run
+    (the synchronized wave the phase starts with), which ``--repeat`` prints beside the p50."""
     host, port = base_url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), key).open() for _ in range(concurrency)]
     try:
-        for conn in conns[:3]:  # warm-up
-            await _one_run(conn, model, single)
+        await _warm_up(conns, functools.partial(_one_run, model=model, single=single))
         remaining = [total]
         results: list[tuple[float, float, float | None, int]] = []
+        first_wave: list[float] = []
 
         async def worker(conn: _Connection) -> None:
+            first = True
             while remaining[0] > 0:
                 remaining[0] -= 1
                 results.append(await _one_run(conn, model, single))
+                if first:
+                    first_wave.append(results[-1][1])
+                    first = False
 
         cpu_before = cpu()
         started = time.monotonic()
@@ -624,6 +656,7 @@ async def _phase(
         "client": sorted(r[0] for r in results),
         "added": sorted(r[1] for r in results),
         "from_slot": sorted(r[2] for r in results if r[2] is not None),
+        "first_wave": sorted(first_wave),
         "events": sum(r[3] for r in results),
         "runs": len(results),
     }
@@ -925,8 +958,7 @@ async def _chat_phase(url: str, concurrency: int, total: int) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
     conns = [await _Connection(host, int(port), "dummy").open() for _ in range(concurrency)]
     try:
-        for conn in conns[:3]:  # warm-up
-            await _one_chat(conn)
+        await _warm_up(conns, _one_chat)
         remaining = [total]
         results: list[tuple[float, int]] = []
 
@@ -1041,7 +1073,15 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         f"Every phase ran in {rounds} rounds (each round a fresh pair of servers going through "
         "every phase once; LiteLLM's phases before thoughtgate's in odd rounds, after them in even "
         "ones; the real adapters' phases in the order given in round 1, rotated by one format "
-        "each round after, so a format's phases do not always follow the same others, ADR 0124); "
+        "each round after, so a format's phases do not always follow the same others, ADR 0124"
+        + (
+            f"; with {rounds} rounds for {len(formats)} formats, "
+            f"{', '.join(formats[rounds:])} never ran first (--rounds {len(formats)} puts each "
+            "first once, ADR 0126)"
+            if 1 < rounds < len(formats)
+            else ""
+        )
+        + "); "
         "each figure is the median of its rounds' figures (of their p50s, rates, CPU per "
         "delta; a ratio the median of the rounds' ratios, both sides from the same round), the "
         "spread their least and greatest (ADR 0049). "
@@ -1049,6 +1089,10 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         else "Every phase ran once (one round): a figure may be 2-4× off its median (ADR 0049). "
     )
     return how + (
+        "Every phase warms up with three runs in turn, then one run on each of its connections "
+        "at once, so it starts with a provider connection open per stream whatever phase ran "
+        "before on the same server (ADR 0126: a daemon's first 100-run phase opened them in its "
+        "first timed wave and measured its added first byte from a later provider stamp). "
         f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
         f"rows without a prefix; rows prefixed {ONE_REQUEST} start and follow each run with one "
         "request, POST /v1/runs/follow, instead of three) and the real adapters talking HTTP to "
@@ -1236,7 +1280,8 @@ class _Watch:
         runs = max(1, stats["runs"])
         print(
             f"repeat {phase} #{repetition}: ttfb_added_p50 {_pct(stats['added'], 0.5) * 1000:.2f}"
-            f" ms, runs/s {stats['runs'] / stats['elapsed']:.1f}, cpu_per_delta "
+            f" ms (first wave {_pct(stats['first_wave'], 0.5) * 1000:.2f}), runs/s "
+            f"{stats['runs'] / stats['elapsed']:.1f}, cpu_per_delta "
             f"{cpu / (runs * PROVIDER_DELTAS) * 1e6:.0f} µs | server rss {state['rss_mb']:.0f} MB,"
             f" objects {state['objects']} ({state['objects'] - last['objects']:+d}), tasks "
             f"{state['tasks']}, gc passes {passes} ({gc_ms:.0f} ms CPU, of which gen2 "

@@ -1,12 +1,17 @@
 """``bench.daemon_bench``: the real adapters' phases rotate by one format a round, so each
-format's median is measured in different places of the round (ADR 0124)."""
+format's median is measured in different places of the round (ADR 0124), and every phase warms
+up with one run on each of its connections at once, so it starts with the server's provider
+connections open whatever ran before (ADR 0126)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from support.bench_modules import bench_package_module
 
 pytestmark = pytest.mark.unit
@@ -54,3 +59,47 @@ def test_a_subset_or_no_formats_rotates_among_themselves(daemon_bench: ModuleTyp
     assert daemon_bench._adapter_order(2, ["anthropic", "chat"]) == ["chat", "anthropic"]
     assert daemon_bench._adapter_order(3, ["chat"]) == ["chat"]
     assert daemon_bench._adapter_order(2, []) == []
+
+
+@given(
+    formats=st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=6, unique=True),
+    extra=st.integers(min_value=0, max_value=3),
+)
+def test_with_as_many_rounds_as_formats_each_format_runs_first_once(
+    daemon_bench: ModuleType, formats: list[str], extra: int
+) -> None:
+    """ADR 0126: three rounds cannot put each of four formats first; ``--rounds`` of at least
+    the number of formats does, and every round runs every format once."""
+    orders = [daemon_bench._adapter_order(n, formats) for n in range(1, len(formats) + 1 + extra)]
+    assert all(sorted(order) == sorted(formats) for order in orders)
+    assert {order[0] for order in orders[: len(formats)]} == set(formats)
+
+
+def test_the_warm_up_runs_three_in_turn_then_one_on_every_connection_at_once(
+    daemon_bench: ModuleType,
+) -> None:
+    """ADR 0126: the wave is what opens the server's provider connections before the timed
+    runs; runs one after another would leave all but one of them to the first timed wave."""
+    log: list[tuple[str, int]] = []
+
+    async def one(conn: int) -> None:
+        log.append(("start", conn))
+        await asyncio.sleep(0)
+        log.append(("end", conn))
+
+    asyncio.run(daemon_bench._warm_up(list(range(5)), one))
+    in_turn = [("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert log[:6] == in_turn
+    wave = log[6:]
+    assert sorted(wave) == sorted([("start", c) for c in range(5)] + [("end", c) for c in range(5)])
+    assert [kind for kind, _ in wave[:5]] == ["start"] * 5  # all begun before any ended
+
+
+def test_one_connection_warms_up_with_one_run(daemon_bench: ModuleType) -> None:
+    runs: list[int] = []
+
+    async def one(conn: int) -> None:
+        runs.append(conn)
+
+    asyncio.run(daemon_bench._warm_up([7], one))
+    assert runs == [7]

@@ -63,31 +63,29 @@ def test_emulate_serves_until_interrupted() -> None:
         proc.communicate(timeout=HANG_S)  # and the pipes are closed
 
 
-def test_smoke_reports_each_capability_against_the_emulator() -> None:
+def _smoke_against_the_emulator(
+    scenario: str, model: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``thoughtgate smoke --model MODEL`` against the emulator, ``scenario`` its default."""
     emulator = Emulator()
-    for scenario in builtin_scenarios().values():
-        emulator.add(scenario)
-    emulator.default = "smoke"
+    for each in builtin_scenarios().values():
+        emulator.add(each)
+    emulator.default = scenario
     with serve_emulator(emulator) as server:
-        proc = subprocess.run(
+        return subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "thoughtgate",
-                "smoke",
-                "--model",
-                "anthropic:claude-sonnet-4-5",
-                "--base-url",
-                server.url,
-                "--api-key",
-                "x",
-                "--json",
+                *(sys.executable, "-m", "thoughtgate", "smoke", "--model", model),
+                *("--base-url", server.url, "--api-key", "x", *args),
             ],
-            env={**os.environ, "PYTHONPATH": SRC},
+            env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "400"},
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+
+def test_smoke_reports_each_capability_against_the_emulator() -> None:
+    proc = _smoke_against_the_emulator("smoke", "anthropic:claude-sonnet-4-5", "--json")
     assert proc.returncode == 0, proc.stderr
     results = {r["name"]: r for r in json.loads(proc.stdout)}
     assert results["reasoning_summary"]["proven"] or results["reasoning_text"]["proven"]
@@ -110,3 +108,16 @@ def test_smoke_without_a_key_says_which_variable() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr
+
+
+def test_smoke_against_a_provider_that_fails_says_what_it_said() -> None:
+    """Each failed check quotes the provider's error as it is -- its ``[provider status type]``
+    prefix is text, not terminal markup -- and the hidden check says which request failed (the
+    model, named after the scenario, is one the endpoint rules know no switch for)."""
+    proc = _smoke_against_the_emulator("overloaded", "anthropic:overloaded")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert "the request failed: [anthropic 529 overloaded_error] " in lines["streaming"]
+    hidden = lines["rule.hidden_switch"]
+    assert "the hidden request (no switch in the row " in hidden, hidden
+    assert "None" not in hidden and "[anthropic 529 overloaded_error]" in hidden

@@ -740,6 +740,26 @@ async def test_each_process_with_a_down_collector_says_so_once(
     assert per_process[0][0].startswith("telemetry: cannot export to http://127.0.0.1:")
 
 
+async def test_a_down_grpc_collector_at_its_default_address_is_one_warning_naming_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no ``endpoint``, the gRPC span and metric exporters send to the same collector
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``): one outage is one warning, and it says which address."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+    url = _closed_port_url()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+    config = Config.from_mapping({"telemetry": {"exporter": "otlp_grpc"}})
+    caplog.set_level(logging.WARNING)
+    sinks = telemetry_sinks(config)
+    (sink,) = sinks
+    assert isinstance(sink, TelemetrySink)
+    run = await Runtime(MemoryStore(), config, sinks=sinks).run(RunRequest("x", model="fake:echo"))
+    assert run.status == "completed"
+    sink.shutdown()  # spans and metrics exported (and failing), as at process exit
+    shown = [r.getMessage().split(";")[0] for r in caplog.records if r.levelno >= logging.WARNING]
+    assert shown == [f"telemetry: cannot export to {url.removeprefix('http://')}"]
+
+
 class _Flaky:
     def __init__(self) -> None:
         self.calls = 0

@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
@@ -92,7 +94,7 @@ def register(app: typer.Typer) -> None:
                 print_json(created.to_dict())
                 return
             console.print(
-                f"created {created.record.role} key [bold]{created.record.name}[/] "
+                f"created {created.record.role} key [bold]{escape(created.record.name)}[/] "
                 f"({created.record.key_id}); it is shown only now:",
                 highlight=False,
             )
@@ -114,7 +116,9 @@ def register(app: typer.Typer) -> None:
                 return
             table = Table("name", "role", "id", "created", "revoked")
             for k in records:
-                table.add_row(k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at))
+                table.add_row(
+                    Text(k.name), k.role, k.key_id, _when(k.created_at), _when(k.revoked_at)
+                )
             console.print(table)
 
         async def body(local: Role, store: EventStore) -> None:
@@ -150,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 print_json({"revoked": key, "key_id": revoked.key_id, "name": revoked.name})
             else:
                 err_console.print(
-                    f"revoked {revoked.role} key {revoked.name} ({revoked.key_id})",
+                    f"revoked {revoked.role} key {escape(revoked.name)} ({revoked.key_id})",
                     highlight=False,
                 )
 

@@ -6,6 +6,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.options import ConfigOpt, JsonOpt
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
                 return
             for r in results:
                 mark = "[green]proven[/]" if r.proven else "[red]not proven[/]"
-                console.print(f"{r.name:<20} {mark}  {r.detail}", highlight=False)
+                # the detail quotes the provider ("[anthropic 529 ...] Overloaded"): not markup
+                console.print(f"{r.name:<20} {mark}  {escape(r.detail)}", highlight=False)
 
         run_async(body())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
 from thoughtgate.errors import AuthenticationError, RunNotFoundError, UsageError, public_url
@@ -137,7 +138,8 @@ def show_event(event: Event, *, json_lines: bool) -> None:
         return
     task = f" [dim]{event.task_id}[/]" if event.task_id else ""
     console.print(
-        f"[bold]{event.seq:>5}[/] {event.type}{task} {dict(event.payload)}", highlight=False
+        f"[bold]{event.seq:>5}[/] {event.type}{task} {escape(str(dict(event.payload)))}",
+        highlight=False,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -40,6 +41,7 @@ def _turn_title(label: str, turn: Any) -> str:
 
 def _step_line(event_type: str, summary: str) -> str:
     """A visible step as one line: phases dim, steps bold, a tool's reason under its card."""
+    summary = escape(summary)  # a step's text is data, never markup
     if event_type == EventType.COT_PHASE:
         return f"[dim]· {summary}[/]"
     if event_type == EventType.COT_TOOL_REASONING:
@@ -97,8 +99,11 @@ class LivePrinter:
             if t == EventType.TOOL_FAILED:
                 # a viewer's copy has no error text (it can quote tool data), only its kind
                 detail = f" ✗ {p.get('error') or p.get('error_kind') or 'failed'}"
+            # a tool's input, output and error are data: "[/]" in them is text, not markup
             self.console.print(
-                f"[cyan]⚙ {label}[/] [dim]{t.removeprefix('tool.')}[/]{detail}", highlight=False
+                f"[cyan]⚙ {escape(str(label))}[/] [dim]{t.removeprefix('tool.')}[/]"
+                f"{escape(detail)}",
+                highlight=False,
             )
         elif t == EventType.COT_COMPLETED:
             receipt = parse_receipt(p)
@@ -115,15 +120,22 @@ class LivePrinter:
                 self.console.print(_step_line(t, summary), highlight=False)
         elif t == EventType.MESSAGE_PARTIALLY_COMPLETED:
             self._switch("note")
-            self.console.print(f"[yellow]partial: {p.get('error') or p.get('reason')}[/]")
+            # an answer cut after some of it arrived, or none at all (the task then fails)
+            what = "answer cut off" if p.get("text") else "no answer"
+            self.console.print(
+                f"[yellow]{what}: {escape(str(p.get('error') or p.get('reason')))}[/]",
+                highlight=False,
+            )
             self._detail(p)
         elif t in (EventType.RUN_FAILED, EventType.RUN_ERROR):
             self._switch("note")
-            self.console.print(f"[red]{t}: {p.get('error')}[/]", highlight=False)
+            self.console.print(f"[red]{t}: {escape(str(p.get('error')))}[/]", highlight=False)
             self._detail(p)
         elif t == EventType.RUN_INTERRUPTED:
             self._switch("note")
-            self.console.print(f"[yellow]interrupted: {p.get('reason')}[/]", highlight=False)
+            self.console.print(
+                f"[yellow]interrupted: {escape(str(p.get('reason')))}[/]", highlight=False
+            )
             self._detail(p)  # why it could not resume, be queued or start (ADR 0073)
 
     def end(self) -> None:
@@ -165,9 +177,13 @@ def render_thread(console: Console, thread: ThreadView) -> None:
             if item.step.tool_call_id not in cards:
                 console.print(_step_line(EventType.COT_PHASE, item.step.summary), highlight=False)
         elif isinstance(item, ToolCard):
-            caption = " · ".join(captions.get(item.call_id, ()))
+            caption = escape(" · ".join(captions.get(item.call_id, ())))
+            # the kind of a failure is every reader's (a viewer's card has no error text)
+            status: str = item.status
+            if item.error_kind and item.error_kind != status:
+                status = f"{status}: {item.error_kind}"
             console.print(
-                f"[cyan]⚙ {item.label}[/] [dim]{item.status}[/]"
+                f"[cyan]⚙ {escape(item.label)}[/] [dim]{status}[/]"
                 + (f" [dim]({caption})[/]" if caption else ""),
                 highlight=False,
             )
@@ -202,9 +218,9 @@ def render_run(
     box is never all a reader gets.
     """
     head = Table.grid(padding=(0, 2))
-    head.add_row("run", view.run_id)
+    head.add_row("run", Text(view.run_id))
     head.add_row("status", _status_text(view.status))
-    head.add_row("model", str(view.model))
+    head.add_row("model", Text(str(view.model)))
     head.add_row("chain_of_thought", view.chain_of_thought)
     head.add_row("viewing as", role)
     head.add_row("usage", _usage_text(view.usage))
@@ -227,7 +243,8 @@ def render_run(
         if task.status != "completed" and task.error:
             if body:
                 body.append("\n\n")
-            body.append(f"{task.status}: {task.error}", style="red")
+            said = f"{task.status}: "  # an interrupted task's error already starts so
+            body.append(task.error if task.error.startswith(said) else said + task.error, "red")
         console.print(
             Panel(
                 body,
@@ -253,8 +270,28 @@ def _started(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+_TABLE_OVERHEAD = 19  # six columns' borders and padding
+_MODEL_AND_PROMPT_MIN = 40  # room that keeps the model and the prompt readable in the table
+
+
 def render_runs_table(console: Console, views: list[RunView]) -> None:
-    """Full run ids (never cut, whatever the terminal's width) and when each run started."""
+    """Full run ids (never cut, whatever the terminal's width) and when each run started.
+
+    Where a table with readable cells does not fit (an 80-column terminal, a pipe), each run is
+    two lines instead: its id, status and mode, then when it started, its model and its prompt --
+    never a column squeezed to an ellipsis, and one line per run to ``grep`` for a status."""
+    fixed = [
+        max((len(f(v)) for v in views), default=0)
+        for f in (
+            lambda v: v.run_id,
+            lambda v: _started(v.created_at),
+            lambda v: v.status,
+            lambda v: v.chain_of_thought,
+        )
+    ]
+    if views and console.width < sum(fixed) + _TABLE_OVERHEAD + _MODEL_AND_PROMPT_MIN:
+        _render_runs_lines(console, views, fixed)
+        return
     table = Table("run_id", "started", "status", "mode", "model", "prompt")
     table.columns[0].no_wrap = True
     table.columns[0].min_width = max((len(v.run_id) for v in views), default=6)
@@ -265,7 +302,30 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
             _started(v.created_at),
             _status_text(v.status),
             v.chain_of_thought,
-            str(v.model),
-            v.prompt[:60],
+            Text(str(v.model)),  # a model and a prompt are data: "[/]" in them is text
+            Text(v.prompt[:60]),
         )
     console.print(table)
+
+
+def _render_runs_lines(console: Console, views: list[RunView], widths: list[int]) -> None:
+    id_w, _, status_w, _ = widths
+    console.print(
+        Text(f"{'run_id'.ljust(id_w)}  {'status'.ljust(status_w)}  mode", style="bold"),
+        no_wrap=True,
+        overflow="ellipsis",
+    )
+    console.print(Text("  started · model · prompt", style="bold"), no_wrap=True)
+    for v in views:
+        status = _status_text(v.status)
+        status.pad_right(status_w - len(v.status))
+        console.print(
+            Text.assemble(v.run_id.ljust(id_w), "  ", status, "  ", v.chain_of_thought),
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        console.print(
+            Text(f"  {_started(v.created_at)} · {v.model} · {v.prompt[:60]}", style="dim"),
+            no_wrap=True,
+            overflow="ellipsis",
+        )

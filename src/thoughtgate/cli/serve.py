@@ -95,7 +95,11 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--shutdown-grace",
                 metavar="SECONDS",
-                help="How long in-flight runs may finish on SIGTERM before they are interrupted.",
+                help=(
+                    "How long in-flight runs may finish on SIGTERM or Ctrl+C; then durable runs"
+                    " are left to resume elsewhere (or here at the next start), others are"
+                    " interrupted."
+                ),
             ),
         ] = 3.0,
         bootstrap: Annotated[

@@ -248,7 +248,8 @@ async def _hidden_rule(
     try:
         turn = await stream_llm_turn(provider, request)
     except ProviderError as exc:
-        return CapabilityResult(name, False, f"hidden request with {switch} refused: {exc}")
+        sent = f"with {switch}" if switch is not None else f"(no switch in the {where})"
+        return CapabilityResult(name, False, f"the hidden request {sent} failed: {exc}")
     tokens = turn.usage.reasoning_tokens
     if switch is None:
         why = "the model thinks unasked" if rule.thinks_unasked else "none is needed"

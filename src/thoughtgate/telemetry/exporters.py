@@ -320,7 +320,7 @@ def build_tracer_provider(
             raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcExporter(endpoint=config.endpoint, timeout=timeout)
-        exporter = _wrap(grpc, str(config.endpoint or "the default OTLP gRPC endpoint"), guards)
+        exporter = _wrap(grpc, _grpc_target(grpc, config), guards)
     provider = SdkTracerProvider(resource=_resource())
     provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=timeout * 1000))
     return provider
@@ -360,15 +360,21 @@ def build_meter_provider(
             raise UsageError(_GRPC_MISSING) from exc
 
         grpc = GrpcMetricExporter(endpoint=config.endpoint, timeout=timeout)
-        exporter = _outage_aware_metrics(
-            grpc, str(config.endpoint or "the default endpoint"), guards
-        )
+        exporter = _outage_aware_metrics(grpc, _grpc_target(grpc, config), guards)
     reader = PeriodicExportingMetricReader(
         exporter,
         export_interval_millis=config.metrics_interval_s * 1000,
         export_timeout_millis=timeout * 1000,
     )
     return SdkMeterProvider(metric_readers=[reader], resource=_resource())
+
+
+def _grpc_target(exporter: object, config: TelemetryConfig) -> str:
+    """The collector a gRPC exporter sends to, as its warnings name it: ``endpoint``, else the
+    one the exporter resolved (``OTEL_EXPORTER_OTLP_ENDPOINT``, else ``localhost:4317``), so the
+    span and metric exporters share one outage guard and an operator sees which address failed
+    (``_origin`` keeps credentials out of it)."""
+    return str(config.endpoint or getattr(exporter, "_endpoint", None) or "localhost:4317")
 
 
 def _wrap(inner: SpanExporter, endpoint: str, guards: Guards) -> SpanExporter:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import sqlite3
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
@@ -209,7 +208,7 @@ def test_usage_is_shown_as_its_declaration_allows_reasoning_tokens_on_surface_ru
 @pytest.mark.external
 @pytest.mark.postgres
 def test_check_names_the_tampered_run_and_repair_rebuilds_it_on_postgres() -> None:
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
 
     def tamper(statement: str, params: tuple[Any, ...]) -> None:
         query = sql.SQL(statement).format(

@@ -8,13 +8,12 @@ run or key named there is not found (exit 2). A command that records still creat
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
@@ -28,7 +27,7 @@ LOCAL = {"THOUGHTGATE_URL": None, "THOUGHTGATE_KEY": None, "COLUMNS": "400"}
 @pytest.fixture
 def schema() -> Iterator[str]:
     """A schema name nobody created; dropped afterwards whatever the commands did."""
-    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    name = schema_name()
     try:
         yield name
     finally:

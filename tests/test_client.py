@@ -122,7 +122,7 @@ async def test_follow_stops_with_an_authentication_error_when_its_key_is_revoked
     run_id = _story(daemon, "revoked", delay=0.5)
     seen: list[Event] = []
     async with ThoughtgateClient(daemon.base_url, created["key"]) as tg:
-        with pytest.raises(AuthenticationError, match="authentication required"):
+        with pytest.raises(AuthenticationError, match="the daemon refused this key"):
             async for event in tg.follow(run_id):
                 seen.append(event)
                 if len(seen) == 1:

@@ -143,7 +143,7 @@ def test_run_views_events_paging_and_trace(daemon: Daemon, finished_run: str) ->
         assert c.get("/v1/runs/run_nope/events").json()["error"]["code"] == "not_found"
 
 
-def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
+def test_bad_input_is_a_clear_4xx_and_a_provider_the_server_lacks_its_503(daemon: Daemon) -> None:
     cases: list[tuple[Any, int, str]] = [
         (b"{not json", 400, "not valid JSON"),
         (b"", 400, "empty"),
@@ -166,7 +166,8 @@ def test_bad_input_is_a_clear_4xx(daemon: Daemon) -> None:
         ({"prompt": "", "model": "fake:echo"}, 422, "prompt"),
         ({"model": "fake:echo"}, 422, "prompt"),
         ({"prompt": "x"}, 400, "needs a model"),
-        ({"prompt": "x", "model": "anthropic:claude-x"}, 400, "providers.anthropic.api_key"),
+        # not the caller's mistake: the server's 503 (ADR 0128, test_operator_errors.py)
+        ({"prompt": "x", "model": "anthropic:claude-x"}, 503, "not configured for provider"),
         # one key twice: a proxy or an audit log reading the first value would disagree with a
         # daemon acting on the last (ADR 0122)
         (
@@ -400,6 +401,30 @@ def test_web_page_is_served(daemon: Daemon) -> None:
         assert "default-src 'self'" in page.headers["content-security-policy"]
         assert c.get("/static/app.js").status_code == 200
         assert "/" not in c.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize(
+    ("path", "to"),
+    [
+        ("/static", "/static/"),
+        ("/static?a=1&b=%2F", "/static/?a=1&b=%2F"),
+        ("/v1/runs/", "/v1/runs"),
+        ("/healthz/", "/healthz"),
+        ("/v1/runs%2F", "/v1/runs"),
+    ],
+)
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:443", "127.0.0.1:1@evil.example"])
+def test_a_slash_redirect_stays_on_the_daemon_whatever_the_host_header(
+    daemon: Daemon, path: str, to: str, host: str
+) -> None:
+    """The trailing-slash redirect's ``Location`` is a path on the daemon: a forged ``Host`` (a
+    cache or proxy in front that keys on the path, a link a victim follows through one) is not
+    echoed into an absolute URL that sends the browser elsewhere."""
+    with daemon.client() as c:
+        moved = c.get(path, headers={"Host": host}, follow_redirects=False)
+    assert moved.status_code == 307, moved.text
+    assert moved.headers["location"] == to
+    assert "evil" not in moved.text
 
 
 @pytest.mark.parametrize(

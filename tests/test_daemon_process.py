@@ -288,17 +288,16 @@ def test_a_broken_tools_entry_point_is_named_with_its_words_at_debug_only(
 def test_the_listening_line_names_a_postgresql_store_without_its_password() -> None:
     """``thoughtgate serve`` says which store it serves on stderr, which ends in an operator's
     log collector: a PostgreSQL URL's password is not part of what it says."""
-    import uuid
     from urllib.parse import urlsplit, urlunsplit
 
     import psycopg
     from psycopg import sql
-    from support.pg import PG_URL
+    from support.pg import PG_URL, schema_name
 
     parts = urlsplit(PG_URL)
     user = parts.username or "postgres"
     where = parts.netloc.rpartition("@")[2]
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     url = urlunsplit(parts._replace(netloc=f"{user}:PWLEAK-s3cret@{where}", query=""))
     server = ServeProcess("--db", f"{url}?schema={schema}")
     try:

@@ -1,7 +1,8 @@
 """The daemon's router (``server.routing.DepthRouter``) answers every request exactly as
 Starlette's own router does: the same status, headers and body, for the routes' successes and for
-the errors routing decides (404, 405, the trailing-slash redirect) or lets the route decide (401,
-422, a run that does not exist)."""
+the errors routing decides (404, 405) or lets the route decide (401, 422, a run that does not
+exist); the trailing-slash redirect goes where Starlette's does, but as a path on the daemon,
+never built from the request's ``Host`` (ADR 0128)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,6 @@ async def test_every_answer_is_the_one_starlettes_router_gives() -> None:
         ("GET", "/v1/me", {}),
         ("GET", "/v1/nothing", {"headers": key}),
         ("GET", "/v1/runs/a/b/c/d/e", {"headers": key}),
-        ("GET", "/v1/runs/", {"headers": key}),
-        ("GET", "/healthz/", {}),
         ("PUT", "/v1/runs", {"headers": key}),
         ("DELETE", f"/v1/runs/{run_id}", {"headers": key}),
         ("GET", "/v1/tickets", {"headers": key}),
@@ -96,3 +95,29 @@ async def test_every_answer_is_the_one_starlettes_router_gives() -> None:
         answer = _answer(await _ask(ours, method, path, **options))
         assert answer == _answer(await _ask(theirs, method, path, **options)), (method, path)
         assert answer[0] != 500, (method, path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/runs/", "/healthz/", "/static", "/static?x=%2F&y", "/v1/runs//", "/v1/me/?a=b"],
+)
+async def test_a_slash_redirect_goes_where_starlettes_does_as_a_path(path: str) -> None:
+    """The same status and target as Starlette's redirect; its ``Location`` a path (with the
+    query), not the absolute URL Starlette builds from the caller's ``Host``."""
+    ours, theirs = _apps(MemoryStore())
+    headers = {"Host": "elsewhere.example"}
+    mine = await _ask(ours, "GET", path, headers=headers)
+    starlettes = await _ask(theirs, "GET", path, headers=headers)
+    assert (mine.status_code, starlettes.status_code) == (307, 307)
+    assert starlettes.headers["location"] == "http://elsewhere.example" + mine.headers["location"]
+    assert mine.headers["location"].startswith("/") and "elsewhere" not in mine.text
+
+
+@pytest.mark.parametrize("path", ["//static", "//evil.example/", "/\\evil.example/", "/"])
+async def test_no_redirect_leaves_the_daemon(path: str) -> None:
+    """A path that begins like another host's address (``//host``) is never redirected to: a
+    ``Location`` of ``//evil.example`` would be that host. Starlette's router answers it."""
+    ours, theirs = _apps(MemoryStore())
+    mine = await _ask(ours, "GET", path)
+    assert "location" not in mine.headers
+    assert _answer(mine) == _answer(await _ask(theirs, "GET", path))

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import hashlib
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from dbos._sys_db import SystemDatabase
 from dbos._sys_db_postgres import PostgresSystemDatabase
 from psycopg import sql
 from support.durable_engine import InProcessDaemon
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 
 from thoughtgate.config import Config, DurabilityConfig
 from thoughtgate.orchestration.dbos_pollers import (
@@ -266,7 +265,7 @@ async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without
     """The jobs' lock was held in an idle transaction, which every ``CREATE INDEX CONCURRENTLY``
     of the database waits for (ADR 0075): the jobs run, and nothing is held between them. DBOS's
     notification listener waits on its connection in long steps, not ten times a second."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     jobs_ran = threading.Event()
     transition = PostgresSystemDatabase.transition_delayed_workflows
 

@@ -21,7 +21,6 @@ import io
 import logging
 import socket
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from dbos import _dbos as dbos_module
 from psycopg import sql
 from support.daemon import cli
 from support.durable_engine import InProcessDaemon
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 
 from thoughtgate.config import Config
 from thoughtgate.errors import RuntimeFailure, StoreUnavailableError, ThoughtgateError
@@ -222,7 +221,7 @@ async def test_a_postgresql_server_that_refuses_fails_the_launch_without_its_pas
 ) -> None:
     """The workflows' server refuses connections (nothing listens on its port): the error names
     the database, not the password of the URL; the same store then launches on its server."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     with socket.socket() as closed:  # bound, never listening: a connection is refused
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]

@@ -22,7 +22,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +33,7 @@ import pytest
 from psycopg import sql
 from support.daemon import HANG_S, PG_START_S, REPO, ServeProcess, auth, cli_env
 from support.durable import HOLD, SIDE_EFFECTS, side_effects, wait_for
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 
 from thoughtgate.access.keys import create_key
 from thoughtgate.store.urls import open_store
@@ -366,7 +365,7 @@ def test_a_run_whose_workflow_another_version_recorded_is_closed_not_left_open(
 
 @contextlib.contextmanager
 def pg_database() -> Iterator[str]:
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     try:
         yield f"{PG_URL}?schema={schema}"
     finally:

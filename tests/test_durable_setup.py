@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from support.daemon import PG_START_S, ServeProcess
-from support.pg import PG_SOCKET_URL, PG_URL
+from support.pg import PG_SOCKET_URL, PG_URL, schema_name
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.orchestration.durable_setup import setting_up, setup_lock_key
@@ -30,7 +30,7 @@ a launch waits for 30 s at most before it migrates without it."""
 @contextmanager
 def fresh_schema(server: str = PG_URL) -> Iterator[tuple[str, str]]:
     """A store URL on ``server`` on a schema of its own, and the name of its workflows schema."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     try:
         yield f"{server}{'&' if '?' in server else '?'}schema={schema}", f"{schema}_workflows"
     finally:
@@ -182,7 +182,7 @@ def _schema_exists(name: str) -> bool:
 
 
 def test_a_setup_held_past_the_bound_fails_the_start_saying_what_it_waited_for() -> None:
-    workflows = f"tg_test_{uuid.uuid4().hex[:12]}_workflows"
+    workflows = schema_name("_workflows")
     with psycopg.connect(PG_URL, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (setup_lock_key(workflows),))
 

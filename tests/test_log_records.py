@@ -17,7 +17,6 @@ import logging
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -29,7 +28,7 @@ import pydantic
 import pytest
 from psycopg import sql
 from support.daemon import REPO, ServeProcess, auth, cli_env
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 
 from thoughtgate import log_records
 from thoughtgate.errors import ProviderError, StoreError
@@ -263,7 +262,7 @@ def _refuse(schema: str, check: str) -> None:
 def _daemon_refusing(check: str, *args: str) -> Iterator[tuple[ServeProcess, str]]:
     """A ``thoughtgate serve`` on a schema of its own whose events must pass ``check``, and its
     owner key."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     server = ServeProcess("--db", f"{PG_URL}?schema={schema}", *TOOLS, *args)
     server.start(expect_key=True)
     try:
@@ -307,7 +306,7 @@ def test_a_daemons_store_failure_quoting_a_row_logs_no_reasoning(level: str) -> 
 def refusing_schema() -> Iterator[str]:
     """A store on PostgreSQL (its schema made by ``thoughtgate keys create``, a command that
     records: a read creates none) whose events must pass :data:`REFUSE_REASONING`."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     url = f"{PG_URL}?schema={schema}"
     subprocess.run(
         [

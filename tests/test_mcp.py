@@ -18,7 +18,7 @@ from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
 from support.daemon import markers, server_tools
 from support.node import node_json
-from support.scripts import cut, outage, slow
+from support.scripts import CUT_EMOJI, cut, outage, slow
 
 from thoughtgate import __version__
 from thoughtgate.access.roles import Role
@@ -367,6 +367,54 @@ async def test_stdio_with_tools_and_plain_log_lines_on_stderr(tmp_path: Path) ->
         assert line.startswith("thoughtgate mcp: "), line
         assert "\x1b[" not in line and "│" not in line, "plain text, no colours or boxes"
     assert any("cannot export to" in line for line in lines)
+
+
+@pytest.mark.external
+async def test_stdio_answers_json_rpc_for_steps_and_answers_holding_lone_surrogates(
+    tmp_path: Path,
+) -> None:
+    """A provider's text cut inside an emoji (a lone surrogate, kept exactly in a payload: ADR
+    0114) in its raw reasoning, in a visible step's summary and in the answer: the progress
+    notifications, the run's result and its status are each a JSON-RPC message the host reads,
+    the stream goes on after them (it was cut at the first: every later call waited), and the
+    run completed. UTF-8 cannot carry the surrogate and the SDK writes every message as UTF-8:
+    the host reads U+FFFD there, as the run index keeps it."""
+    params = _server(
+        "developer",
+        "--tools",
+        "support.served:NO_TOOLS",
+        db=f"sqlite:///{tmp_path / 'mcp.db'}",
+        THOUGHTGATE_VISIBLE_REASONING__SUMMARIZERS="phases,provider_summaries",
+    )
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            args = {"prompt": "hi", "model": "fake:cut-emoji-steps", "chain_of_thought": "surface"}
+            with anyio.fail_after(60):
+                result = await session.call_tool(
+                    "orchestration_run", args, progress_callback=on_progress
+                )
+            assert not result.is_error, _text(result)
+            view = result.structured_content
+            assert view is not None and view["status"] == "completed", view
+            assert view["tasks"][0]["output"] == "Here is half an emoji \ufffd"  # the index's
+            with anyio.fail_after(60):
+                status = await _call(session, "orchestration_status", {"run_id": view["run_id"]})
+            assert not status.is_error and status.structured_content == view
+            with anyio.fail_after(60):  # the stream still carries the next call
+                again = await _call(session, "orchestration_run", {**args, "model": "fake:echo"})
+            assert not again.is_error, _text(again)
+    shown = CUT_EMOJI.replace("\ud83d", "\ufffd")  # as the run index keeps it (ADR 0114)
+    assert f"Checking the {shown}" in seen, (seen, errors.read_text())
 
 
 # --------------------------------------------------------------------------- a second host's SDK

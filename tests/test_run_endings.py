@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from support.daemon import HANG_S, ServeProcess, auth, cli_env, ctrl_c_reaches_children, sse_events
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 
 from thoughtgate.cli.runs import EMPTY_PROMPT
 from thoughtgate.events.schema import EventType
@@ -350,7 +349,7 @@ SHORT_LEASE = {**NOT_DURABLE, "THOUGHTGATE_ORCHESTRATION__LEASE_TTL_S": "3"}
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     yield f"{PG_URL}?schema={schema}"
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

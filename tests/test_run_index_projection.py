@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 from support.scripts import cut, outage
 
 from thoughtgate.errors import RunClosedError, ThoughtgateError
@@ -186,7 +185,7 @@ async def _on_sqlite(check: Callable[[EventStore], Awaitable[None]]) -> None:
 
 async def _on_postgres(check: Callable[[EventStore], Awaitable[None]]) -> None:
     """``check`` on a fresh PostgreSQL store in a schema of its own, dropped afterwards."""
-    schema = f"tg_test_{uuid.uuid4().hex[:12]}"
+    schema = schema_name()
     store = await PostgresStore.open(PG_URL, schema=schema)
     try:
         await check(store)

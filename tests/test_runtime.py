@@ -218,6 +218,29 @@ async def test_cut_stream_keeps_partial_reasoning_and_text() -> None:
     assert types(events)[-1] == "run.settlement.completed"
 
 
+@pytest.mark.parametrize("mode", ["surface", "telemetry_only"])
+async def test_reasoning_cut_inside_an_emoji_is_recorded_and_the_run_completes(mode: str) -> None:
+    """A provider's reasoning cut inside an emoji (a lone surrogate, kept exactly: ADR 0114) is
+    recorded whole with its size, as UTF-8 with the surrogate counts it (3 bytes), and the run
+    completes; measuring it raised ``UnicodeEncodeError`` and ended the run ``error``."""
+    cut = "half an emoji \ud83d, then more"
+
+    def cut_script(request: TurnRequest, turn: int) -> Iterator[Chunk]:
+        yield reasoning(cut)
+        yield text("done")
+
+    runtime, store, _ = make(fn=cut_script)
+    run = await runtime.run(RunRequest("q", model="fake:x"), chain_of_thought=mode)
+    assert run.status == "completed", run.error
+    events = await store.read(run.run_id)
+    if mode == "surface":
+        sized = next(e for e in events if e.type == "agent.response").payload
+    else:
+        sized = next(e for e in events if e.type == "worker.completed").payload["trace"]
+    assert sized["reasoning"] == cut
+    assert sized["reasoning_bytes"] == len(cut.encode("utf-8", "surrogatepass")) == len(cut) + 2
+
+
 async def test_large_reasoning_is_never_truncated() -> None:
     big = "x" * 300_000 + "é" * 1000
 

@@ -5,7 +5,9 @@
     ThoughtgateError
     ├── UsageError                 the caller asked for something invalid; fix the input
     │   ├── ConfigError            bad thoughtgate.toml / THOUGHTGATE_* value: one line per problem
-    │   │                            (where, key, value, what is expected)
+    │   │   │                        (where, key, value, what is expected)
+    │   │   └── ProviderNotConfiguredError  no key or base URL for a provider: the operator's
+    │   │                            setting to fix; to a daemon's caller a 503 in neutral words
     │   ├── UnknownModeError       not hidden | surface | telemetry_only
     │   ├── UnknownRoleError       not viewer | member | developer | admin | owner
     │   ├── UnknownProviderError   ``--model PROVIDER:MODEL`` names no adapter
@@ -60,6 +62,7 @@ __all__ = [
     "ProviderConnectionError",
     "ProviderError",
     "ProviderHTTPError",
+    "ProviderNotConfiguredError",
     "ProviderStreamError",
     "ProviderTimeoutError",
     "QuotaExceededError",
@@ -179,6 +182,21 @@ class ConfigError(UsageError):
             line = f"{where}{key}{shown}: {said}" if key else f"{where}{said}"
         self.lines: tuple[str, ...] = (line, *(x for other in self.also for x in other.lines))
         super().__init__("\n".join(self.lines))
+
+
+class ProviderNotConfiguredError(ConfigError):
+    """This process has no key (or no usable base URL) for a provider a run needs: its
+    operator's configuration, not the caller's request (ADR 0128).
+
+    Its text is the operator's instruction (the setting and the environment variable to set),
+    which a person at the command line, who is the operator, is shown; ``public`` names only the
+    provider, and is what a daemon's caller and every reader of a run are shown: how the server
+    is set up is not theirs to learn."""
+
+    def __init__(self, provider: str, key: str, value: object, allowed: str) -> None:
+        super().__init__(key, value, allowed)
+        self.provider = provider
+        self.public = f"this server is not configured for provider {provider!r}"
 
 
 class UnknownModeError(UsageError):
@@ -640,6 +658,8 @@ def failure_detail(exc: BaseException) -> str | None:
     carriers may sit, which no reader is ever shown (ADR 0069)."""
     if isinstance(exc, ProviderError):
         return exc.detail or None
+    if isinstance(exc, ProviderNotConfiguredError):
+        return None  # the operator's instruction: for the daemon's log, not a run's readers
     if isinstance(exc, ThoughtgateError):
         return str(exc) if _own_text(exc)[1] else None
     return exception_line(exc)

@@ -24,7 +24,10 @@ What a host can rely on:
   with the run's view kept as the structured content;
 * when the host cancels a call (``notifications/cancelled``), the run is closed ``interrupted``
   (its tasks first) before the call ends;
-* nothing but the protocol is written to stdout; log lines on stderr are plain text.
+* nothing but the protocol is written to stdout; log lines on stderr are plain text. A message
+  holding a lone surrogate (a provider's text cut inside an emoji, kept exactly in a payload: ADR
+  0114), which UTF-8 cannot carry and the SDK's writer would stop the stream on, is written with
+  U+FFFD in its place, as the run index keeps it (ADR 0128).
 
 On a SQLite or PostgreSQL store the server's runs are durable (ADR 0013), and
 ``orchestration_approve`` answers a pending approval of any run on the store -- executing here, on a
@@ -37,14 +40,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 from mcp_types import (
     CallToolRequestParams,
     CallToolResult,
@@ -53,8 +59,10 @@ from mcp_types import (
     TextContent,
     Tool,
     ToolAnnotations,
+    jsonrpc_message_adapter,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from thoughtgate import __version__, log_records
 from thoughtgate.access.filter import filter_event, filter_run, require_role
@@ -73,6 +81,9 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.store.urls import open_store
 from thoughtgate.telemetry import telemetry_sinks
+
+if TYPE_CHECKING:  # the SDK's own protocol of a write stream (a private module: types only)
+    from mcp.shared._stream_protocols import WriteStream
 
 __all__ = [
     "CANCELLED_BY_HOST",
@@ -423,6 +434,59 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
     )
 
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _replaced(value: Any) -> Any:
+    """``value`` (a message's JSON data) with each lone surrogate of its strings as U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_replaced(v) for v in value]
+    if isinstance(value, dict):
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    return value
+
+
+def _utf8_message(item: SessionMessage) -> SessionMessage:
+    """``item`` as the SDK's stdio writer can write it: itself, or, when its JSON holds a lone
+    surrogate (UTF-8 cannot carry one: ``model_dump_json`` raises and the writer's task ends,
+    cutting the stream for every later call), the same message with U+FFFD in its place."""
+    try:
+        item.message.model_dump_json(by_alias=True, exclude_unset=True)
+    except PydanticSerializationError:
+        data = item.message.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        message = jsonrpc_message_adapter.validate_python(_replaced(data), by_name=False)
+        return SessionMessage(message, item.metadata)
+    return item
+
+
+class _Utf8Writes:
+    """The stdio transport's write stream, handed only messages UTF-8 can carry
+    (:func:`_utf8_message`)."""
+
+    def __init__(self, inner: WriteStream[SessionMessage]) -> None:
+        self._inner = inner
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._inner.send(_utf8_message(item))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Utf8Writes:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc_val, exc_tb)
+
+
 def _plain_stderr_logging() -> None:
     """One plain line per record on stderr (no colours, no boxes): hosts show it as is. The
     host's user is not necessarily a developer: exceptions are logged by class and code, never
@@ -471,7 +535,8 @@ async def serve_stdio(
                     await engine.launch()
                 server = build_mcp_server(McpTools(runtime, role))
                 async with stdio_server() as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
+                    options = server.create_initialization_options()
+                    await server.run(read, _Utf8Writes(write), options)
             finally:
                 if engine is not None:
                     await engine.close()

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
@@ -21,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from support.daemon import PG_START_S, SERVER_TOOLS, ServeProcess, auth, cli
-from support.pg import PG_URL
+from support.pg import PG_URL, schema_name
 from support.ticker import ticker_prompt
 from thoughtgate.errors import StoreError, StoreUnavailableError
 from thoughtgate.events.schema import Event, NewEvent, is_run_terminal
@@ -239,7 +238,7 @@ def pg_schema_sync() -> Iterator[str]:
             "the PostgreSQL tests do not skip.",
             pytrace=False,
         )
-    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    name = schema_name()
     try:
         yield name
     finally:

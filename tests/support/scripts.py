@@ -12,9 +12,9 @@ from typing import Any
 
 from thoughtgate.errors import ProviderHTTPError, ProviderStreamError
 from thoughtgate.providers.base import TurnRequest
-from thoughtgate.testing.fake import ScriptFn, text
+from thoughtgate.testing.fake import ScriptFn, reasoning, text
 
-__all__ = ["SCRIPTS", "cut", "failing", "outage", "slow"]
+__all__ = ["CUT_EMOJI", "SCRIPTS", "cut", "cut_emoji_steps", "failing", "outage", "slow"]
 
 
 def outage(request: TurnRequest, turn: int) -> Iterator[Any]:
@@ -54,5 +54,23 @@ def slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
-SCRIPTS: dict[str, ScriptFn] = {"outage": outage, "cut": cut}
-"""``fake:outage`` and ``fake:cut``, for ``support.fakes`` (``fake:slow`` is the daemon's own)."""
+CUT_EMOJI = "half an emoji \ud83d"
+"""A model's text cut inside a surrogate pair: Python's ``json`` reads a provider's ``"\\ud83d"``
+as this, and a payload keeps it exactly (ADR 0114)."""
+
+
+def cut_emoji_steps(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """Raw reasoning, a provider's summary (a visible step with ``provider_summaries``) and the
+    answer, each holding :data:`CUT_EMOJI`."""
+    yield reasoning(f"I look at the {CUT_EMOJI} and think it over.")
+    yield reasoning(f"**Checking the {CUT_EMOJI}**\n\nLooking at it closely.", kind="summary")
+    yield text(f"Here is {CUT_EMOJI}")
+
+
+SCRIPTS: dict[str, ScriptFn] = {
+    "outage": outage,
+    "cut": cut,
+    "cut-emoji-steps": cut_emoji_steps,
+}
+"""``fake:outage``, ``fake:cut`` and ``fake:cut-emoji-steps``, for ``support.fakes``
+(``fake:slow`` is the daemon's own)."""

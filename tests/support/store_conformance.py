@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.errors import RunClosedError, RunNotFoundError, UsageError
+from thoughtgate.access.keys import authenticate, create_key
+from thoughtgate.errors import AuthenticationError, RunClosedError, RunNotFoundError, UsageError
 from thoughtgate.events.schema import EVENT_VERSION, Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, KeyStore, RunEnding
 from thoughtgate.store.leases import Owner, close_orphaned_runs
@@ -1400,6 +1401,28 @@ class KeyStoreConformance:
         assert listed["key_2"].revoked_at is not None
         assert listed["key_3"].revoked_at is not None
         assert listed["key_4"].revoked_at is None
+
+    @pytest.mark.parametrize(
+        "odd",
+        ["key_\x00", "\x00", "key_\ud800", "tg_\udfff\x00"],
+        ids=["nul", "nul-only", "surrogate", "both"],
+    )
+    async def test_a_key_looked_up_by_a_value_no_column_holds_is_an_unknown_key(
+        self, store: KeyStore, odd: str
+    ) -> None:
+        """A key id, hash or token holding NUL (PostgreSQL's ``text`` refuses it) or a lone
+        surrogate (UTF-8 cannot carry one) names no key, since none can hold it: every store
+        answers as for an unknown key (``None``, ``False``; ``authenticate``'s 401) instead of a
+        driver's error (``StoreError``: a 503 where an unknown key is a 401)."""
+        real = await create_key(store, name="real", role="viewer")
+        assert await store.get_api_key(odd) is None
+        assert await store.find_api_key(odd) is None
+        assert await store.revoke_api_key(odd) is False
+        with pytest.raises(AuthenticationError, match="invalid or revoked API key"):
+            await authenticate(store, f"Bearer {odd}")
+        with pytest.raises(AuthenticationError, match="invalid or revoked API key"):
+            await authenticate(store, f"Bearer {real.key}{odd}")
+        assert (await authenticate(store, f"Bearer {real.key}")).key_id == real.record.key_id
 
     async def test_secret_first_caller_wins(self, store: KeyStore) -> None:
         assert await store.get_or_create_secret("ticket_key", "first") == "first"

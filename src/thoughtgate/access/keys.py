@@ -80,8 +80,9 @@ def generate_key() -> str:
 
 
 def hash_key(key: str) -> str:
-    """The stored form of a key: SHA-256, hex."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+    """The stored form of a key: SHA-256, hex. Of any text: a token holding a lone surrogate
+    (which UTF-8 cannot carry) hashes to what no key's hash is, an unknown key."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def key_view(record: ApiKeyRecord) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ import typer
 from rich.markup import escape
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.errors import RunNotFoundError, UsageError, public_url
+from thoughtgate.errors import AuthenticationError, RunNotFoundError, UsageError, public_url
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
@@ -52,10 +52,20 @@ class Remote:
     url: str
     key: str
 
-    def client(self) -> ThoughtgateClient:
+    @contextlib.asynccontextmanager
+    async def client(self) -> AsyncIterator[ThoughtgateClient]:
+        """A client for the daemon; a key it refuses is named as the one given here."""
         from thoughtgate.client import ThoughtgateClient
+        from thoughtgate.client.errors import KEY_REFUSED, KeyRefusedError
 
-        return ThoughtgateClient(self.url, self.key)
+        try:
+            async with ThoughtgateClient(self.url, self.key) as client:
+                yield client
+        except KeyRefusedError:
+            raise AuthenticationError(
+                f"the daemon at {public_url(self.url)} refused this key (--key or "
+                f"THOUGHTGATE_KEY): {KEY_REFUSED}"
+            ) from None
 
 
 def resolve_remote(
@@ -161,7 +171,7 @@ async def resolve_on_daemon(tg: ThoughtgateClient, given: str) -> str:
 
 async def remote_run(
     remote: Remote,
-    prompt: str,
+    prompt: Callable[[], str],
     *,
     model: str | None,
     system: str | None,
@@ -170,10 +180,12 @@ async def remote_run(
     approve_all: bool,
     json_out: bool,
 ) -> str:
-    """Start a run on the daemon, follow it live, print how it ended; returns its status."""
+    """Start a run on the daemon, follow it live, print how it ended; returns its status.
+    ``prompt`` is read once the daemon accepted the key (it may wait for standard input)."""
     async with remote.client() as tg:
         role = str((await tg.me())["role"])
-        run_id = await tg.start_run(prompt, model, chain_of_thought, tools or None, system=system)
+        text = prompt()
+        run_id = await tg.start_run(text, model, chain_of_thought, tools or None, system=system)
         if not json_out:
             err_console.print(
                 f"run {run_id} on {public_url(remote.url)} (as {role})", highlight=False

@@ -379,11 +379,10 @@ def register(app: typer.Typer) -> None:
         """Run a prompt through a model and record everything; the exit code is the outcome.
 
         With --url the daemon runs it (--tools then names tools registered on the daemon)."""
-        with one_line_errors():  # an empty prompt opens nothing, asks no daemon
-            text = read_prompt(prompt)
         if wants_daemon(read.url, read.key):
-
-            async def on_daemon() -> str:
+            # The daemon's address and the key are checked before a prompt is read: a user
+            # typing it into standard input learns first that it would go nowhere.
+            with one_line_errors():
                 remote = resolve_remote(
                     read.url,
                     read.key,
@@ -393,10 +392,12 @@ def register(app: typer.Typer) -> None:
                     api_key=api_key,
                     tools=any(":" in t for t in tools or ()),
                 )
-                assert remote is not None
+            assert remote is not None
+
+            async def on_daemon() -> str:
                 return await remote_run(
                     remote,
-                    text,
+                    lambda: read_prompt(prompt),
                     model=model,
                     system=system,
                     chain_of_thought=cot,
@@ -406,6 +407,9 @@ def register(app: typer.Typer) -> None:
                 )
 
             raise typer.Exit(for_run_status(run_async(on_daemon())))
+
+        with one_line_errors():  # an empty prompt opens nothing
+            text = read_prompt(prompt)
 
         async def body(runtime: Runtime, ctx: Context) -> RunView:
             from thoughtgate.orchestration.runtime import RunRequest

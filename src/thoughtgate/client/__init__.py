@@ -17,7 +17,12 @@ output filter sent for the key's role: a viewer's client never receives raw reas
 from __future__ import annotations
 
 from thoughtgate.client.aio import EventPage, ThoughtgateClient, Ticket, event_from_dict
-from thoughtgate.client.errors import DaemonError, DaemonUnreachableError, RequestRejectedError
+from thoughtgate.client.errors import (
+    DaemonError,
+    DaemonUnreachableError,
+    KeyRefusedError,
+    RequestRejectedError,
+)
 from thoughtgate.client.run_list import RunListFilters, RunListPage
 from thoughtgate.client.sync import SyncThoughtgateClient
 
@@ -25,6 +30,7 @@ __all__ = [
     "DaemonError",
     "DaemonUnreachableError",
     "EventPage",
+    "KeyRefusedError",
     "RequestRejectedError",
     "RunListFilters",
     "RunListPage",

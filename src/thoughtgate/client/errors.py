@@ -4,7 +4,8 @@
 
     ThoughtgateError                      (thoughtgate.errors)
     ├── UsageError
-    │   ├── AuthenticationError           401: the key (or a fresh ticket) was not accepted
+    │   ├── AuthenticationError           401: a live-channel ticket was not accepted
+    │   │   └── KeyRefusedError           401: the daemon does not accept this key
     │   ├── AccessDeniedError             403: the key's role may not do this
     │   ├── RunNotFoundError              404 naming the run: no run with that id
     │   └── RequestRejectedError          any other 4xx (400, 404, 409, 413, 422): fix the request
@@ -13,8 +14,11 @@
             │                             brought nothing new within the reconnect budget
             └── DaemonUnreachableError    the connection failed or dropped
 
-Every error keeps the daemon's ``{"error": {"code", "message"}}`` text in its message; the
-rejected and daemon errors also carry ``status`` and ``code``.
+Every error keeps the daemon's ``{"error": {"code", "message"}}`` text in its message but two,
+whose words are for an HTTP caller: a refused key (the daemon's "authentication required: a
+valid API key (Authorization: Bearer KEY) or live ticket") says it is this client's key, and a
+provider the daemon is not configured for (``503 provider_not_configured``) adds that no run
+was started. The rejected and daemon errors also carry ``status`` and ``code``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,24 @@ from thoughtgate.errors import (
     UsageError,
 )
 
-__all__ = ["DaemonError", "DaemonUnreachableError", "RequestRejectedError", "raise_for_response"]
+__all__ = [
+    "KEY_REFUSED",
+    "DaemonError",
+    "DaemonUnreachableError",
+    "KeyRefusedError",
+    "RequestRejectedError",
+    "raise_for_response",
+]
+
+KEY_REFUSED = "it is unknown or revoked; ask the daemon's operator for one"
+"""Why a daemon refuses a key, and what to do."""
+
+
+class KeyRefusedError(AuthenticationError):
+    """The daemon refused the client's API key (a ``401`` that is not about a ticket)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the daemon refused this key: {KEY_REFUSED}")
 
 
 class RequestRejectedError(UsageError):
@@ -77,11 +98,18 @@ def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -
         return
     code, message = _error_body(response)
     if status == 401:
-        raise AuthenticationError(message or "the daemon did not accept the key")
+        if code.startswith("ticket_"):
+            raise AuthenticationError(message or "the daemon did not accept the ticket")
+        raise KeyRefusedError
     if status == 403:
         raise AccessDeniedError(message or "the key's role does not allow this")
     if status == 404 and run_id is not None and message == str(RunNotFoundError(run_id)):
         raise RunNotFoundError(run_id)  # (a 404 for something else, e.g. no pending approval)
     if status < 500:
         raise RequestRejectedError(status, code or "error", message)
+    if code == "provider_not_configured":
+        message += (
+            ": no run was started (choose another model, or ask the daemon's operator to set "
+            "this provider up)"
+        )
     raise DaemonError(message or "the daemon failed", status=status, code=code)

@@ -490,7 +490,7 @@ class _Loop:
             text = turn.reasoning_text
             payload["reasoning"] = text
             payload["reasoning_chars"] = len(text)
-            payload["reasoning_bytes"] = len(text.encode("utf-8"))
+            payload["reasoning_bytes"] = len(text.encode("utf-8", "surrogatepass"))
             # part_to_dict writes exactly these payload shapes (checked against the catalogue)
             payload["reasoning_parts"] = [
                 cast(ReasoningPartPayload, part_to_dict(p)) for p in turn.reasoning_parts

@@ -197,7 +197,7 @@ def trace_metadata(reasoning: str, continuity: Iterable[ContinuityBlock]) -> Tra
     return {
         "reasoning": reasoning,
         "reasoning_chars": len(reasoning),
-        "reasoning_bytes": len(reasoning.encode("utf-8")),
+        "reasoning_bytes": len(reasoning.encode("utf-8", "surrogatepass")),
         "continuity": [
             {"carrier": b.carrier, "provider": b.provider, "model": b.model} for b in continuity
         ],

@@ -65,6 +65,7 @@ from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import (
     ApprovalNotPendingError,
     ProviderError,
+    ProviderNotConfiguredError,
     QuotaExceededError,
     RunNotFoundError,
     RunTakenOverError,
@@ -956,6 +957,8 @@ class Runtime:
         except RunTakenOverError:
             raise  # another execution holds the run: its end is that one's (ADR 0090)
         except Exception as exc:
+            if isinstance(exc, ProviderNotConfiguredError):  # its readers see exc.public only
+                log.warning("run %s needs a provider this process lacks: %s", run.run_id, str(exc))
             # thoughtgate's own errors fail the run; anything else is an error in it.
             ours = isinstance(exc, ThoughtgateError)
             await self._finish(

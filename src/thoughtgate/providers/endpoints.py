@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from thoughtgate.errors import ConfigError, public_url
+from thoughtgate.errors import ConfigError, ProviderNotConfiguredError, public_url
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule, WireFormat, detect_server, resolve_rule
@@ -48,13 +48,15 @@ def _env(name: str | None) -> str | None:
 
 
 def resolve_base_url(settings: ProviderSettings, endpoint: Endpoint) -> str:
-    """``settings.base_url`` > the endpoint's variable > its default; a clear error when none."""
+    """``settings.base_url`` > the endpoint's variable > its default; a clear error when none
+    (:class:`ProviderNotConfiguredError`: the operator's setting)."""
     # the environment is read only when the settings have no URL (os.environ encodes the name
     # and decodes the value on every read, and an adapter is built per run)
     url = settings.base_url or _env(endpoint.base_url_env) or endpoint.default_base_url
     key = f"providers.{endpoint.config_section or endpoint.name}.base_url"
     if not url:
-        raise ConfigError(
+        raise ProviderNotConfiguredError(
+            endpoint.name,
             key,
             None,
             f"a base URL ending in /v1 (or set {endpoint.base_url_env}), "
@@ -72,7 +74,8 @@ def _check_base_url(url: str, key: str, endpoint: Endpoint) -> None:
     if _usable_base_url(url) if type(url) is str else _usable(url):
         return
     variable = f"{endpoint.base_url_env} " if endpoint.base_url_env else ""
-    raise ConfigError(
+    raise ProviderNotConfiguredError(
+        endpoint.name,
         key,
         public_url(url),
         f"an http:// or https:// URL (from --base-url, {variable}or the config file)",
@@ -95,10 +98,12 @@ check the request, then to run it), and parsing the same base URL again cost ~12
 
 
 def resolve_api_key(settings: ProviderSettings, endpoint: Endpoint) -> str | None:
-    """``settings.api_key`` > the endpoint's variable; an error when the endpoint needs one."""
+    """``settings.api_key`` > the endpoint's variable; an error when the endpoint needs one
+    (:class:`ProviderNotConfiguredError`: the operator's setting)."""
     key = settings.api_key or _env(endpoint.api_key_env) or None
     if key is None and endpoint.key_required:
-        raise ConfigError(
+        raise ProviderNotConfiguredError(
+            endpoint.name,
             f"providers.{endpoint.config_section or endpoint.name}.api_key",
             None,
             endpoint.key_hint or f"an API key (or set {endpoint.api_key_env})",

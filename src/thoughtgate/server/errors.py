@@ -11,6 +11,8 @@ exception                   status  body
 ``RunNotFoundError``        404     the id the caller sent
 ``ApprovalNotPendingError`` 409/404 409 when the run ended or the call was settled, else 404
 ``QuotaExceededError``      429     which limit, with ``Retry-After`` (whole seconds)
+``ProviderNotConfigured..`` 503     "this server is not configured for provider 'X'" (code
+                                    ``provider_not_configured``); what to set goes to the log
 other ``UsageError``        400     the message (what was wrong and what is allowed)
 ``ApiError``                given   raised by routes for 404/409/413/422 and friends
 ``StoreError``              503     "the event store is unavailable"
@@ -32,6 +34,7 @@ from thoughtgate.errors import (
     AccessDeniedError,
     ApprovalNotPendingError,
     AuthenticationError,
+    ProviderNotConfiguredError,
     QuotaExceededError,
     RunNotFoundError,
     StoreError,
@@ -127,6 +130,8 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, QuotaExceededError):
         wait = str(max(1, math.ceil(exc.retry_after)))
         return error_response(429, str(exc), headers={"Retry-After": wait})
+    if isinstance(exc, ProviderNotConfiguredError):
+        return _provider_not_configured(request, exc)
     if isinstance(exc, UsageError):
         return error_response(400, str(exc))
     if isinstance(exc, StoreError):
@@ -137,6 +142,20 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
         "unexpected failure on %s %s: %s", request.method, request.url.path, failure_text(exc)
     )
     return error_response(500, "internal error")
+
+
+def _provider_not_configured(request: Request, exc: ProviderNotConfiguredError) -> JSONResponse:
+    """A run needs a provider this daemon has no key or base URL for: the operator's setting,
+    not the caller's request (ADR 0128). The caller gets a ``503`` naming the provider only; the
+    log says what to set."""
+    log.warning(
+        "%s %s asked for provider %r, which this server is not configured for: %s",
+        request.method,
+        request.url.path,
+        exc.provider,
+        str(exc),
+    )
+    return error_response(503, exc.public or "", code="provider_not_configured")
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -6,16 +6,21 @@ on the bench machine. A route whose parameters cannot hold a ``/`` (every ``{nam
 matches only paths with as many ``/`` as its template, so :class:`DepthRouter` asks, in the same
 order, only those routes and the ones it cannot tell about (a ``Mount``, a ``{name:path}``
 parameter). Whatever matches there is what Starlette would have chosen (the first full match,
-else the first partial one: a 405); when nothing does, Starlette's own routing runs (its
-trailing-slash redirect, its 404), so no answer changes.
+else the first partial one: a 405); when nothing does, Starlette's own routing runs (its 404),
+so no answer changes but one: the trailing-slash redirect (``/static`` to ``/static/``,
+``/v1/runs/`` to ``/v1/runs``) is made here, its ``Location`` a path on this server. Starlette's
+builds an absolute URL from the request's ``Host`` header, which the caller chooses: a forged one
+(through a cache or proxy in front of the daemon) sent a browser to another site (ADR 0128).
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from starlette._utils import get_route_path
 from starlette.convertors import FloatConvertor, IntegerConvertor, StringConvertor, UUIDConvertor
+from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
@@ -39,6 +44,8 @@ class DepthRouter(Router):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._slash_redirects = self.redirect_slashes
+        self.redirect_slashes = False  # made here (:meth:`_slash_redirect`), never from ``Host``
         self._indexed: tuple[BaseRoute, ...] = ()
         self._by_depth: dict[int, list[BaseRoute]] = {}
         self._any_depth: list[BaseRoute] = []
@@ -71,8 +78,9 @@ class DepthRouter(Router):
                 break
             if match is Match.PARTIAL and chosen is None:
                 chosen = route, child_scope  # a 405, unless a later route matches fully
-        if chosen is None:  # no route: Starlette's redirect to the other slash, or its 404
-            await super().app(scope, receive, send)
+        if chosen is None:  # no route: a redirect to the other slash, or Starlette's 404
+            if not await self._slash_redirect(scope, receive, send):
+                await super().app(scope, receive, send)
             return
         route, child_scope = chosen
         if "router" not in scope:
@@ -80,3 +88,22 @@ class DepthRouter(Router):
         scope["route"] = route
         scope.update(child_scope)
         await route.handle(scope, receive, send)
+
+    async def _slash_redirect(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Starlette's trailing-slash redirect (the path with its last ``/`` added or taken
+        away, when a route matches that), with a relative ``Location``: that path and the request's
+        query. Whether it answered."""
+        path = get_route_path(scope)
+        if not self._slash_redirects or path == "/":
+            return False
+        other = dict(scope)
+        other["path"] = scope["path"].rstrip("/") if path.endswith("/") else scope["path"] + "/"
+        if not any(route.matches(other)[0] is not Match.NONE for route in self.routes):
+            return False
+        location = quote(other["path"], safe="/:@!$&'()*+,;=~")
+        if not location.startswith("/") or location.startswith(("//", "/\\")):
+            return False  # a path another host could be read from: never a redirect
+        query = scope.get("query_string", b"").decode("latin-1")
+        response = RedirectResponse(location + (f"?{query}" if query else ""))
+        await response(scope, receive, send)
+        return True

@@ -74,6 +74,7 @@ __all__ = [
     "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "no_such_key",
     "no_such_run",
     "open_runs_where",
     "page_range",
@@ -306,6 +307,14 @@ def counted_task_ids(joined: str, n: int, present: int) -> list[str | None] | li
         return None
     out: list[str | None] = [t or None for t in ids]
     return out
+
+
+def no_such_key(value: str) -> bool:
+    """Whether ``value``, an API key's id or hash to look up, holds what no column can (NUL, a
+    lone surrogate): no key has it (ids and hashes are thoughtgate's own ASCII), so every store
+    answers as for an unknown key, where the drivers would fail on it (a ``StoreError``: a 503
+    where an unknown key is a 401)."""
+    return not column_storable(value)
 
 
 def no_such_run(run_id: str) -> None:

@@ -1110,12 +1110,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             return [codec.key_from_row(r) for r in await cur.fetchall()]
 
     async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        if codec.no_such_key(key_id):
+            return None
         async with self._conn("look up an API key") as conn:
             cur = await conn.execute(f"{_KEY_SELECT} WHERE key_id = %s", (key_id,))
             row = await cur.fetchone()
         return None if row is None else codec.key_from_row(row)
 
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        if codec.no_such_key(key_hash):
+            return None
         async with self._conn("look up an API key") as conn:
             cur = await conn.execute(
                 f"{_KEY_SELECT} WHERE key_hash = %s AND revoked_at IS NULL LIMIT 1", (key_hash,)
@@ -1124,6 +1128,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return None if row is None else codec.key_from_row(row)
 
     async def revoke_api_key(self, key_id: str) -> bool:
+        if codec.no_such_key(key_id):
+            return False
         async with self._conn(f"revoke API key {key_id!r}") as conn:
             cur = await conn.execute(
                 f"UPDATE api_keys SET revoked_at = {_NOW} WHERE revoked_at IS NULL AND key_id = %s",

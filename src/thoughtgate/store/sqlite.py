@@ -1811,6 +1811,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return await self._reader.call("list API keys", work)
 
     async def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        if codec.no_such_key(key_id):
+            return None
+
         def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
             row = conn.execute(f"{_KEY_SELECT} WHERE key_id = ?", (key_id,)).fetchone()
             return None if row is None else codec.key_from_row(row)
@@ -1818,6 +1821,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return await self._look_up("look up an API key", work)
 
     async def find_api_key(self, key_hash: str) -> ApiKeyRecord | None:
+        if codec.no_such_key(key_hash):
+            return None
+
         def work(conn: sqlite3.Connection) -> ApiKeyRecord | None:
             row = conn.execute(
                 f"{_KEY_SELECT} WHERE key_hash = ? AND revoked_at IS NULL LIMIT 1", (key_hash,)
@@ -1827,6 +1833,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return await self._look_up("look up an API key", work)
 
     async def revoke_api_key(self, key_id: str) -> bool:
+        if codec.no_such_key(key_id):
+            return False
+
         def body(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL AND key_id = ?",

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from thoughtgate.access.filter import filter_events, filter_run, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
-from thoughtgate.errors import RunNotFoundError, UsageError
+from thoughtgate.errors import ProviderNotConfiguredError, RunNotFoundError, UsageError
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.host_metadata import host_metadata
@@ -143,8 +143,8 @@ async def resume_run(request: Request, principal: Principal | None) -> Response:
         raise ApiError(503, "the daemon is shutting down; resume the run again in a moment")
     try:
         run = await manager.resume(run_id)
-    except RunNotFoundError:
-        raise
+    except (RunNotFoundError, ProviderNotConfiguredError):
+        raise  # a 404; the server's 503 (ADR 0128)
     except UsageError as exc:
         raise ApiError(409, str(exc)) from None
     return JSONResponse(

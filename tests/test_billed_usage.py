@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from support.durable import until
 from support.durable_engine import InProcessDaemon
-from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg import pg_admin, pg_schema
+from support.store_backends import Postgres, SQLite
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
@@ -26,7 +27,6 @@ from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
-from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
 from thoughtgate.types import FinishChunk, UsageChunk
@@ -49,37 +49,33 @@ def lookup(query: str) -> str:
     return f"found {query}"
 
 
+def _first_turn() -> list[Any]:
+    """A ``lookup`` call, billed ``FIRST``."""
+    return [tool_call("lookup", {"query": "q"}, call_id="call_1"), UsageChunk(**FIRST)]
+
+
 def _billed(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    """Turn 0 calls ``lookup``, billed ``FIRST``; turn 1 waits for the gate, then answers,
-    billed ``SECOND``."""
+    """Turn 0 is :func:`_first_turn`; turn 1 waits for the gate, then answers, billed
+    ``SECOND``."""
 
     async def gen() -> AsyncIterator[Any]:
         if not any(m.role == "tool" for m in request.messages):
-            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
-            yield UsageChunk(**FIRST)
-            yield FinishChunk("tool_calls")
+            for chunk in [*_first_turn(), FinishChunk("tool_calls")]:
+                yield chunk
             return
         await _GATE[0].wait()
-        yield text("the answer")
-        yield UsageChunk(**SECOND)
-        yield FinishChunk("stop")
+        for chunk in [text("the answer"), UsageChunk(**SECOND), FinishChunk("stop")]:
+            yield chunk
 
     return gen()
 
 
-def _billed_then_broken(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
-    """Turn 0 as ``_billed``'s; turn 1 raises what no provider error is (a bug in it)."""
-
-    async def gen() -> AsyncIterator[Any]:
-        if not any(m.role == "tool" for m in request.messages):
-            yield tool_call("lookup", {"query": "q"}, call_id="call_1")
-            yield UsageChunk(**FIRST)
-            yield FinishChunk("tool_calls")
-            return
+def _billed_then_broken(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """Turn 0 is :func:`_first_turn`; turn 1 raises what no provider error is (a bug in it)."""
+    if any(m.role == "tool" for m in request.messages):
         raise RuntimeError("the adapter broke")
-        yield text("never")
-
-    return gen()
+    yield from _first_turn()
+    yield FinishChunk("tool_calls")
 
 
 def _answers(request: TurnRequest, turn: int) -> Iterator[Any]:
@@ -131,12 +127,10 @@ def _runtime(store: EventStore) -> Runtime:
     return Runtime(store, config, tools=ToolRegistry([lookup]))
 
 
-async def _sqlite(tmp_path: Path) -> SQLiteStore:
-    return await SQLiteStore.open(tmp_path / "runs.db")
-
-
-async def _interrupted_after_a_billed_turn(store: EventStore) -> None:
-    runtime = _runtime(store)
+async def _stopped_after_a_billed_turn(runtime: Runtime, reason: str) -> str:
+    """A run of ``fake:billed`` executed until its second turn is asked, then cancelled with
+    ``reason``; its id."""
+    store = runtime.store
     run = await runtime.create_run(RunRequest("look it up", model="fake:billed"))
     job = asyncio.create_task(runtime.execute(run.run_id))
 
@@ -144,91 +138,58 @@ async def _interrupted_after_a_billed_turn(store: EventStore) -> None:
         return "tool.completed" in [e.type for e in await store.read(run.run_id)]
 
     await until(second_turn_asked)
-    job.cancel("interrupted from the terminal (SIGTERM)")
+    job.cancel(reason)
     with pytest.raises(asyncio.CancelledError):
         await job
-    ended = await store.get_run(run.run_id)
-    assert ended.status == "interrupted"
-    await _every_surface_agrees(store, run.run_id, _sum(FIRST))
+    return run.run_id
 
 
-@pytest.mark.inprocess
-async def test_an_interrupted_run_keeps_the_turns_it_was_billed_for(tmp_path: Path) -> None:
-    store = await _sqlite(tmp_path)
-    try:
-        await _interrupted_after_a_billed_turn(store)
-    finally:
-        await store.close()
+class _Cases:
+    async def test_an_interrupted_run_keeps_the_turns_it_was_billed_for(
+        self, store: EventStore
+    ) -> None:
+        run_id = await _stopped_after_a_billed_turn(
+            _runtime(store), "interrupted from the terminal (SIGTERM)"
+        )
+        assert (await store.get_run(run_id)).status == "interrupted"
+        await _every_surface_agrees(store, run_id, _sum(FIRST))
 
+    async def test_a_run_closed_by_another_process_shows_what_its_log_was_billed(
+        self, store: EventStore
+    ) -> None:
+        """Its execution stopped after a billed turn and left it open (a process that stopped);
+        who closes it then (a sweep, a shutdown, a failed resume) knows no count: the log's is
+        taken."""
+        run_id = await _stopped_after_a_billed_turn(_runtime(store), SUSPENDED)
+        assert (await store.get_run(run_id)).status == "running"
+        assert await close_run_interrupted(store, run_id, "its process stopped")
+        await _every_surface_agrees(store, run_id, _sum(FIRST))
 
-@pytest.mark.postgres
-async def test_an_interrupted_run_keeps_its_billed_turns_on_postgresql(pg_schema: str) -> None:
-    store = await PostgresStore.open(PG_URL, schema=pg_schema)
-    try:
-        await _interrupted_after_a_billed_turn(store)
-    finally:
-        await store.close()
-
-
-@pytest.mark.inprocess
-async def test_a_run_closed_by_another_process_shows_what_its_log_was_billed(
-    tmp_path: Path,
-) -> None:
-    """Its execution stopped after a billed turn and left it open (a process that stopped); who
-    closes it then (a sweep, a shutdown, a failed resume) knows no count: the log's is taken."""
-    store = await _sqlite(tmp_path)
-    try:
+    async def test_a_failed_task_s_billed_turns_count_in_its_run(self, store: EventStore) -> None:
+        """Two tasks: the first completes (billed 3 + 4), the second is billed a turn, then its
+        provider raises: the run errs with both tasks' turns on it."""
         runtime = _runtime(store)
-        run = await runtime.create_run(RunRequest("look it up", model="fake:billed"))
-        job = asyncio.create_task(runtime.execute(run.run_id))
-
-        async def second_turn_asked() -> bool:
-            return "tool.completed" in [e.type for e in await store.read(run.run_id)]
-
-        await until(second_turn_asked)
-        job.cancel(SUSPENDED)
-        with pytest.raises(asyncio.CancelledError):
-            await job
-        assert (await store.get_run(run.run_id)).status == "running"
-        assert await close_run_interrupted(store, run.run_id, "its process stopped")
-        await _every_surface_agrees(store, run.run_id, _sum(FIRST))
-    finally:
-        await store.close()
-
-
-async def _failed_after_billed_turns(store: EventStore) -> None:
-    """Two tasks: the first completes (billed 3 + 4), the second is billed a turn, then its
-    provider raises: the run errs with both tasks' turns on it."""
-    runtime = _runtime(store)
-    tasks = [
-        TaskSpec("one", model="fake:answers"),
-        TaskSpec("two", model="fake:billed-then-broken"),
-    ]
-    run = await runtime.create_run(RunRequest("both", model="fake:answers", tasks=tasks))
-    with pytest.raises(RuntimeError, match="the adapter broke"):
-        await runtime.execute(run.run_id)
-    assert (await store.get_run(run.run_id)).status == "error"
-    await _every_surface_agrees(
-        store, run.run_id, _sum({"input_tokens": 3, "output_tokens": 4}, FIRST)
-    )
+        tasks = [
+            TaskSpec("one", model="fake:answers"),
+            TaskSpec("two", model="fake:billed-then-broken"),
+        ]
+        run = await runtime.create_run(RunRequest("both", model="fake:answers", tasks=tasks))
+        with pytest.raises(RuntimeError, match="the adapter broke"):
+            await runtime.execute(run.run_id)
+        assert (await store.get_run(run.run_id)).status == "error"
+        await _every_surface_agrees(
+            store, run.run_id, _sum({"input_tokens": 3, "output_tokens": 4}, FIRST)
+        )
 
 
 @pytest.mark.inprocess
-async def test_a_failed_task_s_billed_turns_count_in_its_run(tmp_path: Path) -> None:
-    store = await _sqlite(tmp_path)
-    try:
-        await _failed_after_billed_turns(store)
-    finally:
-        await store.close()
+class TestOnSQLite(SQLite, _Cases):
+    pass
 
 
 @pytest.mark.postgres
-async def test_a_failed_task_s_billed_turns_count_on_postgresql(pg_schema: str) -> None:
-    store = await PostgresStore.open(PG_URL, schema=pg_schema)
-    try:
-        await _failed_after_billed_turns(store)
-    finally:
-        await store.close()
+class TestOnPostgres(Postgres, _Cases):
+    """PostgreSQL ends and closes runs by its own statements."""
 
 
 @pytest.mark.inprocess
@@ -236,29 +197,21 @@ async def test_a_resumed_durable_run_counts_each_billed_turn_once(tmp_path: Path
     """Its process stops after the first turn was billed and checkpointed; the resumed execution
     replays that turn from its checkpoint (not billed again) and is billed the second: the run's
     usage is both, once each."""
-    store = await _sqlite(tmp_path)
+    store = await SQLiteStore.open(tmp_path / "runs.db")
     local = InProcessDaemon(store, Config(), tools=ToolRegistry([lookup]))
     await local.launch(like="serve")
     try:
-        run = await local.runtime.create_run(RunRequest("look it up", model="fake:billed"))
-        job = asyncio.create_task(local.runtime.execute(run.run_id))
-
-        async def second_turn_asked() -> bool:
-            return "tool.completed" in await local.types(run.run_id)
-
-        await until(second_turn_asked)
-        job.cancel(SUSPENDED)  # as a stopped process leaves it: open, its lease unrenewed
-        with pytest.raises(asyncio.CancelledError):
-            await job
+        # as a stopped process leaves it: open, its lease unrenewed
+        run_id = await _stopped_after_a_billed_turn(local.runtime, SUSPENDED)
         me = local.runtime.leases.owner
         assert await close_orphaned_runs(store, me=Owner(me.host, me.pid, "restarted")) == []
         _GATE[0].set()
-        assert await store.release_run(run.run_id, owner=None, queue=True)
-        await local.engine.resume(run.run_id, local.queue)
-        await until(lambda: local.ended(run.run_id))
-        ended = await store.get_run(run.run_id)
+        assert await store.release_run(run_id, owner=None, queue=True)
+        await local.engine.resume(run_id, local.queue)
+        await until(lambda: local.ended(run_id))
+        ended = await store.get_run(run_id)
         assert ended.status == "completed" and ended.tasks[0].output == "the answer"
-        assert (await local.types(run.run_id)).count("run.resumed") == 1
-        await _every_surface_agrees(store, run.run_id, _sum(FIRST, SECOND))
+        assert (await local.types(run_id)).count("run.resumed") == 1
+        await _every_surface_agrees(store, run_id, _sum(FIRST, SECOND))
     finally:
         await local.close()

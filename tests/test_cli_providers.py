@@ -85,8 +85,11 @@ def _smoke_against_the_emulator(
 
 
 def test_smoke_reports_each_capability_against_the_emulator() -> None:
+    """The emulator's Claude returns raw reasoning, no summary: every request answered, one check
+    not proven -- exit 5, and the summary line (on stderr beside ``--json``) names it."""
     proc = _smoke_against_the_emulator("smoke", "anthropic:claude-sonnet-4-5", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 5, proc.stderr
+    assert "smoke: 8 of 9 checks proven; not proven: reasoning_summary" in proc.stderr
     results = {r["name"]: r for r in json.loads(proc.stdout)}
     assert results["reasoning_summary"]["proven"] or results["reasoning_text"]["proven"]
     assert results["tools"]["proven"] and results["continuity"]["proven"]
@@ -115,9 +118,51 @@ def test_smoke_against_a_provider_that_fails_says_what_it_said() -> None:
     prefix is text, not terminal markup -- and the hidden check says which request failed (the
     model, named after the scenario, is one the endpoint rules know no switch for)."""
     proc = _smoke_against_the_emulator("overloaded", "anthropic:overloaded")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # nothing was proven: not a success
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert lines["smoke:"].startswith("smoke: 0 of 9 checks proven; 9 could not be made")
     assert "the request failed: [anthropic 529 overloaded_error] " in lines["streaming"]
     hidden = lines["rule.hidden_switch"]
     assert "the hidden request (no switch in the row " in hidden, hidden
     assert "None" not in hidden and "[anthropic 529 overloaded_error]" in hidden
+
+
+def test_smoke_against_an_unreachable_provider_exits_1_and_says_nothing_was_proven() -> None:
+    """A base URL where nothing listens: no check could be made, and the exit code says so."""
+    port = free_port()  # closed again: nothing listens there
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "thoughtgate", "smoke"),
+            *("--model", "anthropic:claude-sonnet-4-5", "--api-key", "x"),
+            *("--base-url", f"http://127.0.0.1:{port}"),
+        ],
+        env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == (
+        "smoke: 0 of 9 checks proven; 9 could not be made (a request to the provider failed)"
+    ), last
+    assert "could not connect" in proc.stdout
+
+
+def test_smoke_json_keeps_its_document_and_marks_the_checks_it_could_not_make() -> None:
+    port = free_port()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "thoughtgate", "smoke", "--json"),
+            *("--model", "anthropic:claude-sonnet-4-5", "--api-key", "x"),
+            *("--base-url", f"http://127.0.0.1:{port}"),
+        ],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    results = json.loads(proc.stdout)
+    assert results and all(not r["proven"] and r["unreached"] for r in results)
+    assert "smoke: 0 of 9 checks proven" in proc.stderr

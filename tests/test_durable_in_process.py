@@ -13,6 +13,7 @@ engine (ADR 0046).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ from support.durable_engine import InProcessDaemon, Like
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry, tool
-from thoughtgate.errors import RuntimeFailure
-from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest
+from thoughtgate.errors import RuntimeFailure, UsageError
+from thoughtgate.orchestration.runtime import ENGINE_CLOSED, SUSPENDED, RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.leases import UNWRITTEN, Owner, close_orphaned_runs
@@ -193,6 +194,50 @@ async def test_a_run_whose_process_stopped_mid_way_is_suspended_and_resume_finis
         types = await local.types(run.run_id)
         assert types.count("run.resumed") == 1 and "run.interrupted" not in types
         assert await local.workflows() == [run.run_id]
+    finally:
+        await local.close()
+
+
+async def test_a_run_admitted_here_that_had_not_begun_ends_when_the_engine_closes(
+    tmp_path: Path,
+) -> None:
+    """Admitted to execute here (``thoughtgate run``, MCP), then the engine is closed before its
+    execution began (an error, a Ctrl-C between the two): no process would ever execute it, so
+    it ends ``interrupted`` with a reason a reader may see, its task too -- not ``pending``
+    under a live process's lease (ADR 0131). Executing it afterwards is refused, as any start
+    on a closed engine is (ADR 0125)."""
+    local = await _local(tmp_path)
+    try:
+        run = await local.runtime.create_run(RunRequest("hi", model="fake:echo"))
+        assert (await local.store.get_run(run.run_id)).status == "pending"
+        await local.engine.close()
+        ended = await local.store.get_run(run.run_id)
+        assert ended.status == "interrupted", ended.status
+        assert ended.error == f"interrupted: {ENGINE_CLOSED}"
+        assert [t.status for t in ended.tasks] == ["interrupted"]
+        assert (await local.types(run.run_id))[-1] == "run.interrupted"
+        with pytest.raises(UsageError):
+            await local.runtime.execute(run.run_id)
+        assert (await local.types(run.run_id)).count("run.interrupted") == 1
+    finally:
+        await local.close()
+
+
+async def test_a_shutting_down_daemon_hands_back_a_run_it_admitted_and_had_not_begun(
+    tmp_path: Path,
+) -> None:
+    """A daemon's shutdown keeps its runs open for another replica (``refuse_executions`` with
+    ``SUSPENDED``): such a run stays open, its lease ended at once for the next sweep."""
+    local = await _local(tmp_path)
+    try:
+        run = await local.runtime.create_run(RunRequest("hi", model="fake:echo"))
+        local.runtime.refuse_executions(SUSPENDED)
+        await local.engine.close()
+        left = await local.store.get_run(run.run_id)
+        assert left.status == "pending" and left.owner is not None
+        assert left.lease_expires_at is not None
+        assert left.lease_expires_at <= time.time()
+        assert not local.runtime.leases.is_admitted(run.run_id)
     finally:
         await local.close()
 

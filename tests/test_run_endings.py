@@ -241,6 +241,29 @@ def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
     assert types.count(EventType.RUN_INTERRUPTED) == 1
 
 
+def test_a_run_stopped_after_a_billed_turn_shows_what_it_was_billed(
+    db: str, watch: Callable[..., Watched]
+) -> None:
+    """SIGTERM after the model's first turn (billed 49 tokens) and its tool call: the run is
+    ``interrupted``, and its usage is that turn's on the run, in its ``run.interrupted`` event and
+    in ``thoughtgate status`` -- not ``in 0 · out 0`` (ADR 0131)."""
+    run = watch("run", "look it up", *SLOW[:1], "fake:billedslow", *SLOW[2:], "--db", db)
+    run.wait_for("thinking slowly")
+    run.proc.send_signal(signal.SIGTERM)
+    code, out, err = run.finish()
+    assert code == 130, err
+    assert "in 12 · out 37" in out, out
+    stored, events = read_store(db)
+    assert stored.status == "interrupted"
+    assert (stored.usage["input_tokens"], stored.usage["output_tokens"]) == (12, 37)
+    assert events[-1].type == EventType.RUN_INTERRUPTED
+    assert events[-1].payload["usage"]["total_tokens"] == 49
+    shown = tg("status", stored.run_id, "--db", db, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["usage"]["total_tokens"] == 49
+    assert "in 12 · out 37" in tg("status", stored.run_id, "--db", db).stdout
+
+
 def test_ctrl_c_interrupts_the_run_even_when_the_tests_were_started_in_the_background(
     db: str, watch: Callable[..., Watched]
 ) -> None:

@@ -36,7 +36,7 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.store.base import EventStore
 from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
-from thoughtgate.types import ContinuityBlock, ContinuityChunk
+from thoughtgate.types import ContinuityBlock, ContinuityChunk, FinishChunk, UsageChunk
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -149,6 +149,24 @@ def _slow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
+def _billedslow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+    """Calls ``lookup``, billed 12 in and 37 out (49 tokens), then thinks slowly, as
+    ``fake:slow`` does: a run to stop after a billed turn (ADR 0131)."""
+    asked = any(m.role == "tool" for m in request.messages)
+
+    async def gen() -> AsyncIterator[Any]:
+        if not asked:
+            for chunk in tool_call("lookup", {"query": "q"}, call_id="call_1"):
+                yield chunk
+            yield UsageChunk(input_tokens=12, output_tokens=37)
+            yield FinishChunk("tool_calls")
+            return
+        async for chunk in _slow(request, turn):
+            yield chunk
+
+    return gen()
+
+
 def _providerfail(request: TurnRequest, turn: int) -> Iterator[Any]:
     """Thinks, then fails as a provider does whose error body quotes the request's reasoning."""
     mark = markers(_token(request))["reasoning"]
@@ -164,6 +182,7 @@ SCRIPTS: dict[str, ScriptFn] = {
     "approval": _approval,
     "chatty": _chatty,
     "slow": _slow,
+    "billedslow": _billedslow,
 }
 """The daemon tests' fake scripts by name (``--model fake:NAME``), for ``support.fakes``."""
 

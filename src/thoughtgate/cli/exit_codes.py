@@ -9,6 +9,8 @@ code  meaning
 3     the run is partial: an answer was cut after some of it arrived
 4     ``check-index``: the run index disagrees with the event log (with ``--repair``: a
       disagreement is left -- an open run skipped, or a field a rebuild does not write)
+5     ``smoke``: the provider answered every request, and a check was not proven (1: a
+      request failed, so a check could not be made)
 130   the run was interrupted (Ctrl-C, SIGTERM) and recorded as such
 ====  ==============================================================================
 """
@@ -26,6 +28,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     PARTIAL = 3
     INDEX_DISAGREES = 4
+    NOT_PROVEN = 5
     INTERRUPTED = 130
 
 

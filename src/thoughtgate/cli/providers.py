@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
+from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.options import ConfigOpt, JsonOpt
 from thoughtgate.errors import UsageError
+
+if TYPE_CHECKING:
+    from thoughtgate.engine.smoke import Verdict
 
 __all__ = ["register"]
 
@@ -73,22 +77,33 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Live check with your key: which capabilities are proven, and why (costs a few tokens)."""
+        """Live check with your key: which capabilities are proven, and why (costs a few tokens).
+
+        Exits 0 only when every check was proven; 1 when a request to the provider failed (a
+        check could not be made); 5 when the provider answered and a check was not proven. The
+        last line (on stderr with --json) says which."""
         from thoughtgate.engine.smoke import smoke as run_smoke
+        from thoughtgate.engine.smoke import verdict
         from thoughtgate.orchestration.runtime import provider_settings_from_config
 
-        async def body() -> None:
+        async def body() -> Verdict:
             ctx = Context(config_path=config, db="memory://", view_as=None)
             settings = provider_settings_from_config(
                 ctx.config, model, base_url=base_url, api_key=api_key
             )
             results = await run_smoke(model, settings)
+            said = verdict(results)
             if json_out:
                 print_json([r.to_dict() for r in results])
-                return
+                typer.echo(said.summary, err=True)
+                return said
             for r in results:
                 mark = "[green]proven[/]" if r.proven else "[red]not proven[/]"
                 # the detail quotes the provider ("[anthropic 529 ...] Overloaded"): not markup
                 console.print(f"{r.name:<20} {mark}  {escape(r.detail)}", highlight=False)
+            console.print(escape(said.summary), highlight=False)
+            return said
 
-        run_async(body())
+        said = run_async(body())
+        if not said.ok:
+            raise typer.Exit(ExitCode.FAILED if said.unreached else ExitCode.NOT_PROVEN)

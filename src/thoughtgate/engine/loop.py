@@ -851,12 +851,18 @@ async def run_agent_loop(
     observer: LoopObserver | None = None,
     max_tokens: int = 4096,
     steps: Steps | None = None,
+    billed: Callable[[Usage], None] | None = None,
 ) -> LoopResult:
     """Run model turns and tools until the model answers without calling a tool.
 
     Each model turn, its recording and each tool call is a step of ``steps``
     (:mod:`thoughtgate.engine.steps`): a durable engine checkpoints them, so a run resumed in
     another process continues from its last completed step with the same conversation.
+
+    ``billed`` is told each model turn's usage as soon as the turn returns, before it is
+    recorded -- a turn replayed from its checkpoint too (its execution counts the run's turns
+    from none, so each counts once): a task that fails or is cut later was billed all the same
+    (ADR 0131).
     """
     loop = _Loop(
         provider=provider,
@@ -886,6 +892,8 @@ async def run_agent_loop(
         )
         loop.turn_no = outcome.turn_no
         turn = outcome.turn
+        if turn is not None and billed is not None:
+            billed(turn.usage)
         await loop.steps.effect(
             f"{task_id}: record turn {outcome.turn_no}",
             lambda o=outcome: loop.record_turn(o),  # type: ignore[misc]

@@ -17,9 +17,11 @@
    says).
 
 It only uses the :class:`~thoughtgate.providers.base.Provider` protocol (and the adapter's
-``rule`` attribute where it has one), so it works for every adapter and against the emulator. A failing call does not raise: it becomes the reason the
-affected capabilities are not proven. A bad ``PROVIDER:MODEL`` or a missing key still raises the
-``UsageError`` that names what to fix.
+``rule`` attribute where it has one), so it works for every adapter and against the emulator. A
+failing call does not raise: it becomes the reason the affected capabilities are not proven, and
+those results are ``unreached`` -- the check could not be made, as against one the provider's
+answer did not bear out (:func:`verdict`, ADR 0131). A bad ``PROVIDER:MODEL`` or a missing key
+still raises the ``UsageError`` that names what to fix.
 """
 
 from __future__ import annotations
@@ -41,7 +43,16 @@ from thoughtgate.providers.base import (
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.types import Message, ToolResultPart, Turn
 
-__all__ = ["CAPABILITIES", "RULES", "SECRET_NUMBER", "SMOKE_TOOL", "CapabilityResult", "smoke"]
+__all__ = [
+    "CAPABILITIES",
+    "RULES",
+    "SECRET_NUMBER",
+    "SMOKE_TOOL",
+    "CapabilityResult",
+    "Verdict",
+    "smoke",
+    "verdict",
+]
 
 CAPABILITIES = ("streaming", "reasoning_text", "reasoning_summary", "tools", "continuity")
 RULES = ("rule.reasoning_params", "rule.hidden_switch", "rule.send_back", "rule.reasoning_kind")
@@ -57,13 +68,16 @@ SMOKE_TOOL = ToolSpec(
 
 @dataclass(frozen=True, slots=True)
 class CapabilityResult:
-    """One capability: proven or not, why, and what the adapter claims (``Capabilities``)."""
+    """One capability: proven or not, why, and what the adapter claims (``Capabilities``).
+    ``unreached``: not proven because a request it needed failed (the provider unreachable,
+    refusing, erring): the check could not be made."""
 
     name: str
     proven: bool
     detail: str
     _: KW_ONLY
     claimed: bool | None = None
+    unreached: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -71,7 +85,33 @@ class CapabilityResult:
             "proven": self.proven,
             "detail": self.detail,
             "claimed": self.claimed,
+            "unreached": self.unreached,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a smoke run proved, in one line (``summary``): ``ok`` only when every check it ran
+    was proven; ``unreached`` when any could not be made (a request failed)."""
+
+    ok: bool
+    unreached: bool
+    summary: str
+
+
+def verdict(results: Sequence[CapabilityResult]) -> Verdict:
+    """The one line and outcome of ``results``: every check proven, some checks not borne out by
+    the provider's answers (named), or some not made at all because a request failed."""
+    proven = sum(r.proven for r in results)
+    head = f"smoke: {proven} of {len(results)} checks proven"
+    unreached = [r.name for r in results if r.unreached]
+    if unreached:
+        why = "a request to the provider failed"
+        return Verdict(False, True, f"{head}; {len(unreached)} could not be made ({why})")
+    missing = [r.name for r in results if not r.proven]
+    if missing:
+        return Verdict(False, False, f"{head}; not proven: {', '.join(missing)}")
+    return Verdict(True, False, head)
 
 
 @dataclass(slots=True)
@@ -80,6 +120,7 @@ class _Seen:
 
     answer: Turn | None = None
     answer_error: str | None = None
+    tool_error: str | None = None
     first: Turn | None = None
     second_error: str | None = None
     looped: bool = False
@@ -106,7 +147,10 @@ async def smoke(
         "continuity": provider.capabilities.continuity,
     }
     return [
-        CapabilityResult(r.name, r.proven, r.detail, claimed=claims.get(r.name)) for r in results
+        CapabilityResult(
+            r.name, r.proven, r.detail, claimed=claims.get(r.name), unreached=r.unreached
+        )
+        for r in results
     ] + rules
 
 
@@ -120,7 +164,8 @@ def _request(messages: Sequence[Message], max_tokens: int, *, tools: bool) -> Tu
 
 
 def _failed(names: Sequence[str], why: str) -> list[CapabilityResult]:
-    return [CapabilityResult(name, False, why) for name in names]
+    """Checks that could not be made: a request they needed failed (``why``)."""
+    return [CapabilityResult(name, False, why, unreached=True) for name in names]
 
 
 async def _answer_checks(
@@ -172,6 +217,7 @@ async def _tool_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list
     try:
         first = await stream_llm_turn(provider, _request(history, max_tokens, tools=True))
     except ProviderError as exc:
+        seen.tool_error = str(exc)
         return _failed(("tools", "continuity"), f"the tool request failed: {exc}")
     calls = [c for c in first.tool_calls if c.name == SMOKE_TOOL.name]
     if not calls:
@@ -189,7 +235,7 @@ async def _tool_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list
         second = await stream_llm_turn(provider, _request(history, max_tokens, tools=True))
     except ProviderError as exc:
         seen.second_error = str(exc)
-        return [tools, CapabilityResult("continuity", False, f"the second turn failed: {exc}")]
+        return [tools, *_failed(("continuity",), f"the second turn failed: {exc}")]
     seen.looped = True
     blocks = len(first.continuity)
     if not blocks:
@@ -231,7 +277,7 @@ def _params_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResul
     name = RULES[0]
     sent = _sent_params(rule)
     if seen.answer is None:
-        return CapabilityResult(name, False, f"{sent} ({where}): the request failed")
+        return _failed((name,), f"{sent} ({where}): the request failed")[0]
     return CapabilityResult(name, True, f"{sent} ({where}) accepted")
 
 
@@ -249,7 +295,7 @@ async def _hidden_rule(
         turn = await stream_llm_turn(provider, request)
     except ProviderError as exc:
         sent = f"with {switch}" if switch is not None else f"(no switch in the {where})"
-        return CapabilityResult(name, False, f"the hidden request {sent} failed: {exc}")
+        return _failed((name,), f"the hidden request {sent} failed: {exc}")[0]
     tokens = turn.usage.reasoning_tokens
     if switch is None:
         why = "the model thinks unasked" if rule.thinks_unasked else "none is needed"
@@ -265,9 +311,11 @@ async def _hidden_rule(
 def _send_back_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResult:
     name = RULES[2]
     if seen.first is None:
+        if seen.tool_error is not None:
+            return _failed((name,), f"not tried: the tool request failed: {seen.tool_error}")[0]
         return CapabilityResult(name, False, "not tried: it needs a tool call first")
     if not seen.looped:
-        return CapabilityResult(name, False, f"the second turn failed: {seen.second_error}")
+        return _failed((name,), f"the second turn failed: {seen.second_error}")[0]
     if rule.send_back is None:
         return CapabilityResult(
             name, True, f"nothing sent back ({where}), and the tool loop went on"
@@ -281,7 +329,9 @@ def _send_back_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityRe
 
 def _kind_rule(rule: EndpointRule, seen: _Seen, where: str) -> CapabilityResult:
     name = RULES[3]
-    readable = [p for p in (seen.answer.reasoning_parts if seen.answer else ()) if p.text]
+    if seen.answer is None:
+        return _failed((name,), f"not tried: the request failed: {seen.answer_error}")[0]
+    readable = [p for p in seen.answer.reasoning_parts if p.text]
     if not readable:
         return CapabilityResult(name, False, "no readable reasoning came back to label")
     kinds = sorted({p.reasoning_kind for p in readable})

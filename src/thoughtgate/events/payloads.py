@@ -300,6 +300,9 @@ class RunEndedPayload(TypedDict):
 
     status: Annotated[RunStatus, Vis.PUBLIC]
     usage: Annotated[TokenUsage, Vis.PUBLIC]
+    """What the run was billed: the usage its providers reported for every model turn that
+    returned, in every task, failed ones too -- the sum of its ``agent.response`` events'
+    (ADR 0131)."""
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
     """thoughtgate's description of the failure (provider, store, runtime), in its own words
     only; tool failures never end a run, so no tool data reaches it."""
@@ -321,8 +324,10 @@ class RunInterruptedPayload(TypedDict):
     reason: Annotated[str, Vis.PUBLIC]
     """Why it ended early: Ctrl-C, a cancelled call, a shutdown, or its process is gone."""
     usage: NotRequired[Annotated[TokenUsage, Vis.PUBLIC]]
-    """What its finished tasks used before it was interrupted (absent when another process
-    closed it: that process cannot know)."""
+    """What it was billed before it was interrupted: every model turn that returned, in tasks
+    that finished and in the one cut (ADR 0131); closed by another process (a sweep, a
+    shutdown), the sum of its ``agent.response`` events'. Absent in events recorded before
+    ADR 0131 by a process that did not execute the run."""
     error_detail: NotRequired[Annotated[str, Vis.REASONING]]
     """The words of the failure that closed it, which thoughtgate did not write (a library's
     exception when a run could not resume, be queued again or be started: its class and first

@@ -113,6 +113,8 @@ class DurableRuntime(Protocol):
 
     def claimed_from_line(self, run_id: str, lease_until: float) -> None: ...
 
+    async def close_unbegun(self) -> None: ...
+
     async def execute_workflow(
         self,
         run_id: str,
@@ -613,12 +615,17 @@ class DurableEngine:
             DurableEngine.current = None
 
     async def close(self) -> None:
-        """Stop DBOS (its queue threads first, so nothing new starts here)."""
+        """Stop DBOS (its queue threads first, so nothing new starts here). The runs waiting
+        here go back on the queue; those this process admitted to execute itself that have not
+        begun end ``interrupted`` (``Runtime.close_unbegun``, ADR 0131): nothing here would
+        ever execute them."""
         if DurableEngine.current is self:
             DurableEngine.current = None
         if self.launched:
             with contextlib.suppress(Exception):  # else the lease sweep puts them there
                 await self.stop_starting()
+            with contextlib.suppress(Exception):  # a store that fails: the lease sweep's
+                await self.runtime.close_unbegun()
         if self.starts is not None:
             await self.starts.close()
         if self.launched:

@@ -125,6 +125,7 @@ if TYPE_CHECKING:
     from thoughtgate.orchestration.durable import DurableEngine
 
 __all__ = [
+    "ENGINE_CLOSED",
     "SUSPENDED",
     "InlineWorker",
     "ObserverFactory",
@@ -143,6 +144,9 @@ ObserverFactory = Callable[[RunRecord, Disclosure], LoopObserver | None]
 
 SUSPENDED = "its process is shutting down; it resumes in another process"
 """Cancel reason that leaves a durable run open (it resumes elsewhere) instead of closing it."""
+ENGINE_CLOSED = "the durable engine was closed before the run began executing"
+"""Why a run admitted to execute in this process, whose execution had not begun when the
+process's durable engine was closed, ended (:meth:`Runtime.close_unbegun`, ADR 0131)."""
 _KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
@@ -668,8 +672,8 @@ class Runtime:
                 self._cancelled_early[run_id] = reason  # its workflow has not begun yet
             with contextlib.suppress(BaseException):
                 await done
-            if reason not in _KEEP_OPEN:
-                await self._interrupted(run_id, Usage(), reason)  # a no-op once it is closed
+            if reason not in _KEEP_OPEN:  # a no-op once it is closed; else billed as its log says
+                await self._interrupted(run_id, None, reason)
                 await durable.cancel_ended_workflow(run_id)
             raise
 
@@ -742,6 +746,31 @@ class Runtime:
         await _close_all(self._prepared.pop(run_id, {}).values())
         await self._interrupted(run_id, Usage(), reason)
         return True
+
+    async def close_unbegun(self, reason: str = ENGINE_CLOSED) -> None:
+        """Close ``interrupted``, with ``reason``, every run this process admitted to execute
+        itself whose execution has not begun (``DurableEngine.close``): once the engine is
+        closed none of them can begin here, and each would stay ``pending`` under this process's
+        lease while it lives -- never swept, for a process alone on its store (ADR 0131). A run
+        admitted onto a queue is not this process's (another replica takes it), nor is one
+        whose execution holds it (it records its own end); a run waiting in a daemon's line
+        went back on the queue first (``DurableEngine.stop_starting``).
+
+        A daemon shutting down (:meth:`refuse_executions` with a reason that keeps runs open)
+        hands them back instead, as it does the executions it stops: left open, their leases
+        ended now, so that the next sweep of any replica resumes them (ADR 0090)."""
+        executing = self.executing
+        unbegun = [r for r in self._admitted if r not in executing and self.leases.is_admitted(r)]
+        if self._refusing not in _KEEP_OPEN:
+            for run_id in unbegun:
+                await self._close_unbegun(run_id, reason)
+            return
+        for run_id in unbegun:
+            self.forget_admitted(run_id)
+            self._unwritten.discard(run_id)
+            await _close_all(self._prepared.pop(run_id, {}).values())
+        if unbegun:
+            await self.store.renew_leases(self.leases.owner.owner_id, 0.0, unbegun)
 
     async def _execute_admitted(self, run_id: str) -> None:
         admitted = self._admitted.pop(run_id, None)
@@ -901,8 +930,8 @@ class Runtime:
             await _close_all(self._prepared.pop(run_id, {}).values())
 
     async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> str:
-        """The tasks in order, then the run's end; ``spent`` adds up their usage as they go.
-        Returns the run's status."""
+        """The tasks in order, then the run's end; ``spent`` adds up their model turns' usage as
+        they return. Returns the run's status."""
         disclosure = Disclosure.of(run.chain_of_thought)
         results: list[LoopResult] = []
         try:
@@ -921,9 +950,9 @@ class Runtime:
                     spec,
                     disclosure,
                     execution.last_task() if defer else execution,
-                    spent if defer else None,
+                    spent,
+                    defer=defer,
                 )
-                spent.usage = spent.usage + result.usage
                 results.append(result)
         except RunTakenOverError:
             raise  # another execution holds the run: its end is that one's (ADR 0090)
@@ -969,13 +998,14 @@ class Runtime:
     async def _interrupted(
         self,
         run_id: str,
-        usage: Usage,
+        usage: Usage | None,
         reason: str,
         ended: EndedTask | None = None,
         tail: Sequence[NewEvent] = (),
         holder: Holder | None = None,
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
+        ``usage``: what its execution was billed (``None``: what its log says, ADR 0131).
         ``tail``: the last task's last events, held for the run's ending and not stored yet.
         ``holder``: the execution cancelled (default: this process, any attempt): a run another
         execution took over is left to it (ADR 0072)."""
@@ -989,7 +1019,7 @@ class Runtime:
                     self.store,
                     run_id,
                     reason,
-                    usage=usage.to_dict(),
+                    usage=None if usage is None else usage.to_dict(),
                     held_by=holder or self.holder(),
                     ended=ended,
                     tail=tail,
@@ -1136,10 +1166,14 @@ class Runtime:
         spec: TaskSpec,
         disclosure: Disclosure,
         execution: _Execution,
-        defer_end: _Spent | None = None,
+        spent: _Spent,
+        *,
+        defer: bool = False,
     ) -> LoopResult:
-        """One task, started and ended; with ``defer_end`` its end is not stored here but
-        handed to the run's ending (``defer_end.ended``), which stores both at once."""
+        """One task, started and ended, its model turns' usage added to ``spent`` as they
+        return; with ``defer`` its end is not stored here but handed to the run's ending
+        (``spent.ended``), which stores both at once."""
+        defer_end = spent if defer else None
         steps = execution.steps
         recorder = EventRecorder(
             self.store, run.run_id, hold_last=defer_end is not None, held_by=execution.holder
@@ -1184,7 +1218,7 @@ class Runtime:
                     )
                 else:
                     result = await self._provider(
-                        run, spec, task, recorder, disclosure, observer, execution
+                        run, spec, task, recorder, disclosure, observer, execution, spent
                     )
                 held = recorder.take_held()  # the task's last events, for the run's ending
                 if defer_end is not None:  # a cancel from here on still records them
@@ -1360,6 +1394,7 @@ class Runtime:
         disclosure: Disclosure,
         observer: LoopObserver | None,
         execution: _Execution,
+        spent: _Spent,
     ) -> LoopResult:
         model = task.model or run.model
         assert model is not None
@@ -1380,6 +1415,7 @@ class Runtime:
                 system=spec.system,
                 observer=observer,
                 steps=execution.steps,
+                billed=spent.bill,
             )
         finally:
             await provider.aclose()
@@ -1447,7 +1483,9 @@ class _Execution:
 
 @dataclass(slots=True)
 class _Spent:
-    """What a run's finished tasks used so far (an interrupted run still records it)."""
+    """What an execution of a run was billed so far: every model turn that returned, of every
+    task (finished, failed or cut), a turn replayed from its checkpoint included (ADR 0131).
+    The run's end records it, however the run ends."""
 
     usage: Usage = field(default_factory=Usage)
     ended: EndedTask | None = None
@@ -1455,6 +1493,10 @@ class _Spent:
     tail: list[NewEvent] = field(default_factory=list)
     """The last task's last events (its last turn's record), held for the run's ending, until
     its end (``ended``) carries them."""
+
+    def bill(self, usage: Usage) -> None:
+        """A model turn returned, with what its provider reported (``run_agent_loop``)."""
+        self.usage = self.usage + usage
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

@@ -74,6 +74,7 @@ from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.durable import DurableRunStore, RunSpecRecord
 from thoughtgate.store.records import OPEN_RUN_STATUSES, TERMINAL_TASK_STATUSES, TaskRecord
+from thoughtgate.types import Usage
 
 __all__ = [
     "ABANDONED",
@@ -89,6 +90,7 @@ __all__ = [
     "EndedTask",
     "Owner",
     "SweepCursor",
+    "billed_usage",
     "close_orphaned_runs",
     "close_run_interrupted",
     "end_run",
@@ -335,6 +337,18 @@ async def retrying(
     return await call()
 
 
+async def billed_usage(store: EventStore, run_id: str) -> dict[str, int]:
+    """What the run's providers reported, as its log has it: the sum of the usage of its
+    ``agent.response`` events, one per model turn that returned (ADR 0131). For a run closed by
+    something other than its execution, which knew it as it went."""
+    total = Usage()
+    for event in await store.read_types(run_id, (EventType.AGENT_RESPONSE,)):
+        usage = event.payload.get("usage")
+        if isinstance(usage, Mapping):
+            total = total + Usage.from_dict(usage)
+    return total.to_dict()
+
+
 CLOSE_RETRY: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 """Pauses (seconds) before trying again to close a run interrupted when the store was briefly
 unavailable (``StoreUnavailableError``: SQLite locked by another process past its busy timeout,
@@ -375,12 +389,19 @@ async def close_run_interrupted(
     stays open, and the last error is raised. ``retry=()``: one try, and the caller says what
     failed (the sweep itself, which comes back anyway). Any other error (the run does not
     exist; ``RunTakenOverError`` for an end by an execution, ``held_by``, that no longer holds
-    the run) is raised at once."""
-    payload: RunInterruptedPayload = {"status": "interrupted", "reason": reason}
-    if usage is not None:
-        payload["usage"] = cast(TokenUsage, dict(usage))
+    the run) is raised at once.
+
+    ``usage``: what the run was billed, as its execution counted it; without it (a sweep, a
+    shutdown, a failed resume: the run's execution is elsewhere or gone), what its log says it
+    was billed (:func:`billed_usage`), so that a run cut after billed turns never reads zero."""
 
     async def close() -> list[Event]:
+        billed = usage if usage is not None else await billed_usage(store, run_id)
+        payload: RunInterruptedPayload = {
+            "status": "interrupted",
+            "reason": reason,
+            "usage": cast(TokenUsage, dict(billed)),
+        }
         terminal, known = payload, tasks
         if detail is not None:  # whether the run's mode records it: read the run
             run = await store.get_run(run_id)
@@ -396,7 +417,7 @@ async def close_run_interrupted(
             run_id,
             NewEvent(EventType.RUN_INTERRUPTED, terminal),
             status="interrupted",
-            usage=usage,
+            usage=billed,
             error=f"interrupted: {reason}",
             task_status="interrupted",
             task_error=f"interrupted: {reason}",

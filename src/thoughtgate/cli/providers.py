@@ -79,9 +79,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Live check with your key: which capabilities are proven, and why (costs a few tokens).
 
-        Exits 0 only when every check was proven; 1 when a request to the provider failed (a
-        check could not be made); 5 when the provider answered and a check was not proven. The
-        last line (on stderr with --json) says which."""
+        Exits 0 when every check the adapter claims for the model was proven; 1 when a request
+        to the provider failed (a check could not be made); 5 when the provider answered and a
+        claimed check was not proven. The last line (on stderr with --json) says which."""
         from thoughtgate.engine.smoke import smoke as run_smoke
         from thoughtgate.engine.smoke import verdict
         from thoughtgate.orchestration.runtime import provider_settings_from_config
@@ -98,7 +98,12 @@ def register(app: typer.Typer) -> None:
                 typer.echo(said.summary, err=True)
                 return said
             for r in results:
-                mark = "[green]proven[/]" if r.proven else "[red]not proven[/]"
+                if r.proven:
+                    mark = "[green]proven[/]"
+                elif r.claimed is False:  # not claimed for this model either: no failure
+                    mark = "[dim]not claimed[/]"
+                else:
+                    mark = "[red]not proven[/]"
                 # the detail quotes the provider ("[anthropic 529 ...] Overloaded"): not markup
                 console.print(f"{r.name:<20} {mark}  {escape(r.detail)}", highlight=False)
             console.print(escape(said.summary), highlight=False)

@@ -101,17 +101,26 @@ class Verdict:
 
 def verdict(results: Sequence[CapabilityResult]) -> Verdict:
     """The one line and outcome of ``results``: every check proven, some checks not borne out by
-    the provider's answers (named), or some not made at all because a request failed."""
+    the provider's answers (named), or some not made at all because a request failed.
+
+    A check that was not proven where the adapter or the endpoint row does not claim it either
+    (``claimed`` is ``False``: a Claude model's reasoning is raw, so no summary; a row that says
+    its model thinks unasked, so no hidden switch) agrees with what thoughtgate says of the
+    model: it is named, not failed. Only a claim the provider's answers did not bear out is."""
     proven = sum(r.proven for r in results)
     head = f"smoke: {proven} of {len(results)} checks proven"
     unreached = [r.name for r in results if r.unreached]
     if unreached:
         why = "a request to the provider failed"
         return Verdict(False, True, f"{head}; {len(unreached)} could not be made ({why})")
-    missing = [r.name for r in results if not r.proven]
+    missing = [r.name for r in results if not r.proven and r.claimed is not False]
+    unclaimed = [r.name for r in results if not r.proven and r.claimed is False]
+    line = head
     if missing:
-        return Verdict(False, False, f"{head}; not proven: {', '.join(missing)}")
-    return Verdict(True, False, head)
+        line += f"; not proven: {', '.join(missing)}"
+    if unclaimed:
+        line += f"; not claimed for this model: {', '.join(unclaimed)}"
+    return Verdict(not missing, False, line)
 
 
 @dataclass(slots=True)
@@ -300,7 +309,11 @@ async def _hidden_rule(
     if switch is None:
         why = "the model thinks unasked" if rule.thinks_unasked else "none is needed"
         detail = f"no switch in the {where} ({why}); {tokens} reasoning tokens billed"
-        return CapabilityResult(name, not rule.thinks_unasked and not tokens, detail)
+        # a row that says its model thinks unasked claims no way to keep it from reasoning
+        claimed = False if rule.thinks_unasked else None
+        return CapabilityResult(
+            name, not rule.thinks_unasked and not tokens, detail, claimed=claimed
+        )
     if tokens:
         return CapabilityResult(
             name, False, f"{switch} accepted, but {tokens} reasoning tokens were billed"

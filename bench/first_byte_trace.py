@@ -920,11 +920,22 @@ _COUNTED_HOPS = {
     "the first delta's slot to its stamp (not in ttfb_added)": ("e_due_first", "sent"),
     "the emulator's stamp to its write returned (in ttfb_added)": ("sent", "e_first_written"),
     "that write to the daemon's read of it (in ttfb_added)": ("e_first_written", "read_p"),
+    "  that write to the daemon's socket read (the loop's I/O phase)": (
+        "e_first_written",
+        "arrived_p",
+    ),
+    "  that socket read to the body read (the loop's ready queue)": ("arrived_p", "read_p"),
+    "the delta's emit to its frame written (commit, publish, frame; in both)": ("emit", "written"),
 }
 """Per-run hops that say which wake-ups ``ttfb_added`` counts (ADR 0110). The fake provider
 stamps its first delta after its timer and its task have woken in the daemon's loop, so that
 loop's lateness is outside its figure; the emulator stamps just before its write, so the
-daemon's wake-ups for the socket and for the reading task are inside the adapters' figure."""
+daemon's wake-ups for the socket and for the reading task are inside the adapters' figure. The
+write's wait is split in two (ADR 0130): until the daemon's loop polls the socket and its
+provider connection gets the bytes, then until that loop's ready queue reaches the task that
+reads them; a run whose stamp was split across two socket reads has no ``arrived_p`` and is left
+out of those two. The last hop is the same path after the provider for both kinds of provider:
+the wait for the delta's group commit and its hand-back, the fan-out and the frame's write."""
 
 
 def wrapped_ms(first: float, then: float) -> float:

@@ -68,3 +68,44 @@ def test_an_adapters_hops_split_the_emulators_write_from_the_daemons_read(tmp_pa
     assert _line(text, "the emulator's stamp").endswith("median 0.10 ms (per run)")
     assert _line(text, "that write").endswith("median 3.90 ms (per run)")
     assert _line(text, "the first delta's slot").endswith("median 1.00 ms (per run)")
+
+
+def test_the_daemons_wait_for_the_emulators_write_is_split_at_its_socket_read(
+    tmp_path: Path,
+) -> None:
+    """ADR 0130: the write's wait splits into the loop's I/O phase (until the provider
+    connection gets the bytes) and its ready queue (until the body read returns them), and the
+    path after the provider is a hop of its own; a run without ``arrived_p`` (its stamp split
+    across two socket reads) counts in the whole wait only."""
+    _write(
+        tmp_path / "server-1.jsonl",
+        [
+            {
+                "run_id": "a",
+                "sent": 200.0,
+                "arrived_p": 200.003,
+                "read_p": 200.004,
+                "emit": 200.0041,
+                "written": 200.0091,
+            },
+            {"run_id": "b", "sent": 250.0, "read_p": 250.008, "emit": 250.0081},
+        ],
+    )
+    _write(
+        tmp_path / "emulator-1.jsonl",
+        [
+            {"key": "00.0000", "e_due_first": 199.999, "e_first_written": 200.0001},
+            {"key": "50.0000", "e_due_first": 249.999, "e_first_written": 250.0},
+        ],
+    )
+    _write(
+        tmp_path / "client-chat_c10.jsonl",
+        [{"run_id": "a", "c_first": 200.01}, {"run_id": "b", "c_first": 250.01}],
+    )
+    text = trace.report(str(tmp_path), "chat_c10")
+    assert _line(text, "that write to the daemon's read").endswith("median 5.95 ms (per run)")
+    assert _line(text, "that write to the daemon's socket read").endswith(
+        "median 2.90 ms (per run)"
+    )
+    assert _line(text, "that socket read to the body read").endswith("median 1.00 ms (per run)")
+    assert _line(text, "the delta's emit to its frame written").endswith("median 5.00 ms (per run)")

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg_replicas import run_store_script, tail_into
 from support.store_conformance import collect, deltas, make_run
 
-import thoughtgate.store
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store.postgres import PostgresStore, channel_name
 
@@ -32,7 +29,6 @@ __all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
 pytestmark = pytest.mark.postgres
 
 Admin = psycopg.AsyncConnection[Any]
-SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 NOTIFY_ONLY = 60.0
 """A poll interval no test here waits for: what arrives, a NOTIFY delivered."""
 
@@ -146,12 +142,7 @@ async def test_a_wake_up_never_sent_is_made_up_by_the_readers_safety_poll(pg_sch
         run = make_run()
         await writer.create_run(run)
         got: list[Event] = []
-
-        async def follow() -> None:
-            async for event in reader.tail(run.run_id):
-                got.append(event)
-
-        tail = asyncio.create_task(follow())
+        tail = tail_into(reader, run.run_id, got)
         await listening(reader)
         never_sent: list[tuple[str, int]] = []
         notifier = writer._notifier
@@ -184,18 +175,7 @@ async def test_a_process_killed_right_after_its_commit_loses_no_event(pg_schema:
         await store.create_run(run)
         tail = asyncio.create_task(collect(store.tail(run.run_id), within=30))
         await listening(store)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            code,
-            PG_URL,
-            pg_schema,
-            run.run_id,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(SRC)},
-        )
-        _, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode == 0, err.decode()
+        await run_store_script(code, PG_URL, pg_schema, run.run_id)
         await store.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
         got = await tail
     assert [(e.seq, e.payload.get("i")) for e in got[:4]] == [(1, 0), (2, 1), (3, 2), (4, 3)]
@@ -209,12 +189,7 @@ async def test_a_dropped_notifier_connection_is_opened_again_for_the_same_wake_u
         run = make_run()
         await writer.create_run(run)
         got: list[Event] = []
-
-        async def follow() -> None:
-            async for event in reader.tail(run.run_id):
-                got.append(event)
-
-        tail = asyncio.create_task(follow())
+        tail = tail_into(reader, run.run_id, got)
         await listening(reader)
         await writer.append(run.run_id, deltas(1))
         await until(lambda: len(got) == 1, "the first wake-up")

@@ -95,12 +95,15 @@ class PgNotifier:
             with contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
 
-    async def close(self) -> None:
+    async def close(self, *, within: float = 5.0) -> None:
         """Send what is still pending (a reader elsewhere should not wait for its poll because
-        this store closed), then close the connection."""
+        this store closed), then close the connection. A send that takes longer than ``within``
+        (a server that does not answer) is cancelled: its readers have their poll."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
-            with contextlib.suppress(Exception):
+            await asyncio.wait({task}, timeout=within)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._drop_connection()

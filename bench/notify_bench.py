@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=("throughput", "latency"), default="throughput")
     parser.add_argument("--n", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--listener", choices=("no", "yes", "both"), default="both")
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--seconds", type=float, default=3.0, help="a throughput arm's length; latency: events"
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--variant", action="append", default=[], help="LABEL=window=SECONDS, with the first code"

@@ -753,10 +753,11 @@ async def test_postgres_connections_killed_mid_run_lose_nothing_and_tails_recove
             tailing = asyncio.create_task(tail())
             executing = asyncio.create_task(runtime.execute(run.run_id))
             killed = 0
-            for _ in range(4):  # between and during appends, pools and listener alike
+            for _ in range(4):  # between and during appends: pools, listener, notifier alike
                 await asyncio.sleep(0.15)
                 killed += await _kill(admin, f"thoughtgate:{schema}")
                 killed += await _kill(admin, f"thoughtgate-listen:{schema}")
+                killed += await _kill(admin, f"thoughtgate-notify:{schema}")
             assert killed >= 4
             try:
                 done = await asyncio.wait_for(executing, 20)

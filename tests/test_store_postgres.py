@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import sys
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,6 +15,7 @@ from psycopg import sql
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg_replicas import run_store_script, tail_into
 from support.store_backends import Postgres
 from support.store_conformance import (
     GAP_AT,
@@ -34,7 +32,6 @@ from support.store_conformance import (
     make_run,
 )
 
-import thoughtgate.store
 from thoughtgate.errors import (
     NotOurDatabaseError,
     StoreError,
@@ -62,7 +59,6 @@ __all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
 pytestmark = pytest.mark.postgres
 
 Admin = psycopg.AsyncConnection[Any]
-SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 
 class TestPostgresEventLog(Postgres, EventLogConformance):
@@ -626,16 +622,6 @@ async def wait_until(condition: Any, what: str, within: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _tail_into(store: PostgresStore, run_id: str, got: list[Event]) -> asyncio.Task[None]:
-    """A task following the run's tail to its end, keeping every event in ``got``."""
-
-    async def follow() -> None:
-        async for event in store.tail(run_id):
-            got.append(event)
-
-    return asyncio.create_task(follow())
-
-
 async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
     pg_admin: Admin, pg_schema: str
 ) -> None:
@@ -645,7 +631,7 @@ async def test_listen_notify_wakes_tails_and_survives_a_dropped_listener(
         run = make_run()
         await writer.create_run(run)
         got: list[Event] = []
-        tail = _tail_into(reader, run.run_id, got)
+        tail = tail_into(reader, run.run_id, got)
         first_pid = await listener_pid(pg_admin, pg_schema)
         await writer.append(run.run_id, deltas(3))
         await wait_until(lambda: len(got) == 3, "events delivered by NOTIFY")
@@ -699,7 +685,7 @@ async def test_a_failing_wake_up_callback_does_not_stop_later_notifications(
         await writer.create_run(run)
         reader.wakeups.listen(run.run_id, _BrokenLiveReader())
         got: list[Event] = []
-        tail = _tail_into(reader, run.run_id, got)
+        tail = tail_into(reader, run.run_id, got)
         first_pid = await listener_pid(pg_admin, pg_schema)
         await wait_until(lambda: failed == ["connected"], "the on-connect callback failed")
         assert listener.healthy and listener.connections == 1
@@ -782,18 +768,7 @@ async def test_a_tail_sees_events_appended_by_another_process(pg_schema: str) ->
         run = make_run()
         await store.create_run(run)
         tail = asyncio.create_task(collect(store.tail(run.run_id), within=30))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            code,
-            PG_URL,
-            pg_schema,
-            run.run_id,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(SRC)},
-        )
-        _, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode == 0, err.decode()
+        await run_store_script(code, PG_URL, pg_schema, run.run_id)
         got = await tail
     assert [e.seq for e in got] == [1, 2, 3, 4, 5, 6]
     assert [e.payload.get("i") for e in got[:5]] == [0, 1, 2, 3, 4]

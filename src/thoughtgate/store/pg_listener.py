@@ -1,8 +1,8 @@
 """One LISTEN connection per store, shared by all of its live tails, that survives being dropped.
 
-Appends send ``NOTIFY <channel>, '<run_id>'`` inside their own transaction, so PostgreSQL delivers
-it exactly when the events become visible, to every process listening on the channel. The listener
-turns each notification into an in-process wake-up for that run.
+After their appends commit, stores send ``NOTIFY <channel>, '<run_id> <last seq>'``
+(``pg_notifier``), so the events are visible when it arrives, in every process listening on the
+channel. The listener turns each notification into an in-process wake-up for that run.
 
 Notifications sent while the listener is disconnected are lost. So after every (re)connect, once
 ``LISTEN`` is in force, it wakes *every* waiting tail: each re-reads from the last sequence number

@@ -1,9 +1,11 @@
 """The scale-out store: PostgreSQL shared by any number of ``thoughtgate serve`` replicas.
 
 Ordering (why a resuming reader can never miss an event): see ``_APPEND``. Live fan-out across
-processes: appends ``NOTIFY`` a per-schema channel in the same statement, and one shared
-``LISTEN`` connection per store (``pg_listener``) wakes that store's tails; a slow safety poll
-covers anything a dropped listener may have missed. Errors are mapped in ``pg_errors``.
+processes: after an append commits, the store's notifier (``pg_notifier``) sends ``NOTIFY`` on a
+per-schema channel, one transaction for the appends of a short window; one shared ``LISTEN``
+connection per store (``pg_listener``) wakes that store's tails; a slow safety poll covers
+anything a dropped listener, or a wake-up never sent, may have missed. Errors are mapped in
+``pg_errors``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.pg_listener import PgListener
+from thoughtgate.store.pg_notifier import PgNotifier
 from thoughtgate.store.pg_pool import connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema, schema_tables
 from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
@@ -57,8 +60,10 @@ __all__ = [
 # "max(seq)+1" without the lock lets a later-numbered append commit first; a client resuming from
 # its SSE id would then skip the earlier one for good.)
 #
-# It is one statement (one round trip, its own transaction in autocommit mode): bump the counter,
-# insert every event of the batch, and queue the NOTIFY, which PostgreSQL delivers at commit.
+# It is one statement (one round trip, its own transaction in autocommit mode): bump the counter
+# and insert every event of the batch. It sends no NOTIFY: a transaction that notifies holds a
+# server-wide lock through its commit's WAL flush (ADR 0127), so the wake-up is sent after the
+# commit, coalesced with other appends' (``pg_notifier``, ADR 0132).
 #
 # The batch travels as four plain strings that the server splits (see ``_batch_params``; two, and
 # the task id and type once, when every event shares them: ``_APPEND_UNIFORM``): adapting
@@ -85,7 +90,7 @@ WITH bumped AS (
     ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, ord)
     RETURNING 1
 )
-SELECT base, pg_notify(%(channel)s, %(run_id)s::text || ' ' || (base + %(n)s)::text), skew
+SELECT base, skew
 FROM bumped
 """
 _APPEND = _APPEND_STATEMENT.format(
@@ -342,6 +347,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             on_notify=self._notified,
             on_connected=self.wakeups.notify_all,
         )
+        self._notifier = PgNotifier(
+            conninfo, self.channel, application_name=f"thoughtgate-notify:{schema}"[:63]
+        )
 
     @classmethod
     async def open(
@@ -403,6 +411,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             raise translate_error(exc, action, self._where) from exc
 
     async def close(self) -> None:
+        await self._notifier.close()
         await self._listener.stop()
         if self._pool is not None:
             await self._pool.close()
@@ -601,8 +610,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns)
-        await self.wakeups.committed(run_id, out)
+        await self._committed(run_id, out)
         return out
+
+    async def _committed(self, run_id: str, events: list[Event]) -> None:
+        """After a commit that stored ``events``: hand them to this process's live readers and
+        have the notifier wake other replicas' (its ``NOTIFY``, after the commit: ADR 0132)."""
+        if events:
+            self._notifier.committed(run_id, events[-1].seq)
+        await self.wakeups.committed(run_id, events)
 
     async def _append_rows(
         self,
@@ -616,7 +632,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         so the events built from them are the ones a reader will see. ``held_by``: the
         execution appending, which must hold the run (``_APPEND_HELD``, ADR 0090)."""
         params = _batch_params(*columns)
-        params.update(n=len(columns[0]), run_id=run_id, channel=self.channel, v=EVENT_VERSION)
+        params.update(n=len(columns[0]), run_id=run_id, v=EVENT_VERSION)
         params["sent"] = time.time()
         uniform = "type" in params
         statement = _APPEND_UNIFORM if uniform else _APPEND
@@ -629,7 +645,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 "SELECT closed_at, owner FROM runs WHERE run_id = %s", (run_id,)
             )
             raise append_refused(run_id, await cur.fetchone(), held_by)
-        skew = float(row[2])
+        skew = float(row[1])
         ts = columns[3]
         ts[:] = [t + skew for t in ts]
         return int(row[0]) + 1
@@ -719,7 +735,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             await conn.execute(update, (*sets.values(), change, run_id))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
-        await self.wakeups.committed(run_id, out)
+        await self._committed(run_id, out)
         return out
 
     async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
@@ -936,9 +952,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         run.lease_expires_at = stored.lease_expires_at
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         if columns[0]:
-            await self.wakeups.committed(
-                run.run_id, codec.appended_events(run.run_id, first, columns)
-            )
+            await self._committed(run.run_id, codec.appended_events(run.run_id, first, columns))
         return verdict
 
     async def get_run_spec(self, run_id: str) -> durable.RunSpecRecord | None:

@@ -1,0 +1,109 @@
+"""The wake-ups a store sends other replicas for the events it committed, coalesced (ADR 0132).
+
+PostgreSQL serializes the commits of every transaction that sent ``NOTIFY`` across the whole
+server, each holding a lock from before its commit record is flushed until it ends (ADR 0127).
+An append that notified in its own statement therefore kept group commit from combining
+concurrent appends' WAL flushes. So appends commit without a ``NOTIFY``, and this sends the
+wake-ups after the commit, from one connection of its own, in a transaction that writes no WAL:
+``committed`` notes the run and its last sequence number, and one task sends everything noted
+since its previous send in one statement (one ``pg_notify`` per run, with its largest number),
+``window_s`` after the first of them. However many appends commit in that window or while a send
+is in flight, the next send is one transaction: a process sends at most one every ``window_s``
+plus a round trip, and a wake-up reaches other replicas at most that much later than its commit.
+
+The events are in the store before their wake-up is sent: the store is the source, the
+notification only a hint. A wake-up that is never sent -- the process died between the commit
+and the send, or the send failed twice -- leaves other replicas' readers to their safety poll
+(``PostgresStore.safety_poll``), which re-reads from each reader's last sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+
+from thoughtgate.store.pg_pool import connect
+
+__all__ = ["PgNotifier"]
+
+log = logging.getLogger(__name__)
+
+_SEND = "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p"
+
+
+class PgNotifier:
+    """Started by the first commit it is told of; ``close`` sends what is pending, then stops."""
+
+    #: How long the first commit noted waits for others to share its send. One appender commits
+    #: about once a millisecond: without a window each append cost a transaction of its own.
+    window_s: float = 0.005
+
+    def __init__(self, conninfo: str, channel: str, *, application_name: str) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._application_name = application_name
+        self._pending: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._closed = False
+        self.sends = 0
+        """Notifying transactions sent (each carries every run noted since the previous one)."""
+
+    def committed(self, run_id: str, last_seq: int) -> None:
+        """After a commit: wake other replicas' readers of ``run_id`` up to ``last_seq``."""
+        if self._closed:
+            return
+        if last_seq > self._pending.get(run_id, 0):
+            self._pending[run_id] = last_seq
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._send_pending(), name=f"notify {self._channel}")
+
+    async def _send_pending(self) -> None:
+        while self._pending:
+            if not self._closed:
+                await asyncio.sleep(self.window_s)
+            noted, self._pending = self._pending, {}
+            payloads = [f"{run_id} {last}" for run_id, last in noted.items()]
+            for attempt in (1, 2):  # a connection the server dropped since: once more, anew
+                try:
+                    await self._send(payloads)
+                    break
+                except (psycopg.Error, OSError) as exc:
+                    await self._drop_connection()
+                    if attempt == 2:
+                        log.warning(
+                            "NOTIFY %s failed (%s); other replicas' readers of %d run(s) wait "
+                            "for their safety poll",
+                            self._channel,
+                            exc,
+                            len(payloads),
+                        )
+
+    async def _send(self, payloads: list[str]) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = await connect(self._conninfo, application_name=self._application_name)
+        await self._conn.execute(_SEND, (self._channel, payloads))
+        self.sends += 1
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+
+    async def close(self, *, within: float = 5.0) -> None:
+        """Send what is still pending (a reader elsewhere should not wait for its poll because
+        this store closed), then close the connection. A send that takes longer than ``within``
+        (a server that does not answer) is cancelled: its readers have their poll."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.wait({task}, timeout=within)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._drop_connection()

@@ -120,6 +120,16 @@ async def _every_surface_agrees(store: EventStore, run_id: str, expected: tuple[
     assert await _billed_in_log(store, run_id) == expected
     listed = [r for r in await store.list_runs() if r.run_id == run_id]
     assert listed and _tokens(listed[0].usage) == expected
+    # Each task records what its own turns were billed, however it ended, so the run's usage
+    # is the sum of its tasks' -- on the index and on the tasks' ending events alike.
+    tasks = [_tokens(t.usage) for t in run.tasks]
+    assert (sum(i for i, _ in tasks), sum(o for _, o in tasks)) == expected, run.tasks
+    ends = [
+        _tokens(e.payload.get("usage"))
+        for e in await store.read(run_id)
+        if e.type in ("worker.completed", "task.completed") and "usage" in e.payload
+    ]
+    assert (sum(i for i, _ in ends), sum(o for _, o in ends)) == expected
 
 
 def _runtime(store: EventStore) -> Runtime:

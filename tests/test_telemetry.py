@@ -525,6 +525,33 @@ async def test_a_partial_run_of_several_tasks_makes_the_workflow_an_error() -> N
     assert workflow.attributes["thoughtgate.run.status"] == "partial"
 
 
+async def test_a_task_that_failed_after_a_billed_turn_has_its_tokens_on_its_span() -> None:
+    """Its first turn is billed and calls a tool; its provider raises in the second. The task
+    has no ``worker.completed``; its span still carries what its turns were billed, as the
+    run does (ADR 0131)."""
+
+    def script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chunk]]:
+        if turn == 1:
+            raise RuntimeError("the adapter broke")
+        yield tool_call("lookup", {"q": "x"}, call_id="call_1")
+        yield UsageChunk(input_tokens=100, output_tokens=40)
+        yield FinishChunk("tool_calls")
+
+    spans, events, outcome = await _run("hidden", capture=False, script=script)
+    assert isinstance(outcome, RuntimeError)
+    (ending,) = [e for e in events if e.type == "run.error"]
+    assert (ending.payload["usage"]["input_tokens"], ending.payload["usage"]["output_tokens"]) == (
+        100,
+        40,
+    )
+    (agent,) = _by_op(spans, "invoke_agent")
+    assert agent.status.status_code == StatusCode.ERROR
+    assert agent.attributes is not None
+    assert agent.attributes["thoughtgate.task.status"] == "failed"
+    assert agent.attributes["gen_ai.usage.input_tokens"] == 100
+    assert agent.attributes["gen_ai.usage.output_tokens"] == 40
+
+
 def _usage_script(usage: UsageChunk) -> Any:
     def script(request: TurnRequest, turn: int) -> Iterator[Chunk | list[Chunk]]:
         yield text("ok")

@@ -107,7 +107,14 @@ TABLE: Final[dict[str, dict[str, str]]] = {
         "tools[].parameters": P,
         "history": TR,
     },
-    "task.completed": {"status": P, "output": P, "error": P, "error_detail": R},
+    "task.completed": {
+        "status": P,
+        "output": P,
+        "error": P,
+        "error_detail": R,
+        "usage": P,
+        **_nest("usage.", _USAGE),
+    },
     "message.delta": {"text": P, "turn": P},
     "message.completed": {"text": P, "finish_reason": P},
     "message.partially_completed": {

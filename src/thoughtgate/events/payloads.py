@@ -382,6 +382,11 @@ class TaskCompletedPayload(TypedDict):
     inline worker's exception. They may quote the request, earlier turns' reasoning included, so
     they are recorded and shown where reasoning is (ADR 0071): never on a ``hidden`` run; absent
     in events recorded before."""
+    usage: NotRequired[Annotated[TokenUsage, Vis.PUBLIC]]
+    """What the task's model turns were billed, on a task that ended without
+    ``worker.completed`` (it failed or was cut; ADR 0131): so a run's usage is the sum of its
+    tasks' however they ended. Absent when ``worker.completed`` says it, and in events recorded
+    before."""
 
 
 @with_config(_STRICT)

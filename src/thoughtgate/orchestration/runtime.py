@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -744,7 +745,7 @@ class Runtime:
         self.forget_admitted(run_id)
         self._unwritten.discard(run_id)
         await _close_all(self._prepared.pop(run_id, {}).values())
-        await self._interrupted(run_id, Usage(), reason)
+        await self._interrupted(run_id, _Spent(), reason)
         return True
 
     async def close_unbegun(self, reason: str = ENGINE_CLOSED) -> None:
@@ -851,7 +852,7 @@ class Runtime:
                 # or nobody's (a queued run this daemon took at once).
                 first = admitted[0]
                 held = self.holder(1 if claimed else 0) if first.owner else UNCLAIMED
-                await self._interrupted(run_id, Usage(), early, holder=held)
+                await self._interrupted(run_id, _Spent(), early, holder=held)
             raise asyncio.CancelledError(early)
         task = asyncio.current_task()
         assert task is not None
@@ -890,7 +891,7 @@ class Runtime:
             reason = _cancel_reason(exc)
             if held is not None and reason not in _KEEP_OPEN:
                 run, attempt = held[0], held[4]
-                await self._interrupted(run.run_id, Usage(), reason, holder=self.holder(attempt))
+                await self._interrupted(run.run_id, _Spent(), reason, holder=self.holder(attempt))
             raise
 
     async def _run_held(
@@ -921,9 +922,7 @@ class Runtime:
             if reason in _KEEP_OPEN:
                 self.leases.release(run_id, task)
             else:
-                await self._interrupted(
-                    run_id, spent.usage, reason, spent.ended, spent.tail, execution.holder
-                )
+                await self._interrupted(run_id, spent, reason, execution.holder)
             raise
         finally:
             self.leases.release(run_id, task)  # its own hold only: not a later execution's
@@ -998,15 +997,13 @@ class Runtime:
     async def _interrupted(
         self,
         run_id: str,
-        usage: Usage | None,
+        spent: _Spent | None,
         reason: str,
-        ended: EndedTask | None = None,
-        tail: Sequence[NewEvent] = (),
         holder: Holder | None = None,
     ) -> None:
         """Close a cancelled run; never let a failing store hide the cancellation itself.
-        ``usage``: what its execution was billed (``None``: what its log says, ADR 0131).
-        ``tail``: the last task's last events, held for the run's ending and not stored yet.
+        ``spent``: what its execution was billed, by task, its last task's end and last events
+        held for the run's ending (``None``: what its log says, ADR 0131).
         ``holder``: the execution cancelled (default: this process, any attempt): a run another
         execution took over is left to it (ADR 0072)."""
         try:
@@ -1019,10 +1016,11 @@ class Runtime:
                     self.store,
                     run_id,
                     reason,
-                    usage=None if usage is None else usage.to_dict(),
+                    usage=None if spent is None else spent.usage.to_dict(),
+                    task_usage=None if spent is None else spent.by_task(),
                     held_by=holder or self.holder(),
-                    ended=ended,
-                    tail=tail,
+                    ended=None if spent is None else spent.ended,
+                    tail=() if spent is None else spent.tail,
                 )
         except (StoreUnavailableError, RunTakenOverError):
             pass  # logged: the run is left to the lease sweep, or is the other execution's
@@ -1234,7 +1232,13 @@ class Runtime:
             await steps.effect(
                 f"{task.task_id}: aborted",
                 lambda: self._task_aborted(
-                    run, task, (error, detail), resumed, held, execution.holder
+                    run,
+                    task,
+                    (error, detail),
+                    resumed,
+                    held,
+                    execution.holder,
+                    spent.of(task.task_id),
                 ),
             )
             raise
@@ -1277,18 +1281,25 @@ class Runtime:
         resumed: ResumeLog | None,
         held: Sequence[NewEvent] = (),
         holder: Holder | None = None,
+        usage: Usage | None = None,
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
-        the run's terminal event, so no reader waits on a task that will never finish.
+        the run's terminal event, so no reader waits on a task that will never finish; with
+        ``usage``, what its model turns were billed (ADR 0131).
         ``holder``: the execution, as its appends name it (ADR 0090)."""
         error, detail = failure[0], kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
+        billed = usage if usage is not None and usage != Usage() else None
+        if billed is not None:
+            task.usage = billed.to_dict()
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
             return
         payload: TaskCompletedPayload = {"status": "failed", "output": None, "error": error}
         if detail:
             payload["error_detail"] = detail
+        if billed is not None:
+            payload["usage"] = token_usage(billed)
         done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
         await self._append(run.run_id, [*held, done], holder)
 
@@ -1415,7 +1426,7 @@ class Runtime:
                 system=spec.system,
                 observer=observer,
                 steps=execution.steps,
-                billed=spent.bill,
+                billed=spent.biller(task.task_id),
             )
         finally:
             await provider.aclose()
@@ -1488,15 +1499,29 @@ class _Spent:
     The run's end records it, however the run ends."""
 
     usage: Usage = field(default_factory=Usage)
+    tasks: dict[str, Usage] = field(default_factory=dict)
+    """The same by task id: what a task that failed or was cut records as its own."""
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
     tail: list[NewEvent] = field(default_factory=list)
     """The last task's last events (its last turn's record), held for the run's ending, until
     its end (``ended``) carries them."""
 
-    def bill(self, usage: Usage) -> None:
-        """A model turn returned, with what its provider reported (``run_agent_loop``)."""
+    def biller(self, task_id: str) -> Callable[[Usage], None]:
+        """``run_agent_loop``'s ``billed`` for the task: :meth:`bill` with its id."""
+        return functools.partial(self.bill, task_id=task_id)
+
+    def bill(self, usage: Usage, task_id: str) -> None:
+        """A model turn of task ``task_id`` returned, with what its provider reported."""
         self.usage = self.usage + usage
+        self.tasks[task_id] = self.tasks.get(task_id, Usage()) + usage
+
+    def of(self, task_id: str) -> Usage:
+        """What task ``task_id``'s turns were billed in this execution."""
+        return self.tasks.get(task_id, Usage())
+
+    def by_task(self) -> dict[str, dict[str, int]]:
+        return {task_id: usage.to_dict() for task_id, usage in self.tasks.items()}
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

@@ -90,6 +90,7 @@ __all__ = [
     "EndedTask",
     "Owner",
     "SweepCursor",
+    "billed_by_task",
     "billed_usage",
     "close_orphaned_runs",
     "close_run_interrupted",
@@ -248,9 +249,11 @@ async def end_run(
     tasks: Sequence[TaskRecord] | None = None,
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = (),
+    task_usage: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
-    ``task.completed`` (``task_status``, ``task_error``); ``[]`` if the run had already ended.
+    ``task.completed`` (``task_status``, ``task_error``, and what its model turns were billed,
+    ``task_usage`` by task id: ADR 0131); ``[]`` if the run had already ended.
     ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
     run's tasks as the process that executed them knows them, instead of reading the run back
     (``finish_run`` still ends only an open run). ``tail``: events of the run's that were held
@@ -287,6 +290,10 @@ async def end_run(
             "output": task.output,
             "error": task_error,
         }
+        billed = (task_usage or {}).get(task.task_id)
+        if billed:  # what its turns were billed, as a completed task's worker.completed says
+            task.usage = dict(billed)
+            done["usage"] = cast(TokenUsage, dict(billed))
         events.append(NewEvent(EventType.TASK_COMPLETED, done, task_id=task.task_id))
     events.append(terminal)
     check_new_events(events)
@@ -341,12 +348,23 @@ async def billed_usage(store: EventStore, run_id: str) -> dict[str, int]:
     """What the run's providers reported, as its log has it: the sum of the usage of its
     ``agent.response`` events, one per model turn that returned (ADR 0131). For a run closed by
     something other than its execution, which knew it as it went."""
+    return (await billed_by_task(store, run_id))[0]
+
+
+async def billed_by_task(
+    store: EventStore, run_id: str
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """:func:`billed_usage`, and the same sum for each task (by task id), from one read."""
     total = Usage()
+    tasks: dict[str, Usage] = {}
     for event in await store.read_types(run_id, (EventType.AGENT_RESPONSE,)):
         usage = event.payload.get("usage")
         if isinstance(usage, Mapping):
-            total = total + Usage.from_dict(usage)
-    return total.to_dict()
+            turn = Usage.from_dict(usage)
+            total = total + turn
+            if event.task_id is not None:
+                tasks[event.task_id] = tasks.get(event.task_id, Usage()) + turn
+    return total.to_dict(), {task_id: u.to_dict() for task_id, u in tasks.items()}
 
 
 CLOSE_RETRY: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
@@ -364,6 +382,7 @@ async def close_run_interrupted(
     reason: str,
     *,
     usage: Mapping[str, int] | None = None,
+    task_usage: Mapping[str, Mapping[str, int]] | None = None,
     lease_expired_by: float | None = None,
     held_by: Holder | None = None,
     ended: EndedTask | None = None,
@@ -393,10 +412,15 @@ async def close_run_interrupted(
 
     ``usage``: what the run was billed, as its execution counted it; without it (a sweep, a
     shutdown, a failed resume: the run's execution is elsewhere or gone), what its log says it
-    was billed (:func:`billed_usage`), so that a run cut after billed turns never reads zero."""
+    was billed (:func:`billed_usage`), so that a run cut after billed turns never reads zero.
+    ``task_usage``: the same by task id, given with ``usage``; each unfinished task's
+    ``task.completed`` records its own (without ``usage``: its log's, :func:`billed_by_task`).
+    """
 
     async def close() -> list[Event]:
-        billed = usage if usage is not None else await billed_usage(store, run_id)
+        billed, by_task = (
+            (usage, task_usage) if usage is not None else await billed_by_task(store, run_id)
+        )
         payload: RunInterruptedPayload = {
             "status": "interrupted",
             "reason": reason,
@@ -426,6 +450,7 @@ async def close_run_interrupted(
             ended=ended,
             tasks=known,
             tail=tail,
+            task_usage=by_task,
         )
 
     try:

@@ -9,7 +9,8 @@ set lookup an event.
 
 Projected (the log decides them): a task's ``index``, ``prompt``, ``backend``, ``model``
 (``task.started``), ``status`` (``running`` on ``task.started``, then ``task.completed``'s),
-``output`` and ``error`` (``task.completed``), ``usage`` (``worker.completed``); the run's
+``output`` and ``error`` (``task.completed``), ``usage`` (``worker.completed``, or
+``task.completed`` for a task that failed or was cut); the run's
 ``status`` (``running`` once a task starts or it resumes, then the terminal event's), ``usage``
 and ``error`` (the terminal event; ``run.interrupted`` says ``interrupted: <reason>``). The fold
 (:func:`project`, :func:`reproject`) adds the fields ``create_run`` stores and ``run.started`` /
@@ -292,6 +293,9 @@ def _task_fields(kind: str, p: Mapping[str, Any]) -> dict[str, Any]:
             out["status"] = p["status"]
         _text(p, "output", out)
         _text(p, "error", out)
+        usage = _usage(p.get("usage"))  # a failed or cut task's (ADR 0131)
+        if usage is not None:
+            out["usage"] = usage
     elif kind == EventType.WORKER_COMPLETED:
         usage = _usage(p.get("usage"))
         if usage is not None:

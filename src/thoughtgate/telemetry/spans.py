@@ -527,6 +527,10 @@ class TelemetrySink:
         task.status = status if isinstance(status, str) else None
         if task.status:
             task.span.set_attribute("thoughtgate.task.status", task.status)
+        # A task that failed or was cut has no worker.completed: its end says what it was billed.
+        tokens = _Tokens.of(payload.get("usage"), task.adapter)
+        if tokens is not None:
+            task.span.set_attributes(tokens.attributes(reasoning_applies=run.reasoning_requested))
         if self._content(run) and _text(payload.get("output")):
             message = {
                 "role": "assistant",

@@ -757,8 +757,16 @@ async def test_an_adapter_bug_mid_loop_ends_run_error(server: EmulatorServer) ->
     assert events[-1].payload["error"] == "RuntimeError"
     # the library's words are error_detail, recorded where reasoning is: not on a hidden run
     assert "error_detail" not in events[-1].payload
-    assert events[-2].payload == {"status": "failed", "output": None, "error": "RuntimeError"}
-    assert of_type(events, EventType.AGENT_RESPONSE), "the turn before the bug is recorded"
+    responses = of_type(events, EventType.AGENT_RESPONSE)
+    assert responses, "the turn before the bug is recorded"
+    # the failed task still records what its one returned turn was billed (ADR 0131)
+    billed = responses[0].payload["usage"]
+    assert events[-2].payload == {
+        "status": "failed",
+        "output": None,
+        "error": "RuntimeError",
+        "usage": billed,
+    }
     run = await rig.runtime.store.get_run(created.run_id)
     assert run.status == "error" and run.tasks[0].status == "failed"
     assert rig.tools.calls == [("get_country", {})], "the first turn's tool did run"

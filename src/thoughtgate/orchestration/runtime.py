@@ -1498,9 +1498,9 @@ class _Spent:
     task (finished, failed or cut), a turn replayed from its checkpoint included (ADR 0131).
     The run's end records it, however the run ends."""
 
+    usage: Usage = field(default_factory=Usage)
     tasks: dict[str, Usage] = field(default_factory=dict)
-    """By task id: what each task's turns were billed (a task that failed or was cut records it
-    as its own); the run's is their sum (:attr:`usage`)."""
+    """The same by task id: what a task that failed or was cut records as its own."""
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
     tail: list[NewEvent] = field(default_factory=list)
@@ -1511,13 +1511,9 @@ class _Spent:
         """``run_agent_loop``'s ``billed`` for the task: :meth:`bill` with its id."""
         return functools.partial(self.bill, task_id=task_id)
 
-    @property
-    def usage(self) -> Usage:
-        """What the execution was billed, all tasks together."""
-        return sum(self.tasks.values(), Usage())
-
     def bill(self, usage: Usage, task_id: str) -> None:
         """A model turn of task ``task_id`` returned, with what its provider reported."""
+        self.usage = self.usage + usage
         self.tasks[task_id] = self.tasks.get(task_id, Usage()) + usage
 
     def of(self, task_id: str) -> Usage:

@@ -258,6 +258,9 @@ class Runtime:
         """Durable runs executing in this process: their workflow tasks (for cancelling)."""
         self._cancelled_early: dict[str, str] = {}
         """Runs cancelled between starting their workflow and its first step: the reason."""
+        self._spending: dict[str, _Spent] = {}
+        """What each run executing here was billed so far (its latest execution's), for a close
+        made outside that execution (a cancelled admission) without reading the log."""
         self._refusing: str | None = None
         """Why every durable execution that begins here from now on stops at once
         (:meth:`refuse_executions`: a daemon's shutdown), or ``None``."""
@@ -505,13 +508,20 @@ class Runtime:
         never, for a process alone on its store that does not sweep (an MCP server). Close it
         ``interrupted`` with the cancel's reason if it was stored (ADR 0072). Its tasks are
         known, so the close is one ``finish_run``, queued behind the admission where the store
-        orders writes (SQLite): it finds the run exactly when the admission committed."""
+        orders writes (SQLite): it finds the run exactly when the admission committed.
+
+        Its usage is what an execution begun in the admission's hand-off was billed so far
+        (nothing, if none began), never a read of the log first: a read would let that
+        execution, queued behind this close, run to its end ahead of it (ADR 0131)."""
+        spent = self._spending.get(run.run_id) or _Spent()
         try:
             with self.leases.ending(run.run_id):
                 await close_run_interrupted(
                     self.store,
                     run.run_id,
                     reason,
+                    usage=spent.usage.to_dict(),
+                    task_usage=spent.by_task(),
                     held_by=holder,
                     tasks=[dataclasses.replace(t) for t in run.tasks],
                 )
@@ -911,7 +921,7 @@ class Runtime:
         run_id = run.run_id
         task = asyncio.current_task()
         self.leases.hold(run_id, task)
-        spent = _Spent()
+        spent = self._spending[run_id] = _Spent()
         execution = _Execution(specs, tools, steps, self.holder(attempt))
         try:
             return await self._execute_tasks(run, execution, spent)
@@ -926,6 +936,8 @@ class Runtime:
             raise
         finally:
             self.leases.release(run_id, task)  # its own hold only: not a later execution's
+            if self._spending.get(run_id) is spent:  # likewise
+                del self._spending[run_id]
             await _close_all(self._prepared.pop(run_id, {}).values())
 
     async def _execute_tasks(self, run: RunRecord, execution: _Execution, spent: _Spent) -> str:
@@ -1498,9 +1510,9 @@ class _Spent:
     task (finished, failed or cut), a turn replayed from its checkpoint included (ADR 0131).
     The run's end records it, however the run ends."""
 
-    usage: Usage = field(default_factory=Usage)
     tasks: dict[str, Usage] = field(default_factory=dict)
-    """The same by task id: what a task that failed or was cut records as its own."""
+    """By task id: what each task's turns were billed (a task that failed or was cut records it
+    as its own); the run's is their sum (:attr:`usage`)."""
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
     tail: list[NewEvent] = field(default_factory=list)
@@ -1511,9 +1523,13 @@ class _Spent:
         """``run_agent_loop``'s ``billed`` for the task: :meth:`bill` with its id."""
         return functools.partial(self.bill, task_id=task_id)
 
+    @property
+    def usage(self) -> Usage:
+        """What the execution was billed, all tasks together."""
+        return sum(self.tasks.values(), Usage())
+
     def bill(self, usage: Usage, task_id: str) -> None:
         """A model turn of task ``task_id`` returned, with what its provider reported."""
-        self.usage = self.usage + usage
         self.tasks[task_id] = self.tasks.get(task_id, Usage()) + usage
 
     def of(self, task_id: str) -> Usage:

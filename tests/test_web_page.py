@@ -55,6 +55,21 @@ def _in_thread(fn: Callable[[], T]) -> T:
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
 
 
+def _new_key(daemon: Daemon, name: str, role: str) -> tuple[str, ApiKeyRecord]:
+    """A key of this test's own (to change its role while a page uses it): secret and record."""
+
+    async def make() -> tuple[str, ApiKeyRecord]:
+        created = await create_key(daemon.store, name=name, role=role)
+        return created.key, created.record
+
+    return _in_thread(lambda: asyncio.run(make()))
+
+
+def _demote(daemon: Daemon, record: ApiKeyRecord, role: str) -> None:
+    demoted = dataclasses.replace(record, role=role)
+    _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+
+
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import support.browser
 
@@ -247,12 +262,7 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
     ends (``access_revoked``) and the page rebuilds the run as the key may now see it."""
     token = "demoted"
     marker = raw_marker(token)
-
-    async def make_and_demote() -> tuple[str, ApiKeyRecord]:
-        created = await create_key(daemon.store, name="dev-to-demote", role="developer")
-        return created.key, created.record
-
-    key, record = _in_thread(lambda: asyncio.run(make_and_demote()))
+    key, record = _new_key(daemon, "dev-to-demote", "developer")
     with page_for(browser) as (page, capture):
         sign_in(page, daemon.base_url, key)
         page.wait_for_selector("[data-testid=role]:text-is('developer')")
@@ -260,8 +270,7 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
         open_run(page, run_id)
         page.wait_for_selector(f"[data-testid=raw-text]:has-text('{marker}')", timeout=10_000)
         assert _run_status(daemon, run_id) == "running"
-        demoted = dataclasses.replace(record, role="viewer")
-        _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+        _demote(daemon, record, "viewer")
         started = time.monotonic()
         page.wait_for_selector("[data-testid=reasoning-turn]", state="detached", timeout=5_000)
         assert time.monotonic() - started < 5
@@ -318,18 +327,12 @@ def test_an_admin_page_whose_key_is_demoted_forgets_the_other_keys_names(
     """Other keys' names and roles are operator detail: an admin's "Started by" filter lists
     them; once the page's key is demoted to member (the list stream ends, the page rebuilds
     itself for the key's new role) they are gone from the page."""
-
-    async def make() -> tuple[str, ApiKeyRecord]:
-        created = await create_key(daemon.store, name="admin-to-demote", role="admin")
-        return created.key, created.record
-
-    key, record = _in_thread(lambda: asyncio.run(make()))
+    key, record = _new_key(daemon, "admin-to-demote", "admin")
     with page_for(browser) as (page, _):
         sign_in(page, daemon.base_url, key)
         page.wait_for_selector("#f-key option:text-is('owner-key (owner)')", state="attached")
         page.wait_for_selector("[data-testid=list-live]", state="visible")
-        demoted = dataclasses.replace(record, role="member")
-        _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+        _demote(daemon, record, "member")
         page.wait_for_selector("[data-testid=role]:text-is('member')", timeout=10_000)
         page.wait_for_selector("[data-testid=list-live]", state="visible")
         assert "owner-key" not in page.content(), "a member's page lists other keys"

@@ -248,6 +248,7 @@ export async function setupList(options) {
   // Other keys' names and roles are operator detail: listed for a key that may manage keys,
   // and gone when the same page's key no longer may (signed out, or demoted while open).
   const keys = can("manage_keys") ? (await api("/v1/keys").catch(() => ({}))).keys || [] : [];
+  if (state.me !== me) return; // signed out (or rebuilt) meanwhile
   list.keys = new Map(keys.map((k) => [k.key_id, k.name]));
   $("#f-key").replaceChildren(el("option", { value: "" }, "anyone"), el("option", { value: "me" }, `me (${me.name})`),
     ...keys.filter((k) => k.key_id !== me.key_id).map((k) => el("option", { value: k.key_id }, `${k.name} (${k.role})`)));
@@ -271,6 +272,7 @@ export function forgetList() {
   $("#list-error").textContent = "";
   $("#f-key").replaceChildren(el("option", { value: "" }, "anyone"), el("option", { value: "me" }, "me"));
   for (const id of ["#search", "#f-status", "#f-mode", "#f-model", "#f-since", "#f-until"]) $(id).value = "";
+  $("#filter-count").textContent = "";
 }
 
 let searchTimer = 0;

@@ -33,6 +33,13 @@ from bench.daemon_bench import _Connection, _warm_up
 from bench.emulator_process import emulator_process
 from bench.environment import REPO
 
+_CHAT = {
+    "model": "deepseek-reasoner",
+    "messages": [{"role": "user", "content": "bench"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "max_tokens": 4096,
+}
 #: format -> (path, extra request headers, the adapter's request body)
 REQUESTS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "anthropic": (
@@ -46,28 +53,11 @@ REQUESTS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "stream": True,
         },
     ),
-    "chat": (
-        "/v1/chat/completions",
-        "",
-        {
-            "model": "deepseek-reasoner",
-            "messages": [{"role": "user", "content": "bench"}],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": 4096,
-        },
-    ),
+    "chat": ("/v1/chat/completions", "", _CHAT),
     "openrouter": (
         "/v1/chat/completions",
         "",
-        {
-            "model": "qwen/qwen3-235b-a22b-thinking-2507",
-            "messages": [{"role": "user", "content": "bench"}],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": 4096,
-            "reasoning": {"enabled": True},
-        },
+        {**_CHAT, "model": "qwen/qwen3-235b-a22b-thinking-2507", "reasoning": {"enabled": True}},
     ),
     "responses": (
         "/v1/responses",

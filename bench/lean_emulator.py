@@ -44,6 +44,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from bench.emulator_process import GAP_S, PROVIDER_TTFB_S, STAMP, Pace, _trace_write, stamp
@@ -60,8 +61,6 @@ _CACHE = 256
 
 def _status_line(status: int) -> bytes:
     # uvicorn's STATUS_LINE: the reason phrase from http.HTTPStatus
-    from http import HTTPStatus
-
     try:
         phrase = HTTPStatus(status).phrase.encode()
     except ValueError:
@@ -358,6 +357,17 @@ def _plain(status: int, message: bytes) -> bytes:
     )
 
 
+@dataclass(slots=True)
+class _Reply:
+    """One answer being written: its schedule, its trace record, the next paced message."""
+
+    answer: Answer
+    pace: Pace
+    traced: dict[str, Any] | None
+    closing: bool
+    index: int = 0
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parse a request, answer it (paced), then the next."""
 
@@ -468,51 +478,37 @@ class _Connection(asyncio.Protocol):
             self._done(closing)
             return
         self.transport.write(head + b"".join(p.fill() for p in answer.pre))
-        self._pace(answer, pace, traced, 0, closing)
+        self._pace(_Reply(answer, pace, traced, closing))
 
-    def _pace(
-        self,
-        answer: Answer,
-        pace: Pace,
-        traced: dict[str, Any] | None,
-        index: int,
-        closing: bool,
-    ) -> None:
-        """Write paced message ``index`` and those after it, each on its slot (at once when the
-        slot has passed: a late write goes out as soon as it can, the next keeps its own)."""
-        paced = answer.paced
-        while index < len(paced):
-            due = pace.due
-            delay = pace.wait_s()
+    def _pace(self, reply: _Reply) -> None:
+        """Write the reply's next paced message and those after it, each on its slot (at once
+        when the slot has passed: a late write goes out as soon as it can, the next keeps its
+        own)."""
+        paced = reply.answer.paced
+        while reply.index < len(paced):
+            due = reply.pace.due
+            delay = reply.pace.wait_s()
             if delay > 0:
-                self.timer = asyncio.get_running_loop().call_later(
-                    delay, self._on_slot, answer, pace, traced, index, closing, due
-                )
+                self.timer = asyncio.get_running_loop().call_later(delay, self._on_slot, reply, due)
                 return
-            self._write(answer, traced, index, due)
-            index += 1
-        self._done(closing)
+            self._write(reply, due)
+        self._done(reply.closing)
 
-    def _on_slot(
-        self,
-        answer: Answer,
-        pace: Pace,
-        traced: dict[str, Any] | None,
-        index: int,
-        closing: bool,
-        due: float,
-    ) -> None:
+    def _on_slot(self, reply: _Reply, due: float) -> None:
         self.timer = None
         if self.transport is None:
             return
-        self._write(answer, traced, index, due)
-        self._pace(answer, pace, traced, index + 1, closing)
+        self._write(reply, due)
+        self._pace(reply)
 
-    def _write(self, answer: Answer, traced: dict[str, Any] | None, index: int, due: float) -> None:
-        """One paced message; the first with its stamp (every copy of the placeholder in it:
-        OpenRouter mirrors reasoning in two fields). The trace's fields are ``_paced``'s."""
+    def _write(self, reply: _Reply, due: float) -> None:
+        """The reply's next paced message; the first with its stamp (every copy of the
+        placeholder in it: OpenRouter mirrors reasoning in two fields). The trace's fields are
+        ``_paced``'s."""
         assert self.transport is not None
-        part, terminal = answer.paced[index]
+        index, traced = reply.index, reply.traced
+        reply.index += 1
+        part, terminal = reply.answer.paced[index]
         data = part.fill()
         if index == 0:
             sent = stamp()
@@ -529,7 +525,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         if traced is not None:
             traced.setdefault("e_first_written", time.monotonic())
-            if index == len(answer.paced) - 1:
+            if reply.index == len(reply.answer.paced):
                 traced["e_end"] = time.monotonic()
                 _trace_write(traced)
 

@@ -70,8 +70,8 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
   way, its first reasoning delta stamped with the emulator's send time. The emulator stands in
   for a remote provider, whose CPU is not the daemon's machine's, so it is a lean HTTP/1.1 server
   (:mod:`bench.lean_emulator`, ADR 0133) that writes ``thoughtgate.testing.emulator``'s answers
-  byte for byte, each distinct request rendered once: ~0.2 ms of CPU a run at 10 and 100
-  concurrent runs where uvicorn and Starlette took 0.7-1.3 ms on the same two cores
+  byte for byte, each distinct request rendered once: 0.2 ms of CPU a run at 100 concurrent
+  runs and 0.4 at 10, where uvicorn and Starlette took 0.7-1.0 and 1.0-1.3 ms on the same cores
   (``BENCH_EMULATOR=asgi`` serves through them again). The daemon's provider
   clients are the process's (one per endpoint), as in production. Anthropic and Chat Completions
   run at every concurrency, the other two at 10.

@@ -10,7 +10,7 @@ It stands in for a remote provider, whose CPU is not the daemon's machine's, so 
 lean HTTP/1.1 server (:mod:`bench.lean_emulator`, ADR 0133) that writes
 :mod:`thoughtgate.testing.emulator`'s answers byte for byte, each distinct request rendered once
 through that emulator's ASGI application; ``BENCH_EMULATOR=asgi`` serves that application through
-uvicorn and :func:`_paced` instead, as before (3-5x the CPU a request at 10 and 100 streams).
+uvicorn and :func:`_paced` instead, as before (2.5-5x the CPU a request at 10 and 100 streams).
 
 The pace is an absolute schedule (:class:`Pace`): counted from the request's arrival, the first
 delta is due after ``PROVIDER_TTFB_S`` and the k-th after ``PROVIDER_TTFB_S + k × GAP_S``; a

@@ -371,3 +371,27 @@ async def test_the_official_sdks_read_what_the_adapters_read(lean_url: str) -> N
         assert "".join(text) == (await _adapter_turn(lean_url, "responses")).text
     finally:
         sdk.close()
+
+
+def test_a_client_whose_requests_vary_is_told_its_figures_carry_the_renders(
+    modules: tuple[ModuleType, ...],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A client sending the same request is answered from what was rendered once, silently; one
+    whose bodies vary per request (an id, a time) makes every answer a render, three times the
+    ASGI emulator's CPU on the bench's shared cores -- said on stderr, so a comparison with that
+    client is not read as fair without a look."""
+    process, lean, load = modules
+    monkeypatch.setattr(lean, "_MANY", 4)
+    path, headers, body = load.REQUESTS["chat"]
+    same = _request("POST", path, json.dumps(body).encode(), headers)
+    with lean.lean_server(process.bench_emulator()) as server:
+        _exchange(server.url, *[same] * 6)
+        assert "distinct requests rendered" not in capsys.readouterr().err
+        varying = [
+            _request("POST", path, json.dumps({**body, "user": f"u{i}"}).encode(), headers)
+            for i in range(4)
+        ]
+        _exchange(server.url, *varying)
+    assert "4 distinct requests rendered" in capsys.readouterr().err

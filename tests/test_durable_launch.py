@@ -175,9 +175,9 @@ async def test_a_dbos_the_application_built_first_is_refused_and_left_as_it_was(
     (not destroyed, nothing of thoughtgate's in its database), no run is admitted; once the
     application destroyed its instance, the same engine launches and runs on its own."""
     apps = f"sqlite:///{tmp_path / 'app.sqlite'}"
-    theirs = DBOS(config={"name": "the-application", "system_database_url": apps})
     daemon = InProcessDaemon(await SQLiteStore.open(tmp_path / "store.db"), Config())
     try:
+        theirs = DBOS(config={"name": "the-application", "system_database_url": apps})
         if launched:
             DBOS.launch()
         with pytest.raises(UsageError) as raised:

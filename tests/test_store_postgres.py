@@ -34,6 +34,7 @@ from support.store_conformance import (
 
 from thoughtgate.errors import (
     NotOurDatabaseError,
+    RunClosedError,
     StoreError,
     StoreReadOnlyError,
     StoreUnavailableError,
@@ -331,7 +332,9 @@ async def test_upgrade_from_version_one_keeps_data(pg_admin: Admin, pg_schema: s
             (1, "run.started", {"a": 1}, 1.5),
             (2, "message.delta", {"text": "hé"}, 1.75),
         ]
-        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+        # Ended (its status) without a closed_at before it: closed by the upgrade (ADR 0134).
+        with pytest.raises(RunClosedError):
+            await store.append_one("run_old", NewEvent("x"))
     assert await applied_versions(pg_admin, pg_schema) == {
         m.version for m in load_migrations("postgres")
     }
@@ -800,6 +803,75 @@ async def test_a_page_with_a_gap_is_read_as_its_rows(pg_admin: Admin, pg_schema:
             (run_id, GAP_AT),
         )
         await assert_a_gap_is_never_renumbered(store, run_id, written)
+
+
+async def test_upgrade_closes_every_ended_run_at_its_end_and_keeps_the_open_ones_open(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """Migration 13 (ADR 0134) closes the runs that ended without a ``closed_at`` (before
+    migration 4, or by a status written without ``finish_run``): at their last terminal event's
+    time, else their ``updated_at``. The open runs stay open, a closed run keeps its
+    ``closed_at``, every run, status and event is kept, and an ended run takes no more events."""
+    before = load_migrations("postgres")[:12]
+    assert load_migrations("postgres")[12].name == "ended_runs_closed"
+    await migrate(pg_admin, pg_schema, before, "test")
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) VALUES "
+            "('run_a', 'p', 'hidden', 'provider', 'pending', 1.0, 1.0, '{{}}', NULL, '{{}}', "
+            "0, 1, NULL, NULL, NULL), "
+            "('run_b', 'p', 'hidden', 'provider', 'running', 1.0, 9.0, '{{}}', NULL, '{{}}', "
+            "2, 2, 'gone', 1.0, NULL), "
+            "('run_c', 'p', 'hidden', 'provider', 'completed', 1.0, 9.0, '{{}}', NULL, '{{}}', "
+            "2, 3, NULL, NULL, NULL), "
+            "('run_d', 'p', 'hidden', 'provider', 'failed', 1.0, 8.0, '{{}}', NULL, '{{}}', "
+            "0, 4, 'gone', 1.0, NULL), "
+            "('run_e', 'p', 'hidden', 'provider', 'interrupted', 1.0, 9.0, '{{}}', NULL, '{{}}', "
+            "1, 5, NULL, NULL, 3.0)"
+        ).format(ident(pg_schema, "runs"))
+    )
+    await pg_admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (run_id, seq, task_id, type, ts, payload) VALUES "
+            "('run_b', 1, NULL, 'run.started', 2.0, '{{}}'), "
+            "('run_b', 2, NULL, 'message.delta', 3.0, '{{}}'), "
+            "('run_c', 1, NULL, 'run.started', 2.0, '{{}}'), "
+            "('run_c', 2, NULL, 'run.settlement.completed', 7.0, '{{}}'), "
+            "('run_e', 1, NULL, 'run.interrupted', 2.5, '{{}}')"
+        ).format(ident(pg_schema, "events"))
+    )
+    async with opened(pg_schema) as store:
+        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_a", "run_b"]
+        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_b"]
+        assert sorted((r.run_id, r.status) for r in await store.list_runs()) == [
+            ("run_a", "pending"),
+            ("run_b", "running"),
+            ("run_c", "completed"),
+            ("run_d", "failed"),
+            ("run_e", "interrupted"),
+        ]
+        assert [e.type for e in await store.read("run_c")] == [
+            "run.started",
+            "run.settlement.completed",
+        ]
+        with pytest.raises(RunClosedError):
+            await store.append("run_d", deltas(1))
+        assert [e.seq for e in await store.append("run_b", deltas(1))] == [3]
+    closed = await fetch(
+        pg_admin, sql.SQL("SELECT run_id, closed_at FROM {}").format(ident(pg_schema, "runs"))
+    )
+    assert dict(closed) == {
+        "run_a": None,
+        "run_b": None,
+        "run_c": 7.0,
+        "run_d": 8.0,
+        "run_e": 3.0,
+    }
+    assert await applied_versions(pg_admin, pg_schema) == {
+        m.version for m in load_migrations("postgres")
+    }
 
 
 async def test_upgrade_to_the_counted_page_reads_old_events_through_the_primary_key_in_order(

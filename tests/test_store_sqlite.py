@@ -242,7 +242,9 @@ async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
             (1, "run.started", {"a": 1}, 1.5),
             (2, "message.delta", {"text": "hé"}, 1.75),
         ]
-        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+        # Ended (its status) without a closed_at before it: closed by the upgrade (ADR 0134).
+        with pytest.raises(RunClosedError):
+            await store.append_one("run_old", NewEvent("x"))
         assert (await store.find_api_key("hash-old")) is not None
     finally:
         await store.close()
@@ -446,10 +448,10 @@ async def test_upgrade_to_open_run_indexes_without_status_keeps_every_open_run_r
     """Schema version 12 (ADR 0127) builds ``open_runs_by_id`` and ``leased_runs_by_id`` on
     predicates that name no ``status``: a run's pending -> running (its first task's start, a
     claim) no longer opens ``open_runs_by_id`` for writing, nor ``leased_runs_by_id`` when its
-    owner stays (at version 11 both were). The indexes now also hold ended runs without a
+    owner stays (at version 11 both were). The indexes held ended runs without a
     ``closed_at`` (ended before schema version 5, or by a status written without
-    ``finish_run``); every read of open runs still leaves them out, and still reads through the
-    indexes (the plans: ``test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read``)."""
+    ``finish_run``) until version 13 closed them (ADR 0134); every read of open runs leaves them
+    out, and still reads through the indexes (the plans: ``test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read``)."""
     path = tmp_path / "v11.db"
     claim = f"{_CLAIM_HEAD}(?, ?, ?, ?, ?){_CLAIM_TAIL}"
     with at_version(path, 11, before="open_run_indexes_by_closed_at") as conn:
@@ -509,6 +511,99 @@ async def test_upgrade_to_open_run_indexes_without_status_keeps_every_open_run_r
             "open_runs_by_id",
             "leased_runs_by_id",
         } == {"leased_runs_by_id"}, "a claim gives the run an owner: its leased entry is new"
+
+
+async def test_upgrade_closes_every_ended_run_at_its_end_so_the_open_run_indexes_hold_open_runs_only(
+    tmp_path: Path,
+) -> None:
+    """Schema version 13 (ADR 0134) closes the runs that ended without a ``closed_at`` (before
+    schema version 5, or by a status written without ``finish_run``): at their last terminal
+    event's time, else their ``updated_at``. ``open_runs_by_id`` and ``leased_runs_by_id``
+    (``closed_at IS NULL``, version 12) then hold the open runs only; every run, its status and
+    its events are kept; a closed run's ``closed_at`` is left as it was."""
+    path = tmp_path / "v12.db"
+    with at_version(path, 12, before="ended_runs_closed") as conn:
+        conn.executemany(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) VALUES (?, 'p', NULL, 'hidden', 'provider', ?, 1.0, "
+            "?, '{}', NULL, '{}', ?, ?, ?, ?, ?)",
+            [
+                ("run_a", "pending", 1.0, 0, 1, None, None, None),
+                ("run_b", "running", 9.0, 2, 2, "gone", 1.0, None),
+                ("run_c", "completed", 9.0, 2, 3, None, None, None),  # a terminal event at 7
+                ("run_d", "failed", 8.0, 0, 4, "gone", 1.0, None),  # no event: updated_at
+                ("run_e", "interrupted", 9.0, 1, 5, None, None, 3.0),  # closed: kept
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?, ?, NULL, ?, "
+            "?, '{}')",
+            [
+                ("run_b", 1, "run.started", 2.0),
+                ("run_b", 2, "message.delta", 3.0),
+                ("run_c", 1, "run.started", 2.0),
+                ("run_c", 2, "run.settlement.completed", 7.0),
+                ("run_e", 1, "run.interrupted", 2.5),
+            ],
+        )
+        indexed = "SELECT run_id FROM runs INDEXED BY {} WHERE {}"
+        by_id = indexed.format("open_runs_by_id", codec.OPEN_RUN_INDEX_PREDICATE)
+        leased = indexed.format("leased_runs_by_id", codec.LEASED_RUN_INDEX_PREDICATE)
+        assert [r[0] for r in conn.execute(by_id)] == [
+            "run_a",
+            "run_b",
+            "run_c",
+            "run_d",
+        ]
+    store = await SQLiteStore.open(path)
+    try:
+        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_a", "run_b"]
+        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_b"]
+        assert [(r.run_id, r.status) for r in await store.list_runs()] == [
+            ("run_e", "interrupted"),
+            ("run_d", "failed"),
+            ("run_c", "completed"),
+            ("run_b", "running"),
+            ("run_a", "pending"),
+        ]
+        assert [e.type for e in await store.read("run_c")] == [
+            "run.started",
+            "run.settlement.completed",
+        ]
+        with pytest.raises(RunClosedError):
+            await store.append("run_d", deltas(1))
+        assert [e.seq for e in await store.append("run_b", deltas(1))] == [3]
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        closed = dict(conn.execute("SELECT run_id, closed_at FROM runs").fetchall())
+        assert closed == {"run_a": None, "run_b": None, "run_c": 7.0, "run_d": 8.0, "run_e": 3.0}
+        assert [r[0] for r in conn.execute(by_id)] == ["run_a", "run_b"]
+        assert [r[0] for r in conn.execute(leased)] == ["run_b"]
+
+
+async def test_a_merged_append_after_one_that_ended_its_run_is_refused_as_in_queue_order(
+    tmp_path: Path,
+) -> None:
+    """An append whose event gives its run an ended status closes the run (ADR 0134); an
+    append queued after it, merged into the same write, is refused as it would be alone."""
+    store = await SQLiteStore.open(tmp_path / "t.db")
+    try:
+        run = make_run(status="running")
+        await store.create_run(run)
+        ending = [NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "x"})]
+        first, second = await asyncio.gather(
+            store.append(run.run_id, ending),
+            store.append(run.run_id, deltas(1)),
+            return_exceptions=True,
+        )
+        assert [e.seq for e in first] == [1]  # type: ignore[union-attr]
+        assert isinstance(second, RunClosedError)
+        assert [e.type for e in await store.read(run.run_id)] == [EventType.RUN_FAILED]
+    finally:
+        await store.close()
 
 
 async def test_upgrade_to_the_ascending_created_at_index_lists_newest_first_without_a_sort(

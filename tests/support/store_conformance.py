@@ -774,7 +774,9 @@ class EventLogConformance:
         seen = [(await anext(tail)).seq for _ in range(5)]  # into the second page
         await tail.aclose()
         assert seen == [1, 2, 3, 4, 5]
-        assert asyncio.all_tasks() == before, "the read-ahead was cancelled and awaited"
+        # No task the tail started is left (one already running may have ended since: the
+        # PostgreSQL notifier's send for the append above, ADR 0132).
+        assert asyncio.all_tasks() <= before, "the read-ahead was cancelled and awaited"
         assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 21))
 
     async def test_committed_events_are_published_to_listeners_as_stored(
@@ -1231,6 +1233,39 @@ class RunIndexConformance:
         assert got.tasks[0].prompt == "task 0"
         got.metadata["k"].append(3)
         assert (await store.get_run(run.run_id)).metadata == {"k": [1]}
+
+    async def test_every_write_of_an_ended_status_closes_the_run(self, store: EventStore) -> None:
+        """A run given an ended status by anything but ``finish_run`` -- created ended, an
+        ``update_run`` of its status, an appended terminal event -- is closed as ``finish_run``
+        closes one (ADR 0134): no sweep, renewal or expired read finds it open, it takes no
+        more events, and a later ``finish_run`` leaves it as it is."""
+        created = make_run(status="completed", owner="o", lease_expires_at=1.0)
+        updated = make_run(status="running", owner="o", lease_expires_at=1.0)
+        appended = make_run(status="running", owner="o", lease_expires_at=1.0)
+        still = make_run(status="running", owner="o", lease_expires_at=1.0)
+        runs = (created, updated, appended, still)
+        for run in runs:
+            await store.create_run(run)
+        await store.update_run(updated.run_id, status="failed", error="boom")
+        failed = {"status": "failed", "error": "it broke"}
+        await store.append(appended.run_id, [NewEvent(EventType.RUN_FAILED, failed)])
+        ids = [r.run_id for r in runs]
+        assert [r.run_id for r in (await store.open_runs()).runs] == [still.run_id]
+        assert [r.run_id for r in (await store.open_runs(run_ids=ids)).runs] == [still.run_id]
+        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == [still.run_id]
+        assert await store.renew_leases("o", 100.0, ids) == [still.run_id]
+        for run in (created, updated, appended):
+            with pytest.raises(RunClosedError):
+                await store.append(run.run_id, deltas(1))
+            again = [NewEvent(EventType.RUN_ERROR, {"status": "error"})]
+            assert await store.finish_run(run.run_id, again, RunEnding("error")) == []
+        assert [(await store.get_run(r.run_id)).status for r in runs] == [
+            "completed",
+            "failed",
+            "failed",
+            "running",
+        ]
+        assert [e.seq for e in await store.append(still.run_id, deltas(1))] == [1]
 
     async def test_renew_leases_and_open_runs(self, store: EventStore) -> None:
         mine = make_run(status="running", owner="o", lease_expires_at=1.0)

@@ -337,6 +337,24 @@ def test_approvals(daemon: Daemon) -> None:
         assert rejected[0]["payload"]["decision"] == "reject"
 
 
+def test_no_answer_of_the_api_may_be_kept_by_a_shared_cache(daemon: Daemon) -> None:
+    """Each answer is what one key's role may see now: a cache between client and daemon that
+    kept one would hand a developer's run (its reasoning) to the next caller of the URL."""
+    run_id = daemon.start_run({"prompt": "cache me", "model": "fake:reasoner"})
+    daemon.wait_done(run_id)
+    with daemon.client("developer") as dev, daemon.client() as nobody:
+        answers = {
+            "run": dev.get(f"/v1/runs/{run_id}"),
+            "events": dev.get(f"/v1/runs/{run_id}/events"),
+            "list": dev.get("/v1/runs"),
+            "unknown run": dev.get("/v1/runs/run_nope"),
+            "no key": nobody.get(f"/v1/runs/{run_id}"),
+        }
+    for name, answer in answers.items():
+        assert answer.headers.get("cache-control") == "no-store", (name, answer.status_code)
+    assert answers["run"].status_code == 200 and answers["no key"].status_code == 401
+
+
 def test_keys_api(daemon: Daemon) -> None:
     with daemon.client("admin") as admin:
         made = admin.post("/v1/keys", json={"name": "ci-dev", "role": "developer"})

@@ -13,10 +13,11 @@ lone surrogate, which UTF-8 cannot carry, is written with ``\\u`` escapes (ASCII
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette import responses
+from starlette.background import BackgroundTask
 
 __all__ = ["JSONResponse", "compact_json"]
 
@@ -43,6 +44,8 @@ def _c_encoder(*, sort_keys: bool) -> Callable[[Any], str] | None:
     return dumps
 
 
+_NO_STORE = (b"cache-control", b"no-store")
+
 _COMPACT = {False: _c_encoder(sort_keys=False), True: _c_encoder(sort_keys=True)}
 
 
@@ -61,7 +64,22 @@ def compact_json(value: Any, *, sort_keys: bool = False) -> str:
 
 
 class JSONResponse(responses.JSONResponse):
-    """Starlette's ``JSONResponse``, rendered by :func:`compact_json` (the same bytes)."""
+    """Starlette's ``JSONResponse``, rendered by :func:`compact_json` (the same bytes), and
+    ``Cache-Control: no-store`` unless the route says otherwise: every answer of the API is
+    what one key may see at one moment (its role's filter, ADR 0135), never a page a shared
+    cache between the client and the daemon may keep and hand to the next caller."""
+
+    def __init__(
+        self,
+        content: Any,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+        background: BackgroundTask | None = None,
+    ) -> None:
+        super().__init__(content, status_code, headers, media_type, background)
+        if headers is None or not any(k.lower() == "cache-control" for k in headers):
+            self.raw_headers.append(_NO_STORE)
 
     def render(self, content: Any) -> bytes:
         text = compact_json(content)

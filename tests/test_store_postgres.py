@@ -18,6 +18,9 @@ from support.pg import PG_URL, pg_admin, pg_schema
 from support.pg_replicas import run_store_script, tail_into
 from support.store_backends import Postgres
 from support.store_conformance import (
+    ENDED_UNCLOSED_CLOSED_AT,
+    ENDED_UNCLOSED_EVENTS,
+    ENDED_UNCLOSED_RUNS,
     GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
@@ -25,6 +28,7 @@ from support.store_conformance import (
     a_run_of_tool_failures,
     a_run_to_hole,
     assert_a_gap_is_never_renumbered,
+    assert_ended_runs_closed,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -815,60 +819,29 @@ async def test_upgrade_closes_every_ended_run_at_its_end_and_keeps_the_open_ones
     before = load_migrations("postgres")[:12]
     assert load_migrations("postgres")[12].name == "ended_runs_closed"
     await migrate(pg_admin, pg_schema, before, "test")
-    await pg_admin.execute(
-        sql.SQL(
-            "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
-            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
-            "lease_expires_at, closed_at) VALUES "
-            "('run_a', 'p', 'hidden', 'provider', 'pending', 1.0, 1.0, '{{}}', NULL, '{{}}', "
-            "0, 1, NULL, NULL, NULL), "
-            "('run_b', 'p', 'hidden', 'provider', 'running', 1.0, 9.0, '{{}}', NULL, '{{}}', "
-            "2, 2, 'gone', 1.0, NULL), "
-            "('run_c', 'p', 'hidden', 'provider', 'completed', 1.0, 9.0, '{{}}', NULL, '{{}}', "
-            "2, 3, NULL, NULL, NULL), "
-            "('run_d', 'p', 'hidden', 'provider', 'failed', 1.0, 8.0, '{{}}', NULL, '{{}}', "
-            "0, 4, 'gone', 1.0, NULL), "
-            "('run_e', 'p', 'hidden', 'provider', 'interrupted', 1.0, 9.0, '{{}}', NULL, '{{}}', "
-            "1, 5, NULL, NULL, 3.0)"
-        ).format(ident(pg_schema, "runs"))
-    )
-    await pg_admin.execute(
-        sql.SQL(
-            "INSERT INTO {} (run_id, seq, task_id, type, ts, payload) VALUES "
-            "('run_b', 1, NULL, 'run.started', 2.0, '{{}}'), "
-            "('run_b', 2, NULL, 'message.delta', 3.0, '{{}}'), "
-            "('run_c', 1, NULL, 'run.started', 2.0, '{{}}'), "
-            "('run_c', 2, NULL, 'run.settlement.completed', 7.0, '{{}}'), "
-            "('run_e', 1, NULL, 'run.interrupted', 2.5, '{{}}')"
-        ).format(ident(pg_schema, "events"))
-    )
+    async with pg_admin.cursor() as cur:
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+                "lease_expires_at, closed_at) VALUES (%s, 'p', 'hidden', 'provider', %s, 1.0, "
+                "%s, '{{}}', NULL, '{{}}', %s, %s, %s, %s, %s)"
+            ).format(ident(pg_schema, "runs")),
+            ENDED_UNCLOSED_RUNS,
+        )
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (run_id, seq, task_id, type, ts, payload) "
+                "VALUES (%s, %s, NULL, %s, %s, '{{}}')"
+            ).format(ident(pg_schema, "events")),
+            ENDED_UNCLOSED_EVENTS,
+        )
     async with opened(pg_schema) as store:
-        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_a", "run_b"]
-        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_b"]
-        assert sorted((r.run_id, r.status) for r in await store.list_runs()) == [
-            ("run_a", "pending"),
-            ("run_b", "running"),
-            ("run_c", "completed"),
-            ("run_d", "failed"),
-            ("run_e", "interrupted"),
-        ]
-        assert [e.type for e in await store.read("run_c")] == [
-            "run.started",
-            "run.settlement.completed",
-        ]
-        with pytest.raises(RunClosedError):
-            await store.append("run_d", deltas(1))
-        assert [e.seq for e in await store.append("run_b", deltas(1))] == [3]
+        await assert_ended_runs_closed(store)
     closed = await fetch(
         pg_admin, sql.SQL("SELECT run_id, closed_at FROM {}").format(ident(pg_schema, "runs"))
     )
-    assert dict(closed) == {
-        "run_a": None,
-        "run_b": None,
-        "run_c": 7.0,
-        "run_d": 8.0,
-        "run_e": 3.0,
-    }
+    assert dict(closed) == ENDED_UNCLOSED_CLOSED_AT
     assert await applied_versions(pg_admin, pg_schema) == {
         m.version for m in load_migrations("postgres")
     }

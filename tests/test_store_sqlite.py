@@ -24,6 +24,9 @@ from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_backends import SQLite
 from support.store_conformance import (
+    ENDED_UNCLOSED_CLOSED_AT,
+    ENDED_UNCLOSED_EVENTS,
+    ENDED_UNCLOSED_RUNS,
     GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
@@ -31,6 +34,7 @@ from support.store_conformance import (
     a_run_of_tool_failures,
     a_run_to_hole,
     assert_a_gap_is_never_renumbered,
+    assert_ended_runs_closed,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -528,58 +532,26 @@ async def test_upgrade_closes_every_ended_run_at_its_end_so_the_open_run_indexes
             "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
             "lease_expires_at, closed_at) VALUES (?, 'p', NULL, 'hidden', 'provider', ?, 1.0, "
             "?, '{}', NULL, '{}', ?, ?, ?, ?, ?)",
-            [
-                ("run_a", "pending", 1.0, 0, 1, None, None, None),
-                ("run_b", "running", 9.0, 2, 2, "gone", 1.0, None),
-                ("run_c", "completed", 9.0, 2, 3, None, None, None),  # a terminal event at 7
-                ("run_d", "failed", 8.0, 0, 4, "gone", 1.0, None),  # no event: updated_at
-                ("run_e", "interrupted", 9.0, 1, 5, None, None, 3.0),  # closed: kept
-            ],
+            ENDED_UNCLOSED_RUNS,
         )
         conn.executemany(
             "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?, ?, NULL, ?, "
             "?, '{}')",
-            [
-                ("run_b", 1, "run.started", 2.0),
-                ("run_b", 2, "message.delta", 3.0),
-                ("run_c", 1, "run.started", 2.0),
-                ("run_c", 2, "run.settlement.completed", 7.0),
-                ("run_e", 1, "run.interrupted", 2.5),
-            ],
+            ENDED_UNCLOSED_EVENTS,
         )
         indexed = "SELECT run_id FROM runs INDEXED BY {} WHERE {}"
         by_id = indexed.format("open_runs_by_id", codec.OPEN_RUN_INDEX_PREDICATE)
         leased = indexed.format("leased_runs_by_id", codec.LEASED_RUN_INDEX_PREDICATE)
-        assert [r[0] for r in conn.execute(by_id)] == [
-            "run_a",
-            "run_b",
-            "run_c",
-            "run_d",
-        ]
+        assert [r[0] for r in conn.execute(by_id)] == ["run_a", "run_b", "run_c", "run_d"]
     store = await SQLiteStore.open(path)
     try:
-        assert [r.run_id for r in (await store.open_runs()).runs] == ["run_a", "run_b"]
-        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_b"]
-        assert [(r.run_id, r.status) for r in await store.list_runs()] == [
-            ("run_e", "interrupted"),
-            ("run_d", "failed"),
-            ("run_c", "completed"),
-            ("run_b", "running"),
-            ("run_a", "pending"),
-        ]
-        assert [e.type for e in await store.read("run_c")] == [
-            "run.started",
-            "run.settlement.completed",
-        ]
-        with pytest.raises(RunClosedError):
-            await store.append("run_d", deltas(1))
-        assert [e.seq for e in await store.append("run_b", deltas(1))] == [3]
+        await assert_ended_runs_closed(store)
     finally:
         await store.close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
         closed = dict(conn.execute("SELECT run_id, closed_at FROM runs").fetchall())
-        assert closed == {"run_a": None, "run_b": None, "run_c": 7.0, "run_d": 8.0, "run_e": 3.0}
+        assert closed == ENDED_UNCLOSED_CLOSED_AT
         assert [r[0] for r in conn.execute(by_id)] == ["run_a", "run_b"]
         assert [r[0] for r in conn.execute(leased)] == ["run_b"]
 

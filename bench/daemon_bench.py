@@ -67,7 +67,12 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
 * the real adapters (rows prefixed ``anthropic_``, ``chat_`` (OpenAI-compatible Chat
   Completions), ``openrouter_``, ``responses_``), talking HTTP to the provider emulator in its own
   process (:mod:`bench.emulator_process`): the same stream in each wire format, paced the same
-  way, its first reasoning delta stamped with the emulator's send time. The daemon's provider
+  way, its first reasoning delta stamped with the emulator's send time. The emulator stands in
+  for a remote provider, whose CPU is not the daemon's machine's, so it is a lean HTTP/1.1 server
+  (:mod:`bench.lean_emulator`, ADR 0133) that writes ``thoughtgate.testing.emulator``'s answers
+  byte for byte, each distinct request rendered once: 0.2 ms of CPU a run at 100 concurrent
+  runs and 0.4 at 10, where uvicorn and Starlette took 0.7-1.0 and 1.0-1.3 ms on the same cores
+  (``BENCH_EMULATOR=asgi`` serves through them again). The daemon's provider
   clients are the process's (one per endpoint), as in production. Anthropic and Chat Completions
   run at every concurrency, the other two at 10.
 
@@ -441,14 +446,15 @@ class _Connection:
         path: str,
         body: Any = None,
         on_chunk: Callable[[bytes, float], None] | None = None,
+        headers: str = "",
     ) -> tuple[int, bytes]:
         """``on_chunk`` gets each chunk of a chunked body with the moment its last byte arrived
-        from the socket."""
+        from the socket; ``headers``: more header lines (each ending in CRLF)."""
         assert self.reader is not None and self.writer is not None
         data = json.dumps(body).encode() if body is not None else b""
         self.writer.write(
             f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {self.key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n{headers}\r\n".encode()
             + data
         )
         status = int((await self.reader.readline()).split()[1])
@@ -1096,7 +1102,9 @@ def _variants_note(formats: list[str], rounds: int) -> str:
         f"Two daemon variants on one server process: fake:bench (the in-process fake provider, "
         f"rows without a prefix; rows prefixed {ONE_REQUEST} start and follow each run with one "
         "request, POST /v1/runs/follow, instead of three) and the real adapters talking HTTP to "
-        f"the emulator ({adapters}; rows prefixed by the format). Both stream {DELTAS} reasoning "
+        f"the emulator ({adapters}; rows prefixed by the format; the emulator is a lean server in "
+        "its own process writing thoughtgate.testing.emulator's answers byte for byte, ADR 0133, "
+        f"as a remote provider takes no CPU from the daemon's cores). Both stream {DELTAS} reasoning "
         f"+ {DELTAS} text deltas "
         f"per run, the first after {PROVIDER_TTFB_S * 1000:g} ms, then one every "
         f"{GAP_S * 1000:g} ms, on an absolute schedule (delta k due at open + "

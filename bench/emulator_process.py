@@ -6,6 +6,12 @@ of the four wire formats the request asks for. Like a real provider (and like ``
 paces its stream, so each delta reaches the client in its own read instead of all of them in one
 buffer.
 
+It stands in for a remote provider, whose CPU is not the daemon's machine's, so it serves from a
+lean HTTP/1.1 server (:mod:`bench.lean_emulator`, ADR 0133) that writes
+:mod:`thoughtgate.testing.emulator`'s answers byte for byte, each distinct request rendered once
+through that emulator's ASGI application; ``BENCH_EMULATOR=asgi`` serves that application through
+uvicorn and :func:`_paced` instead, as before (2.5-5x the CPU a request at 10 and 100 streams).
+
 The pace is an absolute schedule (:class:`Pace`): counted from the request's arrival, the first
 delta is due after ``PROVIDER_TTFB_S`` and the k-th after ``PROVIDER_TTFB_S + k × GAP_S``; a
 write that is late (the machine was busy) goes out as soon as it can and the next one keeps its
@@ -96,12 +102,17 @@ class Pace:
         self.due = time.monotonic() + first
         self.gap = gap
 
-    async def next(self) -> None:
+    def wait_s(self) -> float:
+        """Seconds to wait for the next slot (0 when it has passed), and on to the one after:
+        whole milliseconds, rounded up (uvloop's timers truncate a delay to the millisecond)."""
         left = self.due - time.monotonic()
         self.due += self.gap
-        if left > 0:
-            # whole milliseconds: uvloop's timers truncate a delay to the millisecond
-            await asyncio.sleep(math.ceil(left * 1000) / 1000)
+        return math.ceil(left * 1000) / 1000 if left > 0 else 0.0
+
+    async def next(self) -> None:
+        wait = self.wait_s()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 def _paced(app: Any) -> Any:
@@ -166,16 +177,35 @@ def _trace_write(traced: dict[str, Any]) -> None:
             out.write(json.dumps(traced) + "\n")
 
 
-def serve(port_file: Path) -> None:
-    """The emulator process: the ``bench`` scenario, paced, on a free loopback port."""
-    import uvicorn
+ASGI = "asgi"
+"""``BENCH_EMULATOR=asgi``: serve the ASGI emulator through uvicorn and :func:`_paced`, as before
+ADR 0133 (what the lean server's answers are checked against; an A/B of the two servers)."""
 
+
+def bench_emulator() -> Any:
+    """The ASGI emulator with the ``bench`` scenario (the default for any model)."""
     from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Think
 
     thought = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))  # 8 characters a delta
     answer = "".join(f"word{i:03d} " for i in range(DELTAS))
-    turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by ``_paced``
-    emulator = Emulator().add(Scenario("bench", (turn,)), default=True)
+    turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by the server
+    return Emulator().add(Scenario("bench", (turn,)), default=True)
+
+
+def serve(port_file: Path) -> None:
+    """The emulator process: the ``bench`` scenario, paced, on a free loopback port; by the lean
+    server (:mod:`bench.lean_emulator`, ADR 0133) unless ``BENCH_EMULATOR=asgi``."""
+    emulator = bench_emulator()
+    if os.environ.get("BENCH_EMULATOR") != ASGI:
+        from bench.lean_emulator import serve_forever
+
+        def ready(port: int) -> None:
+            write_json(port_file, {"url": f"http://{LOOPBACK}:{port}", "pid": os.getpid()})
+
+        serve_forever(emulator, LOOPBACK, ready)
+        return
+    import uvicorn
+
     port = free_port()
     config = uvicorn.Config(
         _paced(emulator.app),
@@ -210,12 +240,13 @@ def stop(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def emulator_process(tmp: Path) -> Iterator[str]:
-    """The emulator in a child process (its CPU is not the bench's); yields its base URL."""
+def emulator_process(tmp: Path, repo: Path = REPO) -> Iterator[str]:
+    """The emulator in a child process (its CPU is not the bench's); yields its base URL.
+    ``repo``: the checkout whose emulator runs (another's for an A/B)."""
     port_file = tmp / "emulator.json"
-    env = child_env()
+    env = child_env() if repo == REPO else {**os.environ, "PYTHONPATH": f"{repo / 'src'}:{repo}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.emulator_process", str(port_file)], env=env, cwd=str(REPO)
+        [sys.executable, "-m", "bench.emulator_process", str(port_file)], env=env, cwd=str(repo)
     )
     try:
         deadline = time.monotonic() + 30

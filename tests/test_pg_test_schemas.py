@@ -67,37 +67,26 @@ def test_the_sweep_drops_only_the_schemas_of_owners_that_are_gone() -> None:
     dead_schemas.append(f"{dead_schemas[0]}_workflows")
     unowned = [f"tg_test_{uuid.uuid4().hex[:12]}", f"tg_sweep_{uuid.uuid4().hex[:8]}"]
     everything = [mine, *live_schemas, *dead_schemas, *unowned]
+    # The other owner's keeper connects before its schemas exist, as a real owner's does: a sweep
+    # by another process meanwhile (an xdist worker starting) must see it alive too.
+    keeper = psycopg.connect(
+        PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + alive
+    )
     with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-        _create(admin, *everything)
         try:
-            keeper = psycopg.connect(
-                PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + alive
-            )
+            _create(admin, *everything)
             with keeper:
-                dropped = sweep_abandoned_schemas(admin)
-                assert set(dead_schemas) <= set(dropped)
+                dropped = sweep_abandoned_schemas(admin)  # another process's may come first
                 assert not {mine, *live_schemas, *unowned} & set(dropped)
                 left = _schemas(admin)
                 assert not set(dead_schemas) & left
                 assert {mine, *live_schemas, *unowned} <= left
             # the other owner is gone now: its keeper ended with it
-            dropped = _await_sweep(admin, live_schemas)
-            assert not {mine, *unowned} & set(dropped)
+            _await_gone(admin, live_schemas)
             assert {mine, *unowned} <= _schemas(admin)
         finally:
+            keeper.close()
             _drop(admin, *everything)
-
-
-def _await_sweep(admin: psycopg.Connection[Any], expected: list[str]) -> list[str]:
-    """Sweep until ``expected`` is dropped: the server lists a closed session until its backend
-    has exited, a moment after the client closed it."""
-    dropped: list[str] = []
-    for _ in range(200):
-        dropped += sweep_abandoned_schemas(admin)
-        if set(expected) <= set(dropped):
-            return dropped
-        admin.execute("SELECT pg_sleep(0.05)")
-    raise AssertionError(f"{expected} outlived their owner's keeper; dropped {dropped}")
 
 
 def _databases(conn: psycopg.Connection[Any]) -> set[str]:
@@ -121,32 +110,50 @@ def test_the_sweep_drops_the_databases_and_bench_schemas_of_owners_that_are_gone
     unowned_db = f"tg_test_{uuid.uuid4().hex[:12]}"
     databases = [*live, dead_db, busy_db, unowned_db]
     base = PG_URL.partition("?")[0].rsplit("/", 1)[0]
+
+    def keeper(tag: str) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            PG_URL,
+            autocommit=True,
+            connect_timeout=5,
+            application_name=KEEPER_PREFIXES["bench"] + tag,
+        )
+
+    # Each owner's keeper connects before its names exist, as ``Owner`` does: a sweep by another
+    # process running meanwhile (an xdist worker starting) must not take them for abandoned yet.
+    live_keeper, busy_keeper = keeper(alive), keeper(busy)
     with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-        for name in databases:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        _create(admin, *live, *dead_bench)
         try:
-            keeper = psycopg.connect(
-                PG_URL,
-                autocommit=True,
-                connect_timeout=5,
-                application_name=KEEPER_PREFIXES["bench"] + alive,
-            )
-            with keeper, psycopg.connect(f"{base}/{busy_db}", connect_timeout=5):
-                dropped = sweep_abandoned_schemas(admin)
-                assert {dead_db, *dead_bench} <= set(dropped)
+            for name in databases:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            _create(admin, *live, *dead_bench)
+            with live_keeper, psycopg.connect(f"{base}/{busy_db}", connect_timeout=5):
+                busy_keeper.close()  # its owner is gone; a session is still in its database
+                dropped = sweep_abandoned_schemas(admin)  # another process may sweep first
                 assert not {*live, busy_db, unowned_db} & set(dropped)
                 assert dead_db not in _databases(admin)
                 assert not set(dead_bench) & _schemas(admin)
                 assert {*live, busy_db, unowned_db} <= _databases(admin)
                 assert set(live) <= _schemas(admin)
             # the bench owner is gone now, and nobody is connected to the busy database
-            dropped = _await_sweep(admin, [*live, busy_db])
-            assert not {*live, busy_db} & _databases(admin)
+            _await_gone(admin, [*live, busy_db])
             assert unowned_db in _databases(admin), "a name recording no owner is never touched"
         finally:
+            live_keeper.close()
+            busy_keeper.close()
             _drop(admin, *live, *dead_bench)
             for name in databases:
                 admin.execute(
                     sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
                 )
+
+
+def _await_gone(admin: psycopg.Connection[Any], names: list[str]) -> None:
+    """Sweep until none of ``names`` is a schema or a database any more (this sweep or another
+    process's dropped it): the server lists a closed session until its backend has exited."""
+    for _ in range(200):
+        sweep_abandoned_schemas(admin)
+        if not set(names) & (_schemas(admin) | _databases(admin)):
+            return
+        admin.execute("SELECT pg_sleep(0.05)")
+    raise AssertionError(f"{names} outlived their owner's keeper")

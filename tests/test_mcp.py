@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
@@ -29,6 +30,7 @@ from thoughtgate.events.schema import Event
 from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server, resolve_mcp_role
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.pg_errors import translate_error
 from thoughtgate.store.urls import open_store
 from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider
 
@@ -151,6 +153,32 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
 
         empty = await client.call_tool("orchestration_run", {"prompt": " ", "model": "fake:echo"})
         assert empty.is_error and "prompt must not be empty" in _text(empty)
+
+
+class _QuotingStore(MemoryStore):
+    """A store whose reads fail as PostgreSQL's do when its first line quotes a value: the
+    ``StoreError`` keeps the driver's words for the developer, its public text their code."""
+
+    async def get_run(self, run_id: str) -> Any:
+        said = psycopg.errors.InvalidTextRepresentation(
+            'invalid input syntax for type integer: "REASONING-mcp-error-words"'
+        )
+        raise translate_error(said, "read the run", "PostgreSQL database test") from said
+
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.MEMBER])
+async def test_a_tool_error_gives_a_store_failure_s_public_text_never_its_driver_s_words(
+    role: Role,
+) -> None:
+    """A tool error is every role's to read, like a run's public ``error``: a thoughtgate error
+    that quoted another exception (ADR 0104) is shown by the text it declared public."""
+    async with Client(build_mcp_server(McpTools(Runtime(_QuotingStore()), role))) as client:
+        failed = await client.call_tool("orchestration_status", {"run_id": "run_x"})
+    assert failed.is_error
+    assert "REASONING-mcp-error-words" not in _text(failed)
+    assert _text(failed) == (
+        "cannot read the run: InvalidTextRepresentation (SQLSTATE 22P02) (PostgreSQL database test)"
+    )
 
 
 def _runtime_with(script: Any) -> tuple[Runtime, MemoryStore]:

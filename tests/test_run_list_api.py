@@ -161,6 +161,28 @@ def test_pages_filters_and_search_over_http(daemon: Daemon) -> None:
     assert _ids(_list(daemon, "viewer", q=mark, since=now - 600, until=now + 60)) == newest_first
 
 
+@pytest.mark.parametrize("role", ["viewer", "member", "developer", "owner"])
+def test_search_matches_the_prompt_only_never_what_a_role_may_not_read(
+    daemon: Daemon, role: str
+) -> None:
+    """A search that matched a run's reasoning, a continuity carrier or a tool's arguments would
+    tell a viewer what they say one guess at a time, though the run never shows it to them:
+    only the prompt, which every reader sees, is searched, for every role."""
+    token = f"search{role}"
+    run_id = daemon.start_run(
+        {
+            "prompt": f"canary {token}",
+            "model": "fake:canary",
+            "chain_of_thought": "surface",
+            "tools": ["lookup"],
+        }
+    )
+    assert daemon.wait_done(run_id)["status"] == "completed"
+    assert _ids(_list(daemon, role, q=token)) == [run_id]
+    for secret in markers(token).values():  # reasoning, a carrier's text, a tool argument
+        assert _ids(_list(daemon, role, q=secret)) == [], secret
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

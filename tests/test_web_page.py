@@ -55,6 +55,21 @@ def _in_thread(fn: Callable[[], T]) -> T:
 STATIC = Path(__file__).resolve().parents[1] / "src/thoughtgate/server/static"
 
 
+def _new_key(daemon: Daemon, name: str, role: str) -> tuple[str, ApiKeyRecord]:
+    """A key of this test's own (to change its role while a page uses it): secret and record."""
+
+    async def make() -> tuple[str, ApiKeyRecord]:
+        created = await create_key(daemon.store, name=name, role=role)
+        return created.key, created.record
+
+    return _in_thread(lambda: asyncio.run(make()))
+
+
+def _demote(daemon: Daemon, record: ApiKeyRecord, role: str) -> None:
+    demoted = dataclasses.replace(record, role=role)
+    _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+
+
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import support.browser
 
@@ -247,12 +262,7 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
     ends (``access_revoked``) and the page rebuilds the run as the key may now see it."""
     token = "demoted"
     marker = raw_marker(token)
-
-    async def make_and_demote() -> tuple[str, ApiKeyRecord]:
-        created = await create_key(daemon.store, name="dev-to-demote", role="developer")
-        return created.key, created.record
-
-    key, record = _in_thread(lambda: asyncio.run(make_and_demote()))
+    key, record = _new_key(daemon, "dev-to-demote", "developer")
     with page_for(browser) as (page, capture):
         sign_in(page, daemon.base_url, key)
         page.wait_for_selector("[data-testid=role]:text-is('developer')")
@@ -260,8 +270,7 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
         open_run(page, run_id)
         page.wait_for_selector(f"[data-testid=raw-text]:has-text('{marker}')", timeout=10_000)
         assert _run_status(daemon, run_id) == "running"
-        demoted = dataclasses.replace(record, role="viewer")
-        _in_thread(lambda: asyncio.run(daemon.store.save_api_key(demoted)))
+        _demote(daemon, record, "viewer")
         started = time.monotonic()
         page.wait_for_selector("[data-testid=reasoning-turn]", state="detached", timeout=5_000)
         assert time.monotonic() - started < 5
@@ -271,6 +280,62 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
         assert snapshot(page)["raw"] is None and marker not in page.content()
         later = capture.sse_messages[rebuilt_at:]
         assert later and not any(marker in m for m in later)  # the viewer stream carries none
+
+
+def test_signing_out_leaves_nothing_of_the_run_for_the_next_key_in_the_tab(
+    browser: Browser, daemon: Daemon
+) -> None:
+    """A developer reads a run's raw reasoning and signs out; a viewer signs in in the same tab.
+    The page the viewer gets (and the signed-out page before it) holds nothing the developer
+    read: the open run, its reasoning and the run list go with the key."""
+    token = "signedout"
+    marker = raw_marker(token)
+    run_id = daemon.start_run(story_run(token, delay=0.01))
+    daemon.wait_done(run_id)
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, daemon.keys["developer"])
+        page.wait_for_selector("[data-testid=role]:text-is('developer')")
+        open_run(page, run_id)
+        _wait_finished(page)
+        assert marker in page.content()
+        page.click("#signout")
+        page.wait_for_selector("[data-testid=signin]", state="visible")
+        assert marker not in page.content(), "the signed-out page still holds the reasoning"
+        assert run_id not in page.content()
+        page.fill("#key", daemon.keys["viewer"])
+        page.click("#signin-form button[type=submit]")
+        page.wait_for_selector("[data-testid=role]:text-is('viewer')")
+        page.wait_for_selector(f"#runs-list a[data-run='{run_id}']")
+        assert marker not in page.content(), "the viewer's page shows the developer's run"
+        assert page.locator("[data-testid=thread-body]").count() == 0
+        # an admin's page lists other keys' names (operator detail) in its "Started by" filter
+        page.click("#signout")
+        page.fill("#key", daemon.keys["admin"])
+        page.click("#signin-form button[type=submit]")
+        page.wait_for_selector("#f-key option:text-is('owner-key (owner)')", state="attached")
+        page.click("#signout")
+        page.fill("#key", daemon.keys["member"])
+        page.click("#signin-form button[type=submit]")
+        page.wait_for_selector("[data-testid=role]:text-is('member')")
+        page.wait_for_selector(f"#runs-list a[data-run='{run_id}']")
+        assert "owner-key" not in page.content(), "a member's page lists the admin's keys"
+
+
+def test_an_admin_page_whose_key_is_demoted_forgets_the_other_keys_names(
+    browser: Browser, daemon: Daemon
+) -> None:
+    """Other keys' names and roles are operator detail: an admin's "Started by" filter lists
+    them; once the page's key is demoted to member (the list stream ends, the page rebuilds
+    itself for the key's new role) they are gone from the page."""
+    key, record = _new_key(daemon, "admin-to-demote", "admin")
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, key)
+        page.wait_for_selector("#f-key option:text-is('owner-key (owner)')", state="attached")
+        page.wait_for_selector("[data-testid=list-live]", state="visible")
+        _demote(daemon, record, "member")
+        page.wait_for_selector("[data-testid=role]:text-is('member')", timeout=10_000)
+        page.wait_for_selector("[data-testid=list-live]", state="visible")
+        assert "owner-key" not in page.content(), "a member's page lists other keys"
 
 
 @pytest.mark.parametrize("role", ["viewer", "member"])

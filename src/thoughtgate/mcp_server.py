@@ -71,7 +71,13 @@ from thoughtgate.config import Config
 from thoughtgate.disclosure import ChainOfThought
 from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import AccessDeniedError, RunTakenOverError, ThoughtgateError, UsageError
+from thoughtgate.errors import (
+    AccessDeniedError,
+    RunTakenOverError,
+    ThoughtgateError,
+    UsageError,
+    failure_text,
+)
 from thoughtgate.events.catalogue import view_schema
 from thoughtgate.events.schema import Event, EventType, is_run_terminal
 from thoughtgate.events.views import RunView
@@ -201,7 +207,8 @@ def progress_message(event: Event, tasks: int) -> str | None:
 class McpTools:
     """What the MCP tools do, free of MCP: call the runtime, filter the result for ``role``.
 
-    Every error is a :class:`ThoughtgateError` whose message is fit to show the caller.
+    Every error is a :class:`ThoughtgateError`: a :class:`UsageError`'s message is fit to show
+    the caller; any other is shown by its public text (``failure_text``), never words it quoted.
     """
 
     def __init__(self, runtime: Runtime, role: Role) -> None:
@@ -419,8 +426,12 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
                 )
         except ValidationError as exc:
             return _arguments_error(params.name, exc)
-        except ThoughtgateError as exc:
+        except UsageError as exc:  # what was wrong with the call, in thoughtgate's words
             return _error(str(exc))
+        except ThoughtgateError as exc:
+            # a failure (the store's, a provider's) as a run's public error says it: never the
+            # words it quoted, which a driver's or a provider's may hold (ADR 0104)
+            return _error(failure_text(exc))
         known = ", ".join(t.name for t in TOOLS)
         return _error(f"unknown tool {params.name!r}; tools: {known}")
 

@@ -5,8 +5,8 @@
 // which keeps the rules of thoughtgate.events.thread.
 
 import { $, api, can, el, state } from "./util.js";
-import { loadRuns, markActive, setupList, showNewRun, stopList } from "./runs.js";
-import { closeStream, jumpTurn, openRun, runChanged, setupView } from "./view.js";
+import { forgetList, loadRuns, markActive, setupList, showNewRun } from "./runs.js";
+import { closeStream, forgetRun, jumpTurn, openRun, runChanged, setupView } from "./view.js";
 
 function route() {
   const raw = location.hash.slice(1);
@@ -31,9 +31,8 @@ function route() {
 }
 
 function showSignIn(message) {
-  closeStream(state.view);
-  stopList();
-  state.view = null;
+  forgetRun(); // nothing one key was sent stays in the tab for the next
+  forgetList();
   state.me = null;
   $("#signin").hidden = false;
   $("#app").hidden = true;

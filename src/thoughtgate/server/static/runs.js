@@ -245,18 +245,34 @@ export async function setupList(options) {
   const me = state.me;
   $("#new-run").hidden = !can("start_runs");
   $("#f-key-label").hidden = !can("start_runs") && !can("manage_keys");
-  if (can("manage_keys")) {
-    const { keys = [] } = await api("/v1/keys").catch(() => ({}));
-    list.keys = new Map(keys.map((k) => [k.key_id, k.name]));
-    $("#f-key").replaceChildren(el("option", { value: "" }, "anyone"), el("option", { value: "me" }, `me (${me.name})`),
-      ...keys.filter((k) => k.key_id !== me.key_id).map((k) => el("option", { value: k.key_id }, `${k.name} (${k.role})`)));
-  }
+  // Other keys' names and roles are operator detail: listed for a key that may manage keys,
+  // and gone when the same page's key no longer may (signed out, or demoted while open).
+  const keys = can("manage_keys") ? (await api("/v1/keys").catch(() => ({}))).keys || [] : [];
+  if (state.me !== me) return; // signed out (or rebuilt) meanwhile
+  list.keys = new Map(keys.map((k) => [k.key_id, k.name]));
+  $("#f-key").replaceChildren(el("option", { value: "" }, "anyone"), el("option", { value: "me" }, `me (${me.name})`),
+    ...keys.filter((k) => k.key_id !== me.key_id).map((k) => el("option", { value: k.key_id }, `${k.name} (${k.role})`)));
   await loadRuns();
 }
 
 export function stopList() {
   list.generation += 1;
   closeStream();
+}
+
+// Signing out: the list forgets what it was sent for that key -- its runs, the models seen in
+// them, and (an admin's) the key names and roles of the "Started by" filter -- and its filters.
+export function forgetList() {
+  stopList();
+  clearTimeout(list.topTimer);
+  Object.assign(list, { runs: [], next: null, changes: 0, lastChange: 0, filters: {}, keys: new Map(), models: new Set() });
+  $("#runs-list").replaceChildren();
+  $("#models").replaceChildren();
+  $("#more").hidden = true;
+  $("#list-error").textContent = "";
+  $("#f-key").replaceChildren(el("option", { value: "" }, "anyone"), el("option", { value: "me" }, "me"));
+  for (const id of ["#search", "#f-status", "#f-mode", "#f-model", "#f-since", "#f-until"]) $(id).value = "";
+  $("#filter-count").textContent = "";
 }
 
 let searchTimer = 0;

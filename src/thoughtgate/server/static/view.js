@@ -378,6 +378,16 @@ export function closeStream(view) {
   if (view?.timer) { clearTimeout(view.timer); view.timer = null; }
 }
 
+// Signing out: the open run (its thread, reasoning and trace included) leaves the page, and a
+// run still loading is never rendered for the next key.
+export function forgetRun() {
+  closeStream(state.view);
+  state.view = null;
+  state.generation += 1;
+  state.open.clear();
+  $("#thread").replaceChildren(el("p", { class: "hint" }, "Open a run to see what the agent did: its visible steps, the tools it used and its answer."));
+}
+
 // A change of the open run seen on the run list stream (its status, usage, error).
 export function runChanged(run) {
   const view = state.view;

@@ -459,9 +459,16 @@ class AgentResponsePayload(TypedDict):
     provider: Annotated[str, Vis.PUBLIC]
     model: Annotated[str, Vis.PUBLIC]
     usage: Annotated[TokenUsage, Vis.PUBLIC]
+    """What the provider reported for the turn; a run's usage is the sum over its
+    ``agent.response`` events (ADR 0131). Zero on a turn a stopped process left unfinished
+    (``error`` ``cut: the process executing the run stopped ...``): not known, since the turn
+    never returned to be counted."""
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The provider error that cut this turn, in thoughtgate's words."""
+    """What cut this turn, in thoughtgate's words: the provider's error; or ``cut: ...`` for a
+    turn a stopped process left unfinished, and for the stand-in of a turn that answered and was
+    billed but whose own record a cancel or a failure cut off (its answer and usage only: no
+    calls, no reasoning; ADR 0131, amended)."""
     error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The provider's error code (``overloaded_error``, ...), else the error's class."""
     error_detail: NotRequired[Annotated[str, Vis.REASONING]]

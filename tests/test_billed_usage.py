@@ -211,7 +211,10 @@ class _Cases:
         with pytest.raises(RuntimeError, match="the disk is full"):
             await runtime.execute(run.run_id)
         monkeypatch.setattr(store, "append", append)
-        assert (await store.get_run(run.run_id)).status == "error"
+        ended = await store.get_run(run.run_id)
+        assert ended.status == "error"
+        # it ran: its error says its end was lost, not that it never ran
+        assert ended.tasks[0].error is not None and "not run" not in ended.tasks[0].error
         await _every_surface_agrees(store, run.run_id, _sum(FIRST))
 
     async def test_a_turn_billed_and_cut_before_its_record_is_in_the_log(

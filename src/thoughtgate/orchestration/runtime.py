@@ -1179,6 +1179,9 @@ class Runtime:
             if failure[2]:
                 payload["error_detail"] = failure[2]
         not_run = "not run: the run failed before this task started"
+        # A task that had begun and is still open here lost its own end (its append failed):
+        # it ran, so "not run" would be untrue of it.
+        cut = "failed: the run ended before this task's own end could be recorded"
         try:
             with self.leases.ending(run_id, asyncio.current_task()):  # its hold only
                 # A stand-in is pending only when a task's own end, which records it, was lost.
@@ -1192,6 +1195,7 @@ class Runtime:
                     error=error,
                     task_status="failed",
                     task_error=not_run,
+                    begun_error=cut,
                     held_by=holder,
                     ended=spent.ended,
                     tasks=tasks,

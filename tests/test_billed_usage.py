@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from support.durable import until
 from support.durable_engine import InProcessDaemon
 from support.pg import pg_admin, pg_schema
@@ -29,6 +33,7 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.telemetry import TelemetrySink
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
 from thoughtgate.types import FinishChunk, UsageChunk
 
@@ -234,11 +239,15 @@ class _Cases:
                 return []
 
         config = Config.model_validate({"durability": {"enabled": False}})
+        exporter = InMemorySpanExporter()
+        tracing = TracerProvider(shutdown_on_exit=False)
+        tracing.add_span_processor(SimpleSpanProcessor(exporter))
         runtime = Runtime(
             store,
             config,
             tools=ToolRegistry([lookup]),
             observer_factory=lambda run, disclosure: Stalls(),  # type: ignore[arg-type,return-value]
+            sinks=[TelemetrySink(tracing)],
         )
         run = await runtime.create_run(RunRequest("look it up", model="fake:billed"))
         job = asyncio.create_task(runtime.execute(run.run_id))
@@ -252,6 +261,11 @@ class _Cases:
         assert [
             (r.payload["turn"], r.payload["complete"], r.payload["error"]) for r in responses
         ] == [(0, False, TURN_UNRECORDED)]
+        # its call returned and was billed: telemetry does not count it a failed call
+        (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+        assert chat.status.status_code != StatusCode.ERROR
+        assert chat.attributes is not None and "error.type" not in chat.attributes
+        assert chat.attributes["gen_ai.usage.output_tokens"] == FIRST["output_tokens"]
 
 
 @pytest.mark.inprocess

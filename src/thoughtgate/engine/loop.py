@@ -97,7 +97,9 @@ __all__ = [
     "NOT_APPROVED_IN_TIME",
     "REJECTED_BY_USER",
     "TURN_CUT",
+    "TURN_CUT_TYPE",
     "TURN_UNRECORDED",
+    "TURN_UNRECORDED_TYPE",
     "Billing",
     "LoopObserver",
     "LoopRecorder",
@@ -120,6 +122,12 @@ TURN_UNRECORDED = (
 )
 """The error of the ``agent.response`` that stands in for a turn whose own record was never
 stored (``Billing.billed``): its answer and usage, nothing else (ADR 0131, amended)."""
+TURN_CUT_TYPE = "interrupted"
+"""The ``error_type`` of a :data:`TURN_CUT` turn: its call did not return (not the provider's
+error: telemetry's ``error.type`` would otherwise blame it)."""
+TURN_UNRECORDED_TYPE = "unrecorded"
+"""The ``error_type`` of a :data:`TURN_UNRECORDED` stand-in: its call returned and was billed;
+only its record was cut off, so telemetry does not count the call as failed."""
 TOOL_INTERRUPTED = (
     "the process executing the run stopped while this tool ran; it was not run again, since it "
     "may already have had its effect"
@@ -441,6 +449,7 @@ class _Loop:
             "usage": token_usage(Usage()),
             "tool_calls": [],
             "error": TURN_CUT,
+            "error_type": TURN_CUT_TYPE,
         }
         await self.recorder.emit_all([self.ev(EventType.AGENT_RESPONSE, cut)])
 
@@ -459,6 +468,7 @@ class _Loop:
             "usage": token_usage(turn.usage),
             "tool_calls": [],
             "error": TURN_UNRECORDED,
+            "error_type": TURN_UNRECORDED_TYPE,
         }
         return self.ev(EventType.AGENT_RESPONSE, cut)
 

@@ -470,7 +470,9 @@ class AgentResponsePayload(TypedDict):
     billed but whose own record a cancel or a failure cut off (its answer and usage only: no
     calls, no reasoning; ADR 0131, amended)."""
     error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    """The provider's error code (``overloaded_error``, ...), else the error's class;
+    ``interrupted`` for a turn a stopped process left unfinished, ``unrecorded`` for a stand-in
+    (its call returned: telemetry does not mark it failed)."""
     error_detail: NotRequired[Annotated[str, Vis.REASONING]]
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an

@@ -11,9 +11,10 @@ import json
 import os
 import socket
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
+
+from bench.pg_owners import Owner
 
 __all__ = [
     "LOOPBACK",
@@ -73,9 +74,16 @@ def callgrind_control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, check=True)
 
 
-def throwaway_schema(prefix: str = "tg_bench") -> str:
-    """A new schema name on :data:`PG_URL` for one bench; :func:`drop_schemas` removes it."""
-    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+_OWNER = Owner(PG_URL, "bench")
+
+
+def throwaway_schema(label: str = "") -> str:
+    """A new schema name on :data:`PG_URL` for one bench, ``tg_bench_o<owner>_<random>`` then
+    ``_<label>`` if given (lower case and ``_``); :func:`drop_schemas` removes it. The name records
+    this process, so a bench killed before its clean-up leaves it to the next bench's or test
+    run's sweep (``bench.pg_owners``, ADR 0134)."""
+    name: str = _OWNER.name(f"_{label}" if label else "")
+    return name
 
 
 def _schemas(schema: str) -> tuple[str, str]:

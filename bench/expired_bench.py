@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.environment import PG_URL
+from bench.environment import PG_URL, throwaway_schema
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 
@@ -100,7 +100,7 @@ def _index(with_index: bool) -> str | None:
 async def _postgres() -> AsyncIterator[tuple[Callable[[bool], Awaitable[int]], list[EventStore]]]:
     from thoughtgate.store.postgres import PostgresStore
 
-    schemas = [f"bench_expired_{uuid.uuid4().hex[:8]}_{side}" for side in "ab"]
+    schemas = [throwaway_schema(f"expired_{side}") for side in "ab"]
     stores: list[EventStore] = [await PostgresStore.open(PG_URL, schema=s) for s in schemas]
     admin = await psycopg.AsyncConnection.connect(PG_URL, autocommit=True)
     try:
@@ -238,7 +238,7 @@ async def _filled(backend: str, tmp: Path) -> EventStore:
         return store
     from thoughtgate.store.postgres import PostgresStore
 
-    schema = f"bench_expired_{uuid.uuid4().hex[:8]}"
+    schema = throwaway_schema("expired")
     store = await PostgresStore.open(PG_URL, schema=schema)
     async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as admin:
         await admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))

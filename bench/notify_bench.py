@@ -9,6 +9,11 @@ variant ``none``, the first code with no NOTIFY at all) within each repetition:
   channel and reads every notification. Server CPU is ``/proc`` user + system time of every
   backend of the store (pool, notifier) and of the listener, counted again after the run so
   connections opened meanwhile count too.
+- ``runs`` (ADR 0134): as ``throughput``, but each connection creates a run and ends it
+  (``create_run``, ``finish_run`` with one terminal event), over and over: the run list's
+  change number and its ``NOTIFY`` in both transactions. Variant ``nolist`` is the first code with
+  no run-list ``NOTIFY`` (``_NEXT_CHANGE`` without ``pg_notify``): the most that moving it out of
+  the transaction could gain.
 - ``latency``: one store appends one event every 20 ms; a second store (another replica, in the
   same process) follows the run's tail with its safety poll at 60 s, so only a NOTIFY delivers.
   Latency: from before the append's call to the reader's receipt.
@@ -54,6 +59,16 @@ async def _backends(store: Any, schema: str) -> list[int]:
         return [int(r[0]) for r in await cur.fetchall()]
 
 
+def _no_run_list_notify() -> None:
+    """The run list's change number without its ``pg_notify`` (its parameters kept)."""
+    from thoughtgate.store import postgres
+
+    postgres._NEXT_CHANGE = (
+        "UPDATE run_changes SET last_change = last_change + 1 "
+        "RETURNING last_change, %s::text, %s::text"
+    )
+
+
 def _no_notify(store: Any) -> None:
     """No NOTIFY at all: not in the append's statement, not after it."""
     from thoughtgate.store import postgres
@@ -66,14 +81,25 @@ def _no_notify(store: Any) -> None:
         notifier.committed = lambda *_: None
 
 
-async def _throughput(schema: str, n: int, seconds: float, variant: str) -> dict[str, Any]:
-    from thoughtgate.events.schema import NewEvent
+async def _throughput(
+    schema: str,
+    n: int,
+    seconds: float,
+    variant: str,
+    *,
+    runs_mode: bool = False,
+    sample: bool = False,
+) -> dict[str, Any]:
+    from thoughtgate.events.schema import EventType, NewEvent
+    from thoughtgate.store.base import RunEnding
     from thoughtgate.store.postgres import PostgresStore
     from thoughtgate.store.records import RunRecord
 
     store = await PostgresStore.open(PG_URL, schema=schema, pool_size=n)
     if variant == "none":
         _no_notify(store)
+    elif variant == "nolist":
+        _no_run_list_notify()
     elif variant.startswith("window="):
         store._notifier.window_s = float(variant.removeprefix("window="))
     runs = [f"run_bench_{i}" for i in range(n)]
@@ -87,20 +113,56 @@ async def _throughput(schema: str, n: int, seconds: float, variant: str) -> dict
     stop = time.perf_counter() + seconds
     counts = [0] * n
 
+    ended = [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED, {"status": "completed"})]
+
     async def worker(i: int) -> None:
         while time.perf_counter() < stop:
-            await store.append_one(runs[i], event)
+            if runs_mode:  # one run made and ended: two run-list changes
+                run_id = f"{runs[i]}_{counts[i]}"
+                await store.create_run(RunRecord(run_id, "p", status="running"))
+                await store.finish_run(run_id, ended, RunEnding("completed"))
+            else:
+                await store.append_one(runs[i], event)
             counts[i] += 1
 
+    waits: dict[str, int] = {}
+    sampler = asyncio.create_task(_sample_waits(schema, stop, waits)) if sample else None
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(n)))
     elapsed = time.perf_counter() - started
+    if sampler is not None:
+        await sampler
     pids = await _backends(store, schema)
     server = sum(_cpu_s(p) - cpu0.get(p, 0.0) for p in pids)
     sends = getattr(getattr(store, "_notifier", None), "sends", None)
     await store.close()
     total = sum(counts)
-    return {"events_s": total / elapsed, "server_us": server / total * 1e6, "sends": sends}
+    row: dict[str, Any] = {"server_us": server / total * 1e6, "sends": sends}
+    row["runs_s" if runs_mode else "events_s"] = total / elapsed
+    if waits:
+        seen = sum(waits.values())
+        row["waits"] = {
+            k: round(v / seen, 3) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])
+        }
+    return row
+
+
+async def _sample_waits(schema: str, stop: float, waits: dict[str, int]) -> None:
+    """Every 5 ms until ``stop``: what each of the store's backends is doing (``--sample``),
+    counted by ``wait_event_type:wait_event`` (``CPU`` when it waits for nothing)."""
+    import psycopg
+
+    query = (
+        "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
+        "WHERE application_name = %s AND state = 'active'"
+    )
+    async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as conn:
+        while time.perf_counter() < stop:
+            for (what,) in await (
+                await conn.execute(query, (f"thoughtgate:{schema}"[:63],))
+            ).fetchall():
+                waits[what] = waits.get(what, 0) + 1
+            await asyncio.sleep(0.005)
 
 
 async def _latency(schema: str, events: int) -> dict[str, Any]:
@@ -164,7 +226,7 @@ def _arm(src: str, args: list[str]) -> dict[str, Any]:
 def _one(
     src: str, mode: str, n: int, listener: bool, seconds: float, variant: str
 ) -> dict[str, Any]:
-    schema = throwaway_schema("tg_notify")
+    schema = throwaway_schema("notify")
     proc = None
     try:
         if listener:
@@ -191,7 +253,7 @@ def _summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         groups.setdefault((r["mode"], r["n"], r["listener"], r["arm"]), []).append(r)
     for key, rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        for field in ("events_s", "server_us", "p50_ms", "p99_ms", "sends"):
+        for field in ("events_s", "runs_s", "server_us", "p50_ms", "p99_ms", "sends"):
             vals = [r[field] for r in rs if r.get(field) is not None]
             if vals:
                 print(
@@ -206,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--code", action="append", default=[], help="LABEL=SRC_DIR")
-    parser.add_argument("--mode", choices=("throughput", "latency"), default="throughput")
+    parser.add_argument("--mode", choices=("throughput", "runs", "latency"), default="throughput")
     parser.add_argument("--n", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--listener", choices=("no", "yes", "both"), default="both")
     parser.add_argument(
@@ -214,9 +276,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
-        "--variant", action="append", default=[], help="LABEL=window=SECONDS, with the first code"
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=window=SECONDS or LABEL=nolist, with the first code",
     )
     parser.add_argument("--no-none", action="store_true", help="leave out the variant `none`")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample the store's backends' wait events every 5 ms (slows every arm)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.arm:
@@ -224,7 +294,15 @@ def main(argv: list[str] | None = None) -> None:
         if mode == "latency":
             row = asyncio.run(_latency(schema, int(float(seconds))))
         else:
-            row = asyncio.run(_throughput(schema, int(n), float(seconds), variant))
+            work = _throughput(
+                schema,
+                int(n),
+                float(seconds),
+                variant.removesuffix("+sample"),
+                runs_mode=mode == "runs",
+                sample=variant.endswith("+sample"),
+            )
+            row = asyncio.run(work)
         print(json.dumps(row))
         return
     codes = [c.split("=", 1) for c in args.code] or [["here", str(REPO / "src")]]
@@ -239,7 +317,8 @@ def main(argv: list[str] | None = None) -> None:
             for listener in listeners:
                 order = arms if rep % 2 == 0 else arms[::-1]
                 for label, src, variant in order:
-                    row = _one(src, args.mode, n, listener, args.seconds, variant)
+                    sampled = f"{variant}+sample" if args.sample else variant
+                    row = _one(src, args.mode, n, listener, args.seconds, sampled)
                     row.update(rep=rep, n=n, listener=listener, arm=label, mode=args.mode)
                     row["load"] = os.getloadavg()[0]
                     print(json.dumps(row), flush=True)

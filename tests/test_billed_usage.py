@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from support.durable import until
 from support.durable_engine import InProcessDaemon
 from support.pg import pg_admin, pg_schema
 from support.store_backends import Postgres, SQLite
 
 from thoughtgate.config import Config
+from thoughtgate.engine.loop import TURN_UNRECORDED
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
@@ -28,6 +33,7 @@ from thoughtgate.providers.base import TurnRequest
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.leases import Owner, close_orphaned_runs, close_run_interrupted
 from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.telemetry import TelemetrySink
 from thoughtgate.testing.fake import FAKE_SCRIPTS, text, tool_call
 from thoughtgate.types import FinishChunk, UsageChunk
 
@@ -190,6 +196,76 @@ class _Cases:
         await _every_surface_agrees(
             store, run.run_id, _sum({"input_tokens": 3, "output_tokens": 4}, FIRST)
         )
+
+    async def test_a_task_whose_own_end_was_lost_records_its_turns_with_the_runs_end(
+        self, store: EventStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Its provider raised after a billed turn, and the append of its own failed
+        ``task.completed`` failed too: the run's end, reading the run back, closes the task --
+        with what its turn was billed, as the run's usage counts it."""
+        append = store.append
+
+        async def loses_the_tasks_end(run_id: str, events: Any, **kwargs: Any) -> Any:
+            if any(e.type == "task.completed" for e in events):
+                raise RuntimeError("the disk is full")
+            return await append(run_id, events, **kwargs)
+
+        monkeypatch.setattr(store, "append", loses_the_tasks_end)
+        runtime = _runtime(store)
+        run = await runtime.create_run(RunRequest("look it up", model="fake:billed-then-broken"))
+        with pytest.raises(RuntimeError, match="the disk is full"):
+            await runtime.execute(run.run_id)
+        monkeypatch.setattr(store, "append", append)
+        ended = await store.get_run(run.run_id)
+        assert ended.status == "error"
+        # it ran: its error says its end was lost, not that it never ran
+        assert ended.tasks[0].error is not None and "not run" not in ended.tasks[0].error
+        await _every_surface_agrees(store, run.run_id, _sum(FIRST))
+
+    async def test_a_turn_billed_and_cut_before_its_record_is_in_the_log(
+        self, store: EventStore
+    ) -> None:
+        """The first turn answered (billed ``FIRST``); the run is cancelled while its visible
+        steps are still being made, before its ``agent.response`` was stored: the interruption
+        records the turn's stand-in, so the log says what the run was billed."""
+        reached = asyncio.Event()
+
+        class Stalls:
+            narrates = False
+
+            async def turn_finished(self, turn: Any, **_: Any) -> list[Any]:
+                reached.set()
+                await asyncio.Event().wait()
+                return []
+
+        config = Config.model_validate({"durability": {"enabled": False}})
+        exporter = InMemorySpanExporter()
+        tracing = TracerProvider(shutdown_on_exit=False)
+        tracing.add_span_processor(SimpleSpanProcessor(exporter))
+        runtime = Runtime(
+            store,
+            config,
+            tools=ToolRegistry([lookup]),
+            observer_factory=lambda run, disclosure: Stalls(),  # type: ignore[arg-type,return-value]
+            sinks=[TelemetrySink(tracing)],
+        )
+        run = await runtime.create_run(RunRequest("look it up", model="fake:billed"))
+        job = asyncio.create_task(runtime.execute(run.run_id))
+        await asyncio.wait_for(reached.wait(), 10)
+        job.cancel("interrupted from the terminal (SIGTERM)")
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert (await store.get_run(run.run_id)).status == "interrupted"
+        await _every_surface_agrees(store, run.run_id, _sum(FIRST))
+        responses = await store.read_types(run.run_id, ("agent.response",))
+        assert [
+            (r.payload["turn"], r.payload["complete"], r.payload["error"]) for r in responses
+        ] == [(0, False, TURN_UNRECORDED)]
+        # its call returned and was billed: telemetry does not count it a failed call
+        (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+        assert chat.status.status_code != StatusCode.ERROR
+        assert chat.attributes is not None and "error.type" not in chat.attributes
+        assert chat.attributes["gen_ai.usage.output_tokens"] == FIRST["output_tokens"]
 
 
 @pytest.mark.inprocess

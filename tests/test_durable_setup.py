@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,8 +45,9 @@ def fresh_database() -> Iterator[str]:
     """The URL of a database of its own on the test server, dropped afterwards: DBOS's migration
     lock is one for a whole database, and a test that holds it would stall the set-up of every
     other test's workflows on the shared one (seen: another worker's launch waited past its
-    timeout, and the replicas here with it)."""
-    name = f"tg_test_{uuid.uuid4().hex[:12]}"
+    timeout, and the replicas here with it). Named as a schema is (``schema_name``): it records
+    this process, so a later test process drops it if this one is killed first (ADR 0134)."""
+    name = schema_name()
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     base, _, _ = PG_URL.partition("?")

@@ -10,7 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from support.bench_modules import bench_module
 from support.pg import KEEPER_PREFIX, PG_URL, owner_of, schema_name, sweep_abandoned_schemas
+
+KEEPER_PREFIXES: dict[str, str] = bench_module("pg_owners").KEEPER_PREFIXES
 
 
 def _tag() -> str:
@@ -35,10 +38,13 @@ def _drop(conn: psycopg.Connection[Any], *names: str) -> None:
 def test_a_schema_name_records_its_owner_and_only_such_names_have_one() -> None:
     assert owner_of("tg_test_o4242r0a1b2c_0123abcd") == "4242r0a1b2c"
     assert owner_of("tg_test_o4242r0a1b2c_0123abcd_workflows") == "4242r0a1b2c"
+    assert owner_of("tg_bench_o4242r0a1b2c_0123abcd") == "4242r0a1b2c"
+    assert owner_of("tg_bench_o4242r0a1b2c_0123abcd_notify_workflows") == "4242r0a1b2c"
     for unowned in (
         "tg_test_0123456789ab",  # named before owners were recorded: nobody can tell whose
         "tg_test_0123456789ab_workflows",
-        "tg_bench_0123456789ab",
+        "tg_bench_0123456789ab",  # the bench's, named before owners were recorded
+        "tg_other_o4242r0a1b2c_0123abcd",
         "public",
         "tg_test_o4242_0123abcd; DROP",
         "tg_test_o_0123abcd",
@@ -61,34 +67,93 @@ def test_the_sweep_drops_only_the_schemas_of_owners_that_are_gone() -> None:
     dead_schemas.append(f"{dead_schemas[0]}_workflows")
     unowned = [f"tg_test_{uuid.uuid4().hex[:12]}", f"tg_sweep_{uuid.uuid4().hex[:8]}"]
     everything = [mine, *live_schemas, *dead_schemas, *unowned]
+    # The other owner's keeper connects before its schemas exist, as a real owner's does: a sweep
+    # by another process meanwhile (an xdist worker starting) must see it alive too.
+    keeper = psycopg.connect(
+        PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + alive
+    )
     with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
-        _create(admin, *everything)
         try:
-            keeper = psycopg.connect(
-                PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + alive
-            )
+            _create(admin, *everything)
             with keeper:
-                dropped = sweep_abandoned_schemas(admin)
-                assert set(dead_schemas) <= set(dropped)
+                dropped = sweep_abandoned_schemas(admin)  # another process's may come first
                 assert not {mine, *live_schemas, *unowned} & set(dropped)
                 left = _schemas(admin)
                 assert not set(dead_schemas) & left
                 assert {mine, *live_schemas, *unowned} <= left
             # the other owner is gone now: its keeper ended with it
-            dropped = _await_sweep(admin, live_schemas)
-            assert not {mine, *unowned} & set(dropped)
+            _await_gone(admin, live_schemas)
             assert {mine, *unowned} <= _schemas(admin)
         finally:
+            keeper.close()
             _drop(admin, *everything)
 
 
-def _await_sweep(admin: psycopg.Connection[Any], expected: list[str]) -> list[str]:
-    """Sweep until ``expected`` is dropped: the server lists a closed session until its backend
-    has exited, a moment after the client closed it."""
-    dropped: list[str] = []
+def _databases(conn: psycopg.Connection[Any]) -> set[str]:
+    return {n for (n,) in conn.execute("SELECT datname FROM pg_database").fetchall()}
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+def test_the_sweep_drops_the_databases_and_bench_schemas_of_owners_that_are_gone() -> None:
+    """A database a test made (``test_durable_setup``'s) and a schema the bench made, whose
+    owner's keeper is gone, are dropped by the next sweep, whichever kind of process sweeps;
+    a live owner's (a test process's or a bench's keeper connected) are kept until it goes; a
+    database someone is still connected to is left for a later sweep, not forced."""
+    alive, dead, busy = _tag(), _tag(), _tag()
+    schema_name()  # this process's keeper is connected from here on
+    live = [f"tg_test_o{alive}_{uuid.uuid4().hex[:8]}", f"tg_bench_o{alive}_{uuid.uuid4().hex[:8]}"]
+    dead_db = f"tg_test_o{dead}_{uuid.uuid4().hex[:8]}"
+    dead_bench = [f"tg_bench_o{dead}_{uuid.uuid4().hex[:8]}_notify"]
+    dead_bench.append(f"{dead_bench[0]}_workflows")
+    busy_db = f"tg_test_o{busy}_{uuid.uuid4().hex[:8]}"
+    unowned_db = f"tg_test_{uuid.uuid4().hex[:12]}"
+    databases = [*live, dead_db, busy_db, unowned_db]
+    base = PG_URL.partition("?")[0].rsplit("/", 1)[0]
+
+    def keeper(tag: str) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            PG_URL,
+            autocommit=True,
+            connect_timeout=5,
+            application_name=KEEPER_PREFIXES["bench"] + tag,
+        )
+
+    # Each owner's keeper connects before its names exist, as ``Owner`` does: a sweep by another
+    # process running meanwhile (an xdist worker starting) must not take them for abandoned yet.
+    live_keeper, busy_keeper = keeper(alive), keeper(busy)
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+        try:
+            for name in databases:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            _create(admin, *live, *dead_bench)
+            with live_keeper, psycopg.connect(f"{base}/{busy_db}", connect_timeout=5):
+                busy_keeper.close()  # its owner is gone; a session is still in its database
+                dropped = sweep_abandoned_schemas(admin)  # another process may sweep first
+                assert not {*live, busy_db, unowned_db} & set(dropped)
+                assert dead_db not in _databases(admin)
+                assert not set(dead_bench) & _schemas(admin)
+                assert {*live, busy_db, unowned_db} <= _databases(admin)
+                assert set(live) <= _schemas(admin)
+            # the bench owner is gone now, and nobody is connected to the busy database
+            _await_gone(admin, [*live, busy_db])
+            assert unowned_db in _databases(admin), "a name recording no owner is never touched"
+        finally:
+            live_keeper.close()
+            busy_keeper.close()
+            _drop(admin, *live, *dead_bench)
+            for name in databases:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+def _await_gone(admin: psycopg.Connection[Any], names: list[str]) -> None:
+    """Sweep until none of ``names`` is a schema or a database any more (this sweep or another
+    process's dropped it): the server lists a closed session until its backend has exited."""
     for _ in range(200):
-        dropped += sweep_abandoned_schemas(admin)
-        if set(expected) <= set(dropped):
-            return dropped
+        sweep_abandoned_schemas(admin)
+        if not set(names) & (_schemas(admin) | _databases(admin)):
+            return
         admin.execute("SELECT pg_sleep(0.05)")
-    raise AssertionError(f"{expected} outlived their owner's keeper; dropped {dropped}")
+    raise AssertionError(f"{names} outlived their owner's keeper")

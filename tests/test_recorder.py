@@ -333,3 +333,42 @@ async def test_a_closed_recorder_returns_at_once_and_leaves_no_task_behind() -> 
     await asyncio.sleep(0)  # and the cancelled flusher has ended
     assert [t for t in asyncio.all_tasks() if t is not mine] == []
     assert [e.payload["text"] for e in await store.read("run_1")] == ["a"]
+
+
+async def test_a_cancel_during_a_turns_record_is_raised_once_the_record_is_decided() -> None:
+    """A store call cancelled mid-way may commit all the same (SQLite's writer does): a cancel
+    that lands while a turn's ``agent.response`` is appended is raised only once the append is
+    decided, so whoever ends the task next finds the record in the log, or knows it is not
+    there, and records the turn's stand-in exactly when it is not (ADR 0131, amended)."""
+    store, rec = await fresh()
+    real = store.append
+    under_way, commit = asyncio.Event(), asyncio.Event()
+
+    async def commits_anyway(run_id: str, events: Any, **fenced: Any) -> Any:
+        async def write() -> Any:
+            under_way.set()
+            await commit.wait()
+            return await real(run_id, events, **fenced)
+
+        return await asyncio.shield(asyncio.ensure_future(write()))
+
+    store.append = commits_anyway  # type: ignore[method-assign]
+    response = {
+        "turn": 0,
+        "answer": "a",
+        "complete": True,
+        "finish_reason": "stop",
+        "raw_finish_reason": "stop",
+        "provider": "fake",
+        "model": "x",
+        "usage": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3},
+        "tool_calls": [],
+    }
+    record = asyncio.create_task(rec.emit_all([NewEvent("agent.response", response)]))
+    await under_way.wait()
+    record.cancel()
+    await asyncio.sleep(0)
+    commit.set()
+    with pytest.raises(asyncio.CancelledError):
+        await record
+    assert [e.type for e in await store.read("run_1")] == ["agent.response"]

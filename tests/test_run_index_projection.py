@@ -43,7 +43,7 @@ from thoughtgate.store.projection import (
     rebuilt,
     reproject,
 )
-from thoughtgate.store.records import RunRecord, TaskRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
 from thoughtgate.types import Chunk, UsageChunk
@@ -275,10 +275,13 @@ def test_deltas_leave_the_projection_as_it_was() -> None:
 def test_check_reads_the_index_and_the_log_of_a_store() -> None:
     async def go() -> list[str]:
         store = MemoryStore()
-        await store.create_run(_index(status="running", output=None))
+        run = _index(status="running", output=None)
+        run.status = "running"
+        await store.create_run(run)
         await store.append(
             "run_1", [NewEvent(e.type, e.payload, task_id=e.task_id) for e in LOG[:2]]
         )
+        await store.update_run("run_1", status="completed")  # the index says more than the log
         return await check_run_index(store, "run_1")
 
     assert asyncio.run(go()) == ["status: index 'completed', log 'running'"]
@@ -350,7 +353,8 @@ LOGS = st.tuples(
     st.booleans(),
 )
 """Events, the sizes of the batches they are appended in, and whether the last batch goes through
-``finish_run`` (which then closes the run)."""
+``finish_run`` (which then closes the run). A batch whose terminal event gives the run an ended
+status closes it too, as ``finish_run`` would (ADR 0134): the batches after it are refused."""
 
 
 def _seed() -> RunRecord:
@@ -390,15 +394,19 @@ async def check_log(store: EventStore, log: tuple[list[NewEvent], list[int], boo
             NewEvent(EventType.RUN_INTERRUPTED, {"status": "interrupted", "reason": "x"})
         )
     for i, batch in enumerate(batches):
+        if closed:  # an earlier batch's terminal event ended the run: it takes no more (ADR 0134)
+            with pytest.raises(RunClosedError):
+                await store.append("run_p", batch)
+            break
         if finish and i == len(batches) - 1:
             # The ending says what the terminal event says (the runtime's ``RunEnding``).
             end = rebuilt(_seed(), [*await store.read("run_p"), *_as_events(batch)])
             ending = RunEnding(end.status, usage=end.usage, error=end.error)
-            # A run a terminal event of an earlier append ended is ended for finish_run too.
             closed = bool(await store.finish_run("run_p", batch, ending))
-            if closed:
-                continue
+            assert closed, "no earlier batch ended the run"
+            continue
         await store.append("run_p", batch)
+        closed = rebuilt(_seed(), await store.read("run_p")).status not in OPEN_RUN_STATUSES
     kept = await store.get_run("run_p")
     # What the appends kept is what the log alone gives, computed here and by the store.
     assert _projected(kept) == _projected(rebuilt(_seed(), await store.read("run_p")))

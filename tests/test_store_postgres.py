@@ -18,6 +18,9 @@ from support.pg import PG_URL, pg_admin, pg_schema
 from support.pg_replicas import run_store_script, tail_into
 from support.store_backends import Postgres
 from support.store_conformance import (
+    ENDED_UNCLOSED_CLOSED_AT,
+    ENDED_UNCLOSED_EVENTS,
+    ENDED_UNCLOSED_RUNS,
     GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
@@ -25,6 +28,7 @@ from support.store_conformance import (
     a_run_of_tool_failures,
     a_run_to_hole,
     assert_a_gap_is_never_renumbered,
+    assert_ended_runs_closed,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -34,6 +38,7 @@ from support.store_conformance import (
 
 from thoughtgate.errors import (
     NotOurDatabaseError,
+    RunClosedError,
     StoreError,
     StoreReadOnlyError,
     StoreUnavailableError,
@@ -331,7 +336,9 @@ async def test_upgrade_from_version_one_keeps_data(pg_admin: Admin, pg_schema: s
             (1, "run.started", {"a": 1}, 1.5),
             (2, "message.delta", {"text": "hé"}, 1.75),
         ]
-        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+        # Ended (its status) without a closed_at before it: closed by the upgrade (ADR 0134).
+        with pytest.raises(RunClosedError):
+            await store.append_one("run_old", NewEvent("x"))
     assert await applied_versions(pg_admin, pg_schema) == {
         m.version for m in load_migrations("postgres")
     }
@@ -800,6 +807,44 @@ async def test_a_page_with_a_gap_is_read_as_its_rows(pg_admin: Admin, pg_schema:
             (run_id, GAP_AT),
         )
         await assert_a_gap_is_never_renumbered(store, run_id, written)
+
+
+async def test_upgrade_closes_every_ended_run_at_its_end_and_keeps_the_open_ones_open(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """Migration 13 (ADR 0134) closes the runs that ended without a ``closed_at`` (before
+    migration 4, or by a status written without ``finish_run``): at their last terminal event's
+    time, else their ``updated_at``. The open runs stay open, a closed run keeps its
+    ``closed_at``, every run, status and event is kept, and an ended run takes no more events."""
+    before = load_migrations("postgres")[:12]
+    assert load_migrations("postgres")[12].name == "ended_runs_closed"
+    await migrate(pg_admin, pg_schema, before, "test")
+    async with pg_admin.cursor() as cur:
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+                "lease_expires_at, closed_at) VALUES (%s, 'p', 'hidden', 'provider', %s, 1.0, "
+                "%s, '{{}}', NULL, '{{}}', %s, %s, %s, %s, %s)"
+            ).format(ident(pg_schema, "runs")),
+            ENDED_UNCLOSED_RUNS,
+        )
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (run_id, seq, task_id, type, ts, payload) "
+                "VALUES (%s, %s, NULL, %s, %s, '{{}}')"
+            ).format(ident(pg_schema, "events")),
+            ENDED_UNCLOSED_EVENTS,
+        )
+    async with opened(pg_schema) as store:
+        await assert_ended_runs_closed(store)
+    closed = await fetch(
+        pg_admin, sql.SQL("SELECT run_id, closed_at FROM {}").format(ident(pg_schema, "runs"))
+    )
+    assert dict(closed) == ENDED_UNCLOSED_CLOSED_AT
+    assert await applied_versions(pg_admin, pg_schema) == {
+        m.version for m in load_migrations("postgres")
+    }
 
 
 async def test_upgrade_to_the_counted_page_reads_old_events_through_the_primary_key_in_order(

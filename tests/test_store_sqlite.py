@@ -24,6 +24,9 @@ from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.store_backends import SQLite
 from support.store_conformance import (
+    ENDED_UNCLOSED_CLOSED_AT,
+    ENDED_UNCLOSED_EVENTS,
+    ENDED_UNCLOSED_RUNS,
     GAP_AT,
     EventLogConformance,
     KeyStoreConformance,
@@ -31,6 +34,7 @@ from support.store_conformance import (
     a_run_of_tool_failures,
     a_run_to_hole,
     assert_a_gap_is_never_renumbered,
+    assert_ended_runs_closed,
     assert_old_rows_replay_upgraded,
     assert_same_events,
     collect,
@@ -242,7 +246,9 @@ async def test_upgrade_from_version_one_keeps_data(tmp_path: Path) -> None:
             (1, "run.started", {"a": 1}, 1.5),
             (2, "message.delta", {"text": "hé"}, 1.75),
         ]
-        assert (await store.append_one("run_old", NewEvent("x"))).seq == 3
+        # Ended (its status) without a closed_at before it: closed by the upgrade (ADR 0134).
+        with pytest.raises(RunClosedError):
+            await store.append_one("run_old", NewEvent("x"))
         assert (await store.find_api_key("hash-old")) is not None
     finally:
         await store.close()
@@ -446,10 +452,10 @@ async def test_upgrade_to_open_run_indexes_without_status_keeps_every_open_run_r
     """Schema version 12 (ADR 0127) builds ``open_runs_by_id`` and ``leased_runs_by_id`` on
     predicates that name no ``status``: a run's pending -> running (its first task's start, a
     claim) no longer opens ``open_runs_by_id`` for writing, nor ``leased_runs_by_id`` when its
-    owner stays (at version 11 both were). The indexes now also hold ended runs without a
+    owner stays (at version 11 both were). The indexes held ended runs without a
     ``closed_at`` (ended before schema version 5, or by a status written without
-    ``finish_run``); every read of open runs still leaves them out, and still reads through the
-    indexes (the plans: ``test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read``)."""
+    ``finish_run``) until version 13 closed them (ADR 0134); every read of open runs leaves them
+    out, and still reads through the indexes (the plans: ``test_upgrade_to_the_open_runs_index_pages_open_runs_by_a_range_read``)."""
     path = tmp_path / "v11.db"
     claim = f"{_CLAIM_HEAD}(?, ?, ?, ?, ?){_CLAIM_TAIL}"
     with at_version(path, 11, before="open_run_indexes_by_closed_at") as conn:
@@ -509,6 +515,67 @@ async def test_upgrade_to_open_run_indexes_without_status_keeps_every_open_run_r
             "open_runs_by_id",
             "leased_runs_by_id",
         } == {"leased_runs_by_id"}, "a claim gives the run an owner: its leased entry is new"
+
+
+async def test_upgrade_closes_every_ended_run_at_its_end_so_the_open_run_indexes_hold_open_runs_only(
+    tmp_path: Path,
+) -> None:
+    """Schema version 13 (ADR 0134) closes the runs that ended without a ``closed_at`` (before
+    schema version 5, or by a status written without ``finish_run``): at their last terminal
+    event's time, else their ``updated_at``. ``open_runs_by_id`` and ``leased_runs_by_id``
+    (``closed_at IS NULL``, version 12) then hold the open runs only; every run, its status and
+    its events are kept; a closed run's ``closed_at`` is left as it was."""
+    path = tmp_path / "v12.db"
+    with at_version(path, 12, before="ended_runs_closed") as conn:
+        conn.executemany(
+            "INSERT INTO runs (run_id, prompt, model, chain_of_thought, worker_backend, status, "
+            "created_at, updated_at, usage, error, metadata, last_seq, change_seq, owner, "
+            "lease_expires_at, closed_at) VALUES (?, 'p', NULL, 'hidden', 'provider', ?, 1.0, "
+            "?, '{}', NULL, '{}', ?, ?, ?, ?, ?)",
+            ENDED_UNCLOSED_RUNS,
+        )
+        conn.executemany(
+            "INSERT INTO events (run_id, seq, task_id, type, ts, payload) VALUES (?, ?, NULL, ?, "
+            "?, '{}')",
+            ENDED_UNCLOSED_EVENTS,
+        )
+        indexed = "SELECT run_id FROM runs INDEXED BY {} WHERE {}"
+        by_id = indexed.format("open_runs_by_id", codec.OPEN_RUN_INDEX_PREDICATE)
+        leased = indexed.format("leased_runs_by_id", codec.LEASED_RUN_INDEX_PREDICATE)
+        assert [r[0] for r in conn.execute(by_id)] == ["run_a", "run_b", "run_c", "run_d"]
+    store = await SQLiteStore.open(path)
+    try:
+        await assert_ended_runs_closed(store)
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert applied_versions(conn) == {m.version for m in load_migrations("sqlite")}
+        closed = dict(conn.execute("SELECT run_id, closed_at FROM runs").fetchall())
+        assert closed == ENDED_UNCLOSED_CLOSED_AT
+        assert [r[0] for r in conn.execute(by_id)] == ["run_a", "run_b"]
+        assert [r[0] for r in conn.execute(leased)] == ["run_b"]
+
+
+async def test_a_merged_append_after_one_that_ended_its_run_is_refused_as_in_queue_order(
+    tmp_path: Path,
+) -> None:
+    """An append whose event gives its run an ended status closes the run (ADR 0134); an
+    append queued after it, merged into the same write, is refused as it would be alone."""
+    store = await SQLiteStore.open(tmp_path / "t.db")
+    try:
+        run = make_run(status="running")
+        await store.create_run(run)
+        ending = [NewEvent(EventType.RUN_FAILED, {"status": "failed", "error": "x"})]
+        first, second = await asyncio.gather(
+            store.append(run.run_id, ending),
+            store.append(run.run_id, deltas(1)),
+            return_exceptions=True,
+        )
+        assert [e.seq for e in first] == [1]  # type: ignore[union-attr]
+        assert isinstance(second, RunClosedError)
+        assert [e.type for e in await store.read(run.run_id)] == [EventType.RUN_FAILED]
+    finally:
+        await store.close()
 
 
 async def test_upgrade_to_the_ascending_created_at_index_lists_newest_first_without_a_sort(

@@ -4,25 +4,22 @@ The server is ``THOUGHTGATE_TEST_PG_URL`` (default: the local test server over T
 Unix socket ``THOUGHTGATE_TEST_PG_SOCKET_URL``. When it cannot be reached, every test that needs
 it FAILS and says why; these tests never skip.
 
-Every schema a test makes is named by :func:`schema_name`, which records the test process that
-owns it: ``tg_test_o<owner>_<random>`` (and DBOS's ``..._workflows`` beside it). The owner is
-alive while its *keeper* is: a connection the process opens before it names its first schema
-and holds until it exits, its ``application_name`` ``tg_test_owner:<owner>``. A process killed
-mid-test (Ctrl-C twice, a timeout, an OOM kill) cannot drop its schemas, but its keeper ends with
-it (the server sees the socket close), so the first :func:`schema_name` of every later process
-sweeps them (:func:`sweep_abandoned_schemas`): it drops a schema only when no session of the
-server is its owner's keeper. A live xdist worker's schemas, another concurrent run's (on this
-machine or any other using the same server) and any schema named otherwise are left alone.
+Every schema and database a test makes is named by :func:`schema_name`, which records the test
+process that owns it: ``tg_test_o<owner>_<random>`` (and DBOS's ``..._workflows`` beside it). The
+owner is alive while its *keeper* is: a connection the process opens before it names its first
+schema and holds until it exits, its ``application_name`` ``tg_test_owner:<owner>``. A process
+killed mid-test (Ctrl-C twice, a timeout, an OOM kill) cannot drop its schemas, but its keeper
+ends with it (the server sees the socket close), so the first :func:`schema_name` of every later
+process sweeps them (:func:`sweep_abandoned_schemas`): it drops a schema or a database only when
+no session of the server is its owner's keeper. A live xdist worker's, another concurrent run's
+(on this machine or any other using the same server) and anything named otherwise are left alone.
+The bench names its throwaway schemas the same way (``tg_bench_o<owner>_...``), and each sweep
+drops the dead owners' of both (``bench/pg_owners.py``, ADR 0134).
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import re
-import secrets
-import threading
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from support.bench_modules import bench_module
 from thoughtgate.store.pg_errors import describe_target
 
 __all__ = [
@@ -50,73 +48,25 @@ PG_SOCKET_URL = os.environ.get(
 """The same server over its Unix socket (``THOUGHTGATE_TEST_PG_SOCKET_URL``), for what must work
 without TCP too."""
 
-KEEPER_PREFIX = "tg_test_owner:"
-"""The ``application_name`` of an owner's keeper, before the owner's tag."""
-_OWNED: re.Pattern[str] = re.compile(r"tg_test_o([0-9a-z]+)_[0-9a-f]{8}(?:_[a-z_]+)?")
-"""A schema :func:`schema_name` made (and DBOS's beside it): the owner's tag is group 1."""
-
-_lock = threading.Lock()
-_keeper: psycopg.Connection[Any] | None = None
-_tag = ""
-
-
-def owner_of(schema: str) -> str | None:
-    """The tag of the process that owns ``schema``; ``None`` when its name records none (a
-    schema named before owners were recorded, or not by the tests)."""
-    found = _OWNED.fullmatch(schema)
-    return found.group(1) if found else None
-
-
-def _owner() -> str:
-    """This process's tag, its keeper opened (and the abandoned schemas swept) the first time."""
-    global _keeper, _tag
-    with _lock:
-        if _keeper is None or _keeper.closed:
-            tag = f"{os.getpid()}r{secrets.token_hex(3)}"
-            keeper = psycopg.connect(
-                PG_URL, autocommit=True, connect_timeout=5, application_name=KEEPER_PREFIX + tag
-            )
-            _keeper, _tag = keeper, tag
-            atexit.register(keeper.close)  # it would end with the process anyway
-            sweep_abandoned_schemas(keeper)
-        return _tag
+_owners = bench_module("pg_owners")
+KEEPER_PREFIX: str = _owners.KEEPER_PREFIXES["test"]
+"""The ``application_name`` of a test process's keeper, before the owner's tag."""
+owner_of = _owners.owner_of
+sweep_abandoned = _owners.sweep_abandoned
+_owner = _owners.Owner(PG_URL, "test")
 
 
 def schema_name(suffix: str = "") -> str:
-    """A new schema name owned by this process (not created: whoever uses it creates it).
-    ``suffix`` (``_workflows``, lower case and ``_`` only) is kept at the end."""
-    return f"tg_test_o{_owner()}_{uuid.uuid4().hex[:8]}{suffix}"
+    """A new schema (or database) name owned by this process (not created: whoever uses it
+    creates it). ``suffix`` (``_workflows``, lower case and ``_`` only) is kept at the end."""
+    name: str = _owner.name(suffix)
+    return name
 
 
 def sweep_abandoned_schemas(admin: psycopg.Connection[Any]) -> list[str]:
-    """Drop every schema :func:`schema_name` made whose owner's keeper is gone, and return their
-    names. The schemas are listed before the live keepers: a schema is made after its owner's
-    keeper connected, so an owner alive when the schemas were listed is among the keepers."""
-    schemas = [
-        name
-        for (name,) in admin.execute(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tg\\_test\\_o%'"
-        ).fetchall()
-        if owner_of(name) is not None
-    ]
-    live = {
-        name.removeprefix(KEEPER_PREFIX)
-        for (name,) in admin.execute(
-            "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s",
-            (KEEPER_PREFIX + "%",),
-        ).fetchall()
-    }
-    gone = []
-    admin.execute("SET lock_timeout = '2s'")
-    for name in schemas:
-        if owner_of(name) in live:
-            continue
-        try:  # a schema still in use (by an orphaned daemon of its owner) is left for later
-            admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-        except psycopg.errors.LockNotAvailable:
-            continue
-        gone.append(name)
-    admin.execute("RESET lock_timeout")
+    """Drop every schema and database the tests or the bench made whose owner is gone
+    (``bench/pg_owners.py``, ADR 0134), and return their names."""
+    gone: list[str] = sweep_abandoned(admin)
     return gone
 
 

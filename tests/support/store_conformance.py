@@ -127,6 +127,49 @@ async def a_run_of_tool_failures(store: EventStore) -> str:
     return run.run_id
 
 
+ENDED_UNCLOSED_RUNS: list[
+    tuple[str, str, float, int, int, str | None, float | None, float | None]
+] = [
+    ("run_a", "pending", 1.0, 0, 1, None, None, None),
+    ("run_b", "running", 9.0, 2, 2, "gone", 1.0, None),  # its lease ran out
+    ("run_c", "completed", 9.0, 2, 3, None, None, None),  # a terminal event at 7.0
+    ("run_d", "failed", 8.0, 0, 4, "gone", 1.0, None),  # no event: its updated_at
+    ("run_e", "interrupted", 9.0, 1, 5, None, None, 3.0),  # closed: kept
+]
+"""Runs as a store from before ADR 0134 could hold them, for the upgrade tests of both SQL
+backends: ``(run_id, status, updated_at, last_seq, change_seq, owner, lease_expires_at,
+closed_at)``, each created at 1.0; two ended without a ``closed_at``."""
+ENDED_UNCLOSED_EVENTS: list[tuple[str, int, str, float]] = [
+    ("run_b", 1, "run.started", 2.0),
+    ("run_b", 2, "message.delta", 3.0),
+    ("run_c", 1, "run.started", 2.0),
+    ("run_c", 2, "run.settlement.completed", 7.0),
+    ("run_e", 1, "run.interrupted", 2.5),
+]
+"""Their events: ``(run_id, seq, type, ts)``, payload ``{}``."""
+ENDED_UNCLOSED_CLOSED_AT = {"run_a": None, "run_b": None, "run_c": 7.0, "run_d": 8.0, "run_e": 3.0}
+"""Each run's ``closed_at`` once the upgrade closed them: at the last terminal event's time,
+else ``updated_at``; a run already closed keeps its time."""
+
+
+async def assert_ended_runs_closed(store: EventStore) -> None:
+    """After the upgrade of :data:`ENDED_UNCLOSED_RUNS`: only the pending and running runs are
+    open, every run, status and event is kept, an ended run takes no more events and the running
+    one takes its next with the next number."""
+    assert [r.run_id for r in (await store.open_runs()).runs] == ["run_a", "run_b"]
+    assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == ["run_b"]
+    assert sorted((r.run_id, r.status) for r in await store.list_runs()) == [
+        (run[0], run[1]) for run in ENDED_UNCLOSED_RUNS
+    ]
+    assert [e.type for e in await store.read("run_c")] == [
+        "run.started",
+        "run.settlement.completed",
+    ]
+    with pytest.raises(RunClosedError):
+        await store.append("run_d", deltas(1))
+    assert [e.seq for e in await store.append("run_b", deltas(1))] == [3]
+
+
 async def assert_old_rows_replay_upgraded(store: EventStore, run_id: str) -> None:
     """Rows of the old vocabulary come back upgraded whether their page is all old (read as
     columns) or mixed (read row by row), by every read: whole, tailed, in small batches.
@@ -774,7 +817,9 @@ class EventLogConformance:
         seen = [(await anext(tail)).seq for _ in range(5)]  # into the second page
         await tail.aclose()
         assert seen == [1, 2, 3, 4, 5]
-        assert asyncio.all_tasks() == before, "the read-ahead was cancelled and awaited"
+        # No task the tail started is left (one already running may have ended since: the
+        # PostgreSQL notifier's send for the append above, ADR 0132).
+        assert asyncio.all_tasks() <= before, "the read-ahead was cancelled and awaited"
         assert [e.seq for e in await store.read(run.run_id)] == list(range(1, 21))
 
     async def test_committed_events_are_published_to_listeners_as_stored(
@@ -1231,6 +1276,39 @@ class RunIndexConformance:
         assert got.tasks[0].prompt == "task 0"
         got.metadata["k"].append(3)
         assert (await store.get_run(run.run_id)).metadata == {"k": [1]}
+
+    async def test_every_write_of_an_ended_status_closes_the_run(self, store: EventStore) -> None:
+        """A run given an ended status by anything but ``finish_run`` -- created ended, an
+        ``update_run`` of its status, an appended terminal event -- is closed as ``finish_run``
+        closes one (ADR 0134): no sweep, renewal or expired read finds it open, it takes no
+        more events, and a later ``finish_run`` leaves it as it is."""
+        created = make_run(status="completed", owner="o", lease_expires_at=1.0)
+        updated = make_run(status="running", owner="o", lease_expires_at=1.0)
+        appended = make_run(status="running", owner="o", lease_expires_at=1.0)
+        still = make_run(status="running", owner="o", lease_expires_at=1.0)
+        runs = (created, updated, appended, still)
+        for run in runs:
+            await store.create_run(run)
+        await store.update_run(updated.run_id, status="failed", error="boom")
+        failed = {"status": "failed", "error": "it broke"}
+        await store.append(appended.run_id, [NewEvent(EventType.RUN_FAILED, failed)])
+        ids = [r.run_id for r in runs]
+        assert [r.run_id for r in (await store.open_runs()).runs] == [still.run_id]
+        assert [r.run_id for r in (await store.open_runs(run_ids=ids)).runs] == [still.run_id]
+        assert [r.run_id for r in (await store.open_runs(expired=True)).runs] == [still.run_id]
+        assert await store.renew_leases("o", 100.0, ids) == [still.run_id]
+        for run in (created, updated, appended):
+            with pytest.raises(RunClosedError):
+                await store.append(run.run_id, deltas(1))
+            again = [NewEvent(EventType.RUN_ERROR, {"status": "error"})]
+            assert await store.finish_run(run.run_id, again, RunEnding("error")) == []
+        assert [(await store.get_run(r.run_id)).status for r in runs] == [
+            "completed",
+            "failed",
+            "failed",
+            "running",
+        ]
+        assert [e.seq for e in await store.append(still.run_id, deltas(1))] == [1]
 
     async def test_renew_leases_and_open_runs(self, store: EventStore) -> None:
         mine = make_run(status="running", owner="o", lease_expires_at=1.0)

@@ -97,6 +97,10 @@ __all__ = [
     "NOT_APPROVED_IN_TIME",
     "REJECTED_BY_USER",
     "TURN_CUT",
+    "TURN_CUT_TYPE",
+    "TURN_UNRECORDED",
+    "TURN_UNRECORDED_TYPE",
+    "Billing",
     "LoopObserver",
     "LoopRecorder",
     "LoopResult",
@@ -112,6 +116,18 @@ __all__ = [
 
 TURN_CUT = "cut: the process executing the run stopped during this turn; the turn is asked again"
 """The error of a turn a stopped process left unfinished (ADR 0013)."""
+TURN_UNRECORDED = (
+    "cut: the task ended after the provider answered this turn and billed it, before the turn "
+    "was recorded"
+)
+"""The error of the ``agent.response`` that stands in for a turn whose own record was never
+stored (``Billing.billed``): its answer and usage, nothing else (ADR 0131, amended)."""
+TURN_CUT_TYPE = "interrupted"
+"""The ``error_type`` of a :data:`TURN_CUT` turn: its call did not return (not the provider's
+error: telemetry's ``error.type`` would otherwise blame it)."""
+TURN_UNRECORDED_TYPE = "unrecorded"
+"""The ``error_type`` of a :data:`TURN_UNRECORDED` stand-in: its call returned and was billed;
+only its record was cut off, so telemetry does not count the call as failed."""
 TOOL_INTERRUPTED = (
     "the process executing the run stopped while this tool ran; it was not run again, since it "
     "may already have had its effect"
@@ -143,6 +159,20 @@ class LoopRecorder(Protocol):
         ...
 
     async def flush(self) -> None: ...
+
+
+class Billing(Protocol):
+    """What a task's model turns were billed, told as each turn returns (ADR 0131)."""
+
+    def billed(self, usage: Usage, unrecorded: NewEvent) -> None:
+        """A turn returned with ``usage``, before it is recorded. ``unrecorded``: the
+        ``agent.response`` to record in its place if its own record is never stored (a cancel
+        or a failure lands first), so that the log says what the turn was billed."""
+        ...
+
+    def recorded(self) -> None:
+        """The last billed turn's record was stored, or held for the run's end."""
+        ...
 
 
 class LoopObserver(Protocol):
@@ -419,8 +449,28 @@ class _Loop:
             "usage": token_usage(Usage()),
             "tool_calls": [],
             "error": TURN_CUT,
+            "error_type": TURN_CUT_TYPE,
         }
         await self.recorder.emit_all([self.ev(EventType.AGENT_RESPONSE, cut)])
+
+    def unrecorded(self, turn_no: int, turn: Turn) -> NewEvent:
+        """The ``agent.response`` that stands in for turn ``turn_no`` if its own record is never
+        stored: what it answered and was billed, cut (no calls ran; no reasoning, whatever the
+        mode: the record that would have carried it was not made)."""
+        cut: AgentResponsePayload = {
+            "turn": turn_no,
+            "answer": turn.text,
+            "complete": False,
+            "finish_reason": turn.finish_reason,
+            "raw_finish_reason": turn.raw_finish_reason,
+            "provider": turn.provider,
+            "model": turn.model,
+            "usage": token_usage(turn.usage),
+            "tool_calls": [],
+            "error": TURN_UNRECORDED,
+            "error_type": TURN_UNRECORDED_TYPE,
+        }
+        return self.ev(EventType.AGENT_RESPONSE, cut)
 
     async def record_turn(self, outcome: _TurnOutcome) -> None:
         """``agent.response``, the observer's steps and, when the task ends here, its last
@@ -851,7 +901,7 @@ async def run_agent_loop(
     observer: LoopObserver | None = None,
     max_tokens: int = 4096,
     steps: Steps | None = None,
-    billed: Callable[[Usage], None] | None = None,
+    billed: Billing | None = None,
 ) -> LoopResult:
     """Run model turns and tools until the model answers without calling a tool.
 
@@ -862,7 +912,8 @@ async def run_agent_loop(
     ``billed`` is told each model turn's usage as soon as the turn returns, before it is
     recorded -- a turn replayed from its checkpoint too (its execution counts the run's turns
     from none, so each counts once): a task that fails or is cut later was billed all the same
-    (ADR 0131).
+    (ADR 0131) -- and then that the turn's record was stored; until then it holds the turn's
+    stand-in record (``TURN_UNRECORDED``) for whoever ends the task first (ADR 0131, amended).
     """
     loop = _Loop(
         provider=provider,
@@ -893,11 +944,13 @@ async def run_agent_loop(
         loop.turn_no = outcome.turn_no
         turn = outcome.turn
         if turn is not None and billed is not None:
-            billed(turn.usage)
+            billed.billed(turn.usage, loop.unrecorded(outcome.turn_no, turn))
         await loop.steps.effect(
             f"{task_id}: record turn {outcome.turn_no}",
             lambda o=outcome: loop.record_turn(o),  # type: ignore[misc]
         )
+        if turn is not None and billed is not None:
+            billed.recorded()
         if turn is not None:
             usage = usage + turn.usage
             reasoning.append(turn.reasoning_text)

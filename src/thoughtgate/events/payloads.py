@@ -459,11 +459,20 @@ class AgentResponsePayload(TypedDict):
     provider: Annotated[str, Vis.PUBLIC]
     model: Annotated[str, Vis.PUBLIC]
     usage: Annotated[TokenUsage, Vis.PUBLIC]
+    """What the provider reported for the turn; a run's usage is the sum over its
+    ``agent.response`` events (ADR 0131). Zero on a turn a stopped process left unfinished
+    (``error`` ``cut: the process executing the run stopped ...``): not known, since the turn
+    never returned to be counted."""
     tool_calls: Annotated[list[ToolCallSummary], Vis.PUBLIC]
     error: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The provider error that cut this turn, in thoughtgate's words."""
+    """What cut this turn, in thoughtgate's words: the provider's error; or ``cut: ...`` for a
+    turn a stopped process left unfinished, and for the stand-in of a turn that answered and was
+    billed but whose own record a cancel or a failure cut off (its answer and usage only: no
+    calls, no reasoning; ADR 0131, amended)."""
     error_type: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The provider's error code (``overloaded_error``, ...), else the error's class."""
+    """The provider's error code (``overloaded_error``, ...), else the error's class;
+    ``interrupted`` for a turn a stopped process left unfinished, ``unrecorded`` for a stand-in
+    (its call returned: telemetry does not mark it failed)."""
     error_detail: NotRequired[Annotated[str, Vis.REASONING]]
     """The failure's own words, which thoughtgate did not write: a provider's error text (its
     HTTP error body, OpenRouter's ``metadata.raw``, an in-stream error event), a library's or an

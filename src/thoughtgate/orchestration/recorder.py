@@ -29,6 +29,10 @@ full or unreachable), that batch is not stored, and the next ``emit``, ``emit_de
 or ``close`` raises the same error, so the run ends failed instead of recording later events
 after a hole in its log.
 
+A batch that records a model turn (``agent.response``) is decided before a cancel that lands
+while it is appended is raised: stored or not, so the execution's end can tell from the log
+whether the billed turn's record is there (ADR 0131, amended).
+
 Every append names the execution recording (``held_by``): the store refuses it once another
 execution holds the run (``RunTakenOverError``, ADR 0090), and the execution stops there -- at
 the next delta at the latest when the refused append was a window's background flush.
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.schema import Event, EventType, NewEvent
@@ -257,11 +261,12 @@ class EventRecorder:
                 await queued.abandon()
             raise
         try:
-            out = await (
+            appended = (
                 self.store.append(self.run_id, batch, held_by=self.held_by)
                 if queued is None
                 else queued.wait()
             )
+            out = await (self._decided(appended) if _records_a_turn(batch) else appended)
         except Exception as exc:
             # Once a batch is lost, nothing after it may be recorded: a later event would sit
             # behind a hole in the log. Every later emit, flush or close raises this error.
@@ -270,6 +275,22 @@ class EventRecorder:
             raise
         self.appended += len(out)
         return out
+
+    async def _decided(self, append: Awaitable[list[Event]]) -> list[Event]:
+        """``append``'s answer. A cancel that lands while it is under way waits until it is
+        decided (a store call cancelled mid-way may commit all the same, ADR 0059), then is
+        raised: the batch records a billed turn, and whoever ends the task next reads the log
+        to know whether that turn's record is in it or its stand-in must be (ADR 0131,
+        amended)."""
+        task = asyncio.ensure_future(append)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            lost = None if task.cancelled() else task.exception()
+            if isinstance(lost, Exception) and self._failure is None:
+                self._failure = lost  # nothing goes after a lost batch
+            raise
 
     async def close(self) -> None:
         flushed = False
@@ -290,6 +311,10 @@ class EventRecorder:
             pending, self._pending = self._pending, None
             if pending is not None:  # cancelled or failed before anyone waited for it
                 await pending.abandon()  # the error that matters was raised already
+
+
+def _records_a_turn(batch: Sequence[NewEvent]) -> bool:
+    return any(event.type == EventType.AGENT_RESPONSE for event in batch)
 
 
 class _Started(QueuedAppend):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import inspect
 import logging
 import time
@@ -976,14 +975,13 @@ class Runtime:
                 run.run_id,
                 EventType.RUN_FAILED if ours else EventType.RUN_ERROR,
                 "failed" if ours else "error",
-                spent.usage,
+                spent,
                 (
                     failure_text(exc),
                     _error_type(exc),
                     kept_detail(run.chain_of_thought, failure_detail(exc)),
                 ),
                 execution.holder,
-                spent.ended,
             )
             raise
         status = _run_status([r.status for r in results])
@@ -1001,9 +999,7 @@ class Runtime:
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
-        await self._finish(
-            run.run_id, event, status, spent.usage, error, execution.holder, spent.ended, known
-        )
+        await self._finish(run.run_id, event, status, spent, error, execution.holder, known)
         return status
 
     async def _interrupted(
@@ -1024,6 +1020,9 @@ class Runtime:
             # they do not add up per run. The lease is renewed meanwhile, and no longer once
             # this gives up: the lease sweep closes the run then (ADR 0060).
             with self.leases.ending(run_id, asyncio.current_task()):
+                tail = [] if spent is None else [*spent.tail]
+                if spent is not None:  # a billed turn's record the cancel cut off: its stand-in
+                    tail += await self._stand_ins(run_id, spent, spent.held())
                 await close_run_interrupted(
                     self.store,
                     run_id,
@@ -1032,12 +1031,45 @@ class Runtime:
                     task_usage=None if spent is None else spent.by_task(),
                     held_by=holder or self.holder(),
                     ended=None if spent is None else spent.ended,
-                    tail=() if spent is None else spent.tail,
+                    tail=tail,
                 )
         except (StoreUnavailableError, RunTakenOverError):
             pass  # logged: the run is left to the lease sweep, or is the other execution's
         except Exception as exc:
             log.warning("could not record that run %s was interrupted: %s", run_id, exc)
+
+    async def _stand_ins(
+        self,
+        run_id: str,
+        spent: _Spent,
+        known: Sequence[NewEvent] = (),
+        task_id: str | None = None,
+    ) -> list[NewEvent]:
+        """The stand-in ``agent.response`` of each billed turn (of ``task_id``'s only, if given)
+        whose own record is neither in the run's log nor among ``known`` (events that go with
+        the stand-ins): a cancel or a failure cut it off between the provider's answer and its
+        record (ADR 0131, amended). Read from the log only when there is such a turn (a turn's
+        record is decided before a cancel is raised: ``EventRecorder``); a read that fails
+        leaves them out (the run then says more than its log, as before), never in twice."""
+        pending = [
+            event
+            for owner, event in spent.unrecorded.items()
+            if task_id is None or owner == task_id
+        ]
+        if not pending:
+            return []
+        try:
+            logged = await self.store.read_types(run_id, (EventType.AGENT_RESPONSE,))
+        except Exception as exc:
+            log.warning("run %s: could not read which billed turns it recorded: %s", run_id, exc)
+            return []
+        seen = {(event.task_id, event.payload.get("turn")) for event in logged}
+        seen |= {
+            (event.task_id, event.payload.get("turn"))
+            for event in known
+            if event.type == EventType.AGENT_RESPONSE
+        }
+        return [e for e in pending if (e.task_id, e.payload.get("turn")) not in seen]
 
     async def answer_approval(
         self, run_id: str, call_id: str, decision: Decision, *, by: str = ""
@@ -1122,18 +1154,22 @@ class Runtime:
         run_id: str,
         event_type: str,
         status: RunStatus,
-        usage: Usage,
+        spent: _Spent,
         failure: tuple[str, str | None, str | None] | None,
         holder: Holder,
-        ended: EndedTask | None = None,
         tasks: Sequence[TaskRecord] | None = None,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
-        to run end too, and ``ended``, the last task's own end, goes first in it. Nothing
+        to run end too, and ``spent.ended``, the last task's own end, goes first in it. Nothing
         happens if another process already closed the run; ``RunTakenOverError`` (nothing
         stored) if another execution holds it now, ``holder`` being this one's (ADR 0072).
+        ``spent``: what the execution was billed: the run's usage, and each task's that this
+        end closes (one whose own ``task.completed`` was not stored, found by reading the run
+        back, ``tasks`` being ``None``), with the stand-in of a billed turn whose record was not
+        stored either (ADR 0131, amended).
         ``failure`` is the error, its type and its detail (``RunEndedPayload``'s ``error``,
         ``error_type``, ``error_detail``), if any."""
+        usage = spent.usage
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
         if error and failure:
@@ -1143,8 +1179,13 @@ class Runtime:
             if failure[2]:
                 payload["error_detail"] = failure[2]
         not_run = "not run: the run failed before this task started"
+        # A task that had begun and is still open here lost its own end (its append failed):
+        # it ran, so "not run" would be untrue of it.
+        cut = "failed: the run ended before this task's own end could be recorded"
         try:
             with self.leases.ending(run_id, asyncio.current_task()):  # its hold only
+                # A stand-in is pending only when a task's own end, which records it, was lost.
+                stand_ins = await self._stand_ins(run_id, spent, spent.held())
                 await end_run(
                     self.store,
                     run_id,
@@ -1154,10 +1195,13 @@ class Runtime:
                     error=error,
                     task_status="failed",
                     task_error=not_run,
+                    begun_error=cut,
                     held_by=holder,
-                    ended=ended,
+                    ended=spent.ended,
                     tasks=tasks,
+                    tail=stand_ins,
                     retry=self.end_retry,
+                    task_usage=spent.by_task(),
                 )
         except StoreUnavailableError as exc:
             log.error(
@@ -1250,7 +1294,7 @@ class Runtime:
                     resumed,
                     held,
                     execution.holder,
-                    spent.of(task.task_id),
+                    spent,
                 ),
             )
             raise
@@ -1293,16 +1337,18 @@ class Runtime:
         resumed: ResumeLog | None,
         held: Sequence[NewEvent] = (),
         holder: Holder | None = None,
-        usage: Usage | None = None,
+        spent: _Spent | None = None,
     ) -> None:
         """A task whose worker raised still ends (failed, with the error and its detail) before
         the run's terminal event, so no reader waits on a task that will never finish; with
-        ``usage``, what its model turns were billed (ADR 0131).
+        ``spent``, what its model turns were billed (ADR 0131), and the stand-in of a billed
+        turn whose own record was not stored (ADR 0131, amended).
         ``holder``: the execution, as its appends name it (ADR 0090)."""
         error, detail = failure[0], kept_detail(run.chain_of_thought, failure[1])
         task.status = "failed"  # in the index with task.completed (ADR 0020)
         task.error = error
-        billed = usage if usage is not None and usage != Usage() else None
+        usage = Usage() if spent is None else spent.of(task.task_id)
+        billed = usage if usage != Usage() else None
         if billed is not None:
             task.usage = billed.to_dict()
         if resumed is not None and resumed.task_has(task.task_id, EventType.TASK_COMPLETED):
@@ -1313,7 +1359,12 @@ class Runtime:
         if billed is not None:
             payload["usage"] = token_usage(billed)
         done = NewEvent(EventType.TASK_COMPLETED, payload, task_id=task.task_id)
-        await self._append(run.run_id, [*held, done], holder)
+        stand_ins = (
+            [] if spent is None else await self._stand_ins(run.run_id, spent, held, task.task_id)
+        )
+        await self._append(run.run_id, [*held, *stand_ins, done], holder)
+        if spent is not None:
+            spent.unrecorded.pop(task.task_id, None)  # recorded now, its own or its stand-in
 
     def _worker_completed(
         self,
@@ -1513,15 +1564,19 @@ class _Spent:
     tasks: dict[str, Usage] = field(default_factory=dict)
     """By task id: what each task's turns were billed (a task that failed or was cut records it
     as its own); the run's is their sum (:attr:`usage`)."""
+    unrecorded: dict[str, NewEvent] = field(default_factory=dict)
+    """By task id: the stand-in ``agent.response`` of its last billed turn while that turn's own
+    record is not known to be stored (``Billing``): whoever ends the task records it unless the
+    log has the turn's own (:meth:`Runtime._stand_ins`), so the log says what was billed."""
     ended: EndedTask | None = None
     """The last task's end, when it is stored with the run's (``Runtime._execute_task``)."""
     tail: list[NewEvent] = field(default_factory=list)
     """The last task's last events (its last turn's record), held for the run's ending, until
     its end (``ended``) carries them."""
 
-    def biller(self, task_id: str) -> Callable[[Usage], None]:
-        """``run_agent_loop``'s ``billed`` for the task: :meth:`bill` with its id."""
-        return functools.partial(self.bill, task_id=task_id)
+    def biller(self, task_id: str) -> _TaskBilling:
+        """``run_agent_loop``'s ``billed`` for the task."""
+        return _TaskBilling(self, task_id)
 
     @property
     def usage(self) -> Usage:
@@ -1538,6 +1593,25 @@ class _Spent:
 
     def by_task(self) -> dict[str, dict[str, int]]:
         return {task_id: usage.to_dict() for task_id, usage in self.tasks.items()}
+
+    def held(self) -> list[NewEvent]:
+        """The events held for the run's ending: :attr:`tail` and the last task's end's."""
+        return [*self.tail, *(() if self.ended is None else self.ended.events)]
+
+
+@dataclass(frozen=True, slots=True)
+class _TaskBilling:
+    """One task's ``Billing``: its turns added to the execution's :class:`_Spent`."""
+
+    spent: _Spent
+    task_id: str
+
+    def billed(self, usage: Usage, unrecorded: NewEvent) -> None:
+        self.spent.bill(usage, self.task_id)
+        self.spent.unrecorded[self.task_id] = unrecorded
+
+    def recorded(self) -> None:
+        self.spent.unrecorded.pop(self.task_id, None)
 
 
 async def _close_all(providers: Iterable[Provider]) -> None:

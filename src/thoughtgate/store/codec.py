@@ -33,7 +33,7 @@ from thoughtgate.store.projection import (
     storable_task,
     storable_text,
 )
-from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, ApiKeyRecord, RunRecord, TaskRecord
 from thoughtgate.store.run_index import RunChange
 
 __all__ = [
@@ -621,6 +621,20 @@ OPEN_RUN_INDEX_PREDICATE = "closed_at IS NULL"
 :data:`OPEN_RUN_PREDICATE`, which the queries keep whole, so SQLite still uses the index for them
 and tests the status of each row it gives. It names no column a run's pending -> running sets, so
 that update no longer rewrites the run's entry. PostgreSQL's index keeps the whole predicate."""
+ENDED_UNCLOSED_PREDICATE = "closed_at IS NULL AND status NOT IN ('pending', 'running')"
+"""A run whose status says it ended but which has no ``closed_at``: what a terminal status written
+by anything but ``finish_run`` left until schema version 13 / PostgreSQL migration 13 (ADR 0134).
+Every write of a terminal status now closes its run (``closes_run``, and each backend's
+``close ended`` statement, ``WHERE run_id ... AND <this>``), and the migrations closed the ones
+stored before, so SQLite's open-run indexes (``closed_at IS NULL``) hold open runs only."""
+
+
+def closes_run(status: object) -> bool:
+    """Whether writing ``status`` to a run ends it, so the write must also set its ``closed_at``
+    (ADR 0134): any status but the open ones."""
+    return status is not None and status not in OPEN_RUN_STATUSES
+
+
 LEASED_RUN_INDEX_PREDICATE = f"{OPEN_RUN_INDEX_PREDICATE} AND owner IS NOT NULL"
 """SQLite's predicate of ``leased_runs_by_id`` since schema version 12 (ADR 0127): terms of
 :data:`LEASED_RUN_PREDICATE`, as :data:`OPEN_RUN_INDEX_PREDICATE` is of the open runs'."""

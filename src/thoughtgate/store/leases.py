@@ -250,10 +250,14 @@ async def end_run(
     tail: Sequence[NewEvent] = (),
     retry: Sequence[float] = (),
     task_usage: Mapping[str, Mapping[str, int]] | None = None,
+    begun_error: str | None = None,
 ) -> list[Event]:
     """End an open run with ``terminal``, first ending every unfinished task with
     ``task.completed`` (``task_status``, ``task_error``, and what its model turns were billed,
     ``task_usage`` by task id: ADR 0131); ``[]`` if the run had already ended.
+    ``begun_error``: the error of a task that had begun (``running``) instead of
+    ``task_error``, where the two differ (a run that failed ended its unbegun tasks "not run"; a
+    task it had run was not "not run")
     ``ended``: a task that ended on its own, its events first in the batch. ``tasks``: the
     run's tasks as the process that executed them knows them, instead of reading the run back
     (``finish_run`` still ends only an open run). ``tail``: events of the run's that were held
@@ -282,13 +286,14 @@ async def end_run(
             ended is not None and task.task_id == ended.task.task_id
         ):
             continue
+        said = begun_error if begun_error is not None and task.status == "running" else task_error
         task.status = task_status
-        task.error = task_error
+        task.error = said
         closed.append(task)
         done: TaskCompletedPayload = {
             "status": task_status,
             "output": task.output,
-            "error": task_error,
+            "error": said,
         }
         billed = (task_usage or {}).get(task.task_id)
         if billed:  # what its turns were billed, as a completed task's worker.completed says

@@ -72,6 +72,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
+            self._close_if_ended(run.run_id)
             self._changed(run.run_id)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
@@ -126,6 +127,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
                 run.error = storable_text(error)
             run.metadata = {**run.metadata, **(change.get("metadata") or {})}
             run.updated_at = time.time()
+            self._close_if_ended(run_id)
             self._changed(run_id)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
@@ -190,6 +192,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         changed = bool(update) and apply_to_record(run, update)
         if changed:
             run.updated_at = time.time()
+            self._close_if_ended(run_id)
             self._changed(run_id)
         return out, changed
 
@@ -234,6 +237,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             )
             if changed:
                 run.updated_at = time.time()
+                self._close_if_ended(run_id)
                 self._changed(run_id)
         if changed:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -303,6 +307,7 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             self._runs[run.run_id] = copy.deepcopy(storable_run(run))
             self._events[run.run_id] = []
             self._order[run.run_id] = len(self._order) + 1
+            self._close_if_ended(run.run_id)
             self._changed(run.run_id)
             stored = copy.deepcopy(spec)
             stored.created_at = now
@@ -312,6 +317,12 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         if out:
             await self.wakeups.committed(run.run_id, out)
         return verdict
+
+    def _close_if_ended(self, run_id: str) -> None:
+        """A run given a terminal status is closed, by whatever wrote it (ADR 0134), as
+        ``finish_run`` closes one: it takes no more events."""
+        if self._runs[run_id].status not in OPEN_RUN_STATUSES:
+            self._closed.add(run_id)
 
     def _is_open(self, run_id: str) -> bool:
         run = self._runs.get(run_id)

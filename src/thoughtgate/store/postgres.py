@@ -233,10 +233,19 @@ _INSERT_SPEC = (
 # until the transaction commits, so numbers are handed out in commit order, like event sequences
 # (see _APPEND). Every transaction takes it after the run rows it changes (create_run takes it
 # before inserting its new, still invisible row), so two of them never wait on each other in a
-# cycle. The NOTIFY wakes run-list readers in other processes at commit.
+# cycle. The NOTIFY wakes run-list readers in other processes at commit. It stays in the
+# transaction (unlike the append's, ADR 0132): the row lock already has these transactions commit
+# one at a time, so they never queue for the notify lock behind each other (ADR 0134 measured it).
 _NEXT_CHANGE = (
     "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change, pg_notify(%s, %s)"
 )
+_CLOSE_ENDED = (
+    f"UPDATE runs SET closed_at = {_NOW} WHERE run_id = ANY(%s) "
+    f"AND {codec.ENDED_UNCLOSED_PREDICATE}"
+)
+"""Close the runs named that a write outside ``finish_run`` just gave a terminal status (ADR
+0134): an ended run takes no more events and leaves the open runs. A closed run keeps its
+``closed_at``."""
 _ATTEMPTS = "SELECT attempts FROM run_specs WHERE run_id = %s"
 """The claims a run's spec counted: the fencing token of a durable run's end (ADR 0072)."""
 _HELD_BY = "SELECT closed_at, owner, claim FROM runs WHERE run_id = %s FOR SHARE"
@@ -422,6 +431,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         tasks = [codec.task_row(t) for t in run.tasks]
         async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
             await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
+            if codec.closes_run(run.status):
+                await conn.execute(_CLOSE_ENDED, ([run.run_id],))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
@@ -529,6 +540,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 ),
                 (*sets.values(), run_id),
             )
+            if codec.closes_run(change.get("status")):
+                await conn.execute(_CLOSE_ENDED, ([run_id],))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
     async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
@@ -584,6 +597,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     ),
                     (*sets.values(), run_id),
                 )
+                if codec.closes_run(sets.get("status")):  # the log says it ended (ADR 0134)
+                    await conn.execute(_CLOSE_ENDED, ([run_id],))
         if sets is not None:
             self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         return await self.get_run(run_id)
@@ -660,7 +675,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     ) -> bool:
         """Inside the append's transaction, after it took the run row's lock: apply what its
         events change in the run index (ADR 0020); whether the run row changed. A changed row
-        gets a change number unless ``numbered`` is false (``finish_run`` gives it one)."""
+        gets a change number, and a terminal status closes the run (ADR 0134), unless
+        ``numbered`` is false (``finish_run`` numbers and closes it itself)."""
         for task_id, fields in update.tasks.items():
             sets = codec.index_columns(fields)
             await conn.execute(
@@ -690,6 +706,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 f"UPDATE runs SET updated_at = {_NOW}, change_seq = %s WHERE run_id = %s",
                 (change, run_id),
             )
+            if codec.closes_run(update.run.get("status")):
+                await conn.execute(_CLOSE_ENDED, ([run_id],))
         return changed
 
     # -- ending runs, and leases ---------------------------------------------------------
@@ -940,6 +958,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     return verdict
             change = await self._next_change(conn)
             await conn.execute(_INSERT_RUN, (*codec.run_row(stored), change))
+            if codec.closes_run(stored.status):
+                await conn.execute(_CLOSE_ENDED, ([run.run_id],))
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)

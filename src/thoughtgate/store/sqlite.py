@@ -539,7 +539,8 @@ def _merged_writes(conn: sqlite3.Connection, items: list[_Merged]) -> list[Any]:
 def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
     """``items`` cut where doing starts, claims, appends, then endings would not be queue order:
     before a start of a run already named in the span (made again, or named before it was
-    made), before an append or an ending of a run ended in the span, before an ending of a run
+    made), before an append or an ending of a run ended in the span (by an ending, or by an
+    append or a start whose events gave it a terminal status: ADR 0134), before an ending of a run
     whose status an append of the span changed (its check must see that), before a claim of a
     run that a write other than its start named in the span (claims come second, after the
     starts), and before a start with a quota once the span has ended a run or changed a status
@@ -568,6 +569,8 @@ def _spans(items: list[_Merged]) -> Generator[list[_Merged], None, None]:
             ended.add(run_id)
         elif item.update is not None and "status" in item.update.run:
             restated.add(run_id)
+            if codec.closes_run(item.update.run["status"]):
+                ended.add(run_id)  # its projection closes the run (ADR 0134)
     yield items[begin:]
 
 
@@ -674,6 +677,9 @@ def _project_many(
     for columns, rows in by_columns.items():
         assignments = ", ".join(f"{c} = v.column{i}" for i, c in enumerate(columns, start=2))
         _update_rows(conn, f"UPDATE OR ROLLBACK runs SET {assignments}", rows)
+    ended = [run_id for run_id, sets in runs.items() if codec.closes_run(sets.get("status"))]
+    if numbered and ended:  # an ending's run is closed by ``_end_runs``
+        _close_ended(conn, ended, now)
     return changed
 
 
@@ -714,6 +720,9 @@ def _start_runs(
         if item.spec is not None:
             specs.append(codec.spec_row(item.spec, created_at=now))
     _insert_rows(conn, _INSERT_RUNS, runs)
+    ended = [item.run_id for _, item in stored if not item.open]
+    if ended:  # stored with a terminal status: closed (ADR 0134)
+        _close_ended(conn, ended, now)
     if tasks:
         _upsert_tasks(conn, tasks)
     if specs:
@@ -1036,14 +1045,27 @@ _KEY_NEWEST = (
 _STARTED = "UPDATE runs SET status = 'running' WHERE run_id = ? AND status = 'pending' RETURNING 1"
 """A run's first task started: pending -> running. It names only ``status``, in no open-run
 index's predicate since schema version 12 (ADR 0127): neither index's entry is rewritten."""
+_CLOSE_ENDED = (
+    "UPDATE runs SET closed_at = ? WHERE run_id IN (SELECT value FROM json_each(?)) "
+    f"AND {codec.ENDED_UNCLOSED_PREDICATE}"
+)
+
+
+def _close_ended(conn: sqlite3.Connection, run_ids: Collection[str], now: float) -> None:
+    """Close those of ``run_ids`` that a write outside ``finish_run`` just gave a terminal
+    status (ADR 0134): an ended run takes no more events, and leaves the open-run indexes
+    (``closed_at IS NULL``), which then hold open runs only. A run already closed keeps its
+    ``closed_at``."""
+    conn.execute(_CLOSE_ENDED, (now, orjson.dumps(list(run_ids)).decode()))
 
 
 def _project(
     conn: sqlite3.Connection, run_id: str, update: IndexUpdate, *, numbered: bool = True
 ) -> bool:
     """Inside the append's write transaction: apply what its events change in the run index
-    (ADR 0020); whether the run row changed. A changed row gets a change number (``listing``)
-    unless ``numbered`` is false (``finish_run`` gives it one itself)."""
+    (ADR 0020); whether the run row changed. A changed row gets a change number (``listing``),
+    and a terminal status closes the run (ADR 0134), unless ``numbered`` is false
+    (``finish_run`` numbers and closes it itself)."""
     for task_id, fields in update.tasks.items():
         sets = codec.index_columns(fields)
         conn.execute(
@@ -1063,10 +1085,13 @@ def _project(
         )
         changed = True
     if changed and numbered:
+        now = time.time()
         conn.execute(
             "UPDATE runs SET updated_at = ?, change_seq = ? WHERE run_id = ?",
-            (time.time(), _next_change(conn), run_id),
+            (now, _next_change(conn), run_id),
         )
+        if codec.closes_run(update.run.get("status")):
+            _close_ended(conn, [run_id], now)
     return changed
 
 
@@ -1172,6 +1197,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         def body(conn: sqlite3.Connection) -> None:
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
+            if run.status not in OPEN_RUN_STATUSES:
+                _close_ended(conn, [run.run_id], time.time())
             conn.executemany(_INSERT_TASK, tasks)
 
         item = _Start(run.run_id, row, tasks, run.status in OPEN_RUN_STATUSES)
@@ -1281,6 +1308,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             conn.execute(
                 f"UPDATE runs SET {assignments} WHERE run_id = ?", (*sets.values(), run_id)
             )
+            if codec.closes_run(change.get("status")):
+                _close_ended(conn, [run_id], sets["updated_at"])
 
         await self._write(f"update run {run_id!r}", body)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
@@ -1313,6 +1342,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 f"UPDATE runs SET {', '.join(f'{c} = ?' for c in sets)} WHERE run_id = ?",
                 (*sets.values(), run_id),
             )
+            if codec.closes_run(sets.get("status")):  # the log says it ended (ADR 0134)
+                _close_ended(conn, [run_id], sets["updated_at"])
             return True
 
         if await self._write(f"rebuild the index of run {run_id!r}", body):
@@ -1598,6 +1629,8 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 if not verdict.admitted:
                     return verdict, 0
             conn.execute(_INSERT_RUN, (*row, _next_change(conn)))
+            if run.status not in OPEN_RUN_STATUSES:
+                _close_ended(conn, [run.run_id], now)
             conn.executemany(_INSERT_TASK, tasks)
             conn.execute(_INSERT_SPEC, codec.spec_row(spec, created_at=now))
             first = 0

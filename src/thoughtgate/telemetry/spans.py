@@ -51,6 +51,7 @@ from thoughtgate.access.roles import Role
 from thoughtgate.engine.loop import (
     NOT_APPROVED_IN_TIME,
     REJECTED_BY_USER,
+    TURN_UNRECORDED_TYPE,
     failed_tool_text,
     unknown_tool_text,
 )
@@ -582,7 +583,8 @@ class TelemetrySink:
             kind=SpanKind.CLIENT,
         )
         error_type = None
-        if payload.get("error"):
+        # A stand-in's call returned (billed); only its record was cut off: not a failed call.
+        if payload.get("error") and payload.get("error_type") != TURN_UNRECORDED_TYPE:
             error_type = _text(payload.get("error_type")) or "provider_error"
             task.error_type = error_type
             self._fail(run, span, error_type, payload["error"])

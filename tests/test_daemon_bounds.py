@@ -125,9 +125,11 @@ def test_a_finished_run_without_a_terminal_event_streams_to_its_last_event_and_e
     older version, or repaired by hand) must not hold its readers forever."""
 
     async def make() -> str:
-        run = RunRecord("run_" + "e" * 32, "p", status="failed")
+        run = RunRecord("run_" + "e" * 32, "p", status="running")
         await daemon.store.create_run(run)
         await daemon.store.append(run.run_id, [NewEvent("run.started"), NewEvent("task.started")])
+        # ended by its record only (a run stored ended is closed: nothing appends to it, ADR 0134)
+        await daemon.store.update_run(run.run_id, status="failed")
         return run.run_id
 
     run_id = asyncio.run(make())

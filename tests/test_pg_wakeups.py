@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -78,6 +79,48 @@ async def received(listener: psycopg.AsyncConnection[Any], *payloads: str) -> No
             seen.add(note.payload)
             if wanted <= seen:
                 return
+
+
+@dataclass
+class Followed:
+    """A run appended to by ``writer`` and followed by a tail on ``reader``, another replica,
+    with a plain ``LISTEN`` connection beside it (what ``listener`` receives was sent)."""
+
+    writer: PostgresStore
+    reader: PostgresStore
+    listener: psycopg.AsyncConnection[Any]
+    run_id: str
+    got: list[Event]
+    tail: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def followed(schema: str, *, reader_poll: float = NOTIFY_ONLY) -> AsyncIterator[Followed]:
+    async with (
+        replica(schema) as writer,
+        replica(schema, safety_poll=reader_poll) as reader,
+        listening_raw(schema) as listener,
+    ):
+        run = make_run()
+        await writer.create_run(run)
+        got: list[Event] = []
+        tail = tail_into(reader, run.run_id, got)
+        await listening(reader)
+        yield Followed(writer, reader, listener, run.run_id, got, tail)
+
+
+def attempts_of(notifier: Any, first: Callable[[], Awaitable[object]]) -> list[list[str]]:
+    """Each send attempt's payloads, from now on; ``first`` is awaited before the first goes."""
+    send, attempts = notifier._send, list[list[str]]()
+
+    async def attempt(payloads: list[str]) -> None:
+        attempts.append(payloads)
+        if len(attempts) == 1:
+            await first()
+        await send(payloads)
+
+    notifier._send = attempt
+    return attempts
 
 
 async def test_two_replicas_appending_to_one_run_each_deliver_every_event_once_in_order(
@@ -222,30 +265,22 @@ async def test_a_dropped_notifier_connection_is_opened_again_for_the_same_wake_u
     pg_admin: Admin, pg_schema: str
 ) -> None:
     """The server ends the notifier's idle session: the next wake-up is sent on a new one."""
-    async with (
-        replica(pg_schema) as writer,
-        replica(pg_schema) as reader,
-        listening_raw(pg_schema) as listener,
-    ):
-        run = make_run()
-        await writer.create_run(run)
-        got: list[Event] = []
-        tail = tail_into(reader, run.run_id, got)
-        await listening(reader)
-        await writer.append(run.run_id, deltas(1))
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        await writer.append(run_id, deltas(1))
         await until(lambda: len(got) == 1, "the first event")
         # The reader may have read event 1 before its wake-up was sent (a tail whose first read
         # was late): the notifier's connection is open once that send is done, not before.
         await writer._notifier.idle()
         assert writer._notifier.sends == 1
         assert len(await terminate_notifier(pg_admin, pg_schema)) == 1
-        await writer.append(run.run_id, deltas(2, start=1))
+        await writer.append(run_id, deltas(2, start=1))
         # Sent, not only read: a tail whose read came after the commit needs no wake-up.
-        await received(listener, f"{run.run_id} 3")
+        await received(listener, f"{run_id} 3")
         await until(lambda: len(got) == 3, "events 2 and 3")
         assert writer._notifier.given_up == 0
-        await writer.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
-        await asyncio.wait_for(tail, 20)
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
     assert [e.seq for e in got] == [1, 2, 3, 4]
 
 
@@ -259,37 +294,21 @@ async def test_a_connection_dropped_as_its_notify_is_sent_is_sent_again_on_a_new
     """The server ends the notifier's session just as a wake-up goes out on it (a restart, a
     failover): the same wake-up is sent on a new connection and reaches the other replica's
     reader (which has no poll to fall back on)."""
-    async with (
-        replica(pg_schema) as writer,
-        replica(pg_schema) as reader,
-        listening_raw(pg_schema) as listener,
-    ):
-        run = make_run()
-        await writer.create_run(run)
-        got: list[Event] = []
-        tail = tail_into(reader, run.run_id, got)
-        await listening(reader)
-        await writer.append(run.run_id, deltas(1))
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        await writer.append(run_id, deltas(1))
         await writer._notifier.idle()
         notifier = writer._notifier
-        send, attempts = notifier._send, list[list[str]]()
-
-        async def dropped_first(payloads: list[str]) -> None:
-            attempts.append(payloads)
-            if len(attempts) == 1:
-                await terminate_notifier(pg_admin, pg_schema)
-            await send(payloads)
-
-        notifier._send = dropped_first  # type: ignore[method-assign]
-        await writer.append(run.run_id, deltas(2, start=1))
-        await received(listener, f"{run.run_id} 3")
+        attempts = attempts_of(notifier, lambda: terminate_notifier(pg_admin, pg_schema))
+        await writer.append(run_id, deltas(2, start=1))
+        await received(listener, f"{run_id} 3")
         await notifier.idle()
         await until(lambda: len(got) == 3, "events 2 and 3")
-        assert attempts == [[f"{run.run_id} 3"]] * 2
+        assert attempts == [[f"{run_id} 3"]] * 2
         assert notifier.sends == 2 and notifier.given_up == 0
         del notifier._send
-        await writer.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
-        await asyncio.wait_for(tail, 20)
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
     assert [e.seq for e in got] == [1, 2, 3, 4]
 
 
@@ -304,18 +323,10 @@ async def test_a_server_refusing_the_notifier_costs_one_warning_the_readers_poll
     safety poll), with one warning for the whole outage, not one per send; the first wake-up
     after it is sent again."""
     caplog.set_level(logging.DEBUG, pg_notifier.__name__)
-    async with (
-        replica(pg_schema) as writer,
-        replica(pg_schema, safety_poll=0.2) as reader,
-        listening_raw(pg_schema) as listener,
-    ):
-        run = make_run()
-        await writer.create_run(run)
-        got: list[Event] = []
-        tail = tail_into(reader, run.run_id, got)
-        await listening(reader)
+    async with followed(pg_schema, reader_poll=0.2) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
         notifier = writer._notifier
-        await writer.append(run.run_id, deltas(1))
+        await writer.append(run_id, deltas(1))
         await notifier.idle()
 
         async def refused(*_: Any, **__: Any) -> psycopg.AsyncConnection[Any]:
@@ -324,7 +335,7 @@ async def test_a_server_refusing_the_notifier_costs_one_warning_the_readers_poll
         monkeypatch.setattr(pg_notifier, "connect", refused)
         await terminate_notifier(pg_admin, pg_schema)
         for i in range(3):
-            await writer.append(run.run_id, deltas(1, start=1 + i))
+            await writer.append(run_id, deltas(1, start=1 + i))
             await notifier.idle()
         await until(lambda: len(got) == 4, "the events read by the safety poll")
         assert notifier.given_up == 3
@@ -334,11 +345,11 @@ async def test_a_server_refusing_the_notifier_costs_one_warning_the_readers_poll
         warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert warned == failed[:1]
         monkeypatch.undo()  # the server is back
-        await writer.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
-        await received(listener, f"{run.run_id} 5")
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await received(listener, f"{run_id} 5")
         await notifier.idle()  # a listener can have it before the sender has the answer
         assert any(r.getMessage() == f"NOTIFY {writer.channel} sent again" for r in caplog.records)
-        await asyncio.wait_for(tail, 20)
+        await asyncio.wait_for(f.tail, 20)
     assert [e.seq for e in got] == [1, 2, 3, 4, 5]
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
 
@@ -349,35 +360,19 @@ async def test_a_connection_gone_silent_costs_one_send_timeout_not_the_wake_ups_
     """The notifier's send never gets an answer (a connection dropped without a reset): the
     attempt is given up after ``send_timeout_s`` and the wake-up is sent on a new connection,
     instead of every later wake-up of the process waiting behind it."""
-    async with (
-        replica(pg_schema) as writer,
-        replica(pg_schema) as reader,
-        listening_raw(pg_schema) as listener,
-    ):
-        run = make_run()
-        await writer.create_run(run)
-        got: list[Event] = []
-        tail = tail_into(reader, run.run_id, got)
-        await listening(reader)
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
         notifier = writer._notifier
         notifier.send_timeout_s = 0.2
-        send, attempts, silent = notifier._send, list[list[str]](), asyncio.Event()
-
-        async def silent_first(payloads: list[str]) -> None:
-            attempts.append(payloads)
-            if len(attempts) == 1:
-                await silent.wait()  # never set: no answer
-            await send(payloads)
-
-        notifier._send = silent_first  # type: ignore[method-assign]
-        await writer.append(run.run_id, deltas(2))
-        await received(listener, f"{run.run_id} 2")
+        attempts = attempts_of(notifier, asyncio.Event().wait)  # never set: no answer
+        await writer.append(run_id, deltas(2))
+        await received(listener, f"{run_id} 2")
         await notifier.idle()
         await until(lambda: len(got) == 2, "events 1 and 2")
-        assert attempts == [[f"{run.run_id} 2"]] * 2
+        assert attempts == [[f"{run_id} 2"]] * 2
         assert notifier.given_up == 0
-        await writer.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
-        await asyncio.wait_for(tail, 20)
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
     assert [e.seq for e in got] == [1, 2, 3]
 
 

@@ -98,6 +98,9 @@ class PgNotifier:
 
     async def _wait_window(self) -> None:
         """``asyncio.sleep(window_s)``, cut short by ``close`` (as cheap: one future, one timer)."""
+        if self.window_s <= 0:  # no window (``bench/notify_bench.py``): one turn, as sleep(0)
+            await asyncio.sleep(0)
+            return
         loop = asyncio.get_running_loop()
         self._window = window = loop.create_future()
         timer = loop.call_later(self.window_s, _end, window)

@@ -318,6 +318,15 @@ def provider(fmt: str, handler: Callable[[httpx.Request], httpx.Response]) -> An
     return spec.cls(spec.model, settings_, client=client)
 
 
+def answering(body: bytes, status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
+    """A handler answering every request with ``body`` as JSON, not streamed."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers={"content-type": "application/json"}, content=body)
+
+    return handler
+
+
 @dataclass
 class Outcome:
     turn: Turn | None
@@ -560,10 +569,7 @@ async def test_a_body_that_cannot_be_read_is_a_provider_error(
     """A non-streamed answer or an error status whose body is not UTF-8, or is JSON nested past
     the stack: a bare ``UnicodeDecodeError`` / ``RecursionError`` escaped before."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, headers={"content-type": "application/json"}, content=body)
-
-    adapter = provider(fmt, handler)
+    adapter = provider(fmt, answering(body, status))
     with pytest.raises(ProviderError) as info:
         await adapter.request(REQUEST)
     await adapter.aclose()
@@ -622,10 +628,7 @@ async def test_responses_item_parts_that_are_not_a_list_hold_none(
             item[field] = odd
         body = json.dumps(value).encode()
 
-        def handler(request: httpx.Request) -> httpx.Response:
-            return httpx.Response(200, headers={"content-type": "application/json"}, content=body)
-
-        adapter = provider("openai_responses", handler)
+        adapter = provider("openai_responses", answering(body))
         turn = await adapter.request(REQUEST)
         await adapter.aclose()
         outcome = Outcome(turn, None, turn)
@@ -662,10 +665,7 @@ async def test_a_mutated_whole_body_completes_a_turn_or_fails_with_a_provider_er
 ) -> None:
     body = data.draw(mutated_body(fmt))
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "application/json"}, content=body)
-
-    adapter = provider(fmt, handler)
+    adapter = provider(fmt, answering(body))
     try:
         async with asyncio.timeout(20):
             turn = await adapter.request(REQUEST)

@@ -401,10 +401,7 @@ class HTTPTransport:
         raw = await response.aread()
         try:
             body: Any = json.loads(raw) if raw else {}
-        except (
-            ValueError,
-            RecursionError,
-        ):  # not JSON, not UTF-8 (a Latin-1 page, a cut), too deep
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
             body = raw.decode("utf-8", errors="replace")[:500]
         info = error_info(body)
         status = response.status_code

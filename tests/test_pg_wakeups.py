@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -22,6 +24,7 @@ from support.pg_replicas import run_store_script, tail_into
 from support.store_conformance import collect, deltas, make_run
 
 from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.store import pg_notifier
 from thoughtgate.store.postgres import PostgresStore, channel_name
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
@@ -55,6 +58,69 @@ async def until(check: Callable[[], bool], what: str, within: float = 20.0) -> N
 async def listening(store: PostgresStore) -> None:
     store._listener.start()
     await until(lambda: store._listener.healthy, "LISTEN in force")
+
+
+@contextlib.asynccontextmanager
+async def listening_raw(schema: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain ``LISTEN`` connection on the schema's channel: what it receives was sent."""
+    conn = await psycopg.AsyncConnection.connect(PG_URL, autocommit=True)
+    try:
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(schema))))
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def received(listener: psycopg.AsyncConnection[Any], *payloads: str) -> None:
+    """Wait until every one of ``payloads`` has arrived (the run list's wake-ups come too)."""
+    wanted, seen = set(payloads), set[str]()
+    async with asyncio.timeout(20):
+        async for note in listener.notifies():
+            seen.add(note.payload)
+            if wanted <= seen:
+                return
+
+
+@dataclass
+class Followed:
+    """A run appended to by ``writer`` and followed by a tail on ``reader``, another replica,
+    with a plain ``LISTEN`` connection beside it (what ``listener`` receives was sent)."""
+
+    writer: PostgresStore
+    reader: PostgresStore
+    listener: psycopg.AsyncConnection[Any]
+    run_id: str
+    got: list[Event]
+    tail: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def followed(schema: str, *, reader_poll: float = NOTIFY_ONLY) -> AsyncIterator[Followed]:
+    async with (
+        replica(schema) as writer,
+        replica(schema, safety_poll=reader_poll) as reader,
+        listening_raw(schema) as listener,
+    ):
+        run = make_run()
+        await writer.create_run(run)
+        got: list[Event] = []
+        tail = tail_into(reader, run.run_id, got)
+        await listening(reader)
+        yield Followed(writer, reader, listener, run.run_id, got, tail)
+
+
+def attempts_of(notifier: Any, first: Callable[[], Awaitable[object]]) -> list[list[str]]:
+    """Each send attempt's payloads, from now on; ``first`` is awaited before the first goes."""
+    send, attempts = notifier._send, list[list[str]]()
+
+    async def attempt(payloads: list[str]) -> None:
+        attempts.append(payloads)
+        if len(attempts) == 1:
+            await first()
+        await send(payloads)
+
+    notifier._send = attempt
+    return attempts
 
 
 async def test_two_replicas_appending_to_one_run_each_deliver_every_event_once_in_order(
@@ -182,27 +248,211 @@ async def test_a_process_killed_right_after_its_commit_loses_no_event(pg_schema:
     assert [e.seq for e in got] == [1, 2, 3, 4, 5]
 
 
+async def terminate_notifier(admin: Admin, schema: str) -> list[int]:
+    """End the notifier's server session as a server restart would, and wait for it to be gone
+    (``pg_terminate_backend``'s timeout): the notifier's next statement finds it dropped."""
+    cur = await admin.execute(
+        "SELECT pid, pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+        "WHERE application_name = %s",
+        (f"thoughtgate-notify:{schema}",),
+    )
+    rows = await cur.fetchall()
+    assert all(ended for _, ended in rows)
+    return [pid for pid, _ in rows]
+
+
 async def test_a_dropped_notifier_connection_is_opened_again_for_the_same_wake_up(
     pg_admin: Admin, pg_schema: str
 ) -> None:
-    async with replica(pg_schema) as writer, replica(pg_schema) as reader:
+    """The server ends the notifier's idle session: the next wake-up is sent on a new one."""
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        await writer.append(run_id, deltas(1))
+        await until(lambda: len(got) == 1, "the first event")
+        # The reader may have read event 1 before its wake-up was sent (a tail whose first read
+        # was late): the notifier's connection is open once that send is done, not before.
+        await writer._notifier.idle()
+        assert writer._notifier.sends == 1
+        assert len(await terminate_notifier(pg_admin, pg_schema)) == 1
+        await writer.append(run_id, deltas(2, start=1))
+        # Sent, not only read: a tail whose read came after the commit needs no wake-up.
+        await received(listener, f"{run_id} 3")
+        await until(lambda: len(got) == 3, "events 2 and 3")
+        assert writer._notifier.given_up == 0
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
+    assert [e.seq for e in got] == [1, 2, 3, 4]
+
+
+def notifier_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("notify ")]
+
+
+async def test_a_connection_dropped_as_its_notify_is_sent_is_sent_again_on_a_new_one(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """The server ends the notifier's session just as a wake-up goes out on it (a restart, a
+    failover): the same wake-up is sent on a new connection and reaches the other replica's
+    reader (which has no poll to fall back on)."""
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        await writer.append(run_id, deltas(1))
+        await writer._notifier.idle()
+        notifier = writer._notifier
+        attempts = attempts_of(notifier, lambda: terminate_notifier(pg_admin, pg_schema))
+        await writer.append(run_id, deltas(2, start=1))
+        await received(listener, f"{run_id} 3")
+        await notifier.idle()
+        await until(lambda: len(got) == 3, "events 2 and 3")
+        assert attempts == [[f"{run_id} 3"]] * 2
+        assert notifier.sends == 2 and notifier.given_up == 0
+        del notifier._send
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
+    assert [e.seq for e in got] == [1, 2, 3, 4]
+
+
+async def test_a_server_refusing_the_notifier_costs_one_warning_the_readers_poll_meanwhile(
+    pg_admin: Admin,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A restart that takes a while: the notifier's session is ended and new ones are refused.
+    Every wake-up meanwhile is given up (the other replica's reader gets the events by its
+    safety poll), with one warning for the whole outage, not one per send; the first wake-up
+    after it is sent again."""
+    caplog.set_level(logging.DEBUG, pg_notifier.__name__)
+    async with followed(pg_schema, reader_poll=0.2) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        notifier = writer._notifier
+        await writer.append(run_id, deltas(1))
+        await notifier.idle()
+
+        async def refused(*_: Any, **__: Any) -> psycopg.AsyncConnection[Any]:
+            raise psycopg.OperationalError("the database system is starting up")
+
+        monkeypatch.setattr(pg_notifier, "connect", refused)
+        await terminate_notifier(pg_admin, pg_schema)
+        for i in range(3):
+            await writer.append(run_id, deltas(1, start=1 + i))
+            await notifier.idle()
+        await until(lambda: len(got) == 4, "the events read by the safety poll")
+        assert notifier.given_up == 3
+        failed = [r for r in caplog.records if "failed (" in r.getMessage()]
+        assert [r.levelno for r in failed] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert all("starting up" in r.getMessage() for r in failed)
+        warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warned == failed[:1]
+        monkeypatch.undo()  # the server is back
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await received(listener, f"{run_id} 5")
+        await notifier.idle()  # a listener can have it before the sender has the answer
+        assert any(r.getMessage() == f"NOTIFY {writer.channel} sent again" for r in caplog.records)
+        await asyncio.wait_for(f.tail, 20)
+    assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+
+
+async def test_a_connection_gone_silent_costs_one_send_timeout_not_the_wake_ups_after_it(
+    pg_schema: str,
+) -> None:
+    """The notifier's send never gets an answer (a connection dropped without a reset): the
+    attempt is given up after ``send_timeout_s`` and the wake-up is sent on a new connection,
+    instead of every later wake-up of the process waiting behind it."""
+    async with followed(pg_schema) as f:
+        writer, listener, run_id, got = f.writer, f.listener, f.run_id, f.got
+        notifier = writer._notifier
+        notifier.send_timeout_s = 0.2
+        attempts = attempts_of(notifier, asyncio.Event().wait)  # never set: no answer
+        await writer.append(run_id, deltas(2))
+        await received(listener, f"{run_id} 2")
+        await notifier.idle()
+        await until(lambda: len(got) == 2, "events 1 and 2")
+        assert attempts == [[f"{run_id} 2"]] * 2
+        assert notifier.given_up == 0
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
+    assert [e.seq for e in got] == [1, 2, 3]
+
+
+async def test_wake_ups_are_sent_while_the_stores_pool_is_exhausted(pg_schema: str) -> None:
+    """Every pooled connection is busy (long reads, a burst of appends): the wake-ups of the
+    appends that already committed still go out, on the notifier's own connection."""
+    async with replica(pg_schema) as writer, listening_raw(pg_schema) as listener:
         run = make_run()
         await writer.create_run(run)
-        got: list[Event] = []
-        tail = tail_into(reader, run.run_id, got)
-        await listening(reader)
-        await writer.append(run.run_id, deltas(1))
-        await until(lambda: len(got) == 1, "the first wake-up")
-        cur = await pg_admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            (f"thoughtgate-notify:{pg_schema}",),
-        )
-        assert [r[0] for r in await cur.fetchall()] == [True]
-        await writer.append(run.run_id, deltas(2, start=1))  # NOTIFY or nothing delivers it
-        await until(lambda: len(got) == 3, "the wake-up sent on a new connection")
-        await writer.append_one(run.run_id, NewEvent(EventType.RUN_FAILED))
-        await asyncio.wait_for(tail, 20)
-    assert [e.seq for e in got] == [1, 2, 3, 4]
+        notifier = writer._notifier
+        send, gate, held = notifier._send, asyncio.Event(), asyncio.Event()
+
+        async def held_send(payloads: list[str]) -> None:
+            held.set()
+            await gate.wait()
+            await send(payloads)
+
+        notifier._send = held_send  # type: ignore[method-assign]
+        await writer.append(run.run_id, deltas(3))
+        await held.wait()
+        pool = writer._pool
+        assert pool is not None
+        busy = [await pool.getconn() for _ in range(pool.max_size)]
+        try:
+            gate.set()
+            await received(listener, f"{run.run_id} 3")
+            await notifier.idle()
+            assert notifier.sends == 1 and notifier.given_up == 0
+        finally:
+            for conn in busy:
+                await pool.putconn(conn)
+
+
+async def test_a_store_closed_with_a_wake_up_pending_sends_it_and_leaves_nothing_running(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close`` right after an append, inside the notifier's window: the wake-up is sent at
+    once, before the store closes (not after the window, nor cancelled with it), and no task or
+    warning is left behind."""
+    caplog.set_level(logging.WARNING)
+    async with listening_raw(pg_schema) as listener:
+        async with replica(pg_schema) as writer:
+            run = make_run()
+            await writer.create_run(run)
+            writer._notifier.window_s = 60.0  # the close, not the window, ends the wait
+            await writer.append(run.run_id, deltas(2))
+            await asyncio.sleep(0)  # the notifier's task is in its window
+            assert notifier_tasks() and writer._notifier.sends == 0
+        await received(listener, f"{run.run_id} 2")
+    assert writer._notifier.sends == 1
+    assert notifier_tasks() == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_store_closed_while_the_server_does_not_answer_its_wake_up_stops_anyway(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wake-up whose send hangs when the store closes: ``close`` gives it ``within`` and
+    cancels it (the readers elsewhere have their poll); nothing is left running and no error is
+    logged, and a commit told after the close starts nothing."""
+    caplog.set_level(logging.WARNING)
+    writer = await PostgresStore.open(PG_URL, schema=pg_schema, pool_size=2)
+    run = make_run()
+    await writer.create_run(run)
+    notifier = writer._notifier
+    hung = asyncio.Event()
+
+    async def never_answered(payloads: list[str]) -> None:
+        hung.set()
+        await asyncio.Event().wait()
+
+    notifier._send = never_answered  # type: ignore[method-assign]
+    await writer.append(run.run_id, deltas(1))
+    await hung.wait()
+    await notifier.close(within=0.05)
+    await writer.close()
+    notifier.committed(run.run_id, 2)
+    assert notifier_tasks() == []
+    assert notifier.sends == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @settings(

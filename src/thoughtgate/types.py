@@ -123,7 +123,7 @@ class ToolCallPart:
         """Parsed arguments; an empty or invalid string parses as ``{}`` (the loop reports it)."""
         try:
             value = json.loads(self.arguments_json or "{}")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # broken, or nested past the stack
             return {}
         return value if isinstance(value, dict) else {"value": value}
 

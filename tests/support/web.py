@@ -276,16 +276,16 @@ def seed_run(
     status: RunStatus = "completed",
     error: str | None = None,
 ) -> Callable[[EventStore], Awaitable[None]]:
-    """A seeder for :func:`web_daemon`: a run recorded straight into the store, as given. It
-    is stored open, its events appended, then given its status: a run stored ended is closed,
-    and nothing more can be appended to it (ADR 0134)."""
+    """A seeder for :func:`web_daemon`: a run recorded straight into the store, as given."""
 
     async def seed(store: EventStore) -> None:
+        # Created open, its events appended, then given its status: a run stored ended takes
+        # no further events (ADR 0134), whatever its log holds.
         await store.create_run(
             RunRecord(run_id, prompt, model="fake:seeded", chain_of_thought=mode, status="running")
         )
         await store.append(run_id, list(events))
-        await store.update_run(run_id, status=status, error=error)
+        await store.update_run(run_id, status=status, **({"error": error} if error else {}))
 
     return seed
 

@@ -707,7 +707,7 @@ class AnthropicCapture:
             block = dict(slot.input)
             if slot.json:
                 # broken JSON keeps the block as it started; the API will say what it makes of it
-                with contextlib.suppress(json.JSONDecodeError):
+                with contextlib.suppress(json.JSONDecodeError, RecursionError):
                     block["input"] = json.loads("".join(slot.json) or "{}")
             self.other_blocks[index + self.offset] = block
 
@@ -754,7 +754,7 @@ def _arguments(slot: _Block) -> str:
         raw = "".join(slot.json)
         try:
             value = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the stack
             return raw  # the model's own broken JSON; ToolCallPart.arguments reports it as {}
     else:
         value = slot.input if slot.input is not None else {}
@@ -805,7 +805,7 @@ class _SegmentBlocks:
                 block = blocks[tool_index[chunk.call_id]]
                 try:
                     block["input"] = json.loads(chunk.arguments_delta or "{}")
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     block["input"] = {}
             elif isinstance(chunk, UsageChunk):
                 for name in ("input_tokens", "output_tokens", "reasoning_tokens"):

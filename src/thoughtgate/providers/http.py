@@ -135,10 +135,12 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     try:
         return max(0.0, float(raw))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw) if raw else None
-        if parsed is None:
-            return None
+        pass
+    try:  # a value that is neither seconds nor a date is no hint (the backoff stands)
+        parsed = email.utils.parsedate_to_datetime(raw)
         return max(0.0, parsed.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None
 
 
 def _request_id(headers: Mapping[str, str], body: Any = None) -> str | None:
@@ -248,6 +250,12 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
                 f"malformed JSON in {_event_named(message.event)}stream event: {exc} "
+                f"(in {size_of(data)})",
+                provider=provider,
+            ) from exc
+        except RecursionError as exc:  # orjson refuses past 1024 levels, json past the stack
+            raise MalformedResponseError(
+                f"{_event_named(message.event)}stream event is nested too deeply to read "
                 f"(in {size_of(data)})",
                 provider=provider,
             ) from exc
@@ -393,7 +401,7 @@ class HTTPTransport:
         raw = await response.aread()
         try:
             body: Any = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
             body = raw.decode("utf-8", errors="replace")[:500]
         info = error_info(body)
         status = response.status_code
@@ -533,6 +541,17 @@ class HTTPTransport:
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
                 f"malformed JSON body: {exc} (in {size_of(raw)})", provider=self.provider
+            ) from exc
+        except UnicodeDecodeError as exc:  # cut inside a character, or another encoding
+            raise MalformedResponseError(
+                f"response body is not UTF-8 JSON: {exc.reason} at byte {exc.start} "
+                f"(in {size_of(raw)})",
+                provider=self.provider,
+            ) from exc
+        except RecursionError as exc:
+            raise MalformedResponseError(
+                f"response body is nested too deeply to read (in {size_of(raw)})",
+                provider=self.provider,
             ) from exc
         if not isinstance(value, dict):
             raise MalformedResponseError(

@@ -113,6 +113,12 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _parts(value: Any) -> list[Any]:
+    """An item's ``summary`` or ``content`` parts: a value that is not a list holds none (as a
+    part that is not an object is skipped), instead of failing the turn with a ``TypeError``."""
+    return value if isinstance(value, list) else []
+
+
 def responses_usage(usage: Mapping[str, Any]) -> UsageChunk:
     out_details = usage.get("output_tokens_details")
     in_details = usage.get("input_tokens_details")
@@ -397,7 +403,7 @@ class ResponsesEventParser(JSONEventParser):
                 out.append(ToolCallDelta(entry.call_id, args))
             out.append(ToolCallEnd(entry.call_id))
         elif kind == "message":
-            for k, part in enumerate(item.get("content") or []):
+            for k, part in enumerate(_parts(item.get("content"))):
                 if not isinstance(part, Mapping) or ("text", k) in entry.seen:
                     continue
                 if part.get("type") == "refusal":
@@ -414,8 +420,8 @@ class ResponsesEventParser(JSONEventParser):
 
     def _reasoning_done(self, item: Mapping[str, Any], entry: _Item) -> list[Chunk]:
         out: list[Chunk] = []
-        summary = item.get("summary") or []
-        content = item.get("content") or []
+        summary = _parts(item.get("summary"))
+        content = _parts(item.get("content"))
         for k, part in enumerate(summary):
             if ("summary", k) not in entry.seen and isinstance(part, Mapping):
                 out += self._reasoning(

@@ -15,6 +15,13 @@ The events are in the store before their wake-up is sent: the store is the sourc
 notification only a hint. A wake-up that is never sent -- the process died between the commit
 and the send, or the send failed twice -- leaves other replicas' readers to their safety poll
 (``PostgresStore.safety_poll``), which re-reads from each reader's last sequence number.
+
+A flaky network (ADR 0132 amendment 1): each attempt is bounded by ``send_timeout_s``, so a
+connection that went silent (no reset, a server that stopped answering) costs one timeout, not
+the kernel's TCP retransmission timeout, during which every later wake-up of the process would
+wait behind it. A server that keeps refusing is warned about once, when the first wake-up is
+given up, and said to be back at the next send that succeeds; the sends in between are logged at
+debug level, not once every ``window_s``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ class PgNotifier:
     #: How long the first commit noted waits for others to share its send. One appender commits
     #: about once a millisecond: without a window each append cost a transaction of its own.
     window_s: float = 0.005
+    #: One attempt (connecting included) longer than this is given up as failed: the connection
+    #: is dropped and the next attempt opens a new one. A ``NOTIFY`` takes about a round trip.
+    send_timeout_s: float = 10.0
 
     def __init__(self, conninfo: str, channel: str, *, application_name: str) -> None:
         self._conninfo = conninfo
@@ -50,8 +60,12 @@ class PgNotifier:
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._closed = False
+        self._window: asyncio.Future[None] | None = None  # ``close`` ends it: send at once
+        self._failing = False
         self.sends = 0
         """Notifying transactions sent (each carries every run noted since the previous one)."""
+        self.given_up = 0
+        """Sends given up after their second attempt (their readers elsewhere poll instead)."""
 
     def committed(self, run_id: str, last_seq: int) -> None:
         """After a commit: wake other replicas' readers of ``run_id`` up to ``last_seq``."""
@@ -65,23 +79,56 @@ class PgNotifier:
     async def _send_pending(self) -> None:
         while self._pending:
             if not self._closed:
-                await asyncio.sleep(self.window_s)
+                await self._wait_window()
             noted, self._pending = self._pending, {}
             payloads = [f"{run_id} {last}" for run_id, last in noted.items()]
             for attempt in (1, 2):  # a connection the server dropped since: once more, anew
                 try:
-                    await self._send(payloads)
-                    break
-                except (psycopg.Error, OSError) as exc:
+                    async with asyncio.timeout(self.send_timeout_s):
+                        await self._send(payloads)
+                except (psycopg.Error, OSError, TimeoutError) as exc:
                     await self._drop_connection()
                     if attempt == 2:
-                        log.warning(
-                            "NOTIFY %s failed (%s); other replicas' readers of %d run(s) wait "
-                            "for their safety poll",
-                            self._channel,
-                            exc,
-                            len(payloads),
-                        )
+                        self._gave_up(exc, len(payloads))
+                else:
+                    if self._failing:
+                        self._failing = False
+                        log.info("NOTIFY %s sent again", self._channel)
+                    break
+
+    async def _wait_window(self) -> None:
+        """``asyncio.sleep(window_s)``, cut short by ``close`` (as cheap: one future, one timer)."""
+        if self.window_s <= 0:  # no window (``bench/notify_bench.py``): one turn, as sleep(0)
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        self._window = window = loop.create_future()
+        timer = loop.call_later(self.window_s, _end, window)
+        try:
+            await window
+        finally:
+            timer.cancel()
+            self._window = None
+
+    def _gave_up(self, exc: BaseException, runs: int) -> None:
+        self.given_up += 1
+        # One warning an outage: a server that refuses for a minute would otherwise be reported
+        # once every window, as long as this process appends.
+        first, self._failing = not self._failing, True
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "NOTIFY %s failed (%s); other replicas' readers of %d run(s) wait for their safety "
+            "poll%s",
+            self._channel,
+            str(exc) or type(exc).__name__,
+            runs,
+            " (further failures are logged at debug level until a send succeeds)" if first else "",
+        )
+
+    async def idle(self) -> None:
+        """Return once nothing noted is waiting to be sent or being sent (sent or given up)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
 
     async def _send(self, payloads: list[str]) -> None:
         if self._conn is None or self._conn.closed:
@@ -100,6 +147,8 @@ class PgNotifier:
         this store closed), then close the connection. A send that takes longer than ``within``
         (a server that does not answer) is cancelled: its readers have their poll."""
         self._closed = True
+        if self._window is not None:
+            _end(self._window)
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait({task}, timeout=within)
@@ -107,3 +156,8 @@ class PgNotifier:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._drop_connection()
+
+
+def _end(window: asyncio.Future[None]) -> None:
+    if not window.done():
+        window.set_result(None)

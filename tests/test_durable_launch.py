@@ -35,7 +35,12 @@ from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL, schema_name
 
 from thoughtgate.config import Config
-from thoughtgate.errors import RuntimeFailure, StoreUnavailableError, ThoughtgateError
+from thoughtgate.errors import (
+    RuntimeFailure,
+    StoreUnavailableError,
+    ThoughtgateError,
+    UsageError,
+)
 from thoughtgate.orchestration import dbos_logs
 from thoughtgate.orchestration.durable import DurableEngine
 from thoughtgate.orchestration.runtime import RunRequest
@@ -155,6 +160,50 @@ async def test_a_launch_that_fails_at_any_step_leaves_nothing_behind(
         assert (await failed.runtime.run(TWO_TASKS)).status == "completed"
     finally:
         await failed.close()
+    _no_engine_left()
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("launched", [False, True], ids=["built", "launched"])
+async def test_a_dbos_the_application_built_first_is_refused_and_left_as_it_was(
+    tmp_path: Path, launched: bool
+) -> None:
+    """An application that built its own DBOS (and maybe launched it) before thoughtgate's
+    launch: DBOS would hand thoughtgate that instance, configured by the application (its
+    database, its serializer), and thoughtgate's runs would be checkpointed there. The launch
+    is refused saying what to do (ADR 0136), the application's instance is left as it was
+    (not destroyed, nothing of thoughtgate's in its database), no run is admitted; once the
+    application destroyed its instance, the same engine launches and runs on its own."""
+    apps = f"sqlite:///{tmp_path / 'app.sqlite'}"
+    daemon = InProcessDaemon(await SQLiteStore.open(tmp_path / "store.db"), Config())
+    try:
+        theirs = DBOS(config={"name": "the-application", "system_database_url": apps})
+        if launched:
+            DBOS.launch()
+        with pytest.raises(UsageError) as raised:
+            await daemon.launch(like="run")
+        said = str(raised.value)
+        assert said.startswith(
+            "cannot launch durable runs: this process already has a DBOS instance, built "
+            "before this launch and not by thoughtgate"
+        ), said
+        assert f"SQLite database {tmp_path / 'store.db.workflows'}" in said
+        assert "DBOS.destroy()" in said and "durability.enabled = false" in said
+        assert dbos_module._dbos_global_instance is theirs
+        assert theirs._launched is launched
+        assert DurableEngine.current is None and not daemon.engine.launched
+        with pytest.raises(RuntimeFailure, match="durable runs cannot start in this process: "):
+            await daemon.runtime.run(TWO_TASKS)
+        assert await daemon.store.list_runs() == []
+        if launched:
+            assert await DBOS.list_workflows_async() == []
+        DBOS.destroy()
+        await daemon.launch(like="run")
+        run = await daemon.runtime.run(TWO_TASKS)
+        assert run.status == "completed", run
+    finally:
+        await daemon.close()  # (a failure above leaves no engine, nor DBOS, to later tests)
+        DBOS.destroy()
     _no_engine_left()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import sys
@@ -153,6 +154,33 @@ async def test_tool_errors_are_mcp_errors_with_clear_text() -> None:
 
         empty = await client.call_tool("orchestration_run", {"prompt": " ", "model": "fake:echo"})
         assert empty.is_error and "prompt must not be empty" in _text(empty)
+
+
+async def test_a_provider_without_a_key_is_named_to_the_host_in_neutral_words(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run asking for a provider this server has no key for: the tool error says what the
+    daemon tells its callers and what the host can do, never which secret to set (the host's
+    model reads it first; ADR 0128, ADR 0136); no run is created; the server's log on stderr
+    tells whoever set it up what to set, and where a host takes it from."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    store = MemoryStore()
+    server = build_mcp_server(McpTools(Runtime(store, Config()), Role.DEVELOPER))
+    with caplog.at_level(logging.WARNING, logger="thoughtgate.mcp"):
+        async with Client(server) as client:
+            result = await client.call_tool(
+                "orchestration_run", {"prompt": "hi", "model": "anthropic:claude-sonnet-4-5"}
+            )
+    assert result.is_error
+    assert _text(result) == (
+        "this server is not configured for provider 'anthropic': no run was started (choose "
+        "another model, or ask whoever set up this MCP server to configure the provider; its "
+        "log says what to set)"
+    )
+    assert await store.list_runs() == []
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "thoughtgate.mcp"]
+    assert "orchestration_run asked for provider 'anthropic'" in line
+    assert "ANTHROPIC_API_KEY" in line and "server entry" in line
 
 
 class _QuotingStore(MemoryStore):

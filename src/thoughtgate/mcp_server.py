@@ -73,6 +73,7 @@ from thoughtgate.engine.approvals import ApprovalBroker, Decision
 from thoughtgate.engine.tools import ToolRegistry
 from thoughtgate.errors import (
     AccessDeniedError,
+    ProviderNotConfiguredError,
     RunTakenOverError,
     ThoughtgateError,
     UsageError,
@@ -327,6 +328,25 @@ def _error(text: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
+def _provider_not_configured(tool: str, exc: ProviderNotConfiguredError) -> CallToolResult:
+    """A run needs a provider this server has no key or base URL for (ADR 0128, ADR 0136). The
+    tool error is read by the host's model first: it gets the daemon's neutral words and what
+    it can do, never a secret's variable to set (a model told that asks for the key in the chat,
+    or sets it with a shell tool). What to set goes to this server's log on stderr, which the
+    host keeps for whoever configured it, with where a host takes the variable from."""
+    log.warning(
+        "%s asked for provider %r, which this server is not configured for: %s (an MCP host "
+        "starts this server with the environment of its server entry, not of a shell)",
+        tool,
+        exc.provider,
+        str(exc),
+    )
+    return _error(
+        f"{exc.public}: no run was started (choose another model, or ask whoever set up this "
+        "MCP server to configure the provider; its log says what to set)"
+    )
+
+
 def _arguments_error(tool: str, exc: ValidationError) -> CallToolResult:
     """Each wrong argument and what it takes, in plain words (no library links)."""
     problems = []
@@ -426,6 +446,8 @@ def build_mcp_server(tools: McpTools) -> Server[Any]:
                 )
         except ValidationError as exc:
             return _arguments_error(params.name, exc)
+        except ProviderNotConfiguredError as exc:  # the server's setting, not the call's
+            return _provider_not_configured(params.name, exc)
         except UsageError as exc:  # what was wrong with the call, in thoughtgate's words
             return _error(str(exc))
         except ThoughtgateError as exc:

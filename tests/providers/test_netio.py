@@ -32,9 +32,20 @@ from thoughtgate.providers.netio import AsyncioBackend
 TEXT = {"content-type": "text/plain"}
 
 
-def client(verify: ssl.SSLContext | None = None, *, read: float = 5.0) -> httpx.AsyncClient:
+HANG = 60.0
+"""A wait no healthy exchange comes near, however loaded the machine: the bound of a test that is
+not about timeouts. On a loaded machine seven TLS handshakes, both ends in one loop, took up to
+1.1 s (uvloop does the TCP connect at once, so all of it falls in the handshake): a 1 s connect
+timeout failed the interleaving test, whose subject is bytes, not time."""
+
+
+def client(
+    verify: ssl.SSLContext | None = None, *, read: float = HANG, connect: float = HANG
+) -> httpx.AsyncClient:
+    """The shared transport's client; its timeouts are a hang's (:data:`HANG`) unless a test of
+    timeouts sets its own."""
     transport = ShardedTransport(verify=verify or ssl.create_default_context())
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(read, connect=1.0))
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(read, connect=connect))
 
 
 async def test_the_shared_transport_reads_through_the_asyncio_backend() -> None:
@@ -123,7 +134,7 @@ async def test_a_stall_mid_body_is_a_read_timeout() -> None:
 
 
 async def test_connect_failures_are_mapped() -> None:
-    async with client() as http:
+    async with client(connect=1.0) as http:
         with blackhole_port() as port, pytest.raises(httpx.ConnectTimeout):
             await http.get(f"http://127.0.0.1:{port}")
         with pytest.raises(httpx.ConnectError):

@@ -303,6 +303,28 @@ def launch_failed(exc: Exception, location: _Location, step: str) -> Thoughtgate
     return quoting(RuntimeFailure, f"cannot {action} on {where}: {SAID}", exc, _unsecret(first))
 
 
+def _dbos_instance() -> object | None:
+    """The DBOS instance of this process, if one is built (DBOS keeps one per process)."""
+    from dbos import _dbos
+
+    return getattr(_dbos, "_dbos_global_instance", None)
+
+
+def foreign_dbos(location: _Location) -> UsageError:
+    """The error of a launch in a process that already has a DBOS instance it did not build
+    (ADR 0136): DBOS would hand that instance back, configured by whoever built it -- its
+    database, its serializer, its executor, its queues -- and thoughtgate's runs would be
+    checkpointed where the user never said, in a form thoughtgate cannot read back."""
+    return UsageError(
+        "cannot launch durable runs: this process already has a DBOS instance, built before "
+        "this launch and not by thoughtgate (DBOS allows one per process, and thoughtgate's "
+        "durable runs need one it configured: its workflows database is "
+        f"{workflows_database(location)}). Run thoughtgate's durable runs in a process that "
+        "builds no DBOS of its own (a thoughtgate daemon the application calls), destroy that "
+        "instance before this launch (DBOS.destroy()), or set durability.enabled = false"
+    )
+
+
 def _unsecret(text: str) -> str:
     """``text`` with any password a URL in it carries replaced by ``…`` (a library may quote
     the URL it was given)."""
@@ -520,13 +542,22 @@ class DurableEngine:
         destroyed, no engine :attr:`current`, so this engine may launch again or another
         attach; the error (a ``ThoughtgateError`` unless the launch was cancelled) names the
         step and the workflows database, never a password. Until a launch succeeds the runtime
-        admits no run (``Runtime.admit``): nothing is stored for a run that could not execute."""
+        admits no run (``Runtime.admit``): nothing is stored for a run that could not execute.
+
+        A process that already has a DBOS instance this launch did not build (an application's
+        own) is refused with a ``UsageError`` saying what to do, and that instance is left as it
+        was (ADR 0136): thoughtgate never runs on a DBOS configured by someone else."""
         if self.launched:
             return
         asyncio.get_running_loop()  # fail early outside a loop
         engine = DurableEngine.current
         if engine is not None and engine is not self:
             raise UsageError("this process already executes durable runs for another runtime")
+        if _dbos_instance() is not None:  # built before this launch, not by it (ADR 0136)
+            if DurableEngine.current is self:
+                DurableEngine.current = None
+            self.failure = foreign_dbos(self.location)
+            raise self.failure
         DurableEngine.current = self
         self.failure = None
         settings: dict[str, Any] = {

@@ -45,4 +45,4 @@ async def serving(
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), 1)
+            await asyncio.wait_for(server.wait_closed(), 10)  # a bound only a hang reaches

@@ -384,3 +384,14 @@ async def test_malformed_event_and_wrong_content_type() -> None:
     replay = Replay(b"data: not an sse answer", content_type="text/event-stream")
     with pytest.raises(MalformedResponseError, match="expected content-type application/json"):
         await make(OpenAIResponsesProvider, "o3", replay).request(turn_request())
+
+
+@pytest.mark.parametrize(
+    ("event", "said"),
+    [(b'{"sequence_number": 0}', "without a type"), (b'{"type": 7}', "whose type is not a string")],
+)
+async def test_an_event_without_a_usable_type_says_which(event: bytes, said: str) -> None:
+    """A proxy's stray event names what is wrong with its type: absent, or not a string."""
+    replay = Replay(b"data: " + event + b"\n\n", content_type="text/event-stream")
+    with pytest.raises(MalformedResponseError, match=said):
+        await streamed(make(OpenAIResponsesProvider, "o3", replay), turn_request())

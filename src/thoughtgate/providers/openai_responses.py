@@ -231,7 +231,8 @@ class ResponsesEventParser(JSONEventParser):
     def feed_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         etype = event.get("type")
         if not isinstance(etype, str):
-            raise self._malformed(f"stream event without a type: it is {shape_of(event)}")
+            said = "without a type" if etype is None else "whose type is not a string"
+            raise self._malformed(f"stream event {said}: it is {shape_of(event)}")
         handler = _HANDLERS.get(etype)
         return handler(self, event) if handler is not None else []  # unknown events: skipped
 

@@ -132,10 +132,8 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     raw = headers.get("retry-after")
     if not raw:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(raw))
-    except ValueError:
-        pass
     try:  # a value that is neither seconds nor a date is no hint (the backoff stands)
         parsed = email.utils.parsedate_to_datetime(raw)
         return max(0.0, parsed.timestamp() - time.time())

@@ -42,6 +42,10 @@ _dropping: set[asyncio.Future[None]] = set()
 """Reads of first pages nobody took, being abandoned (held until they end)."""
 
 
+def _nothing() -> None:
+    """What an ended feed calls instead of its ``unlisten`` and ``on_end`` (both done once)."""
+
+
 async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
     """The run's stored events after ``after``, up to its terminal event or the last one stored
     now (no waiting for more)."""
@@ -190,6 +194,10 @@ class _Feed:
         for sub in self.subscribers:
             sub.stop()
         self._on_end()
+        # Both close over this feed (the store's listener list, the run's feed map): dropped,
+        # so that an ended feed is freed as soon as nobody holds it, not by the cyclic
+        # collector (ADR 0138).
+        self._unlisten = self._on_end = _nothing
 
 
 class LiveReader:

@@ -123,6 +123,7 @@ class _Feed:
         if read_first:  # read what may already be stored after ``start``
             self._wake.set()
         self._unlisten = store.wakeups.listen(run_id, self)
+        self._running = False
         self.task = asyncio.create_task(self._run(store, run_id), name=f"feed {run_id}")
 
     # -- RunListener: called by the store in this process --------------------------------
@@ -159,11 +160,19 @@ class _Feed:
         for sub in tuple(self.subscribers):
             sub.offer(fresh)
         if ended:
-            self._stop()
-            if asyncio.current_task() is not self.task:
-                self.task.cancel()  # nothing more to read: ``_run`` ends
+            self.stop()
+
+    def stop(self) -> None:
+        """Follow the run no more: readers still attached are stopped, and ``_run`` ends."""
+        self._stop()
+        # Cancelled where it waits, or, not started yet, left to find the feed done at its first
+        # step: a coroutine cancelled before it started ends holding that cancel, whose traceback
+        # holds this feed, so that only the cyclic collector would free either (ADR 0138).
+        if self._running and asyncio.current_task() is not self.task:
+            self.task.cancel()
 
     async def _run(self, store: EventLog, run_id: str) -> None:
+        self._running = True
         loop = asyncio.get_running_loop()
         try:
             while not self.done:
@@ -399,7 +408,7 @@ class LiveReader:
 
     def _leave(self) -> None:
         if self._feed is not None and self._sub is not None:
-            self._feeds._leave(self.run_id, self._feed, self._sub)
+            self._feeds._leave(self._feed, self._sub)
         self._feed = None
 
     def close(self) -> None:
@@ -633,12 +642,10 @@ class RunFeeds:
         feed.subscribers.add(sub)
         return feed
 
-    def _leave(self, run_id: str, feed: _Feed, sub: _Subscriber) -> None:
+    def _leave(self, feed: _Feed, sub: _Subscriber) -> None:
         feed.subscribers.discard(sub)
         if not feed.subscribers and not feed.done:
-            feed.task.cancel()
-            if self._feeds.get(run_id) is feed:
-                del self._feeds[run_id]
+            feed.stop()  # which forgets it here (its ``on_end``)
 
     def frame(
         self,

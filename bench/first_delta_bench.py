@@ -41,7 +41,7 @@ from bench.turn_bench import _request, _settings
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.types import ReasoningDelta
 
-__all__ = ["Answer", "answer", "cpu_us", "main"]
+__all__ = ["Answer", "answer", "cpu_us", "events", "figures", "main"]
 
 PER_BATCH = 300
 REPEATS = 7

@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import gc
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.settle import settled
 
 from thoughtgate.events.schema import EventType, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
@@ -42,14 +43,6 @@ def _collector_off() -> Iterator[None]:
 async def _turns(n: int = 10) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
-
-
-async def _settled(check: Callable[[], bool]) -> None:
-    for _ in range(100_000):
-        if check():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("never settled")
 
 
 class _Cycle:
@@ -110,7 +103,7 @@ async def test_an_ended_live_feed_is_freed_with_its_readers(feed_ran: bool) -> N
 
     with _collector_off():
         reader = asyncio.create_task(read())
-        await _settled(lambda: feeds.readers("run_1") == 1)
+        await settled(lambda: feeds.readers("run_1") == 1)
         feed = weakref.ref(feeds._feeds["run_1"])
         if feed_ran:
             await _turns()
@@ -137,7 +130,7 @@ async def test_a_feed_its_last_reader_left_is_freed_and_a_new_reader_gets_a_new_
 
     with _collector_off():
         reader = asyncio.create_task(first())
-        await _settled(lambda: feeds.readers("run_1") == 1)
+        await settled(lambda: feeds.readers("run_1") == 1)
         await _turns()  # the feed's task waits for the run
         feed = weakref.ref(feeds._feeds["run_1"])
         await store.append("run_1", [NewEvent("message.delta", {"text": "a", "turn": 0})])
@@ -147,7 +140,7 @@ async def test_a_feed_its_last_reader_left_is_freed_and_a_new_reader_gets_a_new_
         assert feeds.readers("run_1") == 0
         assert feed() is None
     later = asyncio.create_task(first(after=1))
-    await _settled(lambda: feeds.readers("run_1") == 1)
+    await settled(lambda: feeds.readers("run_1") == 1)
     await store.append("run_1", [NewEvent("message.delta", {"text": "b", "turn": 0})])
     assert await later == 2  # a new feed brought it
 

@@ -150,12 +150,9 @@ async def test_a_recorder_closed_with_its_window_open_is_freed_with_its_run() ->
     await store.create_run(RunRecord("run_1", "p"))
     with _collector_off():
         recorder = EventRecorder(store, "run_1", flush_interval=3600.0)
-        await recorder.emit_delta(
-            NewEvent("message.delta", {"text": "a", "turn": 0})
-        )  # appended at once
-        await recorder.emit_delta(
-            NewEvent("message.delta", {"text": " b", "turn": 0})
-        )  # waits its window
+        first, second = (NewEvent("message.delta", {"text": t, "turn": 0}) for t in ("a", " b"))
+        await recorder.emit_delta(first)  # appended at once
+        await recorder.emit_delta(second)  # waits for its window
         await recorder.close()  # flushes it, and ends the task that waited for the window
         gone = weakref.ref(recorder)
         del recorder

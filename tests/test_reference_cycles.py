@@ -1,9 +1,9 @@
 """What a run and its requests leave behind is freed when the last reference to it goes, not
 later by Python's cyclic collector (ADR 0138): a request's scope, a live feed that ended, a
 recorder closed with its batching window open. Each of these once formed a reference cycle, so
-at 100 concurrent runs the daemon's collector had about 60 objects a run to find and free, and
-its passes stop the event loop. Each test turns the collector off and checks that the object is
-gone once nothing holds it. With the cycle back, the object stays."""
+at 100 concurrent runs the daemon's collector had about 35 objects a run from them to find and
+free, and its passes stop the event loop. Each test turns the collector off and checks that the
+object is gone once nothing holds it. With the cycle back, the object stays."""
 
 from __future__ import annotations
 

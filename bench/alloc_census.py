@@ -124,10 +124,10 @@ def consume(runs: int, concurrency: int, samples: int, interval: float, top: int
     from thoughtgate.server.serve import daemon_runner
 
     census = _Census(samples, interval)
-    run_instructions._Window = lambda instructions: census  # type: ignore[assignment,misc,attr-defined]
+    run_instructions._Window = lambda instructions: census  # type: ignore[assignment,misc,return-value]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp) / "s.db"
-        drive = run_instructions._drive(where, runs, concurrency, 1.0, False, False, False)  # type: ignore[attr-defined]
+        drive = run_instructions._drive(where, runs, concurrency, 1.0, False, False, False)
         stats = daemon_runner()(drive)
     events = stats["events"]
     held_blocks: Counter[str] = Counter()
@@ -146,13 +146,34 @@ def consume(runs: int, concurrency: int, samples: int, interval: float, top: int
                 "runs": stats["runs"],
                 "events": events,
                 "net_containers_per_event": round(census.young / events, 3),
-                "held_in_flight_per_run": _rows((held_blocks, held_size), base, n * concurrency, top),
+                "held_in_flight_per_run": _rows(
+                    (held_blocks, held_size), base, n * concurrency, top
+                ),
                 "left_per_event": _rows(census.left, census.start, events, top),
             },
             indent=1,
         ),
         flush=True,
     )
+
+
+def frames(total: int, build_only: bool) -> None:
+    from thoughtgate.access.filter import event_filter
+    from thoughtgate.access.roles import Role
+    from thoughtgate.events.schema import Event
+    from thoughtgate.server.fanout import RunFeeds
+    from thoughtgate.server.sse import event_frame
+    from thoughtgate.store.memory import MemoryStore
+
+    feeds = RunFeeds(MemoryStore())
+    kinds = ("reasoning.delta", "message.delta")
+    events = [Event(i + 1, "run_x", kinds[i % 2], {"text": f"word{i} "}) for i in range(total)]
+    show = event_filter(Role.DEVELOPER, mode="surface")
+    size = 0
+    for event in () if build_only else events:
+        data = feeds.frame(event, Role.DEVELOPER, "surface", event_frame, cache=False, show=show)
+        size += 0 if data is None else len(data)
+    print(json.dumps({"events": total, "bytes": size}))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,7 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--interval", type=float, default=0.5, help="s between snapshots")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--frames", type=int, default=0, help="frame N events alone")
+    parser.add_argument("--build-only", action="store_true", help="with --frames")
     args = parser.parse_args(argv)
+    if args.frames:
+        frames(args.frames, args.build_only)
+        return
     consume(args.runs, args.concurrency, args.samples, args.interval, args.top)
     sys.stdout.flush()
     os._exit(0)  # the server task and its threads: nothing to keep

@@ -1,0 +1,39 @@
+"""What a new user meets walking the README: listings whose ids can be copied, options that
+refuse what makes no sense, ``--help`` that says the defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from thoughtgate.cli import app
+
+QUIET = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+
+
+def _tg(*args: str, columns: int = 80) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={**QUIET, "COLUMNS": str(columns)})
+    assert isinstance(result.exception, SystemExit | None), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("columns", [80, 200])
+def test_keys_list_shows_whole_ids_and_names_at_any_width(tmp_path: Path, columns: int) -> None:
+    """``keys revoke`` takes a key's exact id or its name; at 80 columns (or in a pipe) the
+    table cut both to an ellipsis (``key_4c4ff87d7c8e4…``, ``bootst…``)."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    names = ["bootstrap-owner", "a-rather-long-name-for-the-ci-pipeline-key"]
+    for name in names:
+        code, _, err = _tg("keys", "create", "--role", "viewer", "--name", name, "--db", db)
+        assert code == 0, err
+    code, out, _ = _tg("keys", "list", "--db", db, "--json")
+    ids = [k["key_id"] for k in json.loads(out)]
+    code, out, err = _tg("keys", "list", "--db", db, columns=columns)
+    assert code == 0, err
+    assert "…" not in out
+    for key_id, name in zip(ids, names, strict=True):
+        assert key_id in out.split() and name in out.split(), out

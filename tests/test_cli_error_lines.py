@@ -47,6 +47,8 @@ BAD_INPUT = [
     # (below the range: a port above it, before the check, was started on modulo 65536)
     (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
     (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),
+    # a negative grace was taken as given
+    (["serve", "--shutdown-grace", "-1"], "'--shutdown-grace': -1.0 is not in the range x>=0.0."),
     # thoughtgate's own checks
     (["serve", "--log-level", "loud"], "unknown --log-level 'loud'; allowed: debug, info"),
     (["emulate", "--scenario", "nope"], "unknown scenario 'nope'; known: "),

@@ -95,6 +95,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--shutdown-grace",
                 metavar="SECONDS",
+                min=0.0,
                 help=(
                     "How long in-flight runs may finish on SIGTERM or Ctrl+C; then durable runs"
                     " are left to resume elsewhere (or here at the next start), others are"

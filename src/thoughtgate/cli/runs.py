@@ -554,7 +554,11 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int | None,
             typer.Option(
-                "--limit", metavar="N", help="At most N events.", min=1, max=STORE_INT_MAX
+                "--limit",
+                metavar="N",
+                help="At most N events (default: all of them).",
+                min=1,
+                max=STORE_INT_MAX,
             ),
         ] = None,
         follow: Annotated[

@@ -127,3 +127,14 @@ def test_smoke_describes_its_provider_options_as_run_does() -> None:
     for flag in ("--base-url", "--api-key"):
         assert _option(("smoke",), flag).help == _option(("run",), flag).help
         assert "beats" in (_option(("smoke",), flag).help or "")
+
+
+@pytest.mark.parametrize("group", [(), ("keys",)], ids=["thoughtgate", "keys"])
+def test_a_command_list_shows_each_summary_on_one_line(group: tuple[str, ...]) -> None:
+    """The summaries of ``resume``, ``trace``, ``check-index`` and ``keys revoke`` broke where
+    their docstrings wrap in the code, mid-sentence, however wide the terminal."""
+    shown = _help(group).splitlines()
+    for name, command in getattr(COMMANDS[group], "commands", {}).items():
+        summary = _squeezed((command.help or "").split("\n\n")[0])
+        rows = [_squeezed(line.replace("│", " ")) for line in shown]
+        assert f"{name} {summary}" in rows, (name, summary, shown)

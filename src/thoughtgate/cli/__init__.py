@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import typer
 
@@ -33,6 +34,23 @@ COMMAND_MODULES = (
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """A command list shows each command's first docstring paragraph; Rich keeps the line breaks
+    of its source, so a summary wrapped in the code came out broken mid-sentence. Each command
+    without a ``short_help`` gets that paragraph on one line (the command's own ``--help`` is
+    unchanged)."""
+    for command in typer_app.registered_commands:
+        doc = command.help or (command.callback.__doc__ if command.callback else None)
+        if command.short_help is None and doc:
+            command.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def main() -> None:

@@ -37,3 +37,19 @@ def test_keys_list_shows_whole_ids_and_names_at_any_width(tmp_path: Path, column
     assert "…" not in out
     for key_id, name in zip(ids, names, strict=True):
         assert key_id in out.split() and name in out.split(), out
+
+
+@pytest.mark.inprocess
+def test_runs_says_when_nothing_matches_instead_of_an_empty_table(tmp_path: Path) -> None:
+    """An empty box of column headers did not say whether the store or the filters were empty;
+    stdout stays empty (``--json`` is ``[]``), the words go to stderr."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    code, _, err = _tg("keys", "create", "--role", "viewer", "--name", "ci", "--db", db)
+    assert code == 0, err  # the store exists, with no runs
+    assert _tg("runs", "--db", db) == (0, "", "no runs yet\n")
+    code, _, err = _tg("run", "hello", "--model", "fake:echo", "--db", db, "--json")
+    assert code == 0, err
+    assert _tg("runs", "--db", db, "--status", "failed") == (0, "", "no runs match these filters\n")
+    assert _tg("runs", "--db", db, "--search", "nothing like it", "--json") == (0, "[]\n", "")
+    code, out, _ = _tg("runs", "--db", db)
+    assert code == 0 and "hello" in out

@@ -138,3 +138,12 @@ def test_a_command_list_shows_each_summary_on_one_line(group: tuple[str, ...]) -
         summary = _squeezed((command.help or "").split("\n\n")[0])
         rows = [_squeezed(line.replace("│", " ")) for line in shown]
         assert f"{name} {summary}" in rows, (name, summary, shown)
+
+
+def test_version_prints_the_version_and_exits_0() -> None:
+    """``thoughtgate --version`` was "No such option" (exit 2); the version was only in
+    ``/healthz`` and MCP's ``serverInfo``."""
+    from thoughtgate import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"thoughtgate {__version__}\n")

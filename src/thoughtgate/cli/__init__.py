@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from typing import Annotated
 
 import typer
 
-from thoughtgate import log_records
+from thoughtgate import __version__, log_records
 from thoughtgate.cli.usage_errors import OneLineUsageErrors
 
 __all__ = ["app", "main"]
@@ -31,6 +32,28 @@ COMMAND_MODULES = (
     "thoughtgate.cli.keys",
     "thoughtgate.cli.index_check",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"thoughtgate {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print thoughtgate's version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
+    """Run LLM agent work and govern who may see what the model thought."""
+
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.web import web_daemon
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
@@ -53,3 +54,27 @@ def test_runs_says_when_nothing_matches_instead_of_an_empty_table(tmp_path: Path
     assert _tg("runs", "--db", db, "--search", "nothing like it", "--json") == (0, "[]\n", "")
     code, out, _ = _tg("runs", "--db", db)
     assert code == 0 and "hello" in out
+
+
+@pytest.mark.inprocess
+def test_a_role_the_daemon_refuses_is_named_with_what_it_takes() -> None:
+    """Through ``--url`` a viewer's ``run``, ``resume`` and ``trace`` said only the daemon's
+    generic "forbidden: your role does not allow this"; locally the same refusal says which role
+    it takes. Both now do, with the key's role."""
+    with web_daemon(shutdown_grace_s=0.1) as daemon:
+        run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+        daemon.wait_done(run_id)
+        env = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["viewer"]}
+        said = {}
+        for args in (["run", "hi", "--model", "fake:echo"], ["resume", run_id], ["trace", run_id]):
+            result = CliRunner().invoke(app, args, env={**QUIET, **env, "COLUMNS": "60"})
+            assert result.exit_code == 2, result.output
+            said[args[0]] = result.stderr.strip()
+        developer = {**env, "THOUGHTGATE_KEY": daemon.keys["developer"]}
+        traced = CliRunner().invoke(app, ["trace", run_id, "--json"], env={**QUIET, **developer})
+        assert traced.exit_code == 0, traced.output
+    assert said == {
+        "run": "error: starting a run requires role member or above; this key's role is viewer",
+        "resume": "error: resuming a run requires role member or above; this key's role is viewer",
+        "trace": "error: the trace requires role developer or above; this key's role is viewer",
+    }

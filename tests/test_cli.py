@@ -311,3 +311,35 @@ def test_only_a_sqlite_file_that_is_not_there_is_missing(
     assert (found is not None) == missing
     if missing:
         assert found == Path(url.removeprefix("sqlite:///"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["events", "{run}"],
+        ["status", "{run}"],
+        ["events", "{run}", "--json", "--follow"],
+        ["run", "piped", "--model", "fake:reasoner", "--cot", "surface"],
+    ],
+    ids=["events", "status", "events --follow --json", "run"],
+)
+def test_a_reader_that_stops_reading_ends_the_command_quietly(db: str, args: list[str]) -> None:
+    """``thoughtgate events RUN | head -1``: the reader is gone before the command writes. Rich
+    raised SystemExit from inside the event loop, which asyncio reported as a traceback ("Task
+    exception was never retrieved"). It is exit 1, and nothing on stderr; a run still ends as
+    it would (it is not cut short by its reader)."""
+    run_id = run_json(db, "--cot", "surface")["run_id"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", *(a.format(run=run_id) for a in args), "--db", db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "60"},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # before the interpreter has started: every write finds no reader
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 1, err
+    assert err == "", err
+    if args[0] == "run":
+        listed = json.loads(tg("runs", "--db", db, "--json", "--search", "piped").stdout)
+        assert [r["status"] for r in listed] == ["completed"]

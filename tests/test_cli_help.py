@@ -120,6 +120,11 @@ def test_an_option_whose_default_is_a_setting_names_the_setting_and_its_own_defa
     assert f"default: server.host, else {server.host}" in host
     assert f"default: server.port, else {server.port}" in port
     assert "default: all" in (_option(("events",), "--limit").help or "")
+    assert "default: your local role, access.local_role" in (
+        _option(("status",), "--view-as").help or ""
+    )
+    approve = _option(("run",), "--approve-all").help or ""
+    assert "asked on a terminal" in approve and "orchestration.approval_timeout_s" in approve
 
 
 def test_smoke_describes_its_provider_options_as_run_does() -> None:

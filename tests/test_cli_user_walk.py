@@ -57,6 +57,16 @@ def test_runs_says_when_nothing_matches_instead_of_an_empty_table(tmp_path: Path
 
 
 @pytest.mark.inprocess
+def test_keys_list_says_when_there_are_none_instead_of_an_empty_table(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    code, _, err = _tg("run", "hello", "--model", "fake:echo", "--db", db, "--json")
+    assert code == 0, err  # the store exists, with no keys
+    said = "no keys yet (thoughtgate keys create --role ROLE --name NAME)\n"
+    assert _tg("keys", "list", "--db", db) == (0, "", said)
+    assert _tg("keys", "list", "--db", db, "--json") == (0, "[]\n", "")
+
+
+@pytest.mark.inprocess
 def test_a_role_the_daemon_refuses_is_named_with_what_it_takes() -> None:
     """Through ``--url`` a viewer's ``run``, ``resume`` and ``trace`` said only the daemon's
     generic "forbidden: your role does not allow this"; locally the same refusal says which role

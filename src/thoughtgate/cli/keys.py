@@ -137,18 +137,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List keys (never their secrets), revoked ones too."""
 
-        def show(records: list[ApiKeyRecord]) -> None:
+        def show(records: list[ApiKeyRecord], *, store_there: bool = True) -> None:
             if json_out:
                 print_json([key_view(k) for k in records])
-                return
-            _render_keys(records)
+            elif records:
+                _render_keys(records)
+            elif store_there:  # not an empty table (where there is no store, the note said so)
+                err_console.print("no keys yet (thoughtgate keys create --role ROLE --name NAME)")
 
         async def body(local: Role, store: EventStore) -> None:
             show(await store.list_api_keys())
 
         def no_keys(path: str) -> None:
             note_no_store(path)
-            show([])
+            show([], store_there=False)
 
         _on_store(config, db, body, if_missing=no_keys)
 

@@ -88,3 +88,34 @@ def test_a_role_the_daemon_refuses_is_named_with_what_it_takes() -> None:
         "resume": "error: resuming a run requires role member or above; this key's role is viewer",
         "trace": "error: the trace requires role developer or above; this key's role is viewer",
     }
+
+
+@pytest.mark.inprocess
+def test_demo_names_its_store_without_a_password_and_hints_with_the_same_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's first line printed ``--db`` as given, a PostgreSQL password included; its
+    closing hint (``thoughtgate events RUN --view-as viewer``) left out the ``--db`` it was
+    given, so it looked in another store, and for ``memory://`` pointed at a run that was gone."""
+    from thoughtgate.cli import common
+    from thoughtgate.store.memory import MemoryStore
+
+    async def in_memory(url: str) -> MemoryStore:
+        return MemoryStore()  # (no PostgreSQL here: what is printed is the subject)
+
+    monkeypatch.setattr(common, "open_store", in_memory)
+    code, out, err = _tg("demo", "--db", "postgresql://bob:hunter2@db.internal/app", columns=400)
+    assert code == 0, err
+    assert "hunter2" not in out + err
+    assert "db.internal" in out.splitlines()[0]
+    hint = out.splitlines()[-1]
+    assert hint.startswith("See what a viewer gets: thoughtgate events run_")
+    assert hint.endswith(" --view-as viewer --db URL")
+    monkeypatch.undo()
+    db = tmp_path / "my runs.db"
+    code, out, err = _tg("demo", "--db", f"sqlite:///{db}", columns=400)
+    assert code == 0, err
+    assert out.splitlines()[-1].endswith(f" --view-as viewer --db 'sqlite:///{db}'")
+    code, out, err = _tg("demo", "--db", "memory://", columns=400)
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("The run was in memory:// and is gone")

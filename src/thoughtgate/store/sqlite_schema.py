@@ -72,11 +72,13 @@ def check_header(path: Path) -> None:
         return
     except OSError as exc:
         if isinstance(exc, IsADirectoryError):
-            why = f"it is a directory, not a file (name a file in it: sqlite:///{path}/thoughtgate.db)"
+            inside = f"sqlite:///{path}/thoughtgate.db"
+            why = f"it is a directory, not a file (name a file in it: {inside})"
         elif isinstance(exc, NotADirectoryError):
             why = "a part of its path is a file, not a directory"
         else:
-            why = f"{exc.strerror or type(exc).__name__}; check that it and its directory are readable"
+            said = exc.strerror or type(exc).__name__
+            why = f"{said}; check that it and its directory are readable"
         raise StoreUnavailableError(
             f"cannot open SQLite database {path}: {why}. Point the store at another path "
             "(store.url / --db / THOUGHTGATE_DB)."

@@ -119,3 +119,26 @@ def test_demo_names_its_store_without_a_password_and_hints_with_the_same_store(
     code, out, err = _tg("demo", "--db", "memory://", columns=400)
     assert code == 0, err
     assert out.splitlines()[-1].startswith("The run was in memory:// and is gone")
+
+
+@pytest.mark.unit
+def test_an_answer_in_no_daemons_words_says_the_address_may_be_wrong() -> None:
+    """``--url`` at the emulator's port (8766, not the daemon's 8765) said only ``[405 error]
+    Method Not Allowed``. A 5xx in no daemon's words (a proxy's, or the daemon's own crash) keeps
+    them; a daemon's JSON error is as before."""
+    import httpx
+
+    from thoughtgate.client.errors import DaemonError, RequestRejectedError, raise_for_response
+
+    asked = httpx.Request("GET", "http://127.0.0.1:8766/v1/me")
+    with pytest.raises(RequestRejectedError) as other:
+        raise_for_response(httpx.Response(405, text="Method Not Allowed", request=asked))
+    assert str(other.value) == (
+        "[405 not_a_daemon] the server at http://127.0.0.1:8766/ answered GET /v1/me with HTTP "
+        "405 Method Not Allowed, not as a thoughtgate daemon does: is that the daemon's address?"
+    )
+    with pytest.raises(DaemonError, match=r"^\[502\] upstream connect error$"):
+        raise_for_response(httpx.Response(502, text="upstream connect error", request=asked))
+    ours = {"error": {"code": "not_found", "message": "no such route: GET /v1/nope"}}
+    with pytest.raises(RequestRejectedError, match=r"^\[404 not_found\] no such route"):
+        raise_for_response(httpx.Response(404, json=ours, request=asked))

@@ -158,7 +158,7 @@ def consume(runs: int, concurrency: int, samples: int, interval: float, top: int
 
 
 def frames(total: int, build_only: bool) -> None:
-    from thoughtgate.access.filter import event_filter
+    from thoughtgate.access import filter as output_filter
     from thoughtgate.access.roles import Role
     from thoughtgate.events.schema import Event
     from thoughtgate.server.fanout import RunFeeds
@@ -167,11 +167,15 @@ def frames(total: int, build_only: bool) -> None:
 
     feeds = RunFeeds(MemoryStore())
     kinds = ("reasoning.delta", "message.delta")
-    events = [Event(i + 1, "run_x", kinds[i % 2], {"text": f"word{i} "}) for i in range(total)]
-    show = event_filter(Role.DEVELOPER, mode="surface")
+    events = [
+        Event(i + 1, "run_x", kinds[i % 2], {"text": f"word{i} "}, ts=1.0) for i in range(total)
+    ]
+    # as ``live_frames`` frames them; a checkout before ADR 0143 had no reader's filter to pass
+    resolve = getattr(output_filter, "event_filter", None)
+    extra = {} if resolve is None else {"show": resolve(Role.DEVELOPER, mode="surface")}
     size = 0
     for event in () if build_only else events:
-        data = feeds.frame(event, Role.DEVELOPER, "surface", event_frame, cache=False, show=show)
+        data = feeds.frame(event, Role.DEVELOPER, "surface", event_frame, cache=False, **extra)
         size += 0 if data is None else len(data)
     print(json.dumps({"events": total, "bytes": size}))
 

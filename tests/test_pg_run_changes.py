@@ -25,8 +25,11 @@ from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_conformance import make_run
 
 from thoughtgate.events.schema import EventType, NewEvent
+from thoughtgate.store import postgres
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.listing import RunQuery
+from thoughtgate.store.migrations import load_migrations
+from thoughtgate.store.pg_schema import migrate
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.records import RunRecord
 
@@ -41,6 +44,15 @@ Op = tuple[str, int]
 Batch = tuple[list[Op], bool, bool]
 """Writes in flight together; whether one more (a run created with a task) is held open after
 taking its number until the others are done; whether a page-then-follow reader starts then."""
+
+
+@contextlib.asynccontextmanager
+async def opened(schema: str) -> AsyncIterator[PostgresStore]:
+    store = await PostgresStore.open(PG_URL, schema=schema)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def state(run: RunRecord) -> State:
@@ -208,3 +220,138 @@ def test_concurrent_writers_changes_reach_a_resuming_reader_once_in_order(
             await play(admin, pg_schema, batches)
 
     asyncio.run(go())
+
+
+# -- the upgrade, a replica of the previous version, a restored database, a horizon held back --
+def _table(schema: str, name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+
+
+async def _old_rows(admin: Admin, schema: str, numbers: dict[str, int]) -> None:
+    """Runs numbered by the previous version's counter, which ends at the largest."""
+    for run_id, number in numbers.items():
+        await admin.execute(
+            sql.SQL(
+                "INSERT INTO {} (run_id, prompt, chain_of_thought, worker_backend, status, "
+                "created_at, updated_at, usage, error, metadata, last_seq, change_seq) VALUES "
+                "(%s, 'p', 'hidden', 'provider', 'running', 1.0, 1.0, '{{}}', NULL, '{{}}', 0, %s)"
+            ).format(_table(schema, "runs")),
+            (run_id, number),
+        )
+    await admin.execute(
+        sql.SQL("UPDATE {} SET last_change = %s").format(_table(schema, "run_changes")),
+        (max(numbers.values()),),
+    )
+
+
+async def _settled_changes(store: PostgresStore, after: int) -> list[tuple[int, str]]:
+    for _ in range(1000):  # other tests' transactions on the server hold the horizon back a moment
+        async with store._conn("test") as conn:
+            cur = await conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {postgres._HORIZON})"
+            )
+            row = await cur.fetchone()
+        if row is not None and not row[0]:
+            break
+        await asyncio.sleep(0.01)
+    return [(n, r.run_id) for n, r in (await store.run_changes(after=after)).changes]
+
+
+async def test_the_upgrade_numbers_new_changes_after_the_old_ones_and_old_replicas_alike(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A schema at migration 13 whose counter stands at 500: after migration 14 the old numbers
+    read back as they were, a reader's cursor among them still works, and every new change --
+    this version's, and one numbered by a replica of the previous version still running (its
+    ``UPDATE run_changes ... RETURNING last_change``, held open while a later change commits)
+    -- is numbered above them and read once, in order, without the late one skipped."""
+    before = load_migrations("postgres")[:13]
+    assert load_migrations("postgres")[13].name == "run_changes_by_transaction"
+    await migrate(pg_admin, pg_schema, before, "test")
+    await _old_rows(pg_admin, pg_schema, {"run_a": 499, "run_b": 500})
+    async with opened(pg_schema) as store:
+        assert await _settled_changes(store, 0) == [(499, "run_a"), (500, "run_b")]
+        assert await store.latest_run_change() == 500
+        assert await _settled_changes(store, 499) == [(500, "run_b")]
+        async with await psycopg.AsyncConnection.connect(PG_URL) as old, old.transaction():
+            cur = await old.execute(
+                sql.SQL("UPDATE {} SET last_change = last_change + 1 RETURNING last_change").format(
+                    _table(pg_schema, "run_changes")
+                )
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            old_number = int(row[0])
+            await old.execute(
+                sql.SQL("UPDATE {} SET change_seq = %s WHERE run_id = 'run_a'").format(
+                    _table(pg_schema, "runs")
+                ),
+                (old_number,),
+            )
+            await store.update_run("run_b", status="failed")  # commits first
+            assert (await store.run_changes(after=500)).changes == []  # held behind the old one
+        changes = await _settled_changes(store, 500)
+        assert [r for _, r in changes] == ["run_a", "run_b"] and changes[0][0] == old_number
+        assert 500 < old_number < changes[1][0]
+
+
+async def test_numbers_ahead_of_the_servers_transactions_are_passed_at_the_next_start(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """A database dumped and restored into another cluster keeps its change numbers, but that
+    cluster's transaction ids start lower: the next start moves the numbering above the stored
+    numbers, so a new change is numbered and read after them (else it would be numbered below
+    every reader's cursor, or collide with a stored number)."""
+    async with opened(pg_schema) as store:
+        run = make_run()
+        await store.create_run(run)
+    ahead = 10**12
+    await pg_admin.execute(
+        sql.SQL("UPDATE {} SET change_seq = change_seq + %s").format(_table(pg_schema, "runs")),
+        (ahead,),
+    )
+    async with opened(pg_schema) as store:
+        (stored, _), *_ = await _settled_changes(store, 0)
+        assert stored > ahead and await store.latest_run_change() == stored
+        late = make_run()
+        await store.create_run(late)
+        assert await _settled_changes(store, stored) == [
+            (await _number_of(store, late.run_id), late.run_id)
+        ]
+
+
+async def _number_of(store: PostgresStore, run_id: str) -> int:
+    async with store._conn("test") as conn:
+        cur = await conn.execute("SELECT change_seq FROM runs WHERE run_id = %s", (run_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_change_held_behind_an_older_transaction_is_read_when_it_ends_not_at_the_poll(
+    pg_schema: str,
+) -> None:
+    """A transaction older than a run-list change (any write, here not thoughtgate's) is still
+    running when a reader looks: the reader finds the change waiting above the horizon and looks
+    again soon, so it reads it once that transaction ends -- which sends no wake-up -- rather
+    than at its 60 s poll. (The change's own wake-up is not sent here: it may as well have come
+    and gone before that transaction ended.)"""
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
+        await writer.create_run(make_run())
+        await _settled_changes(reader, 0)
+        after = await reader.latest_run_change()
+        writer._notifier.wake = lambda payload: None  # type: ignore[method-assign]
+        async with await psycopg.AsyncConnection.connect(PG_URL) as older:
+            async with older.transaction():
+                await older.execute("SELECT pg_current_xact_id()")  # an id: it holds the horizon
+                run = make_run()
+                await writer.create_run(run)
+                assert (await reader.run_changes(after=after)).changes == []
+                waiting = asyncio.create_task(reader.wait_for_run_changes(after))
+                await asyncio.sleep(0.1)
+            async with asyncio.timeout(10):  # not the 60 s poll
+                await waiting
+                while not (changes := (await reader.run_changes(after=after)).changes):
+                    await reader.wait_for_run_changes(after)
+        assert [r.run_id for _, r in changes] == [run.run_id]

@@ -57,6 +57,7 @@ class PgNotifier:
         self._channel = channel
         self._application_name = application_name
         self._pending: dict[str, int] = {}
+        self._woken: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._closed = False
@@ -73,15 +74,27 @@ class PgNotifier:
             return
         if last_seq > self._pending.get(run_id, 0):
             self._pending[run_id] = last_seq
+        self._start()
+
+    def wake(self, payload: str) -> None:
+        """After a commit: send ``payload`` as it is, with the next send (the run list's wake-up,
+        ADR 0140: what ``pg_notify`` sent in the change's transaction before)."""
+        if self._closed:
+            return
+        self._woken.add(payload)
+        self._start()
+
+    def _start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._send_pending(), name=f"notify {self._channel}")
 
     async def _send_pending(self) -> None:
-        while self._pending:
+        while self._pending or self._woken:
             if not self._closed:
                 await self._wait_window()
             noted, self._pending = self._pending, {}
-            payloads = [f"{run_id} {last}" for run_id, last in noted.items()]
+            woken, self._woken = self._woken, set()
+            payloads = [f"{run_id} {last}" for run_id, last in noted.items()] + sorted(woken)
             for attempt in (1, 2):  # a connection the server dropped since: once more, anew
                 try:
                     async with asyncio.timeout(self.send_timeout_s):

@@ -6,7 +6,8 @@ An append that notified in its own statement therefore kept group commit from co
 concurrent appends' WAL flushes. So appends commit without a ``NOTIFY``, and this sends the
 wake-ups after the commit, from one connection of its own, in a transaction that writes no WAL:
 ``committed`` notes the run and its last sequence number, and one task sends everything noted
-since its previous send in one statement (one ``pg_notify`` per run, with its largest number),
+since its previous send in one statement (one ``pg_notify`` per run, with its largest number,
+and the run list's ``*runs`` when ``wake`` was told of a run-list change, ADR 0140),
 ``window_s`` after the first of them. However many appends commit in that window or while a send
 is in flight, the next send is one transaction: a process sends at most one every ``window_s``
 plus a round trip, and a wake-up reaches other replicas at most that much later than its commit.

@@ -4,12 +4,13 @@ events after its own cursor, in order, once; and the store is read once per even
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.settle import settled
 
 from thoughtgate.access.roles import Role
 from thoughtgate.errors import StoreError
@@ -32,15 +33,6 @@ class CountingStore(MemoryStore):
         if self.fail_reads:
             raise StoreError("cannot read: injected")
         return await super().read(run_id, after=after, limit=limit)
-
-
-async def _settled(check: Callable[[], bool]) -> None:
-    """Let the loop run until ``check()`` holds: wait on readiness, not on a clock."""
-    for _ in range(1_000_000):
-        if check():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the readers never settled")
 
 
 async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
@@ -99,7 +91,7 @@ async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -
     feeds = RunFeeds(store)
     readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(1000)]
     # all joined (one replay read each), and the feed has made its one start-up read
-    await _settled(lambda: feeds.readers("run_1") == 1000 and store.reads >= 1001)
+    await settled(lambda: feeds.readers("run_1") == 1000 and store.reads >= 1001)
     before = store.reads
     for i in range(20):
         await store.append("run_1", [NewEvent("message.delta", {"i": i})])
@@ -124,7 +116,7 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
 
     reader = asyncio.create_task(read_all())
     # replayed, joined, and the feed has made its start-up read
-    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
+    await settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     store.fail_reads = True
     # news the feed must read (as from another process, or after a lost signal): the read fails
     store.wakeups.notify_all()
@@ -181,7 +173,7 @@ async def test_events_appended_by_another_process_reach_every_reader_once() -> N
         await store.create_run(RunRecord("run_1", "p"))
         feeds = RunFeeds(store)
         readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(5)]
-        await _settled(lambda feeds=feeds: feeds.readers("run_1") == 5)
+        await settled(lambda feeds=feeds: feeds.readers("run_1") == 5)
         for i in range(30):
             await store.append("run_1", [NewEvent("message.delta", {"i": i})])
             if i % 7 == 0:
@@ -209,7 +201,7 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
 
     reader = asyncio.create_task(read_all())
     # replayed, joined, and the feed has made its start-up read
-    await _settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
+    await settled(lambda: feeds.readers("run_1") == 1 and store.reads >= 2)
     before = store.reads
     out = await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     store.wakeups.notify("run_1", out[-1].seq)  # our own NOTIFY coming back from PostgreSQL
@@ -289,7 +281,7 @@ async def test_a_follower_whose_first_read_is_answered_on_the_loop_reads_nothing
     await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     feeds = RunFeeds(store)
     readers = [asyncio.create_task(_collect(feeds, 0, 0)) for _ in range(3)]
-    await _settled(lambda: feeds.readers("run_1") == 3)
+    await settled(lambda: feeds.readers("run_1") == 3)
     for i in range(1, 10):
         await store.append("run_1", [NewEvent("message.delta", {"i": i})])
     await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
@@ -318,7 +310,7 @@ async def test_a_stream_read_on_the_loop_gets_what_another_process_appends(tmp_p
             asyncio.create_task(_collect(feeds, 0, 0)),
             asyncio.create_task(_tail_from(feeds, first)),
         ]
-        await _settled(lambda: feeds.readers("run_1") == 2)
+        await settled(lambda: feeds.readers("run_1") == 2)
         for i in range(1, 13):
             writer = there if i % 3 == 0 else here
             await writer.append("run_1", [NewEvent("message.delta", {"i": i})])

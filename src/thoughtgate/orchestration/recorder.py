@@ -308,6 +308,10 @@ class EventRecorder:
                 if not flushed:
                     with contextlib.suppress(asyncio.CancelledError):
                         await flusher
+            # A cancelled flusher keeps its CancelledError, whose traceback holds this recorder:
+            # dropped, so the two are freed when the run lets go of them, not by the cyclic
+            # collector (ADR 0138).
+            self._flusher = None
             pending, self._pending = self._pending, None
             if pending is not None:  # cancelled or failed before anyone waited for it
                 await pending.abandon()  # the error that matters was raised already

@@ -75,7 +75,13 @@ class _App(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SERVER_SEND] = send
-        await super().__call__(scope, receive, send)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # uvicorn's ``send`` is a method of the request's cycle, which holds this scope: left
+            # here, every request's cycle, scope, headers and request objects would be garbage
+            # only the cyclic collector frees (ADR 0138).
+            scope.pop(SERVER_SEND, None)
 
 
 async def _index(request: Request) -> Response:

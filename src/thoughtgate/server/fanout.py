@@ -42,6 +42,10 @@ _dropping: set[asyncio.Future[None]] = set()
 """Reads of first pages nobody took, being abandoned (held until they end)."""
 
 
+def _nothing() -> None:
+    """What an ended feed calls instead of its ``unlisten`` and ``on_end`` (both done once)."""
+
+
 async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
     """The run's stored events after ``after``, up to its terminal event or the last one stored
     now (no waiting for more)."""
@@ -119,6 +123,7 @@ class _Feed:
         if read_first:  # read what may already be stored after ``start``
             self._wake.set()
         self._unlisten = store.wakeups.listen(run_id, self)
+        self._running = False
         self.task = asyncio.create_task(self._run(store, run_id), name=f"feed {run_id}")
 
     # -- RunListener: called by the store in this process --------------------------------
@@ -155,11 +160,19 @@ class _Feed:
         for sub in tuple(self.subscribers):
             sub.offer(fresh)
         if ended:
-            self._stop()
-            if asyncio.current_task() is not self.task:
-                self.task.cancel()  # nothing more to read: ``_run`` ends
+            self.stop()
+
+    def stop(self) -> None:
+        """Follow the run no more: readers still attached are stopped, and ``_run`` ends."""
+        self._stop()
+        # Cancelled where it waits, or, not started yet, left to find the feed done at its first
+        # step: a coroutine cancelled before it started ends holding that cancel, whose traceback
+        # holds this feed, so that only the cyclic collector would free either (ADR 0138).
+        if self._running and asyncio.current_task() is not self.task:
+            self.task.cancel()
 
     async def _run(self, store: EventLog, run_id: str) -> None:
+        self._running = True
         loop = asyncio.get_running_loop()
         try:
             while not self.done:
@@ -190,6 +203,10 @@ class _Feed:
         for sub in self.subscribers:
             sub.stop()
         self._on_end()
+        # Both close over this feed (the store's listener list, the run's feed map): dropped,
+        # so that an ended feed is freed as soon as nobody holds it, not by the cyclic
+        # collector (ADR 0138).
+        self._unlisten = self._on_end = _nothing
 
 
 class LiveReader:
@@ -391,7 +408,7 @@ class LiveReader:
 
     def _leave(self) -> None:
         if self._feed is not None and self._sub is not None:
-            self._feeds._leave(self.run_id, self._feed, self._sub)
+            self._feeds._leave(self._feed, self._sub)
         self._feed = None
 
     def close(self) -> None:
@@ -625,12 +642,10 @@ class RunFeeds:
         feed.subscribers.add(sub)
         return feed
 
-    def _leave(self, run_id: str, feed: _Feed, sub: _Subscriber) -> None:
+    def _leave(self, feed: _Feed, sub: _Subscriber) -> None:
         feed.subscribers.discard(sub)
         if not feed.subscribers and not feed.done:
-            feed.task.cancel()
-            if self._feeds.get(run_id) is feed:
-                del self._feeds[run_id]
+            feed.stop()  # which forgets it here (its ``on_end``)
 
     def frame(
         self,

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg_replicas import changes_settled
 from support.store_conformance import make_run
 
 from thoughtgate.events.schema import EventType, NewEvent
-from thoughtgate.store import postgres
 from thoughtgate.store.base import RunEnding
 from thoughtgate.store.listing import RunQuery
 from thoughtgate.store.migrations import load_migrations
@@ -245,15 +245,7 @@ async def _old_rows(admin: Admin, schema: str, numbers: dict[str, int]) -> None:
 
 
 async def _settled_changes(store: PostgresStore, after: int) -> list[tuple[int, str]]:
-    for _ in range(1000):  # other tests' transactions on the server hold the horizon back a moment
-        async with store._conn("test") as conn:
-            cur = await conn.execute(
-                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {postgres._HORIZON})"
-            )
-            row = await cur.fetchone()
-        if row is not None and not row[0]:
-            break
-        await asyncio.sleep(0.01)
+    await changes_settled(store)
     return [(n, r.run_id) for n, r in (await store.run_changes(after=after)).changes]
 
 

@@ -15,7 +15,7 @@ from psycopg import sql
 from support.durable_store_conformance import DurableStoreConformance
 from support.listing_conformance import RunListingConformance
 from support.pg import PG_URL, pg_admin, pg_schema
-from support.pg_replicas import run_store_script, tail_into
+from support.pg_replicas import changes_settled, run_store_script, tail_into
 from support.store_backends import Postgres
 from support.store_conformance import (
     ENDED_UNCLOSED_CLOSED_AT,
@@ -50,7 +50,6 @@ from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import translate_error
 from thoughtgate.store.pg_schema import applied_versions, migrate
 from thoughtgate.store.postgres import (
-    _HORIZON,
     PostgresStore,
     channel_name,
     open_runs_query,
@@ -77,21 +76,6 @@ class TestPostgresRunIndex(Postgres, RunIndexConformance, RunListingConformance)
     async def settled(self, store: EventStore) -> None:
         assert isinstance(store, PostgresStore)
         await changes_settled(store)
-
-
-async def changes_settled(store: PostgresStore) -> None:
-    """Until no committed run-list change waits above the horizon (ADR 0140): transactions of
-    other tests, on the same server, may hold it back for a moment."""
-    for _ in range(1000):
-        async with store._conn("test") as conn:
-            cur = await conn.execute(
-                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {_HORIZON})"
-            )
-            row = await cur.fetchone()
-        if row is not None and not row[0]:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("committed run-list changes stayed above the horizon for 10 s")
 
 
 class TestPostgresKeyStore(Postgres, KeyStoreConformance):

@@ -956,7 +956,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         wake-up need follow that end: ``horizon_poll``)."""
         self._listener.start()
         armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
-        async with self._conn("read the latest run change") as conn:
+        async with self._conn("look for run changes") as conn:
             row = await (await conn.execute(_CHANGES_SINCE, (after,))).fetchone()
         assert row is not None
         if row[0]:

@@ -144,7 +144,7 @@ async def play(admin: Admin, schema: str, batches: list[Batch]) -> None:
     ):
         writer = await PostgresStore.open(PG_URL, schema=schema, pool_size=8)
         stack.push_async_callback(writer.close)
-        other = await PostgresStore.open(PG_URL, schema=schema, pool_size=4)  # another replica
+        other = await PostgresStore.open(PG_URL, schema=schema, pool_size=8)  # another replica
         stack.push_async_callback(other.close)
         readers = [Reader(other, await other.latest_run_change())]
         following = [group.create_task(readers[0].follow())]
@@ -168,10 +168,13 @@ async def play(admin: Admin, schema: str, batches: list[Batch]) -> None:
                 # the others commit while the held one waits (where numbering would make them
                 # wait for it, they are let go after a while instead)
                 await asyncio.wait(writes[held:] or writes, timeout=2)
-            await asyncio.gather(*writes)
+            async with asyncio.timeout(60):  # a bound for a test that would hang, not a check
+                await asyncio.gather(*writes)
             runs += made
         final = {r.run_id: state(await writer.get_run(r.run_id)) for r in runs}
-        for _ in range(2000):
+        # until every reader has every final state (a bound, not a check: other tests' write
+        # transactions on the server hold the horizon back meanwhile; the asserts below judge)
+        for _ in range(3000):
             if all(_caught_up(reader, final) for reader in readers) and len(readers) == len(
                 following
             ):

@@ -13,6 +13,16 @@ socket close), so the first name made by every later test or bench process sweep
 its owner's keeper. A live process's (another xdist worker, a bench running beside the tests, a run
 on another machine using the same server) and anything named otherwise are left alone.
 
+Names that record no owner -- ``tg_test_<12 hex>`` and ``tg_bench_<12 hex>`` (with a label), made
+before owners were recorded (ADR 0134) -- cannot be matched to a process. The sweep drops those
+once they have gone unused for :data:`UNOWNED_AFTER` (ADR 0141): the first sweep that sees one
+stamps it (``COMMENT``) with the server's time and a count of what was done in it (its tables'
+scans and row changes for a schema, its transactions for a database); a later sweep that finds the
+count changed, or the schema's tables locked, or a session in the database, stamps it again; one
+that finds the stamp older than :data:`UNOWNED_AFTER` and nothing done since drops it. One sweep
+at a time does this (an advisory lock; the others skip it). A name that carries a comment of
+someone else's, or any other name, is never touched.
+
 ``bench/`` holds this module because the bench cannot import the tests' support code, while the
 tests load ``bench/`` modules already (``tests/support/bench_modules.py``).
 """
@@ -20,6 +30,8 @@ tests load ``bench/`` modules already (``tests/support/bench_modules.py``).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import datetime
 import os
 import re
 import secrets
@@ -27,13 +39,36 @@ import threading
 import uuid
 from typing import Any, Literal
 
-__all__ = ["KEEPER_PREFIXES", "Owner", "owner_of", "sweep_abandoned"]
+__all__ = [
+    "KEEPER_PREFIXES",
+    "UNOWNED_AFTER",
+    "Owner",
+    "owner_of",
+    "sweep_abandoned",
+    "unowned",
+]
 
 Kind = Literal["test", "bench"]
 KEEPER_PREFIXES: dict[str, str] = {"test": "tg_test_owner:", "bench": "tg_bench_owner:"}
 """The ``application_name`` of an owner's keeper, before the owner's tag, by kind."""
 _OWNED: re.Pattern[str] = re.compile(r"tg_(?:test|bench)_o([0-9a-z]+)_[0-9a-f]{8}(?:_[a-z_]+)?")
 """A name :meth:`Owner.name` made: the owner's tag is group 1."""
+
+_UNOWNED: re.Pattern[str] = re.compile(r"tg_(?:test|bench)_[0-9a-f]{12}(?:_[a-z_]+)?")
+"""A name made before owners were recorded (``tg_test_<12 hex>``, ``tg_bench_<12 hex>_<label>``)."""
+UNOWNED_AFTER = datetime.timedelta(hours=24)
+"""How long an unowned schema or database must have gone unused before a sweep drops it: far
+beyond any test or bench run, whose names are used all along (ADR 0141)."""
+_STAMP: re.Pattern[str] = re.compile(
+    r"thoughtgate sweep: unowned, unused since (\S+) \(done: (\d+)\)"
+)
+"""The comment a sweep leaves on an unowned name: when it was first seen unused, and the count of
+what had been done in it then."""
+
+
+def unowned(name: str) -> bool:
+    """Whether ``name`` is a test's or the bench's made before owners were recorded."""
+    return _UNOWNED.fullmatch(name) is not None
 
 
 def owner_of(name: str) -> str | None:
@@ -79,10 +114,38 @@ class Owner:
         return f"tg_{self.kind}_o{self.tag()}_{uuid.uuid4().hex[:8]}{suffix}"
 
 
-def sweep_abandoned(admin: Any) -> list[str]:
+_SCHEMAS = (
+    "SELECT n.nspname, obj_description(n.oid, 'pg_namespace'), "
+    "  (SELECT coalesce(sum(s.seq_scan + coalesce(s.idx_scan, 0) + s.n_tup_ins + s.n_tup_upd"
+    "     + s.n_tup_del), 0)::bigint FROM pg_stat_all_tables s WHERE s.schemaname = n.nspname), "
+    "  EXISTS (SELECT FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+    "     WHERE c.relnamespace = n.oid AND l.pid <> pg_backend_pid() "
+    "     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) "
+    "FROM pg_namespace n WHERE nspname LIKE 'tg\\_test\\_%' OR nspname LIKE 'tg\\_bench\\_%'"
+)
+"""The tests' and the bench's schemas: name, comment, what was done in their tables (scans and
+row changes), and whether another session holds a lock on one of them."""
+_DATABASES = (
+    "SELECT d.datname, shobj_description(d.oid, 'pg_database'), "
+    "  coalesce(s.xact_commit + s.xact_rollback, 0), EXISTS (SELECT FROM pg_stat_activity a "
+    "     WHERE a.datid = d.oid AND a.backend_type = 'client backend') "
+    "FROM pg_database d LEFT JOIN pg_stat_database s ON s.datid = d.oid "
+    "WHERE d.datname LIKE 'tg\\_test\\_%' OR d.datname LIKE 'tg\\_bench\\_%'"
+)
+"""The tests' and the bench's databases: name, comment, transactions done in them, and whether a
+client is connected to one (an autovacuum worker is not a user)."""
+
+
+_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+_UNOWNED_LOCK = 0x7467_7377_6565_70  # "tgsweep": held by the sweep judging the unowned names
+
+
+def sweep_abandoned(admin: Any, *, later: datetime.timedelta = datetime.timedelta(0)) -> list[str]:
     """Drop every schema and database :meth:`Owner.name` made whose owner's keeper is gone, and
-    return their names. ``admin``: an autocommit connection (``DROP DATABASE`` runs outside a
-    transaction) to a database that is none of them.
+    every unowned one (:func:`unowned`) unused for :data:`UNOWNED_AFTER`, and return their names.
+    ``admin``: an autocommit connection (``DROP DATABASE`` runs outside a transaction) to a
+    database that is none of them. ``later``: judge the unowned names as if the server's clock
+    were that much ahead (a test's day passes at once, for its own sweep only).
 
     The names are listed before the live keepers: a name is made after its owner's keeper
     connected, so an owner alive when the names were listed is among the keepers. A schema still
@@ -91,22 +154,9 @@ def sweep_abandoned(admin: Any) -> list[str]:
     import psycopg
     from psycopg import sql
 
-    schemas = [
-        name
-        for (name,) in admin.execute(
-            "SELECT nspname FROM pg_namespace "
-            "WHERE nspname LIKE 'tg\\_test\\_o%' OR nspname LIKE 'tg\\_bench\\_o%'"
-        ).fetchall()
-        if owner_of(name) is not None
-    ]
-    databases = [
-        name
-        for (name,) in admin.execute(
-            "SELECT datname FROM pg_database "
-            "WHERE datname LIKE 'tg\\_test\\_o%' OR datname LIKE 'tg\\_bench\\_o%'"
-        ).fetchall()
-        if owner_of(name) is not None
-    ]
+    now: datetime.datetime = admin.execute("SELECT now()").fetchone()[0] + later
+    schemas = admin.execute(_SCHEMAS).fetchall()
+    databases = admin.execute(_DATABASES).fetchall()
     live = set()
     for (name,) in admin.execute(
         "SELECT application_name FROM pg_stat_activity "
@@ -117,8 +167,8 @@ def sweep_abandoned(admin: Any) -> list[str]:
     gone = []
     admin.execute("SET lock_timeout = '2s'")
     try:
-        for name in schemas:
-            if owner_of(name) in live:
+        for name, *_ in schemas:
+            if _kept(name, live):
                 continue
             try:
                 admin.execute(
@@ -127,14 +177,79 @@ def sweep_abandoned(admin: Any) -> list[str]:
             except psycopg.errors.LockNotAvailable:
                 continue
             gone.append(name)
-        for name in databases:
-            if owner_of(name) in live:
+        for name, *_ in databases:
+            if _kept(name, live):
                 continue
             try:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
             except (psycopg.errors.ObjectInUse, psycopg.errors.LockNotAvailable):
                 continue
             gone.append(name)
+        unowned_found = [
+            (kind, row)
+            for kind, rows in (("SCHEMA", schemas), ("DATABASE", databases))
+            for row in rows
+            if unowned(row[0])
+        ]
+        # One sweep at a time stamps and drops them: two sessions commenting on (or dropping)
+        # one name at once fail with "tuple concurrently updated". Another sweep skips them.
+        if unowned_found and admin.execute(_TRY_LOCK, (_UNOWNED_LOCK,)).fetchone()[0]:
+            try:
+                for kind, (name, comment, done, in_use) in unowned_found:
+                    if _unused_long(admin, kind, name, comment, done, in_use, now):
+                        gone.append(name)
+            finally:
+                admin.execute("SELECT pg_advisory_unlock(%s)", (_UNOWNED_LOCK,))
     finally:
         admin.execute("RESET lock_timeout")
     return gone
+
+
+def _kept(name: str, live: set[str]) -> bool:
+    """Whether the owned sweep leaves ``name``: it records no owner, or a live one."""
+    owner = owner_of(name)
+    return owner is None or owner in live
+
+
+def _unused_long(
+    admin: Any,
+    kind: str,
+    name: str,
+    comment: str | None,
+    done: int,
+    in_use: bool,
+    now: datetime.datetime,
+) -> bool:
+    """Drop the unowned schema or database ``name`` if it has gone unused for
+    :data:`UNOWNED_AFTER` (and say so), else stamp it as unused from now if it carries no stamp,
+    or was used since its stamp (``done``, what its statistics count, changed; ``in_use``, its
+    tables locked or a session in it). One with a comment that is not a stamp is left alone."""
+    import psycopg
+    from psycopg import sql
+
+    stamp = _STAMP.fullmatch(comment) if comment is not None else None
+    if comment is not None and stamp is None:
+        return False  # someone else's words on it: not ours to judge
+    ident = sql.Identifier(name)
+    with contextlib.suppress(  # in use after all, not ours to drop, or gone: a later sweep sees
+        psycopg.errors.LockNotAvailable,
+        psycopg.errors.ObjectInUse,
+        psycopg.errors.InsufficientPrivilege,
+        psycopg.errors.UndefinedObject,
+        psycopg.errors.InvalidSchemaName,
+        psycopg.errors.InvalidCatalogName,
+    ):
+        if stamp is not None and not in_use and int(stamp.group(2)) == done:
+            since = datetime.datetime.fromisoformat(stamp.group(1))
+            if now - since < UNOWNED_AFTER:
+                return False
+            if kind == "SCHEMA":
+                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+            else:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(ident))
+            return True
+        words = f"thoughtgate sweep: unowned, unused since {now.isoformat()} (done: {done})"
+        admin.execute(
+            sql.SQL("COMMENT ON {} {} IS {}").format(sql.SQL(kind), ident, sql.Literal(words))
+        )
+    return False

@@ -215,7 +215,7 @@ def test_reads_of_a_store_that_does_not_exist_create_nothing_and_say_so(tmp_path
     assert json.loads(listed.stdout) == []
     assert f"no thoughtgate store at {path} yet: nothing has been recorded there" in listed.stderr
     table = tg("runs", "--db", db, env=wide)
-    assert "run_id" in table.stdout and f"no thoughtgate store at {path}" in table.stderr
+    assert table.stdout == "" and f"no thoughtgate store at {path}" in table.stderr
     for args in (["status"], ["events"], ["events", "--follow"], ["trace"]):
         proc = tg(args[0], "run_abc", *args[1:], "--db", db, check=False, env=wide)
         assert proc.returncode == 2, (args, proc.stderr)
@@ -243,7 +243,7 @@ def test_keys_list_and_revoke_on_a_store_that_does_not_exist_create_nothing(
     assert json.loads(listed.stdout) == []
     assert f"no thoughtgate store at {path} yet: nothing has been recorded there" in listed.stderr
     table = tg("keys", "list", "--db", db, env=wide)
-    assert "name" in table.stdout and f"no thoughtgate store at {path}" in table.stderr
+    assert table.stdout == "" and f"no thoughtgate store at {path}" in table.stderr
     revoked = tg("keys", "revoke", "ci", "--db", db, check=False, env=wide)
     assert revoked.returncode == 2, revoked.stderr
     assert f"no thoughtgate store at {path}: key 'ci' not found there" in revoked.stderr
@@ -311,3 +311,35 @@ def test_only_a_sqlite_file_that_is_not_there_is_missing(
     assert (found is not None) == missing
     if missing:
         assert found == Path(url.removeprefix("sqlite:///"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["events", "{run}"],
+        ["status", "{run}"],
+        ["events", "{run}", "--json", "--follow"],
+        ["run", "piped", "--model", "fake:reasoner", "--cot", "surface"],
+    ],
+    ids=["events", "status", "events --follow --json", "run"],
+)
+def test_a_reader_that_stops_reading_ends_the_command_quietly(db: str, args: list[str]) -> None:
+    """``thoughtgate events RUN | head -1``: the reader is gone before the command writes. Rich
+    raised SystemExit from inside the event loop, which asyncio reported as a traceback ("Task
+    exception was never retrieved"). It is exit 1, and nothing on stderr; a run still ends as
+    it would (it is not cut short by its reader)."""
+    run_id = run_json(db, "--cot", "surface")["run_id"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "thoughtgate", *(a.format(run=run_id) for a in args), "--db", db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "60"},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # before the interpreter has started: every write finds no reader
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 1, err
+    assert err == "", err
+    if args[0] == "run":
+        listed = json.loads(tg("runs", "--db", db, "--json", "--search", "piped").stdout)
+        assert [r["status"] for r in listed] == ["completed"]

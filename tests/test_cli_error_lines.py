@@ -47,6 +47,8 @@ BAD_INPUT = [
     # (below the range: a port above it, before the check, was started on modulo 65536)
     (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
     (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),
+    # a negative grace was taken as given
+    (["serve", "--shutdown-grace", "-1"], "'--shutdown-grace': -1.0 is not in the range x>=0.0."),
     # thoughtgate's own checks
     (["serve", "--log-level", "loud"], "unknown --log-level 'loud'; allowed: debug, info"),
     (["emulate", "--scenario", "nope"], "unknown scenario 'nope'; known: "),
@@ -353,3 +355,63 @@ def test_the_largest_limit_lists_the_runs_of_a_sqlite_store(tmp_path: Path) -> N
     listed = CliRunner().invoke(app, ["runs", "--limit", str(2**63 - 1), "--json", "--db", db])
     assert listed.exit_code == ExitCode.COMPLETED, listed.output
     assert len(json.loads(listed.stdout)) == 1
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(
+    ("command", "where", "says"),
+    [
+        (["runs"], "directory", "it is a directory, not a file (name a file in it: sqlite:///"),
+        (["run", "hi", "--model", "fake:echo"], "directory", "it is a directory, not a file"),
+        (["run", "hi", "--model", "fake:echo"], "under a file", "a part of its path is a file"),
+    ],
+)
+def test_a_store_path_that_cannot_hold_a_database_is_one_line_not_a_traceback(
+    tmp_path: Path, command: list[str], where: str, says: str
+) -> None:
+    """``--db sqlite:///DIR`` (a folder, not a file in it) or a path through a regular file
+    stopped every command with a Python traceback (``IsADirectoryError``)."""
+    if where == "directory":
+        path = tmp_path / "runs"
+        path.mkdir()
+    else:
+        (tmp_path / "notes.txt").write_text("mine\n")
+        path = tmp_path / "notes.txt" / "store.db"
+    result = CliRunner().invoke(
+        app,
+        [*command, "--db", f"sqlite:///{path}"],
+        env={"COLUMNS": "60", "THOUGHTGATE_DURABILITY__ENABLED": "false"},
+    )
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # not IsADirectoryError
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: cannot open SQLite database {path}: {says}"), lines
+    assert lines[0].endswith("Point the store at another path (store.url / --db / THOUGHTGATE_DB).")
+    if where == "directory":
+        assert list(path.iterdir()) == []  # nothing was created in it
+
+
+@pytest.mark.inprocess
+def test_a_store_this_user_may_not_read_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Simulated: the tests may run as root, whom file modes do not stop.)"""
+    store = tmp_path / "store.db"
+    store.write_bytes(b"")
+    opened = Path.open
+
+    def refused(self: Path, *args: object, **kwargs: object) -> object:
+        if self == store:
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", refused)
+    result = CliRunner().invoke(app, ["runs", "--db", f"sqlite:///{store}"], env={"COLUMNS": "60"})
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        f"error: cannot open SQLite database {store}: Permission denied; check that it and its "
+        "directory are readable. Point the store at another path (store.url / --db / "
+        "THOUGHTGATE_DB)."
+    ]

@@ -101,3 +101,54 @@ def test_every_option_says_what_it_is_and_what_to_type() -> None:
             if not flag and param.metavar in (None, "INTEGER", "FLOAT"):
                 missing.append(f"{where}: metavar {param.metavar!r}")
     assert missing == []
+
+
+def _option(path: tuple[str, ...], flag: str) -> TyperOption:
+    found = [p for p in COMMANDS[path].params if isinstance(p, TyperOption) and flag in p.opts]
+    assert len(found) == 1, (path, flag)
+    return found[0]
+
+
+def test_an_option_whose_default_is_a_setting_names_the_setting_and_its_own_default() -> None:
+    """``serve --help`` said ``Address to listen on (server.host)``: not what it listens on when
+    nothing is set. An option that defaults to nothing (None) says what it falls back to."""
+    from thoughtgate.config import ServerConfig
+
+    server = ServerConfig()
+    host = _option(("serve",), "--host").help or ""
+    port = _option(("serve",), "--port").help or ""
+    assert f"default: server.host, else {server.host}" in host
+    assert f"default: server.port, else {server.port}" in port
+    assert "default: all" in (_option(("events",), "--limit").help or "")
+    assert "default: your local role, access.local_role" in (
+        _option(("status",), "--view-as").help or ""
+    )
+    approve = _option(("run",), "--approve-all").help or ""
+    assert "asked on a terminal" in approve and "orchestration.approval_timeout_s" in approve
+
+
+def test_smoke_describes_its_provider_options_as_run_does() -> None:
+    """The same flags with the same precedence (flag > variable > file): the same words."""
+    for flag in ("--base-url", "--api-key"):
+        assert _option(("smoke",), flag).help == _option(("run",), flag).help
+        assert "beats" in (_option(("smoke",), flag).help or "")
+
+
+@pytest.mark.parametrize("group", [(), ("keys",)], ids=["thoughtgate", "keys"])
+def test_a_command_list_shows_each_summary_on_one_line(group: tuple[str, ...]) -> None:
+    """The summaries of ``resume``, ``trace``, ``check-index`` and ``keys revoke`` broke where
+    their docstrings wrap in the code, mid-sentence, however wide the terminal."""
+    shown = _help(group).splitlines()
+    for name, command in getattr(COMMANDS[group], "commands", {}).items():
+        summary = _squeezed((command.help or "").split("\n\n")[0])
+        rows = [_squeezed(line.replace("│", " ")) for line in shown]
+        assert f"{name} {summary}" in rows, (name, summary, shown)
+
+
+def test_version_prints_the_version_and_exits_0() -> None:
+    """``thoughtgate --version`` was "No such option" (exit 2); the version was only in
+    ``/healthz`` and MCP's ``serverInfo``."""
+    from thoughtgate import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"thoughtgate {__version__}\n")

@@ -145,7 +145,7 @@ def test_events_and_trace_as_the_key_may_read_them(
     assert all(e["seq"] > 2 for e in page) and len(page) <= 3
 
     refused = tg(daemon, "viewer", "trace", run_id, "--json")
-    assert refused.returncode == 2 and "forbidden" in refused.stderr
+    assert refused.returncode == 2 and "the trace requires role developer" in refused.stderr
     trace = _json(tg(daemon, "developer", "trace", run_id, "--json"))
     assert [e["type"] for e in trace] == ["worker.completed"]
     assert mark["reasoning"] in json.dumps(trace)
@@ -170,7 +170,7 @@ def test_resume_asks_the_daemon_and_says_why_a_run_cannot_resume(
     assert "409" in said and "does not run durable runs, so it resumes none" in said
     assert refused.stdout == "" and mark["reasoning"] not in said
     viewer = tg(daemon, "viewer", "resume", run_id, env_auth=False)
-    assert viewer.returncode == 2 and "forbidden" in viewer.stderr
+    assert viewer.returncode == 2 and "resuming a run requires role member" in viewer.stderr
     assert daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "completed"
 
 

@@ -177,6 +177,17 @@ def test_a_bad_filter_is_a_usage_error_that_says_what_to_type(
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("model", ["claude-sonnet-4-5", "fake", "fake:", ":echo", " : "])
+def test_a_model_filter_that_no_run_can_have_is_a_usage_error(model: str) -> None:
+    """Every run's model is PROVIDER:MODEL: ``--model claude-sonnet-4-5`` listed nothing without
+    a word, where a mistyped ``--status`` or ``--mode`` is a usage error."""
+    with pytest.raises(UsageError, match=r"is not PROVIDER:MODEL \(for example anthropic:"):
+        select_runs(model=model, now=0.0)
+    assert select_runs(model="fake:echo", now=0.0).model == "fake:echo"
+    assert select_runs(model="my-gateway:org/model:v2", now=0.0).model  # any provider, any name
+
+
+@pytest.mark.unit
 def test_times_are_dates_datetimes_or_ages() -> None:
     now = _utc("2026-12-03T12:00:00")
     assert parse_when("30m", "--since", now=now) == now - 1800

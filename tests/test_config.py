@@ -107,6 +107,30 @@ def test_bad_environment_value_is_reported_too(tmp_path: Path) -> None:
         load_config(environ={"THOUGHTGATE_ORCHESTRATION__MAX_TURNS": "many"}, cwd=tmp_path)
 
 
+@pytest.mark.unit
+def test_a_variable_naming_no_section_is_an_error_as_in_the_file(tmp_path: Path) -> None:
+    """A typo in the section of ``THOUGHTGATE_<SECTION>__<KEY>`` was ignored without a word,
+    where the same typo in the file, or in the key, stops the program. Its value may be a
+    secret: it is not repeated."""
+    environ = {
+        "THOUGHTGATE_ORCHESTRATON__CHAIN_OF_THOUGHT": "surface",
+        "THOUGHTGATE_PROVIDRES__ANTHROPIC__API_KEY": "sk-ant-secret",
+        "THOUGHTGATE_DURABILITY__ENABLED": "false",  # a known one is fine
+        "THOUGHTGATE_DB": "memory://",  # as are the variables without sections
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=environ, cwd=tmp_path)
+    assert info.value.lines == (
+        "THOUGHTGATE_ORCHESTRATON__CHAIN_OF_THOUGHT: orchestraton: no such section "
+        "(check the spelling)",
+        "THOUGHTGATE_PROVIDRES__ANTHROPIC__API_KEY: providres: no such section "
+        "(check the spelling)",
+    )
+    assert "sk-ant-secret" not in str(info.value)
+    known = {k: v for k, v in environ.items() if "ORCHESTRATON" not in k and "PROVIDRES" not in k}
+    assert load_config(environ=known, cwd=tmp_path).durability.enabled is False
+
+
 def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
     write(tmp_path, "[orchestration\n")
     with pytest.raises(ConfigError, match="valid TOML"):

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import io
 import logging
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ from thoughtgate.errors import (
     UsageError,
 )
 from thoughtgate.orchestration import dbos_logs
-from thoughtgate.orchestration.durable import DurableEngine
+from thoughtgate.orchestration.durable import DurableEngine, prebuilt_dbos
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
 from thoughtgate.server.app import create_app
@@ -63,7 +64,7 @@ TWO_TASKS = RunRequest(
 def _no_engine_left() -> None:
     """The process as before any launch: no current engine, no DBOS instance."""
     assert DurableEngine.current is None
-    assert dbos_module._dbos_global_instance is None
+    assert prebuilt_dbos() is None
 
 
 async def _a_durable_run_completes(store: EventStore) -> None:
@@ -189,7 +190,7 @@ async def test_a_dbos_the_application_built_first_is_refused_and_left_as_it_was(
         ), said
         assert f"SQLite database {tmp_path / 'store.db.workflows'}" in said
         assert "DBOS.destroy()" in said and "durability.enabled = false" in said
-        assert dbos_module._dbos_global_instance is theirs
+        assert prebuilt_dbos() is theirs
         assert theirs._launched is launched
         assert DurableEngine.current is None and not daemon.engine.launched
         with pytest.raises(RuntimeFailure, match="durable runs cannot start in this process: "):
@@ -204,6 +205,53 @@ async def test_a_dbos_the_application_built_first_is_refused_and_left_as_it_was(
     finally:
         await daemon.close()  # (a failure above leaves no engine, nor DBOS, to later tests)
         DBOS.destroy()
+    _no_engine_left()
+
+
+@pytest.mark.inprocess
+def test_dbos_still_keeps_its_instance_where_the_launchs_check_reads_it() -> None:
+    """DBOS has no public way to ask whether the process has built its instance: the launch
+    reads the private global ``dbos._dbos._dbos_global_instance`` (``prebuilt_dbos``, ADR 0136
+    amendment 1). This fails on a DBOS release that renamed or repurposed it, before anyone
+    upgrades: none before DBOS is built, the instance once it is, none again once destroyed."""
+    assert "_dbos_global_instance" in vars(dbos_module), "DBOS moved its instance: see ADR 0136"
+    assert prebuilt_dbos() is None
+    built = DBOS(config={"name": "the-application", "system_database_url": "sqlite:///:memory:"})
+    try:
+        assert prebuilt_dbos() is built
+        assert dbos_module._dbos_global_instance is built
+    finally:
+        DBOS.destroy()
+    assert prebuilt_dbos() is None
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("moved", ["renamed", "repurposed"])
+async def test_a_dbos_that_moved_its_instance_fails_the_launch_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moved: str
+) -> None:
+    """Should a DBOS release keep its instance elsewhere, the launch cannot tell whether the
+    application built one first: it refuses, naming the dbos version and what to do, rather
+    than launch unchecked; nothing is built and no run is admitted."""
+    if moved == "renamed":
+        monkeypatch.delattr(dbos_module, "_dbos_global_instance")
+    else:
+        monkeypatch.setattr(dbos_module, "_dbos_global_instance", {"instances": []})
+    daemon = InProcessDaemon(await SQLiteStore.open(tmp_path / "store.db"), Config())
+    try:
+        with pytest.raises(RuntimeFailure) as raised:
+            await daemon.launch(like="run")
+        said = str(raised.value)
+        assert re.match(r"cannot launch durable runs: dbos \S+ no longer keeps", said), said
+        assert "dbos._dbos._dbos_global_instance" in said and "ADR 0136" in said
+        assert "durability.enabled = false" in said
+        assert DurableEngine.current is None and not daemon.engine.launched
+        with pytest.raises(RuntimeFailure, match="durable runs cannot start in this process: "):
+            await daemon.runtime.run(TWO_TASKS)
+        assert await daemon.store.list_runs() == []
+    finally:
+        await daemon.close()
+        monkeypatch.undo()
     _no_engine_left()
 
 

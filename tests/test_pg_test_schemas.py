@@ -3,8 +3,11 @@ those whose owner is gone, never another live process's (``support.pg``)."""
 
 from __future__ import annotations
 
+import datetime
+import re
 import secrets
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -13,7 +16,10 @@ from psycopg import sql
 from support.bench_modules import bench_module
 from support.pg import KEEPER_PREFIX, PG_URL, owner_of, schema_name, sweep_abandoned_schemas
 
-KEEPER_PREFIXES: dict[str, str] = bench_module("pg_owners").KEEPER_PREFIXES
+OWNERS = bench_module("pg_owners")
+KEEPER_PREFIXES: dict[str, str] = OWNERS.KEEPER_PREFIXES
+STAMP: re.Pattern[str] = OWNERS._STAMP
+"""The comment a sweep leaves on a name that records no owner."""
 
 
 def _tag() -> str:
@@ -57,8 +63,9 @@ def test_a_schema_name_records_its_owner_and_only_such_names_have_one() -> None:
 def test_the_sweep_drops_only_the_schemas_of_owners_that_are_gone() -> None:
     """A schema (and DBOS's beside it) whose owner's keeper is gone is dropped; one whose
     owner's keeper is connected (another xdist worker, another run on any machine) is kept,
-    until that keeper goes; one that records no owner (an older run's, or not the tests') and
-    any other schema are never touched; this process's own, named by ``schema_name``, stay."""
+    until that keeper goes; one that records no owner (an older run's) is not dropped the day it
+    is seen (see the next tests), and any other schema is never touched; this process's own,
+    named by ``schema_name``, stay."""
     alive, dead = _tag(), _tag()
     mine = schema_name()  # this process's keeper is connected from here on
     live_schemas = [f"tg_test_o{alive}_{uuid.uuid4().hex[:8]}"]
@@ -131,13 +138,14 @@ def test_the_sweep_drops_the_databases_and_bench_schemas_of_owners_that_are_gone
                 busy_keeper.close()  # its owner is gone; a session is still in its database
                 dropped = sweep_abandoned_schemas(admin)  # another process may sweep first
                 assert not {*live, busy_db, unowned_db} & set(dropped)
-                assert dead_db not in _databases(admin)
-                assert not set(dead_bench) & _schemas(admin)
+                # gone, unless another process's sweep is still dropping it (a DROP DATABASE
+                # waits for a checkpoint: this sweep's, finding it locked, went on)
+                _await_gone(admin, [dead_db, *dead_bench])
                 assert {*live, busy_db, unowned_db} <= _databases(admin)
                 assert set(live) <= _schemas(admin)
             # the bench owner is gone now, and nobody is connected to the busy database
             _await_gone(admin, [*live, busy_db])
-            assert unowned_db in _databases(admin), "a name recording no owner is never touched"
+            assert unowned_db in _databases(admin), "a name recording no owner is kept a day"
         finally:
             live_keeper.close()
             busy_keeper.close()
@@ -157,3 +165,117 @@ def _await_gone(admin: psycopg.Connection[Any], names: list[str]) -> None:
             return
         admin.execute("SELECT pg_sleep(0.05)")
     raise AssertionError(f"{names} outlived their owner's keeper")
+
+
+def _comment(admin: psycopg.Connection[Any], name: str) -> str | None:
+    """The comment on the schema or database ``name`` (``None``: none, or no such name)."""
+    row = admin.execute(
+        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s "
+        "UNION ALL SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+        "WHERE datname = %s",
+        (name, name),
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def _sweep_later(
+    admin: psycopg.Connection[Any], hours: float, until: Callable[[], bool] = lambda: True
+) -> None:
+    """Sweeps that judge the unowned names ``hours`` later than the server's clock (a day passes
+    for this test's sweeps only, not for another process's sweeping meanwhile), until ``until``
+    holds: another process's sweep may hold the turn to judge them (``_UNOWNED_LOCK``), or have
+    stamped them a moment after this one did."""
+    for _ in range(200):
+        OWNERS.sweep_abandoned(admin, later=datetime.timedelta(hours=hours))
+        if until():
+            return
+        admin.execute("SELECT pg_sleep(0.05)")
+    raise AssertionError(f"what the sweep {hours} h later should have done was not done")
+
+
+def _stamped_since(admin: psycopg.Connection[Any], name: str) -> datetime.datetime:
+    stamp = STAMP.fullmatch(_comment(admin, name) or "")
+    assert stamp, name
+    return datetime.datetime.fromisoformat(stamp.group(1))
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+def test_unowned_leftovers_are_dropped_once_unused_for_a_day_never_while_in_use() -> None:
+    """Schemas and databases named before owners were recorded (``tg_test_<12 hex>``,
+    ``tg_bench_<12 hex>_<label>``): the first sweep stamps them, dropping nothing; once the stamp
+    is older than ``UNOWNED_AFTER`` (a day) the next sweep drops those unused since -- but not
+    one whose tables another session has locked, a database a session is connected to, or a
+    schema whose tables were read after its stamp (stamped again from then), until they too go
+    unused for a day. A name with someone else's comment, and any other name, are never
+    touched."""
+    schema_name()  # this process's keeper is connected from here on
+    hexes = [uuid.uuid4().hex[:12] for _ in range(7)]
+    old, workflows = f"tg_test_{hexes[0]}", f"tg_bench_{hexes[1]}_notify_workflows"
+    locked, used = f"tg_test_{hexes[2]}_locked", f"tg_test_{hexes[3]}"
+    annotated, other = f"tg_test_{hexes[4]}", f"tg_sweep_{hexes[5][:8]}"
+    old_db, busy_db = f"tg_test_{hexes[6]}", f"tg_bench_{hexes[5]}"
+    schemas = [old, workflows, locked, used, annotated, other]
+    databases = [old_db, busy_db]
+    base = PG_URL.partition("?")[0].rsplit("/", 1)[0]
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+        try:
+            _create(admin, *schemas)
+            for name in (old, locked, used):
+                admin.execute(sql.SQL("CREATE TABLE {}.t (x int)").format(sql.Identifier(name)))
+            admin.execute(
+                sql.SQL("COMMENT ON SCHEMA {} IS 'kept by hand'").format(sql.Identifier(annotated))
+            )
+            for name in databases:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            admin.execute("SELECT pg_stat_force_next_flush()")  # nothing pending: counts settle
+
+            ours = [old, workflows, locked, used, old_db, busy_db]
+            _sweep_later(
+                admin, 0, lambda: all(STAMP.fullmatch(_comment(admin, n) or "") for n in ours)
+            )
+            assert {*schemas} <= _schemas(admin) and {*databases} <= _databases(admin)
+            assert _comment(admin, annotated) == "kept by hand" and _comment(admin, other) is None
+            _sweep_later(admin, 23)
+            assert {*schemas} <= _schemas(admin) and {*databases} <= _databases(admin)
+
+            stamped = _stamped_since(admin, used)
+            with (
+                psycopg.connect(PG_URL, connect_timeout=5) as holder,
+                psycopg.connect(f"{base}/{busy_db}", connect_timeout=5),
+            ):
+                holder.execute(
+                    sql.SQL("LOCK TABLE {}.t IN ACCESS SHARE MODE").format(sql.Identifier(locked))
+                )  # a transaction open on it until the end of the block
+                with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as reader:
+                    reader.execute(sql.SQL("SELECT * FROM {}.t").format(sql.Identifier(used)))
+                    reader.execute("SELECT pg_stat_force_next_flush()")
+                    reader.execute("SELECT 1")  # the read's counts are flushed by now
+                _sweep_later(admin, 25, lambda: old_db not in _databases(admin))
+                left = _schemas(admin)
+                assert old not in left and workflows not in left
+                assert old_db not in _databases(admin)
+                assert {locked, used, annotated, other} <= left
+                assert busy_db in _databases(admin)
+                assert _stamped_since(admin, used) > stamped  # used since: unused from then on
+            assert _comment(admin, annotated) == "kept by hand" and _comment(admin, other) is None
+            # the lock released and the session gone: a day later they go too
+            _await_gone_a_day_later(admin, [locked, used, busy_db])
+            assert {annotated, other} <= _schemas(admin)
+        finally:
+            _drop(admin, *schemas)
+            for name in databases:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+def _await_gone_a_day_later(admin: psycopg.Connection[Any], names: list[str]) -> None:
+    """Sweep, each time a day or more later than the last, until none of ``names`` is left (a
+    closed session's backend takes a moment to exit, and what it did to be counted)."""
+    for day in range(2, 202):
+        OWNERS.sweep_abandoned(admin, later=datetime.timedelta(hours=25 * day))
+        if not set(names) & (_schemas(admin) | _databases(admin)):
+            return
+        admin.execute("SELECT pg_sleep(0.05)")
+    raise AssertionError(f"{names} were kept though unused for a day")

@@ -24,7 +24,7 @@ from support.pg_replicas import run_store_script, tail_into
 from support.store_conformance import collect, deltas, make_run
 
 from thoughtgate.events.schema import Event, EventType, NewEvent
-from thoughtgate.store import pg_notifier
+from thoughtgate.store import pg_listener, pg_notifier
 from thoughtgate.store.postgres import PostgresStore, channel_name
 
 __all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
@@ -256,10 +256,19 @@ async def test_a_process_killed_right_after_its_commit_loses_no_event(pg_schema:
 async def terminate_notifier(admin: Admin, schema: str) -> list[int]:
     """End the notifier's server session as a server restart would, and wait for it to be gone
     (``pg_terminate_backend``'s timeout): the notifier's next statement finds it dropped."""
+    return await terminate(admin, f"thoughtgate-notify:{schema}")
+
+
+async def terminate_listener(admin: Admin, schema: str) -> list[int]:
+    """End the listener's server session, as :func:`terminate_notifier` the notifier's."""
+    return await terminate(admin, f"thoughtgate-listen:{schema}")
+
+
+async def terminate(admin: Admin, application_name: str) -> list[int]:
     cur = await admin.execute(
         "SELECT pid, pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
         "WHERE application_name = %s",
-        (f"thoughtgate-notify:{schema}",),
+        (application_name,),
     )
     rows = await cur.fetchall()
     assert all(ended for _, ended in rows)
@@ -379,6 +388,120 @@ async def test_a_connection_gone_silent_costs_one_send_timeout_not_the_wake_ups_
         await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
         await asyncio.wait_for(f.tail, 20)
     assert [e.seq for e in got] == [1, 2, 3]
+
+
+async def test_a_failed_send_waits_before_its_retry_and_close_ends_that_wait(
+    pg_admin: Admin, pg_schema: str
+) -> None:
+    """The server ends the notifier's session as a wake-up goes out: the second attempt waits
+    ``retry_backoff_s`` rather than follow at once (into a server that may still be restarting);
+    ``close`` ends that wait and the same wake-up is sent on a new connection before the store
+    closes, within ``close``'s bound, not cancelled with the wait."""
+    async with followed(pg_schema) as f:
+        writer, listener, run_id = f.writer, f.listener, f.run_id
+        notifier = writer._notifier
+        await writer.append(run_id, deltas(1))
+        await notifier.idle()
+        notifier.retry_backoff_s = 120.0  # no test waits this: only ``close`` ends the wait
+        attempts = attempts_of(notifier, lambda: terminate_notifier(pg_admin, pg_schema))
+        await writer.append(run_id, deltas(1, start=1))
+        await until(lambda: notifier._pause is not None and len(attempts) == 1, "a retry waiting")
+        for _ in range(10):  # a retry at once would have gone by now
+            await asyncio.sleep(0)
+        assert len(attempts) == 1 and notifier.sends == 1
+        await notifier.close(within=20)
+        await received(listener, f"{run_id} 2")
+        assert attempts == [[f"{run_id} 2"]] * 2
+        assert notifier.sends == 2 and notifier.given_up == 0
+    assert notifier_tasks() == []
+
+
+async def test_a_retry_waits_between_half_and_all_of_its_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait before a retry is jittered within ``[retry_backoff_s / 2, retry_backoff_s]``,
+    so the replicas of one server that all failed together do not retry in the same instant."""
+    notifier = pg_notifier.PgNotifier("", "ch", application_name="t")
+    notifier.window_s = 0
+    waits: list[float] = []
+    wait = notifier._wait
+
+    async def recorded(seconds: float) -> None:
+        waits.append(seconds)
+        await wait(0)
+
+    async def refused(payloads: list[str]) -> None:
+        raise psycopg.OperationalError("the database system is starting up")
+
+    monkeypatch.setattr(notifier, "_wait", recorded)
+    monkeypatch.setattr(notifier, "_send", refused)
+    for i in range(50):
+        notifier.committed("run", i + 1)
+        await notifier.idle()
+    retries = waits[1::2]  # each send: its window, then its retry's wait
+    assert len(retries) == 50 and notifier.given_up == 50
+    assert all(0.05 <= w <= 0.1 for w in retries)
+    assert len(set(retries)) > 1
+
+
+async def test_a_lost_listener_warns_once_an_outage_and_says_once_it_is_back(
+    pg_admin: Admin,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server ends the listener's session and refuses its next three connections (a restart
+    that takes a while): one warning for the loss, each failed attempt at debug level, one line
+    when it listens again -- and each later outage the same. Wake-ups reach the reader again
+    after each (its safety poll is 60 s: only a NOTIFY delivers)."""
+    caplog.set_level(logging.DEBUG, pg_listener.__name__)
+    async with followed(pg_schema) as f:
+        writer, reader, run_id, got = f.writer, f.reader, f.run_id, f.got
+        listener = reader._listener
+        listener.backoff = (0.01, 0.04)
+        await writer.append(run_id, deltas(1))
+        await until(lambda: len(got) == 1, "event 1, woken by its NOTIFY")
+        connect, refusals = pg_listener.connect, [3]
+
+        async def restarting(*args: Any, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+            if refusals[0]:
+                refusals[0] -= 1
+                raise psycopg.OperationalError("the database system is starting up")
+            return await connect(*args, **kwargs)
+
+        monkeypatch.setattr(pg_listener, "connect", restarting)
+        for outage in (1, 2):
+            assert await terminate_listener(pg_admin, pg_schema)
+            await until(lambda n=1 + outage: listener.connections == n, "LISTEN in force again")
+            await writer.append(run_id, deltas(1, start=outage))
+            await until(lambda n=1 + outage: len(got) == n, f"event {1 + outage} by NOTIFY")
+        await writer.append_one(run_id, NewEvent(EventType.RUN_FAILED))
+        await asyncio.wait_for(f.tail, 20)
+    assert [e.seq for e in got] == [1, 2, 3, 4]
+    mine = [r for r in caplog.records if r.name == pg_listener.__name__]
+    warned = [r.getMessage() for r in mine if r.levelno >= logging.WARNING]
+    failed = [r.getMessage() for r in mine if r.levelno == logging.DEBUG]
+    back = [r.getMessage() for r in mine if r.levelno == logging.INFO]
+    assert len(warned) == 2 and all(" lost (" in m for m in warned), warned
+    assert len(failed) == 3 and all("starting up" in m for m in failed), failed
+    assert [m.rpartition(" (")[2] for m in back] == [
+        "3 attempt(s) failed before)",
+        "0 attempt(s) failed before)",
+    ]
+
+
+def test_the_listeners_reconnect_waits_double_to_their_bound_with_jitter() -> None:
+    """Each wait is between half and all of its step; the steps double from the first bound
+    to the second and stay there, however many attempts fail."""
+    listener = pg_listener.PgListener(
+        "", "ch", application_name="t", on_notify=lambda _: None, on_connected=lambda: None
+    )
+    listener.backoff = (0.05, 2.0)
+    steps = {1: 0.05, 2: 0.1, 3: 0.2, 6: 1.6, 7: 2.0, 100: 2.0, 10_000: 2.0}
+    for n, step in steps.items():
+        delays = [listener.reconnect_delay(n) for _ in range(200)]
+        assert all(step / 2 <= d <= step for d in delays), (n, min(delays), max(delays))
+        assert len(set(delays)) > 1
 
 
 async def test_wake_ups_are_sent_while_the_stores_pool_is_exhausted(pg_schema: str) -> None:

@@ -552,6 +552,32 @@ def _origins(
     return found
 
 
+def _refuse_unknown_sections(environ: Mapping[str, str]) -> None:
+    """``THOUGHTGATE_<SECTION>__<KEY>`` naming no section is an error, as ``[bogus]`` in the
+    file is: pydantic-settings reads only the sections it knows, so a typo in one
+    (``THOUGHTGATE_ORCHESTRATON__CHAIN_OF_THOUGHT``) was ignored without a word. The value is
+    not repeated: it may be a secret (``THOUGHTGATE_PROVIDRES__ANTHROPIC__API_KEY``)."""
+    strays = [
+        ConfigError(
+            section,
+            None,
+            "",
+            source=name,
+            problem="no such section (check the spelling)",
+        )
+        for name in sorted(environ)
+        if name.upper().startswith(_ENV_PREFIX)
+        and _NESTED in name[len(_ENV_PREFIX) :]
+        and (section := name[len(_ENV_PREFIX) :].split(_NESTED)[0].lower())
+        not in Config.model_fields
+    ]
+    if strays:
+        first, *others = strays
+        raise ConfigError(
+            first.key, None, "", source=first.source, problem=first.problem, also=others
+        )
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -577,6 +603,7 @@ def load_config(
     else:
         candidate = (cwd or Path.cwd()) / "thoughtgate.toml"
         file = candidate if candidate.is_file() else None
+    _refuse_unknown_sections(env)
     data = _read_toml(file) if file is not None else {}
     source = str(file) if file is not None else "defaults"
     if _overridden(env):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpcore
@@ -184,43 +184,103 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Timer:
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A stream's event loop as its read timeouts see it (``loop.time``, ``loop.call_at``), with
+    a clock that only :meth:`advance` moves: a timer fires when the test moves the clock past it,
+    never because the machine was slow. Everything else is the running loop's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.now = 1000.0
+        self._timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return self._loop.create_future()
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> _Timer:
+        timer = _Timer(when, callback, args)
+        self._timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on and run every timer now due, earliest first (a timer may set
+        another)."""
+        self.now += seconds
+        while due := [t for t in self._timers if t.when <= self.now]:
+            timer = min(due, key=lambda t: t.when)
+            self._timers.remove(timer)
+            if not timer.cancelled:
+                timer.callback(*timer.args)
+
+
 async def test_a_read_timeout_counts_from_each_read_not_from_the_first() -> None:
     """The stream keeps one read timer across reads: pieces that each come within the timeout
     never time out, however long the whole body takes; a read without a timeout is not failed by
-    a timer an earlier read armed; a stall after them is a ``ReadTimeout``."""
+    a timer an earlier read armed; a stall after them is a ``ReadTimeout``.
+
+    Time is the test's (:class:`ManualClock`): the server sends each piece when told, after the
+    test has moved the stream's clock; a loaded machine can only make the test slower."""
+    pieces: asyncio.Queue[bytes] = asyncio.Queue()
     served = asyncio.Event()
 
-    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # A piece every 0.15 s against a 0.6 s timeout: four times over, so a loaded machine that
-        # runs this loop late does not time a piece out (both ends share the loop).
-        for _ in range(6):
-            await asyncio.sleep(0.15)
-            writer.write(b"x")
+    async def on_cue(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while piece := await pieces.get():
+            writer.write(piece)
             await writer.drain()
-        await asyncio.sleep(1.0)  # longer than the timed reads' timeout
-        writer.write(b"late")
-        await writer.drain()
-        await reader.read()  # then a stall, until the client hangs up
+        await reader.read()  # a stall, until the client hangs up
         writer.close()
         await writer.wait_closed()
         served.set()
 
-    server = await asyncio.start_server(paced, "127.0.0.1", 0)
+    server = await asyncio.start_server(on_cue, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=1.0)
+    stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=HANG)
+    clock = stream._loop = ManualClock(asyncio.get_running_loop())  # type: ignore[attr-defined]
+
+    async def read_after(waited: float, timeout: float | None) -> asyncio.Task[bytes]:
+        """A read started, then ``waited`` seconds of the stream's clock with nothing to read;
+        the read, still waiting, is returned."""
+        read = asyncio.create_task(stream.read(1024, timeout=timeout))
+        for _ in range(1000):  # until the read waits, its deadline set
+            if stream._protocol.waiter is not None:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("the read never waited")
+        clock.advance(waited)
+        await asyncio.sleep(0)  # a read timed out by that is done now
+        assert not read.done(), read
+        return read
+
     try:
-        got = b""
-        while len(got) < 6:  # 0.9 s in all, past the 0.6 s timeout of each read
-            got += await stream.read(1024, timeout=0.6)
-        assert got == b"x" * 6
-        assert await stream.read(1024, timeout=None) == b"late"  # waited 1 s, no timeout
-        started = asyncio.get_running_loop().time()
+        for _ in range(6):  # 0.5 s before each piece: 3 s in all, past the 0.6 s of each read
+            read = await read_after(0.5, timeout=0.6)
+            await pieces.put(b"x")
+            assert await asyncio.wait_for(read, HANG) == b"x"
+        read = await read_after(10.0, timeout=None)  # the timer armed above fires meanwhile
+        await pieces.put(b"late")
+        assert await asyncio.wait_for(read, HANG) == b"late"
+        read = await read_after(0.5, timeout=0.6)
+        clock.advance(0.2)  # past its deadline, and nothing came
+        await asyncio.sleep(0)
+        assert read.done()
         with pytest.raises(httpcore.ReadTimeout):
-            await stream.read(1024, timeout=0.6)
-        assert asyncio.get_running_loop().time() - started < 5.0  # the stall is forever
+            await read
     finally:
+        await pieces.put(b"")
         await stream.aclose()
-        await asyncio.wait_for(served.wait(), 5)
+        await asyncio.wait_for(served.wait(), HANG)
         server.close()
         await server.wait_closed()
 

@@ -14,7 +14,8 @@ process sweeps them (:func:`sweep_abandoned_schemas`): it drops a schema or a da
 no session of the server is its owner's keeper. A live xdist worker's, another concurrent run's
 (on this machine or any other using the same server) and anything named otherwise are left alone.
 The bench names its throwaway schemas the same way (``tg_bench_o<owner>_...``), and each sweep
-drops the dead owners' of both (``bench/pg_owners.py``, ADR 0134).
+drops the dead owners' of both (``bench/pg_owners.py``, ADR 0134), and those named before owners
+were recorded (``tg_test_<12 hex>``) once they have gone unused for a day (ADR 0141).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def schema_name(suffix: str = "") -> str:
 
 def sweep_abandoned_schemas(admin: psycopg.Connection[Any]) -> list[str]:
     """Drop every schema and database the tests or the bench made whose owner is gone
-    (``bench/pg_owners.py``, ADR 0134), and return their names."""
+    (``bench/pg_owners.py``, ADR 0134) or, recording no owner, unused for a day (ADR 0141), and
+    return their names."""
     gone: list[str] = sweep_abandoned(admin)
     return gone
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from thoughtgate.store.urls import open_store
 
 __all__ = [
     "Context",
+    "StdoutClosed",
     "console",
     "err_console",
     "one_line_errors",
@@ -30,15 +32,43 @@ __all__ = [
     "run_async",
 ]
 
-console = Console()
+
+class StdoutClosed(BrokenPipeError):
+    """Whoever read standard output stopped reading (``thoughtgate events RUN | head -1``)."""
+
+
+def _stdout_to_devnull() -> None:
+    """What is still printed goes nowhere, the interpreter's last flush included."""
+    with contextlib.suppress(OSError, ValueError):  # (a stdout without a file: a test runner's)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich raises ``SystemExit`` here, which leaves asyncio's loop from whichever task
+        printed (a live run's follower) and is reported as a traceback ("Task exception was
+        never retrieved"). An ordinary exception ends the command through ``one_line_errors``
+        instead: quietly, exit 1, after what it was doing (a run) has ended as it would."""
+        self.quiet = True
+        _stdout_to_devnull()
+        raise StdoutClosed
+
+
+console: Console = _Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
 
 
 def print_json(value: Any) -> None:
     """Machine output: one JSON document on stdout, nothing else."""
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        raise StdoutClosed from None
 
 
 async def _sharing_clients(coro: Coroutine[Any, Any, T]) -> T:
@@ -78,6 +108,8 @@ def one_line_errors() -> Iterator[None]:
             )
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None
+    except StdoutClosed:  # nobody reads what is left to print: nothing to say either
+        raise typer.Exit(ExitCode.FAILED) from None
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(ExitCode.INTERRUPTED) from None

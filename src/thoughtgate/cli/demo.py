@@ -8,13 +8,18 @@ inside the command, so ``thoughtgate --help`` stays quick.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import typer
+from rich.markup import escape
+from rich.text import Text
 
 from thoughtgate.cli.common import Context, console, run_async
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+from thoughtgate.store.urls import describe_store
 
 if TYPE_CHECKING:
     from thoughtgate.store.base import EventStore
@@ -37,7 +42,7 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             if not json_out:
                 console.print(
                     f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {url}"
-                    f" · store {ctx.db_url} · role {ctx.role}"
+                    f" · store {escape(describe_store(ctx.db_url))} · role {ctx.role}"
                 )
                 sources = ", ".join(demo_config(ctx.config).visible_reasoning.summarizers)
                 console.print(f"[bold]visible steps from:[/] {sources}")
@@ -51,14 +56,31 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             )
             status = print_run(view, json_out=json_out, role=ctx.role.label)
             if not json_out:
-                console.print(  # one line at any width: it is a command to copy
-                    f"\nSee what a viewer gets: [bold]thoughtgate events {view.run_id}"
-                    " --view-as viewer[/]",
-                    soft_wrap=True,
+                console.print(
+                    _viewer_hint(view.run_id, ctx.db_url, db, config_path), soft_wrap=True
                 )
             return status
 
         return await ctx.using(go)
+
+
+def _viewer_hint(run_id: str, db_url: str, db: str | None, config_path: str | None) -> Text:
+    """The command that shows the run as a viewer sees it, to copy: with the ``--db`` and
+    ``--config`` this demo was given (without them it would look in another store), one line at
+    any width. A password in ``--db`` is not printed (``--db URL`` stands for it), and a
+    ``memory://`` run is gone once this command ends: said instead."""
+    if db_url.startswith("memory:"):
+        return Text(
+            "\nThe run was in memory:// and is gone; run the demo on a SQLite file (the default) "
+            "to read it back as a viewer."
+        )
+    words = ["thoughtgate", "events", run_id, "--view-as", "viewer"]
+    if db is not None:
+        words += ["--db", "URL" if urlsplit(db).password else db]
+    if config_path is not None:
+        words += ["--config", config_path]
+    command = " ".join(shlex.quote(w) if w != "URL" else w for w in words)
+    return Text.assemble("\nSee what a viewer gets: ", (command, "bold"))
 
 
 def register(app: typer.Typer) -> None:

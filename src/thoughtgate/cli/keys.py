@@ -38,6 +38,33 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+_TABLE_OVERHEAD = 16  # five columns' borders and padding
+
+
+def _render_keys(records: list[ApiKeyRecord]) -> None:
+    """A table, or where it does not fit (an 80-column terminal, a pipe) two lines a key: its id,
+    role and name, then when it was created and revoked. The id and the name are what ``keys
+    revoke`` takes: never cut to an ellipsis, as ``runs`` never cuts a run id."""
+    rows = [(k.name, k.role, k.key_id, _when(k.created_at), _when(k.revoked_at)) for k in records]
+    headers = ("name", "role", "id", "created", "revoked")
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(headers))]
+    needed = sum(max(w, len(h)) for w, h in zip(widths, headers, strict=True)) + _TABLE_OVERHEAD
+    if rows and console.width < needed:
+        id_w, role_w = widths[2], widths[1]
+        console.print(
+            Text(f"{'id'.ljust(id_w)}  {'role'.ljust(role_w)}  name", style="bold"), no_wrap=True
+        )
+        console.print(Text("  created · revoked", style="bold"), no_wrap=True)
+        for name, role, key_id, created, revoked in rows:
+            console.print(Text(f"{key_id}  {role.ljust(role_w)}  {name}"), soft_wrap=True)
+            console.print(Text(f"  {created} · {revoked or '-'}", style="dim"), no_wrap=True)
+        return
+    table = Table(*headers)
+    for name, role, key_id, created, revoked in rows:
+        table.add_row(Text(name), role, key_id, created, revoked)
+    console.print(table)
+
+
 def _on_store(
     config: str | None,
     db: str | None,
@@ -110,23 +137,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List keys (never their secrets), revoked ones too."""
 
-        def show(records: list[ApiKeyRecord]) -> None:
+        def show(records: list[ApiKeyRecord], *, store_there: bool = True) -> None:
             if json_out:
                 print_json([key_view(k) for k in records])
-                return
-            table = Table("name", "role", "id", "created", "revoked")
-            for k in records:
-                table.add_row(
-                    Text(k.name), k.role, k.key_id, _when(k.created_at), _when(k.revoked_at)
-                )
-            console.print(table)
+            elif records:
+                _render_keys(records)
+            elif store_there:  # not an empty table (where there is no store, the note said so)
+                err_console.print("no keys yet (thoughtgate keys create --role ROLE --name NAME)")
 
         async def body(local: Role, store: EventStore) -> None:
             show(await store.list_api_keys())
 
         def no_keys(path: str) -> None:
             note_no_store(path)
-            show([])
+            show([], store_there=False)
 
         _on_store(config, db, body, if_missing=no_keys)
 

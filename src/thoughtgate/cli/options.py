@@ -50,7 +50,8 @@ ViewAsOpt = Annotated[
     typer.Option(
         "--view-as",
         metavar="ROLE",
-        help="Preview what a lower role sees: viewer | member | developer | admin.",
+        help="Preview what a lower role sees: viewer | member | developer | admin (default: "
+        "your local role, access.local_role).",
     ),
 ]
 JsonOpt = Annotated[
@@ -110,7 +111,11 @@ ToolsOpt = Annotated[
 ]
 ApproveAllOpt = Annotated[
     bool,
-    typer.Option("--approve-all", help="Approve every tool call that asks for approval."),
+    typer.Option(
+        "--approve-all",
+        help="Approve every tool call that asks for approval (else you are asked on a terminal; "
+        "without one the call waits orchestration.approval_timeout_s and is not run).",
+    ),
 ]
 
 

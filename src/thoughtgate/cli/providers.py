@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
 from thoughtgate.cli.exit_codes import ExitCode
-from thoughtgate.cli.options import ConfigOpt, JsonOpt
+from thoughtgate.cli.options import ApiKeyOpt, BaseUrlOpt, ConfigOpt, JsonOpt
 from thoughtgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -68,12 +68,8 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--model", metavar="PROVIDER:MODEL", help="The model to check."),
         ],
-        base_url: Annotated[
-            str | None, typer.Option("--base-url", metavar="URL", help="The provider's base URL.")
-        ] = None,
-        api_key: Annotated[
-            str | None, typer.Option("--api-key", metavar="KEY", help="The provider's API key.")
-        ] = None,
+        base_url: BaseUrlOpt = None,
+        api_key: ApiKeyOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
     ) -> None:

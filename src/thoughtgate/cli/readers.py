@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 from thoughtgate.cli.common import Context, resolve_run_id, run_async
 from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
 from thoughtgate.cli.options import ReadOptions
-from thoughtgate.cli.remote import resolve_on_daemon, resolve_remote, wants_daemon
+from thoughtgate.cli.remote import needs_role, resolve_on_daemon, resolve_remote, wants_daemon
 from thoughtgate.cli.run_selection import EVERY_RUN, MINE_NEEDS_DAEMON, RunSelection
-from thoughtgate.errors import UsageError
+from thoughtgate.errors import AccessDeniedError, UsageError
 
 if TYPE_CHECKING:
     from thoughtgate.access.roles import Role
@@ -161,7 +161,11 @@ class DaemonReader:
                 await close()
 
     async def trace(self, run_id: str) -> list[Event]:
-        return await self.client.trace(run_id)
+        try:
+            return await self.client.trace(run_id)
+        except AccessDeniedError:  # the daemon's 403 is generic: as locally, with the role
+            with needs_role("the trace", "developer", await self.role()):
+                raise
 
 
 class NoStoreReader:

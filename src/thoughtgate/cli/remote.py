@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,13 @@ import typer
 from rich.markup import escape
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.errors import AuthenticationError, RunNotFoundError, UsageError, public_url
+from thoughtgate.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    RunNotFoundError,
+    UsageError,
+    public_url,
+)
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESUMED_BY_THE_DAEMON",
     "Remote",
+    "needs_role",
     "remote_resume",
     "remote_run",
     "resolve_on_daemon",
@@ -143,6 +150,18 @@ def show_event(event: Event, *, json_lines: bool) -> None:
     )
 
 
+@contextlib.contextmanager
+def needs_role(what: str, needed: str, role: str) -> Iterator[None]:
+    """A daemon's refusal of the key's role in the words a local one uses, with the key's role:
+    the daemon's own 403 is generic ("your role does not allow this"), naming no data."""
+    try:
+        yield
+    except AccessDeniedError:
+        raise AccessDeniedError(
+            f"{what} requires role {needed} or above; this key's role is {role}"
+        ) from None
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -185,7 +204,8 @@ async def remote_run(
     async with remote.client() as tg:
         role = str((await tg.me())["role"])
         text = prompt()
-        run_id = await tg.start_run(text, model, chain_of_thought, tools or None, system=system)
+        with needs_role("starting a run", "member", role):
+            run_id = await tg.start_run(text, model, chain_of_thought, tools or None, system=system)
         if not json_out:
             err_console.print(
                 f"run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
@@ -201,7 +221,8 @@ async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_o
         role = str((await tg.me())["role"])
         run_id = await resolve_on_daemon(tg, given)
         shown = await tg.events(run_id)  # so far: the follow below shows what the resume adds
-        await tg.resume_run(run_id)
+        with needs_role("resuming a run", "member", role):
+            await tg.resume_run(run_id)
         if not json_out:
             err_console.print(
                 f"resuming run {run_id} on {public_url(remote.url)} (as {role})", highlight=False

@@ -198,6 +198,13 @@ def select_runs(
     end = None if until is None else max(0, math.ceil(parse_when(until, "--until", now=now)))
     if start is not None and end is not None and start >= end:
         raise UsageError(f"--since {since} is not before --until {until}: no run can match")
+    provider, colon, name = (model or "").partition(":")
+    if model and not (provider.strip() and colon and name.strip()):
+        # a run's model is always PROVIDER:MODEL: without both, no run could match
+        raise UsageError(
+            f"--model {model!r} is not PROVIDER:MODEL (for example anthropic:claude-sonnet-4-5), "
+            "so no run can match it"
+        )
     return RunSelection(
         statuses=cast(
             "tuple[RunStatus, ...]", _one_of("--status", statuses, RUN_STATUSES, "a run status")

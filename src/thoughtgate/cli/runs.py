@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
+from thoughtgate.cli.common import (
+    Context,
+    console,
+    err_console,
+    one_line_errors,
+    print_json,
+    run_async,
+)
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.missing_store import missing_store, nothing_there
 from thoughtgate.cli.options import (
@@ -46,7 +53,7 @@ from thoughtgate.cli.options import (
     ViewAsOpt,
     with_read_options,
 )
-from thoughtgate.cli.readers import RunReader, read_command
+from thoughtgate.cli.readers import NoStoreReader, RunReader, read_command
 from thoughtgate.cli.remote import (
     RESUMED_BY_THE_DAEMON,
     remote_resume,
@@ -55,7 +62,12 @@ from thoughtgate.cli.remote import (
     show_event,
     wants_daemon,
 )
-from thoughtgate.cli.run_selection import MINE_NEEDS_DAEMON, RunFilters, with_run_filters
+from thoughtgate.cli.run_selection import (
+    EVERY_RUN,
+    MINE_NEEDS_DAEMON,
+    RunFilters,
+    with_run_filters,
+)
 from thoughtgate.errors import RunTakenOverError, UsageError
 
 if TYPE_CHECKING:
@@ -532,8 +544,12 @@ def register(app: typer.Typer) -> None:
             views = await reader.runs(limit, selection)
             if read.json_out:
                 print_json([v.to_json() for v in views])
-            else:
+            elif views:
                 render_runs_table(console, views)
+            elif not isinstance(reader, NoStoreReader):  # (that one said there is no store)
+                # not an empty table: say whether the filters or the store found nothing
+                filtered = selection != EVERY_RUN
+                err_console.print("no runs match these filters" if filtered else "no runs yet")
 
         read_command(body, read)
 
@@ -554,7 +570,11 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int | None,
             typer.Option(
-                "--limit", metavar="N", help="At most N events.", min=1, max=STORE_INT_MAX
+                "--limit",
+                metavar="N",
+                help="At most N events (default: all of them).",
+                min=1,
+                max=STORE_INT_MAX,
             ),
         ] = None,
         follow: Annotated[

@@ -72,7 +72,11 @@ def register(app: typer.Typer) -> None:
     def serve(
         host: Annotated[
             str | None,
-            typer.Option("--host", metavar="HOST", help="Address to listen on (server.host)."),
+            typer.Option(
+                "--host",
+                metavar="HOST",
+                help="Address to listen on (default: server.host, else 127.0.0.1).",
+            ),
         ] = None,
         port: Annotated[
             int | None,
@@ -81,7 +85,7 @@ def register(app: typer.Typer) -> None:
                 metavar="PORT",
                 min=0,
                 max=65535,
-                help="Port (server.port); 0 picks a free one.",
+                help="Port to listen on (default: server.port, else 8765); 0 picks a free one.",
             ),
         ] = None,
         db: DbOpt = None,
@@ -95,6 +99,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--shutdown-grace",
                 metavar="SECONDS",
+                min=0.0,
                 help=(
                     "How long in-flight runs may finish on SIGTERM or Ctrl+C; then durable runs"
                     " are left to resume elsewhere (or here at the next start), others are"

@@ -18,7 +18,9 @@ Every error keeps the daemon's ``{"error": {"code", "message"}}`` text in its me
 whose words are for an HTTP caller: a refused key (the daemon's "authentication required: a
 valid API key (Authorization: Bearer KEY) or live ticket") says it is this client's key, and a
 provider the daemon is not configured for (``503 provider_not_configured``) adds that no run
-was started. The rejected and daemon errors also carry ``status`` and ``code``.
+was started. The rejected and daemon errors also carry ``status`` and ``code``. A 4xx answer in
+no daemon's words (another server at that address) is ``RequestRejectedError`` with the code
+``not_a_daemon``, saying so; a 5xx one keeps its own words.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from thoughtgate.errors import (
     RunNotFoundError,
     RuntimeFailure,
     UsageError,
+    public_url,
 )
 
 __all__ = [
@@ -80,15 +83,37 @@ class DaemonUnreachableError(DaemonError):
     """The connection to the daemon could not be made, or dropped before the answer was read."""
 
 
-def _error_body(response: httpx.Response) -> tuple[str, str]:
+def _error_body(response: httpx.Response) -> tuple[str, str] | None:
+    """The daemon's ``(code, message)``; ``None`` for an answer in no daemon's words (another
+    server at that address, a proxy in front of it)."""
     try:
         body: Any = response.json()
     except ValueError:
-        return "", response.text[:200] or response.reason_phrase
+        return None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         return str(error.get("code") or ""), str(error.get("message") or "")
-    return "", response.reason_phrase
+    return None
+
+
+def _plain(response: httpx.Response) -> str:
+    return response.text[:200] or response.reason_phrase
+
+
+def _not_a_daemon(response: httpx.Response) -> str:
+    """What an answer in no daemon's words says: most often the address of something else (the
+    emulator's port, a web server), or a proxy's own error page."""
+    try:
+        request = response.request
+        where = f"{public_url(str(request.url.copy_with(path='/')))}"
+        asked = f" {request.method} {request.url.path}"
+    except RuntimeError:  # (a response built without its request)
+        where, asked = "this address", ""
+    return (
+        f"the server at {where} answered{asked} with HTTP {response.status_code} "
+        f"{response.reason_phrase}, not as a thoughtgate daemon does: is that the daemon's "
+        "address?"
+    )
 
 
 def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -> None:
@@ -96,7 +121,13 @@ def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -
     status = response.status_code
     if status < 400:
         return
-    code, message = _error_body(response)
+    said = _error_body(response)
+    if said is not None:
+        code, message = said
+    elif status < 500:  # a client error in no daemon's words: most likely not the daemon
+        code, message = "not_a_daemon", _not_a_daemon(response)
+    else:  # (a daemon's own crash, or a proxy's: its words, as they are)
+        code, message = "", _plain(response)
     if status == 401:
         if code.startswith("ticket_"):
             raise AuthenticationError(message or "the daemon did not accept the ticket")

@@ -303,11 +303,39 @@ def launch_failed(exc: Exception, location: _Location, step: str) -> Thoughtgate
     return quoting(RuntimeFailure, f"cannot {action} on {where}: {SAID}", exc, _unsecret(first))
 
 
-def _dbos_instance() -> object | None:
-    """The DBOS instance of this process, if one is built (DBOS keeps one per process)."""
+_DBOS_INSTANCE = "_dbos_global_instance"
+"""Where DBOS keeps the instance of the process: a global of ``dbos._dbos``, private. DBOS has no
+public way to ask whether one is built without acting on it (ADR 0136, amendment 1)."""
+_MOVED = object()
+
+
+def prebuilt_dbos() -> DBOS | None:
+    """The DBOS instance this process has already built, if any (DBOS keeps one per process).
+
+    The one read of DBOS's private ``_dbos_global_instance`` (ADR 0136, amendment 1). Should a
+    DBOS release move it, this raises a ``RuntimeFailure`` saying so instead of answering "none":
+    the launch would otherwise run thoughtgate's workflows on an application's instance
+    unchecked. ``test_durable_launch`` fails on such a release before anyone runs it."""
     from dbos import _dbos
 
-    return getattr(_dbos, "_dbos_global_instance", None)
+    instance = vars(_dbos).get(_DBOS_INSTANCE, _MOVED)
+    if instance is None or isinstance(instance, DBOS):
+        return instance
+    raise RuntimeFailure(
+        f"cannot launch durable runs: dbos {_dbos_version()} no longer keeps its instance in "
+        f"dbos._dbos.{_DBOS_INSTANCE}, so thoughtgate cannot tell whether this process built one "
+        "before this launch (ADR 0136). Install the dbos version thoughtgate was released with, "
+        "or set durability.enabled = false"
+    )
+
+
+def _dbos_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dbos")
+    except PackageNotFoundError:  # imported from a path, not installed
+        return "(version unknown)"
 
 
 def foreign_dbos(location: _Location) -> UsageError:
@@ -553,11 +581,17 @@ class DurableEngine:
         engine = DurableEngine.current
         if engine is not None and engine is not self:
             raise UsageError("this process already executes durable runs for another runtime")
-        if _dbos_instance() is not None:  # built before this launch, not by it (ADR 0136)
+        try:
+            refused: ThoughtgateError | None = (
+                None if prebuilt_dbos() is None else foreign_dbos(self.location)
+            )
+        except RuntimeFailure as exc:  # a DBOS release that moved its instance
+            refused = exc
+        if refused is not None:  # built before this launch, not by it (ADR 0136)
             if DurableEngine.current is self:
                 DurableEngine.current = None
-            self.failure = foreign_dbos(self.location)
-            raise self.failure
+            self.failure = refused
+            raise refused
         DurableEngine.current = self
         self.failure = None
         settings: dict[str, Any] = {

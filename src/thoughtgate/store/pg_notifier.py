@@ -23,6 +23,12 @@ the kernel's TCP retransmission timeout, during which every later wake-up of the
 wait behind it. A server that keeps refusing is warned about once, when the first wake-up is
 given up, and said to be back at the next send that succeeds; the sends in between are logged at
 debug level, not once every ``window_s``.
+
+A retry waits (ADR 0132 amendment 2): the second attempt of a send waits ``retry_backoff_s``
+(between half and all of it, at random) after the first failed, instead of following it at once
+into a server that is restarting or a failover not yet over. The wait is the sending task's, not
+an append's: appends only note their run (``committed``) and never wait for a send, and ``close``
+ends a wait in progress as it ends a window, so its bound (``within``) is unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from typing import Any
 
 import psycopg
@@ -52,6 +59,9 @@ class PgNotifier:
     #: One attempt (connecting included) longer than this is given up as failed: the connection
     #: is dropped and the next attempt opens a new one. A ``NOTIFY`` takes about a round trip.
     send_timeout_s: float = 10.0
+    #: After a failed first attempt the second waits between half and all of this: long enough
+    #: not to be refused by the same restart, short beside the readers' 3 s safety poll.
+    retry_backoff_s: float = 0.1
 
     def __init__(self, conninfo: str, channel: str, *, application_name: str) -> None:
         self._conninfo = conninfo
@@ -62,7 +72,8 @@ class PgNotifier:
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._closed = False
-        self._window: asyncio.Future[None] | None = None  # ``close`` ends it: send at once
+        self._pause: asyncio.Future[None] | None = None  # a window or a retry's wait: ``close``
+        # ends it, and the send goes at once
         self._failing = False
         self.sends = 0
         """Notifying transactions sent (each carries every run noted since the previous one)."""
@@ -91,12 +102,13 @@ class PgNotifier:
 
     async def _send_pending(self) -> None:
         while self._pending or self._woken:
-            if not self._closed:
-                await self._wait_window()
+            await self._wait(self.window_s)
             noted, self._pending = self._pending, {}
             woken, self._woken = self._woken, set()
             payloads = [f"{run_id} {last}" for run_id, last in noted.items()] + sorted(woken)
             for attempt in (1, 2):  # a connection the server dropped since: once more, anew
+                if attempt == 2:
+                    await self._wait(random.uniform(self.retry_backoff_s / 2, self.retry_backoff_s))
                 try:
                     async with asyncio.timeout(self.send_timeout_s):
                         await self._send(payloads)
@@ -110,19 +122,20 @@ class PgNotifier:
                         log.info("NOTIFY %s sent again", self._channel)
                     break
 
-    async def _wait_window(self) -> None:
-        """``asyncio.sleep(window_s)``, cut short by ``close`` (as cheap: one future, one timer)."""
-        if self.window_s <= 0:  # no window (``bench/notify_bench.py``): one turn, as sleep(0)
+    async def _wait(self, seconds: float) -> None:
+        """``asyncio.sleep(seconds)``, cut short by ``close`` (as cheap: one future, one timer);
+        after ``close``, one turn of the loop."""
+        if seconds <= 0 or self._closed:  # no window (``bench/notify_bench.py``): as sleep(0)
             await asyncio.sleep(0)
             return
         loop = asyncio.get_running_loop()
-        self._window = window = loop.create_future()
-        timer = loop.call_later(self.window_s, _end, window)
+        self._pause = pause = loop.create_future()
+        timer = loop.call_later(seconds, _end, pause)
         try:
-            await window
+            await pause
         finally:
             timer.cancel()
-            self._window = None
+            self._pause = None
 
     def _gave_up(self, exc: BaseException, runs: int) -> None:
         self.given_up += 1
@@ -161,8 +174,8 @@ class PgNotifier:
         this store closed), then close the connection. A send that takes longer than ``within``
         (a server that does not answer) is cancelled: its readers have their poll."""
         self._closed = True
-        if self._window is not None:
-            _end(self._window)
+        if self._pause is not None:
+            _end(self._pause)
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait({task}, timeout=within)
@@ -172,6 +185,6 @@ class PgNotifier:
         await self._drop_connection()
 
 
-def _end(window: asyncio.Future[None]) -> None:
-    if not window.done():
-        window.set_result(None)
+def _end(pause: asyncio.Future[None]) -> None:
+    if not pause.done():
+        pause.set_result(None)

@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from thoughtgate.errors import NotOurDatabaseError, StoreReadOnlyError
+from thoughtgate.errors import NotOurDatabaseError, StoreReadOnlyError, StoreUnavailableError
 from thoughtgate.store.migrations import (
     MIGRATIONS_TABLE,
     Migration,
@@ -62,12 +62,27 @@ def connect(path: Path, *, busy_timeout: float, immutable: bool = False) -> sqli
 
 
 def check_header(path: Path) -> None:
-    """Refuse a non-empty file that does not start with the SQLite magic string."""
+    """Refuse a non-empty file that does not start with the SQLite magic string, and a path that
+    cannot hold one (a directory, a path through a file, one this user may not read) in one line
+    naming it, rather than a traceback."""
     try:
         with path.open("rb") as fh:
             head = fh.read(len(SQLITE_HEADER))
     except FileNotFoundError:
         return
+    except OSError as exc:
+        if isinstance(exc, IsADirectoryError):
+            inside = f"sqlite:///{path}/thoughtgate.db"
+            why = f"it is a directory, not a file (name a file in it: {inside})"
+        elif isinstance(exc, NotADirectoryError):
+            why = "a part of its path is a file, not a directory"
+        else:
+            said = exc.strerror or type(exc).__name__
+            why = f"{said}; check that it and its directory are readable"
+        raise StoreUnavailableError(
+            f"cannot open SQLite database {path}: {why}. Point the store at another path "
+            "(store.url / --db / THOUGHTGATE_DB)."
+        ) from None
     if head and head != SQLITE_HEADER:
         raise NotOurDatabaseError(
             f"{path} is not a SQLite database, so it is not a thoughtgate store; it was left "

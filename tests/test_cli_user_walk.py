@@ -1,0 +1,144 @@
+"""What a new user meets walking the README: listings whose ids can be copied, options that
+refuse what makes no sense, ``--help`` that says the defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.web import web_daemon
+from typer.testing import CliRunner
+
+from thoughtgate.cli import app
+
+QUIET = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+
+
+def _tg(*args: str, columns: int = 80) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={**QUIET, "COLUMNS": str(columns)})
+    assert isinstance(result.exception, SystemExit | None), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("columns", [80, 200])
+def test_keys_list_shows_whole_ids_and_names_at_any_width(tmp_path: Path, columns: int) -> None:
+    """``keys revoke`` takes a key's exact id or its name; at 80 columns (or in a pipe) the
+    table cut both to an ellipsis (``key_4c4ff87d7c8e4…``, ``bootst…``)."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    names = ["bootstrap-owner", "a-rather-long-name-for-the-ci-pipeline-key"]
+    for name in names:
+        code, _, err = _tg("keys", "create", "--role", "viewer", "--name", name, "--db", db)
+        assert code == 0, err
+    code, out, _ = _tg("keys", "list", "--db", db, "--json")
+    ids = [k["key_id"] for k in json.loads(out)]
+    code, out, err = _tg("keys", "list", "--db", db, columns=columns)
+    assert code == 0, err
+    assert "…" not in out
+    for key_id, name in zip(ids, names, strict=True):
+        assert key_id in out.split() and name in out.split(), out
+
+
+@pytest.mark.inprocess
+def test_runs_says_when_nothing_matches_instead_of_an_empty_table(tmp_path: Path) -> None:
+    """An empty box of column headers did not say whether the store or the filters were empty;
+    stdout stays empty (``--json`` is ``[]``), the words go to stderr."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    code, _, err = _tg("keys", "create", "--role", "viewer", "--name", "ci", "--db", db)
+    assert code == 0, err  # the store exists, with no runs
+    assert _tg("runs", "--db", db) == (0, "", "no runs yet\n")
+    code, _, err = _tg("run", "hello", "--model", "fake:echo", "--db", db, "--json")
+    assert code == 0, err
+    assert _tg("runs", "--db", db, "--status", "failed") == (0, "", "no runs match these filters\n")
+    assert _tg("runs", "--db", db, "--search", "nothing like it", "--json") == (0, "[]\n", "")
+    code, out, _ = _tg("runs", "--db", db)
+    assert code == 0 and "hello" in out
+
+
+@pytest.mark.inprocess
+def test_keys_list_says_when_there_are_none_instead_of_an_empty_table(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    code, _, err = _tg("run", "hello", "--model", "fake:echo", "--db", db, "--json")
+    assert code == 0, err  # the store exists, with no keys
+    said = "no keys yet (thoughtgate keys create --role ROLE --name NAME)\n"
+    assert _tg("keys", "list", "--db", db) == (0, "", said)
+    assert _tg("keys", "list", "--db", db, "--json") == (0, "[]\n", "")
+
+
+@pytest.mark.inprocess
+def test_a_role_the_daemon_refuses_is_named_with_what_it_takes() -> None:
+    """Through ``--url`` a viewer's ``run``, ``resume`` and ``trace`` said only the daemon's
+    generic "forbidden: your role does not allow this"; locally the same refusal says which role
+    it takes. Both now do, with the key's role."""
+    with web_daemon(shutdown_grace_s=0.1) as daemon:
+        run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
+        daemon.wait_done(run_id)
+        env = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["viewer"]}
+        said = {}
+        for args in (["run", "hi", "--model", "fake:echo"], ["resume", run_id], ["trace", run_id]):
+            result = CliRunner().invoke(app, args, env={**QUIET, **env, "COLUMNS": "60"})
+            assert result.exit_code == 2, result.output
+            said[args[0]] = result.stderr.strip()
+        developer = {**env, "THOUGHTGATE_KEY": daemon.keys["developer"]}
+        traced = CliRunner().invoke(app, ["trace", run_id, "--json"], env={**QUIET, **developer})
+        assert traced.exit_code == 0, traced.output
+    assert said == {
+        "run": "error: starting a run requires role member or above; this key's role is viewer",
+        "resume": "error: resuming a run requires role member or above; this key's role is viewer",
+        "trace": "error: the trace requires role developer or above; this key's role is viewer",
+    }
+
+
+@pytest.mark.inprocess
+def test_demo_names_its_store_without_a_password_and_hints_with_the_same_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's first line printed ``--db`` as given, a PostgreSQL password included; its
+    closing hint (``thoughtgate events RUN --view-as viewer``) left out the ``--db`` it was
+    given, so it looked in another store, and for ``memory://`` pointed at a run that was gone."""
+    from thoughtgate.cli import common
+    from thoughtgate.store.memory import MemoryStore
+
+    async def in_memory(url: str) -> MemoryStore:
+        return MemoryStore()  # (no PostgreSQL here: what is printed is the subject)
+
+    monkeypatch.setattr(common, "open_store", in_memory)
+    code, out, err = _tg("demo", "--db", "postgresql://bob:hunter2@db.internal/app", columns=400)
+    assert code == 0, err
+    assert "hunter2" not in out + err
+    assert "db.internal" in " ".join(out.split()[:20])  # the first line (wrapped at the width)
+    hint = out.splitlines()[-1]
+    assert hint.startswith("See what a viewer gets: thoughtgate events run_")
+    assert hint.endswith(" --view-as viewer --db URL")
+    monkeypatch.undo()
+    db = tmp_path / "my runs.db"
+    code, out, err = _tg("demo", "--db", f"sqlite:///{db}", columns=400)
+    assert code == 0, err
+    assert out.splitlines()[-1].endswith(f" --view-as viewer --db 'sqlite:///{db}'")
+    code, out, err = _tg("demo", "--db", "memory://", columns=400)
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("The run was in memory:// and is gone")
+
+
+@pytest.mark.unit
+def test_an_answer_in_no_daemons_words_says_the_address_may_be_wrong() -> None:
+    """``--url`` at the emulator's port (8766, not the daemon's 8765) said only ``[405 error]
+    Method Not Allowed``. A 5xx in no daemon's words (a proxy's, or the daemon's own crash) keeps
+    them; a daemon's JSON error is as before."""
+    import httpx
+
+    from thoughtgate.client.errors import DaemonError, RequestRejectedError, raise_for_response
+
+    asked = httpx.Request("GET", "http://127.0.0.1:8766/v1/me")
+    with pytest.raises(RequestRejectedError) as other:
+        raise_for_response(httpx.Response(405, text="Method Not Allowed", request=asked))
+    assert str(other.value) == (
+        "[405 not_a_daemon] the server at http://127.0.0.1:8766/ answered GET /v1/me with HTTP "
+        "405 Method Not Allowed, not as a thoughtgate daemon does: is that the daemon's address?"
+    )
+    with pytest.raises(DaemonError, match=r"^\[502\] upstream connect error$"):
+        raise_for_response(httpx.Response(502, text="upstream connect error", request=asked))
+    ours = {"error": {"code": "not_found", "message": "no such route: GET /v1/nope"}}
+    with pytest.raises(RequestRejectedError, match=r"^\[404 not_found\] no such route"):
+        raise_for_response(httpx.Response(404, json=ours, request=asked))

@@ -350,3 +350,38 @@ async def test_a_change_held_behind_an_older_transaction_is_read_when_it_ends_no
                 while not (changes := (await reader.run_changes(after=after)).changes):
                     await reader.wait_for_run_changes(after)
         assert [r.run_id for _, r in changes] == [run.run_id]
+
+
+async def test_a_long_hold_behind_another_session_is_warned_once_naming_it_then_its_end(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another application's session idle in a transaction after a write holds every live run
+    list of the server still. That looks like a daemon that stopped listing runs, so a reader
+    that has waited past ``warn_after`` warns once, naming the session, and says when it ends."""
+    async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+        reader.horizon.warn_after = 0.2
+        reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
+        await writer.create_run(make_run())
+        await _settled_changes(reader, 0)
+        after = await reader.latest_run_change()
+        caplog.set_level("INFO", logger="thoughtgate.store")
+        named = {"application_name": "batch-import", "autocommit": True}
+        async with await psycopg.AsyncConnection.connect(PG_URL, **named) as older:
+            async with older.transaction():
+                await older.execute("SELECT pg_current_xact_id()")  # an id: it holds the horizon
+                await writer.create_run(make_run())
+                async with asyncio.timeout(10):
+                    while not any(r.levelname == "WARNING" for r in caplog.records):
+                        await reader.wait_for_run_changes(after)
+                for _ in range(3):  # still held: no second warning
+                    await reader.wait_for_run_changes(after)
+            async with asyncio.timeout(10):
+                while not (await reader.run_changes(after=after)).changes:
+                    await reader.wait_for_run_changes(after)
+            await reader.wait_for_run_changes(after)
+            pid = older.info.backend_pid
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1, warnings
+        assert f"session pid {pid} (application batch-import" in warnings[0], warnings[0]
+        back = [r.getMessage() for r in caplog.records if "moving again" in r.getMessage()]
+        assert len(back) == 1, back

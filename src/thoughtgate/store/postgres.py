@@ -33,6 +33,7 @@ from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnd
 from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
 from thoughtgate.store.pg_pool import connect, open_pool
@@ -380,6 +381,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     def __init__(self, conninfo: str, schema: str) -> None:
         """Use :meth:`open`: it migrates the schema and opens the connection pool."""
         super().__init__()
+        self.horizon = HorizonWatch()
+        """Warns when an older transaction holds the run lists still for long (ADR 0140)."""
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
         workflows in the same database, in a schema beside ours."""
@@ -958,7 +961,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
         async with self._conn("look for run changes") as conn:
             row = await (await conn.execute(_CHANGES_SINCE, (after,))).fetchone()
-        assert row is not None
+            assert row is not None
+            if not row[1]:
+                self.horizon.moved()
+            elif self.horizon.due():
+                await self.horizon.warn(conn)
         if row[0]:
             return
         if row[1]:

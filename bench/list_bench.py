@@ -192,7 +192,12 @@ async def _fill_postgres(schema: str, rows: list[tuple[Any, ...]]) -> None:
                     await copy.write_row(
                         (r[0], f"task_{r[0][4:]}", 0, r[1], r[4], "done", r[7], r[2], "provider")
                     )
-        await conn.execute("UPDATE run_changes SET last_change = %s", (len(rows),))
+        # the rows' numbers are the past: new changes are numbered after them (ADR 0140)
+        await conn.execute(
+            "UPDATE run_changes SET base = %s + 1 - "
+            "pg_snapshot_xmin(pg_current_snapshot())::text::bigint",
+            (len(rows),),
+        )
         await conn.execute("ANALYZE runs")
         await conn.execute("ANALYZE tasks")
 

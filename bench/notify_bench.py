@@ -59,14 +59,18 @@ async def _backends(store: Any, schema: str) -> list[int]:
         return [int(r[0]) for r in await cur.fetchall()]
 
 
-def _no_run_list_notify() -> None:
-    """The run list's change number without its ``pg_notify`` (its parameters kept)."""
+def _no_run_list_notify(store: Any) -> None:
+    """The run list's changes without their ``NOTIFY``: before ADR 0140 the change number's
+    ``pg_notify`` (its parameters kept), after it the notifier's wake-up after the commit."""
     from thoughtgate.store import postgres
 
-    postgres._NEXT_CHANGE = (
-        "UPDATE run_changes SET last_change = last_change + 1 "
-        "RETURNING last_change, %s::text, %s::text"
-    )
+    if "pg_notify" in postgres._NEXT_CHANGE:
+        postgres._NEXT_CHANGE = (
+            "UPDATE run_changes SET last_change = last_change + 1 "
+            "RETURNING last_change, %s::text, %s::text"
+        )
+    else:
+        store._notifier.wake = lambda payload: None
 
 
 def _no_notify(store: Any) -> None:
@@ -99,7 +103,7 @@ async def _throughput(
     if variant == "none":
         _no_notify(store)
     elif variant == "nolist":
-        _no_run_list_notify()
+        _no_run_list_notify(store)
     elif variant.startswith("window="):
         store._notifier.window_s = float(variant.removeprefix("window="))
     runs = [f"run_bench_{i}" for i in range(n)]

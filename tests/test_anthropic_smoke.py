@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from thoughtgate.engine.smoke import CAPABILITIES, RULES, CapabilityResult, smoke
+from thoughtgate.engine.smoke import CAPABILITIES, RULES, CapabilityResult, smoke, verdict
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.testing.emulator import (
@@ -163,3 +163,14 @@ async def test_the_same_check_runs_on_the_openai_family_adapters(
     results = {r.name: r for r in await smoke(f"{provider}:claude-smoke", settings)}
     assert results["streaming"].proven and results["reasoning_text"].proven
     assert results["tools"].proven and results["continuity"].proven, results
+
+
+async def test_an_adapter_without_endpoint_rules_is_not_told_a_request_failed() -> None:
+    """The fake provider has no endpoint rows: its rule checks are named as not claimed, not as
+    checks a failed request kept from being made (which would say the provider was down)."""
+    results = {r.name: r for r in await smoke("fake:echo")}
+    for name in RULES:
+        assert results[name].claimed is False and not results[name].unreached, results[name]
+    line = verdict(list(results.values()))
+    assert not line.unreached and "could not be made" not in line.summary, line
+    assert "not claimed for this model: " in line.summary and "rule.send_back" in line.summary

@@ -8,9 +8,10 @@ Under READ COMMITTED that holds only where the write reads the fencing token on 
 (``runs.claim``, or ``run_specs`` locked with ``runs``); a plain read, or a lock the claim's
 update does not conflict with, reads the rows from before the claim and lets the write through.
 
-The claim is held open between its updates of ``runs``/``run_specs`` and its commit by the one
-row it locks last, ``run_changes``, which the test locks first; the write is let go once the
-server says it waits for the claim (``pg_blocking_pids``), never after a timed sleep.
+The claim is held open between its updates of ``runs``/``run_specs`` and its commit by the table
+it reads last, ``run_changes`` (its change number, ADR 0140), which the test locks first; the
+write is let go once the server says it waits for the claim (``pg_blocking_pids``), never after a
+timed sleep.
 """
 
 from __future__ import annotations
@@ -66,14 +67,15 @@ async def store(pg_schema: str) -> AsyncIterator[PostgresStore]:
 
 async def _blocked_by(admin: psycopg.AsyncConnection[Any], pid: int) -> list[int]:
     """The server processes waiting for a row ``pid`` locked (ADR 0112): a transaction's or a
-    tuple's lock, which a write waiting for a row waits on. Not any process that waits for
+    tuple's lock, which a write waiting for a row waits on -- or for a table it locked (the
+    claim held by ``run_changes``, ADR 0140). Not any process that waits for
     ``pid`` at all: a store opened meanwhile anywhere in the database -- another test's,
     another checkout's -- builds its indexes ``CONCURRENTLY``, which waits (``virtualxid``) for
     every transaction open before it, these tests' held ones too; counted, it made two waiters
     where one was expected, or the wrong one (this file's flakiness beside other tests)."""
     cur = await admin.execute(
         "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid)) "
-        "AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')",
+        "AND wait_event_type = 'Lock' AND wait_event IN ('relation', 'transactionid', 'tuple')",
         (pid,),
     )
     return [int(r[0]) for r in await cur.fetchall()]
@@ -100,13 +102,15 @@ async def _raced_with_a_claim(
     other: Callable[[], Awaitable[Any]],
 ) -> tuple[asyncio.Future[int | None], asyncio.Future[Any]]:
     """A claim of ``run_id`` by ``OWNER`` held open after its updates of ``runs`` and
-    ``run_specs`` (by ``run_changes``, the row it locks last, locked here first), and ``other``
+    ``run_specs`` (by ``run_changes``, the table it reads last, locked here first), and ``other``
     started once the claim waits. ``other`` waits for the claim's locks, or gets through at once
     (which the caller's asserts then catch); the claim is let go after either."""
     blocker = await psycopg.AsyncConnection.connect(PG_URL)
     try:
         await blocker.execute(
-            sql.SQL("SELECT 1 FROM {}.run_changes FOR UPDATE").format(sql.Identifier(schema))
+            sql.SQL("LOCK TABLE {}.run_changes IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(schema)
+            )
         )
         claim = asyncio.ensure_future(store.claim_run(run_id, OWNER, 30))
         claiming = await _one_waiting_for(admin, blocker.info.backend_pid)

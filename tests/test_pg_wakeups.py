@@ -103,6 +103,8 @@ async def followed(schema: str, *, reader_poll: float = NOTIFY_ONLY) -> AsyncIte
     ):
         run = make_run()
         await writer.create_run(run)
+        await writer._notifier.idle()  # the run list's wake-up for it (ADR 0140) is sent:
+        writer._notifier.sends = 0  # the sends counted from here are the appends'
         got: list[Event] = []
         tail = tail_into(reader, run.run_id, got)
         await listening(reader)
@@ -165,6 +167,8 @@ async def test_appends_that_commit_during_a_send_share_the_next_notifying_transa
             for run in runs:
                 await writer.create_run(run)
             notifier = writer._notifier
+            await notifier.idle()  # the run list's wake-ups for them (ADR 0140) are sent
+            notifier.sends = 0
             send, gate, held = notifier._send, asyncio.Event(), asyncio.Event()
             carried: list[list[str]] = []
 
@@ -212,6 +216,7 @@ async def test_a_wake_up_never_sent_is_made_up_by_the_readers_safety_poll(pg_sch
         await listening(reader)
         never_sent: list[tuple[str, int]] = []
         notifier = writer._notifier
+        await notifier.idle()  # the run list's wake-up for the run (ADR 0140) is sent
         sent = notifier.sends
         notifier.committed = lambda run_id, seq: never_sent.append((run_id, seq))  # type: ignore[method-assign]
         await writer.append(run.run_id, deltas(3))
@@ -506,6 +511,8 @@ async def test_wake_ups_are_sent_while_the_stores_pool_is_exhausted(pg_schema: s
         run = make_run()
         await writer.create_run(run)
         notifier = writer._notifier
+        await notifier.idle()  # the run list's wake-up for the run (ADR 0140) is sent
+        notifier.sends = 0
         send, gate, held = notifier._send, asyncio.Event(), asyncio.Event()
 
         async def held_send(payloads: list[str]) -> None:

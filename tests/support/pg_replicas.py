@@ -1,5 +1,5 @@
-"""Helpers for tests of live fan-out across PostgreSQL replicas: a tail kept in a list, and a
-store used from another process."""
+"""Helpers for tests of live fan-out across PostgreSQL replicas: a tail kept in a list, a store
+used from another process, and the run list's changes settled."""
 
 from __future__ import annotations
 
@@ -11,9 +11,26 @@ from typing import Any
 
 import thoughtgate.store
 
-__all__ = ["run_store_script", "tail_into"]
+__all__ = ["changes_settled", "run_store_script", "tail_into"]
 
 SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
+
+
+async def changes_settled(store: Any) -> None:
+    """Until no committed run-list change of ``store`` (a ``PostgresStore``) waits above the
+    horizon (ADR 0140): other tests' transactions on the same server hold it back a moment."""
+    from thoughtgate.store.postgres import _HORIZON
+
+    for _ in range(1000):
+        async with store._conn("test") as conn:
+            cur = await conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {_HORIZON})"
+            )
+            row = await cur.fetchone()
+        if row is not None and not row[0]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("committed run-list changes stayed above the horizon for 10 s")
 
 
 def tail_into(store: Any, run_id: str, got: list[Any]) -> asyncio.Task[None]:

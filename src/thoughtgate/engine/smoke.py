@@ -265,7 +265,10 @@ async def _tool_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list
 async def _rule_checks(provider: Provider, max_tokens: int, seen: _Seen) -> list[CapabilityResult]:
     rule: EndpointRule | None = getattr(provider, "rule", None)
     if rule is None:
-        return _failed(RULES, "this adapter has no endpoint rule")
+        # nothing was tried, so nothing failed: an adapter without endpoint rows (the fake
+        # provider) claims none of them, and the verdict names them as not claimed
+        why = "this adapter has no endpoint rule"
+        return [CapabilityResult(name, False, why, claimed=False) for name in RULES]
     where = f"row {rule.family!r} on server {rule.server!r}"
     return [
         _params_rule(rule, seen, where),

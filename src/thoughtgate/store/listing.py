@@ -10,10 +10,14 @@ conformance suite checks them on every backend):
   and a run created while someone pages through the list neither shifts nor repeats a row.
 * ``run_changes(after=N)`` -- every run that changed (was created, or its status, usage, error or
   metadata changed) since change number ``N``, each once, in its latest state, in change order.
-  Change numbers are handed out in commit order (SQLite: the single write lock; PostgreSQL: the
-  ``run_changes`` row lock), so a reader that resumes after ``N`` can never miss a change that
-  committed late. A live run list loads a page, notes ``latest_run_change()`` taken *before* the
-  page, and follows the feed from there: a change seen twice is applied twice, harmlessly.
+  A reader that resumes after ``N`` can never miss a change that committed late: on SQLite the
+  single write lock hands numbers out in commit order (1, 2, 3, ...); on PostgreSQL a change is
+  numbered by its transaction and read only once every transaction that could still number a
+  change below it has ended (ADR 0140: numbers with gaps, and a committed change is read a moment
+  later while an older transaction on the server still runs). ``latest_run_change()`` is never
+  below a number a reader was given, and every change at or below it has committed. A live run
+  list loads a page, notes ``latest_run_change()`` taken *before* the page, and follows the feed
+  from there: a change seen twice is applied twice, harmlessly.
 
 Ordering: newest ``created_at`` first; runs created at the same instant in the order the store
 took them, newest first (SQLite's ``rowid``, PostgreSQL's ``insert_order``, the memory store's
@@ -164,7 +168,7 @@ class RunListing(abc.ABC):
 
     @abc.abstractmethod
     async def latest_run_change(self) -> int:
-        """The highest change number handed out so far (0 for a store without runs)."""
+        """The highest change number a reader can read (0 for a store without runs)."""
 
 
 def like_pattern(text: str) -> str:

@@ -6,7 +6,8 @@ An append that notified in its own statement therefore kept group commit from co
 concurrent appends' WAL flushes. So appends commit without a ``NOTIFY``, and this sends the
 wake-ups after the commit, from one connection of its own, in a transaction that writes no WAL:
 ``committed`` notes the run and its last sequence number, and one task sends everything noted
-since its previous send in one statement (one ``pg_notify`` per run, with its largest number),
+since its previous send in one statement (one ``pg_notify`` per run, with its largest number,
+and the run list's ``*runs`` when ``wake`` was told of a run-list change, ADR 0140),
 ``window_s`` after the first of them. However many appends commit in that window or while a send
 is in flight, the next send is one transaction: a process sends at most one every ``window_s``
 plus a round trip, and a wake-up reaches other replicas at most that much later than its commit.
@@ -67,6 +68,7 @@ class PgNotifier:
         self._channel = channel
         self._application_name = application_name
         self._pending: dict[str, int] = {}
+        self._woken: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._closed = False
@@ -84,14 +86,26 @@ class PgNotifier:
             return
         if last_seq > self._pending.get(run_id, 0):
             self._pending[run_id] = last_seq
+        self._start()
+
+    def wake(self, payload: str) -> None:
+        """After a commit: send ``payload`` as it is, with the next send (the run list's wake-up,
+        ADR 0140: what ``pg_notify`` sent in the change's transaction before)."""
+        if self._closed:
+            return
+        self._woken.add(payload)
+        self._start()
+
+    def _start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._send_pending(), name=f"notify {self._channel}")
 
     async def _send_pending(self) -> None:
-        while self._pending:
+        while self._pending or self._woken:
             await self._wait(self.window_s)
             noted, self._pending = self._pending, {}
-            payloads = [f"{run_id} {last}" for run_id, last in noted.items()]
+            woken, self._woken = self._woken, set()
+            payloads = [f"{run_id} {last}" for run_id, last in noted.items()] + sorted(woken)
             for attempt in (1, 2):  # a connection the server dropped since: once more, anew
                 if attempt == 2:
                     await self._wait(random.uniform(self.retry_backoff_s / 2, self.retry_backoff_s))

@@ -33,6 +33,7 @@ from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnd
 from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
 from thoughtgate.store.pg_pool import connect, open_pool
@@ -229,16 +230,51 @@ _INSERT_SPEC = (
     f"INSERT INTO run_specs ({codec.SPEC_COLUMNS}) "
     f"VALUES ({','.join(['%s'] * codec.SPEC_COLUMN_COUNT)})"
 )
-# The run list's change number (store/listing.py). The UPDATE locks the one row of run_changes
-# until the transaction commits, so numbers are handed out in commit order, like event sequences
-# (see _APPEND). Every transaction takes it after the run rows it changes (create_run takes it
-# before inserting its new, still invisible row), so two of them never wait on each other in a
-# cycle. The NOTIFY wakes run-list readers in other processes at commit. It stays in the
-# transaction (unlike the append's, ADR 0132): the row lock already has these transactions commit
-# one at a time, so they never queue for the notify lock behind each other (ADR 0134 measured it).
-_NEXT_CHANGE = (
-    "UPDATE run_changes SET last_change = last_change + 1 RETURNING last_change, pg_notify(%s, %s)"
+# The run list's change numbers (store/listing.py, ADR 0140). A change is numbered by the
+# transaction making it: ``base`` (``run_changes``, migration 14) plus its transaction id, so no
+# two transactions share a number and none waits for another to get one. (Every transaction
+# changes one run: a second run in the same transaction would break ``runs_by_change``'s
+# uniqueness, loudly.) Transaction ids are not handed out in commit order, so a reader takes only
+# the changes below the horizon, ``base`` plus the oldest transaction id still running in its
+# snapshot (``pg_snapshot_xmin``): every transaction below it has ended, and every transaction
+# that can still number a change -- running, or yet to start -- numbers it at or above it. A
+# reader that has read up to ``N`` below one horizon therefore never finds a new change at or
+# below ``N`` later, however the writers' commits interleave.
+_NEXT_CHANGE = "SELECT base + pg_current_xact_id()::text::bigint FROM run_changes"
+_HORIZON = "(SELECT base + pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM run_changes)"
+"""Changes numbered below this have committed (or will never be), in this statement's snapshot."""
+_RUN_CHANGES = (
+    f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
+    f"AND change_seq < {_HORIZON} ORDER BY change_seq LIMIT %s"
 )
+_LATEST_CHANGE = (
+    f"SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE LEAST(max(change_seq), {_HORIZON} - 1) "
+    "END FROM runs"
+)
+"""The latest change a reader can read: the largest number, or the horizon's last when a change
+waits above it (that run's previous number, which a reader may have read, was at most that)."""
+_CHANGES_SINCE = (
+    "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %s AND change_seq < h.at), "
+    "EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at) "
+    f"FROM (SELECT {_HORIZON} AS at) AS h"
+)
+"""Whether a reader after a number has changes to read, and whether committed changes wait
+above the horizon (an older transaction is still running) for it."""
+_AHEAD = (
+    "FROM (SELECT max(change_seq) AS n FROM runs) AS top "
+    "WHERE top.n >= base + pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+)
+_NUMBERS_AHEAD = f"SELECT 1 FROM run_changes, {_AHEAD.removeprefix('FROM ')}"
+_REBASE = (
+    "UPDATE run_changes SET base = top.n + 1 - pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+    + _AHEAD
+)
+"""At ``open``: when the stored numbers are ahead of this server's transaction ids (the database
+was dumped and restored into another cluster, whose ids start lower), move ``base`` so new numbers
+come above them. In normal operation no committed change is numbered from an id not yet handed
+out: ``_NUMBERS_AHEAD`` finds nothing and the store writes nothing (it may be a standby). Replicas
+opening together: the first ``UPDATE`` moves ``base``; the others wait for its row, and their
+condition, checked again on the moved row, no longer holds."""
 _CLOSE_ENDED = (
     f"UPDATE runs SET closed_at = {_NOW} WHERE run_id = ANY(%s) "
     f"AND {codec.ENDED_UNCLOSED_PREDICATE}"
@@ -338,10 +374,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     #: A replaying tail reads 1000 events a page: each page costs a round trip and a pooled
     #: connection, which at 500 a page cost more client CPU than the collector does at 1000.
     tail_batch = _PAGE_ROWS
+    #: How soon a run-list reader looks again while committed changes wait above the horizon
+    #: for an older transaction (any, in the cluster) to end (ADR 0140).
+    horizon_poll: float = 0.05
 
     def __init__(self, conninfo: str, schema: str) -> None:
         """Use :meth:`open`: it migrates the schema and opens the connection pool."""
         super().__init__()
+        self.horizon = HorizonWatch()
+        """Warns when an older transaction holds the run lists still for long (ADR 0140)."""
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
         workflows in the same database, in a schema beside ours."""
@@ -379,6 +420,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             chosen = await resolve_schema(conn, schema or url_schema, where)
             where = describe_target(conninfo, chosen)
             await migrate(conn, chosen, load_migrations("postgres"), where)
+            await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(chosen)))
+            if await (await conn.execute(_NUMBERS_AHEAD)).fetchone() is not None:
+                await conn.execute(_REBASE)
         except psycopg.Error as exc:
             raise translate_error(exc, "open the store", where) from exc
         finally:
@@ -436,14 +480,20 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if tasks:
                 async with conn.cursor() as cur:
                     await cur.executemany(_UPSERT_TASK, tasks)
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._runs_changed()
 
-    async def _next_change(self, conn: psycopg.AsyncConnection[Any]) -> int:
+    @staticmethod
+    async def _next_change(conn: psycopg.AsyncConnection[Any]) -> int:
         """Inside a transaction: the number of the change being made to a run (``_NEXT_CHANGE``)."""
-        cur = await conn.execute(_NEXT_CHANGE, (self.channel, listing.RUN_LIST_WAKEUP))
-        row = await cur.fetchone()
+        row = await (await conn.execute(_NEXT_CHANGE)).fetchone()
         assert row is not None  # the migration inserted the row; nothing deletes it
         return int(row[0])
+
+    def _runs_changed(self) -> None:
+        """After a commit that changed a run: wake this process's run-list readers, and have the
+        notifier wake other replicas' (after the commit, coalesced as appends' are: ADR 0132)."""
+        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._notifier.wake(listing.RUN_LIST_WAKEUP)
 
     async def get_run(self, run_id: str) -> RunRecord:
         codec.no_such_run(run_id)
@@ -488,18 +538,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
 
     async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
-        statement = (
-            f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
-            "ORDER BY change_seq LIMIT %s"
-        )
         async with self._conn("read run changes") as conn, conn.transaction():
-            rows = await (await conn.execute(statement, (after, limit))).fetchall()
+            rows = await (await conn.execute(_RUN_CHANGES, (after, limit))).fetchall()
             runs = await self._with_tasks(conn, rows)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
         async with self._conn("read the latest run change") as conn:
-            row = await (await conn.execute("SELECT last_change FROM run_changes")).fetchone()
+            row = await (await conn.execute(_LATEST_CHANGE)).fetchone()
         return 0 if row is None else int(row[0])
 
     @staticmethod
@@ -533,7 +579,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if metadata is not None:
                 merged = codec.merged_metadata(codec.decode_object(row[0]), metadata)
                 sets["metadata"] = codec.dumps(merged, what="run metadata")
-            sets["change_seq"] = await self._next_change(conn)  # after the run row's lock
+            sets["change_seq"] = await self._next_change(conn)
             await conn.execute(
                 sql.SQL("UPDATE runs SET {}, updated_at = {} WHERE run_id = %s").format(
                     _assignments(sets), _CLOCK
@@ -542,7 +588,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             if codec.closes_run(change.get("status")):
                 await conn.execute(_CLOSE_ENDED, ([run_id],))
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._runs_changed()
 
     async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
@@ -600,7 +646,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 if codec.closes_run(sets.get("status")):  # the log says it ended (ADR 0134)
                     await conn.execute(_CLOSE_ENDED, ([run_id],))
         if sets is not None:
-            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            self._runs_changed()
         return await self.get_run(run_id)
 
     # -- events --------------------------------------------------------------------------
@@ -623,7 +669,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     first = await self._append_rows(conn, run_id, columns, held_by)
                     changed = await self._project(conn, run_id, update)
         if changed:
-            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            self._runs_changed()
         out = codec.appended_events(run_id, first, columns)
         await self._committed(run_id, out)
         return out
@@ -701,7 +747,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             changed = True
         if changed and numbered:
-            change = await self._next_change(conn)  # after the run row's lock
+            change = await self._next_change(conn)
             await conn.execute(
                 f"UPDATE runs SET updated_at = {_NOW}, change_seq = %s WHERE run_id = %s",
                 (change, run_id),
@@ -749,9 +795,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 first = await self._append_rows(conn, run_id, columns)
             if projected:
                 await self._project(conn, run_id, projected, numbered=False)
-            change = await self._next_change(conn)  # last: after the run row's lock
+            change = await self._next_change(conn)
             await conn.execute(update, (*sets.values(), change, run_id))
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._runs_changed()
         out = codec.appended_events(run_id, first, columns) if columns[0] else []
         await self._committed(run_id, out)
         return out
@@ -908,12 +954,25 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         await self.wakeups.wait(run_id, timeout, armed=armed)
 
     async def wait_for_run_changes(self, after: int, *, poll_s: float | None = None) -> None:
-        """Wake on NOTIFY from any process (``_NEXT_CHANGE``); poll slowly while the listener is
-        healthy."""
+        """Wake on NOTIFY from any process (``_runs_changed``); poll slowly while the listener is
+        healthy, and soon while committed changes wait for an older transaction to end (no
+        wake-up need follow that end: ``horizon_poll``)."""
         self._listener.start()
-        if poll_s is None:
+        armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
+        async with self._conn("look for run changes") as conn:
+            row = await (await conn.execute(_CHANGES_SINCE, (after,))).fetchone()
+            assert row is not None
+            if not row[1]:
+                self.horizon.moved()
+            elif self.horizon.due():
+                await self.horizon.warn(conn)
+        if row[0]:
+            return
+        if row[1]:
+            poll_s = self.horizon_poll
+        elif poll_s is None:
             poll_s = self.safety_poll if self._listener.healthy else self.list_poll_interval
-        await super().wait_for_run_changes(after, poll_s=poll_s)
+        await self.wakeups.wait(listing.RUN_LIST_WAKEUP, poll_s, armed=armed)
 
     @staticmethod
     async def _require_run(conn: psycopg.AsyncConnection[Any], run_id: str) -> None:
@@ -970,7 +1029,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     await self._project(conn, run.run_id, update)
         run.created_at, run.updated_at = stored.created_at, stored.updated_at
         run.lease_expires_at = stored.lease_expires_at
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._runs_changed()
         if columns[0]:
             await self._committed(run.run_id, codec.appended_events(run.run_id, first, columns))
         return verdict
@@ -1030,7 +1089,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 "UPDATE runs SET change_seq = %s, claim = %s WHERE run_id = %s",
                 (await self._next_change(conn), None if row is None else row[0], run_id),
             )
-        self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+        self._runs_changed()
         return None if row is None else int(row[0])
 
     async def release_run(
@@ -1084,14 +1143,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if metadata is not None:  # why it waits, in the release's transaction (ADR 0112)
                 merged = codec.merged_metadata(codec.decode_object(found[0]), metadata)
                 params["metadata"] = codec.dumps(merged, what="run metadata")
-                params["change"] = await self._next_change(conn)  # after the run row's lock
+                params["change"] = await self._next_change(conn)
                 await conn.execute(
                     f"UPDATE runs SET metadata = %(metadata)s, updated_at = {_NOW}, "
                     "change_seq = %(change)s WHERE run_id = %(run_id)s",
                     params,
                 )
         if metadata is not None:
-            self.wakeups.notify(listing.RUN_LIST_WAKEUP)
+            self._runs_changed()
         return True
 
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:

@@ -144,6 +144,28 @@ def test_frames_are_filtered_and_encoded_once_per_role() -> None:
     assert calls == [1]
 
 
+def test_a_frame_for_a_reader_alone_is_the_same_bytes_and_kept_nowhere() -> None:
+    """``cache=False`` (a reader alone on its run) with its filter resolved once: the same
+    frame, or ``None``, as a shared reader gets; not kept for anyone."""
+    from thoughtgate.access.filter import event_filter
+    from thoughtgate.server.sse import event_frame
+
+    shared, alone = RunFeeds(MemoryStore()), RunFeeds(MemoryStore())
+    events = [
+        Event(1, "run_1", EventType.REASONING_DELTA, {"text": "secret"}),
+        Event(2, "run_1", EventType.MESSAGE_DELTA, {"text": "answer"}),
+    ]
+    for role in Role:
+        for mode in ("hidden", "surface", "telemetry_only"):
+            show = event_filter(role, mode=mode)
+            for event in events:
+                frame = alone.frame(event, role, mode, event_frame, cache=False, show=show)
+                assert frame == shared.frame(event, role, mode, event_frame)
+    assert not alone._frames
+    assert shared.frame(events[0], Role.VIEWER, "surface", event_frame) is None
+    assert shared.frame(events[0], Role.DEVELOPER, "surface", event_frame) is not None
+
+
 class ElsewhereStore(CountingStore):
     """Appends as if from another process: nothing is published here; ``signal`` says whether a
     notification (PostgreSQL's NOTIFY, with the last seq) arrives, else readers must poll."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from thoughtgate.access.filter import filter_event, filter_events, filter_run
+from thoughtgate.access.filter import event_filter, filter_event, filter_events, filter_run
 from thoughtgate.access.roles import ROLE_NAMES, Role, parse_role
 from thoughtgate.errors import AccessDeniedError, UnknownRoleError
 from thoughtgate.events.schema import Event
@@ -124,6 +124,23 @@ def test_trace_surface_is_developer_and_above(role: str) -> None:
     else:
         shown = filter_event(worker, role, mode="telemetry_only", surface="trace")
         assert shown is not None and shown.payload["trace"]["reasoning"] == MARK
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+@pytest.mark.parametrize("mode", [*MODES, "unknown"])
+def test_a_readers_filter_resolved_once_shows_what_filter_event_shows(role: str, mode: str) -> None:
+    """A live stream resolves its reader's filter once (``event_filter``), then applies it to
+    every event: the same events, the same payloads, the very same objects when seen whole."""
+    surfaces = ["display", "trace"] if parse_role(role) >= Role.DEVELOPER else ["display"]
+    for surface in surfaces:
+        show = event_filter(role, mode=mode, surface=surface)  # type: ignore[arg-type]
+        for event in SAMPLE:
+            once = show(event)
+            each = filter_event(event, role, mode=mode, surface=surface)  # type: ignore[arg-type]
+            assert (once is None) == (each is None)
+            if once is not None and each is not None:
+                assert once.to_dict() == each.to_dict()
+                assert (once is event) == (each is event)
 
 
 def test_filter_does_not_modify_its_input() -> None:

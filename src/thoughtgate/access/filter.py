@@ -32,9 +32,9 @@ a subsequence in the same order. Values are never copied deeply; treat the resul
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from thoughtgate.access.roles import Role, parse_role
@@ -49,6 +49,7 @@ __all__ = [
     "RunSource",
     "Surface",
     "can_read_reasoning",
+    "event_filter",
     "filter_event",
     "filter_events",
     "filter_payload",
@@ -217,9 +218,9 @@ def _scrub(value: Any) -> Any:
 
 
 def _project(node: _Node, value: Any) -> Any:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # (a dict: no ABC check)
         return _DROP  # not the declared shape: withheld
-    if node.whole and value.keys() <= node.keep:
+    if node.whole and node.keep.issuperset(value):  # (its keys, without a view of them)
         return value
     out: dict[str, Any] = {}
     keep = node.keep
@@ -271,24 +272,30 @@ def _apply(plans: dict[str, _EventPlan], undeclared: _EventPlan, event: Event) -
 # --------------------------------------------------------------------------- the API
 
 
+def event_filter(
+    role: Role | str, *, mode: str, surface: Surface = "display"
+) -> Callable[[Event], Event | None]:
+    """:func:`filter_event` for one reader, its role, mode and surface resolved once: for a
+    caller that filters many events for the same reader (a live stream, ADR 0143)."""
+    reader = _reader(role, surface)
+    known = _known(mode)
+    return partial(_apply, _plans(reader, known, surface), _undeclared(reader, known, surface))
+
+
 def filter_event(
     event: Event, role: Role | str, *, mode: str, surface: Surface = "display"
 ) -> Event | None:
     """The event as this reader may see it, or ``None`` when the whole event is withheld."""
-    reader = _reader(role, surface)
-    known = _known(mode)
-    return _apply(_plans(reader, known, surface), _undeclared(reader, known, surface), event)
+    return event_filter(role, mode=mode, surface=surface)(event)
 
 
 def filter_events(
     events: Iterable[Event], role: Role | str, *, mode: str, surface: Surface = "display"
 ) -> list[Event]:
-    reader = _reader(role, surface)
-    known = _known(mode)
-    plans, undeclared = _plans(reader, known, surface), _undeclared(reader, known, surface)
+    show = event_filter(role, mode=mode, surface=surface)
     out = []
     for event in events:
-        kept = _apply(plans, undeclared, event)
+        kept = show(event)
         if kept is not None:
             out.append(kept)
     return out

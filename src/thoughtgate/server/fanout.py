@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from thoughtgate.access.filter import filter_event
+from thoughtgate.access.filter import event_filter
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.store.log import EventLog, PageAhead
@@ -655,14 +655,18 @@ class RunFeeds:
         encode: Callable[[Event], bytes],
         *,
         cache: bool = True,
+        show: Callable[[Event], Event | None] | None = None,
     ) -> bytes | None:
         """``encode(filter_event(event, role, mode))``, computed once per event, role and mode
         (``None`` when the role may not see the event). ``cache=False`` for a reader alone on
-        its run: nobody else would use the frame."""
-        key = (event.run_id, event.seq, role, mode)
-        if key in self._frames:
-            return self._frames[key]
-        shown = filter_event(event, role, mode=mode)
+        its run: nobody else would use the frame, so it is neither kept nor looked up (the same
+        event, role and mode make the same bytes). ``show``: ``event_filter(role, mode=mode)``,
+        resolved once by a caller that frames many events for one reader."""
+        if cache:
+            key = (event.run_id, event.seq, role, mode)
+            if key in self._frames:
+                return self._frames[key]
+        shown = (show if show is not None else event_filter(role, mode=mode))(event)
         data = None if shown is None else encode(shown)
         if cache and (data is None or len(data) <= _CACHE_MAX_FRAME):
             if len(self._frames) >= _CACHE_ENTRIES:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -155,7 +156,7 @@ class RunManager:
                 task = asyncio.create_task(self._execute(run.run_id), name=f"run {run.run_id}")
                 started.append(task)
                 self._tasks[run.run_id] = task
-                task.add_done_callback(self._forget)
+                task.add_done_callback(functools.partial(self._forget, run.run_id))
 
             try:
                 run, _ = await self.runtime.admit(
@@ -293,13 +294,15 @@ class RunManager:
         """
         return self._ended.get(run_id)
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        for run_id, known in list(self._tasks.items()):
-            if known is task:
-                del self._tasks[run_id]
-                mode = self._modes.pop(run_id, None)
-                if mode is not None:
-                    self._remember_ended(run_id, mode)
+    def _forget(self, run_id: str, task: asyncio.Task[None]) -> None:
+        """``task``, ``run_id``'s execution here, is over: the run is no longer executing (found
+        by its id, not by a scan of every run in flight)."""
+        if self._tasks.get(run_id) is not task:
+            return
+        del self._tasks[run_id]
+        mode = self._modes.pop(run_id, None)
+        if mode is not None:
+            self._remember_ended(run_id, mode)
 
     def _remember_ended(self, run_id: str, mode: str) -> None:
         self._ended[run_id] = mode

@@ -44,6 +44,7 @@ from typing import Any, Final
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from thoughtgate.access.filter import event_filter
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
@@ -147,6 +148,7 @@ async def live_frames(
     waits are written by the feed at once, through the same filter, instead of yielded.
     ``first_page``: ``feeds.first_page(run_id, after)`` read already."""
     feeds = feeds if feeds is not None else RunFeeds(store)
+    show = event_filter(role, mode=mode)  # this reader's filter, resolved once
     reader = feeds.reader(run_id, after=after, follow=follow, first_page=first_page)
     loop = asyncio.get_running_loop()
     last_sent = after
@@ -177,7 +179,7 @@ async def live_frames(
         chunk = []
         seen = last_sent
         for event in events:
-            data = feeds.frame(event, role, mode, event_frame, cache=shared)
+            data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
             if data is not None:
                 chunk.append(data)
                 seen = event.seq
@@ -212,7 +214,7 @@ async def live_frames(
             chunk = []
             shared = reader.shared
             for event in batch:
-                data = feeds.frame(event, role, mode, event_frame, cache=shared)
+                data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
                 if data is not None:
                     chunk.append(data)
                     last_sent = event.seq

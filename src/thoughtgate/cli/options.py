@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 __all__ = [
+    "STORE_INT_MAX",
     "ApiKeyOpt",
     "ApproveAllOpt",
     "BaseUrlOpt",
@@ -21,12 +22,27 @@ __all__ = [
     "OptionSpec",
     "ReadOptions",
     "RunIdArg",
+    "within_store_ints",
     "ToolsOpt",
     "UrlOpt",
     "ViewAsOpt",
     "option_group",
     "with_read_options",
 ]
+
+STORE_INT_MAX = 2**63 - 1
+"""The largest ``--after`` or ``--limit``: what the stores' integers hold, as the daemon takes
+(a larger one stopped SQLite with a traceback)."""
+
+
+def within_store_ints(value: int | None) -> int | None:
+    """An ``--after`` / ``--limit`` callback: refuses a value above :data:`STORE_INT_MAX`. The
+    option declares only its ``min``, so ``--help`` reads ``[x>=1]``, not
+    ``[1<=x<=9223372036854775807]``."""
+    if value is not None and value > STORE_INT_MAX:
+        raise typer.BadParameter(f"{value} is too large (at most {STORE_INT_MAX}).")
+    return value
+
 
 DbOpt = Annotated[
     str | None,

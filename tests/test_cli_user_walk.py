@@ -142,3 +142,22 @@ def test_an_answer_in_no_daemons_words_says_the_address_may_be_wrong() -> None:
     ours = {"error": {"code": "not_found", "message": "no such route: GET /v1/nope"}}
     with pytest.raises(RequestRejectedError, match=r"^\[404 not_found\] no such route"):
         raise_for_response(httpx.Response(404, json=ours, request=asked))
+
+
+@pytest.mark.inprocess
+def test_an_empty_run_id_is_a_usage_error_not_a_prefix_of_every_run(tmp_path: Path) -> None:
+    """``thoughtgate status ""`` answered "'' matches several runs (...)": an empty id (or a
+    blank one) was taken as the start of every run's id."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    for prompt in ("one", "two"):
+        code, _, err = _tg("run", prompt, "--model", "fake:echo", "--db", db, "--json")
+        assert code == 0, err
+    said = "empty: give a run's id or a unique start of it (thoughtgate runs lists them)"
+    for command in ("status", "events", "trace", "resume", "check-index"):
+        for given in ("", "  "):
+            code, out, err = _tg(command, given, "--db", db, columns=400)
+            assert (code, out) == (2, ""), (command, err)
+            assert err.startswith("error: Invalid value for ") and said in err, err
+            assert "matches several" not in err
+    code, out, err = _tg("status", "run_", "--db", db, columns=400)
+    assert code == 2 and "'run_' matches several runs" in err  # a prefix typed is still one

@@ -22,12 +22,13 @@ __all__ = [
     "OptionSpec",
     "ReadOptions",
     "RunIdArg",
-    "within_store_ints",
     "ToolsOpt",
     "UrlOpt",
     "ViewAsOpt",
+    "a_run_id",
     "option_group",
     "with_read_options",
+    "within_store_ints",
 ]
 
 STORE_INT_MAX = 2**63 - 1
@@ -73,10 +74,22 @@ ViewAsOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")
 ]
+RUN_ID_NEEDED = "give a run's id or a unique start of it (thoughtgate runs lists them)"
+
+
+def a_run_id(value: str) -> str:
+    """A ``RUN_ID`` argument's callback: an empty or blank one is a usage error (exit 2). As a
+    prefix it started every run's id, and was answered "'' matches several runs"."""
+    if not value.strip():
+        raise typer.BadParameter(f"empty: {RUN_ID_NEEDED}")
+    return value
+
+
 RunIdArg = Annotated[
     str,
     typer.Argument(
         metavar="RUN_ID",
+        callback=a_run_id,
         help="The run's id, or any unique start of it (with or without 'run_').",
         show_default=False,
     ),

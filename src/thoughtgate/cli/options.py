@@ -18,6 +18,7 @@ __all__ = [
     "ConfigOpt",
     "DbOpt",
     "JsonOpt",
+    "KeyFromEnvironment",
     "KeyOpt",
     "OptionSpec",
     "ReadOptions",
@@ -105,6 +106,22 @@ UrlOpt = Annotated[
         "what you see is what --key's role may see.",
     ),
 ]
+
+
+class KeyFromEnvironment(str):
+    """A daemon key read from ``THOUGHTGATE_KEY``, not given as ``--key``: without a daemon's
+    address it is not used (a note says so), where a ``--key`` without ``--url`` is refused."""
+
+    __slots__ = ()
+
+
+def _key_source(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    source = ctx.get_parameter_source(param.name or "")
+    if value and source is not None and source.name == "ENVIRONMENT":
+        return KeyFromEnvironment(value)
+    return value
+
+
 KeyOpt = Annotated[
     str | None,
     typer.Option(
@@ -112,6 +129,7 @@ KeyOpt = Annotated[
         metavar="KEY",
         envvar="THOUGHTGATE_KEY",
         show_envvar=True,
+        callback=_key_source,
         help="The daemon API key for --url (prefer the environment variable: a flag shows in "
         "the process list).",
     ),

@@ -765,6 +765,7 @@ async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
     async with opened(pg_schema) as writer, opened(pg_schema) as reader:
         reader.safety_poll = reader.poll_interval = reader.list_poll_interval = 60.0
         await writer.create_run(make_run())
+        await changes_settled(reader)  # else another test's transaction holds `after` back
         after = await reader.latest_run_change()
         await reader.wait_for_run_changes(after - 1)  # starts the listener, which wakes
         # everyone once as it starts listening (in the same step as it turns healthy)
@@ -791,6 +792,7 @@ async def test_a_run_changed_by_another_replica_wakes_list_readers_by_notify(
                 end = [NewEvent(EventType.RUN_FAILED, {"status": "failed"})]
                 await writer.finish_run(run.run_id, end, RunEnding("failed"))
             await asyncio.wait_for(waiting, 5)  # NOTIFY, not the 60 s poll
+            await changes_settled(reader)
             after = await reader.latest_run_change()
         assert [r.status for _, r in (await reader.run_changes(after=after - 1)).changes] == [
             "failed"

@@ -190,7 +190,8 @@ def wake_rarely() -> bool:
 def slow_unused_pollers(*, postgres: bool) -> list[str]:
     """Slow the internal queue's worker and the background jobs of the DBOS instance just
     constructed, and on PostgreSQL have the jobs run without their lock; returns the names of the
-    settings changed (empty when this DBOS has none of them)."""
+    settings changed. A DBOS without one of the settings raises a ``RuntimeFailure`` naming its
+    version (``dbos_private``)."""
     changed: list[str] = []
     unlocked = postgres and _jobs_run_without_their_lock()
     if unlocked:

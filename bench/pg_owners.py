@@ -23,6 +23,13 @@ that finds the stamp older than :data:`UNOWNED_AFTER` and nothing done since dro
 at a time does this (an advisory lock; the others skip it). A name that carries a comment of
 someone else's, or any other name, is never touched.
 
+A sweep never fails or stalls the process that sweeps (ADR 0144): a statement that fails because
+another session has the name at the same moment (another process's sweep dropping it, "tuple
+concurrently updated", a deadlock, a lock, a database in use, a name already gone: :func:`taken`)
+is passed over and logged at debug, and all its statements together have :data:`SWEEP_BUDGET`,
+each under a ``statement_timeout`` no longer than what is left; the rest waits for the next sweep.
+Any other error is raised.
+
 ``bench/`` holds this module because the bench cannot import the tests' support code, while the
 tests load ``bench/`` modules already (``tests/support/bench_modules.py``).
 """

@@ -26,9 +26,10 @@ someone else's, or any other name, is never touched.
 A sweep never fails or stalls the process that sweeps (ADR 0144): a statement that fails because
 another session has the name at the same moment (another process's sweep dropping it, "tuple
 concurrently updated", a deadlock, a lock, a database in use, a name already gone: :func:`taken`)
-is passed over and logged at debug, and all its statements together have :data:`SWEEP_BUDGET`,
-each under a ``statement_timeout`` no longer than what is left; the rest waits for the next sweep.
-Any other error is raised.
+is passed over and logged at debug, as is a dead owner's name the listing saw in use (not
+tried). All its statements together have :data:`SWEEP_BUDGET`, each under a
+``statement_timeout`` no longer than what is left; the rest waits for the next sweep. Any other
+error is raised.
 
 ``bench/`` holds this module because the bench cannot import the tests' support code, while the
 tests load ``bench/`` modules already (``tests/support/bench_modules.py``).
@@ -290,14 +291,25 @@ def _sweep(bounded: _Budget, later: datetime.timedelta, gone: list[str]) -> None
         tuple(prefix + "%" for prefix in KEEPER_PREFIXES.values()),
     ).fetchall():
         live.add(name.partition(":")[2])
-    for name, *_ in schemas:
-        if not _kept(name, live) and bounded.attempt(
-            name, sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+    # A name seen in use (a table of the schema locked, a client in the database: an orphaned
+    # daemon of a dead owner) is left without trying: its DROP would wait for the lock timeout,
+    # or 5 s for the database's sessions to go, before failing anyway.
+    for name, _, _, in_use in schemas:
+        if (
+            not _kept(name, live)
+            and _free(name, in_use)
+            and bounded.attempt(
+                name, sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+            )
         ):
             gone.append(name)
-    for name, *_ in databases:
-        if not _kept(name, live) and bounded.attempt(
-            name, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name))
+    for name, _, _, in_use in databases:
+        if (
+            not _kept(name, live)
+            and _free(name, in_use)
+            and bounded.attempt(
+                name, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name))
+            )
         ):
             gone.append(name)
     unowned_found = [
@@ -315,6 +327,13 @@ def _sweep(bounded: _Budget, later: datetime.timedelta, gone: list[str]) -> None
                     gone.append(name)
         finally:
             bounded.admin.execute("SELECT pg_advisory_unlock(%s)", (_UNOWNED_LOCK,))
+
+
+def _free(name: str, in_use: bool) -> bool:
+    """Whether a dead owner's ``name`` was seen free when listed (else said at debug)."""
+    if in_use:
+        _log.debug("sweep: left %s (in use)", name)
+    return not in_use
 
 
 def _kept(name: str, live: set[str]) -> bool:

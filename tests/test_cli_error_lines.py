@@ -33,17 +33,18 @@ BAD_INPUT = [
     (["bogus-command"], "No such command 'bogus-command'. (see thoughtgate --help)"),
     (["run"], "Missing argument 'PROMPT'. (see thoughtgate run --help)"),
     (["keys", "bogus"], "No such command 'bogus'. (see thoughtgate keys --help)"),
-    (["runs", "--limit", "0"], "'--limit': 0 is not in the range 1<=x<=9223372036854775807."),
+    (["runs", "--limit", "0"], "'--limit': 0 is not in the range x>=1."),
     # beyond what the stores' integers hold: SQLite stopped with a traceback
     (
         ["runs", "--limit", "9223372036854775808"],
-        "'--limit': 9223372036854775808 is not in the range 1<=x<=9223372036854775807.",
+        "'--limit': 9223372036854775808 is too large (at most 9223372036854775807).",
     ),
     (
         ["events", "run_x", "--after", "99999999999999999999"],
-        "'--after': 99999999999999999999 is not in the range 0<=x<=9223372036854775807.",
+        "'--after': 99999999999999999999 is too large (at most 9223372036854775807).",
     ),
-    (["events", "run_x", "--after", "-1"], "'--after': -1 is not in the range 0<=x<="),
+    (["events", "run_x", "--limit", "9223372036854775808"], "'--limit': 9223372036854775808 is"),
+    (["events", "run_x", "--after", "-1"], "'--after': -1 is not in the range x>=0."),
     # (below the range: a port above it, before the check, was started on modulo 65536)
     (["serve", "--port", "-5"], "'--port': -5 is not in the range 0<=x<=65535."),
     (["emulate", "--port", "-1"], "'--port': -1 is not in the range 0<=x<=65535."),

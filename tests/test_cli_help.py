@@ -127,6 +127,24 @@ def test_an_option_whose_default_is_a_setting_names_the_setting_and_its_own_defa
     assert "asked on a terminal" in approve and "orchestration.approval_timeout_s" in approve
 
 
+@pytest.mark.parametrize(
+    ("path", "flag", "shown"),
+    [
+        (("runs",), "--limit", "N [x>=1]"),
+        (("events",), "--limit", "N [x>=1]"),
+        (("events",), "--after", "SEQ [x>=0]"),
+    ],
+)
+def test_a_count_option_shows_its_lower_bound_only(
+    path: tuple[str, ...], flag: str, shown: str
+) -> None:
+    """``runs --help`` read ``N [1<=x<=9223372036854775807]``: the stores' largest integer,
+    which a value above is still refused by (``test_cli_error_lines.py``), is no help."""
+    line = next(line for line in _help(path).splitlines() if f" {flag} " in line)
+    assert shown in line, line
+    assert "9223372036854775807" not in _help(path)
+
+
 def test_smoke_describes_its_provider_options_as_run_does() -> None:
     """The same flags with the same precedence (flag > variable > file): the same words."""
     for flag in ("--base-url", "--api-key"):

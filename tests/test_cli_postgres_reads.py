@@ -8,7 +8,9 @@ run or key named there is not found (exit 2). A command that records still creat
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -72,3 +74,29 @@ def test_reads_of_a_postgres_schema_that_does_not_exist_create_nothing(schema: s
     assert "no thoughtgate store" not in err
     code, out, err = tg("runs", "--json")
     assert (code, json.loads(out), "no thoughtgate store" in err) == (0, [], False)
+
+
+def test_a_role_the_server_refuses_is_an_authentication_failure_without_its_password() -> None:
+    """A login PostgreSQL refuses (here a role that does not exist: SQLSTATE 28000; a wrong
+    password is 28P01) was "unreachable or the connection was lost", the cause in the detail."""
+    role = f"tg_no_such_role_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(PG_URL)
+    db = urlunsplit(parts._replace(netloc=f"{role}:hunter2@{parts.hostname}:{parts.port or 5432}"))
+    where = describe_target(db)
+    for args in (
+        ["runs"],
+        ["status", "run_abc"],
+        ["keys", "list"],
+        ["run", "hi", "--model", "fake:echo"],
+    ):
+        result = CliRunner().invoke(
+            app, [*args, "--db", db], env={**LOCAL, "THOUGHTGATE_DURABILITY__ENABLED": "false"}
+        )
+        assert (result.exit_code, result.stdout) == (1, ""), (args, result.output)
+        said = result.stderr
+        assert said.startswith(
+            f"error: cannot open the store: authentication to {where} failed (check the user and "
+            "password in the store URL) ("
+        ), said
+        assert f'role "{role}" does not exist' in said  # the server's words, as detail
+        assert "hunter2" not in said and "unreachable" not in said

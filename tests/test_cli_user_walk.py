@@ -142,3 +142,57 @@ def test_an_answer_in_no_daemons_words_says_the_address_may_be_wrong() -> None:
     ours = {"error": {"code": "not_found", "message": "no such route: GET /v1/nope"}}
     with pytest.raises(RequestRejectedError, match=r"^\[404 not_found\] no such route"):
         raise_for_response(httpx.Response(404, json=ours, request=asked))
+
+
+@pytest.mark.inprocess
+def test_an_empty_run_id_is_a_usage_error_not_a_prefix_of_every_run(tmp_path: Path) -> None:
+    """``thoughtgate status ""`` answered "'' matches several runs (...)": an empty id (or a
+    blank one) was taken as the start of every run's id."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    for prompt in ("one", "two"):
+        code, _, err = _tg("run", prompt, "--model", "fake:echo", "--db", db, "--json")
+        assert code == 0, err
+    said = "empty: give a run's id or a unique start of it (thoughtgate runs lists them)"
+    for command in ("status", "events", "trace", "resume", "check-index"):
+        for given in ("", "  "):
+            code, out, err = _tg(command, given, "--db", db, columns=400)
+            assert (code, out) == (2, ""), (command, err)
+            assert err.startswith("error: Invalid value for ") and said in err, err
+            assert "matches several" not in err
+    code, out, err = _tg("status", "run_", "--db", db, columns=400)
+    assert code == 2 and "'run_' matches several runs" in err  # a prefix typed is still one
+
+
+@pytest.mark.inprocess
+def test_a_key_exported_without_a_url_is_not_used_and_local_commands_work(tmp_path: Path) -> None:
+    """With ``THOUGHTGATE_KEY`` exported for a daemon and no ``THOUGHTGATE_URL``, every local
+    command was refused ("--key (or THOUGHTGATE_KEY) needs --url"). The key from the environment
+    alone is not used (it is sent nowhere) and a note says so; a ``--key`` typed without
+    ``--url`` is still a usage error."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {
+        **QUIET,
+        "COLUMNS": "400",
+        "THOUGHTGATE_KEY": "tg_for_the_daemon",
+        "THOUGHTGATE_URL": None,
+    }
+    note = "note: THOUGHTGATE_KEY is not used without --url or THOUGHTGATE_URL (this command uses the local store)\n"
+
+    def tg(*args: str) -> tuple[int, str, str]:
+        result = CliRunner().invoke(app, list(args), env=env)
+        assert isinstance(result.exception, SystemExit | None), result.exception
+        return result.exit_code, result.stdout, result.stderr
+
+    code, out, err = tg("run", "hello", "--model", "fake:echo", "--db", db, "--json")
+    assert (code, err) == (0, note)
+    run_id = json.loads(out)["run_id"]
+    for command in (["status", run_id], ["events", run_id], ["trace", run_id], ["runs"]):
+        code, out, err = tg(*command, "--db", db, "--json")
+        assert (code, err) == (0, note), command
+        assert run_id in out, command
+    code, _, err = tg("resume", run_id, "--db", db)
+    assert code == 2 and err.startswith(note), err  # (a completed run has nothing to resume)
+    for command in (["runs"], ["status", run_id], ["resume", run_id]):
+        code, out, err = tg(*command, "--db", db, "--key", "tg_typed")
+        assert (code, out) == (2, ""), command
+        assert err == "error: --key needs --url (or THOUGHTGATE_URL)\n", command

@@ -284,6 +284,34 @@ def test_a_broken_tools_entry_point_is_named_with_its_words_at_debug_only(
         assert said in err
 
 
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_serve_starts_and_stops_with_its_own_lines_uvicorns_at_debug_only(
+    level: str, serve_processes: list[ServeProcess]
+) -> None:
+    """``thoughtgate serve`` printed uvicorn's ``INFO: Started server process [PID]``, ``Waiting
+    for application startup.`` and ``Application startup complete.`` above the listening line
+    docs/daemon.md shows, and four more at Ctrl+C. They are ``--log-level debug``'s; the access
+    log (stdout) is as before."""
+    server = ServeProcess("--db", "memory://", "--log-level", level, env=NOT_DURABLE)
+    serve_processes.append(server.start(expect_key=True))
+    with httpx.Client(base_url=server.base_url) as client:
+        assert client.get("/v1/me").status_code == 401
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(timeout=HANG_S) == 0
+    access = server.stdout_text()
+    server.stop()  # (its stderr read to the end)
+    said = "".join(server.stderr_lines)
+    lifecycle = ("Started server process [", "Application startup complete.", "Shutting down")
+    shown = [line for line in lifecycle if line in said]
+    if level == "info":
+        assert server.stderr_lines[0].startswith("thoughtgate listening on http://"), said
+        assert shown == [], said
+    else:
+        assert shown == list(lifecycle), said
+    assert 'GET /v1/me HTTP/1.1" 401' in access
+
+
 @pytest.mark.postgres
 def test_the_listening_line_names_a_postgresql_store_without_its_password() -> None:
     """``thoughtgate serve`` says which store it serves on stderr, which ends in an operator's

@@ -238,7 +238,7 @@ def _run_with_input_open(args: list[str], checking: str) -> tuple[int, str]:
     [
         (["--url", "localhost:8765", "--key", "k"], "is not a daemon's address"),
         (["--url", "http://127.0.0.1:9"], "needs an API key"),
-        (["--key", "k"], "--key (or THOUGHTGATE_KEY) needs --url"),
+        (["--key", "k"], "--key needs --url (or THOUGHTGATE_URL)"),
         (["--url", "http://127.0.0.1:9", "--key", "k", "--db", "memory://"], "--db cannot be used"),
     ],
     ids=["bad-url", "no-key", "key-without-url", "local-only-flag"],

@@ -476,6 +476,40 @@ def test_driver_errors_map_into_the_store_tree() -> None:
     assert where in str(translate_error(pgerr.UniqueViolation("dup"), "create run", where))
 
 
+def test_a_refused_login_is_named_as_one_not_as_an_unreachable_server() -> None:
+    """A wrong password or a role that does not exist said "is unreachable or the connection was
+    lost", the cause only in the quoted detail. SQLSTATE class 28 with a code, or libpq's text
+    of a refused login (a failed connection has no SQLSTATE in psycopg), says authentication."""
+    where = "PostgreSQL database test at h:5432"
+    said = "check the user and password in the store URL"
+    refused = [
+        pgerr.InvalidPassword('password authentication failed for user "bob"'),
+        pgerr.InvalidAuthorizationSpecification('role "bob" does not exist'),
+        psycopg.OperationalError(
+            'connection failed: connection to server at "h", port 5432 failed: FATAL:  '
+            'password authentication failed for user "bob"'
+        ),
+        psycopg.OperationalError('... failed: FATAL:  role "bob" does not exist'),
+        psycopg.OperationalError('... failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9"'),
+        psycopg.OperationalError("... failed: fe_sendauth: no password supplied"),
+    ]
+    for exc in refused:
+        error = translate_error(exc, "open the store", where)
+        assert isinstance(error, StoreUnavailableError)
+        assert str(error).startswith(f"cannot open the store: authentication to {where} failed")
+        assert said in str(error) and "unreachable" not in str(error)
+    for exc in (
+        psycopg.OperationalError('... failed: FATAL:  database "test" does not exist'),
+        psycopg.OperationalError("... port 5432 failed: Connection refused"),
+        pgerr.AdminShutdown("terminating connection due to administrator command"),
+    ):
+        assert "is unreachable" in str(translate_error(exc, "read", where)), exc
+    # (an undefined role in a statement is not a login: GRANT ... TO nobody)
+    assert said not in str(
+        translate_error(pgerr.UndefinedObject('role "x" does not exist'), "r", where)
+    )
+
+
 def test_channel_names_fit_postgres_identifiers() -> None:
     assert channel_name("s") == "thoughtgate_events:s"
     assert len(channel_name("x" * 200).encode()) <= 63

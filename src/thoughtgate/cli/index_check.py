@@ -57,7 +57,7 @@ from rich.text import Text
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
-from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt, a_run_id
 from thoughtgate.cli.run_selection import EVERY_RUN, RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
 
@@ -308,6 +308,13 @@ def _render(tally: Tally, repair: bool) -> None:
     console.print(_summary(tally, repair), highlight=False, markup=False, soft_wrap=True)
 
 
+def run_ids_given(values: list[str] | None) -> list[str] | None:
+    """``[RUN_ID]...``: each a run id (an empty one is a usage error, as for ``RUN_ID``)."""
+    for value in values or ():
+        a_run_id(value)
+    return values
+
+
 def register(app: typer.Typer) -> None:
     @app.command("check-index")
     @with_run_filters
@@ -319,6 +326,7 @@ def register(app: typer.Typer) -> None:
                 help="Only these runs (ids, or unique starts of them); default: every run the "
                 "filters select.",
                 show_default=False,
+                callback=run_ids_given,
             ),
         ] = None,
         repair: Annotated[

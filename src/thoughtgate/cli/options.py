@@ -11,12 +11,14 @@ from typing import Annotated, Any
 import typer
 
 __all__ = [
+    "STORE_INT_MAX",
     "ApiKeyOpt",
     "ApproveAllOpt",
     "BaseUrlOpt",
     "ConfigOpt",
     "DbOpt",
     "JsonOpt",
+    "KeyFromEnvironment",
     "KeyOpt",
     "OptionSpec",
     "ReadOptions",
@@ -24,9 +26,25 @@ __all__ = [
     "ToolsOpt",
     "UrlOpt",
     "ViewAsOpt",
+    "a_run_id",
     "option_group",
     "with_read_options",
+    "within_store_ints",
 ]
+
+STORE_INT_MAX = 2**63 - 1
+"""The largest ``--after`` or ``--limit``: what the stores' integers hold, as the daemon takes
+(a larger one stopped SQLite with a traceback)."""
+
+
+def within_store_ints(value: int | None) -> int | None:
+    """An ``--after`` / ``--limit`` callback: refuses a value above :data:`STORE_INT_MAX`. The
+    option declares only its ``min``, so ``--help`` reads ``[x>=1]``, not
+    ``[1<=x<=9223372036854775807]``."""
+    if value is not None and value > STORE_INT_MAX:
+        raise typer.BadParameter(f"{value} is too large (at most {STORE_INT_MAX}).")
+    return value
+
 
 DbOpt = Annotated[
     str | None,
@@ -57,10 +75,22 @@ ViewAsOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")
 ]
+RUN_ID_NEEDED = "give a run's id or a unique start of it (thoughtgate runs lists them)"
+
+
+def a_run_id(value: str) -> str:
+    """A ``RUN_ID`` argument's callback: an empty or blank one is a usage error (exit 2). As a
+    prefix it started every run's id, and was answered "'' matches several runs"."""
+    if not value.strip():
+        raise typer.BadParameter(f"empty: {RUN_ID_NEEDED}")
+    return value
+
+
 RunIdArg = Annotated[
     str,
     typer.Argument(
         metavar="RUN_ID",
+        callback=a_run_id,
         help="The run's id, or any unique start of it (with or without 'run_').",
         show_default=False,
     ),
@@ -76,6 +106,22 @@ UrlOpt = Annotated[
         "what you see is what --key's role may see.",
     ),
 ]
+
+
+class KeyFromEnvironment(str):
+    """A daemon key read from ``THOUGHTGATE_KEY``, not given as ``--key``: without a daemon's
+    address it is not used (a note says so), where a ``--key`` without ``--url`` is refused."""
+
+    __slots__ = ()
+
+
+def _key_source(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    source = ctx.get_parameter_source(param.name or "")
+    if value and source is not None and source.name == "ENVIRONMENT":
+        return KeyFromEnvironment(value)
+    return value
+
+
 KeyOpt = Annotated[
     str | None,
     typer.Option(
@@ -83,6 +129,7 @@ KeyOpt = Annotated[
         metavar="KEY",
         envvar="THOUGHTGATE_KEY",
         show_envvar=True,
+        callback=_key_source,
         help="The daemon API key for --url (prefer the environment variable: a flag shows in "
         "the process list).",
     ),

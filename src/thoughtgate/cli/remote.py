@@ -25,6 +25,7 @@ import typer
 from rich.markup import escape
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
+from thoughtgate.cli.options import KeyFromEnvironment
 from thoughtgate.errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -50,6 +51,11 @@ __all__ = [
 ]
 
 FOLLOW_ONLY = "stopped following; the run goes on on the daemon"
+KEY_NEEDS_URL = "--key needs --url (or THOUGHTGATE_URL)"
+KEY_NOT_USED = (
+    "note: THOUGHTGATE_KEY is not used without --url or THOUGHTGATE_URL (this command uses the "
+    "local store)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +89,8 @@ def resolve_remote(
     ``local_only`` maps each flag that makes sense only locally to its value (set = refused);
     ``why`` gives a command's own reason for refusing a flag, where it differs."""
     if not url:
-        if key:
-            raise UsageError("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)")
+        if key and not isinstance(key, KeyFromEnvironment):
+            raise UsageError(KEY_NEEDS_URL)
         return None
     from thoughtgate.client.aio import check_daemon_address  # only when a daemon is named
 
@@ -103,9 +109,14 @@ def resolve_remote(
 
 
 def wants_daemon(url: str | None, key: str | None) -> bool:
-    """Whether the command talks to a daemon (a ``--key`` without ``--url`` is a usage error)."""
+    """Whether the command talks to a daemon. A ``--key`` without ``--url`` is a usage error;
+    a key from ``THOUGHTGATE_KEY`` alone (exported for a daemon) is not used, with a note: the
+    local store is read, and the key is sent nowhere."""
     if not url and key:
-        run_async(_refuse("--key (or THOUGHTGATE_KEY) needs --url (or THOUGHTGATE_URL)"))
+        if isinstance(key, KeyFromEnvironment):
+            err_console.print(KEY_NOT_USED, highlight=False, markup=False, soft_wrap=True)
+        else:
+            run_async(_refuse(KEY_NEEDS_URL))
     return bool(url)
 
 

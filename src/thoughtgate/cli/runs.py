@@ -52,6 +52,7 @@ from thoughtgate.cli.options import (
     UrlOpt,
     ViewAsOpt,
     with_read_options,
+    within_store_ints,
 )
 from thoughtgate.cli.readers import NoStoreReader, RunReader, read_command
 from thoughtgate.cli.remote import (
@@ -81,9 +82,6 @@ if TYPE_CHECKING:
 
 __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
-STORE_INT_MAX = 2**63 - 1
-"""The largest ``--after`` or ``--limit``: what the stores' integers hold, as the daemon takes
-(a larger one stopped SQLite with a traceback)."""
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
 
@@ -519,7 +517,11 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int,
             typer.Option(
-                "--limit", metavar="N", help="Show at most N runs.", min=1, max=STORE_INT_MAX
+                "--limit",
+                metavar="N",
+                help="Show at most N runs.",
+                min=1,
+                callback=within_store_ints,
             ),
         ] = 20,
         *,
@@ -564,7 +566,7 @@ def register(app: typer.Typer) -> None:
                 metavar="SEQ",
                 help="Only events after this sequence number.",
                 min=0,
-                max=STORE_INT_MAX,
+                callback=within_store_ints,
             ),
         ] = 0,
         limit: Annotated[
@@ -574,7 +576,7 @@ def register(app: typer.Typer) -> None:
                 metavar="N",
                 help="At most N events (default: all of them).",
                 min=1,
-                max=STORE_INT_MAX,
+                callback=within_store_ints,
             ),
         ] = None,
         follow: Annotated[

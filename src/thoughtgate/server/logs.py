@@ -10,6 +10,10 @@ who called the daemon. Its request line carries the query string, where a live s
 travels (``?ticket=``): :class:`RedactTickets` replaces the value of every query parameter whose
 name, decoded as the daemon decodes it, is secret-like.
 
+uvicorn's start-up and shutdown lines (``Started server process``, ``Application startup
+complete.``, ``Shutting down``, ...) are shown at ``debug`` only (:class:`QuietLifecycle`): at
+start-up the daemon's own ``thoughtgate listening on ...`` says it is up, where and on which store.
+
 Every record's exceptions are written as :mod:`thoughtgate.log_records` decides (their class and
 a code, thoughtgate's own words; their text at ``debug`` only, ADR 0104).
 """
@@ -23,10 +27,31 @@ from urllib.parse import unquote_plus
 
 from thoughtgate import log_records
 
-__all__ = ["QUIET_LIBRARIES", "RedactTickets", "configure_logging", "redact_query"]
+__all__ = [
+    "QUIET_LIBRARIES",
+    "UVICORN_LIFECYCLE",
+    "QuietLifecycle",
+    "RedactTickets",
+    "configure_logging",
+    "redact_query",
+]
 
 QUIET_LIBRARIES: Final = ("httpx", "httpcore")
 """Loggers that log each provider request below WARNING: shown at ``--log-level debug`` only."""
+
+UVICORN_LIFECYCLE: Final = frozenset(
+    {
+        "Started server process [%d]",
+        "Waiting for application startup.",
+        "Application startup complete.",
+        "Shutting down",
+        "Waiting for application shutdown.",
+        "Application shutdown complete.",
+        "Finished server process [%d]",
+    }
+)
+"""uvicorn's INFO lines as it starts and stops (``uvicorn.error``), which say nothing the daemon
+does not: shown at ``--log-level debug`` only."""
 
 LOG_FORMAT: Final = log_records.LINE_FORMAT
 
@@ -72,3 +97,12 @@ class RedactTickets(logging.Filter):
                 redact_query(a) if isinstance(a, str) and "?" in a else a for a in record.args
             )
         return True
+
+
+class QuietLifecycle(logging.Filter):
+    """Drops uvicorn's start-up and shutdown lines (:data:`UVICORN_LIFECYCLE`). Its warnings
+    and errors, and what it waits for at shutdown (``Waiting for connections to close. (CTRL+C
+    to force quit)``), are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.msg in UVICORN_LIFECYCLE)

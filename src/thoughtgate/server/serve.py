@@ -26,7 +26,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.gc_policy import daemon_gc
-from thoughtgate.server.logs import RedactTickets
+from thoughtgate.server.logs import QuietLifecycle, RedactTickets
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.state import ServerState
@@ -183,10 +183,15 @@ async def serve_app(
     redact = RedactTickets()
     access = logging.getLogger("uvicorn.access")
     access.addFilter(redact)
+    quiet = QuietLifecycle()
+    lifecycle = logging.getLogger("uvicorn.error")  # (uvicorn's own lines, not only errors)
+    if log_level.lower() != "debug":
+        lifecycle.addFilter(quiet)
     try:
         with daemon_gc(state.server.gc_young_threshold):  # built up to here: frozen (ADR 0045)
             await server.serve(sockets)
     finally:
+        lifecycle.removeFilter(quiet)
         access.removeFilter(redact)
         for sock in sockets or ():  # also when start-up failed before uvicorn's shutdown
             sock.close()

@@ -6,12 +6,16 @@
     ├── DiskFull (53100)                  → StoreError "database or disk is full" (rolled back)
     ├── ReadOnlySqlTransaction (25006)    → StoreReadOnlyError (a standby, or read-only default)
     ├── InsufficientPrivilege (42501)     → StoreError "permission denied"
+    ├── class 28 (28000, 28P01), or a     → StoreUnavailableError "authentication failed (check
+    │   login refused as one              │   the user and password in the store URL)"
     ├── OperationalError                  → StoreUnavailableError (cannot connect, connection lost,
     │                                       server shutting down)
     └── anything else                     → StoreError
 """
 
 from __future__ import annotations
+
+import re
 
 import psycopg
 from psycopg import errors as pg
@@ -25,6 +29,27 @@ from thoughtgate.errors import (
 )
 
 __all__ = ["describe_target", "translate_error"]
+
+_LOGIN_REFUSED = re.compile(
+    r"password authentication failed|authentication failed for user|"
+    r'role ".*" does not exist|is not permitted to log in|no pg_hba\.conf entry|'
+    r"pg_hba\.conf rejects connection|fe_sendauth: no password supplied"
+)
+"""What the server (class 28, ``FATAL:``) or libpq says of a refused login. A connection that
+fails has no SQLSTATE in psycopg (libpq gives none before a session exists): its text is all
+there is. (English only: a server set to another language falls back to "unreachable".)"""
+
+
+def _login_refused(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is PostgreSQL refusing the login: the user, its password, or pg_hba.conf
+    (SQLSTATE class 28, invalid authorization specification)."""
+    if (exc.sqlstate or "").startswith("28"):
+        return True
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and exc.sqlstate is None
+        and _LOGIN_REFUSED.search(str(exc)) is not None
+    )
 
 
 def describe_target(conninfo: str, schema: str | None = None) -> str:
@@ -64,6 +89,12 @@ def translate_error(exc: psycopg.Error, action: str, where: str) -> StoreError:
     if isinstance(exc, pg.InsufficientPrivilege):
         text = f"cannot {action}: permission denied on {where} ({SAID})"
         return quoting(StoreError, text, exc, first)
+    if _login_refused(exc):
+        text = (
+            f"cannot {action}: authentication to {where} failed (check the user and password in "
+            f"the store URL) ({SAID})"
+        )
+        return quoting(StoreUnavailableError, text, exc, first)
     if isinstance(exc, psycopg.OperationalError):
         text = f"cannot {action}: {where} is unreachable or the connection was lost ({SAID})"
         return quoting(StoreUnavailableError, text, exc, first)

@@ -294,24 +294,17 @@ def _sweep(bounded: _Budget, later: datetime.timedelta, gone: list[str]) -> None
     # A name seen in use (a table of the schema locked, a client in the database: an orphaned
     # daemon of a dead owner) is left without trying: its DROP would wait for the lock timeout,
     # or 5 s for the database's sessions to go, before failing anyway.
-    for name, _, _, in_use in schemas:
-        if (
-            not _kept(name, live)
-            and _free(name, in_use)
-            and bounded.attempt(
-                name, sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
-            )
-        ):
-            gone.append(name)
-    for name, _, _, in_use in databases:
-        if (
-            not _kept(name, live)
-            and _free(name, in_use)
-            and bounded.attempt(
-                name, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name))
-            )
-        ):
-            gone.append(name)
+    for drop, rows in (
+        ("SCHEMA IF EXISTS {} CASCADE", schemas),
+        ("DATABASE IF EXISTS {}", databases),
+    ):
+        for name, _, _, in_use in rows:
+            if (
+                not _kept(name, live)
+                and _free(name, in_use)
+                and bounded.attempt(name, sql.SQL("DROP " + drop).format(sql.Identifier(name)))
+            ):
+                gone.append(name)
     unowned_found = [
         (kind, row)
         for kind, rows in (("SCHEMA", schemas), ("DATABASE", databases))

@@ -23,7 +23,6 @@ from typing import Any
 import psycopg
 import pytest
 from dbos import DBOS, _queue, _workflow_commands
-from dbos._dbos import _get_dbos_instance
 from dbos._sys_db import SystemDatabase
 from dbos._sys_db_postgres import PostgresSystemDatabase
 from psycopg import sql
@@ -31,6 +30,7 @@ from support.durable_engine import InProcessDaemon
 from support.pg import PG_URL, schema_name
 
 from thoughtgate.config import Config, DurabilityConfig
+from thoughtgate.orchestration import dbos_private
 from thoughtgate.orchestration.dbos_pollers import (
     INTERNAL_QUEUE_POLL_S,
     JOBS_INTERVAL_S,
@@ -71,7 +71,7 @@ async def test_a_launched_engine_slows_the_internal_queue_and_the_background_job
     tmp_path: Path,
 ) -> None:
     async with _launched_engine(tmp_path) as engine:
-        internal = _get_dbos_instance()._registry.get_internal_queue()
+        internal = dbos_private.instance()._registry.get_internal_queue()
         assert internal._polling_interval_sec == INTERNAL_QUEUE_POLL_S
         assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_S
         assert engine.queue is not None
@@ -153,7 +153,7 @@ async def test_a_launched_daemon_engine_reuses_its_queue_list_and_version_and_se
     # dbos 3.4's queue manager reads the queues with ``list_queues`` (what the reuse hooks).
     assert "list_queues" in _queue.queue_thread.__code__.co_names
     async with _launched_engine(tmp_path) as engine:
-        dbos = _get_dbos_instance()
+        dbos = dbos_private.instance()
         assert isinstance(dbos._sys_db.list_queues, _ManagerList)
         assert not reuse_queue_list()  # once per launch
         # dbos 3.4's dequeue asks ``_is_latest_version`` (what the kept answer hooks).
@@ -284,7 +284,7 @@ async def test_a_launched_postgres_engine_holds_no_jobs_lock_and_listens_without
             assert await asyncio.to_thread(jobs_ran.wait, 30.0)
             assert _jobs_lock_holders(f"{schema}_workflows") == 0
             assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC == JOBS_INTERVAL_S
-            sys_db = _get_dbos_instance()._sys_db  # type: ignore[attr-defined]
+            sys_db = dbos_private.system_database()
             await _until_set(lambda: sys_db.notification_conn)  # the listener's thread opens it
             listening = sys_db.notification_conn
             assert listening.dbapi_connection.wait.keywords["interval"] == PSYCOPG_WAIT_STEP_S

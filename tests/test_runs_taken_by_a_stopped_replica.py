@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 from dbos import DBOS
-from dbos._dbos import _get_dbos_instance
 from support.durable import until
 from support.durable_engine import SweepingDaemon
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
+from thoughtgate.orchestration import dbos_private
 from thoughtgate.orchestration.durable import APP_VERSION
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.durable import RunSpecRecord
@@ -59,7 +59,7 @@ class _Daemon(SweepingDaemon[SQLiteStore]):
         await self.engine.enqueue(run.run_id, ITS_QUEUE, priority=rank)
         queue = await DBOS.retrieve_queue_async(ITS_QUEUE)
         assert queue is not None
-        system = _get_dbos_instance()._sys_db
+        system = dbos_private.system_database()
         taken, _ = await asyncio.to_thread(
             system.start_queued_workflows, queue, STOPPED, APP_VERSION, None
         )

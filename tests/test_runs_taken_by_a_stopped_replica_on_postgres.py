@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from dbos import DBOS
-from dbos._dbos import _get_dbos_instance
 from support.daemon import PG_START_S
 from support.durable import TOOLS, side_effects
 from support.durable_engine import InProcessDaemon
@@ -22,6 +21,7 @@ from test_durable_replicas import two_replicas_on_postgres
 
 from thoughtgate.config import Config
 from thoughtgate.engine.tools import ToolRegistry
+from thoughtgate.orchestration import dbos_private
 from thoughtgate.orchestration.durable import APP_VERSION
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.store.leases import TAKEN_UNCLAIMED
@@ -49,7 +49,7 @@ async def _taken_by_a_stopped_replica(db: str) -> str:
         await replica.engine.enqueue(run.run_id, ITS_QUEUE, priority=rank)
         queue = await DBOS.retrieve_queue_async(ITS_QUEUE)
         assert queue is not None
-        system = _get_dbos_instance()._sys_db  # DBOS's own dequeue, as its queue worker runs it
+        system = dbos_private.system_database()  # DBOS's own dequeue, as its queue worker runs it
         me = replica.runtime.leases.owner.owner_id
         taken, _ = await asyncio.to_thread(
             system.start_queued_workflows, queue, me, APP_VERSION, None

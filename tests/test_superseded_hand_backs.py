@@ -30,13 +30,13 @@ from typing import Any
 import pytest
 from dbos import DBOS
 from dbos._core import execute_dequeued_workflow
-from dbos._dbos import _get_dbos_instance
 from support.durable import until
 from support.durable_engine import SweepingDaemon, launched_by
 from support.pg import PG_URL, pg_admin, pg_schema
 
 from thoughtgate.config import Config
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
+from thoughtgate.orchestration import dbos_private
 from thoughtgate.orchestration.durable import APP_VERSION
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
@@ -119,7 +119,7 @@ class _Daemon(SweepingDaemon[Any]):
     async def take_and_execute(self, run_id: str, token: str) -> None:
         """Take the run's workflow from the queue with ``token`` and execute it, as DBOS's
         queue worker of this process does."""
-        dbos = _get_dbos_instance()
+        dbos = dbos_private.instance()
         queue = await DBOS.retrieve_queue_async(NOBODYS_QUEUE)
         assert queue is not None
         taken, _ = await asyncio.to_thread(

@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 from dbos import DBOS
 from dbos._core import execute_dequeued_workflow
-from dbos._dbos import _get_dbos_instance
 from support.durable import until
 from support.durable_engine import SweepingDaemon, launched_by
 from support.pg import PG_URL, pg_admin, pg_schema
@@ -38,6 +37,7 @@ from support.pg import PG_URL, pg_admin, pg_schema
 from thoughtgate.config import Config
 from thoughtgate.errors import StoreUnavailableError, WorkflowFailed
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, Event, EventType, NewEvent
+from thoughtgate.orchestration import dbos_private
 from thoughtgate.orchestration.durable import APP_VERSION
 from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.orchestration.specs import TaskSpec
@@ -336,7 +336,7 @@ class _Stalled:
         self.status: Any = None
 
     async def take(self, token: str, executor: str) -> Any:
-        dbos = _get_dbos_instance()
+        dbos = dbos_private.instance()
         queue = await DBOS.retrieve_queue_async(NOBODYS_QUEUE)
         assert queue is not None
         taken, _ = await asyncio.to_thread(
@@ -361,7 +361,7 @@ class _Stalled:
 
     async def wake(self, status: Any, token: str) -> None:
         """Execute the workflow as DBOS's queue thread does once it took it."""
-        await asyncio.to_thread(execute_dequeued_workflow, _get_dbos_instance(), status, token)
+        await asyncio.to_thread(execute_dequeued_workflow, dbos_private.instance(), status, token)
 
 
 async def _no_workflow_executing(daemon: _Daemon) -> bool:
@@ -371,7 +371,7 @@ async def _no_workflow_executing(daemon: _Daemon) -> bool:
 async def _a_stalled_replica_whose_claim_loses_records_nothing(
     daemon: _Daemon, asked: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    system = _get_dbos_instance()._sys_db
+    system = dbos_private.system_database()
     outcomes: list[tuple[str, str, bool]] = []
     write_outcome = system.update_workflow_outcome
 

@@ -15,7 +15,10 @@ no session of the server is its owner's keeper. A live xdist worker's, another c
 (on this machine or any other using the same server) and anything named otherwise are left alone.
 The bench names its throwaway schemas the same way (``tg_bench_o<owner>_...``), and each sweep
 drops the dead owners' of both (``bench/pg_owners.py``, ADR 0134), and those named before owners
-were recorded (``tg_test_<12 hex>``) once they have gone unused for a day (ADR 0141).
+were recorded (``tg_test_<12 hex>``) once they have gone unused for a day (ADR 0141). A sweep
+passes over a name another session has at the same moment (another process's sweep) and stops
+at a budget of a few seconds, leaving the rest to the next (ADR 0144): it never fails or stalls
+the test that made the name.
 """
 
 from __future__ import annotations

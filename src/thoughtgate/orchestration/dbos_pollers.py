@@ -18,11 +18,12 @@ configuration does not expose (``dbos`` 3.4):
 
 Both are slowed, never stopped, so a DBOS feature used by mistake still works, only late; every
 poller thoughtgate relies on (its queue's worker, the notification listener, the queue manager)
-keeps its documented configuration. The two settings are DBOS internals, so each is changed only
-when the installed DBOS has it as 3.4 does (``slow_unused_pollers`` reports what it changed, and
-``tests/test_dbos_pollers.py`` fails on a DBOS without them): a DBOS that renames them costs the
-saving, never a run. Call between ``DBOS(config=...)`` and ``DBOS.launch()``: both are read when
-the threads start.
+keeps its documented configuration. The two settings are DBOS internals, read and written
+through ``dbos_private`` (ADR 0136, amendment 2): a DBOS that renames one fails the launch with a
+``RuntimeFailure`` naming its version, rather than quietly losing the saving. Where a patch
+depends on the *code* of what it replaces (the jobs' lock, the queue manager, the dequeue), a
+DBOS whose code differs is left as it is (``tests/test_dbos_pollers.py`` fails on it). Call
+between ``DBOS(config=...)`` and ``DBOS.launch()``: both are read when the threads start.
 
 On PostgreSQL the background jobs also take a lock, so that one process of the application runs
 them per interval: a transaction-scoped advisory lock that the holder keeps, *in an idle
@@ -70,6 +71,8 @@ from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any, Final
 
+from thoughtgate.orchestration import dbos_private
+
 __all__ = [
     "INTERNAL_QUEUE_POLL_S",
     "JOBS_INTERVAL_LOCKED_S",
@@ -111,17 +114,17 @@ def _every_process_runs_the_jobs(_sys_db: object, _job_name: str) -> Iterator[bo
 def _jobs_run_without_their_lock() -> bool:
     """Have PostgreSQL's background jobs run without their lock; whether they now do (``False``
     when this DBOS's lock is not the one 3.4 takes, which is then left as it is)."""
-    from dbos import _sys_db_postgres
-
-    system = getattr(_sys_db_postgres, "PostgresSystemDatabase", None)
-    lock = vars(system).get("background_job_lock") if isinstance(system, type) else None
+    system = dbos_private.postgres_system_database_class()
+    lock = vars(system).get("background_job_lock")
+    if lock is None:
+        dbos_private.missing("PostgresSystemDatabase", "background_job_lock")
     if lock is _every_process_runs_the_jobs:
         return True  # an earlier launch of this process
     code = getattr(getattr(lock, "__wrapped__", None), "__code__", None)
     texts = code.co_consts if isinstance(code, CodeType) else ()
     if not any(isinstance(text, str) and _JOBS_LOCK_SQL in text for text in texts):
         return False
-    system.background_job_lock = _every_process_runs_the_jobs  # type: ignore[union-attr]
+    system.background_job_lock = _every_process_runs_the_jobs
     return True
 
 
@@ -187,10 +190,8 @@ def wake_rarely() -> bool:
 def slow_unused_pollers(*, postgres: bool) -> list[str]:
     """Slow the internal queue's worker and the background jobs of the DBOS instance just
     constructed, and on PostgreSQL have the jobs run without their lock; returns the names of the
-    settings changed (empty when this DBOS has none of them)."""
-    from dbos import _workflow_commands
-    from dbos._dbos import _get_dbos_instance
-
+    settings changed. A DBOS without one of the settings raises a ``RuntimeFailure`` naming its
+    version (``dbos_private``)."""
     changed: list[str] = []
     unlocked = postgres and _jobs_run_without_their_lock()
     if unlocked:
@@ -198,16 +199,10 @@ def slow_unused_pollers(*, postgres: bool) -> list[str]:
     if postgres and wake_rarely():
         changed.append("notification listener")
     jobs_interval = JOBS_INTERVAL_LOCKED_S if postgres and not unlocked else JOBS_INTERVAL_S
-    if isinstance(getattr(_workflow_commands, "_BACKGROUND_JOBS_INTERVAL_SEC", None), float):
-        _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC = jobs_interval
-        changed.append("background jobs")
-    registry = getattr(_get_dbos_instance(), "_registry", None)
-    internal = getattr(registry, "get_internal_queue", None)
-    if callable(internal):
-        queue = internal()
-        if isinstance(getattr(queue, "_polling_interval_sec", None), float):
-            queue._polling_interval_sec = INTERNAL_QUEUE_POLL_S
-            changed.append("internal queue")
+    dbos_private.set_background_jobs_interval(jobs_interval)
+    changed.append("background jobs")
+    dbos_private.set_polling_interval(dbos_private.internal_queue(), INTERNAL_QUEUE_POLL_S)
+    changed.append("internal queue")
     return changed
 
 
@@ -253,25 +248,21 @@ def reuse_queue_list(*, reuse_s: float = QUEUE_LIST_REUSE_S) -> bool:
     """Have the queue manager of the DBOS instance just launched reuse its list of queues (see
     the module docstring); whether it was changed (``False`` when this DBOS's manager does not
     read ``list_queues`` as 3.4's does, or listens to every queue)."""
-    from dbos import _queue
-    from dbos._dbos import _get_dbos_instance
-
-    dbos = _get_dbos_instance()
-    manager = getattr(getattr(_queue, "queue_thread", None), "__code__", None)
+    dbos = dbos_private.instance()
+    manager = dbos_private.queue_manager_code()
     if not isinstance(manager, CodeType) or "list_queues" not in manager.co_names:
         return False
-    sys_db = getattr(dbos, "_sys_db_field", None)
-    read = getattr(sys_db, "list_queues", None)
-    if not callable(read) or isinstance(read, _ManagerList):
+    sys_db = dbos_private.system_database()
+    read = sys_db.list_queues  # public to the system database
+    if isinstance(read, _ManagerList):
         return False
-    if getattr(dbos, "_listening_queues", None) is None:
+    if dbos_private.listening_queues(dbos) is None:
         return False  # it listens to every queue, including those registered later
 
     def listening() -> list[str] | None:
-        names: list[str] | None = getattr(dbos, "_listening_queues", None)
-        return names
+        return dbos_private.listening_queues(dbos)
 
-    sys_db.list_queues = _ManagerList(read, manager, listening, reuse_s)  # type: ignore[union-attr]
+    sys_db.list_queues = _ManagerList(read, manager, listening, reuse_s)
     return True
 
 
@@ -303,18 +294,15 @@ def reuse_latest_version(*, reuse_s: float = LATEST_VERSION_REUSE_S) -> bool:
     """Have the system database of the DBOS instance just launched keep its answer to whether
     this application version is the latest (see the module docstring); whether it was changed
     (``False`` when this DBOS's dequeue does not ask ``_is_latest_version`` as 3.4's does)."""
-    from dbos._dbos import _get_dbos_instance
-    from dbos._sys_db import SystemDatabase
-
-    dequeue = getattr(getattr(SystemDatabase, "start_queued_workflows", None), "__code__", None)
+    dequeue = getattr(dbos_private.start_queued_workflows(), "__code__", None)
     if not isinstance(dequeue, CodeType) or "_is_latest_version" not in dequeue.co_names:
         return False
-    sys_db = getattr(_get_dbos_instance(), "_sys_db_field", None)
-    read = getattr(sys_db, "_is_latest_version", None)
+    sys_db = dbos_private.system_database()
+    read = dbos_private.is_latest_version(sys_db)
     code = getattr(read, "__code__", None)
-    if not callable(read) or not isinstance(code, CodeType):
-        return False  # already kept (a _KeptAnswer has no code), or not 3.4's
+    if isinstance(read, _KeptAnswer) or not isinstance(code, CodeType):
+        return False  # already kept, or not 3.4's
     if "_latest_application_version" not in code.co_names:
         return False
-    sys_db._is_latest_version = _KeptAnswer(read, reuse_s)  # type: ignore[union-attr]
+    dbos_private.set_is_latest_version(sys_db, _KeptAnswer(read, reuse_s))
     return True

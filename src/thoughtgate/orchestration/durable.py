@@ -52,9 +52,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar, cast
 
 import psycopg
-from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
-from dbos._error import DBOSWorkflowConflictIDError
-from dbos._serialization import Serializer
+from dbos import DBOS, Serializer, SetEnqueueOptions, SetWorkflowID, WorkflowStatus
 
 from thoughtgate.config import DurabilityConfig
 from thoughtgate.disclosure import kept_detail
@@ -74,7 +72,7 @@ from thoughtgate.errors import (
     failure_text,
     quoting,
 )
-from thoughtgate.orchestration import dbos_logs
+from thoughtgate.orchestration import dbos_logs, dbos_private
 from thoughtgate.orchestration.dbos_pollers import (
     WORKFLOWS_APPLICATION_NAME,
     reuse_latest_version,
@@ -303,39 +301,15 @@ def launch_failed(exc: Exception, location: _Location, step: str) -> Thoughtgate
     return quoting(RuntimeFailure, f"cannot {action} on {where}: {SAID}", exc, _unsecret(first))
 
 
-_DBOS_INSTANCE = "_dbos_global_instance"
-"""Where DBOS keeps the instance of the process: a global of ``dbos._dbos``, private. DBOS has no
-public way to ask whether one is built without acting on it (ADR 0136, amendment 1)."""
-_MOVED = object()
-
-
 def prebuilt_dbos() -> DBOS | None:
     """The DBOS instance this process has already built, if any (DBOS keeps one per process).
 
-    The one read of DBOS's private ``_dbos_global_instance`` (ADR 0136, amendment 1). Should a
-    DBOS release move it, this raises a ``RuntimeFailure`` saying so instead of answering "none":
-    the launch would otherwise run thoughtgate's workflows on an application's instance
-    unchecked. ``test_durable_launch`` fails on such a release before anyone runs it."""
-    from dbos import _dbos
-
-    instance = vars(_dbos).get(_DBOS_INSTANCE, _MOVED)
-    if instance is None or isinstance(instance, DBOS):
-        return instance
-    raise RuntimeFailure(
-        f"cannot launch durable runs: dbos {_dbos_version()} no longer keeps its instance in "
-        f"dbos._dbos.{_DBOS_INSTANCE}, so thoughtgate cannot tell whether this process built one "
-        "before this launch (ADR 0136). Install the dbos version thoughtgate was released with, "
-        "or set durability.enabled = false"
-    )
-
-
-def _dbos_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dbos")
-    except PackageNotFoundError:  # imported from a path, not installed
-        return "(version unknown)"
+    A read of DBOS's private ``_dbos_global_instance`` (``dbos_private.built_instance``, ADR 0136
+    amendments 1 and 2). Should a DBOS release move it, this raises a ``RuntimeFailure`` saying
+    so instead of answering "none": the launch would otherwise run thoughtgate's workflows on an
+    application's instance unchecked. ``test_durable_launch`` and ``test_dbos_private`` fail on
+    such a release before anyone runs it."""
+    return dbos_private.built_instance()
 
 
 def foreign_dbos(location: _Location) -> UsageError:
@@ -1339,14 +1313,13 @@ def _enqueue_finished(run_id: str, queue: str) -> bool:
     the workflow to enqueue it afresh loses its checkpoints, so its steps would run again
     (ADR 0065). Conditional on the status, so of two sweeps putting it back, one does."""
     import sqlalchemy as sa
-    from dbos._dbos import _get_dbos_instance
 
-    system = _get_dbos_instance()._sys_db
+    system = dbos_private.system_database()
     status = system.tables.workflow_status
     with system.engine.begin() as conn:
         moved = conn.execute(
             sa.update(status)
-            .where(*system._wf(status, run_id))
+            .where(*dbos_private.workflow_filter(system, status, run_id))
             .where(status.c.status.in_(_FINISHED))
             .values(
                 status="ENQUEUED",
@@ -1356,7 +1329,7 @@ def _enqueue_finished(run_id: str, queue: str) -> bool:
                 workflow_deadline_epoch_ms=None,
                 deduplication_id=None,
                 started_at_epoch_ms=None,
-                updated_at=system._now_ms_sql(),
+                updated_at=dbos_private.now_ms_sql(system),
                 completed_at=None,
             )
         )
@@ -1381,7 +1354,7 @@ async def _run_workflow(run_id: str) -> str:
     held: list[Holder] = []
     try:
         return await engine.runtime.execute_workflow(run_id, holding=held.append)
-    except DBOSWorkflowConflictIDError:
+    except dbos_private.DBOSWorkflowConflictIDError:
         # DBOS refused a checkpoint: another execution owns the workflow now (ADR 0065). What
         # this one claimed, if anything, goes back -- only while it still holds it (ADR 0093).
         if held:

@@ -233,7 +233,8 @@ class Starts:
 
 def _registry() -> Any:
     """DBOS's registry of the workflows executing in this process, with their queues: what its
-    queue worker counts against ``worker_concurrency`` (``dbos._core.ActiveWorkflowById``)."""
-    from dbos._dbos import _get_dbos_instance
+    queue worker counts against ``worker_concurrency`` (``dbos._core.ActiveWorkflowById``, read
+    through ``dbos_private``)."""
+    from thoughtgate.orchestration import dbos_private
 
-    return _get_dbos_instance()._active_workflows_set
+    return dbos_private.active_workflows()

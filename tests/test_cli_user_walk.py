@@ -172,7 +172,7 @@ def test_a_servers_words_in_an_error_reach_the_terminal_without_its_control_char
         with pytest.raises(typer.Exit), one_line_errors():
             raise_for_response(answer)
     err = capsys.readouterr().err
-    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
+    assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
     assert "bad \\x1b]0;PWNED\\x07gateway\\x1b[2J" in err
     assert "gone \\x9b31m\\x1b]8;;http://e" in err
 

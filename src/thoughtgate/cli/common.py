@@ -116,7 +116,10 @@ def one_line_errors() -> Iterator[None]:
         # Several problems found at once (a config file's) are one line each.
         for line in str(exc).splitlines() or [""]:
             err_console.print(
-                f"[bold red]error:[/] {escape(_inert(line))}", highlight=False, markup=True, soft_wrap=True
+                f"[bold red]error:[/] {escape(_inert(line))}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
             )
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None

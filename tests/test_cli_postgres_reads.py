@@ -100,3 +100,25 @@ def test_a_role_the_server_refuses_is_an_authentication_failure_without_its_pass
         ), said
         assert f'role "{role}" does not exist' in said  # the server's words, as detail
         assert "hunter2" not in said and "unreachable" not in said
+
+
+def test_a_database_that_does_not_exist_is_named_with_what_to_do() -> None:
+    """A database name the server does not have said "unreachable or the connection was lost";
+    it names the database (not the password) and says to create it or fix the URL."""
+    name = f"tg_no_such_db_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(PG_URL)
+    db = urlunsplit(parts._replace(path=f"/{name}"))
+    where = describe_target(db)
+    assert name in where
+    for args in (["runs"], ["status", "run_abc"], ["run", "hi", "--model", "fake:echo"]):
+        result = CliRunner().invoke(
+            app, [*args, "--db", db], env={**LOCAL, "THOUGHTGATE_DURABILITY__ENABLED": "false"}
+        )
+        assert (result.exit_code, result.stdout) == (1, ""), (args, result.output)
+        said = result.stderr
+        assert said.startswith(
+            f"error: cannot open the store: the database does not exist ({where}); create it, "
+            "or fix the database name in the store URL ("
+        ), said
+        assert f'database "{name}" does not exist' in said  # the server's words, as detail
+        assert "unreachable" not in said

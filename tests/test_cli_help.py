@@ -77,7 +77,13 @@ def test_help_shows_each_flag_bare_and_each_option_with_its_help(path: tuple[str
             assert param.opts[0] not in shown.split()
             continue
         if isinstance(param, TyperArgument):
-            row = _row(shown, param.metavar or (param.name or "").upper())
+            name = param.metavar or (param.name or "").upper()
+            row = _row(shown, name)
+            # the name alone, then the help text: not Typer's ``<str>``, nor ``{NAME}`` in usage
+            words = row.replace("│", " ").replace("*", " ").split()
+            assert words[words.index(name) + 1] == param.help.split()[0], row
+            usage = shown.split("Usage:")[1].splitlines()[0].split()
+            assert name in usage and f"{{{name}}}" not in usage, usage
         else:
             row = _row(shown, param.opts[0])
             words = row.replace("│", " ").replace("*", " ").split()
@@ -86,6 +92,16 @@ def test_help_shows_each_flag_bare_and_each_option_with_its_help(path: tuple[str
             first = param.help.split()[0] if param.is_flag else param.metavar
             assert words[after + 1] == first, row
         assert _squeezed(param.help) in _squeezed(shown), param.opts
+
+
+@pytest.mark.parametrize("command", ["status", "events", "trace", "resume"])
+def test_a_run_id_argument_reads_run_id_in_the_usage_and_the_arguments(command: str) -> None:
+    """Typer wrote ``Usage: thoughtgate status [OPTIONS] {RUN_ID}`` and ``RUN_ID  <str>  The
+    run's id…``: the name to type, in the form a user copies from the usage line."""
+    shown = _help((command,))
+    assert re.search(rf"Usage: .*\b{command} \[OPTIONS\] RUN_ID +\n", shown), shown
+    assert re.search(r"│ \* +RUN_ID +The run's id, or any unique start of it", shown), shown
+    assert "{RUN_ID}" not in shown and "<str>" not in shown
 
 
 def test_every_option_says_what_it_is_and_what_to_type() -> None:

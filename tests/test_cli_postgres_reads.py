@@ -76,13 +76,9 @@ def test_reads_of_a_postgres_schema_that_does_not_exist_create_nothing(schema: s
     assert (code, json.loads(out), "no thoughtgate store" in err) == (0, [], False)
 
 
-def test_a_role_the_server_refuses_is_an_authentication_failure_without_its_password() -> None:
-    """A login PostgreSQL refuses (here a role that does not exist: SQLSTATE 28000; a wrong
-    password is 28P01) was "unreachable or the connection was lost", the cause in the detail."""
-    role = f"tg_no_such_role_{uuid.uuid4().hex[:8]}"
-    parts = urlsplit(PG_URL)
-    db = urlunsplit(parts._replace(netloc=f"{role}:hunter2@{parts.hostname}:{parts.port or 5432}"))
-    where = describe_target(db)
+def _store_errors(db: str) -> Iterator[str]:
+    """What each of a few commands (reads, a key listing, a run) prints on stderr for ``db``,
+    each failing with exit 1 and nothing on stdout."""
     for args in (
         ["runs"],
         ["status", "run_abc"],
@@ -93,10 +89,39 @@ def test_a_role_the_server_refuses_is_an_authentication_failure_without_its_pass
             app, [*args, "--db", db], env={**LOCAL, "THOUGHTGATE_DURABILITY__ENABLED": "false"}
         )
         assert (result.exit_code, result.stdout) == (1, ""), (args, result.output)
-        said = result.stderr
+        yield result.stderr
+
+
+def test_a_role_the_server_refuses_is_an_authentication_failure_without_its_password() -> None:
+    """A login PostgreSQL refuses (here a role that does not exist: SQLSTATE 28000; a wrong
+    password is 28P01) was "unreachable or the connection was lost", the cause in the detail."""
+    role = f"tg_no_such_role_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(PG_URL)
+    db = urlunsplit(parts._replace(netloc=f"{role}:hunter2@{parts.hostname}:{parts.port or 5432}"))
+    where = describe_target(db)
+    for said in _store_errors(db):
         assert said.startswith(
             f"error: cannot open the store: authentication to {where} failed (check the user and "
             "password in the store URL) ("
         ), said
         assert f'role "{role}" does not exist' in said  # the server's words, as detail
+        assert "hunter2" not in said and "unreachable" not in said
+
+
+def test_a_database_that_does_not_exist_is_named_with_what_to_do() -> None:
+    """A database name the server does not have said "unreachable or the connection was lost";
+    it names the database (not the password) and says to create it or fix the URL."""
+    name = f"tg_no_such_db_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(PG_URL)
+    user = parts.username or "postgres"
+    netloc = f"{user}:hunter2@{parts.hostname}:{parts.port or 5432}"  # trust: any password
+    db = urlunsplit(parts._replace(netloc=netloc, path=f"/{name}"))
+    where = describe_target(db)
+    assert name in where
+    for said in _store_errors(db):
+        assert said.startswith(
+            f"error: cannot open the store: the database does not exist ({where}); create it, "
+            "or fix the database name in the store URL ("
+        ), said
+        assert f'database "{name}" does not exist' in said  # the server's words, as detail
         assert "hunter2" not in said and "unreachable" not in said

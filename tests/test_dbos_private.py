@@ -53,13 +53,16 @@ def test_every_private_dbos_name_thoughtgate_uses_is_in_the_installed_dbos() -> 
 
 
 def _private_uses(path: Path) -> list[str]:
-    """The private dbos imports in ``path``, and its attributes named as a private name of
-    ``PRIVATE_NAMES``."""
+    """The private dbos imports in ``path`` (``from dbos._x import``, ``from dbos import _x``,
+    ``import dbos._x``, a string that is a private dbos module's name, as ``import_module``
+    takes), and its attributes named as a private name of ``PRIVATE_NAMES``."""
     names = {name for _, name in dbos_private.PRIVATE_NAMES if name.startswith("_")}
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and re.match(r"dbos\._", node.module or ""):
             found.append(f"{path.name}:{node.lineno} from {node.module}")
+        elif isinstance(node, ast.Constant) and re.fullmatch(r"dbos\._[\w.]+", str(node.value)):
+            found.append(f"{path.name}:{node.lineno} {node.value!r}")
         elif isinstance(node, ast.ImportFrom) and node.module == "dbos":
             found += [f"{path.name}:{node.lineno} {a.name}" for a in node.names if a.name[0] == "_"]
         elif isinstance(node, ast.Import):
@@ -75,6 +78,47 @@ def test_only_dbos_private_reads_dbos_private_names() -> None:
     others = [p for p in sorted(SRC.rglob("*.py")) if p != here]
     assert others and _private_uses(here)  # the check sees them where they are
     assert [use for path in others for use in _private_uses(path)] == []
+
+
+@pytest.mark.unit
+def test_the_check_sees_each_form_of_private_dbos_use(tmp_path: Path) -> None:
+    """Each way a module could name a private dbos name is found; a public one is not."""
+    uses = {
+        "from dbos._error import DBOSWorkflowConflictIDError": 1,
+        "from dbos import _error": 1,
+        "import dbos._sys_db": 1,
+        "importlib.import_module('dbos._dbos')": 1,
+        "instance._sys_db.tables": 1,
+        "from dbos import DBOS, error\nerror.DBOSWorkflowConflictIDError": 0,
+        "'see dbos._logger.init_logger in its docs'": 0,
+    }
+    for source, count in uses.items():
+        path = tmp_path / "module.py"
+        path.write_text(source + "\n", encoding="utf-8")
+        assert len(_private_uses(path)) == count, source
+
+
+@pytest.mark.unit
+def test_a_dbos_without_the_conflict_error_fails_the_import_naming_its_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``durable`` catches ``DBOSWorkflowConflictIDError``, read from the public ``dbos.error``
+    when ``dbos_private`` is imported (the durable launch): a dbos that moves it fails there with
+    the ``RuntimeFailure`` every private name gives, not an ``ImportError`` (or a catch that
+    never matches). A fresh copy of the module is loaded, so the real one is left as it is."""
+    from dbos import error
+
+    assert dbos_private.DBOSWorkflowConflictIDError is error.DBOSWorkflowConflictIDError
+    monkeypatch.delattr(error, "DBOSWorkflowConflictIDError")
+    spec = importlib.util.spec_from_file_location("dbos_private_copy", dbos_private.__file__)
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(RuntimeFailure) as raised:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    said = str(raised.value)
+    assert (
+        f"dbos {dbos_private.dbos_version()} has no dbos.error.DBOSWorkflowConflictIDError" in said
+    )
+    assert "durability.enabled = false" in said and "ADR 0136" in said
 
 
 @pytest.mark.inprocess

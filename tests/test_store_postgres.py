@@ -499,7 +499,6 @@ def test_a_refused_login_is_named_as_one_not_as_an_unreachable_server() -> None:
         assert str(error).startswith(f"cannot open the store: authentication to {where} failed")
         assert said in str(error) and "unreachable" not in str(error)
     for exc in (
-        psycopg.OperationalError('... failed: FATAL:  database "test" does not exist'),
         psycopg.OperationalError("... port 5432 failed: Connection refused"),
         pgerr.AdminShutdown("terminating connection due to administrator command"),
     ):
@@ -508,6 +507,29 @@ def test_a_refused_login_is_named_as_one_not_as_an_unreachable_server() -> None:
     assert said not in str(
         translate_error(pgerr.UndefinedObject('role "x" does not exist'), "r", where)
     )
+
+
+def test_a_database_that_does_not_exist_is_named_as_such_not_as_an_unreachable_server() -> None:
+    """SQLSTATE 3D000, or libpq's text of it on connecting (no SQLSTATE there), says the
+    database does not exist and what to do; it said "is unreachable or the connection was lost"."""
+    where = "PostgreSQL database tset at h:5432"
+    for exc in (
+        pgerr.InvalidCatalogName('database "tset" does not exist'),
+        psycopg.OperationalError(
+            'connection failed: connection to server at "h", port 5432 failed: FATAL:  '
+            'database "tset" does not exist'
+        ),
+    ):
+        error = translate_error(exc, "open the store", where)
+        assert isinstance(error, StoreUnavailableError)
+        assert str(error).startswith(
+            f"cannot open the store: the database does not exist ({where}); create it, or fix "
+            "the database name in the store URL ("
+        ), str(error)
+        assert "unreachable" not in str(error) and "authentication" not in str(error)
+    # a role that does not exist is still a refused login, not a missing database
+    refused = psycopg.OperationalError('... failed: FATAL:  role "tset" does not exist')
+    assert "authentication" in str(translate_error(refused, "open the store", where))
 
 
 def test_channel_names_fit_postgres_identifiers() -> None:

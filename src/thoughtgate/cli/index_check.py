@@ -57,7 +57,7 @@ from rich.text import Text
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
-from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt, a_run_id
+from thoughtgate.cli.options import ArgumentsByName, ConfigOpt, DbOpt, JsonOpt, a_run_id
 from thoughtgate.cli.run_selection import EVERY_RUN, RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
 
@@ -316,7 +316,7 @@ def run_ids_given(values: list[str] | None) -> list[str] | None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("check-index")
+    @app.command("check-index", cls=ArgumentsByName)
     @with_run_filters
     def check_index_command(
         run_ids: Annotated[

@@ -24,7 +24,7 @@ from thoughtgate.access.keys import create_key, key_view, revoke_key
 from thoughtgate.access.roles import ROLE_NAMES, Role
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
 from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
-from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+from thoughtgate.cli.options import ArgumentsByName, ConfigOpt, DbOpt, JsonOpt
 from thoughtgate.errors import UsageError
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.records import ApiKeyRecord
@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
 
         _on_store(config, db, body, if_missing=no_keys)
 
-    @keys.command("revoke")
+    @keys.command("revoke", cls=ArgumentsByName)
     def revoke(
         key: Annotated[
             str,

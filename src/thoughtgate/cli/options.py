@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -9,11 +10,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 __all__ = [
     "STORE_INT_MAX",
     "ApiKeyOpt",
     "ApproveAllOpt",
+    "ArgumentsByName",
     "BaseUrlOpt",
     "ConfigOpt",
     "DbOpt",
@@ -75,6 +78,38 @@ ViewAsOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")
 ]
+
+
+def _shown_by_name(kind: Any) -> Any:
+    """A copy of the param type ``kind`` with no metavar: Typer prints the type's metavar beside
+    an argument's name in ``--help``, and ``<str>`` when the type has none."""
+    named = copy.copy(kind)
+    named.get_metavar = lambda *_args, **_kwargs: ""  # a falsy one: nothing shown
+    return named
+
+
+class ArgumentsByName(TyperCommand):
+    """The ``cls`` of every command taking an argument: ``--help`` shows it by its metavar alone,
+    ``status [OPTIONS] RUN_ID`` and ``RUN_ID  The run's id…``, where Typer writes
+    ``{RUN_ID}`` and ``RUN_ID  <str>  The run's id…``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperArgument) and param.metavar:
+                param.type = _shown_by_name(param.type)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            one = isinstance(param, TyperArgument) and param.required and param.nargs == 1
+            if one and param.metavar:  # an optional one stays [NAME], as Typer writes it
+                pieces.append(param.metavar)
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
 RUN_ID_NEEDED = "give a run's id or a unique start of it (thoughtgate runs lists them)"
 
 

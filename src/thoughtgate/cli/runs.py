@@ -41,6 +41,7 @@ from thoughtgate.cli.missing_store import missing_store, nothing_there
 from thoughtgate.cli.options import (
     ApiKeyOpt,
     ApproveAllOpt,
+    ArgumentsByName,
     BaseUrlOpt,
     ConfigOpt,
     DbOpt,
@@ -351,7 +352,7 @@ def _local_command(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(cls=ArgumentsByName)
     @with_read_options
     def run(
         prompt: Annotated[
@@ -439,7 +440,7 @@ def register(app: typer.Typer) -> None:
         status = _local_command(body, local)
         raise typer.Exit(for_run_status(status))
 
-    @app.command()
+    @app.command(cls=ArgumentsByName)
     def resume(
         run_id: RunIdArg,
         base_url: BaseUrlOpt = None,
@@ -487,7 +488,7 @@ def register(app: typer.Typer) -> None:
         status = _local_command(body, local, listen_for_tools=True, recorded_run=run_id)
         raise typer.Exit(for_run_status(status))
 
-    @app.command()
+    @app.command(cls=ArgumentsByName)
     @with_read_options
     def status(
         run_id: RunIdArg,
@@ -555,7 +556,7 @@ def register(app: typer.Typer) -> None:
 
         read_command(body, read)
 
-    @app.command()
+    @app.command(cls=ArgumentsByName)
     @with_read_options
     def events(
         run_id: RunIdArg,
@@ -613,7 +614,7 @@ def register(app: typer.Typer) -> None:
 
         read_command(body, read)
 
-    @app.command()
+    @app.command(cls=ArgumentsByName)
     @with_read_options
     def trace(
         run_id: RunIdArg,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from dbos._error import DBOSWorkflowConflictIDError
+from dbos import error as dbos_error  # public (dbos.__all__): the module dbos._error
 
 from thoughtgate.errors import RuntimeFailure
 
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 PRIVATE_NAMES: Final[tuple[tuple[str, str], ...]] = (
-    ("dbos._error", "DBOSWorkflowConflictIDError"),
+    ("dbos.error", "DBOSWorkflowConflictIDError"),
     ("dbos._dbos", "_dbos_global_instance"),
     ("dbos._dbos", "_get_dbos_instance"),
     ("DBOS", "_sys_db"),
@@ -77,7 +77,8 @@ PRIVATE_NAMES: Final[tuple[tuple[str, str], ...]] = (
     ("dbos._queue", "queue_thread"),
 )
 """Each private name thoughtgate reads, as (where, name): a module, a class of one, or ``DBOS``
-(and ``dbos.Queue``) for an attribute of their instances."""
+(and ``dbos.Queue``) for an attribute of their instances. (``dbos.error`` is public, but DBOS
+documents none of its exception classes: the one thoughtgate catches is read here too.)"""
 
 _MISSING = object()
 
@@ -107,6 +108,14 @@ def _attribute(owner: object, name: str, where: str) -> Any:
     if found is _MISSING:
         missing(where, name)
     return found
+
+
+DBOSWorkflowConflictIDError: Final[type[BaseException]] = _attribute(
+    dbos_error, "DBOSWorkflowConflictIDError", "dbos.error"
+)
+"""What DBOS raises when an execution no longer owns its workflow (``durable`` catches it).
+Read when this module is imported, which is the durable launch (never with durability off):
+a dbos without it fails that import with :func:`missing`'s ``RuntimeFailure``."""
 
 
 def _module(name: str) -> Any:

@@ -8,6 +8,8 @@
     ├── InsufficientPrivilege (42501)     → StoreError "permission denied"
     ├── class 28 (28000, 28P01), or a     → StoreUnavailableError "authentication failed (check
     │   login refused as one              │   the user and password in the store URL)"
+    ├── 3D000 (InvalidCatalogName), or    → StoreUnavailableError "the database does not exist
+    │   libpq's words for it              │   (create it, or fix the database name in the URL)"
     ├── OperationalError                  → StoreUnavailableError (cannot connect, connection lost,
     │                                       server shutting down)
     └── anything else                     → StoreError
@@ -85,6 +87,22 @@ def _masked(text: str, conninfo: str | None) -> str:
     return text
 
 
+_NO_DATABASE = re.compile(r'database ".*" does not exist')
+"""What the server says (SQLSTATE 3D000, invalid catalog name) of a database that is not there.
+On connecting, psycopg has only this text, as for a refused login (English only)."""
+
+
+def _missing_database(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is PostgreSQL saying the database does not exist."""
+    if isinstance(exc, pg.InvalidCatalogName):
+        return True
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and exc.sqlstate is None
+        and _NO_DATABASE.search(str(exc)) is not None
+    )
+
+
 def describe_target(conninfo: str, schema: str | None = None) -> str:
     """``PostgreSQL database test at 127.0.0.1:5432, schema s`` (never the password, nor a
     piece of one a URL's parse put in the host or the database)."""
@@ -132,6 +150,12 @@ def translate_error(
         text = (
             f"cannot {action}: authentication to {where} failed (check the user and password in "
             f"the store URL) ({SAID})"
+        )
+        return quoting(StoreUnavailableError, text, exc, first)
+    if _missing_database(exc):  # ``where`` names it (from the URL, never with its password)
+        text = (
+            f"cannot {action}: the database does not exist ({where}); create it, or fix the "
+            f"database name in the store URL ({SAID})"
         )
         return quoting(StoreUnavailableError, text, exc, first)
     if isinstance(exc, psycopg.OperationalError):

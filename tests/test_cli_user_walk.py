@@ -144,6 +144,39 @@ def test_an_answer_in_no_daemons_words_says_the_address_may_be_wrong() -> None:
         raise_for_response(httpx.Response(404, json=ours, request=asked))
 
 
+@pytest.mark.unit
+def test_a_servers_words_in_an_error_reach_the_terminal_without_its_control_characters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 5xx body in no daemon's words, and a daemon-shaped JSON error, are quoted in the error
+    line: whatever server ``--url`` names (or a proxy in front of it) chose their bytes. An
+    escape sequence in them (retitle the terminal, clear it, a hyperlink, C1's one-byte CSI)
+    reached stderr as it was (red team, ADR 0135). Now each control character is shown, not
+    obeyed."""
+    import httpx
+    import typer
+
+    from thoughtgate.cli.common import one_line_errors
+    from thoughtgate.client.errors import raise_for_response
+
+    asked = httpx.Request("GET", "http://127.0.0.1:8765/v1/runs")
+    answers = [
+        httpx.Response(502, text="bad \x1b]0;PWNED\x07gateway\x1b[2J\r", request=asked),
+        httpx.Response(
+            404,
+            json={"error": {"code": "x\x1b[8m", "message": "gone \x9b31m\x1b]8;;http://e\x1b\\"}},
+            request=asked,
+        ),
+    ]
+    for answer in answers:
+        with pytest.raises(typer.Exit), one_line_errors():
+            raise_for_response(answer)
+    err = capsys.readouterr().err
+    assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
+    assert "bad \\x1b]0;PWNED\\x07gateway\\x1b[2J" in err
+    assert "gone \\x9b31m\\x1b]8;;http://e" in err
+
+
 @pytest.mark.inprocess
 def test_an_empty_run_id_is_a_usage_error_not_a_prefix_of_every_run(tmp_path: Path) -> None:
     """``thoughtgate status ""`` answered "'' matches several runs (...)": an empty id (or a

@@ -1008,3 +1008,40 @@ async def test_task_ids_and_types_replay_exactly_in_every_page(pg_schema: str) -
         assert_same_events(await store.read(run.run_id), [*written, last])
         assert_same_events(await collect(store.tail(run.run_id)), [*written, last])
         assert [(e.task_id, e.type) for e in written[:4]] == kinds
+
+
+def test_a_store_urls_password_is_in_no_error_even_when_the_url_is_misparsed() -> None:
+    """A password with ``@``, ``/`` or a bad ``%`` escape in it, not percent-encoded, is parsed
+    into the host, port or database, or quoted by libpq's parser: the store's errors (where, and
+    the driver's words) showed pieces of it, ``r3t@127.0.0.1`` or ``at u:Sek`` (red team, ADR
+    0135). Each piece is now masked, wherever the driver put it."""
+    from thoughtgate.store.pg_errors import describe_target
+
+    def parse_error(url: str) -> psycopg.Error:
+        try:
+            psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            return exc
+        raise AssertionError(url)
+
+    cases = [
+        (
+            "postgresql://u:Sek@r3t@127.0.0.1:5432/db",
+            psycopg.OperationalError("failed to resolve host 'r3t@127.0.0.1': Name not known"),
+        ),
+        (
+            "postgresql://u:Sek/r3t@127.0.0.1:5432/db",
+            psycopg.OperationalError("failed to resolve host 'u': Servname not supported"),
+        ),
+        ("postgresql://u:Sek%zzr3t@127.0.0.1:5432/db", parse_error("postgresql://u:Sek%zzr3t@h/d")),
+        (
+            "postgresql://u:Sekr3t@127.0.0.1:5432/db",
+            psycopg.OperationalError('... failed: FATAL:  role "u" does not exist'),
+        ),
+    ]
+    for url, exc in cases:
+        where = describe_target(url, "s")
+        said = str(translate_error(exc, "open the store", where, conninfo=url))
+        for piece in ("Sek", "r3t"):
+            assert piece not in said, (url, said)
+        assert "127.0.0.1" in said or "unparseable" in said or "'u'" in said, said

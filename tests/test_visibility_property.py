@@ -605,3 +605,44 @@ def test_undeclared_content_on_the_trace_never_carries_carrier_bytes(role: str, 
         assert shown is not None
         assert secret not in json.dumps(shown.to_dict())
         assert shown.payload["x_future"]["signature"] == {"carrier": "signature", "present": True}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(events(), min_size=1, max_size=6),
+    st.lists(
+        st.tuples(st.sampled_from(ROLE_NAMES), st.sampled_from(MODES), st.booleans()),
+        min_size=2,
+        max_size=6,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_readers_of_different_roles_on_one_run_each_get_only_their_own_frame(
+    stream: list[Event], readers: list[tuple[str, str, bool]], rng: Any
+) -> None:
+    """Several live readers of one run share one frame cache (ADR 0143: each resolves its filter
+    once; a reader alone frames without the cache): however they interleave, each frame is
+    exactly the one built from ``filter_event`` for that reader's own role and mode, never one
+    cached for another reader (red team, ADR 0135)."""
+    from thoughtgate.access.filter import event_filter
+    from thoughtgate.server.fanout import RunFeeds
+    from thoughtgate.server.sse import event_frame
+    from thoughtgate.store.memory import MemoryStore
+
+    feeds = RunFeeds(MemoryStore())
+    resolved = [
+        (parse_role(name), mode, alone, event_filter(parse_role(name), mode=mode))
+        for name, mode, alone in readers
+    ]
+    stream = [
+        Event(seq, "run_p", e.type, e.payload, task_id=e.task_id, ts=e.ts)
+        for seq, e in enumerate(stream, start=1)
+    ]
+    for event in stream:
+        order = list(range(len(resolved)))
+        rng.shuffle(order)
+        for i in order:
+            role, mode, alone, show = resolved[i]
+            got = feeds.frame(event, role, mode, event_frame, cache=not alone, show=show)
+            shown = filter_event(event, role, mode=mode)
+            assert got == (None if shown is None else event_frame(shown)), (role, mode)

@@ -90,6 +90,18 @@ def run_async(
         return runner(_sharing_clients(coro))
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+"""C0, DEL and C1: shown as ``\\x1b``, never sent to the terminal as they are."""
+
+
+def _inert(line: str) -> str:
+    """A line for the terminal with every control character shown, not obeyed: an error may
+    quote words another program chose (a server at ``--url`` or a proxy in front of it, a
+    driver), and an escape sequence in them would retitle, clear or rewrite the terminal (red
+    team, ADR 0135)."""
+    return line.translate(_CONTROLS)
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """A ThoughtgateError raised inside becomes one clear line on stderr (one line per problem,
@@ -104,7 +116,10 @@ def one_line_errors() -> Iterator[None]:
         # Several problems found at once (a config file's) are one line each.
         for line in str(exc).splitlines() or [""]:
             err_console.print(
-                f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True
+                f"[bold red]error:[/] {escape(_inert(line))}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
             )
         code = ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
         raise typer.Exit(code) from None

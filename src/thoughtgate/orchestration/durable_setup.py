@@ -69,12 +69,12 @@ async def setting_up(
     try:
         conn = await connect(conninfo, application_name="thoughtgate:workflows-setup")
     except psycopg.Error as exc:
-        raise translate_error(exc, action, where) from exc
+        raise translate_error(exc, action, where, conninfo=conninfo) from exc
     async with conn:
         try:
             await _lock(conn, setup_lock_key(schema), where, wait_s)
         except psycopg.Error as exc:
-            raise translate_error(exc, action, where) from exc
+            raise translate_error(exc, action, where, conninfo=conninfo) from exc
         with _saying_while_slow(where):
             yield  # the lock ends with the connection
 

@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import urllib.parse
 
 import psycopg
 from psycopg import errors as pg
@@ -54,6 +56,37 @@ def _login_refused(exc: psycopg.Error) -> bool:
     )
 
 
+_MASK = "***"
+_URL_DELIMITERS = re.compile(r"[@/?#:]")
+
+
+def _password_pieces(conninfo: str) -> list[str]:
+    """The password ``conninfo`` holds, and, for a URL, every piece of the text where it was
+    typed: a password with ``@``, ``/``, ``?`` or ``#`` in it, not percent-encoded, is parsed
+    into the host, port or database, where no parsed ``password`` names it (red team, ADR 0135).
+    Longest first; pieces of one character are left (they would mask every digit)."""
+    pieces: set[str] = set()
+    with contextlib.suppress(psycopg.ProgrammingError):
+        password = psycopg.conninfo.conninfo_to_dict(conninfo).get("password")
+        if password:
+            pieces.add(str(password))
+    _, sep, rest = conninfo.partition("://")
+    if sep and "@" in rest:
+        _, colon, typed = rest.rsplit("@", 1)[0].partition(":")  # (up to the last @)
+        if colon and typed:
+            pieces.update((typed, urllib.parse.unquote(typed)))
+            pieces.update(_URL_DELIMITERS.split(typed))
+    return sorted((p for p in pieces if len(p) > 1), key=len, reverse=True)
+
+
+def _masked(text: str, conninfo: str | None) -> str:
+    if conninfo is None:
+        return text
+    for piece in _password_pieces(conninfo):
+        text = text.replace(piece, _MASK)
+    return text
+
+
 _NO_DATABASE = re.compile(r'database ".*" does not exist')
 """What the server says (SQLSTATE 3D000, invalid catalog name) of a database that is not there.
 On connecting, psycopg has only this text, as for a refused login (English only)."""
@@ -71,7 +104,8 @@ def _missing_database(exc: psycopg.Error) -> bool:
 
 
 def describe_target(conninfo: str, schema: str | None = None) -> str:
-    """``PostgreSQL database test at 127.0.0.1:5432, schema s`` (never the password)."""
+    """``PostgreSQL database test at 127.0.0.1:5432, schema s`` (never the password, nor a
+    piece of one a URL's parse put in the host or the database)."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
@@ -80,14 +114,19 @@ def describe_target(conninfo: str, schema: str | None = None) -> str:
     port = params.get("port") or "5432"
     dbname = params.get("dbname") or params.get("user") or "(default)"
     where = f"PostgreSQL database {dbname} at {host}:{port}"
-    return f"{where}, schema {schema}" if schema else where
+    return _masked(f"{where}, schema {schema}" if schema else where, conninfo)
 
 
-def translate_error(exc: psycopg.Error, action: str, where: str) -> StoreError:
+def translate_error(
+    exc: psycopg.Error, action: str, where: str, *, conninfo: str | None = None
+) -> StoreError:
     """Map a driver error into the thoughtgate tree. The driver's first line is quoted for the
     developer and the operator at ``debug``; its ``public`` text has its class and SQLSTATE
-    there (:func:`quoting`): PostgreSQL may quote a value in it (ADR 0104)."""
+    there (:func:`quoting`): PostgreSQL may quote a value in it (ADR 0104). ``conninfo``: the
+    connection string of a connection being made, whose password (or any piece of one) libpq's
+    words may quote, masked in them."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = _masked(first, conninfo)
     if isinstance(exc, pg.DiskFull):
         return quoting(
             StoreError,

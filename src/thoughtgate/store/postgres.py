@@ -340,7 +340,7 @@ async def missing_schema(url: str) -> str | None:
     try:
         conn = await connect(conninfo, application_name="thoughtgate:look")
     except psycopg.Error as exc:
-        raise translate_error(exc, "open the store", where) from exc
+        raise translate_error(exc, "open the store", where, conninfo=conninfo) from exc
     try:
         if url_schema is None:
             row = await (await conn.execute("SELECT current_schema()")).fetchone()
@@ -351,7 +351,7 @@ async def missing_schema(url: str) -> str | None:
             return None
         return describe_target(conninfo, url_schema)
     except psycopg.Error as exc:
-        raise translate_error(exc, "open the store", where) from exc
+        raise translate_error(exc, "open the store", where, conninfo=conninfo) from exc
     finally:
         with contextlib.suppress(psycopg.Error, OSError):
             await conn.close()
@@ -415,7 +415,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         try:
             conn = await connect(conninfo, application_name="thoughtgate:migrate")
         except psycopg.Error as exc:
-            raise translate_error(exc, "open the store", where) from exc
+            raise translate_error(exc, "open the store", where, conninfo=conninfo) from exc
         try:
             chosen = await resolve_schema(conn, schema or url_schema, where)
             where = describe_target(conninfo, chosen)
@@ -424,7 +424,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if await (await conn.execute(_NUMBERS_AHEAD)).fetchone() is not None:
                 await conn.execute(_REBASE)
         except psycopg.Error as exc:
-            raise translate_error(exc, "open the store", where) from exc
+            raise translate_error(exc, "open the store", where, conninfo=conninfo) from exc
         finally:
             with contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
@@ -461,7 +461,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             finally:
                 await pool.putconn(conn)
         except psycopg.Error as exc:
-            raise translate_error(exc, action, self._where) from exc
+            raise translate_error(exc, action, self._where, conninfo=self.conninfo) from exc
 
     async def close(self) -> None:
         await self._notifier.close()

@@ -162,3 +162,61 @@ def test_an_interrupted_task_says_interrupted_once() -> None:
     text = out.getvalue()
     assert "interrupted: interrupted:" not in text and text.count(stopped) == 2, text
     assert "failed: provider fake returned HTTP 529" in text
+
+
+# An OSC title change, a C1 one-byte CSI (clear screen) and an OSC 8 link: what a model led by a
+# page or a tool result it read could write into its answer, reasoning or a tool's output.
+_ATTACK = "ok\x1b]0;pwned\x07 \x9b2J \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ end"
+
+
+def _obeyed(raw: str) -> list[str]:
+    """The attack's sequences that reached the terminal as they are (rich's own styles aside)."""
+    return [s for s in ("\x1b]0;", "\x9b", "\x1b]8;") if s in raw]
+
+
+def test_a_runs_data_reaches_the_terminal_with_its_control_characters_shown_not_obeyed() -> None:
+    """Live and after the run: answer, reasoning, a tool's input and output, a step, an error --
+    every escape sequence in the data is printed visibly, lines and tabs stay as they are."""
+    out = io.StringIO()
+    printer = LivePrinter(Console(file=out, width=400, force_terminal=True))
+    card = {"call_id": "call_1", "tool_key": "fetch", "turn": 0, "label": f"fetch {_ATTACK}"}
+    events = [
+        Event(1, "run_x", "reasoning.delta", {"text": _ATTACK, "turn": 0}, task_id="task_a"),
+        Event(2, "run_x", "tool.started", {**card, "input": {"url": _ATTACK}}, task_id="task_a"),
+        Event(3, "run_x", "tool.completed", {**card, "output": _ATTACK}, task_id="task_a"),
+        Event(4, "run_x", "cot.step", {"summary": _ATTACK}, task_id="task_a"),
+        Event(5, "run_x", "message.delta", {"text": f"line one\n\t{_ATTACK}"}, task_id="task_a"),
+        Event(6, "run_x", "run.failed", {"error": _ATTACK}),
+    ]
+    for event in events:
+        printer.show(event)
+    printer.end()
+    live = out.getvalue()
+    assert _obeyed(live) == [], repr(live)
+    assert live.count("\\x1b]0;pwned") == 8 and "\\x9b2J" in live, live
+    assert "line one\n" in live and "\\x09" not in live  # lines and tabs stay (rich expands tabs)
+
+    view = _view("run_x", "failed", _ATTACK).model_copy(
+        update={
+            "error": _ATTACK,
+            "tasks": [
+                TaskView(
+                    task_id="task_a",
+                    index=0,
+                    prompt="x",
+                    status="failed",
+                    output=_ATTACK,
+                    usage={},
+                    error=_ATTACK,
+                    model="fake:echo",
+                    backend="provider",
+                )
+            ],
+        }
+    )
+    after = io.StringIO()
+    terminal = Console(file=after, width=400, force_terminal=True)
+    render_run(terminal, view, role="developer", thread=ThreadBuilder().feed_all(events).view())
+    render_runs_table(terminal, [view])
+    assert _obeyed(after.getvalue()) == [], repr(after.getvalue())
+    assert "\\x1b]0;pwned" in after.getvalue()

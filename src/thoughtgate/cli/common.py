@@ -26,6 +26,7 @@ __all__ = [
     "StdoutClosed",
     "console",
     "err_console",
+    "inert_text",
     "one_line_errors",
     "print_json",
     "resolve_run_id",
@@ -100,6 +101,19 @@ def _inert(line: str) -> str:
     driver), and an escape sequence in them would retitle, clear or rewrite the terminal (red
     team, ADR 0135)."""
     return line.translate(_CONTROLS)
+
+
+_TEXT_CONTROLS = {c: v for c, v in _CONTROLS.items() if c not in (0x09, 0x0A)}
+"""As ``_CONTROLS``, but a tab and a line break stay what they are: text spans lines."""
+
+
+def inert_text(value: object) -> str:
+    """Data for the terminal -- a model's answer or reasoning, a tool's input or output, a
+    provider's words -- with every control character but tab and line break shown, not obeyed.
+    A model can be led (by a web page or a tool result it read) to write an escape sequence, and
+    rich passes ESC through: it would retitle, clear or rewrite the reader's terminal, or plant
+    a link (red team, ADR 0135)."""
+    return str(value).translate(_TEXT_CONTROLS)
 
 
 @contextlib.contextmanager

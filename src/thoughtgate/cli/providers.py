@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from thoughtgate.cli.common import Context, console, one_line_errors, print_json, run_async
+from thoughtgate.cli.common import (
+    Context,
+    console,
+    inert_text,
+    one_line_errors,
+    print_json,
+    run_async,
+)
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.options import ApiKeyOpt, BaseUrlOpt, ConfigOpt, JsonOpt
 from thoughtgate.errors import UsageError
@@ -101,8 +108,10 @@ def register(app: typer.Typer) -> None:
                 else:
                     mark = "[red]not proven[/]"
                 # the detail quotes the provider ("[anthropic 529 ...] Overloaded"): not markup
-                console.print(f"{r.name:<20} {mark}  {escape(r.detail)}", highlight=False)
-            console.print(escape(said.summary), highlight=False)
+                console.print(
+                    f"{r.name:<20} {mark}  {escape(inert_text(r.detail))}", highlight=False
+                )
+            console.print(escape(inert_text(said.summary)), highlight=False)
             return said
 
         said = run_async(body())

@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from thoughtgate.cli.common import console, print_json
+from thoughtgate.cli.common import console, inert_text, print_json
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.thread import (
     PhaseItem,
@@ -41,7 +41,7 @@ def _turn_title(label: str, turn: Any) -> str:
 
 def _step_line(event_type: str, summary: str) -> str:
     """A visible step as one line: phases dim, steps bold, a tool's reason under its card."""
-    summary = escape(summary)  # a step's text is data, never markup
+    summary = escape(inert_text(summary))  # a step's text is data, never markup
     if event_type == EventType.COT_PHASE:
         return f"[dim]· {summary}[/]"
     if event_type == EventType.COT_TOOL_REASONING:
@@ -63,7 +63,7 @@ class LivePrinter:
         left them in, for a reader who may read them (ADRs 0071, 0073)."""
         detail = p.get("error_detail")
         if isinstance(detail, str) and detail:
-            self.console.print(Text(f"  said: {detail}", style="dim"))
+            self.console.print(Text(f"  said: {inert_text(detail)}", style="dim"))
 
     def _switch(self, mode: str, heading: str | None = None) -> None:
         if self._mode != mode:
@@ -84,10 +84,10 @@ class LivePrinter:
             self._switch(
                 f"reasoning:{event.task_id}:{turn}:{label}", f"── {_turn_title(label, turn)} ──"
             )
-            self.console.print(Text(str(p.get("text", "")), style="dim"), end="")
+            self.console.print(Text(inert_text(p.get("text", "")), style="dim"), end="")
         elif t == EventType.MESSAGE_DELTA:
             self._switch("answer")
-            self.console.print(Text(str(p.get("text", ""))), end="")
+            self.console.print(Text(inert_text(p.get("text", ""))), end="")
         elif t.startswith("tool."):
             self._switch("tool")
             label = p.get("label") or p.get("tool_key") or "tool"
@@ -101,8 +101,8 @@ class LivePrinter:
                 detail = f" ✗ {p.get('error') or p.get('error_kind') or 'failed'}"
             # a tool's input, output and error are data: "[/]" in them is text, not markup
             self.console.print(
-                f"[cyan]⚙ {escape(str(label))}[/] [dim]{t.removeprefix('tool.')}[/]"
-                f"{escape(detail)}",
+                f"[cyan]⚙ {escape(inert_text(label))}[/] [dim]{t.removeprefix('tool.')}[/]"
+                f"{escape(inert_text(detail))}",
                 highlight=False,
             )
         elif t == EventType.COT_COMPLETED:
@@ -123,18 +123,19 @@ class LivePrinter:
             # an answer cut after some of it arrived, or none at all (the task then fails)
             what = "answer cut off" if p.get("text") else "no answer"
             self.console.print(
-                f"[yellow]{what}: {escape(str(p.get('error') or p.get('reason')))}[/]",
+                f"[yellow]{what}: {escape(inert_text(p.get('error') or p.get('reason')))}[/]",
                 highlight=False,
             )
             self._detail(p)
         elif t in (EventType.RUN_FAILED, EventType.RUN_ERROR):
             self._switch("note")
-            self.console.print(f"[red]{t}: {escape(str(p.get('error')))}[/]", highlight=False)
+            error = escape(inert_text(p.get("error")))
+            self.console.print(f"[red]{t}: {error}[/]", highlight=False)
             self._detail(p)
         elif t == EventType.RUN_INTERRUPTED:
             self._switch("note")
             self.console.print(
-                f"[yellow]interrupted: {escape(str(p.get('reason')))}[/]", highlight=False
+                f"[yellow]interrupted: {escape(inert_text(p.get('reason')))}[/]", highlight=False
             )
             self._detail(p)  # why it could not resume, be queued or start (ADR 0073)
 
@@ -177,13 +178,13 @@ def render_thread(console: Console, thread: ThreadView) -> None:
             if item.step.tool_call_id not in cards:
                 console.print(_step_line(EventType.COT_PHASE, item.step.summary), highlight=False)
         elif isinstance(item, ToolCard):
-            caption = escape(" · ".join(captions.get(item.call_id, ())))
+            caption = escape(inert_text(" · ".join(captions.get(item.call_id, ()))))
             # the kind of a failure is every reader's (a viewer's card has no error text)
             status: str = item.status
             if item.error_kind and item.error_kind != status:
                 status = f"{status}: {item.error_kind}"
             console.print(
-                f"[cyan]⚙ {escape(item.label)}[/] [dim]{status}[/]"
+                f"[cyan]⚙ {escape(inert_text(item.label))}[/] [dim]{escape(status)}[/]"
                 + (f" [dim]({caption})[/]" if caption else ""),
                 highlight=False,
             )
@@ -192,12 +193,13 @@ def render_thread(console: Console, thread: ThreadView) -> None:
                 console.print(line, highlight=False)
         elif isinstance(item, TextItem):
             if item.text.strip() and answers.get(item.task_id) != item.key:
-                console.print(Text(f"  “{item.text.strip()}”", style="italic"), highlight=False)
+                said = inert_text(item.text.strip())
+                console.print(Text(f"  “{said}”", style="italic"), highlight=False)
         elif isinstance(item, ReasoningItem):
             for segment in item.segments:
                 console.print(
                     Panel(
-                        Text(segment.text, style="dim"),
+                        Text(inert_text(segment.text), style="dim"),
                         title=_turn_title(segment.label, item.turn),
                         border_style="dim",
                     )
@@ -220,12 +222,12 @@ def render_run(
     head = Table.grid(padding=(0, 2))
     head.add_row("run", Text(view.run_id))
     head.add_row("status", _status_text(view.status))
-    head.add_row("model", Text(str(view.model)))
+    head.add_row("model", Text(inert_text(view.model)))
     head.add_row("chain_of_thought", view.chain_of_thought)
     head.add_row("viewing as", role)
     head.add_row("usage", _usage_text(view.usage))
     if view.error:
-        head.add_row("error", Text(view.error, style="red"))
+        head.add_row("error", Text(inert_text(view.error), style="red"))
     suspended = view.metadata.get("suspended")
     if suspended and view.status in ("pending", "running"):
         how = (
@@ -233,18 +235,20 @@ def render_run(
             if suspended.get("resume") == "manual"
             else "another replica takes it up shortly"
         )
-        head.add_row("paused", Text(f"{suspended.get('reason')}; {how}", style="yellow"))
+        reason = inert_text(suspended.get("reason"))
+        head.add_row("paused", Text(f"{reason}; {how}", style="yellow"))
     border = "green" if view.status == "completed" else "red"
     console.print(Panel(head, title="thoughtgate run", expand=False, border_style=border))
     if thread is not None:
         render_thread(console, thread)
     for task in view.tasks:
-        body = Text(task.output or "")
+        body = Text(inert_text(task.output or ""))
         if task.status != "completed" and task.error:
             if body:
                 body.append("\n\n")
             said = f"{task.status}: "  # an interrupted task's error already starts so
-            body.append(task.error if task.error.startswith(said) else said + task.error, "red")
+            error = task.error if task.error.startswith(said) else said + task.error
+            body.append(inert_text(error), "red")
         console.print(
             Panel(
                 body,
@@ -302,8 +306,8 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
             _started(v.created_at),
             _status_text(v.status),
             v.chain_of_thought,
-            Text(str(v.model)),  # a model and a prompt are data: "[/]" in them is text
-            Text(v.prompt[:60]),
+            Text(inert_text(v.model)),  # a model and a prompt are data: "[/]" in them is text
+            Text(inert_text(v.prompt[:60])),
         )
     console.print(table)
 
@@ -325,7 +329,10 @@ def _render_runs_lines(console: Console, views: list[RunView], widths: list[int]
             overflow="ellipsis",
         )
         console.print(
-            Text(f"  {_started(v.created_at)} · {v.model} · {v.prompt[:60]}", style="dim"),
+            Text(
+                inert_text(f"  {_started(v.created_at)} · {v.model} · {v.prompt[:60]}"),
+                style="dim",
+            ),
             no_wrap=True,
             overflow="ellipsis",
         )

@@ -185,7 +185,7 @@ def test_a_runs_data_reaches_the_terminal_with_its_control_characters_shown_not_
         Event(2, "run_x", "tool.started", {**card, "input": {"url": _ATTACK}}, task_id="task_a"),
         Event(3, "run_x", "tool.completed", {**card, "output": _ATTACK}, task_id="task_a"),
         Event(4, "run_x", "cot.step", {"summary": _ATTACK}, task_id="task_a"),
-        Event(5, "run_x", "message.delta", {"text": f"line one\n\t{_ATTACK}"}, task_id="task_a"),
+        Event(5, "run_x", "message.delta", {"text": f"line one\r\n\t{_ATTACK}"}, task_id="task_a"),
         Event(6, "run_x", "run.failed", {"error": _ATTACK}),
     ]
     for event in events:
@@ -194,7 +194,9 @@ def test_a_runs_data_reaches_the_terminal_with_its_control_characters_shown_not_
     live = out.getvalue()
     assert _obeyed(live) == [], repr(live)
     assert live.count("\\x1b]0;pwned") == 8 and "\\x9b2J" in live, live
-    assert "line one\n" in live and "\\x09" not in live  # lines and tabs stay (rich expands tabs)
+    assert (
+        "line one\n" in live and "\\x09" not in live and "\\x0d" not in live
+    )  # lines and tabs stay (rich expands tabs)
 
     view = _view("run_x", "failed", _ATTACK).model_copy(
         update={

@@ -103,8 +103,12 @@ def _inert(line: str) -> str:
     return line.translate(_CONTROLS)
 
 
-_TEXT_CONTROLS = {c: v for c, v in _CONTROLS.items() if c not in (0x09, 0x0A)}
-"""As ``_CONTROLS``, but a tab and a line break stay what they are: text spans lines."""
+_TEXT_CONTROLS: dict[int, str | None] = {
+    **{c: v for c, v in _CONTROLS.items() if c not in (0x09, 0x0A)},
+    0x0D: None,
+}
+"""As ``_CONTROLS``, but a tab and a line break stay what they are (text spans lines), and a
+carriage return goes, as rich drops it: a model's ``\r\n`` line ends are line breaks."""
 
 
 def inert_text(value: object) -> str:

@@ -44,16 +44,19 @@ fails has no SQLSTATE in psycopg (libpq gives none before a session exists): its
 there is. (English only: a server set to another language falls back to "unreachable".)"""
 
 
+def _said(exc: psycopg.Error, sqlstate: str, words: re.Pattern[str]) -> bool:
+    """Whether ``exc`` is the server saying ``sqlstate`` (a code, or a class as its prefix): by
+    its SQLSTATE when it has one, else -- a connection that failed: libpq gives none before a
+    session exists -- by its ``words`` (English only)."""
+    if exc.sqlstate is not None:
+        return exc.sqlstate.startswith(sqlstate)
+    return isinstance(exc, psycopg.OperationalError) and words.search(str(exc)) is not None
+
+
 def _login_refused(exc: psycopg.Error) -> bool:
     """Whether ``exc`` is PostgreSQL refusing the login: the user, its password, or pg_hba.conf
     (SQLSTATE class 28, invalid authorization specification)."""
-    if (exc.sqlstate or "").startswith("28"):
-        return True
-    return (
-        isinstance(exc, psycopg.OperationalError)
-        and exc.sqlstate is None
-        and _LOGIN_REFUSED.search(str(exc)) is not None
-    )
+    return _said(exc, "28", _LOGIN_REFUSED)
 
 
 _MASK = "***"
@@ -93,14 +96,8 @@ On connecting, psycopg has only this text, as for a refused login (English only)
 
 
 def _missing_database(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` is PostgreSQL saying the database does not exist."""
-    if isinstance(exc, pg.InvalidCatalogName):
-        return True
-    return (
-        isinstance(exc, psycopg.OperationalError)
-        and exc.sqlstate is None
-        and _NO_DATABASE.search(str(exc)) is not None
-    )
+    """Whether ``exc`` is PostgreSQL saying the database does not exist (3D000)."""
+    return _said(exc, "3D000", _NO_DATABASE)
 
 
 def describe_target(conninfo: str, schema: str | None = None) -> str:

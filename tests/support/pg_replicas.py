@@ -18,13 +18,15 @@ SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 async def changes_settled(store: Any) -> None:
     """Until no committed run-list change of ``store`` (a ``PostgresStore``) waits above the
-    horizon (ADR 0140): other tests' transactions on the same server hold it back a moment."""
+    horizon (ADR 0140): other tests' transactions in the same database hold it back a moment
+    (other databases' too, until a reader of ``store`` has learned they are, ADR 0146)."""
     from thoughtgate.store.postgres import _HORIZON
 
     for _ in range(1000):
         async with store._conn("test") as conn:
             cur = await conn.execute(
-                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {_HORIZON})"
+                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {_HORIZON})",
+                {"foreign": store.foreign_xids.foreign()},
             )
             row = await cur.fetchone()
         if row is not None and not row[0]:

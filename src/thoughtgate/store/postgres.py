@@ -33,6 +33,7 @@ from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnd
 from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_foreign_xids import ForeignXids
 from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
@@ -236,27 +237,47 @@ _INSERT_SPEC = (
 # changes one run: a second run in the same transaction would break ``runs_by_change``'s
 # uniqueness, loudly.) Transaction ids are not handed out in commit order, so a reader takes only
 # the changes below the horizon, ``base`` plus the oldest transaction id still running in its
-# snapshot (``pg_snapshot_xmin``): every transaction below it has ended, and every transaction
+# snapshot (``pg_snapshot_xmin``; passing over other databases' transactions, ADR 0146, which
+# cannot write here): every transaction below it has ended, and every transaction
 # that can still number a change -- running, or yet to start -- numbers it at or above it. A
 # reader that has read up to ``N`` below one horizon therefore never finds a new change at or
 # below ``N`` later, however the writers' commits interleave.
 _NEXT_CHANGE = "SELECT base + pg_current_xact_id()::text::bigint FROM run_changes"
-_HORIZON = "(SELECT base + pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM run_changes)"
+_HORIZON_XID = (
+    "CASE WHEN cardinality(%(foreign)s::bigint[]) = 0 OR pg_is_in_recovery() "
+    "THEN pg_snapshot_xmin(s)::text::bigint "
+    "ELSE coalesce((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x "
+    "WHERE x::text::bigint <> ALL(%(foreign)s::bigint[])), pg_snapshot_xmax(s)::text::bigint) END"
+)
+"""The oldest transaction id of the statement's snapshot ``s`` that may still number a change:
+the oldest running one not in ``foreign`` (ids of other databases', ``ForeignXids``, ADR 0146),
+else the snapshot's ``xmax`` (every id below it has ended). With no ``foreign`` ids it is
+``pg_snapshot_xmin``. A standby's snapshot lists its running ids elsewhere (``pg_snapshot_xip`` is
+empty there): it is never narrowed."""
+_HORIZON = f"(SELECT base + {_HORIZON_XID} FROM run_changes, pg_current_snapshot() AS s)"
 """Changes numbered below this have committed (or will never be), in this statement's snapshot."""
+_HORIZON_ROW = (
+    f"(SELECT base, base + {_HORIZON_XID} AS at, pg_snapshot_xmin(s)::text::bigint AS xmin "
+    "FROM run_changes, pg_current_snapshot() AS s) AS h"
+)
+"""The horizon ``h.at``, with what a reader held back learns from (``ForeignXids``): the id it
+is held by, ``h.at - h.base``, and the snapshot's ``xmin``, below which every id has ended."""
+_HELD = "h.at - h.base, h.xmin"
+"""The last columns of a statement ``_horizon_read`` runs, after whether changes wait above."""
 _RUN_CHANGES = (
-    f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
-    f"AND change_seq < {_HORIZON} ORDER BY change_seq LIMIT %s"
+    f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %(after)s "
+    f"AND change_seq < {_HORIZON} ORDER BY change_seq LIMIT %(limit)s"
 )
 _LATEST_CHANGE = (
-    f"SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE LEAST(max(change_seq), {_HORIZON} - 1) "
-    "END FROM runs"
+    "SELECT CASE WHEN h.top IS NULL THEN 0 ELSE LEAST(h.top, h.at - 1) END, "
+    f"coalesce(h.top >= h.at, false), {_HELD} FROM (SELECT *, (SELECT max(change_seq) FROM runs) "
+    f"AS top FROM {_HORIZON_ROW}) AS h"
 )
 """The latest change a reader can read: the largest number, or the horizon's last when a change
 waits above it (that run's previous number, which a reader may have read, was at most that)."""
 _CHANGES_SINCE = (
-    "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %s AND change_seq < h.at), "
-    "EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at) "
-    f"FROM (SELECT {_HORIZON} AS at) AS h"
+    "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %(after)s AND change_seq < h.at), "
+    f"EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at), {_HELD} FROM {_HORIZON_ROW}"
 )
 """Whether a reader after a number has changes to read, and whether committed changes wait
 above the horizon (an older transaction is still running) for it."""
@@ -375,7 +396,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     #: connection, which at 500 a page cost more client CPU than the collector does at 1000.
     tail_batch = _PAGE_ROWS
     #: How soon a run-list reader looks again while committed changes wait above the horizon
-    #: for an older transaction (any, in the cluster) to end (ADR 0140).
+    #: for an older transaction (of this database: ADR 0146) to end (ADR 0140).
     horizon_poll: float = 0.05
 
     def __init__(self, conninfo: str, schema: str) -> None:
@@ -383,6 +404,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         super().__init__()
         self.horizon = HorizonWatch()
         """Warns when an older transaction holds the run lists still for long (ADR 0140)."""
+        self.foreign_xids = ForeignXids()
+        """Running transactions of other databases, which the run lists' horizon passes over
+        (ADR 0146)."""
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
         workflows in the same database, in a schema beside ours."""
@@ -538,15 +562,33 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
 
     async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+        params = {"after": after, "limit": limit, "foreign": self.foreign_xids.foreign()}
         async with self._conn("read run changes") as conn, conn.transaction():
-            rows = await (await conn.execute(_RUN_CHANGES, (after, limit))).fetchall()
+            rows = await (await conn.execute(_RUN_CHANGES, params)).fetchall()
             runs = await self._with_tasks(conn, rows)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
         async with self._conn("read the latest run change") as conn:
-            row = await (await conn.execute(_LATEST_CHANGE)).fetchone()
-        return 0 if row is None else int(row[0])
+            row = await self._horizon_read(conn, _LATEST_CHANGE, {})
+        return int(row[0])
+
+    async def _horizon_read(
+        self, conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        """Run ``statement`` (its last columns: whether committed changes wait above the horizon,
+        then ``_HELD``); while they wait behind a transaction newly learned to be another
+        database's (ADR 0146), run it again, in a new snapshot, with that one passed over. The
+        row is the last one run: its horizon is the statement's own, whatever was learned."""
+        for _ in range(3):
+            params["foreign"] = self.foreign_xids.foreign()
+            row = await (await conn.execute(statement, params)).fetchone()
+            assert row is not None
+            held, holder, xmin = row[-3:]
+            self.foreign_xids.ended_below(int(xmin))
+            if not held or not await self.foreign_xids.learn(conn, int(holder)):
+                break
+        return tuple(row)
 
     @staticmethod
     async def _with_tasks(
@@ -960,12 +1002,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self._listener.start()
         armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
         async with self._conn("look for run changes") as conn:
-            row = await (await conn.execute(_CHANGES_SINCE, (after,))).fetchone()
-            assert row is not None
+            row = await self._horizon_read(conn, _CHANGES_SINCE, {"after": after})
             if not row[1]:
                 self.horizon.moved()
             elif self.horizon.due():
-                await self.horizon.warn(conn)
+                await self.horizon.warn(conn, int(row[2]))
         if row[0]:
             return
         if row[1]:

@@ -1141,7 +1141,7 @@ def _variants_note(formats: list[str], rounds: int, start: int = 0) -> str:
         + "; the _vs_ rows are ratios of these. The "
         "emulator paces its deltas like fake:bench, for LiteLLM's proxy too; a format's framing "
         "events (message_start, content_block_stop, response.created, [DONE], ...) take no slot "
-        "of their own: they go with the head, or with the next delta, or after the last with it, "
+        "of their own: they go with the head, with the next delta, or (after the last) with it, "
         f"so in every format a stream is {2 * DELTAS} paced writes, one delta each, and ends "
         f"{(PROVIDER_TTFB_S + (PROVIDER_DELTAS - 1) * GAP_S) * 1000:g} ms after its request, as "
         "fake:bench's does (ADR 0150; before it, each framing event took a slot and the formats' "

@@ -65,6 +65,7 @@ from bench.environment import LOOPBACK, REPO, child_env, free_port
 
 __all__ = [
     "ANSWER",
+    "CHUNK_CHARS",
     "DELTAS",
     "GAP_S",
     "PROVIDER_TTFB_S",
@@ -261,9 +262,8 @@ def bench_emulator() -> Any:
     """The ASGI emulator with the ``bench`` scenario (the default for any model)."""
     from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Think
 
-    turn = ScriptedTurn(
-        (Think(THOUGHT), Say(ANSWER)), chunk_chars=CHUNK_CHARS
-    )  # paced by the server
+    # paced by the server (:func:`paced_writes`), not by the scenario
+    turn = ScriptedTurn((Think(THOUGHT), Say(ANSWER)), chunk_chars=CHUNK_CHARS)
     return Emulator().add(Scenario("bench", (turn,)), default=True)
 
 

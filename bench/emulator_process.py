@@ -6,6 +6,18 @@ of the four wire formats the request asks for. Like a real provider (and like ``
 paces its stream, so each delta reaches the client in its own read instead of all of them in one
 buffer.
 
+What is paced is the deltas, as a model's tokens are, and nothing else (ADR 0150): a format's
+framing events (Anthropic's ``content_block_stop`` / ``content_block_start``, ``message_delta``
+and ``message_stop``; Responses' ``.done`` and ``.added`` events and ``response.completed``;
+the Chat formats' finish and usage chunks and ``[DONE]``) have no slot of their own.
+:func:`paced_writes` says which write each goes out in: those before the first delta with the
+response head, as before; those between two deltas with the later one (a provider knows a
+part has ended when the next part's first token comes); those after the last delta with it.
+So every format's stream has the same ``2 × DELTAS`` paced writes, each holding one delta, on
+the same schedule, and lasts as long (until ADR 0150 each framing event took a slot: the
+formats' last writes were due 52-58 ms after the request, so a format's runs/s and the daemon's
+load differed with its count of framing events, ADR 0139).
+
 It stands in for a remote provider, whose CPU is not the daemon's machine's, so it serves from a
 lean HTTP/1.1 server (:mod:`bench.lean_emulator`, ADR 0133) that writes
 :mod:`thoughtgate.testing.emulator`'s answers byte for byte, each distinct request rendered once
@@ -52,13 +64,18 @@ from bench.atomic import write_json
 from bench.environment import LOOPBACK, REPO, child_env, free_port
 
 __all__ = [
+    "ANSWER",
+    "CHUNK_CHARS",
     "DELTAS",
     "GAP_S",
     "PROVIDER_TTFB_S",
     "STAMP",
+    "THOUGHT",
     "Pace",
     "added_s",
     "emulator_process",
+    "holds_delta",
+    "paced_writes",
     "stamp",
     "stop",
 ]
@@ -70,6 +87,53 @@ GAP_S = 0.001
 1 ms on asyncio, whose selector rounds a timeout up to the millisecond)."""
 STAMP = "T00.0000"
 _STAMP_RE = re.compile(r"T(\d\d\.\d{4})")
+CHUNK_CHARS = 8
+"""A delta's characters (the stamp's length)."""
+THOUGHT = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))
+"""The bench scenario's reasoning: ``DELTAS`` deltas, the first the stamp's placeholder."""
+ANSWER = "".join(f"word{i:03d} " for i in range(DELTAS))
+"""The bench scenario's answer: ``DELTAS`` deltas."""
+_DELTA_RE = re.compile(
+    b"|".join(
+        re.escape(json.dumps(text[at : at + CHUNK_CHARS]).encode())
+        for text in (THOUGHT, ANSWER)
+        for at in range(0, len(text), CHUNK_CHARS)
+    )
+)
+"""One delta's piece as a whole JSON string: in every format a delta event carries its piece
+as a string of its own (``"thinking":"step 01 "``, ``"delta": "word003 "``), while the events
+that repeat the whole text (Responses' ``.done`` events and ``response.completed``) hold the
+pieces inside a longer string, and the others hold none."""
+
+
+def holds_delta(body: bytes) -> bool:
+    """Whether a body message of the bench scenario's answer holds one of its deltas (the
+    stamp's placeholder counts: the first reasoning delta), in any of the four formats."""
+    return _DELTA_RE.search(body) is not None
+
+
+def paced_writes(bodies: list[bytes]) -> tuple[int, list[list[int]]]:
+    """An answer's body messages, as a provider writes them: how many go out with the head
+    (those before the first holding ``STAMP``), and the paced writes after them, each a list of
+    indices into ``bodies``, in order.
+
+    A paced write is a delta (the first one: the message holding ``STAMP``) with the framing
+    events before it since the previous delta; the messages after the last delta go out with
+    it. So a stream's paced writes are its deltas, one each, and its framing takes no slot. An
+    answer with no delta after its stamped message (a whole JSON answer, not streamed) is one
+    paced write."""
+    placeholder = STAMP.encode()
+    start = next((i for i, b in enumerate(bodies) if placeholder in b), len(bodies))
+    writes: list[list[int]] = []
+    waiting: list[int] = []
+    for index in range(start, len(bodies)):
+        waiting.append(index)
+        if index == start or holds_delta(bodies[index]):
+            writes.append(waiting)
+            waiting = []
+    if waiting:  # after the last delta: with it
+        writes[-1] += waiting
+    return start, writes
 
 
 def written(clock: float) -> str:
@@ -115,9 +179,14 @@ class Pace:
             await asyncio.sleep(wait)
 
 
+_TERMINAL = (b"[DONE]", b"message_stop", b"response.completed")
+
+
 def _paced(app: Any) -> Any:
-    """ASGI wrapper: body writes from the first delta's (the one holding ``STAMP``) on go out on
-    the :class:`Pace` of the request; that ``STAMP`` becomes the send time."""
+    """ASGI wrapper: the body messages from the first delta's (the one holding ``STAMP``) on go
+    out in :func:`paced_writes`' writes, each on its slot of the request's :class:`Pace` (a
+    framing message is held until the next delta's slot, or sent with the body's end); that
+    ``STAMP`` becomes the send time."""
     placeholder = STAMP.encode()
 
     async def paced(scope: Any, receive: Any, send: Any) -> None:
@@ -126,20 +195,24 @@ def _paced(app: Any) -> Any:
             return
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
         started = stamped = False
+        held: list[Any] = []  # framing since the last delta: out with the next one
         traced: dict[str, Any] | None = {"e_start": time.monotonic()} if _TRACE else None
 
         async def send_paced(message: Any) -> None:
             nonlocal started, stamped
-            body = message.get("body") if message["type"] == "http.response.body" else None
+            body = message.get("body", b"") if message["type"] == "http.response.body" else None
             started = started or bool(body and placeholder in body)
-            if not body or not started:  # headers and framing before the first delta
+            if not started:  # the head and the framing before the first delta: at once
                 await send(message)
-                if traced is not None and started and not message.get("more_body", False):
-                    traced["e_end"] = time.monotonic()
-                    _trace_write(traced)
                 return
-            due = pace.due  # this write's slot
-            await pace.next()
+            assert body is not None  # the head came before the stamped body
+            ends = not message.get("more_body", False)
+            if stamped and not holds_delta(body) and not ends:
+                held.append(message)
+                return
+            if not stamped or holds_delta(body):  # a delta: its slot
+                due = pace.due
+                await pace.next()
             if not stamped:
                 stamped = True
                 # every copy in this write (OpenRouter mirrors reasoning in two fields)
@@ -147,19 +220,22 @@ def _paced(app: Any) -> Any:
                 message = {**message, "body": body.replace(placeholder, sent.encode())}
                 if traced is not None:
                     traced.update(key=sent[1:], e_due_first=due)
+            write = [*held, message]
+            held.clear()
             if traced is not None:
                 now = time.monotonic()
                 traced["e_last_write"] = now
-                if b"[DONE]" in body or b"message_stop" in body or b"response.completed" in body:
+                if any(t in m.get("body", b"") for m in write for t in _TERMINAL):
                     traced.setdefault("e_terminal", now)
                 else:
                     traced["e_last_nonterminal"] = now
-            await send(message)
+            for each in write:  # back to back: one slot
+                await send(each)
             if traced is not None:
                 traced.setdefault("e_first_written", time.monotonic())
-            if traced is not None and not message.get("more_body", False):
-                traced["e_end"] = time.monotonic()
-                _trace_write(traced)
+                if ends:
+                    traced["e_end"] = time.monotonic()
+                    _trace_write(traced)
 
         await app(scope, receive, send_paced)
 
@@ -186,9 +262,8 @@ def bench_emulator() -> Any:
     """The ASGI emulator with the ``bench`` scenario (the default for any model)."""
     from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Think
 
-    thought = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))  # 8 characters a delta
-    answer = "".join(f"word{i:03d} " for i in range(DELTAS))
-    turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by the server
+    # paced by the server (:func:`paced_writes`), not by the scenario
+    turn = ScriptedTurn((Think(THOUGHT), Say(ANSWER)), chunk_chars=CHUNK_CHARS)
     return Emulator().add(Scenario("bench", (turn,)), default=True)
 
 

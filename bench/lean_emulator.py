@@ -19,9 +19,9 @@ ASGI emulator under uvicorn: status line, ``date`` and ``server`` headers, the a
 headers, chunked framing with one chunk per ASGI body message, errors (404, 405, 400 in the
 format's shape) included.
 
-Pacing, stamp and trace are :func:`bench.emulator_process._paced`'s: the body messages before the
+Pacing, stamp and trace are :func:`bench.emulator_process._paced`'s (on :mod:`bench.emulator_pace`): the body messages before the
 first one holding ``STAMP`` go out with the headers at once; from that one on, they go out in
-the writes :func:`~bench.emulator_process.paced_writes` makes of them (a delta each, its framing
+the writes :func:`~bench.emulator_pace.paced_writes` makes of them (a delta each, its framing
 with it, ADR 0150), each write on its slot of the request's :class:`Pace` (made when the request
 has arrived whole), the first with ``STAMP`` replaced by the send time; ``BENCH_TRACE`` records
 the same fields.
@@ -50,15 +50,15 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from bench.emulator_process import (
-    _TERMINAL,
+from bench.emulator_pace import (
     GAP_S,
     PROVIDER_TTFB_S,
     STAMP,
+    TERMINAL,
     Pace,
-    _trace_write,
     paced_writes,
     stamp,
+    trace_write,
 )
 
 __all__ = ["Answer", "LeanServer", "lean_server", "render", "serve_forever"]
@@ -249,7 +249,7 @@ class Answer:
         self.paced: list[tuple[_Part, bool]] = [
             (
                 _Joined([parts[1 + i] for i in write]) if len(write) > 1 else parts[1 + write[0]],
-                any(t in bodies[i] for i in write for t in _TERMINAL),
+                any(t in bodies[i] for i in write for t in TERMINAL),
             )
             for write in writes
         ]
@@ -269,7 +269,7 @@ def _header_bytes(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Joined(_Part):
-    """Body messages written as one (:func:`~bench.emulator_process.paced_writes`)."""
+    """Body messages written as one (:func:`~bench.emulator_pace.paced_writes`)."""
 
     __slots__ = ("parts",)
 
@@ -554,7 +554,7 @@ class _Connection(asyncio.Protocol):
             traced.setdefault("e_first_written", time.monotonic())
             if reply.index == len(reply.answer.paced):
                 traced["e_end"] = time.monotonic()
-                _trace_write(traced)
+                trace_write(traced, _TRACE)
 
     def _done(self, closing: bool) -> None:
         self.busy = False

@@ -98,7 +98,7 @@ def test_every_event_is_written_and_the_terminal_one_with_the_last_delta(
         assert [(m.event, len(m.data)) for m in written] == [
             (m.event, len(m.data)) for m in answered
         ], fmt
-        terminal = [any(t in w for t in lean._TERMINAL) for w in found.paced]
+        terminal = [any(t in w for t in lean.TERMINAL) for w in found.paced]
         assert terminal == [False] * (len(terminal) - 1) + [True], fmt
 
 

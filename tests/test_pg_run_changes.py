@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from support.pg import PG_URL, pg_admin, pg_schema, schema_name
 from support.pg_replicas import changes_settled
 from support.store_conformance import make_run
@@ -433,7 +433,9 @@ async def follow_until(reader: Reader, final: dict[str, State]) -> None:
     async with asyncio.timeout(20):
         following = asyncio.create_task(reader.follow())
         try:
-            while not _caught_up(reader, final):
+            for _ in itertools.count():
+                if _caught_up(reader, final):
+                    break
                 await asyncio.sleep(0.01)
         finally:
             following.cancel()

@@ -20,11 +20,9 @@ async def changes_settled(store: Any) -> None:
     """Until no committed run-list change of ``store`` (a ``PostgresStore``) waits above the
     horizon (ADR 0140): other tests' transactions in the same database hold it back a moment;
     other databases' (another test's) no longer, once learned as a reader learns them (ADR 0146)."""
-    from thoughtgate.store.postgres import _CHANGES_SINCE
-
     for _ in range(1000):
         async with store._conn("test") as conn:
-            row = await store._horizon_read(conn, _CHANGES_SINCE, {"after": 0})
+            row = await store._horizon_read(conn, "since", {"after": 0})
         if not row[1]:
             return
         await asyncio.sleep(0.01)

@@ -36,6 +36,7 @@ _PREPARED = (
     "WHERE transaction::text::bigint = %(xid)s"
 )
 
+
 class HorizonWatch:
     """How long committed run-list changes have waited behind an older transaction, with one
     warning per hold once it has lasted ``warn_after`` seconds."""

@@ -18,7 +18,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 import orjson
 import psycopg
@@ -243,44 +243,57 @@ _INSERT_SPEC = (
 # reader that has read up to ``N`` below one horizon therefore never finds a new change at or
 # below ``N`` later, however the writers' commits interleave.
 _NEXT_CHANGE = "SELECT base + pg_current_xact_id()::text::bigint FROM run_changes"
-_HORIZON_XID = (
-    "CASE WHEN cardinality(%(foreign)s::bigint[]) = 0 OR pg_is_in_recovery() "
-    "THEN pg_snapshot_xmin(s)::text::bigint "
+_XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+_PASSING_OVER = (
+    "(SELECT CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(s)::text::bigint "
     "ELSE coalesce((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x "
-    "WHERE x::text::bigint <> ALL(%(foreign)s::bigint[])), pg_snapshot_xmax(s)::text::bigint) END"
+    "WHERE x::text::bigint <> ALL(%(foreign)s::bigint[])), pg_snapshot_xmax(s)::text::bigint) END "
+    "FROM pg_current_snapshot() AS s)"
 )
-"""The oldest transaction id of the statement's snapshot ``s`` that may still number a change:
-the oldest running one not in ``foreign`` (ids of other databases', ``ForeignXids``, ADR 0146),
-else the snapshot's ``xmax`` (every id below it has ended). With no ``foreign`` ids it is
-``pg_snapshot_xmin``. A standby's snapshot lists its running ids elsewhere (``pg_snapshot_xip`` is
-empty there): it is never narrowed."""
-_HORIZON = f"(SELECT base + {_HORIZON_XID} FROM run_changes, pg_current_snapshot() AS s)"
-"""Changes numbered below this have committed (or will never be), in this statement's snapshot."""
-_HORIZON_ROW = (
-    f"(SELECT base, base + {_HORIZON_XID} AS at, pg_snapshot_xmin(s)::text::bigint AS xmin "
-    "FROM run_changes, pg_current_snapshot() AS s) AS h"
-)
-"""The horizon ``h.at``, with what a reader held back learns from (``ForeignXids``): the id it
-is held by, ``h.at - h.base``, and the snapshot's ``xmin``, below which every id has ended."""
-_HELD = "h.at - h.base, h.xmin"
-"""The last columns of a statement ``_horizon_read`` runs, after whether changes wait above."""
-_RUN_CHANGES = (
-    f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %(after)s "
-    f"AND change_seq < {_HORIZON} ORDER BY change_seq LIMIT %(limit)s"
-)
-_LATEST_CHANGE = (
-    "SELECT CASE WHEN h.top IS NULL THEN 0 ELSE LEAST(h.top, h.at - 1) END, "
-    f"coalesce(h.top >= h.at, false), {_HELD} FROM (SELECT *, (SELECT max(change_seq) FROM runs) "
-    f"AS top FROM {_HORIZON_ROW}) AS h"
-)
-"""The latest change a reader can read: the largest number, or the horizon's last when a change
-waits above it (that run's previous number, which a reader may have read, was at most that)."""
-_CHANGES_SINCE = (
-    "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %(after)s AND change_seq < h.at), "
-    f"EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at), {_HELD} FROM {_HORIZON_ROW}"
-)
-"""Whether a reader after a number has changes to read, and whether committed changes wait
-above the horizon (an older transaction is still running) for it."""
+"""The oldest transaction id of the statement's snapshot that may still number a change, once
+some running ids are known to be other databases' (``foreign``, ``ForeignXids``, ADR 0146): the
+oldest running one not among them, else the snapshot's ``xmax`` (every id below it has ended).
+Without ``foreign`` it would be ``_XMIN``. A standby's snapshot lists its running ids elsewhere
+(``pg_snapshot_xip`` is empty there): it is never narrowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunListReads:
+    """The run list's reads with one horizon: the cluster's oldest running transaction
+    (``_PLAIN``, the statements of ADR 0140 as they were), or the oldest not of another database
+    (``_NARROWED``, while some are known: ADR 0146). Both read everything in one statement, so
+    the changes and the horizon are of one snapshot. ``latest`` and ``since`` end with: whether
+    committed changes wait above the horizon, the id holding it, and the snapshot's ``xmin``."""
+
+    changes: str
+    latest: str
+    since: str
+
+    @classmethod
+    def below(cls, xid: str) -> _RunListReads:
+        horizon = f"(SELECT base + {xid} FROM run_changes)"
+        return cls(
+            changes=(
+                f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %(after)s "
+                f"AND change_seq < {horizon} ORDER BY change_seq LIMIT %(limit)s"
+            ),
+            # the largest number, or the horizon's last when a change waits above it (that run's
+            # previous number, which a reader may have read, was at most that)
+            latest=(
+                "SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE "
+                f"LEAST(max(change_seq), {horizon} - 1) END, "
+                f"coalesce(max(change_seq) >= {horizon}, false), {xid}, {_XMIN} FROM runs"
+            ),
+            since=(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %(after)s "
+                "AND change_seq < h.at), EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at), "
+                f"h.at - h.base, {_XMIN} FROM (SELECT base + {xid} AS at, base FROM run_changes) AS h"
+            ),
+        )
+
+
+_PLAIN = _RunListReads.below(_XMIN)
+_NARROWED = _RunListReads.below(_PASSING_OVER)
 _AHEAD = (
     "FROM (SELECT max(change_seq) AS n FROM runs) AS top "
     "WHERE top.n >= base + pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
@@ -562,33 +575,40 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
 
     async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
-        params = {"after": after, "limit": limit, "foreign": self.foreign_xids.foreign()}
+        foreign = self.foreign_xids.foreign()
+        reads = _NARROWED if foreign else _PLAIN
+        params = {"after": after, "limit": limit, "foreign": foreign}
         async with self._conn("read run changes") as conn, conn.transaction():
-            rows = await (await conn.execute(_RUN_CHANGES, params)).fetchall()
+            rows = await (await conn.execute(reads.changes, params)).fetchall()
             runs = await self._with_tasks(conn, rows)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
         async with self._conn("read the latest run change") as conn:
-            row = await self._horizon_read(conn, _LATEST_CHANGE, {})
+            row = await self._horizon_read(conn, "latest", {})
         return int(row[0])
 
     async def _horizon_read(
-        self, conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any]
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        read: Literal["latest", "since"],
+        params: dict[str, Any],
     ) -> tuple[Any, ...]:
-        """Run ``statement`` (its last columns: whether committed changes wait above the horizon,
-        then ``_HELD``); while they wait behind a transaction newly learned to be another
-        database's (ADR 0146), run it again, in a new snapshot, with that one passed over. The
-        row is the last one run: its horizon is the statement's own, whatever was learned."""
-        for _ in range(3):
-            params["foreign"] = self.foreign_xids.foreign()
-            row = await (await conn.execute(statement, params)).fetchone()
+        """Run ``read`` (``_RunListReads``); while committed changes wait behind a transaction
+        newly learned to be another database's (ADR 0146), run it again, in a new snapshot,
+        passing over it. The row is the last one run: its horizon is its own statement's. With
+        nothing learned (the usual case) this is ADR 0140's statement, one round trip."""
+        for attempt in range(3):
+            foreign = self.foreign_xids.foreign()
+            statement = getattr(_NARROWED if foreign else _PLAIN, read)
+            row = await (await conn.execute(statement, {**params, "foreign": foreign})).fetchone()
             assert row is not None
             held, holder, xmin = row[-3:]
-            self.foreign_xids.ended_below(int(xmin))
-            if not held or not await self.foreign_xids.learn(conn, int(holder)):
-                break
-        return tuple(row)
+            if foreign:
+                self.foreign_xids.ended_below(int(xmin))
+            if not held or attempt == 2 or not await self.foreign_xids.learn(conn, int(holder)):
+                return tuple(row)
+        raise AssertionError("unreachable")
 
     @staticmethod
     async def _with_tasks(
@@ -1002,7 +1022,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self._listener.start()
         armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
         async with self._conn("look for run changes") as conn:
-            row = await self._horizon_read(conn, _CHANGES_SINCE, {"after": after})
+            row = await self._horizon_read(conn, "since", {"after": after})
             if not row[1]:
                 self.horizon.moved()
             elif self.horizon.due():

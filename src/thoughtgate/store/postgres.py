@@ -261,17 +261,19 @@ Without ``foreign`` it would be ``_XMIN``. A standby's snapshot lists its runnin
 class _RunListReads:
     """The run list's reads with one horizon: the cluster's oldest running transaction
     (``_PLAIN``, the statements of ADR 0140 as they were), or the oldest not of another database
-    (``_NARROWED``, while some are known: ADR 0146). Both read everything in one statement, so
-    the changes and the horizon are of one snapshot. ``latest`` and ``since`` end with: whether
-    committed changes wait above the horizon, the id holding it, and the snapshot's ``xmin``."""
+    (``_NARROWED``, while some are known: ADR 0146). Each reads everything in one statement, so
+    the changes and the horizon are of one snapshot. ``latest`` and ``since`` end with whether
+    committed changes wait above the horizon and the id holding it (``_NARROWED``'s then with the
+    snapshot's ``xmin``: the ids below it have ended, and are forgotten)."""
 
     changes: str
     latest: str
     since: str
 
     @classmethod
-    def below(cls, xid: str) -> _RunListReads:
+    def below(cls, xid: str, *, with_xmin: bool) -> _RunListReads:
         horizon = f"(SELECT base + {xid} FROM run_changes)"
+        holder = f"{xid}, {_XMIN}" if with_xmin else xid
         return cls(
             changes=(
                 f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %(after)s "
@@ -282,18 +284,18 @@ class _RunListReads:
             latest=(
                 "SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE "
                 f"LEAST(max(change_seq), {horizon} - 1) END, "
-                f"coalesce(max(change_seq) >= {horizon}, false), {xid}, {_XMIN} FROM runs"
+                f"coalesce(max(change_seq) >= {horizon}, false), {holder} FROM runs"
             ),
             since=(
                 "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %(after)s "
                 "AND change_seq < h.at), EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at), "
-                f"h.at - h.base, {_XMIN} FROM (SELECT base + {xid} AS at, base FROM run_changes) AS h"
+                f"{holder} FROM (SELECT {horizon} AS at) AS h"
             ),
         )
 
 
-_PLAIN = _RunListReads.below(_XMIN)
-_NARROWED = _RunListReads.below(_PASSING_OVER)
+_PLAIN = _RunListReads.below(_XMIN, with_xmin=False)
+_NARROWED = _RunListReads.below(_PASSING_OVER, with_xmin=True)
 _AHEAD = (
     "FROM (SELECT max(change_seq) AS n FROM runs) AS top "
     "WHERE top.n >= base + pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
@@ -596,18 +598,22 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     ) -> tuple[Any, ...]:
         """Run ``read`` (``_RunListReads``); while committed changes wait behind a transaction
         newly learned to be another database's (ADR 0146), run it again, in a new snapshot,
-        passing over it. The row is the last one run: its horizon is its own statement's. With
-        nothing learned (the usual case) this is ADR 0140's statement, one round trip."""
+        passing over it. The row (less ``_NARROWED``'s ``xmin``) is the last one run: its horizon
+        is its own statement's. With nothing learned (the usual case) this is ADR 0140's
+        statement, and one round trip."""
         for attempt in range(3):
             foreign = self.foreign_xids.foreign()
             statement = getattr(_NARROWED if foreign else _PLAIN, read)
-            row = await (await conn.execute(statement, {**params, "foreign": foreign})).fetchone()
-            assert row is not None
-            held, holder, xmin = row[-3:]
+            got = await (await conn.execute(statement, {**params, "foreign": foreign})).fetchone()
+            assert got is not None
+            row = tuple(got)
             if foreign:
+                *front, xmin = row
+                row = tuple(front)
                 self.foreign_xids.ended_below(int(xmin))
+            held, holder = row[-2:]
             if not held or attempt == 2 or not await self.foreign_xids.learn(conn, int(holder)):
-                return tuple(row)
+                return row
         raise AssertionError("unreachable")
 
     @staticmethod

@@ -6,14 +6,14 @@ transaction of the cluster counts -- another database's, another application's, 
 transaction's database is a fact that never changes: a backend is connected to one database for
 its life, a prepared transaction stays in the database that prepared it, and neither can write a
 table of another database. This learns which running transaction ids are such *foreign* ones, so
-the readers' horizon (``postgres._HORIZON``) can pass over them.
+the readers' horizon (``postgres._PASSING_OVER``) can pass over them.
 
 What is learned is only ever applied to snapshots taken after it was learned (the caller reads
 again), and what cannot be placed is left out: it counts as possibly ours and holds the horizon,
 as before. How it is learned, and why in that order:
 
 1. ``pg_locks`` (readable by any role): every transaction holds an ``ExclusiveLock`` on its own id
-   from its assignment to its end, with its backend's pid -- or no pid once prepared.
+   from just after its assignment to its end, with its backend's pid -- or no pid once prepared.
 2. Then, in a later transaction, ``pg_stat_activity`` (any role sees ``datid``) for those pids,
    and ``pg_prepared_xacts`` (with its ``database``). A pid read in 1 that names another process
    by 2 (the first exited, its pid reused) can only mislead about a transaction that ended before

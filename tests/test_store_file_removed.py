@@ -14,10 +14,13 @@ import asyncio
 import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+from support.daemon import HANG_S, cli_env
 from support.store_conformance import deltas, make_run
 from support.ticker import ticker_prompt
 from typer.testing import CliRunner
@@ -28,12 +31,11 @@ from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.store.records import OPEN_RUN_STATUSES
 from thoughtgate.store.sqlite import SQLiteStore
 
-pytestmark = pytest.mark.inprocess
-
 WAIT_S = 60.0
 """Only a hang reaches it."""
 
 
+@pytest.mark.inprocess
 async def test_a_write_after_the_stores_directory_was_removed_is_refused(tmp_path: Path) -> None:
     store = await SQLiteStore.open(tmp_path / "store" / "s.db")
     try:
@@ -49,6 +51,7 @@ async def test_a_write_after_the_stores_directory_was_removed_is_refused(tmp_pat
         await store.close()
 
 
+@pytest.mark.inprocess
 async def test_a_write_after_the_stores_file_was_replaced_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = await SQLiteStore.open(path)
@@ -64,6 +67,7 @@ async def test_a_write_after_the_stores_file_was_replaced_is_refused(tmp_path: P
         await store.close()
 
 
+@pytest.mark.inprocess
 async def test_a_run_whose_store_is_removed_mid_run_is_never_reported_ended(
     tmp_path: Path,
 ) -> None:
@@ -89,26 +93,30 @@ async def test_a_run_whose_store_is_removed_mid_run_is_never_reported_ended(
         await store.close()
 
 
+def _remove_once_the_run_is_recorded(directory: Path) -> None:
+    """The run waits on ``hold`` (in the directory) until the directory is gone."""
+    db = directory / "s.db"
+    while True:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                if conn.execute("SELECT count(*) FROM runs").fetchone()[0]:
+                    break
+        except sqlite3.Error:  # not created (or not migrated) yet
+            pass
+        threading.Event().wait(0.02)
+    shutil.rmtree(directory)
+
+
+@pytest.mark.inprocess
 def test_thoughtgate_run_whose_store_is_removed_says_so_and_exits_1(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     directory.mkdir()
     db = directory / "s.db"
     hold = directory / "hold"
     hold.touch()
-
-    def remove_once_the_run_is_recorded() -> None:
-        # the run waits on ``hold`` (in the directory) until the directory is gone
-        while True:
-            try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                    if conn.execute("SELECT count(*) FROM runs").fetchone()[0]:
-                        break
-            except sqlite3.Error:  # not created (or not migrated) yet
-                pass
-            threading.Event().wait(0.02)
-        shutil.rmtree(directory)
-
-    remover = threading.Thread(target=remove_once_the_run_is_recorded, daemon=True)
+    remover = threading.Thread(
+        target=_remove_once_the_run_is_recorded, args=(directory,), daemon=True
+    )
     remover.start()
     result = CliRunner().invoke(
         app,
@@ -123,3 +131,36 @@ def test_thoughtgate_run_whose_store_is_removed_says_so_and_exits_1(tmp_path: Pa
     assert re.search(r"stopped without recording its end, .* still shows it (pending|running):", error)
     assert "was removed (or its directory was)" in error
     assert "status" not in result.stdout  # no panel showing the run as still under way
+
+
+@pytest.mark.external
+def test_a_durable_thoughtgate_run_whose_store_is_removed_says_so_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    """A durable execution logs its failure as its workflow's outcome and returns, the run open:
+    the command still fails, after that line."""
+    directory = tmp_path / "store"
+    directory.mkdir()
+    hold = directory / "hold"
+    hold.touch()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "thoughtgate", "run", ticker_prompt(5, 0, hold),
+            "--model", "fake:ticker", "--tools", "support.served:SERVER_TOOLS",
+            "--db", f"sqlite:///{directory / 's.db'}",
+        ],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        _remove_once_the_run_is_recorded(directory)
+        out, err = proc.communicate(timeout=HANG_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, (out, err)
+    error = err.strip().splitlines()[-1]
+    assert re.search(r"^error: run run_\w+ stopped without recording its end, .* (pending|running)$", error)
+    assert "was removed (or its directory was)" in err  # the execution's own line, above it
+    assert "status" not in out

@@ -167,19 +167,20 @@ async def _until_done(
 
 def _ended_or_raise(run: RunRecord, failure: Exception | None) -> RunRecord:
     """``run`` as read after its execution here ended, when that recorded its end. An execution
-    that failed and left the run open could not record the end (the store refused it: full,
-    locked past its timeout, its file removed, its server gone; ADR 0149): printing the view
-    would show the run still ``running`` after this process is gone, with nothing saying why, so
-    the command fails with the reason instead (exit 1)."""
+    that left the run open could not record the end (the store refused it: full, locked past
+    its timeout, its file removed, its server gone; ADR 0149): printing the view would show the
+    run still ``running`` after this process is gone, with nothing saying why, so the command
+    fails instead (exit 1), with the failure when the execution raised it (a durable one logs it
+    on stderr, as its workflow's outcome, and returns)."""
     from thoughtgate.errors import RuntimeFailure, failure_text
     from thoughtgate.store.records import OPEN_RUN_STATUSES
 
-    if failure is None or run.status not in OPEN_RUN_STATUSES:
+    if run.status not in OPEN_RUN_STATUSES:
         return run
-    raise RuntimeFailure(
-        f"run {run.run_id} stopped without recording its end, and the store still shows it "
-        f"{run.status}: {failure_text(failure)}"
-    ) from failure
+    said = f"run {run.run_id} stopped without recording its end, and the store still shows it "
+    if failure is None:
+        raise RuntimeFailure(said + run.status)
+    raise RuntimeFailure(f"{said}{run.status}: {failure_text(failure)}") from failure
 
 
 async def execute_and_follow(

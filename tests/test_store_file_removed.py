@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon import HANG_S, cli_env
+from support.durable import until
 from support.store_conformance import deltas, make_run
 from support.ticker import ticker_prompt
 from typer.testing import CliRunner
@@ -83,8 +84,11 @@ async def test_a_run_whose_store_is_removed_mid_run_is_never_reported_ended(
             RunRequest(ticker_prompt(5, 0, hold), model="fake:ticker", chain_of_thought="surface")
         )
         execution = asyncio.create_task(runtime.execute(run.run_id))
-        while (await store.get_run(run.run_id)).status != "running":  # it waits on ``hold``
-            await asyncio.sleep(0.01)
+
+        async def waiting_on_hold() -> bool:
+            return (await store.get_run(run.run_id)).status == "running"
+
+        await until(waiting_on_hold)
         shutil.rmtree(directory)
         with pytest.raises(StoreError, match="was removed"):
             await asyncio.wait_for(execution, WAIT_S)
@@ -128,7 +132,9 @@ def test_thoughtgate_run_whose_store_is_removed_says_so_and_exits_1(tmp_path: Pa
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: run run_")
     # (removed once the run is recorded: before or after its execution claimed it)
-    assert re.search(r"stopped without recording its end, .* still shows it (pending|running):", error)
+    assert re.search(
+        r"stopped without recording its end, .* still shows it (pending|running):", error
+    )
     assert "was removed (or its directory was)" in error
     assert "status" not in result.stdout  # no panel showing the run as still under way
 
@@ -161,6 +167,8 @@ def test_a_durable_thoughtgate_run_whose_store_is_removed_says_so_and_exits_1(
         proc.kill()
     assert proc.returncode == 1, (out, err)
     error = err.strip().splitlines()[-1]
-    assert re.search(r"^error: run run_\w+ stopped without recording its end, .* (pending|running)$", error)
+    assert re.search(
+        r"^error: run run_\w+ stopped without recording its end, .* (pending|running)$", error
+    )
     assert "was removed (or its directory was)" in err  # the execution's own line, above it
     assert "status" not in out

@@ -38,7 +38,7 @@ def inert_text(value: object) -> str:
 
 def bounded(text: str, limit: int) -> str:
     """``text``, or its first ``limit`` characters and how long it was when it is longer:
-    ``... (1048576 characters in all)``. An answer may be megabytes; an error's text goes into
+    ``… (1048576 characters in all)``. An answer may be megabytes; an error's text goes into
     a log line or a terminal, whole."""
     if len(text) <= limit:
         return text

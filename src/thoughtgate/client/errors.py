@@ -25,8 +25,8 @@ no daemon's words (another server at that address) is ``RequestRejectedError`` w
 Whatever the answer says is another program's text until proven otherwise: a client pointed at
 a mistyped or hostile address, or at a proxy, gets whatever that server sends. An error's text
 -- what ``str(exc)`` gives a library user's log and terminal -- shows its control characters as
-``\x1b`` and the like (tab and line break stay; ``thoughtgate.inert``), keeps to 2000 characters
-(then "... (N characters in all)"), and a ``code`` is one only when it is an identifier.
+``\\x1b`` and the like (tab and line break stay; ``thoughtgate.inert``), keeps to 2000 characters
+(then "… (N characters in all)"), and a ``code`` is one only when it is an identifier.
 ``RequestRejectedError`` and ``DaemonError`` keep the answer's body, as it came, on ``body``
 (ADR 0135, amendment 4). A daemon's own words are shown as they are.
 """
@@ -50,6 +50,7 @@ from thoughtgate.inert import bounded, inert_text
 
 __all__ = [
     "KEY_REFUSED",
+    "MESSAGE_LIMIT",
     "DaemonError",
     "DaemonUnreachableError",
     "KeyRefusedError",

@@ -257,8 +257,8 @@ async def _frames(
         if state.access is not None
         else None
     )
-    show = event_filter(principal.role, mode=run.chain_of_thought)  # resolved once (ADR 0143)
     try:
+        show = event_filter(principal.role, mode=run.chain_of_thought)  # once (ADR 0143)
         while not translator.finished:
             item = await queue.get()
             if item == _REVOKED:

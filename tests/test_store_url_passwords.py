@@ -6,6 +6,7 @@ keep the host and the database readable where the URL reads as it was meant (ADR
 
 from __future__ import annotations
 
+import asyncio
 import re
 from urllib.parse import quote
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thoughtgate.errors import public_url
+from thoughtgate.errors import UsageError, public_url
 from thoughtgate.store.pg_errors import describe_target, translate_error
 from thoughtgate.store.postgres import split_schema_param
 from thoughtgate.store.urls import describe_store
@@ -39,6 +40,8 @@ def _driver_errors(conninfo: str) -> list[psycopg.Error]:
         params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
         return [exc]
+    except UnicodeDecodeError:  # refused before connecting, naming nothing (the test below)
+        return []
     host, port = params.get("host", ""), params.get("port", "5432")
     dbname, user = params.get("dbname", ""), params.get("user", "")
     server = f'connection to server at "{host}" (127.0.0.1), port {port} failed: FATAL:  '
@@ -102,3 +105,18 @@ def test_an_at_sign_in_a_query_value_masks_nothing_of_the_host_or_the_database()
         "cannot open the store: PostgreSQL database app at db.internal:5432 is unreachable"
     ), str(said)
     assert 'resolve host "db.internal"' in str(said)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://u:%87pw@127.0.0.1:5432/test", "postgresql://u@h/d%C3"]
+)
+def test_a_url_whose_escapes_are_not_utf8_is_a_usage_error_not_a_traceback(url: str) -> None:
+    """libpq reads ``%87`` as a byte that psycopg cannot decode: its ``UnicodeDecodeError`` came
+    out of ``connect`` as a traceback (the CLI's ``runs --db`` printed one). Refused before any
+    connection is tried, naming the cause and no piece of the URL."""
+    from thoughtgate.store.pg_pool import connect
+
+    with pytest.raises(UsageError) as refused:
+        asyncio.run(connect(url, application_name="thoughtgate:test"))
+    assert "not UTF-8" in str(refused.value)
+    assert "pw" not in str(refused.value)

@@ -80,10 +80,11 @@ def _typed_password(conninfo: str) -> str | None:
 
 
 def _parsed(conninfo: str) -> dict[str, str] | None:
-    """libpq's reading of ``conninfo``: ``None`` when it cannot read it."""
+    """libpq's reading of ``conninfo``: ``None`` when it cannot read it (a ``%``-escape that is
+    not UTF-8, ``%87``, is read by libpq but not decoded by psycopg)."""
     try:
         return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(conninfo).items()}
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeDecodeError):
         return None
 
 

@@ -320,6 +320,10 @@ class ServerConfig(_Section):
     oldest connection not in a request is closed to make room, else the newcomer gets 503."""
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """A connection must send a complete request head within this many seconds."""
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """A request body still arriving when ``header_timeout_s`` has passed must be complete
+    within this many seconds more, else the daemon answers ``408`` and closes the connection
+    (ADR 0147): a body that trickles in ("slowloris") cannot hold a connection for ever."""
     idle_timeout_s: int = Field(default=5, ge=1, le=3600)
     """An idle keep-alive connection is closed after this many (whole) seconds."""
     gc_young_threshold: int = Field(default=10_000, ge=100, le=10_000_000)

@@ -7,6 +7,9 @@ a first response) and accepts until the process runs out of file descriptors; fr
 
 * ``header_timeout_s``: a request head must be complete this long after the connection opened (or
   after the previous response); a silent or trickling ("slowloris") connection is closed.
+* ``body_timeout_s``: a request whose body is still arriving when the head's deadline passes
+  gets this long more for the rest of it, then ``408`` and the connection is closed; a body that
+  trickles in holds no connection (nor the bytes read of it) for ever (ADR 0147).
 * ``idle_timeout_s``: an idle keep-alive connection closes after this long (uvicorn's
   ``timeout_keep_alive``).
 * ``max_connections``: at most this many open connections, kept below the open-file limit
@@ -56,10 +59,29 @@ _TOO_MANY = (
 )
 
 
+def _too_slow(body_timeout_s: float) -> bytes:
+    """The ``408`` a request gets whose body did not arrive in time (written by the connection,
+    not the app: the app is still waiting for that body)."""
+    body = json.dumps(
+        {
+            "error": {
+                "code": "request_timeout",
+                "message": "the request body did not arrive in time (server.header_timeout_s + "
+                f"server.body_timeout_s, {body_timeout_s:g} s for the body)",
+            }
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     max_connections: int
     header_timeout_s: float
+    body_timeout_s: float = 30.0
 
 
 def connection_budget(configured: int) -> tuple[int, int | None]:
@@ -166,9 +188,12 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
     ``response_started``, ``chunked_encoding``, ``response_complete`` and ``scope``.
     """
 
+    too_slow = _too_slow(limits.body_timeout_s)
+
     class Guarded(base):  # type: ignore[valid-type, misc]
         _tg_waiting_since: float = 0.0
         _tg_waiting_for: object = None
+        _tg_body_of: object = None
         _tg_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -209,9 +234,23 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
             self._tg_timer = self.loop.call_later(limits.header_timeout_s, self._tg_no_request)
 
         def _tg_no_request(self) -> None:
+            """The head's deadline (then, for a body still arriving, the body's) has passed."""
             self._tg_timer = None
-            if _waiting(self) and not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if _waiting(self):
                 self.transport.close()
+                return
+            cycle = self.cycle
+            if not _reading_body(cycle):
+                return  # the request is in: its answer is the app's business
+            if cycle is not self._tg_body_of:  # the body's own deadline starts now
+                self._tg_body_of = cycle
+                self._tg_timer = self.loop.call_later(limits.body_timeout_s, self._tg_no_request)
+                return
+            log.info("closed a connection whose request body did not arrive in time")
+            self.transport.write(too_slow)
+            self.transport.close()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
@@ -221,6 +260,16 @@ def _waiting(conn: Any) -> bool:
     """No request head has arrived since the connection began waiting for one."""
     cycle = conn.cycle
     return bool(cycle is conn._tg_waiting_for and (cycle is None or cycle.response_complete))
+
+
+def _reading_body(cycle: Any) -> bool:
+    """A request whose body has not all arrived and that nothing was answered to yet (an app
+    that answers without reading the body, a ``401``, is not kept waiting on it)."""
+    return bool(
+        cycle is not None
+        and getattr(cycle, "more_body", False)
+        and not getattr(cycle, "response_started", True)
+    )
 
 
 def _over_limit(connections: set[Any], limit: int) -> bool:

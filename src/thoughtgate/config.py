@@ -44,6 +44,7 @@ from thoughtgate.config_problems import Location, config_error
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
 from thoughtgate.providers.registry import ENDPOINTS
+from thoughtgate.providers.sse import DEFAULT_MAX_EVENT_BYTES
 
 __all__ = [
     "PROVIDER_ENV",
@@ -211,6 +212,10 @@ class ProviderEndpoint(_Section):
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
+    max_event_bytes: int = Field(default=DEFAULT_MAX_EVENT_BYTES, ge=64 * 1024, le=2**31)
+    """The largest streamed event read (bytes, default 16 MiB): a stream that holds more of one
+    unfinished event (a line that never ends) fails the turn, with what came before it kept
+    (ADR 0147)."""
     server: str | None = None
     """The server behind ``base_url`` when its host does not say (a proxy, a gateway, a local
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""

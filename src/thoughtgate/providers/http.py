@@ -53,7 +53,7 @@ from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
 from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
 from thoughtgate.providers.h11_body import BODY_READS
-from thoughtgate.providers.sse import SSEDecoder, SSEMessage
+from thoughtgate.providers.sse import SSEDecoder, SSEEventTooLarge, SSEMessage
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -502,7 +502,7 @@ class HTTPTransport:
         Adapters on a hot path consume these to pay the async-iteration cost per read rather than
         per event, and may merge the deltas of one read (they arrived at the same moment).
         """
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.settings.max_event_bytes)
         # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
         # decoding layer would cost an async generator step and two calls per read for nothing;
         # from an HTTP/1.1 connection of the shared clients, past httpx altogether, every chunk
@@ -516,13 +516,31 @@ class HTTPTransport:
             reads = body()
         else:
             reads = response.aiter_raw() if raw else response.aiter_bytes()
+        # Bytes that complete no event (keep-alive comments, an event trickling in) keep httpx's
+        # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147).
+        quiet_since: float | None = None
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)
                 if batch:
+                    quiet_since = None
                     yield batch
+                elif quiet_since is None:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > self.settings.timeout_s:
+                    raise ProviderTimeoutError(
+                        f"the stream sent no event for {self.settings.timeout_s:g} s, only "
+                        "keep-alive comments or part of an event (providers.*.timeout_s)",
+                        provider=self.provider,
+                    )
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, "body") from exc
+        except SSEEventTooLarge as exc:
+            raise MalformedResponseError(
+                f"the stream sent an event of more than {exc.limit} bytes without ending it "
+                "(providers.*.max_event_bytes)",
+                provider=self.provider,
+            ) from None
         tail = decoder.flush()
         if tail:
             yield tail

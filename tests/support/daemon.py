@@ -245,10 +245,13 @@ def auth(key: str) -> dict[str, str]:
 class ThreadServer:
     """uvicorn on 127.0.0.1 with a free port, in a thread (real sockets, real HTTP)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
+        """``options``: more of ``uvicorn.Config``'s (``http=`` a protocol class)."""
         import uvicorn  # here, not at the top: ``thoughtgate run`` subprocesses import this module
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **options
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base_url = ""

@@ -278,6 +278,8 @@ class Daemon:
     keys: dict[str, str]
     store: EventStore
     app: Any
+    server: Any = None
+    """The ``uvicorn.Server`` serving it (``server_state.connections``: its open ones)."""
 
     def client(self, role: str | None = None, **kw: Any) -> httpx.Client:
         headers = auth(self.keys[role]) if role else {}
@@ -584,7 +586,7 @@ def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Ite
     app = create_app(store, config, tools=server_tools(), **app_options)
     try:
         with ThreadServer(app) as server:
-            yield Daemon(server.base_url, keys, store, app)
+            yield Daemon(server.base_url, keys, store, app, server.server)
     finally:
         asyncio.run(store.close())
 

@@ -325,6 +325,9 @@ class ServerConfig(_Section):
     oldest connection not in a request is closed to make room, else the newcomer gets 503."""
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """A connection must send a complete request head within this many seconds."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    """The longest request head (request line and headers) read, in bytes; a longer one is
+    answered ``431`` and its connection closed (ADR 0147)."""
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     """A request body still arriving when ``header_timeout_s`` has passed must be complete
     within this many seconds more, else the daemon answers ``408`` and closes the connection

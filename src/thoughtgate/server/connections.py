@@ -7,6 +7,9 @@ a first response) and accepts until the process runs out of file descriptors; fr
 
 * ``header_timeout_s``: a request head must be complete this long after the connection opened (or
   after the previous response); a silent or trickling ("slowloris") connection is closed.
+* ``max_header_bytes``: a request head longer than this is answered ``431`` and the connection
+  closed; uvicorn's httptools protocol (the daemon's) has no limit of its own, and held 1.9 GB of
+  one connection's header lines within the head's deadline (ADR 0147).
 * ``body_timeout_s``: a request whose body is still arriving when the head's deadline passes
   gets this long more for the rest of it, then ``408`` and the connection is closed; a body that
   trickles in holds no connection (nor the bytes read of it) for ever (ADR 0147).
@@ -59,21 +62,23 @@ _TOO_MANY = (
 )
 
 
+def _error_answer(status: str, code: str, message: str) -> bytes:
+    """A JSON error answer the connection writes itself, closing the connection after it."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return (
+        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%b" % (status.encode(), len(body), body)
+    )
+
+
 def _too_slow(body_timeout_s: float) -> bytes:
     """The ``408`` a request gets whose body did not arrive in time (written by the connection,
     not the app: the app is still waiting for that body)."""
-    body = json.dumps(
-        {
-            "error": {
-                "code": "request_timeout",
-                "message": "the request body did not arrive in time (server.header_timeout_s + "
-                f"server.body_timeout_s, {body_timeout_s:g} s for the body)",
-            }
-        }
-    ).encode()
-    return (
-        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    return _error_answer(
+        "408 Request Timeout",
+        "request_timeout",
+        "the request body did not arrive in time (server.body_timeout_s: "
+        f"{body_timeout_s:g} s after server.header_timeout_s)",
     )
 
 
@@ -82,6 +87,7 @@ class ConnectionLimits:
     max_connections: int
     header_timeout_s: float
     body_timeout_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
 
 
 def connection_budget(configured: int) -> tuple[int, int | None]:
@@ -189,11 +195,18 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
     """
 
     too_slow = _too_slow(limits.body_timeout_s)
+    too_long = _error_answer(
+        "431 Request Header Fields Too Large",
+        "header_too_large",
+        f"the request head is longer than {limits.max_header_bytes} bytes "
+        "(server.max_header_bytes)",
+    )
 
     class Guarded(base):  # type: ignore[valid-type, misc]
         _tg_waiting_since: float = 0.0
         _tg_waiting_for: object = None
         _tg_body_of: object = None
+        _tg_head_bytes: int = 0
         _tg_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -207,6 +220,28 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 transport.close()
                 return
             self._tg_wait_for_request()
+
+        def data_received(self, data: bytes) -> None:
+            """Count the bytes of a head still arriving: those that come while no body is (a
+            head's, even a pipelined one's), until a head is complete."""
+            before = self.cycle
+            counted = before is None or not before.more_body
+            super().data_received(data)
+            if self.cycle is not before:
+                self._tg_head_bytes = 0
+            elif counted:
+                self._tg_head_bytes += len(data)
+                if self._tg_head_bytes > limits.max_header_bytes:
+                    self._tg_head_too_long(before)
+
+        def _tg_head_too_long(self, cycle: Any) -> None:
+            self._tg_head_bytes = 0
+            if self.transport.is_closing():
+                return
+            log.info("closed a connection whose request head passed server.max_header_bytes")
+            if cycle is None or cycle.response_complete:  # nothing else is being answered
+                self.transport.write(too_long)
+            self.transport.close()
 
         def on_headers_complete(self) -> None:  # uvicorn's httptools protocol only
             before = self.cycle

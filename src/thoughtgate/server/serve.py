@@ -166,7 +166,10 @@ async def serve_app(
             open_files,
         )
     limits = ConnectionLimits(
-        max_connections, state.server.header_timeout_s, state.server.body_timeout_s
+        max_connections,
+        state.server.header_timeout_s,
+        state.server.body_timeout_s,
+        state.server.max_header_bytes,
     )
     config = uvicorn.Config(
         app,

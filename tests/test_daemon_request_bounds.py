@@ -1,6 +1,7 @@
-"""A request body cannot hold the daemon's memory or a connection without bound (ADR 0147).
+"""A request cannot hold the daemon's memory or a connection without bound (ADR 0147).
 
-A body larger than what uvicorn holds anyway (64 KiB), or of no declared length, is read only for
+A request head longer than ``server.max_header_bytes`` is answered ``431`` and its connection
+closed. A body larger than what uvicorn holds anyway (64 KiB), or of no declared length, is read only for
 a valid API key: anyone else is answered ``401`` at once, the body unread, and the connection
 stays usable. A body that stops arriving gets ``server.body_timeout_s`` after the head's deadline,
 then ``408`` and the connection is closed. Against the daemon's app served on loopback with the
@@ -126,3 +127,35 @@ def test_a_body_that_stops_arriving_is_answered_408_and_its_connection_closed(
         assert body["error"]["code"] == "request_timeout"
         assert "server.body_timeout_s" in body["error"]["message"]
         assert closed(sock)
+
+
+def test_a_head_longer_than_the_limit_is_answered_431_and_its_connection_closed(
+    daemon: tuple[tuple[str, int], dict[str, str]],
+) -> None:
+    """The attack: header lines, as fast as loopback takes them, never the blank line that ends
+    them. uvicorn's httptools protocol kept every one: 1.9 GB within the head's deadline, from
+    one connection without a key."""
+    address, _ = daemon
+    with connect(address) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        sock.sendall(b"".join(b"X-Pad-%d: %b\r\n" % (i, b"p" * 1000) for i in range(100)))
+        status, headers, body = answer(sock)
+        assert status.startswith("HTTP/1.1 431") and headers["connection"] == "close"
+        assert body["error"]["code"] == "header_too_large"
+        assert "server.max_header_bytes" in body["error"]["message"]
+        assert closed(sock)
+
+
+def test_a_head_within_the_limit_is_served(
+    daemon: tuple[tuple[str, int], dict[str, str]],
+) -> None:
+    """60 KB of headers, below the 64 KiB default, on a connection that sent a request and a
+    body before: the count is per head."""
+    address, keys = daemon
+    pad = b"".join(b"X-Pad-%d: %b\r\n" % (i, b"p" * 1000) for i in range(60))
+    with connect(address) as sock:
+        body = b'{"run_id": "none"}'
+        sock.sendall(head("/v1/tickets", len(body), auth(keys["member"])) + body)
+        assert answer(sock)[0].startswith("HTTP/1.1 404")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n")
+        assert answer(sock)[0].startswith("HTTP/1.1 200")

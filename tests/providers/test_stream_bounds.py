@@ -12,7 +12,7 @@ import pytest
 from support.replay import ReplayServer, Reply, split_events, transcript
 
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import MalformedResponseError, ProviderTimeoutError
+from thoughtgate.errors import MalformedResponseError, ProviderHTTPError, ProviderTimeoutError
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, TurnRequest
 from thoughtgate.types import Message
@@ -80,3 +80,33 @@ async def test_a_stream_of_only_keep_alive_comments_times_out_keeping_the_partia
     assert "no event for 0.3 s" in info.value.message
     assert info.value.partial is not None
     assert info.value.partial.reasoning_text == BEFORE
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+async def test_an_error_body_that_never_ends_is_read_to_the_limit(streaming: bool) -> None:
+    """The attack: ``500`` and a body that keeps coming. It was read whole before the error was
+    made (until the read timeout, which bytes that keep coming never reach)."""
+    endless = [b"x" * 8192] * 40
+    headers = {"content-type": "text/plain"}
+    async with ReplayServer([Reply(endless, status=500, headers=headers, stall=True)]) as server:
+        model = provider(server, timeout_s=30.0)
+        with pytest.raises(ProviderHTTPError) as info:
+            if streaming:
+                await stream_llm_turn(model, REQUEST)
+            else:
+                await model.request(REQUEST)
+        await model.aclose()
+    assert info.value.status == 500
+    assert f"longer than {LIMIT} bytes" in info.value.message
+
+
+async def test_an_answer_that_never_ends_is_read_to_the_limit() -> None:
+    """The same for a non-streamed answer (the summarizer model's): a malformed answer."""
+    endless = [b'{"content": "', *([b"x" * 8192] * 40)]
+    headers = {"content-type": "application/json"}
+    async with ReplayServer([Reply(endless, headers=headers, stall=True)]) as server:
+        model = provider(server, timeout_s=30.0)
+        with pytest.raises(MalformedResponseError) as info:
+            await model.request(REQUEST)
+        await model.aclose()
+    assert f"longer than {LIMIT} bytes" in info.value.message

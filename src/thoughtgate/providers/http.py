@@ -104,6 +104,20 @@ def should_retry(status: int, headers: Mapping[str, str]) -> bool:
     return status in RETRYABLE_STATUSES
 
 
+async def _body_at_most(response: httpx.Response, limit: int) -> bytes | None:
+    """A response's whole (decoded) body, or ``None`` as soon as it passes ``limit`` bytes,
+    the rest left unread (the response's close drops the connection): a provider's answer
+    that never ends holds no more than that (ADR 0147)."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.aiter_bytes():
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+    return b"".join(parts)
+
+
 def transport_error(
     exc: httpx.HTTPError, stage: ErrorStage, *, provider: str, base_url: str
 ) -> ProviderError:
@@ -396,11 +410,16 @@ class HTTPTransport:
         return base * (0.5 + random.random() / 2)
 
     async def _error(self, response: httpx.Response) -> ProviderHTTPError:
-        raw = await response.aread()
-        try:
-            body: Any = json.loads(raw) if raw else {}
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
-            body = raw.decode("utf-8", errors="replace")[:500]
+        limit = self.settings.max_event_bytes
+        raw = await _body_at_most(response, limit)
+        body: Any
+        if raw is None:  # read no further: its words cannot be worth that much memory
+            body = f"an error body longer than {limit} bytes (providers.*.max_event_bytes)"
+        else:
+            try:
+                body = json.loads(raw) if raw else {}
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
+                body = raw.decode("utf-8", errors="replace")[:500]
         info = error_info(body)
         status = response.status_code
         return ProviderHTTPError(
@@ -547,11 +566,18 @@ class HTTPTransport:
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A non-streamed call; returns the decoded JSON object."""
+        limit = self.settings.max_event_bytes
         async with self.open(path, body, stream=False) as response:
             try:
-                raw = await response.aread()
+                read = await _body_at_most(response, limit)
             except httpx.HTTPError as exc:
                 raise self._transport_error(exc, "body") from exc
+        if read is None:
+            raise MalformedResponseError(
+                f"the answer is longer than {limit} bytes (providers.*.max_event_bytes)",
+                provider=self.provider,
+            )
+        raw = read
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:

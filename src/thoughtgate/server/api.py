@@ -137,7 +137,8 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     """
     state = state_of(request)
     if endpoint.auth == "bearer":
-        principal = request.scope.pop(AUTHENTICATED, None)  # checked before a large body
+        # checked already by the body's reader when the body is large
+        principal: Principal | None = request.scope.pop(AUTHENTICATED, None)
         if principal is None:
             principal = await authenticate(state.store, request.headers.get("authorization"))
         require_role(principal.role, endpoint.role or Role.VIEWER, endpoint.summary)

@@ -65,9 +65,7 @@ class OverheadHeaderMiddleware:
 
 
 class BodyLimitMiddleware:
-    def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, keys: KeyStore | None = None
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, keys: KeyStore | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.keys = keys
@@ -122,7 +120,6 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
-
 
     async def _caller(self, scope: Scope) -> Principal | None:
         """The request's API key, if it is valid; ``None`` for anything else, which the route's

@@ -14,8 +14,18 @@ from typing import Final
 
 __all__ = ["bounded", "inert_line", "inert_text"]
 
-_CONTROLS: Final = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-"""C0, DEL and C1: shown as ``\\x1b``, never sent to a terminal as they are."""
+_BIDI: Final = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+"""Unicode's bidirectional embeddings, overrides and isolates (LRE .. RLO, LRI .. PDI): a
+terminal or log viewer that honours them shows text in another order than it is ("Trojan
+Source"); the marks LRM / RLM, which right-to-left text uses and which reorder nothing by
+themselves, stay."""
+
+_CONTROLS: Final = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+    **{c: f"\\u{c:04x}" for c in _BIDI},
+}
+"""C0, DEL and C1 (shown as ``\\x1b``) and the bidirectional controls (``\\u202e``): never
+sent to a terminal as they are."""
 
 _TEXT_CONTROLS: Final[dict[int, str | None]] = {
     **{c: v for c, v in _CONTROLS.items() if c not in (0x09, 0x0A)},

@@ -67,7 +67,9 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
 * the real adapters (rows prefixed ``anthropic_``, ``chat_`` (OpenAI-compatible Chat
   Completions), ``openrouter_``, ``responses_``), talking HTTP to the provider emulator in its own
   process (:mod:`bench.emulator_process`): the same stream in each wire format, paced the same
-  way, its first reasoning delta stamped with the emulator's send time. The emulator stands in
+  way (its deltas on their slots, a format's framing events written with them, so every
+  format's stream ends as fake:bench's does, ADR 0150), its first reasoning delta stamped with
+  the emulator's send time. The emulator stands in
   for a remote provider, whose CPU is not the daemon's machine's, so it is a lean HTTP/1.1 server
   (:mod:`bench.lean_emulator`, ADR 0133) that writes ``thoughtgate.testing.emulator``'s answers
   byte for byte, each distinct request rendered once: 0.2 ms of CPU a run at 100 concurrent
@@ -259,16 +261,27 @@ def _round_steps(number: int, servers: list[bool]) -> list[tuple[str, bool]]:
     return [(step, on) for on in servers for step in pair]
 
 
-def _adapter_order(number: int, formats: list[str]) -> list[str]:
-    """Round ``number``'s order of the real adapters' phases: ``formats`` rotated left by one a
-    round (round 1 as given), so over as many rounds as formats each runs in every position
-    once, and a format's median is not always measured in the same place after the same
-    phases (ADR 0124: whichever format's 100-run phase ran second was ~1.44x slower to its
-    first byte, ADR 0119)."""
+def _adapter_order(number: int, formats: list[str], start: int = 0) -> list[str]:
+    """Round ``number``'s order of the real adapters' phases: ``formats`` rotated left by
+    ``start`` in round 1, then by one more each round, so over as many rounds as formats each
+    runs in every position once, and a format's median is not always measured in the same place
+    after the same phases (ADR 0124: whichever format's 100-run phase ran second was ~1.44x
+    slower to its first byte, ADR 0119). With fewer rounds than formats some format never runs
+    first in a pass, whatever the order; ``start`` (:func:`_order_start`) moves which one from
+    pass to pass (ADR 0150)."""
     if not formats:
         return []
-    shift = (number - 1) % len(formats)
+    shift = (start + number - 1) % len(formats)
     return formats[shift:] + formats[:shift]
+
+
+def _order_start(formats: list[str], hour: int) -> int:
+    """A pass's ``start`` for :func:`_adapter_order`: the UTC hour it began at, modulo the
+    formats. Three rounds of four formats leave one format out of first place in a pass; a start
+    fixed at 0 left out the same one in every pass (Responses, ADR 0139), so its figures alone
+    never had the first place's share of the order's effect; passes begun at different hours
+    leave out different formats."""
+    return hour % len(formats) if formats else 0
 
 
 # ----------------------------------------------------------------------------- server side
@@ -1073,18 +1086,22 @@ def _litellm_rows(measured: dict[int, dict[str, float]]) -> list[dict[str, Any]]
     return rows
 
 
-def _variants_note(formats: list[str], rounds: int) -> str:
+def _variants_note(formats: list[str], rounds: int, start: int = 0) -> str:
     adapters = ", ".join(f"{name} = {FORMATS[name][0]}" for name in formats) or "not run"
+    orders = [_adapter_order(n, formats, start) for n in range(1, rounds + 1)]
+    never_first = [f for f in formats if all(order[0] != f for order in orders)]
     how = (
         f"Every phase ran in {rounds} rounds (each round a fresh pair of servers going through "
         "every phase once; LiteLLM's phases before thoughtgate's in odd rounds, after them in even "
-        "ones; the real adapters' phases in the order given in round 1, rotated by one format "
-        "each round after, so a format's phases do not always follow the same others, ADR 0124"
+        "ones; the real adapters' phases in the order given, rotated by one format a round and "
+        "round 1's by the UTC hour the pass began modulo the formats (--adapter-order-start; "
+        f"round 1 here: {', '.join(orders[0]) or 'none'}), so a format's phases do not always "
+        "follow the same others, ADR 0124"
         + (
-            f"; with {rounds} rounds for {len(formats)} formats, "
-            f"{', '.join(formats[rounds:])} never ran first (--rounds {len(formats)} puts each "
-            "first once, ADR 0126)"
-            if 1 < rounds < len(formats)
+            f"; with {rounds} rounds for {len(formats)} formats, {', '.join(never_first)} never "
+            "ran first in this pass (a pass begun at another hour leaves out another; "
+            f"--rounds {len(formats)} puts each first once, ADR 0126, ADR 0150)"
+            if never_first and rounds > 1
             else ""
         )
         + "); "
@@ -1122,7 +1139,13 @@ def _variants_note(formats: list[str], rounds: int) -> str:
             else "measured once, before the server that runs its kind (no server up)"
         )
         + "; the _vs_ rows are ratios of these. The "
-        "emulator paces its stream like fake:bench, for LiteLLM's proxy too. runs_per_s has its "
+        "emulator paces its deltas like fake:bench, for LiteLLM's proxy too; a format's framing "
+        "events (message_start, content_block_stop, response.created, [DONE], ...) take no slot "
+        "of their own: they go with the head, with the next delta, or (after the last) with it, "
+        f"so in every format a stream is {2 * DELTAS} paced writes, one delta each, and ends "
+        f"{(PROVIDER_TTFB_S + (PROVIDER_DELTAS - 1) * GAP_S) * 1000:g} ms after its request, as "
+        "fake:bench's does (ADR 0150; before it, each framing event took a slot and the formats' "
+        "streams lasted 52-58 ms, ADR 0139). runs_per_s has its "
         "target (10× LiteLLM's requests/s) at 10 and 100 concurrent runs; at 1 it is measured "
         "only. Rows prefixed "
         f"{DURABLE} are fake:bench on a second server with the durable engine attached (DBOS's "
@@ -1204,7 +1227,9 @@ def _bounds_note(
         )
     stream_s = PROVIDER_TTFB_S + (PROVIDER_DELTAS - 1) * GAP_S
     parts.append(
-        f"one paced stream lasts {stream_s * 1000:.0f} ms, so c concurrent runs complete at most "
+        f"one paced stream lasts {stream_s * 1000:.0f} ms (fake:bench's and the emulator's in "
+        "every wire format alike: its last delta's slot, the framing taking none, ADR 0150), so c "
+        "concurrent runs complete at most "
         f"c / {stream_s:.3f} s runs/s ("
         + ", ".join(f"c{c}: {c / stream_s:.0f}" for c in sorted(LITELLM_TTFB_MS))
         + "); hence no runs/s target at c1"
@@ -1461,6 +1486,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"report each figure's median with the rounds' min-max (default {FULL_ROUNDS}; 1 with "
         "--quick, --trace or --profile)",
     )
+    parser.add_argument(
+        "--adapter-order-start",
+        type=int,
+        default=None,
+        metavar="K",
+        help="round 1 runs the real adapters' phases from the K-th format given (0-based), each "
+        "round after from the next (default: the UTC hour modulo the formats, ADR 0150)",
+    )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--serve-durable", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
@@ -1513,6 +1546,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error("--rounds must be at least 1")
     if args.trace and rounds > 1:
         parser.error("--trace measures one round (each server writes its stamps on exit)")
+    start = (
+        _order_start(formats, time.gmtime().tm_hour)
+        if args.adapter_order_start is None
+        else args.adapter_order_start % max(1, len(formats))
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, emulator_process(Path(tmp)) as emulator_url:
 
@@ -1530,6 +1568,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         why = "asked for" if args.store != "auto" else "no SQLite store here"
         print(f"store: {'SQLite file (durable)' if durable else f'memory ({why})'}")
         print(f"rounds: {rounds} (each figure is the median of its rounds' figures)")
+        if formats:
+            print(
+                "the real adapters' order: "
+                + "; ".join(
+                    f"round {n}: {', '.join(_adapter_order(n, formats, start))}"
+                    for n in range(1, rounds + 1)
+                )
+            )
         at = sample([os.getpid(), emulator_pid])
         commit_ms = bare_commit_ms(Path(tmp))
         floor = append_floor(Path(tmp), idle_s=PROVIDER_TTFB_S)
@@ -1551,7 +1597,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         ) -> list[tuple[str, str, bool, bool]]:
             """The variants with the adapters' phases in round ``number``'s order
             (:func:`_adapter_order`); the fake provider's and the durable daemon's in place."""
-            order = iter(f"{f}_" for f in _adapter_order(number, formats))
+            order = iter(f"{f}_" for f in _adapter_order(number, formats, start))
             by_prefix = {v[0]: v for v in given}
             return [by_prefix[next(order)] if v[0] in adapters else v for v in given]
 
@@ -1733,7 +1779,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results += round_rows(round_hosts)
     NOTES[:] = [
         _litellm_note(litellm, why, len(litellm_rounds)),
-        _variants_note(formats, rounds),
+        _variants_note(formats, rounds, start),
         _bounds_note(litellm, commit_ms, floor, durable),
     ]
     print(NOTES[0])

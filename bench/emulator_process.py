@@ -6,6 +6,18 @@ of the four wire formats the request asks for. Like a real provider (and like ``
 paces its stream, so each delta reaches the client in its own read instead of all of them in one
 buffer.
 
+What is paced is the deltas, as a model's tokens are, and nothing else (ADR 0150): a format's
+framing events (Anthropic's ``content_block_stop`` / ``content_block_start``, ``message_delta``
+and ``message_stop``; Responses' ``.done`` and ``.added`` events and ``response.completed``;
+the Chat formats' finish and usage chunks and ``[DONE]``) have no slot of their own.
+:func:`paced_writes` says which write each goes out in: those before the first delta with the
+response head, as before; those between two deltas with the later one (a provider knows a
+part has ended when the next part's first token comes); those after the last delta with it.
+So every format's stream has the same ``2 × DELTAS`` paced writes, each holding one delta, on
+the same schedule, and lasts as long (until ADR 0150 each framing event took a slot: the
+formats' last writes were due 52-58 ms after the request, so a format's runs/s and the daemon's
+load differed with its count of framing events, ADR 0139).
+
 It stands in for a remote provider, whose CPU is not the daemon's machine's, so it serves from a
 lean HTTP/1.1 server (:mod:`bench.lean_emulator`, ADR 0133) that writes
 :mod:`thoughtgate.testing.emulator`'s answers byte for byte, each distinct request rendered once
@@ -23,7 +35,7 @@ Under ``daemon_bench --trace`` (``BENCH_TRACE``) each request's schedule is writ
 the app got the request (``e_start``, the schedule's start), when its first delta was due, when
 the write holding it returned (``e_first_written``: the stamp's bytes are in the kernel), its
 last write before the terminal event, the terminal event's write and the body's end (see
-:func:`_trace_write`).
+:func:`trace_write`).
 
 The first reasoning delta carries the time it was sent: the scenario's thought starts with the
 placeholder ``STAMP``, which the pacing layer replaces in the first body write that holds it with
@@ -34,12 +46,9 @@ stamp and a receive time back into seconds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -49,75 +58,49 @@ from pathlib import Path
 from typing import Any
 
 from bench.atomic import write_json
+from bench.emulator_pace import (
+    ANSWER,
+    CHUNK_CHARS,
+    DELTAS,
+    GAP_S,
+    PROVIDER_TTFB_S,
+    STAMP,
+    TERMINAL,
+    THOUGHT,
+    Pace,
+    added_s,
+    holds_delta,
+    paced_writes,
+    stamp,
+    trace_write,
+    written,
+)
 from bench.environment import LOOPBACK, REPO, child_env, free_port
 
 __all__ = [
+    "ANSWER",
+    "CHUNK_CHARS",
     "DELTAS",
     "GAP_S",
     "PROVIDER_TTFB_S",
     "STAMP",
+    "THOUGHT",
     "Pace",
     "added_s",
     "emulator_process",
+    "holds_delta",
+    "paced_writes",
     "stamp",
     "stop",
+    "written",
 ]
-
-DELTAS = 20
-PROVIDER_TTFB_S = 0.010
-GAP_S = 0.001
-"""Between two deltas: 1 ms, the pace this bench has always had (its former 0.5 ms sleeps lasted
-1 ms on asyncio, whose selector rounds a timeout up to the millisecond)."""
-STAMP = "T00.0000"
-_STAMP_RE = re.compile(r"T(\d\d\.\d{4})")
-
-
-def written(clock: float) -> str:
-    """``clock`` (a ``time.monotonic()``) modulo 100 s, as 7 characters: rounded to 0.1 ms first,
-    so a time within 50 µs of the wrap reads ``00.0000``, never ``100.0000`` (8 characters that no
-    reader's pattern takes: its run's figure was lost)."""
-    return f"{round(clock % 100, 4) % 100:07.4f}"
-
-
-def stamp() -> str:
-    """``T`` and the monotonic clock modulo 100 s, as 8 characters (one delta's worth)."""
-    return f"T{written(time.monotonic())}"
-
-
-def added_s(text: str, received: float) -> float | None:
-    """Seconds from the stamp found in ``text`` to ``received`` (a ``time.monotonic()``)."""
-    found = _STAMP_RE.search(text)
-    if found is None:
-        return None
-    return (received % 100 - float(found.group(1))) % 100
-
-
-class Pace:
-    """An absolute schedule: the k-th :meth:`next` (from 0) returns at ``start + first + k ×
-    gap`` (``start``: when the schedule was made), or at once when that time has passed, to
-    within the event loop's millisecond timers (a slot is met early or late by less than 1 ms;
-    the slots themselves never drift)."""
-
-    def __init__(self, first: float, gap: float) -> None:
-        self.due = time.monotonic() + first
-        self.gap = gap
-
-    def wait_s(self) -> float:
-        """Seconds to wait for the next slot (0 when it has passed), and on to the one after:
-        whole milliseconds, rounded up (uvloop's timers truncate a delay to the millisecond)."""
-        left = self.due - time.monotonic()
-        self.due += self.gap
-        return math.ceil(left * 1000) / 1000 if left > 0 else 0.0
-
-    async def next(self) -> None:
-        wait = self.wait_s()
-        if wait > 0:
-            await asyncio.sleep(wait)
 
 
 def _paced(app: Any) -> Any:
-    """ASGI wrapper: body writes from the first delta's (the one holding ``STAMP``) on go out on
-    the :class:`Pace` of the request; that ``STAMP`` becomes the send time."""
+    """ASGI wrapper: the body messages from the first delta's (the one holding ``STAMP``) on go
+    out in :func:`paced_writes`' writes, each on its slot of the request's :class:`Pace` (a
+    framing message is held until the next delta's slot, or sent with the body's end); that
+    ``STAMP`` becomes the send time."""
     placeholder = STAMP.encode()
 
     async def paced(scope: Any, receive: Any, send: Any) -> None:
@@ -126,20 +109,24 @@ def _paced(app: Any) -> Any:
             return
         pace = Pace(PROVIDER_TTFB_S, GAP_S)
         started = stamped = False
+        held: list[Any] = []  # framing since the last delta: out with the next one
         traced: dict[str, Any] | None = {"e_start": time.monotonic()} if _TRACE else None
 
         async def send_paced(message: Any) -> None:
             nonlocal started, stamped
-            body = message.get("body") if message["type"] == "http.response.body" else None
+            body = message.get("body", b"") if message["type"] == "http.response.body" else None
             started = started or bool(body and placeholder in body)
-            if not body or not started:  # headers and framing before the first delta
+            if not started:  # the head and the framing before the first delta: at once
                 await send(message)
-                if traced is not None and started and not message.get("more_body", False):
-                    traced["e_end"] = time.monotonic()
-                    _trace_write(traced)
                 return
-            due = pace.due  # this write's slot
-            await pace.next()
+            assert body is not None  # the head came before the stamped body
+            ends = not message.get("more_body", False)
+            if stamped and not holds_delta(body) and not ends:
+                held.append(message)
+                return
+            if not stamped or holds_delta(body):  # a delta: its slot
+                due = pace.due
+                await pace.next()
             if not stamped:
                 stamped = True
                 # every copy in this write (OpenRouter mirrors reasoning in two fields)
@@ -147,19 +134,22 @@ def _paced(app: Any) -> Any:
                 message = {**message, "body": body.replace(placeholder, sent.encode())}
                 if traced is not None:
                     traced.update(key=sent[1:], e_due_first=due)
+            write = [*held, message]
+            held.clear()
             if traced is not None:
                 now = time.monotonic()
                 traced["e_last_write"] = now
-                if b"[DONE]" in body or b"message_stop" in body or b"response.completed" in body:
+                if any(t in m.get("body", b"") for m in write for t in TERMINAL):
                     traced.setdefault("e_terminal", now)
                 else:
                     traced["e_last_nonterminal"] = now
-            await send(message)
+            for each in write:  # back to back: one slot
+                await send(each)
             if traced is not None:
                 traced.setdefault("e_first_written", time.monotonic())
-            if traced is not None and not message.get("more_body", False):
-                traced["e_end"] = time.monotonic()
-                _trace_write(traced)
+                if ends:
+                    traced["e_end"] = time.monotonic()
+                    trace_write(traced, _TRACE)
 
         await app(scope, receive, send_paced)
 
@@ -167,14 +157,7 @@ def _paced(app: Any) -> Any:
 
 
 _TRACE = os.environ.get("BENCH_TRACE")
-"""``daemon_bench --trace DIR``: each request's pacing stamps go to ``DIR/emulator-<pid>.jsonl``,
-keyed by the first delta's send stamp (``bench.first_byte_trace`` joins them to the runs)."""
-
-
-def _trace_write(traced: dict[str, Any]) -> None:
-    if _TRACE and "key" in traced:
-        with open(Path(_TRACE) / f"emulator-{os.getpid()}.jsonl", "a") as out:
-            out.write(json.dumps(traced) + "\n")
+"""``daemon_bench --trace DIR``: where :func:`trace_write` puts this server's pacing stamps."""
 
 
 ASGI = "asgi"
@@ -186,9 +169,8 @@ def bench_emulator() -> Any:
     """The ASGI emulator with the ``bench`` scenario (the default for any model)."""
     from thoughtgate.testing.emulator import Emulator, Say, Scenario, ScriptedTurn, Think
 
-    thought = STAMP + "".join(f"step {i:02d} " for i in range(1, DELTAS))  # 8 characters a delta
-    answer = "".join(f"word{i:03d} " for i in range(DELTAS))
-    turn = ScriptedTurn((Think(thought), Say(answer)), chunk_chars=8)  # paced by the server
+    # paced by the server (:func:`paced_writes`), not by the scenario
+    turn = ScriptedTurn((Think(THOUGHT), Say(ANSWER)), chunk_chars=CHUNK_CHARS)
     return Emulator().add(Scenario("bench", (turn,)), default=True)
 
 

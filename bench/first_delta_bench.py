@@ -41,7 +41,7 @@ from bench.turn_bench import _request, _settings
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.types import ReasoningDelta
 
-__all__ = ["Answer", "answer", "cpu_us", "events", "figures", "main"]
+__all__ = ["Answer", "WireRequest", "answer", "cpu_us", "events", "figures", "main", "wire_request"]
 
 PER_BATCH = 300
 REPEATS = 7
@@ -80,7 +80,19 @@ def _payload(framed: bytes) -> bytes:
     return b"".join(out)
 
 
-async def _render(fmt: str) -> Answer:
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    """``fmt``'s adapter and turn request, and the HTTP request it sends for them."""
+
+    provider: Any
+    request: Any
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+def wire_request(fmt: str) -> WireRequest:
+    """The request ``fmt``'s adapter sends for the daemon bench's turn (its model's)."""
     from thoughtgate.providers.base import create_provider
 
     model = FORMATS[fmt][0]
@@ -94,7 +106,13 @@ async def _render(fmt: str) -> Answer:
     url = f"{transport.base_url.rstrip('/')}/{path.lstrip('/')}"  # as httpx joins them
     target = urllib.parse.urlsplit(url).path.encode()
     body = json.dumps(provider.build_body(request, stream=True)).encode()  # type: ignore[attr-defined]
-    rendered = await render(bench_emulator().app, "POST", target, headers, body)
+    return WireRequest(provider, request, target, headers, body)
+
+
+async def _render(fmt: str) -> Answer:
+    wire = wire_request(fmt)
+    provider, request = wire.provider, wire.request
+    rendered = await render(bench_emulator().app, "POST", wire.target, wire.headers, wire.body)
     if not rendered.paced:
         raise SystemExit(f"{fmt}: the emulator answered {rendered.status_line!r} with no stream")
     return Answer(

@@ -19,10 +19,12 @@ ASGI emulator under uvicorn: status line, ``date`` and ``server`` headers, the a
 headers, chunked framing with one chunk per ASGI body message, errors (404, 405, 400 in the
 format's shape) included.
 
-Pacing, stamp and trace are :func:`bench.emulator_process._paced`'s: the body messages before the
-first one holding ``STAMP`` go out with the headers at once; from that one on, each body message
-goes out on its slot of the request's :class:`Pace` (made when the request has arrived whole),
-the first with ``STAMP`` replaced by the send time; ``BENCH_TRACE`` records the same fields.
+Pacing, stamp and trace are :func:`bench.emulator_process._paced`'s (on :mod:`bench.emulator_pace`): the body messages before the
+first one holding ``STAMP`` go out with the headers at once; from that one on, they go out in
+the writes :func:`~bench.emulator_pace.paced_writes` makes of them (a delta each, its framing
+with it, ADR 0150), each write on its slot of the request's :class:`Pace` (made when the request
+has arrived whole), the first with ``STAMP`` replaced by the send time; ``BENCH_TRACE`` records
+the same fields.
 
 Served: HTTP/1.1 (and 1.0) with ``Content-Length`` bodies, keep-alive, ``Connection: close``,
 requests arriving while an answer streams (handled after it). Not served, with a 400 and the
@@ -48,13 +50,21 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from bench.emulator_process import GAP_S, PROVIDER_TTFB_S, STAMP, Pace, _trace_write, stamp
+from bench.emulator_pace import (
+    GAP_S,
+    PROVIDER_TTFB_S,
+    STAMP,
+    TERMINAL,
+    Pace,
+    paced_writes,
+    stamp,
+    trace_write,
+)
 
 __all__ = ["Answer", "LeanServer", "lean_server", "render", "serve_forever"]
 
 _PLACEHOLDER = STAMP.encode()
 _HEX = frozenset(b"0123456789abcdef")
-_TERMINAL = (b"[DONE]", b"message_stop", b"response.completed")
 _MAX_HEAD = 64 * 1024
 _RENDERS = 3
 _CACHE = 256
@@ -233,17 +243,16 @@ class Answer:
                 self.replayable, spans = False, []
             parts.append(_Part(data, spans))
         self.headers = parts[0]
-        start = next(
-            (i for i, (b, _) in enumerate(first.bodies) if _PLACEHOLDER in b), len(first.bodies)
-        )
+        bodies = [body for body, _ in first.bodies]
+        start, writes = paced_writes(bodies)
         self.pre = parts[1 : 1 + start]
-        self.paced: list[tuple[_Part, bool]] = []
-        for (body, _), part in zip(first.bodies[start:], parts[1 + start :], strict=True):
-            if body or not self.paced:
-                self.paced.append((part, any(t in body for t in _TERMINAL)))
-            else:  # an empty message (the chunked body's end) goes out right after the one before
-                last, terminal = self.paced[-1]
-                self.paced[-1] = (_Joined(last, part), terminal)
+        self.paced: list[tuple[_Part, bool]] = [
+            (
+                _Joined([parts[1 + i] for i in write]) if len(write) > 1 else parts[1 + write[0]],
+                any(t in bodies[i] for i in write for t in TERMINAL),
+            )
+            for write in writes
+        ]
 
     def head(self, date: bytes, closing: bool, head_only: bool = False) -> bytes:
         """The status line and headers as uvicorn writes them: ``date`` and ``server`` first,
@@ -260,13 +269,15 @@ def _header_bytes(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Joined(_Part):
-    __slots__ = ("first", "second")
+    """Body messages written as one (:func:`~bench.emulator_pace.paced_writes`)."""
 
-    def __init__(self, first: _Part, second: _Part) -> None:
-        self.first, self.second, self.plain = first, second, None
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[_Part]) -> None:
+        self.parts, self.plain = parts, None
 
     def fill(self) -> bytes:
-        return self.first.fill() + self.second.fill()
+        return b"".join(part.fill() for part in self.parts)
 
 
 async def render(
@@ -543,7 +554,7 @@ class _Connection(asyncio.Protocol):
             traced.setdefault("e_first_written", time.monotonic())
             if reply.index == len(reply.answer.paced):
                 traced["e_end"] = time.monotonic()
-                _trace_write(traced)
+                trace_write(traced, _TRACE)
 
     def _done(self, closing: bool) -> None:
         self.busy = False

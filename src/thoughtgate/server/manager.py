@@ -82,12 +82,12 @@ class RunManager:
         """``chain_of_thought`` of each run in ``_tasks``, and of each durable run the engine
         started here at once until its execution is over (see ``executing_mode``)."""
         self._ended: dict[str, str] = {}
+        """``chain_of_thought`` of the last ``_ENDED`` runs whose task here is over (see
+        ``executed_mode``), oldest first."""
         self._stopped: dict[str, str] = {}
         """Why the execution here of each of the last ``_ENDED`` runs that stopped with a
         failure stopped (its public words): what the sweep that closes such a run, left open
         because its end could not be recorded, says of it (ADR 0149)."""
-        """``chain_of_thought`` of the last ``_ENDED`` runs whose task here is over (see
-        ``executed_mode``), oldest first."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()

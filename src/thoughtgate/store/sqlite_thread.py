@@ -24,8 +24,9 @@ a transaction of its own would give it:
 * a ``COMMIT`` that fails (disk full, I/O error) fails every write of the group: none is stored;
   so does one whose file is no longer the one the path names (ADR 0149: removed -- its
   directory with it -- or replaced while open; SQLite would go on writing into the unlinked
-  file, which nobody else can read and which is gone once the process exits); if SQLite abandons the whole transaction after one write's error (it may after ``SQLITE_FULL``
-  or an I/O error), that write fails and the others run again in a new transaction.
+  file, which nobody else can read and which is gone once the process exits); if SQLite
+  abandons the whole transaction after one write's error (it may after ``SQLITE_FULL`` or an
+  I/O error), that write fails and the others run again in a new transaction.
 
 Fewer statements per group (ADR 0030): the stdlib driver lets go of the interpreter lock
 around every statement it prepares, steps or resets. A release longer than the event loop
@@ -838,7 +839,7 @@ class SQLiteThread:
             now = os.stat(path)
         except FileNotFoundError:
             what = "was removed (or its directory was)"
-        except OSError:  # unreadable for another reason: the commit says what is wrong, if anything
+        except OSError:  # unreadable for another reason: the commit says what is wrong, if so
             return None
         else:
             if (now.st_dev, now.st_ino) == (device, inode):

@@ -122,7 +122,8 @@ async def _run_whose_end_was_refused_ends_interrupted(store: RefusesEnds) -> Non
 
         await until(stuck_closed)
         ended = await store.get_run(stuck.run_id)
-        assert ended.error == f"interrupted: {ABANDONED}"
+        # and why: what stopped its execution here, not only that its end went unrecorded
+        assert ended.error == f"interrupted: {ABANDONED} (database is locked)", ended.error
         log = [e.type for e in await store.read(stuck.run_id)]
         assert log.count(EventType.RUN_INTERRUPTED) == 1
         assert log[-2:] == [EventType.TASK_COMPLETED, EventType.RUN_INTERRUPTED]

@@ -433,12 +433,76 @@ async def test_errors_are_typed(daemon: Daemon) -> None:
         with pytest.raises(RequestRejectedError) as unknown:
             await member.start_run("hello", "nope:model")
         assert unknown.value.status == 400
+        said = json.loads(unknown.value.body or "")["error"]  # the daemon's words, unchanged
+        assert str(unknown.value) == f"[400 {said['code']}] {said['message']}"
         with pytest.raises(RequestRejectedError) as nothing:
             await member.answer_approval(run_id, "call_nope", "approve")
         assert nothing.value.status in (404, 409)
     async with ThoughtgateClient(f"http://127.0.0.1:{free_port()}", "k") as nowhere:
         with pytest.raises(DaemonError, match="cannot reach"):
             await nowhere.list_runs()
+
+
+_HOSTILE = "bad \x1b]0;PWNED\x07gate\x1b[2J\r\x9b31m\x1b]8;;http://e\x1b\\ "
+"""A retitle, a clear screen, a carriage return, C1's CSI and an OSC 8 link."""
+
+
+def _controls(text: str) -> list[str]:
+    """The characters of ``text`` a terminal would obey (tab and line break are text)."""
+    return [c for c in text if (ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "raised"),
+    [
+        (502, _HOSTILE + "A" * 3_000_000, DaemonError),  # a proxy's page, megabytes of it
+        (404, json.dumps({"error": {"code": "x\x1b[8m", "message": _HOSTILE * 30_000}}),
+         RequestRejectedError),  # daemon-shaped JSON, a code that is no identifier
+        (500, json.dumps({"error": {"code": "boom", "message": _HOSTILE}}), DaemonError),
+        (403, json.dumps({"error": {"code": "forbidden", "message": _HOSTILE * 30_000}}),
+         AccessDeniedError),
+        (401, json.dumps({"error": {"code": "ticket_bad", "message": _HOSTILE * 30_000}}),
+         AuthenticationError),
+    ],
+    ids=["5xx-page", "4xx-json", "5xx-json", "403-json", "401-ticket-json"],
+)  # fmt: skip
+async def test_a_hostile_servers_words_are_bounded_and_inert_in_the_errors_text(
+    status: int, body: str, raised: type[Exception]
+) -> None:
+    """A client pointed at a wrong or hostile address gets whatever that server sends; the
+    errors' text went to library users' logs and terminals as it came (escape sequences,
+    megabytes): only the CLI cleaned it (ADR 0135, amendment 4). Now ``str(exc)`` shows each
+    control character, is bounded and says how long the words were; the body stays on
+    ``body``, as it came."""
+    from thoughtgate.client.errors import MESSAGE_LIMIT
+
+    wire = body.encode()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        kind = "application/json" if body.startswith("{") else "text/html"
+        head = f"HTTP/1.1 {status} Nope\r\ncontent-type: {kind}\r\n"
+        writer.write(f"{head}content-length: {len(wire)}\r\nconnection: close\r\n\r\n".encode())
+        writer.write(wire)
+        await writer.drain()
+
+    async with serving(answer) as server:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with ThoughtgateClient(url, "k") as tg:
+            with pytest.raises(raised) as caught:
+                await tg.list_runs()
+    text = str(caught.value)
+    assert not _controls(text), repr(text[:300])
+    assert len(text) < MESSAGE_LIMIT * 4 + 100, len(text)  # (an escape shows as 4 characters)
+    assert "bad \\x1b]0;PWNED\\x07gate\\x1b[2J\\x9b31m\\x1b]8;;http://e" in text, text[:300]
+    if len(body) > MESSAGE_LIMIT and raised is not DaemonError:
+        words = len(json.loads(body)["error"]["message"])
+        assert text.endswith(f"… ({words} characters in all)"), text[-100:]
+    if isinstance(caught.value, RequestRejectedError | DaemonError):
+        assert caught.value.body == body
+        assert caught.value.code in ("error", "boom", "")
+    if status == 502:
+        assert text.endswith(f"… ({len(body)} characters in all)"), text[-100:]
 
 
 @pytest.mark.unit

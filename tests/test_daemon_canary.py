@@ -27,6 +27,7 @@ from support.daemon import (
 )
 
 from thoughtgate.access.roles import Role, parse_role
+from thoughtgate.events.schema import is_run_terminal
 from thoughtgate.mcp_server import McpTools
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.memory import MemoryStore
@@ -236,3 +237,28 @@ async def test_mcp_answers_carry_no_tool_detail(role: Role) -> None:
     text = json.dumps(view.to_json())
     assert view.tasks[0].output == "The tools have spoken."
     assert not any(mark in text for mark in tool_markers(token).values())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("role", list(Role))
+async def test_cli_follow_shows_reasoning_and_tool_data_only_where_allowed(
+    role: Role, mode: str
+) -> None:
+    """``thoughtgate events RUN --follow`` on a local store (``StoreReader.follow``): the only
+    CLI read no other test follows as every role. It filters each event through the reader's
+    one filter, resolved once per run (ADR 0143), as the live stream does."""
+    from thoughtgate.cli.readers import StoreReader
+
+    token = uuid.uuid4().hex[:12]
+    runtime = Runtime(MemoryStore(), tools=server_tools())
+    view = await McpTools(runtime, Role.OWNER).run(
+        f"canary {token}", model="fake:canary", chain_of_thought=mode
+    )
+    assert view.status == "completed", view
+    mark = markers(token)
+    followed = [e async for e in StoreReader(runtime.store, role).follow(view.run_id)]
+    text = json.dumps([e.payload for e in followed])
+    assert followed and is_run_terminal(followed[-1].type)  # followed to its end
+    assert (mark["reasoning"] in text) == (mode == "surface" and role >= Role.DEVELOPER)
+    assert (mark["tool"] in text) == (role >= Role.MEMBER)
+    assert mark["carrier"] not in text

@@ -349,6 +349,7 @@ def test_a_reader_that_stops_reading_is_closed_after_the_send_timeout() -> None:
     config = Config.from_mapping({"server": {"keepalive_s": 0.2, "secret": SECRET}})
     with running_daemon(config=config, shutdown_grace_s=0.1, sse_send_timeout_s=0.5) as daemon:
         streams = daemon.app.state.thoughtgate.streams
+        connections = daemon.server.server_state.connections
         run_id = daemon.start_run(  # ~10 MB of frames: more than every buffer on the way holds
             {"prompt": "chatty 20000", "model": "fake:chatty", "chain_of_thought": "surface"}
         )
@@ -359,6 +360,9 @@ def test_a_reader_that_stops_reading_is_closed_after_the_send_timeout() -> None:
             # its stream stays stuck writing until a write has been blocked for the send
             # timeout; then the server lets it go (the client never read a byte nor left)
             assert _wait_until(lambda: len(streams) == 0, 30)
+            # and its connection: a close would wait for the client to read what is buffered
+            # for it (megabytes, in the process and the kernel), for ever (ADR 0147)
+            assert _wait_until(lambda: not connections, 30), f"{len(connections)} still open"
         finally:
             stalled.close()
 

@@ -103,6 +103,40 @@ async def test_a_thousand_readers_of_events_appended_here_cost_no_store_read() -
     assert store.reads - before == 0
 
 
+class PageRecordingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages: list[int] = []
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        page = await super().read(run_id, after=after, limit=limit)
+        self.pages.append(len(page))
+        return page
+
+
+async def test_a_reader_far_behind_the_feed_reads_its_gap_a_page_at_a_time() -> None:
+    """A reader that stopped taking events while a run produced thousands (its inbox full, the
+    rest skipped) read the whole gap in one store read when the run's next event came: memory
+    by the size of the gap, per reader (ADR 0147). It reads it in pages, and still gets every
+    event once, in order."""
+    store = PageRecordingStore()
+    store.poll_interval = 3600.0
+    await store.create_run(RunRecord("run_1", "p"))
+    feeds = RunFeeds(store, backlog=8)
+    reader = feeds.tail("run_1", after=0)
+    await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
+    seen = [(await anext(reader)).seq]
+    await settled(lambda: feeds.readers("run_1") == 1)
+    for i in range(1, 3000):  # while it takes nothing: 8 in its inbox, the rest skipped
+        await store.append("run_1", [NewEvent("message.delta", {"i": i})])
+    seen += [(await anext(reader)).seq for _ in range(8)]  # its inbox, emptied
+    await store.append("run_1", [NewEvent("message.delta", {"i": 3000})])  # the feed goes on
+    await store.append("run_1", [NewEvent(EventType.RUN_SETTLEMENT_COMPLETED)])
+    seen += [event.seq async for event in reader]
+    assert seen == list(range(1, 3003))
+    assert max(store.pages) <= 500, store.pages
+
+
 async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -> None:
     store = CountingStore()
     await store.create_run(RunRecord("run_1", "p"))

@@ -44,6 +44,7 @@ from thoughtgate.config_problems import Location, config_error
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
 from thoughtgate.providers.registry import ENDPOINTS
+from thoughtgate.providers.sse import DEFAULT_MAX_EVENT_BYTES
 
 __all__ = [
     "PROVIDER_ENV",
@@ -211,6 +212,10 @@ class ProviderEndpoint(_Section):
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
+    max_event_bytes: int = Field(default=DEFAULT_MAX_EVENT_BYTES, ge=64 * 1024, le=2**31)
+    """The largest streamed event read (bytes, default 16 MiB): a stream that holds more of one
+    unfinished event (a line that never ends) fails the turn, with what came before it kept
+    (ADR 0147)."""
     server: str | None = None
     """The server behind ``base_url`` when its host does not say (a proxy, a gateway, a local
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""
@@ -320,6 +325,13 @@ class ServerConfig(_Section):
     oldest connection not in a request is closed to make room, else the newcomer gets 503."""
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """A connection must send a complete request head within this many seconds."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    """The longest request head (request line and headers) read, in bytes; a longer one is
+    answered ``431`` and its connection closed (ADR 0147)."""
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """A request body still arriving when ``header_timeout_s`` has passed must be complete
+    within this many seconds more, else the daemon answers ``408`` and closes the connection
+    (ADR 0147): a body that trickles in ("slowloris") cannot hold a connection for ever."""
     idle_timeout_s: int = Field(default=5, ge=1, le=3600)
     """An idle keep-alive connection is closed after this many (whole) seconds."""
     gc_young_threshold: int = Field(default=10_000, ge=100, le=10_000_000)

@@ -108,12 +108,19 @@ def public_url(url: str) -> str:
     """``url`` as a message may show it: scheme, host, port and path, without a user and password
     (``http://user:secret@gateway/v1``) or a query (``?key=...``) that may hold a credential;
     ``<a URL that could not be read>`` when it cannot be split. For a provider's base URL in a
-    run's error (which every reader sees), a daemon's ``--url`` on the terminal."""
+    run's error (which every reader sees), a daemon's ``--url`` on the terminal.
+
+    An ``@`` past the host (``scheme://user:se/cret@host``, ``user:1?x@host``: a password's
+    ``/``, ``?`` or ``#`` typed without its escape ends the host early) means the user, host and
+    port read may be pieces of a password: such a URL is not shown either (ADR 0135)."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
         port = parts.port
     except ValueError:
+        return "<a URL that could not be read>"
+    past_host = url.partition("//")[2][len(parts.netloc) :] if parts.netloc else url
+    if "@" in past_host:
         return "<a URL that could not be read>"
     if ":" in host:
         host = f"[{host}]"

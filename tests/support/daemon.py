@@ -245,10 +245,13 @@ def auth(key: str) -> dict[str, str]:
 class ThreadServer:
     """uvicorn on 127.0.0.1 with a free port, in a thread (real sockets, real HTTP)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
+        """``options``: more of ``uvicorn.Config``'s (``http=`` a protocol class)."""
         import uvicorn  # here, not at the top: ``thoughtgate run`` subprocesses import this module
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **options
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base_url = ""
@@ -275,6 +278,8 @@ class Daemon:
     keys: dict[str, str]
     store: EventStore
     app: Any
+    server: Any = None
+    """The ``uvicorn.Server`` serving it (``server_state.connections``: its open ones)."""
 
     def client(self, role: str | None = None, **kw: Any) -> httpx.Client:
         headers = auth(self.keys[role]) if role else {}
@@ -581,7 +586,7 @@ def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Ite
     app = create_app(store, config, tools=server_tools(), **app_options)
     try:
         with ThreadServer(app) as server:
-            yield Daemon(server.base_url, keys, store, app)
+            yield Daemon(server.base_url, keys, store, app, server.server)
     finally:
         asyncio.run(store.close())
 

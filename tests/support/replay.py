@@ -357,6 +357,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=lambda: dict(SSE_HEADERS))
     stall: bool = False  # send headers and pieces, then never finish
     hang_up: bool = False  # close the connection after answering, without saying so first
+    pause_s: float = 0.0  # between pieces (each its own network read)
 
 
 @dataclass
@@ -428,7 +429,7 @@ class ReplayServer:
             if piece:
                 writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
                 await writer.drain()
-                await asyncio.sleep(0)
+                await asyncio.sleep(reply.pause_s)
         if not reply.stall:
             writer.write(b"0\r\n\r\n")
             await writer.drain()

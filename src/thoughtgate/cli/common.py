@@ -18,6 +18,7 @@ from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.config import Config, load_config, resolve_store
 from thoughtgate.errors import AccessDeniedError, RunNotFoundError, ThoughtgateError, UsageError
+from thoughtgate.inert import inert_line, inert_text
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.urls import open_store
 
@@ -91,35 +92,6 @@ def run_async(
         return runner(_sharing_clients(coro))
 
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-"""C0, DEL and C1: shown as ``\\x1b``, never sent to the terminal as they are."""
-
-
-def _inert(line: str) -> str:
-    """A line for the terminal with every control character shown, not obeyed: an error may
-    quote words another program chose (a server at ``--url`` or a proxy in front of it, a
-    driver), and an escape sequence in them would retitle, clear or rewrite the terminal (red
-    team, ADR 0135)."""
-    return line.translate(_CONTROLS)
-
-
-_TEXT_CONTROLS: dict[int, str | None] = {
-    **{c: v for c, v in _CONTROLS.items() if c not in (0x09, 0x0A)},
-    0x0D: None,
-}
-"""As ``_CONTROLS``, but a tab and a line break stay what they are (text spans lines), and a
-carriage return goes, as rich drops it: a model's ``\r\n`` line ends are line breaks."""
-
-
-def inert_text(value: object) -> str:
-    """Data for the terminal -- a model's answer or reasoning, a tool's input or output, a
-    provider's words -- with every control character but tab and line break shown, not obeyed.
-    A model can be led (by a web page or a tool result it read) to write an escape sequence, and
-    rich passes ESC through: it would retitle, clear or rewrite the reader's terminal, or plant
-    a link (red team, ADR 0135)."""
-    return str(value).translate(_TEXT_CONTROLS)
-
-
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """A ThoughtgateError raised inside becomes one clear line on stderr (one line per problem,
@@ -131,10 +103,12 @@ def one_line_errors() -> Iterator[None]:
         # The message is plain text: brackets in it ("thoughtgate[mcp]") are not markup. One
         # line, never wrapped at the terminal's width: a path, URL or run id broken by a newline
         # cannot be copied, nor found by a script reading stderr.
-        # Several problems found at once (a config file's) are one line each.
+        # Several problems found at once (a config file's) are one line each. An error may quote
+        # words another program chose (a server at --url, a driver): their control characters are
+        # shown, not obeyed (red team, ADR 0135).
         for line in str(exc).splitlines() or [""]:
             err_console.print(
-                f"[bold red]error:[/] {escape(_inert(line))}",
+                f"[bold red]error:[/] {escape(inert_line(line))}",
                 highlight=False,
                 markup=True,
                 soft_wrap=True,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import typer
 from rich.markup import escape
@@ -19,6 +18,7 @@ from rich.text import Text
 from thoughtgate.cli.common import Context, console, run_async
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+from thoughtgate.errors import public_url
 from thoughtgate.store.urls import describe_store
 
 if TYPE_CHECKING:
@@ -76,7 +76,10 @@ def _viewer_hint(run_id: str, db_url: str, db: str | None, config_path: str | No
         )
     words = ["thoughtgate", "events", run_id, "--view-as", "viewer"]
     if db is not None:
-        words += ["--db", "URL" if urlsplit(db).password else db]
+        # A server's URL with a user, a password or a query, or one that cannot be read, is not
+        # shown: a password typed with a bare "/" or "?" is where urlsplit finds no password.
+        local = db.startswith(("sqlite:", "memory:"))
+        words += ["--db", db if local or public_url(db) == db else "URL"]
     if config_path is not None:
         words += ["--config", config_path]
     command = " ".join(shlex.quote(w) if w != "URL" else w for w in words)

@@ -104,11 +104,12 @@ class StoreReader:
         return filter_events(raw, self.reader, mode=run.chain_of_thought)
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        from thoughtgate.access.filter import filter_event
+        from thoughtgate.access.filter import event_filter
 
         run = await self.store.get_run(run_id)
+        show = event_filter(self.reader, mode=run.chain_of_thought)  # resolved once (ADR 0143)
         async for event in self.store.tail(run_id, after=after):
-            shown = filter_event(event, self.reader, mode=run.chain_of_thought)
+            shown = show(event)
             if shown is not None:
                 yield shown
 

@@ -130,10 +130,13 @@ async def _print_live(events: AsyncIterator[Event]) -> None:
     printer.end()
 
 
-async def _until_done(done: Awaitable[Any], stop: Callable[[str], Awaitable[None]]) -> None:
+async def _until_done(
+    done: Awaitable[Any], stop: Callable[[str], Awaitable[None]]
+) -> Exception | None:
     """Wait for ``done`` (shielded). Ctrl-C (a cancel of the calling task) or SIGTERM instead
     calls ``stop`` with the reason, which must see the run recorded as interrupted; the command
-    then goes on to print the run's view instead of propagating the cancel."""
+    then goes on to print the run's view instead of propagating the cancel. Returns the failure
+    ``done`` ended with, if any, for :func:`_ended_or_raise`."""
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
     reason = INTERRUPTED_BY_USER
@@ -154,11 +157,30 @@ async def _until_done(done: Awaitable[Any], stop: Callable[[str], Awaitable[None
             main.uncancel()
     except RunTakenOverError:
         raise  # its end is another execution's: this process must not show it as ended here
-    except Exception:  # recorded on the run (run.failed / run.error); its view says what
-        pass
+    except Exception as exc:  # recorded on the run (run.failed / run.error); its view says what
+        return exc
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGTERM)
+    return None
+
+
+def _ended_or_raise(run: RunRecord, failure: Exception | None) -> RunRecord:
+    """``run`` as read after its execution here ended, when that recorded its end. An execution
+    that left the run open could not record the end (the store refused it: full, locked past
+    its timeout, its file removed, its server gone; ADR 0149): printing the view would show the
+    run still ``running`` after this process is gone, with nothing saying why, so the command
+    fails instead (exit 1), with the failure when the execution raised it (a durable one logs it
+    on stderr, as its workflow's outcome, and returns)."""
+    from thoughtgate.errors import RuntimeFailure, failure_text
+    from thoughtgate.store.records import OPEN_RUN_STATUSES
+
+    if run.status not in OPEN_RUN_STATUSES:
+        return run
+    said = f"run {run.run_id} stopped without recording its end, and the store still shows it "
+    if failure is None:
+        raise RuntimeFailure(said + run.status)
+    raise RuntimeFailure(f"{said}{run.status}: {failure_text(failure)}") from failure
 
 
 async def execute_and_follow(
@@ -200,7 +222,7 @@ async def execute_and_follow(
             await job
 
     try:
-        await _until_done(job, stop)
+        failure = await _until_done(job, stop)
     finally:
         for follower in followers:
             try:
@@ -209,7 +231,8 @@ async def execute_and_follow(
                 follower.cancel()
     if not created:
         await job  # no run: its error (the request refused, or the cancel before it existed)
-    return filter_run(await runtime.store.get_run(created[0].run_id), role)
+    run = _ended_or_raise(await runtime.store.get_run(created[0].run_id), failure)
+    return filter_run(run, role)
 
 
 async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: bool) -> RunView:

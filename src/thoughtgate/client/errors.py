@@ -20,7 +20,15 @@ valid API key (Authorization: Bearer KEY) or live ticket") says it is this clien
 provider the daemon is not configured for (``503 provider_not_configured``) adds that no run
 was started. The rejected and daemon errors also carry ``status`` and ``code``. A 4xx answer in
 no daemon's words (another server at that address) is ``RequestRejectedError`` with the code
-``not_a_daemon``, saying so; a 5xx one keeps its own words.
+``not_a_daemon``, saying so; a 5xx one keeps its own words (its first 200 characters).
+
+Whatever the answer says is another program's text until proven otherwise: a client pointed at
+a mistyped or hostile address, or at a proxy, gets whatever that server sends. An error's text
+-- what ``str(exc)`` gives a library user's log and terminal -- shows its control characters as
+``\\x1b`` and the like (tab and line break stay; ``thoughtgate.inert``), keeps to 2000 characters
+(then "… (N characters in all)"), and a ``code`` is one only when it is an identifier.
+``RequestRejectedError`` and ``DaemonError`` keep the answer's body, as it came, on ``body``
+(ADR 0135, amendment 4). A daemon's own words are shown as they are.
 """
 
 from __future__ import annotations
@@ -35,11 +43,14 @@ from thoughtgate.errors import (
     RunNotFoundError,
     RuntimeFailure,
     UsageError,
+    identifier,
     public_url,
 )
+from thoughtgate.inert import bounded, inert_text
 
 __all__ = [
     "KEY_REFUSED",
+    "MESSAGE_LIMIT",
     "DaemonError",
     "DaemonUnreachableError",
     "KeyRefusedError",
@@ -49,6 +60,17 @@ __all__ = [
 
 KEY_REFUSED = "it is unknown or revoked; ask the daemon's operator for one"
 """Why a daemon refuses a key, and what to do."""
+
+MESSAGE_LIMIT = 2000
+"""The most characters of an answer's words an error's text shows (a daemon's are far fewer)."""
+
+_PLAIN_LIMIT = 200
+"""The most characters shown of an answer in no daemon's words (a proxy's error page)."""
+
+
+def _shown(text: str) -> str:
+    """An answer's words as an error's text may hold them: bounded, control characters inert."""
+    return inert_text(bounded(text, MESSAGE_LIMIT))
 
 
 class KeyRefusedError(AuthenticationError):
@@ -61,22 +83,28 @@ class KeyRefusedError(AuthenticationError):
 class RequestRejectedError(UsageError):
     """The daemon refused the request as invalid (400, 404 other than a run, 409, 413, 422)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, body: str | None = None) -> None:
         self.status = status
         self.code = code
-        self.message = message
-        super().__init__(f"[{status} {code}] {message}")
+        self.message = _shown(message)
+        self.body = body
+        """The answer's body as it came (``None`` when the error was not made from one)."""
+        super().__init__(f"[{status} {code}] {self.message}")
 
 
 class DaemonError(RuntimeFailure):
     """The daemon failed (5xx), answered something unreadable, or could not be reached."""
 
-    def __init__(self, message: str, *, status: int | None = None, code: str = "") -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str = "", body: str | None = None
+    ) -> None:
         self.status = status
         self.code = code
-        self.message = message
+        self.message = _shown(message)
+        self.body = body
+        """The answer's body as it came (``None`` when the error was not made from one)."""
         bits = " ".join(b for b in (str(status) if status else "", code) if b)
-        super().__init__(f"[{bits}] {message}" if bits else message)
+        super().__init__(f"[{bits}] {self.message}" if bits else self.message)
 
 
 class DaemonUnreachableError(DaemonError):
@@ -85,19 +113,20 @@ class DaemonUnreachableError(DaemonError):
 
 def _error_body(response: httpx.Response) -> tuple[str, str] | None:
     """The daemon's ``(code, message)``; ``None`` for an answer in no daemon's words (another
-    server at that address, a proxy in front of it)."""
+    server at that address, a proxy in front of it). A code that is not an identifier is none:
+    a caller compares it, and an error's text shows it."""
     try:
         body: Any = response.json()
     except ValueError:
         return None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
-        return str(error.get("code") or ""), str(error.get("message") or "")
+        return identifier(str(error.get("code") or "")) or "", str(error.get("message") or "")
     return None
 
 
 def _plain(response: httpx.Response) -> str:
-    return response.text[:200] or response.reason_phrase
+    return bounded(response.text, _PLAIN_LIMIT) or response.reason_phrase
 
 
 def _not_a_daemon(response: httpx.Response) -> str:
@@ -126,21 +155,22 @@ def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -
         code, message = said
     elif status < 500:  # a client error in no daemon's words: most likely not the daemon
         code, message = "not_a_daemon", _not_a_daemon(response)
-    else:  # (a daemon's own crash, or a proxy's: its words, as they are)
+    else:  # (a daemon's own crash, or a proxy's: its words, shown inert)
         code, message = "", _plain(response)
     if status == 401:
         if code.startswith("ticket_"):
-            raise AuthenticationError(message or "the daemon did not accept the ticket")
+            raise AuthenticationError(_shown(message) or "the daemon did not accept the ticket")
         raise KeyRefusedError
     if status == 403:
-        raise AccessDeniedError(message or "the key's role does not allow this")
+        raise AccessDeniedError(_shown(message) or "the key's role does not allow this")
     if status == 404 and run_id is not None and message == str(RunNotFoundError(run_id)):
         raise RunNotFoundError(run_id)  # (a 404 for something else, e.g. no pending approval)
+    body = response.text
     if status < 500:
-        raise RequestRejectedError(status, code or "error", message)
+        raise RequestRejectedError(status, code or "error", message, body=body)
     if code == "provider_not_configured":
         message += (
             ": no run was started (choose another model, or ask the daemon's operator to set "
             "this provider up)"
         )
-    raise DaemonError(message or "the daemon failed", status=status, code=code)
+    raise DaemonError(message or "the daemon failed", status=status, code=code, body=body)

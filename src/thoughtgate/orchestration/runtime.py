@@ -191,6 +191,7 @@ def provider_settings_from_config(
         timeout_s=endpoint.timeout_s,
         connect_timeout_s=endpoint.connect_timeout_s,
         max_retries=endpoint.max_retries,
+        max_event_bytes=endpoint.max_event_bytes,
         extra={"thoughtgate": options} if options else {},
     )
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from thoughtgate.errors import UnknownProviderError
 from thoughtgate.providers.registry import ENDPOINTS
+from thoughtgate.providers.sse import DEFAULT_MAX_EVENT_BYTES
 from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
 
 __all__ = [
@@ -101,6 +102,9 @@ class ProviderSettings:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_retries: int = 2
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    """The largest streamed event read (bytes); a stream holding more of one unfinished event
+    fails the turn (:class:`~thoughtgate.errors.MalformedResponseError`, ADR 0147)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

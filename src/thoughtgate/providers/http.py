@@ -53,7 +53,7 @@ from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
 from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
 from thoughtgate.providers.h11_body import BODY_READS
-from thoughtgate.providers.sse import SSEDecoder, SSEMessage
+from thoughtgate.providers.sse import SSEDecoder, SSEEventTooLarge, SSEMessage
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -102,6 +102,20 @@ def should_retry(status: int, headers: Mapping[str, str]) -> bool:
     if verdict == "false":
         return False
     return status in RETRYABLE_STATUSES
+
+
+async def _body_at_most(response: httpx.Response, limit: int) -> bytes | None:
+    """A response's whole (decoded) body, or ``None`` as soon as it passes ``limit`` bytes,
+    the rest left unread (the response's close drops the connection): a provider's answer
+    that never ends holds no more than that (ADR 0147)."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.aiter_bytes():
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+    return b"".join(parts)
 
 
 def transport_error(
@@ -396,11 +410,16 @@ class HTTPTransport:
         return base * (0.5 + random.random() / 2)
 
     async def _error(self, response: httpx.Response) -> ProviderHTTPError:
-        raw = await response.aread()
-        try:
-            body: Any = json.loads(raw) if raw else {}
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
-            body = raw.decode("utf-8", errors="replace")[:500]
+        limit = self.settings.max_event_bytes
+        raw = await _body_at_most(response, limit)
+        body: Any
+        if raw is None:  # read no further: its words cannot be worth that much memory
+            body = f"an error body longer than {limit} bytes (providers.*.max_event_bytes)"
+        else:
+            try:
+                body = json.loads(raw) if raw else {}
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
+                body = raw.decode("utf-8", errors="replace")[:500]
         info = error_info(body)
         status = response.status_code
         return ProviderHTTPError(
@@ -502,7 +521,7 @@ class HTTPTransport:
         Adapters on a hot path consume these to pay the async-iteration cost per read rather than
         per event, and may merge the deltas of one read (they arrived at the same moment).
         """
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.settings.max_event_bytes)
         # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
         # decoding layer would cost an async generator step and two calls per read for nothing;
         # from an HTTP/1.1 connection of the shared clients, past httpx altogether, every chunk
@@ -516,24 +535,49 @@ class HTTPTransport:
             reads = body()
         else:
             reads = response.aiter_raw() if raw else response.aiter_bytes()
+        # Bytes that complete no event (keep-alive comments, an event trickling in) keep httpx's
+        # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147).
+        quiet_since: float | None = None
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)
                 if batch:
+                    quiet_since = None
                     yield batch
+                elif quiet_since is None:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > self.settings.timeout_s:
+                    raise ProviderTimeoutError(
+                        f"the stream sent no event for {self.settings.timeout_s:g} s, only "
+                        "keep-alive comments or part of an event (providers.*.timeout_s)",
+                        provider=self.provider,
+                    )
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, "body") from exc
+        except SSEEventTooLarge as exc:
+            raise MalformedResponseError(
+                f"the stream sent an event of more than {exc.limit} bytes without ending it "
+                "(providers.*.max_event_bytes)",
+                provider=self.provider,
+            ) from None
         tail = decoder.flush()
         if tail:
             yield tail
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A non-streamed call; returns the decoded JSON object."""
+        limit = self.settings.max_event_bytes
         async with self.open(path, body, stream=False) as response:
             try:
-                raw = await response.aread()
+                read = await _body_at_most(response, limit)
             except httpx.HTTPError as exc:
                 raise self._transport_error(exc, "body") from exc
+        if read is None:
+            raise MalformedResponseError(
+                f"the answer is longer than {limit} bytes (providers.*.max_event_bytes)",
+                provider=self.provider,
+            )
+        raw = read
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:

@@ -11,7 +11,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import NamedTuple
 
-__all__ = ["SSEDecoder", "SSEMessage", "aiter_sse"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEDecoder", "SSEEventTooLarge", "SSEMessage", "aiter_sse"]
+
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""16 MiB: far above any event a provider streams (a delta is bytes to kilobytes; the largest, a
+Responses stream's ``response.completed``, repeats the turn's output), far below what a daemon
+running dozens of turns can hold per stream."""
+
+
+class SSEEventTooLarge(ValueError):
+    """An event still unfinished past the decoder's ``max_event_bytes`` (a line that never ends,
+    or a block with no blank line after it): reading on would hold a stream's bytes without
+    bound (ADR 0147)."""
+
+    def __init__(self, held: int, limit: int) -> None:
+        super().__init__(f"an SSE event still unfinished after {held} bytes (the limit is {limit})")
+        self.held = held
+        self.limit = limit
 
 
 class SSEMessage(NamedTuple):
@@ -34,7 +50,10 @@ class SSEDecoder:
     cost stays linear however the bytes are split.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self.max_event_bytes = max_event_bytes
+        """The most bytes of one unfinished event held (``None``: no limit); past them,
+        :meth:`feed` raises :class:`SSEEventTooLarge`."""
         self._buf = bytearray()  # the unfinished event, line ends already normalized to \n
         self._cr = False  # the last chunk ended in \r, which may be the first half of \r\n
         self._id: str | None = None
@@ -56,11 +75,19 @@ class SSEDecoder:
         buf += chunk
         end = buf.rfind(b"\n\n", start)
         if end < 0:
+            self._bounded(len(buf))
             return []
         # "\n\n" never sits inside a UTF-8 sequence, so the complete events decode safely
         text = buf[:end].decode("utf-8", errors="replace")
         del buf[: end + 2]
+        self._bounded(len(buf))
         return self._events(text.split("\n\n"))
+
+    def _bounded(self, held: int) -> None:
+        limit = self.max_event_bytes
+        if limit is not None and held > limit:
+            self._buf = bytearray()  # what it held is no event: not kept past the error
+            raise SSEEventTooLarge(held, limit)
 
     def flush(self) -> list[SSEMessage]:
         """The last event, if the stream ended without a blank line after it."""

@@ -25,7 +25,7 @@ from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
-from thoughtgate.server.middleware import READ_BODY
+from thoughtgate.server.middleware import AUTHENTICATED, READ_BODY
 from thoughtgate.server.state import state_of
 
 __all__ = [
@@ -137,7 +137,10 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
     """
     state = state_of(request)
     if endpoint.auth == "bearer":
-        principal = await authenticate(state.store, request.headers.get("authorization"))
+        # checked already by the body's reader when the body is large
+        principal: Principal | None = request.scope.pop(AUTHENTICATED, None)
+        if principal is None:
+            principal = await authenticate(state.store, request.headers.get("authorization"))
         require_role(principal.role, endpoint.role or Role.VIEWER, endpoint.summary)
         return principal
     if endpoint.auth == "ticket":

@@ -220,7 +220,11 @@ def create_app(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],
         middleware=[
             Middleware(OverheadHeaderMiddleware),
-            Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes),
+            Middleware(
+                BodyLimitMiddleware,
+                max_body_bytes=config.server.max_body_bytes,
+                keys=runtime.store,
+            ),
         ],
         exception_handlers=exception_handlers(),
         lifespan=lifespan,

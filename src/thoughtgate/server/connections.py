@@ -7,6 +7,12 @@ a first response) and accepts until the process runs out of file descriptors; fr
 
 * ``header_timeout_s``: a request head must be complete this long after the connection opened (or
   after the previous response); a silent or trickling ("slowloris") connection is closed.
+* ``max_header_bytes``: a request head longer than this is answered ``431`` and the connection
+  closed; uvicorn's httptools protocol (the daemon's) has no limit of its own, and held 1.9 GB of
+  one connection's header lines within the head's deadline (ADR 0147).
+* ``body_timeout_s``: a request whose body is still arriving when the head's deadline passes
+  gets this long more for the rest of it, then ``408`` and the connection is closed; a body that
+  trickles in holds no connection (nor the bytes read of it) for ever (ADR 0147).
 * ``idle_timeout_s``: an idle keep-alive connection closes after this long (uvicorn's
   ``timeout_keep_alive``).
 * ``max_connections``: at most this many open connections, kept below the open-file limit
@@ -56,10 +62,32 @@ _TOO_MANY = (
 )
 
 
+def _error_answer(status: str, code: str, message: str) -> bytes:
+    """A JSON error answer the connection writes itself, closing the connection after it."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return (
+        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%b" % (status.encode(), len(body), body)
+    )
+
+
+def _too_slow(body_timeout_s: float) -> bytes:
+    """The ``408`` a request gets whose body did not arrive in time (written by the connection,
+    not the app: the app is still waiting for that body)."""
+    return _error_answer(
+        "408 Request Timeout",
+        "request_timeout",
+        "the request body did not arrive in time (server.body_timeout_s: "
+        f"{body_timeout_s:g} s after server.header_timeout_s)",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     max_connections: int
     header_timeout_s: float
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
 
 
 def connection_budget(configured: int) -> tuple[int, int | None]:
@@ -166,9 +194,19 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
     ``response_started``, ``chunked_encoding``, ``response_complete`` and ``scope``.
     """
 
+    too_slow = _too_slow(limits.body_timeout_s)
+    too_long = _error_answer(
+        "431 Request Header Fields Too Large",
+        "header_too_large",
+        f"the request head is longer than {limits.max_header_bytes} bytes "
+        "(server.max_header_bytes)",
+    )
+
     class Guarded(base):  # type: ignore[valid-type, misc]
         _tg_waiting_since: float = 0.0
         _tg_waiting_for: object = None
+        _tg_body_of: object = None
+        _tg_head_bytes: int = 0
         _tg_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -182,6 +220,28 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 transport.close()
                 return
             self._tg_wait_for_request()
+
+        def data_received(self, data: bytes) -> None:
+            """Count the bytes of a head still arriving: those that come while no body is (a
+            head's, even a pipelined one's), until a head is complete."""
+            before = self.cycle
+            counted = before is None or not before.more_body
+            super().data_received(data)
+            if self.cycle is not before:
+                self._tg_head_bytes = 0
+            elif counted:
+                self._tg_head_bytes += len(data)
+                if self._tg_head_bytes > limits.max_header_bytes:
+                    self._tg_head_too_long(before)
+
+        def _tg_head_too_long(self, cycle: Any) -> None:
+            self._tg_head_bytes = 0
+            if self.transport.is_closing():
+                return
+            log.info("closed a connection whose request head passed server.max_header_bytes")
+            if cycle is None or cycle.response_complete:  # nothing else is being answered
+                self.transport.write(too_long)
+            self.transport.close()
 
         def on_headers_complete(self) -> None:  # uvicorn's httptools protocol only
             before = self.cycle
@@ -209,9 +269,23 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
             self._tg_timer = self.loop.call_later(limits.header_timeout_s, self._tg_no_request)
 
         def _tg_no_request(self) -> None:
+            """The head's deadline (then, for a body still arriving, the body's) has passed."""
             self._tg_timer = None
-            if _waiting(self) and not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if _waiting(self):
                 self.transport.close()
+                return
+            cycle = self.cycle
+            if not _reading_body(cycle):
+                return  # the request is in: its answer is the app's business
+            if cycle is not self._tg_body_of:  # the body's own deadline starts now
+                self._tg_body_of = cycle
+                self._tg_timer = self.loop.call_later(limits.body_timeout_s, self._tg_no_request)
+                return
+            log.info("closed a connection whose request body did not arrive in time")
+            self.transport.write(too_slow)
+            self.transport.close()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
@@ -221,6 +295,16 @@ def _waiting(conn: Any) -> bool:
     """No request head has arrived since the connection began waiting for one."""
     cycle = conn.cycle
     return bool(cycle is conn._tg_waiting_for and (cycle is None or cycle.response_complete))
+
+
+def _reading_body(cycle: Any) -> bool:
+    """A request whose body has not all arrived and that nothing was answered to yet (an app
+    that answers without reading the body, a ``401``, is not kept waiting on it)."""
+    return bool(
+        cycle is not None
+        and getattr(cycle, "more_body", False)
+        and not getattr(cycle, "response_started", True)
+    )
 
 
 def _over_limit(connections: set[Any], limit: int) -> bool:

@@ -363,12 +363,18 @@ class LiveReader:
             if event.seq <= self.cursor:
                 continue
             if event.seq > self.cursor + 1:  # the feed is ahead of us: fill the gap from the store
+                # a page at a time: a reader that fell far behind a busy run reads its gap as it
+                # reads a replay, not all at once (ADR 0147)
+                missing = event.seq - 1 - self.cursor
                 gap = await self.store.read(
-                    self.run_id, after=self.cursor, limit=event.seq - 1 - self.cursor
+                    self.run_id, after=self.cursor, limit=min(missing, _PAGE)
                 )
                 batch += self._accept(gap)
                 if self._done:
                     return batch
+                if missing > _PAGE and len(gap) == _PAGE:  # more of it: in the next call
+                    sub.inbox.appendleft(event)
+                    break
                 if self.cursor != event.seq - 1:  # cannot happen with gap-free sequences
                     raise RuntimeError(
                         f"run {self.run_id}: events {self.cursor + 1}.. not readable"

@@ -84,6 +84,10 @@ class RunManager:
         self._ended: dict[str, str] = {}
         """``chain_of_thought`` of the last ``_ENDED`` runs whose task here is over (see
         ``executed_mode``), oldest first."""
+        self._stopped: dict[str, str] = {}
+        """Why the execution here of each of the last ``_ENDED`` runs that stopped with a
+        failure stopped (its public words): what the sweep that closes such a run, left open
+        because its end could not be recorded, says of it (ADR 0149)."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()
@@ -316,7 +320,11 @@ class RunManager:
             raise
         except Exception as exc:  # recorded as run.failed / run.error, or the runtime said not
             # its words may be a provider's, quoting reasoning: described, never quoted
-            log.warning("run %s stopped: %s", run_id, failure_text(exc))
+            why = failure_text(exc)
+            log.warning("run %s stopped: %s", run_id, why)
+            self._stopped[run_id] = why
+            if len(self._stopped) > _ENDED:
+                del self._stopped[next(iter(self._stopped))]
 
     # ------------------------------------------------------------------ resume
     async def resume(self, run_id: str) -> RunRecord:
@@ -426,6 +434,7 @@ class RunManager:
             on_queue=engine.on_queue if engine is not None else None,
             lost_after_s=self.runtime.leases.ttl_s,
             cursor=self._open_runs,
+            stopped=self._stopped,
         )
         if engine is not None:
             await self._heartbeat()

@@ -6,6 +6,10 @@ background, so this is all our own processing). On an SSE stream it is the time 
 
 The body limit (``server.max_body_bytes``) is enforced before any route reads the body: by
 ``Content-Length`` when given, else while reading a chunked body; both end in ``413`` with JSON.
+A body larger than uvicorn holds of it anyway (64 KiB), or of no declared length, is read only
+for a caller whose API key is valid: anyone else is answered (``401``) without it, so that
+connections without a key cannot make the daemon hold ``max_body_bytes`` each (ADR 0147). The
+key found is handed to the route (``AUTHENTICATED``), which does not look it up again.
 """
 
 from __future__ import annotations
@@ -14,9 +18,17 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.server.errors import error_response
+from thoughtgate.store.key_store import KeyStore
 
-__all__ = ["OVERHEAD_HEADER", "READ_BODY", "BodyLimitMiddleware", "OverheadHeaderMiddleware"]
+__all__ = [
+    "AUTHENTICATED",
+    "OVERHEAD_HEADER",
+    "READ_BODY",
+    "BodyLimitMiddleware",
+    "OverheadHeaderMiddleware",
+]
 
 OVERHEAD_HEADER = "x-thoughtgate-overhead-ms"
 _OVERHEAD_KEY = OVERHEAD_HEADER.encode("ascii")
@@ -24,6 +36,12 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_BODY = "thoughtgate.body"
 """The scope's key for a request's whole body, read by :class:`BodyLimitMiddleware`, until a
 route takes it (``server.api.parse_body``) or the app's ``receive`` hands it over."""
+AUTHENTICATED = "thoughtgate.principal"
+"""The scope's key for the caller :class:`BodyLimitMiddleware` authenticated before it read a
+large body: the route's bearer check takes it instead of looking the key up again."""
+_KEY_FIRST_BYTES = 64 * 1024
+"""Bodies larger than this (or of no declared length) are read only for a valid API key: up to
+it, uvicorn holds a body's bytes before the app asks for them anyway."""
 
 
 class OverheadHeaderMiddleware:
@@ -47,9 +65,12 @@ class OverheadHeaderMiddleware:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, keys: KeyStore | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.keys = keys
+        """Where API keys are checked before a large body is read (``None``: never checked
+        here, every body is read)."""
 
     def _too_large(self) -> ASGIApp:
         return error_response(
@@ -68,6 +89,12 @@ class BodyLimitMiddleware:
         if declared is not None and declared > self.max_body_bytes:
             await self._too_large()(scope, receive, send)
             return
+        if self.keys is not None and (declared is None or declared > _KEY_FIRST_BYTES):
+            principal = await self._caller(scope)
+            if principal is None:  # the route refuses it (401) without reading its body
+                await self.app(scope, receive, send)
+                return
+            scope[AUTHENTICATED] = principal
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -93,6 +120,20 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _caller(self, scope: Scope) -> Principal | None:
+        """The request's API key, if it is valid; ``None`` for anything else, which the route's
+        own check then answers as it always does (a missing or revoked key, a store error)."""
+        assert self.keys is not None
+        header = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        try:
+            return await authenticate(self.keys, header)
+        except Exception:
+            return None
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -165,7 +165,12 @@ async def serve_app(
             state.server.max_connections,
             open_files,
         )
-    limits = ConnectionLimits(max_connections, state.server.header_timeout_s)
+    limits = ConnectionLimits(
+        max_connections,
+        state.server.header_timeout_s,
+        state.server.body_timeout_s,
+        state.server.max_header_bytes,
+    )
     config = uvicorn.Config(
         app,
         host=host,

@@ -384,6 +384,16 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
     direct.end = end
 
 
+def _abort(scope: Scope) -> None:
+    """Drop the connection of ``scope`` at once, with whatever it holds unsent (uvicorn's
+    connection, found through its ``send``; any other server closes it itself)."""
+    cycle = getattr(scope.get(SERVER_SEND), "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    abort = getattr(transport, "abort", None)
+    if abort is not None:
+        abort()
+
+
 class LiveResponse(Response):
     """An ASGI response for a stream of SSE chunks: one socket write per chunk.
 
@@ -465,7 +475,10 @@ class LiveResponse(Response):
             if ended[0] == "server stopping":  # end the response properly
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # disconnected: nobody to tell; send timed out: a write would block again, so the
-            # server closes the connection (and says the response was cut)
+            # connection is dropped with what waits to be sent (a close would wait for the
+            # client to read it first, for ever: ADR 0147)
+            if ended[0] == "send timed out":
+                _abort(scope)
         finally:
             active = False
             if self.direct is not None:

@@ -509,6 +509,7 @@ async def close_orphaned_runs(
     lost_after_s: float = DEFAULT_LEASE_TTL_S,
     cursor: SweepCursor | None = None,
     page: int = OPEN_RUNS_PAGE,
+    stopped: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Close every open run whose owner is gone (see the module docstring) -- or, for a durable
     run, release it to resume; returns the ids of the runs closed. ``executing``: the runs this
@@ -517,6 +518,9 @@ async def close_orphaned_runs(
     ``on_queue`` (with ``requeue``): queued runs on no queue for ``lost_after_s`` are put back
     (:func:`_requeue_lost`). ``cursor``: a periodic sweep's place among the open runs, which it
     reads ``page`` at a time (:func:`_runs_to_decide`, ADR 0074); without one, every open run.
+    ``stopped``: why this process's execution of a run stopped, by run id; a run of its own it
+    closes as :data:`ABANDONED` says that too (the store refused its end: full, locked, gone;
+    ADR 0149), not only that its end was not recorded.
 
     A daemon sweeps every two thirds of a lease, and runs suspended for an approval can number
     thousands, so it decides from what ``open_runs`` returns (owner, lease, ``queued_at``):
@@ -554,6 +558,8 @@ async def close_orphaned_runs(
     for run, reason in orphans:
         # A lease-based verdict holds only while the lease stays expired; a dead pid is final.
         expired_by = found.now if reason in (EXPIRED, ABANDONED) else None
+        if reason == ABANDONED and stopped is not None and run.run_id in stopped:
+            reason = f"{ABANDONED} ({stopped[run.run_id]})"
         spec = specs.get(run.run_id)
         if spec is not None and spec.durable:
             await _release_durable(store, run, spec, reason, expired_by, requeue)

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import urllib.parse
 
@@ -30,6 +29,7 @@ from thoughtgate.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
     quoting,
+    unquoted,
 )
 
 __all__ = ["describe_target", "translate_error"]
@@ -60,34 +60,83 @@ def _login_refused(exc: psycopg.Error) -> bool:
 
 
 _MASK = "***"
-_URL_DELIMITERS = re.compile(r"[@/?#:]")
+_PIECE_DELIMITERS = re.compile(r"[@/?#:,&=]")
+"""Where libpq's URL parse may cut a password typed without its escapes: the user info, host,
+port, database and query delimiters, and the separators of hosts and parameters."""
+_PARSED_APART = ("user", "host", "hostaddr", "port", "dbname")
+"""What libpq parses out of a URL's user info, host and path, where no ``@`` belongs."""
 
 
-def _password_pieces(conninfo: str) -> list[str]:
-    """The password ``conninfo`` holds, and, for a URL, every piece of the text where it was
-    typed: a password with ``@``, ``/``, ``?`` or ``#`` in it, not percent-encoded, is parsed
-    into the host, port or database, where no parsed ``password`` names it (red team, ADR 0135).
-    Longest first; pieces of one character are left (they would mask every digit)."""
-    pieces: set[str] = set()
-    with contextlib.suppress(psycopg.ProgrammingError):
-        password = psycopg.conninfo.conninfo_to_dict(conninfo).get("password")
-        if password:
-            pieces.add(str(password))
+def _typed_password(conninfo: str) -> str | None:
+    """The text typed where a URL's password may be, read as widely as it can be: from the
+    ``:`` after the user to the last ``@`` (a password holding ``@``, ``/``, ``?`` or ``#``
+    unescaped ends there, whatever libpq made of it); ``None`` when there is no such text."""
     _, sep, rest = conninfo.partition("://")
-    if sep and "@" in rest:
-        _, colon, typed = rest.rsplit("@", 1)[0].partition(":")  # (up to the last @)
-        if colon and typed:
-            pieces.update((typed, urllib.parse.unquote(typed)))
-            pieces.update(_URL_DELIMITERS.split(typed))
-    return sorted((p for p in pieces if len(p) > 1), key=len, reverse=True)
+    userinfo, at, _ = rest.rpartition("@")
+    if not (sep and at):
+        return None
+    _, colon, typed = userinfo.partition(":")
+    return typed if colon and typed else None
 
 
-def _masked(text: str, conninfo: str | None) -> str:
-    if conninfo is None:
-        return text
-    for piece in _password_pieces(conninfo):
-        text = text.replace(piece, _MASK)
-    return text
+def _parsed(conninfo: str) -> dict[str, str] | None:
+    """libpq's reading of ``conninfo``: ``None`` when it cannot read it (a ``%``-escape that is
+    not UTF-8, ``%87``, is read by libpq but not decoded by psycopg)."""
+    try:
+        return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(conninfo).items()}
+    except (psycopg.ProgrammingError, UnicodeDecodeError):
+        return None
+
+
+def _read_as_typed(conninfo: str, params: dict[str, str] | None) -> bool:
+    """Whether libpq read the URL as it was meant: it could parse it, no ``@`` is in what it
+    parsed apart from the password (the user, host, port and database: a password's ``@`` cut
+    it short there), and the port is a number (a password's ``/`` made its start the port).
+    A key/value connection string is quoted by its own rules and is read as typed when it
+    parses. An ``@`` in a query value (``application_name=a@b``) is that value's."""
+    if params is None:
+        return False
+    if "://" not in conninfo:
+        return True
+    if any("@" in params.get(k, "") for k in _PARSED_APART):
+        return False
+    return all(p.isdigit() for p in params.get("port", "0").split(",") if p)
+
+
+def _worth_masking(piece: str) -> bool:
+    """A piece of punctuation shorter than three characters is not looked for: every text has
+    its own (``.``, ``-``), and it holds next to nothing of a password."""
+    return len(piece) >= 3 or any(c.isalnum() for c in piece)
+
+
+def _password_pieces(conninfo: str, params: dict[str, str] | None) -> list[str]:
+    """What of ``conninfo``'s password an error must not show, longest first.
+
+    Read as typed: the password libpq parsed (and as it was typed, escapes and all), whatever
+    its length. Otherwise the URL cannot be trusted to have kept the password apart -- libpq put
+    what followed a bare ``@`` in the host, or the text after a bare ``/`` in the port and the
+    database -- so all the text typed after the user, up to the last ``@``, is secret, and each
+    piece of it between delimiters too, one character long or more (red team, ADR 0135)."""
+    pieces: set[str] = set()
+    password = (params or {}).get("password")
+    if password:
+        pieces.add(password)
+    typed = _typed_password(conninfo)
+    if typed is not None:
+        decoded = urllib.parse.unquote(typed)
+        if _read_as_typed(conninfo, params):
+            pieces.update({typed, decoded} if decoded == password else ())
+        else:
+            for whole in (typed, decoded):
+                pieces.add(whole)
+                pieces.update(_PIECE_DELIMITERS.split(whole))
+    return sorted((p for p in pieces if p and _worth_masking(p)), key=len, reverse=True)
+
+
+def _masked(text: str, pieces: list[str]) -> str:
+    """``text`` with each piece replaced where it stands as its own word (not inside a longer
+    one: a host ``db7`` is not a password ``7``), or anywhere when it is long."""
+    return unquoted(text, [(piece, _MASK) for piece in pieces])
 
 
 _NO_DATABASE = re.compile(r'database ".*" does not exist')
@@ -103,15 +152,17 @@ def _missing_database(exc: psycopg.Error) -> bool:
 def describe_target(conninfo: str, schema: str | None = None) -> str:
     """``PostgreSQL database test at 127.0.0.1:5432, schema s`` (never the password, nor a
     piece of one a URL's parse put in the host or the database)."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
+    params = _parsed(conninfo)
+    if params is None:
         return "PostgreSQL (unparseable connection string)"
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port") or "5432"
     dbname = params.get("dbname") or params.get("user") or "(default)"
+    if not _read_as_typed(conninfo, params):  # what libpq parsed apart may hold the password
+        pieces = _password_pieces(conninfo, params)
+        host, port, dbname = (_masked(x, pieces) for x in (host, port, dbname))
     where = f"PostgreSQL database {dbname} at {host}:{port}"
-    return _masked(f"{where}, schema {schema}" if schema else where, conninfo)
+    return f"{where}, schema {schema}" if schema else where
 
 
 def translate_error(
@@ -123,7 +174,8 @@ def translate_error(
     connection string of a connection being made, whose password (or any piece of one) libpq's
     words may quote, masked in them."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    first = _masked(first, conninfo)
+    if conninfo is not None:
+        first = _masked(first, _password_pieces(conninfo, _parsed(conninfo)))
     if isinstance(exc, pg.DiskFull):
         return quoting(
             StoreError,

@@ -30,13 +30,33 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from thoughtgate.errors import UsageError
+
 __all__ = ["LOCK_POLL_S", "connect", "open_pool", "poll_advisory_lock"]
 
 Setup = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
+def _check_decodable(conninfo: str) -> None:
+    """Refuse a URL whose ``%``-escapes are not UTF-8 (a password typed as ``%87``): libpq reads
+    it, but psycopg cannot decode what libpq read and would raise ``UnicodeDecodeError`` from
+    deep inside ``connect`` -- a traceback instead of a usage error. The message names no part
+    of the URL: the undecodable piece is most likely the password."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(conninfo)
+    except UnicodeDecodeError:
+        raise UsageError(
+            "the PostgreSQL store URL holds a %-escape that is not UTF-8 text (such as %87 "
+            "alone); escape each character of a user name, password or database name as "
+            "UTF-8 (Python: urllib.parse.quote(password, safe=''))"
+        ) from None
+    except psycopg.ProgrammingError:
+        pass  # libpq's own words, translated where the connection is made
+
+
 async def connect(conninfo: str, *, application_name: str) -> psycopg.AsyncConnection[Any]:
     """One autocommit connection outside the pool (migrations, the LISTEN connection)."""
+    _check_decodable(conninfo)
     return await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, application_name=application_name
     )
@@ -84,6 +104,7 @@ async def open_pool(
     conninfo: str, *, size: int, setup: Setup, application_name: str, wait_s: float = 30.0
 ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
     """At most ``size`` connections, each set up with ``setup`` when it is opened."""
+    _check_decodable(conninfo)
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo,
         kwargs={"autocommit": True, "application_name": application_name},

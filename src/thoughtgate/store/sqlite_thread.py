@@ -22,8 +22,11 @@ a transaction of its own would give it:
   write lock, held for the whole group), so a run's sequence numbers stay gap-free and in commit
   order, with writers in other processes too;
 * a ``COMMIT`` that fails (disk full, I/O error) fails every write of the group: none is stored;
-  if SQLite abandons the whole transaction after one write's error (it may after ``SQLITE_FULL``
-  or an I/O error), that write fails and the others run again in a new transaction.
+  so does one whose file is no longer the one the path names (ADR 0149: removed -- its
+  directory with it -- or replaced while open; SQLite would go on writing into the unlinked
+  file, which nobody else can read and which is gone once the process exits); if SQLite
+  abandons the whole transaction after one write's error (it may after ``SQLITE_FULL`` or an
+  I/O error), that write fails and the others run again in a new transaction.
 
 Fewer statements per group (ADR 0030): the stdlib driver lets go of the interpreter lock
 around every statement it prepares, steps or resets. A release longer than the event loop
@@ -262,12 +265,16 @@ class SQLiteThread:
         """A pipe a failed start stopped watching, for the thread to close when it stops."""
         self._handoffs: collections.deque[tuple[list[_Outcome], Callable[[], None] | None]]
         self._handoffs = collections.deque()
+        self._file: tuple[str, int, int] | None = None
+        """The database file the connection opened: its absolute path, device and inode (set
+        once it is open; ``None`` for an in-memory database)."""
 
     async def start(self, connect: Callable[[], sqlite3.Connection], action: str) -> None:
         """Start the thread and open the connection on it (``connect`` may check and migrate)."""
 
         def run(_: sqlite3.Connection | None) -> None:
             self._conn = connect()
+            self._file = _opened_file(self.path)
 
         self._loop = asyncio.get_running_loop()
         if self.on_loop:
@@ -803,6 +810,13 @@ class SQLiteThread:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             return failed
+        gone = self._file_gone()
+        if gone is not None:  # what it committed would be kept nowhere anyone can read it
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            return failed + [
+                _Outcome(o.job, StoreError(f"cannot {o.job.action}: {gone}"), None) for o in done
+            ]
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # nothing of the group is stored
@@ -814,6 +828,28 @@ class SQLiteThread:
             ]
         self.commits += 1
         return failed + done
+
+    def _file_gone(self) -> str | None:
+        """Why a commit now would be kept nowhere, or ``None`` when the path still names the
+        file the connection opened. One ``stat`` per transaction, beside its fsync."""
+        if self._file is None:
+            return None
+        path, device, inode = self._file
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            what = "was removed (or its directory was)"
+        except OSError:  # unreadable for another reason: the commit says what is wrong, if so
+            return None
+        else:
+            if (now.st_dev, now.st_ino) == (device, inode):
+                return None
+            what = "was replaced by another file"
+        return (
+            f"SQLite database {path} {what} while this process had it open; the write was "
+            "rolled back, as what is written to the unlinked file is lost when the process "
+            "exits (restart it to open the store at that path again)"
+        )
 
     def _commit_each(self, conn: sqlite3.Connection, pending: list[_Job]) -> list[_Outcome]:
         """``pending`` in one transaction, each write in its own savepoint."""
@@ -896,6 +932,19 @@ blocks often enough, and a shorter interval measured worse)."""
 _hurry_lock = threading.Lock()
 _hurrying = 0
 _switch_interval = 0.0
+
+
+def _opened_file(path: Path | str) -> tuple[str, int, int] | None:
+    """The absolute path, device and inode of the database file just opened at ``path``
+    (``None``: an in-memory database, or nothing to compare with)."""
+    if str(path) == ":memory:":
+        return None
+    absolute = os.path.abspath(path)
+    try:
+        st = os.stat(absolute)
+    except OSError:
+        return None
+    return absolute, st.st_dev, st.st_ino
 
 
 def _hurry() -> None:

@@ -43,7 +43,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from thoughtgate.access.filter import filter_event, require_role
+from thoughtgate.access.filter import event_filter, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.disclosure import ChainOfThought
@@ -258,6 +258,7 @@ async def _frames(
         else None
     )
     try:
+        show = event_filter(principal.role, mode=run.chain_of_thought)  # once (ADR 0143)
         while not translator.finished:
             item = await queue.get()
             if item == _REVOKED:
@@ -265,7 +266,7 @@ async def _frames(
                 return
             if item is None or isinstance(item, str):
                 break
-            shown = filter_event(item, principal.role, mode=run.chain_of_thought)
+            shown = show(item)
             if shown is not None:
                 out = translator.feed(shown)
                 if out:

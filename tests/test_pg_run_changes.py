@@ -79,9 +79,12 @@ class Reader:
                 self.cursor = number
                 self.view[run.run_id] = state(run)
             if not changes:  # waits as the route does (and learns what holds it, ADR 0146)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.05):
-                        await self.store.wait_for_run_changes(self.cursor)
+                await self.store.wait_for_run_changes(self.cursor, poll_s=0.005)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # Python 3.11's wait_for may turn a cancellation that meets its poll's
+                    # timeout into that timeout, which the wait passes over: stop anyway
+                    raise asyncio.CancelledError
 
 
 async def page_then_follow(store: PostgresStore, readers: list[Reader]) -> None:

@@ -18,16 +18,12 @@ SRC = Path(thoughtgate.store.__file__).resolve().parents[2]
 
 async def changes_settled(store: Any) -> None:
     """Until no committed run-list change of ``store`` (a ``PostgresStore``) waits above the
-    horizon (ADR 0140): other tests' transactions on the same server hold it back a moment."""
-    from thoughtgate.store.postgres import _HORIZON
-
+    horizon (ADR 0140): other tests' transactions in the same database hold it back a moment;
+    other databases' (another test's) no longer, once learned as a reader learns them (ADR 0146)."""
     for _ in range(1000):
         async with store._conn("test") as conn:
-            cur = await conn.execute(
-                f"SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq >= {_HORIZON})"
-            )
-            row = await cur.fetchone()
-        if row is not None and not row[0]:
+            row = await store._horizon_read(conn, "since", {"after": 0})
+        if not row[1]:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("committed run-list changes stayed above the horizon for 10 s")

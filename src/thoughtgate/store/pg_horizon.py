@@ -1,12 +1,13 @@
-"""Telling the operator when a foreign transaction holds PostgreSQL's run lists still (ADR 0140).
+"""Telling the operator when a transaction holds PostgreSQL's run lists still (ADR 0140, 0146).
 
-Run-list changes are read below the snapshot's horizon: the oldest transaction id still running in
-the whole cluster. Any session -- another application's included -- left idle in a transaction
-after a write holds every live run list of that server until it ends. Nothing is lost (the lists
-catch up at once then), but from the outside it looks like a daemon that stopped listing runs.
-The readers already notice the case (committed changes waiting above the horizon); this turns a
-long one into one warning that names the session holding it, and one line when it lets go, so the
-operator is not left to guess.
+Run-list changes are read below the snapshot's horizon: the oldest transaction id still running
+in this database (other databases' transactions are passed over once learned, ADR 0146). Any
+session of this database -- another application's included -- left idle in a transaction after a
+write holds every live run list of the store until it ends. Nothing is lost (the lists catch up at
+once then), but from the outside it looks like a daemon that stopped listing runs. The readers
+already notice the case (committed changes waiting above the horizon, and the id holding it);
+this turns a long one into one warning that names the session holding it, and one line when it
+lets go, so the operator is not left to guess.
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ __all__ = ["HorizonWatch"]
 
 log = logging.getLogger("thoughtgate.store")
 
-_OLDEST_WRITER = (
-    "SELECT pid, coalesce(nullif(application_name, ''), '(none)'), coalesce(state, '(hidden)'), "
-    "extract(epoch FROM now() - xact_start) FROM pg_stat_activity "
-    "WHERE backend_xid IS NOT NULL ORDER BY age(backend_xid) DESC LIMIT 1"
+_HOLDER = (
+    "SELECT a.pid, coalesce(nullif(a.application_name, ''), '(none)'), "
+    "coalesce(a.state, '(hidden)'), extract(epoch FROM now() - a.xact_start) "
+    "FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) "
+    "WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
+    "AND l.transactionid::text::bigint = %(xid)s"
 )
-"""The session with the oldest transaction id this role can see (other roles' sessions show
-no ``backend_xid`` without ``pg_read_all_stats``)."""
+"""The session whose transaction holds the horizon (``pg_locks`` names every transaction's pid
+to any role; ``state`` and ``xact_start`` of another role's session need ``pg_read_all_stats``)."""
+_PREPARED = (
+    "SELECT gid, extract(epoch FROM now() - prepared) FROM pg_prepared_xacts "
+    "WHERE transaction::text::bigint = %(xid)s"
+)
 
 
 class HorizonWatch:
@@ -62,25 +69,30 @@ class HorizonWatch:
         self._since = None
         self._warned = False
 
-    async def warn(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Log the warning, naming the oldest writer this role can see."""
+    async def warn(self, conn: psycopg.AsyncConnection[Any], holder: int) -> None:
+        """Log the warning, naming the session or prepared transaction whose transaction id,
+        ``holder`` (64-bit), holds the horizon."""
         held = 0.0 if self._since is None else time.monotonic() - self._since
-        row = await (await conn.execute(_OLDEST_WRITER)).fetchone()
-        if row is None:
-            who = (
-                "a transaction this role cannot see (another role's session; grant "
-                "pg_read_all_stats to name it) or a prepared transaction (pg_prepared_xacts)"
-            )
-        else:
+        params = {"xid": holder % (1 << 32)}
+        row = await (await conn.execute(_HOLDER, params)).fetchone()
+        prepared = None if row else await (await conn.execute(_PREPARED, params)).fetchone()
+        if row is not None:
             pid, application, state, age = row
             who = (
                 f"session pid {pid} (application {application}, {state}, "
                 f"in its transaction for {float(age or 0):.0f}s)"
             )
+        elif prepared is not None:
+            who = (
+                f"prepared transaction {prepared[0]!r} (prepared {float(prepared[1]):.0f}s ago; "
+                "COMMIT PREPARED or ROLLBACK PREPARED ends it)"
+            )
+        else:
+            who = f"transaction {holder}, which had just ended or could not be placed"
         log.warning(
-            "PostgreSQL run lists have waited %.1fs for an older transaction to end: %s. Live "
-            "run lists on this server show no new changes until it ends (nothing is lost; "
-            "they catch up then). idle_in_transaction_session_timeout bounds such waits.",
+            "PostgreSQL run lists have waited %.1fs for an older transaction to end: %s. Live run "
+            "lists of this database show no new changes until it ends (nothing is lost; they "
+            "catch up then). idle_in_transaction_session_timeout bounds such waits.",
             held,
             who,
         )

@@ -18,7 +18,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 import orjson
 import psycopg
@@ -33,6 +33,7 @@ from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnd
 from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
 from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_foreign_xids import ForeignXids
 from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
@@ -236,30 +237,65 @@ _INSERT_SPEC = (
 # changes one run: a second run in the same transaction would break ``runs_by_change``'s
 # uniqueness, loudly.) Transaction ids are not handed out in commit order, so a reader takes only
 # the changes below the horizon, ``base`` plus the oldest transaction id still running in its
-# snapshot (``pg_snapshot_xmin``): every transaction below it has ended, and every transaction
+# snapshot (``pg_snapshot_xmin``; passing over other databases' transactions, ADR 0146, which
+# cannot write here): every transaction below it has ended, and every transaction
 # that can still number a change -- running, or yet to start -- numbers it at or above it. A
 # reader that has read up to ``N`` below one horizon therefore never finds a new change at or
 # below ``N`` later, however the writers' commits interleave.
 _NEXT_CHANGE = "SELECT base + pg_current_xact_id()::text::bigint FROM run_changes"
-_HORIZON = "(SELECT base + pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM run_changes)"
-"""Changes numbered below this have committed (or will never be), in this statement's snapshot."""
-_RUN_CHANGES = (
-    f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %s "
-    f"AND change_seq < {_HORIZON} ORDER BY change_seq LIMIT %s"
+_XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+_PASSING_OVER = (
+    "(SELECT CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(s)::text::bigint "
+    "ELSE coalesce((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x "
+    "WHERE x::text::bigint <> ALL(%(foreign)s::bigint[])), pg_snapshot_xmax(s)::text::bigint) END "
+    "FROM pg_current_snapshot() AS s)"
 )
-_LATEST_CHANGE = (
-    f"SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE LEAST(max(change_seq), {_HORIZON} - 1) "
-    "END FROM runs"
-)
-"""The latest change a reader can read: the largest number, or the horizon's last when a change
-waits above it (that run's previous number, which a reader may have read, was at most that)."""
-_CHANGES_SINCE = (
-    "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %s AND change_seq < h.at), "
-    "EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at) "
-    f"FROM (SELECT {_HORIZON} AS at) AS h"
-)
-"""Whether a reader after a number has changes to read, and whether committed changes wait
-above the horizon (an older transaction is still running) for it."""
+"""The oldest transaction id of the statement's snapshot that may still number a change, once
+some running ids are known to be other databases' (``foreign``, ``ForeignXids``, ADR 0146): the
+oldest running one not among them, else the snapshot's ``xmax`` (every id below it has ended).
+Without ``foreign`` it would be ``_XMIN``. A standby's snapshot lists its running ids elsewhere
+(``pg_snapshot_xip`` is empty there): it is never narrowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunListReads:
+    """The run list's reads with one horizon: the cluster's oldest running transaction
+    (``_PLAIN``, the statements of ADR 0140 as they were), or the oldest not of another database
+    (``_NARROWED``, while some are known: ADR 0146). Each reads everything in one statement, so
+    the changes and the horizon are of one snapshot. ``latest`` and ``since`` end with whether
+    committed changes wait above the horizon and the id holding it (``_NARROWED``'s then with the
+    snapshot's ``xmin``: the ids below it have ended, and are forgotten)."""
+
+    changes: str
+    latest: str
+    since: str
+
+    @classmethod
+    def below(cls, xid: str, *, with_xmin: bool) -> _RunListReads:
+        horizon = f"(SELECT base + {xid} FROM run_changes)"
+        holder = f"{xid}, {_XMIN}" if with_xmin else xid
+        return cls(
+            changes=(
+                f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > %(after)s "
+                f"AND change_seq < {horizon} ORDER BY change_seq LIMIT %(limit)s"
+            ),
+            # the largest number, or the horizon's last when a change waits above it (that run's
+            # previous number, which a reader may have read, was at most that)
+            latest=(
+                "SELECT CASE WHEN max(change_seq) IS NULL THEN 0 ELSE "
+                f"LEAST(max(change_seq), {horizon} - 1) END, "
+                f"coalesce(max(change_seq) >= {horizon}, false), {holder} FROM runs"
+            ),
+            since=(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE change_seq > %(after)s "
+                "AND change_seq < h.at), EXISTS (SELECT 1 FROM runs WHERE change_seq >= h.at), "
+                f"{holder} FROM (SELECT {horizon} AS at) AS h"
+            ),
+        )
+
+
+_PLAIN = _RunListReads.below(_XMIN, with_xmin=False)
+_NARROWED = _RunListReads.below(_PASSING_OVER, with_xmin=True)
 _AHEAD = (
     "FROM (SELECT max(change_seq) AS n FROM runs) AS top "
     "WHERE top.n >= base + pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
@@ -375,7 +411,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     #: connection, which at 500 a page cost more client CPU than the collector does at 1000.
     tail_batch = _PAGE_ROWS
     #: How soon a run-list reader looks again while committed changes wait above the horizon
-    #: for an older transaction (any, in the cluster) to end (ADR 0140).
+    #: for an older transaction (of this database: ADR 0146) to end (ADR 0140).
     horizon_poll: float = 0.05
 
     def __init__(self, conninfo: str, schema: str) -> None:
@@ -383,6 +419,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         super().__init__()
         self.horizon = HorizonWatch()
         """Warns when an older transaction holds the run lists still for long (ADR 0140)."""
+        self.foreign_xids = ForeignXids()
+        """Running transactions of other databases, which the run lists' horizon passes over
+        (ADR 0146)."""
         self.conninfo = conninfo
         """Where the database is (without our ``schema`` parameter): the durable engine keeps its
         workflows in the same database, in a schema beside ours."""
@@ -538,15 +577,44 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         )
 
     async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+        foreign = self.foreign_xids.foreign()
+        reads = _NARROWED if foreign else _PLAIN
+        params = {"after": after, "limit": limit, "foreign": foreign}
         async with self._conn("read run changes") as conn, conn.transaction():
-            rows = await (await conn.execute(_RUN_CHANGES, (after, limit))).fetchall()
+            rows = await (await conn.execute(reads.changes, params)).fetchall()
             runs = await self._with_tasks(conn, rows)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
         async with self._conn("read the latest run change") as conn:
-            row = await (await conn.execute(_LATEST_CHANGE)).fetchone()
-        return 0 if row is None else int(row[0])
+            row = await self._horizon_read(conn, "latest", {})
+        return int(row[0])
+
+    async def _horizon_read(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        read: Literal["latest", "since"],
+        params: dict[str, Any],
+    ) -> tuple[Any, ...]:
+        """Run ``read`` (``_RunListReads``); while committed changes wait behind a transaction
+        newly learned to be another database's (ADR 0146), run it again, in a new snapshot,
+        passing over it. The row (less ``_NARROWED``'s ``xmin``) is the last one run: its horizon
+        is its own statement's. With nothing learned (the usual case) this is ADR 0140's
+        statement, and one round trip."""
+        for attempt in range(3):
+            foreign = self.foreign_xids.foreign()
+            statement = getattr(_NARROWED if foreign else _PLAIN, read)
+            got = await (await conn.execute(statement, {**params, "foreign": foreign})).fetchone()
+            assert got is not None
+            row = tuple(got)
+            if foreign:
+                *front, xmin = row
+                row = tuple(front)
+                self.foreign_xids.ended_below(int(xmin))
+            held, holder = row[-2:]
+            if not held or attempt == 2 or not await self.foreign_xids.learn(conn, int(holder)):
+                return row
+        raise AssertionError("unreachable")
 
     @staticmethod
     async def _with_tasks(
@@ -960,12 +1028,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self._listener.start()
         armed = self.wakeups.arm(listing.RUN_LIST_WAKEUP)
         async with self._conn("look for run changes") as conn:
-            row = await (await conn.execute(_CHANGES_SINCE, (after,))).fetchone()
-            assert row is not None
+            row = await self._horizon_read(conn, "since", {"after": after})
             if not row[1]:
                 self.horizon.moved()
             elif self.horizon.due():
-                await self.horizon.warn(conn)
+                await self.horizon.warn(conn, int(row[2]))
         if row[0]:
             return
         if row[1]:

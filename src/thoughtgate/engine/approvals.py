@@ -71,7 +71,10 @@ class ApprovalBroker:
 
             decider_task = asyncio.create_task(ask())
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the answer when it comes
+            # in the same turn as the run is cancelled, and the cancelled run would run the tool
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
         except TimeoutError:
             return ApprovalOutcome("timeout")
         finally:

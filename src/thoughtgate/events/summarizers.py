@@ -331,5 +331,6 @@ class ModelSummarizer:
             max_tokens=self.max_tokens,
             temperature=0.0,
         )
-        answer = await asyncio.wait_for(self.provider.request(request), self.timeout_s)
+        async with asyncio.timeout(self.timeout_s):  # not wait_for: keeps a cancellation (3.11)
+            answer = await self.provider.request(request)
         return condense(answer.text)

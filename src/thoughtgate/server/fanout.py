@@ -403,12 +403,10 @@ class LiveReader:
     async def _from_store(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
         page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
         if not page:
-            wait = self.store.wait_for_new(self.run_id, self.cursor)
-            if timeout is None:
-                await wait
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wait, timeout)
+            # asyncio.timeout, not wait_for, which on 3.11 can drop this stream's cancellation
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.store.wait_for_new(self.run_id, self.cursor)
             page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
         return self._accept(page)
 

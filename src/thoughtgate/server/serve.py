@@ -87,7 +87,8 @@ class DaemonServer(uvicorn.Server):
             # a multiple of ten: uvicorn refreshes the Date header on those ticks
             counter = (counter + 10) % 864000
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit_requested.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):  # not wait_for: keeps a cancellation (3.11)
+                    await self._exit_requested.wait()
 
     @property
     def should_exit(self) -> bool:

@@ -200,8 +200,11 @@ class RunWakeups:
         armed: asyncio.Event | None = None,
     ) -> None:
         ev = armed if armed is not None else self._event(run_id)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when the event is set
+        # in the same turn as the waiter is cancelled, and a cancelled reader went on reading
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await ev.wait()
 
 
 class QueuedAppend(abc.ABC):

@@ -23,6 +23,7 @@ from playwright.sync_api import Browser, Page
 from support.browser import browser, open_run, page_for, sign_in, snapshot
 from support.daemon import TOOL_CANARY_TOOLS, Daemon, tool_markers
 from support.web import (
+    MIRROR_STEP,
     SEEDED_EVENTS,
     STEP_TITLES,
     STORY_ANSWER,
@@ -38,6 +39,7 @@ from thoughtgate.access.keys import create_key
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
+from thoughtgate.inert import inert_text
 from thoughtgate.store.records import ApiKeyRecord
 
 pytestmark = pytest.mark.browser
@@ -737,3 +739,57 @@ def test_a_link_to_a_run_id_no_run_has_says_so_without_a_page_error(
         page.wait_for_load_state("networkidle")
         assert page.inner_text("[data-testid=run-error]") == "No such run."
         assert page.locator("#app").is_visible()
+
+
+BIDI_PROMPT = "mirror invoice\u202etxt.exe \u2066isolated\u2069 \u05e9\u05dc\u05d5\u05dd\u200f \u05e2\u05d5\u05dc\u05dd"
+"""What ``fake:mirror`` puts into a tool's input, output, error and name and into the answer: an
+override (U+202E) and an isolate (U+2066 .. U+2069) a browser obeys -- ``invoice\\u202etxt.exe``
+reads ``invoiceexe.txt`` -- and Hebrew with an RLM, which right-to-left text needs as it is."""
+
+BIDI_CONTROLS = [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+
+
+def test_bidi_controls_a_model_chose_are_shown_not_obeyed_and_hebrew_stays(
+    browser: Browser, daemon: Daemon
+) -> None:
+    """The page shows what the CLI shows (``inert_text``): the prompt in the run list and the
+    title, a step, a tool card's name, input, output and error, and the answer show ``\\u202e``
+    where the run holds U+202E, and no such control is anywhere in the page (text or
+    attribute) to reorder it; the Hebrew and its RLM are shown as they are. The API still
+    returns the prompt as it was given."""
+    run_id = daemon.start_run(
+        {
+            "prompt": BIDI_PROMPT,
+            "model": "fake:mirror",
+            "chain_of_thought": "surface",
+            "tools": ["lookup", "explode"],
+        }
+    )
+    daemon.wait_done(run_id)
+    shown = inert_text(BIDI_PROMPT)
+    assert "invoice\\u202etxt.exe \\u2066isolated\\u2069" in shown
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, daemon.keys["member"])
+        page.wait_for_selector("[data-testid=role]:text-is('member')")
+        open_run(page, run_id)
+        page.wait_for_selector("[data-testid=answer-text]")
+        listed = page.inner_text(f"#runs-list a[data-run='{run_id}'] .run-prompt")
+        title = page.inner_text("[data-testid=run-title]")
+        answer = page.inner_text("[data-testid=answer-text]")
+        thread = page.inner_text("[data-testid=thread-items]")
+        inputs = page.locator("[data-testid=tool-input]").all_text_contents()
+        outputs = page.locator("[data-testid=tool-output]").all_text_contents()
+        errors = page.locator("[data-testid=tool-error]").all_inner_texts()
+        labels = page.locator("[data-testid=tool-card] .tool-label").all_inner_texts()
+        html = page.content()
+    assert listed == title == shown
+    assert answer == f"Echo: {shown}"
+    assert inert_text(MIRROR_STEP) in thread
+    as_json = json.dumps({"query": BIDI_PROMPT}, indent=2, ensure_ascii=False)
+    assert inputs == [inert_text(as_json)] * 2  # lookup's and explode's
+    assert outputs == [f"result for {shown}"]
+    assert any(e.endswith(f"nothing found for {shown}") for e in errors)
+    assert shown in labels  # the tool the model named, which no tool is
+    assert not [c for c in BIDI_CONTROLS if c in html]
+    assert "\u05e9\u05dc\u05d5\u05dd\u200f \u05e2\u05d5\u05dc\u05dd" in answer
+    assert daemon.get(f"/v1/runs/{run_id}", "member").json()["prompt"] == BIDI_PROMPT

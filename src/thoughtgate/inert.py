@@ -18,7 +18,8 @@ _BIDI: Final = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
 """Unicode's bidirectional embeddings, overrides and isolates (LRE .. RLO, LRI .. PDI): a
 terminal or log viewer that honours them shows text in another order than it is ("Trojan
 Source"); the marks LRM / RLM, which right-to-left text uses and which reorder nothing by
-themselves, stay."""
+themselves, stay. The web page shows the same code points the same way (``inert`` in
+``server/static/util.js``)."""
 
 _CONTROLS: Final = {
     **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},

@@ -35,6 +35,7 @@ from thoughtgate.testing.fake import ScriptFn, reasoning, text, tool_call
 T = TypeVar("T")
 
 __all__ = [
+    "MIRROR_STEP",
     "NARRATING",
     "SAID_ANSWER",
     "SAID_FIRST",
@@ -192,7 +193,34 @@ def _story_outage(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     )
 
 
-SCRIPTS: dict[str, ScriptFn] = {"story": _story, "saytool": _saytool, "story-outage": _story_outage}
+MIRROR_STEP = "Opening report\u202efdp.exe"
+"""The visible step a ``fake:mirror`` run narrates (its own words: a step quoting the prompt
+would quote a tool's input, which policy withholds)."""
+
+
+def _mirror(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """``fake:mirror``: the run's prompt, as it is, in each place the page shows what a model
+    chose: a tool's input and output (``lookup``), a tool's error (``explode`` quotes its input),
+    a tool's name (no tool has it: an unknown tool's card) and the answer (``Echo: PROMPT``);
+    and a visible step, :data:`MIRROR_STEP`."""
+    prompt = request.messages[0].text if request.messages else ""
+    if turn == 0:
+        yield tool_call("visible_step", {"summary": MIRROR_STEP}, call_id="call_mirror_step")
+        yield tool_call("lookup", {"query": prompt}, call_id="call_mirror_lookup")
+    elif turn == 1:
+        yield tool_call("explode", {"query": prompt}, call_id="call_mirror_explode")
+    elif turn == 2:
+        yield tool_call(prompt, {}, call_id="call_mirror_unknown")  # no tool has that name
+    else:
+        yield text(f"Echo: {prompt}")
+
+
+SCRIPTS: dict[str, ScriptFn] = {
+    "story": _story,
+    "saytool": _saytool,
+    "story-outage": _story_outage,
+    "mirror": _mirror,
+}
 """The web tests' fake scripts by name, for ``support.fakes``."""
 
 

@@ -4,7 +4,7 @@
 // (a viewer's browser never receives reasoning or tool detail). The thread model is thread.js,
 // which keeps the rules of thoughtgate.events.thread.
 
-import { $, api, can, el, state } from "./util.js";
+import { $, api, can, el, setText, state } from "./util.js";
 import { forgetList, loadRuns, markActive, setupList, showNewRun } from "./runs.js";
 import { closeStream, forgetRun, jumpTurn, openRun, runChanged, setupView } from "./view.js";
 
@@ -38,7 +38,7 @@ function showSignIn(message) {
   $("#app").hidden = true;
   $("#signout").hidden = true;
   $("#who").replaceChildren();
-  $("#signin-error").textContent = message || "";
+  setText($("#signin-error"), message || "");
   $("#key").focus();
 }
 

@@ -2,7 +2,7 @@
 // (GET /v1/runs/stream) that keeps it current; and the form that starts a run (member+).
 // Every run shown came through the daemon's one output filter for the key's role.
 
-import { $, ApiError, RUN_STATUS_TEXT, ago, api, button, can, el, pill, state } from "./util.js";
+import { $, ApiError, RUN_STATUS_TEXT, ago, api, button, can, el, pill, setText, state } from "./util.js";
 
 const list = {
   runs: [], next: null, changes: 0, lastChange: 0, filters: {}, generation: 0,
@@ -97,7 +97,7 @@ export async function loadRuns() {
   try {
     page = await api(`/v1/runs?${queryOf(f)}`);
   } catch (err) {
-    if (generation === list.generation) $("#list-error").textContent = err.message;
+    if (generation === list.generation) setText($("#list-error"), err.message);
     return;
   }
   if (generation !== list.generation) return;
@@ -230,7 +230,7 @@ export async function showNewRun(onStarted, onCancel) {
       const { run_id: runId } = await api("/v1/runs", { method: "POST", body: JSON.stringify(body) });
       onStarted(runId);
     } catch (err) {
-      status.textContent = err.message;
+      setText(status, err.message);
     }
   });
   form.addEventListener("keydown", (ev) => { if (ev.key === "Escape") onCancel(); });
@@ -285,7 +285,7 @@ $("#clear-filters").addEventListener("click", () => {
   for (const id of ["#f-status", "#f-mode", "#f-model", "#f-key", "#f-since", "#f-until"]) $(id).value = "";
   loadRuns();
 });
-$("#more").addEventListener("click", () => loadMore().catch((err) => { $("#list-error").textContent = err.message; }));
+$("#more").addEventListener("click", () => loadMore().catch((err) => { setText($("#list-error"), err.message); }));
 $("#refresh").addEventListener("click", () => loadRuns());
 
 // Arrow keys move between runs; Enter opens one (it is a link).

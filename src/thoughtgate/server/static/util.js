@@ -12,17 +12,37 @@ export const state = {
 
 export const $ = (sel) => document.querySelector(sel);
 
+// Unicode's bidirectional embeddings, overrides and isolates (LRE .. RLO, LRI .. PDI): a browser
+// obeys them, so a model's "invoice\u202etxt.exe" would read "invoiceexe.txt". Text another
+// program chose (an answer, a step, a tool's name, input or output, an error, a prompt) is shown
+// with them as visible "\u202e", as the CLI shows them (ADR 0135); LRM / RLM, which right-to-left
+// text needs and which reorder nothing by themselves, stay. Only the display: the API's data and
+// what the page sends back are untouched.
+const BIDI = /[\u202a-\u202e\u2066-\u2069]/g;
+export const inert = (text) =>
+  String(text).replace(BIDI, (c) => `\\u${c.codePointAt(0).toString(16)}`);
+
+// Attributes a reader sees (a tooltip, what a screen reader says): inert as text is.
+const SHOWN_ATTRS = new Set(["title", "aria-label", "alt", "placeholder"]);
+
+// The page builds its DOM here: every text child and shown attribute goes through `inert`.
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (v === null || v === undefined || v === false) continue;
-    if (k === "class") node.className = v; else node.setAttribute(k, v === true ? "" : v);
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : SHOWN_ATTRS.has(k) ? inert(v) : v);
   }
   for (const c of children.flat()) {
     if (c === null || c === undefined || c === false) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.append(c instanceof Node ? c : document.createTextNode(inert(c)));
   }
   return node;
+}
+
+// For the few nodes the page fills in place (an API error's message): through `inert` too.
+export function setText(node, text) {
+  node.textContent = inert(text ?? "");
 }
 
 export class ApiError extends Error {

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.emulator_process import DELTAS, emulator_process
+from bench.emulator_pace import DELTAS
+from bench.emulator_process import emulator_process
 from bench.environment import REPO, child_env
 
 TURNS = 40

@@ -80,7 +80,7 @@ reasoning delta goes through the filter and out). Its runs use one of two provid
 
 Both providers pace their deltas on an absolute schedule, as a remote provider does: delta k is
 due ``10 ms + k × 1 ms`` after the stream opened, a late one goes out as soon as it can and is
-never skipped (``bench.emulator_process.Pace``). With relative sleeps each sleep overshoots when
+never skipped (``bench.emulator_pace.Pace``). With relative sleeps each sleep overshoots when
 the machine is busy, so the provider's clock would slow down with our own load (a run of 40
 paced deltas took ~90 ms instead of 50 at 10 concurrent runs) and runs/s would measure the
 provider's slowdown rather than the daemon.
@@ -122,7 +122,7 @@ do it in one request, ``POST /v1/runs/follow``. At 1, 10 and 100 concurrent runs
   beside its stamp (``T12.3481 S12.3450``), so the figure is taken in every run, not only under
   ``--trace``. Its p50 is set beside the target as information, not judged: which of the two
   the target judges is the planners' call. The first slot is a whole 10 ms after the schedule
-  is made and asked for at once, so :class:`~bench.emulator_process.Pace`'s rounding up to the
+  is made and asked for at once, so :class:`~bench.emulator_pace.Pace`'s rounding up to the
   millisecond adds ~1 µs to it (a later slot's up to 1 ms); on an idle loop the fake's timer
   and task still run 0.1-0.2 ms after the slot (the kernel's timer slack, the wake-up, the
   task's turn), which this figure counts and a socket's wake-up has only in part.
@@ -177,17 +177,8 @@ from typing import Any
 
 from bench.atomic import write_json
 from bench.commit_floor import AppendFloor, append_floor, bare_commit_ms, least
-from bench.emulator_process import (
-    DELTAS,
-    GAP_S,
-    PROVIDER_TTFB_S,
-    Pace,
-    added_s,
-    emulator_process,
-    stamp,
-    stop,
-    written,
-)
+from bench.emulator_pace import DELTAS, GAP_S, PROVIDER_TTFB_S, Pace, added_s, stamp, written
+from bench.emulator_process import emulator_process, stop
 from bench.environment import LOOPBACK, REPO, child_env, free_port
 from bench.first_byte_trace import (
     client_stamp,
@@ -288,7 +279,7 @@ def _order_start(formats: list[str], hour: int) -> int:
 
 
 def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
-    """Emulator-like, on the same absolute schedule (:class:`~bench.emulator_process.Pace`):
+    """Emulator-like, on the same absolute schedule (:class:`~bench.emulator_pace.Pace`):
     the first delta ``PROVIDER_TTFB_S`` after the stream opens, then one every ``GAP_S``."""
     from thoughtgate.testing.fake import reasoning, text
 
@@ -309,7 +300,7 @@ def _bench_script(request: Any, turn: int) -> AsyncIterator[Any]:
 
 _SLOTTED = re.compile(r"T(\d\d\.\d{4}) S(\d\d\.\d{4})")
 """The fake provider's first delta: its stamp (when it was taken) and its slot (when it was
-due), each as :func:`~bench.emulator_process.stamp` writes a time."""
+due), each as :func:`~bench.emulator_pace.stamp` writes a time."""
 
 
 def slotted(sent: str, due: float) -> str:

@@ -61,39 +61,19 @@ from bench.atomic import write_json
 from bench.emulator_pace import (
     ANSWER,
     CHUNK_CHARS,
-    DELTAS,
     GAP_S,
     PROVIDER_TTFB_S,
     STAMP,
     TERMINAL,
     THOUGHT,
     Pace,
-    added_s,
     holds_delta,
-    paced_writes,
     stamp,
     trace_write,
-    written,
 )
 from bench.environment import LOOPBACK, REPO, child_env, free_port
 
-__all__ = [
-    "ANSWER",
-    "CHUNK_CHARS",
-    "DELTAS",
-    "GAP_S",
-    "PROVIDER_TTFB_S",
-    "STAMP",
-    "THOUGHT",
-    "Pace",
-    "added_s",
-    "emulator_process",
-    "holds_delta",
-    "paced_writes",
-    "stamp",
-    "stop",
-    "written",
-]
+__all__ = ["ASGI", "bench_emulator", "emulator_process", "serve", "stop"]
 
 
 def _paced(app: Any) -> Any:

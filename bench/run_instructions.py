@@ -105,7 +105,7 @@ async def _drive(
     db: Path, runs: int, concurrency: int, scale: float, single: bool, instr: bool, requests: bool
 ) -> dict[str, Any]:
     import bench.daemon_bench as daemon_bench
-    from bench.emulator_process import GAP_S, PROVIDER_TTFB_S
+    from bench.emulator_pace import GAP_S, PROVIDER_TTFB_S
     from thoughtgate.access.keys import create_key
     from thoughtgate.config import Config
     from thoughtgate.orchestration.recorder import EventRecorder

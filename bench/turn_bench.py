@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.emulator_process import DELTAS, emulator_process
+from bench.emulator_pace import DELTAS
+from bench.emulator_process import emulator_process
 from bench.environment import REPO, callgrind_control, consumer_row
 from bench.request_bench import memory_backend
 

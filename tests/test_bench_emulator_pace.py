@@ -27,13 +27,14 @@ _STAMPED = re.compile(rb"T\d\d\.\d{4}")
 
 
 @pytest.fixture(scope="module")
-def modules() -> Iterator[tuple[ModuleType, ModuleType, ModuleType]]:
+def modules() -> Iterator[tuple[ModuleType, ModuleType, ModuleType, ModuleType]]:
     with (
         bench_package_module("emulator_process") as process,
         bench_package_module("lean_emulator") as lean,
         bench_package_module("first_delta_bench") as first_delta,
+        bench_package_module("emulator_pace") as pace,
     ):
-        yield process, lean, first_delta
+        yield process, lean, first_delta, pace
 
 
 def _read(found: Any, before: list[bytes], paced: list[bytes]) -> list[list[tuple[str, str]]]:
@@ -71,11 +72,11 @@ def test_every_format_streams_the_same_deltas_one_a_paced_write(
     """40 paced writes in every format, write k holding delta k and nothing else the adapter
     reads as text: the same schedule (slot k = ``PROVIDER_TTFB_S + k × GAP_S``) for all four,
     so each stream's last write is due at the same time."""
-    process, _, first_delta = modules
-    expected = [[("reasoning", p)] for p in _pieces(process.THOUGHT, process.CHUNK_CHARS)] + [
-        [("text", p)] for p in _pieces(process.ANSWER, process.CHUNK_CHARS)
+    _, _, first_delta, pace = modules
+    expected = [[("reasoning", p)] for p in _pieces(pace.THOUGHT, pace.CHUNK_CHARS)] + [
+        [("text", p)] for p in _pieces(pace.ANSWER, pace.CHUNK_CHARS)
     ]
-    assert len(expected) == 2 * process.DELTAS
+    assert len(expected) == 2 * pace.DELTAS
     for fmt in FORMATS:
         assert _deltas_by_write(first_delta, fmt) == expected, fmt
 
@@ -86,7 +87,7 @@ def test_every_event_is_written_and_the_terminal_one_with_the_last_delta(
     """No framing event is dropped by taking it off the schedule: the head's events and the
     paced writes hold the whole answer, and the stream's end is in its last delta's write
     (the turn is complete once that write is read)."""
-    _, lean, first_delta = modules
+    _, lean, first_delta, _ = modules
     for fmt in FORMATS:
         wire = first_delta.wire_request(fmt)
         app = modules[0].bench_emulator().app
@@ -107,7 +108,7 @@ def test_the_paced_writes_of_an_answer_group_its_framing_with_the_next_delta(
 ) -> None:
     """:func:`paced_writes` on a made-up stream: the framing before the first delta goes with
     the head, that between two deltas with the later one, that after the last with it."""
-    process = modules[0]
+    pace = modules[3]
     bodies = [
         b"open",
         b'{"d":"T00.0000"}',
@@ -119,9 +120,9 @@ def test_the_paced_writes_of_an_answer_group_its_framing_with_the_next_delta(
         b"stop",
         b"",
     ]
-    assert process.paced_writes(bodies) == (1, [[1], [2], [3, 4, 5], [6, 7, 8]])
+    assert pace.paced_writes(bodies) == (1, [[1], [2], [3, 4, 5], [6, 7, 8]])
     # a whole JSON answer (not streamed): its text is one string, one paced write
-    assert process.paced_writes([b'{"text":"T00.0000step 01 word000 "}', b""]) == (
+    assert pace.paced_writes([b'{"text":"T00.0000step 01 word000 "}', b""]) == (
         0,
         [[0, 1]],
     )
@@ -145,7 +146,7 @@ def test_the_asgi_path_takes_a_slot_for_each_delta_only(
 ) -> None:
     """``BENCH_EMULATOR=asgi`` (uvicorn and ``_paced``) writes the same writes on the same slots
     as the lean server: its sends between two slots are one paced write of the lean answer."""
-    process, lean, first_delta = modules
+    process, lean, first_delta, pace = modules
     log: list[Any] = []
     monkeypatch.setattr(_Slots, "log", log)
     monkeypatch.setattr(process, "Pace", _Slots)
@@ -168,10 +169,10 @@ def test_the_asgi_path_takes_a_slot_for_each_delta_only(
         else:
             writes[-1].append(entry)
     found = first_delta.answer(fmt)
-    assert len(writes) == 2 * process.DELTAS
+    assert len(writes) == 2 * pace.DELTAS
     assert len(before) == len(found.before)
     # the stamp is the send time here; the lean answer's is still the placeholder
-    joined = [_STAMPED.sub(process.STAMP.encode(), b"".join(w)) for w in writes]
+    joined = [_STAMPED.sub(pace.STAMP.encode(), b"".join(w)) for w in writes]
     assert _read(found, before, joined) == _deltas_by_write(first_delta, fmt)
     # the same events in each write as the lean server's
     lean_events = [len(first_delta.events([p])) for p in found.payloads(found.paced)]

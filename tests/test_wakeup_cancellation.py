@@ -7,41 +7,27 @@ cancelled run would have gone on to run an approved tool."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
+from thoughtgate.engine.approvals import ApprovalBroker
 from thoughtgate.store.log import RunWakeups
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("timeout", [None, 30.0])
-def test_a_wait_cancelled_in_the_turn_its_news_comes_is_cancelled(timeout: float | None) -> None:
+def _stays_cancelled(
+    wait: Callable[[], Coroutine[Any, Any, Any]], deliver: Callable[[], Any]
+) -> bool:
+    """Whether a task in ``wait()`` ends cancelled when ``deliver()`` gives it what it waits
+    for and it is cancelled in the same turn of the loop."""
+
     async def scenario() -> bool:
-        wakeups = RunWakeups()
-        armed = wakeups.arm("run-1")
-        waiting = asyncio.create_task(wakeups.wait("run-1", timeout, armed=armed))
+        waiting = asyncio.create_task(wait())
         await asyncio.sleep(0)  # the task is inside its wait
-        armed.set()  # the news ...
-        waiting.cancel()  # ... and the reader's cancellation, in one turn
-        try:
-            await waiting
-        except asyncio.CancelledError:
-            return True
-        return False
-
-    assert asyncio.run(scenario()), "the cancellation was dropped: the reader would read on"
-
-
-def test_a_run_cancelled_in_the_turn_its_approval_comes_is_cancelled() -> None:
-    """Had the answer won, a cancelled run would have gone on to run the approved tool."""
-    from thoughtgate.engine.approvals import ApprovalBroker
-
-    async def scenario() -> bool:
-        broker = ApprovalBroker()
-        waiting = asyncio.create_task(broker.wait("run-1", "call-1", "shell", {}, timeout=30))
-        await asyncio.sleep(0)
-        assert broker.respond("run-1", "call-1", "approve")
+        deliver()
         waiting.cancel()
         try:
             await waiting
@@ -49,4 +35,24 @@ def test_a_run_cancelled_in_the_turn_its_approval_comes_is_cancelled() -> None:
             return True
         return False
 
-    assert asyncio.run(scenario()), "the cancellation was dropped: the approved tool would run"
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_a_wait_cancelled_in_the_turn_its_news_comes_is_cancelled(timeout: float | None) -> None:
+    wakeups = RunWakeups()
+    armed = wakeups.arm("run-1")
+    assert _stays_cancelled(lambda: wakeups.wait("run-1", timeout, armed=armed), armed.set), (
+        "the cancellation was dropped: the reader would read on"
+    )
+
+
+def test_a_run_cancelled_in_the_turn_its_approval_comes_is_cancelled() -> None:
+    broker = ApprovalBroker()
+
+    def approve() -> None:
+        assert broker.respond("run-1", "call-1", "approve"), "no approval was waiting"
+
+    assert _stays_cancelled(
+        lambda: broker.wait("run-1", "call-1", "shell", {}, timeout=30), approve
+    ), "the cancellation was dropped: the approved tool would run"

@@ -661,3 +661,11 @@ async def test_observer_serves_the_loop_hooks_and_closes_before_the_answer() -> 
         mode = "hidden"
 
     assert factory(object(), Hidden()) is None
+
+
+@given(st.text(alphabet="*_`ab ", max_size=30))
+def test_a_step_shows_no_emphasis_mark_even_one_made_by_taking_another_out(text: str) -> None:
+    """``_**_x`` lost its ``**`` and showed ``__x``; raw reasoning written so was not known as
+    the same words as a summary ``x``, which a viewer then read (ADR 0083's rule)."""
+    shown = condense(text)
+    assert "**" not in shown and "__" not in shown and "`" not in shown

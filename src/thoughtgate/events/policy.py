@@ -125,8 +125,17 @@ _EMPHASIS: Final = re.compile(r"\*\*|__|`")
 def without_emphasis(text: str) -> str:
     """``text`` without markdown bold marks (``**``, ``__``) and backticks. A step never shows
     them, even inside a word (``foo**bar**baz`` is shown ``foobarbaz``), so the policy holds what
-    a step may not repeat in this form too."""
-    return _EMPHASIS.sub("", text)
+    a step may not repeat in this form too.
+
+    Until none is left: one pass of ``_**_x`` takes out the ``**`` and leaves ``__x``, a mark
+    made of what was around it -- a step showing it would show a mark, and raw reasoning written
+    ``_**_x`` would not be known as the same words as a summary ``x`` (found by the summary
+    leak property: that summary was shown to a viewer)."""
+    while True:
+        bare = _EMPHASIS.sub("", text)
+        if bare == text:
+            return bare
+        text = bare
 
 
 def _forms(text: str) -> tuple[str, ...]:

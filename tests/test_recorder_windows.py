@@ -251,12 +251,12 @@ def test_what_a_viewer_can_count_of_a_runs_reasoning_does_not_grow_with_its_size
         await rec.close()
         return await store.read("run_1")
 
-    small = in_virtual_time(lambda: record([s for _, _, s, _ in plan]))
-    large = in_virtual_time(lambda: record([s for _, _, _, s in plan]))
-    assert len(small) == len(large)
+    one = in_virtual_time(lambda: record([s for _, _, s, _ in plan]))
+    other = in_virtual_time(lambda: record([s for _, _, _, s in plan]))
+    assert len(one) == len(other)
     for role in ("viewer", "member"):
-        seen_small = filter_events(small, role, mode="surface")
-        seen_large = filter_events(large, role, mode="surface")
-        assert [(e.seq, e.type, dict(e.payload)) for e in seen_small] == [
-            (e.seq, e.type, dict(e.payload)) for e in seen_large
+        seen_one = filter_events(one, role, mode="surface")
+        seen_other = filter_events(other, role, mode="surface")
+        assert [(e.seq, e.type, dict(e.payload)) for e in seen_one] == [
+            (e.seq, e.type, dict(e.payload)) for e in seen_other
         ]

@@ -140,13 +140,17 @@ class DurabilityConfig(_Section):
 
 
 class QuotasConfig(_Section):
-    """Per-API-key limits on the daemon's ``POST /v1/runs``; beyond them it answers 429 with
-    ``Retry-After``. Local runs (CLI, MCP over stdio) are not counted."""
+    """Per-API-key limits on the daemon's ``POST /v1/runs`` and its live streams; beyond them it
+    answers 429 with ``Retry-After``. Local runs (CLI, MCP over stdio) are not counted."""
 
     max_open_runs_per_key: int = Field(default=300, ge=1, le=1_000_000)
     """Runs of one key that have not ended (queued, executing or suspended)."""
     max_starts_per_minute_per_key: int = Field(default=600, ge=1, le=1_000_000)
     """Runs one key may start within any 60 seconds."""
+    max_live_streams_per_key: int = Field(default=512, ge=1, le=1_000_000)
+    """Live streams (a run's stream, ``/v1/runs/follow``, the run list's stream, AG-UI) one key
+    holds at once, tickets of the key's included; beyond it a new one is answered 429. Above
+    ``max_open_runs_per_key``, so a key can follow each run it may have open (ADR 0155)."""
 
 
 STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")

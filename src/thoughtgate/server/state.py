@@ -14,6 +14,7 @@ from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
+from thoughtgate.server.stream_slots import StreamSlots
 from thoughtgate.store.base import EventStore
 
 __all__ = ["ServerState", "state_of"]
@@ -33,6 +34,8 @@ class ServerState:
     """Ends live streams whose key is revoked or loses the role (``None``: nobody watches)."""
     streams: LiveStreams = field(default_factory=LiveStreams)
     """The open live streams, ended all at once when the server shuts down."""
+    stream_slots: StreamSlots = field(default_factory=StreamSlots)
+    """How many live streams each key holds (``quotas.max_live_streams_per_key``, ADR 0155)."""
     _signer: TicketSigner | None = None
     _signer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

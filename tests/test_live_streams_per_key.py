@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -126,7 +126,7 @@ class _Scripted:
     fails, or its task is cancelled (the daemon shutting down)."""
 
     status_code = 200
-    raw_headers: list[tuple[bytes, bytes]] = []
+    raw_headers: ClassVar[list[tuple[bytes, bytes]]] = []
     background = None
 
     def __init__(self) -> None:

@@ -10,6 +10,7 @@ loopback; each stream here would otherwise complete, so without the bounds the t
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -57,6 +58,8 @@ async def test_deltas_past_the_output_bound_fail_the_turn_keeping_the_partial() 
         model = provider(server, timeout_s=30.0, max_turn_output_chars=1000)
         with pytest.raises(ProviderStreamError) as info:
             await stream_llm_turn(model, REQUEST)
+        # the connection is closed, not kept half read for the next request
+        await asyncio.wait_for(server.hung_up.wait(), 10)
         await model.aclose()
     error = info.value
     assert "1000 characters" in error.message

@@ -338,9 +338,12 @@ def _model_defaults() -> dict[str, object]:
         if name == "source":  # where the values came from, not a key
             continue
         sections = {name: field.default}
-        if name == "providers":
+        if name == "providers":  # one table for them all: same keys, same defaults
             sections = {"providers.NAME": field.default.anthropic}
             assert len({repr(v) for v in field.default.__dict__.values()}) == 1
+            page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+            for provider in type(field.default).model_fields:
+                assert f"`[providers.{provider}]`" in page, provider
         for section, model in sections.items():
             for key, sub in type(model).model_fields.items():
                 value = sub.default

@@ -216,7 +216,7 @@ def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -
     if status == 403:
         raise ForbiddenError(message, code=code, body=body)
     if status == 404 and run_id is not None and message == str(RunNotFoundError(run_id)):
-        raise NoSuchRunError(run_id, code=code, body=body)  # (not: no pending approval)
+        raise NoSuchRunError(run_id, code=code, body=body)  # (not a 404 for no pending approval)
     if status < 500:
         raise RequestRejectedError(status, code or "error", message, body=body)
     if code == "provider_not_configured":

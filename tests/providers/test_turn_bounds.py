@@ -18,7 +18,7 @@ from support.replay import ReplayServer, Reply, split_events, transcript
 
 from thoughtgate.config import Config, ProviderEndpoint
 from thoughtgate.engine.turn import stream_llm_turn
-from thoughtgate.errors import ProviderStreamError, ProviderTimeoutError
+from thoughtgate.errors import ProviderError, ProviderStreamError, ProviderTimeoutError
 from thoughtgate.events.schema import EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, provider_settings_from_config
 from thoughtgate.providers.anthropic import AnthropicProvider
@@ -50,18 +50,28 @@ def provider(server: ReplayServer, **bounds: float) -> AnthropicProvider:
     return AnthropicProvider("claude-sonnet-4-5", settings)
 
 
-async def test_deltas_past_the_output_bound_fail_the_turn_keeping_the_partial() -> None:
-    """400 deltas of 10 characters, then the turn's end: with a bound of 1,000 characters the
-    turn fails once its output passes it, what arrived kept, the rest never read."""
-    deltas = [thinking(PIECE)] * 400
-    async with ReplayServer([Reply([*START, *deltas, *END])]) as server:
-        model = provider(server, timeout_s=30.0, max_turn_output_chars=1000)
-        with pytest.raises(ProviderStreamError) as info:
+async def failed_turn(
+    pieces: list[bytes], kind: type[ProviderError], *, pause_s: float = 0.0, **bounds: float
+) -> ProviderError:
+    """The error a turn over ``pieces`` (one network write each) fails with, its partial set."""
+    async with ReplayServer([Reply([*START, *pieces, *END], pause_s=pause_s)]) as server:
+        model = provider(server, **bounds)
+        with pytest.raises(kind) as info:
             await stream_llm_turn(model, REQUEST)
         # the connection is closed, not kept half read for the next request
         await asyncio.wait_for(server.hung_up.wait(), 10)
         await model.aclose()
-    error = info.value
+    assert info.value.partial is not None
+    return info.value
+
+
+async def test_deltas_past_the_output_bound_fail_the_turn_keeping_the_partial() -> None:
+    """400 deltas of 10 characters, then the turn's end: with a bound of 1,000 characters the
+    turn fails once its output passes it, what arrived kept, the rest never read."""
+    deltas = [thinking(PIECE)] * 400
+    error = await failed_turn(
+        deltas, ProviderStreamError, timeout_s=30.0, max_turn_output_chars=1000
+    )
     assert "1000 characters" in error.message
     assert "max_turn_output_chars" in error.message
     assert error.partial is not None
@@ -75,31 +85,26 @@ async def test_a_turn_past_its_deadline_fails_keeping_the_partial() -> None:
     """Deltas every 20 ms for 20 s, then the turn's end: with a deadline of 0.3 s the turn
     fails at the first read past it."""
     deltas = [thinking(PIECE)] * 1000
-    async with ReplayServer([Reply([*START, *deltas, *END], pause_s=0.02)]) as server:
-        model = provider(server, timeout_s=30.0, turn_timeout_s=0.3)
-        with pytest.raises(ProviderTimeoutError) as info:
-            await stream_llm_turn(model, REQUEST)
-        await model.aclose()
-    assert "0.3 s" in info.value.message
-    assert "turn_timeout_s" in info.value.message
-    assert info.value.partial is not None
-    assert info.value.partial.reasoning_text.startswith(BEFORE)
-    assert len(info.value.partial.reasoning_text) < len(BEFORE) + 1000 * len(PIECE)
+    error = await failed_turn(
+        deltas, ProviderTimeoutError, pause_s=0.02, timeout_s=30.0, turn_timeout_s=0.3
+    )
+    assert "0.3 s" in error.message
+    assert "turn_timeout_s" in error.message
+    assert error.partial is not None
+    assert error.partial.reasoning_text.startswith(BEFORE)
+    assert len(error.partial.reasoning_text) < len(BEFORE) + 1000 * len(PIECE)
 
 
 async def test_a_stream_of_only_pings_is_no_progress() -> None:
     """Pings every 20 ms for 20 s, then the turn's end. Each ping is an event, which reset the
     rule for comments (ADR 0147); now a stream that sends nothing but pings for ``timeout_s``
     times out as a silent one does, with no deadline set."""
-    pings = [PING] * 1000
-    async with ReplayServer([Reply([*START, *pings, *END], pause_s=0.02)]) as server:
-        model = provider(server, timeout_s=0.3, turn_timeout_s=0)
-        with pytest.raises(ProviderTimeoutError) as info:
-            await stream_llm_turn(model, REQUEST)
-        await model.aclose()
-    assert "no event for 0.3 s" in info.value.message
-    assert info.value.partial is not None
-    assert info.value.partial.reasoning_text == BEFORE
+    error = await failed_turn(
+        [PING] * 1000, ProviderTimeoutError, pause_s=0.02, timeout_s=0.3, turn_timeout_s=0
+    )
+    assert "no event for 0.3 s" in error.message
+    assert error.partial is not None
+    assert error.partial.reasoning_text == BEFORE
 
 
 async def test_pings_between_deltas_do_not_end_a_turn_that_progresses() -> None:

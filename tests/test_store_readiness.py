@@ -129,7 +129,13 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
         assert last.event == "failed"
         sent = [int(m.id) for m in messages if m.id]
         assert json.loads(last.data) == {"reason": "failed", "resume_after": max(sent)}
-        # the run does not read running: its execution here stopped, its end unrecorded
+
+        # once its execution here stopped (at its first refused write), its end unrecorded, the
+        # run does not read running
+        async def stopped() -> bool:
+            return daemon.get(f"/v1/runs/{run_id}", "owner").status_code != 200
+
+        asyncio.run(until(stopped, WAIT_S))
         view = daemon.get(f"/v1/runs/{run_id}", "owner")
         assert view.status_code == 503, view.text
         assert view.json()["error"]["code"] == "store_refuses_writes"

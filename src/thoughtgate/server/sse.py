@@ -15,6 +15,12 @@ events wait for it is sent an ``event: lagging`` frame whose data names the last
 sent, and closed; it resumes from there with ``Last-Event-ID`` and loses nothing, because nothing
 is ever dropped from the log.
 
+A stream that follows a run is also let go while the store refuses writes (ADR 0151): nothing more
+of any run can be recorded then, so once it has sent what is stored it ends with an ``event:
+failed`` frame naming the last ``id`` it was sent (as a read that fails does), and the client
+resumes from there once the store takes writes again.
+``LiveStreams`` asks the store (``write_refusal``: no query) once a tick for every stream.
+
 A stream is also ended when its reader's access goes: ``watch_access`` registers a callback (the
 daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
 stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
@@ -267,7 +273,8 @@ class LiveStreams:
 
     Keep-alives and send timeouts need a clock per stream; one ticker that looks at every open
     stream each ``tick_s`` costs far less than a timer per write or per wait (a thousand readers
-    of one run would arm a thousand timers per event).
+    of one run would arm a thousand timers per event). The same ticker asks whether the store
+    refuses writes, once for all of them (``refusal``).
     """
 
     def __init__(

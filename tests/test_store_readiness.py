@@ -32,7 +32,9 @@ from thoughtgate.config import Config
 from thoughtgate.errors import StoreError
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.server.app import create_app
+from thoughtgate.server.readiness import Readiness
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
@@ -267,3 +269,34 @@ async def test_readiness_fails_while_postgresql_is_unreachable_and_recovers(
     finally:
         await proxy.stop()
         await store.close()
+
+
+class _CountingStore(MemoryStore):
+    """A store whose database check takes a while and is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+        self.answer: str | None = "store_unreachable"
+
+    async def check_writes(self, wait_s: float) -> str | None:
+        self.checks += 1
+        await asyncio.sleep(0.01)
+        return self.answer
+
+
+@pytest.mark.unit
+async def test_readiness_asks_the_database_once_however_many_probes_ask_at_once() -> None:
+    """A load balancer and an orchestrator probing every second, or a flood of anonymous
+    requests, cost the store one check a second, not one each."""
+    store = _CountingStore()
+    readiness = Readiness(store, every_s=3600)
+    answers = await asyncio.gather(*(readiness.refusal() for _ in range(50)))
+    assert answers == ["store_unreachable"] * 50
+    store.answer = None
+    assert await readiness.refusal() == "store_unreachable"  # reused until every_s passed
+    assert store.checks == 1
+    fresh = Readiness(store, every_s=0)
+    assert await fresh.refusal() is None
+    assert await fresh.refusal() is None
+    assert store.checks == 3

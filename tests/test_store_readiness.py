@@ -16,7 +16,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,19 +44,25 @@ WAIT_S = 30.0
 """Only a hang reaches it (a live reader left attached)."""
 
 
-def _holding_run(daemon: Daemon, hold: Path) -> str:
-    """A run whose model waits while ``hold`` exists, then streams: its first write after that
-    is the first the removed store refuses."""
-    return daemon.start_run(
-        {"prompt": ticker_prompt(5, 0, hold), "model": "fake:ticker", "chain_of_thought": "surface"}
-    )
+@contextlib.contextmanager
+def _held_run(tmp_path: Path) -> Iterator[tuple[Daemon, Path, str]]:
+    """A daemon on a SQLite store in its own directory, and a run it executes whose model waits
+    while a file in that directory exists, then streams: once the directory is removed, the
+    model goes on and its first write is the first the removed store refuses."""
+    directory = tmp_path / "store"
+    with running_daemon(sqlite_dir=directory) as daemon:
+        hold = directory / "hold"
+        hold.touch()
+        prompt = ticker_prompt(5, 0, hold)
+        run_id = daemon.start_run(
+            {"prompt": prompt, "model": "fake:ticker", "chain_of_thought": "surface"}
+        )
 
+        async def running() -> bool:
+            return daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"
 
-def _wait_running(daemon: Daemon, run_id: str) -> None:
-    async def running() -> bool:
-        return daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"
-
-    asyncio.run(until(running))
+        asyncio.run(until(running))
+        yield daemon, directory, run_id
 
 
 def _read_to_end(response: httpx.Response) -> list[SSEMessage]:
@@ -89,12 +95,7 @@ def test_readiness_answers_ok_on_a_healthy_store_and_503_once_its_directory_is_r
 
 @pytest.mark.inprocess
 def test_readiness_says_nothing_of_runs_or_paths_with_or_without_a_key(tmp_path: Path) -> None:
-    directory = tmp_path / "store"
-    with running_daemon(sqlite_dir=directory) as daemon:
-        hold = directory / "hold"
-        hold.touch()
-        run_id = _holding_run(daemon, hold)
-        _wait_running(daemon, run_id)
+    with _held_run(tmp_path) as (daemon, directory, run_id):
         bodies = {daemon.get("/readyz", role).text for role in (None, "owner")}
         shutil.rmtree(directory)
         bodies |= {daemon.get("/readyz", role).text for role in (None, "owner")}
@@ -110,12 +111,7 @@ def test_readiness_says_nothing_of_runs_or_paths_with_or_without_a_key(tmp_path:
 def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and_is_let_go(
     tmp_path: Path,
 ) -> None:
-    directory = tmp_path / "store"
-    with running_daemon(sqlite_dir=directory) as daemon:
-        hold = directory / "hold"
-        hold.touch()
-        run_id = _holding_run(daemon, hold)
-        _wait_running(daemon, run_id)
+    with _held_run(tmp_path) as (daemon, directory, run_id):
         ticket = daemon.ticket(run_id, "owner")
         timeout = httpx.Timeout(10, read=WAIT_S)
         with (

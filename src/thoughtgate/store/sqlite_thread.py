@@ -874,7 +874,7 @@ class SQLiteThread:
             now = os.stat(path)
         except FileNotFoundError:
             return "removed"
-        except OSError:
+        except OSError:  # unreadable for another reason: a commit says what is wrong, if so
             return None
         return None if (now.st_dev, now.st_ino) == (device, inode) else "replaced"
 
@@ -885,11 +885,9 @@ class SQLiteThread:
         if state is None or self._file is None:
             return None
         path = self._file[0]
-        what = (
-            "was removed (or its directory was)"
-            if state == "removed"
-            else ("was replaced by another file")
-        )
+        what = "was replaced by another file"
+        if state == "removed":
+            what = "was removed (or its directory was)"
         return (
             f"SQLite database {path} {what} while this process had it open; the write was "
             "rolled back, as what is written to the unlinked file is lost when the process "

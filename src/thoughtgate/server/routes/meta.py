@@ -55,17 +55,17 @@ async def healthz(request: Request, principal: Principal | None) -> Response:
 
 
 async def readyz(request: Request, principal: Principal | None) -> Response:
-    # Anyone may ask (no key), as of /healthz: one fixed word of why not, never a path, an
+    # Anyone may ask (no key), as /healthz: one fixed word of why not, never a path, an
     # error's text or anything of the runs.
     state = state_of(request)
     reason = SHUTTING_DOWN if state.manager.closing else await state.readiness.refusal()
     if reason is None:
-        return JSONResponse({"status": "ready"})
-    return JSONResponse(
-        {"status": "unready", "reason": reason},
-        status_code=503,
-        headers={"Cache-Control": "no-store"},
-    )
+        return JSONResponse({"status": "ready"}, headers=_NOT_KEPT)
+    return JSONResponse({"status": "unready", "reason": reason}, status_code=503, headers=_NOT_KEPT)
+
+
+_NOT_KEPT = {"Cache-Control": "no-store"}
+"""A readiness answer is true now only: no cache between a probe and the daemon keeps it."""
 
 
 async def openapi(request: Request, principal: Principal | None) -> Response:

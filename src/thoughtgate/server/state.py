@@ -13,6 +13,7 @@ from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
+from thoughtgate.server.readiness import Readiness
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.store.base import EventStore
 
@@ -33,8 +34,13 @@ class ServerState:
     """Ends live streams whose key is revoked or loses the role (``None``: nobody watches)."""
     streams: LiveStreams = field(default_factory=LiveStreams)
     """The open live streams, ended all at once when the server shuts down."""
+    readiness: Readiness = field(init=False)
+    """What ``GET /readyz`` asks: one over ``runtime.store``."""
     _signer: TicketSigner | None = None
     _signer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.readiness = Readiness(self.runtime.store)
 
     @property
     def store(self) -> EventStore:

@@ -413,6 +413,13 @@ def channel_name(schema: str) -> str:
     return f"thoughtgate_events:{hashlib.sha256(schema.encode()).hexdigest()[:40]}"
 
 
+_READ_ONLY = (
+    "SELECT pg_catalog.pg_is_in_recovery() "
+    "OR pg_catalog.current_setting('transaction_read_only') = 'on'"
+)
+"""Whether a write on this connection would be refused as read-only (``check_writes``)."""
+
+
 class PostgresStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one PostgreSQL schema. Create with ``await PostgresStore.open``."""
 
@@ -513,6 +520,24 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await pool.putconn(conn)
         except psycopg.Error as exc:
             raise translate_error(exc, action, self._where, conninfo=self.conninfo) from exc
+
+    async def check_writes(self, wait_s: float) -> str | None:
+        """A pooled connection within ``wait_s``, and the server not read-only (a standby, or
+        ``default_transaction_read_only``): one round trip, no write (ADR 0151)."""
+        pool = self._pool
+        if pool is None or pool.closed:
+            return "store_closed"
+        try:
+            async with asyncio.timeout(wait_s):
+                conn = await pool.getconn(timeout=wait_s)
+                try:
+                    cur = await conn.execute(_READ_ONLY)
+                    row = await cur.fetchone()
+                finally:
+                    await pool.putconn(conn)
+        except (psycopg.Error, TimeoutError):
+            return "store_unreachable"
+        return "store_read_only" if row is not None and row[0] else None
 
     async def close(self) -> None:
         await self._notifier.close()

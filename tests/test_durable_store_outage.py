@@ -17,11 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from pydantic import ValidationError
-from support.durable_engine import InProcessDaemon
+from support.durable import until
+from support.durable_engine import InProcessDaemon, SweepingDaemon
 from support.pg import PG_URL, schema_name
 
-from thoughtgate.config import Config, DurabilityConfig
+from thoughtgate.config import Config, DurabilityConfig, OrchestrationConfig
 from thoughtgate.engine.tools import ToolRegistry, tool
 from thoughtgate.errors import StoreUnavailableError, store_outage
 from thoughtgate.events.schema import EventType
@@ -67,17 +67,19 @@ class Outage:
 
     async def end(self) -> None:
         name = sql.Identifier(self.database)
-        await self.admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
+        await self.admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name)
+        )
         self.over.set()
 
 
-def outage_script(outage: Outage, *, lasts_s: float | None) -> Any:
-    """A fake model: calls ``lookup`` once, then answers in 40 pieces; the first time it
-    answers, the store's outage begins after its 5th piece (and ends ``lasts_s`` later, or when
-    the test ends it)."""
+def outage_script(outage: Outage, *, lasts_s: float | None, looks_up: bool = True) -> Any:
+    """A fake model: calls ``lookup`` once (``looks_up``), then answers in 40 pieces; the first
+    time it answers, the store's outage begins after its 5th piece (and ends ``lasts_s`` later,
+    or when the test ends it)."""
 
     def script(request: TurnRequest, _: int) -> AsyncIterator[Any]:
-        asked = any(m.role == "tool" for m in request.messages)
+        asked = any(m.role == "tool" for m in request.messages) or not looks_up
 
         async def gen() -> AsyncIterator[Any]:
             if not asked:
@@ -118,8 +120,11 @@ async def own_database() -> AsyncIterator[tuple[psycopg.AsyncConnection[Any], st
         await admin.close()
 
 
-def _config(wait_s: float) -> Config:
-    return Config(durability=DurabilityConfig(store_outage_wait_s=wait_s))
+def _config(wait_s: float, *, lease_ttl_s: float = 15.0) -> Config:
+    return Config(
+        durability=DurabilityConfig(store_outage_wait_s=wait_s),
+        orchestration=OrchestrationConfig(lease_ttl_s=lease_ttl_s),
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -129,9 +134,7 @@ def _clean() -> AsyncIterator[None] | Any:
     FAKE_SCRIPTS.pop("outage", None)
 
 
-async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_checkpoints() -> (
-    None
-):
+async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_checkpoints() -> None:
     async with own_database() as (admin, database, url):
         outage = Outage(admin, database)
         FAKE_SCRIPTS["outage"] = outage_script(outage, lasts_s=2.0)
@@ -159,37 +162,71 @@ async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_che
     assert answer == "".join(f"w{i} " for i in range(40))
 
 
+async def test_a_run_without_checkpoints_yet_continues_as_a_workflow_after_an_outage() -> None:
+    """A run of one turn without tools executes without a workflow (ADR 0031): after the
+    outage it continues as one, from its log, the cut answer asked again."""
+    async with own_database() as (admin, database, url):
+        outage = Outage(admin, database)
+        FAKE_SCRIPTS["outage"] = outage_script(outage, lasts_s=2.0, looks_up=False)
+        store = await PostgresStore.open(url, schema="s", pool_wait_s=0.5)
+        async with InProcessDaemon.launched(store, _config(60), like="run") as daemon:
+            run = await daemon.runtime.run(RunRequest("hi", model="fake:outage"))
+            log = await store.read(run.run_id)
+    assert run.status == "completed" and CALLS == ["answer", "answer"]
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    types = [e.type for e in log]
+    assert EventType.RUN_FAILED not in types and types.count(EventType.TASK_STARTED) == 1
+    resumed = [e for e in log if e.type == EventType.RUN_RESUMED]
+    assert len(resumed) == 1 and resumed[0].payload["reason"] == STORE_BACK
+
+
 async def test_a_store_outage_longer_than_the_wait_leaves_the_run_open_to_resume() -> None:
+    """``thoughtgate run``'s process gives up on the store after the wait: the run is left open,
+    nothing recorded of the failure, and ``thoughtgate resume`` (here a daemon's) continues it
+    from its checkpoints."""
+    config = _config(1, lease_ttl_s=1)
     async with own_database() as (admin, database, url):
         outage = Outage(admin, database)
         FAKE_SCRIPTS["outage"] = outage_script(outage, lasts_s=None)
         store = await PostgresStore.open(url, schema="s", pool_wait_s=0.5)
         tools = ToolRegistry([lookup])
-        async with InProcessDaemon.launched(store, _config(1), tools=tools, like="run") as daemon:
-            running = asyncio.create_task(daemon.runtime.run(RunRequest("look", model="fake:outage")))
+        async with InProcessDaemon.launched(store, config, tools=tools, like="run") as daemon:
+            created: list[str] = []
+            request = RunRequest("look", model="fake:outage")
+            running = asyncio.create_task(
+                daemon.runtime.run(request, created=lambda r: created.append(r.run_id))
+            )
             await outage.began.wait()
-            done, _ = await asyncio.wait([running], timeout=8)
-            # the execution gave up within its wait, but DBOS records the workflow's end only
-            # once its database answers (it waits for it without limit)
+
+            async def given_up() -> bool:  # its execution here is over, the store still down
+                return created[0] not in daemon.runtime.executing
+
+            await until(given_up, timeout_s=60)
+            # (DBOS records its workflow's end once its database answers: it waits for it)
             await outage.end()
             with pytest.raises(StoreUnavailableError) as raised:
                 await running
-            run_id = next(iter(await store.list_runs())).run_id
-            run = await store.get_run(run_id)
-            log = await store.read(run_id)
+            while True:  # the store's pool connects again after its own pause
+                with contextlib.suppress(StoreUnavailableError):
+                    run = await store.get_run(created[0])
+                    break
+            log = await store.read(created[0])
+        again = await PostgresStore.open(url, schema="s", pool_wait_s=0.5)
+        async with SweepingDaemon.launched(again, config, tools=tools) as resuming:
+
+            async def suspended() -> bool:
+                await resuming.manager.recover()  # its lease lapsed: suspended, to resume
+                return (await again.get_run(created[0])).metadata.get("suspended") is not None
+
+            await until(suspended, timeout_s=60)
+            await resuming.manager.resume(created[0])
+            await until(lambda: resuming.ended(created[0]), timeout_s=60)
+            resumed = await again.get_run(created[0])
+    assert resumed.status == "completed"
+    assert CALLS == ["turn with the tool call", "tool q", "answer", "answer"]
     assert "stayed unavailable for more than 1 s" in str(raised.value)
     assert "left open and resumes from its checkpoints" in str(raised.value)
     assert store_outage(raised.value) is None  # not waited for again
     assert run.status == "running"  # open: neither failed nor ended
     types = [e.type for e in log]
     assert not {EventType.RUN_FAILED, EventType.RUN_ERROR, EventType.TASK_COMPLETED} & set(types)
-    assert done or not done  # (how long DBOS waited is DBOS's)
-
-
-def test_the_outage_wait_is_validated() -> None:
-    with pytest.raises(ValidationError, match="store_outage_wait_s"):
-        DurabilityConfig(store_outage_wait_s=-1)
-    with pytest.raises(ValidationError, match="store_outage_wait_s"):
-        DurabilityConfig(store_outage_wait_s="soon")
-    assert DurabilityConfig().store_outage_wait_s == 300
-    assert DurabilityConfig(store_outage_wait_s=0).store_outage_wait_s == 0

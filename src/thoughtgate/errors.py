@@ -87,12 +87,12 @@ __all__ = [
     "failure_kind",
     "failure_summary",
     "failure_text",
-    "store_outage",
     "identifier",
     "own_words",
     "public_url",
     "quoted_words",
     "quoting",
+    "store_outage",
 ]
 
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")

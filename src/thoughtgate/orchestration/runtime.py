@@ -935,7 +935,7 @@ class Runtime:
             while True:
                 left = deadline - time.monotonic()
                 if not await wait_for_store(self.leases, run_id, outage, left):
-                    raise left_open(run_id, outage, wait_s) from outage
+                    raise left_open(run_id, outage, wait_s) from None  # (its words say why)
                 if holder is None:
                     return
                 try:

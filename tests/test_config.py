@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -308,3 +310,62 @@ def test_a_bad_think_tags_variable_is_a_line_per_variable_naming_what_is_wrong()
         "'*=off,*=leading': model '*' is named twice",
     ]
     assert "SECRET" not in str(info.value)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _documented_defaults() -> dict[str, object]:
+    """``section.key`` -> the default docs/configuration.md gives (``None`` for "unset"), from
+    each ``## `[section]` `` table; ``[providers.NAME]`` stands for every provider's section."""
+    documented: dict[str, object] = {}
+    section = ""
+    for line in (REPO / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines():
+        if heading := re.fullmatch(r"## `\[([a-z_.A-Z]+)\]`", line):
+            section = heading.group(1)
+        elif section and (row := re.match(r"\| `([a-z_]+)` \| ([^|]+) \|", line)):
+            cell = row.group(2).strip()
+            literal = re.fullmatch(r"`([^`]+)`", cell)
+            assert literal or cell == "unset", f"{section}.{row.group(1)}: default {cell!r}"
+            value = tomllib.loads(f"v = {literal.group(1)}")["v"] if literal else None
+            documented[f"{section}.{row.group(1)}"] = value
+    return documented
+
+
+def _model_defaults() -> dict[str, object]:
+    defaults: dict[str, object] = {}
+    for name, field in Config.model_fields.items():
+        if name == "source":  # where the values came from, not a key
+            continue
+        sections = {name: field.default}
+        if name == "providers":  # one table for them all: same keys, same defaults
+            sections = {"providers.NAME": field.default.anthropic}
+            assert len({repr(v) for v in field.default.__dict__.values()}) == 1
+            page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+            for provider in type(field.default).model_fields:
+                assert f"`[providers.{provider}]`" in page, provider
+        for section, model in sections.items():
+            for key, sub in type(model).model_fields.items():
+                value = sub.default
+                defaults[f"{section}.{key}"] = list(value) if isinstance(value, tuple) else value
+    return defaults
+
+
+def test_the_configuration_reference_names_every_key_with_its_default() -> None:
+    """A user looks a key up in docs/configuration.md: every key the config accepts is there, no
+    key it refuses is, and each default is the one a run gets."""
+    assert _documented_defaults() == _model_defaults()
+
+
+def test_every_config_example_in_the_docs_is_accepted() -> None:
+    """A reader pastes a documented thoughtgate.toml: it loads, no key refused."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    examples = [
+        (page.name, block)
+        for page in pages
+        if "adr" not in page.parts
+        for block in re.findall(r"```toml\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    ]
+    assert len(examples) >= 5
+    for name, block in examples:
+        Config.from_mapping(tomllib.loads(block), source=name)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thoughtgate.access.filter import filter_events
 from thoughtgate.errors import StoreError
 from thoughtgate.events.schema import Event, NewEvent
 from thoughtgate.orchestration.recorder import EventRecorder
@@ -202,3 +203,60 @@ def test_deltas_that_arrive_while_a_window_flushes_get_the_next_window() -> None
     store, late = in_virtual_time(main)
     assert [turns for _, _, turns in store.appends] == [[0], [1], [2]]
     assert store.appends[2][1] - late <= 0.005 + WINDOW
+
+
+def _step(kind: str, i: int, size: int) -> NewEvent:
+    """One emitted event of a run: a piece of reasoning ``size`` characters long, a piece of the
+    answer, or a tool's progress."""
+    if kind == "reasoning":
+        payload = {"text": "r" * size, "reasoning_kind": "raw", "index": 0, "turn": 0}
+        return NewEvent("reasoning.delta", payload, task_id="t")
+    if kind == "text":
+        return NewEvent("message.delta", {"text": f"a{i} ", "turn": 0}, task_id="t")
+    return progress(i)
+
+
+# One run's plan: (pause before, what is emitted, and two sizes for a piece of reasoning).
+_SIZED_PLAN = st.lists(
+    st.tuples(
+        st.sampled_from([0.0, 0.0, 0.0, 0.004, 0.019, 0.021, 0.05]),
+        st.sampled_from(["reasoning", "reasoning", "text", "progress"]),
+        st.integers(1, 100_000),
+        st.integers(1, 100_000),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60)
+@given(_SIZED_PLAN)
+@pytest.mark.unit
+def test_what_a_viewer_can_count_of_a_runs_reasoning_does_not_grow_with_its_size(
+    plan: list[tuple[float, str, int, int]],
+) -> None:
+    """Two runs that emit the same events at the same instants, their pieces of reasoning of
+    any two sizes, record events a viewer sees under the same numbers: the gaps in a viewer's
+    ``seq`` (the SSE ``id:``, ``next_after``) count the windows in which the model reasoned,
+    never how much it wrote in them (ADR 0154; ADR 0069 keeps the gaps themselves)."""
+
+    async def record(sizes: list[int]) -> list[Event]:
+        store = MemoryStore()
+        await store.create_run(RunRecord("run_1", "p"))
+        rec = EventRecorder(store, "run_1", flush_interval=WINDOW)
+        for i, ((pause, kind, _, _), size) in enumerate(zip(plan, sizes, strict=True)):
+            await asyncio.sleep(pause)
+            event = _step(kind, i, size)
+            await (rec.emit(event) if kind == "progress" else rec.emit_delta(event))
+        await asyncio.sleep(WINDOW)
+        await rec.close()
+        return await store.read("run_1")
+
+    one = in_virtual_time(lambda: record([s for _, _, s, _ in plan]))
+    other = in_virtual_time(lambda: record([s for _, _, _, s in plan]))
+    assert len(one) == len(other)
+    for role in ("viewer", "member"):
+        seen_one = filter_events(one, role, mode="surface")
+        seen_other = filter_events(other, role, mode="surface")
+        assert [(e.seq, e.type, dict(e.payload)) for e in seen_one] == [
+            (e.seq, e.type, dict(e.payload)) for e in seen_other
+        ]

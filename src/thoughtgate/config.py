@@ -187,7 +187,7 @@ class VisibleReasoningConfig(_Section):
 
     enabled: bool = True
     summarizers: tuple[SummarizerName, ...] = ("phases",)
-    """In the environment: comma-separated (``THOUGHTGATE_VISIBLE_REASONING__SUMMARIZERS=phases,model``)."""
+    """In the environment: comma-separated (``THOUGHTGATE_VISIBLE_REASONING__SUMMARIZERS=phases,narration``)."""
     summarizer_model: str | None = None
     """``PROVIDER:MODEL`` for the ``model`` summarizer."""
 

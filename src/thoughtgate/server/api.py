@@ -25,7 +25,7 @@ from thoughtgate.access.keys import Principal, authenticate
 from thoughtgate.access.roles import Role
 from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
-from thoughtgate.server.middleware import AUTHENTICATED, READ_BODY
+from thoughtgate.server.middleware import AUTHENTICATED, READ_BODY, READER_ROLE
 from thoughtgate.server.state import state_of
 
 __all__ = [
@@ -141,12 +141,14 @@ async def _authorize(request: Request, endpoint: Endpoint) -> Principal | None:
         principal: Principal | None = request.scope.pop(AUTHENTICATED, None)
         if principal is None:
             principal = await authenticate(state.store, request.headers.get("authorization"))
+        request.scope[READER_ROLE] = principal.role
         require_role(principal.role, endpoint.role or Role.VIEWER, endpoint.summary)
         return principal
     if endpoint.auth == "ticket":
         signer = await state.signer()
         # A route without a run in its path is the run list's (``GET /v1/runs/stream``).
         grant = signer.verify(request.query_params.get("ticket"), request.path_params.get("run_id"))
+        request.scope[READER_ROLE] = grant.role
         if endpoint.prefetch is not None:  # the signature holds: read alongside the key check
             early = endpoint.prefetch(request)
             if early is not None:

@@ -3,6 +3,9 @@
 ``x-thoughtgate-overhead-ms``: the time this server spent between receiving a request and starting
 its response (the daemon never waits on a provider inside a request: runs execute in the
 background, so this is all our own processing). On an SSE stream it is the time to the headers.
+Reading a run reads, decodes and filters all of it, so the time grows with what the filter then
+withholds -- a ``surface`` run's reasoning, by its size: an answer to a key below developer goes
+without the header (``READER_ROLE``), as the sizes of reasoning do (ADR 0154).
 
 The body limit (``server.max_body_bytes``) is enforced before any route reads the body: by
 ``Content-Length`` when given, else while reading a chunked body; both end in ``413`` with JSON.
@@ -19,12 +22,14 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from thoughtgate.access.keys import Principal, authenticate
+from thoughtgate.access.roles import Role
 from thoughtgate.server.errors import error_response
 from thoughtgate.store.key_store import KeyStore
 
 __all__ = [
     "AUTHENTICATED",
     "OVERHEAD_HEADER",
+    "READER_ROLE",
     "READ_BODY",
     "BodyLimitMiddleware",
     "OverheadHeaderMiddleware",
@@ -36,6 +41,10 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_BODY = "thoughtgate.body"
 """The scope's key for a request's whole body, read by :class:`BodyLimitMiddleware`, until a
 route takes it (``server.api.parse_body``) or the app's ``receive`` hands it over."""
+READER_ROLE = "thoughtgate.reader_role"
+"""The scope's key for the role of the key (or ticket) a route checked: the overhead header is
+not sent below developer. An answer given before any key was checked (no key, a bad one, a path
+no route has, the page's files) read no run, and keeps it."""
 AUTHENTICATED = "thoughtgate.principal"
 """The scope's key for the caller :class:`BodyLimitMiddleware` authenticated before it read a
 large body: the route's bearer check takes it instead of looking the key up again."""
@@ -55,13 +64,18 @@ class OverheadHeaderMiddleware:
         start = time.perf_counter()
 
         async def timed_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and _timed_for(scope):
                 elapsed = f"{(time.perf_counter() - start) * 1000:.3f}".encode("ascii")
                 headers = [*message.get("headers", ()), (_OVERHEAD_KEY, elapsed)]
                 message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, timed_send)
+
+
+def _timed_for(scope: Scope) -> bool:
+    role = scope.get(READER_ROLE)
+    return role is None or role >= Role.DEVELOPER
 
 
 class BodyLimitMiddleware:

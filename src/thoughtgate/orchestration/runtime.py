@@ -875,9 +875,10 @@ class Runtime:
         # Where its workflow's steps begin: an execution that waited out an outage of its
         # store goes back there and continues from its checkpoints (ADR 0152).
         mark = None if unwritten else durable.step_mark()
-        holder: Holder | None = None
+        holder: Holder | None
         try:
             while True:
+                holder = None  # this round's claim, once it took the run
                 try:
                     begun = await self._begin_held(
                         begin_execution(self, run_id, admitted, claimed=claimed)
@@ -905,7 +906,7 @@ class Runtime:
                         if outage is None:  # recorded as run.failed / run.error: it is done
                             log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
                             return (await self.store.get_run(run_id)).status
-                await self._wait_out(run_id, outage, task, None if unwritten else holder)
+                await self._wait_out(run_id, outage, task, holder, says_why=not unwritten)
                 if mark is None:  # no workflow yet: it continues as one, from its log
                     raise asyncio.CancelledError(STORE_BACK)
                 durable.replay_from(mark)
@@ -920,14 +921,17 @@ class Runtime:
         outage: StoreUnavailableError,
         task: asyncio.Task[Any],
         holder: Holder | None,
+        *,
+        says_why: bool,
     ) -> None:
         """Wait for the store of ``run_id``, whose execution here its ``outage`` stopped, for
         ``durability.store_outage_wait_s`` at most (``orchestration.outages``, ADR 0152);
         raise :func:`~thoughtgate.orchestration.outages.left_open`'s error past it, the run
         left open. Meanwhile this process holds the run (its own sweep leaves it alone, and
-        the store's first answer renews its lease). Once the store answers, the run says why
-        it resumes (``holder``: the claim that stopped, when a workflow continues it here;
-        ``None`` when the engine records it, handing the run to a workflow)."""
+        the store's first answer renews its lease). Once the store answers, with ``says_why``
+        (a workflow continues it here; else the engine records it, handing the run to one),
+        the run records why it resumes, as ``holder``: the claim that stopped (``None``: its
+        claim is what failed)."""
         wait_s = self.config.durability.store_outage_wait_s
         deadline = time.monotonic() + wait_s
         self.leases.hold(run_id, task)
@@ -936,7 +940,7 @@ class Runtime:
                 left = deadline - time.monotonic()
                 if not await wait_for_store(self.leases, run_id, outage, left):
                     raise left_open(run_id, outage, wait_s) from None  # (its words say why)
-                if holder is None:
+                if not says_why:
                     return
                 try:
                     owner = self.leases.owner.owner_id

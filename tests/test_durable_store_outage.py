@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
@@ -134,7 +135,10 @@ def _clean() -> AsyncIterator[None] | Any:
     FAKE_SCRIPTS.pop("outage", None)
 
 
-async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_checkpoints() -> None:
+async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_checkpoints(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="thoughtgate.durable")
     async with own_database() as (admin, database, url):
         outage = Outage(admin, database)
         FAKE_SCRIPTS["outage"] = outage_script(outage, lasts_s=2.0)
@@ -160,6 +164,11 @@ async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_che
         str(e.payload.get("text", "")) for e in log[cut:] if e.type == EventType.MESSAGE_DELTA
     )
     assert answer == "".join(f"w{i} " for i in range(40))
+    said = [r.getMessage() for r in caplog.records if r.name == "thoughtgate.durable"]
+    tries = [line for line in said if "its store is unavailable (" in line]
+    assert tries and all("unreachable or the connection was lost" in line for line in tries)
+    assert all("trying again in" in line and database in line for line in tries)
+    assert any("its store answers again" in line for line in said)
 
 
 async def test_a_run_without_checkpoints_yet_continues_as_a_workflow_after_an_outage() -> None:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.engine.turn import stream_llm_turn
+from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, ToolSpec, TurnRequest
 from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.openai_responses import CARRIER, OpenAIResponsesProvider
@@ -235,3 +236,119 @@ def test_a_reasoning_item_goes_back_without_its_text(text_fields: dict[str, Any]
     following = body["input"][body["input"].index(replayed) + 1]
     assert following["id"] == "fc_1", "the item still goes right before its follower"
     assert item["summary"] == text_fields["summary"], "the carrier itself is left as it came"
+
+
+# --------------------------------------------------------------------------- Messages
+
+
+def _messages(blocks: list[dict[str, Any]], *, stop: str) -> str:
+    """A Messages stream of whole ``blocks``, each sent as its start, one delta and its stop."""
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5"}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"message": {**start, "content": [], "usage": {"input_tokens": 5}}})
+    ]
+    for i, block in enumerate(blocks):
+        kind = block["type"]
+        opened = {
+            "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+            "text": {"type": "text", "text": ""},
+            "tool_use": {**block, "input": {}},
+        }.get(kind, block)
+        events.append(("content_block_start", {"index": i, "content_block": opened}))
+        if kind == "thinking":
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            events.append(("content_block_delta", {"index": i, "delta": delta}))
+            signed = {"type": "signature_delta", "signature": block["signature"]}
+            events.append(("content_block_delta", {"index": i, "delta": signed}))
+        elif kind == "text":
+            delta = {"type": "text_delta", "text": block["text"]}
+            events.append(("content_block_delta", {"index": i, "delta": delta}))
+        elif kind == "tool_use":
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            events.append(("content_block_delta", {"index": i, "delta": delta}))
+        events.append(("content_block_stop", {"index": i}))
+    events.append(
+        ("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": 9}})
+    )
+    events.append(("message_stop", {}))
+    return "".join(
+        f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n" for name, data in events
+    )
+
+
+SIGNED_1 = {"type": "thinking", "thinking": "SIGNED one", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque-blob"}
+SIGNED_2 = {"type": "thinking", "thinking": "SIGNED two", "signature": "sig-2"}
+SIGNED_3 = {"type": "thinking", "thinking": "SIGNED three", "signature": "sig-3"}
+
+
+def _call(n: int) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{n}", "name": "get_country", "input": {"n": n}}
+
+
+def test_signed_blocks_go_back_first_in_order_across_turns_and_tag_text_never() -> None:
+    """Three tool turns on an Anthropic-compatible server (``think_tags`` leading): each
+    assistant message goes back with its own thinking and redacted_thinking blocks first, in the
+    order they came and unchanged; the inline ``<think>`` text of a text block, and a block the
+    stream never signed, never go back; the last turn thinks and calls no tool, and ends the
+    loop with its thinking recorded, not sent anywhere."""
+    replies = [
+        # an adaptive model's whitespace text before its thinking, then inline tags in the text
+        _messages(
+            [
+                {"type": "text", "text": "\n\n"},
+                SIGNED_1,
+                {"type": "text", "text": f"<think>{TAG} one</think>Let me look."},
+                _call(1),
+            ],
+            stop="tool_use",
+        ),
+        _messages([REDACTED, SIGNED_2, _call(2)], stop="tool_use"),
+        _messages(
+            [{"type": "thinking", "thinking": f"{TAG} unsigned", "signature": ""}, _call(3)],
+            stop="tool_use",
+        ),
+        _messages([SIGNED_3, {"type": "text", "text": "Mexico City."}], stop="end_turn"),
+    ]
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        text = replies[len(bodies) - 1]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+
+    async def main() -> list[Turn]:
+        settings_ = ProviderSettings(base_url="http://replay.invalid", api_key="k", max_retries=0)
+        client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        provider = AnthropicProvider("claude-sonnet-4-5", settings_, client=client)
+        reasoning = ReasoningRequest(enabled=True)
+        history = [Message.user("Largest city in my country?")]
+        turns: list[Turn] = []
+        try:
+            for _ in replies:
+                request = TurnRequest(history, tools=(TOOL,), reasoning=reasoning)
+                turn = await stream_llm_turn(provider, request)
+                turns.append(turn)
+                if not turn.tool_calls:
+                    break
+                results = tuple(
+                    ToolResultPart(c.call_id, "MX", name=c.name) for c in turn.tool_calls
+                )
+                history += [turn.as_message(), Message("tool", results)]
+        finally:
+            await provider.aclose()
+        return turns
+
+    turns = asyncio.run(main())
+    assert len(bodies) == 4 and turns[-1].text == "Mexico City."
+    assert "SIGNED three" in turns[-1].reasoning_text
+    last = bodies[-1]
+    assert TAG not in json.dumps(last) and "think>" not in json.dumps(last)
+    sent = [m["content"] for m in last["messages"] if m["role"] == "assistant"]
+    assert sent == [
+        [SIGNED_1, {"type": "text", "text": "Let me look."}, {**_call(1)}],
+        [REDACTED, SIGNED_2, _call(2)],
+        [_call(3)],  # the unsigned block stays reasoning; that request went without thinking
+    ]
+    assert "thinking" not in last, "a loop whose last turn has no signed block cannot think"
+    assert "thinking" in bodies[2], "the turns before it could"

@@ -158,6 +158,37 @@ def test_no_cut_of_leading_reasoning_goes_back_through_openrouter(
     assert set(_assistant(body)) == {"role", "content", "tool_calls"}
 
 
+OPENED = f"{TAG} the template opened the block\n</think>\n\nLet me look."
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    adapter=st.sampled_from(["compat", "openrouter"]),
+    cuts=st.lists(st.integers(0, 80), max_size=12),
+    capture=st.booleans(),
+)
+def test_opened_keeps_a_template_opened_block_out_of_the_answer_and_the_loop(
+    adapter: str, cuts: list[int], capture: bool
+) -> None:
+    """``think_tags = "opened"``: the output starts mid-thought (the template put ``<think>``
+    into the prompt), so everything before ``</think>`` is reasoning, however it is cut."""
+    first = _chat(_cut(OPENED, cuts), call=True)
+    turn, body = _loop(adapter, first, capture=capture, think_tags="opened")
+    assert turn.text == "Let me look."
+    assert (TAG in turn.reasoning_text) == capture
+    assert TAG not in json.dumps(body) and "think>" not in json.dumps(body)
+
+
+def test_opened_on_a_server_that_splits_reasoning_itself_leaves_the_answer_alone() -> None:
+    """The reasoning came in a field of its own before any content: the block the option
+    assumed was never opened, and the content is the answer."""
+    thought = _chat([""], call=False, extra={"reasoning_content": f"{TAG} plan"}).split("\n\n")[0]
+    first = "\n\n".join([thought, _chat(["Let me look."], call=True)])
+    turn, body = _loop("compat", first, think_tags="opened")
+    assert turn.text == "Let me look." and TAG in turn.reasoning_text
+    assert _assistant(body)["content"] == "Let me look."
+
+
 def test_deepseek_gets_its_reasoning_content_back_and_never_in_content() -> None:
     """DeepSeek demands ``reasoning_content`` back on a tool-call turn (400 without it): it goes
     there, the only place, and the answer goes back without it."""

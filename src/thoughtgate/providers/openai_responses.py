@@ -335,7 +335,9 @@ class ResponsesEventParser(JSONEventParser):
         if key in self._splitters:
             splitter = self._splitters[key]
         else:
-            splitter = self._splitters[key] = splitter_for(self.think_tags)
+            # the turn's first part, after no reasoning item and no call: the one a template opens
+            first = not self._splitters and all(e.type == "message" for e in self._items.values())
+            splitter = self._splitters[key] = splitter_for(self.think_tags, first=first)
         if splitter is None:
             return [TextDelta(text, index=index)] if text else []
         pieces = splitter.feed(text) if text else []

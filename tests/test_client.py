@@ -29,6 +29,7 @@ from support.web import (
 )
 
 from thoughtgate.client import (
+    AnswerError,
     DaemonError,
     RequestRejectedError,
     SyncThoughtgateClient,
@@ -463,8 +464,13 @@ def _controls(text: str) -> list[str]:
          AccessDeniedError),
         (401, json.dumps({"error": {"code": "ticket_bad", "message": _HOSTILE * 30_000}}),
          AuthenticationError),
+        (401, json.dumps({"error": {"code": "unauthorized", "message": _HOSTILE}}),
+         AuthenticationError),
+        (404, json.dumps({"error": {"code": "not_found", "message": "run 'run_x' not found"}}),
+         RunNotFoundError),
     ],
-    ids=["5xx-page", "4xx-json", "5xx-json", "403-json", "401-ticket-json"],
+    ids=["5xx-page", "4xx-json", "5xx-json", "403-json", "401-ticket-json", "401-key-json",
+         "404-run-json"],
 )  # fmt: skip
 async def test_a_hostile_servers_words_are_bounded_and_inert_in_the_errors_text(
     status: int, body: str, raised: type[Exception]
@@ -473,7 +479,8 @@ async def test_a_hostile_servers_words_are_bounded_and_inert_in_the_errors_text(
     errors' text went to library users' logs and terminals as it came (escape sequences,
     megabytes): only the CLI cleaned it (ADR 0135, amendment 4). Now ``str(exc)`` shows each
     control character, is bounded and says how long the words were; the body stays on
-    ``body``, as it came."""
+    ``body``, as it came, whatever the status made of it: a 401, a 403 and a 404 naming the
+    run were the core's classes, without it (amendment 6)."""
     from thoughtgate.client.errors import MESSAGE_LIMIT
 
     wire = body.encode()
@@ -490,17 +497,20 @@ async def test_a_hostile_servers_words_are_bounded_and_inert_in_the_errors_text(
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         async with ThoughtgateClient(url, "k") as tg:
             with pytest.raises(raised) as caught:
-                await tg.list_runs()
+                await (tg.get_run("run_x") if status == 404 else tg.list_runs())
     text = str(caught.value)
     assert not _controls(text), repr(text[:300])
     assert len(text) < MESSAGE_LIMIT * 4 + 100, len(text)  # (an escape shows as 4 characters)
-    assert "bad \\x1b]0;PWNED\\x07gate\\x1b[2J\\x9b31m\\x1b]8;;http://e" in text, text[:300]
+    if '"unauthorized"' not in body and status != 404:  # (said in the client's words)
+        assert "bad \\x1b]0;PWNED\\x07gate\\x1b[2J\\x9b31m\\x1b]8;;http://e" in text, text
     if len(body) > MESSAGE_LIMIT and raised is not DaemonError:
         words = len(json.loads(body)["error"]["message"])
         assert text.endswith(f"… ({words} characters in all)"), text[-100:]
-    if isinstance(caught.value, RequestRejectedError | DaemonError):
-        assert caught.value.body == body
-        assert caught.value.code in ("error", "boom", "")
+    assert isinstance(caught.value, AnswerError)
+    assert caught.value.body == body
+    assert caught.value.status == status
+    assert caught.value.code in ("error", "boom", "", "forbidden", "ticket_bad", "unauthorized",
+                                 "not_found")  # fmt: skip
     if status == 502:
         assert text.endswith(f"… ({len(body)} characters in all)"), text[-100:]
 

@@ -404,6 +404,28 @@ async def test_schema_from_the_url_and_open_store(pg_admin: Admin, pg_schema: st
     assert split_schema_param("postgresql://h/db") == ("postgresql://h/db", None)
 
 
+@pytest.mark.parametrize("password", ["X?Y", "X#Y", "X?Y#Z&schema=no"])
+async def test_a_password_with_a_bare_question_mark_or_hash_keeps_the_urls_schema(
+    pg_schema: str, caplog: pytest.LogCaptureFixture, password: str
+) -> None:
+    """libpq reads a URL's user info up to its first ``@``, so a password may hold a bare ``?``
+    or ``#``; ``urlsplit`` cut the URL there, ``?schema=`` stayed in what libpq was given, and
+    libpq refused it ("invalid URI query parameter"). The server trusts the login, so the
+    password is read and ignored; the store opens in the URL's schema, and no log line says
+    the password (ADR 0135, amendment 6)."""
+    assert PG_URL.startswith("postgresql://postgres@"), "the URL this test rewrites"
+    url = PG_URL.replace("postgres@", f"postgres:{password}@", 1)
+    sep = "&" if "?" in PG_URL.split("@", 1)[1] else "?"
+    caplog.set_level("DEBUG")
+    store = await open_store(f"{url}{sep}schema={pg_schema}&connect_timeout=5")
+    try:
+        assert isinstance(store, PostgresStore)
+        assert store.schema == pg_schema
+    finally:
+        await store.close()
+    assert not [r for r in caplog.records if password in r.getMessage()]
+
+
 async def test_without_a_schema_the_search_path_decides(pg_admin: Admin, pg_schema: str) -> None:
     await pg_admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
     sep = "&" if "?" in PG_URL else "?"

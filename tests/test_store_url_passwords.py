@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.errors import UsageError, public_url
@@ -126,3 +126,69 @@ def test_a_url_whose_escapes_are_not_utf8_is_a_usage_error_not_a_traceback(url: 
         asyncio.run(connect(url, application_name="thoughtgate:test"))
     assert "not UTF-8" in str(refused.value)
     assert "pw" not in str(refused.value)
+
+
+_SPECIALS = "".join(chr(c) for c in range(0x20, 0x7F) if not chr(c).isalnum())
+"""Every printable ASCII character that is not a letter or a digit, the space included."""
+
+_ANY_PASSWORD = st.text(alphabet=_SPECIALS + "XYZ789", min_size=1, max_size=16)
+
+_CUTS = re.compile(r"[@/?#:,&=%\s'\\]")
+"""Where a URL's or a key/value string's parse may cut a password: the pieces between them are
+what an error may quote of it."""
+
+
+def _keyword_value(password: str, quoted: bool) -> str:
+    """``password`` as a key/value string holds it: quoted with its ``'`` and ``\\`` escaped, as
+    libpq's rules say, or typed bare (a space or a quote in it then breaks the string)."""
+    if not quoted:
+        return password
+    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+@settings(max_examples=500, deadline=None)
+@example(password="X?Y", form="user info", escaped=False, schema=True)
+@example(password="X#Y", form="user info", escaped=False, schema=True)
+@example(password="S ek", form="key/value", escaped=False, schema=False)
+@example(password="S ek=1", form="key/value", escaped=False, schema=False)
+@example(password="S%zzek", form="query", escaped=False, schema=False)
+@example(password="@ 7", form="user info", escaped=False, schema=False)
+@given(
+    password=_ANY_PASSWORD,
+    form=st.sampled_from(["user info", "query", "key/value"]),
+    escaped=st.booleans(),
+    schema=st.booleans(),
+)
+def test_no_text_shows_a_password_of_any_special_characters_in_any_form(
+    password: str, form: str, escaped: bool, schema: bool
+) -> None:
+    """A password of any printable characters, in a URL's user info or its ``?password=``, or in
+    a key/value connection string, typed as its rules say or bare: no piece of it holding a
+    letter or a digit stands alone in what the store says of the target or in its driver's
+    errors -- libpq's parse error of a key/value string quoted one (``missing "=" after "ek"``),
+    and one of a ``?password=`` its bad escape. A URL that reads as it was meant (its password
+    escaped, or holding none of ``@ / %`` and no space) has its ``?schema=`` taken out: a bare ``?`` or
+    ``#`` in the password hid it from ``urlsplit``, and libpq refused the URL."""
+    query = "&schema=s" if schema else ""
+    typed = quote(password, safe="") if escaped else password
+    if form == "user info":
+        url = f"postgresql://abc:{typed}@dbhost:5432/appdb{'?' + query[1:] if query else ''}"
+    elif form == "query":
+        url = f"postgresql://abc@dbhost:5432/appdb?password={typed}{query}"
+    else:
+        url = f"host=dbhost port=5432 dbname=appdb password={_keyword_value(password, escaped)}"
+    conninfo, found = split_schema_param(url)
+    where = describe_target(conninfo, found)
+    texts = [where, describe_store(url) if "://" in url else ""]
+    for exc in _driver_errors(conninfo):
+        error = translate_error(exc, "open the store", where, conninfo=conninfo)
+        texts += [str(error), error.public or ""]
+    text = "\n".join(texts)
+    for piece in {password, typed, *_CUTS.split(password)}:
+        if any(c.isalnum() for c in piece):
+            assert not _standalone(piece, text), (url, piece, text)
+    if form == "user info" and (escaped or not set(password) & set("@/% ")):
+        assert found == ("s" if schema else None), (url, conninfo)
+        shown = f"PostgreSQL database appdb at dbhost:5432{', schema s' if schema else ''}"
+        assert shown in where, (url, where)

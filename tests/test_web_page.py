@@ -41,6 +41,7 @@ from thoughtgate.events.thread import rebuild
 from thoughtgate.events.visible import SOURCE_NOTES, VISIBLE_MARKER
 from thoughtgate.inert import inert_text
 from thoughtgate.store.records import ApiKeyRecord
+from thoughtgate.testing.fake import FAKE_SCRIPTS
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture this module uses (one chromium per module)
@@ -793,3 +794,34 @@ def test_bidi_controls_a_model_chose_are_shown_not_obeyed_and_hebrew_stays(
     assert not [c for c in BIDI_CONTROLS if c in html]
     assert "\u05e9\u05dc\u05d5\u05dd\u200f \u05e2\u05d5\u05dc\u05dd" in answer
     assert daemon.get(f"/v1/runs/{run_id}", "member").json()["prompt"] == BIDI_PROMPT
+
+
+def test_a_model_name_the_filter_suggests_is_shown_inert_and_filters_by_the_name_as_it_is(
+    browser: Browser, daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs filter suggests the models of the runs listed, in a ``<datalist>``; an
+    ``<option value>`` is what the dropdown shows and what picking it puts in the field, so a
+    bidi control in a model's name reordered both, and the page left it raw because the value
+    goes back to the API. Now the suggestion is the inert name, and the filter (or a new run's
+    form) sends a suggestion picked as the model it stands for: the list filters to that run."""
+    name = "echo\u202etxt.exe"
+    monkeypatch.setitem(FAKE_SCRIPTS, name, FAKE_SCRIPTS["echo"])
+    model, plain = f"fake:{name}", "fake:echo"
+    run_id = daemon.start_run({"prompt": "a model named with an override", "model": model})
+    other = daemon.start_run({"prompt": "a plain model", "model": plain})
+    daemon.wait_done(run_id)
+    daemon.wait_done(other)
+    with page_for(browser) as (page, _):
+        sign_in(page, daemon.base_url, daemon.keys["member"])
+        page.wait_for_selector("[data-testid=role]:text-is('member')")
+        page.click("#refresh")
+        page.wait_for_selector(f"#runs-list a[data-run='{run_id}']")
+        suggested = page.eval_on_selector_all("#models option", "os => os.map((o) => o.value)")
+        assert inert_text(model) in suggested and plain in suggested, suggested
+        assert not [c for c in BIDI_CONTROLS if c in page.content()]
+        page.click("#more-filters summary")
+        page.fill("#f-model", inert_text(model))  # what picking the suggestion puts there
+        page.press("#f-model", "Enter")
+        page.wait_for_selector(f"#runs-list a[data-run='{other}']", state="detached")
+        listed = page.eval_on_selector_all("#runs-list a", "as => as.map((a) => a.dataset.run)")
+    assert listed == [run_id]

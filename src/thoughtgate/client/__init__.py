@@ -18,24 +18,32 @@ from __future__ import annotations
 
 from thoughtgate.client.aio import EventPage, ThoughtgateClient, Ticket, event_from_dict
 from thoughtgate.client.errors import (
+    AnswerError,
     DaemonError,
     DaemonUnreachableError,
+    ForbiddenError,
     KeyRefusedError,
+    NoSuchRunError,
     RequestRejectedError,
+    TicketRefusedError,
 )
 from thoughtgate.client.run_list import RunListFilters, RunListPage
 from thoughtgate.client.sync import SyncThoughtgateClient
 
 __all__ = [
+    "AnswerError",
     "DaemonError",
     "DaemonUnreachableError",
     "EventPage",
+    "ForbiddenError",
     "KeyRefusedError",
+    "NoSuchRunError",
     "RequestRejectedError",
     "RunListFilters",
     "RunListPage",
     "SyncThoughtgateClient",
     "ThoughtgateClient",
     "Ticket",
+    "TicketRefusedError",
     "event_from_dict",
 ]

@@ -60,9 +60,10 @@ def _login_refused(exc: psycopg.Error) -> bool:
 
 
 _MASK = "***"
-_PIECE_DELIMITERS = re.compile(r"[@/?#:,&=]")
+_PIECE_DELIMITERS = re.compile(r"[@/?#:,&=\s]")
 """Where libpq's URL parse may cut a password typed without its escapes: the user info, host,
-port, database and query delimiters, and the separators of hosts and parameters."""
+port, database and query delimiters, the separators of hosts and parameters, and spaces
+(which it trims)."""
 _PARSED_APART = ("user", "host", "hostaddr", "port", "dbname")
 """What libpq parses out of a URL's user info, host and path, where no ``@`` belongs."""
 
@@ -77,6 +78,36 @@ def _typed_password(conninfo: str) -> str | None:
         return None
     _, colon, typed = userinfo.partition(":")
     return typed if colon and typed else None
+
+
+_QUERY_PASSWORD = re.compile(r"[?&]password=(.*)", re.DOTALL)
+"""A URL's password given as a query parameter and all that follows it: in a URL that does not
+parse, a bare ``&`` may have ended it early (``?password=&7`` said ``... parameter: "7"``)."""
+_KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(.*)", re.DOTALL)
+"""A key/value string's password and all that follows it: when the string does not parse, where
+the password ends cannot be told (``password=S ek`` -- libpq said ``missing "=" after "ek"``)."""
+_KEYWORD_DELIMITERS = re.compile(r"[\s'\\=]+")
+"""Where a key/value string's parse may cut a password: spaces, quotes, escapes and ``=``."""
+
+
+def _typed_elsewhere(conninfo: str, params: dict[str, str] | None) -> list[str]:
+    """The text typed as a password outside a URL's user info -- a URL's ``?password=``, a
+    key/value string's ``password=`` -- when libpq could not parse the string (else its parsed
+    password is the one to mask), with each piece of it: libpq's parse error quotes a piece
+    (``invalid percent-encoded token: "S%zzk"``, ``missing "=" after "ek"``)."""
+    if params is not None:
+        return []
+    if "://" in conninfo:
+        said = _QUERY_PASSWORD.search(conninfo)
+        if said is None:
+            return []
+        rest = said.group(1)
+        return [rest, *_PIECE_DELIMITERS.split(rest), *re.split(r"[%&=]", rest)]
+    said = _KEYWORD_PASSWORD.search(conninfo)
+    if said is None:
+        return []
+    rest = said.group(1).strip()
+    return [rest, *_KEYWORD_DELIMITERS.split(rest)]
 
 
 def _parsed(conninfo: str) -> dict[str, str] | None:
@@ -130,6 +161,7 @@ def _password_pieces(conninfo: str, params: dict[str, str] | None) -> list[str]:
             for whole in (typed, decoded):
                 pieces.add(whole)
                 pieces.update(_PIECE_DELIMITERS.split(whole))
+    pieces.update(_typed_elsewhere(conninfo, params))
     return sorted((p for p in pieces if p and _worth_masking(p)), key=len, reverse=True)
 
 
@@ -149,20 +181,30 @@ def _missing_database(exc: psycopg.Error) -> bool:
     return _said(exc, "3D000", _NO_DATABASE)
 
 
+_ESCAPE_HINT = "percent-encode the URL's password: @ is %40, / is %2F, a space %20"
+"""What to do about a URL libpq did not read as it was meant, when it has a password typed."""
+
+
 def describe_target(conninfo: str, schema: str | None = None) -> str:
     """``PostgreSQL database test at 127.0.0.1:5432, schema s`` (never the password, nor a
-    piece of one a URL's parse put in the host or the database)."""
+    piece of one a URL's parse put in the host or the database). A URL with a password that
+    libpq could not read, or read apart as no one means, says how to write it instead: its
+    error alone (``invalid URI query parameter: "***"``) would not tell."""
     params = _parsed(conninfo)
+    typed = "://" in conninfo and _typed_password(conninfo) is not None
+    hint = _ESCAPE_HINT if typed and not _read_as_typed(conninfo, params) else ""
     if params is None:
-        return "PostgreSQL (unparseable connection string)"
+        return f"PostgreSQL (unparseable connection string{'; ' + hint if hint else ''})"
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port") or "5432"
     dbname = params.get("dbname") or params.get("user") or "(default)"
     if not _read_as_typed(conninfo, params):  # what libpq parsed apart may hold the password
         pieces = _password_pieces(conninfo, params)
         host, port, dbname = (_masked(x, pieces) for x in (host, port, dbname))
+        schema = _masked(schema, pieces) if schema else schema
     where = f"PostgreSQL database {dbname} at {host}:{port}"
-    return f"{where}, schema {schema}" if schema else where
+    where = f"{where}, schema {schema}" if schema else where
+    return f"{where} ({hint})" if hint else where
 
 
 def translate_error(

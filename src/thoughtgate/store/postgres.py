@@ -351,21 +351,33 @@ _UPSERT_KEY = (
 def split_schema_param(url: str) -> tuple[str, str | None]:
     """Take our own ``?schema=NAME`` out of a URL (libpq would reject it); the rest is libpq's.
 
-    The other parameters are passed through byte for byte: re-encoding them could change what
-    libpq reads (it does not treat ``+`` as a space, for one).
+    The query is found where libpq finds it: after the user info, which ends at the first
+    ``@`` before any ``/``, so a password holding a bare ``?`` or ``#`` keeps them, and the
+    ``?`` after the host or the database starts the query (``urlsplit`` cut the URL at the
+    password's ``?`` or ``#``: ``schema`` was left in, and libpq refused it). The other
+    parameters are passed through byte for byte: re-encoding them could change what libpq
+    reads (it does not treat ``+`` as a space, for one).
     """
-    parts = urllib.parse.urlsplit(url)
-    if not parts.query:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, None
+    at, slash = rest.find("@"), rest.find("/")
+    past_user = at + 1 if at >= 0 and (slash < 0 or at < slash) else 0
+    start = rest.find("?", past_user)
+    if start < 0:
         return url, None
     schema: str | None = None
     kept: list[str] = []
-    for item in parts.query.split("&"):
+    for item in rest[start + 1 :].split("&"):
         key, _, value = item.partition("=")
+        if key == "schema" and "@" in value:  # a password's bare ``/`` ended the host early:
+            return url, None  # this "query" is the password's, and what follows (ADR 0135)
         if key == "schema":
             schema = urllib.parse.unquote(value)
         else:
             kept.append(item)
-    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), schema
+    query = "&".join(kept)
+    return f"{scheme}://{rest[:start]}{'?' if query else ''}{query}", schema
 
 
 async def missing_schema(url: str) -> str | None:

@@ -2,7 +2,7 @@
 // (GET /v1/runs/stream) that keeps it current; and the form that starts a run (member+).
 // Every run shown came through the daemon's one output filter for the key's role.
 
-import { $, ApiError, RUN_STATUS_TEXT, ago, api, button, can, el, pill, setText, state } from "./util.js";
+import { $, ApiError, RUN_STATUS_TEXT, ago, api, button, can, el, inert, pill, setText, state } from "./util.js";
 
 const list = {
   runs: [], next: null, changes: 0, lastChange: 0, filters: {}, generation: 0,
@@ -21,11 +21,19 @@ function readFilters() {
     q: $("#search").value.trim(),
     status: $("#f-status").value,
     mode: $("#f-mode").value,
-    model: $("#f-model").value.trim(),
+    model: modelNamed($("#f-model").value.trim()),
     key: $("#f-key").value,
     since: epoch($("#f-since").value, Math.floor),
     until: epoch($("#f-until").value, Math.ceil),
   };
+}
+
+// A model's name as the suggestions show it is `inert` (a bidi control in it would reorder the
+// dropdown and the field once picked); what goes back to the API is the name as the runs hold
+// it: a suggestion picked is sent as the model it shows (ADR 0135).
+function modelNamed(text) {
+  if (!list.models.has(text)) for (const m of list.models) if (inert(m) === text) return m;
+  return text;
 }
 
 function queryOf(f, extra = {}) {
@@ -77,7 +85,7 @@ function renderList() {
   if (focused) nav.querySelector(`a[data-run="${CSS.escape(focused)}"]`)?.focus();
   const models = $("#models");
   for (const r of list.runs) if (r.model) list.models.add(r.model);
-  models.replaceChildren(...[...list.models].sort().map((m) => el("option", { value: m })));
+  models.replaceChildren(...[...list.models].sort().map((m) => el("option", { value: inert(m) })));
 }
 
 export function markActive(runId) {
@@ -222,7 +230,7 @@ export async function showNewRun(onStarted, onCancel) {
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     status.textContent = "";
-    const body = { prompt: prompt.value, model: model.value.trim() };
+    const body = { prompt: prompt.value, model: modelNamed(model.value.trim()) };
     if (mode.value) body.chain_of_thought = mode.value;
     const chosen = toolBoxes.map((l) => l.querySelector("input")).filter((i) => i.checked).map((i) => i.value);
     if (chosen.length) body.tools = chosen;

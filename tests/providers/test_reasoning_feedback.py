@@ -377,7 +377,7 @@ def test_signed_blocks_go_back_first_in_order_across_turns_and_tag_text_never() 
     assert TAG not in json.dumps(last) and "think>" not in json.dumps(last)
     sent = [m["content"] for m in last["messages"] if m["role"] == "assistant"]
     assert sent == [
-        [SIGNED_1, {"type": "text", "text": "Let me look."}, {**_call(1)}],
+        [SIGNED_1, {"type": "text", "text": "Let me look."}, _call(1)],
         [REDACTED, SIGNED_2, _call(2)],
         [_call(3)],  # the unsigned block stays reasoning; that request went without thinking
     ]

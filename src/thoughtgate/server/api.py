@@ -93,6 +93,9 @@ class Endpoint:
     status: int = 200
     params: tuple[QueryParam, ...] = ()
     errors: tuple[int, ...] = ()
+    answers: tuple[int, ...] = ()
+    """Statuses other than ``status`` answered with the ``response`` model, not the error body
+    (``/readyz``'s 503)."""
     media_type: str = "application/json"
     description: str = ""
     prefetch: Callable[[Request], Prefetch | None] | None = None

@@ -174,7 +174,10 @@ def create_app(
         sse_send_timeout_s=sse_send_timeout_s,
         feeds=RunFeeds(runtime.store),
         access=AccessWatch(runtime.store, interval_s=access_check_s),
-        streams=LiveStreams(tick_s=min(1.0, config.server.keepalive_s / 2, sse_send_timeout_s / 4)),
+        streams=LiveStreams(
+            tick_s=min(1.0, config.server.keepalive_s / 2, sse_send_timeout_s / 4),
+            refusal=runtime.store.write_refusal,
+        ),
     )
     endpoints = all_endpoints()
 

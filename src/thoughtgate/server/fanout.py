@@ -271,6 +271,11 @@ class LiveReader:
         return self._done
 
     @property
+    def following(self) -> bool:
+        """Whether the replay caught up: ``next`` now waits for what is appended next."""
+        return not self._replaying and not self._done
+
+    @property
     def shared(self) -> bool:
         """Whether other readers follow the same feed now (then a frame is worth caching)."""
         return self._feed is not None and len(self._feed.subscribers) > 1

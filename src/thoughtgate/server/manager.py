@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from thoughtgate.engine.tools import ToolRegistry
-from thoughtgate.errors import UsageError, failure_detail, failure_text
+from thoughtgate.errors import StoreError, UsageError, chained, failure_detail, failure_text
 from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
@@ -88,6 +88,9 @@ class RunManager:
         """Why the execution here of each of the last ``_ENDED`` runs that stopped with a
         failure stopped (its public words): what the sweep that closes such a run, left open
         because its end could not be recorded, says of it (ADR 0149)."""
+        self._refused: dict[str, None] = {}
+        """The last ``_ENDED`` runs whose execution here stopped because the store refused a
+        write (``stopped_by_store``, ADR 0151)."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()
@@ -325,6 +328,16 @@ class RunManager:
             self._stopped[run_id] = why
             if len(self._stopped) > _ENDED:
                 del self._stopped[next(iter(self._stopped))]
+            if any(isinstance(e, StoreError) for e in chained(exc)):
+                self._refused[run_id] = None
+                if len(self._refused) > _ENDED:
+                    del self._refused[next(iter(self._refused))]
+
+    def stopped_by_store(self, run_id: str) -> bool:
+        """Whether this daemon's execution of the run stopped because the store refused one of
+        its writes (one of the last runs it executed): what the store still says of the run
+        was true before that, and may say it is under way (ADR 0151)."""
+        return run_id in self._refused
 
     # ------------------------------------------------------------------ resume
     async def resume(self, run_id: str) -> RunRecord:

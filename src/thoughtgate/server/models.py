@@ -35,6 +35,7 @@ __all__ = [
     "KeyView",
     "Me",
     "Permissions",
+    "Readiness",
     "RevokeResult",
     "RunCreated",
     "RunList",
@@ -201,6 +202,27 @@ class Health(BaseModel):
     version: str
 
 
+class Readiness(BaseModel):
+    """``GET /readyz``, answered without a key: whether this daemon takes runs now (its store
+    takes writes, it is not shutting down), with one fixed word of why not; nothing of its runs,
+    no path, no error text (ADR 0151)."""
+
+    status: Literal["ready", "unready"]
+    reason: (
+        Literal[
+            "shutting_down",
+            "store_removed",
+            "store_replaced",
+            "store_refuses_writes",
+            "store_unreachable",
+            "store_read_only",
+            "store_unavailable",
+            "store_closed",
+        ]
+        | None
+    ) = Field(default=None, description="why not ready; absent when ready")
+
+
 class KeyView(BaseModel):
     key_id: str
     name: str
@@ -246,6 +268,7 @@ RESPONSE_MODELS: tuple[type, ...] = (
     ApprovalResult,
     Me,
     Health,
+    Readiness,
     KeyList,
     CreatedKeyView,
     RevokeResult,

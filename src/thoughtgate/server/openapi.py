@@ -77,6 +77,9 @@ def _responses(endpoint: Endpoint, error: dict[str, Any]) -> dict[str, Any]:
     else:
         ok["content"] = _json_content(endpoint.response)
     responses: dict[str, Any] = {str(endpoint.status): ok}
+    for code in endpoint.answers:
+        described = _STATUS_TEXT.get(code, "Answered")
+        responses[str(code)] = {"description": described, "content": ok["content"]}
     codes = set(endpoint.errors)
     if endpoint.auth != "none":
         codes |= {401, 403}

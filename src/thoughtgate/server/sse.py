@@ -15,6 +15,12 @@ events wait for it is sent an ``event: lagging`` frame whose data names the last
 sent, and closed; it resumes from there with ``Last-Event-ID`` and loses nothing, because nothing
 is ever dropped from the log.
 
+A stream that follows a run is also let go while the store refuses writes (ADR 0151): nothing more
+of any run can be recorded then, so once it has sent what is stored it ends with an ``event:
+failed`` frame naming the last ``id`` it was sent (as a read that fails does), and the client
+resumes from there once the store takes writes again.
+``LiveStreams`` asks the store (``write_refusal``: no query) once a tick for every stream.
+
 A stream is also ended when its reader's access goes: ``watch_access`` registers a callback (the
 daemon's ``AccessWatch``) that, once the ticket's key is revoked or loses the role, makes the
 stream send nothing more but an ``event: access_revoked`` frame whose data says why. A finished
@@ -153,6 +159,9 @@ async def live_frames(
     loop = asyncio.get_running_loop()
     last_sent = after
     lost: list[str] = []
+    refused: list[bool] = []
+    if follow and streams is not None and streams.refusing() is not None:
+        refused.append(True)  # what is stored, then the resume frame
     quiet_since = loop.time()
 
     def access_lost(message: str) -> None:
@@ -163,6 +172,13 @@ async def live_frames(
 
     def tick(now: float) -> None:
         if ping_s is not None and now - quiet_since >= ping_s:
+            reader.wake()
+
+    def store_refused() -> None:
+        """The store refuses writes: nothing more of the run can be recorded while it does, so
+        a follower is let go with the resume frame rather than held (ADR 0151)."""
+        if follow and not refused:
+            refused.append(True)
             reader.wake()
 
     def sink(events: Sequence[Event]) -> bool:
@@ -195,10 +211,13 @@ async def live_frames(
     if direct is not None:
         reader.sink = sink
     unwatch = watch_access(access_lost) if watch_access is not None else None
-    untick = streams.add(tick, reader.wake) if streams is not None and ping_s else None
+    untick = streams.add(tick, reader.wake, store_refused) if streams is not None else None
     wait = None if untick is not None else ping_s
     try:
         while True:
+            if refused and reader.following:
+                yield _note(_FAILED, resume_after=last_sent)
+                return
             try:
                 batch = await reader.next(wait)
             except asyncio.CancelledError:
@@ -244,28 +263,43 @@ async def live_frames(
         reader.close()
 
 
+_Stream = tuple[Callable[[float], None], Callable[[], None], Callable[[], None] | None]
+"""An open stream's ``tick``, ``stop`` and ``refused`` (``LiveStreams.add``)."""
+
+
 class LiveStreams:
     """The open live streams of one app: ticked by one task for all of them, and ended all at
     once when the server shuts down.
 
     Keep-alives and send timeouts need a clock per stream; one ticker that looks at every open
     stream each ``tick_s`` costs far less than a timer per write or per wait (a thousand readers
-    of one run would arm a thousand timers per event).
+    of one run would arm a thousand timers per event). The same ticker asks whether the store
+    refuses writes, once for all of them (``refusal``).
     """
 
-    def __init__(self, tick_s: float = 1.0) -> None:
+    def __init__(
+        self, tick_s: float = 1.0, *, refusal: Callable[[], str | None] | None = None
+    ) -> None:
         self.tick_s = tick_s
-        self._streams: dict[object, tuple[Callable[[float], None], Callable[[], None]]] = {}
+        self.refusal = refusal
+        """The store's ``write_refusal`` (ADR 0151): asked once a tick while streams are open,
+        and by each stream as it starts; while it answers, following streams are let go."""
+        self._streams: dict[object, _Stream] = {}
         self._ticker: asyncio.Task[None] | None = None
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop the streams run on (known once one was added)."""
 
-    def add(self, tick: Callable[[float], None], stop: Callable[[], None]) -> Callable[[], None]:
-        """Call ``tick(loop time)`` every ``tick_s`` and ``stop()`` on shutdown, until the
-        returned function is called."""
+    def add(
+        self,
+        tick: Callable[[float], None],
+        stop: Callable[[], None],
+        refused: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:
+        """Call ``tick(loop time)`` every ``tick_s``, ``refused()`` at each tick while the store
+        refuses writes, and ``stop()`` on shutdown, until the returned function is called."""
         token = object()
-        self._streams[token] = (tick, stop)
+        self._streams[token] = (tick, stop, refused)
         if self._ticker is None or self._ticker.done():
             self.loop = asyncio.get_running_loop()
             self._ticker = self.loop.create_task(self._tick_forever())
@@ -282,13 +316,20 @@ class LiveStreams:
         while self._streams:
             await asyncio.sleep(self.tick_s)
             now = loop.time()
-            for tick, _ in list(self._streams.values()):
+            refusing = self.refusing() is not None
+            for tick, _, refused in list(self._streams.values()):
                 tick(now)
+                if refusing and refused is not None:
+                    refused()
+
+    def refusing(self) -> str | None:
+        """Why the store refuses writes now (``refusal``'s word), or ``None``."""
+        return self.refusal() if self.refusal is not None else None
 
     def stop_all(self) -> None:
         """End every open stream now, and every stream opened from now on."""
         self.stopping = True
-        for _, stop in list(self._streams.values()):
+        for _, stop, _ in list(self._streams.values()):
             stop()
         if self._ticker is not None:
             self._ticker.cancel()

@@ -13,6 +13,7 @@ from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
+from thoughtgate.server.readiness import Readiness
 from thoughtgate.server.sse import LiveStreams
 from thoughtgate.server.stream_slots import StreamSlots
 from thoughtgate.store.base import EventStore
@@ -36,8 +37,13 @@ class ServerState:
     """The open live streams, ended all at once when the server shuts down."""
     stream_slots: StreamSlots = field(default_factory=StreamSlots)
     """How many live streams each key holds (``quotas.max_live_streams_per_key``, ADR 0155)."""
+    readiness: Readiness = field(init=False)
+    """What ``GET /readyz`` asks: one over ``runtime.store``."""
     _signer: TicketSigner | None = None
     _signer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.readiness = Readiness(self.runtime.store)
 
     @property
     def store(self) -> EventStore:

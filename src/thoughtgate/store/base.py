@@ -49,3 +49,17 @@ class EventStore(EventLog, RunIndex, KeyStore):
 
     async def close(self) -> None:  # noqa: B027 (optional hook; the memory store has nothing to do)
         """Release connections; the store is unusable afterwards."""
+
+    def write_refusal(self) -> str | None:
+        """Why this store refuses writes now, as one short word (``store_removed``,
+        ``store_refuses_writes``, ...), from what it knows without asking the database (its
+        writes' last outcome, a ``stat`` of its file); ``None`` when, as far as it knows, it
+        takes them. Cheap enough to ask once a second with every live stream open (ADR 0151).
+        """
+        return None
+
+    async def check_writes(self, wait_s: float) -> str | None:
+        """:meth:`write_refusal`, or what asking the database once without writing finds
+        (PostgreSQL: a connection within ``wait_s`` and a read-only check); ``GET /readyz``
+        asks it at most once a second (ADR 0151)."""
+        return self.write_refusal()

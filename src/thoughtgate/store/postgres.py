@@ -37,7 +37,7 @@ from thoughtgate.store.pg_foreign_xids import ForeignXids
 from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
-from thoughtgate.store.pg_pool import connect, open_pool
+from thoughtgate.store.pg_pool import POOL_WAIT_S, connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema, schema_tables
 from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
@@ -413,6 +413,13 @@ def channel_name(schema: str) -> str:
     return f"thoughtgate_events:{hashlib.sha256(schema.encode()).hexdigest()[:40]}"
 
 
+_READ_ONLY = (
+    "SELECT pg_catalog.pg_is_in_recovery() "
+    "OR pg_catalog.current_setting('transaction_read_only') = 'on'"
+)
+"""Whether a write on this connection would be refused as read-only (``check_writes``)."""
+
+
 class PostgresStore(EventStore, durable.DurableRunStore):
     """An :class:`EventStore` in one PostgreSQL schema. Create with ``await PostgresStore.open``."""
 
@@ -454,12 +461,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     @classmethod
     async def open(
-        cls, url: str, *, schema: str | None = None, pool_size: int = 10
+        cls,
+        url: str,
+        *,
+        schema: str | None = None,
+        pool_size: int = 10,
+        pool_wait_s: float = POOL_WAIT_S,
     ) -> PostgresStore:
         """Connect, create the schema if needed, and apply missing migrations.
 
         ``schema`` (or ``?schema=NAME`` in the URL) names the schema holding thoughtgate's tables;
         without one, the connection's current schema (normally ``public``) is used.
+        ``pool_wait_s``: how long a call waits for a connection (none free, or the server
+        refusing new ones) before it fails as an outage (``pg_pool``).
         """
         conninfo, url_schema = split_schema_param(url)
         where = describe_target(conninfo, schema or url_schema)
@@ -485,6 +499,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             size=pool_size,
             setup=store._setup_connection,
             application_name=f"thoughtgate:{chosen}"[:63],
+            wait_s=pool_wait_s,
         )
         return store
 
@@ -513,6 +528,24 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await pool.putconn(conn)
         except psycopg.Error as exc:
             raise translate_error(exc, action, self._where, conninfo=self.conninfo) from exc
+
+    async def check_writes(self, wait_s: float) -> str | None:
+        """A pooled connection within ``wait_s``, and the server not read-only (a standby, or
+        ``default_transaction_read_only``): one round trip, no write (ADR 0151)."""
+        pool = self._pool
+        if pool is None or pool.closed:
+            return "store_closed"
+        try:
+            async with asyncio.timeout(wait_s):
+                conn = await pool.getconn(timeout=wait_s)
+                try:
+                    cur = await conn.execute(_READ_ONLY)
+                    row = await cur.fetchone()
+                finally:
+                    await pool.putconn(conn)
+        except (psycopg.Error, TimeoutError):
+            return "store_unreachable"
+        return "store_read_only" if row is not None and row[0] else None
 
     async def close(self) -> None:
         await self._notifier.close()

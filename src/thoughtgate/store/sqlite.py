@@ -1190,6 +1190,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._reader.close()
         await self._writer.close()
 
+    def write_refusal(self) -> str | None:
+        return self._writer.refusal()
+
     # -- runs and tasks ------------------------------------------------------------------
     async def create_run(self, run: RunRecord) -> None:
         row = codec.run_row(run)

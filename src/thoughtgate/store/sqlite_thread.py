@@ -85,7 +85,7 @@ Exception mapping (``translate_error``)::
     ├── SQLITE_FULL                 → StoreError "database or disk is full" (write rolled back)
     ├── SQLITE_READONLY*            → StoreReadOnlyError
     ├── SQLITE_NOTADB               → NotOurDatabaseError
-    ├── SQLITE_BUSY / SQLITE_LOCKED → StoreUnavailableError (locked past the busy timeout)
+    ├── SQLITE_BUSY / SQLITE_LOCKED → StoreUnavailableError, an outage (locked past the busy timeout)
     ├── SQLITE_CANTOPEN / PERM      → StoreUnavailableError
     └── anything else               → StoreError (corruption, I/O errors, constraint failures)
 """
@@ -101,6 +101,7 @@ import queue
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,16 @@ _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 
     14,
     26,
 )
+_REFUSALS = frozenset({_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN})
+"""The primary result codes that say the database refuses writes, rather than that one write
+was wrong (a constraint, a bug): what :meth:`SQLiteThread.refusal` counts."""
+
+REFUSAL_HELD_S = 30.0
+"""How long a refused write keeps a store reported as refusing writes when nothing is written
+after it (ADR 0151). Under way, a refusal is followed by the next write within seconds (the
+sweep's every ``lease * 2/3``, a client's retry), which either renews it or clears it; left
+alone, the store is taken back after this long without a write of its own, and the next write
+that fails renews it."""
 
 
 def translate_error(
@@ -168,12 +179,14 @@ def translate_error(
         text = f"{where} is not a SQLite database ({SAID}); it was left untouched"
         return quoting(NotOurDatabaseError, text, exc)
     if primary in (_BUSY, _LOCKED):
-        return quoting(
+        locked = quoting(
             StoreUnavailableError,
             f"cannot {action}: {where} stayed locked by another connection for more than "
             f"{busy_timeout:g}s ({SAID})",
             exc,
         )
+        locked.outage = True  # the lock's holder lets go by itself (ADR 0152)
+        return locked
     if primary in (_CANTOPEN, _PERM):
         return quoting(
             StoreUnavailableError,
@@ -268,6 +281,11 @@ class SQLiteThread:
         self._file: tuple[str, int, int] | None = None
         """The database file the connection opened: its absolute path, device and inode (set
         once it is open; ``None`` for an in-memory database)."""
+        self._refused_at: float | None = None
+        """When (``time.monotonic``) a write was last refused by the database or its file (full,
+        locked past the busy timeout, read-only, I/O error, removed), until a ``COMMIT`` holds
+        again: what :meth:`refusal` goes by (ADR 0151). Set by whichever thread met the error;
+        one float, read on the loop."""
 
     async def start(self, connect: Callable[[], sqlite3.Connection], action: str) -> None:
         """Start the thread and open the connection on it (``connect`` may check and migrate)."""
@@ -690,6 +708,9 @@ class SQLiteThread:
 
     def _translate(self, exc: BaseException, action: str) -> BaseException:
         if isinstance(exc, sqlite3.Error):
+            code = getattr(exc, "sqlite_errorcode", None)
+            if isinstance(code, int) and code & 0xFF in _REFUSALS:
+                self._refused_at = time.monotonic()
             translated = translate_error(exc, self.path, action, busy_timeout=self.busy_timeout)
             translated.__cause__ = exc
             return translated
@@ -812,6 +833,7 @@ class SQLiteThread:
             return failed
         gone = self._file_gone()
         if gone is not None:  # what it committed would be kept nowhere anyone can read it
+            self._refused_at = time.monotonic()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             return failed + [
@@ -827,24 +849,47 @@ class SQLiteThread:
                 _Outcome(o.job, self._translate(exc, o.job.action), None) for o in done
             ]
         self.commits += 1
+        self._refused_at = None
         return failed + done
 
-    def _file_gone(self) -> str | None:
-        """Why a commit now would be kept nowhere, or ``None`` when the path still names the
-        file the connection opened. One ``stat`` per transaction, beside its fsync."""
+    def refusal(self) -> str | None:
+        """Why writes are refused now, as one word, or ``None`` (ADR 0151): the file the
+        connection opened is gone from its path (``store_removed``, ``store_replaced``: one
+        ``stat``), or a write was refused less than :data:`REFUSAL_HELD_S` ago and none was
+        committed since (``store_refuses_writes``). Never a write: a store that refused one
+        and is then left alone is taken for writable again after that long."""
+        state = self._file_state()
+        if state is not None:
+            return f"store_{state}"
+        at = self._refused_at
+        if at is not None and time.monotonic() - at < REFUSAL_HELD_S:
+            return "store_refuses_writes"
+        return None
+
+    def _file_state(self) -> str | None:
+        """``removed`` or ``replaced`` when the path no longer names the file the connection
+        opened, else ``None`` (also when it cannot tell)."""
         if self._file is None:
             return None
         path, device, inode = self._file
         try:
             now = os.stat(path)
         except FileNotFoundError:
-            what = "was removed (or its directory was)"
-        except OSError:  # unreadable for another reason: the commit says what is wrong, if so
+            return "removed"
+        except OSError:  # unreadable for another reason: a commit says what is wrong, if so
             return None
-        else:
-            if (now.st_dev, now.st_ino) == (device, inode):
-                return None
-            what = "was replaced by another file"
+        return None if (now.st_dev, now.st_ino) == (device, inode) else "replaced"
+
+    def _file_gone(self) -> str | None:
+        """Why a commit now would be kept nowhere, or ``None`` when the path still names the
+        file the connection opened. One ``stat`` per transaction, beside its fsync."""
+        state = self._file_state()
+        if state is None or self._file is None:
+            return None
+        path = self._file[0]
+        what = "was replaced by another file"
+        if state == "removed":
+            what = "was removed (or its directory was)"
         return (
             f"SQLite database {path} {what} while this process had it open; the write was "
             "rolled back, as what is written to the unlinked file is lost when the process "

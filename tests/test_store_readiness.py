@@ -1,0 +1,298 @@
+"""A daemon whose store refuses writes says so (ADR 0151): ``GET /readyz`` answers 503 with a
+short reason word, the live readers of its open runs get the channel's resume frame and their
+connections end, and a run whose execution here stopped because nothing of it could be recorded
+no longer reads ``running``.
+
+Before, a daemon whose store directory was removed (ADR 0149) or whose writes failed refused
+every write, but ``/healthz`` (liveness: it reads nothing) answered ok, the run it was executing
+read ``running`` and a live reader stayed attached until the daemon stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from support.daemon import Daemon, running_daemon
+from support.durable import until
+from support.pg import PG_URL, pg_admin, pg_schema
+from support.store_conformance import make_run
+from support.ticker import ticker_prompt
+
+from thoughtgate.config import Config
+from thoughtgate.errors import StoreError
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
+from thoughtgate.server.app import create_app
+from thoughtgate.server.readiness import Readiness
+from thoughtgate.store.base import EventStore
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.postgres import PostgresStore
+from thoughtgate.store.sqlite import SQLiteStore
+
+__all__ = ["pg_admin", "pg_schema"]  # fixtures, used by name
+
+WAIT_S = 30.0
+"""Only a hang reaches it (a live reader left attached)."""
+
+
+@contextlib.contextmanager
+def _held_run(tmp_path: Path) -> Iterator[tuple[Daemon, Path, str]]:
+    """A daemon on a SQLite store in its own directory, and a run it executes whose model waits
+    while a file in that directory exists, then streams: once the directory is removed, the
+    model goes on and its first write is the first the removed store refuses."""
+    directory = tmp_path / "store"
+    with running_daemon(sqlite_dir=directory) as daemon:
+        hold = directory / "hold"
+        hold.touch()
+        prompt = ticker_prompt(5, 0, hold)
+        run_id = daemon.start_run(
+            {"prompt": prompt, "model": "fake:ticker", "chain_of_thought": "surface"}
+        )
+
+        async def running() -> bool:
+            return daemon.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"
+
+        asyncio.run(until(running))
+        yield daemon, directory, run_id
+
+
+def _read_to_end(response: httpx.Response) -> list[SSEMessage]:
+    """Every message of an SSE response that must end by itself: keep-alive comments would
+    reset a read timeout, so the whole read has a deadline."""
+    deadline = time.monotonic() + WAIT_S
+    decoder = SSEDecoder()
+    out: list[SSEMessage] = []
+    for chunk in response.iter_bytes():
+        out.extend(decoder.feed(chunk))
+        assert time.monotonic() < deadline, f"still attached after {out}"
+    return [*out, *decoder.flush()]
+
+
+@pytest.mark.inprocess
+def test_readiness_answers_ok_on_a_healthy_store_and_503_once_its_directory_is_removed(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "store"
+    with running_daemon(sqlite_dir=directory) as daemon:
+        ready = daemon.get("/readyz")  # no key, like /healthz
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        shutil.rmtree(directory)
+        unready = daemon.get("/readyz")
+        assert unready.status_code == 503
+        assert unready.json() == {"status": "unready", "reason": "store_removed"}
+        # liveness is another question: the process is up and answers
+        assert daemon.get("/healthz").status_code == 200
+
+
+@pytest.mark.inprocess
+def test_readiness_says_nothing_of_runs_or_paths_with_or_without_a_key(tmp_path: Path) -> None:
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        bodies = {daemon.get("/readyz", role).text for role in (None, "owner")}
+        shutil.rmtree(directory)
+        bodies |= {daemon.get("/readyz", role).text for role in (None, "owner")}
+        assert {json.dumps(json.loads(b), sort_keys=True) for b in bodies} == {
+            '{"status": "ready"}',
+            '{"reason": "store_removed", "status": "unready"}',
+        }
+        for body in bodies:
+            assert run_id not in body and str(tmp_path) not in body and "db" not in body
+
+
+@pytest.mark.inprocess
+def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and_is_let_go(
+    tmp_path: Path,
+) -> None:
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        ticket = daemon.ticket(run_id, "owner")
+        timeout = httpx.Timeout(10, read=WAIT_S)
+        with (
+            daemon.client() as c,
+            c.stream(
+                "GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}, timeout=timeout
+            ) as r,
+        ):
+            assert r.status_code == 200
+            shutil.rmtree(directory)  # the model goes on; its first write is refused
+            messages = _read_to_end(r)  # before, it stayed attached until the daemon stopped
+        last = messages[-1]
+        assert last.event == "failed"
+        sent = [int(m.id) for m in messages if m.id]
+        assert json.loads(last.data) == {"reason": "failed", "resume_after": max(sent)}
+
+        # once its execution here stopped (at its first refused write), its end unrecorded, the
+        # run does not read running
+        async def stopped() -> bool:
+            return daemon.get(f"/v1/runs/{run_id}", "owner").status_code != 200
+
+        asyncio.run(until(stopped, WAIT_S))
+        view = daemon.get(f"/v1/runs/{run_id}", "owner")
+        assert view.status_code == 503, view.text
+        assert view.json()["error"]["code"] == "store_refuses_writes"
+        assert "running" not in view.text
+        # a reader that resumes is let go the same way, after what is stored: no hang
+        ticket = daemon.ticket(run_id, "owner")
+        with (
+            daemon.client() as c,
+            c.stream(
+                "GET",
+                f"/v1/runs/{run_id}/stream",
+                params={"ticket": ticket, "last_event_id": max(sent)},
+                timeout=timeout,
+            ) as again,
+        ):
+            resumed = _read_to_end(again)
+        assert [m.event for m in resumed] == ["failed"]
+        assert json.loads(resumed[0].data)["resume_after"] == max(sent)
+
+
+@contextlib.asynccontextmanager
+async def _readyz(store: EventStore) -> AsyncIterator[httpx.AsyncClient]:
+    """The daemon's routes over ``store`` in this loop (``/readyz`` needs no lifespan)."""
+    app = create_app(store, Config())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        yield client
+
+
+@pytest.mark.inprocess
+async def test_readiness_fails_while_writes_fail_and_recovers_once_one_is_taken(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the write lock past the store's busy timeout: every write is
+    refused (as on a full disk); once one is taken again, the daemon is ready."""
+    path = tmp_path / "s.db"
+    store = await SQLiteStore.open(path, busy_timeout=0.05)
+    try:
+        async with _readyz(store) as client:
+            assert (await client.get("/readyz")).status_code == 200
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")
+            try:
+                with pytest.raises(StoreError, match="locked"):
+                    await store.create_run(make_run())
+                unready = await client.get("/readyz")
+                assert unready.status_code == 503
+                assert unready.json() == {"status": "unready", "reason": "store_refuses_writes"}
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            await store.create_run(make_run())
+            assert (await client.get("/readyz")).json() == {"status": "ready"}
+    finally:
+        await store.close()
+
+
+class _Proxy:
+    """A TCP proxy to the test PostgreSQL server: stopping it cuts every connection through it
+    and refuses new ones, as an unreachable server does, to this test's store alone."""
+
+    def __init__(self) -> None:
+        target = urlsplit(PG_URL)
+        self.target = (target.hostname or "127.0.0.1", target.port or 5432)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    def url(self) -> str:
+        parts = urlsplit(PG_URL)
+        user = parts.netloc.rpartition("@")[0]
+        netloc = f"{user}@127.0.0.1:{self.port}" if user else f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._writers:
+                writer.close()
+            self._writers.clear()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+@pytest.mark.postgres
+async def test_readiness_fails_while_postgresql_is_unreachable_and_recovers(
+    pg_schema: str,
+) -> None:
+    proxy = _Proxy()
+    await proxy.start()
+    store = await PostgresStore.open(proxy.url(), schema=pg_schema)
+    try:
+        async with _readyz(store) as client:
+            assert (await client.get("/readyz")).json() == {"status": "ready"}
+            await proxy.stop()
+
+            async def unreachable() -> bool:
+                answer = await client.get("/readyz")
+                return answer.status_code == 503 and answer.json() == {
+                    "status": "unready",
+                    "reason": "store_unreachable",
+                }
+
+            await until(unreachable, WAIT_S)
+            await proxy.start()  # the same port: the server is back
+
+            async def ready() -> bool:
+                return (await client.get("/readyz")).status_code == 200
+
+            await until(ready, WAIT_S)
+            await store.create_run(make_run())  # and it takes writes
+    finally:
+        await proxy.stop()
+        await store.close()
+
+
+class _CountingStore(MemoryStore):
+    """A store whose database check takes a while and is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+        self.answer: str | None = "store_unreachable"
+
+    async def check_writes(self, wait_s: float) -> str | None:
+        self.checks += 1
+        await asyncio.sleep(0.01)
+        return self.answer
+
+
+@pytest.mark.unit
+async def test_readiness_asks_the_database_once_however_many_probes_ask_at_once() -> None:
+    """A load balancer and an orchestrator probing every second, or a flood of anonymous
+    requests, cost the store one check a second, not one each."""
+    store = _CountingStore()
+    readiness = Readiness(store, every_s=3600)
+    answers = await asyncio.gather(*(readiness.refusal() for _ in range(50)))
+    assert answers == ["store_unreachable"] * 50
+    store.answer = None
+    assert await readiness.refusal() == "store_unreachable"  # reused until every_s passed
+    assert store.checks == 1
+    fresh = Readiness(store, every_s=0)
+    assert await fresh.refusal() is None
+    assert await fresh.refusal() is None
+    assert store.checks == 3

@@ -83,7 +83,7 @@ async def test_deltas_past_the_output_bound_fail_the_turn_keeping_the_partial() 
 
 async def test_a_turn_past_its_deadline_fails_keeping_the_partial() -> None:
     """Deltas every 20 ms for 20 s, then the turn's end: with a deadline of 0.3 s the turn
-    fails at the first read past it."""
+    fails at the first read past it, with what arrived until then."""
     deltas = [thinking(PIECE)] * 1000
     error = await failed_turn(
         deltas, ProviderTimeoutError, pause_s=0.02, timeout_s=30.0, turn_timeout_s=0.3
@@ -91,8 +91,10 @@ async def test_a_turn_past_its_deadline_fails_keeping_the_partial() -> None:
     assert "0.3 s" in error.message
     assert "turn_timeout_s" in error.message
     assert error.partial is not None
-    assert error.partial.reasoning_text.startswith(BEFORE)
-    assert len(error.partial.reasoning_text) < len(BEFORE) + 1000 * len(PIECE)
+    # what arrived in time (a loaded host may not have read the first deltas), never all of it
+    whole = BEFORE + PIECE * 1000
+    assert whole.startswith(error.partial.reasoning_text)
+    assert len(error.partial.reasoning_text) < len(whole)
 
 
 async def test_a_stream_of_only_pings_is_no_progress() -> None:

@@ -111,12 +111,12 @@ async def test_a_stream_of_only_pings_is_no_progress() -> None:
 
 async def test_pings_between_deltas_do_not_end_a_turn_that_progresses() -> None:
     """A ping beside each delta: the deltas are progress, so the turn completes."""
-    paced = [piece for _ in range(30) for piece in (PING, thinking(PIECE))]
+    paced = [piece for _ in range(100) for piece in (PING, thinking(PIECE))]
     async with ReplayServer([Reply([*START, *paced, *END], pause_s=0.02)]) as server:
-        model = provider(server, timeout_s=0.3)
+        model = provider(server, timeout_s=1.0)  # the pings alone last 4 s
         turn = await stream_llm_turn(model, REQUEST)
         await model.aclose()
-    assert turn.reasoning_text.startswith(BEFORE + PIECE * 30)
+    assert turn.reasoning_text.startswith(BEFORE + PIECE * 100)
 
 
 async def test_bounds_of_zero_are_off() -> None:

@@ -290,10 +290,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         role=Role.VIEWER,
         body=RunAgentInput,
         media_type="text/event-stream",
-        errors=(400, 404, 413, 422, 503),
+        errors=(400, 404, 413, 422, 429, 503),
         description="Takes AG-UI's RunAgentInput and answers with AG-UI events over SSE, made "
         "from the run's events after the one output filter (the key's role, the run's mode). "
         "Starting a run needs role member; forwardedProps.thoughtgate.run follows an existing "
-        "run (viewer). See docs/agui.md.",
+        "run (viewer). 429 with Retry-After when the key holds "
+        "quotas.max_live_streams_per_key live streams already. See docs/agui.md.",
     ),
 )

@@ -15,7 +15,9 @@ output filter for the key's role and the run's mode. Two uses:
 Frontend tools (``tools``) and ``resume`` entries are refused (422): tools run on the daemon, and
 approvals are answered through ``POST /v1/runs/{id}/approvals/{call_id}`` (the
 ``thoughtgate.approval_required`` custom event says where). A key revoked or demoted while its
-stream is open ends the stream with ``RUN_ERROR`` (``code: access_revoked``).
+stream is open ends the stream with ``RUN_ERROR`` (``code: access_revoked``); so does a store
+read that fails (``store_unavailable``) or a store that refuses writes (``store_refuses_writes``,
+ADR 0151): codes that are no run status, so a client does not read them as the run's end.
 """
 
 from __future__ import annotations

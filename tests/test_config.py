@@ -304,7 +304,7 @@ def test_a_bad_think_tags_variable_is_a_line_per_variable_naming_what_is_wrong()
         "'leading,my-r1=anywhere': expected MODEL=MODE pairs, comma-separated "
         "('*=leading,my-r1=anywhere'); 'leading' names no model",
         "THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS: providers.openai.think_tags = "
-        "'*=leading,my-r1=sometimes': 'my-r1' = 'sometimes': expected leading, anywhere, off "
+        "'*=leading,my-r1=sometimes': 'my-r1' = 'sometimes': expected leading, anywhere, opened, off "
         "(or true / false)",
         "THOUGHTGATE_PROVIDERS__OPENROUTER__THINK_TAGS: providers.openrouter.think_tags = "
         "'*=off,*=leading': model '*' is named twice",

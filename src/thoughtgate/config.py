@@ -115,6 +115,11 @@ class DurabilityConfig(_Section):
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """A run whose process stopped this many times is closed as interrupted instead of being
     resumed again (a run that crashes every process it lands on)."""
+    store_outage_wait_s: float = Field(default=300.0, ge=0, le=86_400)
+    """How long a durable run whose store became unavailable (PostgreSQL unreachable or refusing
+    connections, a connection lost, a SQLite file locked past its busy timeout) waits for it,
+    trying again with a growing pause, before it continues from its checkpoints (ADR 0152).
+    Past it the run is left open, to resume once the store answers; ``0``: it does not wait."""
 
     @model_validator(mode="before")
     @classmethod

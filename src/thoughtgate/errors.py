@@ -92,6 +92,7 @@ __all__ = [
     "public_url",
     "quoted_words",
     "quoting",
+    "store_outage",
 ]
 
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")
@@ -378,7 +379,24 @@ class StoreReadOnlyError(StoreError):
 
 
 class StoreUnavailableError(StoreError):
-    """The database cannot be reached or opened."""
+    """The database cannot be reached or opened.
+
+    ``outage``: the store refused for a while and may answer again by itself -- a server
+    unreachable or refusing connections, a connection lost, the pool's wait for a connection run
+    out, a SQLite file locked by another connection past its busy timeout. Not a login refused,
+    a database that does not exist, nor a file that cannot be opened: those wait for someone to
+    act. A durable run waits out an outage and continues (ADR 0152)."""
+
+    outage: bool = False
+
+
+def store_outage(exc: BaseException) -> StoreUnavailableError | None:
+    """The store outage (:attr:`StoreUnavailableError.outage`) ``exc`` is or was raised from,
+    if any: what a durable run waits out instead of failing (ADR 0152)."""
+    for cause in chained(exc):
+        if isinstance(cause, StoreUnavailableError) and cause.outage:
+            return cause
+    return None
 
 
 class RunClosedError(RuntimeFailure):

@@ -249,7 +249,7 @@ def test_reasoning_item_goes_back_right_before_its_follower() -> None:
     body = body_for(turn_request(messages=_history(next_type="message"), tools=True))
     assert body["input"] == [
         {"role": "user", "content": "Q"},
-        RS,
+        {**RS, "summary": []},  # the item without its text (ADR 0156)
         {
             "type": "message",
             "role": "assistant",

@@ -282,6 +282,48 @@ async def test_the_option_per_adapter_and_per_model(fmt: str) -> None:
         adapter(fmt, "http://127.0.0.1:9", "sometimes")
 
 
+OPENED = f"{TAG} the template opened the block\n</think>\n\nIt is 4."
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(FORMATS), cuts=st.lists(st.integers(0, len(OPENED)), max_size=12))
+def test_opened_reads_the_start_as_reasoning_up_to_the_close_tag(fmt: str, cuts: list[int]) -> None:
+    """``opened`` (ADR 0156): a chat template put ``<think>`` into the prompt, so the output
+    starts mid-thought and only ``</think>`` marks the answer; without it that text would be
+    the answer, shown to every viewer and sent back as what the model said."""
+    reply = stream_of(fmt, cut(OPENED, cuts))
+    turn = asyncio.run(served_turn(fmt, reply, think_tags="opened"))
+    assert turn.text == "It is 4." and TAG in turn.reasoning_text
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+async def test_opened_opens_only_the_turns_first_part(fmt: str) -> None:
+    """A turn whose first part is the server's own reasoning (a thinking block, a reasoning
+    item) or a call: the text after it is answer, and a later ``<think>`` still opens a block."""
+    if fmt == "messages":
+        events = messages_stream(["Done. <think>", f"{TAG}</think> Bye."])
+        # a thinking block first, at index 0; the text block moves to index 1
+        thinking = {"type": "thinking", "thinking": "x", "signature": "s"}
+        start = [e for e in events if b"message_start" in e]
+        rest = [e.replace(b'"index":0', b'"index":1') for e in events if b"message_start" not in e]
+        block = [
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": thinking},
+            ),
+            _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ]
+        reply = Reply([*start, *block, *rest])
+    else:
+        events = responses_stream(["Done. <think>", f"{TAG}</think> Bye."])
+        item = {"type": "reasoning", "id": "rs_1", "summary": []}
+        added = {"type": "response.output_item.added", "output_index": 5, "item": item}
+        done = {"type": "response.output_item.done", "output_index": 5, "item": item}
+        reply = Reply([events[0], _sse(None, added), _sse(None, done), *events[1:]])
+    turn = await served_turn(fmt, reply, think_tags="opened")
+    assert turn.text == "Done. Bye." and turn.reasoning_parts[-1].text == TAG
+
+
 @pytest.mark.parametrize(
     ("fmt", "base", "expected"),
     [

@@ -43,6 +43,7 @@ EXTERNAL_MARKERS = ("postgres", "browser")
 TIER_OF: dict[str, str] = {
     # -- unit
     "providers/test_recorded_shapes.py": "unit",
+    "test_store_outage_kinds.py": "unit",
     "providers/test_json_events.py": "unit",
     "providers/test_request_build.py": "unit",
     "providers/test_think_tags.py": "unit",

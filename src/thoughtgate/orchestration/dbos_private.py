@@ -48,10 +48,12 @@ __all__ = [
     "set_background_jobs_interval",
     "set_is_latest_version",
     "set_polling_interval",
+    "set_workflow_step",
     "start_queued_workflows",
     "system_database",
     "system_database_class",
     "workflow_filter",
+    "workflow_step",
 ]
 
 PRIVATE_NAMES: Final[tuple[tuple[str, str], ...]] = (
@@ -75,6 +77,7 @@ PRIVATE_NAMES: Final[tuple[tuple[str, str], ...]] = (
     ("dbos._sys_db_postgres", "PostgresSystemDatabase"),
     ("dbos._sys_db_postgres.PostgresSystemDatabase", "background_job_lock"),
     ("dbos._queue", "queue_thread"),
+    ("dbos._context", "get_local_dbos_context"),
 )
 """Each private name thoughtgate reads, as (where, name): a module, a class of one, or ``DBOS``
 (and ``dbos.Queue``) for an attribute of their instances. (``dbos.error`` is public, but DBOS
@@ -237,3 +240,29 @@ def set_is_latest_version(system: Any, answer: Any) -> None:
     """Have ``system`` answer ``_is_latest_version`` with ``answer``."""
     is_latest_version(system)
     system._is_latest_version = answer
+
+
+def _workflow_context() -> Any:
+    """The DBOS context of the workflow the current task executes
+    (``dbos._context.get_local_dbos_context``)."""
+    where = "dbos._context"
+    context = _attribute(_module(where), "get_local_dbos_context", where)()
+    if context is None or not context.is_workflow():
+        raise RuntimeFailure("no DBOS workflow is executing in this task")
+    return context
+
+
+def workflow_step() -> int:
+    """The number of the last step the workflow executing in this task took
+    (``DBOSContext.function_id``; 0 before its first)."""
+    step: int = _attribute(_workflow_context(), "function_id", "DBOSContext")
+    return step
+
+
+def set_workflow_step(step: int) -> None:
+    """Have the workflow executing in this task take its next step as ``step + 1``: from
+    :func:`workflow_step`'s answer, its steps from there on replay their checkpoints, as a
+    recovery's do (ADR 0152)."""
+    context = _workflow_context()
+    _attribute(context, "function_id", "DBOSContext")
+    context.function_id = step

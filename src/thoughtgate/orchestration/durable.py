@@ -71,6 +71,7 @@ from thoughtgate.errors import (
     failure_kind,
     failure_text,
     quoting,
+    store_outage,
 )
 from thoughtgate.orchestration import dbos_logs, dbos_private
 from thoughtgate.orchestration.dbos_pollers import (
@@ -82,6 +83,7 @@ from thoughtgate.orchestration.dbos_pollers import (
 from thoughtgate.orchestration.durable_setup import setting_up
 from thoughtgate.orchestration.durable_starts import BACKLOG_POLL_DIVISOR, Slot, Starts
 from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.orchestration.outages import STORE_BACK
 from thoughtgate.store.base import UNCLAIMED, EventStore, Holder
 from thoughtgate.store.durable import DurableRunStore
 from thoughtgate.store.leases import (
@@ -379,7 +381,10 @@ class DbosSteps:
         async def step() -> dict[str, Any]:
             return await self._attempt(name, fn, codec)
 
-        recorded: dict[str, Any] = await DBOS.run_step_async({"name": name}, step)
+        try:
+            recorded: dict[str, Any] = await DBOS.run_step_async({"name": name}, step)
+        except _Unrecorded as unrecorded:  # DBOS recorded nothing: a resume runs it again
+            raise unrecorded.error from None
         value: T = self._result(name, recorded, codec)
         return value
 
@@ -403,7 +408,10 @@ class DbosSteps:
             done.append(await fn())
             return done[0]
 
-        outcome = await self._attempt(name, once, codec)
+        try:
+            outcome = await self._attempt(name, once, codec)
+        except _Unrecorded as unrecorded:
+            raise unrecorded.error from None
         if done and ends(done[0]):
             return done[0]  # as a direct run's step returns it
 
@@ -420,6 +428,10 @@ class DbosSteps:
         try:
             value = await fn()
         except Exception as exc:
+            if store_outage(exc) is not None:
+                # Not a result: the execution waits for the store and runs the step again
+                # (ADR 0152). A checkpoint of it would fail every resume the same way.
+                raise _Unrecorded(exc) from exc
             self._raised[name] = exc
             ours = isinstance(exc, ThoughtgateError)
             # Ours: replayed as a RuntimeFailure whose text is public, so a provider's words
@@ -447,6 +459,16 @@ class DbosSteps:
     async def effect(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
         """No checkpoint: ``fn`` finds its own events in the log on a resume (``Steps``)."""
         await fn()
+
+
+class _Unrecorded(BaseException):
+    """A step that failed because its store was unavailable, carried out of the step as what
+    DBOS does not checkpoint (it records an ``Exception``'s outcome, not a ``BaseException``'s)
+    and raised again as ``error`` once past it."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
 
 
 class UnwrittenSteps(DbosSteps):
@@ -1035,21 +1057,23 @@ class DurableEngine:
         try:
             await self.runtime.execute_workflow(run_id, unwritten=True, holding=held.append)
         except asyncio.CancelledError as exc:
-            if exc.args[:1] != (UNWRITTEN,) or _cancelling():
+            if exc.args[:1] not in ((UNWRITTEN,), (STORE_BACK,)) or _cancelling():
                 raise
+            why = str(exc.args[0])
         else:
             return
-        # A step needed a checkpoint: the run continues here as a workflow, which resumes it
-        # from its log (the slot stays taken until that workflow ends). Only while the
-        # execution that stopped still holds it: this process may have stalled since, and the
-        # run be another execution's, which the record would misreport (ADR 0094).
+        # A step needed a checkpoint, or the store came back after an outage (ADR 0152): the
+        # run continues here as a workflow, which resumes it from its log (the slot stays
+        # taken until that workflow ends). Only while the execution that stopped still holds
+        # it: this process may have stalled since, and the run be another execution's, which
+        # the record would misreport (ADR 0094).
         store = self.runtime.store
         stopped = held[0] if held else None
         try:
             await suspend(
                 store,
                 run_id,
-                UNWRITTEN,
+                why,
                 queued=False,
                 previous=self.owner.owner_id,
                 held_by=stopped,
@@ -1211,6 +1235,21 @@ class DurableEngine:
         except Exception as exc:
             log.warning("could not hand run %s back (its lease runs out): %s", run_id, exc)
 
+    @staticmethod
+    def step_mark() -> int:
+        """Where the workflow executing in this task stands in its steps: what
+        :meth:`replay_from` takes it back to."""
+        return dbos_private.workflow_step()
+
+    @staticmethod
+    def replay_from(mark: int) -> None:
+        """Take the workflow executing in this task back to ``mark`` (:meth:`step_mark`), so
+        that it executes again from there in this same execution, each step it checkpointed
+        since replayed instead of run (a model turn is not billed again) and each one it did
+        not (the one the store's outage stopped) run: what a recovery does from the top, with
+        no other process or queue involved (ADR 0152)."""
+        dbos_private.set_workflow_step(mark)
+
     async def tidy(self) -> None:
         """Forget runs this daemon queued that it no longer needs to wait for (the sweep)."""
         if self.starts is not None:
@@ -1357,8 +1396,8 @@ async def _run_workflow(run_id: str) -> str:
     except dbos_private.DBOSWorkflowConflictIDError:
         # DBOS refused a checkpoint: another execution owns the workflow now (ADR 0065). What
         # this one claimed, if anything, goes back -- only while it still holds it (ADR 0093).
-        if held:
-            await engine.hand_back(run_id, held[0])
+        if held:  # its latest claim (it claims again after waiting out an outage, ADR 0152)
+            await engine.hand_back(run_id, held[-1])
         raise
     finally:
         if starts is not None:

@@ -76,6 +76,7 @@ from thoughtgate.errors import (
     failure_detail,
     failure_kind,
     failure_text,
+    store_outage,
 )
 from thoughtgate.events.catalogue import check_new_events
 from thoughtgate.events.payloads import (
@@ -97,6 +98,7 @@ from thoughtgate.events.payloads import (
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.orchestration.approvals import approval_settled
 from thoughtgate.orchestration.leases import LeaseKeeper
+from thoughtgate.orchestration.outages import STORE_BACK, left_open, wait_for_store
 from thoughtgate.orchestration.recorder import EventRecorder, EventSink
 from thoughtgate.orchestration.specs import RunSpec, TaskSpec
 from thoughtgate.providers.base import (
@@ -117,6 +119,7 @@ from thoughtgate.store.leases import (
     close_run_interrupted,
     end_run,
     retrying,
+    suspend,
 )
 from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord, TaskRecord, new_id
 from thoughtgate.types import Message, Usage
@@ -147,7 +150,7 @@ SUSPENDED = "its process is shutting down; it resumes in another process"
 ENGINE_CLOSED = "the durable engine was closed before the run began executing"
 """Why a run admitted to execute in this process, whose execution had not begun when the
 process's durable engine was closed, ended (:meth:`Runtime.close_unbegun`, ADR 0131)."""
-_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN})
+_KEEP_OPEN = frozenset({SUSPENDED, LOST_LEASE, UNWRITTEN, STORE_BACK})
 """Cancel reasons after which the run stays open: another process continues (or closed) it."""
 
 _Begun: TypeAlias = "tuple[RunRecord, RunSpec, ToolRegistry, ResumeLog | None, int] | None"
@@ -866,25 +869,92 @@ class Runtime:
             raise asyncio.CancelledError(early)
         task = asyncio.current_task()
         assert task is not None
+        durable = self.durable
+        assert durable is not None
         self._workflows[run_id] = task
+        # Where its workflow's steps begin: an execution that waited out an outage of its
+        # store goes back there and continues from its checkpoints (ADR 0152).
+        mark = None if unwritten else durable.step_mark()
+        holder: Holder | None
         try:
-            begun = await self._begin_held(begin_execution(self, run_id, admitted, claimed=claimed))
-            if begun is None:
-                return (await self.store.get_run(run_id)).status
-            run, spec, tools, resumed, attempt = begun
-            if holding is not None:
-                holding(self.holder(attempt))
-            try:
-                steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
-                return await self._run_held(run, spec.tasks, tools, steps, attempt=attempt)
-            except RunTakenOverError:
-                raise  # its end is another execution's: never reported as this one's (ADR 0072)
-            except Exception as exc:  # recorded as run.failed / run.error: the workflow is done
-                log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
-            return (await self.store.get_run(run_id)).status
+            while True:
+                holder = None  # this round's claim, once it took the run
+                try:
+                    begun = await self._begin_held(
+                        begin_execution(self, run_id, admitted, claimed=claimed)
+                    )
+                except Exception as exc:
+                    outage = store_outage(exc)
+                    if outage is None:
+                        raise
+                else:
+                    if begun is None:
+                        return (await self.store.get_run(run_id)).status
+                    run, spec, tools, resumed, attempt = begun
+                    holder = self.holder(attempt)
+                    if holding is not None:
+                        holding(holder)
+                    try:
+                        steps = _DurableSteps.of(resumed, run.chain_of_thought, unwritten=unwritten)
+                        return await self._run_held(
+                            run, spec.tasks, tools, steps, attempt=attempt, waits_out_outages=True
+                        )
+                    except RunTakenOverError:
+                        raise  # its end is another execution's: never this one's (ADR 0072)
+                    except Exception as exc:
+                        outage = store_outage(exc)
+                        if outage is None:  # recorded as run.failed / run.error: it is done
+                            log.warning("run %s ended with %s: %s", run_id, type(exc).__name__, exc)
+                            return (await self.store.get_run(run_id)).status
+                await self._wait_out(run_id, outage, task, holder, says_why=not unwritten)
+                if mark is None:  # no workflow yet: it continues as one, from its log
+                    raise asyncio.CancelledError(STORE_BACK)
+                durable.replay_from(mark)
+                admitted, claimed = None, False  # claimed again, as a resume is
         finally:
             if self._workflows.get(run_id) is task:  # not a later execution's (see above)
                 del self._workflows[run_id]
+
+    async def _wait_out(
+        self,
+        run_id: str,
+        outage: StoreUnavailableError,
+        task: asyncio.Task[Any],
+        holder: Holder | None,
+        *,
+        says_why: bool,
+    ) -> None:
+        """Wait for the store of ``run_id``, whose execution here its ``outage`` stopped, for
+        ``durability.store_outage_wait_s`` at most (``orchestration.outages``, ADR 0152);
+        raise :func:`~thoughtgate.orchestration.outages.left_open`'s error past it, the run
+        left open. Meanwhile this process holds the run (its own sweep leaves it alone, and
+        the store's first answer renews its lease). Once the store answers, with ``says_why``
+        (a workflow continues it here; else the engine records it, handing the run to one),
+        the run records why it resumes, as ``holder``: the claim that stopped (``None``: its
+        claim is what failed)."""
+        wait_s = self.config.durability.store_outage_wait_s
+        deadline = time.monotonic() + wait_s
+        self.leases.hold(run_id, task)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if not await wait_for_store(self.leases, run_id, outage, left):
+                    raise left_open(run_id, outage, wait_s) from None  # (its words say why)
+                if not says_why:
+                    return
+                try:
+                    owner = self.leases.owner.owner_id
+                    await suspend(
+                        self.store, run_id, STORE_BACK, queued=False, previous=owner, held_by=holder
+                    )
+                    return
+                except Exception as exc:
+                    again = store_outage(exc)
+                    if again is None:
+                        raise
+                    outage = again
+        finally:
+            self.leases.release(run_id, task)
 
     async def _begin_held(self, beginning: Awaitable[_Begun]) -> _Begun:
         """``begin_execution``, let finish when the execution is cancelled meanwhile: its claim
@@ -912,17 +982,20 @@ class Runtime:
         steps: Steps,
         *,
         attempt: int | None = None,
+        waits_out_outages: bool = False,
     ) -> str:
         """Execute a run this process holds, renewing its lease, until it ends or is cancelled.
         ``tools``: the run's own (``tools_for`` its spec), a parameter of its execution.
         ``attempt``: the claim this execution holds a durable run by (``claim_run``'s answer).
+        ``waits_out_outages``: a store outage stops it, raised, with nothing recorded of it
+        (ADR 0152).
         Its end is recorded only while this execution still holds the run (ADR 0072): else
         ``RunTakenOverError``, the end not stored. Returns the status it ended the run with."""
         run_id = run.run_id
         task = asyncio.current_task()
         self.leases.hold(run_id, task)
         spent = self._spending[run_id] = _Spent()
-        execution = _Execution(specs, tools, steps, self.holder(attempt))
+        execution = _Execution(specs, tools, steps, self.holder(attempt), waits_out_outages)
         try:
             return await self._execute_tasks(run, execution, spent)
         except asyncio.CancelledError as exc:
@@ -968,6 +1041,8 @@ class Runtime:
         except RunTakenOverError:
             raise  # another execution holds the run: its end is that one's (ADR 0090)
         except Exception as exc:
+            if execution.waits_out(exc):
+                raise  # no failed end: it waits for the store and continues (ADR 0152)
             if isinstance(exc, ProviderNotConfiguredError):  # its readers see exc.public only
                 log.warning("run %s needs a provider this process lacks: %s", run.run_id, str(exc))
             # thoughtgate's own errors fail the run; anything else is an error in it.
@@ -1283,6 +1358,8 @@ class Runtime:
         except RunTakenOverError:
             raise  # its events are refused: another execution holds the run (ADR 0090)
         except Exception as exc:
+            if execution.waits_out(exc):
+                raise  # nothing recorded: it waits for the store and continues (ADR 0152)
             error, detail = failure_text(exc), failure_detail(exc)
             if defer_end is not None:  # _task_aborted stores them
                 defer_end.tail = []
@@ -1550,10 +1627,17 @@ class _Execution:
     steps: Steps
     holder: Holder
     """The execution, as the run's end names it (ADR 0072)."""
+    waits_out_outages: bool = False
+    """A durable execution's: a store outage stops it with nothing recorded of it, and it
+    continues once the store answers (ADR 0152), instead of failing the task and the run."""
 
     def last_task(self) -> _Execution:
         """The run's last task's: its final model turn ends the execution (``Steps.last_task``)."""
-        return _Execution(self.specs, self.tools, self.steps.last_task(), self.holder)
+        return dataclasses.replace(self, steps=self.steps.last_task())
+
+    def waits_out(self, exc: BaseException) -> bool:
+        """Whether ``exc`` stops this execution to wait for its store (ADR 0152)."""
+        return self.waits_out_outages and store_outage(exc) is not None
 
 
 @dataclass(slots=True)

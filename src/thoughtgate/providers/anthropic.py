@@ -588,10 +588,11 @@ class AnthropicCapture:
 
     def _start(self, index: int, block: Mapping[str, Any]) -> None:
         btype = _str(block, "type")
+        first = not self._blocks and self.offset == 0  # the turn's first block
         slot = self._blocks[index] = _Block(btype)
         self.next_index = max(self.next_index, index + self.offset + 1)
         if btype == "text":
-            slot.splitter = splitter_for(self.think_tags)
+            slot.splitter = splitter_for(self.think_tags, first=first)
             self._text_piece(slot, index, False, _str(block, "text"))
         elif btype == "thinking":
             text = _str(block, "thinking")

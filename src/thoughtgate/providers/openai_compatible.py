@@ -78,7 +78,8 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 def _splitter(mode: ThinkTags, starts_in_think: bool) -> ThinkTagSplitter | None:
     if mode == "off":
         return None
-    return ThinkTagSplitter(starts_in_think=starts_in_think, leading_only=mode == "leading")
+    opened = starts_in_think or mode == "opened"
+    return ThinkTagSplitter(starts_in_think=opened, leading_only=mode == "leading")
 
 
 class CompatParser(ChatChunkParser):

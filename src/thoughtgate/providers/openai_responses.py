@@ -335,7 +335,9 @@ class ResponsesEventParser(JSONEventParser):
         if key in self._splitters:
             splitter = self._splitters[key]
         else:
-            splitter = self._splitters[key] = splitter_for(self.think_tags)
+            # the turn's first part, after no reasoning item and no call: the one a template opens
+            first = not self._splitters and all(e.type == "message" for e in self._items.values())
+            splitter = self._splitters[key] = splitter_for(self.think_tags, first=first)
         if splitter is None:
             return [TextDelta(text, index=index)] if text else []
         pieces = splitter.feed(text) if text else []
@@ -524,6 +526,20 @@ _HANDLERS: dict[str, Any] = {
 # --------------------------------------------------------------------------- request side
 
 
+def _replayed_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A reasoning item as it goes back: its ``summary`` emptied and its ``content`` left out.
+
+    The API needs the item (its id and ``encrypted_content``) and the field ``summary``
+    (``Missing required parameter: 'input[i].summary'`` without it), not the text: OpenAI's
+    model does not read a replayed summary, while a server that decodes the item itself (vLLM
+    reads ``content`` or ``summary`` back as the model's reasoning) would put the text into the
+    prompt. Reasoning text goes back only where an API demands it, and none demands this
+    (ADR 0156)."""
+    kept = {key: value for key, value in item.items() if key not in ("summary", "content")}
+    kept["summary"] = []
+    return kept
+
+
 def _assistant_items(message: Message, *, replay: bool, provider: str, model: str) -> list[Any]:
     """Input items for one assistant message, in the order its parts were produced."""
     items: list[dict[str, Any]] = []
@@ -532,7 +548,7 @@ def _assistant_items(message: Message, *, replay: bool, provider: str, model: st
         if isinstance(part, ContinuityBlock):
             ours = (part.carrier, part.provider, part.model) == (CARRIER, provider, model)
             if replay and ours and isinstance(part.data.get("item"), Mapping):
-                items.append(dict(part.data["item"]))
+                items.append(_replayed_item(part.data["item"]))
                 next_item = part.data.get("next_item")
                 follower = next_item if isinstance(next_item, Mapping) else None
             continue

@@ -221,9 +221,12 @@ def split_think_tags(
         after_tag = True
 
 
-ThinkTags: TypeAlias = Literal["leading", "anywhere", "off"]
+ThinkTags: TypeAlias = Literal["leading", "anywhere", "opened", "off"]
 """How an adapter reads ``<think>`` in ``content``: ``leading`` blocks before any answer text are
-reasoning (``leading_only``); ``anywhere``: every block is; ``off``: content is all answer."""
+reasoning (``leading_only``); ``anywhere``: every block is; ``opened``: as ``anywhere``, and the
+content starts inside a block (``starts_in_think``), for a model whose chat template puts the
+``<think>`` into the prompt, so that its output opens with its reasoning and only a ``</think>``
+marks where the answer begins (ADR 0156); ``off``: content is all answer."""
 
 _THINK_TAGS: tuple[str, ...] = get_args(ThinkTags)
 
@@ -235,7 +238,7 @@ def _mode(value: object, key: str) -> ThinkTags:
         return "off"
     if isinstance(value, str) and value in _THINK_TAGS:
         return value  # type: ignore[return-value]
-    raise ConfigError(key, value, "leading, anywhere, off (or true / false)")
+    raise ConfigError(key, value, "leading, anywhere, opened, off (or true / false)")
 
 
 def check_think_tags(option: object) -> None:
@@ -262,11 +265,15 @@ def think_tags_for(option: object, model: str, default: ThinkTags) -> ThinkTags:
     return _mode(option, "think_tags")
 
 
-def splitter_for(mode: ThinkTags) -> ThinkTagSplitter | None:
-    """A fresh splitter for one answer (``None`` for ``off``)."""
+def splitter_for(mode: ThinkTags, *, first: bool = True) -> ThinkTagSplitter | None:
+    """A fresh splitter for one answer part (``None`` for ``off``). ``opened`` starts inside a
+    block only in the ``first`` part of a turn, before anything else the server sent in it: a
+    template opens one block per generation, and a part after a thinking block or a tool call
+    starts as answer."""
     if mode == "off":
         return None
-    return ThinkTagSplitter(leading_only=mode == "leading")
+    opened = mode == "opened" and first
+    return ThinkTagSplitter(leading_only=mode == "leading", starts_in_think=opened)
 
 
 def vendor_think_tags(option: object, model: str, *, server: str, vendor: str) -> ThinkTags:

@@ -10,8 +10,9 @@
     │   login refused as one              │   the user and password in the store URL)"
     ├── 3D000 (InvalidCatalogName), or    → StoreUnavailableError "the database does not exist
     │   libpq's words for it              │   (create it, or fix the database name in the URL)"
-    ├── OperationalError                  → StoreUnavailableError (cannot connect, connection lost,
-    │                                       server shutting down)
+    ├── OperationalError                  → StoreUnavailableError, an outage (cannot connect,
+    │                                       connection lost, the pool's wait ran out, server
+    │                                       shutting down: ADR 0152)
     └── anything else                     → StoreError
 """
 
@@ -251,5 +252,7 @@ def translate_error(
         return quoting(StoreUnavailableError, text, exc, first)
     if isinstance(exc, psycopg.OperationalError):
         text = f"cannot {action}: {where} is unreachable or the connection was lost ({SAID})"
-        return quoting(StoreUnavailableError, text, exc, first)
+        error = quoting(StoreUnavailableError, text, exc, first)
+        error.outage = True  # it may answer again by itself (ADR 0152)
+        return error
     return quoting(StoreError, f"cannot {action}: {SAID} ({where})", exc, first)

@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from thoughtgate.errors import UsageError
 
-__all__ = ["LOCK_POLL_S", "connect", "open_pool", "poll_advisory_lock"]
+__all__ = ["LOCK_POLL_S", "POOL_WAIT_S", "connect", "open_pool", "poll_advisory_lock"]
 
 Setup = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
@@ -100,8 +100,12 @@ async def poll_advisory_lock(
         await asyncio.sleep(LOCK_POLL_S)
 
 
+POOL_WAIT_S = 30.0
+"""How long a call waits for a pooled connection by default (then ``PoolTimeout``)."""
+
+
 async def open_pool(
-    conninfo: str, *, size: int, setup: Setup, application_name: str, wait_s: float = 30.0
+    conninfo: str, *, size: int, setup: Setup, application_name: str, wait_s: float = POOL_WAIT_S
 ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
     """At most ``size`` connections, each set up with ``setup`` when it is opened."""
     _check_decodable(conninfo)

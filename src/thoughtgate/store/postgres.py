@@ -37,7 +37,7 @@ from thoughtgate.store.pg_foreign_xids import ForeignXids
 from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
 from thoughtgate.store.pg_notifier import PgNotifier
-from thoughtgate.store.pg_pool import connect, open_pool
+from thoughtgate.store.pg_pool import POOL_WAIT_S, connect, open_pool
 from thoughtgate.store.pg_schema import migrate, resolve_schema, schema_tables
 from thoughtgate.store.projection import IndexUpdate, batch_update, column_storable
 from thoughtgate.store.records import ApiKeyRecord, RunRecord, TaskRecord
@@ -461,12 +461,19 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     @classmethod
     async def open(
-        cls, url: str, *, schema: str | None = None, pool_size: int = 10
+        cls,
+        url: str,
+        *,
+        schema: str | None = None,
+        pool_size: int = 10,
+        pool_wait_s: float = POOL_WAIT_S,
     ) -> PostgresStore:
         """Connect, create the schema if needed, and apply missing migrations.
 
         ``schema`` (or ``?schema=NAME`` in the URL) names the schema holding thoughtgate's tables;
         without one, the connection's current schema (normally ``public``) is used.
+        ``pool_wait_s``: how long a call waits for a connection (none free, or the server
+        refusing new ones) before it fails as an outage (``pg_pool``).
         """
         conninfo, url_schema = split_schema_param(url)
         where = describe_target(conninfo, schema or url_schema)
@@ -492,6 +499,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             size=pool_size,
             setup=store._setup_connection,
             application_name=f"thoughtgate:{chosen}"[:63],
+            wait_s=pool_wait_s,
         )
         return store
 

@@ -85,7 +85,7 @@ Exception mapping (``translate_error``)::
     ├── SQLITE_FULL                 → StoreError "database or disk is full" (write rolled back)
     ├── SQLITE_READONLY*            → StoreReadOnlyError
     ├── SQLITE_NOTADB               → NotOurDatabaseError
-    ├── SQLITE_BUSY / SQLITE_LOCKED → StoreUnavailableError (locked past the busy timeout)
+    ├── SQLITE_BUSY / SQLITE_LOCKED → StoreUnavailableError, an outage (locked past the busy timeout)
     ├── SQLITE_CANTOPEN / PERM      → StoreUnavailableError
     └── anything else               → StoreError (corruption, I/O errors, constraint failures)
 """
@@ -179,12 +179,14 @@ def translate_error(
         text = f"{where} is not a SQLite database ({SAID}); it was left untouched"
         return quoting(NotOurDatabaseError, text, exc)
     if primary in (_BUSY, _LOCKED):
-        return quoting(
+        locked = quoting(
             StoreUnavailableError,
             f"cannot {action}: {where} stayed locked by another connection for more than "
             f"{busy_timeout:g}s ({SAID})",
             exc,
         )
+        locked.outage = True  # the lock's holder lets go by itself (ADR 0152)
+        return locked
     if primary in (_CANTOPEN, _PERM):
         return quoting(
             StoreUnavailableError,

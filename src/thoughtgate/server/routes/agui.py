@@ -288,9 +288,6 @@ async def _frames(
         except Exception:  # a failed read: the stream ends saying so, rather than hang
             log.exception("AG-UI stream of run %s failed", run.run_id)
             end = _UNREADABLE
-        finally:
-            if reader is not None:
-                reader.close()
         await queue.put(end)
 
     task = asyncio.create_task(pump(), name=f"agui pump {run.run_id}")
@@ -343,7 +340,7 @@ async def _frames(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         if reader is not None:
-            reader.close()  # (a pump cancelled before it ran never did)
+            reader.close()
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (

@@ -818,9 +818,13 @@ async def test_a_killed_idle_postgres_connection_costs_no_call() -> None:
 @pytest.mark.timeout(180)  # a daemon start (up to a minute on a loaded machine), then the readers
 async def test_a_thousand_live_readers_each_get_every_event(tmp_path: Path) -> None:
     readers = 1000
-    server = ServeProcess("--db", f"sqlite:///{tmp_path / 'load.db'}", *TOOLS_FLAG).start(
-        expect_key=True
-    )
+    # One key holds every reader: the per-key stream limit (512 by default, ADR 0155) is lifted.
+    server = ServeProcess(
+        "--db",
+        f"sqlite:///{tmp_path / 'load.db'}",
+        *TOOLS_FLAG,
+        env={"THOUGHTGATE_QUOTAS__MAX_LIVE_STREAMS_PER_KEY": str(readers)},
+    ).start(expect_key=True)
     try:
         key = server.bootstrap_key
         assert key

@@ -695,28 +695,6 @@ class EventLogConformance:
             seen = filter_events(replay, "developer", mode="surface")
             assert sum(mark in repr(e.payload) for e in seen) == len(range(0, 600, 7))
 
-    async def test_deltas_change_no_run_list_row(self, store: EventStore) -> None:
-        """The run list's stream sends a run each time its row changes (its change number, its
-        ``updated_at``); a run's deltas change neither, so a reader of the list gets no frame
-        per window of reasoning, nor a time that moved with one (ADR 0154)."""
-        run = make_run(tasks=1)
-        task = run.tasks[0].task_id
-        await store.create_run(run)
-        started = {"index": 0, "prompt": "task 0", "backend": "provider", "model": "fake:m"}
-        await store.append(run.run_id, [NewEvent(EventType.TASK_STARTED, started, task_id=task)])
-        change, row = await store.latest_run_change(), await store.get_run(run.run_id)
-        for i in range(40):
-            payload = {"text": "r" * (i * 100 + 1), "reasoning_kind": "raw", "index": 0, "turn": 0}
-            await store.append(
-                run.run_id,
-                [
-                    NewEvent(EventType.REASONING_DELTA, payload, task_id=task),
-                    NewEvent(EventType.MESSAGE_DELTA, {"text": f"a{i}", "turn": 0}, task_id=task),
-                ],
-            )
-        assert await store.latest_run_change() == change
-        assert (await store.get_run(run.run_id)).updated_at == row.updated_at
-
     async def test_appended_payload_is_decoupled_from_the_caller(self, store: EventStore) -> None:
         run = make_run()
         await store.create_run(run)

@@ -422,7 +422,7 @@ def _pair_problem(opener: object, closer: object) -> str | None:
         if not isinstance(tag, str) or not tag.strip():
             return f"a non-blank {name} delimiter"
         if len(tag) > MAX_DELIMITER_CHARS:
-            return f"an {name} delimiter of at most {MAX_DELIMITER_CHARS} characters"
+            return f"{name} delimiters of at most {MAX_DELIMITER_CHARS} characters"
     if opener == closer:
         return "different open and close delimiters"
     return None

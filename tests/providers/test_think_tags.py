@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.providers.openai_compatible import CompatParser
-from thoughtgate.providers.sse import SSEMessage
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.providers.think_tags import (
     CLOSE_TAG,
     DELIMITER_PRESETS,
@@ -342,3 +343,35 @@ def test_no_known_opener_is_the_start_of_another() -> None:
     between them would decide for the shorter."""
     openers = [pair.open for pair in DELIMITER_PRESETS.values()]
     assert not [(a, b) for a in openers for b in openers if a != b and b.startswith(a)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(sorted(DELIMITER_PRESETS)),
+    cuts=st.lists(st.integers(0, 400), max_size=40),
+)
+def test_a_delimiter_cut_inside_a_character_on_the_wire_is_still_read(
+    preset: str, cuts: list[int]
+) -> None:
+    """The server's bytes cut anywhere -- inside ``◁`` (three UTF-8 bytes) too, and inside the
+    JSON of a delta -- give the same reasoning and answer as the deltas read whole."""
+    pair = DELIMITER_PRESETS[preset]
+    deltas = [
+        pair.open[:2],
+        pair.open[2:] + "SECRET ",
+        "plan" + pair.close[:3],
+        pair.close[3:],
+        "OK",
+    ]
+    events = [{"choices": [{"index": 0, "delta": {"content": d}}]} for d in deltas]
+    wire = "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
+    raw = (wire + "data: [DONE]\n\n").encode()
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(raw)}), len(raw)]
+    parser = CompatParser(provider="openai-compatible", model="m", capture=True)
+    decoder = SSEDecoder()
+    acc = TurnAccumulator()
+    for a, b in itertools.pairwise(bounds):
+        acc.feed_all(parser.feed(decoder.feed(raw[a:b])))
+    acc.feed_all(parser.feed(decoder.flush()))
+    turn = acc.finish()
+    assert (turn.reasoning_text, turn.text) == ("SECRET plan", "OK")

@@ -15,7 +15,8 @@ Capture (``docs/providers/openai-compatible.md``):
 * inline ``<think>…</think>`` in ``content`` is split out by
   :mod:`thoughtgate.providers.think_tags`, whatever the chunking (option ``think_tags``:
   ``anywhere`` by default, or ``leading`` / ``off``, per model as on every adapter, ADR 0077;
-  ``true`` / ``false`` still mean ``anywhere`` / ``off``); an unclosed ``<think>`` at the
+  ``true`` / ``false`` still mean ``anywhere`` / ``off``; another spelling per model with
+  ``think_delimiters``, ADR 0157); an unclosed ``<think>`` at the
   end is reasoning, never answer text -- unless the reasoning then came in a field while that
   block was still empty (Together sends a bare ``<think>`` before its ``reasoning`` deltas), when
   the tag was a stray and what follows is the answer;

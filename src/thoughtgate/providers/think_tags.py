@@ -194,9 +194,10 @@ class ThinkTagSplitter:
             out.append(Piece(self.channel, text))
 
     def _next_open(self, buf: str) -> tuple[int, Delimiters] | None:
-        """The earliest opener in ``buf`` that may open here (none disarmed by answer text)."""
+        """The earliest opener in ``buf`` that may open before any answer text (none disarmed
+        by answer text ahead of it)."""
         found: tuple[int, Delimiters] | None = None
-        for pair, leading in self._openers_after if self._answered else self._openers_before:
+        for pair, leading in self._openers_before:
             at = buf.find(pair.open)
             if at == -1 or (leading and at > 0 and not buf[:at].isspace()):
                 continue  # absent, or answer text comes before this leading-only opener
@@ -224,14 +225,23 @@ class ThinkTagSplitter:
                 self.in_think = False
                 self._skip_ws = self.strip
                 continue
-            openers = self._openers_after if self._answered else self._openers_before
-            if not openers:  # leading_only, past the leading blocks: all answer
-                self._emit(out, buf)
-                self._pending = ""
-                return out
-            found = self._next_open(buf)
+            if self._answered:  # past the answer's start: one opener at most, as it was
+                if self.leading_only:  # past the leading blocks: all answer
+                    self._emit(out, buf)
+                    self._pending = ""
+                    return out
+                at = buf.find(self.open_tag)
+                if at == -1:
+                    keep = len(buf) - _held_suffix(buf, self.open_tag)
+                    self._emit(out, buf[:keep])
+                    self._pending = buf[keep:]
+                    return out
+                found: tuple[int, Delimiters] | None = (at, self._openers_after[0][0])
+            else:
+                found = self._next_open(buf)
             if found is None:
-                keep = len(buf) - max(_held_suffix(buf, pair.open) for pair, _ in openers)
+                held = max(_held_suffix(buf, pair.open) for pair, _ in self._openers_before)
+                keep = len(buf) - held
                 self._emit(out, buf[:keep])
                 self._pending = buf[keep:]
                 return out

@@ -18,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -152,6 +153,56 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
             resumed = _read_to_end(again)
         assert [m.event for m in resumed] == ["failed"]
         assert json.loads(resumed[0].data)["resume_after"] == max(sent)
+
+
+def _agui_events(messages: list[SSEMessage]) -> list[dict[str, Any]]:
+    return [json.loads(m.data) for m in messages if m.data]
+
+
+@pytest.mark.inprocess
+def test_an_agui_follower_of_a_run_whose_store_is_removed_gets_run_error_and_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """AG-UI has no resume frame: the follower is told, with ``RUN_ERROR`` code
+    ``store_refuses_writes``, that the run cannot be followed now and may be later; never that
+    it finished."""
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        body = {
+            "threadId": "t",
+            "runId": "r",
+            "messages": [],
+            "tools": [],
+            "context": [],
+            "state": {},
+            "forwardedProps": {"thoughtgate": {"run": run_id}},
+        }
+        timeout = httpx.Timeout(10, read=WAIT_S)
+        with (
+            daemon.client("viewer") as c,
+            c.stream("POST", "/v1/agui", json=body, timeout=timeout) as r,
+        ):
+            assert r.status_code == 200
+            shutil.rmtree(directory)  # the model goes on; its first write is refused
+            events = _agui_events(_read_to_end(r))  # before, attached until the daemon stopped
+        types = [e["type"] for e in events]
+        assert types[0] == "RUN_STARTED" and types[-1] == "RUN_ERROR", types
+        assert "RUN_FINISHED" not in types
+        end = events[-1]
+        assert end["code"] == "store_refuses_writes"
+        assert end["message"] == (
+            "the run's events cannot be followed now: the event store refuses writes; "
+            "follow the run again later"
+        )
+        assert end["metadata"] == {"thoughtgate": {"run_id": run_id}}
+        assert str(tmp_path) not in json.dumps(events)
+        # one that follows meanwhile gets what is stored, then the same end: no hang
+        with (
+            daemon.client("viewer") as c,
+            c.stream("POST", "/v1/agui", json=body, timeout=timeout) as r,
+        ):
+            again = _agui_events(_read_to_end(r))
+        assert [e["type"] for e in again] == types
+        assert again[-1] == end
 
 
 @contextlib.asynccontextmanager

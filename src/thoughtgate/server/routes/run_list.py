@@ -256,7 +256,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             QueryParam("last_event_id", "resume after this change number", minimum=0),
             QueryParam("Last-Event-ID", "resume after this id", minimum=0, location="header"),
         ),
-        errors=(401, 403, 422),
+        errors=(401, 403, 422, 429),
         description="Server-sent events, one per run change (created; status, usage, error or "
         "metadata changed): `id:` is the change number, `data:` the run as GET /v1/runs/{id} "
         "shows it to your role. Each run comes once per resume, in its latest state, in "
@@ -264,6 +264,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "those matching your filters. Never ends on its own; keep-alive comments every "
         "server.keepalive_s seconds. `event: access_revoked` when the ticket's key is revoked "
         "or loses its role; `event: failed` when the store fails (resume after "
-        "`resume_after`). 422 past the last change.",
+        "`resume_after`). 422 past the last change; 429 with Retry-After when the ticket's key "
+        "holds quotas.max_live_streams_per_key live streams already.",
     ),
 )

@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
@@ -276,19 +276,12 @@ class ProviderEndpoint(_Section):
         from thoughtgate.providers.think_tags import check_think_tags
 
         if isinstance(value, str) and "=" in value:
-            table = _model_table(
-                value, "MODE", "'*=leading,my-r1=anywhere'"
-            )  # from the environment
+            table = _model_table(value, "MODE", "'*=leading,my-r1=anywhere'")  # environment
             value = {model: _true_or_false(mode) for model, mode in table.items()}
         elif isinstance(value, str):
             value = _true_or_false(value)
-        try:
+        with _per_model_problem("think_tags", ", or a table of them by model id"):
             check_think_tags(value)
-        except ConfigError as exc:
-            entry = exc.key.removeprefix("think_tags").removeprefix(".")
-            if entry:  # one model's mode in a table
-                raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
-            raise ValueError(f"expected {exc.allowed}, or a table of them by model id") from None
         return value
 
     @field_validator("think_delimiters", mode="before")
@@ -303,13 +296,8 @@ class ProviderEndpoint(_Section):
                 raise ValueError("not JSON: " + value) from None
         elif isinstance(value, str) and "=" in value:
             value = _model_table(value, "PRESET", "'*=think,magistral=mistral'")
-        try:
+        with _per_model_problem("think_delimiters"):
             check_think_delimiters(value)
-        except ConfigError as exc:
-            entry = exc.key.removeprefix("think_delimiters").removeprefix(".")
-            if entry:  # one model's pair in a table
-                raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
-            raise ValueError(f"expected {exc.allowed}") from None
         return value
 
     def adapter_options(self) -> dict[str, Any]:
@@ -324,6 +312,19 @@ class ProviderEndpoint(_Section):
         if self.think_delimiters is not None:
             options["think_delimiters"] = self.think_delimiters
         return options
+
+
+@contextlib.contextmanager
+def _per_model_problem(name: str, whole: str = "") -> Iterator[None]:
+    """A per-model option's :class:`ConfigError` as the validator's one line: the model's entry
+    at fault (``'my-r1' = 'sometimes': expected ...``), or what the whole value should be."""
+    try:
+        yield
+    except ConfigError as exc:
+        entry = exc.key.removeprefix(name).removeprefix(".")
+        if entry:
+            raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
+        raise ValueError(f"expected {exc.allowed}{whole}") from None
 
 
 def _true_or_false(value: str) -> bool | str:

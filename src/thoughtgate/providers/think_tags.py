@@ -41,9 +41,9 @@ Rules shared by both:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, get_args
+from typing import Literal, TypeAlias, TypeVar, get_args
 
 from thoughtgate.errors import ConfigError
 
@@ -72,6 +72,7 @@ OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
 Channel: TypeAlias = Literal["reasoning", "text"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,28 +344,38 @@ def _mode(value: object, key: str) -> ThinkTags:
     raise ConfigError(key, value, "leading, anywhere, opened, off (or true / false)")
 
 
+def _per_model(
+    option: object, model: str, name: str, read: Callable[[object, str], _T], default: _T
+) -> _T:
+    """``model``'s entry of a per-model option: the whole option, or its entry in a table by
+    model id, else the table's ``"*"``, else ``default``; read (or refused) by ``read``."""
+    if isinstance(option, Mapping):
+        if model in option:
+            return read(option[model], f"{name}.{model}")
+        return read(option["*"], f"{name}.*") if "*" in option else default
+    return read(option, name)
+
+
+def _check_per_model(option: object, name: str, read: Callable[[object, str], object]) -> None:
+    if isinstance(option, Mapping):
+        for model, value in option.items():
+            read(value, f"{name}.{model}")
+    elif option is not None:
+        read(option, name)
+
+
 def check_think_tags(option: object) -> None:
     """Refuse (:class:`ConfigError`) a ``think_tags`` option any entry of which cannot be read,
     whichever model it is for: an adapter checks it when it is built, the configuration at
     start, so a typo for one model does not wait for that model's first run."""
-    if isinstance(option, Mapping):
-        for model, value in option.items():
-            _mode(value, f"think_tags.{model}")
-    elif option is not None:
-        _mode(option, "think_tags")
+    _check_per_model(option, "think_tags", _mode)
 
 
 def think_tags_for(option: object, model: str, default: ThinkTags) -> ThinkTags:
     """The ``think_tags`` adapter option for ``model``: one mode, or a table of modes by model
     id with ``"*"`` for the others (``{"*": "leading", "deepseek/deepseek-r1": "anywhere"}``);
     absent: ``default``. A value it cannot read is refused, never taken as ``off``."""
-    if option is None:
-        return default
-    if isinstance(option, Mapping):
-        if model in option:
-            return _mode(option[model], f"think_tags.{model}")
-        return _mode(option["*"], "think_tags.*") if "*" in option else default
-    return _mode(option, "think_tags")
+    return default if option is None else _per_model(option, model, "think_tags", _mode, default)
 
 
 def splitter_for(
@@ -441,11 +452,7 @@ def _pair_problem(opener: object, closer: object) -> str | None:
 def check_think_delimiters(option: object) -> None:
     """Refuse (:class:`ConfigError`) a ``think_delimiters`` option any entry of which cannot be
     read, whichever model it is for (as :func:`check_think_tags`)."""
-    if isinstance(option, Mapping):
-        for model, value in option.items():
-            _delimiters(value, f"think_delimiters.{model}")
-    elif option is not None:
-        _delimiters(option, "think_delimiters")
+    _check_per_model(option, "think_delimiters", _delimiters)
 
 
 def think_delimiters_for(option: object, model: str) -> Delimiters | None:
@@ -454,8 +461,4 @@ def think_delimiters_for(option: object, model: str) -> Delimiters | None:
     the other presets' spellings before any answer text (:data:`LEADING_PAIRS`, ADR 0157)."""
     if option is None:
         return None
-    if isinstance(option, Mapping):
-        if model in option:
-            return _delimiters(option[model], f"think_delimiters.{model}")
-        return _delimiters(option["*"], "think_delimiters.*") if "*" in option else None
-    return _delimiters(option, "think_delimiters")
+    return _per_model(option, model, "think_delimiters", _delimiters, None)

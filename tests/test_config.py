@@ -287,6 +287,59 @@ def test_any_think_tags_table_written_as_pairs_reads_back_as_itself(
     assert load_config(environ=variable).providers.openrouter.think_tags == (table or None)
 
 
+@pytest.mark.parametrize("section", ["anthropic", "openai", "openrouter", "openai_compatible"])
+def test_think_delimiters_reach_every_adapter_from_the_file_and_the_environment(
+    tmp_path: Path, section: str
+) -> None:
+    """ADR 0157: ``[providers.NAME] think_delimiters`` -- a preset, an ``[open, close]`` pair, or
+    a table of them by model id -- is the adapters' option; in the environment one preset,
+    ``MODEL=PRESET`` pairs, or JSON for a pair."""
+    prefix = section.replace("_", "-")
+    write(
+        tmp_path,
+        f'[providers.{section}]\nthink_delimiters = {{ "*" = "mistral", "m2" = ["<r>", "</r>"] }}\n',
+    )
+    settings = provider_settings_from_config(load_config(environ={}, cwd=tmp_path), f"{prefix}:m")
+    assert settings.extra["thoughtgate"]["think_delimiters"] == {
+        "*": "mistral",
+        "m2": ["<r>", "</r>"],
+    }
+    variable = f"THOUGHTGATE_PROVIDERS__{section.upper()}__THINK_DELIMITERS"
+    for written, read in [
+        ("kimi", "kimi"),
+        (
+            "*=think, ByteDance-Seed/Seed-OSS-36B-Instruct=seed",
+            {"*": "think", "ByteDance-Seed/Seed-OSS-36B-Instruct": "seed"},
+        ),
+        ('["<THINK>", "</THINK>"]', ["<THINK>", "</THINK>"]),
+        ('{"m": ["<r>", "</r>"]}', {"m": ["<r>", "</r>"]}),
+    ]:
+        config = load_config(environ={variable: written}, cwd=tmp_path)
+        assert getattr(config.providers, section).think_delimiters == read
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("magistral", "'magistral': expected a preset (think, thinking, mistral, seed, kimi)"),
+        ("m=nope", "'m' = 'nope': expected a preset"),
+        ('["<r>", "<r>"]', "expected different open and close delimiters"),
+        ('["", "</r>"]', "expected a non-blank open delimiter"),
+        ('["<r>", "  "]', "expected a non-blank close delimiter"),
+        (f'["<r>", "{"x" * 33}"]', "expected close delimiters of at most 32 characters"),
+        ('["<r>"]', "or an [open, close] pair"),
+        ("[not json", "not JSON"),
+    ],
+)
+def test_an_unusable_delimiter_pair_stops_the_start_saying_why(written: str, said: str) -> None:
+    """An empty or blank delimiter would match everywhere, equal ones cannot tell where a block
+    ends, a long one would hold back that much answer: each is refused at start, by name."""
+    variable = "THOUGHTGATE_PROVIDERS__OPENAI_COMPATIBLE__THINK_DELIMITERS"
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={variable: written})
+    assert variable in str(info.value) and said in str(info.value)
+
+
 def test_a_bad_think_tags_variable_is_a_line_per_variable_naming_what_is_wrong() -> None:
     """ADR 0076: one line per problem, naming the variable, the key and the entry at fault; a
     credential set beside it is never repeated."""

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
@@ -243,6 +244,12 @@ class ProviderEndpoint(_Section):
     ``false``), or a table of them by model id with ``"*"`` for the rest; unset: the adapter's
     default (``docs/providers/``, ADR 0077). In the environment a table is ``MODEL=MODE`` pairs,
     comma-separated (``THOUGHTGATE_PROVIDERS__OPENAI__THINK_TAGS=*=leading,my-r1=anywhere``)."""
+    think_delimiters: str | list[str] | dict[str, str | list[str]] | None = None
+    """The spelling of a model's reasoning block when it is not ``<think>``: a preset (``think``,
+    ``thinking``, ``mistral``, ``seed``, ``kimi``) or an ``[open, close]`` pair, or a table of
+    them by model id with ``"*"`` for the rest; unset: ``<think>``, and the presets' spellings
+    at the very start of an answer (ADR 0157). In the environment: one preset, ``MODEL=PRESET``
+    pairs comma-separated, or JSON (``'{"my-model": ["<r>", "</r>"]}'``)."""
 
     @field_validator("server")
     @classmethod
@@ -269,16 +276,28 @@ class ProviderEndpoint(_Section):
         from thoughtgate.providers.think_tags import check_think_tags
 
         if isinstance(value, str) and "=" in value:
-            value = _think_tags_table(value)  # from the environment
+            table = _model_table(value, "MODE", "'*=leading,my-r1=anywhere'")  # environment
+            value = {model: _true_or_false(mode) for model, mode in table.items()}
         elif isinstance(value, str):
             value = _true_or_false(value)
-        try:
+        with _per_model_problem("think_tags", ", or a table of them by model id"):
             check_think_tags(value)
-        except ConfigError as exc:
-            entry = exc.key.removeprefix("think_tags").removeprefix(".")
-            if entry:  # one model's mode in a table
-                raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
-            raise ValueError(f"expected {exc.allowed}, or a table of them by model id") from None
+        return value
+
+    @field_validator("think_delimiters", mode="before")
+    @classmethod
+    def _think_delimiters_pairs(cls, value: Any) -> Any:
+        from thoughtgate.providers.think_tags import check_think_delimiters
+
+        if isinstance(value, str) and value.lstrip().startswith(("[", "{")):
+            try:
+                value = json.loads(value)  # from the environment
+            except ValueError:
+                raise ValueError("not JSON: " + value) from None
+        elif isinstance(value, str) and "=" in value:
+            value = _model_table(value, "PRESET", "'*=think,magistral=mistral'")
+        with _per_model_problem("think_delimiters"):
+            check_think_delimiters(value)
         return value
 
     def adapter_options(self) -> dict[str, Any]:
@@ -290,7 +309,22 @@ class ProviderEndpoint(_Section):
             options["rules"] = dict(self.rules)
         if self.think_tags is not None:
             options["think_tags"] = self.think_tags
+        if self.think_delimiters is not None:
+            options["think_delimiters"] = self.think_delimiters
         return options
+
+
+@contextlib.contextmanager
+def _per_model_problem(name: str, whole: str = "") -> Iterator[None]:
+    """A per-model option's :class:`ConfigError` as the validator's one line: the model's entry
+    at fault (``'my-r1' = 'sometimes': expected ...``), or what the whole value should be."""
+    try:
+        yield
+    except ConfigError as exc:
+        entry = exc.key.removeprefix(name).removeprefix(".")
+        if entry:
+            raise ValueError(f"{entry!r} = {exc.value!r}: expected {exc.allowed}") from None
+        raise ValueError(f"expected {exc.allowed}{whole}") from None
 
 
 def _true_or_false(value: str) -> bool | str:
@@ -298,25 +332,24 @@ def _true_or_false(value: str) -> bool | str:
     return value.lower() == "true" if value.lower() in ("true", "false") else value
 
 
-def _think_tags_table(value: str) -> dict[str, bool | str]:
-    """A ``think_tags`` table written as one variable: ``MODEL=MODE`` pairs, comma-separated
+def _model_table(value: str, what: str, example: str) -> dict[str, str]:
+    """A per-model table written as one variable: ``MODEL=VALUE`` pairs, comma-separated
     (``*=leading,deepseek/deepseek-r1=anywhere``), as the environment writes lists
     (``summarizers``). A nested variable cannot hold one: a variable's name has no room for
     ``*``, ``/``, ``-`` or ``.``, which model ids are made of, and is read in lower case."""
-    table: dict[str, bool | str] = {}
+    table: dict[str, str] = {}
     for item in (part.strip() for part in value.split(",")):
         if not item:
             continue
-        model, equals, mode = item.rpartition("=")
+        model, equals, entry = item.rpartition("=")
         model = model.strip()
         if not equals or not model:
             raise ValueError(
-                f"expected MODEL=MODE pairs, comma-separated ('*=leading,my-r1=anywhere'); "
-                f"{item!r} names no model"
+                f"expected MODEL={what} pairs, comma-separated ({example}); {item!r} names no model"
             )
         if model in table:
             raise ValueError(f"model {model!r} is named twice")
-        table[model] = _true_or_false(mode.strip())
+        table[model] = entry.strip()
     return table
 
 

@@ -25,7 +25,7 @@ from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, ToolS
 from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.openai_responses import CARRIER, OpenAIResponsesProvider
 from thoughtgate.providers.openrouter import OpenRouterProvider
-from thoughtgate.providers.think_tags import split_think_tags
+from thoughtgate.providers.think_tags import DELIMITER_PRESETS, split_think_tags
 from thoughtgate.types import (
     ContinuityBlock,
     Message,
@@ -187,6 +187,56 @@ def test_opened_on_a_server_that_splits_reasoning_itself_leaves_the_answer_alone
     turn, body = _loop("compat", first, think_tags="opened")
     assert turn.text == "Let me look." and TAG in turn.reasoning_text
     assert _assistant(body)["content"] == "Let me look."
+
+
+def _spelled(opener: str, closer: str) -> str:
+    """Two leading blocks in one spelling, then the answer, as a server without the model's
+    reasoning parser writes them (ADR 0157)."""
+    return f"\n{opener}\n{TAG} one\n{closer}{opener}{TAG} two{closer}\n\nLet me look."
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    adapter=st.sampled_from(["compat", "openrouter"]),
+    preset=st.sampled_from(sorted(DELIMITER_PRESETS)),
+    named=st.booleans(),
+    cuts=st.lists(st.integers(0, 90), max_size=16),
+    capture=st.booleans(),
+)
+def test_no_cut_of_any_known_spelling_goes_back_or_reaches_the_answer(
+    adapter: str, preset: str, named: bool, cuts: list[int], capture: bool
+) -> None:
+    """``[THINK]`` (Magistral), ``<seed:think>`` (Seed-OSS), ``◁think▷`` (Kimi-VL),
+    ``<thinking>``: named per model (``think_delimiters``) or not named at all (a leading block
+    in a known spelling), the reasoning is neither the answer nor in the next request, and the
+    answer is the model's, character for character."""
+    pair = DELIMITER_PRESETS[preset]
+    options = {"think_delimiters": {"m": preset, "deepseek/deepseek-r1": preset}} if named else {}
+    first = _chat(_cut(_spelled(pair.open, pair.close), cuts), call=True)
+    turn, body = _loop(adapter, first, capture=capture, **options)
+    assert turn.text == "\nLet me look."
+    assert (TAG in turn.reasoning_text) == capture
+    sent = json.dumps(body)
+    assert TAG not in sent and pair.open not in sent and pair.close not in sent
+    assert _assistant(body)["content"] == turn.text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    preset=st.sampled_from(sorted(DELIMITER_PRESETS)),
+    cuts=st.lists(st.integers(0, 80), max_size=12),
+)
+def test_opened_with_a_named_pair_waits_for_its_own_closer(preset: str, cuts: list[int]) -> None:
+    """Seed-OSS's template ends the prompt with ``<seed:think>``: ``opened`` with the pair
+    named reads everything up to ``</seed:think>`` as reasoning, ``</think>`` included."""
+    pair = DELIMITER_PRESETS[preset]
+    text = f"{TAG} a </think> b\n{pair.close}\n\nLet me look."
+    if preset == "think":
+        text = f"{TAG} b\n{pair.close}\n\nLet me look."
+    first = _chat(_cut(text, cuts), call=True)
+    turn, body = _loop("compat", first, think_tags="opened", think_delimiters=preset)
+    assert turn.text == "Let me look." and TAG in turn.reasoning_text
+    assert TAG not in json.dumps(body)
 
 
 def test_deepseek_gets_its_reasoning_content_back_and_never_in_content() -> None:

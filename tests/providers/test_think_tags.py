@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thoughtgate.providers.openai_compatible import CompatParser
-from thoughtgate.providers.sse import SSEMessage
+from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.providers.think_tags import (
     CLOSE_TAG,
+    DELIMITER_PRESETS,
+    LEADING_PAIRS,
     OPEN_TAG,
+    Delimiters,
     ThinkTagSplitter,
     _held_suffix,
+    make_splitter,
     split_think_tags,
 )
 from thoughtgate.types import TurnAccumulator
@@ -39,7 +45,7 @@ texts = st.lists(
 ).map("".join)
 
 
-def stream_split(text: str, cuts: list[int], **kw: bool) -> tuple[str, str]:
+def stream_split(text: str, cuts: list[int], **kw: Any) -> tuple[str, str]:
     splitter = ThinkTagSplitter(**kw)
     reasoning: list[str] = []
     answer: list[str] = []
@@ -180,3 +186,192 @@ def test_the_held_suffix_is_the_longest_that_can_still_become_the_tag(buf: str, 
     less, or a tag cut between two deltas is missed."""
     sizes = [n for n in range(1, min(len(buf), len(tag) - 1) + 1) if tag.startswith(buf[-n:])]
     assert _held_suffix(buf, tag) == max(sizes, default=0)
+
+
+# --------------------------------------------------------------------------- other spellings (ADR 0157)
+
+PRESETS = list(DELIMITER_PRESETS.items())
+
+
+def _fragments(pair: Delimiters) -> list[str]:
+    """Words, whitespace and every cut of the pair's delimiters, so half delimiters are common."""
+    cuts = {tag[:n] for tag in (pair.open, pair.close) for n in range(1, len(tag))}
+    cuts |= {tag[n:] for tag in (pair.open, pair.close) for n in range(1, len(tag))}
+    return [*sorted(cuts), "\n", " ", "a", "b c"]
+
+
+@st.composite
+def spelled(draw: st.DrawFn) -> tuple[Delimiters, str, list[int], str]:
+    """A preset, a text of its fragments and whole delimiters, cut points and a mode."""
+    _name, pair = draw(st.sampled_from(PRESETS))
+    parts = st.sampled_from([*_fragments(pair), pair.open, pair.close])
+    text = "".join(draw(st.lists(parts, max_size=20)))
+    cuts = draw(st.lists(st.integers(0, 200), max_size=30))
+    return pair, text, cuts, draw(st.sampled_from(["leading", "anywhere", "opened"]))
+
+
+def _kw(pair: Delimiters | None, mode: str) -> dict[str, Any]:
+    named = pair or Delimiters(OPEN_TAG, CLOSE_TAG)
+    return {
+        "open_tag": named.open,
+        "close_tag": named.close,
+        "leading_only": mode == "leading",
+        "starts_in_think": mode == "opened",
+        "leading_pairs": () if pair else LEADING_PAIRS,
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(spelled())
+def test_a_named_pair_splits_alike_however_the_text_is_cut(
+    case: tuple[Delimiters, str, list[int], str],
+) -> None:
+    """Every preset, every mode: any chunking -- one character at a time too, ``◁`` included --
+    gives what the whole text gives."""
+    pair, text, cuts, mode = case
+    expected = split_think_tags(text, **_kw(pair, mode))
+    assert stream_split(text, cuts, **_kw(pair, mode)) == expected
+    assert stream_split(text, list(range(len(text) + 1)), **_kw(pair, mode)) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(spelled())
+def test_unnamed_spellings_split_alike_however_the_text_is_cut(
+    case: tuple[Delimiters, str, list[int], str],
+) -> None:
+    """No pair named: ``<think>`` as the mode says and the known spellings at the start."""
+    _pair, text, cuts, mode = case
+    assert stream_split(text, cuts, **_kw(None, mode)) == split_think_tags(text, **_kw(None, mode))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    preset=st.sampled_from(PRESETS),
+    named=st.booleans(),
+    mode=st.sampled_from(["leading", "anywhere"]),
+    before=st.text(" \n", max_size=3),
+    thought=st.lists(st.sampled_from(["a", " ", "\n", "<", "[", "/", "think", "\u25c1"])),
+    answer=st.lists(st.sampled_from(["a", " ", "\n", "<", "[", "/", "think", "\u25c1", ">"])),
+    cuts=st.lists(st.integers(0, 200), max_size=30),
+)
+def test_a_leading_block_never_reaches_the_answer_and_the_answer_comes_out_whole(
+    preset: tuple[str, Delimiters],
+    named: bool,
+    mode: str,
+    before: str,
+    thought: list[str],
+    answer: list[str],
+    cuts: list[int],
+) -> None:
+    """A secret in a leading block of any known spelling stays reasoning -- the pair named, or
+    none named -- and the answer after it is reproduced exactly, however it is cut."""
+    _name, pair = preset
+    reply = "x" + "".join(answer)  # an answer that starts with text, as the strip rule keeps it
+    secret = "SECRET" + "".join(thought).replace(pair.close, "")
+    text = f"{before}{pair.open}{secret}{pair.close}{reply}"
+    kw = _kw(pair if named else None, mode)
+    reasoning, said = stream_split(text, cuts, **kw)
+    assert "SECRET" in reasoning and "SECRET" not in said
+    opens_later = (pair.open if named else OPEN_TAG) in reply and mode == "anywhere"
+    if not opens_later:
+        assert said == before + reply
+
+
+@pytest.mark.parametrize(("name", "pair"), PRESETS)
+def test_an_unclosed_block_of_any_spelling_is_reasoning_to_the_end(
+    name: str, pair: Delimiters
+) -> None:
+    for splitter in (
+        make_splitter(leading_only=True, starts_in_think=False, delimiters=None),
+        make_splitter(leading_only=False, starts_in_think=False, delimiters=pair),
+    ):
+        pieces = splitter.feed(f"{pair.open}SECRET plan") + splitter.flush()
+        assert [(p.channel, p.text) for p in pieces] == [("reasoning", "SECRET plan")], name
+
+
+def test_other_spellings_open_only_before_the_answer_and_naming_a_pair_narrows_to_it() -> None:
+    """Mid-answer only the pair the mode reads opens a block: an answer may quote ``[THINK]``.
+    Naming ``think`` restores ``<think>`` alone, for a model whose answers start with one of the
+    other spellings."""
+    default = _kw(None, "anywhere")
+    assert split_think_tags("[THINK]plan[/THINK]OK", **default) == ("plan", "OK")
+    assert split_think_tags("Use [THINK]x[/THINK] here", **default) == (
+        "",
+        "Use [THINK]x[/THINK] here",
+    )
+    assert split_think_tags("Use <think>x</think> here", **default) == ("x", "Use here")
+    assert split_think_tags("<think>a</think>\n<seed:think>b</seed:think>OK", **default) == (
+        "ab",
+        "OK",
+    )
+    assert split_think_tags("<thinking>a</think>b</thinking>OK", **default) == ("a</think>b", "OK")
+    only_think = _kw(DELIMITER_PRESETS["think"], "leading")
+    assert split_think_tags("[THINK]x[/THINK]", **only_think) == ("", "[THINK]x[/THINK]")
+    kimi = _kw(DELIMITER_PRESETS["kimi"], "anywhere")
+    assert split_think_tags("<think>x</think>\u25c1think\u25b7y\u25c1/think\u25b7z", **kimi) == (
+        "y",
+        "<think>x</think>z",
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    named=st.sampled_from([None, *DELIMITER_PRESETS.values()]),
+    pieces=st.lists(
+        st.sampled_from(["a", " ", "<", "[", "\u25c1", "<seed:thin", "[THI", "<thinkin", "x>"]),
+        max_size=30,
+    ),
+)
+def test_never_more_answer_is_held_back_than_a_delimiter_less_one_character(
+    named: Delimiters | None, pieces: list[str]
+) -> None:
+    """While nothing opens, what has come out trails what went in by at most the longest
+    opener less one character: a viewer's stream is never held for a tag that may follow."""
+    splitter = make_splitter(leading_only=False, starts_in_think=False, delimiters=named)
+    longest = max(len(d.open) for d in ([named] if named else DELIMITER_PRESETS.values()))
+    fed = said = ""
+    for piece in pieces:
+        fed += piece
+        said += "".join(p.text for p in splitter.feed(piece))
+        assert len(fed) - len(said) <= longest - 1
+    said += "".join(p.text for p in splitter.flush())
+    assert said == fed
+
+
+def test_no_known_opener_is_the_start_of_another() -> None:
+    """The splitter takes the earliest opener it finds; were one the start of another, a cut
+    between them would decide for the shorter."""
+    openers = [pair.open for pair in DELIMITER_PRESETS.values()]
+    assert not [(a, b) for a in openers for b in openers if a != b and b.startswith(a)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(sorted(DELIMITER_PRESETS)),
+    cuts=st.lists(st.integers(0, 400), max_size=40),
+)
+def test_a_delimiter_cut_inside_a_character_on_the_wire_is_still_read(
+    preset: str, cuts: list[int]
+) -> None:
+    """The server's bytes cut anywhere -- inside ``◁`` (three UTF-8 bytes) too, and inside the
+    JSON of a delta -- give the same reasoning and answer as the deltas read whole."""
+    pair = DELIMITER_PRESETS[preset]
+    deltas = [
+        pair.open[:2],
+        pair.open[2:] + "SECRET ",
+        "plan" + pair.close[:3],
+        pair.close[3:],
+        "OK",
+    ]
+    events = [{"choices": [{"index": 0, "delta": {"content": d}}]} for d in deltas]
+    wire = "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
+    raw = (wire + "data: [DONE]\n\n").encode()
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(raw)}), len(raw)]
+    parser = CompatParser(provider="openai-compatible", model="m", capture=True)
+    decoder = SSEDecoder()
+    acc = TurnAccumulator()
+    for a, b in itertools.pairwise(bounds):
+        acc.feed_all(parser.feed(decoder.feed(raw[a:b])))
+    acc.feed_all(parser.feed(decoder.flush()))
+    turn = acc.finish()
+    assert (turn.reasoning_text, turn.text) == ("SECRET plan", "OK")

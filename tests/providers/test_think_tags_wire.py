@@ -33,7 +33,7 @@ from thoughtgate.errors import ConfigError, ProviderStreamError
 from thoughtgate.providers.anthropic import AnthropicProvider
 from thoughtgate.providers.base import ProviderSettings, ReasoningRequest, ToolSpec, TurnRequest
 from thoughtgate.providers.openai_responses import OpenAIResponsesProvider
-from thoughtgate.providers.think_tags import split_think_tags
+from thoughtgate.providers.think_tags import DELIMITER_PRESETS, split_think_tags
 from thoughtgate.testing.emulator import (
     Emulator,
     EmulatorServer,
@@ -203,10 +203,16 @@ def request(mode: str = "surface", messages: list[Message] | None = None) -> Tur
 
 
 async def served_turn(
-    fmt: str, reply: Reply, *, mode: str = "surface", stream: bool = True, think_tags: Any = None
+    fmt: str,
+    reply: Reply,
+    *,
+    mode: str = "surface",
+    stream: bool = True,
+    think_tags: Any = None,
+    **options: Any,
 ) -> Turn:
     async with ReplayServer([reply]) as server:
-        provider = adapter(fmt, server.url, think_tags)
+        provider = adapter(fmt, server.url, think_tags, **options)
         try:
             if stream:
                 return await stream_llm_turn(provider, request(mode))
@@ -280,6 +286,45 @@ async def test_the_option_per_adapter_and_per_model(fmt: str) -> None:
     assert TAG in (await served_turn(fmt, leading, think_tags=other)).reasoning_text
     with pytest.raises(ConfigError):
         adapter(fmt, "http://127.0.0.1:9", "sometimes")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fmt=st.sampled_from(FORMATS),
+    preset=st.sampled_from(sorted(DELIMITER_PRESETS)),
+    named=st.booleans(),
+    cuts=st.lists(st.integers(0, 60), max_size=14),
+    stream=st.booleans(),
+)
+def test_a_leading_block_in_any_known_spelling_is_reasoning(
+    fmt: str, preset: str, named: bool, cuts: list[int], stream: bool
+) -> None:
+    """ADR 0157: Magistral's ``[THINK]``, Seed-OSS's ``<seed:think>``, Kimi-VL's ``◁think▷`` and
+    ``<thinking>`` at the start of the answer are reasoning -- named per model or not --
+    streamed however cut or whole, and the answer is exactly what follows."""
+    pair = DELIMITER_PRESETS[preset]
+    content = f"{pair.open}\n{TAG} so the answer is 4\n{pair.close}\n\nIt is 4."
+    options = {"think_delimiters": {MODELS[fmt]: preset}} if named else {}
+    if stream:
+        reply = stream_of(fmt, cut(content, cuts))
+    else:
+        reply = Reply([whole_body(fmt, content)], headers={"content-type": "application/json"})
+    turn = asyncio.run(served_turn(fmt, reply, stream=stream, **options))
+    assert turn.text == "It is 4." and turn.reasoning_text == f"{TAG} so the answer is 4"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+async def test_a_named_pair_is_the_only_one_read(fmt: str) -> None:
+    """Naming a pair narrows to it: ``think`` leaves a leading ``[THINK]`` in the answer (for
+    a model whose answers start with it), and ``mistral`` leaves ``<think>`` there."""
+    quoted = stream_of(fmt, ["[THINK] is a token.", " Done."])
+    turn = await served_turn(fmt, quoted, think_delimiters="think")
+    assert turn.text == "[THINK] is a token. Done." and turn.reasoning_text == ""
+    inline = stream_of(fmt, [f"<think>{TAG}</think>[THI", "NK]x[/THINK]OK"])
+    turn = await served_turn(fmt, inline, think_delimiters="mistral")
+    assert turn.text == f"<think>{TAG}</think>[THINK]x[/THINK]OK"
+    with pytest.raises(ConfigError):
+        adapter(fmt, "http://127.0.0.1:9", think_delimiters=["<r>", "<r>"])
 
 
 OPENED = f"{TAG} the template opened the block\n</think>\n\nIt is 4."

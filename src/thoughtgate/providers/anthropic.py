@@ -78,7 +78,13 @@ from thoughtgate.providers.rules import (
     normalize_anthropic_model,
 )
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.think_tags import (
+    Delimiters,
+    Piece,
+    ThinkTags,
+    ThinkTagSplitter,
+    splitter_for,
+)
 from thoughtgate.providers.wire import FollowUp, VendorFormatProvider, WireParser
 from thoughtgate.types import (
     Chunk,
@@ -396,6 +402,7 @@ class AnthropicCapture:
         "segment",
         "started",
         "stop_reason",
+        "think_delimiters",
         "think_tags",
     )
 
@@ -407,9 +414,11 @@ class AnthropicCapture:
         emit_reasoning: bool = True,
         paused: _PausedTurn | None = None,
         think_tags: ThinkTags = "off",
+        think_delimiters: Delimiters | None = None,
     ) -> None:
         self.model = model
         self.think_tags: ThinkTags = think_tags
+        self.think_delimiters = think_delimiters
         self.paused = paused or _PausedTurn()
         """What earlier responses of this turn produced (``pause_turn`` continuations)."""
         self.segment = _SegmentBlocks()
@@ -592,7 +601,9 @@ class AnthropicCapture:
         slot = self._blocks[index] = _Block(btype)
         self.next_index = max(self.next_index, index + self.offset + 1)
         if btype == "text":
-            slot.splitter = splitter_for(self.think_tags, first=first)
+            slot.splitter = splitter_for(
+                self.think_tags, first=first, delimiters=self.think_delimiters
+            )
             self._text_piece(slot, index, False, _str(block, "text"))
         elif btype == "thinking":
             text = _str(block, "thinking")
@@ -918,6 +929,7 @@ class AnthropicProvider(VendorFormatProvider):
             emit_reasoning=request.reasoning.enabled,
             paused=paused,
             think_tags=self.think_tags,
+            think_delimiters=self.think_delimiters,
         )
 
     def follow_up(

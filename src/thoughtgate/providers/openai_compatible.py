@@ -15,7 +15,8 @@ Capture (``docs/providers/openai-compatible.md``):
 * inline ``<think>…</think>`` in ``content`` is split out by
   :mod:`thoughtgate.providers.think_tags`, whatever the chunking (option ``think_tags``:
   ``anywhere`` by default, or ``leading`` / ``off``, per model as on every adapter, ADR 0077;
-  ``true`` / ``false`` still mean ``anywhere`` / ``off``); an unclosed ``<think>`` at the
+  ``true`` / ``false`` still mean ``anywhere`` / ``off``; another spelling per model with
+  ``think_delimiters``, ADR 0157); an unclosed ``<think>`` at the
   end is reasoning, never answer text -- unless the reasoning then came in a field while that
   block was still empty (Together sends a bare ``<think>`` before its ``reasoning`` deltas), when
   the tag was a stray and what follows is the answer;
@@ -54,9 +55,13 @@ from thoughtgate.providers.endpoints import merge_body
 from thoughtgate.providers.history import matching_block
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.think_tags import (
+    Delimiters,
     ThinkTags,
     ThinkTagSplitter,
+    check_think_delimiters,
     check_think_tags,
+    make_splitter,
+    think_delimiters_for,
     think_tags_for,
 )
 from thoughtgate.types import (
@@ -75,11 +80,15 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 """Discovery order of the reasoning field on ``delta`` / ``message`` (when the row names none)."""
 
 
-def _splitter(mode: ThinkTags, starts_in_think: bool) -> ThinkTagSplitter | None:
+def _splitter(
+    mode: ThinkTags, starts_in_think: bool, delimiters: Delimiters | None
+) -> ThinkTagSplitter | None:
     if mode == "off":
         return None
     opened = starts_in_think or mode == "opened"
-    return ThinkTagSplitter(starts_in_think=opened, leading_only=mode == "leading")
+    return make_splitter(
+        starts_in_think=opened, leading_only=mode == "leading", delimiters=delimiters
+    )
 
 
 class CompatParser(ChatChunkParser):
@@ -99,6 +108,7 @@ class CompatParser(ChatChunkParser):
         capture: bool,
         think_tags: bool | ThinkTags = True,
         starts_in_think: bool = False,
+        think_delimiters: Delimiters | None = None,
         carrier: str | None = "reasoning_content",
         carrier_required: bool = False,
         echo_only: bool = False,
@@ -112,7 +122,9 @@ class CompatParser(ChatChunkParser):
             capture=capture,
             lenient_end=lenient_end,
             reasoning_in_output=reasoning_in_output,
-            splitter=_splitter(think_tags_for(think_tags, model, "anywhere"), starts_in_think),
+            splitter=_splitter(
+                think_tags_for(think_tags, model, "anywhere"), starts_in_think, think_delimiters
+            ),
         )
         self.field: str | None = None
         self.fields = tuple(f for f in fields if f in REASONING_FIELDS) or REASONING_FIELDS
@@ -176,6 +188,8 @@ class OpenAICompatibleProvider(ChatCompletionsProvider):
         check_think_tags(options.get("think_tags"))
         self.think_tags = think_tags_for(options.get("think_tags"), self.model, "anywhere")
         self.starts_in_think = bool(options.get("starts_in_think", False))
+        check_think_delimiters(options.get("think_delimiters"))
+        self.think_delimiters = think_delimiters_for(options.get("think_delimiters"), self.model)
         self.lenient_end = bool(options.get("lenient_end", True))
         self._send_back_option = bool(options.get("send_back", True))
 
@@ -227,6 +241,7 @@ class OpenAICompatibleProvider(ChatCompletionsProvider):
             capture=request.reasoning.enabled,
             think_tags=self.think_tags,
             starts_in_think=self.starts_in_think,
+            think_delimiters=self.think_delimiters,
             carrier=rule.send_back if self.send_back else None,
             carrier_required=rule.keeps_carriers,
             echo_only=rule.echo_only,

@@ -67,7 +67,13 @@ from thoughtgate.providers.endpoints import apply_extra, merge_body
 from thoughtgate.providers.history import current_loop_start, tool_results
 from thoughtgate.providers.http import stream_error
 from thoughtgate.providers.registry import ENDPOINTS
-from thoughtgate.providers.think_tags import Piece, ThinkTags, ThinkTagSplitter, splitter_for
+from thoughtgate.providers.think_tags import (
+    Delimiters,
+    Piece,
+    ThinkTags,
+    ThinkTagSplitter,
+    splitter_for,
+)
 from thoughtgate.providers.wire import JSONEventParser, VendorFormatProvider
 from thoughtgate.types import (
     Chunk,
@@ -157,6 +163,7 @@ class ResponsesEventParser(JSONEventParser):
         model: str,
         capture: bool,
         think_tags: ThinkTags = "off",
+        think_delimiters: Delimiters | None = None,
         summaries: bool = False,
     ) -> None:
         self.provider = provider
@@ -179,6 +186,7 @@ class ResponsesEventParser(JSONEventParser):
         """The stream's error, raised at its end (nothing after it is lost)."""
         self.failure: ProviderError | None = None
         self.think_tags: ThinkTags = think_tags
+        self.think_delimiters = think_delimiters
         self._splitters: dict[tuple[int, int], ThinkTagSplitter | None] = {}
         """Per ``(output_index, content_index)`` of ``output_text``: its splitter, or ``None``
         once it has settled (the rest of that part is answer as it comes)."""
@@ -337,7 +345,9 @@ class ResponsesEventParser(JSONEventParser):
         else:
             # the turn's first part, after no reasoning item and no call: the one a template opens
             first = not self._splitters and all(e.type == "message" for e in self._items.values())
-            splitter = self._splitters[key] = splitter_for(self.think_tags, first=first)
+            splitter = self._splitters[key] = splitter_for(
+                self.think_tags, first=first, delimiters=self.think_delimiters
+            )
         if splitter is None:
             return [TextDelta(text, index=index)] if text else []
         pieces = splitter.feed(text) if text else []
@@ -687,5 +697,6 @@ class OpenAIResponsesProvider(VendorFormatProvider):
             model=self.model,
             capture=request.reasoning.enabled,
             think_tags=self.think_tags,
+            think_delimiters=self.think_delimiters,
             summaries=self.rule.marks_summaries,
         )

@@ -51,9 +51,12 @@ from thoughtgate.providers.history import current_loop_start, matching_block
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.think_tags import (
+    Delimiters,
     ThinkTags,
+    check_think_delimiters,
     check_think_tags,
     splitter_for,
+    think_delimiters_for,
     think_tags_for,
 )
 from thoughtgate.types import (
@@ -148,10 +151,14 @@ class OpenRouterParser(ChatChunkParser):
         keep_carriers: bool = False,
         text_kind: ReasoningKind = "raw",
         think_tags: ThinkTags = "leading",
+        think_delimiters: Delimiters | None = None,
         summaries: bool = False,
     ) -> None:
         super().__init__(
-            provider=provider, model=model, capture=capture, splitter=splitter_for(think_tags)
+            provider=provider,
+            model=model,
+            capture=capture,
+            splitter=splitter_for(think_tags, delimiters=think_delimiters),
         )
         self.keep_carriers = capture or keep_carriers
         """Merge details for the continuity block (in ``hidden`` mode only when the API
@@ -228,6 +235,8 @@ class OpenRouterProvider(ChatCompletionsProvider):
     def read_options(self, options: Mapping[str, Any]) -> None:
         check_think_tags(options.get("think_tags"))
         self.think_tags = think_tags_for(options.get("think_tags"), self.model, "leading")
+        check_think_delimiters(options.get("think_delimiters"))
+        self.think_delimiters = think_delimiters_for(options.get("think_delimiters"), self.model)
 
     def wire_capabilities(self) -> Capabilities:
         return Capabilities(
@@ -270,5 +279,6 @@ class OpenRouterProvider(ChatCompletionsProvider):
             keep_carriers=self.rule.keeps_carriers,
             text_kind=self.rule.reasoning_kind if anthropic else "raw",
             think_tags=self.think_tags,
+            think_delimiters=self.think_delimiters,
             summaries=self.rule.marks_summaries,
         )

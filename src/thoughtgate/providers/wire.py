@@ -51,7 +51,14 @@ from thoughtgate.providers.http import HTTPTransport, parse_json_event
 from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.sse import SSEMessage
-from thoughtgate.providers.think_tags import ThinkTags, check_think_tags, vendor_think_tags
+from thoughtgate.providers.think_tags import (
+    Delimiters,
+    ThinkTags,
+    check_think_delimiters,
+    check_think_tags,
+    think_delimiters_for,
+    vendor_think_tags,
+)
 from thoughtgate.types import (
     Chunk,
     ReasoningDelta,
@@ -361,6 +368,11 @@ class VendorFormatProvider(HTTPProvider):
     def read_options(self, options: Mapping[str, Any]) -> None:
         self._think_tags: object = options.get("think_tags")
         check_think_tags(self._think_tags)  # a value it cannot read: refused now
+        check_think_delimiters(options.get("think_delimiters"))
+        self.think_delimiters: Delimiters | None = think_delimiters_for(
+            options.get("think_delimiters"), self.model
+        )
+        """The reasoning block's spelling the operator named for this model (ADR 0157)."""
 
     @property
     def think_tags(self) -> ThinkTags:

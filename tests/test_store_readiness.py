@@ -18,23 +18,28 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
+from psycopg import errors as pg_errors_mod
+from psycopg import sql
 from support.daemon import Daemon, running_daemon
 from support.durable import until
-from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg import PG_URL, pg_admin, pg_schema, schema_name
 from support.store_conformance import make_run
 from support.ticker import ticker_prompt
 
 from thoughtgate.config import Config
-from thoughtgate.errors import StoreError
+from thoughtgate.errors import StoreError, StoreReadOnlyError
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.server.app import create_app
 from thoughtgate.server.readiness import Readiness
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.pg_errors import writes_refused
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
@@ -296,3 +301,86 @@ async def test_readiness_asks_the_database_once_however_many_probes_ask_at_once(
     assert await fresh.refusal() is None
     assert await fresh.refusal() is None
     assert store.checks == 3
+
+
+@contextlib.asynccontextmanager
+async def _own_database(admin: Any) -> AsyncIterator[tuple[str, str]]:
+    """A database of this test's own and its URL: its settings are changed, no other's."""
+    database = schema_name()
+    await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    try:
+        yield database, urlunsplit(urlsplit(PG_URL)._replace(path=f"/{database}"))
+    finally:
+        await admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+        )
+
+
+async def _read_only(admin: Any, database: str, on: bool) -> None:
+    """New sessions of ``database`` refuse writes (or take them again); its sessions are ended,
+    so the store's pool reconnects into the new setting."""
+    name = sql.Identifier(database)
+    setting = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    await admin.execute(sql.SQL("ALTER DATABASE {} " + setting).format(name))
+    await admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = %s AND pid <> pg_backend_pid()",
+        (database,),
+    )
+
+
+@pytest.mark.postgres
+async def test_a_postgresql_store_whose_writes_are_refused_says_so_without_asking(
+    pg_admin: Any,
+) -> None:
+    """PostgreSQL that still takes connections and reads but refuses writes (here read-only; a
+    full disk alike): the store's own cheap signal, which the live streams' ticker and
+    ``/readyz`` take first, says so from its last refused write, until a write is taken. A write
+    refused for its own reason (a run that exists already) counts for nothing."""
+    async with _own_database(pg_admin) as (database, url):
+        store = await PostgresStore.open(url, schema="s", pool_wait_s=2)
+        try:
+            run = make_run()
+            await store.create_run(run)
+            with pytest.raises(StoreError):
+                await store.create_run(run)  # a constraint: the database takes writes
+            assert store.write_refusal() is None
+            await _read_only(pg_admin, database, on=True)
+            with contextlib.suppress(StoreError):  # a pooled session ended: the next is new
+                await store.create_run(make_run())
+            with pytest.raises(StoreReadOnlyError):
+                await store.create_run(make_run())
+            assert store.write_refusal() == "store_read_only"
+            await store.get_run(run.run_id)  # reads still work, and do not clear it
+            assert store.write_refusal() == "store_read_only"
+            await _read_only(pg_admin, database, on=False)
+            with contextlib.suppress(StoreError):
+                await store.create_run(make_run())
+            await store.create_run(make_run())
+            assert store.write_refusal() is None
+        finally:
+            await store.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("error", "word"),
+    [
+        (pg_errors_mod.DiskFull("could not extend file"), "store_refuses_writes"),
+        (pg_errors_mod.OutOfMemory("out of memory"), "store_refuses_writes"),
+        (pg_errors_mod.ReadOnlySqlTransaction("read-only"), "store_read_only"),
+        (pg_errors_mod.TooManyConnections("too many clients"), "store_refuses_writes"),
+        # not answering at all: the database check's own connection sees that come and go
+        (pg_errors_mod.AdminShutdown("terminating connection"), None),
+        (psycopg.OperationalError("connection failed"), None),
+        (pg_errors_mod.UniqueViolation("duplicate key"), None),
+        (pg_errors_mod.SyntaxError("syntax error"), None),
+        (pg_errors_mod.QueryCanceled("canceling statement"), None),
+        (pg_errors_mod.SerializationFailure("could not serialize"), None),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x),
+)
+def test_which_postgresql_errors_say_the_database_refuses_writes(
+    error: psycopg.Error, word: str | None
+) -> None:
+    assert writes_refused(error) == word

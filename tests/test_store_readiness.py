@@ -159,6 +159,49 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
         assert json.loads(resumed[0].data)["resume_after"] == max(sent)
 
 
+@pytest.mark.inprocess
+def test_the_run_list_marks_a_run_stopped_by_a_refused_write_as_out_of_date(
+    tmp_path: Path,
+) -> None:
+    """The run list says of such a run what its own view says (503): its record is out of date.
+    Its ``status`` stays the recorded one (a client reading it is not given a new status), with
+    ``record_out_of_date`` naming the store's refusal; its live stream, opened before, is sent
+    the run again so marked."""
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        with daemon.client("owner") as c:
+            ticket = c.post("/v1/tickets", json={"scope": "runs"}).json()["ticket"]
+            page = c.get("/v1/runs").json()
+        assert [r.get("record_out_of_date") for r in page["runs"]] == [None]
+        timeout = httpx.Timeout(10, read=WAIT_S)
+        with (
+            daemon.client() as c,
+            c.stream(
+                "GET",
+                "/v1/runs/stream",
+                params={"ticket": ticket, "last_event_id": page["changes"]},
+                timeout=timeout,
+            ) as r,
+        ):
+            assert r.status_code == 200
+            shutil.rmtree(directory)  # the model goes on; its first write is refused
+            decoder = SSEDecoder()
+            marked: list[dict[str, object]] = []
+            deadline = time.monotonic() + WAIT_S
+            for chunk in r.iter_bytes():
+                views = [json.loads(m.data) for m in decoder.feed(chunk) if m.event != "failed"]
+                marked += [v for v in views if v.get("record_out_of_date")]
+                if marked:
+                    break
+                assert time.monotonic() < deadline, "the stream never said so"
+        assert marked[0]["run_id"] == run_id and marked[0]["status"] == "running"
+        assert marked[0]["record_out_of_date"] == "store_removed"
+        listed = daemon.get("/v1/runs", "viewer").json()["runs"]
+        assert [(v["run_id"], v["status"], v.get("record_out_of_date")) for v in listed] == [
+            (run_id, "running", "store_removed")
+        ]
+        assert daemon.get(f"/v1/runs/{run_id}", "owner").status_code == 503  # as its view
+
+
 @contextlib.asynccontextmanager
 async def _readyz(store: EventStore) -> AsyncIterator[httpx.AsyncClient]:
     """The daemon's routes over ``store`` in this loop (``/readyz`` needs no lifespan)."""
@@ -320,7 +363,9 @@ async def _read_only(admin: Any, database: str, on: bool) -> None:
     """New sessions of ``database`` refuse writes (or take them again); its sessions are ended,
     so the store's pool reconnects into the new setting."""
     name = sql.Identifier(database)
-    setting = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    setting = (
+        "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    )
     await admin.execute(sql.SQL("ALTER DATABASE {} " + setting).format(name))
     await admin.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

@@ -258,7 +258,6 @@ def translate_error(
     return quoting(StoreError, f"cannot {action}: {SAID} ({where})", exc, first)
 
 
-
 _REFUSED_BY_CODE = (
     ("25006", "store_read_only"),  # read_only_sql_transaction: a standby, or the default
     ("53", "store_refuses_writes"),  # insufficient resources: disk full, out of memory, ...

@@ -588,7 +588,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def create_run(self, run: RunRecord) -> None:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
-        async with self._conn(f"create run {run.run_id!r}", writes=True) as conn, conn.transaction():
+        async with (
+            self._conn(f"create run {run.run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
             if codec.closes_run(run.status):
                 await conn.execute(_CLOSE_ENDED, ([run.run_id],))
@@ -736,7 +739,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
-        async with self._conn(f"save task {task.task_id!r}", writes=True) as conn, conn.transaction():
+        async with (
+            self._conn(f"save task {task.task_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             if held_by is None:
                 found = await conn.execute(
                     "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
@@ -764,7 +770,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
         codec.no_such_run(run_id)
         lifecycle, types = codec.lifecycle_types_sql("%s")
-        async with self._conn(f"rebuild the index of run {run_id!r}", writes=True) as conn, conn.transaction():
+        async with (
+            self._conn(f"rebuild the index of run {run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             # The row lock holds appends to this run off until the rebuilt row is stored.
             cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -1143,7 +1152,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns = codec.encode_events(list(events))
         update = batch_update(events)
         first = 0
-        async with self._conn(f"create run {run.run_id!r}", writes=True) as conn, conn.transaction():
+        async with (
+            self._conn(f"create run {run.run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
             stored, spec = _on_the_server_clock(run, spec, now, now - time.time())

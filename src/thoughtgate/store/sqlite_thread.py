@@ -146,7 +146,6 @@ _REFUSALS = frozenset({_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL
 was wrong (a constraint, a bug): what :meth:`SQLiteThread.refusal` counts."""
 
 
-
 def translate_error(
     exc: sqlite3.Error, path: Path | str, action: str, *, busy_timeout: float = 0.0
 ) -> StoreError:

@@ -330,9 +330,14 @@ def from_slot_s(text: str, added: float) -> float | None:
     return added + max(0.0, late_ms) / 1000
 
 
-_NO_QUOTAS = {"max_open_runs_per_key": 1_000_000, "max_starts_per_minute_per_key": 1_000_000}
+_NO_QUOTAS = {
+    "max_open_runs_per_key": 1_000_000,
+    "max_starts_per_minute_per_key": 1_000_000,
+    "max_live_streams_per_key": 1_000_000,
+}
 """The bench's one key starts ~1,500 runs in two minutes: far past the per-key quotas a daemon
-has by default (600 starts a minute), which are a policy, not a cost, and would answer 429."""
+has by default (600 starts a minute, 512 live streams), which are a policy, not a cost, and would
+answer 429."""
 
 
 def _config(emulator_url: str | None) -> Any:

@@ -98,7 +98,10 @@ def _serve(port_file: Path, db_url: str) -> None:
     async def run() -> None:
         store = await open_store(db_url)
         key = (await create_key(store, name="bench", role="owner")).key
-        app = create_app(Runtime(store, Config()), Config())
+        # One key holds all 1,000 readers: the per-key stream limit (ADR 0155) is a policy,
+        # not a cost, and would answer the readers past it 429.
+        config = Config.from_mapping({"quotas": {"max_live_streams_per_key": max(LEVELS)}})
+        app = create_app(Runtime(store, config), config)
 
         def ready(host: str, port: int) -> None:
             write_json(port_file, {"url": f"http://{host}:{port}", "key": key})

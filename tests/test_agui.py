@@ -3,18 +3,24 @@ as developer and as viewer, and the endpoint's own rules (roles, input, endings,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from support.daemon import Daemon, markers, running_daemon
+from support.durable import until
 from support.node import node_json
 
+from thoughtgate.errors import StoreError
+from thoughtgate.events.schema import Event
 from thoughtgate.providers.base import Provider, TurnRequest
+from thoughtgate.server.state import ServerState
+from thoughtgate.store.memory import MemoryStore
 from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, text
 
 TOOLS = ["lookup"]
@@ -283,3 +289,100 @@ def test_approvals_are_custom_events_answered_through_the_api(daemon: Daemon) ->
     assert _types(events)[-1] == "RUN_FINISHED"
     results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert [e["content"] for e in results] == ["changed prod"]
+
+
+class _Held:
+    """``fake:held``: says one word, then waits until the test lets it go. It runs on the
+    daemon's event loop, which it keeps for the test (``loop``)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.go = threading.Event()
+
+    def __call__(self, request: TurnRequest, turn: int) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            self.loop = asyncio.get_running_loop()
+            yield text("one ")
+            while not self.go.is_set():  # noqa: ASYNC110 (another thread sets it)
+                await asyncio.sleep(0.02)
+            yield text("two")
+
+        return gen()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Held]:
+    script = _Held()
+    monkeypatch.setitem(FAKE_SCRIPTS, "held", script)
+    yield script
+    script.go.set()
+
+
+SECRET_PATH = "/srv/secret-store-dir/daemon.db"
+
+
+class _UnreadableStore(MemoryStore):
+    """A memory store whose event reads fail once ``failing`` is set, with a message naming
+    its file, as a SQLite or PostgreSQL error names its database."""
+
+    failing = False
+
+    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        if self.failing:
+            raise StoreError(f"{SECRET_PATH}: disk I/O error")
+        return await super().read(run_id, after=after, limit=limit)
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["replayed", "followed"])
+def test_a_store_read_that_fails_ends_the_stream_with_run_error_never_run_finished(
+    held: _Held, finished: bool
+) -> None:
+    """Before, the stream's reader died with the read and the response stayed open, sending
+    keep-alives, for ever: an AG-UI client waited on a run it could never see end."""
+    store = _UnreadableStore()
+    with running_daemon(store=store) as d:
+        if finished:
+            r, _, _ = _agui(d, "member", _input("x", model="fake:echo"))
+            run_id = r.headers["x-thoughtgate-run-id"]
+        else:
+            run_id = d.start_run({"prompt": "x", "model": "fake:held"})
+        store.failing = True
+        r, events, raw = _agui(d, "viewer", _input("ignored", run=run_id))
+    assert r.status_code == 200
+    assert _types(events) == ["RUN_STARTED", "RUN_ERROR"], raw
+    assert events[-1]["code"] == "store_unavailable"
+    assert events[-1]["message"] == (
+        "the run's events cannot be read now: the event store is unavailable; "
+        "follow the run again later"
+    )
+    assert events[-1]["metadata"] == {"thoughtgate": {"run_id": run_id}}
+    assert "secret-store-dir" not in raw and "disk I/O" not in raw
+
+
+def test_a_client_that_disconnects_stops_its_streams_reader(held: _Held) -> None:
+    with running_daemon() as d:
+        state = d.app.state.thoughtgate
+        assert isinstance(state, ServerState)
+        body = _input("x", model="fake:held")
+        with d.client("member") as c, c.stream("POST", "/v1/agui", json=body) as r:
+            run_id = r.headers["x-thoughtgate-run-id"]
+            lines = r.iter_lines()  # held: a line iterator dropped closes the connection
+            for line in lines:
+                if "TEXT_MESSAGE_CONTENT" in line:
+                    break
+            loop = held.loop
+            assert loop is not None
+
+            async def readers() -> int:
+                return sum(t.get_name() == f"agui pump {run_id}" for t in asyncio.all_tasks())
+
+            assert asyncio.run_coroutine_threadsafe(readers(), loop).result(10) == 1
+            assert len(state.streams) == 1  # asked whether the store refuses writes
+        # the client went away while its run goes on
+
+        async def gone() -> bool:
+            left = asyncio.run_coroutine_threadsafe(readers(), loop).result(10)
+            return left == 0 and len(state.streams) == 0
+
+        asyncio.run(until(gone))
+        assert d.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"

@@ -128,7 +128,7 @@ def test_the_run_list_keeps_every_field_readable_in_an_80_column_terminal() -> N
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_the_run_list_says_a_runs_record_is_out_of_date_beside_its_status(width: int) -> None:
-    """A daemon's list marks a run stopped by a refused write (ADR 0151, amendment 1): its
+    """A daemon's list marks a run stopped by a refused write (ADR 0151, amendment 2): its
     recorded status is shown with the mark, not as if it were under way."""
     wire = {**_view("run_" + "c" * 32, "running", "hi").to_json()}
     wire["record_out_of_date"] = "store_removed"

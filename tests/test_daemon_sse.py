@@ -83,9 +83,10 @@ def test_a_ticket_carries_the_role_of_the_key_that_asked(daemon: Daemon) -> None
 def test_finished_run_replays_and_closes_then_204_after_the_end(daemon: Daemon) -> None:
     run_id = daemon.start_run({"prompt": "hello", "model": "fake:echo"})
     daemon.wait_done(run_id)
-    started = time.monotonic()
+    # The read ends only when the daemon closes the stream: one left open after the run's end
+    # would be kept alive by its 0.2 s keep-alives until the test's timeout fails it.
     response, body = stream_all(daemon, run_id, "owner")
-    assert response.status_code == 200 and time.monotonic() - started < 2
+    assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     frames = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
     ids = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]

@@ -202,6 +202,56 @@ def test_the_run_list_marks_a_run_stopped_by_a_refused_write_as_out_of_date(
         assert daemon.get(f"/v1/runs/{run_id}", "owner").status_code == 503  # as its view
 
 
+def _agui_events(messages: list[SSEMessage]) -> list[dict[str, Any]]:
+    return [json.loads(m.data) for m in messages if m.data]
+
+
+@pytest.mark.inprocess
+def test_an_agui_follower_of_a_run_whose_store_is_removed_gets_run_error_and_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """AG-UI has no resume frame: the follower is told, with ``RUN_ERROR`` code
+    ``store_refuses_writes``, that the run cannot be followed now and may be later; never that
+    it finished."""
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        body = {
+            "threadId": "t",
+            "runId": "r",
+            "messages": [],
+            "tools": [],
+            "context": [],
+            "state": {},
+            "forwardedProps": {"thoughtgate": {"run": run_id}},
+        }
+        timeout = httpx.Timeout(10, read=WAIT_S)
+        with (
+            daemon.client("viewer") as c,
+            c.stream("POST", "/v1/agui", json=body, timeout=timeout) as r,
+        ):
+            assert r.status_code == 200
+            shutil.rmtree(directory)  # the model goes on; its first write is refused
+            events = _agui_events(_read_to_end(r))  # before, attached until the daemon stopped
+        types = [e["type"] for e in events]
+        assert types[0] == "RUN_STARTED" and types[-1] == "RUN_ERROR", types
+        assert "RUN_FINISHED" not in types
+        end = events[-1]
+        assert end["code"] == "store_refuses_writes"
+        assert end["message"] == (
+            "the run's events cannot be followed now: the event store refuses writes; "
+            "follow the run again later"
+        )
+        assert end["metadata"] == {"thoughtgate": {"run_id": run_id}}
+        assert str(tmp_path) not in json.dumps(events)
+        # one that follows meanwhile gets what is stored, then the same end: no hang
+        with (
+            daemon.client("viewer") as c,
+            c.stream("POST", "/v1/agui", json=body, timeout=timeout) as r,
+        ):
+            again = _agui_events(_read_to_end(r))
+        assert [e["type"] for e in again] == types
+        assert again[-1] == end
+
+
 @contextlib.asynccontextmanager
 async def _readyz(store: EventStore) -> AsyncIterator[httpx.AsyncClient]:
     """The daemon's routes over ``store`` in this loop (``/readyz`` needs no lifespan)."""

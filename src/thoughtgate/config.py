@@ -43,6 +43,7 @@ from thoughtgate.access.roles import ROLE_NAMES
 from thoughtgate.config_problems import Location, config_error
 from thoughtgate.disclosure import ChainOfThought, parse_chain_of_thought
 from thoughtgate.errors import ConfigError, UsageError
+from thoughtgate.providers.base import DEFAULT_MAX_TURN_OUTPUT_CHARS, DEFAULT_TURN_TIMEOUT_S
 from thoughtgate.providers.registry import ENDPOINTS
 from thoughtgate.providers.sse import DEFAULT_MAX_EVENT_BYTES
 
@@ -144,13 +145,17 @@ class DurabilityConfig(_Section):
 
 
 class QuotasConfig(_Section):
-    """Per-API-key limits on the daemon's ``POST /v1/runs``; beyond them it answers 429 with
-    ``Retry-After``. Local runs (CLI, MCP over stdio) are not counted."""
+    """Per-API-key limits on the daemon's ``POST /v1/runs`` and its live streams; beyond them it
+    answers 429 with ``Retry-After``. Local runs (CLI, MCP over stdio) are not counted."""
 
     max_open_runs_per_key: int = Field(default=300, ge=1, le=1_000_000)
     """Runs of one key that have not ended (queued, executing or suspended)."""
     max_starts_per_minute_per_key: int = Field(default=600, ge=1, le=1_000_000)
     """Runs one key may start within any 60 seconds."""
+    max_live_streams_per_key: int = Field(default=512, ge=1, le=1_000_000)
+    """Live streams (a run's stream, ``/v1/runs/follow``, the run list's stream, AG-UI) one key
+    holds at once, tickets of the key's included; beyond it a new one is answered 429. Above
+    ``max_open_runs_per_key``, so a key can follow each run it may have open (ADR 0155)."""
 
 
 STORE_URL_PREFIXES = ("sqlite:///", "memory:", "postgresql:", "postgres:")
@@ -221,6 +226,13 @@ class ProviderEndpoint(_Section):
     """The largest streamed event read (bytes, default 16 MiB): a stream that holds more of one
     unfinished event (a line that never ends) fails the turn, with what came before it kept
     (ADR 0147)."""
+    turn_timeout_s: float = Field(default=DEFAULT_TURN_TIMEOUT_S, ge=0)
+    """The longest one streamed model turn lasts (seconds, default 4 hours; ``0``: no bound): a
+    provider that keeps streaming past it fails the turn, with what arrived kept (ADR 0155)."""
+    max_turn_output_chars: int = Field(default=DEFAULT_MAX_TURN_OUTPUT_CHARS, ge=0, le=2**40)
+    """The most characters of text, reasoning and tool-call arguments one streamed model turn
+    holds (default 4,000,000; ``0``: no bound): past them the turn fails, with what arrived
+    kept (ADR 0155)."""
     server: str | None = None
     """The server behind ``base_url`` when its host does not say (a proxy, a gateway, a local
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""

@@ -22,7 +22,8 @@
         ├── ProviderError          provider status, error type, message, request id, partial turn
         │   ├── ProviderHTTPError        a non-2xx answer (400/401/403/404/408/429/5xx/529)
         │   ├── ProviderStreamError      an in-stream ``error`` event, or a stream cut mid-turn
-        │   ├── ProviderTimeoutError     connect or read timeout
+        │   │                            (by the connection, or at the turn's output bound)
+        │   ├── ProviderTimeoutError     connect or read timeout, or the turn's deadline
         │   ├── ProviderConnectionError  could not connect, or the connection dropped
         │   └── MalformedResponseError   bad JSON, missing fields, wrong content type
         ├── StoreError             the event log failed (the message says which database and why)
@@ -351,11 +352,13 @@ class ProviderHTTPError(ProviderError):
 
 
 class ProviderStreamError(ProviderError):
-    """The provider sent an error inside the stream, or the stream ended mid-turn."""
+    """The provider sent an error inside the stream, or the stream ended mid-turn (cut by the
+    connection, or by thoughtgate once the turn's output passed its bound, ADR 0155)."""
 
 
 class ProviderTimeoutError(ProviderError):
-    """Connect or read timeout."""
+    """Connect or read timeout, a stream with no progress for as long, or a turn past its
+    deadline (``providers.*.turn_timeout_s``, ADR 0155)."""
 
 
 class ProviderConnectionError(ProviderError):

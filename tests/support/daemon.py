@@ -566,9 +566,11 @@ HAVE_SQLITE = importlib.util.find_spec("thoughtgate.store.sqlite") is not None
 
 
 @contextlib.contextmanager
-def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Iterator[Daemon]:
-    """A daemon over a fresh store (memory, or SQLite in ``sqlite_dir``) with one key per role,
-    served on loopback."""
+def running_daemon(
+    *, sqlite_dir: Path | None = None, store: EventStore | None = None, **app_options: Any
+) -> Iterator[Daemon]:
+    """A daemon over a fresh store (memory, SQLite in ``sqlite_dir``, or the test's own
+    ``store``) with one key per role, served on loopback."""
     from thoughtgate.config import Config
     from thoughtgate.server.app import create_app
     from thoughtgate.store.memory import MemoryStore
@@ -577,11 +579,9 @@ def running_daemon(*, sqlite_dir: Path | None = None, **app_options: Any) -> Ite
     config = app_options.pop("config", None) or Config.from_mapping(
         {"orchestration": {"approval_timeout_s": 5}}
     )
-    store: EventStore
-    if sqlite_dir is None:
-        store = MemoryStore()
-    else:
-        store = asyncio.run(open_store(f"sqlite:///{sqlite_dir / 'daemon.db'}"))
+    if store is None:
+        url = f"sqlite:///{sqlite_dir / 'daemon.db'}" if sqlite_dir is not None else None
+        store = MemoryStore() if url is None else asyncio.run(open_store(url))
     keys = seed_keys(store)
     app = create_app(store, config, tools=server_tools(), **app_options)
     try:

@@ -162,7 +162,7 @@ def _status_text(status: str) -> Text:
 
 def _listed_status(view: RunView) -> str:
     """A run's status in a list: a daemon's mark that its record is out of date follows it
-    (ADR 0151, amendment 1), so a script matching the status word still finds it."""
+    (ADR 0151, amendment 2), so a script matching the status word still finds it."""
     if view.record_out_of_date:
         return f"{view.status} (out of date: {view.record_out_of_date})"
     return view.status

@@ -128,7 +128,7 @@ class RunView(_View):
     write the store refused, while it still refuses writes: the refusal's word
     (``store_removed``, ``store_refuses_writes``, ...). Its ``status`` is what the store last
     recorded and is out of date: the run is not under way, and its end will be recorded once the
-    store takes writes (ADR 0151, amendment 1)."""
+    store takes writes (ADR 0151, amendment 2)."""
 
 
 class HostMetadataView(RunView):

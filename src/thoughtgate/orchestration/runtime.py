@@ -195,6 +195,8 @@ def provider_settings_from_config(
         connect_timeout_s=endpoint.connect_timeout_s,
         max_retries=endpoint.max_retries,
         max_event_bytes=endpoint.max_event_bytes,
+        turn_timeout_s=endpoint.turn_timeout_s,
+        max_turn_output_chars=endpoint.max_turn_output_chars,
         extra={"thoughtgate": options} if options else {},
     )
 

@@ -21,6 +21,8 @@ from thoughtgate.types import Chunk, Message, Turn, TurnAccumulator
 
 __all__ = [
     "CACHE_OUTSIDE_INPUT",
+    "DEFAULT_MAX_TURN_OUTPUT_CHARS",
+    "DEFAULT_TURN_TIMEOUT_S",
     "PROVIDER_MODULES",
     "Capabilities",
     "Effort",
@@ -38,6 +40,14 @@ __all__ = [
 ]
 
 Effort: TypeAlias = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
+
+DEFAULT_TURN_TIMEOUT_S = 4 * 3600.0
+"""4 hours: a 128k-token answer (the most any model streams today) at 10 tokens a second, a
+slow local or overloaded server, takes 3.6 hours; a turn of a healthy API lasts minutes
+(ADR 0155)."""
+DEFAULT_MAX_TURN_OUTPUT_CHARS = 4_000_000
+"""4 million characters: eight times a 128k-token answer at about 4 characters a token, which is
+what English prose and code average; the most one turn holds in memory and writes to the log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +115,13 @@ class ProviderSettings:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     """The largest streamed event read (bytes); a stream holding more of one unfinished event
     fails the turn (:class:`~thoughtgate.errors.MalformedResponseError`, ADR 0147)."""
+    turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S
+    """The longest a streamed turn lasts, its follow-up requests included; past it the turn
+    fails (:class:`~thoughtgate.errors.ProviderTimeoutError`). ``0``: no bound (ADR 0155)."""
+    max_turn_output_chars: int = DEFAULT_MAX_TURN_OUTPUT_CHARS
+    """The most characters of text, reasoning and tool-call arguments one streamed turn holds;
+    past them the turn fails (:class:`~thoughtgate.errors.ProviderStreamError`). ``0``: no
+    bound (ADR 0155)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

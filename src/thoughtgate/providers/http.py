@@ -118,6 +118,10 @@ async def _body_at_most(response: httpx.Response, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
+def _only_pings(batch: list[SSEMessage]) -> bool:
+    return all(message.event == "ping" for message in batch)
+
+
 def transport_error(
     exc: httpx.HTTPError, stage: ErrorStage, *, provider: str, base_url: str
 ) -> ProviderError:
@@ -536,22 +540,27 @@ class HTTPTransport:
         else:
             reads = response.aiter_raw() if raw else response.aiter_bytes()
         # Bytes that complete no event (keep-alive comments, an event trickling in) keep httpx's
-        # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147).
+        # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147). So
+        # are reads that bring nothing but ``ping`` events (Anthropic's keep-alive, an event and
+        # not a comment): passed on, but no progress (ADR 0155).
         quiet_since: float | None = None
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)
-                if batch:
+                if batch and (batch[0].event != "ping" or not _only_pings(batch)):
                     quiet_since = None
                     yield batch
-                elif quiet_since is None:
+                    continue
+                if quiet_since is None:
                     quiet_since = time.monotonic()
                 elif time.monotonic() - quiet_since > self.settings.timeout_s:
                     raise ProviderTimeoutError(
                         f"the stream sent no event for {self.settings.timeout_s:g} s, only "
-                        "keep-alive comments or part of an event (providers.*.timeout_s)",
+                        "keep-alive comments, pings or part of an event (providers.*.timeout_s)",
                         provider=self.provider,
                     )
+                if batch:
+                    yield batch
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, "body") from exc
         except SSEEventTooLarge as exc:

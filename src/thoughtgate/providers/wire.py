@@ -26,12 +26,18 @@ fragments) into the partial turn.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import httpx
 
-from thoughtgate.errors import MalformedResponseError, ProviderError
+from thoughtgate.errors import (
+    MalformedResponseError,
+    ProviderError,
+    ProviderStreamError,
+    ProviderTimeoutError,
+)
 from thoughtgate.providers.base import Capabilities, ProviderSettings, ServerInfo, TurnRequest
 from thoughtgate.providers.base import server_info as _server_info
 from thoughtgate.providers.endpoints import (
@@ -46,7 +52,14 @@ from thoughtgate.providers.registry import Endpoint
 from thoughtgate.providers.rules import EndpointRule
 from thoughtgate.providers.sse import SSEMessage
 from thoughtgate.providers.think_tags import ThinkTags, check_think_tags, vendor_think_tags
-from thoughtgate.types import Chunk, ReasoningDelta, TextDelta, Turn, TurnAccumulator
+from thoughtgate.types import (
+    Chunk,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Turn,
+    TurnAccumulator,
+)
 
 __all__ = [
     "FollowUp",
@@ -55,6 +68,7 @@ __all__ = [
     "VendorFormatProvider",
     "WireParser",
     "joined_deltas",
+    "output_chars",
 ]
 
 
@@ -125,6 +139,20 @@ def joined_deltas(chunks: list[Chunk]) -> list[Chunk]:
     if pieces:
         out[-1] = _with_text(out[-1], "".join(pieces))
     return out
+
+
+def output_chars(chunks: list[Chunk]) -> int:
+    """The characters of text, reasoning and tool-call arguments ``chunks`` add to a turn: what
+    its record grows by. Characters, not bytes: ``len`` of a string costs nothing, its UTF-8
+    length an encoding."""
+    total = 0
+    for chunk in chunks:
+        kind = type(chunk)
+        if kind is TextDelta or kind is ReasoningDelta:
+            total += len(chunk.text)  # type: ignore[union-attr]
+        elif kind is ToolCallDelta:
+            total += len(chunk.arguments_delta)  # type: ignore[union-attr]
+    return total
 
 
 def _with_text(delta: Chunk, text: str) -> Chunk:
@@ -247,6 +275,13 @@ class HTTPProvider:
         body = self.build_body(request, stream=True)
         parser = self.parser(request)
         transport = self.transport
+        # A provider that keeps streaming real events (deltas, pings) resets every read and
+        # no-event timeout: the turn's own bounds end it, checked once per network read
+        # (ADR 0155). What a read brought is passed on before the check fails the turn.
+        settings = self.settings
+        most_chars = settings.max_turn_output_chars
+        deadline = time.monotonic() + settings.turn_timeout_s if settings.turn_timeout_s else 0.0
+        output = 0
         while True:
             # Each answer is read here, not in a generator of its own: every chunk would pass
             # one more async generator on its way out.
@@ -254,10 +289,25 @@ class HTTPProvider:
                 request_id = transport.request_id(response)
                 try:
                     async for batch in transport.event_batches(response):
-                        for chunk in parser.feed(batch):
+                        chunks = parser.feed(batch)
+                        for chunk in chunks:
                             yield chunk
                         if parser.failure is not None:
                             raise parser.failure
+                        if most_chars:
+                            output += output_chars(chunks)
+                            if output > most_chars:
+                                raise ProviderStreamError(
+                                    f"the turn's output passed {most_chars} characters "
+                                    "(providers.*.max_turn_output_chars); the stream was closed",
+                                    provider=self.name,
+                                )
+                        if deadline and time.monotonic() > deadline:
+                            raise ProviderTimeoutError(
+                                f"the turn went on past {settings.turn_timeout_s:g} s "
+                                "(providers.*.turn_timeout_s); the stream was closed",
+                                provider=self.name,
+                            )
                     for chunk in parser.end():
                         yield chunk
                 except ProviderError as exc:

@@ -27,6 +27,7 @@ from thoughtgate.access.tickets import require_ticket_key
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.middleware import AUTHENTICATED, READ_BODY, READER_ROLE
 from thoughtgate.server.state import state_of
+from thoughtgate.server.stream_slots import admitted
 
 __all__ = [
     "MAX_INT",
@@ -124,6 +125,14 @@ def starlette_route(endpoint: Endpoint) -> Route:
             if unknown:
                 allowed = ", ".join(sorted(known)) or "none"
                 raise ApiError(422, f"unknown query parameter {unknown[0]!r}; allowed: {allowed}")
+            if endpoint.media_type == "text/event-stream" and principal is not None:
+                state = state_of(request)  # a live stream: it holds one of its key's slots
+                return await admitted(
+                    state.stream_slots,
+                    principal.key_id,
+                    state.runtime.config.quotas.max_live_streams_per_key,
+                    lambda: endpoint.handler(request, principal),
+                )
             return await endpoint.handler(request, principal)
         finally:
             _drop_prefetched(request)

@@ -92,7 +92,7 @@ class RunManager:
         """The last ``_ENDED`` runs whose execution here stopped because the store refused a
         write (``stopped_by_store``, ADR 0151)."""
         self._refused_watchers: list[Callable[[str], None]] = []
-        """Told each run added to ``_refused``: the live run lists (ADR 0151, amendment 1)."""
+        """Told each run added to ``_refused``: the live run lists (ADR 0151, amendment 2)."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()

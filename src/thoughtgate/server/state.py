@@ -15,6 +15,7 @@ from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.readiness import Readiness
 from thoughtgate.server.sse import LiveStreams
+from thoughtgate.server.stream_slots import StreamSlots
 from thoughtgate.store.base import EventStore
 
 __all__ = ["ServerState", "state_of"]
@@ -34,6 +35,8 @@ class ServerState:
     """Ends live streams whose key is revoked or loses the role (``None``: nobody watches)."""
     streams: LiveStreams = field(default_factory=LiveStreams)
     """The open live streams, ended all at once when the server shuts down."""
+    stream_slots: StreamSlots = field(default_factory=StreamSlots)
+    """How many live streams each key holds (``quotas.max_live_streams_per_key``, ADR 0155)."""
     readiness: Readiness = field(init=False)
     """What ``GET /readyz`` asks: one over ``runtime.store``."""
     _signer: TicketSigner | None = None

@@ -263,7 +263,7 @@ _REFUSED_BY_CODE = (
     ("53", "store_refuses_writes"),  # insufficient resources: disk full, out of memory, ...
 )
 """SQLSTATEs (a code, or a class as its prefix) that say a database which answers refuses
-writes, with the word ``/readyz`` gives for them (ADR 0151, amendment 2)."""
+writes, with the word ``/readyz`` gives for them (ADR 0151, amendment 3)."""
 
 
 def writes_refused(exc: psycopg.Error) -> str | None:

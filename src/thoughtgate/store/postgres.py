@@ -458,7 +458,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self._refused: tuple[float, str] | None = None
         """When (``time.monotonic``) and why the database last refused a call (read-only, its
         disk full: ``writes_refused``), unless a write was taken since: what
-        :meth:`write_refusal` goes by (ADR 0151, amendment 2)."""
+        :meth:`write_refusal` goes by (ADR 0151, amendment 3)."""
         self._listener = PgListener(
             conninfo,
             self.channel,
@@ -554,7 +554,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         ``store_refuses_writes``: its disk full), when that was less than ``REFUSAL_HELD_S``
         ago and no write was taken since; else ``None``. No query: PostgreSQL
         refusing writes while it takes reads and connections is seen here, as SQLite's last
-        outcome is (ADR 0151, amendment 2)."""
+        outcome is (ADR 0151, amendment 3)."""
         refused = self._refused
         if refused is not None and time.monotonic() - refused[0] < REFUSAL_HELD_S:
             return refused[1]

@@ -15,7 +15,9 @@ output filter for the key's role and the run's mode. Two uses:
 Frontend tools (``tools``) and ``resume`` entries are refused (422): tools run on the daemon, and
 approvals are answered through ``POST /v1/runs/{id}/approvals/{call_id}`` (the
 ``thoughtgate.approval_required`` custom event says where). A key revoked or demoted while its
-stream is open ends the stream with ``RUN_ERROR`` (``code: access_revoked``).
+stream is open ends the stream with ``RUN_ERROR`` (``code: access_revoked``); so does a store
+read that fails (``store_unavailable``) or a store that refuses writes (``store_refuses_writes``,
+ADR 0151): codes that are no run status, so a client does not read them as the run's end.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -52,7 +55,7 @@ from thoughtgate.orchestration.runtime import RunRequest
 from thoughtgate.server.agui import AguiTranslator
 from thoughtgate.server.api import Endpoint, parse_body
 from thoughtgate.server.errors import ApiError
-from thoughtgate.server.fanout import replay
+from thoughtgate.server.fanout import LiveReader, replay
 from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 from thoughtgate.types import Message, Part, TextPart, ToolCallPart, ToolResultPart
@@ -60,6 +63,27 @@ from thoughtgate.types import Message, Part, TextPart, ToolCallPart, ToolResultP
 __all__ = ["ENDPOINTS", "AguiOptions"]
 
 _REVOKED = "access_revoked"
+_UNREADABLE = "store_unavailable"
+_LET_GO = "store_refuses_writes"
+_ENDINGS = {
+    _UNREADABLE: "the run's events cannot be read now: the event store is unavailable; "
+    "follow the run again later",
+    _LET_GO: "the run's events cannot be followed now: the event store refuses writes; "
+    "follow the run again later",
+}
+"""How a stream that cannot go on ends (``RUN_ERROR``'s ``code`` and ``message``): the same
+words whatever the store said, so no path or driver text reaches a client; never the run's end.
+"""
+
+log = logging.getLogger("thoughtgate.server")
+
+
+def _idle(now: float) -> None:
+    """An AG-UI stream's tick: sse-starlette sends its keep-alives."""
+
+
+def _nothing() -> None:
+    """An AG-UI stream's stop: sse-starlette ends its response at shutdown."""
 
 
 class AguiOptions(BaseModel):
@@ -217,7 +241,9 @@ async def _frames(
     encoder: EventEncoder,
 ) -> AsyncIterator[bytes]:
     """The run's filtered events as AG-UI frames, from its first event to its end; a lost key
-    ends the stream at once with ``RUN_ERROR``."""
+    ends the stream at once with ``RUN_ERROR``, and so does a read that fails or, once what is
+    stored went, a store that refuses writes (ADR 0151): AG-UI has no resume frame, and a
+    stream left open would wait for an end that may never be recorded."""
 
     def encode(events: Sequence[BaseEvent]) -> bytes:
         return "".join(_frame(encoder, e) for e in events).encode("utf-8")
@@ -225,14 +251,28 @@ async def _frames(
     yield encode(translator.started())
     queue: asyncio.Queue[Event | str | None] = asyncio.Queue(maxsize=256)
     lost: list[str] = []
+    refused: list[bool] = []
+    reader: LiveReader | None = None
+    if run.status not in TERMINAL_RUN_STATUSES and state.feeds is not None:
+        reader = state.feeds.reader(run.run_id, after=0)
+        if state.streams.refusing() is not None:
+            refused.append(True)  # what is stored, then let go
 
-    async def pump() -> None:
-        if run.status in TERMINAL_RUN_STATUSES:
-            source: AsyncIterator[Event] = replay(state.store, run.run_id, 0)
-        elif state.feeds is not None:
-            source = state.feeds.tail(run.run_id, after=0)
-        else:
-            source = state.store.tail(run.run_id, after=0)
+    async def forward() -> str | None:
+        """Put the run's events on the queue; ``_LET_GO`` once the store refuses writes and
+        what is stored went (ADR 0151), else ``None`` at the run's end."""
+        if reader is not None:
+            while (batch := await reader.next()) is not None:
+                for event in batch:
+                    await queue.put(event)
+                if refused and reader.following:
+                    return _LET_GO
+            return None
+        source = (
+            replay(state.store, run.run_id, 0)
+            if run.status in TERMINAL_RUN_STATUSES
+            else state.store.tail(run.run_id, after=0)
+        )
         try:
             async for event in source:
                 await queue.put(event)
@@ -240,9 +280,22 @@ async def _frames(
             close = getattr(source, "aclose", None)
             if close is not None:
                 await close()
-        await queue.put(None)
+        return None
+
+    async def pump() -> None:
+        try:
+            end = await forward()
+        except Exception:  # a failed read: the stream ends saying so, rather than hang
+            log.exception("AG-UI stream of run %s failed", run.run_id)
+            end = _UNREADABLE
+        await queue.put(end)
 
     task = asyncio.create_task(pump(), name=f"agui pump {run.run_id}")
+
+    def store_refused() -> None:
+        if not refused and reader is not None:
+            refused.append(True)
+            reader.wake()
 
     def access_lost(message: str) -> None:
         if not lost:
@@ -257,6 +310,7 @@ async def _frames(
         if state.access is not None
         else None
     )
+    untick = state.streams.add(_idle, _nothing, store_refused) if reader is not None else None
     try:
         show = event_filter(principal.role, mode=run.chain_of_thought)  # once (ADR 0143)
         while not translator.finished:
@@ -264,7 +318,11 @@ async def _frames(
             if item == _REVOKED:
                 yield encode([RunErrorEvent(message=lost[0], code=_REVOKED)])
                 return
-            if item is None or isinstance(item, str):
+            if isinstance(item, str):  # the run goes on, or may: it cannot be followed now
+                meta = {"thoughtgate": {"run_id": run.run_id}}
+                yield encode([RunErrorEvent(message=_ENDINGS[item], code=item, metadata=meta)])
+                return
+            if item is None:
                 break
             shown = show(item)
             if shown is not None:
@@ -276,9 +334,13 @@ async def _frames(
     finally:
         if unwatch is not None:
             unwatch()
+        if untick is not None:
+            untick()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if reader is not None:
+            reader.close()
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -290,10 +352,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         role=Role.VIEWER,
         body=RunAgentInput,
         media_type="text/event-stream",
-        errors=(400, 404, 413, 422, 503),
+        errors=(400, 404, 413, 422, 429, 503),
         description="Takes AG-UI's RunAgentInput and answers with AG-UI events over SSE, made "
         "from the run's events after the one output filter (the key's role, the run's mode). "
         "Starting a run needs role member; forwardedProps.thoughtgate.run follows an existing "
-        "run (viewer). See docs/agui.md.",
+        "run (viewer). 429 with Retry-After when the key holds "
+        "quotas.max_live_streams_per_key live streams already. See docs/agui.md.",
     ),
 )

@@ -251,13 +251,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         role=Role.MEMBER,
         body=CreateRunBody,
         media_type="text/event-stream",
-        errors=(400, 413, 422, 503),
+        errors=(400, 413, 422, 429, 503),
         description="One request per run: what `POST /v1/runs` records and starts, answered with "
         "the run's events on the same response, as `GET /v1/runs/{run_id}/stream` sends them "
         "to the calling key's role (`Location` names the run). Ends after the run's terminal "
         "event, or with `event: access_revoked` if the key is revoked or loses the role. To "
         "resume after a dropped connection, get a ticket and use the stream route with "
-        "`Last-Event-ID`.",
+        "`Last-Event-ID`. 429 with Retry-After when the key holds "
+        "quotas.max_live_streams_per_key live streams already (no run is started).",
     ),
     Endpoint(
         "POST",
@@ -284,12 +285,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             QueryParam("last_event_id", "resume after this event id", minimum=0),
             QueryParam("Last-Event-ID", "resume after this id", minimum=0, location="header"),
         ),
-        errors=(204, 401, 403, 404, 422),
+        errors=(204, 401, 403, 404, 422, 429),
         description="Server-sent events; `id:` is the event sequence. Replays after "
         "Last-Event-ID, then follows live, and ends after the run's terminal event (a finished "
         "run: after its last event). Keep-alive comments every server.keepalive_s seconds. 204 "
         "when resuming at or past the end of a finished run; 422 past the last event of a run "
         "still going. Ends with `event: access_revoked` within seconds of the ticket's key being "
-        "revoked or losing the ticket's role.",
+        "revoked or losing the ticket's role. 429 with Retry-After when the ticket's key holds "
+        "quotas.max_live_streams_per_key live streams already.",
     ),
 )

@@ -133,7 +133,7 @@ async def list_runs(request: Request, principal: Principal | None) -> Response:
 
 def _view(run: RunRecord, role: Role, out_of_date: OutOfDate | None) -> RunView:
     """The run through the one output filter, with ``record_out_of_date`` when its record is
-    out of date (ADR 0151, amendment 1)."""
+    out of date (ADR 0151, amendment 2)."""
     view = filter_run(run, role)
     refusal = None if out_of_date is None else out_of_date(run)
     return view if refusal is None else view.model_copy(update={"record_out_of_date": refusal})
@@ -153,7 +153,7 @@ async def run_list_frames(
     (``event: access_revoked``) or the store fails (``event: failed``; resume after the last id).
     ``out_of_date``/``watch_stopped``: a run whose execution stops on a refused write is sent
     again, marked ``record_out_of_date``, without an ``id`` (it is no change of the store's, which
-    cannot record one: ADR 0151, amendment 1)."""
+    cannot record one: ADR 0151, amendment 2)."""
     loop = asyncio.get_running_loop()
     lost: asyncio.Future[str] = loop.create_future()
     stopped: list[str] = []
@@ -295,7 +295,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             QueryParam("last_event_id", "resume after this change number", minimum=0),
             QueryParam("Last-Event-ID", "resume after this id", minimum=0, location="header"),
         ),
-        errors=(401, 403, 422),
+        errors=(401, 403, 422, 429),
         description="Server-sent events, one per run change (created; status, usage, error or "
         "metadata changed): `id:` is the change number, `data:` the run as GET /v1/runs/{id} "
         "shows it to your role. Each run comes once per resume, in its latest state, in "
@@ -303,6 +303,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "those matching your filters. Never ends on its own; keep-alive comments every "
         "server.keepalive_s seconds. `event: access_revoked` when the ticket's key is revoked "
         "or loses its role; `event: failed` when the store fails (resume after "
-        "`resume_after`). 422 past the last change.",
+        "`resume_after`). 422 past the last change; 429 with Retry-After when the ticket's key "
+        "holds quotas.max_live_streams_per_key live streams already.",
     ),
 )

@@ -28,7 +28,7 @@ from thoughtgate.access.filter import filter_run
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
-from thoughtgate.errors import AccessDeniedError, StoreError, UsageError
+from thoughtgate.errors import AccessDeniedError, RunNotFoundError, StoreError, UsageError
 from thoughtgate.events.payloads import RunStatus
 from thoughtgate.events.views import RunView
 from thoughtgate.server.access_watch import OnAccessLost
@@ -173,16 +173,19 @@ async def run_list_frames(
     cursor = after
     try:
         while not lost.done():
+            told, stopped[:] = list(stopped), []  # (one told while these reads wait stays)
+            if poked.done():
+                poked = loop.create_future()
             try:
                 changes = (await store.run_changes(after=cursor, limit=_CHANGES_PAGE)).changes
-                again = [await store.get_run(run_id) for run_id in stopped]
+                again = []
+                for run_id in told:
+                    with contextlib.suppress(RunNotFoundError):  # (gone: nothing to mark)
+                        again.append(await store.get_run(run_id))
             except StoreError:
                 data = json.dumps({"reason": "failed", "resume_after": cursor})
                 yield ServerSentEvent(data=data, event="failed").encode()
                 return
-            stopped.clear()
-            if poked.done():
-                poked = loop.create_future()
             if lost.done():
                 break
             batch = []

@@ -416,3 +416,29 @@ def test_a_store_this_user_may_not_read_is_one_line_naming_it(
         "directory are readable. Point the store at another path (store.url / --db / "
         "THOUGHTGATE_DB)."
     ]
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(
+    "command", [["run", "hi", "--model", "fake:reasoner", "--cot", "surface"], ["serve"]]
+)
+def test_a_model_summarizer_without_its_model_is_refused_before_a_run_or_a_store(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Without a summarizer model every surface run would be created and then fail: the command
+    refuses the config at start instead, naming both keys, before its store is opened."""
+    config = tmp_path / "thoughtgate.toml"
+    config.write_text('[visible_reasoning]\nsummarizers = ["phases", "model"]\n', encoding="utf-8")
+    store = tmp_path / "store.db"
+    result = CliRunner().invoke(
+        app,
+        [*command, "--config", str(config), "--db", f"sqlite:///{store}"],
+        env={"COLUMNS": "60", "THOUGHTGATE_DURABILITY__ENABLED": "false"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "error: visible_reasoning.summarizer_model is not set; it needs PROVIDER:MODEL when "
+        "visible_reasoning.summarizers includes model"
+    ]
+    assert not store.exists()

@@ -126,6 +126,18 @@ def test_the_run_list_keeps_every_field_readable_in_an_80_column_terminal() -> N
     assert "┃ run_id" in wide.getvalue() and _BRACKETS in wide.getvalue()
 
 
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_run_list_says_a_runs_record_is_out_of_date_beside_its_status(width: int) -> None:
+    """A daemon's list marks a run stopped by a refused write (ADR 0151, amendment 2): its
+    recorded status is shown with the mark, not as if it were under way."""
+    wire = {**_view("run_" + "c" * 32, "running", "hi").to_json()}
+    wire["record_out_of_date"] = "store_removed"
+    out = io.StringIO()
+    render_runs_table(Console(file=out, width=width), [RunView.model_validate(wire)])
+    said = " ".join(out.getvalue().split())
+    assert "running (out of date: store_removed)" in said, out.getvalue()
+
+
 def test_events_prints_a_prompt_with_brackets_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
     """``thoughtgate events`` on a run whose prompt holds ``[/]`` (it ended in a traceback)."""
     show_event(Event(1, "run_x", "run.started", {"prompt": _BRACKETS}), json_lines=False)

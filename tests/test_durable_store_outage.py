@@ -74,10 +74,13 @@ class Outage:
         self.over.set()
 
 
-def outage_script(outage: Outage, *, lasts_s: float | None, looks_up: bool = True) -> Any:
+def outage_script(
+    outage: Outage, *, lasts_s: float | None, looks_up: bool = True, after: int = 5
+) -> Any:
     """A fake model: calls ``lookup`` once (``looks_up``), then answers in 40 pieces; the first
-    time it answers, the store's outage begins after its 5th piece (and ends ``lasts_s`` later,
-    or when the test ends it)."""
+    time it answers, the store's outage begins after its ``after``-th piece (40: once its
+    answer is whole and recorded, before the run's end) and ends ``lasts_s`` later, or when the
+    test ends it."""
 
     def script(request: TurnRequest, _: int) -> AsyncIterator[Any]:
         asked = any(m.role == "tool" for m in request.messages) or not looks_up
@@ -89,15 +92,16 @@ def outage_script(outage: Outage, *, lasts_s: float | None, looks_up: bool = Tru
                 return
             CALLS.append("answer")
             first = not outage.began.is_set()
-            for i in range(40):
-                if first and i == 5:
+            for i in range(41):
+                if first and i == after:
                     await outage.begin()
                     if lasts_s is not None:
                         asyncio.get_running_loop().call_later(
                             lasts_s, lambda: asyncio.ensure_future(outage.end())
                         )
-                yield text(f"w{i} ")
-                await asyncio.sleep(0.05)
+                if i < 40:
+                    yield text(f"w{i} ")
+                    await asyncio.sleep(0.05)
 
         return gen()
 
@@ -169,6 +173,27 @@ async def test_a_durable_run_waits_out_a_store_outage_and_continues_from_its_che
     assert tries and all("unreachable or the connection was lost" in line for line in tries)
     assert all("trying again in" in line and database in line for line in tries)
     assert any("its store answers again" in line for line in said)
+
+
+async def test_an_outage_at_a_durable_runs_end_is_logged_as_waited_out_not_left_to_its_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The outage begins once the answer is recorded, so the run's end is the write it stops:
+    the operator's log says the run waits for its store, not that it stays open until its
+    lease expires (it does not: it continues here once the store answers)."""
+    caplog.set_level(logging.WARNING)
+    async with own_database() as (admin, database, url):
+        outage = Outage(admin, database)
+        # longer than the end's own retries (about 4 s), which a shorter outage ends within
+        FAKE_SCRIPTS["outage"] = outage_script(outage, lasts_s=8.0, after=40)
+        store = await PostgresStore.open(url, schema="s", pool_wait_s=0.5)
+        tools = ToolRegistry([lookup])
+        async with InProcessDaemon.launched(store, _config(60), tools=tools, like="run") as daemon:
+            run = await daemon.runtime.run(RunRequest("look", model="fake:outage"))
+    assert run.status == "completed" and outage.over.is_set()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("thoughtgate")]
+    assert not [line for line in said if "until its lease expires" in line], said
+    assert any("its store answers again" in line for line in said), said
 
 
 async def test_a_run_without_checkpoints_yet_continues_as_a_workflow_after_an_outage() -> None:

@@ -22,20 +22,24 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
+from psycopg import errors as pg_errors_mod
+from psycopg import sql
 from support.daemon import Daemon, running_daemon
 from support.durable import until
-from support.pg import PG_URL, pg_admin, pg_schema
+from support.pg import PG_URL, pg_admin, pg_schema, schema_name
 from support.store_conformance import make_run
 from support.ticker import ticker_prompt
 
 from thoughtgate.config import Config
-from thoughtgate.errors import StoreError
+from thoughtgate.errors import StoreError, StoreReadOnlyError
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 from thoughtgate.server.app import create_app
 from thoughtgate.server.readiness import Readiness
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.pg_errors import writes_refused
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
@@ -153,6 +157,49 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
             resumed = _read_to_end(again)
         assert [m.event for m in resumed] == ["failed"]
         assert json.loads(resumed[0].data)["resume_after"] == max(sent)
+
+
+@pytest.mark.inprocess
+def test_the_run_list_marks_a_run_stopped_by_a_refused_write_as_out_of_date(
+    tmp_path: Path,
+) -> None:
+    """The run list says of such a run what its own view says (503): its record is out of date.
+    Its ``status`` stays the recorded one (a client reading it is not given a new status), with
+    ``record_out_of_date`` naming the store's refusal; its live stream, opened before, is sent
+    the run again so marked."""
+    with _held_run(tmp_path) as (daemon, directory, run_id):
+        with daemon.client("owner") as c:
+            ticket = c.post("/v1/tickets", json={"scope": "runs"}).json()["ticket"]
+            page = c.get("/v1/runs").json()
+        assert [r.get("record_out_of_date") for r in page["runs"]] == [None]
+        timeout = httpx.Timeout(10, read=WAIT_S)
+        with (
+            daemon.client() as c,
+            c.stream(
+                "GET",
+                "/v1/runs/stream",
+                params={"ticket": ticket, "last_event_id": page["changes"]},
+                timeout=timeout,
+            ) as r,
+        ):
+            assert r.status_code == 200
+            shutil.rmtree(directory)  # the model goes on; its first write is refused
+            decoder = SSEDecoder()
+            marked: list[dict[str, object]] = []
+            deadline = time.monotonic() + WAIT_S
+            for chunk in r.iter_bytes():
+                views = [json.loads(m.data) for m in decoder.feed(chunk) if m.event != "failed"]
+                marked += [v for v in views if v.get("record_out_of_date")]
+                if marked:
+                    break
+                assert time.monotonic() < deadline, "the stream never said so"
+        assert marked[0]["run_id"] == run_id and marked[0]["status"] == "running"
+        assert marked[0]["record_out_of_date"] == "store_removed"
+        listed = daemon.get("/v1/runs", "viewer").json()["runs"]
+        assert [(v["run_id"], v["status"], v.get("record_out_of_date")) for v in listed] == [
+            (run_id, "running", "store_removed")
+        ]
+        assert daemon.get(f"/v1/runs/{run_id}", "owner").status_code == 503  # as its view
 
 
 def _agui_events(messages: list[SSEMessage]) -> list[dict[str, Any]]:
@@ -347,3 +394,88 @@ async def test_readiness_asks_the_database_once_however_many_probes_ask_at_once(
     assert await fresh.refusal() is None
     assert await fresh.refusal() is None
     assert store.checks == 3
+
+
+@contextlib.asynccontextmanager
+async def _own_database(admin: Any) -> AsyncIterator[tuple[str, str]]:
+    """A database of this test's own and its URL: its settings are changed, no other's."""
+    database = schema_name()
+    await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    try:
+        yield database, urlunsplit(urlsplit(PG_URL)._replace(path=f"/{database}"))
+    finally:
+        await admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+        )
+
+
+async def _read_only(admin: Any, database: str, on: bool) -> None:
+    """New sessions of ``database`` refuse writes (or take them again); its sessions are ended,
+    so the store's pool reconnects into the new setting."""
+    name = sql.Identifier(database)
+    setting = (
+        "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    )
+    await admin.execute(sql.SQL("ALTER DATABASE {} " + setting).format(name))
+    await admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = %s AND pid <> pg_backend_pid()",
+        (database,),
+    )
+
+
+@pytest.mark.postgres
+async def test_a_postgresql_store_whose_writes_are_refused_says_so_without_asking(
+    pg_admin: Any,
+) -> None:
+    """PostgreSQL that still takes connections and reads but refuses writes (here read-only; a
+    full disk alike): the store's own cheap signal, which the live streams' ticker and
+    ``/readyz`` take first, says so from its last refused write, until a write is taken. A write
+    refused for its own reason (a run that exists already) counts for nothing."""
+    async with _own_database(pg_admin) as (database, url):
+        store = await PostgresStore.open(url, schema="s", pool_wait_s=2)
+        try:
+            run = make_run()
+            await store.create_run(run)
+            with pytest.raises(StoreError):
+                await store.create_run(run)  # a constraint: the database takes writes
+            assert store.write_refusal() is None
+            await _read_only(pg_admin, database, on=True)
+            with contextlib.suppress(StoreError):  # a pooled session ended: the next is new
+                await store.create_run(make_run())
+            with pytest.raises(StoreReadOnlyError):
+                await store.create_run(make_run())
+            assert store.write_refusal() == "store_read_only"
+            await store.get_run(run.run_id)  # reads still work, and do not clear it
+            assert store.write_refusal() == "store_read_only"
+            await _read_only(pg_admin, database, on=False)
+            with contextlib.suppress(StoreError):
+                await store.create_run(make_run())
+            await store.create_run(make_run())
+            assert store.write_refusal() is None
+        finally:
+            await store.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("error", "word"),
+    [
+        (pg_errors_mod.DiskFull("could not extend file"), "store_refuses_writes"),
+        (pg_errors_mod.OutOfMemory("out of memory"), "store_refuses_writes"),
+        (pg_errors_mod.ReadOnlySqlTransaction("read-only"), "store_read_only"),
+        (pg_errors_mod.TooManyConnections("too many clients"), "store_refuses_writes"),
+        # not answering at all: the database check's own connection sees that come and go
+        (pg_errors_mod.AdminShutdown("terminating connection"), None),
+        (psycopg.OperationalError("connection failed"), None),
+        (pg_errors_mod.UniqueViolation("duplicate key"), None),
+        (pg_errors_mod.SyntaxError("syntax error"), None),
+        (pg_errors_mod.QueryCanceled("canceling statement"), None),
+        (pg_errors_mod.SerializationFailure("could not serialize"), None),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x),
+)
+def test_which_postgresql_errors_say_the_database_refuses_writes(
+    error: psycopg.Error, word: str | None
+) -> None:
+    assert writes_refused(error) == word

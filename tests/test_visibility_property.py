@@ -287,6 +287,7 @@ VIEW_TABLE: Final[dict[str, dict[str, str]]] = {
         "tasks": P,
         **_nest("tasks[].", _TASK),
         "started_by": OP,
+        "record_out_of_date": P,
     },
 }
 VIEW_TABLE["HostMetadataView"] = {

@@ -160,6 +160,20 @@ def _status_text(status: str) -> Text:
     return Text(status, style=_STATUS_STYLE.get(status, "bold red"))
 
 
+def _listed_status(view: RunView) -> str:
+    """A run's status in a list: a daemon's mark that its record is out of date follows it
+    (ADR 0151, amendment 2), so a script matching the status word still finds it."""
+    if view.record_out_of_date:
+        return f"{view.status} (out of date: {view.record_out_of_date})"
+    return view.status
+
+
+def _listed_status_text(view: RunView) -> Text:
+    if view.record_out_of_date:
+        return Text(_listed_status(view), style="bold red")
+    return _status_text(view.status)
+
+
 def render_thread(console: Console, thread: ThreadView) -> None:
     """The thread rebuilt from the reader's filtered events: visible steps, tool cards, each
     model turn's reasoning under its honest label (only in a developer's view), the receipt."""
@@ -289,7 +303,7 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
         for f in (
             lambda v: v.run_id,
             lambda v: _started(v.created_at),
-            lambda v: v.status,
+            _listed_status,
             lambda v: v.chain_of_thought,
         )
     ]
@@ -304,7 +318,7 @@ def render_runs_table(console: Console, views: list[RunView]) -> None:
         table.add_row(
             v.run_id,
             _started(v.created_at),
-            _status_text(v.status),
+            _listed_status_text(v),
             v.chain_of_thought,
             Text(inert_text(v.model)),  # a model and a prompt are data: "[/]" in them is text
             Text(inert_text(v.prompt[:60])),
@@ -321,8 +335,8 @@ def _render_runs_lines(console: Console, views: list[RunView], widths: list[int]
     )
     console.print(Text("  started · model · prompt", style="bold"), no_wrap=True)
     for v in views:
-        status = _status_text(v.status)
-        status.pad_right(status_w - len(v.status))
+        status = _listed_status_text(v)
+        status.pad_right(status_w - len(status))
         console.print(
             Text.assemble(v.run_id.ljust(id_w), "  ", status, "  ", v.chain_of_thought),
             no_wrap=True,

@@ -366,7 +366,10 @@ def _local_command(
         return print_run(view, json_out=o.json_out, role=ctx.role.label)
 
     async def main() -> str:
+        from thoughtgate.events.pipeline import check_summarizer_model
+
         ctx = Context(config_path=o.config, db=o.db, view_as=o.view_as)
+        check_summarizer_model(ctx.config.visible_reasoning)  # before a run is made to fail
         if recorded_run is not None and (missing := await missing_store(ctx.db_url)) is not None:
             raise nothing_there(missing, f"run {recorded_run!r}")
         return await ctx.using(lambda store: go(ctx, store))

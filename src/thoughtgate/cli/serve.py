@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         async def body() -> None:
+            from thoughtgate.events.pipeline import check_summarizer_model
             from thoughtgate.listening import host_port, listen
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
@@ -139,6 +140,7 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.telemetry import telemetry_sinks
 
             ctx = Context(config_path=config, db=db, view_as=None)
+            check_summarizer_model(ctx.config.visible_reasoning)  # not each surface run failing
             bind_host = host or ctx.config.server.host
             bind_port = ctx.config.server.port if port is None else port
             # Bound before anything else (the process's logging, the store): a port in use stops

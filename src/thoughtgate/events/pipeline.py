@@ -77,6 +77,7 @@ __all__ = [
     "VisibleReasoningObserver",
     "VisibleReasoningPipeline",
     "build_summarizers",
+    "check_summarizer_model",
     "effective_summarizers",
     "is_eligible",
     "observer_factory",
@@ -109,6 +110,23 @@ def effective_summarizers(config: VisibleReasoningConfig, mode: str) -> tuple[st
     return names
 
 
+def _no_summarizer_model() -> ConfigError:
+    return ConfigError(
+        "visible_reasoning.summarizer_model",
+        None,
+        "PROVIDER:MODEL when visible_reasoning.summarizers includes model",
+    )
+
+
+def check_summarizer_model(config: VisibleReasoningConfig) -> None:
+    """Refuse, as a config error, a ``model`` summarizer without ``summarizer_model`` where the
+    summarizers are built from the config alone (``thoughtgate run``, ``serve``): every surface
+    run would otherwise be created and then fail. A library caller that passes its own
+    ``summarizer_provider`` needs no model, which is why the config model does not refuse it."""
+    if config.enabled and "model" in config.summarizers and not config.summarizer_model:
+        raise _no_summarizer_model()
+
+
 def build_summarizers(
     names: Iterable[str],
     *,
@@ -128,11 +146,7 @@ def build_summarizers(
             provider = summarizer_provider
             if provider is None:
                 if not summarizer_model:
-                    raise ConfigError(
-                        "visible_reasoning.summarizer_model",
-                        summarizer_model,
-                        "PROVIDER:MODEL when visible_reasoning.summarizers includes model",
-                    )
+                    raise _no_summarizer_model()
                 provider = create_provider(summarizer_model)
             built.append(ModelSummarizer(provider))
         else:

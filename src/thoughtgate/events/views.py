@@ -123,6 +123,12 @@ class RunView(_View):
     """The id of the API key that started the run through the daemon (``null``: started by the
     command line or the Python API). Who started what is operator detail: admin and above; any
     reader can still list their own runs (``GET /v1/runs?key=me``)."""
+    record_out_of_date: Annotated[str | None, Vis.PUBLIC] = None
+    """Set only in a daemon's run list, on an open run whose execution there stopped on a
+    write the store refused, while it still refuses writes: the refusal's word
+    (``store_removed``, ``store_refuses_writes``, ...). Its ``status`` is what the store last
+    recorded and is out of date: the run is not under way, and its end will be recorded once the
+    store takes writes (ADR 0151, amendment 2)."""
 
 
 class HostMetadataView(RunView):

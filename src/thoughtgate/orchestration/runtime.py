@@ -1060,6 +1060,7 @@ class Runtime:
                     kept_detail(run.chain_of_thought, failure_detail(exc)),
                 ),
                 execution.holder,
+                waits_out=execution.waits_out,
             )
             raise
         status = _run_status([r.status for r in results])
@@ -1077,7 +1078,16 @@ class Runtime:
         # A direct run's tasks are known here as they ended (the last one is in spent.ended):
         # no need to read the run back to find the unfinished ones.
         known = run.tasks if spent.ended is not None else None
-        await self._finish(run.run_id, event, status, spent, error, execution.holder, known)
+        await self._finish(
+            run.run_id,
+            event,
+            status,
+            spent,
+            error,
+            execution.holder,
+            known,
+            waits_out=execution.waits_out,
+        )
         return status
 
     async def _interrupted(
@@ -1236,6 +1246,8 @@ class Runtime:
         failure: tuple[str, str | None, str | None] | None,
         holder: Holder,
         tasks: Sequence[TaskRecord] | None = None,
+        *,
+        waits_out: Callable[[BaseException], bool] = lambda _: False,
     ) -> None:
         """The run's terminal event and status in one store transaction; tasks that never got
         to run end too, and ``spent.ended``, the last task's own end, goes first in it. Nothing
@@ -1246,7 +1258,9 @@ class Runtime:
         back, ``tasks`` being ``None``), with the stand-in of a billed turn whose record was not
         stored either (ADR 0131, amended).
         ``failure`` is the error, its type and its detail (``RunEndedPayload``'s ``error``,
-        ``error_type``, ``error_detail``), if any."""
+        ``error_type``, ``error_detail``), if any. ``waits_out``: whether a store error stops
+        the execution to wait for the store (a durable one's outage, ADR 0152): its log line
+        then says so, not that the run waits for its lease to expire."""
         usage = spent.usage
         payload: RunEndedPayload = {"status": status, "usage": token_usage(usage)}
         error = failure[0] if failure else None
@@ -1282,13 +1296,22 @@ class Runtime:
                     task_usage=spent.by_task(),
                 )
         except StoreUnavailableError as exc:
-            log.error(
-                "run %s: its end (%s) could not be stored (%s); unless it was, the run stays "
-                "open until its lease expires and a sweep takes it",
-                run_id,
-                status,
-                exc,
-            )
+            if waits_out(exc):
+                log.warning(
+                    "run %s: its end (%s) could not be stored (%s); the run waits for its "
+                    "store and continues from its checkpoints once it answers",
+                    run_id,
+                    status,
+                    exc,
+                )
+            else:
+                log.error(
+                    "run %s: its end (%s) could not be stored (%s); unless it was, the run "
+                    "stays open until its lease expires and a sweep takes it",
+                    run_id,
+                    status,
+                    exc,
+                )
             raise
 
     async def _execute_task(

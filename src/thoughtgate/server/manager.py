@@ -24,7 +24,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from thoughtgate.engine.tools import ToolRegistry
@@ -33,7 +33,7 @@ from thoughtgate.orchestration.resume import check_resumable
 from thoughtgate.orchestration.runtime import SUSPENDED, RunRequest, Runtime
 from thoughtgate.store.durable import DurableRunStore, Quota, RunQueueRecord, RunSpecRecord
 from thoughtgate.store.leases import SweepCursor, close_orphaned_runs, close_run_interrupted
-from thoughtgate.store.records import RunRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
 if TYPE_CHECKING:  # the engine imports DBOS: only a durable daemon loads it
     from thoughtgate.orchestration.durable import FinishedCursor
@@ -91,6 +91,8 @@ class RunManager:
         self._refused: dict[str, None] = {}
         """The last ``_ENDED`` runs whose execution here stopped because the store refused a
         write (``stopped_by_store``, ADR 0151)."""
+        self._refused_watchers: list[Callable[[str], None]] = []
+        """Told each run added to ``_refused``: the live run lists (ADR 0151, amendment 2)."""
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._open_runs = SweepCursor()
@@ -332,12 +334,29 @@ class RunManager:
                 self._refused[run_id] = None
                 if len(self._refused) > _ENDED:
                     del self._refused[next(iter(self._refused))]
+                for watcher in list(self._refused_watchers):
+                    watcher(run_id)
 
     def stopped_by_store(self, run_id: str) -> bool:
         """Whether this daemon's execution of the run stopped because the store refused one of
         its writes (one of the last runs it executed): what the store still says of the run
         was true before that, and may say it is under way (ADR 0151)."""
         return run_id in self._refused
+
+    def out_of_date(self, run: RunRecord) -> str | None:
+        """The store's refusal word when ``run``'s record is out of date: it is still open,
+        its execution here stopped on a refused write (:meth:`stopped_by_store`), and the store
+        still refuses writes, so its end could not be recorded; else ``None``. What its view
+        (``503``) and the run list (``record_out_of_date``) go by (ADR 0151)."""
+        if run.status not in OPEN_RUN_STATUSES or run.run_id not in self._refused:
+            return None
+        return self.runtime.store.write_refusal()
+
+    def watch_stopped_by_store(self, watcher: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``watcher`` with each run whose execution here stops on a refused write from
+        now on (a live run list sends it again, marked); returns the function that stops it."""
+        self._refused_watchers.append(watcher)
+        return lambda: self._refused_watchers.remove(watcher)
 
     # ------------------------------------------------------------------ resume
     async def resume(self, run_id: str) -> RunRecord:

@@ -26,7 +26,15 @@ from thoughtgate.store.log import (
 )
 from thoughtgate.store.run_index import OpenRun, OpenRuns, RunIndex
 
+REFUSAL_HELD_S = 30.0
+"""How long a refused write keeps a store reported as refusing writes when nothing is written
+after it (ADR 0151). Under way, a refusal is followed by the next write within seconds (the
+sweep's every ``lease * 2/3``, a client's retry), which either renews it or clears it; left
+alone, the store is taken back after this long without a write of its own, and the next write
+that fails renews it."""
+
 __all__ = [
+    "REFUSAL_HELD_S",
     "UNCLAIMED",
     "EventLog",
     "EventStore",

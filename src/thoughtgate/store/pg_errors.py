@@ -33,7 +33,7 @@ from thoughtgate.errors import (
     unquoted,
 )
 
-__all__ = ["describe_target", "translate_error"]
+__all__ = ["describe_target", "translate_error", "writes_refused"]
 
 _LOGIN_REFUSED = re.compile(
     r"password authentication failed|authentication failed for user|"
@@ -256,3 +256,24 @@ def translate_error(
         error.outage = True  # it may answer again by itself (ADR 0152)
         return error
     return quoting(StoreError, f"cannot {action}: {SAID} ({where})", exc, first)
+
+
+_REFUSED_BY_CODE = (
+    ("25006", "store_read_only"),  # read_only_sql_transaction: a standby, or the default
+    ("53", "store_refuses_writes"),  # insufficient resources: disk full, out of memory, ...
+)
+"""SQLSTATEs (a code, or a class as its prefix) that say a database which answers refuses
+writes, with the word ``/readyz`` gives for them (ADR 0151, amendment 3)."""
+
+
+def writes_refused(exc: psycopg.Error) -> str | None:
+    """Why ``exc`` says the database, answering, refuses writes now (``write_refusal``'s
+    word), or ``None``: one statement was wrong (a constraint, a syntax error, a serialization
+    failure, a cancelled query), or the database does not answer at all (a connection refused,
+    lost or ended by a shutdown, class ``08``/``57P``, the pool's wait run out) -- which
+    ``check_writes``' own connection sees as it comes and goes, where a last outcome held for
+    30 s would keep a daemon unready after its database came back."""
+    code = exc.sqlstate
+    if code is None:
+        return None
+    return next((word for prefix, word in _REFUSED_BY_CODE if code.startswith(prefix)), None)

@@ -29,10 +29,17 @@ from psycopg_pool import AsyncConnectionPool
 from thoughtgate.errors import RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import codec, durable, listing
-from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
+from thoughtgate.store.base import (
+    REFUSAL_HELD_S,
+    EventStore,
+    Holder,
+    OpenRun,
+    OpenRuns,
+    RunEnding,
+)
 from thoughtgate.store.log import PageAhead, abandon_task, append_refused
 from thoughtgate.store.migrations import load_migrations
-from thoughtgate.store.pg_errors import describe_target, translate_error
+from thoughtgate.store.pg_errors import describe_target, translate_error, writes_refused
 from thoughtgate.store.pg_foreign_xids import ForeignXids
 from thoughtgate.store.pg_horizon import HorizonWatch
 from thoughtgate.store.pg_listener import PgListener
@@ -448,6 +455,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self.channel = channel_name(schema)
         self._where = describe_target(conninfo, schema)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._refused: tuple[float, str] | None = None
+        """When (``time.monotonic``) and why the database last refused a call (read-only, its
+        disk full: ``writes_refused``), unless a write was taken since: what
+        :meth:`write_refusal` goes by (ADR 0151, amendment 3)."""
         self._listener = PgListener(
             conninfo,
             self.channel,
@@ -511,7 +522,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
     @contextlib.asynccontextmanager
-    async def _conn(self, action: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _conn(
+        self, action: str, *, writes: bool = False
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection for ``action``; ``writes``: the action writes, so its success
+        says the database takes writes again (:meth:`write_refusal`)."""
         pool = self._pool
         if pool is None or pool.closed:
             raise StoreError(f"cannot {action}: the store is closed ({self._where})")
@@ -527,7 +542,23 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             finally:
                 await pool.putconn(conn)
         except psycopg.Error as exc:
+            refused = writes_refused(exc)
+            if refused is not None:
+                self._refused = (time.monotonic(), refused)
             raise translate_error(exc, action, self._where, conninfo=self.conninfo) from exc
+        if writes:
+            self._refused = None
+
+    def write_refusal(self) -> str | None:
+        """Why the database refused the last call that failed (``store_read_only``,
+        ``store_refuses_writes``: its disk full), when that was less than ``REFUSAL_HELD_S``
+        ago and no write was taken since; else ``None``. No query: PostgreSQL
+        refusing writes while it takes reads and connections is seen here, as SQLite's last
+        outcome is (ADR 0151, amendment 3)."""
+        refused = self._refused
+        if refused is not None and time.monotonic() - refused[0] < REFUSAL_HELD_S:
+            return refused[1]
+        return None
 
     async def check_writes(self, wait_s: float) -> str | None:
         """A pooled connection within ``wait_s``, and the server not read-only (a standby, or
@@ -557,7 +588,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def create_run(self, run: RunRecord) -> None:
         row = codec.run_row(run)
         tasks = [codec.task_row(t) for t in run.tasks]
-        async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
+        async with (
+            self._conn(f"create run {run.run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             await conn.execute(_INSERT_RUN, (*row, await self._next_change(conn)))
             if codec.closes_run(run.status):
                 await conn.execute(_CLOSE_ENDED, ([run.run_id],))
@@ -679,7 +713,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         codec.no_such_run(run_id)
         sets = codec.run_update_columns(change, updated_at=None)
         metadata = change.get("metadata")
-        async with self._conn(f"update run {run_id!r}") as conn, conn.transaction():
+        async with self._conn(f"update run {run_id!r}", writes=True) as conn, conn.transaction():
             cur = await conn.execute(
                 "SELECT metadata, closed_at, owner, claim FROM runs WHERE run_id = %s FOR UPDATE",
                 (run_id,),
@@ -705,7 +739,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     async def save_task(self, task: TaskRecord, *, held_by: Holder | None = None) -> None:
         row = codec.task_row(task)
-        async with self._conn(f"save task {task.task_id!r}") as conn, conn.transaction():
+        async with (
+            self._conn(f"save task {task.task_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             if held_by is None:
                 found = await conn.execute(
                     "SELECT 1 FROM runs WHERE run_id = %s FOR KEY SHARE", (task.run_id,)
@@ -733,7 +770,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def rebuild_run_index(self, run_id: str) -> RunRecord:
         codec.no_such_run(run_id)
         lifecycle, types = codec.lifecycle_types_sql("%s")
-        async with self._conn(f"rebuild the index of run {run_id!r}") as conn, conn.transaction():
+        async with (
+            self._conn(f"rebuild the index of run {run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             # The row lock holds appends to this run off until the rebuilt row is stored.
             cur = await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -771,7 +811,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         codec.no_such_run(run_id)  # after the events' own refusal, as every store does
         update = batch_update(batch)
         changed = False
-        async with self._conn(f"append {len(batch)} events to run {run_id!r}") as conn:
+        async with self._conn(f"append {len(batch)} events to run {run_id!r}", writes=True) as conn:
             if not batch:
                 await self._require_run(conn, run_id)
                 return []
@@ -881,7 +921,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             "UPDATE runs SET {}, closed_at = {}, updated_at = {}, change_seq = %s WHERE run_id = %s"
         ).format(assignments, _CLOCK, _CLOCK)
         first = 0
-        async with self._conn(f"finish run {run_id!r}") as conn, conn.transaction():
+        async with self._conn(f"finish run {run_id!r}", writes=True) as conn, conn.transaction():
             # The row lock serializes this with appends and with other processes finishing the
             # same run: exactly one of them closes it.
             cur = await conn.execute(
@@ -918,7 +958,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def renew_leases(self, owner: str, ttl_s: float, run_ids: Collection[str]) -> list[str]:
         if not run_ids:
             return []
-        async with self._conn("renew run leases") as conn:
+        async with self._conn("renew run leases", writes=True) as conn:
             cur = await conn.execute(
                 f"UPDATE runs SET lease_expires_at = {_NOW} + %s "
                 f"WHERE run_id = ANY(%s) AND owner = %s AND {_OPEN} RETURNING run_id",
@@ -1112,7 +1152,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns = codec.encode_events(list(events))
         update = batch_update(events)
         first = 0
-        async with self._conn(f"create run {run.run_id!r}") as conn, conn.transaction():
+        async with (
+            self._conn(f"create run {run.run_id!r}", writes=True) as conn,
+            conn.transaction(),
+        ):
             now_row = await (await conn.execute(f"SELECT {_NOW}")).fetchone()
             now = float(now_row[0]) if now_row else time.time()
             stored, spec = _on_the_server_clock(run, spec, now, now - time.time())
@@ -1170,7 +1213,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def claim_run(
         self, run_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
     ) -> int | None:
-        async with self._conn(f"claim run {run_id!r}") as conn, conn.transaction():
+        async with self._conn(f"claim run {run_id!r}", writes=True) as conn, conn.transaction():
             if attempt is not None:
                 # From the owner's hold at ``attempt`` only (ADR 0099), read as ``release_run``
                 # reads it: on both rows locked, so a claim in flight is seen as it commits.
@@ -1232,7 +1275,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             "queue": queue,
             "attempt": attempt,
         }
-        async with self._conn(f"release run {run_id!r}") as conn, conn.transaction():
+        async with self._conn(f"release run {run_id!r}", writes=True) as conn, conn.transaction():
             # The row lock orders this with claims and renewals of the same run.
             cur = await conn.execute(
                 "SELECT r.metadata FROM runs r JOIN run_specs s USING (run_id) "
@@ -1266,7 +1309,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         return True
 
     async def requeue_run(self, run_id: str, *, queued_at: float) -> bool:
-        async with self._conn(f"queue run {run_id!r} again") as conn:
+        async with self._conn(f"queue run {run_id!r} again", writes=True) as conn:
             cur = await conn.execute(
                 f"UPDATE run_specs s SET queued_at = {_NOW} FROM runs r "
                 "WHERE s.run_id = %(run_id)s AND r.run_id = s.run_id AND s.queued_at = %(at)s "
@@ -1277,7 +1320,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     async def save_run_queue(self, queue: durable.RunQueueRecord) -> None:
         tools = codec.dumps(list(queue.tools), what="queue tools")
-        async with self._conn(f"save run queue {queue.name!r}") as conn:
+        async with self._conn(f"save run queue {queue.name!r}", writes=True) as conn:
             await conn.execute(
                 "INSERT INTO run_queues (name, tools, concurrency, seen_at) "
                 f"VALUES (%s, %s, %s, {_NOW}) ON CONFLICT (name) DO UPDATE SET "
@@ -1303,7 +1346,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def save_api_key(self, key: ApiKeyRecord) -> None:
         """A new key's ``created_at`` is stored on the server's clock, and ``key`` given it."""
         params = dict(zip(_KEY_FIELDS, codec.key_row(key), strict=True))
-        async with self._conn(f"save API key {key.name!r}") as conn:
+        async with self._conn(f"save API key {key.name!r}", writes=True) as conn:
             params["sent"] = time.time()
             row = await (await conn.execute(_UPSERT_KEY, params)).fetchone()
         if row is not None:
@@ -1335,7 +1378,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def revoke_api_key(self, key_id: str) -> bool:
         if codec.no_such_key(key_id):
             return False
-        async with self._conn(f"revoke API key {key_id!r}") as conn:
+        async with self._conn(f"revoke API key {key_id!r}", writes=True) as conn:
             cur = await conn.execute(
                 f"UPDATE api_keys SET revoked_at = {_NOW} WHERE revoked_at IS NULL AND key_id = %s",
                 (key_id,),
@@ -1344,7 +1387,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     async def get_or_create_secret(self, name: str, candidate: str) -> str:
         action = f"store secret {name!r}"
-        async with self._conn(action) as conn:
+        async with self._conn(action, writes=True) as conn:
             # Two statements on purpose: the SELECT must take a snapshot after a concurrent
             # creator's commit (which ON CONFLICT waited for), or it would see no row at all.
             await conn.execute(

@@ -115,6 +115,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
     quoting,
 )
+from thoughtgate.store.base import REFUSAL_HELD_S
 
 __all__ = ["Merge", "QueuedWrite", "SQLiteThread", "in_write_transaction", "translate_error"]
 
@@ -143,13 +144,6 @@ _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 
 _REFUSALS = frozenset({_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN})
 """The primary result codes that say the database refuses writes, rather than that one write
 was wrong (a constraint, a bug): what :meth:`SQLiteThread.refusal` counts."""
-
-REFUSAL_HELD_S = 30.0
-"""How long a refused write keeps a store reported as refusing writes when nothing is written
-after it (ADR 0151). Under way, a refusal is followed by the next write within seconds (the
-sweep's every ``lease * 2/3``, a client's retry), which either renews it or clears it; left
-alone, the store is taken back after this long without a write of its own, and the next write
-that fails renews it."""
 
 
 def translate_error(

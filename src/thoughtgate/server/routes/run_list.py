@@ -28,8 +28,9 @@ from thoughtgate.access.filter import filter_run
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
-from thoughtgate.errors import AccessDeniedError, StoreError, UsageError
+from thoughtgate.errors import AccessDeniedError, RunNotFoundError, StoreError, UsageError
 from thoughtgate.events.payloads import RunStatus
+from thoughtgate.events.views import RunView
 from thoughtgate.server.access_watch import OnAccessLost
 from thoughtgate.server.api import Endpoint, QueryParam, query_int
 from thoughtgate.server.errors import ApiError
@@ -39,12 +40,16 @@ from thoughtgate.server.routes.live import access_watcher, stream_response
 from thoughtgate.server.state import state_of
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.listing import MAX_SEARCH_CHARS, RunCursor, RunQuery
+from thoughtgate.store.records import RunRecord
 
 __all__ = ["ENDPOINTS", "run_list_frames"]
 
 _STATUSES: Final = frozenset(get_args(RunStatus))
 _FILTERS: Final = ("before", "status", "mode", "model", "key", "since", "until", "q")
 _CHANGES_PAGE = 100
+
+OutOfDate = Callable[[RunRecord], str | None]
+"""The store's refusal word when a run's record is out of date (``RunManager.out_of_date``)."""
 
 
 def _text(request: Request, name: str, *, limit: int = 200) -> str | None:
@@ -116,13 +121,22 @@ async def list_runs(request: Request, principal: Principal | None) -> Response:
     else:
         page = await store.query_runs(run_query(request, principal, limit))
         runs, cursor = page.runs, page.next
+    out_of_date = state_of(request).manager.out_of_date
     return JSONResponse(
         {
-            "runs": [filter_run(r, principal.role).to_json() for r in runs],
+            "runs": [_view(r, principal.role, out_of_date).to_json() for r in runs],
             "next": None if cursor is None else cursor.encode(),
             "changes": changes,
         }
     )
+
+
+def _view(run: RunRecord, role: Role, out_of_date: OutOfDate | None) -> RunView:
+    """The run through the one output filter, with ``record_out_of_date`` when its record is
+    out of date (ADR 0151, amendment 2)."""
+    view = filter_run(run, role)
+    refusal = None if out_of_date is None else out_of_date(run)
+    return view if refusal is None else view.model_copy(update={"record_out_of_date": refusal})
 
 
 async def run_list_frames(
@@ -131,22 +145,43 @@ async def run_list_frames(
     role: Role,
     after: int,
     watch_access: Callable[[OnAccessLost], Callable[[], None]] | None = None,
+    out_of_date: OutOfDate | None = None,
+    watch_stopped: Callable[[Callable[[str], None]], Callable[[], None]] | None = None,
 ) -> AsyncIterator[bytes]:
     """Frames of the live run list after change ``after``: each changed run through the one
     output filter, then every new change as it commits, until the reader leaves or loses access
-    (``event: access_revoked``) or the store fails (``event: failed``; resume after the last id)."""
-    lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    (``event: access_revoked``) or the store fails (``event: failed``; resume after the last id).
+    ``out_of_date``/``watch_stopped``: a run whose execution stops on a refused write is sent
+    again, marked ``record_out_of_date``, without an ``id`` (it is no change of the store's, which
+    cannot record one: ADR 0151, amendment 2)."""
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[str] = loop.create_future()
+    stopped: list[str] = []
+    poked: asyncio.Future[None] = loop.create_future()
 
     def access_lost(message: str) -> None:
         if not lost.done():
             lost.set_result(message)
 
+    def stopped_by_store(run_id: str) -> None:
+        stopped.append(run_id)
+        if not poked.done():
+            poked.set_result(None)
+
     unwatch = watch_access(access_lost) if watch_access is not None else None
+    unwatch_stopped = watch_stopped(stopped_by_store) if watch_stopped is not None else None
     cursor = after
     try:
         while not lost.done():
+            told, stopped[:] = list(stopped), []  # (one told while these reads wait stays)
+            if poked.done():
+                poked = loop.create_future()
             try:
                 changes = (await store.run_changes(after=cursor, limit=_CHANGES_PAGE)).changes
+                again = []
+                for run_id in told:
+                    with contextlib.suppress(RunNotFoundError):  # (gone: nothing to mark)
+                        again.append(await store.get_run(run_id))
             except StoreError:
                 data = json.dumps({"reason": "failed", "resume_after": cursor})
                 yield ServerSentEvent(data=data, event="failed").encode()
@@ -156,13 +191,16 @@ async def run_list_frames(
             batch = []
             for number, run in changes:
                 cursor = number
-                view = filter_run(run, role).to_json_text()
+                view = _view(run, role, out_of_date).to_json_text()
                 batch.append(ServerSentEvent(data=view, id=str(number)).encode())
+            for run in again:
+                view = _view(run, role, out_of_date).to_json_text()
+                batch.append(ServerSentEvent(data=view).encode())
             if batch:
                 yield b"".join(batch)
                 continue
             waiting = asyncio.ensure_future(store.wait_for_run_changes(cursor))
-            either: set[asyncio.Future[Any]] = {waiting, lost}
+            either: set[asyncio.Future[Any]] = {waiting, lost, poked}
             try:
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -174,6 +212,8 @@ async def run_list_frames(
     finally:
         if unwatch is not None:
             unwatch()
+        if unwatch_stopped is not None:
+            unwatch_stopped()
 
 
 async def stream_runs(request: Request, principal: Principal | None) -> Response:
@@ -195,6 +235,8 @@ async def stream_runs(request: Request, principal: Principal | None) -> Response
         role=principal.role,
         after=after,
         watch_access=access_watcher(state, principal),
+        out_of_date=state.manager.out_of_date,
+        watch_stopped=state.manager.watch_stopped_by_store,
     )
     return stream_response(state, frames)
 

@@ -27,7 +27,7 @@ from thoughtgate.server.models import (
 )
 from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.state import state_of
-from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
+from thoughtgate.store.records import RunRecord
 
 __all__ = ["ENDPOINTS", "start_run"]
 
@@ -93,19 +93,18 @@ async def list_tools(request: Request, principal: Principal | None) -> Response:
 async def get_run(request: Request, principal: Principal | None) -> Response:
     state = state_of(request)
     run = await state.store.get_run(request.path_params["run_id"])
-    if run.status in OPEN_RUN_STATUSES and state.manager.stopped_by_store(run.run_id):
-        # Its execution here stopped on a write the store refused: while it still refuses
-        # them, the open status it holds is no longer true, and nothing can correct it yet
-        # (ADR 0151). Once it takes writes, the sweep closes the run (ADR 0149).
-        refusal = state.store.write_refusal()
-        if refusal is not None:
-            raise ApiError(
-                503,
-                f"run {run.run_id} stopped executing on this daemon: the event store refuses "
-                f"writes ({refusal}), so its end could not be recorded and the store's record "
-                "of it is out of date; read it again once the store takes writes (GET /readyz)",
-                code="store_refuses_writes",
-            )
+    # Its execution here stopped on a write the store refused: while it still refuses them,
+    # the open status it holds is no longer true, and nothing can correct it yet (ADR 0151).
+    # Once it takes writes, the sweep closes the run (ADR 0149).
+    refusal = state.manager.out_of_date(run)
+    if refusal is not None:
+        raise ApiError(
+            503,
+            f"run {run.run_id} stopped executing on this daemon: the event store refuses "
+            f"writes ({refusal}), so its end could not be recorded and the store's record "
+            "of it is out of date; read it again once the store takes writes (GET /readyz)",
+            code="store_refuses_writes",
+        )
     return JSONResponse(filter_run(run, _principal(principal).role).to_json())
 
 

@@ -67,7 +67,12 @@ function runItem(run) {
       class: `s-${run.status}${state.view?.runId === run.run_id ? " active" : ""}` },
     el("span", { class: "run-prompt", "data-testid": "run-prompt" }, run.prompt || run.run_id),
     el("span", { class: "run-line" },
-      pill(run.status, RUN_STATUS_TEXT[run.status] || run.status, "run-list-status"),
+      run.record_out_of_date
+        // its record says it is under way, but its execution stopped on a write the store
+        // refused: shown as stopped, the recorded status kept in the hover (ADR 0151)
+        ? el("span", { title: `recorded as ${run.status}; the store refuses writes (${run.record_out_of_date}), so its end is not recorded yet` },
+          pill("interrupted", "stopped · not recorded", "run-list-status"))
+        : pill(run.status, RUN_STATUS_TEXT[run.status] || run.status, "run-list-status"),
       el("span", { class: "muted" }, `${run.chain_of_thought}${run.model ? ` · ${run.model}` : ""} · `,
         el("span", { title: new Date(run.created_at * 1000).toLocaleString() }, ago(run.created_at))),
       who ? el("span", { class: "muted", "data-testid": "run-key" }, `· ${who}`) : null),

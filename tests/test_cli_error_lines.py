@@ -420,7 +420,7 @@ def test_a_store_this_user_may_not_read_is_one_line_naming_it(
 
 @pytest.mark.inprocess
 @pytest.mark.parametrize(
-    "command", [["run", "hi", "--model", "fake:reasoner", "--cot", "surface"], ["serve"]]
+    "command", [["run", "hi", "--model", "fake:reasoner", "--cot", "surface"], ["serve"], ["mcp"]]
 )
 def test_a_model_summarizer_without_its_model_is_refused_before_a_run_or_a_store(
     tmp_path: Path, command: list[str]

@@ -60,7 +60,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(ExitCode.USAGE) from None
 
         async def body() -> None:
+            from thoughtgate.events.pipeline import check_summarizer_model
+
             cfg = load_config(config)
+            check_summarizer_model(cfg.visible_reasoning)  # not each surface run failing
             url = resolve_store(db, None, cfg.store.url)
             registry = load_tools(tools) if tools else None
             await serve_stdio(

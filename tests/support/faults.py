@@ -362,8 +362,10 @@ class FailingStore(EventStore):
         self.attempts.append(Attempt(batch, out))
         return out
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        return await self.inner.read(run_id, after=after, limit=limit)
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        return await self.inner.read(run_id, after=after, limit=limit, apart=apart)
 
     async def read_types(
         self,

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import orjson
 
+from thoughtgate.access.filter import stored_apart
 from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
@@ -38,6 +39,7 @@ from thoughtgate.store.run_index import RunChange
 
 __all__ = [
     "EVENT_SELECT",
+    "EVENT_SELECT_SHOWN",
     "KEY_COLUMNS",
     "LEASED_RUNS_BY_ID",
     "LEASED_RUN_INDEX_PREDICATE",
@@ -48,6 +50,7 @@ __all__ = [
     "OPEN_RUNS_BY_ID",
     "OPEN_RUN_INDEX_PREDICATE",
     "OPEN_RUN_PREDICATE",
+    "PAYLOAD_SQL",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
     "SPEC_COLUMNS",
@@ -66,9 +69,11 @@ __all__ = [
     "encode_events",
     "ending_columns",
     "ending_rows",
+    "event_select",
     "events_from_columns",
     "events_from_rows",
     "index_columns",
+    "joined_payload",
     "key_from_row",
     "key_row",
     "lifecycle_types_sql",
@@ -326,19 +331,49 @@ def no_such_run(run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
+def _split(event: NewEvent) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+    """The payload's row part and its part kept apart (``access.filter.stored_apart``)."""
+    payload = event.payload
+    apart = stored_apart(event.type)
+    if apart is None:
+        return {}, (payload or None)
+    if not apart or apart.isdisjoint(payload):
+        return payload, None
+    row = {k: v for k, v in payload.items() if k not in apart}
+    return row, {k: v for k, v in payload.items() if k in apart}
+
+
+def _encoded(event: NewEvent, what: str) -> tuple[str, str | None]:
+    row, apart = _split(event)
+    return dumps(row, what=what), None if apart is None else dumps(apart, what=what)
+
+
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
-    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once.
+    """Column lists ``(payloads, task_ids, types, ts, aparts)``: each payload is encoded exactly
+    once, as the part of it the row keeps and the part kept apart (``None``: nothing), ADR 0160.
     A task id or a type no column can hold refuses the batch (``UsageError``, ADR 0114)."""
     task_ids = [e.task_id for e in events]
     types = [e.type for e in events]
     refuse_unstorable_columns(task_ids, types)
     try:
-        payloads = [dumps(e.payload) for e in events]
+        parts = [_encoded(e, "value") for e in events]
     except UsageError:  # say which event (building that text for every event would cost)
         for e in events:
-            dumps(e.payload, what=f"payload of {e.type!r} event")
+            _encoded(e, f"payload of {e.type!r} event")
         raise
-    return payloads, task_ids, types, [e.ts for e in events]
+    payloads = [p[0] for p in parts]
+    aparts = [p[1] for p in parts]
+    return payloads, task_ids, types, [e.ts for e in events], aparts
+
+
+def joined_payload(row: str, apart: str | None) -> str:
+    """A stored payload whole again: the row's JSON object and the one kept apart, joined as
+    :data:`PAYLOAD_SQL` joins them in the database (their keys never overlap)."""
+    if apart is None:
+        return row
+    if row == "{}":
+        return apart
+    return f"{row[:-1]},{apart[1:]}"
 
 
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
@@ -377,7 +412,26 @@ def make_event(
     return event
 
 
-EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
+_TEXT = "CAST(payload AS TEXT)"
+PAYLOAD_SQL = (
+    f"CASE WHEN apart IS NULL THEN {_TEXT} WHEN {_TEXT} = '{{}}' THEN CAST(apart AS TEXT) "
+    f"ELSE substr({_TEXT}, 1, length({_TEXT}) - 1) || ',' || substr(CAST(apart AS TEXT), 2) END"
+)
+"""An event's whole payload in both SQL backends: the row's JSON object with the part kept
+apart (ADR 0160) spliced in before its closing brace, as :func:`joined_payload` does. Rows
+written before the ``apart`` column, and events with nothing apart, have it ``NULL``."""
+
+
+def event_select(*, apart: bool = True) -> str:
+    """The columns ``events_from_rows`` reads: with the part kept apart (the whole payload), or
+    without it for a reader :func:`thoughtgate.access.filter.reads_apart` says may see none of
+    it -- a column not named is never read (SQLite's overflow pages, PostgreSQL's TOAST)."""
+    payload = PAYLOAD_SQL if apart else "payload"
+    return f"SELECT seq, task_id, type, ts, {payload}, v FROM events"
+
+
+EVENT_SELECT = event_select()
+EVENT_SELECT_SHOWN = event_select(apart=False)
 
 SEQ_MAX = 2**63 - 1
 """The largest sequence number both databases store (a signed 64-bit integer)."""
@@ -403,8 +457,8 @@ def seq_page_end(after: int, want: int) -> int:
 """The columns :func:`events_from_rows` reads, in its order."""
 
 
-EncodedEvents = tuple[list[str], list[str | None], list[str], list[float]]
-"""``encode_events`` output: ``(payloads, task_ids, types, ts)``."""
+EncodedEvents = tuple[list[str], list[str | None], list[str], list[float], list[str | None]]
+"""``encode_events`` output: ``(payloads, task_ids, types, ts, aparts)``."""
 
 
 _COLUMNWISE = 16
@@ -416,8 +470,10 @@ def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Eve
     """Events just appended from ``columns``, numbered from ``first``, as a reader will see them:
     their payloads decoded from the stored text as a replay decodes them
     (:func:`decode_payload_array`: orjson, about half ``json``'s CPU, ADR 0037)."""
-    payloads, task_ids, types, ts = columns
+    payloads, task_ids, types, ts, aparts = columns
     n = len(payloads)
+    if aparts.count(None) != n:
+        payloads = list(map(joined_payload, payloads, aparts))
     decoded = decode_payload_array((payloads[0] if n == 1 else ",".join(payloads)).encode())
     if n < _COLUMNWISE:
         return [

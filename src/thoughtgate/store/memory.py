@@ -410,7 +410,10 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             (q for q in self._queues.values() if q.seen_at >= cutoff), key=lambda q: q.name
         )
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        # (``apart`` ignored: this store keeps events as objects and decodes nothing)
         self._run(run_id)
         log = self._events[run_id]
         end = len(log) if limit is None else min(len(log), max(after, 0) + limit)

@@ -90,13 +90,14 @@ WITH bumped AS (
     RETURNING last_seq - %(n)s AS base,
               extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
-    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
+    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v, apart)
     SELECT %(run_id)s, bumped.base + e.ord, {task_and_type}, e.ts + bumped.skew,
-           e.payload::json, %(v)s
+           e.payload::json, %(v)s, e.apart::json
     FROM bumped, unnest({task_and_type_arrays}
         string_to_array(%(ts)s, ',')::float8[],
-        string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, ord)
+        string_to_array(%(payloads)s, E'\\x1e'),
+        string_to_array(%(aparts)s, E'\\x1e', '')
+    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, apart, ord)
     RETURNING 1
 )
 SELECT base, skew
@@ -144,7 +145,11 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 
 
 def _batch_params(
-    payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
+    payloads: list[str],
+    task_ids: list[str | None],
+    types: list[str],
+    ts: list[float],
+    aparts: list[str | None],
 ) -> dict[str, Any]:
     """The batch columns as strings: JSON arrays for the texts (one task id and one type where
     every event shares them, for ``_APPEND_UNIFORM``), the shortest digits that read back as
@@ -154,6 +159,8 @@ def _batch_params(
     params: dict[str, Any] = {
         "ts": ",".join(map(float.__repr__, map(float, ts))) if "null" in stamps else stamps[1:-1],
         "payloads": _RECORD_SEPARATOR.join(payloads),
+        # What is kept apart (ADR 0160), ``''`` (read back as NULL) for an event without.
+        "aparts": _RECORD_SEPARATOR.join(a or "" for a in aparts),
     }
     n = len(payloads)
     if n and task_ids.count(task_ids[0]) == n and types.count(types[0]) == n:
@@ -167,7 +174,11 @@ def _batch_params(
 # no gaps, so both mean the same rows, but the range stays a short index scan whatever the
 # planner believes about the table (with stale statistics after a burst of appends it would
 # otherwise sort every later event of the run to return the first k).
-_READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+_READ = {
+    apart: f"{codec.event_select(apart=apart)} WHERE run_id = %s AND seq > %s AND seq <= %s "
+    "ORDER BY seq"
+    for apart in (True, False)
+}
 _NO_LIMIT = 2**62
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
 """``(after, row of _READ_PAGE)``, or ``(after, rows of _READ)`` for a page too long to
@@ -175,14 +186,18 @@ aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
-_READ_PAGE = "SELECT * FROM events_page_counted(%s, %s, %s)"
+_READ_PAGE = {
+    True: "SELECT * FROM events_page_counted(%s, %s, %s)",
+    False: "SELECT * FROM events_page_shown(%s, %s, %s)",
+}
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
 values per page instead of six per event. ``events_page_counted`` (migration 12, ADR 0127; after
 ``events_page``, migration 7, ADR 0039) aggregates the rows of the range in number order, read
 through the primary key's index whatever the table's statistics say, with task ids and types as
 joined texts (``codec.task_id_column``). It sends how many rows it read and the largest number,
 not the numbers: ``codec.page_range`` takes the page only when they are every number of its
-range (no gap), and the codec checks one value per event."""
+range (no gap), and the codec checks one value per event. ``events_page_shown`` (migration 15,
+ADR 0160) is the same page without what is kept apart, for a reader who may see none of it."""
 
 
 def read_types_query(
@@ -990,8 +1005,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn("read the clock") as conn:
             return await self._server_now(conn)
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        return await self._decoded(run_id, await self._fetch(run_id, after, limit))
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        return await self._decoded(run_id, await self._fetch(run_id, after, limit, apart), apart)
 
     async def read_types(
         self,
@@ -1009,12 +1026,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await self._require_run(conn, run_id)
         return codec.events_from_rows(run_id, rows)
 
-    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+    def read_ahead(self, run_id: str, *, after: int, limit: int, apart: bool = True) -> PageAhead:
         """The page's row is fetched by a task; its events are built when it is awaited, so a
         replay holds one page of events at a time (its pages ahead are their rows)."""
-        return _FetchedAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
+        fetched = asyncio.ensure_future(self._fetch(run_id, after, limit, apart))
+        return _FetchedAhead(self, run_id, fetched, apart)
 
-    async def _fetch(self, run_id: str, after: int, limit: int | None) -> list[_Page]:
+    async def _fetch(
+        self, run_id: str, after: int, limit: int | None, apart: bool = True
+    ) -> list[_Page]:
         """The aggregate rows of up to ``limit`` events after ``after``, one query per
         :data:`_PAGE_ROWS` events, on one connection. Binary results: integers and floats
         arrive as machine values (a float8 exactly), arrays as lists built by psycopg's C
@@ -1029,7 +1049,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 page: tuple[Any, ...] | list[tuple[Any, ...]] | None
                 try:
                     cur = await conn.execute(
-                        _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
+                        _READ_PAGE[apart],
+                        (run_id, cursor, codec.seq_page_end(cursor, want)),
+                        binary=True,
                     )
                     page = await cur.fetchone()
                     count = 0 if page is None else int(page[0])
@@ -1037,7 +1059,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     # The page's payloads are longer than PostgreSQL's longest value (1 GB):
                     # read its rows.
                     cur = await conn.execute(
-                        _READ, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
+                        _READ[apart],
+                        (run_id, cursor, codec.seq_page_end(cursor, want)),
+                        binary=True,
                     )
                     page = await cur.fetchall()
                     count = len(page)
@@ -1052,7 +1076,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await self._require_run(conn, run_id)
         return pages
 
-    async def _decoded(self, run_id: str, pages: list[_Page]) -> list[Event]:
+    async def _decoded(self, run_id: str, pages: list[_Page], apart: bool = True) -> list[Event]:
         """The events of fetched pages; a page of mixed vocabulary versions, or one whose
         columns the codec does not take (sequence numbers out of order), is read row by row."""
         events: list[Event] = []
@@ -1078,7 +1102,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 )
             if page is None:  # the rows the aggregate read: all of (after, last]
                 async with self._conn(f"read events of run {run_id!r}") as conn:
-                    cur = await conn.execute(_READ, (run_id, after, last), binary=True)
+                    cur = await conn.execute(_READ[apart], (run_id, after, last), binary=True)
                     page = codec.events_from_rows(run_id, await cur.fetchall())
             events += page
         return events
@@ -1100,7 +1124,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def wait_for_new(self, run_id: str, after: int) -> None:
         """Wake on NOTIFY from any process; poll slowly while the listener is healthy."""
         armed = self.wakeups.arm(run_id)
-        if await self.read(run_id, after=after, limit=1):  # also raises once the store is closed
+        # (only whether there is one; also raises once the store is closed)
+        if await self.read(run_id, after=after, limit=1, apart=False):
             return
         self._listener.start()
         timeout = self.safety_poll if self._listener.healthy else self.poll_interval
@@ -1456,18 +1481,18 @@ async def _key_usage(
 class _FetchedAhead:
     """A page being fetched by a task (``PostgresStore.read_ahead``)."""
 
-    __slots__ = ("fetched", "run_id", "store")
+    __slots__ = ("apart", "fetched", "run_id", "store")
 
     def __init__(
-        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
+        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]], apart: bool
     ) -> None:
-        self.store, self.run_id, self.fetched = store, run_id, fetched
+        self.store, self.run_id, self.fetched, self.apart = store, run_id, fetched, apart
 
     def __await__(self) -> Generator[Any, None, list[Event]]:
         return self._events().__await__()
 
     async def _events(self) -> list[Event]:
-        return await self.store._decoded(self.run_id, await self.fetched)
+        return await self.store._decoded(self.run_id, await self.fetched, self.apart)
 
     async def abandon(self) -> None:
         await abandon_task(self.fetched)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from thoughtgate.access.filter import filter_events, filter_run, require_role
+from thoughtgate.access.filter import filter_events, filter_run, reads_apart, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.errors import ProviderNotConfiguredError, RunNotFoundError, UsageError
@@ -120,8 +120,9 @@ async def list_events(request: Request, principal: Principal | None) -> Response
     limit = query_int(request, "limit", 500, minimum=1, maximum=_EVENT_PAGE_MAX)
     store = state_of(request).store
     run = await store.get_run(run_id)
-    raw = await store.read(run_id, after=after, limit=limit)
-    shown = filter_events(raw, role, mode=run.chain_of_thought)
+    mode = run.chain_of_thought
+    raw = await store.read(run_id, after=after, limit=limit, apart=reads_apart(role, mode=mode))
+    shown = filter_events(raw, role, mode=mode)
     return JSONResponse(
         {"events": [e.to_dict() for e in shown], "next_after": raw[-1].seq if raw else after}
     )

@@ -1,0 +1,12 @@
+-- Reasoning kept apart from the rest of an event (ADR 0160). `apart` holds, as a JSON object, the
+-- top-level payload fields the declarations class as reasoning or trace
+-- (`access.filter.stored_apart`: a turn's reasoning, its parts, sizes and error details, a
+-- telemetry_only turn's `trace`, a task's `system`/`history`/`tools`), and the whole payload of a
+-- `reasoning.delta`; `payload` keeps the rest (`{}` for a delta). NULL: nothing apart (most
+-- events, and every row written before this version, whose payload stays whole).
+--
+-- The last column of the row, so a read that names only `payload` -- a reader who may see none of
+-- it -- stops before it: SQLite reads a long value's overflow pages only when the column is
+-- asked for. A read for a reader who may see it joins the two (`codec.PAYLOAD_SQL`). Nothing is
+-- rewritten: adding a nullable column changes no stored row.
+ALTER TABLE events ADD COLUMN apart TEXT;

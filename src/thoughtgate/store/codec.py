@@ -39,7 +39,6 @@ from thoughtgate.store.run_index import RunChange
 
 __all__ = [
     "EVENT_SELECT",
-    "EVENT_SELECT_SHOWN",
     "KEY_COLUMNS",
     "LEASED_RUNS_BY_ID",
     "LEASED_RUN_INDEX_PREDICATE",
@@ -55,6 +54,9 @@ __all__ = [
     "RUN_COLUMN_COUNT",
     "SPEC_COLUMNS",
     "SPEC_COLUMN_COUNT",
+    "SQLITE_APART",
+    "SQLITE_EVENT_SELECT",
+    "SQLITE_PAYLOAD_SQL",
     "TASK_COLUMNS",
     "TASK_COLUMN_COUNT",
     "TASK_CONFLICT_UPDATE",
@@ -83,6 +85,7 @@ __all__ = [
     "no_such_run",
     "open_runs_where",
     "page_range",
+    "payload_sql",
     "projected_run_columns",
     "rebuilt_rows",
     "run_from_row",
@@ -413,25 +416,42 @@ def make_event(
 
 
 _TEXT = "CAST(payload AS TEXT)"
-PAYLOAD_SQL = (
-    f"CASE WHEN apart IS NULL THEN {_TEXT} WHEN {_TEXT} = '{{}}' THEN CAST(apart AS TEXT) "
-    f"ELSE substr({_TEXT}, 1, length({_TEXT}) - 1) || ',' || substr(CAST(apart AS TEXT), 2) END"
+
+
+def payload_sql(part: str) -> str:
+    """An event's whole payload: the row's JSON object with ``part``, the one kept apart (ADR
+    0160), spliced in before its closing brace, as :func:`joined_payload` does. ``apart IS
+    NULL`` (the row's column): nothing apart -- most events, and every row written before."""
+    text = f"CAST({part} AS TEXT)"
+    return (
+        f"CASE WHEN apart IS NULL THEN {_TEXT} WHEN {_TEXT} = '{{}}' THEN {text} "
+        f"ELSE substr({_TEXT}, 1, length({_TEXT}) - 1) || ',' || substr({text}, 2) END"
+    )
+
+
+PAYLOAD_SQL = payload_sql("apart")
+"""PostgreSQL's: the part is the row's ``apart`` column, TOASTed out of the row when long (and
+detoasted only by a query that reads it)."""
+SQLITE_APART = (
+    "(SELECT a.apart FROM events_apart a WHERE a.run_id = events.run_id AND a.seq = events.seq)"
 )
-"""An event's whole payload in both SQL backends: the row's JSON object with the part kept
-apart (ADR 0160) spliced in before its closing brace, as :func:`joined_payload` does. Rows
-written before the ``apart`` column, and events with nothing apart, have it ``NULL``."""
+SQLITE_PAYLOAD_SQL = payload_sql(SQLITE_APART)
+"""SQLite's: the part is a row of ``events_apart`` (the row's ``apart`` is ``1``), looked up for
+the events that have one. Not a column of ``events``: that table is clustered on its key
+(``WITHOUT ROWID``), and a seek compares whole cells, overflow pages included -- a long value
+in the row would be read by every seek that passes it, whoever reads."""
 
 
-def event_select(*, apart: bool = True) -> str:
+def event_select(*, apart: bool = True, sqlite: bool = False) -> str:
     """The columns ``events_from_rows`` reads: with the part kept apart (the whole payload), or
     without it for a reader :func:`thoughtgate.access.filter.reads_apart` says may see none of
-    it -- a column not named is never read (SQLite's overflow pages, PostgreSQL's TOAST)."""
-    payload = PAYLOAD_SQL if apart else "payload"
-    return f"SELECT seq, task_id, type, ts, {payload}, v FROM events"
+    it, whose bytes are then never read."""
+    whole = SQLITE_PAYLOAD_SQL if sqlite else PAYLOAD_SQL
+    return f"SELECT seq, task_id, type, ts, {whole if apart else 'payload'}, v FROM events"
 
 
 EVENT_SELECT = event_select()
-EVENT_SELECT_SHOWN = event_select(apart=False)
+SQLITE_EVENT_SELECT = event_select(sqlite=True)
 
 SEQ_MAX = 2**63 - 1
 """The largest sequence number both databases store (a signed 64-bit integer)."""
@@ -764,7 +784,8 @@ def typed_read_sql(
     statistics its planner prefers the primary key, which holds every column, to the index)."""
     typed, names = lifecycle_types_sql(placeholder, types)
     indexed = bool(names) and set(names) <= set(LIFECYCLE_INDEX_TYPES)
-    source = f"{EVENT_SELECT}{hint}" if indexed else EVENT_SELECT
+    select = SQLITE_EVENT_SELECT if placeholder == "?" else EVENT_SELECT
+    source = f"{select}{hint}" if indexed else select
     partial = f" AND {LIFECYCLE_INDEX_PREDICATE}" if indexed else ""
     query = (
         f"{source} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed}{partial} "

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Collection, Generator, Mapping,
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar, Unpack, cast
+from typing import Any, TypeVar, Unpack
 
 import orjson
 
@@ -164,7 +164,7 @@ def _read_page(payload: str) -> str:
     )
 
 
-_READ_PAGE = {True: _read_page(codec.PAYLOAD_SQL), False: _read_page("payload")}
+_READ_PAGE = {True: _read_page(codec.SQLITE_PAYLOAD_SQL), False: _read_page("payload")}
 """A page as one row of columns (``codec.events_from_columns``): Python touches a handful of
 values per page instead of six per event, and SQLite builds them without the interpreter lock.
 A range of sequence numbers, not ``LIMIT``: sequences have no gaps. ``events`` is a table
@@ -176,7 +176,8 @@ Task ids and types come as texts joined by ``codec.UNIT``, as PostgreSQL's do (A
 ``NULL`` task id as ``''``, and how many are not ``NULL`` (ADR 0095). Keyed by whether the
 reader reads what is kept apart (``codec.event_select``, ADR 0160)."""
 _READ_ROWS = {
-    apart: f"{codec.event_select(apart=apart)} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+    apart: f"{codec.event_select(apart=apart, sqlite=True)} "
+    "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
     for apart in (True, False)
 }
 
@@ -405,16 +406,16 @@ def _event_params(params: list[Any], run_id: str, first: int, columns: codec.Enc
             types[k],
             ts[k],
             payloads[k],
-            0 if apart is None else apart,
+            0 if apart is None else 1,  # (its text: ``_insert_aparts``)
         )
 
 
 def _uniform_statement(rows: int, *, apart: bool = False) -> str:
     values = ",".join(f"(?{4 + 3 * r},?{5 + 3 * r},?{6 + 3 * r})" for r in range(rows))
-    into, part = ("apart", "'{}', ") if apart else ("payload", "")
+    flag = ", apart" if apart else ""
     return (
-        f"INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, {part and 'payload, '}"
-        f"{into}, v) SELECT ?1, column1, ?2, ?3, column2, {part}column3, {EVENT_VERSION} "
+        f"INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v{flag}) "
+        f"SELECT ?1, column1, ?2, ?3, column2, column3, {EVENT_VERSION}{', 1' if apart else ''} "
         f"FROM (VALUES {values}) WHERE column1 > 0"
     )
 
@@ -429,8 +430,8 @@ memory of its own (``SQLITE_TRANSIENT``): a row of ``_INSERTS`` binds four, one 
 _UNIFORM_APART_INSERTS = {
     size: _uniform_statement(size, apart=True) for size in (2**k for k in range(9))
 }
-"""The same for a batch whose every payload is kept apart whole (``reasoning.delta``, ADR 0160):
-each row binds that part, and its row keeps ``{}``."""
+"""The same for a batch whose every event keeps a part apart (``reasoning.delta``, ADR 0160):
+each row is marked (its ``apart``), the parts are inserted by ``_insert_aparts``."""
 _UNIFORM_PAD = (0, 0, 0)
 
 
@@ -445,9 +446,9 @@ def _insert_uniform(
         return False
     inserts = _UNIFORM_INSERTS
     if aparts.count(None) != n:
-        if None in aparts or payloads.count("{}") != n:
+        if None in aparts:
             return False  # (some of the batch apart, some not: row by row)
-        inserts, payloads = _UNIFORM_APART_INSERTS, cast(list[str], aparts)
+        inserts = _UNIFORM_APART_INSERTS
     task_id, type_ = task_ids[0], types[0]
     for start in range(0, n, _UNIFORM_CHUNK):
         end = min(n, start + _UNIFORM_CHUNK)
@@ -484,7 +485,25 @@ def _append_rows(
         params: list[Any] = []
         _event_params(params, run_id, first, columns)
         _insert_events(conn, params)
+    _insert_aparts(conn, run_id, first, columns)
     return first
+
+
+_INSERT_APART = "INSERT OR ROLLBACK INTO events_apart (run_id, seq, apart) VALUES (?, ?, ?)"
+
+
+def _insert_aparts(
+    conn: sqlite3.Connection, run_id: str, first: int, columns: codec.EncodedEvents
+) -> None:
+    """The parts kept apart of events numbered from ``first`` (ADR 0160): one row each in
+    ``events_apart``, for the few events that have one (a turn's record, a reasoning delta)."""
+    aparts = columns[4]
+    if aparts.count(None) == len(aparts):
+        return
+    conn.executemany(
+        _INSERT_APART,
+        [(run_id, first + k, a) for k, a in enumerate(aparts) if a is not None],
+    )
 
 
 _NO_EVENTS: codec.EncodedEvents = ([], [], [], [], [])
@@ -864,6 +883,8 @@ def _number_events(
         _event_params(params, run_id, first, item.columns)
         firsts[k] = first
     _insert_events(conn, params)
+    for k, first in firsts.items():
+        _insert_aparts(conn, span[k].run_id, first, span[k].columns)
     return firsts
 
 
@@ -1357,7 +1378,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         def body(conn: sqlite3.Connection) -> bool:
             stored = _read_run(conn, run_id)
             rows = conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
+                f"{codec.SQLITE_EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
                 (run_id, *types),
             ).fetchall()
             task_rows, sets = codec.rebuilt_rows(stored, rows)

@@ -11,7 +11,10 @@ and surface.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,13 +25,21 @@ from support.pg import pg_admin, pg_schema
 from support.store_backends import Postgres, SQLite
 from support.store_conformance import make_run
 
-from thoughtgate.access.filter import filter_events, reads_apart, stored_apart
+from thoughtgate.access.filter import (
+    filter_events,
+    filter_run,
+    reads_apart,
+    reads_task_apart,
+    stored_apart,
+)
 from thoughtgate.access.roles import Role
 from thoughtgate.cli.readers import StoreReader
 from thoughtgate.events.schema import Event, EventType, NewEvent
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.memory import MemoryStore
+from thoughtgate.store.records import RunRecord
+from thoughtgate.store.sqlite import SQLiteStore
 
 __all__ = ["pg_admin", "pg_schema"]
 
@@ -222,6 +233,27 @@ class _Cases:
         assert now is None or [e.payload for e in now] == [e.payload for e in ahead]
         assert ahead[0].payload == {}
 
+    async def test_a_viewers_run_view_reads_no_tasks_reasoning(self, store: EventStore) -> None:
+        """The run view's task rows (``surface`` runs keep a task's reasoning there): read for
+        a reader who may not see it, the column is not read; for every role and mode the
+        filtered view is what the whole read gives."""
+        for mode in MODES[:3]:  # (a run view holds a known mode)
+            run = make_run(chain_of_thought=mode, tasks=1)
+            await store.create_run(run)
+            task = run.tasks[0]
+            task.reasoning = "r" * BIG
+            await store.save_task(task)
+            whole = await store.get_run(run.run_id)
+            assert whole.tasks[0].reasoning == "r" * BIG
+            for role in Role:
+                apart = reads_task_apart(role, mode=None)
+                read = await store.get_run(run.run_id, apart=apart)
+                assert filter_run(read, role) == filter_run(whole, role), (role, mode)
+                if not apart:
+                    assert read.tasks[0].reasoning is None
+            assert reads_task_apart(Role.VIEWER, mode=None) is False
+            assert reads_task_apart(Role.DEVELOPER, mode=None) is True
+
     @settings(
         max_examples=25,
         deadline=None,
@@ -265,6 +297,37 @@ class TestOnPostgres(Postgres, _Cases):
     pass
 
 
+async def test_events_recorded_before_keep_their_payload_whole_and_read_as_before(
+    tmp_path: Path,
+) -> None:
+    """A row written before migration 14 (its reasoning in its payload, no part apart) is read
+    whole by every reader, hinted or not, and the filter withholds the reasoning as before."""
+    store = await SQLiteStore.open(tmp_path / "old.db")
+    try:
+        run = make_run(chain_of_thought="surface")
+        await store.create_run(run)
+        await store.append(run.run_id, [NewEvent(EventType.MESSAGE_DELTA, {"text": "a"})])
+        old = agent_response("r" * 1000).payload
+        with sqlite3.connect(tmp_path / "old.db") as conn:  # as the version before wrote it
+            conn.execute(
+                "INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
+                "VALUES (?, 2, NULL, ?, 1.7e9, ?, 1)",
+                (run.run_id, EventType.AGENT_RESPONSE, json.dumps(old)),
+            )
+            conn.execute("UPDATE runs SET last_seq = 2 WHERE run_id = ?", (run.run_id,))
+        hinted = await store.read(run.run_id, apart=False)
+        whole = await store.read(run.run_id)
+        assert hinted == whole and whole[1].payload == old
+        for role in Role:
+            assert _filtered(hinted, role, "surface", "display") == _filtered(
+                whole, role, "surface", "display"
+            )
+        (shown,) = _filtered(hinted[1:], Role.VIEWER, "surface", "display")
+        assert "reasoning" not in shown.payload
+    finally:
+        await store.close()
+
+
 def test_what_is_kept_apart_is_what_the_declarations_class_as_reasoning_or_trace() -> None:
     """The store's split is the filter's: whole ``reasoning.delta``, the reasoning fields of an
     otherwise public turn, a ``telemetry_only`` turn's ``trace``; nothing of a delta of the
@@ -296,6 +359,7 @@ class HintRecordingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.hints: list[bool] = []
+        self.run_hints: list[bool] = []
 
     async def read(
         self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
@@ -309,11 +373,16 @@ class HintRecordingStore(MemoryStore):
         self.hints.append(apart)
         return None
 
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
+        self.run_hints.append(apart)
+        return await super().get_run(run_id, apart=apart)
+
 
 def test_every_read_path_passes_the_readers_hint() -> None:
     """The events page, the live stream's replay (its first page read alongside the ticket's
-    check) and the CLI's store reader read with ``apart=False`` for a viewer and a member of a
-    ``surface`` run, and whole for a developer: the hint is the filter's, per reader."""
+    check), the run view and the host's metadata read with ``apart=False`` for a viewer and a
+    member of a ``surface`` run, and whole for a developer: the hint is the filter's, per
+    reader."""
     store = HintRecordingStore()
     with running_daemon(store=store) as daemon:
         run_id = daemon.start_run(
@@ -325,6 +394,10 @@ def test_every_read_path_passes_the_readers_hint() -> None:
             page = daemon.get(f"/v1/runs/{run_id}/events", role)
             assert page.status_code == 200
             assert store.hints == [expected], ("events page", role, store.hints)
+            store.run_hints.clear()
+            for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/host-metadata"):
+                assert daemon.get(path, role).status_code == 200
+            assert store.run_hints == [expected, expected], ("run view", role, store.run_hints)
             store.hints.clear()
             response, body = stream_all(daemon, run_id, role)
             assert response.status_code == 200 and sse_events(body)
@@ -332,7 +405,8 @@ def test_every_read_path_passes_the_readers_hint() -> None:
 
 
 async def test_the_cli_store_reader_passes_the_readers_hint() -> None:
-    """``thoughtgate events`` and ``--follow`` on the local store: the same hint."""
+    """``thoughtgate events``, ``--follow`` and the run's view on the local store: the same
+    hint (the view's: whether the reader may see a task's reasoning in a run of any mode)."""
     store = HintRecordingStore()
     run = make_run(chain_of_thought="surface")
     await store.create_run(run)
@@ -341,6 +415,9 @@ async def test_the_cli_store_reader_passes_the_readers_hint() -> None:
     for role, expected in ((Role.VIEWER, False), (Role.MEMBER, False), (Role.DEVELOPER, True)):
         reader = StoreReader(store, role)
         store.hints.clear()
+        store.run_hints.clear()
         await reader.events(run.run_id)
         assert [e async for e in reader.follow(run.run_id)]
+        await reader.view(run.run_id)
         assert set(store.hints) == {expected}, (role, store.hints)
+        assert store.run_hints[-1] is expected, (role, store.run_hints)

@@ -42,7 +42,7 @@ from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import AccessDeniedError
 from thoughtgate.events.payloads import EVENT_SPECS
 from thoughtgate.events.schema import Event
-from thoughtgate.events.views import RunView
+from thoughtgate.events.views import RunView, TaskView
 from thoughtgate.events.visibility import VisClass, declared_fields
 
 __all__ = [
@@ -56,9 +56,11 @@ __all__ = [
     "filter_payload",
     "filter_run",
     "reads_apart",
+    "reads_task_apart",
     "require_role",
     "shows",
     "stored_apart",
+    "task_fields_apart",
 ]
 
 Surface: TypeAlias = Literal["display", "trace"]
@@ -324,6 +326,30 @@ def reads_apart(role: Role | str, *, mode: str | None, surface: Surface = "displ
         modes: tuple[str | None, ...] = (*CHAIN_OF_THOUGHT_MODES, None)
         return any(_reads_apart(reader, m, surface) for m in modes)
     return _reads_apart(reader, _known(mode), surface)
+
+
+@cache
+def task_fields_apart() -> frozenset[str]:
+    """The fields of a run view's task (:class:`TaskView`) of the classes kept apart: the task
+    columns a run read for a reader who may see none of them leaves unread (ADR 0160)."""
+    return frozenset(
+        name for name, f in declared_fields(TaskView).items() if f.cls in APART_CLASSES
+    )
+
+
+@cache
+def _reads_task_apart(role: Role, mode: str | None) -> bool:
+    tasks = _compile(RunView, role, mode, "display").walk.get("tasks")
+    return tasks is not None and not task_fields_apart().isdisjoint(tasks[1].keep)
+
+
+def reads_task_apart(role: Role | str, *, mode: str | None) -> bool:
+    """Whether :func:`filter_run` may show this reader any of :func:`task_fields_apart`, by its
+    own plan for the run view; ``mode=None``: for a run of any mode (a run's mode is known only
+    once the run is read)."""
+    reader = parse_role(role)
+    modes = (*CHAIN_OF_THOUGHT_MODES, None) if mode is None else (_known(mode),)
+    return any(_reads_task_apart(reader, m) for m in modes)
 
 
 # --------------------------------------------------------------------------- the API

@@ -84,9 +84,10 @@ class StoreReader:
         return await resolve_run_id(self.store, given)
 
     async def view(self, run_id: str) -> RunView:
-        from thoughtgate.access.filter import filter_run
+        from thoughtgate.access.filter import filter_run, reads_task_apart
 
-        return filter_run(await self.store.get_run(run_id), self.reader)
+        apart = reads_task_apart(self.reader, mode=None)  # (ADR 0160)
+        return filter_run(await self.store.get_run(run_id, apart=apart), self.reader)
 
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         from thoughtgate.access.filter import filter_run

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import orjson
 
-from thoughtgate.access.filter import stored_apart
+from thoughtgate.access.filter import stored_apart, task_fields_apart
 from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
@@ -58,6 +58,7 @@ __all__ = [
     "SQLITE_EVENT_SELECT",
     "SQLITE_PAYLOAD_SQL",
     "TASK_COLUMNS",
+    "TASK_COLUMNS_SHOWN",
     "TASK_COLUMN_COUNT",
     "TASK_CONFLICT_UPDATE",
     "UNIT",
@@ -110,6 +111,11 @@ TASK_COLUMNS = (
     "run_id, task_id, idx, prompt, status, output, reasoning, usage, error, model, backend"
 )
 TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
+TASK_COLUMNS_SHOWN = ", ".join(
+    "NULL" if c in task_fields_apart() else c for c in TASK_COLUMNS.split(", ")
+)
+"""``TASK_COLUMNS`` without the ones a reader who may see none of them leaves unread
+(``access.filter.task_fields_apart``: ``reasoning``), ADR 0160."""
 TASK_CONFLICT_UPDATE = "ON CONFLICT (run_id, task_id) DO UPDATE SET " + ", ".join(
     f"{c} = EXCLUDED.{c}" for c in TASK_COLUMNS.split(", ")[2:]
 )

@@ -243,6 +243,7 @@ disagree still agree on expiries, the run list's order and the quotas' minute.""
 _CLOCK = sql.SQL(_NOW)
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_TASK_SELECT_SHOWN = f"SELECT {codec.TASK_COLUMNS_SHOWN} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _KEY_FIELDS = codec.KEY_COLUMNS.split(", ")
 _INSERT_RUN = (
@@ -628,15 +629,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         self._notifier.wake(listing.RUN_LIST_WAKEUP)
 
-    async def get_run(self, run_id: str) -> RunRecord:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         codec.no_such_run(run_id)
+        tasks_select = _TASK_SELECT if apart else _TASK_SELECT_SHOWN
         async with self._conn(f"read run {run_id!r}") as conn:
             row = await (
                 await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s", (run_id,))
             ).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            cur = await conn.execute(f"{tasks_select} WHERE run_id = %s ORDER BY idx", (run_id,))
             tasks = await cur.fetchall()
         return codec.run_from_row(row, map(codec.task_from_row, tasks))
 

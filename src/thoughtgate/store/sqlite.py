@@ -66,6 +66,7 @@ T = TypeVar("T")
 
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_TASK_SELECT_SHOWN = f"SELECT {codec.TASK_COLUMNS_SHOWN} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = (
@@ -96,12 +97,14 @@ def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
-def _read_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
-    """The run with its tasks in index order (inside the caller's transaction)."""
+def _read_run(conn: sqlite3.Connection, run_id: str, apart: bool = True) -> RunRecord:
+    """The run with its tasks in index order (inside the caller's transaction); ``apart``: as
+    ``RunIndex.get_run``'s."""
     row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
     if row is None:
         raise RunNotFoundError(run_id)
-    tasks = conn.execute(f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    select = _TASK_SELECT if apart else _TASK_SELECT_SHOWN
+    tasks = conn.execute(f"{select} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
     return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
 
@@ -1253,13 +1256,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._writer.write(f"create run {run.run_id!r}", body, merge=(_merged_writes, item))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def get_run(self, run_id: str) -> RunRecord:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         codec.no_such_run(run_id)
 
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
-                return _read_run(conn, run_id)
+                return _read_run(conn, run_id, apart)
             finally:
                 conn.execute("COMMIT")
 

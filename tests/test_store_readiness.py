@@ -16,7 +16,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -113,22 +113,37 @@ def test_readiness_says_nothing_of_runs_or_paths_with_or_without_a_key(tmp_path:
             assert run_id not in body and str(tmp_path) not in body and "db" not in body
 
 
+def _live(
+    daemon: Daemon,
+    run_id: str,
+    *,
+    after: int | None = None,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[SSEMessage]:
+    """The owner's live stream of ``run_id`` (resumed after ``after``), read to its end, with
+    ``meanwhile`` done once it is open."""
+    params: dict[str, str | int] = {"ticket": daemon.ticket(run_id, "owner")}
+    if after is not None:
+        params["last_event_id"] = after
+    timeout = httpx.Timeout(10, read=WAIT_S)
+    with (
+        daemon.client() as c,
+        c.stream("GET", f"/v1/runs/{run_id}/stream", params=params, timeout=timeout) as r,
+    ):
+        assert r.status_code == 200
+        if meanwhile is not None:
+            meanwhile()
+        return _read_to_end(r)
+
+
 @pytest.mark.inprocess
 def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and_is_let_go(
     tmp_path: Path,
 ) -> None:
     with _held_run(tmp_path) as (daemon, directory, run_id):
-        ticket = daemon.ticket(run_id, "owner")
-        timeout = httpx.Timeout(10, read=WAIT_S)
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}, timeout=timeout
-            ) as r,
-        ):
-            assert r.status_code == 200
-            shutil.rmtree(directory)  # the model goes on; its first write is refused
-            messages = _read_to_end(r)  # before, it stayed attached until the daemon stopped
+        # the model goes on; its first write is refused. Before, the reader stayed attached
+        # until the daemon stopped
+        messages = _live(daemon, run_id, meanwhile=lambda: shutil.rmtree(directory))
         last = messages[-1]
         assert last.event == "failed"
         sent = [int(m.id) for m in messages if m.id]
@@ -145,17 +160,7 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
         assert view.json()["error"]["code"] == "store_refuses_writes"
         assert "running" not in view.text
         # a reader that resumes is let go the same way, after what is stored: no hang
-        ticket = daemon.ticket(run_id, "owner")
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET",
-                f"/v1/runs/{run_id}/stream",
-                params={"ticket": ticket, "last_event_id": max(sent)},
-                timeout=timeout,
-            ) as again,
-        ):
-            resumed = _read_to_end(again)
+        resumed = _live(daemon, run_id, after=max(sent))
         assert [m.event for m in resumed] == ["failed"]
         assert json.loads(resumed[0].data)["resume_after"] == max(sent)
 
@@ -170,17 +175,7 @@ def test_a_run_still_waiting_on_its_model_reads_running_and_its_reader_is_let_go
     (the refusal is the store's, not the run's), and is let go again on resuming meanwhile."""
     hold = tmp_path / "hold"  # outside the store's directory: the model keeps waiting
     with _held_run(tmp_path, hold=hold) as (daemon, directory, run_id):
-        ticket = daemon.ticket(run_id, "owner")
-        timeout = httpx.Timeout(10, read=WAIT_S)
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}, timeout=timeout
-            ) as r,
-        ):
-            assert r.status_code == 200
-            shutil.rmtree(directory)
-            messages = _read_to_end(r)
+        messages = _live(daemon, run_id, meanwhile=lambda: shutil.rmtree(directory))
         assert messages[-1].event == "failed"
         sent = [int(m.id) for m in messages if m.id]
         assert json.loads(messages[-1].data) == {"reason": "failed", "resume_after": max(sent)}
@@ -191,17 +186,7 @@ def test_a_run_still_waiting_on_its_model_reads_running_and_its_reader_is_let_go
         assert [(v["run_id"], v["status"], v.get("record_out_of_date")) for v in listed] == [
             (run_id, "running", None)
         ]
-        ticket = daemon.ticket(run_id, "owner")
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET",
-                f"/v1/runs/{run_id}/stream",
-                params={"ticket": ticket, "last_event_id": max(sent)},
-                timeout=timeout,
-            ) as again,
-        ):
-            assert [m.event for m in _read_to_end(again)] == ["failed"]
+        assert [m.event for m in _live(daemon, run_id, after=max(sent))] == ["failed"]
         # once the model goes on, its first write is refused: the run stops, as ADR 0151 says
         hold.unlink()
 

@@ -142,11 +142,22 @@ class UrlFromEnvironment(str):
     __slots__ = ()
 
 
-def _url_source(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
-    source = ctx.get_parameter_source(param.name or "")
-    if value and source is not None and source.name == "ENVIRONMENT":
-        return UrlFromEnvironment(value)
-    return value
+def _marking_the_environment(
+    kind: type[str],
+) -> Callable[[typer.Context, typer.CallbackParam, str | None], str | None]:
+    """An option callback that returns a value read from its environment variable as ``kind``
+    (a ``str`` subclass), so a command can tell it from one typed on the command line."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+        source = ctx.get_parameter_source(param.name or "")
+        if value and source is not None and source.name == "ENVIRONMENT":
+            return kind(value)
+        return value
+
+    return callback
+
+
+_url_source = _marking_the_environment(UrlFromEnvironment)
 
 
 UrlOpt = Annotated[
@@ -192,11 +203,7 @@ class KeyFromEnvironment(str):
     __slots__ = ()
 
 
-def _key_source(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
-    source = ctx.get_parameter_source(param.name or "")
-    if value and source is not None and source.name == "ENVIRONMENT":
-        return KeyFromEnvironment(value)
-    return value
+_key_source = _marking_the_environment(KeyFromEnvironment)
 
 
 KeyOpt = Annotated[

@@ -3,9 +3,8 @@
 The run itself (emulator, adapter, tools) is ``thoughtgate.demo``; this command records it in the
 default store, shows it live as the local role may see it, then summarizes it. Always locally:
 a daemon's address (``--url``, or ``THOUGHTGATE_URL`` without ``--local``) is refused (ADR
-0162). Its exit code is
-the run's outcome, as for ``run`` (``cli.exit_codes``). The runtime and the emulator are imported
-inside the command, so ``thoughtgate --help`` stays quick.
+0162). Its exit code is the run's outcome, as for ``run`` (``cli.exit_codes``). The runtime and
+the emulator are imported inside the command, so ``thoughtgate --help`` stays quick.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from thoughtgate.cli.common import (
     Context,
     console,
     err_console,
+    inert_text,
     one_line_errors,
     print_json,
     run_async,
@@ -67,12 +68,13 @@ def _render_keys(keys: list[dict[str, Any]]) -> None:
     """A table, or where it does not fit (an 80-column terminal, a pipe) two lines a key: its id,
     role and name, then when it was created and revoked. The id and the name are what ``keys
     revoke`` takes: never cut to an ellipsis, as ``runs`` never cuts a run id. ``keys``: as
-    ``key_view`` shows them, the local store's or a daemon's."""
+    ``key_view`` shows them, the local store's or a daemon's (whose words are shown inert: a
+    server at ``--url`` may not be ours)."""
     rows = [
         (
-            str(k["name"]),
-            str(k["role"]),
-            str(k["key_id"]),
+            inert_text(k["name"]),
+            inert_text(k["role"]),
+            inert_text(k["key_id"]),
             _when(k.get("created_at")),
             _when(k.get("revoked_at")),
         )
@@ -179,12 +181,13 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 print_json(created)
                 return
+            said = {k: escape(inert_text(v)) for k, v in created.items()}
             console.print(
-                f"created {created['role']} key [bold]{escape(str(created['name']))}[/] "
-                f"({created['key_id']}){on}; it is shown only now:",
+                f"created {said['role']} key [bold]{said['name']}[/] "
+                f"({said['key_id']}){on}; it is shown only now:",
                 highlight=False,
             )
-            console.print(str(created["key"]), highlight=False, soft_wrap=True)
+            console.print(inert_text(created["key"]), highlight=False, soft_wrap=True, markup=False)
 
         async def on_store(local_role: Role, store: EventStore) -> None:
             show((await create_key(store, name=name, role=role, by=local_role)).to_dict(), "")
@@ -250,7 +253,7 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 print_json({"revoked": key, "key_id": key_id, "name": name})
             else:
-                err_console.print(f"revoked {what} ({key_id})", highlight=False)
+                err_console.print(f"revoked {what} ({escape(key_id)})", highlight=False)
 
         async def on_store(local_role: Role, store: EventStore) -> None:
             revoked = await revoke_key(store, key, by=local_role)
@@ -260,8 +263,8 @@ def register(app: typer.Typer) -> None:
 
         async def on_daemon(tg: ThoughtgateClient, shown: str) -> None:
             revoked = await tg.revoke_key(key)
-            name = str(revoked["name"])
-            show(str(revoked["key_id"]), name, f"key {escape(name)} on {escape(shown)}")
+            key_id, name = inert_text(revoked["key_id"]), inert_text(revoked["name"])
+            show(key_id, name, f"key {escape(name)} on {escape(shown)}")
 
         def no_key(path: str) -> None:
             raise nothing_there(path, f"key {key!r}")

@@ -171,6 +171,8 @@ class ChatChunkParser(JSONEventParser):
         """An in-stream error: raised by the caller once the chunks of its payload are out."""
         self._calls: dict[int, _ToolCall] = {}
         self._info_seen = False
+        self._stray_beside: Mapping[str, Any] | None = None
+        """The delta whose reasoning came in a field of its own (see :meth:`leave_stray_think`)."""
 
     # ------------------------------------------------------------------ hooks
 
@@ -208,6 +210,16 @@ class ChatChunkParser(JSONEventParser):
 
     def continuity_chunks(self) -> list[Chunk]:
         return []
+
+    def leave_stray_think(self, delta: Mapping[str, Any]) -> None:
+        """``delta`` brings reasoning in a field of its own: a bare ``<think>`` in ``content``
+        opened nothing. Left now for one that came in an earlier delta (Together sends it
+        first), and again once this delta's ``content`` is read, for one that came beside the
+        field: either way the block is left only if it holds no text, so reasoning written
+        inline after the tag stays reasoning (ADR 0156, amended)."""
+        if self.splitter is not None:
+            self.splitter.leave_empty_block()
+            self._stray_beside = delta
 
     # ------------------------------------------------------------------ parsing
 
@@ -260,6 +272,10 @@ class ChatChunkParser(JSONEventParser):
             content = delta.get("content")
             if isinstance(content, str):
                 out += self.content_chunks(content)
+                if self._stray_beside is delta and self.splitter is not None:
+                    # a bare <think> in the same delta as the reasoning's own field opened
+                    # nothing either: the answer after it is answer (ADR 0156, amended)
+                    self.splitter.leave_empty_block()
             elif content is not None:
                 raise self._malformed("delta.content is not a string", content)
             out += self._tool_call_chunks(delta.get("tool_calls"))

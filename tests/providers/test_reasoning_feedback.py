@@ -277,7 +277,9 @@ def _stray_beside(
     events += [{field: piece} for piece in reasoning[1:]]
     events += [{"content": piece} for piece in answer]
     fn = {"name": "get_country", "arguments": "{}"}
-    events.append({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": fn}]})
+    events.append(
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": fn}]}
+    )
     lines = [{"id": "c1", "model": "m", "choices": [{"index": 0, "delta": e}]} for e in events]
     lines.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     return "".join(f"data: {json.dumps(e)}\n\n" for e in lines) + "data: [DONE]\n\n"
@@ -333,7 +335,7 @@ def test_inline_reasoning_after_a_tag_beside_a_field_stays_reasoning() -> None:
     ]
     lines = [{"id": "c1", "model": "m", "choices": [{"index": 0, "delta": e}]} for e in events]
     stream = "".join(f"data: {json.dumps(e)}\n\n" for e in lines)
-    stream += _chat([f"</think>Let me look."], call=True)
+    stream += _chat(["</think>Let me look."], call=True)
     turn, body = _loop("compat", stream)
     assert TAG not in turn.text and TAG not in json.dumps(_assistant(body).get("content"))
 

@@ -72,6 +72,19 @@ __all__ = [
 
 CHAT_PATH = "chat/completions"
 
+_OUTPUT_KEYS = (
+    "reasoning_content",
+    "reasoning",
+    "reasoning_details",
+    "refusal",
+    "function_call",
+    "audio",
+)
+"""A delta's fields besides ``content`` and ``tool_calls`` whose value is the model's output
+(the SDK's ``ChoiceDelta``, and the reasoning fields servers add): a chunk with one of them, or
+a ``finish_reason``, or ``usage``, is progress; a chunk of empty deltas, of ``role`` alone or of
+fields no one defines is not (ADR 0155, amended)."""
+
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
     "length": "length",
@@ -169,6 +182,7 @@ class ChatChunkParser(JSONEventParser):
         self.native_finish: str | None = None
         self.error: ProviderStreamError | None = None
         """An in-stream error: raised by the caller once the chunks of its payload are out."""
+        self.progress = 0
         self._calls: dict[int, _ToolCall] = {}
         self._info_seen = False
         self._stray_beside: Mapping[str, Any] | None = None
@@ -278,8 +292,12 @@ class ChatChunkParser(JSONEventParser):
                     self.splitter.leave_empty_block()
             elif content is not None:
                 raise self._malformed("delta.content is not a string", content)
-            out += self._tool_call_chunks(delta.get("tool_calls"))
+            calls = delta.get("tool_calls")
+            out += self._tool_call_chunks(calls)
+            if content or calls or any(delta.get(key) for key in _OUTPUT_KEYS):
+                self.progress += 1
             if isinstance(choice.get("finish_reason"), str):
+                self.progress += 1
                 self.finish_raw = choice["finish_reason"]
             if isinstance(choice.get("native_finish_reason"), str):
                 self.native_finish = choice["native_finish_reason"]
@@ -287,6 +305,7 @@ class ChatChunkParser(JSONEventParser):
                 self.error = stream_error(self.provider, {"error": choice["error"]})
         usage = data.get("usage")
         if usage is not None and isinstance(usage, Mapping):
+            self.progress += 1
             out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
         if self.error is None and self.finish_raw == "error":
             named = identifier(self.native_finish)  # the provider's word: an identifier only

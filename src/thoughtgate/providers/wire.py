@@ -86,6 +86,11 @@ class WireParser(Protocol):
     failure: ProviderError | None
     """A problem that ends the response now; the chunks before it were returned."""
 
+    progress: int
+    """How many events of a kind its format defines (content, structure, the end, an error)
+    this parser has read: a read that moves it is progress; keep-alives and event types the
+    format does not define are not (ADR 0155, amended)."""
+
     @property
     def finished(self) -> bool:
         """The turn arrived whole: a connection lost after this point lost nothing."""
@@ -198,6 +203,7 @@ class JSONEventParser:
     provider: str
     done: bool
     failure: ProviderError | None
+    progress: int
 
     def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
         out: list[Chunk] = []
@@ -208,6 +214,7 @@ class JSONEventParser:
             if not data:
                 continue
             if data == "[DONE]":
+                self.progress += 1
                 out += self.done_marker()
                 continue
             try:
@@ -315,7 +322,7 @@ class HTTPProvider:
             async with transport.open(self.path, body, stream=True) as response:
                 request_id = transport.request_id(response)
                 try:
-                    async for batch in transport.event_batches(response):
+                    async for batch in transport.event_batches(response, parser):
                         chunks = parser.feed(batch)
                         for chunk in chunks:
                             yield chunk

@@ -1,4 +1,4 @@
-"""What a stream's progress is: events of a kind its format defines (ADR 0155, amended).
+"""What a stream's progress is: events of a kind its format defines (ADR 0161).
 
 ADR 0147 made ``timeout_s`` of keep-alive comments a timeout and ADR 0155 Anthropic's pings; an
 endless stream of event types the format does not define, or of chunks that carry nothing, still

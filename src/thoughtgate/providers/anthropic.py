@@ -149,7 +149,7 @@ EVENT_TYPES: Final = frozenset(
     }
 )
 """The stream's event types (the SDK's ``RawMessageStreamEvent``, ``error`` and ``ping`` aside):
-reading one is progress, a ``ping`` or another type is not (ADR 0155, amended)."""
+reading one is progress, a ``ping`` or another type is not (ADR 0161)."""
 DELTA_TYPES: Final = frozenset(
     {"text_delta", "input_json_delta", "citations_delta", "thinking_delta", "signature_delta"}
 )

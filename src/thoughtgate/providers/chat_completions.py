@@ -83,7 +83,7 @@ _OUTPUT_KEYS = (
 """A delta's fields besides ``content`` and ``tool_calls`` whose value is the model's output
 (the SDK's ``ChoiceDelta``, and the reasoning fields servers add): a chunk with one of them, or
 a ``finish_reason``, or ``usage``, is progress; a chunk of empty deltas, of ``role`` alone or of
-fields no one defines is not (ADR 0155, amended)."""
+fields no one defines is not (ADR 0161)."""
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -230,7 +230,7 @@ class ChatChunkParser(JSONEventParser):
         opened nothing. Left now for one that came in an earlier delta (Together sends it
         first), and again once this delta's ``content`` is read, for one that came beside the
         field: either way the block is left only if it holds no text, so reasoning written
-        inline after the tag stays reasoning (ADR 0156, amended)."""
+        inline after the tag stays reasoning (ADR 0161)."""
         if self.splitter is not None:
             self.splitter.leave_empty_block()
             self._stray_beside = delta
@@ -288,7 +288,7 @@ class ChatChunkParser(JSONEventParser):
                 out += self.content_chunks(content)
                 if self._stray_beside is delta and self.splitter is not None:
                     # a bare <think> in the same delta as the reasoning's own field opened
-                    # nothing either: the answer after it is answer (ADR 0156, amended)
+                    # nothing either: the answer after it is answer (ADR 0161)
                     self.splitter.leave_empty_block()
             elif content is not None:
                 raise self._malformed("delta.content is not a string", content)

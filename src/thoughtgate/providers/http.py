@@ -123,7 +123,7 @@ def _only_pings(batch: list[SSEMessage]) -> bool:
 
 
 class Progress(Protocol):
-    """What judges a stream's progress: the parser its events are fed to (ADR 0155, amended)."""
+    """What judges a stream's progress: the parser its events are fed to (ADR 0161)."""
 
     progress: int
     """Events of a kind the stream's format defines, read so far."""
@@ -555,7 +555,7 @@ class HTTPTransport:
         # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147). So
         # are reads whose events the parser finds nothing of the turn in: ``ping`` events
         # (Anthropic's keep-alive, an event and not a comment, ADR 0155), event types the format
-        # does not define, chunks that carry nothing (ADR 0155, amended). They are passed on
+        # does not define, chunks that carry nothing (ADR 0161). They are passed on
         # first: the parser is what judges them.
         quiet_since: float | None = None
         mark = judge.progress if judge is not None else 0

@@ -174,7 +174,7 @@ EVENT_TYPES: Final = frozenset(
 )
 """The stream's event types, as the SDK's ``ResponseStreamEvent`` lists them: reading one is
 progress, whether this parser reads it or skips it (a hosted tool's ``searching``); a type not
-listed is not (ADR 0155, amended)."""
+listed is not (ADR 0161)."""
 CARRIER = "openai.reasoning_item"
 
 _INCOMPLETE: dict[str, FinishReason] = {

@@ -89,7 +89,7 @@ class WireParser(Protocol):
     progress: int
     """How many events of a kind its format defines (content, structure, the end, an error)
     this parser has read: a read that moves it is progress; keep-alives and event types the
-    format does not define are not (ADR 0155, amended)."""
+    format does not define are not (ADR 0161)."""
 
     @property
     def finished(self) -> bool:
@@ -355,7 +355,7 @@ class HTTPProvider:
         body = self.build_body(request, stream=False)
         parser = self.parser(request)
         acc = TurnAccumulator(provider=self.name, model=self.model)
-        # A non-streamed turn has the bounds of a streamed one (ADR 0155, amended): the deadline
+        # A non-streamed turn has the bounds of a streamed one (ADR 0161): the deadline
         # covers its requests, their retries and the reading of their bodies (a body that
         # trickles in resets every read timeout), so it is a timer, not a check per read; each
         # body is bounded in bytes as it is read (``max_event_bytes``) and its output in

@@ -677,9 +677,10 @@ class RunFeeds:
 
         With ``cache``, computed once per batch, role and mode: a feed hands the same batch
         object to each of its readers, and at 1,000 readers looking up and joining each
-        event's frame again for every one of them was a tenth of the fan-out's time. Only the
-        last batch is kept (``is``, not ``==``: a batch is never changed once offered, and the
-        one kept cannot be freed and its address reused)."""
+        event's frames again for every one of them was about a seventh of the fan-out's Python
+        time (its socket writes cost several times that: docs/benchmarks.md). Only the last
+        batch is kept (``is``, not ``==``: a batch is never changed once offered, and the one
+        kept cannot be freed and its address reused)."""
         if cache:
             if events is not self._batch:
                 self._batch, self._batch_chunks = events, {}

@@ -541,8 +541,8 @@ def _install_cycle_hops() -> None:
 
     batches = providers_http.HTTPTransport.event_batches
 
-    async def traced_batches(self: Any, response: Any) -> Any:
-        async for batch in batches(self, response):
+    async def traced_batches(self: Any, response: Any, judge: Any = None) -> Any:
+        async for batch in batches(self, response, judge):
             yield batch
         opened("body end")
 

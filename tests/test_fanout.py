@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.live_reads import live_events
 from support.settle import settled
 
 from thoughtgate.access.roles import Role
@@ -37,7 +38,7 @@ class CountingStore(MemoryStore):
 
 async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
     seen = []
-    async for event in feeds.tail("run_1", after=after):
+    async for event in live_events(feeds, "run_1", after=after):
         seen.append(event.seq)
         if pause_every and event.seq % pause_every == 0:
             await asyncio.sleep(0.003)  # a slow reader: the feed runs ahead of it
@@ -123,7 +124,7 @@ async def test_a_reader_far_behind_the_feed_reads_its_gap_a_page_at_a_time() -> 
     store.poll_interval = 3600.0
     await store.create_run(RunRecord("run_1", "p"))
     feeds = RunFeeds(store, backlog=8)
-    reader = feeds.tail("run_1", after=0)
+    reader = live_events(feeds, "run_1", after=0)
     await store.append("run_1", [NewEvent("message.delta", {"i": 0})])
     seen = [(await anext(reader)).seq]
     await settled(lambda: feeds.readers("run_1") == 1)
@@ -145,7 +146,7 @@ async def test_a_feed_that_fails_leaves_readers_to_meet_the_error_themselves() -
     seen: list[int] = []
 
     async def read_all() -> None:
-        async for event in feeds.tail("run_1"):
+        async for event in live_events(feeds, "run_1"):
             seen.append(event.seq)
 
     reader = asyncio.create_task(read_all())
@@ -249,7 +250,7 @@ async def test_a_notification_for_events_already_published_costs_no_read() -> No
 
     async def read_all() -> list[int]:
         seen = []
-        async for event in feeds.tail("run_1"):
+        async for event in live_events(feeds, "run_1"):
             seen.append(event.seq)
             if event.seq == 2:
                 marker.set()

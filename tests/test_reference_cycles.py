@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.live_reads import live_events
 from support.settle import settled
 
 from thoughtgate.events.schema import EventType, NewEvent
@@ -99,7 +100,7 @@ async def test_an_ended_live_feed_is_freed_with_its_readers(feed_ran: bool) -> N
     feeds = RunFeeds(store)
 
     async def read() -> list[int]:
-        return [event.seq async for event in feeds.tail("run_1", after=0)]
+        return [event.seq async for event in live_events(feeds, "run_1", after=0)]
 
     with _collector_off():
         reader = asyncio.create_task(read())
@@ -123,7 +124,7 @@ async def test_a_feed_its_last_reader_left_is_freed_and_a_new_reader_gets_a_new_
     feeds = RunFeeds(store)
 
     async def first(after: int = 0) -> int:
-        async with contextlib.aclosing(feeds.tail("run_1", after=after)) as events:
+        async with contextlib.aclosing(live_events(feeds, "run_1", after=after)) as events:
             async for event in events:
                 return event.seq
         raise AssertionError("no event")

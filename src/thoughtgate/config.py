@@ -228,12 +228,13 @@ class ProviderEndpoint(_Section):
     unfinished event (a line that never ends) fails the turn, with what came before it kept
     (ADR 0147)."""
     turn_timeout_s: float = Field(default=DEFAULT_TURN_TIMEOUT_S, ge=0)
-    """The longest one streamed model turn lasts (seconds, default 4 hours; ``0``: no bound): a
-    provider that keeps streaming past it fails the turn, with what arrived kept (ADR 0155)."""
+    """The longest one model turn lasts, streamed or not (seconds, default 4 hours; ``0``: no
+    bound): a provider that keeps answering past it fails the turn, with what arrived kept
+    (ADR 0155, ADR 0161)."""
     max_turn_output_chars: int = Field(default=DEFAULT_MAX_TURN_OUTPUT_CHARS, ge=0, le=2**40)
-    """The most characters of text, reasoning and tool-call arguments one streamed model turn
-    holds (default 4,000,000; ``0``: no bound): past them the turn fails, with what arrived
-    kept (ADR 0155)."""
+    """The most characters of text, reasoning and tool-call arguments one model turn holds,
+    streamed or not (default 4,000,000; ``0``: no bound): past them the turn fails, with what
+    arrived kept (ADR 0155, ADR 0161)."""
     server: str | None = None
     """The server behind ``base_url`` when its host does not say (a proxy, a gateway, a local
     port): ``deepseek``, ``groq``, ``cerebras``, ``vllm``, ... (docs/providers/endpoints.md)."""

@@ -263,6 +263,83 @@ def test_a_reasoning_field_next_to_stray_tags_sends_no_tag_text_as_answer() -> N
     assert TAG not in _assistant(body)["content"]
 
 
+def _stray_beside(
+    reasoning: list[str], answer: list[str], *, tag: str, together: bool, field: str
+) -> str:
+    """A stream whose reasoning comes in ``field``, its ``content`` a bare ``tag`` first: in the
+    delta of the first reasoning piece (``together`` false) or in one of its own before it, then
+    the answer in ``content``, then a tool call."""
+    events: list[dict[str, Any]] = []
+    if together:
+        events.append({"content": tag, field: reasoning[0]})
+    else:
+        events += [{"content": tag}, {field: reasoning[0]}]
+    events += [{field: piece} for piece in reasoning[1:]]
+    events += [{"content": piece} for piece in answer]
+    fn = {"name": "get_country", "arguments": "{}"}
+    events.append(
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": fn}]}
+    )
+    lines = [{"id": "c1", "model": "m", "choices": [{"index": 0, "delta": e}]} for e in events]
+    lines.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in lines) + "data: [DONE]\n\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    adapter=st.sampled_from(["compat", "openrouter"]),
+    together=st.booleans(),
+    tag=st.sampled_from(["<think>", "<think>\n", "<think>\n\n"]),
+    reasoning_cuts=st.lists(st.integers(0, 40), max_size=6),
+    answer_cuts=st.lists(st.integers(0, 30), max_size=8),
+    capture=st.booleans(),
+)
+def test_a_stray_tag_beside_a_reasoning_field_keeps_the_answer(
+    adapter: str,
+    together: bool,
+    tag: str,
+    reasoning_cuts: list[int],
+    answer_cuts: list[int],
+    capture: bool,
+) -> None:
+    """A bare ``<think>`` in ``content`` opens nothing when the reasoning comes in a field of its
+    own, whether the tag came in the field's first delta or before it, however the reasoning
+    and the answer are cut: the answer survives whole, and no reasoning reaches it or goes back
+    as what the model said."""
+    reasoning = f"{TAG} plan: ask the tool for the country."
+    answer = "Let me look it up."
+    field = "reasoning_content" if adapter == "compat" else "reasoning"
+    stream = _stray_beside(
+        _cut(reasoning, reasoning_cuts) or [reasoning],
+        _cut(answer, answer_cuts),
+        tag=tag,
+        together=together,
+        field=field,
+    )
+    turn, body = _loop(adapter, stream, capture=capture)
+    assert turn.text.strip() == answer
+    assert TAG not in turn.text and "think>" not in turn.text
+    if capture:
+        assert turn.reasoning_text == reasoning
+    sent = _assistant(body)
+    assert sent["content"].strip() == answer
+    assert TAG not in json.dumps(sent.get("content")) and "think>" not in json.dumps(body)
+
+
+def test_inline_reasoning_after_a_tag_beside_a_field_stays_reasoning() -> None:
+    """The stray rule leaves only an empty block: text that came after the tag in the same
+    delta as the field (a server that writes reasoning inline as well) stays reasoning."""
+    events = [
+        {"content": f"<think>{TAG} inline", "reasoning_content": "field"},
+        {"content": f"{TAG} more"},
+    ]
+    lines = [{"id": "c1", "model": "m", "choices": [{"index": 0, "delta": e}]} for e in events]
+    stream = "".join(f"data: {json.dumps(e)}\n\n" for e in lines)
+    stream += _chat(["</think>Let me look."], call=True)
+    turn, body = _loop("compat", stream)
+    assert TAG not in turn.text and TAG not in json.dumps(_assistant(body).get("content"))
+
+
 # --------------------------------------------------------------------------- Responses
 
 

@@ -43,9 +43,13 @@ def thinking(text: str) -> bytes:
     return f"event: content_block_delta\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def provider(server: ReplayServer, **bounds: float) -> AnthropicProvider:
+def provider(server: ReplayServer, *, max_retries: int = 0, **bounds: float) -> AnthropicProvider:
     settings = ProviderSettings(
-        base_url=server.url, api_key="k", connect_timeout_s=5.0, max_retries=0, **bounds
+        base_url=server.url,
+        api_key="k",
+        connect_timeout_s=5.0,
+        max_retries=max_retries,
+        **bounds,
     )
     return AnthropicProvider("claude-sonnet-4-5", settings)
 
@@ -172,3 +176,75 @@ async def test_a_run_whose_turn_passes_the_output_bound_fails_with_its_deltas_re
     assert recorded.startswith(BEFORE + PIECE)
     assert events[-1].type == EventType.RUN_FAILED
     assert PIECE not in json.dumps(events[-1].payload)
+
+
+# --------------------------------------------------------------------------- non-streamed turns
+
+JSON_HEADERS = {"content-type": "application/json", "request-id": "req_whole_1"}
+PLAIN = TurnRequest([Message.user("Go.")])
+
+
+def whole_message(*texts: str) -> bytes:
+    """A non-streamed Messages answer whose content is one text block per ``texts``."""
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": text} for text in texts],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 3, "output_tokens": 7},
+    }
+    return json.dumps(message).encode()
+
+
+async def test_a_non_streamed_answer_that_trickles_in_fails_at_the_turns_deadline() -> None:
+    """A JSON answer sent 10 bytes every 20 ms (about 10 s in all): each piece resets the read
+    timeout, so only the turn's deadline (0.3 s) ends it -- with the same error as a streamed
+    turn, the connection dropped, and the request not sent again (it would be billed again)."""
+    body = whole_message(PIECE * 500)
+    pieces = [body[i : i + 10] for i in range(0, len(body), 10)]
+    reply = Reply(pieces, headers=dict(JSON_HEADERS), pause_s=0.02)
+    async with ReplayServer([reply]) as server:
+        model = provider(server, timeout_s=30.0, turn_timeout_s=0.3, max_retries=2)
+        with pytest.raises(ProviderTimeoutError) as info:
+            await model.request(PLAIN)
+        await asyncio.wait_for(server.hung_up.wait(), 10)
+        await model.aclose()
+    assert "0.3 s" in info.value.message and "turn_timeout_s" in info.value.message
+    assert info.value.partial is not None
+    assert len(server.bodies) == 1
+
+
+async def test_a_non_streamed_answer_past_the_output_bound_fails_keeping_what_came_before() -> None:
+    """Three text blocks of 600 characters with a bound of 1,000: the turn fails with the
+    streamed turn's error once its output passes the bound, the partial holding the blocks up
+    to the one that passed it (as a streamed turn keeps the read that passed it), not the rest."""
+    first, second, third = "a" * 600, "b" * 600, "c" * 600
+    reply = Reply([whole_message(first, second, third)], headers=dict(JSON_HEADERS))
+    async with ReplayServer([reply]) as server:
+        model = provider(server, timeout_s=30.0, max_turn_output_chars=1000)
+        with pytest.raises(ProviderStreamError) as info:
+            await model.request(PLAIN)
+        await model.aclose()
+    assert "1000 characters" in info.value.message
+    assert "max_turn_output_chars" in info.value.message
+    assert info.value.partial is not None
+    assert info.value.partial.text == first + second
+
+
+async def test_a_non_streamed_answer_within_its_bounds_completes() -> None:
+    """The control: the same answers complete with bounds of ``0``, and with the defaults."""
+    trickled = whole_message(PIECE * 50)
+    replies = [
+        Reply([trickled[i : i + 10] for i in range(0, len(trickled), 10)], headers=JSON_HEADERS),
+        Reply([whole_message("a" * 600, "b" * 600, "c" * 600)], headers=dict(JSON_HEADERS)),
+    ]
+    async with ReplayServer(replies) as server:
+        off = provider(server, timeout_s=30.0, turn_timeout_s=0, max_turn_output_chars=0)
+        assert (await off.request(PLAIN)).text == PIECE * 50
+        assert (await off.request(PLAIN)).text == "a" * 600 + "b" * 600 + "c" * 600
+        await off.aclose()
+        default = provider(server, timeout_s=30.0)
+        assert (await default.request(PLAIN)).text.startswith("a" * 600)
+        await default.aclose()

@@ -111,6 +111,8 @@ __all__ = [
     "API_KEY_ENV",
     "BASE_URL_ENV",
     "DEFAULT_BASE_URL",
+    "DELTA_TYPES",
+    "EVENT_TYPES",
     "MAX_PAUSE_CONTINUATIONS",
     "MODEL_FAMILIES",
     "STOP_REASONS",
@@ -135,6 +137,24 @@ BASE_URL_ENV: Final = _ENDPOINT.base_url_env
 THINKING_CARRIER: Final = "anthropic.thinking"
 REDACTED_CARRIER: Final = "anthropic.redacted_thinking"
 _CARRIERS: Final = frozenset({THINKING_CARRIER, REDACTED_CARRIER})
+
+EVENT_TYPES: Final = frozenset(
+    {
+        "message_start",
+        "message_delta",
+        "message_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    }
+)
+"""The stream's event types (the SDK's ``RawMessageStreamEvent``, ``error`` and ``ping`` aside):
+reading one is progress, a ``ping`` or another type is not (ADR 0161)."""
+DELTA_TYPES: Final = frozenset(
+    {"text_delta", "input_json_delta", "citations_delta", "thinking_delta", "signature_delta"}
+)
+"""The deltas of a ``content_block_delta`` (the SDK's ``RawContentBlockDelta``): a signature
+is the model's output as much as its text is; a delta of another type is no progress."""
 
 
 # --------------------------------------------------------------------------- model families
@@ -399,6 +419,7 @@ class AnthropicCapture:
         "offset",
         "other_blocks",
         "paused",
+        "progress",
         "segment",
         "started",
         "stop_reason",
@@ -437,6 +458,7 @@ class AnthropicCapture:
         they came, by index: a ``pause_turn`` continuation must send them back unchanged."""
         self.started = False
         self.finished = False
+        self.progress = 0
         self._out: list[Chunk] = []
         self._run: list[str] = []  # pieces of the open text or thinking run
         self._run_index = -1
@@ -520,6 +542,7 @@ class AnthropicCapture:
                 index = int(digits)
                 slot = blocks.get(index)
                 if slot is not None and ("\\" not in text or (text := _unescape(text)) is not None):
+                    self.progress += 1
                     self._text_piece(slot, index, kind is not None, text)
                     continue
             try:
@@ -536,6 +559,8 @@ class AnthropicCapture:
 
     def event(self, etype: str, data: dict[str, Any]) -> None:
         """Handle one decoded stream event; raises ``MalformedResponseError`` on bad shapes."""
+        if etype in EVENT_TYPES and etype != "content_block_delta":
+            self.progress += 1  # a delta counts once its type is known (``_delta``)
         try:
             if etype == "content_block_delta":
                 self._need_start(etype)
@@ -678,6 +703,8 @@ class AnthropicCapture:
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
         dtype = delta["type"]
+        if dtype in DELTA_TYPES:
+            self.progress += 1
         slot = self._blocks.get(index)
         if slot is None:
             raise _never_started("content_block_delta", index)

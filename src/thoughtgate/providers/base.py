@@ -116,12 +116,13 @@ class ProviderSettings:
     """The largest streamed event read (bytes); a stream holding more of one unfinished event
     fails the turn (:class:`~thoughtgate.errors.MalformedResponseError`, ADR 0147)."""
     turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S
-    """The longest a streamed turn lasts, its follow-up requests included; past it the turn
-    fails (:class:`~thoughtgate.errors.ProviderTimeoutError`). ``0``: no bound (ADR 0155)."""
+    """The longest a turn lasts, streamed or not, its follow-up requests included; past it the
+    turn fails (:class:`~thoughtgate.errors.ProviderTimeoutError`). ``0``: no bound (ADR 0155,
+    ADR 0161)."""
     max_turn_output_chars: int = DEFAULT_MAX_TURN_OUTPUT_CHARS
-    """The most characters of text, reasoning and tool-call arguments one streamed turn holds;
-    past them the turn fails (:class:`~thoughtgate.errors.ProviderStreamError`). ``0``: no
-    bound (ADR 0155)."""
+    """The most characters of text, reasoning and tool-call arguments one turn holds, streamed or
+    not; past them the turn fails (:class:`~thoughtgate.errors.ProviderStreamError`). ``0``: no
+    bound (ADR 0155, ADR 0161)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -72,6 +72,19 @@ __all__ = [
 
 CHAT_PATH = "chat/completions"
 
+_OUTPUT_KEYS = (
+    "reasoning_content",
+    "reasoning",
+    "reasoning_details",
+    "refusal",
+    "function_call",
+    "audio",
+)
+"""A delta's fields besides ``content`` and ``tool_calls`` whose value is the model's output
+(the SDK's ``ChoiceDelta``, and the reasoning fields servers add): a chunk with one of them, or
+a ``finish_reason``, or ``usage``, is progress; a chunk of empty deltas, of ``role`` alone or of
+fields no one defines is not (ADR 0161)."""
+
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
     "length": "length",
@@ -169,8 +182,11 @@ class ChatChunkParser(JSONEventParser):
         self.native_finish: str | None = None
         self.error: ProviderStreamError | None = None
         """An in-stream error: raised by the caller once the chunks of its payload are out."""
+        self.progress = 0
         self._calls: dict[int, _ToolCall] = {}
         self._info_seen = False
+        self._stray_beside: Mapping[str, Any] | None = None
+        """The delta whose reasoning came in a field of its own (see :meth:`leave_stray_think`)."""
 
     # ------------------------------------------------------------------ hooks
 
@@ -208,6 +224,16 @@ class ChatChunkParser(JSONEventParser):
 
     def continuity_chunks(self) -> list[Chunk]:
         return []
+
+    def leave_stray_think(self, delta: Mapping[str, Any]) -> None:
+        """``delta`` brings reasoning in a field of its own: a bare ``<think>`` in ``content``
+        opened nothing. Left now for one that came in an earlier delta (Together sends it
+        first), and again once this delta's ``content`` is read, for one that came beside the
+        field: either way the block is left only if it holds no text, so reasoning written
+        inline after the tag stays reasoning (ADR 0161)."""
+        if self.splitter is not None:
+            self.splitter.leave_empty_block()
+            self._stray_beside = delta
 
     # ------------------------------------------------------------------ parsing
 
@@ -260,10 +286,18 @@ class ChatChunkParser(JSONEventParser):
             content = delta.get("content")
             if isinstance(content, str):
                 out += self.content_chunks(content)
+                if self._stray_beside is delta and self.splitter is not None:
+                    # a bare <think> in the same delta as the reasoning's own field opened
+                    # nothing either: the answer after it is answer (ADR 0161)
+                    self.splitter.leave_empty_block()
             elif content is not None:
                 raise self._malformed("delta.content is not a string", content)
-            out += self._tool_call_chunks(delta.get("tool_calls"))
+            calls = delta.get("tool_calls")
+            out += self._tool_call_chunks(calls)
+            if content or calls or any(delta.get(key) for key in _OUTPUT_KEYS):
+                self.progress += 1
             if isinstance(choice.get("finish_reason"), str):
+                self.progress += 1
                 self.finish_raw = choice["finish_reason"]
             if isinstance(choice.get("native_finish_reason"), str):
                 self.native_finish = choice["native_finish_reason"]
@@ -271,6 +305,7 @@ class ChatChunkParser(JSONEventParser):
                 self.error = stream_error(self.provider, {"error": choice["error"]})
         usage = data.get("usage")
         if usage is not None and isinstance(usage, Mapping):
+            self.progress += 1
             out.append(chat_usage(usage, reasoning_in_output=self.reasoning_in_output))
         if self.error is None and self.finish_raw == "error":
             named = identifier(self.native_finish)  # the provider's word: an identifier only

@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 import httpx
 import orjson
@@ -120,6 +120,13 @@ async def _body_at_most(response: httpx.Response, limit: int) -> bytes | None:
 
 def _only_pings(batch: list[SSEMessage]) -> bool:
     return all(message.event == "ping" for message in batch)
+
+
+class Progress(Protocol):
+    """What judges a stream's progress: the parser its events are fed to (ADR 0161)."""
+
+    progress: int
+    """Events of a kind the stream's format defines, read so far."""
 
 
 def transport_error(
@@ -519,11 +526,16 @@ class HTTPTransport:
             for message in batch:
                 yield message
 
-    async def event_batches(self, response: httpx.Response) -> AsyncIterator[list[SSEMessage]]:
+    async def event_batches(
+        self, response: httpx.Response, judge: Progress | None = None
+    ) -> AsyncIterator[list[SSEMessage]]:
         """The SSE messages completed by each network read, one list per read.
 
         Adapters on a hot path consume these to pay the async-iteration cost per read rather than
         per event, and may merge the deltas of one read (they arrived at the same moment).
+        ``judge``: the parser the caller feeds each list to before asking for the next; a read
+        is progress only if that moved its :attr:`Progress.progress` (without one, any event but
+        a ``ping`` is).
         """
         decoder = SSEDecoder(self.settings.max_event_bytes)
         # A body sent as is (no Content-Encoding, the providers' streams) is read raw: httpx's
@@ -541,26 +553,34 @@ class HTTPTransport:
             reads = response.aiter_raw() if raw else response.aiter_bytes()
         # Bytes that complete no event (keep-alive comments, an event trickling in) keep httpx's
         # read timeout from ever firing: ``timeout_s`` of them is a timeout too (ADR 0147). So
-        # are reads that bring nothing but ``ping`` events (Anthropic's keep-alive, an event and
-        # not a comment): passed on, but no progress (ADR 0155).
+        # are reads whose events the parser finds nothing of the turn in: ``ping`` events
+        # (Anthropic's keep-alive, an event and not a comment, ADR 0155), event types the format
+        # does not define, chunks that carry nothing (ADR 0161). They are passed on
+        # first: the parser is what judges them.
         quiet_since: float | None = None
+        mark = judge.progress if judge is not None else 0
         try:
             async for chunk in reads:
                 batch = decoder.feed(chunk)
-                if batch and (batch[0].event != "ping" or not _only_pings(batch)):
-                    quiet_since = None
+                if batch:
                     yield batch
-                    continue
+                    if judge is None:
+                        if batch[0].event != "ping" or not _only_pings(batch):
+                            quiet_since = None
+                            continue
+                    elif judge.progress != mark:
+                        mark = judge.progress
+                        quiet_since = None
+                        continue
                 if quiet_since is None:
                     quiet_since = time.monotonic()
                 elif time.monotonic() - quiet_since > self.settings.timeout_s:
                     raise ProviderTimeoutError(
-                        f"the stream sent no event for {self.settings.timeout_s:g} s, only "
-                        "keep-alive comments, pings or part of an event (providers.*.timeout_s)",
+                        f"the stream sent no event for {self.settings.timeout_s:g} s that moved "
+                        "the turn on, only keep-alive comments, pings, events of types its format "
+                        "does not define or part of an event (providers.*.timeout_s)",
                         provider=self.provider,
                     )
-                if batch:
-                    yield batch
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, "body") from exc
         except SSEEventTooLarge as exc:

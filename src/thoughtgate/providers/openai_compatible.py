@@ -155,9 +155,10 @@ class CompatParser(ChatChunkParser):
                 if isinstance(value, str) and value:
                     self.field = name
                     break
-            if self.field is not None and self.splitter is not None:
-                # the reasoning has a field of its own: a bare <think> sent before it is a stray
-                self.splitter.leave_empty_block()
+            if self.field is not None:
+                # the reasoning has a field of its own: a bare <think> sent before it or beside
+                # it is a stray
+                self.leave_stray_think(delta)
         if self.field is None:
             return []
         value = delta.get(self.field)

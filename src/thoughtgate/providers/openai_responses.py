@@ -97,6 +97,7 @@ from thoughtgate.types import (
 __all__ = [
     "CARRIER",
     "DEFAULT_BASE_URL",
+    "EVENT_TYPES",
     "RESPONSES_PATH",
     "OpenAIResponsesProvider",
     "ResponsesEventParser",
@@ -107,6 +108,73 @@ __all__ = [
 _ENDPOINT: Final = ENDPOINTS["openai"]
 DEFAULT_BASE_URL = _ENDPOINT.default_base_url
 RESPONSES_PATH = "responses"
+
+EVENT_TYPES: Final = frozenset(
+    {
+        "error",
+        "response.audio.delta",
+        "response.audio.done",
+        "response.audio.transcript.delta",
+        "response.audio.transcript.done",
+        "response.code_interpreter_call.completed",
+        "response.code_interpreter_call.in_progress",
+        "response.code_interpreter_call.interpreting",
+        "response.code_interpreter_call_code.delta",
+        "response.code_interpreter_call_code.done",
+        "response.compaction.compacting",
+        "response.completed",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.created",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.failed",
+        "response.file_search_call.completed",
+        "response.file_search_call.in_progress",
+        "response.file_search_call.searching",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.image_generation_call.completed",
+        "response.image_generation_call.generating",
+        "response.image_generation_call.in_progress",
+        "response.image_generation_call.partial_image",
+        "response.in_progress",
+        "response.incomplete",
+        "response.mcp_call.completed",
+        "response.mcp_call.failed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_list_tools.completed",
+        "response.mcp_list_tools.failed",
+        "response.mcp_list_tools.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.output_text.annotation.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.queued",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.shell_call_command.added",
+        "response.shell_call_command.delta",
+        "response.shell_call_command.done",
+        "response.shell_call_output_content.delta",
+        "response.shell_call_output_content.done",
+        "response.web_search_call.completed",
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching",
+    }
+)
+"""The stream's event types, as the SDK's ``ResponseStreamEvent`` lists them: reading one is
+progress, whether this parser reads it or skips it (a hosted tool's ``searching``); a type not
+listed is not (ADR 0161)."""
 CARRIER = "openai.reasoning_item"
 
 _INCOMPLETE: dict[str, FinishReason] = {
@@ -173,6 +241,7 @@ class ResponsesEventParser(JSONEventParser):
         """Summary text is a provider-written summary (the server vouches for it); else it is
         labelled ``raw``, and never reaches end users as a provider summary."""
         self.done = False
+        self.progress = 0
         self.response_id: str | None = None
         self._model_seen = False
         self._items: dict[int, _Item] = {}
@@ -241,6 +310,8 @@ class ResponsesEventParser(JSONEventParser):
         if not isinstance(etype, str):
             said = "without a type" if etype is None else "whose type is not a string"
             raise self._malformed(f"stream event {said}: it is {shape_of(event)}")
+        if etype in EVENT_TYPES:
+            self.progress += 1
         handler = _HANDLERS.get(etype)
         return handler(self, event) if handler is not None else []  # unknown events: skipped
 

@@ -173,9 +173,10 @@ class OpenRouterParser(ChatChunkParser):
         self._encrypted_seen: set[tuple[str, int]] = set()
 
     def reasoning_chunks(self, delta: Mapping[str, Any]) -> list[Chunk]:
-        if self.splitter is not None and (delta.get("reasoning") or delta.get("reasoning_details")):
-            # the reasoning has a field of its own: a bare <think> sent before it opened nothing
-            self.splitter.leave_empty_block()
+        if delta.get("reasoning") or delta.get("reasoning_details"):
+            # the reasoning has a field of its own: a bare <think> sent before it or beside it
+            # opened nothing
+            self.leave_stray_think(delta)
         if not self.keep_carriers:
             return []  # hidden: nothing is captured, nothing is kept to send back
         details = delta.get("reasoning_details")

@@ -26,6 +26,7 @@ fragments) into the partial turn.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
@@ -84,6 +85,11 @@ class WireParser(Protocol):
 
     failure: ProviderError | None
     """A problem that ends the response now; the chunks before it were returned."""
+
+    progress: int
+    """How many events of a kind its format defines (content, structure, the end, an error)
+    this parser has read: a read that moves it is progress; keep-alives and event types the
+    format does not define are not (ADR 0161)."""
 
     @property
     def finished(self) -> bool:
@@ -162,6 +168,25 @@ def output_chars(chunks: list[Chunk]) -> int:
     return total
 
 
+def output_bound_error(most_chars: int, provider: str, after: str) -> ProviderStreamError:
+    """The turn's output passed ``providers.*.max_turn_output_chars`` (ADR 0155); ``after``
+    says what became of the rest."""
+    return ProviderStreamError(
+        f"the turn's output passed {most_chars} characters "
+        f"(providers.*.max_turn_output_chars); {after}",
+        provider=provider,
+    )
+
+
+def deadline_error(settings: ProviderSettings, provider: str, after: str) -> ProviderTimeoutError:
+    """The turn went on past ``providers.*.turn_timeout_s`` (ADR 0155)."""
+    return ProviderTimeoutError(
+        f"the turn went on past {settings.turn_timeout_s:g} s "
+        f"(providers.*.turn_timeout_s); {after}",
+        provider=provider,
+    )
+
+
 def _with_text(delta: Chunk, text: str) -> Chunk:
     if isinstance(delta, TextDelta):
         return TextDelta(text, index=delta.index)
@@ -178,6 +203,7 @@ class JSONEventParser:
     provider: str
     done: bool
     failure: ProviderError | None
+    progress: int
 
     def feed(self, events: Sequence[SSEMessage]) -> list[Chunk]:
         out: list[Chunk] = []
@@ -188,6 +214,7 @@ class JSONEventParser:
             if not data:
                 continue
             if data == "[DONE]":
+                self.progress += 1
                 out += self.done_marker()
                 continue
             try:
@@ -295,7 +322,7 @@ class HTTPProvider:
             async with transport.open(self.path, body, stream=True) as response:
                 request_id = transport.request_id(response)
                 try:
-                    async for batch in transport.event_batches(response):
+                    async for batch in transport.event_batches(response, parser):
                         chunks = parser.feed(batch)
                         for chunk in chunks:
                             yield chunk
@@ -304,17 +331,11 @@ class HTTPProvider:
                         if most_chars:
                             output += output_chars(chunks)
                             if output > most_chars:
-                                raise ProviderStreamError(
-                                    f"the turn's output passed {most_chars} characters "
-                                    "(providers.*.max_turn_output_chars); the stream was closed",
-                                    provider=self.name,
+                                raise output_bound_error(
+                                    most_chars, self.name, "the stream was closed"
                                 )
                         if deadline and time.monotonic() > deadline:
-                            raise ProviderTimeoutError(
-                                f"the turn went on past {settings.turn_timeout_s:g} s "
-                                "(providers.*.turn_timeout_s); the stream was closed",
-                                provider=self.name,
-                            )
+                            raise deadline_error(settings, self.name, "the stream was closed")
                     for chunk in parser.end():
                         yield chunk
                 except ProviderError as exc:
@@ -334,20 +355,44 @@ class HTTPProvider:
         body = self.build_body(request, stream=False)
         parser = self.parser(request)
         acc = TurnAccumulator(provider=self.name, model=self.model)
-        while True:
-            data = await self.transport.post_json(self.path, body)
-            try:
-                acc.feed_all(parser.whole(data))
-                if parser.failure is not None:
-                    raise parser.failure
-                acc.feed_all(parser.end())
-                step = self.follow_up(request, body, parser)
-            except ProviderError as exc:
-                exc.partial = acc.partial()
+        # A non-streamed turn has the bounds of a streamed one (ADR 0161): the deadline
+        # covers its requests, their retries and the reading of their bodies (a body that
+        # trickles in resets every read timeout), so it is a timer, not a check per read; each
+        # body is bounded in bytes as it is read (``max_event_bytes``) and its output in
+        # characters once decoded, what came before the bound kept as the partial.
+        settings = self.settings
+        most_chars = settings.max_turn_output_chars
+        output = 0
+        bound = asyncio.timeout(settings.turn_timeout_s or None)
+        try:
+            async with bound:
+                while True:
+                    data = await self.transport.post_json(self.path, body)
+                    for chunk in parser.whole(data):
+                        acc.feed(chunk)
+                        if most_chars:
+                            output += output_chars([chunk])
+                            if output > most_chars:
+                                raise output_bound_error(
+                                    most_chars, self.name, "the rest of the answer was dropped"
+                                )
+                    if parser.failure is not None:
+                        raise parser.failure
+                    acc.feed_all(parser.end())
+                    step = self.follow_up(request, body, parser)
+                    if step is None:
+                        return acc.finish()
+                    body, parser = step
+        except TimeoutError:
+            if not bound.expired():
                 raise
-            if step is None:
-                return acc.finish()
-            body, parser = step
+            error = deadline_error(settings, self.name, "the answer was not read to its end")
+            error.partial = acc.partial()
+            raise error from None
+        except ProviderError as exc:
+            # an earlier answer of the turn (a ``pause_turn`` continuation's) is kept too
+            exc.partial = acc.partial()
+            raise
 
     @property
     def server(self) -> ServerInfo:

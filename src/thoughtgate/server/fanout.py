@@ -331,13 +331,19 @@ class LiveReader:
 
     def _accept(self, events: list[Event]) -> list[Event]:
         """Advance the cursor over ``events`` (in order, after it), stopping at the terminal."""
+        taken = self._advance(events)
+        return events if taken == len(events) else events[:taken]
+
+    def _advance(self, events: Sequence[Event]) -> int:
+        """``_accept``'s step: how many of ``events`` were taken (all, or through the
+        terminal)."""
         for i, event in enumerate(events):
             self.cursor = event.seq
             if is_run_terminal(event.type):
                 self._done = True
                 self.close()
-                return events[: i + 1]
-        return events
+                return i + 1
+        return len(events)
 
     async def _from_feed(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
         sub = self._sub
@@ -395,12 +401,19 @@ class LiveReader:
         sub, sink = self._sub, self.sink
         if sub is None or sink is None or self._done:
             return False
-        fresh = [e for e in events if e.seq > self.cursor]
+        cursor = self.cursor
+        # As a rule the batch continues the cursor: handed on as it is, the same object to every
+        # reader, so that ``RunFeeds.chunk`` encodes it once for all of them.
+        fresh = (
+            events
+            if events and events[0].seq == cursor + 1
+            else [e for e in events if e.seq > cursor]
+        )
         if not fresh:
             return True  # already had them (joined while the feed was behind)
-        if fresh[0].seq != self.cursor + 1 or not sink(fresh):
+        if fresh[0].seq != cursor + 1 or not sink(fresh):
             return False  # a gap (``next`` fills it from the store), or the sink is full
-        self._accept(fresh)
+        self._advance(fresh)
         if self._done:  # that was the terminal event: let ``next`` return ``None``
             sub.ready.set()
         return True
@@ -575,13 +588,16 @@ class FirstPage:
 
 
 class RunFeeds:
-    """The feeds of one store; ``tail`` is ``EventLog.tail`` with one read per event per run."""
+    """The feeds of one store: its live readers (``reader``) read each event once per run, not
+    once per reader."""
 
     def __init__(self, store: EventLog, *, backlog: int = 4096) -> None:
         self.store = store
         self.backlog = backlog
         self._feeds: dict[str, _Feed] = {}
         self._frames: dict[tuple[str, int, Role, str], bytes | None] = {}
+        self._batch: Sequence[Event] = ()
+        self._batch_chunks: dict[tuple[Role, str], tuple[bytes, int] | None] = {}
 
     @property
     def active(self) -> int:
@@ -621,16 +637,6 @@ class RunFeeds:
         first.read_soon(after)
         return first
 
-    async def tail(self, run_id: str, *, after: int = 0) -> AsyncIterator[Event]:
-        """Stored events after ``after``, then live ones, until the run's terminal event."""
-        reader = self.reader(run_id, after=after)
-        try:
-            while (batch := await reader.next()) is not None:
-                for event in batch:
-                    yield event
-        finally:
-            reader.close()
-
     def _join(
         self, run_id: str, cursor: int, sub: _Subscriber, *, read_first: bool = True
     ) -> _Feed:
@@ -655,6 +661,42 @@ class RunFeeds:
         feed.subscribers.discard(sub)
         if not feed.subscribers and not feed.done:
             feed.stop()  # which forgets it here (its ``on_end``)
+
+    def chunk(
+        self,
+        events: Sequence[Event],
+        role: Role,
+        mode: str,
+        encode: Callable[[Event], bytes],
+        *,
+        cache: bool = True,
+        show: Callable[[Event], Event | None] | None = None,
+    ) -> tuple[bytes, int] | None:
+        """The frames of ``events`` a reader with ``role`` and ``mode`` is sent (``frame``'s,
+        joined) and the ``seq`` of the last event among them; ``None`` when it may see none.
+
+        With ``cache``, computed once per batch, role and mode: a feed hands the same batch
+        object to each of its readers, and at 1,000 readers looking up and joining each
+        event's frames again for every one of them was about a seventh of the fan-out's Python
+        time (its socket writes cost several times that: docs/benchmarks.md). Only the last
+        batch is kept (``is``, not ``==``: a batch is never changed once offered, and the one
+        kept cannot be freed and its address reused)."""
+        if cache:
+            if events is not self._batch:
+                self._batch, self._batch_chunks = events, {}
+            elif (role, mode) in self._batch_chunks:
+                return self._batch_chunks[role, mode]
+        parts: list[bytes] = []
+        last = 0
+        for event in events:
+            data = self.frame(event, role, mode, encode, cache=cache, show=show)
+            if data is not None:
+                parts.append(data)
+                last = event.seq
+        out = (b"".join(parts), last) if parts else None
+        if cache:
+            self._batch_chunks[(role, mode)] = out
+        return out
 
     def frame(
         self,

@@ -191,18 +191,12 @@ async def live_frames(
         write = direct.end if ends else direct.write
         if write is None:
             return False  # next() yields them (a terminal event in a LastChunk)
-        shared = reader.shared
-        chunk = []
-        seen = last_sent
-        for event in events:
-            data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
-            if data is not None:
-                chunk.append(data)
-                seen = event.seq
-        if chunk:
-            if not write(b"".join(chunk)):
+        # the same batch for every reader of the feed: encoded once per role and mode
+        shown = feeds.chunk(events, role, mode, event_frame, cache=reader.shared, show=show)
+        if shown is not None:
+            if not write(shown[0]):
                 return False
-            last_sent = seen
+            last_sent = shown[1]
             quiet_since = loop.time()
         elif ends:  # nothing of them for this reader: the stream ends the response itself
             return False
@@ -394,9 +388,13 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
         )
 
     def write(chunk: bytes) -> bool:
-        if not writable():
+        # ``writable``, inline: called once per reader per batch, a thousand times in a row
+        if cycle.disconnected or cycle.response_complete or flow.write_paused:
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        transport = cycle.transport
+        if transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED:
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
     def end(chunk: bytes) -> bool:

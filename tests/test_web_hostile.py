@@ -22,10 +22,9 @@ import pytest
 from playwright.sync_api import Browser, Page
 from support.browser import launch, page_for, sign_in
 from support.daemon import Daemon
-from support.web import seed_run, web_daemon
+from support.web import seed_run, step_event, web_daemon
 
 from thoughtgate.events.schema import NewEvent
-from thoughtgate.events.visible import VISIBLE_MARKER
 
 pytestmark = pytest.mark.browser
 
@@ -53,31 +52,15 @@ document.addEventListener('securitypolicyviolation',
 """Each violation of the content security policy, as the page meets it."""
 
 
-def _step(step_id: str, summary: str, **extra: Any) -> NewEvent:
-    return NewEvent(
-        "cot.step",
-        {
-            "marker": VISIBLE_MARKER,
-            "step_id": step_id,
-            "summary": summary,
-            "phase": "thinking",
-            "ts": 1.0,
-            "tool_call_id": None,
-            "source": "provider_summary",
-            **extra,
-        },
-    )
-
-
 HOSTILE_EVENTS = [
     NewEvent("run.started", {"prompt": HOSTILE}),
-    _step("s1", HOSTILE),
+    step_event("cot.step", "s1", HOSTILE),
     NewEvent("agent.response", {"turn": 0, "answer": "", "reasoning": HOSTILE}),
     NewEvent(
         "tool.started",
         {"call_id": "c1", "tool_key": HOSTILE, "label": HOSTILE, "input": {HOSTILE: HOSTILE}},
     ),
-    _step("s2", HOSTILE, tool_call_id="c1"),
+    step_event("cot.step", "s2", HOSTILE, tool_call_id="c1"),
     NewEvent("tool.completed", {"call_id": "c1", "tool_key": HOSTILE, "output": HOSTILE}),
     NewEvent("message.delta", {"text": HOSTILE}),
     NewEvent("message.completed", {"text": HOSTILE, "reasoning": HOSTILE}),

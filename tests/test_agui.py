@@ -386,3 +386,51 @@ def test_a_client_that_disconnects_stops_its_streams_reader(held: _Held) -> None
 
         asyncio.run(until(gone))
         assert d.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"
+
+
+def _stopping_end(events: list[dict[str, Any]], raw: str, run_id: str) -> None:
+    assert "RUN_FINISHED" not in _types(events), raw
+    assert _types(events)[-1] == "RUN_ERROR", raw
+    assert events[-1]["code"] == "server_stopping"
+    assert events[-1]["message"] == (
+        "the daemon is shutting down: this stream ends, not the run; follow the run again later"
+    )
+    assert events[-1]["metadata"] == {"thoughtgate": {"run_id": run_id}}
+
+
+def test_the_daemons_shutdown_ends_ag_ui_streams_saying_so_never_run_finished(
+    held: _Held,
+) -> None:
+    """What the daemon's server does on SIGTERM once the runs it executes are drained
+    (``LiveStreams.stop_all``) ends every AG-UI stream, as it ends the daemon's own: before,
+    a stream following a run that goes on (executed elsewhere, or left running here) stayed
+    open until sse-starlette saw the server's exit flag, or until the run ended. The client is
+    told the stream ends, not the run, and which run to follow again."""
+    with running_daemon() as d:
+        state = d.app.state.thoughtgate
+        assert isinstance(state, ServerState)
+        run_id = d.start_run({"prompt": "x", "model": "fake:held"})
+        body = _input("ignored", run=run_id)
+        # a read timeout, not a timed assert: without the change the stream waits on the
+        # held run, and the test fails there instead of hanging
+        with (
+            d.client("viewer") as c,
+            c.stream("POST", "/v1/agui", json=body, timeout=httpx.Timeout(10, read=10)) as r,
+        ):
+            lines = r.iter_lines()
+            seen = []
+            for line in lines:
+                seen.append(line)
+                if "TEXT_MESSAGE_CONTENT" in line:
+                    break
+            assert len(state.streams) == 1
+            assert state.streams.loop is not None
+            state.streams.loop.call_soon_threadsafe(state.streams.stop_all)
+            seen.extend(lines)  # the response ends, its chunked body complete
+        events = [json.loads(line[5:]) for line in seen if line.startswith("data:")]
+        _stopping_end(events, "\n".join(seen), run_id)
+        # one that opens while the daemon stops ends at once, after what opens it
+        _, events, raw = _agui(d, "viewer", body)
+        assert _types(events) == ["RUN_STARTED", "RUN_ERROR"], raw
+        _stopping_end(events, raw, run_id)
+        assert d.get(f"/v1/runs/{run_id}", "owner").json()["status"] == "running"

@@ -371,7 +371,7 @@ def test_only_admins_check_and_only_the_local_store(tmp_path: Path) -> None:
     config.write_text('[access]\nlocal_role = "admin"\n', encoding="utf-8")
     assert check_index("--db", db, "--config", str(config))[0] == 4
     code, _, err = check_index("--db", db, "--url", "http://127.0.0.1:9")
-    assert code == 2 and "local store only" in err
+    assert code == 2 and "check-index cannot be used with --url" in err
     code, _, err = check_index("--db", db, "--include-open")
     assert code == 2 and "--repair" in err
 

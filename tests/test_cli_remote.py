@@ -40,13 +40,18 @@ def tg(
     if not env_auth:
         args = (*args, "--url", daemon.base_url, "--key", daemon.keys[role])
         auth = {}
+    return _tg(*args, **auth)
+
+
+def _tg(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``thoughtgate ARGS`` with ``env`` added to a clean environment (no ``THOUGHTGATE_*``)."""
     return subprocess.run(
         [sys.executable, "-m", "thoughtgate", *args],
-        env=cli_env(**auth),
+        env=cli_env(**env),
         cwd=str(REPO),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
 
 
@@ -360,14 +365,7 @@ def _runs_said(tries: list[subprocess.CompletedProcess[str]]) -> str:
 def test_what_a_daemon_decides_is_refused_with_a_usage_error(
     args: tuple[str, ...], env: dict[str, str], message: str
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "thoughtgate", *args],
-        env=cli_env(**env),
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _tg(*args, **env)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in " ".join(done.stderr.split())
 
@@ -383,3 +381,84 @@ def test_a_daemon_that_cannot_be_reached_is_one_clear_error() -> None:
         timeout=60,
     )
     assert done.returncode == 1 and "cannot reach the daemon" in done.stderr
+
+
+# --------------------------------------------------------------------------- a daemon's address exported (ADR 0162)
+
+
+def _daemon_key_names(daemon: Daemon) -> dict[str, str | None]:
+    keys = daemon.get("/v1/keys", "owner").json()["keys"]
+    return {k["name"]: k["revoked_at"] for k in keys}
+
+
+def test_keys_with_thoughtgate_url_exported_act_on_that_daemon(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    name = f"exported-{uuid.uuid4().hex[:8]}"
+    db = f"sqlite:///{tmp_path / 'local.db'}"
+    env = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["admin"]}
+    created = _tg("keys", "create", "--role", "viewer", "--name", name, "--json", **env)
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)["key"]
+    assert name in _daemon_key_names(daemon), "the key was made on the daemon"
+    assert (
+        daemon.get("/v1/me", None, headers={"Authorization": f"Bearer {key}"}).json()["role"]
+        == "viewer"
+    ), "and the daemon takes it"
+    listed = _tg("keys", "list", "--json", **env)
+    assert listed.returncode == 0, listed.stderr
+    assert name in {k["name"] for k in json.loads(listed.stdout)}
+    shown = _tg("keys", "list", **env, COLUMNS="200")
+    assert name in shown.stdout
+    revoked = _tg("keys", "revoke", name, **env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert f"on {daemon.base_url}" in revoked.stderr
+    assert _daemon_key_names(daemon)[name] is not None, "revoked on the daemon"
+    # --local: the local store, on purpose; the daemon's keys are untouched
+    local_name = f"local-{uuid.uuid4().hex[:8]}"
+    made = _tg("keys", "create", "--role", "viewer", "--name", local_name, "--local",
+                  "--db", db, **env)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert local_name not in _daemon_key_names(daemon)
+    assert local_name in _tg("keys", "list", "--local", "--db", db, **env, COLUMNS="200").stdout
+    # a member's key is refused by the daemon (admin and above), as locally
+    member = {**env, "THOUGHTGATE_KEY": daemon.keys["member"]}
+    refused = _tg("keys", "list", **member)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("keys", "list", "--local", "--url", "http://x"), {}, "--local and --url contradict"),
+        (("keys", "list", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "--db cannot be used with --url"),
+        (("keys", "create", "--role", "viewer", "--name", "n"), {"THOUGHTGATE_URL": "http://x"}, "keys create --local"),
+        (("check-index", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x"}, "THOUGHTGATE_URL is set (http://x)"),
+        (("check-index", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x"}, "Pass --local"),
+        (("check-index", "--db", "memory://", "--local", "--url", "http://x"), {}, "check-index cannot be used with --url"),
+        (("demo", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x", "THOUGHTGATE_KEY": "k"}, "THOUGHTGATE_URL is set (http://x)"),
+        (("demo", "--db", "memory://"), {"THOUGHTGATE_URL": "http://x"}, "or unset THOUGHTGATE_URL"),
+        (("demo", "--url", "http://x"), {}, "demo cannot be used with --url"),
+    ],
+)  # fmt: skip
+def test_a_local_only_command_refuses_an_exported_daemon_address(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    done = _tg(*args, **env)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in " ".join(done.stderr.split())
+    assert done.stdout == "", "nothing was done locally"
+
+
+def test_local_runs_check_index_and_demo_on_the_local_store_despite_the_address(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'local.db'}"
+    env = {"THOUGHTGATE_URL": "http://127.0.0.1:9", "THOUGHTGATE_KEY": "k"}
+    demo = _tg("demo", "--local", "--db", db, "--json", **env)
+    assert demo.returncode == 0, demo.stderr
+    run_id = json.loads(demo.stdout)["run_id"]
+    checked = _tg("check-index", "--local", "--db", db, "--json", **env)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["checked"] == 1
+    assert run_id

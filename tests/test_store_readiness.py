@@ -16,7 +16,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -50,13 +50,14 @@ WAIT_S = 30.0
 
 
 @contextlib.contextmanager
-def _held_run(tmp_path: Path) -> Iterator[tuple[Daemon, Path, str]]:
+def _held_run(tmp_path: Path, *, hold: Path | None = None) -> Iterator[tuple[Daemon, Path, str]]:
     """A daemon on a SQLite store in its own directory, and a run it executes whose model waits
     while a file in that directory exists, then streams: once the directory is removed, the
-    model goes on and its first write is the first the removed store refuses."""
+    model goes on and its first write is the first the removed store refuses. ``hold``: the
+    file the model waits on instead (outside the directory: it waits on after the removal)."""
     directory = tmp_path / "store"
     with running_daemon(sqlite_dir=directory) as daemon:
-        hold = directory / "hold"
+        hold = hold or directory / "hold"
         hold.touch()
         prompt = ticker_prompt(5, 0, hold)
         run_id = daemon.start_run(
@@ -112,22 +113,37 @@ def test_readiness_says_nothing_of_runs_or_paths_with_or_without_a_key(tmp_path:
             assert run_id not in body and str(tmp_path) not in body and "db" not in body
 
 
+def _live(
+    daemon: Daemon,
+    run_id: str,
+    *,
+    after: int | None = None,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[SSEMessage]:
+    """The owner's live stream of ``run_id`` (resumed after ``after``), read to its end, with
+    ``meanwhile`` done once it is open."""
+    params: dict[str, str | int] = {"ticket": daemon.ticket(run_id, "owner")}
+    if after is not None:
+        params["last_event_id"] = after
+    timeout = httpx.Timeout(10, read=WAIT_S)
+    with (
+        daemon.client() as c,
+        c.stream("GET", f"/v1/runs/{run_id}/stream", params=params, timeout=timeout) as r,
+    ):
+        assert r.status_code == 200
+        if meanwhile is not None:
+            meanwhile()
+        return _read_to_end(r)
+
+
 @pytest.mark.inprocess
 def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and_is_let_go(
     tmp_path: Path,
 ) -> None:
     with _held_run(tmp_path) as (daemon, directory, run_id):
-        ticket = daemon.ticket(run_id, "owner")
-        timeout = httpx.Timeout(10, read=WAIT_S)
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET", f"/v1/runs/{run_id}/stream", params={"ticket": ticket}, timeout=timeout
-            ) as r,
-        ):
-            assert r.status_code == 200
-            shutil.rmtree(directory)  # the model goes on; its first write is refused
-            messages = _read_to_end(r)  # before, it stayed attached until the daemon stopped
+        # the model goes on; its first write is refused. Before, the reader stayed attached
+        # until the daemon stopped
+        messages = _live(daemon, run_id, meanwhile=lambda: shutil.rmtree(directory))
         last = messages[-1]
         assert last.event == "failed"
         sent = [int(m.id) for m in messages if m.id]
@@ -144,19 +160,40 @@ def test_a_live_reader_of_a_run_whose_store_is_removed_gets_the_resume_frame_and
         assert view.json()["error"]["code"] == "store_refuses_writes"
         assert "running" not in view.text
         # a reader that resumes is let go the same way, after what is stored: no hang
-        ticket = daemon.ticket(run_id, "owner")
-        with (
-            daemon.client() as c,
-            c.stream(
-                "GET",
-                f"/v1/runs/{run_id}/stream",
-                params={"ticket": ticket, "last_event_id": max(sent)},
-                timeout=timeout,
-            ) as again,
-        ):
-            resumed = _read_to_end(again)
+        resumed = _live(daemon, run_id, after=max(sent))
         assert [m.event for m in resumed] == ["failed"]
         assert json.loads(resumed[0].data)["resume_after"] == max(sent)
+
+
+@pytest.mark.inprocess
+def test_a_run_still_waiting_on_its_model_reads_running_and_its_reader_is_let_go_too(
+    tmp_path: Path,
+) -> None:
+    """ADR 0162 on ADR 0151's third open item: a run whose model is still silent when the store
+    starts refusing writes has not stopped (its next write decides), so its view and the list
+    say ``running``, unmarked, which is true; but its live reader is let go like any other
+    (the refusal is the store's, not the run's), and is let go again on resuming meanwhile."""
+    hold = tmp_path / "hold"  # outside the store's directory: the model keeps waiting
+    with _held_run(tmp_path, hold=hold) as (daemon, directory, run_id):
+        messages = _live(daemon, run_id, meanwhile=lambda: shutil.rmtree(directory))
+        assert messages[-1].event == "failed"
+        sent = [int(m.id) for m in messages if m.id]
+        assert json.loads(messages[-1].data) == {"reason": "failed", "resume_after": max(sent)}
+        assert hold.exists(), "let go while its model still waits: no write was refused yet"
+        view = daemon.get(f"/v1/runs/{run_id}", "owner")
+        assert view.status_code == 200 and view.json()["status"] == "running"
+        listed = daemon.get("/v1/runs", "owner").json()["runs"]
+        assert [(v["run_id"], v["status"], v.get("record_out_of_date")) for v in listed] == [
+            (run_id, "running", None)
+        ]
+        assert [m.event for m in _live(daemon, run_id, after=max(sent))] == ["failed"]
+        # once the model goes on, its first write is refused: the run stops, as ADR 0151 says
+        hold.unlink()
+
+        async def stopped() -> bool:
+            return daemon.get(f"/v1/runs/{run_id}", "owner").status_code == 503
+
+        asyncio.run(until(stopped, WAIT_S))
 
 
 @pytest.mark.inprocess

@@ -1,9 +1,10 @@
 """``thoughtgate demo``: the main job on the embedded default, with no API key and no network.
 
 The run itself (emulator, adapter, tools) is ``thoughtgate.demo``; this command records it in the
-default store, shows it live as the local role may see it, then summarizes it. Its exit code is
-the run's outcome, as for ``run`` (``cli.exit_codes``). The runtime and the emulator are imported
-inside the command, so ``thoughtgate --help`` stays quick.
+default store, shows it live as the local role may see it, then summarizes it. Always locally:
+a daemon's address (``--url``, or ``THOUGHTGATE_URL`` without ``--local``) is refused (ADR
+0162). Its exit code is the run's outcome, as for ``run`` (``cli.exit_codes``). The runtime and
+the emulator are imported inside the command, so ``thoughtgate --help`` stays quick.
 """
 
 from __future__ import annotations
@@ -15,16 +16,23 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from thoughtgate.cli.common import Context, console, run_async
+from thoughtgate.cli.common import Context, console, one_line_errors, run_async
 from thoughtgate.cli.exit_codes import for_run_status
-from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt
+from thoughtgate.cli.options import ConfigOpt, DbOpt, JsonOpt, LocalOnlyUrlOpt, LocalOpt
+from thoughtgate.cli.remote import local_only
 from thoughtgate.errors import public_url
 from thoughtgate.store.urls import describe_store
 
 if TYPE_CHECKING:
     from thoughtgate.store.base import EventStore
 
-__all__ = ["register", "run_demo"]
+__all__ = ["LOCAL_ONLY", "register", "run_demo"]
+
+LOCAL_ONLY = (
+    "it runs against an emulator it starts on this machine and records in the local store; "
+    "`thoughtgate run` runs on a daemon"
+)
+"""Why ``demo`` refuses a daemon's address (``cli.remote.local_only``, ADR 0162)."""
 
 
 async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -> str:
@@ -92,8 +100,12 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
+        local: LocalOpt = False,
+        url: LocalOnlyUrlOpt = None,
     ) -> None:
         """The main job on the embedded default: no API key, no network."""
+        with one_line_errors():
+            local_only(url, local=local, command="demo", why=LOCAL_ONLY)
         raise typer.Exit(
             for_run_status(run_async(run_demo(db=db, config_path=config, json_out=json_out)))
         )

@@ -21,8 +21,9 @@ operator's decision, not a default.
 
 Who: local role admin and above (``access.local_role``), as ``keys``: it reads every run and
 rewrites rows. Where: the local store only (``--db``, ``THOUGHTGATE_DB``, ``store.url``); a
-daemon has no endpoint for it, so ``--url`` is refused, and ``THOUGHTGATE_URL`` is not read.
-Run it where the daemon's store is reachable; the daemon may keep running.
+daemon has no endpoint for it, so ``--url`` is refused, and so is an exported
+``THOUGHTGATE_URL`` unless ``--local`` says the local store is meant (ADR 0162). Run it where
+the daemon's store is reachable; the daemon may keep running.
 
 What it prints: run and task ids, field names, and the values of the fields :data:`SHOWN_FIELDS`
 names (statuses, usage, models, modes, counts). Any other value -- a prompt, an answer, an error
@@ -57,7 +58,16 @@ from rich.text import Text
 from thoughtgate.cli.common import Context, console, err_console, print_json, run_async
 from thoughtgate.cli.exit_codes import ExitCode
 from thoughtgate.cli.missing_store import missing_store, note_no_store, nothing_there
-from thoughtgate.cli.options import ArgumentsByName, ConfigOpt, DbOpt, JsonOpt, a_run_id
+from thoughtgate.cli.options import (
+    ArgumentsByName,
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    LocalOnlyUrlOpt,
+    LocalOpt,
+    a_run_id,
+)
+from thoughtgate.cli.remote import local_only
 from thoughtgate.cli.run_selection import EVERY_RUN, RunFilters, RunSelection, with_run_filters
 from thoughtgate.errors import UsageError
 
@@ -79,10 +89,10 @@ Any other field (a prompt, an answer, an error, which may quote a provider or a 
 field a later projection compares) is withheld and shown by its length only: fail closed."""
 
 LOCAL_ONLY: Final = (
-    "check-index works on the local store only (--db, THOUGHTGATE_DB or store.url): a daemon "
-    "has no endpoint for it. Run it where the daemon's store is reachable; the daemon may keep "
-    "running."
+    "a daemon has no endpoint for it; run it where the daemon's store is reachable (the daemon "
+    "may keep running)"
 )
+"""Why ``check-index`` refuses a daemon's address (``cli.remote.local_only``)."""
 
 Result = Literal["disagrees", "repaired", "left", "skipped: open"]
 
@@ -349,10 +359,8 @@ def register(app: typer.Typer) -> None:
         db: DbOpt = None,
         config: ConfigOpt = None,
         json_out: JsonOpt = False,
-        url: Annotated[
-            str | None,
-            typer.Option("--url", metavar="URL", hidden=True, help="Refused: local store only."),
-        ] = None,
+        local: LocalOpt = False,
+        url: LocalOnlyUrlOpt = None,
     ) -> None:
         """Check that the run index says what the event log says (admin and above; the local
         store only): each disagreeing run, field, index value and log value, never any text.
@@ -366,8 +374,7 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.access.roles import Role
             from thoughtgate.cli.common import resolve_run_id
 
-            if url is not None:
-                raise UsageError(LOCAL_ONLY)
+            local_only(url, local=local, command="check-index", why=LOCAL_ONLY)
             if include_open and not repair:
                 raise UsageError("--include-open goes with --repair (a check reads only)")
             selection = filters.select(now=time.time())

@@ -23,10 +23,13 @@ __all__ = [
     "JsonOpt",
     "KeyFromEnvironment",
     "KeyOpt",
+    "LocalOnlyUrlOpt",
+    "LocalOpt",
     "OptionSpec",
     "ReadOptions",
     "RunIdArg",
     "ToolsOpt",
+    "UrlFromEnvironment",
     "UrlOpt",
     "ViewAsOpt",
     "a_run_id",
@@ -130,6 +133,33 @@ RunIdArg = Annotated[
         show_default=False,
     ),
 ]
+
+
+class UrlFromEnvironment(str):
+    """A daemon's address read from ``THOUGHTGATE_URL``, not given as ``--url``: a command with
+    ``--local`` leaves it unused, where ``--url`` with ``--local`` is a contradiction (ADR 0162)."""
+
+    __slots__ = ()
+
+
+def _marking_the_environment(
+    kind: type[str],
+) -> Callable[[typer.Context, typer.CallbackParam, str | None], str | None]:
+    """An option callback that returns a value read from its environment variable as ``kind``
+    (a ``str`` subclass), so a command can tell it from one typed on the command line."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+        source = ctx.get_parameter_source(param.name or "")
+        if value and source is not None and source.name == "ENVIRONMENT":
+            return kind(value)
+        return value
+
+    return callback
+
+
+_url_source = _marking_the_environment(UrlFromEnvironment)
+
+
 UrlOpt = Annotated[
     str | None,
     typer.Option(
@@ -137,8 +167,31 @@ UrlOpt = Annotated[
         metavar="URL",
         envvar="THOUGHTGATE_URL",
         show_envvar=True,
+        callback=_url_source,
         help="Talk to this daemon (thoughtgate serve) instead of the local store; "
         "what you see is what --key's role may see.",
+    ),
+]
+LocalOnlyUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        metavar="URL",
+        envvar="THOUGHTGATE_URL",
+        hidden=True,
+        callback=_url_source,
+        help="Refused: this command works on the local store only.",
+    ),
+]
+"""A command a daemon has no endpoint for reads ``THOUGHTGATE_URL`` only to refuse it (unless
+``--local``): a user who exported a daemon's address must not act on the local store unawares
+(ADR 0162)."""
+LocalOpt = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Use the local store (--db, THOUGHTGATE_DB or store.url) although THOUGHTGATE_URL "
+        "is set.",
     ),
 ]
 
@@ -150,11 +203,7 @@ class KeyFromEnvironment(str):
     __slots__ = ()
 
 
-def _key_source(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
-    source = ctx.get_parameter_source(param.name or "")
-    if value and source is not None and source.name == "ENVIRONMENT":
-        return KeyFromEnvironment(value)
-    return value
+_key_source = _marking_the_environment(KeyFromEnvironment)
 
 
 KeyOpt = Annotated[

@@ -25,7 +25,7 @@ import typer
 from rich.markup import escape
 
 from thoughtgate.cli.common import console, err_console, print_json, run_async
-from thoughtgate.cli.options import KeyFromEnvironment
+from thoughtgate.cli.options import KeyFromEnvironment, UrlFromEnvironment
 from thoughtgate.errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 __all__ = [
     "RESUMED_BY_THE_DAEMON",
     "Remote",
+    "local_only",
     "needs_role",
+    "remote_or_local",
     "remote_resume",
     "remote_run",
     "resolve_on_daemon",
@@ -98,7 +100,7 @@ def resolve_remote(
     if not key:
         raise UsageError(
             f"--url {public_url(url)} needs an API key: pass --key or set THOUGHTGATE_KEY "
-            "(create one with `thoughtgate keys create` on the daemon's host)"
+            "(create one with `thoughtgate keys create --local` on the daemon's host)"
         )
     for flag, value in local_only.items():
         if value:
@@ -106,6 +108,37 @@ def resolve_remote(
             reason = (why or {}).get(flag) or _WHY[flag]
             raise UsageError(f"{name} cannot be used with --url: {reason}")
     return Remote(url.rstrip("/"), key)
+
+
+def remote_or_local(
+    url: str | None, key: str | None, *, local: bool, **local_flags: Any
+) -> Remote | None:
+    """For a command that acts on a daemon where one is named and on the local store otherwise,
+    with ``--local`` (``keys``): ``--local`` leaves an exported ``THOUGHTGATE_URL`` unused (the
+    first key is made on the daemon's host, where the address may be exported), and refuses a
+    ``--url`` given with it, which says the opposite. ``local_flags``: as ``resolve_remote``'s."""
+    if local:
+        if url and not isinstance(url, UrlFromEnvironment):
+            raise UsageError("--local and --url contradict each other: pass one of them")
+        return resolve_remote(None, key)
+    return resolve_remote(url, key, **local_flags)
+
+
+def local_only(url: str | None, *, local: bool, command: str, why: str) -> None:
+    """Refuse a daemon's address for a ``command`` that has no daemon endpoint (``why``): a
+    ``--url``, and an exported ``THOUGHTGATE_URL`` unless ``--local`` says the local store is
+    meant. Without this, a user who exported the address would believe the command acted on
+    the daemon when it acted on the local store (ADR 0162). A usage error: exit 2."""
+    if not url:
+        return
+    if not isinstance(url, UrlFromEnvironment):
+        raise UsageError(f"{command} cannot be used with --url: {why}")
+    if not local:
+        raise UsageError(
+            f"{command} works on the local store only ({why}), and THOUGHTGATE_URL is set "
+            f"({public_url(url)}): it would not act on that daemon. Pass --local to use the "
+            "local store (--db, THOUGHTGATE_DB or store.url) on purpose, or unset THOUGHTGATE_URL."
+        )
 
 
 def wants_daemon(url: str | None, key: str | None) -> bool:

@@ -190,6 +190,26 @@ class ThoughtgateClient:
         body: dict[str, Any] = await self._request("GET", "/v1/me")
         return body
 
+    async def create_key(self, *, name: str, role: str) -> dict[str, Any]:
+        """Create an API key (admin and above; never above this key's role): its id, name, role
+        and the key itself, which is shown only in this answer (``POST /v1/keys``)."""
+        body: dict[str, Any] = await self._request(
+            "POST", "/v1/keys", json_body={"name": name, "role": role}
+        )
+        return body
+
+    async def list_keys(self) -> list[dict[str, Any]]:
+        """Every API key, revoked ones too, never a secret (admin and above; ``GET /v1/keys``)."""
+        body = await self._request("GET", "/v1/keys")
+        return list(body["keys"])
+
+    async def revoke_key(self, key: str) -> dict[str, Any]:
+        """Revoke a key by exact id or by the name one active key has (admin and above;
+        ``DELETE /v1/keys/{key}``); ``RequestRejectedError`` (404) when none is active by that
+        id or name."""
+        body: dict[str, Any] = await self._request("DELETE", f"/v1/keys/{quote(key, safe='')}")
+        return body
+
     async def start_run(
         self,
         prompt: str,

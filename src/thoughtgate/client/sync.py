@@ -67,6 +67,15 @@ class SyncThoughtgateClient:
     def me(self) -> dict[str, Any]:
         return self._run(self.aio.me())
 
+    def create_key(self, *, name: str, role: str) -> dict[str, Any]:
+        return self._run(self.aio.create_key(name=name, role=role))
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        return self._run(self.aio.list_keys())
+
+    def revoke_key(self, key: str) -> dict[str, Any]:
+        return self._run(self.aio.revoke_key(key))
+
     def start_run(
         self,
         prompt: str,

@@ -66,11 +66,14 @@ __all__ = ["ENDPOINTS", "AguiOptions"]
 _REVOKED = "access_revoked"
 _UNREADABLE = "store_unavailable"
 _LET_GO = "store_refuses_writes"
+_STOPPING = "server_stopping"
 _ENDINGS = {
     _UNREADABLE: "the run's events cannot be read now: the event store is unavailable; "
     "follow the run again later",
     _LET_GO: "the run's events cannot be followed now: the event store refuses writes; "
     "follow the run again later",
+    _STOPPING: "the daemon is shutting down: this stream ends, not the run; follow the run "
+    "again later",
 }
 """How a stream that cannot go on ends (``RUN_ERROR``'s ``code`` and ``message``): the same
 words whatever the store said, so no path or driver text reaches a client; never the run's end.
@@ -81,10 +84,6 @@ log = logging.getLogger("thoughtgate.server")
 
 def _idle(now: float) -> None:
     """An AG-UI stream's tick: sse-starlette sends its keep-alives."""
-
-
-def _nothing() -> None:
-    """An AG-UI stream's stop: sse-starlette ends its response at shutdown."""
 
 
 class AguiOptions(BaseModel):
@@ -244,7 +243,9 @@ async def _frames(
     """The run's filtered events as AG-UI frames, from its first event to its end; a lost key
     ends the stream at once with ``RUN_ERROR``, and so does a read that fails or, once what is
     stored went, a store that refuses writes (ADR 0151): AG-UI has no resume frame, and a
-    stream left open would wait for an end that may never be recorded."""
+    stream left open would wait for an end that may never be recorded. So does the daemon's
+    shutdown (``LiveStreams.stop_all``, ADR 0162), with ``code`` ``server_stopping``: never
+    ``RUN_FINISHED``, which would say the run completed."""
 
     def encode(events: Sequence[BaseEvent]) -> bytes:
         return "".join(_frame(encoder, e) for e in events).encode("utf-8")
@@ -298,20 +299,34 @@ async def _frames(
             refused.append(True)
             reader.wake()
 
+    def end_now(why: str) -> None:
+        """End the stream with ``why`` at once, before whatever waits on the queue."""
+        task.cancel()
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(why)
+
     def access_lost(message: str) -> None:
         if not lost:
             lost.append(message)
-            task.cancel()
-            while not queue.empty():
-                queue.get_nowait()
-            queue.put_nowait(_REVOKED)
+            end_now(_REVOKED)
+
+    def server_stopping() -> None:
+        # ``LiveStreams.stop_all`` at shutdown, as for the daemon's own streams (ADR 0162): the
+        # runs executed here have ended by then (interrupted, their end sent); a run this stream
+        # follows goes on elsewhere, or resumes, so the stream says it ends, not the run.
+        if not lost:
+            lost.append(_ENDINGS[_STOPPING])
+            end_now(_STOPPING)
 
     unwatch = (
         state.access.watch(principal.key_id, principal.role, access_lost)
         if state.access is not None
         else None
     )
-    untick = state.streams.add(_idle, _nothing, store_refused) if reader is not None else None
+    untick = state.streams.add(
+        _idle, server_stopping, store_refused if reader is not None else None
+    )
     try:
         show = event_filter(principal.role, mode=run.chain_of_thought)  # once (ADR 0143)
         while not translator.finished:
@@ -335,8 +350,7 @@ async def _frames(
     finally:
         if unwatch is not None:
             unwatch()
-        if untick is not None:
-            untick()
+        untick()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

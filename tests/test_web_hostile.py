@@ -97,14 +97,17 @@ def _watched(page: Page) -> list[str]:
     return asked
 
 
-def _open(page: Page, daemon: Daemon, run_id: str) -> None:
+def _open(page: Page, daemon: Daemon, run_id: str, model: str) -> None:
+    """Open the run by its link, and wait until its own header (its model) is on screen."""
     page.goto(f"{daemon.base_url}/#{quote(run_id, safe='')}")
-    page.wait_for_selector("[data-testid=run-title]")
+    page.wait_for_selector(f"[data-testid=run-model]:text-is('{model}')")
     page.wait_for_selector("[data-testid=live]", state="detached")
     page.wait_for_load_state("networkidle")
 
 
 def _assert_inert(page: Page, asked: list[str]) -> None:
+    if page.locator("[data-testid=open-trace]").count():
+        page.click("[data-testid=open-trace]")
     closed = page.locator("#thread details:not([open]) > summary")
     for _ in range(50):  # every panel shown: reasoning, trace, tools
         if not closed.count():
@@ -155,12 +158,13 @@ def test_markup_in_every_text_a_run_holds_is_shown_and_never_obeyed(
         page.fill("#search", "")
         page.press("#search", "Enter")
         page.wait_for_selector(f"#runs-list a[data-run={json.dumps(JS_ID)}]")
-        for run_id in (HOSTILE_ID, mirrored, thought):
-            _open(page, daemon, run_id)
+        opened = ((HOSTILE_ID, "fake:seeded"), (mirrored, "fake:mirror"), (thought, "fake:story"))
+        for run_id, model in opened:
+            _open(page, daemon, run_id, model)
             _assert_inert(page, asked)
         assert page.inner_text("[data-testid=run-title]") == HOSTILE_WORD
         assert HOSTILE_WORD in page.inner_text("#thread")  # the raw reasoning, as text
-        _open(page, daemon, HOSTILE_ID)
+        _open(page, daemon, HOSTILE_ID, "fake:seeded")
         shown = HOSTILE.replace("\u202e", "\\u202e")
         assert page.inner_text("[data-testid=run-title]") == shown
         assert shown in page.inner_text("#thread")

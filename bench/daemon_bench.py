@@ -462,7 +462,7 @@ class _Connection:
         assert self.reader is not None and self.writer is not None
         data = json.dumps(body).encode() if body is not None else b""
         self.writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {self.key}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n{headers}\r\n".encode()
             + data
         )

@@ -153,7 +153,7 @@ async def _request(base: str, key: str, method: str, path: str, body: Any) -> An
     reader, writer = await asyncio.open_connection(host, int(port))
     data = json.dumps(body).encode()
     writer.write(
-        f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {key}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
         "Connection: close\r\n\r\n".encode()
         + data
@@ -238,7 +238,7 @@ async def _level(base: str, key: str, readers: int, events: int, go_dir: Path) -
     run_id = created["run_id"]
     ticket = (await _request(base, key, "POST", "/v1/tickets", {"run_id": run_id}))["ticket"]
     host, port = base.removeprefix("http://").split(":")
-    request = f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: bench\r\n\r\n"
+    request = f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     loop = asyncio.get_running_loop()
     subs: list[_Reader] = []
     try:

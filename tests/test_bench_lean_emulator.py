@@ -85,7 +85,7 @@ def _port(url: str) -> int:
 
 def _request(method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
     return (
-        f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer k\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{headers}\r\n"
     ).encode() + body
 

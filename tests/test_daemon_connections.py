@@ -84,7 +84,7 @@ def test_a_request_head_must_arrive_within_the_header_timeout(tmp_path: Path) ->
         silent = socket.create_connection(address(server))
         trickle = socket.create_connection(address(server))
         started = time.monotonic()
-        trickle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        trickle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         closed = False
         for i in range(20):  # one header line every 0.2 s, never the blank line that ends them
             try:
@@ -105,7 +105,7 @@ def test_an_idle_keep_alive_connection_closes_after_the_idle_timeout(tmp_path: P
     config = write_config(tmp_path, header_timeout_s=30.0, idle_timeout_s=1)
     with serving("--config", str(config)) as server:
         sock = socket.create_connection(address(server))
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         sock.settimeout(5)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         started = time.monotonic()
@@ -136,7 +136,7 @@ def test_at_the_connection_limit_idle_ones_make_room_and_busy_ones_are_kept(
         for _ in range(8):
             sock = socket.create_connection(address(server), timeout=10)
             sock.sendall(
-                f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+                f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
             )
             assert sock.recv(12) == b"HTTP/1.1 200"  # the stream is open: a request in progress
             streams.append(sock)

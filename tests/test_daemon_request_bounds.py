@@ -46,7 +46,7 @@ def daemon() -> Iterator[tuple[tuple[str, int], dict[str, str]]]:
 
 
 def head(path: str, length: int, headers: dict[str, str] | None = None) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     lines.append(f"Content-Length: {length}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -94,7 +94,7 @@ def test_a_large_body_without_a_valid_key_is_refused_unread(
             status, _, body = answer(sock)
             assert status.startswith("HTTP/1.1 401") and body["error"]["code"] == "unauthorized"
             sock.sendall(b"x" * 800_000)  # the rest of it: read past, not kept
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert answer(sock)[0].startswith("HTTP/1.1 200")
 
 
@@ -137,7 +137,7 @@ def test_a_head_longer_than_the_limit_is_answered_431_and_its_connection_closed(
     one connection without a key."""
     address, _ = daemon
     with connect(address) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         sock.sendall(b"".join(b"X-Pad-%d: %b\r\n" % (i, b"p" * 1000) for i in range(100)))
         status, headers, body = answer(sock)
         assert status.startswith("HTTP/1.1 431") and headers["connection"] == "close"
@@ -157,5 +157,5 @@ def test_a_head_within_the_limit_is_served(
         body = b'{"run_id": "none"}'
         sock.sendall(head("/v1/tickets", len(body), auth(keys["member"])) + body)
         assert answer(sock)[0].startswith("HTTP/1.1 404")
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + pad + b"\r\n")
         assert answer(sock)[0].startswith("HTTP/1.1 200")

@@ -316,7 +316,7 @@ def _stalled_reader(daemon: Daemon, run_id: str, ticket: str) -> Any:
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
     stalled.connect((host, int(port)))
     stalled.sendall(
-        f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        f"GET /v1/runs/{run_id}/stream?ticket={ticket} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
     )
     return stalled
 

@@ -57,7 +57,7 @@ class _Served:
         )
         ((name, value),) = auth(self.key).items()
         return (
-            f"POST {path} HTTP/1.1\r\nHost: test\r\n{name}: {value}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{name}: {value}\r\n"
             f"Content-Type: application/json\r\n{framing}\r\n\r\n"
         )
 

@@ -61,7 +61,7 @@ class _Cycle:
             "raw_path": path.encode(),
             "query_string": b"",
             "root_path": "",
-            "headers": [(b"host", b"daemon")],
+            "headers": [(b"host", b"127.0.0.1:8000")],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
         }

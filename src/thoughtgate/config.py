@@ -385,10 +385,36 @@ class ServerConfig(_Section):
     (ADR 0147): a body that trickles in ("slowloris") cannot hold a connection for ever."""
     idle_timeout_s: int = Field(default=5, ge=1, le=3600)
     """An idle keep-alive connection is closed after this many (whole) seconds."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (the ``Host`` header without its port) the daemon answers besides IP
+    addresses, ``localhost`` and ``host``. On a connection to a loopback address no other name is
+    answered (``400``: a page that rebinds its name to ``127.0.0.1`` reads nothing, ADR 0159);
+    on other addresses, any name unless this lists some. ``"*"``: every name everywhere. In the
+    environment: comma-separated."""
     gc_young_threshold: int = Field(default=10_000, ge=100, le=10_000_000)
     """Net container allocations between the cyclic garbage collector's young passes while
     serving (Python's default: 700). Higher lets a run's short-lived objects die before a pass
     walks them; cycles are still collected, at most this many allocations later (ADR 0045)."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [s for s in value.split(",") if s.strip()]
+        if isinstance(value, (list, tuple)):
+            names = []
+            for item in value:
+                if not isinstance(item, str):
+                    return value  # pydantic says what is wrong with it
+                name = item.strip().lower()
+                if not name or any(c in name for c in "/: \t@"):
+                    raise ValueError(
+                        f"{item!r} is not a host name; give names as a Host header holds them, "
+                        'without scheme or port ("tg.example.com"), or "*"'
+                    )
+                names.append(name.rstrip("."))
+            return tuple(names)
+        return value
 
 
 class TelemetryConfig(_Section):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,13 +67,14 @@ MISSING = (
 
 
 @contextmanager
-def launch() -> Iterator[Browser]:
-    """Chromium launched by its executable path; raises ``RuntimeError`` saying why it cannot."""
+def launch(extra_args: Sequence[str] = ()) -> Iterator[Browser]:
+    """Chromium launched by its executable path (with ``extra_args`` after the usual ones);
+    raises ``RuntimeError`` saying why it cannot."""
     path = chromium_path()
     if path is None:
         raise RuntimeError(MISSING)
     with sync_playwright() as playwright:
-        browser = _launch(playwright, path)
+        browser = _launch(playwright, path, extra_args)
         try:
             yield browser
         finally:
@@ -91,9 +92,9 @@ def browser() -> Iterator[Browser]:
         pytest.fail(str(exc), pytrace=False)
 
 
-def _launch(playwright: Playwright, path: str) -> Browser:
+def _launch(playwright: Playwright, path: str, extra_args: Sequence[str] = ()) -> Browser:
     try:
-        return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        return playwright.chromium.launch(executable_path=path, args=[*CHROMIUM_ARGS, *extra_args])
     except Exception as exc:
         raise RuntimeError(f"chromium at {path} did not start: {exc}") from exc
 

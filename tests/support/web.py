@@ -50,6 +50,7 @@ __all__ = [
     "raw_marker",
     "said_marker",
     "seed_run",
+    "step_event",
     "story_run",
     "web_daemon",
 ]
@@ -242,7 +243,8 @@ WEB_TOOLS = [check_weather, find_trains, *SERVER_TOOLS]  # + lookup, dangerous (
 # --------------------------------------------------------------------------- seeded runs
 
 
-def _step(etype: str, step_id: str, summary: Any, **extra: Any) -> NewEvent:
+def step_event(etype: str, step_id: str, summary: Any, **extra: Any) -> NewEvent:
+    """A visible-reasoning event (``cot.step`` and kin) as the pipeline writes one."""
     payload = {
         "marker": VISIBLE_MARKER,
         "step_id": step_id,
@@ -260,12 +262,12 @@ SEEDED_SECRET = "SEEDED-SECRET-REASONING"
 
 SEEDED_EVENTS = [
     NewEvent("run.started", {"prompt": "seeded"}),
-    _step("cot.step", "s1", "Reading the request"),
+    step_event("cot.step", "s1", "Reading the request"),
     NewEvent("cot.step", {"step_id": "s2", "summary": "unmarked step", "phase": "thinking"}),
-    _step("cot.step", "s3", 42),  # malformed summary
-    _step("cot.phase", "s4", "Bad phase", phase="pondering"),
-    _step("cot.step", "s5", "   "),  # blank
-    _step("cot.tool.reasoning", "s6", "Why the tool", tool_call_id="call_missing"),
+    step_event("cot.step", "s3", 42),  # malformed summary
+    step_event("cot.phase", "s4", "Bad phase", phase="pondering"),
+    step_event("cot.step", "s5", "   "),  # blank
+    step_event("cot.tool.reasoning", "s6", "Why the tool", tool_call_id="call_missing"),
     NewEvent(
         "agent.response",
         {"turn": 0, "answer": "", "reasoning": f"{SEEDED_SECRET} in a provider field"},
@@ -279,7 +281,7 @@ SEEDED_EVENTS = [
             "input": {"q": f"{SEEDED_SECRET} as tool input"},
         },
     ),
-    _step("cot.tool.reasoning", "s7", "Looking it up", tool_call_id="c1"),
+    step_event("cot.tool.reasoning", "s7", "Looking it up", tool_call_id="c1"),
     NewEvent(
         "tool.completed",
         {

@@ -40,6 +40,7 @@ from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.api import starlette_route
 from thoughtgate.server.errors import exception_handlers
 from thoughtgate.server.fanout import RunFeeds
+from thoughtgate.server.hosts import HostCheckMiddleware
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.middleware import BodyLimitMiddleware, OverheadHeaderMiddleware
 from thoughtgate.server.openapi import build_openapi
@@ -50,15 +51,23 @@ from thoughtgate.server.sse import SERVER_SEND, LiveStreams
 from thoughtgate.server.state import ServerState
 from thoughtgate.store.base import EventStore
 
-__all__ = ["create_app"]
+__all__ = ["PAGE_POLICY", "create_app"]
 
 log = logging.getLogger("thoughtgate.server")
 
 STATIC_DIR = Path(__file__).with_name("static")
+PAGE_POLICY = "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+"""The page's content security policy: it needs no inline script or style (ADR 0159)."""
 _PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    # base-uri and form-action are not covered by default-src: no <base> may move the page's
+    # scripts elsewhere, and no form may post anywhere (the page's forms are handled by its
+    # scripts, ADR 0159)
+    "Content-Security-Policy": PAGE_POLICY,
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    # asked again each time (a 304 while unchanged): an upgraded daemon's page never runs
+    # with scripts a browser kept from the one before
+    "Cache-Control": "no-cache",
 }
 
 
@@ -222,6 +231,11 @@ def create_app(
     app = _App(
         routes=[*(starlette_route(e) for e in endpoints), *_page_routes()],
         middleware=[
+            Middleware(
+                HostCheckMiddleware,
+                allowed=config.server.allowed_hosts,
+                bind_host=config.server.host,
+            ),
             Middleware(OverheadHeaderMiddleware),
             Middleware(
                 BodyLimitMiddleware,

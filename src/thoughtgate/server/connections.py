@@ -53,9 +53,12 @@ _BODY = json.dumps(
         }
     }
 ).encode()
+_NOT_KEPT = b"cache-control: no-store\r\nx-content-type-options: nosniff\r\n"
+"""As every answer of the app's (``server.responses.NOT_KEPT``, ADR 0159)."""
 _TOO_MANY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"connection: close\r\nretry-after: 1\r\ncontent-length: "
+    + _NOT_KEPT
+    + b"connection: close\r\nretry-after: 1\r\ncontent-length: "
     + str(len(_BODY)).encode()
     + b"\r\n\r\n"
     + _BODY
@@ -66,8 +69,8 @@ def _error_answer(status: str, code: str, message: str) -> bytes:
     """A JSON error answer the connection writes itself, closing the connection after it."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     return (
-        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: %d\r\n\r\n%b" % (status.encode(), len(body), body)
+        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%bconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%b" % (status.encode(), _NOT_KEPT, len(body), body)
     )
 
 

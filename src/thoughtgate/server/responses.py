@@ -19,7 +19,7 @@ from typing import Any
 from starlette import responses
 from starlette.background import BackgroundTask
 
-__all__ = ["JSONResponse", "compact_json"]
+__all__ = ["NOT_KEPT", "JSONResponse", "compact_json"]
 
 
 def _c_encoder(*, sort_keys: bool) -> Callable[[Any], str] | None:
@@ -45,6 +45,11 @@ def _c_encoder(*, sort_keys: bool) -> Callable[[Any], str] | None:
 
 
 _NO_STORE = (b"cache-control", b"no-store")
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+NOT_KEPT: dict[str, str] = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+"""The headers of every answer that is not the page's (a live stream, a ``204``, a redirect):
+no cache keeps it, and no browser reads it as anything but what it says it is (ADR 0159)."""
 
 _COMPACT = {False: _c_encoder(sort_keys=False), True: _c_encoder(sort_keys=True)}
 
@@ -67,7 +72,9 @@ class JSONResponse(responses.JSONResponse):
     """Starlette's ``JSONResponse``, rendered by :func:`compact_json` (the same bytes), and
     ``Cache-Control: no-store`` unless the route says otherwise: every answer of the API is
     what one key may see at one moment (its role's filter, ADR 0135), never a page a shared
-    cache between the client and the daemon may keep and hand to the next caller."""
+    cache between the client and the daemon may keep and hand to the next caller; and
+    ``X-Content-Type-Options: nosniff``, so that no browser runs or renders a body that quotes a
+    run (an answer holding markup) as anything but JSON (ADR 0159)."""
 
     def __init__(
         self,
@@ -80,6 +87,7 @@ class JSONResponse(responses.JSONResponse):
         super().__init__(content, status_code, headers, media_type, background)
         if headers is None or not any(k.lower() == "cache-control" for k in headers):
             self.raw_headers.append(_NO_STORE)
+        self.raw_headers.append(_NOSNIFF)
 
     def render(self, content: Any) -> bytes:
         text = compact_json(content)

@@ -24,6 +24,8 @@ from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
+from thoughtgate.server.responses import NOT_KEPT
+
 __all__ = ["DepthRouter"]
 
 _NO_SLASH = (StringConvertor, IntegerConvertor, FloatConvertor, UUIDConvertor)
@@ -104,6 +106,6 @@ class DepthRouter(Router):
         if not location.startswith("/") or location.startswith(("//", "/\\")):
             return False  # a path another host could be read from: never a redirect
         query = scope.get("query_string", b"").decode("latin-1")
-        response = RedirectResponse(location + (f"?{query}" if query else ""))
+        response = RedirectResponse(location + (f"?{query}" if query else ""), headers=NOT_KEPT)
         await response(scope, receive, send)
         return True

@@ -460,7 +460,11 @@ class LiveResponse(Response):
         self.background = None
         self.streams = streams
         self.status_code = 200
-        raw = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-store"}
+        raw = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-store",
+            "x-content-type-options": "nosniff",
+        }
         raw.update({k.lower(): v for k, v in headers.items()})
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in raw.items()]
 

@@ -56,6 +56,7 @@ from thoughtgate.server.agui import AguiTranslator
 from thoughtgate.server.api import Endpoint, parse_body
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.fanout import LiveReader, replay
+from thoughtgate.server.responses import NOT_KEPT
 from thoughtgate.server.state import ServerState, state_of
 from thoughtgate.store.records import TERMINAL_RUN_STATUSES, RunRecord
 from thoughtgate.types import Message, Part, TextPart, ToolCallPart, ToolResultPart
@@ -214,7 +215,7 @@ async def agui_run(request: Request, principal: Principal | None) -> Response:
         ping=state.server.keepalive_s,
         send_timeout=state.sse_send_timeout_s,
         headers={
-            "Cache-Control": "no-store",
+            **NOT_KEPT,
             "X-Accel-Buffering": "no",
             "X-Thoughtgate-Run-Id": run.run_id,
         },

@@ -28,7 +28,7 @@ from thoughtgate.server.errors import ApiError
 from thoughtgate.server.fanout import FirstPage
 from thoughtgate.server.middleware import READER_ROLE
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
-from thoughtgate.server.responses import JSONResponse
+from thoughtgate.server.responses import NOT_KEPT, JSONResponse
 from thoughtgate.server.routes.runs import start_run
 from thoughtgate.server.sse import DirectWrites, LiveResponse, live_frames
 from thoughtgate.server.state import ServerState, state_of
@@ -95,7 +95,7 @@ async def stream_run(request: Request, principal: Principal | None) -> Response:
         finished, mode = run.status in TERMINAL_RUN_STATUSES, run.chain_of_thought
     if after > 0 and await _nothing_after(state.store, run_id, after, finished=finished):
         # At or past the end of a finished run: 204 tells an EventSource to stop reconnecting.
-        return Response(status_code=204)
+        return Response(status_code=204, headers=NOT_KEPT)
     first_page = whole
     if first_page is None:
         first_page = _first_page_of(prefetched(request))
@@ -194,7 +194,7 @@ def _live(
         direct=direct,
         first_page=first_page,
     )
-    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    headers = {**NOT_KEPT, "X-Accel-Buffering": "no"}
     if location is not None:
         headers["Location"] = location
     return LiveResponse(
@@ -222,7 +222,7 @@ def stream_response(state: ServerState, frames: AsyncIterator[bytes]) -> Respons
         frames,
         ping=state.server.keepalive_s,
         send_timeout=state.sse_send_timeout_s,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        headers={**NOT_KEPT, "X-Accel-Buffering": "no"},
     )
 
 

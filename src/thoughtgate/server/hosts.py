@@ -1,0 +1,105 @@
+"""Which ``Host`` a request may name: DNS rebinding (ADR 0159).
+
+A page on ``evil.example`` can point its own name at ``127.0.0.1`` and call the daemon on a
+developer's machine: the browser sends ``Host: evil.example:8765``, and treats every answer as
+that page's own (same origin), so the page reads whatever answers without a key (the page, its
+files, ``/healthz``, ``/readyz``, ``/openapi.json``) and can show the daemon's own sign-in form
+under its name. Its answers need no key to be refused; a name is the only thing that tells.
+
+A request that arrived at a loopback address is answered only when its ``Host`` is an IP
+address (no name to rebind: a page's origin is then that address), ``localhost``, the configured
+``server.host`` when it is a name, or a name in ``server.allowed_hosts``; any other is ``400``
+(``host_not_allowed``), before any route runs. On other addresses every name is answered unless
+``server.allowed_hosts`` lists some: then only those, IP addresses and ``localhost`` are.
+``"*"`` answers every name everywhere. A request with no ``Host`` (HTTP/1.0) is no browser's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from thoughtgate.server.errors import error_response
+
+__all__ = ["HostCheckMiddleware", "host_name"]
+
+_LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def host_name(header: str) -> str:
+    """The name a ``Host`` header holds: lower case, without its port, brackets or final dot."""
+    value = header.strip().lower()
+    if value.startswith("["):  # "[::1]:8765"
+        return value[1 : value.find("]")] if "]" in value else value[1:]
+    name, _, _ = value.partition(":")
+    return name.rstrip(".")
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(address: object) -> bool:
+    try:
+        return ipaddress.ip_address(str(address)).is_loopback
+    except ValueError:
+        return False
+
+
+class HostCheckMiddleware:
+    """Refuses (``400``) a request whose ``Host`` names a host the daemon does not answer for."""
+
+    def __init__(self, app: ASGIApp, *, allowed: Iterable[str], bind_host: str = "") -> None:
+        self.app = app
+        names = {host_name(n) for n in allowed}
+        self.any_name = "*" in names
+        self.listed = bool(names)
+        """Whether the operator named hosts: then other addresses answer only those too."""
+        bind = host_name(bind_host)
+        if bind and not _is_address(bind):
+            names.add(bind)
+        self.names = frozenset(names | _LOOPBACK_NAMES)
+        self.seen: dict[tuple[object, bytes], bool] = {}
+        """Whether each (local address, ``Host``) pair met is answered: a few hundred at most are
+        kept, which spares a request the two address parses (each several times the rest of the
+        check)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.any_name or self._answers(scope):
+            await self.app(scope, receive, send)
+            return
+        await error_response(
+            400,
+            "this daemon does not answer for that Host name; a name it should answer for goes "
+            "in server.allowed_hosts",
+            code="host_not_allowed",
+        )(scope, receive, send)
+
+    def _answers(self, scope: Scope) -> bool:
+        host = None
+        for name, value in scope.get("headers", ()):
+            if name == b"host":
+                host = value
+                break
+        if host is None:
+            return True
+        server = scope.get("server")
+        address = server[0] if server else None
+        known = self.seen.get((address, host))
+        if known is None:
+            known = self._decide(address, host)
+            if len(self.seen) < 256:
+                self.seen[(address, host)] = known
+        return known
+
+    def _decide(self, address: object, host: bytes) -> bool:
+        if not self.listed and not _is_loopback(address):
+            return True  # another address, no names listed: any name
+        name = host_name(host.decode("latin-1"))
+        return name in self.names or _is_address(name)

@@ -437,12 +437,15 @@ def test_an_executions_append_statements_are_the_plain_ones_with_the_fence() -> 
 
     fenced = {
         "sqlite": (sqlite._BUMP_SEQ, sqlite._BUMP_HELD_SEQ, "attempts FROM run_specs"),
-        "postgres": (postgres._APPEND, postgres._APPEND_HELD, "COALESCE(claim, 1)"),
-        "postgres, one task and type": (
-            postgres._APPEND_UNIFORM,
-            postgres._APPEND_UNIFORM_HELD,
-            "COALESCE(claim, 1)",
-        ),
+        **{
+            f"postgres, uniform={uniform}, apart={apart}": (
+                postgres._STATEMENTS[uniform, False, apart],
+                postgres._STATEMENTS[uniform, True, apart],
+                "COALESCE(claim, 1)",
+            )
+            for uniform in (False, True)
+            for apart in (False, True)
+        },
     }
     for plain, held, attempt in fenced.values():
         assert held.count("AND closed_at IS NULL AND owner = ") == 1

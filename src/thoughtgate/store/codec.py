@@ -340,6 +340,9 @@ def no_such_run(run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
+_NOTHING_APART: frozenset[str] = frozenset()
+
+
 def _split(event: NewEvent) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
     """The payload's row part and its part kept apart (``access.filter.stored_apart``)."""
     payload = event.payload
@@ -365,13 +368,20 @@ def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
     types = [e.type for e in events]
     refuse_unstorable_columns(task_ids, types)
     try:
-        parts = [_encoded(e, "value") for e in events]
+        if all(stored_apart(t) == _NOTHING_APART for t in set(types)):
+            # Most batches (answer deltas, tool and lifecycle events) keep nothing apart: each
+            # payload is written as before, without the split's calls (the store bench's
+            # appends measured them).
+            payloads = [dumps(e.payload) for e in events]
+            aparts: list[str | None] = [None] * len(events)
+        else:
+            parts = [_encoded(e, "value") for e in events]
+            payloads = [p[0] for p in parts]
+            aparts = [p[1] for p in parts]
     except UsageError:  # say which event (building that text for every event would cost)
         for e in events:
             _encoded(e, f"payload of {e.type!r} event")
         raise
-    payloads = [p[0] for p in parts]
-    aparts = [p[1] for p in parts]
     return payloads, task_ids, types, [e.ts for e in events], aparts
 
 
@@ -424,14 +434,15 @@ def make_event(
 _TEXT = "CAST(payload AS TEXT)"
 
 
-def payload_sql(part: str) -> str:
-    """An event's whole payload: the row's JSON object with ``part``, the one kept apart (ADR
-    0160), spliced in before its closing brace, as :func:`joined_payload` does. ``apart IS
-    NULL`` (the row's column): nothing apart -- most events, and every row written before."""
+def payload_sql(part: str, row: str = _TEXT) -> str:
+    """An event's whole payload: the row's JSON object (``row``) with ``part``, the one kept
+    apart (ADR 0160), spliced in before its closing brace, as :func:`joined_payload` does.
+    ``apart IS NULL`` (the row's column): nothing apart -- most events, and every row written
+    before. ``row``: PostgreSQL's ``json`` column as text; SQLite's column is text already."""
     text = f"CAST({part} AS TEXT)"
     return (
-        f"CASE WHEN apart IS NULL THEN {_TEXT} WHEN {_TEXT} = '{{}}' THEN {text} "
-        f"ELSE substr({_TEXT}, 1, length({_TEXT}) - 1) || ',' || substr({text}, 2) END"
+        f"CASE WHEN apart IS NULL THEN {row} WHEN {row} = '{{}}' THEN {text} "
+        f"ELSE substr({row}, 1, length({row}) - 1) || ',' || substr({text}, 2) END"
     )
 
 
@@ -441,7 +452,7 @@ detoasted only by a query that reads it)."""
 SQLITE_APART = (
     "(SELECT a.apart FROM events_apart a WHERE a.run_id = events.run_id AND a.seq = events.seq)"
 )
-SQLITE_PAYLOAD_SQL = payload_sql(SQLITE_APART)
+SQLITE_PAYLOAD_SQL = payload_sql(SQLITE_APART, "payload")
 """SQLite's: the part is a row of ``events_apart`` (the row's ``apart`` is ``1``), looked up for
 the events that have one. Not a column of ``events``: that table is clustered on its key
 (``WITHOUT ROWID``), and a seek compares whole cells, overflow pages included -- a long value

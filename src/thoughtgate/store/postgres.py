@@ -1,6 +1,6 @@
 """The scale-out store: PostgreSQL shared by any number of ``thoughtgate serve`` replicas.
 
-Ordering (why a resuming reader can never miss an event): see ``_APPEND``. Live fan-out across
+Ordering (why a resuming reader can never miss an event): see ``_APPEND_STATEMENT``. Live fan-out across
 processes: after an append commits, the store's notifier (``pg_notifier``) sends ``NOTIFY`` on a
 per-schema channel, one transaction for the appends of a short window; one shared ``LISTEN``
 connection per store (``pg_listener``) wakes that store's tails; a slow safety poll covers
@@ -75,7 +75,7 @@ __all__ = [
 # commit, coalesced with other appends' (``pg_notifier``, ADR 0132).
 #
 # The batch travels as four plain strings that the server splits (see ``_batch_params``; two, and
-# the task id and type once, when every event shares them: ``_APPEND_UNIFORM``): adapting
+# the task id and type once, when every event shares them: ``_UNIFORM``): adapting
 # Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
 # times more than everything else an append does.
 #
@@ -90,35 +90,43 @@ WITH bumped AS (
     RETURNING last_seq - %(n)s AS base,
               extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
-    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v, apart)
+    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v{apart_column})
     SELECT %(run_id)s, bumped.base + e.ord, {task_and_type}, e.ts + bumped.skew,
-           e.payload::json, %(v)s, e.apart::json
+           e.payload::json, %(v)s{apart_value}
     FROM bumped, unnest({task_and_type_arrays}
         string_to_array(%(ts)s, ',')::float8[],
-        string_to_array(%(payloads)s, E'\\x1e'),
-        string_to_array(%(aparts)s, E'\\x1e', '')
-    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, apart, ord)
+        string_to_array(%(payloads)s, E'\\x1e'){apart_array}
+    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, {apart_name}ord)
     RETURNING 1
 )
 SELECT base, skew
 FROM bumped
 """
-_APPEND = _APPEND_STATEMENT.format(
-    task_and_type="e.task_id, e.type",
-    task_and_type_arrays="""
+_MIXED = {
+    "task_and_type": "e.task_id, e.type",
+    "task_and_type_arrays": """
         ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),
         ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),""",
-    task_and_type_names="task_id, type, ",
-)
-_APPEND_UNIFORM = _APPEND_STATEMENT.format(
-    task_and_type="%(task_id)s::text, %(type)s::text",
-    task_and_type_arrays="",
-    task_and_type_names="",
-)
-"""``_APPEND`` for a batch whose events share one task and one type (a model turn's deltas):
-the two are sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+    "task_and_type_names": "task_id, type, ",
+}
+_UNIFORM = {
+    "task_and_type": "%(task_id)s::text, %(type)s::text",
+    "task_and_type_arrays": "",
+    "task_and_type_names": "",
+}
+"""For a batch whose events share one task and one type (a model turn's deltas): the two are
+sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+_NO_APART = {"apart_column": "", "apart_value": "", "apart_array": "", "apart_name": ""}
+_APART = {
+    "apart_column": ", apart",
+    "apart_value": ", e.apart::json",
+    "apart_array": ",\n        string_to_array(%(aparts)s, E'\\x1e', '')",
+    "apart_name": "apart, ",
+}
+"""What a batch with a part kept apart (ADR 0160) adds to the statement; a batch without one
+(most: answer deltas, tool and lifecycle events) is sent without the column (left NULL)."""
 
 
 def _fenced(statement: str) -> str:
@@ -129,11 +137,25 @@ def _fenced(statement: str) -> str:
     )
 
 
-_APPEND_HELD = _fenced(_APPEND)
-"""``_APPEND`` for an execution's append, fenced as its end is (``Holder.holds``, ADR 0090): the
-run's owner and its latest claim (``runs.claim``, migration 11: a column of the row the
-``UPDATE`` locks, so a claim that held the lock is seen committed) must be the execution's."""
-_APPEND_UNIFORM_HELD = _fenced(_APPEND_UNIFORM)
+def _append_statement(*, uniform: bool, held: bool, apart: bool) -> str:
+    """``_APPEND_STATEMENT`` for a batch of one task and type or not, and with a part kept apart
+    or not; ``held``: fenced for an execution's append, as its end is (``Holder.holds``, ADR
+    0090): the run's owner and its latest claim (``runs.claim``, migration 11: a column of the
+    row the ``UPDATE`` locks, so a claim that held the lock is seen committed) must be the
+    execution's."""
+    statement = _APPEND_STATEMENT.format(
+        **(_UNIFORM if uniform else _MIXED), **(_APART if apart else _NO_APART)
+    )
+    return _fenced(statement) if held else statement
+
+
+_STATEMENTS = {
+    (uniform, held, apart): _append_statement(uniform=uniform, held=held, apart=apart)
+    for uniform in (False, True)
+    for held in (False, True)
+    for apart in (False, True)
+}
+"""Every append statement by (one task and type, fenced, with a part kept apart)."""
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
@@ -152,16 +174,17 @@ def _batch_params(
     aparts: list[str | None],
 ) -> dict[str, Any]:
     """The batch columns as strings: JSON arrays for the texts (one task id and one type where
-    every event shares them, for ``_APPEND_UNIFORM``), the shortest digits that read back as
+    every event shares them, for ``_UNIFORM``), the shortest digits that read back as
     the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a time that
     is not finite, which orjson would write as ``null``)."""
     stamps = orjson.dumps(list(map(float, ts))).decode()
     params: dict[str, Any] = {
         "ts": ",".join(map(float.__repr__, map(float, ts))) if "null" in stamps else stamps[1:-1],
         "payloads": _RECORD_SEPARATOR.join(payloads),
-        # What is kept apart (ADR 0160), ``''`` (read back as NULL) for an event without.
-        "aparts": _RECORD_SEPARATOR.join(a or "" for a in aparts),
     }
+    if aparts.count(None) != len(aparts):
+        # What is kept apart (ADR 0160), ``''`` (read back as NULL) for an event without.
+        params["aparts"] = _RECORD_SEPARATOR.join(a or "" for a in aparts)
     n = len(payloads)
     if n and task_ids.count(task_ids[0]) == n and types.count(types[0]) == n:
         params.update(task_id=task_ids[0], type=types[0])
@@ -359,8 +382,9 @@ _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
-# A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
-# ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.
+# A new key's creation time is moved onto the server's clock as an event's is (see
+# ``_APPEND_STATEMENT``, ADR 0074); a key saved again (a role changed) keeps the time it is
+# given, read from the store.
 _UPSERT_KEY = (
     f"INSERT INTO api_keys ({codec.KEY_COLUMNS}) VALUES (%(key_id)s, %(name)s, %(role)s, "
     "%(key_hash)s, %(created_at)s + extract(epoch FROM statement_timestamp()) - %(sent)s::float8, "
@@ -858,17 +882,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns: codec.EncodedEvents,
         held_by: Holder | None = None,
     ) -> int:
-        """Number and insert encoded events (one statement, see ``_APPEND``); the first seq.
+        """Number and insert encoded events (one statement, see ``_APPEND_STATEMENT``); the first seq.
         Their times in ``columns`` are moved in place as they were stored (the server's clock),
         so the events built from them are the ones a reader will see. ``held_by``: the
-        execution appending, which must hold the run (``_APPEND_HELD``, ADR 0090)."""
+        execution appending, which must hold the run (``_append_statement``, ADR 0090)."""
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, v=EVENT_VERSION)
         params["sent"] = time.time()
-        uniform = "type" in params
-        statement = _APPEND_UNIFORM if uniform else _APPEND
+        statement = _STATEMENTS["type" in params, held_by is not None, "aparts" in params]
         if held_by is not None:
-            statement = _APPEND_UNIFORM_HELD if uniform else _APPEND_HELD
             params.update(owner=held_by.owner, attempt=held_by.attempt)
         row = await (await conn.execute(statement, params)).fetchone()
         if row is None:  # no such run, it has ended, or another execution holds it

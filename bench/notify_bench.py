@@ -77,9 +77,8 @@ def _no_notify(store: Any) -> None:
     """No NOTIFY at all: not in the append's statement, not after it."""
     from thoughtgate.store import postgres
 
-    for name in ("_APPEND", "_APPEND_UNIFORM", "_APPEND_HELD", "_APPEND_UNIFORM_HELD"):
-        statement = getattr(postgres, name)
-        setattr(postgres, name, re.sub(r"pg_notify\(%\(channel\)s, [^\n]*\)", "NULL", statement))
+    for key, statement in postgres._STATEMENTS.items():
+        postgres._STATEMENTS[key] = re.sub(r"pg_notify\(%\(channel\)s, [^\n]*\)", "NULL", statement)
     notifier = getattr(store, "_notifier", None)
     if notifier is not None:
         notifier.committed = lambda *_: None

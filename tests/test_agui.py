@@ -327,10 +327,12 @@ class _UnreadableStore(MemoryStore):
 
     failing = False
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
         if self.failing:
             raise StoreError(f"{SECRET_PATH}: disk I/O error")
-        return await super().read(run_id, after=after, limit=limit)
+        return await super().read(run_id, after=after, limit=limit, apart=apart)
 
 
 @pytest.mark.parametrize("finished", [True, False], ids=["replayed", "followed"])

@@ -78,10 +78,10 @@ class _RunReads:
         self.count = 0
         self._get_run = self.store.get_run
 
-    async def get_run(self, run_id: str) -> Any:
+    async def get_run(self, run_id: str, **kw: Any) -> Any:
         if run_id == self.run_id:
             self.count += 1
-        return await self._get_run(run_id)
+        return await self._get_run(run_id, **kw)
 
     def __enter__(self) -> _RunReads:
         self.store.get_run = self.get_run

@@ -29,11 +29,13 @@ class CountingStore(MemoryStore):
         self.reads = 0
         self.fail_reads = False
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
         self.reads += 1
         if self.fail_reads:
             raise StoreError("cannot read: injected")
-        return await super().read(run_id, after=after, limit=limit)
+        return await super().read(run_id, after=after, limit=limit, apart=apart)
 
 
 async def _collect(feeds: RunFeeds, after: int, pause_every: int) -> list[int]:
@@ -109,8 +111,10 @@ class PageRecordingStore(MemoryStore):
         super().__init__()
         self.pages: list[int] = []
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        page = await super().read(run_id, after=after, limit=limit)
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        page = await super().read(run_id, after=after, limit=limit, apart=apart)
         self.pages.append(len(page))
         return page
 
@@ -323,7 +327,9 @@ def test_a_reader_started_from_an_early_first_page_gets_every_event_once_in_orde
 class LoopReadingStore(CountingStore):
     """Answers short reads on the loop (``read_now``), as SQLite's loop connection does."""
 
-    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+    def read_now(
+        self, run_id: str, *, after: int, limit: int, apart: bool = True
+    ) -> list[Event] | None:
         events = self._events.get(run_id, [])
         page = [e for e in events if e.seq > after][:limit]
         return page or None

@@ -606,11 +606,11 @@ class LosingReadBackStore(FailingStore):
         self.ended = True
         return out
 
-    async def get_run(self, run_id: str) -> RunRecord:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         if self.ended and not self.lost_reads:
             self.lost_reads += 1
             raise StoreUnavailableError(f"cannot read run {run_id!r}: connection lost (injected)")
-        return await super().get_run(run_id)
+        return await super().get_run(run_id, apart=apart)
 
 
 async def test_a_read_back_lost_with_its_connection_after_the_end_still_returns_the_run() -> None:

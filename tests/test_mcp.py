@@ -187,7 +187,7 @@ class _QuotingStore(MemoryStore):
     """A store whose reads fail as PostgreSQL's do when its first line quotes a value: the
     ``StoreError`` keeps the driver's words for the developer, its public text their code."""
 
-    async def get_run(self, run_id: str) -> Any:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> Any:
         said = psycopg.errors.InvalidTextRepresentation(
             'invalid input syntax for type integer: "REASONING-mcp-error-words"'
         )

@@ -492,8 +492,10 @@ class ReadRecordingStore(MemoryStore):
         super().__init__()
         self.handed: list[Event] = []
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        out = await super().read(run_id, after=after, limit=limit)
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        out = await super().read(run_id, after=after, limit=limit, apart=apart)
         self.handed += out
         return out
 

@@ -188,9 +188,9 @@ class ReadCountingStore(MemoryStore):
         super().__init__()
         self.run_reads = 0
 
-    async def get_run(self, run_id: str) -> Any:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> Any:
         self.run_reads += 1
-        return await super().get_run(run_id)
+        return await super().get_run(run_id, apart=apart)
 
     async def get_run_spec(self, run_id: str) -> Any:
         self.run_reads += 1

@@ -102,7 +102,7 @@ def test_appended_events_read_like_stored_ones(size: int) -> None:
     ]
     columns = codec.encode_events(news)
     appended = codec.appended_events("run_x", 7, columns)
-    payloads, task_ids, types, ts = columns
+    payloads, task_ids, types, ts, _ = columns
     rows: list[Row] = [
         (7 + i, task_ids[i], types[i], ts[i], payloads[i], EVENT_VERSION) for i in range(size)
     ]
@@ -422,7 +422,8 @@ def test_a_batch_sends_postgresql_every_time_exactly(stamps: list[float]) -> Non
     the shortest digits exactly, as Python does); an infinity as ``repr`` spells it."""
     from thoughtgate.store.postgres import _batch_params  # pyright: ignore[reportPrivateUsage]
 
-    text = _batch_params(["{}"] * len(stamps), [None] * len(stamps), ["t"] * len(stamps), stamps)
+    n = len(stamps)
+    text = _batch_params(["{}"] * n, [None] * n, ["t"] * n, stamps, [None] * n)
     sent = text["ts"].split(",") if stamps else []
     assert [float(t) for t in sent] == [float(t) for t in stamps]
 
@@ -436,12 +437,15 @@ def test_an_executions_append_statements_are_the_plain_ones_with_the_fence() -> 
 
     fenced = {
         "sqlite": (sqlite._BUMP_SEQ, sqlite._BUMP_HELD_SEQ, "attempts FROM run_specs"),
-        "postgres": (postgres._APPEND, postgres._APPEND_HELD, "COALESCE(claim, 1)"),
-        "postgres, one task and type": (
-            postgres._APPEND_UNIFORM,
-            postgres._APPEND_UNIFORM_HELD,
-            "COALESCE(claim, 1)",
-        ),
+        **{
+            f"postgres, uniform={uniform}, apart={apart}": (
+                postgres._STATEMENTS[uniform, False, apart],
+                postgres._STATEMENTS[uniform, True, apart],
+                "COALESCE(claim, 1)",
+            )
+            for uniform in (False, True)
+            for apart in (False, True)
+        },
     }
     for plain, held, attempt in fenced.values():
         assert held.count("AND closed_at IS NULL AND owner = ") == 1

@@ -974,8 +974,16 @@ async def test_upgrade_to_the_counted_page_reads_old_events_through_the_primary_
         pg_schema,
     )
     by_name = {name: (body, config) for name, body, config in functions}
-    assert set(by_name) == {"events_page", "events_page_counted"}
-    body, config = by_name["events_page_counted"]
+    assert set(by_name) == {"events_page", "events_page_counted", "events_page_shown"}
+    for name in ("events_page_counted", "events_page_shown"):  # (the second: ADR 0160)
+        await assert_one_ordered_plan(pg_admin, pg_schema, *by_name[name])
+
+
+async def assert_one_ordered_plan(
+    pg_admin: Admin, pg_schema: str, body: str, config: list[str]
+) -> None:
+    """A page function's body, under its own settings, is one plan whose order the aggregates
+    take as the page's: the primary key's index read in order, no sort, no parallel workers."""
     query = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
     query = query.replace("p_run_id", "'run_old'").replace("p_after", "1000")
     query = query.replace("p_last", "2000")

@@ -32,9 +32,9 @@ class _Count:
         self.pages = 0
         self._get_run, self._read = self.store.get_run, self.store.read
 
-    async def get_run(self, run_id: str) -> Any:
+    async def get_run(self, run_id: str, **kw: Any) -> Any:
         self.runs += 1
-        return await self._get_run(run_id)
+        return await self._get_run(run_id, **kw)
 
     async def read(self, run_id: str, **kw: Any) -> Any:
         self.pages += 1

@@ -65,7 +65,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from thoughtgate import __version__, log_records
-from thoughtgate.access.filter import event_filter, filter_run, require_role
+from thoughtgate.access.filter import (
+    event_filter,
+    filter_run,
+    reads_apart,
+    reads_task_apart,
+    require_role,
+)
 from thoughtgate.access.roles import Role, parse_role
 from thoughtgate.config import Config
 from thoughtgate.disclosure import ChainOfThought
@@ -271,7 +277,8 @@ class McpTools:
         """Progress from the run's events, as this server's role may see them, until its end."""
         count = 0
         show = event_filter(self.role, mode=mode)  # this server's role and the run's mode: once
-        async for event in self.runtime.store.tail(run_id):
+        apart = reads_apart(self.role, mode=mode)
+        async for event in self.runtime.store.tail(run_id, apart=apart):
             if is_run_terminal(event.type):
                 return
             shown = show(event)
@@ -295,7 +302,8 @@ class McpTools:
     async def status(self, run_id: str) -> RunView:
         if not run_id.strip():
             raise UsageError("run_id must not be empty")
-        return filter_run(await self.runtime.store.get_run(run_id.strip()), self.role)
+        apart = reads_task_apart(self.role, mode=None)  # (ADR 0160)
+        return filter_run(await self.runtime.store.get_run(run_id.strip(), apart=apart), self.role)
 
 
 async def _finish(reporter: asyncio.Task[None]) -> None:

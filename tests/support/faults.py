@@ -362,8 +362,10 @@ class FailingStore(EventStore):
         self.attempts.append(Attempt(batch, out))
         return out
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        return await self.inner.read(run_id, after=after, limit=limit)
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        return await self.inner.read(run_id, after=after, limit=limit, apart=apart)
 
     async def read_types(
         self,
@@ -378,8 +380,8 @@ class FailingStore(EventStore):
     async def create_run(self, run: RunRecord) -> None:
         await self.inner.create_run(run)
 
-    async def get_run(self, run_id: str) -> RunRecord:
-        return await self.inner.get_run(run_id)
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
+        return await self.inner.get_run(run_id, apart=apart)
 
     async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         return await self.inner.list_runs(limit=limit, offset=offset)

@@ -128,6 +128,7 @@ TIER_OF: dict[str, str] = {
     "test_provider_clients.py::test_mcp_server_runs_share_one_connection": "external",
     "test_quotas.py": "inprocess",
     "test_reasoning_canary_formats.py": "inprocess",
+    "test_reasoning_apart.py": "inprocess",
     "test_durable_checkpoints.py": "inprocess",
     "test_run_list_api.py": "inprocess",
     "test_run_spec_persisted.py": "inprocess",

@@ -42,10 +42,11 @@ from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
 from thoughtgate.errors import AccessDeniedError
 from thoughtgate.events.payloads import EVENT_SPECS
 from thoughtgate.events.schema import Event
-from thoughtgate.events.views import RunView
+from thoughtgate.events.views import RunView, TaskView
 from thoughtgate.events.visibility import VisClass, declared_fields
 
 __all__ = [
+    "APART_CLASSES",
     "RunSource",
     "Surface",
     "can_read_reasoning",
@@ -54,8 +55,12 @@ __all__ = [
     "filter_events",
     "filter_payload",
     "filter_run",
+    "reads_apart",
+    "reads_task_apart",
     "require_role",
     "shows",
+    "stored_apart",
+    "task_fields_apart",
 ]
 
 Surface: TypeAlias = Literal["display", "trace"]
@@ -267,6 +272,84 @@ def _apply(plans: dict[str, _EventPlan], undeclared: _EventPlan, event: Event) -
         ts=event.ts,
         v=event.v,
     )
+
+
+# --------------------------------------------------------------------------- stored apart
+
+APART_CLASSES: Final = frozenset({VisClass.REASONING, VisClass.TRACE})
+"""The classes whose top-level fields a SQL store keeps apart from the rest of an event's payload
+(ADR 0160): the reasoning and what carries it on the trace surface (a ``telemetry_only`` turn's
+``trace``), so a read for a reader who may see neither never loads their bytes."""
+
+
+@cache
+def _apart_of(event_type: str) -> frozenset[str] | None:
+    spec = EVENT_SPECS.get(event_type)
+    if spec is None:
+        return frozenset()  # an undeclared type: stored whole in the row (and withheld)
+    if spec.visibility in APART_CLASSES:
+        return None  # the whole payload
+    return frozenset(
+        name for name, f in declared_fields(spec.payload).items() if f.cls in APART_CLASSES
+    )
+
+
+def stored_apart(event_type: str) -> frozenset[str] | None:
+    """The top-level payload fields of ``event_type`` a store keeps apart, by their declared
+    class (:data:`APART_CLASSES`); ``None``: all of them (an event of such a class as a whole,
+    ``reasoning.delta``); empty: none."""
+    return _apart_of(event_type)
+
+
+@cache
+def _reads_apart(role: Role, mode: str | None, surface: Surface) -> bool:
+    plans = _plans(role, mode, surface)
+    for name, plan in plans.items():
+        if not plan.shown:
+            continue
+        apart = _apart_of(name)
+        node = plan.node
+        if apart is None or not apart.isdisjoint(node.keep | node.walk.keys() | node.carriers):
+            return True
+    return False
+
+
+def reads_apart(role: Role | str, *, mode: str | None, surface: Surface = "display") -> bool:
+    """Whether this reader may be shown anything a store keeps apart (:func:`stored_apart`):
+    the filter's own plans say so, event type by event type, so a read for a reader for whom
+    this is ``False`` may leave those fields unread (ADR 0160) and the filter, applied after it
+    anyway, would have withheld every one of them. ``mode=None``: for a run of any mode (a
+    read made before the run's mode is known: ``False`` only if it is ``False`` for every
+    mode, a mode no run may have included)."""
+    reader = _reader(role, surface)
+    if mode is None:
+        modes: tuple[str | None, ...] = (*CHAIN_OF_THOUGHT_MODES, None)
+        return any(_reads_apart(reader, m, surface) for m in modes)
+    return _reads_apart(reader, _known(mode), surface)
+
+
+@cache
+def task_fields_apart() -> frozenset[str]:
+    """The fields of a run view's task (:class:`TaskView`) of the classes kept apart: the task
+    columns a run read for a reader who may see none of them leaves unread (ADR 0160)."""
+    return frozenset(
+        name for name, f in declared_fields(TaskView).items() if f.cls in APART_CLASSES
+    )
+
+
+@cache
+def _reads_task_apart(role: Role, mode: str | None) -> bool:
+    tasks = _compile(RunView, role, mode, "display").walk.get("tasks")
+    return tasks is not None and not task_fields_apart().isdisjoint(tasks[1].keep)
+
+
+def reads_task_apart(role: Role | str, *, mode: str | None) -> bool:
+    """Whether :func:`filter_run` may show this reader any of :func:`task_fields_apart`, by its
+    own plan for the run view; ``mode=None``: for a run of any mode (a run's mode is known only
+    once the run is read)."""
+    reader = parse_role(role)
+    modes = (*CHAIN_OF_THOUGHT_MODES, None) if mode is None else (_known(mode),)
+    return any(_reads_task_apart(reader, m) for m in modes)
 
 
 # --------------------------------------------------------------------------- the API

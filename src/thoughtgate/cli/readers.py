@@ -84,9 +84,10 @@ class StoreReader:
         return await resolve_run_id(self.store, given)
 
     async def view(self, run_id: str) -> RunView:
-        from thoughtgate.access.filter import filter_run
+        from thoughtgate.access.filter import filter_run, reads_task_apart
 
-        return filter_run(await self.store.get_run(run_id), self.reader)
+        apart = reads_task_apart(self.reader, mode=None)  # (ADR 0160)
+        return filter_run(await self.store.get_run(run_id, apart=apart), self.reader)
 
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
         from thoughtgate.access.filter import filter_run
@@ -97,18 +98,22 @@ class StoreReader:
         return [filter_run(r, self.reader) for r in page.runs]
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        from thoughtgate.access.filter import filter_events
+        from thoughtgate.access.filter import filter_events, reads_apart
 
         run = await self.store.get_run(run_id)
-        raw = await self.store.read(run_id, after=after, limit=limit)
-        return filter_events(raw, self.reader, mode=run.chain_of_thought)
+        mode = run.chain_of_thought
+        apart = reads_apart(self.reader, mode=mode)
+        raw = await self.store.read(run_id, after=after, limit=limit, apart=apart)
+        return filter_events(raw, self.reader, mode=mode)
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        from thoughtgate.access.filter import event_filter
+        from thoughtgate.access.filter import event_filter, reads_apart
 
         run = await self.store.get_run(run_id)
-        show = event_filter(self.reader, mode=run.chain_of_thought)  # resolved once (ADR 0143)
-        async for event in self.store.tail(run_id, after=after):
+        mode = run.chain_of_thought
+        show = event_filter(self.reader, mode=mode)  # resolved once (ADR 0143)
+        apart = reads_apart(self.reader, mode=mode)
+        async for event in self.store.tail(run_id, after=after, apart=apart):
             shown = show(event)
             if shown is not None:
                 yield shown

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -46,12 +47,14 @@ def _nothing() -> None:
     """What an ended feed calls instead of its ``unlisten`` and ``on_end`` (both done once)."""
 
 
-async def replay(store: EventLog, run_id: str, after: int) -> AsyncIterator[Event]:
+async def replay(
+    store: EventLog, run_id: str, after: int, *, apart: bool = True
+) -> AsyncIterator[Event]:
     """The run's stored events after ``after``, up to its terminal event or the last one stored
-    now (no waiting for more)."""
+    now (no waiting for more); ``apart`` as ``EventLog.read``'s."""
     cursor = after
     while True:
-        page = await store.read(run_id, after=cursor, limit=_PAGE)
+        page = await store.read(run_id, after=cursor, limit=_PAGE, apart=apart)
         for event in page:
             cursor = event.seq
             yield event
@@ -235,8 +238,12 @@ class LiveReader:
         *,
         follow: bool,
         first_page: FirstPage | None = None,
+        apart: bool = True,
     ) -> None:
         self._feeds = feeds
+        self._apart = apart
+        """Whether this reader's own reads (its replay, a gap, alone) read what a store keeps
+        apart (``EventLog.read``, ADR 0160); the feed it shares reads every event whole."""
         self._first_page = first_page
         """``RunFeeds.first_page(run_id, after)``, read already: the first ``next`` takes it
         instead of reading."""
@@ -301,11 +308,15 @@ class LiveReader:
             if first is not None:  # and what was published since, joined below in this step
                 page, caught_up, seen = first.take(self.cursor)
             elif now_first and (
-                now := self.store.read_now(self.run_id, after=self.cursor, limit=_PAGE_NOW)
+                now := self.store.read_now(
+                    self.run_id, after=self.cursor, limit=_PAGE_NOW, apart=self._apart
+                )
             ):
                 page, caught_up, seen = now, len(now) < _PAGE_NOW, True
             else:
-                page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+                page = await self.store.read(
+                    self.run_id, after=self.cursor, limit=_PAGE, apart=self._apart
+                )
                 caught_up = len(page) < _PAGE
             if caught_up:
                 self._replaying = False
@@ -378,7 +389,7 @@ class LiveReader:
                 # reads a replay, not all at once (ADR 0147)
                 missing = event.seq - 1 - self.cursor
                 gap = await self.store.read(
-                    self.run_id, after=self.cursor, limit=min(missing, _PAGE)
+                    self.run_id, after=self.cursor, limit=min(missing, _PAGE), apart=self._apart
                 )
                 batch += self._accept(gap)
                 if self._done:
@@ -419,13 +430,14 @@ class LiveReader:
         return True
 
     async def _from_store(self, timeout: float | None) -> list[Event]:  # noqa: ASYNC109
-        page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+        read = functools.partial(self.store.read, self.run_id, limit=_PAGE, apart=self._apart)
+        page = await read(after=self.cursor)
         if not page:
             # asyncio.timeout, not wait_for, which on 3.11 can drop this stream's cancellation
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self.store.wait_for_new(self.run_id, self.cursor)
-            page = await self.store.read(self.run_id, after=self.cursor, limit=_PAGE)
+            page = await read(after=self.cursor)
         return self._accept(page)
 
     def _leave(self) -> None:
@@ -459,7 +471,10 @@ class FirstPage:
     store's reader thread and back, which cost a busy loop two of its turns (ADR 0038).
     """
 
-    def __init__(self, store: EventLog, run_id: str) -> None:
+    def __init__(self, store: EventLog, run_id: str, *, apart: bool = True) -> None:
+        self.apart = apart
+        """As ``EventLog.read``'s: ``False`` only for a reader who may see none of it in a run
+        of any mode (the page is read before the run's mode is known)."""
         self.page: list[Event] = []
         self._caught: list[Event] = []
         self._unlisten: Callable[[], None] | None = store.wakeups.listen(run_id, self)
@@ -487,11 +502,15 @@ class FirstPage:
 
     def _start(self) -> None:
         self._queued = None
-        self._read = self._store.read_now(self._run_id, after=self._after, limit=_PAGE_NOW)
+        self._read = self._store.read_now(
+            self._run_id, after=self._after, limit=_PAGE_NOW, apart=self.apart
+        )
         if self._read is not None:
             self._full = _PAGE_NOW
             return
-        self._ahead = self._store.read_ahead(self._run_id, after=self._after, limit=_PAGE)
+        self._ahead = self._store.read_ahead(
+            self._run_id, after=self._after, limit=_PAGE, apart=self.apart
+        )
 
     async def ready(self) -> None:
         """Wait for the read queued by ``read_soon`` and keep its page; its error is raised
@@ -616,24 +635,26 @@ class RunFeeds:
         after: int = 0,
         follow: bool = True,
         first_page: FirstPage | None = None,
+        apart: bool = True,
     ) -> LiveReader:
         """One reader's view of the run after ``after``, in batches (see :class:`LiveReader`);
         ``follow=False`` ends at the last event stored now. ``first_page``: what
-        ``first_page(run_id, after)`` returned, read earlier (alongside a ticket's check)."""
-        return LiveReader(self, run_id, after, follow=follow, first_page=first_page)
+        ``first_page(run_id, after)`` returned, read earlier (alongside a ticket's check).
+        ``apart``: as ``EventLog.read``'s, for the reader's own reads (ADR 0160)."""
+        return LiveReader(self, run_id, after, follow=follow, first_page=first_page, apart=apart)
 
-    async def first_page(self, run_id: str, after: int) -> FirstPage:
+    async def first_page(self, run_id: str, after: int, *, apart: bool = True) -> FirstPage:
         """The first read a reader of ``run_id`` after ``after`` makes, for a caller that starts
         it early (``reader(first_page=...)``), with what this process publishes meanwhile;
         ``close`` it if no reader takes it."""
-        first = self.start_first_page(run_id, after)
+        first = self.start_first_page(run_id, after, apart=apart)
         await first.ready()
         return first
 
-    def start_first_page(self, run_id: str, after: int) -> FirstPage:
+    def start_first_page(self, run_id: str, after: int, *, apart: bool = True) -> FirstPage:
         """``first_page`` without waiting: its read is queued in the loop's next step (see
         ``FirstPage.read_soon``), and ``ready`` waits for it."""
-        first = FirstPage(self.store, run_id)
+        first = FirstPage(self.store, run_id, apart=apart)
         first.read_soon(after)
         return first
 

@@ -50,7 +50,7 @@ from typing import Any, Final
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from thoughtgate.access.filter import event_filter
+from thoughtgate.access.filter import event_filter, reads_apart
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
@@ -155,7 +155,9 @@ async def live_frames(
     ``first_page``: ``feeds.first_page(run_id, after)`` read already."""
     feeds = feeds if feeds is not None else RunFeeds(store)
     show = event_filter(role, mode=mode)  # this reader's filter, resolved once
-    reader = feeds.reader(run_id, after=after, follow=follow, first_page=first_page)
+    # What the filter will withhold whole from this reader is not read at all (ADR 0160).
+    apart = reads_apart(role, mode=mode)
+    reader = feeds.reader(run_id, after=after, follow=follow, first_page=first_page, apart=apart)
     loop = asyncio.get_running_loop()
     last_sent = after
     lost: list[str] = []

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import orjson
 
+from thoughtgate.access.filter import stored_apart, task_fields_apart
 from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
@@ -48,11 +49,16 @@ __all__ = [
     "OPEN_RUNS_BY_ID",
     "OPEN_RUN_INDEX_PREDICATE",
     "OPEN_RUN_PREDICATE",
+    "PAYLOAD_SQL",
     "RUN_COLUMNS",
     "RUN_COLUMN_COUNT",
     "SPEC_COLUMNS",
     "SPEC_COLUMN_COUNT",
+    "SQLITE_APART",
+    "SQLITE_EVENT_SELECT",
+    "SQLITE_PAYLOAD_SQL",
     "TASK_COLUMNS",
+    "TASK_COLUMNS_SHOWN",
     "TASK_COLUMN_COUNT",
     "TASK_CONFLICT_UPDATE",
     "UNIT",
@@ -66,9 +72,11 @@ __all__ = [
     "encode_events",
     "ending_columns",
     "ending_rows",
+    "event_select",
     "events_from_columns",
     "events_from_rows",
     "index_columns",
+    "joined_payload",
     "key_from_row",
     "key_row",
     "lifecycle_types_sql",
@@ -78,6 +86,7 @@ __all__ = [
     "no_such_run",
     "open_runs_where",
     "page_range",
+    "payload_sql",
     "projected_run_columns",
     "rebuilt_rows",
     "run_from_row",
@@ -102,6 +111,11 @@ TASK_COLUMNS = (
     "run_id, task_id, idx, prompt, status, output, reasoning, usage, error, model, backend"
 )
 TASK_COLUMN_COUNT = TASK_COLUMNS.count(",") + 1
+TASK_COLUMNS_SHOWN = ", ".join(
+    "NULL" if c in task_fields_apart() else c for c in TASK_COLUMNS.split(", ")
+)
+"""``TASK_COLUMNS`` without the ones a reader who may see none of them leaves unread
+(``access.filter.task_fields_apart``: ``reasoning``), ADR 0160."""
 TASK_CONFLICT_UPDATE = "ON CONFLICT (run_id, task_id) DO UPDATE SET " + ", ".join(
     f"{c} = EXCLUDED.{c}" for c in TASK_COLUMNS.split(", ")[2:]
 )
@@ -326,19 +340,59 @@ def no_such_run(run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
+_NOTHING_APART: frozenset[str] = frozenset()
+
+
+def _split(event: NewEvent) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+    """The payload's row part and its part kept apart (``access.filter.stored_apart``)."""
+    payload = event.payload
+    apart = stored_apart(event.type)
+    if apart is None:
+        return {}, (payload or None)
+    if not apart or apart.isdisjoint(payload):
+        return payload, None
+    row = {k: v for k, v in payload.items() if k not in apart}
+    return row, {k: v for k, v in payload.items() if k in apart}
+
+
+def _encoded(event: NewEvent, what: str) -> tuple[str, str | None]:
+    row, apart = _split(event)
+    return dumps(row, what=what), None if apart is None else dumps(apart, what=what)
+
+
 def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
-    """Column lists ``(payloads, task_ids, types, ts)``: each payload is encoded exactly once.
+    """Column lists ``(payloads, task_ids, types, ts, aparts)``: each payload is encoded exactly
+    once, as the part of it the row keeps and the part kept apart (``None``: nothing), ADR 0160.
     A task id or a type no column can hold refuses the batch (``UsageError``, ADR 0114)."""
     task_ids = [e.task_id for e in events]
     types = [e.type for e in events]
     refuse_unstorable_columns(task_ids, types)
     try:
-        payloads = [dumps(e.payload) for e in events]
+        if all(stored_apart(t) == _NOTHING_APART for t in set(types)):
+            # Most batches (answer deltas, tool and lifecycle events) keep nothing apart: each
+            # payload is written as before, without the split's calls (the store bench's
+            # appends measured them).
+            payloads = [dumps(e.payload) for e in events]
+            aparts: list[str | None] = [None] * len(events)
+        else:
+            parts = [_encoded(e, "value") for e in events]
+            payloads = [p[0] for p in parts]
+            aparts = [p[1] for p in parts]
     except UsageError:  # say which event (building that text for every event would cost)
         for e in events:
-            dumps(e.payload, what=f"payload of {e.type!r} event")
+            _encoded(e, f"payload of {e.type!r} event")
         raise
-    return payloads, task_ids, types, [e.ts for e in events]
+    return payloads, task_ids, types, [e.ts for e in events], aparts
+
+
+def joined_payload(row: str, apart: str | None) -> str:
+    """A stored payload whole again: the row's JSON object and the one kept apart, joined as
+    :data:`PAYLOAD_SQL` joins them in the database (their keys never overlap)."""
+    if apart is None:
+        return row
+    if row == "{}":
+        return apart
+    return f"{row[:-1]},{apart[1:]}"
 
 
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
@@ -377,7 +431,44 @@ def make_event(
     return event
 
 
-EVENT_SELECT = "SELECT seq, task_id, type, ts, payload, v FROM events"
+_TEXT = "CAST(payload AS TEXT)"
+
+
+def payload_sql(part: str, row: str = _TEXT) -> str:
+    """An event's whole payload: the row's JSON object (``row``) with ``part``, the one kept
+    apart (ADR 0160), spliced in before its closing brace, as :func:`joined_payload` does.
+    ``apart IS NULL`` (the row's column): nothing apart -- most events, and every row written
+    before. ``row``: PostgreSQL's ``json`` column as text; SQLite's column is text already."""
+    text = f"CAST({part} AS TEXT)"
+    return (
+        f"CASE WHEN apart IS NULL THEN {row} WHEN {row} = '{{}}' THEN {text} "
+        f"ELSE substr({row}, 1, length({row}) - 1) || ',' || substr({text}, 2) END"
+    )
+
+
+PAYLOAD_SQL = payload_sql("apart")
+"""PostgreSQL's: the part is the row's ``apart`` column, TOASTed out of the row when long (and
+detoasted only by a query that reads it)."""
+SQLITE_APART = (
+    "(SELECT a.apart FROM events_apart a WHERE a.run_id = events.run_id AND a.seq = events.seq)"
+)
+SQLITE_PAYLOAD_SQL = payload_sql(SQLITE_APART, "payload")
+"""SQLite's: the part is a row of ``events_apart`` (the row's ``apart`` is ``1``), looked up for
+the events that have one. Not a column of ``events``: that table is clustered on its key
+(``WITHOUT ROWID``), and a seek compares whole cells, overflow pages included -- a long value
+in the row would be read by every seek that passes it, whoever reads."""
+
+
+def event_select(*, apart: bool = True, sqlite: bool = False) -> str:
+    """The columns ``events_from_rows`` reads: with the part kept apart (the whole payload), or
+    without it for a reader :func:`thoughtgate.access.filter.reads_apart` says may see none of
+    it, whose bytes are then never read."""
+    whole = SQLITE_PAYLOAD_SQL if sqlite else PAYLOAD_SQL
+    return f"SELECT seq, task_id, type, ts, {whole if apart else 'payload'}, v FROM events"
+
+
+EVENT_SELECT = event_select()
+SQLITE_EVENT_SELECT = event_select(sqlite=True)
 
 SEQ_MAX = 2**63 - 1
 """The largest sequence number both databases store (a signed 64-bit integer)."""
@@ -403,8 +494,8 @@ def seq_page_end(after: int, want: int) -> int:
 """The columns :func:`events_from_rows` reads, in its order."""
 
 
-EncodedEvents = tuple[list[str], list[str | None], list[str], list[float]]
-"""``encode_events`` output: ``(payloads, task_ids, types, ts)``."""
+EncodedEvents = tuple[list[str], list[str | None], list[str], list[float], list[str | None]]
+"""``encode_events`` output: ``(payloads, task_ids, types, ts, aparts)``."""
 
 
 _COLUMNWISE = 16
@@ -416,8 +507,10 @@ def appended_events(run_id: str, first: int, columns: EncodedEvents) -> list[Eve
     """Events just appended from ``columns``, numbered from ``first``, as a reader will see them:
     their payloads decoded from the stored text as a replay decodes them
     (:func:`decode_payload_array`: orjson, about half ``json``'s CPU, ADR 0037)."""
-    payloads, task_ids, types, ts = columns
+    payloads, task_ids, types, ts, aparts = columns
     n = len(payloads)
+    if aparts.count(None) != n:
+        payloads = list(map(joined_payload, payloads, aparts))
     decoded = decode_payload_array((payloads[0] if n == 1 else ",".join(payloads)).encode())
     if n < _COLUMNWISE:
         return [
@@ -708,7 +801,8 @@ def typed_read_sql(
     statistics its planner prefers the primary key, which holds every column, to the index)."""
     typed, names = lifecycle_types_sql(placeholder, types)
     indexed = bool(names) and set(names) <= set(LIFECYCLE_INDEX_TYPES)
-    source = f"{EVENT_SELECT}{hint}" if indexed else EVENT_SELECT
+    select = SQLITE_EVENT_SELECT if placeholder == "?" else EVENT_SELECT
+    source = f"{select}{hint}" if indexed else select
     partial = f" AND {LIFECYCLE_INDEX_PREDICATE}" if indexed else ""
     query = (
         f"{source} WHERE run_id = {placeholder} AND seq > {placeholder} AND {typed}{partial} "

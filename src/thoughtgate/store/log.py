@@ -401,8 +401,16 @@ class EventLog(abc.ABC):
         stores nothing. ``None``: not fenced (a run's creator, a test)."""
 
     @abc.abstractmethod
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        """Events with ``seq > after`` in order, at most ``limit``; raises ``RunNotFoundError``."""
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        """Events with ``seq > after`` in order, at most ``limit``; raises ``RunNotFoundError``.
+
+        ``apart=False``: a read for a reader who may see nothing a SQL store keeps apart
+        (``access.filter.reads_apart``, ADR 0160): such a store leaves those fields unread, so
+        their payloads lack them -- every one a field the filter, applied after, withholds
+        from that reader. The events, their numbers and order are the same. The default, and a
+        store that keeps nothing apart (memory), return payloads whole."""
 
     @abc.abstractmethod
     async def read_types(
@@ -458,13 +466,15 @@ class EventLog(abc.ABC):
         returned function stops it."""
         return self.wakeups.observe(observer)
 
-    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+    def read_ahead(self, run_id: str, *, after: int, limit: int, apart: bool = True) -> PageAhead:
         """``read`` started now, to be awaited later (``tail`` reads pages ahead). A backend may
         start the work itself at once rather than when a task first runs, and build the events
         only when they are awaited."""
-        return TaskAhead(self.read(run_id, after=after, limit=limit))
+        return TaskAhead(self.read(run_id, after=after, limit=limit, apart=apart))
 
-    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+    def read_now(
+        self, run_id: str, *, after: int, limit: int, apart: bool = True
+    ) -> list[Event] | None:
         """``read``'s events answered in this step, on the event loop, where the store can do
         that cheaply (SQLite's loop connection, ADR 0038); ``None``: ``read`` them instead (this
         store cannot, not now, or the answer needs more than one small query). For a few
@@ -487,14 +497,21 @@ class EventLog(abc.ABC):
         tail's last read was in flight wakes it at once instead of after a poll interval.
         """
         armed = self.wakeups.arm(run_id)
-        if await self.read(run_id, after=after, limit=1):
+        if await self.read(run_id, after=after, limit=1, apart=False):  # (only whether there is)
             return
         await self.wakeups.wait(run_id, self.poll_interval, armed=armed)
 
     async def tail(
-        self, run_id: str, *, after: int = 0, until_terminal: bool = True, batch: int | None = None
+        self,
+        run_id: str,
+        *,
+        after: int = 0,
+        until_terminal: bool = True,
+        batch: int | None = None,
+        apart: bool = True,
     ) -> AsyncIterator[Event]:
-        """Yield stored events after ``after``, then new ones as they are appended.
+        """Yield stored events after ``after``, then new ones as they are appended (``apart``:
+        as :meth:`read`'s).
 
         Stops after a run-terminal event when ``until_terminal`` (the default); a finished run
         therefore replays and ends at once. Raises ``RunNotFoundError`` for an unknown run. While
@@ -510,7 +527,7 @@ class EventLog(abc.ABC):
                     if ahead:
                         events = await ahead.popleft()[1]
                     else:
-                        events = await self.read(run_id, after=cursor, limit=batch)
+                        events = await self.read(run_id, after=cursor, limit=batch, apart=apart)
                     if not events:
                         await self.wait_for_new(run_id, cursor)
                 except StoreUnavailableError as exc:
@@ -545,7 +562,9 @@ class EventLog(abc.ABC):
                     # end with if full (sequences have no gaps), and is used only if it did.
                     start = ahead[-1][0] + batch if ahead else last
                     while len(ahead) < _READ_AHEAD:
-                        ahead.append((start, self.read_ahead(run_id, after=start, limit=batch)))
+                        ahead.append(
+                            (start, self.read_ahead(run_id, after=start, limit=batch, apart=apart))
+                        )
                         start += batch
                     if self.read_ahead_needs_a_turn:
                         # Let the reads send their queries now: a consumer that takes the

@@ -76,8 +76,8 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             self._changed(run.run_id)
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def get_run(self, run_id: str) -> RunRecord:
-        run = copy.deepcopy(self._run(run_id))
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
+        run = copy.deepcopy(self._run(run_id))  # (``apart`` ignored: nothing is decoded)
         run.tasks.sort(key=lambda t: t.index)
         return run
 
@@ -410,7 +410,10 @@ class MemoryStore(EventStore, durable.DurableRunStore):
             (q for q in self._queues.values() if q.seen_at >= cutoff), key=lambda q: q.name
         )
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        # (``apart`` ignored: this store keeps events as objects and decodes nothing)
         self._run(run_id)
         log = self._events[run_id]
         end = len(log) if limit is None else min(len(log), max(after, 0) + limit)

@@ -1,6 +1,6 @@
 """The scale-out store: PostgreSQL shared by any number of ``thoughtgate serve`` replicas.
 
-Ordering (why a resuming reader can never miss an event): see ``_APPEND``. Live fan-out across
+Ordering (why a resuming reader can never miss an event): see ``_APPEND_STATEMENT``. Live fan-out across
 processes: after an append commits, the store's notifier (``pg_notifier``) sends ``NOTIFY`` on a
 per-schema channel, one transaction for the appends of a short window; one shared ``LISTEN``
 connection per store (``pg_listener``) wakes that store's tails; a slow safety poll covers
@@ -75,7 +75,7 @@ __all__ = [
 # commit, coalesced with other appends' (``pg_notifier``, ADR 0132).
 #
 # The batch travels as four plain strings that the server splits (see ``_batch_params``; two, and
-# the task id and type once, when every event shares them: ``_APPEND_UNIFORM``): adapting
+# the task id and type once, when every event shares them: ``_UNIFORM``): adapting
 # Python lists to PostgreSQL arrays costs tens of microseconds per element in the driver, several
 # times more than everything else an append does.
 #
@@ -90,34 +90,43 @@ WITH bumped AS (
     RETURNING last_seq - %(n)s AS base,
               extract(epoch FROM statement_timestamp()) - %(sent)s::float8 AS skew
 ), inserted AS (
-    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v)
+    INSERT INTO events (run_id, seq, task_id, type, ts, payload, v{apart_column})
     SELECT %(run_id)s, bumped.base + e.ord, {task_and_type}, e.ts + bumped.skew,
-           e.payload::json, %(v)s
+           e.payload::json, %(v)s{apart_value}
     FROM bumped, unnest({task_and_type_arrays}
         string_to_array(%(ts)s, ',')::float8[],
-        string_to_array(%(payloads)s, E'\\x1e')
-    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, ord)
+        string_to_array(%(payloads)s, E'\\x1e'){apart_array}
+    ) WITH ORDINALITY AS e({task_and_type_names}ts, payload, {apart_name}ord)
     RETURNING 1
 )
 SELECT base, skew
 FROM bumped
 """
-_APPEND = _APPEND_STATEMENT.format(
-    task_and_type="e.task_id, e.type",
-    task_and_type_arrays="""
+_MIXED = {
+    "task_and_type": "e.task_id, e.type",
+    "task_and_type_arrays": """
         ARRAY(SELECT v FROM json_array_elements_text(%(task_ids)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),
         ARRAY(SELECT v FROM json_array_elements_text(%(types)s::json)
               WITH ORDINALITY AS j(v, i) ORDER BY i),""",
-    task_and_type_names="task_id, type, ",
-)
-_APPEND_UNIFORM = _APPEND_STATEMENT.format(
-    task_and_type="%(task_id)s::text, %(type)s::text",
-    task_and_type_arrays="",
-    task_and_type_names="",
-)
-"""``_APPEND`` for a batch whose events share one task and one type (a model turn's deltas):
-the two are sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+    "task_and_type_names": "task_id, type, ",
+}
+_UNIFORM = {
+    "task_and_type": "%(task_id)s::text, %(type)s::text",
+    "task_and_type_arrays": "",
+    "task_and_type_names": "",
+}
+"""For a batch whose events share one task and one type (a model turn's deltas): the two are
+sent once, not as arrays the server unpacks row by row (ADR 0096)."""
+_NO_APART = {"apart_column": "", "apart_value": "", "apart_array": "", "apart_name": ""}
+_APART = {
+    "apart_column": ", apart",
+    "apart_value": ", e.apart::json",
+    "apart_array": ",\n        string_to_array(%(aparts)s, E'\\x1e', '')",
+    "apart_name": "apart, ",
+}
+"""What a batch with a part kept apart (ADR 0160) adds to the statement; a batch without one
+(most: answer deltas, tool and lifecycle events) is sent without the column (left NULL)."""
 
 
 def _fenced(statement: str) -> str:
@@ -128,11 +137,25 @@ def _fenced(statement: str) -> str:
     )
 
 
-_APPEND_HELD = _fenced(_APPEND)
-"""``_APPEND`` for an execution's append, fenced as its end is (``Holder.holds``, ADR 0090): the
-run's owner and its latest claim (``runs.claim``, migration 11: a column of the row the
-``UPDATE`` locks, so a claim that held the lock is seen committed) must be the execution's."""
-_APPEND_UNIFORM_HELD = _fenced(_APPEND_UNIFORM)
+def _append_statement(*, uniform: bool, held: bool, apart: bool) -> str:
+    """``_APPEND_STATEMENT`` for a batch of one task and type or not, and with a part kept apart
+    or not; ``held``: fenced for an execution's append, as its end is (``Holder.holds``, ADR
+    0090): the run's owner and its latest claim (``runs.claim``, migration 11: a column of the
+    row the ``UPDATE`` locks, so a claim that held the lock is seen committed) must be the
+    execution's."""
+    statement = _APPEND_STATEMENT.format(
+        **(_UNIFORM if uniform else _MIXED), **(_APART if apart else _NO_APART)
+    )
+    return _fenced(statement) if held else statement
+
+
+_STATEMENTS = {
+    (uniform, held, apart): _append_statement(uniform=uniform, held=held, apart=apart)
+    for uniform in (False, True)
+    for held in (False, True)
+    for apart in (False, True)
+}
+"""Every append statement by (one task and type, fenced, with a part kept apart)."""
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
@@ -144,10 +167,14 @@ def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
 
 
 def _batch_params(
-    payloads: list[str], task_ids: list[str | None], types: list[str], ts: list[float]
+    payloads: list[str],
+    task_ids: list[str | None],
+    types: list[str],
+    ts: list[float],
+    aparts: list[str | None],
 ) -> dict[str, Any]:
     """The batch columns as strings: JSON arrays for the texts (one task id and one type where
-    every event shares them, for ``_APPEND_UNIFORM``), the shortest digits that read back as
+    every event shares them, for ``_UNIFORM``), the shortest digits that read back as
     the same float for the times (orjson's, a tenth of ``repr``'s CPU; ``repr`` for a time that
     is not finite, which orjson would write as ``null``)."""
     stamps = orjson.dumps(list(map(float, ts))).decode()
@@ -155,6 +182,9 @@ def _batch_params(
         "ts": ",".join(map(float.__repr__, map(float, ts))) if "null" in stamps else stamps[1:-1],
         "payloads": _RECORD_SEPARATOR.join(payloads),
     }
+    if aparts.count(None) != len(aparts):
+        # What is kept apart (ADR 0160), ``''`` (read back as NULL) for an event without.
+        params["aparts"] = _RECORD_SEPARATOR.join(a or "" for a in aparts)
     n = len(payloads)
     if n and task_ids.count(task_ids[0]) == n and types.count(types[0]) == n:
         params.update(task_id=task_ids[0], type=types[0])
@@ -167,7 +197,11 @@ def _batch_params(
 # no gaps, so both mean the same rows, but the range stays a short index scan whatever the
 # planner believes about the table (with stale statistics after a burst of appends it would
 # otherwise sort every later event of the run to return the first k).
-_READ = f"{codec.EVENT_SELECT} WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq"
+_READ = {
+    apart: f"{codec.event_select(apart=apart)} WHERE run_id = %s AND seq > %s AND seq <= %s "
+    "ORDER BY seq"
+    for apart in (True, False)
+}
 _NO_LIMIT = 2**62
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
 """``(after, row of _READ_PAGE)``, or ``(after, rows of _READ)`` for a page too long to
@@ -175,14 +209,18 @@ aggregate: a page fetched, not yet decoded."""
 _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
-_READ_PAGE = "SELECT * FROM events_page_counted(%s, %s, %s)"
+_READ_PAGE = {
+    True: "SELECT * FROM events_page_counted(%s, %s, %s)",
+    False: "SELECT * FROM events_page_shown(%s, %s, %s)",
+}
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
 values per page instead of six per event. ``events_page_counted`` (migration 12, ADR 0127; after
 ``events_page``, migration 7, ADR 0039) aggregates the rows of the range in number order, read
 through the primary key's index whatever the table's statistics say, with task ids and types as
 joined texts (``codec.task_id_column``). It sends how many rows it read and the largest number,
 not the numbers: ``codec.page_range`` takes the page only when they are every number of its
-range (no gap), and the codec checks one value per event."""
+range (no gap), and the codec checks one value per event. ``events_page_shown`` (migration 15,
+ADR 0160) is the same page without what is kept apart, for a reader who may see none of it."""
 
 
 def read_types_query(
@@ -228,6 +266,7 @@ disagree still agree on expiries, the run list's order and the quotas' minute.""
 _CLOCK = sql.SQL(_NOW)
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_TASK_SELECT_SHOWN = f"SELECT {codec.TASK_COLUMNS_SHOWN} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _KEY_FIELDS = codec.KEY_COLUMNS.split(", ")
 _INSERT_RUN = (
@@ -343,8 +382,9 @@ _UPSERT_TASK = (
     f"INSERT INTO tasks ({codec.TASK_COLUMNS}) "
     f"VALUES ({', '.join(['%s'] * codec.TASK_COLUMN_COUNT)}) {codec.TASK_CONFLICT_UPDATE}"
 )
-# A new key's creation time is moved onto the server's clock as an event's is (see ``_APPEND``,
-# ADR 0074); a key saved again (a role changed) keeps the time it is given, read from the store.
+# A new key's creation time is moved onto the server's clock as an event's is (see
+# ``_APPEND_STATEMENT``, ADR 0074); a key saved again (a role changed) keeps the time it is
+# given, read from the store.
 _UPSERT_KEY = (
     f"INSERT INTO api_keys ({codec.KEY_COLUMNS}) VALUES (%(key_id)s, %(name)s, %(role)s, "
     "%(key_hash)s, %(created_at)s + extract(epoch FROM statement_timestamp()) - %(sent)s::float8, "
@@ -613,15 +653,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
         self._notifier.wake(listing.RUN_LIST_WAKEUP)
 
-    async def get_run(self, run_id: str) -> RunRecord:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         codec.no_such_run(run_id)
+        tasks_select = _TASK_SELECT if apart else _TASK_SELECT_SHOWN
         async with self._conn(f"read run {run_id!r}") as conn:
             row = await (
                 await conn.execute(f"{_RUN_SELECT} WHERE run_id = %s", (run_id,))
             ).fetchone()
             if row is None:
                 raise RunNotFoundError(run_id)
-            cur = await conn.execute(f"{_TASK_SELECT} WHERE run_id = %s ORDER BY idx", (run_id,))
+            cur = await conn.execute(f"{tasks_select} WHERE run_id = %s ORDER BY idx", (run_id,))
             tasks = await cur.fetchall()
         return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
@@ -841,17 +882,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         columns: codec.EncodedEvents,
         held_by: Holder | None = None,
     ) -> int:
-        """Number and insert encoded events (one statement, see ``_APPEND``); the first seq.
+        """Number and insert encoded events (one statement, see ``_APPEND_STATEMENT``); the first seq.
         Their times in ``columns`` are moved in place as they were stored (the server's clock),
         so the events built from them are the ones a reader will see. ``held_by``: the
-        execution appending, which must hold the run (``_APPEND_HELD``, ADR 0090)."""
+        execution appending, which must hold the run (``_append_statement``, ADR 0090)."""
         params = _batch_params(*columns)
         params.update(n=len(columns[0]), run_id=run_id, v=EVENT_VERSION)
         params["sent"] = time.time()
-        uniform = "type" in params
-        statement = _APPEND_UNIFORM if uniform else _APPEND
+        statement = _STATEMENTS["type" in params, held_by is not None, "aparts" in params]
         if held_by is not None:
-            statement = _APPEND_UNIFORM_HELD if uniform else _APPEND_HELD
             params.update(owner=held_by.owner, attempt=held_by.attempt)
         row = await (await conn.execute(statement, params)).fetchone()
         if row is None:  # no such run, it has ended, or another execution holds it
@@ -990,8 +1029,10 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn("read the clock") as conn:
             return await self._server_now(conn)
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
-        return await self._decoded(run_id, await self._fetch(run_id, after, limit))
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
+        return await self._decoded(run_id, await self._fetch(run_id, after, limit, apart), apart)
 
     async def read_types(
         self,
@@ -1009,12 +1050,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await self._require_run(conn, run_id)
         return codec.events_from_rows(run_id, rows)
 
-    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+    def read_ahead(self, run_id: str, *, after: int, limit: int, apart: bool = True) -> PageAhead:
         """The page's row is fetched by a task; its events are built when it is awaited, so a
         replay holds one page of events at a time (its pages ahead are their rows)."""
-        return _FetchedAhead(self, run_id, asyncio.ensure_future(self._fetch(run_id, after, limit)))
+        fetched = asyncio.ensure_future(self._fetch(run_id, after, limit, apart))
+        return _FetchedAhead(self, run_id, fetched, apart)
 
-    async def _fetch(self, run_id: str, after: int, limit: int | None) -> list[_Page]:
+    async def _fetch(
+        self, run_id: str, after: int, limit: int | None, apart: bool = True
+    ) -> list[_Page]:
         """The aggregate rows of up to ``limit`` events after ``after``, one query per
         :data:`_PAGE_ROWS` events, on one connection. Binary results: integers and floats
         arrive as machine values (a float8 exactly), arrays as lists built by psycopg's C
@@ -1029,7 +1073,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 page: tuple[Any, ...] | list[tuple[Any, ...]] | None
                 try:
                     cur = await conn.execute(
-                        _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
+                        _READ_PAGE[apart],
+                        (run_id, cursor, codec.seq_page_end(cursor, want)),
+                        binary=True,
                     )
                     page = await cur.fetchone()
                     count = 0 if page is None else int(page[0])
@@ -1037,7 +1083,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     # The page's payloads are longer than PostgreSQL's longest value (1 GB):
                     # read its rows.
                     cur = await conn.execute(
-                        _READ, (run_id, cursor, codec.seq_page_end(cursor, want)), binary=True
+                        _READ[apart],
+                        (run_id, cursor, codec.seq_page_end(cursor, want)),
+                        binary=True,
                     )
                     page = await cur.fetchall()
                     count = len(page)
@@ -1052,7 +1100,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 await self._require_run(conn, run_id)
         return pages
 
-    async def _decoded(self, run_id: str, pages: list[_Page]) -> list[Event]:
+    async def _decoded(self, run_id: str, pages: list[_Page], apart: bool = True) -> list[Event]:
         """The events of fetched pages; a page of mixed vocabulary versions, or one whose
         columns the codec does not take (sequence numbers out of order), is read row by row."""
         events: list[Event] = []
@@ -1078,7 +1126,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                 )
             if page is None:  # the rows the aggregate read: all of (after, last]
                 async with self._conn(f"read events of run {run_id!r}") as conn:
-                    cur = await conn.execute(_READ, (run_id, after, last), binary=True)
+                    cur = await conn.execute(_READ[apart], (run_id, after, last), binary=True)
                     page = codec.events_from_rows(run_id, await cur.fetchall())
             events += page
         return events
@@ -1100,7 +1148,8 @@ class PostgresStore(EventStore, durable.DurableRunStore):
     async def wait_for_new(self, run_id: str, after: int) -> None:
         """Wake on NOTIFY from any process; poll slowly while the listener is healthy."""
         armed = self.wakeups.arm(run_id)
-        if await self.read(run_id, after=after, limit=1):  # also raises once the store is closed
+        # (only whether there is one; also raises once the store is closed)
+        if await self.read(run_id, after=after, limit=1, apart=False):
             return
         self._listener.start()
         timeout = self.safety_poll if self._listener.healthy else self.poll_interval
@@ -1456,18 +1505,18 @@ async def _key_usage(
 class _FetchedAhead:
     """A page being fetched by a task (``PostgresStore.read_ahead``)."""
 
-    __slots__ = ("fetched", "run_id", "store")
+    __slots__ = ("apart", "fetched", "run_id", "store")
 
     def __init__(
-        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]]
+        self, store: PostgresStore, run_id: str, fetched: asyncio.Task[list[_Page]], apart: bool
     ) -> None:
-        self.store, self.run_id, self.fetched = store, run_id, fetched
+        self.store, self.run_id, self.fetched, self.apart = store, run_id, fetched, apart
 
     def __await__(self) -> Generator[Any, None, list[Event]]:
         return self._events().__await__()
 
     async def _events(self) -> list[Event]:
-        return await self.store._decoded(self.run_id, await self.fetched)
+        return await self.store._decoded(self.run_id, await self.fetched, self.apart)
 
     async def abandon(self) -> None:
         await abandon_task(self.fetched)

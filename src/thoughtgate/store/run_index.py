@@ -70,8 +70,10 @@ class RunIndex(RunListing):
         """Insert a new run together with its tasks."""
 
     @abc.abstractmethod
-    async def get_run(self, run_id: str) -> RunRecord:
-        """The run with its tasks in index order; raises ``RunNotFoundError``."""
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
+        """The run with its tasks in index order; raises ``RunNotFoundError``. ``apart=False``:
+        for a reader who may see none of a task's fields kept apart
+        (``access.filter.reads_task_apart``, ADR 0160): those are left unread (``None``)."""
 
     @abc.abstractmethod
     async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:

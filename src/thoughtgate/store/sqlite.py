@@ -66,6 +66,7 @@ T = TypeVar("T")
 
 _RUN_SELECT = f"SELECT {codec.RUN_COLUMNS} FROM runs"
 _TASK_SELECT = f"SELECT {codec.TASK_COLUMNS} FROM tasks"
+_TASK_SELECT_SHOWN = f"SELECT {codec.TASK_COLUMNS_SHOWN} FROM tasks"
 _KEY_SELECT = f"SELECT {codec.KEY_COLUMNS} FROM api_keys"
 _SECRET_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _INSERT_TASK = (
@@ -96,12 +97,14 @@ def _require_run(conn: sqlite3.Connection, run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
-def _read_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
-    """The run with its tasks in index order (inside the caller's transaction)."""
+def _read_run(conn: sqlite3.Connection, run_id: str, apart: bool = True) -> RunRecord:
+    """The run with its tasks in index order (inside the caller's transaction); ``apart``: as
+    ``RunIndex.get_run``'s."""
     row = conn.execute(f"{_RUN_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
     if row is None:
         raise RunNotFoundError(run_id)
-    tasks = conn.execute(f"{_TASK_SELECT} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    select = _TASK_SELECT if apart else _TASK_SELECT_SHOWN
+    tasks = conn.execute(f"{select} WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
     return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
 
@@ -153,14 +156,18 @@ def open_runs_query(
     return query, (*(p for p in params if p is not None), limit)
 
 
-_READ_PAGE = (
-    "SELECT count(*), min(v), max(v), min(ts), max(ts), "
-    "CAST(group_concat(payload, ',') AS BLOB), max(seq), "
-    f"group_concat(coalesce(task_id, ''), '{codec.UNIT}'), count(task_id), "
-    f"group_concat(type, '{codec.UNIT}'), "
-    f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
-    "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
-)
+def _read_page(payload: str) -> str:
+    return (
+        "SELECT count(*), min(v), max(v), min(ts), max(ts), "
+        f"CAST(group_concat({payload}, ',') AS BLOB), max(seq), "
+        f"group_concat(coalesce(task_id, ''), '{codec.UNIT}'), count(task_id), "
+        f"group_concat(type, '{codec.UNIT}'), "
+        f"json_group_array(CAST(ts * {_STAMP_SCALE} AS INTEGER)) "
+        "FROM events WHERE run_id = ? AND seq > ? AND seq <= ?"
+    )
+
+
+_READ_PAGE = {True: _read_page(codec.SQLITE_PAYLOAD_SQL), False: _read_page("payload")}
 """A page as one row of columns (``codec.events_from_columns``): Python touches a handful of
 values per page instead of six per event, and SQLite builds them without the interpreter lock.
 A range of sequence numbers, not ``LIMIT``: sequences have no gaps. ``events`` is a table
@@ -169,8 +176,13 @@ its rows in that order; the page is all of ``after + 1 .. after + count`` when i
 number is ``after + count`` (numbers are unique), which the codec checks. (An array of the
 numbers, read back and compared, cost SQLite and the loop about a tenth of a page: ADR 0037.)
 Task ids and types come as texts joined by ``codec.UNIT``, as PostgreSQL's do (ADR 0039): a
-``NULL`` task id as ``''``, and how many are not ``NULL`` (ADR 0095)."""
-_READ_ROWS = f"{codec.EVENT_SELECT} WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+``NULL`` task id as ``''``, and how many are not ``NULL`` (ADR 0095). Keyed by whether the
+reader reads what is kept apart (``codec.event_select``, ADR 0160)."""
+_READ_ROWS = {
+    apart: f"{codec.event_select(apart=apart, sqlite=True)} "
+    "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+    for apart in (True, False)
+}
 
 
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
@@ -181,7 +193,7 @@ _TOOBIG = 18
 
 
 def _fetch_pages(
-    conn: sqlite3.Connection, run_id: str, after: int, limit: int | None
+    conn: sqlite3.Connection, run_id: str, after: int, limit: int | None, apart: bool = True
 ) -> list[_Page]:
     """In the reader thread: the pages of up to ``limit`` events after ``after``, one query
     (one row) per :data:`_PAGE_ROWS` events; raises ``RunNotFoundError`` when there are none
@@ -194,14 +206,14 @@ def _fetch_pages(
         page: tuple[Any, ...] | list[tuple[Any, ...]]
         try:
             row: tuple[Any, ...] = conn.execute(
-                _READ_PAGE, (run_id, cursor, codec.seq_page_end(cursor, want))
+                _READ_PAGE[apart], (run_id, cursor, codec.seq_page_end(cursor, want))
             ).fetchone()
             count, page = int(row[0]), row
         except sqlite3.DataError as exc:
             if getattr(exc, "sqlite_errorcode", None) != _TOOBIG:
                 raise
             # The page's payloads are longer than SQLite's longest value: read its rows.
-            page = conn.execute(_READ_ROWS, (run_id, cursor, want)).fetchall()
+            page = conn.execute(_READ_ROWS[apart], (run_id, cursor, want)).fetchall()
             count = len(page)
         if not count:
             break
@@ -245,12 +257,14 @@ def _events_from_page(
     )
 
 
-def _rows_reader(run_id: str, after: int, n: int) -> Callable[[sqlite3.Connection], list[Event]]:
+def _rows_reader(
+    run_id: str, after: int, n: int, apart: bool
+) -> Callable[[sqlite3.Connection], list[Event]]:
     """The ``n`` events after ``after`` read row by row, for a page ``_events_from_page`` left."""
 
     def work(conn: sqlite3.Connection) -> list[Event]:
         return codec.events_from_rows(
-            run_id, conn.execute(_READ_ROWS, (run_id, after, n)).fetchall()
+            run_id, conn.execute(_READ_ROWS[apart], (run_id, after, n)).fetchall()
         )
 
     return work
@@ -259,15 +273,15 @@ def _rows_reader(run_id: str, after: int, n: int) -> Callable[[sqlite3.Connectio
 class _FetchedAhead:
     """A page being fetched by the reader thread (``SQLiteStore.read_ahead``)."""
 
-    __slots__ = ("fetched", "run_id", "store")
+    __slots__ = ("apart", "fetched", "run_id", "store")
 
     def __init__(
-        self, store: SQLiteStore, run_id: str, fetched: asyncio.Future[list[_Page]]
+        self, store: SQLiteStore, run_id: str, fetched: asyncio.Future[list[_Page]], apart: bool
     ) -> None:
-        self.store, self.run_id, self.fetched = store, run_id, fetched
+        self.store, self.run_id, self.fetched, self.apart = store, run_id, fetched, apart
 
     def __await__(self) -> Generator[Any, None, list[Event]]:
-        return self.store._decoded(self.run_id, self.fetched).__await__()
+        return self.store._decoded(self.run_id, self.fetched, self.apart).__await__()
 
     async def abandon(self) -> None:
         # The thread's job runs to its end anyway (a read, nothing to undo); its result or
@@ -334,22 +348,23 @@ _BUMP_SEQS = (
 """Numbers the batches of several open runs at once (a JSON object: run id -> events), one
 statement whatever their number. SQLite makes every change in the first step; the rows it
 returns after that are short steps (ADR 0030: what costs under load is a long one)."""
-_ROW_PARAMS = 6
+_ROW_PARAMS = 7
 _INSERT_CHUNK = 128
-"""Event rows per insert statement: 768 parameters, under SQLite's oldest limit (999)."""
+"""Event rows per insert statement: 896 parameters, under SQLite's oldest limit (999)."""
 
 
 def _insert_statement(rows: int) -> str:
     if rows == 1:  # (one row: the plain statement is the cheaper one for SQLite)
         return (
-            "INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
-            f"VALUES (?,?,NULLIF(?,0),?,?,?,{EVENT_VERSION})"
+            "INSERT INTO events (run_id, seq, task_id, type, ts, payload, v, apart) "
+            f"VALUES (?,?,NULLIF(?,0),?,?,?,{EVENT_VERSION},NULLIF(?,0))"
         )
-    values = ",".join(["(?,?,?,?,?,?)"] * rows)
+    values = ",".join(["(?,?,?,?,?,?,?)"] * rows)
     return (
-        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v) "
+        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v, apart) "
         "SELECT column1, column2, CASE WHEN column3 = 0 THEN NULL ELSE column3 END, column4, "
-        f"column5, column6, {EVENT_VERSION} FROM (VALUES {values}) WHERE column2 > 0"
+        f"column5, column6, {EVENT_VERSION}, CASE WHEN column7 = 0 THEN NULL ELSE column7 END "
+        f"FROM (VALUES {values}) WHERE column2 > 0"
     )
 
 
@@ -383,9 +398,10 @@ def _insert_events(conn: sqlite3.Connection, params: list[Any]) -> None:
 
 def _event_params(params: list[Any], run_id: str, first: int, columns: codec.EncodedEvents) -> None:
     """Append the insert parameters of ``columns``, numbered from ``first``, to ``params``."""
-    payloads, task_ids, types, ts = columns
+    payloads, task_ids, types, ts, aparts = columns
     for k in range(len(payloads)):
         task_id = task_ids[k]
+        apart = aparts[k]
         params += (
             run_id,
             first + k,
@@ -393,14 +409,16 @@ def _event_params(params: list[Any], run_id: str, first: int, columns: codec.Enc
             types[k],
             ts[k],
             payloads[k],
+            0 if apart is None else 1,  # (its text: ``_insert_aparts``)
         )
 
 
-def _uniform_statement(rows: int) -> str:
+def _uniform_statement(rows: int, *, apart: bool = False) -> str:
     values = ",".join(f"(?{4 + 3 * r},?{5 + 3 * r},?{6 + 3 * r})" for r in range(rows))
+    flag = ", apart" if apart else ""
     return (
-        "INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v) "
-        f"SELECT ?1, column1, ?2, ?3, column2, column3, {EVENT_VERSION} "
+        f"INSERT OR ROLLBACK INTO events (run_id, seq, task_id, type, ts, payload, v{flag}) "
+        f"SELECT ?1, column1, ?2, ?3, column2, column3, {EVENT_VERSION}{', 1' if apart else ''} "
         f"FROM (VALUES {values}) WHERE column1 > 0"
     )
 
@@ -412,6 +430,11 @@ _UNIFORM_INSERTS = {size: _uniform_statement(size) for size in (2**k for k in ra
 the three are bound once (``?1``-``?3``) and each row binds its number, time and payload, padded
 up to the size with rows of zeros as ``_INSERTS`` are. Each text bound is copied by SQLite into
 memory of its own (``SQLITE_TRANSIENT``): a row of ``_INSERTS`` binds four, one here (ADR 0096)."""
+_UNIFORM_APART_INSERTS = {
+    size: _uniform_statement(size, apart=True) for size in (2**k for k in range(9))
+}
+"""The same for a batch whose every event keeps a part apart (``reasoning.delta``, ADR 0160):
+each row is marked (its ``apart``), the parts are inserted by ``_insert_aparts``."""
 _UNIFORM_PAD = (0, 0, 0)
 
 
@@ -420,10 +443,15 @@ def _insert_uniform(
 ) -> bool:
     """Insert ``columns``, numbered from ``first``, with ``_UNIFORM_INSERTS`` when every event
     has the same task and type; whether it did (otherwise nothing was inserted)."""
-    payloads, task_ids, types, ts = columns
+    payloads, task_ids, types, ts, aparts = columns
     n = len(payloads)
     if n < 2 or task_ids.count(task_ids[0]) != n or types.count(types[0]) != n:
         return False
+    inserts = _UNIFORM_INSERTS
+    if aparts.count(None) != n:
+        if None in aparts:
+            return False  # (some of the batch apart, some not: row by row)
+        inserts = _UNIFORM_APART_INSERTS
     task_id, type_ = task_ids[0], types[0]
     for start in range(0, n, _UNIFORM_CHUNK):
         end = min(n, start + _UNIFORM_CHUNK)
@@ -435,7 +463,7 @@ def _insert_uniform(
         )
         if size > rows:
             params += _UNIFORM_PAD * (size - rows)
-        conn.execute(_UNIFORM_INSERTS[size], params)
+        conn.execute(inserts[size], params)
     return True
 
 
@@ -460,10 +488,28 @@ def _append_rows(
         params: list[Any] = []
         _event_params(params, run_id, first, columns)
         _insert_events(conn, params)
+    _insert_aparts(conn, run_id, first, columns)
     return first
 
 
-_NO_EVENTS: codec.EncodedEvents = ([], [], [], [])
+_INSERT_APART = "INSERT OR ROLLBACK INTO events_apart (run_id, seq, apart) VALUES (?, ?, ?)"
+
+
+def _insert_aparts(
+    conn: sqlite3.Connection, run_id: str, first: int, columns: codec.EncodedEvents
+) -> None:
+    """The parts kept apart of events numbered from ``first`` (ADR 0160): one row each in
+    ``events_apart``, for the few events that have one (a turn's record, a reasoning delta)."""
+    aparts = columns[4]
+    if aparts.count(None) == len(aparts):
+        return
+    conn.executemany(
+        _INSERT_APART,
+        [(run_id, first + k, a) for k, a in enumerate(aparts) if a is not None],
+    )
+
+
+_NO_EVENTS: codec.EncodedEvents = ([], [], [], [], [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -840,6 +886,8 @@ def _number_events(
         _event_params(params, run_id, first, item.columns)
         firsts[k] = first
     _insert_events(conn, params)
+    for k, first in firsts.items():
+        _insert_aparts(conn, span[k].run_id, first, span[k].columns)
     return firsts
 
 
@@ -1208,13 +1256,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         await self._writer.write(f"create run {run.run_id!r}", body, merge=(_merged_writes, item))
         self.wakeups.notify(listing.RUN_LIST_WAKEUP)
 
-    async def get_run(self, run_id: str) -> RunRecord:
+    async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         codec.no_such_run(run_id)
 
         def work(conn: sqlite3.Connection) -> RunRecord:
             conn.execute("BEGIN")  # one snapshot for the run and its tasks
             try:
-                return _read_run(conn, run_id)
+                return _read_run(conn, run_id, apart)
             finally:
                 conn.execute("COMMIT")
 
@@ -1333,7 +1381,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         def body(conn: sqlite3.Connection) -> bool:
             stored = _read_run(conn, run_id)
             rows = conn.execute(
-                f"{codec.EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
+                f"{codec.SQLITE_EVENT_SELECT} WHERE run_id = ? AND {lifecycle} ORDER BY seq",
                 (run_id, *types),
             ).fetchall()
             task_rows, sets = codec.rebuilt_rows(stored, rows)
@@ -1437,9 +1485,12 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             action, body, published, after=after, merge=(_merged_writes, item)
         )
 
-    async def read(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+    async def read(
+        self, run_id: str, *, after: int = 0, limit: int | None = None, apart: bool = True
+    ) -> list[Event]:
         codec.no_such_run(run_id)
-        return await self._decoded(run_id, self._reader.call(*self._fetch(run_id, after, limit)))
+        fetched = self._reader.call(*self._fetch(run_id, after, limit, apart))
+        return await self._decoded(run_id, fetched, apart)
 
     async def read_types(
         self,
@@ -1460,14 +1511,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call(f"read events of run {run_id!r}", work)
 
-    def read_ahead(self, run_id: str, *, after: int, limit: int) -> PageAhead:
+    def read_ahead(self, run_id: str, *, after: int, limit: int, apart: bool = True) -> PageAhead:
         """The reader thread starts on the page now; its events are built when it is awaited,
         so a replay holds one page of events at a time (its pages ahead are their rows)."""
-        return _FetchedAhead(
-            self, run_id, self._reader.queue_call(*self._fetch(run_id, after, limit))
-        )
+        fetched = self._reader.queue_call(*self._fetch(run_id, after, limit, apart))
+        return _FetchedAhead(self, run_id, fetched, apart)
 
-    def read_now(self, run_id: str, *, after: int, limit: int) -> list[Event] | None:
+    def read_now(
+        self, run_id: str, *, after: int, limit: int, apart: bool = True
+    ) -> list[Event] | None:
         """Up to ``limit`` events on the loop's own connection (the key lookups', ADR 0028), in
         this step: one aggregate query, no trip to the reader thread and back (ADR 0038).
         ``None`` (``read`` instead) without that connection, when the database is locked right
@@ -1479,7 +1531,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             return None  # (an id no run has: ``read`` says so, ``codec.no_such_run``)
         try:
             row = conn.execute(
-                _READ_PAGE, (run_id, start, codec.seq_page_end(start, limit))
+                _READ_PAGE[apart], (run_id, start, codec.seq_page_end(start, limit))
             ).fetchone()
         except sqlite3.Error as exc:
             code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
@@ -1492,13 +1544,15 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
     @staticmethod
     def _fetch(
-        run_id: str, after: int, limit: int | None
+        run_id: str, after: int, limit: int | None, apart: bool
     ) -> tuple[str, Callable[[sqlite3.Connection], list[_Page]]]:
         return f"read events of run {run_id!r}", lambda conn: _fetch_pages(
-            conn, run_id, after, limit
+            conn, run_id, after, limit, apart
         )
 
-    async def _decoded(self, run_id: str, fetched: Awaitable[list[_Page]]) -> list[Event]:
+    async def _decoded(
+        self, run_id: str, fetched: Awaitable[list[_Page]], apart: bool
+    ) -> list[Event]:
         """The events of pages fetched by the reader thread, built here: the thread goes on to
         the next page (SQLite works without the interpreter lock) while this one is decoded."""
         events: list[Event] = []
@@ -1509,7 +1563,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             if page is None:
                 n = len(row) if isinstance(row, list) else int(row[0])
                 page = await self._reader.call(
-                    f"read events of run {run_id!r}", _rows_reader(run_id, after, n)
+                    f"read events of run {run_id!r}", _rows_reader(run_id, after, n, apart)
                 )
             if events:
                 events += page

@@ -46,7 +46,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from thoughtgate.access.filter import event_filter, require_role
+from thoughtgate.access.filter import event_filter, reads_apart, require_role
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.disclosure import ChainOfThought
@@ -255,8 +255,10 @@ async def _frames(
     lost: list[str] = []
     refused: list[bool] = []
     reader: LiveReader | None = None
+    # What the filter withholds from this reader is not read (ADR 0160).
+    apart = reads_apart(principal.role, mode=run.chain_of_thought)
     if run.status not in TERMINAL_RUN_STATUSES and state.feeds is not None:
-        reader = state.feeds.reader(run.run_id, after=0)
+        reader = state.feeds.reader(run.run_id, after=0, apart=apart)
         if state.streams.refusing() is not None:
             refused.append(True)  # what is stored, then let go
 
@@ -271,9 +273,9 @@ async def _frames(
                     return _LET_GO
             return None
         source = (
-            replay(state.store, run.run_id, 0)
+            replay(state.store, run.run_id, 0, apart=apart)
             if run.status in TERMINAL_RUN_STATUSES
-            else state.store.tail(run.run_id, after=0)
+            else state.store.tail(run.run_id, after=0, apart=apart)
         )
         try:
             async for event in source:

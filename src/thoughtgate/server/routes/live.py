@@ -11,6 +11,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
+from thoughtgate.access.filter import reads_apart
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import is_run_terminal
@@ -25,6 +26,7 @@ from thoughtgate.server.api import (
 )
 from thoughtgate.server.errors import ApiError
 from thoughtgate.server.fanout import FirstPage
+from thoughtgate.server.middleware import READER_ROLE
 from thoughtgate.server.models import CreateRunBody, TicketBody, TicketView
 from thoughtgate.server.responses import NOT_KEPT, JSONResponse
 from thoughtgate.server.routes.runs import start_run
@@ -119,7 +121,10 @@ def _first_page(request: Request) -> FirstPage | None:
         return None
     if "last-event-id" in request.headers:
         return None
-    return feeds.start_first_page(request.path_params["run_id"], 0)
+    # The role the ticket grants (set before the prefetch); the run's mode is not known yet.
+    role = request.scope.get(READER_ROLE)
+    apart = role is None or reads_apart(role, mode=None)
+    return feeds.start_first_page(request.path_params["run_id"], 0, apart=apart)
 
 
 def _first_page_of(page: Prefetch | None) -> FirstPage | None:
@@ -226,7 +231,8 @@ async def _nothing_after(store: EventStore, run_id: str, after: int, *, finished
     of a run that has ended. Past the last event of a run still going is the caller's mistake
     (422): waiting there would hold the stream open after the run ends, since no event id it
     will ever append is above ``after``."""
-    around = await store.read(run_id, after=after - 1, limit=2)  # event ``after`` and the next
+    # event ``after`` and the next (their types only: nothing kept apart is read)
+    around = await store.read(run_id, after=after - 1, limit=2, apart=False)
     if len(around) == 2:
         return False
     if finished or (around and is_run_terminal(around[0].type)):

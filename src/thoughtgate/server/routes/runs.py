@@ -7,7 +7,13 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from thoughtgate.access.filter import filter_events, filter_run, require_role
+from thoughtgate.access.filter import (
+    filter_events,
+    filter_run,
+    reads_apart,
+    reads_task_apart,
+    require_role,
+)
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.errors import ProviderNotConfiguredError, RunNotFoundError, UsageError
@@ -90,9 +96,14 @@ async def list_tools(request: Request, principal: Principal | None) -> Response:
     )
 
 
+def _task_hint(principal: Principal | None) -> bool:
+    """``get_run``'s ``apart`` for this reader, before the run's mode is known (ADR 0160)."""
+    return reads_task_apart(_principal(principal).role, mode=None)
+
+
 async def get_run(request: Request, principal: Principal | None) -> Response:
     state = state_of(request)
-    run = await state.store.get_run(request.path_params["run_id"])
+    run = await state.store.get_run(request.path_params["run_id"], apart=_task_hint(principal))
     # Its execution here stopped on a write the store refused: while it still refuses them,
     # the open status it holds is no longer true, and nothing can correct it yet (ADR 0151).
     # Once it takes writes, the sweep closes the run (ADR 0149).
@@ -109,7 +120,8 @@ async def get_run(request: Request, principal: Principal | None) -> Response:
 
 
 async def get_host_metadata(request: Request, principal: Principal | None) -> Response:
-    run = await state_of(request).store.get_run(request.path_params["run_id"])
+    store = state_of(request).store
+    run = await store.get_run(request.path_params["run_id"], apart=_task_hint(principal))
     return JSONResponse(host_metadata(run, _principal(principal).role).to_json())
 
 
@@ -120,8 +132,9 @@ async def list_events(request: Request, principal: Principal | None) -> Response
     limit = query_int(request, "limit", 500, minimum=1, maximum=_EVENT_PAGE_MAX)
     store = state_of(request).store
     run = await store.get_run(run_id)
-    raw = await store.read(run_id, after=after, limit=limit)
-    shown = filter_events(raw, role, mode=run.chain_of_thought)
+    mode = run.chain_of_thought
+    raw = await store.read(run_id, after=after, limit=limit, apart=reads_apart(role, mode=mode))
+    shown = filter_events(raw, role, mode=mode)
     return JSONResponse(
         {"events": [e.to_dict() for e in shown], "next_after": raw[-1].seq if raw else after}
     )

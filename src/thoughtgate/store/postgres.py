@@ -666,7 +666,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             tasks = await cur.fetchall()
         return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
         async with self._conn("list runs") as conn:
             cur = await conn.execute(
                 f"{_RUN_SELECT} ORDER BY created_at DESC, insert_order DESC LIMIT %s OFFSET %s",
@@ -674,12 +676,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             runs = await cur.fetchall()
             cur = await conn.execute(
-                f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in runs],)
+                f"{_TASK_SELECT if apart else _TASK_SELECT_SHOWN} WHERE run_id = ANY(%s) "
+                "ORDER BY idx",
+                ([r[0] for r in runs],),
             )
             tasks = await cur.fetchall()
         return codec.runs_from_rows(runs, tasks)
 
-    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+    async def query_runs(self, query: listing.RunQuery, *, apart: bool = True) -> listing.RunPage:
         statement, params = listing.page_query(
             query,
             columns=codec.RUN_COLUMNS,
@@ -690,19 +694,21 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn("query runs") as conn, conn.transaction():
             cur = await conn.execute(statement, params)
             rows = await cur.fetchall()
-            runs = await self._with_tasks(conn, rows[: query.limit])
+            runs = await self._with_tasks(conn, rows[: query.limit], apart)
         last = rows[query.limit - 1] if len(rows) > query.limit else None
         return listing.RunPage(
             runs, None if last is None else listing.RunCursor(float(last[6]), int(last[-1]))
         )
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+    async def run_changes(
+        self, *, after: int, limit: int = 100, apart: bool = True
+    ) -> listing.RunChanges:
         foreign = self.foreign_xids.foreign()
         reads = _NARROWED if foreign else _PLAIN
         params = {"after": after, "limit": limit, "foreign": foreign}
         async with self._conn("read run changes") as conn, conn.transaction():
             rows = await (await conn.execute(reads.changes, params)).fetchall()
-            runs = await self._with_tasks(conn, rows)
+            runs = await self._with_tasks(conn, rows, apart)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
@@ -738,13 +744,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     @staticmethod
     async def _with_tasks(
-        conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]
+        conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]], apart: bool
     ) -> list[RunRecord]:
-        """Run records for ``rows`` (run columns first), with their tasks in index order."""
+        """Run records for ``rows`` (run columns first), with their tasks in index order;
+        ``apart=False``: without the task columns kept apart (ADR 0160, amendment 1)."""
         if not rows:
             return []
         cur = await conn.execute(
-            f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in rows],)
+            f"{_TASK_SELECT if apart else _TASK_SELECT_SHOWN} WHERE run_id = ANY(%s) ORDER BY idx",
+            ([r[0] for r in rows],),
         )
         return codec.runs_from_rows(rows, await cur.fetchall())
 

@@ -54,6 +54,19 @@ def _usage() -> dict[str, int]:
     return {"input_tokens": 3, "output_tokens": 40, "reasoning_tokens": 30, "total_tokens": 43}
 
 
+def thinking_block(reasoning: str) -> dict[str, Any]:
+    """An Anthropic signed thinking block as the turn's continuity carrier: the thinking text
+    and its signature, sent back to the provider on the next turn of a tool loop."""
+    data = {"type": "thinking", "thinking": reasoning, "signature": "s" * (len(reasoning) // 2)}
+    return {
+        "kind": "continuity",
+        "carrier": "anthropic.thinking",
+        "data": data,
+        "provider": "anthropic",
+        "model": "anthropic:claude",
+    }
+
+
 def agent_response(reasoning: str, *, trace: bool = False, detail: str | None = None) -> NewEvent:
     payload: dict[str, Any] = {
         "turn": 1,
@@ -65,7 +78,7 @@ def agent_response(reasoning: str, *, trace: bool = False, detail: str | None = 
         "model": "fake:m",
         "usage": _usage(),
         "tool_calls": [],
-        "continuity": [{"kind": "continuity", "carrier": "anthropic.thinking", "data": {}}],
+        "continuity": [thinking_block(reasoning)],
     }
     if reasoning:
         payload |= {
@@ -165,6 +178,18 @@ _events = st.one_of(
     # undeclared: a type no declaration names, and a declared one with undeclared keys
     _texts.map(lambda t: NewEvent("x.unknown", {"reasoning": t, "text": t})),
     _texts.map(lambda t: NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "reasoning": t})),
+    # carriers of any shape: the presence left in the row must show what the bytes show
+    st.builds(
+        lambda t, n: NewEvent(
+            EventType.AGENT_RESPONSE,
+            {"answer": "a", "continuity": [t, {"data": t}, {"carrier": n, "data": t}]},
+        ),
+        _texts,
+        st.none() | st.integers() | _texts,
+    ),
+    st.sampled_from([None, [], [{"carrier": "x", "present": True}], "opaque"]).map(
+        lambda c: NewEvent(EventType.AGENT_RESPONSE, {"answer": "a", "continuity": c})
+    ),
     st.just(NewEvent(EventType.REASONING_DELTA, {})),
 )
 _READERS = [
@@ -212,15 +237,16 @@ class _Cases:
         response = raw[2].payload
         assert response["answer"] == "the answer"
         assert not set(response) & {"reasoning", "reasoning_parts", "reasoning_chars"}
-        assert response["continuity"] == [
-            {"kind": "continuity", "carrier": "anthropic.thinking", "data": {}}
-        ]
+        # a carrier: only what the filter shows of it is in the row (ADR 0160, amendment 2)
+        assert response["continuity"] == [{"carrier": "anthropic.thinking", "present": True}]
         assert reads_apart(Role.DEVELOPER, mode="surface") is True
         decoded.clear()
         whole = await store.read(run_id, apart=True)
-        assert sum(decoded) > 3 * BIG
+        assert sum(decoded) > 4 * BIG
         assert whole[0].payload["text"] == "r" * BIG
         assert whole[2].payload["reasoning_parts"][0]["text"] == "r" * BIG
+        # what sends the carrier back (a whole read) gets it byte for byte
+        assert whole[2].payload == a_turn("r" * BIG)[2].payload
 
     async def test_the_live_streams_first_page_leaves_it_unread_too(
         self, store: EventStore, decoded: list[int]
@@ -310,6 +336,7 @@ class _Cases:
         run_id = await self._run(store, events, mode)
         whole = await store.read(run_id)
         assert [e.seq for e in whole] == list(range(1, len(events) + 1))
+        assert [e.payload for e in whole] == [dict(e.payload) for e in events]  # (byte for byte)
         for role, run_mode, surface in _READERS:
             if run_mode != mode:
                 continue

@@ -82,6 +82,7 @@ __all__ = [
     "events_from_columns",
     "events_from_rows",
     "index_columns",
+    "joined_parts",
     "joined_payload",
     "key_from_row",
     "key_row",
@@ -424,6 +425,30 @@ def joined_payload(row: str, apart: str | None) -> str:
     return f"{row[:-1]},{apart[1:]}"
 
 
+def joined_parts(
+    decoded: Sequence[Mapping[str, Any]], first: int, seqs: Sequence[int], parts: bytes
+) -> bool:
+    """Each event of ``seqs`` whole again in ``decoded`` (a page's payloads from number
+    ``first``, decoded dicts, replaced in place): its row's object updated with its part, as
+    :func:`joined_payload` joins their texts (a key both hold is a carrier's: the part's value
+    wins, as the last of a repeated key does in the text). ``False`` when the numbers and the
+    parts do not match one for one inside the page: the caller reads it row by row."""
+    if not seqs:
+        return True
+    whole = cast(list[dict[str, Any]], decoded)
+    found = decode_payload_array(parts)
+    if len(found) != len(seqs):
+        return False
+    n = len(whole)
+    for seq, part in zip(seqs, found, strict=True):
+        k = seq - first
+        if not 0 <= k < n:
+            return False
+        row = whole[k]
+        whole[k] = part if not row else row | part
+    return True
+
+
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
 if tuple(f.name for f in dataclasses.fields(Event)) != _EVENT_FIELDS or hasattr(
     Event, "__post_init__"
@@ -584,11 +609,14 @@ def events_from_columns(
     ts: Sequence[float],
     payloads: bytes,
     version: int,
+    parts: tuple[Sequence[int], bytes] | None = None,
 ) -> list[Event] | None:
     """A page read as columns, one list per field (a backend's aggregate query), written in
     vocabulary ``version``; ``payloads`` is their stored JSON joined by ``,``
     (:func:`decode_payload_array`). ``seqs`` may be a ``range`` when the backend has checked
     the page's numbers itself (SQLite: a count and a largest number over its primary key).
+    ``parts``: the numbers of the events with a part kept apart and those parts, joined the
+    same way, each joined to its row's payload here (:func:`joined_parts`), not on the server.
 
     ``None`` unless ``seqs`` are exactly ``first, first + 1, ...`` and every column has one
     value per event: the caller then reads the page row by row, so a page whose aggregate came
@@ -602,6 +630,8 @@ def events_from_columns(
         return None
     decoded: Sequence[Mapping[str, Any]] = decode_payload_array(payloads)
     if len(decoded) != n:
+        return None
+    if parts is not None and not joined_parts(decoded, first, *parts):
         return None
     if version != EVENT_VERSION:
         decoded = [upgrade_payload(t, version, p) for t, p in zip(types, decoded, strict=True)]

@@ -26,7 +26,9 @@ from test_owner_fenced_ends import (
     A,
     B,
     Gate,
+    Keeper,
     process,
+    stalls,
     take_over,
     terminal_events,
 )
@@ -35,7 +37,6 @@ from thoughtgate.config import Config, OrchestrationConfig
 from thoughtgate.engine.steps import DirectSteps
 from thoughtgate.errors import RunTakenOverError
 from thoughtgate.events.schema import Event, EventType
-from thoughtgate.orchestration.leases import LeaseKeeper
 from thoughtgate.orchestration.resume import begin_execution
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.orchestration.specs import TaskSpec
@@ -86,7 +87,7 @@ def reasoning_process(store: EventStore, stream: StalledStream) -> Runtime:
     """A process on ``store`` (owner A) whose model is ``stream``."""
     config = Config(orchestration=OrchestrationConfig(lease_ttl_s=LEASE_S))
     runtime = Runtime(store, config, provider_factory=lambda model: FakeProvider(stream))
-    runtime.leases = LeaseKeeper(store, A, ttl_s=LEASE_S)
+    runtime.leases = Keeper(store, A)
     return runtime
 
 
@@ -108,6 +109,7 @@ class Scenarios:
             a._run_held(a_run, a_spec.tasks, a_tools, DirectSteps(), attempt=a_attempt)
         )
         await stalled.entered.wait()  # A executes task one ... and stalls
+        await stalls(a)  # (its first renewal done: none in flight reads the take-over)
 
         await take_over(store, run.run_id, by=None)
         taken = await begin_execution(b, run.run_id)
@@ -170,6 +172,7 @@ class Scenarios:
             a._run_held(first, spec.tasks, tools, DirectSteps(), attempt=attempt)
         )
         await stream.entered.wait()
+        await stalls(a)
         before = await store.read(run.run_id)
         assert any(e.type == EventType.REASONING_DELTA for e in before), "it streamed, then"
 
@@ -203,6 +206,7 @@ class Scenarios:
         a = process(store, A, stalled)
         job = asyncio.create_task(a.run(RunRequest("p", tasks=[TaskSpec("1"), TaskSpec("2")])))
         await stalled.entered.wait()
+        await stalls(a)
         (run,) = await store.list_runs()
         await take_over(store, run.run_id, by=B)
         before = await store.read(run.run_id)

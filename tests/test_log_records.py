@@ -242,8 +242,10 @@ def test_a_group_and_a_note_show_no_words() -> None:
     assert exception_summary(inner) == "ValueError"
 
 
-REFUSE_REASONING: Final = "payload::text NOT LIKE '%%REASONING-%%' OR payload::text::int > 0"
-"""A CHECK on the events that refuses the reasoning's by a cast, which quotes the payload in the
+_STORED: Final = "(payload::text || coalesce(apart::text, ''))"
+REFUSE_REASONING: Final = f"{_STORED} NOT LIKE '%%REASONING-%%' OR {_STORED}::int > 0"
+"""A CHECK on the events that refuses the reasoning's by a cast, which quotes the stored text
+(the row's payload and the part kept apart, where the reasoning is since ADR 0160) in the
 error's first line (any constraint, trigger, index or generated column that casts a value quotes
 it so)."""
 TOOLS = ("--tools", "support.served:SERVER_TOOLS")

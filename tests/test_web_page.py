@@ -12,7 +12,6 @@ import concurrent.futures
 import dataclasses
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -274,9 +273,8 @@ def test_a_page_whose_key_loses_the_developer_role_drops_the_raw_reasoning_withi
         page.wait_for_selector(f"[data-testid=raw-text]:has-text('{marker}')", timeout=10_000)
         assert _run_status(daemon, run_id) == "running"
         _demote(daemon, record, "viewer")
-        started = time.monotonic()
+        # (within 5 s: the wait's own bound, while the run is still going)
         page.wait_for_selector("[data-testid=reasoning-turn]", state="detached", timeout=5_000)
-        assert time.monotonic() - started < 5
         assert _run_status(daemon, run_id) == "running"  # the run goes on; only the view changed
         rebuilt_at = len(capture.sse_messages)
         _wait_finished(page)
@@ -690,11 +688,9 @@ def test_the_page_loads_without_errors_or_outside_requests(
     browser: Browser, daemon: Daemon
 ) -> None:
     with page_for(browser) as (page, capture):
-        started = time.monotonic()
         sign_in(page, daemon.base_url, daemon.keys["viewer"])
         page.wait_for_selector("[data-testid=role]")
         capture.drain()
-        assert time.monotonic() - started < 10
     assert all(url.startswith(daemon.base_url) for url in capture.urls())
 
 

@@ -35,8 +35,10 @@ from thoughtgate.access.filter import (
 from thoughtgate.access.roles import Role
 from thoughtgate.cli.readers import StoreReader
 from thoughtgate.events.schema import Event, EventType, NewEvent
+from thoughtgate.server.routes.run_list import run_list_frames
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
+from thoughtgate.store.listing import RunChanges, RunPage, RunQuery
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.records import RunRecord
 from thoughtgate.store.sqlite import SQLiteStore
@@ -52,6 +54,19 @@ def _usage() -> dict[str, int]:
     return {"input_tokens": 3, "output_tokens": 40, "reasoning_tokens": 30, "total_tokens": 43}
 
 
+def thinking_block(reasoning: str) -> dict[str, Any]:
+    """An Anthropic signed thinking block as the turn's continuity carrier: the thinking text
+    and its signature, sent back to the provider on the next turn of a tool loop."""
+    data = {"type": "thinking", "thinking": reasoning, "signature": "s" * (len(reasoning) // 2)}
+    return {
+        "kind": "continuity",
+        "carrier": "anthropic.thinking",
+        "data": data,
+        "provider": "anthropic",
+        "model": "anthropic:claude",
+    }
+
+
 def agent_response(reasoning: str, *, trace: bool = False, detail: str | None = None) -> NewEvent:
     payload: dict[str, Any] = {
         "turn": 1,
@@ -63,7 +78,7 @@ def agent_response(reasoning: str, *, trace: bool = False, detail: str | None = 
         "model": "fake:m",
         "usage": _usage(),
         "tool_calls": [],
-        "continuity": [{"kind": "continuity", "carrier": "anthropic.thinking", "data": {}}],
+        "continuity": [thinking_block(reasoning)],
     }
     if reasoning:
         payload |= {
@@ -163,6 +178,18 @@ _events = st.one_of(
     # undeclared: a type no declaration names, and a declared one with undeclared keys
     _texts.map(lambda t: NewEvent("x.unknown", {"reasoning": t, "text": t})),
     _texts.map(lambda t: NewEvent(EventType.MESSAGE_DELTA, {"text": "a", "reasoning": t})),
+    # carriers of any shape: the presence left in the row must show what the bytes show
+    st.builds(
+        lambda t, n: NewEvent(
+            EventType.AGENT_RESPONSE,
+            {"answer": "a", "continuity": [t, {"data": t}, {"carrier": n, "data": t}]},
+        ),
+        _texts,
+        st.none() | st.integers() | _texts,
+    ),
+    st.sampled_from([None, [], [{"carrier": "x", "present": True}], "opaque"]).map(
+        lambda c: NewEvent(EventType.AGENT_RESPONSE, {"answer": "a", "continuity": c})
+    ),
     st.just(NewEvent(EventType.REASONING_DELTA, {})),
 )
 _READERS = [
@@ -210,15 +237,16 @@ class _Cases:
         response = raw[2].payload
         assert response["answer"] == "the answer"
         assert not set(response) & {"reasoning", "reasoning_parts", "reasoning_chars"}
-        assert response["continuity"] == [
-            {"kind": "continuity", "carrier": "anthropic.thinking", "data": {}}
-        ]
+        # a carrier: only what the filter shows of it is in the row (ADR 0160, amendment 2)
+        assert response["continuity"] == [{"carrier": "anthropic.thinking", "present": True}]
         assert reads_apart(Role.DEVELOPER, mode="surface") is True
         decoded.clear()
         whole = await store.read(run_id, apart=True)
-        assert sum(decoded) > 3 * BIG
+        assert sum(decoded) > 4 * BIG
         assert whole[0].payload["text"] == "r" * BIG
         assert whole[2].payload["reasoning_parts"][0]["text"] == "r" * BIG
+        # what sends the carrier back (a whole read) gets it byte for byte
+        assert whole[2].payload == a_turn("r" * BIG)[2].payload
 
     async def test_the_live_streams_first_page_leaves_it_unread_too(
         self, store: EventStore, decoded: list[int]
@@ -254,6 +282,40 @@ class _Cases:
             assert reads_task_apart(Role.VIEWER, mode=None) is False
             assert reads_task_apart(Role.DEVELOPER, mode=None) is True
 
+    async def test_a_viewers_run_list_reads_no_tasks_reasoning(self, store: EventStore) -> None:
+        """The run list (``GET /v1/runs``: a page, an offset, the live stream's changes) reads
+        its runs' tasks as the run view does (ADR 0160, amendment 1): for a reader who may not
+        see a task's reasoning it is left unread, and for every role the filtered list is the
+        one the whole read gives."""
+        for mode in MODES[:3]:
+            run = make_run(chain_of_thought=mode, tasks=2)
+            await store.create_run(run)
+            for task in run.tasks:
+                task.reasoning = "r" * BIG
+                await store.save_task(task)
+        for role in Role:
+            apart = reads_task_apart(role, mode=None)
+            lists = [
+                (
+                    (await store.query_runs(RunQuery(), apart=apart)).runs,
+                    (await store.query_runs(RunQuery())).runs,
+                ),
+                (
+                    await store.list_runs(offset=1, apart=apart),
+                    await store.list_runs(offset=1),
+                ),
+                (
+                    [r for _, r in (await store.run_changes(after=0, apart=apart)).changes],
+                    [r for _, r in (await store.run_changes(after=0)).changes],
+                ),
+            ]
+            for read, whole in lists:
+                assert [r.run_id for r in read] == [r.run_id for r in whole]
+                assert {t.reasoning for r in whole for t in r.tasks} == {"r" * BIG}
+                assert [filter_run(r, role) for r in read] == [filter_run(r, role) for r in whole]
+                if not apart:
+                    assert {t.reasoning for r in read for t in r.tasks} == {None}, role
+
     @settings(
         max_examples=25,
         deadline=None,
@@ -274,6 +336,7 @@ class _Cases:
         run_id = await self._run(store, events, mode)
         whole = await store.read(run_id)
         assert [e.seq for e in whole] == list(range(1, len(events) + 1))
+        assert [e.payload for e in whole] == [dict(e.payload) for e in events]  # (byte for byte)
         for role, run_mode, surface in _READERS:
             if run_mode != mode:
                 continue
@@ -377,6 +440,20 @@ class HintRecordingStore(MemoryStore):
         self.run_hints.append(apart)
         return await super().get_run(run_id, apart=apart)
 
+    async def query_runs(self, query: RunQuery, *, apart: bool = True) -> RunPage:
+        self.run_hints.append(apart)
+        return await super().query_runs(query, apart=apart)
+
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
+        self.run_hints.append(apart)
+        return await super().list_runs(limit=limit, offset=offset, apart=apart)
+
+    async def run_changes(self, *, after: int, limit: int = 100, apart: bool = True) -> RunChanges:
+        self.run_hints.append(apart)
+        return await super().run_changes(after=after, limit=limit, apart=apart)
+
 
 def test_every_read_path_passes_the_readers_hint() -> None:
     """The events page, the live stream's replay (its first page read alongside the ticket's
@@ -398,6 +475,10 @@ def test_every_read_path_passes_the_readers_hint() -> None:
             for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/host-metadata"):
                 assert daemon.get(path, role).status_code == 200
             assert store.run_hints == [expected, expected], ("run view", role, store.run_hints)
+            store.run_hints.clear()
+            for path in ("/v1/runs", "/v1/runs?offset=1", "/v1/runs?status=completed"):
+                assert daemon.get(path, role).status_code == 200
+            assert store.run_hints == [expected] * 3, ("run list", role, store.run_hints)
             store.hints.clear()
             response, body = stream_all(daemon, run_id, role)
             assert response.status_code == 200 and sse_events(body)
@@ -421,3 +502,19 @@ async def test_the_cli_store_reader_passes_the_readers_hint() -> None:
         await reader.view(run.run_id)
         assert set(store.hints) == {expected}, (role, store.hints)
         assert store.run_hints[-1] is expected, (role, store.run_hints)
+
+
+async def test_the_live_run_list_passes_the_readers_hint() -> None:
+    """The run list's live stream reads each change's tasks with the reader's hint."""
+    store = HintRecordingStore()
+    await store.create_run(make_run(chain_of_thought="surface"))
+    for role, expected in ((Role.VIEWER, False), (Role.MEMBER, False), (Role.DEVELOPER, True)):
+        store.run_hints.clear()
+        frames = run_list_frames(store, role=role, after=0)
+        assert b"run_id" in await anext(frames)
+        await frames.aclose()
+        assert store.run_hints == [expected], (role, store.run_hints)
+    store.run_hints.clear()
+    reader = StoreReader(store, Role.VIEWER)
+    assert await reader.runs(10)
+    assert store.run_hints == [False]

@@ -496,3 +496,55 @@ def test_a_pages_counted_task_ids_come_back_or_the_page_is_read_by_rows(
         assert got is None
     else:
         assert got == task_ids
+
+
+_keys = st.sampled_from(["a", "b", "continuity"])
+_objects = st.dictionaries(_keys, st.integers() | st.text())
+_parts = st.dictionaries(_keys, st.integers() | st.text(), min_size=1)  # (never an empty part)
+
+
+@given(st.lists(st.tuples(_objects, st.none() | _parts), min_size=1, max_size=8))
+def test_parts_joined_on_the_client_equal_the_parts_spliced_in_the_text(
+    events: list[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> None:
+    """PostgreSQL's page sends the parts kept apart beside the rows (ADR 0160, amendment 3):
+    joined to their rows by the client they give exactly the payloads the text splice gives
+    (a key both hold -- a carrier's presence and its bytes -- takes the part's value)."""
+    rows = [codec.dumps(row) for row, _ in events]
+    parts = [None if part is None else codec.dumps(part) for _, part in events]
+    spliced = [json.loads(codec.joined_payload(r, p)) for r, p in zip(rows, parts, strict=True)]
+    first = 5
+    seqs = [first + k for k, p in enumerate(parts) if p is not None]
+    joined = ",".join(p for p in parts if p is not None).encode()
+    n = len(events)
+    got = codec.events_from_columns(
+        "run_x",
+        first,
+        range(first, first + n),
+        [None] * n,
+        ["t"] * n,
+        [1.0] * n,
+        ",".join(rows).encode(),
+        1,
+        (seqs, joined),
+    )
+    assert got is not None
+    assert [e.payload for e in got] == spliced
+
+
+def test_parts_that_do_not_match_the_page_are_read_row_by_row() -> None:
+    """A part numbered outside the page, or parts and numbers not one for one: ``None`` (the
+    store then reads the page's rows), never a part joined to another event."""
+    rows = b'{"a":1},{"a":2}'
+
+    def page(seqs: list[int], parts: bytes) -> list[Any] | None:
+        return codec.events_from_columns(
+            "run_x", 1, range(1, 3), [None, None], ["t", "t"], [1.0, 1.0], rows, 1, (seqs, parts)
+        )
+
+    assert page([3], b'{"r":1}') is None
+    assert page([0], b'{"r":1}') is None
+    assert page([1, 2], b'{"r":1}') is None
+    assert page([2], b'{"r":1},{"r":2}') is None
+    got = page([2], b'{"r":1}')
+    assert got is not None and [e.payload for e in got] == [{"a": 1}, {"a": 2, "r": 1}]

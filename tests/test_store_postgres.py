@@ -974,8 +974,14 @@ async def test_upgrade_to_the_counted_page_reads_old_events_through_the_primary_
         pg_schema,
     )
     by_name = {name: (body, config) for name, body, config in functions}
-    assert set(by_name) == {"events_page", "events_page_counted", "events_page_shown"}
-    for name in ("events_page_counted", "events_page_shown"):  # (the second: ADR 0160)
+    assert set(by_name) == {
+        "events_page",
+        "events_page_counted",
+        "events_page_shown",
+        "events_page_parts",
+    }
+    # (the last two: ADR 0160, its amendment 3)
+    for name in ("events_page_counted", "events_page_shown", "events_page_parts"):
         await assert_one_ordered_plan(pg_admin, pg_schema, *by_name[name])
 
 

@@ -383,14 +383,16 @@ class FailingStore(EventStore):
     async def get_run(self, run_id: str, *, apart: bool = True) -> RunRecord:
         return await self.inner.get_run(run_id, apart=apart)
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
-        return await self.inner.list_runs(limit=limit, offset=offset)
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
+        return await self.inner.list_runs(limit=limit, offset=offset, apart=apart)
 
-    async def query_runs(self, query: RunQuery) -> RunPage:
-        return await self.inner.query_runs(query)
+    async def query_runs(self, query: RunQuery, *, apart: bool = True) -> RunPage:
+        return await self.inner.query_runs(query, apart=apart)
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
-        return await self.inner.run_changes(after=after, limit=limit)
+    async def run_changes(self, *, after: int, limit: int = 100, apart: bool = True) -> RunChanges:
+        return await self.inner.run_changes(after=after, limit=limit, apart=apart)
 
     async def latest_run_change(self) -> int:
         return await self.inner.latest_run_change()

@@ -50,6 +50,7 @@ __all__ = [
     "RunSource",
     "Surface",
     "can_read_reasoning",
+    "carrier_presence",
     "event_filter",
     "filter_event",
     "filter_events",
@@ -60,6 +61,7 @@ __all__ = [
     "require_role",
     "shows",
     "stored_apart",
+    "stored_presence",
     "task_fields_apart",
 ]
 
@@ -198,11 +200,14 @@ def _undeclared(role: Role, mode: str | None, surface: Surface) -> _EventPlan:
     return _HIDDEN
 
 
-def _presence(name: str, value: Any) -> Any:
+def carrier_presence(name: str, value: Any) -> Any:
+    """What every reader is shown of carrier ``name`` holding ``value``: that each existed, and
+    of which kind. Idempotent (the presence of a presence is itself), so a store may keep this
+    in an event's row in place of the bytes (ADR 0160, amendment 2)."""
     if value is None:
         return None
     if isinstance(value, list | tuple):
-        return [_presence(name, item) for item in value]
+        return [carrier_presence(name, item) for item in value]
     label = value.get("carrier") if isinstance(value, Mapping) else None
     return {"carrier": label if isinstance(label, str) else name, "present": True}
 
@@ -213,7 +218,7 @@ def _scrub(value: Any) -> Any:
         out = {}
         for key, item in value.items():
             if key in _PROVIDER_CARRIER_KEYS:
-                out[key] = _presence(key, item)
+                out[key] = carrier_presence(key, item)
             else:
                 out[key] = _scrub(item)
         return out
@@ -241,7 +246,7 @@ def _project(node: _Node, value: Any) -> Any:
             elif isinstance(item, list):
                 out[key] = [p for p in (_project(sub, i) for i in item) if p is not _DROP]
         elif key in node.carriers:
-            out[key] = _presence(key, item)
+            out[key] = carrier_presence(key, item)
         elif node.unknown_shown and key not in node.declared:
             out[key] = _scrub(item)
     return out
@@ -291,6 +296,21 @@ def _apart_of(event_type: str) -> frozenset[str] | None:
         return None  # the whole payload
     return frozenset(
         name for name, f in declared_fields(spec.payload).items() if f.cls in APART_CLASSES
+    )
+
+
+@cache
+def stored_presence(event_type: str) -> frozenset[str]:
+    """The top-level payload fields of ``event_type`` of class ``carrier`` (continuity carriers:
+    a signed thinking block, an encrypted reasoning item), which no reader is ever shown but as
+    :func:`carrier_presence`: a store keeps their bytes apart and leaves that presence in the
+    row (ADR 0160, amendment 2), so a read that leaves the part apart unread still shows every
+    reader what the whole read shows; what needs the bytes (a whole read) gets them."""
+    spec = EVENT_SPECS.get(event_type)
+    if spec is None or spec.visibility in APART_CLASSES:
+        return frozenset()  # (undeclared: stored whole; a class kept apart whole: all of it)
+    return frozenset(
+        name for name, f in declared_fields(spec.payload).items() if f.cls is VisClass.CARRIER
     )
 
 

@@ -90,11 +90,12 @@ class StoreReader:
         return filter_run(await self.store.get_run(run_id, apart=apart), self.reader)
 
     async def runs(self, limit: int, selection: RunSelection = EVERY_RUN) -> list[RunView]:
-        from thoughtgate.access.filter import filter_run
+        from thoughtgate.access.filter import filter_run, reads_task_apart
 
         if selection.mine:
             raise UsageError(MINE_NEEDS_DAEMON)
-        page = await self.store.query_runs(selection.store_query(limit))
+        apart = reads_task_apart(self.reader, mode=None)  # (ADR 0160, amendment 1)
+        page = await self.store.query_runs(selection.store_query(limit), apart=apart)
         return [filter_run(r, self.reader) for r in page.runs]
 
     async def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> list[Event]:

@@ -11,12 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
 from itertools import repeat
 from typing import Any, cast
 
 import orjson
 
-from thoughtgate.access.filter import stored_apart, task_fields_apart
+from thoughtgate.access.filter import (
+    carrier_presence,
+    stored_apart,
+    stored_presence,
+    task_fields_apart,
+)
 from thoughtgate.errors import RunNotFoundError, UsageError
 from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
@@ -76,6 +82,7 @@ __all__ = [
     "events_from_columns",
     "events_from_rows",
     "index_columns",
+    "joined_parts",
     "joined_payload",
     "key_from_row",
     "key_row",
@@ -340,19 +347,41 @@ def no_such_run(run_id: str) -> None:
         raise RunNotFoundError(run_id)
 
 
-_NOTHING_APART: frozenset[str] = frozenset()
+_Kept = tuple[frozenset[str] | None, frozenset[str], frozenset[str]]
+_NOTHING_KEPT: _Kept = (frozenset(), frozenset(), frozenset())
+
+
+@cache
+def _kept_apart(event_type: str) -> _Kept:
+    """``(stored_apart, stored_presence, both)`` of ``event_type`` (``access.filter``)."""
+    apart, carriers = stored_apart(event_type), stored_presence(event_type)
+    return apart, carriers, (apart or frozenset()) | carriers
 
 
 def _split(event: NewEvent) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
-    """The payload's row part and its part kept apart (``access.filter.stored_apart``)."""
+    """The payload's row part and its part kept apart (``access.filter.stored_apart``). A
+    carrier (``stored_presence``) is kept apart whole and its presence left in the row, under
+    the same key: the whole payload repeats that key, the part's value last, and a JSON decoder
+    keeps the last (orjson and ``json`` do; so does PostgreSQL's ``jsonb``), ADR 0160 amendment 2."""
     payload = event.payload
-    apart = stored_apart(event.type)
+    apart, carriers, moved = _kept_apart(event.type)
     if apart is None:
         return {}, (payload or None)
-    if not apart or apart.isdisjoint(payload):
+    if not moved or moved.isdisjoint(payload):
         return payload, None
-    row = {k: v for k, v in payload.items() if k not in apart}
-    return row, {k: v for k, v in payload.items() if k in apart}
+    row: dict[str, Any] = {}
+    part: dict[str, Any] = {}
+    for key, value in payload.items():
+        if key in carriers:
+            shown = carrier_presence(key, value)
+            row[key] = shown
+            if shown != value:  # (a presence, or nothing, stored as is: nothing apart)
+                part[key] = value
+        elif key in moved:
+            part[key] = value
+        else:
+            row[key] = value
+    return row, (part or None)
 
 
 def _encoded(event: NewEvent, what: str) -> tuple[str, str | None]:
@@ -368,7 +397,7 @@ def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
     types = [e.type for e in events]
     refuse_unstorable_columns(task_ids, types)
     try:
-        if all(stored_apart(t) == _NOTHING_APART for t in set(types)):
+        if all(_kept_apart(t) == _NOTHING_KEPT for t in set(types)):
             # Most batches (answer deltas, tool and lifecycle events) keep nothing apart: each
             # payload is written as before, without the split's calls (the store bench's
             # appends measured them).
@@ -387,12 +416,37 @@ def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
 
 def joined_payload(row: str, apart: str | None) -> str:
     """A stored payload whole again: the row's JSON object and the one kept apart, joined as
-    :data:`PAYLOAD_SQL` joins them in the database (their keys never overlap)."""
+    :data:`PAYLOAD_SQL` joins them in the database (the keys they share are carriers', whose
+    bytes, in the part, come last: :func:`_split`)."""
     if apart is None:
         return row
     if row == "{}":
         return apart
     return f"{row[:-1]},{apart[1:]}"
+
+
+def joined_parts(
+    decoded: Sequence[Mapping[str, Any]], first: int, seqs: Sequence[int], parts: bytes
+) -> bool:
+    """Each event of ``seqs`` whole again in ``decoded`` (a page's payloads from number
+    ``first``, decoded dicts, replaced in place): its row's object updated with its part, as
+    :func:`joined_payload` joins their texts (a key both hold is a carrier's: the part's value
+    wins, as the last of a repeated key does in the text). ``False`` when the numbers and the
+    parts do not match one for one inside the page: the caller reads it row by row."""
+    if not seqs:
+        return True
+    whole = cast(list[dict[str, Any]], decoded)
+    found = decode_payload_array(parts)
+    if len(found) != len(seqs):
+        return False
+    n = len(whole)
+    for seq, part in zip(seqs, found, strict=True):
+        k = seq - first
+        if not 0 <= k < n:
+            return False
+        row = whole[k]
+        whole[k] = part if not row else row | part
+    return True
 
 
 _EVENT_FIELDS = ("seq", "run_id", "type", "payload", "task_id", "ts", "v")
@@ -555,11 +609,14 @@ def events_from_columns(
     ts: Sequence[float],
     payloads: bytes,
     version: int,
+    parts: tuple[Sequence[int], bytes] | None = None,
 ) -> list[Event] | None:
     """A page read as columns, one list per field (a backend's aggregate query), written in
     vocabulary ``version``; ``payloads`` is their stored JSON joined by ``,``
     (:func:`decode_payload_array`). ``seqs`` may be a ``range`` when the backend has checked
     the page's numbers itself (SQLite: a count and a largest number over its primary key).
+    ``parts``: the numbers of the events with a part kept apart and those parts, joined the
+    same way, each joined to its row's payload here (:func:`joined_parts`), not on the server.
 
     ``None`` unless ``seqs`` are exactly ``first, first + 1, ...`` and every column has one
     value per event: the caller then reads the page row by row, so a page whose aggregate came
@@ -573,6 +630,8 @@ def events_from_columns(
         return None
     decoded: Sequence[Mapping[str, Any]] = decode_payload_array(payloads)
     if len(decoded) != n:
+        return None
+    if parts is not None and not joined_parts(decoded, first, *parts):
         return None
     if version != EVENT_VERSION:
         decoded = [upgrade_payload(t, version, p) for t, p in zip(types, decoded, strict=True)]

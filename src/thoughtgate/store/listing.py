@@ -158,13 +158,15 @@ class RunListing(abc.ABC):
     """The run-list capability of a store (see the module docstring)."""
 
     @abc.abstractmethod
-    async def query_runs(self, query: RunQuery) -> RunPage:
-        """One page of runs matching ``query``, newest first."""
+    async def query_runs(self, query: RunQuery, *, apart: bool = True) -> RunPage:
+        """One page of runs matching ``query``, newest first. ``apart=False``: for a reader who
+        may see none of a task's fields kept apart (``access.filter.reads_task_apart``, ADR
+        0160, amendment 1), those are left unread (``None``), as by ``get_run``."""
 
     @abc.abstractmethod
-    async def run_changes(self, *, after: int, limit: int = 100) -> RunChanges:
+    async def run_changes(self, *, after: int, limit: int = 100, apart: bool = True) -> RunChanges:
         """Runs whose latest change number is above ``after``, in change order, at most
-        ``limit``."""
+        ``limit``; ``apart``: as for ``query_runs``."""
 
     @abc.abstractmethod
     async def latest_run_change(self) -> int:

@@ -81,11 +81,14 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         run.tasks.sort(key=lambda t: t.index)
         return run
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
         runs = sorted(self._runs.values(), key=lambda r: r.created_at, reverse=True)
         return [copy.deepcopy(r) for r in runs[offset : offset + limit]]
 
-    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+    async def query_runs(self, query: listing.RunQuery, *, apart: bool = True) -> listing.RunPage:
+        # (``apart`` ignored: nothing is decoded)
         found = sorted(
             (r for r in self._runs.values() if listing.matches(r, query, self._order[r.run_id])),
             key=lambda r: (r.created_at, self._order[r.run_id]),
@@ -98,7 +101,9 @@ class MemoryStore(EventStore, durable.DurableRunStore):
         )
         return listing.RunPage(page, cursor)
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+    async def run_changes(
+        self, *, after: int, limit: int = 100, apart: bool = True
+    ) -> listing.RunChanges:
         changed = sorted((n, rid) for rid, n in self._change.items() if n > after)[:limit]
         return listing.RunChanges([(n, self._copy(self._runs[rid])) for n, rid in changed])
 

@@ -210,7 +210,7 @@ _PAGE_ROWS = 1000
 """Events per aggregate query: a read of a whole run is several, so no aggregated value comes
 near PostgreSQL's 1 GB limit on a value (a page of 1 MB reasoning traces is already large)."""
 _READ_PAGE = {
-    True: "SELECT * FROM events_page_counted(%s, %s, %s)",
+    True: "SELECT * FROM events_page_parts(%s, %s, %s)",
     False: "SELECT * FROM events_page_shown(%s, %s, %s)",
 }
 """A page as one row of columns (``codec.events_from_columns``): the client loads a handful of
@@ -220,7 +220,11 @@ through the primary key's index whatever the table's statistics say, with task i
 joined texts (``codec.task_id_column``). It sends how many rows it read and the largest number,
 not the numbers: ``codec.page_range`` takes the page only when they are every number of its
 range (no gap), and the codec checks one value per event. ``events_page_shown`` (migration 15,
-ADR 0160) is the same page without what is kept apart, for a reader who may see none of it."""
+ADR 0160) is the same page without what is kept apart, for a reader who may see none of it;
+``events_page_parts`` (migration 16) is that page with the parts kept apart in two more columns,
+joined to their rows by the client (``codec.joined_parts``): ``events_page_counted``, which a
+replica of the previous version reads, splices them on the server, at 0.73x a whole replay's
+speed (ADR 0160, amendment 3)."""
 
 
 def read_types_query(
@@ -666,7 +670,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             tasks = await cur.fetchall()
         return codec.run_from_row(row, map(codec.task_from_row, tasks))
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
         async with self._conn("list runs") as conn:
             cur = await conn.execute(
                 f"{_RUN_SELECT} ORDER BY created_at DESC, insert_order DESC LIMIT %s OFFSET %s",
@@ -674,12 +680,14 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             )
             runs = await cur.fetchall()
             cur = await conn.execute(
-                f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in runs],)
+                f"{_TASK_SELECT if apart else _TASK_SELECT_SHOWN} WHERE run_id = ANY(%s) "
+                "ORDER BY idx",
+                ([r[0] for r in runs],),
             )
             tasks = await cur.fetchall()
         return codec.runs_from_rows(runs, tasks)
 
-    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+    async def query_runs(self, query: listing.RunQuery, *, apart: bool = True) -> listing.RunPage:
         statement, params = listing.page_query(
             query,
             columns=codec.RUN_COLUMNS,
@@ -690,19 +698,21 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         async with self._conn("query runs") as conn, conn.transaction():
             cur = await conn.execute(statement, params)
             rows = await cur.fetchall()
-            runs = await self._with_tasks(conn, rows[: query.limit])
+            runs = await self._with_tasks(conn, rows[: query.limit], apart)
         last = rows[query.limit - 1] if len(rows) > query.limit else None
         return listing.RunPage(
             runs, None if last is None else listing.RunCursor(float(last[6]), int(last[-1]))
         )
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+    async def run_changes(
+        self, *, after: int, limit: int = 100, apart: bool = True
+    ) -> listing.RunChanges:
         foreign = self.foreign_xids.foreign()
         reads = _NARROWED if foreign else _PLAIN
         params = {"after": after, "limit": limit, "foreign": foreign}
         async with self._conn("read run changes") as conn, conn.transaction():
             rows = await (await conn.execute(reads.changes, params)).fetchall()
-            runs = await self._with_tasks(conn, rows)
+            runs = await self._with_tasks(conn, rows, apart)
         return listing.RunChanges([(int(r[-1]), run) for r, run in zip(rows, runs, strict=True)])
 
     async def latest_run_change(self) -> int:
@@ -738,13 +748,15 @@ class PostgresStore(EventStore, durable.DurableRunStore):
 
     @staticmethod
     async def _with_tasks(
-        conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]
+        conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]], apart: bool
     ) -> list[RunRecord]:
-        """Run records for ``rows`` (run columns first), with their tasks in index order."""
+        """Run records for ``rows`` (run columns first), with their tasks in index order;
+        ``apart=False``: without the task columns kept apart (ADR 0160, amendment 1)."""
         if not rows:
             return []
         cur = await conn.execute(
-            f"{_TASK_SELECT} WHERE run_id = ANY(%s) ORDER BY idx", ([r[0] for r in rows],)
+            f"{_TASK_SELECT if apart else _TASK_SELECT_SHOWN} WHERE run_id = ANY(%s) ORDER BY idx",
+            ([r[0] for r in rows],),
         )
         return codec.runs_from_rows(rows, await cur.fetchall())
 
@@ -1110,7 +1122,11 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             if isinstance(fetched, list):
                 events += codec.events_from_rows(run_id, fetched)
                 continue
-            count, last, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched
+            count, last, task_ids, null_tasks, types, stamps, payloads, v_min, v_max = fetched[:9]
+            parts = None
+            if apart:  # (``events_page_parts``: the parts kept apart, joined here)
+                apart_seqs, aparts = fetched[9:]
+                parts = None if aparts is None else (apart_seqs, aparts)
             seqs = codec.page_range(after, count, last)
             page = None
             if v_min == v_max and seqs is not None:
@@ -1123,6 +1139,7 @@ class PostgresStore(EventStore, durable.DurableRunStore):
                     stamps,
                     payloads,
                     v_min,
+                    parts,
                 )
             if page is None:  # the rows the aggregate read: all of (after, last]
                 async with self._conn(f"read events of run {run_id!r}") as conn:

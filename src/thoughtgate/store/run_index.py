@@ -76,8 +76,10 @@ class RunIndex(RunListing):
         (``access.filter.reads_task_apart``, ADR 0160): those are left unread (``None``)."""
 
     @abc.abstractmethod
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
-        """Most recent first."""
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
+        """Most recent first; ``apart``: as for ``query_runs``."""
 
     @abc.abstractmethod
     async def update_run(

@@ -1268,14 +1268,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call(f"read run {run_id!r}", work)
 
-    async def list_runs(self, *, limit: int = 50, offset: int = 0) -> list[RunRecord]:
+    async def list_runs(
+        self, *, limit: int = 50, offset: int = 0, apart: bool = True
+    ) -> list[RunRecord]:
+        tasks_select = _TASK_SELECT if apart else _TASK_SELECT_SHOWN
+
         def work(conn: sqlite3.Connection) -> list[RunRecord]:
             page = "ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?"
             conn.execute("BEGIN")
             try:
                 runs = conn.execute(f"{_RUN_SELECT} {page}", (limit, offset)).fetchall()
                 tasks = conn.execute(
-                    f"{_TASK_SELECT} WHERE run_id IN (SELECT run_id FROM runs {page}) ORDER BY idx",
+                    f"{tasks_select} WHERE run_id IN (SELECT run_id FROM runs {page}) ORDER BY idx",
                     (limit, offset),
                 ).fetchall()
             finally:
@@ -1284,7 +1288,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call("list runs", work)
 
-    async def query_runs(self, query: listing.RunQuery) -> listing.RunPage:
+    async def query_runs(self, query: listing.RunQuery, *, apart: bool = True) -> listing.RunPage:
         sql, params = listing.page_query(
             query, columns=codec.RUN_COLUMNS, placeholder="?", order_column="rowid", like="LIKE"
         )
@@ -1293,7 +1297,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             conn.execute("BEGIN")  # one snapshot for the runs and their tasks
             try:
                 rows = conn.execute(sql, params).fetchall()
-                runs = self._with_tasks(conn, rows[: query.limit])
+                runs = self._with_tasks(conn, rows[: query.limit], apart)
             finally:
                 conn.execute("COMMIT")
             last = rows[query.limit - 1] if len(rows) > query.limit else None
@@ -1302,7 +1306,9 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
 
         return await self._reader.call("query runs", work)
 
-    async def run_changes(self, *, after: int, limit: int = 100) -> listing.RunChanges:
+    async def run_changes(
+        self, *, after: int, limit: int = 100, apart: bool = True
+    ) -> listing.RunChanges:
         sql = (
             f"SELECT {codec.RUN_COLUMNS}, change_seq FROM runs WHERE change_seq > ? "
             "ORDER BY change_seq LIMIT ?"
@@ -1312,7 +1318,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             conn.execute("BEGIN")
             try:
                 rows = conn.execute(sql, (after, limit)).fetchall()
-                runs = self._with_tasks(conn, rows)
+                runs = self._with_tasks(conn, rows, apart)
             finally:
                 conn.execute("COMMIT")
             return listing.RunChanges(
@@ -1328,13 +1334,17 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         return await self._reader.call("read the latest run change", work)
 
     @staticmethod
-    def _with_tasks(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> list[RunRecord]:
-        """Run records for ``rows`` (run columns first), with their tasks in index order."""
+    def _with_tasks(
+        conn: sqlite3.Connection, rows: Sequence[Sequence[Any]], apart: bool
+    ) -> list[RunRecord]:
+        """Run records for ``rows`` (run columns first), with their tasks in index order;
+        ``apart=False``: without the task columns kept apart (ADR 0160, amendment 1)."""
         if not rows:
             return []
         ids = [r[0] for r in rows]
         tasks = conn.execute(
-            f"{_TASK_SELECT} WHERE run_id IN ({','.join('?' * len(ids))}) ORDER BY idx", ids
+            f"{_TASK_SELECT if apart else _TASK_SELECT_SHOWN} WHERE run_id IN ({','.join('?' * len(ids))}) ORDER BY idx",
+            ids,
         ).fetchall()
         return codec.runs_from_rows(rows, tasks)
 

@@ -24,7 +24,7 @@ from sse_starlette.event import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from thoughtgate.access.filter import filter_run
+from thoughtgate.access.filter import filter_run, reads_task_apart
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
 from thoughtgate.disclosure import CHAIN_OF_THOUGHT_MODES
@@ -114,12 +114,13 @@ async def list_runs(request: Request, principal: Principal | None) -> Response:
     limit = query_int(request, "limit", 50, minimum=1, maximum=500)
     offset = query_int(request, "offset", 0, minimum=0)
     changes = await store.latest_run_change()  # before the page: a change in between is resent
+    apart = reads_task_apart(principal.role, mode=None)  # (ADR 0160, amendment 1)
     if offset:
         if any(request.query_params.get(name) for name in _FILTERS):
             raise ApiError(422, "offset cannot be combined with before or filters; use before")
-        runs, cursor = await store.list_runs(limit=limit, offset=offset), None
+        runs, cursor = await store.list_runs(limit=limit, offset=offset, apart=apart), None
     else:
-        page = await store.query_runs(run_query(request, principal, limit))
+        page = await store.query_runs(run_query(request, principal, limit), apart=apart)
         runs, cursor = page.runs, page.next
     out_of_date = state_of(request).manager.out_of_date
     return JSONResponse(
@@ -171,17 +172,20 @@ async def run_list_frames(
     unwatch = watch_access(access_lost) if watch_access is not None else None
     unwatch_stopped = watch_stopped(stopped_by_store) if watch_stopped is not None else None
     cursor = after
+    apart = reads_task_apart(role, mode=None)  # (ADR 0160, amendment 1)
     try:
         while not lost.done():
             told, stopped[:] = list(stopped), []  # (one told while these reads wait stays)
             if poked.done():
                 poked = loop.create_future()
             try:
-                changes = (await store.run_changes(after=cursor, limit=_CHANGES_PAGE)).changes
+                changes = (
+                    await store.run_changes(after=cursor, limit=_CHANGES_PAGE, apart=apart)
+                ).changes
                 again = []
                 for run_id in told:
                     with contextlib.suppress(RunNotFoundError):  # (gone: nothing to mark)
-                        again.append(await store.get_run(run_id))
+                        again.append(await store.get_run(run_id, apart=apart))
             except StoreError:
                 data = json.dumps({"reason": "failed", "resume_after": cursor})
                 yield ServerSentEvent(data=data, event="failed").encode()

@@ -390,13 +390,9 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
         )
 
     def write(chunk: bytes) -> bool:
-        # ``writable``, inline: called once per reader per batch, a thousand times in a row
-        if cycle.disconnected or cycle.response_complete or flow.write_paused:
+        if not writable():
             return False
-        transport = cycle.transport
-        if transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED:
-            return False
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
     def end(chunk: bytes) -> bool:

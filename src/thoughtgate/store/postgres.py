@@ -26,9 +26,9 @@ from psycopg import sql
 from psycopg.types.string import TextBinaryLoader, TextLoader
 from psycopg_pool import AsyncConnectionPool
 
-from thoughtgate.errors import RunNotFoundError, StoreError
+from thoughtgate.errors import RunNotFoundError, StoreError, UsageError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec, durable, listing
+from thoughtgate.store import apart_backfill, codec, durable, listing
 from thoughtgate.store.base import (
     REFUSAL_HELD_S,
     EventStore,
@@ -159,6 +159,70 @@ _STATEMENTS = {
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
+
+
+_START: apart_backfill.Cursor = ("", -1)
+"""Before every row of the log: ``(run_id, seq) > _START`` holds for each (numbers start at 1)."""
+_WINDOW_END = (
+    "SELECT run_id, seq FROM events WHERE (run_id, seq) > (%s, %s) "
+    "ORDER BY run_id, seq OFFSET %s LIMIT 1"
+)
+"""The last row of the backfill's next window (ADR 0167): a range of the primary key."""
+
+
+def _inline_rows(bounded: bool) -> str:
+    """The rows of a window still whole of the types that keep something apart: their keys."""
+    typed, _ = codec.lifecycle_types_sql("%s", codec.apart_types())
+    upper = " AND (run_id, seq) <= (%s, %s)" if bounded else ""
+    return (
+        f"SELECT run_id, seq FROM events WHERE (run_id, seq) > (%s, %s){upper} "
+        f"AND apart IS NULL AND {typed} ORDER BY run_id, seq"
+    )
+
+
+_INLINE_ROW = (
+    "SELECT type, CAST(payload AS TEXT) FROM events "
+    "WHERE run_id = %s AND seq = %s AND apart IS NULL FOR UPDATE"
+)
+"""A row still whole, locked (that row only) until the transaction moving it ends: a second
+backfill at the same time waits for it, then finds it apart and passes."""
+_MOVE_ROW = (
+    "UPDATE events SET payload = %s::json, apart = %s::json "
+    "WHERE run_id = %s AND seq = %s AND apart IS NULL"
+)
+
+
+async def _move_rows(
+    conn: psycopg.AsyncConnection[Any],
+    keys: Sequence[apart_backfill.Cursor],
+    *,
+    dry_run: bool,
+) -> tuple[int, int, list[apart_backfill.Cursor]]:
+    """In the caller's transaction: the rows of ``keys`` in order, each still whole moved apart
+    (``codec.moved_apart``), until :data:`BATCH_BYTES` of payload text were read. ``(rows done,
+    rows moved, rows refused)``; ``dry_run``: read and counted, not locked nor written."""
+    done = moved = size = 0
+    refused: list[apart_backfill.Cursor] = []
+    select = _INLINE_ROW.removesuffix(" FOR UPDATE") if dry_run else _INLINE_ROW
+    for run_id, seq in keys:
+        if done and size >= apart_backfill.BATCH_BYTES:
+            break
+        done += 1
+        row = await (await conn.execute(select, (run_id, seq))).fetchone()
+        if row is None:  # moved meanwhile (another backfill): nothing left to do
+            continue
+        size += len(row[1])
+        try:
+            split = codec.moved_apart(row[0], row[1])
+        except UsageError:
+            refused.append((run_id, seq))
+            continue
+        if split is None:
+            continue
+        moved += 1
+        if not dry_run:
+            await conn.execute(_MOVE_ROW, (split[0], split[1], run_id, seq))
+    return done, moved, refused
 
 
 def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
@@ -1197,6 +1261,46 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         found = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
         if await found.fetchone() is None:
             raise RunNotFoundError(run_id)
+
+    # -- the backfill of ADR 0167 -----------------------------------------------------------
+    async def inline_candidates(self) -> int:
+        typed, types = codec.lifecycle_types_sql("%s", codec.apart_types())
+        query = f"SELECT count(*) FROM events WHERE apart IS NULL AND {typed}"
+        async with self._conn("count the rows keeping reasoning inline") as conn:
+            row = await (await conn.execute(query, types)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def move_apart(
+        self,
+        after: apart_backfill.Cursor | None = None,
+        *,
+        dry_run: bool = False,
+        batch: int = apart_backfill.BATCH,
+    ) -> apart_backfill.ApartPage:
+        """The window is read outside any transaction; its rows are moved in transactions of
+        ``batch`` rows or :data:`BATCH_BYTES`, each locking the rows it moves and nothing else:
+        appends (new rows) and reads go on meanwhile (ADR 0167)."""
+        start = _START if after is None else after
+        types = codec.apart_types()
+        async with self._conn("find rows keeping reasoning inline") as conn:
+            cur = await conn.execute(_WINDOW_END, (*start, apart_backfill.WINDOW - 1))
+            last = await cur.fetchone()
+            end = None if last is None else (str(last[0]), int(last[1]))
+            if end is None:
+                cur = await conn.execute(_inline_rows(False), (*start, *types))
+            else:
+                cur = await conn.execute(_inline_rows(True), (*start, *end, *types))
+            keys = [(str(r[0]), int(r[1])) for r in await cur.fetchall()]
+        moved, k = 0, 0
+        refused: list[apart_backfill.Cursor] = []
+        while k < len(keys):
+            chunk = keys[k : k + max(batch, 1)]
+            action = f"move reasoning apart in run {chunk[0][0]!r}"
+            async with self._conn(action, writes=not dry_run) as conn, conn.transaction():
+                done, n, left = await _move_rows(conn, chunk, dry_run=dry_run)
+            k, moved = k + done, moved + n
+            refused.extend(left)
+        return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(

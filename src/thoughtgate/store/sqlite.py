@@ -43,9 +43,10 @@ from thoughtgate.errors import (
     RunTakenOverError,
     StoreReadOnlyError,
     StoreUnavailableError,
+    UsageError,
 )
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec, durable, listing
+from thoughtgate.store import apart_backfill, codec, durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.log import PageAhead, QueuedAppend, append_refused
 from thoughtgate.store.private_files import (
@@ -183,6 +184,77 @@ _READ_ROWS = {
     "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
     for apart in (True, False)
 }
+
+
+_START: apart_backfill.Cursor = ("", -1)
+"""Before every row of the log: ``(run_id, seq) > _START`` holds for each (numbers start at 1)."""
+_WINDOW_END = (
+    "SELECT run_id, seq FROM events WHERE (run_id, seq) > (?, ?) "
+    "ORDER BY run_id, seq LIMIT 1 OFFSET ?"
+)
+"""The last row of the backfill's next window (ADR 0167): a range of the primary key."""
+
+
+def _inline_rows(bounded: bool) -> str:
+    """The rows of a window still whole of the types that keep something apart: their keys
+    only (a marker of ``NULL`` or ``1`` takes no bytes of a record's body: no payload read)."""
+    typed, _ = codec.lifecycle_types_sql("?", codec.apart_types())
+    upper = " AND (run_id, seq) <= (?, ?)" if bounded else ""
+    return (
+        f"SELECT run_id, seq FROM events WHERE (run_id, seq) > (?, ?){upper} "
+        f"AND apart IS NULL AND {typed} ORDER BY run_id, seq"
+    )
+
+
+def _inline_window(
+    conn: sqlite3.Connection, after: apart_backfill.Cursor
+) -> tuple[apart_backfill.Cursor | None, list[apart_backfill.Cursor]]:
+    """On the reader: the window's last row (``None``: the log ends inside it) and the rows in
+    it that may hold reasoning inline."""
+    end = conn.execute(_WINDOW_END, (*after, apart_backfill.WINDOW - 1)).fetchone()
+    types = codec.apart_types()
+    if end is None:
+        rows = conn.execute(_inline_rows(False), (*after, *types)).fetchall()
+        return None, [(str(r[0]), int(r[1])) for r in rows]
+    rows = conn.execute(_inline_rows(True), (*after, *end, *types)).fetchall()
+    return (str(end[0]), int(end[1])), [(str(r[0]), int(r[1])) for r in rows]
+
+
+_INLINE_ROW = "SELECT type, payload FROM events WHERE run_id = ? AND seq = ? AND apart IS NULL"
+_MOVE_ROW = (
+    "UPDATE events SET payload = ?, apart = 1 WHERE run_id = ? AND seq = ? AND apart IS NULL"
+)
+_MOVE_PART = "INSERT INTO events_apart (run_id, seq, apart) VALUES (?, ?, ?)"
+
+
+def _move_rows(
+    conn: sqlite3.Connection, keys: Sequence[apart_backfill.Cursor], *, dry_run: bool
+) -> tuple[int, int, list[apart_backfill.Cursor]]:
+    """In one transaction (the writer's; the reader's for ``dry_run``): the rows of ``keys`` in
+    order, each still whole moved apart (``codec.moved_apart``), until :data:`BATCH_BYTES` of
+    payload text were read. ``(rows done, rows moved, rows refused)``."""
+    done = moved = size = 0
+    refused: list[apart_backfill.Cursor] = []
+    for run_id, seq in keys:
+        if done and size >= apart_backfill.BATCH_BYTES:
+            break
+        done += 1
+        row = conn.execute(_INLINE_ROW, (run_id, seq)).fetchone()
+        if row is None:  # moved meanwhile (another backfill): nothing left to do
+            continue
+        size += len(row[1])
+        try:
+            split = codec.moved_apart(row[0], row[1])
+        except UsageError:
+            refused.append((run_id, seq))
+            continue
+        if split is None:
+            continue
+        moved += 1
+        if not dry_run:
+            conn.execute(_MOVE_ROW, (split[0], run_id, seq))
+            conn.execute(_MOVE_PART, (run_id, seq, split[1]))
+    return done, moved, refused
 
 
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
@@ -1977,6 +2049,44 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 raise StoreUnavailableError(f"cannot {action}: {exc.strerror or exc}") from exc
 
         return await self._writer.call(action, work)
+
+    # -- the backfill of ADR 0167 -----------------------------------------------------------
+    async def inline_candidates(self) -> int:
+        typed, types = codec.lifecycle_types_sql("?", codec.apart_types())
+        query = f"SELECT count(*) FROM events WHERE apart IS NULL AND {typed}"
+
+        def work(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(query, types).fetchone()[0])
+
+        return await self._reader.call("count the rows keeping reasoning inline", work)
+
+    async def move_apart(
+        self,
+        after: apart_backfill.Cursor | None = None,
+        *,
+        dry_run: bool = False,
+        batch: int = apart_backfill.BATCH,
+    ) -> apart_backfill.ApartPage:
+        """The window is read on the reader (no lock: the writer appends meanwhile); its rows
+        are moved in write transactions of ``batch`` rows or :data:`BATCH_BYTES`, each a short
+        turn of the one writer between the daemon's appends (ADR 0167)."""
+        start = _START if after is None else after
+        end, keys = await self._reader.call(
+            "find rows keeping reasoning inline", lambda c: _inline_window(c, start)
+        )
+        moved, k = 0, 0
+        refused: list[apart_backfill.Cursor] = []
+        while k < len(keys):
+            chunk = keys[k : k + max(batch, 1)]
+            work = functools.partial(_move_rows, keys=chunk, dry_run=dry_run)
+            if dry_run:
+                done, n, left = await self._reader.call("count reasoning to move apart", work)
+            else:
+                action = f"move reasoning apart in run {chunk[0][0]!r}"
+                done, n, left = await self._writer.write(action, work)
+            k, moved = k + done, moved + n
+            refused.extend(left)
+        return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- plumbing ------------------------------------------------------------------------
     async def _look_up(self, action: str, work: Callable[[sqlite3.Connection], T]) -> T:

@@ -275,25 +275,40 @@ class _Cases(_Backend):
         again = await move_all_apart(store)
         assert (again.looked_at, again.moved) == (0, 0)
 
-    async def test_appends_go_on_while_the_backfill_walks(self, store: EventStore) -> None:
-        """The daemon appends to another run while the walk moves one row a transaction
-        across several windows: every append and every move is stored."""
+    async def test_appends_go_on_while_the_backfill_walks(
+        self, store: EventStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A daemon (a second store on the same database: its own connections, its own
+        writer) appends turns to a run while the walk moves an old run's rows one a
+        transaction, across windows of seven rows: every append and every move is stored, and
+        the rows the daemon appends (stored apart already) are not touched."""
+        monkeypatch.setattr(apart_backfill, "WINDOW", 7)
         events = [agent_response(f"r{k}") for k in range(40)]
         old = await self.old_run(store, events, "surface")
-        live = make_run()
-        await store.create_run(live)
+        daemon = await self.second(store)
+        try:
+            live = make_run(chain_of_thought="surface")
+            await daemon.create_run(live)
+            appended: list[NewEvent] = []
 
-        async def appends() -> None:
-            for k in range(40):
-                await store.append(live.run_id, deltas(3, start=3 * k))
-                await asyncio.sleep(0)
+            async def appends() -> None:
+                for k in range(40):
+                    batch = [*deltas(2, start=2 * k), agent_response(f"live {k}")]
+                    await daemon.append(live.run_id, batch)
+                    appended.extend(batch)
+                    await asyncio.sleep(0)
 
-        pages: list[apart_backfill.ApartPage] = []
-        walk = move_all_apart(store, batch=1, each=pages.append)
-        totals, _ = await asyncio.gather(walk, appends())
-        assert totals.moved == 40
-        assert len(await store.read(live.run_id)) == 120
+            pages: list[apart_backfill.ApartPage] = []
+            walk = move_all_apart(store, batch=1, each=pages.append)
+            totals, _ = await asyncio.gather(walk, appends())
+        finally:
+            await daemon.close()
+        assert totals.moved == 40 and len(pages) > 5
         assert await self.stored(store, old) == _as_appended(events)
+        assert await self.stored(store, live.run_id) == _as_appended(appended)
+
+    async def second(self, store: EventStore) -> EventStore:
+        raise NotImplementedError
 
     async def test_a_row_the_codec_did_not_write_is_left_and_named(self, store: EventStore) -> None:
         """A payload that is not a JSON object (written by hand) is left as it is, the walk goes
@@ -374,6 +389,10 @@ class _Cases(_Backend):
 
 
 class TestOnSQLite(SQLite, _SQLiteRows, _Cases):
+    async def second(self, store: EventStore) -> EventStore:
+        assert isinstance(store, SQLiteStore)
+        return await SQLiteStore.open(store.path)
+
     async def _overwrite(self, store: EventStore, run_id: str, payload: str) -> None:
         assert isinstance(store, SQLiteStore)
         with sqlite3.connect(store.path) as conn:
@@ -409,6 +428,10 @@ class TestOnSQLite(SQLite, _SQLiteRows, _Cases):
 
 @pytest.mark.postgres
 class TestOnPostgres(Postgres, _PostgresRows, _Cases):
+    async def second(self, store: EventStore) -> EventStore:
+        assert isinstance(store, PostgresStore)
+        return await PostgresStore.open(PG_URL, schema=store.schema)
+
     async def _overwrite(self, store: EventStore, run_id: str, payload: str) -> None:
         conn = await self._connect(store)
         try:

@@ -2083,7 +2083,13 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 done, n, left = await self._reader.call("count reasoning to move apart", work)
             else:
                 action = f"move reasoning apart in run {chunk[0][0]!r}"
+                began = time.monotonic()
                 done, n, left = await self._writer.write(action, work)
+                # Rest as long as the transaction held the write lock: another process's
+                # writer (the daemon's, beside this command) waiting on SQLite's busy handler
+                # polls with a backoff of 1 to 100 ms and has no place in a queue; without a
+                # rest it found the lock taken again at nearly every poll (ADR 0167).
+                await asyncio.sleep(time.monotonic() - began)
             k, moved = k + done, moved + n
             refused.extend(left)
         return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)

@@ -27,7 +27,16 @@ import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.daemon import REPO, Daemon, ThreadServer, auth, cli_env, running_daemon, seed_keys
+from support.daemon import (
+    REPO,
+    Daemon,
+    ThreadServer,
+    agui_input,
+    auth,
+    cli_env,
+    running_daemon,
+    seed_keys,
+)
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -163,15 +172,7 @@ def test_a_listed_origin_reads_the_api_and_its_streams(daemon: Daemon) -> None:
     body; the origin is matched as a browser sends it (the setting's ``https://Other.Example/``
     is ``https://other.example``)."""
     origin = {"Origin": APP}
-    body = {
-        "threadId": "t-1",
-        "runId": "r-1",
-        "messages": [{"id": "u-1", "role": "user", "content": "hi"}],
-        "tools": [],
-        "context": [],
-        "state": {},
-        "forwardedProps": {"thoughtgate": {"model": "fake:echo"}},
-    }
+    body = agui_input(model="fake:echo")
     run_id = daemon.start_run({"prompt": "hi", "model": "fake:echo"})
     daemon.wait_done(run_id)
     with daemon.client("member") as c:

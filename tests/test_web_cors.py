@@ -10,46 +10,24 @@ Without chromium these tests FAIL and say how to install it; they never skip."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from playwright.sync_api import Browser
 from support.browser import launch, page_for
-from support.daemon import Daemon
-from support.web import web_daemon
+from support.daemon import Daemon, agui_input
+from support.web import other_site, web_daemon
 
 pytestmark = pytest.mark.browser
 
 
-class _Client(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-        body = b"<!doctype html><title>an AG-UI client</title><p>another origin</p>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def client_port() -> Iterator[int]:
-    """The client's own server, on loopback: ``http://127.0.0.1:PORT`` is listed, and
+    """The client's own server: ``http://127.0.0.1:PORT`` is listed, and
     ``http://localhost:PORT`` (the same page, another origin) is not."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Client)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
+    with other_site(b"<!doctype html><title>an AG-UI client</title>") as port:
+        yield port
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +73,7 @@ CALL = """async ([base, key, body]) => {
   return out;
 }"""
 
-BODY = {
-    "threadId": "t-1",
-    "runId": "r-1",
-    "messages": [{"id": "u-1", "role": "user", "content": "hi"}],
-    "tools": [],
-    "context": [],
-    "state": {},
-    "forwardedProps": {"thoughtgate": {"model": "fake:echo"}},
-}
+BODY = agui_input(model="fake:echo")
 
 
 def _runs(daemon: Daemon) -> int:

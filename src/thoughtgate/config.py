@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
@@ -405,36 +405,32 @@ class ServerConfig(_Section):
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _host_names(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [s for s in value.split(",") if s.strip()]
-        if isinstance(value, (list, tuple)):
-            names = []
-            for item in value:
-                if not isinstance(item, str):
-                    return value  # pydantic says what is wrong with it
-                name = item.strip().lower()
-                if not name or any(c in name for c in "/: \t@"):
-                    raise ValueError(
-                        f"{item!r} is not a host name; give names as a Host header holds them, "
-                        'without scheme or port ("tg.example.com"), or "*"'
-                    )
-                names.append(name.rstrip("."))
-            return tuple(names)
-        return value
+        return _each(value, _host_name)
 
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _origins(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [s for s in value.split(",") if s.strip()]
-        if isinstance(value, (list, tuple)):
-            origins = []
-            for item in value:
-                if not isinstance(item, str):
-                    return value  # pydantic says what is wrong with it
-                origins.append(_origin(item))
-            return tuple(dict.fromkeys(origins))
+        return _each(value, _origin)
+
+
+def _each(value: Any, parse: Callable[[str], str]) -> Any:
+    """A list setting's items, each through ``parse`` (once each, in order): one string, as
+    the environment gives it, is comma-separated. Anything else is pydantic's to refuse."""
+    if isinstance(value, str):
+        value = [s for s in value.split(",") if s.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, str) for i in value):
         return value
+    return tuple(dict.fromkeys(parse(item) for item in value))
+
+
+def _host_name(text: str) -> str:
+    name = text.strip().lower()
+    if not name or any(c in name for c in "/: \t@"):
+        raise ValueError(
+            f"{text!r} is not a host name; give names as a Host header holds them, "
+            'without scheme or port ("tg.example.com"), or "*"'
+        )
+    return name.rstrip(".")
 
 
 def _origin(text: str) -> str:

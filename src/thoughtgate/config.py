@@ -391,8 +391,9 @@ class ServerConfig(_Section):
     addresses, ``localhost`` and ``host``. On a connection to a loopback address no other name is
     answered (``400``: a page that rebinds its name to ``127.0.0.1`` reads nothing, ADR 0159);
     on other addresses, only these: the daemon refuses to listen on an address that is not
-    loopback while this is empty, since it would then answer any name there (ADR 0164). ``"*"``: every name everywhere (unsafe: any page
-    can rebind a name of its own to the daemon). In the environment: comma-separated."""
+    loopback while this is empty, since it would then answer any name there (ADR 0164).
+    ``"*"``: every name everywhere (unsafe: any page can rebind a name of its own to the
+    daemon). In the environment: comma-separated."""
     cors_origins: tuple[str, ...] = ()
     """Origins (``scheme://host[:port]``, exactly as a browser sends ``Origin``) whose pages may
     call the API from a browser (CORS, ADR 0164). Empty: no CORS header is ever sent, and no

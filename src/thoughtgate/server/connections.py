@@ -195,9 +195,10 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
 
     Relies on what uvicorn's h11 and httptools protocols share: ``connections`` (the server's
     open connections), ``cycle`` (the current request, ``response_complete`` once answered),
-    ``transport``, ``loop``, ``on_response_complete`` and ``send_400_response``; and, for :class:`_HeldHead`, on the
-    httptools protocol's ``on_headers_complete`` and its cycle's ``transport``,
-    ``response_started``, ``chunked_encoding``, ``response_complete`` and ``scope``.
+    ``transport``, ``loop``, ``on_response_complete`` and ``send_400_response``; and, for
+    :class:`_HeldHead`, on the httptools protocol's ``on_headers_complete`` and its cycle's
+    ``transport``, ``response_started``, ``chunked_encoding``, ``response_complete`` and
+    ``scope``.
     """
 
     too_slow = _too_slow(limits.body_timeout_s)

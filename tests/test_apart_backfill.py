@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,15 @@ from psycopg import sql
 from support.pg import PG_URL, pg_admin, pg_schema
 from support.store_backends import Postgres, SQLite
 from support.store_conformance import deltas, make_run
-from test_reasoning_apart import _READERS, BIG, MODES, _events, a_turn, agent_response
+from test_reasoning_apart import (
+    _READERS,
+    BIG,
+    MODES,
+    _events,
+    a_turn,
+    agent_response,
+    decoded,
+)
 from typer.testing import CliRunner
 
 from thoughtgate.access.filter import (
@@ -45,7 +52,7 @@ from thoughtgate.store.base import EventStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
 
-__all__ = ["pg_admin", "pg_schema"]
+__all__ = ["decoded", "pg_admin", "pg_schema"]
 
 Stored = tuple[str, str | None]
 """A row as stored: its payload text, and its part kept apart (``None``: none)."""
@@ -178,25 +185,6 @@ def _as_appended(events: list[NewEvent]) -> list[Stored]:
     """The texts an append of ``events`` stores now (ADR 0160)."""
     payloads, _, _, _, aparts = codec.encode_events(events)
     return list(zip(payloads, aparts, strict=True))
-
-
-@pytest.fixture
-def decoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The length of every stored payload text the codec decodes."""
-    seen: list[int] = []
-    array, texts = codec.decode_payload_array, codec.decode_payloads
-
-    def count_array(joined: bytes) -> list[dict[str, Any]]:
-        seen.append(len(joined))
-        return array(joined)
-
-    def count_texts(rows: Any) -> list[dict[str, Any]]:
-        seen.append(sum(len(t) for t in rows))
-        return texts(rows)
-
-    monkeypatch.setattr(codec, "decode_payload_array", count_array)
-    monkeypatch.setattr(codec, "decode_payloads", count_texts)
-    yield seen
 
 
 class _Cases(_Backend):

@@ -23,12 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from thoughtgate.errors import UsageError
+from thoughtgate.store import codec
+
 __all__ = [
     "BATCH",
     "BATCH_BYTES",
     "WINDOW",
     "ApartPage",
     "ApartTotals",
+    "Batch",
     "Cursor",
     "move_all_apart",
 ]
@@ -74,6 +78,36 @@ class ApartTotals:
         self.moved += page.moved
         self.refused.extend(page.refused)
         self.steps += 1
+
+
+@dataclass(slots=True)
+class Batch:
+    """One transaction's rows, as a backend's loop goes through them (SQLite's and PostgreSQL's
+    read and write the rows, this decides): :meth:`takes` the next row while the batch is under
+    :data:`BATCH_BYTES` (its first row always), :meth:`split` says what to write for it."""
+
+    done: int = 0
+    moved: int = 0
+    size: int = 0
+    refused: list[Cursor] = field(default_factory=list)
+
+    def takes(self) -> bool:
+        if self.done and self.size >= BATCH_BYTES:
+            return False
+        self.done += 1
+        return True
+
+    def split(self, key: Cursor, event_type: str, payload: str) -> tuple[str, str] | None:
+        """The row's texts moved apart (``codec.moved_apart``), or ``None``: it stays as it is
+        (nothing to move, or a payload the codec did not write: named in ``refused``)."""
+        self.size += len(payload)
+        try:
+            split = codec.moved_apart(event_type, payload)
+        except UsageError:
+            self.refused.append(key)
+            return None
+        self.moved += split is not None
+        return split
 
 
 class MovesApart:

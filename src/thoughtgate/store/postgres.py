@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.types.string import TextBinaryLoader, TextLoader
 from psycopg_pool import AsyncConnectionPool
 
-from thoughtgate.errors import RunNotFoundError, StoreError, UsageError
+from thoughtgate.errors import RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import apart_backfill, codec, durable, listing
 from thoughtgate.store.base import (
@@ -197,32 +197,22 @@ async def _move_rows(
     keys: Sequence[apart_backfill.Cursor],
     *,
     dry_run: bool,
-) -> tuple[int, int, list[apart_backfill.Cursor]]:
-    """In the caller's transaction: the rows of ``keys`` in order, each still whole moved apart
-    (``codec.moved_apart``), until :data:`BATCH_BYTES` of payload text were read. ``(rows done,
-    rows moved, rows refused)``; ``dry_run``: read and counted, not locked nor written."""
-    done = moved = size = 0
-    refused: list[apart_backfill.Cursor] = []
+) -> apart_backfill.Batch:
+    """In the caller's transaction: the rows of ``keys`` in order, each still whole moved apart,
+    until the batch's byte budget is spent; ``dry_run``: read and counted, not locked nor
+    written."""
+    batch = apart_backfill.Batch()
     select = _INLINE_ROW.removesuffix(" FOR UPDATE") if dry_run else _INLINE_ROW
     for run_id, seq in keys:
-        if done and size >= apart_backfill.BATCH_BYTES:
+        if not batch.takes():
             break
-        done += 1
         row = await (await conn.execute(select, (run_id, seq))).fetchone()
         if row is None:  # moved meanwhile (another backfill): nothing left to do
             continue
-        size += len(row[1])
-        try:
-            split = codec.moved_apart(row[0], row[1])
-        except UsageError:
-            refused.append((run_id, seq))
-            continue
-        if split is None:
-            continue
-        moved += 1
-        if not dry_run:
+        split = batch.split((run_id, seq), row[0], row[1])
+        if split is not None and not dry_run:
             await conn.execute(_MOVE_ROW, (split[0], split[1], run_id, seq))
-    return done, moved, refused
+    return batch
 
 
 def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
@@ -1297,9 +1287,9 @@ class PostgresStore(EventStore, durable.DurableRunStore):
             chunk = keys[k : k + max(batch, 1)]
             action = f"move reasoning apart in run {chunk[0][0]!r}"
             async with self._conn(action, writes=not dry_run) as conn, conn.transaction():
-                done, n, left = await _move_rows(conn, chunk, dry_run=dry_run)
-            k, moved = k + done, moved + n
-            refused.extend(left)
+                step = await _move_rows(conn, chunk, dry_run=dry_run)
+            k, moved = k + step.done, moved + step.moved
+            refused.extend(step.refused)
         return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- durable runs (store.durable) -------------------------------------------------------

@@ -43,7 +43,6 @@ from thoughtgate.errors import (
     RunTakenOverError,
     StoreReadOnlyError,
     StoreUnavailableError,
-    UsageError,
 )
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store import apart_backfill, codec, durable, listing
@@ -229,32 +228,21 @@ _MOVE_PART = "INSERT INTO events_apart (run_id, seq, apart) VALUES (?, ?, ?)"
 
 def _move_rows(
     conn: sqlite3.Connection, keys: Sequence[apart_backfill.Cursor], *, dry_run: bool
-) -> tuple[int, int, list[apart_backfill.Cursor]]:
+) -> apart_backfill.Batch:
     """In one transaction (the writer's; the reader's for ``dry_run``): the rows of ``keys`` in
-    order, each still whole moved apart (``codec.moved_apart``), until :data:`BATCH_BYTES` of
-    payload text were read. ``(rows done, rows moved, rows refused)``."""
-    done = moved = size = 0
-    refused: list[apart_backfill.Cursor] = []
+    order, each still whole moved apart, until the batch's byte budget is spent."""
+    batch = apart_backfill.Batch()
     for run_id, seq in keys:
-        if done and size >= apart_backfill.BATCH_BYTES:
+        if not batch.takes():
             break
-        done += 1
         row = conn.execute(_INLINE_ROW, (run_id, seq)).fetchone()
         if row is None:  # moved meanwhile (another backfill): nothing left to do
             continue
-        size += len(row[1])
-        try:
-            split = codec.moved_apart(row[0], row[1])
-        except UsageError:
-            refused.append((run_id, seq))
-            continue
-        if split is None:
-            continue
-        moved += 1
-        if not dry_run:
+        split = batch.split((run_id, seq), row[0], row[1])
+        if split is not None and not dry_run:
             conn.execute(_MOVE_ROW, (split[0], run_id, seq))
             conn.execute(_MOVE_PART, (run_id, seq, split[1]))
-    return done, moved, refused
+    return batch
 
 
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
@@ -2080,18 +2068,18 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
             chunk = keys[k : k + max(batch, 1)]
             work = functools.partial(_move_rows, keys=chunk, dry_run=dry_run)
             if dry_run:
-                done, n, left = await self._reader.call("count reasoning to move apart", work)
+                step = await self._reader.call("count reasoning to move apart", work)
             else:
                 action = f"move reasoning apart in run {chunk[0][0]!r}"
                 began = time.monotonic()
-                done, n, left = await self._writer.write(action, work)
+                step = await self._writer.write(action, work)
                 # Rest as long as the transaction held the write lock: another process's
                 # writer (the daemon's, beside this command) waiting on SQLite's busy handler
                 # polls with a backoff of 1 to 100 ms and has no place in a queue; without a
                 # rest it found the lock taken again at nearly every poll (ADR 0167).
                 await asyncio.sleep(time.monotonic() - began)
-            k, moved = k + done, moved + n
-            refused.extend(left)
+            k, moved = k + step.done, moved + step.moved
+            refused.extend(step.refused)
         return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- plumbing ------------------------------------------------------------------------

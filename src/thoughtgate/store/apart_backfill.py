@@ -29,17 +29,21 @@ from thoughtgate.store import codec
 __all__ = [
     "BATCH",
     "BATCH_BYTES",
+    "START",
     "WINDOW",
     "ApartPage",
     "ApartTotals",
     "Batch",
     "Cursor",
     "move_all_apart",
+    "window_sql",
 ]
 
 Cursor = tuple[str, int]
 """Where the walk is: the ``(run_id, seq)`` of the last row looked at."""
 
+START: Final[Cursor] = ("", -1)
+"""Before every row of the log: ``(run_id, seq) > START`` holds for each (numbers start at 1)."""
 WINDOW: Final = 2000
 """Rows of the log looked at per read (of every type: their types and markers only)."""
 BATCH: Final = 100
@@ -47,6 +51,24 @@ BATCH: Final = 100
 BATCH_BYTES: Final = 4 << 20
 """Payload text moved per write transaction, at most (a row longer than it is moved alone): a
 transaction's time, and SQLite's write lock, stay bounded however long the reasoning."""
+
+
+def window_sql(placeholder: str) -> tuple[str, str, str]:
+    """Both SQL stores' reads of a window, with their ``placeholder``: its last row (a range of
+    the primary key, ``OFFSET WINDOW - 1``), and the keys of the rows in it still whole of the
+    types that keep something apart (``codec.apart_types``) up to that row, or to the end of the
+    log. Keys only: a marker of ``NULL`` takes no bytes of a SQLite record's body, no payload
+    is read. Parameters: the cursor, the last row (the bounded one), the types."""
+    p = placeholder
+    end = (
+        f"SELECT run_id, seq FROM events WHERE (run_id, seq) > ({p}, {p}) "
+        f"ORDER BY run_id, seq LIMIT 1 OFFSET {p}"
+    )
+    typed, _ = codec.lifecycle_types_sql(p, codec.apart_types())
+    rows = "SELECT run_id, seq FROM events WHERE (run_id, seq) > ({p}, {p}){upper} AND {typed} "
+    rows += "AND apart IS NULL ORDER BY run_id, seq"
+    bounded = rows.format(p=p, upper=f" AND (run_id, seq) <= ({p}, {p})", typed=typed)
+    return end, bounded, rows.format(p=p, upper="", typed=typed)
 
 
 @dataclass(frozen=True, slots=True)

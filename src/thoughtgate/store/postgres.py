@@ -161,25 +161,8 @@ _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
 
 
-_START: apart_backfill.Cursor = ("", -1)
-"""Before every row of the log: ``(run_id, seq) > _START`` holds for each (numbers start at 1)."""
-_WINDOW_END = (
-    "SELECT run_id, seq FROM events WHERE (run_id, seq) > (%s, %s) "
-    "ORDER BY run_id, seq OFFSET %s LIMIT 1"
-)
-"""The last row of the backfill's next window (ADR 0167): a range of the primary key."""
-
-
-def _inline_rows(bounded: bool) -> str:
-    """The rows of a window still whole of the types that keep something apart: their keys."""
-    typed, _ = codec.lifecycle_types_sql("%s", codec.apart_types())
-    upper = " AND (run_id, seq) <= (%s, %s)" if bounded else ""
-    return (
-        f"SELECT run_id, seq FROM events WHERE (run_id, seq) > (%s, %s){upper} "
-        f"AND apart IS NULL AND {typed} ORDER BY run_id, seq"
-    )
-
-
+_WINDOW_END, _INLINE_ROWS_TO, _INLINE_ROWS = apart_backfill.window_sql("%s")
+"""The backfill's window (ADR 0167)."""
 _INLINE_ROW = (
     "SELECT type, CAST(payload AS TEXT) FROM events "
     "WHERE run_id = %s AND seq = %s AND apart IS NULL FOR UPDATE"
@@ -1270,16 +1253,16 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         """The window is read outside any transaction; its rows are moved in transactions of
         ``batch`` rows or :data:`BATCH_BYTES`, each locking the rows it moves and nothing else:
         appends (new rows) and reads go on meanwhile (ADR 0167)."""
-        start = _START if after is None else after
+        start = apart_backfill.START if after is None else after
         types = codec.apart_types()
         async with self._conn("find rows keeping reasoning inline") as conn:
             cur = await conn.execute(_WINDOW_END, (*start, apart_backfill.WINDOW - 1))
             last = await cur.fetchone()
             end = None if last is None else (str(last[0]), int(last[1]))
             if end is None:
-                cur = await conn.execute(_inline_rows(False), (*start, *types))
+                cur = await conn.execute(_INLINE_ROWS, (*start, *types))
             else:
-                cur = await conn.execute(_inline_rows(True), (*start, *end, *types))
+                cur = await conn.execute(_INLINE_ROWS_TO, (*start, *end, *types))
             keys = [(str(r[0]), int(r[1])) for r in await cur.fetchall()]
         moved, k = 0, 0
         refused: list[apart_backfill.Cursor] = []

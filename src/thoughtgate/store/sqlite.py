@@ -185,24 +185,7 @@ _READ_ROWS = {
 }
 
 
-_START: apart_backfill.Cursor = ("", -1)
-"""Before every row of the log: ``(run_id, seq) > _START`` holds for each (numbers start at 1)."""
-_WINDOW_END = (
-    "SELECT run_id, seq FROM events WHERE (run_id, seq) > (?, ?) "
-    "ORDER BY run_id, seq LIMIT 1 OFFSET ?"
-)
-"""The last row of the backfill's next window (ADR 0167): a range of the primary key."""
-
-
-def _inline_rows(bounded: bool) -> str:
-    """The rows of a window still whole of the types that keep something apart: their keys
-    only (a marker of ``NULL`` or ``1`` takes no bytes of a record's body: no payload read)."""
-    typed, _ = codec.lifecycle_types_sql("?", codec.apart_types())
-    upper = " AND (run_id, seq) <= (?, ?)" if bounded else ""
-    return (
-        f"SELECT run_id, seq FROM events WHERE (run_id, seq) > (?, ?){upper} "
-        f"AND apart IS NULL AND {typed} ORDER BY run_id, seq"
-    )
+_WINDOW_END, _INLINE_ROWS_TO, _INLINE_ROWS = apart_backfill.window_sql("?")
 
 
 def _inline_window(
@@ -213,9 +196,9 @@ def _inline_window(
     end = conn.execute(_WINDOW_END, (*after, apart_backfill.WINDOW - 1)).fetchone()
     types = codec.apart_types()
     if end is None:
-        rows = conn.execute(_inline_rows(False), (*after, *types)).fetchall()
+        rows = conn.execute(_INLINE_ROWS, (*after, *types)).fetchall()
         return None, [(str(r[0]), int(r[1])) for r in rows]
-    rows = conn.execute(_inline_rows(True), (*after, *end, *types)).fetchall()
+    rows = conn.execute(_INLINE_ROWS_TO, (*after, *end, *types)).fetchall()
     return (str(end[0]), int(end[1])), [(str(r[0]), int(r[1])) for r in rows]
 
 
@@ -2058,7 +2041,7 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
         """The window is read on the reader (no lock: the writer appends meanwhile); its rows
         are moved in write transactions of ``batch`` rows or :data:`BATCH_BYTES`, each a short
         turn of the one writer between the daemon's appends (ADR 0167)."""
-        start = _START if after is None else after
+        start = apart_backfill.START if after is None else after
         end, keys = await self._reader.call(
             "find rows keeping reasoning inline", lambda c: _inline_window(c, start)
         )

@@ -219,6 +219,8 @@ class _Cases(_Backend):
         assert await store.inline_candidates() == 0
 
     async def test_a_dry_run_counts_and_writes_nothing(self, store: EventStore) -> None:
+        """``dry_run`` reads and splits each row as the move would, counts the two that would
+        move (the delta of answer keeps nothing apart: not looked at), and writes nothing."""
         events = [*a_turn("why"), NewEvent(EventType.MESSAGE_DELTA, {"text": "a"})]
         run_id = await self.old_run(store, events, "hidden")
         stored = await self.stored(store, run_id)

@@ -35,6 +35,7 @@ __all__ = [
     "ApartTotals",
     "Batch",
     "Cursor",
+    "MovesApart",
     "move_all_apart",
     "window_sql",
 ]

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ from thoughtgate.store.apart_backfill import move_all_apart
 from thoughtgate.store.base import EventStore
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.sqlite import SQLiteStore
+from thoughtgate.store.urls import open_store
 
 __all__ = ["decoded", "pg_admin", "pg_schema"]
 
@@ -490,3 +494,84 @@ def test_the_command_refuses_a_daemon_address_and_creates_no_store(
     missing = tmp_path / "nowhere.db"
     code, out, err = move_apart("--db", f"sqlite:///{missing}")
     assert code == 0 and not missing.exists()
+
+
+# --------------------------------------------------------------------------- a walk killed midway
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+KILLED_ROWS = 1500
+
+
+async def _killed_midway(db: str, backend: _Backend, moved_so_far: Any) -> None:
+    """The command run as a process over a run of old turns, one row a transaction, killed
+    (``SIGKILL``: no handler runs) once it has moved a few: every row is whole or moved, none
+    half; the events read whole are the recorded ones; the command run again moves the rest."""
+    events = [agent_response(f"{CANARY} {k} " * 40) for k in range(KILLED_ROWS)]
+    store = await open_store(db)
+    try:
+        run_id = await backend.old_run(store, events, "surface")
+        whole = await store.read(run_id)
+    finally:
+        await store.close()
+    env = {**os.environ, "PYTHONPATH": SRC, "THOUGHTGATE_DURABILITY__ENABLED": "false"}
+    env.pop("THOUGHTGATE_URL", None)
+    command = [sys.executable, "-m", "thoughtgate", "store", "move-apart", "--db", db]
+    walk = await asyncio.create_subprocess_exec(
+        *command, "--batch", "1", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        while await moved_so_far() < 10:
+            assert walk.returncode is None, "the walk ended before it was killed"
+            await asyncio.sleep(0.02)
+    finally:
+        if walk.returncode is None:
+            walk.kill()
+        await walk.wait()
+    store = await open_store(db)
+    try:
+        stored = await backend.stored(store, run_id)
+        appended, old = _as_appended(events), [(codec.dumps(e.payload), None) for e in events]
+        moved = [s == a for s, a in zip(stored, appended, strict=True)]
+        assert all(m or s == o for m, s, o in zip(moved, stored, old, strict=True))
+        assert 10 <= sum(moved) < KILLED_ROWS
+        assert await store.read(run_id) == whole
+        again = await asyncio.create_subprocess_exec(
+            *command, "--json", env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        out, _ = await again.communicate()
+        assert again.returncode == 0
+        assert json.loads(out)["moved"] == KILLED_ROWS - sum(moved)
+        assert await backend.stored(store, run_id) == appended
+        assert await store.read(run_id) == whole
+    finally:
+        await store.close()
+
+
+@pytest.mark.external  # it starts processes
+async def test_a_walk_killed_midway_loses_nothing_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+
+    async def moved_so_far() -> int:
+        conn = sqlite3.connect(path)
+        try:
+            return int(conn.execute("SELECT count(*) FROM events_apart").fetchone()[0])
+        finally:
+            conn.close()
+
+    await _killed_midway(f"sqlite:///{path}", _SQLiteRows(), moved_so_far)
+
+
+@pytest.mark.external
+@pytest.mark.postgres
+async def test_a_walk_killed_midway_loses_nothing_postgres(pg_schema: str) -> None:
+    async def moved_so_far() -> int:
+        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.events WHERE apart IS NOT NULL").format(
+                    sql.Identifier(pg_schema)
+                )
+            )
+            row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
+
+    await _killed_midway(f"{PG_URL}?schema={pg_schema}", _PostgresRows(), moved_so_far)

@@ -93,21 +93,27 @@ them last): a whole read after the backfill lists them last, as for a turn appen
 class _Backend:
     """How a backend's rows are written the old way and looked at as stored."""
 
-    async def write_old(self, store: EventStore, run_id: str, events: list[NewEvent]) -> None:
+    async def write_old(
+        self, store: EventStore, run_id: str, events: list[NewEvent], v: int = 1
+    ) -> None:
         raise NotImplementedError
 
     async def stored(self, store: EventStore, run_id: str) -> list[Stored]:
         raise NotImplementedError
 
-    async def old_run(self, store: EventStore, events: list[NewEvent], mode: str) -> str:
+    async def old_run(
+        self, store: EventStore, events: list[NewEvent], mode: str, v: int = 1
+    ) -> str:
         run = make_run(chain_of_thought=mode)
         await store.create_run(run)
-        await self.write_old(store, run.run_id, events)
+        await self.write_old(store, run.run_id, events, v)
         return run.run_id
 
 
 class _SQLiteRows(_Backend):
-    async def write_old(self, store: EventStore, run_id: str, events: list[NewEvent]) -> None:
+    async def write_old(
+        self, store: EventStore, run_id: str, events: list[NewEvent], v: int = 1
+    ) -> None:
         assert isinstance(store, SQLiteStore)
         with sqlite3.connect(store.path) as conn:  # as the version before ADR 0160 wrote them
             (last,) = conn.execute(
@@ -115,9 +121,9 @@ class _SQLiteRows(_Backend):
             ).fetchone()
             conn.executemany(
                 "INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
-                "VALUES (?, ?, ?, ?, ?, ?, 1)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (run_id, last + k, e.task_id, e.type, e.ts, codec.dumps(e.payload))
+                    (run_id, last + k, e.task_id, e.type, e.ts, codec.dumps(e.payload), v)
                     for k, e in enumerate(events, 1)
                 ],
             )
@@ -149,7 +155,9 @@ class _PostgresRows(_Backend):
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
         return conn
 
-    async def write_old(self, store: EventStore, run_id: str, events: list[NewEvent]) -> None:
+    async def write_old(
+        self, store: EventStore, run_id: str, events: list[NewEvent], v: int = 1
+    ) -> None:
         conn = await self._connect(store)
         try:
             async with conn.transaction():
@@ -160,9 +168,9 @@ class _PostgresRows(_Backend):
                 async with conn.cursor() as cur:
                     await cur.executemany(
                         "INSERT INTO events (run_id, seq, task_id, type, ts, payload, v) "
-                        "VALUES (%s, %s, %s, %s, %s, %s::json, 1)",
+                        "VALUES (%s, %s, %s, %s, %s, %s::json, %s)",
                         [
-                            (run_id, last + k, e.task_id, e.type, e.ts, codec.dumps(e.payload))
+                            (run_id, last + k, e.task_id, e.type, e.ts, codec.dumps(e.payload), v)
                             for k, e in enumerate(events, 1)
                         ],
                     )
@@ -221,6 +229,25 @@ class _Cases(_Backend):
         assert [e.payload for e in whole] == [e.payload for e in events]
         assert await self.stored(store, run_id) == _as_appended(events)
         assert await store.inline_candidates() == 0
+
+    async def test_a_turn_of_vocabulary_version_0_reads_the_same_after(
+        self, store: EventStore
+    ) -> None:
+        """A turn recorded in version 0 of the vocabulary (tool calls' keys in camelCase,
+        upgraded as they are read): moved apart, it is still read, upgraded, as it was, whole
+        and for every reader (the upgrade of a hinted read sees the row's part only)."""
+        turn = agent_response("why " * 100)
+        turn.payload["tool_calls"] = [{"callId": "c1", "toolKey": "t", "name": "search"}]
+        run_id = await self.old_run(store, [turn], "surface", v=0)
+        whole = await store.read(run_id)
+        assert whole[0].payload["tool_calls"][0]["call_id"] == "c1"  # (upgraded)
+        assert (await move_all_apart(store)).moved == 1
+        assert await store.read(run_id) == whole
+        for role in Role:
+            hinted = await store.read(run_id, apart=reads_apart(role, mode="surface"))
+            assert filter_events(hinted, role, mode="surface") == filter_events(
+                whole, role, mode="surface"
+            )
 
     async def test_a_dry_run_counts_and_writes_nothing(self, store: EventStore) -> None:
         """``dry_run`` reads and splits each row as the move would, counts the two that would

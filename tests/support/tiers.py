@@ -130,6 +130,7 @@ TIER_OF: dict[str, str] = {
     "test_quotas.py": "inprocess",
     "test_reasoning_canary_formats.py": "inprocess",
     "test_reasoning_apart.py": "inprocess",
+    "test_apart_backfill.py": "inprocess",
     "test_durable_checkpoints.py": "inprocess",
     "test_run_list_api.py": "inprocess",
     "test_run_spec_persisted.py": "inprocess",

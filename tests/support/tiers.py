@@ -112,6 +112,7 @@ TIER_OF: dict[str, str] = {
     "test_daemon_browser_clients.py": "inprocess",
     "test_daemon_canary.py": "inprocess",
     "test_daemon_canary.py::test_cli_reads_show_tool_detail_texts_to_members_only": "external",
+    "test_daemon_canary.py::test_the_cli_with_a_remote_key_says_billed_counts_are_withheld": "external",
     "test_daemon_fuzz.py": "inprocess",
     "test_daemon_sse.py": "inprocess",
     "test_endpoint_rules.py": "inprocess",

@@ -165,15 +165,23 @@ def test_a_broken_reasoning_event_is_described_never_quoted(
     assert TAG not in error.message
 
 
-def test_a_json_event_s_errors_say_its_length_and_json_s_reason_not_its_text() -> None:
+def test_a_json_event_s_public_error_says_json_s_reason_not_its_text_nor_its_length() -> None:
+    """The event holds reasoning: where json stopped in it and how long it was measure the
+    reasoning, so they are the developer-only detail, never the public ``error`` (ADR 0169)."""
     secret = '{"thinking": "' + TAG + " goes on"
     with pytest.raises(ProviderError) as info:
         parse_json_event("test", SSEMessage("delta", secret))
-    assert TAG not in str(info.value)
-    assert f"(in {len(secret)} characters)" in str(info.value)
+    error = info.value
+    assert TAG not in str(error)
+    public = "[test] malformed JSON in 'delta' stream event: Unterminated string starting at"
+    assert error.described() == public
+    assert error.detail == f"line 1 column 14 (char 13), in {len(secret)} characters"
     with pytest.raises(ProviderError) as info:
         parse_json_event("test", SSEMessage("delta", json.dumps([TAG])))
-    assert TAG not in str(info.value) and "a list of 1 item" in str(info.value)
+    error = info.value
+    assert TAG not in str(error)
+    assert error.described().endswith("is not a JSON object: it is a list")
+    assert error.detail == "it is a list of 1 item"
 
 
 def test_a_json_event_s_errors_name_its_event_only_when_it_looks_like_a_name() -> None:

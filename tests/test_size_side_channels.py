@@ -8,7 +8,9 @@ reasoning itself is.
 
 The failures are those whose text could carry a figure derived from the reasoning: a stream
 event cut inside its reasoning (json says where it stopped; the adapter said how long the event
-was), an event that is a string or a list (the adapter said its length), a provider's context
+was), an event that is a string or a list (the adapter said its length), a delta for a block
+that never started (the adapter named its index, which counts the thinking blocks before it,
+Anthropic's format), a provider's context
 length error (the tokens requested include the reasoning sent back in a tool loop) and a rate
 limit quoting the tokens used (which include the reasoning's, billed as output).
 """
@@ -23,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from support.daemon import Daemon, agui_input, running_daemon, sse_events, stream_all
+from support.replay import provider_with
 
 from thoughtgate.config import Config
 from thoughtgate.providers.base import Provider, ProviderSettings
@@ -33,9 +36,17 @@ from thoughtgate.server.middleware import OVERHEAD_HEADER
 pytestmark = pytest.mark.inprocess
 
 MODEL = "openrouter:anthropic/claude-sonnet-4.5"
+ANTHROPIC = "anthropic:claude-sonnet-4-5"
 SIZES = (7, 4093)
 """Two sizes of reasoning (characters): the runs differ in nothing else."""
-FAILURES = ("cut inside the reasoning", "a string", "a list", "context length", "tokens per min")
+FAILURES = (
+    "cut inside the reasoning",
+    "a string",
+    "a list",
+    "a block that never started",
+    "context length",
+    "tokens per min",
+)
 ORIGIN = "http://127.0.0.1:9"
 """A listed browser origin (ADR 0164): its answers expose the headers a client reads."""
 
@@ -65,6 +76,8 @@ def _answer(request: httpx.Request) -> httpx.Response:
             f"Used {29000 + size}, Requested 1500."
         )
         return httpx.Response(429, json={"error": {"code": 429, "message": said}})
+    if failure == "a block that never started":
+        return _anthropic_blocks(reasoning)
     head = {"id": "gen-1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
     delta = {"id": "gen-1", "choices": [{"index": 0, "delta": {"reasoning": reasoning}}]}
     if failure == "cut inside the reasoning":
@@ -78,7 +91,36 @@ def _answer(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=stream)
 
 
+def _anthropic_blocks(reasoning: str) -> httpx.Response:
+    """Anthropic's format: the reasoning in thinking blocks of at most 1,000 characters, then a
+    delta for the block after them, which never started."""
+    pieces = [reasoning[i : i + 1000] for i in range(0, len(reasoning), 1000)]
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": {"id": "msg_1", "model": "m"}})
+    ]
+    for i, piece in enumerate(pieces):
+        block = {"type": "thinking", "thinking": piece, "signature": ""}
+        events += [
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": block},
+            ),
+            ("content_block_stop", {"type": "content_block_stop", "index": i}),
+        ]
+    delta = {"type": "text_delta", "text": "The answer"}
+    events.append(
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": len(pieces), "delta": delta},
+        )
+    )
+    body = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=body)
+
+
 def _provider(model: str) -> Provider:
+    if model.startswith("anthropic:"):
+        return provider_with(httpx.MockTransport(_answer))
     settings = ProviderSettings(
         base_url="http://replay.invalid", api_key="k", max_retries=0, timeout_s=5.0
     )
@@ -99,7 +141,8 @@ def runs(daemon: Daemon) -> dict[tuple[str, int], str]:
     out = {}
     for failure in FAILURES:
         for size in SIZES:
-            body = {"prompt": f"size {size}: {failure}.", "model": MODEL}
+            model = ANTHROPIC if failure == "a block that never started" else MODEL
+            body = {"prompt": f"size {size}: {failure}.", "model": model}
             out[failure, size] = daemon.start_run({**body, "chain_of_thought": "surface"})
     for run_id in out.values():
         assert daemon.wait_done(run_id)["status"] in ("failed", "error")

@@ -236,3 +236,42 @@ def test_a_viewer_reads_no_reasoning_from_a_run_a_broken_event_ended(mode: str) 
     assert "missing a field or has a wrong type" in read.view, "the viewer still learns why"
     assert TAG not in read.view
     assert TAG not in read.events
+
+
+def _body_cut_in_its_reasoning(size: int) -> bytes:
+    head = b'{"id": "msg_1", "content": [{"type": "thinking", "thinking": "'
+    return head + b"x" * size
+
+
+def _body_cut_in_a_character(size: int) -> bytes:
+    return _body_cut_in_its_reasoning(size) + "\u00e9".encode()[:1]
+
+
+def _body_too_deep(size: int) -> bytes:
+    return _body_cut_in_its_reasoning(size) + b'", "x": ' + b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "body", [_body_cut_in_its_reasoning, _body_cut_in_a_character, _body_too_deep]
+)
+def test_a_non_streamed_answer_s_public_error_does_not_measure_it(
+    body: Callable[[int], bytes],
+) -> None:
+    """A whole answer's body holds every reasoning part of the turn: its length and where a
+    decoder stopped in it are the developer-only detail; the public text is the same whatever
+    the reasoning's size (ADR 0169)."""
+
+    async def error_of(size: int) -> ProviderError:
+        replay = Replay(body(size), content_type="application/json")
+        provider = provider_with(replay.transport)
+        try:
+            with pytest.raises(ProviderError) as info:
+                await provider.request(turn_request("surface"))
+        finally:
+            await provider.aclose()
+        return info.value
+
+    short, long = (asyncio.run(error_of(size)) for size in (7, 4093))
+    assert short.described() == long.described(), long.described()
+    assert "4093" not in long.described()
+    assert short.detail != long.detail and long.detail is not None and "bytes" in long.detail

@@ -165,6 +165,24 @@ def test_a_broken_reasoning_event_is_described_never_quoted(
     assert TAG not in error.message
 
 
+@pytest.mark.parametrize(("name", "how"), CASES)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.tuples(st.integers(0, 5000), st.integers(0, 5000)))
+def test_a_broken_reasoning_event_s_public_error_does_not_vary_with_its_size(
+    name: str, how: str, sizes: tuple[int, int]
+) -> None:
+    """Every format, every way of breaking the event that holds the reasoning: the public
+    ``error`` is the same whatever the reasoning's length (ADR 0169); only the detail may
+    measure it."""
+
+    def public(size: int) -> str:
+        events, at = _plant(name, "x" * size + TAG)
+        events[at] = _break(events[at], how, FORMATS[name][3].get(how))
+        return asyncio.run(_error_of(name, events)).described()
+
+    assert public(sizes[0]) == public(sizes[1])
+
+
 def test_a_json_event_s_public_error_says_json_s_reason_not_its_text_nor_its_length() -> None:
     """The event holds reasoning: where json stopped in it and how long it was measure the
     reasoning, so they are the developer-only detail, never the public ``error`` (ADR 0169)."""

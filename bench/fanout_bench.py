@@ -204,13 +204,17 @@ class _Reader(asyncio.Protocol):
 
     def latencies(self) -> list[float]:
         """(arrival - ts) of every ``message.delta`` frame, parsed from what was read."""
+        return [arrived - ts for ts, arrived in self.deliveries()]
+
+    def deliveries(self) -> list[tuple[float, float]]:
+        """(ts, arrival) of every ``message.delta`` frame, parsed from what was read."""
         stream = b"".join(data for _, data in self.reads)
         ends, total = [], 0
         for _, data in self.reads:
             total += len(data)
             ends.append(total)
         pos = stream.index(b"\r\n\r\n") + 4  # past the response's head
-        out: list[float] = []
+        out: list[tuple[float, float]] = []
         buffer = b""
         while True:
             line_end = stream.index(b"\r\n", pos)
@@ -226,7 +230,7 @@ class _Reader(asyncio.Protocol):
             for block in blocks:
                 at = block.find(b"data: ")
                 if at >= 0 and b'"message.delta"' in block:
-                    out.append(arrived - float(json.loads(block[at + 6 :])["ts"]))
+                    out.append((float(json.loads(block[at + 6 :])["ts"]), arrived))
 
 
 async def _level(base: str, key: str, readers: int, events: int, go_dir: Path) -> list[float]:

@@ -1,12 +1,13 @@
 """The cyclic collector's pauses while 1,000 SSE readers of a live run connect and leave at once.
 
-Not a test, and not part of ``make bench`` (about a minute a run). Run
-``PYTHONPATH=src python -m bench.gc_bursts`` (``--bursts N``, ``--readers R``, ``--replay``: a
-burst's readers replay the run from its start instead of following on from its last event,
-``--thresholds A,B,C``: the collector's thresholds once the daemon listens, ``--freeze-after-burst``:
-the daemon calls ``gc.freeze()`` once each burst has settled, ``--census``: instead of timing the
-passes, count by type what they had to free and what is alive with all readers connected,
-``--json FILE``).
+Not a test, and not part of ``make bench`` (~30 s for the default six bursts). Run
+``PYTHONPATH=src python -m bench.gc_bursts``; options: ``--bursts N``, ``--readers R``;
+``--replay``: a burst's readers replay the run from its start instead of following on from its
+last event; ``--hold S``: they stay S seconds, reading the run live, before they leave (the
+fan-out case: 1,000 readers of a live run); ``--thresholds A,B,C``: the collector's thresholds once the daemon listens;
+``--freeze-after-burst``: the daemon calls ``gc.freeze()`` once each burst has settled;
+``--census``: instead of timing the passes, count by type what they had to free, and what is
+alive with all of the first burst's readers connected; ``--json FILE``.
 
 Why (ADR 0166): a profile found collector passes of 26-120 ms while ~1,000 connections opened or
 closed together. A pass stops the daemon's one event loop, so every stream stalls for it;
@@ -15,9 +16,10 @@ closed together. A pass stops the daemon's one event loop, so every stream stall
 Set-up: ``thoughtgate serve``'s ``serve_app`` in a subprocess over a SQLite file, as
 ``bench.fanout_bench`` serves it. One run of the fake provider says a word every ``GAP_S`` until
 the bench ends it; one reader (the *existing* reader) follows it from before the first burst to
-its end. A burst: ``--readers`` raw-socket SSE readers of that run connect (each gets the
-response head and the replay of what was said so far), then all close at once, then the bench
-waits ``SETTLE_S``; between bursts the daemon is left alone for ``QUIET_S``.
+its end. A burst: ``--readers`` raw-socket SSE readers of that run connect (each reads its response's
+head; they follow on from the run's last event, so that every burst costs the same, unless
+``--replay``), then all close at once, then the bench waits ``SETTLE_S``; between bursts the
+daemon is left alone for ``QUIET_S``.
 
 The daemon times every collector pass with ``gc.callbacks``: ``time.thread_time`` (CPU of the
 loop's thread; a pass is pure CPU, so this is robust to a shared host) and ``time.perf_counter``
@@ -83,8 +85,8 @@ def _words_script(request: Any, turn: int) -> AsyncIterator[Any]:
 
 
 class _Passes:
-    """Every collector pass after ``start()``: when it began, its generation, what it freed,
-    its CPU (the collecting thread's) and wall time."""
+    """Every collector pass once ``on``: when it began, its generation, what it freed, its CPU
+    (the collecting thread's: start and stop run on it) and wall time."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, int, int, float, float]] = []
@@ -139,7 +141,7 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
             "frozen": gc.get_freeze_count(),
             "threshold": list(gc.get_threshold()),
         }
-        if census:  # what the collector found since start(): saved, not freed (DEBUG_SAVEALL)
+        if census:  # what the passes found since the daemon listened: kept (DEBUG_SAVEALL)
             gc.collect()
             counts = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
             data["garbage"] = len(gc.garbage)
@@ -162,11 +164,8 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
     async def run() -> None:
         store = await open_store(db_url)
         key = (await create_key(store, name="bench", role="owner")).key
-        config = Config.from_mapping(
-            {
-                "quotas": {"max_live_streams_per_key": 4 * READERS},
-            }
-        )
+        # One key holds every reader: the per-key stream limit (ADR 0155) is a policy, not a cost.
+        config = Config.from_mapping({"quotas": {"max_live_streams_per_key": 1_000_000}})
         app = create_app(Runtime(store, config), config)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, peak)
@@ -248,10 +247,17 @@ def _last_id(reader: _Reader) -> int:
 
 
 async def _burst(
-    base: str, key: str, run_id: str, readers: int, after: int, peak: int | None = None
+    base: str,
+    key: str,
+    run_id: str,
+    readers: int,
+    after: int,
+    hold: float,
+    peak: int | None = None,
 ) -> None:
-    """``readers`` readers connect, then all leave; ``peak``: with all of them connected, have
-    the daemon (this pid, in census mode) count its live objects first (``peak.json``)."""
+    """``readers`` readers connect, stay ``hold`` seconds, then all leave; ``peak``: with all of
+    them connected, have the daemon (this pid, in census mode) count its live objects first
+    (``peak.json``)."""
     host, port = base.removeprefix("http://").split(":")
     request = await _stream_request(base, key, run_id, after)
     loop = asyncio.get_running_loop()
@@ -267,6 +273,7 @@ async def _burst(
         if peak is not None:
             os.kill(peak, signal.SIGUSR2)
             await asyncio.sleep(2.0)  # the count walks every object (census mode only)
+        await asyncio.sleep(hold)
     finally:
         for visitor in visitors:
             if visitor.transport is not None:
@@ -280,6 +287,7 @@ async def _session(
     bursts: int,
     readers: int,
     replay: bool,
+    hold: float,
     mode: str,
     stop_file: Path,
 ) -> dict[str, Any]:
@@ -300,7 +308,7 @@ async def _session(
         start = time.time()
         after = 0 if replay else _last_id(existing)
         await _burst(
-            base, key, run_id, readers, after, pid if mode == "census" and n == 0 else None
+            base, key, run_id, readers, after, hold, pid if mode == "census" and n == 0 else None
         )
         await asyncio.sleep(SETTLE_S)
         if mode == "freeze":
@@ -399,6 +407,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--replay", action="store_true", help="a burst's readers replay the run from its start"
     )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="seconds a burst's readers stay connected, reading the run, before they leave",
+    )
     parser.add_argument("--census", action="store_true", help="count what the collector frees")
     parser.add_argument(
         "--freeze-after-burst", action="store_true", help="the daemon calls gc.freeze() after each"
@@ -424,6 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     args.bursts,
                     args.readers,
                     args.replay,
+                    args.hold,
                     mode,
                     stop_file,
                 )

@@ -295,6 +295,58 @@ def test_ctrl_c_interrupts_the_run_even_when_the_tests_were_started_in_the_backg
     assert "interrupted" in out and "Ctrl-C" in out
 
 
+_ON_A_TERMINAL = (
+    "import fcntl, os, sys, termios\n"
+    "os.setsid()\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+"""Run the rest of the command line as the leader of a new session whose controlling terminal
+is its standard input: closing that terminal's other end hangs the session up, and the kernel
+sends its leader SIGHUP, as when a terminal window is closed."""
+
+
+@pytest.mark.parametrize("env", [None, NOT_DURABLE], ids=["durable", "not-durable"])
+def test_closing_its_terminal_ends_the_run_with_that_cause_and_exit_130(
+    db: str, env: dict[str, str] | None
+) -> None:
+    """A real terminal, closed (ADR 0165): the kernel's SIGHUP ends the run ``interrupted``
+    with its cause, and what is still printed to the gone terminal does not fail the command
+    (it exits 130, the run's outcome, not 1 for an ``EIO`` on its panel). Before, the signal
+    killed it (exit -1 here): the run was left to the next process, closed "its process
+    stopped", or, durable, suspended."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _ON_A_TERMINAL, "-m", "thoughtgate", "run", "slow", *SLOW,
+             "--db", db],
+            env={**cli_env(PYTHONUNBUFFERED="1"), **(env or {})},
+            cwd=str(REPO),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+    try:
+        seen = b""
+        deadline = time.monotonic() + HANG_S
+        while b"thinking slowly" not in seen:  # what the terminal shows: a read, not a clock
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += os.read(master, 4096)
+    finally:
+        os.close(master)  # the terminal closes
+    assert proc.wait(timeout=HANG_S) == 130
+    stored, events = read_store(db)
+    assert stored.status == "interrupted"
+    assert "SIGHUP: its terminal was closed" in (stored.error or "")
+    assert [t.status for t in stored.tasks] == ["interrupted"]
+    assert [e.type for e in events][-1] == EventType.RUN_INTERRUPTED
+
+
 def test_a_run_started_with_sighup_ignored_runs_on_when_its_terminal_closes(
     db: str, tmp_path: Path, watch: Callable[..., Watched]
 ) -> None:

@@ -239,6 +239,20 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def agui_input(prompt: str = "hi", **thoughtgate: Any) -> dict[str, Any]:
+    """An AG-UI ``RunAgentInput`` of one user message; ``thoughtgate``: its forwarded props
+    (``model=...``)."""
+    return {
+        "threadId": "t-1",
+        "runId": "r-1",
+        "messages": [{"id": "u-1", "role": "user", "content": prompt}],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {"thoughtgate": thoughtgate},
+    }
+
+
 # ----------------------------------------------------------------------------- servers
 
 

@@ -109,6 +109,7 @@ TIER_OF: dict[str, str] = {
     "test_daemon_api.py": "inprocess",
     "test_daemon_bounds.py": "inprocess",
     "test_daemon_hostile_origin.py": "inprocess",
+    "test_daemon_browser_clients.py": "inprocess",
     "test_daemon_canary.py": "inprocess",
     "test_daemon_canary.py::test_cli_reads_show_tool_detail_texts_to_members_only": "external",
     "test_daemon_fuzz.py": "inprocess",
@@ -129,6 +130,7 @@ TIER_OF: dict[str, str] = {
     "test_quotas.py": "inprocess",
     "test_reasoning_canary_formats.py": "inprocess",
     "test_reasoning_apart.py": "inprocess",
+    "test_apart_backfill.py": "inprocess",
     "test_durable_checkpoints.py": "inprocess",
     "test_run_list_api.py": "inprocess",
     "test_run_spec_persisted.py": "inprocess",
@@ -169,6 +171,7 @@ TIER_OF: dict[str, str] = {
     "test_store_postgres.py": "external",
     "test_web_builders.py": "external",
     "test_web_hostile.py": "external",
+    "test_web_cors.py": "external",
     "test_web_page.py": "external",
     # store conformance cases that need a dead process id (a lease of a process that is gone)
     "test_store_memory.py::test_the_sweep_closes_each_orphan_once_tasks_first": "external",

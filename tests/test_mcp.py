@@ -98,13 +98,23 @@ async def test_orchestration_approve_answers_a_pending_approval_for_members_only
         assert denied.is_error and "answering tool approvals" in _text(denied)
         wrong = await client.call_tool("orchestration_approve", {**args, "call_id": "call_nope"})
         assert wrong.is_error and "no approval is pending" in _text(wrong)
-        answered = await client.call_tool("orchestration_approve", args)
-        assert not answered.is_error, _text(answered)
-        result = await job
-        assert not result.is_error, _text(result)
-        log = await store.read(run_id)
-        decided = [e.payload for e in log if e.type == "tool.approval_response"]
-        assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
+        await _approved_once(client, job, args)
+        await _recorded_once(store, run_id)
+
+
+async def _approved_once(client: Client, job: asyncio.Task[Any], args: dict[str, str]) -> None:
+    """The answer is taken, and the run it was waiting for then ends well."""
+    answered = await client.call_tool("orchestration_approve", args)
+    assert not answered.is_error, _text(answered)
+    result = await job
+    assert not result.is_error, _text(result)
+
+
+async def _recorded_once(store: Any, run_id: str) -> None:
+    """The log has the one answer, by the MCP host."""
+    log = await store.read(run_id)
+    decided = [e.payload for e in log if e.type == "tool.approval_response"]
+    assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
 
 
 @pytest.mark.inprocess
@@ -146,13 +156,8 @@ async def test_orchestration_approve_is_refused_while_the_store_refuses_writes(
                 return store.write_refusal() is None
 
             await until(back)
-            answered = await client.call_tool("orchestration_approve", args)
-            assert not answered.is_error, _text(answered)
-            result = await job
-            assert not result.is_error, _text(result)
-        log = await store.read(run_id)
-        decided = [e.payload for e in log if e.type == "tool.approval_response"]
-        assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
+            await _approved_once(client, job, args)
+        await _recorded_once(store, run_id)
     finally:
         await store.close()
 

@@ -3,10 +3,9 @@
 ``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C,
 SIGTERM or SIGHUP (its terminal closed) while it runs closes the run ``interrupted`` -- its
 unfinished tasks first -- before the command exits (130); ``--json`` still prints the run's
-document. On a SQLite or PostgreSQL store
-the run is durable (ADR 0013): if the process is killed instead (``kill -9``, a crash, a closed
-laptop lid that never reopens), the run stays open, suspended, and ``resume RUN_ID`` continues it
-from its last completed step.
+document. On a SQLite or PostgreSQL store the run is durable (ADR 0013): if the process is
+killed instead (``kill -9``, a crash, a closed laptop lid that never reopens), the run stays
+open, suspended, and ``resume RUN_ID`` continues it from its last completed step.
 
 A process started with SIGINT ignored (a script's background job, ``nohup``) keeps ignoring
 Ctrl-C, as POSIX asks: the shell ignores it so that a Ctrl-C at the terminal leaves background

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import Daemon, markers, running_daemon
+from support.daemon import Daemon, agui_input, markers, running_daemon
 from support.durable import until
 from support.node import node_json
 
@@ -30,18 +30,6 @@ TOOLS = ["lookup"]
 def daemon() -> Iterator[Daemon]:
     with running_daemon() as d:
         yield d
-
-
-def _input(prompt: str = "hi", **thoughtgate: Any) -> dict[str, Any]:
-    return {
-        "threadId": "t-1",
-        "runId": "r-1",
-        "messages": [{"id": "u-1", "role": "user", "content": prompt}],
-        "tools": [],
-        "context": [],
-        "state": {},
-        "forwardedProps": {"thoughtgate": thoughtgate},
-    }
 
 
 def _agui(
@@ -113,7 +101,7 @@ def test_the_ag_ui_client_runs_as_developer_and_follows_as_viewer_without_reason
     for secret in mark.values():
         assert secret not in dumped
     # ... and not a byte of it on the wire either
-    _, _, raw = _agui(daemon, "viewer", _input(run=run_id))
+    _, _, raw = _agui(daemon, "viewer", agui_input(run=run_id))
     assert "REASONING" not in raw and mark["reasoning"] not in raw
 
 
@@ -135,17 +123,17 @@ def test_no_reasoning_events_outside_surface_runs_even_for_owners(
 
 
 def test_starting_a_run_needs_member_following_one_needs_viewer(daemon: Daemon) -> None:
-    r, _, raw = _agui(daemon, "viewer", _input("x", model="fake:echo"))
+    r, _, raw = _agui(daemon, "viewer", agui_input("x", model="fake:echo"))
     assert r.status_code == 403 and "forbidden" in raw
-    r, events, _ = _agui(daemon, "member", _input("x", model="fake:echo"))
+    r, events, _ = _agui(daemon, "member", agui_input("x", model="fake:echo"))
     assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED"
     run_id = r.headers["x-thoughtgate-run-id"]
     assert events[0]["metadata"]["thoughtgate"]["run_id"] == run_id
     assert (events[0]["threadId"], events[0]["runId"]) == ("t-1", "r-1")
-    r, events, _ = _agui(daemon, "viewer", _input("ignored", run=run_id))
+    r, events, _ = _agui(daemon, "viewer", agui_input("ignored", run=run_id))
     assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED"
     with daemon.client() as c:
-        assert c.post("/v1/agui", json=_input("x", model="fake:echo")).status_code == 401
+        assert c.post("/v1/agui", json=agui_input("x", model="fake:echo")).status_code == 401
 
 
 @pytest.mark.parametrize(
@@ -181,7 +169,7 @@ def test_starting_a_run_needs_member_following_one_needs_viewer(daemon: Daemon) 
 def test_bad_input_is_a_clear_error_before_anything_streams(
     daemon: Daemon, change: dict[str, Any], status: int, message: str
 ) -> None:
-    body = {**_input("x", model="fake:echo"), **change}
+    body = {**agui_input("x", model="fake:echo"), **change}
     with daemon.client("member") as c:
         r = c.post("/v1/agui", json=body)
     assert r.status_code == status, r.text
@@ -207,13 +195,13 @@ def test_a_lone_surrogate_in_the_answer_or_the_input_streams_as_an_escape(
     the client's JSON reader turns back into the same text, instead of the stream breaking off
     after its headers with a traceback in the daemon's log."""
     monkeypatch.setitem(FAKE_SCRIPTS, "cut-emoji", _cut_emoji)
-    body = {**_input("hi", model="fake:cut-emoji"), "threadId": "t-\udfff"}
+    body = {**agui_input("hi", model="fake:cut-emoji"), "threadId": "t-\udfff"}
     r, events, raw = _agui(daemon, "member", body)
     assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED", raw
     assert events[0]["threadId"] == "t-\udfff"
     said = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert "".join(said) == CUT
-    follow = _input("ignored", run=r.headers["x-thoughtgate-run-id"])
+    follow = agui_input("ignored", run=r.headers["x-thoughtgate-run-id"])
     r, events, raw = _agui(daemon, "viewer", follow)
     assert r.status_code == 200 and _types(events)[-1] == "RUN_FINISHED", raw
     assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == CUT
@@ -230,7 +218,7 @@ def test_reasoning_a_client_sends_back_never_reaches_the_model() -> None:
         return FakeProvider(script)
 
     with running_daemon(provider_factory=factory) as d:
-        body = _input("second question", model="fake:x")
+        body = agui_input("second question", model="fake:x")
         body["messages"] = [
             {"id": "u0", "role": "user", "content": "first question"},
             {"id": "r0", "role": "reasoning", "content": "SECRET-REASONING-4411"},
@@ -264,7 +252,7 @@ def test_a_run_that_did_not_complete_ends_with_run_error(
 
 
 def test_approvals_are_custom_events_answered_through_the_api(daemon: Daemon) -> None:
-    body = _input("go", model="fake:approval", tools=["dangerous"])
+    body = agui_input("go", model="fake:approval", tools=["dangerous"])
     events: list[dict[str, Any]] = []
 
     def answer(run_id: str, call_id: str) -> None:
@@ -344,12 +332,12 @@ def test_a_store_read_that_fails_ends_the_stream_with_run_error_never_run_finish
     store = _UnreadableStore()
     with running_daemon(store=store) as d:
         if finished:
-            r, _, _ = _agui(d, "member", _input("x", model="fake:echo"))
+            r, _, _ = _agui(d, "member", agui_input("x", model="fake:echo"))
             run_id = r.headers["x-thoughtgate-run-id"]
         else:
             run_id = d.start_run({"prompt": "x", "model": "fake:held"})
         store.failing = True
-        r, events, raw = _agui(d, "viewer", _input("ignored", run=run_id))
+        r, events, raw = _agui(d, "viewer", agui_input("ignored", run=run_id))
     assert r.status_code == 200
     assert _types(events) == ["RUN_STARTED", "RUN_ERROR"], raw
     assert events[-1]["code"] == "store_unavailable"
@@ -365,7 +353,7 @@ def test_a_client_that_disconnects_stops_its_streams_reader(held: _Held) -> None
     with running_daemon() as d:
         state = d.app.state.thoughtgate
         assert isinstance(state, ServerState)
-        body = _input("x", model="fake:held")
+        body = agui_input("x", model="fake:held")
         with d.client("member") as c, c.stream("POST", "/v1/agui", json=body) as r:
             run_id = r.headers["x-thoughtgate-run-id"]
             lines = r.iter_lines()  # held: a line iterator dropped closes the connection
@@ -412,7 +400,7 @@ def test_the_daemons_shutdown_ends_ag_ui_streams_saying_so_never_run_finished(
         state = d.app.state.thoughtgate
         assert isinstance(state, ServerState)
         run_id = d.start_run({"prompt": "x", "model": "fake:held"})
-        body = _input("ignored", run=run_id)
+        body = agui_input("ignored", run=run_id)
         # a read timeout, not a timed assert: without the change the stream waits on the
         # held run, and the test fails there instead of hanging
         with (

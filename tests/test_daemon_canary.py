@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.daemon import (
@@ -17,6 +18,7 @@ from support.daemon import (
     ROLES,
     TOOL_CANARY_TOOLS,
     Daemon,
+    billed_canaries,
     cli,
     markers,
     running_daemon,
@@ -262,3 +264,88 @@ async def test_cli_follow_shows_reasoning_and_tool_data_only_where_allowed(
     assert (mark["reasoning"] in text) == (mode == "surface" and role >= Role.DEVELOPER)
     assert (mark["tool"] in text) == (role >= Role.MEMBER)
     assert mark["carrier"] not in text
+
+
+# --------------------------------------------------------------------------- billed token counts
+
+RUN_OUTPUT = "16300007"
+"""The ``tokencanary`` run's output tokens (both turns): every developer's route shows it."""
+
+
+@pytest.fixture(scope="module")
+def billed_runs(daemon: Daemon) -> dict[str, str]:
+    """mode -> a finished ``tokencanary`` run (a tool loop billed as reasoning is)."""
+    out = {
+        mode: daemon.start_run(
+            {
+                "prompt": "tokens",
+                "model": "fake:tokencanary",
+                "chain_of_thought": mode,
+                "tools": ["lookup"],
+            }
+        )
+        for mode in MODES
+    }
+    for run_id in out.values():
+        assert daemon.wait_done(run_id)["status"] == "completed"
+    return out
+
+
+def _run_finished(body: str) -> dict[str, Any]:
+    (finished,) = [e for e in sse_events(body) if e.get("type") == "RUN_FINISHED"]
+    return finished
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("role", ROLES)
+def test_billed_token_counts_reach_developers_only_on_every_route(
+    daemon: Daemon, billed_runs: dict[str, str], role: str, mode: str
+) -> None:
+    """Output tokens include the reasoning's, input tokens the signed thinking sent back: no
+    billed count of a run reaches a viewer or member on any route -- the run list, the run view,
+    its events and live stream, host metadata, AG-UI's ``RUN_FINISHED`` -- in any mode, and every
+    one reaches a developer (ADR 0163)."""
+    run_id = billed_runs[mode]
+    developer = parse_role(role) >= Role.DEVELOPER
+    bodies = _bodies(daemon, run_id, role)
+    for route in ("runs", "run", "events", "stream", "host-metadata", "agui"):
+        status, body = bodies[route]
+        where = f"{route} as {role} on a {mode} run"
+        assert status == 200, where
+        if developer:
+            assert RUN_OUTPUT in body, where
+        else:
+            assert not {c for c in billed_canaries() if c in body}, where
+    finished = _run_finished(bodies["agui"][1])
+    if developer:
+        assert finished["usage"][0]["outputTokens"] == int(RUN_OUTPUT)
+    else:
+        assert not finished.get("usage"), finished
+
+
+@pytest.mark.parametrize("role", ["viewer", "member", "developer"])
+def test_the_cli_with_a_remote_key_says_billed_counts_are_withheld(
+    daemon: Daemon, billed_runs: dict[str, str], role: str
+) -> None:
+    """``thoughtgate status RUN`` against the daemon: a developer reads ``in … · out …``; a
+    viewer or member reads that the counts are withheld, never a zero, ``None`` or a count."""
+    run_id = billed_runs["surface"]
+    done = cli("status", run_id, "--url", daemon.base_url, "--key", daemon.keys[role])
+    assert done.returncode == 0, done.stderr
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.strip("│ ").startswith("usage ")]
+    if role == "developer":
+        assert f"out {RUN_OUTPUT}" in line and "in 14300003" in line, line
+    else:
+        assert "withheld" in line, line
+        assert "None" not in line and " 0" not in line, line
+        assert not {c for c in billed_canaries() if c in done.stdout}
+
+
+@pytest.mark.parametrize("role", list(Role))
+async def test_mcp_run_views_carry_billed_counts_to_developers_only(role: Role) -> None:
+    tools = McpTools(Runtime(MemoryStore(), tools=server_tools()), role)
+    view = await tools.run("tokens", model="fake:tokencanary", chain_of_thought="surface")
+    assert view.status == "completed", view
+    text = json.dumps(view.to_json())
+    seen = {c for c in billed_canaries() if c in text}
+    assert (RUN_OUTPUT in seen) if role >= Role.DEVELOPER else not seen, text

@@ -324,4 +324,4 @@ def test_the_pages_files_are_asked_again_and_carry_the_policy(daemon: Daemon, pa
     assert served.headers["cache-control"] == "no-cache"
     assert served.headers["x-content-type-options"] == "nosniff"
     assert served.headers["content-security-policy"] == PAGE_POLICY
-    assert again.status_code == (304 if path.startswith("/static/") else 200)
+    assert again.status_code == 304  # the page too (ADR 0164)

@@ -87,13 +87,64 @@ def test_reasoning_token_counts_only_where_reasoning_is_shown(role: str, mode: s
         out = filter_event(ev(type_, {"usage": usage}), role, mode=mode)
         assert out is not None
         assert ("reasoning_tokens" in out.payload["usage"]) == may, type_
-        assert out.payload["usage"]["input_tokens"] == 10
     run = RunRecord("run_a", "p", chain_of_thought=mode, usage=usage)
     run.tasks = [TaskRecord("task_a", "run_a", 0, "p", usage=usage)]
     view = filter_run(run, role).to_json()
     assert ("reasoning_tokens" in view["usage"]) == may
     assert ("reasoning_tokens" in view["tasks"][0]["usage"]) == may
-    assert view["usage"]["output_tokens"] == 20
+
+
+BILLED = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "total_tokens",
+)
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+@pytest.mark.parametrize("mode", [*MODES, "SURFACE"])
+def test_billed_token_counts_reach_developers_only(role: str, mode: str) -> None:
+    """Providers bill reasoning as output, and signed thinking or encrypted reasoning sent back in
+    a tool loop as input: "output less the answer's tokens" is the reasoning's size, per turn.
+    Below developer no billed count is shown, on any event that carries usage and in the run view
+    and its tasks; developers and above get every one, in every mode (ADR 0163)."""
+    usage = {
+        "input_tokens": 7100001,
+        "output_tokens": 8100003,
+        "reasoning_tokens": 6100005,
+        "cache_read_tokens": 5100007,
+        "cache_write_tokens": 4100009,
+        "total_tokens": 15200004,
+    }
+    developer = parse_role(role) >= Role.DEVELOPER
+    billed = {k: v for k, v in usage.items() if k in BILLED}
+    for type_ in (
+        "agent.response",
+        "worker.completed",
+        "task.completed",
+        "run.settlement.completed",
+        "run.failed",
+        "run.error",
+        "run.interrupted",
+    ):
+        out = filter_event(ev(type_, {"usage": usage}), role, mode=mode)
+        assert out is not None, type_
+        shown = out.payload["usage"]
+        assert {k: v for k, v in shown.items() if k in BILLED} == (billed if developer else {})
+        if not developer:
+            assert shown == {}, type_
+    if mode not in MODES:  # a run's record names a known mode
+        return
+    run = RunRecord("run_a", "p", chain_of_thought=mode, usage=usage)
+    run.tasks = [TaskRecord("task_a", "run_a", 0, "p", usage=usage)]
+    view = filter_run(run, role).to_json()
+    for where in (view["usage"], view["tasks"][0]["usage"]):
+        assert {k: v for k, v in where.items() if k in BILLED} == (billed if developer else {})
+    if not developer:
+        text = json.dumps(view)
+        assert not any(str(n) in text for n in usage.values())
 
 
 @pytest.mark.parametrize("role", ROLE_NAMES)

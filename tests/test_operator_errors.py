@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import REPO, Daemon, cli_env, running_daemon
+from support.daemon import REPO, Daemon, agui_input, cli_env, running_daemon
 from typer.testing import CliRunner
 
 from thoughtgate.cli import app
@@ -50,18 +50,6 @@ def _runs(daemon: Daemon) -> list[dict[str, Any]]:
     return listed
 
 
-def _agui_body(model: str) -> dict[str, Any]:
-    return {
-        "threadId": "t-1",
-        "runId": "r-1",
-        "messages": [{"id": "u-1", "role": "user", "content": "hi"}],
-        "tools": [],
-        "context": [],
-        "state": {},
-        "forwardedProps": {"thoughtgate": {"model": model}},
-    }
-
-
 # --------------------------------------------------------------------------- the daemon
 
 
@@ -79,7 +67,7 @@ def _agui_body(model: str) -> dict[str, Any]:
                 "tasks": [{"prompt": "a"}, {"prompt": "b", "model": "anthropic:claude-haiku-4-5"}],
             },
         ),
-        ("/v1/agui", _agui_body("anthropic:claude-sonnet-4-5")),
+        ("/v1/agui", agui_input(model="anthropic:claude-sonnet-4-5")),
     ],
     ids=["start", "follow", "a-task's-model", "agui"],
 )

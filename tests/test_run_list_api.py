@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import Daemon, markers, running_daemon
+from support.daemon import Daemon, billed_canaries, markers, running_daemon
 
 from thoughtgate.providers.sse import SSEDecoder, SSEMessage
 
@@ -278,6 +278,33 @@ def test_the_list_stream_passes_every_run_through_the_filter(
     assert all("reasoning" not in t for v in views for t in v["tasks"])
     final = [v for v in _views(dev_seen) if v["run_id"] == run_id][-1]
     assert any(markers(token)["reasoning"] in (t.get("reasoning") or "") for t in final["tasks"])
+
+
+def test_the_list_and_its_stream_give_billed_counts_to_developers_only(
+    daemon: Daemon, streams: list[ListStream]
+) -> None:
+    """A row's usage sums the turns' billed counts, which include the reasoning's tokens: a
+    viewer's and a member's rows -- pages and live frames -- carry none (``usage`` is ``{}``), a
+    developer's every one (ADR 0163)."""
+    start = _list(daemon, "viewer", limit=1).json()["changes"]
+    readers = {
+        role: ListStream(daemon, role, after=start) for role in ("viewer", "member", "developer")
+    }
+    streams += readers.values()
+    run_id = daemon.start_run(
+        {"prompt": "tokens", "model": "fake:tokencanary", "tools": ["lookup"]}
+    )
+    for role, stream in readers.items():
+        got = stream.until(_status_of(run_id, "completed"))
+        rows = [v for v in _views(got) if v["run_id"] == run_id]
+        page = [r for r in _list(daemon, role, limit=50).json()["runs"] if r["run_id"] == run_id]
+        for row in [*rows, *page]:
+            usages = [row["usage"], *(t["usage"] for t in row["tasks"])]
+            if role == "developer":
+                assert row["status"] != "completed" or row["usage"]["output_tokens"] == 16300007
+            else:
+                assert all(u == {} for u in usages), (role, row)
+                assert not {c for c in billed_canaries() if c in json.dumps(row)}, (role, row)
 
 
 def test_the_list_stream_resumes_after_the_last_change_it_sent(

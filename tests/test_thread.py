@@ -688,7 +688,14 @@ def test_turns_ending_and_totals_come_from_the_log_as_the_reader_sees_it() -> No
     assert viewer.totals.reasoning_tokens is None  # reasoning-class: withheld below developer
     assert viewer.ending is not None and viewer.ending.error_detail is None
     assert all(t.error_detail is None for t in viewer.turns)
-    assert viewer.totals.input_tokens == 50
+    # billed counts include the reasoning's tokens: withheld below developer (ADR 0163), and
+    # the totals say so rather than summing nothing to a zero
+    assert (viewer.totals.input_tokens, viewer.totals.output_tokens) == (None, None)
+    member = rebuild(filter_events(events, "member", mode="surface"))
+    assert (member.totals.input_tokens, member.totals.output_tokens) == (None, None)
+    hidden = rebuild(filter_events(events, "developer", mode="hidden"))
+    assert (hidden.totals.input_tokens, hidden.totals.output_tokens) == (50, 22)
+    assert hidden.totals.reasoning_tokens is None
 
 
 def test_views_are_snapshots() -> None:

@@ -40,15 +40,16 @@ from thoughtgate.events.visibility import Vis, declared_fields
 from thoughtgate.server.sse import encode_event
 
 P, T, R, TR, OP, C = "public", "tool_detail", "reasoning", "trace", "operator", "carrier"
+B = "billing"
 
 _TOOL_CARD = {"call_id": P, "tool_key": P, "turn": P, "label": P}
-_USAGE = {
-    "input_tokens": P,
-    "output_tokens": P,
+_USAGE = {  # every billed count may include the reasoning's tokens (ADR 0163)
+    "input_tokens": B,
+    "output_tokens": B,
     "reasoning_tokens": R,
-    "cache_read_tokens": P,
-    "cache_write_tokens": P,
-    "total_tokens": P,
+    "cache_read_tokens": B,
+    "cache_write_tokens": B,
+    "total_tokens": B,
 }
 _STEP = {
     "marker": P,
@@ -313,6 +314,7 @@ def may_read(cls: str, role: Role, mode: str, surface: str) -> bool:
         and (mode == "surface" or (surface == "trace" and mode == "telemetry_only")),
         TR: surface == "trace" and role >= Role.DEVELOPER and known,
         OP: role >= Role.ADMIN,
+        B: role >= Role.DEVELOPER,
         C: False,
     }[cls]
 
@@ -647,3 +649,101 @@ def test_readers_of_different_roles_on_one_run_each_get_only_their_own_frame(
             got = feeds.frame(event, role, mode, event_frame, cache=not alone, show=show)
             shown = filter_event(event, role, mode=mode)
             assert got == (None if shown is None else event_frame(shown)), (role, mode)
+
+
+# --------------------------------------------------------------------------- 6. reasoning's size
+
+_TURN_SIZES = st.lists(
+    st.tuples(st.integers(0, 5_000), st.integers(0, 5_000)), min_size=1, max_size=3
+)
+
+
+def _sized_script(sizes: list[int]) -> Any:
+    """A tool loop as a provider bills it: turn ``n`` reasons ``sizes[n]`` characters (one token
+    each), bills them as output beside the answer's 5, and bills every earlier turn's reasoning
+    again as input (signed thinking or encrypted reasoning sent back; ADR 0163)."""
+    from thoughtgate.testing.fake import reasoning, text, tool_call
+    from thoughtgate.types import FinishChunk, UsageChunk
+
+    def script(request: Any, turn: int) -> Any:
+        n = sum(m.role == "tool" for m in request.messages)
+        last = n == len(sizes) - 1
+        yield reasoning("r" * sizes[n] or "r")
+        if last:
+            yield text("The answer is 42.")
+        else:
+            yield from tool_call("lookup", {"query": str(n)}, call_id=f"call_{n}")
+        carried = sum(sizes[:n])
+        yield UsageChunk(
+            input_tokens=100 + carried,
+            output_tokens=5 + sizes[n],
+            reasoning_tokens=sizes[n],
+            cache_read_tokens=carried,
+            cache_write_tokens=sizes[n],
+        )
+        yield FinishChunk("stop" if last else "tool_calls")
+
+    return script
+
+
+def _same_shape(value: Any, ids: Mapping[str, str]) -> Any:
+    """A reader's copy with what differs between any two runs made equal: times, and the run's
+    and tasks' ids."""
+    if isinstance(value, float):
+        return "time"
+    if isinstance(value, str):
+        return ids.get(value, value)
+    if isinstance(value, list | tuple):
+        return [_same_shape(v, ids) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _same_shape(v, ids) for k, v in value.items()}
+    return value
+
+
+@settings(max_examples=25, deadline=None)
+@given(_TURN_SIZES, st.sampled_from(("hidden", "surface", "telemetry_only")))
+async def test_what_a_viewer_or_member_reads_of_a_run_does_not_vary_with_its_reasoning(
+    turns: list[tuple[int, int]], mode: str
+) -> None:
+    """Two runs that differ only in how much their model reasoned -- its text, its reasoning
+    tokens, the output and input tokens that bill it -- give a viewer and a member the same
+    events and the same run view, usage included (ADR 0163: every billed count is a
+    developer's). A developer's copies differ: the counts are still there for them."""
+    from thoughtgate.config import Config
+    from thoughtgate.engine.tools import ToolRegistry, tool
+    from thoughtgate.orchestration.runtime import RunRequest, Runtime
+    from thoughtgate.store.memory import MemoryStore
+    from thoughtgate.testing.fake import FakeProvider
+
+    @tool
+    def lookup(query: str) -> str:
+        """A tool the model calls."""
+        return f"found {query}"
+
+    async def record(sizes: list[int]) -> tuple[list[Event], Any]:
+        store = MemoryStore()
+        config = Config.model_validate({"durability": {"enabled": False}})
+        script = _sized_script(sizes)
+        runtime = Runtime(
+            store,
+            config,
+            provider_factory=lambda model: FakeProvider(script, model=model),
+            tools=ToolRegistry([lookup]),
+        )
+        run = await runtime.run(RunRequest("go", model="fake:x"), chain_of_thought=mode)
+        return await store.read(run.run_id), await store.get_run(run.run_id)
+
+    def seen(recorded: tuple[list[Event], Any], role: str) -> Any:
+        events, run = recorded
+        ids = {run.run_id: "run", **{t.task_id: f"task{t.index}" for t in run.tasks}}
+        shown = [
+            (e.type, e.task_id, dict(e.payload)) for e in filter_events(events, role, mode=mode)
+        ]
+        return _same_shape([shown, filter_run(run, role).to_json()], ids)
+
+    one = await record([a for a, _ in turns])
+    other = await record([b for _, b in turns])
+    for role in ("viewer", "member"):
+        assert seen(one, role) == seen(other, role), role
+    if [a for a, _ in turns] != [b for _, b in turns]:
+        assert seen(one, "developer") != seen(other, "developer")

@@ -11,18 +11,15 @@ Without chromium these tests FAIL and say how to install it; they never skip."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
-from typing import Any
 from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import Browser, Page
 from support.browser import launch, page_for, sign_in
 from support.daemon import Daemon
-from support.web import seed_run, step_event, web_daemon
+from support.web import other_site, seed_run, step_event, web_daemon
 
 from thoughtgate.events.schema import NewEvent
 
@@ -191,32 +188,11 @@ def test_a_name_rebound_to_the_daemons_address_gets_no_page(
             assert answer == 400, path
 
 
-class _Elsewhere(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-        body = b"<!doctype html><p>another site</p>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def elsewhere() -> Iterator[str]:
-    """Another site's page, on loopback too: chromium's local-network rules, which refuse a
-    public page's requests to loopback by themselves (and which not every browser has), are
-    not what is tested here, the daemon's answers are."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Elsewhere)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """Another site's page, on loopback too (``support.web.other_site``)."""
+    with other_site() as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 READ_ACROSS = """async ([base, runId, ticket]) => {

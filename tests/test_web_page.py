@@ -169,6 +169,8 @@ def test_a_run_live_and_after_reload_and_no_reasoning_for_viewers_and_members(
     assert marker not in html and marker not in received
     assert '"reasoning.delta"' not in from_api
     assert not re.search(r'"reasoning(_parts|_chars|_kind|_tokens)?":(?!null)', from_api)
+    # ... nor a billed token count, which would tell the reasoning's size (ADR 0163)
+    assert not re.search(r'"(input|output|total|cache_read|cache_write)_tokens":', from_api)
     # tool arguments and results reach members, never viewers
     tool_detail = ["light wind", "07:05 (arr 10:02)", '"city":"Porto"', '"input":']
     for detail in tool_detail:

@@ -24,12 +24,13 @@ import itertools
 import json
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -389,8 +390,14 @@ class ServerConfig(_Section):
     """Host names (the ``Host`` header without its port) the daemon answers besides IP
     addresses, ``localhost`` and ``host``. On a connection to a loopback address no other name is
     answered (``400``: a page that rebinds its name to ``127.0.0.1`` reads nothing, ADR 0159);
-    on other addresses, any name unless this lists some. ``"*"``: every name everywhere. In the
-    environment: comma-separated."""
+    on other addresses, only these: the daemon refuses to listen on an address that is not
+    loopback while this is empty, since it would then answer any name there (ADR 0164).
+    ``"*"``: every name everywhere (unsafe: any page can rebind a name of its own to the
+    daemon). In the environment: comma-separated."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins (``scheme://host[:port]``, exactly as a browser sends ``Origin``) whose pages may
+    call the API from a browser (CORS, ADR 0164). Empty: no CORS header is ever sent, and no
+    preflight answered. No wildcard and no ``null``. In the environment: comma-separated."""
     gc_young_threshold: int = Field(default=10_000, ge=100, le=10_000_000)
     """Net container allocations between the cyclic garbage collector's young passes while
     serving (Python's default: 700). Higher lets a run's short-lived objects die before a pass
@@ -399,22 +406,66 @@ class ServerConfig(_Section):
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _host_names(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [s for s in value.split(",") if s.strip()]
-        if isinstance(value, (list, tuple)):
-            names = []
-            for item in value:
-                if not isinstance(item, str):
-                    return value  # pydantic says what is wrong with it
-                name = item.strip().lower()
-                if not name or any(c in name for c in "/: \t@"):
-                    raise ValueError(
-                        f"{item!r} is not a host name; give names as a Host header holds them, "
-                        'without scheme or port ("tg.example.com"), or "*"'
-                    )
-                names.append(name.rstrip("."))
-            return tuple(names)
+        return _each(value, _host_name)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> Any:
+        return _each(value, _origin)
+
+
+def _each(value: Any, parse: Callable[[str], str]) -> Any:
+    """A list setting's items, each through ``parse`` (once each, in order): one string, as
+    the environment gives it, is comma-separated. Anything else is pydantic's to refuse."""
+    if isinstance(value, str):
+        value = [s for s in value.split(",") if s.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, str) for i in value):
         return value
+    return tuple(dict.fromkeys(parse(item) for item in value))
+
+
+def _host_name(text: str) -> str:
+    name = text.strip().lower()
+    if not name or any(c in name for c in "/: \t@"):
+        raise ValueError(
+            f"{text!r} is not a host name; give names as a Host header holds them, "
+            'without scheme or port ("tg.example.com"), or "*"'
+        )
+    return name.rstrip(".")
+
+
+def _origin(text: str) -> str:
+    """``text`` as a browser's ``Origin`` header spells it (lower-case scheme and host, no
+    default port), or a ``ValueError`` saying what an origin is: a wildcard or ``null`` (every
+    sandboxed frame's and ``file:`` page's origin) would let pages nobody listed read the API."""
+    item = text.strip()
+    expected = (
+        'give origins as a browser sends them, scheme, host and port only ("https://app.example", '
+        '"http://127.0.0.1:3000"); no wildcard, no "null"'
+    )
+    try:
+        parts = urlsplit(item)
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{text!r} is not an origin; {expected}") from None
+    if (
+        parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or "*" in item
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path not in ("", "/")  # a pasted "https://app.example/" is the same origin
+        or parts.query
+        or parts.fragment
+        or item.endswith(("?", "#"))
+    ):
+        raise ValueError(f"{text!r} is not an origin; {expected}")
+    scheme = parts.scheme.lower()
+    host = parts.hostname.lower()
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}[scheme]
+    return f"{scheme}://{host}" + ("" if port in (None, default) else f":{port}")
 
 
 class TelemetryConfig(_Section):

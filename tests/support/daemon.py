@@ -167,6 +167,39 @@ def _billedslow(request: TurnRequest, turn: int) -> AsyncIterator[Any]:
     return gen()
 
 
+BILLED_CANARY: dict[str, tuple[int, int]] = {
+    "input_tokens": (7100001, 7200002),
+    "output_tokens": (8100003, 8200004),
+    "reasoning_tokens": (6100005, 6200006),
+    "cache_read_tokens": (5100007, 5200008),
+    "cache_write_tokens": (4100009, 4200010),
+}
+"""What ``fake:tokencanary`` bills its two turns: figures no other part of a run spells."""
+
+
+def billed_canaries() -> set[str]:
+    """Every billed count of a ``tokencanary`` run, as digits: each turn's, their totals, and the
+    run's (and its task's) sums. None may reach a reader below developer (ADR 0163)."""
+    counts = {n for pair in BILLED_CANARY.values() for n in pair}
+    counts |= {sum(pair) for pair in BILLED_CANARY.values()}
+    turns = [BILLED_CANARY["input_tokens"][i] + BILLED_CANARY["output_tokens"][i] for i in (0, 1)]
+    counts |= {*turns, sum(turns)}
+    return {str(n) for n in counts}
+
+
+def _tokencanary(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """A tool loop billed as a provider bills reasoning: output tokens include the turn's
+    reasoning, input tokens the signed thinking sent back (:data:`BILLED_CANARY`)."""
+    n = 1 if any(m.role == "tool" for m in request.messages) else 0
+    yield reasoning("Let me think about this for a while. " * (n + 1))
+    if n == 0:
+        yield from tool_call("lookup", {"query": "q"}, call_id="call_lookup")
+    else:
+        yield text("The answer is 42.")
+    yield UsageChunk(**{name: pair[n] for name, pair in BILLED_CANARY.items()})
+    yield FinishChunk("tool_calls" if n == 0 else "stop")
+
+
 def _providerfail(request: TurnRequest, turn: int) -> Iterator[Any]:
     """Thinks, then fails as a provider does whose error body quotes the request's reasoning."""
     mark = markers(_token(request))["reasoning"]
@@ -179,6 +212,7 @@ SCRIPTS: dict[str, ScriptFn] = {
     "canary": _canary,
     "providerfail": _providerfail,
     "toolcanary": _toolcanary,
+    "tokencanary": _tokencanary,
     "approval": _approval,
     "chatty": _chatty,
     "slow": _slow,
@@ -237,6 +271,20 @@ def seed_keys(store: EventStore) -> dict[str, str]:
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def agui_input(prompt: str = "hi", **thoughtgate: Any) -> dict[str, Any]:
+    """An AG-UI ``RunAgentInput`` of one user message; ``thoughtgate``: its forwarded props
+    (``model=...``)."""
+    return {
+        "threadId": "t-1",
+        "runId": "r-1",
+        "messages": [{"id": "u-1", "role": "user", "content": prompt}],
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {"thoughtgate": thoughtgate},
+    }
 
 
 # ----------------------------------------------------------------------------- servers

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import http.server
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +49,7 @@ __all__ = [
     "STORY_PROMPT",
     "TOOL_WHYS",
     "WEB_TOOLS",
+    "other_site",
     "raw_marker",
     "said_marker",
     "seed_run",
@@ -54,6 +57,35 @@ __all__ = [
     "story_run",
     "web_daemon",
 ]
+
+
+@contextlib.contextmanager
+def other_site(body: bytes = b"<!doctype html><p>another site</p>") -> Iterator[int]:
+    """Another site's server on loopback, answering every ``GET`` with the page ``body``; yields
+    its port (``http://127.0.0.1:PORT`` and ``http://localhost:PORT`` are two origins of it).
+    On loopback too: chromium's local-network rules, which refuse a public page's requests to
+    loopback by themselves (and which not every browser has), are not what is tested, the
+    daemon's answers are."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def raw_marker(token: str) -> str:

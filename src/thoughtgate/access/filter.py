@@ -11,6 +11,7 @@ class           display surfaces                             the trace surface (
 public          everyone                                     shown
 tool_detail     member and above                             shown
 reasoning       developer and above, ``surface`` runs only   ``surface`` and ``telemetry_only``
+billing         developer and above, every mode              shown
 trace           never                                        shown
 operator        admin and above                              admin and above
 carrier         ``{"carrier": name, "present": true}``       the same: never the bytes
@@ -114,6 +115,8 @@ def shows(cls: VisClass, role: Role, mode: str | None, surface: Surface = "displ
         if role < Role.DEVELOPER:
             return False
         return known == "surface" or (surface == "trace" and known == "telemetry_only")
+    if cls is VisClass.BILLING:
+        return role >= Role.DEVELOPER
     if cls is VisClass.TRACE:
         return surface == "trace" and role >= Role.DEVELOPER and known is not None
     if cls is VisClass.OPERATOR:

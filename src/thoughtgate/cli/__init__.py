@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "thoughtgate.cli.serve",
     "thoughtgate.cli.keys",
     "thoughtgate.cli.index_check",
+    "thoughtgate.cli.store_maintenance",
 )
 
 

@@ -198,8 +198,8 @@ def _progress(total: int | None) -> Iterator[Callable[[], None]]:
 
 def _usage(value: object, reader: str, mode: str) -> object:
     """Token usage as ``reader`` may read it on a run of ``mode``, by ``TokenUsage``'s own
-    declaration (display surface): reasoning tokens only where reasoning is shown (a
-    ``surface`` run), a count no declaration names never. A withheld count keeps its key, so a
+    declaration (display surface): billed counts to developers and above (ADR 0163), reasoning
+    tokens only where reasoning is shown (a ``surface`` run), a count no declaration names never. A withheld count keeps its key, so a
     difference in it still shows as one."""
     from thoughtgate.access.filter import shows
     from thoughtgate.access.roles import parse_role

@@ -17,7 +17,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from thoughtgate.access.filter import shows
+from thoughtgate.access.roles import parse_role
 from thoughtgate.cli.common import console, inert_text, print_json
+from thoughtgate.errors import UnknownRoleError
+from thoughtgate.events.payloads import TokenUsage
 from thoughtgate.events.schema import Event, EventType
 from thoughtgate.events.thread import (
     PhaseItem,
@@ -29,6 +33,7 @@ from thoughtgate.events.thread import (
     reasoning_label,
 )
 from thoughtgate.events.views import RunView
+from thoughtgate.events.visibility import declared_fields
 from thoughtgate.events.visible import describe_receipt, parse_receipt
 
 __all__ = ["LivePrinter", "print_run", "render_run", "render_runs_table", "render_thread"]
@@ -144,7 +149,23 @@ class LivePrinter:
             self.console.print()
 
 
-def _usage_text(usage: Mapping[str, Any]) -> str:
+USAGE_WITHHELD = "withheld below developer (billed tokens include the reasoning's)"
+"""What a reader below developer reads for a run's usage (ADR 0163): said, not a ``-`` or a 0."""
+
+
+def _billing_shown(role: str, mode: str) -> bool:
+    """Whether this reader gets billed counts, by ``TokenUsage``'s own declaration (a role this
+    CLI cannot read counts as one that does not)."""
+    try:
+        reader = parse_role(role)
+    except UnknownRoleError:
+        return False
+    return shows(declared_fields(TokenUsage)["output_tokens"].cls, reader, mode)
+
+
+def _usage_text(usage: Mapping[str, Any], *, role: str, mode: str) -> str:
+    if not _billing_shown(role, mode):
+        return USAGE_WITHHELD
     if not usage:
         return "-"
     text = f"in {usage.get('input_tokens', 0)} · out {usage.get('output_tokens', 0)}"
@@ -239,7 +260,7 @@ def render_run(
     head.add_row("model", Text(inert_text(view.model)))
     head.add_row("chain_of_thought", view.chain_of_thought)
     head.add_row("viewing as", role)
-    head.add_row("usage", _usage_text(view.usage))
+    head.add_row("usage", _usage_text(view.usage, role=role, mode=view.chain_of_thought))
     if view.error:
         head.add_row("error", Text(inert_text(view.error), style="red"))
     suspended = view.metadata.get("suspended")

@@ -134,6 +134,7 @@ def register(app: typer.Typer) -> None:
             from thoughtgate.orchestration.durability import make_durable
             from thoughtgate.orchestration.runtime import Runtime
             from thoughtgate.server.app import create_app
+            from thoughtgate.server.hosts import check_exposure
             from thoughtgate.server.logs import configure_logging
             from thoughtgate.server.serve import serve_app
             from thoughtgate.store.urls import describe_store
@@ -149,6 +150,9 @@ def register(app: typer.Typer) -> None:
             sockets = listen(bind_host, bind_port)
             engine = None
             try:
+                # An address other than loopback without server.allowed_hosts: refused before
+                # the store is opened or a key made (ADR 0164)
+                check_exposure(sockets, ctx.config.server.allowed_hosts, source=ctx.config.source)
                 configure_logging(log_level.lower())
                 registry = daemon_tools(tools, words=log_level.lower() == "debug")
                 store = await ctx.store()

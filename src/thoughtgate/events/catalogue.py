@@ -242,6 +242,7 @@ a field only when its class, and the class of every field above it, allows the r
 | `public` | everyone | shown |
 | `tool_detail` | member and above | shown |
 | `reasoning` | developer and above, on `surface` runs only | `surface` and `telemetry_only` runs |
+| `billing` | developer and above, every mode: billed token counts, which include the reasoning's tokens (ADR 0163) | shown |
 | `trace` | never | shown |
 | `operator` | admin and above | admin and above |
 | `carrier` | never: `{{"carrier": NAME, "present": true}}` in its place | the same |

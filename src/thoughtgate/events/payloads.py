@@ -111,15 +111,20 @@ SettingSource: TypeAlias = Literal["explicit", "run", "config", "default"]
 
 @with_config(_STRICT)
 class TokenUsage(TypedDict, total=False):
-    """Token counts as providers bill them (``output_tokens`` includes reasoning tokens)."""
+    """Token counts as providers bill them (``output_tokens`` includes reasoning tokens).
 
-    input_tokens: Annotated[int, Vis.PUBLIC]
-    output_tokens: Annotated[int, Vis.PUBLIC]
+    Every billed count is ``billing`` (developer and above, ADR 0163): output less the answer's
+    tokens is the reasoning's size, and a tool loop's later turns are billed again, as input, for
+    the signed thinking or encrypted reasoning sent back, cache reads and writes included. Below
+    developer ``usage`` is ``{}``: no count that could tell how much the model reasoned."""
+
+    input_tokens: Annotated[int, Vis.BILLING]
+    output_tokens: Annotated[int, Vis.BILLING]
     reasoning_tokens: Annotated[int, Vis.REASONING]
     """Derived from the reasoning: shown only where reasoning itself is."""
-    cache_read_tokens: Annotated[int, Vis.PUBLIC]
-    cache_write_tokens: Annotated[int, Vis.PUBLIC]
-    total_tokens: Annotated[int, Vis.PUBLIC]
+    cache_read_tokens: Annotated[int, Vis.BILLING]
+    cache_write_tokens: Annotated[int, Vis.BILLING]
+    total_tokens: Annotated[int, Vis.BILLING]
 
 
 def token_usage(usage: Usage) -> TokenUsage:

@@ -352,13 +352,15 @@ class RunEnding:
 @dataclass(frozen=True, slots=True)
 class Totals:
     """A run's totals as the reader may see them: model turns, tool calls, tokens summed over its
-    turns (``reasoning_tokens`` is ``None`` when no turn showed any: withheld or never counted),
-    and its duration from ``run.started`` to its terminal event (``None`` while it runs)."""
+    turns (a count is ``None`` when no turn showed it: billed counts below developer, ADR 0163,
+    and ``reasoning_tokens`` where reasoning is withheld or was never counted -- never a zero
+    summed from nothing), and its duration from ``run.started`` to its terminal event (``None``
+    while it runs)."""
 
     turns: int = 0
     tool_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
     reasoning_tokens: int | None = None
     duration_s: float | None = None
 
@@ -431,14 +433,18 @@ class ThreadView:
     @property
     def totals(self) -> Totals:
         usage = [t.usage for t in self.turns]
-        reasoning = [u["reasoning_tokens"] for u in usage if "reasoning_tokens" in u]
+
+        def total(name: str) -> int | None:
+            shown = [u[name] for u in usage if name in u]
+            return sum(shown) if shown else None
+
         ended = self.ended_at is not None and self.started_at is not None
         return Totals(
             turns=len(self.turns),
             tool_calls=len(self.cards),
-            input_tokens=sum(u.get("input_tokens", 0) for u in usage),
-            output_tokens=sum(u.get("output_tokens", 0) for u in usage),
-            reasoning_tokens=sum(reasoning) if reasoning else None,
+            input_tokens=total("input_tokens"),
+            output_tokens=total("output_tokens"),
+            reasoning_tokens=total("reasoning_tokens"),
             duration_s=(self.ended_at or 0.0) - (self.started_at or 0.0) if ended else None,
         )
 

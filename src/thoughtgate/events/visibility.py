@@ -1,4 +1,4 @@
-"""The six visibility classes, declared once per field of every event payload and view.
+"""The seven visibility classes, declared once per field of every event payload and view.
 
 A field's type carries its class as ``Annotated`` metadata, so the declaration sits next to the
 field and nowhere else::
@@ -18,6 +18,10 @@ the event catalogue publishes them as ``x-visibility`` in the JSON Schema. Who m
 ``reasoning``   developer and above, on display surfaces only of ``surface`` runs (and on the
                 trace surface): reasoning text, parts, kinds, sizes, reasoning token counts and
                 anything else derived from reasoning
+``billing``     developer and above, on every surface and in every mode: billed token counts,
+                which include the reasoning's tokens (output) or may (input: signed thinking
+                and encrypted reasoning sent back in a tool loop), so they tell its size
+                (ADR 0163)
 ``trace``       the trace surface only (developer and above); never a display surface
 ``operator``    admin and above: key names, approver identities, process ids, hosts
 ``carrier``     nobody: continuity carriers (signatures, encrypted items) never leave the
@@ -25,7 +29,8 @@ the event catalogue publishes them as ``x-visibility`` in the JSON Schema. Who m
 ==============  =================================================================================
 
 Classes nest: a field is shown only when its own class and the class of every field above it
-allow it (``usage`` is public, ``usage.reasoning_tokens`` is reasoning).
+allow it (``usage`` is public, ``usage.output_tokens`` is billing, ``usage.reasoning_tokens`` is
+reasoning).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class VisClass(StrEnum):
     PUBLIC = "public"
     TOOL_DETAIL = "tool_detail"
     REASONING = "reasoning"
+    BILLING = "billing"
     TRACE = "trace"
     OPERATOR = "operator"
     CARRIER = "carrier"
@@ -89,6 +95,7 @@ class Vis:
     PUBLIC: Final = Visibility(VisClass.PUBLIC)
     TOOL_DETAIL: Final = Visibility(VisClass.TOOL_DETAIL)
     REASONING: Final = Visibility(VisClass.REASONING)
+    BILLING: Final = Visibility(VisClass.BILLING)
     TRACE: Final = Visibility(VisClass.TRACE)
     OPERATOR: Final = Visibility(VisClass.OPERATOR)
     CARRIER: Final = Visibility(VisClass.CARRIER)

@@ -212,6 +212,8 @@ class AguiTranslator:
             return None
         provider, _, model = (self.model or "").partition(":")
         counts = {k: v for k, v in usage.items() if isinstance(v, int)}
+        if "input_tokens" not in counts and "output_tokens" not in counts:
+            return None  # billed counts are a developer's (ADR 0163): no zeros in their place
         inputs = total_input_tokens(counts, provider or None)
         outputs = counts.get("output_tokens", 0)
         entry: dict[str, Any] = {

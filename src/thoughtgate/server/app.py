@@ -14,6 +14,7 @@ not own the store: whoever opened it closes it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import logging
 import os
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.staticfiles import NotModifiedResponse, StaticFiles
 from starlette.types import Lifespan, Receive, Scope, Send
 
 from thoughtgate.config import Config
@@ -38,6 +40,7 @@ from thoughtgate.orchestration.runtime import ProviderFactory, Runtime
 from thoughtgate.providers.clients import shared_clients
 from thoughtgate.server.access_watch import AccessWatch
 from thoughtgate.server.api import starlette_route
+from thoughtgate.server.cors import ListedOrigins
 from thoughtgate.server.errors import exception_handlers
 from thoughtgate.server.fanout import RunFeeds
 from thoughtgate.server.hosts import HostCheckMiddleware
@@ -93,13 +96,19 @@ class _App(Starlette):
             scope.pop(SERVER_SEND, None)
 
 
-async def _index(request: Request) -> Response:
-    return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
-
-
 class _PageFiles(StaticFiles):
     """The page's files, each with the page's headers: ``/static/index.html`` is the page too,
-    and must be no more frameable, nor its scripts less confined, than ``/``."""
+    and must be no more frameable, nor its scripts less confined, than ``/``.
+
+    They say ``no-cache`` (ADR 0159): a browser asks again at every load, and is answered
+    ``304`` with no body while its copy's ``ETag`` (``If-None-Match``) is still the file's, so a
+    reload costs a few hundred bytes (ADR 0164). The tag is a digest of the file's bytes, not
+    Starlette's of its time and size: an upgrade that changes a script changes its tag even when
+    the installer kept the files' times (a wheel's fixed ones) and the size did not change."""
+
+    def __init__(self, *, directory: Path) -> None:
+        super().__init__(directory=directory)
+        self._tags: dict[tuple[str, int, int, int, int], str] = {}
 
     def file_response(
         self,
@@ -108,19 +117,50 @@ class _PageFiles(StaticFiles):
         scope: Scope,
         status_code: int = 200,
     ) -> Response:
-        response = super().file_response(full_path, stat_result, scope, status_code)
-        response.headers.update(_PAGE_HEADERS)
+        response: Response = FileResponse(
+            full_path, status_code=status_code, stat_result=stat_result, headers=_PAGE_HEADERS
+        )
+        response.headers["etag"] = self._tag(full_path, stat_result)
+        if self.is_not_modified(response.headers, Headers(scope=scope)):
+            response = NotModifiedResponse(response.headers)  # keeps the tag and no-cache
+            response.headers.update(_PAGE_HEADERS)
         return response
+
+    def _tag(self, full_path: PathLike[str] | str, stat_result: os.stat_result) -> str:
+        """The file's ``ETag``: read once per version of the file (its inode, size, and the times
+        of its last write and of its inode's last change, which no one can set back)."""
+        key = (
+            os.fspath(full_path),
+            stat_result.st_ino,
+            stat_result.st_size,
+            stat_result.st_mtime_ns,
+            stat_result.st_ctime_ns,
+        )
+        tag = self._tags.get(key)
+        if tag is None:
+            digest = hashlib.sha256(Path(full_path).read_bytes()).hexdigest()[:32]
+            tag = self._tags[key] = f'"{digest}"'
+        return tag
 
 
 def _page_routes() -> list[BaseRoute]:
     """The web page (``/``, ``/static``); it reads everything through the API like any client."""
     if not (STATIC_DIR / "index.html").is_file():
         return []
+    files = _PageFiles(directory=STATIC_DIR)
+
+    async def index(request: Request) -> Response:
+        return await files.get_response("index.html", request.scope)  # a 304 as the files'
+
     return [
-        Route("/", _index, methods=["GET"], include_in_schema=False),
-        Mount("/static", app=_PageFiles(directory=STATIC_DIR), name="static"),
+        Route("/", index, methods=["GET"], include_in_schema=False),
+        Mount("/static", app=files, name="static"),
     ]
+
+
+def _cors(origins: Sequence[str]) -> list[Middleware]:
+    """CORS for the listed origins (``server.cors_origins``), none when none is listed."""
+    return [Middleware(ListedOrigins, origins=origins)] if origins else []
 
 
 def _warm_providers() -> None:
@@ -236,6 +276,8 @@ def create_app(
                 allowed=config.server.allowed_hosts,
                 bind_host=config.server.host,
             ),
+            # only when origins are listed: without, no request pays for it (ADR 0164)
+            *_cors(config.server.cors_origins),
             Middleware(OverheadHeaderMiddleware),
             Middleware(
                 BodyLimitMiddleware,

@@ -24,6 +24,9 @@ a first response) and accepts until the process runs out of file descriptors; fr
 This is the connection-level equivalent of uvicorn's ``limit_concurrency``, which would answer
 ``503`` to everyone as soon as idle connections fill the limit.
 
+A request uvicorn cannot parse is answered ``400`` here too, as JSON with the headers of every
+answer of the daemon's (uvicorn's own answer has none of them, ADR 0164).
+
 On uvicorn's httptools protocol (the daemon's), the head of a response that gives its length is
 also held until its body is written, so that the two leave in one write (:class:`_HeldHead`).
 """
@@ -192,9 +195,10 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
 
     Relies on what uvicorn's h11 and httptools protocols share: ``connections`` (the server's
     open connections), ``cycle`` (the current request, ``response_complete`` once answered),
-    ``transport``, ``loop`` and ``on_response_complete``; and, for :class:`_HeldHead`, on the
-    httptools protocol's ``on_headers_complete`` and its cycle's ``transport``,
-    ``response_started``, ``chunked_encoding``, ``response_complete`` and ``scope``.
+    ``transport``, ``loop``, ``on_response_complete`` and ``send_400_response``; and, for
+    :class:`_HeldHead`, on the httptools protocol's ``on_headers_complete`` and its cycle's
+    ``transport``, ``response_started``, ``chunked_encoding``, ``response_complete`` and
+    ``scope``.
     """
 
     too_slow = _too_slow(limits.body_timeout_s)
@@ -244,6 +248,16 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
             log.info("closed a connection whose request head passed server.max_header_bytes")
             if cycle is None or cycle.response_complete:  # nothing else is being answered
                 self.transport.write(too_long)
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes that are no HTTP request (its parser's error), in the
+            daemon's words and with the headers of every answer (ADR 0164): uvicorn's own is
+            ``text/plain`` with none of them. The words are uvicorn's, fixed ASCII ("Invalid
+            HTTP request received."), never the bytes received."""
+            if self.transport.is_closing():
+                return
+            self.transport.write(_error_answer("400 Bad Request", "bad_request", msg))
             self.transport.close()
 
         def on_headers_complete(self) -> None:  # uvicorn's httptools protocol only

@@ -12,18 +12,25 @@ address (no name to rebind: a page's origin is then that address), ``localhost``
 (``host_not_allowed``), before any route runs. On other addresses every name is answered unless
 ``server.allowed_hosts`` lists some: then only those, IP addresses and ``localhost`` are.
 ``"*"`` answers every name everywhere. A request with no ``Host`` (HTTP/1.0) is no browser's.
+
+A daemon that listens on an address other than loopback with no names listed would answer any
+name there (its clients' names are not known to it), so a page that rebinds its name to that
+address (a LAN address, say) reads what answers without a key: ``thoughtgate serve`` refuses to
+start so (:func:`check_exposure`, ADR 0164) and says which setting to give.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from thoughtgate.errors import ConfigError
 from thoughtgate.server.errors import error_response
 
-__all__ = ["HostCheckMiddleware", "host_name"]
+__all__ = ["HostCheckMiddleware", "check_exposure", "host_name"]
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -103,3 +110,32 @@ class HostCheckMiddleware:
             return True  # another address, no names listed: any name
         name = host_name(host.decode("latin-1"))
         return name in self.names or _is_address(name)
+
+
+def check_exposure(
+    sockets: Sequence[socket.socket], allowed: Iterable[str], *, source: str = ""
+) -> None:
+    """Refuses (:class:`ConfigError`, naming ``server.allowed_hosts``) to serve on ``sockets``
+    when one is bound to an address that is not loopback (``0.0.0.0``, ``::``, a LAN address)
+    and ``allowed`` names no host: the daemon would answer any ``Host`` there, a rebound name's
+    too (ADR 0164). Loopback needs no list: the middleware refuses every other name there."""
+    if tuple(allowed):
+        return
+    exposed = [s.getsockname()[0] for s in sockets if not _is_loopback(s.getsockname()[0])]
+    if not exposed:
+        return
+    where = ", ".join(dict.fromkeys(f"[{a}]" if ":" in a else a for a in exposed))
+    raise ConfigError(
+        "server.allowed_hosts",
+        None,
+        "host names",
+        source=source,
+        problem=(
+            f"is empty, and the daemon would listen on {where}, which is not a loopback address: "
+            "it would answer any Host name there, so a web page could point a name of its own at "
+            "it and read what answers without a key (DNS rebinding). List the names its clients "
+            'use (server.allowed_hosts = ["tg.example.com"], or '
+            "THOUGHTGATE_SERVER__ALLOWED_HOSTS=tg.example.com), listen on 127.0.0.1, or set "
+            '["*"] to answer every name (unsafe)'
+        ),
+    )

@@ -24,8 +24,10 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from thoughtgate.listening import listen
 from thoughtgate.server.connections import ConnectionLimits, connection_budget, guarded_protocol
 from thoughtgate.server.gc_policy import daemon_gc
+from thoughtgate.server.hosts import check_exposure
 from thoughtgate.server.logs import QuietLifecycle, RedactTickets
 from thoughtgate.server.manager import RunManager
 from thoughtgate.server.sse import LiveStreams
@@ -154,9 +156,19 @@ async def serve_app(
 ) -> None:
     """Serve until a signal, on the running loop. ``on_ready(host, port)`` runs once listening.
     ``sockets``: already bound to ``host`` and ``port`` (:func:`thoughtgate.listening.listen`,
-    so that a port in use is told before anything starts); closed when serving ends."""
+    so that a port in use is told before anything starts), else bound here; closed when serving
+    ends. Refuses (:class:`~thoughtgate.errors.ConfigError`) to serve on an address that is not
+    loopback without ``server.allowed_hosts`` (:func:`~thoughtgate.server.hosts.check_exposure`)."""
     state = app.state.thoughtgate
     assert isinstance(state, ServerState)
+    if sockets is None:  # bound here, so that what they are bound to is checked (ADR 0164)
+        sockets = listen(host, port)
+    try:
+        check_exposure(sockets, state.server.allowed_hosts)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     max_connections, open_files = connection_budget(state.server.max_connections)
     if max_connections < state.server.max_connections:
         log.warning(
@@ -179,6 +191,10 @@ async def serve_app(
         log_level=log_level,
         lifespan="on",
         http=guarded_protocol(AutoHTTPProtocol, limits),
+        # no route takes a WebSocket: an upgrade is answered by the app as any request is, never
+        # by a WebSocket library's own handshake refusal, which carries none of the daemon's
+        # headers (ADR 0164)
+        ws="none",
         timeout_keep_alive=state.server.idle_timeout_s,
         timeout_graceful_shutdown=int(max(5.0, state.manager.grace_s + 5.0)),
         proxy_headers=False,

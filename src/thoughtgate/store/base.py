@@ -15,6 +15,7 @@ concern (``tests/support/store_conformance.py``) runs on every backend.
 
 from __future__ import annotations
 
+from thoughtgate.store.apart_backfill import MovesApart
 from thoughtgate.store.key_store import KeyStore
 from thoughtgate.store.log import (
     UNCLAIMED,
@@ -49,8 +50,9 @@ __all__ = [
 ]
 
 
-class EventStore(EventLog, RunIndex, KeyStore):
-    """A backend: the event log, the run index and the key store over one database."""
+class EventStore(EventLog, RunIndex, KeyStore, MovesApart):
+    """A backend: the event log, the run index and the key store over one database (and the
+    backfill of ADR 0167, which moves apart the reasoning of rows written before ADR 0160)."""
 
     def __init__(self) -> None:
         self.wakeups = RunWakeups()

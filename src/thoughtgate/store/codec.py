@@ -24,7 +24,7 @@ from thoughtgate.access.filter import (
     task_fields_apart,
 )
 from thoughtgate.errors import RunNotFoundError, UsageError
-from thoughtgate.events.payloads import RunStatus, TaskStatus, upgrade_payload
+from thoughtgate.events.payloads import EVENT_SPECS, RunStatus, TaskStatus, upgrade_payload
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
 from thoughtgate.store.durable import RunSpecRecord
 from thoughtgate.store.log import RunEnding
@@ -69,6 +69,7 @@ __all__ = [
     "TASK_CONFLICT_UPDATE",
     "UNIT",
     "EncodedEvents",
+    "apart_types",
     "appended_events",
     "counted_task_ids",
     "decode_object",
@@ -89,6 +90,7 @@ __all__ = [
     "lifecycle_types_sql",
     "make_event",
     "merged_metadata",
+    "moved_apart",
     "no_such_key",
     "no_such_run",
     "open_runs_where",
@@ -412,6 +414,34 @@ def encode_events(events: Sequence[NewEvent]) -> EncodedEvents:
             _encoded(e, f"payload of {e.type!r} event")
         raise
     return payloads, task_ids, types, [e.ts for e in events], aparts
+
+
+@cache
+def apart_types() -> tuple[str, ...]:
+    """The event types a store keeps something of apart (:func:`_split`: a type kept apart
+    whole, fields of a class kept apart, carriers), in order: the only types a row written
+    before ADR 0160 may hold reasoning inline in (an undeclared type is stored whole, then and
+    now, ADR 0167)."""
+    return tuple(sorted(t for t in EVENT_SPECS if _kept_apart(t) != _NOTHING_KEPT))
+
+
+def moved_apart(event_type: str, payload: str) -> tuple[str, str] | None:
+    """A stored payload kept whole in its row (written before ADR 0160) as the store writes it
+    now: ``(row, apart)``, the texts :func:`encode_events` would have written for the same
+    event, which :func:`joined_payload` (and every read that joins them) makes the same payload
+    again. ``None``: nothing of it is kept apart (no reasoning in it, a carrier that is its own
+    presence), the row stays as it is. A text that is not a JSON object was not written by this
+    codec: ``UsageError`` (the backfill leaves that row alone and names it, ADR 0167)."""
+    try:
+        decoded = json.loads(payload)
+    except ValueError as exc:
+        raise UsageError(f"the stored payload is not JSON: {exc}") from None
+    if not isinstance(decoded, dict):
+        raise UsageError("the stored payload is not a JSON object")
+    row, part = _split(NewEvent(event_type, decoded))
+    if part is None:
+        return None
+    return dumps(row, what="the payload's row"), dumps(part, what="the payload's part apart")
 
 
 def joined_payload(row: str, apart: str | None) -> str:

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from thoughtgate.errors import RunNotFoundError, StoreError
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec, durable, listing
+from thoughtgate.store import apart_backfill, codec, durable, listing
 from thoughtgate.store.base import (
     REFUSAL_HELD_S,
     EventStore,
@@ -159,6 +159,43 @@ _STATEMENTS = {
 
 _RECORD_SEPARATOR = "\x1e"
 """Joins the encoded payloads. Never inside one: JSON text escapes every control character."""
+
+
+_WINDOW_END, _INLINE_ROWS_TO, _INLINE_ROWS = apart_backfill.window_sql("%s")
+"""The backfill's window (ADR 0167)."""
+_INLINE_ROW = (
+    "SELECT type, CAST(payload AS TEXT) FROM events "
+    "WHERE run_id = %s AND seq = %s AND apart IS NULL FOR UPDATE"
+)
+"""A row still whole, locked (that row only) until the transaction moving it ends: a second
+backfill at the same time waits for it, then finds it apart and passes."""
+_MOVE_ROW = (
+    "UPDATE events SET payload = %s::json, apart = %s::json "
+    "WHERE run_id = %s AND seq = %s AND apart IS NULL"
+)
+
+
+async def _move_rows(
+    conn: psycopg.AsyncConnection[Any],
+    keys: Sequence[apart_backfill.Cursor],
+    *,
+    dry_run: bool,
+) -> apart_backfill.Batch:
+    """In the caller's transaction: the rows of ``keys`` in order, each still whole moved apart,
+    until the batch's byte budget is spent; ``dry_run``: read and counted, not locked nor
+    written."""
+    batch = apart_backfill.Batch()
+    select = _INLINE_ROW.removesuffix(" FOR UPDATE") if dry_run else _INLINE_ROW
+    for run_id, seq in keys:
+        if not batch.takes():
+            break
+        row = await (await conn.execute(select, (run_id, seq))).fetchone()
+        if row is None:  # moved meanwhile (another backfill): nothing left to do
+            continue
+        split = batch.split((run_id, seq), row[0], row[1])
+        if split is not None and not dry_run:
+            await conn.execute(_MOVE_ROW, (split[0], split[1], run_id, seq))
+    return batch
 
 
 def _assignments(sets: Mapping[str, Any]) -> sql.Composed:
@@ -1197,6 +1234,46 @@ class PostgresStore(EventStore, durable.DurableRunStore):
         found = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
         if await found.fetchone() is None:
             raise RunNotFoundError(run_id)
+
+    # -- the backfill of ADR 0167 -----------------------------------------------------------
+    async def inline_candidates(self) -> int:
+        typed, types = codec.lifecycle_types_sql("%s", codec.apart_types())
+        query = f"SELECT count(*) FROM events WHERE apart IS NULL AND {typed}"
+        async with self._conn("count the rows keeping reasoning inline") as conn:
+            row = await (await conn.execute(query, types)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def move_apart(
+        self,
+        after: apart_backfill.Cursor | None = None,
+        *,
+        dry_run: bool = False,
+        batch: int = apart_backfill.BATCH,
+    ) -> apart_backfill.ApartPage:
+        """The window is read outside any transaction; its rows are moved in transactions of
+        ``batch`` rows or :data:`BATCH_BYTES`, each locking the rows it moves and nothing else:
+        appends (new rows) and reads go on meanwhile (ADR 0167)."""
+        start = apart_backfill.START if after is None else after
+        types = codec.apart_types()
+        async with self._conn("find rows keeping reasoning inline") as conn:
+            cur = await conn.execute(_WINDOW_END, (*start, apart_backfill.WINDOW - 1))
+            last = await cur.fetchone()
+            end = None if last is None else (str(last[0]), int(last[1]))
+            if end is None:
+                cur = await conn.execute(_INLINE_ROWS, (*start, *types))
+            else:
+                cur = await conn.execute(_INLINE_ROWS_TO, (*start, *end, *types))
+            keys = [(str(r[0]), int(r[1])) for r in await cur.fetchall()]
+        moved, k = 0, 0
+        refused: list[apart_backfill.Cursor] = []
+        while k < len(keys):
+            chunk = keys[k : k + max(batch, 1)]
+            action = f"move reasoning apart in run {chunk[0][0]!r}"
+            async with self._conn(action, writes=not dry_run) as conn, conn.transaction():
+                step = await _move_rows(conn, chunk, dry_run=dry_run)
+            k, moved = k + step.done, moved + step.moved
+            refused.extend(step.refused)
+        return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- durable runs (store.durable) -------------------------------------------------------
     async def admit_run(

@@ -45,7 +45,7 @@ from thoughtgate.errors import (
     StoreUnavailableError,
 )
 from thoughtgate.events.schema import EVENT_VERSION, Event, NewEvent
-from thoughtgate.store import codec, durable, listing
+from thoughtgate.store import apart_backfill, codec, durable, listing
 from thoughtgate.store.base import EventStore, Holder, OpenRun, OpenRuns, RunEnding
 from thoughtgate.store.log import PageAhead, QueuedAppend, append_refused
 from thoughtgate.store.private_files import (
@@ -183,6 +183,49 @@ _READ_ROWS = {
     "WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
     for apart in (True, False)
 }
+
+
+_WINDOW_END, _INLINE_ROWS_TO, _INLINE_ROWS = apart_backfill.window_sql("?")
+
+
+def _inline_window(
+    conn: sqlite3.Connection, after: apart_backfill.Cursor
+) -> tuple[apart_backfill.Cursor | None, list[apart_backfill.Cursor]]:
+    """On the reader: the window's last row (``None``: the log ends inside it) and the rows in
+    it that may hold reasoning inline."""
+    end = conn.execute(_WINDOW_END, (*after, apart_backfill.WINDOW - 1)).fetchone()
+    types = codec.apart_types()
+    if end is None:
+        rows = conn.execute(_INLINE_ROWS, (*after, *types)).fetchall()
+        return None, [(str(r[0]), int(r[1])) for r in rows]
+    rows = conn.execute(_INLINE_ROWS_TO, (*after, *end, *types)).fetchall()
+    return (str(end[0]), int(end[1])), [(str(r[0]), int(r[1])) for r in rows]
+
+
+_INLINE_ROW = "SELECT type, payload FROM events WHERE run_id = ? AND seq = ? AND apart IS NULL"
+_MOVE_ROW = (
+    "UPDATE events SET payload = ?, apart = 1 WHERE run_id = ? AND seq = ? AND apart IS NULL"
+)
+_MOVE_PART = "INSERT INTO events_apart (run_id, seq, apart) VALUES (?, ?, ?)"
+
+
+def _move_rows(
+    conn: sqlite3.Connection, keys: Sequence[apart_backfill.Cursor], *, dry_run: bool
+) -> apart_backfill.Batch:
+    """In one transaction (the writer's; the reader's for ``dry_run``): the rows of ``keys`` in
+    order, each still whole moved apart, until the batch's byte budget is spent."""
+    batch = apart_backfill.Batch()
+    for run_id, seq in keys:
+        if not batch.takes():
+            break
+        row = conn.execute(_INLINE_ROW, (run_id, seq)).fetchone()
+        if row is None:  # moved meanwhile (another backfill): nothing left to do
+            continue
+        split = batch.split((run_id, seq), row[0], row[1])
+        if split is not None and not dry_run:
+            conn.execute(_MOVE_ROW, (split[0], run_id, seq))
+            conn.execute(_MOVE_PART, (run_id, seq, split[1]))
+    return batch
 
 
 _Page = tuple[int, tuple[Any, ...] | list[tuple[Any, ...]]]
@@ -1977,6 +2020,50 @@ class SQLiteStore(EventStore, durable.DurableRunStore):
                 raise StoreUnavailableError(f"cannot {action}: {exc.strerror or exc}") from exc
 
         return await self._writer.call(action, work)
+
+    # -- the backfill of ADR 0167 -----------------------------------------------------------
+    async def inline_candidates(self) -> int:
+        typed, types = codec.lifecycle_types_sql("?", codec.apart_types())
+        query = f"SELECT count(*) FROM events WHERE apart IS NULL AND {typed}"
+
+        def work(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(query, types).fetchone()[0])
+
+        return await self._reader.call("count the rows keeping reasoning inline", work)
+
+    async def move_apart(
+        self,
+        after: apart_backfill.Cursor | None = None,
+        *,
+        dry_run: bool = False,
+        batch: int = apart_backfill.BATCH,
+    ) -> apart_backfill.ApartPage:
+        """The window is read on the reader (no lock: the writer appends meanwhile); its rows
+        are moved in write transactions of ``batch`` rows or :data:`BATCH_BYTES`, each a short
+        turn of the one writer between the daemon's appends (ADR 0167)."""
+        start = apart_backfill.START if after is None else after
+        end, keys = await self._reader.call(
+            "find rows keeping reasoning inline", lambda c: _inline_window(c, start)
+        )
+        moved, k = 0, 0
+        refused: list[apart_backfill.Cursor] = []
+        while k < len(keys):
+            chunk = keys[k : k + max(batch, 1)]
+            work = functools.partial(_move_rows, keys=chunk, dry_run=dry_run)
+            if dry_run:
+                step = await self._reader.call("count reasoning to move apart", work)
+            else:
+                action = f"move reasoning apart in run {chunk[0][0]!r}"
+                began = time.monotonic()
+                step = await self._writer.write(action, work)
+                # Rest as long as the transaction held the write lock: another process's
+                # writer (the daemon's, beside this command) waiting on SQLite's busy handler
+                # polls with a backoff of 1 to 100 ms and has no place in a queue; without a
+                # rest it found the lock taken again at nearly every poll (ADR 0167).
+                await asyncio.sleep(time.monotonic() - began)
+            k, moved = k + step.done, moved + step.moved
+            refused.extend(step.refused)
+        return apart_backfill.ApartPage(len(keys), moved, tuple(refused), end)
 
     # -- plumbing ------------------------------------------------------------------------
     async def _look_up(self, action: str, work: Callable[[sqlite3.Connection], T]) -> T:

@@ -46,7 +46,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 from opentelemetry.util.types import AttributeValue
 
 from thoughtgate import __version__
-from thoughtgate.access.filter import filter_payload
+from thoughtgate.access.filter import filter_payload, shows
 from thoughtgate.access.roles import Role
 from thoughtgate.engine.loop import (
     NOT_APPROVED_IN_TIME,
@@ -55,7 +55,9 @@ from thoughtgate.engine.loop import (
     failed_tool_text,
     unknown_tool_text,
 )
+from thoughtgate.events.payloads import TokenUsage
 from thoughtgate.events.schema import Event, EventType
+from thoughtgate.events.visibility import declared_fields
 from thoughtgate.providers.base import total_input_tokens
 from thoughtgate.telemetry import conventions as gc
 
@@ -117,18 +119,30 @@ class _Tokens:
 
     input: int = 0
     output: int = 0
-    reasoning: int = 0
+    reasoning: int | None = 0
+    """``None``: the trace does not show this run's reasoning count (a ``hidden`` run)."""
     cache_read: int = 0
     cache_write: int = 0
 
     @classmethod
-    def of(cls, usage: Any, adapter: str | None) -> _Tokens | None:
+    def of(cls, usage: Any, adapter: str | None, mode: str) -> _Tokens | None:
+        """A turn's or task's counts as the trace shows them to the operator: by
+        ``TokenUsage``'s declaration, as the one filter reads it for an owner on the trace
+        surface. Billed counts always; ``reasoning_tokens`` only where the run records
+        reasoning -- a ``hidden`` run's, which the provider billed anyway, is withheld here as
+        on every other path (ADR 0163); its output count still includes them."""
         if not isinstance(usage, Mapping):
             return None
+        declared = declared_fields(TokenUsage)
+        usage = {
+            k: v
+            for k, v in usage.items()
+            if k in declared and shows(declared[k].cls, Role.OWNER, mode, "trace")
+        }
         return cls(
             total_input_tokens(usage, adapter),  # the conventions count cached input as input
             _int(usage.get("output_tokens")),
-            _int(usage.get("reasoning_tokens")),
+            _int(usage["reasoning_tokens"]) if "reasoning_tokens" in usage else None,
             _int(usage.get("cache_read_tokens")),
             _int(usage.get("cache_write_tokens")),
         )
@@ -138,7 +152,7 @@ class _Tokens:
             gc.INPUT_TOKENS: self.input,
             gc.OUTPUT_TOKENS: self.output,
         }
-        if self.reasoning or reasoning_applies:
+        if self.reasoning is not None and (self.reasoning or reasoning_applies):
             attrs[gc.REASONING_TOKENS] = self.reasoning
         if self.cache_read:
             attrs[gc.CACHE_READ_TOKENS] = self.cache_read
@@ -494,7 +508,7 @@ class TelemetrySink:
         if task is None:
             return
         payload = event.payload
-        tokens = _Tokens.of(payload.get("usage"), task.adapter)
+        tokens = _Tokens.of(payload.get("usage"), task.adapter, run.mode)
         if tokens is not None:
             task.span.set_attributes(tokens.attributes(reasoning_applies=run.reasoning_requested))
         if isinstance(payload.get("turns"), int):
@@ -529,7 +543,7 @@ class TelemetrySink:
         if task.status:
             task.span.set_attribute("thoughtgate.task.status", task.status)
         # A task that failed or was cut has no worker.completed: its end says what it was billed.
-        tokens = _Tokens.of(payload.get("usage"), task.adapter)
+        tokens = _Tokens.of(payload.get("usage"), task.adapter, run.mode)
         if tokens is not None:
             task.span.set_attributes(tokens.attributes(reasoning_applies=run.reasoning_requested))
         if self._content(run) and _text(payload.get("output")):
@@ -633,7 +647,9 @@ class TelemetrySink:
             attrs[gc.TIME_TO_FIRST_CHUNK] = max(0.0, float(first) - start)
         elif not call and task.first_chunk is not None:  # recorded before turns had times
             attrs[gc.TIME_TO_FIRST_CHUNK] = max(0.0, task.first_chunk - task.cursor)
-        tokens = _Tokens.of(payload.get("usage"), _text(payload.get("provider")) or task.adapter)
+        tokens = _Tokens.of(
+            payload.get("usage"), _text(payload.get("provider")) or task.adapter, run.mode
+        )
         if tokens is not None:
             attrs.update(tokens.attributes(reasoning_applies=run.reasoning_requested))
         return attrs

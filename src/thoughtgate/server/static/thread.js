@@ -230,14 +230,17 @@ const TG_THREAD = (() => {
     // the run's totals as this reader may see them (ThreadView.totals)
     totals() {
       const usage = this.turnList().map((t) => t.usage);
-      const reasoning = usage.filter((u) => Object.hasOwn(u, "reasoning_tokens")).map((u) => u.reasoning_tokens);
-      const sum = (xs) => xs.reduce((a, v) => a + v, 0);
+      // null when no turn showed the count (billed counts below developer, ADR 0163): never a 0
+      const total = (name) => {
+        const shown = usage.filter((u) => Object.hasOwn(u, name)).map((u) => u[name]);
+        return shown.length ? shown.reduce((a, v) => a + v, 0) : null;
+      };
       return {
         turns: this.turns.size,
         tool_calls: this.list().filter((i) => i.kind === "tool").length,
-        input_tokens: sum(usage.map((u) => u.input_tokens ?? 0)),
-        output_tokens: sum(usage.map((u) => u.output_tokens ?? 0)),
-        reasoning_tokens: reasoning.length ? sum(reasoning) : null,
+        input_tokens: total("input_tokens"),
+        output_tokens: total("output_tokens"),
+        reasoning_tokens: total("reasoning_tokens"),
         duration_s: this.endedAt !== null && this.startedAt !== null ? this.endedAt - this.startedAt : null,
       };
     }

@@ -163,13 +163,20 @@ function answerCandidate(items, thread) {
 
 // ---- per-turn metrics (developer and above) ----------------------------------------------------
 
+// Billed counts reach developers and above only (ADR 0163): a copy without them says so.
+function tokensText(u) {
+  return u.input_tokens == null && u.output_tokens == null
+    ? "tokens withheld"
+    : `${num(u.input_tokens)} in · ${num(u.output_tokens)} out`;
+}
+
 function turnMetrics(info) {
   if (!info) return el("div", { class: "turn-metrics pending", "data-testid": "turn-metrics" }, "streaming…");
   const u = info.usage || {};
   const bits = [
     info.model ? el("span", { "data-testid": "turn-model" }, info.model) : null,
     el("span", { "data-testid": "turn-tokens", "data-in": u.input_tokens ?? "", "data-out": u.output_tokens ?? "",
-      "data-reasoning": u.reasoning_tokens ?? "" }, `${num(u.input_tokens)} in · ${num(u.output_tokens)} out`,
+      "data-reasoning": u.reasoning_tokens ?? "" }, tokensText(u),
     Object.hasOwn(u, "reasoning_tokens") ? ` · ${num(u.reasoning_tokens)} reasoning` : ""),
     el("span", { "data-testid": "turn-ttft", "data-value": info.ttft_s ?? "", title: "time to first token" }, `TTFT ${seconds(info.ttft_s)}`),
     el("span", { "data-testid": "turn-duration", "data-value": info.duration_s ?? "", title: "duration of the model turn" }, seconds(info.duration_s)),
@@ -206,8 +213,8 @@ function totalsLine(thread) {
   const parts = [
     el("span", { "data-testid": "total-turns", "data-value": t.turns }, `${t.turns} model turn${t.turns === 1 ? "" : "s"}`),
     el("span", { "data-testid": "total-tools", "data-value": t.tool_calls }, `${t.tool_calls} tool call${t.tool_calls === 1 ? "" : "s"}`),
-    el("span", { "data-testid": "total-tokens", "data-in": t.input_tokens, "data-out": t.output_tokens,
-      "data-reasoning": t.reasoning_tokens ?? "" }, `${num(t.input_tokens)} in · ${num(t.output_tokens)} out`,
+    el("span", { "data-testid": "total-tokens", "data-in": t.input_tokens ?? "", "data-out": t.output_tokens ?? "",
+      "data-reasoning": t.reasoning_tokens ?? "" }, tokensText(t),
     t.reasoning_tokens !== null ? ` · ${num(t.reasoning_tokens)} reasoning` : ""),
     el("span", { "data-testid": "total-duration", "data-value": t.duration_s ?? "" }, t.duration_s === null ? "running" : seconds(t.duration_s)),
   ];
@@ -228,7 +235,7 @@ function renderTrace(view) {
       el("h4", {}, `Task ${n + 1}${p.model ? ` · ${p.model}` : ""}`),
       el("div", { class: "turn-metrics" },
         `${p.status} · ${p.turns} model turn${p.turns === 1 ? "" : "s"} · ${seconds(p.duration_s)} · `
-        + `${num(u.input_tokens)} in · ${num(u.output_tokens)} out`
+        + tokensText(u)
         + (Object.hasOwn(u, "reasoning_tokens") ? ` · ${num(u.reasoning_tokens)} reasoning` : "")
         + (p.finish_reason ? ` · ${p.finish_reason}` : "")),
       typeof t.reasoning === "string"

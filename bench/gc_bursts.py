@@ -209,28 +209,6 @@ def _server(
 # ----------------------------------------------------------------------------- client side
 
 
-class _Visitor(asyncio.Protocol):
-    """A reader of a burst: sends its request, notes the response's head, drops the rest."""
-
-    def __init__(self, request: bytes, connected: asyncio.Future[None]) -> None:
-        self.request = request
-        self.connected = connected
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        if not self.connected.done():
-            self.connected.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.connected.done():
-            self.connected.set_exception(ConnectionError("closed before its head"))
-
-
 async def _stream_request(base: str, key: str, run_id: str, after: int = 0) -> bytes:
     ticket = (await _request(base, key, "POST", "/v1/tickets", {"run_id": run_id}))["ticket"]
     query = f"ticket={ticket}" + (f"&last_event_id={after}" if after else "")
@@ -261,23 +239,22 @@ async def _burst(
     host, port = base.removeprefix("http://").split(":")
     request = await _stream_request(base, key, run_id, after)
     loop = asyncio.get_running_loop()
-    visitors: list[_Visitor] = []
+    visitors: list[_Reader] = []  # fan-out's readers: they stamp and keep what they read
     try:
         for i in range(readers):
-            visitor = _Visitor(request, loop.create_future())
+            visitor = _Reader(request)
             visitors.append(visitor)
             await loop.create_connection(lambda v=visitor: v, host, int(port))  # type: ignore[misc]
             if i % 50 == 49:
                 await asyncio.sleep(0)
-        await asyncio.wait_for(asyncio.gather(*(v.connected for v in visitors)), 120)
+        await asyncio.wait_for(asyncio.gather(*(v.connected.wait() for v in visitors)), 120)
         if peak is not None:
             os.kill(peak, signal.SIGUSR2)
             await asyncio.sleep(2.0)  # the count walks every object (census mode only)
         await asyncio.sleep(hold)
     finally:
         for visitor in visitors:
-            if visitor.transport is not None:
-                visitor.transport.close()
+            visitor.close()
 
 
 async def _session(

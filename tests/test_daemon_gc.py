@@ -97,7 +97,7 @@ class _Passes:
 def test_a_burst_of_live_objects_is_walked_by_young_passes_only(collector: None) -> None:
     """Twenty young generations' worth of objects that are all alive until the burst ends (a
     thousand readers' connections, ~200 containers each): under Python's middle ratio every
-    tenth young pass would walk all of them promoted so far, a stall of every stream."""
+    eleventh young pass would walk all of them promoted so far, a stall of every stream."""
     threshold = Config().server.gc_young_threshold
     with daemon_gc(threshold), _Passes() as passes:
         burst = [[] for _ in range(20 * threshold)]

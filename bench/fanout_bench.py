@@ -114,6 +114,19 @@ def _serve(port_file: Path, db_url: str) -> None:
     daemon_runner()(run())  # the daemon's own event loop (uvloop where installed)
 
 
+def _started(proc: subprocess.Popen[bytes], port_file: Path) -> dict[str, Any]:
+    """What the bench server ``proc`` wrote to ``port_file`` once listening; an error if it
+    exits or 30 s pass first."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the bench server did not start")
+        time.sleep(0.05)
+    time.sleep(0.05)  # the file is written in one call, but be safe
+    info: dict[str, Any] = json.loads(port_file.read_text())
+    return info
+
+
 @contextlib.contextmanager
 def _server(db_url: str) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,13 +138,7 @@ def _server(db_url: str) -> Iterator[dict[str, str]]:
             cwd=str(REPO),
         )
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists():
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the bench server did not start")
-                time.sleep(0.05)
-            time.sleep(0.05)  # the file is written in one call, but be safe
-            yield json.loads(port_file.read_text())
+            yield _started(proc, port_file)
         finally:
             stop(proc)  # SIGTERM, then SIGKILL: a server left running would load later benches
 

@@ -53,7 +53,7 @@ from typing import Any
 from bench.atomic import write_json
 from bench.emulator_process import stop
 from bench.environment import LOOPBACK, REPO, child_env
-from bench.fanout_bench import _pct, _Reader, _request
+from bench.fanout_bench import _pct, _Reader, _request, _started
 from bench.process_stats import rss_mb
 
 __all__ = ["main"]
@@ -189,19 +189,14 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
 @contextlib.contextmanager
 def _server(
     db_url: str, out_dir: Path, thresholds: str, mode: str
-) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
     port_file = out_dir / "port.json"
     args = [str(port_file), db_url, str(out_dir), thresholds or "-", mode]
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.gc_bursts", "--serve", *args], env=child_env(), cwd=str(REPO)
     )
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the bench server did not start")
-            time.sleep(0.05)
-        yield proc, json.loads(port_file.read_text())
+        yield proc, _started(proc, port_file)
     finally:
         stop(proc)
 

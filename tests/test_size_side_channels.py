@@ -9,10 +9,13 @@ reasoning itself is.
 The failures are those whose text could carry a figure derived from the reasoning: a stream
 event cut inside its reasoning (json says where it stopped; the adapter said how long the event
 was), an event that is a string or a list (the adapter said its length), a delta for a block
-that never started (the adapter named its index, which counts the thinking blocks before it,
-Anthropic's format), a provider's context
-length error (the tokens requested include the reasoning sent back in a tool loop) and a rate
-limit quoting the tokens used (which include the reasoning's, billed as output).
+that never started (the adapter named its index, which counts the thinking blocks before it:
+Anthropic's format), a provider's context length error (the tokens requested include the
+reasoning sent back in a tool loop) and a rate limit quoting the tokens used (which include the
+reasoning's, billed as output).
+
+The same daemon, with a browser origin listed (ADR 0164), holds the headers' rows of the ADR:
+what CORS exposes, the overhead header, compression, ETags.
 """
 
 from __future__ import annotations
@@ -185,6 +188,10 @@ def _read(daemon: Daemon, run_id: str, role: str) -> dict[str, list[str]]:
 def test_a_failed_run_s_error_texts_below_developer_do_not_measure_its_reasoning(
     daemon: Daemon, runs: dict[tuple[str, int], str], role: str, failure: str
 ) -> None:
+    """Before ADR 0169 a malformed answer's public text said the event's length (``in 4158
+    characters``), where json stopped, a string's or list's length, or a block's index: on every
+    surface below, for every reader. A reader below developer must learn that and how the run
+    failed, the same words whatever the reasoning's size."""
     short, long = (_read(daemon, runs[failure, size], role) for size in SIZES)
     for surface, texts in short.items():
         assert texts, f"{surface}: a {role} still reads that and how the run failed"

@@ -35,7 +35,7 @@ from thoughtgate.events.visible import VISIBLE_MARKER
 from thoughtgate.providers.base import ProviderSettings, TurnRequest
 from thoughtgate.providers.openai_compatible import OpenAICompatibleProvider
 from thoughtgate.providers.sse import SSEDecoder
-from thoughtgate.testing.fake import FAKE_SCRIPTS, reasoning, text, tool_call
+from thoughtgate.testing.fake import FAKE_SCRIPTS, FakeProvider, reasoning, text, tool_call
 from thoughtgate.types import (
     BAD_TOOL_NAME,
     FinishChunk,
@@ -94,11 +94,17 @@ event envelope as JSON, an SSE frame (with a forged ``id``), a named SSE event, 
 itself, a tag."""
 
 HOSTILE = (
-    "nul\x00 cr\r lf\n crlf\r\n ls\u2028 ps\u2029 nel\x85 surrogate\ud83d "
+    "nul\x00 cr\r lf\n crlf\r\n ls\u2028 ps\u2029 nel\x85 fs\x1c "
     "rlo\u202egnp.exe esc\x1b]0;owned\x07\x1b[2J\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\ "
     "csi\x9b31m [link=http://evil.example/]click[/link] [bold red]markup[/] "
 )
-"""Every character that could end a line, a frame or a terminal's sanity."""
+"""Every character that could end a line (for SSE, for ``str.splitlines``, for JavaScript), a
+frame or a terminal's sanity."""
+
+LONE = "surrogate\ud83d"
+"""A lone surrogate (a model's text cut inside a pair): a payload holding one is written with
+``\\u`` escapes throughout (ADR 0114), so it is kept apart from :data:`HOSTILE`, whose characters
+must reach the wire as they are."""
 
 BIG = "x" * (1024 * 1024)
 """A 1 MB answer piece."""
@@ -121,7 +127,7 @@ def _spoof(request: TurnRequest, turn: int) -> Iterator[Any]:
 def _framing(request: TurnRequest, turn: int) -> Iterator[Any]:
     yield reasoning(THOUGHT)
     if turn == 0:
-        yield tool_call("lookup", {"query": HOSTILE}, call_id="call_framing")
+        yield tool_call("lookup", {"query": HOSTILE + LONE}, call_id="call_framing")
     else:
         yield text(HOSTILE)
         yield text(BIG)
@@ -243,6 +249,43 @@ def test_an_answer_tool_input_or_result_that_looks_like_a_step_makes_none(
     assert activities and all(SECRET not in json.dumps(a) for a in activities)
     shown = "".join(e.get("delta", "") for e in agui if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert shown == SPOOF
+
+
+def _narrating(request: TurnRequest, turn: int) -> Iterator[Any]:
+    """The model's one door to a visible step, ``visible_step``, used to pass on its reasoning
+    (a verbatim piece of it, and the spoofed step) whether or not it was offered."""
+    yield reasoning(THOUGHT)
+    if turn == 0:
+        yield tool_call("visible_step", {"summary": THOUGHT[:120]}, call_id="call_n1")
+        yield tool_call("visible_step", {"summary": SPOOFED_STEP}, call_id="call_n2")
+        yield tool_call("visible_step", {"summary": "Checking the weather."}, call_id="call_n3")
+    else:
+        yield text("Done.")
+
+
+@pytest.mark.parametrize("summarizers", [["phases"], ["phases", "narration"]])
+async def test_visible_step_is_a_step_only_where_offered_and_never_the_reasoning(
+    summarizers: list[str],
+) -> None:
+    """Not offered (narration not named), a ``visible_step`` call is an unknown tool's card and
+    no step; offered, a summary that repeats the reasoning or holds a spoofed step is dropped by
+    the policy, and a plain one is shown as the model's narration."""
+    config = Config.from_mapping({"visible_reasoning": {"summarizers": summarizers}})
+    reads = await role_reads(
+        lambda model: FakeProvider(_narrating), "fake:narrating", "surface", config=config
+    )
+    events = json.loads(reads["viewer"])[1]
+    steps = [e["payload"] for e in events if e["type"] in ("cot.step", "cot.tool.reasoning")]
+    assert SECRET not in reads["viewer"]
+    if "narration" in summarizers:
+        assert [s["summary"] for s in steps] == ["Checking the weather."]
+        assert {s["source"] for s in steps} == {"narration"}
+        (done,) = [e["payload"] for e in events if e["type"] == "cot.completed"]
+        assert done["receipt"]["steps_dropped_by_policy"] == 2
+    else:
+        assert steps == []
+        failed = [e["payload"] for e in events if e["type"] == "tool.failed"]
+        assert [f["error_kind"] for f in failed] == ["unknown_tool"] * 3
 
 
 # --------------------------------------------------------------------------- 2. smuggled fields
@@ -377,8 +420,8 @@ async def test_a_hostile_messages_server_carries_no_reasoning_to_a_viewer() -> N
 def test_control_characters_and_a_megabyte_keep_every_frame_whole(
     daemon: Daemon, role: str
 ) -> None:
-    """CR, LF, U+2028, NUL, a lone surrogate, bidi and terminal escapes and a 1 MB piece in the
-    answer and a tool's input and result: each SSE and AG-UI frame is one event, and the text
+    """CR, LF, U+2028, NEL, NUL, bidi and terminal escapes and a 1 MB piece in the answer, and
+    a lone surrogate too in a tool's input and result: each SSE and AG-UI frame is one event, and the text
     arrives exactly as the model wrote it (the page shows it inert, ADRs 0135 and 0159)."""
     run_id = _run(daemon, "hostile-framing")
     events, _ = _reads(daemon, run_id, role)
@@ -388,7 +431,7 @@ def test_control_characters_and_a_megabyte_keep_every_frame_whole(
     assert streamed == HOSTILE + BIG + HOSTILE
     if role == "developer":
         (started,) = [e for e in events if e["type"] == "tool.started"]
-        assert started["payload"]["input"] == {"query": HOSTILE}
+        assert started["payload"]["input"] == {"query": HOSTILE + LONE}
 
     agui = _agui_run(daemon, role, run_id)
     shown = "".join(e.get("delta", "") for e in agui if e["type"] == "TEXT_MESSAGE_CONTENT")
@@ -402,7 +445,7 @@ def test_the_cli_prints_a_models_escapes_and_markup_as_text() -> None:
     out = io.StringIO()
     printer = LivePrinter(Console(file=out, force_terminal=True, width=200, color_system=None))
     payloads: list[tuple[str, dict[str, Any]]] = [
-        ("message.delta", {"text": HOSTILE, "turn": 0}),
+        ("message.delta", {"text": HOSTILE + LONE, "turn": 0}),
         (
             "tool.started",
             {

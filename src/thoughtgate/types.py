@@ -383,10 +383,11 @@ class Turn:
 
 _PROVIDER_ID: Final = re.compile(r"[A-Za-z0-9_.:/@+=-]{1,128}")
 """What a provider-chosen id or name may be, in a recorded turn: a tool call's id and name, a
-response id, the answering model's name, a raw stop reason. Every vendor's fit (``toolu_01…``,
-``call_…``, ``chatcmpl-…``, ``resp_…``, ``claude-sonnet-4-5-20250929``, ``@cf/meta/llama``,
-``end_turn``); a hostile provider, or a proxy in between, could otherwise put kilobytes of
-anything -- the turn's reasoning -- into a field every reader is shown (ADR 0168)."""
+response id, the answering model's name, a raw stop reason. Every vendor's ids and names have
+this form (``toolu_01…``, ``call_…``, ``chatcmpl-…``, ``resp_…``, ``claude-sonnet-4-5-20250929``,
+``@cf/meta/llama``, ``end_turn``); without the bound a hostile provider, or a proxy in between,
+could put kilobytes of anything -- the turn's reasoning -- into a field every reader is shown
+(ADR 0168)."""
 
 BAD_TOOL_NAME: Final = "invalid_tool_name"
 """What a recorded turn calls a tool whose name is no :data:`_PROVIDER_ID`: it is no tool's, so

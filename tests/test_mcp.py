@@ -19,6 +19,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
 from mcp_types import CallToolResult, TextContent
 from support.daemon import markers, server_tools
+from support.durable import until
 from support.node import node_json
 from support.scripts import CUT_EMOJI, cut, outage, slow
 
@@ -32,6 +33,7 @@ from thoughtgate.mcp_server import CANCELLED_BY_HOST, McpTools, build_mcp_server
 from thoughtgate.orchestration.runtime import Runtime
 from thoughtgate.store.memory import MemoryStore
 from thoughtgate.store.pg_errors import translate_error
+from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.store.urls import open_store
 from thoughtgate.testing.fake import REASONER_MARKER, FakeProvider
 
@@ -96,13 +98,68 @@ async def test_orchestration_approve_answers_a_pending_approval_for_members_only
         assert denied.is_error and "answering tool approvals" in _text(denied)
         wrong = await client.call_tool("orchestration_approve", {**args, "call_id": "call_nope"})
         assert wrong.is_error and "no approval is pending" in _text(wrong)
-        answered = await client.call_tool("orchestration_approve", args)
-        assert not answered.is_error, _text(answered)
-        result = await job
-        assert not result.is_error, _text(result)
-        log = await store.read(run_id)
-        decided = [e.payload for e in log if e.type == "tool.approval_response"]
-        assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
+        await _approved_once(client, job, args)
+        await _recorded_once(store, run_id)
+
+
+async def _approved_once(client: Client, job: asyncio.Task[Any], args: dict[str, str]) -> None:
+    """The answer is taken, and the run it was waiting for then ends well."""
+    answered = await client.call_tool("orchestration_approve", args)
+    assert not answered.is_error, _text(answered)
+    result = await job
+    assert not result.is_error, _text(result)
+
+
+async def _recorded_once(store: Any, run_id: str) -> None:
+    """The log has the one answer, by the MCP host."""
+    log = await store.read(run_id)
+    decided = [e.payload for e in log if e.type == "tool.approval_response"]
+    assert [(d["decision"], d["by"]) for d in decided] == [("approve", "mcp")]
+
+
+@pytest.mark.inprocess
+async def test_orchestration_approve_is_refused_while_the_store_refuses_writes(
+    tmp_path: Path,
+) -> None:
+    """ADR 0165: as over HTTP, an answer given while the store refuses writes (here its
+    directory moved away) would be lost with the run's next write; it is refused, the run keeps
+    waiting, and the same answer is taken once the store is back (the directory moved back)."""
+    from support.daemon import server_tools
+
+    directory, away = tmp_path / "store", tmp_path / "away"
+    directory.mkdir()
+    store = await SQLiteStore.open(directory / "s.db")
+    waiting = asyncio.Event()
+
+    async def noticed(call_id: str, tool: str, arguments: Any) -> None:
+        waiting.set()
+        return None
+
+    runtime = Runtime(store, tools=server_tools(), approvals=ApprovalBroker(decider=noticed))
+    try:
+        async with Client(build_mcp_server(McpTools(runtime, Role.MEMBER))) as client:
+            job = asyncio.create_task(
+                client.call_tool("orchestration_run", {"prompt": "go", "model": "fake:approval"})
+            )
+            await asyncio.wait_for(waiting.wait(), 10)
+            run_id = (await store.list_runs())[0].run_id
+            args = {"run_id": run_id, "call_id": "call_danger", "decision": "approve"}
+            directory.rename(away)
+            try:
+                refused = await client.call_tool("orchestration_approve", args)
+            finally:
+                away.rename(directory)
+            assert refused.is_error
+            assert "store_removed" in _text(refused) and "still pending" in _text(refused)
+
+            async def back() -> bool:
+                return store.write_refusal() is None
+
+            await until(back)
+            await _approved_once(client, job, args)
+        await _recorded_once(store, run_id)
+    finally:
+        await store.close()
 
 
 def test_role_comes_from_flag_then_config_and_never_exceeds_the_local_role() -> None:

@@ -20,11 +20,12 @@ from typing import Any
 import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from support.daemon import running_daemon
+from support.daemon import HANG_S, running_daemon
 
 from thoughtgate.config import Config
 from thoughtgate.demo import demo_tools
 from thoughtgate.orchestration.runtime import RunRequest, Runtime, TaskSpec
+from thoughtgate.providers import clients as clients_module
 from thoughtgate.providers.base import ProviderSettings, create_provider
 from thoughtgate.providers.clients import ProviderClients, endpoint_of, shared_clients
 from thoughtgate.providers.http import HTTPTransport
@@ -178,26 +179,43 @@ def test_each_event_loop_gets_its_own_client(server: EmulatorServer) -> None:
     assert shared_clients().created == created + 2
 
 
-def test_daemon_runs_share_one_client_and_close_it_at_shutdown(server: EmulatorServer) -> None:
+LONG_KEEP_ALIVE_S = 600
+"""Longer than any test: an idle connection is closed by a shutdown, not by a slow host's pause."""
+
+
+def test_daemon_runs_share_one_client_and_close_it_at_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its connection counts hold however slow the host (ADR 0165: it failed once under heavy
+    load). What they depended on: idle keep-alive connections closed after 5 s by the server
+    (uvicorn) and by the client (``KEEPALIVE_EXPIRY_S``), so a pause that long left none open
+    or had the next run connect again; the four runs of the second wire format started while
+    the burst's could still be in flight, each then free to open a connection of its own; and
+    ``wait_done``'s 10 s deadline per run. Now both keep-alives outlast the test, the second
+    group starts once the burst has completed, and the waits are hang-only."""
+    monkeypatch.setattr(clients_module, "KEEPALIVE_EXPIRY_S", float(LONG_KEEP_ALIVE_S))
     single = Scenario("single", (ScriptedTurn((Think("Short thought."), Say("Short answer."))),))
-    server.emulator.add(single, default=True)
+    emulator = Emulator().add(single, default=True)
     created = shared_clients().created
     concurrency = 8
-    with running_daemon(config=config_for(server)) as daemon:
-        body = {"prompt": "hi", "model": ANTHROPIC, "chain_of_thought": "surface"}
-        with daemon.client("member") as client:
-            burst = [client.post("/v1/runs", json=body) for _ in range(concurrency)]
-        assert all(r.status_code == 202 for r in burst), [r.text for r in burst]
-        ids = [r.json()["run_id"] for r in burst]
-        ids += [daemon.start_run({**body, "model": CHAT}) for _ in range(4)]
-        for run_id in ids:
-            assert daemon.wait_done(run_id)["status"] == "completed"
-        assert len(server.emulator.requests) == len(ids) == concurrency + 4
-        # each model check (at POST /v1/runs) and each run built an adapter: still one client
-        assert shared_clients().created == created + 1
-        assert server.connections.accepted <= concurrency
-        assert server.connections.open >= 1  # kept alive for the next run
-    wait_all_closed(server)  # the lifespan closed the shared client
+    with serve_emulator(emulator, keep_alive_s=LONG_KEEP_ALIVE_S) as server:
+        with running_daemon(config=config_for(server)) as daemon:
+            body = {"prompt": "hi", "model": ANTHROPIC, "chain_of_thought": "surface"}
+            with daemon.client("member") as client:
+                burst = [client.post("/v1/runs", json=body) for _ in range(concurrency)]
+            assert all(r.status_code == 202 for r in burst), [r.text for r in burst]
+            ids = [r.json()["run_id"] for r in burst]
+            for run_id in ids:  # the burst ends before the next runs start: they reuse its ones
+                assert daemon.wait_done(run_id, timeout=HANG_S)["status"] == "completed"
+            ids += [daemon.start_run({**body, "model": CHAT}) for _ in range(4)]
+            for run_id in ids:
+                assert daemon.wait_done(run_id, timeout=HANG_S)["status"] == "completed"
+            assert len(server.emulator.requests) == len(ids) == concurrency + 4
+            # each model check (at POST /v1/runs) and each run built an adapter: one client
+            assert shared_clients().created == created + 1
+            assert server.connections.accepted <= concurrency
+            assert server.connections.open >= 1  # kept alive for the next run
+        wait_all_closed(server)  # the lifespan closed the shared client
 
 
 def test_cli_run_turns_share_one_connection(server: EmulatorServer, tmp_path: Path) -> None:

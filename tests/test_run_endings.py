@@ -26,6 +26,7 @@ import pytest
 from psycopg import sql
 from support.daemon import HANG_S, ServeProcess, auth, cli_env, ctrl_c_reaches_children, sse_events
 from support.pg import PG_URL, schema_name
+from support.ticker import ticker_prompt
 
 from thoughtgate.cli.runs import EMPTY_PROMPT
 from thoughtgate.events.schema import EventType
@@ -219,15 +220,27 @@ def watch(request: pytest.FixtureRequest) -> Callable[..., Watched]:
     return start
 
 
+NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
+"""A process without durable runs (ADR 0009's path): its orphaned runs are closed, not resumed."""
+
+
+@pytest.mark.parametrize("env", [None, NOT_DURABLE], ids=["durable", "not-durable"])
 @pytest.mark.parametrize(
     ("sig", "reason"),
-    [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")],
-    ids=["ctrl-c", "sigterm"],
+    [
+        (signal.SIGINT, "Ctrl-C"),
+        (signal.SIGTERM, "SIGTERM"),
+        (signal.SIGHUP, "SIGHUP: its terminal was closed"),
+    ],
+    ids=["ctrl-c", "sigterm", "sighup"],
 )
 def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
-    db: str, watch: Callable[..., Watched], sig: int, reason: str
+    db: str, watch: Callable[..., Watched], sig: int, reason: str, env: dict[str, str] | None
 ) -> None:
-    run = watch("run", "slow", *SLOW, "--db", db)
+    """SIGHUP (the terminal closed) too, since ADR 0165: it killed the process (exit 129) and
+    left the run open, closed later by whichever process opened the store next with the generic
+    "its process stopped", or suspended for a resume nobody would ask for."""
+    run = watch("run", "slow", *SLOW, "--db", db, env=env)
     run.wait_for("thinking slowly")
     run.proc.send_signal(sig)
     code, out, err = run.finish()
@@ -282,6 +295,95 @@ def test_ctrl_c_interrupts_the_run_even_when_the_tests_were_started_in_the_backg
     assert "interrupted" in out and "Ctrl-C" in out
 
 
+_ON_A_TERMINAL = (
+    "import fcntl, os, sys, termios\n"
+    "os.setsid()\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+"""Run the rest of the command line as the leader of a new session whose controlling terminal
+is its standard input: closing that terminal's other end hangs the session up, and the kernel
+sends its leader SIGHUP, as when a terminal window is closed."""
+
+
+@pytest.mark.parametrize("env", [None, NOT_DURABLE], ids=["durable", "not-durable"])
+def test_closing_its_terminal_ends_the_run_with_that_cause_and_exit_130(
+    db: str, env: dict[str, str] | None
+) -> None:
+    """A real terminal, closed (ADR 0165): the kernel's SIGHUP ends the run ``interrupted``
+    with its cause, and what is still printed to the gone terminal does not fail the command
+    (it exits 130, the run's outcome, not 1 for an ``EIO`` on its panel). Before, the signal
+    killed it (exit -1 here): the run was left to the next process, closed "its process
+    stopped", or, durable, suspended."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _ON_A_TERMINAL, "-m", "thoughtgate", "run", "slow", *SLOW,
+             "--db", db],
+            env={**cli_env(PYTHONUNBUFFERED="1"), **(env or {})},
+            cwd=str(REPO),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+    try:
+        seen = b""
+        deadline = time.monotonic() + HANG_S
+        while b"thinking slowly" not in seen:  # what the terminal shows: a read, not a clock
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += os.read(master, 4096)
+    finally:
+        os.close(master)  # the terminal closes
+    assert proc.wait(timeout=HANG_S) == 130
+    stored, events = read_store(db)
+    assert stored.status == "interrupted"
+    assert "SIGHUP: its terminal was closed" in (stored.error or "")
+    assert [t.status for t in stored.tasks] == ["interrupted"]
+    assert [e.type for e in events][-1] == EventType.RUN_INTERRUPTED
+
+
+def test_a_run_started_with_sighup_ignored_runs_on_when_its_terminal_closes(
+    db: str, tmp_path: Path, watch: Callable[..., Watched]
+) -> None:
+    """``nohup thoughtgate run ...``: SIGHUP ignored at the start is kept ignored (ADR 0165), so
+    the run goes on to its end when the terminal closes, as ``nohup`` promises. (A pin: it held
+    before, when nothing handled SIGHUP; the handler added for it must not undo it.)"""
+    hold = tmp_path / "hold"  # the model waits while it exists: the signal lands mid-run
+    hold.touch()
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts it
+    try:
+        run = watch(
+            "run", ticker_prompt(3, 0, hold), "--model", "fake:ticker", *SLOW[2:], "--db", db,
+            env=NOT_DURABLE,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+    async def running() -> bool:
+        store = await open_store(db, sweep=False)
+        try:
+            return [r.status for r in await store.list_runs()] == ["running"]
+        finally:
+            await store.close()
+
+    deadline = time.monotonic() + HANG_S
+    while not asyncio.run(running()):  # the model prints nothing while it waits
+        assert time.monotonic() < deadline and run.proc.poll() is None
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGHUP)
+    hold.unlink()
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert "completed" in out
+    stored, _ = read_store(db)
+    assert stored.status == "completed"
+
+
 def test_ctrl_c_with_json_still_prints_the_runs_document(
     db: str, watch: Callable[..., Watched]
 ) -> None:
@@ -305,10 +407,6 @@ def test_ctrl_c_with_json_still_prints_the_runs_document(
     doc = json.loads(out)
     assert doc["status"] == "interrupted" and doc["tasks"][0]["status"] == "interrupted"
     assert "Ctrl-C" in doc["error"]
-
-
-NOT_DURABLE = {"THOUGHTGATE_DURABILITY__ENABLED": "false"}
-"""A process without durable runs (ADR 0009's path): its orphaned runs are closed, not resumed."""
 
 
 def test_kill_9_of_a_cli_run_without_durability_is_closed_by_the_next_process(

@@ -17,8 +17,10 @@ from support.commits import held_admission_commits, idle
 from thoughtgate.events.schema import RUN_TERMINAL_TYPES, EventType
 from thoughtgate.orchestration.runtime import RunRequest, Runtime
 from thoughtgate.server.manager import RunManager
+from thoughtgate.store.leases import billed_usage
 from thoughtgate.store.sqlite import SQLiteStore
 from thoughtgate.testing.fake import FakeProvider, reasoning, text
+from thoughtgate.types import Usage
 
 pytestmark = [pytest.mark.inprocess, pytest.mark.timeout(60)]
 
@@ -162,6 +164,15 @@ async def test_a_start_cancelled_once_its_admission_committed_ends_its_run_once(
     types = [e.type for e in await store.read(run.run_id)]
     assert sum(t in RUN_TERMINAL_TYPES for t in types) == 1, types
     assert types[-1] in RUN_TERMINAL_TYPES and EventType.RUN_SETTLEMENT_COMPLETED not in types
+    # Its usage reads as every other ending's that billed nothing (ADR 0165, a pin): a zero
+    # record on the run, in its list row and its terminal event, none on its task (absent when
+    # zero, ADR 0131), and the log's billed turns agree
+    zero = Usage().to_dict()
+    (listed,) = await store.list_runs()
+    terminal = (await store.read(run.run_id))[-1]
+    assert ended.usage == listed.usage == terminal.payload["usage"] == zero
+    assert [t.usage for t in ended.tasks] == [{}]
+    assert await billed_usage(store, run.run_id) == zero
     assert manager.executing_mode(run.run_id) is None
     assert run.run_id not in manager.runtime.executing
     # the store still serves the next start, which runs to its end

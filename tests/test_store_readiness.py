@@ -239,6 +239,54 @@ def test_the_run_list_marks_a_run_stopped_by_a_refused_write_as_out_of_date(
         assert daemon.get(f"/v1/runs/{run_id}", "owner").status_code == 503  # as its view
 
 
+@pytest.mark.inprocess
+def test_an_approval_answered_while_the_store_refuses_writes_is_refused_and_stays_pending(
+    tmp_path: Path,
+) -> None:
+    """ADR 0165: an approval answered while the store refuses writes was taken (200) and given
+    to the waiting execution, whose next write -- recording the answer -- was refused: the run
+    stopped, the answer lost, after its answerer was told it was taken. Now it is a 503 with the
+    run view's code, the run keeps waiting, and the same answer is taken once the store is back
+    (here: its directory moved away, then back: the same file, so it takes writes again)."""
+    directory = tmp_path / "store"
+    away = tmp_path / "away"
+    config = Config.from_mapping({"orchestration": {"approval_timeout_s": 120}})
+    with running_daemon(sqlite_dir=directory, config=config) as daemon:
+        run_id = daemon.start_run(
+            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
+        )
+
+        async def asked() -> bool:
+            events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
+            return any(e["type"] == "tool.approval_required" for e in events)
+
+        asyncio.run(until(asked, WAIT_S))
+        url = f"/v1/runs/{run_id}/approvals/call_danger"
+        directory.rename(away)
+        try:
+            with daemon.client("member") as c:
+                refused = c.post(url, json={"decision": "approve"})
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "store_refuses_writes"
+            assert "store_removed" in error["message"] and "still pending" in error["message"]
+            assert str(tmp_path) not in refused.text
+        finally:
+            away.rename(directory)
+
+        async def ready() -> bool:
+            return daemon.get("/readyz").status_code == 200
+
+        asyncio.run(until(ready, WAIT_S))
+        with daemon.client("member") as c:
+            taken = c.post(url, json={"decision": "approve"})
+        assert taken.status_code == 200, taken.text
+        assert daemon.wait_done(run_id, timeout=WAIT_S)["status"] == "completed"
+        events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
+        answers = [e for e in events if e["type"] == "tool.approval_response"]
+        assert [a["payload"]["decision"] for a in answers] == ["approve"]
+
+
 def _agui_events(messages: list[SSEMessage]) -> list[dict[str, Any]]:
     return [json.loads(m.data) for m in messages if m.data]
 

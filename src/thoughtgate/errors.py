@@ -29,6 +29,8 @@
         ├── StoreError             the event log failed (the message says which database and why)
         │   ├── NotOurDatabaseError    the file exists but is not a thoughtgate store
         │   ├── StoreReadOnlyError     the database cannot be written
+        │   ├── StoreRefusesWritesError  refused before trying: the store refuses writes now
+        │   │                            (``reason``, its readiness word; ADR 0165)
         │   └── StoreUnavailableError  cannot reach / open the database
         ├── RunClosedError         the run already ended (another process closed it): no more events
         ├── RunTakenOverError      an end refused: another execution holds the run now (ADR 0072)
@@ -74,6 +76,7 @@ __all__ = [
     "RuntimeFailure",
     "StoreError",
     "StoreReadOnlyError",
+    "StoreRefusesWritesError",
     "StoreUnavailableError",
     "ThoughtgateError",
     "TicketError",
@@ -82,6 +85,7 @@ __all__ = [
     "UnknownRoleError",
     "UsageError",
     "WorkflowFailed",
+    "approval_refused",
     "exception_line",
     "failure_code",
     "failure_detail",
@@ -379,6 +383,28 @@ class NotOurDatabaseError(StoreError):
 
 class StoreReadOnlyError(StoreError):
     """The database cannot be written."""
+
+
+class StoreRefusesWritesError(StoreError):
+    """Something that must be recorded was refused before it was tried, because the store refuses
+    writes now (``reason``: its word, ``EventStore.write_refusal``, as ``GET /readyz`` says it).
+
+    An approval's answer is one (ADR 0165): delivered to the waiting execution, it would be lost
+    with the run's next write, after its answerer was told it was taken. The message names no
+    path and quotes no database: a daemon's caller reads it."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def approval_refused(reason: str) -> str:
+    """What an approval's answerer is told while the store refuses writes (``reason``, its
+    word): the same on every surface that answers one."""
+    return (
+        f"the event store refuses writes ({reason}), so the answer could not be recorded and was "
+        "not given: the approval is still pending; answer it again once the store takes writes"
+    )
 
 
 class StoreUnavailableError(StoreError):

@@ -32,6 +32,8 @@ __all__ = [
     "print_json",
     "resolve_run_id",
     "run_async",
+    "terminal_closed",
+    "terminals",
 ]
 
 
@@ -45,6 +47,29 @@ def _stdout_to_devnull() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def terminals() -> list[int]:
+    """The file descriptors of standard output and error that are a terminal now (asked before
+    it hangs up: a hung-up terminal no longer answers ``isatty``)."""
+    found = []
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # (no file: a test runner's)
+            if stream.isatty():
+                found.append(stream.fileno())
+    return found
+
+
+def terminal_closed(fds: list[int]) -> None:
+    """The terminal hung up (SIGHUP): whatever is still printed to it would fail (``EIO``) while
+    the run's end is recorded or printed, so ``fds`` (:func:`terminals`, asked before) go
+    nowhere from now on. Only those: an output redirected to a file or a pipe still gets the
+    run's panel or ``--json`` document (ADR 0165)."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
 
 
 class _Console(Console):

@@ -11,7 +11,7 @@ code  meaning
       disagreement is left -- an open run skipped, or a field a rebuild does not write)
 5     ``smoke``: the provider answered every request, and a check was not proven (1: a
       request failed, so a check could not be made)
-130   the run was interrupted (Ctrl-C, SIGTERM) and recorded as such
+130   the run was interrupted (Ctrl-C, SIGTERM, SIGHUP) and recorded as such
 ====  ==============================================================================
 """
 

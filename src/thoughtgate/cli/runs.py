@@ -1,15 +1,16 @@
 """``run``, ``resume``, ``status``, ``runs``, ``events`` and ``trace`` (``demo`` is in ``cli.demo``).
 
-``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C or
-SIGTERM while it runs closes the run ``interrupted`` -- its unfinished tasks first -- before the
-command exits (130); ``--json`` still prints the run's document. On a SQLite or PostgreSQL store
-the run is durable (ADR 0013): if the process is killed instead (``kill -9``, a crash, a closed
-laptop lid that never reopens), the run stays open, suspended, and ``resume RUN_ID`` continues it
-from its last completed step.
+``run`` exits with the run's outcome (``cli.exit_codes``): 0 only when it completed. Ctrl-C,
+SIGTERM or SIGHUP (its terminal closed) while it runs closes the run ``interrupted`` -- its
+unfinished tasks first -- before the command exits (130); ``--json`` still prints the run's
+document. On a SQLite or PostgreSQL store the run is durable (ADR 0013): if the process is
+killed instead (``kill -9``, a crash, a closed laptop lid that never reopens), the run stays
+open, suspended, and ``resume RUN_ID`` continues it from its last completed step.
 
 A process started with SIGINT ignored (a script's background job, ``nohup``) keeps ignoring
 Ctrl-C, as POSIX asks: the shell ignores it so that a Ctrl-C at the terminal leaves background
-jobs alone. SIGTERM still interrupts such a run.
+jobs alone. SIGTERM still interrupts such a run. Likewise a process started with SIGHUP ignored
+(``nohup thoughtgate run ...``) runs on when its terminal closes, as ``nohup`` asks (ADR 0165).
 
 Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
 ``thoughtgate --help`` stays quick.
@@ -35,6 +36,8 @@ from thoughtgate.cli.common import (
     one_line_errors,
     print_json,
     run_async,
+    terminal_closed,
+    terminals,
 )
 from thoughtgate.cli.exit_codes import for_run_status
 from thoughtgate.cli.missing_store import missing_store, nothing_there
@@ -85,6 +88,7 @@ __all__ = ["execute_and_follow", "read_prompt", "register", "resume_and_follow"]
 
 INTERRUPTED_BY_USER = "interrupted from the terminal (Ctrl-C)"
 STOPPED_BY_SIGNAL = "thoughtgate run was stopped (SIGTERM)"
+TERMINAL_CLOSED = "thoughtgate run was stopped (SIGHUP: its terminal was closed)"
 
 
 EMPTY_PROMPT = (
@@ -133,22 +137,36 @@ async def _print_live(events: AsyncIterator[Event]) -> None:
 async def _until_done(
     done: Awaitable[Any], stop: Callable[[str], Awaitable[None]]
 ) -> Exception | None:
-    """Wait for ``done`` (shielded). Ctrl-C (a cancel of the calling task) or SIGTERM instead
-    calls ``stop`` with the reason, which must see the run recorded as interrupted; the command
-    then goes on to print the run's view instead of propagating the cancel. Returns the failure
-    ``done`` ended with, if any, for :func:`_ended_or_raise`."""
+    """Wait for ``done`` (shielded). Ctrl-C (a cancel of the calling task), SIGTERM or SIGHUP
+    instead calls ``stop`` with the reason, which must see the run recorded as interrupted; the
+    command then goes on to print the run's view instead of propagating the cancel. Returns the
+    failure ``done`` ended with, if any, for :func:`_ended_or_raise`.
+
+    SIGHUP (the terminal closed) is a stop like SIGTERM, not the kill its default action is: the
+    run's end is recorded now, with its cause, instead of whatever the next process on the store
+    makes of a run left open (ADR 0165). What is still printed to that terminal then goes
+    nowhere (:func:`terminal_closed`). A process started with SIGHUP ignored (``nohup``) keeps
+    ignoring it, as a shell's background job keeps ignoring SIGINT."""
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
     reason = INTERRUPTED_BY_USER
+    ttys = terminals()
 
     def on_signal(why: str) -> None:
         nonlocal reason
         reason = why
+        if why == TERMINAL_CLOSED:
+            terminal_closed(ttys)
         if main is not None:
             main.cancel()
 
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGTERM, on_signal, STOPPED_BY_SIGNAL)
+    handled = {signal.SIGTERM: STOPPED_BY_SIGNAL}
+    hangup = getattr(signal, "SIGHUP", None)  # none on Windows
+    if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
+        handled[hangup] = TERMINAL_CLOSED
+    for signum, why in handled.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal, why)
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
@@ -160,8 +178,9 @@ async def _until_done(
     except Exception as exc:  # recorded on the run (run.failed / run.error); its view says what
         return exc
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum in handled:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
     return None
 
 

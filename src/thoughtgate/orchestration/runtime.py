@@ -69,9 +69,11 @@ from thoughtgate.errors import (
     QuotaExceededError,
     RunNotFoundError,
     RunTakenOverError,
+    StoreRefusesWritesError,
     StoreUnavailableError,
     ThoughtgateError,
     UsageError,
+    approval_refused,
     exception_line,
     failure_detail,
     failure_kind,
@@ -1166,8 +1168,15 @@ class Runtime:
         through any process on the store). Every surface (HTTP, MCP, the web page) answers
         through here, so each refuses the same cases with the same words:
         :class:`ApprovalNotPendingError` when the run ended, the call was already settled, or no
-        approval is pending for it; ``RunNotFoundError`` for an unknown run."""
+        approval is pending for it; ``RunNotFoundError`` for an unknown run;
+        :class:`StoreRefusesWritesError` while the store refuses writes (ADR 0165): recording
+        the answer is the run's next write, which would be refused, stopping the run with the
+        answer lost after its answerer was told it was taken; refused, the approval stays
+        pending and can be answered once the store takes writes again."""
         run = await self.store.get_run(run_id)
+        refusal = self.store.write_refusal()
+        if refusal is not None and run.status in OPEN_RUN_STATUSES:
+            raise StoreRefusesWritesError(approval_refused(refusal), reason=refusal)
         if await self.approvals.answer(run_id, call_id, decision, by=by):
             return
         if run.status not in OPEN_RUN_STATUSES:

@@ -15,7 +15,9 @@ exception                   status  body
                                     ``provider_not_configured``); what to set goes to the log
 other ``UsageError``        400     the message (what was wrong and what is allowed)
 ``ApiError``                given   raised by routes for 404/409/413/422 and friends
-``StoreError``              503     "the event store is unavailable"
+``StoreRefusesWrites..``    503     what was refused and why, code ``store_refuses_writes`` (as a
+                                    run view's while the store refuses writes, ADR 0151/0165)
+other ``StoreError``        503     "the event store is unavailable"
 anything else               500     "internal error" (the traceback goes to the log only)
 ==========================  ======  ==========================================================
 """
@@ -38,6 +40,7 @@ from thoughtgate.errors import (
     QuotaExceededError,
     RunNotFoundError,
     StoreError,
+    StoreRefusesWritesError,
     ThoughtgateError,
     TicketError,
     UsageError,
@@ -45,7 +48,7 @@ from thoughtgate.errors import (
 )
 from thoughtgate.server.responses import JSONResponse
 
-__all__ = ["ApiError", "error_response", "exception_handlers"]
+__all__ = ["STORE_REFUSES_WRITES", "ApiError", "error_response", "exception_handlers"]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -63,6 +66,10 @@ _HTTP_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
+
+
+STORE_REFUSES_WRITES = "store_refuses_writes"
+"""The ``code`` of an answer refused because the store refuses writes (ADR 0151, 0165)."""
 
 
 class ApiError(Exception):
@@ -134,6 +141,9 @@ async def _thoughtgate_error(request: Request, exc: Exception) -> Response:
         return _provider_not_configured(request, exc)
     if isinstance(exc, UsageError):
         return error_response(400, str(exc))
+    if isinstance(exc, StoreRefusesWritesError):  # refused before trying: its words are ours
+        log.warning("refused on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, str(exc), code=STORE_REFUSES_WRITES)
     if isinstance(exc, StoreError):
         log.error("store failure on %s %s: %s", request.method, request.url.path, exc)
         return error_response(503, "the event store is unavailable; try again later")

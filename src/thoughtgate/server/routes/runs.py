@@ -16,13 +16,19 @@ from thoughtgate.access.filter import (
 )
 from thoughtgate.access.keys import Principal
 from thoughtgate.access.roles import Role
-from thoughtgate.errors import ProviderNotConfiguredError, RunNotFoundError, UsageError
+from thoughtgate.errors import (
+    ProviderNotConfiguredError,
+    RunNotFoundError,
+    StoreRefusesWritesError,
+    UsageError,
+    approval_refused,
+)
 from thoughtgate.events.schema import EventType
 from thoughtgate.events.views import HostMetadataView, RunView
 from thoughtgate.host_metadata import host_metadata
 from thoughtgate.orchestration.runtime import RunRequest, TaskSpec
 from thoughtgate.server.api import Endpoint, QueryParam, parse_body, query_int
-from thoughtgate.server.errors import ApiError
+from thoughtgate.server.errors import STORE_REFUSES_WRITES, ApiError
 from thoughtgate.server.models import (
     ApprovalBody,
     ApprovalResult,
@@ -114,7 +120,7 @@ async def get_run(request: Request, principal: Principal | None) -> Response:
             f"run {run.run_id} stopped executing on this daemon: the event store refuses "
             f"writes ({refusal}), so its end could not be recorded and the store's record "
             "of it is out of date; read it again once the store takes writes (GET /readyz)",
-            code="store_refuses_writes",
+            code=STORE_REFUSES_WRITES,
         )
     return JSONResponse(filter_run(run, _principal(principal).role).to_json())
 
@@ -158,7 +164,16 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     run_id = request.path_params["run_id"]
     call_id = request.path_params["call_id"]
     body = await parse_body(request, ApprovalBody)
-    await state_of(request).runtime.answer_approval(run_id, call_id, body.decision, by=who.name)
+    state = state_of(request)
+    # Refused while the store refuses writes, before the answer reaches the waiting execution:
+    # recording it is the run's next write, and a 200 for an answer then lost is a lie (ADR
+    # 0165). The readiness check, not only what the store knows without asking: it also finds a
+    # PostgreSQL server gone or read-only before any write failed (at most a round trip a
+    # second, shared with /readyz). ``answer_approval`` asks the store's own word again.
+    refusal = await state.readiness.refusal()
+    if refusal is not None:
+        raise StoreRefusesWritesError(approval_refused(refusal), reason=refusal)
+    await state.runtime.answer_approval(run_id, call_id, body.decision, by=who.name)
     return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
 
 
@@ -258,9 +273,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         role=Role.MEMBER,
         body=ApprovalBody,
         response=ApprovalResult,
-        errors=(400, 404, 409, 413, 422),
+        errors=(400, 404, 409, 413, 422, 503),
         description="Answers a pending approval wherever the run executes (with durable runs, "
-        "through any replica; the answer waits for a run that is between processes).",
+        "through any replica; the answer waits for a run that is between processes). 503 "
+        "`store_refuses_writes` while the store refuses writes (GET /readyz): the answer is not "
+        "given, as it could not be recorded, and the approval stays pending to be answered again.",
     ),
     Endpoint(
         "POST",

@@ -174,9 +174,21 @@ def _counting(base: type[asyncio.Protocol], count: ConnectionCount) -> type[asyn
 
 
 class EmulatorServer:
-    """Runs an emulator with uvicorn in a background thread on loopback."""
+    """Runs an emulator with uvicorn in a background thread on loopback.
 
-    def __init__(self, emulator: Emulator, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    ``keep_alive_s``: how long an idle keep-alive connection stays open (uvicorn's
+    ``timeout_keep_alive``, 5 s by default, as a real server closes idle ones). A test that
+    counts connections kept alive across runs sets it beyond its own length, so that a slow
+    host's pause between two requests cannot close one (ADR 0165)."""
+
+    def __init__(
+        self,
+        emulator: Emulator,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        keep_alive_s: int = 5,
+    ) -> None:
         self.emulator = emulator
         self.host = host
         # bound here (a port in use is a ListenError now, not uvicorn's exit in the thread);
@@ -191,6 +203,7 @@ class EmulatorServer:
             log_level="warning",
             lifespan="off",
             http=_counting(AutoHTTPProtocol, self.connections),
+            timeout_keep_alive=keep_alive_s,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -226,10 +239,16 @@ class EmulatorServer:
 
 @contextlib.contextmanager
 def serve_emulator(
-    emulator: Emulator | None = None, *, host: str = "127.0.0.1", port: int = 0
+    emulator: Emulator | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    keep_alive_s: int = 5,
 ) -> Iterator[EmulatorServer]:
     """``with serve_emulator(emu) as server: ...`` -- started on entry, stopped on exit."""
-    server = EmulatorServer(emulator or Emulator(), host=host, port=port).start()
+    server = EmulatorServer(
+        emulator or Emulator(), host=host, port=port, keep_alive_s=keep_alive_s
+    ).start()
     try:
         yield server
     finally:

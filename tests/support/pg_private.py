@@ -39,9 +39,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
-from support.pg import schema_name
+from support import tiers
+from support.pg import drop_schema, schema_name
 
 __all__ = [
     "SETTINGS",
@@ -236,7 +236,8 @@ def private_pg() -> Iterator[str]:
     try:
         yield cluster.url
     finally:
-        cluster.stop()
+        with tiers.the_sessions():  # within the last test this process ran, of any tier
+            cluster.stop()
 
 
 @pytest.fixture
@@ -256,7 +257,4 @@ async def private_schema(private_admin: psycopg.AsyncConnection[Any]) -> AsyncIt
     try:
         yield name
     finally:
-        for made in (name, f"{name}_workflows"):
-            await private_admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(made))
-            )
+        await drop_schema(private_admin, name)

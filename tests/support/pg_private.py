@@ -10,7 +10,7 @@ directory (no TCP port to pick, so none to race for); it is stopped (``pg_ctl st
 and removed when the session ends, whatever the tests did.
 
 It is session-scoped and lazy: a process starts it only when it sets up a test that uses it (an
-``initdb`` with ``--no-sync`` and a start, two or three seconds), and each pytest-xdist worker that
+``initdb`` with ``--no-sync`` and a start, about a second), and each pytest-xdist worker that
 does starts its own. One cluster shared by the workers through a file lock would need the last
 user to stop it, which no worker knows; two small clusters in two directories share nothing to
 coordinate. A process killed before its teardown leaves its cluster running: the next

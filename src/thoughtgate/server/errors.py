@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from thoughtgate.errors import (
+    STORE_REFUSES_WRITES,
     AccessDeniedError,
     ApprovalNotPendingError,
     AuthenticationError,
@@ -66,10 +67,6 @@ _HTTP_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
-
-
-STORE_REFUSES_WRITES = "store_refuses_writes"
-"""The ``code`` of an answer refused because the store refuses writes (ADR 0151, 0165)."""
 
 
 class ApiError(Exception):

@@ -49,7 +49,13 @@ from thoughtgate.errors import (
 )
 from thoughtgate.server.responses import JSONResponse
 
-__all__ = ["STORE_REFUSES_WRITES", "ApiError", "error_response", "exception_handlers"]
+__all__ = [
+    "STORE_REFUSES_WRITES",
+    "ApiError",
+    "error_response",
+    "exception_handlers",
+    "unexpected_failure",
+]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -180,7 +186,9 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, message, headers=headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
+async def unexpected_failure(request: Request, exc: Exception) -> Response:
+    """The daemon's ``500`` for a failure nothing else answered (logged with its traceback):
+    ``ServerErrorMiddleware``'s handler, and ``server.cors``'s when origins are listed."""
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error")
 
@@ -190,5 +198,5 @@ def exception_handlers() -> dict[Any, Any]:
         ApiError: _api_error,
         ThoughtgateError: _thoughtgate_error,
         HTTPException: _http_exception,
-        Exception: _unexpected,
+        Exception: unexpected_failure,
     }

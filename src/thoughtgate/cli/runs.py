@@ -12,6 +12,13 @@ Ctrl-C, as POSIX asks: the shell ignores it so that a Ctrl-C at the terminal lea
 jobs alone. SIGTERM still interrupts such a run. Likewise a process started with SIGHUP ignored
 (``nohup thoughtgate run ...``) runs on when its terminal closes, as ``nohup`` asks (ADR 0165).
 
+Before the run is begun -- the config read, the store opened, ``--tools`` loaded, a durable
+engine launched -- SIGTERM and SIGHUP keep their default action: the process is killed (a
+shell reports 143 or 129) and nothing of a run was stored, so there is nothing to end (a SQLite
+or PostgreSQL transaction cut there is rolled back). From the moment the run is created the
+handlers are in place: a stop that lands while it is being recorded closes it ``interrupted``
+if it was stored and shows it (exit 130), or says nothing was stored (exit 130; ADR 0170).
+
 Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
 ``thoughtgate --help`` stays quick.
 """

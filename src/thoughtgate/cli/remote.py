@@ -333,6 +333,8 @@ async def _follow_to_end(
                 # waits for it to take them: follow on from the last event, not give up.
     except asyncio.CancelledError:
         if failed:
+            if this is not None:
+                this.uncancel()  # the cancel was ours, to stop the follow
             raise failed[0] from None
         err_console.print(
             f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}"

@@ -114,6 +114,19 @@ def _serve(port_file: Path, db_url: str) -> None:
     daemon_runner()(run())  # the daemon's own event loop (uvloop where installed)
 
 
+def _started(proc: subprocess.Popen[bytes], port_file: Path) -> dict[str, Any]:
+    """What the bench server ``proc`` wrote to ``port_file`` once listening; an error if it
+    exits or 30 s pass first."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the bench server did not start")
+        time.sleep(0.05)
+    time.sleep(0.05)  # the file is written in one call, but be safe
+    info: dict[str, Any] = json.loads(port_file.read_text())
+    return info
+
+
 @contextlib.contextmanager
 def _server(db_url: str) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,13 +138,7 @@ def _server(db_url: str) -> Iterator[dict[str, str]]:
             cwd=str(REPO),
         )
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists():
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the bench server did not start")
-                time.sleep(0.05)
-            time.sleep(0.05)  # the file is written in one call, but be safe
-            yield json.loads(port_file.read_text())
+            yield _started(proc, port_file)
         finally:
             stop(proc)  # SIGTERM, then SIGKILL: a server left running would load later benches
 
@@ -204,13 +211,17 @@ class _Reader(asyncio.Protocol):
 
     def latencies(self) -> list[float]:
         """(arrival - ts) of every ``message.delta`` frame, parsed from what was read."""
+        return [arrived - ts for ts, arrived in self.deliveries()]
+
+    def deliveries(self) -> list[tuple[float, float]]:
+        """(ts, arrival) of every ``message.delta`` frame, parsed from what was read."""
         stream = b"".join(data for _, data in self.reads)
         ends, total = [], 0
         for _, data in self.reads:
             total += len(data)
             ends.append(total)
         pos = stream.index(b"\r\n\r\n") + 4  # past the response's head
-        out: list[float] = []
+        out: list[tuple[float, float]] = []
         buffer = b""
         while True:
             line_end = stream.index(b"\r\n", pos)
@@ -226,7 +237,7 @@ class _Reader(asyncio.Protocol):
             for block in blocks:
                 at = block.find(b"data: ")
                 if at >= 0 and b'"message.delta"' in block:
-                    out.append(arrived - float(json.loads(block[at + 6 :])["ts"]))
+                    out.append((float(json.loads(block[at + 6 :])["ts"]), arrived))
 
 
 async def _level(base: str, key: str, readers: int, events: int, go_dir: Path) -> list[float]:

@@ -11,12 +11,15 @@ non-streamed responses both go through it, which is what makes their records ide
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any, Literal, TypeAlias, assert_never
+from typing import Any, Final, Literal, TypeAlias, assert_never
 
 __all__ = [
+    "BAD_TOOL_NAME",
     "Chunk",
     "ChunkOrderError",
     "ContinuityBlock",
@@ -43,6 +46,7 @@ __all__ = [
     "UsageChunk",
     "part_from_dict",
     "part_to_dict",
+    "provider_id",
 ]
 
 ReasoningKind: TypeAlias = Literal["raw", "summary", "encrypted"]
@@ -377,6 +381,35 @@ class Turn:
         return Message("assistant", self.parts)
 
 
+_PROVIDER_ID: Final = re.compile(r"[A-Za-z0-9_.:/@+=-]{1,128}")
+"""What a provider-chosen id or name may be, in a recorded turn: a tool call's id and name, a
+response id, the answering model's name, a raw stop reason. Every vendor's ids and names have
+this form (``toolu_01…``, ``call_…``, ``chatcmpl-…``, ``resp_…``, ``claude-sonnet-4-5-20250929``,
+``@cf/meta/llama``, ``end_turn``); without the bound a hostile provider, or a proxy in between,
+could put kilobytes of anything -- the turn's reasoning -- into a field every reader is shown
+(ADR 0168)."""
+
+BAD_TOOL_NAME: Final = "invalid_tool_name"
+"""What a recorded turn calls a tool whose name is no :data:`_PROVIDER_ID`: it is no tool's, so
+the call fails as an unknown tool's, and the model is told so under this name."""
+
+
+def provider_id(value: str | None) -> str | None:
+    """``value`` when it is fit to record as a provider-chosen id or name (at most 128 letters,
+    digits and ``_.:/@+=-``), else ``None``."""
+    return value if value is not None and _PROVIDER_ID.fullmatch(value) else None
+
+
+def _call_id(value: str) -> str:
+    """A tool call's id as recorded: the provider's, or one derived from it when it is no
+    :data:`_PROVIDER_ID`. Derived, not numbered: the same id in every turn, every replay and
+    every process, so a call's card, its result and its resumed step keep one name; the next
+    request sends the recorded id with both the call and its result."""
+    if _PROVIDER_ID.fullmatch(value):
+        return value
+    return "call_tg_" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 class _Slot:
     """Mutable builder for one part while its chunks arrive."""
 
@@ -467,11 +500,12 @@ class TurnAccumulator:
                     if value is not None:
                         self._usage[name] = value
             case ResponseInfoChunk():
-                self._response_id = chunk.response_id or self._response_id
-                self._response_model = chunk.model or self._response_model
+                # bounded and plain, or not kept: a provider chooses them (ADR 0168)
+                self._response_id = provider_id(chunk.response_id) or self._response_id
+                self._response_model = provider_id(chunk.model) or self._response_model
             case FinishChunk():
                 self._finish = chunk.reason
-                self._raw_finish = chunk.raw_reason
+                self._raw_finish = provider_id(chunk.raw_reason) or ""
             case _:
                 assert_never(chunk)
 
@@ -509,9 +543,9 @@ class TurnAccumulator:
             elif slot.tag == "text":
                 parts.append(TextPart("".join(slot.buf)))
             elif slot.tag == "tool":
-                parts.append(
-                    ToolCallPart(key[1], slot.name, arguments_json="".join(slot.buf) or "{}")
-                )
+                name = provider_id(slot.name) or BAD_TOOL_NAME  # every reader sees both
+                arguments = "".join(slot.buf) or "{}"
+                parts.append(ToolCallPart(_call_id(key[1]), name, arguments_json=arguments))
             elif slot.value is not None:
                 # Stamp the producing adapter's identity: carriers only go back to it.
                 parts.append(replace(slot.value, provider=self.provider, model=self.model))

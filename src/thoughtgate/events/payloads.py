@@ -144,7 +144,11 @@ class ToolCallSummary(TypedDict):
     """One tool call a model turn asked for."""
 
     call_id: Annotated[str, Vis.PUBLIC]
+    """The provider's id for the call, at most 128 letters, digits and ``_.:/@+=-``; any other
+    is recorded as ``call_tg_`` and a digest of it (ADR 0168)."""
     name: Annotated[str, Vis.PUBLIC]
+    """The tool the model named, in the same form; any other name is recorded as
+    ``invalid_tool_name`` (no tool's: the call fails as an unknown tool's, ADR 0168)."""
     input: Annotated[dict[str, Any], Vis.TOOL_DETAIL]
     """The model's arguments."""
 
@@ -271,7 +275,8 @@ class ModelCallPayload(TypedDict):
     """The provider's id for the response (``msg_…``, ``chatcmpl-…``, ``resp_…``): it names the
     response in the provider's own logs and storage."""
     response_model: NotRequired[Annotated[str, Vis.PUBLIC]]
-    """The model the provider says answered (often a dated snapshot of the one asked for)."""
+    """The model the provider says answered (often a dated snapshot of the one asked for); absent
+    when the provider named none of at most 128 letters, digits and ``_.:/@+=-`` (ADR 0168)."""
     server: NotRequired[Annotated[str, Vis.PUBLIC]]
     """The server the endpoint rules recognise (``anthropic``, ``deepseek``, ``ollama``, …;
     ``generic`` when unknown)."""
@@ -461,6 +466,8 @@ class AgentResponsePayload(TypedDict):
     complete: Annotated[bool, Vis.PUBLIC]
     finish_reason: Annotated[str | None, Vis.PUBLIC]
     raw_finish_reason: Annotated[str | None, Vis.PUBLIC]
+    """The provider's own stop reason when it is at most 128 letters, digits and ``_.:/@+=-``
+    (``end_turn``, ``tool_calls``), else ``""`` (ADR 0168)."""
     provider: Annotated[str, Vis.PUBLIC]
     model: Annotated[str, Vis.PUBLIC]
     usage: Annotated[TokenUsage, Vis.PUBLIC]
@@ -538,9 +545,10 @@ class ToolCardFields(TypedDict):
     """The fields every ``tool.*`` event carries."""
 
     call_id: Annotated[str, Vis.PUBLIC]
-    """The model's id for the call; every event of one tool card carries it."""
+    """The model's id for the call, as ``agent.response`` records it (bounded, ADR 0168); every
+    event of one tool card carries it."""
     tool_key: Annotated[str, Vis.PUBLIC]
-    """The tool's name."""
+    """The tool's name (``invalid_tool_name`` for a name no tool could have, ADR 0168)."""
     turn: Annotated[int, Vis.PUBLIC]
     label: Annotated[str, Vis.PUBLIC]
     """What a card shows every reader."""

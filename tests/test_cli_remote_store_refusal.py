@@ -57,15 +57,7 @@ def waiting(tmp_path: Path) -> Iterator[tuple[Daemon, Path, Path, str]]:
     directory, away = tmp_path / "store", tmp_path / "away"
     config = Config.from_mapping({"orchestration": {"approval_timeout_s": 120}})
     with running_daemon(sqlite_dir=directory, config=config) as daemon:
-        run_id = daemon.start_run(
-            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
-        )
-
-        async def asked() -> bool:
-            events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
-            return any(e["type"] == "tool.approval_required" for e in events)
-
-        asyncio.run(until(asked, WAIT_S))
+        run_id = daemon.awaiting_approval(WAIT_S)
         try:
             yield daemon, directory, away, run_id
         finally:

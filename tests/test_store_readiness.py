@@ -252,15 +252,7 @@ def test_an_approval_answered_while_the_store_refuses_writes_is_refused_and_stay
     away = tmp_path / "away"
     config = Config.from_mapping({"orchestration": {"approval_timeout_s": 120}})
     with running_daemon(sqlite_dir=directory, config=config) as daemon:
-        run_id = daemon.start_run(
-            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
-        )
-
-        async def asked() -> bool:
-            events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
-            return any(e["type"] == "tool.approval_required" for e in events)
-
-        asyncio.run(until(asked, WAIT_S))
+        run_id = daemon.awaiting_approval(WAIT_S)
         url = f"/v1/runs/{run_id}/approvals/call_danger"
         directory.rename(away)
         try:
@@ -301,15 +293,7 @@ def test_while_the_store_refuses_writes_an_approval_is_checked_in_order_key_run_
     with running_daemon(sqlite_dir=directory, config=config) as daemon:
         ended = daemon.start_run({"prompt": "hi", "model": "fake:echo"})
         assert daemon.wait_done(ended, timeout=WAIT_S)["status"] == "completed"
-        waiting = daemon.start_run(
-            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
-        )
-
-        async def asked() -> bool:
-            events = daemon.get(f"/v1/runs/{waiting}/events", "owner").json()["events"]
-            return any(e["type"] == "tool.approval_required" for e in events)
-
-        asyncio.run(until(asked, WAIT_S))
+        waiting = daemon.awaiting_approval(WAIT_S)
         answer = {"decision": "approve"}
 
         def post(run_id: str, role: str) -> httpx.Response:

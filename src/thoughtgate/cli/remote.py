@@ -291,7 +291,7 @@ async def _follow_to_end(
     """Follow a run on the daemon to its end (printed live unless ``json_out``), answering the
     approvals it asks for; print how it ended and return its status.
 
-    An answer the daemon refuses because its store refuses writes is retried (``_answer``);
+    An answer the daemon refuses because its store refuses writes is sent again (``_Answer``);
     while one is, the live channel, which the daemon lets go for as long as its store refuses
     writes, is followed again from the last event rather than given up on. An answer that could
     not be given at all ends the command with its error: the approval waits on the daemon."""

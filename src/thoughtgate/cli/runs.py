@@ -281,7 +281,7 @@ async def _stopped_in_admission(runtime: Runtime, named: list[str], stopped: lis
         except RunNotFoundError:
             pass
     err_console.print(
-        f"interrupted: {stopped[0]} before its run was recorded; nothing was stored",
+        f"interrupted before the run was recorded ({stopped[0]}): nothing was stored",
         highlight=False,
         markup=False,
         soft_wrap=True,

@@ -45,6 +45,6 @@ async def test_a_replaying_stream_holds_no_event_while_its_chunk_waits(tmp_path:
             alive.append(_alive("run_1"))
         # the first page read on the loop (64 events), then pages of 500 (the last with the end)
         assert sizes == [64, 500, EVENTS + 1 - 564]
-        assert alive == [held] * 3  # before ADR 0171: [65 + held, 501 + held, 138 + held]
+        assert alive == [held] * 3  # before ADR 0171: [64 + held, 500 + held, 137 + held]
     finally:
         await store.close()

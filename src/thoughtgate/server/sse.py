@@ -170,7 +170,6 @@ async def live_frames(
     unwatch = watch_access(st.access_lost) if watch_access is not None else None
     untick = streams.add(st.tick, reader.wake, st.store_refused) if streams is not None else None
     wait = None if untick is not None else ping_s
-    show = st.show
     try:
         while True:
             if st.refused and reader.following:
@@ -188,23 +187,17 @@ async def live_frames(
                 break
             if batch is None:
                 return
-            chunk = []
-            shared = reader.shared
-            for event in batch:
-                data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
-                if data is not None:
-                    chunk.append(data)
-                    st.last_sent = event.seq
-            if not chunk:  # nothing this reader may see: a keep-alive once it has been quiet
+            # Neither the batch nor its frames are held while the chunk is sent, nor while the
+            # stream waits for the next batch (ADR 0171): a replaying reader's page is up to 500
+            # events, each a few objects, and a thousand readers waiting on their sockets
+            # together held them all at once.
+            out = st.frames(batch)
+            del batch
+            if out is None:  # nothing this reader may see: a keep-alive once it has been quiet
                 if ping_s is not None and loop.time() - st.quiet_since >= ping_s:
                     st.quiet_since = loop.time()
                     yield PING
                 continue
-            # Neither the batch nor its frames are held while the chunk is sent (ADR 0171): a
-            # replaying reader's page is up to 500 events, each a few objects, and a thousand
-            # readers waiting on their sockets together held them all at once.
-            out = b"".join(chunk)
-            del batch, chunk, data, event
             if reader.done:  # the response ends with it, in the same write
                 yield LastChunk(out)
                 return
@@ -279,6 +272,19 @@ class _FrameStream:
         """Why the reader's access went (``access_lost``): the stream stops at once."""
         self.refused = False
         """The store refused writes while following (ADR 0151)."""
+
+    def frames(self, batch: Sequence[Event]) -> bytes | None:
+        """The chunk of ``batch``'s frames this reader is sent (``None``: none), its filter's
+        and the feed's cache's; ``last_sent`` moves to the last of them."""
+        chunk = []
+        feeds, role, mode, show = self.feeds, self.role, self.mode, self.show
+        shared = self.reader.shared
+        for event in batch:
+            data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
+            if data is not None:
+                chunk.append(data)
+                self.last_sent = event.seq
+        return b"".join(chunk) if chunk else None
 
     def access_lost(self, message: str) -> None:
         """Stop at once: nothing read after this moment reaches the reader."""

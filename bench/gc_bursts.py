@@ -7,7 +7,10 @@ last event; ``--hold S``: they stay S seconds, reading the run live, before they
 fan-out case: 1,000 readers of a live run); ``--thresholds A,B,C``: the collector's thresholds once the daemon listens;
 ``--freeze-after-burst``: the daemon calls ``gc.freeze()`` once each burst has settled;
 ``--census``: instead of timing the passes, count by type what they had to free, and what is
-alive with all of the first burst's readers connected; ``--json FILE``.
+alive with all of the first burst's readers connected; ``--memory``: after each burst the
+daemon's RSS and pymalloc's arenas, with ``--tracemalloc`` tracemalloc's growth by traceback
+since the first burst, with ``--trim`` RSS after glibc's ``malloc_trim(0)`` (ADR 0171: a
+replaying burst's memory); ``--json FILE``.
 
 Why (ADR 0166): a profile found collector passes of 26-120 ms while ~1,000 connections opened or
 closed together. A pass stops the daemon's one event loop, so every stream stalls for it;

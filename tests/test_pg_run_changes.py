@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from support.pg import PG_URL, pg_admin, pg_schema, schema_name
+from support.pg_private import private_admin, private_pg, private_schema
 from support.pg_replicas import changes_settled
 from support.store_conformance import make_run
 
@@ -35,7 +36,13 @@ from thoughtgate.store.pg_schema import migrate
 from thoughtgate.store.postgres import PostgresStore
 from thoughtgate.store.records import RunRecord
 
-__all__ = ["pg_admin", "pg_schema"]  # fixtures used by this module
+__all__ = [  # fixtures used by this module
+    "pg_admin",
+    "pg_schema",
+    "private_admin",
+    "private_pg",
+    "private_schema",
+]
 
 pytestmark = pytest.mark.postgres
 
@@ -49,8 +56,8 @@ taking its number until the others are done; whether a page-then-follow reader s
 
 
 @contextlib.asynccontextmanager
-async def opened(schema: str) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(PG_URL, schema=schema)
+async def opened(schema: str, url: str = PG_URL) -> AsyncIterator[PostgresStore]:
+    store = await PostgresStore.open(url, schema=schema)
     try:
         yield store
     finally:
@@ -404,21 +411,35 @@ async def test_a_long_hold_behind_another_session_is_warned_once_naming_it_then_
 
 
 # -- other databases' transactions (ADR 0146) ----------------------------------------------------
-@pytest.fixture
-async def other_database(pg_admin: Admin) -> AsyncIterator[str]:
-    """Another database on the same server (another application's), with a table ``t`` to
-    write; its conninfo. Dropped afterwards, whatever is still connected to it."""
+@contextlib.asynccontextmanager
+async def another_database(admin: Admin, server: str) -> AsyncIterator[str]:
+    """Another database on the server at ``server`` (another application's), with a table ``t``
+    to write; its conninfo. Dropped afterwards, whatever is still connected to it."""
     name = schema_name()
-    await pg_admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        url = make_conninfo(PG_URL, dbname=name)
+        url = make_conninfo(server, dbname=name)
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute("CREATE TABLE t (x int)")
         yield url
     finally:
-        await pg_admin.execute(
+        await admin.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+@pytest.fixture
+async def other_database(pg_admin: Admin) -> AsyncIterator[str]:
+    """Another database on the shared test server (``another_database``)."""
+    async with another_database(pg_admin, PG_URL) as url:
+        yield url
+
+
+@pytest.fixture
+async def private_other_database(private_admin: Admin, private_pg: str) -> AsyncIterator[str]:
+    """Another database on this process's private cluster (``support.pg_private``)."""
+    async with another_database(private_admin, private_pg) as url:
+        yield url
 
 
 @contextlib.asynccontextmanager
@@ -525,28 +546,28 @@ async def test_a_transaction_of_this_database_still_holds_beside_another_databas
 
 
 async def test_another_databases_prepared_transaction_holds_no_run_list(
-    pg_admin: Admin, pg_schema: str, other_database: str
+    private_pg: str, private_admin: Admin, private_schema: str, private_other_database: str
 ) -> None:
     """A prepared transaction of another database (two-phase commit, held until someone
-    commits it) holds no run list either."""
-    cur = await pg_admin.execute("SELECT current_setting('max_prepared_transactions')::int")
-    row = await cur.fetchone()
-    if row is None or row[0] == 0:
-        pytest.skip(
-            "NOT TESTED: this server has max_prepared_transactions = 0, so no transaction can be "
-            "prepared; set it above 0 (a restart) to test another database's prepared one"
-        )
-    gid = f"{pg_schema}_prepared"
-    async with await psycopg.AsyncConnection.connect(other_database, autocommit=True) as other:
+    commits it) holds no run list either. On a private cluster (``support.pg_private``): the
+    shared test server has ``max_prepared_transactions = 0``, and restarting it is not ours."""
+    gid = f"{private_schema}_prepared"
+    async with await psycopg.AsyncConnection.connect(
+        private_other_database, autocommit=True
+    ) as other:
         await other.execute("BEGIN")
         await other.execute("INSERT INTO t VALUES (2)")
         xid = int(await _fetch(other, "SELECT pg_current_xact_id()::text::bigint"))
         await other.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         try:
-            async with opened(pg_schema) as writer, opened(pg_schema) as reader:
+            async with (
+                opened(private_schema, private_pg) as writer,
+                opened(private_schema, private_pg) as reader,
+            ):
                 run = make_run()
                 await writer.create_run(run)
-                assert await _plain_horizon_holds(pg_admin, xid)
+                prepared = await _fetch(private_admin, "SELECT count(*) FROM pg_prepared_xacts")
+                assert prepared == 1 and await _plain_horizon_holds(private_admin, xid)
                 await follow_until(Reader(reader, 0), {run.run_id: state(run)})
         finally:
             await other.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))

@@ -165,15 +165,41 @@ def test_a_broken_reasoning_event_is_described_never_quoted(
     assert TAG not in error.message
 
 
-def test_a_json_event_s_errors_say_its_length_and_json_s_reason_not_its_text() -> None:
+@pytest.mark.parametrize(("name", "how"), CASES)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.tuples(st.integers(0, 5000), st.integers(0, 5000)))
+def test_a_broken_reasoning_event_s_public_error_does_not_vary_with_its_size(
+    name: str, how: str, sizes: tuple[int, int]
+) -> None:
+    """Every format, every way of breaking the event that holds the reasoning: the public
+    ``error`` is the same whatever the reasoning's length (ADR 0169); only the detail may
+    measure it."""
+
+    def public(size: int) -> str:
+        events, at = _plant(name, "x" * size + TAG)
+        events[at] = _break(events[at], how, FORMATS[name][3].get(how))
+        return asyncio.run(_error_of(name, events)).described()
+
+    assert public(sizes[0]) == public(sizes[1])
+
+
+def test_a_json_event_s_public_error_says_json_s_reason_not_its_text_nor_its_length() -> None:
+    """The event holds reasoning: where json stopped in it and how long it was measure the
+    reasoning, so they are the developer-only detail, never the public ``error`` (ADR 0169)."""
     secret = '{"thinking": "' + TAG + " goes on"
     with pytest.raises(ProviderError) as info:
         parse_json_event("test", SSEMessage("delta", secret))
-    assert TAG not in str(info.value)
-    assert f"(in {len(secret)} characters)" in str(info.value)
+    error = info.value
+    assert TAG not in str(error)
+    public = "[test] malformed JSON in 'delta' stream event: Unterminated string starting at"
+    assert error.described() == public
+    assert error.detail == f"line 1 column 14 (char 13), in {len(secret)} characters"
     with pytest.raises(ProviderError) as info:
         parse_json_event("test", SSEMessage("delta", json.dumps([TAG])))
-    assert TAG not in str(info.value) and "a list of 1 item" in str(info.value)
+    error = info.value
+    assert TAG not in str(error)
+    assert error.described().endswith("is not a JSON object: it is a list")
+    assert error.detail == "it is a list of 1 item"
 
 
 def test_a_json_event_s_errors_name_its_event_only_when_it_looks_like_a_name() -> None:
@@ -228,3 +254,42 @@ def test_a_viewer_reads_no_reasoning_from_a_run_a_broken_event_ended(mode: str) 
     assert "missing a field or has a wrong type" in read.view, "the viewer still learns why"
     assert TAG not in read.view
     assert TAG not in read.events
+
+
+def _body_cut_in_its_reasoning(size: int) -> bytes:
+    head = b'{"id": "msg_1", "content": [{"type": "thinking", "thinking": "'
+    return head + b"x" * size
+
+
+def _body_cut_in_a_character(size: int) -> bytes:
+    return _body_cut_in_its_reasoning(size) + "\u00e9".encode()[:1]
+
+
+def _body_too_deep(size: int) -> bytes:
+    return _body_cut_in_its_reasoning(size) + b'", "x": ' + b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "body", [_body_cut_in_its_reasoning, _body_cut_in_a_character, _body_too_deep]
+)
+def test_a_non_streamed_answer_s_public_error_does_not_measure_it(
+    body: Callable[[int], bytes],
+) -> None:
+    """A whole answer's body holds every reasoning part of the turn: its length and where a
+    decoder stopped in it are the developer-only detail; the public text is the same whatever
+    the reasoning's size (ADR 0169)."""
+
+    async def error_of(size: int) -> ProviderError:
+        replay = Replay(body(size), content_type="application/json")
+        provider = provider_with(replay.transport)
+        try:
+            with pytest.raises(ProviderError) as info:
+                await provider.request(turn_request("surface"))
+        finally:
+            await provider.aclose()
+        return info.value
+
+    short, long = (asyncio.run(error_of(size)) for size in (7, 4093))
+    assert short.described() == long.described(), long.described()
+    assert "4093" not in long.described()
+    assert short.detail != long.detail and long.detail is not None and "bytes" in long.detail

@@ -38,6 +38,7 @@ __all__ = [
     "KEEPER_PREFIX",
     "PG_SOCKET_URL",
     "PG_URL",
+    "drop_schema",
     "owner_of",
     "pg_admin",
     "pg_schema",
@@ -101,7 +102,12 @@ async def pg_schema(pg_admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[str
     try:
         yield name
     finally:
-        for made in (name, f"{name}_workflows"):
-            await pg_admin.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(made))
-            )
+        await drop_schema(pg_admin, name)
+
+
+async def drop_schema(admin: psycopg.AsyncConnection[Any], name: str) -> None:
+    """Drop the schema ``name`` and DBOS's beside it, if they exist."""
+    for made in (name, f"{name}_workflows"):
+        await admin.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(made))
+        )

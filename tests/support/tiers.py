@@ -12,7 +12,8 @@ A test with no tier, or with two, stops the collection with a message saying whe
 The tier is also checked while the test runs, so that the fast tiers stay honest: a ``unit`` test
 that opens a network socket (even to loopback) or a SQLite database, or any ``unit`` or
 ``inprocess`` test that starts a subprocess or connects to PostgreSQL, fails with what it touched.
-Whatever touches these from another thread counts for the test running at the time.
+Whatever touches these from another thread counts for the test running at the time, except inside
+:func:`the_sessions` (a session-scoped fixture's teardown, run within whichever test came last).
 """
 
 from __future__ import annotations
@@ -199,6 +200,18 @@ def touched(kind: str, detail: object) -> None:
     if tier is None or kind in ALLOWED[tier]:
         return
     _current["touched"].append(f"{kind}: {detail!r}"[:200])
+
+
+@contextlib.contextmanager
+def the_sessions() -> Iterator[None]:
+    """What runs inside is the session's, not the running test's: a session-scoped fixture is torn
+    down within whichever test the process happened to run last, a unit test's perhaps."""
+    tier = _current["tier"]
+    _current["tier"] = None
+    try:
+        yield
+    finally:
+        _current["tier"] = tier
 
 
 def _tier_markers(item: pytest.Item) -> set[str]:

@@ -782,8 +782,10 @@ def _shifted(chunk: Chunk, offset: int) -> Chunk:
 
 
 def _never_started(etype: str, index: int) -> MalformedResponseError:
+    """The block's index is the developer-only detail: it counts the blocks before it, thinking
+    ones included (a reasoning part's ``index`` is ``reasoning``, ADR 0169)."""
     return MalformedResponseError(
-        f"{etype} for block {index}, which never started", provider=PROVIDER
+        f"{etype} for a block that never started", provider=PROVIDER, detail=f"block {index}"
     )
 
 

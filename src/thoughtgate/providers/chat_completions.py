@@ -36,7 +36,7 @@ from thoughtgate.errors import (
     identifier,
 )
 from thoughtgate.providers.base import ToolSpec, TurnRequest
-from thoughtgate.providers.described import shape_of
+from thoughtgate.providers.described import measure_of, shape_of
 from thoughtgate.providers.endpoints import apply_extra
 from thoughtgate.providers.history import tool_results
 from thoughtgate.providers.http import stream_error
@@ -255,7 +255,11 @@ class ChatChunkParser(JSONEventParser):
         return bool(self._calls)
 
     def _malformed(self, what: str, value: Any) -> MalformedResponseError:
-        return MalformedResponseError(f"{what}: it is {shape_of(value)}", provider=self.provider)
+        return MalformedResponseError(
+            f"{what}: it is {shape_of(value)}",
+            provider=self.provider,
+            detail=f"it is {measure_of(value)}",  # a length for developers only (ADR 0169)
+        )
 
     @property
     def finished(self) -> bool:

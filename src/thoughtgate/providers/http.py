@@ -51,7 +51,13 @@ from thoughtgate.errors import (
 )
 from thoughtgate.providers.base import ProviderSettings
 from thoughtgate.providers.clients import ProviderClients, shared_clients
-from thoughtgate.providers.described import is_field_name, shape_of, size_of, without_quoted_bytes
+from thoughtgate.providers.described import (
+    is_field_name,
+    measure_of,
+    shape_of,
+    size_of,
+    without_quoted_bytes,
+)
 from thoughtgate.providers.h11_body import BODY_READS
 from thoughtgate.providers.sse import SSEDecoder, SSEEventTooLarge, SSEMessage
 
@@ -246,6 +252,12 @@ def error_from_body(body: Any) -> tuple[str | None, str]:
     return info.error_type, info.message
 
 
+def _where(exc: json.JSONDecodeError, text: str | bytes) -> str:
+    """Where json stopped in ``text`` and how long ``text`` was: a malformed answer's
+    ``detail``, not its public ``error`` (ADR 0169)."""
+    return f"line {exc.lineno} column {exc.colno} (char {exc.pos}), in {size_of(text)}"
+
+
 def _event_named(event: str) -> str:
     """``'content_block_delta' `` for an error's text: a stream's ``event:`` line is the
     provider's text, named only when it looks like a field name (as :func:`shape_of` names
@@ -271,22 +283,25 @@ def parse_json_event(provider: str, message: SSEMessage) -> dict[str, Any]:
         try:
             value = json.loads(data)
         except json.JSONDecodeError as exc:
+            # json's reason is public; where it stopped and the event's length measure the
+            # reasoning the event may hold: the developer-only detail (ADR 0169)
             raise MalformedResponseError(
-                f"malformed JSON in {_event_named(message.event)}stream event: {exc} "
-                f"(in {size_of(data)})",
+                f"malformed JSON in {_event_named(message.event)}stream event: {exc.msg}",
                 provider=provider,
+                detail=_where(exc, data),
             ) from exc
         except RecursionError as exc:  # orjson refuses past 1024 levels, json past the stack
             raise MalformedResponseError(
-                f"{_event_named(message.event)}stream event is nested too deeply to read "
-                f"(in {size_of(data)})",
+                f"{_event_named(message.event)}stream event is nested too deeply to read",
                 provider=provider,
+                detail=f"in {size_of(data)}",
             ) from exc
     if not isinstance(value, dict):
         raise MalformedResponseError(
             f"{_event_named(message.event)}stream event is not a JSON object: it is "
             f"{shape_of(value)}",
             provider=provider,
+            detail=f"it is {measure_of(value)}",
         )
     return value
 
@@ -611,18 +626,21 @@ class HTTPTransport:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise MalformedResponseError(
-                f"malformed JSON body: {exc} (in {size_of(raw)})", provider=self.provider
+                f"malformed JSON body: {exc.msg}",
+                provider=self.provider,
+                detail=_where(exc, raw),
             ) from exc
         except UnicodeDecodeError as exc:  # cut inside a character, or another encoding
             raise MalformedResponseError(
-                f"response body is not UTF-8 JSON: {exc.reason} at byte {exc.start} "
-                f"(in {size_of(raw)})",
+                f"response body is not UTF-8 JSON: {exc.reason}",
                 provider=self.provider,
+                detail=f"at byte {exc.start}, in {size_of(raw)}",
             ) from exc
         except RecursionError as exc:
             raise MalformedResponseError(
-                f"response body is nested too deeply to read (in {size_of(raw)})",
+                "response body is nested too deeply to read",
                 provider=self.provider,
+                detail=f"in {size_of(raw)}",
             ) from exc
         if not isinstance(value, dict):
             raise MalformedResponseError(

@@ -17,7 +17,7 @@ import socket
 import time
 import types
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from support.daemon import Daemon, running_daemon
@@ -95,15 +95,29 @@ def _open_reader(daemon: Daemon, run_id: str, ticket: str) -> socket.socket:
     return reader
 
 
-def test_readers_that_connect_to_a_live_run_and_leave_leave_no_cycle_behind() -> None:
+@contextlib.contextmanager
+def _quiet_run() -> Iterator[tuple[Daemon, str, str, Callable[[], bool]]]:
+    """A daemon, a live run that says nothing for 30 s, a viewer's ticket to it (one reader has
+    connected and left: first-use caches are no reader's), and whether no stream or connection
+    is open."""
     config = Config.from_mapping({"server": {"keepalive_s": 30}})
     with running_daemon(config=config, shutdown_grace_s=0.1) as daemon:
         state = daemon.app.state.thoughtgate
         connections = daemon.server.server_state.connections
-        run_id = daemon.start_run({"prompt": "slow", "model": "fake:slow"})  # quiet for 30 s
+        run_id = daemon.start_run({"prompt": "slow", "model": "fake:slow"})
         ticket = daemon.ticket(run_id, "viewer")
-        _open_reader(daemon, run_id, ticket).close()  # first-use caches are not garbage
-        _wait_until(lambda: len(state.streams) == 0 and not connections)
+
+        def settled() -> bool:
+            return len(state.streams) == 0 and not connections
+
+        _open_reader(daemon, run_id, ticket).close()
+        _wait_until(settled)
+        yield daemon, run_id, ticket, settled
+
+
+def test_readers_that_connect_to_a_live_run_and_leave_leave_no_cycle_behind() -> None:
+    with _quiet_run() as (daemon, run_id, ticket, settled):
+        state = daemon.app.state.thoughtgate
         with _what_a_pass_would_free() as garbage:
             readers: list[socket.socket] = []
             try:
@@ -112,7 +126,7 @@ def test_readers_that_connect_to_a_live_run_and_leave_leave_no_cycle_behind() ->
             finally:
                 for reader in readers:
                     reader.close()
-            _wait_until(lambda: len(state.streams) == 0 and not connections)
+            _wait_until(settled)
         assert _server_garbage(garbage) == []
 
 
@@ -131,14 +145,8 @@ def test_a_connected_reader_holds_no_closure_of_the_daemons_code() -> None:
     its generation; a thousand readers connecting at once made those passes 33-56 ms long. The
     stream's callbacks (the feed's sink, the ticker's, the access watch's, the response's end)
     are methods of one object each, not closures with a cell per variable (ADR 0171)."""
-    config = Config.from_mapping({"server": {"keepalive_s": 30}})
-    with running_daemon(config=config, shutdown_grace_s=0.1) as daemon:
+    with _quiet_run() as (daemon, run_id, ticket, settled):
         state = daemon.app.state.thoughtgate
-        connections = daemon.server.server_state.connections
-        run_id = daemon.start_run({"prompt": "slow", "model": "fake:slow"})  # quiet for 30 s
-        ticket = daemon.ticket(run_id, "viewer")
-        _open_reader(daemon, run_id, ticket).close()  # first-use caches are not the readers'
-        _wait_until(lambda: len(state.streams) == 0 and not connections)
         gc.collect()
         before = _own(gc.get_objects())
         readers: list[socket.socket] = []
@@ -149,7 +157,7 @@ def test_a_connected_reader_holds_no_closure_of_the_daemons_code() -> None:
         finally:
             for reader in readers:
                 reader.close()
-        _wait_until(lambda: len(state.streams) == 0 and not connections)
+        _wait_until(settled)
     # (A closure or two per run, its feed's, is not a reader's.)
     closures = {n: k for n, k in held.items() if n.startswith("function ") and k >= READERS}
     assert closures == {}  # before ADR 0171: 15 a reader (live_frames' 4, the response's 4, ...)

@@ -418,13 +418,17 @@ def _own_rss_mb() -> float:
 
 def _print(summary: dict[str, Any]) -> None:
     for n, row in enumerate(summary.get("memory", []), 1):
-        print(
+        line = (
             f"burst {n}: RSS {row['rss_mb']:.1f} MB; pymalloc {row.get('pymalloc_arenas', 0):.0f}"
             f" arenas, {row.get('pymalloc_in_blocks', 0):.1f} MB in blocks of"
-            f" {row.get('pymalloc_total', 0):.1f} MB; traced {row.get('traced_mb', 0):.1f} MB;"
-            f" RSS after malloc_trim {row.get('rss_after_trim_mb', 0):.1f} MB"
+            f" {row.get('pymalloc_total', 0):.1f} MB"
         )
-    if summary.get("memory"):
+        if "traced_mb" in row:
+            line += f"; traced {row['traced_mb']:.1f} MB"
+        if "rss_after_trim_mb" in row:
+            line += f"; RSS after malloc_trim {row['rss_after_trim_mb']:.1f} MB"
+        print(line)
+    if summary.get("memory", [{}])[-1].get("growth_since_first"):
         print("tracemalloc growth, last burst against the first:")
         for size, count, frames in summary["memory"][-1].get("growth_since_first", []):
             print(

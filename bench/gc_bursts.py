@@ -418,11 +418,12 @@ def _own_rss_mb() -> float:
 
 def _print(summary: dict[str, Any]) -> None:
     for n, row in enumerate(summary.get("memory", []), 1):
-        line = (
-            f"burst {n}: RSS {row['rss_mb']:.1f} MB; pymalloc {row.get('pymalloc_arenas', 0):.0f}"
-            f" arenas, {row.get('pymalloc_in_blocks', 0):.1f} MB in blocks of"
-            f" {row.get('pymalloc_total', 0):.1f} MB"
-        )
+        line = f"burst {n}: RSS {row['rss_mb']:.1f} MB"
+        if "pymalloc_arenas" in row:  # (not while tracemalloc traces: its hooks hide them)
+            line += (
+                f"; pymalloc {row['pymalloc_arenas']:.0f} arenas,"
+                f" {row['pymalloc_in_blocks']:.1f} MB in blocks of {row['pymalloc_total']:.1f} MB"
+            )
         if "traced_mb" in row:
             line += f"; traced {row['traced_mb']:.1f} MB"
         if "rss_after_trim_mb" in row:

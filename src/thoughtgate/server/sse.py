@@ -225,7 +225,7 @@ class _FrameStream:
     watch (``access_lost``), the ticker (``tick``, ``store_refused``) and the feed (``sink``).
 
     A class with slots, not closures over the generator's locals (ADR 0171): a thousand
-    connected readers each held four closures, their cells and closure tuples (~25 objects
+    connected readers each held four closures, their cells and closure tuples (~23 objects
     that every pass of the cyclic collector walks); this is one object and a bound method per
     callback."""
 

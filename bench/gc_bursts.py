@@ -7,7 +7,10 @@ last event; ``--hold S``: they stay S seconds, reading the run live, before they
 fan-out case: 1,000 readers of a live run); ``--thresholds A,B,C``: the collector's thresholds once the daemon listens;
 ``--freeze-after-burst``: the daemon calls ``gc.freeze()`` once each burst has settled;
 ``--census``: instead of timing the passes, count by type what they had to free, and what is
-alive with all of the first burst's readers connected; ``--json FILE``.
+alive with all of the first burst's readers connected; ``--memory``: after each burst the
+daemon's RSS and pymalloc's arenas, with ``--tracemalloc`` tracemalloc's growth by traceback
+since the first burst, with ``--trim`` RSS after glibc's ``malloc_trim(0)`` (ADR 0171: a
+replaying burst's memory); ``--json FILE``.
 
 Why (ADR 0166): a profile found collector passes of 26-120 ms while ~1,000 connections opened or
 closed together. A pass stops the daemon's one event loop, so every stream stalls for it;
@@ -121,6 +124,8 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
     and, on ``SIGUSR2``, count the live objects outside the start-up freeze by type (``peak``);
     ``freeze``: on ``SIGUSR2`` (after each burst), ``gc.freeze()``."""
     census = mode == "census"
+    trace, trim = mode.startswith("memory") and "trace" in mode, "trim" in mode
+    mode = "memory" if mode.startswith("memory") else mode
     import logging
 
     from thoughtgate.access.keys import create_key
@@ -150,9 +155,43 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
             gc.garbage.clear()
         write_json(out_dir / "server.json", data)
 
+    memory_rows: list[dict[str, Any]] = []
+    snapshots: list[Any] = []
+
+    def memory() -> None:
+        """After a burst (``--memory``): RSS; pymalloc's arenas (``sys._debugmallocstats``);
+        with ``--tracemalloc``, what tracemalloc holds and its growth by traceback since the
+        first burst; then RSS after glibc's ``malloc_trim(0)`` (what the allocator kept free)."""
+        import ctypes
+        import tracemalloc
+
+        gc.collect()
+        row: dict[str, Any] = {"rss_mb": _own_rss_mb(), **_pymalloc()}
+        if tracemalloc.is_tracing():
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
+            row["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
+            if not snapshots:
+                snapshots.append(snapshot)
+            else:
+                stats = snapshot.compare_to(snapshots[0], "traceback")
+                row["growth_since_first"] = [
+                    (s.size_diff, s.count_diff, s.traceback.format()[-6:]) for s in stats[:12]
+                ]
+        if trim:
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            row["rss_after_trim_mb"] = _own_rss_mb()
+        memory_rows.append(row)
+        write_json(out_dir / "memory.json", memory_rows)
+
     def peak() -> None:
         if mode == "freeze":
             gc.freeze()
+            return
+        if mode == "memory":
+            memory()
             return
         objects = gc.get_objects()
         counts = Counter(_kind(o) for o in objects)
@@ -169,6 +208,11 @@ def _serve(port_file: Path, db_url: str, out_dir: Path, thresholds: str, mode: s
         app = create_app(Runtime(store, config), config)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, peak)
+
+        if trace:
+            import tracemalloc
+
+            tracemalloc.start(12)
 
         def ready(host: str, port: int) -> None:
             if thresholds != "-":
@@ -283,8 +327,10 @@ async def _session(
             base, key, run_id, readers, after, hold, pid if mode == "census" and n == 0 else None
         )
         await asyncio.sleep(SETTLE_S)
-        if mode == "freeze":
+        if mode == "freeze" or mode.startswith("memory"):
             os.kill(pid, signal.SIGUSR2)
+            if mode.startswith("memory"):  # the figures (a snapshot walks every traced block)
+                await asyncio.sleep(3.0 if "trace" in mode else 0.5)
         windows.append((start, time.time()))
         rss.append(rss_mb(pid))
         await asyncio.sleep(QUIET_S)
@@ -328,13 +374,68 @@ def _summary(session: dict[str, Any], server: dict[str, Any], readers: int) -> d
     }
     if "peak" in server:
         out["peak"] = server["peak"]
+    if "memory" in server:
+        out["memory"] = server["memory"]
     if "garbage" in server:
         out["garbage"] = server["garbage"]
         out["garbage_types"] = server["garbage_types"]
     return out
 
 
+def _pymalloc() -> dict[str, float]:
+    """pymalloc's arenas now (``sys._debugmallocstats``, which writes to the C stderr): how many
+    are allocated, and the bytes in use in their blocks against the bytes they take."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+    found = {
+        name: re.search(pattern, text)
+        for name, pattern in (
+            ("arenas", r"# arenas allocated current\s*=\s*([\d,]+)"),
+            ("in_blocks", r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
+            ("total", r"Total\s*=\s*([\d,]+)"),
+        )
+    }
+    return {
+        f"pymalloc_{name}": int(m.group(1).replace(",", "")) / (1 if name == "arenas" else 1e6)
+        for name, m in found.items()
+        if m is not None
+    }
+
+
+def _own_rss_mb() -> float:
+    """This process's resident set (Linux ``/proc/self/statm``), in MB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 def _print(summary: dict[str, Any]) -> None:
+    for n, row in enumerate(summary.get("memory", []), 1):
+        line = f"burst {n}: RSS {row['rss_mb']:.1f} MB"
+        if "pymalloc_arenas" in row:  # (not while tracemalloc traces: its hooks hide them)
+            line += (
+                f"; pymalloc {row['pymalloc_arenas']:.0f} arenas,"
+                f" {row['pymalloc_in_blocks']:.1f} MB in blocks of {row['pymalloc_total']:.1f} MB"
+            )
+        if "traced_mb" in row:
+            line += f"; traced {row['traced_mb']:.1f} MB"
+        if "rss_after_trim_mb" in row:
+            line += f"; RSS after malloc_trim {row['rss_after_trim_mb']:.1f} MB"
+        print(line)
+    if summary.get("memory", [{}])[-1].get("growth_since_first"):
+        print("tracemalloc growth, last burst against the first:")
+        for size, count, frames in summary["memory"][-1].get("growth_since_first", []):
+            print(
+                f"  {size / 1e3:+10.1f} kB {count:+7d} blocks  "
+                + " | ".join(f.strip() for f in frames[-4:])
+            )
     if "peak" in summary:
         print(
             f"live objects outside the freeze, all readers connected: {summary['peak']['objects']}"
@@ -389,6 +490,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--freeze-after-burst", action="store_true", help="the daemon calls gc.freeze() after each"
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="after each burst: RSS and pymalloc's arenas (the daemon's own figures)",
+    )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="with --memory: tracemalloc's growth by traceback since the first burst",
+    )
+    parser.add_argument(
+        "--trim", action="store_true", help="with --memory: then malloc_trim(0), and RSS again"
+    )
     parser.add_argument("--json", type=Path, help="write the summary here too")
     parser.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else argv)
@@ -396,7 +510,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         port_file, db_url, out_dir, thresholds, mode = args.serve
         _serve(Path(port_file), db_url, Path(out_dir), thresholds, mode)
         return {}
-    mode = "census" if args.census else "freeze" if args.freeze_after_burst else "time"
+    mode = (
+        "census"
+        if args.census
+        else "freeze"
+        if args.freeze_after_burst
+        else "memory" + ("-trace" if args.tracemalloc else "") + ("-trim" if args.trim else "")
+        if args.memory
+        else "time"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
         db_url = f"sqlite:///{out_dir / 'bursts.db'}"
@@ -423,6 +545,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise TimeoutError("the bench server wrote no figures")
                 time.sleep(0.05)
             server = json.loads(target.read_text())
+            if (out_dir / "memory.json").exists():
+                server["memory"] = json.loads((out_dir / "memory.json").read_text())
             if (out_dir / "peak.json").exists():
                 server["peak"] = json.loads((out_dir / "peak.json").read_text())
     summary = _summary(session, server, args.readers)

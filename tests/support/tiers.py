@@ -61,6 +61,7 @@ TIER_OF: dict[str, str] = {
     "test_install_extras.py::test_the_core_modules_import_none_of_the_extras": "external",
     "test_layers.py": "unit",
     "test_live_direct.py": "unit",
+    "test_live_replay_memory.py": "inprocess",
     "test_loop.py": "unit",
     "test_mcp.py": "unit",
     "test_mcp.py::test_stdio_end_to_end_role_by_mode": "external",

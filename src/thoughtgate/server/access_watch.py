@@ -41,6 +41,20 @@ class _Watcher:
     on_lost: OnAccessLost
 
 
+class _Unwatch:
+    """What ``AccessWatch.watch`` returns: called, it stops watching its stream. One object with
+    slots, not a closure with a cell per variable: each open stream holds one (ADR 0171)."""
+
+    __slots__ = ("token", "watchers")
+
+    def __init__(self, watchers: dict[int, _Watcher], token: int) -> None:
+        self.watchers = watchers
+        self.token = token
+
+    def __call__(self) -> None:
+        self.watchers.pop(self.token, None)
+
+
 class AccessWatch:
     """One per daemon process: ``watch(key_id, role, on_lost)`` for each open live stream."""
 
@@ -64,11 +78,7 @@ class AccessWatch:
         self._watchers[token] = _Watcher(key_id, role, on_lost)
         if not self._closed and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._run(), name="access watch")
-
-        def unwatch() -> None:
-            self._watchers.pop(token, None)
-
-        return unwatch
+        return _Unwatch(self._watchers, token)
 
     async def check(self) -> None:
         """One pass: read the keys once and end every stream whose key no longer backs it."""

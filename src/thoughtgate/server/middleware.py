@@ -61,16 +61,27 @@ class OverheadHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start = time.perf_counter()
+        await self.app(scope, receive, _TimedSend(scope, send, time.perf_counter()))
 
-        async def timed_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and _timed_for(scope):
-                elapsed = f"{(time.perf_counter() - start) * 1000:.3f}".encode("ascii")
-                headers = [*message.get("headers", ()), (_OVERHEAD_KEY, elapsed)]
-                message = {**message, "headers": headers}
-            await send(message)
 
-        await self.app(scope, receive, timed_send)
+class _TimedSend:
+    """``OverheadHeaderMiddleware``'s ``send``: the response's head gets the time since the
+    request came in. One object with slots, not a closure: a live stream holds its request's
+    ``send`` for as long as it is open (ADR 0171)."""
+
+    __slots__ = ("scope", "send", "start")
+
+    def __init__(self, scope: Scope, send: Send, start: float) -> None:
+        self.scope = scope
+        self.send = send
+        self.start = start
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and _timed_for(self.scope):
+            elapsed = f"{(time.perf_counter() - self.start) * 1000:.3f}".encode("ascii")
+            headers = [*message.get("headers", ()), (_OVERHEAD_KEY, elapsed)]
+            message = {**message, "headers": headers}
+        await self.send(message)
 
 
 def _timed_for(scope: Scope) -> bool:

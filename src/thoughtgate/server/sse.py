@@ -54,7 +54,7 @@ from thoughtgate.access.filter import event_filter, reads_apart
 from thoughtgate.access.roles import Role
 from thoughtgate.events.schema import Event, is_run_terminal
 from thoughtgate.server.access_watch import OnAccessLost
-from thoughtgate.server.fanout import FirstPage, RunFeeds
+from thoughtgate.server.fanout import FirstPage, LiveReader, RunFeeds
 from thoughtgate.store import codec
 from thoughtgate.store.base import EventStore
 
@@ -154,65 +154,26 @@ async def live_frames(
     waits are written by the feed at once, through the same filter, instead of yielded.
     ``first_page``: ``feeds.first_page(run_id, after)`` read already."""
     feeds = feeds if feeds is not None else RunFeeds(store)
-    show = event_filter(role, mode=mode)  # this reader's filter, resolved once
     # What the filter will withhold whole from this reader is not read at all (ADR 0160).
     apart = reads_apart(role, mode=mode)
     reader = feeds.reader(run_id, after=after, follow=follow, first_page=first_page, apart=apart)
     loop = asyncio.get_running_loop()
-    last_sent = after
-    lost: list[str] = []
-    refused: list[bool] = []
+    # This reader's filter resolved once; the callbacks below are its methods (ADR 0171).
+    st = _FrameStream(feeds, reader, role, mode, event_filter(role, mode=mode), follow, ping_s)
+    st.last_sent = after
+    st.quiet_since = loop.time()
     if follow and streams is not None and streams.refusing() is not None:
-        refused.append(True)  # what is stored, then the resume frame
-    quiet_since = loop.time()
-
-    def access_lost(message: str) -> None:
-        """Stop at once: nothing read after this moment reaches the reader."""
-        if not lost:
-            lost.append(message)
-            reader.wake()
-
-    def tick(now: float) -> None:
-        if ping_s is not None and now - quiet_since >= ping_s:
-            reader.wake()
-
-    def store_refused() -> None:
-        """The store refuses writes: nothing more of the run can be recorded while it does, so
-        a follower is let go with the resume frame rather than held (ADR 0151)."""
-        if follow and not refused:
-            refused.append(True)
-            reader.wake()
-
-    def sink(events: Sequence[Event]) -> bool:
-        """The feed's events while this stream waits: filtered, encoded, written in one write;
-        with the run's terminal event, the response's end goes in that write too."""
-        nonlocal last_sent, quiet_since
-        if direct is None or lost:
-            return False
-        ends = any(is_run_terminal(e.type) for e in events)
-        write = direct.end if ends else direct.write
-        if write is None:
-            return False  # next() yields them (a terminal event in a LastChunk)
-        # the same batch for every reader of the feed: encoded once per role and mode
-        shown = feeds.chunk(events, role, mode, event_frame, cache=reader.shared, show=show)
-        if shown is not None:
-            if not write(shown[0]):
-                return False
-            last_sent = shown[1]
-            quiet_since = loop.time()
-        elif ends:  # nothing of them for this reader: the stream ends the response itself
-            return False
-        return True
-
+        st.refused = True  # what is stored, then the resume frame
     if direct is not None:
-        reader.sink = sink
-    unwatch = watch_access(access_lost) if watch_access is not None else None
-    untick = streams.add(tick, reader.wake, store_refused) if streams is not None else None
+        st.direct = direct
+        reader.sink = st.sink
+    unwatch = watch_access(st.access_lost) if watch_access is not None else None
+    untick = streams.add(st.tick, reader.wake, st.store_refused) if streams is not None else None
     wait = None if untick is not None else ping_s
     try:
         while True:
-            if refused and reader.following:
-                yield _note(_FAILED, resume_after=last_sent)
+            if st.refused and reader.following:
+                yield _note(_FAILED, resume_after=st.last_sent)
                 return
             try:
                 batch = await reader.next(wait)
@@ -220,36 +181,36 @@ async def live_frames(
                 raise
             except Exception:  # reported to the reader, who may resume
                 log.exception("live stream of run %s failed", run_id)
-                yield _note(_FAILED, resume_after=last_sent)
+                yield _note(_FAILED, resume_after=st.last_sent)
                 return
-            if lost:
+            if st.lost is not None:
                 break
             if batch is None:
                 return
-            chunk = []
-            shared = reader.shared
-            for event in batch:
-                data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
-                if data is not None:
-                    chunk.append(data)
-                    last_sent = event.seq
-            if not chunk:  # nothing this reader may see: a keep-alive once it has been quiet
-                if ping_s is not None and loop.time() - quiet_since >= ping_s:
-                    quiet_since = loop.time()
+            # Neither the batch nor its frames are held while the chunk is sent, nor while the
+            # stream waits for the next batch (ADR 0171): a replaying reader's page is up to 500
+            # events, each a few objects, and a thousand readers waiting on their sockets
+            # together held them all at once.
+            out = st.frames(batch)
+            del batch
+            if out is None:  # nothing this reader may see: a keep-alive once it has been quiet
+                if ping_s is not None and loop.time() - st.quiet_since >= ping_s:
+                    st.quiet_since = loop.time()
                     yield PING
                 continue
             if reader.done:  # the response ends with it, in the same write
-                yield LastChunk(b"".join(chunk))
+                yield LastChunk(out)
                 return
             started = loop.time()
-            yield b"".join(chunk)
-            quiet_since = loop.time()
-            if lost:
+            yield out
+            del out
+            st.quiet_since = loop.time()
+            if st.lost is not None:
                 break
             if loop.time() - started >= lag_timeout_s and reader.behind >= queue_size:
-                yield _note(_LAGGING, resume_after=last_sent)
+                yield _note(_LAGGING, resume_after=st.last_sent)
                 return
-        yield _note(_REVOKED, message=lost[0])
+        yield _note(_REVOKED, message=st.lost)
     finally:
         reader.sink = None
         if unwatch is not None:
@@ -259,8 +220,128 @@ async def live_frames(
         reader.close()
 
 
+class _FrameStream:
+    """One ``live_frames`` stream's state and the callbacks others call into it: the access
+    watch (``access_lost``), the ticker (``tick``, ``store_refused``) and the feed (``sink``).
+
+    A class with slots, not closures over the generator's locals (ADR 0171): a thousand
+    connected readers each held four closures, their cells and closure tuples (~23 objects
+    that every pass of the cyclic collector walks); this is one object and a bound method per
+    callback."""
+
+    __slots__ = (
+        "direct",
+        "feeds",
+        "follow",
+        "last_sent",
+        "loop",
+        "lost",
+        "mode",
+        "ping_s",
+        "quiet_since",
+        "reader",
+        "refused",
+        "role",
+        "show",
+    )
+
+    def __init__(
+        self,
+        feeds: RunFeeds,
+        reader: LiveReader,
+        role: Role,
+        mode: str,
+        show: Callable[[Event], Event | None],
+        follow: bool,
+        ping_s: float | None,
+    ) -> None:
+        self.feeds = feeds
+        self.reader = reader
+        self.role = role
+        self.mode = mode
+        self.show = show
+        self.follow = follow
+        self.ping_s = ping_s
+        self.loop = asyncio.get_running_loop()
+        self.direct: DirectWrites | None = None
+        self.last_sent = 0
+        """The ``seq`` of the last event sent to the reader (by the stream or its ``sink``)."""
+        self.quiet_since = 0.0
+        """Loop time of the last chunk sent (keep-alives count from it)."""
+        self.lost: str | None = None
+        """Why the reader's access went (``access_lost``): the stream stops at once."""
+        self.refused = False
+        """The store refused writes while following (ADR 0151)."""
+
+    def frames(self, batch: Sequence[Event]) -> bytes | None:
+        """The chunk of ``batch``'s frames this reader is sent (``None``: none), its filter's
+        and the feed's cache's; ``last_sent`` moves to the last of them."""
+        chunk = []
+        feeds, role, mode, show = self.feeds, self.role, self.mode, self.show
+        shared = self.reader.shared
+        for event in batch:
+            data = feeds.frame(event, role, mode, event_frame, cache=shared, show=show)
+            if data is not None:
+                chunk.append(data)
+                self.last_sent = event.seq
+        return b"".join(chunk) if chunk else None
+
+    def access_lost(self, message: str) -> None:
+        """Stop at once: nothing read after this moment reaches the reader."""
+        if self.lost is None:
+            self.lost = message
+            self.reader.wake()
+
+    def tick(self, now: float) -> None:
+        if self.ping_s is not None and now - self.quiet_since >= self.ping_s:
+            self.reader.wake()
+
+    def store_refused(self) -> None:
+        """The store refuses writes: nothing more of the run can be recorded while it does, so
+        a follower is let go with the resume frame rather than held (ADR 0151)."""
+        if self.follow and not self.refused:
+            self.refused = True
+            self.reader.wake()
+
+    def sink(self, events: Sequence[Event]) -> bool:
+        """The feed's events while this stream waits: filtered, encoded, written in one write;
+        with the run's terminal event, the response's end goes in that write too."""
+        direct = self.direct
+        if direct is None or self.lost is not None:
+            return False
+        ends = any(is_run_terminal(e.type) for e in events)
+        write = direct.end if ends else direct.write
+        if write is None:
+            return False  # next() yields them (a terminal event in a LastChunk)
+        # the same batch for every reader of the feed: encoded once per role and mode
+        shown = self.feeds.chunk(
+            events, self.role, self.mode, event_frame, cache=self.reader.shared, show=self.show
+        )
+        if shown is not None:
+            if not write(shown[0]):
+                return False
+            self.last_sent = shown[1]
+            self.quiet_since = self.loop.time()
+        elif ends:  # nothing of them for this reader: the stream ends the response itself
+            return False
+        return True
+
+
 _Stream = tuple[Callable[[float], None], Callable[[], None], Callable[[], None] | None]
 """An open stream's ``tick``, ``stop`` and ``refused`` (``LiveStreams.add``)."""
+
+
+class _Forget:
+    """What ``LiveStreams.add`` returns: called, it takes its stream off the ticker. Its own key
+    there, and one object with a slot rather than a closure over a token (ADR 0171)."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self, streams: dict[object, _Stream]) -> None:
+        self.streams = streams
+
+    def __call__(self) -> None:
+        self.streams.pop(self, None)
 
 
 class LiveStreams:
@@ -294,17 +375,13 @@ class LiveStreams:
     ) -> Callable[[], None]:
         """Call ``tick(loop time)`` every ``tick_s``, ``refused()`` at each tick while the store
         refuses writes, and ``stop()`` on shutdown, until the returned function is called."""
-        token = object()
-        self._streams[token] = (tick, stop, refused)
+        forget = _Forget(self._streams)
+        self._streams[forget] = (tick, stop, refused)
         if self._ticker is None or self._ticker.done():
             self.loop = asyncio.get_running_loop()
             self._ticker = self.loop.create_task(self._tick_forever())
         if self.stopping:
             stop()
-
-        def forget() -> None:
-            self._streams.pop(token, None)
-
         return forget
 
     async def _tick_forever(self) -> None:
@@ -379,30 +456,49 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
     if transport is None or flow is None or getattr(cycle, "chunked_encoding", None) is not True:
         return
 
+    writes = _SocketWrites(server_send, cycle, flow, direct)
+    direct.write = writes.write
+    direct.end = writes.end
+
+
+class _SocketWrites:
+    """``DirectWrites``' writers for one uvicorn httptools connection (``_socket_writers``):
+    one object with slots, not three closures and their cells (ADR 0171)."""
+
+    __slots__ = ("cycle", "direct", "flow", "server_send")
+
+    def __init__(self, server_send: Any, cycle: Any, flow: Any, direct: DirectWrites) -> None:
+        self.server_send = server_send
+        self.cycle = cycle
+        self.flow = flow
+        self.direct = direct
+
     # ``cycle.transport`` at each write: the response's head may still be held (with the first
     # chunk of the step that started the response, ``connections._HeldHead``), then the socket's.
-    def writable() -> bool:
+    def writable(self) -> bool:
+        cycle = self.cycle
         return not (
             cycle.disconnected
             or cycle.response_complete
-            or flow.write_paused
+            or self.flow.write_paused
             or cycle.transport.get_write_buffer_size() > _DIRECT_MAX_BUFFERED
         )
 
-    def write(chunk: bytes) -> bool:
-        if not writable():
+    def write(self, chunk: bytes) -> bool:
+        if not self.writable():
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self.cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
-    def end(chunk: bytes) -> bool:
-        if not writable():
+    def end(self, chunk: bytes) -> bool:
+        if not self.writable():
             return False
         # uvicorn's own send: with the socket not paused (checked above) it awaits nothing,
         # so one step runs it whole -- the chunk and the body's end in one write, the response
         # complete, the connection ready for its next request -- in the feed's step, not after
         # a turn of the event loop to wake the stream's task.
-        step = server_send({"type": "http.response.body", "body": chunk, "more_body": False})
+        step = self.server_send({"type": "http.response.body", "body": chunk, "more_body": False})
+        direct = self.direct
         try:
             step.send(None)
         except StopIteration:
@@ -416,9 +512,6 @@ def _socket_writers(server_send: Any, direct: DirectWrites) -> None:
         # It awaited: its only await (a paused socket's drain) comes before it writes anything.
         step.close()
         return False
-
-    direct.write = write
-    direct.end = end
 
 
 def _abort(scope: Scope) -> None:
@@ -468,60 +561,35 @@ class LiveResponse(Response):
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        ended: list[str] = []
-        active = True
-        sending_since: float | None = None
-
-        def end(why: str) -> None:
-            # (After the feed ended the response, its completion reads as a disconnect: this
-            # task ends on its own, its reader done.)
-            if active and not ended and not (self.direct is not None and self.direct.ended):
-                ended.append(why)
-                if self.direct is not None:
-                    self.direct.stop()
-                task.cancel()
-
-        def tick(now: float) -> None:
-            if sending_since is not None and now - sending_since >= self.send_timeout_s:
-                end("send timed out")  # the client stopped reading
-
-        async def watch() -> None:  # the client going away ends the stream
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            end("disconnected")
-
-        forget = (
-            self.streams.add(tick, lambda: end("server stopping"))
-            if self.streams is not None
-            else None
-        )
-        watcher = loop.create_task(watch())
+        ends = _Ending(task, self.direct, self.send_timeout_s)
+        forget = self.streams.add(ends.tick, ends.stopping) if self.streams is not None else None
+        watcher = loop.create_task(ends.watch(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            if self.direct is not None and not ended:
+            if self.direct is not None and ends.why is None:
                 _socket_writers(scope.get(SERVER_SEND), self.direct)
             more = True
             async for chunk in self.chunks:
                 more = type(chunk) is not LastChunk
-                sending_since = loop.time()
+                ends.sending_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": more})
-                sending_since = None
+                ends.sending_since = None
                 if not more:
                     break
             if more and not (self.direct is not None and self.direct.ended):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not ended or task.uncancel() > 0:
+            if ends.why is None or task.uncancel() > 0:
                 raise  # not ours: the server is cancelling this request
-            if ended[0] == "server stopping":  # end the response properly
+            if ends.why == "server stopping":  # end the response properly
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # disconnected: nobody to tell; send timed out: a write would block again, so the
             # connection is dropped with what waits to be sent (a close would wait for the
             # client to read it first, for ever: ADR 0147)
-            if ended[0] == "send timed out":
+            if ends.why == "send timed out":
                 _abort(scope)
         finally:
-            active = False
+            ends.active = False
             if self.direct is not None:
                 self.direct.stop()
             if forget is not None:
@@ -531,3 +599,48 @@ class LiveResponse(Response):
             if close is not None:
                 with contextlib.suppress(Exception):
                     await close()
+
+
+class _Ending:
+    """What ends one :class:`LiveResponse`: the client going away (``watch``), a write blocked
+    for ``send_timeout_s`` (``tick``), the server stopping (``stopping``). Each cancels the
+    response's task once, with ``why`` set, while it is ``active``.
+
+    One object with slots, not closures over ``__call__``'s locals (ADR 0171): a thousand
+    connected readers each held four closures, their cells and closure tuples."""
+
+    __slots__ = ("active", "direct", "send_timeout_s", "sending_since", "task", "why")
+
+    def __init__(
+        self, task: asyncio.Task[Any], direct: DirectWrites | None, send_timeout_s: float
+    ) -> None:
+        self.task = task
+        self.direct = direct
+        self.send_timeout_s = send_timeout_s
+        self.active = True
+        self.why: str | None = None
+        self.sending_since: float | None = None
+        """Loop time the awaited write in progress began (``None``: none is)."""
+
+    def end(self, why: str) -> None:
+        # (After the feed ended the response, its completion reads as a disconnect: this
+        # task ends on its own, its reader done.)
+        direct = self.direct
+        if self.active and self.why is None and not (direct is not None and direct.ended):
+            self.why = why
+            if direct is not None:
+                direct.stop()
+            self.task.cancel()
+
+    def tick(self, now: float) -> None:
+        if self.sending_since is not None and now - self.sending_since >= self.send_timeout_s:
+            self.end("send timed out")  # the client stopped reading
+
+    def stopping(self) -> None:
+        self.end("server stopping")
+
+    async def watch(self, receive: Receive) -> None:
+        """The client going away ends the stream."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.end("disconnected")

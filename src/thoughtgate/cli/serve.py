@@ -151,8 +151,10 @@ def register(app: typer.Typer) -> None:
             engine = None
             try:
                 # An address other than loopback without server.allowed_hosts: refused before
-                # the store is opened or a key made (ADR 0164)
-                check_exposure(sockets, ctx.config.server.allowed_hosts, source=ctx.config.source)
+                # the store is opened or a key made (ADR 0164). With no file and no variable
+                # the source is "defaults", which names no place to look: the key says it all.
+                source = "" if ctx.config.source == "defaults" else ctx.config.source
+                check_exposure(sockets, ctx.config.server.allowed_hosts, source=source)
                 configure_logging(log_level.lower())
                 registry = daemon_tools(tools, words=log_level.lower() == "debug")
                 store = await ctx.store()

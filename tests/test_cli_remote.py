@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -103,6 +104,12 @@ def test_run_prints_the_run_live_and_exits_with_its_outcome(daemon: Daemon) -> N
     assert done.returncode == 0, done.stderr
     assert "Echo: hello there" in done.stdout
     assert f"on {daemon.base_url} (as member)" in done.stderr
+    # on a narrow terminal too, the line naming the run and the daemon is one line to copy
+    auth = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["member"]}
+    narrow = _tg("run", "hello", "--model", "fake:echo", **auth, COLUMNS="60")
+    assert narrow.returncode == 0, narrow.stderr
+    said = rf"^run run_\w+ on {re.escape(daemon.base_url)} \(as member\)$"
+    assert re.search(said, narrow.stderr, re.M), narrow.stderr
 
 
 def test_approvals_are_answered_from_the_terminal_side(daemon: Daemon) -> None:

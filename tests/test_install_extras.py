@@ -89,9 +89,11 @@ def test_thoughtgate_mcp_without_the_extra_says_how_to_get_it(
     for name in [m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types")]:
         monkeypatch.delitem(sys.modules, name)  # an imported submodule would still import
     monkeypatch.setitem(sys.modules, "mcp", None)
-    result = CliRunner().invoke(app, ["mcp", "--db", "memory://"])
+    result = CliRunner().invoke(app, ["mcp", "--db", "memory://"], env={"COLUMNS": "60"})
     assert result.exit_code == 2
-    assert "pip install 'thoughtgate[mcp]'" in " ".join(result.output.split())
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr  # one error line, as every other, however narrow
+    assert lines[0].startswith("error: ") and "pip install 'thoughtgate[mcp]'" in lines[0]
 
 
 def test_a_durable_run_on_the_core_install_needs_no_postgres_extra(tmp_path: Path) -> None:

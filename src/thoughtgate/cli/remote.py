@@ -252,7 +252,9 @@ async def remote_run(
             run_id = await tg.start_run(text, model, chain_of_thought, tools or None, system=system)
         if not json_out:
             err_console.print(
-                f"run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+                f"run {run_id} on {public_url(remote.url)} (as {role})",
+                highlight=False,
+                soft_wrap=True,  # a run id and a URL are copied: never broken at the width
             )
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out)
 
@@ -269,7 +271,9 @@ async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_o
             await tg.resume_run(run_id)
         if not json_out:
             err_console.print(
-                f"resuming run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+                f"resuming run {run_id} on {public_url(remote.url)} (as {role})",
+                highlight=False,
+                soft_wrap=True,
             )
         after = shown[-1].seq if shown else 0
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out, after=after)
@@ -302,7 +306,9 @@ async def _follow_to_end(
                     task.add_done_callback(answering.discard)
     except asyncio.CancelledError:
         err_console.print(
-            f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}"
+            f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}",
+            highlight=False,
+            soft_wrap=True,  # a command to copy
         )
         raise
     finally:

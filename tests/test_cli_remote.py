@@ -432,6 +432,16 @@ def test_keys_with_thoughtgate_url_exported_act_on_that_daemon(
     member = {**env, "THOUGHTGATE_KEY": daemon.keys["member"]}
     refused = _tg("keys", "list", **member)
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    # in the local store's words, with the key's role (the daemon's 403 is generic)
+    assert refused.stderr.strip() == (
+        "error: managing API keys requires role admin or above; this key's role is member"
+    )
+    # an admin's key may not make an owner's: said so, not "your role does not allow this"
+    above = _tg("keys", "create", "--role", "owner", "--name", f"o-{uuid.uuid4().hex[:8]}", **env)
+    assert above.returncode == 2, (above.stdout, above.stderr)
+    assert above.stderr.strip() == (
+        "error: a key cannot be given a role above its creator's; this key's role is admin"
+    )
 
 
 @pytest.mark.parametrize(

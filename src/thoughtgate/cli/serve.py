@@ -75,7 +75,10 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--host",
                 metavar="HOST",
-                help="Address to listen on (default: server.host, else 127.0.0.1).",
+                help=(
+                    "Address to listen on (default: server.host, else 127.0.0.1); any other "
+                    "than loopback (0.0.0.0, a LAN address) needs server.allowed_hosts."
+                ),
             ),
         ] = None,
         port: Annotated[

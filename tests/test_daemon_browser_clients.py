@@ -219,6 +219,15 @@ def test_an_unlisted_origin_is_never_named(daemon: Daemon, origin: str) -> None:
         simple = c.get("/healthz", headers={"Origin": origin})
         keyed = c.get("/v1/me", headers={"Origin": origin, **auth(daemon.keys["owner"])})
     assert preflight.status_code == 400
+    # the daemon's JSON error, with the headers of every answer (ADR 0170): Starlette's was
+    # text; it names what was refused, and no origin
+    assert preflight.json()["error"]["code"] == "bad_request"
+    assert "not allowed (its origin" in preflight.json()["error"]["message"]
+    assert preflight.headers["content-type"] == "application/json"
+    assert preflight.headers["x-content-type-options"] == "nosniff"
+    assert preflight.headers["cache-control"] == "no-store"
+    assert APP not in preflight.text and "app.example" not in preflight.text.lower()
+    assert "other.example" not in preflight.text.lower()
     for answer in (preflight, simple, keyed):
         assert "access-control-allow-origin" not in answer.headers, answer.headers
         assert "access-control-allow-credentials" not in answer.headers
@@ -372,3 +381,94 @@ def test_a_request_uvicorn_cannot_parse_gets_the_daemons_headers(
     assert headers["content-type"] == "application/json"
     assert headers["connection"] == "close"
     assert json.loads(body)["error"]["code"] == "bad_request"
+
+
+# ---- every error the daemon sends names a listed origin (ADR 0170) ----------------------------
+
+
+class _Failing(MemoryStore):
+    """A store whose read of one run fails as nothing the daemon expects: the daemon's ``500``."""
+
+    async def get_run(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        if run_id == "run_boom":
+            raise RuntimeError("an unexpected failure")
+        return await super().get_run(run_id, *args, **kwargs)
+
+
+@pytest.fixture(scope="module", params=[HttpToolsProtocol, H11Protocol], ids=["httptools", "h11"])
+def cors_guarded(request: pytest.FixtureRequest) -> Iterator[tuple[tuple[str, int], Any, str]]:
+    """A daemon listing ``APP``, behind the connection guard ``thoughtgate serve`` uses (its
+    body deadline short, its head bound small), on either of uvicorn's HTTP protocols."""
+    store = _Failing()
+    keys = seed_keys(store)
+    app = create_app(store, Config.from_mapping({"server": {"cors_origins": [APP]}}))
+    limits = ConnectionLimits(100, 0.2, 0.2, 2048, frozenset({APP}))
+    with ThreadServer(app, http=guarded_protocol(request.param, limits)) as server:
+        host, port = server.base_url.removeprefix("http://").split(":")
+        yield (host, int(port)), request.param, keys["owner"]
+
+
+def _exchange(where: tuple[str, int], sent: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes, read the answer to the connection's close: status, headers, body."""
+    with socket.create_connection(where, timeout=20) as sock:
+        sock.sendall(sent)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while more := sock.recv(65536):
+                data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    return int(status.split()[1]), headers, body
+
+
+def test_the_daemons_500_names_a_listed_origin(
+    cors_guarded: tuple[tuple[str, int], Any, str],
+) -> None:
+    """Written by Starlette's ``ServerErrorMiddleware``, outside the CORS middleware, the
+    ``500`` named no origin: a listed origin's script saw a network error, not the status."""
+    (host, port), _, key = cors_guarded
+    answers = []
+    for origin in (APP, OTHER):  # a connection each: the server closes one after a failure
+        with httpx.Client(base_url=f"http://{host}:{port}", headers=auth(key), timeout=20) as c:
+            answers.append(c.get("/v1/runs/run_boom", headers={"Origin": origin}))
+    listed, unlisted = answers
+    for answer in (listed, unlisted):
+        assert answer.status_code == 500
+        assert answer.json() == {"error": {"code": "internal_error", "message": "internal error"}}
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert "origin" in _listed(answer.headers["vary"])
+    assert listed.headers["access-control-allow-origin"] == APP
+    assert "retry-after" in _listed(listed.headers["access-control-expose-headers"])
+    assert "access-control-allow-origin" not in unlisted.headers
+    assert "unexpected failure" not in listed.text
+
+
+@pytest.mark.parametrize("origin", [APP, OTHER])
+@pytest.mark.parametrize("what", ["408", "431", "400"])
+def test_the_connections_own_answers_name_a_listed_origin(
+    cors_guarded: tuple[tuple[str, int], Any, str], what: str, origin: str
+) -> None:
+    """The connection's ``408`` (a body that never came), ``431`` (a head past the bound) and
+    ``400`` (a head that is no HTTP) name the listed origin the head sent -- as far as it was
+    parsed: uvicorn's h11 parses no header of a head that is not whole, so its ``431`` and
+    ``400`` can name none, and httptools hands a header over once the next one was read -- and
+    never an unlisted one."""
+    where, protocol, _ = cors_guarded
+    head = f"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n".encode()
+    sent = {
+        "408": head + b"Content-Length: 10\r\n\r\n{",
+        "431": head + b"X-Padding: " + b"a" * 4096 + b"\r\n",
+        "400": head + b"Accept: */*\r\nno colon here\r\n\r\n",
+    }[what]
+    status, headers, body = _exchange(where, sent)
+    assert status == int(what), body
+    assert headers["content-type"] == "application/json" and json.loads(body)["error"]
+    assert headers["x-content-type-options"] == "nosniff" and headers["connection"] == "close"
+    named = headers.get("access-control-allow-origin")
+    if origin != APP:
+        assert named is None
+    elif what == "408" or protocol is HttpToolsProtocol:
+        assert named == APP
+        assert "origin" in _listed(headers["vary"])
+        assert "retry-after" in _listed(headers["access-control-expose-headers"])

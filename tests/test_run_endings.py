@@ -254,6 +254,60 @@ def test_a_signal_interrupts_the_run_and_its_tasks_before_the_cli_exits(
     assert types.count(EventType.RUN_INTERRUPTED) == 1
 
 
+def _runs_in(db: str) -> list[Any]:
+    """Every run the store holds, read without a sweep (which would close an open one)."""
+
+    async def go() -> list[Any]:
+        store = await open_store(db, sweep=False)
+        try:
+            return list(await store.list_runs())
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+STARTING = ("--model", "fake:echo", "--tools", "support.startup_hold:TOOLS")
+"""A run whose process holds still at a point of its start (``support.startup_hold``)."""
+
+
+@pytest.mark.parametrize("env", [None, NOT_DURABLE], ids=["durable", "not-durable"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_a_signal_while_the_command_starts_leaves_no_run_or_ends_the_one_it_admits(
+    tmp_path: Path,
+    db: str,
+    watch: Callable[..., Watched],
+    sig: signal.Signals,
+    env: dict[str, str] | None,
+) -> None:
+    """ADR 0170. Before the runtime exists (its store open, its ``--tools`` loading) the
+    signal's default action kills the process (exit 128 + N to a shell): nothing of a run was
+    stored, and the store opens as it was. Once its handlers are installed, a signal that
+    lands in the run's admission closed the run ``interrupted`` (ADR 0072) but the command
+    crashed on the cancel, a traceback and exit 1, the run never shown; now it is shown, as
+    any run stopped so, and the command exits 130."""
+    hold = tmp_path / "hold"
+    for point in ("tools", "provider"):
+        hold.touch()
+        at = {**(env or {}), "THOUGHTGATE_TEST_HOLD": str(hold), "THOUGHTGATE_TEST_HOLD_AT": point}
+        run = watch("run", "hi", *STARTING, "--db", db, env=at)
+        run.wait_for(f"holding at {point}")
+        run.proc.send_signal(sig)
+        hold.unlink()  # (a handled signal is acted on once the hold is over)
+        code, out, err = run.finish()
+        if point == "tools":
+            assert code == -sig, err
+            assert _runs_in(db) == []
+            continue
+        assert code == 130, err
+        assert "Traceback" not in err
+        reason = "SIGTERM" if sig == signal.SIGTERM else "SIGHUP: its terminal was closed"
+        assert "interrupted" in out and reason in out
+        (stored,) = _runs_in(db)
+        assert stored.status == "interrupted" and reason in (stored.error or "")
+        assert stored.run_id in out
+
+
 def test_a_run_stopped_after_a_billed_turn_shows_what_it_was_billed(
     db: str, watch: Callable[..., Watched]
 ) -> None:

@@ -252,15 +252,7 @@ def test_an_approval_answered_while_the_store_refuses_writes_is_refused_and_stay
     away = tmp_path / "away"
     config = Config.from_mapping({"orchestration": {"approval_timeout_s": 120}})
     with running_daemon(sqlite_dir=directory, config=config) as daemon:
-        run_id = daemon.start_run(
-            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
-        )
-
-        async def asked() -> bool:
-            events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
-            return any(e["type"] == "tool.approval_required" for e in events)
-
-        asyncio.run(until(asked, WAIT_S))
+        run_id = daemon.awaiting_approval(WAIT_S)
         url = f"/v1/runs/{run_id}/approvals/call_danger"
         directory.rename(away)
         try:
@@ -285,6 +277,52 @@ def test_an_approval_answered_while_the_store_refuses_writes_is_refused_and_stay
         events = daemon.get(f"/v1/runs/{run_id}/events", "owner").json()["events"]
         answers = [e for e in events if e["type"] == "tool.approval_response"]
         assert [a["payload"]["decision"] for a in answers] == ["approve"]
+
+
+@pytest.mark.inprocess
+def test_while_the_store_refuses_writes_an_approval_is_checked_in_order_key_run_readiness(
+    tmp_path: Path,
+) -> None:
+    """ADR 0170: the approval route asked the store's readiness before it looked the run up, so
+    while the store refused writes an unknown run was a 503 "the approval is still pending"
+    rather than a 404, and an ended run a 503 rather than a 409. The order is the key (401), its
+    role (403), the run (404, 409: reads work while writes are refused), then readiness (503)."""
+    directory = tmp_path / "store"
+    away = tmp_path / "away"
+    config = Config.from_mapping({"orchestration": {"approval_timeout_s": 120}})
+    with running_daemon(sqlite_dir=directory, config=config) as daemon:
+        ended = daemon.start_run({"prompt": "hi", "model": "fake:echo"})
+        assert daemon.wait_done(ended, timeout=WAIT_S)["status"] == "completed"
+        waiting = daemon.awaiting_approval(WAIT_S)
+        answer = {"decision": "approve"}
+
+        def post(run_id: str, role: str) -> httpx.Response:
+            key = daemon.keys.get(role, "tg_not_a_key")
+            with httpx.Client(base_url=daemon.base_url, timeout=10) as c:
+                return c.post(
+                    f"/v1/runs/{run_id}/approvals/call_danger",
+                    json=answer,
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+
+        directory.rename(away)
+        try:
+            unknown = post("run_0123456789abcdef0123456789abcdef", "member")
+            assert unknown.status_code == 404, unknown.text
+            assert unknown.json()["error"]["code"] == "not_found"
+            over = post(ended, "member")
+            assert over.status_code == 409, over.text
+            assert "already ended (completed)" in over.json()["error"]["message"]
+            stranger = post(waiting, "nobody")
+            assert stranger.status_code == 401, stranger.text
+            assert post(waiting, "viewer").status_code == 403
+            refused = post(waiting, "member")
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "store_refuses_writes"
+            for answered in (unknown, over, stranger):
+                assert "still pending" not in answered.text
+        finally:
+            away.rename(directory)
 
 
 def _agui_events(messages: list[SSEMessage]) -> list[dict[str, Any]]:

@@ -104,3 +104,30 @@ def test_an_unlisted_origins_page_reads_nothing_and_starts_nothing(
         seen = page.evaluate(CALL, [daemon.base_url, daemon.keys["member"], BODY])
     assert seen == {"me": "refused", "agui": "refused"}, json.dumps(seen)
     assert _runs(daemon) == before
+
+
+READ_ERROR = """async ([base, key]) => {
+  try {
+    const r = await fetch(base + '/v1/runs/run_boom', { headers: { Authorization: 'Bearer ' + key } });
+    return [r.status, (await r.json()).error.code];
+  } catch (e) { return 'refused'; }
+}"""
+
+
+def test_a_listed_origins_page_reads_the_daemons_500(
+    browser: Browser, daemon: Daemon, client_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0170: the daemon's ``500`` named no origin (Starlette writes it outside the CORS
+    middleware), so chromium handed the script a network error instead of the status."""
+    read = daemon.store.get_run
+
+    async def failing(run_id: str, *args: object, **kwargs: object) -> object:
+        if run_id == "run_boom":
+            raise RuntimeError("an unexpected failure")
+        return await read(run_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemon.store, "get_run", failing)
+    with page_for(browser) as (page, _):
+        page.goto(f"http://127.0.0.1:{client_port}/")
+        seen = page.evaluate(READ_ERROR, [daemon.base_url, daemon.keys["member"]])
+    assert seen == [500, "internal_error"], seen

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from thoughtgate.types import Turn
 
 __all__ = [
+    "STORE_REFUSES_WRITES",
     "AccessDeniedError",
     "ApprovalNotPendingError",
     "AuthenticationError",
@@ -383,6 +384,11 @@ class NotOurDatabaseError(StoreError):
 
 class StoreReadOnlyError(StoreError):
     """The database cannot be written."""
+
+
+STORE_REFUSES_WRITES = "store_refuses_writes"
+"""The error ``code`` of a daemon's answer refused because its store refuses writes (ADR 0151,
+0165): the daemon sends it, a client (the CLI's approval, ADR 0170) compares it."""
 
 
 class StoreRefusesWritesError(StoreError):

@@ -355,6 +355,22 @@ class Daemon:
                     raise TimeoutError(f"run {run_id} still {run['status']}")
                 time.sleep(0.02)
 
+    def awaiting_approval(self, timeout: float = 30) -> str:
+        """A run (``fake:approval``, the ``dangerous`` tool) started as a member and waiting
+        for its approval (``call_danger``) once this returns; ``timeout`` is hang-only."""
+        run_id = self.start_run(
+            {"prompt": "approval", "model": "fake:approval", "tools": ["dangerous"]}
+        )
+        deadline = time.monotonic() + timeout
+        with self.client("owner") as c:
+            while True:
+                events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
+                if any(e["type"] == "tool.approval_required" for e in events):
+                    return run_id
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"run {run_id} never asked for its approval")
+                time.sleep(0.02)
+
     def ticket(self, run_id: str, role: str) -> str:
         with self.client(role) as c:
             r = c.post("/v1/tickets", json={"run_id": run_id})

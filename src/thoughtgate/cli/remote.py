@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from rich.markup import escape
 from thoughtgate.cli.common import console, err_console, print_json, run_async
 from thoughtgate.cli.options import KeyFromEnvironment, UrlFromEnvironment
 from thoughtgate.errors import (
+    STORE_REFUSES_WRITES,
     AccessDeniedError,
     AuthenticationError,
     RunNotFoundError,
@@ -36,6 +38,7 @@ from thoughtgate.errors import (
 
 if TYPE_CHECKING:
     from thoughtgate.client import ThoughtgateClient
+    from thoughtgate.client.errors import DaemonError
     from thoughtgate.events.schema import Event
 
 __all__ = [
@@ -290,21 +293,53 @@ async def _follow_to_end(
     after: int = 0,
 ) -> str:
     """Follow a run on the daemon to its end (printed live unless ``json_out``), answering the
-    approvals it asks for; print how it ended and return its status."""
+    approvals it asks for; print how it ended and return its status.
+
+    An answer the daemon refuses because its store refuses writes is sent again (``_Answer``);
+    while one is, the live channel, which the daemon lets go for as long as its store refuses
+    writes, is followed again from the last event rather than given up on. An answer that could
+    not be given at all ends the command with its error: the approval waits on the daemon."""
     from thoughtgate.cli.render import LivePrinter, print_run
+    from thoughtgate.client.errors import DaemonError
 
     printer = None if json_out else LivePrinter(console)
-    answering: set[asyncio.Task[None]] = set()
+    answering: dict[asyncio.Task[None], _Answer] = {}
+    failed: list[BaseException] = []
+    this = asyncio.current_task()
+
+    def answered(task: asyncio.Task[None]) -> None:
+        answering.pop(task, None)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not failed:
+            failed.append(error)
+            if this is not None:
+                this.cancel()  # the follow stops: the command ends with the answer's error
+
+    last = after
     try:
-        async with _closing(tg.follow(run_id, after=after)) as events:
-            async for event in events:
-                if printer is not None:
-                    printer.show(event)
-                if event.type == "tool.approval_required":
-                    task = asyncio.create_task(_approve(tg, event, approve_all))
-                    answering.add(task)
-                    task.add_done_callback(answering.discard)
+        while True:
+            try:
+                async with _closing(tg.follow(run_id, after=last)) as events:
+                    async for event in events:
+                        last = event.seq
+                        if printer is not None:
+                            printer.show(event)
+                        if event.type == "tool.approval_required":
+                            answer = _Answer(tg, event, approve_all)
+                            task = asyncio.create_task(answer.give())
+                            answering[task] = answer
+                            task.add_done_callback(answered)
+                break
+            except DaemonError:
+                if not any(a.store_refuses for a in answering.values()):
+                    raise
+                # The daemon lets a follower go while its store refuses writes, and an answer
+                # waits for it to take them: follow on from the last event, not give up.
     except asyncio.CancelledError:
+        if failed:
+            if this is not None:
+                this.uncancel()  # the cancel was ours, to stop the follow
+            raise failed[0] from None
         err_console.print(
             f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}",
             highlight=False,
@@ -312,7 +347,7 @@ async def _follow_to_end(
         )
         raise
     finally:
-        for task in answering:
+        for task in list(answering):
             task.cancel()
     if printer is not None:
         printer.end()
@@ -320,20 +355,111 @@ async def _follow_to_end(
     return print_run(view, json_out=json_out, role=role)
 
 
-async def _approve(tg: ThoughtgateClient, event: Event, approve_all: bool) -> None:
-    """Answer an approval the run waits for: ``--approve-all``, else ask on the terminal (when
-    there is one; without one the daemon's timeout decides)."""
-    payload: Mapping[str, Any] = event.payload
-    call_id = str(payload.get("call_id"))
-    decision: str | None = "approve" if approve_all else None
-    if decision is None and sys.stdin.isatty():
-        shown = payload.get("input", "(arguments hidden from your role)")
-        answer = await asyncio.to_thread(
-            typer.confirm,
-            f"Allow tool {payload.get('tool_key')} with {shown}?",
-            default=False,
-            err=True,
-        )
-        decision = "approve" if answer else "reject"
-    if decision is not None:
-        await tg.answer_approval(event.run_id, call_id, decision)
+STORE_REFUSAL_WAIT_S = 120.0
+"""How long an approval's answer is retried while the daemon's store refuses writes (its
+``503 store_refuses_writes``: the answer was not given, the approval still pending)."""
+STORE_RETRY_S = (1.0, 0.2, 10.0)
+"""The wait between tries without a ``Retry-After`` (the daemon's readiness check is
+renewed once a second), and the bounds a ``Retry-After`` is kept within."""
+
+
+def retry_wait(retry_after: float | None) -> float:
+    """How long to wait before answering again: the daemon's ``Retry-After`` within bounds."""
+    plain, least, most = STORE_RETRY_S
+    return plain if retry_after is None else min(max(retry_after, least), most)
+
+
+class _Answer:
+    """One approval the run waits for, answered from here (``give``)."""
+
+    def __init__(self, tg: ThoughtgateClient, event: Event, approve_all: bool) -> None:
+        self.tg, self.event, self.approve_all = tg, event, approve_all
+        self.store_refuses = False
+        """Whether the daemon refused the answer because its store refuses writes, and it is
+        being tried again."""
+
+    async def give(self) -> None:
+        """Answer it: ``--approve-all``, else ask on the terminal (when there is one; without
+        one the daemon's timeout decides)."""
+        payload: Mapping[str, Any] = self.event.payload
+        call_id = str(payload.get("call_id"))
+        decision: str | None = "approve" if self.approve_all else None
+        if decision is None and sys.stdin.isatty():
+            shown = payload.get("input", "(arguments hidden from your role)")
+            answer = await asyncio.to_thread(
+                typer.confirm,
+                f"Allow tool {payload.get('tool_key')} with {shown}?",
+                default=False,
+                err=True,
+            )
+            decision = "approve" if answer else "reject"
+        if decision is not None:
+            await self._send(call_id, decision, str(payload.get("tool_key") or call_id))
+
+    async def _send(self, call_id: str, decision: str, tool: str) -> None:
+        """Send the answer; while the daemon's store refuses writes it is refused and the
+        approval stays pending (ADR 0165), so it is sent again, with a status line saying so,
+        for up to ``STORE_REFUSAL_WAIT_S``; past that, the daemon's refusal, with what to do."""
+        from thoughtgate.client.errors import DaemonError
+
+        run_id = self.event.run_id
+        waited = 0.0
+        with contextlib.ExitStack() as shown:
+            while True:
+                try:
+                    await self.tg.answer_approval(run_id, call_id, decision)
+                except DaemonError as exc:
+                    if exc.status != 503 or exc.code != STORE_REFUSES_WRITES:
+                        raise
+                    if waited >= STORE_REFUSAL_WAIT_S:
+                        raise DaemonError(
+                            f"{exc.message}; gave up after {waited:.0f} s: the answer ({decision}) "
+                            f"to tool {tool} was not given, and run {run_id} still waits for it "
+                            "on the daemon (until its approval timeout): answer it there once "
+                            "its store takes writes",
+                            status=exc.status,
+                            code=exc.code,
+                            body=exc.body,
+                        ) from None
+                    if not self.store_refuses:
+                        self.store_refuses = True
+                        shown.enter_context(_status(_retrying(exc, decision, tool)))
+                    wait = retry_wait(exc.retry_after)
+                    await asyncio.sleep(wait)
+                    waited += wait
+                    continue
+                break
+        if self.store_refuses:
+            self.store_refuses = False
+            err_console.print(
+                f"the daemon's store takes writes again: the answer ({decision}) to tool "
+                f"{tool} was given",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+
+
+def _retrying(exc: DaemonError, decision: str, tool: str) -> str:
+    reason = _REASON.search(exc.message)
+    why = f" ({reason.group(1)})" if reason else ""
+    return (
+        f"the daemon's store refuses writes{why}: the answer ({decision}) to tool {tool} is "
+        f"not given yet; retrying for up to {STORE_REFUSAL_WAIT_S:.0f} s"
+    )
+
+
+_REASON = re.compile(r"refuses writes \((\w+)\)")
+"""The reason word in the daemon's ``store_refuses_writes`` message (``/readyz``'s)."""
+
+
+@contextlib.contextmanager
+def _status(message: str) -> Iterator[None]:
+    """A status line while retrying: rich's spinner on a terminal, else one line (a log, a
+    pipe, a test) that says the same."""
+    if err_console.is_terminal:
+        with err_console.status(escape(message)):
+            yield
+        return
+    err_console.print(message, highlight=False, markup=False, soft_wrap=True)
+    yield

@@ -12,6 +12,13 @@ Ctrl-C, as POSIX asks: the shell ignores it so that a Ctrl-C at the terminal lea
 jobs alone. SIGTERM still interrupts such a run. Likewise a process started with SIGHUP ignored
 (``nohup thoughtgate run ...``) runs on when its terminal closes, as ``nohup`` asks (ADR 0165).
 
+Before the run is begun -- the config read, the store opened, ``--tools`` loaded, a durable
+engine launched -- SIGTERM and SIGHUP keep their default action: the process is killed (a
+shell reports 143 or 129) and nothing of a run was stored, so there is nothing to end (a SQLite
+or PostgreSQL transaction cut there is rolled back). From the moment the run is created the
+handlers are in place: a stop that lands while it is being recorded closes it ``interrupted``
+if it was stored and shows it (exit 130), or says nothing was stored (exit 130; ADR 0170).
+
 Heavy modules (the runtime, providers, telemetry) are imported inside the commands, so
 ``thoughtgate --help`` stays quick.
 """
@@ -232,6 +239,8 @@ async def execute_and_follow(
 
     reader = StoreReader(runtime.store, role)
     created: list[RunRecord] = []
+    named: list[str] = []
+    stopped: list[str] = []
     followers: list[asyncio.Task[None]] = []
 
     def follow(run: RunRecord) -> None:
@@ -242,11 +251,12 @@ async def execute_and_follow(
     # Created and executed in one task: a cancel of it ends the run interrupted wherever it
     # lands, its admission included, and one before the task ran finds no run (ADR 0072).
     job = asyncio.create_task(
-        runtime.run(request, chain_of_thought=chain_of_thought, created=follow)
+        runtime.run(request, chain_of_thought=chain_of_thought, created=follow, named=named.append)
     )
 
     async def stop(reason: str) -> None:
         # The run is cancelled once, with the reason, and given the time to record its end.
+        stopped.append(reason)
         job.cancel(reason)
         with contextlib.suppress(BaseException):
             await job
@@ -259,10 +269,35 @@ async def execute_and_follow(
                 await asyncio.wait_for(follower, timeout=5)
             except TimeoutError:
                 follower.cancel()
-    if not created:
-        await job  # no run: its error (the request refused, or the cancel before it existed)
-    run = _ended_or_raise(await runtime.store.get_run(created[0].run_id), failure)
+    if not created and not (stopped and job.cancelled()):
+        await job  # no run: its error (the request refused)
+    run_id = created[0].run_id if created else await _stopped_in_admission(runtime, named, stopped)
+    run = _ended_or_raise(await runtime.store.get_run(run_id), failure)
     return filter_run(run, role)
+
+
+async def _stopped_in_admission(runtime: Runtime, named: list[str], stopped: list[str]) -> str:
+    """The id of a run whose admission the command's stop (Ctrl-C, SIGTERM, SIGHUP) cancelled:
+    if it was stored all the same, the admission closed it ``interrupted`` with the stop's
+    reason (ADR 0072), and the command shows it as any interrupted run (exit 130). If it was
+    not -- the stop landed before the store took it, or before the run had an id -- nothing
+    was recorded, which is said, and the command exits 130 too (ADR 0170). Before, the
+    cancel escaped as a traceback (exit 1), and a run it closed went unshown."""
+    from thoughtgate.cli.exit_codes import ExitCode
+    from thoughtgate.errors import RunNotFoundError
+
+    if named:
+        try:
+            return (await runtime.store.get_run(named[0])).run_id
+        except RunNotFoundError:
+            pass
+    err_console.print(
+        f"interrupted before the run was recorded ({stopped[0]}): nothing was stored",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(ExitCode.INTERRUPTED)
 
 
 async def resume_and_follow(runtime: Runtime, run_id: str, *, role: Role, live: bool) -> RunView:

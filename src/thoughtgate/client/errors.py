@@ -42,6 +42,7 @@ error made from an answer keeps its body, as it came, on ``body`` (ADR 0135, ame
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -98,6 +99,10 @@ class AnswerError(ThoughtgateError):
     """The daemon's error code when it is an identifier, else ``""``."""
     body: str | None = None
     """The answer's body as it came (``None`` when the error was not made from one)."""
+    retry_after: float | None = None
+    """The answer's ``Retry-After`` in seconds, when it gave one as a number (``None``
+    otherwise): a caller that retries (the CLI's approval while the store refuses writes, ADR
+    0170) waits that long."""
 
     def _answered(self, status: int | None, code: str, body: str | None) -> None:
         self.status, self.code, self.body = status, code, body
@@ -196,11 +201,28 @@ def _not_a_daemon(response: httpx.Response) -> str:
     )
 
 
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` as seconds (an HTTP date, or anything else, is none)."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def raise_for_response(response: httpx.Response, *, run_id: str | None = None) -> None:
     """Raise the typed error for a non-2xx answer (the body must already be read)."""
     status = response.status_code
     if status < 400:
         return
+    try:
+        _raise_for(response, status, run_id)
+    except AnswerError as exc:
+        exc.retry_after = _retry_after(response)
+        raise
+
+
+def _raise_for(response: httpx.Response, status: int, run_id: str | None) -> None:
     said = _error_body(response)
     if said is not None:
         code, message = said

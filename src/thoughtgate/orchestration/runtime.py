@@ -341,12 +341,17 @@ class Runtime:
         chain_of_thought: str | None = None,
         worker_backend: str | None = None,
         tools: Sequence[str] | None = None,
+        named: Callable[[str], None] | None = None,
     ) -> RunRecord:
         """Validate, resolve modes, store the run with its tasks and spec, record the opening
         events. ``tools``: the names of the tools the run may call (default: all of this
-        runtime's, for a run this process executes itself)."""
+        runtime's, for a run this process executes itself). ``named``: as :meth:`admit`'s."""
         run, _ = await self.admit(
-            request, chain_of_thought=chain_of_thought, worker_backend=worker_backend, tools=tools
+            request,
+            chain_of_thought=chain_of_thought,
+            worker_backend=worker_backend,
+            tools=tools,
+            named=named,
         )
         return run
 
@@ -362,6 +367,7 @@ class Runtime:
         queue: str | None = None,
         decided: Callable[[RunRecord], None] | None = None,
         committed: Callable[[RunRecord], None] | None = None,
+        named: Callable[[str], None] | None = None,
     ) -> tuple[RunRecord, int]:
         """:meth:`create_run` with admission: the run counts against ``key_id``'s ``quota``
         (``QuotaExceededError`` when it is full: nothing is stored), and with ``queue`` it goes
@@ -383,7 +389,12 @@ class Runtime:
 
         A durable runtime whose engine is not launched (before its launch, after a launch that
         failed, once closed) admits nothing: a run stored then could not execute, and would
-        stay open (ADR 0125)."""
+        stay open (ADR 0125).
+
+        ``named``: called with the run's id once it has one, before anything of it is stored:
+        a caller whose cancel lands in the admission (``thoughtgate run`` stopped by a signal as
+        it starts, ADR 0170) reads the run by it afterwards -- closed ``interrupted`` if it was
+        stored after all, absent if not -- where no ``RunRecord`` reached it."""
         self._durable_ready()
         orch = self.config.orchestration
         mode = resolve_chain_of_thought(
@@ -404,6 +415,8 @@ class Runtime:
         if backend == "provider":
             prepared = await self._prepare([spec.model or model for spec in specs])
         run_id = new_id("run")
+        if named is not None:
+            named(run_id)
         # A durable run this process executes at once is claimed by its admission (ADR 0031):
         # the daemon reserves its place among its queue's running workflows first.
         # One that can take no checkpoint in that execution -- one task, of a model, without
@@ -1229,6 +1242,7 @@ class Runtime:
         chain_of_thought: str | None = None,
         worker_backend: str | None = None,
         created: Callable[[RunRecord], None] | None = None,
+        named: Callable[[str], None] | None = None,
     ) -> RunRecord:
         """Create the run and execute it (:meth:`execute`); ``created`` is called with the run
         once it is stored, before its execution (a caller following it starts there).
@@ -1238,9 +1252,9 @@ class Runtime:
         admission and its execution, or while it executes, it ends ``interrupted`` with the
         cancel's message as its reason; before the task first ran, nothing was created
         (ADR 0072). A caller that cancels a separate execution task instead may cancel it
-        before it ever runs, which ends nothing."""
+        before it ever runs, which ends nothing. ``named``: as :meth:`admit`'s."""
         run = await self.create_run(
-            request, chain_of_thought=chain_of_thought, worker_backend=worker_backend
+            request, chain_of_thought=chain_of_thought, worker_backend=worker_backend, named=named
         )
         if created is not None:
             created(run)

@@ -27,6 +27,12 @@ This is the connection-level equivalent of uvicorn's ``limit_concurrency``, whic
 A request uvicorn cannot parse is answered ``400`` here too, as JSON with the headers of every
 answer of the daemon's (uvicorn's own answer has none of them, ADR 0164).
 
+With ``server.cors_origins`` listed, the ``400``, ``408`` and ``431`` written here name the
+listed origin the request's head sent, as far as it was parsed, as the app's answers do, so a
+browser's script reads their status (ADR 0170). The ``503`` of a connection refused at its
+accept cannot: no request of it was read, so no origin is known, and naming a listed one
+regardless would tell it to anyone; a browser's script sees a network error there.
+
 On uvicorn's httptools protocol (the daemon's), the head of a response that gives its length is
 also held until its body is written, so that the two leave in one write (:class:`_HeldHead`).
 """
@@ -37,8 +43,11 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from thoughtgate.server.cors import allow_lines
 
 __all__ = ["ConnectionLimits", "connection_budget", "guarded_protocol"]
 
@@ -68,24 +77,35 @@ _TOO_MANY = (
 )
 
 
-def _error_answer(status: str, code: str, message: str) -> bytes:
-    """A JSON error answer the connection writes itself, closing the connection after it."""
+def _error_answer(status: str, code: str, message: str, cors: bytes = b"") -> bytes:
+    """A JSON error answer the connection writes itself, closing the connection after it.
+    ``cors``: its CORS header lines (``server.cors.allow_lines``), for a listed origin."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     return (
-        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%bconnection: close\r\n"
-        b"content-length: %d\r\n\r\n%b" % (status.encode(), _NOT_KEPT, len(body), body)
+        b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%b%bconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%b" % (status.encode(), _NOT_KEPT, cors, len(body), body)
     )
 
 
-def _too_slow(body_timeout_s: float) -> bytes:
+def _too_slow(body_timeout_s: float) -> tuple[str, str, str]:
     """The ``408`` a request gets whose body did not arrive in time (written by the connection,
     not the app: the app is still waiting for that body)."""
-    return _error_answer(
+    return (
         "408 Request Timeout",
         "request_timeout",
         "the request body did not arrive in time (server.body_timeout_s: "
         f"{body_timeout_s:g} s after server.header_timeout_s)",
     )
+
+
+def _head_sent(conn: Any) -> Sequence[tuple[bytes, bytes]]:
+    """The request head's headers as far as they were read: the current request's, or those
+    uvicorn's httptools protocol parsed of a head still arriving (h11 parses none before the
+    head is whole)."""
+    cycle = conn.cycle
+    if cycle is not None and not cycle.response_complete:
+        return list(cycle.scope.get("headers") or ())
+    return list(getattr(conn, "headers", None) or ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +114,9 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float = 30.0
     max_header_bytes: int = 64 * 1024
+    cors_origins: frozenset[str] = frozenset()
+    """``server.cors_origins``: the connection's own answers name a listed origin the request
+    sent, as the app's do (ADR 0170)."""
 
 
 def connection_budget(configured: int) -> tuple[int, int | None]:
@@ -202,12 +225,13 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
     """
 
     too_slow = _too_slow(limits.body_timeout_s)
-    too_long = _error_answer(
+    too_long = (
         "431 Request Header Fields Too Large",
         "header_too_large",
         f"the request head is longer than {limits.max_header_bytes} bytes "
         "(server.max_header_bytes)",
     )
+    origins = limits.cors_origins
 
     class Guarded(base):  # type: ignore[valid-type, misc]
         _tg_waiting_since: float = 0.0
@@ -247,7 +271,9 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 return
             log.info("closed a connection whose request head passed server.max_header_bytes")
             if cycle is None or cycle.response_complete:  # nothing else is being answered
-                self.transport.write(too_long)
+                self.transport.write(
+                    _error_answer(*too_long, allow_lines(origins, self.headers_sent()))
+                )
             self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
@@ -257,8 +283,12 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
             HTTP request received."), never the bytes received."""
             if self.transport.is_closing():
                 return
-            self.transport.write(_error_answer("400 Bad Request", "bad_request", msg))
+            cors = allow_lines(origins, self.headers_sent())
+            self.transport.write(_error_answer("400 Bad Request", "bad_request", msg, cors))
             self.transport.close()
+
+        def headers_sent(self) -> Sequence[tuple[bytes, bytes]]:
+            return _head_sent(self) if origins else ()
 
         def on_headers_complete(self) -> None:  # uvicorn's httptools protocol only
             before = self.cycle
@@ -301,7 +331,9 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 self._tg_timer = self.loop.call_later(limits.body_timeout_s, self._tg_no_request)
                 return
             log.info("closed a connection whose request body did not arrive in time")
-            self.transport.write(too_slow)
+            self.transport.write(
+                _error_answer(*too_slow, allow_lines(origins, self.headers_sent()))
+            )
             self.transport.close()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"

@@ -20,21 +20,38 @@ only when its origin is listed, spelled as the browser sends ``Origin``:
 
 Starlette's ``CORSMiddleware`` does the work; it wraps ``send`` only, so a live stream's body,
 written straight to the socket (``server.sse``), costs no more with it: only its head passes.
+
+Every error the daemon sends is readable by a listed origin's script (ADR 0170): the daemon's
+``500`` for an unexpected failure is written here, inside the middleware, rather than by
+Starlette's ``ServerErrorMiddleware``, which sits outside every middleware and so named no
+origin (a browser showed its script a network error); the connection's own answers (``400``,
+``408``, ``431``: ``server.connections``) name a listed origin the request's head sent
+(:func:`allow_lines`). A refused preflight is the daemon's JSON ``400`` with ``nosniff`` and
+``no-store``, naming what was refused (origin, method, headers), never an allowed origin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from thoughtgate.server.errors import error_response, unexpected_failure
 from thoughtgate.server.middleware import OVERHEAD_HEADER
 from thoughtgate.server.responses import NOT_KEPT
 
-__all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "EXPOSED_HEADERS", "ListedOrigins"]
+__all__ = [
+    "ALLOWED_HEADERS",
+    "ALLOWED_METHODS",
+    "EXPOSED_HEADERS",
+    "ListedOrigins",
+    "allow_lines",
+]
 
 ALLOWED_METHODS = ("GET", "HEAD", "POST", "DELETE")
 """Every method a route of the API takes (``HEAD`` with each ``GET``)."""
@@ -66,5 +83,61 @@ class ListedOrigins(CORSMiddleware):
 
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
+        if response.status_code != 200:  # Starlette's "Disallowed CORS origin, method" text
+            refused = bytes(response.body).decode("latin-1").removeprefix("Disallowed CORS ")
+            response = error_response(
+                400,
+                f"this cross-origin request is not allowed (its {refused}): the daemon answers "
+                "browser scripts on the origins its operator listed (server.cors_origins), "
+                "with the methods and headers its API takes",
+                headers={"Vary": "Origin"},
+            )
         response.headers.update(NOT_KEPT)
         return response
+
+    async def simple_response(
+        self, scope: Scope, receive: Receive, send: Send, request_headers: Headers
+    ) -> None:
+        """Starlette's, with the daemon's ``500`` written here when the app fails before it
+        answered: ``ServerErrorMiddleware`` writes it outside this middleware, where the
+        origin would not be named. Logged once, as that handler does; re-raised as after it
+        (the server logs the traceback and closes the connection)."""
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().simple_response(scope, receive, watched, request_headers)
+        except Exception as exc:
+            if started:
+                raise
+            answer = await unexpected_failure(Request(scope), exc)
+            await answer(
+                scope,
+                receive,
+                functools.partial(self.send, send=send, request_headers=request_headers),
+            )
+            raise
+
+
+def allow_lines(origins: frozenset[str], headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """The CORS header lines of an answer the connection writes itself (``server.connections``)
+    to a request whose head sent ``headers`` (as much of it as was read): the listed origin it
+    named, with what a script may read, and ``Vary: Origin``; nothing for an unlisted one, or
+    when none is listed (CORS off)."""
+    if not origins:
+        return b""
+    sent = next((value for name, value in headers if name.lower() == b"origin"), None)
+    if sent is None:
+        return b""
+    origin = sent.decode("latin-1").strip()
+    if origin not in origins:
+        return b"vary: Origin\r\n"
+    exposed = ", ".join(EXPOSED_HEADERS)
+    return (
+        f"access-control-allow-origin: {origin}\r\naccess-control-expose-headers: {exposed}\r\n"
+        "vary: Origin\r\n"
+    ).encode("latin-1")

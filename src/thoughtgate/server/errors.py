@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from thoughtgate.errors import (
+    STORE_REFUSES_WRITES,
     AccessDeniedError,
     ApprovalNotPendingError,
     AuthenticationError,
@@ -48,7 +49,13 @@ from thoughtgate.errors import (
 )
 from thoughtgate.server.responses import JSONResponse
 
-__all__ = ["STORE_REFUSES_WRITES", "ApiError", "error_response", "exception_handlers"]
+__all__ = [
+    "STORE_REFUSES_WRITES",
+    "ApiError",
+    "error_response",
+    "exception_handlers",
+    "unexpected_failure",
+]
 
 log = logging.getLogger("thoughtgate.server")
 
@@ -66,10 +73,6 @@ _HTTP_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
-
-
-STORE_REFUSES_WRITES = "store_refuses_writes"
-"""The ``code`` of an answer refused because the store refuses writes (ADR 0151, 0165)."""
 
 
 class ApiError(Exception):
@@ -183,7 +186,9 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, message, headers=headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
+async def unexpected_failure(request: Request, exc: Exception) -> Response:
+    """The daemon's ``500`` for a failure nothing else answered (logged with its traceback):
+    ``ServerErrorMiddleware``'s handler, and ``server.cors``'s when origins are listed."""
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error")
 
@@ -193,5 +198,5 @@ def exception_handlers() -> dict[Any, Any]:
         ApiError: _api_error,
         ThoughtgateError: _thoughtgate_error,
         HTTPException: _http_exception,
-        Exception: _unexpected,
+        Exception: unexpected_failure,
     }

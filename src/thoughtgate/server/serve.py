@@ -183,6 +183,7 @@ async def serve_app(
         state.server.header_timeout_s,
         state.server.body_timeout_s,
         state.server.max_header_bytes,
+        frozenset(state.server.cors_origins),
     )
     config = uvicorn.Config(
         app,

@@ -39,7 +39,7 @@ from thoughtgate.server.models import (
 )
 from thoughtgate.server.responses import JSONResponse
 from thoughtgate.server.state import state_of
-from thoughtgate.store.records import RunRecord
+from thoughtgate.store.records import OPEN_RUN_STATUSES, RunRecord
 
 __all__ = ["ENDPOINTS", "start_run"]
 
@@ -165,14 +165,19 @@ async def answer_approval(request: Request, principal: Principal | None) -> Resp
     call_id = request.path_params["call_id"]
     body = await parse_body(request, ApprovalBody)
     state = state_of(request)
-    # Refused while the store refuses writes, before the answer reaches the waiting execution:
-    # recording it is the run's next write, and a 200 for an answer then lost is a lie (ADR
-    # 0165). The readiness check, not only what the store knows without asking: it also finds a
-    # PostgreSQL server gone or read-only before any write failed (at most a round trip a
-    # second, shared with /readyz). ``answer_approval`` asks the store's own word again.
-    refusal = await state.readiness.refusal()
-    if refusal is not None:
-        raise StoreRefusesWritesError(approval_refused(refusal), reason=refusal)
+    # The run first (the key and its role were checked before the route): an unknown run is a
+    # 404 and an ended one a 409 whether or not the store takes writes, as reads work while
+    # writes are refused (ADR 0170). Then, for a run that waits, refused while the store
+    # refuses writes, before the answer reaches the waiting execution: recording it is the
+    # run's next write, and a 200 for an answer then lost is a lie (ADR 0165). The readiness
+    # check, not only what the store knows without asking: it also finds a PostgreSQL server
+    # gone or read-only before any write failed (at most a round trip a second, shared with
+    # /readyz). ``answer_approval`` asks the store's own word again.
+    run = await state.store.get_run(run_id)
+    if run.status in OPEN_RUN_STATUSES:
+        refusal = await state.readiness.refusal()
+        if refusal is not None:
+            raise StoreRefusesWritesError(approval_refused(refusal), reason=refusal)
     await state.runtime.answer_approval(run_id, call_id, body.decision, by=who.name)
     return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": body.decision})
 

@@ -104,9 +104,9 @@ def register(app: typer.Typer) -> None:
                 metavar="SECONDS",
                 min=0.0,
                 help=(
-                    "How long in-flight runs may finish on SIGTERM or Ctrl+C; then durable runs"
-                    " are left to resume elsewhere (or here at the next start), others are"
-                    " interrupted."
+                    "How long in-flight runs may finish on SIGTERM, SIGHUP or Ctrl+C; then"
+                    " durable runs are left to resume elsewhere (or here at the next start),"
+                    " others are interrupted."
                 ),
             ),
         ] = 3.0,
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--log-level", metavar="LEVEL", help=" | ".join(LOG_LEVELS)),
         ] = "info",
     ) -> None:
-        """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
+        """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM, SIGHUP or Ctrl+C."""
         if log_level.lower() not in LOG_LEVELS:
             # checked before the daemon starts: logging would raise a traceback at start-up
             with one_line_errors():

@@ -501,10 +501,14 @@ def test_the_command_counts_moves_and_passes_over_what_it_moved(
         0,
         {"dry_run": True, "candidates": 6, "looked_at": 6, "moved": 0, "to_move": 6, "refused": []},
     )
+    code, out, err = move_apart("--db", db, "--dry-run")
+    assert code == 0 and "6 rows keep reasoning inline (run without --dry-run" in out
     code, out, err = move_apart("--db", db, "--json")
     assert code == 0 and json.loads(out)["moved"] == 6
     code, out, err = move_apart("--db", db)
     assert code == 0 and "nothing to move" in out
+    code, out, err = move_apart("--db", db, "--dry-run")  # not "run without --dry-run" for 0
+    assert code == 0 and "none keeps reasoning inline, nothing to move" in out, out
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM events_apart").fetchone() == (6,)
     conn.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,10 @@ def test_demo_suggests_a_command_that_survives_a_narrow_terminal(tmp_path: Path)
     proc = tg("demo", env={"XDG_DATA_HOME": str(tmp_path / "data"), "COLUMNS": "60"})
     hint = [line for line in proc.stdout.splitlines() if "thoughtgate events run_" in line]
     assert len(hint) == 1 and hint[0].rstrip().endswith("--view-as viewer"), proc.stdout
+    # and the first line names the emulator's URL and the store's path unbroken
+    assert re.search(
+        r"via the emulator at http://127\.0\.0\.1:\d+ · store sqlite:///\S+", proc.stdout
+    )
 
 
 def test_reads_of_a_store_that_does_not_exist_create_nothing_and_say_so(tmp_path: Path) -> None:

@@ -442,3 +442,22 @@ def test_a_model_summarizer_without_its_model_is_refused_before_a_run_or_a_store
         "visible_reasoning.summarizers includes model"
     ]
     assert not store.exists()
+
+
+@pytest.mark.inprocess
+def test_serving_on_every_address_without_a_config_names_the_setting_not_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no thoughtgate.toml and no variable, the refusal of a non-loopback address starts
+    with the key to set, not with ``defaults:``, which named no place a user could look."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app,
+        ["serve", "--host", "0.0.0.0", "--port", "0", "--db", "memory://"],
+        env={"COLUMNS": "60"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: server.allowed_hosts: is empty, and the daemon would listen")
+    assert "0.0.0.0" in lines[0]

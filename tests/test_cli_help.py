@@ -134,6 +134,9 @@ def test_an_option_whose_default_is_a_setting_names_the_setting_and_its_own_defa
     host = _option(("serve",), "--host").help or ""
     port = _option(("serve",), "--port").help or ""
     assert f"default: server.host, else {server.host}" in host
+    # listening off loopback is refused without this setting: the help says so before a user
+    # meets the refusal (ADR 0164)
+    assert "needs server.allowed_hosts" in host
     assert f"default: server.port, else {server.port}" in port
     assert "default: all" in (_option(("events",), "--limit").help or "")
     assert "default: your local role, access.local_role" in (

@@ -64,7 +64,7 @@ def test_emulate_serves_until_interrupted() -> None:
 
 
 def _smoke_against_the_emulator(
-    scenario: str, model: str, *args: str
+    scenario: str, model: str, *args: str, columns: int = 400
 ) -> subprocess.CompletedProcess[str]:
     """``thoughtgate smoke --model MODEL`` against the emulator, ``scenario`` its default."""
     emulator = Emulator()
@@ -77,7 +77,7 @@ def _smoke_against_the_emulator(
                 *(sys.executable, "-m", "thoughtgate", "smoke", "--model", model),
                 *("--base-url", server.url, "--api-key", "x", *args),
             ],
-            env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": "400"},
+            env={**os.environ, "PYTHONPATH": SRC, "COLUMNS": str(columns)},
             capture_output=True,
             text=True,
             timeout=60,
@@ -117,8 +117,11 @@ def test_smoke_of_a_model_that_thinks_unasked_names_the_switch_it_lacks_and_exit
 
 def test_smoke_exits_5_when_the_provider_answers_but_a_claimed_check_fails() -> None:
     """The emulator answers without calling the offered tool: every request was answered, but
-    tools (claimed for Claude) and what needs a tool loop are not proven -- exit 5, named."""
-    proc = _smoke_against_the_emulator("summary-and-answer", "anthropic:claude-sonnet-4-5")
+    tools (claimed for Claude) and what needs a tool loop are not proven -- exit 5, named, on
+    a last line a script can read whole however narrow the terminal."""
+    proc = _smoke_against_the_emulator(
+        "summary-and-answer", "anthropic:claude-sonnet-4-5", columns=60
+    )
     assert proc.returncode == 5, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -103,6 +104,12 @@ def test_run_prints_the_run_live_and_exits_with_its_outcome(daemon: Daemon) -> N
     assert done.returncode == 0, done.stderr
     assert "Echo: hello there" in done.stdout
     assert f"on {daemon.base_url} (as member)" in done.stderr
+    # on a narrow terminal too, the line naming the run and the daemon is one line to copy
+    auth = {"THOUGHTGATE_URL": daemon.base_url, "THOUGHTGATE_KEY": daemon.keys["member"]}
+    narrow = _tg("run", "hello", "--model", "fake:echo", **auth, COLUMNS="60")
+    assert narrow.returncode == 0, narrow.stderr
+    said = rf"^run run_\w+ on {re.escape(daemon.base_url)} \(as member\)$"
+    assert re.search(said, narrow.stderr, re.M), narrow.stderr
 
 
 def test_approvals_are_answered_from_the_terminal_side(daemon: Daemon) -> None:
@@ -425,6 +432,16 @@ def test_keys_with_thoughtgate_url_exported_act_on_that_daemon(
     member = {**env, "THOUGHTGATE_KEY": daemon.keys["member"]}
     refused = _tg("keys", "list", **member)
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    # in the local store's words, with the key's role (the daemon's 403 is generic)
+    assert refused.stderr.strip() == (
+        "error: managing API keys requires role admin or above; this key's role is member"
+    )
+    # an admin's key may not make an owner's: said so, not "your role does not allow this"
+    above = _tg("keys", "create", "--role", "owner", "--name", f"o-{uuid.uuid4().hex[:8]}", **env)
+    assert above.returncode == 2, (above.stdout, above.stderr)
+    assert above.stderr.strip() == (
+        "error: a key cannot be given a role above its creator's; this key's role is admin"
+    )
 
 
 @pytest.mark.parametrize(

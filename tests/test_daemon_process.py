@@ -340,3 +340,39 @@ def test_the_listening_line_names_a_postgresql_store_without_its_password() -> N
     assert "thoughtgate listening on http://" in said
     assert "PostgreSQL database" in said
     assert "PWLEAK" not in said
+
+
+def test_sighup_drains_the_daemon_as_sigterm_does_unless_it_was_ignored(
+    serve_processes: list[ServeProcess], request: pytest.FixtureRequest
+) -> None:
+    """A daemon started in a terminal that is then closed gets ``SIGHUP``: it drains as for
+    ``SIGTERM`` -- its run closed ``interrupted``, exit 0 -- instead of dying by the signal
+    (129) with the run left open. Started with ``SIGHUP`` ignored (``nohup``) it keeps serving
+    (ADR 0172)."""
+    server = ServeProcess("--db", "memory://", *TOOLS, "--shutdown-grace", "0.3").start(
+        expect_key=True
+    )
+    serve_processes.append(server)
+    key = server.bootstrap_key
+    assert key and server.proc is not None
+    client = httpx.Client(base_url=server.base_url, headers=auth(key), timeout=10)
+    request.addfinalizer(client.close)
+    slow = client.post("/v1/runs", json={"prompt": "slow", "model": "fake:slow"}).json()["run_id"]
+    _wait_status(client, slow, {"running"})
+    server.proc.send_signal(signal.SIGHUP)
+    assert server.proc.wait(timeout=HANG_S) == 0
+    assert "interrupted 1 in-flight run(s)" in "".join(server.stderr_lines)
+
+    ignoring = ServeProcess("--db", "memory://", "--no-bootstrap-key")
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does, inherited
+    try:
+        ignoring.spawn()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    serve_processes.append(ignoring)
+    ignoring.ready()
+    assert ignoring.proc is not None
+    ignoring.proc.send_signal(signal.SIGHUP)
+    with httpx.Client(base_url=ignoring.base_url, timeout=10) as c:
+        assert c.get("/healthz").status_code == 200, "still serving after SIGHUP under nohup"
+    assert ignoring.proc.poll() is None

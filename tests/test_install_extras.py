@@ -3,6 +3,8 @@ so when missing (SOCKS: tests/providers/test_provider_requests.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -87,6 +89,34 @@ def test_thoughtgate_mcp_without_the_extra_says_how_to_get_it(
     for name in [m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types")]:
         monkeypatch.delitem(sys.modules, name)  # an imported submodule would still import
     monkeypatch.setitem(sys.modules, "mcp", None)
-    result = CliRunner().invoke(app, ["mcp", "--db", "memory://"])
+    result = CliRunner().invoke(app, ["mcp", "--db", "memory://"], env={"COLUMNS": "60"})
     assert result.exit_code == 2
-    assert "pip install 'thoughtgate[mcp]'" in " ".join(result.output.split())
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr  # one error line, as every other, however narrow
+    assert lines[0].startswith("error: ") and "pip install 'thoughtgate[mcp]'" in lines[0]
+
+
+def test_a_durable_run_on_the_core_install_needs_no_postgres_extra(tmp_path: Path) -> None:
+    """`thoughtgate run` and `serve` on the embedded SQLite default run durably (DBOS), and the
+    core install has no ``psycopg_pool``: a durable run must not import the PostgreSQL pool.
+    (It once did, through the workflows' set-up lock: a traceback on a fresh `pip install`.)"""
+    code = (
+        "import sys; sys.modules['psycopg_pool'] = None;"
+        "from thoughtgate.cli import main;"
+        f"sys.argv = ['thoughtgate', 'run', 'hi', '--model', 'fake:echo', '--json', "
+        f"'--db', 'sqlite:///{tmp_path}/core.db']; main()"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THOUGHTGATE_")}
+    env["THOUGHTGATE_DURABILITY__ENABLED"] = "true"
+    env["PYTHONPATH"] = str(ROOT / "src")  # this checkout, whatever the cwd
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["status"] == "completed"
+    assert "Traceback" not in done.stderr

@@ -865,6 +865,10 @@ def test_cli_without_a_tty_lets_the_approval_time_out(
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "Allow tool" not in proc.stdout
+    # the wait is said on stderr (stdout stays the one JSON document), with how long it lasts
+    assert "no terminal to ask on: it waits up to 0.3 s (orchestration.approval_timeout_s)" in (
+        proc.stderr
+    ), proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "completed", "a timed-out approval is not an error"
     assert tool_result_sent(server) == (

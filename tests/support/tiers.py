@@ -59,6 +59,9 @@ TIER_OF: dict[str, str] = {
     "test_host_metadata.py": "unit",
     "test_install_extras.py": "unit",
     "test_install_extras.py::test_the_core_modules_import_none_of_the_extras": "external",
+    "test_install_extras.py::test_a_durable_run_on_the_core_install_needs_no_postgres_extra": (
+        "external"
+    ),
     "test_layers.py": "unit",
     "test_live_direct.py": "unit",
     "test_live_replay_memory.py": "inprocess",

@@ -50,7 +50,8 @@ async def run_demo(*, db: str | None, config_path: str | None, json_out: bool) -
             if not json_out:
                 console.print(
                     f"[bold]thoughtgate demo[/] · {DEMO_MODEL} via the emulator at {url}"
-                    f" · store {escape(describe_store(ctx.db_url))} · role {ctx.role}"
+                    f" · store {escape(describe_store(ctx.db_url))} · role {ctx.role}",
+                    soft_wrap=True,  # the emulator's URL and the store's path, unbroken
                 )
                 sources = ", ".join(demo_config(ctx.config).visible_reasoning.summarizers)
                 console.print(f"[bold]visible steps from:[/] {sources}")

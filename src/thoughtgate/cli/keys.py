@@ -25,7 +25,7 @@ from rich.text import Text
 
 from thoughtgate.access.filter import require_role
 from thoughtgate.access.keys import create_key, key_view, revoke_key
-from thoughtgate.access.roles import ROLE_NAMES, Role
+from thoughtgate.access.roles import ROLE_NAMES, Role, parse_role
 from thoughtgate.cli.common import (
     Context,
     console,
@@ -46,7 +46,7 @@ from thoughtgate.cli.options import (
     UrlOpt,
 )
 from thoughtgate.cli.remote import Remote, remote_or_local
-from thoughtgate.errors import UsageError, public_url
+from thoughtgate.errors import AccessDeniedError, UsageError, public_url
 from thoughtgate.store.base import EventStore
 
 if TYPE_CHECKING:
@@ -123,17 +123,23 @@ class Where:
         on_daemon: Callable[[ThoughtgateClient, str], Awaitable[None]],
         *,
         if_missing: Callable[[str], None] | None = None,
+        above: str = "",
     ) -> None:
         """Run ``on_daemon`` with a client and the daemon's address as shown, or ``on_store`` on
         the store as the local role (admin and above only). ``if_missing``: what the command
         does instead when the store is not there, a SQLite file or a PostgreSQL schema (None:
-        create it, as a command that records does)."""
+        create it, as a command that records does). ``above``: the local store's words for a
+        role above the key's own, when the daemon refuses an admin's key."""
         remote = self.remote
 
         async def main() -> None:
             if remote is not None:
                 async with remote.client() as tg:
-                    await on_daemon(tg, public_url(remote.url))
+                    try:
+                        await on_daemon(tg, public_url(remote.url))
+                    except AccessDeniedError:
+                        role = str((await tg.me())["role"])
+                        raise AccessDeniedError(_refusal(role, above)) from None
                 return
             ctx = Context(config_path=self.config, db=self.db, view_as=None)
             require_role(ctx.role, Role.ADMIN, "managing API keys")
@@ -143,6 +149,16 @@ class Where:
             await ctx.using(lambda store: on_store(ctx.role, store))
 
         run_async(main())
+
+
+def _refusal(role: str, above: str) -> str:
+    """A daemon's 403 on ``/v1/keys`` in the words the local store uses, with the key's role:
+    the daemon's own is generic ("your role does not allow this"). Below admin the key may not
+    manage keys at all; from admin up, only a role above its own was refused (``above`` says
+    so as the local store would)."""
+    if parse_role(role) < Role.ADMIN or not above:
+        return f"managing API keys requires role admin or above; this key's role is {role}"
+    return f"{above}; this key's role is {role}"
 
 
 def register(app: typer.Typer) -> None:
@@ -195,7 +211,7 @@ def register(app: typer.Typer) -> None:
         async def on_daemon(tg: ThoughtgateClient, shown: str) -> None:
             show(await tg.create_key(name=name, role=role), f" on {escape(shown)}")
 
-        where.act(on_store, on_daemon)
+        where.act(on_store, on_daemon, above="a key cannot be given a role above its creator's")
 
     @keys.command("list")
     def list_(
@@ -269,4 +285,9 @@ def register(app: typer.Typer) -> None:
         def no_key(path: str) -> None:
             raise nothing_there(path, f"key {key!r}")
 
-        where.act(on_store, on_daemon, if_missing=no_key)
+        where.act(
+            on_store,
+            on_daemon,
+            if_missing=no_key,
+            above="cannot revoke a key whose role is above yours",
+        )

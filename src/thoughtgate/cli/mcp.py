@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
                 f"error: thoughtgate mcp needs the MCP SDK: pip install 'thoughtgate[mcp]' ({exc})",
                 highlight=False,
                 markup=False,
+                soft_wrap=True,  # one line, as every error (a script reads stderr)
             )
             raise typer.Exit(ExitCode.USAGE) from None
 

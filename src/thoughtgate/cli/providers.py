@@ -111,7 +111,8 @@ def register(app: typer.Typer) -> None:
                 console.print(
                     f"{r.name:<20} {mark}  {escape(inert_text(r.detail))}", highlight=False
                 )
-            console.print(escape(inert_text(said.summary)), highlight=False)
+            # the verdict is the last line a script reads (`tail -1`): never wrapped
+            console.print(escape(inert_text(said.summary)), highlight=False, soft_wrap=True)
             return said
 
         said = run_async(body())

@@ -255,7 +255,9 @@ async def remote_run(
             run_id = await tg.start_run(text, model, chain_of_thought, tools or None, system=system)
         if not json_out:
             err_console.print(
-                f"run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+                f"run {run_id} on {public_url(remote.url)} (as {role})",
+                highlight=False,
+                soft_wrap=True,  # a run id and a URL are copied: never broken at the width
             )
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out)
 
@@ -272,7 +274,9 @@ async def remote_resume(remote: Remote, given: str, *, approve_all: bool, json_o
             await tg.resume_run(run_id)
         if not json_out:
             err_console.print(
-                f"resuming run {run_id} on {public_url(remote.url)} (as {role})", highlight=False
+                f"resuming run {run_id} on {public_url(remote.url)} (as {role})",
+                highlight=False,
+                soft_wrap=True,
             )
         after = shown[-1].seq if shown else 0
         return await _follow_to_end(tg, remote, run_id, role, approve_all, json_out, after=after)
@@ -337,7 +341,9 @@ async def _follow_to_end(
                 this.uncancel()  # the cancel was ours, to stop the follow
             raise failed[0] from None
         err_console.print(
-            f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}"
+            f"{FOLLOW_ONLY}: thoughtgate status {run_id} --url {public_url(remote.url)}",
+            highlight=False,
+            soft_wrap=True,  # a command to copy
         )
         raise
     finally:

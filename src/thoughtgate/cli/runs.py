@@ -112,11 +112,22 @@ def read_prompt(prompt: str) -> str:
     return text.rstrip("\n") if prompt == "-" else text
 
 
-def _cli_decider(approve_all: bool) -> Any:
+def _cli_decider(approve_all: bool, timeout_s: float) -> Any:
     async def decide(call_id: str, tool_name: str, arguments: Mapping[str, Any]) -> Decision | None:
         if approve_all:
             return "approve"
         if not sys.stdin.isatty():
+            # Said, or a script's run sits silent for approval_timeout_s (5 minutes by default)
+            # and its author cannot tell a wait from a hang.
+            err_console.print(
+                f"note: tool {tool_name} asks for approval and there is no terminal to ask on: "
+                f"it waits up to {timeout_s:g} s (orchestration.approval_timeout_s) for an answer "
+                "from elsewhere (the web page, MCP or the HTTP API on this store), then is not run; "
+                "--approve-all approves every call",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
             return None
         # The question goes to stderr: stdout holds only the run's output (``--json`` must stay
         # one clean document even when the terminal answers the prompt).
@@ -402,7 +413,9 @@ def _local_command(
             ctx.config,
             provider_factory=_provider_factory(ctx, o.base_url, o.api_key),
             tools=load_tools(o.tools) if o.tools else ToolRegistry(),
-            approvals=ApprovalBroker(decider=_cli_decider(o.approve_all)),
+            approvals=ApprovalBroker(
+                decider=_cli_decider(o.approve_all, ctx.config.orchestration.approval_timeout_s)
+            ),
             sinks=telemetry_sinks(ctx.config),
         )
         engine = make_durable(runtime)

@@ -75,7 +75,10 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--host",
                 metavar="HOST",
-                help="Address to listen on (default: server.host, else 127.0.0.1).",
+                help=(
+                    "Address to listen on (default: server.host, else 127.0.0.1); any other "
+                    "than loopback (0.0.0.0, a LAN address) needs server.allowed_hosts."
+                ),
             ),
         ] = None,
         port: Annotated[
@@ -101,9 +104,9 @@ def register(app: typer.Typer) -> None:
                 metavar="SECONDS",
                 min=0.0,
                 help=(
-                    "How long in-flight runs may finish on SIGTERM or Ctrl+C; then durable runs"
-                    " are left to resume elsewhere (or here at the next start), others are"
-                    " interrupted."
+                    "How long in-flight runs may finish on SIGTERM, SIGHUP or Ctrl+C; then"
+                    " durable runs are left to resume elsewhere (or here at the next start),"
+                    " others are interrupted."
                 ),
             ),
         ] = 3.0,
@@ -120,7 +123,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--log-level", metavar="LEVEL", help=" | ".join(LOG_LEVELS)),
         ] = "info",
     ) -> None:
-        """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM or Ctrl+C."""
+        """Serve the HTTP API (runs, events, live SSE, keys) until SIGTERM, SIGHUP or Ctrl+C."""
         if log_level.lower() not in LOG_LEVELS:
             # checked before the daemon starts: logging would raise a traceback at start-up
             with one_line_errors():
@@ -151,8 +154,10 @@ def register(app: typer.Typer) -> None:
             engine = None
             try:
                 # An address other than loopback without server.allowed_hosts: refused before
-                # the store is opened or a key made (ADR 0164)
-                check_exposure(sockets, ctx.config.server.allowed_hosts, source=ctx.config.source)
+                # the store is opened or a key made (ADR 0164). With no file and no variable
+                # the source is "defaults", which names no place to look: the key says it all.
+                source = "" if ctx.config.source == "defaults" else ctx.config.source
+                check_exposure(sockets, ctx.config.server.allowed_hosts, source=source)
                 configure_logging(log_level.lower())
                 registry = daemon_tools(tools, words=log_level.lower() == "debug")
                 store = await ctx.store()

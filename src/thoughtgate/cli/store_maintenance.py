@@ -93,8 +93,9 @@ def _document(totals: ApartTotals, dry_run: bool, candidates: int) -> dict[str, 
 def _summary(totals: ApartTotals, dry_run: bool) -> str:
     rows = f"{totals.moved} row{'' if totals.moved == 1 else 's'}"
     looked = f"looked at {totals.looked_at} whole rows of the types that keep reasoning apart"
-    if dry_run:
-        text = f"{looked}: {rows} keep reasoning inline (run without --dry-run to move them)"
+    if dry_run and totals.moved:  # (no "run without --dry-run" when there is nothing to move)
+        keep = "keeps" if totals.moved == 1 else "keep"
+        text = f"{looked}: {rows} {keep} reasoning inline (run without --dry-run to move them)"
     elif totals.moved:
         text = f"{looked}: moved the reasoning of {rows} apart"
     else:

@@ -37,7 +37,6 @@ import psycopg
 
 from thoughtgate.errors import RuntimeFailure
 from thoughtgate.store.pg_errors import describe_target, translate_error
-from thoughtgate.store.pg_pool import connect, poll_advisory_lock
 
 __all__ = ["SETUP_NOTE_S", "SETUP_WAIT_S", "setting_up", "setup_lock_key"]
 
@@ -63,7 +62,12 @@ def setup_lock_key(schema: str) -> str:
 async def setting_up(
     conninfo: str, schema: str, *, wait_s: float = SETUP_WAIT_S
 ) -> AsyncIterator[None]:
-    """Hold the setup lock of workflows schema ``schema`` for the duration of the block."""
+    """Hold the setup lock of workflows schema ``schema`` for the duration of the block.
+
+    ``pg_pool`` is imported here, not at the top: it needs ``psycopg_pool`` (the ``postgres``
+    extra), and every durable run imports this module, on the core install's SQLite store too."""
+    from thoughtgate.store.pg_pool import connect
+
     where = describe_target(conninfo, schema)
     action = "set up the durable runs' workflows"
     try:
@@ -110,6 +114,7 @@ async def _lock(conn: psycopg.AsyncConnection[Any], key: str, where: str, wait_s
     """Ask for the lock until it is granted (``poll_advisory_lock``: never inside a statement,
     whose snapshot the holder's ``CREATE INDEX CONCURRENTLY`` would wait for; DBOS waits for its
     own lock the same way), for ``wait_s`` at most."""
+    from thoughtgate.store.pg_pool import poll_advisory_lock
 
     def waiting() -> None:
         log.info("waiting for another process setting up the workflows of %s", where)

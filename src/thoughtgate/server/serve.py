@@ -1,4 +1,4 @@
-"""Run the app on uvicorn with an orderly SIGTERM/SIGINT and connection limits.
+"""Run the app on uvicorn with an orderly SIGTERM/SIGINT/SIGHUP and connection limits.
 
 Connections are guarded (``connections``): a request head within ``server.header_timeout_s``,
 idle keep-alive connections closed after ``server.idle_timeout_s``, at most
@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
 from typing import Any, Final, TypeVar
 
@@ -115,6 +117,31 @@ class DaemonServer(uvicorn.Server):
         if self.on_ready is not None and self.servers and not self.should_exit:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             self.on_ready(str(host), int(port))
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's (``SIGINT``, ``SIGTERM``), and ``SIGHUP`` alike (ADR 0172): a daemon started
+        in a terminal that is then closed stops as ``SIGTERM`` stops it -- runs drained, exit 0 --
+        instead of dying by the signal (129) with its runs left for the next process. A daemon
+        started with ``SIGHUP`` ignored (``nohup``) keeps ignoring it. As uvicorn's, the handlers
+        are restored afterwards and a signal not drained is raised again then."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = [signal.SIGINT, signal.SIGTERM]
+        hup = getattr(signal, "SIGHUP", None)  # not on Windows
+        if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
+            handled.append(hup)
+        if (ctrl_break := getattr(signal, "SIGBREAK", None)) is not None:  # Windows, as uvicorn
+            handled.append(ctrl_break)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        for captured in reversed(self._captured_signals):
+            signal.raise_signal(captured)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self.should_exit or self._loop is None:

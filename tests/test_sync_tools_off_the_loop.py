@@ -11,6 +11,9 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -89,7 +92,7 @@ async def test_on_loop_keeps_a_sync_tool_on_the_loop_s_thread() -> None:
         seen.append(threading.get_ident())
         return "here"
 
-    runtime, store = runtime_with(hold)
+    runtime, _store = runtime_with(hold)
     run = await runtime.run(RunRequest("go", model="fake:tool"))
     assert run.status == "completed" and seen == [loop_thread]
 
@@ -118,3 +121,50 @@ async def test_a_cancel_while_a_sync_tool_blocks_ends_the_run_and_discards_its_l
     assert len(events) == ended and events[-1].type == "run.interrupted"
     assert not any(e.type == "tool.completed" for e in events)
     assert "'hold' succeeded after its call was cancelled" in caplog.text
+
+
+EXITS = """
+import asyncio, threading
+from thoughtgate.engine.tools import ToolRegistry, tool
+from thoughtgate.orchestration.runtime import RunRequest, Runtime
+from thoughtgate.store.memory import MemoryStore
+from thoughtgate.testing.fake import FakeProvider, text, tool_call
+
+entered = threading.Event()
+
+@tool
+def hold(x: str) -> str:
+    '''Blocks for good.'''
+    entered.set()
+    threading.Event().wait()
+    return "never"
+
+def script(request, turn):
+    yield tool_call("hold", {"x": "q"}, call_id="c0") if turn == 0 else text("a")
+
+async def main():
+    factory = lambda model: FakeProvider(script)
+    runtime = Runtime(MemoryStore(), provider_factory=factory, tools=ToolRegistry([hold]))
+    run = asyncio.create_task(runtime.run(RunRequest("go", model="fake:x")))
+    await asyncio.to_thread(entered.wait)
+    run.cancel("stopped")
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    print("run ended", flush=True)
+
+asyncio.run(main())
+print("process exits", flush=True)
+"""
+
+
+def test_a_tool_thread_blocked_for_good_does_not_keep_the_process_from_exiting() -> None:
+    """A pool's workers (the loop's default executor's included) are joined at exit: one tool
+    blocked for good would keep ``thoughtgate run`` from exiting after Ctrl-C."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["run ended", "process exits"]

@@ -79,6 +79,9 @@ TIER_OF: dict[str, str] = {
     "test_runtime.py": "unit",
     "test_sse_decoder.py": "unit",
     "test_store_memory.py": "unit",
+    "test_sync_tools_off_the_loop.py": "unit",
+    "test_sync_tools_off_the_loop.py::"
+    "test_a_tool_thread_blocked_for_good_does_not_keep_the_process_from_exiting": "external",
     "test_thread.py": "unit",
     "test_turn_timings.py": "unit",
     "test_types.py": "unit",

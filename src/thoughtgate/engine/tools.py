@@ -8,12 +8,22 @@
 A tool may be sync or async, may ask for approval (``@tool(requires_approval=True)``), may report
 progress by accepting a ``progress`` keyword (an async callable taking a message), and may name a
 ``fallback`` whose result is used (as ``tool.degraded``) when the tool itself fails.
+
+A plain ``def`` tool (and fallback) runs in a thread of its own, not on the event loop (ADR 0173):
+one that blocks (``time.sleep``, a blocking HTTP client, disk) would otherwise stall every other
+run and stream of the process and the renewal of its run's lease. ``@tool(on_loop=True)`` keeps
+one on the loop's thread, for objects that must only be used from the thread that made them (a
+``sqlite3`` connection opened at import, a GUI toolkit); such a tool must return quickly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import inspect
 import json
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, overload
@@ -26,6 +36,8 @@ from thoughtgate.providers.base import ToolSpec
 __all__ = ["Tool", "ToolArgumentsError", "ToolRegistry", "load_tools", "tool"]
 
 ProgressFn = Callable[[str], Awaitable[None]]
+
+log = logging.getLogger("thoughtgate.tools")
 
 
 class ToolArgumentsError(Exception):
@@ -44,6 +56,7 @@ class Tool:
     requires_approval: bool = False
     fallback: Callable[..., Any] | None = None
     label: str = ""
+    on_loop: bool = False
     _model: Any = field(default=None, repr=False)
 
     @property
@@ -61,15 +74,65 @@ class Tool:
         kwargs = self.validate(arguments)
         if progress is not None and "progress" in inspect.signature(self.fn).parameters:
             kwargs["progress"] = progress
-        return _as_text(await _maybe_await(self.fn(**kwargs)))
+        return _as_text(await self._invoke(self.fn, kwargs))
 
     async def call_fallback(self, arguments: Mapping[str, Any]) -> str:
         assert self.fallback is not None
-        return _as_text(await _maybe_await(self.fallback(**self.validate(arguments))))
+        return _as_text(await self._invoke(self.fallback, self.validate(arguments)))
+
+    async def _invoke(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        if self.on_loop or inspect.iscoroutinefunction(fn):
+            return await _maybe_await(fn(**kwargs))
+        return await _maybe_await(await _in_thread(self.name, fn, kwargs))
 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+async def _in_thread(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """``fn(**kwargs)`` in a daemon thread of its own, with the caller's context variables (as
+    ``asyncio.to_thread`` copies them).
+
+    Not the loop's default executor nor a pool (ADR 0173): a cancelled run cannot stop a thread,
+    and a pool's workers are joined when the process exits -- ``asyncio.run`` waits for the
+    default executor's, the interpreter for any other's -- so one tool blocked for good would
+    keep ``thoughtgate run`` from exiting after Ctrl-C, or the daemon after its drain. A daemon
+    thread is left behind instead: the run ends without it, and what it returns or raises after
+    the caller stopped waiting is discarded and logged, never recorded. A thread per call costs
+    tens of microseconds beside a model turn; how many run at once is bounded by the runs in
+    flight and the calls of their turns, as it was on the loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            _discarded(name, error)
+        elif error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)
+
+    def work() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = context.run(fn, **kwargs)
+        except BaseException as exc:  # handed to the awaiting run, as the loop would raise it
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            _discarded(name, error)
+
+    threading.Thread(target=work, name=f"thoughtgate-tool-{name}", daemon=True).start()
+    return await done
+
+
+def _discarded(name: str, error: BaseException | None) -> None:
+    outcome = "succeeded" if error is None else f"failed ({type(error).__name__}: {error})"
+    log.warning("tool %r %s after its call was cancelled; its result is discarded", name, outcome)
 
 
 def _as_text(value: Any) -> str:
@@ -85,6 +148,7 @@ def _build(
     description: str | None,
     requires_approval: bool,
     fallback: Callable[..., Any] | None,
+    on_loop: bool,
 ) -> Tool:
     sig = inspect.signature(fn)
     hints = inspect.get_annotations(fn, eval_str=True)
@@ -107,6 +171,7 @@ def _build(
         requires_approval=requires_approval,
         fallback=fallback,
         label=(name or fn.__name__).replace("_", " "),
+        on_loop=on_loop,
         _model=model,
     )
 
@@ -120,6 +185,7 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     fallback: Callable[..., Any] | None = None,
+    on_loop: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -129,8 +195,13 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     fallback: Callable[..., Any] | None = None,
+    on_loop: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a typed function into a :class:`Tool` (usable bare or with options)."""
+    """Turn a typed function into a :class:`Tool` (usable bare or with options).
+
+    ``on_loop``: run a plain ``def`` tool (and its fallback) on the event loop's thread rather
+    than in a thread of its own -- for one that uses an object bound to the thread that made it;
+    it then holds up everything else of the process while it runs (ADR 0173)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return _build(
@@ -139,6 +210,7 @@ def tool(
             description=description,
             requires_approval=requires_approval,
             fallback=fallback,
+            on_loop=on_loop,
         )
 
     return wrap(fn) if fn is not None else wrap
